@@ -1,0 +1,161 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"strings"
+
+	"github.com/spf13/pflag"
+
+	"github.com/moebench/moebench/dispatchers"
+	"github.com/moebench/moebench/harness"
+	"github.com/moebench/moebench/results"
+)
+
+// options holds the parsed flags.
+type options struct {
+	preset, dispatcher, impl, score, routing, device, out, format, dump string
+	tokens, hidden, ffn, experts, topk, shared, groups, groupTopK       int
+	sms, ep, warmup, iters                                              int
+	topkScale                                                           float64
+	seed                                                                uint64
+	check                                                               bool
+}
+
+func newFlags(o *options) *pflag.FlagSet {
+	d := harness.DefaultConfig()
+	fs := pflag.NewFlagSet("moebench", pflag.ContinueOnError)
+	fs.SortFlags = false
+	fs.StringVar(&o.dispatcher, "dispatcher", d.Dispatcher, "token dispatcher: "+strings.Join(dispatchers.Names(), "|"))
+	fs.StringVar(&o.impl, "impl", d.Impl, "implementation: native (moebench's own) | library (a real library on the node)")
+	fs.IntVar(&o.sms, "sms", d.SMs, "SM budget of SM-driven dispatchers (deepep, hybridep); 0 = the dispatcher's default")
+	fs.IntVar(&o.ep, "ep", d.EP, "expert-parallel ranks; must divide --experts")
+	fs.StringVar(&o.preset, "preset", d.Preset, "layer shape preset (see 'moebench presets'); shape flags below override its fields")
+	fs.IntVar(&o.tokens, "tokens", 0, "tokens per rank (default: the preset's)")
+	fs.IntVar(&o.hidden, "hidden", 0, "hidden size (default: the preset's)")
+	fs.IntVar(&o.ffn, "ffn", 0, "per-expert intermediate size (default: the preset's)")
+	fs.IntVar(&o.experts, "experts", 0, "routed experts (default: the preset's)")
+	fs.IntVar(&o.topk, "topk", 0, "experts per token (default: the preset's)")
+	fs.IntVar(&o.shared, "shared-experts", 0, "shared experts, each of --ffn size (default: the preset's)")
+	fs.StringVar(&o.score, "score", "", "router score function: softmax|sigmoid (default: the preset's)")
+	fs.IntVar(&o.groups, "groups", 0, "expert groups for group-limited routing, 0 = off (default: the preset's)")
+	fs.IntVar(&o.groupTopK, "topk-groups", 0, "groups each token may use (default: the preset's)")
+	fs.Float64Var(&o.topkScale, "topk-scale", 0, "scaling factor applied to the routing probabilities (default: the preset's)")
+	fs.StringVar(&o.routing, "routing", d.Routing.String(), "routing: balanced|uniform|skewed:ALPHA|trace:FILE|natural")
+	fs.Uint64Var(&o.seed, "seed", d.Seed, "seed of every random draw (inputs, weights, routing)")
+	fs.IntVar(&o.warmup, "warmup", d.Warmup, "untimed iterations before timing")
+	fs.IntVar(&o.iters, "iters", d.Iters, "timed iterations")
+	fs.BoolVar(&o.check, "check", d.Check, "check the output against the float64 reference (--check=false to skip)")
+	fs.StringVar(&o.device, "device", d.Device, "device: auto (cuda if a driver and GPU are found, else host) | host | cuda")
+	fs.StringVar(&o.out, "out", "", "append the JSON result record to this file (one line per run)")
+	fs.StringVar(&o.format, "format", "table", "output format: "+strings.Join(results.Formats, "|"))
+	fs.StringVar(&o.dump, "dump", "", "write the layer's tensors as .npy files with an index.json to this new directory")
+	return fs
+}
+
+// config builds the run configuration: the preset, overridden by the shape
+// flags given explicitly.
+func (o *options) config(fs *pflag.FlagSet) (harness.Config, error) {
+	c := harness.DefaultConfig()
+	p, ok := harness.LookupPreset(o.preset)
+	if !ok {
+		return c, &harness.ConfigError{Flag: "preset", Value: o.preset, Allowed: "allowed: " + strings.Join(harness.PresetNames(), ", ")}
+	}
+	c.Preset, c.Shape = p.Name, p.Shape
+	ints := []struct {
+		flag string
+		dst  *int
+		v    int
+	}{{"tokens", &c.Tokens, o.tokens}, {"hidden", &c.Hidden, o.hidden}, {"ffn", &c.FFN, o.ffn},
+		{"experts", &c.Experts, o.experts}, {"topk", &c.TopK, o.topk}, {"shared-experts", &c.SharedExperts, o.shared},
+		{"groups", &c.Groups, o.groups}, {"topk-groups", &c.GroupTopK, o.groupTopK}}
+	custom := false
+	for _, f := range ints {
+		if fs.Changed(f.flag) {
+			*f.dst, custom = f.v, true
+		}
+	}
+	if fs.Changed("groups") && o.groups <= 1 && !fs.Changed("topk-groups") {
+		c.GroupTopK = 0 // turning group limits off clears the preset's group top-k
+	}
+	if fs.Changed("score") {
+		c.Score, custom = o.score, true
+	}
+	if fs.Changed("topk-scale") {
+		c.TopKScale, custom = o.topkScale, true
+	}
+	if custom {
+		c.Preset += "+custom"
+	}
+	if !slices.Contains(dispatchers.Names(), o.dispatcher) {
+		return c, &harness.ConfigError{Flag: "dispatcher", Value: o.dispatcher, Allowed: "allowed: " + strings.Join(dispatchers.Names(), ", ")}
+	}
+	r, err := harness.ParseRouting(o.routing)
+	if err != nil {
+		return c, err
+	}
+	c.Dispatcher, c.Impl, c.SMs, c.EP = o.dispatcher, o.impl, o.sms, o.ep
+	c.Routing, c.Seed, c.Warmup, c.Iters, c.Check, c.Device = r, o.seed, o.warmup, o.iters, o.check, o.device
+	if err := c.Validate(); err != nil {
+		return c, err
+	}
+	if r.Kind == harness.RoutingTrace {
+		if _, err := harness.ReadTrace(r.File, c.Experts, c.TopK); err != nil {
+			return c, &harness.ConfigError{Flag: "routing", Value: o.routing, Allowed: err.Error()}
+		}
+	}
+	return c, nil
+}
+
+// checkOutputs rejects output settings that would fail only after the run.
+func (o *options) checkOutputs() error {
+	if !slices.Contains(results.Formats, o.format) {
+		return &harness.ConfigError{Flag: "format", Value: o.format, Allowed: "allowed: " + strings.Join(results.Formats, ", ")}
+	}
+	if o.dump != "" {
+		if ents, err := os.ReadDir(o.dump); err == nil && len(ents) > 0 {
+			return &harness.ConfigError{Flag: "dump", Value: o.dump, Allowed: "must be a new or empty directory"}
+		}
+	}
+	if o.out != "" {
+		if st, err := os.Stat(o.out); err == nil && st.IsDir() {
+			return &harness.ConfigError{Flag: "out", Value: o.out, Allowed: "is a directory; give a file to append records to"}
+		}
+	}
+	return nil
+}
+
+func usage(w io.Writer, fs *pflag.FlagSet) {
+	fmt.Fprint(w, `moebench runs one Mixture-of-Experts layer (router → permute → dispatch →
+expert GEMMs → combine → unpermute) and measures what the token dispatcher
+does to it: per-phase times, tokens and bytes moved, stragglers, correctness.
+
+Usage:
+  moebench [run] [flags]   run one layer and print its results
+  moebench presets         list the built-in layer shapes
+  moebench version         print the version
+  moebench help            print this help
+
+With no flags, moebench runs the small 'tiny' layer on 8 EP ranks with the
+alltoall dispatcher and balanced routing. Without a GPU it runs on the host
+device (a Go implementation of every kernel) and says so.
+
+Flags:
+`)
+	fs.SetOutput(w)
+	fs.PrintDefaults()
+	fmt.Fprint(w, `
+Routing:
+  balanced       Megatron's force-load-balancing: logits ~ N(0,1) per token, per rank
+  uniform        each token picks k distinct experts uniformly at random
+  skewed:ALPHA   Zipf(ALPHA) expert popularity shared by all ranks (stragglers)
+  trace:FILE     replay recorded routing (format: see README)
+  natural        the router's own logits on the random input
+
+Exit status: 0 success; 1 runtime failure, failed correctness check, or
+unavailable dispatcher/device (recorded with its reason, never timed);
+2 bad command line.
+`)
+}

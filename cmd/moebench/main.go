@@ -1,0 +1,180 @@
+// Command moebench runs one Mixture-of-Experts layer and measures what the
+// token dispatcher does to it. This file parses and validates the command
+// line; the work is done by package harness and the output by package results.
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"runtime/debug"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/spf13/pflag"
+
+	_ "github.com/moebench/moebench/dispatchers/all"
+	"github.com/moebench/moebench/harness"
+	"github.com/moebench/moebench/internal/cuda"
+	"github.com/moebench/moebench/results"
+)
+
+// Exit statuses.
+const (
+	exitOK      = 0
+	exitRuntime = 1 // runtime failure, failed check, unavailable dispatcher/device
+	exitUsage   = 2 // bad command line
+)
+
+const baseVersion = "0.1.0-dev"
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// run is the whole program, testable: it never panics out and returns the exit status.
+func run(args []string, stdout, stderr io.Writer) (code int) {
+	defer func() {
+		if p := recover(); p != nil {
+			fmt.Fprintf(stderr, "moebench: internal error: %v\n(please report this with the command line that caused it)\n", p)
+			code = exitRuntime
+		}
+	}()
+	if len(args) > 0 {
+		switch args[0] {
+		case "presets":
+			return presets(stdout)
+		case "help":
+			usage(stdout, newFlags(&options{}))
+			return exitOK
+		case "version":
+			fmt.Fprintln(stdout, "moebench", version())
+			return exitOK
+		case "run":
+			args = args[1:]
+		default:
+			if !strings.HasPrefix(args[0], "-") {
+				return usageError(stderr, fmt.Errorf("unknown command %q (commands: run, presets, version, help)", args[0]))
+			}
+		}
+	}
+	var o options
+	fs := newFlags(&o)
+	fs.SetOutput(io.Discard)
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, pflag.ErrHelp) {
+			usage(stdout, fs)
+			return exitOK
+		}
+		return usageError(stderr, err)
+	}
+	if fs.NArg() > 0 {
+		return usageError(stderr, fmt.Errorf("unexpected argument %q", fs.Arg(0)))
+	}
+	cfg, err := o.config(fs)
+	if err == nil {
+		err = o.checkOutputs()
+	}
+	if err != nil {
+		return usageError(stderr, err)
+	}
+	dev, note := resolveDevice(cfg.Device)
+	cfg.Device = dev
+	if dev == "host" {
+		line := "running on the host device"
+		if note != "" {
+			line += " (" + note + ")"
+		}
+		fmt.Fprintf(stderr, "moebench: %s; host timings are not comparable with GPU timings\n", line)
+		if fl := harness.HostFLOPs(cfg); fl > 50e9 {
+			fmt.Fprintf(stderr, "moebench: note: %.0f GFLOP of expert GEMMs per step on the host device; expect minutes (reduce --tokens or --iters)\n", fl/1e9)
+		}
+	}
+	rec, err := harness.Run(cfg, harness.Env{Version: version(), DeviceNote: note, Dump: o.dump})
+	var ce *harness.ConfigError
+	if errors.As(err, &ce) {
+		return usageError(stderr, err)
+	}
+	code = exitOK
+	if err != nil {
+		fmt.Fprintf(stderr, "moebench: %v\n", err)
+		code = exitRuntime
+	}
+	if rec == nil {
+		return exitRuntime
+	}
+	if werr := results.Write(stdout, rec, o.format); werr != nil {
+		fmt.Fprintf(stderr, "moebench: writing output: %v\n", werr)
+		code = exitRuntime
+	}
+	if o.out != "" {
+		if aerr := results.Append(o.out, rec); aerr != nil {
+			fmt.Fprintf(stderr, "moebench: --out: %v\n", aerr)
+			code = exitRuntime
+		}
+	}
+	return code
+}
+
+// resolveDevice turns auto into cuda or host and says why. This build runs
+// the layer on the host only, so auto picks host even when a GPU is found,
+// and says so.
+func resolveDevice(want string) (device, note string) {
+	if want == "host" {
+		return "host", "chosen with --device host"
+	}
+	drv, gpus, err := cuda.Probe()
+	var found string
+	switch {
+	case err != nil:
+		found = "no GPU: " + err.Error()
+	case len(gpus) == 0:
+		found = "no GPU: the CUDA driver reports none"
+	default:
+		found = fmt.Sprintf("%d GPU(s), %s, driver API %d.%d", len(gpus), gpus[0].Name, drv/1000, drv%1000/10)
+	}
+	if want == "cuda" {
+		return "cuda", found
+	}
+	if len(gpus) > 0 {
+		return "host", found + "; this build has no CUDA layer yet"
+	}
+	return "host", found
+}
+
+func usageError(stderr io.Writer, err error) int {
+	fmt.Fprintf(stderr, "moebench: %v\nRun 'moebench --help' for usage.\n", err)
+	return exitUsage
+}
+
+func presets(w io.Writer) int {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "preset\thidden\tffn\texperts\ttopk\tshared\tscore\tgroups\ttopk_scale\ttokens/rank\t")
+	for _, p := range harness.Presets {
+		g := "-"
+		if p.Groups > 1 {
+			g = fmt.Sprintf("%d/top-%d", p.Groups, p.GroupTopK)
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%d\t%s\t%s\t%g\t%d\t\n", p.Name, p.Hidden, p.FFN, p.Experts, p.TopK,
+			p.SharedExperts, p.Score, g, p.TopKScale, p.Tokens)
+	}
+	tw.Flush()
+	fmt.Fprintln(w)
+	for _, p := range harness.Presets {
+		fmt.Fprintf(w, "%-16s %s\n", p.Name, p.About)
+	}
+	return exitOK
+}
+
+func version() string {
+	v := baseVersion
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		for _, s := range bi.Settings {
+			if s.Key == "vcs.revision" && len(s.Value) >= 12 {
+				v += "+" + s.Value[:12]
+			}
+		}
+	}
+	return v
+}

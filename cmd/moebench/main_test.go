@@ -1,0 +1,162 @@
+package main
+
+import (
+	"bytes"
+	"encoding/binary"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/moebench/moebench/results"
+)
+
+// quick keeps CLI runs fast under -race.
+var quick = []string{"--device", "host", "--tokens", "16", "--hidden", "32", "--ffn", "16", "--ep", "4", "--warmup", "0", "--iters", "2"}
+
+func cli(args ...string) (code int, stdout, stderr string) {
+	var o, e bytes.Buffer
+	code = run(args, &o, &e)
+	return code, o.String(), e.String()
+}
+
+func TestUsageErrors(t *testing.T) {
+	cases := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--topk", "20"}, "--topk=20: must be ≤ --experts (16)"},
+		{[]string{"--ep", "3"}, "--ep=3: must divide --experts (16); allowed: 1, 2, 4, 8, 16"},
+		{[]string{"--groups", "3", "--topk-groups", "1"}, "--groups=3: must divide --experts (16)"},
+		{[]string{"--hidden", "0"}, "--hidden=0: must be ≥ 1"},
+		{[]string{"--tokens", "-5"}, "--tokens=-5: must be ≥ 1"},
+		{[]string{"--preset", "gpt-5"}, "--preset=gpt-5: allowed: tiny, deepseek-v3"},
+		{[]string{"--dispatcher", "nccl"}, "--dispatcher=nccl: allowed: alltoall, deepep, feplb, hybridep"},
+		{[]string{"--routing", "zipf:2"}, "--routing=zipf:2: allowed: balanced"},
+		{[]string{"--routing", "trace:/no/such/file"}, "--routing=trace:/no/such/file: open /no/such/file"},
+		{[]string{"--format", "xml"}, "--format=xml: allowed: table, json, csv"},
+		{[]string{"--score", "relu"}, "--score=relu: allowed: softmax, sigmoid"},
+		{[]string{"--impl", "fast"}, "--impl=fast: allowed: native, library"},
+		{[]string{"--iters", "x"}, `invalid argument "x" for "--iters"`},
+		{[]string{"--bogus"}, "unknown flag: --bogus"},
+		{[]string{"frobnicate"}, `unknown command "frobnicate"`},
+	}
+	for _, c := range cases {
+		code, out, errOut := cli(c.args...)
+		if code != exitUsage || !strings.Contains(errOut, c.want) || out != "" {
+			t.Errorf("%v: exit %d, stderr %q; want exit 2 and %q", c.args, code, errOut, c.want)
+		}
+	}
+}
+
+func TestBadTraceNamesLine(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "t.txt")
+	os.WriteFile(p, []byte("0 1 2 3\n0 1 2 99\n"), 0o644)
+	code, _, errOut := cli("--routing", "trace:"+p)
+	if code != exitUsage || !strings.Contains(errOut, p+":2: expert 99 out of range [0, 16)") {
+		t.Errorf("exit %d, stderr %q", code, errOut)
+	}
+}
+
+func TestHelpAndPresets(t *testing.T) {
+	code, out, _ := cli("--help")
+	for _, want := range []string{"Usage:", "--dispatcher", "--routing", "skewed:ALPHA", "Exit status"} {
+		if code != exitOK || !strings.Contains(out, want) {
+			t.Errorf("--help: exit %d, missing %q", code, want)
+		}
+	}
+	code, out, _ = cli("presets")
+	for _, want := range []string{"deepseek-v3", "7168", "qwen3-next-80b", "glm-4.5", "8/top-4"} {
+		if code != exitOK || !strings.Contains(out, want) {
+			t.Errorf("presets: exit %d, missing %q in\n%s", code, want, out)
+		}
+	}
+}
+
+func TestRunWritesAndRereadsRecord(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "results.jsonl")
+	code, stdout, stderr := cli(append(quick, "--out", out, "--routing", "skewed:1")...)
+	if code != exitOK {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	if !strings.Contains(stderr, "running on the host device") || !strings.Contains(stdout, "correctness            PASS") {
+		t.Errorf("stderr %q\nstdout %s", stderr, stdout)
+	}
+	code, stdout, _ = cli(append(quick, "--out", out, "--format", "json", "--dispatcher", "deepep")...)
+	if code != exitRuntime || !strings.Contains(stdout, `"status":"unavailable"`) {
+		t.Errorf("deepep: exit %d, stdout %s", code, stdout)
+	}
+	recs, err := results.ReadFile(out)
+	if err != nil || len(recs) != 2 {
+		t.Fatalf("re-read: %d records, %v", len(recs), err)
+	}
+	ok, un := recs[0], recs[1]
+	if ok.Status != results.StatusOK || ok.Config.Routing != "skewed:1" || ok.Config.Preset != "tiny+custom" ||
+		ok.Timing == nil || len(ok.Timing.Phases) != 7 || ok.Correctness == nil || !ok.Correctness.Passed {
+		t.Errorf("first record: %+v", ok)
+	}
+	if un.Status != results.StatusUnavailable || un.Timing != nil || !strings.Contains(un.Reason, "deepep") {
+		t.Errorf("second record: %+v", un)
+	}
+}
+
+func TestCSVAndNoCheck(t *testing.T) {
+	code, stdout, _ := cli(append(quick, "--format", "csv", "--check=false")...)
+	lines := strings.Split(strings.TrimSpace(stdout), "\n")
+	if code != exitOK || len(lines) != 2 || !strings.HasPrefix(lines[1], "tiny+custom,alltoall,native,0,4,balanced,1,host,ok,") {
+		t.Errorf("exit %d, csv:\n%s", code, stdout)
+	}
+}
+
+func TestDump(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "dump")
+	code, _, stderr := cli(append(quick, "--dump", dir, "--score", "sigmoid")...)
+	if code != exitOK {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	var idx struct {
+		Files []struct {
+			File  string
+			DType string
+			Shape []int
+		}
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "index.json"))
+	if err != nil || json.Unmarshal(b, &idx) != nil {
+		t.Fatalf("index.json: %v", err)
+	}
+	names := map[string][]int{}
+	for _, f := range idx.Files {
+		names[f.File] = f.Shape
+		checkNpy(t, filepath.Join(dir, f.File), f.Shape)
+	}
+	for f, shape := range map[string][]int{"x.npy": {64, 32}, "fc1.npy": {16, 32, 32}, "routing_idx.npy": {64, 4},
+		"output.npy": {64, 32}, "router_bias.npy": {16}, "shared_fc2.npy": {32, 16}, "router_logits_override.npy": {64, 16}} {
+		if got := names[f]; len(got) != len(shape) {
+			t.Errorf("%s: shape %v, want %v", f, got, shape)
+		}
+	}
+	if code, _, errOut := cli(append(quick, "--dump", dir)...); code != exitUsage || !strings.Contains(errOut, "new or empty directory") {
+		t.Errorf("dump into a full dir: exit %d, %q", code, errOut)
+	}
+}
+
+// checkNpy reads an NPY v1 header and checks the shape and the data size.
+func checkNpy(t *testing.T, path string, shape []int) {
+	b, err := os.ReadFile(path)
+	if err != nil || len(b) < 10 || string(b[:8]) != "\x93NUMPY\x01\x00" {
+		t.Fatalf("%s: not NPY v1 (%v)", path, err)
+	}
+	hl := int(binary.LittleEndian.Uint16(b[8:10]))
+	if (10+hl)%64 != 0 || b[10+hl-1] != '\n' {
+		t.Fatalf("%s: header length %d not aligned to 64 or not newline-terminated", path, hl)
+	}
+	n := 4
+	for _, s := range shape {
+		n *= s
+	}
+	if len(b)-10-hl != n {
+		t.Fatalf("%s: %d data bytes, shape %v needs %d", path, len(b)-10-hl, shape, n)
+	}
+}

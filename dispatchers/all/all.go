@@ -1,0 +1,9 @@
+// Package all registers every dispatcher; import it for its side effect.
+package all
+
+import (
+	_ "github.com/moebench/moebench/dispatchers/alltoall"
+	_ "github.com/moebench/moebench/dispatchers/deepep"
+	_ "github.com/moebench/moebench/dispatchers/feplb"
+	_ "github.com/moebench/moebench/dispatchers/hybridep"
+)

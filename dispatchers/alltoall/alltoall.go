@@ -1,0 +1,210 @@
+// Package alltoall is Megatron-Core's alltoall token dispatcher: a local
+// expert-major permute, an all-gather of per-expert counts (the one host sync),
+// a variable-split all-to-all of the token copies and their probabilities, and
+// a sort of the received chunks by local expert; combine is the exact inverse.
+package alltoall
+
+import (
+	"fmt"
+
+	"github.com/moebench/moebench/dispatchers"
+	"github.com/moebench/moebench/kernels"
+)
+
+func init() { dispatchers.Register("alltoall", New) }
+
+// New returns the native alltoall dispatcher. It runs on the host device; the
+// library implementation (NCCL all-to-all) needs the cuda device.
+func New(impl string, env dispatchers.Env) (dispatchers.Dispatcher, error) {
+	if impl != dispatchers.ImplNative {
+		return nil, &dispatchers.UnavailableError{Name: "alltoall", Impl: impl,
+			Reason: "no library implementation in this build (NCCL all-to-all needs the cuda device)"}
+	}
+	if env.Device != "host" {
+		return nil, &dispatchers.UnavailableError{Name: "alltoall", Impl: impl,
+			Reason: fmt.Sprintf("device %q is not supported by this build (host only)", env.Device)}
+	}
+	return &A2A{}, nil
+}
+
+// A2A is the alltoall dispatcher over host ranks.
+type A2A struct {
+	shape dispatchers.Shape
+	ranks []*dispatchers.Rank
+	st    []state
+}
+
+// state is one rank's private buffers.
+type state struct {
+	slots   []int32   // permuted row → flat slot t·k+j
+	counts  []int     // [Experts] copies this rank sends to each global expert
+	sendOff []int     // [EP+1] first permuted row destined to each rank
+	permX   []float32 // [T·k, h] permuted copies
+	permP   []float32 // [T·k] their probabilities
+	permY   []float32 // [T·k, h] expert outputs returned, permuted order
+
+	// receive side, filled by Dispatch
+	recvX []float32 // [N, h] received, ordered [source][local expert]
+	recvP []float32
+	// chunk (local expert l, source s) lies at recvOff[s][l] in recvX and at
+	// expOff[l][s] in ExpertX; chunkN[s][l] rows.
+	recvOff, chunkN [][]int
+	recvY           []float32
+}
+
+func (a *A2A) Name() string { return "alltoall" }
+func (a *A2A) Impl() string { return dispatchers.ImplNative }
+
+// Bind sizes the per-rank buffers.
+func (a *A2A) Bind(shape dispatchers.Shape, ranks []*dispatchers.Rank) error {
+	if len(ranks) != shape.EP {
+		return fmt.Errorf("alltoall: %d ranks, shape says EP = %d", len(ranks), shape.EP)
+	}
+	a.shape, a.ranks = shape, ranks
+	a.st = make([]state, shape.EP)
+	n := shape.Tokens * shape.TopK
+	for r := range a.st {
+		a.st[r].permX = make([]float32, n*shape.Hidden)
+		a.st[r].permP = make([]float32, n)
+		a.st[r].permY = make([]float32, n*shape.Hidden)
+	}
+	return nil
+}
+
+// Permute sorts rank r's copies expert-major, which is also destination-rank
+// major because each rank owns a contiguous range of experts.
+func (a *A2A) Permute(r int) error {
+	s, rk, sh := &a.st[r], a.ranks[r], a.shape
+	s.slots, s.counts = kernels.PermuteOrder(rk.Idx, sh.Tokens, sh.TopK, sh.Experts)
+	kernels.GatherRows(s.permX, rk.X, s.slots, sh.TopK, sh.Hidden)
+	kernels.GatherRows(s.permP, rk.Probs, s.slots, 1, 1)
+	s.sendOff = make([]int, sh.EP+1)
+	L := sh.LocalExperts()
+	for d := range sh.EP {
+		n := 0
+		for _, c := range s.counts[d*L : (d+1)*L] {
+			n += c
+		}
+		s.sendOff[d+1] = s.sendOff[d] + n
+	}
+	return nil
+}
+
+// Dispatch is rank r's receive side: the count all-gather (host-visible
+// counts), the variable-split exchange into a [source][local expert] buffer,
+// and the chunk sort into [local expert][source] order.
+func (a *A2A) Dispatch(r int) error {
+	s, rk, sh := &a.st[r], a.ranks[r], a.shape
+	L, h := sh.LocalExperts(), sh.Hidden
+	// count exchange: what every source sends to each of r's local experts
+	s.chunkN = make([][]int, sh.EP)
+	s.recvOff = make([][]int, sh.EP)
+	total := 0
+	for src := range sh.EP {
+		s.chunkN[src] = append([]int(nil), a.st[src].counts[r*L:(r+1)*L]...)
+		s.recvOff[src] = make([]int, L)
+		for l, c := range s.chunkN[src] {
+			s.recvOff[src][l] = total
+			total += c
+		}
+	}
+	s.recvX = grow(s.recvX, total*h)
+	s.recvP = grow(s.recvP, total)
+	// all-to-all: source src's rows for r are contiguous at src.sendOff[r]
+	for src := range sh.EP {
+		ss := &a.st[src]
+		lo, hi := ss.sendOff[r], ss.sendOff[r+1]
+		at := s.recvOff[src][0]
+		copy(s.recvX[at*h:], ss.permX[lo*h:hi*h])
+		copy(s.recvP[at:], ss.permP[lo:hi])
+	}
+	// sort chunks by local expert
+	rk.ExpertX = grow(rk.ExpertX, total*h)
+	rk.ExpertProbs = grow(rk.ExpertProbs, total)
+	rk.ExpertCounts = make([]int, L)
+	at := 0
+	for l := range L {
+		for src := range sh.EP {
+			n, from := s.chunkN[src][l], s.recvOff[src][l]
+			copy(rk.ExpertX[at*h:(at+n)*h], s.recvX[from*h:(from+n)*h])
+			copy(rk.ExpertProbs[at:at+n], s.recvP[from:from+n])
+			rk.ExpertCounts[l] += n
+			at += n
+		}
+	}
+	return nil
+}
+
+// Combine is rank r's send side on the way back: unsort its expert outputs
+// into [source][local expert] order and return each source's chunk into that
+// source's permuted output buffer.
+func (a *A2A) Combine(r int) error {
+	s, rk, sh := &a.st[r], a.ranks[r], a.shape
+	L, h := sh.LocalExperts(), sh.Hidden
+	if len(rk.ExpertY) < len(rk.ExpertX) {
+		return fmt.Errorf("alltoall: rank %d: expert output has %d values, want %d", r, len(rk.ExpertY), len(rk.ExpertX))
+	}
+	s.recvY = grow(s.recvY, len(rk.ExpertX))
+	at := 0
+	for l := range L {
+		for src := range sh.EP {
+			n, to := s.chunkN[src][l], s.recvOff[src][l]
+			copy(s.recvY[to*h:(to+n)*h], rk.ExpertY[at*h:(at+n)*h])
+			at += n
+		}
+	}
+	for src := range sh.EP {
+		ss := &a.st[src]
+		lo, hi := ss.sendOff[r], ss.sendOff[r+1]
+		from := s.recvOff[src][0]
+		copy(ss.permY[lo*h:hi*h], s.recvY[from*h:(from+hi-lo)*h])
+	}
+	return nil
+}
+
+// Unpermute sums each token's k returned outputs into Rank.Y.
+func (a *A2A) Unpermute(r int) error {
+	s, rk, sh := &a.st[r], a.ranks[r], a.shape
+	rk.Y = grow(rk.Y, sh.Tokens*sh.Hidden)
+	clear(rk.Y)
+	kernels.ScatterAddRows(rk.Y, s.permY, s.slots, sh.TopK, sh.Hidden)
+	return nil
+}
+
+// Traffic counts every token copy once per direction: dispatch moves the
+// bf16 row and its fp32 probability, combine the bf16 output row.
+func (a *A2A) Traffic() dispatchers.Traffic {
+	sh := a.shape
+	var off, all int64
+	for src := range a.st {
+		for d := range sh.EP {
+			n := int64(a.st[src].sendOff[d+1] - a.st[src].sendOff[d])
+			all += n
+			if d != src {
+				off += n
+			}
+		}
+	}
+	row := int64(sh.Hidden) * 2
+	return dispatchers.Traffic{
+		DispatchOffRank: off * (row + 4), DispatchLogical: all * (row + 4),
+		CombineOffRank: off * row, CombineLogical: all * row,
+		Formula: "dispatch = copies × (hidden×2 B bf16 + 4 B fp32 prob); combine = copies × hidden×2 B; " +
+			"a copy is one (token, expert) pair, so a token routed to two experts of one rank is sent twice; off-rank excludes copies to the token's own rank",
+	}
+}
+
+// Footprint counts the rank's private buffers (float32 and int32 elements).
+func (a *A2A) Footprint(r int) int64 {
+	s := &a.st[r]
+	n := cap(s.permX) + cap(s.permP) + cap(s.permY) + cap(s.recvX) + cap(s.recvP) + cap(s.recvY) + cap(s.slots)
+	return 4 * int64(n)
+}
+
+// grow returns s resized to n, reusing its storage when large enough.
+func grow[T any](s []T, n int) []T {
+	if cap(s) >= n {
+		return s[:n]
+	}
+	return make([]T, n)
+}

@@ -1,0 +1,158 @@
+// Package dispatchers defines the contract between the MoE layer and a token
+// dispatcher (the piece moebench measures), and the registry that maps a
+// dispatcher name and implementation to a constructor or to the reason it is
+// unavailable.
+//
+// A step runs four phases, each called once per EP rank; every rank finishes
+// a phase before any rank starts the next:
+//
+//	Permute   local: order the rank's token copies for sending
+//	Dispatch  collective: deliver each copy to the rank owning its expert,
+//	          grouped by local expert (fills Rank.ExpertX/ExpertProbs/ExpertCounts)
+//	          — the layer then runs the experts and fills Rank.ExpertY —
+//	Combine   collective: return each expert output to its token's home rank
+//	Unpermute local: Rank.Y[t] = sum of token t's k expert outputs
+//
+// Collective phases may read or write other ranks' state; that is how the
+// ranks, which are independent objects, exchange data.
+package dispatchers
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+)
+
+// Shape is what a dispatcher needs to know of the layer.
+type Shape struct {
+	Tokens  int // tokens per rank
+	Hidden  int
+	Experts int // routed experts, all ranks together
+	TopK    int
+	EP      int // expert-parallel ranks; rank r owns experts [r·L, (r+1)·L)
+}
+
+// LocalExperts is L, the number of experts each rank owns.
+func (s Shape) LocalExperts() int { return s.Experts / s.EP }
+
+// Owner is the rank that owns global expert e.
+func (s Shape) Owner(e int32) int { return int(e) / s.LocalExperts() }
+
+// Rank is one EP rank's data during a step. Row-major float32 tensors hold
+// bf16 values.
+type Rank struct {
+	ID    int
+	X     []float32 // [Tokens, Hidden] input, set by the layer
+	Idx   []int32   // [Tokens, TopK] global expert of each copy, set by the layer
+	Probs []float32 // [Tokens, TopK] routing probability of each copy, set by the layer
+
+	ExpertX      []float32 // [N, Hidden] copies received for the local experts, grouped by local expert
+	ExpertProbs  []float32 // [N] their probabilities
+	ExpertCounts []int     // [LocalExperts] rows per local expert (sums to N)
+	ExpertY      []float32 // [N, Hidden] expert outputs, same rows as ExpertX; set by the layer
+
+	Y []float32 // [Tokens, Hidden] sum of each token's k expert outputs (float32 sums)
+}
+
+// Traffic is the bytes one step moves, with the formula that counts them.
+// OffRank counts payload that crosses ranks; Logical includes copies a rank
+// sends to itself.
+type Traffic struct {
+	DispatchOffRank, DispatchLogical int64
+	CombineOffRank, CombineLogical   int64
+	Formula                          string
+}
+
+// Dispatcher moves token copies between EP ranks. See the package comment for
+// the phase contract.
+type Dispatcher interface {
+	Name() string
+	Impl() string
+	// Bind attaches the dispatcher to the ranks of a run; called once.
+	Bind(shape Shape, ranks []*Rank) error
+	Permute(rank int) error
+	Dispatch(rank int) error
+	Combine(rank int) error
+	Unpermute(rank int) error
+	// Traffic is what the last step moved.
+	Traffic() Traffic
+	// Footprint is the bytes of the dispatcher's own buffers on a rank.
+	Footprint(rank int) int64
+}
+
+// Env describes where a dispatcher would run.
+type Env struct {
+	Device string // "host" or "cuda"
+}
+
+// Factory builds a dispatcher for env, or returns an *UnavailableError.
+type Factory func(impl string, env Env) (Dispatcher, error)
+
+// UnavailableError says that a dispatcher or implementation cannot run in an
+// environment, and why. It is an environment limitation, not a failure.
+type UnavailableError struct {
+	Name, Impl, Reason string
+}
+
+func (e *UnavailableError) Error() string {
+	return fmt.Sprintf("%s (%s): unavailable: %s", e.Name, e.Impl, e.Reason)
+}
+
+// IsUnavailable reports whether err says a dispatcher is unavailable.
+func IsUnavailable(err error) bool {
+	var u *UnavailableError
+	return errors.As(err, &u)
+}
+
+// Implementations of a dispatcher design.
+const (
+	ImplNative  = "native"  // moebench's own kernels
+	ImplLibrary = "library" // a real library found on the node
+)
+
+var registry = map[string]Factory{}
+
+// Register adds a dispatcher by name; called from the dispatcher packages'
+// init functions.
+func Register(name string, f Factory) {
+	if _, dup := registry[name]; dup {
+		panic("dispatchers: " + name + " registered twice")
+	}
+	registry[name] = f
+}
+
+// Names lists the registered dispatchers, sorted.
+func Names() []string {
+	names := make([]string, 0, len(registry))
+	for n := range registry {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// New returns the named dispatcher for env. An unknown name or impl is an
+// ordinary error; a known one that cannot run here is an *UnavailableError.
+func New(name, impl string, env Env) (Dispatcher, error) {
+	f, ok := registry[name]
+	if !ok {
+		return nil, fmt.Errorf("unknown dispatcher %q (known: %v)", name, Names())
+	}
+	if impl != ImplNative && impl != ImplLibrary {
+		return nil, fmt.Errorf("unknown implementation %q (known: native, library)", impl)
+	}
+	return f(impl, env)
+}
+
+// Pending is the factory of a dispatcher whose design is registered but not
+// yet built: it always reports the dispatcher unavailable. needs says what the
+// design requires that the host device does not model.
+func Pending(name, needs string) Factory {
+	return func(impl string, env Env) (Dispatcher, error) {
+		reason := "not implemented in this build yet"
+		if env.Device == "host" {
+			reason = "needs the cuda device (" + needs + "); the host device does not model it"
+		}
+		return nil, &UnavailableError{Name: name, Impl: impl, Reason: reason}
+	}
+}

@@ -1,0 +1,188 @@
+package harness
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/moebench/moebench/kernels"
+	"github.com/moebench/moebench/results"
+)
+
+// Shape is one MoE layer's published shape.
+type Shape struct {
+	Tokens        int // tokens per rank (micro-batch)
+	Hidden        int
+	FFN           int // per-expert intermediate size
+	Experts       int
+	TopK          int
+	SharedExperts int    // shared expert ffn = FFN × SharedExperts
+	Score         string // softmax | sigmoid
+	Groups        int    // group-limited routing; 0 = off
+	GroupTopK     int
+	TopKScale     float64 // moe_router_topk_scaling_factor
+}
+
+// Preset is a named layer shape.
+type Preset struct {
+	Name  string
+	About string
+	Shape
+}
+
+// DefaultTokens is the micro-batch per rank of the real-model presets.
+const DefaultTokens = 4096
+
+// Presets are the built-in layers, with the shapes of the published configs
+// (see shared/reference/megatron-moe.md §4).
+var Presets = []Preset{
+	{"tiny", "small layer for tests and the default run", Shape{128, 128, 64, 16, 4, 1, kernels.ScoreSoftmax, 0, 0, 1}},
+	{"deepseek-v3", "DeepSeek-V3 MoE layer", Shape{DefaultTokens, 7168, 2048, 256, 8, 1, kernels.ScoreSigmoid, 8, 4, 2.5}},
+	{"qwen3-30b-a3b", "Qwen3-30B-A3B", Shape{DefaultTokens, 2048, 768, 128, 8, 0, kernels.ScoreSoftmax, 0, 0, 1}},
+	{"qwen3-235b-a22b", "Qwen3-235B-A22B", Shape{DefaultTokens, 4096, 1536, 128, 8, 0, kernels.ScoreSoftmax, 0, 0, 1}},
+	{"qwen3-next-80b", "Qwen3-Next-80B-A3B (shared expert's sigmoid gate not modelled)", Shape{DefaultTokens, 2048, 512, 512, 10, 1, kernels.ScoreSoftmax, 0, 0, 1}},
+	{"mixtral-8x7b", "Mixtral-8x7B", Shape{DefaultTokens, 4096, 14336, 8, 2, 0, kernels.ScoreSoftmax, 0, 0, 1}},
+	{"gpt-oss-120b", "gpt-oss-120b (SwiGLU in place of its clamped GLU; no router bias)", Shape{DefaultTokens, 2880, 2880, 128, 4, 0, kernels.ScoreSoftmax, 0, 0, 1}},
+	{"glm-4.5", "GLM-4.5 (355B-A32B)", Shape{DefaultTokens, 5120, 1536, 160, 8, 1, kernels.ScoreSigmoid, 0, 0, 2.5}},
+}
+
+// LookupPreset returns the preset called name.
+func LookupPreset(name string) (Preset, bool) {
+	for _, p := range Presets {
+		if p.Name == name {
+			return p, true
+		}
+	}
+	return Preset{}, false
+}
+
+// PresetNames lists the presets' names.
+func PresetNames() []string {
+	var n []string
+	for _, p := range Presets {
+		n = append(n, p.Name)
+	}
+	return n
+}
+
+// Config is everything one run needs.
+type Config struct {
+	Preset string
+	Shape
+	Dispatcher string
+	Impl       string
+	SMs        int // SM budget of SM-driven dispatchers; 0 = dispatcher default
+	EP         int
+	Routing    Routing
+	Seed       uint64
+	Warmup     int
+	Iters      int
+	Check      bool
+	Device     string // host | cuda | auto (resolved before a run)
+}
+
+// DefaultConfig is what `moebench` with no flags runs.
+func DefaultConfig() Config {
+	p, _ := LookupPreset("tiny")
+	return Config{Preset: p.Name, Shape: p.Shape, Dispatcher: "alltoall", Impl: "native",
+		EP: 8, Routing: Routing{Kind: RoutingBalanced}, Seed: 1, Warmup: 3, Iters: 20,
+		Check: true, Device: "auto"}
+}
+
+// ConfigError is a bad setting: the flag (or field) it came from, the value,
+// and what is allowed.
+type ConfigError struct {
+	Flag    string
+	Value   any
+	Allowed string
+}
+
+func (e *ConfigError) Error() string {
+	return fmt.Sprintf("--%s=%v: %s", e.Flag, e.Value, e.Allowed)
+}
+
+// Validate checks c and returns a *ConfigError for the first bad setting.
+func (c Config) Validate() error {
+	pos := []struct {
+		flag string
+		v    int
+	}{{"tokens", c.Tokens}, {"hidden", c.Hidden}, {"ffn", c.FFN}, {"experts", c.Experts},
+		{"topk", c.TopK}, {"ep", c.EP}, {"iters", c.Iters}}
+	for _, p := range pos {
+		if p.v < 1 {
+			return &ConfigError{p.flag, p.v, "must be ≥ 1"}
+		}
+	}
+	const maxDim = 1 << 20
+	for _, p := range pos[:4] {
+		if p.v > maxDim {
+			return &ConfigError{p.flag, p.v, fmt.Sprintf("must be ≤ %d", maxDim)}
+		}
+	}
+	switch {
+	case c.TopK > c.Experts:
+		return &ConfigError{"topk", c.TopK, fmt.Sprintf("must be ≤ --experts (%d)", c.Experts)}
+	case c.Experts%c.EP != 0:
+		return &ConfigError{"ep", c.EP, fmt.Sprintf("must divide --experts (%d); allowed: %s", c.Experts, divisors(c.Experts))}
+	case c.SharedExperts < 0:
+		return &ConfigError{"shared-experts", c.SharedExperts, "must be ≥ 0"}
+	case c.Score != kernels.ScoreSoftmax && c.Score != kernels.ScoreSigmoid:
+		return &ConfigError{"score", c.Score, "allowed: softmax, sigmoid"}
+	case c.Groups < 0:
+		return &ConfigError{"groups", c.Groups, "must be ≥ 0 (0 = no group-limited routing)"}
+	case c.Groups > 1 && c.Experts%c.Groups != 0:
+		return &ConfigError{"groups", c.Groups, fmt.Sprintf("must divide --experts (%d); allowed: %s", c.Experts, divisors(c.Experts))}
+	case c.Groups > 1 && (c.GroupTopK < 1 || c.GroupTopK > c.Groups):
+		return &ConfigError{"topk-groups", c.GroupTopK, fmt.Sprintf("must be in [1, --groups=%d]", c.Groups)}
+	case c.Groups > 1 && c.TopK%c.GroupTopK != 0:
+		return &ConfigError{"topk-groups", c.GroupTopK, fmt.Sprintf("must divide --topk (%d)", c.TopK)}
+	case c.Groups > 1 && c.TopK/c.GroupTopK > c.Experts/c.Groups:
+		return &ConfigError{"topk-groups", c.GroupTopK, fmt.Sprintf("too small: each chosen group would need %d of its %d experts", c.TopK/c.GroupTopK, c.Experts/c.Groups)}
+	case c.Groups <= 1 && c.GroupTopK != 0:
+		return &ConfigError{"topk-groups", c.GroupTopK, "needs --groups > 1"}
+	case !(c.TopKScale > 0) || c.TopKScale > 1e6:
+		return &ConfigError{"topk-scale", c.TopKScale, "must be in (0, 1e6]"}
+	case c.SMs < 0:
+		return &ConfigError{"sms", c.SMs, "must be ≥ 0 (0 = the dispatcher's default)"}
+	case c.Warmup < 0:
+		return &ConfigError{"warmup", c.Warmup, "must be ≥ 0"}
+	case c.Device != "host" && c.Device != "cuda" && c.Device != "auto":
+		return &ConfigError{"device", c.Device, "allowed: host, cuda, auto"}
+	case c.Impl != "native" && c.Impl != "library":
+		return &ConfigError{"impl", c.Impl, "allowed: native, library"}
+	}
+	return c.Routing.validate()
+}
+
+// Record is c as the result record holds it.
+func (c Config) Record() results.Config {
+	return results.Config{Preset: c.Preset, Tokens: c.Tokens, Hidden: c.Hidden, FFN: c.FFN, Experts: c.Experts,
+		TopK: c.TopK, SharedExperts: c.SharedExperts, Score: c.Score, Groups: c.Groups, GroupTopK: c.GroupTopK,
+		TopKScale: c.TopKScale, Dispatcher: c.Dispatcher, Impl: c.Impl, SMs: c.SMs, EP: c.EP,
+		Routing: c.Routing.String(), Seed: c.Seed, Warmup: c.Warmup, Iters: c.Iters, Check: c.Check, Device: c.Device}
+}
+
+// RouterConfig is the kernels' view of the router settings; bias is the
+// per-expert selection bias (sigmoid only).
+func (c Config) RouterConfig(bias []float32) kernels.RouterConfig {
+	rc := kernels.RouterConfig{Experts: c.Experts, TopK: c.TopK, Score: c.Score, Scale: c.TopKScale}
+	if c.Groups > 1 {
+		rc.Groups, rc.GroupTopK = c.Groups, c.GroupTopK
+	}
+	if c.Score == kernels.ScoreSigmoid {
+		rc.Bias = bias
+	}
+	return rc
+}
+
+func divisors(n int) string {
+	var d []string
+	for i := 1; i <= n && len(d) < 12; i++ {
+		if n%i == 0 {
+			d = append(d, fmt.Sprint(i))
+		}
+	}
+	if len(d) == 12 {
+		d = append(d, "…")
+	}
+	return strings.Join(d, ", ")
+}

@@ -1,0 +1,5 @@
+// Package harness builds and runs one MoE layer: configuration and presets,
+// routing generators, the layer pipeline on EP ranks, the run loop with
+// per-phase timing, the correctness check against a float64 reference, and the
+// result record it produces.
+package harness

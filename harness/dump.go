@@ -1,0 +1,187 @@
+package harness
+
+import (
+	"bufio"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/moebench/moebench/results"
+)
+
+// dumpFile is one entry of the dump's index.json.
+type dumpFile struct {
+	File  string `json:"file"`
+	DType string `json:"dtype"`
+	Shape []int  `json:"shape"`
+	About string `json:"about"`
+}
+
+// Dump writes the layer's input, weights, routing and output to dir as .npy
+// files (bf16 values widened to float32; indices int32) with an index.json
+// describing each file and the layout conventions. dir must not exist or be
+// empty. Files are written into a temporary sibling directory that is renamed
+// to dir at the end, so a failure leaves nothing half-written at dir.
+func Dump(dir string, l *Layer, rec *results.Record) error {
+	if ents, err := os.ReadDir(dir); err == nil && len(ents) > 0 {
+		return fmt.Errorf("--dump %s: directory is not empty", dir)
+	}
+	parent := filepath.Dir(filepath.Clean(dir))
+	tmp, err := os.MkdirTemp(parent, "."+filepath.Base(dir)+".tmp-")
+	if err != nil {
+		return fmt.Errorf("--dump %s: %w", dir, err)
+	}
+	defer os.RemoveAll(tmp) // a no-op once renamed
+	c := l.Cfg
+	n, h, f, E, k := c.EP*c.Tokens, c.Hidden, c.FFN, c.Experts, c.TopK
+	var index []dumpFile
+	add := func(name string, shape []int, data any, about string) error {
+		d, err := writeNpy(filepath.Join(tmp, name), shape, data)
+		if err != nil {
+			return err
+		}
+		index = append(index, dumpFile{name, d, shape, about})
+		return nil
+	}
+	var x, y, probs []float32
+	var idx []int32
+	for r, rk := range l.Ranks {
+		x, y = append(x, l.X[r]...), append(y, rk.Y...)
+		idx, probs = append(idx, rk.Idx...), append(probs, rk.Probs...)
+	}
+	steps := []func() error{
+		func() error {
+			return add("x.npy", []int{n, h}, x, "layer input; rows are rank-major: row r·tokens+t is token t of rank r")
+		},
+		func() error {
+			return add("router_weight.npy", []int{E, h}, l.Wr, "router weight Wr; logits = x · Wrᵀ (fp32)")
+		},
+		func() error {
+			return add("fc1.npy", []int{E, 2 * f, h}, concat(l.FC1), "expert fc1 weights [out,in]; rows 0..ffn-1 gate, ffn..2ffn-1 up")
+		},
+		func() error { return add("fc2.npy", []int{E, h, f}, concat(l.FC2), "expert fc2 weights [out,in]") },
+		func() error {
+			return add("routing_idx.npy", []int{n, k}, idx, "chosen global expert of each token copy; expert e lives on rank e / (experts/ep)")
+		},
+		func() error {
+			return add("routing_probs.npy", []int{n, k}, probs, "routing probability of each copy (fp32), applied after SwiGLU, before fc2")
+		},
+		func() error {
+			return add("output.npy", []int{n, h}, y, "layer output: Σ_k fc2_e(p·silu(gate)·up) (+ shared expert), bf16")
+		},
+	}
+	if l.Bias != nil {
+		steps = append(steps, func() error {
+			return add("router_bias.npy", []int{E}, l.Bias, "sigmoid router's per-expert selection bias (used for selection only)")
+		})
+	}
+	if l.SharedFC1 != nil {
+		fs := f * c.SharedExperts
+		steps = append(steps,
+			func() error {
+				return add("shared_fc1.npy", []int{2 * fs, h}, l.SharedFC1, "shared expert fc1 [out,in], gate then up")
+			},
+			func() error {
+				return add("shared_fc2.npy", []int{h, fs}, l.SharedFC2, "shared expert fc2 [out,in]; no probability")
+			})
+	}
+	if l.Override[0] != nil {
+		steps = append(steps, func() error {
+			return add("router_logits_override.npy", []int{n, E}, concat(l.Override),
+				"routing "+c.Routing.String()+": these logits replace x·Wrᵀ before the score function and top-k")
+		})
+	}
+	for _, s := range steps {
+		if err := s(); err != nil {
+			return fmt.Errorf("--dump %s: %w", dir, err)
+		}
+	}
+	meta := map[string]any{"config": rec.Config, "status": rec.Status, "files": index,
+		"notes": []string{
+			"all float32 arrays hold bf16 values exactly (widened); compute in float32 or float64",
+			"router: " + routerNote(c),
+			"per copy: y = fc2 · (p · silu(fc1_gate · x) ⊙ (fc1_up · x)); output row = Σ over the token's k copies (+ shared expert, which has no p)",
+		}}
+	b, err := json.MarshalIndent(meta, "", "  ")
+	if err == nil {
+		err = os.WriteFile(filepath.Join(tmp, "index.json"), append(b, '\n'), 0o644)
+	}
+	if err != nil {
+		return fmt.Errorf("--dump %s: %w", dir, err)
+	}
+	os.Remove(dir) // an empty dir given by the user; rename needs it gone
+	if err := os.Rename(tmp, dir); err != nil {
+		return fmt.Errorf("--dump %s: %w", dir, err)
+	}
+	return nil
+}
+
+func routerNote(c Config) string {
+	s := "softmax over the k selected logits"
+	if c.Score == "sigmoid" {
+		s = "top-k on sigmoid(logit)+bias; probs = sigmoid(logit) of the chosen, renormalised"
+	}
+	if c.Groups > 1 {
+		s += fmt.Sprintf("; group-limited: %d groups, each token uses its best %d (group score = sum of its top %d)", c.Groups, c.GroupTopK, c.TopK/c.GroupTopK)
+	}
+	return s + fmt.Sprintf("; probs × %g", c.TopKScale)
+}
+
+func concat(parts [][]float32) []float32 {
+	var out []float32
+	for _, p := range parts {
+		out = append(out, p...)
+	}
+	return out
+}
+
+// writeNpy writes a little-endian NPY v1.0 file of float32 or int32 data and
+// returns the numpy dtype it used.
+func writeNpy(path string, shape []int, data any) (string, error) {
+	var descr string
+	n := 0
+	switch d := data.(type) {
+	case []float32:
+		descr, n = "<f4", len(d)
+	case []int32:
+		descr, n = "<i4", len(d)
+	default:
+		return "", fmt.Errorf("writeNpy: unsupported %T", data)
+	}
+	want := 1
+	dims := make([]string, len(shape))
+	for i, s := range shape {
+		want *= s
+		dims[i] = fmt.Sprint(s)
+	}
+	if want != n {
+		return "", fmt.Errorf("%s: %d values for shape %v", filepath.Base(path), n, shape)
+	}
+	tuple := strings.Join(dims, ", ")
+	if len(shape) == 1 {
+		tuple += ","
+	}
+	header := fmt.Sprintf("{'descr': '%s', 'fortran_order': False, 'shape': (%s), }", descr, tuple)
+	pad := 64 - (10+len(header)+1)%64
+	header += strings.Repeat(" ", pad%64) + "\n"
+	fh, err := os.Create(path)
+	if err != nil {
+		return "", err
+	}
+	w := bufio.NewWriter(fh)
+	w.WriteString("\x93NUMPY\x01\x00")
+	binary.Write(w, binary.LittleEndian, uint16(len(header)))
+	w.WriteString(header)
+	if err := binary.Write(w, binary.LittleEndian, data); err != nil {
+		fh.Close()
+		return "", err
+	}
+	if err := w.Flush(); err != nil {
+		fh.Close()
+		return "", err
+	}
+	return descr, fh.Close()
+}

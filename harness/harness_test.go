@@ -1,0 +1,319 @@
+package harness
+
+import (
+	"errors"
+	"math"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+
+	"github.com/moebench/moebench/dispatchers"
+	_ "github.com/moebench/moebench/dispatchers/all"
+	"github.com/moebench/moebench/dispatchers/alltoall"
+	"github.com/moebench/moebench/kernels"
+	"github.com/moebench/moebench/results"
+)
+
+// small is a quick layer for tests (fast under -race).
+func small() Config {
+	c := DefaultConfig()
+	c.Device = "host"
+	c.Tokens, c.Hidden, c.FFN, c.EP, c.Warmup, c.Iters = 32, 64, 32, 4, 1, 2
+	return c
+}
+
+func TestValidateNamesFlag(t *testing.T) {
+	cases := []struct {
+		flag string
+		mut  func(*Config)
+	}{
+		{"topk", func(c *Config) { c.TopK = c.Experts + 1 }},
+		{"ep", func(c *Config) { c.EP = 3 }},
+		{"groups", func(c *Config) { c.Groups = 5 }},
+		{"topk-groups", func(c *Config) { c.Groups, c.GroupTopK = 4, 3 }},
+		{"tokens", func(c *Config) { c.Tokens = 0 }},
+		{"hidden", func(c *Config) { c.Hidden = -1 }},
+		{"ffn", func(c *Config) { c.FFN = 0 }},
+		{"iters", func(c *Config) { c.Iters = 0 }},
+		{"warmup", func(c *Config) { c.Warmup = -1 }},
+		{"score", func(c *Config) { c.Score = "relu" }},
+		{"device", func(c *Config) { c.Device = "tpu" }},
+		{"sms", func(c *Config) { c.SMs = -4 }},
+		{"topk-scale", func(c *Config) { c.TopKScale = math.NaN() }},
+		{"routing", func(c *Config) { c.Routing = Routing{Kind: RoutingSkewed, Alpha: -1} }},
+	}
+	for _, tc := range cases {
+		c := small()
+		tc.mut(&c)
+		var ce *ConfigError
+		if err := c.Validate(); !errors.As(err, &ce) || ce.Flag != tc.flag {
+			t.Errorf("%s: Validate() = %v, want a ConfigError for --%s", tc.flag, err, tc.flag)
+		}
+	}
+	if err := small().Validate(); err != nil {
+		t.Errorf("valid config rejected: %v", err)
+	}
+	for _, p := range Presets {
+		c := DefaultConfig()
+		c.Shape = p.Shape
+		if err := c.Validate(); err != nil {
+			t.Errorf("preset %s at EP 8: %v", p.Name, err)
+		}
+	}
+}
+
+func TestParseRouting(t *testing.T) {
+	for _, ok := range []string{"balanced", "uniform", "skewed:1.2", "skewed:0", "trace:x.txt", "natural"} {
+		r, err := ParseRouting(ok)
+		if err != nil || r.String() != ok {
+			t.Errorf("ParseRouting(%q) = %v, %v", ok, r, err)
+		}
+	}
+	for _, bad := range []string{"", "zipf", "skewed", "skewed:abc", "skewed:-1", "trace:", "balanced:3"} {
+		if _, err := ParseRouting(bad); err == nil {
+			t.Errorf("ParseRouting(%q) accepted", bad)
+		}
+	}
+}
+
+// counts routes ranks·tokens random tokens with r and returns per-expert counts.
+func counts(t *testing.T, r Routing, ranks, tokens, experts, k int) []int {
+	c := DefaultConfig()
+	c.Tokens, c.Experts, c.TopK, c.EP, c.Routing = tokens, experts, k, ranks, r
+	rc := c.RouterConfig(nil)
+	n := make([]int, experts)
+	for rank := range ranks {
+		logits := r.Logits(c.Seed, rank, tokens, experts)
+		if logits == nil {
+			t.Fatalf("%v gives no logits", r)
+		}
+		idx, _ := kernels.Route(rc, logits, tokens)
+		for _, e := range idx {
+			n[e]++
+		}
+	}
+	return n
+}
+
+func TestRoutingStatistics(t *testing.T) {
+	const ranks, tokens, E, k = 8, 512, 16, 4
+	mean := float64(ranks*tokens*k) / E
+	sigma := math.Sqrt(mean * (1 - float64(k)/E))
+	for _, r := range []Routing{{Kind: RoutingBalanced}, {Kind: RoutingUniform}} {
+		n := counts(t, r, ranks, tokens, E, k)
+		for e, c := range n {
+			if math.Abs(float64(c)-mean) > 6*sigma {
+				t.Errorf("%v: expert %d got %d copies, mean %.0f ± 6σ (%.0f)", r, e, c, mean, 6*sigma)
+			}
+		}
+	}
+	// skewed routing breaks that bound, and follows its popularity order
+	r := Routing{Kind: RoutingSkewed, Alpha: 1.2}
+	n := counts(t, r, ranks, tokens, E, k)
+	lp := ZipfLogPopularity(DefaultConfig().Seed, E, r.Alpha)
+	order := make([]int, E)
+	for i := range order {
+		order[i] = i
+	}
+	sort.Slice(order, func(a, b int) bool { return lp[order[a]] > lp[order[b]] })
+	if hot, cold := n[order[0]], n[order[E-1]]; float64(hot-cold) < 6*sigma || hot < 2*cold {
+		t.Errorf("skewed:1.2: most popular expert %d copies, least %d: not skewed", hot, cold)
+	}
+	inversions := 0
+	for i := 0; i+1 < E; i++ {
+		if n[order[i]] < n[order[i+1]] {
+			inversions++
+		}
+	}
+	if inversions > 3 {
+		t.Errorf("skewed counts %v do not follow the popularity order (%d inversions)", n, inversions)
+	}
+}
+
+func TestRoutingReproducibleBySeed(t *testing.T) {
+	r := Routing{Kind: RoutingSkewed, Alpha: 1}
+	a, b, c := r.Logits(7, 2, 16, 8), r.Logits(7, 2, 16, 8), r.Logits(8, 2, 16, 8)
+	if !equal(a, b) || equal(a, c) || equal(a, r.Logits(7, 3, 16, 8)) {
+		t.Error("logits must repeat for the same seed and rank and differ otherwise")
+	}
+}
+
+func equal(a, b []float32) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+func writeTrace(t *testing.T, body string) string {
+	p := filepath.Join(t.TempDir(), "trace.txt")
+	if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestReadTrace(t *testing.T) {
+	tr, err := ReadTrace(writeTrace(t, "# recorded\n0 5\n\n3 1\n"), 8, 2)
+	if err != nil || tr.Lines() != 2 || tr.Probs != nil {
+		t.Fatalf("ReadTrace: %v, %+v", err, tr)
+	}
+	if idx, _ := tr.Token(3); idx[0] != 3 || idx[1] != 1 { // wraps: token 3 → line 1
+		t.Errorf("Token(3) = %v, want [3 1]", idx)
+	}
+	tr, err = ReadTrace(writeTrace(t, "0:0.7 5:0.3\n"), 8, 2)
+	if err != nil || tr.Probs[1] != 0.3 {
+		t.Fatalf("with probs: %v, %+v", err, tr)
+	}
+	bad := map[string]string{
+		"0 5\n1 9\n":       ":2: expert 9 out of range [0, 8)",
+		"0 5\n1 1\n":       ":2: expert 1 appears twice",
+		"0 5 6\n":          ":1: 3 experts, want --topk = 2",
+		"0 x\n":            `:1: expert "x" is not an integer`,
+		"0:0.5 5:0.5\n1 2": `:2: "1": probabilities must be given on every line or on none`,
+		"0:-1 5:1\n":       `:1: probability "-1" must be a finite number ≥ 0`,
+		"0:NaN 5:1\n":      `:1: probability "NaN"`,
+		"# nothing\n":      "no routing lines",
+	}
+	for body, want := range bad {
+		_, err := ReadTrace(writeTrace(t, body), 8, 2)
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("trace %q: err = %v, want it to contain %q", body, err, want)
+		}
+	}
+	if _, err := ReadTrace(filepath.Join(t.TempDir(), "missing"), 8, 2); err == nil {
+		t.Error("missing file accepted")
+	}
+}
+
+func TestLayerMatchesReference(t *testing.T) {
+	trace := writeTrace(t, "1 7 12 3\n2 4 6 8\n15 14 13 0\n")
+	traceP := writeTrace(t, "1:0.1 7:0.2 12:0.3 3:0.4\n2:1 4:0 6:0.5 8:0.5\n")
+	cases := map[string]func(*Config){
+		"balanced":    func(c *Config) {},
+		"ep1":         func(c *Config) { c.EP = 1 },
+		"uniform":     func(c *Config) { c.Routing = Routing{Kind: RoutingUniform} },
+		"skewed":      func(c *Config) { c.Routing = Routing{Kind: RoutingSkewed, Alpha: 2} },
+		"natural":     func(c *Config) { c.Routing = Routing{Kind: RoutingNatural} },
+		"trace":       func(c *Config) { c.Routing = Routing{Kind: RoutingTrace, File: trace} },
+		"trace-probs": func(c *Config) { c.Routing = Routing{Kind: RoutingTrace, File: traceP} },
+		"sigmoid-grouped": func(c *Config) {
+			c.Score, c.Groups, c.GroupTopK, c.TopKScale, c.SharedExperts = "sigmoid", 4, 2, 2.5, 2
+		},
+		"no-shared-top1": func(c *Config) { c.SharedExperts, c.TopK = 0, 1 },
+	}
+	for name, mut := range cases {
+		t.Run(name, func(t *testing.T) {
+			c := small()
+			mut(&c)
+			rec, err := Run(c, Env{Version: "test"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			cc := rec.Correctness
+			if rec.Status != results.StatusOK || !cc.Passed || cc.RoundTrip != "exact" {
+				t.Fatalf("status %s, correctness %+v", rec.Status, cc)
+			}
+			// bf16 storage must show some error; none would mean the check compared nothing
+			if !(cc.MaxRelErr > 0 && cc.MaxRelErr <= Tolerance) {
+				t.Errorf("max rel err %g, want in (0, %g]", cc.MaxRelErr, Tolerance)
+			}
+			if rec.Timing == nil || len(rec.Timing.Step.Samples) != c.Iters {
+				t.Fatalf("timing %+v, want %d step samples", rec.Timing, c.Iters)
+			}
+			total := 0
+			for _, n := range rec.Tokens.Received {
+				total += n
+			}
+			if total != c.EP*c.Tokens*c.TopK {
+				t.Errorf("ranks received %d copies, want %d", total, c.EP*c.Tokens*c.TopK)
+			}
+		})
+	}
+}
+
+// broken wraps alltoall and swaps the first and last rows delivered to rank
+// 0 (copies of different tokens): a dispatcher bug the check must catch.
+type broken struct {
+	*alltoall.A2A
+	ranks  []*dispatchers.Rank
+	hidden int
+}
+
+func (b *broken) Name() string { return "broken" }
+
+func (b *broken) Bind(s dispatchers.Shape, ranks []*dispatchers.Rank) error {
+	b.ranks, b.hidden = ranks, s.Hidden
+	return b.A2A.Bind(s, ranks)
+}
+
+func (b *broken) Dispatch(r int) error {
+	if err := b.A2A.Dispatch(r); err != nil || r != 0 {
+		return err
+	}
+	x, h := b.ranks[0].ExpertX, b.hidden
+	last := len(x) - h
+	for j := range h {
+		x[j], x[last+j] = x[last+j], x[j]
+	}
+	return nil
+}
+
+func init() {
+	dispatchers.Register("broken", func(impl string, env dispatchers.Env) (dispatchers.Dispatcher, error) {
+		d, err := alltoall.New(impl, env)
+		if err != nil {
+			return nil, err
+		}
+		return &broken{A2A: d.(*alltoall.A2A)}, nil
+	})
+}
+
+func TestCheckCatchesWrongDispatch(t *testing.T) {
+	c := small()
+	c.Dispatcher = "broken"
+	rec, err := Run(c, Env{Version: "test"})
+	if err == nil || rec == nil || rec.Status != results.StatusFailed {
+		t.Fatalf("broken dispatcher: status %v, err %v; want failed", rec, err)
+	}
+	if rec.Timing != nil {
+		t.Error("a failed check recorded timings")
+	}
+	if cc := rec.Correctness; cc.MaxRelErr <= Tolerance || cc.RoundTrip == "exact" {
+		t.Errorf("correctness %+v: both the layer check and the round trip should fail", cc)
+	}
+}
+
+func TestUnavailableDispatcherRecordsNoTiming(t *testing.T) {
+	for _, name := range []string{"deepep", "hybridep", "feplb"} {
+		c := small()
+		c.Dispatcher = name
+		rec, err := Run(c, Env{Version: "test"})
+		if !dispatchers.IsUnavailable(err) || rec.Status != results.StatusUnavailable || rec.Timing != nil ||
+			!strings.Contains(rec.Reason, "cuda device") {
+			t.Errorf("%s: status %s, reason %q, err %v", name, rec.Status, rec.Reason, err)
+		}
+	}
+}
+
+func TestHostMemoryGuard(t *testing.T) {
+	c := DefaultConfig()
+	p, _ := LookupPreset("deepseek-v3")
+	c.Shape, c.Device = p.Shape, "host"
+	if hostBytes(c) < 40e9 {
+		t.Fatalf("deepseek-v3 host estimate %.1f GB, want > 40 GB (its float32 expert weights alone are 45 GB)", hostBytes(c)/1e9)
+	}
+	if avail, ok := memAvailable(); ok && hostBytes(c) > 0.8*avail {
+		rec, err := Run(c, Env{Version: "test"})
+		if err == nil || rec.Status != results.StatusUnavailable || !strings.Contains(rec.Reason, "GiB") {
+			t.Fatalf("deepseek-v3 on host: %v, %v; want refused for memory", rec.Status, err)
+		}
+	}
+}

@@ -1,0 +1,221 @@
+package harness
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/moebench/moebench/dispatchers"
+	"github.com/moebench/moebench/kernels"
+)
+
+// Phases of one layer step, in execution order. The shared expert runs first,
+// as in Megatron-Core (without shared-expert overlap), and is left out when the
+// layer has none.
+var Phases = []string{"shared", "router", "permute", "dispatch", "experts", "combine", "unpermute"}
+
+// Layer is one MoE layer's weights and inputs spread over EP host ranks.
+// All values are bf16 numbers held in float32.
+type Layer struct {
+	Cfg    Config
+	Shape  dispatchers.Shape
+	Router kernels.RouterConfig
+
+	Wr        []float32   // [E, h] router weight
+	Bias      []float32   // [E] selection bias (sigmoid routers), else nil
+	FC1, FC2  [][]float32 // per expert: [2f, h], [h, f]
+	SharedFC1 []float32   // [2·fs, h], fs = FFN × SharedExperts
+	SharedFC2 []float32   // [h, fs]
+
+	X        [][]float32 // per rank input [T, h]
+	Override [][]float32 // per rank router-logit override [T, E], nil when routing is natural or a trace
+	Trace    *Trace
+
+	Ranks []*dispatchers.Rank
+	run   []rankRun
+}
+
+type rankRun struct {
+	logits  []float32 // [T, E]
+	scratch []float32 // expert MLP intermediates
+	shared  []float32 // [T, h] shared expert output
+}
+
+// NewLayer draws the layer's weights and inputs from cfg.Seed: inputs N(0,1),
+// weights N(0, 1/fan_in), all rounded to bf16; the sigmoid router's selection
+// bias is N(0, 0.01²) so that its path is exercised. A trace routing is read
+// and validated here.
+func NewLayer(cfg Config) (*Layer, error) {
+	l := &Layer{Cfg: cfg,
+		Shape: dispatchers.Shape{Tokens: cfg.Tokens, Hidden: cfg.Hidden, Experts: cfg.Experts, TopK: cfg.TopK, EP: cfg.EP}}
+	if cfg.Routing.Kind == RoutingTrace {
+		tr, err := ReadTrace(cfg.Routing.File, cfg.Experts, cfg.TopK)
+		if err != nil {
+			return nil, &ConfigError{"routing", cfg.Routing.String(), err.Error()}
+		}
+		l.Trace = tr
+	}
+	h, f, E := cfg.Hidden, cfg.FFN, cfg.Experts
+	l.Wr = normal(cfg.Seed, "router", 0, E*h, 1/math.Sqrt(float64(h)))
+	if cfg.Score == kernels.ScoreSigmoid {
+		l.Bias = normal(cfg.Seed, "bias", 0, E, 0.01)
+	}
+	l.Router = cfg.RouterConfig(l.Bias)
+	l.FC1, l.FC2 = make([][]float32, E), make([][]float32, E)
+	for e := range E {
+		l.FC1[e] = normal(cfg.Seed, "fc1", e, 2*f*h, 1/math.Sqrt(float64(h)))
+		l.FC2[e] = normal(cfg.Seed, "fc2", e, h*f, 1/math.Sqrt(float64(f)))
+	}
+	if fs := f * cfg.SharedExperts; fs > 0 {
+		l.SharedFC1 = normal(cfg.Seed, "shared-fc1", 0, 2*fs*h, 1/math.Sqrt(float64(h)))
+		l.SharedFC2 = normal(cfg.Seed, "shared-fc2", 0, h*fs, 1/math.Sqrt(float64(fs)))
+	}
+	for r := range cfg.EP {
+		l.X = append(l.X, normal(cfg.Seed, "x", r, cfg.Tokens*h, 1))
+		l.Override = append(l.Override, cfg.Routing.Logits(cfg.Seed, r, cfg.Tokens, E))
+		l.Ranks = append(l.Ranks, &dispatchers.Rank{ID: r, X: l.X[r],
+			Idx: make([]int32, cfg.Tokens*cfg.TopK), Probs: make([]float32, cfg.Tokens*cfg.TopK)})
+		l.run = append(l.run, rankRun{logits: make([]float32, cfg.Tokens*E)})
+	}
+	return l, nil
+}
+
+// normal draws n bf16-rounded N(0, std²) values for one purpose and index.
+func normal(seed uint64, purpose string, i, n int, std float64) []float32 {
+	g := rng(seed, purpose, i)
+	out := make([]float32, n)
+	for j := range out {
+		out[j] = kernels.RoundBF16(float32(g.NormFloat64() * std))
+	}
+	return out
+}
+
+// Step runs one forward pass of the layer through d, calling timed around
+// every phase of every rank (rank by rank within a phase).
+func (l *Layer) Step(d dispatchers.Dispatcher, timed func(phase string, rank int, fn func() error) error) error {
+	local := map[string]func(int) error{
+		"shared": l.sharedExpert, "router": l.route, "permute": d.Permute, "dispatch": d.Dispatch,
+		"experts": l.experts, "combine": d.Combine, "unpermute": func(r int) error { return l.unpermute(d, r) },
+	}
+	for _, ph := range l.phases() {
+		for r := range l.Ranks {
+			if err := timed(ph, r, func() error { return local[ph](r) }); err != nil {
+				return fmt.Errorf("%s on rank %d: %w", ph, r, err)
+			}
+		}
+	}
+	return nil
+}
+
+// phases are the phases this layer runs.
+func (l *Layer) phases() []string {
+	if l.SharedFC1 == nil {
+		return Phases[1:]
+	}
+	return Phases
+}
+
+// route computes the router logits (fp32 GEMM, as Megatron's fp32 router),
+// replaces them when the routing mode says so, and picks experts and probs.
+func (l *Layer) route(r int) error {
+	rk, run, c := l.Ranks[r], &l.run[r], l.Cfg
+	kernels.MatMulNT(run.logits, rk.X, l.Wr, c.Tokens, c.Experts, c.Hidden)
+	if l.Override[r] != nil {
+		copy(run.logits, l.Override[r])
+	}
+	if l.Trace == nil {
+		idx, probs := kernels.Route(l.Router, run.logits, c.Tokens)
+		copy(rk.Idx, idx)
+		copy(rk.Probs, probs)
+		return nil
+	}
+	row := make([]float64, c.Experts)
+	for t := range c.Tokens {
+		idx, probs := l.Trace.Token(r*c.Tokens + t)
+		copy(rk.Idx[t*c.TopK:], idx)
+		if probs != nil {
+			copy(rk.Probs[t*c.TopK:], probs)
+			continue
+		}
+		for e := range row {
+			row[e] = float64(run.logits[t*c.Experts+e])
+		}
+		for j, p := range l.Router.Probs(row, idx) {
+			rk.Probs[t*c.TopK+j] = float32(p)
+		}
+	}
+	return nil
+}
+
+// experts runs each local expert on its rows: fc1 → SwiGLU × prob → fc2.
+func (l *Layer) experts(r int) error {
+	rk, run, c := l.Ranks[r], &l.run[r], l.Cfg
+	h, f, L := c.Hidden, c.FFN, l.Shape.LocalExperts()
+	rows := len(rk.ExpertProbs)
+	if len(rk.ExpertX) != rows*h || len(rk.ExpertCounts) != L {
+		return fmt.Errorf("dispatch left %d rows of %d values and %d expert counts; want rows × hidden = %d and %d counts",
+			rows, len(rk.ExpertX), len(rk.ExpertCounts), rows*h, L)
+	}
+	rk.ExpertY = grow(rk.ExpertY, rows*h)
+	at := 0
+	for le, n := range rk.ExpertCounts {
+		run.scratch = grow(run.scratch, n*3*f)
+		e := r*L + le
+		kernels.ExpertForward(rk.ExpertY[at*h:], rk.ExpertX[at*h:(at+n)*h], rk.ExpertProbs[at:at+n],
+			l.FC1[e], l.FC2[e], run.scratch, n, h, f, kernels.RoundBF16Slice)
+		at += n
+	}
+	if at != rows {
+		return fmt.Errorf("expert counts sum to %d, dispatch delivered %d rows", at, rows)
+	}
+	return nil
+}
+
+// sharedExpert computes the shared expert's output on the rank's tokens.
+func (l *Layer) sharedExpert(r int) error {
+	run, c := &l.run[r], l.Cfg
+	fs := c.FFN * c.SharedExperts
+	run.shared = grow(run.shared, c.Tokens*c.Hidden)
+	run.scratch = grow(run.scratch, c.Tokens*3*fs)
+	kernels.ExpertForward(run.shared, l.X[r], nil, l.SharedFC1, l.SharedFC2, run.scratch, c.Tokens, c.Hidden, fs, kernels.RoundBF16Slice)
+	return nil
+}
+
+// unpermute sums the k outputs per token (the dispatcher's step), stores the
+// sum as bf16 and adds the shared expert's output.
+func (l *Layer) unpermute(d dispatchers.Dispatcher, r int) error {
+	if err := d.Unpermute(r); err != nil {
+		return err
+	}
+	rk := l.Ranks[r]
+	if len(rk.Y) != l.Cfg.Tokens*l.Cfg.Hidden {
+		return fmt.Errorf("unpermute produced %d values, want tokens × hidden = %d", len(rk.Y), l.Cfg.Tokens*l.Cfg.Hidden)
+	}
+	kernels.RoundBF16Slice(rk.Y)
+	if l.SharedFC1 != nil {
+		for i, v := range l.run[r].shared {
+			rk.Y[i] = kernels.RoundBF16(rk.Y[i] + v)
+		}
+	}
+	return nil
+}
+
+// Footprint is the bytes of rank r's host buffers: its share of the weights,
+// its activations and the dispatcher's buffers.
+func (l *Layer) Footprint(d dispatchers.Dispatcher, r int) int64 {
+	rk, run := l.Ranks[r], &l.run[r]
+	n := cap(rk.X) + cap(rk.Idx) + cap(rk.Probs) + cap(rk.ExpertX) + cap(rk.ExpertProbs) + cap(rk.ExpertY) + cap(rk.Y) +
+		cap(run.logits) + cap(run.scratch) + cap(run.shared) + len(l.Wr) + len(l.Bias) + len(l.SharedFC1) + len(l.SharedFC2)
+	L := l.Shape.LocalExperts()
+	for e := r * L; e < (r+1)*L; e++ {
+		n += len(l.FC1[e]) + len(l.FC2[e])
+	}
+	return 4*int64(n) + d.Footprint(r)
+}
+
+// grow returns s resized to n, reusing its storage when large enough.
+func grow[T any](s []T, n int) []T {
+	if cap(s) >= n {
+		return s[:n]
+	}
+	return make([]T, n)
+}

@@ -1,0 +1,283 @@
+package harness
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/montanaflynn/stats"
+
+	"github.com/moebench/moebench/dispatchers"
+	"github.com/moebench/moebench/results"
+)
+
+// Env is what a run needs besides its configuration.
+type Env struct {
+	Version    string // moebench version for the record
+	DeviceNote string // why this device was chosen (recorded and printed)
+	// Now stamps the record; nil means time.Now.
+	Now func() time.Time
+	// Dump, if set, is a directory to write the layer's tensors to (see Dump)
+	// once it has run, also when its check failed.
+	Dump string
+}
+
+// Run builds the layer, checks it (unless cfg.Check is false), times
+// cfg.Iters steps after cfg.Warmup and returns the record. cfg.Device must be
+// resolved (host or cuda). On failure or unavailability it returns a record
+// without timings, saying why, together with the error; a *ConfigError means
+// bad input and comes without a record.
+func Run(cfg Config, env Env) (*results.Record, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	rec := newRecord(cfg, env)
+	fail := func(status string, err error) (*results.Record, error) {
+		rec.Status, rec.Reason = status, err.Error()
+		return rec, err
+	}
+	if cfg.Device != "host" {
+		return fail(results.StatusUnavailable, fmt.Errorf("device %s: this build runs the layer on the host device only", cfg.Device))
+	}
+	denv := dispatchers.Env{Device: cfg.Device}
+	fresh := func() (dispatchers.Dispatcher, error) { return dispatchers.New(cfg.Dispatcher, cfg.Impl, denv) }
+	d, err := fresh()
+	if err != nil {
+		if dispatchers.IsUnavailable(err) {
+			return fail(results.StatusUnavailable, err)
+		}
+		return nil, &ConfigError{"dispatcher", cfg.Dispatcher, err.Error()}
+	}
+	if err := checkHostMemory(cfg); err != nil {
+		return fail(results.StatusUnavailable, err)
+	}
+	l, err := NewLayer(cfg)
+	if err != nil {
+		var ce *ConfigError
+		if errors.As(err, &ce) {
+			return nil, err
+		}
+		return fail(results.StatusFailed, err)
+	}
+	if err := d.Bind(l.Shape, l.Ranks); err != nil {
+		return fail(results.StatusFailed, err)
+	}
+	if cfg.Check {
+		c, err := Check(l, d, fresh)
+		if err != nil {
+			return fail(results.StatusFailed, err)
+		}
+		rec.Correctness = c
+		if !c.Passed {
+			rec.Status, rec.Reason = results.StatusFailed, "correctness check failed: "+c.Detail
+			return rec, errors.Join(errors.New(rec.Reason), dump(env, l, rec))
+		}
+	} else {
+		rec.Correctness = &results.Correctness{Checked: false, Detail: "check disabled by --check=false"}
+	}
+
+	// samples[phase][rank][iter] in milliseconds
+	samples := map[string][][]float64{}
+	for _, ph := range l.phases() {
+		samples[ph] = make([][]float64, cfg.EP)
+	}
+	iter := -1
+	timed := func(ph string, r int, fn func() error) error {
+		t0 := time.Now()
+		err := fn()
+		if iter >= 0 {
+			samples[ph][r] = append(samples[ph][r], float64(time.Since(t0).Nanoseconds())/1e6)
+		}
+		return err
+	}
+	for i := -cfg.Warmup; i < cfg.Iters; i++ {
+		iter = i
+		if err := l.Step(d, timed); err != nil {
+			return fail(results.StatusFailed, err)
+		}
+	}
+	rec.Status = results.StatusOK
+	fillMeasurements(rec, l, d, samples)
+	return rec, dump(env, l, rec)
+}
+
+func dump(env Env, l *Layer, rec *results.Record) error {
+	if env.Dump == "" {
+		return nil
+	}
+	return Dump(env.Dump, l, rec)
+}
+
+func newRecord(cfg Config, env Env) *results.Record {
+	now := time.Now
+	if env.Now != nil {
+		now = env.Now
+	}
+	host, _ := os.Hostname()
+	rec := &results.Record{Schema: results.Schema, Time: now().UTC().Format(time.RFC3339), Version: env.Version,
+		Config: cfg.Record(),
+		Stack:  results.Stack{Device: cfg.Device, Note: env.DeviceNote, GoVersion: runtime.Version(), Hostname: host},
+		Ranks:  results.Ranks{EP: cfg.EP, Devices: make([]int, cfg.EP)},
+		SMs:    results.SMs{Configured: cfg.SMs, Measured: "not measured on the host device"},
+	}
+	if cfg.Device == "host" {
+		rec.Stack.CPU = fmt.Sprintf("%s/%s, %d logical CPUs", runtime.GOOS, runtime.GOARCH, runtime.NumCPU())
+		for r := range rec.Ranks.Devices {
+			rec.Ranks.Devices[r] = -1
+		}
+		rec.Ranks.Note = "host ranks are independent objects in one process, run one after another within each phase"
+	}
+	return rec
+}
+
+func fillMeasurements(rec *results.Record, l *Layer, d dispatchers.Dispatcher, samples map[string][][]float64) {
+	cfg := l.Cfg
+	t := &results.Timing{Unit: "ms", Clock: "host wall clock (Go time.Now); not comparable with GPU timings",
+		Warmup: cfg.Warmup, Iters: cfg.Iters,
+		Model: "each phase's sample is its slowest rank in that iteration; step = sum of the phase samples (ranks in lockstep, a barrier between phases)"}
+	// each rank's own step time, and the lockstep step (sum of slowest ranks)
+	stepPerRank := make([][]float64, cfg.EP)
+	lockstep := make([]float64, cfg.Iters)
+	for _, ph := range l.phases() {
+		p := phaseStats(ph, samples[ph])
+		for i, v := range p.Samples {
+			lockstep[i] += v
+		}
+		for r, rs := range samples[ph] {
+			stepPerRank[r] = grow(stepPerRank[r], cfg.Iters)
+			for i, v := range rs {
+				stepPerRank[r][i] += v
+			}
+		}
+		t.Phases = append(t.Phases, p)
+	}
+	t.Step = phaseStats("step", stepPerRank)
+	t.Step.Samples, t.Step.Stat = lockstep, summarise(lockstep)
+	rec.Timing = t
+
+	tok := make([]float64, cfg.EP)
+	recv := make([]int, cfg.EP)
+	var routed float64
+	for r, rk := range l.Ranks {
+		recv[r] = len(rk.ExpertProbs)
+		tok[r] = float64(recv[r])
+		routed += tok[r] * 6 * float64(cfg.Hidden) * float64(cfg.FFN)
+	}
+	rec.Tokens = &results.Tokens{Received: recv, Straggler: straggler(tok)}
+
+	expertMed := phaseStats("experts", samples["experts"]).PerRank
+	var ms float64
+	for _, v := range expertMed {
+		ms += v
+	}
+	shared := float64(cfg.EP*cfg.Tokens) * 6 * float64(cfg.Hidden) * float64(cfg.FFN*cfg.SharedExperts)
+	rec.GEMM = &results.GEMM{FLOPsPerIter: routed + shared,
+		Formula:   "6·hidden·ffn per routed token copy (fc1 h→2f: 4hf, fc2 f→h: 2hf) + 6·hidden·ffn·shared_experts per token for the shared expert; all ranks",
+		Straggler: straggler(expertMed)}
+	if ms > 0 {
+		rec.GEMM.TFLOPS = routed / (ms / 1e3) / 1e12
+	}
+	tr := d.Traffic()
+	rec.Traffic = &results.Traffic{DispatchOffRank: tr.DispatchOffRank, DispatchLogical: tr.DispatchLogical,
+		CombineOffRank: tr.CombineOffRank, CombineLogical: tr.CombineLogical, Formula: tr.Formula}
+	mem := &results.Memory{Method: "host buffers, accounted: the rank's host buffers after the run, float32 storage (its share of expert weights, shared/router weights, activations, dispatcher buffers); not a measured peak"}
+	for r := range l.Ranks {
+		mem.PerRankBytes = append(mem.PerRankBytes, l.Footprint(d, r))
+	}
+	rec.Memory = mem
+}
+
+// phaseStats summarises per-rank, per-iteration samples: the per-iteration
+// value is the slowest rank's.
+func phaseStats(name string, perRank [][]float64) results.Phase {
+	p := results.Phase{Name: name}
+	if len(perRank) == 0 || len(perRank[0]) == 0 {
+		return p
+	}
+	iters := len(perRank[0])
+	p.Samples = make([]float64, iters)
+	for _, rs := range perRank {
+		for i, v := range rs {
+			p.Samples[i] = max(p.Samples[i], v)
+		}
+		med, _ := stats.Median(rs)
+		p.PerRank = append(p.PerRank, med)
+	}
+	p.Stat = summarise(p.Samples)
+	p.RankMin, _ = stats.Min(p.PerRank)
+	p.RankMax, _ = stats.Max(p.PerRank)
+	return p
+}
+
+// summarise gives p50/p90/p99 (nearest-rank percentiles of montanaflynn/stats),
+// the mean and the sample standard deviation (0 for one sample).
+func summarise(x []float64) results.Stat {
+	var s results.Stat
+	s.P50, _ = stats.Median(x)
+	s.P90, _ = stats.Percentile(x, 90)
+	s.P99, _ = stats.Percentile(x, 99)
+	s.Mean, _ = stats.Mean(x)
+	if len(x) > 1 {
+		s.Stdev, _ = stats.StandardDeviationSample(x)
+	}
+	return s
+}
+
+// straggler returns max−mean and max/mean−1 of v.
+func straggler(v []float64) results.Straggler {
+	s := results.Straggler{PerRank: v}
+	mean, _ := stats.Mean(v)
+	hi, _ := stats.Max(v)
+	s.Abs = hi - mean
+	if mean > 0 {
+		s.Rel = hi/mean - 1
+	}
+	return s
+}
+
+// hostBytes estimates what a host run of cfg allocates: float32 weights, the
+// ranks' activations and dispatcher buffers, and the float64 reference.
+func hostBytes(cfg Config) float64 {
+	h, f, E, T, k := float64(cfg.Hidden), float64(cfg.FFN), float64(cfg.Experts), float64(cfg.Tokens), float64(cfg.TopK)
+	weights := 4 * (E*3*h*f + E*h + 3*h*f*float64(cfg.SharedExperts))
+	perRank := 4*(T*h*(3+6*k)+3*T*E+3*T*k*f) + 8*(T*h+T*E)
+	return weights + float64(cfg.EP)*perRank
+}
+
+// checkHostMemory refuses a host run that would not fit in the memory the
+// system reports as available (MemAvailable), instead of dying half-way.
+func checkHostMemory(cfg Config) error {
+	need := hostBytes(cfg)
+	avail, ok := memAvailable()
+	if !ok || need < 0.8*avail {
+		return nil
+	}
+	return fmt.Errorf("host device: this layer needs about %.1f GiB of host memory, %.1f GiB is available; "+
+		"the host device is the correctness oracle, so use a smaller --tokens/--experts/--ep or --device cuda", need/(1<<30), avail/(1<<30))
+}
+
+func memAvailable() (float64, bool) {
+	f, err := os.Open("/proc/meminfo")
+	if err != nil {
+		return 0, false
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if rest, ok := strings.CutPrefix(sc.Text(), "MemAvailable:"); ok {
+			kb, err := strconv.ParseFloat(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(rest), "kB")), 64)
+			return kb * 1024, err == nil
+		}
+	}
+	return 0, false
+}
+
+// HostFLOPs is the expert GEMM work of one step (all ranks), for warnings.
+func HostFLOPs(cfg Config) float64 {
+	return 6 * float64(cfg.Hidden) * float64(cfg.FFN) * float64(cfg.EP*cfg.Tokens) * float64(cfg.TopK+cfg.SharedExperts)
+}

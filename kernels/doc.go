@@ -1,0 +1,9 @@
+// Package kernels holds the compute steps of the MoE layer — router, permute,
+// expert GEMMs, SwiGLU×prob, unpermute — as host (Go) implementations. They
+// define each step's semantics, run the layer on the host device and serve as
+// the correctness oracle for device implementations.
+//
+// Tensors are row-major []float32 (or []float64 for the reference). Activations
+// stored between steps are bf16 values widened to float32 (see RoundBF16), as a
+// GPU layer would store them.
+package kernels

@@ -1,0 +1,65 @@
+package kernels
+
+import (
+	"runtime"
+	"sync"
+)
+
+// Float is the element type of host tensors: float32 for the host device,
+// float64 for the reference.
+type Float interface{ ~float32 | ~float64 }
+
+// MatMulNT computes c[m,n] = a[m,k] · b[n,k]ᵀ (both operands row-major, b in
+// the [out,in] layout of a linear layer's weight), accumulating in F. Rows of c
+// are split across GOMAXPROCS goroutines when the product is large.
+func MatMulNT[F Float](c, a, b []F, m, n, k int) {
+	if len(a) < m*k || len(b) < n*k || len(c) < m*n {
+		panic("kernels.MatMulNT: operand shorter than its shape")
+	}
+	workers := runtime.GOMAXPROCS(0)
+	if m*n*k < 1<<18 || workers == 1 || m < 2 {
+		matMulRows(c, a, b, 0, m, n, k)
+		return
+	}
+	if workers > m {
+		workers = m
+	}
+	var wg sync.WaitGroup
+	per := (m + workers - 1) / workers
+	for lo := 0; lo < m; lo += per {
+		hi := min(lo+per, m)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			matMulRows(c, a, b, lo, hi, n, k)
+		}()
+	}
+	wg.Wait()
+}
+
+func matMulRows[F Float](c, a, b []F, lo, hi, n, k int) {
+	for i := lo; i < hi; i++ {
+		ar := a[i*k : i*k+k]
+		cr := c[i*n : i*n+n]
+		j := 0
+		for ; j+4 <= n; j += 4 { // four dot products share each load of ar
+			b0, b1, b2, b3 := b[j*k:j*k+k], b[(j+1)*k:(j+1)*k+k], b[(j+2)*k:(j+2)*k+k], b[(j+3)*k:(j+3)*k+k]
+			var s0, s1, s2, s3 F
+			for p, av := range ar {
+				s0 += av * b0[p]
+				s1 += av * b1[p]
+				s2 += av * b2[p]
+				s3 += av * b3[p]
+			}
+			cr[j], cr[j+1], cr[j+2], cr[j+3] = s0, s1, s2, s3
+		}
+		for ; j < n; j++ {
+			br := b[j*k : j*k+k]
+			var s F
+			for p, av := range ar {
+				s += av * br[p]
+			}
+			cr[j] = s
+		}
+	}
+}

@@ -1,0 +1,180 @@
+package results
+
+import (
+	"encoding/csv"
+	"encoding/json"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+)
+
+// Formats a record can be printed in.
+var Formats = []string{"table", "json", "csv"}
+
+// Write prints rec in format (table, json or csv).
+func Write(w io.Writer, rec *Record, format string) error {
+	switch format {
+	case "table":
+		return WriteTable(w, rec)
+	case "json":
+		b, err := json.Marshal(rec)
+		if err != nil {
+			return err
+		}
+		_, err = fmt.Fprintf(w, "%s\n", b)
+		return err
+	case "csv":
+		return WriteCSV(w, rec)
+	}
+	return fmt.Errorf("unknown format %q (allowed: %s)", format, strings.Join(Formats, ", "))
+}
+
+// WriteTable prints rec as a fixed-column table with units, nccl-tests style:
+// a header of '#' lines, one row per phase, then the derived quantities.
+func WriteTable(w io.Writer, rec *Record) error {
+	c := rec.Config
+	p := &printer{w: w}
+	dev := rec.Stack.Device
+	if rec.Stack.Note != "" {
+		dev += " (" + rec.Stack.Note + ")"
+	}
+	p.f("# moebench %s · device %s\n", rec.Version, dev)
+	shared := ""
+	if c.SharedExperts > 0 {
+		shared = fmt.Sprintf(", shared %d", c.SharedExperts)
+	}
+	groups := ""
+	if c.Groups > 1 {
+		groups = fmt.Sprintf(", groups %d top-%d", c.Groups, c.GroupTopK)
+	}
+	p.f("# layer %s: tokens/rank %d, hidden %d, ffn %d, experts %d, top-%d %s%s%s · EP %d%s\n",
+		c.Preset, c.Tokens, c.Hidden, c.FFN, c.Experts, c.TopK, c.Score, groups, shared, c.EP, rankNote(rec))
+	sms := "default"
+	if c.SMs > 0 {
+		sms = strconv.Itoa(c.SMs)
+	}
+	p.f("# dispatcher %s (%s) · sms %s · routing %s · seed %d · warmup %d · iters %d\n",
+		c.Dispatcher, c.Impl, sms, c.Routing, c.Seed, c.Warmup, c.Iters)
+	if rec.Status != StatusOK {
+		p.f("# status: %s: %s\n", rec.Status, rec.Reason)
+		writeCorrectness(p, rec.Correctness)
+		return p.err
+	}
+	t := rec.Timing
+	p.f("# times: %s\n#\n", t.Clock)
+	p.f("# %-10s %10s %10s %10s %10s %10s %12s %12s\n", "phase", "p50_ms", "p90_ms", "p99_ms", "mean_ms", "stdev_ms", "rank_min_ms", "rank_max_ms")
+	for _, ph := range append(append([]Phase(nil), t.Phases...), t.Step) {
+		p.f("  %-10s %10.3f %10.3f %10.3f %10.3f %10.3f %12.3f %12.3f\n",
+			ph.Name, ph.P50, ph.P90, ph.P99, ph.Mean, ph.Stdev, ph.RankMin, ph.RankMax)
+	}
+	p.f("#\n")
+	if tk := rec.Tokens; tk != nil {
+		lo, hi := tk.Received[0], tk.Received[0]
+		for _, n := range tk.Received {
+			lo, hi = min(lo, n), max(hi, n)
+		}
+		p.f("# %-22s min %d, max %d · straggler +%.1f copies (+%.1f%%)\n", "tokens received/rank", lo, hi, tk.Straggler.Abs, 100*tk.Straggler.Rel)
+	}
+	if g := rec.GEMM; g != nil {
+		p.f("# %-22s %.3f GFLOP/step · %.4f TFLOP/s per rank · straggler +%.3f ms (+%.1f%%)\n", "expert GEMMs",
+			g.FLOPsPerIter/1e9, g.TFLOPS, g.Straggler.Abs, 100*g.Straggler.Rel)
+	}
+	if tr := rec.Traffic; tr != nil {
+		p.f("# %-22s off-rank %s, logical %s\n", "dispatch bytes/step", bytesStr(tr.DispatchOffRank), bytesStr(tr.DispatchLogical))
+		p.f("# %-22s off-rank %s, logical %s\n", "combine bytes/step", bytesStr(tr.CombineOffRank), bytesStr(tr.CombineLogical))
+	}
+	if m := rec.Memory; m != nil && len(m.PerRankBytes) > 0 {
+		var hi int64
+		for _, b := range m.PerRankBytes {
+			hi = max(hi, b)
+		}
+		p.f("# %-22s max %s (%s)\n", "memory/rank", bytesStr(hi), strings.SplitN(m.Method, ":", 2)[0])
+	}
+	writeCorrectness(p, rec.Correctness)
+	return p.err
+}
+
+func writeCorrectness(p *printer, c *Correctness) {
+	switch {
+	case c == nil:
+	case !c.Checked:
+		p.f("# %-22s not checked (%s)\n", "correctness", c.Detail)
+	default:
+		verdict := "PASS"
+		if !c.Passed {
+			verdict = "FAIL"
+		}
+		p.f("# %-22s %s · max rel err %.2e (tolerance %.0e) · round trip %s · routing near-ties %d\n",
+			"correctness", verdict, c.MaxRelErr, c.Tolerance, c.RoundTrip, c.RoutingDiffs)
+	}
+}
+
+func rankNote(rec *Record) string {
+	if rec.Stack.Device == "host" {
+		return " (host ranks)"
+	}
+	if rec.Ranks.Emulated {
+		return " (emulated: ranks packed onto GPUs)"
+	}
+	return ""
+}
+
+// CSVHeader names the columns WriteCSV prints.
+var CSVHeader = []string{"preset", "dispatcher", "impl", "sms", "ep", "routing", "seed", "device", "status",
+	"step_p50_ms", "step_mean_ms", "step_stdev_ms", "dispatch_p50_ms", "combine_p50_ms", "experts_p50_ms",
+	"token_straggler_rel", "gemm_straggler_rel", "dispatch_off_rank_bytes", "max_rel_err", "reason"}
+
+// WriteCSV prints a header line and one row for rec.
+func WriteCSV(w io.Writer, rec *Record) error {
+	cw := csv.NewWriter(w)
+	c := rec.Config
+	row := []string{c.Preset, c.Dispatcher, c.Impl, strconv.Itoa(c.SMs), strconv.Itoa(c.EP), c.Routing,
+		strconv.FormatUint(c.Seed, 10), rec.Stack.Device, rec.Status}
+	num := func(v float64) string { return strconv.FormatFloat(v, 'g', 6, 64) }
+	if t := rec.Timing; t != nil {
+		ph := map[string]Phase{}
+		for _, p := range t.Phases {
+			ph[p.Name] = p
+		}
+		row = append(row, num(t.Step.P50), num(t.Step.Mean), num(t.Step.Stdev),
+			num(ph["dispatch"].P50), num(ph["combine"].P50), num(ph["experts"].P50),
+			num(rec.Tokens.Straggler.Rel), num(rec.GEMM.Straggler.Rel), strconv.FormatInt(rec.Traffic.DispatchOffRank, 10))
+	} else {
+		row = append(row, make([]string, 9)...)
+	}
+	if cc := rec.Correctness; cc != nil && cc.Checked {
+		row = append(row, num(cc.MaxRelErr))
+	} else {
+		row = append(row, "")
+	}
+	row = append(row, rec.Reason)
+	cw.Write(CSVHeader)
+	cw.Write(row)
+	cw.Flush()
+	return cw.Error()
+}
+
+func bytesStr(b int64) string {
+	switch {
+	case b >= 1<<30:
+		return fmt.Sprintf("%.2f GiB", float64(b)/(1<<30))
+	case b >= 1<<20:
+		return fmt.Sprintf("%.2f MiB", float64(b)/(1<<20))
+	case b >= 1<<10:
+		return fmt.Sprintf("%.2f KiB", float64(b)/(1<<10))
+	}
+	return fmt.Sprintf("%d B", b)
+}
+
+// printer remembers the first write error.
+type printer struct {
+	w   io.Writer
+	err error
+}
+
+func (p *printer) f(format string, a ...any) {
+	if p.err == nil {
+		_, p.err = fmt.Fprintf(p.w, format, a...)
+	}
+}

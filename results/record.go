@@ -1,0 +1,163 @@
+// Package results defines moebench's result record — one versioned JSON
+// object per run, one line per record in a JSONL file — and appends and reads
+// such files safely.
+package results
+
+// Schema names this record version. Readers refuse any other.
+const Schema = "moebench.record/v1"
+
+// Status of a run.
+const (
+	StatusOK          = "ok"          // ran, passed its check (or was not checked): timings are valid
+	StatusFailed      = "failed"      // ran but failed (correctness or runtime error): no timings
+	StatusUnavailable = "unavailable" // could not run here (environment limitation): no timings
+)
+
+// Record is one run's result.
+type Record struct {
+	Schema  string `json:"schema"`
+	Time    string `json:"time"` // RFC 3339, UTC
+	Status  string `json:"status"`
+	Reason  string `json:"reason,omitempty"` // why failed or unavailable
+	Version string `json:"moebench_version"`
+
+	Config Config `json:"config"`
+	Stack  Stack  `json:"stack"`
+	Ranks  Ranks  `json:"ranks"`
+
+	Timing      *Timing      `json:"timing,omitempty"` // only when Status is ok
+	Tokens      *Tokens      `json:"tokens,omitempty"`
+	GEMM        *GEMM        `json:"gemm,omitempty"`
+	Traffic     *Traffic     `json:"traffic,omitempty"`
+	Memory      *Memory      `json:"memory,omitempty"`
+	SMs         SMs          `json:"sms"`
+	Correctness *Correctness `json:"correctness,omitempty"`
+}
+
+// Config is the run's configuration as recorded: the workload (layer shape,
+// routing, seed) and the settings (dispatcher, implementation, SMs, EP).
+type Config struct {
+	Preset        string  `json:"preset"`
+	Tokens        int     `json:"tokens"` // per rank
+	Hidden        int     `json:"hidden"`
+	FFN           int     `json:"ffn"`
+	Experts       int     `json:"experts"`
+	TopK          int     `json:"topk"`
+	SharedExperts int     `json:"shared_experts"`
+	Score         string  `json:"score"`
+	Groups        int     `json:"groups"`
+	GroupTopK     int     `json:"topk_groups"`
+	TopKScale     float64 `json:"topk_scale"`
+	Dispatcher    string  `json:"dispatcher"`
+	Impl          string  `json:"impl"`
+	SMs           int     `json:"sms"`
+	EP            int     `json:"ep"`
+	Routing       string  `json:"routing"`
+	Seed          uint64  `json:"seed"`
+	Warmup        int     `json:"warmup"`
+	Iters         int     `json:"iters"`
+	Check         bool    `json:"check"`
+	Device        string  `json:"device"`
+}
+
+// Stack is what the numbers were measured on.
+type Stack struct {
+	Device    string `json:"device"`         // host | cuda
+	Note      string `json:"note,omitempty"` // e.g. why auto chose host
+	CPU       string `json:"cpu,omitempty"`  // host: GOARCH and cores
+	GoVersion string `json:"go_version"`     // toolchain that built moebench
+	Hostname  string `json:"hostname,omitempty"`
+}
+
+// Ranks says how EP ranks map to devices.
+type Ranks struct {
+	EP       int    `json:"ep"`
+	Devices  []int  `json:"devices"`  // device of each rank (-1 = host)
+	Emulated bool   `json:"emulated"` // more ranks than devices: ranks packed
+	Note     string `json:"note,omitempty"`
+}
+
+// Stat summarises samples of one quantity, in the record's unit.
+type Stat struct {
+	P50   float64 `json:"p50"`
+	P90   float64 `json:"p90"`
+	P99   float64 `json:"p99"`
+	Mean  float64 `json:"mean"`
+	Stdev float64 `json:"stdev"`
+}
+
+// Phase is one pipeline phase's timing.
+type Phase struct {
+	Name string `json:"name"`
+	Stat        // over iterations of the slowest rank's time
+	// RankMin and RankMax are the fastest and slowest rank's median.
+	RankMin float64   `json:"rank_min"`
+	RankMax float64   `json:"rank_max"`
+	PerRank []float64 `json:"per_rank_p50"`
+	Samples []float64 `json:"samples"` // per iteration, slowest rank
+}
+
+// Timing holds per-phase and step times.
+type Timing struct {
+	Unit   string  `json:"unit"`  // ms
+	Clock  string  `json:"clock"` // what measured them
+	Warmup int     `json:"warmup"`
+	Iters  int     `json:"iters"`
+	Phases []Phase `json:"phases"`
+	Step   Phase   `json:"step"`
+	Model  string  `json:"model"` // how the step is composed from phases
+}
+
+// Straggler is max−mean (absolute) and max/mean−1 (relative) over ranks.
+type Straggler struct {
+	Abs     float64   `json:"abs"`
+	Rel     float64   `json:"rel"`
+	PerRank []float64 `json:"per_rank"`
+}
+
+// Tokens counts token copies received per rank (rows its experts compute).
+type Tokens struct {
+	Received  []int     `json:"received_per_rank"`
+	Straggler Straggler `json:"straggler"`
+}
+
+// GEMM is the expert computation's work and its straggler.
+type GEMM struct {
+	FLOPsPerIter float64   `json:"flops_per_iter"` // all ranks, routed + shared
+	Formula      string    `json:"formula"`
+	TFLOPS       float64   `json:"tflops"`       // FLOPs of the slowest rank / its median experts time
+	Straggler    Straggler `json:"straggler_ms"` // over per-rank median experts time
+}
+
+// Traffic is bytes moved per step.
+type Traffic struct {
+	DispatchOffRank int64  `json:"dispatch_off_rank_bytes"`
+	DispatchLogical int64  `json:"dispatch_logical_bytes"`
+	CombineOffRank  int64  `json:"combine_off_rank_bytes"`
+	CombineLogical  int64  `json:"combine_logical_bytes"`
+	Formula         string `json:"formula"`
+}
+
+// Memory is the peak memory of each rank.
+type Memory struct {
+	PerRankBytes []int64 `json:"per_rank_bytes"`
+	Method       string  `json:"method"`
+}
+
+// SMs is the SM budget.
+type SMs struct {
+	Configured int    `json:"configured"` // --sms; 0 = dispatcher default
+	Measured   string `json:"measured"`   // or why it was not
+}
+
+// Correctness is the outcome of the check against the float64 reference.
+type Correctness struct {
+	Checked      bool    `json:"checked"`
+	Passed       bool    `json:"passed"`
+	MaxRelErr    float64 `json:"max_rel_err"`
+	Tolerance    float64 `json:"tolerance"`
+	Metric       string  `json:"metric"`
+	RoundTrip    string  `json:"round_trip"` // "exact" or what differed
+	RoutingDiffs int     `json:"routing_diffs"`
+	Detail       string  `json:"detail,omitempty"`
+}

@@ -1,0 +1,126 @@
+package results
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func sample(status string) *Record {
+	r := &Record{Schema: Schema, Time: "2026-11-22T00:00:00Z", Status: status, Version: "test",
+		Config: Config{Preset: "tiny", Tokens: 8, Hidden: 4, FFN: 2, Experts: 4, TopK: 2, EP: 2, Dispatcher: "alltoall",
+			Impl: "native", Routing: "balanced", Seed: 3, Iters: 1, Device: "host"},
+		Stack: Stack{Device: "host", GoVersion: "go"}, Ranks: Ranks{EP: 2, Devices: []int{-1, -1}}}
+	if status == StatusOK {
+		ph := Phase{Name: "step", Stat: Stat{P50: 1}, PerRank: []float64{1, 1}, Samples: []float64{1}}
+		r.Timing = &Timing{Unit: "ms", Iters: 1, Phases: []Phase{ph}, Step: ph}
+		r.Tokens = &Tokens{Received: []int{8, 8}}
+		r.GEMM = &GEMM{}
+		r.Traffic = &Traffic{DispatchOffRank: 10}
+	} else {
+		r.Reason = "because"
+	}
+	return r
+}
+
+func TestAppendRead(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "r.jsonl")
+	for _, s := range []string{StatusOK, StatusUnavailable, StatusFailed} {
+		if err := Append(p, sample(s)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	recs, err := ReadFile(p)
+	if err != nil || len(recs) != 3 || recs[0].Timing.Step.P50 != 1 || recs[1].Reason != "because" {
+		t.Fatalf("read back %d records, err %v", len(recs), err)
+	}
+}
+
+func TestAppendRefusesDamagedFile(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "r.jsonl")
+	good, _ := json.Marshal(sample(StatusOK))
+	os.WriteFile(p, append(good, []byte("\n{\"schema\":\"moebench.rec")...), 0o644)
+	before, _ := os.ReadFile(p)
+	if err := Append(p, sample(StatusOK)); err == nil || !strings.Contains(err.Error(), "incomplete") {
+		t.Fatalf("append to a damaged file: %v", err)
+	}
+	after, _ := os.ReadFile(p)
+	if !bytes.Equal(before, after) {
+		t.Error("a refused append changed the file")
+	}
+}
+
+func TestReadIsStrict(t *testing.T) {
+	good, _ := json.Marshal(sample(StatusOK))
+	bad := map[string]string{
+		string(good) + "\nnot json\n":                                                       "x:2: not a JSON object",
+		strings.Replace(string(good), Schema, "moebench.record/v9", 1) + "\n":               `x:1: schema "moebench.record/v9" is not supported`,
+		strings.Replace(string(good), `"status":"ok"`, `"status":"ok","extra":1`, 1) + "\n": `x:1: bad record: json: unknown field "extra"`,
+		strings.Replace(string(good), `"status":"ok"`, `"status":"failed"`, 1) + "\n":       "x:1: a failed record carries timings",
+		strings.Replace(string(good), `"status":"ok"`, `"status":"maybe"`, 1) + "\n":        `x:1: status "maybe"`,
+		string(good): "x:1: incomplete last line",
+		"\n":         "x:1: empty line",
+	}
+	for in, want := range bad {
+		_, err := Read(strings.NewReader(in), "x")
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("err = %v, want %q", err, want)
+		}
+	}
+}
+
+func TestWriteFormats(t *testing.T) {
+	for _, st := range []string{StatusOK, StatusUnavailable} {
+		for _, f := range Formats {
+			var b bytes.Buffer
+			if err := Write(&b, sample(st), f); err != nil {
+				t.Fatalf("%s/%s: %v", st, f, err)
+			}
+			out := b.String()
+			switch {
+			case f == "table" && st == StatusOK && !strings.Contains(out, "p50_ms"):
+				t.Errorf("table has no phase header:\n%s", out)
+			case f == "table" && st != StatusOK && (strings.Contains(out, "p50_ms") || !strings.Contains(out, "unavailable: because")):
+				t.Errorf("unavailable table shows timings or no reason:\n%s", out)
+			case f == "csv" && strings.Count(out, "\n") != 2:
+				t.Errorf("csv: want header and one row:\n%s", out)
+			case f == "json":
+				if _, err := Read(strings.NewReader(out), "json"); err != nil {
+					t.Errorf("json output does not read back: %v", err)
+				}
+			}
+		}
+	}
+	if err := Write(&bytes.Buffer{}, sample(StatusOK), "xml"); err == nil {
+		t.Error("unknown format accepted")
+	}
+}
+
+func FuzzRead(f *testing.F) {
+	good, _ := json.Marshal(sample(StatusOK))
+	f.Add(append(good, '\n'))
+	f.Add([]byte("{\"schema\":\"moebench.record/v1\"}\n"))
+	f.Add([]byte("\n\n"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		recs, err := Read(bytes.NewReader(data), "fuzz")
+		if err != nil {
+			return
+		}
+		// whatever reads cleanly must re-encode and read back to as many records
+		var b bytes.Buffer
+		for i := range recs {
+			line, merr := json.Marshal(&recs[i])
+			if merr != nil {
+				t.Fatalf("re-encode: %v", merr)
+			}
+			b.Write(append(line, '\n'))
+		}
+		again, err := Read(&b, "again")
+		if err != nil || len(again) != len(recs) {
+			t.Fatalf("re-read %d of %d records: %v", len(again), len(recs), err)
+		}
+	})
+}
