@@ -1,13 +1,8 @@
 package harness
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
-	"os"
-	"runtime"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/montanaflynn/stats"
@@ -118,15 +113,13 @@ func newRecord(cfg Config, env Env) *results.Record {
 	if env.Now != nil {
 		now = env.Now
 	}
-	host, _ := os.Hostname()
-	rec := &results.Record{Schema: results.Schema, Time: now().UTC().Format(time.RFC3339), Version: env.Version,
+	rec := &results.Record{Schema: results.Schema, Time: now().UTC().Format(time.RFC3339),
 		Config: cfg.Record(),
-		Stack:  results.Stack{Device: cfg.Device, Note: env.DeviceNote, GoVersion: runtime.Version(), Hostname: host},
+		Stack:  Fingerprint(cfg.Device, env.DeviceNote, env.Version),
 		Ranks:  results.Ranks{EP: cfg.EP, Devices: make([]int, cfg.EP)},
 		SMs:    results.SMs{Configured: cfg.SMs, Measured: "not measured on the host device"},
 	}
 	if cfg.Device == "host" {
-		rec.Stack.CPU = fmt.Sprintf("%s/%s, %d logical CPUs", runtime.GOOS, runtime.GOARCH, runtime.NumCPU())
 		for r := range rec.Ranks.Devices {
 			rec.Ranks.Devices[r] = -1
 		}
@@ -261,21 +254,7 @@ func checkHostMemory(cfg Config) error {
 		"the host device is the correctness oracle, so use a smaller --tokens/--experts/--ep or --device cuda", need/(1<<30), avail/(1<<30))
 }
 
-func memAvailable() (float64, bool) {
-	f, err := os.Open("/proc/meminfo")
-	if err != nil {
-		return 0, false
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if rest, ok := strings.CutPrefix(sc.Text(), "MemAvailable:"); ok {
-			kb, err := strconv.ParseFloat(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(rest), "kB")), 64)
-			return kb * 1024, err == nil
-		}
-	}
-	return 0, false
-}
+func memAvailable() (float64, bool) { return meminfo("MemAvailable:") }
 
 // HostFLOPs is the expert GEMM work of one step (all ranks), for warnings.
 func HostFLOPs(cfg Config) float64 {

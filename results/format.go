@@ -39,7 +39,7 @@ func WriteTable(w io.Writer, rec *Record) error {
 	if rec.Stack.Note != "" {
 		dev += " (" + rec.Stack.Note + ")"
 	}
-	p.f("# moebench %s · device %s\n", rec.Version, dev)
+	p.f("# moebench %s · device %s\n", rec.Stack.Version, dev)
 	shared := ""
 	if c.SharedExperts > 0 {
 		shared = fmt.Sprintf(", shared %d", c.SharedExperts)

@@ -15,11 +15,10 @@ const (
 
 // Record is one run's result.
 type Record struct {
-	Schema  string `json:"schema"`
-	Time    string `json:"time"` // RFC 3339, UTC
-	Status  string `json:"status"`
-	Reason  string `json:"reason,omitempty"` // why failed or unavailable
-	Version string `json:"moebench_version"`
+	Schema string `json:"schema"`
+	Time   string `json:"time"` // RFC 3339, UTC
+	Status string `json:"status"`
+	Reason string `json:"reason,omitempty"` // why failed or unavailable
 
 	Config Config `json:"config"`
 	Stack  Stack  `json:"stack"`
@@ -60,13 +59,45 @@ type Config struct {
 	Device        string  `json:"device"`
 }
 
-// Stack is what the numbers were measured on.
+// Stack is what the numbers were measured on: the machine, its software and
+// the moebench build. Identity (see stack.go) decides which records may be
+// compared.
 type Stack struct {
-	Device    string `json:"device"`         // host | cuda
-	Note      string `json:"note,omitempty"` // e.g. why auto chose host
-	CPU       string `json:"cpu,omitempty"`  // host: GOARCH and cores
-	GoVersion string `json:"go_version"`     // toolchain that built moebench
-	Hostname  string `json:"hostname,omitempty"`
+	Device   string `json:"device"`         // host | cuda
+	Note     string `json:"note,omitempty"` // e.g. why auto chose host
+	Hostname string `json:"hostname,omitempty"`
+
+	CPU         string `json:"cpu"`          // model name
+	CPUs        int    `json:"cpus"`         // logical CPUs
+	GOMAXPROCS  int    `json:"gomaxprocs"`   // Go threads running at once
+	MemoryBytes int64  `json:"memory_bytes"` // host memory
+	OS          string `json:"os"`           // GOOS/GOARCH and kernel release
+	GoVersion   string `json:"go_version"`   // toolchain that built moebench
+
+	GPU *GPUStack `json:"gpu,omitempty"` // cuda device only
+
+	Version    string            `json:"moebench_version"`
+	Commit     string            `json:"commit,omitempty"`   // VCS revision of the build, "+dirty" if modified
+	KernelHash string            `json:"kernel_source_hash"` // sha256 of the kernel sources in the binary
+	Env        map[string]string `json:"env,omitempty"`      // environment variables that can change results
+}
+
+// GPUStack is the GPU side of the fingerprint, filled on the cuda device.
+type GPUStack struct {
+	Model       string  `json:"model"`
+	Count       int     `json:"count"`
+	SMs         int     `json:"sms"`
+	CopyEngines int     `json:"copy_engines"`
+	MemoryBytes int64   `json:"memory_bytes"`
+	Driver      string  `json:"driver"`      // kernel driver version
+	CUDADriver  int     `json:"cuda_driver"` // driver API version, e.g. 13000
+	NVRTC       string  `json:"nvrtc,omitempty"`
+	CuBLASLt    string  `json:"cublaslt,omitempty"`
+	NCCL        string  `json:"nccl,omitempty"`
+	SMClockMHz  int     `json:"sm_clock_mhz"`
+	MemClockMHz int     `json:"mem_clock_mhz"`
+	PowerLimitW float64 `json:"power_limit_w"`
+	Topology    string  `json:"topology"` // NVLink/P2P matrix
 }
 
 // Ranks says how EP ranks map to devices.

@@ -10,10 +10,10 @@ import (
 )
 
 func sample(status string) *Record {
-	r := &Record{Schema: Schema, Time: "2026-11-22T00:00:00Z", Status: status, Version: "test",
+	r := &Record{Schema: Schema, Time: "2026-11-22T00:00:00Z", Status: status,
 		Config: Config{Preset: "tiny", Tokens: 8, Hidden: 4, FFN: 2, Experts: 4, TopK: 2, EP: 2, Dispatcher: "alltoall",
 			Impl: "native", Routing: "balanced", Seed: 3, Iters: 1, Device: "host"},
-		Stack: Stack{Device: "host", GoVersion: "go"}, Ranks: Ranks{EP: 2, Devices: []int{-1, -1}}}
+		Stack: Stack{Device: "host", GoVersion: "go", Version: "test"}, Ranks: Ranks{EP: 2, Devices: []int{-1, -1}}}
 	if status == StatusOK {
 		ph := Phase{Name: "step", Stat: Stat{P50: 1}, PerRank: []float64{1, 1}, Samples: []float64{1}}
 		r.Timing = &Timing{Unit: "ms", Iters: 1, Phases: []Phase{ph}, Step: ph}

@@ -33,6 +33,17 @@ func newFlags(o *options) *pflag.FlagSet {
 	fs.IntVar(&o.sms, "sms", d.SMs, "SM budget of SM-driven dispatchers (deepep, hybridep); 0 = the dispatcher's default")
 	fs.IntVar(&o.ep, "ep", d.EP, "expert-parallel ranks; must divide --experts")
 	fs.StringVar(&o.preset, "preset", d.Preset, "layer shape preset (see 'moebench presets'); shape flags below override its fields")
+	addShapeFlags(fs, o)
+	fs.StringVar(&o.routing, "routing", d.Routing.String(), "routing: balanced|uniform|skewed:ALPHA|trace:FILE|natural")
+	addControlFlags(fs, o)
+	fs.StringVar(&o.out, "out", "", "append the JSON result record to this file (one line per run)")
+	fs.StringVar(&o.format, "format", "table", "output format: "+strings.Join(results.Formats, "|"))
+	fs.StringVar(&o.dump, "dump", "", "write the layer's tensors as .npy files with an index.json to this new directory")
+	return fs
+}
+
+// addShapeFlags defines the flags that override a preset's shape.
+func addShapeFlags(fs *pflag.FlagSet, o *options) {
 	fs.IntVar(&o.tokens, "tokens", 0, "tokens per rank (default: the preset's)")
 	fs.IntVar(&o.hidden, "hidden", 0, "hidden size (default: the preset's)")
 	fs.IntVar(&o.ffn, "ffn", 0, "per-expert intermediate size (default: the preset's)")
@@ -43,16 +54,16 @@ func newFlags(o *options) *pflag.FlagSet {
 	fs.IntVar(&o.groups, "groups", 0, "expert groups for group-limited routing, 0 = off (default: the preset's)")
 	fs.IntVar(&o.groupTopK, "topk-groups", 0, "groups each token may use (default: the preset's)")
 	fs.Float64Var(&o.topkScale, "topk-scale", 0, "scaling factor applied to the routing probabilities (default: the preset's)")
-	fs.StringVar(&o.routing, "routing", d.Routing.String(), "routing: balanced|uniform|skewed:ALPHA|trace:FILE|natural")
+}
+
+// addControlFlags defines the flags that control how a layer is run.
+func addControlFlags(fs *pflag.FlagSet, o *options) {
+	d := harness.DefaultConfig()
 	fs.Uint64Var(&o.seed, "seed", d.Seed, "seed of every random draw (inputs, weights, routing)")
 	fs.IntVar(&o.warmup, "warmup", d.Warmup, "untimed iterations before timing")
 	fs.IntVar(&o.iters, "iters", d.Iters, "timed iterations")
 	fs.BoolVar(&o.check, "check", d.Check, "check the output against the float64 reference (--check=false to skip)")
 	fs.StringVar(&o.device, "device", d.Device, "device: auto (cuda if a driver and GPU are found, else host) | host | cuda")
-	fs.StringVar(&o.out, "out", "", "append the JSON result record to this file (one line per run)")
-	fs.StringVar(&o.format, "format", "table", "output format: "+strings.Join(results.Formats, "|"))
-	fs.StringVar(&o.dump, "dump", "", "write the layer's tensors as .npy files with an index.json to this new directory")
-	return fs
 }
 
 // config builds the run configuration: the preset, overridden by the shape
@@ -134,6 +145,9 @@ does to it: per-phase times, tokens and bytes moved, stragglers, correctness.
 
 Usage:
   moebench [run] [flags]   run one layer and print its results
+  moebench sweep [flags]   run a matrix of points, one record each (see sweep --help)
+  moebench report FILE...  tables and charts of result records
+  moebench compare A B     regressions of B against A (exit 3)
   moebench presets         list the built-in layer shapes
   moebench version         print the version
   moebench help            print this help
@@ -156,6 +170,6 @@ Routing:
 
 Exit status: 0 success; 1 runtime failure, failed correctness check, or
 unavailable dispatcher/device (recorded with its reason, never timed);
-2 bad command line.
+2 bad command line; 3 regression found (compare).
 `)
 }

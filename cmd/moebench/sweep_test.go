@@ -1,0 +1,228 @@
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/moebench/moebench/dispatchers"
+	"github.com/moebench/moebench/dispatchers/alltoall"
+	"github.com/moebench/moebench/results"
+)
+
+// failing is alltoall whose combine breaks: a point that fails at run time.
+type failing struct{ dispatchers.Dispatcher }
+
+func (failing) Combine(int) error { return errors.New("combine: simulated failure") }
+
+func init() {
+	dispatchers.Register("failing", func(impl string, env dispatchers.Env) (dispatchers.Dispatcher, error) {
+		d, err := alltoall.New(impl, env)
+		return failing{d}, err
+	})
+}
+
+var sweepQuick = []string{"--device", "host", "--tokens", "16", "--hidden", "32", "--ffn", "16", "--warmup", "0", "--iters", "3"}
+
+func TestSweepContinuesAfterFailure(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "s.jsonl")
+	code, _, stderr := cli(append([]string{"sweep", "--out", out, "--dispatchers", "failing,alltoall,deepep",
+		"--sms", "8,16", "--ep", "2,4"}, sweepQuick...)...)
+	if code != exitRuntime { // a point failed
+		t.Fatalf("exit %d, want 1: %s", code, stderr)
+	}
+	recs, err := results.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// per EP size: failing, alltoall (once: no SMs), deepep at 8 and 16 SMs
+	got := map[string]int{}
+	for _, r := range recs {
+		got[r.Config.Dispatcher+":"+r.Status]++
+	}
+	want := map[string]int{"failing:failed": 2, "alltoall:ok": 2, "deepep:unavailable": 4}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("%s: %d records, want %d (all: %v)", k, got[k], v, got)
+		}
+	}
+	if !strings.Contains(stderr, "[8/8]") || !strings.Contains(stderr, "8 of 8 points: 2 ok, 4 unavailable, 2 failed") ||
+		!strings.Contains(stderr, "simulated failure") {
+		t.Errorf("progress:\n%s", stderr)
+	}
+}
+
+func TestSweepFileAndValidation(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "sweep.json")
+	os.WriteFile(file, []byte(`{"dispatchers": ["alltoall"], "ep": [2, 4], "routings": ["balanced", "skewed:1"],
+		"tokens": 16, "hidden": 32, "ffn": 16, "iters": 3, "warmup": 0, "device": "host", "ep": [2, 4]}`), 0o644)
+	out := filepath.Join(dir, "s.jsonl")
+	// the command line wins over the file: --ep 2 only
+	code, _, stderr := cli("sweep", "--file", file, "--out", out, "--ep", "2")
+	recs, err := results.ReadFile(out)
+	if code != exitOK || err != nil || len(recs) != 2 || recs[0].Config.EP != 2 || recs[1].Config.Routing != "skewed:1" {
+		t.Fatalf("exit %d, %d records, %v: %s", code, len(recs), err, stderr)
+	}
+	os.WriteFile(file, []byte(`{"dispatcher": "alltoall"}`), 0o644)
+	if code, _, e := cli("sweep", "--file", file, "--out", out); code != exitUsage || !strings.Contains(e, `unknown key "dispatcher"`) {
+		t.Errorf("unknown key: exit %d, %s", code, e)
+	}
+	// a bad point is refused before anything runs
+	code, _, e := cli(append([]string{"sweep", "--out", out, "--ep", "4,3"}, sweepQuick...)...)
+	if code != exitUsage || !strings.Contains(e, "ep=3") || !strings.Contains(e, "--ep=3: must divide --experts (16)") {
+		t.Errorf("bad point: exit %d, %s", code, e)
+	}
+	if code, _, e := cli("sweep"); code != exitUsage || !strings.Contains(e, "--out FILE is required") {
+		t.Errorf("no --out: exit %d, %s", code, e)
+	}
+}
+
+// TestSweepInterrupt runs a real moebench binary, interrupts it after the
+// first point and checks that the results file is valid and partial.
+func TestSweepInterrupt(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds a binary")
+	}
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "moebench")
+	if b, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+		t.Fatalf("build: %v\n%s", err, b)
+	}
+	out := filepath.Join(dir, "s.jsonl")
+	cmd := exec.Command(bin, append([]string{"sweep", "--out", out, "--ep", "1,2,4,8,16", "--routings", "balanced,uniform,natural"},
+		"--device", "host", "--tokens", "64", "--iters", "30")...)
+	stderr, _ := cmd.StderrPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	sc := bufio.NewScanner(stderr)
+	var lines []string
+	for sc.Scan() {
+		lines = append(lines, sc.Text())
+		if strings.HasPrefix(sc.Text(), "[1/15]") {
+			cmd.Process.Signal(syscall.SIGINT)
+		}
+	}
+	err := cmd.Wait()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 130 {
+		t.Fatalf("exit: %v, want 130\n%s", err, strings.Join(lines, "\n"))
+	}
+	recs, err := results.ReadFile(out)
+	if err != nil || len(recs) < 1 || len(recs) >= 15 {
+		t.Fatalf("after interrupt: %d records, %v", len(recs), err)
+	}
+	if !strings.Contains(strings.Join(lines, "\n"), "stopping after the current point") {
+		t.Errorf("no interrupt message:\n%s", strings.Join(lines, "\n"))
+	}
+}
+
+func TestCompareCLI(t *testing.T) {
+	dir := t.TempDir()
+	base := filepath.Join(dir, "base.jsonl")
+	if code, _, e := cli(append(quick, "--out", base, "--iters", "12")...); code != exitOK {
+		t.Fatal(e)
+	}
+	// controlled samples (1% ripple) so that the test proves the CLI path;
+	// the decision itself is tested on synthetic data in package results
+	recs, _ := results.ReadFile(base)
+	withSamples := func(scale float64) results.Record {
+		r := recs[0]
+		tm := *r.Timing
+		tm.Step.Samples = nil
+		for i := range 12 {
+			tm.Step.Samples = append(tm.Step.Samples, scale*(1+0.01*math.Sin(float64(i))))
+		}
+		r.Timing = &tm
+		return r
+	}
+	base = filepath.Join(dir, "base2.jsonl")
+	b := withSamples(1)
+	results.Append(base, &b)
+	// A/A: the same records compare clean
+	if code, out, e := cli("compare", base, base); code != exitOK || !strings.Contains(out, "0 regressions") {
+		t.Errorf("A/A: exit %d\n%s%s", code, out, e)
+	}
+	slow := withSamples(1.1)
+	newFile := filepath.Join(dir, "new.jsonl")
+	if err := results.Append(newFile, &slow); err != nil {
+		t.Fatal(err)
+	}
+	code, out, _ := cli("compare", base, newFile)
+	if code != exitRegression || !strings.Contains(out, "REGRESSION") || !strings.Contains(out, "+10.0") {
+		t.Errorf("10%% slower: exit %d\n%s", code, out)
+	}
+	if code, _, _ := cli("compare", "--threshold-pct", "20", base, newFile); code != exitOK {
+		t.Errorf("10%% slower with a 20%% threshold: exit %d", code)
+	}
+	// another stack is refused, then compared with the differences named
+	other := slow
+	other.Stack.CPU = "Another CPU"
+	otherFile := filepath.Join(dir, "other.jsonl")
+	results.Append(otherFile, &other)
+	if code, _, e := cli("compare", base, otherFile); code != exitUsage || !strings.Contains(e, "different stacks") || !strings.Contains(e, "Another CPU") {
+		t.Errorf("stack change: exit %d, %s", code, e)
+	}
+	if code, out, _ := cli("compare", "--allow-stack-change", base, otherFile); code != exitRegression || !strings.Contains(out, "# stacks differ") {
+		t.Errorf("allowed stack change: exit %d\n%s", code, out)
+	}
+	// bad input
+	bad := filepath.Join(dir, "bad.jsonl")
+	os.WriteFile(bad, []byte("{}\n"), 0o644)
+	if code, _, e := cli("compare", base, bad); code != exitUsage || !strings.Contains(e, "bad.jsonl:1:") {
+		t.Errorf("malformed file: exit %d, %s", code, e)
+	}
+	if code, _, _ := cli("compare", base); code != exitUsage {
+		t.Errorf("one file: exit %d", code)
+	}
+}
+
+func TestReportCLI(t *testing.T) {
+	f := filepath.Join(t.TempDir(), "r.jsonl")
+	cli(append(quick, "--out", f)...)
+	cli(append(quick, "--out", f, "--dispatcher", "hybridep", "--sms", "16")...)
+	for _, format := range results.ReportFormats {
+		code, out, e := cli("report", "--format", format, f)
+		if code != exitOK || !strings.Contains(out, "hybridep") || !strings.Contains(out, "unavailable") {
+			t.Errorf("%s: exit %d %s\n%s", format, code, e, out)
+		}
+	}
+	if code, _, _ := cli("report", "--format", "pdf", f); code != exitUsage {
+		t.Errorf("bad format: exit %d", code)
+	}
+	if code, _, e := cli("report", filepath.Join(t.TempDir(), "none")); code != exitUsage || !strings.Contains(e, "no such file") {
+		t.Errorf("missing file: exit %d %s", code, e)
+	}
+	var js map[string]any
+	_, out, _ := cli(append(quick, "--format", "json")...)
+	if json.Unmarshal([]byte(out), &js) != nil || js["stack"].(map[string]any)["kernel_source_hash"] == "" {
+		t.Errorf("json record lacks the kernel source hash: %s", out)
+	}
+}
+
+// TestPublishedReadmeInSync: results/published/README.md must be exactly what
+// `moebench report --format markdown results/published/*.jsonl` prints (run
+// from the repository root).
+func TestPublishedReadmeInSync(t *testing.T) {
+	t.Chdir("../..")
+	files, _ := filepath.Glob("results/published/*.jsonl")
+	if len(files) == 0 {
+		t.Fatal("no published records")
+	}
+	code, out, e := cli(append([]string{"report", "--format", "markdown"}, files...)...)
+	if code != exitOK {
+		t.Fatal(e)
+	}
+	want, err := os.ReadFile("results/published/README.md")
+	if err != nil || string(want) != out {
+		t.Errorf("results/published/README.md is out of date; regenerate it with\n  go run ./cmd/moebench report --format markdown results/published/*.jsonl > results/published/README.md")
+	}
+}

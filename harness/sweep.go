@@ -1,0 +1,42 @@
+package harness
+
+import (
+	"time"
+
+	"github.com/moebench/moebench/results"
+)
+
+// SweepEvent reports one finished sweep point.
+type SweepEvent struct {
+	Index, Total int // 1-based index of the point that finished
+	Config       Config
+	Record       *results.Record // nil only if the point could not even start
+	Err          error           // why it failed or is unavailable
+	Remaining    time.Duration   // estimate: mean time per point so far × points left
+}
+
+// Sweep runs the points in order. After each point, record receives its
+// record (failed and unavailable ones too) and progress the event; a point's
+// failure does not stop the sweep. Sweep stops early, between points, when
+// stop is closed, or when record fails (the results file is then unusable).
+// It returns how many points finished.
+func Sweep(points []Config, env Env, stop <-chan struct{}, record func(*results.Record) error, progress func(SweepEvent)) (int, error) {
+	start := time.Now()
+	for i, cfg := range points {
+		select {
+		case <-stop:
+			return i, nil
+		default:
+		}
+		rec, err := Run(cfg, env)
+		if rec != nil {
+			if rerr := record(rec); rerr != nil {
+				return i, rerr
+			}
+		}
+		per := time.Since(start) / time.Duration(i+1)
+		progress(SweepEvent{Index: i + 1, Total: len(points), Config: cfg, Record: rec, Err: err,
+			Remaining: per * time.Duration(len(points)-i-1)})
+	}
+	return len(points), nil
+}

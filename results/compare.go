@@ -1,0 +1,221 @@
+package results
+
+import (
+	"fmt"
+	"math"
+	"sort"
+	"strings"
+)
+
+// Regression decision.
+//
+// For each matched point, the per-iteration step samples of BASE and NEW are
+// compared on a log scale with the Hodges–Lehmann estimator: the shift is the
+// median of all pairwise differences log(new_j) − log(base_i), and its
+// confidence interval comes from the Mann–Whitney U distribution (normal
+// approximation). A point regresses when the estimated slowdown exceeds the
+// threshold AND the interval excludes no change (the slowdown is not noise).
+// It is faster when the mirror image holds. This uses every sample, not one
+// mean, and is robust to outliers.
+
+// CompareOptions tune the decision.
+type CompareOptions struct {
+	Threshold  float64 // relative slowdown that counts, e.g. 0.02
+	Confidence float64 // two-sided confidence of the interval, e.g. 0.99
+	MinSamples int     // fewer samples on either side: no decision
+}
+
+// DefaultCompareOptions: 2% (Megatron's MoE perf gate), 99% confidence, 5 samples.
+var DefaultCompareOptions = CompareOptions{Threshold: 0.02, Confidence: 0.99, MinSamples: 5}
+
+// Shift is the estimated relative change new/base − 1 and its interval.
+type Shift struct {
+	Est, Lo, Hi float64
+	N, M        int // base and new sample counts
+}
+
+// EstimateShift returns the Hodges–Lehmann relative shift of new against base
+// with a two-sided interval at confidence.
+func EstimateShift(base, new []float64, confidence float64) Shift {
+	n, m := len(base), len(new)
+	d := make([]float64, 0, n*m)
+	for _, b := range base {
+		for _, x := range new {
+			d = append(d, math.Log(x)-math.Log(b))
+		}
+	}
+	sort.Float64s(d)
+	s := Shift{N: n, M: m}
+	if len(d) == 0 {
+		return s
+	}
+	med := func(v []float64) float64 {
+		if len(v)%2 == 1 {
+			return v[len(v)/2]
+		}
+		return (v[len(v)/2-1] + v[len(v)/2]) / 2
+	}
+	z := normalQuantile(1 - (1-confidence)/2)
+	nm := float64(n * m)
+	k := int(math.Floor(nm/2 - z*math.Sqrt(nm*float64(n+m+1)/12)))
+	k = max(0, min(k, len(d)-1))
+	s.Est = math.Expm1(med(d))
+	s.Lo, s.Hi = math.Expm1(d[k]), math.Expm1(d[len(d)-1-k])
+	return s
+}
+
+// normalQuantile is the standard normal quantile (Acklam's rational
+// approximation, relative error below 1.2e-9).
+func normalQuantile(p float64) float64 {
+	a := []float64{-3.969683028665376e+01, 2.209460984245205e+02, -2.759285104469687e+02, 1.383577518672690e+02, -3.066479806614716e+01, 2.506628277459239e+00}
+	b := []float64{-5.447609879822406e+01, 1.615858368580409e+02, -1.556989798598866e+02, 6.680131188771972e+01, -1.328068155288572e+01}
+	c := []float64{-7.784894002430293e-03, -3.223964580411365e-01, -2.400758277161838e+00, -2.549732539343734e+00, 4.374664141464968e+00, 2.938163982698783e+00}
+	d := []float64{7.784695709041462e-03, 3.224671290700398e-01, 2.445134137142996e+00, 3.754408661907416e+00}
+	const lo = 0.02425
+	switch {
+	case p < lo:
+		q := math.Sqrt(-2 * math.Log(p))
+		return (((((c[0]*q+c[1])*q+c[2])*q+c[3])*q+c[4])*q + c[5]) / ((((d[0]*q+d[1])*q+d[2])*q+d[3])*q + 1)
+	case p > 1-lo:
+		return -normalQuantile(1 - p)
+	}
+	q := p - 0.5
+	r := q * q
+	return (((((a[0]*r+a[1])*r+a[2])*r+a[3])*r+a[4])*r + a[5]) * q / (((((b[0]*r+b[1])*r+b[2])*r+b[3])*r+b[4])*r + 1)
+}
+
+// Verdicts of a compared point.
+const (
+	VerdictSame       = "same"
+	VerdictRegression = "REGRESSION"
+	VerdictFaster     = "faster"
+	VerdictNoDecision = "no decision"
+	VerdictOnlyBase   = "only in base"
+	VerdictOnlyNew    = "only in new"
+)
+
+// Change is the comparison of one point.
+type Change struct {
+	Workload, Settings string
+	Base, New          *Record
+	Shift              Shift
+	Verdict            string
+	Why                string
+}
+
+// Comparison is the result of Compare.
+type Comparison struct {
+	Changes     []Change
+	StackDiffs  []string // non-empty when the stacks differ (and that was allowed)
+	Regressions int
+}
+
+// Compare matches the records of base and new by workload and settings and
+// decides each point. Records of one file must come from one stack each; if
+// the two stacks differ Compare refuses unless allowStackChange, and then
+// reports the differences. When a point was recorded several times, the last
+// record counts.
+func Compare(base, new []Record, o CompareOptions, allowStackChange bool) (*Comparison, error) {
+	bs, err := oneStack(base, "base")
+	if err != nil {
+		return nil, err
+	}
+	ns, err := oneStack(new, "new")
+	if err != nil {
+		return nil, err
+	}
+	c := &Comparison{StackDiffs: StackDiff(bs, ns)}
+	if len(c.StackDiffs) > 0 && !allowStackChange {
+		return c, fmt.Errorf("the records come from different stacks (pass --allow-stack-change to compare anyway):\n  %s", strings.Join(c.StackDiffs, "\n  "))
+	}
+	bm, nm := lastByPoint(base), lastByPoint(new)
+	keys := map[string]bool{}
+	for k := range bm {
+		keys[k] = true
+	}
+	for k := range nm {
+		keys[k] = true
+	}
+	order := make([]string, 0, len(keys))
+	for k := range keys {
+		order = append(order, k)
+	}
+	sort.Strings(order)
+	matched := 0
+	for _, k := range order {
+		b, n := bm[k], nm[k]
+		ch := Change{Base: b, New: n}
+		ref := b
+		if ref == nil {
+			ref = n
+		}
+		ch.Workload, ch.Settings = ref.Config.Workload(), ref.Config.Settings()
+		switch {
+		case n == nil:
+			ch.Verdict = VerdictOnlyBase
+		case b == nil:
+			ch.Verdict = VerdictOnlyNew
+		default:
+			matched++
+			decide(&ch, o)
+		}
+		if ch.Verdict == VerdictRegression {
+			c.Regressions++
+		}
+		c.Changes = append(c.Changes, ch)
+	}
+	if matched == 0 {
+		return c, fmt.Errorf("no point of new matches a point of base (same workload and settings)")
+	}
+	return c, nil
+}
+
+func decide(ch *Change, o CompareOptions) {
+	b, n := ch.Base, ch.New
+	switch {
+	case b.Status == StatusOK && n.Status != StatusOK:
+		ch.Verdict, ch.Why = VerdictRegression, "was ok, now "+n.Status+": "+n.Reason
+		return
+	case b.Status != StatusOK && n.Status == StatusOK:
+		ch.Verdict, ch.Why = VerdictSame, "was "+b.Status+", now ok"
+		return
+	case b.Status != StatusOK:
+		ch.Verdict, ch.Why = VerdictSame, "still "+n.Status
+		return
+	}
+	bx, nx := b.Timing.Step.Samples, n.Timing.Step.Samples
+	ch.Shift = EstimateShift(bx, nx, o.Confidence)
+	s := ch.Shift
+	switch {
+	case len(bx) < o.MinSamples || len(nx) < o.MinSamples:
+		ch.Verdict, ch.Why = VerdictNoDecision, fmt.Sprintf("too few samples (%d and %d; need %d)", len(bx), len(nx), o.MinSamples)
+	case s.Est > o.Threshold && s.Lo > 0:
+		ch.Verdict, ch.Why = VerdictRegression, fmt.Sprintf("step %+.1f%% (%.0f%% CI %+.1f%%…%+.1f%%) > %.1f%%", 100*s.Est, 100*o.Confidence, 100*s.Lo, 100*s.Hi, 100*o.Threshold)
+	case s.Est < -o.Threshold && s.Hi < 0:
+		ch.Verdict = VerdictFaster
+	default:
+		ch.Verdict = VerdictSame
+	}
+}
+
+func oneStack(recs []Record, which string) (Stack, error) {
+	if len(recs) == 0 {
+		return Stack{}, fmt.Errorf("%s has no records", which)
+	}
+	first := recs[0].Stack
+	for i := range recs {
+		if d := StackDiff(first, recs[i].Stack); len(d) > 0 {
+			return first, fmt.Errorf("%s mixes records of different stacks (record %d differs from record 1: %s)", which, i+1, d[0])
+		}
+	}
+	return first, nil
+}
+
+// lastByPoint maps each point's workload and settings to its last record.
+func lastByPoint(recs []Record) map[string]*Record {
+	m := map[string]*Record{}
+	for i := range recs {
+		m[recs[i].Config.Workload()+"|"+recs[i].Config.Settings()] = &recs[i]
+	}
+	return m
+}

@@ -1,0 +1,102 @@
+package results
+
+import (
+	"bytes"
+	"encoding/csv"
+	"math/rand/v2"
+	"strings"
+	"testing"
+)
+
+// reportRecords: one workload with alltoall, deepep at two SM budgets, an
+// unavailable hybridep and a failed feplb; and a second workload.
+func reportRecords() []Record {
+	g := rand.New(rand.NewPCG(5, 5))
+	mk := func(d string, sms int, ms float64) Record {
+		r := okRecord(d, noisy(g, 10, ms, 0.01))
+		r.Config.SMs = sms
+		t := *r.Timing
+		t.Step.P50 = ms
+		t.Phases = []Phase{{Name: "dispatch", Stat: Stat{P50: ms / 3}}, {Name: "experts", Stat: Stat{P50: ms / 2}}, {Name: "combine", Stat: Stat{P50: ms / 6}}}
+		r.Timing = &t
+		r.Tokens.Straggler.Rel = 0.25
+		r.GEMM = &GEMM{Straggler: Straggler{Rel: 0.1}}
+		r.Memory = &Memory{PerRankBytes: []int64{3 << 20, 4 << 20}}
+		r.Correctness = &Correctness{Checked: true, Passed: true, MaxRelErr: 0.006}
+		return r
+	}
+	un := *sample(StatusUnavailable)
+	un.Config.Dispatcher, un.Reason = "hybridep", "needs <the> cuda device"
+	failed := *sample(StatusFailed)
+	failed.Config.Dispatcher, failed.Reason = "feplb", "correctness check failed"
+	other := mk("alltoall", 0, 3)
+	other.Config.EP = 4
+	return []Record{mk("deepep", 32, 5), mk("alltoall", 0, 10), mk("deepep", 16, 8), un, failed, other}
+}
+
+func TestBuildReport(t *testing.T) {
+	groups := BuildReport(reportRecords())
+	if len(groups) != 2 || len(groups[0].Rows) != 5 || len(groups[1].Rows) != 1 {
+		t.Fatalf("groups: %d (rows %d)", len(groups), len(groups[0].Rows))
+	}
+	var order []string
+	for _, r := range groups[0].Rows {
+		order = append(order, r.Rec.Config.Settings())
+		if r.Rec.Config.Dispatcher == "deepep" && r.Rec.Config.SMs == 32 && r.Speedup != 2 {
+			t.Errorf("deepep 32 SMs speedup %v, want 10/5 = 2", r.Speedup)
+		}
+		if r.Rec.Status != StatusOK && r.Speedup != 0 {
+			t.Errorf("%s has a speedup", r.Rec.Status)
+		}
+	}
+	want := "alltoall/native sms=0,deepep/native sms=16,deepep/native sms=32,feplb/native sms=0,hybridep/native sms=0"
+	if strings.Join(order, ",") != want {
+		t.Errorf("row order %v", order)
+	}
+}
+
+func TestReportFormats(t *testing.T) {
+	groups := BuildReport(reportRecords())
+	out := map[string]string{}
+	for _, f := range ReportFormats {
+		var b bytes.Buffer
+		if err := WriteReport(&b, groups, f, "Title <x>"); err != nil {
+			t.Fatalf("%s: %v", f, err)
+		}
+		out[f] = b.String()
+	}
+	tab := out["table"]
+	for _, want := range []string{"# stack #1: host", "speedup_vs_alltoall", "2.00x", "unavailable", "needs <the> cuda device"} {
+		if !strings.Contains(tab, want) {
+			t.Errorf("table lacks %q:\n%s", want, tab)
+		}
+	}
+	for _, line := range strings.Split(tab, "\n") {
+		if strings.HasPrefix(line, "  hybridep") && strings.ContainsAny(line, "0123456789") {
+			t.Errorf("unavailable row shows numbers: %q", line)
+		}
+	}
+	md := out["markdown"]
+	if !strings.HasPrefix(md, "# Title <x>\n") || !strings.Contains(md, "| dispatcher | impl |") || !strings.Contains(md, "|---|---|---|---|---:|") {
+		t.Errorf("markdown:\n%s", md)
+	}
+	rows, err := csv.NewReader(strings.NewReader(out["csv"])).ReadAll()
+	if err != nil || len(rows) != 7 || rows[0][2] != "dispatcher" {
+		t.Errorf("csv: %v, %d rows", err, len(rows))
+	}
+	h := out["html"]
+	if strings.Count(h, "<svg") != 3+2 { // group 1: step, sms, phases; group 2: step, phases
+		t.Errorf("html has %d charts, want 5", strings.Count(h, "<svg"))
+	}
+	if strings.Contains(h, "<the>") || !strings.Contains(h, "&lt;the&gt;") || strings.Contains(h, "<?xml") {
+		t.Error("html does not escape record text, or inlines an XML declaration")
+	}
+	for _, want := range []string{"step time vs --sms", "per-phase time", `class="unavailable"`} {
+		if !strings.Contains(h, want) {
+			t.Errorf("html lacks %q", want)
+		}
+	}
+	if err := WriteReport(&bytes.Buffer{}, groups, "pdf", ""); err == nil {
+		t.Error("unknown report format accepted")
+	}
+}

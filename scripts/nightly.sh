@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Nightly regression run for this node: run the sweep, append it to the
+# history, write the report, and compare it with the node's stored baseline.
+#
+#   scripts/nightly.sh [SWEEP_FILE]        (default: scripts/nightly-sweep.json)
+#
+# Environment:
+#   MOEBENCH_NIGHTLY_DIR   history, baselines, runs and reports (default: $HOME/moebench-nightly)
+#   MOEBENCH_BIN           moebench binary to use (default: built from this checkout)
+#   MOEBENCH_COMPARE_ARGS  extra flags for 'moebench compare', e.g. "--threshold-pct 3"
+#
+# Files under MOEBENCH_NIGHTLY_DIR:
+#   runs/HOST-STAMP.jsonl            tonight's records
+#   history.jsonl                    every night's records, appended
+#   baseline-HOST.jsonl              what tonight is compared with; the first run
+#                                    becomes it; to accept a new baseline, copy a run over it
+#   reports/HOST-STAMP.html          report with charts; reports/HOST-STAMP-compare.txt
+#
+# Exit status: 0 no regression (or no baseline yet: this run became it),
+# 3 regression, 1 the sweep could not run, 2 bad sweep file, 130 interrupted.
+#
+# cron, every night at 02:30:
+#   30 2 * * * cd /path/to/moebench && scripts/nightly.sh >> "$HOME/moebench-nightly/cron.log" 2>&1
+# Slurm, on one whole node:
+#   sbatch --nodes=1 --exclusive --time=01:00:00 --output=nightly-%j.log \
+#          --wrap "cd /path/to/moebench && scripts/nightly.sh"
+set -uo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+sweep=${1:-$root/scripts/nightly-sweep.json}
+dir=${MOEBENCH_NIGHTLY_DIR:-$HOME/moebench-nightly}
+mkdir -p "$dir/runs" "$dir/reports" || exit 1
+
+bin=${MOEBENCH_BIN:-}
+if [ -z "$bin" ]; then
+  bin=$dir/bin/moebench
+  (cd "$root" && go build -buildvcs=true -o "$bin" ./cmd/moebench) || { echo "nightly: build failed" >&2; exit 1; }
+fi
+
+host=$(hostname -s 2>/dev/null || hostname)
+stamp=$(date -u +%Y%m%dT%H%M%SZ)
+name=$host-$stamp
+n=1
+while [ -e "$dir/runs/$name.jsonl" ]; do # never append to an earlier run
+  name=$host-$stamp-$n
+  n=$((n + 1))
+done
+run=$dir/runs/$name.jsonl
+
+"$bin" sweep --file "$sweep" --out "$run"
+rc=$?
+# 0: all points ran; 1: some point failed (recorded, and compare will flag it)
+if [ "$rc" -ne 0 ] && [ "$rc" -ne 1 ]; then
+  echo "nightly: sweep did not complete (exit $rc)" >&2
+  exit "$rc"
+fi
+if [ ! -s "$run" ]; then
+  echo "nightly: the sweep wrote no records" >&2
+  exit 1
+fi
+
+# the report reads the run strictly before it joins the history
+"$bin" report --format html --title "moebench nightly, $host, $stamp" "$run" > "$dir/reports/$name.html" || exit 1
+"$bin" report --format table "$run"
+cat "$run" >> "$dir/history.jsonl"
+
+baseline=$dir/baseline-$host.jsonl
+if [ ! -f "$baseline" ]; then
+  cp "$run" "$baseline"
+  echo "nightly: no baseline for $host yet; this run is now $baseline"
+  exit 0
+fi
+# shellcheck disable=SC2086 # MOEBENCH_COMPARE_ARGS is a list of flags
+"$bin" compare ${MOEBENCH_COMPARE_ARGS:-} "$baseline" "$run" | tee "$dir/reports/$name-compare.txt"
+exit "${PIPESTATUS[0]}"
