@@ -16,17 +16,50 @@ import (
 // approximation). A point regresses when the estimated slowdown exceeds the
 // threshold AND the interval excludes no change (the slowdown is not noise).
 // It is faster when the mirror image holds. This uses every sample, not one
-// mean, and is robust to outliers.
+// mean, and is robust to outliers. A point whose samples are too noisy on
+// either side (robust coefficient of variation 1.4826·MAD/median above
+// MaxNoise) gets no decision: such runs also drift between runs by more than
+// their samples show, as Megatron's perf gate (std/mean ≤ 2%) recognises.
 
 // CompareOptions tune the decision.
 type CompareOptions struct {
 	Threshold  float64 // relative slowdown that counts, e.g. 0.02
 	Confidence float64 // two-sided confidence of the interval, e.g. 0.99
 	MinSamples int     // fewer samples on either side: no decision
+	MaxNoise   float64 // robust CV above this on either side: no decision
 }
 
-// DefaultCompareOptions: 2% (Megatron's MoE perf gate), 99% confidence, 5 samples.
-var DefaultCompareOptions = CompareOptions{Threshold: 0.02, Confidence: 0.99, MinSamples: 5}
+// DefaultCompareOptions: 2% (Megatron's MoE perf gate), 99% confidence, 5
+// samples, 5% noise.
+var DefaultCompareOptions = CompareOptions{Threshold: 0.02, Confidence: 0.99, MinSamples: 5, MaxNoise: 0.05}
+
+// RobustCV is 1.4826·MAD/median: the coefficient of variation of normal data,
+// unmoved by a few outliers.
+func RobustCV(x []float64) float64 {
+	if len(x) == 0 {
+		return 0
+	}
+	s := append([]float64(nil), x...)
+	sort.Float64s(s)
+	med := median(s)
+	dev := make([]float64, len(s))
+	for i, v := range s {
+		dev[i] = math.Abs(v - med)
+	}
+	sort.Float64s(dev)
+	if med == 0 {
+		return math.Inf(1)
+	}
+	return 1.4826 * median(dev) / med
+}
+
+// median of sorted v.
+func median(v []float64) float64 {
+	if len(v)%2 == 1 {
+		return v[len(v)/2]
+	}
+	return (v[len(v)/2-1] + v[len(v)/2]) / 2
+}
 
 // Shift is the estimated relative change new/base − 1 and its interval.
 type Shift struct {
@@ -49,17 +82,11 @@ func EstimateShift(base, new []float64, confidence float64) Shift {
 	if len(d) == 0 {
 		return s
 	}
-	med := func(v []float64) float64 {
-		if len(v)%2 == 1 {
-			return v[len(v)/2]
-		}
-		return (v[len(v)/2-1] + v[len(v)/2]) / 2
-	}
 	z := normalQuantile(1 - (1-confidence)/2)
 	nm := float64(n * m)
 	k := int(math.Floor(nm/2 - z*math.Sqrt(nm*float64(n+m+1)/12)))
 	k = max(0, min(k, len(d)-1))
-	s.Est = math.Expm1(med(d))
+	s.Est = math.Expm1(median(d))
 	s.Lo, s.Hi = math.Expm1(d[k]), math.Expm1(d[len(d)-1-k])
 	return s
 }
@@ -90,6 +117,7 @@ const (
 	VerdictRegression = "REGRESSION"
 	VerdictFaster     = "faster"
 	VerdictNoDecision = "no decision"
+	VerdictNoisy      = "noisy"
 	VerdictOnlyBase   = "only in base"
 	VerdictOnlyNew    = "only in new"
 )
@@ -108,6 +136,7 @@ type Comparison struct {
 	Changes     []Change
 	StackDiffs  []string // non-empty when the stacks differ (and that was allowed)
 	Regressions int
+	Undecided   int // noisy or too few samples
 }
 
 // Compare matches the records of base and new by workload and settings and
@@ -159,8 +188,11 @@ func Compare(base, new []Record, o CompareOptions, allowStackChange bool) (*Comp
 			matched++
 			decide(&ch, o)
 		}
-		if ch.Verdict == VerdictRegression {
+		switch ch.Verdict {
+		case VerdictRegression:
 			c.Regressions++
+		case VerdictNoisy, VerdictNoDecision:
+			c.Undecided++
 		}
 		c.Changes = append(c.Changes, ch)
 	}
@@ -189,6 +221,9 @@ func decide(ch *Change, o CompareOptions) {
 	switch {
 	case len(bx) < o.MinSamples || len(nx) < o.MinSamples:
 		ch.Verdict, ch.Why = VerdictNoDecision, fmt.Sprintf("too few samples (%d and %d; need %d)", len(bx), len(nx), o.MinSamples)
+	case max(RobustCV(bx), RobustCV(nx)) > o.MaxNoise:
+		ch.Verdict, ch.Why = VerdictNoisy, fmt.Sprintf("samples too noisy to decide: robust CV %.1f%% and %.1f%% (limit %.1f%%)",
+			100*RobustCV(bx), 100*RobustCV(nx), 100*o.MaxNoise)
 	case s.Est > o.Threshold && s.Lo > 0:
 		ch.Verdict, ch.Why = VerdictRegression, fmt.Sprintf("step %+.1f%% (%.0f%% CI %+.1f%%…%+.1f%%) > %.1f%%", 100*s.Est, 100*o.Confidence, 100*s.Lo, 100*s.Hi, 100*o.Threshold)
 	case s.Est < -o.Threshold && s.Hi < 0:

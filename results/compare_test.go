@@ -66,6 +66,13 @@ func TestRegressionDecision(t *testing.T) {
 	if v := decideShift(base, withOutlier); v != VerdictSame {
 		t.Errorf("one outlier: %s, want same", v)
 	}
+	// 20% noise, like a busy host: a 30% shift is not decided either way
+	if v := decideShift(noisy(g, 30, 10, 0.2), noisy(g, 30, 13, 0.2)); v != VerdictNoisy {
+		t.Errorf("20%% noise: %s, want noisy", v)
+	}
+	if cv := RobustCV(noisy(g, 2000, 10, 0.03)); math.Abs(cv-0.03) > 0.003 {
+		t.Errorf("RobustCV of 3%% normal noise = %.4f", cv)
+	}
 	if v := decideShift(base[:3], base[:3]); v != VerdictNoDecision {
 		t.Errorf("3 samples: %s, want no decision", v)
 	}

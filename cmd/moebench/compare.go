@@ -19,6 +19,7 @@ func compare(args []string, stdout, stderr io.Writer) int {
 	pct := fs.Float64("threshold-pct", 100*o.Threshold, "slowdown of the step time, in percent, that counts as a regression")
 	fs.Float64Var(&o.Confidence, "confidence", o.Confidence, "confidence of the interval that must exclude no change")
 	fs.IntVar(&o.MinSamples, "min-samples", o.MinSamples, "fewer timed iterations on either side: no decision")
+	noise := fs.Float64("max-noise-pct", 100*o.MaxNoise, "robust CV (1.4826·MAD/median, percent) above which a side is too noisy to decide")
 	allow := fs.Bool("allow-stack-change", false, "compare records from different stacks (and list what differs)")
 	fs.SetOutput(io.Discard)
 	if err := fs.Parse(args); err != nil {
@@ -27,7 +28,8 @@ func compare(args []string, stdout, stderr io.Writer) int {
 				"and decides, from the per-iteration step samples, whether NEW is slower than BASE:\n"+
 				"a regression is an estimated slowdown (Hodges–Lehmann, on log times) above the\n"+
 				"threshold whose confidence interval excludes no change, or a point that was ok in\n"+
-				"BASE and failed or became unavailable in NEW.\n\n"+
+				"BASE and failed or became unavailable in NEW. Points whose samples are too noisy\n"+
+				"(robust CV above --max-noise-pct) or too few are left undecided, with a warning.\n\n"+
 				"Usage:\n  moebench compare [flags] BASE NEW\n\nExit status: 0 no regression, 3 regression, 2 bad input.\n\nFlags:\n")
 			fs.SetOutput(stdout)
 			fs.PrintDefaults()
@@ -42,10 +44,12 @@ func compare(args []string, stdout, stderr io.Writer) int {
 		return usageError(stderr, fmt.Errorf("--threshold-pct=%g: must be in (0, 1000)", *pct))
 	case !(o.Confidence > 0.5 && o.Confidence < 1):
 		return usageError(stderr, fmt.Errorf("--confidence=%g: must be in (0.5, 1)", o.Confidence))
+	case !(*noise > 0):
+		return usageError(stderr, fmt.Errorf("--max-noise-pct=%g: must be > 0", *noise))
 	case o.MinSamples < 2:
 		return usageError(stderr, fmt.Errorf("--min-samples=%d: must be ≥ 2", o.MinSamples))
 	}
-	o.Threshold = *pct / 100
+	o.Threshold, o.MaxNoise = *pct/100, *noise/100
 	base, err := readAll(fs.Args()[:1])
 	if err != nil {
 		return usageError(stderr, err)
@@ -81,7 +85,10 @@ func compare(args []string, stdout, stderr io.Writer) int {
 			p("#   %s\n", ch.Why)
 		}
 	}
-	p("# %d points, %d regressions\n", len(c.Changes), c.Regressions)
+	p("# %d points, %d regressions, %d undecided\n", len(c.Changes), c.Regressions, c.Undecided)
+	if c.Undecided > 0 {
+		fmt.Fprintf(stderr, "moebench compare: warning: %d points could not be decided (noisy or too few samples); see the table\n", c.Undecided)
+	}
 	if c.Regressions > 0 {
 		return exitRegression
 	}
