@@ -1,7 +1,6 @@
 package main
 
 import (
-	"errors"
 	"fmt"
 	"io"
 	"strings"
@@ -13,6 +12,18 @@ import (
 
 const exitRegression = 3
 
+const compareHelp = `moebench compare matches the points of two results files by workload and settings
+and decides, from the per-iteration step samples, whether NEW is slower than BASE:
+a regression is an estimated slowdown (Hodges–Lehmann, on log times) above the
+threshold whose confidence interval excludes no change, or a point that was ok in
+BASE and failed or became unavailable in NEW. Points whose samples are too noisy
+(robust CV above --max-noise-pct) or too few are left undecided, with a warning.
+
+Usage:
+  moebench compare [flags] BASE NEW
+
+Exit status: 0 no regression, 3 regression, 2 bad input.`
+
 func compare(args []string, stdout, stderr io.Writer) int {
 	o := results.DefaultCompareOptions
 	fs := pflag.NewFlagSet("moebench compare", pflag.ContinueOnError)
@@ -21,21 +32,8 @@ func compare(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&o.MinSamples, "min-samples", o.MinSamples, "fewer timed iterations on either side: no decision")
 	noise := fs.Float64("max-noise-pct", 100*o.MaxNoise, "robust CV (1.4826·MAD/median, percent) above which a side is too noisy to decide")
 	allow := fs.Bool("allow-stack-change", false, "compare records from different stacks (and list what differs)")
-	fs.SetOutput(io.Discard)
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, pflag.ErrHelp) {
-			fmt.Fprint(stdout, "moebench compare matches the points of two results files by workload and settings\n"+
-				"and decides, from the per-iteration step samples, whether NEW is slower than BASE:\n"+
-				"a regression is an estimated slowdown (Hodges–Lehmann, on log times) above the\n"+
-				"threshold whose confidence interval excludes no change, or a point that was ok in\n"+
-				"BASE and failed or became unavailable in NEW. Points whose samples are too noisy\n"+
-				"(robust CV above --max-noise-pct) or too few are left undecided, with a warning.\n\n"+
-				"Usage:\n  moebench compare [flags] BASE NEW\n\nExit status: 0 no regression, 3 regression, 2 bad input.\n\nFlags:\n")
-			fs.SetOutput(stdout)
-			fs.PrintDefaults()
-			return exitOK
-		}
-		return usageError(stderr, err)
+	if code, ok := parseFlags(fs, args, compareHelp, stdout, stderr); !ok {
+		return code
 	}
 	switch {
 	case fs.NArg() != 2:

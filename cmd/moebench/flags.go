@@ -148,6 +148,7 @@ Usage:
   moebench sweep [flags]   run a matrix of points, one record each (see sweep --help)
   moebench report FILE...  tables and charts of result records
   moebench compare A B     regressions of B against A (exit 3)
+  moebench straggler       simulate load-balancing policies over many steps
   moebench presets         list the built-in layer shapes
   moebench version         print the version
   moebench help            print this help

@@ -52,6 +52,8 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 			return report(args[1:], stdout, stderr)
 		case "compare":
 			return compare(args[1:], stdout, stderr)
+		case "straggler":
+			return straggler(args[1:], stdout, stderr)
 		case "help":
 			usage(stdout, newFlags(&options{}))
 			return exitOK
@@ -62,7 +64,7 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 			args = args[1:]
 		default:
 			if !strings.HasPrefix(args[0], "-") {
-				return usageError(stderr, fmt.Errorf("unknown command %q (commands: run, sweep, report, compare, presets, version, help)", args[0]))
+				return usageError(stderr, fmt.Errorf("unknown command %q (commands: run, sweep, report, compare, straggler, presets, version, help)", args[0]))
 			}
 		}
 	}
@@ -148,6 +150,22 @@ func resolveDevice(want string) (device, note string) {
 		return "host", found + "; this build has no CUDA layer yet"
 	}
 	return "host", found
+}
+
+// parseFlags parses a subcommand's arguments. On --help it prints help and
+// the flags to stdout. ok is false when the command should stop with code.
+func parseFlags(fs *pflag.FlagSet, args []string, help string, stdout, stderr io.Writer) (code int, ok bool) {
+	fs.SetOutput(io.Discard)
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, pflag.ErrHelp) {
+			fmt.Fprint(stdout, help+"\n\nFlags:\n")
+			fs.SetOutput(stdout)
+			fs.PrintDefaults()
+			return exitOK, false
+		}
+		return usageError(stderr, err), false
+	}
+	return exitOK, true
 }
 
 func usageError(stderr io.Writer, err error) int {

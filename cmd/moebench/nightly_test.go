@@ -10,17 +10,25 @@ import (
 	"github.com/moebench/moebench/results"
 )
 
-// TestNightlyScript runs scripts/nightly.sh twice with a small sweep: the
-// first run stores the baseline, the second is compared with it.
-func TestNightlyScript(t *testing.T) {
+// buildBinary builds moebench into a temporary directory and returns the
+// binary and the directory; it skips the test under -short.
+func buildBinary(t *testing.T) (bin, dir string) {
+	t.Helper()
 	if testing.Short() {
 		t.Skip("builds a binary")
 	}
-	dir := t.TempDir()
-	bin := filepath.Join(dir, "moebench")
+	dir = t.TempDir()
+	bin = filepath.Join(dir, "moebench")
 	if b, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
 		t.Fatalf("build: %v\n%s", err, b)
 	}
+	return bin, dir
+}
+
+// TestNightlyScript runs scripts/nightly.sh twice with a small sweep: the
+// first run stores the baseline, the second is compared with it.
+func TestNightlyScript(t *testing.T) {
+	bin, dir := buildBinary(t)
 	sweep := filepath.Join(dir, "sweep.json")
 	os.WriteFile(sweep, []byte(`{"dispatchers": ["alltoall", "hybridep"], "sms": [16], "ep": [4], "tokens": 16,
 		"hidden": 32, "ffn": 16, "iters": 8, "warmup": 1, "device": "host"}`), 0o644)
@@ -55,5 +63,22 @@ func TestNightlyScript(t *testing.T) {
 	reports, _ := filepath.Glob(filepath.Join(night, "reports", "*"))
 	if len(reports) != 3 { // two html pages, one comparison
 		t.Errorf("reports: %v", reports)
+	}
+}
+
+// TestStragglerTableInSync re-runs scripts/straggler-table.sh and compares
+// its output with the committed results/straggler/README.md.
+func TestStragglerTableInSync(t *testing.T) {
+	bin, dir := buildBinary(t)
+	out := filepath.Join(dir, "README.md")
+	cmd := exec.Command("bash", "../../scripts/straggler-table.sh", out)
+	cmd.Env = append(os.Environ(), "MOEBENCH_BIN="+bin)
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("straggler-table.sh: %v\n%s", err, b)
+	}
+	got, _ := os.ReadFile(out)
+	want, err := os.ReadFile("../../results/straggler/README.md")
+	if err != nil || string(got) != string(want) {
+		t.Error("results/straggler/README.md is out of date: run scripts/straggler-table.sh")
 	}
 }

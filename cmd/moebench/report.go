@@ -11,22 +11,19 @@ import (
 	"github.com/moebench/moebench/results"
 )
 
+const reportHelp = `moebench report prints result records as tables grouped by workload, one row per
+dispatcher × settings, with the speedup against alltoall on the same stack and
+workload. Unavailable and failed points appear as such, never as numbers.
+
+Usage:
+  moebench report [--format table|markdown|csv|html] FILE...`
+
 func report(args []string, stdout, stderr io.Writer) int {
 	fs := pflag.NewFlagSet("moebench report", pflag.ContinueOnError)
 	format := fs.String("format", "table", "output format: "+strings.Join(results.ReportFormats, "|"))
 	title := fs.String("title", "", "title of markdown and html output (default: the command that made it)")
-	fs.SetOutput(io.Discard)
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, pflag.ErrHelp) {
-			fmt.Fprint(stdout, "moebench report prints result records as tables grouped by workload, one row per\n"+
-				"dispatcher × settings, with the speedup against alltoall on the same stack and\n"+
-				"workload. Unavailable and failed points appear as such, never as numbers.\n\n"+
-				"Usage:\n  moebench report [--format table|markdown|csv|html] FILE...\n\nFlags:\n")
-			fs.SetOutput(stdout)
-			fs.PrintDefaults()
-			return exitOK
-		}
-		return usageError(stderr, err)
+	if code, ok := parseFlags(fs, args, reportHelp, stdout, stderr); !ok {
+		return code
 	}
 	if fs.NArg() == 0 {
 		return usageError(stderr, errors.New("report: give one or more results files"))

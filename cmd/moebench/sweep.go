@@ -46,22 +46,20 @@ func sweepFlags(o *options, so *sweepOptions) *pflag.FlagSet {
 // smDriven are the dispatchers whose SM budget --sms sets.
 var smDriven = map[string]bool{"deepep": true, "hybridep": true}
 
+const sweepHelp = `moebench sweep runs a matrix of dispatchers × implementations × --sms × EP sizes
+× presets × routings and appends one record per point to --out. A failing or
+unavailable point is recorded with its reason and the sweep goes on; Ctrl-C stops
+after the current point (twice: at once), leaving the file valid.
+
+Usage:
+  moebench sweep --out FILE [flags]`
+
 func sweep(args []string, stdout, stderr io.Writer) int {
 	var o options
 	var so sweepOptions
 	fs := sweepFlags(&o, &so)
-	fs.SetOutput(io.Discard)
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, pflag.ErrHelp) {
-			fmt.Fprint(stdout, "moebench sweep runs a matrix of dispatchers × implementations × --sms × EP sizes\n"+
-				"× presets × routings and appends one record per point to --out. A failing or\n"+
-				"unavailable point is recorded with its reason and the sweep goes on; Ctrl-C stops\n"+
-				"after the current point (twice: at once), leaving the file valid.\n\nUsage:\n  moebench sweep --out FILE [flags]\n\nFlags:\n")
-			fs.SetOutput(stdout)
-			fs.PrintDefaults()
-			return exitOK
-		}
-		return usageError(stderr, err)
+	if code, ok := parseFlags(fs, args, sweepHelp, stdout, stderr); !ok {
+		return code
 	}
 	if fs.NArg() > 0 {
 		return usageError(stderr, fmt.Errorf("unexpected argument %q", fs.Arg(0)))

@@ -88,14 +88,7 @@ func TestSweepFileAndValidation(t *testing.T) {
 // TestSweepInterrupt runs a real moebench binary, interrupts it after the
 // first point and checks that the results file is valid and partial.
 func TestSweepInterrupt(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds a binary")
-	}
-	dir := t.TempDir()
-	bin := filepath.Join(dir, "moebench")
-	if b, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("build: %v\n%s", err, b)
-	}
+	bin, dir := buildBinary(t)
 	out := filepath.Join(dir, "s.jsonl")
 	cmd := exec.Command(bin, append([]string{"sweep", "--out", out, "--ep", "1,2,4,8,16", "--routings", "balanced,uniform,natural"},
 		"--device", "host", "--tokens", "64", "--iters", "30")...)

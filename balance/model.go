@@ -1,0 +1,57 @@
+package balance
+
+import "math"
+
+// Model turns a plan into modelled times and bytes.
+type Model struct {
+	Hidden, FFN int
+	GEMMRate    float64 // FLOP/s of the expert GEMMs
+	HBM         float64 // B/s, bounds a small expert GEMM by its weight reads
+	CE          float64 // B/s of copy-engine P2P transfers per rank
+	NVLink      float64 // B/s per rank and direction inside a domain
+	Network     float64 // B/s per rank and direction between domains
+	RateSource  string  // where GEMMRate came from
+}
+
+// H100 is the stated roofline of one H100 SXM (shared/reference/peers.md):
+// dense BF16 989 TFLOP/s, HBM3 3.35 TB/s, NVLink 450 GB/s per direction,
+// copy-engine P2P 380 GB/s one way (measured by others), 50 GB/s network
+// (CX7 400 Gb/s).
+func H100(hidden, ffn int) Model {
+	return Model{Hidden: hidden, FFN: ffn, GEMMRate: 989e12, HBM: 3.35e12, CE: 380e9, NVLink: 450e9, Network: 50e9,
+		RateSource: "H100 SXM roofline: 989 TFLOP/s dense BF16, 3.35 TB/s HBM"}
+}
+
+// TokenBytes is one bf16 token row.
+func (m Model) TokenBytes() int64 { return 2 * int64(m.Hidden) }
+
+// WeightBytes is one expert's bf16 weights (fc1 h→2f, fc2 f→h).
+func (m Model) WeightBytes() int64 { return 6 * int64(m.Hidden) * int64(m.FFN) }
+
+// ExpertTime is the modelled forward time of one expert GEMM pair on n
+// tokens: the larger of its FLOPs at GEMMRate and its weight reads at HBM.
+func (m Model) ExpertTime(n int) float64 {
+	if n <= 0 {
+		return 0
+	}
+	return math.Max(6*float64(m.Hidden)*float64(m.FFN)*float64(n)/m.GEMMRate, float64(m.WeightBytes())/m.HBM)
+}
+
+// GEMMTimes is each rank's modelled expert-GEMM time under p, in seconds.
+func (m Model) GEMMTimes(p *Plan, ranks int) []float64 {
+	t := make([]float64, ranks)
+	for _, shares := range p.Shares {
+		for _, s := range shares {
+			t[s.Rank] += m.ExpertTime(s.Tokens)
+		}
+	}
+	return t
+}
+
+// link is the link between two ranks for non-CE traffic.
+func (m Model) linkBW(t Topology, a, b int) (string, float64) {
+	if t.DomainOf(a) == t.DomainOf(b) {
+		return LinkNVLink, m.NVLink
+	}
+	return LinkNetwork, m.Network
+}

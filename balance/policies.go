@@ -1,0 +1,443 @@
+package balance
+
+import (
+	"fmt"
+	"sort"
+)
+
+// Policy computes one step's plan. Policies may keep state across steps
+// (history, placement); a Policy is used for one sequence of steps.
+type Policy interface {
+	Name() string
+	Plan(st Step) Plan
+}
+
+// PolicyNames are the policies New knows.
+var PolicyNames = []string{"none", "eplb", "fastermoe", "feplb", "feplb+place"}
+
+// Options tune the policies.
+type Options struct {
+	// EPLB
+	RedundantPerRank int // extra expert slots per rank (replicas)
+	ReplanEvery      int // steps between placements, from the load history since the last
+	// FEPLB
+	DynamicPerRank int // the most loaded experts of each rank that may move
+	MinChunk       int // fewest tokens worth moving an expert's weights for
+}
+
+// DefaultOptions: one redundant slot per rank re-planned every 50 steps
+// (EPLB); two dynamic experts per rank, moved in chunks of at least 32 tokens
+// (FEPLB).
+var DefaultOptions = Options{RedundantPerRank: 1, ReplanEvery: 50, DynamicPerRank: 2, MinChunk: 32}
+
+// New returns the named policy.
+func New(name string, t Topology, m Model, o Options) (Policy, error) {
+	switch name {
+	case "none":
+		return none{t}, nil
+	case "eplb":
+		if o.RedundantPerRank < 0 || o.ReplanEvery < 1 {
+			return nil, fmt.Errorf("eplb: redundant slots %d must be ≥ 0 and re-plan interval %d ≥ 1", o.RedundantPerRank, o.ReplanEvery)
+		}
+		return &eplb{t: t, m: m, o: o, history: make([]float64, t.Experts)}, nil
+	case "fastermoe":
+		return fastermoe{t, m}, nil
+	case "feplb", "feplb+place":
+		if o.DynamicPerRank < 0 || o.MinChunk < 1 || o.ReplanEvery < 1 {
+			return nil, fmt.Errorf("feplb: dynamic experts per rank %d must be ≥ 0, min chunk %d ≥ 1, re-plan interval %d ≥ 1", o.DynamicPerRank, o.MinChunk, o.ReplanEvery)
+		}
+		f := &feplb{t: t, m: m, o: o, place: name == "feplb+place", owner: make([]int, t.Experts), history: make([]float64, t.Experts)}
+		for e := range f.owner {
+			f.owner[e] = t.Owner(e)
+		}
+		return f, nil
+	}
+	return nil, fmt.Errorf("unknown policy %q (known: %v)", name, PolicyNames)
+}
+
+// none computes every expert on its owner.
+type none struct{ t Topology }
+
+func (none) Name() string { return "none" }
+func (p none) Plan(st Step) Plan {
+	pl := defaultPlacement(p.t, st)
+	pl.Policy, pl.Note = "none", "every expert computed by its owner"
+	return pl
+}
+
+// eplb is DeepSeek EPLB's global policy: from the load history, replicate
+// the heaviest experts into the redundant slots (each time the expert with
+// the largest load per replica), then pack all replicas onto ranks, heaviest
+// first onto the least loaded rank with a free slot. Tokens of a replicated
+// expert are split evenly over its replicas. Weights move only when a new
+// placement is made, every ReplanEvery steps.
+type eplb struct {
+	t       Topology
+	m       Model
+	o       Options
+	history []float64 // tokens per expert since the last placement
+	holders [][]int   // current placement; nil until the first plan
+	seen    int
+}
+
+func (*eplb) Name() string { return "eplb" }
+
+func (p *eplb) Plan(st Step) Plan {
+	t := p.t
+	var moves []Move
+	note := "placement kept"
+	if p.holders == nil || p.seen >= p.o.ReplanEvery {
+		old := p.holders
+		if old == nil { // start from the default placement
+			old = make([][]int, t.Experts)
+			for e := range old {
+				old[e] = []int{t.Owner(e)}
+			}
+		}
+		load := p.history
+		if p.holders == nil {
+			load = make([]float64, t.Experts) // no history yet: replicate nothing useful
+			for e := range load {
+				load[e] = 1
+			}
+		}
+		p.holders = eplbPlace(t, load, p.o.RedundantPerRank)
+		for e, hs := range p.holders {
+			for _, r := range hs {
+				if contains(old[e], r) {
+					continue
+				}
+				link, _ := p.m.linkBW(t, old[e][0], r)
+				moves = append(moves, Move{Expert: e, From: old[e][0], To: r, Bytes: p.m.WeightBytes(), Link: link, Weights: true})
+			}
+		}
+		clear(p.history)
+		p.seen = 0
+		note = fmt.Sprintf("new placement from %d steps of history (%d weight moves)", p.o.ReplanEvery, len(moves))
+	}
+	p.seen++
+	for e, n := range st.Counts {
+		p.history[e] += float64(n)
+	}
+	pl := Plan{Policy: "eplb", Shares: make([][]Share, t.Experts), Holders: make([][]int, t.Experts), Moves: moves, Note: note}
+	for e, hs := range p.holders {
+		pl.Holders[e] = append([]int(nil), hs...)
+		n, k := st.Counts[e], len(hs)
+		for i, r := range hs {
+			part := n / k
+			if i < n%k {
+				part++
+			}
+			pl.Shares[e] = append(pl.Shares[e], Share{r, part})
+		}
+	}
+	return pl
+}
+
+// eplbPlace returns the ranks holding each expert: replicas by largest load
+// per replica, packed heaviest first onto the least loaded rank with room.
+func eplbPlace(t Topology, load []float64, redundantPerRank int) [][]int {
+	replicas := make([]int, t.Experts)
+	for e := range replicas {
+		replicas[e] = 1
+	}
+	for range redundantPerRank * t.Ranks {
+		best := 0
+		for e := range load {
+			if load[e]/float64(replicas[e]) > load[best]/float64(replicas[best]) {
+				best = e
+			}
+		}
+		replicas[best]++
+	}
+	type rep struct {
+		e int
+		w float64
+	}
+	var reps []rep
+	for e, k := range replicas {
+		for range k {
+			reps = append(reps, rep{e, load[e] / float64(k)})
+		}
+	}
+	sort.SliceStable(reps, func(i, j int) bool { return reps[i].w > reps[j].w })
+	slots := t.Local() + redundantPerRank
+	used := make([]int, t.Ranks)
+	weight := make([]float64, t.Ranks)
+	holders := make([][]int, t.Experts)
+	for _, r := range reps {
+		best := -1
+		for k := range t.Ranks {
+			if used[k] < slots && !contains(holders[r.e], k) && (best < 0 || weight[k] < weight[best]) {
+				best = k
+			}
+		}
+		if best < 0 { // every rank with room already holds this expert: drop the replica
+			continue
+		}
+		used[best]++
+		weight[best] += r.w
+		holders[r.e] = append(holders[r.e], best)
+	}
+	return holders
+}
+
+// fastermoe is FasterMoE's dynamic shadowing: experts, hottest first, are
+// broadcast to every rank and computed where their tokens come from, as long
+// as its latency model 3·comp·Bmax + 4·send·Bmax + shadows·bcast still falls
+// (comp: GEMM time per token; send: one token row over the link; bcast: one
+// expert's weights over the link).
+type fastermoe struct {
+	t Topology
+	m Model
+}
+
+func (fastermoe) Name() string { return "fastermoe" }
+
+func (p fastermoe) Plan(st Step) Plan {
+	t, m := p.t, p.m
+	_, bw := m.linkBW(t, 0, t.Ranks-1) // the slowest link any broadcast crosses
+	comp := 6 * float64(m.Hidden) * float64(m.FFN) / m.GEMMRate
+	send := float64(m.TokenBytes()) / bw
+	bcast := float64(m.WeightBytes()) / bw
+	order := make([]int, t.Experts)
+	for e := range order {
+		order[e] = e
+	}
+	sort.SliceStable(order, func(i, j int) bool { return st.Counts[order[i]] > st.Counts[order[j]] })
+	load := make([]int, t.Ranks)
+	for e, n := range st.Counts {
+		load[t.Owner(e)] += n
+	}
+	latency := func(shadows int) float64 {
+		return (3*comp+4*send)*float64(maxInt(load)) + float64(shadows)*bcast
+	}
+	best := latency(0)
+	var shadowed []int
+	split := map[int][]int{}
+	for _, e := range order {
+		if st.Counts[e] == 0 {
+			break
+		}
+		from := st.FromRank(e)
+		load[t.Owner(e)] -= st.Counts[e]
+		for r, n := range from {
+			load[r] += n
+		}
+		if l := latency(len(shadowed) + 1); l < best {
+			best = l
+			shadowed = append(shadowed, e)
+			split[e] = from
+			continue
+		}
+		for r, n := range from { // undo: shadowing e does not pay
+			load[r] -= n
+		}
+		load[t.Owner(e)] += st.Counts[e]
+		break
+	}
+	pl := defaultPlacement(t, st)
+	pl.Policy = "fastermoe"
+	pl.Note = fmt.Sprintf("shadowed %d experts %v", len(shadowed), shadowed)
+	for _, e := range shadowed {
+		o := t.Owner(e)
+		pl.Shares[e], pl.Holders[e] = nil, nil
+		for r, n := range split[e] {
+			pl.Holders[e] = append(pl.Holders[e], r)
+			if n > 0 {
+				pl.Shares[e] = append(pl.Shares[e], Share{r, n})
+			}
+			if r != o {
+				link, _ := m.linkBW(t, o, r)
+				pl.Moves = append(pl.Moves, Move{Expert: e, From: o, To: r, Bytes: m.WeightBytes(), Link: link, Weights: true})
+			}
+		}
+	}
+	return pl
+}
+
+// feplb is moebench's reading of FEPLB (arXiv 2604.19654). After phase 1 (the
+// base dispatcher), each rank's DynamicPerRank most loaded experts are
+// dynamic; the rest are static and start computing at once. The CPU
+// scheduler, per NVLink domain, hands the dynamic experts' tokens out by
+// water-filling: largest expert first, each chunk to the least loaded rank of
+// the domain, aiming at the domain's mean load. A chunk for a rank other than
+// the owner moves the tokens there and the expert's weights once, both over
+// the owner's copy engine, one copy after another; the copy must land before
+// the helper finishes its own static experts, so it is hidden. A chunk smaller
+// than MinChunk tokens, or one that would land late, stays with the owner.
+// At most L−1 experts of a rank are dynamic, so every rank has static work.
+//
+// Phase 2 cannot move load between domains. As feplb+place, the static
+// placement itself is re-made every ReplanEvery steps from the load history:
+// experts, heaviest first, go to the least loaded domain with a free slot and
+// inside it to the least loaded rank (no replicas; weights move once per
+// re-placement, counted in that step).
+type feplb struct {
+	t       Topology
+	m       Model
+	o       Options
+	place   bool      // feplb+place: re-place experts across domains
+	owner   []int     // current static placement
+	history []float64 // tokens per expert since the last placement
+	seen    int
+}
+
+func (p *feplb) Name() string {
+	if p.place {
+		return "feplb+place"
+	}
+	return "feplb"
+}
+
+func (p *feplb) Plan(st Step) Plan {
+	t, m, o := p.t, p.m, p.o
+	var placeMoves []Move
+	if p.place {
+		if p.seen >= o.ReplanEvery {
+			placeMoves = p.replace()
+		}
+		p.seen++
+		for e, n := range st.Counts {
+			p.history[e] += float64(n)
+		}
+	}
+	pl := Plan{Policy: p.Name(), Shares: make([][]Share, t.Experts), Holders: make([][]int, t.Experts), Moves: placeMoves}
+	byRank := make([][]int, t.Ranks)
+	for e, r := range p.owner {
+		byRank[r] = append(byRank[r], e)
+		pl.Shares[e] = []Share{{r, st.Counts[e]}}
+		pl.Holders[e] = []int{r}
+	}
+	load := make([]int, t.Ranks)
+	static := make([]float64, t.Ranks) // modelled static compute time: when a helper is free
+	ceUsed := make([]float64, t.Ranks)
+	type dyn struct{ e, owner, n int }
+	var moved, dynamic int
+	nDyn := min(o.DynamicPerRank, t.Local()-1)
+	for d := 0; d < t.Ranks/t.Domain; d++ {
+		var dyns []dyn
+		for r := d * t.Domain; r < (d+1)*t.Domain; r++ {
+			exp := byRank[r]
+			sort.SliceStable(exp, func(i, j int) bool { return st.Counts[exp[i]] > st.Counts[exp[j]] })
+			for i, e := range exp {
+				if i < nDyn && st.Counts[e] > 0 {
+					dyns = append(dyns, dyn{e, r, st.Counts[e]})
+				} else {
+					load[r] += st.Counts[e]
+					static[r] += m.ExpertTime(st.Counts[e])
+				}
+			}
+		}
+		dynamic += len(dyns)
+		total := 0
+		for r := d * t.Domain; r < (d+1)*t.Domain; r++ {
+			total += load[r]
+		}
+		for _, x := range dyns {
+			total += x.n
+		}
+		target := (total + t.Domain - 1) / t.Domain
+		sort.SliceStable(dyns, func(i, j int) bool { return dyns[i].n > dyns[j].n })
+		for _, x := range dyns {
+			left := x.n
+			shares := map[int]int{}
+			for left > 0 {
+				r := x.owner // the least loaded rank of the domain; the owner on ties
+				for k := d * t.Domain; k < (d+1)*t.Domain; k++ {
+					if load[k] < load[r] {
+						r = k
+					}
+				}
+				give := left
+				if room := target - load[r]; room > 0 && room < give {
+					give = room
+				}
+				if r != x.owner {
+					cost := float64(int64(give)*m.TokenBytes()) / m.CE
+					if shares[r] == 0 {
+						cost += float64(m.WeightBytes()) / m.CE
+					}
+					if give < o.MinChunk || ceUsed[x.owner]+cost > static[r] {
+						r, give = x.owner, left // not worth it, or would land late: keep the rest home
+					} else {
+						ceUsed[x.owner] += cost
+					}
+				}
+				shares[r] += give
+				load[r] += give
+				left -= give
+			}
+			pl.Shares[x.e] = []Share{{x.owner, shares[x.owner]}}
+			helpers := make([]int, 0, len(shares))
+			for r := range shares {
+				if r != x.owner {
+					helpers = append(helpers, r)
+				}
+			}
+			sort.Ints(helpers)
+			for _, r := range helpers {
+				moved++
+				pl.Shares[x.e] = append(pl.Shares[x.e], Share{r, shares[r]})
+				pl.Holders[x.e] = append(pl.Holders[x.e], r)
+				pl.Moves = append(pl.Moves,
+					Move{Expert: x.e, From: x.owner, To: r, Bytes: m.WeightBytes(), Link: LinkCE, Weights: true},
+					Move{Expert: x.e, From: x.owner, To: r, Tokens: shares[r], Bytes: int64(shares[r]) * m.TokenBytes(), Link: LinkCE})
+			}
+		}
+	}
+	pl.Note = fmt.Sprintf("%d dynamic experts, %d (expert, helper) moves over copy engines", dynamic, moved)
+	if len(placeMoves) > 0 {
+		pl.Note += fmt.Sprintf("; re-placed experts across domains (%d weight moves)", len(placeMoves))
+	}
+	return pl
+}
+
+// replace makes a new static placement from the history and returns the
+// weight moves it needs.
+func (p *feplb) replace() []Move {
+	t := p.t
+	order := make([]int, t.Experts)
+	for e := range order {
+		order[e] = e
+	}
+	sort.SliceStable(order, func(i, j int) bool { return p.history[order[i]] > p.history[order[j]] })
+	nd := t.Ranks / t.Domain
+	dLoad, dUsed := make([]float64, nd), make([]int, nd)
+	rLoad, rUsed := make([]float64, t.Ranks), make([]int, t.Ranks)
+	var moves []Move
+	for _, e := range order {
+		d := -1
+		for k := range nd {
+			if dUsed[k] < t.Domain*t.Local() && (d < 0 || dLoad[k] < dLoad[d]) {
+				d = k
+			}
+		}
+		r := -1
+		for k := d * t.Domain; k < (d+1)*t.Domain; k++ {
+			if rUsed[k] < t.Local() && (r < 0 || rLoad[k] < rLoad[r]) {
+				r = k
+			}
+		}
+		dLoad[d] += p.history[e]
+		dUsed[d]++
+		rLoad[r] += p.history[e]
+		rUsed[r]++
+		if r != p.owner[e] {
+			link, _ := p.m.linkBW(t, p.owner[e], r)
+			moves = append(moves, Move{Expert: e, From: p.owner[e], To: r, Bytes: p.m.WeightBytes(), Link: link, Weights: true})
+			p.owner[e] = r
+		}
+	}
+	clear(p.history)
+	p.seen = 0
+	return moves
+}
+
+func maxInt(v []int) int {
+	m := v[0]
+	for _, x := range v {
+		m = max(m, x)
+	}
+	return m
+}

@@ -1,0 +1,52 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestStragglerCLI(t *testing.T) {
+	code, out, e := cli("straggler", "--ep", "8", "--experts", "64", "--steps", "50", "--explain", "3", "--routing", "skewed:1")
+	if code != exitOK {
+		t.Fatalf("exit %d: %s", code, e)
+	}
+	for _, want := range []string{"step 3, policy none", "step 3, policy feplb:", "over ce", "# policy", "feplb+place", "fastermoe ÷ feplb"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	bad := map[string][]string{
+		"--ep=6: must divide --experts (64)":   {"--ep", "6", "--experts", "64"},
+		"--domain=3: must divide --ep (8)":     {"--domain", "3"},
+		`unknown policy "magic"`:               {"--policies", "none,magic"},
+		"--explain=99: want a step in [0, 10)": {"--steps", "10", "--explain", "99"},
+		"--routing=uniform: allowed: skewed":   {"--routing", "uniform"},
+		"--drift=-1: must be in [0, 10]":       {"--drift", "-1"},
+		"--gemm-rate-from=/none":               {"--gemm-rate-from", "/none"},
+	}
+	for want, args := range bad {
+		code, _, e := cli(append([]string{"straggler"}, args...)...)
+		if code != exitUsage || !strings.Contains(e, want) {
+			t.Errorf("%v: exit %d, %q; want %q", args, code, e, want)
+		}
+	}
+}
+
+// TestStragglerTrace: a trace whose every token picks experts 0..3 loads rank
+// 0 only; the straggler table must show it for policy none.
+func TestStragglerTrace(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "t.txt")
+	os.WriteFile(p, []byte("0 1 2 3\n"), 0o644)
+	code, out, e := cli("straggler", "--routing", "trace:"+p, "--ep", "4", "--domain", "4", "--experts", "16", "--topk", "4",
+		"--tokens", "10", "--steps", "3", "--policies", "none")
+	if code != exitOK {
+		t.Fatalf("exit %d: %s", code, e)
+	}
+	// 40 tokens × 4 copies all on rank 0: max 160, mean 40 → straggler 120 copies, 300%
+	if !strings.Contains(out, fmt.Sprintf("%d", 120)) || !strings.Contains(out, "300.0") {
+		t.Errorf("trace straggler:\n%s", out)
+	}
+}
