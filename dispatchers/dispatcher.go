@@ -8,8 +8,9 @@
 //
 //	Permute   local: order the rank's token copies for sending
 //	Dispatch  collective: deliver each copy to the rank owning its expert,
-//	          grouped by local expert (fills Rank.ExpertX/ExpertProbs/ExpertCounts)
-//	          — the layer then runs the experts and fills Rank.ExpertY —
+//	          grouped by expert (fills Rank.ExpertX, ExpertProbs, Segments)
+//	Rebalance optional (Rebalancer): move work between ranks after dispatch
+//	          — the layer then runs each segment's expert and fills Rank.ExpertY —
 //	Combine   collective: return each expert output to its token's home rank
 //	Unpermute local: Rank.Y[t] = sum of token t's k expert outputs
 //
@@ -46,12 +47,31 @@ type Rank struct {
 	Idx   []int32   // [Tokens, TopK] global expert of each copy, set by the layer
 	Probs []float32 // [Tokens, TopK] routing probability of each copy, set by the layer
 
-	ExpertX      []float32 // [N, Hidden] copies received for the local experts, grouped by local expert
-	ExpertProbs  []float32 // [N] their probabilities
-	ExpertCounts []int     // [LocalExperts] rows per local expert (sums to N)
-	ExpertY      []float32 // [N, Hidden] expert outputs, same rows as ExpertX; set by the layer
+	// Experts are the weights of the rank's own experts, set by the layer.
+	Experts []ExpertWeights // [LocalExperts]
+
+	ExpertX     []float32 // [N, Hidden] copies delivered to this rank, grouped by expert
+	ExpertProbs []float32 // [N] their probabilities
+	Segments    []Segment // which expert computes which rows of ExpertX
+	ExpertY     []float32 // [N, Hidden] expert outputs, same rows as ExpertX; set by the layer
 
 	Y []float32 // [Tokens, Hidden] sum of each token's k expert outputs (float32 sums)
+}
+
+// ExpertWeights are one expert's weights: fc1 [2f, h] (gate rows, then up),
+// fc2 [h, f].
+type ExpertWeights struct {
+	FC1, FC2 []float32
+}
+
+// Segment is a run of rows of Rank.ExpertX that one expert computes. Rows
+// no segment covers are not computed on this rank (another rank computes
+// them and the dispatcher returns the outputs).
+type Segment struct {
+	Expert     int // global expert
+	Start, Len int // rows [Start, Start+Len)
+	// Weights to use; nil means the rank's own copy (the expert must be local).
+	Weights *ExpertWeights
 }
 
 // Traffic is the bytes one step moves, with the formula that counts them.
@@ -80,9 +100,40 @@ type Dispatcher interface {
 	Footprint(rank int) int64
 }
 
-// Env describes where a dispatcher would run.
+// Rebalancer is a dispatcher that moves work between ranks after dispatch
+// (FEPLB's phase 2); Rebalance is called for every rank after all ranks
+// dispatched and before the experts run.
+type Rebalancer interface {
+	Rebalance(rank int) error
+	// RebalanceStats describes what the last step's rebalance did.
+	RebalanceStats() RebalanceStats
+}
+
+// RebalanceStats is one step's rebalance.
+type RebalanceStats struct {
+	Policy         string
+	TokensBefore   []int   // rows each rank's experts would compute after dispatch alone
+	TokensAfter    []int   // rows each rank computes after the rebalance
+	Moves          int     // (expert, helper) pairs
+	CopyBytes      int64   // tokens and weights moved one way, plus outputs back
+	CopySeconds    float64 // measured wall time of the copies
+	PlanSeconds    float64 // measured wall time of the scheduler
+	ModelledBefore float64 // modelled GEMM straggler before, seconds (max − mean)
+	ModelledAfter  float64 // and after
+	Note           string
+}
+
+// Env describes where a dispatcher would run, and its options.
 type Env struct {
 	Device string // "host" or "cuda"
+	// Base is the dispatcher a two-phase dispatcher (feplb) runs phase 1 with.
+	Base string
+	// Domain is the ranks per NVLink domain; 0 means all ranks.
+	Domain int
+	// Dynamic is the dynamic experts per rank of feplb.
+	Dynamic int
+	// Hidden and FFN give the expert size, for dispatchers that model costs.
+	Hidden, FFN int
 }
 
 // Factory builds a dispatcher for env, or returns an *UnavailableError.

@@ -179,8 +179,9 @@ func Reference(l *Layer) (out [][]float64, diffs int, err error) {
 }
 
 // RoundTrip checks d alone: with every probability 1/k and experts that
-// multiply their input by its probability, dispatch then combine must give
-// back each rank's input exactly (after bf16 rounding). It returns "exact" or
+// multiply their input by its probability (on the rows their segments own;
+// other rows stay NaN), dispatch then combine must give back each rank's
+// input exactly (after bf16 rounding). It returns "exact" or
 // a description of the first difference. The ranks' routing is reused.
 func RoundTrip(d dispatchers.Dispatcher, shape dispatchers.Shape, x [][]float32, routed []*dispatchers.Rank) string {
 	ranks := make([]*dispatchers.Rank, shape.EP)
@@ -189,19 +190,27 @@ func RoundTrip(d dispatchers.Dispatcher, shape dispatchers.Shape, x [][]float32,
 		for i := range p {
 			p[i] = 1 / float32(shape.TopK)
 		}
-		ranks[r] = &dispatchers.Rank{ID: r, X: x[r], Idx: routed[r].Idx, Probs: p}
+		ranks[r] = &dispatchers.Rank{ID: r, X: x[r], Idx: routed[r].Idx, Probs: p, Experts: routed[r].Experts}
 	}
 	if err := d.Bind(shape, ranks); err != nil {
 		return err.Error()
 	}
-	steps := []func(int) error{d.Permute, d.Dispatch, func(r int) error {
+	identity := func(r int) error { // experts that return x·p on the rows they own
 		rk := ranks[r]
 		rk.ExpertY = make([]float32, len(rk.ExpertX))
-		for i, v := range rk.ExpertX {
-			rk.ExpertY[i] = v * rk.ExpertProbs[i/shape.Hidden]
+		poison(rk.ExpertY)
+		for _, sg := range rk.Segments {
+			for i := sg.Start * shape.Hidden; i < (sg.Start+sg.Len)*shape.Hidden; i++ {
+				rk.ExpertY[i] = rk.ExpertX[i] * rk.ExpertProbs[i/shape.Hidden]
+			}
 		}
 		return nil
-	}, d.Combine, d.Unpermute}
+	}
+	steps := []func(int) error{d.Permute, d.Dispatch}
+	if rb, ok := d.(dispatchers.Rebalancer); ok {
+		steps = append(steps, rb.Rebalance)
+	}
+	steps = append(steps, identity, d.Combine, d.Unpermute)
 	for _, step := range steps {
 		for r := range ranks {
 			if err := step(r); err != nil {

@@ -72,6 +72,9 @@ type Config struct {
 	Impl       string
 	SMs        int // SM budget of SM-driven dispatchers; 0 = dispatcher default
 	EP         int
+	Domain     int    // ranks per NVLink domain; 0 = all ranks
+	FeplbBase  string // feplb: phase-1 dispatcher
+	FeplbDyn   int    // feplb: dynamic experts per rank
 	Routing    Routing
 	Seed       uint64
 	Warmup     int
@@ -84,7 +87,7 @@ type Config struct {
 func DefaultConfig() Config {
 	p, _ := LookupPreset("tiny")
 	return Config{Preset: p.Name, Shape: p.Shape, Dispatcher: "alltoall", Impl: "native",
-		EP: 8, Routing: Routing{Kind: RoutingBalanced}, Seed: 1, Warmup: 3, Iters: 20,
+		EP: 8, FeplbBase: "alltoall", FeplbDyn: 2, Routing: Routing{Kind: RoutingBalanced}, Seed: 1, Warmup: 3, Iters: 20,
 		Check: true, Device: "auto"}
 }
 
@@ -141,6 +144,12 @@ func (c Config) Validate() error {
 		return &ConfigError{"topk-groups", c.GroupTopK, "needs --groups > 1"}
 	case !(c.TopKScale > 0) || c.TopKScale > 1e6:
 		return &ConfigError{"topk-scale", c.TopKScale, "must be in (0, 1e6]"}
+	case c.Domain < 0 || (c.Domain > 0 && c.EP%c.Domain != 0):
+		return &ConfigError{"domain", c.Domain, fmt.Sprintf("must divide --ep (%d); 0 = all ranks in one domain", c.EP)}
+	case c.FeplbDyn < 1:
+		return &ConfigError{"feplb-dynamic", c.FeplbDyn, "must be ≥ 1"}
+	case c.FeplbBase == "feplb":
+		return &ConfigError{"feplb-base", c.FeplbBase, "must be another dispatcher (alltoall, deepep, hybridep)"}
 	case c.SMs < 0:
 		return &ConfigError{"sms", c.SMs, "must be ≥ 0 (0 = the dispatcher's default)"}
 	case c.Warmup < 0:
@@ -155,10 +164,14 @@ func (c Config) Validate() error {
 
 // Record is c as the result record holds it.
 func (c Config) Record() results.Config {
-	return results.Config{Preset: c.Preset, Tokens: c.Tokens, Hidden: c.Hidden, FFN: c.FFN, Experts: c.Experts,
+	r := results.Config{Preset: c.Preset, Tokens: c.Tokens, Hidden: c.Hidden, FFN: c.FFN, Experts: c.Experts,
 		TopK: c.TopK, SharedExperts: c.SharedExperts, Score: c.Score, Groups: c.Groups, GroupTopK: c.GroupTopK,
-		TopKScale: c.TopKScale, Dispatcher: c.Dispatcher, Impl: c.Impl, SMs: c.SMs, EP: c.EP,
+		TopKScale: c.TopKScale, Dispatcher: c.Dispatcher, Impl: c.Impl, SMs: c.SMs, EP: c.EP, Domain: c.Domain,
 		Routing: c.Routing.String(), Seed: c.Seed, Warmup: c.Warmup, Iters: c.Iters, Check: c.Check, Device: c.Device}
+	if c.Dispatcher == "feplb" {
+		r.FeplbBase, r.FeplbDynamic = c.FeplbBase, c.FeplbDyn
+	}
+	return r
 }
 
 // RouterConfig is the kernels' view of the router settings; bias is the

@@ -5,6 +5,8 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"reflect"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -292,7 +294,7 @@ func TestCheckCatchesWrongDispatch(t *testing.T) {
 }
 
 func TestUnavailableDispatcherRecordsNoTiming(t *testing.T) {
-	for _, name := range []string{"deepep", "hybridep", "feplb"} {
+	for _, name := range []string{"deepep", "hybridep"} {
 		c := small()
 		c.Dispatcher = name
 		rec, err := Run(c, Env{Version: "test"})
@@ -315,5 +317,74 @@ func TestHostMemoryGuard(t *testing.T) {
 		if err == nil || rec.Status != results.StatusUnavailable || !strings.Contains(rec.Reason, "GiB") {
 			t.Fatalf("deepseek-v3 on host: %v, %v; want refused for memory", rec.Status, err)
 		}
+	}
+}
+
+// TestFEPLBEqualOutput: the layer's output with FEPLB's rebalance equals the
+// output without it, bit for bit (each row's arithmetic is the same wherever
+// it runs), and the rebalance did move work and cut the token straggler.
+func TestFEPLBEqualOutput(t *testing.T) {
+	c := small()
+	c.Routing = Routing{Kind: RoutingSkewed, Alpha: 1.5}
+	c.EP, c.Domain = 4, 2
+	out := map[string][][]float32{}
+	var rb dispatchers.RebalanceStats
+	for _, name := range []string{"alltoall", "feplb"} {
+		l, err := NewLayer(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		d, err := dispatchers.New(name, "native", dispatchers.Env{Device: "host", Domain: c.Domain, Hidden: c.Hidden, FFN: c.FFN})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := d.Bind(l.Shape, l.Ranks); err != nil {
+			t.Fatal(err)
+		}
+		for range 2 { // a second step reuses every buffer
+			if err := l.Step(d, func(_ string, _ int, fn func() error) error { return fn() }); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, rk := range l.Ranks {
+			out[name] = append(out[name], append([]float32(nil), rk.Y...))
+		}
+		if r, ok := d.(dispatchers.Rebalancer); ok {
+			rb = r.RebalanceStats()
+		}
+	}
+	if !reflect.DeepEqual(out["alltoall"], out["feplb"]) {
+		t.Error("output with feplb differs from the output without it")
+	}
+	before, after := slices.Max(rb.TokensBefore)-slices.Min(rb.TokensBefore), slices.Max(rb.TokensAfter)-slices.Min(rb.TokensAfter)
+	if rb.Moves == 0 || after >= before {
+		t.Errorf("feplb: %d moves, spread of rows per rank %d → %d", rb.Moves, before, after)
+	}
+	// moves stay inside the 2-rank domains: ranks 0,1 and 2,3 keep their totals
+	for d := 0; d < 4; d += 2 {
+		if rb.TokensBefore[d]+rb.TokensBefore[d+1] != rb.TokensAfter[d]+rb.TokensAfter[d+1] {
+			t.Errorf("domain %d: rows %v → %v: work left the domain", d/2, rb.TokensBefore, rb.TokensAfter)
+		}
+	}
+}
+
+func TestFEPLBRunRecord(t *testing.T) {
+	c := small()
+	c.Dispatcher, c.Routing = "feplb", Routing{Kind: RoutingSkewed, Alpha: 1.5}
+	rec, err := Run(c, Env{Version: "test"})
+	if err != nil || rec.Status != results.StatusOK || rec.Rebalance == nil || !rec.Correctness.Passed {
+		t.Fatalf("feplb run: %v, %+v", err, rec)
+	}
+	rb := rec.Rebalance
+	if rb.TokenAfter.Abs >= rb.TokenBefore.Abs || rb.Moves == 0 || rb.CopyBytes == 0 {
+		t.Errorf("rebalance record %+v", rb)
+	}
+	if !slices.Equal(rec.Tokens.Received, rb.TokensAfter) {
+		t.Errorf("tokens computed %v, rebalance says %v", rec.Tokens.Received, rb.TokensAfter)
+	}
+	c.FeplbBase = "deepep"
+	rec, err = Run(c, Env{Version: "test"})
+	if !dispatchers.IsUnavailable(err) || !strings.Contains(rec.Reason, "base dispatcher deepep") {
+		t.Errorf("feplb over deepep on host: %v, %q", err, rec.Reason)
 	}
 }

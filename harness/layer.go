@@ -11,7 +11,8 @@ import (
 // Phases of one layer step, in execution order. The shared expert runs first,
 // as in Megatron-Core (without shared-expert overlap), and is left out when the
 // layer has none.
-var Phases = []string{"shared", "router", "permute", "dispatch", "experts", "combine", "unpermute"}
+// "rebalance" runs only for dispatchers that rebalance (dispatchers.Rebalancer).
+var Phases = []string{"shared", "router", "permute", "dispatch", "rebalance", "experts", "combine", "unpermute"}
 
 // Layer is one MoE layer's weights and inputs spread over EP host ranks.
 // All values are bf16 numbers held in float32.
@@ -72,7 +73,12 @@ func NewLayer(cfg Config) (*Layer, error) {
 	for r := range cfg.EP {
 		l.X = append(l.X, normal(cfg.Seed, "x", r, cfg.Tokens*h, 1))
 		l.Override = append(l.Override, cfg.Routing.Logits(cfg.Seed, r, cfg.Tokens, E))
-		l.Ranks = append(l.Ranks, &dispatchers.Rank{ID: r, X: l.X[r],
+		L := l.Shape.LocalExperts()
+		local := make([]dispatchers.ExpertWeights, L)
+		for i := range local {
+			local[i] = dispatchers.ExpertWeights{FC1: l.FC1[r*L+i], FC2: l.FC2[r*L+i]}
+		}
+		l.Ranks = append(l.Ranks, &dispatchers.Rank{ID: r, X: l.X[r], Experts: local,
 			Idx: make([]int32, cfg.Tokens*cfg.TopK), Probs: make([]float32, cfg.Tokens*cfg.TopK)})
 		l.run = append(l.run, rankRun{logits: make([]float32, cfg.Tokens*E)})
 	}
@@ -96,7 +102,10 @@ func (l *Layer) Step(d dispatchers.Dispatcher, timed func(phase string, rank int
 		"shared": l.sharedExpert, "router": l.route, "permute": d.Permute, "dispatch": d.Dispatch,
 		"experts": l.experts, "combine": d.Combine, "unpermute": func(r int) error { return l.unpermute(d, r) },
 	}
-	for _, ph := range l.phases() {
+	if rb, ok := d.(dispatchers.Rebalancer); ok {
+		local["rebalance"] = rb.Rebalance
+	}
+	for _, ph := range l.phases(d) {
 		for r := range l.Ranks {
 			if err := timed(ph, r, func() error { return local[ph](r) }); err != nil {
 				return fmt.Errorf("%s on rank %d: %w", ph, r, err)
@@ -106,12 +115,17 @@ func (l *Layer) Step(d dispatchers.Dispatcher, timed func(phase string, rank int
 	return nil
 }
 
-// phases are the phases this layer runs.
-func (l *Layer) phases() []string {
-	if l.SharedFC1 == nil {
-		return Phases[1:]
+// phases are the phases this layer runs with d.
+func (l *Layer) phases(d dispatchers.Dispatcher) []string {
+	var out []string
+	_, rebalances := d.(dispatchers.Rebalancer)
+	for _, ph := range Phases {
+		if (ph == "shared" && l.SharedFC1 == nil) || (ph == "rebalance" && !rebalances) {
+			continue
+		}
+		out = append(out, ph)
 	}
-	return Phases
+	return out
 }
 
 // route computes the router logits (fp32 GEMM, as Megatron's fp32 router),
@@ -146,26 +160,29 @@ func (l *Layer) route(r int) error {
 	return nil
 }
 
-// experts runs each local expert on its rows: fc1 → SwiGLU × prob → fc2.
+// experts runs each segment's expert on its rows: fc1 → SwiGLU × prob → fc2.
 func (l *Layer) experts(r int) error {
 	rk, run, c := l.Ranks[r], &l.run[r], l.Cfg
 	h, f, L := c.Hidden, c.FFN, l.Shape.LocalExperts()
 	rows := len(rk.ExpertProbs)
-	if len(rk.ExpertX) != rows*h || len(rk.ExpertCounts) != L {
-		return fmt.Errorf("dispatch left %d rows of %d values and %d expert counts; want rows × hidden = %d and %d counts",
-			rows, len(rk.ExpertX), len(rk.ExpertCounts), rows*h, L)
+	if len(rk.ExpertX) != rows*h {
+		return fmt.Errorf("dispatch left %d rows with %d values; want rows × hidden = %d", rows, len(rk.ExpertX), rows*h)
 	}
 	rk.ExpertY = grow(rk.ExpertY, rows*h)
-	at := 0
-	for le, n := range rk.ExpertCounts {
-		run.scratch = grow(run.scratch, n*3*f)
-		e := r*L + le
-		kernels.ExpertForward(rk.ExpertY[at*h:], rk.ExpertX[at*h:(at+n)*h], rk.ExpertProbs[at:at+n],
-			l.FC1[e], l.FC2[e], run.scratch, n, h, f, kernels.RoundBF16Slice)
-		at += n
-	}
-	if at != rows {
-		return fmt.Errorf("expert counts sum to %d, dispatch delivered %d rows", at, rows)
+	for _, sg := range rk.Segments {
+		w := sg.Weights
+		if w == nil {
+			if sg.Expert/L != r {
+				return fmt.Errorf("segment of expert %d has no weights and the expert is not local", sg.Expert)
+			}
+			w = &rk.Experts[sg.Expert-r*L]
+		}
+		if sg.Start < 0 || sg.Len < 0 || sg.Start+sg.Len > rows {
+			return fmt.Errorf("segment of expert %d covers rows [%d, %d) of %d", sg.Expert, sg.Start, sg.Start+sg.Len, rows)
+		}
+		run.scratch = grow(run.scratch, sg.Len*3*f)
+		kernels.ExpertForward(rk.ExpertY[sg.Start*h:], rk.ExpertX[sg.Start*h:(sg.Start+sg.Len)*h], rk.ExpertProbs[sg.Start:sg.Start+sg.Len],
+			w.FC1, w.FC2, run.scratch, sg.Len, h, f, kernels.RoundBF16Slice)
 	}
 	return nil
 }

@@ -39,7 +39,8 @@ func Run(cfg Config, env Env) (*results.Record, error) {
 	if cfg.Device != "host" {
 		return fail(results.StatusUnavailable, fmt.Errorf("device %s: this build runs the layer on the host device only", cfg.Device))
 	}
-	denv := dispatchers.Env{Device: cfg.Device}
+	denv := dispatchers.Env{Device: cfg.Device, Base: cfg.FeplbBase, Domain: cfg.Domain, Dynamic: cfg.FeplbDyn,
+		Hidden: cfg.Hidden, FFN: cfg.FFN}
 	fresh := func() (dispatchers.Dispatcher, error) { return dispatchers.New(cfg.Dispatcher, cfg.Impl, denv) }
 	d, err := fresh()
 	if err != nil {
@@ -78,7 +79,7 @@ func Run(cfg Config, env Env) (*results.Record, error) {
 
 	// samples[phase][rank][iter] in milliseconds
 	samples := map[string][][]float64{}
-	for _, ph := range l.phases() {
+	for _, ph := range l.phases(d) {
 		samples[ph] = make([][]float64, cfg.EP)
 	}
 	iter := -1
@@ -90,14 +91,22 @@ func Run(cfg Config, env Env) (*results.Record, error) {
 		}
 		return err
 	}
+	rb, rebalances := d.(dispatchers.Rebalancer)
+	var rbSteps []dispatchers.RebalanceStats
 	for i := -cfg.Warmup; i < cfg.Iters; i++ {
 		iter = i
 		if err := l.Step(d, timed); err != nil {
 			return fail(results.StatusFailed, err)
 		}
+		if rebalances && i >= 0 {
+			rbSteps = append(rbSteps, rb.RebalanceStats())
+		}
 	}
 	rec.Status = results.StatusOK
 	fillMeasurements(rec, l, d, samples)
+	if rebalances {
+		rec.Rebalance = rebalanceRecord(rbSteps)
+	}
 	return rec, dump(env, l, rec)
 }
 
@@ -136,7 +145,7 @@ func fillMeasurements(rec *results.Record, l *Layer, d dispatchers.Dispatcher, s
 	// each rank's own step time, and the lockstep step (sum of slowest ranks)
 	stepPerRank := make([][]float64, cfg.EP)
 	lockstep := make([]float64, cfg.Iters)
-	for _, ph := range l.phases() {
+	for _, ph := range l.phases(d) {
 		p := phaseStats(ph, samples[ph])
 		for i, v := range p.Samples {
 			lockstep[i] += v
@@ -157,7 +166,9 @@ func fillMeasurements(rec *results.Record, l *Layer, d dispatchers.Dispatcher, s
 	recv := make([]int, cfg.EP)
 	var routed float64
 	for r, rk := range l.Ranks {
-		recv[r] = len(rk.ExpertProbs)
+		for _, sg := range rk.Segments { // rows this rank's experts compute
+			recv[r] += sg.Len
+		}
 		tok[r] = float64(recv[r])
 		routed += tok[r] * 6 * float64(cfg.Hidden) * float64(cfg.FFN)
 	}
@@ -183,6 +194,31 @@ func fillMeasurements(rec *results.Record, l *Layer, d dispatchers.Dispatcher, s
 		mem.PerRankBytes = append(mem.PerRankBytes, l.Footprint(d, r))
 	}
 	rec.Memory = mem
+}
+
+// rebalanceRecord summarises the rebalance of the timed steps.
+func rebalanceRecord(steps []dispatchers.RebalanceStats) *results.Rebalance {
+	last := steps[len(steps)-1]
+	floats := func(v []int) []float64 {
+		f := make([]float64, len(v))
+		for i, x := range v {
+			f[i] = float64(x)
+		}
+		return f
+	}
+	var copyMS, planMS []float64
+	for _, s := range steps {
+		copyMS = append(copyMS, 1e3*s.CopySeconds)
+		planMS = append(planMS, 1e3*s.PlanSeconds)
+	}
+	r := &results.Rebalance{Policy: last.Policy, Note: last.Note, TokensBefore: last.TokensBefore, TokensAfter: last.TokensAfter,
+		TokenBefore: straggler(floats(last.TokensBefore)), TokenAfter: straggler(floats(last.TokensAfter)),
+		ModelledBefore: last.ModelledBefore, ModelledAfter: last.ModelledAfter, Moves: last.Moves, CopyBytes: last.CopyBytes,
+		HiddenShare: "0: the host device runs the copies in their own phase, not overlapped with the static experts",
+		PhaseTwoSMs: "not measured on the host device"}
+	r.CopyMS, _ = stats.Median(copyMS)
+	r.SchedulerMS, _ = stats.Median(planMS)
+	return r
 }
 
 // phaseStats summarises per-rank, per-iteration samples: the per-iteration

@@ -69,12 +69,17 @@ func WriteTable(w io.Writer, rec *Record) error {
 			ph.Name, ph.P50, ph.P90, ph.P99, ph.Mean, ph.Stdev, ph.RankMin, ph.RankMax)
 	}
 	p.f("#\n")
+	if rb := rec.Rebalance; rb != nil {
+		p.f("# %-22s %s: token straggler +%.0f (+%.1f%%) → +%.0f (+%.1f%%) · %d moves, %s · copies %.3f ms, scheduler %.3f ms\n",
+			"rebalance", rb.Policy, rb.TokenBefore.Abs, 100*rb.TokenBefore.Rel, rb.TokenAfter.Abs, 100*rb.TokenAfter.Rel,
+			rb.Moves, bytesStr(rb.CopyBytes), rb.CopyMS, rb.SchedulerMS)
+	}
 	if tk := rec.Tokens; tk != nil {
 		lo, hi := tk.Received[0], tk.Received[0]
 		for _, n := range tk.Received {
 			lo, hi = min(lo, n), max(hi, n)
 		}
-		p.f("# %-22s min %d, max %d · straggler +%.1f copies (+%.1f%%)\n", "tokens received/rank", lo, hi, tk.Straggler.Abs, 100*tk.Straggler.Rel)
+		p.f("# %-22s min %d, max %d · straggler +%.1f copies (+%.1f%%)\n", "tokens computed/rank", lo, hi, tk.Straggler.Abs, 100*tk.Straggler.Rel)
 	}
 	if g := rec.GEMM; g != nil {
 		p.f("# %-22s %.3f GFLOP/step · %.4f TFLOP/s per rank · straggler +%.3f ms (+%.1f%%)\n", "expert GEMMs",

@@ -31,6 +31,27 @@ type Record struct {
 	Memory      *Memory      `json:"memory,omitempty"`
 	SMs         SMs          `json:"sms"`
 	Correctness *Correctness `json:"correctness,omitempty"`
+	Rebalance   *Rebalance   `json:"rebalance,omitempty"` // dispatchers with a rebalance phase (feplb)
+}
+
+// Rebalance is what a rebalancing dispatcher (FEPLB's phase 2) did: the
+// routing is the same every iteration, so the plan is; times are medians over
+// the timed iterations.
+type Rebalance struct {
+	Policy         string    `json:"policy"`
+	Note           string    `json:"note"`
+	TokensBefore   []int     `json:"tokens_before_per_rank"`
+	TokensAfter    []int     `json:"tokens_after_per_rank"`
+	TokenBefore    Straggler `json:"token_straggler_before"`
+	TokenAfter     Straggler `json:"token_straggler_after"`
+	ModelledBefore float64   `json:"gemm_straggler_modelled_before_s"`
+	ModelledAfter  float64   `json:"gemm_straggler_modelled_after_s"`
+	Moves          int       `json:"moves"`
+	CopyBytes      int64     `json:"copy_bytes"`
+	CopyMS         float64   `json:"copy_ms_p50"`
+	SchedulerMS    float64   `json:"scheduler_ms_p50"`
+	HiddenShare    string    `json:"hidden_share"` // share of copy time overlapped with static experts, or why not measured
+	PhaseTwoSMs    string    `json:"phase2_sm_utilisation"`
 }
 
 // Config is the run's configuration as recorded: the workload (layer shape,
@@ -51,6 +72,9 @@ type Config struct {
 	Impl          string  `json:"impl"`
 	SMs           int     `json:"sms"`
 	EP            int     `json:"ep"`
+	Domain        int     `json:"domain,omitempty"`        // ranks per NVLink domain; 0 = all
+	FeplbBase     string  `json:"feplb_base,omitempty"`    // feplb: phase-1 dispatcher
+	FeplbDynamic  int     `json:"feplb_dynamic,omitempty"` // feplb: dynamic experts per rank
 	Routing       string  `json:"routing"`
 	Seed          uint64  `json:"seed"`
 	Warmup        int     `json:"warmup"`
@@ -146,7 +170,8 @@ type Straggler struct {
 	PerRank []float64 `json:"per_rank"`
 }
 
-// Tokens counts token copies received per rank (rows its experts compute).
+// Tokens counts the token copies each rank's experts compute (after any
+// rebalance).
 type Tokens struct {
 	Received  []int     `json:"received_per_rank"`
 	Straggler Straggler `json:"straggler"`

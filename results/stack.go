@@ -94,15 +94,23 @@ func (s Stack) Summary() string {
 // Workload is what a point runs: layer shape, routing, seed, EP and device.
 // Records of one workload on one stack are compared with each other.
 func (c Config) Workload() string {
-	return fmt.Sprintf("%s tokens=%d hidden=%d ffn=%d experts=%d topk=%d shared=%d score=%s groups=%d/%d scale=%g routing=%s seed=%d ep=%d device=%s",
+	w := fmt.Sprintf("%s tokens=%d hidden=%d ffn=%d experts=%d topk=%d shared=%d score=%s groups=%d/%d scale=%g routing=%s seed=%d ep=%d device=%s",
 		c.Preset, c.Tokens, c.Hidden, c.FFN, c.Experts, c.TopK, c.SharedExperts, c.Score, c.Groups, c.GroupTopK,
 		c.TopKScale, c.Routing, c.Seed, c.EP, c.Device)
+	if c.Domain > 0 {
+		w += fmt.Sprintf(" domain=%d", c.Domain)
+	}
+	return w
 }
 
 // Settings is what is varied within a workload: the dispatcher, its
 // implementation and its SM budget.
 func (c Config) Settings() string {
-	return fmt.Sprintf("%s/%s sms=%d", c.Dispatcher, c.Impl, c.SMs)
+	s := fmt.Sprintf("%s/%s sms=%d", c.Dispatcher, c.Impl, c.SMs)
+	if c.FeplbBase != "" {
+		s += fmt.Sprintf(" base=%s dynamic=%d", c.FeplbBase, c.FeplbDynamic)
+	}
+	return s
 }
 
 // PointKey identifies a measured point: stack, workload and settings.

@@ -17,6 +17,8 @@ import (
 // options holds the parsed flags.
 type options struct {
 	preset, dispatcher, impl, score, routing, device, out, format, dump string
+	feplbBase                                                           string
+	domain, feplbDyn                                                    int
 	tokens, hidden, ffn, experts, topk, shared, groups, groupTopK       int
 	sms, ep, warmup, iters                                              int
 	topkScale                                                           float64
@@ -32,6 +34,7 @@ func newFlags(o *options) *pflag.FlagSet {
 	fs.StringVar(&o.impl, "impl", d.Impl, "implementation: native (moebench's own) | library (a real library on the node)")
 	fs.IntVar(&o.sms, "sms", d.SMs, "SM budget of SM-driven dispatchers (deepep, hybridep); 0 = the dispatcher's default")
 	fs.IntVar(&o.ep, "ep", d.EP, "expert-parallel ranks; must divide --experts")
+	addFeplbFlags(fs, o)
 	fs.StringVar(&o.preset, "preset", d.Preset, "layer shape preset (see 'moebench presets'); shape flags below override its fields")
 	addShapeFlags(fs, o)
 	fs.StringVar(&o.routing, "routing", d.Routing.String(), "routing: balanced|uniform|skewed:ALPHA|trace:FILE|natural")
@@ -40,6 +43,14 @@ func newFlags(o *options) *pflag.FlagSet {
 	fs.StringVar(&o.format, "format", "table", "output format: "+strings.Join(results.Formats, "|"))
 	fs.StringVar(&o.dump, "dump", "", "write the layer's tensors as .npy files with an index.json to this new directory")
 	return fs
+}
+
+// addFeplbFlags defines the NVLink domain and feplb's options.
+func addFeplbFlags(fs *pflag.FlagSet, o *options) {
+	d := harness.DefaultConfig()
+	fs.IntVar(&o.domain, "domain", d.Domain, "ranks per NVLink domain (feplb moves work only inside one); 0 = all ranks")
+	fs.StringVar(&o.feplbBase, "feplb-base", d.FeplbBase, "feplb: the dispatcher of phase 1")
+	fs.IntVar(&o.feplbDyn, "feplb-dynamic", d.FeplbDyn, "feplb: dynamic experts per rank (its most loaded)")
 }
 
 // addShapeFlags defines the flags that override a preset's shape.
@@ -108,6 +119,7 @@ func (o *options) config(fs *pflag.FlagSet) (harness.Config, error) {
 		return c, err
 	}
 	c.Dispatcher, c.Impl, c.SMs, c.EP = o.dispatcher, o.impl, o.sms, o.ep
+	c.Domain, c.FeplbBase, c.FeplbDyn = o.domain, o.feplbBase, o.feplbDyn
 	c.Routing, c.Seed, c.Warmup, c.Iters, c.Check, c.Device = r, o.seed, o.warmup, o.iters, o.check, o.device
 	if err := c.Validate(); err != nil {
 		return c, err

@@ -38,7 +38,10 @@ func main() {
 func run(args []string, stdout, stderr io.Writer) (code int) {
 	defer func() {
 		if p := recover(); p != nil {
-			fmt.Fprintf(stderr, "moebench: internal error: %v\n(please report this with the command line that caused it)\n", p)
+			fmt.Fprintf(stderr, "moebench: internal error: %v\n(please report this with the command line that caused it; MOEBENCH_DEBUG=1 adds a stack trace)\n", p)
+			if os.Getenv("MOEBENCH_DEBUG") == "1" {
+				stderr.Write(debug.Stack())
+			}
 			code = exitRuntime
 		}
 	}()

@@ -34,6 +34,7 @@ func sweepFlags(o *options, so *sweepOptions) *pflag.FlagSet {
 	fs.StringSliceVar(&so.impls, "impls", []string{d.Impl}, "implementations: native,library")
 	fs.IntSliceVar(&so.sms, "sms", []int{0}, "SM budgets; used only by SM-driven dispatchers (others run once, with 0)")
 	fs.IntSliceVar(&so.ep, "ep", []int{d.EP}, "EP sizes")
+	addFeplbFlags(fs, o)
 	fs.StringSliceVar(&so.presets, "presets", []string{d.Preset}, "layer presets")
 	addShapeFlags(fs, o)
 	fs.StringSliceVar(&so.routings, "routings", []string{d.Routing.String()}, "routings")

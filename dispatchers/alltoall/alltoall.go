@@ -121,16 +121,18 @@ func (a *A2A) Dispatch(r int) error {
 	// sort chunks by local expert
 	rk.ExpertX = grow(rk.ExpertX, total*h)
 	rk.ExpertProbs = grow(rk.ExpertProbs, total)
-	rk.ExpertCounts = make([]int, L)
+	rk.Segments = rk.Segments[:0]
 	at := 0
 	for l := range L {
+		seg := dispatchers.Segment{Expert: r*L + l, Start: at}
 		for src := range sh.EP {
 			n, from := s.chunkN[src][l], s.recvOff[src][l]
 			copy(rk.ExpertX[at*h:(at+n)*h], s.recvX[from*h:(from+n)*h])
 			copy(rk.ExpertProbs[at:at+n], s.recvP[from:from+n])
-			rk.ExpertCounts[l] += n
 			at += n
 		}
+		seg.Len = at - seg.Start
+		rk.Segments = append(rk.Segments, seg)
 	}
 	return nil
 }
@@ -141,10 +143,11 @@ func (a *A2A) Dispatch(r int) error {
 func (a *A2A) Combine(r int) error {
 	s, rk, sh := &a.st[r], a.ranks[r], a.shape
 	L, h := sh.LocalExperts(), sh.Hidden
-	if len(rk.ExpertY) < len(rk.ExpertX) {
-		return fmt.Errorf("alltoall: rank %d: expert output has %d values, want %d", r, len(rk.ExpertY), len(rk.ExpertX))
+	n := s.recvOff[sh.EP-1][L-1] + s.chunkN[sh.EP-1][L-1] // rows this rank received
+	if len(rk.ExpertY) < n*h {
+		return fmt.Errorf("alltoall: rank %d: expert output has %d values, want %d", r, len(rk.ExpertY), n*h)
 	}
-	s.recvY = grow(s.recvY, len(rk.ExpertX))
+	s.recvY = grow(s.recvY, n*h)
 	at := 0
 	for l := range L {
 		for src := range sh.EP {

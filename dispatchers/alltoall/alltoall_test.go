@@ -46,8 +46,11 @@ func TestPlan(t *testing.T) {
 	seen := 0
 	for r, rk := range ranks {
 		row := 0
-		for l, n := range rk.ExpertCounts {
-			e := int32(r*L + l)
+		for l, sg := range rk.Segments {
+			e, n := int32(r*L+l), sg.Len
+			if sg.Expert != int(e) || sg.Start != row || sg.Weights != nil {
+				t.Fatalf("rank %d segment %d: %+v, want local expert %d from row %d", r, l, sg, e, row)
+			}
 			// expected: copies routed to e, by source rank then token
 			var want [][2]int
 			for src, sr := range ranks {

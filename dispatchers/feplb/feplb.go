@@ -1,14 +1,259 @@
-// Package feplb will hold FEPLB (arXiv 2604.19654): two-phase dispatch, phase 1
-// through a base EP dispatcher, phase 2 moving dynamic experts' tokens and
-// weights inside the NVLink domain with copy engines, planned by a CPU
-// scheduler during the static experts' compute.
+// Package feplb is FEPLB (arXiv 2604.19654) as a dispatcher: two-phase
+// dispatch. Phase 1 runs a base EP dispatcher (--feplb-base, alltoall by
+// default); phase 2 — the rebalance phase — follows a plan from package
+// balance: chunks of the dynamic experts' tokens move from their owner to
+// less loaded ranks of the same NVLink domain together with the expert's
+// weights, the helpers compute them, and combine brings the outputs back to
+// the owner before the base dispatcher's combine.
 //
-// Not implemented in this build: it registers a factory that reports the dispatcher unavailable, with
-// the reason, so runs and sweeps record "unavailable" rather than a timing.
+// This build runs it on the host device, where ranks are emulated in one
+// process and the copies are memory copies (no copy engines, no overlap with
+// the static experts): it proves the plan executes and the output is
+// unchanged. The plan's cost model uses rates measured on the host at Bind.
+// The cuda device's copy-engine path is not built yet.
 package feplb
 
-import "github.com/moebench/moebench/dispatchers"
+import (
+	"fmt"
+	"time"
 
-func init() {
-	dispatchers.Register("feplb", dispatchers.Pending("feplb", "copy-engine transfers between GPUs of an NVLink domain"))
+	"github.com/moebench/moebench/balance"
+	"github.com/moebench/moebench/dispatchers"
+	"github.com/moebench/moebench/kernels"
+)
+
+func init() { dispatchers.Register("feplb", New) }
+
+// New returns FEPLB over its base dispatcher, or why it is unavailable.
+func New(impl string, env dispatchers.Env) (dispatchers.Dispatcher, error) {
+	un := func(reason string) error {
+		return &dispatchers.UnavailableError{Name: "feplb", Impl: impl, Reason: reason}
+	}
+	switch {
+	case impl != dispatchers.ImplNative:
+		return nil, un("no library implementation (FEPLB has no public code)")
+	case env.Device != "host":
+		return nil, un("the copy-engine phase 2 on the cuda device is not implemented in this build yet")
+	}
+	base := env.Base
+	if base == "" {
+		base = "alltoall"
+	}
+	if base == "feplb" {
+		return nil, fmt.Errorf("--feplb-base=feplb: the base dispatcher must be another dispatcher")
+	}
+	b, err := dispatchers.New(base, impl, env)
+	if err != nil {
+		if dispatchers.IsUnavailable(err) {
+			return nil, un("base dispatcher " + err.Error())
+		}
+		return nil, err
+	}
+	dyn := env.Dynamic
+	if dyn == 0 {
+		dyn = balance.DefaultOptions.DynamicPerRank
+	}
+	return &FEPLB{Dispatcher: b, env: env, dynamic: dyn}, nil
+}
+
+// FEPLB wraps the base dispatcher; Permute, Dispatch and Unpermute are the
+// base's.
+type FEPLB struct {
+	dispatchers.Dispatcher
+	env     dispatchers.Env
+	dynamic int
+	shape   dispatchers.Shape
+	ranks   []*dispatchers.Rank
+	topo    balance.Topology
+	model   balance.Model
+	policy  balance.Policy
+
+	planned bool
+	in      [][]chunk // per helper: chunks it receives
+	out     [][]chunk // per owner: chunks it gave away
+	weights [][]dispatchers.ExpertWeights
+	stats   dispatchers.RebalanceStats
+}
+
+// chunk is rows [src, src+n) of the owner's ExpertX computed by the helper at
+// rows [dst, dst+n) of its ExpertX.
+type chunk struct {
+	expert, owner, helper int
+	src, dst, n           int
+}
+
+func (f *FEPLB) Name() string { return "feplb" }
+
+// Bind binds the base dispatcher and measures the host's GEMM and copy
+// rates for the plan's cost model.
+func (f *FEPLB) Bind(shape dispatchers.Shape, ranks []*dispatchers.Rank) error {
+	f.shape, f.ranks = shape, ranks
+	d := f.env.Domain
+	if d == 0 {
+		d = shape.EP
+	}
+	f.topo = balance.Topology{Ranks: shape.EP, Experts: shape.Experts, Domain: d}
+	if err := f.topo.Validate(); err != nil {
+		return fmt.Errorf("feplb: %v", err)
+	}
+	f.model = hostModel(f.env.Hidden, f.env.FFN)
+	o := balance.DefaultOptions
+	o.DynamicPerRank = f.dynamic
+	p, err := balance.New("feplb", f.topo, f.model, o)
+	if err != nil {
+		return err
+	}
+	f.policy = p
+	f.weights = make([][]dispatchers.ExpertWeights, shape.EP)
+	return f.Dispatcher.Bind(shape, ranks)
+}
+
+// hostModel measures a float32 GEMM rate and a copy rate on this host.
+func hostModel(hidden, ffn int) balance.Model {
+	const n = 96
+	a, c := make([]float32, n*n), make([]float32, n*n)
+	for i := range a {
+		a[i] = float32(i%7) + 1
+	}
+	t0 := time.Now()
+	for range 4 {
+		kernels.MatMulNT(c, a, a, n, n, n)
+	}
+	rate := 4 * 2 * n * n * n / time.Since(t0).Seconds()
+	buf, dst := make([]byte, 8<<20), make([]byte, 8<<20)
+	t0 = time.Now()
+	copy(dst, buf)
+	bw := float64(len(buf)) / time.Since(t0).Seconds()
+	return balance.Model{Hidden: hidden, FFN: ffn, GEMMRate: rate, HBM: bw, CE: bw, NVLink: bw, Network: bw,
+		RateSource: fmt.Sprintf("host, measured at start: %.2g FLOP/s, %.2g B/s copies", rate, bw)}
+}
+
+// Permute starts a step: the plan of the last one is dropped.
+func (f *FEPLB) Permute(r int) error {
+	f.planned = false
+	return f.Dispatcher.Permute(r)
+}
+
+// plan runs the CPU scheduler on the counts phase 1 delivered and turns its
+// plan into chunks; the owners' segments shrink to their own share.
+func (f *FEPLB) plan() error {
+	t0 := time.Now()
+	counts := make([]int, f.shape.Experts)
+	segOf := make([]*dispatchers.Segment, f.shape.Experts)
+	for _, rk := range f.ranks {
+		for i := range rk.Segments {
+			sg := &rk.Segments[i]
+			counts[sg.Expert] += sg.Len
+			segOf[sg.Expert] = sg
+		}
+	}
+	st := balance.Step{Counts: counts}
+	pl := f.policy.Plan(st)
+	if err := pl.Check(f.topo, st); err != nil {
+		return fmt.Errorf("feplb: scheduler produced a bad plan: %v", err)
+	}
+	f.stats = dispatchers.RebalanceStats{Policy: pl.Policy, Note: pl.Note, PlanSeconds: time.Since(t0).Seconds()}
+	before := (&balance.Plan{Shares: make([][]balance.Share, len(counts))})
+	for e, n := range counts {
+		before.Shares[e] = []balance.Share{{Rank: f.topo.Owner(e), Tokens: n}}
+	}
+	f.stats.TokensBefore, f.stats.TokensAfter = before.Loads(f.topo.Ranks), pl.Loads(f.topo.Ranks)
+	f.stats.ModelledBefore = spread(f.model.GEMMTimes(before, f.topo.Ranks))
+	f.stats.ModelledAfter = spread(f.model.GEMMTimes(&pl, f.topo.Ranks))
+	f.in = make([][]chunk, f.shape.EP)
+	f.out = make([][]chunk, f.shape.EP)
+	next := make([]int, f.shape.EP) // next free row of each helper, after its own rows
+	for r, rk := range f.ranks {
+		next[r] = len(rk.ExpertProbs)
+	}
+	for e, shares := range pl.Shares {
+		if len(shares) < 2 {
+			continue
+		}
+		sg := segOf[e]
+		at := sg.Start + shares[0].Tokens // shares[0] is the owner's
+		for _, s := range shares[1:] {
+			c := chunk{expert: e, owner: shares[0].Rank, helper: s.Rank, src: at, dst: next[s.Rank], n: s.Tokens}
+			next[s.Rank] += s.Tokens
+			at += s.Tokens
+			f.in[s.Rank] = append(f.in[s.Rank], c)
+			f.out[c.owner] = append(f.out[c.owner], c)
+			f.stats.Moves++
+			f.stats.CopyBytes += f.model.WeightBytes() + 2*int64(s.Tokens)*f.model.TokenBytes()
+		}
+		sg.Len = shares[0].Tokens
+	}
+	f.planned = true
+	return nil
+}
+
+// Rebalance is rank r's phase 2 as a helper: it receives its chunks' rows,
+// probabilities and the experts' weights, and adds a segment for each.
+func (f *FEPLB) Rebalance(r int) error {
+	if !f.planned {
+		if err := f.plan(); err != nil {
+			return err
+		}
+	}
+	t0 := time.Now()
+	rk, h := f.ranks[r], f.shape.Hidden
+	L := f.shape.LocalExperts()
+	w := f.weights[r]
+	for len(w) < len(f.in[r]) {
+		w = append(w, dispatchers.ExpertWeights{})
+	}
+	f.weights[r] = w
+	for i, c := range f.in[r] {
+		own := f.ranks[c.owner]
+		if c.dst*h != len(rk.ExpertX) {
+			return fmt.Errorf("feplb: rank %d: chunk of expert %d expected at row %d, buffer has %d rows", r, c.expert, c.dst, len(rk.ExpertX)/h)
+		}
+		rk.ExpertX = append(rk.ExpertX, own.ExpertX[c.src*h:(c.src+c.n)*h]...)
+		rk.ExpertProbs = append(rk.ExpertProbs, own.ExpertProbs[c.src:c.src+c.n]...)
+		le := c.expert - c.owner*L
+		if le < 0 || le >= len(own.Experts) {
+			return fmt.Errorf("feplb: rank %d holds no weights of expert %d", c.owner, c.expert)
+		}
+		src := own.Experts[le]
+		w[i].FC1 = append(w[i].FC1[:0], src.FC1...)
+		w[i].FC2 = append(w[i].FC2[:0], src.FC2...)
+		rk.Segments = append(rk.Segments, dispatchers.Segment{Expert: c.expert, Start: c.dst, Len: c.n, Weights: &w[i]})
+	}
+	f.stats.CopySeconds += time.Since(t0).Seconds()
+	return nil
+}
+
+// Combine returns the helpers' outputs of rank r's moved chunks into its
+// expert output, then runs the base combine.
+func (f *FEPLB) Combine(r int) error {
+	t0 := time.Now()
+	rk, h := f.ranks[r], f.shape.Hidden
+	for _, c := range f.out[r] {
+		hp := f.ranks[c.helper]
+		copy(rk.ExpertY[c.src*h:(c.src+c.n)*h], hp.ExpertY[c.dst*h:(c.dst+c.n)*h])
+	}
+	f.stats.CopySeconds += time.Since(t0).Seconds()
+	return f.Dispatcher.Combine(r)
+}
+
+// RebalanceStats is the last step's rebalance.
+func (f *FEPLB) RebalanceStats() dispatchers.RebalanceStats { return f.stats }
+
+// Footprint adds the helper's weight copies to the base's buffers.
+func (f *FEPLB) Footprint(r int) int64 {
+	n := int64(0)
+	for _, w := range f.weights[r] {
+		n += 4 * int64(cap(w.FC1)+cap(w.FC2))
+	}
+	return n + f.Dispatcher.Footprint(r)
+}
+
+// spread is max − mean.
+func spread(v []float64) float64 {
+	hi, sum := v[0], 0.0
+	for _, x := range v {
+		hi = max(hi, x)
+		sum += x
+	}
+	return hi - sum/float64(len(v))
 }
