@@ -8,16 +8,23 @@ import (
 	"sort"
 )
 
-// sources are the kernel implementations compiled into this binary; their
-// hash goes into every record so that results name the kernels they timed.
+// sources are the kernel implementations in this binary — the host ones and
+// the CUDA C ones; their hash goes into every record so that results name the
+// kernels they timed.
 //
-//go:embed bf16.go expert.go gemm.go permute.go router.go
+//go:embed bf16.go expert.go gemm.go permute.go router.go cuda/*.cu cuda/*.cuh
 var sources embed.FS
 
 // SourceHash is the sha256 of the kernel sources (file names and contents,
 // in name order), hex encoded.
 func SourceHash() string {
-	names, _ := fs.Glob(sources, "*")
+	var names []string
+	fs.WalkDir(sources, ".", func(p string, d fs.DirEntry, err error) error {
+		if err == nil && !d.IsDir() {
+			names = append(names, p)
+		}
+		return nil
+	})
 	sort.Strings(names)
 	h := sha256.New()
 	for _, n := range names {

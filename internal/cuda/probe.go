@@ -1,14 +1,10 @@
-// Package cuda opens the CUDA driver at run time with dlopen — no cuda.h, no
-// toolkit at build time — through small cgo trampolines over moebench's own
-// prototypes. This file only probes for a driver and GPUs; a missing library
-// is an ordinary error, never a crash.
+// Package cuda opens the CUDA libraries at run time with dlopen — no cuda.h,
+// no toolkit at build time — through small cgo trampolines over moebench's
+// own prototypes: the driver (so far a probe for the driver and its GPUs) and
+// NVRTC. A missing library is an ordinary error, never a crash.
 package cuda
 
 /*
-#cgo LDFLAGS: -ldl
-#include <dlfcn.h>
-#include <stdlib.h>
-
 typedef int (*fn_u)(unsigned int);
 typedef int (*fn_pi)(int *);
 typedef int (*fn_name)(char *, int, int);
@@ -23,7 +19,6 @@ import "C"
 
 import (
 	"fmt"
-	"strings"
 	"unsafe"
 )
 
@@ -35,26 +30,15 @@ type GPU struct {
 
 // Probe reports the driver's version (e.g. 13000 for CUDA 13.0) and its GPUs.
 // An error says what was missing: the library, a symbol, or cuInit's status.
+// MOEBENCH_LIBCUDA overrides where libcuda.so.1 is looked for.
 func Probe() (driver int, gpus []GPU, err error) {
-	lib := C.CString("libcuda.so.1")
-	defer C.free(unsafe.Pointer(lib))
-	h := C.dlopen(lib, C.RTLD_NOW|C.RTLD_LOCAL)
-	if h == nil {
-		msg := strings.TrimPrefix(C.GoString(C.dlerror()), "libcuda.so.1: ")
-		return 0, nil, fmt.Errorf("libcuda.so.1 not loaded (%s)", msg)
-	}
-	sym := func(name string) (unsafe.Pointer, error) {
-		cs := C.CString(name)
-		defer C.free(unsafe.Pointer(cs))
-		p := C.dlsym(h, cs)
-		if p == nil {
-			return nil, fmt.Errorf("libcuda.so.1: symbol %s missing", name)
-		}
-		return p, nil
+	lib, err := openLibrary("MOEBENCH_LIBCUDA", "libcuda.so.1")
+	if err != nil {
+		return 0, nil, err
 	}
 	syms := map[string]unsafe.Pointer{}
 	for _, n := range []string{"cuInit", "cuDriverGetVersion", "cuDeviceGetCount", "cuDeviceGet", "cuDeviceGetName"} {
-		if syms[n], err = sym(n); err != nil {
+		if syms[n], err = lib.sym(n); err != nil {
 			return 0, nil, err
 		}
 	}

@@ -1,0 +1,85 @@
+package cuda
+
+/*
+#cgo LDFLAGS: -ldl
+#include <dlfcn.h>
+#include <stdlib.h>
+*/
+import "C"
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"unsafe"
+)
+
+// library is a dlopen'ed shared library.
+type library struct {
+	handle unsafe.Pointer
+	path   string
+}
+
+// searchDirs are where CUDA libraries are looked for after the loader's own
+// path: CUDA toolkit folders and the Python wheels' nvidia/*/lib folders.
+func searchDirs() []string {
+	var dirs []string
+	for _, pat := range []string{"/usr/local/cuda/lib64", "/usr/local/cuda-*/lib64", "/usr/local/cuda/targets/*/lib",
+		"/usr/local/lib/python3*/dist-packages/nvidia/*/lib", "/usr/lib/python3/dist-packages/nvidia/*/lib",
+		"/usr/local/lib/python3*/site-packages/nvidia/*/lib", os.Getenv("HOME") + "/.local/lib/python3*/site-packages/nvidia/*/lib"} {
+		m, _ := filepath.Glob(pat)
+		sort.Sort(sort.Reverse(sort.StringSlice(m))) // newest versions first
+		dirs = append(dirs, m...)
+	}
+	return dirs
+}
+
+// openLibrary loads the first library that opens: the file named by the
+// environment variable env if set (and only it), else each name through the
+// loader's path, then in searchDirs. The error lists what was tried.
+func openLibrary(env string, names ...string) (*library, error) {
+	var tried []string
+	try := func(p string) *library {
+		cs := C.CString(p)
+		defer C.free(unsafe.Pointer(cs))
+		if h := C.dlopen(cs, C.RTLD_NOW|C.RTLD_GLOBAL); h != nil {
+			return &library{handle: h, path: p}
+		}
+		tried = append(tried, strings.TrimPrefix(C.GoString(C.dlerror()), p+": "))
+		return nil
+	}
+	if p := os.Getenv(env); p != "" {
+		if l := try(p); l != nil {
+			return l, nil
+		}
+		return nil, fmt.Errorf("%s=%s does not load: %s", env, p, tried[0])
+	}
+	for _, n := range names {
+		if l := try(n); l != nil {
+			return l, nil
+		}
+	}
+	for _, d := range searchDirs() {
+		for _, n := range names {
+			if _, err := os.Stat(filepath.Join(d, n)); err == nil {
+				if l := try(filepath.Join(d, n)); l != nil {
+					return l, nil
+				}
+			}
+		}
+	}
+	return nil, fmt.Errorf("none of %s found (set %s to its path); loader said: %s", strings.Join(names, ", "), env, tried[len(tried)-1])
+}
+
+// sym returns a symbol's address or an error naming it.
+func (l *library) sym(name string) (unsafe.Pointer, error) {
+	cs := C.CString(name)
+	defer C.free(unsafe.Pointer(cs))
+	p := C.dlsym(l.handle, cs)
+	if p == nil {
+		return nil, fmt.Errorf("%s: symbol %s missing", l.path, name)
+	}
+	return p, nil
+}

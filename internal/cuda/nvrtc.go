@@ -1,0 +1,144 @@
+package cuda
+
+/*
+#include <stdlib.h>
+typedef int (*nv_ver)(int *, int *);
+typedef int (*nv_create)(void **, const char *, const char *, int, const char *const *, const char *const *);
+typedef int (*nv_compile)(void *, int, const char *const *);
+typedef int (*nv_size)(void *, size_t *);
+typedef int (*nv_get)(void *, char *);
+typedef int (*nv_destroy)(void **);
+typedef const char *(*nv_errstr)(int);
+static int call_ver(void *f, int *a, int *b) { return ((nv_ver)f)(a, b); }
+static int call_create(void *f, void **p, const char *src, const char *name, int n, const char *const *h, const char *const *hn) {
+	return ((nv_create)f)(p, src, name, n, h, hn);
+}
+static int call_compile(void *f, void *p, int n, const char *const *o) { return ((nv_compile)f)(p, n, o); }
+static int call_size(void *f, void *p, size_t *n) { return ((nv_size)f)(p, n); }
+static int call_get(void *f, void *p, char *b) { return ((nv_get)f)(p, b); }
+static int call_destroy(void *f, void **p) { return ((nv_destroy)f)(p); }
+static const char *call_errstr(void *f, int r) { return ((nv_errstr)f)(r); }
+*/
+import "C"
+
+import (
+	"fmt"
+	"sync"
+	"unsafe"
+)
+
+// NVRTC is the runtime compiler, opened with dlopen.
+type NVRTC struct {
+	Path         string
+	Major, Minor int
+	fn           map[string]unsafe.Pointer
+}
+
+var (
+	nvrtcOnce sync.Once
+	nvrtcLib  *NVRTC
+	nvrtcErr  error
+)
+
+// OpenNVRTC loads libnvrtc (once): MOEBENCH_NVRTC names the file, else
+// libnvrtc.so.13, .12, .11.2 or libnvrtc.so are looked for (see openLibrary).
+func OpenNVRTC() (*NVRTC, error) {
+	nvrtcOnce.Do(func() {
+		lib, err := openLibrary("MOEBENCH_NVRTC", "libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so.11.2", "libnvrtc.so")
+		if err != nil {
+			nvrtcErr = err
+			return
+		}
+		n := &NVRTC{Path: lib.path, fn: map[string]unsafe.Pointer{}}
+		for _, s := range []string{"nvrtcVersion", "nvrtcCreateProgram", "nvrtcCompileProgram", "nvrtcGetProgramLogSize",
+			"nvrtcGetProgramLog", "nvrtcGetCUBINSize", "nvrtcGetCUBIN", "nvrtcDestroyProgram", "nvrtcGetErrorString"} {
+			if n.fn[s], err = lib.sym(s); err != nil {
+				nvrtcErr = err
+				return
+			}
+		}
+		var a, b C.int
+		if r := C.call_ver(n.fn["nvrtcVersion"], &a, &b); r != 0 {
+			nvrtcErr = n.err("nvrtcVersion", r)
+			return
+		}
+		n.Major, n.Minor = int(a), int(b)
+		nvrtcLib = n
+	})
+	return nvrtcLib, nvrtcErr
+}
+
+func (n *NVRTC) err(call string, r C.int) error {
+	return fmt.Errorf("%s: %s (%d)", call, C.GoString(C.call_errstr(n.fn["nvrtcGetErrorString"], r)), int(r))
+}
+
+// CompileError is a compilation that failed, with NVRTC's log.
+type CompileError struct {
+	Name, Log string
+	Err       error
+}
+
+func (e *CompileError) Error() string { return fmt.Sprintf("compile %s: %v\n%s", e.Name, e.Err, e.Log) }
+
+// Compile compiles CUDA C source name with the given headers (name →
+// contents, for #include "name") and options, and returns the cubin.
+func (n *NVRTC) Compile(name, source string, headers map[string]string, options []string) ([]byte, error) {
+	cstr := func(s string) *C.char { return C.CString(s) }
+	src, cname := cstr(source), cstr(name)
+	defer C.free(unsafe.Pointer(src))
+	defer C.free(unsafe.Pointer(cname))
+	cArray := func(ss []string) (**C.char, func()) {
+		if len(ss) == 0 {
+			return nil, func() {}
+		}
+		arr := (*[1 << 20]*C.char)(C.malloc(C.size_t(len(ss)) * C.size_t(unsafe.Sizeof(uintptr(0)))))[:len(ss):len(ss)]
+		for i, s := range ss {
+			arr[i] = cstr(s)
+		}
+		return &arr[0], func() {
+			for _, p := range arr {
+				C.free(unsafe.Pointer(p))
+			}
+			C.free(unsafe.Pointer(&arr[0]))
+		}
+	}
+	var hnames, hsrcs []string
+	for k, v := range headers {
+		hnames, hsrcs = append(hnames, k), append(hsrcs, v)
+	}
+	hs, freeH := cArray(hsrcs)
+	defer freeH()
+	hn, freeN := cArray(hnames)
+	defer freeN()
+	opts, freeO := cArray(options)
+	defer freeO()
+	var prog unsafe.Pointer
+	if r := C.call_create(n.fn["nvrtcCreateProgram"], &prog, src, cname, C.int(len(headers)), hs, hn); r != 0 {
+		return nil, n.err("nvrtcCreateProgram", r)
+	}
+	defer C.call_destroy(n.fn["nvrtcDestroyProgram"], &prog)
+	cr := C.call_compile(n.fn["nvrtcCompileProgram"], prog, C.int(len(options)), opts)
+	var logSize C.size_t
+	log := ""
+	if C.call_size(n.fn["nvrtcGetProgramLogSize"], prog, &logSize) == 0 && logSize > 1 {
+		buf := make([]byte, logSize)
+		if C.call_get(n.fn["nvrtcGetProgramLog"], prog, (*C.char)(unsafe.Pointer(&buf[0]))) == 0 {
+			log = string(buf[:logSize-1])
+		}
+	}
+	if cr != 0 {
+		return nil, &CompileError{Name: name, Log: log, Err: n.err("nvrtcCompileProgram", cr)}
+	}
+	var size C.size_t
+	if r := C.call_size(n.fn["nvrtcGetCUBINSize"], prog, &size); r != 0 {
+		return nil, n.err("nvrtcGetCUBINSize", r)
+	}
+	if size == 0 {
+		return nil, fmt.Errorf("compile %s: NVRTC produced no cubin (compile for a real sm_XX architecture)", name)
+	}
+	cubin := make([]byte, size)
+	if r := C.call_get(n.fn["nvrtcGetCUBIN"], prog, (*C.char)(unsafe.Pointer(&cubin[0]))); r != 0 {
+		return nil, n.err("nvrtcGetCUBIN", r)
+	}
+	return cubin, nil
+}

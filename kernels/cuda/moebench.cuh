@@ -1,0 +1,18 @@
+// moebench.cuh: shared definitions for moebench's kernels. No toolkit headers:
+// bf16 values are 16-bit integers converted with inline PTX, so the sources
+// compile with any NVRTC ≥ 11.8 for sm_80 and newer. Shape constants come as
+// -D options (MB_*) so that loops have fixed trip counts.
+#pragma once
+typedef unsigned short bf16;
+typedef int int32;
+
+__device__ __forceinline__ float bf2f(bf16 h) { return __uint_as_float(((unsigned int)h) << 16); }
+
+// round to nearest even, as kernels.RoundBF16 on the host
+__device__ __forceinline__ bf16 f2bf(float f) {
+    unsigned short r;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(f));
+    return r;
+}
+
+#define MB_FULL_MASK 0xffffffffu

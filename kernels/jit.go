@@ -1,0 +1,98 @@
+package kernels
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	"github.com/moebench/moebench/internal/cuda"
+)
+
+// CUDAKernels lists the CUDA C sources (kernels/cuda/*.cu, embedded) and the
+// -D constants each one takes; every one includes moebench.cuh. Their
+// semantics are the host functions of this package; they are compiled by
+// NVRTC at run time for the device's architecture with the shape baked in.
+//
+// Not yet proven on a GPU: CI compiles them (sm_80, sm_90) but no kernel has
+// been launched and compared with the host reference in this build.
+var CUDAKernels = map[string][]string{
+	"router.cu":     {"MB_EXPERTS", "MB_TOPK", "MB_SIGMOID", "MB_GROUPS", "MB_GROUP_TOPK", "MB_SCALE"},
+	"permute.cu":    {"MB_HIDDEN"},
+	"swiglu.cu":     {"MB_FFN"},
+	"unpermute.cu":  {"MB_HIDDEN", "MB_TOPK"},
+	"sortchunks.cu": {"MB_HIDDEN", "MB_EP", "MB_LOCAL"},
+}
+
+const cudaHeader = "moebench.cuh"
+
+// JIT compiles the embedded kernels with NVRTC and caches the cubins on disk,
+// keyed by the source, the header, the options, the architecture and NVRTC's
+// version.
+type JIT struct {
+	NVRTC    *cuda.NVRTC
+	CacheDir string // "" disables the cache
+	Hits     int    // compilations answered from the cache
+	Compiled int    // compilations NVRTC ran
+}
+
+// Compile returns the cubin of kernel file for arch (e.g. "sm_90") with the
+// constants in defines; only those the kernel takes are used, and all of them
+// must be given.
+func (j *JIT) Compile(file, arch string, defines map[string]string) ([]byte, error) {
+	names, ok := CUDAKernels[file]
+	if !ok {
+		return nil, fmt.Errorf("unknown kernel source %q", file)
+	}
+	src, err := sources.ReadFile("cuda/" + file)
+	if err != nil {
+		return nil, err
+	}
+	hdr, err := sources.ReadFile("cuda/" + cudaHeader)
+	if err != nil {
+		return nil, err
+	}
+	opts := []string{"--gpu-architecture=" + arch, "-std=c++17"}
+	sort.Strings(names)
+	for _, n := range names {
+		v, ok := defines[n]
+		if !ok {
+			return nil, fmt.Errorf("kernel %s needs -D%s", file, n)
+		}
+		opts = append(opts, "-D"+n+"="+v)
+	}
+	h := sha256.New()
+	fmt.Fprintf(h, "%s\x00%s\x00%s\x00%s\x00nvrtc %d.%d", file, src, hdr, strings.Join(opts, " "), j.NVRTC.Major, j.NVRTC.Minor)
+	key := hex.EncodeToString(h.Sum(nil))
+	path := ""
+	if j.CacheDir != "" {
+		path = filepath.Join(j.CacheDir, key+".cubin")
+		if b, err := os.ReadFile(path); err == nil && len(b) > 4 && string(b[:4]) == "\x7fELF" {
+			j.Hits++
+			return b, nil
+		}
+	}
+	cubin, err := j.NVRTC.Compile(file, string(src), map[string]string{cudaHeader: string(hdr)}, opts)
+	if err != nil {
+		return nil, err
+	}
+	j.Compiled++
+	if path != "" { // best effort: a cache that cannot be written only costs time
+		if err := os.MkdirAll(j.CacheDir, 0o755); err == nil {
+			tmp, err := os.CreateTemp(j.CacheDir, key+".tmp-")
+			if err == nil {
+				_, werr := tmp.Write(cubin)
+				cerr := tmp.Close()
+				if werr == nil && cerr == nil {
+					os.Rename(tmp.Name(), path)
+				} else {
+					os.Remove(tmp.Name())
+				}
+			}
+		}
+	}
+	return cubin, nil
+}

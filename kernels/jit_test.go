@@ -1,0 +1,90 @@
+package kernels
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"testing"
+
+	"github.com/moebench/moebench/internal/cuda"
+)
+
+// nvrtc opens NVRTC or skips; MOEBENCH_REQUIRE_NVRTC=1 (CI, which installs
+// Debian's NVRTC) or MOEBENCH_REQUIRE_GPU=1 turn a missing NVRTC into a failure.
+func nvrtc(t *testing.T) *cuda.NVRTC {
+	n, err := cuda.OpenNVRTC()
+	if err != nil {
+		if os.Getenv("MOEBENCH_REQUIRE_NVRTC") == "1" || os.Getenv("MOEBENCH_REQUIRE_GPU") == "1" {
+			t.Fatalf("NVRTC required: %v", err)
+		}
+		t.Skipf("no NVRTC: %v", err)
+	}
+	return n
+}
+
+// shapes are the presets' kernel constants at EP 8 (E, k, sigmoid, groups,
+// group top-k, scale, hidden, ffn).
+var shapes = map[string][8]string{
+	"tiny":           {"16", "4", "0", "0", "0", "1.0f", "128", "64"},
+	"deepseek-v3":    {"256", "8", "1", "8", "4", "2.5f", "7168", "2048"},
+	"qwen3-next-80b": {"512", "10", "0", "0", "0", "1.0f", "2048", "512"},
+	"mixtral-8x7b":   {"8", "2", "0", "0", "0", "1.0f", "4096", "14336"},
+	"gpt-oss-120b":   {"128", "4", "0", "0", "0", "1.0f", "2880", "2880"},
+}
+
+func defines(s [8]string) map[string]string {
+	var e int
+	fmt.Sscan(s[0], &e)
+	return map[string]string{"MB_EXPERTS": s[0], "MB_TOPK": s[1], "MB_SIGMOID": s[2], "MB_GROUPS": s[3],
+		"MB_GROUP_TOPK": s[4], "MB_SCALE": s[5], "MB_HIDDEN": s[6], "MB_FFN": s[7],
+		"MB_EP": "8", "MB_LOCAL": fmt.Sprint(e / 8)}
+}
+
+// TestKernelsCompile compiles every kernel for sm_80 and sm_90 with every
+// preset's constants: a kernel that does not compile fails CI.
+func TestKernelsCompile(t *testing.T) {
+	n := nvrtc(t)
+	t.Logf("NVRTC %d.%d from %s", n.Major, n.Minor, n.Path)
+	j := &JIT{NVRTC: n}
+	for name, s := range shapes {
+		for file := range CUDAKernels {
+			for _, arch := range []string{"sm_80", "sm_90"} {
+				cubin, err := j.Compile(file, arch, defines(s))
+				if err != nil {
+					t.Fatalf("%s %s %s: %v", name, file, arch, err)
+				}
+				if !bytes.HasPrefix(cubin, []byte("\x7fELF")) {
+					t.Fatalf("%s %s %s: not an ELF cubin", name, file, arch)
+				}
+			}
+		}
+	}
+}
+
+func TestJITCacheAndErrors(t *testing.T) {
+	n := nvrtc(t)
+	j := &JIT{NVRTC: n, CacheDir: t.TempDir()}
+	d := defines(shapes["tiny"])
+	a, err := j.Compile("permute.cu", "sm_90", d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := j.Compile("permute.cu", "sm_90", d)
+	if err != nil || !bytes.Equal(a, b) || j.Hits != 1 || j.Compiled != 1 {
+		t.Errorf("second compile: hits %d, compiled %d, same %v, %v", j.Hits, j.Compiled, bytes.Equal(a, b), err)
+	}
+	d["MB_HIDDEN"] = "256" // other constants: another cache entry
+	if _, err := j.Compile("permute.cu", "sm_90", d); err != nil || j.Compiled != 2 {
+		t.Errorf("new constants: compiled %d, %v", j.Compiled, err)
+	}
+	delete(d, "MB_HIDDEN")
+	if _, err := j.Compile("permute.cu", "sm_90", d); err == nil {
+		t.Error("missing constant accepted")
+	}
+	// a compile error carries NVRTC's log
+	if _, err := n.Compile("bad.cu", "extern \"C\" __global__ void k() { undefined_thing(); }", nil, []string{"--gpu-architecture=sm_90"}); err == nil {
+		t.Error("bad source compiled")
+	} else if ce, ok := err.(*cuda.CompileError); !ok || ce.Log == "" {
+		t.Errorf("compile error without log: %v", err)
+	}
+}
