@@ -160,3 +160,17 @@ func checkNpy(t *testing.T, path string, shape []int) {
 		t.Fatalf("%s: %d data bytes, shape %v needs %d", path, len(b)-10-hl, shape, n)
 	}
 }
+
+// TestReadmeFlagsInSync: the README's flag reference is what --help prints.
+func TestReadmeFlagsInSync(t *testing.T) {
+	_, help, _ := cli("--help")
+	help = strings.Replace(help, "failing|", "", 1) // registered by this package's tests only
+	flags := help[strings.Index(help, "Flags:\n")+len("Flags:\n") : strings.Index(help, "\nRouting:")]
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(readme), "## Flags\n\n```\n"+flags+"```") {
+		t.Error("README.md's Flags section differs from 'moebench --help'; paste the help's flag list into it")
+	}
+}

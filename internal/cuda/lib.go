@@ -70,7 +70,7 @@ func openLibrary(env string, names ...string) (*library, error) {
 			}
 		}
 	}
-	return nil, fmt.Errorf("none of %s found (set %s to its path); loader said: %s", strings.Join(names, ", "), env, tried[len(tried)-1])
+	return nil, fmt.Errorf("%s not found (%s; %s may name it)", strings.Join(names, " or "), tried[len(tried)-1], env)
 }
 
 // sym returns a symbol's address or an error naming it.
