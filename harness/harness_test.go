@@ -91,7 +91,8 @@ func counts(t *testing.T, r Routing, ranks, tokens, experts, k int) []int {
 		if logits == nil {
 			t.Fatalf("%v gives no logits", r)
 		}
-		idx, _ := kernels.Route(rc, logits, tokens)
+		idx, probs := make([]int32, tokens*k), make([]float32, tokens*k)
+		kernels.Route(rc, logits, tokens, idx, probs)
 		for _, e := range idx {
 			n[e]++
 		}

@@ -137,9 +137,7 @@ func (l *Layer) route(r int) error {
 		copy(run.logits, l.Override[r])
 	}
 	if l.Trace == nil {
-		idx, probs := kernels.Route(l.Router, run.logits, c.Tokens)
-		copy(rk.Idx, idx)
-		copy(rk.Probs, probs)
+		kernels.Route(l.Router, run.logits, c.Tokens, rk.Idx, rk.Probs)
 		return nil
 	}
 	row := make([]float64, c.Experts)
@@ -168,7 +166,7 @@ func (l *Layer) experts(r int) error {
 	if len(rk.ExpertX) != rows*h {
 		return fmt.Errorf("dispatch left %d rows with %d values; want rows × hidden = %d", rows, len(rk.ExpertX), rows*h)
 	}
-	rk.ExpertY = grow(rk.ExpertY, rows*h)
+	rk.ExpertY = kernels.Grow(rk.ExpertY, rows*h)
 	for _, sg := range rk.Segments {
 		w := sg.Weights
 		if w == nil {
@@ -180,7 +178,7 @@ func (l *Layer) experts(r int) error {
 		if sg.Start < 0 || sg.Len < 0 || sg.Start+sg.Len > rows {
 			return fmt.Errorf("segment of expert %d covers rows [%d, %d) of %d", sg.Expert, sg.Start, sg.Start+sg.Len, rows)
 		}
-		run.scratch = grow(run.scratch, sg.Len*3*f)
+		run.scratch = kernels.Grow(run.scratch, sg.Len*3*f)
 		kernels.ExpertForward(rk.ExpertY[sg.Start*h:], rk.ExpertX[sg.Start*h:(sg.Start+sg.Len)*h], rk.ExpertProbs[sg.Start:sg.Start+sg.Len],
 			w.FC1, w.FC2, run.scratch, sg.Len, h, f, kernels.RoundBF16Slice)
 	}
@@ -191,8 +189,8 @@ func (l *Layer) experts(r int) error {
 func (l *Layer) sharedExpert(r int) error {
 	run, c := &l.run[r], l.Cfg
 	fs := c.FFN * c.SharedExperts
-	run.shared = grow(run.shared, c.Tokens*c.Hidden)
-	run.scratch = grow(run.scratch, c.Tokens*3*fs)
+	run.shared = kernels.Grow(run.shared, c.Tokens*c.Hidden)
+	run.scratch = kernels.Grow(run.scratch, c.Tokens*3*fs)
 	kernels.ExpertForward(run.shared, l.X[r], nil, l.SharedFC1, l.SharedFC2, run.scratch, c.Tokens, c.Hidden, fs, kernels.RoundBF16Slice)
 	return nil
 }
@@ -227,12 +225,4 @@ func (l *Layer) Footprint(d dispatchers.Dispatcher, r int) int64 {
 		n += len(l.FC1[e]) + len(l.FC2[e])
 	}
 	return 4*int64(n) + d.Footprint(r)
-}
-
-// grow returns s resized to n, reusing its storage when large enough.
-func grow[T any](s []T, n int) []T {
-	if cap(s) >= n {
-		return s[:n]
-	}
-	return make([]T, n)
 }

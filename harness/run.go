@@ -8,6 +8,7 @@ import (
 	"github.com/montanaflynn/stats"
 
 	"github.com/moebench/moebench/dispatchers"
+	"github.com/moebench/moebench/kernels"
 	"github.com/moebench/moebench/results"
 )
 
@@ -151,7 +152,7 @@ func fillMeasurements(rec *results.Record, l *Layer, d dispatchers.Dispatcher, s
 			lockstep[i] += v
 		}
 		for r, rs := range samples[ph] {
-			stepPerRank[r] = grow(stepPerRank[r], cfg.Iters)
+			stepPerRank[r] = kernels.Grow(stepPerRank[r], cfg.Iters)
 			for i, v := range rs {
 				stepPerRank[r][i] += v
 			}

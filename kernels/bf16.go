@@ -19,8 +19,3 @@ func RoundBF16Slice(s []float32) {
 		s[i] = RoundBF16(v)
 	}
 }
-
-// BF16Bits returns the 16-bit bfloat16 encoding of f (rounded as RoundBF16).
-func BF16Bits(f float32) uint16 {
-	return uint16(math.Float32bits(RoundBF16(f)) >> 16)
-}

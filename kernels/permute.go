@@ -41,3 +41,12 @@ func ScatterAddRows[F Float](dst, src []F, rows []int32, div, cols int) {
 		}
 	}
 }
+
+// Grow returns s resized to n elements, reusing its storage when it is large
+// enough (the contents are not cleared).
+func Grow[T any](s []T, n int) []T {
+	if cap(s) >= n {
+		return s[:n]
+	}
+	return make([]T, n)
+}

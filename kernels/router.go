@@ -130,13 +130,11 @@ func (c RouterConfig) Feasible(idx []int32) error {
 	return nil
 }
 
-// Route runs the top-k step on logits [T,E] and returns the chosen experts
-// idx [T,k] and their probabilities probs [T,k] (float32, as the layer keeps
-// them). Scores are computed in float64 whatever F is.
-func Route[F Float](c RouterConfig, logits []F, tokens int) (idx []int32, probs []float32) {
+// Route runs the top-k step on logits [T,E] and writes the chosen experts to
+// idx [T,k] and their probabilities to probs [T,k] (float32, as the layer
+// keeps them). Scores are computed in float64 whatever F is.
+func Route[F Float](c RouterConfig, logits []F, tokens int, idx []int32, probs []float32) {
 	E, k := c.Experts, c.TopK
-	idx = make([]int32, tokens*k)
-	probs = make([]float32, tokens*k)
 	row := make([]float64, E)
 	for t := range tokens {
 		for e := range E {
@@ -148,7 +146,6 @@ func Route[F Float](c RouterConfig, logits []F, tokens int) (idx []int32, probs 
 			probs[t*k+i] = float32(p)
 		}
 	}
-	return idx, probs
 }
 
 func sigmoid(x float64) float64 { return 1 / (1 + math.Exp(-x)) }

@@ -112,8 +112,3 @@ func (c Config) Settings() string {
 	}
 	return s
 }
-
-// PointKey identifies a measured point: stack, workload and settings.
-func (r *Record) PointKey() string {
-	return r.Stack.StackKey() + "|" + r.Config.Workload() + "|" + r.Config.Settings()
-}

@@ -101,6 +101,16 @@ func TestRunWritesAndRereadsRecord(t *testing.T) {
 	}
 }
 
+func TestDeviceCUDAWithoutGPU(t *testing.T) {
+	if os.Getenv("MOEBENCH_REQUIRE_GPU") == "1" {
+		t.Skip("a GPU is present")
+	}
+	code, out, e := cli(append(quick, "--device", "cuda", "--format", "json")...)
+	if code != exitRuntime || !strings.Contains(out, `"status":"unavailable"`) || !strings.Contains(e, "device cuda") {
+		t.Errorf("--device cuda: exit %d\n%s\n%s", code, out, e)
+	}
+}
+
 func TestCSVAndNoCheck(t *testing.T) {
 	code, stdout, _ := cli(append(quick, "--format", "csv", "--check=false")...)
 	lines := strings.Split(strings.TrimSpace(stdout), "\n")

@@ -108,8 +108,8 @@ func (a *A2A) Dispatch(r int) error {
 			total += c
 		}
 	}
-	s.recvX = grow(s.recvX, total*h)
-	s.recvP = grow(s.recvP, total)
+	s.recvX = kernels.Grow(s.recvX, total*h)
+	s.recvP = kernels.Grow(s.recvP, total)
 	// all-to-all: source src's rows for r are contiguous at src.sendOff[r]
 	for src := range sh.EP {
 		ss := &a.st[src]
@@ -119,8 +119,8 @@ func (a *A2A) Dispatch(r int) error {
 		copy(s.recvP[at:], ss.permP[lo:hi])
 	}
 	// sort chunks by local expert
-	rk.ExpertX = grow(rk.ExpertX, total*h)
-	rk.ExpertProbs = grow(rk.ExpertProbs, total)
+	rk.ExpertX = kernels.Grow(rk.ExpertX, total*h)
+	rk.ExpertProbs = kernels.Grow(rk.ExpertProbs, total)
 	rk.Segments = rk.Segments[:0]
 	at := 0
 	for l := range L {
@@ -147,7 +147,7 @@ func (a *A2A) Combine(r int) error {
 	if len(rk.ExpertY) < n*h {
 		return fmt.Errorf("alltoall: rank %d: expert output has %d values, want %d", r, len(rk.ExpertY), n*h)
 	}
-	s.recvY = grow(s.recvY, n*h)
+	s.recvY = kernels.Grow(s.recvY, n*h)
 	at := 0
 	for l := range L {
 		for src := range sh.EP {
@@ -168,7 +168,7 @@ func (a *A2A) Combine(r int) error {
 // Unpermute sums each token's k returned outputs into Rank.Y.
 func (a *A2A) Unpermute(r int) error {
 	s, rk, sh := &a.st[r], a.ranks[r], a.shape
-	rk.Y = grow(rk.Y, sh.Tokens*sh.Hidden)
+	rk.Y = kernels.Grow(rk.Y, sh.Tokens*sh.Hidden)
 	clear(rk.Y)
 	kernels.ScatterAddRows(rk.Y, s.permY, s.slots, sh.TopK, sh.Hidden)
 	return nil
@@ -202,12 +202,4 @@ func (a *A2A) Footprint(r int) int64 {
 	s := &a.st[r]
 	n := cap(s.permX) + cap(s.permP) + cap(s.permY) + cap(s.recvX) + cap(s.recvP) + cap(s.recvY) + cap(s.slots)
 	return 4 * int64(n)
-}
-
-// grow returns s resized to n, reusing its storage when large enough.
-func grow[T any](s []T, n int) []T {
-	if cap(s) >= n {
-		return s[:n]
-	}
-	return make([]T, n)
 }
