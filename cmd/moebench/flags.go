@@ -162,6 +162,7 @@ Usage:
   moebench compare A B     regressions of B against A (exit 3)
   moebench straggler       simulate load-balancing policies over many steps
   moebench presets         list the built-in layer shapes
+  moebench doctor          which CUDA libraries and GPUs are here, and versions
   moebench version         print the version
   moebench help            print this help
 

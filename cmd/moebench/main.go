@@ -49,6 +49,8 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 		switch args[0] {
 		case "presets":
 			return presets(stdout)
+		case "doctor":
+			return doctor(stdout)
 		case "sweep":
 			return sweep(args[1:], stdout, stderr)
 		case "report":
@@ -67,7 +69,7 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 			args = args[1:]
 		default:
 			if !strings.HasPrefix(args[0], "-") {
-				return usageError(stderr, fmt.Errorf("unknown command %q (commands: run, sweep, report, compare, straggler, presets, version, help)", args[0]))
+				return usageError(stderr, fmt.Errorf("unknown command %q (commands: run, sweep, report, compare, straggler, presets, doctor, version, help)", args[0]))
 			}
 		}
 	}

@@ -59,6 +59,15 @@ func TestBadTraceNamesLine(t *testing.T) {
 	}
 }
 
+func TestDoctor(t *testing.T) {
+	code, out, _ := cli("doctor")
+	for _, want := range []string{"component", "NVRTC", "cuBLASLt", "NCCL", "NVML", "the host device is always available"} {
+		if code != exitOK || !strings.Contains(out, want) {
+			t.Errorf("doctor: exit %d, missing %q\n%s", code, want, out)
+		}
+	}
+}
+
 func TestHelpAndPresets(t *testing.T) {
 	code, out, _ := cli("--help")
 	for _, want := range []string{"Usage:", "--dispatcher", "--routing", "skewed:ALPHA", "Exit status"} {

@@ -2,6 +2,7 @@ package cuda
 
 import (
 	"os"
+	"strings"
 	"testing"
 )
 
@@ -20,4 +21,27 @@ func TestProbe(t *testing.T) {
 		return
 	}
 	t.Logf("no GPU (as expected on CI): %v", err)
+}
+
+func TestDoctorSaysWhy(t *testing.T) {
+	t.Setenv("MOEBENCH_NCCL", "/nonexistent/libnccl.so.2")
+	comps := Doctor()
+	names := map[string]Component{}
+	for _, c := range comps {
+		names[c.Name] = c
+		if !c.Found && c.Detail == "" {
+			t.Errorf("%s missing without a reason", c.Name)
+		}
+		if c.Found && c.Version == "" {
+			t.Errorf("%s found without a version", c.Name)
+		}
+	}
+	for _, n := range []string{"driver (libcuda)", "NVRTC", "cuBLASLt", "NCCL", "NVML"} {
+		if _, ok := names[n]; !ok {
+			t.Errorf("doctor does not report %s", n)
+		}
+	}
+	if c := names["NCCL"]; c.Found || !strings.Contains(c.Detail, "MOEBENCH_NCCL=/nonexistent/libnccl.so.2 does not load") {
+		t.Errorf("NCCL with a bad override: %+v", c)
+	}
 }
