@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/moebench/moebench/internal/cuda"
 	"github.com/moebench/moebench/kernels"
 	"github.com/moebench/moebench/results"
 )
@@ -17,13 +18,23 @@ import (
 var envPrefixes = []string{"MOEBENCH_", "CUDA_", "NCCL_", "NVSHMEM_", "NVIDIA_", "GOMAXPROCS", "GODEBUG", "GOGC"}
 
 // Fingerprint describes the stack a run uses: the host machine always, and
-// the GPU side when the cuda device runs (not in this build).
+// on the cuda device the GPUs, driver and libraries too.
 func Fingerprint(device, note, version string) results.Stack {
 	host, _ := os.Hostname()
 	s := results.Stack{Device: device, Note: note, Hostname: host,
 		CPU: cpuModel(), CPUs: runtime.NumCPU(), GOMAXPROCS: runtime.GOMAXPROCS(0), MemoryBytes: memTotal(),
 		OS: runtime.GOOS + "/" + runtime.GOARCH + " " + kernelRelease(), GoVersion: runtime.Version(),
 		Version: version, KernelHash: kernels.SourceHash(), Commit: commit()}
+	if device == "cuda" {
+		if g, err := cuda.ReadGPUInfo(); err != nil {
+			s.Note = strings.TrimPrefix(s.Note+"; ", "; ") + "GPU fingerprint unread: " + err.Error()
+		} else {
+			s.GPU = &results.GPUStack{Model: g.Model, Count: g.Count, SMs: g.SMs, CopyEngines: g.CopyEngines,
+				MemoryBytes: g.MemoryBytes, Driver: g.Driver, CUDADriver: g.CUDADriver, NVRTC: g.NVRTC, CuBLASLt: g.CuBLASLt,
+				NCCL: g.NCCL, SMClockMHz: g.SMClockMHz, MemClockMHz: g.MemClockMHz, PowerLimitW: g.PowerLimitW,
+				Topology: g.Topology, Unread: g.Unread}
+		}
+	}
 	for _, kv := range os.Environ() {
 		k, v, _ := strings.Cut(kv, "=")
 		for _, p := range envPrefixes {

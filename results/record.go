@@ -108,20 +108,21 @@ type Stack struct {
 
 // GPUStack is the GPU side of the fingerprint, filled on the cuda device.
 type GPUStack struct {
-	Model       string  `json:"model"`
-	Count       int     `json:"count"`
-	SMs         int     `json:"sms"`
-	CopyEngines int     `json:"copy_engines"`
-	MemoryBytes int64   `json:"memory_bytes"`
-	Driver      string  `json:"driver"`      // kernel driver version
-	CUDADriver  int     `json:"cuda_driver"` // driver API version, e.g. 13000
-	NVRTC       string  `json:"nvrtc,omitempty"`
-	CuBLASLt    string  `json:"cublaslt,omitempty"`
-	NCCL        string  `json:"nccl,omitempty"`
-	SMClockMHz  int     `json:"sm_clock_mhz"`
-	MemClockMHz int     `json:"mem_clock_mhz"`
-	PowerLimitW float64 `json:"power_limit_w"`
-	Topology    string  `json:"topology"` // NVLink/P2P matrix
+	Model       string   `json:"model"`
+	Count       int      `json:"count"`
+	SMs         int      `json:"sms"`
+	CopyEngines int      `json:"copy_engines"`
+	MemoryBytes int64    `json:"memory_bytes"`
+	Driver      string   `json:"driver"`      // kernel driver version
+	CUDADriver  int      `json:"cuda_driver"` // driver API version, e.g. 13000
+	NVRTC       string   `json:"nvrtc,omitempty"`
+	CuBLASLt    string   `json:"cublaslt,omitempty"`
+	NCCL        string   `json:"nccl,omitempty"`
+	SMClockMHz  int      `json:"sm_clock_mhz"`
+	MemClockMHz int      `json:"mem_clock_mhz"`
+	PowerLimitW float64  `json:"power_limit_w"`
+	Topology    string   `json:"topology"`         // peer access between every pair of GPUs
+	Unread      []string `json:"unread,omitempty"` // fields that could not be read, and why
 }
 
 // Ranks says how EP ranks map to devices.

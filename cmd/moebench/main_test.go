@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -191,5 +192,33 @@ func TestReadmeFlagsInSync(t *testing.T) {
 	}
 	if !strings.Contains(string(readme), "## Flags\n\n```\n"+flags+"```") {
 		t.Error("README.md's Flags section differs from 'moebench --help'; paste the help's flag list into it")
+	}
+}
+
+// TestDeviceCUDAFingerprintWithFakeDriver: with a (fake) driver and GPUs,
+// --device cuda still records unavailable in this build, but its stack
+// carries the GPU fingerprint.
+func TestDeviceCUDAFingerprintWithFakeDriver(t *testing.T) {
+	so := filepath.Join(t.TempDir(), "libfakecuda.so")
+	if out, err := exec.Command("cc", "-shared", "-fPIC", "-o", so, "../../internal/cuda/testdata/fakecuda.c").CombinedOutput(); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	t.Setenv("MOEBENCH_LIBCUDA", so)
+	t.Setenv("MOEBENCH_NVML", "/nonexistent")
+	out := filepath.Join(t.TempDir(), "r.jsonl")
+	code, _, e := cli(append(quick, "--device", "cuda", "--out", out)...)
+	recs, err := results.ReadFile(out)
+	if code != exitRuntime || err != nil || len(recs) != 1 {
+		t.Fatalf("exit %d, %v: %s", code, err, e)
+	}
+	g := recs[0].Stack.GPU
+	if recs[0].Status != results.StatusUnavailable || g == nil || g.Model != "Fake GPU 0" || g.Count != 2 || g.SMs != 1600 ||
+		!strings.Contains(recs[0].Stack.Note, "2 GPU(s), Fake GPU 0, driver API 13.0") {
+		t.Errorf("record: status %s, note %q, gpu %+v", recs[0].Status, recs[0].Stack.Note, g)
+	}
+	// auto sees the GPU but, without a CUDA layer, runs on the host and says so
+	_, _, e = cli(append(quick, "--device", "auto")...)
+	if !strings.Contains(e, "running on the host device (2 GPU(s), Fake GPU 0") || !strings.Contains(e, "no CUDA layer yet") {
+		t.Errorf("auto with a GPU: %s", e)
 	}
 }

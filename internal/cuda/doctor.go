@@ -4,19 +4,12 @@ package cuda
 #include <stddef.h>
 typedef size_t (*fn_szv)(void);
 typedef int (*fn_iptr)(int *);
-typedef int (*fn_void)(void);
-typedef int (*fn_str)(char *, unsigned int);
 static size_t call_szv(void *f) { return ((fn_szv)f)(); }
 static int call_iptr(void *f, int *v) { return ((fn_iptr)f)(v); }
-static int call_void(void *f) { return ((fn_void)f)(); }
-static int call_str(void *f, char *s, unsigned int n) { return ((fn_str)f)(s, n); }
 */
 import "C"
 
-import (
-	"fmt"
-	"unsafe"
-)
+import "fmt"
 
 // Component is one library or device moebench can use, as found here.
 type Component struct {
@@ -59,37 +52,6 @@ func Doctor() []Component {
 		"collectives between distinct GPUs and nodes", "libnccl.so.2", "libnccl.so"))
 
 	return append(out, probeNVML())
-}
-
-// probeNVML loads NVML and reads the driver version (nvmlInit_v2,
-// nvmlSystemGetDriverVersion, nvmlShutdown).
-func probeNVML() Component {
-	c := Component{Name: "NVML"}
-	lib, err := openLibrary("MOEBENCH_NVML", "libnvidia-ml.so.1")
-	if err != nil {
-		c.Detail = err.Error() + "; telemetry would say \"not measured\""
-		return c
-	}
-	syms := map[string]unsafe.Pointer{}
-	for _, n := range []string{"nvmlInit_v2", "nvmlSystemGetDriverVersion", "nvmlShutdown"} {
-		if syms[n], err = lib.sym(n); err != nil {
-			c.Detail = err.Error()
-			return c
-		}
-	}
-	if st := C.call_void(syms["nvmlInit_v2"]); st != 0 {
-		c.Detail = fmt.Sprintf("nvmlInit_v2: NVML error %d", int(st))
-		return c
-	}
-	defer C.call_void(syms["nvmlShutdown"])
-	buf := make([]byte, 96)
-	if st := C.call_str(syms["nvmlSystemGetDriverVersion"], (*C.char)(unsafe.Pointer(&buf[0])), C.uint(len(buf))); st != 0 {
-		c.Detail = fmt.Sprintf("nvmlSystemGetDriverVersion: NVML error %d", int(st))
-		return c
-	}
-	c.Found, c.Path, c.Version = true, lib.path, C.GoString((*C.char)(unsafe.Pointer(&buf[0])))
-	c.Detail = "telemetry: memory, clocks, power"
-	return c
 }
 
 // probeVersion loads a library and reads its version: a size_t f(void)

@@ -1,0 +1,419 @@
+package cuda
+
+/*
+#include <stdlib.h>
+#include <string.h>
+typedef int CUresult;
+typedef unsigned long long CUdeviceptr;
+
+typedef CUresult (*d_u)(unsigned int);
+typedef CUresult (*d_pi_i)(int *, int);
+typedef CUresult (*d_pi_ii)(int *, int, int);
+typedef CUresult (*d_psz_i)(size_t *, int);
+typedef CUresult (*d_pp_i)(void **, int);
+typedef CUresult (*d_i)(int);
+typedef CUresult (*d_p)(void *);
+typedef CUresult (*d_v)(void);
+typedef CUresult (*d_pi_pi)(int *, int *);
+typedef CUresult (*d_pint)(int *);
+typedef CUresult (*d_pp_u_i)(void **, unsigned int, int);
+typedef CUresult (*d_pp_u)(void **, unsigned int);
+typedef CUresult (*d_p_p)(void *, void *);
+typedef CUresult (*d_p_p_u)(void *, void *, unsigned int);
+typedef CUresult (*d_pf_p_p)(float *, void *, void *);
+typedef CUresult (*d_pd_sz)(CUdeviceptr *, size_t);
+typedef CUresult (*d_d)(CUdeviceptr);
+typedef CUresult (*d_psz_psz)(size_t *, size_t *);
+typedef CUresult (*d_d_p_sz_p)(CUdeviceptr, const void *, size_t, void *);
+typedef CUresult (*d_p_d_sz_p)(void *, CUdeviceptr, size_t, void *);
+typedef CUresult (*d_d_d_sz_p)(CUdeviceptr, CUdeviceptr, size_t, void *);
+typedef CUresult (*d_peer)(CUdeviceptr, void *, CUdeviceptr, void *, size_t, void *);
+typedef CUresult (*d_memset16)(CUdeviceptr, unsigned short, size_t, void *);
+typedef CUresult (*d_pp_cp)(void **, const void *);
+typedef CUresult (*d_pp_p_cs)(void **, void *, const char *);
+typedef CUresult (*d_p_i_i)(void *, int, int);
+typedef CUresult (*d_launch)(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void *, void **, void **);
+typedef CUresult (*d_errname)(CUresult, const char **);
+
+static CUresult c_u(void *f, unsigned a) { return ((d_u)f)(a); }
+static CUresult c_pi_i(void *f, int *a, int b) { return ((d_pi_i)f)(a, b); }
+static CUresult c_pi_ii(void *f, int *a, int b, int c) { return ((d_pi_ii)f)(a, b, c); }
+static CUresult c_psz_i(void *f, size_t *a, int b) { return ((d_psz_i)f)(a, b); }
+static CUresult c_pp_i(void *f, void **a, int b) { return ((d_pp_i)f)(a, b); }
+static CUresult c_i(void *f, int a) { return ((d_i)f)(a); }
+static CUresult c_p(void *f, void *a) { return ((d_p)f)(a); }
+static CUresult c_v(void *f) { return ((d_v)f)(); }
+static CUresult c_pi_pi(void *f, int *a, int *b) { return ((d_pi_pi)f)(a, b); }
+static CUresult c_pint(void *f, int *a) { return ((d_pint)f)(a); }
+static CUresult c_pp_u_i(void *f, void **a, unsigned b, int c) { return ((d_pp_u_i)f)(a, b, c); }
+static CUresult c_pp_u(void *f, void **a, unsigned b) { return ((d_pp_u)f)(a, b); }
+static CUresult c_p_p(void *f, void *a, void *b) { return ((d_p_p)f)(a, b); }
+static CUresult c_p_p_u(void *f, void *a, void *b, unsigned c) { return ((d_p_p_u)f)(a, b, c); }
+static CUresult c_pf_p_p(void *f, float *a, void *b, void *c) { return ((d_pf_p_p)f)(a, b, c); }
+static CUresult c_pd_sz(void *f, CUdeviceptr *a, size_t b) { return ((d_pd_sz)f)(a, b); }
+static CUresult c_d(void *f, CUdeviceptr a) { return ((d_d)f)(a); }
+static CUresult c_psz_psz(void *f, size_t *a, size_t *b) { return ((d_psz_psz)f)(a, b); }
+static CUresult c_htod(void *f, CUdeviceptr d, const void *s, size_t n, void *st) { return ((d_d_p_sz_p)f)(d, s, n, st); }
+static CUresult c_dtoh(void *f, void *d, CUdeviceptr s, size_t n, void *st) { return ((d_p_d_sz_p)f)(d, s, n, st); }
+static CUresult c_dtod(void *f, CUdeviceptr d, CUdeviceptr s, size_t n, void *st) { return ((d_d_d_sz_p)f)(d, s, n, st); }
+static CUresult c_peer(void *f, CUdeviceptr d, void *dc, CUdeviceptr s, void *sc, size_t n, void *st) { return ((d_peer)f)(d, dc, s, sc, n, st); }
+static CUresult c_memset16(void *f, CUdeviceptr d, unsigned short v, size_t n, void *st) { return ((d_memset16)f)(d, v, n, st); }
+static CUresult c_pp_cp(void *f, void **a, const void *b) { return ((d_pp_cp)f)(a, b); }
+static CUresult c_pp_p_cs(void *f, void **a, void *b, const char *c) { return ((d_pp_p_cs)f)(a, b, c); }
+static CUresult c_p_i_i(void *f, void *a, int b, int c) { return ((d_p_i_i)f)(a, b, c); }
+static CUresult c_launch(void *f, void *fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                         unsigned smem, void *st, void **params) {
+	return ((d_launch)f)(fn, gx, gy, gz, bx, by, bz, smem, st, params, 0);
+}
+static const char *c_errname(void *f, CUresult r) {
+	const char *s = 0;
+	if (f == 0 || ((d_errname)f)(r, &s) != 0 || s == 0) return "CUDA_ERROR_UNKNOWN_CODE";
+	return s;
+}
+*/
+import "C"
+
+import (
+	"fmt"
+	"runtime"
+	"unsafe"
+)
+
+// Driver is the CUDA driver API, opened with dlopen. Versioned symbols
+// (cuMemAlloc_v2, …) are used where the ABI changed; contexts are primary
+// contexts (never cuCtxCreate, whose ABI changed in CUDA 13).
+//
+// Proven here only against a fake libcuda (argument passing and the copy
+// data path, see driver_test.go); not yet run against a real GPU.
+type Driver struct {
+	Path string
+	fn   map[string]unsafe.Pointer
+}
+
+// Handles are the driver's opaque pointers; DevicePtr is a device address.
+type (
+	Context   unsafe.Pointer
+	Stream    unsafe.Pointer
+	Event     unsafe.Pointer
+	Module    unsafe.Pointer
+	Function  unsafe.Pointer
+	DevicePtr uint64
+)
+
+// Device attributes moebench reads (CUdevice_attribute values).
+const (
+	AttrMaxSharedPerBlockOptin = 97
+	AttrMultiprocessorCount    = 16
+	AttrClockRateKHz           = 13
+	AttrMemoryClockRateKHz     = 36
+	AttrAsyncEngineCount       = 40
+	AttrComputeCapabilityMajor = 75
+	AttrComputeCapabilityMinor = 76
+)
+
+// FuncAttrMaxDynamicShared is CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES.
+const FuncAttrMaxDynamicShared = 8
+
+// driverSymbols are the entry points moebench uses; the first name that
+// resolves is taken.
+var driverSymbols = [][]string{
+	{"cuInit"}, {"cuDriverGetVersion"}, {"cuDeviceGetCount"}, {"cuDeviceGet"}, {"cuDeviceGetName"},
+	{"cuDeviceGetAttribute"}, {"cuDeviceTotalMem_v2"}, {"cuDeviceCanAccessPeer"},
+	{"cuDevicePrimaryCtxRetain"}, {"cuDevicePrimaryCtxRelease_v2"}, {"cuCtxSetCurrent"}, {"cuCtxSynchronize"},
+	{"cuCtxEnablePeerAccess"}, {"cuCtxGetStreamPriorityRange"},
+	{"cuStreamCreateWithPriority"}, {"cuStreamDestroy_v2"}, {"cuStreamSynchronize"}, {"cuStreamWaitEvent"},
+	{"cuEventCreate"}, {"cuEventDestroy_v2"}, {"cuEventRecord"}, {"cuEventSynchronize"},
+	{"cuEventElapsedTime_v2", "cuEventElapsedTime"},
+	{"cuMemAlloc_v2"}, {"cuMemFree_v2"}, {"cuMemGetInfo_v2"},
+	{"cuMemcpyHtoDAsync_v2"}, {"cuMemcpyDtoHAsync_v2"}, {"cuMemcpyDtoDAsync_v2"}, {"cuMemcpyPeerAsync"},
+	{"cuMemsetD16Async"},
+	{"cuModuleLoadData"}, {"cuModuleUnload"}, {"cuModuleGetFunction"}, {"cuFuncSetAttribute"}, {"cuLaunchKernel"},
+	{"cuGetErrorName"},
+}
+
+// OpenDriver loads libcuda (MOEBENCH_LIBCUDA overrides) and resolves every
+// entry point, then calls cuInit.
+func OpenDriver() (*Driver, error) {
+	lib, err := openLibrary("MOEBENCH_LIBCUDA", "libcuda.so.1")
+	if err != nil {
+		return nil, err
+	}
+	d := &Driver{Path: lib.path, fn: map[string]unsafe.Pointer{}}
+	for _, names := range driverSymbols {
+		var last error
+		for _, n := range names {
+			p, err := lib.sym(n)
+			if err == nil {
+				d.fn[names[0]] = p
+				last = nil
+				break
+			}
+			last = err
+		}
+		if last != nil {
+			return nil, last
+		}
+	}
+	if err := d.check("cuInit", C.c_u(d.fn["cuInit"], 0)); err != nil {
+		return nil, err
+	}
+	return d, nil
+}
+
+// Error is a failed driver call: the call and the CUDA error name.
+type Error struct {
+	Call string
+	Code int
+	Name string
+}
+
+func (e *Error) Error() string { return fmt.Sprintf("%s: %s (%d)", e.Call, e.Name, e.Code) }
+
+func (d *Driver) check(call string, r C.CUresult) error {
+	if r == 0 {
+		return nil
+	}
+	return &Error{Call: call, Code: int(r), Name: C.GoString(C.c_errname(d.fn["cuGetErrorName"], r))}
+}
+
+// Version is the driver API version, e.g. 13000.
+func (d *Driver) Version() (int, error) {
+	var v C.int
+	return int(v), d.check("cuDriverGetVersion", C.c_pint(d.fn["cuDriverGetVersion"], &v))
+}
+
+// DeviceCount is the number of GPUs.
+func (d *Driver) DeviceCount() (int, error) {
+	var n C.int
+	err := d.check("cuDeviceGetCount", C.c_pint(d.fn["cuDeviceGetCount"], &n))
+	return int(n), err
+}
+
+// Attribute reads a device attribute.
+func (d *Driver) Attribute(dev, attr int) (int, error) {
+	var v C.int
+	err := d.check(fmt.Sprintf("cuDeviceGetAttribute(attr %d, device %d)", attr, dev), C.c_pi_ii(d.fn["cuDeviceGetAttribute"], &v, C.int(attr), C.int(dev)))
+	return int(v), err
+}
+
+// TotalMem is the device's memory in bytes.
+func (d *Driver) TotalMem(dev int) (int64, error) {
+	var n C.size_t
+	err := d.check("cuDeviceTotalMem_v2", C.c_psz_i(d.fn["cuDeviceTotalMem_v2"], &n, C.int(dev)))
+	return int64(n), err
+}
+
+// CanAccessPeer reports whether dev can access peer's memory.
+func (d *Driver) CanAccessPeer(dev, peer int) (bool, error) {
+	var v C.int
+	err := d.check("cuDeviceCanAccessPeer", C.c_pi_ii(d.fn["cuDeviceCanAccessPeer"], &v, C.int(dev), C.int(peer)))
+	return v != 0, err
+}
+
+// PrimaryContext retains dev's primary context and makes it current on this
+// OS thread, which it locks (the current context is per thread).
+func (d *Driver) PrimaryContext(dev int) (Context, error) {
+	var ctx unsafe.Pointer
+	if err := d.check("cuDevicePrimaryCtxRetain", C.c_pp_i(d.fn["cuDevicePrimaryCtxRetain"], &ctx, C.int(dev))); err != nil {
+		return nil, err
+	}
+	runtime.LockOSThread()
+	return Context(ctx), d.check("cuCtxSetCurrent", C.c_p(d.fn["cuCtxSetCurrent"], ctx))
+}
+
+// ReleasePrimaryContext releases dev's primary context.
+func (d *Driver) ReleasePrimaryContext(dev int) error {
+	return d.check("cuDevicePrimaryCtxRelease_v2", C.c_i(d.fn["cuDevicePrimaryCtxRelease_v2"], C.int(dev)))
+}
+
+// Synchronize waits for the current context.
+func (d *Driver) Synchronize() error {
+	return d.check("cuCtxSynchronize", C.c_v(d.fn["cuCtxSynchronize"]))
+}
+
+// EnablePeerAccess lets the current context access peer's memory.
+func (d *Driver) EnablePeerAccess(peer Context) error {
+	return d.check("cuCtxEnablePeerAccess", C.c_p_p_u(d.fn["cuCtxEnablePeerAccess"], unsafe.Pointer(peer), nil, 0))
+}
+
+// StreamPriorities is the current context's range (least, greatest): the
+// greatest priority is the lowest number.
+func (d *Driver) StreamPriorities() (least, greatest int, err error) {
+	var l, g C.int
+	err = d.check("cuCtxGetStreamPriorityRange", C.c_pi_pi(d.fn["cuCtxGetStreamPriorityRange"], &l, &g))
+	return int(l), int(g), err
+}
+
+// NewStream creates a non-blocking stream with a priority.
+func (d *Driver) NewStream(priority int) (Stream, error) {
+	var s unsafe.Pointer
+	const nonBlocking = 1
+	err := d.check("cuStreamCreateWithPriority", C.c_pp_u_i(d.fn["cuStreamCreateWithPriority"], &s, nonBlocking, C.int(priority)))
+	return Stream(s), err
+}
+
+// DestroyStream destroys s.
+func (d *Driver) DestroyStream(s Stream) error {
+	return d.check("cuStreamDestroy_v2", C.c_p(d.fn["cuStreamDestroy_v2"], unsafe.Pointer(s)))
+}
+
+// SyncStream waits for s.
+func (d *Driver) SyncStream(s Stream) error {
+	return d.check("cuStreamSynchronize", C.c_p(d.fn["cuStreamSynchronize"], unsafe.Pointer(s)))
+}
+
+// WaitEvent makes s wait for e.
+func (d *Driver) WaitEvent(s Stream, e Event) error {
+	return d.check("cuStreamWaitEvent", C.c_p_p_u(d.fn["cuStreamWaitEvent"], unsafe.Pointer(s), unsafe.Pointer(e), 0))
+}
+
+// NewEvent creates a timing event.
+func (d *Driver) NewEvent() (Event, error) {
+	var e unsafe.Pointer
+	err := d.check("cuEventCreate", C.c_pp_u(d.fn["cuEventCreate"], &e, 0))
+	return Event(e), err
+}
+
+// DestroyEvent destroys e.
+func (d *Driver) DestroyEvent(e Event) error {
+	return d.check("cuEventDestroy_v2", C.c_p(d.fn["cuEventDestroy_v2"], unsafe.Pointer(e)))
+}
+
+// Record records e on s.
+func (d *Driver) Record(e Event, s Stream) error {
+	return d.check("cuEventRecord", C.c_p_p(d.fn["cuEventRecord"], unsafe.Pointer(e), unsafe.Pointer(s)))
+}
+
+// SyncEvent waits for e.
+func (d *Driver) SyncEvent(e Event) error {
+	return d.check("cuEventSynchronize", C.c_p(d.fn["cuEventSynchronize"], unsafe.Pointer(e)))
+}
+
+// Elapsed is the time between two recorded events, in milliseconds.
+func (d *Driver) Elapsed(start, end Event) (float32, error) {
+	var ms C.float
+	err := d.check("cuEventElapsedTime", C.c_pf_p_p(d.fn["cuEventElapsedTime_v2"], &ms, unsafe.Pointer(start), unsafe.Pointer(end)))
+	return float32(ms), err
+}
+
+// Alloc allocates n bytes of device memory (plain cuMemAlloc, never managed).
+func (d *Driver) Alloc(n int64) (DevicePtr, error) {
+	var p C.CUdeviceptr
+	err := d.check(fmt.Sprintf("cuMemAlloc_v2(%d bytes)", n), C.c_pd_sz(d.fn["cuMemAlloc_v2"], &p, C.size_t(n)))
+	return DevicePtr(p), err
+}
+
+// Free frees device memory.
+func (d *Driver) Free(p DevicePtr) error {
+	return d.check("cuMemFree_v2", C.c_d(d.fn["cuMemFree_v2"], C.CUdeviceptr(p)))
+}
+
+// MemInfo is the free and total device memory of the current context.
+func (d *Driver) MemInfo() (free, total int64, err error) {
+	var f, t C.size_t
+	err = d.check("cuMemGetInfo_v2", C.c_psz_psz(d.fn["cuMemGetInfo_v2"], &f, &t))
+	return int64(f), int64(t), err
+}
+
+// CopyToDevice copies len(src) elements of host memory to dst on s; src must
+// stay alive and unchanged until s has run the copy (synchronize before
+// reusing it).
+func CopyToDevice[T any](d *Driver, dst DevicePtr, src []T, s Stream) error {
+	if len(src) == 0 {
+		return nil
+	}
+	n := C.size_t(len(src)) * C.size_t(unsafe.Sizeof(src[0]))
+	return d.check("cuMemcpyHtoDAsync_v2", C.c_htod(d.fn["cuMemcpyHtoDAsync_v2"], C.CUdeviceptr(dst), unsafe.Pointer(&src[0]), n, unsafe.Pointer(s)))
+}
+
+// CopyFromDevice copies len(dst) elements from src into host memory on s.
+func CopyFromDevice[T any](d *Driver, dst []T, src DevicePtr, s Stream) error {
+	if len(dst) == 0 {
+		return nil
+	}
+	n := C.size_t(len(dst)) * C.size_t(unsafe.Sizeof(dst[0]))
+	return d.check("cuMemcpyDtoHAsync_v2", C.c_dtoh(d.fn["cuMemcpyDtoHAsync_v2"], unsafe.Pointer(&dst[0]), C.CUdeviceptr(src), n, unsafe.Pointer(s)))
+}
+
+// CopyDevice copies n bytes between device buffers of one context on s.
+func (d *Driver) CopyDevice(dst, src DevicePtr, n int64, s Stream) error {
+	return d.check("cuMemcpyDtoDAsync_v2", C.c_dtod(d.fn["cuMemcpyDtoDAsync_v2"], C.CUdeviceptr(dst), C.CUdeviceptr(src), C.size_t(n), unsafe.Pointer(s)))
+}
+
+// CopyPeer copies n bytes from src in srcCtx to dst in dstCtx on s.
+func (d *Driver) CopyPeer(dst DevicePtr, dstCtx Context, src DevicePtr, srcCtx Context, n int64, s Stream) error {
+	return d.check("cuMemcpyPeerAsync", C.c_peer(d.fn["cuMemcpyPeerAsync"], C.CUdeviceptr(dst), unsafe.Pointer(dstCtx),
+		C.CUdeviceptr(src), unsafe.Pointer(srcCtx), C.size_t(n), unsafe.Pointer(s)))
+}
+
+// Fill16 sets n 16-bit words at p to v on s (e.g. poisoning bf16 with NaN 0x7fc0).
+func (d *Driver) Fill16(p DevicePtr, v uint16, n int64, s Stream) error {
+	return d.check("cuMemsetD16Async", C.c_memset16(d.fn["cuMemsetD16Async"], C.CUdeviceptr(p), C.ushort(v), C.size_t(n), unsafe.Pointer(s)))
+}
+
+// LoadModule loads a cubin.
+func (d *Driver) LoadModule(image []byte) (Module, error) {
+	if len(image) == 0 {
+		return nil, fmt.Errorf("cuModuleLoadData: empty image")
+	}
+	img := C.CBytes(image)
+	defer C.free(img)
+	var m unsafe.Pointer
+	err := d.check("cuModuleLoadData", C.c_pp_cp(d.fn["cuModuleLoadData"], &m, img))
+	return Module(m), err
+}
+
+// UnloadModule unloads m.
+func (d *Driver) UnloadModule(m Module) error {
+	return d.check("cuModuleUnload", C.c_p(d.fn["cuModuleUnload"], unsafe.Pointer(m)))
+}
+
+// Function looks a kernel up by name.
+func (d *Driver) Function(m Module, name string) (Function, error) {
+	cs := C.CString(name)
+	defer C.free(unsafe.Pointer(cs))
+	var f unsafe.Pointer
+	err := d.check("cuModuleGetFunction("+name+")", C.c_pp_p_cs(d.fn["cuModuleGetFunction"], &f, unsafe.Pointer(m), cs))
+	return Function(f), err
+}
+
+// SetMaxDynamicShared lets f use more than 48 KB of dynamic shared memory.
+func (d *Driver) SetMaxDynamicShared(f Function, bytes int) error {
+	return d.check("cuFuncSetAttribute", C.c_p_i_i(d.fn["cuFuncSetAttribute"], unsafe.Pointer(f), FuncAttrMaxDynamicShared, C.int(bytes)))
+}
+
+// Launch runs f on s. Each argument is a device pointer, an int32, a uint32 or
+// a float32, passed by value; they are copied to C memory for the call.
+func (d *Driver) Launch(f Function, grid, block [3]uint32, sharedBytes uint32, s Stream, args ...any) error {
+	n := len(args)
+	params := (*[1 << 16]unsafe.Pointer)(C.malloc(C.size_t(max(n, 1)) * C.size_t(unsafe.Sizeof(uintptr(0)))))[:max(n, 1):max(n, 1)]
+	defer C.free(unsafe.Pointer(&params[0]))
+	for i, a := range args {
+		var size uintptr
+		var src unsafe.Pointer
+		switch v := a.(type) {
+		case DevicePtr:
+			size, src = unsafe.Sizeof(v), unsafe.Pointer(&v)
+		case int32:
+			size, src = unsafe.Sizeof(v), unsafe.Pointer(&v)
+		case uint32:
+			size, src = unsafe.Sizeof(v), unsafe.Pointer(&v)
+		case float32:
+			size, src = unsafe.Sizeof(v), unsafe.Pointer(&v)
+		default:
+			for _, p := range params[:i] {
+				C.free(p)
+			}
+			return fmt.Errorf("cuLaunchKernel: argument %d has unsupported type %T", i, a)
+		}
+		params[i] = C.malloc(C.size_t(size))
+		C.memcpy(params[i], src, C.size_t(size))
+	}
+	defer func() {
+		for _, p := range params[:n] {
+			C.free(p)
+		}
+	}()
+	return d.check("cuLaunchKernel", C.c_launch(d.fn["cuLaunchKernel"], unsafe.Pointer(f), C.uint(grid[0]), C.uint(grid[1]), C.uint(grid[2]),
+		C.uint(block[0]), C.uint(block[1]), C.uint(block[2]), C.uint(sharedBytes), unsafe.Pointer(s), &params[0]))
+}

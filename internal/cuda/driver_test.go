@@ -1,0 +1,170 @@
+package cuda
+
+import (
+	"errors"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// fakeDriver builds testdata/fakecuda.c into a shared library and opens the
+// binding on it.
+func fakeDriver(t *testing.T) *Driver {
+	so := filepath.Join(t.TempDir(), "libfakecuda.so")
+	if out, err := exec.Command("cc", "-shared", "-fPIC", "-o", so, "testdata/fakecuda.c").CombinedOutput(); err != nil {
+		t.Fatalf("building the fake libcuda: %v\n%s", err, out)
+	}
+	t.Setenv("MOEBENCH_LIBCUDA", so)
+	d, err := OpenDriver()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+func TestDriverQueries(t *testing.T) {
+	d := fakeDriver(t)
+	if v, err := d.Version(); err != nil || v != 13000 {
+		t.Errorf("Version = %d, %v", v, err)
+	}
+	if n, err := d.DeviceCount(); err != nil || n != 2 {
+		t.Errorf("DeviceCount = %d, %v", n, err)
+	}
+	if v, err := d.Attribute(1, AttrMultiprocessorCount); err != nil || v != 1601 {
+		t.Errorf("Attribute(1, SMs) = %d, %v (the fake answers attr·100+device)", v, err)
+	}
+	if n, err := d.TotalMem(0); err != nil || n != 80<<30 {
+		t.Errorf("TotalMem = %d, %v", n, err)
+	}
+	if ok, err := d.CanAccessPeer(0, 1); err != nil || !ok {
+		t.Errorf("CanAccessPeer(0, 1) = %v, %v", ok, err)
+	}
+	if f, tot, err := d.MemInfo(); err != nil || f != 1<<30 || tot != 2<<30 {
+		t.Errorf("MemInfo = %d, %d, %v", f, tot, err)
+	}
+	// Probe goes through the same override
+	drv, gpus, err := Probe()
+	if err != nil || drv != 13000 || len(gpus) != 2 || gpus[1].Name != "Fake GPU 1" {
+		t.Errorf("Probe = %d, %v, %v", drv, gpus, err)
+	}
+}
+
+func TestDriverStreamsEventsCopiesLaunch(t *testing.T) {
+	d := fakeDriver(t)
+	c0, err := d.PrimaryContext(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c1, _ := d.PrimaryContext(1)
+	least, greatest, err := d.StreamPriorities()
+	if err != nil || least != 0 || greatest != -5 {
+		t.Fatalf("priorities %d, %d, %v", least, greatest, err)
+	}
+	s, err := d.NewStream(greatest)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.DestroyStream(s)
+	e0, _ := d.NewEvent()
+	e1, _ := d.NewEvent()
+	d.Record(e0, s)
+	d.Record(e1, s)
+	if ms, err := d.Elapsed(e0, e1); err != nil || ms != 0.5 {
+		t.Errorf("Elapsed = %v, %v", ms, err)
+	}
+	x := []float32{1, 2, 3, 4, 5}
+	p, err := d.Alloc(int64(4 * len(x)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Free(p)
+	if err := CopyToDevice(d, p, x, s); err != nil {
+		t.Fatal(err)
+	}
+	m, err := d.LoadModule([]byte("\x7fELF fake cubin"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := d.Function(m, "add")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.SetMaxDynamicShared(f, 200<<10); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Launch(f, [3]uint32{7, 1, 1}, [3]uint32{128, 1, 1}, 4096, s, p, int32(4), float32(0.5)); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]float32, len(x))
+	if err := CopyFromDevice(d, got, p, s); err != nil {
+		t.Fatal(err)
+	}
+	// the fake writes grid·(100,10,1) + block·(1000,1,1) + shared/1024 after the n elements
+	if want := []float32{1.5, 2.5, 3.5, 4.5, 700 + 10 + 1 + 128000 + 1 + 1 + 4}; !equalF(got, want) {
+		t.Errorf("after the fake add kernel: %v, want %v (arguments and launch geometry)", got, want)
+	}
+	// device-to-device and peer copies, and a 16-bit fill
+	q, _ := d.Alloc(20)
+	defer d.Free(q)
+	if err := d.CopyDevice(q, p, 20, s); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.CopyPeer(p, c1, q, c0, 8, s); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Fill16(q, 0x7fc0, 10, s); err != nil {
+		t.Fatal(err)
+	}
+	CopyFromDevice(d, got, q, s)
+	for _, v := range got {
+		if v == v { // 0x7fc07fc0 is a NaN
+			t.Fatalf("Fill16 with the bf16 NaN pattern left %v", got)
+		}
+	}
+	if err := d.Launch(f, [3]uint32{1, 1, 1}, [3]uint32{1, 1, 1}, 0, s, "nope"); err == nil {
+		t.Error("unsupported argument type accepted")
+	}
+}
+
+func TestDriverErrorsNameTheCall(t *testing.T) {
+	d := fakeDriver(t)
+	_, err := d.LoadModule([]byte("not a cubin"))
+	var ce *Error
+	if !errors.As(err, &ce) || ce.Call != "cuModuleLoadData" || ce.Name != "CUDA_ERROR_INVALID_IMAGE" || ce.Code != 200 {
+		t.Errorf("bad image: %v", err)
+	}
+	m, _ := d.LoadModule([]byte("\x7fELF"))
+	if _, err := d.Function(m, "missing"); err == nil || err.Error() != "cuModuleGetFunction(missing): CUDA_ERROR_NOT_FOUND (500)" {
+		t.Errorf("missing function: %v", err)
+	}
+}
+
+func equalF(a, b []float32) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+func TestGPUInfoFromFake(t *testing.T) {
+	fakeDriver(t)
+	t.Setenv("MOEBENCH_NVML", "/nonexistent/libnvidia-ml.so.1")
+	g, err := ReadGPUInfo()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// the fake answers attribute a of device 0 with a·100
+	if g.Model != "Fake GPU 0" || g.Count != 2 || g.SMs != 1600 || g.CopyEngines != 4000 || g.MemoryBytes != 80<<30 ||
+		g.CUDADriver != 13000 || g.SMClockMHz != 1 || g.Topology != "0→1 p2p, 1→0 p2p" {
+		t.Errorf("GPU info %+v", g)
+	}
+	if len(g.Unread) != 1 || !strings.Contains(g.Unread[0], "power limit") || g.PowerLimitW != 0 {
+		t.Errorf("NVML missing should leave the power limit unread: %+v", g.Unread)
+	}
+}

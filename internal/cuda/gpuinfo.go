@@ -1,0 +1,105 @@
+package cuda
+
+import (
+	"fmt"
+	"strings"
+)
+
+// GPUInfo is the GPU side of a stack fingerprint.
+type GPUInfo struct {
+	Model                   string
+	Count, SMs              int
+	CopyEngines             int
+	MemoryBytes             int64
+	CUDADriver              int
+	Driver                  string // kernel driver version (NVML)
+	SMClockMHz, MemClockMHz int
+	PowerLimitW             float64 // of GPU 0 (NVML)
+	Topology                string  // peer access between every pair
+	NVRTC, CuBLASLt, NCCL   string
+	Unread                  []string // what could not be read, and why
+}
+
+// ReadGPUInfo reads the fingerprint of GPU 0 and the node's GPU count,
+// libraries and peer topology. Only a missing driver is an error; anything
+// else missing is listed in Unread.
+func ReadGPUInfo() (GPUInfo, error) {
+	var g GPUInfo
+	d, err := OpenDriver()
+	if err != nil {
+		return g, err
+	}
+	if g.CUDADriver, err = d.Version(); err != nil {
+		return g, err
+	}
+	if g.Count, err = d.DeviceCount(); err != nil {
+		return g, err
+	}
+	if g.Count == 0 {
+		return g, fmt.Errorf("the CUDA driver reports no GPU")
+	}
+	_, gpus, err := Probe()
+	if err == nil && len(gpus) > 0 {
+		g.Model = gpus[0].Name
+	}
+	attr := func(a int, what string) int {
+		v, err := d.Attribute(0, a)
+		if err != nil {
+			g.Unread = append(g.Unread, what+": "+err.Error())
+		}
+		return v
+	}
+	g.SMs = attr(AttrMultiprocessorCount, "SM count")
+	g.CopyEngines = attr(AttrAsyncEngineCount, "copy engines")
+	g.SMClockMHz = attr(AttrClockRateKHz, "SM clock") / 1000
+	g.MemClockMHz = attr(AttrMemoryClockRateKHz, "memory clock") / 1000
+	if g.MemoryBytes, err = d.TotalMem(0); err != nil {
+		g.Unread = append(g.Unread, "memory: "+err.Error())
+	}
+	var pairs []string
+	for a := range g.Count {
+		for b := range g.Count {
+			if a == b {
+				continue
+			}
+			ok, err := d.CanAccessPeer(a, b)
+			switch {
+			case err != nil:
+				pairs = append(pairs, fmt.Sprintf("%d→%d ?", a, b))
+			case ok:
+				pairs = append(pairs, fmt.Sprintf("%d→%d p2p", a, b))
+			default:
+				pairs = append(pairs, fmt.Sprintf("%d→%d none", a, b))
+			}
+		}
+	}
+	g.Topology = strings.Join(pairs, ", ")
+	if g.Topology == "" {
+		g.Topology = "single GPU"
+	}
+	for _, c := range Doctor() {
+		switch c.Name {
+		case "NVRTC":
+			g.NVRTC = versionOr(c)
+		case "cuBLASLt":
+			g.CuBLASLt = versionOr(c)
+		case "NCCL":
+			g.NCCL = versionOr(c)
+		case "NVML":
+			if c.Found {
+				g.Driver = c.Version
+			}
+		}
+	}
+	if err := readPowerLimit(&g); err != nil {
+		g.Unread = append(g.Unread, "driver version and power limit (NVML): "+err.Error())
+	}
+	return g, nil
+}
+
+func versionOr(c Component) string {
+	if c.Found {
+		return c.Version
+	}
+	return "missing"
+}
