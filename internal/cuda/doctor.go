@@ -1,10 +1,7 @@
 package cuda
 
 /*
-#include <stddef.h>
-typedef size_t (*fn_szv)(void);
 typedef int (*fn_iptr)(int *);
-static size_t call_szv(void *f) { return ((fn_szv)f)(); }
 static int call_iptr(void *f, int *v) { return ((fn_iptr)f)(v); }
 */
 import "C"
@@ -46,38 +43,35 @@ func Doctor() []Component {
 	}
 	out = append(out, c)
 
-	out = append(out, probeVersion("cuBLASLt", "MOEBENCH_CUBLASLT", "cublasLtGetVersion", true,
-		"expert and router GEMMs", "libcublasLt.so.13", "libcublasLt.so.12", "libcublasLt.so.11", "libcublasLt.so"))
-	out = append(out, probeVersion("NCCL", "MOEBENCH_NCCL", "ncclGetVersion", false,
-		"collectives between distinct GPUs and nodes", "libnccl.so.2", "libnccl.so"))
+	c = Component{Name: "cuBLASLt"}
+	if b, err := OpenCuBLASLt(); err != nil {
+		c.Detail = err.Error()
+	} else {
+		c.Found, c.Path, c.Version, c.Detail = true, b.Path, fmt.Sprint(b.Version), "expert and router GEMMs"
+	}
+	out = append(out, c, probeNCCL())
 
 	return append(out, probeNVML())
 }
 
-// probeVersion loads a library and reads its version: a size_t f(void)
-// (sized) or an int f(int *) returning status 0.
-func probeVersion(name, env, sym string, sized bool, use string, names ...string) Component {
-	c := Component{Name: name}
-	lib, err := openLibrary(env, names...)
+// probeNCCL loads NCCL and reads its version (ncclGetVersion).
+func probeNCCL() Component {
+	c := Component{Name: "NCCL"}
+	lib, err := openLibrary("MOEBENCH_NCCL", "libnccl.so.2", "libnccl.so")
 	if err != nil {
 		c.Detail = err.Error()
 		return c
 	}
-	f, err := lib.sym(sym)
+	f, err := lib.sym("ncclGetVersion")
 	if err != nil {
 		c.Detail = err.Error()
 		return c
 	}
-	c.Found, c.Path, c.Detail = true, lib.path, use
-	if sized {
-		c.Version = fmt.Sprint(uint64(C.call_szv(f)))
-	} else {
-		var v C.int
-		if st := C.call_iptr(f, &v); st != 0 {
-			c.Found, c.Detail = false, fmt.Sprintf("%s: error %d", sym, int(st))
-			return c
-		}
-		c.Version = fmt.Sprint(int(v))
+	var v C.int
+	if st := C.call_iptr(f, &v); st != 0 {
+		c.Detail = fmt.Sprintf("ncclGetVersion: error %d", int(st))
+		return c
 	}
+	c.Found, c.Path, c.Version, c.Detail = true, lib.path, fmt.Sprint(int(v)), "collectives between distinct GPUs and nodes"
 	return c
 }

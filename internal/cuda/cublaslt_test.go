@@ -1,0 +1,111 @@
+package cuda
+
+import (
+	"math"
+	"math/rand/v2"
+	"os/exec"
+	"path/filepath"
+	"testing"
+)
+
+func fakeCuBLASLt(t *testing.T) *CuBLASLt {
+	so := filepath.Join(t.TempDir(), "libfakecublaslt.so")
+	if out, err := exec.Command("cc", "-shared", "-fPIC", "-o", so, "testdata/fakecublaslt.c").CombinedOutput(); err != nil {
+		t.Fatalf("building the fake libcublasLt: %v\n%s", err, out)
+	}
+	t.Setenv("MOEBENCH_CUBLASLT", so)
+	b, err := OpenCuBLASLt()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Init(); err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func bf16(f float32) uint16 { // round to nearest even
+	u := math.Float32bits(f)
+	u += 0x7fff + (u>>16)&1
+	return uint16(u >> 16)
+}
+
+func unbf16(b uint16) float32 { return math.Float32frombits(uint32(b) << 16) }
+
+// TestCuBLASLtRowMajorNT: through the fake (column-major semantics), PlanGEMM
+// and Run compute the row-major c[m,n] = a[m,k]·w[n,k]ᵀ.
+func TestCuBLASLtRowMajorNT(t *testing.T) {
+	d := fakeDriver(t)
+	b := fakeCuBLASLt(t)
+	if b.Version != 130000 {
+		t.Errorf("version %d", b.Version)
+	}
+	const m, n, k = 5, 7, 3
+	r := rand.New(rand.NewPCG(1, 1))
+	a, w := make([]uint16, m*k), make([]uint16, n*k)
+	for i := range a {
+		a[i] = bf16(float32(r.NormFloat64()))
+	}
+	for i := range w {
+		w[i] = bf16(float32(r.NormFloat64()))
+	}
+	g, err := b.PlanGEMM(m, n, k, 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Free(g)
+	if g.WorkspaceSize != 1024 {
+		t.Errorf("workspace %d, want the heuristic's 1024", g.WorkspaceSize)
+	}
+	s, _ := d.NewStream(0)
+	da, _ := d.Alloc(2 * m * k)
+	dw, _ := d.Alloc(2 * n * k)
+	dc, _ := d.Alloc(2 * m * n)
+	ws, _ := d.Alloc(g.WorkspaceSize)
+	CopyToDevice(d, da, a, s)
+	CopyToDevice(d, dw, w, s)
+	if err := b.Run(g, dc, da, dw, ws, s); err != nil {
+		t.Fatal(err)
+	}
+	c := make([]uint16, m*n)
+	CopyFromDevice(d, c, dc, s)
+	for i := range m {
+		for j := range n {
+			var want float32
+			for p := range k {
+				want += unbf16(a[i*k+p]) * unbf16(w[j*k+p])
+			}
+			if got := c[i*n+j]; got != bf16(want) {
+				t.Fatalf("c[%d,%d] = %v, want %v", i, j, unbf16(got), want)
+			}
+		}
+	}
+	if _, err := b.PlanGEMM(0, 1, 1, 0); err == nil {
+		t.Error("m = 0 accepted")
+	}
+}
+
+// TestCuBLASLtDescriptorsReal checks the descriptor constants against a real
+// libcublasLt when one is installed (a GPU node, or Debian's libcublaslt11):
+// descriptor, layout and preference calls need no GPU.
+func TestCuBLASLtDescriptorsReal(t *testing.T) {
+	b, err := OpenCuBLASLt()
+	if err != nil {
+		t.Skipf("no libcublasLt: %v", err)
+	}
+	t.Logf("cuBLASLt %d from %s", b.Version, b.Path)
+	g := &GEMM{}
+	defer b.Free(g)
+	if err := b.describe(g, 64, 128, 256); err != nil {
+		t.Fatal(err)
+	}
+	pref, err := b.preference(32 << 20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.freePreference(pref)
+	// the library does check: TRANSA with an 8-byte value is refused
+	if err := b.setAttr(g.desc, descTransA, make([]byte, 8)); err == nil {
+		t.Error("a wrongly sized attribute was accepted: this test could not catch a wrong constant")
+	}
+}
