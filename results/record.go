@@ -121,7 +121,7 @@ type GPUStack struct {
 	SMClockMHz  int      `json:"sm_clock_mhz"`
 	MemClockMHz int      `json:"mem_clock_mhz"`
 	PowerLimitW float64  `json:"power_limit_w"`
-	Topology    string   `json:"topology"`         // peer access between every pair of GPUs
+	Topology    string   `json:"topology"`         // peer access between every pair of GPUs (not NVLink link counts)
 	Unread      []string `json:"unread,omitempty"` // fields that could not be read, and why
 }
 
