@@ -138,21 +138,9 @@ func TestRoutingStatistics(t *testing.T) {
 func TestRoutingReproducibleBySeed(t *testing.T) {
 	r := Routing{Kind: RoutingSkewed, Alpha: 1}
 	a, b, c := r.Logits(7, 2, 16, 8), r.Logits(7, 2, 16, 8), r.Logits(8, 2, 16, 8)
-	if !equal(a, b) || equal(a, c) || equal(a, r.Logits(7, 3, 16, 8)) {
+	if !slices.Equal(a, b) || slices.Equal(a, c) || slices.Equal(a, r.Logits(7, 3, 16, 8)) {
 		t.Error("logits must repeat for the same seed and rank and differ otherwise")
 	}
-}
-
-func equal(a, b []float32) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 func writeTrace(t *testing.T, body string) string {

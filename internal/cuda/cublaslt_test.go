@@ -3,17 +3,11 @@ package cuda
 import (
 	"math"
 	"math/rand/v2"
-	"os/exec"
-	"path/filepath"
 	"testing"
 )
 
 func fakeCuBLASLt(t *testing.T) *CuBLASLt {
-	so := filepath.Join(t.TempDir(), "libfakecublaslt.so")
-	if out, err := exec.Command("cc", "-shared", "-fPIC", "-o", so, "testdata/fakecublaslt.c").CombinedOutput(); err != nil {
-		t.Fatalf("building the fake libcublasLt: %v\n%s", err, out)
-	}
-	t.Setenv("MOEBENCH_CUBLASLT", so)
+	buildFake(t, "fakecublaslt", "MOEBENCH_CUBLASLT")
 	b, err := OpenCuBLASLt()
 	if err != nil {
 		t.Fatal(err)

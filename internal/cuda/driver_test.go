@@ -4,18 +4,25 @@ import (
 	"errors"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
 
-// fakeDriver builds testdata/fakecuda.c into a shared library and opens the
-// binding on it.
-func fakeDriver(t *testing.T) *Driver {
-	so := filepath.Join(t.TempDir(), "libfakecuda.so")
-	if out, err := exec.Command("cc", "-shared", "-fPIC", "-o", so, "testdata/fakecuda.c").CombinedOutput(); err != nil {
-		t.Fatalf("building the fake libcuda: %v\n%s", err, out)
+// buildFake compiles testdata/NAME.c into a shared library and points the
+// environment variable env at it.
+func buildFake(t *testing.T, name, env string) {
+	t.Helper()
+	so := filepath.Join(t.TempDir(), "lib"+name+".so")
+	if out, err := exec.Command("cc", "-shared", "-fPIC", "-o", so, "testdata/"+name+".c").CombinedOutput(); err != nil {
+		t.Fatalf("building %s: %v\n%s", name, err, out)
 	}
-	t.Setenv("MOEBENCH_LIBCUDA", so)
+	t.Setenv(env, so)
+}
+
+// fakeDriver opens the binding on testdata/fakecuda.c.
+func fakeDriver(t *testing.T) *Driver {
+	buildFake(t, "fakecuda", "MOEBENCH_LIBCUDA")
 	d, err := OpenDriver()
 	if err != nil {
 		t.Fatal(err)
@@ -101,7 +108,7 @@ func TestDriverStreamsEventsCopiesLaunch(t *testing.T) {
 		t.Fatal(err)
 	}
 	// the fake writes grid·(100,10,1) + block·(1000,1,1) + shared/1024 after the n elements
-	if want := []float32{1.5, 2.5, 3.5, 4.5, 700 + 10 + 1 + 128000 + 1 + 1 + 4}; !equalF(got, want) {
+	if want := []float32{1.5, 2.5, 3.5, 4.5, 700 + 10 + 1 + 128000 + 1 + 1 + 4}; !slices.Equal(got, want) {
 		t.Errorf("after the fake add kernel: %v, want %v (arguments and launch geometry)", got, want)
 	}
 	// device-to-device and peer copies, and a 16-bit fill
@@ -138,18 +145,6 @@ func TestDriverErrorsNameTheCall(t *testing.T) {
 	if _, err := d.Function(m, "missing"); err == nil || err.Error() != "cuModuleGetFunction(missing): CUDA_ERROR_NOT_FOUND (500)" {
 		t.Errorf("missing function: %v", err)
 	}
-}
-
-func equalF(a, b []float32) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 func TestGPUInfoFromFake(t *testing.T) {
