@@ -93,7 +93,10 @@ func sweep(args []string, stdout, stderr io.Writer) int {
 	stop := make(chan struct{})
 	sig := make(chan os.Signal, 2)
 	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
-	defer signal.Stop(sig)
+	defer func() { // stop delivery before closing, or a late signal would panic
+		signal.Stop(sig)
+		close(sig)
+	}()
 	go func() {
 		if _, ok := <-sig; !ok {
 			return
@@ -106,7 +109,6 @@ func sweep(args []string, stdout, stderr io.Writer) int {
 			os.Exit(130)
 		}
 	}()
-	defer close(sig)
 
 	counts := map[string]int{}
 	record := func(rec *results.Record) error {
