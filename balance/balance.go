@@ -9,6 +9,7 @@ package balance
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 )
@@ -125,7 +126,7 @@ func (p *Plan) Check(t Topology, st Step) error {
 				return fmt.Errorf("%s: expert %d: bad share %+v", p.Policy, e, s)
 			}
 			sum += s.Tokens
-			if s.Tokens > 0 && !contains(p.Holders[e], s.Rank) {
+			if s.Tokens > 0 && !slices.Contains(p.Holders[e], s.Rank) {
 				return fmt.Errorf("%s: expert %d: rank %d computes %d tokens without its weights (holders %v)", p.Policy, e, s.Rank, s.Tokens, p.Holders[e])
 			}
 		}
@@ -163,17 +164,9 @@ func (p *Plan) Explain(t Topology) string {
 
 func byteStr(n int64) string { return fmt.Sprintf("%.2f MB", float64(n)/1e6) }
 
-func contains(s []int, v int) bool {
-	for _, x := range s {
-		if x == v {
-			return true
-		}
-	}
-	return false
-}
-
-// defaultPlacement gives every expert to its owner with all its tokens.
-func defaultPlacement(t Topology, st Step) Plan {
+// OwnerPlan computes every expert on its owner with all its tokens: the
+// load before any balancing.
+func OwnerPlan(t Topology, st Step) Plan {
 	p := Plan{Shares: make([][]Share, t.Experts), Holders: make([][]int, t.Experts)}
 	for e := range t.Experts {
 		o := t.Owner(e)

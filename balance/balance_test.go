@@ -4,6 +4,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -118,7 +119,7 @@ func TestFEPLBBalancesHotRank(t *testing.T) {
 		t.Fatal(err)
 	}
 	lb, la := before.Loads(4), after.Loads(4)
-	if maxInt(lb) != 48000 || maxInt(la) > 32000 {
+	if slices.Max(lb) != 48000 || slices.Max(la) > 32000 {
 		t.Errorf("loads before %v, after %v: want the hot rank relieved", lb, la)
 	}
 	if !strings.Contains(after.Explain(tp), "weights") {

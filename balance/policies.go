@@ -2,6 +2,7 @@ package balance
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 )
 
@@ -60,7 +61,7 @@ type none struct{ t Topology }
 
 func (none) Name() string { return "none" }
 func (p none) Plan(st Step) Plan {
-	pl := defaultPlacement(p.t, st)
+	pl := OwnerPlan(p.t, st)
 	pl.Policy, pl.Note = "none", "every expert computed by its owner"
 	return pl
 }
@@ -104,7 +105,7 @@ func (p *eplb) Plan(st Step) Plan {
 		p.holders = eplbPlace(t, load, p.o.RedundantPerRank)
 		for e, hs := range p.holders {
 			for _, r := range hs {
-				if contains(old[e], r) {
+				if slices.Contains(old[e], r) {
 					continue
 				}
 				link, _ := p.m.linkBW(t, old[e][0], r)
@@ -168,7 +169,7 @@ func eplbPlace(t Topology, load []float64, redundantPerRank int) [][]int {
 	for _, r := range reps {
 		best := -1
 		for k := range t.Ranks {
-			if used[k] < slots && !contains(holders[r.e], k) && (best < 0 || weight[k] < weight[best]) {
+			if used[k] < slots && !slices.Contains(holders[r.e], k) && (best < 0 || weight[k] < weight[best]) {
 				best = k
 			}
 		}
@@ -210,7 +211,7 @@ func (p fastermoe) Plan(st Step) Plan {
 		load[t.Owner(e)] += n
 	}
 	latency := func(shadows int) float64 {
-		return (3*comp+4*send)*float64(maxInt(load)) + float64(shadows)*bcast
+		return (3*comp+4*send)*float64(slices.Max(load)) + float64(shadows)*bcast
 	}
 	best := latency(0)
 	var shadowed []int
@@ -236,7 +237,7 @@ func (p fastermoe) Plan(st Step) Plan {
 		load[t.Owner(e)] += st.Counts[e]
 		break
 	}
-	pl := defaultPlacement(t, st)
+	pl := OwnerPlan(t, st)
 	pl.Policy = "fastermoe"
 	pl.Note = fmt.Sprintf("shadowed %d experts %v", len(shadowed), shadowed)
 	for _, e := range shadowed {
@@ -432,12 +433,4 @@ func (p *feplb) replace() []Move {
 	clear(p.history)
 	p.seen = 0
 	return moves
-}
-
-func maxInt(v []int) int {
-	m := v[0]
-	for _, x := range v {
-		m = max(m, x)
-	}
-	return m
 }

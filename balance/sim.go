@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"strings"
+	"slices"
 	"time"
 )
 
@@ -151,7 +151,6 @@ type SimResult struct {
 	GEMM           Stat               // modelled seconds: max − mean, max/mean − 1
 	BytesPerStep   map[string]float64 // by link, mean per step
 	CETimeMax      float64            // seconds: mean over steps of the busiest rank's copy-engine time
-	StaticTimeMin  float64            // seconds: mean over steps of the smallest static compute (FEPLB hides CE behind it)
 	SchedulerMicro float64            // measured wall time of the policy's Plan per step, mean, µs
 	Steps          int
 }
@@ -183,10 +182,10 @@ func Simulate(t Topology, m Model, src Source, steps int, policies []string, o O
 			for r, v := range loads {
 				lf[r] = float64(v)
 			}
-			a, r := straggler(lf)
+			a, r := Straggler(lf)
 			res.Token.Abs += a
 			res.Token.Rel += r
-			a, r = straggler(m.GEMMTimes(&pl, t.Ranks))
+			a, r = Straggler(m.GEMMTimes(&pl, t.Ranks))
 			res.GEMM.Abs += a
 			res.GEMM.Rel += r
 			for link, b := range pl.BytesByLink() {
@@ -198,10 +197,7 @@ func Simulate(t Topology, m Model, src Source, steps int, policies []string, o O
 					ce[mv.From] += float64(mv.Bytes) / m.CE
 				}
 			}
-			res.CETimeMax += maxF(ce)
-			if strings.HasPrefix(name, "feplb") {
-				res.StaticTimeMin += minStatic(&pl, m, t)
-			}
+			res.CETimeMax += slices.Max(ce)
 		}
 		n := float64(steps)
 		res.Token.Abs, res.Token.Rel, res.GEMM.Abs, res.GEMM.Rel = res.Token.Abs/n, res.Token.Rel/n, res.GEMM.Abs/n, res.GEMM.Rel/n
@@ -209,46 +205,22 @@ func Simulate(t Topology, m Model, src Source, steps int, policies []string, o O
 			res.BytesPerStep[k] /= n
 		}
 		res.CETimeMax /= n
-		res.StaticTimeMin /= n
 		res.SchedulerMicro = float64(sched.Microseconds()) / n
 		out = append(out, res)
 	}
 	return out, nil
 }
 
-// minStatic is the smallest per-rank compute of experts that did not move.
-func minStatic(p *Plan, m Model, t Topology) float64 {
-	st := make([]float64, t.Ranks)
-	for e, shares := range p.Shares {
-		if len(shares) == 1 && len(p.Holders[e]) == 1 {
-			st[shares[0].Rank] += m.ExpertTime(shares[0].Tokens)
-		}
-	}
-	lo := st[0]
-	for _, v := range st {
-		lo = math.Min(lo, v)
-	}
-	return lo
-}
-
-// straggler is max − mean and max/mean − 1.
-func straggler(v []float64) (abs, rel float64) {
+// Straggler is max − mean and max/mean − 1 of v (rel 0 when the mean is 0).
+func Straggler(v []float64) (abs, rel float64) {
 	mean := 0.0
 	for _, x := range v {
 		mean += x
 	}
 	mean /= float64(len(v))
-	hi := maxF(v)
+	hi := slices.Max(v)
 	if mean == 0 {
 		return hi - mean, 0
 	}
 	return hi - mean, hi/mean - 1
-}
-
-func maxF(v []float64) float64 {
-	m := math.Inf(-1)
-	for _, x := range v {
-		m = math.Max(m, x)
-	}
-	return m
 }

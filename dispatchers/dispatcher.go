@@ -207,3 +207,20 @@ func Pending(name, needs string) Factory {
 		return nil, &UnavailableError{Name: name, Impl: impl, Reason: reason}
 	}
 }
+
+// Step is one phase of a step: its name and what it does for one rank.
+type Step struct {
+	Name string
+	Run  func(rank int) error
+}
+
+// Sequence is the order of d's phases with experts (the layer's expert
+// computation) in its place: permute, dispatch, rebalance (Rebalancers only),
+// experts, combine, unpermute. Each phase runs for every rank before the next.
+func Sequence(d Dispatcher, experts func(rank int) error) []Step {
+	s := []Step{{"permute", d.Permute}, {"dispatch", d.Dispatch}}
+	if rb, ok := d.(Rebalancer); ok {
+		s = append(s, Step{"rebalance", rb.Rebalance})
+	}
+	return append(s, Step{"experts", experts}, Step{"combine", d.Combine}, Step{"unpermute", d.Unpermute})
+}

@@ -206,14 +206,9 @@ func RoundTrip(d dispatchers.Dispatcher, shape dispatchers.Shape, x [][]float32,
 		}
 		return nil
 	}
-	steps := []func(int) error{d.Permute, d.Dispatch}
-	if rb, ok := d.(dispatchers.Rebalancer); ok {
-		steps = append(steps, rb.Rebalance)
-	}
-	steps = append(steps, identity, d.Combine, d.Unpermute)
-	for _, step := range steps {
+	for _, step := range dispatchers.Sequence(d, identity) {
 		for r := range ranks {
-			if err := step(r); err != nil {
+			if err := step.Run(r); err != nil {
 				return err.Error()
 			}
 		}

@@ -8,12 +8,6 @@ import (
 	"github.com/moebench/moebench/kernels"
 )
 
-// Phases of one layer step, in execution order. The shared expert runs first,
-// as in Megatron-Core (without shared-expert overlap), and is left out when the
-// layer has none.
-// "rebalance" runs only for dispatchers that rebalance (dispatchers.Rebalancer).
-var Phases = []string{"shared", "router", "permute", "dispatch", "rebalance", "experts", "combine", "unpermute"}
-
 // Layer is one MoE layer's weights and inputs spread over EP host ranks.
 // All values are bf16 numbers held in float32.
 type Layer struct {
@@ -98,34 +92,33 @@ func normal(seed uint64, purpose string, i, n int, std float64) []float32 {
 // Step runs one forward pass of the layer through d, calling timed around
 // every phase of every rank (rank by rank within a phase).
 func (l *Layer) Step(d dispatchers.Dispatcher, timed func(phase string, rank int, fn func() error) error) error {
-	local := map[string]func(int) error{
-		"shared": l.sharedExpert, "router": l.route, "permute": d.Permute, "dispatch": d.Dispatch,
-		"experts": l.experts, "combine": d.Combine, "unpermute": func(r int) error { return l.unpermute(d, r) },
-	}
-	if rb, ok := d.(dispatchers.Rebalancer); ok {
-		local["rebalance"] = rb.Rebalance
-	}
-	for _, ph := range l.phases(d) {
+	for _, ph := range l.steps(d) {
 		for r := range l.Ranks {
-			if err := timed(ph, r, func() error { return local[ph](r) }); err != nil {
-				return fmt.Errorf("%s on rank %d: %w", ph, r, err)
+			if err := timed(ph.Name, r, func() error { return ph.Run(r) }); err != nil {
+				return fmt.Errorf("%s on rank %d: %w", ph.Name, r, err)
 			}
 		}
 	}
 	return nil
 }
 
-// phases are the phases this layer runs with d.
-func (l *Layer) phases(d dispatchers.Dispatcher) []string {
-	var out []string
-	_, rebalances := d.(dispatchers.Rebalancer)
-	for _, ph := range Phases {
-		if (ph == "shared" && l.SharedFC1 == nil) || (ph == "rebalance" && !rebalances) {
-			continue
-		}
-		out = append(out, ph)
+// steps are the phases of a step with d, in order: the shared expert first
+// (as Megatron-Core without shared-expert overlap; left out when the layer has
+// none), the router, then the dispatcher's sequence around the experts, its
+// unpermute followed by the bf16 store and the shared expert's add.
+func (l *Layer) steps(d dispatchers.Dispatcher) []dispatchers.Step {
+	var s []dispatchers.Step
+	if l.SharedFC1 != nil {
+		s = append(s, dispatchers.Step{Name: "shared", Run: l.sharedExpert})
 	}
-	return out
+	s = append(s, dispatchers.Step{Name: "router", Run: l.route})
+	for _, ph := range dispatchers.Sequence(d, l.experts) {
+		if ph.Name == "unpermute" {
+			ph.Run = func(r int) error { return l.unpermute(d, r) }
+		}
+		s = append(s, ph)
+	}
+	return s
 }
 
 // route computes the router logits (fp32 GEMM, as Megatron's fp32 router),
@@ -195,8 +188,8 @@ func (l *Layer) sharedExpert(r int) error {
 	return nil
 }
 
-// unpermute sums the k outputs per token (the dispatcher's step), stores the
-// sum as bf16 and adds the shared expert's output.
+// unpermute runs the dispatcher's unpermute (the sum of the k outputs per
+// token), stores the sum as bf16 and adds the shared expert's output.
 func (l *Layer) unpermute(d dispatchers.Dispatcher, r int) error {
 	if err := d.Unpermute(r); err != nil {
 		return err

@@ -80,8 +80,8 @@ func Run(cfg Config, env Env) (*results.Record, error) {
 
 	// samples[phase][rank][iter] in milliseconds
 	samples := map[string][][]float64{}
-	for _, ph := range l.phases(d) {
-		samples[ph] = make([][]float64, cfg.EP)
+	for _, ph := range l.steps(d) {
+		samples[ph.Name] = make([][]float64, cfg.EP)
 	}
 	iter := -1
 	timed := func(ph string, r int, fn func() error) error {
@@ -146,16 +146,20 @@ func fillMeasurements(rec *results.Record, l *Layer, d dispatchers.Dispatcher, s
 	// each rank's own step time, and the lockstep step (sum of slowest ranks)
 	stepPerRank := make([][]float64, cfg.EP)
 	lockstep := make([]float64, cfg.Iters)
-	for _, ph := range l.phases(d) {
-		p := phaseStats(ph, samples[ph])
+	var expertMed []float64 // each rank's median experts time
+	for _, ph := range l.steps(d) {
+		p := phaseStats(ph.Name, samples[ph.Name])
 		for i, v := range p.Samples {
 			lockstep[i] += v
 		}
-		for r, rs := range samples[ph] {
+		for r, rs := range samples[ph.Name] {
 			stepPerRank[r] = kernels.Grow(stepPerRank[r], cfg.Iters)
 			for i, v := range rs {
 				stepPerRank[r][i] += v
 			}
+		}
+		if ph.Name == "experts" {
+			expertMed = p.PerRank
 		}
 		t.Phases = append(t.Phases, p)
 	}
@@ -175,7 +179,6 @@ func fillMeasurements(rec *results.Record, l *Layer, d dispatchers.Dispatcher, s
 	}
 	rec.Tokens = &results.Tokens{Received: recv, Straggler: straggler(tok)}
 
-	expertMed := phaseStats("experts", samples["experts"]).PerRank
 	var ms float64
 	for _, v := range expertMed {
 		ms += v

@@ -178,7 +178,7 @@ func TestGPUPermuteAndGather(t *testing.T) {
 	for i := range idx {
 		idx[i] = int32(r.IntN(E))
 	}
-	slots, _ := PermuteOrder(idx, T, k, E)
+	slots, _ := PermuteOrder(idx, T, k, E, nil, nil)
 	want := make([]float32, T*k*h)
 	GatherRows(want, x, slots, k, h)
 	f := g.kernel("permute.cu", "permute_rows", map[string]string{"MB_HIDDEN": "1024"})
@@ -222,7 +222,7 @@ func TestGPUSwiGLUAndUnpermute(t *testing.T) {
 			idx[tok*k+j] = int32(e)
 		}
 	}
-	slots, _ := PermuteOrder(idx, T, k, 32)
+	slots, _ := PermuteOrder(idx, T, k, 32, nil, nil)
 	pos := make([]int32, T*k)
 	for row, s := range slots {
 		pos[s] = int32(row)

@@ -128,7 +128,7 @@ func TestPermuteUnpermuteInverse(t *testing.T) {
 			idx[tok*k+j] = int32(e)
 		}
 	}
-	slots, counts := PermuteOrder(idx, T, k, E)
+	slots, counts := PermuteOrder(idx, T, k, E, nil, nil)
 	// expert-major, token order kept within an expert
 	at := 0
 	for e, n := range counts {

@@ -3,17 +3,19 @@ package kernels
 // PermuteOrder sorts the token copies of idx [tokens,k] expert-major — all
 // copies routed to expert 0, then expert 1, … — keeping token order within an
 // expert (Megatron's permute). It returns, for each permuted row, the flat slot
-// t*k+j it came from, and the number of rows per expert.
-func PermuteOrder(idx []int32, tokens, k, experts int) (slots []int32, counts []int) {
-	counts = make([]int, experts)
+// t*k+j it came from, and the number of rows per expert, reusing the storage
+// of slots and counts (which may be nil) when it is large enough.
+func PermuteOrder(idx []int32, tokens, k, experts int, slots []int32, counts []int) ([]int32, []int) {
+	counts = Grow(counts, 2*experts) // counts, then the next free row of each expert
+	clear(counts)
+	counts, next := counts[:experts], counts[experts:]
 	for _, e := range idx[:tokens*k] {
 		counts[e]++
 	}
-	next := make([]int, experts)
 	for e := 1; e < experts; e++ {
 		next[e] = next[e-1] + counts[e-1]
 	}
-	slots = make([]int32, tokens*k)
+	slots = Grow(slots, tokens*k)
 	for s, e := range idx[:tokens*k] {
 		slots[next[e]] = int32(s)
 		next[e]++

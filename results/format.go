@@ -138,12 +138,8 @@ func WriteCSV(w io.Writer, rec *Record) error {
 		strconv.FormatUint(c.Seed, 10), rec.Stack.Device, rec.Status}
 	num := func(v float64) string { return strconv.FormatFloat(v, 'g', 6, 64) }
 	if t := rec.Timing; t != nil {
-		ph := map[string]Phase{}
-		for _, p := range t.Phases {
-			ph[p.Name] = p
-		}
 		row = append(row, num(t.Step.P50), num(t.Step.Mean), num(t.Step.Stdev),
-			num(ph["dispatch"].P50), num(ph["combine"].P50), num(ph["experts"].P50),
+			num(phaseP50(rec, "dispatch")), num(phaseP50(rec, "combine")), num(phaseP50(rec, "experts")),
 			num(rec.Tokens.Straggler.Rel), num(rec.GEMM.Straggler.Rel), strconv.FormatInt(rec.Traffic.DispatchOffRank, 10))
 	} else {
 		row = append(row, make([]string, 9)...)

@@ -29,7 +29,7 @@ tr.unavailable td,tr.failed td{color:#777;font-style:italic}
 {{range .Groups}}
 <h2>{{.Title}}</h2>
 <table><tr>{{range $.Heads}}<th>{{.}}</th>{{end}}</tr>
-{{range .Rows}}<tr class="{{.Status}}">{{range $i, $c := .Cells}}<td{{if ge $i 4}} class="num"{{end}}>{{$c}}</td>{{end}}</tr>
+{{range .Rows}}<tr class="{{.Status}}">{{range $i, $c := .Cells}}<td{{if ge $i $.Left}} class="num"{{end}}>{{$c}}</td>{{end}}</tr>
 {{end}}</table>
 {{with .Notes}}<ul>{{range .}}<li>{{.}}</li>{{end}}</ul>{{end}}
 <div class="charts">{{range .Charts}}{{.}}{{end}}</div>
@@ -57,19 +57,15 @@ func reportHTML(w io.Writer, groups []Group, title string) error {
 		Title  string
 		Stacks []Group
 		Heads  []string
+		Left   int
 		Groups []htmlGroup
-	}{Title: title, Stacks: stacks(groups)}
-	for _, col := range columns {
-		data.Heads = append(data.Heads, col.head)
-	}
+	}{Title: title, Stacks: stacks(groups), Left: textColumns}
 	for _, g := range groups {
 		hg := htmlGroup{Title: g.Title(), Notes: g.notes()}
-		for _, r := range g.Rows {
-			hr := htmlRow{Status: r.Rec.Status}
-			for _, col := range columns {
-				hr.Cells = append(hr.Cells, col.cell(r))
-			}
-			hg.Rows = append(hg.Rows, hr)
+		cells := g.cells()
+		data.Heads = cells[0]
+		for i, r := range g.Rows {
+			hg.Rows = append(hg.Rows, htmlRow{Status: r.Rec.Status, Cells: cells[i+1]})
 		}
 		charts, err := groupCharts(g)
 		if err != nil {

@@ -216,44 +216,34 @@ func WriteReport(w io.Writer, groups []Group, format, title string) error {
 	return fmt.Errorf("unknown report format %q (allowed: %s)", format, strings.Join(ReportFormats, ", "))
 }
 
+// textColumns are the report's left-aligned columns (dispatcher, impl, sms, status).
+const textColumns = 4
+
+// cells is the group's table: the header, then one row per dispatcher × settings.
+func (g Group) cells() [][]string {
+	rows := [][]string{{}}
+	for _, col := range columns {
+		rows[0] = append(rows[0], col.head)
+	}
+	for _, r := range g.Rows {
+		var row []string
+		for _, col := range columns {
+			row = append(row, col.cell(r))
+		}
+		rows = append(rows, row)
+	}
+	return rows
+}
+
 func reportTable(w io.Writer, groups []Group) error {
 	p := &printer{w: w}
 	for _, g := range stacks(groups) {
 		p.f("# stack #%d: %s\n", g.StackNo, g.Stack.Summary())
 	}
 	for _, g := range groups {
-		cells := make([][]string, len(g.Rows)+1)
-		for _, col := range columns {
-			cells[0] = append(cells[0], col.head)
-		}
-		for i, r := range g.Rows {
-			for _, col := range columns {
-				cells[i+1] = append(cells[i+1], col.cell(r))
-			}
-		}
-		width := make([]int, len(columns))
-		for _, row := range cells {
-			for j, c := range row {
-				width[j] = max(width[j], len([]rune(c)))
-			}
-		}
 		p.f("#\n# %s\n", g.Title())
-		for i, row := range cells {
-			var b strings.Builder
-			if i == 0 {
-				b.WriteString("# ")
-			} else {
-				b.WriteString("  ")
-			}
-			for j, c := range row {
-				pad := strings.Repeat(" ", width[j]-len([]rune(c)))
-				if j < 4 { // text columns left-aligned, numbers right-aligned
-					b.WriteString(c + pad + "  ")
-				} else {
-					b.WriteString(pad + c + "  ")
-				}
-			}
-			p.f("%s\n", strings.TrimRight(b.String(), " "))
+		if p.err == nil {
+			p.err = WriteAligned(w, g.cells(), textColumns)
 		}
 		for _, n := range g.notes() {
 			p.f("#   %s\n", n)
@@ -269,25 +259,9 @@ func reportMarkdown(w io.Writer, groups []Group, title string) error {
 		p.f("- stack #%d: %s\n", g.StackNo, mdEscape(g.Stack.Summary()))
 	}
 	for _, g := range groups {
-		p.f("\n## %s\n\n|", mdEscape(g.Title()))
-		for _, col := range columns {
-			p.f(" %s |", col.head)
-		}
-		p.f("\n|")
-		for j := range columns {
-			if j < 4 {
-				p.f("---|")
-			} else {
-				p.f("---:|")
-			}
-		}
-		p.f("\n")
-		for _, r := range g.Rows {
-			p.f("|")
-			for _, col := range columns {
-				p.f(" %s |", mdEscape(col.cell(r)))
-			}
-			p.f("\n")
+		p.f("\n## %s\n\n", mdEscape(g.Title()))
+		if p.err == nil {
+			p.err = WriteMarkdownTable(w, g.cells(), textColumns)
 		}
 		if n := g.notes(); len(n) > 0 {
 			p.f("\n")

@@ -200,40 +200,20 @@ func writeStraggler(w io.Writer, format string, res []balance.SimResult, title s
 		}
 		rows = append(rows, row)
 	}
+	table := append([][]string{head}, rows...)
 	if format == "markdown" { // for committing: deterministic, so no wall-clock column
-		head = head[:len(head)-1]
-		fmt.Fprintf(w, "%s\n\n| %s |\n|---|%s\n", title, strings.Join(head, " | "), strings.Repeat("---:|", len(head)-1))
-		for _, r := range rows {
-			fmt.Fprintf(w, "| %s |\n", strings.Join(r[:len(r)-1], " | "))
+		for i := range table {
+			table[i] = table[i][:len(table[i])-1]
 		}
+		fmt.Fprintf(w, "%s\n\n", title)
+		results.WriteMarkdownTable(w, table, 1)
 		if ratio != "" {
 			fmt.Fprintf(w, "\n%s.\n", ratio)
 		}
 		return
 	}
 	fmt.Fprintf(w, "# %s\n# means over steps; token straggler in copies, GEMM straggler modelled; reduction vs none\n", title)
-	width := make([]int, len(head))
-	for j, h := range head {
-		width[j] = len(h)
-		for _, r := range rows {
-			width[j] = max(width[j], len(r[j]))
-		}
-	}
-	for i, r := range append([][]string{head}, rows...) {
-		lead := "  "
-		if i == 0 {
-			lead = "# "
-		}
-		cells := make([]string, len(r))
-		for j, c := range r {
-			if j == 0 {
-				cells[j] = fmt.Sprintf("%-*s", width[j], c)
-			} else {
-				cells[j] = fmt.Sprintf("%*s", width[j], c)
-			}
-		}
-		fmt.Fprintln(w, lead+strings.Join(cells, "  "))
-	}
+	results.WriteAligned(w, table, 1)
 	if ratio != "" {
 		fmt.Fprintf(w, "# %s\n", ratio)
 	}

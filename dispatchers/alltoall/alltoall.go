@@ -64,9 +64,14 @@ func (a *A2A) Bind(shape dispatchers.Shape, ranks []*dispatchers.Rank) error {
 	a.st = make([]state, shape.EP)
 	n := shape.Tokens * shape.TopK
 	for r := range a.st {
-		a.st[r].permX = make([]float32, n*shape.Hidden)
-		a.st[r].permP = make([]float32, n)
-		a.st[r].permY = make([]float32, n*shape.Hidden)
+		s := &a.st[r]
+		s.permX = make([]float32, n*shape.Hidden)
+		s.permP = make([]float32, n)
+		s.permY = make([]float32, n*shape.Hidden)
+		s.chunkN, s.recvOff = make([][]int, shape.EP), make([][]int, shape.EP)
+		for src := range shape.EP {
+			s.chunkN[src], s.recvOff[src] = make([]int, shape.LocalExperts()), make([]int, shape.LocalExperts())
+		}
 	}
 	return nil
 }
@@ -75,10 +80,10 @@ func (a *A2A) Bind(shape dispatchers.Shape, ranks []*dispatchers.Rank) error {
 // major because each rank owns a contiguous range of experts.
 func (a *A2A) Permute(r int) error {
 	s, rk, sh := &a.st[r], a.ranks[r], a.shape
-	s.slots, s.counts = kernels.PermuteOrder(rk.Idx, sh.Tokens, sh.TopK, sh.Experts)
+	s.slots, s.counts = kernels.PermuteOrder(rk.Idx, sh.Tokens, sh.TopK, sh.Experts, s.slots, s.counts)
 	kernels.GatherRows(s.permX, rk.X, s.slots, sh.TopK, sh.Hidden)
 	kernels.GatherRows(s.permP, rk.Probs, s.slots, 1, 1)
-	s.sendOff = make([]int, sh.EP+1)
+	s.sendOff = kernels.Grow(s.sendOff, sh.EP+1)
 	L := sh.LocalExperts()
 	for d := range sh.EP {
 		n := 0
@@ -97,12 +102,9 @@ func (a *A2A) Dispatch(r int) error {
 	s, rk, sh := &a.st[r], a.ranks[r], a.shape
 	L, h := sh.LocalExperts(), sh.Hidden
 	// count exchange: what every source sends to each of r's local experts
-	s.chunkN = make([][]int, sh.EP)
-	s.recvOff = make([][]int, sh.EP)
 	total := 0
 	for src := range sh.EP {
-		s.chunkN[src] = append([]int(nil), a.st[src].counts[r*L:(r+1)*L]...)
-		s.recvOff[src] = make([]int, L)
+		copy(s.chunkN[src], a.st[src].counts[r*L:(r+1)*L])
 		for l, c := range s.chunkN[src] {
 			s.recvOff[src][l] = total
 			total += c

@@ -140,13 +140,13 @@ func (f *FEPLB) plan() error {
 		return fmt.Errorf("feplb: scheduler produced a bad plan: %v", err)
 	}
 	f.stats = dispatchers.RebalanceStats{Policy: pl.Policy, Note: pl.Note, PlanSeconds: time.Since(t0).Seconds()}
-	before := (&balance.Plan{Shares: make([][]balance.Share, len(counts))})
-	for e, n := range counts {
-		before.Shares[e] = []balance.Share{{Rank: f.topo.Owner(e), Tokens: n}}
-	}
+	before := balance.OwnerPlan(f.topo, st)
 	f.stats.TokensBefore, f.stats.TokensAfter = before.Loads(f.topo.Ranks), pl.Loads(f.topo.Ranks)
-	f.stats.ModelledBefore = spread(f.model.GEMMTimes(before, f.topo.Ranks))
-	f.stats.ModelledAfter = spread(f.model.GEMMTimes(&pl, f.topo.Ranks))
+	f.stats.ModelledBefore, _ = balance.Straggler(f.model.GEMMTimes(&before, f.topo.Ranks))
+	f.stats.ModelledAfter, _ = balance.Straggler(f.model.GEMMTimes(&pl, f.topo.Ranks))
+	for _, b := range pl.BytesByLink() {
+		f.stats.CopyBytes += b
+	}
 	f.in = make([][]chunk, f.shape.EP)
 	f.out = make([][]chunk, f.shape.EP)
 	next := make([]int, f.shape.EP) // next free row of each helper, after its own rows
@@ -166,7 +166,6 @@ func (f *FEPLB) plan() error {
 			f.in[s.Rank] = append(f.in[s.Rank], c)
 			f.out[c.owner] = append(f.out[c.owner], c)
 			f.stats.Moves++
-			f.stats.CopyBytes += f.model.WeightBytes() + 2*int64(s.Tokens)*f.model.TokenBytes()
 		}
 		sg.Len = shares[0].Tokens
 	}
@@ -233,14 +232,4 @@ func (f *FEPLB) Footprint(r int) int64 {
 		n += 4 * int64(cap(w.FC1)+cap(w.FC2))
 	}
 	return n + f.Dispatcher.Footprint(r)
-}
-
-// spread is max − mean.
-func spread(v []float64) float64 {
-	hi, sum := v[0], 0.0
-	for _, x := range v {
-		hi = max(hi, x)
-		sum += x
-	}
-	return hi - sum/float64(len(v))
 }

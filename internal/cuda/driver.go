@@ -34,6 +34,7 @@ typedef CUresult (*d_pp_p_cs)(void **, void *, const char *);
 typedef CUresult (*d_p_i_i)(void *, int, int);
 typedef CUresult (*d_launch)(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void *, void **, void **);
 typedef CUresult (*d_errname)(CUresult, const char **);
+typedef CUresult (*d_name)(char *, int, int);
 
 static CUresult c_u(void *f, unsigned a) { return ((d_u)f)(a); }
 static CUresult c_pi_i(void *f, int *a, int b) { return ((d_pi_i)f)(a, b); }
@@ -65,6 +66,7 @@ static CUresult c_launch(void *f, void *fn, unsigned gx, unsigned gy, unsigned g
                          unsigned smem, void *st, void **params) {
 	return ((d_launch)f)(fn, gx, gy, gz, bx, by, bz, smem, st, params, 0);
 }
+static CUresult c_name(void *f, char *s, int n, int d) { return ((d_name)f)(s, n, d); }
 static const char *c_errname(void *f, CUresult r) {
 	const char *s = 0;
 	if (f == 0 || ((d_errname)f)(r, &s) != 0 || s == 0) return "CUDA_ERROR_UNKNOWN_CODE";
@@ -88,6 +90,7 @@ import (
 type Driver struct {
 	Path string
 	fn   map[string]unsafe.Pointer
+	devs []C.int // CUdevice handle of each ordinal (cuDeviceGet)
 }
 
 // Handles are the driver's opaque pointers; DevicePtr is a device address.
@@ -157,7 +160,26 @@ func OpenDriver() (*Driver, error) {
 	if err := d.check("cuInit", C.c_u(d.fn["cuInit"], 0)); err != nil {
 		return nil, err
 	}
+	var n C.int
+	if err := d.check("cuDeviceGetCount", C.c_pint(d.fn["cuDeviceGetCount"], &n)); err != nil {
+		return nil, err
+	}
+	d.devs = make([]C.int, n)
+	for i := range d.devs {
+		if err := d.check(fmt.Sprintf("cuDeviceGet(%d)", i), C.c_pi_i(d.fn["cuDeviceGet"], &d.devs[i], C.int(i))); err != nil {
+			return nil, err
+		}
+	}
 	return d, nil
+}
+
+// dev is the CUdevice of ordinal i (an out-of-range ordinal passes through,
+// and the driver call reports CUDA_ERROR_INVALID_DEVICE).
+func (d *Driver) dev(i int) C.int {
+	if i >= 0 && i < len(d.devs) {
+		return d.devs[i]
+	}
+	return C.int(i)
 }
 
 // Error is a failed driver call: the call and the CUDA error name.
@@ -183,30 +205,36 @@ func (d *Driver) Version() (int, error) {
 }
 
 // DeviceCount is the number of GPUs.
-func (d *Driver) DeviceCount() (int, error) {
-	var n C.int
-	err := d.check("cuDeviceGetCount", C.c_pint(d.fn["cuDeviceGetCount"], &n))
-	return int(n), err
-}
+func (d *Driver) DeviceCount() (int, error) { return len(d.devs), nil }
 
 // Attribute reads a device attribute.
 func (d *Driver) Attribute(dev, attr int) (int, error) {
 	var v C.int
-	err := d.check(fmt.Sprintf("cuDeviceGetAttribute(attr %d, device %d)", attr, dev), C.c_pi_ii(d.fn["cuDeviceGetAttribute"], &v, C.int(attr), C.int(dev)))
+	err := d.check(fmt.Sprintf("cuDeviceGetAttribute(attr %d, device %d)", attr, dev), C.c_pi_ii(d.fn["cuDeviceGetAttribute"], &v, C.int(attr), d.dev(dev)))
 	return int(v), err
+}
+
+// Name is the device's name, e.g. "NVIDIA H100 80GB HBM3".
+func (d *Driver) Name(dev int) (string, error) {
+	buf := (*C.char)(C.calloc(256, 1))
+	defer C.free(unsafe.Pointer(buf))
+	if err := d.check(fmt.Sprintf("cuDeviceGetName(%d)", dev), C.c_name(d.fn["cuDeviceGetName"], buf, 256, d.dev(dev))); err != nil {
+		return "", err
+	}
+	return C.GoString(buf), nil
 }
 
 // TotalMem is the device's memory in bytes.
 func (d *Driver) TotalMem(dev int) (int64, error) {
 	var n C.size_t
-	err := d.check("cuDeviceTotalMem_v2", C.c_psz_i(d.fn["cuDeviceTotalMem_v2"], &n, C.int(dev)))
+	err := d.check("cuDeviceTotalMem_v2", C.c_psz_i(d.fn["cuDeviceTotalMem_v2"], &n, d.dev(dev)))
 	return int64(n), err
 }
 
 // CanAccessPeer reports whether dev can access peer's memory.
 func (d *Driver) CanAccessPeer(dev, peer int) (bool, error) {
 	var v C.int
-	err := d.check("cuDeviceCanAccessPeer", C.c_pi_ii(d.fn["cuDeviceCanAccessPeer"], &v, C.int(dev), C.int(peer)))
+	err := d.check("cuDeviceCanAccessPeer", C.c_pi_ii(d.fn["cuDeviceCanAccessPeer"], &v, d.dev(dev), d.dev(peer)))
 	return v != 0, err
 }
 
@@ -214,7 +242,7 @@ func (d *Driver) CanAccessPeer(dev, peer int) (bool, error) {
 // OS thread, which it locks (the current context is per thread).
 func (d *Driver) PrimaryContext(dev int) (Context, error) {
 	var ctx unsafe.Pointer
-	if err := d.check("cuDevicePrimaryCtxRetain", C.c_pp_i(d.fn["cuDevicePrimaryCtxRetain"], &ctx, C.int(dev))); err != nil {
+	if err := d.check("cuDevicePrimaryCtxRetain", C.c_pp_i(d.fn["cuDevicePrimaryCtxRetain"], &ctx, d.dev(dev))); err != nil {
 		return nil, err
 	}
 	runtime.LockOSThread()
@@ -223,7 +251,7 @@ func (d *Driver) PrimaryContext(dev int) (Context, error) {
 
 // ReleasePrimaryContext releases dev's primary context.
 func (d *Driver) ReleasePrimaryContext(dev int) error {
-	return d.check("cuDevicePrimaryCtxRelease_v2", C.c_i(d.fn["cuDevicePrimaryCtxRelease_v2"], C.int(dev)))
+	return d.check("cuDevicePrimaryCtxRelease_v2", C.c_i(d.fn["cuDevicePrimaryCtxRelease_v2"], d.dev(dev)))
 }
 
 // Synchronize waits for the current context.

@@ -38,9 +38,8 @@ func ReadGPUInfo() (GPUInfo, error) {
 	if g.Count == 0 {
 		return g, fmt.Errorf("the CUDA driver reports no GPU")
 	}
-	_, gpus, err := Probe()
-	if err == nil && len(gpus) > 0 {
-		g.Model = gpus[0].Name
+	if g.Model, err = d.Name(0); err != nil {
+		g.Unread = append(g.Unread, "model: "+err.Error())
 	}
 	attr := func(a int, what string) int {
 		v, err := d.Attribute(0, a)

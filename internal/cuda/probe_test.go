@@ -2,6 +2,7 @@ package cuda
 
 import (
 	"os"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -16,11 +17,16 @@ func TestProbe(t *testing.T) {
 		}
 		return
 	}
-	if err == nil && len(gpus) > 0 {
+	switch {
+	case err == nil && len(gpus) > 0:
 		t.Logf("found driver %d and GPUs %v", drv, gpus)
-		return
+	case err == nil:
+		t.Errorf("no error and no GPU: a machine without GPUs must say why")
+	case !regexp.MustCompile(`libcuda|\bcu[A-Z]\w+`).MatchString(err.Error()):
+		t.Errorf("error %q names neither the library nor the failing call", err)
+	default:
+		t.Logf("no GPU (as expected on CI): %v", err)
 	}
-	t.Logf("no GPU (as expected on CI): %v", err)
 }
 
 func TestDoctorSaysWhy(t *testing.T) {

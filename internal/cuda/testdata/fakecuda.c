@@ -12,13 +12,19 @@ static double fake_clock;
 CUresult cuInit(unsigned flags) { return flags == 0 ? 0 : 1; }
 CUresult cuDriverGetVersion(int *v) { *v = 13000; return 0; }
 CUresult cuDeviceGetCount(int *n) { *n = 2; return 0; }
-CUresult cuDeviceGet(int *d, int ord) { *d = ord; return ord < 2 ? 0 : 101; }
-CUresult cuDeviceGetName(char *s, int n, int d) { strncpy(s, d == 0 ? "Fake GPU 0" : "Fake GPU 1", n); return 0; }
-CUresult cuDeviceGetAttribute(int *v, int attr, int dev) { *v = attr * 100 + dev; return 0; }
-CUresult cuDeviceTotalMem_v2(size_t *n, int dev) { *n = (size_t)80 << 30; return 0; }
-CUresult cuDeviceCanAccessPeer(int *v, int a, int b) { *v = a != b; return 0; }
-CUresult cuDevicePrimaryCtxRetain(void **c, int dev) { *c = (void *)(0x1000 + (long)dev); return 0; }
-CUresult cuDevicePrimaryCtxRelease_v2(int dev) { return 0; }
+// CUdevice handles are 100 + ordinal, so that a binding passing ordinals
+// where handles belong is caught (CUDA_ERROR_INVALID_DEVICE, 101).
+#define HANDLE_OK(d) ((d) == 100 || (d) == 101)
+CUresult cuDeviceGet(int *d, int ord) { *d = 100 + ord; return ord < 2 ? 0 : 101; }
+CUresult cuDeviceGetName(char *s, int n, int d) {
+    if (!HANDLE_OK(d)) return 101;
+    strncpy(s, d == 100 ? "Fake GPU 0" : "Fake GPU 1", n); return 0;
+}
+CUresult cuDeviceGetAttribute(int *v, int attr, int d) { if (!HANDLE_OK(d)) return 101; *v = attr * 100 + d - 100; return 0; }
+CUresult cuDeviceTotalMem_v2(size_t *n, int d) { if (!HANDLE_OK(d)) return 101; *n = (size_t)80 << 30; return 0; }
+CUresult cuDeviceCanAccessPeer(int *v, int a, int b) { if (!HANDLE_OK(a) || !HANDLE_OK(b)) return 101; *v = a != b; return 0; }
+CUresult cuDevicePrimaryCtxRetain(void **c, int d) { if (!HANDLE_OK(d)) return 101; *c = (void *)(0x1000 + (long)d); return 0; }
+CUresult cuDevicePrimaryCtxRelease_v2(int d) { return HANDLE_OK(d) ? 0 : 101; }
 CUresult cuCtxSetCurrent(void *c) { return c ? 0 : 201; }
 CUresult cuCtxSynchronize(void) { return 0; }
 CUresult cuCtxEnablePeerAccess(void *c, unsigned flags) { return 0; }
