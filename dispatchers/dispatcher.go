@@ -214,10 +214,18 @@ type Step struct {
 	Run  func(rank int) error
 }
 
+// Phased is what Sequence needs of a dispatcher, host or device.
+type Phased interface {
+	Permute(rank int) error
+	Dispatch(rank int) error
+	Combine(rank int) error
+	Unpermute(rank int) error
+}
+
 // Sequence is the order of d's phases with experts (the layer's expert
 // computation) in its place: permute, dispatch, rebalance (Rebalancers only),
 // experts, combine, unpermute. Each phase runs for every rank before the next.
-func Sequence(d Dispatcher, experts func(rank int) error) []Step {
+func Sequence(d Phased, experts func(rank int) error) []Step {
 	s := []Step{{"permute", d.Permute}, {"dispatch", d.Dispatch}}
 	if rb, ok := d.(Rebalancer); ok {
 		s = append(s, Step{"rebalance", rb.Rebalance})

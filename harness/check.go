@@ -3,6 +3,8 @@ package harness
 import (
 	"fmt"
 	"math"
+	"runtime"
+	"sync"
 
 	"github.com/moebench/moebench/dispatchers"
 	"github.com/moebench/moebench/kernels"
@@ -39,14 +41,7 @@ func Check(l *Layer, d dispatchers.Dispatcher, fresh func() (dispatchers.Dispatc
 	if err := l.Step(d, untimed); err != nil {
 		return nil, err
 	}
-	ref, diffs, err := Reference(l)
-	c.RoutingDiffs = diffs
-	if err != nil {
-		c.Detail = err.Error()
-		c.MaxRelErr = math.Inf(1)
-	} else {
-		c.MaxRelErr = maxRelErr(l, ref)
-	}
+	compareReference(c, l, nil)
 	rd, err := fresh()
 	if err != nil {
 		return nil, err
@@ -65,65 +60,84 @@ func poison(s []float32) {
 	}
 }
 
-func maxRelErr(l *Layer, ref [][]float64) float64 {
+// compareReference computes the reference on sample (nil: every token) and
+// sets c's error, routing differences and, when the reference refuses the
+// layer's routing, the detail.
+func compareReference(c *results.Correctness, l *Layer, sample [][]int) {
+	if sample == nil {
+		sample = allTokens(l.Cfg.EP, l.Cfg.Tokens)
+	}
+	ref, diffs, err := Reference(l, sample)
+	c.RoutingDiffs = diffs
+	if err != nil {
+		c.Detail, c.MaxRelErr = err.Error(), math.Inf(1)
+		return
+	}
+	h := l.Cfg.Hidden
 	var maxErr, maxRef float64
 	for r, rk := range l.Ranks {
-		for i, v := range rk.Y {
-			d := math.Abs(float64(v) - ref[r][i])
-			if math.IsNaN(d) {
-				return math.Inf(1)
+		for i, t := range sample[r] {
+			for j := range h {
+				d := math.Abs(float64(rk.Y[t*h+j]) - ref[r][i*h+j])
+				if math.IsNaN(d) {
+					c.MaxRelErr = math.Inf(1)
+					return
+				}
+				maxErr = math.Max(maxErr, d)
+				maxRef = math.Max(maxRef, math.Abs(ref[r][i*h+j]))
 			}
-			maxErr = math.Max(maxErr, d)
-			maxRef = math.Max(maxRef, math.Abs(ref[r][i]))
 		}
 	}
-	if maxRef == 0 {
-		return math.Inf(1) // an all-zero reference means the inputs were bad
+	c.MaxRelErr = math.Inf(1) // an all-zero reference means the inputs were bad
+	if maxRef > 0 {
+		c.MaxRelErr = maxErr / maxRef
 	}
-	return maxErr / maxRef
 }
 
 // Reference computes the layer output in float64, without EP: each global
 // expert gathers its token copies from every rank directly. Routing comes
 // from float64 router logits; the layer's choice of experts is accepted when
 // it is feasible and within routingSlack of the reference's best choice (a
-// near-tie), and the reference then uses it so both compute the same sum. It
-// returns the outputs per rank and how many tokens' choices differ.
-func Reference(l *Layer) (out [][]float64, diffs int, err error) {
+// near-tie), and the reference then uses it so both compute the same sum.
+// Only the tokens in sample (per rank, increasing; nil: all) are computed:
+// out[r] holds their rows in that order. It also returns how many tokens'
+// choices differ. Experts run in parallel, each drawing its own weights when
+// the layer does not hold them.
+func Reference(l *Layer, sample [][]int) (out [][]float64, diffs int, err error) {
 	c := l.Cfg
 	T, h, f, E, k := c.Tokens, c.Hidden, c.FFN, c.Experts, c.TopK
+	if sample == nil {
+		sample = allTokens(c.EP, T)
+	}
 	probs := make([][]float64, c.EP)
-	type copyRef struct{ rank, slot int }
+	type copyRef struct{ rank, row, slot int } // row: the token's place in sample[rank]
 	byExpert := make([][]copyRef, E)
 	for r, rk := range l.Ranks {
-		logits := make([]float64, T*E)
-		if l.Override[r] != nil {
-			for i, v := range l.Override[r] {
-				logits[i] = float64(v)
-			}
-		} else {
-			kernels.MatMulNT(logits, widen(l.X[r]), widen(l.Wr), T, E, h)
-		}
 		probs[r] = make([]float64, T*k)
-		for t := range T {
+		for i, t := range sample[r] {
 			idx := rk.Idx[t*k : (t+1)*k]
-			row := logits[t*E : (t+1)*E]
+			logits := make([]float64, E)
+			if l.Override[r] != nil {
+				for e := range logits {
+					logits[e] = float64(l.Override[r][t*E+e])
+				}
+			} else {
+				kernels.MatMulNT(logits, widen(l.X[r][t*h:(t+1)*h]), widen(l.Wr), 1, E, h)
+			}
+			given := false // probabilities given by the trace
 			if l.Trace != nil {
 				want, tp := l.Trace.Token(r*T + t)
 				if !sameSet(idx, want) {
 					return nil, diffs, fmt.Errorf("rank %d token %d: experts %v, trace says %v", r, t, idx, want)
 				}
-				if tp != nil {
-					for j := range tp {
-						probs[r][t*k+j] = float64(tp[j])
-					}
-					continue
+				for j := range tp {
+					probs[r][t*k+j], given = float64(tp[j]), true
 				}
 			} else {
 				if err := l.Router.Feasible(idx); err != nil {
 					return nil, diffs, fmt.Errorf("rank %d token %d: %v", r, t, err)
 				}
-				sel := l.Router.SelectionScores(row)
+				sel := l.Router.SelectionScores(logits)
 				best := l.Router.Select(sel)
 				if !sameSet(idx, best) {
 					diffs++
@@ -133,20 +147,20 @@ func Reference(l *Layer) (out [][]float64, diffs int, err error) {
 					}
 				}
 			}
-			copy(probs[r][t*k:], l.Router.Probs(row, idx))
-		}
-		for s, e := range rk.Idx {
-			byExpert[e] = append(byExpert[e], copyRef{r, s})
+			if !given {
+				copy(probs[r][t*k:], l.Router.Probs(logits, idx))
+			}
+			for j, e := range idx {
+				byExpert[e] = append(byExpert[e], copyRef{r, i, t*k + j})
+			}
 		}
 	}
-	out = make([][]float64, c.EP)
-	for r := range out {
-		out[r] = make([]float64, T*h)
-	}
-	for e, copies := range byExpert {
+	ys := make([][]float64, E) // each expert's outputs, in byExpert order
+	parallel(E, func(e int) {
+		copies := byExpert[e]
 		n := len(copies)
 		if n == 0 {
-			continue
+			return
 		}
 		x, p, y := make([]float64, n*h), make([]float64, n), make([]float64, n*h)
 		for i, cp := range copies {
@@ -156,26 +170,71 @@ func Reference(l *Layer) (out [][]float64, diffs int, err error) {
 			}
 			p[i] = probs[cp.rank][cp.slot]
 		}
-		kernels.ExpertForward(y, x, p, widen(l.FC1[e]), widen(l.FC2[e]), make([]float64, n*3*f), n, h, f, nil)
+		fc1, fc2 := l.ExpertWeights(e)
+		kernels.ExpertForward(y, x, p, widen(fc1), widen(fc2), make([]float64, n*3*f), n, h, f, nil)
+		ys[e] = y
+	})
+	out = make([][]float64, c.EP)
+	for r := range out {
+		out[r] = make([]float64, len(sample[r])*h)
+	}
+	for e, copies := range byExpert {
 		for i, cp := range copies {
-			dst := out[cp.rank][cp.slot/k*h:]
+			dst := out[cp.rank][cp.row*h:]
 			for j := range h {
-				dst[j] += y[i*h+j]
+				dst[j] += ys[e][i*h+j]
 			}
 		}
 	}
 	if l.SharedFC1 != nil {
 		fs := f * c.SharedExperts
 		w1, w2 := widen(l.SharedFC1), widen(l.SharedFC2)
-		y := make([]float64, T*h)
 		for r := range out {
-			kernels.ExpertForward(y, widen(l.X[r]), nil, w1, w2, make([]float64, T*3*fs), T, h, fs, nil)
+			n := len(sample[r])
+			x, y := make([]float64, n*h), make([]float64, n*h)
+			for i, t := range sample[r] {
+				for j := range h {
+					x[i*h+j] = float64(l.X[r][t*h+j])
+				}
+			}
+			kernels.ExpertForward(y, x, nil, w1, w2, make([]float64, n*3*fs), n, h, fs, nil)
 			for i, v := range y {
 				out[r][i] += v
 			}
 		}
 	}
 	return out, diffs, nil
+}
+
+// allTokens lists every token of every rank.
+func allTokens(ep, tokens int) [][]int {
+	s := make([][]int, ep)
+	for r := range s {
+		for t := range tokens {
+			s[r] = append(s[r], t)
+		}
+	}
+	return s
+}
+
+// parallel runs fn(0..n-1) on GOMAXPROCS goroutines.
+func parallel(n int, fn func(i int)) {
+	var wg sync.WaitGroup
+	next := make(chan int)
+	for range min(n, runtime.GOMAXPROCS(0)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range next {
+				fn(i)
+			}
+		}()
+	}
+	for i := range n {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
 }
 
 // RoundTrip checks d alone: with every probability 1/k and experts that

@@ -156,6 +156,8 @@ func (c Config) Validate() error {
 		return &ConfigError{"warmup", c.Warmup, "must be ≥ 0"}
 	case c.Device != "host" && c.Device != "cuda" && c.Device != "auto":
 		return &ConfigError{"device", c.Device, "allowed: host, cuda, auto"}
+	case c.Device == "cuda" && c.Hidden%8 != 0:
+		return &ConfigError{"hidden", c.Hidden, "must be a multiple of 8 on the cuda device (rows move as 16-byte vectors)"}
 	case c.Impl != "native" && c.Impl != "library":
 		return &ConfigError{"impl", c.Impl, "allowed: native, library"}
 	}

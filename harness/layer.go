@@ -15,11 +15,13 @@ type Layer struct {
 	Shape  dispatchers.Shape
 	Router kernels.RouterConfig
 
-	Wr        []float32   // [E, h] router weight
-	Bias      []float32   // [E] selection bias (sigmoid routers), else nil
-	FC1, FC2  [][]float32 // per expert: [2f, h], [h, f]
-	SharedFC1 []float32   // [2·fs, h], fs = FFN × SharedExperts
-	SharedFC2 []float32   // [h, fs]
+	Wr   []float32 // [E, h] router weight
+	Bias []float32 // [E] selection bias (sigmoid routers), else nil
+	// FC1 and FC2 are each expert's weights, [2f, h] and [h, f]; nil in a
+	// device layer's host twin, which draws them when needed (ExpertWeights).
+	FC1, FC2  [][]float32
+	SharedFC1 []float32 // [2·fs, h], fs = FFN × SharedExperts
+	SharedFC2 []float32 // [h, fs]
 
 	X        [][]float32 // per rank input [T, h]
 	Override [][]float32 // per rank router-logit override [T, E], nil when routing is natural or a trace
@@ -39,7 +41,22 @@ type rankRun struct {
 // weights N(0, 1/fan_in), all rounded to bf16; the sigmoid router's selection
 // bias is N(0, 0.01²) so that its path is exercised. A trace routing is read
 // and validated here.
-func NewLayer(cfg Config) (*Layer, error) {
+func NewLayer(cfg Config) (*Layer, error) { return newLayer(cfg, true) }
+
+// ExpertWeights returns expert e's fc1 [2f, h] and fc2 [h, f], drawn from the
+// seed when the layer does not hold them (each expert has its own stream of
+// draws, so any expert can be drawn alone).
+func (l *Layer) ExpertWeights(e int) (fc1, fc2 []float32) {
+	if l.FC1 != nil {
+		return l.FC1[e], l.FC2[e]
+	}
+	h, f := l.Cfg.Hidden, l.Cfg.FFN
+	return normal(l.Cfg.Seed, "fc1", e, 2*f*h, 1/math.Sqrt(float64(h))), normal(l.Cfg.Seed, "fc2", e, h*f, 1/math.Sqrt(float64(f)))
+}
+
+// newLayer is NewLayer; without experts it leaves FC1, FC2 and the ranks'
+// expert weights nil (a device layer's host twin).
+func newLayer(cfg Config, experts bool) (*Layer, error) {
 	l := &Layer{Cfg: cfg,
 		Shape: dispatchers.Shape{Tokens: cfg.Tokens, Hidden: cfg.Hidden, Experts: cfg.Experts, TopK: cfg.TopK, EP: cfg.EP}}
 	if cfg.Routing.Kind == RoutingTrace {
@@ -55,10 +72,12 @@ func NewLayer(cfg Config) (*Layer, error) {
 		l.Bias = normal(cfg.Seed, "bias", 0, E, 0.01)
 	}
 	l.Router = cfg.RouterConfig(l.Bias)
-	l.FC1, l.FC2 = make([][]float32, E), make([][]float32, E)
-	for e := range E {
-		l.FC1[e] = normal(cfg.Seed, "fc1", e, 2*f*h, 1/math.Sqrt(float64(h)))
-		l.FC2[e] = normal(cfg.Seed, "fc2", e, h*f, 1/math.Sqrt(float64(f)))
+	if experts {
+		fc1, fc2 := make([][]float32, E), make([][]float32, E)
+		for e := range E {
+			fc1[e], fc2[e] = l.ExpertWeights(e)
+		}
+		l.FC1, l.FC2 = fc1, fc2
 	}
 	if fs := f * cfg.SharedExperts; fs > 0 {
 		l.SharedFC1 = normal(cfg.Seed, "shared-fc1", 0, 2*fs*h, 1/math.Sqrt(float64(h)))
@@ -67,10 +86,9 @@ func NewLayer(cfg Config) (*Layer, error) {
 	for r := range cfg.EP {
 		l.X = append(l.X, normal(cfg.Seed, "x", r, cfg.Tokens*h, 1))
 		l.Override = append(l.Override, cfg.Routing.Logits(cfg.Seed, r, cfg.Tokens, E))
-		L := l.Shape.LocalExperts()
-		local := make([]dispatchers.ExpertWeights, L)
-		for i := range local {
-			local[i] = dispatchers.ExpertWeights{FC1: l.FC1[r*L+i], FC2: l.FC2[r*L+i]}
+		var local []dispatchers.ExpertWeights
+		for e := r * l.Shape.LocalExperts(); experts && e < (r+1)*l.Shape.LocalExperts(); e++ {
+			local = append(local, dispatchers.ExpertWeights{FC1: l.FC1[e], FC2: l.FC2[e]})
 		}
 		l.Ranks = append(l.Ranks, &dispatchers.Rank{ID: r, X: l.X[r], Experts: local,
 			Idx: make([]int32, cfg.Tokens*cfg.TopK), Probs: make([]float32, cfg.Tokens*cfg.TopK)})

@@ -21,6 +21,9 @@ type Env struct {
 	// Dump, if set, is a directory to write the layer's tensors to (see Dump)
 	// once it has run, also when its check failed.
 	Dump string
+	// OpenDevice opens the device of a cuda run; nil opens GPU 0
+	// (kernels.OpenCUDA). Tests pass a kernels.Emu.
+	OpenDevice func() (kernels.Device, error)
 }
 
 // Run builds the layer, checks it (unless cfg.Check is false), times
@@ -38,7 +41,7 @@ func Run(cfg Config, env Env) (*results.Record, error) {
 		return rec, err
 	}
 	if cfg.Device != "host" {
-		return fail(results.StatusUnavailable, fmt.Errorf("device %s: this build runs the layer on the host device only", cfg.Device))
+		return runDevice(cfg, env, rec)
 	}
 	denv := dispatchers.Env{Device: cfg.Device, Base: cfg.FeplbBase, Domain: cfg.Domain, Dynamic: cfg.FeplbDyn,
 		Hidden: cfg.Hidden, FFN: cfg.FFN}
@@ -104,7 +107,22 @@ func Run(cfg Config, env Env) (*results.Record, error) {
 		}
 	}
 	rec.Status = results.StatusOK
-	fillMeasurements(rec, l, d, samples)
+	m := measured{samples: samples, traffic: d.Traffic(),
+		clock: "host wall clock (Go time.Now); not comparable with GPU timings",
+		model: "each phase's sample is its slowest rank in that iteration; step = sum of the phase samples (ranks in lockstep, a barrier between phases)",
+		mem:   &results.Memory{Method: "host buffers, accounted: the rank's host buffers after the run, float32 storage (its share of expert weights, shared/router weights, activations, dispatcher buffers); not a measured peak"}}
+	for _, ph := range l.steps(d) {
+		m.phases = append(m.phases, ph.Name)
+	}
+	for r, rk := range l.Ranks {
+		n := 0
+		for _, sg := range rk.Segments { // rows this rank's experts compute
+			n += sg.Len
+		}
+		m.recv = append(m.recv, n)
+		m.mem.PerRankBytes = append(m.mem.PerRankBytes, l.Footprint(d, r))
+	}
+	fillMeasurements(rec, cfg, m)
 	if rebalances {
 		rec.Rebalance = rebalanceRecord(rbSteps)
 	}
@@ -138,46 +156,54 @@ func newRecord(cfg Config, env Env) *results.Record {
 	return rec
 }
 
-func fillMeasurements(rec *results.Record, l *Layer, d dispatchers.Dispatcher, samples map[string][][]float64) {
-	cfg := l.Cfg
-	t := &results.Timing{Unit: "ms", Clock: "host wall clock (Go time.Now); not comparable with GPU timings",
-		Warmup: cfg.Warmup, Iters: cfg.Iters,
-		Model: "each phase's sample is its slowest rank in that iteration; step = sum of the phase samples (ranks in lockstep, a barrier between phases)"}
+// measured is what a run measured, for its record.
+type measured struct {
+	phases  []string
+	samples map[string][][]float64 // [phase][rank][iter], ms
+	step    []float64              // per iteration, ms; nil: the sum of the phases' samples
+	recv    []int                  // rows each rank's experts computed
+	traffic dispatchers.Traffic
+	mem     *results.Memory
+	clock   string // what measured the times
+	model   string // how phases make a step
+}
+
+func fillMeasurements(rec *results.Record, cfg Config, m measured) {
+	t := &results.Timing{Unit: "ms", Clock: m.clock, Warmup: cfg.Warmup, Iters: cfg.Iters, Model: m.model}
 	// each rank's own step time, and the lockstep step (sum of slowest ranks)
 	stepPerRank := make([][]float64, cfg.EP)
 	lockstep := make([]float64, cfg.Iters)
 	var expertMed []float64 // each rank's median experts time
-	for _, ph := range l.steps(d) {
-		p := phaseStats(ph.Name, samples[ph.Name])
+	for _, name := range m.phases {
+		p := phaseStats(name, m.samples[name])
 		for i, v := range p.Samples {
 			lockstep[i] += v
 		}
-		for r, rs := range samples[ph.Name] {
+		for r, rs := range m.samples[name] {
 			stepPerRank[r] = kernels.Grow(stepPerRank[r], cfg.Iters)
 			for i, v := range rs {
 				stepPerRank[r][i] += v
 			}
 		}
-		if ph.Name == "experts" {
+		if name == "experts" {
 			expertMed = p.PerRank
 		}
 		t.Phases = append(t.Phases, p)
 	}
 	t.Step = phaseStats("step", stepPerRank)
+	if m.step != nil {
+		lockstep = m.step
+	}
 	t.Step.Samples, t.Step.Stat = lockstep, summarise(lockstep)
 	rec.Timing = t
 
 	tok := make([]float64, cfg.EP)
-	recv := make([]int, cfg.EP)
 	var routed float64
-	for r, rk := range l.Ranks {
-		for _, sg := range rk.Segments { // rows this rank's experts compute
-			recv[r] += sg.Len
-		}
-		tok[r] = float64(recv[r])
+	for r, n := range m.recv {
+		tok[r] = float64(n)
 		routed += tok[r] * 6 * float64(cfg.Hidden) * float64(cfg.FFN)
 	}
-	rec.Tokens = &results.Tokens{Received: recv, Straggler: straggler(tok)}
+	rec.Tokens = &results.Tokens{Received: m.recv, Straggler: straggler(tok)}
 
 	var ms float64
 	for _, v := range expertMed {
@@ -190,14 +216,10 @@ func fillMeasurements(rec *results.Record, l *Layer, d dispatchers.Dispatcher, s
 	if ms > 0 {
 		rec.GEMM.TFLOPS = routed / (ms / 1e3) / 1e12
 	}
-	tr := d.Traffic()
+	tr := m.traffic
 	rec.Traffic = &results.Traffic{DispatchOffRank: tr.DispatchOffRank, DispatchLogical: tr.DispatchLogical,
 		CombineOffRank: tr.CombineOffRank, CombineLogical: tr.CombineLogical, Formula: tr.Formula}
-	mem := &results.Memory{Method: "host buffers, accounted: the rank's host buffers after the run, float32 storage (its share of expert weights, shared/router weights, activations, dispatcher buffers); not a measured peak"}
-	for r := range l.Ranks {
-		mem.PerRankBytes = append(mem.PerRankBytes, l.Footprint(d, r))
-	}
-	rec.Memory = mem
+	rec.Memory = m.mem
 }
 
 // rebalanceRecord summarises the rebalance of the timed steps.

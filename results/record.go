@@ -216,5 +216,6 @@ type Correctness struct {
 	Metric       string  `json:"metric"`
 	RoundTrip    string  `json:"round_trip"` // "exact" or what differed
 	RoutingDiffs int     `json:"routing_diffs"`
+	Sample       string  `json:"sample,omitempty"` // which tokens were compared, when not all
 	Detail       string  `json:"detail,omitempty"`
 }

@@ -13,8 +13,8 @@ import (
 
 func init() { dispatchers.Register("alltoall", New) }
 
-// New returns the native alltoall dispatcher. It runs on the host device; the
-// library implementation (NCCL all-to-all) needs the cuda device.
+// New returns the native alltoall dispatcher on host ranks (NewDevice is its
+// device implementation).
 func New(impl string, env dispatchers.Env) (dispatchers.Dispatcher, error) {
 	if impl != dispatchers.ImplNative {
 		return nil, &dispatchers.UnavailableError{Name: "alltoall", Impl: impl,
@@ -179,11 +179,20 @@ func (a *A2A) Unpermute(r int) error {
 // Traffic counts every token copy once per direction: dispatch moves the
 // bf16 row and its fp32 probability, combine the bf16 output row.
 func (a *A2A) Traffic() dispatchers.Traffic {
-	sh := a.shape
+	sendOff := make([][]int, len(a.st))
+	for r := range a.st {
+		sendOff[r] = a.st[r].sendOff
+	}
+	return traffic(a.shape, sendOff)
+}
+
+// traffic is the bytes of a step whose rank src sends rows
+// [sendOff[src][d], sendOff[src][d+1]) of its permuted copies to rank d.
+func traffic(sh dispatchers.Shape, sendOff [][]int) dispatchers.Traffic {
 	var off, all int64
-	for src := range a.st {
+	for src, so := range sendOff {
 		for d := range sh.EP {
-			n := int64(a.st[src].sendOff[d+1] - a.st[src].sendOff[d])
+			n := int64(so[d+1] - so[d])
 			all += n
 			if d != src {
 				off += n

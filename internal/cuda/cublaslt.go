@@ -46,6 +46,7 @@ const (
 	descTransB              = 4
 	opN, opT                = 0, 1
 	prefMaxWorkspaceBytes   = 1
+	prefMinAlignA           = 5  // then B, C, D: 6, 7, 8
 	heuristicResultBytes    = 96 // cublasLtMatmulHeuristicResult_t
 	heuristicWorkspaceField = 64 // offset of its size_t workspaceSize, after the 64-byte algo
 )
@@ -94,35 +95,51 @@ func (b *CuBLASLt) Init() error {
 	return ltErr("cublasLtCreate", C.lt_call_pp(b.fn["cublasLtCreate"], &b.handle))
 }
 
-// GEMM is a planned bf16 product c[m,n] = a[m,k] · w[n,k]ᵀ in row-major
-// storage (w in a linear layer's [out,in] layout), fp32 accumulation — the
-// same product as kernels.MatMulNT. In cuBLAS's column-major terms it is
+// GEMM is a planned product c[m,n] = a[m,k] · w[n,k]ᵀ in row-major storage
+// (w in a linear layer's [out,in] layout) of bf16 operands with fp32
+// accumulation, c stored as bf16 or, for F32Out, fp32 (the router's logits) —
+// the same product as kernels.MatMulNT. In cuBLAS's column-major terms it is
 // Dᵀ[n,m] = op_T(w stored k×n) · op_N(a stored k×m): a "TN" GEMM.
 type GEMM struct {
 	M, N, K       int
+	F32Out        bool
 	WorkspaceSize int64
 	desc, la      unsafe.Pointer // op descriptor; layout of w (cuBLAS's A)
 	lb, lc        unsafe.Pointer // layout of a (cuBLAS's B); of c (C and D)
 	heuristic     unsafe.Pointer // C memory: one cublasLtMatmulHeuristicResult_t
 }
 
+// Align is the byte alignment the operands of a GEMM are guaranteed to have
+// (powers of two; 0 means cuBLASLt's default, 256). The heuristic only offers
+// algorithms that work at those alignments.
+type Align struct{ A, W, C uint32 }
+
+// AlignOf is the alignment of address p, at most 256.
+func AlignOf(p DevicePtr) uint32 {
+	a := uint32(256)
+	for a > 1 && uint64(p)%uint64(a) != 0 {
+		a /= 2
+	}
+	return a
+}
+
 // PlanGEMM describes the product and asks cuBLASLt's heuristic for an
-// algorithm within maxWorkspace bytes.
-func (b *CuBLASLt) PlanGEMM(m, n, k int, maxWorkspace int64) (*GEMM, error) {
+// algorithm within maxWorkspace bytes that works at the alignments al.
+func (b *CuBLASLt) PlanGEMM(m, n, k int, f32Out bool, al Align, maxWorkspace int64) (*GEMM, error) {
 	if m < 1 || n < 1 || k < 1 {
 		return nil, fmt.Errorf("PlanGEMM: m=%d n=%d k=%d must all be ≥ 1", m, n, k)
 	}
-	g := &GEMM{M: m, N: n, K: k}
+	g := &GEMM{M: m, N: n, K: k, F32Out: f32Out}
 	ok := false
 	defer func() {
 		if !ok {
 			b.Free(g)
 		}
 	}()
-	if err := b.describe(g, m, n, k); err != nil {
+	if err := b.describe(g); err != nil {
 		return nil, err
 	}
-	pref, err := b.preference(maxWorkspace)
+	pref, err := b.preference(maxWorkspace, al)
 	if err != nil {
 		return nil, err
 	}
@@ -142,8 +159,10 @@ func (b *CuBLASLt) PlanGEMM(m, n, k int, maxWorkspace int64) (*GEMM, error) {
 }
 
 // describe creates the operation descriptor (fp32 compute and scale,
-// TRANSA = T, TRANSB = N) and the bf16 column-major layouts of w, a and c.
-func (b *CuBLASLt) describe(g *GEMM, m, n, k int) error {
+// TRANSA = T, TRANSB = N) and the column-major layouts of w, a (bf16) and c
+// (bf16, or fp32 for F32Out).
+func (b *CuBLASLt) describe(g *GEMM) error {
+	m, n, k := g.M, g.N, g.K
 	if err := ltErr("cublasLtMatmulDescCreate", C.lt_call_desc(b.fn["cublasLtMatmulDescCreate"], &g.desc, compute32F, dataR32F)); err != nil {
 		return err
 	}
@@ -154,13 +173,17 @@ func (b *CuBLASLt) describe(g *GEMM, m, n, k int) error {
 			return err
 		}
 	}
+	cType := dataR16BF
+	if g.F32Out {
+		cType = dataR32F
+	}
 	layouts := []struct {
-		dst            *unsafe.Pointer
-		rows, cols, ld int
-		what           string
-	}{{&g.la, k, n, k, "w"}, {&g.lb, k, m, k, "a"}, {&g.lc, n, m, n, "c"}}
+		dst                 *unsafe.Pointer
+		typ, rows, cols, ld int
+		what                string
+	}{{&g.la, dataR16BF, k, n, k, "w"}, {&g.lb, dataR16BF, k, m, k, "a"}, {&g.lc, cType, n, m, n, "c"}}
 	for _, l := range layouts {
-		if err := ltErr("cublasLtMatrixLayoutCreate("+l.what+")", C.lt_call_layout(b.fn["cublasLtMatrixLayoutCreate"], l.dst, dataR16BF,
+		if err := ltErr("cublasLtMatrixLayoutCreate("+l.what+")", C.lt_call_layout(b.fn["cublasLtMatrixLayoutCreate"], l.dst, C.int(l.typ),
 			C.uint64_t(l.rows), C.uint64_t(l.cols), C.int64_t(l.ld))); err != nil {
 			return err
 		}
@@ -168,9 +191,9 @@ func (b *CuBLASLt) describe(g *GEMM, m, n, k int) error {
 	return nil
 }
 
-// preference asks for algorithms within maxWorkspace bytes; the caller
-// destroys it.
-func (b *CuBLASLt) preference(maxWorkspace int64) (unsafe.Pointer, error) {
+// preference asks for algorithms within maxWorkspace bytes that work at the
+// alignments al; the caller destroys it.
+func (b *CuBLASLt) preference(maxWorkspace int64, al Align) (unsafe.Pointer, error) {
 	var pref unsafe.Pointer
 	if err := ltErr("cublasLtMatmulPreferenceCreate", C.lt_call_pp(b.fn["cublasLtMatmulPreferenceCreate"], &pref)); err != nil {
 		return nil, err
@@ -180,6 +203,18 @@ func (b *CuBLASLt) preference(maxWorkspace int64) (unsafe.Pointer, error) {
 		prefMaxWorkspaceBytes, unsafe.Pointer(&ws), C.size_t(unsafe.Sizeof(ws)))); err != nil {
 		b.freePreference(pref)
 		return nil, err
+	}
+	// cuBLAS's A is w, B is a, C and D are c
+	for i, v := range []uint32{al.W, al.A, al.C, al.C} {
+		if v == 0 {
+			continue
+		}
+		x := C.uint32_t(v)
+		if err := ltErr(fmt.Sprintf("cublasLtMatmulPreferenceSetAttribute(alignment %d)", prefMinAlignA+i), C.lt_call_setattr(
+			b.fn["cublasLtMatmulPreferenceSetAttribute"], pref, C.int(prefMinAlignA+i), unsafe.Pointer(&x), C.size_t(unsafe.Sizeof(x)))); err != nil {
+			b.freePreference(pref)
+			return nil, err
+		}
 	}
 	return pref, nil
 }
@@ -222,5 +257,5 @@ func (b *CuBLASLt) Free(g *GEMM) {
 	if g.heuristic != nil {
 		C.free(g.heuristic)
 	}
-	*g = GEMM{M: g.M, N: g.N, K: g.K}
+	*g = GEMM{M: g.M, N: g.N, K: g.K, F32Out: g.F32Out}
 }

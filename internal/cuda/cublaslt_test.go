@@ -43,39 +43,54 @@ func TestCuBLASLtRowMajorNT(t *testing.T) {
 	for i := range w {
 		w[i] = bf16(float32(r.NormFloat64()))
 	}
-	g, err := b.PlanGEMM(m, n, k, 1<<20)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Free(g)
-	if g.WorkspaceSize != 1024 {
-		t.Errorf("workspace %d, want the heuristic's 1024", g.WorkspaceSize)
-	}
 	s, _ := d.NewStream(0)
 	da, _ := d.Alloc(2 * m * k)
 	dw, _ := d.Alloc(2 * n * k)
-	dc, _ := d.Alloc(2 * m * n)
-	ws, _ := d.Alloc(g.WorkspaceSize)
+	dc, _ := d.Alloc(4 * m * n)
 	CopyToDevice(d, da, a, s)
 	CopyToDevice(d, dw, w, s)
-	if err := b.Run(g, dc, da, dw, ws, s); err != nil {
-		t.Fatal(err)
-	}
-	c := make([]uint16, m*n)
-	CopyFromDevice(d, c, dc, s)
-	for i := range m {
-		for j := range n {
-			var want float32
-			for p := range k {
-				want += unbf16(a[i*k+p]) * unbf16(w[j*k+p])
-			}
-			if got := c[i*n+j]; got != bf16(want) {
-				t.Fatalf("c[%d,%d] = %v, want %v", i, j, unbf16(got), want)
+	for _, f32 := range []bool{false, true} {
+		g, err := b.PlanGEMM(m, n, k, f32, Align{A: AlignOf(da), W: 2, C: AlignOf(dc)}, 1<<20)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if g.WorkspaceSize != 1024 {
+			t.Errorf("workspace %d, want the heuristic's 1024", g.WorkspaceSize)
+		}
+		ws, _ := d.Alloc(g.WorkspaceSize)
+		if err := b.Run(g, dc, da, dw, ws, s); err != nil {
+			t.Fatal(err)
+		}
+		b.Free(g)
+		c16, c32 := make([]uint16, m*n), make([]float32, m*n)
+		if f32 {
+			CopyFromDevice(d, c32, dc, s)
+		} else {
+			CopyFromDevice(d, c16, dc, s)
+		}
+		for i := range m {
+			for j := range n {
+				var want float32
+				for p := range k {
+					want += unbf16(a[i*k+p]) * unbf16(w[j*k+p])
+				}
+				if got := c32[i*n+j]; f32 && got != want {
+					t.Fatalf("fp32 c[%d,%d] = %v, want %v", i, j, got, want)
+				}
+				if got := c16[i*n+j]; !f32 && got != bf16(want) {
+					t.Fatalf("bf16 c[%d,%d] = %v, want %v", i, j, unbf16(got), want)
+				}
 			}
 		}
 	}
-	if _, err := b.PlanGEMM(0, 1, 1, 0); err == nil {
+	if _, err := b.PlanGEMM(0, 1, 1, false, Align{}, 0); err == nil {
 		t.Error("m = 0 accepted")
+	}
+	if _, err := b.PlanGEMM(1, 1, 1, false, Align{A: 3}, 0); err == nil {
+		t.Error("an alignment of 3 bytes accepted")
+	}
+	if AlignOf(0x1000) != 256 || AlignOf(0x1002) != 2 || AlignOf(0x1030) != 16 {
+		t.Error("AlignOf")
 	}
 }
 
@@ -90,10 +105,11 @@ func TestCuBLASLtDescriptorsReal(t *testing.T) {
 	t.Logf("cuBLASLt %d from %s", b.Version, b.Path)
 	g := &GEMM{}
 	defer b.Free(g)
-	if err := b.describe(g, 64, 128, 256); err != nil {
+	g.M, g.N, g.K = 64, 128, 256
+	if err := b.describe(g); err != nil {
 		t.Fatal(err)
 	}
-	pref, err := b.preference(32 << 20)
+	pref, err := b.preference(32<<20, Align{A: 16, W: 8, C: 2})
 	if err != nil {
 		t.Fatal(err)
 	}

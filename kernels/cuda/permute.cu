@@ -1,12 +1,57 @@
-// permute.cu: row gathers. permute_rows copies dst[i, :] = src[rows[i] / div, :]
-// for i < n with 16-byte vector loads and stores (MB_HIDDEN % 8 == 0): the
-// permute (div = topk: rows are token slots t·k+j) and any other row gather.
-// gather_f32 does the same for one fp32 value per row (the probabilities).
+// permute.cu: the permute. permute_order computes the expert-major order of
+// the token copies (kernels.PermuteOrder); permute_rows copies
+// dst[i, :] = src[rows[i] / div, :] for i < n with 16-byte vector loads and
+// stores (MB_HIDDEN % 8 == 0): the permute (div = topk: rows are token slots
+// t·k+j) and any other row gather; gather_f32 does the same for one fp32 value
+// per row (the probabilities).
 //
 // -D: MB_HIDDEN
 #include "moebench.cuh"
 
 #define MB_VECS (MB_HIDDEN / 8) // uint4 = 8 bf16
+
+// permute_order: one block per expert e (gridDim.x = experts), blockDim.x a
+// multiple of 32 and at most 1024. Rows routed to e start after every copy of
+// a lower expert; within e they keep slot order (stable, as the host). Writes
+// rows[row] = slot, pos[slot] = row and counts[e]. Each block reads idx twice:
+// fine for the n = tokens·k of one micro-batch.
+extern "C" __global__ void permute_order(const int32 *idx, int n, int32 *rows, int32 *pos, int32 *counts) {
+    __shared__ int red[2];
+    __shared__ int warpSum[32];
+    const int e = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    if (threadIdx.x == 0) { red[0] = 0; red[1] = 0; }
+    __syncthreads();
+    int below = 0, mine = 0;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        int x = idx[i];
+        below += x < e;
+        mine += x == e;
+    }
+    atomicAdd(&red[0], below);
+    atomicAdd(&red[1], mine);
+    __syncthreads();
+    int base = red[0];
+    if (threadIdx.x == 0) counts[e] = red[1];
+    for (int start = 0; start < n; start += blockDim.x) {
+        int i = start + threadIdx.x;
+        bool hit = i < n && idx[i] == e;
+        unsigned ballot = __ballot_sync(MB_FULL_MASK, hit);
+        if (lane == 0) warpSum[warp] = __popc(ballot);
+        __syncthreads();
+        int before = 0, total = 0;
+        for (int w = 0; w < warps; w++) {
+            before += w < warp ? warpSum[w] : 0;
+            total += warpSum[w];
+        }
+        if (hit) {
+            int row = base + before + __popc(ballot & ((1u << lane) - 1u));
+            rows[row] = i;
+            pos[i] = row;
+        }
+        base += total;
+        __syncthreads(); // warpSum is rewritten next round
+    }
+}
 
 extern "C" __global__ void permute_rows(const bf16 *src, const int32 *rows, int div, int n, bf16 *dst) {
     for (long i = blockIdx.x; i < n; i += gridDim.x) {

@@ -7,7 +7,7 @@
 #include <stdint.h>
 
 typedef struct { int transa, transb; } desc_t;
-typedef struct { uint64_t rows, cols; int64_t ld; } layout_t;
+typedef struct { int type; uint64_t rows, cols; int64_t ld; } layout_t;
 
 int cublasLtCreate(void **h) { *h = (void *)0x10; return 0; }
 int cublasLtDestroy(void *h) { return 0; }
@@ -25,13 +25,17 @@ int cublasLtMatmulDescSetAttribute(void *d, int attr, const void *buf, size_t n)
     return 0;
 }
 int cublasLtMatrixLayoutCreate(void **l, int type, uint64_t rows, uint64_t cols, int64_t ld) {
-    if (type != 14 || ld < (int64_t)rows) return 7; // CUDA_R_16BF, column-major
-    layout_t *x = malloc(sizeof *x); x->rows = rows; x->cols = cols; x->ld = ld; *l = x; return 0;
+    if ((type != 14 && type != 0) || ld < (int64_t)rows) return 7; // CUDA_R_16BF or CUDA_R_32F, column-major
+    layout_t *x = malloc(sizeof *x); x->type = type; x->rows = rows; x->cols = cols; x->ld = ld; *l = x; return 0;
 }
 int cublasLtMatrixLayoutDestroy(void *l) { free(l); return 0; }
-int cublasLtMatmulPreferenceCreate(void **p) { *p = malloc(8); return 0; }
+int cublasLtMatmulPreferenceCreate(void **p) { *p = calloc(1, 8); return 0; }
 int cublasLtMatmulPreferenceDestroy(void *p) { free(p); return 0; }
 int cublasLtMatmulPreferenceSetAttribute(void *p, int attr, const void *buf, size_t n) {
+    if (attr >= 5 && attr <= 8) { // MIN_ALIGNMENT_{A,B,C,D}_BYTES, uint32, a power of two
+        uint32_t a; if (n != 4) return 7; memcpy(&a, buf, 4);
+        return a == 0 || (a & (a - 1)) != 0 ? 7 : 0;
+    }
     if (attr != 1 || n != 8) return 7; // MAX_WORKSPACE_BYTES, uint64
     memcpy(p, buf, 8); return 0;
 }
@@ -57,11 +61,13 @@ int cublasLtMatmul(void *h, void *desc, const void *alpha, const void *A, void *
     uint64_t M = d->transa ? la->cols : la->rows, K = d->transa ? la->rows : la->cols;
     uint64_t KB = d->transb ? lb->cols : lb->rows, N = d->transb ? lb->rows : lb->cols;
     if (K != KB || ld->rows != M || ld->cols != N) return 7; // shapes must agree
+    if (la->type != 14 || lb->type != 14) return 7;          // bf16 operands
     for (uint64_t j = 0; j < N; j++)
         for (uint64_t i = 0; i < M; i++) {
             float s = 0;
             for (uint64_t p = 0; p < K; p++) s += at(A, la, d->transa, i, p) * at(B, lb, d->transb, p, j);
-            ((uint16_t *)D)[i + j * ld->ld] = tobf(s);
+            if (ld->type == 0) ((float *)D)[i + j * ld->ld] = s;
+            else ((uint16_t *)D)[i + j * ld->ld] = tobf(s);
         }
     return 0;
 }

@@ -1,0 +1,83 @@
+package dispatchers
+
+import (
+	"fmt"
+
+	"github.com/moebench/moebench/kernels"
+)
+
+// The device contract: the same phases as Dispatcher, on buffers of a
+// kernels.Device. A phase queues its work on the rank's stream and returns;
+// collective phases order themselves after other ranks' work with events.
+// The layer synchronizes every stream between steps, so a phase may assume
+// that the previous step's work is done.
+
+// DeviceRank is one EP rank's buffers on the device. Tensors are row-major,
+// bf16 unless noted.
+type DeviceRank struct {
+	ID     int
+	Stream kernels.Stream
+	X      kernels.Ptr // [Tokens, Hidden] input, set by the layer
+	Idx    kernels.Ptr // [Tokens, TopK] int32 global experts, set by the layer
+	Probs  kernels.Ptr // [Tokens, TopK] fp32 routing probabilities, set by the layer
+	Shared kernels.Ptr // [Tokens, Hidden] shared-expert output Unpermute adds; 0: none
+
+	// Set by Dispatch: the rows this rank's experts compute, grouped by local
+	// expert, and how many rows each local expert has (read on the host).
+	ExpertX     kernels.Ptr // [N, Hidden]
+	ExpertProbs kernels.Ptr // [N] fp32
+	ExpertRows  []int       // [LocalExperts]
+
+	ExpertY kernels.Ptr // [N, Hidden] expert outputs, set by the layer before Combine
+	Y       kernels.Ptr // [Tokens, Hidden] output, allocated by the layer, written by Unpermute
+}
+
+// Rows is N, the rows this rank's experts compute.
+func (r *DeviceRank) Rows() int {
+	n := 0
+	for _, c := range r.ExpertRows {
+		n += c
+	}
+	return n
+}
+
+// DeviceDispatcher moves token copies between EP ranks on a device.
+type DeviceDispatcher interface {
+	Phased
+	Name() string
+	Impl() string
+	// Bind attaches the dispatcher to the ranks of a run; called once.
+	Bind(dev kernels.Device, shape Shape, ranks []*DeviceRank) error
+	Traffic() Traffic
+	Footprint(rank int) int64 // bytes of its own device buffers on a rank
+	Close() error             // frees its buffers
+}
+
+// DeviceFactory builds a device dispatcher, or returns an *UnavailableError.
+type DeviceFactory func(impl string, env Env) (DeviceDispatcher, error)
+
+var deviceRegistry = map[string]DeviceFactory{}
+
+// RegisterDevice adds a dispatcher's device implementation by name.
+func RegisterDevice(name string, f DeviceFactory) {
+	if _, dup := deviceRegistry[name]; dup {
+		panic("dispatchers: " + name + " registered twice for the device")
+	}
+	deviceRegistry[name] = f
+}
+
+// NewDevice returns the named dispatcher's device implementation. A name
+// with no device implementation in this build is unavailable.
+func NewDevice(name, impl string, env Env) (DeviceDispatcher, error) {
+	if _, ok := registry[name]; !ok {
+		return nil, fmt.Errorf("unknown dispatcher %q (known: %v)", name, Names())
+	}
+	if impl != ImplNative && impl != ImplLibrary {
+		return nil, fmt.Errorf("unknown implementation %q (known: native, library)", impl)
+	}
+	f, ok := deviceRegistry[name]
+	if !ok {
+		return nil, &UnavailableError{Name: name, Impl: impl, Reason: "no " + env.Device + " device implementation in this build"}
+	}
+	return f(impl, env)
+}

@@ -1,0 +1,573 @@
+package harness
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"runtime"
+	"slices"
+	"sync"
+
+	"github.com/moebench/moebench/dispatchers"
+	"github.com/moebench/moebench/internal/cuda"
+	"github.com/moebench/moebench/kernels"
+	"github.com/moebench/moebench/results"
+)
+
+// deviceLayer is the layer on a kernels.Device. Every EP rank has its own
+// stream; all ranks live on the one device (emulated EP when EP > 1). The
+// host twin l holds the inputs, the router's weights and the routing mode;
+// expert weights are drawn from the seed and uploaded without being kept.
+type deviceLayer struct {
+	l     *Layer
+	dev   kernels.Device
+	d     dispatchers.DeviceDispatcher
+	ranks []*dispatchers.DeviceRank
+	rr    []devRank
+
+	wr, bias   kernels.Ptr // router weight [E, h] bf16; selection bias [E] fp32 or 0
+	sfc1, sfc2 kernels.Ptr // shared expert [2fs, h], [h, fs] or 0
+	common     int64       // bytes of the buffers above, which the ranks share
+
+	begin      kernels.Event // recorded at the start of a step; every rank waits for it
+	beginS     kernels.Stream
+	start, end map[string][]kernels.Event // per phase, per rank
+}
+
+// devRank is one rank's layer buffers (the dispatcher has its own).
+type devRank struct {
+	fc1, fc2             kernels.Ptr // [L, 2f, h], [L, h, f]
+	logits, override     kernels.Ptr // [T, E] fp32; override 0 unless the routing mode replaces the logits
+	traceIdx, traceProbs kernels.Ptr // routing from a trace, or 0
+	sh1, sact            kernels.Ptr // shared expert intermediates [T, 2fs], [T, fs]
+	h1, act              kernels.Ptr // expert intermediates [cap, 2f], [cap, f]
+	capRows              int         // rows ExpertY, h1 and act hold
+	bytes                int64
+}
+
+// newDeviceLayer uploads l's inputs and weights to dev and binds d.
+func newDeviceLayer(l *Layer, dev kernels.Device, d dispatchers.DeviceDispatcher) (*deviceLayer, error) {
+	c := l.Cfg
+	T, h, f, E, k := c.Tokens, c.Hidden, c.FFN, c.Experts, c.TopK
+	fs, L := c.FFN*c.SharedExperts, l.Shape.LocalExperts()
+	dl := &deviceLayer{l: l, dev: dev, d: d, rr: make([]devRank, c.EP), start: map[string][]kernels.Event{}, end: map[string][]kernels.Event{}}
+	var err error
+	if dl.beginS, err = dev.NewStream(); err != nil {
+		return nil, err
+	}
+	if dl.begin, err = dev.NewEvent(); err != nil {
+		return nil, err
+	}
+	up := func(p *kernels.Ptr, counter *int64, host any, s kernels.Stream) error {
+		size, n := 2, 0
+		switch v := host.(type) {
+		case []uint16:
+			n = len(v)
+		case []float32:
+			size, n = 4, len(v)
+		case []int32:
+			size, n = 4, len(v)
+		}
+		if *p, err = dev.Alloc(int64(size * n)); err != nil {
+			return err
+		}
+		*counter += int64(size * n)
+		return dev.Upload(*p, host, s)
+	}
+	if err := up(&dl.wr, &dl.common, kernels.BF16Bits(l.Wr), dl.beginS); err != nil {
+		return nil, err
+	}
+	if l.Bias != nil {
+		if err := up(&dl.bias, &dl.common, l.Bias, dl.beginS); err != nil {
+			return nil, err
+		}
+	}
+	if l.SharedFC1 != nil {
+		if err := up(&dl.sfc1, &dl.common, kernels.BF16Bits(l.SharedFC1), dl.beginS); err != nil {
+			return nil, err
+		}
+		if err := up(&dl.sfc2, &dl.common, kernels.BF16Bits(l.SharedFC2), dl.beginS); err != nil {
+			return nil, err
+		}
+	}
+	for r := range c.EP {
+		b := &dl.rr[r]
+		rk := &dispatchers.DeviceRank{ID: r}
+		if rk.Stream, err = dev.NewStream(); err != nil {
+			return nil, err
+		}
+		if err := up(&rk.X, &b.bytes, kernels.BF16Bits(l.X[r]), rk.Stream); err != nil {
+			return nil, err
+		}
+		if l.Override[r] != nil {
+			if err := up(&b.override, &b.bytes, l.Override[r], rk.Stream); err != nil {
+				return nil, err
+			}
+		}
+		if l.Trace != nil { // the trace's routing, as the host router takes it
+			if err := l.route(r); err != nil {
+				return nil, err
+			}
+			if err := up(&b.traceIdx, &b.bytes, l.Ranks[r].Idx, rk.Stream); err != nil {
+				return nil, err
+			}
+			if err := up(&b.traceProbs, &b.bytes, l.Ranks[r].Probs, rk.Stream); err != nil {
+				return nil, err
+			}
+		}
+		for _, a := range []struct {
+			p     *kernels.Ptr
+			bytes int
+		}{{&b.fc1, 2 * L * 2 * f * h}, {&b.fc2, 2 * L * h * f}, {&b.logits, 4 * T * E}, {&rk.Idx, 4 * T * k},
+			{&rk.Probs, 4 * T * k}, {&rk.Y, 2 * T * h}} {
+			if err := dl.alloc(r, a.p, a.bytes); err != nil {
+				return nil, err
+			}
+		}
+		if fs > 0 {
+			for _, a := range []struct {
+				p     *kernels.Ptr
+				bytes int
+			}{{&b.sh1, 2 * T * 2 * fs}, {&b.sact, 2 * T * fs}, {&rk.Shared, 2 * T * h}} {
+				if err := dl.alloc(r, a.p, a.bytes); err != nil {
+					return nil, err
+				}
+			}
+		}
+		dl.ranks = append(dl.ranks, rk)
+	}
+	if err := dl.uploadExperts(); err != nil {
+		return nil, err
+	}
+	if err := d.Bind(dev, l.Shape, dl.ranks); err != nil {
+		return nil, err
+	}
+	for _, ph := range dl.steps() {
+		for range c.EP {
+			for _, m := range []map[string][]kernels.Event{dl.start, dl.end} {
+				e, err := dev.NewEvent()
+				if err != nil {
+					return nil, err
+				}
+				m[ph.Name] = append(m[ph.Name], e)
+			}
+		}
+	}
+	return dl, dl.sync()
+}
+
+func (dl *deviceLayer) alloc(r int, p *kernels.Ptr, bytes int) error {
+	var err error
+	if *p, err = dl.dev.Alloc(int64(bytes)); err == nil {
+		dl.rr[r].bytes += int64(bytes)
+	}
+	return err
+}
+
+// uploadExperts draws every expert's weights (in parallel, each expert from
+// its own stream of draws) and uploads them, as bf16, to their owner rank's
+// buffers. Only a few experts are held on the host at a time.
+func (dl *deviceLayer) uploadExperts() error {
+	c := dl.l.Cfg
+	h, f, L := c.Hidden, c.FFN, dl.l.Shape.LocalExperts()
+	type drawn struct {
+		e        int
+		fc1, fc2 []uint16
+	}
+	ch := make(chan drawn, runtime.GOMAXPROCS(0))
+	stop := make(chan struct{})
+	go func() {
+		defer close(ch)
+		var wg sync.WaitGroup
+		next := make(chan int)
+		for range runtime.GOMAXPROCS(0) {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for e := range next {
+					fc1, fc2 := dl.l.ExpertWeights(e)
+					select {
+					case ch <- drawn{e, kernels.BF16Bits(fc1), kernels.BF16Bits(fc2)}:
+					case <-stop:
+					}
+				}
+			}()
+		}
+	feed:
+		for e := range c.Experts {
+			select {
+			case next <- e:
+			case <-stop:
+				break feed
+			}
+		}
+		close(next)
+		wg.Wait()
+	}()
+	defer func() {
+		close(stop)
+		for range ch { // let the drawers finish
+		}
+	}()
+	for w := range ch {
+		r, i := w.e/L, w.e%L
+		rk, b := dl.ranks[r], &dl.rr[r]
+		if err := dl.dev.Upload(b.fc1+kernels.Ptr(2*i*2*f*h), w.fc1, rk.Stream); err != nil {
+			return err
+		}
+		if err := dl.dev.Upload(b.fc2+kernels.Ptr(2*i*h*f), w.fc2, rk.Stream); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// steps are the phases of a step, in the host layer's order.
+func (dl *deviceLayer) steps() []dispatchers.Step {
+	var s []dispatchers.Step
+	if dl.sfc1 != 0 {
+		s = append(s, dispatchers.Step{Name: "shared", Run: dl.sharedExpert})
+	}
+	s = append(s, dispatchers.Step{Name: "router", Run: dl.route})
+	return append(s, dispatchers.Sequence(dl.d, dl.experts)...)
+}
+
+// sharedExpert: fc1 → SwiGLU → fc2 on the rank's tokens into rk.Shared,
+// which the dispatcher's unpermute adds.
+func (dl *deviceLayer) sharedExpert(r int) error {
+	c, rk, b := dl.l.Cfg, dl.ranks[r], &dl.rr[r]
+	T, h, fs := c.Tokens, c.Hidden, c.FFN*c.SharedExperts
+	if err := dl.dev.GEMM(b.sh1, rk.X, dl.sfc1, T, 2*fs, h, false, rk.Stream); err != nil {
+		return err
+	}
+	if err := dl.dev.SwiGLU(b.sact, b.sh1, 0, T, fs, rk.Stream); err != nil {
+		return err
+	}
+	return dl.dev.GEMM(rk.Shared, b.sact, dl.sfc2, T, h, fs, false, rk.Stream)
+}
+
+// route: the fp32 logits GEMM (bf16 operands, fp32 output), the routing
+// mode's replacement logits when it has them, then top-k; a trace's routing
+// replaces the top-k's output.
+func (dl *deviceLayer) route(r int) error {
+	c, rk, b := dl.l.Cfg, dl.ranks[r], &dl.rr[r]
+	T, E, k := c.Tokens, c.Experts, c.TopK
+	if err := dl.dev.GEMM(b.logits, rk.X, dl.wr, T, E, c.Hidden, true, rk.Stream); err != nil {
+		return err
+	}
+	if b.override != 0 {
+		if err := dl.dev.Copy(b.logits, b.override, int64(4*T*E), rk.Stream); err != nil {
+			return err
+		}
+	}
+	if b.traceIdx != 0 {
+		if err := dl.dev.Copy(rk.Idx, b.traceIdx, int64(4*T*k), rk.Stream); err != nil {
+			return err
+		}
+		return dl.dev.Copy(rk.Probs, b.traceProbs, int64(4*T*k), rk.Stream)
+	}
+	return dl.dev.RouterTopK(dl.l.Router, b.logits, dl.bias, T, rk.Idx, rk.Probs, rk.Stream)
+}
+
+// experts runs every local expert on its rows: fc1 per expert, one SwiGLU×prob
+// over all rows, fc2 per expert (cuBLASLt, one call per expert, on the rank's
+// stream).
+func (dl *deviceLayer) experts(r int) error {
+	c, rk, b := dl.l.Cfg, dl.ranks[r], &dl.rr[r]
+	h, f := c.Hidden, c.FFN
+	n := rk.Rows()
+	if err := dl.growExperts(r, n); err != nil {
+		return err
+	}
+	at := 0
+	for l, rows := range rk.ExpertRows {
+		if err := dl.dev.GEMM(b.h1+kernels.Ptr(2*at*2*f), rk.ExpertX+kernels.Ptr(2*at*h), b.fc1+kernels.Ptr(2*l*2*f*h), rows, 2*f, h, false, rk.Stream); err != nil {
+			return err
+		}
+		at += rows
+	}
+	if err := dl.dev.SwiGLU(b.act, b.h1, rk.ExpertProbs, n, f, rk.Stream); err != nil {
+		return err
+	}
+	at = 0
+	for l, rows := range rk.ExpertRows {
+		if err := dl.dev.GEMM(rk.ExpertY+kernels.Ptr(2*at*h), b.act+kernels.Ptr(2*at*f), b.fc2+kernels.Ptr(2*l*h*f), rows, h, f, false, rk.Stream); err != nil {
+			return err
+		}
+		at += rows
+	}
+	return nil
+}
+
+// growExperts makes ExpertY, h1 and act of rank r hold rows rows (the first
+// step only: a run's routing is fixed).
+func (dl *deviceLayer) growExperts(r, rows int) error {
+	rk, b, c := dl.ranks[r], &dl.rr[r], dl.l.Cfg
+	if rows <= b.capRows && rk.ExpertY != 0 {
+		return nil
+	}
+	if err := dl.dev.SyncStream(rk.Stream); err != nil {
+		return err
+	}
+	h, f := c.Hidden, c.FFN
+	per := 2 * (h + 3*f) // bytes per row of ExpertY, h1 and act
+	for _, p := range []*kernels.Ptr{&rk.ExpertY, &b.h1, &b.act} {
+		if *p != 0 {
+			if err := dl.dev.Free(*p); err != nil {
+				return err
+			}
+		}
+	}
+	b.bytes -= int64(b.capRows * per)
+	b.capRows = max(rows, 1)
+	for _, a := range []struct {
+		p     *kernels.Ptr
+		bytes int
+	}{{&rk.ExpertY, 2 * b.capRows * h}, {&b.h1, 2 * b.capRows * 2 * f}, {&b.act, 2 * b.capRows * f}} {
+		if err := dl.alloc(r, a.p, a.bytes); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// step runs one forward pass: every phase for every rank, each phase between
+// two events on the rank's stream, then waits for every stream.
+func (dl *deviceLayer) step() error {
+	if err := dl.dev.Record(dl.begin, dl.beginS); err != nil {
+		return err
+	}
+	for _, rk := range dl.ranks {
+		if err := dl.dev.Wait(rk.Stream, dl.begin); err != nil {
+			return err
+		}
+	}
+	for _, ph := range dl.steps() {
+		for r, rk := range dl.ranks {
+			if err := dl.dev.Record(dl.start[ph.Name][r], rk.Stream); err != nil {
+				return err
+			}
+			if err := ph.Run(r); err != nil {
+				return fmt.Errorf("%s on rank %d: %w", ph.Name, r, err)
+			}
+			if err := dl.dev.Record(dl.end[ph.Name][r], rk.Stream); err != nil {
+				return err
+			}
+		}
+	}
+	return dl.sync()
+}
+
+func (dl *deviceLayer) sync() error {
+	if err := dl.dev.SyncStream(dl.beginS); err != nil {
+		return err
+	}
+	for _, rk := range dl.ranks {
+		if err := dl.dev.SyncStream(rk.Stream); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// times reads the last step's events: each phase's time per rank, and the
+// step's (from the common start to the rank's last event), in ms.
+func (dl *deviceLayer) times(samples map[string][][]float64, step *[]float64) error {
+	steps := dl.steps()
+	last := steps[len(steps)-1].Name
+	longest := 0.0
+	for r := range dl.ranks {
+		for _, ph := range steps {
+			ms, err := dl.dev.Elapsed(dl.start[ph.Name][r], dl.end[ph.Name][r])
+			if err != nil {
+				return fmt.Errorf("%s on rank %d: %w", ph.Name, r, err)
+			}
+			samples[ph.Name][r] = append(samples[ph.Name][r], ms)
+		}
+		ms, err := dl.dev.Elapsed(dl.begin, dl.end[last][r])
+		if err != nil {
+			return err
+		}
+		longest = math.Max(longest, ms)
+	}
+	*step = append(*step, longest)
+	return nil
+}
+
+// refFLOPBudget bounds the float64 reference's expert work (all experts'
+// rows, 6·h·f per row): beyond it the check compares a seeded sample of
+// tokens per rank.
+const refFLOPBudget = 4e9
+
+// sample picks the tokens the check compares: all of them when the
+// reference is affordable, else the same number of seeded random tokens per
+// rank (at least 16). It also says which, for the record.
+func (dl *deviceLayer) sample() ([][]int, string) {
+	c := dl.l.Cfg
+	perToken := 6 * float64(c.Hidden) * float64(c.FFN) * float64(c.TopK+c.SharedExperts)
+	total := c.EP * c.Tokens
+	if float64(total)*perToken <= refFLOPBudget {
+		return nil, fmt.Sprintf("all %d tokens", total)
+	}
+	n := min(c.Tokens, max(16, int(refFLOPBudget/perToken)/c.EP))
+	g := rand.New(rand.NewPCG(c.Seed, 0x5a3b1e))
+	s := make([][]int, c.EP)
+	for r := range s {
+		s[r] = g.Perm(c.Tokens)[:n]
+		slices.Sort(s[r])
+	}
+	return s, fmt.Sprintf("%d of %d tokens (%d per rank, drawn with the run's seed)", n*c.EP, total, n)
+}
+
+// check runs one step with poisoned outputs and compares the output with the
+// float64 reference (on a sample of tokens for large layers).
+func (dl *deviceLayer) check() (*results.Correctness, error) {
+	c := dl.l.Cfg
+	T, h, k, E := c.Tokens, c.Hidden, c.TopK, c.Experts
+	const nan = 0x7fc0 // a bf16 NaN; as two 16-bit words, an fp32 NaN too
+	for r, rk := range dl.ranks {
+		for _, p := range []struct {
+			ptr   kernels.Ptr
+			words int
+		}{{rk.Y, T * h}, {rk.Probs, 2 * T * k}, {dl.rr[r].logits, 2 * T * E}, {rk.ExpertY, dl.rr[r].capRows * h}} {
+			if p.ptr != 0 {
+				if err := dl.dev.Fill16(p.ptr, nan, int64(p.words), rk.Stream); err != nil {
+					return nil, err
+				}
+			}
+		}
+		if err := dl.dev.Fill16(rk.Idx, 0xffff, int64(2*T*k), rk.Stream); err != nil { // expert −1
+			return nil, err
+		}
+	}
+	if err := dl.step(); err != nil {
+		return nil, err
+	}
+	y := make([]uint16, T*h)
+	for r, rk := range dl.ranks {
+		if err := dl.dev.Download(dl.l.Ranks[r].Idx, rk.Idx, rk.Stream); err != nil {
+			return nil, err
+		}
+		if err := dl.dev.Download(y, rk.Y, rk.Stream); err != nil {
+			return nil, err
+		}
+		dl.l.Ranks[r].Y = kernels.FromBF16Bits(y)
+	}
+	for r := range dl.ranks {
+		for _, e := range dl.l.Ranks[r].Idx {
+			if e < 0 || int(e) >= E {
+				return &results.Correctness{Checked: true, Tolerance: Tolerance, Metric: ErrMetric, MaxRelErr: math.Inf(1),
+					Detail: fmt.Sprintf("rank %d: the router left expert %d (of %d) in its output", r, e, E)}, nil
+			}
+		}
+	}
+	cr := &results.Correctness{Checked: true, Tolerance: Tolerance, Metric: ErrMetric,
+		RoundTrip: "not run on the device: the layer check covers dispatch and combine"}
+	sample, which := dl.sample()
+	cr.Sample = which
+	compareReference(cr, dl.l, sample)
+	cr.Passed = cr.Detail == "" && cr.MaxRelErr <= Tolerance
+	if !cr.Passed && cr.Detail == "" {
+		cr.Detail = fmt.Sprintf("max relative error %.3g (tolerance %g)", cr.MaxRelErr, Tolerance)
+	}
+	return cr, nil
+}
+
+// footprint is rank r's bytes on the device: its layer and dispatcher
+// buffers and an equal share of the buffers the ranks share.
+func (dl *deviceLayer) footprint(r int) int64 {
+	return dl.rr[r].bytes + dl.d.Footprint(r) + dl.common/int64(len(dl.ranks))
+}
+
+// runDevice is Run on the cuda device (or env.OpenDevice's): the same
+// check-then-time loop as the host, with CUDA-event timings.
+func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error) {
+	fail := func(status string, err error) (*results.Record, error) {
+		rec.Status, rec.Reason = status, err.Error()
+		return rec, err
+	}
+	denv := dispatchers.Env{Device: cfg.Device, Base: cfg.FeplbBase, Domain: cfg.Domain, Dynamic: cfg.FeplbDyn,
+		Hidden: cfg.Hidden, FFN: cfg.FFN}
+	d, err := dispatchers.NewDevice(cfg.Dispatcher, cfg.Impl, denv)
+	if err != nil {
+		if dispatchers.IsUnavailable(err) {
+			return fail(results.StatusUnavailable, err)
+		}
+		return nil, &ConfigError{"dispatcher", cfg.Dispatcher, err.Error()}
+	}
+	if env.Dump != "" {
+		return nil, &ConfigError{"dump", env.Dump, "--dump is supported on the host device only"}
+	}
+	open := env.OpenDevice
+	if open == nil {
+		open = func() (kernels.Device, error) { return kernels.OpenCUDA(0, "") }
+	}
+	dev, err := open()
+	if err != nil {
+		return fail(results.StatusUnavailable, fmt.Errorf("device %s: %w", cfg.Device, err))
+	}
+	defer dev.Close()
+	defer d.Close()
+	rec.Ranks.Emulated = cfg.EP > 1
+	rec.Ranks.Note = fmt.Sprintf("all %d EP ranks on GPU 0, one stream each; data moves between ranks with device-to-device copies", cfg.EP)
+	rec.SMs.Measured = "not measured in this build (NVML GPM sampling is not wired yet)"
+	l, err := newLayer(cfg, false)
+	if err != nil {
+		return nil, err // only a trace can fail here: a *ConfigError
+	}
+	dl, err := newDeviceLayer(l, dev, d)
+	if err != nil {
+		return fail(deviceStatus(err), err)
+	}
+	if cfg.Check {
+		c, err := dl.check()
+		if err != nil {
+			return fail(deviceStatus(err), err)
+		}
+		rec.Correctness = c
+		if !c.Passed {
+			rec.Status, rec.Reason = results.StatusFailed, "correctness check failed: "+c.Detail
+			return rec, fmt.Errorf("%s", rec.Reason)
+		}
+	} else {
+		rec.Correctness = &results.Correctness{Checked: false, Detail: "check disabled by --check=false"}
+	}
+	m := measured{samples: map[string][][]float64{}, traffic: d.Traffic(),
+		clock: "CUDA events on each rank's stream (" + dev.Name() + ")",
+		model: "each phase's sample is its slowest rank's event-timed duration; step = from a start event every rank waits for to the last rank's end. " +
+			"Ranks run concurrently on one GPU (emulated EP), so phases overlap and do not add up to the step; host enqueue and the count sync are inside the times",
+		mem: &results.Memory{Method: "device buffers, accounted: the bytes moebench allocated for the rank (layer and dispatcher buffers, its share of the router and shared-expert weights), excluding cuBLASLt workspaces and the CUDA context"}}
+	for _, ph := range dl.steps() {
+		m.phases = append(m.phases, ph.Name)
+		m.samples[ph.Name] = make([][]float64, cfg.EP)
+	}
+	for i := -cfg.Warmup; i < cfg.Iters; i++ {
+		if err := dl.step(); err != nil {
+			return fail(deviceStatus(err), err)
+		}
+		if i < 0 {
+			continue
+		}
+		if err := dl.times(m.samples, &m.step); err != nil {
+			return fail(results.StatusFailed, err)
+		}
+	}
+	for r, rk := range dl.ranks {
+		m.recv = append(m.recv, rk.Rows())
+		m.mem.PerRankBytes = append(m.mem.PerRankBytes, dl.footprint(r))
+	}
+	rec.Status = results.StatusOK
+	fillMeasurements(rec, cfg, m)
+	return rec, nil
+}
+
+// deviceStatus classifies a device error: running out of device memory is
+// an environment limitation (unavailable); anything else a failure.
+func deviceStatus(err error) string {
+	var ce *cuda.Error
+	if errors.As(err, &ce) && ce.Name == "CUDA_ERROR_OUT_OF_MEMORY" {
+		return results.StatusUnavailable
+	}
+	return results.StatusFailed
+}

@@ -1,0 +1,165 @@
+package harness
+
+import (
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/moebench/moebench/dispatchers"
+	"github.com/moebench/moebench/kernels"
+	"github.com/moebench/moebench/results"
+)
+
+// The device pipeline on kernels.Emu: the same bookkeeping the GPU runs
+// (buffers, offsets, copies between ranks, chunk sorts, rounding points),
+// executed by the host functions. It must give the host layer's output bit
+// for bit, pass the check, and fail it when a copy goes wrong. This proves
+// nothing about the CUDA kernels themselves (kernels/cuda_test.go does,
+// on a GPU).
+
+func deviceCases() map[string]Config {
+	base := small()
+	base.Device = "cuda"
+	sig := base
+	sig.Score, sig.Groups, sig.GroupTopK, sig.TopKScale, sig.SharedExperts = "sigmoid", 4, 2, 2.5, 1
+	sig.Routing = Routing{Kind: RoutingSkewed, Alpha: 1.2}
+	one := base
+	one.EP, one.SharedExperts = 1, 0
+	bal := base
+	bal.Routing, bal.EP = Routing{Kind: RoutingBalanced}, 8
+	return map[string]Config{"softmax-natural": base, "sigmoid-groups-skewed-shared": sig, "ep1": one, "balanced-ep8": bal}
+}
+
+func deviceRun(t *testing.T, c Config, dev kernels.Device) *deviceLayer {
+	t.Helper()
+	l, err := newLayer(c, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := dispatchers.NewDevice(c.Dispatcher, c.Impl, dispatchers.Env{Device: "cuda"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dl, err := newDeviceLayer(l, dev, d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dl
+}
+
+func TestDeviceLayerEqualsHostLayer(t *testing.T) {
+	for name, c := range deviceCases() {
+		t.Run(name, func(t *testing.T) {
+			dl := deviceRun(t, c, &kernels.Emu{})
+			for range 2 { // the second step reuses every buffer
+				cr, err := dl.check()
+				if err != nil || !cr.Passed {
+					t.Fatalf("check: %v, %+v", err, cr)
+				}
+			}
+			hc := c
+			hc.Device = "host"
+			hl, err := NewLayer(hc)
+			if err != nil {
+				t.Fatal(err)
+			}
+			d, _ := dispatchers.New("alltoall", "native", dispatchers.Env{Device: "host"})
+			d.Bind(hl.Shape, hl.Ranks)
+			if err := hl.Step(d, func(_ string, _ int, fn func() error) error { return fn() }); err != nil {
+				t.Fatal(err)
+			}
+			for r := range hl.Ranks {
+				if !reflect.DeepEqual(hl.Ranks[r].Y, dl.l.Ranks[r].Y) {
+					t.Fatalf("rank %d: device output differs from the host layer's", r)
+				}
+				if !reflect.DeepEqual(hl.Ranks[r].Idx, dl.l.Ranks[r].Idx) {
+					t.Fatalf("rank %d: device routing differs from the host layer's", r)
+				}
+			}
+			for r, rk := range dl.ranks {
+				host := 0
+				for _, sg := range hl.Ranks[r].Segments {
+					host += sg.Len
+				}
+				if rk.Rows() != host {
+					t.Errorf("rank %d computes %d rows on the device, %d on the host", r, rk.Rows(), host)
+				}
+			}
+			if got, want := dl.d.Traffic(), d.Traffic(); got != want {
+				t.Errorf("traffic %+v, host %+v", got, want)
+			}
+		})
+	}
+}
+
+// dropCopy is Emu with one device-to-device copy lost.
+type dropCopy struct {
+	kernels.Emu
+	n, drop int
+}
+
+func (d *dropCopy) Copy(dst, src kernels.Ptr, bytes int64, s kernels.Stream) error {
+	d.n++
+	if d.n == d.drop {
+		return nil
+	}
+	return d.Emu.Copy(dst, src, bytes, s)
+}
+
+func TestDeviceCheckCatchesLostCopy(t *testing.T) {
+	c := deviceCases()["softmax-natural"]
+	// count the copies of a step, then lose one of the dispatch's
+	probe := &dropCopy{}
+	dl := deviceRun(t, c, probe)
+	probe.n = 0
+	if cr, err := dl.check(); err != nil || !cr.Passed {
+		t.Fatalf("clean run: %v %+v", err, cr)
+	}
+	copies := probe.n
+	for _, drop := range []int{copies / 3, copies - 1} {
+		dev := &dropCopy{}
+		dl := deviceRun(t, c, dev)
+		dev.n, dev.drop = 0, drop
+		cr, err := dl.check()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cr.Passed {
+			t.Errorf("copy %d of %d lost, check passed (max rel err %g)", drop, copies, cr.MaxRelErr)
+		}
+	}
+}
+
+func TestDeviceRunRecord(t *testing.T) {
+	c := deviceCases()["sigmoid-groups-skewed-shared"]
+	rec, err := Run(c, Env{Version: "test", OpenDevice: func() (kernels.Device, error) { return &kernels.Emu{}, nil }})
+	if err != nil || rec.Status != results.StatusOK || !rec.Correctness.Passed {
+		t.Fatalf("run: %v, %+v", err, rec)
+	}
+	var names []string
+	for _, p := range rec.Timing.Phases {
+		names = append(names, p.Name)
+		if len(p.Samples) != c.Iters || len(p.PerRank) != c.EP {
+			t.Errorf("phase %s: %d samples, %d ranks", p.Name, len(p.Samples), len(p.PerRank))
+		}
+	}
+	if want := []string{"shared", "router", "permute", "dispatch", "experts", "combine", "unpermute"}; !reflect.DeepEqual(names, want) {
+		t.Errorf("phases %v, want %v", names, want)
+	}
+	if len(rec.Timing.Step.Samples) != c.Iters || !rec.Ranks.Emulated || rec.Correctness.Sample == "" {
+		t.Errorf("record: step %v, ranks %+v, sample %q", rec.Timing.Step.Samples, rec.Ranks, rec.Correctness.Sample)
+	}
+	sum := 0
+	for _, n := range rec.Tokens.Received {
+		sum += n
+	}
+	if sum != c.EP*c.Tokens*c.TopK {
+		t.Errorf("rows computed %v, want %d in all", rec.Tokens.Received, c.EP*c.Tokens*c.TopK)
+	}
+	// a dispatcher without a device implementation is unavailable, with the reason
+	c.Dispatcher = "deepep"
+	rec, err = Run(c, Env{Version: "test", OpenDevice: func() (kernels.Device, error) { return &kernels.Emu{}, nil }})
+	if !dispatchers.IsUnavailable(err) || rec.Status != results.StatusUnavailable || rec.Timing != nil || !strings.Contains(rec.Reason, "cuda") {
+		t.Errorf("deepep on the device: %v, %+v", err, rec)
+	}
+}

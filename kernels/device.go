@@ -1,0 +1,100 @@
+package kernels
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/moebench/moebench/internal/cuda"
+)
+
+// Device is where the layer's device pipeline runs: a GPU (CUDA) or Emu,
+// which keeps "device" memory on the host and runs this package's host
+// functions so that the pipeline's bookkeeping (offsets, copies, orders,
+// events) is tested without a GPU. Tensors are row-major; bf16 tensors hold
+// 16-bit words. All work is queued on a stream; Download waits for it.
+type Device interface {
+	Name() string
+	Alloc(bytes int64) (Ptr, error)
+	Free(p Ptr) error
+	// Upload copies a []uint16, []float32 or []int32 to dst on s; src may be
+	// reused when it returns.
+	Upload(dst Ptr, src any, s Stream) error
+	// Download copies src into a []uint16, []float32 or []int32 after the
+	// work queued on s.
+	Download(dst any, src Ptr, s Stream) error
+	Copy(dst, src Ptr, bytes int64, s Stream) error
+	Fill16(p Ptr, v uint16, n int64, s Stream) error
+
+	NewStream() (Stream, error)
+	NewEvent() (Event, error)
+	Record(e Event, s Stream) error
+	Wait(s Stream, e Event) error // s waits for e's work
+	SyncStream(s Stream) error
+	Elapsed(start, end Event) (ms float64, err error) // both recorded and complete
+
+	// GEMM: c[m,n] = a[m,k] · w[n,k]ᵀ, bf16 a and w, fp32 accumulation; c is
+	// bf16, or fp32 when f32Out.
+	GEMM(c, a, w Ptr, m, n, k int, f32Out bool, s Stream) error
+	// RouterTopK: idx [T,k] int32 and probs [T,k] fp32 from fp32 logits
+	// [T,E] and the selection bias (0: none), as Route.
+	RouterTopK(rc RouterConfig, logits, bias Ptr, tokens int, idx, probs Ptr, s Stream) error
+	// PermuteOrder: rows [n] (permuted row → slot), pos [n] (slot → row) and
+	// counts [experts] int32 of idx [n], as the host PermuteOrder.
+	PermuteOrder(idx Ptr, n, experts int, rows, pos, counts Ptr, s Stream) error
+	// GatherRows: dst[i,:] = src[rows[i]/div,:] for i < n, bf16 rows of hidden.
+	GatherRows(dst, src, rows Ptr, div, n, hidden int, s Stream) error
+	// GatherF32: dst[i] = src[rows[i]/div] for i < n.
+	GatherF32(dst, src, rows Ptr, div, n int, s Stream) error
+	// SortChunks reorders rows of hidden bf16 (and their fp32 probs when
+	// probsIn is not 0) from [source][local] chunk order to [local][source],
+	// or back when inverse; counts [ep·local] int32 are in [source][local]
+	// order.
+	SortChunks(dst, probsOut, src, probsIn, counts Ptr, rows, ep, local, hidden int, inverse bool, s Stream) error
+	// SwiGLU: act [n,ffn] = silu(gate)·up·prob of h1 [n,2·ffn]; prob 0 means 1.
+	SwiGLU(act, h1, prob Ptr, n, ffn int, s Stream) error
+	// UnpermuteSum: out[t,:] = bf16(sum of src[pos[t·k+j],:] in row order),
+	// then bf16(out + shared[t,:]) when shared is not 0.
+	UnpermuteSum(out, src, pos, shared Ptr, tokens, topk, hidden int, s Stream) error
+
+	Close() error
+}
+
+// Device handles: addresses, streams and events (the cuda package's types;
+// Emu makes its own values of them).
+type (
+	Ptr    = cuda.DevicePtr
+	Stream = cuda.Stream
+	Event  = cuda.Event
+)
+
+// elemBytes is the size of the elements of a host slice Upload and Download
+// accept, and its length.
+func elemBytes(v any) (size, n int, err error) {
+	switch s := v.(type) {
+	case []uint16:
+		return 2, len(s), nil
+	case []float32:
+		return 4, len(s), nil
+	case []int32:
+		return 4, len(s), nil
+	}
+	return 0, 0, fmt.Errorf("host buffer of type %T: want []uint16, []float32 or []int32", v)
+}
+
+// BF16Bits returns the bf16 bit patterns of v (rounded to nearest even).
+func BF16Bits(v []float32) []uint16 {
+	out := make([]uint16, len(v))
+	for i, x := range v {
+		out[i] = uint16(math.Float32bits(RoundBF16(x)) >> 16)
+	}
+	return out
+}
+
+// FromBF16Bits widens bf16 bit patterns to float32.
+func FromBF16Bits(b []uint16) []float32 {
+	out := make([]float32, len(b))
+	for i, x := range b {
+		out[i] = math.Float32frombits(uint32(x) << 16)
+	}
+	return out
+}

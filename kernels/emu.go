@@ -1,0 +1,385 @@
+package kernels
+
+import (
+	"fmt"
+	"slices"
+	"sort"
+	"time"
+	"unsafe"
+)
+
+// Emu is a Device on host memory that runs this package's host functions,
+// one call at a time, in the order queued (streams run their work at once;
+// events record the wall clock). It proves the device pipeline's
+// bookkeeping — buffer sizes, offsets, copies between ranks, chunk orders,
+// the rounding points — against the reference without a GPU. Its timings
+// mean nothing and it is never offered as a device to users.
+type Emu struct {
+	next   Ptr
+	allocs []emuAlloc // sorted by base
+}
+
+type emuAlloc struct {
+	base Ptr
+	mem  []byte
+}
+
+type emuEvent struct{ t time.Time }
+type emuStream struct{ _ int }
+
+func (e *Emu) Name() string { return "emu" }
+
+func (e *Emu) Alloc(bytes int64) (Ptr, error) {
+	if bytes < 0 {
+		return 0, fmt.Errorf("emu: allocation of %d bytes", bytes)
+	}
+	if e.next == 0 {
+		e.next = 1 << 20
+	}
+	base := e.next
+	e.next += Ptr(bytes+256+255) &^ 255 // a gap after each allocation: overruns do not land in a neighbour
+	e.allocs = append(e.allocs, emuAlloc{base, make([]byte, bytes)})
+	return base, nil
+}
+
+func (e *Emu) Free(p Ptr) error {
+	i, ok := slices.BinarySearchFunc(e.allocs, p, func(a emuAlloc, p Ptr) int { return cmpPtr(a.base, p) })
+	if !ok {
+		return fmt.Errorf("emu: free of %#x, which is not an allocation", uint64(p))
+	}
+	e.allocs = slices.Delete(e.allocs, i, i+1)
+	return nil
+}
+
+func cmpPtr(a, b Ptr) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// bytesAt is the memory [p, p+n) within one allocation.
+func (e *Emu) bytesAt(p Ptr, n int64) ([]byte, error) {
+	i := sort.Search(len(e.allocs), func(i int) bool { return e.allocs[i].base > p }) - 1
+	if i < 0 || n < 0 || p+Ptr(n) > e.allocs[i].base+Ptr(len(e.allocs[i].mem)) {
+		return nil, fmt.Errorf("emu: [%#x, +%d bytes) is outside every allocation", uint64(p), n)
+	}
+	off := p - e.allocs[i].base
+	return e.allocs[i].mem[off : off+Ptr(n)], nil
+}
+
+// view is n elements of T at p.
+func view[T uint16 | float32 | int32](e *Emu, p Ptr, n int) ([]T, error) {
+	var z T
+	b, err := e.bytesAt(p, int64(n)*int64(unsafe.Sizeof(z)))
+	if err != nil || n == 0 {
+		return nil, err
+	}
+	if uintptr(unsafe.Pointer(&b[0]))%unsafe.Alignof(z) != 0 {
+		return nil, fmt.Errorf("emu: %#x is not aligned for %T", uint64(p), z)
+	}
+	return unsafe.Slice((*T)(unsafe.Pointer(&b[0])), n), nil
+}
+
+func (e *Emu) Upload(dst Ptr, src any, _ Stream) error {
+	size, n, err := elemBytes(src)
+	if err != nil {
+		return err
+	}
+	b, err := e.bytesAt(dst, int64(size*n))
+	if err != nil || n == 0 {
+		return err
+	}
+	copy(b, unsafe.Slice((*byte)(slicePtr(src)), size*n))
+	return nil
+}
+
+func (e *Emu) Download(dst any, src Ptr, _ Stream) error {
+	size, n, err := elemBytes(dst)
+	if err != nil {
+		return err
+	}
+	b, err := e.bytesAt(src, int64(size*n))
+	if err != nil || n == 0 {
+		return err
+	}
+	copy(unsafe.Slice((*byte)(slicePtr(dst)), size*n), b)
+	return nil
+}
+
+func slicePtr(v any) unsafe.Pointer {
+	switch s := v.(type) {
+	case []uint16:
+		return unsafe.Pointer(&s[0])
+	case []float32:
+		return unsafe.Pointer(&s[0])
+	case []int32:
+		return unsafe.Pointer(&s[0])
+	}
+	panic("slicePtr")
+}
+
+func (e *Emu) Copy(dst, src Ptr, bytes int64, _ Stream) error {
+	d, err := e.bytesAt(dst, bytes)
+	if err != nil {
+		return err
+	}
+	s, err := e.bytesAt(src, bytes)
+	if err != nil {
+		return err
+	}
+	copy(d, s)
+	return nil
+}
+
+func (e *Emu) Fill16(p Ptr, v uint16, n int64, _ Stream) error {
+	w, err := view[uint16](e, p, int(n))
+	for i := range w {
+		w[i] = v
+	}
+	return err
+}
+
+func (e *Emu) NewStream() (Stream, error) { return Stream(unsafe.Pointer(&emuStream{})), nil }
+func (e *Emu) NewEvent() (Event, error)   { return Event(unsafe.Pointer(&emuEvent{})), nil }
+func (e *Emu) Wait(Stream, Event) error   { return nil }
+func (e *Emu) SyncStream(Stream) error    { return nil }
+func (e *Emu) Close() error               { e.allocs = nil; return nil }
+func (e *Emu) Record(ev Event, _ Stream) error {
+	(*emuEvent)(unsafe.Pointer(ev)).t = time.Now()
+	return nil
+}
+
+func (e *Emu) Elapsed(a, b Event) (float64, error) {
+	ta, tb := (*emuEvent)(unsafe.Pointer(a)).t, (*emuEvent)(unsafe.Pointer(b)).t
+	if ta.IsZero() || tb.IsZero() {
+		return 0, fmt.Errorf("emu: elapsed time of an event that was never recorded")
+	}
+	return float64(tb.Sub(ta).Nanoseconds()) / 1e6, nil
+}
+
+// bf16At widens n bf16 values at p.
+func (e *Emu) bf16At(p Ptr, n int) ([]float32, error) {
+	w, err := view[uint16](e, p, n)
+	return FromBF16Bits(w), err
+}
+
+// storeBF16 rounds v to bf16 and stores it at p.
+func (e *Emu) storeBF16(p Ptr, v []float32) error {
+	w, err := view[uint16](e, p, len(v))
+	if err == nil {
+		copy(w, BF16Bits(v))
+	}
+	return err
+}
+
+func (e *Emu) GEMM(c, a, w Ptr, m, n, k int, f32Out bool, _ Stream) error {
+	if m == 0 {
+		return nil
+	}
+	av, err := e.bf16At(a, m*k)
+	if err != nil {
+		return err
+	}
+	wv, err := e.bf16At(w, n*k)
+	if err != nil {
+		return err
+	}
+	out := make([]float32, m*n)
+	MatMulNT(out, av, wv, m, n, k)
+	if !f32Out {
+		return e.storeBF16(c, out)
+	}
+	cv, err := view[float32](e, c, m*n)
+	copy(cv, out)
+	return err
+}
+
+func (e *Emu) RouterTopK(rc RouterConfig, logits, bias Ptr, tokens int, idx, probs Ptr, _ Stream) error {
+	lg, err := view[float32](e, logits, tokens*rc.Experts)
+	if err != nil {
+		return err
+	}
+	rc.Bias = nil
+	if bias != 0 {
+		if rc.Bias, err = view[float32](e, bias, rc.Experts); err != nil {
+			return err
+		}
+	}
+	iv, err := view[int32](e, idx, tokens*rc.TopK)
+	if err != nil {
+		return err
+	}
+	pv, err := view[float32](e, probs, tokens*rc.TopK)
+	if err != nil {
+		return err
+	}
+	Route(rc, lg, tokens, iv, pv)
+	return nil
+}
+
+func (e *Emu) PermuteOrder(idx Ptr, n, experts int, rows, pos, counts Ptr, _ Stream) error {
+	iv, err := view[int32](e, idx, n)
+	if err != nil {
+		return err
+	}
+	rv, err := view[int32](e, rows, n)
+	if err != nil {
+		return err
+	}
+	pv, err := view[int32](e, pos, n)
+	if err != nil {
+		return err
+	}
+	cv, err := view[int32](e, counts, experts)
+	if err != nil {
+		return err
+	}
+	for _, x := range iv {
+		if x < 0 || int(x) >= experts {
+			return fmt.Errorf("emu: permute order: expert %d of %d", x, experts)
+		}
+	}
+	slots, cnt := PermuteOrder(iv, n, 1, experts, nil, nil)
+	copy(rv, slots)
+	for row, s := range slots {
+		pv[s] = int32(row)
+	}
+	for i, c := range cnt {
+		cv[i] = int32(c)
+	}
+	return nil
+}
+
+func (e *Emu) GatherRows(dst, src, rows Ptr, div, n, hidden int, _ Stream) error {
+	rv, err := view[int32](e, rows, n)
+	if err != nil {
+		return err
+	}
+	dv, err := view[uint16](e, dst, n*hidden)
+	if err != nil {
+		return err
+	}
+	for i, r := range rv {
+		sv, err := view[uint16](e, src+Ptr(2*(int(r)/div)*hidden), hidden)
+		if err != nil {
+			return err
+		}
+		copy(dv[i*hidden:], sv)
+	}
+	return nil
+}
+
+func (e *Emu) GatherF32(dst, src, rows Ptr, div, n int, _ Stream) error {
+	rv, err := view[int32](e, rows, n)
+	if err != nil {
+		return err
+	}
+	dv, err := view[float32](e, dst, n)
+	if err != nil {
+		return err
+	}
+	for i, r := range rv {
+		v, err := view[float32](e, src+Ptr(4*(int(r)/div)), 1)
+		if err != nil {
+			return err
+		}
+		dv[i] = v[0]
+	}
+	return nil
+}
+
+func (e *Emu) SortChunks(dst, probsOut, src, probsIn, counts Ptr, rows, ep, local, hidden int, inverse bool, _ Stream) error {
+	cv, err := view[int32](e, counts, ep*local)
+	if err != nil {
+		return err
+	}
+	sl, ls := make([]int, ep*local), make([]int, ep*local) // chunk (s,l) offsets in both orders, indexed s·L+l
+	a := 0
+	for c, n := range cv {
+		sl[c] = a
+		a += int(n)
+	}
+	if a != rows {
+		return fmt.Errorf("emu: sort chunks: counts sum to %d, rows = %d", a, rows)
+	}
+	a = 0
+	for l := range local {
+		for s := range ep {
+			ls[s*local+l] = a
+			a += int(cv[s*local+l])
+		}
+	}
+	from, to := sl, ls
+	if inverse {
+		from, to = ls, sl
+	}
+	for c, n := range cv {
+		if err := e.Copy(dst+Ptr(2*to[c]*hidden), src+Ptr(2*from[c]*hidden), int64(2*int(n)*hidden), nil); err != nil {
+			return err
+		}
+		if probsIn != 0 {
+			if err := e.Copy(probsOut+Ptr(4*to[c]), probsIn+Ptr(4*from[c]), int64(4*n), nil); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func (e *Emu) SwiGLU(act, h1, prob Ptr, n, ffn int, _ Stream) error {
+	hv, err := e.bf16At(h1, n*2*ffn)
+	if err != nil {
+		return err
+	}
+	var pv []float32
+	if prob != 0 {
+		if pv, err = view[float32](e, prob, n); err != nil {
+			return err
+		}
+	}
+	out := make([]float32, n*ffn)
+	SwiGLUProb(out, hv, pv, n, ffn)
+	return e.storeBF16(act, out)
+}
+
+func (e *Emu) UnpermuteSum(out, src, pos, shared Ptr, tokens, topk, hidden int, _ Stream) error {
+	pv, err := view[int32](e, pos, tokens*topk)
+	if err != nil {
+		return err
+	}
+	var sh []float32
+	if shared != 0 {
+		if sh, err = e.bf16At(shared, tokens*hidden); err != nil {
+			return err
+		}
+	}
+	y := make([]float32, tokens*hidden)
+	p := make([]int32, topk)
+	for t := range tokens {
+		copy(p, pv[t*topk:])
+		slices.Sort(p)
+		acc := y[t*hidden : (t+1)*hidden]
+		for _, r := range p {
+			row, err := e.bf16At(src+Ptr(2*int(r)*hidden), hidden)
+			if err != nil {
+				return err
+			}
+			for j, v := range row {
+				acc[j] += v
+			}
+		}
+		for j := range acc {
+			acc[j] = RoundBF16(acc[j])
+			if sh != nil {
+				acc[j] = RoundBF16(acc[j] + sh[t*hidden+j])
+			}
+		}
+	}
+	return e.storeBF16(out, y)
+}
+
+var _ Device = (*Emu)(nil)
