@@ -1,6 +1,7 @@
 package harness
 
 import (
+	"os"
 	"reflect"
 	"strings"
 	"testing"
@@ -161,5 +162,32 @@ func TestDeviceRunRecord(t *testing.T) {
 	rec, err = Run(c, Env{Version: "test", OpenDevice: func() (kernels.Device, error) { return &kernels.Emu{}, nil }})
 	if !dispatchers.IsUnavailable(err) || rec.Status != results.StatusUnavailable || rec.Timing != nil || !strings.Contains(rec.Reason, "cuda") {
 		t.Errorf("deepep on the device: %v, %+v", err, rec)
+	}
+}
+
+// TestGPULayer runs the device cases on the GPU: each must pass the check
+// against the float64 reference. It skips without a GPU and fails under
+// MOEBENCH_REQUIRE_GPU=1 (scripts/gpu-check.sh).
+func TestGPULayer(t *testing.T) {
+	for name, c := range deviceCases() {
+		t.Run(name, func(t *testing.T) {
+			dev, err := kernels.OpenCUDA(0, "")
+			if err != nil {
+				if os.Getenv("MOEBENCH_REQUIRE_GPU") == "1" {
+					t.Fatalf("GPU required: %v", err)
+				}
+				t.Skipf("no GPU: %v", err)
+			}
+			defer dev.Close()
+			dl := deviceRun(t, c, dev)
+			defer dl.d.Close()
+			for i := range 2 {
+				cr, err := dl.check()
+				if err != nil || !cr.Passed {
+					t.Fatalf("step %d: %v, %+v", i, err, cr)
+				}
+				t.Logf("step %d: max rel err %.3g, %d routing differences, %s", i, cr.MaxRelErr, cr.RoutingDiffs, cr.Sample)
+			}
+		})
 	}
 }

@@ -1,339 +1,356 @@
 package kernels
 
 import (
-	"fmt"
 	"math"
 	"math/rand/v2"
 	"os"
 	"slices"
 	"testing"
-
-	"github.com/moebench/moebench/internal/cuda"
 )
 
-// GPU tests: every CUDA kernel against its host function on random inputs,
-// outputs poisoned before each launch. They skip without a GPU, and fail
-// under MOEBENCH_REQUIRE_GPU=1 (scripts/gpu-check.sh).
+// GPU tests: every Device operation of CUDA against Emu (the host
+// functions) on the same random inputs (never zeros), outputs poisoned
+// before each call. They skip without a GPU and fail under
+// MOEBENCH_REQUIRE_GPU=1 (scripts/gpu-check.sh).
 //
-// Tolerances: data movement (permute, gather, chunk sort) must be exact;
-// arithmetic kernels may differ from the host by one bf16 unit in the last
-// place (the GPU's expf and the host's math.Exp differ in the last float
-// bits, which can move a value across a bf16 rounding boundary); router
-// choices must match except on near-ties, probabilities to 1e-5 relative.
+// Tolerances: data movement (permute order, gathers, chunk sorts, copies)
+// must be exact; bf16 results of arithmetic may differ from the host by one
+// bf16 unit in the last place (the GPU's expf and fp32 accumulation order
+// differ from the host's in the last float bits, which can move a value
+// across a bf16 rounding boundary); fp32 GEMM results within 1e-5 of the
+// row's largest magnitude times √k (a sum of k products in another order);
+// router choices must match except on near-ties, probabilities to 1e-5
+// relative.
 
-type gpu struct {
-	d   *cuda.Driver
-	jit *JIT
-	s   cuda.Stream
-	t   *testing.T
+type gpuPair struct {
+	t      *testing.T
+	c      *CUDA
+	e      *Emu
+	cs, es Stream
 }
 
-func openGPU(t *testing.T) *gpu {
+func openPair(t *testing.T) *gpuPair {
 	t.Helper()
-	need := os.Getenv("MOEBENCH_REQUIRE_GPU") == "1"
-	skip := func(why string, err error) *gpu {
-		if need {
-			t.Fatalf("GPU required: %s: %v", why, err)
+	c, err := OpenCUDA(0, t.TempDir())
+	if err != nil {
+		if os.Getenv("MOEBENCH_REQUIRE_GPU") == "1" {
+			t.Fatalf("GPU required: %v", err)
 		}
-		t.Skipf("no GPU: %s: %v", why, err)
-		return nil
+		t.Skipf("no GPU: %v", err)
 	}
-	d, err := cuda.OpenDriver()
-	if err != nil {
-		return skip("driver", err)
-	}
-	if n, err := d.DeviceCount(); err != nil || n == 0 {
-		return skip("device count", err)
-	}
-	if _, err := d.PrimaryContext(0); err != nil {
-		return skip("context", err)
-	}
-	n, err := cuda.OpenNVRTC()
-	if err != nil {
-		return skip("NVRTC", err)
-	}
-	s, err := d.NewStream(0)
-	if err != nil {
+	t.Cleanup(func() { c.Close() })
+	p := &gpuPair{t: t, c: c, e: &Emu{}}
+	if p.cs, err = c.NewStream(); err != nil {
 		t.Fatal(err)
 	}
-	return &gpu{d: d, jit: &JIT{NVRTC: n}, s: s, t: t}
-}
-
-// arch is the device's sm_XY.
-func (g *gpu) arch() string {
-	maj, _ := g.d.Attribute(0, cuda.AttrComputeCapabilityMajor)
-	min, _ := g.d.Attribute(0, cuda.AttrComputeCapabilityMinor)
-	return fmt.Sprintf("sm_%d%d", maj, min)
-}
-
-func (g *gpu) kernel(file, name string, defs map[string]string) cuda.Function {
-	cubin, err := g.jit.Compile(file, g.arch(), defs)
-	if err != nil {
-		g.t.Fatal(err)
-	}
-	m, err := g.d.LoadModule(cubin)
-	if err != nil {
-		g.t.Fatal(err)
-	}
-	f, err := g.d.Function(m, name)
-	if err != nil {
-		g.t.Fatal(err)
-	}
-	return f
-}
-
-func upload[T any](g *gpu, v []T) cuda.DevicePtr {
-	var z T
-	p, err := g.d.Alloc(int64(len(v)) * int64(sizeOf(z)))
-	if err != nil {
-		g.t.Fatal(err)
-	}
-	if err := cuda.CopyToDevice(g.d, p, v, g.s); err != nil {
-		g.t.Fatal(err)
-	}
+	p.es, _ = p.e.NewStream()
 	return p
 }
 
-func sizeOf(v any) int {
-	switch v.(type) {
-	case uint16:
-		return 2
-	case float32, int32:
-		return 4
-	}
-	panic("sizeOf")
-}
-
-// poisoned allocates n elements of 16-bit words filled with a bf16 NaN.
-func (g *gpu) poisoned(n int) cuda.DevicePtr {
-	p, err := g.d.Alloc(int64(2 * n))
+// put uploads v to both devices; out allocates n poisoned 16-bit words on both.
+func (p *gpuPair) put(v any) (Ptr, Ptr) {
+	p.t.Helper()
+	size, n, err := elemBytes(v)
 	if err != nil {
-		g.t.Fatal(err)
+		p.t.Fatal(err)
 	}
-	if err := g.d.Fill16(p, 0x7fc0, int64(n), g.s); err != nil {
-		g.t.Fatal(err)
+	var ptrs [2]Ptr
+	for i, d := range []Device{p.c, p.e} {
+		s := []Stream{p.cs, p.es}[i]
+		if ptrs[i], err = d.Alloc(int64(size * n)); err != nil {
+			p.t.Fatal(err)
+		}
+		if err := d.Upload(ptrs[i], v, s); err != nil {
+			p.t.Fatal(err)
+		}
 	}
-	return p
+	return ptrs[0], ptrs[1]
 }
 
-func download[T any](g *gpu, p cuda.DevicePtr, n int) []T {
-	out := make([]T, n)
-	if err := cuda.CopyFromDevice(g.d, out, p, g.s); err != nil {
-		g.t.Fatal(err)
-	}
-	if err := g.d.SyncStream(g.s); err != nil {
-		g.t.Fatal(err)
-	}
-	return out
+func (p *gpuPair) out(words int) (Ptr, Ptr) {
+	p.t.Helper()
+	return p.put(slices.Repeat([]uint16{0x7fc0}, words)) // bf16 NaN; as pairs, fp32 NaN
 }
 
-func (g *gpu) launch(f cuda.Function, grid, block uint32, args ...any) {
-	if err := g.d.Launch(f, [3]uint32{grid, 1, 1}, [3]uint32{block, 1, 1}, 0, g.s, args...); err != nil {
-		g.t.Fatal(err)
+// get downloads n elements of T from both devices.
+func get[T uint16 | float32 | int32](p *gpuPair, c, e Ptr, n int) (gpu, host []T) {
+	p.t.Helper()
+	gpu, host = make([]T, n), make([]T, n)
+	if err := p.c.Download(gpu, c, p.cs); err != nil {
+		p.t.Fatal(err)
 	}
-	if err := g.d.SyncStream(g.s); err != nil {
-		g.t.Fatal(err)
+	if err := p.e.Download(host, e, p.es); err != nil {
+		p.t.Fatal(err)
+	}
+	return gpu, host
+}
+
+func (p *gpuPair) ok(err error) {
+	p.t.Helper()
+	if err != nil {
+		p.t.Fatal(err)
 	}
 }
 
-func bits(v []float32) []uint16 {
-	out := make([]uint16, len(v))
-	for i, x := range v {
-		out[i] = uint16(math.Float32bits(RoundBF16(x)) >> 16)
-	}
-	return out
-}
-
-func widenBits(b []uint16) []float32 {
-	out := make([]float32, len(b))
-	for i, x := range b {
-		out[i] = math.Float32frombits(uint32(x) << 16)
-	}
-	return out
-}
-
-func randBF16(g *rand.Rand, n int) []float32 {
+func randBF16(g *rand.Rand, n int) []uint16 {
 	v := make([]float32, n)
 	for i := range v {
 		for v[i] == 0 {
-			v[i] = RoundBF16(float32(g.NormFloat64()))
+			v[i] = float32(g.NormFloat64())
+		}
+	}
+	return BF16Bits(v)
+}
+
+func randF32(g *rand.Rand, n int) []float32 {
+	v := make([]float32, n)
+	for i := range v {
+		for v[i] == 0 {
+			v[i] = float32(g.NormFloat64())
 		}
 	}
 	return v
 }
 
-// withinULP: equal, or neighbouring bf16 values.
-func withinULP(a, b uint16) bool {
-	d := int(a) - int(b)
-	return d >= -1 && d <= 1
+func randIdx(g *rand.Rand, n, experts int) []int32 {
+	v := make([]int32, n)
+	for i := range v {
+		v[i] = int32(g.IntN(experts))
+	}
+	return v
 }
 
-func TestGPUPermuteAndGather(t *testing.T) {
-	g := openGPU(t)
-	r := rand.New(rand.NewPCG(1, 2))
-	const T, k, E, h = 300, 4, 16, 1024
-	x := randBF16(r, T*h)
-	probs := randBF16(r, T*k)
-	idx := make([]int32, T*k)
-	for i := range idx {
-		idx[i] = int32(r.IntN(E))
-	}
-	slots, _ := PermuteOrder(idx, T, k, E, nil, nil)
-	want := make([]float32, T*k*h)
-	GatherRows(want, x, slots, k, h)
-	f := g.kernel("permute.cu", "permute_rows", map[string]string{"MB_HIDDEN": "1024"})
-	dst := g.poisoned(T * k * h)
-	g.launch(f, T*k, 128, upload(g, bits(x)), upload(g, slots), int32(k), int32(T*k), dst)
-	if got := download[uint16](g, dst, T*k*h); !slices.Equal(got, bits(want)) {
-		t.Error("permute_rows differs from GatherRows")
-	}
-	wantP := make([]float32, T*k)
-	GatherRows(wantP, probs, slots, 1, 1)
-	fg := g.kernel("permute.cu", "gather_f32", map[string]string{"MB_HIDDEN": "1024"})
-	dp := g.poisoned(2 * T * k)
-	g.launch(fg, 16, 256, upload(g, probs), upload(g, slots), int32(1), int32(T*k), dp)
-	if got := download[float32](g, dp, T*k); !slices.Equal(got, wantP) {
-		t.Error("gather_f32 differs from GatherRows")
+// sameULP: every bf16 pair equal or neighbours (and no NaN).
+func sameULP(t *testing.T, what string, gpu, host []uint16) {
+	t.Helper()
+	for i := range host {
+		d := int(gpu[i]) - int(host[i])
+		if d < -1 || d > 1 || gpu[i]&0x7f80 == 0x7f80 {
+			t.Fatalf("%s[%d] = %v, host %v", what, i, FromBF16Bits(gpu[i:i+1])[0], FromBF16Bits(host[i:i+1])[0])
+		}
 	}
 }
 
-func TestGPUSwiGLUAndUnpermute(t *testing.T) {
-	g := openGPU(t)
-	r := rand.New(rand.NewPCG(3, 4))
-	const n, f, T, k, h = 257, 512, 200, 4, 256
-	h1 := randBF16(r, n*2*f)
-	prob := randBF16(r, n)
-	want := make([]float32, n*f)
-	SwiGLUProb(want, h1, prob, n, f)
-	RoundBF16Slice(want)
-	fs := g.kernel("swiglu.cu", "swiglu_prob", map[string]string{"MB_FFN": "512"})
-	act := g.poisoned(n * f)
-	g.launch(fs, 64, 256, upload(g, bits(h1)), upload(g, prob), int32(n), act)
-	got := download[uint16](g, act, n*f)
-	for i, w := range bits(want) {
-		if !withinULP(got[i], w) {
-			t.Fatalf("swiglu_prob[%d] = %v, host %v", i, widenBits(got[i : i+1])[0], want[i])
+func same[T comparable](t *testing.T, what string, gpu, host []T) {
+	t.Helper()
+	if !slices.Equal(gpu, host) {
+		i := 0
+		for gpu[i] == host[i] {
+			i++
+		}
+		t.Fatalf("%s differs from the host at %d: %v, host %v", what, i, gpu[i], host[i])
+	}
+}
+
+func TestGPUCopiesAndEvents(t *testing.T) {
+	p := openPair(t)
+	g := rand.New(rand.NewPCG(1, 1))
+	const n = 8 << 20 // 16 MB of bf16
+	src := randBF16(g, n)
+	cs, _ := p.put(src)
+	cd, _ := p.out(n)
+	e0, _ := p.c.NewEvent()
+	e1, _ := p.c.NewEvent()
+	p.ok(p.c.Record(e0, p.cs))
+	p.ok(p.c.Copy(cd, cs, 2*n, p.cs))
+	p.ok(p.c.Record(e1, p.cs))
+	back := make([]uint16, n)
+	p.ok(p.c.Download(back, cd, p.cs))
+	same(t, "device copy", back, src)
+	ms, err := p.c.Elapsed(e0, e1)
+	if err != nil || !(ms > 0) {
+		t.Errorf("elapsed %v ms, %v", ms, err)
+	}
+	p.ok(p.c.Fill16(cd+2, 0x1234, 3, p.cs))
+	p.ok(p.c.Download(back[:5], cd, p.cs))
+	if back[0] != src[0] || back[1] != 0x1234 || back[3] != 0x1234 || back[4] != src[4] {
+		t.Errorf("Fill16 wrote %x", back[:5])
+	}
+}
+
+func TestGPUGEMM(t *testing.T) {
+	p := openPair(t)
+	g := rand.New(rand.NewPCG(2, 2))
+	for _, tc := range []struct {
+		m, n, k, skip int // skip: rows of a to start after (misaligned operands)
+		f32           bool
+	}{{300, 192, 256, 0, false}, {257, 128, 512, 0, true}, {33, 96, 200, 1, false}, {1, 64, 64, 3, false}} {
+		a := randBF16(g, (tc.m+tc.skip)*tc.k)
+		w := randBF16(g, tc.n*tc.k)
+		ca, ea := p.put(a)
+		cw, ew := p.put(w)
+		cc, ec := p.out(2 * tc.m * tc.n)
+		off := Ptr(2 * tc.skip * tc.k)
+		p.ok(p.c.GEMM(cc, ca+off, cw, tc.m, tc.n, tc.k, tc.f32, p.cs))
+		p.ok(p.e.GEMM(ec, ea+off, ew, tc.m, tc.n, tc.k, tc.f32, p.es))
+		if !tc.f32 {
+			gpu, host := get[uint16](p, cc, ec, tc.m*tc.n)
+			sameULP(t, "bf16 GEMM", gpu, host)
+			continue
+		}
+		gpu, host := get[float32](p, cc, ec, tc.m*tc.n)
+		for i := range tc.m {
+			big := 0.0
+			for _, v := range host[i*tc.n : (i+1)*tc.n] {
+				big = math.Max(big, math.Abs(float64(v)))
+			}
+			for j := range tc.n {
+				if d := math.Abs(float64(gpu[i*tc.n+j] - host[i*tc.n+j])); !(d <= 1e-5*big*math.Sqrt(float64(tc.k))) {
+					t.Fatalf("fp32 GEMM [%d,%d] = %v, host %v", i, j, gpu[i*tc.n+j], host[i*tc.n+j])
+				}
+			}
 		}
 	}
-	// unpermute: rows of src are the permuted copies; pos maps slots to rows
-	idx := make([]int32, T*k)
-	for tok := range T {
-		for j, e := range r.Perm(32)[:k] {
-			idx[tok*k+j] = int32(e)
-		}
-	}
-	slots, _ := PermuteOrder(idx, T, k, 32, nil, nil)
-	pos := make([]int32, T*k)
-	for row, s := range slots {
-		pos[s] = int32(row)
-	}
-	src := randBF16(r, T*k*h)
-	shared := randBF16(r, T*h)
-	wantY := make([]float32, T*h)
-	ScatterAddRows(wantY, src, slots, k, h)
-	RoundBF16Slice(wantY)
-	for i := range wantY {
-		wantY[i] = RoundBF16(wantY[i] + shared[i])
-	}
-	fu := g.kernel("unpermute.cu", "unpermute_sum", map[string]string{"MB_HIDDEN": "256", "MB_TOPK": "4"})
-	out := g.poisoned(T * h)
-	g.launch(fu, T, 128, upload(g, bits(src)), upload(g, pos), upload(g, bits(shared)), int32(T), out)
-	gotY := download[uint16](g, out, T*h)
-	for i, w := range bits(wantY) {
-		if !withinULP(gotY[i], w) {
-			t.Fatalf("unpermute_sum[%d] = %v, host %v", i, widenBits(gotY[i : i+1])[0], wantY[i])
-		}
-	}
+}
+
+func TestGPUPermute(t *testing.T) {
+	p := openPair(t)
+	g := rand.New(rand.NewPCG(3, 3))
+	const T, k, E, h = 1000, 8, 128, 1024
+	idx := randIdx(g, T*k, E)
+	ci, ei := p.put(idx)
+	cr, er := p.out(2 * T * k)
+	cp, ep := p.out(2 * T * k)
+	cn, en := p.out(2 * E)
+	p.ok(p.c.PermuteOrder(ci, T*k, E, cr, cp, cn, p.cs))
+	p.ok(p.e.PermuteOrder(ei, T*k, E, er, ep, en, p.es))
+	gr, hr := get[int32](p, cr, er, T*k)
+	same(t, "permute order rows", gr, hr)
+	gp, hp := get[int32](p, cp, ep, T*k)
+	same(t, "permute order pos", gp, hp)
+	gn, hn := get[int32](p, cn, en, E)
+	same(t, "permute order counts", gn, hn)
+
+	x := randBF16(g, T*h)
+	cx, ex := p.put(x)
+	cd, ed := p.out(T * k * h)
+	p.ok(p.c.GatherRows(cd, cx, cr, k, T*k, h, p.cs))
+	p.ok(p.e.GatherRows(ed, ex, er, k, T*k, h, p.es))
+	gx, hx := get[uint16](p, cd, ed, T*k*h)
+	same(t, "permute rows", gx, hx)
+
+	probs := randF32(g, T*k)
+	cpr, epr := p.put(probs)
+	cdp, edp := p.out(2 * T * k)
+	p.ok(p.c.GatherF32(cdp, cpr, cr, 1, T*k, p.cs))
+	p.ok(p.e.GatherF32(edp, epr, er, 1, T*k, p.es))
+	gf, hf := get[float32](p, cdp, edp, T*k)
+	same(t, "gather f32", gf, hf)
 }
 
 func TestGPUSortChunks(t *testing.T) {
-	g := openGPU(t)
-	r := rand.New(rand.NewPCG(5, 6))
+	p := openPair(t)
+	g := rand.New(rand.NewPCG(4, 4))
 	const ep, L, h = 8, 4, 512
 	counts := make([]int32, ep*L)
-	total := 0
+	rows := 0
 	for i := range counts {
-		if r.IntN(5) > 0 { // some chunks empty
-			counts[i] = int32(r.IntN(40))
+		if g.IntN(5) > 0 { // some chunks empty
+			counts[i] = int32(g.IntN(40))
 		}
-		total += int(counts[i])
+		rows += int(counts[i])
 	}
-	src := randBF16(r, total*h)
-	probs := randBF16(r, total)
-	// host: [source][local] → [local][source]
-	var want, wantP []float32
-	off := make([]int, ep*L)
-	for c, a := 1, 0; c <= ep*L; c++ {
-		off[c-1] = a
-		a += int(counts[c-1])
-	}
-	for l := range L {
-		for s := range ep {
-			c := s*L + l
-			want = append(want, src[off[c]*h:(off[c]+int(counts[c]))*h]...)
-			wantP = append(wantP, probs[off[c]:off[c]+int(counts[c])]...)
+	x := randBF16(g, rows*h)
+	pr := randF32(g, rows)
+	cx, ex := p.put(x)
+	cp, ep2 := p.put(pr)
+	cc, ec := p.put(counts)
+	cd, ed := p.out(rows * h)
+	cdp, edp := p.out(2 * rows)
+	p.ok(p.c.SortChunks(cd, cdp, cx, cp, cc, rows, ep, L, h, false, p.cs))
+	p.ok(p.e.SortChunks(ed, edp, ex, ep2, ec, rows, ep, L, h, false, p.es))
+	gx, hx := get[uint16](p, cd, ed, rows*h)
+	same(t, "sort chunks rows", gx, hx)
+	gp, hp := get[float32](p, cdp, edp, rows)
+	same(t, "sort chunks probs", gp, hp)
+	// the inverse restores the input
+	cb, _ := p.out(rows * h)
+	p.ok(p.c.SortChunks(cb, 0, cd, 0, cc, rows, ep, L, h, true, p.cs))
+	back := make([]uint16, rows*h)
+	p.ok(p.c.Download(back, cb, p.cs))
+	same(t, "inverse chunk sort", back, x)
+}
+
+func TestGPUSwiGLUAndUnpermute(t *testing.T) {
+	p := openPair(t)
+	g := rand.New(rand.NewPCG(5, 5))
+	const n, f, T, k, h = 257, 512, 200, 4, 256
+	h1, prob := randBF16(g, n*2*f), randF32(g, n)
+	ch, eh := p.put(h1)
+	cp, ep := p.put(prob)
+	for _, withProb := range []bool{true, false} {
+		cpp, epp := cp, ep
+		if !withProb {
+			cpp, epp = 0, 0
 		}
+		ca, ea := p.out(n * f)
+		p.ok(p.c.SwiGLU(ca, ch, cpp, n, f, p.cs))
+		p.ok(p.e.SwiGLU(ea, eh, epp, n, f, p.es))
+		gpu, host := get[uint16](p, ca, ea, n*f)
+		sameULP(t, "swiglu", gpu, host)
 	}
-	defs := map[string]string{"MB_HIDDEN": "512", "MB_EP": "8", "MB_LOCAL": "4"}
-	f := g.kernel("sortchunks.cu", "sort_chunks", defs)
-	dst, dp := g.poisoned(total*h), g.poisoned(2*total)
-	g.launch(f, 64, 128, upload(g, bits(src)), upload(g, probs), upload(g, counts), int32(total), dst, dp)
-	if got := download[uint16](g, dst, total*h); !slices.Equal(got, bits(want)) {
-		t.Error("sort_chunks rows differ from the host chunk sort")
+	// unpermute: every token's k distinct rows of src
+	pos := make([]int32, T*k)
+	for i, r := range g.Perm(T * k) {
+		pos[i] = int32(r)
 	}
-	if got := download[float32](g, dp, total); !slices.Equal(got, wantP) {
-		t.Error("sort_chunks probabilities differ from the host chunk sort")
+	src, shared := randBF16(g, T*k*h), randBF16(g, T*h)
+	cs, es := p.put(src)
+	cpos, epos := p.put(pos)
+	csh, esh := p.put(shared)
+	for _, withShared := range []bool{true, false} {
+		c2, e2 := csh, esh
+		if !withShared {
+			c2, e2 = 0, 0
+		}
+		co, eo := p.out(T * h)
+		p.ok(p.c.UnpermuteSum(co, cs, cpos, c2, T, k, h, p.cs))
+		p.ok(p.e.UnpermuteSum(eo, es, epos, e2, T, k, h, p.es))
+		gpu, host := get[uint16](p, co, eo, T*h)
+		sameULP(t, "unpermute sum", gpu, host)
 	}
 }
 
 func TestGPURouter(t *testing.T) {
-	g := openGPU(t)
-	r := rand.New(rand.NewPCG(7, 8))
+	p := openPair(t)
+	g := rand.New(rand.NewPCG(6, 6))
 	const T = 1000
-	cases := []struct {
-		name string
-		c    RouterConfig
-		defs map[string]string
-	}{
-		{"softmax", RouterConfig{Experts: 128, TopK: 8, Score: ScoreSoftmax, Scale: 1},
-			map[string]string{"MB_EXPERTS": "128", "MB_TOPK": "8", "MB_SIGMOID": "0", "MB_GROUPS": "0", "MB_GROUP_TOPK": "0", "MB_SCALE": "1.0f"}},
-		{"sigmoid-grouped", RouterConfig{Experts: 256, TopK: 8, Score: ScoreSigmoid, Groups: 8, GroupTopK: 4, Scale: 2.5},
-			map[string]string{"MB_EXPERTS": "256", "MB_TOPK": "8", "MB_SIGMOID": "1", "MB_GROUPS": "8", "MB_GROUP_TOPK": "4", "MB_SCALE": "2.5f"}},
-	}
-	for _, tc := range cases {
-		E, k := tc.c.Experts, tc.c.TopK
-		logits := make([]float32, T*E)
-		for i := range logits {
-			logits[i] = float32(r.NormFloat64())
+	for name, rc := range map[string]RouterConfig{
+		"softmax":         {Experts: 128, TopK: 8, Score: ScoreSoftmax, Scale: 1},
+		"softmax-512-k10": {Experts: 512, TopK: 10, Score: ScoreSoftmax, Scale: 1},
+		"sigmoid-grouped": {Experts: 256, TopK: 8, Score: ScoreSigmoid, Groups: 8, GroupTopK: 4, Scale: 2.5},
+	} {
+		E, k := rc.Experts, rc.TopK
+		cl, el := p.put(randF32(g, T*E))
+		var cb, eb Ptr
+		if rc.Score == ScoreSigmoid {
+			bias := randF32(g, E)
+			for i := range bias {
+				bias[i] *= 0.01
+			}
+			cb, eb = p.put(bias)
 		}
-		bias := make([]float32, E)
-		for i := range bias {
-			bias[i] = float32(0.01 * r.NormFloat64())
-		}
-		if tc.c.Score == ScoreSigmoid {
-			tc.c.Bias = bias
-		}
-		wantIdx, wantP := make([]int32, T*k), make([]float32, T*k)
-		Route(tc.c, logits, T, wantIdx, wantP)
-		f := g.kernel("router.cu", "router_topk", tc.defs)
-		di, dp := g.poisoned(2*T*k), g.poisoned(2*T*k)
-		g.launch(f, (T+3)/4, 128, upload(g, logits), upload(g, bias), int32(T), di, dp)
-		gotIdx, gotP := download[int32](g, di, T*k), download[float32](g, dp, T*k)
+		ci, ei := p.out(2 * T * k)
+		cp, ep := p.out(2 * T * k)
+		p.ok(p.c.RouterTopK(rc, cl, cb, T, ci, cp, p.cs))
+		p.ok(p.e.RouterTopK(rc, el, eb, T, ei, ep, p.es))
+		gi, hi := get[int32](p, ci, ei, T*k)
+		gp, hp := get[float32](p, cp, ep, T*k)
 		differ := 0
 		for tok := range T {
-			if !slices.Equal(gotIdx[tok*k:(tok+1)*k], wantIdx[tok*k:(tok+1)*k]) {
+			if !slices.Equal(gi[tok*k:(tok+1)*k], hi[tok*k:(tok+1)*k]) {
 				differ++
 				continue
 			}
 			for j := range k {
-				w, x := wantP[tok*k+j], gotP[tok*k+j]
-				if math.Abs(float64(w-x)) > 1e-5*math.Abs(float64(w)) {
-					t.Fatalf("%s token %d: prob %v, host %v", tc.name, tok, x, w)
+				w, x := hp[tok*k+j], gp[tok*k+j]
+				if !(math.Abs(float64(w-x)) <= 1e-5*math.Abs(float64(w))) {
+					t.Fatalf("%s token %d: prob %v, host %v", name, tok, x, w)
 				}
 			}
 		}
 		if differ > T/1000 { // near-ties between fp32 (GPU) and float64 (host) scores only
-			t.Errorf("%s: %d of %d tokens chose other experts than the host", tc.name, differ, T)
+			t.Errorf("%s: %d of %d tokens chose other experts than the host", name, differ, T)
 		}
 	}
 }

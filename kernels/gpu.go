@@ -45,8 +45,8 @@ const GEMMWorkspace = 32 << 20
 
 // OpenCUDA opens the driver, NVRTC and cuBLASLt and makes GPU ordinal's
 // primary context current on this OS thread (which it locks: use the device
-// from one goroutine). cacheDir holds compiled kernels; "" uses the user
-// cache directory.
+// from one goroutine). cacheDir holds compiled kernels; "" uses
+// $MOEBENCH_CACHE, else the user cache directory.
 func OpenCUDA(ordinal int, cacheDir string) (*CUDA, error) {
 	drv, err := cuda.OpenDriver()
 	if err != nil {
@@ -76,6 +76,9 @@ func OpenCUDA(ordinal int, cacheDir string) (*CUDA, error) {
 	nv, err := cuda.OpenNVRTC()
 	if err != nil {
 		return nil, err
+	}
+	if cacheDir == "" {
+		cacheDir = os.Getenv("MOEBENCH_CACHE")
 	}
 	if cacheDir == "" {
 		if d, err := os.UserCacheDir(); err == nil {

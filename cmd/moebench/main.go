@@ -131,9 +131,8 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 	return code
 }
 
-// resolveDevice turns auto into cuda or host and says why. This build runs
-// the layer on the host only, so auto picks host even when a GPU is found,
-// and says so.
+// resolveDevice turns auto into cuda or host and says why: cuda when the
+// driver reports a GPU and NVRTC and cuBLASLt can be opened, else host.
 func resolveDevice(want string) (device, note string) {
 	if want == "host" {
 		return "host", "chosen with --device host"
@@ -151,10 +150,16 @@ func resolveDevice(want string) (device, note string) {
 	if want == "cuda" {
 		return "cuda", found
 	}
-	if len(gpus) > 0 {
-		return "host", found + "; this build has no CUDA layer yet"
+	if len(gpus) == 0 {
+		return "host", found
 	}
-	return "host", found
+	if _, err := cuda.OpenNVRTC(); err != nil {
+		return "host", found + "; but NVRTC is missing (" + err.Error() + ")"
+	}
+	if _, err := cuda.OpenCuBLASLt(); err != nil {
+		return "host", found + "; but cuBLASLt is missing (" + err.Error() + ")"
+	}
+	return "cuda", found
 }
 
 // parseFlags parses a subcommand's arguments. On --help it prints help and

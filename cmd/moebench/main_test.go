@@ -195,9 +195,9 @@ func TestReadmeFlagsInSync(t *testing.T) {
 	}
 }
 
-// TestDeviceCUDAFingerprintWithFakeDriver: with a (fake) driver and GPUs,
-// --device cuda still records unavailable in this build, but its stack
-// carries the GPU fingerprint.
+// TestDeviceCUDAFingerprintWithFakeDriver: with a (fake) driver and GPUs but
+// no cuBLASLt, --device cuda records unavailable, naming the library, and
+// its stack carries the GPU fingerprint; auto falls back to the host.
 func TestDeviceCUDAFingerprintWithFakeDriver(t *testing.T) {
 	so := filepath.Join(t.TempDir(), "libfakecuda.so")
 	if out, err := exec.Command("cc", "-shared", "-fPIC", "-o", so, "../../internal/cuda/testdata/fakecuda.c").CombinedOutput(); err != nil {
@@ -205,6 +205,7 @@ func TestDeviceCUDAFingerprintWithFakeDriver(t *testing.T) {
 	}
 	t.Setenv("MOEBENCH_LIBCUDA", so)
 	t.Setenv("MOEBENCH_NVML", "/nonexistent")
+	t.Setenv("MOEBENCH_CUBLASLT", "/nonexistent")
 	out := filepath.Join(t.TempDir(), "r.jsonl")
 	code, _, e := cli(append(quick, "--device", "cuda", "--out", out)...)
 	recs, err := results.ReadFile(out)
@@ -212,13 +213,13 @@ func TestDeviceCUDAFingerprintWithFakeDriver(t *testing.T) {
 		t.Fatalf("exit %d, %v: %s", code, err, e)
 	}
 	g := recs[0].Stack.GPU
-	if recs[0].Status != results.StatusUnavailable || g == nil || g.Model != "Fake GPU 0" || g.Count != 2 || g.SMs != 1600 ||
+	if recs[0].Status != results.StatusUnavailable || !strings.Contains(recs[0].Reason, "MOEBENCH_CUBLASLT") || g == nil || g.Model != "Fake GPU 0" || g.Count != 2 || g.SMs != 1600 ||
 		!strings.Contains(recs[0].Stack.Note, "2 GPU(s), Fake GPU 0, driver API 13.0") {
 		t.Errorf("record: status %s, note %q, gpu %+v", recs[0].Status, recs[0].Stack.Note, g)
 	}
-	// auto sees the GPU but, without a CUDA layer, runs on the host and says so
+	// auto sees the GPU but, without cuBLASLt (or NVRTC), runs on the host and says so
 	_, _, e = cli(append(quick, "--device", "auto")...)
-	if !strings.Contains(e, "running on the host device (2 GPU(s), Fake GPU 0") || !strings.Contains(e, "no CUDA layer yet") {
+	if !strings.Contains(e, "running on the host device (2 GPU(s), Fake GPU 0") || !strings.Contains(e, "is missing") {
 		t.Errorf("auto with a GPU: %s", e)
 	}
 }
