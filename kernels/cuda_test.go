@@ -126,7 +126,7 @@ func sameULP(t *testing.T, what string, gpu, host []uint16) {
 	for i := range host {
 		d := int(gpu[i]) - int(host[i])
 		if d < -1 || d > 1 || gpu[i]&0x7f80 == 0x7f80 {
-			t.Fatalf("%s[%d] = %v, host %v", what, i, FromBF16Bits(gpu[i:i+1])[0], FromBF16Bits(host[i:i+1])[0])
+			t.Fatalf("%s[%d] = %v, host %v", what, i, FromBF16Bits(gpu[i : i+1])[0], FromBF16Bits(host[i : i+1])[0])
 		}
 	}
 }
