@@ -51,8 +51,14 @@ func deviceRun(t *testing.T, c Config, dev kernels.Device) *deviceLayer {
 func TestDeviceLayerEqualsHostLayer(t *testing.T) {
 	for name, c := range deviceCases() {
 		t.Run(name, func(t *testing.T) {
-			dl := deviceRun(t, c, &kernels.Emu{})
-			for range 2 { // the second step reuses every buffer
+			emu := &kernels.Emu{}
+			dl := deviceRun(t, c, emu)
+			for i := range 2 { // the second step reuses every buffer, with the GEMMs over 3 extra streams
+				if i == 1 {
+					for r := range dl.rr {
+						dl.rr[r].grouped, _ = kernels.NewGrouped(emu, 3)
+					}
+				}
 				cr, err := dl.check()
 				if err != nil || !cr.Passed {
 					t.Fatalf("check: %v, %+v", err, cr)
@@ -147,7 +153,7 @@ func TestDeviceRunRecord(t *testing.T) {
 	if want := []string{"shared", "router", "permute", "dispatch", "experts", "combine", "unpermute"}; !reflect.DeepEqual(names, want) {
 		t.Errorf("phases %v, want %v", names, want)
 	}
-	if len(rec.Timing.Step.Samples) != c.Iters || !rec.Ranks.Emulated || rec.Correctness.Sample == "" {
+	if len(rec.Timing.Step.Samples) != c.Iters || !rec.Ranks.Emulated || rec.Correctness.Sample == "" || !strings.Contains(rec.GEMM.Method, "chosen") {
 		t.Errorf("record: step %v, ranks %+v, sample %q", rec.Timing.Step.Samples, rec.Ranks, rec.Correctness.Sample)
 	}
 	sum := 0

@@ -182,8 +182,9 @@ type Tokens struct {
 type GEMM struct {
 	FLOPsPerIter float64   `json:"flops_per_iter"` // all ranks, routed + shared
 	Formula      string    `json:"formula"`
-	TFLOPS       float64   `json:"tflops"`       // FLOPs of the slowest rank / its median experts time
-	Straggler    Straggler `json:"straggler_ms"` // over per-rank median experts time
+	TFLOPS       float64   `json:"tflops"`           // FLOPs of the slowest rank / its median experts time
+	Straggler    Straggler `json:"straggler_ms"`     // over per-rank median experts time
+	Method       string    `json:"method,omitempty"` // how the expert GEMMs ran, and why (device runs)
 }
 
 // Traffic is bytes moved per step.
