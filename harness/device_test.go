@@ -197,3 +197,26 @@ func TestGPULayer(t *testing.T) {
 		})
 	}
 }
+
+// TestBenchKernelsOnEmu runs the kernel benchmark's code path on Emu (its
+// rates mean nothing there): every kernel gets a row with a positive rate and
+// a ratio to its ceiling, and targets are where the issue sets them.
+func TestBenchKernelsOnEmu(t *testing.T) {
+	c := deviceCases()["sigmoid-groups-skewed-shared"]
+	c.Iters, c.Warmup = 2, 1
+	kb, err := BenchKernels(c, Env{Version: "test", OpenDevice: func() (kernels.Device, error) { return &kernels.Emu{}, nil }},
+		BenchSizes{CopyBytes: 1 << 20, GEMMDim: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	targets := map[string]float64{}
+	for _, r := range kb.Rows {
+		if !(r.Rate > 0) || !(r.P50us > 0) || (r.Ceiling == "" && !strings.Contains(r.Kernel, "ceiling")) {
+			t.Errorf("row %+v", r)
+		}
+		targets[r.Kernel] = r.Target
+	}
+	if len(kb.Rows) != 11 || targets["permute"] != 0.8 || targets["unpermute (sum of k)"] != 0.8 || targets["router top-k"] != 0.6 {
+		t.Errorf("%d rows, targets %v", len(kb.Rows), targets)
+	}
+}

@@ -25,8 +25,8 @@ type CUDA struct {
 	Arch    string // sm_XY
 	SMs     int
 
-	fns     map[string]cuda.Function // by file, name and constants
-	mods    []cuda.Module
+	fns     map[string]cuda.Function // by file, constants and name
+	mods    map[string]cuda.Module   // by file and constants
 	plans   map[gemmKey]*cuda.GEMM
 	ws      map[Stream]Ptr // cuBLASLt workspace of each stream
 	streams []Stream
@@ -59,7 +59,7 @@ func OpenCUDA(ordinal int, cacheDir string) (*CUDA, error) {
 	if _, err := drv.PrimaryContext(ordinal); err != nil {
 		return nil, err
 	}
-	c := &CUDA{Drv: drv, Ordinal: ordinal, fns: map[string]cuda.Function{}, plans: map[gemmKey]*cuda.GEMM{},
+	c := &CUDA{Drv: drv, Ordinal: ordinal, fns: map[string]cuda.Function{}, mods: map[string]cuda.Module{}, plans: map[gemmKey]*cuda.GEMM{},
 		ws: map[Stream]Ptr{}, allocs: map[Ptr]bool{}}
 	major, err := drv.Attribute(ordinal, cuda.AttrComputeCapabilityMajor)
 	if err != nil {
@@ -98,31 +98,33 @@ func OpenCUDA(ordinal int, cacheDir string) (*CUDA, error) {
 func (c *CUDA) Name() string { return "cuda" }
 
 // fn returns kernel name of file compiled with defs, compiling and loading
-// it on first use.
+// the module on first use.
 func (c *CUDA) fn(file, name string, defs map[string]string) (cuda.Function, error) {
 	keys := make([]string, 0, len(defs))
 	for k, v := range defs {
 		keys = append(keys, k+"="+v)
 	}
 	sort.Strings(keys)
-	key := file + "|" + name + "|" + strings.Join(keys, ",")
-	if f, ok := c.fns[key]; ok {
+	mkey := file + "|" + strings.Join(keys, ",")
+	if f, ok := c.fns[mkey+"|"+name]; ok {
 		return f, nil
 	}
-	cubin, err := c.JIT.Compile(file, c.Arch, defs)
-	if err != nil {
-		return nil, err
+	m, ok := c.mods[mkey]
+	if !ok {
+		cubin, err := c.JIT.Compile(file, c.Arch, defs)
+		if err != nil {
+			return nil, err
+		}
+		if m, err = c.Drv.LoadModule(cubin); err != nil {
+			return nil, err
+		}
+		c.mods[mkey] = m
 	}
-	m, err := c.Drv.LoadModule(cubin)
-	if err != nil {
-		return nil, err
-	}
-	c.mods = append(c.mods, m)
 	f, err := c.Drv.Function(m, name)
 	if err != nil {
 		return nil, err
 	}
-	c.fns[key] = f
+	c.fns[mkey+"|"+name] = f
 	return f, nil
 }
 

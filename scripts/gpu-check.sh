@@ -4,10 +4,10 @@
 #   scripts/gpu-check.sh            (writes logs and records under $OUT)
 # It finds the CUDA libraries (toolkit folders, the Python wheels' nvidia/*/lib
 # folders), runs every GPU test with MOEBENCH_REQUIRE_GPU=1 so that a missing
-# GPU or library fails instead of skipping, runs the layer on the cuda device
-# for several presets and EP sizes (recording what happens: in this build the
-# cuda layer is not implemented, so those records say unavailable), and prints
-# a short table last.
+# GPU or library fails instead of skipping, runs the kernel benchmark (ratios
+# to in-run ceilings), runs the layer on the cuda device for several presets,
+# EP sizes and routings (records in $OUT/records.jsonl), and prints a short
+# table last. Each step is bounded so that the whole fits one 10-minute call.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$(mktemp -d)}
@@ -27,14 +27,32 @@ for t in bin/*.test; do
   tail -n 3 "$OUT/test-$name.log"
 done
 
-records="$OUT/records.jsonl"
 for preset in qwen3-30b-a3b deepseek-v3; do
-  for ep in 1 8; do
-    bin/moebench --device cuda --preset "$preset" --ep "$ep" --out "$records" > /dev/null 2>> "$OUT/layer.log"
-    result["layer-$preset-ep$ep"]="exit $?"
-  done
+  timeout 150 bin/moebench bench kernels --preset "$preset" --ep 8 --out "$OUT/bench-$preset.json" \
+    > "$OUT/bench-$preset.txt" 2>&1
+  rc=$?
+  result["bench-$preset"]="exit $rc"
+  [ $rc -eq 0 ] || result["bench-$preset"]=FAIL
+  cat "$OUT/bench-$preset.txt"
 done
+
+records="$OUT/records.jsonl"
+layer() { # name, then moebench flags
+  local name=$1; shift
+  timeout 120 bin/moebench --device cuda "$@" --out "$records" > "$OUT/layer-$name.txt" 2>&1
+  local rc=$?
+  result["layer-$name"]="exit $rc"
+  [ $rc -eq 0 ] || result["layer-$name"]=FAIL
+  tail -n 4 "$OUT/layer-$name.txt"
+}
+layer tiny-ep8 --preset tiny --ep 8
+layer qwen3-30b-ep1 --preset qwen3-30b-a3b --ep 1
+layer qwen3-30b-ep8 --preset qwen3-30b-a3b --ep 8
+layer qwen3-30b-ep8-skewed --preset qwen3-30b-a3b --ep 8 --routing skewed:1.2
+layer qwen3-30b-ep8-natural --preset qwen3-30b-a3b --ep 8 --routing natural
+layer deepseek-v3-ep8 --preset deepseek-v3 --ep 8
 bin/moebench report "$records" > "$OUT/report.txt" 2>&1
+cat "$OUT/report.txt"
 
 echo
 echo "== gpu-check summary =="

@@ -59,6 +59,8 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 			return compare(args[1:], stdout, stderr)
 		case "straggler":
 			return straggler(args[1:], stdout, stderr)
+		case "bench":
+			return bench(args[1:], stdout, stderr)
 		case "help":
 			usage(stdout, newFlags(&options{}))
 			return exitOK
@@ -69,7 +71,7 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 			args = args[1:]
 		default:
 			if !strings.HasPrefix(args[0], "-") {
-				return usageError(stderr, fmt.Errorf("unknown command %q (commands: run, sweep, report, compare, straggler, presets, doctor, version, help)", args[0]))
+				return usageError(stderr, fmt.Errorf("unknown command %q (commands: run, sweep, report, compare, straggler, bench, presets, doctor, version, help)", args[0]))
 			}
 		}
 	}

@@ -223,3 +223,18 @@ func TestDeviceCUDAFingerprintWithFakeDriver(t *testing.T) {
 		t.Errorf("auto with a GPU: %s", e)
 	}
 }
+
+func TestBenchKernelsCLI(t *testing.T) {
+	t.Setenv("MOEBENCH_LIBCUDA", "/nonexistent")
+	if code, _, e := cli("bench", "kernels", "--preset", "tiny"); code != exitRuntime || !strings.Contains(e, "needs the cuda device") {
+		t.Errorf("without a GPU: exit %d, %s", code, e)
+	}
+	for _, args := range [][]string{{"bench"}, {"bench", "gemm"}, {"bench", "kernels", "--format", "csv"}, {"bench", "kernels", "--hidden", "12"}} {
+		if code, _, e := cli(args...); code != exitUsage {
+			t.Errorf("%v: exit %d, %s", args, code, e)
+		}
+	}
+	if code, out, _ := cli("bench", "kernels", "--help"); code != exitOK || !strings.Contains(out, "ceilings") {
+		t.Errorf("help: exit %d", code)
+	}
+}

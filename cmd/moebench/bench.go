@@ -1,0 +1,115 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"text/tabwriter"
+
+	"github.com/spf13/pflag"
+
+	"github.com/moebench/moebench/harness"
+)
+
+const benchHelp = `moebench bench kernels times each kernel of one rank's layer step alone on the
+GPU (CUDA events, median of --iters) and gives its achieved rate as a ratio to
+ceilings measured in the same run: a large device-to-device copy for the
+memory-bound kernels, a large dense bf16 GEMM (cuBLASLt) for the GEMMs.
+Routing is balanced. Targets (H100): permute and unpermute ≥ 0.8 of the copy
+rate, router top-k ≥ 0.6, expert GEMMs ≥ 0.7 of the dense GEMM rate.
+
+Usage:
+  moebench bench kernels [flags]`
+
+// bench runs 'moebench bench kernels'. It needs the cuda device; without
+// one it exits 1 and says why.
+func bench(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 || args[0] != "kernels" {
+		if len(args) > 0 && (args[0] == "--help" || args[0] == "-h") {
+			fmt.Fprintln(stdout, benchHelp)
+			return exitOK
+		}
+		return usageError(stderr, errors.New("bench: say what to benchmark: 'moebench bench kernels'"))
+	}
+	var o options
+	var format, out string
+	d := harness.DefaultConfig()
+	fs := pflag.NewFlagSet("moebench bench kernels", pflag.ContinueOnError)
+	fs.SortFlags = false
+	fs.StringVar(&o.preset, "preset", "qwen3-30b-a3b", "layer shape preset; the shape flags override it")
+	fs.IntVar(&o.ep, "ep", 8, "expert-parallel ranks: rank 0 holds --experts/--ep experts")
+	addShapeFlags(fs, &o)
+	fs.IntVar(&o.iters, "iters", 20, "timed calls of each kernel")
+	fs.IntVar(&o.warmup, "warmup", 3, "untimed calls first")
+	fs.Uint64Var(&o.seed, "seed", d.Seed, "seed of the random inputs")
+	fs.StringVar(&format, "format", "table", "output: table | json")
+	fs.StringVar(&out, "out", "", "also write the JSON result to this file")
+	if code, ok := parseFlags(fs, args[1:], benchHelp, stdout, stderr); !ok {
+		return code
+	}
+	if fs.NArg() > 0 {
+		return usageError(stderr, fmt.Errorf("unexpected argument %q", fs.Arg(0)))
+	}
+	if format != "table" && format != "json" {
+		return usageError(stderr, &harness.ConfigError{Flag: "format", Value: format, Allowed: "allowed: table, json"})
+	}
+	o.dispatcher, o.impl, o.routing, o.device, o.check, o.feplbBase, o.feplbDyn = d.Dispatcher, d.Impl, "balanced", "cuda", true, d.FeplbBase, d.FeplbDyn
+	cfg, err := o.config(fs)
+	if err != nil {
+		return usageError(stderr, err)
+	}
+	dev, note := resolveDevice("auto")
+	if dev != "cuda" {
+		fmt.Fprintf(stderr, "moebench: bench kernels needs the cuda device: %s\n", note)
+		return exitRuntime
+	}
+	kb, err := harness.BenchKernels(cfg, harness.Env{Version: version(), DeviceNote: note}, harness.DefaultBenchSizes)
+	var ce *harness.ConfigError
+	if errors.As(err, &ce) {
+		return usageError(stderr, err)
+	}
+	code := exitOK
+	if err != nil {
+		fmt.Fprintf(stderr, "moebench: bench kernels: %v\n", err)
+		code = exitRuntime
+	}
+	if kb == nil {
+		return exitRuntime
+	}
+	if format == "json" {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		enc.Encode(kb)
+	} else {
+		writeBench(stdout, kb)
+	}
+	if out != "" {
+		b, _ := json.Marshal(kb)
+		if err := os.WriteFile(out, append(b, '\n'), 0o644); err != nil {
+			fmt.Fprintf(stderr, "moebench: --out: %v\n", err)
+			code = exitRuntime
+		}
+	}
+	return code
+}
+
+// writeBench prints the kernel benchmark as a table.
+func writeBench(w io.Writer, kb *harness.KernelBench) {
+	c := kb.Config
+	fmt.Fprintf(w, "# bench kernels · %s · rank 0 of EP %d · %s · %s\n", c.Preset, c.EP, kb.Stack.Note, kb.Routing)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "kernel\tshape\tp50 µs\trate\tunit\tratio\tceiling\ttarget\t\t")
+	for _, r := range kb.Rows {
+		ratio, target := "—", ""
+		if r.Ceiling != "" && r.Kernel != r.Ceiling {
+			ratio = fmt.Sprintf("%.2f", r.Ratio)
+		}
+		if r.Target > 0 {
+			target = fmt.Sprintf("≥ %.2f", r.Target)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%.1f\t%.1f\t%s\t%s\t%s\t%s\t%s\t\n", r.Kernel, r.Shape, r.P50us, r.Rate, r.Unit, ratio, r.Ceiling, target, r.Verdict())
+	}
+	tw.Flush()
+}

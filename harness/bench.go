@@ -1,0 +1,438 @@
+package harness
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"slices"
+
+	"github.com/moebench/moebench/kernels"
+	"github.com/moebench/moebench/results"
+)
+
+// BenchSchema names the kernel benchmark's output version.
+const BenchSchema = "moebench.bench/v1"
+
+// KernelBench is `moebench bench kernels`: each kernel of one rank's layer
+// step timed alone on the device (CUDA events, median), with its achieved
+// rate and the ratio to a ceiling measured in the same run — a large
+// device-to-device copy for memory-bound kernels, a large dense bf16 GEMM for
+// GEMMs.
+type KernelBench struct {
+	Schema  string         `json:"schema"`
+	Time    string         `json:"time"`
+	Config  results.Config `json:"config"`
+	Stack   results.Stack  `json:"stack"`
+	Iters   int            `json:"iters"`
+	Rows    []BenchRow     `json:"rows"`
+	Routing string         `json:"routing_note"`
+}
+
+// BenchRow is one kernel's measurement.
+type BenchRow struct {
+	Kernel  string  `json:"kernel"`
+	Shape   string  `json:"shape"`
+	P50us   float64 `json:"p50_us"`
+	Work    float64 `json:"work"` // bytes or FLOPs per call
+	Rate    float64 `json:"rate"` // GB/s or TFLOP/s
+	Unit    string  `json:"unit"`
+	Ceiling string  `json:"ceiling,omitempty"` // which ceiling Ratio is against
+	Ratio   float64 `json:"ratio,omitempty"`
+	Target  float64 `json:"target,omitempty"` // the ratio it should reach, where one is set
+	Formula string  `json:"formula"`
+}
+
+// Verdict says whether a row meets its target.
+func (r BenchRow) Verdict() string {
+	switch {
+	case r.Target == 0:
+		return ""
+	case r.Ratio >= r.Target:
+		return "meets"
+	}
+	return "below"
+}
+
+// BenchSizes are the ceilings' sizes: the copy's bytes and the dense GEMM's
+// m = n = k.
+type BenchSizes struct {
+	CopyBytes int64
+	GEMMDim   int
+}
+
+// DefaultBenchSizes are large enough to reach a GPU's steady rates.
+var DefaultBenchSizes = BenchSizes{CopyBytes: 1 << 30, GEMMDim: 8192}
+
+// BenchKernels times the kernels of rank 0 of cfg's layer on the device with
+// balanced routing (each local expert gets tokens·topk/local rows). Inputs
+// are random and never zero; the kernels' correctness is the GPU tests'
+// business (kernels/cuda_test.go).
+func BenchKernels(cfg Config, env Env, sizes BenchSizes) (*KernelBench, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	open := env.OpenDevice
+	if open == nil {
+		open = func() (kernels.Device, error) { return kernels.OpenCUDA(0, "") }
+	}
+	dev, err := open()
+	if err != nil {
+		return nil, fmt.Errorf("device %s: %w", cfg.Device, err)
+	}
+	defer dev.Close()
+	rec := newRecord(cfg, env)
+	kb := &KernelBench{Schema: BenchSchema, Time: rec.Time, Config: rec.Config, Stack: rec.Stack, Iters: cfg.Iters,
+		Routing: "balanced: each of rank 0's local experts computes tokens·topk/local rows; permute indices uniform at random"}
+	b := &bencher{dev: dev, iters: cfg.Iters, warmup: max(cfg.Warmup, 1), rng: rand.New(rand.NewPCG(cfg.Seed, 0xbe7c4))}
+	if b.s, err = dev.NewStream(); err != nil {
+		return nil, err
+	}
+	if b.e0, err = dev.NewEvent(); err != nil {
+		return nil, err
+	}
+	if b.e1, err = dev.NewEvent(); err != nil {
+		return nil, err
+	}
+	rows, err := b.run(cfg, sizes)
+	kb.Rows = rows
+	return kb, err
+}
+
+type bencher struct {
+	dev           kernels.Device
+	s             kernels.Stream
+	e0, e1        kernels.Event
+	iters, warmup int
+	rng           *rand.Rand
+	copyGBs       float64 // ceilings, once measured
+	gemmTFLOPS    float64
+}
+
+// buf allocates words 16-bit words of random non-zero bf16 values (a random
+// block tiled over the buffer).
+func (b *bencher) buf(words int64) (kernels.Ptr, error) {
+	p, err := b.dev.Alloc(2 * words)
+	if err != nil {
+		return 0, err
+	}
+	block := min(words, 1<<20)
+	v := make([]float32, block)
+	for i := range v {
+		for v[i] == 0 {
+			v[i] = float32(b.rng.NormFloat64())
+		}
+	}
+	if err := b.dev.Upload(p, kernels.BF16Bits(v), b.s); err != nil {
+		return 0, err
+	}
+	for done := block; done < words; done *= 2 { // double the filled prefix
+		n := min(done, words-done)
+		if err := b.dev.Copy(p+kernels.Ptr(2*done), p, 2*n, b.s); err != nil {
+			return 0, err
+		}
+	}
+	return p, nil
+}
+
+// time is the median of iters calls of fn between two events, in µs.
+func (b *bencher) time(fn func() error) (float64, error) {
+	for range b.warmup {
+		if err := fn(); err != nil {
+			return 0, err
+		}
+	}
+	var us []float64
+	for range b.iters {
+		if err := b.dev.Record(b.e0, b.s); err != nil {
+			return 0, err
+		}
+		if err := fn(); err != nil {
+			return 0, err
+		}
+		if err := b.dev.Record(b.e1, b.s); err != nil {
+			return 0, err
+		}
+		if err := b.dev.SyncStream(b.s); err != nil {
+			return 0, err
+		}
+		ms, err := b.dev.Elapsed(b.e0, b.e1)
+		if err != nil {
+			return 0, err
+		}
+		us = append(us, 1e3*ms)
+	}
+	slices.Sort(us)
+	return us[len(us)/2], nil
+}
+
+// memRow times a memory-bound kernel moving bytes per call.
+func (b *bencher) memRow(kernel, shape string, bytes float64, target float64, formula string, fn func() error) (BenchRow, error) {
+	us, err := b.time(fn)
+	r := BenchRow{Kernel: kernel, Shape: shape, P50us: us, Work: bytes, Unit: "GB/s", Formula: formula, Target: target}
+	if us > 0 {
+		r.Rate = bytes / us / 1e3
+	}
+	if b.copyGBs > 0 {
+		r.Ceiling, r.Ratio = "copy", r.Rate/b.copyGBs
+	}
+	return r, err
+}
+
+// gemmRow times GEMM work of flops per call.
+func (b *bencher) gemmRow(kernel, shape string, flops float64, target float64, formula string, fn func() error) (BenchRow, error) {
+	us, err := b.time(fn)
+	r := BenchRow{Kernel: kernel, Shape: shape, P50us: us, Work: flops, Unit: "TFLOP/s", Formula: formula, Target: target}
+	if us > 0 {
+		r.Rate = flops / us / 1e6
+	}
+	if b.gemmTFLOPS > 0 {
+		r.Ceiling, r.Ratio = "dense GEMM", r.Rate/b.gemmTFLOPS
+	}
+	return r, err
+}
+
+func (b *bencher) run(cfg Config, sizes BenchSizes) ([]BenchRow, error) {
+	var rows []BenchRow
+	add := func(r BenchRow, err error) error {
+		if err == nil {
+			rows = append(rows, r)
+		}
+		return err
+	}
+	dev, s := b.dev, b.s
+	// ceilings
+	cb := sizes.CopyBytes / 2 * 2
+	src, err := b.buf(cb / 2)
+	if err != nil {
+		return rows, err
+	}
+	dst, err := b.buf(cb / 2)
+	if err != nil {
+		return rows, err
+	}
+	r, err := b.memRow("copy (ceiling)", fmt.Sprintf("%d MiB", cb>>20), 2*float64(cb), 0, "bytes read + written",
+		func() error { return dev.Copy(dst, src, cb, s) })
+	if err := add(r, err); err != nil {
+		return rows, err
+	}
+	b.copyGBs = r.Rate
+	dev.Free(src)
+	dev.Free(dst)
+	g := sizes.GEMMDim
+	ga, err := b.buf(int64(g * g))
+	if err != nil {
+		return rows, err
+	}
+	gc, err := b.buf(int64(g * g))
+	if err != nil {
+		return rows, err
+	}
+	r, err = b.gemmRow("dense bf16 GEMM (ceiling)", fmt.Sprintf("%d×%d×%d", g, g, g), 2*float64(g)*float64(g)*float64(g), 0, "2·m·n·k",
+		func() error { return dev.GEMM(gc, ga, ga, g, g, g, false, s) })
+	if err := add(r, err); err != nil {
+		return rows, err
+	}
+	b.gemmTFLOPS = r.Rate
+	dev.Free(ga)
+	dev.Free(gc)
+
+	// one rank's step
+	T, h, f, E, k := cfg.Tokens, cfg.Hidden, cfg.FFN, cfg.Experts, cfg.TopK
+	L, n := cfg.Experts/cfg.EP, cfg.Tokens*cfg.TopK
+	x, err := b.buf(int64(T * h))
+	if err != nil {
+		return rows, err
+	}
+	wr, err := b.buf(int64(E * h))
+	if err != nil {
+		return rows, err
+	}
+	logits, err := b.buf(int64(2 * T * E)) // fp32
+	if err != nil {
+		return rows, err
+	}
+	r, err = b.gemmRow("router logits GEMM", fmt.Sprintf("%d×%d×%d → fp32", T, E, h), 2*float64(T*E*h), 0, "2·tokens·experts·hidden",
+		func() error { return dev.GEMM(logits, x, wr, T, E, h, true, s) })
+	if err := add(r, err); err != nil {
+		return rows, err
+	}
+	rc := cfg.RouterConfig(nil)
+	var bias kernels.Ptr
+	if rc.Score == kernels.ScoreSigmoid {
+		if bias, err = b.buf(int64(2 * E)); err != nil {
+			return rows, err
+		}
+	}
+	idx, err := dev.Alloc(int64(4 * n))
+	if err != nil {
+		return rows, err
+	}
+	probs, err := b.buf(int64(2 * n))
+	if err != nil {
+		return rows, err
+	}
+	r, err = b.memRow("router top-k", fmt.Sprintf("%d tokens × %d experts, k=%d", T, E, k), float64(4*T*E+8*n), 0.6,
+		"fp32 logits read + (int32 index, fp32 prob) per copy written",
+		func() error { return dev.RouterTopK(rc, logits, bias, T, idx, probs, s) })
+	if err := add(r, err); err != nil {
+		return rows, err
+	}
+	// permute with uniformly random experts
+	ri := make([]int32, n)
+	for i := range ri {
+		ri[i] = int32(b.rng.IntN(E))
+	}
+	if err := dev.Upload(idx, ri, s); err != nil {
+		return rows, err
+	}
+	order, err := dev.Alloc(int64(4 * n))
+	if err != nil {
+		return rows, err
+	}
+	pos, err := dev.Alloc(int64(4 * n))
+	if err != nil {
+		return rows, err
+	}
+	counts, err := dev.Alloc(int64(4 * E))
+	if err != nil {
+		return rows, err
+	}
+	r, err = b.memRow("permute order", fmt.Sprintf("%d copies, %d experts", n, E), float64(12*n+4*E), 0,
+		"int32 expert per copy read + (row, position) per copy written + counts",
+		func() error { return dev.PermuteOrder(idx, n, E, order, pos, counts, s) })
+	if err := add(r, err); err != nil {
+		return rows, err
+	}
+	px, err := dev.Alloc(int64(2 * n * h))
+	if err != nil {
+		return rows, err
+	}
+	pp, err := dev.Alloc(int64(4 * n))
+	if err != nil {
+		return rows, err
+	}
+	r, err = b.memRow("permute", fmt.Sprintf("%d copies × %d", n, h), float64(4*n*h+12*n), 0.8,
+		"bf16 row read + written per copy, + row index and fp32 prob",
+		func() error {
+			if err := dev.GatherRows(px, x, order, k, n, h, s); err != nil {
+				return err
+			}
+			return dev.GatherF32(pp, probs, order, 1, n, s)
+		})
+	if err := add(r, err); err != nil {
+		return rows, err
+	}
+	// balanced chunks for the alltoall sort: [source][local]
+	cnt := make([]int32, cfg.EP*L)
+	for i := range cnt {
+		cnt[i] = int32(n / len(cnt))
+	}
+	for i := range n % len(cnt) {
+		cnt[i]++
+	}
+	cc, err := dev.Alloc(int64(4 * len(cnt)))
+	if err != nil {
+		return rows, err
+	}
+	if err := dev.Upload(cc, cnt, s); err != nil {
+		return rows, err
+	}
+	ex, err := dev.Alloc(int64(2 * n * h))
+	if err != nil {
+		return rows, err
+	}
+	ep, err := dev.Alloc(int64(4 * n))
+	if err != nil {
+		return rows, err
+	}
+	r, err = b.memRow("alltoall chunk sort", fmt.Sprintf("%d rows × %d, %d×%d chunks", n, h, cfg.EP, L), float64(4*n*h+8*n), 0,
+		"bf16 row + fp32 prob read and written",
+		func() error { return dev.SortChunks(ex, ep, px, pp, cc, n, cfg.EP, L, h, false, s) })
+	if err := add(r, err); err != nil {
+		return rows, err
+	}
+	// experts: balanced rows per local expert
+	fc1, err := b.buf(int64(L * 2 * f * h))
+	if err != nil {
+		return rows, err
+	}
+	fc2, err := b.buf(int64(L * h * f))
+	if err != nil {
+		return rows, err
+	}
+	h1, err := dev.Alloc(int64(2 * n * 2 * f))
+	if err != nil {
+		return rows, err
+	}
+	act, err := dev.Alloc(int64(2 * n * f))
+	if err != nil {
+		return rows, err
+	}
+	ey, err := dev.Alloc(int64(2 * n * h))
+	if err != nil {
+		return rows, err
+	}
+	per := make([]int, L)
+	for i := range per {
+		per[i] = n / L
+		if i < n%L {
+			per[i]++
+		}
+	}
+	groups := func(out, in, w kernels.Ptr, outCols, inCols int) []kernels.Group {
+		var gs []kernels.Group
+		at := 0
+		for l, m := range per {
+			gs = append(gs, kernels.Group{C: out + kernels.Ptr(2*at*outCols), A: in + kernels.Ptr(2*at*inCols), W: w + kernels.Ptr(2*l*outCols*inCols), M: m})
+			at += m
+		}
+		return gs
+	}
+	g1, g2 := groups(h1, ex, fc1, 2*f, h), groups(ey, act, fc2, h, f)
+	for _, side := range groupedSides {
+		gr, err := kernels.NewGrouped(dev, side)
+		if err != nil {
+			return rows, err
+		}
+		r, err = b.gemmRow("expert GEMMs ("+gr.Name()+")", fmt.Sprintf("%d experts × %d rows, fc1 %d→%d, fc2 %d→%d", L, n/L, h, 2*f, f, h),
+			6*float64(n)*float64(h)*float64(f), 0.7, "6·hidden·ffn per row (fc1 and fc2)",
+			func() error {
+				if err := gr.Run(dev, g1, 2*f, h, s); err != nil {
+					return err
+				}
+				return gr.Run(dev, g2, h, f, s)
+			})
+		if err := add(r, err); err != nil {
+			return rows, err
+		}
+	}
+	r, err = b.memRow("SwiGLU × prob", fmt.Sprintf("%d rows × %d", n, f), float64(6*n*f+4*n), 0,
+		"bf16 gate and up read, bf16 activation written, fp32 prob",
+		func() error { return dev.SwiGLU(act, h1, ep, n, f, s) })
+	if err := add(r, err); err != nil {
+		return rows, err
+	}
+	// unpermute: a random assignment of rows to token slots
+	perm := make([]int32, n)
+	for i, v := range b.rng.Perm(n) {
+		perm[i] = int32(v)
+	}
+	if err := dev.Upload(pos, perm, s); err != nil {
+		return rows, err
+	}
+	var shared kernels.Ptr
+	bytes := float64(2*n*h + 2*T*h + 4*n)
+	if cfg.SharedExperts > 0 {
+		if shared, err = b.buf(int64(T * h)); err != nil {
+			return rows, err
+		}
+		bytes += float64(2 * T * h)
+	}
+	y, err := dev.Alloc(int64(2 * T * h))
+	if err != nil {
+		return rows, err
+	}
+	r, err = b.memRow("unpermute (sum of k)", fmt.Sprintf("%d tokens × %d, k=%d", T, h, k), bytes, 0.8,
+		"bf16 row read per copy + bf16 output row written (+ shared-expert row read) + int32 positions",
+		func() error { return dev.UnpermuteSum(y, ey, pos, shared, T, k, h, s) })
+	return rows, add(r, err)
+}
