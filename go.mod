@@ -3,6 +3,7 @@ module github.com/moebench/moebench
 go 1.26.8
 
 require (
+	github.com/NVIDIA/go-nvml v0.13.1-0
 	github.com/montanaflynn/stats v0.14.0
 	github.com/spf13/pflag v1.0.10
 	gonum.org/v1/plot v0.17.0

@@ -568,7 +568,6 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 	defer d.Close()
 	rec.Ranks.Emulated = cfg.EP > 1
 	rec.Ranks.Note = fmt.Sprintf("all %d EP ranks on GPU 0, one stream each; data moves between ranks with device-to-device copies", cfg.EP)
-	rec.SMs.Measured = "not measured in this build (NVML GPM sampling is not wired yet)"
 	l, err := newLayer(cfg, false)
 	if err != nil {
 		return nil, err // only a trace can fail here: a *ConfigError
@@ -603,14 +602,23 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 	if err != nil {
 		return fail(deviceStatus(err), err)
 	}
+	var tm *telemetry
 	for i := -cfg.Warmup; i < cfg.Iters; i++ {
+		if i == 0 {
+			var why string
+			if tm, why = startTelemetry(); tm == nil {
+				rec.SMs.Measured = "not measured: " + why
+			}
+		}
 		if err := dl.step(); err != nil {
+			tm.finish()
 			return fail(deviceStatus(err), err)
 		}
 		if i < 0 {
 			continue
 		}
 		if err := dl.times(m.samples, &m.step); err != nil {
+			tm.finish()
 			return fail(results.StatusFailed, err)
 		}
 	}
@@ -618,6 +626,10 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 		m.recv = append(m.recv, rk.Rows())
 		m.mem.PerRankBytes = append(m.mem.PerRankBytes, dl.footprint(r))
 	}
+	if tm != nil {
+		rec.Telemetry, rec.SMs.Measured = tm.finish()
+	}
+
 	rec.Status = results.StatusOK
 	fillMeasurements(rec, cfg, m)
 	rec.GEMM.Method = method

@@ -138,6 +138,7 @@ func TestDeviceCheckCatchesLostCopy(t *testing.T) {
 }
 
 func TestDeviceRunRecord(t *testing.T) {
+	t.Setenv("MOEBENCH_NVML", "/nonexistent")
 	c := deviceCases()["sigmoid-groups-skewed-shared"]
 	rec, err := Run(c, Env{Version: "test", OpenDevice: func() (kernels.Device, error) { return &kernels.Emu{}, nil }})
 	if err != nil || rec.Status != results.StatusOK || !rec.Correctness.Passed {
@@ -152,6 +153,9 @@ func TestDeviceRunRecord(t *testing.T) {
 	}
 	if want := []string{"shared", "router", "permute", "dispatch", "experts", "combine", "unpermute"}; !reflect.DeepEqual(names, want) {
 		t.Errorf("phases %v, want %v", names, want)
+	}
+	if !strings.HasPrefix(rec.SMs.Measured, "not measured: NVML") || rec.Telemetry != nil {
+		t.Errorf("without NVML: sms %q, telemetry %+v", rec.SMs.Measured, rec.Telemetry)
 	}
 	if len(rec.Timing.Step.Samples) != c.Iters || !rec.Ranks.Emulated || rec.Correctness.Sample == "" || !strings.Contains(rec.GEMM.Method, "chosen") {
 		t.Errorf("record: step %v, ranks %+v, sample %q", rec.Timing.Step.Samples, rec.Ranks, rec.Correctness.Sample)
@@ -219,4 +223,21 @@ func TestBenchKernelsOnEmu(t *testing.T) {
 	if len(kb.Rows) != 11 || targets["permute"] != 0.8 || targets["unpermute (sum of k)"] != 0.8 || targets["router top-k"] != 0.6 {
 		t.Errorf("%d rows, targets %v", len(kb.Rows), targets)
 	}
+}
+
+// TestGPUTelemetry: on a GPU machine NVML answers, memory in use is read and
+// GPM is either measured or its absence explained.
+func TestGPUTelemetry(t *testing.T) {
+	tm, why := startTelemetry()
+	if tm == nil {
+		if os.Getenv("MOEBENCH_REQUIRE_GPU") == "1" {
+			t.Fatalf("GPU required: %s", why)
+		}
+		t.Skipf("no NVML: %s", why)
+	}
+	tel, sms := tm.finish()
+	if len(tel.MemoryUsedMax) == 0 || tel.MemoryUsedMax[0] <= 0 || !(tel.SMClockMHz > 0) || (!tel.GPM && len(tel.Unread) == 0) {
+		t.Errorf("telemetry %+v", tel)
+	}
+	t.Logf("%+v; %s", tel, sms)
 }

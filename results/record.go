@@ -32,6 +32,20 @@ type Record struct {
 	SMs         SMs          `json:"sms"`
 	Correctness *Correctness `json:"correctness,omitempty"`
 	Rebalance   *Rebalance   `json:"rebalance,omitempty"` // dispatchers with a rebalance phase (feplb)
+	Telemetry   *Telemetry   `json:"telemetry,omitempty"` // cuda runs where NVML answered
+}
+
+// Telemetry is what NVML reported during a cuda run's timed loop.
+type Telemetry struct {
+	Method         string   `json:"method"`
+	MemoryUsedMax  []int64  `json:"memory_used_max_bytes"` // per GPU, the most in use (all processes)
+	SMClockMHz     float64  `json:"sm_clock_mhz_mean"`
+	MemClockMHz    float64  `json:"mem_clock_mhz_mean"`
+	PowerW         float64  `json:"power_w_mean"`
+	GPM            bool     `json:"gpm"` // the two metrics below were measured
+	SMUtilPct      float64  `json:"sm_util_pct"`
+	SMOccupancyPct float64  `json:"sm_occupancy_pct"`
+	Unread         []string `json:"unread,omitempty"` // what could not be read, and why
 }
 
 // Rebalance is what a rebalancing dispatcher (FEPLB's phase 2) did: the

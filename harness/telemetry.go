@@ -1,0 +1,178 @@
+package harness
+
+import (
+	"fmt"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+
+	"github.com/moebench/moebench/results"
+)
+
+// telemetry samples NVML (github.com/NVIDIA/go-nvml) while a cuda run's timed
+// loop runs: every GPU's memory in use (its maximum), the SM and memory
+// clocks and the power draw (means over the samples), and, where the GPU
+// has GPM, SM utilisation and occupancy between a GPM sample taken at the
+// start and one at the end. NVML missing or failing means "not measured",
+// with the reason, never a failed run. MOEBENCH_NVML names the library.
+type telemetry struct {
+	lib     nvml.Interface
+	devs    []nvml.Device
+	gpm     [2]nvml.GpmSample // at start, at end; nil without GPM
+	stop    chan struct{}
+	done    sync.WaitGroup
+	t       results.Telemetry
+	n       int     // samples taken
+	sm, mem float64 // clock sums, MHz
+	power   float64 // W sum
+}
+
+// telemetryEvery is the sampling period.
+const telemetryEvery = 20 * time.Millisecond
+
+// startTelemetry begins sampling, or returns nil and why it cannot.
+func startTelemetry() (*telemetry, string) {
+	var opts []nvml.LibraryOption
+	if p := os.Getenv("MOEBENCH_NVML"); p != "" {
+		opts = append(opts, nvml.WithLibraryPath(p))
+	}
+	lib := nvml.New(opts...)
+	if ret := lib.Init(); ret != nvml.SUCCESS {
+		return nil, "NVML: " + ret.Error()
+	}
+	n, ret := lib.DeviceGetCount()
+	if ret != nvml.SUCCESS || n == 0 {
+		lib.Shutdown()
+		return nil, fmt.Sprintf("NVML reports %d GPUs (%v)", n, ret)
+	}
+	tm := &telemetry{lib: lib, stop: make(chan struct{}),
+		t: results.Telemetry{Method: fmt.Sprintf("NVML (go-nvml) sampled every %v during the timed loop; GPM metrics of GPU 0 between samples at its start and end", telemetryEvery)}}
+	for i := range n {
+		d, ret := lib.DeviceGetHandleByIndex(i)
+		if ret != nvml.SUCCESS {
+			tm.t.Unread = append(tm.t.Unread, fmt.Sprintf("GPU %d handle: %v", i, ret))
+			continue
+		}
+		tm.devs = append(tm.devs, d)
+	}
+	tm.t.MemoryUsedMax = make([]int64, len(tm.devs))
+	tm.startGPM()
+	tm.sample()
+	tm.done.Add(1)
+	go func() {
+		defer tm.done.Done()
+		tick := time.NewTicker(telemetryEvery)
+		defer tick.Stop()
+		for {
+			select {
+			case <-tm.stop:
+				return
+			case <-tick.C:
+				tm.sample()
+			}
+		}
+	}()
+	return tm, ""
+}
+
+// startGPM takes the first GPM sample of GPU 0 (the GPU the ranks run on),
+// or notes why there is none.
+func (tm *telemetry) startGPM() {
+	if len(tm.devs) == 0 {
+		return
+	}
+	sup, ret := tm.devs[0].GpmQueryDeviceSupport()
+	if ret != nvml.SUCCESS || sup.IsSupportedDevice == 0 {
+		tm.t.Unread = append(tm.t.Unread, fmt.Sprintf("GPM (SM utilisation, occupancy): not supported on GPU 0 (%v)", ret))
+		return
+	}
+	for i := range tm.gpm {
+		s, ret := tm.lib.GpmSampleAlloc()
+		if ret != nvml.SUCCESS {
+			tm.t.Unread = append(tm.t.Unread, "GPM sample: "+ret.Error())
+			tm.freeGPM()
+			return
+		}
+		tm.gpm[i] = s
+	}
+	if ret := tm.lib.GpmSampleGet(tm.devs[0], tm.gpm[0]); ret != nvml.SUCCESS {
+		tm.t.Unread = append(tm.t.Unread, "GPM sample: "+ret.Error())
+		tm.freeGPM()
+	}
+}
+
+func (tm *telemetry) freeGPM() {
+	for i, s := range tm.gpm {
+		if s != nil {
+			s.Free()
+		}
+		tm.gpm[i] = nil
+	}
+}
+
+// sample reads memory, clocks and power once.
+func (tm *telemetry) sample() {
+	for i, d := range tm.devs {
+		if m, ret := d.GetMemoryInfo(); ret == nvml.SUCCESS {
+			tm.t.MemoryUsedMax[i] = max(tm.t.MemoryUsedMax[i], int64(m.Used))
+		}
+	}
+	if len(tm.devs) == 0 {
+		return
+	}
+	d := tm.devs[0]
+	sm, r1 := d.GetClockInfo(nvml.CLOCK_SM)
+	mem, r2 := d.GetClockInfo(nvml.CLOCK_MEM)
+	mw, r3 := d.GetPowerUsage()
+	if r1 == nvml.SUCCESS && r2 == nvml.SUCCESS && r3 == nvml.SUCCESS {
+		tm.n++
+		tm.sm += float64(sm)
+		tm.mem += float64(mem)
+		tm.power += float64(mw) / 1e3
+	}
+}
+
+// finish stops sampling and returns the telemetry and the SMs' measured
+// utilisation for the record (or why it was not measured). A nil telemetry
+// finishes with nothing.
+func (tm *telemetry) finish() (*results.Telemetry, string) {
+	if tm == nil {
+		return nil, ""
+	}
+	close(tm.stop)
+	tm.done.Wait()
+	tm.sample()
+	defer tm.lib.Shutdown()
+	if tm.n > 0 {
+		tm.t.SMClockMHz, tm.t.MemClockMHz, tm.t.PowerW = tm.sm/float64(tm.n), tm.mem/float64(tm.n), tm.power/float64(tm.n)
+	} else {
+		tm.t.Unread = append(tm.t.Unread, "clocks and power: NVML calls failed")
+	}
+	sms := "not measured: GPM unavailable (see telemetry.unread)"
+	if tm.gpm[1] != nil {
+		defer tm.freeGPM()
+		if ret := tm.lib.GpmSampleGet(tm.devs[0], tm.gpm[1]); ret != nvml.SUCCESS {
+			tm.t.Unread = append(tm.t.Unread, "GPM sample: "+ret.Error())
+			return &tm.t, sms
+		}
+		mg := nvml.GpmMetricsGetType{NumMetrics: 2, Sample1: tm.gpm[0], Sample2: tm.gpm[1]}
+		mg.Metrics[0].MetricId = uint32(nvml.GPM_METRIC_SM_UTIL)
+		mg.Metrics[1].MetricId = uint32(nvml.GPM_METRIC_SM_OCCUPANCY)
+		if ret := tm.lib.GpmMetricsGet(&mg); ret != nvml.SUCCESS {
+			tm.t.Unread = append(tm.t.Unread, "GPM metrics: "+ret.Error())
+			return &tm.t, sms
+		}
+		for _, m := range mg.Metrics[:2] {
+			if nvml.Return(m.NvmlReturn) != nvml.SUCCESS {
+				tm.t.Unread = append(tm.t.Unread, fmt.Sprintf("GPM metric %d: %v", m.MetricId, nvml.Return(m.NvmlReturn)))
+				return &tm.t, sms
+			}
+		}
+		tm.t.SMUtilPct, tm.t.SMOccupancyPct = mg.Metrics[0].Value, mg.Metrics[1].Value
+		tm.t.GPM = true
+		sms = fmt.Sprintf("GPM over the timed loop, whole GPU 0: SM utilisation %.1f%%, occupancy %.1f%%", tm.t.SMUtilPct, tm.t.SMOccupancyPct)
+	}
+	return &tm.t, sms
+}
