@@ -105,11 +105,32 @@ type bencher struct {
 	rng           *rand.Rand
 	copyGBs       float64 // ceilings, once measured
 	gemmTFLOPS    float64
+	err           error // the first allocation error
+}
+
+// raw allocates bytes, keeping the first error in b.err (later calls then
+// do nothing and return 0).
+func (b *bencher) raw(bytes int) kernels.Ptr {
+	if b.err != nil {
+		return 0
+	}
+	p, err := b.dev.Alloc(int64(bytes))
+	b.err = err
+	return p
 }
 
 // buf allocates words 16-bit words of random non-zero bf16 values (a random
-// block tiled over the buffer).
-func (b *bencher) buf(words int64) (kernels.Ptr, error) {
+// block tiled over the buffer), keeping the first error in b.err.
+func (b *bencher) buf(words int) kernels.Ptr {
+	if b.err != nil {
+		return 0
+	}
+	p, err := b.fill(int64(words))
+	b.err = err
+	return p
+}
+
+func (b *bencher) fill(words int64) (kernels.Ptr, error) {
 	p, err := b.dev.Alloc(2 * words)
 	if err != nil {
 		return 0, err
@@ -201,13 +222,9 @@ func (b *bencher) run(cfg Config, sizes BenchSizes) ([]BenchRow, error) {
 	dev, s := b.dev, b.s
 	// ceilings
 	cb := sizes.CopyBytes / 2 * 2
-	src, err := b.buf(cb / 2)
-	if err != nil {
-		return rows, err
-	}
-	dst, err := b.buf(cb / 2)
-	if err != nil {
-		return rows, err
+	src, dst := b.buf(int(cb/2)), b.buf(int(cb/2))
+	if b.err != nil {
+		return rows, b.err
 	}
 	r, err := b.memRow("copy (ceiling)", fmt.Sprintf("%d MiB", cb>>20), 2*float64(cb), 0, "bytes read + written",
 		func() error { return dev.Copy(dst, src, cb, s) })
@@ -218,13 +235,9 @@ func (b *bencher) run(cfg Config, sizes BenchSizes) ([]BenchRow, error) {
 	dev.Free(src)
 	dev.Free(dst)
 	g := sizes.GEMMDim
-	ga, err := b.buf(int64(g * g))
-	if err != nil {
-		return rows, err
-	}
-	gc, err := b.buf(int64(g * g))
-	if err != nil {
-		return rows, err
+	ga, gc := b.buf(g*g), b.buf(g*g)
+	if b.err != nil {
+		return rows, b.err
 	}
 	r, err = b.gemmRow("dense bf16 GEMM (ceiling)", fmt.Sprintf("%d×%d×%d", g, g, g), 2*float64(g)*float64(g)*float64(g), 0, "2·m·n·k",
 		func() error { return dev.GEMM(gc, ga, ga, g, g, g, false, s) })
@@ -238,36 +251,27 @@ func (b *bencher) run(cfg Config, sizes BenchSizes) ([]BenchRow, error) {
 	// one rank's step
 	T, h, f, E, k := cfg.Tokens, cfg.Hidden, cfg.FFN, cfg.Experts, cfg.TopK
 	L, n := cfg.Experts/cfg.EP, cfg.Tokens*cfg.TopK
-	x, err := b.buf(int64(T * h))
-	if err != nil {
-		return rows, err
+	x, wr, logits := b.buf(T*h), b.buf(E*h), b.buf(2*T*E) // logits: fp32
+	idx, probs := b.raw(4*n), b.buf(2*n)
+	order, pos, counts := b.raw(4*n), b.raw(4*n), b.raw(4*E)
+	px, pp, cc := b.raw(2*n*h), b.raw(4*n), b.raw(4*cfg.EP*L)
+	ex, ep := b.raw(2*n*h), b.raw(4*n)
+	fc1, fc2 := b.buf(L*2*f*h), b.buf(L*h*f)
+	h1, act, ey, y := b.raw(2*n*2*f), b.raw(2*n*f), b.raw(2*n*h), b.raw(2*T*h)
+	var bias, shared kernels.Ptr
+	rc := cfg.RouterConfig(nil)
+	if rc.Score == kernels.ScoreSigmoid {
+		bias = b.buf(2 * E)
 	}
-	wr, err := b.buf(int64(E * h))
-	if err != nil {
-		return rows, err
+	if cfg.SharedExperts > 0 {
+		shared = b.buf(T * h)
 	}
-	logits, err := b.buf(int64(2 * T * E)) // fp32
-	if err != nil {
-		return rows, err
+	if b.err != nil {
+		return rows, b.err
 	}
 	r, err = b.gemmRow("router logits GEMM", fmt.Sprintf("%d×%d×%d → fp32", T, E, h), 2*float64(T*E*h), 0, "2·tokens·experts·hidden",
 		func() error { return dev.GEMM(logits, x, wr, T, E, h, true, s) })
 	if err := add(r, err); err != nil {
-		return rows, err
-	}
-	rc := cfg.RouterConfig(nil)
-	var bias kernels.Ptr
-	if rc.Score == kernels.ScoreSigmoid {
-		if bias, err = b.buf(int64(2 * E)); err != nil {
-			return rows, err
-		}
-	}
-	idx, err := dev.Alloc(int64(4 * n))
-	if err != nil {
-		return rows, err
-	}
-	probs, err := b.buf(int64(2 * n))
-	if err != nil {
 		return rows, err
 	}
 	r, err = b.memRow("router top-k", fmt.Sprintf("%d tokens × %d experts, k=%d", T, E, k), float64(4*T*E+8*n), 0.6,
@@ -284,30 +288,10 @@ func (b *bencher) run(cfg Config, sizes BenchSizes) ([]BenchRow, error) {
 	if err := dev.Upload(idx, ri, s); err != nil {
 		return rows, err
 	}
-	order, err := dev.Alloc(int64(4 * n))
-	if err != nil {
-		return rows, err
-	}
-	pos, err := dev.Alloc(int64(4 * n))
-	if err != nil {
-		return rows, err
-	}
-	counts, err := dev.Alloc(int64(4 * E))
-	if err != nil {
-		return rows, err
-	}
 	r, err = b.memRow("permute order", fmt.Sprintf("%d copies, %d experts", n, E), float64(12*n+4*E), 0,
 		"int32 expert per copy read + (row, position) per copy written + counts",
 		func() error { return dev.PermuteOrder(idx, n, E, order, pos, counts, s) })
 	if err := add(r, err); err != nil {
-		return rows, err
-	}
-	px, err := dev.Alloc(int64(2 * n * h))
-	if err != nil {
-		return rows, err
-	}
-	pp, err := dev.Alloc(int64(4 * n))
-	if err != nil {
 		return rows, err
 	}
 	r, err = b.memRow("permute", fmt.Sprintf("%d copies × %d", n, h), float64(4*n*h+12*n), 0.8,
@@ -329,19 +313,7 @@ func (b *bencher) run(cfg Config, sizes BenchSizes) ([]BenchRow, error) {
 	for i := range n % len(cnt) {
 		cnt[i]++
 	}
-	cc, err := dev.Alloc(int64(4 * len(cnt)))
-	if err != nil {
-		return rows, err
-	}
 	if err := dev.Upload(cc, cnt, s); err != nil {
-		return rows, err
-	}
-	ex, err := dev.Alloc(int64(2 * n * h))
-	if err != nil {
-		return rows, err
-	}
-	ep, err := dev.Alloc(int64(4 * n))
-	if err != nil {
 		return rows, err
 	}
 	r, err = b.memRow("alltoall chunk sort", fmt.Sprintf("%d rows × %d, %d×%d chunks", n, h, cfg.EP, L), float64(4*n*h+8*n), 0,
@@ -351,26 +323,6 @@ func (b *bencher) run(cfg Config, sizes BenchSizes) ([]BenchRow, error) {
 		return rows, err
 	}
 	// experts: balanced rows per local expert
-	fc1, err := b.buf(int64(L * 2 * f * h))
-	if err != nil {
-		return rows, err
-	}
-	fc2, err := b.buf(int64(L * h * f))
-	if err != nil {
-		return rows, err
-	}
-	h1, err := dev.Alloc(int64(2 * n * 2 * f))
-	if err != nil {
-		return rows, err
-	}
-	act, err := dev.Alloc(int64(2 * n * f))
-	if err != nil {
-		return rows, err
-	}
-	ey, err := dev.Alloc(int64(2 * n * h))
-	if err != nil {
-		return rows, err
-	}
 	per := make([]int, L)
 	for i := range per {
 		per[i] = n / L
@@ -419,17 +371,9 @@ func (b *bencher) run(cfg Config, sizes BenchSizes) ([]BenchRow, error) {
 	if err := dev.Upload(pos, perm, s); err != nil {
 		return rows, err
 	}
-	var shared kernels.Ptr
 	bytes := float64(2*n*h + 2*T*h + 4*n)
-	if cfg.SharedExperts > 0 {
-		if shared, err = b.buf(int64(T * h)); err != nil {
-			return rows, err
-		}
+	if shared != 0 {
 		bytes += float64(2 * T * h)
-	}
-	y, err := dev.Alloc(int64(2 * T * h))
-	if err != nil {
-		return rows, err
 	}
 	r, err = b.memRow("unpermute (sum of k)", fmt.Sprintf("%d tokens × %d, k=%d", T, h, k), bytes, 0.8,
 		"bf16 row read per copy + bf16 output row written (+ shared-expert row read) + int32 positions",
