@@ -428,12 +428,11 @@ func (dl *deviceLayer) sync() error {
 	return nil
 }
 
-// times reads the last step's events: each phase's time per rank, and the
-// step's (from the common start to the rank's last event), in ms.
-func (dl *deviceLayer) times(samples map[string][][]float64, step *[]float64) error {
+// times reads the last step's events: each phase's time per rank, and each
+// rank's step (from the common start to the rank's last event), in ms.
+func (dl *deviceLayer) times(samples map[string][][]float64, step [][]float64) error {
 	steps := dl.steps()
 	last := steps[len(steps)-1].Name
-	longest := 0.0
 	for r := range dl.ranks {
 		for _, ph := range steps {
 			ms, err := dl.dev.Elapsed(dl.start[ph.Name][r], dl.end[ph.Name][r])
@@ -446,9 +445,8 @@ func (dl *deviceLayer) times(samples map[string][][]float64, step *[]float64) er
 		if err != nil {
 			return err
 		}
-		longest = math.Max(longest, ms)
+		step[r] = append(step[r], ms)
 	}
-	*step = append(*step, longest)
 	return nil
 }
 
@@ -589,9 +587,9 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 	} else {
 		rec.Correctness = &results.Correctness{Checked: false, Detail: "check disabled by --check=false"}
 	}
-	m := measured{samples: map[string][][]float64{}, traffic: d.Traffic(),
+	m := measured{samples: map[string][][]float64{}, step: make([][]float64, cfg.EP), traffic: d.Traffic(),
 		clock: "CUDA events on each rank's stream (" + dev.Name() + ")",
-		model: "each phase's sample is its slowest rank's event-timed duration; step = from a start event every rank waits for to the last rank's end. " +
+		model: "each phase's sample is its slowest rank's event-timed duration; a rank's step runs from a start event every rank waits for to the rank's last event, the step sample is the slowest rank's. " +
 			"Ranks run concurrently on one GPU (emulated EP), so phases overlap and do not add up to the step; host enqueue and the count sync are inside the times",
 		mem: &results.Memory{Method: "device buffers, accounted: the bytes moebench allocated for the rank (layer and dispatcher buffers, its share of the router and shared-expert weights), excluding cuBLASLt workspaces and the CUDA context"}}
 	for _, ph := range dl.steps() {
@@ -617,7 +615,7 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 		if i < 0 {
 			continue
 		}
-		if err := dl.times(m.samples, &m.step); err != nil {
+		if err := dl.times(m.samples, m.step); err != nil {
 			tm.finish()
 			return fail(results.StatusFailed, err)
 		}

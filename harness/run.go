@@ -160,7 +160,7 @@ func newRecord(cfg Config, env Env) *results.Record {
 type measured struct {
 	phases  []string
 	samples map[string][][]float64 // [phase][rank][iter], ms
-	step    []float64              // per iteration, ms; nil: the sum of the phases' samples
+	step    [][]float64            // [rank][iter] each rank's step, ms; nil: the sum of its phases
 	recv    []int                  // rows each rank's experts computed
 	traffic dispatchers.Traffic
 	mem     *results.Memory
@@ -190,11 +190,12 @@ func fillMeasurements(rec *results.Record, cfg Config, m measured) {
 		}
 		t.Phases = append(t.Phases, p)
 	}
-	t.Step = phaseStats("step", stepPerRank)
 	if m.step != nil {
-		lockstep = m.step
+		t.Step = phaseStats("step", m.step)
+	} else {
+		t.Step = phaseStats("step", stepPerRank)
+		t.Step.Samples, t.Step.Stat = lockstep, summarise(lockstep)
 	}
-	t.Step.Samples, t.Step.Stat = lockstep, summarise(lockstep)
 	rec.Timing = t
 
 	tok := make([]float64, cfg.EP)

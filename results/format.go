@@ -84,6 +84,20 @@ func WriteTable(w io.Writer, rec *Record) error {
 	if g := rec.GEMM; g != nil {
 		p.f("# %-22s %.3f GFLOP/step · %.4f TFLOP/s per rank · straggler +%.3f ms (+%.1f%%)\n", "expert GEMMs",
 			g.FLOPsPerIter/1e9, g.TFLOPS, g.Straggler.Abs, 100*g.Straggler.Rel)
+		if g.Method != "" {
+			p.f("# %-22s %s\n", "expert GEMM method", g.Method)
+		}
+	}
+	if rec.Stack.Device != "host" {
+		p.f("# %-22s %s\n", "SMs measured", rec.SMs.Measured)
+	}
+	if tm := rec.Telemetry; tm != nil {
+		var mem int64
+		for _, b := range tm.MemoryUsedMax {
+			mem = max(mem, b)
+		}
+		p.f("# %-22s power %.0f W · SM clock %.0f MHz · memory clock %.0f MHz · GPU memory in use up to %s\n", "telemetry (NVML)",
+			tm.PowerW, tm.SMClockMHz, tm.MemClockMHz, bytesStr(mem))
 	}
 	if tr := rec.Traffic; tr != nil {
 		p.f("# %-22s off-rank %s, logical %s\n", "dispatch bytes/step", bytesStr(tr.DispatchOffRank), bytesStr(tr.DispatchLogical))
@@ -112,6 +126,9 @@ func writeCorrectness(p *printer, c *Correctness) {
 		}
 		p.f("# %-22s %s · max rel err %.2e (tolerance %.0e) · round trip %s · routing near-ties %d\n",
 			"correctness", verdict, c.MaxRelErr, c.Tolerance, c.RoundTrip, c.RoutingDiffs)
+		if c.Sample != "" {
+			p.f("# %-22s %s\n", "compared", c.Sample)
+		}
 	}
 }
 
@@ -120,7 +137,7 @@ func rankNote(rec *Record) string {
 		return " (host ranks)"
 	}
 	if rec.Ranks.Emulated {
-		return " (emulated: ranks packed onto GPUs)"
+		return " (emulated: ranks packed onto one GPU)"
 	}
 	return ""
 }
