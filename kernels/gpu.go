@@ -59,6 +59,12 @@ func OpenCUDA(ordinal int, cacheDir string) (*CUDA, error) {
 	if _, err := drv.PrimaryContext(ordinal); err != nil {
 		return nil, err
 	}
+	ok := false
+	defer func() {
+		if !ok { // give the context back when a library is missing
+			drv.ReleasePrimaryContext(ordinal)
+		}
+	}()
 	c := &CUDA{Drv: drv, Ordinal: ordinal, fns: map[string]cuda.Function{}, mods: map[string]cuda.Module{}, plans: map[gemmKey]*cuda.GEMM{},
 		ws: map[Stream]Ptr{}, allocs: map[Ptr]bool{}}
 	major, err := drv.Attribute(ordinal, cuda.AttrComputeCapabilityMajor)
@@ -92,6 +98,7 @@ func OpenCUDA(ordinal int, cacheDir string) (*CUDA, error) {
 	if err := c.Lt.Init(); err != nil {
 		return nil, err
 	}
+	ok = true
 	return c, nil
 }
 
