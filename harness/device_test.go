@@ -50,52 +50,63 @@ func deviceRun(t *testing.T, c Config, dev kernels.Device) *deviceLayer {
 
 func TestDeviceLayerEqualsHostLayer(t *testing.T) {
 	for name, c := range deviceCases() {
-		t.Run(name, func(t *testing.T) {
-			emu := &kernels.Emu{}
-			dl := deviceRun(t, c, emu)
-			for i := range 2 { // the second step reuses every buffer, with the GEMMs over 3 extra streams
-				if i == 1 {
-					for r := range dl.rr {
-						dl.rr[r].grouped, _ = kernels.NewGrouped(emu, 3)
-					}
-				}
-				cr, err := dl.check()
-				if err != nil || !cr.Passed {
-					t.Fatalf("check: %v, %+v", err, cr)
-				}
+		t.Run(name, func(t *testing.T) { equalsHost(t, c) })
+	}
+	for name, body := range map[string]string{"trace": "0 5 9 2\n3 1 7 15\n", "trace-probs": "0:0.4 5:0.3 9:0.2 2:0.1\n3:0.5 1:0.25 7:0.125 15:0.125\n"} {
+		c := deviceCases()["softmax-natural"]
+		c.Routing = Routing{Kind: RoutingTrace, File: writeTrace(t, body)}
+		t.Run(name, func(t *testing.T) { equalsHost(t, c) })
+	}
+}
+
+// equalsHost runs c on Emu twice (the second time with the expert GEMMs
+// over 3 extra streams) and compares outputs, routing, rows and traffic with
+// the host layer's.
+func equalsHost(t *testing.T, c Config) {
+	t.Helper()
+	emu := &kernels.Emu{}
+	dl := deviceRun(t, c, emu)
+	for i := range 2 { // the second step reuses every buffer
+		if i == 1 {
+			for r := range dl.rr {
+				dl.rr[r].grouped, _ = kernels.NewGrouped(emu, 3)
 			}
-			hc := c
-			hc.Device = "host"
-			hl, err := NewLayer(hc)
-			if err != nil {
-				t.Fatal(err)
-			}
-			d, _ := dispatchers.New("alltoall", "native", dispatchers.Env{Device: "host"})
-			d.Bind(hl.Shape, hl.Ranks)
-			if err := hl.Step(d, func(_ string, _ int, fn func() error) error { return fn() }); err != nil {
-				t.Fatal(err)
-			}
-			for r := range hl.Ranks {
-				if !reflect.DeepEqual(hl.Ranks[r].Y, dl.l.Ranks[r].Y) {
-					t.Fatalf("rank %d: device output differs from the host layer's", r)
-				}
-				if !reflect.DeepEqual(hl.Ranks[r].Idx, dl.l.Ranks[r].Idx) {
-					t.Fatalf("rank %d: device routing differs from the host layer's", r)
-				}
-			}
-			for r, rk := range dl.ranks {
-				host := 0
-				for _, sg := range hl.Ranks[r].Segments {
-					host += sg.Len
-				}
-				if rk.Rows() != host {
-					t.Errorf("rank %d computes %d rows on the device, %d on the host", r, rk.Rows(), host)
-				}
-			}
-			if got, want := dl.d.Traffic(), d.Traffic(); got != want {
-				t.Errorf("traffic %+v, host %+v", got, want)
-			}
-		})
+		}
+		cr, err := dl.check()
+		if err != nil || !cr.Passed {
+			t.Fatalf("check: %v, %+v", err, cr)
+		}
+	}
+	hc := c
+	hc.Device = "host"
+	hl, err := NewLayer(hc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, _ := dispatchers.New("alltoall", "native", dispatchers.Env{Device: "host"})
+	d.Bind(hl.Shape, hl.Ranks)
+	if err := hl.Step(d, func(_ string, _ int, fn func() error) error { return fn() }); err != nil {
+		t.Fatal(err)
+	}
+	for r := range hl.Ranks {
+		if !reflect.DeepEqual(hl.Ranks[r].Y, dl.l.Ranks[r].Y) {
+			t.Fatalf("rank %d: device output differs from the host layer's", r)
+		}
+		if !reflect.DeepEqual(hl.Ranks[r].Idx, dl.l.Ranks[r].Idx) {
+			t.Fatalf("rank %d: device routing differs from the host layer's", r)
+		}
+	}
+	for r, rk := range dl.ranks {
+		host := 0
+		for _, sg := range hl.Ranks[r].Segments {
+			host += sg.Len
+		}
+		if rk.Rows() != host {
+			t.Errorf("rank %d computes %d rows on the device, %d on the host", r, rk.Rows(), host)
+		}
+	}
+	if got, want := dl.d.Traffic(), d.Traffic(); got != want {
+		t.Errorf("traffic %+v, host %+v", got, want)
 	}
 }
 
@@ -240,4 +251,23 @@ func TestGPUTelemetry(t *testing.T) {
 		t.Errorf("telemetry %+v", tel)
 	}
 	t.Logf("%+v; %s", tel, sms)
+}
+
+// TestDeviceSampledCheck: beyond the reference's budget the check compares a
+// seeded sample of tokens per rank, and still catches a lost copy.
+func TestDeviceSampledCheck(t *testing.T) {
+	defer func(b float64) { refFLOPBudget = b }(refFLOPBudget)
+	refFLOPBudget = 1
+	c := deviceCases()["softmax-natural"]
+	dl := deviceRun(t, c, &kernels.Emu{})
+	cr, err := dl.check()
+	if err != nil || !cr.Passed || !strings.Contains(cr.Sample, "64 of 128 tokens (16 per rank") {
+		t.Fatalf("sampled check: %v, %+v", err, cr)
+	}
+	dev := &dropCopy{}
+	dl = deviceRun(t, c, dev)
+	dev.n, dev.drop = 0, 2 // the first rank's dispatch loses a source's rows
+	if cr, err := dl.check(); err != nil || cr.Passed {
+		t.Errorf("lost copy with a sampled check: %v, %+v", err, cr)
+	}
 }
