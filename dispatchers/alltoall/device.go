@@ -41,8 +41,7 @@ type devState struct {
 	// receive side: chunk (source s, local expert l) has chunkN[s][l] rows at
 	// recvOff[s][l] of the [source][local] receive buffer
 	chunkN, recvOff   [][]int
-	flatCounts        []int32     // chunkN flattened, uploaded for the chunk sort
-	recvCounts        kernels.Ptr // [EP·L] int32
+	recvCounts        kernels.Ptr // [EP·L] int32 chunkN on the device, for the chunk sort
 	recvX, recvP      kernels.Ptr // [cap, h], [cap]
 	recvY             kernels.Ptr // [cap, h]
 	capRows, received int
@@ -75,7 +74,6 @@ func (a *Device) Bind(dev kernels.Device, shape dispatchers.Shape, ranks []*disp
 		}
 		s.hostCounts = make([]int32, shape.Experts)
 		s.sendOff = make([]int, shape.EP+1)
-		s.flatCounts = make([]int32, shape.Experts)
 		s.chunkN, s.recvOff = make([][]int, shape.EP), make([][]int, shape.EP)
 		for src := range shape.EP {
 			s.chunkN[src], s.recvOff[src] = make([]int, L), make([]int, L)
@@ -161,7 +159,6 @@ func (a *Device) Dispatch(r int) error {
 		for l := range L {
 			c := int(a.st[src].hostCounts[r*L+l])
 			s.chunkN[src][l], s.recvOff[src][l] = c, total
-			s.flatCounts[src*L+l] = int32(c)
 			rk.ExpertRows[l] += c
 			total += c
 		}
@@ -183,9 +180,11 @@ func (a *Device) Dispatch(r int) error {
 		if err := a.dev.Copy(s.recvP+kernels.Ptr(4*at), ss.permP+kernels.Ptr(4*lo), 4*rows, rk.Stream); err != nil {
 			return err
 		}
-	}
-	if err := a.dev.Upload(s.recvCounts, s.flatCounts, rk.Stream); err != nil {
-		return err
+		// the source's counts for r's experts (a device copy: an upload from
+		// host memory would wait for the stream)
+		if err := a.dev.Copy(s.recvCounts+kernels.Ptr(4*src*L), ss.counts+kernels.Ptr(4*r*L), int64(4*L), rk.Stream); err != nil {
+			return err
+		}
 	}
 	return a.dev.SortChunks(rk.ExpertX, rk.ExpertProbs, s.recvX, s.recvP, s.recvCounts, total, sh.EP, L, sh.Hidden, false, rk.Stream)
 }
