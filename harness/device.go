@@ -62,14 +62,9 @@ func newDeviceLayer(l *Layer, dev kernels.Device, d dispatchers.DeviceDispatcher
 		return nil, err
 	}
 	up := func(p *kernels.Ptr, counter *int64, host any, s kernels.Stream) error {
-		size, n := 2, 0
-		switch v := host.(type) {
-		case []uint16:
-			n = len(v)
-		case []float32:
-			size, n = 4, len(v)
-		case []int32:
-			size, n = 4, len(v)
+		size, n, err := kernels.ElemBytes(host)
+		if err != nil {
+			return err
 		}
 		if *p, err = dev.Alloc(int64(size * n)); err != nil {
 			return err

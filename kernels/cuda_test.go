@@ -50,7 +50,7 @@ func openPair(t *testing.T) *gpuPair {
 // put uploads v to both devices; out allocates n poisoned 16-bit words on both.
 func (p *gpuPair) put(v any) (Ptr, Ptr) {
 	p.t.Helper()
-	size, n, err := elemBytes(v)
+	size, n, err := ElemBytes(v)
 	if err != nil {
 		p.t.Fatal(err)
 	}

@@ -67,9 +67,9 @@ type (
 	Event  = cuda.Event
 )
 
-// elemBytes is the size of the elements of a host slice Upload and Download
+// ElemBytes is the size of the elements of a host slice Upload and Download
 // accept, and its length.
-func elemBytes(v any) (size, n int, err error) {
+func ElemBytes(v any) (size, n int, err error) {
 	switch s := v.(type) {
 	case []uint16:
 		return 2, len(s), nil

@@ -85,7 +85,7 @@ func view[T uint16 | float32 | int32](e *Emu, p Ptr, n int) ([]T, error) {
 }
 
 func (e *Emu) Upload(dst Ptr, src any, _ Stream) error {
-	size, n, err := elemBytes(src)
+	size, n, err := ElemBytes(src)
 	if err != nil {
 		return err
 	}
@@ -98,7 +98,7 @@ func (e *Emu) Upload(dst Ptr, src any, _ Stream) error {
 }
 
 func (e *Emu) Download(dst any, src Ptr, _ Stream) error {
-	size, n, err := elemBytes(dst)
+	size, n, err := ElemBytes(dst)
 	if err != nil {
 		return err
 	}

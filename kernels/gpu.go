@@ -177,7 +177,7 @@ func (c *CUDA) Upload(dst Ptr, src any, s Stream) error {
 	case []int32:
 		return cuda.CopyToDevice(c.Drv, dst, v, s)
 	}
-	_, _, err := elemBytes(src)
+	_, _, err := ElemBytes(src)
 	return err
 }
 
@@ -191,7 +191,7 @@ func (c *CUDA) Download(dst any, src Ptr, s Stream) error {
 	case []int32:
 		err = cuda.CopyFromDevice(c.Drv, v, src, s)
 	default:
-		_, _, err = elemBytes(dst)
+		_, _, err = ElemBytes(dst)
 	}
 	if err != nil {
 		return err
