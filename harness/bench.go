@@ -185,28 +185,27 @@ func (b *bencher) time(fn func() error) (float64, error) {
 	return us[len(us)/2], nil
 }
 
-// memRow times a memory-bound kernel moving bytes per call.
-func (b *bencher) memRow(kernel, shape string, bytes float64, target float64, formula string, fn func() error) (BenchRow, error) {
-	us, err := b.time(fn)
-	r := BenchRow{Kernel: kernel, Shape: shape, P50us: us, Work: bytes, Unit: "GB/s", Formula: formula, Target: target}
-	if us > 0 {
-		r.Rate = bytes / us / 1e3
-	}
-	if b.copyGBs > 0 {
-		r.Ceiling, r.Ratio = "copy", r.Rate/b.copyGBs
-	}
-	return r, err
+// memRow times a memory-bound kernel moving bytes per call, against the
+// copy ceiling.
+func (b *bencher) memRow(kernel, shape string, bytes, target float64, formula string, fn func() error) (BenchRow, error) {
+	return b.row(BenchRow{Kernel: kernel, Shape: shape, Work: bytes, Unit: "GB/s", Target: target, Formula: formula}, 1e3, "copy", b.copyGBs, fn)
 }
 
-// gemmRow times GEMM work of flops per call.
-func (b *bencher) gemmRow(kernel, shape string, flops float64, target float64, formula string, fn func() error) (BenchRow, error) {
+// gemmRow times GEMM work of flops per call, against the dense GEMM ceiling.
+func (b *bencher) gemmRow(kernel, shape string, flops, target float64, formula string, fn func() error) (BenchRow, error) {
+	return b.row(BenchRow{Kernel: kernel, Shape: shape, Work: flops, Unit: "TFLOP/s", Target: target, Formula: formula}, 1e6, "dense GEMM", b.gemmTFLOPS, fn)
+}
+
+// row times fn and fills r's time, its rate (work per µs / scale) and the
+// ratio to ceiling (once measured).
+func (b *bencher) row(r BenchRow, scale float64, ceilingName string, ceiling float64, fn func() error) (BenchRow, error) {
 	us, err := b.time(fn)
-	r := BenchRow{Kernel: kernel, Shape: shape, P50us: us, Work: flops, Unit: "TFLOP/s", Formula: formula, Target: target}
+	r.P50us = us
 	if us > 0 {
-		r.Rate = flops / us / 1e6
+		r.Rate = r.Work / us / scale
 	}
-	if b.gemmTFLOPS > 0 {
-		r.Ceiling, r.Ratio = "dense GEMM", r.Rate/b.gemmTFLOPS
+	if ceiling > 0 {
+		r.Ceiling, r.Ratio = ceilingName, r.Rate/ceiling
 	}
 	return r, err
 }
