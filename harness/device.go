@@ -30,20 +30,21 @@ type deviceLayer struct {
 	sfc1, sfc2 kernels.Ptr // shared expert [2fs, h], [h, fs] or 0
 	common     int64       // bytes of the buffers above, which the ranks share
 
-	begin      kernels.Event // recorded at the start of a step; every rank waits for it
+	seq        []dispatchers.Step // see steps
+	begin      kernels.Event      // recorded at the start of a step; every rank waits for it
 	beginS     kernels.Stream
 	start, end map[string][]kernels.Event // per phase, per rank
 }
 
 // devRank is one rank's layer buffers (the dispatcher has its own).
 type devRank struct {
-	fc1, fc2             kernels.Ptr // [L, 2f, h], [L, h, f]
-	logits, override     kernels.Ptr // [T, E] fp32; override 0 unless the routing mode replaces the logits
-	traceIdx, traceProbs kernels.Ptr // routing from a trace, or 0
-	sh1, sact            kernels.Ptr // shared expert intermediates [T, 2fs], [T, fs]
-	h1, act              kernels.Ptr // expert intermediates [cap, 2f], [cap, f]
-	capRows              int         // rows ExpertY, h1 and act hold
-	bytes                int64
+	fc1, fc2             kernels.Ptr      // [L, 2f, h], [L, h, f]
+	logits, override     kernels.Ptr      // [T, E] fp32; override 0 unless the routing mode replaces the logits
+	traceIdx, traceProbs kernels.Ptr      // routing from a trace, or 0
+	sh1, sact            kernels.Ptr      // shared expert intermediates [T, 2fs], [T, fs]
+	h1, act              kernels.Ptr      // expert intermediates [cap, 2f], [cap, f]
+	capRows              int              // rows ExpertY, h1 and act hold
+	bytes, grown         int64            // bytes of the fixed buffers, and of those growExperts sized
 	grouped              *kernels.Grouped // how the expert GEMMs run
 	groups               []kernels.Group  // scratch
 }
@@ -62,14 +63,14 @@ func newDeviceLayer(l *Layer, dev kernels.Device, d dispatchers.DeviceDispatcher
 		return nil, err
 	}
 	up := func(p *kernels.Ptr, counter *int64, host any, s kernels.Stream) error {
-		size, n, err := kernels.ElemBytes(host)
+		b, err := kernels.HostBytes(host)
 		if err != nil {
 			return err
 		}
-		if *p, err = dev.Alloc(int64(size * n)); err != nil {
+		if *p, err = dev.Alloc(int64(len(b))); err != nil {
 			return err
 		}
-		*counter += int64(size * n)
+		*counter += int64(len(b))
 		return dev.Upload(*p, host, s)
 	}
 	if err := up(&dl.wr, &dl.common, kernels.BF16Bits(l.Wr), dl.beginS); err != nil {
@@ -113,24 +114,16 @@ func newDeviceLayer(l *Layer, dev kernels.Device, d dispatchers.DeviceDispatcher
 				return nil, err
 			}
 		}
-		for _, a := range []struct {
-			p     *kernels.Ptr
-			bytes int
-		}{{&b.fc1, 2 * L * 2 * f * h}, {&b.fc2, 2 * L * h * f}, {&b.logits, 4 * T * E}, {&rk.Idx, 4 * T * k},
-			{&rk.Probs, 4 * T * k}, {&rk.Y, 2 * T * h}} {
-			if err := dl.alloc(r, a.p, a.bytes); err != nil {
-				return nil, err
-			}
-		}
+		bufs := []kernels.Buf{{P: &b.fc1, PerRow: int64(2 * L * 2 * f * h)}, {P: &b.fc2, PerRow: int64(2 * L * h * f)},
+			{P: &b.logits, PerRow: int64(4 * T * E)}, {P: &rk.Idx, PerRow: int64(4 * T * k)}, {P: &rk.Probs, PerRow: int64(4 * T * k)},
+			{P: &rk.Y, PerRow: int64(2 * T * h)}}
 		if fs > 0 {
-			for _, a := range []struct {
-				p     *kernels.Ptr
-				bytes int
-			}{{&b.sh1, 2 * T * 2 * fs}, {&b.sact, 2 * T * fs}, {&rk.Shared, 2 * T * h}} {
-				if err := dl.alloc(r, a.p, a.bytes); err != nil {
-					return nil, err
-				}
-			}
+			bufs = append(bufs, kernels.Buf{P: &b.sh1, PerRow: int64(2 * T * 2 * fs)}, kernels.Buf{P: &b.sact, PerRow: int64(2 * T * fs)},
+				kernels.Buf{P: &rk.Shared, PerRow: int64(2 * T * h)})
+		}
+		held, err := kernels.Resize(dev, 1, bufs...)
+		if b.bytes += held; err != nil {
+			return nil, err
 		}
 		if b.grouped, err = kernels.NewGrouped(dev, 0); err != nil {
 			return nil, err
@@ -155,14 +148,6 @@ func newDeviceLayer(l *Layer, dev kernels.Device, d dispatchers.DeviceDispatcher
 		}
 	}
 	return dl, dl.sync()
-}
-
-func (dl *deviceLayer) alloc(r int, p *kernels.Ptr, bytes int) error {
-	var err error
-	if *p, err = dl.dev.Alloc(int64(bytes)); err == nil {
-		dl.rr[r].bytes += int64(bytes)
-	}
-	return err
 }
 
 // uploadExperts draws every expert's weights (in parallel, each expert from
@@ -223,14 +208,17 @@ func (dl *deviceLayer) uploadExperts() error {
 	return nil
 }
 
-// steps are the phases of a step, in the host layer's order.
+// steps are the phases of a step, in the host layer's order (built once).
 func (dl *deviceLayer) steps() []dispatchers.Step {
-	var s []dispatchers.Step
-	if dl.sfc1 != 0 {
-		s = append(s, dispatchers.Step{Name: "shared", Run: dl.sharedExpert})
+	if dl.seq != nil {
+		return dl.seq
 	}
-	s = append(s, dispatchers.Step{Name: "router", Run: dl.route})
-	return append(s, dispatchers.Sequence(dl.d, dl.experts)...)
+	if dl.sfc1 != 0 {
+		dl.seq = append(dl.seq, dispatchers.Step{Name: "shared", Run: dl.sharedExpert})
+	}
+	dl.seq = append(dl.seq, dispatchers.Step{Name: "router", Run: dl.route})
+	dl.seq = append(dl.seq, dispatchers.Sequence(dl.d, dl.experts)...)
+	return dl.seq
 }
 
 // sharedExpert: fc1 → SwiGLU → fc2 on the rank's tokens into rk.Shared,
@@ -362,26 +350,12 @@ func (dl *deviceLayer) growExperts(r, rows int) error {
 	if err := dl.dev.SyncStream(rk.Stream); err != nil {
 		return err
 	}
-	h, f := c.Hidden, c.FFN
-	per := 2 * (h + 3*f) // bytes per row of ExpertY, h1 and act
-	for _, p := range []*kernels.Ptr{&rk.ExpertY, &b.h1, &b.act} {
-		if *p != 0 {
-			if err := dl.dev.Free(*p); err != nil {
-				return err
-			}
-		}
-	}
-	b.bytes -= int64(b.capRows * per)
+	h, f := int64(c.Hidden), int64(c.FFN)
+	var err error
+	b.grown, err = kernels.Resize(dl.dev, rows, kernels.Buf{P: &rk.ExpertY, PerRow: 2 * h}, kernels.Buf{P: &b.h1, PerRow: 4 * f},
+		kernels.Buf{P: &b.act, PerRow: 2 * f})
 	b.capRows = max(rows, 1)
-	for _, a := range []struct {
-		p     *kernels.Ptr
-		bytes int
-	}{{&rk.ExpertY, 2 * b.capRows * h}, {&b.h1, 2 * b.capRows * 2 * f}, {&b.act, 2 * b.capRows * f}} {
-		if err := dl.alloc(r, a.p, a.bytes); err != nil {
-			return err
-		}
-	}
-	return nil
+	return err
 }
 
 // step runs one forward pass: every phase for every rank, each phase between
@@ -527,24 +501,16 @@ func (dl *deviceLayer) check() (*results.Correctness, error) {
 // footprint is rank r's bytes on the device: its layer and dispatcher
 // buffers and an equal share of the buffers the ranks share.
 func (dl *deviceLayer) footprint(r int) int64 {
-	return dl.rr[r].bytes + dl.d.Footprint(r) + dl.common/int64(len(dl.ranks))
+	return dl.rr[r].bytes + dl.rr[r].grown + dl.d.Footprint(r) + dl.common/int64(len(dl.ranks))
 }
 
 // runDevice is Run on the cuda device (or env.OpenDevice's): the same
 // check-then-time loop as the host, with CUDA-event timings.
 func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error) {
-	fail := func(status string, err error) (*results.Record, error) {
-		rec.Status, rec.Reason = status, err.Error()
-		return rec, err
-	}
-	denv := dispatchers.Env{Device: cfg.Device, Base: cfg.FeplbBase, Domain: cfg.Domain, Dynamic: cfg.FeplbDyn,
-		Hidden: cfg.Hidden, FFN: cfg.FFN}
-	d, err := dispatchers.NewDevice(cfg.Dispatcher, cfg.Impl, denv)
+	fail := func(status string, err error) (*results.Record, error) { return failed(rec, status, err) }
+	d, err := dispatchers.NewDevice(cfg.Dispatcher, cfg.Impl, cfg.dispatcherEnv())
 	if err != nil {
-		if dispatchers.IsUnavailable(err) {
-			return fail(results.StatusUnavailable, err)
-		}
-		return nil, &ConfigError{"dispatcher", cfg.Dispatcher, err.Error()}
+		return dispatcherError(rec, cfg, err)
 	}
 	if env.Dump != "" {
 		return nil, &ConfigError{"dump", env.Dump, "--dump is supported on the host device only"}
@@ -582,7 +548,7 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 	} else {
 		rec.Correctness = &results.Correctness{Checked: false, Detail: "check disabled by --check=false"}
 	}
-	m := measured{samples: map[string][][]float64{}, step: make([][]float64, cfg.EP), traffic: d.Traffic(),
+	m := measured{samples: map[string][][]float64{}, step: make([][]float64, cfg.EP),
 		clock: "CUDA events on each rank's stream (" + dev.Name() + ")",
 		model: "each phase's sample is its slowest rank's event-timed duration; a rank's step runs from a start event every rank waits for to the rank's last event, the step sample is the slowest rank's. " +
 			"Ranks run concurrently on one GPU (emulated EP), so phases overlap and do not add up to the step; host enqueue and the count sync are inside the times",
@@ -615,6 +581,7 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 			return fail(results.StatusFailed, err)
 		}
 	}
+	m.traffic = d.Traffic() // after the steps: it counts the last one
 	for r, rk := range dl.ranks {
 		m.recv = append(m.recv, rk.Rows())
 		m.mem.PerRankBytes = append(m.mem.PerRankBytes, dl.footprint(r))

@@ -176,6 +176,12 @@ func TestDeviceRunRecord(t *testing.T) {
 	if sum != c.EP*c.Tokens*c.TopK {
 		t.Errorf("rows computed %v, want %d in all", rec.Tokens.Received, c.EP*c.Tokens*c.TopK)
 	}
+	// without the check, the traffic is still that of the timed steps
+	c.Check = false
+	rec, err = Run(c, Env{Version: "test", OpenDevice: func() (kernels.Device, error) { return &kernels.Emu{}, nil }})
+	if err != nil || rec.Traffic.DispatchLogical != int64(c.EP*c.Tokens*c.TopK)*int64(2*c.Hidden+4) {
+		t.Errorf("--check=false: %v, traffic %+v", err, rec.Traffic)
+	}
 	// a dispatcher without a device implementation is unavailable, with the reason
 	c.Dispatcher = "deepep"
 	rec, err = Run(c, Env{Version: "test", OpenDevice: func() (kernels.Device, error) { return &kernels.Emu{}, nil }})

@@ -36,22 +36,16 @@ func Run(cfg Config, env Env) (*results.Record, error) {
 		return nil, err
 	}
 	rec := newRecord(cfg, env)
-	fail := func(status string, err error) (*results.Record, error) {
-		rec.Status, rec.Reason = status, err.Error()
-		return rec, err
-	}
 	if cfg.Device != "host" {
 		return runDevice(cfg, env, rec)
 	}
-	denv := dispatchers.Env{Device: cfg.Device, Base: cfg.FeplbBase, Domain: cfg.Domain, Dynamic: cfg.FeplbDyn,
-		Hidden: cfg.Hidden, FFN: cfg.FFN}
-	fresh := func() (dispatchers.Dispatcher, error) { return dispatchers.New(cfg.Dispatcher, cfg.Impl, denv) }
+	fail := func(status string, err error) (*results.Record, error) { return failed(rec, status, err) }
+	fresh := func() (dispatchers.Dispatcher, error) {
+		return dispatchers.New(cfg.Dispatcher, cfg.Impl, cfg.dispatcherEnv())
+	}
 	d, err := fresh()
 	if err != nil {
-		if dispatchers.IsUnavailable(err) {
-			return fail(results.StatusUnavailable, err)
-		}
-		return nil, &ConfigError{"dispatcher", cfg.Dispatcher, err.Error()}
+		return dispatcherError(rec, cfg, err)
 	}
 	if err := checkHostMemory(cfg); err != nil {
 		return fail(results.StatusUnavailable, err)
@@ -127,6 +121,26 @@ func Run(cfg Config, env Env) (*results.Record, error) {
 		rec.Rebalance = rebalanceRecord(rbSteps)
 	}
 	return rec, dump(env, l, rec)
+}
+
+// failed gives rec, without timings, the status and the reason.
+func failed(rec *results.Record, status string, err error) (*results.Record, error) {
+	rec.Status, rec.Reason = status, err.Error()
+	return rec, err
+}
+
+// dispatcherEnv is where cfg's dispatcher runs, with its options.
+func (c Config) dispatcherEnv() dispatchers.Env {
+	return dispatchers.Env{Device: c.Device, Base: c.FeplbBase, Domain: c.Domain, Dynamic: c.FeplbDyn, Hidden: c.Hidden, FFN: c.FFN}
+}
+
+// dispatcherError is the outcome of a dispatcher that could not be built:
+// unavailable, recorded with the reason, or a bad --dispatcher/--impl.
+func dispatcherError(rec *results.Record, cfg Config, err error) (*results.Record, error) {
+	if dispatchers.IsUnavailable(err) {
+		return failed(rec, results.StatusUnavailable, err)
+	}
+	return nil, &ConfigError{"dispatcher", cfg.Dispatcher, err.Error()}
 }
 
 func dump(env Env, l *Layer, rec *results.Record) error {

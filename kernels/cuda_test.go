@@ -50,14 +50,14 @@ func openPair(t *testing.T) *gpuPair {
 // put uploads v to both devices; out allocates n poisoned 16-bit words on both.
 func (p *gpuPair) put(v any) (Ptr, Ptr) {
 	p.t.Helper()
-	size, n, err := ElemBytes(v)
+	h, err := HostBytes(v)
 	if err != nil {
 		p.t.Fatal(err)
 	}
 	var ptrs [2]Ptr
 	for i, d := range []Device{p.c, p.e} {
 		s := []Stream{p.cs, p.es}[i]
-		if ptrs[i], err = d.Alloc(int64(size * n)); err != nil {
+		if ptrs[i], err = d.Alloc(int64(len(h))); err != nil {
 			p.t.Fatal(err)
 		}
 		if err := d.Upload(ptrs[i], v, s); err != nil {

@@ -3,6 +3,7 @@ package kernels
 import (
 	"fmt"
 	"math"
+	"unsafe"
 
 	"github.com/moebench/moebench/internal/cuda"
 )
@@ -67,18 +68,55 @@ type (
 	Event  = cuda.Event
 )
 
-// ElemBytes is the size of the elements of a host slice Upload and Download
-// accept, and its length.
-func ElemBytes(v any) (size, n int, err error) {
+// Buf is a device buffer sized by a row count: where its address is kept and
+// its bytes per row (a fixed-size buffer is one row).
+type Buf struct {
+	P      *Ptr
+	PerRow int64
+}
+
+// Resize frees those of bufs that are allocated and allocates each for rows
+// rows (at least one); it returns the bytes they now hold. The caller makes
+// sure no queued work still uses the old memory.
+func Resize(dev Device, rows int, bufs ...Buf) (int64, error) {
+	rows = max(rows, 1)
+	for _, b := range bufs {
+		if *b.P != 0 {
+			if err := dev.Free(*b.P); err != nil {
+				return 0, err
+			}
+			*b.P = 0
+		}
+	}
+	var held int64
+	for _, b := range bufs {
+		p, err := dev.Alloc(int64(rows) * b.PerRow)
+		if err != nil {
+			return held, err
+		}
+		*b.P, held = p, held+int64(rows)*b.PerRow
+	}
+	return held, nil
+}
+
+// HostBytes is the memory of a host slice Upload and Download accept
+// ([]uint16, []float32 or []int32), as bytes.
+func HostBytes(v any) ([]byte, error) {
+	view := func(p unsafe.Pointer, n int) []byte {
+		if n == 0 {
+			return nil
+		}
+		return unsafe.Slice((*byte)(p), n)
+	}
 	switch s := v.(type) {
 	case []uint16:
-		return 2, len(s), nil
+		return view(unsafe.Pointer(unsafe.SliceData(s)), 2*len(s)), nil
 	case []float32:
-		return 4, len(s), nil
+		return view(unsafe.Pointer(unsafe.SliceData(s)), 4*len(s)), nil
 	case []int32:
-		return 4, len(s), nil
+		return view(unsafe.Pointer(unsafe.SliceData(s)), 4*len(s)), nil
 	}
-	return 0, 0, fmt.Errorf("host buffer of type %T: want []uint16, []float32 or []int32", v)
+	return nil, fmt.Errorf("host buffer of type %T: want []uint16, []float32 or []int32", v)
 }
 
 // BF16Bits returns the bf16 bit patterns of v (rounded to nearest even).

@@ -85,41 +85,23 @@ func view[T uint16 | float32 | int32](e *Emu, p Ptr, n int) ([]T, error) {
 }
 
 func (e *Emu) Upload(dst Ptr, src any, _ Stream) error {
-	size, n, err := ElemBytes(src)
+	h, err := HostBytes(src)
 	if err != nil {
 		return err
 	}
-	b, err := e.bytesAt(dst, int64(size*n))
-	if err != nil || n == 0 {
-		return err
-	}
-	copy(b, unsafe.Slice((*byte)(slicePtr(src)), size*n))
-	return nil
+	b, err := e.bytesAt(dst, int64(len(h)))
+	copy(b, h)
+	return err
 }
 
 func (e *Emu) Download(dst any, src Ptr, _ Stream) error {
-	size, n, err := ElemBytes(dst)
+	h, err := HostBytes(dst)
 	if err != nil {
 		return err
 	}
-	b, err := e.bytesAt(src, int64(size*n))
-	if err != nil || n == 0 {
-		return err
-	}
-	copy(unsafe.Slice((*byte)(slicePtr(dst)), size*n), b)
-	return nil
-}
-
-func slicePtr(v any) unsafe.Pointer {
-	switch s := v.(type) {
-	case []uint16:
-		return unsafe.Pointer(&s[0])
-	case []float32:
-		return unsafe.Pointer(&s[0])
-	case []int32:
-		return unsafe.Pointer(&s[0])
-	}
-	panic("slicePtr")
+	b, err := e.bytesAt(src, int64(len(h)))
+	copy(h, b)
+	return err
 }
 
 func (e *Emu) Copy(dst, src Ptr, bytes int64, _ Stream) error {

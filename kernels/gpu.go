@@ -25,13 +25,22 @@ type CUDA struct {
 	Arch    string // sm_XY
 	SMs     int
 
-	fns     map[string]cuda.Function // by file, constants and name
-	mods    map[string]cuda.Module   // by file and constants
+	fns     map[kernelKey]cuda.Function
+	mods    map[string]cuda.Module // by file and constants
 	plans   map[gemmKey]*cuda.GEMM
 	ws      map[Stream]Ptr // cuBLASLt workspace of each stream
 	streams []Stream
 	events  []Event
 	allocs  map[Ptr]bool
+}
+
+// kernelKey names a compiled kernel: its source file, its name and the
+// values of its constants (which ones depends on the file). Launches look
+// kernels up by it without building the -D map; the map is built on a miss.
+type kernelKey struct {
+	file, name string
+	c          [5]int
+	scale      float64
 }
 
 type gemmKey struct {
@@ -65,7 +74,7 @@ func OpenCUDA(ordinal int, cacheDir string) (*CUDA, error) {
 			drv.ReleasePrimaryContext(ordinal)
 		}
 	}()
-	c := &CUDA{Drv: drv, Ordinal: ordinal, fns: map[string]cuda.Function{}, mods: map[string]cuda.Module{}, plans: map[gemmKey]*cuda.GEMM{},
+	c := &CUDA{Drv: drv, Ordinal: ordinal, fns: map[kernelKey]cuda.Function{}, mods: map[string]cuda.Module{}, plans: map[gemmKey]*cuda.GEMM{},
 		ws: map[Stream]Ptr{}, allocs: map[Ptr]bool{}}
 	major, err := drv.Attribute(ordinal, cuda.AttrComputeCapabilityMajor)
 	if err != nil {
@@ -104,18 +113,32 @@ func OpenCUDA(ordinal int, cacheDir string) (*CUDA, error) {
 
 func (c *CUDA) Name() string { return "cuda" }
 
-// fn returns kernel name of file compiled with defs, compiling and loading
-// the module on first use.
-func (c *CUDA) fn(file, name string, defs map[string]string) (cuda.Function, error) {
+// launch runs kernel k on a 1-D grid; defs gives its constants, and is only
+// called the first time k is launched (to compile and load it).
+func (c *CUDA) launch(k kernelKey, defs func() map[string]string, grid, block int, s Stream, args ...any) error {
+	f, ok := c.fns[k]
+	if !ok {
+		var err error
+		if f, err = c.load(k.file, k.name, defs()); err != nil {
+			return err
+		}
+		c.fns[k] = f
+	}
+	if err := c.Drv.Launch(f, [3]uint32{uint32(grid), 1, 1}, [3]uint32{uint32(block), 1, 1}, 0, s, args...); err != nil {
+		return fmt.Errorf("%s (grid %d, block %d): %w", k.name, grid, block, err)
+	}
+	return nil
+}
+
+// load returns kernel name of file compiled with defs, compiling and
+// loading the module (one per file and constants) on first use.
+func (c *CUDA) load(file, name string, defs map[string]string) (cuda.Function, error) {
 	keys := make([]string, 0, len(defs))
 	for k, v := range defs {
 		keys = append(keys, k+"="+v)
 	}
 	sort.Strings(keys)
 	mkey := file + "|" + strings.Join(keys, ",")
-	if f, ok := c.fns[mkey+"|"+name]; ok {
-		return f, nil
-	}
 	m, ok := c.mods[mkey]
 	if !ok {
 		cubin, err := c.JIT.Compile(file, c.Arch, defs)
@@ -127,24 +150,18 @@ func (c *CUDA) fn(file, name string, defs map[string]string) (cuda.Function, err
 		}
 		c.mods[mkey] = m
 	}
-	f, err := c.Drv.Function(m, name)
-	if err != nil {
-		return nil, err
-	}
-	c.fns[mkey+"|"+name] = f
-	return f, nil
+	return c.Drv.Function(m, name)
 }
 
-// launch runs a kernel on a 1-D grid.
-func (c *CUDA) launch(file, name string, defs map[string]string, grid, block int, s Stream, args ...any) error {
-	f, err := c.fn(file, name, defs)
-	if err != nil {
-		return err
+// consts makes a -D map of name=value pairs.
+func consts(kv ...any) func() map[string]string {
+	return func() map[string]string {
+		m := map[string]string{}
+		for i := 0; i < len(kv); i += 2 {
+			m[kv[i].(string)] = fmt.Sprint(kv[i+1])
+		}
+		return m
 	}
-	if err := c.Drv.Launch(f, [3]uint32{uint32(grid), 1, 1}, [3]uint32{uint32(block), 1, 1}, 0, s, args...); err != nil {
-		return fmt.Errorf("%s (grid %d, block %d): %w", name, grid, block, err)
-	}
-	return nil
 }
 
 // rowGrid is the grid of a kernel with one block per row (grid-stride), and
@@ -169,31 +186,19 @@ func (c *CUDA) Free(p Ptr) error {
 }
 
 func (c *CUDA) Upload(dst Ptr, src any, s Stream) error {
-	switch v := src.(type) {
-	case []uint16:
-		return cuda.CopyToDevice(c.Drv, dst, v, s)
-	case []float32:
-		return cuda.CopyToDevice(c.Drv, dst, v, s)
-	case []int32:
-		return cuda.CopyToDevice(c.Drv, dst, v, s)
+	h, err := HostBytes(src)
+	if err != nil {
+		return err
 	}
-	_, _, err := ElemBytes(src)
-	return err
+	return cuda.CopyToDevice(c.Drv, dst, h, s)
 }
 
 func (c *CUDA) Download(dst any, src Ptr, s Stream) error {
-	var err error
-	switch v := dst.(type) {
-	case []uint16:
-		err = cuda.CopyFromDevice(c.Drv, v, src, s)
-	case []float32:
-		err = cuda.CopyFromDevice(c.Drv, v, src, s)
-	case []int32:
-		err = cuda.CopyFromDevice(c.Drv, v, src, s)
-	default:
-		_, _, err = ElemBytes(dst)
-	}
+	h, err := HostBytes(dst)
 	if err != nil {
+		return err
+	}
+	if err := cuda.CopyFromDevice(c.Drv, h, src, s); err != nil {
 		return err
 	}
 	return c.Drv.SyncStream(s)
@@ -261,21 +266,27 @@ func (c *CUDA) GEMM(out, a, w Ptr, m, n, k int, f32Out bool, s Stream) error {
 	return c.Lt.Run(g, out, a, w, ws, s)
 }
 
+// routerKey is router.cu's kernel for rc: experts, top-k, sigmoid (0/1),
+// groups and group top-k (0 when off), and the scale.
+func routerKey(rc RouterConfig) kernelKey {
+	k := kernelKey{file: "router.cu", name: "router_topk", c: [5]int{rc.Experts, rc.TopK}, scale: rc.Scale}
+	if rc.Score == ScoreSigmoid {
+		k.c[2] = 1
+	}
+	if rc.Groups > 1 {
+		k.c[3], k.c[4] = rc.Groups, rc.GroupTopK
+	}
+	if k.scale == 0 {
+		k.scale = 1
+	}
+	return k
+}
+
 // routerDefs are router.cu's constants for rc.
 func routerDefs(rc RouterConfig) map[string]string {
-	sig, groups, gtop := "0", rc.Groups, rc.GroupTopK
-	if rc.Score == ScoreSigmoid {
-		sig = "1"
-	}
-	if groups <= 1 {
-		groups, gtop = 0, 0
-	}
-	scale := rc.Scale
-	if scale == 0 {
-		scale = 1
-	}
-	return map[string]string{"MB_EXPERTS": fmt.Sprint(rc.Experts), "MB_TOPK": fmt.Sprint(rc.TopK), "MB_SIGMOID": sig,
-		"MB_GROUPS": fmt.Sprint(groups), "MB_GROUP_TOPK": fmt.Sprint(gtop), "MB_SCALE": fmt.Sprintf("%#gf", scale)}
+	k := routerKey(rc)
+	return map[string]string{"MB_EXPERTS": fmt.Sprint(k.c[0]), "MB_TOPK": fmt.Sprint(k.c[1]), "MB_SIGMOID": fmt.Sprint(k.c[2]),
+		"MB_GROUPS": fmt.Sprint(k.c[3]), "MB_GROUP_TOPK": fmt.Sprint(k.c[4]), "MB_SCALE": fmt.Sprintf("%#gf", k.scale)}
 }
 
 func (c *CUDA) RouterTopK(rc RouterConfig, logits, bias Ptr, tokens int, idx, probs Ptr, s Stream) error {
@@ -283,12 +294,12 @@ func (c *CUDA) RouterTopK(rc RouterConfig, logits, bias Ptr, tokens int, idx, pr
 		return nil
 	}
 	const warps = 4 // one token per warp
-	return c.launch("router.cu", "router_topk", routerDefs(rc), (tokens+warps-1)/warps, 32*warps, s,
+	return c.launch(routerKey(rc), func() map[string]string { return routerDefs(rc) }, (tokens+warps-1)/warps, 32*warps, s,
 		logits, bias, int32(tokens), idx, probs)
 }
 
 func (c *CUDA) PermuteOrder(idx Ptr, n, experts int, rows, pos, counts Ptr, s Stream) error {
-	return c.launch("permute.cu", "permute_order", map[string]string{"MB_HIDDEN": "8"}, experts, 512, s,
+	return c.launch(kernelKey{file: "permute.cu", name: "permute_order"}, consts("MB_HIDDEN", 8), experts, 512, s,
 		idx, int32(n), rows, pos, counts)
 }
 
@@ -297,7 +308,7 @@ func (c *CUDA) GatherRows(dst, src, rows Ptr, div, n, hidden int, s Stream) erro
 		return nil
 	}
 	grid, block := c.rowGrid(n, hidden)
-	return c.launch("permute.cu", "permute_rows", map[string]string{"MB_HIDDEN": fmt.Sprint(hidden)}, grid, block, s,
+	return c.launch(kernelKey{file: "permute.cu", name: "permute_rows", c: [5]int{hidden}}, consts("MB_HIDDEN", hidden), grid, block, s,
 		src, rows, int32(div), int32(n), dst)
 }
 
@@ -305,7 +316,7 @@ func (c *CUDA) GatherF32(dst, src, rows Ptr, div, n int, s Stream) error {
 	if n == 0 {
 		return nil
 	}
-	return c.launch("permute.cu", "gather_f32", map[string]string{"MB_HIDDEN": "8"}, min((n+255)/256, 8*c.SMs), 256, s,
+	return c.launch(kernelKey{file: "permute.cu", name: "gather_f32"}, consts("MB_HIDDEN", 8), min((n+255)/256, 8*c.SMs), 256, s,
 		src, rows, int32(div), int32(n), dst)
 }
 
@@ -318,8 +329,8 @@ func (c *CUDA) SortChunks(dst, probsOut, src, probsIn, counts Ptr, rows, ep, loc
 		inv = 1
 	}
 	grid, block := c.rowGrid(rows, hidden)
-	defs := map[string]string{"MB_HIDDEN": fmt.Sprint(hidden), "MB_EP": fmt.Sprint(ep), "MB_LOCAL": fmt.Sprint(local)}
-	return c.launch("sortchunks.cu", "sort_chunks", defs, grid, block, s, src, probsIn, counts, int32(rows), inv, dst, probsOut)
+	return c.launch(kernelKey{file: "sortchunks.cu", name: "sort_chunks", c: [5]int{hidden, ep, local}},
+		consts("MB_HIDDEN", hidden, "MB_EP", ep, "MB_LOCAL", local), grid, block, s, src, probsIn, counts, int32(rows), inv, dst, probsOut)
 }
 
 func (c *CUDA) SwiGLU(act, h1, prob Ptr, n, ffn int, s Stream) error {
@@ -327,7 +338,7 @@ func (c *CUDA) SwiGLU(act, h1, prob Ptr, n, ffn int, s Stream) error {
 		return nil
 	}
 	grid := min((n*ffn+255)/256, 16*c.SMs)
-	return c.launch("swiglu.cu", "swiglu_prob", map[string]string{"MB_FFN": fmt.Sprint(ffn)}, grid, 256, s, h1, prob, int32(n), act)
+	return c.launch(kernelKey{file: "swiglu.cu", name: "swiglu_prob", c: [5]int{ffn}}, consts("MB_FFN", ffn), grid, 256, s, h1, prob, int32(n), act)
 }
 
 func (c *CUDA) UnpermuteSum(out, src, pos, shared Ptr, tokens, topk, hidden int, s Stream) error {
@@ -336,8 +347,8 @@ func (c *CUDA) UnpermuteSum(out, src, pos, shared Ptr, tokens, topk, hidden int,
 	}
 	grid, _ := c.rowGrid(tokens, hidden)
 	block := min(256, (hidden+31)/32*32)
-	defs := map[string]string{"MB_HIDDEN": fmt.Sprint(hidden), "MB_TOPK": fmt.Sprint(topk)}
-	return c.launch("unpermute.cu", "unpermute_sum", defs, grid, block, s, src, pos, shared, int32(tokens), out)
+	return c.launch(kernelKey{file: "unpermute.cu", name: "unpermute_sum", c: [5]int{hidden, topk}},
+		consts("MB_HIDDEN", hidden, "MB_TOPK", topk), grid, block, s, src, pos, shared, int32(tokens), out)
 }
 
 // Close frees what the device still holds and releases the context.

@@ -22,22 +22,27 @@ func nvrtc(t *testing.T) *cuda.NVRTC {
 	return n
 }
 
-// shapes are the presets' kernel constants at EP 8 (E, k, sigmoid, groups,
-// group top-k, scale, hidden, ffn).
-var shapes = map[string][8]string{
-	"tiny":           {"16", "4", "0", "0", "0", "1.0f", "128", "64"},
-	"deepseek-v3":    {"256", "8", "1", "8", "4", "2.5f", "7168", "2048"},
-	"qwen3-next-80b": {"512", "10", "0", "0", "0", "1.0f", "2048", "512"},
-	"mixtral-8x7b":   {"8", "2", "0", "0", "0", "1.0f", "4096", "14336"},
-	"gpt-oss-120b":   {"128", "4", "0", "0", "0", "1.0f", "2880", "2880"},
+// shapes are the presets' kernel constants at EP 8: the router's, hidden
+// and ffn.
+var shapes = map[string]struct {
+	rc          RouterConfig
+	hidden, ffn int
+}{
+	"tiny":           {RouterConfig{Experts: 16, TopK: 4, Score: ScoreSoftmax, Scale: 1}, 128, 64},
+	"deepseek-v3":    {RouterConfig{Experts: 256, TopK: 8, Score: ScoreSigmoid, Groups: 8, GroupTopK: 4, Scale: 2.5}, 7168, 2048},
+	"qwen3-next-80b": {RouterConfig{Experts: 512, TopK: 10, Score: ScoreSoftmax, Scale: 1}, 2048, 512},
+	"mixtral-8x7b":   {RouterConfig{Experts: 8, TopK: 2, Score: ScoreSoftmax}, 4096, 14336},
+	"gpt-oss-120b":   {RouterConfig{Experts: 128, TopK: 4, Score: ScoreSoftmax, Scale: 1}, 2880, 2880},
 }
 
-func defines(s [8]string) map[string]string {
-	var e int
-	fmt.Sscan(s[0], &e)
-	return map[string]string{"MB_EXPERTS": s[0], "MB_TOPK": s[1], "MB_SIGMOID": s[2], "MB_GROUPS": s[3],
-		"MB_GROUP_TOPK": s[4], "MB_SCALE": s[5], "MB_HIDDEN": s[6], "MB_FFN": s[7],
-		"MB_EP": "8", "MB_LOCAL": fmt.Sprint(e / 8)}
+// defines are every kernel's constants for a shape, the router's as the
+// CUDA device makes them (routerDefs).
+func defines(name string) map[string]string {
+	s := shapes[name]
+	d := routerDefs(s.rc)
+	d["MB_HIDDEN"], d["MB_FFN"] = fmt.Sprint(s.hidden), fmt.Sprint(s.ffn)
+	d["MB_EP"], d["MB_LOCAL"] = "8", fmt.Sprint(s.rc.Experts/8)
+	return d
 }
 
 // TestKernelsCompile compiles every kernel for sm_80 and sm_90 with every
@@ -46,10 +51,10 @@ func TestKernelsCompile(t *testing.T) {
 	n := nvrtc(t)
 	t.Logf("NVRTC %d.%d from %s", n.Major, n.Minor, n.Path)
 	j := &JIT{NVRTC: n}
-	for name, s := range shapes {
+	for name := range shapes {
 		for file := range CUDAKernels {
 			for _, arch := range []string{"sm_80", "sm_90"} {
-				cubin, err := j.Compile(file, arch, defines(s))
+				cubin, err := j.Compile(file, arch, defines(name))
 				if err != nil {
 					t.Fatalf("%s %s %s: %v", name, file, arch, err)
 				}
@@ -64,7 +69,7 @@ func TestKernelsCompile(t *testing.T) {
 func TestJITCacheAndErrors(t *testing.T) {
 	n := nvrtc(t)
 	j := &JIT{NVRTC: n, CacheDir: t.TempDir()}
-	d := defines(shapes["tiny"])
+	d := defines("tiny")
 	a, err := j.Compile("permute.cu", "sm_90", d)
 	if err != nil {
 		t.Fatal(err)

@@ -47,7 +47,7 @@ type devState struct {
 	capRows, received int
 
 	permuted, combined kernels.Event
-	bytes              int64
+	fixed, grown       int64 // bytes of the buffers Bind and grow allocated
 }
 
 func (a *Device) Name() string { return "alltoall" }
@@ -63,14 +63,12 @@ func (a *Device) Bind(dev kernels.Device, shape dispatchers.Shape, ranks []*disp
 	n, h, L := int64(shape.Tokens*shape.TopK), int64(shape.Hidden), shape.LocalExperts()
 	for r := range a.st {
 		s := &a.st[r]
-		for _, b := range []struct {
-			p     *kernels.Ptr
-			bytes int64
-		}{{&s.rows, 4 * n}, {&s.pos, 4 * n}, {&s.counts, 4 * int64(shape.Experts)}, {&s.permX, 2 * n * h},
-			{&s.permY, 2 * n * h}, {&s.permP, 4 * n}, {&s.recvCounts, 4 * int64(shape.Experts)}} {
-			if err := a.alloc(r, b.p, b.bytes); err != nil {
-				return err
-			}
+		var err error
+		if s.fixed, err = kernels.Resize(dev, 1, kernels.Buf{P: &s.rows, PerRow: 4 * n}, kernels.Buf{P: &s.pos, PerRow: 4 * n},
+			kernels.Buf{P: &s.counts, PerRow: 4 * int64(shape.Experts)}, kernels.Buf{P: &s.permX, PerRow: 2 * n * h},
+			kernels.Buf{P: &s.permY, PerRow: 2 * n * h}, kernels.Buf{P: &s.permP, PerRow: 4 * n},
+			kernels.Buf{P: &s.recvCounts, PerRow: 4 * int64(shape.Experts)}); err != nil {
+			return err
 		}
 		s.hostCounts = make([]int32, shape.Experts)
 		s.sendOff = make([]int, shape.EP+1)
@@ -78,7 +76,6 @@ func (a *Device) Bind(dev kernels.Device, shape dispatchers.Shape, ranks []*disp
 		for src := range shape.EP {
 			s.chunkN[src], s.recvOff[src] = make([]int, L), make([]int, L)
 		}
-		var err error
 		if s.permuted, err = dev.NewEvent(); err != nil {
 			return err
 		}
@@ -88,15 +85,6 @@ func (a *Device) Bind(dev kernels.Device, shape dispatchers.Shape, ranks []*disp
 		ranks[r].ExpertRows = make([]int, L)
 	}
 	return nil
-}
-
-func (a *Device) alloc(r int, p *kernels.Ptr, bytes int64) error {
-	var err error
-	*p, err = a.dev.Alloc(bytes)
-	if err == nil {
-		a.st[r].bytes += bytes
-	}
-	return err
 }
 
 // Permute orders rank r's copies expert-major (also destination-rank major)
@@ -200,25 +188,11 @@ func (a *Device) grow(r, rows int) error {
 		return err
 	}
 	h := int64(a.shape.Hidden)
-	for _, p := range []*kernels.Ptr{&s.recvX, &s.recvP, &s.recvY, &rk.ExpertX, &rk.ExpertProbs} {
-		if *p != 0 {
-			if err := a.dev.Free(*p); err != nil {
-				return err
-			}
-		}
-	}
-	s.bytes -= int64(s.capRows) * (3*2*h + 2*4)
+	var err error
+	s.grown, err = kernels.Resize(a.dev, rows, kernels.Buf{P: &s.recvX, PerRow: 2 * h}, kernels.Buf{P: &s.recvP, PerRow: 4},
+		kernels.Buf{P: &s.recvY, PerRow: 2 * h}, kernels.Buf{P: &rk.ExpertX, PerRow: 2 * h}, kernels.Buf{P: &rk.ExpertProbs, PerRow: 4})
 	s.capRows = max(rows, 1)
-	c := int64(s.capRows)
-	for _, b := range []struct {
-		p     *kernels.Ptr
-		bytes int64
-	}{{&s.recvX, 2 * c * h}, {&s.recvP, 4 * c}, {&s.recvY, 2 * c * h}, {&rk.ExpertX, 2 * c * h}, {&rk.ExpertProbs, 4 * c}} {
-		if err := a.alloc(r, b.p, b.bytes); err != nil {
-			return err
-		}
-	}
-	return nil
+	return err
 }
 
 // Combine is rank r's send side on the way back: unsort its expert outputs
@@ -264,7 +238,7 @@ func (a *Device) Traffic() dispatchers.Traffic {
 
 // Footprint is the bytes of rank r's dispatcher buffers, ExpertX and
 // ExpertProbs included.
-func (a *Device) Footprint(r int) int64 { return a.st[r].bytes }
+func (a *Device) Footprint(r int) int64 { return a.st[r].fixed + a.st[r].grown }
 
 // Close frees every buffer the dispatcher allocated.
 func (a *Device) Close() error {
@@ -280,7 +254,7 @@ func (a *Device) Close() error {
 				*p = 0
 			}
 		}
-		s.bytes = 0
+		s.fixed, s.grown = 0, 0
 	}
 	return first
 }

@@ -62,6 +62,7 @@ type CuBLASLt struct {
 	Version int
 	fn      map[string]unsafe.Pointer
 	handle  unsafe.Pointer
+	scalars *[2]C.float // alpha = 1, beta = 0 in C memory, made by Init
 }
 
 // OpenCuBLASLt loads libcublasLt (MOEBENCH_CUBLASLT overrides).
@@ -92,6 +93,10 @@ func ltErr(call string, st C.int) error {
 
 // Init creates the cuBLASLt handle on the current context.
 func (b *CuBLASLt) Init() error {
+	if b.scalars == nil {
+		b.scalars = (*[2]C.float)(C.malloc(8)) // lives as long as the process: one per library opened
+		b.scalars[0], b.scalars[1] = 1, 0
+	}
 	return ltErr("cublasLtCreate", C.lt_call_pp(b.fn["cublasLtCreate"], &b.handle))
 }
 
@@ -234,10 +239,7 @@ func (b *CuBLASLt) setAttr(obj unsafe.Pointer, attr int, v []byte) error {
 
 // Run computes c = a · wᵀ on s; workspace must hold g.WorkspaceSize bytes.
 func (b *CuBLASLt) Run(g *GEMM, c, a, w, workspace DevicePtr, s Stream) error {
-	alpha, beta := (*C.float)(C.malloc(4)), (*C.float)(C.malloc(4))
-	defer C.free(unsafe.Pointer(alpha))
-	defer C.free(unsafe.Pointer(beta))
-	*alpha, *beta = 1, 0
+	alpha, beta := &b.scalars[0], &b.scalars[1]
 	ptr := func(p DevicePtr) C.ulonglong { return C.ulonglong(p) }
 	return ltErr(fmt.Sprintf("cublasLtMatmul(m=%d n=%d k=%d)", g.M, g.N, g.K), C.lt_call_matmul(b.fn["cublasLtMatmul"], b.handle, g.desc,
 		unsafe.Pointer(alpha), ptr(w), g.la, ptr(a), g.lb, unsafe.Pointer(beta), ptr(c), g.lc, ptr(c), g.lc,

@@ -411,37 +411,30 @@ func (d *Driver) SetMaxDynamicShared(f Function, bytes int) error {
 }
 
 // Launch runs f on s. Each argument is a device pointer, an int32, a uint32 or
-// a float32, passed by value; they are copied to C memory for the call.
+// a float32, passed by value; they are copied to one block of C memory for the
+// call (the parameter pointers, then an 8-byte slot per value).
 func (d *Driver) Launch(f Function, grid, block [3]uint32, sharedBytes uint32, s Stream, args ...any) error {
 	n := len(args)
-	params := (*[1 << 16]unsafe.Pointer)(C.malloc(C.size_t(max(n, 1)) * C.size_t(unsafe.Sizeof(uintptr(0)))))[:max(n, 1):max(n, 1)]
-	defer C.free(unsafe.Pointer(&params[0]))
+	const slot = 8
+	mem := C.malloc(C.size_t(max(n, 1) * 2 * slot))
+	defer C.free(mem)
+	params := unsafe.Slice((*unsafe.Pointer)(mem), max(n, 1))
 	for i, a := range args {
-		var size uintptr
-		var src unsafe.Pointer
-		switch v := a.(type) {
+		v := unsafe.Add(mem, (n+i)*slot)
+		switch x := a.(type) {
 		case DevicePtr:
-			size, src = unsafe.Sizeof(v), unsafe.Pointer(&v)
+			*(*DevicePtr)(v) = x
 		case int32:
-			size, src = unsafe.Sizeof(v), unsafe.Pointer(&v)
+			*(*int32)(v) = x
 		case uint32:
-			size, src = unsafe.Sizeof(v), unsafe.Pointer(&v)
+			*(*uint32)(v) = x
 		case float32:
-			size, src = unsafe.Sizeof(v), unsafe.Pointer(&v)
+			*(*float32)(v) = x
 		default:
-			for _, p := range params[:i] {
-				C.free(p)
-			}
 			return fmt.Errorf("cuLaunchKernel: argument %d has unsupported type %T", i, a)
 		}
-		params[i] = C.malloc(C.size_t(size))
-		C.memcpy(params[i], src, C.size_t(size))
+		params[i] = v
 	}
-	defer func() {
-		for _, p := range params[:n] {
-			C.free(p)
-		}
-	}()
 	return d.check("cuLaunchKernel", C.c_launch(d.fn["cuLaunchKernel"], unsafe.Pointer(f), C.uint(grid[0]), C.uint(grid[1]), C.uint(grid[2]),
 		C.uint(block[0]), C.uint(block[1]), C.uint(block[2]), C.uint(sharedBytes), unsafe.Pointer(s), &params[0]))
 }
