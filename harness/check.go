@@ -110,6 +110,7 @@ func Reference(l *Layer, sample [][]int) (out [][]float64, diffs int, err error)
 		sample = allTokens(c.EP, T)
 	}
 	probs := make([][]float64, c.EP)
+	wr := widen(l.Wr)
 	type copyRef struct{ rank, row, slot int } // row: the token's place in sample[rank]
 	byExpert := make([][]copyRef, E)
 	for r, rk := range l.Ranks {
@@ -122,7 +123,7 @@ func Reference(l *Layer, sample [][]int) (out [][]float64, diffs int, err error)
 					logits[e] = float64(l.Override[r][t*E+e])
 				}
 			} else {
-				kernels.MatMulNT(logits, widen(l.X[r][t*h:(t+1)*h]), widen(l.Wr), 1, E, h)
+				kernels.MatMulNT(logits, widen(l.X[r][t*h:(t+1)*h]), wr, 1, E, h)
 			}
 			given := false // probabilities given by the trace
 			if l.Trace != nil {

@@ -70,9 +70,12 @@ func (g *Grouped) Run(dev Device, groups []Group, n, k int, s Stream) error {
 			return err
 		}
 	}
-	streams := append([]Stream{s}, g.Side...)
 	for i, gr := range groups {
-		if err := dev.GEMM(gr.C, gr.A, gr.W, gr.M, n, k, false, streams[i%len(streams)]); err != nil {
+		on := s // round-robin over s, then the side streams
+		if j := i % (len(g.Side) + 1); j > 0 {
+			on = g.Side[j-1]
+		}
+		if err := dev.GEMM(gr.C, gr.A, gr.W, gr.M, n, k, false, on); err != nil {
 			return err
 		}
 	}
