@@ -315,14 +315,13 @@ func (p *feplb) Plan(st Step) Plan {
 	ceUsed := make([]float64, t.Ranks)
 	type dyn struct{ e, owner, n int }
 	var moved, dynamic int
-	nDyn := min(o.DynamicPerRank, t.Local()-1)
+	nDyn := dynamicPerRank(t, o.DynamicPerRank)
 	for d := 0; d < t.Ranks/t.Domain; d++ {
 		var dyns []dyn
 		for r := d * t.Domain; r < (d+1)*t.Domain; r++ {
-			exp := byRank[r]
-			sort.SliceStable(exp, func(i, j int) bool { return st.Counts[exp[i]] > st.Counts[exp[j]] })
-			for i, e := range exp {
-				if i < nDyn && st.Counts[e] > 0 {
+			isDyn := pickDynamic(byRank[r], st.Counts, nDyn)
+			for _, e := range byRank[r] {
+				if isDyn[e] {
 					dyns = append(dyns, dyn{e, r, st.Counts[e]})
 				} else {
 					load[r] += st.Counts[e]
@@ -433,4 +432,42 @@ func (p *feplb) replace() []Move {
 	clear(p.history)
 	p.seen = 0
 	return moves
+}
+
+// dynamicPerRank is how many experts of a rank FEPLB may treat as dynamic:
+// at most L−1, so that every rank keeps static work to hide the copies behind.
+func dynamicPerRank(t Topology, want int) int { return max(0, min(want, t.Local()-1)) }
+
+// pickDynamic marks FEPLB's dynamic experts among one rank's experts: its n
+// most loaded ones with tokens (ties by expert order).
+func pickDynamic(experts, counts []int, n int) map[int]bool {
+	order := slices.Clone(experts)
+	sort.SliceStable(order, func(i, j int) bool { return counts[order[i]] > counts[order[j]] })
+	dyn := map[int]bool{}
+	for _, e := range order[:min(n, len(order))] {
+		if counts[e] > 0 {
+			dyn[e] = true
+		}
+	}
+	return dyn
+}
+
+// DynamicExperts are the experts the feplb policy treats as dynamic in a
+// step with these counts, under the default placement: each rank's
+// perRank most loaded experts (at most L−1 of them). The feplb dispatcher
+// starts the others — the static experts — before the plan exists.
+func DynamicExperts(t Topology, counts []int, perRank int) []bool {
+	n := dynamicPerRank(t, perRank)
+	out := make([]bool, t.Experts)
+	L := t.Local()
+	experts := make([]int, L)
+	for r := range t.Ranks {
+		for i := range experts {
+			experts[i] = r*L + i
+		}
+		for e := range pickDynamic(experts, counts, n) {
+			out[e] = true
+		}
+	}
+	return out
 }

@@ -30,6 +30,36 @@ type DeviceRank struct {
 
 	ExpertY kernels.Ptr // [N, Hidden] expert outputs, set by the layer before Combine
 	Y       kernels.Ptr // [Tokens, Hidden] output, allocated by the layer, written by Unpermute
+
+	// FC1 and FC2 are the rank's own experts' weights, [L, 2f, h] and
+	// [L, h, f], set by the layer.
+	FC1, FC2 kernels.Ptr
+
+	// Work is what the next expert phase computes. Nil: every row of
+	// ExpertX, grouped by local expert as ExpertRows says, into ExpertY. A
+	// Rebalancer sets it in Dispatch (the static work) and in Rebalance (the
+	// dynamic work).
+	Work []DeviceWork
+}
+
+// DeviceWork is a block of rows an expert phase computes on a rank: rows of
+// X [·, Hidden] with their probabilities Probs [·] fp32 into the same rows of
+// Y, each segment with its expert's weights. Rows no segment covers are not
+// written.
+type DeviceWork struct {
+	X, Probs, Y kernels.Ptr // Y 0: the rank's ExpertY
+	Segments    []DeviceSegment
+	// After, when not nil, is an event the rank's stream waits for before the
+	// block (e.g. the arrival of copied rows and weights).
+	After kernels.Event
+}
+
+// DeviceSegment is rows [Start, Start+Len) of a block, computed by expert
+// Expert with weights FC1 [2f, h] and FC2 [h, f]; 0 means the rank's own copy
+// (the expert must be local).
+type DeviceSegment struct {
+	Expert, Start, Len int
+	FC1, FC2           kernels.Ptr
 }
 
 // Rows is N, the rows this rank's experts compute.

@@ -9,13 +9,17 @@
 //	Permute   local: order the rank's token copies for sending
 //	Dispatch  collective: deliver each copy to the rank owning its expert,
 //	          grouped by expert (fills Rank.ExpertX, ExpertProbs, Segments)
-//	Rebalance optional (Rebalancer): move work between ranks after dispatch
-//	          — the layer then runs each segment's expert and fills Rank.ExpertY —
+//	          — the layer then runs each segment's expert ("experts") and
+//	          fills those rows of Rank.ExpertY —
+//	Rebalance optional (Rebalancer): move work between ranks; it sets the
+//	          segments of a second expert phase ("dynamic")
 //	Combine   collective: return each expert output to its token's home rank
 //	Unpermute local: Rank.Y[t] = sum of token t's k expert outputs
 //
 // Collective phases may read or write other ranks' state; that is how the
-// ranks, which are independent objects, exchange data.
+// ranks, which are independent objects, exchange data. An expert phase
+// writes only the rows its segments cover and leaves the other rows of
+// ExpertY as they are.
 package dispatchers
 
 import (
@@ -101,8 +105,10 @@ type Dispatcher interface {
 }
 
 // Rebalancer is a dispatcher that moves work between ranks after dispatch
-// (FEPLB's phase 2); Rebalance is called for every rank after all ranks
-// dispatched and before the experts run.
+// (FEPLB's phase 2). Its Dispatch leaves in Segments only the work that
+// needs no rebalancing (FEPLB's static experts), which the layer starts at
+// once; Rebalance, called for every rank after that, moves work and sets the
+// segments of the second expert phase.
 type Rebalancer interface {
 	Rebalance(rank int) error
 	// RebalanceStats describes what the last step's rebalance did.
@@ -116,11 +122,18 @@ type RebalanceStats struct {
 	TokensAfter    []int   // rows each rank computes after the rebalance
 	Moves          int     // (expert, helper) pairs
 	CopyBytes      int64   // tokens and weights moved one way, plus outputs back
-	CopySeconds    float64 // measured wall time of the copies
+	CopySeconds    float64 // measured time of the copies (the slowest rank's, in and back)
 	PlanSeconds    float64 // measured wall time of the scheduler
+	PlanWait       float64 // seconds the rebalance waited for the scheduler (its exposed part)
 	ModelledBefore float64 // modelled GEMM straggler before, seconds (max − mean)
 	ModelledAfter  float64 // and after
-	Note           string
+	// Hidden is the share of the incoming copies' time that overlapped the
+	// receiving rank's static experts, in [0, 1]; HiddenNote says how it was
+	// measured, or why not (then Hidden is NaN).
+	Hidden     float64
+	HiddenNote string
+	CopyMethod string // what ran the copies
+	Note       string
 }
 
 // Env describes where a dispatcher would run, and its options.
@@ -223,12 +236,18 @@ type Phased interface {
 }
 
 // Sequence is the order of d's phases with experts (the layer's expert
-// computation) in its place: permute, dispatch, rebalance (Rebalancers only),
-// experts, combine, unpermute. Each phase runs for every rank before the next.
+// computation of the rank's current segments) in its place: permute,
+// dispatch, experts, then for Rebalancers rebalance and experts again
+// ("dynamic"), combine, unpermute. Each phase runs for every rank before the
+// next.
 func Sequence(d Phased, experts func(rank int) error) []Step {
-	s := []Step{{"permute", d.Permute}, {"dispatch", d.Dispatch}}
+	s := []Step{{"permute", d.Permute}, {"dispatch", d.Dispatch}, {"experts", experts}}
 	if rb, ok := d.(Rebalancer); ok {
-		s = append(s, Step{"rebalance", rb.Rebalance})
+		s = append(s, Step{"rebalance", rb.Rebalance}, Step{ExpertPhases[1], experts})
 	}
-	return append(s, Step{"experts", experts}, Step{"combine", d.Combine}, Step{"unpermute", d.Unpermute})
+	return append(s, Step{"combine", d.Combine}, Step{"unpermute", d.Unpermute})
 }
+
+// ExpertPhases are the names of the phases that run experts; a rank's
+// expert-GEMM time is the sum of them.
+var ExpertPhases = []string{"experts", "dynamic"}

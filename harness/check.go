@@ -257,8 +257,10 @@ func RoundTrip(d dispatchers.Dispatcher, shape dispatchers.Shape, x [][]float32,
 	}
 	identity := func(r int) error { // experts that return x·p on the rows they own
 		rk := ranks[r]
-		rk.ExpertY = make([]float32, len(rk.ExpertX))
-		poison(rk.ExpertY)
+		if n := len(rk.ExpertY); n < len(rk.ExpertX) { // rows an earlier expert phase left stay
+			rk.ExpertY = append(rk.ExpertY, make([]float32, len(rk.ExpertX)-n)...)
+			poison(rk.ExpertY[n:])
+		}
 		for _, sg := range rk.Segments {
 			for i := sg.Start * shape.Hidden; i < (sg.Start+sg.Len)*shape.Hidden; i++ {
 				rk.ExpertY[i] = rk.ExpertX[i] * rk.ExpertProbs[i/shape.Hidden]

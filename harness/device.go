@@ -38,15 +38,15 @@ type deviceLayer struct {
 
 // devRank is one rank's layer buffers (the dispatcher has its own).
 type devRank struct {
-	fc1, fc2             kernels.Ptr      // [L, 2f, h], [L, h, f]
 	logits, override     kernels.Ptr      // [T, E] fp32; override 0 unless the routing mode replaces the logits
 	traceIdx, traceProbs kernels.Ptr      // routing from a trace, or 0
 	sh1, sact            kernels.Ptr      // shared expert intermediates [T, 2fs], [T, fs]
-	h1, act              kernels.Ptr      // expert intermediates [cap, 2f], [cap, f]
-	capRows              int              // rows ExpertY, h1 and act hold
-	bytes, grown         int64            // bytes of the fixed buffers, and of those growExperts sized
+	h1, act              kernels.Ptr      // expert intermediates [capScratch, 2f], [capScratch, f]
+	capRows, capScratch  int              // rows ExpertY holds; rows h1 and act hold
+	bytes, grown, grownS int64            // bytes of the fixed buffers, of ExpertY, of h1 and act
 	grouped              *kernels.Grouped // how the expert GEMMs run
 	groups               []kernels.Group  // scratch
+	whole                []dispatchers.DeviceWork
 }
 
 // newDeviceLayer uploads l's inputs and weights to dev and binds d.
@@ -114,7 +114,7 @@ func newDeviceLayer(l *Layer, dev kernels.Device, d dispatchers.DeviceDispatcher
 				return nil, err
 			}
 		}
-		bufs := []kernels.Buf{{P: &b.fc1, PerRow: int64(2 * L * 2 * f * h)}, {P: &b.fc2, PerRow: int64(2 * L * h * f)},
+		bufs := []kernels.Buf{{P: &rk.FC1, PerRow: int64(2 * L * 2 * f * h)}, {P: &rk.FC2, PerRow: int64(2 * L * h * f)},
 			{P: &b.logits, PerRow: int64(4 * T * E)}, {P: &rk.Idx, PerRow: int64(4 * T * k)}, {P: &rk.Probs, PerRow: int64(4 * T * k)},
 			{P: &rk.Y, PerRow: int64(2 * T * h)}}
 		if fs > 0 {
@@ -197,11 +197,11 @@ func (dl *deviceLayer) uploadExperts() error {
 	}()
 	for w := range ch {
 		r, i := w.e/L, w.e%L
-		rk, b := dl.ranks[r], &dl.rr[r]
-		if err := dl.dev.Upload(b.fc1+kernels.Ptr(2*i*2*f*h), w.fc1, rk.Stream); err != nil {
+		rk := dl.ranks[r]
+		if err := dl.dev.Upload(rk.FC1+kernels.Ptr(2*i*2*f*h), w.fc1, rk.Stream); err != nil {
 			return err
 		}
-		if err := dl.dev.Upload(b.fc2+kernels.Ptr(2*i*h*f), w.fc2, rk.Stream); err != nil {
+		if err := dl.dev.Upload(rk.FC2+kernels.Ptr(2*i*h*f), w.fc2, rk.Stream); err != nil {
 			return err
 		}
 	}
@@ -258,34 +258,106 @@ func (dl *deviceLayer) route(r int) error {
 	return dl.dev.RouterTopK(dl.l.Router, b.logits, dl.bias, T, rk.Idx, rk.Probs, rk.Stream)
 }
 
-// experts runs every local expert on its rows: fc1 per expert, one SwiGLU×prob
-// over all rows, fc2 per expert (cuBLASLt calls, see kernels.Grouped).
+// experts computes the rank's current work (DeviceRank.Work; nil: all its
+// rows with its own experts), block by block.
 func (dl *deviceLayer) experts(r int) error {
-	c, rk, b := dl.l.Cfg, dl.ranks[r], &dl.rr[r]
-	h, f := c.Hidden, c.FFN
-	n := rk.Rows()
-	if err := dl.growExperts(r, n); err != nil {
+	rk := dl.ranks[r]
+	if err := dl.growExperts(r, rk.Rows()); err != nil {
 		return err
 	}
-	fc := func(out, in, w kernels.Ptr, outCols, inCols int) []kernels.Group {
+	work := rk.Work
+	if work == nil {
+		work = dl.wholeWork(r)
+	}
+	for i := range work {
+		if err := dl.block(r, &work[i]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// wholeWork is the default work: every row of ExpertX, one segment per
+// local expert with rows (rebuilt in place each call).
+func (dl *deviceLayer) wholeWork(r int) []dispatchers.DeviceWork {
+	rk, b := dl.ranks[r], &dl.rr[r]
+	if b.whole == nil {
+		b.whole = make([]dispatchers.DeviceWork, 1)
+	}
+	w := &b.whole[0]
+	w.X, w.Probs, w.Y, w.Segments = rk.ExpertX, rk.ExpertProbs, 0, w.Segments[:0]
+	at, L := 0, dl.l.Shape.LocalExperts()
+	for l, rows := range rk.ExpertRows {
+		if rows > 0 {
+			w.Segments = append(w.Segments, dispatchers.DeviceSegment{Expert: r*L + l, Start: at, Len: rows})
+		}
+		at += rows
+	}
+	return b.whole
+}
+
+// block computes one block of work: fc1 per segment, one SwiGLU×prob over
+// the block's rows from its first segment's to its last's, fc2 per segment
+// (cuBLASLt calls, see kernels.Grouped).
+func (dl *deviceLayer) block(r int, w *dispatchers.DeviceWork) error {
+	c, rk, b := dl.l.Cfg, dl.ranks[r], &dl.rr[r]
+	h, f, L := c.Hidden, c.FFN, dl.l.Shape.LocalExperts()
+	lo, hi := math.MaxInt, 0
+	for _, sg := range w.Segments {
+		if sg.Len > 0 {
+			lo, hi = min(lo, sg.Start), max(hi, sg.Start+sg.Len)
+		}
+		if sg.Start < 0 || sg.Len < 0 {
+			return fmt.Errorf("segment of expert %d covers rows [%d, %d)", sg.Expert, sg.Start, sg.Start+sg.Len)
+		}
+		if (sg.FC1 == 0) != (sg.FC2 == 0) || (sg.FC1 == 0 && sg.Expert/L != r) {
+			return fmt.Errorf("segment of expert %d on rank %d: weights fc1 %#x, fc2 %#x (0 only for a local expert)", sg.Expert, r, sg.FC1, sg.FC2)
+		}
+	}
+	if hi == 0 {
+		return nil
+	}
+	if w.After != nil {
+		if err := dl.dev.Wait(rk.Stream, w.After); err != nil {
+			return err
+		}
+	}
+	if err := dl.growScratch(r, hi-lo); err != nil {
+		return err
+	}
+	y := w.Y
+	if y == 0 {
+		y = rk.ExpertY
+	}
+	fc := func(out, in kernels.Ptr, outLo, inLo int, second bool, outCols, inCols int) []kernels.Group {
 		b.groups = b.groups[:0]
-		at := 0
-		for l, rows := range rk.ExpertRows {
-			if rows > 0 {
-				b.groups = append(b.groups, kernels.Group{C: out + kernels.Ptr(2*at*outCols), A: in + kernels.Ptr(2*at*inCols),
-					W: w + kernels.Ptr(2*l*outCols*inCols), M: rows})
+		for _, sg := range w.Segments {
+			if sg.Len == 0 {
+				continue
 			}
-			at += rows
+			wt := sg.FC1
+			if second {
+				wt = sg.FC2
+			}
+			if wt == 0 {
+				own := rk.FC1
+				if second {
+					own = rk.FC2
+				}
+				wt = own + kernels.Ptr(2*(sg.Expert-r*L)*outCols*inCols)
+			}
+			b.groups = append(b.groups, kernels.Group{C: out + kernels.Ptr(2*(sg.Start-outLo)*outCols),
+				A: in + kernels.Ptr(2*(sg.Start-inLo)*inCols), W: wt, M: sg.Len})
 		}
 		return b.groups
 	}
-	if err := b.grouped.Run(dl.dev, fc(b.h1, rk.ExpertX, b.fc1, 2*f, h), 2*f, h, rk.Stream); err != nil {
+	if err := b.grouped.Run(dl.dev, fc(b.h1, w.X, lo, 0, false, 2*f, h), 2*f, h, rk.Stream); err != nil {
 		return err
 	}
-	if err := dl.dev.SwiGLU(b.act, b.h1, rk.ExpertProbs, n, f, rk.Stream); err != nil {
+	if err := dl.dev.SwiGLU(b.act, b.h1, w.Probs+kernels.Ptr(4*lo), hi-lo, f, rk.Stream); err != nil {
 		return err
 	}
-	return b.grouped.Run(dl.dev, fc(rk.ExpertY, b.act, b.fc2, h, f), h, f, rk.Stream)
+	return b.grouped.Run(dl.dev, fc(y, b.act, 0, lo, true, h, f), h, f, rk.Stream)
 }
 
 // groupedSides are the candidate numbers of extra streams per rank for the
@@ -340,21 +412,35 @@ func (dl *deviceLayer) chooseGrouped() (string, error) {
 	return "chosen: " + options[best][0].Name() + " (median of " + fmt.Sprint(reps) + " steps each — " + desc + "); cublasGemmGroupedBatchedEx not bound in this build", nil
 }
 
-// growExperts makes ExpertY, h1 and act of rank r hold rows rows (the first
-// step only: a run's routing is fixed).
+// growExperts makes ExpertY of rank r hold rows rows, and growScratch h1
+// and act (the first step only: a run's routing is fixed). They wait for the
+// rank's queued work, which may still use the old buffers.
 func (dl *deviceLayer) growExperts(r, rows int) error {
-	rk, b, c := dl.ranks[r], &dl.rr[r], dl.l.Cfg
+	rk, b := dl.ranks[r], &dl.rr[r]
 	if rows <= b.capRows && rk.ExpertY != 0 {
 		return nil
 	}
 	if err := dl.dev.SyncStream(rk.Stream); err != nil {
 		return err
 	}
-	h, f := int64(c.Hidden), int64(c.FFN)
 	var err error
-	b.grown, err = kernels.Resize(dl.dev, rows, kernels.Buf{P: &rk.ExpertY, PerRow: 2 * h}, kernels.Buf{P: &b.h1, PerRow: 4 * f},
-		kernels.Buf{P: &b.act, PerRow: 2 * f})
+	b.grown, err = kernels.Resize(dl.dev, rows, kernels.Buf{P: &rk.ExpertY, PerRow: 2 * int64(dl.l.Cfg.Hidden)})
 	b.capRows = max(rows, 1)
+	return err
+}
+
+func (dl *deviceLayer) growScratch(r, rows int) error {
+	rk, b := dl.ranks[r], &dl.rr[r]
+	if rows <= b.capScratch && b.h1 != 0 {
+		return nil
+	}
+	if err := dl.dev.SyncStream(rk.Stream); err != nil {
+		return err
+	}
+	f := int64(dl.l.Cfg.FFN)
+	var err error
+	b.grownS, err = kernels.Resize(dl.dev, rows, kernels.Buf{P: &b.h1, PerRow: 4 * f}, kernels.Buf{P: &b.act, PerRow: 2 * f})
+	b.capScratch = max(rows, 1)
 	return err
 }
 
@@ -501,7 +587,7 @@ func (dl *deviceLayer) check() (*results.Correctness, error) {
 // footprint is rank r's bytes on the device: its layer and dispatcher
 // buffers and an equal share of the buffers the ranks share.
 func (dl *deviceLayer) footprint(r int) int64 {
-	return dl.rr[r].bytes + dl.rr[r].grown + dl.d.Footprint(r) + dl.common/int64(len(dl.ranks))
+	return dl.rr[r].bytes + dl.rr[r].grown + dl.rr[r].grownS + dl.d.Footprint(r) + dl.common/int64(len(dl.ranks))
 }
 
 // runDevice is Run on the cuda device (or env.OpenDevice's): the same
@@ -561,6 +647,8 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 	if err != nil {
 		return fail(deviceStatus(err), err)
 	}
+	rb, rebalances := d.(dispatchers.Rebalancer)
+	var rbSteps []dispatchers.RebalanceStats
 	var tm *telemetry
 	for i := -cfg.Warmup; i < cfg.Iters; i++ {
 		if i == 0 {
@@ -580,6 +668,9 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 			tm.finish()
 			return fail(results.StatusFailed, err)
 		}
+		if rebalances {
+			rbSteps = append(rbSteps, rb.RebalanceStats())
+		}
 	}
 	m.traffic = d.Traffic() // after the steps: it counts the last one
 	for r, rk := range dl.ranks {
@@ -589,10 +680,22 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 	if tm != nil {
 		rec.Telemetry, rec.SMs.Measured = tm.finish()
 	}
+	sms := "not measured: emulated device (kernels.Emu)"
+	if _, emu := dev.(*kernels.Emu); rebalances && !emu {
+		if sms, err = probeCopies(dev, cfg.Seed); err != nil {
+			sms = "not measured: the copy probe failed: " + err.Error()
+		}
+	}
 
 	rec.Status = results.StatusOK
+	if rebalances {
+		m.recv = rbSteps[len(rbSteps)-1].TokensAfter
+	}
 	fillMeasurements(rec, cfg, m)
 	rec.GEMM.Method = method
+	if rebalances {
+		rec.Rebalance = rebalanceRecord(rbSteps, sms)
+	}
 	return rec, nil
 }
 

@@ -3,6 +3,7 @@ package harness
 import (
 	"os"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -37,7 +38,7 @@ func deviceRun(t *testing.T, c Config, dev kernels.Device) *deviceLayer {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d, err := dispatchers.NewDevice(c.Dispatcher, c.Impl, dispatchers.Env{Device: "cuda"})
+	d, err := dispatchers.NewDevice(c.Dispatcher, c.Impl, c.dispatcherEnv())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -110,18 +111,115 @@ func equalsHost(t *testing.T, c Config) {
 	}
 }
 
-// dropCopy is Emu with one device-to-device copy lost.
+// dropCopy is Emu with one device-to-device copy lost, or, with garble,
+// delivering all-ones bytes (NaN in bf16 and fp32) instead of its source.
 type dropCopy struct {
 	kernels.Emu
 	n, drop int
+	garble  bool
 }
 
 func (d *dropCopy) Copy(dst, src kernels.Ptr, bytes int64, s kernels.Stream) error {
 	d.n++
 	if d.n == d.drop {
+		if d.garble {
+			return d.Fill16(dst, 0xffff, bytes/2, s)
+		}
 		return nil
 	}
 	return d.Emu.Copy(dst, src, bytes, s)
+}
+
+// CopyBatch loses copies the way Copy does.
+func (d *dropCopy) CopyBatch(ops []kernels.CopyOp, s kernels.Stream) error {
+	for _, o := range ops {
+		if err := d.Copy(o.Dst, o.Src, o.Bytes, s); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// feplbCase is a skewed layer whose FEPLB plan moves work inside 2-rank
+// domains. The device plans with the H100 roofline, under which a chunk's
+// copy hides behind the helper's static experts only when a token costs
+// less to copy than to compute (ffn above about 870) and the weights copy
+// is short next to the static experts' weight reads: narrow rows, a wide
+// ffn and 16 experts per rank (cheap on Emu).
+func feplbCase() Config {
+	c := deviceCases()["softmax-natural"]
+	c.Dispatcher, c.Routing, c.EP, c.Domain = "feplb", Routing{Kind: RoutingSkewed, Alpha: 1.2}, 4, 2
+	c.Experts, c.TopK, c.Tokens, c.Hidden, c.FFN = 64, 4, 32, 8, 1024
+	return c
+}
+
+// TestDeviceFEPLB: FEPLB on the device pipeline (Emu) gives the host layer's
+// output without FEPLB bit for bit, after moving work; a lost phase-2 copy
+// fails the check.
+func TestDeviceFEPLB(t *testing.T) {
+	c := feplbCase()
+	equalsHost(t, c)
+	dl := deviceRun(t, c, &kernels.Emu{})
+	if cr, err := dl.check(); err != nil || !cr.Passed {
+		t.Fatalf("check: %v, %+v", err, cr)
+	}
+	rb := dl.d.(dispatchers.Rebalancer).RebalanceStats()
+	before, after := slices.Max(rb.TokensBefore)-slices.Min(rb.TokensBefore), slices.Max(rb.TokensAfter)-slices.Min(rb.TokensAfter)
+	if rb.Moves == 0 || after >= before || rb.CopyBytes == 0 || !(rb.Hidden >= 0 && rb.Hidden <= 1) || rb.CopyMethod == "" {
+		t.Fatalf("rebalance %+v", rb)
+	}
+	// a step ends with the incoming chunks (4 copies each: rows,
+	// probabilities, fc1, fc2), then per rank its outputs pulled back (one
+	// per chunk; rank 0 gives work away) and the base combine's (one per
+	// rank): garble each of the first chunk's and rank 0's first pull-back
+	probe := &dropCopy{}
+	dl = deviceRun(t, c, probe)
+	probe.n = 0
+	if _, err := dl.check(); err != nil {
+		t.Fatal(err)
+	}
+	if rb.TokensAfter[0] >= rb.TokensBefore[0] {
+		t.Fatalf("rank 0 gave no work away: %+v", rb)
+	}
+	copies := probe.n
+	in := copies - c.EP*c.EP - 5*rb.Moves + 1
+	for _, drop := range []int{in, in + 1, in + 2, in + 3, in + 4*rb.Moves} {
+		// garbled, not lost: the buffers still hold the last step's rows
+		probe.n, probe.drop, probe.garble = 0, drop, true
+		if cr, err := dl.check(); err == nil && cr.Passed {
+			t.Errorf("copy %d of %d lost, check passed", drop, copies)
+		}
+	}
+}
+
+// TestDeviceFEPLBRunRecord: a feplb run on the device pipeline records its
+// rebalance and both expert phases; over an unavailable base it is
+// unavailable.
+func TestDeviceFEPLBRunRecord(t *testing.T) {
+	t.Setenv("MOEBENCH_NVML", "/nonexistent")
+	c := feplbCase()
+	emu := Env{Version: "test", OpenDevice: func() (kernels.Device, error) { return &kernels.Emu{}, nil }}
+	rec, err := Run(c, emu)
+	if err != nil || rec.Status != results.StatusOK || !rec.Correctness.Passed || rec.Rebalance == nil {
+		t.Fatalf("run: %v, %+v", err, rec)
+	}
+	var names []string
+	for _, p := range rec.Timing.Phases {
+		names = append(names, p.Name)
+	}
+	if want := []string{"shared", "router", "permute", "dispatch", "experts", "rebalance", "dynamic", "combine", "unpermute"}; !reflect.DeepEqual(names, want) {
+		t.Errorf("phases %v, want %v", names, want)
+	}
+	rb := rec.Rebalance
+	if !slices.Equal(rec.Tokens.Received, rb.TokensAfter) || rb.TokenAfter.Abs >= rb.TokenBefore.Abs || rb.Moves == 0 ||
+		!strings.Contains(rb.HiddenShare, "median of") || rb.PhaseTwoSMs != "not measured: emulated device (kernels.Emu)" || rb.CopyMethod == "" {
+		t.Errorf("rebalance record %+v, tokens %v", rb, rec.Tokens.Received)
+	}
+	c.FeplbBase = "deepep"
+	rec, err = Run(c, emu)
+	if !dispatchers.IsUnavailable(err) || rec.Status != results.StatusUnavailable || !strings.Contains(rec.Reason, "base dispatcher deepep") {
+		t.Errorf("feplb over deepep on the device: %v, %q", err, rec.Reason)
+	}
 }
 
 func TestDeviceCheckCatchesLostCopy(t *testing.T) {

@@ -177,7 +177,11 @@ func (l *Layer) experts(r int) error {
 	if len(rk.ExpertX) != rows*h {
 		return fmt.Errorf("dispatch left %d rows with %d values; want rows × hidden = %d", rows, len(rk.ExpertX), rows*h)
 	}
-	rk.ExpertY = kernels.Grow(rk.ExpertY, rows*h)
+	if n := rows * h; len(rk.ExpertY) < n { // keep the rows an earlier expert phase computed
+		rk.ExpertY = append(rk.ExpertY, make([]float32, n-len(rk.ExpertY))...)
+	} else {
+		rk.ExpertY = rk.ExpertY[:n]
+	}
 	for _, sg := range rk.Segments {
 		w := sg.Weights
 		if w == nil {

@@ -3,6 +3,8 @@ package harness
 import (
 	"errors"
 	"fmt"
+	"math"
+	"slices"
 	"time"
 
 	"github.com/montanaflynn/stats"
@@ -116,9 +118,12 @@ func Run(cfg Config, env Env) (*results.Record, error) {
 		m.recv = append(m.recv, n)
 		m.mem.PerRankBytes = append(m.mem.PerRankBytes, l.Footprint(d, r))
 	}
+	if rebalances { // the segments left are the last expert phase's only
+		m.recv = rbSteps[len(rbSteps)-1].TokensAfter
+	}
 	fillMeasurements(rec, cfg, m)
 	if rebalances {
-		rec.Rebalance = rebalanceRecord(rbSteps)
+		rec.Rebalance = rebalanceRecord(rbSteps, "not measured on the host device")
 	}
 	return rec, dump(env, l, rec)
 }
@@ -187,7 +192,7 @@ func fillMeasurements(rec *results.Record, cfg Config, m measured) {
 	// each rank's own step time, and the lockstep step (sum of slowest ranks)
 	stepPerRank := make([][]float64, cfg.EP)
 	lockstep := make([]float64, cfg.Iters)
-	var expertMed []float64 // each rank's median experts time
+	expertMed := make([]float64, cfg.EP) // each rank's median expert-phase time
 	for _, name := range m.phases {
 		p := phaseStats(name, m.samples[name])
 		for i, v := range p.Samples {
@@ -199,8 +204,10 @@ func fillMeasurements(rec *results.Record, cfg Config, m measured) {
 				stepPerRank[r][i] += v
 			}
 		}
-		if name == "experts" {
-			expertMed = p.PerRank
+		if slices.Contains(dispatchers.ExpertPhases, name) {
+			for r, v := range p.PerRank {
+				expertMed[r] += v
+			}
 		}
 		t.Phases = append(t.Phases, p)
 	}
@@ -237,8 +244,9 @@ func fillMeasurements(rec *results.Record, cfg Config, m measured) {
 	rec.Memory = m.mem
 }
 
-// rebalanceRecord summarises the rebalance of the timed steps.
-func rebalanceRecord(steps []dispatchers.RebalanceStats) *results.Rebalance {
+// rebalanceRecord summarises the rebalance of the timed steps; sms says
+// what the SMs did during phase 2's copies, or why it was not measured.
+func rebalanceRecord(steps []dispatchers.RebalanceStats, sms string) *results.Rebalance {
 	last := steps[len(steps)-1]
 	floats := func(v []int) []float64 {
 		f := make([]float64, len(v))
@@ -247,18 +255,26 @@ func rebalanceRecord(steps []dispatchers.RebalanceStats) *results.Rebalance {
 		}
 		return f
 	}
-	var copyMS, planMS []float64
+	var copyMS, planMS, waitMS, hidden []float64
 	for _, s := range steps {
 		copyMS = append(copyMS, 1e3*s.CopySeconds)
 		planMS = append(planMS, 1e3*s.PlanSeconds)
+		waitMS = append(waitMS, 1e3*s.PlanWait)
+		if !math.IsNaN(s.Hidden) {
+			hidden = append(hidden, s.Hidden)
+		}
 	}
 	r := &results.Rebalance{Policy: last.Policy, Note: last.Note, TokensBefore: last.TokensBefore, TokensAfter: last.TokensAfter,
 		TokenBefore: straggler(floats(last.TokensBefore)), TokenAfter: straggler(floats(last.TokensAfter)),
 		ModelledBefore: last.ModelledBefore, ModelledAfter: last.ModelledAfter, Moves: last.Moves, CopyBytes: last.CopyBytes,
-		HiddenShare: "0: the host device runs the copies in their own phase, not overlapped with the static experts",
-		PhaseTwoSMs: "not measured on the host device"}
+		CopyMethod: last.CopyMethod, HiddenShare: last.HiddenNote, PhaseTwoSMs: sms}
+	if len(hidden) > 0 {
+		h, _ := stats.Median(hidden)
+		r.HiddenShare = fmt.Sprintf("%.1f%% (median of %d steps; %s)", 100*h, len(hidden), last.HiddenNote)
+	}
 	r.CopyMS, _ = stats.Median(copyMS)
 	r.SchedulerMS, _ = stats.Median(planMS)
+	r.SchedulerWaitMS, _ = stats.Median(waitMS)
 	return r
 }
 

@@ -24,6 +24,13 @@ type Device interface {
 	// work queued on s.
 	Download(dst any, src Ptr, s Stream) error
 	Copy(dst, src Ptr, bytes int64, s Stream) error
+	// CopyBatch queues copies on s, in no set order among themselves, the
+	// way most likely to leave the SMs to concurrent kernels: on CUDA one
+	// batch with the hint to prefer the copy engines where the driver has
+	// it (see BatchMethod), else one copy each.
+	CopyBatch(ops []CopyOp, s Stream) error
+	// BatchMethod says how CopyBatch copies, for records.
+	BatchMethod() string
 	Fill16(p Ptr, v uint16, n int64, s Stream) error
 
 	NewStream() (Stream, error)
@@ -67,6 +74,12 @@ type (
 	Stream = cuda.Stream
 	Event  = cuda.Event
 )
+
+// CopyOp is one copy of a batch.
+type CopyOp struct {
+	Dst, Src Ptr
+	Bytes    int64
+}
 
 // Buf is a device buffer sized by a row count: where its address is kept and
 // its bytes per row (a fixed-size buffer is one row).

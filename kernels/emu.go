@@ -117,6 +117,17 @@ func (e *Emu) Copy(dst, src Ptr, bytes int64, _ Stream) error {
 	return nil
 }
 
+func (e *Emu) CopyBatch(ops []CopyOp, s Stream) error {
+	for _, o := range ops {
+		if err := e.Copy(o.Dst, o.Src, o.Bytes, s); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (e *Emu) BatchMethod() string { return "emulated: host memory copies" }
+
 func (e *Emu) Fill16(p Ptr, v uint16, n int64, _ Stream) error {
 	w, err := view[uint16](e, p, int(n))
 	for i := range w {

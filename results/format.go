@@ -73,6 +73,8 @@ func WriteTable(w io.Writer, rec *Record) error {
 		p.f("# %-22s %s: token straggler +%.0f (+%.1f%%) → +%.0f (+%.1f%%) · %d moves, %s · copies %.3f ms, scheduler %.3f ms\n",
 			"rebalance", rb.Policy, rb.TokenBefore.Abs, 100*rb.TokenBefore.Rel, rb.TokenAfter.Abs, 100*rb.TokenAfter.Rel,
 			rb.Moves, bytesStr(rb.CopyBytes), rb.CopyMS, rb.SchedulerMS)
+		p.f("# %-22s %s · scheduler exposed %.3f ms · hidden: %s\n", "rebalance copies", rb.CopyMethod, rb.SchedulerWaitMS, rb.HiddenShare)
+		p.f("# %-22s %s\n", "phase-2 SMs", rb.PhaseTwoSMs)
 	}
 	if tk := rec.Tokens; tk != nil {
 		lo, hi := tk.Received[0], tk.Received[0]

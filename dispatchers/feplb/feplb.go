@@ -1,235 +1,228 @@
 // Package feplb is FEPLB (arXiv 2604.19654) as a dispatcher: two-phase
 // dispatch. Phase 1 runs a base EP dispatcher (--feplb-base, alltoall by
-// default); phase 2 — the rebalance phase — follows a plan from package
-// balance: chunks of the dynamic experts' tokens move from their owner to
-// less loaded ranks of the same NVLink domain together with the expert's
-// weights, the helpers compute them, and combine brings the outputs back to
-// the owner before the base dispatcher's combine.
+// default). Its counts split the step's experts: each rank's few most loaded
+// experts are dynamic, the rest static. The static experts start computing at
+// once while the CPU scheduler (package balance's feplb policy, in a
+// goroutine) plans phase 2: chunks of the dynamic experts' rows move from
+// their owner to less loaded ranks of the same NVLink domain together with
+// the expert's weights, the helpers compute them, and combine brings the
+// outputs back to the owner before the base dispatcher's combine.
 //
-// This build runs it on the host device, where ranks are emulated in one
-// process and the copies are memory copies (no copy engines, no overlap with
-// the static experts): it proves the plan executes and the output is
-// unchanged. The plan's cost model has fixed rates (see hostModel).
-// The cuda device's copy-engine path is not built yet.
+// One engine (core) turns counts into the split, runs the scheduler and lays
+// the plan out as chunks of rows; host.go executes the chunks on the host
+// device (memory copies, in their own phase) and device.go on a
+// kernels.Device (batched copies meant for the copy engines, on a copy stream
+// per rank, overlapped with the static experts).
 package feplb
 
 import (
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/moebench/moebench/balance"
 	"github.com/moebench/moebench/dispatchers"
 )
 
-func init() { dispatchers.Register("feplb", New) }
+func init() {
+	dispatchers.Register("feplb", New)
+	dispatchers.RegisterDevice("feplb", NewDevice)
+}
 
-// New returns FEPLB over its base dispatcher, or why it is unavailable.
-func New(impl string, env dispatchers.Env) (dispatchers.Dispatcher, error) {
-	un := func(reason string) error {
-		return &dispatchers.UnavailableError{Name: "feplb", Impl: impl, Reason: reason}
+// options checks what FEPLB needs of its environment whatever the device:
+// the native implementation and a base dispatcher other than itself.
+func options(impl string, env dispatchers.Env) (base string, dynamic int, err error) {
+	if impl != dispatchers.ImplNative {
+		return "", 0, &dispatchers.UnavailableError{Name: "feplb", Impl: impl, Reason: "no library implementation (FEPLB has no public code)"}
 	}
-	switch {
-	case impl != dispatchers.ImplNative:
-		return nil, un("no library implementation (FEPLB has no public code)")
-	case env.Device != "host":
-		return nil, un("the copy-engine phase 2 on the cuda device is not implemented in this build yet")
-	}
-	base := env.Base
+	base = env.Base
 	if base == "" {
 		base = "alltoall"
 	}
 	if base == "feplb" {
-		return nil, fmt.Errorf("--feplb-base=feplb: the base dispatcher must be another dispatcher")
+		return "", 0, fmt.Errorf("--feplb-base=feplb: the base dispatcher must be another dispatcher")
 	}
-	b, err := dispatchers.New(base, impl, env)
-	if err != nil {
-		if dispatchers.IsUnavailable(err) {
-			return nil, un("base dispatcher " + err.Error())
-		}
-		return nil, err
+	dynamic = env.Dynamic
+	if dynamic == 0 {
+		dynamic = balance.DefaultOptions.DynamicPerRank
 	}
-	dyn := env.Dynamic
-	if dyn == 0 {
-		dyn = balance.DefaultOptions.DynamicPerRank
-	}
-	return &FEPLB{Dispatcher: b, env: env, dynamic: dyn}, nil
+	return base, dynamic, nil
 }
 
-// FEPLB wraps the base dispatcher; Permute, Dispatch and Unpermute are the
-// base's.
-type FEPLB struct {
-	dispatchers.Dispatcher
-	env     dispatchers.Env
-	dynamic int
+// baseUnavailable says FEPLB is unavailable because its base is.
+func baseUnavailable(impl string, err error) error {
+	if dispatchers.IsUnavailable(err) {
+		return &dispatchers.UnavailableError{Name: "feplb", Impl: impl, Reason: "base dispatcher " + err.Error()}
+	}
+	return err
+}
+
+// core is the part of FEPLB every device shares: the scheduler's policy,
+// the static/dynamic split of each step, the scheduler goroutine, and the
+// plan's layout as chunks of rows.
+type core struct {
 	shape   dispatchers.Shape
-	ranks   []*dispatchers.Rank
 	topo    balance.Topology
 	model   balance.Model
 	policy  balance.Policy
+	perRank int // dynamic experts per rank asked for
 
-	planned bool
-	in      [][]chunk // per helper: chunks it receives
-	out     [][]chunk // per owner: chunks it gave away
-	weights [][]dispatchers.ExpertWeights
-	stats   dispatchers.RebalanceStats
+	// this step
+	counts     []int  // rows of each expert after phase 1
+	start      []int  // first row of each expert in its owner's ExpertX
+	dynamic    []bool // set when every rank has dispatched
+	dispatched int
+	sched      chan scheduled
+	planned    bool
+	lay        layout
+	stats      dispatchers.RebalanceStats
 }
 
-// chunk is rows [src, src+n) of the owner's ExpertX computed by the helper at
-// rows [dst, dst+n) of its ExpertX.
+// scheduled is the scheduler goroutine's answer.
+type scheduled struct {
+	plan    balance.Plan
+	seconds float64
+	err     error
+}
+
+func newCore(env dispatchers.Env, shape dispatchers.Shape, dynamic int, model balance.Model) (*core, error) {
+	d := env.Domain
+	if d == 0 {
+		d = shape.EP
+	}
+	t := balance.Topology{Ranks: shape.EP, Experts: shape.Experts, Domain: d}
+	if err := t.Validate(); err != nil {
+		return nil, fmt.Errorf("feplb: %v", err)
+	}
+	o := balance.DefaultOptions
+	o.DynamicPerRank = dynamic
+	p, err := balance.New("feplb", t, model, o)
+	if err != nil {
+		return nil, err
+	}
+	return &core{shape: shape, topo: t, model: model, policy: p, perRank: dynamic,
+		counts: make([]int, shape.Experts), start: make([]int, shape.Experts), sched: make(chan scheduled, 1)}, nil
+}
+
+// begin starts a step (called at its first permute). A scheduler left
+// running by a step that failed is waited for.
+func (c *core) begin() {
+	if c.dynamic != nil && !c.planned {
+		<-c.sched
+	}
+	c.dispatched, c.planned, c.dynamic = 0, false, nil
+}
+
+// dispatchedRank records that phase 1 delivered rows[l] rows for rank r's
+// local expert l, one run per expert in order from row 0. When it is the
+// last rank, it splits the experts and starts the scheduler, and reports
+// true.
+func (c *core) dispatchedRank(r int, rows []int) bool {
+	L := c.shape.LocalExperts()
+	at := 0
+	for l, n := range rows {
+		c.counts[r*L+l], c.start[r*L+l] = n, at
+		at += n
+	}
+	if c.dispatched++; c.dispatched < c.shape.EP {
+		return false
+	}
+	c.dynamic = balance.DynamicExperts(c.topo, c.counts, c.perRank)
+	go func(st balance.Step) {
+		t0 := time.Now()
+		pl := c.policy.Plan(st)
+		err := pl.Check(c.topo, st)
+		c.sched <- scheduled{pl, time.Since(t0).Seconds(), err}
+	}(balance.Step{Counts: slices.Clone(c.counts)})
+	return true
+}
+
+// plan waits for the scheduler (the first call of a step) and lays its plan
+// out; it also fills the step's stats that the plan decides.
+func (c *core) plan() error {
+	if c.planned {
+		return nil
+	}
+	if c.dynamic == nil {
+		return fmt.Errorf("feplb: rebalance before every rank dispatched (%d of %d)", c.dispatched, c.shape.EP)
+	}
+	t0 := time.Now()
+	s := <-c.sched
+	wait := time.Since(t0).Seconds()
+	if s.err != nil {
+		return fmt.Errorf("feplb: the scheduler produced a bad plan: %v", s.err)
+	}
+	lay, err := newLayout(c.topo, &s.plan, c.dynamic, c.start, c.counts)
+	if err != nil {
+		return err
+	}
+	c.lay, c.planned = lay, true
+	st := balance.Step{Counts: c.counts}
+	before := balance.OwnerPlan(c.topo, st)
+	c.stats = dispatchers.RebalanceStats{Policy: s.plan.Policy, Note: s.plan.Note + "; cost model: " + c.model.RateSource,
+		PlanSeconds: s.seconds, PlanWait: wait, TokensBefore: before.Loads(c.topo.Ranks), TokensAfter: s.plan.Loads(c.topo.Ranks), Moves: lay.moves}
+	c.stats.ModelledBefore, _ = balance.Straggler(c.model.GEMMTimes(&before, c.topo.Ranks))
+	c.stats.ModelledAfter, _ = balance.Straggler(c.model.GEMMTimes(&s.plan, c.topo.Ranks))
+	for _, b := range s.plan.BytesByLink() {
+		c.stats.CopyBytes += b
+	}
+	return nil
+}
+
+// chunk is rows [src, src+n) of the owner's ExpertX for expert, computed by
+// helper at rows [dst, dst+n) of the rows it computes for others.
 type chunk struct {
 	expert, owner, helper int
 	src, dst, n           int
 }
 
-func (f *FEPLB) Name() string { return "feplb" }
-
-// Bind binds the base dispatcher and sets up the scheduler.
-func (f *FEPLB) Bind(shape dispatchers.Shape, ranks []*dispatchers.Rank) error {
-	f.shape, f.ranks = shape, ranks
-	d := f.env.Domain
-	if d == 0 {
-		d = shape.EP
-	}
-	f.topo = balance.Topology{Ranks: shape.EP, Experts: shape.Experts, Domain: d}
-	if err := f.topo.Validate(); err != nil {
-		return fmt.Errorf("feplb: %v", err)
-	}
-	f.model = hostModel(f.env.Hidden, f.env.FFN)
-	o := balance.DefaultOptions
-	o.DynamicPerRank = f.dynamic
-	p, err := balance.New("feplb", f.topo, f.model, o)
-	if err != nil {
-		return err
-	}
-	f.policy = p
-	f.weights = make([][]dispatchers.ExpertWeights, shape.EP)
-	return f.Dispatcher.Bind(shape, ranks)
+// layout is a plan as rows: which chunks each rank computes for others
+// (in) and gave away (out), how many of each expert's rows its owner keeps
+// (its first ones), and how many rows each rank computes for others.
+type layout struct {
+	in, out [][]chunk
+	keep    []int
+	foreign []int
+	moves   int
 }
 
-// hostModel is the plan's cost model on the host device: fixed, stated
-// rates of about one CPU core (10 GFLOP/s GEMMs, 10 GB/s copies), so that a
-// configuration always gets the same plan.
-func hostModel(hidden, ffn int) balance.Model {
-	const rate, bw = 10e9, 10e9
-	return balance.Model{Hidden: hidden, FFN: ffn, GEMMRate: rate, HBM: bw, CE: bw, NVLink: bw, Network: bw,
-		RateSource: "host model: 10 GFLOP/s GEMMs, 10 GB/s copies"}
-}
-
-// Permute starts a step: the plan of the last one is dropped.
-func (f *FEPLB) Permute(r int) error {
-	f.planned = false
-	return f.Dispatcher.Permute(r)
-}
-
-// plan runs the CPU scheduler on the counts phase 1 delivered and turns its
-// plan into chunks; the owners' segments shrink to their own share.
-func (f *FEPLB) plan() error {
-	t0 := time.Now()
-	counts := make([]int, f.shape.Experts)
-	segOf := make([]*dispatchers.Segment, f.shape.Experts)
-	for _, rk := range f.ranks {
-		for i := range rk.Segments {
-			sg := &rk.Segments[i]
-			counts[sg.Expert] += sg.Len
-			segOf[sg.Expert] = sg
-		}
-	}
-	st := balance.Step{Counts: counts}
-	pl := f.policy.Plan(st)
-	if err := pl.Check(f.topo, st); err != nil {
-		return fmt.Errorf("feplb: scheduler produced a bad plan: %v", err)
-	}
-	f.stats = dispatchers.RebalanceStats{Policy: pl.Policy, Note: pl.Note, PlanSeconds: time.Since(t0).Seconds()}
-	before := balance.OwnerPlan(f.topo, st)
-	f.stats.TokensBefore, f.stats.TokensAfter = before.Loads(f.topo.Ranks), pl.Loads(f.topo.Ranks)
-	f.stats.ModelledBefore, _ = balance.Straggler(f.model.GEMMTimes(&before, f.topo.Ranks))
-	f.stats.ModelledAfter, _ = balance.Straggler(f.model.GEMMTimes(&pl, f.topo.Ranks))
-	for _, b := range pl.BytesByLink() {
-		f.stats.CopyBytes += b
-	}
-	f.in = make([][]chunk, f.shape.EP)
-	f.out = make([][]chunk, f.shape.EP)
-	next := make([]int, f.shape.EP) // next free row of each helper, after its own rows
-	for r, rk := range f.ranks {
-		next[r] = len(rk.ExpertProbs)
-	}
+// newLayout lays pl out. The plan must leave static experts whole with
+// their owner and list a dynamic expert's owner first: that is what lets the
+// static experts start before the plan exists.
+func newLayout(t balance.Topology, pl *balance.Plan, dynamic []bool, start, counts []int) (layout, error) {
+	lay := layout{in: make([][]chunk, t.Ranks), out: make([][]chunk, t.Ranks), keep: make([]int, t.Experts), foreign: make([]int, t.Ranks)}
 	for e, shares := range pl.Shares {
-		if len(shares) < 2 {
-			continue
+		o := t.Owner(e)
+		if len(shares) == 0 || shares[0].Rank != o {
+			return lay, fmt.Errorf("feplb: the plan's first share of expert %d is %v, want its owner %d", e, shares, o)
 		}
-		sg := segOf[e]
-		at := sg.Start + shares[0].Tokens // shares[0] is the owner's
+		if !dynamic[e] && (len(shares) > 1 || shares[0].Tokens != counts[e]) {
+			return lay, fmt.Errorf("feplb: the plan moves static expert %d (shares %v)", e, shares)
+		}
+		lay.keep[e] = shares[0].Tokens
+		at := start[e] + shares[0].Tokens
 		for _, s := range shares[1:] {
-			c := chunk{expert: e, owner: shares[0].Rank, helper: s.Rank, src: at, dst: next[s.Rank], n: s.Tokens}
-			next[s.Rank] += s.Tokens
+			if t.DomainOf(s.Rank) != t.DomainOf(o) {
+				return lay, fmt.Errorf("feplb: the plan moves expert %d from rank %d out of its NVLink domain to rank %d", e, o, s.Rank)
+			}
+			ch := chunk{expert: e, owner: o, helper: s.Rank, src: at, dst: lay.foreign[s.Rank], n: s.Tokens}
+			lay.foreign[s.Rank] += s.Tokens
 			at += s.Tokens
-			f.in[s.Rank] = append(f.in[s.Rank], c)
-			f.out[c.owner] = append(f.out[c.owner], c)
-			f.stats.Moves++
+			lay.in[s.Rank] = append(lay.in[s.Rank], ch)
+			lay.out[o] = append(lay.out[o], ch)
+			lay.moves++
 		}
-		sg.Len = shares[0].Tokens
 	}
-	f.planned = true
-	return nil
+	return lay, nil
 }
 
-// Rebalance is rank r's phase 2 as a helper: it receives its chunks' rows,
-// probabilities and the experts' weights, and adds a segment for each.
-func (f *FEPLB) Rebalance(r int) error {
-	if !f.planned {
-		if err := f.plan(); err != nil {
-			return err
+// ownDynamic calls fn for each of rank r's dynamic experts whose owner keeps
+// rows: the expert, its first row and how many rows it keeps.
+func (c *core) ownDynamic(r int, fn func(e, start, n int)) {
+	L := c.shape.LocalExperts()
+	for e := r * L; e < (r+1)*L; e++ {
+		if c.dynamic[e] && c.lay.keep[e] > 0 {
+			fn(e, c.start[e], c.lay.keep[e])
 		}
 	}
-	t0 := time.Now()
-	rk, h := f.ranks[r], f.shape.Hidden
-	L := f.shape.LocalExperts()
-	w := f.weights[r]
-	for len(w) < len(f.in[r]) {
-		w = append(w, dispatchers.ExpertWeights{})
-	}
-	f.weights[r] = w
-	for i, c := range f.in[r] {
-		own := f.ranks[c.owner]
-		if c.dst*h != len(rk.ExpertX) {
-			return fmt.Errorf("feplb: rank %d: chunk of expert %d expected at row %d, buffer has %d rows", r, c.expert, c.dst, len(rk.ExpertX)/h)
-		}
-		rk.ExpertX = append(rk.ExpertX, own.ExpertX[c.src*h:(c.src+c.n)*h]...)
-		rk.ExpertProbs = append(rk.ExpertProbs, own.ExpertProbs[c.src:c.src+c.n]...)
-		le := c.expert - c.owner*L
-		if le < 0 || le >= len(own.Experts) {
-			return fmt.Errorf("feplb: rank %d holds no weights of expert %d", c.owner, c.expert)
-		}
-		src := own.Experts[le]
-		w[i].FC1 = append(w[i].FC1[:0], src.FC1...)
-		w[i].FC2 = append(w[i].FC2[:0], src.FC2...)
-		rk.Segments = append(rk.Segments, dispatchers.Segment{Expert: c.expert, Start: c.dst, Len: c.n, Weights: &w[i]})
-	}
-	f.stats.CopySeconds += time.Since(t0).Seconds()
-	return nil
-}
-
-// Combine returns the helpers' outputs of rank r's moved chunks into its
-// expert output, then runs the base combine.
-func (f *FEPLB) Combine(r int) error {
-	t0 := time.Now()
-	rk, h := f.ranks[r], f.shape.Hidden
-	for _, c := range f.out[r] {
-		hp := f.ranks[c.helper]
-		copy(rk.ExpertY[c.src*h:(c.src+c.n)*h], hp.ExpertY[c.dst*h:(c.dst+c.n)*h])
-	}
-	f.stats.CopySeconds += time.Since(t0).Seconds()
-	return f.Dispatcher.Combine(r)
-}
-
-// RebalanceStats is the last step's rebalance.
-func (f *FEPLB) RebalanceStats() dispatchers.RebalanceStats { return f.stats }
-
-// Footprint adds the helper's weight copies to the base's buffers.
-func (f *FEPLB) Footprint(r int) int64 {
-	n := int64(0)
-	for _, w := range f.weights[r] {
-		n += 4 * int64(cap(w.FC1)+cap(w.FC2))
-	}
-	return n + f.Dispatcher.Footprint(r)
 }

@@ -67,6 +67,25 @@ static CUresult c_launch(void *f, void *fn, unsigned gx, unsigned gy, unsigned g
 	return ((d_launch)f)(fn, gx, gy, gz, bx, by, bz, smem, st, params, 0);
 }
 static CUresult c_name(void *f, char *s, int n, int d) { return ((d_name)f)(s, n, d); }
+
+// cuMemcpyBatchAsync: CUmemcpyAttributes and its two ABIs (12.8/12.9 with
+// failIdx; 13.0's _v2 without).
+typedef struct { int type; int id; } mc_loc;
+typedef struct { int srcAccessOrder; mc_loc srcLocHint, dstLocHint; unsigned flags; } mc_attrs;
+typedef CUresult (*d_batch1)(CUdeviceptr *, CUdeviceptr *, size_t *, size_t, mc_attrs *, size_t *, size_t, size_t *, void *);
+typedef CUresult (*d_batch2)(CUdeviceptr *, CUdeviceptr *, size_t *, size_t, mc_attrs *, size_t *, size_t, void *);
+static CUresult c_batch(void *f, int v2, CUdeviceptr *dst, CUdeviceptr *src, size_t *n, size_t count, int dev, unsigned flags, void *st) {
+	mc_attrs a;
+	memset(&a, 0, sizeof a);
+	a.srcAccessOrder = 1; // CU_MEMCPY_SRC_ACCESS_ORDER_STREAM
+	a.srcLocHint.type = 1; // CU_MEM_LOCATION_TYPE_DEVICE
+	a.srcLocHint.id = dev;
+	a.dstLocHint = a.srcLocHint;
+	a.flags = flags;
+	size_t idx = 0, fail = 0;
+	if (v2) return ((d_batch2)f)(dst, src, n, count, &a, &idx, 1, st);
+	return ((d_batch1)f)(dst, src, n, count, &a, &idx, 1, &fail, st);
+}
 static const char *c_errname(void *f, CUresult r) {
 	const char *s = 0;
 	if (f == 0 || ((d_errname)f)(r, &s) != 0 || s == 0) return "CUDA_ERROR_UNKNOWN_CODE";
@@ -134,6 +153,10 @@ var driverSymbols = [][]string{
 	{"cuGetErrorName"},
 }
 
+// optionalSymbols are entry points newer drivers have; the first name that
+// resolves is kept under it (batch copies: CUDA 13's ABI first, then 12.8's).
+var optionalSymbols = []string{"cuMemcpyBatchAsync_v2", "cuMemcpyBatchAsync"}
+
 // OpenDriver loads libcuda (MOEBENCH_LIBCUDA overrides) and resolves every
 // entry point, then calls cuInit.
 func OpenDriver() (*Driver, error) {
@@ -155,6 +178,12 @@ func OpenDriver() (*Driver, error) {
 		}
 		if last != nil {
 			return nil, last
+		}
+	}
+	for _, n := range optionalSymbols {
+		if p, err := lib.sym(n); err == nil {
+			d.fn[n] = p
+			break
 		}
 	}
 	if err := d.check("cuInit", C.c_u(d.fn["cuInit"], 0)); err != nil {
@@ -372,6 +401,52 @@ func (d *Driver) CopyDevice(dst, src DevicePtr, n int64, s Stream) error {
 func (d *Driver) CopyPeer(dst DevicePtr, dstCtx Context, src DevicePtr, srcCtx Context, n int64, s Stream) error {
 	return d.check("cuMemcpyPeerAsync", C.c_peer(d.fn["cuMemcpyPeerAsync"], C.CUdeviceptr(dst), unsafe.Pointer(dstCtx),
 		C.CUdeviceptr(src), unsafe.Pointer(srcCtx), C.size_t(n), unsafe.Pointer(s)))
+}
+
+// BatchCopy names the driver's batch-copy entry point, or "" when it has
+// none (drivers before CUDA 12.8).
+func (d *Driver) BatchCopy() string {
+	for _, n := range optionalSymbols {
+		if d.fn[n] != nil {
+			return n
+		}
+	}
+	return ""
+}
+
+// CopyBatch queues copies between device buffers of GPU dev on s as one
+// batch (cuMemcpyBatchAsync, stream-ordered sources); preferCE sets
+// CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE, the hint to keep the copies off
+// the SMs. It fails when the driver has no batch copy (see BatchCopy).
+func (d *Driver) CopyBatch(dst, src []DevicePtr, bytes []int64, dev int, preferCE bool, s Stream) error {
+	name := d.BatchCopy()
+	if name == "" {
+		return fmt.Errorf("cuMemcpyBatchAsync: not in this driver (CUDA 12.8 or later has it)")
+	}
+	n := len(dst)
+	if len(src) != n || len(bytes) != n {
+		return fmt.Errorf("%s: %d destinations, %d sources, %d sizes", name, n, len(src), len(bytes))
+	}
+	if n == 0 {
+		return nil
+	}
+	mem := C.malloc(C.size_t(3 * n * 8))
+	defer C.free(mem)
+	words := unsafe.Slice((*uint64)(mem), 3*n)
+	for i := range n {
+		words[i], words[n+i], words[2*n+i] = uint64(dst[i]), uint64(src[i]), uint64(bytes[i])
+	}
+	flags := C.uint(0)
+	if preferCE {
+		flags = 1
+	}
+	v2 := C.int(0)
+	if name == optionalSymbols[0] {
+		v2 = 1
+	}
+	p := (*C.CUdeviceptr)(mem)
+	return d.check(name, C.c_batch(d.fn[name], v2, p, (*C.CUdeviceptr)(unsafe.Add(mem, 8*n)), (*C.size_t)(unsafe.Add(mem, 16*n)),
+		C.size_t(n), C.int(dev), flags, unsafe.Pointer(s)))
 }
 
 // Fill16 sets n 16-bit words at p to v on s (e.g. poisoning bf16 with NaN 0x7fc0).

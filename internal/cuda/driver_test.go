@@ -132,6 +132,22 @@ func TestDriverStreamsEventsCopiesLaunch(t *testing.T) {
 	if err := d.Launch(f, [3]uint32{1, 1, 1}, [3]uint32{1, 1, 1}, 0, s, "nope"); err == nil {
 		t.Error("unsupported argument type accepted")
 	}
+	// a batch copy (the fake has CUDA 13's ABI and checks the attributes):
+	// two halves of p swapped into q
+	if name := d.BatchCopy(); name != "cuMemcpyBatchAsync_v2" {
+		t.Fatalf("BatchCopy = %q", name)
+	}
+	CopyToDevice(d, p, []float32{1, 2, 3, 4}, s)
+	if err := d.CopyBatch([]DevicePtr{q, q + 8}, []DevicePtr{p + 8, p}, []int64{8, 8}, 0, true, s); err != nil {
+		t.Fatal(err)
+	}
+	CopyFromDevice(d, got[:4], q, s)
+	if want := []float32{3, 4, 1, 2}; !slices.Equal(got[:4], want) {
+		t.Errorf("after the batch copy: %v, want %v", got[:4], want)
+	}
+	if err := d.CopyBatch([]DevicePtr{q}, []DevicePtr{p}, []int64{8}, 0, false, s); err == nil || !strings.Contains(err.Error(), "cuMemcpyBatchAsync_v2") {
+		t.Errorf("the fake refuses a batch without the prefer-overlap flag; got %v", err)
+	}
 }
 
 func TestDriverErrorsNameTheCall(t *testing.T) {

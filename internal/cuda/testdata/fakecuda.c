@@ -51,6 +51,16 @@ CUresult cuMemcpyPeerAsync(CUdeviceptr d, void *dc, CUdeviceptr s, void *sc, siz
     if (dc == sc) return 1; // a peer copy between one context is a test bug
     memcpy((void *)d, (void *)s, n); return 0;
 }
+// The CUDA 13 batch copy: checks the attributes moebench passes (one set,
+// stream-ordered sources, device hints, the prefer-overlap flag).
+typedef struct { int type; int id; } mc_loc;
+typedef struct { int srcAccessOrder; mc_loc srcLocHint, dstLocHint; unsigned flags; } mc_attrs;
+CUresult cuMemcpyBatchAsync_v2(CUdeviceptr *d, CUdeviceptr *s, size_t *n, size_t count, mc_attrs *a, size_t *idx, size_t nattrs, void *st) {
+    if (sizeof(mc_attrs) != 24 || nattrs != 1 || idx[0] != 0 || a->srcAccessOrder != 1 || a->srcLocHint.type != 1 ||
+        a->dstLocHint.type != 1 || a->flags != 1 || st == 0) return 1;
+    for (size_t i = 0; i < count; i++) memcpy((void *)d[i], (void *)s[i], n[i]);
+    return 0;
+}
 CUresult cuMemsetD16Async(CUdeviceptr d, unsigned short v, size_t n, void *st) {
     for (size_t i = 0; i < n; i++) ((unsigned short *)d)[i] = v;
     return 0;

@@ -1,0 +1,328 @@
+package feplb
+
+import (
+	"fmt"
+	"math"
+
+	"github.com/moebench/moebench/balance"
+	"github.com/moebench/moebench/dispatchers"
+	"github.com/moebench/moebench/kernels"
+)
+
+// NewDevice returns FEPLB on a kernels.Device over the base dispatcher's
+// device implementation, or why it is unavailable. Availability: the base
+// must be available, and the ranks of a domain must reach each other's
+// memory; this build packs every rank onto one GPU (emulated EP), where they
+// do.
+func NewDevice(impl string, env dispatchers.Env) (dispatchers.DeviceDispatcher, error) {
+	base, dyn, err := options(impl, env)
+	if err != nil {
+		return nil, err
+	}
+	if env.Hidden <= 0 || env.FFN <= 0 {
+		return nil, fmt.Errorf("feplb: hidden %d and ffn %d must be given (the helpers receive expert weights)", env.Hidden, env.FFN)
+	}
+	b, err := dispatchers.NewDevice(base, impl, env)
+	if err != nil {
+		return nil, baseUnavailable(impl, err)
+	}
+	return &Device{DeviceDispatcher: b, env: env, dynamic: dyn}, nil
+}
+
+// Device is FEPLB on a kernels.Device. Phase 2's copies go on a copy stream
+// per rank as kernels.Device.CopyBatch batches (on CUDA the batch copy with
+// the hint to use copy engines): a helper's stream pulls its chunks' rows,
+// probabilities and expert weights from the owners after their phase 1,
+// while its own stream computes its static experts; the helper's dynamic
+// work waits for the copies. At combine each owner pulls its chunks'
+// outputs back from the helpers on its own stream (after their dynamic
+// work), then runs the base combine.
+//
+// Proven on kernels.Emu (the output equals the host layer's); on a GPU
+// nothing here has run yet.
+type Device struct {
+	dispatchers.DeviceDispatcher
+	env     dispatchers.Env
+	dynamic int
+	c       *core
+	dev     kernels.Device
+	ranks   []*dispatchers.DeviceRank
+	rs      []devRank
+	origin  kernels.Event // recorded at the first permute; times are read from it
+	back    bool          // this step's first combine has run
+	ops     []kernels.CopyOp
+}
+
+// devRank is one rank's phase-2 state.
+type devRank struct {
+	ce kernels.Stream // copy stream: incoming chunks
+	// dispatched: phase 1 done (the static experts start); staticEnd: the
+	// static experts done; ceStart/ready: the incoming copies; computed: the
+	// dynamic work done; backStart/backEnd: the outputs pulled back
+	dispatched, staticEnd, ceStart, ready, computed, backStart, backEnd kernels.Event
+
+	fx, fp, fy kernels.Ptr // rows computed for others: [cap, h] bf16, [cap] fp32, [cap, h] bf16
+	w1, w2     kernels.Ptr // weights of the experts helped: [slots, 2f, h], [slots, h, f]
+	capRows    int
+	slots      int
+	bytes      int64
+	work       []dispatchers.DeviceWork
+	segs       [3][]dispatchers.DeviceSegment // static, own dynamic, foreign
+}
+
+func (f *Device) Name() string { return "feplb" }
+
+// Bind binds the base dispatcher and makes each rank's copy stream and
+// events.
+func (f *Device) Bind(dev kernels.Device, shape dispatchers.Shape, ranks []*dispatchers.DeviceRank) error {
+	c, err := newCore(f.env, shape, f.dynamic, balance.H100(f.env.Hidden, f.env.FFN))
+	if err != nil {
+		return err
+	}
+	f.c, f.dev, f.ranks, f.rs = c, dev, ranks, make([]devRank, shape.EP)
+	if f.origin, err = dev.NewEvent(); err != nil {
+		return err
+	}
+	for r := range f.rs {
+		s := &f.rs[r]
+		if s.ce, err = dev.NewStream(); err != nil {
+			return err
+		}
+		for _, e := range []*kernels.Event{&s.dispatched, &s.staticEnd, &s.ceStart, &s.ready, &s.computed, &s.backStart, &s.backEnd} {
+			if *e, err = dev.NewEvent(); err != nil {
+				return err
+			}
+		}
+	}
+	return f.DeviceDispatcher.Bind(dev, shape, ranks)
+}
+
+// Permute starts a step on its first rank.
+func (f *Device) Permute(r int) error {
+	if r == 0 {
+		f.c.begin()
+		f.back = false
+		if err := f.dev.Record(f.origin, f.ranks[0].Stream); err != nil {
+			return err
+		}
+	}
+	return f.DeviceDispatcher.Permute(r)
+}
+
+// Dispatch runs phase 1; after the last rank, every rank's work is its
+// static experts, which the layer starts while the scheduler plans.
+func (f *Device) Dispatch(r int) error {
+	if err := f.DeviceDispatcher.Dispatch(r); err != nil {
+		return err
+	}
+	rk := f.ranks[r]
+	if err := f.dev.Record(f.rs[r].dispatched, rk.Stream); err != nil {
+		return err
+	}
+	if !f.c.dispatchedRank(r, rk.ExpertRows) {
+		return nil
+	}
+	L := f.c.shape.LocalExperts()
+	for q, rk := range f.ranks {
+		s := &f.rs[q]
+		static := s.segs[0][:0]
+		at := 0
+		for l, n := range rk.ExpertRows {
+			if e := q*L + l; n > 0 && !f.c.dynamic[e] {
+				static = append(static, dispatchers.DeviceSegment{Expert: e, Start: at, Len: n})
+			}
+			at += n
+		}
+		s.segs[0] = static
+		s.work = append(s.work[:0], dispatchers.DeviceWork{X: rk.ExpertX, Probs: rk.ExpertProbs, Segments: static})
+		rk.Work = s.work
+	}
+	return nil
+}
+
+// Rebalance is rank r's phase 2: it waits for the plan, queues the copies of
+// the chunks it computes for others on its copy stream, and sets its dynamic
+// work: its own share of its dynamic experts, then the received chunks once
+// they have landed.
+func (f *Device) Rebalance(r int) error {
+	rk, s := f.ranks[r], &f.rs[r]
+	if err := f.dev.Record(s.staticEnd, rk.Stream); err != nil {
+		return err
+	}
+	if err := f.c.plan(); err != nil {
+		return err
+	}
+	in := f.c.lay.in[r]
+	if err := f.grow(r, f.c.lay.foreign[r], len(in)); err != nil {
+		return err
+	}
+	own := s.segs[1][:0]
+	f.c.ownDynamic(r, func(e, start, n int) { own = append(own, dispatchers.DeviceSegment{Expert: e, Start: start, Len: n}) })
+	s.segs[1] = own
+	s.work = append(s.work[:0], dispatchers.DeviceWork{X: rk.ExpertX, Probs: rk.ExpertProbs, Segments: own})
+	rk.Work = s.work
+	if len(in) == 0 {
+		return nil
+	}
+	h, ff := int64(f.c.shape.Hidden), int64(f.env.FFN)
+	L := f.c.shape.LocalExperts()
+	for i, c := range in {
+		if i == 0 || c.owner != in[i-1].owner {
+			if err := f.dev.Wait(s.ce, f.rs[c.owner].dispatched); err != nil {
+				return err
+			}
+		}
+	}
+	if err := f.dev.Record(s.ceStart, s.ce); err != nil {
+		return err
+	}
+	f.ops = f.ops[:0]
+	foreign := s.segs[2][:0]
+	for i, c := range in {
+		o := f.ranks[c.owner]
+		le, slot := int64(c.expert-c.owner*L), int64(i)
+		w1, w2 := s.w1+kernels.Ptr(slot*4*ff*h), s.w2+kernels.Ptr(slot*2*h*ff)
+		f.ops = append(f.ops,
+			kernels.CopyOp{Dst: s.fx + kernels.Ptr(2*int64(c.dst)*h), Src: o.ExpertX + kernels.Ptr(2*int64(c.src)*h), Bytes: 2 * int64(c.n) * h},
+			kernels.CopyOp{Dst: s.fp + kernels.Ptr(4*c.dst), Src: o.ExpertProbs + kernels.Ptr(4*c.src), Bytes: 4 * int64(c.n)},
+			kernels.CopyOp{Dst: w1, Src: o.FC1 + kernels.Ptr(le*4*ff*h), Bytes: 4 * ff * h},
+			kernels.CopyOp{Dst: w2, Src: o.FC2 + kernels.Ptr(le*2*h*ff), Bytes: 2 * h * ff})
+		foreign = append(foreign, dispatchers.DeviceSegment{Expert: c.expert, Start: c.dst, Len: c.n, FC1: w1, FC2: w2})
+	}
+	if err := f.dev.CopyBatch(f.ops, s.ce); err != nil {
+		return fmt.Errorf("feplb: rank %d's incoming copies: %w", r, err)
+	}
+	if err := f.dev.Record(s.ready, s.ce); err != nil {
+		return err
+	}
+	s.segs[2] = foreign
+	s.work = append(s.work, dispatchers.DeviceWork{X: s.fx, Probs: s.fp, Y: s.fy, Segments: foreign, After: s.ready})
+	rk.Work = s.work
+	return nil
+}
+
+// grow makes rank r's phase-2 buffers hold rows rows and slots experts'
+// weights (the first step only: a run's routing, and so its plan, is fixed).
+func (f *Device) grow(r, rows, slots int) error {
+	s := &f.rs[r]
+	if rows <= s.capRows && slots <= s.slots && s.fx != 0 {
+		return nil
+	}
+	if err := f.dev.SyncStream(s.ce); err != nil {
+		return err
+	}
+	h, ff := int64(f.c.shape.Hidden), int64(f.env.FFN)
+	s.capRows, s.slots = max(rows, s.capRows, 1), max(slots, s.slots, 1)
+	a, err := kernels.Resize(f.dev, s.capRows, kernels.Buf{P: &s.fx, PerRow: 2 * h}, kernels.Buf{P: &s.fp, PerRow: 4}, kernels.Buf{P: &s.fy, PerRow: 2 * h})
+	if err != nil {
+		return err
+	}
+	b, err := kernels.Resize(f.dev, s.slots, kernels.Buf{P: &s.w1, PerRow: 4 * ff * h}, kernels.Buf{P: &s.w2, PerRow: 2 * h * ff})
+	s.bytes = a + b
+	return err
+}
+
+// Combine pulls the outputs of rank r's moved chunks back from their helpers
+// into its ExpertY (after the helpers' dynamic work), then runs the base
+// combine.
+func (f *Device) Combine(r int) error {
+	if !f.back { // every rank's dynamic work is queued by now
+		f.back = true
+		for q, rk := range f.ranks {
+			if err := f.dev.Record(f.rs[q].computed, rk.Stream); err != nil {
+				return err
+			}
+		}
+	}
+	rk, s, h := f.ranks[r], &f.rs[r], int64(f.c.shape.Hidden)
+	if out := f.c.lay.out[r]; len(out) > 0 {
+		f.ops = f.ops[:0]
+		for _, c := range out {
+			if err := f.dev.Wait(rk.Stream, f.rs[c.helper].computed); err != nil {
+				return err
+			}
+			f.ops = append(f.ops, kernels.CopyOp{Dst: rk.ExpertY + kernels.Ptr(2*int64(c.src)*h), Src: f.rs[c.helper].fy + kernels.Ptr(2*int64(c.dst)*h),
+				Bytes: 2 * int64(c.n) * h})
+		}
+		if err := f.dev.Record(s.backStart, rk.Stream); err != nil {
+			return err
+		}
+		if err := f.dev.CopyBatch(f.ops, rk.Stream); err != nil {
+			return fmt.Errorf("feplb: rank %d's outputs back: %w", r, err)
+		}
+		if err := f.dev.Record(s.backEnd, rk.Stream); err != nil {
+			return err
+		}
+	}
+	return f.DeviceDispatcher.Combine(r)
+}
+
+// RebalanceStats is the last step's rebalance, its copy times read from the
+// events (call it after the step's streams are synchronized).
+func (f *Device) RebalanceStats() dispatchers.RebalanceStats {
+	s := f.c.stats
+	s.CopyMethod = f.dev.BatchMethod()
+	var in, back, overlap, total float64
+	err := func() error {
+		for r := range f.rs {
+			d := &f.rs[r]
+			if len(f.c.lay.out[r]) > 0 {
+				ms, err := f.dev.Elapsed(d.backStart, d.backEnd)
+				if err != nil {
+					return err
+				}
+				back = max(back, ms)
+			}
+			if len(f.c.lay.in[r]) == 0 {
+				continue
+			}
+			var t [4]float64 // copies start, land; static experts start, end (from origin)
+			for i, e := range []kernels.Event{d.ceStart, d.ready, d.dispatched, d.staticEnd} {
+				ms, err := f.dev.Elapsed(f.origin, e)
+				if err != nil {
+					return err
+				}
+				t[i] = ms
+			}
+			in = max(in, t[1]-t[0])
+			total += t[1] - t[0]
+			overlap += max(0, min(t[1], t[3])-max(t[0], t[2]))
+		}
+		return nil
+	}()
+	s.CopySeconds = (in + back) / 1e3
+	switch {
+	case err != nil:
+		s.Hidden, s.HiddenNote = math.NaN(), "not measured: "+err.Error()
+	case total == 0:
+		s.Hidden, s.HiddenNote = math.NaN(), "no copies this step"
+	default:
+		s.Hidden = overlap / total
+		s.HiddenNote = "device events: each helper's incoming copies (its copy stream) against its static experts (its stream, dispatch end to rebalance start), summed over helpers"
+	}
+	return s
+}
+
+// Footprint adds the rank's phase-2 buffers to the base's.
+func (f *Device) Footprint(r int) int64 { return f.rs[r].bytes + f.DeviceDispatcher.Footprint(r) }
+
+// Close frees the phase-2 buffers and the base's.
+func (f *Device) Close() error {
+	var first error
+	for r := range f.rs {
+		s := &f.rs[r]
+		for _, p := range []*kernels.Ptr{&s.fx, &s.fp, &s.fy, &s.w1, &s.w2} {
+			if *p != 0 {
+				if err := f.dev.Free(*p); err != nil && first == nil {
+					first = err
+				}
+				*p = 0
+			}
+		}
+		s.bytes = 0
+	}
+	if err := f.DeviceDispatcher.Close(); first == nil {
+		first = err
+	}
+	return first
+}

@@ -1,0 +1,167 @@
+package feplb
+
+import (
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/moebench/moebench/balance"
+	"github.com/moebench/moebench/dispatchers"
+)
+
+// New returns FEPLB on the host device over its base dispatcher, or why it
+// is unavailable. The ranks are emulated in one process and the copies are
+// memory copies in their own phase, so nothing overlaps: this proves that
+// the plan executes and the output is unchanged. The plan's cost model has
+// fixed rates (see hostModel).
+func New(impl string, env dispatchers.Env) (dispatchers.Dispatcher, error) {
+	base, dyn, err := options(impl, env)
+	if err != nil {
+		return nil, err
+	}
+	if env.Device != "host" {
+		return nil, &dispatchers.UnavailableError{Name: "feplb", Impl: impl, Reason: "the host implementation runs on the host device only"}
+	}
+	b, err := dispatchers.New(base, impl, env)
+	if err != nil {
+		return nil, baseUnavailable(impl, err)
+	}
+	return &FEPLB{Dispatcher: b, env: env, dynamic: dyn}, nil
+}
+
+// FEPLB wraps the base dispatcher on the host; Permute's bookkeeping aside,
+// Permute and Unpermute are the base's.
+type FEPLB struct {
+	dispatchers.Dispatcher
+	env     dispatchers.Env
+	dynamic int
+	c       *core
+	ranks   []*dispatchers.Rank
+	own     []int // rows each rank's phase 1 delivered
+	weights [][]dispatchers.ExpertWeights
+	copied  float64 // seconds of copies this step
+}
+
+func (f *FEPLB) Name() string { return "feplb" }
+
+// Bind binds the base dispatcher and sets up the scheduler.
+func (f *FEPLB) Bind(shape dispatchers.Shape, ranks []*dispatchers.Rank) error {
+	c, err := newCore(f.env, shape, f.dynamic, hostModel(f.env.Hidden, f.env.FFN))
+	if err != nil {
+		return err
+	}
+	f.c, f.ranks = c, ranks
+	f.own = make([]int, shape.EP)
+	f.weights = make([][]dispatchers.ExpertWeights, shape.EP)
+	return f.Dispatcher.Bind(shape, ranks)
+}
+
+// hostModel is the plan's cost model on the host device: fixed, stated
+// rates of about one CPU core (10 GFLOP/s GEMMs, 10 GB/s copies), so that a
+// configuration always gets the same plan.
+func hostModel(hidden, ffn int) balance.Model {
+	const rate, bw = 10e9, 10e9
+	return balance.Model{Hidden: hidden, FFN: ffn, GEMMRate: rate, HBM: bw, CE: bw, NVLink: bw, Network: bw,
+		RateSource: "host model: 10 GFLOP/s GEMMs, 10 GB/s copies"}
+}
+
+// Permute starts a step on its first rank.
+func (f *FEPLB) Permute(r int) error {
+	if r == 0 {
+		f.c.begin()
+		f.copied = 0
+	}
+	return f.Dispatcher.Permute(r)
+}
+
+// Dispatch runs phase 1; after the last rank it leaves every rank's static
+// experts in its segments (the layer computes them next) while the scheduler
+// plans.
+func (f *FEPLB) Dispatch(r int) error {
+	if err := f.Dispatcher.Dispatch(r); err != nil {
+		return err
+	}
+	rk, L := f.ranks[r], f.c.shape.LocalExperts()
+	rows := make([]int, L)
+	at := 0
+	for i, sg := range rk.Segments {
+		if sg.Expert != r*L+i || sg.Start != at || sg.Weights != nil || i >= L {
+			return fmt.Errorf("feplb: base dispatcher %s: segment %d of rank %d is expert %d at row %d; want one run per local expert in order", f.Dispatcher.Name(), i, r, sg.Expert, sg.Start)
+		}
+		rows[i], at = sg.Len, at+sg.Len
+	}
+	f.own[r] = len(rk.ExpertProbs)
+	if !f.c.dispatchedRank(r, rows) {
+		return nil
+	}
+	for _, rk := range f.ranks {
+		static := rk.Segments[:0]
+		for _, sg := range rk.Segments {
+			if !f.c.dynamic[sg.Expert] {
+				static = append(static, sg)
+			}
+		}
+		rk.Segments = static
+	}
+	return nil
+}
+
+// Rebalance is rank r's phase 2: its segments become its own share of its
+// dynamic experts and the chunks it computes for others, whose rows,
+// probabilities and expert weights it receives after its own rows.
+func (f *FEPLB) Rebalance(r int) error {
+	if err := f.c.plan(); err != nil {
+		return err
+	}
+	t0 := time.Now()
+	rk, h, L := f.ranks[r], f.c.shape.Hidden, f.c.shape.LocalExperts()
+	rk.Segments = rk.Segments[:0]
+	f.c.ownDynamic(r, func(e, start, n int) {
+		rk.Segments = append(rk.Segments, dispatchers.Segment{Expert: e, Start: start, Len: n})
+	})
+	in := f.c.lay.in[r]
+	for len(f.weights[r]) < len(in) {
+		f.weights[r] = append(f.weights[r], dispatchers.ExpertWeights{})
+	}
+	rk.ExpertX, rk.ExpertProbs = rk.ExpertX[:f.own[r]*h], rk.ExpertProbs[:f.own[r]]
+	for i, c := range in {
+		own := f.ranks[c.owner]
+		rk.ExpertX = append(rk.ExpertX, own.ExpertX[c.src*h:(c.src+c.n)*h]...)
+		rk.ExpertProbs = append(rk.ExpertProbs, own.ExpertProbs[c.src:c.src+c.n]...)
+		w, src := &f.weights[r][i], own.Experts[c.expert-c.owner*L]
+		w.FC1, w.FC2 = append(w.FC1[:0], src.FC1...), append(w.FC2[:0], src.FC2...)
+		rk.Segments = append(rk.Segments, dispatchers.Segment{Expert: c.expert, Start: f.own[r] + c.dst, Len: c.n, Weights: w})
+	}
+	f.copied += time.Since(t0).Seconds()
+	return nil
+}
+
+// Combine returns the helpers' outputs of rank r's moved chunks into its
+// expert output, then runs the base combine.
+func (f *FEPLB) Combine(r int) error {
+	t0 := time.Now()
+	rk, h := f.ranks[r], f.c.shape.Hidden
+	for _, c := range f.c.lay.out[r] {
+		at := f.own[c.helper] + c.dst
+		copy(rk.ExpertY[c.src*h:(c.src+c.n)*h], f.ranks[c.helper].ExpertY[at*h:(at+c.n)*h])
+	}
+	f.copied += time.Since(t0).Seconds()
+	return f.Dispatcher.Combine(r)
+}
+
+// RebalanceStats is the last step's rebalance.
+func (f *FEPLB) RebalanceStats() dispatchers.RebalanceStats {
+	s := f.c.stats
+	s.CopySeconds, s.CopyMethod = f.copied, "host memory copies (no copy engines)"
+	s.Hidden, s.HiddenNote = math.NaN(), "not measured: the host device runs the copies in their own phase, after the static experts"
+	return s
+}
+
+// Footprint adds the helper's weight copies to the base's buffers.
+func (f *FEPLB) Footprint(r int) int64 {
+	n := int64(0)
+	for _, w := range f.weights[r] {
+		n += 4 * int64(cap(w.FC1)+cap(w.FC2))
+	}
+	return n + f.Dispatcher.Footprint(r)
+}
