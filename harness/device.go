@@ -680,8 +680,8 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 	if tm != nil {
 		rec.Telemetry, rec.SMs.Measured = tm.finish()
 	}
-	sms := "not measured: emulated device (kernels.Emu)"
-	if _, emu := dev.(*kernels.Emu); rebalances && !emu {
+	sms := "not measured: the " + dev.Name() + " device has no copy engines"
+	if rebalances && dev.Name() == "cuda" {
 		if sms, err = probeCopies(dev, cfg.Seed); err != nil {
 			sms = "not measured: the copy probe failed: " + err.Error()
 		}

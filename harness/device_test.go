@@ -212,7 +212,7 @@ func TestDeviceFEPLBRunRecord(t *testing.T) {
 	}
 	rb := rec.Rebalance
 	if !slices.Equal(rec.Tokens.Received, rb.TokensAfter) || rb.TokenAfter.Abs >= rb.TokenBefore.Abs || rb.Moves == 0 ||
-		!strings.Contains(rb.HiddenShare, "median of") || rb.PhaseTwoSMs != "not measured: emulated device (kernels.Emu)" || rb.CopyMethod == "" {
+		!strings.Contains(rb.HiddenShare, "median of") || len(rb.PerStep.Hidden) != c.Iters || rb.PhaseTwoSMs != "not measured: the emu device has no copy engines" || rb.CopyMethod == "" {
 		t.Errorf("rebalance record %+v, tokens %v", rb, rec.Tokens.Received)
 	}
 	c.FeplbBase = "deepep"
@@ -292,15 +292,11 @@ func TestDeviceRunRecord(t *testing.T) {
 // against the float64 reference. It skips without a GPU and fails under
 // MOEBENCH_REQUIRE_GPU=1 (scripts/gpu-check.sh).
 func TestGPULayer(t *testing.T) {
-	for name, c := range deviceCases() {
+	cases := deviceCases()
+	cases["feplb"] = feplbCase()
+	for name, c := range cases {
 		t.Run(name, func(t *testing.T) {
-			dev, err := kernels.OpenCUDA(0, "")
-			if err != nil {
-				if os.Getenv("MOEBENCH_REQUIRE_GPU") == "1" {
-					t.Fatalf("GPU required: %v", err)
-				}
-				t.Skipf("no GPU: %v", err)
-			}
+			dev := openGPU(t)
 			defer dev.Close()
 			dl := deviceRun(t, c, dev)
 			defer dl.d.Close()
@@ -311,8 +307,40 @@ func TestGPULayer(t *testing.T) {
 				}
 				t.Logf("step %d: max rel err %.3g, %d routing differences, %s", i, cr.MaxRelErr, cr.RoutingDiffs, cr.Sample)
 			}
+			if rb, ok := dl.d.(dispatchers.Rebalancer); ok {
+				s := rb.RebalanceStats()
+				if s.Moves == 0 || !(s.Hidden >= 0 && s.Hidden <= 1) {
+					t.Errorf("rebalance %+v", s)
+				}
+				t.Logf("rebalance: %d moves, copies %.3f ms (%s), hidden %.2f", s.Moves, 1e3*s.CopySeconds, s.CopyMethod, s.Hidden)
+			}
 		})
 	}
+}
+
+// openGPU opens GPU 0, or skips (fails under MOEBENCH_REQUIRE_GPU=1).
+func openGPU(t *testing.T) *kernels.CUDA {
+	t.Helper()
+	dev, err := kernels.OpenCUDA(0, "")
+	if err != nil {
+		if os.Getenv("MOEBENCH_REQUIRE_GPU") == "1" {
+			t.Fatalf("GPU required: %v", err)
+		}
+		t.Skipf("no GPU: %v", err)
+	}
+	return dev
+}
+
+// TestGPUCopyProbe: the copy-engine probe runs on the GPU and gives a
+// verdict with its numbers.
+func TestGPUCopyProbe(t *testing.T) {
+	dev := openGPU(t)
+	defer dev.Close()
+	v, err := probeCopies(dev, 1)
+	if err != nil || !strings.Contains(v, "by measurement") {
+		t.Fatalf("probe: %q, %v", v, err)
+	}
+	t.Log(v)
 }
 
 // TestBenchKernelsOnEmu runs the kernel benchmark's code path on Emu (its

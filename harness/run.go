@@ -255,26 +255,30 @@ func rebalanceRecord(steps []dispatchers.RebalanceStats, sms string) *results.Re
 		}
 		return f
 	}
-	var copyMS, planMS, waitMS, hidden []float64
+	var ps results.RebalanceSteps
+	var hidden []float64
 	for _, s := range steps {
-		copyMS = append(copyMS, 1e3*s.CopySeconds)
-		planMS = append(planMS, 1e3*s.PlanSeconds)
-		waitMS = append(waitMS, 1e3*s.PlanWait)
+		ps.CopyMS = append(ps.CopyMS, 1e3*s.CopySeconds)
+		ps.SchedulerMS = append(ps.SchedulerMS, 1e3*s.PlanSeconds)
+		ps.SchedulerWaitMS = append(ps.SchedulerWaitMS, 1e3*s.PlanWait)
+		h := -1.0
 		if !math.IsNaN(s.Hidden) {
-			hidden = append(hidden, s.Hidden)
+			h = s.Hidden
+			hidden = append(hidden, h)
 		}
+		ps.Hidden = append(ps.Hidden, h)
 	}
 	r := &results.Rebalance{Policy: last.Policy, Note: last.Note, TokensBefore: last.TokensBefore, TokensAfter: last.TokensAfter,
 		TokenBefore: straggler(floats(last.TokensBefore)), TokenAfter: straggler(floats(last.TokensAfter)),
 		ModelledBefore: last.ModelledBefore, ModelledAfter: last.ModelledAfter, Moves: last.Moves, CopyBytes: last.CopyBytes,
-		CopyMethod: last.CopyMethod, HiddenShare: last.HiddenNote, PhaseTwoSMs: sms}
+		CopyMethod: last.CopyMethod, HiddenShare: last.HiddenNote, PhaseTwoSMs: sms, PerStep: ps}
 	if len(hidden) > 0 {
 		h, _ := stats.Median(hidden)
 		r.HiddenShare = fmt.Sprintf("%.1f%% (median of %d steps; %s)", 100*h, len(hidden), last.HiddenNote)
 	}
-	r.CopyMS, _ = stats.Median(copyMS)
-	r.SchedulerMS, _ = stats.Median(planMS)
-	r.SchedulerWaitMS, _ = stats.Median(waitMS)
+	r.CopyMS, _ = stats.Median(ps.CopyMS)
+	r.SchedulerMS, _ = stats.Median(ps.SchedulerMS)
+	r.SchedulerWaitMS, _ = stats.Median(ps.SchedulerWaitMS)
 	return r
 }
 

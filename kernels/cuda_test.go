@@ -166,6 +166,15 @@ func TestGPUCopiesAndEvents(t *testing.T) {
 	if back[0] != src[0] || back[1] != 0x1234 || back[3] != 0x1234 || back[4] != src[4] {
 		t.Errorf("Fill16 wrote %x", back[:5])
 	}
+	// a batch (FEPLB's phase 2): the source's quarters in reverse order,
+	// one of them at an odd 2-byte offset
+	q := int64(n / 4)
+	ops := []CopyOp{{cd, cs + Ptr(6*q), 2 * q}, {cd + Ptr(2*q), cs + Ptr(4*q), 2 * q}, {cd + Ptr(4*q), cs + Ptr(2*q), 2 * q},
+		{cd + Ptr(6*q), cs + 2, 2*q - 2}}
+	p.ok(p.c.CopyBatch(ops, p.cs))
+	p.ok(p.c.Download(back, cd, p.cs))
+	want := slices.Concat(src[3*q:], src[2*q:3*q], src[q:2*q], src[1:q], back[n-1:])
+	same(t, "batch copy ("+p.c.BatchMethod()+")", back, want)
 }
 
 func TestGPUGEMM(t *testing.T) {

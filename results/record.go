@@ -52,22 +52,32 @@ type Telemetry struct {
 // routing is the same every iteration, so the plan is; times are medians over
 // the timed iterations.
 type Rebalance struct {
-	Policy          string    `json:"policy"`
-	Note            string    `json:"note"`
-	TokensBefore    []int     `json:"tokens_before_per_rank"`
-	TokensAfter     []int     `json:"tokens_after_per_rank"`
-	TokenBefore     Straggler `json:"token_straggler_before"`
-	TokenAfter      Straggler `json:"token_straggler_after"`
-	ModelledBefore  float64   `json:"gemm_straggler_modelled_before_s"`
-	ModelledAfter   float64   `json:"gemm_straggler_modelled_after_s"`
-	Moves           int       `json:"moves"`
-	CopyBytes       int64     `json:"copy_bytes"`
-	CopyMS          float64   `json:"copy_ms_p50"` // incoming copies of the slowest helper plus outputs back to the slowest owner
-	CopyMethod      string    `json:"copy_method"`
-	SchedulerMS     float64   `json:"scheduler_ms_p50"`      // the scheduler's own time
-	SchedulerWaitMS float64   `json:"scheduler_wait_ms_p50"` // how long phase 2 waited for it (its exposed part)
-	HiddenShare     string    `json:"hidden_share"`          // share of copy time overlapped with static experts, or why not measured
-	PhaseTwoSMs     string    `json:"phase2_sm_utilisation"`
+	Policy          string         `json:"policy"`
+	Note            string         `json:"note"`
+	TokensBefore    []int          `json:"tokens_before_per_rank"`
+	TokensAfter     []int          `json:"tokens_after_per_rank"`
+	TokenBefore     Straggler      `json:"token_straggler_before"`
+	TokenAfter      Straggler      `json:"token_straggler_after"`
+	ModelledBefore  float64        `json:"gemm_straggler_modelled_before_s"`
+	ModelledAfter   float64        `json:"gemm_straggler_modelled_after_s"`
+	Moves           int            `json:"moves"`
+	CopyBytes       int64          `json:"copy_bytes"`
+	CopyMS          float64        `json:"copy_ms_p50"` // incoming copies of the slowest helper plus outputs back to the slowest owner
+	CopyMethod      string         `json:"copy_method"`
+	SchedulerMS     float64        `json:"scheduler_ms_p50"`      // the scheduler's own time
+	SchedulerWaitMS float64        `json:"scheduler_wait_ms_p50"` // how long phase 2 waited for it (its exposed part)
+	HiddenShare     string         `json:"hidden_share"`          // share of copy time overlapped with static experts, or why not measured
+	PhaseTwoSMs     string         `json:"phase2_sm_utilisation"`
+	PerStep         RebalanceSteps `json:"per_step"`
+}
+
+// RebalanceSteps are the timed steps' rebalance measurements, one entry per
+// step. Hidden holds -1 for a step where it was not measured.
+type RebalanceSteps struct {
+	CopyMS          []float64 `json:"copy_ms"`
+	SchedulerMS     []float64 `json:"scheduler_ms"`
+	SchedulerWaitMS []float64 `json:"scheduler_wait_ms"`
+	Hidden          []float64 `json:"hidden_share"`
 }
 
 // Config is the run's configuration as recorded: the workload (layer shape,

@@ -6,8 +6,8 @@
 # folders), runs every GPU test with MOEBENCH_REQUIRE_GPU=1 so that a missing
 # GPU or library fails instead of skipping, runs the kernel benchmark (ratios
 # to in-run ceilings), runs the layer on the cuda device for several presets,
-# EP sizes and routings (records in $OUT/records.jsonl), and prints a short
-# table last. Each step is bounded so that the whole fits one 10-minute call.
+# EP sizes and routings, and FEPLB over alltoall (records in
+# $OUT/records.jsonl), and prints a short table last. Each step is bounded so that the whole fits one 10-minute call.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$(mktemp -d)}
@@ -51,6 +51,10 @@ layer qwen3-30b-ep8 --preset qwen3-30b-a3b --ep 8
 layer qwen3-30b-ep8-skewed --preset qwen3-30b-a3b --ep 8 --routing skewed:1.2
 layer qwen3-30b-ep8-natural --preset qwen3-30b-a3b --ep 8 --routing natural
 layer deepseek-v3-ep8 --preset deepseek-v3 --ep 8
+# FEPLB over alltoall on skewed routing: the same layer as qwen3-30b-ep8-skewed,
+# so the two records compare side by side (one NVLink domain of 8, then 2 of 4)
+layer feplb-qwen3-30b-ep8-skewed --preset qwen3-30b-a3b --ep 8 --routing skewed:1.2 --dispatcher feplb
+layer feplb-qwen3-30b-ep8-skewed-d4 --preset qwen3-30b-a3b --ep 8 --routing skewed:1.2 --dispatcher feplb --domain 4
 bin/moebench report "$records" > "$OUT/report.txt" 2>&1
 cat "$OUT/report.txt"
 
