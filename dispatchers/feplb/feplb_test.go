@@ -1,0 +1,67 @@
+package feplb
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/moebench/moebench/balance"
+)
+
+// layoutCase: 4 ranks of 2 experts in 2-rank domains; expert 0 (rank 0,
+// 10 rows) is dynamic.
+func layoutCase() (balance.Topology, []bool, []int, []int) {
+	t := balance.Topology{Ranks: 4, Experts: 8, Domain: 2}
+	counts := []int{10, 2, 3, 3, 4, 4, 1, 1}
+	start := []int{0, 10, 0, 3, 0, 4, 0, 1}
+	dyn := make([]bool, 8)
+	dyn[0] = true
+	return t, dyn, start, counts
+}
+
+func owners(t balance.Topology, counts []int) balance.Plan {
+	return balance.OwnerPlan(t, balance.Step{Counts: counts})
+}
+
+// TestLayoutCoversRowsOnce: the owner keeps the first rows of a split
+// expert, the helpers get the rest in share order, each row exactly once.
+func TestLayoutCoversRowsOnce(t *testing.T) {
+	tp, dyn, start, counts := layoutCase()
+	pl := owners(tp, counts)
+	pl.Shares[0] = []balance.Share{{Rank: 0, Tokens: 4}, {Rank: 1, Tokens: 6}}
+	lay, err := newLayout(tp, &pl, dyn, start, counts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lay.keep[0] != 4 || lay.moves != 1 || lay.foreign[1] != 6 || len(lay.out[0]) != 1 {
+		t.Fatalf("layout %+v", lay)
+	}
+	if c := lay.in[1][0]; c.src != 4 || c.n != 6 || c.dst != 0 || c.owner != 0 || c.expert != 0 {
+		t.Errorf("chunk %+v: want rows [4, 10) of rank 0 at row 0 of rank 1", c)
+	}
+	for e := 1; e < 8; e++ {
+		if lay.keep[e] != counts[e] {
+			t.Errorf("static expert %d keeps %d of %d rows", e, lay.keep[e], counts[e])
+		}
+	}
+}
+
+// TestLayoutRefusesBadPlans: a plan that moves a static expert, leaves the
+// domain or does not list the owner first is refused.
+func TestLayoutRefusesBadPlans(t *testing.T) {
+	tp, dyn, start, counts := layoutCase()
+	for name, c := range map[string]struct {
+		e      int
+		shares []balance.Share
+		want   string
+	}{
+		"static moved":    {1, []balance.Share{{Rank: 0, Tokens: 1}, {Rank: 1, Tokens: 1}}, "static expert 1"},
+		"domain left":     {0, []balance.Share{{Rank: 0, Tokens: 5}, {Rank: 2, Tokens: 5}}, "out of its NVLink domain"},
+		"owner not first": {0, []balance.Share{{Rank: 1, Tokens: 5}, {Rank: 0, Tokens: 5}}, "want its owner 0"},
+	} {
+		pl := owners(tp, counts)
+		pl.Shares[c.e] = c.shares
+		if _, err := newLayout(tp, &pl, dyn, start, counts); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: %v, want an error with %q", name, err, c.want)
+		}
+	}
+}
