@@ -339,11 +339,18 @@ func (b *bencher) run(cfg Config, sizes BenchSizes) ([]BenchRow, error) {
 		return gs
 	}
 	g1, g2 := groups(h1, ex, fc1, 2*f, h), groups(ey, act, fc2, h, f)
+	ways := []*kernels.Grouped{}
 	for _, side := range groupedSides {
 		gr, err := kernels.NewGrouped(dev, side)
 		if err != nil {
 			return rows, err
 		}
+		ways = append(ways, gr)
+	}
+	if gr, err := kernels.NewBatched(dev); err == nil { // where the device has a grouped GEMM
+		ways = append(ways, gr)
+	}
+	for _, gr := range ways {
 		r, err = b.gemmRow("expert GEMMs ("+gr.Name()+")", fmt.Sprintf("%d experts × %d rows, fc1 %d→%d, fc2 %d→%d", L, n/L, h, 2*f, f, h),
 			6*float64(n)*float64(h)*float64(f), 0.7, "6·hidden·ffn per row (fc1 and fc2)",
 			func() error {

@@ -361,19 +361,31 @@ func (dl *deviceLayer) block(r int, w *dispatchers.DeviceWork) error {
 }
 
 // groupedSides are the candidate numbers of extra streams per rank for the
-// expert GEMMs; chooseGrouped times each and keeps the fastest.
+// expert GEMMs; chooseGrouped times each, and the device's grouped GEMM
+// where it has one, and keeps the fastest.
 var groupedSides = []int{0, 3}
 
 // chooseGrouped runs a few steps with each way of running the expert GEMMs,
-// keeps the one whose experts phase (slowest rank, median) is fastest, and
+// keeps the one whose expert phases (slowest rank, median) are fastest, and
 // describes the comparison.
 func (dl *deviceLayer) chooseGrouped() (string, error) {
 	const reps = 3
 	best, bestMS, desc := -1, math.Inf(1), ""
-	options := make([][]*kernels.Grouped, len(groupedSides))
-	for i, side := range groupedSides {
+	ways := len(groupedSides)
+	batched, ok := dl.dev.GroupedGEMMName()
+	if ok {
+		ways++
+	}
+	options := make([][]*kernels.Grouped, ways)
+	for i := range ways {
 		for range dl.ranks {
-			g, err := kernels.NewGrouped(dl.dev, side)
+			var g *kernels.Grouped
+			var err error
+			if i < len(groupedSides) {
+				g, err = kernels.NewGrouped(dl.dev, groupedSides[i])
+			} else {
+				g, err = kernels.NewBatched(dl.dev)
+			}
 			if err != nil {
 				return "", err
 			}
@@ -389,9 +401,16 @@ func (dl *deviceLayer) chooseGrouped() (string, error) {
 			}
 			slowest := 0.0
 			for r := range dl.ranks {
-				t, err := dl.dev.Elapsed(dl.start["experts"][r], dl.end["experts"][r])
-				if err != nil {
-					return "", err
+				t := 0.0
+				for _, ph := range dispatchers.ExpertPhases {
+					if dl.start[ph] == nil {
+						continue
+					}
+					ms, err := dl.dev.Elapsed(dl.start[ph][r], dl.end[ph][r])
+					if err != nil {
+						return "", err
+					}
+					t += ms
 				}
 				slowest = math.Max(slowest, t)
 			}
@@ -401,7 +420,7 @@ func (dl *deviceLayer) chooseGrouped() (string, error) {
 		if desc != "" {
 			desc += "; "
 		}
-		desc += fmt.Sprintf("%s: experts phase %.3g ms", options[i][0].Name(), ms[reps/2])
+		desc += fmt.Sprintf("%s: expert phases %.3g ms", options[i][0].Name(), ms[reps/2])
 		if ms[reps/2] < bestMS {
 			best, bestMS = i, ms[reps/2]
 		}
@@ -409,7 +428,10 @@ func (dl *deviceLayer) chooseGrouped() (string, error) {
 	for r := range dl.rr {
 		dl.rr[r].grouped = options[best][r]
 	}
-	return "chosen: " + options[best][0].Name() + " (median of " + fmt.Sprint(reps) + " steps each — " + desc + "); cublasGemmGroupedBatchedEx not bound in this build", nil
+	if !ok {
+		desc += "; not compared: " + batched
+	}
+	return "chosen: " + options[best][0].Name() + " (median of " + fmt.Sprint(reps) + " steps each — " + desc + ")", nil
 }
 
 // growExperts makes ExpertY of rank r hold rows rows, and growScratch h1

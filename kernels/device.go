@@ -43,6 +43,11 @@ type Device interface {
 	// GEMM: c[m,n] = a[m,k] · w[n,k]ᵀ, bf16 a and w, fp32 accumulation; c is
 	// bf16, or fp32 when f32Out.
 	GEMM(c, a, w Ptr, m, n, k int, f32Out bool, s Stream) error
+	// GroupedGEMM runs the groups' GEMMs (bf16 out, the same n and k) as
+	// one grouped call; GroupedGEMMName names it, or says why the device has
+	// none (then GroupedGEMM fails).
+	GroupedGEMM(groups []Group, n, k int, s Stream) error
+	GroupedGEMMName() (name string, ok bool)
 	// RouterTopK: idx [T,k] int32 and probs [T,k] fp32 from fp32 logits
 	// [T,E] and the selection bias (0: none), as Route.
 	RouterTopK(rc RouterConfig, logits, bias Ptr, tokens int, idx, probs Ptr, s Stream) error
@@ -113,7 +118,7 @@ func Resize(dev Device, rows int, bufs ...Buf) (int64, error) {
 }
 
 // HostBytes is the memory of a host slice Upload and Download accept
-// ([]uint16, []float32 or []int32), as bytes.
+// ([]uint16, []float32, []int32 or []uint64 addresses), as bytes.
 func HostBytes(v any) ([]byte, error) {
 	view := func(p unsafe.Pointer, n int) []byte {
 		if n == 0 {
@@ -128,8 +133,10 @@ func HostBytes(v any) ([]byte, error) {
 		return view(unsafe.Pointer(unsafe.SliceData(s)), 4*len(s)), nil
 	case []int32:
 		return view(unsafe.Pointer(unsafe.SliceData(s)), 4*len(s)), nil
+	case []uint64:
+		return view(unsafe.Pointer(unsafe.SliceData(s)), 8*len(s)), nil
 	}
-	return nil, fmt.Errorf("host buffer of type %T: want []uint16, []float32 or []int32", v)
+	return nil, fmt.Errorf("host buffer of type %T: want []uint16, []float32, []int32 or []uint64", v)
 }
 
 // BF16Bits returns the bf16 bit patterns of v (rounded to nearest even).

@@ -169,6 +169,19 @@ func (e *Emu) storeBF16(p Ptr, v []float32) error {
 	return err
 }
 
+func (e *Emu) GroupedGEMM(groups []Group, n, k int, s Stream) error {
+	for _, g := range groups {
+		if err := e.GEMM(g.C, g.A, g.W, g.M, n, k, false, s); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (e *Emu) GroupedGEMMName() (string, bool) {
+	return "emulated grouped GEMM (one GEMM per group)", true
+}
+
 func (e *Emu) GEMM(c, a, w Ptr, m, n, k int, f32Out bool, _ Stream) error {
 	if m == 0 {
 		return nil

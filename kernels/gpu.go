@@ -21,6 +21,8 @@ type CUDA struct {
 	Drv     *cuda.Driver
 	JIT     *JIT
 	Lt      *cuda.CuBLASLt
+	Blas    *cuda.CuBLAS // cublasGemmGroupedBatchedEx, or nil (BlasErr says why)
+	BlasErr error
 	Ordinal int
 	Arch    string // sm_XY
 	SMs     int
@@ -35,6 +37,9 @@ type CUDA struct {
 
 	batchD, batchS []Ptr // CopyBatch's scratch
 	batchN         []int64
+	ptrArrays      map[string]Ptr // GroupedGEMM's device pointer arrays, by content
+	groupPtrs      []uint64       // scratch
+	groupMs        []int
 }
 
 // kernelKey names a compiled kernel: its source file, its name and the
@@ -110,6 +115,12 @@ func OpenCUDA(ordinal int, cacheDir string) (*CUDA, error) {
 	if err := c.Lt.Init(); err != nil {
 		return nil, err
 	}
+	if c.Blas, c.BlasErr = cuda.OpenCuBLAS(); c.BlasErr == nil {
+		if c.BlasErr = c.Blas.Init(); c.BlasErr != nil {
+			c.Blas = nil
+		}
+	}
+	c.ptrArrays = map[string]Ptr{}
 	ok = true
 	return c, nil
 }
@@ -241,6 +252,46 @@ func (c *CUDA) BatchMethod() string {
 		return n + " with CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE (a hint)"
 	}
 	return "cuMemcpyDtoDAsync per copy (the driver has no cuMemcpyBatchAsync)"
+}
+
+// GroupedGEMM runs the groups as one cublasGemmGroupedBatchedEx call. Its
+// device array of operand addresses is uploaded the first time a group list
+// is seen and kept (an upload from host memory would wait for the stream; a
+// run's routing, so its groups, are fixed).
+func (c *CUDA) GroupedGEMM(groups []Group, n, k int, s Stream) error {
+	if c.Blas == nil {
+		return fmt.Errorf("grouped GEMM: %v", c.BlasErr)
+	}
+	if len(groups) == 0 {
+		return nil
+	}
+	g := len(groups)
+	c.groupPtrs, c.groupMs = Grow(c.groupPtrs, 3*g), Grow(c.groupMs, g)
+	for i, gr := range groups {
+		c.groupPtrs[i], c.groupPtrs[g+i], c.groupPtrs[2*g+i], c.groupMs[i] = uint64(gr.W), uint64(gr.A), uint64(gr.C), gr.M
+	}
+	key, err := HostBytes(c.groupPtrs)
+	if err != nil {
+		return err
+	}
+	p, ok := c.ptrArrays[string(key)]
+	if !ok {
+		if p, err = c.Alloc(int64(len(key))); err != nil {
+			return err
+		}
+		if err := cuda.CopyToDevice(c.Drv, p, c.groupPtrs, s); err != nil {
+			return err
+		}
+		c.ptrArrays[string(key)] = p
+	}
+	return c.Blas.GroupedGEMM(c.groupMs, n, k, p, s)
+}
+
+func (c *CUDA) GroupedGEMMName() (string, bool) {
+	if c.Blas == nil {
+		return fmt.Sprint(c.BlasErr), false
+	}
+	return fmt.Sprintf("one cublasGemmGroupedBatchedEx call (cuBLAS %d)", c.Blas.Version), true
 }
 
 func (c *CUDA) Fill16(p Ptr, v uint16, n int64, s Stream) error {
@@ -394,6 +445,9 @@ func (c *CUDA) Close() error {
 	keep(c.Drv.Synchronize())
 	for _, g := range c.plans {
 		c.Lt.Free(g)
+	}
+	if c.Blas != nil {
+		keep(c.Blas.Close())
 	}
 	for p := range c.allocs {
 		keep(c.Drv.Free(p))

@@ -13,11 +13,23 @@ type Group struct {
 // spread round-robin over the caller's stream and Side streams: the calls
 // fork from the caller's stream and join back into it with events, so the
 // group as a whole is ordered on the caller's stream. With no Side streams
-// the calls run one after another.
+// the calls run one after another. A Batched Grouped makes one grouped call
+// (Device.GroupedGEMM) instead.
 type Grouped struct {
-	Side []Stream
-	fork Event
-	join []Event
+	Side    []Stream
+	Batched string // the grouped call's name; "" for separate calls
+	fork    Event
+	join    []Event
+}
+
+// NewBatched makes a Grouped that runs each group as one grouped call, or
+// says why dev has none.
+func NewBatched(dev Device) (*Grouped, error) {
+	name, ok := dev.GroupedGEMMName()
+	if !ok {
+		return nil, fmt.Errorf("no grouped GEMM: %s", name)
+	}
+	return &Grouped{Batched: name}, nil
 }
 
 // NewGrouped makes a Grouped with side extra streams on dev.
@@ -46,6 +58,9 @@ func NewGrouped(dev Device, side int) (*Grouped, error) {
 
 // Name says how the group runs, for records.
 func (g *Grouped) Name() string {
+	if g.Batched != "" {
+		return g.Batched
+	}
 	if len(g.Side) == 0 {
 		return "per-expert cuBLASLt calls on the rank's stream"
 	}
@@ -54,6 +69,9 @@ func (g *Grouped) Name() string {
 
 // Run queues the group on s.
 func (g *Grouped) Run(dev Device, groups []Group, n, k int, s Stream) error {
+	if g.Batched != "" {
+		return dev.GroupedGEMM(groups, n, k, s)
+	}
 	if len(g.Side) == 0 {
 		for _, gr := range groups {
 			if err := dev.GEMM(gr.C, gr.A, gr.W, gr.M, n, k, false, s); err != nil {

@@ -49,6 +49,14 @@ func Doctor() []Component {
 	} else {
 		c.Found, c.Path, c.Version, c.Detail = true, b.Path, fmt.Sprint(b.Version), "expert and router GEMMs"
 	}
+	out = append(out, c)
+
+	c = Component{Name: "cuBLAS"}
+	if b, err := OpenCuBLAS(); err != nil {
+		c.Detail = err.Error()
+	} else {
+		c.Found, c.Path, c.Detail = true, b.Path, "cublasGemmGroupedBatchedEx, compared with per-expert cuBLASLt calls"
+	}
 	out = append(out, c, probeNCCL())
 
 	return append(out, probeNVML())
