@@ -397,7 +397,13 @@ func (dl *deviceLayer) chooseGrouped() (string, error) {
 		var ms []float64
 		for range reps {
 			if err := dl.step(); err != nil {
-				return "", err
+				if i < len(groupedSides) {
+					return "", err
+				}
+				// the grouped call is optional: a failure leaves it out
+				desc += "; " + batched + " failed: " + err.Error()
+				ms = nil
+				break
 			}
 			slowest := 0.0
 			for r := range dl.ranks {
@@ -415,6 +421,12 @@ func (dl *deviceLayer) chooseGrouped() (string, error) {
 				slowest = math.Max(slowest, t)
 			}
 			ms = append(ms, slowest)
+		}
+		if ms == nil {
+			if err := dl.sync(); err != nil {
+				return "", err
+			}
+			continue
 		}
 		slices.Sort(ms)
 		if desc != "" {

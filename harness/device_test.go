@@ -1,6 +1,7 @@
 package harness
 
 import (
+	"errors"
 	"os"
 	"reflect"
 	"slices"
@@ -400,5 +401,24 @@ func TestDeviceSampledCheck(t *testing.T) {
 	dev.n, dev.drop = 0, 2 // the first rank's dispatch loses a source's rows
 	if cr, err := dl.check(); err != nil || cr.Passed {
 		t.Errorf("lost copy with a sampled check: %v, %+v", err, cr)
+	}
+}
+
+// failGrouped is Emu whose grouped GEMM fails.
+type failGrouped struct{ kernels.Emu }
+
+func (*failGrouped) GroupedGEMM([]kernels.Group, int, int, kernels.Stream) error {
+	return errors.New("grouped GEMM refused")
+}
+
+// TestDeviceGroupedGEMMFailureLeftOut: a grouped GEMM that fails is left out
+// of the comparison, with the reason, and the run goes on.
+func TestDeviceGroupedGEMMFailureLeftOut(t *testing.T) {
+	t.Setenv("MOEBENCH_NVML", "/nonexistent")
+	c := feplbCase()
+	c.Iters, c.Warmup = 1, 0
+	rec, err := Run(c, Env{Version: "test", OpenDevice: func() (kernels.Device, error) { return &failGrouped{}, nil }})
+	if err != nil || rec.Status != results.StatusOK || !strings.Contains(rec.GEMM.Method, "failed: ") || strings.Contains(rec.GEMM.Method, "chosen: emulated") {
+		t.Fatalf("run: %v, method %q", err, rec.GEMM.Method)
 	}
 }
