@@ -17,7 +17,7 @@ type Device interface {
 	Name() string
 	Alloc(bytes int64) (Ptr, error)
 	Free(p Ptr) error
-	// Upload copies a []uint16, []float32 or []int32 to dst on s; src may be
+	// Upload copies a []uint16, []float32, []int32 or []uint64 to dst on s; src may be
 	// reused when it returns.
 	Upload(dst Ptr, src any, s Stream) error
 	// Download copies src into a []uint16, []float32 or []int32 after the
