@@ -122,7 +122,7 @@ type RebalanceStats struct {
 	TokensAfter    []int   // rows each rank computes after the rebalance
 	Moves          int     // (expert, helper) pairs
 	CopyBytes      int64   // tokens and weights moved one way, plus outputs back
-	CopySeconds    float64 // measured time of the copies (the slowest rank's, in and back)
+	CopySeconds    float64 // measured copy time: host, all copies' wall time; device, the slowest helper's incoming copies plus the slowest owner's copies back
 	PlanSeconds    float64 // measured wall time of the scheduler
 	PlanWait       float64 // seconds the rebalance waited for the scheduler (its exposed part)
 	ModelledBefore float64 // modelled GEMM straggler before, seconds (max − mean)
