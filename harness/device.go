@@ -41,9 +41,9 @@ type devRank struct {
 	logits, override     kernels.Ptr      // [T, E] fp32; override 0 unless the routing mode replaces the logits
 	traceIdx, traceProbs kernels.Ptr      // routing from a trace, or 0
 	sh1, sact            kernels.Ptr      // shared expert intermediates [T, 2fs], [T, fs]
-	h1, act              kernels.Ptr      // expert intermediates [capScratch, 2f], [capScratch, f]
-	capRows, capScratch  int              // rows ExpertY holds; rows h1 and act hold
-	bytes, grown, grownS int64            // bytes of the fixed buffers, of ExpertY, of h1 and act
+	h1, act              kernels.Ptr      // expert intermediates [scratch.Rows, 2f], [scratch.Rows, f]
+	out, scratch         kernels.Sized    // ExpertY; h1 and act
+	bytes                int64            // bytes of the fixed buffers
 	grouped              *kernels.Grouped // how the expert GEMMs run
 	groups               []kernels.Group  // scratch
 	whole                []dispatchers.DeviceWork
@@ -261,8 +261,8 @@ func (dl *deviceLayer) route(r int) error {
 // experts computes the rank's current work (DeviceRank.Work; nil: all its
 // rows with its own experts), block by block.
 func (dl *deviceLayer) experts(r int) error {
-	rk := dl.ranks[r]
-	if err := dl.growExperts(r, rk.Rows()); err != nil {
+	rk, b := dl.ranks[r], &dl.rr[r]
+	if err := b.out.Ensure(dl.dev, rk.Stream, rk.Rows(), kernels.Buf{P: &rk.ExpertY, PerRow: 2 * int64(dl.l.Cfg.Hidden)}); err != nil {
 		return err
 	}
 	work := rk.Work
@@ -322,7 +322,7 @@ func (dl *deviceLayer) block(r int, w *dispatchers.DeviceWork) error {
 			return err
 		}
 	}
-	if err := dl.growScratch(r, hi-lo); err != nil {
+	if err := b.scratch.Ensure(dl.dev, rk.Stream, hi-lo, kernels.Buf{P: &b.h1, PerRow: 4 * int64(f)}, kernels.Buf{P: &b.act, PerRow: 2 * int64(f)}); err != nil {
 		return err
 	}
 	y := w.Y
@@ -446,38 +446,6 @@ func (dl *deviceLayer) chooseGrouped() (string, error) {
 	return "chosen: " + options[best][0].Name() + " (median of " + fmt.Sprint(reps) + " steps each — " + desc + ")", nil
 }
 
-// growExperts makes ExpertY of rank r hold rows rows, and growScratch h1
-// and act (the first step only: a run's routing is fixed). They wait for the
-// rank's queued work, which may still use the old buffers.
-func (dl *deviceLayer) growExperts(r, rows int) error {
-	rk, b := dl.ranks[r], &dl.rr[r]
-	if rows <= b.capRows && rk.ExpertY != 0 {
-		return nil
-	}
-	if err := dl.dev.SyncStream(rk.Stream); err != nil {
-		return err
-	}
-	var err error
-	b.grown, err = kernels.Resize(dl.dev, rows, kernels.Buf{P: &rk.ExpertY, PerRow: 2 * int64(dl.l.Cfg.Hidden)})
-	b.capRows = max(rows, 1)
-	return err
-}
-
-func (dl *deviceLayer) growScratch(r, rows int) error {
-	rk, b := dl.ranks[r], &dl.rr[r]
-	if rows <= b.capScratch && b.h1 != 0 {
-		return nil
-	}
-	if err := dl.dev.SyncStream(rk.Stream); err != nil {
-		return err
-	}
-	f := int64(dl.l.Cfg.FFN)
-	var err error
-	b.grownS, err = kernels.Resize(dl.dev, rows, kernels.Buf{P: &b.h1, PerRow: 4 * f}, kernels.Buf{P: &b.act, PerRow: 2 * f})
-	b.capScratch = max(rows, 1)
-	return err
-}
-
 // step runs one forward pass: every phase for every rank, each phase between
 // two events on the rank's stream, then waits for every stream.
 func (dl *deviceLayer) step() error {
@@ -574,7 +542,7 @@ func (dl *deviceLayer) check() (*results.Correctness, error) {
 		for _, p := range []struct {
 			ptr   kernels.Ptr
 			words int
-		}{{rk.Y, T * h}, {rk.Probs, 2 * T * k}, {dl.rr[r].logits, 2 * T * E}, {rk.ExpertY, dl.rr[r].capRows * h}} {
+		}{{rk.Y, T * h}, {rk.Probs, 2 * T * k}, {dl.rr[r].logits, 2 * T * E}, {rk.ExpertY, dl.rr[r].out.Rows * h}} {
 			if p.ptr != 0 {
 				if err := dl.dev.Fill16(p.ptr, nan, int64(p.words), rk.Stream); err != nil {
 					return nil, err
@@ -621,7 +589,8 @@ func (dl *deviceLayer) check() (*results.Correctness, error) {
 // footprint is rank r's bytes on the device: its layer and dispatcher
 // buffers and an equal share of the buffers the ranks share.
 func (dl *deviceLayer) footprint(r int) int64 {
-	return dl.rr[r].bytes + dl.rr[r].grown + dl.rr[r].grownS + dl.d.Footprint(r) + dl.common/int64(len(dl.ranks))
+	b := &dl.rr[r]
+	return b.bytes + b.out.Bytes + b.scratch.Bytes + dl.d.Footprint(r) + dl.common/int64(len(dl.ranks))
 }
 
 // runDevice is Run on the cuda device (or env.OpenDevice's): the same

@@ -117,6 +117,29 @@ func Resize(dev Device, rows int, bufs ...Buf) (int64, error) {
 	return held, nil
 }
 
+// Sized tracks device buffers sized by a row count that only grows (a run's
+// routing is fixed, so they grow in its first step only).
+type Sized struct {
+	Rows  int   // rows the buffers hold
+	Bytes int64 // bytes they hold
+}
+
+// Ensure makes bufs hold at least rows rows. Growing waits for the work
+// queued on s, which may still use the old buffers, and does not keep their
+// contents.
+func (z *Sized) Ensure(dev Device, s Stream, rows int, bufs ...Buf) error {
+	if rows <= z.Rows && *bufs[0].P != 0 {
+		return nil
+	}
+	if err := dev.SyncStream(s); err != nil {
+		return err
+	}
+	var err error
+	z.Bytes, err = Resize(dev, rows, bufs...)
+	z.Rows = max(rows, 1)
+	return err
+}
+
 // HostBytes is the memory of a host slice Upload and Download accept
 // ([]uint16, []float32, []int32 or []uint64 addresses), as bytes.
 func HostBytes(v any) ([]byte, error) {

@@ -40,14 +40,15 @@ type devState struct {
 
 	// receive side: chunk (source s, local expert l) has chunkN[s][l] rows at
 	// recvOff[s][l] of the [source][local] receive buffer
-	chunkN, recvOff   [][]int
-	recvCounts        kernels.Ptr // [EP·L] int32 chunkN on the device, for the chunk sort
-	recvX, recvP      kernels.Ptr // [cap, h], [cap]
-	recvY             kernels.Ptr // [cap, h]
-	capRows, received int
+	chunkN, recvOff [][]int
+	recvCounts      kernels.Ptr // [EP·L] int32 chunkN on the device, for the chunk sort
+	recvX, recvP    kernels.Ptr // [cap, h], [cap]
+	recvY           kernels.Ptr // [cap, h]
+	received        int
+	recv            kernels.Sized // recvX, recvP, recvY, ExpertX, ExpertProbs
 
 	permuted, combined kernels.Event
-	fixed, grown       int64 // bytes of the buffers Bind and grow allocated
+	fixed              int64 // bytes of the buffers Bind allocated
 }
 
 func (a *Device) Name() string { return "alltoall" }
@@ -177,22 +178,11 @@ func (a *Device) Dispatch(r int) error {
 	return a.dev.SortChunks(rk.ExpertX, rk.ExpertProbs, s.recvX, s.recvP, s.recvCounts, total, sh.EP, L, sh.Hidden, false, rk.Stream)
 }
 
-// grow makes rank r's receive and expert-input buffers hold rows rows. The
-// routing of a run is fixed, so this allocates in the first step only.
+// grow makes rank r's receive and expert-input buffers hold rows rows.
 func (a *Device) grow(r, rows int) error {
-	s, rk := &a.st[r], a.ranks[r]
-	if rows <= s.capRows && s.recvX != 0 {
-		return nil
-	}
-	if err := a.dev.SyncStream(rk.Stream); err != nil {
-		return err
-	}
-	h := int64(a.shape.Hidden)
-	var err error
-	s.grown, err = kernels.Resize(a.dev, rows, kernels.Buf{P: &s.recvX, PerRow: 2 * h}, kernels.Buf{P: &s.recvP, PerRow: 4},
+	s, rk, h := &a.st[r], a.ranks[r], int64(a.shape.Hidden)
+	return s.recv.Ensure(a.dev, rk.Stream, rows, kernels.Buf{P: &s.recvX, PerRow: 2 * h}, kernels.Buf{P: &s.recvP, PerRow: 4},
 		kernels.Buf{P: &s.recvY, PerRow: 2 * h}, kernels.Buf{P: &rk.ExpertX, PerRow: 2 * h}, kernels.Buf{P: &rk.ExpertProbs, PerRow: 4})
-	s.capRows = max(rows, 1)
-	return err
 }
 
 // Combine is rank r's send side on the way back: unsort its expert outputs
@@ -238,7 +228,7 @@ func (a *Device) Traffic() dispatchers.Traffic {
 
 // Footprint is the bytes of rank r's dispatcher buffers, ExpertX and
 // ExpertProbs included.
-func (a *Device) Footprint(r int) int64 { return a.st[r].fixed + a.st[r].grown }
+func (a *Device) Footprint(r int) int64 { return a.st[r].fixed + a.st[r].recv.Bytes }
 
 // Close frees every buffer the dispatcher allocated.
 func (a *Device) Close() error {
@@ -254,7 +244,7 @@ func (a *Device) Close() error {
 				*p = 0
 			}
 		}
-		s.fixed, s.grown = 0, 0
+		s.fixed, s.recv = 0, kernels.Sized{}
 	}
 	return first
 }

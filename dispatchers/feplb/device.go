@@ -61,11 +61,10 @@ type devRank struct {
 	// dynamic work done; backStart/backEnd: the outputs pulled back
 	dispatched, staticEnd, ceStart, ready, computed, backStart, backEnd kernels.Event
 
-	fx, fp, fy kernels.Ptr // rows computed for others: [cap, h] bf16, [cap] fp32, [cap, h] bf16
-	w1, w2     kernels.Ptr // weights of the experts helped: [slots, 2f, h], [slots, h, f]
-	capRows    int
-	slots      int
-	bytes      int64
+	fx, fp, fy kernels.Ptr   // rows computed for others: [rows, h] bf16, [rows] fp32, [rows, h] bf16
+	w1, w2     kernels.Ptr   // weights of the experts helped: [slots, 2f, h], [slots, h, f]
+	rows       kernels.Sized // fx, fp, fy
+	slots      kernels.Sized // w1, w2
 	work       []dispatchers.DeviceWork
 	segs       [3][]dispatchers.DeviceSegment // static, own dynamic, foreign
 }
@@ -202,24 +201,14 @@ func (f *Device) Rebalance(r int) error {
 }
 
 // grow makes rank r's phase-2 buffers hold rows rows and slots experts'
-// weights (the first step only: a run's routing, and so its plan, is fixed).
+// weights.
 func (f *Device) grow(r, rows, slots int) error {
 	s := &f.rs[r]
-	if rows <= s.capRows && slots <= s.slots && s.fx != 0 {
-		return nil
-	}
-	if err := f.dev.SyncStream(s.ce); err != nil {
-		return err
-	}
 	h, ff := int64(f.c.shape.Hidden), int64(f.env.FFN)
-	s.capRows, s.slots = max(rows, s.capRows, 1), max(slots, s.slots, 1)
-	a, err := kernels.Resize(f.dev, s.capRows, kernels.Buf{P: &s.fx, PerRow: 2 * h}, kernels.Buf{P: &s.fp, PerRow: 4}, kernels.Buf{P: &s.fy, PerRow: 2 * h})
-	if err != nil {
+	if err := s.rows.Ensure(f.dev, s.ce, rows, kernels.Buf{P: &s.fx, PerRow: 2 * h}, kernels.Buf{P: &s.fp, PerRow: 4}, kernels.Buf{P: &s.fy, PerRow: 2 * h}); err != nil {
 		return err
 	}
-	b, err := kernels.Resize(f.dev, s.slots, kernels.Buf{P: &s.w1, PerRow: 4 * ff * h}, kernels.Buf{P: &s.w2, PerRow: 2 * h * ff})
-	s.bytes = a + b
-	return err
+	return s.slots.Ensure(f.dev, s.ce, slots, kernels.Buf{P: &s.w1, PerRow: 4 * ff * h}, kernels.Buf{P: &s.w2, PerRow: 2 * h * ff})
 }
 
 // Combine pulls the outputs of rank r's moved chunks back from their helpers
@@ -304,7 +293,9 @@ func (f *Device) RebalanceStats() dispatchers.RebalanceStats {
 }
 
 // Footprint adds the rank's phase-2 buffers to the base's.
-func (f *Device) Footprint(r int) int64 { return f.rs[r].bytes + f.DeviceDispatcher.Footprint(r) }
+func (f *Device) Footprint(r int) int64 {
+	return f.rs[r].rows.Bytes + f.rs[r].slots.Bytes + f.DeviceDispatcher.Footprint(r)
+}
 
 // Close frees the phase-2 buffers and the base's.
 func (f *Device) Close() error {
@@ -319,7 +310,7 @@ func (f *Device) Close() error {
 				*p = 0
 			}
 		}
-		s.bytes = 0
+		s.rows, s.slots = kernels.Sized{}, kernels.Sized{}
 	}
 	if err := f.DeviceDispatcher.Close(); first == nil {
 		first = err
