@@ -316,10 +316,11 @@ func (p *feplb) Plan(st Step) Plan {
 	type dyn struct{ e, owner, n int }
 	var moved, dynamic int
 	nDyn := dynamicPerRank(t, o.DynamicPerRank)
+	isDyn := make([]bool, t.Experts)
 	for d := 0; d < t.Ranks/t.Domain; d++ {
 		var dyns []dyn
 		for r := d * t.Domain; r < (d+1)*t.Domain; r++ {
-			isDyn := pickDynamic(byRank[r], st.Counts, nDyn)
+			pickDynamic(byRank[r], st.Counts, nDyn, isDyn)
 			for _, e := range byRank[r] {
 				if isDyn[e] {
 					dyns = append(dyns, dyn{e, r, st.Counts[e]})
@@ -438,18 +439,14 @@ func (p *feplb) replace() []Move {
 // at most L−1, so that every rank keeps static work to hide the copies behind.
 func dynamicPerRank(t Topology, want int) int { return max(0, min(want, t.Local()-1)) }
 
-// pickDynamic marks FEPLB's dynamic experts among one rank's experts: its n
-// most loaded ones with tokens (ties by expert order).
-func pickDynamic(experts, counts []int, n int) map[int]bool {
-	order := slices.Clone(experts)
-	sort.SliceStable(order, func(i, j int) bool { return counts[order[i]] > counts[order[j]] })
-	dyn := map[int]bool{}
-	for _, e := range order[:min(n, len(order))] {
-		if counts[e] > 0 {
-			dyn[e] = true
-		}
+// pickDynamic marks in dyn FEPLB's dynamic experts among one rank's experts
+// (in expert order): its n most loaded ones with tokens, ties by expert order.
+// It sorts experts by load.
+func pickDynamic(experts, counts []int, n int, dyn []bool) {
+	sort.SliceStable(experts, func(i, j int) bool { return counts[experts[i]] > counts[experts[j]] })
+	for i, e := range experts {
+		dyn[e] = i < n && counts[e] > 0
 	}
-	return dyn
 }
 
 // DynamicExperts are the experts the feplb policy treats as dynamic in a
@@ -465,9 +462,7 @@ func DynamicExperts(t Topology, counts []int, perRank int) []bool {
 		for i := range experts {
 			experts[i] = r*L + i
 		}
-		for e := range pickDynamic(experts, counts, n) {
-			out[e] = true
-		}
+		pickDynamic(experts, counts, n, out)
 	}
 	return out
 }

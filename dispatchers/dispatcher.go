@@ -241,7 +241,7 @@ type Phased interface {
 // ("dynamic"), combine, unpermute. Each phase runs for every rank before the
 // next.
 func Sequence(d Phased, experts func(rank int) error) []Step {
-	s := []Step{{"permute", d.Permute}, {"dispatch", d.Dispatch}, {"experts", experts}}
+	s := []Step{{"permute", d.Permute}, {"dispatch", d.Dispatch}, {ExpertPhases[0], experts}}
 	if rb, ok := d.(Rebalancer); ok {
 		s = append(s, Step{"rebalance", rb.Rebalance}, Step{ExpertPhases[1], experts})
 	}

@@ -19,17 +19,11 @@ import (
 func probeCopies(dev kernels.Device, seed uint64) (string, error) {
 	const n, copyBytes, gemms = 4096, 256 << 20, 50
 	var a, w, c, src, dst kernels.Ptr
+	defer kernels.Free(dev, &a, &w, &c, &src, &dst)
 	if _, err := kernels.Resize(dev, 1, kernels.Buf{P: &a, PerRow: 2 * n * n}, kernels.Buf{P: &w, PerRow: 2 * n * n},
 		kernels.Buf{P: &c, PerRow: 2 * n * n}, kernels.Buf{P: &src, PerRow: copyBytes}, kernels.Buf{P: &dst, PerRow: copyBytes}); err != nil {
 		return "", err
 	}
-	defer func() {
-		for _, p := range []kernels.Ptr{a, w, c, src, dst} {
-			if p != 0 {
-				dev.Free(p)
-			}
-		}
-	}()
 	sg, err := dev.NewStream()
 	if err != nil {
 		return "", err

@@ -683,22 +683,16 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 	if tm != nil {
 		rec.Telemetry, rec.SMs.Measured = tm.finish()
 	}
-	sms := "not measured: the " + dev.Name() + " device has no copy engines"
+	m.rebalance, m.phase2SMs = rbSteps, "not measured: the "+dev.Name()+" device has no copy engines"
 	if rebalances && dev.Name() == "cuda" {
-		if sms, err = probeCopies(dev, cfg.Seed); err != nil {
-			sms = "not measured: the copy probe failed: " + err.Error()
+		if m.phase2SMs, err = probeCopies(dev, cfg.Seed); err != nil {
+			m.phase2SMs = "not measured: the copy probe failed: " + err.Error()
 		}
 	}
 
 	rec.Status = results.StatusOK
-	if rebalances {
-		m.recv = rbSteps[len(rbSteps)-1].TokensAfter
-	}
 	fillMeasurements(rec, cfg, m)
 	rec.GEMM.Method = method
-	if rebalances {
-		rec.Rebalance = rebalanceRecord(rbSteps, sms)
-	}
 	return rec, nil
 }
 

@@ -118,13 +118,8 @@ func Run(cfg Config, env Env) (*results.Record, error) {
 		m.recv = append(m.recv, n)
 		m.mem.PerRankBytes = append(m.mem.PerRankBytes, l.Footprint(d, r))
 	}
-	if rebalances { // the segments left are the last expert phase's only
-		m.recv = rbSteps[len(rbSteps)-1].TokensAfter
-	}
+	m.rebalance, m.phase2SMs = rbSteps, "not measured on the host device"
 	fillMeasurements(rec, cfg, m)
-	if rebalances {
-		rec.Rebalance = rebalanceRecord(rbSteps, "not measured on the host device")
-	}
 	return rec, dump(env, l, rec)
 }
 
@@ -185,9 +180,17 @@ type measured struct {
 	mem     *results.Memory
 	clock   string // what measured the times
 	model   string // how phases make a step
+	// a Rebalancer's timed steps (nil for other dispatchers), and what the
+	// SMs did during its copies
+	rebalance []dispatchers.RebalanceStats
+	phase2SMs string
 }
 
 func fillMeasurements(rec *results.Record, cfg Config, m measured) {
+	if len(m.rebalance) > 0 { // the segments left are the last expert phase's only: count what the plan says
+		m.recv = m.rebalance[len(m.rebalance)-1].TokensAfter
+		rec.Rebalance = rebalanceRecord(m.rebalance, m.phase2SMs)
+	}
 	t := &results.Timing{Unit: "ms", Clock: m.clock, Warmup: cfg.Warmup, Iters: cfg.Iters, Model: m.model}
 	// each rank's own step time, and the lockstep step (sum of slowest ranks)
 	stepPerRank := make([][]float64, cfg.EP)

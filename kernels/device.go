@@ -140,6 +140,21 @@ func (z *Sized) Ensure(dev Device, s Stream, rows int, bufs ...Buf) error {
 	return err
 }
 
+// Free frees the allocated buffers among ps and zeroes their addresses; it
+// returns the first error.
+func Free(dev Device, ps ...*Ptr) error {
+	var first error
+	for _, p := range ps {
+		if *p != 0 {
+			if err := dev.Free(*p); err != nil && first == nil {
+				first = err
+			}
+			*p = 0
+		}
+	}
+	return first
+}
+
 // HostBytes is the memory of a host slice Upload and Download accept
 // ([]uint16, []float32, []int32 or []uint64 addresses), as bytes.
 func HostBytes(v any) ([]byte, error) {

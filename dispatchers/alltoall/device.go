@@ -235,14 +235,9 @@ func (a *Device) Close() error {
 	var first error
 	for r := range a.st {
 		s, rk := &a.st[r], a.ranks[r]
-		for _, p := range []*kernels.Ptr{&s.rows, &s.pos, &s.counts, &s.permX, &s.permY, &s.permP, &s.recvCounts,
-			&s.recvX, &s.recvP, &s.recvY, &rk.ExpertX, &rk.ExpertProbs} {
-			if *p != 0 {
-				if err := a.dev.Free(*p); err != nil && first == nil {
-					first = err
-				}
-				*p = 0
-			}
+		if err := kernels.Free(a.dev, &s.rows, &s.pos, &s.counts, &s.permX, &s.permY, &s.permP, &s.recvCounts,
+			&s.recvX, &s.recvP, &s.recvY, &rk.ExpertX, &rk.ExpertProbs); first == nil {
+			first = err
 		}
 		s.fixed, s.recv = 0, kernels.Sized{}
 	}

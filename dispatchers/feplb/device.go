@@ -302,13 +302,8 @@ func (f *Device) Close() error {
 	var first error
 	for r := range f.rs {
 		s := &f.rs[r]
-		for _, p := range []*kernels.Ptr{&s.fx, &s.fp, &s.fy, &s.w1, &s.w2} {
-			if *p != 0 {
-				if err := f.dev.Free(*p); err != nil && first == nil {
-					first = err
-				}
-				*p = 0
-			}
+		if err := kernels.Free(f.dev, &s.fx, &s.fp, &s.fy, &s.w1, &s.w2); first == nil {
+			first = err
 		}
 		s.rows, s.slots = kernels.Sized{}, kernels.Sized{}
 	}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/moebench/moebench/balance"
 	"github.com/moebench/moebench/dispatchers"
+	"github.com/moebench/moebench/kernels"
 )
 
 // New returns FEPLB on the host device over its base dispatcher, or why it
@@ -40,6 +41,7 @@ type FEPLB struct {
 	own     []int // rows each rank's phase 1 delivered
 	weights [][]dispatchers.ExpertWeights
 	copied  float64 // seconds of copies this step
+	rows    []int   // scratch: a rank's rows per local expert
 }
 
 func (f *FEPLB) Name() string { return "feplb" }
@@ -82,7 +84,9 @@ func (f *FEPLB) Dispatch(r int) error {
 		return err
 	}
 	rk, L := f.ranks[r], f.c.shape.LocalExperts()
-	rows := make([]int, L)
+	rows := kernels.Grow(f.rows, L)
+	f.rows = rows
+	clear(rows)
 	at := 0
 	for i, sg := range rk.Segments {
 		if sg.Expert != r*L+i || sg.Start != at || sg.Weights != nil || i >= L {
