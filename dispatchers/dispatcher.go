@@ -113,6 +113,10 @@ type Rebalancer interface {
 	Rebalance(rank int) error
 	// RebalanceStats describes what the last step's rebalance did.
 	RebalanceStats() RebalanceStats
+	// Pause(true) makes the following steps move nothing, so that each
+	// rank computes what phase 1 delivered to it (the harness measures the
+	// GEMM straggler before rebalancing with it); Pause(false) resumes.
+	Pause(paused bool)
 }
 
 // RebalanceStats is one step's rebalance.

@@ -644,14 +644,29 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 		mem: &results.Memory{Method: "device buffers, accounted: the bytes moebench allocated for the rank (layer and dispatcher buffers, its share of the router and shared-expert weights), excluding cuBLASLt workspaces and the CUDA context"}}
 	for _, ph := range dl.steps() {
 		m.phases = append(m.phases, ph.Name)
-		m.samples[ph.Name] = make([][]float64, cfg.EP)
 	}
+	m.samples = m.newSamples(cfg.EP)
 	method, err := dl.chooseGrouped()
 	if err != nil {
 		return fail(deviceStatus(err), err)
 	}
 	rb, rebalances := d.(dispatchers.Rebalancer)
-	var rbSteps []dispatchers.RebalanceStats
+	if rebalances { // the paused steps (see measured.paused)
+		m.paused = m.newSamples(cfg.EP)
+		rb.Pause(true)
+		for i := -cfg.Warmup; i < cfg.Iters; i++ {
+			if err := dl.step(); err != nil {
+				return fail(deviceStatus(err), err)
+			}
+			if i < 0 {
+				continue
+			}
+			if err := dl.times(m.paused, make([][]float64, cfg.EP)); err != nil {
+				return fail(results.StatusFailed, err)
+			}
+		}
+		rb.Pause(false)
+	}
 	var tm *telemetry
 	for i := -cfg.Warmup; i < cfg.Iters; i++ {
 		if i == 0 {
@@ -672,7 +687,7 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 			return fail(results.StatusFailed, err)
 		}
 		if rebalances {
-			rbSteps = append(rbSteps, rb.RebalanceStats())
+			m.rebalance = append(m.rebalance, rb.RebalanceStats())
 		}
 	}
 	m.traffic = d.Traffic() // after the steps: it counts the last one
@@ -683,7 +698,7 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 	if tm != nil {
 		rec.Telemetry, rec.SMs.Measured = tm.finish()
 	}
-	m.rebalance, m.phase2SMs = rbSteps, "not measured: the "+dev.Name()+" device has no copy engines"
+	m.phase2SMs = "not measured: the " + dev.Name() + " device has no copy engines"
 	if rebalances && dev.Name() == "cuda" {
 		if m.phase2SMs, err = probeCopies(dev, cfg.Seed); err != nil {
 			m.phase2SMs = "not measured: the copy probe failed: " + err.Error()

@@ -2,6 +2,7 @@ package harness
 
 import (
 	"errors"
+	"math"
 	"os"
 	"reflect"
 	"slices"
@@ -169,6 +170,14 @@ func TestDeviceFEPLB(t *testing.T) {
 	if rb.Moves == 0 || after >= before || rb.CopyBytes == 0 || !(rb.Hidden >= 0 && rb.Hidden <= 1) || rb.CopyMethod == "" {
 		t.Fatalf("rebalance %+v", rb)
 	}
+	// paused, phase 2 moves nothing and the output is still right
+	dl.d.(dispatchers.Rebalancer).Pause(true)
+	if cr, err := dl.check(); err != nil || !cr.Passed {
+		t.Fatalf("paused check: %v, %+v", err, cr)
+	}
+	if p := dl.d.(dispatchers.Rebalancer).RebalanceStats(); p.Moves != 0 || !slices.Equal(p.TokensAfter, p.TokensBefore) || !math.IsNaN(p.Hidden) {
+		t.Fatalf("paused rebalance %+v", p)
+	}
 	// a step ends with the incoming chunks (4 copies each: rows,
 	// probabilities, fc1, fc2), then per rank its outputs pulled back (one
 	// per chunk; rank 0 gives work away) and the base combine's (one per
@@ -216,6 +225,7 @@ func TestDeviceFEPLBRunRecord(t *testing.T) {
 		!strings.Contains(rb.HiddenShare, "median of") || len(rb.PerStep.Hidden) != c.Iters || rb.PhaseTwoSMs != "not measured: the emu device has no copy engines" || rb.CopyMethod == "" {
 		t.Errorf("rebalance record %+v, tokens %v", rb, rec.Tokens.Received)
 	}
+	gemmBeforeAfter(t, rec)
 	c.FeplbBase = "deepep"
 	rec, err = Run(c, emu)
 	if !dispatchers.IsUnavailable(err) || rec.Status != results.StatusUnavailable || !strings.Contains(rec.Reason, "base dispatcher deepep") {

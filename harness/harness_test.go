@@ -311,14 +311,19 @@ func TestHostMemoryGuard(t *testing.T) {
 
 // TestFEPLBEqualOutput: the layer's output with FEPLB's rebalance equals the
 // output without it, bit for bit (each row's arithmetic is the same wherever
-// it runs), and the rebalance did move work and cut the token straggler.
+// it runs), and the rebalance did move work and cut the token straggler;
+// paused, it moves nothing and the output is the same again.
 func TestFEPLBEqualOutput(t *testing.T) {
 	c := small()
 	c.Routing = Routing{Kind: RoutingSkewed, Alpha: 1.5}
 	c.EP, c.Domain = 4, 2
 	out := map[string][][]float32{}
-	var rb dispatchers.RebalanceStats
-	for _, name := range []string{"alltoall", "feplb"} {
+	stats := map[string]dispatchers.RebalanceStats{}
+	for _, run := range []string{"alltoall", "feplb", "paused"} {
+		name := run
+		if run == "paused" {
+			name = "feplb"
+		}
 		l, err := NewLayer(c)
 		if err != nil {
 			t.Fatal(err)
@@ -330,21 +335,31 @@ func TestFEPLBEqualOutput(t *testing.T) {
 		if err := d.Bind(l.Shape, l.Ranks); err != nil {
 			t.Fatal(err)
 		}
+		r, rebalances := d.(dispatchers.Rebalancer)
+		if run == "paused" {
+			r.Pause(true)
+		}
 		for range 2 { // a second step reuses every buffer
 			if err := l.Step(d, func(_ string, _ int, fn func() error) error { return fn() }); err != nil {
 				t.Fatal(err)
 			}
 		}
 		for _, rk := range l.Ranks {
-			out[name] = append(out[name], append([]float32(nil), rk.Y...))
+			out[run] = append(out[run], append([]float32(nil), rk.Y...))
 		}
-		if r, ok := d.(dispatchers.Rebalancer); ok {
-			rb = r.RebalanceStats()
+		if rebalances {
+			stats[run] = r.RebalanceStats()
 		}
 	}
-	if !reflect.DeepEqual(out["alltoall"], out["feplb"]) {
-		t.Error("output with feplb differs from the output without it")
+	for _, run := range []string{"feplb", "paused"} {
+		if !reflect.DeepEqual(out["alltoall"], out[run]) {
+			t.Errorf("output with %s differs from the output without feplb", run)
+		}
 	}
+	if p := stats["paused"]; p.Moves != 0 || !slices.Equal(p.TokensAfter, p.TokensBefore) {
+		t.Errorf("paused feplb moved work: %+v", p)
+	}
+	rb := stats["feplb"]
 	before, after := slices.Max(rb.TokensBefore)-slices.Min(rb.TokensBefore), slices.Max(rb.TokensAfter)-slices.Min(rb.TokensAfter)
 	if rb.Moves == 0 || after >= before {
 		t.Errorf("feplb: %d moves, spread of rows per rank %d → %d", rb.Moves, before, after)
@@ -371,9 +386,27 @@ func TestFEPLBRunRecord(t *testing.T) {
 	if !slices.Equal(rec.Tokens.Received, rb.TokensAfter) {
 		t.Errorf("tokens computed %v, rebalance says %v", rec.Tokens.Received, rb.TokensAfter)
 	}
+	gemmBeforeAfter(t, rec)
 	c.FeplbBase = "deepep"
 	rec, err = Run(c, Env{Version: "test"})
 	if !dispatchers.IsUnavailable(err) || !strings.Contains(rec.Reason, "base dispatcher deepep") {
 		t.Errorf("feplb over deepep on host: %v, %q", err, rec.Reason)
+	}
+}
+
+// gemmBeforeAfter checks a rebalancing run's measured GEMM straggler: after
+// is the record's, before comes from as many paused steps, and every step
+// of both has its straggler.
+func gemmBeforeAfter(t *testing.T, rec *results.Record) {
+	t.Helper()
+	rb, ep, iters := rec.Rebalance, rec.Config.EP, rec.Config.Iters
+	if !reflect.DeepEqual(rb.GEMMAfter, rec.GEMM.Straggler) {
+		t.Errorf("GEMM straggler after %+v, the record's %+v", rb.GEMMAfter, rec.GEMM.Straggler)
+	}
+	if len(rb.GEMMBefore.PerRank) != ep || slices.Min(rb.GEMMBefore.PerRank) <= 0 || rb.GEMMBefore.Abs < 0 {
+		t.Errorf("GEMM straggler before %+v", rb.GEMMBefore)
+	}
+	if len(rb.PerStep.GEMMBeforeMS) != iters || len(rb.PerStep.GEMMAfterMS) != iters {
+		t.Errorf("per-step GEMM stragglers: %d before, %d after; want %d", len(rb.PerStep.GEMMBeforeMS), len(rb.PerStep.GEMMAfterMS), iters)
 	}
 }

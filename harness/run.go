@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"slices"
 	"time"
 
 	"github.com/montanaflynn/stats"
@@ -77,12 +76,15 @@ func Run(cfg Config, env Env) (*results.Record, error) {
 		rec.Correctness = &results.Correctness{Checked: false, Detail: "check disabled by --check=false"}
 	}
 
-	// samples[phase][rank][iter] in milliseconds
-	samples := map[string][][]float64{}
+	m := measured{
+		clock: "host wall clock (Go time.Now); not comparable with GPU timings",
+		model: "each phase's sample is its slowest rank in that iteration; step = sum of the phase samples (ranks in lockstep, a barrier between phases)",
+		mem:   &results.Memory{Method: "host buffers, accounted: the rank's host buffers after the run, float32 storage (its share of expert weights, shared/router weights, activations, dispatcher buffers); not a measured peak"}}
 	for _, ph := range l.steps(d) {
-		samples[ph.Name] = make([][]float64, cfg.EP)
+		m.phases = append(m.phases, ph.Name)
 	}
-	iter := -1
+	m.samples = m.newSamples(cfg.EP)
+	samples, iter := m.samples, -1 // samples[phase][rank][iter] in milliseconds
 	timed := func(ph string, r int, fn func() error) error {
 		t0 := time.Now()
 		err := fn()
@@ -92,24 +94,30 @@ func Run(cfg Config, env Env) (*results.Record, error) {
 		return err
 	}
 	rb, rebalances := d.(dispatchers.Rebalancer)
-	var rbSteps []dispatchers.RebalanceStats
+	if rebalances { // after the warm-up, the paused steps (see measured.paused)
+		m.paused = m.newSamples(cfg.EP)
+		samples = m.paused
+		rb.Pause(true)
+		for i := -cfg.Warmup; i < cfg.Iters; i++ {
+			iter = i
+			if err := l.Step(d, timed); err != nil {
+				return fail(results.StatusFailed, err)
+			}
+		}
+		rb.Pause(false)
+		samples = m.samples
+	}
 	for i := -cfg.Warmup; i < cfg.Iters; i++ {
 		iter = i
 		if err := l.Step(d, timed); err != nil {
 			return fail(results.StatusFailed, err)
 		}
 		if rebalances && i >= 0 {
-			rbSteps = append(rbSteps, rb.RebalanceStats())
+			m.rebalance = append(m.rebalance, rb.RebalanceStats())
 		}
 	}
 	rec.Status = results.StatusOK
-	m := measured{samples: samples, traffic: d.Traffic(),
-		clock: "host wall clock (Go time.Now); not comparable with GPU timings",
-		model: "each phase's sample is its slowest rank in that iteration; step = sum of the phase samples (ranks in lockstep, a barrier between phases)",
-		mem:   &results.Memory{Method: "host buffers, accounted: the rank's host buffers after the run, float32 storage (its share of expert weights, shared/router weights, activations, dispatcher buffers); not a measured peak"}}
-	for _, ph := range l.steps(d) {
-		m.phases = append(m.phases, ph.Name)
-	}
+	m.traffic = d.Traffic() // after the steps: it counts the last one
 	for r, rk := range l.Ranks {
 		n := 0
 		for _, sg := range rk.Segments { // rows this rank's experts compute
@@ -118,7 +126,7 @@ func Run(cfg Config, env Env) (*results.Record, error) {
 		m.recv = append(m.recv, n)
 		m.mem.PerRankBytes = append(m.mem.PerRankBytes, l.Footprint(d, r))
 	}
-	m.rebalance, m.phase2SMs = rbSteps, "not measured on the host device"
+	m.phase2SMs = "not measured on the host device"
 	fillMeasurements(rec, cfg, m)
 	return rec, dump(env, l, rec)
 }
@@ -180,22 +188,72 @@ type measured struct {
 	mem     *results.Memory
 	clock   string // what measured the times
 	model   string // how phases make a step
-	// a Rebalancer's timed steps (nil for other dispatchers), and what the
-	// SMs did during its copies
+	// a Rebalancer's timed steps (nil for other dispatchers); the samples
+	// of as many steps, run before them (after their own warm-up) with its
+	// phase 2 paused, for the GEMM straggler before rebalancing; and what
+	// the SMs did during its copies
 	rebalance []dispatchers.RebalanceStats
+	paused    map[string][][]float64
 	phase2SMs string
 }
 
+// newSamples gives each phase an empty [rank][iter] sample.
+func (m *measured) newSamples(ranks int) map[string][][]float64 {
+	s := map[string][][]float64{}
+	for _, ph := range m.phases {
+		s[ph] = make([][]float64, ranks)
+	}
+	return s
+}
+
+// expertTimes sums each rank's expert phases per iteration: [rank][iter], ms.
+func expertTimes(samples map[string][][]float64, ranks int) [][]float64 {
+	t := make([][]float64, ranks)
+	for _, name := range dispatchers.ExpertPhases {
+		for r, rs := range samples[name] {
+			t[r] = kernels.Grow(t[r], len(rs))
+			for i, v := range rs {
+				t[r][i] += v
+			}
+		}
+	}
+	return t
+}
+
+// gemmStraggler is the straggler of the ranks' median expert times, and
+// the absolute straggler of each iteration.
+func gemmStraggler(samples map[string][][]float64, ranks int) (results.Straggler, []float64) {
+	t := expertTimes(samples, ranks)
+	med := make([]float64, ranks)
+	var steps []float64
+	for r, ts := range t {
+		med[r], _ = stats.Median(ts)
+	}
+	for i := range t[0] {
+		v := make([]float64, ranks)
+		for r := range t {
+			v[r] = t[r][i]
+		}
+		steps = append(steps, straggler(v).Abs)
+	}
+	return straggler(med), steps
+}
+
 func fillMeasurements(rec *results.Record, cfg Config, m measured) {
+	gs, gsSteps := gemmStraggler(m.samples, cfg.EP)
 	if len(m.rebalance) > 0 { // the segments left are the last expert phase's only: count what the plan says
 		m.recv = m.rebalance[len(m.rebalance)-1].TokensAfter
-		rec.Rebalance = rebalanceRecord(m.rebalance, m.phase2SMs)
+		rb := rebalanceRecord(m.rebalance, m.phase2SMs)
+		rb.GEMMAfter, rb.PerStep.GEMMAfterMS = gs, gsSteps
+		if m.paused != nil {
+			rb.GEMMBefore, rb.PerStep.GEMMBeforeMS = gemmStraggler(m.paused, cfg.EP)
+		}
+		rec.Rebalance = rb
 	}
 	t := &results.Timing{Unit: "ms", Clock: m.clock, Warmup: cfg.Warmup, Iters: cfg.Iters, Model: m.model}
 	// each rank's own step time, and the lockstep step (sum of slowest ranks)
 	stepPerRank := make([][]float64, cfg.EP)
 	lockstep := make([]float64, cfg.Iters)
-	expertMed := make([]float64, cfg.EP) // each rank's median expert-phase time
 	for _, name := range m.phases {
 		p := phaseStats(name, m.samples[name])
 		for i, v := range p.Samples {
@@ -205,11 +263,6 @@ func fillMeasurements(rec *results.Record, cfg Config, m measured) {
 			stepPerRank[r] = kernels.Grow(stepPerRank[r], cfg.Iters)
 			for i, v := range rs {
 				stepPerRank[r][i] += v
-			}
-		}
-		if slices.Contains(dispatchers.ExpertPhases, name) {
-			for r, v := range p.PerRank {
-				expertMed[r] += v
 			}
 		}
 		t.Phases = append(t.Phases, p)
@@ -231,13 +284,13 @@ func fillMeasurements(rec *results.Record, cfg Config, m measured) {
 	rec.Tokens = &results.Tokens{Received: m.recv, Straggler: straggler(tok)}
 
 	var ms float64
-	for _, v := range expertMed {
+	for _, v := range gs.PerRank {
 		ms += v
 	}
 	shared := float64(cfg.EP*cfg.Tokens) * 6 * float64(cfg.Hidden) * float64(cfg.FFN*cfg.SharedExperts)
 	rec.GEMM = &results.GEMM{FLOPsPerIter: routed + shared,
 		Formula:   "6·hidden·ffn per routed token copy (fc1 h→2f: 4hf, fc2 f→h: 2hf) + 6·hidden·ffn·shared_experts per token for the shared expert; all ranks",
-		Straggler: straggler(expertMed)}
+		Straggler: gs}
 	if ms > 0 {
 		rec.GEMM.TFLOPS = routed / (ms / 1e3) / 1e12
 	}

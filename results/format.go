@@ -73,6 +73,8 @@ func WriteTable(w io.Writer, rec *Record) error {
 		p.f("# %-22s %s: token straggler +%.0f (+%.1f%%) → +%.0f (+%.1f%%) · %d moves, %s · copies %.3f ms, scheduler %.3f ms\n",
 			"rebalance", rb.Policy, rb.TokenBefore.Abs, 100*rb.TokenBefore.Rel, rb.TokenAfter.Abs, 100*rb.TokenAfter.Rel,
 			rb.Moves, bytesStr(rb.CopyBytes), rb.CopyMS, rb.SchedulerMS)
+		p.f("# %-22s straggler +%.3f ms (+%.1f%%) → +%.3f ms (+%.1f%%), measured (before: the same steps with phase 2 paused) · modelled +%.3f → +%.3f ms\n",
+			"rebalance GEMMs", rb.GEMMBefore.Abs, 100*rb.GEMMBefore.Rel, rb.GEMMAfter.Abs, 100*rb.GEMMAfter.Rel, 1e3*rb.ModelledBefore, 1e3*rb.ModelledAfter)
 		p.f("# %-22s %s · scheduler exposed %.3f ms · hidden: %s\n", "rebalance copies", rb.CopyMethod, rb.SchedulerWaitMS, rb.HiddenShare)
 		p.f("# %-22s %s\n", "phase-2 SMs", rb.PhaseTwoSMs)
 	}

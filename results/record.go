@@ -52,14 +52,20 @@ type Telemetry struct {
 // routing is the same every iteration, so the plan is; times are medians over
 // the timed iterations.
 type Rebalance struct {
-	Policy          string         `json:"policy"`
-	Note            string         `json:"note"`
-	TokensBefore    []int          `json:"tokens_before_per_rank"`
-	TokensAfter     []int          `json:"tokens_after_per_rank"`
-	TokenBefore     Straggler      `json:"token_straggler_before"`
-	TokenAfter      Straggler      `json:"token_straggler_after"`
-	ModelledBefore  float64        `json:"gemm_straggler_modelled_before_s"`
-	ModelledAfter   float64        `json:"gemm_straggler_modelled_after_s"`
+	Policy         string    `json:"policy"`
+	Note           string    `json:"note"`
+	TokensBefore   []int     `json:"tokens_before_per_rank"`
+	TokensAfter    []int     `json:"tokens_after_per_rank"`
+	TokenBefore    Straggler `json:"token_straggler_before"`
+	TokenAfter     Straggler `json:"token_straggler_after"`
+	ModelledBefore float64   `json:"gemm_straggler_modelled_before_s"`
+	ModelledAfter  float64   `json:"gemm_straggler_modelled_after_s"`
+	// measured GEMM straggler in ms, from each rank's median expert time
+	// (its expert phases summed): after, in the timed steps (the record's
+	// gemm.straggler); before, in as many steps with phase 2 paused, run
+	// (with their own warm-up) before the timed ones
+	GEMMBefore      Straggler      `json:"gemm_straggler_before"`
+	GEMMAfter       Straggler      `json:"gemm_straggler_after"`
 	Moves           int            `json:"moves"`
 	CopyBytes       int64          `json:"copy_bytes"`
 	CopyMS          float64        `json:"copy_ms_p50"` // incoming copies of the slowest helper plus outputs back to the slowest owner
@@ -78,6 +84,10 @@ type RebalanceSteps struct {
 	SchedulerMS     []float64 `json:"scheduler_ms"`
 	SchedulerWaitMS []float64 `json:"scheduler_wait_ms"`
 	Hidden          []float64 `json:"hidden_share"`
+	// max − mean of the ranks' expert time in each step, ms: the timed
+	// steps, and the paused ones (the same routing, nothing moved)
+	GEMMAfterMS  []float64 `json:"gemm_straggler_after_ms"`
+	GEMMBeforeMS []float64 `json:"gemm_straggler_before_ms"`
 }
 
 // Config is the run's configuration as recorded: the workload (layer shape,

@@ -292,6 +292,9 @@ func (f *Device) RebalanceStats() dispatchers.RebalanceStats {
 	return s
 }
 
+// Pause makes the following steps move nothing (or resumes moving).
+func (f *Device) Pause(paused bool) { f.c.paused = paused }
+
 // Footprint adds the rank's phase-2 buffers to the base's.
 func (f *Device) Footprint(r int) int64 {
 	return f.rs[r].rows.Bytes + f.rs[r].slots.Bytes + f.DeviceDispatcher.Footprint(r)

@@ -76,6 +76,10 @@ type core struct {
 	planned    bool
 	lay        layout
 	stats      dispatchers.RebalanceStats
+	// paused: no scheduler runs and phase 2 moves nothing; every owner
+	// computes all its dynamic experts' rows after its static ones, so a
+	// rank's expert work is what the base dispatcher alone gives it
+	paused bool
 }
 
 // scheduled is the scheduler goroutine's answer.
@@ -128,6 +132,10 @@ func (c *core) dispatchedRank(r int, rows []int) bool {
 		return false
 	}
 	c.dynamic = balance.DynamicExperts(c.topo, c.counts, c.perRank)
+	if c.paused {
+		c.sched <- scheduled{plan: balance.OwnerPlan(c.topo, balance.Step{Counts: c.counts})}
+		return true
+	}
 	go func(st balance.Step) {
 		t0 := time.Now()
 		pl := c.policy.Plan(st)

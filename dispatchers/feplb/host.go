@@ -161,6 +161,9 @@ func (f *FEPLB) RebalanceStats() dispatchers.RebalanceStats {
 	return s
 }
 
+// Pause makes the following steps move nothing (or resumes moving).
+func (f *FEPLB) Pause(paused bool) { f.c.paused = paused }
+
 // Footprint adds the helper's weight copies to the base's buffers.
 func (f *FEPLB) Footprint(r int) int64 {
 	n := int64(0)
