@@ -120,7 +120,7 @@ func probeCopies(dev kernels.Device, seed uint64) (string, error) {
 	}
 	util := "SM utilisation not measured: "
 	busy := math.NaN()
-	tm, why := startTelemetry()
+	tm, why := startTelemetry(gpuBusID(dev))
 	if tm != nil {
 		err := run(int(math.Ceil(300/max(perCopy, 1e-3))), sc, false) // ≥ 300 ms of copies alone
 		if err == nil {

@@ -671,7 +671,7 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 	for i := -cfg.Warmup; i < cfg.Iters; i++ {
 		if i == 0 {
 			var why string
-			if tm, why = startTelemetry(); tm == nil {
+			if tm, why = startTelemetry(gpuBusID(dev)); tm == nil {
 				rec.SMs.Measured = "not measured: " + why
 			}
 		}

@@ -4,12 +4,15 @@ import (
 	"errors"
 	"math"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"reflect"
 	"slices"
 	"strings"
 	"testing"
 
 	"github.com/moebench/moebench/dispatchers"
+	"github.com/moebench/moebench/internal/cuda"
 	"github.com/moebench/moebench/kernels"
 	"github.com/moebench/moebench/results"
 )
@@ -378,10 +381,46 @@ func TestBenchKernelsOnEmu(t *testing.T) {
 	}
 }
 
+// TestTelemetryFindsTheRanksGPU: on a fake NVML whose GPU order differs
+// from CUDA's, telemetry reads the GPU at the ranks' PCI address (clocks,
+// power, GPM), every GPU's memory, and says which GPU it read; an unknown or
+// unmatched address falls back to NVML's GPU 0 and says so.
+func TestTelemetryFindsTheRanksGPU(t *testing.T) {
+	so := filepath.Join(t.TempDir(), "libnvidia-ml.so.1")
+	if out, err := exec.Command("cc", "-shared", "-fPIC", "-o", so, "../internal/cuda/testdata/fakenvml.c").CombinedOutput(); err != nil {
+		t.Fatalf("building the fake NVML: %v\n%s", err, out)
+	}
+	t.Setenv("MOEBENCH_NVML", so)
+	read := func(bus string) (*results.Telemetry, string) {
+		tm, why := startTelemetry(bus)
+		if tm == nil {
+			t.Fatalf("startTelemetry(%q): %s", bus, why)
+		}
+		return tm.finish()
+	}
+	tel, sms := read("0000:1b:00.0") // the fake's NVML GPU 1
+	if tel.SMClockMHz != 1980 || tel.MemClockMHz != 2619 || tel.PowerW != 500 || !tel.GPM || tel.SMUtilPct != 77 || tel.SMOccupancyPct != 38.5 ||
+		!slices.Equal(tel.MemoryUsedMax, []int64{1 << 30, 5 << 30}) || !strings.Contains(tel.GPU, "PCI 0000:1b:00.0") || len(tel.Unread) != 0 ||
+		!strings.Contains(sms, "SM utilisation 77.0%") {
+		t.Errorf("by PCI address: %+v; %s", tel, sms)
+	}
+	for _, bus := range []string{"", "0000:99:00.0"} {
+		tel, _ := read(bus)
+		if tel.SMClockMHz != 1100 || tel.SMUtilPct != 11 || !strings.Contains(tel.GPU, "NVML's GPU 0") || (bus != "") != (len(tel.Unread) == 1) {
+			t.Errorf("bus %q: %+v", bus, tel)
+		}
+	}
+}
+
 // TestGPUTelemetry: on a GPU machine NVML answers, memory in use is read and
-// GPM is either measured or its absence explained.
+// GPM is either measured or its absence explained; the GPU read is CUDA's
+// device 0, found by its PCI address.
 func TestGPUTelemetry(t *testing.T) {
-	tm, why := startTelemetry()
+	bus := ""
+	if d, err := cuda.OpenDriver(); err == nil {
+		bus, _ = d.PCIBusID(0)
+	}
+	tm, why := startTelemetry(bus)
 	if tm == nil {
 		if os.Getenv("MOEBENCH_REQUIRE_GPU") == "1" {
 			t.Fatalf("GPU required: %s", why)
@@ -389,7 +428,8 @@ func TestGPUTelemetry(t *testing.T) {
 		t.Skipf("no NVML: %s", why)
 	}
 	tel, sms := tm.finish()
-	if len(tel.MemoryUsedMax) == 0 || tel.MemoryUsedMax[0] <= 0 || !(tel.SMClockMHz > 0) || (!tel.GPM && len(tel.Unread) == 0) {
+	if len(tel.MemoryUsedMax) == 0 || tel.MemoryUsedMax[0] <= 0 || !(tel.SMClockMHz > 0) || (!tel.GPM && len(tel.Unread) == 0) ||
+		bus == "" || !strings.Contains(tel.GPU, bus) {
 		t.Errorf("telemetry %+v", tel)
 	}
 	t.Logf("%+v; %s", tel, sms)

@@ -8,18 +8,22 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
+	"github.com/moebench/moebench/kernels"
 	"github.com/moebench/moebench/results"
 )
 
 // telemetry samples NVML (github.com/NVIDIA/go-nvml) while a cuda run's timed
-// loop runs: every GPU's memory in use (its maximum), the SM and memory
-// clocks and the power draw (means over the samples), and, where the GPU
-// has GPM, SM utilisation and occupancy between a GPM sample taken at the
-// start and one at the end. NVML missing or failing means "not measured",
-// with the reason, never a failed run. MOEBENCH_NVML names the library.
+// loop runs: every GPU's memory in use (its maximum), and of the ranks' GPU
+// the SM and memory clocks and the power draw (means over the samples) and,
+// where it has GPM, SM utilisation and occupancy between a GPM sample taken
+// at the start and one at the end. NVML finds the ranks' GPU by its PCI
+// address: NVML's GPU order need not be CUDA's. NVML missing or failing
+// means "not measured", with the reason, never a failed run. MOEBENCH_NVML
+// names the library.
 type telemetry struct {
 	lib     nvml.Interface
-	devs    []nvml.Device
+	devs    []nvml.Device     // every GPU, in NVML's order
+	gpu     nvml.Device       // the ranks' GPU
 	gpm     [2]nvml.GpmSample // at start, at end; nil without GPM
 	stop    chan struct{}
 	done    sync.WaitGroup
@@ -32,8 +36,10 @@ type telemetry struct {
 // telemetryEvery is the sampling period.
 const telemetryEvery = 20 * time.Millisecond
 
-// startTelemetry begins sampling, or returns nil and why it cannot.
-func startTelemetry() (*telemetry, string) {
+// startTelemetry begins sampling, or returns nil and why it cannot. bus is
+// the PCI address of the ranks' GPU (see gpuBusID); "" means unknown, and
+// then NVML's GPU 0 is read, which the record says.
+func startTelemetry(bus string) (*telemetry, string) {
 	var opts []nvml.LibraryOption
 	if p := os.Getenv("MOEBENCH_NVML"); p != "" {
 		opts = append(opts, nvml.WithLibraryPath(p))
@@ -48,7 +54,7 @@ func startTelemetry() (*telemetry, string) {
 		return nil, fmt.Sprintf("NVML reports %d GPUs (%v)", n, ret)
 	}
 	tm := &telemetry{lib: lib, stop: make(chan struct{}),
-		t: results.Telemetry{Method: fmt.Sprintf("NVML (go-nvml) sampled every %v during the timed loop; GPM metrics of GPU 0 between samples at its start and end", telemetryEvery)}}
+		t: results.Telemetry{Method: fmt.Sprintf("NVML (go-nvml) sampled every %v during the timed loop; memory of every GPU in NVML's order, clocks and power of the ranks' GPU, its GPM metrics between samples at the loop's start and end", telemetryEvery)}}
 	for i := range n {
 		d, ret := lib.DeviceGetHandleByIndex(i)
 		if ret != nvml.SUCCESS {
@@ -58,6 +64,16 @@ func startTelemetry() (*telemetry, string) {
 		tm.devs = append(tm.devs, d)
 	}
 	tm.t.MemoryUsedMax = make([]int64, len(tm.devs))
+	if bus != "" {
+		if d, ret := lib.DeviceGetHandleByPciBusId(bus); ret == nvml.SUCCESS {
+			tm.gpu, tm.t.GPU = d, "PCI "+bus+" (the ranks' GPU, found by its PCI address)"
+		} else {
+			tm.t.Unread = append(tm.t.Unread, fmt.Sprintf("the ranks' GPU at PCI %s: %v; NVML's GPU 0 read instead", bus, ret))
+		}
+	}
+	if tm.gpu == nil && len(tm.devs) > 0 {
+		tm.gpu, tm.t.GPU = tm.devs[0], "NVML's GPU 0 (assumed to be the ranks' GPU: its PCI address was not known)"
+	}
 	tm.startGPM()
 	tm.sample()
 	tm.done.Add(1)
@@ -77,15 +93,15 @@ func startTelemetry() (*telemetry, string) {
 	return tm, ""
 }
 
-// startGPM takes the first GPM sample of GPU 0 (the GPU the ranks run on),
-// or notes why there is none.
+// startGPM takes the first GPM sample of the ranks' GPU, or notes why
+// there is none.
 func (tm *telemetry) startGPM() {
-	if len(tm.devs) == 0 {
+	if tm.gpu == nil {
 		return
 	}
-	sup, ret := tm.devs[0].GpmQueryDeviceSupport()
+	sup, ret := tm.gpu.GpmQueryDeviceSupport()
 	if ret != nvml.SUCCESS || sup.IsSupportedDevice == 0 {
-		tm.t.Unread = append(tm.t.Unread, fmt.Sprintf("GPM (SM utilisation, occupancy): not supported on GPU 0 (%v)", ret))
+		tm.t.Unread = append(tm.t.Unread, fmt.Sprintf("GPM (SM utilisation, occupancy): not supported on the ranks' GPU (%v)", ret))
 		return
 	}
 	for i := range tm.gpm {
@@ -97,7 +113,7 @@ func (tm *telemetry) startGPM() {
 		}
 		tm.gpm[i] = s
 	}
-	if ret := tm.lib.GpmSampleGet(tm.devs[0], tm.gpm[0]); ret != nvml.SUCCESS {
+	if ret := tm.lib.GpmSampleGet(tm.gpu, tm.gpm[0]); ret != nvml.SUCCESS {
 		tm.t.Unread = append(tm.t.Unread, "GPM sample: "+ret.Error())
 		tm.freeGPM()
 	}
@@ -119,10 +135,10 @@ func (tm *telemetry) sample() {
 			tm.t.MemoryUsedMax[i] = max(tm.t.MemoryUsedMax[i], int64(m.Used))
 		}
 	}
-	if len(tm.devs) == 0 {
+	d := tm.gpu
+	if d == nil {
 		return
 	}
-	d := tm.devs[0]
 	sm, r1 := d.GetClockInfo(nvml.CLOCK_SM)
 	mem, r2 := d.GetClockInfo(nvml.CLOCK_MEM)
 	mw, r3 := d.GetPowerUsage()
@@ -153,7 +169,7 @@ func (tm *telemetry) finish() (*results.Telemetry, string) {
 	sms := "not measured: GPM unavailable (see telemetry.unread)"
 	if tm.gpm[1] != nil {
 		defer tm.freeGPM()
-		if ret := tm.lib.GpmSampleGet(tm.devs[0], tm.gpm[1]); ret != nvml.SUCCESS {
+		if ret := tm.lib.GpmSampleGet(tm.gpu, tm.gpm[1]); ret != nvml.SUCCESS {
 			tm.t.Unread = append(tm.t.Unread, "GPM sample: "+ret.Error())
 			return &tm.t, sms
 		}
@@ -172,7 +188,21 @@ func (tm *telemetry) finish() (*results.Telemetry, string) {
 		}
 		tm.t.SMUtilPct, tm.t.SMOccupancyPct = mg.Metrics[0].Value, mg.Metrics[1].Value
 		tm.t.GPM = true
-		sms = fmt.Sprintf("GPM over the timed loop, whole GPU 0: SM utilisation %.1f%%, occupancy %.1f%%", tm.t.SMUtilPct, tm.t.SMOccupancyPct)
+		sms = fmt.Sprintf("GPM over the timed loop, the ranks' whole GPU: SM utilisation %.1f%%, occupancy %.1f%%", tm.t.SMUtilPct, tm.t.SMOccupancyPct)
 	}
 	return &tm.t, sms
+}
+
+// gpuBusID is the PCI address of dev's GPU, for NVML to find it; "" when
+// dev is not a GPU or the driver does not say.
+func gpuBusID(dev kernels.Device) string {
+	c, ok := dev.(*kernels.CUDA)
+	if !ok {
+		return ""
+	}
+	bus, err := c.Drv.PCIBusID(c.Ordinal)
+	if err != nil {
+		return ""
+	}
+	return bus
 }

@@ -38,6 +38,7 @@ type Record struct {
 // Telemetry is what NVML reported during a cuda run's timed loop.
 type Telemetry struct {
 	Method         string   `json:"method"`
+	GPU            string   `json:"gpu"`                   // which GPU the clocks, power and GPM are of, and how it was found
 	MemoryUsedMax  []int64  `json:"memory_used_max_bytes"` // per GPU, the most in use (all processes)
 	SMClockMHz     float64  `json:"sm_clock_mhz_mean"`
 	MemClockMHz    float64  `json:"mem_clock_mhz_mean"`

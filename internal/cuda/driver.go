@@ -139,7 +139,7 @@ const FuncAttrMaxDynamicShared = 8
 // driverSymbols are the entry points moebench uses; the first name that
 // resolves is taken.
 var driverSymbols = [][]string{
-	{"cuInit"}, {"cuDriverGetVersion"}, {"cuDeviceGetCount"}, {"cuDeviceGet"}, {"cuDeviceGetName"},
+	{"cuInit"}, {"cuDriverGetVersion"}, {"cuDeviceGetCount"}, {"cuDeviceGet"}, {"cuDeviceGetName"}, {"cuDeviceGetPCIBusId"},
 	{"cuDeviceGetAttribute"}, {"cuDeviceTotalMem_v2"}, {"cuDeviceCanAccessPeer"},
 	{"cuDevicePrimaryCtxRetain"}, {"cuDevicePrimaryCtxRelease_v2"}, {"cuCtxSetCurrent"}, {"cuCtxSynchronize"},
 	{"cuCtxEnablePeerAccess"}, {"cuCtxGetStreamPriorityRange"},
@@ -248,6 +248,18 @@ func (d *Driver) Name(dev int) (string, error) {
 	buf := (*C.char)(C.calloc(256, 1))
 	defer C.free(unsafe.Pointer(buf))
 	if err := d.check(fmt.Sprintf("cuDeviceGetName(%d)", dev), C.c_name(d.fn["cuDeviceGetName"], buf, 256, d.dev(dev))); err != nil {
+		return "", err
+	}
+	return C.GoString(buf), nil
+}
+
+// PCIBusID is the device's PCI address, "domain:bus:device.function" in
+// hex (e.g. "0000:1B:00.0"): how NVML, whose GPU order can differ from
+// CUDA's (CUDA_VISIBLE_DEVICES, CUDA_DEVICE_ORDER), finds the same GPU.
+func (d *Driver) PCIBusID(dev int) (string, error) {
+	buf := (*C.char)(C.calloc(64, 1))
+	defer C.free(unsafe.Pointer(buf))
+	if err := d.check(fmt.Sprintf("cuDeviceGetPCIBusId(%d)", dev), C.c_name(d.fn["cuDeviceGetPCIBusId"], buf, 64, d.dev(dev))); err != nil {
 		return "", err
 	}
 	return C.GoString(buf), nil

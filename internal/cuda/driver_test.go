@@ -41,6 +41,12 @@ func TestDriverQueries(t *testing.T) {
 	if v, err := d.Attribute(1, AttrMultiprocessorCount); err != nil || v != 1601 {
 		t.Errorf("Attribute(1, SMs) = %d, %v (the fake answers attr·100+device)", v, err)
 	}
+	if id, err := d.PCIBusID(1); err != nil || id != "0000:2C:00.0" {
+		t.Errorf("PCIBusID(1) = %q, %v", id, err)
+	}
+	if _, err := d.PCIBusID(2); err == nil || !strings.Contains(err.Error(), "cuDeviceGetPCIBusId") {
+		t.Errorf("PCIBusID(2) of 2 GPUs: %v", err)
+	}
 	if n, err := d.TotalMem(0); err != nil || n != 80<<30 {
 		t.Errorf("TotalMem = %d, %v", n, err)
 	}
@@ -177,5 +183,19 @@ func TestGPUInfoFromFake(t *testing.T) {
 	}
 	if len(g.Unread) != 1 || !strings.Contains(g.Unread[0], "power limit") || g.PowerLimitW != 0 {
 		t.Errorf("NVML missing should leave the power limit unread: %+v", g.Unread)
+	}
+}
+
+// TestGPUInfoNVMLByBusID: NVML finds the CUDA device by its PCI address,
+// not by its own index (whose order can differ from CUDA's).
+func TestGPUInfoNVMLByBusID(t *testing.T) {
+	fakeDriver(t)
+	buildFake(t, "fakenvml", "MOEBENCH_NVML")
+	g, err := ReadGPUInfo()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g.PowerLimitW != 700 || g.Driver != "580.00.fake" || len(g.Unread) != 0 {
+		t.Errorf("power limit %v W (want 700, the fake's GPU at 0000:1B:00.0), driver %q, unread %v", g.PowerLimitW, g.Driver, g.Unread)
 	}
 }

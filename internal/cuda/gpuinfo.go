@@ -14,7 +14,7 @@ type GPUInfo struct {
 	CUDADriver              int
 	Driver                  string // kernel driver version (NVML)
 	SMClockMHz, MemClockMHz int
-	PowerLimitW             float64 // of GPU 0 (NVML)
+	PowerLimitW             float64 // of GPU 0 (NVML, found by its PCI address)
 	Topology                string  // peer access between every pair
 	NVRTC, CuBLASLt, NCCL   string
 	Unread                  []string // what could not be read, and why
@@ -90,8 +90,12 @@ func ReadGPUInfo() (GPUInfo, error) {
 			}
 		}
 	}
-	if err := readPowerLimit(&g); err != nil {
-		g.Unread = append(g.Unread, "driver version and power limit (NVML): "+err.Error())
+	bus, err := d.PCIBusID(0)
+	if err == nil {
+		err = readPowerLimit(&g, bus)
+	}
+	if err != nil {
+		g.Unread = append(g.Unread, "power limit (NVML): "+err.Error())
 	}
 	return g, nil
 }

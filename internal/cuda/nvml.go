@@ -4,14 +4,15 @@ package cuda
 // limit. Telemetry proper (memory, clocks, GPM) is to go through go-nvml.
 
 /*
+#include <stdlib.h>
 typedef int (*n_void)(void);
 typedef int (*n_str)(char *, unsigned int);
-typedef int (*n_idx)(unsigned int, void **);
 typedef int (*n_limit)(void *, unsigned int *);
+typedef int (*n_bus)(const char *, void **);
 static int call_void(void *f) { return ((n_void)f)(); }
 static int call_str(void *f, char *s, unsigned int n) { return ((n_str)f)(s, n); }
-static int call_nidx(void *f, unsigned int i, void **d) { return ((n_idx)f)(i, d); }
 static int call_nlimit(void *f, void *d, unsigned int *mw) { return ((n_limit)f)(d, mw); }
+static int call_nbus(void *f, const char *bus, void **d) { return ((n_bus)f)(bus, d); }
 */
 import "C"
 
@@ -51,14 +52,15 @@ func probeNVML() Component {
 	return c
 }
 
-// readPowerLimit reads GPU 0's power limit through NVML.
-func readPowerLimit(g *GPUInfo) error {
+// readPowerLimit reads the power limit of the GPU at PCI address bus
+// through NVML.
+func readPowerLimit(g *GPUInfo, bus string) error {
 	lib, err := openLibrary("MOEBENCH_NVML", "libnvidia-ml.so.1")
 	if err != nil {
 		return err
 	}
 	fn := map[string]unsafe.Pointer{}
-	for _, n := range []string{"nvmlInit_v2", "nvmlShutdown", "nvmlDeviceGetHandleByIndex_v2", "nvmlDeviceGetPowerManagementLimit"} {
+	for _, n := range []string{"nvmlInit_v2", "nvmlShutdown", "nvmlDeviceGetHandleByPciBusId_v2", "nvmlDeviceGetPowerManagementLimit"} {
 		if fn[n], err = lib.sym(n); err != nil {
 			return err
 		}
@@ -68,8 +70,10 @@ func readPowerLimit(g *GPUInfo) error {
 	}
 	defer C.call_void(fn["nvmlShutdown"])
 	var dev unsafe.Pointer
-	if st := C.call_nidx(fn["nvmlDeviceGetHandleByIndex_v2"], 0, &dev); st != 0 {
-		return fmt.Errorf("nvmlDeviceGetHandleByIndex_v2: NVML error %d", int(st))
+	cbus := C.CString(bus)
+	defer C.free(unsafe.Pointer(cbus))
+	if st := C.call_nbus(fn["nvmlDeviceGetHandleByPciBusId_v2"], cbus, &dev); st != 0 {
+		return fmt.Errorf("nvmlDeviceGetHandleByPciBusId_v2(%s): NVML error %d", bus, int(st))
 	}
 	var mw C.uint
 	if st := C.call_nlimit(fn["nvmlDeviceGetPowerManagementLimit"], dev, &mw); st != 0 {

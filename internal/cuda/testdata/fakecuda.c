@@ -20,6 +20,10 @@ CUresult cuDeviceGetName(char *s, int n, int d) {
     if (!HANDLE_OK(d)) return 101;
     strncpy(s, d == 100 ? "Fake GPU 0" : "Fake GPU 1", n); return 0;
 }
+CUresult cuDeviceGetPCIBusId(char *s, int n, int d) {
+    if (!HANDLE_OK(d)) return 101;
+    strncpy(s, d == 100 ? "0000:1B:00.0" : "0000:2C:00.0", n); return 0;
+}
 CUresult cuDeviceGetAttribute(int *v, int attr, int d) { if (!HANDLE_OK(d)) return 101; *v = attr * 100 + d - 100; return 0; }
 CUresult cuDeviceTotalMem_v2(size_t *n, int d) { if (!HANDLE_OK(d)) return 101; *n = (size_t)80 << 30; return 0; }
 CUresult cuDeviceCanAccessPeer(int *v, int a, int b) { if (!HANDLE_OK(a) || !HANDLE_OK(b)) return 101; *v = a != b; return 0; }
