@@ -556,15 +556,8 @@ func (dl *deviceLayer) check() (*results.Correctness, error) {
 	if err := dl.step(); err != nil {
 		return nil, err
 	}
-	y := make([]uint16, T*h)
-	for r, rk := range dl.ranks {
-		if err := dl.dev.Download(dl.l.Ranks[r].Idx, rk.Idx, rk.Stream); err != nil {
-			return nil, err
-		}
-		if err := dl.dev.Download(y, rk.Y, rk.Stream); err != nil {
-			return nil, err
-		}
-		dl.l.Ranks[r].Y = kernels.FromBF16Bits(y)
+	if err := dl.download(); err != nil {
+		return nil, err
 	}
 	for r := range dl.ranks {
 		for _, e := range dl.l.Ranks[r].Idx {
@@ -586,6 +579,26 @@ func (dl *deviceLayer) check() (*results.Correctness, error) {
 	return cr, nil
 }
 
+// download copies the last step's routing (chosen experts and their
+// probabilities) and output of every rank into the host twin's ranks.
+func (dl *deviceLayer) download() error {
+	y := make([]uint16, dl.l.Cfg.Tokens*dl.l.Cfg.Hidden)
+	for r, rk := range dl.ranks {
+		hr := dl.l.Ranks[r]
+		if err := dl.dev.Download(hr.Idx, rk.Idx, rk.Stream); err != nil {
+			return err
+		}
+		if err := dl.dev.Download(hr.Probs, rk.Probs, rk.Stream); err != nil {
+			return err
+		}
+		if err := dl.dev.Download(y, rk.Y, rk.Stream); err != nil {
+			return err
+		}
+		hr.Y = kernels.FromBF16Bits(y)
+	}
+	return nil
+}
+
 // footprint is rank r's bytes on the device: its layer and dispatcher
 // buffers and an equal share of the buffers the ranks share.
 func (dl *deviceLayer) footprint(r int) int64 {
@@ -600,9 +613,6 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 	d, err := dispatchers.NewDevice(cfg.Dispatcher, cfg.Impl, cfg.dispatcherEnv())
 	if err != nil {
 		return dispatcherError(rec, cfg, err)
-	}
-	if env.Dump != "" {
-		return nil, &ConfigError{"dump", env.Dump, "--dump is supported on the host device only"}
 	}
 	open := env.OpenDevice
 	if open == nil {
@@ -630,9 +640,9 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 			return fail(deviceStatus(err), err)
 		}
 		rec.Correctness = c
-		if !c.Passed {
+		if !c.Passed { // the check's step is what the dump holds
 			rec.Status, rec.Reason = results.StatusFailed, "correctness check failed: "+c.Detail
-			return rec, fmt.Errorf("%s", rec.Reason)
+			return rec, errors.Join(errors.New(rec.Reason), dump(env, l, rec))
 		}
 	} else {
 		rec.Correctness = &results.Correctness{Checked: false, Detail: "check disabled by --check=false"}
@@ -708,7 +718,13 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 	rec.Status = results.StatusOK
 	fillMeasurements(rec, cfg, m)
 	rec.GEMM.Method = method
-	return rec, nil
+	if env.Dump == "" {
+		return rec, nil
+	}
+	if err := dl.download(); err != nil { // the last timed step
+		return rec, fmt.Errorf("--dump: %w", err)
+	}
+	return rec, dump(env, l, rec)
 }
 
 // deviceStatus classifies a device error: running out of device memory is

@@ -1,6 +1,7 @@
 package harness
 
 import (
+	"bytes"
 	"errors"
 	"math"
 	"os"
@@ -470,5 +471,57 @@ func TestDeviceGroupedGEMMFailureLeftOut(t *testing.T) {
 	rec, err := Run(c, Env{Version: "test", OpenDevice: func() (kernels.Device, error) { return &failGrouped{}, nil }})
 	if err != nil || rec.Status != results.StatusOK || !strings.Contains(rec.GEMM.Method, "failed: ") || strings.Contains(rec.GEMM.Method, "chosen: emulated") {
 		t.Fatalf("run: %v, method %q", err, rec.GEMM.Method)
+	}
+}
+
+// TestDeviceDump: --dump on the device pipeline writes the same files as on
+// the host, byte for byte (the weights drawn again from the seed, the
+// routing and output downloaded from the device), also for feplb; a failed
+// check still dumps.
+func TestDeviceDump(t *testing.T) {
+	t.Setenv("MOEBENCH_NVML", "/nonexistent")
+	for name, c := range map[string]Config{"sigmoid": deviceCases()["sigmoid-groups-skewed-shared"], "feplb": feplbCase()} {
+		read := func(dir string) map[string][]byte {
+			ents, err := os.ReadDir(dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			files := map[string][]byte{}
+			for _, e := range ents {
+				if e.Name() != "index.json" {
+					files[e.Name()], _ = os.ReadFile(filepath.Join(dir, e.Name()))
+				}
+			}
+			return files
+		}
+		host, dev := filepath.Join(t.TempDir(), "host"), filepath.Join(t.TempDir(), "dev")
+		hc := c
+		hc.Device = "host"
+		if _, err := Run(hc, Env{Version: "test", Dump: host}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := Run(c, Env{Version: "test", Dump: dev, OpenDevice: func() (kernels.Device, error) { return &kernels.Emu{}, nil }}); err != nil {
+			t.Fatal(err)
+		}
+		hf, df := read(host), read(dev)
+		if len(hf) < 7 || len(hf) != len(df) {
+			t.Fatalf("%s: host dumped %d files, device %d", name, len(hf), len(df))
+		}
+		for f, b := range hf {
+			if !bytes.Equal(b, df[f]) {
+				t.Errorf("%s: %s differs between the host and the device dump", name, f)
+			}
+		}
+	}
+	// a check that fails still dumps what the device computed
+	c := deviceCases()["sigmoid-groups-skewed-shared"]
+	dir := filepath.Join(t.TempDir(), "failed")
+	probe := &dropCopy{drop: 2}
+	rec, err := Run(c, Env{Version: "test", Dump: dir, OpenDevice: func() (kernels.Device, error) { return probe, nil }})
+	if err == nil || rec.Status != results.StatusFailed {
+		t.Fatalf("lost copy: %v, %+v", err, rec)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "output.npy")); err != nil {
+		t.Errorf("failed check, no dump: %v", err)
 	}
 }

@@ -60,9 +60,9 @@ func Dump(dir string, l *Layer, rec *results.Record) error {
 			return add("router_weight.npy", []int{E, h}, l.Wr, "router weight Wr; logits = x · Wrᵀ (fp32)")
 		},
 		func() error {
-			return add("fc1.npy", []int{E, 2 * f, h}, concat(l.FC1), "expert fc1 weights [out,in]; rows 0..ffn-1 gate, ffn..2ffn-1 up")
+			return add("fc1.npy", []int{E, 2 * f, h}, perExpert{l, 0}, "expert fc1 weights [out,in]; rows 0..ffn-1 gate, ffn..2ffn-1 up")
 		},
-		func() error { return add("fc2.npy", []int{E, h, f}, concat(l.FC2), "expert fc2 weights [out,in]") },
+		func() error { return add("fc2.npy", []int{E, h, f}, perExpert{l, 1}, "expert fc2 weights [out,in]") },
 		func() error {
 			return add("routing_idx.npy", []int{n, k}, idx, "chosen global expert of each token copy; expert e lives on rank e / (experts/ep)")
 		},
@@ -138,8 +138,21 @@ func concat(parts [][]float32) []float32 {
 	return out
 }
 
-// writeNpy writes a little-endian NPY v1.0 file of float32 or int32 data and
-// returns the numpy dtype it used.
+// perExpert is one of the layer's expert weights (which 0: fc1, 1: fc2) of
+// every expert, written one expert at a time: a device layer's host twin
+// does not hold them, so they are drawn again from the seed.
+type perExpert struct {
+	l     *Layer
+	which int
+}
+
+func (p perExpert) get(e int) []float32 {
+	fc1, fc2 := p.l.ExpertWeights(e)
+	return [][]float32{fc1, fc2}[p.which]
+}
+
+// writeNpy writes a little-endian NPY v1.0 file of float32 or int32 data (or
+// perExpert's) and returns the numpy dtype it used.
 func writeNpy(path string, shape []int, data any) (string, error) {
 	var descr string
 	n := 0
@@ -148,6 +161,8 @@ func writeNpy(path string, shape []int, data any) (string, error) {
 		descr, n = "<f4", len(d)
 	case []int32:
 		descr, n = "<i4", len(d)
+	case perExpert:
+		descr, n = "<f4", d.l.Cfg.Experts*[]int{2, 1}[d.which]*d.l.Cfg.FFN*d.l.Cfg.Hidden
 	default:
 		return "", fmt.Errorf("writeNpy: unsupported %T", data)
 	}
@@ -175,7 +190,15 @@ func writeNpy(path string, shape []int, data any) (string, error) {
 	w.WriteString("\x93NUMPY\x01\x00")
 	binary.Write(w, binary.LittleEndian, uint16(len(header)))
 	w.WriteString(header)
-	if err := binary.Write(w, binary.LittleEndian, data); err != nil {
+	write := func(d any) error { return binary.Write(w, binary.LittleEndian, d) }
+	if p, ok := data.(perExpert); ok {
+		for e := 0; e < p.l.Cfg.Experts && err == nil; e++ {
+			err = write(p.get(e))
+		}
+	} else {
+		err = write(data)
+	}
+	if err != nil {
 		fh.Close()
 		return "", err
 	}
