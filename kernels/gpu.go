@@ -1,6 +1,7 @@
 package kernels
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -23,9 +24,12 @@ type CUDA struct {
 	Lt      *cuda.CuBLASLt
 	Blas    *cuda.CuBLAS // cublasGemmGroupedBatchedEx, or nil (BlasErr says why)
 	BlasErr error
-	Ordinal int
-	Arch    string // sm_XY
-	SMs     int
+	// BatchErr is why the driver refused a batch copy, after which
+	// CopyBatch copies one by one (BatchMethod says so); nil otherwise
+	BatchErr error
+	Ordinal  int
+	Arch     string // sm_XY
+	SMs      int
 
 	fns     map[kernelKey]cuda.Function
 	mods    map[string]cuda.Module // by file and constants
@@ -227,31 +231,42 @@ func (c *CUDA) Copy(dst, src Ptr, bytes int64, s Stream) error {
 
 // CopyBatch submits ops as one cuMemcpyBatchAsync with the
 // prefer-overlap-with-compute hint when the driver has it, else copies them
-// one by one. Unproven on a GPU: which engine runs the copies is measured by
-// the feplb run (see harness), not assumed.
+// one by one. A batch the driver refuses as invalid or unsupported is
+// copied one by one, and so is every batch after it (BatchErr, BatchMethod
+// say why; the GPU test fails on it). Unproven on a GPU: which engine runs
+// the copies is measured by the feplb run (see harness), not assumed.
 func (c *CUDA) CopyBatch(ops []CopyOp, s Stream) error {
-	if c.Drv.BatchCopy() == "" {
+	if c.Drv.BatchCopy() != "" && c.BatchErr == nil {
+		c.batchD, c.batchS, c.batchN = c.batchD[:0], c.batchS[:0], c.batchN[:0]
 		for _, o := range ops {
-			if err := c.Copy(o.Dst, o.Src, o.Bytes, s); err != nil {
-				return err
+			if o.Bytes > 0 {
+				c.batchD, c.batchS, c.batchN = append(c.batchD, o.Dst), append(c.batchS, o.Src), append(c.batchN, o.Bytes)
 			}
 		}
-		return nil
+		err := c.Drv.CopyBatch(c.batchD, c.batchS, c.batchN, c.Ordinal, true, s)
+		var ce *cuda.Error
+		if err == nil || !errors.As(err, &ce) || (ce.Name != "CUDA_ERROR_INVALID_VALUE" && ce.Name != "CUDA_ERROR_NOT_SUPPORTED") {
+			return err
+		}
+		c.BatchErr = err
 	}
-	c.batchD, c.batchS, c.batchN = c.batchD[:0], c.batchS[:0], c.batchN[:0]
 	for _, o := range ops {
-		if o.Bytes > 0 {
-			c.batchD, c.batchS, c.batchN = append(c.batchD, o.Dst), append(c.batchS, o.Src), append(c.batchN, o.Bytes)
+		if err := c.Copy(o.Dst, o.Src, o.Bytes, s); err != nil {
+			return err
 		}
 	}
-	return c.Drv.CopyBatch(c.batchD, c.batchS, c.batchN, c.Ordinal, true, s)
+	return nil
 }
 
 func (c *CUDA) BatchMethod() string {
-	if n := c.Drv.BatchCopy(); n != "" {
-		return n + " with CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE (a hint)"
+	n := c.Drv.BatchCopy()
+	switch {
+	case n == "":
+		return "cuMemcpyDtoDAsync per copy (the driver has no cuMemcpyBatchAsync)"
+	case c.BatchErr != nil:
+		return "cuMemcpyDtoDAsync per copy (the driver refused the batch copy: " + c.BatchErr.Error() + ")"
 	}
-	return "cuMemcpyDtoDAsync per copy (the driver has no cuMemcpyBatchAsync)"
+	return n + " with CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE (a hint)"
 }
 
 // GroupedGEMM runs the groups as one cublasGemmGroupedBatchedEx call. Its

@@ -62,6 +62,7 @@ typedef struct { int srcAccessOrder; mc_loc srcLocHint, dstLocHint; unsigned fla
 CUresult cuMemcpyBatchAsync_v2(CUdeviceptr *d, CUdeviceptr *s, size_t *n, size_t count, mc_attrs *a, size_t *idx, size_t nattrs, void *st) {
     if (sizeof(mc_attrs) != 24 || nattrs != 1 || idx[0] != 0 || a->srcAccessOrder != 1 || a->srcLocHint.type != 1 ||
         a->dstLocHint.type != 1 || a->flags != 1 || st == 0) return 1;
+    if (getenv("FAKECUDA_REFUSE_BATCH")) return 1; /* CUDA_ERROR_INVALID_VALUE, as a driver might */
     for (size_t i = 0; i < count; i++) memcpy((void *)d[i], (void *)s[i], n[i]);
     return 0;
 }
@@ -91,6 +92,7 @@ CUresult cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned
 }
 CUresult cuGetErrorName(CUresult r, const char **s) {
     switch (r) {
+    case 1: *s = "CUDA_ERROR_INVALID_VALUE"; return 0;
     case 200: *s = "CUDA_ERROR_INVALID_IMAGE"; return 0;
     case 500: *s = "CUDA_ERROR_NOT_FOUND"; return 0;
     }
