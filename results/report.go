@@ -235,6 +235,37 @@ func (g Group) cells() [][]string {
 	return rows
 }
 
+// rebalanceCells is the table of the group's rebalancing rows (FEPLB's
+// phase 2): the token and the measured GEMM straggler before and after
+// (after is the record's gemm.straggler), what moved and what it cost. Nil
+// when no row rebalanced.
+func (g Group) rebalanceCells() [][]string {
+	rows := [][]string{{"rebalancing", "token_strag_before_%", "token_strag_after_%", "gemm_strag_before_%", "gemm_strag_after_%",
+		"moves", "copy_MiB", "copy_ms_p50", "copies_hidden", "scheduler_ms_p50", "exposed_ms_p50"}}
+	pct := func(s Straggler) string {
+		if len(s.PerRank) == 0 { // a record from before the measured "before"
+			return "—"
+		}
+		return fmt.Sprintf("%.1f", 100*s.Rel)
+	}
+	for _, r := range g.Rows {
+		rb := r.Rec.Rebalance
+		if rb == nil || r.Rec.Status != StatusOK {
+			continue
+		}
+		hidden, _, ok := strings.Cut(rb.HiddenShare, " (median")
+		if !ok {
+			hidden = "n/m"
+		}
+		rows = append(rows, []string{r.Rec.Config.Settings(), pct(rb.TokenBefore), pct(rb.TokenAfter), pct(rb.GEMMBefore), pct(r.Rec.GEMM.Straggler),
+			strconv.Itoa(rb.Moves), fmt.Sprintf("%.2f", float64(rb.CopyBytes)/(1<<20)), f3(rb.CopyMS), hidden, f3(rb.SchedulerMS), f3(rb.SchedulerWaitMS)})
+	}
+	if len(rows) == 1 {
+		return nil
+	}
+	return rows
+}
+
 func reportTable(w io.Writer, groups []Group) error {
 	p := &printer{w: w}
 	for _, g := range stacks(groups) {
@@ -244,6 +275,9 @@ func reportTable(w io.Writer, groups []Group) error {
 		p.f("#\n# %s\n", g.Title())
 		if p.err == nil {
 			p.err = WriteAligned(w, g.cells(), textColumns)
+		}
+		if rb := g.rebalanceCells(); rb != nil && p.err == nil {
+			p.err = WriteAligned(w, rb, 1)
 		}
 		for _, n := range g.notes() {
 			p.f("#   %s\n", n)
@@ -262,6 +296,10 @@ func reportMarkdown(w io.Writer, groups []Group, title string) error {
 		p.f("\n## %s\n\n", mdEscape(g.Title()))
 		if p.err == nil {
 			p.err = WriteMarkdownTable(w, g.cells(), textColumns)
+		}
+		if rb := g.rebalanceCells(); rb != nil && p.err == nil {
+			p.f("\nRebalancing (measured GEMM straggler: before = the same steps with phase 2 paused):\n\n")
+			p.err = WriteMarkdownTable(w, rb, 1)
 		}
 		if n := g.notes(); len(n) > 0 {
 			p.f("\n")
