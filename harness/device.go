@@ -663,6 +663,7 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 	rb, rebalances := d.(dispatchers.Rebalancer)
 	if rebalances { // the paused steps (see measured.paused)
 		m.paused = m.newSamples(cfg.EP)
+		steps := make([][]float64, cfg.EP) // not kept
 		rb.Pause(true)
 		for i := -cfg.Warmup; i < cfg.Iters; i++ {
 			if err := dl.step(); err != nil {
@@ -671,7 +672,7 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 			if i < 0 {
 				continue
 			}
-			if err := dl.times(m.paused, make([][]float64, cfg.EP)); err != nil {
+			if err := dl.times(m.paused, steps); err != nil {
 				return fail(results.StatusFailed, err)
 			}
 		}

@@ -148,7 +148,10 @@ type perExpert struct {
 
 func (p perExpert) get(e int) []float32 {
 	fc1, fc2 := p.l.ExpertWeights(e)
-	return [][]float32{fc1, fc2}[p.which]
+	if p.which == 0 {
+		return fc1
+	}
+	return fc2
 }
 
 // writeNpy writes a little-endian NPY v1.0 file of float32 or int32 data (or

@@ -244,22 +244,18 @@ func (d *Driver) Attribute(dev, attr int) (int, error) {
 }
 
 // Name is the device's name, e.g. "NVIDIA H100 80GB HBM3".
-func (d *Driver) Name(dev int) (string, error) {
-	buf := (*C.char)(C.calloc(256, 1))
-	defer C.free(unsafe.Pointer(buf))
-	if err := d.check(fmt.Sprintf("cuDeviceGetName(%d)", dev), C.c_name(d.fn["cuDeviceGetName"], buf, 256, d.dev(dev))); err != nil {
-		return "", err
-	}
-	return C.GoString(buf), nil
-}
+func (d *Driver) Name(dev int) (string, error) { return d.text("cuDeviceGetName", dev) }
 
 // PCIBusID is the device's PCI address, "domain:bus:device.function" in
 // hex (e.g. "0000:1B:00.0"): how NVML, whose GPU order can differ from
 // CUDA's (CUDA_VISIBLE_DEVICES, CUDA_DEVICE_ORDER), finds the same GPU.
-func (d *Driver) PCIBusID(dev int) (string, error) {
-	buf := (*C.char)(C.calloc(64, 1))
+func (d *Driver) PCIBusID(dev int) (string, error) { return d.text("cuDeviceGetPCIBusId", dev) }
+
+// text reads the string a device query (call: char *, int, CUdevice) writes.
+func (d *Driver) text(call string, dev int) (string, error) {
+	buf := (*C.char)(C.calloc(256, 1))
 	defer C.free(unsafe.Pointer(buf))
-	if err := d.check(fmt.Sprintf("cuDeviceGetPCIBusId(%d)", dev), C.c_name(d.fn["cuDeviceGetPCIBusId"], buf, 64, d.dev(dev))); err != nil {
+	if err := d.check(fmt.Sprintf("%s(%d)", call, dev), C.c_name(d.fn[call], buf, 256, d.dev(dev))); err != nil {
 		return "", err
 	}
 	return C.GoString(buf), nil
