@@ -229,8 +229,8 @@ func gemmStraggler(samples map[string][][]float64, ranks int) (results.Straggler
 	for r, ts := range t {
 		med[r], _ = stats.Median(ts)
 	}
+	v := make([]float64, ranks) // one step's expert times
 	for i := range t[0] {
-		v := make([]float64, ranks)
 		for r := range t {
 			v[r] = t[r][i]
 		}
