@@ -10,17 +10,20 @@ import (
 // kernels.Device. A phase queues its work on the rank's stream and returns;
 // collective phases order themselves after other ranks' work with events.
 // The layer synchronizes every stream between steps, so a phase may assume
-// that the previous step's work is done.
+// that the previous step's work is done. Each rank's buffers, streams and
+// events are on its own device (DeviceRank.Dev); work on another rank's
+// buffers goes through copies between devices (kernels.CopyOp's devices).
 
 // DeviceRank is one EP rank's buffers on the device. Tensors are row-major,
 // bf16 unless noted.
 type DeviceRank struct {
 	ID     int
-	Stream kernels.Stream
-	X      kernels.Ptr // [Tokens, Hidden] input, set by the layer
-	Idx    kernels.Ptr // [Tokens, TopK] int32 global experts, set by the layer
-	Probs  kernels.Ptr // [Tokens, TopK] fp32 routing probabilities, set by the layer
-	Shared kernels.Ptr // [Tokens, Hidden] shared-expert output Unpermute adds; 0: none
+	Dev    kernels.Device // the rank's device (ranks may share one)
+	Stream kernels.Stream // a stream of Dev
+	X      kernels.Ptr    // [Tokens, Hidden] input, set by the layer
+	Idx    kernels.Ptr    // [Tokens, TopK] int32 global experts, set by the layer
+	Probs  kernels.Ptr    // [Tokens, TopK] fp32 routing probabilities, set by the layer
+	Shared kernels.Ptr    // [Tokens, Hidden] shared-expert output Unpermute adds; 0: none
 
 	// Set by Dispatch: the rows this rank's experts compute, grouped by local
 	// expert, and how many rows each local expert has (read on the host).
@@ -76,8 +79,10 @@ type DeviceDispatcher interface {
 	Phased
 	Name() string
 	Impl() string
-	// Bind attaches the dispatcher to the ranks of a run; called once.
-	Bind(dev kernels.Device, shape Shape, ranks []*DeviceRank) error
+	// Bind attaches the dispatcher to the ranks of a run, each on its
+	// device; called once. It may return an *UnavailableError (e.g. ranks
+	// whose devices cannot reach each other's memory).
+	Bind(shape Shape, ranks []*DeviceRank) error
 	Traffic() Traffic
 	Footprint(rank int) int64 // bytes of its own device buffers on a rank
 	Close() error             // frees its buffers

@@ -70,14 +70,11 @@ func BenchKernels(cfg Config, env Env, sizes BenchSizes) (*KernelBench, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	open := env.OpenDevice
-	if open == nil {
-		open = func() (kernels.Device, error) { return kernels.OpenCUDA(0, "") }
-	}
-	dev, err := open()
+	devs, err := env.devices(1, 1)
 	if err != nil {
 		return nil, fmt.Errorf("device %s: %w", cfg.Device, err)
 	}
+	dev := devs[0]
 	defer dev.Close()
 	rec := newRecord(cfg, env)
 	kb := &KernelBench{Schema: BenchSchema, Time: rec.Time, Config: rec.Config, Stack: rec.Stack, Iters: cfg.Iters,

@@ -72,6 +72,7 @@ type Config struct {
 	Impl       string
 	SMs        int // SM budget of SM-driven dispatchers; 0 = dispatcher default
 	EP         int
+	GPUs       int    // cuda: GPUs the ranks are spread over; 0 = every GPU, at most one per rank
 	Domain     int    // ranks per NVLink domain; 0 = all ranks
 	FeplbBase  string // feplb: phase-1 dispatcher
 	FeplbDyn   int    // feplb: dynamic experts per rank
@@ -150,6 +151,10 @@ func (c Config) Validate() error {
 		return &ConfigError{"feplb-dynamic", c.FeplbDyn, "must be ≥ 1"}
 	case c.FeplbBase == "feplb":
 		return &ConfigError{"feplb-base", c.FeplbBase, "must be another dispatcher (alltoall, deepep, hybridep)"}
+	case c.GPUs < 0 || c.GPUs > c.EP:
+		return &ConfigError{"gpus", c.GPUs, fmt.Sprintf("must be in [0, --ep=%d] (0 = every GPU, at most one per rank)", c.EP)}
+	case c.GPUs > 0 && c.Device == "host":
+		return &ConfigError{"gpus", c.GPUs, "applies to the cuda device; the host device has no GPUs"}
 	case c.SMs < 0:
 		return &ConfigError{"sms", c.SMs, "must be ≥ 0 (0 = the dispatcher's default)"}
 	case c.Warmup < 0:
@@ -168,7 +173,7 @@ func (c Config) Validate() error {
 func (c Config) Record() results.Config {
 	r := results.Config{Preset: c.Preset, Tokens: c.Tokens, Hidden: c.Hidden, FFN: c.FFN, Experts: c.Experts,
 		TopK: c.TopK, SharedExperts: c.SharedExperts, Score: c.Score, Groups: c.Groups, GroupTopK: c.GroupTopK,
-		TopKScale: c.TopKScale, Dispatcher: c.Dispatcher, Impl: c.Impl, SMs: c.SMs, EP: c.EP, Domain: c.Domain,
+		TopKScale: c.TopKScale, Dispatcher: c.Dispatcher, Impl: c.Impl, SMs: c.SMs, EP: c.EP, GPUs: c.GPUs, Domain: c.Domain,
 		Routing: c.Routing.String(), Seed: c.Seed, Warmup: c.Warmup, Iters: c.Iters, Check: c.Check, Device: c.Device}
 	if c.Dispatcher == "feplb" {
 		r.FeplbBase, r.FeplbDynamic = c.FeplbBase, c.FeplbDyn

@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"runtime"
 	"slices"
+	"strings"
 	"sync"
 
 	"github.com/moebench/moebench/dispatchers"
@@ -15,25 +16,45 @@ import (
 	"github.com/moebench/moebench/results"
 )
 
-// deviceLayer is the layer on a kernels.Device. Every EP rank has its own
-// stream; all ranks live on the one device (emulated EP when EP > 1). The
-// host twin l holds the inputs, the router's weights and the routing mode;
-// expert weights are drawn from the seed and uploaded without being kept.
+// deviceLayer is the layer on kernels.Devices (GPUs). Every EP rank has its
+// own stream on its device; the ranks are spread over the devices in
+// contiguous blocks (see rankDevices), several ranks to a device when there
+// are more ranks than devices (emulated EP). The host twin l holds the
+// inputs, the router's weights and the routing mode; expert weights are
+// drawn from the seed and uploaded without being kept.
 type deviceLayer struct {
 	l     *Layer
-	dev   kernels.Device
+	devs  []kernels.Device
+	on    []int // device index of each rank
 	d     dispatchers.DeviceDispatcher
 	ranks []*dispatchers.DeviceRank
 	rr    []devRank
+	dc    []devCommon // per device
 
+	seq        []dispatchers.Step         // see steps
+	start, end map[string][]kernels.Event // per phase, per rank
+}
+
+// devCommon is what the ranks of one device share.
+type devCommon struct {
 	wr, bias   kernels.Ptr // router weight [E, h] bf16; selection bias [E] fp32 or 0
 	sfc1, sfc2 kernels.Ptr // shared expert [2fs, h], [h, fs] or 0
-	common     int64       // bytes of the buffers above, which the ranks share
+	bytes      int64       // bytes of the buffers above
+	ranks      int         // ranks on the device
+	// begin is recorded at the start of a step on beginS (after device 0's
+	// begin, on the other devices); the device's ranks wait for it
+	begin  kernels.Event
+	beginS kernels.Stream
+}
 
-	seq        []dispatchers.Step // see steps
-	begin      kernels.Event      // recorded at the start of a step; every rank waits for it
-	beginS     kernels.Stream
-	start, end map[string][]kernels.Event // per phase, per rank
+// rankDevices maps ep ranks onto n devices in contiguous blocks: rank r
+// runs on device r·n/ep.
+func rankDevices(ep, n int) []int {
+	on := make([]int, ep)
+	for r := range on {
+		on[r] = r * n / ep
+	}
+	return on
 }
 
 // devRank is one rank's layer buffers (the dispatcher has its own).
@@ -49,20 +70,15 @@ type devRank struct {
 	whole                []dispatchers.DeviceWork
 }
 
-// newDeviceLayer uploads l's inputs and weights to dev and binds d.
-func newDeviceLayer(l *Layer, dev kernels.Device, d dispatchers.DeviceDispatcher) (*deviceLayer, error) {
+// newDeviceLayer uploads l's inputs and weights to devs (the ranks spread
+// over them) and binds d.
+func newDeviceLayer(l *Layer, devs []kernels.Device, d dispatchers.DeviceDispatcher) (*deviceLayer, error) {
 	c := l.Cfg
 	T, h, f, E, k := c.Tokens, c.Hidden, c.FFN, c.Experts, c.TopK
 	fs, L := c.FFN*c.SharedExperts, l.Shape.LocalExperts()
-	dl := &deviceLayer{l: l, dev: dev, d: d, rr: make([]devRank, c.EP), start: map[string][]kernels.Event{}, end: map[string][]kernels.Event{}}
-	var err error
-	if dl.beginS, err = dev.NewStream(); err != nil {
-		return nil, err
-	}
-	if dl.begin, err = dev.NewEvent(); err != nil {
-		return nil, err
-	}
-	up := func(p *kernels.Ptr, counter *int64, host any, s kernels.Stream) error {
+	dl := &deviceLayer{l: l, devs: devs, on: rankDevices(c.EP, len(devs)), d: d, rr: make([]devRank, c.EP), dc: make([]devCommon, len(devs)),
+		start: map[string][]kernels.Event{}, end: map[string][]kernels.Event{}}
+	up := func(dev kernels.Device, p *kernels.Ptr, counter *int64, host any, s kernels.Stream) error {
 		b, err := kernels.HostBytes(host)
 		if err != nil {
 			return err
@@ -73,33 +89,50 @@ func newDeviceLayer(l *Layer, dev kernels.Device, d dispatchers.DeviceDispatcher
 		*counter += int64(len(b))
 		return dev.Upload(*p, host, s)
 	}
-	if err := up(&dl.wr, &dl.common, kernels.BF16Bits(l.Wr), dl.beginS); err != nil {
-		return nil, err
-	}
-	if l.Bias != nil {
-		if err := up(&dl.bias, &dl.common, l.Bias, dl.beginS); err != nil {
-			return nil, err
-		}
-	}
+	var wr, sfc1, sfc2 []uint16
+	wr = kernels.BF16Bits(l.Wr)
 	if l.SharedFC1 != nil {
-		if err := up(&dl.sfc1, &dl.common, kernels.BF16Bits(l.SharedFC1), dl.beginS); err != nil {
+		sfc1, sfc2 = kernels.BF16Bits(l.SharedFC1), kernels.BF16Bits(l.SharedFC2)
+	}
+	for i, dev := range devs {
+		m := &dl.dc[i]
+		var err error
+		if m.beginS, err = dev.NewStream(); err != nil {
 			return nil, err
 		}
-		if err := up(&dl.sfc2, &dl.common, kernels.BF16Bits(l.SharedFC2), dl.beginS); err != nil {
+		if m.begin, err = dev.NewEvent(); err != nil {
 			return nil, err
+		}
+		if err := up(dev, &m.wr, &m.bytes, wr, m.beginS); err != nil {
+			return nil, err
+		}
+		if l.Bias != nil {
+			if err := up(dev, &m.bias, &m.bytes, l.Bias, m.beginS); err != nil {
+				return nil, err
+			}
+		}
+		if sfc1 != nil {
+			if err := up(dev, &m.sfc1, &m.bytes, sfc1, m.beginS); err != nil {
+				return nil, err
+			}
+			if err := up(dev, &m.sfc2, &m.bytes, sfc2, m.beginS); err != nil {
+				return nil, err
+			}
 		}
 	}
 	for r := range c.EP {
-		b := &dl.rr[r]
-		rk := &dispatchers.DeviceRank{ID: r}
+		b, dev := &dl.rr[r], devs[dl.on[r]]
+		dl.dc[dl.on[r]].ranks++
+		rk := &dispatchers.DeviceRank{ID: r, Dev: dev}
+		var err error
 		if rk.Stream, err = dev.NewStream(); err != nil {
 			return nil, err
 		}
-		if err := up(&rk.X, &b.bytes, kernels.BF16Bits(l.X[r]), rk.Stream); err != nil {
+		if err := up(dev, &rk.X, &b.bytes, kernels.BF16Bits(l.X[r]), rk.Stream); err != nil {
 			return nil, err
 		}
 		if l.Override[r] != nil {
-			if err := up(&b.override, &b.bytes, l.Override[r], rk.Stream); err != nil {
+			if err := up(dev, &b.override, &b.bytes, l.Override[r], rk.Stream); err != nil {
 				return nil, err
 			}
 		}
@@ -107,10 +140,10 @@ func newDeviceLayer(l *Layer, dev kernels.Device, d dispatchers.DeviceDispatcher
 			if err := l.route(r); err != nil {
 				return nil, err
 			}
-			if err := up(&b.traceIdx, &b.bytes, l.Ranks[r].Idx, rk.Stream); err != nil {
+			if err := up(dev, &b.traceIdx, &b.bytes, l.Ranks[r].Idx, rk.Stream); err != nil {
 				return nil, err
 			}
-			if err := up(&b.traceProbs, &b.bytes, l.Ranks[r].Probs, rk.Stream); err != nil {
+			if err := up(dev, &b.traceProbs, &b.bytes, l.Ranks[r].Probs, rk.Stream); err != nil {
 				return nil, err
 			}
 		}
@@ -133,13 +166,13 @@ func newDeviceLayer(l *Layer, dev kernels.Device, d dispatchers.DeviceDispatcher
 	if err := dl.uploadExperts(); err != nil {
 		return nil, err
 	}
-	if err := d.Bind(dev, l.Shape, dl.ranks); err != nil {
+	if err := d.Bind(l.Shape, dl.ranks); err != nil {
 		return nil, err
 	}
 	for _, ph := range dl.steps() {
-		for range c.EP {
+		for _, rk := range dl.ranks {
 			for _, m := range []map[string][]kernels.Event{dl.start, dl.end} {
-				e, err := dev.NewEvent()
+				e, err := rk.Dev.NewEvent()
 				if err != nil {
 					return nil, err
 				}
@@ -198,10 +231,10 @@ func (dl *deviceLayer) uploadExperts() error {
 	for w := range ch {
 		r, i := w.e/L, w.e%L
 		rk := dl.ranks[r]
-		if err := dl.dev.Upload(rk.FC1+kernels.Ptr(2*i*2*f*h), w.fc1, rk.Stream); err != nil {
+		if err := rk.Dev.Upload(rk.FC1+kernels.Ptr(2*i*2*f*h), w.fc1, rk.Stream); err != nil {
 			return err
 		}
-		if err := dl.dev.Upload(rk.FC2+kernels.Ptr(2*i*h*f), w.fc2, rk.Stream); err != nil {
+		if err := rk.Dev.Upload(rk.FC2+kernels.Ptr(2*i*h*f), w.fc2, rk.Stream); err != nil {
 			return err
 		}
 	}
@@ -213,7 +246,7 @@ func (dl *deviceLayer) steps() []dispatchers.Step {
 	if dl.seq != nil {
 		return dl.seq
 	}
-	if dl.sfc1 != 0 {
+	if dl.dc[0].sfc1 != 0 {
 		dl.seq = append(dl.seq, dispatchers.Step{Name: "shared", Run: dl.sharedExpert})
 	}
 	dl.seq = append(dl.seq, dispatchers.Step{Name: "router", Run: dl.route})
@@ -224,45 +257,45 @@ func (dl *deviceLayer) steps() []dispatchers.Step {
 // sharedExpert: fc1 → SwiGLU → fc2 on the rank's tokens into rk.Shared,
 // which the dispatcher's unpermute adds.
 func (dl *deviceLayer) sharedExpert(r int) error {
-	c, rk, b := dl.l.Cfg, dl.ranks[r], &dl.rr[r]
+	c, rk, b, m := dl.l.Cfg, dl.ranks[r], &dl.rr[r], &dl.dc[dl.on[r]]
 	T, h, fs := c.Tokens, c.Hidden, c.FFN*c.SharedExperts
-	if err := dl.dev.GEMM(b.sh1, rk.X, dl.sfc1, T, 2*fs, h, false, rk.Stream); err != nil {
+	if err := rk.Dev.GEMM(b.sh1, rk.X, m.sfc1, T, 2*fs, h, false, rk.Stream); err != nil {
 		return err
 	}
-	if err := dl.dev.SwiGLU(b.sact, b.sh1, 0, T, fs, rk.Stream); err != nil {
+	if err := rk.Dev.SwiGLU(b.sact, b.sh1, 0, T, fs, rk.Stream); err != nil {
 		return err
 	}
-	return dl.dev.GEMM(rk.Shared, b.sact, dl.sfc2, T, h, fs, false, rk.Stream)
+	return rk.Dev.GEMM(rk.Shared, b.sact, m.sfc2, T, h, fs, false, rk.Stream)
 }
 
 // route: the fp32 logits GEMM (bf16 operands, fp32 output), the routing
 // mode's replacement logits when it has them, then top-k; a trace's routing
 // replaces the top-k's output.
 func (dl *deviceLayer) route(r int) error {
-	c, rk, b := dl.l.Cfg, dl.ranks[r], &dl.rr[r]
+	c, rk, b, m := dl.l.Cfg, dl.ranks[r], &dl.rr[r], &dl.dc[dl.on[r]]
 	T, E, k := c.Tokens, c.Experts, c.TopK
-	if err := dl.dev.GEMM(b.logits, rk.X, dl.wr, T, E, c.Hidden, true, rk.Stream); err != nil {
+	if err := rk.Dev.GEMM(b.logits, rk.X, m.wr, T, E, c.Hidden, true, rk.Stream); err != nil {
 		return err
 	}
 	if b.override != 0 {
-		if err := dl.dev.Copy(b.logits, b.override, int64(4*T*E), rk.Stream); err != nil {
+		if err := rk.Dev.Copy(b.logits, b.override, int64(4*T*E), rk.Stream); err != nil {
 			return err
 		}
 	}
 	if b.traceIdx != 0 {
-		if err := dl.dev.Copy(rk.Idx, b.traceIdx, int64(4*T*k), rk.Stream); err != nil {
+		if err := rk.Dev.Copy(rk.Idx, b.traceIdx, int64(4*T*k), rk.Stream); err != nil {
 			return err
 		}
-		return dl.dev.Copy(rk.Probs, b.traceProbs, int64(4*T*k), rk.Stream)
+		return rk.Dev.Copy(rk.Probs, b.traceProbs, int64(4*T*k), rk.Stream)
 	}
-	return dl.dev.RouterTopK(dl.l.Router, b.logits, dl.bias, T, rk.Idx, rk.Probs, rk.Stream)
+	return rk.Dev.RouterTopK(dl.l.Router, b.logits, m.bias, T, rk.Idx, rk.Probs, rk.Stream)
 }
 
 // experts computes the rank's current work (DeviceRank.Work; nil: all its
 // rows with its own experts), block by block.
 func (dl *deviceLayer) experts(r int) error {
 	rk, b := dl.ranks[r], &dl.rr[r]
-	if err := b.out.Ensure(dl.dev, rk.Stream, rk.Rows(), kernels.Buf{P: &rk.ExpertY, PerRow: 2 * int64(dl.l.Cfg.Hidden)}); err != nil {
+	if err := b.out.Ensure(rk.Dev, rk.Stream, rk.Rows(), kernels.Buf{P: &rk.ExpertY, PerRow: 2 * int64(dl.l.Cfg.Hidden)}); err != nil {
 		return err
 	}
 	work := rk.Work
@@ -318,11 +351,11 @@ func (dl *deviceLayer) block(r int, w *dispatchers.DeviceWork) error {
 		return nil
 	}
 	if w.After != nil {
-		if err := dl.dev.Wait(rk.Stream, w.After); err != nil {
+		if err := rk.Dev.Wait(rk.Stream, w.After); err != nil {
 			return err
 		}
 	}
-	if err := b.scratch.Ensure(dl.dev, rk.Stream, hi-lo, kernels.Buf{P: &b.h1, PerRow: 4 * int64(f)}, kernels.Buf{P: &b.act, PerRow: 2 * int64(f)}); err != nil {
+	if err := b.scratch.Ensure(rk.Dev, rk.Stream, hi-lo, kernels.Buf{P: &b.h1, PerRow: 4 * int64(f)}, kernels.Buf{P: &b.act, PerRow: 2 * int64(f)}); err != nil {
 		return err
 	}
 	y := w.Y
@@ -351,13 +384,13 @@ func (dl *deviceLayer) block(r int, w *dispatchers.DeviceWork) error {
 		}
 		return b.groups
 	}
-	if err := b.grouped.Run(dl.dev, fc(b.h1, w.X, lo, 0, false, 2*f, h), 2*f, h, rk.Stream); err != nil {
+	if err := b.grouped.Run(rk.Dev, fc(b.h1, w.X, lo, 0, false, 2*f, h), 2*f, h, rk.Stream); err != nil {
 		return err
 	}
-	if err := dl.dev.SwiGLU(b.act, b.h1, w.Probs+kernels.Ptr(4*lo), hi-lo, f, rk.Stream); err != nil {
+	if err := rk.Dev.SwiGLU(b.act, b.h1, w.Probs+kernels.Ptr(4*lo), hi-lo, f, rk.Stream); err != nil {
 		return err
 	}
-	return b.grouped.Run(dl.dev, fc(y, b.act, 0, lo, true, h, f), h, f, rk.Stream)
+	return b.grouped.Run(rk.Dev, fc(y, b.act, 0, lo, true, h, f), h, f, rk.Stream)
 }
 
 // groupedSides are the candidate numbers of extra streams per rank for the
@@ -372,19 +405,19 @@ func (dl *deviceLayer) chooseGrouped() (string, error) {
 	const reps = 3
 	best, bestMS, desc := -1, math.Inf(1), ""
 	ways := len(groupedSides)
-	batched, ok := dl.dev.GroupedGEMMName()
+	batched, ok := dl.devs[0].GroupedGEMMName()
 	if ok {
 		ways++
 	}
 	options := make([][]*kernels.Grouped, ways)
 	for i := range ways {
-		for range dl.ranks {
+		for _, rk := range dl.ranks {
 			var g *kernels.Grouped
 			var err error
 			if i < len(groupedSides) {
-				g, err = kernels.NewGrouped(dl.dev, groupedSides[i])
+				g, err = kernels.NewGrouped(rk.Dev, groupedSides[i])
 			} else {
-				g, err = kernels.NewBatched(dl.dev)
+				g, err = kernels.NewBatched(rk.Dev)
 			}
 			if err != nil {
 				return "", err
@@ -406,13 +439,13 @@ func (dl *deviceLayer) chooseGrouped() (string, error) {
 				break
 			}
 			slowest := 0.0
-			for r := range dl.ranks {
+			for r, rk := range dl.ranks {
 				t := 0.0
 				for _, ph := range dispatchers.ExpertPhases {
 					if dl.start[ph] == nil {
 						continue
 					}
-					ms, err := dl.dev.Elapsed(dl.start[ph][r], dl.end[ph][r])
+					ms, err := rk.Dev.Elapsed(dl.start[ph][r], dl.end[ph][r])
 					if err != nil {
 						return "", err
 					}
@@ -447,25 +480,34 @@ func (dl *deviceLayer) chooseGrouped() (string, error) {
 }
 
 // step runs one forward pass: every phase for every rank, each phase between
-// two events on the rank's stream, then waits for every stream.
+// two events on the rank's stream, then waits for every stream. Every rank
+// starts from its device's begin event, which follows device 0's.
 func (dl *deviceLayer) step() error {
-	if err := dl.dev.Record(dl.begin, dl.beginS); err != nil {
-		return err
+	for i, dev := range dl.devs {
+		m := &dl.dc[i]
+		if i > 0 {
+			if err := dev.Wait(m.beginS, dl.dc[0].begin); err != nil {
+				return err
+			}
+		}
+		if err := dev.Record(m.begin, m.beginS); err != nil {
+			return err
+		}
 	}
-	for _, rk := range dl.ranks {
-		if err := dl.dev.Wait(rk.Stream, dl.begin); err != nil {
+	for r, rk := range dl.ranks {
+		if err := rk.Dev.Wait(rk.Stream, dl.dc[dl.on[r]].begin); err != nil {
 			return err
 		}
 	}
 	for _, ph := range dl.steps() {
 		for r, rk := range dl.ranks {
-			if err := dl.dev.Record(dl.start[ph.Name][r], rk.Stream); err != nil {
+			if err := rk.Dev.Record(dl.start[ph.Name][r], rk.Stream); err != nil {
 				return err
 			}
 			if err := ph.Run(r); err != nil {
 				return fmt.Errorf("%s on rank %d: %w", ph.Name, r, err)
 			}
-			if err := dl.dev.Record(dl.end[ph.Name][r], rk.Stream); err != nil {
+			if err := rk.Dev.Record(dl.end[ph.Name][r], rk.Stream); err != nil {
 				return err
 			}
 		}
@@ -474,11 +516,13 @@ func (dl *deviceLayer) step() error {
 }
 
 func (dl *deviceLayer) sync() error {
-	if err := dl.dev.SyncStream(dl.beginS); err != nil {
-		return err
+	for i, dev := range dl.devs {
+		if err := dev.SyncStream(dl.dc[i].beginS); err != nil {
+			return err
+		}
 	}
 	for _, rk := range dl.ranks {
-		if err := dl.dev.SyncStream(rk.Stream); err != nil {
+		if err := rk.Dev.SyncStream(rk.Stream); err != nil {
 			return err
 		}
 	}
@@ -490,15 +534,15 @@ func (dl *deviceLayer) sync() error {
 func (dl *deviceLayer) times(samples map[string][][]float64, step [][]float64) error {
 	steps := dl.steps()
 	last := steps[len(steps)-1].Name
-	for r := range dl.ranks {
+	for r, rk := range dl.ranks {
 		for _, ph := range steps {
-			ms, err := dl.dev.Elapsed(dl.start[ph.Name][r], dl.end[ph.Name][r])
+			ms, err := rk.Dev.Elapsed(dl.start[ph.Name][r], dl.end[ph.Name][r])
 			if err != nil {
 				return fmt.Errorf("%s on rank %d: %w", ph.Name, r, err)
 			}
 			samples[ph.Name][r] = append(samples[ph.Name][r], ms)
 		}
-		ms, err := dl.dev.Elapsed(dl.begin, dl.end[last][r])
+		ms, err := rk.Dev.Elapsed(dl.dc[dl.on[r]].begin, dl.end[last][r])
 		if err != nil {
 			return err
 		}
@@ -544,12 +588,12 @@ func (dl *deviceLayer) check() (*results.Correctness, error) {
 			words int
 		}{{rk.Y, T * h}, {rk.Probs, 2 * T * k}, {dl.rr[r].logits, 2 * T * E}, {rk.ExpertY, dl.rr[r].out.Rows * h}} {
 			if p.ptr != 0 {
-				if err := dl.dev.Fill16(p.ptr, nan, int64(p.words), rk.Stream); err != nil {
+				if err := rk.Dev.Fill16(p.ptr, nan, int64(p.words), rk.Stream); err != nil {
 					return nil, err
 				}
 			}
 		}
-		if err := dl.dev.Fill16(rk.Idx, 0xffff, int64(2*T*k), rk.Stream); err != nil { // expert −1
+		if err := rk.Dev.Fill16(rk.Idx, 0xffff, int64(2*T*k), rk.Stream); err != nil { // expert −1
 			return nil, err
 		}
 	}
@@ -585,13 +629,13 @@ func (dl *deviceLayer) download() error {
 	y := make([]uint16, dl.l.Cfg.Tokens*dl.l.Cfg.Hidden)
 	for r, rk := range dl.ranks {
 		hr := dl.l.Ranks[r]
-		if err := dl.dev.Download(hr.Idx, rk.Idx, rk.Stream); err != nil {
+		if err := rk.Dev.Download(hr.Idx, rk.Idx, rk.Stream); err != nil {
 			return err
 		}
-		if err := dl.dev.Download(hr.Probs, rk.Probs, rk.Stream); err != nil {
+		if err := rk.Dev.Download(hr.Probs, rk.Probs, rk.Stream); err != nil {
 			return err
 		}
-		if err := dl.dev.Download(y, rk.Y, rk.Stream); err != nil {
+		if err := rk.Dev.Download(y, rk.Y, rk.Stream); err != nil {
 			return err
 		}
 		hr.Y = kernels.FromBF16Bits(y)
@@ -599,11 +643,11 @@ func (dl *deviceLayer) download() error {
 	return nil
 }
 
-// footprint is rank r's bytes on the device: its layer and dispatcher
-// buffers and an equal share of the buffers the ranks share.
+// footprint is rank r's bytes on its device: its layer and dispatcher
+// buffers and an equal share of the buffers the device's ranks share.
 func (dl *deviceLayer) footprint(r int) int64 {
-	b := &dl.rr[r]
-	return b.bytes + b.out.Bytes + b.scratch.Bytes + dl.d.Footprint(r) + dl.common/int64(len(dl.ranks))
+	b, m := &dl.rr[r], &dl.dc[dl.on[r]]
+	return b.bytes + b.out.Bytes + b.scratch.Bytes + dl.d.Footprint(r) + m.bytes/int64(m.ranks)
 }
 
 // runDevice is Run on the cuda device (or env.OpenDevice's): the same
@@ -614,23 +658,27 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 	if err != nil {
 		return dispatcherError(rec, cfg, err)
 	}
-	open := env.OpenDevice
-	if open == nil {
-		open = func() (kernels.Device, error) { return kernels.OpenCUDA(0, "") }
-	}
-	dev, err := open()
+	devs, err := env.devices(cfg.GPUs, cfg.EP)
 	if err != nil {
 		return fail(results.StatusUnavailable, fmt.Errorf("device %s: %w", cfg.Device, err))
 	}
-	defer dev.Close()
+	defer func() {
+		for _, dev := range devs {
+			dev.Close()
+		}
+	}()
 	defer d.Close()
-	rec.Ranks.Emulated = cfg.EP > 1
-	rec.Ranks.Note = fmt.Sprintf("all %d EP ranks on GPU 0, one stream each; data moves between ranks with device-to-device copies", cfg.EP)
+	dev := devs[0]
+	rec.Ranks.Devices = rankDevices(cfg.EP, len(devs))
+	rec.Ranks.Emulated, rec.Ranks.Note = cfg.EP > len(devs), ranksNote(cfg.EP, devs)
 	l, err := newLayer(cfg, false)
 	if err != nil {
 		return nil, err // only a trace can fail here: a *ConfigError
 	}
-	dl, err := newDeviceLayer(l, dev, d)
+	dl, err := newDeviceLayer(l, devs, d)
+	if dispatchers.IsUnavailable(err) { // the dispatcher's gate on these devices
+		return dispatcherError(rec, cfg, err)
+	}
 	if err != nil {
 		return fail(deviceStatus(err), err)
 	}
@@ -649,8 +697,8 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 	}
 	m := measured{samples: map[string][][]float64{}, step: make([][]float64, cfg.EP),
 		clock: "CUDA events on each rank's stream (" + dev.Name() + ")",
-		model: "each phase's sample is its slowest rank's event-timed duration; a rank's step runs from a start event every rank waits for to the rank's last event, the step sample is the slowest rank's. " +
-			"Ranks run concurrently on one GPU (emulated EP), so phases overlap and do not add up to the step; host enqueue and the count sync are inside the times",
+		model: "each phase's sample is its slowest rank's event-timed duration; a rank's step runs from a start event every rank waits for (one per GPU, each after GPU 0's) to the rank's last event, the step sample is the slowest rank's. " +
+			"Ranks run concurrently, so phases overlap and do not add up to the step; host enqueue and the count sync are inside the times",
 		mem: &results.Memory{Method: "device buffers, accounted: the bytes moebench allocated for the rank (layer and dispatcher buffers, its share of the router and shared-expert weights), excluding cuBLASLt workspaces and the CUDA context"}}
 	for _, ph := range dl.steps() {
 		m.phases = append(m.phases, ph.Name)
@@ -708,9 +756,14 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 	}
 	if tm != nil {
 		rec.Telemetry, rec.SMs.Measured = tm.finish()
+		if len(devs) > 1 {
+			rec.Telemetry.GPU += fmt.Sprintf("; that is rank 0's GPU: the clocks, power and GPM of the other %d GPUs are not sampled", len(devs)-1)
+		}
 	}
 	m.phase2SMs = "not measured: the " + dev.Name() + " device has no copy engines"
-	if rebalances && dev.Name() == "cuda" {
+	if len(devs) > 1 {
+		m.phase2SMs = "not measured: the copy probe covers copies within one GPU, and this run's ranks are on " + fmt.Sprint(len(devs)) + " GPUs"
+	} else if rebalances && dev.Name() == "cuda" {
 		if m.phase2SMs, err = probeCopies(dev, cfg.Seed); err != nil {
 			m.phase2SMs = "not measured: the copy probe failed: " + err.Error()
 		}
@@ -726,6 +779,44 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 		return rec, fmt.Errorf("--dump: %w", err)
 	}
 	return rec, dump(env, l, rec)
+}
+
+// devices opens the devices of a cuda run (env.OpenDevices, else
+// kernels.OpenGPUs): n of them, or when n is 0 every GPU up to most.
+func (env Env) devices(n, most int) ([]kernels.Device, error) {
+	if env.OpenDevices != nil {
+		return env.OpenDevices(n, most)
+	}
+	gs, err := kernels.OpenGPUs(n, most, "")
+	devs := make([]kernels.Device, len(gs))
+	for i, g := range gs {
+		devs[i] = g
+	}
+	return devs, err
+}
+
+// ranksNote says where a device run's ranks are and how data moves between
+// them.
+func ranksNote(ep int, devs []kernels.Device) string {
+	if len(devs) == 1 {
+		return fmt.Sprintf("all %d EP ranks on GPU 0, one stream each; data moves between ranks with device-to-device copies", ep)
+	}
+	note := fmt.Sprintf("%d EP ranks on %d GPUs (rank r on GPU r·%d/%d), one stream each; data moves between GPUs with peer copies", ep, len(devs), len(devs), ep)
+	if ep > len(devs) {
+		note += ", between ranks of one GPU with device-to-device copies"
+	}
+	var gaps []string
+	for a, da := range devs {
+		for b, db := range devs {
+			if a != b && !da.Reaches(db) {
+				gaps = append(gaps, fmt.Sprintf("%d→%d", a, b))
+			}
+		}
+	}
+	if gaps != nil {
+		note += "; no peer access " + strings.Join(gaps, ", ") + ": those copies go through host memory"
+	}
+	return note
 }
 
 // deviceStatus classifies a device error: running out of device memory is

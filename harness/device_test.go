@@ -3,6 +3,7 @@ package harness
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"math"
 	"os"
 	"os/exec"
@@ -38,7 +39,30 @@ func deviceCases() map[string]Config {
 	return map[string]Config{"softmax-natural": base, "sigmoid-groups-skewed-shared": sig, "ep1": one, "balanced-ep8": bal}
 }
 
-func deviceRun(t *testing.T, c Config, dev kernels.Device) *deviceLayer {
+// emus opens k Emus as a run's devices, or fewer when the run wants fewer.
+func emus(k int) func(n, most int) ([]kernels.Device, error) {
+	return func(n, most int) ([]kernels.Device, error) {
+		if n == 0 {
+			n = min(k, most)
+		}
+		if n > k {
+			return nil, fmt.Errorf("%d devices wanted, %d emulated", n, k)
+		}
+		devs := make([]kernels.Device, n)
+		for i := range devs {
+			devs[i] = &kernels.Emu{}
+		}
+		return devs, nil
+	}
+}
+
+// one opens dev as a run's only device.
+func one(dev kernels.Device) func(n, most int) ([]kernels.Device, error) {
+	return func(int, int) ([]kernels.Device, error) { return []kernels.Device{dev}, nil }
+}
+
+// deviceRun builds c's device layer with its ranks spread over devs.
+func deviceRun(t *testing.T, c Config, devs ...kernels.Device) *deviceLayer {
 	t.Helper()
 	l, err := newLayer(c, false)
 	if err != nil {
@@ -48,7 +72,7 @@ func deviceRun(t *testing.T, c Config, dev kernels.Device) *deviceLayer {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dl, err := newDeviceLayer(l, dev, d)
+	dl, err := newDeviceLayer(l, devs, d)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -57,26 +81,29 @@ func deviceRun(t *testing.T, c Config, dev kernels.Device) *deviceLayer {
 
 func TestDeviceLayerEqualsHostLayer(t *testing.T) {
 	for name, c := range deviceCases() {
-		t.Run(name, func(t *testing.T) { equalsHost(t, c) })
+		t.Run(name, func(t *testing.T) { equalsHost(t, c, 1) })
+		if c.EP > 1 { // ranks on 3 devices: unequal blocks, copies between devices and within one
+			t.Run(name+"-3devices", func(t *testing.T) { equalsHost(t, c, 3) })
+		}
 	}
 	for name, body := range map[string]string{"trace": "0 5 9 2\n3 1 7 15\n", "trace-probs": "0:0.4 5:0.3 9:0.2 2:0.1\n3:0.5 1:0.25 7:0.125 15:0.125\n"} {
 		c := deviceCases()["softmax-natural"]
 		c.Routing = Routing{Kind: RoutingTrace, File: writeTrace(t, body)}
-		t.Run(name, func(t *testing.T) { equalsHost(t, c) })
+		t.Run(name, func(t *testing.T) { equalsHost(t, c, 1) })
 	}
 }
 
-// equalsHost runs c on Emu twice (the second time with the expert GEMMs
-// over 3 extra streams) and compares outputs, routing, rows and traffic with
-// the host layer's.
-func equalsHost(t *testing.T, c Config) {
+// equalsHost runs c with its ranks on n Emus twice (the second time with
+// the expert GEMMs over 3 extra streams) and compares outputs, routing, rows
+// and traffic with the host layer's.
+func equalsHost(t *testing.T, c Config, n int) {
 	t.Helper()
-	emu := &kernels.Emu{}
-	dl := deviceRun(t, c, emu)
+	devs, _ := emus(n)(n, c.EP)
+	dl := deviceRun(t, c, devs...)
 	for i := range 2 { // the second step reuses every buffer
 		if i == 1 {
-			for r := range dl.rr {
-				dl.rr[r].grouped, _ = kernels.NewGrouped(emu, 3)
+			for r, rk := range dl.ranks {
+				dl.rr[r].grouped, _ = kernels.NewGrouped(rk.Dev, 3)
 			}
 		}
 		cr, err := dl.check()
@@ -125,21 +152,25 @@ type dropCopy struct {
 	garble  bool
 }
 
-func (d *dropCopy) Copy(dst, src kernels.Ptr, bytes int64, s kernels.Stream) error {
+func (d *dropCopy) CopyPeer(op kernels.CopyOp, s kernels.Stream) error {
 	d.n++
 	if d.n == d.drop {
 		if d.garble {
-			return d.Fill16(dst, 0xffff, bytes/2, s)
+			return d.Fill16(op.Dst, 0xffff, op.Bytes/2, s)
 		}
 		return nil
 	}
-	return d.Emu.Copy(dst, src, bytes, s)
+	return d.Emu.CopyPeer(op, s)
 }
 
-// CopyBatch loses copies the way Copy does.
+// Copy and CopyBatch lose copies the way CopyPeer does.
+func (d *dropCopy) Copy(dst, src kernels.Ptr, bytes int64, s kernels.Stream) error {
+	return d.CopyPeer(kernels.CopyOp{Dst: dst, Src: src, Bytes: bytes}, s)
+}
+
 func (d *dropCopy) CopyBatch(ops []kernels.CopyOp, s kernels.Stream) error {
 	for _, o := range ops {
-		if err := d.Copy(o.Dst, o.Src, o.Bytes, s); err != nil {
+		if err := d.CopyPeer(o, s); err != nil {
 			return err
 		}
 	}
@@ -164,7 +195,8 @@ func feplbCase() Config {
 // fails the check.
 func TestDeviceFEPLB(t *testing.T) {
 	c := feplbCase()
-	equalsHost(t, c)
+	equalsHost(t, c, 1)
+	equalsHost(t, c, 4) // one device per rank: every phase-2 copy goes between devices
 	dl := deviceRun(t, c, &kernels.Emu{})
 	if cr, err := dl.check(); err != nil || !cr.Passed {
 		t.Fatalf("check: %v, %+v", err, cr)
@@ -212,7 +244,7 @@ func TestDeviceFEPLB(t *testing.T) {
 func TestDeviceFEPLBRunRecord(t *testing.T) {
 	t.Setenv("MOEBENCH_NVML", "/nonexistent")
 	c := feplbCase()
-	emu := Env{Version: "test", OpenDevice: func() (kernels.Device, error) { return &kernels.Emu{}, nil }}
+	emu := Env{Version: "test", OpenDevices: emus(1)}
 	rec, err := Run(c, emu)
 	if err != nil || rec.Status != results.StatusOK || !rec.Correctness.Passed || rec.Rebalance == nil {
 		t.Fatalf("run: %v, %+v", err, rec)
@@ -262,7 +294,7 @@ func TestDeviceCheckCatchesLostCopy(t *testing.T) {
 func TestDeviceRunRecord(t *testing.T) {
 	t.Setenv("MOEBENCH_NVML", "/nonexistent")
 	c := deviceCases()["sigmoid-groups-skewed-shared"]
-	rec, err := Run(c, Env{Version: "test", OpenDevice: func() (kernels.Device, error) { return &kernels.Emu{}, nil }})
+	rec, err := Run(c, Env{Version: "test", OpenDevices: emus(1)})
 	if err != nil || rec.Status != results.StatusOK || !rec.Correctness.Passed {
 		t.Fatalf("run: %v, %+v", err, rec)
 	}
@@ -291,13 +323,13 @@ func TestDeviceRunRecord(t *testing.T) {
 	}
 	// without the check, the traffic is still that of the timed steps
 	c.Check = false
-	rec, err = Run(c, Env{Version: "test", OpenDevice: func() (kernels.Device, error) { return &kernels.Emu{}, nil }})
+	rec, err = Run(c, Env{Version: "test", OpenDevices: emus(1)})
 	if err != nil || rec.Traffic.DispatchLogical != int64(c.EP*c.Tokens*c.TopK)*int64(2*c.Hidden+4) {
 		t.Errorf("--check=false: %v, traffic %+v", err, rec.Traffic)
 	}
 	// a dispatcher without a device implementation is unavailable, with the reason
 	c.Dispatcher = "deepep"
-	rec, err = Run(c, Env{Version: "test", OpenDevice: func() (kernels.Device, error) { return &kernels.Emu{}, nil }})
+	rec, err = Run(c, Env{Version: "test", OpenDevices: emus(1)})
 	if !dispatchers.IsUnavailable(err) || rec.Status != results.StatusUnavailable || rec.Timing != nil || !strings.Contains(rec.Reason, "cuda") {
 		t.Errorf("deepep on the device: %v, %+v", err, rec)
 	}
@@ -365,7 +397,7 @@ func TestGPUCopyProbe(t *testing.T) {
 func TestBenchKernelsOnEmu(t *testing.T) {
 	c := deviceCases()["sigmoid-groups-skewed-shared"]
 	c.Iters, c.Warmup = 2, 1
-	kb, err := BenchKernels(c, Env{Version: "test", OpenDevice: func() (kernels.Device, error) { return &kernels.Emu{}, nil }},
+	kb, err := BenchKernels(c, Env{Version: "test", OpenDevices: emus(1)},
 		BenchSizes{CopyBytes: 1 << 20, GEMMDim: 64})
 	if err != nil {
 		t.Fatal(err)
@@ -468,7 +500,7 @@ func TestDeviceGroupedGEMMFailureLeftOut(t *testing.T) {
 	t.Setenv("MOEBENCH_NVML", "/nonexistent")
 	c := deviceCases()["softmax-natural"]
 	c.Iters, c.Warmup = 1, 0
-	rec, err := Run(c, Env{Version: "test", OpenDevice: func() (kernels.Device, error) { return &failGrouped{}, nil }})
+	rec, err := Run(c, Env{Version: "test", OpenDevices: one(&failGrouped{})})
 	if err != nil || rec.Status != results.StatusOK || !strings.Contains(rec.GEMM.Method, "failed: ") || strings.Contains(rec.GEMM.Method, "chosen: emulated") {
 		t.Fatalf("run: %v, method %q", err, rec.GEMM.Method)
 	}
@@ -500,7 +532,7 @@ func TestDeviceDump(t *testing.T) {
 		if _, err := Run(hc, Env{Version: "test", Dump: host}); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := Run(c, Env{Version: "test", Dump: dev, OpenDevice: func() (kernels.Device, error) { return &kernels.Emu{}, nil }}); err != nil {
+		if _, err := Run(c, Env{Version: "test", Dump: dev, OpenDevices: emus(1)}); err != nil {
 			t.Fatal(err)
 		}
 		hf, df := read(host), read(dev)
@@ -517,11 +549,62 @@ func TestDeviceDump(t *testing.T) {
 	c := deviceCases()["sigmoid-groups-skewed-shared"]
 	dir := filepath.Join(t.TempDir(), "failed")
 	probe := &dropCopy{drop: 2}
-	rec, err := Run(c, Env{Version: "test", Dump: dir, OpenDevice: func() (kernels.Device, error) { return probe, nil }})
+	rec, err := Run(c, Env{Version: "test", Dump: dir, OpenDevices: one(probe)})
 	if err == nil || rec.Status != results.StatusFailed {
 		t.Fatalf("lost copy: %v, %+v", err, rec)
 	}
 	if _, err := os.Stat(filepath.Join(dir, "output.npy")); err != nil {
 		t.Errorf("failed check, no dump: %v", err)
+	}
+}
+
+// island is an Emu that reaches no other device (GPUs without peer access).
+type island struct{ kernels.Emu }
+
+func (i *island) Reaches(d kernels.Device) bool { return d == kernels.Device(i) }
+
+// TestDeviceRanksOnSeveralDevices: with the ranks spread over devices (one
+// per rank, or packed), runs time every rank on its own device's clock and
+// record where each rank ran; feplb over devices that cannot reach each
+// other within a domain is unavailable, with the reason.
+func TestDeviceRanksOnSeveralDevices(t *testing.T) {
+	t.Setenv("MOEBENCH_NVML", "/nonexistent")
+	for _, tc := range []struct {
+		c        Config
+		gpus     int
+		devices  []int
+		emulated bool
+	}{
+		{deviceCases()["softmax-natural"], 0, []int{0, 1, 2, 3}, false},
+		{deviceCases()["softmax-natural"], 2, []int{0, 0, 1, 1}, true},
+		{feplbCase(), 0, []int{0, 1, 2, 3}, false},
+	} {
+		c := tc.c
+		c.GPUs, c.Iters, c.Warmup = tc.gpus, 2, 1
+		rec, err := Run(c, Env{Version: "test", OpenDevices: emus(4)})
+		if err != nil || rec.Status != results.StatusOK || !rec.Correctness.Passed {
+			t.Fatalf("%s on %d devices: %v, %+v", c.Dispatcher, tc.gpus, err, rec)
+		}
+		if !slices.Equal(rec.Ranks.Devices, tc.devices) || rec.Ranks.Emulated != tc.emulated || !strings.Contains(rec.Ranks.Note, "peer copies") ||
+			rec.Config.GPUs != tc.gpus || len(rec.Timing.Step.Samples) != c.Iters {
+			t.Errorf("%s, --gpus %d: ranks %+v, config gpus %d", c.Dispatcher, tc.gpus, rec.Ranks, rec.Config.GPUs)
+		}
+		if rb := rec.Rebalance; rb != nil && (rb.Moves == 0 || !strings.Contains(rb.PhaseTwoSMs, "on 4 GPUs")) {
+			t.Errorf("feplb on 4 devices: %+v", rb)
+		}
+	}
+	c := feplbCase()
+	islands := func(n, most int) ([]kernels.Device, error) {
+		return []kernels.Device{&island{}, &island{}, &island{}, &island{}}, nil
+	}
+	rec, err := Run(c, Env{Version: "test", OpenDevices: islands})
+	if !dispatchers.IsUnavailable(err) || rec.Status != results.StatusUnavailable || !strings.Contains(rec.Reason, "no peer access") || rec.Timing != nil {
+		t.Errorf("feplb without peer access: %v, %+v", err, rec)
+	}
+	c = deviceCases()["softmax-natural"] // alltoall copies through host memory: available, and the note says so
+	c.Iters, c.Warmup = 1, 0
+	rec, err = Run(c, Env{Version: "test", OpenDevices: islands})
+	if err != nil || rec.Status != results.StatusOK || !strings.Contains(rec.Ranks.Note, "no peer access 0→1") {
+		t.Errorf("alltoall without peer access: %v, %+v", err, rec.Ranks)
 	}
 }

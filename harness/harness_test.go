@@ -43,6 +43,9 @@ func TestValidateNamesFlag(t *testing.T) {
 		{"score", func(c *Config) { c.Score = "relu" }},
 		{"device", func(c *Config) { c.Device = "tpu" }},
 		{"sms", func(c *Config) { c.SMs = -4 }},
+		{"gpus", func(c *Config) { c.GPUs = -1 }},
+		{"gpus", func(c *Config) { c.GPUs = c.EP + 1 }},
+		{"gpus", func(c *Config) { c.GPUs, c.Device = 1, "host" }},
 		{"topk-scale", func(c *Config) { c.TopKScale = math.NaN() }},
 		{"routing", func(c *Config) { c.Routing = Routing{Kind: RoutingSkewed, Alpha: -1} }},
 	}

@@ -22,9 +22,10 @@ type Env struct {
 	// Dump, if set, is a directory to write the layer's tensors to (see Dump)
 	// once it has run, also when its check failed.
 	Dump string
-	// OpenDevice opens the device of a cuda run; nil opens GPU 0
-	// (kernels.OpenCUDA). Tests pass a kernels.Emu.
-	OpenDevice func() (kernels.Device, error)
+	// OpenDevices opens the devices of a cuda run: n of them, or when n is
+	// 0 as many as there are up to most (one per rank). Nil opens GPUs
+	// (kernels.OpenGPUs); tests pass kernels.Emus.
+	OpenDevices func(n, most int) ([]kernels.Device, error)
 }
 
 // Run builds the layer, checks it (unless cfg.Check is false), times

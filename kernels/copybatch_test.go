@@ -25,7 +25,11 @@ func TestCopyBatchRefusedFallsBack(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := &CUDA{Drv: drv}
+	ctx, err := drv.PrimaryContext(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &CUDA{Drv: drv, Ctx: ctx}
 	s, err := drv.NewStream(0)
 	if err != nil {
 		t.Fatal(err)
@@ -39,7 +43,7 @@ func TestCopyBatchRefusedFallsBack(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	swap := []CopyOp{{pd, ps + 8, 8}, {pd + 8, ps, 8}, {pd, ps, 0}} // the halves swapped
+	swap := []CopyOp{{Dst: pd, Src: ps + 8, Bytes: 8}, {Dst: pd + 8, Src: ps, Bytes: 8}, {Dst: pd, Src: ps}} // the halves swapped
 	// the third batch: the driver would take it, but a refusal is final
 	for i, refuse := range []bool{false, true, false} {
 		if refuse {
@@ -68,5 +72,98 @@ func TestCopyBatchRefusedFallsBack(t *testing.T) {
 	}
 	if c.BatchErr == nil || !strings.Contains(c.BatchMethod(), "refused the batch copy") || !strings.Contains(c.BatchMethod(), "CUDA_ERROR_INVALID_VALUE") {
 		t.Errorf("after a refusal: BatchErr %v, method %q", c.BatchErr, c.BatchMethod())
+	}
+}
+
+// TestTwoGPUsOnTheFakeDriver: two devices on one driver, used in turn from
+// one goroutine, each make their own context current (the fake refuses a
+// stream, event, allocation or copy used under another context's), copy
+// between each other with peer copies and per-pair batches, and reach each
+// other once peer access is enabled.
+func TestTwoGPUsOnTheFakeDriver(t *testing.T) {
+	so := filepath.Join(t.TempDir(), "libcuda.so.1")
+	if out, err := exec.Command("cc", "-shared", "-fPIC", "-o", so, "../internal/cuda/testdata/fakecuda.c").CombinedOutput(); err != nil {
+		t.Fatalf("building the fake driver: %v\n%s", err, out)
+	}
+	t.Setenv("MOEBENCH_LIBCUDA", so)
+	drv, err := cuda.OpenDriver()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var g [2]*CUDA
+	for i := range g {
+		ctx, err := drv.PrimaryContext(i)
+		if err != nil {
+			t.Fatal(err)
+		}
+		g[i] = &CUDA{Drv: drv, Ordinal: i, Ctx: ctx, allocs: map[Ptr]bool{}, peers: map[int]bool{}}
+	}
+	ok := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if g[0].Reaches(g[1]) || !g[0].Reaches(g[0]) {
+		t.Error("before peer access: GPU 0 should reach itself only")
+	}
+	ok(enablePeers(g[:]))
+	ok(enablePeers(g[:])) // enabled twice: the driver's "already enabled" is fine
+	if !g[0].Reaches(g[1]) || !g[1].Reaches(g[0]) || g[0].Reaches(&Emu{}) {
+		t.Error("after peer access: the GPUs should reach each other (and no Emu)")
+	}
+	// interleaved: a stream, an event pair and two buffers on each GPU
+	var s [2]Stream
+	var e [2][2]Event
+	var a, b [2]Ptr
+	for i := range g {
+		var err error
+		s[i], err = g[i].NewStream()
+		ok(err)
+		for j := range e[i] {
+			e[i][j], err = g[i].NewEvent()
+			ok(err)
+		}
+		a[i], err = g[i].Alloc(16)
+		ok(err)
+		b[i], err = g[i].Alloc(16)
+		ok(err)
+	}
+	src := [2][]uint16{{1, 2, 3, 4, 5, 6, 7, 8}, {11, 12, 13, 14, 15, 16, 17, 18}}
+	for i := range g {
+		ok(g[i].Record(e[i][0], s[i]))
+		ok(g[i].Upload(a[i], src[i], s[i]))
+		ok(g[i].Fill16(b[i], 0, 8, s[i]))
+	}
+	// GPU 1 pulls GPU 0's first half (a peer copy), then a batch: GPU 0's
+	// second half and its own first half (two pairs of GPUs)
+	ok(g[1].Wait(s[1], e[0][0]))
+	ok(g[1].CopyPeer(CopyOp{Dst: b[1], Src: a[0], Bytes: 8, SrcDev: g[0]}, s[1]))
+	ok(g[1].CopyBatch([]CopyOp{{Dst: b[1] + 8, Src: a[0] + 8, Bytes: 4, SrcDev: g[0]}, {Dst: b[1] + 12, Src: a[1], Bytes: 4}}, s[1]))
+	// GPU 0 pushes GPU 1's last quarter into its own b from GPU 1's stream
+	ok(g[1].CopyPeer(CopyOp{Dst: b[0], Src: a[1] + 12, Bytes: 4, DstDev: g[0]}, s[1]))
+	if g[1].BatchErr != nil {
+		t.Fatalf("batch across GPUs refused: %v", g[1].BatchErr)
+	}
+	got := make([]uint16, 8)
+	ok(g[1].Download(got, b[1], s[1]))
+	if want := []uint16{1, 2, 3, 4, 5, 6, 11, 12}; !slices.Equal(got, want) {
+		t.Errorf("GPU 1 received %v, want %v", got, want)
+	}
+	ok(g[0].Download(got, b[0], s[0]))
+	if want := []uint16{17, 18, 0, 0, 0, 0, 0, 0}; !slices.Equal(got, want) {
+		t.Errorf("GPU 0 received %v, want %v", got, want)
+	}
+	for i := range g {
+		ok(g[i].Record(e[i][1], s[i]))
+		if _, err := g[i].Elapsed(e[i][0], e[i][1]); err != nil {
+			t.Errorf("GPU %d: %v", i, err)
+		}
+	}
+	if err := g[0].Record(e[1][1], s[0]); err == nil {
+		t.Error("recording GPU 1's event on GPU 0's stream: the fake should refuse it")
+	}
+	for i := range g {
+		ok(g[i].Close())
 	}
 }

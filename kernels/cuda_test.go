@@ -169,8 +169,8 @@ func TestGPUCopiesAndEvents(t *testing.T) {
 	// a batch (FEPLB's phase 2): the source's quarters in reverse order,
 	// one of them at an odd 2-byte offset
 	q := int64(n / 4)
-	ops := []CopyOp{{cd, cs + Ptr(6*q), 2 * q}, {cd + Ptr(2*q), cs + Ptr(4*q), 2 * q}, {cd + Ptr(4*q), cs + Ptr(2*q), 2 * q},
-		{cd + Ptr(6*q), cs + 2, 2*q - 2}}
+	ops := []CopyOp{{Dst: cd, Src: cs + Ptr(6*q), Bytes: 2 * q}, {Dst: cd + Ptr(2*q), Src: cs + Ptr(4*q), Bytes: 2 * q},
+		{Dst: cd + Ptr(4*q), Src: cs + Ptr(2*q), Bytes: 2 * q}, {Dst: cd + Ptr(6*q), Src: cs + 2, Bytes: 2*q - 2}}
 	p.ok(p.c.CopyBatch(ops, p.cs))
 	if p.c.BatchErr != nil {
 		t.Errorf("the driver refused the batch copy: %v", p.c.BatchErr)

@@ -24,11 +24,19 @@ type Device interface {
 	// work queued on s.
 	Download(dst any, src Ptr, s Stream) error
 	Copy(dst, src Ptr, bytes int64, s Stream) error
+	// CopyPeer queues op, whose sides may be on other devices (peer GPUs),
+	// on s, a stream of this device.
+	CopyPeer(op CopyOp, s Stream) error
 	// CopyBatch queues copies on s, in no set order among themselves, the
 	// way most likely to leave the SMs to concurrent kernels: on CUDA one
-	// batch with the hint to prefer the copy engines where the driver has
-	// it (see BatchMethod), else one copy each.
+	// batch per pair of GPUs with the hint to prefer the copy engines where
+	// the driver has it (see BatchMethod), else one copy each.
 	CopyBatch(ops []CopyOp, s Stream) error
+	// Reaches reports whether this device can access peer's memory
+	// directly (peer access between GPUs; a device reaches itself). Copies
+	// between devices that do not reach each other still work, through
+	// host memory.
+	Reaches(peer Device) bool
 	// BatchMethod says how CopyBatch copies, for records.
 	BatchMethod() string
 	Fill16(p Ptr, v uint16, n int64, s Stream) error
@@ -80,10 +88,12 @@ type (
 	Event  = cuda.Event
 )
 
-// CopyOp is one copy of a batch.
+// CopyOp is one copy: Bytes from Src on SrcDev to Dst on DstDev; a nil
+// device is the one the copy is queued on.
 type CopyOp struct {
-	Dst, Src Ptr
-	Bytes    int64
+	Dst, Src       Ptr
+	Bytes          int64
+	DstDev, SrcDev Device
 }
 
 // Buf is a device buffer sized by a row count: where its address is kept and

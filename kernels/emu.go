@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"sync/atomic"
 	"time"
 	"unsafe"
 )
@@ -14,6 +15,10 @@ import (
 // bookkeeping — buffer sizes, offsets, copies between ranks, chunk orders,
 // the rounding points — against the reference without a GPU. Its timings
 // mean nothing and it is never offered as a device to users.
+//
+// Several Emus stand for several GPUs: each has its own address range, and
+// its streams and events belong to it, so that using one rank's buffer,
+// stream or event on another rank's device fails as it would on GPUs.
 type Emu struct {
 	next   Ptr
 	allocs []emuAlloc // sorted by base
@@ -24,8 +29,39 @@ type emuAlloc struct {
 	mem  []byte
 }
 
-type emuEvent struct{ t time.Time }
-type emuStream struct{ _ int }
+type emuEvent struct {
+	t     time.Time
+	owner *Emu
+}
+type emuStream struct{ owner *Emu }
+
+// emuSpaces hands each Emu its own 2⁴⁰-byte address range.
+var emuSpaces atomic.Uint64
+
+// emuBacked is a device whose memory is an Emu's (Emu, and test devices that
+// embed it).
+type emuBacked interface{ emu() *Emu }
+
+func (e *Emu) emu() *Emu { return e }
+
+// of is the Emu holding d's memory (e when d is nil).
+func (e *Emu) of(d Device) (*Emu, error) {
+	if d == nil {
+		return e, nil
+	}
+	if b, ok := d.(emuBacked); ok {
+		return b.emu(), nil
+	}
+	return nil, fmt.Errorf("emu: a copy with a %s device", d.Name())
+}
+
+// on checks that s is one of e's streams (nil passes: internal copies).
+func (e *Emu) on(s Stream) error {
+	if s != nil && (*emuStream)(unsafe.Pointer(s)).owner != e {
+		return fmt.Errorf("emu: a stream of another device")
+	}
+	return nil
+}
 
 func (e *Emu) Name() string { return "emu" }
 
@@ -34,7 +70,7 @@ func (e *Emu) Alloc(bytes int64) (Ptr, error) {
 		return 0, fmt.Errorf("emu: allocation of %d bytes", bytes)
 	}
 	if e.next == 0 {
-		e.next = 1 << 20
+		e.next = Ptr(emuSpaces.Add(1)<<40 + 1<<20)
 	}
 	base := e.next
 	e.next += Ptr(bytes+256+255) &^ 255 // a gap after each allocation: overruns do not land in a neighbour
@@ -84,7 +120,10 @@ func view[T uint16 | float32 | int32](e *Emu, p Ptr, n int) ([]T, error) {
 	return unsafe.Slice((*T)(unsafe.Pointer(&b[0])), n), nil
 }
 
-func (e *Emu) Upload(dst Ptr, src any, _ Stream) error {
+func (e *Emu) Upload(dst Ptr, src any, s Stream) error {
+	if err := e.on(s); err != nil {
+		return err
+	}
 	h, err := HostBytes(src)
 	if err != nil {
 		return err
@@ -94,7 +133,10 @@ func (e *Emu) Upload(dst Ptr, src any, _ Stream) error {
 	return err
 }
 
-func (e *Emu) Download(dst any, src Ptr, _ Stream) error {
+func (e *Emu) Download(dst any, src Ptr, s Stream) error {
+	if err := e.on(s); err != nil {
+		return err
+	}
 	h, err := HostBytes(dst)
 	if err != nil {
 		return err
@@ -104,27 +146,45 @@ func (e *Emu) Download(dst any, src Ptr, _ Stream) error {
 	return err
 }
 
-func (e *Emu) Copy(dst, src Ptr, bytes int64, _ Stream) error {
-	d, err := e.bytesAt(dst, bytes)
+func (e *Emu) Copy(dst, src Ptr, bytes int64, s Stream) error {
+	return e.CopyPeer(CopyOp{Dst: dst, Src: src, Bytes: bytes}, s)
+}
+
+func (e *Emu) CopyPeer(op CopyOp, s Stream) error {
+	if err := e.on(s); err != nil {
+		return err
+	}
+	de, err := e.of(op.DstDev)
 	if err != nil {
 		return err
 	}
-	s, err := e.bytesAt(src, bytes)
+	se, err := e.of(op.SrcDev)
 	if err != nil {
 		return err
 	}
-	copy(d, s)
+	d, err := de.bytesAt(op.Dst, op.Bytes)
+	if err != nil {
+		return err
+	}
+	b, err := se.bytesAt(op.Src, op.Bytes)
+	if err != nil {
+		return err
+	}
+	copy(d, b)
 	return nil
 }
 
 func (e *Emu) CopyBatch(ops []CopyOp, s Stream) error {
 	for _, o := range ops {
-		if err := e.Copy(o.Dst, o.Src, o.Bytes, s); err != nil {
+		if err := e.CopyPeer(o, s); err != nil {
 			return err
 		}
 	}
 	return nil
 }
+
+// Reaches: emulated devices share the host's memory.
+func (e *Emu) Reaches(Device) bool { return true }
 
 func (e *Emu) BatchMethod() string { return "emulated: host memory copies" }
 
@@ -136,18 +196,28 @@ func (e *Emu) Fill16(p Ptr, v uint16, n int64, _ Stream) error {
 	return err
 }
 
-func (e *Emu) NewStream() (Stream, error) { return Stream(unsafe.Pointer(&emuStream{})), nil }
-func (e *Emu) NewEvent() (Event, error)   { return Event(unsafe.Pointer(&emuEvent{})), nil }
-func (e *Emu) Wait(Stream, Event) error   { return nil }
-func (e *Emu) SyncStream(Stream) error    { return nil }
-func (e *Emu) Close() error               { e.allocs = nil; return nil }
-func (e *Emu) Record(ev Event, _ Stream) error {
-	(*emuEvent)(unsafe.Pointer(ev)).t = time.Now()
-	return nil
+func (e *Emu) NewStream() (Stream, error) { return Stream(unsafe.Pointer(&emuStream{e})), nil }
+func (e *Emu) NewEvent() (Event, error)   { return Event(unsafe.Pointer(&emuEvent{owner: e})), nil }
+func (e *Emu) Wait(s Stream, _ Event) error {
+	return e.on(s) // the event may be another device's, as on CUDA
+}
+func (e *Emu) SyncStream(s Stream) error { return e.on(s) }
+func (e *Emu) Close() error              { e.allocs = nil; return nil }
+func (e *Emu) Record(ev Event, s Stream) error {
+	v := (*emuEvent)(unsafe.Pointer(ev))
+	if v.owner != e {
+		return fmt.Errorf("emu: recording another device's event")
+	}
+	v.t = time.Now()
+	return e.on(s)
 }
 
 func (e *Emu) Elapsed(a, b Event) (float64, error) {
-	ta, tb := (*emuEvent)(unsafe.Pointer(a)).t, (*emuEvent)(unsafe.Pointer(b)).t
+	va, vb := (*emuEvent)(unsafe.Pointer(a)), (*emuEvent)(unsafe.Pointer(b))
+	if va.owner != e || vb.owner != e {
+		return 0, fmt.Errorf("emu: elapsed time between events of another device")
+	}
+	ta, tb := va.t, vb.t
 	if ta.IsZero() || tb.IsZero() {
 		return 0, fmt.Errorf("emu: elapsed time of an event that was never recorded")
 	}

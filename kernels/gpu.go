@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 
@@ -28,8 +29,10 @@ type CUDA struct {
 	// CopyBatch copies one by one (BatchMethod says so); nil otherwise
 	BatchErr error
 	Ordinal  int
-	Arch     string // sm_XY
+	Ctx      cuda.Context // the GPU's primary context
+	Arch     string       // sm_XY
 	SMs      int
+	peers    map[int]bool // GPUs (ordinals) whose memory this one reaches
 
 	fns     map[kernelKey]cuda.Function
 	mods    map[string]cuda.Module // by file and constants
@@ -41,6 +44,7 @@ type CUDA struct {
 
 	batchD, batchS []Ptr // CopyBatch's scratch
 	batchN         []int64
+	pairs          [][2]*CUDA
 	ptrArrays      map[string]Ptr // GroupedGEMM's device pointer arrays, by content
 	groupPtrs      []uint64       // scratch
 	groupMs        []int
@@ -73,11 +77,81 @@ func OpenCUDA(ordinal int, cacheDir string) (*CUDA, error) {
 	if err != nil {
 		return nil, err
 	}
+	return openGPU(drv, ordinal, cacheDir)
+}
+
+// OpenGPUs opens GPUs 0 to n−1 (n = 0: every GPU the driver reports, at
+// most most) on one driver, as OpenCUDA does each, and enables peer access
+// between every pair whose hardware has it (see Reaches). The devices are
+// used from one goroutine; each call makes its GPU's context current.
+func OpenGPUs(n, most int, cacheDir string) ([]*CUDA, error) {
+	drv, err := cuda.OpenDriver()
+	if err != nil {
+		return nil, err
+	}
+	count, _ := drv.DeviceCount()
+	if n == 0 {
+		n = min(count, most)
+	}
+	if n < 1 || n > count {
+		return nil, fmt.Errorf("%d GPUs wanted: the driver reports %d", n, count)
+	}
+	var gs []*CUDA
+	fail := func(err error) ([]*CUDA, error) {
+		for _, g := range gs {
+			g.Close()
+		}
+		return nil, err
+	}
+	for i := range n {
+		g, err := openGPU(drv, i, cacheDir)
+		if err != nil {
+			return fail(err)
+		}
+		gs = append(gs, g)
+	}
+	if err := enablePeers(gs); err != nil {
+		return fail(err)
+	}
+	return gs, nil
+}
+
+// enablePeers enables peer access from each of gs to each other where the
+// hardware has it (an access already enabled is kept).
+func enablePeers(gs []*CUDA) error {
+	for _, a := range gs {
+		for _, b := range gs {
+			if a == b {
+				continue
+			}
+			ok, err := a.Drv.CanAccessPeer(a.Ordinal, b.Ordinal)
+			if err != nil {
+				return err
+			}
+			if !ok {
+				continue
+			}
+			if err := a.use(); err != nil {
+				return err
+			}
+			var ce *cuda.Error
+			if err := a.Drv.EnablePeerAccess(b.Ctx); err != nil && !(errors.As(err, &ce) && ce.Name == "CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED") {
+				return fmt.Errorf("peer access from GPU %d to GPU %d: %w", a.Ordinal, b.Ordinal, err)
+			}
+			a.peers[b.Ordinal] = true
+		}
+	}
+	return nil
+}
+
+// openGPU opens GPU ordinal on drv (see OpenCUDA).
+func openGPU(drv *cuda.Driver, ordinal int, cacheDir string) (*CUDA, error) {
 	n, _ := drv.DeviceCount()
 	if ordinal < 0 || ordinal >= n {
 		return nil, fmt.Errorf("GPU %d: the driver reports %d GPUs", ordinal, n)
 	}
-	if _, err := drv.PrimaryContext(ordinal); err != nil {
+	ctx, err := drv.PrimaryContext(ordinal)
+	if err != nil {
 		return nil, err
 	}
 	ok := false
@@ -86,8 +160,8 @@ func OpenCUDA(ordinal int, cacheDir string) (*CUDA, error) {
 			drv.ReleasePrimaryContext(ordinal)
 		}
 	}()
-	c := &CUDA{Drv: drv, Ordinal: ordinal, fns: map[kernelKey]cuda.Function{}, mods: map[string]cuda.Module{}, plans: map[gemmKey]*cuda.GEMM{},
-		ws: map[Stream]Ptr{}, allocs: map[Ptr]bool{}}
+	c := &CUDA{Drv: drv, Ordinal: ordinal, Ctx: ctx, fns: map[kernelKey]cuda.Function{}, mods: map[string]cuda.Module{}, plans: map[gemmKey]*cuda.GEMM{},
+		ws: map[Stream]Ptr{}, allocs: map[Ptr]bool{}, peers: map[int]bool{}}
 	major, err := drv.Attribute(ordinal, cuda.AttrComputeCapabilityMajor)
 	if err != nil {
 		return nil, err
@@ -131,9 +205,28 @@ func OpenCUDA(ordinal int, cacheDir string) (*CUDA, error) {
 
 func (c *CUDA) Name() string { return "cuda" }
 
+// use makes c's context current (a no-op when it is; see
+// cuda.Driver.SetCurrent). Every call that queues work or makes an object
+// calls it first, so that devices opened together can be used in turn.
+func (c *CUDA) use() error {
+	if c.Ctx == nil {
+		return nil
+	}
+	return c.Drv.SetCurrent(c.Ctx)
+}
+
+// Reaches: c and peer are one GPU, or peer access from c to peer is enabled.
+func (c *CUDA) Reaches(peer Device) bool {
+	g, ok := peer.(*CUDA)
+	return ok && (g.Ctx == c.Ctx || c.peers[g.Ordinal])
+}
+
 // launch runs kernel k on a 1-D grid; defs gives its constants, and is only
 // called the first time k is launched (to compile and load it).
 func (c *CUDA) launch(k kernelKey, defs func() map[string]string, grid, block int, s Stream, args ...any) error {
+	if err := c.use(); err != nil {
+		return err
+	}
 	f, ok := c.fns[k]
 	if !ok {
 		var err error
@@ -191,6 +284,9 @@ func (c *CUDA) rowGrid(rows, hidden int) (grid, block int) {
 }
 
 func (c *CUDA) Alloc(bytes int64) (Ptr, error) {
+	if err := c.use(); err != nil {
+		return 0, err
+	}
 	p, err := c.Drv.Alloc(max(bytes, 1))
 	if err == nil {
 		c.allocs[p] = true
@@ -199,6 +295,9 @@ func (c *CUDA) Alloc(bytes int64) (Ptr, error) {
 }
 
 func (c *CUDA) Free(p Ptr) error {
+	if err := c.use(); err != nil {
+		return err
+	}
 	delete(c.allocs, p)
 	return c.Drv.Free(p)
 }
@@ -208,12 +307,18 @@ func (c *CUDA) Upload(dst Ptr, src any, s Stream) error {
 	if err != nil {
 		return err
 	}
+	if err := c.use(); err != nil {
+		return err
+	}
 	return cuda.CopyToDevice(c.Drv, dst, h, s)
 }
 
 func (c *CUDA) Download(dst any, src Ptr, s Stream) error {
 	h, err := HostBytes(dst)
 	if err != nil {
+		return err
+	}
+	if err := c.use(); err != nil {
 		return err
 	}
 	if err := cuda.CopyFromDevice(c.Drv, h, src, s); err != nil {
@@ -226,7 +331,45 @@ func (c *CUDA) Copy(dst, src Ptr, bytes int64, s Stream) error {
 	if bytes == 0 {
 		return nil
 	}
+	if err := c.use(); err != nil {
+		return err
+	}
 	return c.Drv.CopyDevice(dst, src, bytes, s)
+}
+
+// CopyPeer copies within a GPU with cuMemcpyDtoDAsync, between GPUs with
+// cuMemcpyPeerAsync (which goes through host memory where the GPUs have no
+// peer access).
+func (c *CUDA) CopyPeer(op CopyOp, s Stream) error {
+	dst, src, err := c.ends(op)
+	if err != nil || op.Bytes == 0 {
+		return err
+	}
+	if dst.Ctx == src.Ctx {
+		return c.Copy(op.Dst, op.Src, op.Bytes, s)
+	}
+	if err := c.use(); err != nil {
+		return err
+	}
+	return c.Drv.CopyPeer(op.Dst, dst.Ctx, op.Src, src.Ctx, op.Bytes, s)
+}
+
+// ends are the GPUs of op's destination and source.
+func (c *CUDA) ends(op CopyOp) (dst, src *CUDA, err error) {
+	gpu := func(d Device) (*CUDA, error) {
+		if d == nil {
+			return c, nil
+		}
+		if g, ok := d.(*CUDA); ok {
+			return g, nil
+		}
+		return nil, fmt.Errorf("a copy between the cuda device and %s", d.Name())
+	}
+	if dst, err = gpu(op.DstDev); err != nil {
+		return nil, nil, err
+	}
+	src, err = gpu(op.SrcDev)
+	return dst, src, err
 }
 
 // CopyBatch submits ops as one cuMemcpyBatchAsync with the
@@ -237,13 +380,7 @@ func (c *CUDA) Copy(dst, src Ptr, bytes int64, s Stream) error {
 // the copies is measured by the feplb run (see harness), not assumed.
 func (c *CUDA) CopyBatch(ops []CopyOp, s Stream) error {
 	if c.Drv.BatchCopy() != "" && c.BatchErr == nil {
-		c.batchD, c.batchS, c.batchN = c.batchD[:0], c.batchS[:0], c.batchN[:0]
-		for _, o := range ops {
-			if o.Bytes > 0 {
-				c.batchD, c.batchS, c.batchN = append(c.batchD, o.Dst), append(c.batchS, o.Src), append(c.batchN, o.Bytes)
-			}
-		}
-		err := c.Drv.CopyBatch(c.batchD, c.batchS, c.batchN, c.Ordinal, true, s)
+		err := c.batch(ops, s)
 		var ce *cuda.Error
 		if err == nil || !errors.As(err, &ce) || (ce.Name != "CUDA_ERROR_INVALID_VALUE" && ce.Name != "CUDA_ERROR_NOT_SUPPORTED") {
 			return err
@@ -251,7 +388,37 @@ func (c *CUDA) CopyBatch(ops []CopyOp, s Stream) error {
 		c.BatchErr = err
 	}
 	for _, o := range ops {
-		if err := c.Copy(o.Dst, o.Src, o.Bytes, s); err != nil {
+		if err := c.CopyPeer(o, s); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// batch submits ops as one cuMemcpyBatchAsync per (source, destination)
+// pair of GPUs, each with its location hints.
+func (c *CUDA) batch(ops []CopyOp, s Stream) error {
+	if err := c.use(); err != nil {
+		return err
+	}
+	c.pairs = c.pairs[:0]
+	for _, o := range ops {
+		dst, src, err := c.ends(o)
+		if err != nil {
+			return err
+		}
+		if p := [2]*CUDA{src, dst}; o.Bytes > 0 && !slices.Contains(c.pairs, p) {
+			c.pairs = append(c.pairs, p)
+		}
+	}
+	for _, p := range c.pairs {
+		c.batchD, c.batchS, c.batchN = c.batchD[:0], c.batchS[:0], c.batchN[:0]
+		for _, o := range ops {
+			if dst, src, _ := c.ends(o); o.Bytes > 0 && src == p[0] && dst == p[1] {
+				c.batchD, c.batchS, c.batchN = append(c.batchD, o.Dst), append(c.batchS, o.Src), append(c.batchN, o.Bytes)
+			}
+		}
+		if err := c.Drv.CopyBatch(c.batchD, c.batchS, c.batchN, p[0].Ordinal, p[1].Ordinal, true, s); err != nil {
 			return err
 		}
 	}
@@ -262,11 +429,11 @@ func (c *CUDA) BatchMethod() string {
 	n := c.Drv.BatchCopy()
 	switch {
 	case n == "":
-		return "cuMemcpyDtoDAsync per copy (the driver has no cuMemcpyBatchAsync)"
+		return "one copy each, cuMemcpyDtoDAsync or between GPUs cuMemcpyPeerAsync (the driver has no cuMemcpyBatchAsync)"
 	case c.BatchErr != nil:
-		return "cuMemcpyDtoDAsync per copy (the driver refused the batch copy: " + c.BatchErr.Error() + ")"
+		return "one copy each, cuMemcpyDtoDAsync or between GPUs cuMemcpyPeerAsync (the driver refused the batch copy: " + c.BatchErr.Error() + ")"
 	}
-	return n + " with CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE (a hint)"
+	return n + " per pair of GPUs, with CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE (a hint)"
 }
 
 // GroupedGEMM runs the groups as one cublasGemmGroupedBatchedEx call. Its
@@ -279,6 +446,9 @@ func (c *CUDA) GroupedGEMM(groups []Group, n, k int, s Stream) error {
 	}
 	if len(groups) == 0 {
 		return nil
+	}
+	if err := c.use(); err != nil {
+		return err
 	}
 	g := len(groups)
 	c.groupPtrs, c.groupMs = Grow(c.groupPtrs, 3*g), Grow(c.groupMs, g)
@@ -313,10 +483,16 @@ func (c *CUDA) Fill16(p Ptr, v uint16, n int64, s Stream) error {
 	if n == 0 {
 		return nil
 	}
+	if err := c.use(); err != nil {
+		return err
+	}
 	return c.Drv.Fill16(p, v, n, s)
 }
 
 func (c *CUDA) NewStream() (Stream, error) {
+	if err := c.use(); err != nil {
+		return nil, err
+	}
 	s, err := c.Drv.NewStream(0)
 	if err == nil {
 		c.streams = append(c.streams, s)
@@ -325,6 +501,9 @@ func (c *CUDA) NewStream() (Stream, error) {
 }
 
 func (c *CUDA) NewEvent() (Event, error) {
+	if err := c.use(); err != nil {
+		return nil, err
+	}
 	e, err := c.Drv.NewEvent()
 	if err == nil {
 		c.events = append(c.events, e)
@@ -332,9 +511,22 @@ func (c *CUDA) NewEvent() (Event, error) {
 	return e, err
 }
 
-func (c *CUDA) Record(e Event, s Stream) error { return c.Drv.Record(e, s) }
-func (c *CUDA) Wait(s Stream, e Event) error   { return c.Drv.WaitEvent(s, e) }
-func (c *CUDA) SyncStream(s Stream) error      { return c.Drv.SyncStream(s) }
+func (c *CUDA) Record(e Event, s Stream) error {
+	if err := c.use(); err != nil {
+		return err
+	}
+	return c.Drv.Record(e, s)
+}
+
+// Wait: e may be another GPU's event.
+func (c *CUDA) Wait(s Stream, e Event) error {
+	if err := c.use(); err != nil {
+		return err
+	}
+	return c.Drv.WaitEvent(s, e)
+}
+
+func (c *CUDA) SyncStream(s Stream) error { return c.Drv.SyncStream(s) }
 func (c *CUDA) Elapsed(a, b Event) (float64, error) {
 	ms, err := c.Drv.Elapsed(a, b)
 	return float64(ms), err
@@ -343,6 +535,9 @@ func (c *CUDA) Elapsed(a, b Event) (float64, error) {
 func (c *CUDA) GEMM(out, a, w Ptr, m, n, k int, f32Out bool, s Stream) error {
 	if m == 0 {
 		return nil
+	}
+	if err := c.use(); err != nil {
+		return err
 	}
 	key := gemmKey{m, n, k, f32Out, cuda.Align{A: cuda.AlignOf(a), W: cuda.AlignOf(w), C: cuda.AlignOf(out)}}
 	g, ok := c.plans[key]
@@ -457,6 +652,7 @@ func (c *CUDA) Close() error {
 			first = err
 		}
 	}
+	keep(c.use())
 	keep(c.Drv.Synchronize())
 	for _, g := range c.plans {
 		c.Lt.Free(g)
@@ -477,7 +673,7 @@ func (c *CUDA) Close() error {
 		keep(c.Drv.UnloadModule(m))
 	}
 	keep(c.Drv.ReleasePrimaryContext(c.Ordinal))
-	*c = CUDA{Drv: c.Drv, Ordinal: c.Ordinal}
+	*c = CUDA{Drv: c.Drv, Ordinal: c.Ordinal, Ctx: c.Ctx}
 	return first
 }
 

@@ -140,8 +140,17 @@ func rankNote(rec *Record) string {
 	if rec.Stack.Device == "host" {
 		return " (host ranks)"
 	}
-	if rec.Ranks.Emulated {
+	gpus := 0
+	for _, d := range rec.Ranks.Devices {
+		gpus = max(gpus, d+1)
+	}
+	switch {
+	case rec.Ranks.Emulated && gpus <= 1:
 		return " (emulated: ranks packed onto one GPU)"
+	case rec.Ranks.Emulated:
+		return fmt.Sprintf(" (emulated: ranks packed onto %d GPUs)", gpus)
+	case gpus > 1:
+		return fmt.Sprintf(" (one rank per GPU, %d GPUs)", gpus)
 	}
 	return ""
 }

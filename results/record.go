@@ -109,6 +109,7 @@ type Config struct {
 	Impl          string  `json:"impl"`
 	SMs           int     `json:"sms"`
 	EP            int     `json:"ep"`
+	GPUs          int     `json:"gpus,omitempty"`          // cuda: GPUs asked for; 0 = every GPU, at most one per rank (where ranks ran: Ranks)
 	Domain        int     `json:"domain,omitempty"`        // ranks per NVLink domain; 0 = all
 	FeplbBase     string  `json:"feplb_base,omitempty"`    // feplb: phase-1 dispatcher
 	FeplbDynamic  int     `json:"feplb_dynamic,omitempty"` // feplb: dynamic experts per rank

@@ -124,3 +124,24 @@ func FuzzRead(f *testing.F) {
 		}
 	})
 }
+
+// TestRankNote: the table's header says where the ranks ran.
+func TestRankNote(t *testing.T) {
+	for _, tc := range []struct {
+		device   string
+		devices  []int
+		emulated bool
+		want     string
+	}{
+		{"host", []int{-1, -1}, false, " (host ranks)"},
+		{"cuda", []int{0, 0, 0, 0}, true, " (emulated: ranks packed onto one GPU)"},
+		{"cuda", []int{0, 0, 1, 1}, true, " (emulated: ranks packed onto 2 GPUs)"},
+		{"cuda", []int{0, 1, 2, 3}, false, " (one rank per GPU, 4 GPUs)"},
+		{"cuda", []int{0}, false, ""},
+	} {
+		rec := &Record{Stack: Stack{Device: tc.device}, Ranks: Ranks{EP: len(tc.devices), Devices: tc.devices, Emulated: tc.emulated}}
+		if got := rankNote(rec); got != tc.want {
+			t.Errorf("%s %v: %q, want %q", tc.device, tc.devices, got, tc.want)
+		}
+	}
+}

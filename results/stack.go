@@ -100,6 +100,9 @@ func (c Config) Workload() string {
 	if c.Domain > 0 {
 		w += fmt.Sprintf(" domain=%d", c.Domain)
 	}
+	if c.GPUs > 0 {
+		w += fmt.Sprintf(" gpus=%d", c.GPUs)
+	}
 	return w
 }
 

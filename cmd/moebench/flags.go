@@ -20,7 +20,7 @@ type options struct {
 	feplbBase                                                           string
 	domain, feplbDyn                                                    int
 	tokens, hidden, ffn, experts, topk, shared, groups, groupTopK       int
-	sms, ep, warmup, iters                                              int
+	sms, ep, gpus, warmup, iters                                        int
 	topkScale                                                           float64
 	seed                                                                uint64
 	check                                                               bool
@@ -34,6 +34,7 @@ func newFlags(o *options) *pflag.FlagSet {
 	fs.StringVar(&o.impl, "impl", d.Impl, "implementation: native (moebench's own) | library (a real library on the node)")
 	fs.IntVar(&o.sms, "sms", d.SMs, "SM budget of SM-driven dispatchers (deepep, hybridep); 0 = the dispatcher's default")
 	fs.IntVar(&o.ep, "ep", d.EP, "expert-parallel ranks; must divide --experts")
+	fs.IntVar(&o.gpus, "gpus", d.GPUs, "cuda: GPUs the ranks are spread over; 0 = every GPU, at most one per rank (more ranks than GPUs: packed, emulated EP)")
 	addFeplbFlags(fs, o)
 	fs.StringVar(&o.preset, "preset", d.Preset, "layer shape preset (see 'moebench presets'); shape flags below override its fields")
 	addShapeFlags(fs, o)
@@ -118,7 +119,7 @@ func (o *options) config(fs *pflag.FlagSet) (harness.Config, error) {
 	if err != nil {
 		return c, err
 	}
-	c.Dispatcher, c.Impl, c.SMs, c.EP = o.dispatcher, o.impl, o.sms, o.ep
+	c.Dispatcher, c.Impl, c.SMs, c.EP, c.GPUs = o.dispatcher, o.impl, o.sms, o.ep, o.gpus
 	c.Domain, c.FeplbBase, c.FeplbDyn = o.domain, o.feplbBase, o.feplbDyn
 	c.Routing, c.Seed, c.Warmup, c.Iters, c.Check, c.Device = r, o.seed, o.warmup, o.iters, o.check, o.device
 	if err := c.Validate(); err != nil {

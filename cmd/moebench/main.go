@@ -102,6 +102,10 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 		if note != "" {
 			line += " (" + note + ")"
 		}
+		if cfg.GPUs > 0 { // auto chose the host
+			line += fmt.Sprintf("; --gpus %d does not apply", cfg.GPUs)
+			cfg.GPUs = 0
+		}
 		fmt.Fprintf(stderr, "moebench: %s; host timings are not comparable with GPU timings\n", line)
 		if fl := harness.HostFLOPs(cfg); fl > 50e9 {
 			fmt.Fprintf(stderr, "moebench: note: %.0f GFLOP of expert GEMMs per step on the host device; expect minutes (reduce --tokens or --iters)\n", fl/1e9)

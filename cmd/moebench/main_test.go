@@ -121,6 +121,21 @@ func TestDeviceCUDAWithoutGPU(t *testing.T) {
 	}
 }
 
+// TestGPUsFlag: --gpus is checked against --ep and the device; when auto
+// falls back to the host it does not apply, and the run says so.
+func TestGPUsFlag(t *testing.T) {
+	t.Setenv("MOEBENCH_LIBCUDA", "/nonexistent")
+	for _, args := range [][]string{{"--gpus", "5"}, {"--gpus", "-1"}, {"--gpus", "2"}} { // quick has --ep 4 --device host
+		if code, _, e := cli(append(quick, args...)...); code != exitUsage || !strings.Contains(e, "--gpus="+args[1]) {
+			t.Errorf("%v: exit %d, %s", args, code, e)
+		}
+	}
+	code, _, e := cli(append(quick, "--device", "auto", "--gpus", "2")...)
+	if code != exitOK || !strings.Contains(e, "running on the host device") || !strings.Contains(e, "--gpus 2 does not apply") {
+		t.Errorf("auto without a GPU, --gpus 2: exit %d, %s", code, e)
+	}
+}
+
 func TestCSVAndNoCheck(t *testing.T) {
 	code, stdout, _ := cli(append(quick, "--format", "csv", "--check=false")...)
 	lines := strings.Split(strings.TrimSpace(stdout), "\n")

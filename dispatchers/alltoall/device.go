@@ -11,7 +11,8 @@ func init() { dispatchers.RegisterDevice("alltoall", NewDevice) }
 
 // NewDevice returns the native alltoall dispatcher on a kernels.Device: the
 // same algorithm as A2A with device kernels, the variable-split exchange done
-// with device copies (the ranks share one GPU: emulated EP).
+// with copies: within a GPU when ranks share one (emulated EP), else peer
+// copies between the ranks' GPUs.
 func NewDevice(impl string, env dispatchers.Env) (dispatchers.DeviceDispatcher, error) {
 	if impl != dispatchers.ImplNative {
 		return nil, &dispatchers.UnavailableError{Name: "alltoall", Impl: impl,
@@ -22,7 +23,6 @@ func NewDevice(impl string, env dispatchers.Env) (dispatchers.DeviceDispatcher, 
 
 // Device is the alltoall dispatcher over device ranks.
 type Device struct {
-	dev   kernels.Device
 	shape dispatchers.Shape
 	ranks []*dispatchers.DeviceRank
 	st    []devState
@@ -54,16 +54,16 @@ type devState struct {
 func (a *Device) Name() string { return "alltoall" }
 func (a *Device) Impl() string { return dispatchers.ImplNative }
 
-// Bind allocates each rank's fixed-size buffers and events.
-func (a *Device) Bind(dev kernels.Device, shape dispatchers.Shape, ranks []*dispatchers.DeviceRank) error {
+// Bind allocates each rank's fixed-size buffers and events on its device.
+func (a *Device) Bind(shape dispatchers.Shape, ranks []*dispatchers.DeviceRank) error {
 	if len(ranks) != shape.EP {
 		return fmt.Errorf("alltoall: %d ranks, shape says EP = %d", len(ranks), shape.EP)
 	}
-	a.dev, a.shape, a.ranks = dev, shape, ranks
+	a.shape, a.ranks = shape, ranks
 	a.st = make([]devState, shape.EP)
 	n, h, L := int64(shape.Tokens*shape.TopK), int64(shape.Hidden), shape.LocalExperts()
 	for r := range a.st {
-		s := &a.st[r]
+		s, dev := &a.st[r], ranks[r].Dev
 		var err error
 		if s.fixed, err = kernels.Resize(dev, 1, kernels.Buf{P: &s.rows, PerRow: 4 * n}, kernels.Buf{P: &s.pos, PerRow: 4 * n},
 			kernels.Buf{P: &s.counts, PerRow: 4 * int64(shape.Experts)}, kernels.Buf{P: &s.permX, PerRow: 2 * n * h},
@@ -94,16 +94,16 @@ func (a *Device) Permute(r int) error {
 	s, rk, sh := &a.st[r], a.ranks[r], a.shape
 	n := sh.Tokens * sh.TopK
 	a.fresh = false
-	if err := a.dev.PermuteOrder(rk.Idx, n, sh.Experts, s.rows, s.pos, s.counts, rk.Stream); err != nil {
+	if err := rk.Dev.PermuteOrder(rk.Idx, n, sh.Experts, s.rows, s.pos, s.counts, rk.Stream); err != nil {
 		return err
 	}
-	if err := a.dev.GatherRows(s.permX, rk.X, s.rows, sh.TopK, n, sh.Hidden, rk.Stream); err != nil {
+	if err := rk.Dev.GatherRows(s.permX, rk.X, s.rows, sh.TopK, n, sh.Hidden, rk.Stream); err != nil {
 		return err
 	}
-	if err := a.dev.GatherF32(s.permP, rk.Probs, s.rows, 1, n, rk.Stream); err != nil {
+	if err := rk.Dev.GatherF32(s.permP, rk.Probs, s.rows, 1, n, rk.Stream); err != nil {
 		return err
 	}
-	return a.dev.Record(s.permuted, rk.Stream)
+	return rk.Dev.Record(s.permuted, rk.Stream)
 }
 
 // exchangeCounts is the count all-gather: every rank's per-expert counts
@@ -113,7 +113,7 @@ func (a *Device) exchangeCounts() error {
 	L := sh.LocalExperts()
 	for src := range a.st {
 		s := &a.st[src]
-		if err := a.dev.Download(s.hostCounts, s.counts, a.ranks[src].Stream); err != nil {
+		if err := a.ranks[src].Dev.Download(s.hostCounts, s.counts, a.ranks[src].Stream); err != nil {
 			return err
 		}
 		for d := range sh.EP {
@@ -157,31 +157,32 @@ func (a *Device) Dispatch(r int) error {
 		return err
 	}
 	for src := range sh.EP {
-		ss := &a.st[src]
-		if err := a.dev.Wait(rk.Stream, ss.permuted); err != nil {
+		ss, from := &a.st[src], a.ranks[src].Dev
+		if err := rk.Dev.Wait(rk.Stream, ss.permuted); err != nil {
 			return err
 		}
 		lo, rows := int64(ss.sendOff[r]), int64(ss.sendOff[r+1]-ss.sendOff[r])
 		at := int64(s.recvOff[src][0])
-		if err := a.dev.Copy(s.recvX+kernels.Ptr(2*at*h), ss.permX+kernels.Ptr(2*lo*h), 2*rows*h, rk.Stream); err != nil {
-			return err
-		}
-		if err := a.dev.Copy(s.recvP+kernels.Ptr(4*at), ss.permP+kernels.Ptr(4*lo), 4*rows, rk.Stream); err != nil {
-			return err
-		}
-		// the source's counts for r's experts (a device copy: an upload from
-		// host memory would wait for the stream)
-		if err := a.dev.Copy(s.recvCounts+kernels.Ptr(4*src*L), ss.counts+kernels.Ptr(4*r*L), int64(4*L), rk.Stream); err != nil {
-			return err
+		// the rows, their probabilities and the source's counts for r's
+		// experts (a device copy: an upload from host memory would wait for
+		// the stream)
+		for _, op := range []kernels.CopyOp{
+			{Dst: s.recvX + kernels.Ptr(2*at*h), Src: ss.permX + kernels.Ptr(2*lo*h), Bytes: 2 * rows * h, SrcDev: from},
+			{Dst: s.recvP + kernels.Ptr(4*at), Src: ss.permP + kernels.Ptr(4*lo), Bytes: 4 * rows, SrcDev: from},
+			{Dst: s.recvCounts + kernels.Ptr(4*src*L), Src: ss.counts + kernels.Ptr(4*r*L), Bytes: int64(4 * L), SrcDev: from},
+		} {
+			if err := rk.Dev.CopyPeer(op, rk.Stream); err != nil {
+				return err
+			}
 		}
 	}
-	return a.dev.SortChunks(rk.ExpertX, rk.ExpertProbs, s.recvX, s.recvP, s.recvCounts, total, sh.EP, L, sh.Hidden, false, rk.Stream)
+	return rk.Dev.SortChunks(rk.ExpertX, rk.ExpertProbs, s.recvX, s.recvP, s.recvCounts, total, sh.EP, L, sh.Hidden, false, rk.Stream)
 }
 
 // grow makes rank r's receive and expert-input buffers hold rows rows.
 func (a *Device) grow(r, rows int) error {
 	s, rk, h := &a.st[r], a.ranks[r], int64(a.shape.Hidden)
-	return s.recv.Ensure(a.dev, rk.Stream, rows, kernels.Buf{P: &s.recvX, PerRow: 2 * h}, kernels.Buf{P: &s.recvP, PerRow: 4},
+	return s.recv.Ensure(rk.Dev, rk.Stream, rows, kernels.Buf{P: &s.recvX, PerRow: 2 * h}, kernels.Buf{P: &s.recvP, PerRow: 4},
 		kernels.Buf{P: &s.recvY, PerRow: 2 * h}, kernels.Buf{P: &rk.ExpertX, PerRow: 2 * h}, kernels.Buf{P: &rk.ExpertProbs, PerRow: 4})
 }
 
@@ -191,18 +192,19 @@ func (a *Device) grow(r, rows int) error {
 func (a *Device) Combine(r int) error {
 	s, rk, sh := &a.st[r], a.ranks[r], a.shape
 	h := int64(sh.Hidden)
-	if err := a.dev.SortChunks(s.recvY, 0, rk.ExpertY, 0, s.recvCounts, s.received, sh.EP, sh.LocalExperts(), sh.Hidden, true, rk.Stream); err != nil {
+	if err := rk.Dev.SortChunks(s.recvY, 0, rk.ExpertY, 0, s.recvCounts, s.received, sh.EP, sh.LocalExperts(), sh.Hidden, true, rk.Stream); err != nil {
 		return err
 	}
 	for src := range sh.EP {
 		ss := &a.st[src]
 		lo, rows := int64(ss.sendOff[r]), int64(ss.sendOff[r+1]-ss.sendOff[r])
 		from := int64(s.recvOff[src][0])
-		if err := a.dev.Copy(ss.permY+kernels.Ptr(2*lo*h), s.recvY+kernels.Ptr(2*from*h), 2*rows*h, rk.Stream); err != nil {
+		op := kernels.CopyOp{Dst: ss.permY + kernels.Ptr(2*lo*h), Src: s.recvY + kernels.Ptr(2*from*h), Bytes: 2 * rows * h, DstDev: a.ranks[src].Dev}
+		if err := rk.Dev.CopyPeer(op, rk.Stream); err != nil {
 			return err
 		}
 	}
-	return a.dev.Record(s.combined, rk.Stream)
+	return rk.Dev.Record(s.combined, rk.Stream)
 }
 
 // Unpermute waits for every rank's combine and sums each token's k outputs
@@ -210,11 +212,11 @@ func (a *Device) Combine(r int) error {
 func (a *Device) Unpermute(r int) error {
 	s, rk, sh := &a.st[r], a.ranks[r], a.shape
 	for d := range a.st {
-		if err := a.dev.Wait(rk.Stream, a.st[d].combined); err != nil {
+		if err := rk.Dev.Wait(rk.Stream, a.st[d].combined); err != nil {
 			return err
 		}
 	}
-	return a.dev.UnpermuteSum(rk.Y, s.permY, s.pos, rk.Shared, sh.Tokens, sh.TopK, sh.Hidden, rk.Stream)
+	return rk.Dev.UnpermuteSum(rk.Y, s.permY, s.pos, rk.Shared, sh.Tokens, sh.TopK, sh.Hidden, rk.Stream)
 }
 
 // Traffic counts as A2A.Traffic does.
@@ -235,7 +237,7 @@ func (a *Device) Close() error {
 	var first error
 	for r := range a.st {
 		s, rk := &a.st[r], a.ranks[r]
-		if err := kernels.Free(a.dev, &s.rows, &s.pos, &s.counts, &s.permX, &s.permY, &s.permP, &s.recvCounts,
+		if err := kernels.Free(rk.Dev, &s.rows, &s.pos, &s.counts, &s.permX, &s.permY, &s.permP, &s.recvCounts,
 			&s.recvX, &s.recvP, &s.recvY, &rk.ExpertX, &rk.ExpertProbs); first == nil {
 			first = err
 		}

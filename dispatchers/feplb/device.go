@@ -3,6 +3,8 @@ package feplb
 import (
 	"fmt"
 	"math"
+	"slices"
+	"strings"
 
 	"github.com/moebench/moebench/balance"
 	"github.com/moebench/moebench/dispatchers"
@@ -11,9 +13,8 @@ import (
 
 // NewDevice returns FEPLB on a kernels.Device over the base dispatcher's
 // device implementation, or why it is unavailable. Availability: the base
-// must be available, and the ranks of a domain must reach each other's
-// memory; this build packs every rank onto one GPU (emulated EP), where they
-// do.
+// must be available, and the devices of a domain's ranks must reach each
+// other's memory (peer access, or one GPU: emulated EP), which Bind checks.
 func NewDevice(impl string, env dispatchers.Env) (dispatchers.DeviceDispatcher, error) {
 	base, dyn, err := options(impl, env)
 	if err != nil {
@@ -38,24 +39,26 @@ func NewDevice(impl string, env dispatchers.Env) (dispatchers.DeviceDispatcher, 
 // outputs back from the helpers on its own stream (after their dynamic
 // work), then runs the base combine.
 //
-// Proven on kernels.Emu (the output equals the host layer's); on a GPU
-// nothing here has run yet.
+// Every stream and event of a rank is on its device; copies from another
+// rank's device are peer copies.
+//
+// Proven on kernels.Emu (the output equals the host layer's, also with the
+// ranks on several emulated devices); on a GPU nothing here has run yet.
 type Device struct {
 	dispatchers.DeviceDispatcher
 	env     dispatchers.Env
 	dynamic int
 	c       *core
-	dev     kernels.Device
 	ranks   []*dispatchers.DeviceRank
 	rs      []devRank
-	origin  kernels.Event // recorded at the first permute; times are read from it
-	back    bool          // this step's first combine has run
+	back    bool // this step's first combine has run
 	ops     []kernels.CopyOp
 }
 
 // devRank is one rank's phase-2 state.
 type devRank struct {
-	ce kernels.Stream // copy stream: incoming chunks
+	ce     kernels.Stream // copy stream: incoming chunks
+	origin kernels.Event  // recorded at the rank's permute; its times are read from it
 	// dispatched: phase 1 done (the static experts start); staticEnd: the
 	// static experts done; ceStart/ready: the incoming copies; computed: the
 	// dynamic work done; backStart/backEnd: the outputs pulled back
@@ -71,39 +74,46 @@ type devRank struct {
 
 func (f *Device) Name() string { return "feplb" }
 
-// Bind binds the base dispatcher and makes each rank's copy stream and
-// events.
-func (f *Device) Bind(dev kernels.Device, shape dispatchers.Shape, ranks []*dispatchers.DeviceRank) error {
+// Bind checks that the ranks of each domain reach each other's devices,
+// binds the base dispatcher and makes each rank's copy stream and events.
+func (f *Device) Bind(shape dispatchers.Shape, ranks []*dispatchers.DeviceRank) error {
 	c, err := newCore(f.env, shape, f.dynamic, balance.H100(f.env.Hidden, f.env.FFN))
 	if err != nil {
 		return err
 	}
-	f.c, f.dev, f.ranks, f.rs = c, dev, ranks, make([]devRank, shape.EP)
-	if f.origin, err = dev.NewEvent(); err != nil {
-		return err
+	d := c.topo.Domain
+	for a, ra := range ranks {
+		for b, rb := range ranks {
+			if a/d == b/d && !ra.Dev.Reaches(rb.Dev) {
+				return &dispatchers.UnavailableError{Name: "feplb", Impl: f.Impl(), Reason: fmt.Sprintf(
+					"ranks %d and %d share an NVLink domain (%d ranks), but rank %d's GPU has no peer access to rank %d's, which phase 2's copies need (a smaller --domain, or fewer --gpus)",
+					a, b, d, a, b)}
+			}
+		}
 	}
+	f.c, f.ranks, f.rs = c, ranks, make([]devRank, shape.EP)
 	for r := range f.rs {
-		s := &f.rs[r]
+		s, dev := &f.rs[r], ranks[r].Dev
 		if s.ce, err = dev.NewStream(); err != nil {
 			return err
 		}
-		for _, e := range []*kernels.Event{&s.dispatched, &s.staticEnd, &s.ceStart, &s.ready, &s.computed, &s.backStart, &s.backEnd} {
+		for _, e := range []*kernels.Event{&s.origin, &s.dispatched, &s.staticEnd, &s.ceStart, &s.ready, &s.computed, &s.backStart, &s.backEnd} {
 			if *e, err = dev.NewEvent(); err != nil {
 				return err
 			}
 		}
 	}
-	return f.DeviceDispatcher.Bind(dev, shape, ranks)
+	return f.DeviceDispatcher.Bind(shape, ranks)
 }
 
-// Permute starts a step on its first rank.
+// Permute starts a step (on its first rank) and the rank's clock.
 func (f *Device) Permute(r int) error {
 	if r == 0 {
 		f.c.begin()
 		f.back = false
-		if err := f.dev.Record(f.origin, f.ranks[0].Stream); err != nil {
-			return err
-		}
+	}
+	if err := f.ranks[r].Dev.Record(f.rs[r].origin, f.ranks[r].Stream); err != nil {
+		return err
 	}
 	return f.DeviceDispatcher.Permute(r)
 }
@@ -115,7 +125,7 @@ func (f *Device) Dispatch(r int) error {
 		return err
 	}
 	rk := f.ranks[r]
-	if err := f.dev.Record(f.rs[r].dispatched, rk.Stream); err != nil {
+	if err := rk.Dev.Record(f.rs[r].dispatched, rk.Stream); err != nil {
 		return err
 	}
 	if !f.c.dispatchedRank(r, rk.ExpertRows) {
@@ -145,7 +155,7 @@ func (f *Device) Dispatch(r int) error {
 // they have landed.
 func (f *Device) Rebalance(r int) error {
 	rk, s := f.ranks[r], &f.rs[r]
-	if err := f.dev.Record(s.staticEnd, rk.Stream); err != nil {
+	if err := rk.Dev.Record(s.staticEnd, rk.Stream); err != nil {
 		return err
 	}
 	if err := f.c.plan(); err != nil {
@@ -167,12 +177,12 @@ func (f *Device) Rebalance(r int) error {
 	L := f.c.shape.LocalExperts()
 	for i, c := range in {
 		if i == 0 || c.owner != in[i-1].owner {
-			if err := f.dev.Wait(s.ce, f.rs[c.owner].dispatched); err != nil {
+			if err := rk.Dev.Wait(s.ce, f.rs[c.owner].dispatched); err != nil {
 				return err
 			}
 		}
 	}
-	if err := f.dev.Record(s.ceStart, s.ce); err != nil {
+	if err := rk.Dev.Record(s.ceStart, s.ce); err != nil {
 		return err
 	}
 	f.ops = f.ops[:0]
@@ -182,16 +192,16 @@ func (f *Device) Rebalance(r int) error {
 		le, slot := int64(c.expert-c.owner*L), int64(i)
 		w1, w2 := s.w1+kernels.Ptr(slot*4*ff*h), s.w2+kernels.Ptr(slot*2*h*ff)
 		f.ops = append(f.ops,
-			kernels.CopyOp{Dst: s.fx + kernels.Ptr(2*int64(c.dst)*h), Src: o.ExpertX + kernels.Ptr(2*int64(c.src)*h), Bytes: 2 * int64(c.n) * h},
-			kernels.CopyOp{Dst: s.fp + kernels.Ptr(4*c.dst), Src: o.ExpertProbs + kernels.Ptr(4*c.src), Bytes: 4 * int64(c.n)},
-			kernels.CopyOp{Dst: w1, Src: o.FC1 + kernels.Ptr(le*4*ff*h), Bytes: 4 * ff * h},
-			kernels.CopyOp{Dst: w2, Src: o.FC2 + kernels.Ptr(le*2*h*ff), Bytes: 2 * h * ff})
+			kernels.CopyOp{Dst: s.fx + kernels.Ptr(2*int64(c.dst)*h), Src: o.ExpertX + kernels.Ptr(2*int64(c.src)*h), Bytes: 2 * int64(c.n) * h, SrcDev: o.Dev},
+			kernels.CopyOp{Dst: s.fp + kernels.Ptr(4*c.dst), Src: o.ExpertProbs + kernels.Ptr(4*c.src), Bytes: 4 * int64(c.n), SrcDev: o.Dev},
+			kernels.CopyOp{Dst: w1, Src: o.FC1 + kernels.Ptr(le*4*ff*h), Bytes: 4 * ff * h, SrcDev: o.Dev},
+			kernels.CopyOp{Dst: w2, Src: o.FC2 + kernels.Ptr(le*2*h*ff), Bytes: 2 * h * ff, SrcDev: o.Dev})
 		foreign = append(foreign, dispatchers.DeviceSegment{Expert: c.expert, Start: c.dst, Len: c.n, FC1: w1, FC2: w2})
 	}
-	if err := f.dev.CopyBatch(f.ops, s.ce); err != nil {
+	if err := rk.Dev.CopyBatch(f.ops, s.ce); err != nil {
 		return fmt.Errorf("feplb: rank %d's incoming copies: %w", r, err)
 	}
-	if err := f.dev.Record(s.ready, s.ce); err != nil {
+	if err := rk.Dev.Record(s.ready, s.ce); err != nil {
 		return err
 	}
 	s.segs[2] = foreign
@@ -203,12 +213,12 @@ func (f *Device) Rebalance(r int) error {
 // grow makes rank r's phase-2 buffers hold rows rows and slots experts'
 // weights.
 func (f *Device) grow(r, rows, slots int) error {
-	s := &f.rs[r]
+	s, dev := &f.rs[r], f.ranks[r].Dev
 	h, ff := int64(f.c.shape.Hidden), int64(f.env.FFN)
-	if err := s.rows.Ensure(f.dev, s.ce, rows, kernels.Buf{P: &s.fx, PerRow: 2 * h}, kernels.Buf{P: &s.fp, PerRow: 4}, kernels.Buf{P: &s.fy, PerRow: 2 * h}); err != nil {
+	if err := s.rows.Ensure(dev, s.ce, rows, kernels.Buf{P: &s.fx, PerRow: 2 * h}, kernels.Buf{P: &s.fp, PerRow: 4}, kernels.Buf{P: &s.fy, PerRow: 2 * h}); err != nil {
 		return err
 	}
-	return s.slots.Ensure(f.dev, s.ce, slots, kernels.Buf{P: &s.w1, PerRow: 4 * ff * h}, kernels.Buf{P: &s.w2, PerRow: 2 * h * ff})
+	return s.slots.Ensure(dev, s.ce, slots, kernels.Buf{P: &s.w1, PerRow: 4 * ff * h}, kernels.Buf{P: &s.w2, PerRow: 2 * h * ff})
 }
 
 // Combine pulls the outputs of rank r's moved chunks back from their helpers
@@ -218,7 +228,7 @@ func (f *Device) Combine(r int) error {
 	if !f.back { // every rank's dynamic work is queued by now
 		f.back = true
 		for q, rk := range f.ranks {
-			if err := f.dev.Record(f.rs[q].computed, rk.Stream); err != nil {
+			if err := rk.Dev.Record(f.rs[q].computed, rk.Stream); err != nil {
 				return err
 			}
 		}
@@ -227,19 +237,19 @@ func (f *Device) Combine(r int) error {
 	if out := f.c.lay.out[r]; len(out) > 0 {
 		f.ops = f.ops[:0]
 		for _, c := range out {
-			if err := f.dev.Wait(rk.Stream, f.rs[c.helper].computed); err != nil {
+			if err := rk.Dev.Wait(rk.Stream, f.rs[c.helper].computed); err != nil {
 				return err
 			}
 			f.ops = append(f.ops, kernels.CopyOp{Dst: rk.ExpertY + kernels.Ptr(2*int64(c.src)*h), Src: f.rs[c.helper].fy + kernels.Ptr(2*int64(c.dst)*h),
-				Bytes: 2 * int64(c.n) * h})
+				Bytes: 2 * int64(c.n) * h, SrcDev: f.ranks[c.helper].Dev})
 		}
-		if err := f.dev.Record(s.backStart, rk.Stream); err != nil {
+		if err := rk.Dev.Record(s.backStart, rk.Stream); err != nil {
 			return err
 		}
-		if err := f.dev.CopyBatch(f.ops, rk.Stream); err != nil {
+		if err := rk.Dev.CopyBatch(f.ops, rk.Stream); err != nil {
 			return fmt.Errorf("feplb: rank %d's outputs back: %w", r, err)
 		}
-		if err := f.dev.Record(s.backEnd, rk.Stream); err != nil {
+		if err := rk.Dev.Record(s.backEnd, rk.Stream); err != nil {
 			return err
 		}
 	}
@@ -250,13 +260,19 @@ func (f *Device) Combine(r int) error {
 // events (call it after the step's streams are synchronized).
 func (f *Device) RebalanceStats() dispatchers.RebalanceStats {
 	s := f.c.stats
-	s.CopyMethod = f.dev.BatchMethod()
+	var methods []string
+	for _, rk := range f.ranks {
+		if m := rk.Dev.BatchMethod(); !slices.Contains(methods, m) {
+			methods = append(methods, m)
+		}
+	}
+	s.CopyMethod = strings.Join(methods, "; ")
 	var in, back, overlap, total float64
 	err := func() error {
 		for r := range f.rs {
-			d := &f.rs[r]
+			d, dev := &f.rs[r], f.ranks[r].Dev
 			if len(f.c.lay.out[r]) > 0 {
-				ms, err := f.dev.Elapsed(d.backStart, d.backEnd)
+				ms, err := dev.Elapsed(d.backStart, d.backEnd)
 				if err != nil {
 					return err
 				}
@@ -265,9 +281,9 @@ func (f *Device) RebalanceStats() dispatchers.RebalanceStats {
 			if len(f.c.lay.in[r]) == 0 {
 				continue
 			}
-			var t [4]float64 // copies start, land; static experts start, end (from origin)
+			var t [4]float64 // copies start, land; static experts start, end (from the rank's origin)
 			for i, e := range []kernels.Event{d.ceStart, d.ready, d.dispatched, d.staticEnd} {
-				ms, err := f.dev.Elapsed(f.origin, e)
+				ms, err := dev.Elapsed(d.origin, e)
 				if err != nil {
 					return err
 				}
@@ -305,7 +321,7 @@ func (f *Device) Close() error {
 	var first error
 	for r := range f.rs {
 		s := &f.rs[r]
-		if err := kernels.Free(f.dev, &s.fx, &s.fp, &s.fy, &s.w1, &s.w2); first == nil {
+		if err := kernels.Free(f.ranks[r].Dev, &s.fx, &s.fp, &s.fy, &s.w1, &s.w2); first == nil {
 			first = err
 		}
 		s.rows, s.slots = kernels.Sized{}, kernels.Sized{}

@@ -74,13 +74,14 @@ typedef struct { int type; int id; } mc_loc;
 typedef struct { int srcAccessOrder; mc_loc srcLocHint, dstLocHint; unsigned flags; } mc_attrs;
 typedef CUresult (*d_batch1)(CUdeviceptr *, CUdeviceptr *, size_t *, size_t, mc_attrs *, size_t *, size_t, size_t *, void *);
 typedef CUresult (*d_batch2)(CUdeviceptr *, CUdeviceptr *, size_t *, size_t, mc_attrs *, size_t *, size_t, void *);
-static CUresult c_batch(void *f, int v2, CUdeviceptr *dst, CUdeviceptr *src, size_t *n, size_t count, int dev, unsigned flags, void *st) {
+static CUresult c_batch(void *f, int v2, CUdeviceptr *dst, CUdeviceptr *src, size_t *n, size_t count, int sdev, int ddev, unsigned flags, void *st) {
 	mc_attrs a;
 	memset(&a, 0, sizeof a);
 	a.srcAccessOrder = 1; // CU_MEMCPY_SRC_ACCESS_ORDER_STREAM
 	a.srcLocHint.type = 1; // CU_MEM_LOCATION_TYPE_DEVICE
-	a.srcLocHint.id = dev;
-	a.dstLocHint = a.srcLocHint;
+	a.srcLocHint.id = sdev;
+	a.dstLocHint.type = 1;
+	a.dstLocHint.id = ddev;
 	a.flags = flags;
 	size_t idx = 0, fail = 0;
 	if (v2) return ((d_batch2)f)(dst, src, n, count, &a, &idx, 1, st);
@@ -107,9 +108,10 @@ import (
 // Proven here only against a fake libcuda (argument passing and the copy
 // data path, see driver_test.go); not yet run against a real GPU.
 type Driver struct {
-	Path string
-	fn   map[string]unsafe.Pointer
-	devs []C.int // CUdevice handle of each ordinal (cuDeviceGet)
+	Path    string
+	fn      map[string]unsafe.Pointer
+	devs    []C.int // CUdevice handle of each ordinal (cuDeviceGet)
+	current Context // the context this driver last made current (see SetCurrent)
 }
 
 // Handles are the driver's opaque pointers; DevicePtr is a device address.
@@ -283,11 +285,27 @@ func (d *Driver) PrimaryContext(dev int) (Context, error) {
 		return nil, err
 	}
 	runtime.LockOSThread()
-	return Context(ctx), d.check("cuCtxSetCurrent", C.c_p(d.fn["cuCtxSetCurrent"], ctx))
+	d.current = nil
+	return Context(ctx), d.SetCurrent(Context(ctx))
+}
+
+// SetCurrent makes ctx the current context of this OS thread, unless this
+// driver made it current last: a process that drives several GPUs from one
+// goroutine switches contexts through one Driver.
+func (d *Driver) SetCurrent(ctx Context) error {
+	if ctx == d.current && ctx != nil {
+		return nil
+	}
+	if err := d.check("cuCtxSetCurrent", C.c_p(d.fn["cuCtxSetCurrent"], unsafe.Pointer(ctx))); err != nil {
+		return err
+	}
+	d.current = ctx
+	return nil
 }
 
 // ReleasePrimaryContext releases dev's primary context.
 func (d *Driver) ReleasePrimaryContext(dev int) error {
+	d.current = nil
 	return d.check("cuDevicePrimaryCtxRelease_v2", C.c_i(d.fn["cuDevicePrimaryCtxRelease_v2"], d.dev(dev)))
 }
 
@@ -422,11 +440,12 @@ func (d *Driver) BatchCopy() string {
 	return ""
 }
 
-// CopyBatch queues copies between device buffers of GPU dev on s as one
-// batch (cuMemcpyBatchAsync, stream-ordered sources); preferCE sets
+// CopyBatch queues copies from buffers of GPU srcDev to buffers of GPU
+// dstDev (the same GPU or a peer) on s as one batch (cuMemcpyBatchAsync,
+// stream-ordered sources); preferCE sets
 // CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE, the hint to keep the copies off
 // the SMs. It fails when the driver has no batch copy (see BatchCopy).
-func (d *Driver) CopyBatch(dst, src []DevicePtr, bytes []int64, dev int, preferCE bool, s Stream) error {
+func (d *Driver) CopyBatch(dst, src []DevicePtr, bytes []int64, srcDev, dstDev int, preferCE bool, s Stream) error {
 	name := d.BatchCopy()
 	if name == "" {
 		return fmt.Errorf("cuMemcpyBatchAsync: not in this driver (CUDA 12.8 or later has it)")
@@ -454,7 +473,7 @@ func (d *Driver) CopyBatch(dst, src []DevicePtr, bytes []int64, dev int, preferC
 	}
 	p := (*C.CUdeviceptr)(mem)
 	return d.check(name, C.c_batch(d.fn[name], v2, p, (*C.CUdeviceptr)(unsafe.Add(mem, 8*n)), (*C.size_t)(unsafe.Add(mem, 16*n)),
-		C.size_t(n), C.int(dev), flags, unsafe.Pointer(s)))
+		C.size_t(n), C.int(srcDev), C.int(dstDev), flags, unsafe.Pointer(s)))
 }
 
 // Fill16 sets n 16-bit words at p to v on s (e.g. poisoning bf16 with NaN 0x7fc0).

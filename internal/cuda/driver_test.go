@@ -20,11 +20,15 @@ func buildFake(t *testing.T, name, env string) {
 	t.Setenv(env, so)
 }
 
-// fakeDriver opens the binding on testdata/fakecuda.c.
+// fakeDriver opens the binding on testdata/fakecuda.c, with GPU 0's
+// context current.
 func fakeDriver(t *testing.T) *Driver {
 	buildFake(t, "fakecuda", "MOEBENCH_LIBCUDA")
 	d, err := OpenDriver()
 	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.PrimaryContext(0); err != nil {
 		t.Fatal(err)
 	}
 	return d
@@ -117,14 +121,21 @@ func TestDriverStreamsEventsCopiesLaunch(t *testing.T) {
 	if want := []float32{1.5, 2.5, 3.5, 4.5, 700 + 10 + 1 + 128000 + 1 + 1 + 4}; !slices.Equal(got, want) {
 		t.Errorf("after the fake add kernel: %v, want %v (arguments and launch geometry)", got, want)
 	}
-	// device-to-device and peer copies, and a 16-bit fill
+	// device-to-device and peer copies (from GPU 0's memory), and a 16-bit fill
 	q, _ := d.Alloc(20)
 	defer d.Free(q)
 	if err := d.CopyDevice(q, p, 20, s); err != nil {
 		t.Fatal(err)
 	}
-	if err := d.CopyPeer(p, c1, q, c0, 8, s); err != nil {
+	d.SetCurrent(c0)
+	q0, _ := d.Alloc(8)
+	defer d.Free(q0)
+	d.SetCurrent(c1)
+	if err := d.CopyPeer(p, c1, q0, c0, 8, s); err != nil {
 		t.Fatal(err)
+	}
+	if err := d.CopyDevice(p, q0, 8, s); err == nil {
+		t.Error("a same-context copy of GPU 0's memory on GPU 1's stream: the fake should refuse it")
 	}
 	if err := d.Fill16(q, 0x7fc0, 10, s); err != nil {
 		t.Fatal(err)
@@ -144,14 +155,14 @@ func TestDriverStreamsEventsCopiesLaunch(t *testing.T) {
 		t.Fatalf("BatchCopy = %q", name)
 	}
 	CopyToDevice(d, p, []float32{1, 2, 3, 4}, s)
-	if err := d.CopyBatch([]DevicePtr{q, q + 8}, []DevicePtr{p + 8, p}, []int64{8, 8}, 0, true, s); err != nil {
+	if err := d.CopyBatch([]DevicePtr{q, q + 8}, []DevicePtr{p + 8, p}, []int64{8, 8}, 1, 1, true, s); err != nil {
 		t.Fatal(err)
 	}
 	CopyFromDevice(d, got[:4], q, s)
 	if want := []float32{3, 4, 1, 2}; !slices.Equal(got[:4], want) {
 		t.Errorf("after the batch copy: %v, want %v", got[:4], want)
 	}
-	if err := d.CopyBatch([]DevicePtr{q}, []DevicePtr{p}, []int64{8}, 0, false, s); err == nil || !strings.Contains(err.Error(), "cuMemcpyBatchAsync_v2") {
+	if err := d.CopyBatch([]DevicePtr{q}, []DevicePtr{p}, []int64{8}, 1, 1, false, s); err == nil || !strings.Contains(err.Error(), "cuMemcpyBatchAsync_v2") {
 		t.Errorf("the fake refuses a batch without the prefer-overlap flag; got %v", err)
 	}
 }

@@ -27,50 +27,105 @@ CUresult cuDeviceGetPCIBusId(char *s, int n, int d) {
 CUresult cuDeviceGetAttribute(int *v, int attr, int d) { if (!HANDLE_OK(d)) return 101; *v = attr * 100 + d - 100; return 0; }
 CUresult cuDeviceTotalMem_v2(size_t *n, int d) { if (!HANDLE_OK(d)) return 101; *n = (size_t)80 << 30; return 0; }
 CUresult cuDeviceCanAccessPeer(int *v, int a, int b) { if (!HANDLE_OK(a) || !HANDLE_OK(b)) return 101; *v = a != b; return 0; }
-CUresult cuDevicePrimaryCtxRetain(void **c, int d) { if (!HANDLE_OK(d)) return 101; *c = (void *)(0x1000 + (long)d); return 0; }
+// Contexts are 0x1000 + handle. The fake tracks the current context and
+// which context owns each stream, event and allocation, and refuses what a
+// driver refuses across contexts (or stricter): a stream or allocation made
+// with no current context, an event recorded on another context's stream,
+// elapsed time between contexts, a copy on a stream of a context that owns
+// neither side, a peer copy whose contexts do not own its pointers, and a
+// launch on a stream that is not the current context's.
+#define CTX(d) ((void *)(0x1000L + (d)))
+static void *cur;
+static int peer[2][2];
+CUresult cuDevicePrimaryCtxRetain(void **c, int d) { if (!HANDLE_OK(d)) return 101; *c = CTX(d); return 0; }
 CUresult cuDevicePrimaryCtxRelease_v2(int d) { return HANDLE_OK(d) ? 0 : 101; }
-CUresult cuCtxSetCurrent(void *c) { return c ? 0 : 201; }
-CUresult cuCtxSynchronize(void) { return 0; }
-CUresult cuCtxEnablePeerAccess(void *c, unsigned flags) { return 0; }
+CUresult cuCtxSetCurrent(void *c) { if (!c) return 201; cur = c; return 0; }
+CUresult cuCtxSynchronize(void) { return cur ? 0 : 201; }
+CUresult cuCtxEnablePeerAccess(void *c, unsigned flags) {
+    if (!cur || c == cur || flags) return 1;
+    int a = (long)cur - 0x1000 - 100, b = (long)c - 0x1000 - 100;
+    if (peer[a][b]) return 704; // CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED
+    peer[a][b] = 1; return 0;
+}
 CUresult cuCtxGetStreamPriorityRange(int *least, int *greatest) { *least = 0; *greatest = -5; return 0; }
+typedef struct { void *ctx; } fstream;
+typedef struct { double t; void *ctx; } fevent;
+static void *sctx(void *s) { return s ? ((fstream *)s)->ctx : cur; }
 CUresult cuStreamCreateWithPriority(void **s, unsigned flags, int prio) {
     if (flags != 1 || prio > 0 || prio < -5) return 1; // non-blocking, within the range
-    *s = malloc(1); return 0;
+    if (!cur) return 201;
+    fstream *f = malloc(sizeof *f); f->ctx = cur; *s = f; return 0;
 }
 CUresult cuStreamDestroy_v2(void *s) { free(s); return 0; }
 CUresult cuStreamSynchronize(void *s) { return 0; }
-CUresult cuStreamWaitEvent(void *s, void *e, unsigned f) { return 0; }
-CUresult cuEventCreate(void **e, unsigned flags) { *e = malloc(sizeof(double)); return 0; }
+CUresult cuStreamWaitEvent(void *s, void *e, unsigned f) { return 0; } // across contexts too, as CUDA allows
+CUresult cuEventCreate(void **e, unsigned flags) {
+    if (!cur) return 201;
+    fevent *f = malloc(sizeof *f); f->t = 0; f->ctx = cur; *e = f; return 0;
+}
 CUresult cuEventDestroy_v2(void *e) { free(e); return 0; }
-CUresult cuEventRecord(void *e, void *s) { fake_clock += 0.5; *(double *)e = fake_clock; return 0; }
+CUresult cuEventRecord(void *e, void *s) {
+    if (((fevent *)e)->ctx != sctx(s)) return 400; // CUDA_ERROR_INVALID_HANDLE
+    fake_clock += 0.5; ((fevent *)e)->t = fake_clock; return 0;
+}
 CUresult cuEventSynchronize(void *e) { return 0; }
-CUresult cuEventElapsedTime_v2(float *ms, void *a, void *b) { *ms = (float)(*(double *)b - *(double *)a); return 0; }
-CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) { void *m = malloc(n); *p = (CUdeviceptr)m; return m ? 0 : 2; }
-CUresult cuMemFree_v2(CUdeviceptr p) { free((void *)p); return 0; }
+CUresult cuEventElapsedTime_v2(float *ms, void *a, void *b) {
+    if (((fevent *)a)->ctx != ((fevent *)b)->ctx) return 400;
+    *ms = (float)(((fevent *)b)->t - ((fevent *)a)->t); return 0;
+}
+// allocations: a table of (base, size, context)
+#define MAXA 4096
+static struct { CUdeviceptr p; size_t n; void *ctx; } allocs[MAXA];
+static void *owner(CUdeviceptr p) {
+    for (int i = 0; i < MAXA; i++)
+        if (allocs[i].p && p >= allocs[i].p && p < allocs[i].p + allocs[i].n + (allocs[i].n == 0)) return allocs[i].ctx;
+    return 0;
+}
+CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) {
+    if (!cur) return 201;
+    void *m = malloc(n ? n : 1);
+    if (!m) return 2;
+    for (int i = 0; i < MAXA; i++)
+        if (!allocs[i].p) { allocs[i].p = (CUdeviceptr)m; allocs[i].n = n; allocs[i].ctx = cur; *p = (CUdeviceptr)m; return 0; }
+    free(m); return 2;
+}
+CUresult cuMemFree_v2(CUdeviceptr p) {
+    for (int i = 0; i < MAXA; i++)
+        if (allocs[i].p == p) { allocs[i].p = 0; free((void *)p); return 0; }
+    return 1;
+}
 CUresult cuMemGetInfo_v2(size_t *f, size_t *t) { *f = (size_t)1 << 30; *t = (size_t)2 << 30; return 0; }
-CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr d, const void *s, size_t n, void *st) { memcpy((void *)d, s, n); return 0; }
-CUresult cuMemcpyDtoHAsync_v2(void *d, CUdeviceptr s, size_t n, void *st) { memcpy(d, (void *)s, n); return 0; }
-CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr d, CUdeviceptr s, size_t n, void *st) { memcpy((void *)d, (void *)s, n); return 0; }
+#define ON_STREAM(p, st) if (owner(p) != sctx(st)) return 1
+CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr d, const void *s, size_t n, void *st) { ON_STREAM(d, st); memcpy((void *)d, s, n); return 0; }
+CUresult cuMemcpyDtoHAsync_v2(void *d, CUdeviceptr s, size_t n, void *st) { ON_STREAM(s, st); memcpy(d, (void *)s, n); return 0; }
+CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr d, CUdeviceptr s, size_t n, void *st) {
+    ON_STREAM(d, st); ON_STREAM(s, st); memcpy((void *)d, (void *)s, n); return 0;
+}
 CUresult cuMemcpyPeerAsync(CUdeviceptr d, void *dc, CUdeviceptr s, void *sc, size_t n, void *st) {
-    if (dc == sc) return 1; // a peer copy between one context is a test bug
+    if (dc == sc || owner(d) != dc || owner(s) != sc || (sctx(st) != dc && sctx(st) != sc)) return 1;
     memcpy((void *)d, (void *)s, n); return 0;
 }
 // The CUDA 13 batch copy: checks the attributes moebench passes (one set,
-// stream-ordered sources, device hints, the prefer-overlap flag).
+// stream-ordered sources, device hints naming the GPUs that own the
+// pointers, the prefer-overlap flag).
 typedef struct { int type; int id; } mc_loc;
 typedef struct { int srcAccessOrder; mc_loc srcLocHint, dstLocHint; unsigned flags; } mc_attrs;
 CUresult cuMemcpyBatchAsync_v2(CUdeviceptr *d, CUdeviceptr *s, size_t *n, size_t count, mc_attrs *a, size_t *idx, size_t nattrs, void *st) {
     if (sizeof(mc_attrs) != 24 || nattrs != 1 || idx[0] != 0 || a->srcAccessOrder != 1 || a->srcLocHint.type != 1 ||
         a->dstLocHint.type != 1 || a->flags != 1 || st == 0) return 1;
     if (getenv("FAKECUDA_REFUSE_BATCH")) return 1; /* CUDA_ERROR_INVALID_VALUE, as a driver might */
+    for (size_t i = 0; i < count; i++)
+        if (owner(s[i]) != CTX(100 + a->srcLocHint.id) || owner(d[i]) != CTX(100 + a->dstLocHint.id)) return 1;
     for (size_t i = 0; i < count; i++) memcpy((void *)d[i], (void *)s[i], n[i]);
     return 0;
 }
 CUresult cuMemsetD16Async(CUdeviceptr d, unsigned short v, size_t n, void *st) {
+    ON_STREAM(d, st);
     for (size_t i = 0; i < n; i++) ((unsigned short *)d)[i] = v;
     return 0;
 }
 CUresult cuModuleLoadData(void **m, const void *img) {
+    if (!cur) return 201;
     if (memcmp(img, "\x7f" "ELF", 4) != 0) return 200; // CUDA_ERROR_INVALID_IMAGE
     *m = (void *)0x3000; return 0;
 }
@@ -82,7 +137,8 @@ CUresult cuModuleGetFunction(void **f, void *m, const char *name) {
 CUresult cuFuncSetAttribute(void *f, int attr, int v) { return attr == 8 && v == 200 << 10 ? 0 : 1; }
 CUresult cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                         unsigned smem, void *st, void **params, void **extra) {
-    if (f != (void *)0x4000 || extra != 0) return 1;
+    if (f != (void *)0x4000 || extra != 0 || sctx(st) != cur) return 1;
+    ON_STREAM(*(CUdeviceptr *)params[0], st);
     float *x = (float *)*(CUdeviceptr *)params[0];
     int n = *(int *)params[1];
     float a = *(float *)params[2];
@@ -93,6 +149,9 @@ CUresult cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned
 CUresult cuGetErrorName(CUresult r, const char **s) {
     switch (r) {
     case 1: *s = "CUDA_ERROR_INVALID_VALUE"; return 0;
+    case 201: *s = "CUDA_ERROR_INVALID_CONTEXT"; return 0;
+    case 400: *s = "CUDA_ERROR_INVALID_HANDLE"; return 0;
+    case 704: *s = "CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED"; return 0;
     case 200: *s = "CUDA_ERROR_INVALID_IMAGE"; return 0;
     case 500: *s = "CUDA_ERROR_NOT_FOUND"; return 0;
     }
