@@ -89,8 +89,7 @@ func newDeviceLayer(l *Layer, devs []kernels.Device, d dispatchers.DeviceDispatc
 		*counter += int64(len(b))
 		return dev.Upload(*p, host, s)
 	}
-	var wr, sfc1, sfc2 []uint16
-	wr = kernels.BF16Bits(l.Wr)
+	wr, sfc1, sfc2 := kernels.BF16Bits(l.Wr), []uint16(nil), []uint16(nil)
 	if l.SharedFC1 != nil {
 		sfc1, sfc2 = kernels.BF16Bits(l.SharedFC1), kernels.BF16Bits(l.SharedFC2)
 	}

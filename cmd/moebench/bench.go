@@ -46,9 +46,11 @@ func bench(args []string, stdout, stderr io.Writer) int {
 	fs.Uint64Var(&o.seed, "seed", d.Seed, "seed of the random inputs")
 	fs.StringVar(&format, "format", "table", "output: table | json")
 	fs.StringVar(&out, "out", "", "also write the JSON result to this file")
+	addLibFlag(fs, &o.cudaLibs)
 	if code, ok := parseFlags(fs, args[1:], benchHelp, stdout, stderr); !ok {
 		return code
 	}
+	useLibDirs(o.cudaLibs)
 	if fs.NArg() > 0 {
 		return usageError(stderr, fmt.Errorf("unexpected argument %q", fs.Arg(0)))
 	}

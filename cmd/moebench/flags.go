@@ -11,13 +11,14 @@ import (
 
 	"github.com/moebench/moebench/dispatchers"
 	"github.com/moebench/moebench/harness"
+	"github.com/moebench/moebench/internal/cuda"
 	"github.com/moebench/moebench/results"
 )
 
 // options holds the parsed flags.
 type options struct {
 	preset, dispatcher, impl, score, routing, device, out, format, dump string
-	feplbBase                                                           string
+	feplbBase, cudaLibs                                                 string
 	domain, feplbDyn                                                    int
 	tokens, hidden, ffn, experts, topk, shared, groups, groupTopK       int
 	sms, ep, gpus, warmup, iters                                        int
@@ -76,6 +77,19 @@ func addControlFlags(fs *pflag.FlagSet, o *options) {
 	fs.IntVar(&o.iters, "iters", d.Iters, "timed iterations")
 	fs.BoolVar(&o.check, "check", d.Check, "check the output against the float64 reference (--check=false to skip)")
 	fs.StringVar(&o.device, "device", d.Device, "device: auto (cuda if a driver and GPU are found, else host) | host | cuda")
+	addLibFlag(fs, &o.cudaLibs)
+}
+
+// addLibFlag defines --cuda-libs; useLibDirs applies it.
+func addLibFlag(fs *pflag.FlagSet, dirs *string) {
+	fs.StringVar(dirs, "cuda-libs", "", "folders (a :-separated list) searched first for the CUDA libraries (sets "+cuda.LibDirsEnv+")")
+}
+
+// useLibDirs makes the CUDA library search start in dirs, when given.
+func useLibDirs(dirs string) {
+	if dirs != "" {
+		os.Setenv(cuda.LibDirsEnv, dirs)
+	}
 }
 
 // config builds the run configuration: the preset, overridden by the shape

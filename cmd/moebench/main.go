@@ -50,7 +50,7 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 		case "presets":
 			return presets(stdout)
 		case "doctor":
-			return doctor(stdout)
+			return doctor(args[1:], stdout, stderr)
 		case "sweep":
 			return sweep(args[1:], stdout, stderr)
 		case "report":
@@ -88,6 +88,7 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 	if fs.NArg() > 0 {
 		return usageError(stderr, fmt.Errorf("unexpected argument %q", fs.Arg(0)))
 	}
+	useLibDirs(o.cudaLibs)
 	cfg, err := o.config(fs)
 	if err == nil {
 		err = o.checkOutputs()

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/moebench/moebench/internal/cuda"
 	"github.com/moebench/moebench/results"
 )
 
@@ -133,6 +134,25 @@ func TestGPUsFlag(t *testing.T) {
 	code, _, e := cli(append(quick, "--device", "auto", "--gpus", "2")...)
 	if code != exitOK || !strings.Contains(e, "running on the host device") || !strings.Contains(e, "--gpus 2 does not apply") {
 		t.Errorf("auto without a GPU, --gpus 2: exit %d, %s", code, e)
+	}
+}
+
+// TestCudaLibsFlag: doctor --cuda-libs finds a library in the folder given,
+// and rejects a stray argument.
+func TestCudaLibsFlag(t *testing.T) {
+	dir := t.TempDir()
+	so := filepath.Join(dir, "libcublasLt.so.13")
+	if out, err := exec.Command("cc", "-shared", "-fPIC", "-o", so, "../../internal/cuda/testdata/fakecublaslt.c").CombinedOutput(); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	t.Setenv(cuda.LibDirsEnv, "")
+	t.Setenv("MOEBENCH_CUBLASLT", "")
+	code, out, _ := cli("doctor", "--cuda-libs", dir)
+	if code != exitOK || !strings.Contains(out, so) {
+		t.Errorf("doctor --cuda-libs: exit %d\n%s", code, out)
+	}
+	if code, _, _ := cli("doctor", "extra"); code != exitUsage {
+		t.Errorf("doctor extra: exit %d", code)
 	}
 }
 

@@ -70,6 +70,7 @@ func sweep(args []string, stdout, stderr io.Writer) int {
 			return usageError(stderr, err)
 		}
 	}
+	useLibDirs(o.cudaLibs)
 	if o.out == "" {
 		return usageError(stderr, errors.New("sweep: --out FILE is required"))
 	}

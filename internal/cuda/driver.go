@@ -62,6 +62,28 @@ static CUresult c_memset16(void *f, CUdeviceptr d, unsigned short v, size_t n, v
 static CUresult c_pp_cp(void *f, void **a, const void *b) { return ((d_pp_cp)f)(a, b); }
 static CUresult c_pp_p_cs(void *f, void **a, void *b, const char *c) { return ((d_pp_p_cs)f)(a, b, c); }
 static CUresult c_p_i_i(void *f, void *a, int b, int c) { return ((d_p_i_i)f)(a, b, c); }
+// cuLaunchCooperativeKernel: cuLaunchKernel without extra.
+typedef CUresult (*d_coop)(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void *, void **);
+static CUresult c_coop(void *f, void *fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                       unsigned smem, void *st, void **params) {
+	return ((d_coop)f)(fn, gx, gy, gz, bx, by, bz, smem, st, params);
+}
+// cuLaunchKernelEx: CUlaunchConfig and CUlaunchAttribute (an enum id, 4
+// bytes of padding, a 64-byte value union); attribute ids 2 (cooperative)
+// and 4 (cluster dimension).
+typedef struct { int id; int pad; union { char pad[64]; int cooperative; struct { unsigned x, y, z; } cluster; } v; } lx_attr;
+typedef struct { unsigned gx, gy, gz, bx, by, bz, smem; void *stream; lx_attr *attrs; unsigned nattrs; } lx_config;
+_Static_assert(sizeof(lx_attr) == 72 && sizeof(lx_config) == 56, "CUlaunchAttribute is 72 bytes, CUlaunchConfig 56");
+typedef CUresult (*d_launchex)(const lx_config *, void *, void **, void **);
+static CUresult c_launchex(void *f, void *fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                           unsigned smem, void *st, void **params, int coop, unsigned cx, unsigned cy, unsigned cz) {
+	lx_attr a[2];
+	memset(a, 0, sizeof a);
+	lx_config c = {gx, gy, gz, bx, by, bz, smem, st, a, 0};
+	if (coop) { a[c.nattrs].id = 2; a[c.nattrs].v.cooperative = 1; c.nattrs++; }
+	if (cx) { a[c.nattrs].id = 4; a[c.nattrs].v.cluster.x = cx; a[c.nattrs].v.cluster.y = cy; a[c.nattrs].v.cluster.z = cz; c.nattrs++; }
+	return ((d_launchex)f)(&c, fn, params, 0);
+}
 static CUresult c_launch(void *f, void *fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                          unsigned smem, void *st, void **params) {
 	return ((d_launch)f)(fn, gx, gy, gz, bx, by, bz, smem, st, params, 0);
@@ -152,12 +174,16 @@ var driverSymbols = [][]string{
 	{"cuMemcpyHtoDAsync_v2"}, {"cuMemcpyDtoHAsync_v2"}, {"cuMemcpyDtoDAsync_v2"}, {"cuMemcpyPeerAsync"},
 	{"cuMemsetD16Async"},
 	{"cuModuleLoadData"}, {"cuModuleUnload"}, {"cuModuleGetFunction"}, {"cuFuncSetAttribute"}, {"cuLaunchKernel"},
+	{"cuLaunchCooperativeKernel"},
 	{"cuGetErrorName"},
 }
 
 // optionalSymbols are entry points newer drivers have; the first name that
 // resolves is kept under it (batch copies: CUDA 13's ABI first, then 12.8's).
 var optionalSymbols = []string{"cuMemcpyBatchAsync_v2", "cuMemcpyBatchAsync"}
+
+// launchEx is the extensible launch (CUDA 12.0 and later).
+const launchEx = "cuLaunchKernelEx"
 
 // OpenDriver loads libcuda (MOEBENCH_LIBCUDA overrides) and resolves every
 // entry point, then calls cuInit.
@@ -187,6 +213,9 @@ func OpenDriver() (*Driver, error) {
 			d.fn[n] = p
 			break
 		}
+	}
+	if p, err := lib.sym(launchEx); err == nil {
+		d.fn[launchEx] = p
 	}
 	if err := d.check("cuInit", C.c_u(d.fn["cuInit"], 0)); err != nil {
 		return nil, err
@@ -291,7 +320,9 @@ func (d *Driver) PrimaryContext(dev int) (Context, error) {
 
 // SetCurrent makes ctx the current context of this OS thread, unless this
 // driver made it current last: a process that drives several GPUs from one
-// goroutine switches contexts through one Driver.
+// goroutine switches contexts through one Driver. It assumes that nothing
+// else on the thread changes the current context (cuBLAS and cuBLASLt calls
+// run in the current one and leave it).
 func (d *Driver) SetCurrent(ctx Context) error {
 	if ctx == d.current && ctx != nil {
 		return nil
@@ -513,14 +544,67 @@ func (d *Driver) SetMaxDynamicShared(f Function, bytes int) error {
 }
 
 // Launch runs f on s. Each argument is a device pointer, an int32, a uint32 or
-// a float32, passed by value; they are copied to one block of C memory for the
-// call (the parameter pointers, then an 8-byte slot per value).
+// a float32, passed by value (see params).
 func (d *Driver) Launch(f Function, grid, block [3]uint32, sharedBytes uint32, s Stream, args ...any) error {
+	mem, p, err := params("cuLaunchKernel", args)
+	defer C.free(mem)
+	if err != nil {
+		return err
+	}
+	return d.check("cuLaunchKernel", C.c_launch(d.fn["cuLaunchKernel"], unsafe.Pointer(f), C.uint(grid[0]), C.uint(grid[1]), C.uint(grid[2]),
+		C.uint(block[0]), C.uint(block[1]), C.uint(block[2]), C.uint(sharedBytes), unsafe.Pointer(s), p))
+}
+
+// LaunchCooperative runs f on s with every block resident at once, so that
+// the grid may synchronize as a whole (cuLaunchCooperativeKernel; the grid
+// must fit on the GPU at once, else the driver refuses it).
+func (d *Driver) LaunchCooperative(f Function, grid, block [3]uint32, sharedBytes uint32, s Stream, args ...any) error {
+	mem, p, err := params("cuLaunchCooperativeKernel", args)
+	defer C.free(mem)
+	if err != nil {
+		return err
+	}
+	return d.check("cuLaunchCooperativeKernel", C.c_coop(d.fn["cuLaunchCooperativeKernel"], unsafe.Pointer(f), C.uint(grid[0]), C.uint(grid[1]), C.uint(grid[2]),
+		C.uint(block[0]), C.uint(block[1]), C.uint(block[2]), C.uint(sharedBytes), unsafe.Pointer(s), p))
+}
+
+// LaunchOptions are what LaunchEx adds to a plain launch.
+type LaunchOptions struct {
+	Cooperative bool      // every block resident at once (grid-wide sync)
+	Cluster     [3]uint32 // thread-block cluster shape (sm_90 and later); zero: no clusters
+}
+
+// LaunchEx runs f on s through cuLaunchKernelEx with opt's attributes; it
+// fails when the driver has no cuLaunchKernelEx (before CUDA 12.0).
+func (d *Driver) LaunchEx(f Function, grid, block [3]uint32, sharedBytes uint32, s Stream, opt LaunchOptions, args ...any) error {
+	if d.fn[launchEx] == nil {
+		return fmt.Errorf("%s: not in this driver (CUDA 12.0 or later has it)", launchEx)
+	}
+	if opt.Cluster != [3]uint32{} && (opt.Cluster[0] == 0 || opt.Cluster[1] == 0 || opt.Cluster[2] == 0) {
+		return fmt.Errorf("%s: cluster %v has a zero dimension", launchEx, opt.Cluster)
+	}
+	mem, p, err := params(launchEx, args)
+	defer C.free(mem)
+	if err != nil {
+		return err
+	}
+	coop := C.int(0)
+	if opt.Cooperative {
+		coop = 1
+	}
+	return d.check(launchEx, C.c_launchex(d.fn[launchEx], unsafe.Pointer(f), C.uint(grid[0]), C.uint(grid[1]), C.uint(grid[2]),
+		C.uint(block[0]), C.uint(block[1]), C.uint(block[2]), C.uint(sharedBytes), unsafe.Pointer(s), p, coop,
+		C.uint(opt.Cluster[0]), C.uint(opt.Cluster[1]), C.uint(opt.Cluster[2])))
+}
+
+// params copies kernel arguments (device pointers, int32, uint32, float32)
+// to one block of C memory: the parameter pointers, then an 8-byte slot per
+// value. The caller frees mem, also on error.
+func params(call string, args []any) (mem unsafe.Pointer, p *unsafe.Pointer, err error) {
 	n := len(args)
 	const slot = 8
-	mem := C.malloc(C.size_t(max(n, 1) * 2 * slot))
-	defer C.free(mem)
-	params := unsafe.Slice((*unsafe.Pointer)(mem), max(n, 1))
+	mem = C.malloc(C.size_t(max(n, 1) * 2 * slot))
+	ps := unsafe.Slice((*unsafe.Pointer)(mem), max(n, 1))
 	for i, a := range args {
 		v := unsafe.Add(mem, (n+i)*slot)
 		switch x := a.(type) {
@@ -533,10 +617,9 @@ func (d *Driver) Launch(f Function, grid, block [3]uint32, sharedBytes uint32, s
 		case float32:
 			*(*float32)(v) = x
 		default:
-			return fmt.Errorf("cuLaunchKernel: argument %d has unsupported type %T", i, a)
+			return mem, nil, fmt.Errorf("%s: argument %d has unsupported type %T", call, i, a)
 		}
-		params[i] = v
+		ps[i] = v
 	}
-	return d.check("cuLaunchKernel", C.c_launch(d.fn["cuLaunchKernel"], unsafe.Pointer(f), C.uint(grid[0]), C.uint(grid[1]), C.uint(grid[2]),
-		C.uint(block[0]), C.uint(block[1]), C.uint(block[2]), C.uint(sharedBytes), unsafe.Pointer(s), &params[0]))
+	return mem, &ps[0], nil
 }

@@ -149,6 +149,37 @@ func TestDriverStreamsEventsCopiesLaunch(t *testing.T) {
 	if err := d.Launch(f, [3]uint32{1, 1, 1}, [3]uint32{1, 1, 1}, 0, s, "nope"); err == nil {
 		t.Error("unsupported argument type accepted")
 	}
+	// cooperative and extensible launches: the fake adds 10⁶ for a
+	// cooperative launch and 2·10⁶·x for a cluster of x blocks
+	for _, tc := range []struct {
+		name   string
+		launch func() error
+		want   float32
+	}{
+		{"cooperative", func() error {
+			return d.LaunchCooperative(f, [3]uint32{2, 1, 1}, [3]uint32{64, 1, 1}, 0, s, p, int32(4), float32(1))
+		}, 1e6},
+		{"ex plain", func() error {
+			return d.LaunchEx(f, [3]uint32{2, 1, 1}, [3]uint32{64, 1, 1}, 0, s, LaunchOptions{}, p, int32(4), float32(1))
+		}, 0},
+		{"ex cooperative", func() error {
+			return d.LaunchEx(f, [3]uint32{2, 1, 1}, [3]uint32{64, 1, 1}, 0, s, LaunchOptions{Cooperative: true}, p, int32(4), float32(1))
+		}, 1e6},
+		{"ex cluster", func() error {
+			return d.LaunchEx(f, [3]uint32{2, 1, 1}, [3]uint32{64, 1, 1}, 0, s, LaunchOptions{Cluster: [3]uint32{2, 1, 1}}, p, int32(4), float32(1))
+		}, 4e6},
+	} {
+		if err := tc.launch(); err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		CopyFromDevice(d, got, p, s)
+		if g := got[4] - (200 + 10 + 1 + 64000 + 1 + 1); g != tc.want {
+			t.Errorf("%s: the fake saw launch flags %v, want %v", tc.name, g, tc.want)
+		}
+	}
+	if err := d.LaunchEx(f, [3]uint32{1, 1, 1}, [3]uint32{1, 1, 1}, 0, s, LaunchOptions{Cluster: [3]uint32{2, 0, 1}}, p, int32(4), float32(1)); err == nil {
+		t.Error("a cluster with a zero dimension accepted")
+	}
 	// a batch copy (the fake has CUDA 13's ABI and checks the attributes):
 	// two halves of p swapped into q
 	if name := d.BatchCopy(); name != "cuMemcpyBatchAsync_v2" {
@@ -208,5 +239,24 @@ func TestGPUInfoNVMLByBusID(t *testing.T) {
 	}
 	if g.PowerLimitW != 700 || g.Driver != "580.00.fake" || len(g.Unread) != 0 {
 		t.Errorf("power limit %v W (want 700, the fake's GPU at 0000:1B:00.0), driver %q, unread %v", g.PowerLimitW, g.Driver, g.Unread)
+	}
+}
+
+// TestLibDirsSearchedFirst: a library in a MOEBENCH_CUDA_LIBS folder is
+// found there, under its usual name; the library's own variable still wins.
+func TestLibDirsSearchedFirst(t *testing.T) {
+	dir := t.TempDir()
+	if out, err := exec.Command("cc", "-shared", "-fPIC", "-o", filepath.Join(dir, "libcublasLt.so.13"), "testdata/fakecublaslt.c").CombinedOutput(); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	t.Setenv("MOEBENCH_CUBLASLT", "")
+	t.Setenv(LibDirsEnv, "/nonexistent:"+dir)
+	b, err := OpenCuBLASLt()
+	if err != nil || b.Path != filepath.Join(dir, "libcublasLt.so.13") {
+		t.Fatalf("with %s: %v, %+v", LibDirsEnv, err, b)
+	}
+	t.Setenv("MOEBENCH_CUBLASLT", "/nonexistent/libcublasLt.so")
+	if _, err := OpenCuBLASLt(); err == nil || !strings.Contains(err.Error(), "MOEBENCH_CUBLASLT=/nonexistent") {
+		t.Errorf("the library's own variable should win: %v", err)
 	}
 }

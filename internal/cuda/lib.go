@@ -36,9 +36,14 @@ func searchDirs() []string {
 	return dirs
 }
 
+// LibDirsEnv names folders (a path list) searched for every CUDA library
+// before the loader's path; moebench's --cuda-libs flag sets it.
+const LibDirsEnv = "MOEBENCH_CUDA_LIBS"
+
 // openLibrary loads the first library that opens: the file named by the
-// environment variable env if set (and only it), else each name through the
-// loader's path, then in searchDirs. The error lists what was tried.
+// environment variable env if set (and only it), else each name in the
+// folders of LibDirsEnv, through the loader's path, then in searchDirs. The
+// error lists what was tried.
 func openLibrary(env string, names ...string) (*library, error) {
 	var tried []string
 	try := func(p string) *library {
@@ -56,21 +61,30 @@ func openLibrary(env string, names ...string) (*library, error) {
 		}
 		return nil, fmt.Errorf("%s=%s does not load: %s", env, p, tried[0])
 	}
+	inDirs := func(dirs []string) *library {
+		for _, d := range dirs {
+			for _, n := range names {
+				if _, err := os.Stat(filepath.Join(d, n)); err == nil {
+					if l := try(filepath.Join(d, n)); l != nil {
+						return l
+					}
+				}
+			}
+		}
+		return nil
+	}
+	if l := inDirs(filepath.SplitList(os.Getenv(LibDirsEnv))); l != nil {
+		return l, nil
+	}
 	for _, n := range names {
 		if l := try(n); l != nil {
 			return l, nil
 		}
 	}
-	for _, d := range searchDirs() {
-		for _, n := range names {
-			if _, err := os.Stat(filepath.Join(d, n)); err == nil {
-				if l := try(filepath.Join(d, n)); l != nil {
-					return l, nil
-				}
-			}
-		}
+	if l := inDirs(searchDirs()); l != nil {
+		return l, nil
 	}
-	return nil, fmt.Errorf("%s not found (%s; %s may name it)", strings.Join(names, " or "), tried[len(tried)-1], env)
+	return nil, fmt.Errorf("%s not found (%s; %s may name it, or --cuda-libs its folder)", strings.Join(names, " or "), tried[len(tried)-1], env)
 }
 
 // sym returns a symbol's address or an error naming it.

@@ -135,16 +135,44 @@ CUresult cuModuleGetFunction(void **f, void *m, const char *name) {
     *f = (void *)0x4000; return 0;
 }
 CUresult cuFuncSetAttribute(void *f, int attr, int v) { return attr == 8 && v == 200 << 10 ? 0 : 1; }
-CUresult cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
-                        unsigned smem, void *st, void **params, void **extra) {
-    if (f != (void *)0x4000 || extra != 0 || sctx(st) != cur) return 1;
+// The one kernel, "add": x[i] += a for i < n, then x[n] = the launch
+// geometry (grid·(100,10,1) + block·(1000,1,1) + shared/1024), plus 10⁶ for
+// a cooperative launch and 2·10⁶·cluster x for a clustered one, for the test.
+static CUresult add(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                    unsigned smem, void *st, void **params, int coop, unsigned cx) {
+    if (f != (void *)0x4000 || sctx(st) != cur) return 1;
     ON_STREAM(*(CUdeviceptr *)params[0], st);
     float *x = (float *)*(CUdeviceptr *)params[0];
     int n = *(int *)params[1];
     float a = *(float *)params[2];
     for (int i = 0; i < n; i++) x[i] += a;
-    x[n] = (float)(gx * 100 + gy * 10 + gz + bx * 1000 + by + bz + smem / 1024); // the geometry, for the test
+    x[n] = (float)(gx * 100 + gy * 10 + gz + bx * 1000 + by + bz + smem / 1024) + 1e6f * coop + 2e6f * cx;
     return 0;
+}
+CUresult cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                        unsigned smem, void *st, void **params, void **extra) {
+    if (extra != 0) return 1;
+    return add(f, gx, gy, gz, bx, by, bz, smem, st, params, 0, 0);
+}
+CUresult cuLaunchCooperativeKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                                   unsigned smem, void *st, void **params) {
+    return add(f, gx, gy, gz, bx, by, bz, smem, st, params, 1, 0);
+}
+// cuLaunchKernelEx with CUDA's layouts: CUlaunchAttribute is an enum id,
+// padding to 8 bytes and a 64-byte union; attributes 2 (cooperative) and 4
+// (cluster dimension, y and z 1 here) are understood, others refused.
+typedef struct { int id; char pad[4]; union { char pad[64]; int cooperative; struct { unsigned x, y, z; } cluster; } v; } fattr;
+typedef struct { unsigned gx, gy, gz, bx, by, bz, smem; void *stream; fattr *attrs; unsigned nattrs; } fconfig;
+CUresult cuLaunchKernelEx(const fconfig *c, void *f, void **params, void **extra) {
+    if (sizeof(fattr) != 72 || sizeof(fconfig) != 56 || extra != 0) return 1;
+    int coop = 0;
+    unsigned cx = 0;
+    for (unsigned i = 0; i < c->nattrs; i++) {
+        if (c->attrs[i].id == 2) coop = c->attrs[i].v.cooperative;
+        else if (c->attrs[i].id == 4 && c->attrs[i].v.cluster.y == 1 && c->attrs[i].v.cluster.z == 1) cx = c->attrs[i].v.cluster.x;
+        else return 1;
+    }
+    return add(f, c->gx, c->gy, c->gz, c->bx, c->by, c->bz, c->smem, c->stream, params, coop, cx);
 }
 CUresult cuGetErrorName(CUresult r, const char **s) {
     switch (r) {
