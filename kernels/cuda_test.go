@@ -6,6 +6,8 @@ import (
 	"os"
 	"slices"
 	"testing"
+
+	"github.com/moebench/moebench/internal/cuda"
 )
 
 // GPU tests: every Device operation of CUDA against Emu (the host
@@ -403,5 +405,82 @@ func TestGPURouter(t *testing.T) {
 		if differ > T/1000 { // near-ties between fp32 (GPU) and float64 (host) scores only
 			t.Errorf("%s: %d of %d tokens chose other experts than the host", name, differ, T)
 		}
+	}
+}
+
+// launchSource is a test kernel: block b writes b·10 + its rank in its
+// thread-block cluster (0 without clusters, sm_90 and later only) + a.
+const launchSource = `extern "C" __global__ void mark(int *out, int a) {
+    unsigned r = 0;
+#if MB_CLUSTER
+    asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+#endif
+    if (threadIdx.x == 0) out[blockIdx.x] = blockIdx.x * 10 + r + a;
+}`
+
+// TestGPULaunches: cooperative and extensible launches (cooperative; a
+// 2-block cluster on sm_90 and later) run the kernel with its arguments in
+// place and the cluster shape asked for.
+func TestGPULaunches(t *testing.T) {
+	p := openPair(t)
+	c := p.c
+	cluster := c.Arch >= "sm_90"
+	defs := "-DMB_CLUSTER=0"
+	if cluster {
+		defs = "-DMB_CLUSTER=1"
+	}
+	cubin, err := c.JIT.NVRTC.Compile("launch_test.cu", launchSource, nil, []string{"--gpu-architecture=" + c.Arch, defs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.ok(c.use())
+	m, err := c.Drv.LoadModule(cubin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Drv.UnloadModule(m)
+	f, err := c.Drv.Function(m, "mark")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := c.Alloc(4 * 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	grid, block := [3]uint32{4, 1, 1}, [3]uint32{32, 1, 1}
+	cases := []struct {
+		name   string
+		launch func() error
+		rank   func(b int) int // cluster rank of block b
+	}{
+		{"cooperative", func() error { return c.Drv.LaunchCooperative(f, grid, block, 0, p.cs, out, int32(7)) }, func(int) int { return 0 }},
+		{"ex cooperative", func() error {
+			return c.Drv.LaunchEx(f, grid, block, 0, p.cs, cuda.LaunchOptions{Cooperative: true}, out, int32(7))
+		}, func(int) int { return 0 }},
+	}
+	if cluster {
+		cases = append(cases, struct {
+			name   string
+			launch func() error
+			rank   func(b int) int
+		}{"ex cluster 2", func() error {
+			return c.Drv.LaunchEx(f, grid, block, 0, p.cs, cuda.LaunchOptions{Cluster: [3]uint32{2, 1, 1}}, out, int32(7))
+		}, func(b int) int { return b % 2 }})
+	}
+	got := make([]int32, 4)
+	for _, tc := range cases {
+		p.ok(c.Fill16(out, 0xffff, 8, p.cs))
+		if err := tc.launch(); err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		p.ok(c.Download(got, out, p.cs))
+		for b, v := range got {
+			if want := int32(b*10 + tc.rank(b) + 7); v != want {
+				t.Errorf("%s: block %d wrote %d, want %d", tc.name, b, v, want)
+			}
+		}
+	}
+	if !cluster {
+		t.Logf("%s: no thread-block clusters; the cluster launch is not tested", c.Arch)
 	}
 }
