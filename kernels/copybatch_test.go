@@ -11,11 +11,10 @@ import (
 	"github.com/moebench/moebench/internal/cuda"
 )
 
-// TestCopyBatchRefusedFallsBack: on the fake driver (internal/cuda's
-// testdata: device memory is host memory), CopyBatch copies as one batch;
-// once the driver refuses a batch as invalid, that batch and the later ones
-// are copied one by one, and BatchMethod says why.
-func TestCopyBatchRefusedFallsBack(t *testing.T) {
+// fakeDriver opens the driver binding on internal/cuda's fake libcuda
+// (device memory is host memory; it checks contexts, see fakecuda.c).
+func fakeDriver(t *testing.T) *cuda.Driver {
+	t.Helper()
 	so := filepath.Join(t.TempDir(), "libcuda.so.1")
 	if out, err := exec.Command("cc", "-shared", "-fPIC", "-o", so, "../internal/cuda/testdata/fakecuda.c").CombinedOutput(); err != nil {
 		t.Fatalf("building the fake driver: %v\n%s", err, out)
@@ -25,6 +24,15 @@ func TestCopyBatchRefusedFallsBack(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return drv
+}
+
+// TestCopyBatchRefusedFallsBack: on the fake driver (internal/cuda's
+// testdata: device memory is host memory), CopyBatch copies as one batch;
+// once the driver refuses a batch as invalid, that batch and the later ones
+// are copied one by one, and BatchMethod says why.
+func TestCopyBatchRefusedFallsBack(t *testing.T) {
+	drv := fakeDriver(t)
 	ctx, err := drv.PrimaryContext(0)
 	if err != nil {
 		t.Fatal(err)
@@ -81,15 +89,7 @@ func TestCopyBatchRefusedFallsBack(t *testing.T) {
 // between each other with peer copies and per-pair batches, and reach each
 // other once peer access is enabled.
 func TestTwoGPUsOnTheFakeDriver(t *testing.T) {
-	so := filepath.Join(t.TempDir(), "libcuda.so.1")
-	if out, err := exec.Command("cc", "-shared", "-fPIC", "-o", so, "../internal/cuda/testdata/fakecuda.c").CombinedOutput(); err != nil {
-		t.Fatalf("building the fake driver: %v\n%s", err, out)
-	}
-	t.Setenv("MOEBENCH_LIBCUDA", so)
-	drv, err := cuda.OpenDriver()
-	if err != nil {
-		t.Fatal(err)
-	}
+	drv := fakeDriver(t)
 	var g [2]*CUDA
 	for i := range g {
 		ctx, err := drv.PrimaryContext(i)
