@@ -443,6 +443,12 @@ func TestTelemetryFindsTheRanksGPU(t *testing.T) {
 			t.Errorf("bus %q: %+v", bus, tel)
 		}
 	}
+	// found in a --cuda-libs folder as well
+	t.Setenv("MOEBENCH_NVML", "")
+	t.Setenv(cuda.LibDirsEnv, filepath.Dir(so))
+	if tel, _ := read("0000:1b:00.0"); tel.SMClockMHz != 1980 {
+		t.Errorf("NVML from %s: %+v", cuda.LibDirsEnv, tel)
+	}
 }
 
 // TestGPUTelemetry: on a GPU machine NVML answers, memory in use is read and

@@ -8,6 +8,7 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
+	"github.com/moebench/moebench/internal/cuda"
 	"github.com/moebench/moebench/kernels"
 	"github.com/moebench/moebench/results"
 )
@@ -41,7 +42,11 @@ const telemetryEvery = 20 * time.Millisecond
 // then NVML's GPU 0 is read, which the record says.
 func startTelemetry(bus string) (*telemetry, string) {
 	var opts []nvml.LibraryOption
-	if p := os.Getenv("MOEBENCH_NVML"); p != "" {
+	p := os.Getenv("MOEBENCH_NVML")
+	if p == "" {
+		p = cuda.InLibDirs("libnvidia-ml.so.1")
+	}
+	if p != "" {
 		opts = append(opts, nvml.WithLibraryPath(p))
 	}
 	lib := nvml.New(opts...)

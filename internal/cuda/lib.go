@@ -40,6 +40,19 @@ func searchDirs() []string {
 // before the loader's path; moebench's --cuda-libs flag sets it.
 const LibDirsEnv = "MOEBENCH_CUDA_LIBS"
 
+// InLibDirs is the first file called name in the folders of LibDirsEnv, or
+// "" (for libraries opened elsewhere: go-nvml's).
+func InLibDirs(name string) string {
+	for _, d := range filepath.SplitList(os.Getenv(LibDirsEnv)) {
+		if p := filepath.Join(d, name); d != "" {
+			if _, err := os.Stat(p); err == nil {
+				return p
+			}
+		}
+	}
+	return ""
+}
+
 // openLibrary loads the first library that opens: the file named by the
 // environment variable env if set (and only it), else each name in the
 // folders of LibDirsEnv, through the loader's path, then in searchDirs. The
