@@ -208,8 +208,11 @@ func (e *Emu) Record(ev Event, s Stream) error {
 	if v.owner != e {
 		return fmt.Errorf("emu: recording another device's event")
 	}
+	if err := e.on(s); err != nil {
+		return err
+	}
 	v.t = time.Now()
-	return e.on(s)
+	return nil
 }
 
 func (e *Emu) Elapsed(a, b Event) (float64, error) {

@@ -44,7 +44,8 @@ type CUDA struct {
 
 	batchD, batchS []Ptr // CopyBatch's scratch
 	batchN         []int64
-	pairs          [][2]*CUDA
+	pairs          [][2]*CUDA     // CopyBatch's (source, destination) GPUs
+	opPair         []int          // index in pairs of each copy (−1: no bytes)
 	ptrArrays      map[string]Ptr // GroupedGEMM's device pointer arrays, by content
 	groupPtrs      []uint64       // scratch
 	groupMs        []int
@@ -401,20 +402,24 @@ func (c *CUDA) batch(ops []CopyOp, s Stream) error {
 	if err := c.use(); err != nil {
 		return err
 	}
-	c.pairs = c.pairs[:0]
+	c.pairs, c.opPair = c.pairs[:0], c.opPair[:0]
 	for _, o := range ops {
 		dst, src, err := c.ends(o)
 		if err != nil {
 			return err
 		}
-		if p := [2]*CUDA{src, dst}; o.Bytes > 0 && !slices.Contains(c.pairs, p) {
-			c.pairs = append(c.pairs, p)
+		i := -1
+		if o.Bytes > 0 {
+			if i = slices.Index(c.pairs, [2]*CUDA{src, dst}); i < 0 {
+				i, c.pairs = len(c.pairs), append(c.pairs, [2]*CUDA{src, dst})
+			}
 		}
+		c.opPair = append(c.opPair, i)
 	}
-	for _, p := range c.pairs {
+	for i, p := range c.pairs {
 		c.batchD, c.batchS, c.batchN = c.batchD[:0], c.batchS[:0], c.batchN[:0]
-		for _, o := range ops {
-			if dst, src, _ := c.ends(o); o.Bytes > 0 && src == p[0] && dst == p[1] {
+		for j, o := range ops {
+			if c.opPair[j] == i {
 				c.batchD, c.batchS, c.batchN = append(c.batchD, o.Dst), append(c.batchS, o.Src), append(c.batchN, o.Bytes)
 			}
 		}

@@ -546,26 +546,20 @@ func (d *Driver) SetMaxDynamicShared(f Function, bytes int) error {
 // Launch runs f on s. Each argument is a device pointer, an int32, a uint32 or
 // a float32, passed by value (see params).
 func (d *Driver) Launch(f Function, grid, block [3]uint32, sharedBytes uint32, s Stream, args ...any) error {
-	mem, p, err := params("cuLaunchKernel", args)
-	defer C.free(mem)
-	if err != nil {
-		return err
-	}
-	return d.check("cuLaunchKernel", C.c_launch(d.fn["cuLaunchKernel"], unsafe.Pointer(f), C.uint(grid[0]), C.uint(grid[1]), C.uint(grid[2]),
-		C.uint(block[0]), C.uint(block[1]), C.uint(block[2]), C.uint(sharedBytes), unsafe.Pointer(s), p))
+	return d.launch("cuLaunchKernel", args, func(p *unsafe.Pointer) C.CUresult {
+		return C.c_launch(d.fn["cuLaunchKernel"], unsafe.Pointer(f), C.uint(grid[0]), C.uint(grid[1]), C.uint(grid[2]),
+			C.uint(block[0]), C.uint(block[1]), C.uint(block[2]), C.uint(sharedBytes), unsafe.Pointer(s), p)
+	})
 }
 
 // LaunchCooperative runs f on s with every block resident at once, so that
 // the grid may synchronize as a whole (cuLaunchCooperativeKernel; the grid
 // must fit on the GPU at once, else the driver refuses it).
 func (d *Driver) LaunchCooperative(f Function, grid, block [3]uint32, sharedBytes uint32, s Stream, args ...any) error {
-	mem, p, err := params("cuLaunchCooperativeKernel", args)
-	defer C.free(mem)
-	if err != nil {
-		return err
-	}
-	return d.check("cuLaunchCooperativeKernel", C.c_coop(d.fn["cuLaunchCooperativeKernel"], unsafe.Pointer(f), C.uint(grid[0]), C.uint(grid[1]), C.uint(grid[2]),
-		C.uint(block[0]), C.uint(block[1]), C.uint(block[2]), C.uint(sharedBytes), unsafe.Pointer(s), p))
+	return d.launch("cuLaunchCooperativeKernel", args, func(p *unsafe.Pointer) C.CUresult {
+		return C.c_coop(d.fn["cuLaunchCooperativeKernel"], unsafe.Pointer(f), C.uint(grid[0]), C.uint(grid[1]), C.uint(grid[2]),
+			C.uint(block[0]), C.uint(block[1]), C.uint(block[2]), C.uint(sharedBytes), unsafe.Pointer(s), p)
+	})
 }
 
 // LaunchOptions are what LaunchEx adds to a plain launch.
@@ -583,18 +577,25 @@ func (d *Driver) LaunchEx(f Function, grid, block [3]uint32, sharedBytes uint32,
 	if opt.Cluster != [3]uint32{} && (opt.Cluster[0] == 0 || opt.Cluster[1] == 0 || opt.Cluster[2] == 0) {
 		return fmt.Errorf("%s: cluster %v has a zero dimension", launchEx, opt.Cluster)
 	}
-	mem, p, err := params(launchEx, args)
-	defer C.free(mem)
-	if err != nil {
-		return err
-	}
 	coop := C.int(0)
 	if opt.Cooperative {
 		coop = 1
 	}
-	return d.check(launchEx, C.c_launchex(d.fn[launchEx], unsafe.Pointer(f), C.uint(grid[0]), C.uint(grid[1]), C.uint(grid[2]),
-		C.uint(block[0]), C.uint(block[1]), C.uint(block[2]), C.uint(sharedBytes), unsafe.Pointer(s), p, coop,
-		C.uint(opt.Cluster[0]), C.uint(opt.Cluster[1]), C.uint(opt.Cluster[2])))
+	return d.launch(launchEx, args, func(p *unsafe.Pointer) C.CUresult {
+		return C.c_launchex(d.fn[launchEx], unsafe.Pointer(f), C.uint(grid[0]), C.uint(grid[1]), C.uint(grid[2]),
+			C.uint(block[0]), C.uint(block[1]), C.uint(block[2]), C.uint(sharedBytes), unsafe.Pointer(s), p, coop,
+			C.uint(opt.Cluster[0]), C.uint(opt.Cluster[1]), C.uint(opt.Cluster[2]))
+	})
+}
+
+// launch copies args to C memory (see params) and makes call with them.
+func (d *Driver) launch(call string, args []any, c func(p *unsafe.Pointer) C.CUresult) error {
+	mem, p, err := params(call, args)
+	defer C.free(mem)
+	if err != nil {
+		return err
+	}
+	return d.check(call, c(p))
 }
 
 // params copies kernel arguments (device pointers, int32, uint32, float32)

@@ -43,14 +43,26 @@ const LibDirsEnv = "MOEBENCH_CUDA_LIBS"
 // InLibDirs is the first file called name in the folders of LibDirsEnv, or
 // "" (for libraries opened elsewhere: go-nvml's).
 func InLibDirs(name string) string {
-	for _, d := range filepath.SplitList(os.Getenv(LibDirsEnv)) {
-		if p := filepath.Join(d, name); d != "" {
-			if _, err := os.Stat(p); err == nil {
-				return p
+	if c := candidates(filepath.SplitList(os.Getenv(LibDirsEnv)), name); len(c) > 0 {
+		return c[0]
+	}
+	return ""
+}
+
+// candidates are the files called one of names in dirs that exist, folder
+// by folder (empty folder names are skipped).
+func candidates(dirs []string, names ...string) []string {
+	var c []string
+	for _, d := range dirs {
+		for _, n := range names {
+			if p := filepath.Join(d, n); d != "" {
+				if _, err := os.Stat(p); err == nil {
+					c = append(c, p)
+				}
 			}
 		}
 	}
-	return ""
+	return c
 }
 
 // openLibrary loads the first library that opens: the file named by the
@@ -75,13 +87,9 @@ func openLibrary(env string, names ...string) (*library, error) {
 		return nil, fmt.Errorf("%s=%s does not load: %s", env, p, tried[0])
 	}
 	inDirs := func(dirs []string) *library {
-		for _, d := range dirs {
-			for _, n := range names {
-				if _, err := os.Stat(filepath.Join(d, n)); err == nil {
-					if l := try(filepath.Join(d, n)); l != nil {
-						return l
-					}
-				}
+		for _, p := range candidates(dirs, names...) {
+			if l := try(p); l != nil {
+				return l
 			}
 		}
 		return nil
