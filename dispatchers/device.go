@@ -12,7 +12,11 @@ import (
 // The layer synchronizes every stream between steps, so a phase may assume
 // that the previous step's work is done. Each rank's buffers, streams and
 // events are on its own device (DeviceRank.Dev); work on another rank's
-// buffers goes through copies between devices (kernels.CopyOp's devices).
+// buffers goes through copies between devices (kernels.CopyOp's devices)
+// or a communicator (kernels.Comm). A collective phase may queue work on
+// every rank's stream from one rank's call (an NCCL group issued by the
+// last rank): the layer times a phase from start events recorded on every
+// rank's stream before its first call to end events after its last.
 
 // DeviceRank is one EP rank's buffers on the device. Tensors are row-major,
 // bf16 unless noted.
@@ -87,6 +91,10 @@ type DeviceDispatcher interface {
 	Footprint(rank int) int64 // bytes of its own device buffers on a rank
 	Close() error             // frees its buffers
 }
+
+// Transporter is a device dispatcher whose data may move through a
+// library (NCCL) rather than copies: Transport names it, or is "".
+type Transporter interface{ Transport() string }
 
 // DeviceFactory builds a device dispatcher, or returns an *UnavailableError.
 type DeviceFactory func(impl string, env Env) (DeviceDispatcher, error)

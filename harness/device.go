@@ -479,8 +479,12 @@ func (dl *deviceLayer) chooseGrouped() (string, error) {
 }
 
 // step runs one forward pass: every phase for every rank, each phase between
-// two events on the rank's stream, then waits for every stream. Every rank
-// starts from its device's begin event, which follows device 0's.
+// two events on each rank's stream, then waits for every stream. Every rank
+// starts from its device's begin event, which follows device 0's. A phase's
+// start events are all recorded before its first rank runs and its end
+// events after its last, so a rank's time includes the work other ranks'
+// calls queue on its stream (a collective issued as one group by the last
+// rank, as NCCL's is).
 func (dl *deviceLayer) step() error {
 	for i, dev := range dl.devs {
 		m := &dl.dc[i]
@@ -503,9 +507,13 @@ func (dl *deviceLayer) step() error {
 			if err := rk.Dev.Record(dl.start[ph.Name][r], rk.Stream); err != nil {
 				return err
 			}
+		}
+		for r := range dl.ranks {
 			if err := ph.Run(r); err != nil {
 				return fmt.Errorf("%s on rank %d: %w", ph.Name, r, err)
 			}
+		}
+		for r, rk := range dl.ranks {
 			if err := rk.Dev.Record(dl.end[ph.Name][r], rk.Stream); err != nil {
 				return err
 			}
@@ -669,7 +677,7 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 	defer d.Close()
 	dev := devs[0]
 	rec.Ranks.Devices = rankDevices(cfg.EP, len(devs))
-	rec.Ranks.Emulated, rec.Ranks.Note = cfg.EP > len(devs), ranksNote(cfg.EP, devs)
+	rec.Ranks.Emulated, rec.Ranks.Note = cfg.EP > len(devs), ranksNote(cfg.EP, devs, "")
 	l, err := newLayer(cfg, false)
 	if err != nil {
 		return nil, err // only a trace can fail here: a *ConfigError
@@ -680,6 +688,9 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 	}
 	if err != nil {
 		return fail(deviceStatus(err), err)
+	}
+	if t, ok := d.(dispatchers.Transporter); ok && t.Transport() != "" {
+		rec.Ranks.Note = ranksNote(cfg.EP, devs, t.Transport())
 	}
 	if cfg.Check {
 		c, err := dl.check()
@@ -795,14 +806,21 @@ func (env Env) devices(n, most int) ([]kernels.Device, error) {
 }
 
 // ranksNote says where a device run's ranks are and how data moves between
-// them.
-func ranksNote(ep int, devs []kernels.Device) string {
-	if len(devs) == 1 {
+// them: through the library via names, else with copies.
+func ranksNote(ep int, devs []kernels.Device, via string) string {
+	var note string
+	switch {
+	case len(devs) == 1 && via != "":
+		return fmt.Sprintf("%d EP rank(s) on GPU 0; data moves between ranks through %s", ep, via)
+	case len(devs) == 1:
 		return fmt.Sprintf("all %d EP ranks on GPU 0, one stream each; data moves between ranks with device-to-device copies", ep)
-	}
-	note := fmt.Sprintf("%d EP ranks on %d GPUs (rank r on GPU r·%d/%d), one stream each; data moves between GPUs with peer copies", ep, len(devs), len(devs), ep)
-	if ep > len(devs) {
-		note += ", between ranks of one GPU with device-to-device copies"
+	case via != "":
+		note = fmt.Sprintf("%d EP ranks on %d GPUs (rank r on GPU r·%d/%d), one stream each; data moves between ranks through %s", ep, len(devs), len(devs), ep, via)
+	default:
+		note = fmt.Sprintf("%d EP ranks on %d GPUs (rank r on GPU r·%d/%d), one stream each; data moves between GPUs with peer copies", ep, len(devs), len(devs), ep)
+		if ep > len(devs) {
+			note += ", between ranks of one GPU with device-to-device copies"
+		}
 	}
 	var gaps []string
 	for a, da := range devs {
@@ -813,7 +831,10 @@ func ranksNote(ep int, devs []kernels.Device) string {
 		}
 	}
 	if gaps != nil {
-		note += "; no peer access " + strings.Join(gaps, ", ") + ": those copies go through host memory"
+		note += "; no peer access " + strings.Join(gaps, ", ")
+		if via == "" {
+			note += ": those copies go through host memory"
+		}
 	}
 	return note
 }

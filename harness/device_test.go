@@ -139,7 +139,9 @@ func equalsHost(t *testing.T, c Config, n int) {
 			t.Errorf("rank %d computes %d rows on the device, %d on the host", r, rk.Rows(), host)
 		}
 	}
-	if got, want := dl.d.Traffic(), d.Traffic(); got != want {
+	got, want := dl.d.Traffic(), d.Traffic()
+	got.Formula, _, _ = strings.Cut(got.Formula, "; moved by ") // what moved it: the device's own
+	if got != want {
 		t.Errorf("traffic %+v, host %+v", got, want)
 	}
 }
@@ -612,5 +614,31 @@ func TestDeviceRanksOnSeveralDevices(t *testing.T) {
 	rec, err = Run(c, Env{Version: "test", OpenDevices: islands})
 	if err != nil || rec.Status != results.StatusOK || !strings.Contains(rec.Ranks.Note, "no peer access 0→1") {
 		t.Errorf("alltoall without peer access: %v, %+v", err, rec.Ranks)
+	}
+}
+
+// TestDeviceAlltoallLibrary: the library implementation (NCCL's grouped
+// send/recv on GPUs; on Emus the emulated communicator) equals the host
+// layer with one device per rank, and says what moved the data; with ranks
+// packed onto fewer devices it is unavailable, with the reason.
+func TestDeviceAlltoallLibrary(t *testing.T) {
+	t.Setenv("MOEBENCH_NVML", "/nonexistent")
+	for _, name := range []string{"softmax-natural", "sigmoid-groups-skewed-shared", "ep1", "balanced-ep8"} {
+		c := deviceCases()[name]
+		c.Impl = "library"
+		t.Run(name, func(t *testing.T) { equalsHost(t, c, c.EP) })
+	}
+	c := deviceCases()["softmax-natural"]
+	c.Impl, c.Iters, c.Warmup = "library", 2, 1
+	rec, err := Run(c, Env{Version: "test", OpenDevices: emus(c.EP)})
+	if err != nil || rec.Status != results.StatusOK || rec.Config.Impl != "library" ||
+		!strings.Contains(rec.Ranks.Note, "data moves between ranks through emulated send/recv") ||
+		!strings.Contains(rec.Traffic.Formula, "; moved by emulated send/recv") {
+		t.Fatalf("library on one device per rank: %v, %+v", err, rec)
+	}
+	rec, err = Run(c, Env{Version: "test", OpenDevices: emus(2)})
+	if !dispatchers.IsUnavailable(err) || rec.Status != results.StatusUnavailable || rec.Timing != nil ||
+		!strings.Contains(rec.Reason, "NCCL: ranks 0 and 1 share a device") {
+		t.Errorf("library with ranks packed: %v, %+v", err, rec)
 	}
 }

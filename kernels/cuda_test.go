@@ -1,6 +1,7 @@
 package kernels
 
 import (
+	"errors"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -483,4 +484,32 @@ func TestGPULaunches(t *testing.T) {
 	if !cluster {
 		t.Logf("%s: no thread-block clusters; the cluster launch is not tested", c.Arch)
 	}
+}
+
+// TestGPUNCCL: a communicator over the one GPU (one rank) moves random
+// bytes to itself through NCCL, exactly, in one group with a transfer of no
+// bytes, and the GPU's context is still usable afterwards. It skips when
+// NCCL is not on the node (moebench doctor says where it looked).
+func TestGPUNCCL(t *testing.T) {
+	p := openPair(t)
+	g := rand.New(rand.NewPCG(7, 8))
+	v := randBF16(g, 1<<20+3)
+	src, _ := p.put(v)
+	dst, _ := p.out(len(v))
+	comm, err := OpenComm([]Device{p.c}, []Stream{p.cs})
+	var no *NoCommError
+	if errors.As(err, &no) {
+		t.Skipf("no NCCL: %v", err)
+	}
+	p.ok(err)
+	defer comm.Close()
+	t.Log(comm.Name())
+	n := int64(2 * len(v))
+	p.ok(comm.Exchange([]Xfer{{Src: src, Dst: dst, Bytes: n / 2}, {}, {Src: src + Ptr(n/2), Dst: dst + Ptr(n/2), Bytes: n - n/2}}))
+	got := make([]uint16, len(v))
+	p.ok(p.c.Download(got, dst, p.cs))
+	same(t, "NCCL self-exchange", got, v)
+	extra, err := p.c.Alloc(16) // in the GPU's context again after NCCL
+	p.ok(err)
+	p.ok(p.c.Free(extra))
 }

@@ -6,7 +6,7 @@
 # folders), runs every GPU test with MOEBENCH_REQUIRE_GPU=1 so that a missing
 # GPU or library fails instead of skipping, runs the kernel benchmark (ratios
 # to in-run ceilings), runs the layer on the cuda device for several presets,
-# EP sizes and routings, and FEPLB over alltoall (records in
+# EP sizes and routings, alltoall through NCCL, and FEPLB over alltoall (records in
 # $OUT/records.jsonl), and prints a short table last. Each step is bounded,
 # and a step that would start after BUDGET seconds (default 540) is skipped
 # and reported as such, so that the whole fits one 10-minute call; the issue's
@@ -55,6 +55,9 @@ for preset in qwen3-30b-a3b deepseek-v3; do
 done
 layer tiny-ep8 --preset tiny --ep 8
 layer qwen3-30b-ep1 --preset qwen3-30b-a3b --ep 1
+# the same layer with alltoall's library implementation: NCCL send/recv
+# (one rank per GPU, so EP 1 on one GPU)
+layer qwen3-30b-ep1-nccl --preset qwen3-30b-a3b --ep 1 --impl library
 layer qwen3-30b-ep8-skewed --preset qwen3-30b-a3b --ep 8 --routing skewed:1.2
 layer qwen3-30b-ep8-natural --preset qwen3-30b-a3b --ep 8 --routing natural
 layer deepseek-v3-ep8 --preset deepseek-v3 --ep 8

@@ -1,6 +1,7 @@
 package alltoall
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/moebench/moebench/dispatchers"
@@ -9,24 +10,24 @@ import (
 
 func init() { dispatchers.RegisterDevice("alltoall", NewDevice) }
 
-// NewDevice returns the native alltoall dispatcher on a kernels.Device: the
-// same algorithm as A2A with device kernels, the variable-split exchange done
-// with copies: within a GPU when ranks share one (emulated EP), else peer
-// copies between the ranks' GPUs.
+// NewDevice returns the alltoall dispatcher on kernels.Devices: the same
+// algorithm as A2A with device kernels. The variable-split exchange is done
+// natively with copies (within a GPU when ranks share one, emulated EP; peer
+// copies between GPUs), or by the library implementation with NCCL's grouped
+// send/recv, Megatron's transport, which needs one GPU per rank.
 func NewDevice(impl string, env dispatchers.Env) (dispatchers.DeviceDispatcher, error) {
-	if impl != dispatchers.ImplNative {
-		return nil, &dispatchers.UnavailableError{Name: "alltoall", Impl: impl,
-			Reason: "no library implementation in this build (NCCL all-to-all between GPUs is not built yet)"}
-	}
-	return &Device{}, nil
+	return &Device{library: impl == dispatchers.ImplLibrary}, nil
 }
 
 // Device is the alltoall dispatcher over device ranks.
 type Device struct {
-	shape dispatchers.Shape
-	ranks []*dispatchers.DeviceRank
-	st    []devState
-	fresh bool // host counts are this step's
+	shape   dispatchers.Shape
+	ranks   []*dispatchers.DeviceRank
+	st      []devState
+	fresh   bool // host counts are this step's
+	library bool
+	comm    kernels.Comm   // the library implementation's
+	pending []kernels.Xfer // its transfers of the phase being queued
 }
 
 // devState is one rank's buffers. Row counts are known on the host after the
@@ -52,14 +53,34 @@ type devState struct {
 }
 
 func (a *Device) Name() string { return "alltoall" }
-func (a *Device) Impl() string { return dispatchers.ImplNative }
+func (a *Device) Impl() string {
+	if a.library {
+		return dispatchers.ImplLibrary
+	}
+	return dispatchers.ImplNative
+}
 
-// Bind allocates each rank's fixed-size buffers and events on its device.
+// Bind allocates each rank's fixed-size buffers and events on its device;
+// the library implementation first opens its communicator, and is
+// unavailable without one.
 func (a *Device) Bind(shape dispatchers.Shape, ranks []*dispatchers.DeviceRank) error {
 	if len(ranks) != shape.EP {
 		return fmt.Errorf("alltoall: %d ranks, shape says EP = %d", len(ranks), shape.EP)
 	}
 	a.shape, a.ranks = shape, ranks
+	if a.library {
+		devs, streams := make([]kernels.Device, len(ranks)), make([]kernels.Stream, len(ranks))
+		for r, rk := range ranks {
+			devs[r], streams[r] = rk.Dev, rk.Stream
+		}
+		var err error
+		var no *kernels.NoCommError
+		if a.comm, err = kernels.OpenComm(devs, streams); errors.As(err, &no) {
+			return &dispatchers.UnavailableError{Name: "alltoall", Impl: dispatchers.ImplLibrary, Reason: "NCCL: " + no.Reason}
+		} else if err != nil {
+			return err
+		}
+	}
 	a.st = make([]devState, shape.EP)
 	n, h, L := int64(shape.Tokens*shape.TopK), int64(shape.Hidden), shape.LocalExperts()
 	for r := range a.st {
@@ -133,7 +154,9 @@ func (a *Device) exchangeCounts() error {
 
 // Dispatch is rank r's receive side: pull each source's rows for r's experts
 // into a [source][local expert] buffer, then sort the chunks into [local
-// expert][source] order (ExpertX).
+// expert][source] order (ExpertX). The library implementation issues every
+// rank's transfers as one NCCL group in the last rank's Dispatch (one thread
+// drives every GPU), then sorts each rank's chunks on its stream.
 func (a *Device) Dispatch(r int) error {
 	if !a.fresh {
 		if err := a.exchangeCounts(); err != nil {
@@ -158,25 +181,59 @@ func (a *Device) Dispatch(r int) error {
 	}
 	for src := range sh.EP {
 		ss, from := &a.st[src], a.ranks[src].Dev
-		if err := rk.Dev.Wait(rk.Stream, ss.permuted); err != nil {
-			return err
-		}
 		lo, rows := int64(ss.sendOff[r]), int64(ss.sendOff[r+1]-ss.sendOff[r])
 		at := int64(s.recvOff[src][0])
 		// the rows, their probabilities and the source's counts for r's
 		// experts (a device copy: an upload from host memory would wait for
 		// the stream)
-		for _, op := range []kernels.CopyOp{
+		ops := [3]kernels.CopyOp{
 			{Dst: s.recvX + kernels.Ptr(2*at*h), Src: ss.permX + kernels.Ptr(2*lo*h), Bytes: 2 * rows * h, SrcDev: from},
 			{Dst: s.recvP + kernels.Ptr(4*at), Src: ss.permP + kernels.Ptr(4*lo), Bytes: 4 * rows, SrcDev: from},
 			{Dst: s.recvCounts + kernels.Ptr(4*src*L), Src: ss.counts + kernels.Ptr(4*r*L), Bytes: int64(4 * L), SrcDev: from},
-		} {
+		}
+		if a.library {
+			for _, op := range ops {
+				a.pending = append(a.pending, kernels.Xfer{From: src, To: r, Src: op.Src, Dst: op.Dst, Bytes: op.Bytes})
+			}
+			continue
+		}
+		if err := rk.Dev.Wait(rk.Stream, ss.permuted); err != nil {
+			return err
+		}
+		for _, op := range ops {
 			if err := rk.Dev.CopyPeer(op, rk.Stream); err != nil {
 				return err
 			}
 		}
 	}
-	return rk.Dev.SortChunks(rk.ExpertX, rk.ExpertProbs, s.recvX, s.recvP, s.recvCounts, total, sh.EP, L, sh.Hidden, false, rk.Stream)
+	if !a.library {
+		return a.sortChunks(r)
+	}
+	if r < sh.EP-1 {
+		return nil
+	}
+	if err := a.exchange(); err != nil {
+		return err
+	}
+	for d := range sh.EP {
+		if err := a.sortChunks(d); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// sortChunks orders rank r's received chunks by local expert (ExpertX).
+func (a *Device) sortChunks(r int) error {
+	s, rk, sh := &a.st[r], a.ranks[r], a.shape
+	return rk.Dev.SortChunks(rk.ExpertX, rk.ExpertProbs, s.recvX, s.recvP, s.recvCounts, s.received, sh.EP, sh.LocalExperts(), sh.Hidden, false, rk.Stream)
+}
+
+// exchange issues the pending transfers as one group.
+func (a *Device) exchange() error {
+	err := a.comm.Exchange(a.pending)
+	a.pending = a.pending[:0]
+	return err
 }
 
 // grow makes rank r's receive and expert-input buffers hold rows rows.
@@ -188,7 +245,8 @@ func (a *Device) grow(r, rows int) error {
 
 // Combine is rank r's send side on the way back: unsort its expert outputs
 // into [source][local expert] order and push each source's rows into that
-// source's permuted output buffer.
+// source's permuted output buffer (the library implementation: send them, in
+// one NCCL group issued by the last rank's Combine).
 func (a *Device) Combine(r int) error {
 	s, rk, sh := &a.st[r], a.ranks[r], a.shape
 	h := int64(sh.Hidden)
@@ -200,18 +258,32 @@ func (a *Device) Combine(r int) error {
 		lo, rows := int64(ss.sendOff[r]), int64(ss.sendOff[r+1]-ss.sendOff[r])
 		from := int64(s.recvOff[src][0])
 		op := kernels.CopyOp{Dst: ss.permY + kernels.Ptr(2*lo*h), Src: s.recvY + kernels.Ptr(2*from*h), Bytes: 2 * rows * h, DstDev: a.ranks[src].Dev}
+		if a.library {
+			a.pending = append(a.pending, kernels.Xfer{From: r, To: src, Src: op.Src, Dst: op.Dst, Bytes: op.Bytes})
+			continue
+		}
 		if err := rk.Dev.CopyPeer(op, rk.Stream); err != nil {
 			return err
 		}
+	}
+	if a.library {
+		if r < sh.EP-1 {
+			return nil
+		}
+		return a.exchange()
 	}
 	return rk.Dev.Record(s.combined, rk.Stream)
 }
 
 // Unpermute waits for every rank's combine and sums each token's k outputs
-// (plus the shared expert's) into Y.
+// (plus the shared expert's) into Y. (The library implementation's receives
+// are on the rank's own stream: nothing to wait for.)
 func (a *Device) Unpermute(r int) error {
 	s, rk, sh := &a.st[r], a.ranks[r], a.shape
 	for d := range a.st {
+		if a.library {
+			break
+		}
 		if err := rk.Dev.Wait(rk.Stream, a.st[d].combined); err != nil {
 			return err
 		}
@@ -219,17 +291,30 @@ func (a *Device) Unpermute(r int) error {
 	return rk.Dev.UnpermuteSum(rk.Y, s.permY, s.pos, rk.Shared, sh.Tokens, sh.TopK, sh.Hidden, rk.Stream)
 }
 
-// Traffic counts as A2A.Traffic does.
+// Traffic counts as A2A.Traffic does, and says what moved the bytes.
 func (a *Device) Traffic() dispatchers.Traffic {
 	sendOff := make([][]int, len(a.st))
 	for r := range a.st {
 		sendOff[r] = a.st[r].sendOff
 	}
-	return traffic(a.shape, sendOff)
+	t := traffic(a.shape, sendOff)
+	if a.comm != nil {
+		t.Formula += "; moved by " + a.Transport()
+	}
+	return t
+}
+
+// Transport names the library that moves the data between ranks ("" for
+// the native implementation's copies).
+func (a *Device) Transport() string {
+	if a.comm == nil {
+		return ""
+	}
+	return a.comm.Name()
 }
 
 // Footprint is the bytes of rank r's dispatcher buffers, ExpertX and
-// ExpertProbs included.
+// ExpertProbs included (not the library's own buffers).
 func (a *Device) Footprint(r int) int64 { return a.st[r].fixed + a.st[r].recv.Bytes }
 
 // Close frees every buffer the dispatcher allocated.
@@ -242,6 +327,12 @@ func (a *Device) Close() error {
 			first = err
 		}
 		s.fixed, s.recv = 0, kernels.Sized{}
+	}
+	if a.comm != nil {
+		if err := a.comm.Close(); first == nil {
+			first = err
+		}
+		a.comm = nil
 	}
 	return first
 }

@@ -1,11 +1,5 @@
 package cuda
 
-/*
-typedef int (*fn_iptr)(int *);
-static int call_iptr(void *f, int *v) { return ((fn_iptr)f)(v); }
-*/
-import "C"
-
 import "fmt"
 
 // Component is one library or device moebench can use, as found here.
@@ -62,24 +56,14 @@ func Doctor() []Component {
 	return append(out, probeNVML())
 }
 
-// probeNCCL loads NCCL and reads its version (ncclGetVersion).
+// probeNCCL loads NCCL and reads its version.
 func probeNCCL() Component {
 	c := Component{Name: "NCCL"}
-	lib, err := openLibrary("MOEBENCH_NCCL", "libnccl.so.2", "libnccl.so")
+	n, err := OpenNCCL()
 	if err != nil {
 		c.Detail = err.Error()
 		return c
 	}
-	f, err := lib.sym("ncclGetVersion")
-	if err != nil {
-		c.Detail = err.Error()
-		return c
-	}
-	var v C.int
-	if st := C.call_iptr(f, &v); st != 0 {
-		c.Detail = fmt.Sprintf("ncclGetVersion: error %d", int(st))
-		return c
-	}
-	c.Found, c.Path, c.Version, c.Detail = true, lib.path, fmt.Sprint(int(v)), "collectives between distinct GPUs and nodes"
+	c.Found, c.Path, c.Version, c.Detail = true, n.Path, n.Version, "alltoall --impl library: grouped send/recv between GPUs, one rank per GPU"
 	return c
 }

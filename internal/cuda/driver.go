@@ -322,7 +322,8 @@ func (d *Driver) PrimaryContext(dev int) (Context, error) {
 // driver made it current last: a process that drives several GPUs from one
 // goroutine switches contexts through one Driver. It assumes that nothing
 // else on the thread changes the current context (cuBLAS and cuBLASLt calls
-// run in the current one and leave it).
+// run in the current one and leave it); after a library that may (NCCL),
+// call ContextChanged.
 func (d *Driver) SetCurrent(ctx Context) error {
 	if ctx == d.current && ctx != nil {
 		return nil
@@ -333,6 +334,11 @@ func (d *Driver) SetCurrent(ctx Context) error {
 	d.current = ctx
 	return nil
 }
+
+// ContextChanged forgets which context this driver made current, so that
+// the next SetCurrent sets it again: call it after a library call that may
+// have made another context current (NCCL switches to each GPU it works on).
+func (d *Driver) ContextChanged() { d.current = nil }
 
 // ReleasePrimaryContext releases dev's primary context.
 func (d *Driver) ReleasePrimaryContext(dev int) error {

@@ -51,3 +51,11 @@ func TestDoctorSaysWhy(t *testing.T) {
 		t.Errorf("NCCL with a bad override: %+v", c)
 	}
 }
+
+func TestDoctorFindsNCCL(t *testing.T) {
+	buildFake(t, "fakenccl", "MOEBENCH_NCCL")
+	c := probeNCCL()
+	if !c.Found || c.Version != "2.21.5" || !strings.Contains(c.Path, "libfakenccl.so") || !strings.Contains(c.Detail, "one rank per GPU") {
+		t.Errorf("NCCL through MOEBENCH_NCCL: %+v", c)
+	}
+}

@@ -81,6 +81,8 @@ static void *owner(CUdeviceptr p) {
         if (allocs[i].p && p >= allocs[i].p && p < allocs[i].p + allocs[i].n + (allocs[i].n == 0)) return allocs[i].ctx;
     return 0;
 }
+// fakecuda_owner is owner for testdata/fakenccl.c.
+void *fakecuda_owner(CUdeviceptr p) { return owner(p); }
 CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) {
     if (!cur) return 201;
     void *m = malloc(n ? n : 1);

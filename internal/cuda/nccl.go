@@ -1,0 +1,180 @@
+package cuda
+
+/*
+#include <stdlib.h>
+typedef int ncclResult_t;
+typedef ncclResult_t (*n_pint)(int *);
+typedef ncclResult_t (*n_initall)(void **, int, const int *);
+typedef ncclResult_t (*n_p)(void *);
+typedef ncclResult_t (*n_v)(void);
+typedef ncclResult_t (*n_p2p)(unsigned long long, size_t, int, int, void *, void *);
+typedef const char *(*n_str)(ncclResult_t);
+typedef const char *(*n_last)(void *);
+static ncclResult_t n_call_pint(void *f, int *v) { return ((n_pint)f)(v); }
+static ncclResult_t n_call_initall(void *f, void **comms, int n, const int *devs) { return ((n_initall)f)(comms, n, devs); }
+static ncclResult_t n_call_p(void *f, void *a) { return ((n_p)f)(a); }
+static ncclResult_t n_call_v(void *f) { return ((n_v)f)(); }
+// ncclSend and ncclRecv: buffer (a device address), count, ncclDataType_t,
+// peer rank, communicator, stream.
+static ncclResult_t n_call_p2p(void *f, unsigned long long buf, size_t count, int type, int peer, void *comm, void *stream) {
+	return ((n_p2p)f)(buf, count, type, peer, comm, stream);
+}
+static const char *n_call_str(void *f, ncclResult_t r) { return f ? ((n_str)f)(r) : ""; }
+static const char *n_call_last(void *f, void *comm) { return f ? ((n_last)f)(comm) : ""; }
+*/
+import "C"
+
+import (
+	"fmt"
+	"unsafe"
+)
+
+// NCCL is NCCL's C API (libnccl.so.2), opened with dlopen: communicators of
+// one process over several of its GPUs (ncclCommInitAll) and grouped
+// point-to-point transfers between them. NCCL runs in the GPUs' primary
+// contexts and may leave another one current on the calling thread (see
+// Driver.ContextChanged).
+//
+// Proven here only against a fake libnccl (testdata/fakenccl.c); not yet
+// run against a real NCCL.
+type NCCL struct {
+	Path    string
+	Version string // e.g. "2.27.3"
+	fn      map[string]unsafe.Pointer
+}
+
+// Comm is an NCCL communicator (ncclComm_t): one rank's view.
+type Comm unsafe.Pointer
+
+// ncclSymbols are the entry points moebench uses; ncclGetLastError (NCCL
+// 2.13 and later) is optional.
+var ncclSymbols = []string{"ncclGetVersion", "ncclCommInitAll", "ncclCommDestroy", "ncclGroupStart", "ncclGroupEnd",
+	"ncclSend", "ncclRecv", "ncclGetErrorString"}
+
+// ncclUint8 is ncclDataType_t's unsigned byte: transfers are counted in
+// bytes, whatever they hold.
+const ncclUint8 = 1
+
+// OpenNCCL loads NCCL (MOEBENCH_NCCL overrides) and resolves its entry
+// points. Point-to-point transfers need NCCL 2.7 or later.
+func OpenNCCL() (*NCCL, error) {
+	lib, err := openLibrary("MOEBENCH_NCCL", "libnccl.so.2", "libnccl.so")
+	if err != nil {
+		return nil, err
+	}
+	n := &NCCL{Path: lib.path, fn: map[string]unsafe.Pointer{}}
+	for _, s := range ncclSymbols {
+		if n.fn[s], err = lib.sym(s); err != nil {
+			return nil, err
+		}
+	}
+	if p, err := lib.sym("ncclGetLastError"); err == nil {
+		n.fn["ncclGetLastError"] = p
+	}
+	var v C.int
+	if err := n.check("ncclGetVersion", nil, C.n_call_pint(n.fn["ncclGetVersion"], &v)); err != nil {
+		return nil, err
+	}
+	major, minor, patch := ncclVersion(int(v))
+	n.Version = fmt.Sprintf("%d.%d.%d", major, minor, patch)
+	if major < 2 || major == 2 && minor < 7 {
+		return nil, fmt.Errorf("%s: NCCL %s has no point-to-point transfers (2.7 or later needed)", lib.path, n.Version)
+	}
+	return n, nil
+}
+
+// ncclVersion splits NCCL_VERSION_CODE: major·10000 + minor·100 + patch
+// since 2.9, major·1000 + minor·100 + patch before.
+func ncclVersion(code int) (major, minor, patch int) {
+	if code >= 10000 {
+		return code / 10000, code % 10000 / 100, code % 100
+	}
+	return code / 1000, code % 1000 / 100, code % 100
+}
+
+// ncclResultNames are ncclResult_t's values.
+var ncclResultNames = []string{"ncclSuccess", "ncclUnhandledCudaError", "ncclSystemError", "ncclInternalError",
+	"ncclInvalidArgument", "ncclInvalidUsage", "ncclRemoteError", "ncclInProgress"}
+
+// NCCLError is a failed NCCL call: the call, the result's name, NCCL's
+// description of it and, where NCCL has one, its last error message.
+type NCCLError struct {
+	Call, Name, Text, Last string
+	Code                   int
+}
+
+func (e *NCCLError) Error() string {
+	s := fmt.Sprintf("%s: %s (%d, %s)", e.Call, e.Name, e.Code, e.Text)
+	if e.Last != "" {
+		s += ": " + e.Last
+	}
+	return s
+}
+
+// check turns a result into an error; comm (nil: none) is asked for its
+// last error message.
+func (n *NCCL) check(call string, comm Comm, r C.ncclResult_t) error {
+	if r == 0 {
+		return nil
+	}
+	e := &NCCLError{Call: call, Code: int(r), Name: fmt.Sprintf("ncclResult %d", int(r)),
+		Text: C.GoString(C.n_call_str(n.fn["ncclGetErrorString"], r)),
+		Last: C.GoString(C.n_call_last(n.fn["ncclGetLastError"], unsafe.Pointer(comm)))}
+	if int(r) < len(ncclResultNames) {
+		e.Name = ncclResultNames[r]
+	}
+	return e
+}
+
+// InitAll makes one communicator per GPU ordinal of devs, rank i on
+// devs[i], in this process (ncclCommInitAll). NCCL refuses a GPU named
+// twice.
+func (n *NCCL) InitAll(devs []int) ([]Comm, error) {
+	if len(devs) == 0 {
+		return nil, fmt.Errorf("ncclCommInitAll: no GPUs")
+	}
+	cdevs := (*C.int)(C.malloc(C.size_t(len(devs)) * C.size_t(unsafe.Sizeof(C.int(0)))))
+	defer C.free(unsafe.Pointer(cdevs))
+	comms := (*unsafe.Pointer)(C.calloc(C.size_t(len(devs)), C.size_t(unsafe.Sizeof(unsafe.Pointer(nil)))))
+	defer C.free(unsafe.Pointer(comms))
+	for i, d := range devs {
+		unsafe.Slice(cdevs, len(devs))[i] = C.int(d)
+	}
+	if err := n.check(fmt.Sprintf("ncclCommInitAll(GPUs %v)", devs), nil, C.n_call_initall(n.fn["ncclCommInitAll"], comms, C.int(len(devs)), cdevs)); err != nil {
+		return nil, err
+	}
+	out := make([]Comm, len(devs))
+	for i, c := range unsafe.Slice(comms, len(devs)) {
+		out[i] = Comm(c)
+	}
+	return out, nil
+}
+
+// Destroy frees a communicator (ncclCommDestroy).
+func (n *NCCL) Destroy(c Comm) error {
+	return n.check("ncclCommDestroy", nil, C.n_call_p(n.fn["ncclCommDestroy"], unsafe.Pointer(c)))
+}
+
+// GroupStart opens a group: the transfers up to GroupEnd are issued
+// together (one thread driving several GPUs must group them).
+func (n *NCCL) GroupStart() error {
+	return n.check("ncclGroupStart", nil, C.n_call_v(n.fn["ncclGroupStart"]))
+}
+
+// GroupEnd issues the group's transfers on their streams.
+func (n *NCCL) GroupEnd() error {
+	return n.check("ncclGroupEnd", nil, C.n_call_v(n.fn["ncclGroupEnd"]))
+}
+
+// Send queues bytes from buf to rank peer of c's communicator on s (a
+// stream of c's GPU).
+func (n *NCCL) Send(buf DevicePtr, bytes int64, peer int, c Comm, s Stream) error {
+	return n.check(fmt.Sprintf("ncclSend(%d bytes to rank %d)", bytes, peer), c,
+		C.n_call_p2p(n.fn["ncclSend"], C.ulonglong(buf), C.size_t(bytes), ncclUint8, C.int(peer), unsafe.Pointer(c), unsafe.Pointer(s)))
+}
+
+// Recv queues the receipt of bytes from rank peer into buf on s.
+func (n *NCCL) Recv(buf DevicePtr, bytes int64, peer int, c Comm, s Stream) error {
+	return n.check(fmt.Sprintf("ncclRecv(%d bytes from rank %d)", bytes, peer), c,
+		C.n_call_p2p(n.fn["ncclRecv"], C.ulonglong(buf), C.size_t(bytes), ncclUint8, C.int(peer), unsafe.Pointer(c), unsafe.Pointer(s)))
+}

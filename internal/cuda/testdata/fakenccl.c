@@ -1,0 +1,132 @@
+// A fake libnccl for the binding tests, to be loaded after testdata/fakecuda.c
+// (whose "device" memory is host memory): communicators of one process over
+// GPU ordinals, and grouped send/recv executed at ncclGroupEnd by matching
+// each send with the receive its peer posted for it, in order. It refuses
+// what NCCL refuses and what would hang a single thread driving several
+// GPUs: a GPU named twice, a transfer outside a group, a send with no
+// matching receive (or a different size), a stream of another GPU, a buffer
+// another GPU owns. Like the CUDA runtime, it leaves the context of the last
+// GPU it worked on current, so that a caller caching the current context is
+// caught.
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdlib.h>
+#include <string.h>
+#include <stdio.h>
+
+typedef int ncclResult_t;
+typedef unsigned long long CUdeviceptr;
+enum { ok = 0, invalidArgument = 4, invalidUsage = 5 };
+
+static char last[256];
+static ncclResult_t fail(ncclResult_t r, const char *msg) { snprintf(last, sizeof last, "%s", msg); return r; }
+
+ncclResult_t ncclGetVersion(int *v) {
+    const char *e = getenv("FAKENCCL_VERSION");
+    *v = e ? atoi(e) : 22105; // 2.21.5
+    return ok;
+}
+const char *ncclGetErrorString(ncclResult_t r) {
+    switch (r) {
+    case invalidArgument: return "invalid argument (run with NCCL_DEBUG=WARN for details)";
+    case invalidUsage: return "invalid usage (run with NCCL_DEBUG=WARN for details)";
+    }
+    return "unknown result code";
+}
+const char *ncclGetLastError(void *comm) { return last; }
+
+// fakecuda's context of a GPU ordinal (CUdevice 100 + ordinal, context
+// 0x1000 + CUdevice), its streams' first field (their context), and its
+// allocation owners; the fake driver is the one loaded from
+// $MOEBENCH_LIBCUDA (tests load several, one per test).
+#define CTX(dev) ((void *)(0x1000L + 100 + (dev)))
+static void *cudaSym(const char *name) {
+    const char *path = getenv("MOEBENCH_LIBCUDA");
+    void *h = path ? dlopen(path, RTLD_NOW | RTLD_NOLOAD) : 0;
+    void *f = h ? dlsym(h, name) : 0;
+    if (h) dlclose(h);
+    return f;
+}
+static void setCurrent(int dev) {
+    int (*set)(void *) = (int (*)(void *))cudaSym("cuCtxSetCurrent");
+    if (set) set(CTX(dev));
+}
+static void *owner(CUdeviceptr p) {
+    void *(*f)(CUdeviceptr) = (void *(*)(CUdeviceptr))cudaSym("fakecuda_owner");
+    return f ? f(p) : 0;
+}
+
+typedef struct { int rank, nranks, dev, clique; } fcomm;
+static int cliques;
+
+ncclResult_t ncclCommInitAll(fcomm **comms, int n, const int *devs) {
+    if (n < 1) return fail(invalidArgument, "ncclCommInitAll: no devices");
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < i; j++)
+            if (devs[i] == devs[j]) {
+                snprintf(last, sizeof last, "Duplicate GPU detected : rank %d and rank %d both on CUDA device %d", j, i, devs[i]);
+                return invalidUsage;
+            }
+    cliques++;
+    for (int i = 0; i < n; i++) {
+        comms[i] = malloc(sizeof(fcomm));
+        *comms[i] = (fcomm){i, n, devs[i], cliques};
+        setCurrent(devs[i]);
+    }
+    return ok;
+}
+ncclResult_t ncclCommDestroy(fcomm *c) {
+    if (!c) return fail(invalidArgument, "ncclCommDestroy: null communicator");
+    free(c);
+    return ok;
+}
+
+#define MAXOPS 4096
+typedef struct { fcomm *c; int peer, send, done; CUdeviceptr buf; size_t bytes; } op;
+static op ops[MAXOPS];
+static int nops, depth;
+
+ncclResult_t ncclGroupStart(void) { depth++; return ok; }
+
+static ncclResult_t post(int send, CUdeviceptr buf, size_t count, int type, int peer, fcomm *c, void *stream) {
+    if (!depth) return fail(invalidUsage, "a transfer outside a group: one thread driving several GPUs would hang");
+    if (type != 1) return fail(invalidArgument, "the fake moves bytes (ncclUint8) only");
+    if (!c || peer < 0 || peer >= c->nranks) return fail(invalidArgument, "peer out of range");
+    if (!stream || *(void **)stream != CTX(c->dev)) return fail(invalidArgument, "a stream of another GPU");
+    if (count && owner(buf) != CTX(c->dev)) return fail(invalidArgument, "a buffer another GPU owns");
+    if (nops == MAXOPS) return fail(invalidUsage, "too many transfers in one group");
+    ops[nops++] = (op){c, peer, send, 0, buf, count};
+    return ok;
+}
+ncclResult_t ncclSend(CUdeviceptr buf, size_t count, int type, int peer, fcomm *c, void *stream) {
+    return post(1, buf, count, type, peer, c, stream);
+}
+ncclResult_t ncclRecv(CUdeviceptr buf, size_t count, int type, int peer, fcomm *c, void *stream) {
+    return post(0, buf, count, type, peer, c, stream);
+}
+
+ncclResult_t ncclGroupEnd(void) {
+    if (!depth) return fail(invalidUsage, "ncclGroupEnd without ncclGroupStart");
+    if (--depth) return ok;
+    ncclResult_t r = ok;
+    for (int i = 0; i < nops && r == ok; i++) {
+        op *s = &ops[i];
+        if (!s->send) continue;
+        op *m = 0;
+        for (int j = 0; j < nops && !m; j++) {
+            op *o = &ops[j];
+            if (!o->send && !o->done && o->c->clique == s->c->clique && o->c->rank == s->peer && o->peer == s->c->rank) m = o;
+        }
+        if (!m) r = fail(invalidUsage, "a send with no matching receive");
+        else if (m->bytes != s->bytes) r = fail(invalidUsage, "a send and its receive differ in size");
+        else {
+            memcpy((void *)m->buf, (void *)s->buf, s->bytes);
+            m->done = s->done = 1;
+            setCurrent(m->c->dev);
+        }
+    }
+    for (int i = 0; i < nops && r == ok; i++)
+        if (!ops[i].done) r = fail(invalidUsage, "a receive with no matching send");
+    nops = 0;
+    return r;
+}
