@@ -16,7 +16,8 @@ const BenchSchema = "moebench.bench/v1"
 // step timed alone on the device (CUDA events, median), with its achieved
 // rate and the ratio to a ceiling measured in the same run — a large
 // device-to-device copy for memory-bound kernels, a large dense bf16 GEMM for
-// GEMMs.
+// GEMMs, and with a second GPU a large peer copy (the NVLink or PCIe rate
+// one way) for copies between GPUs.
 type KernelBench struct {
 	Schema  string         `json:"schema"`
 	Time    string         `json:"time"`
@@ -25,6 +26,7 @@ type KernelBench struct {
 	Iters   int            `json:"iters"`
 	Rows    []BenchRow     `json:"rows"`
 	Routing string         `json:"routing_note"`
+	Peer    string         `json:"peer_note"` // which GPUs the peer rows copy between, or why there are none
 }
 
 // BenchRow is one kernel's measurement.
@@ -70,12 +72,16 @@ func BenchKernels(cfg Config, env Env, sizes BenchSizes) (*KernelBench, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	devs, err := env.devices(1, 1)
+	devs, err := env.devices(0, 2)
 	if err != nil {
 		return nil, fmt.Errorf("device %s: %w", cfg.Device, err)
 	}
+	defer func() {
+		for _, d := range devs {
+			d.Close()
+		}
+	}()
 	dev := devs[0]
-	defer dev.Close()
 	rec := newRecord(cfg, env)
 	kb := &KernelBench{Schema: BenchSchema, Time: rec.Time, Config: rec.Config, Stack: rec.Stack, Iters: cfg.Iters,
 		Routing: "balanced: each of rank 0's local experts computes tokens·topk/local rows; permute indices uniform at random"}
@@ -91,7 +97,78 @@ func BenchKernels(cfg Config, env Env, sizes BenchSizes) (*KernelBench, error) {
 	}
 	rows, err := b.run(cfg, sizes)
 	kb.Rows = rows
+	if err != nil {
+		return kb, err
+	}
+	if len(devs) < 2 {
+		kb.Peer = "no peer rows: one GPU (the peer-copy ceiling needs two)"
+		return kb, nil
+	}
+	kb.Peer = "peer rows: GPU 0 → GPU 1, queued on GPU 0"
+	if !dev.Reaches(devs[1]) {
+		kb.Peer += " (no peer access: through host memory)"
+	}
+	rows, err = b.peerRows(devs[1], cfg, sizes)
+	kb.Rows = append(kb.Rows, rows...)
 	return kb, err
+}
+
+// peerRows times copies from the bench's device to peer: the ceiling (one
+// large peer copy) and rank 0's share of an alltoall dispatch with balanced
+// routing, as the native alltoall sends it when every other rank is on peer:
+// per destination rank a copy of its rows, one of their probabilities and
+// one of the counts.
+func (b *bencher) peerRows(peer kernels.Device, cfg Config, sizes BenchSizes) ([]BenchRow, error) {
+	var rows []BenchRow
+	cb := sizes.CopyBytes
+	src := b.buf(int(cb / 2))
+	if b.err != nil {
+		return nil, b.err
+	}
+	defer b.dev.Free(src)
+	dst, err := peer.Alloc(cb)
+	if err != nil {
+		return nil, err
+	}
+	defer peer.Free(dst)
+	r, err := b.row(BenchRow{Kernel: "peer copy (ceiling)", Shape: fmt.Sprintf("%d MiB", cb>>20), Work: float64(cb), Unit: "GB/s",
+		Formula: "bytes sent one way"}, 1e3, "", 0,
+		func() error { return b.dev.CopyPeer(kernels.CopyOp{Dst: dst, Src: src, Bytes: cb, DstDev: peer}, b.s) })
+	if err != nil {
+		return rows, err
+	}
+	rows = append(rows, r)
+	ceiling := r.Rate
+	n, h, L := int64(cfg.Tokens*cfg.TopK), int64(cfg.Hidden), int64(cfg.Experts/cfg.EP)
+	if need := 2*n*h + 4*n + 4*int64(cfg.Experts); need > cb {
+		return rows, fmt.Errorf("peer rows: rank 0's dispatch (%d bytes) does not fit the %d-byte ceiling buffers", need, cb)
+	}
+	if cfg.EP == 1 {
+		return rows, nil // nothing leaves the rank
+	}
+	per := n / int64(cfg.EP)
+	var ops []kernels.CopyOp
+	var bytes int64
+	for d := int64(1); d < int64(cfg.EP); d++ { // destination rank d's chunk, laid out as in a [source] receive buffer
+		for _, c := range [][3]int64{{2 * d * per * h, 2 * per * h}, {2*n*h + 4*d*per, 4 * per}, {2*n*h + 4*n + 4*d*L, 4 * L}} {
+			ops = append(ops, kernels.CopyOp{Dst: dst + kernels.Ptr(c[0]), Src: src + kernels.Ptr(c[0]), Bytes: c[1], DstDev: peer})
+			bytes += c[1]
+		}
+	}
+	r, err = b.row(BenchRow{Kernel: "alltoall dispatch (peer copies)", Shape: fmt.Sprintf("%d chunks × %d rows × %d", cfg.EP-1, per, h), Work: float64(bytes),
+		Unit: "GB/s", Formula: "rank 0's off-rank rows (bf16), probabilities (fp32) and counts, one copy each per destination"}, 1e3, "peer copy", ceiling,
+		func() error {
+			for _, op := range ops {
+				if err := b.dev.CopyPeer(op, b.s); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+	if err != nil {
+		return rows, err
+	}
+	return append(rows, r), nil
 }
 
 type bencher struct {

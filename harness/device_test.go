@@ -411,8 +411,24 @@ func TestBenchKernelsOnEmu(t *testing.T) {
 		}
 		targets[r.Kernel] = r.Target
 	}
-	if len(kb.Rows) != 12 || targets["permute"] != 0.8 || targets["unpermute (sum of k)"] != 0.8 || targets["router top-k"] != 0.6 {
-		t.Errorf("%d rows, targets %v", len(kb.Rows), targets)
+	if len(kb.Rows) != 12 || targets["permute"] != 0.8 || targets["unpermute (sum of k)"] != 0.8 || targets["router top-k"] != 0.6 ||
+		!strings.Contains(kb.Peer, "one GPU") {
+		t.Errorf("%d rows, targets %v, %q", len(kb.Rows), targets, kb.Peer)
+	}
+	// two devices: the peer-copy ceiling, and rank 0's dispatch against it
+	kb, err = BenchKernels(c, Env{Version: "test", OpenDevices: emus(2)}, BenchSizes{CopyBytes: 1 << 20, GEMMDim: 64})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(kb.Rows) != 14 || kb.Peer != "peer rows: GPU 0 → GPU 1, queued on GPU 0" {
+		t.Fatalf("%d rows, %q", len(kb.Rows), kb.Peer)
+	}
+	ceil, disp := kb.Rows[12], kb.Rows[13]
+	n, h := c.Tokens*c.TopK, c.Hidden
+	per := n / c.EP
+	if ceil.Kernel != "peer copy (ceiling)" || ceil.Work != 1<<20 || !(ceil.Rate > 0) ||
+		disp.Ceiling != "peer copy" || disp.Work != float64((c.EP-1)*(2*per*h+4*per+4*c.Experts/c.EP)) || !(disp.Ratio > 0) {
+		t.Errorf("peer rows %+v, %+v", ceil, disp)
 	}
 }
 
