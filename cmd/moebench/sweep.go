@@ -7,6 +7,8 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"reflect"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -22,7 +24,7 @@ import (
 // sweepOptions are the matrix axes of moebench sweep.
 type sweepOptions struct {
 	dispatchers, impls, presets, routings []string
-	sms, ep                               []int
+	sms, ep, gpus                         []int
 	file                                  string
 }
 
@@ -34,6 +36,7 @@ func sweepFlags(o *options, so *sweepOptions) *pflag.FlagSet {
 	fs.StringSliceVar(&so.impls, "impls", []string{d.Impl}, "implementations: native,library")
 	fs.IntSliceVar(&so.sms, "sms", []int{0}, "SM budgets; used only by SM-driven dispatchers (others run once, with 0)")
 	fs.IntSliceVar(&so.ep, "ep", []int{d.EP}, "EP sizes")
+	fs.IntSliceVar(&so.gpus, "gpus", []int{d.GPUs}, "cuda: GPU counts the ranks are spread over; 0 = every GPU, at most one per rank (a count above a point's EP size is left out)")
 	addFeplbFlags(fs, o)
 	fs.StringSliceVar(&so.presets, "presets", []string{d.Preset}, "layer presets")
 	addShapeFlags(fs, o)
@@ -48,7 +51,7 @@ func sweepFlags(o *options, so *sweepOptions) *pflag.FlagSet {
 var smDriven = map[string]bool{"deepep": true, "hybridep": true}
 
 const sweepHelp = `moebench sweep runs a matrix of dispatchers × implementations × --sms × EP sizes
-× presets × routings and appends one record per point to --out. A failing or
+× GPU counts × presets × routings and appends one record per point to --out. A failing or
 unavailable point is recorded with its reason and the sweep goes on; Ctrl-C stops
 after the current point (twice: at once), leaving the file valid.
 
@@ -83,6 +86,12 @@ func sweep(args []string, stdout, stderr io.Writer) int {
 		return usageError(stderr, err)
 	}
 	dev, note := resolveDevice(o.device)
+	if dev == "host" {
+		var dropped int
+		if points, dropped = withoutGPUs(points); dropped > 0 {
+			note += fmt.Sprintf("; --gpus does not apply: %d point(s) that differed only in it left out", dropped)
+		}
+	}
 	fmt.Fprintf(stderr, "moebench sweep: %d points on the %s device (%s) → %s\n", len(points), dev, note, o.out)
 	for i := range points {
 		points[i].Device = dev
@@ -124,7 +133,11 @@ func sweep(args []string, stdout, stderr io.Writer) int {
 			status = ev.Record.Status
 		}
 		counts[status]++
-		line := fmt.Sprintf("[%d/%d] %s/%s sms=%d ep=%d %s %s: %s", ev.Index, ev.Total, c.Dispatcher, c.Impl, c.SMs, c.EP,
+		gpus := ""
+		if c.GPUs > 0 {
+			gpus = fmt.Sprintf(" gpus=%d", c.GPUs)
+		}
+		line := fmt.Sprintf("[%d/%d] %s/%s sms=%d ep=%d%s %s %s: %s", ev.Index, ev.Total, c.Dispatcher, c.Impl, c.SMs, c.EP, gpus,
 			c.Preset, c.Routing, status)
 		if status == results.StatusOK {
 			line += fmt.Sprintf(" (step p50 %.3f ms)", ev.Record.Timing.Step.P50)
@@ -202,31 +215,53 @@ func applySweepFile(fs *pflag.FlagSet, path string) error {
 }
 
 // expand builds and validates every point of the matrix; a bad point stops
-// the sweep before anything runs.
+// the sweep before anything runs. A GPU count above a point's EP size is
+// no point (each rank is on one GPU).
 func expand(fs *pflag.FlagSet, base options, so sweepOptions) ([]harness.Config, error) {
 	var out []harness.Config
 	for _, preset := range so.presets {
 		for _, routing := range so.routings {
 			for _, ep := range so.ep {
-				for _, d := range so.dispatchers {
-					for _, impl := range so.impls {
-						sms := so.sms
-						if !smDriven[d] {
-							sms = []int{0}
-						}
-						for _, n := range sms {
-							o := base
-							o.preset, o.routing, o.ep, o.dispatcher, o.impl, o.sms = preset, routing, ep, d, impl, n
-							c, err := o.config(fs)
-							if err != nil {
-								return nil, fmt.Errorf("point preset=%s routing=%s ep=%d dispatcher=%s impl=%s sms=%d: %w", preset, routing, ep, d, impl, n, err)
+				for _, g := range so.gpus {
+					if g > ep {
+						continue
+					}
+					for _, d := range so.dispatchers {
+						for _, impl := range so.impls {
+							sms := so.sms
+							if !smDriven[d] {
+								sms = []int{0}
 							}
-							out = append(out, c)
+							for _, n := range sms {
+								o := base
+								o.preset, o.routing, o.ep, o.gpus, o.dispatcher, o.impl, o.sms = preset, routing, ep, g, d, impl, n
+								c, err := o.config(fs)
+								if err != nil {
+									return nil, fmt.Errorf("point preset=%s routing=%s ep=%d gpus=%d dispatcher=%s impl=%s sms=%d: %w", preset, routing, ep, g, d, impl, n, err)
+								}
+								out = append(out, c)
+							}
 						}
 					}
 				}
 			}
 		}
 	}
+	if len(out) == 0 {
+		return nil, &harness.ConfigError{Flag: "gpus", Value: so.gpus, Allowed: fmt.Sprintf("every count is above every EP size (--ep %v): no point left", so.ep)}
+	}
 	return out, nil
+}
+
+// withoutGPUs is points on the host device: --gpus set to 0, and a point
+// that then repeats an earlier one left out (how many it returns).
+func withoutGPUs(points []harness.Config) ([]harness.Config, int) {
+	var out []harness.Config
+	for _, p := range points {
+		p.GPUs = 0
+		if !slices.ContainsFunc(out, func(q harness.Config) bool { return reflect.DeepEqual(p, q) }) {
+			out = append(out, p)
+		}
+	}
+	return out, len(points) - len(out)
 }

@@ -219,3 +219,26 @@ func TestPublishedReadmeInSync(t *testing.T) {
 		t.Errorf("results/published/README.md is out of date; regenerate it with\n  go run ./cmd/moebench report --format markdown results/published/*.jsonl > results/published/README.md")
 	}
 }
+
+// TestSweepGPUs: --gpus is an axis of the matrix; a count above a point's EP
+// size is no point, and on the host device (auto without a GPU) the counts
+// do not apply, so points that differ only in them run once.
+func TestSweepGPUs(t *testing.T) {
+	t.Setenv("MOEBENCH_LIBCUDA", "/nonexistent/libcuda.so.1") // auto: the host
+	out := filepath.Join(t.TempDir(), "s.jsonl")
+	quick := append([]string{}, sweepQuick[2:]...) // without --device host
+	code, _, stderr := cli(append([]string{"sweep", "--out", out, "--ep", "1,2", "--gpus", "0,2"}, quick...)...)
+	recs, err := results.ReadFile(out)
+	if code != exitOK || err != nil || len(recs) != 2 || recs[0].Config.GPUs != 0 || recs[1].Config.EP != 2 ||
+		!strings.Contains(stderr, "2 points on the host device") || !strings.Contains(stderr, "--gpus does not apply: 1 point(s) that differed only in it left out") {
+		t.Fatalf("exit %d, %d records, %v: %s", code, len(recs), err, stderr)
+	}
+	if code, _, e := cli(append([]string{"sweep", "--out", out, "--ep", "1,2", "--gpus", "4"}, quick...)...); code != exitUsage ||
+		!strings.Contains(e, "--gpus=[4]: every count is above every EP size (--ep [1 2]): no point left") {
+		t.Errorf("no point left: exit %d, %s", code, e)
+	}
+	if code, _, e := cli(append([]string{"sweep", "--out", out, "--gpus", "2"}, sweepQuick...)...); code != exitUsage ||
+		!strings.Contains(e, "gpus=2") || !strings.Contains(e, "the host device has no GPUs") {
+		t.Errorf("--device host --gpus 2: exit %d, %s", code, e)
+	}
+}
