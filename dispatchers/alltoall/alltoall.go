@@ -18,7 +18,7 @@ func init() { dispatchers.Register("alltoall", New) }
 func New(impl string, env dispatchers.Env) (dispatchers.Dispatcher, error) {
 	if impl != dispatchers.ImplNative {
 		return nil, &dispatchers.UnavailableError{Name: "alltoall", Impl: impl,
-			Reason: "no library implementation in this build (NCCL all-to-all needs the cuda device)"}
+			Reason: "the library implementation (NCCL send/recv between GPUs) needs the cuda device"}
 	}
 	if env.Device != "host" {
 		return nil, &dispatchers.UnavailableError{Name: "alltoall", Impl: impl,
