@@ -29,6 +29,16 @@ type Xfer struct {
 	Bytes    int64
 }
 
+// checkRanks: every transfer is between ranks of n, of no negative size.
+func checkRanks(xs []Xfer, n int) error {
+	for _, x := range xs {
+		if x.From < 0 || x.From >= n || x.To < 0 || x.To >= n || x.Bytes < 0 {
+			return fmt.Errorf("a transfer of %d bytes from rank %d to rank %d of %d", x.Bytes, x.From, x.To, n)
+		}
+	}
+	return nil
+}
+
 // NoCommError says why a communicator cannot be had on these devices (an
 // environment limitation: no library, ranks sharing a device).
 type NoCommError struct{ Reason string }
@@ -84,7 +94,12 @@ type ncclComm struct {
 
 func (n *ncclComm) Name() string { return "NCCL " + n.lib.Version + " (grouped ncclSend/ncclRecv)" }
 
+// Exchange checks every transfer before the group starts: a send whose
+// receive is never posted would hang the GPUs, not fail.
 func (n *ncclComm) Exchange(xs []Xfer) error {
+	if err := checkRanks(xs, len(n.comms)); err != nil {
+		return err
+	}
 	if err := n.lib.GroupStart(); err != nil {
 		return err
 	}
@@ -92,10 +107,6 @@ func (n *ncclComm) Exchange(xs []Xfer) error {
 	for _, x := range xs {
 		if x.Bytes == 0 {
 			continue
-		}
-		if x.From < 0 || x.From >= len(n.comms) || x.To < 0 || x.To >= len(n.comms) {
-			errs = append(errs, fmt.Errorf("a transfer from rank %d to rank %d of %d", x.From, x.To, len(n.comms)))
-			break
 		}
 		if err := n.lib.Send(x.Src, x.Bytes, x.To, n.comms[x.From], n.streams[x.From]); err != nil {
 			errs = append(errs, err)
@@ -147,10 +158,10 @@ func openEmuComm(devs []Device, streams []Stream) (Comm, error) {
 func (c *emuComm) Name() string { return "emulated send/recv (host memory copies)" }
 
 func (c *emuComm) Exchange(xs []Xfer) error {
+	if err := checkRanks(xs, len(c.emus)); err != nil {
+		return err
+	}
 	for _, x := range xs {
-		if x.From < 0 || x.From >= len(c.emus) || x.To < 0 || x.To >= len(c.emus) {
-			return fmt.Errorf("emu: a transfer from rank %d to rank %d of %d", x.From, x.To, len(c.emus))
-		}
 		if x.Bytes == 0 {
 			continue
 		}

@@ -275,13 +275,12 @@ func (a *Device) Combine(r int) error {
 	return rk.Dev.Record(s.combined, rk.Stream)
 }
 
-// Unpermute waits for every rank's combine and sums each token's k outputs
-// (plus the shared expert's) into Y. (The library implementation's receives
-// are on the rank's own stream: nothing to wait for.)
+// Unpermute waits for every rank's combine (the native implementation's
+// copies) and sums each token's k outputs (plus the shared expert's) into Y.
 func (a *Device) Unpermute(r int) error {
 	s, rk, sh := &a.st[r], a.ranks[r], a.shape
 	for d := range a.st {
-		if a.library {
+		if a.library { // the library's receives are on this rank's stream
 			break
 		}
 		if err := rk.Dev.Wait(rk.Stream, a.st[d].combined); err != nil {
