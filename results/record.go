@@ -159,7 +159,7 @@ type GPUStack struct {
 	SMClockMHz  int      `json:"sm_clock_mhz"`
 	MemClockMHz int      `json:"mem_clock_mhz"`
 	PowerLimitW float64  `json:"power_limit_w"`
-	Topology    string   `json:"topology"`         // peer access between every pair of GPUs (not NVLink link counts)
+	Topology    string   `json:"topology"`         // peer access between every pair of GPUs, and each GPU's active NVLinks (NVML)
 	Unread      []string `json:"unread,omitempty"` // fields that could not be read, and why
 }
 

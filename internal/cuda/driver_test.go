@@ -223,13 +223,14 @@ func TestGPUInfoFromFake(t *testing.T) {
 		g.CUDADriver != 13000 || g.SMClockMHz != 1 || g.Topology != "0→1 p2p, 1→0 p2p" {
 		t.Errorf("GPU info %+v", g)
 	}
-	if len(g.Unread) != 1 || !strings.Contains(g.Unread[0], "power limit") || g.PowerLimitW != 0 {
-		t.Errorf("NVML missing should leave the power limit unread: %+v", g.Unread)
+	if len(g.Unread) != 2 || !strings.Contains(g.Unread[0], "NVLink (NVML)") || !strings.Contains(g.Unread[1], "power limit") || g.PowerLimitW != 0 {
+		t.Errorf("NVML missing should leave the NVLinks and power limit unread: %+v", g.Unread)
 	}
 }
 
-// TestGPUInfoNVMLByBusID: NVML finds the CUDA device by its PCI address,
-// not by its own index (whose order can differ from CUDA's).
+// TestGPUInfoNVMLByBusID: NVML finds each CUDA device by its PCI address,
+// not by its own index (whose order can differ from CUDA's), for the power
+// limit and the NVLinks.
 func TestGPUInfoNVMLByBusID(t *testing.T) {
 	fakeDriver(t)
 	buildFake(t, "fakenvml", "MOEBENCH_NVML")
@@ -239,6 +240,11 @@ func TestGPUInfoNVMLByBusID(t *testing.T) {
 	}
 	if g.PowerLimitW != 700 || g.Driver != "580.00.fake" || len(g.Unread) != 0 {
 		t.Errorf("power limit %v W (want 700, the fake's GPU at 0000:1B:00.0), driver %q, unread %v", g.PowerLimitW, g.Driver, g.Unread)
+	}
+	// CUDA's GPU 0 is NVML's GPU at 0000:1B:00.0: 16 of its 18 links up;
+	// the other GPU has no NVLink
+	if want := "0→1 p2p, 1→0 p2p; active NVLinks: GPU 0 16, GPU 1 0"; g.Topology != want {
+		t.Errorf("topology %q, want %q", g.Topology, want)
 	}
 }
 

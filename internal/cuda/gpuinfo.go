@@ -15,13 +15,13 @@ type GPUInfo struct {
 	Driver                  string // kernel driver version (NVML)
 	SMClockMHz, MemClockMHz int
 	PowerLimitW             float64 // of GPU 0 (NVML, found by its PCI address)
-	Topology                string  // peer access between every pair
+	Topology                string  // peer access between every pair, and each GPU's active NVLinks
 	NVRTC, CuBLASLt, NCCL   string
 	Unread                  []string // what could not be read, and why
 }
 
 // ReadGPUInfo reads the fingerprint of GPU 0 and the node's GPU count,
-// libraries and peer topology. Only a missing driver is an error; anything
+// libraries and topology (peer access, NVLinks). Only a missing driver is an error; anything
 // else missing is listed in Unread.
 func ReadGPUInfo() (GPUInfo, error) {
 	var g GPUInfo
@@ -76,6 +76,11 @@ func ReadGPUInfo() (GPUInfo, error) {
 	if g.Topology == "" {
 		g.Topology = "single GPU"
 	}
+	if nv, err := nvlinks(d, g.Count); err != nil {
+		g.Unread = append(g.Unread, "NVLink (NVML): "+err.Error())
+	} else {
+		g.Topology += "; " + nv
+	}
 	for _, c := range Doctor() {
 		switch c.Name {
 		case "NVRTC":
@@ -98,6 +103,32 @@ func ReadGPUInfo() (GPUInfo, error) {
 		g.Unread = append(g.Unread, "power limit (NVML): "+err.Error())
 	}
 	return g, nil
+}
+
+// nvlinks says how many NVLinks of each of count GPUs are active (found in
+// NVML by the GPUs' PCI addresses).
+func nvlinks(d *Driver, count int) (string, error) {
+	buses := make([]string, count)
+	for i := range buses {
+		var err error
+		if buses[i], err = d.PCIBusID(i); err != nil {
+			return "", err
+		}
+	}
+	links, err := readNVLinks(buses)
+	if err != nil {
+		return "", err
+	}
+	var parts []string
+	total := 0
+	for i, n := range links {
+		parts = append(parts, fmt.Sprintf("GPU %d %d", i, n))
+		total += n
+	}
+	if total == 0 {
+		return "no active NVLink", nil
+	}
+	return "active NVLinks: " + strings.Join(parts, ", "), nil
 }
 
 func versionOr(c Component) string {

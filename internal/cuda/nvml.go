@@ -1,7 +1,8 @@
 package cuda
 
-// NVML (libnvidia-ml.so.1) through dlopen: the driver version and the power
-// limit. Telemetry proper (memory, clocks, GPM) is to go through go-nvml.
+// NVML (libnvidia-ml.so.1) through dlopen: the driver version, the power
+// limit and the active NVLinks. Telemetry proper (memory, clocks, GPM) goes
+// through go-nvml.
 
 /*
 #include <stdlib.h>
@@ -9,10 +10,12 @@ typedef int (*n_void)(void);
 typedef int (*n_str)(char *, unsigned int);
 typedef int (*n_limit)(void *, unsigned int *);
 typedef int (*n_bus)(const char *, void **);
+typedef int (*n_link)(void *, unsigned int, unsigned int *);
 static int call_void(void *f) { return ((n_void)f)(); }
 static int call_str(void *f, char *s, unsigned int n) { return ((n_str)f)(s, n); }
 static int call_nlimit(void *f, void *d, unsigned int *mw) { return ((n_limit)f)(d, mw); }
 static int call_nbus(void *f, const char *bus, void **d) { return ((n_bus)f)(bus, d); }
+static int call_nlink(void *f, void *d, unsigned int link, unsigned int *on) { return ((n_link)f)(d, link, on); }
 */
 import "C"
 
@@ -52,33 +55,87 @@ func probeNVML() Component {
 	return c
 }
 
-// readPowerLimit reads the power limit of the GPU at PCI address bus
-// through NVML.
-func readPowerLimit(g *GPUInfo, bus string) error {
+// withNVML initializes NVML, resolves the entry points names (besides
+// init, shutdown and the PCI lookup) and calls fn with them and a lookup of
+// a GPU's handle by its PCI address; NVML is shut down after.
+func withNVML(names []string, fn func(sym map[string]unsafe.Pointer, byBus func(bus string) (unsafe.Pointer, error)) error) error {
 	lib, err := openLibrary("MOEBENCH_NVML", "libnvidia-ml.so.1")
 	if err != nil {
 		return err
 	}
-	fn := map[string]unsafe.Pointer{}
-	for _, n := range []string{"nvmlInit_v2", "nvmlShutdown", "nvmlDeviceGetHandleByPciBusId_v2", "nvmlDeviceGetPowerManagementLimit"} {
-		if fn[n], err = lib.sym(n); err != nil {
+	sym := map[string]unsafe.Pointer{}
+	for _, n := range append([]string{"nvmlInit_v2", "nvmlShutdown", "nvmlDeviceGetHandleByPciBusId_v2"}, names...) {
+		if sym[n], err = lib.sym(n); err != nil {
 			return err
 		}
 	}
-	if st := C.call_void(fn["nvmlInit_v2"]); st != 0 {
+	if st := C.call_void(sym["nvmlInit_v2"]); st != 0 {
 		return fmt.Errorf("nvmlInit_v2: NVML error %d", int(st))
 	}
-	defer C.call_void(fn["nvmlShutdown"])
-	var dev unsafe.Pointer
-	cbus := C.CString(bus)
-	defer C.free(unsafe.Pointer(cbus))
-	if st := C.call_nbus(fn["nvmlDeviceGetHandleByPciBusId_v2"], cbus, &dev); st != 0 {
-		return fmt.Errorf("nvmlDeviceGetHandleByPciBusId_v2(%s): NVML error %d", bus, int(st))
-	}
-	var mw C.uint
-	if st := C.call_nlimit(fn["nvmlDeviceGetPowerManagementLimit"], dev, &mw); st != 0 {
-		return fmt.Errorf("nvmlDeviceGetPowerManagementLimit: NVML error %d", int(st))
-	}
-	g.PowerLimitW = float64(mw) / 1000
-	return nil
+	defer C.call_void(sym["nvmlShutdown"])
+	return fn(sym, func(bus string) (unsafe.Pointer, error) {
+		var dev unsafe.Pointer
+		cbus := C.CString(bus)
+		defer C.free(unsafe.Pointer(cbus))
+		if st := C.call_nbus(sym["nvmlDeviceGetHandleByPciBusId_v2"], cbus, &dev); st != 0 {
+			return nil, fmt.Errorf("nvmlDeviceGetHandleByPciBusId_v2(%s): NVML error %d", bus, int(st))
+		}
+		return dev, nil
+	})
 }
+
+// readPowerLimit reads the power limit of the GPU at PCI address bus
+// through NVML.
+func readPowerLimit(g *GPUInfo, bus string) error {
+	return withNVML([]string{"nvmlDeviceGetPowerManagementLimit"}, func(sym map[string]unsafe.Pointer, byBus func(string) (unsafe.Pointer, error)) error {
+		dev, err := byBus(bus)
+		if err != nil {
+			return err
+		}
+		var mw C.uint
+		if st := C.call_nlimit(sym["nvmlDeviceGetPowerManagementLimit"], dev, &mw); st != 0 {
+			return fmt.Errorf("nvmlDeviceGetPowerManagementLimit: NVML error %d", int(st))
+		}
+		g.PowerLimitW = float64(mw) / 1000
+		return nil
+	})
+}
+
+// nvlinkMax is NVML_NVLINK_MAX_LINKS: the most NVLinks NVML numbers.
+const nvlinkMax = 18
+
+// readNVLinks counts the active NVLinks of the GPU at each PCI address
+// (nvmlDeviceGetNvLinkState over the link numbers; a GPU without NVLink
+// has none).
+func readNVLinks(buses []string) ([]int, error) {
+	links := make([]int, len(buses))
+	err := withNVML([]string{"nvmlDeviceGetNvLinkState"}, func(sym map[string]unsafe.Pointer, byBus func(string) (unsafe.Pointer, error)) error {
+		for i, bus := range buses {
+			dev, err := byBus(bus)
+			if err != nil {
+				return err
+			}
+			for l := range nvlinkMax {
+				var on C.uint
+				st := C.call_nlink(sym["nvmlDeviceGetNvLinkState"], dev, C.uint(l), &on)
+				if st == nvmlErrorInvalidArgument || st == nvmlErrorNotSupported { // past the GPU's links, or none
+					break
+				}
+				if st != 0 {
+					return fmt.Errorf("nvmlDeviceGetNvLinkState(%s, link %d): NVML error %d", bus, l, int(st))
+				}
+				if on == 1 { // NVML_FEATURE_ENABLED
+					links[i]++
+				}
+			}
+		}
+		return nil
+	})
+	return links, err
+}
+
+// NVML return codes the NVLink query tells apart.
+const (
+	nvmlErrorInvalidArgument = 2
+	nvmlErrorNotSupported    = 3
+)

@@ -49,6 +49,15 @@ int nvmlDeviceGetClockInfo(void *d, int type, unsigned int *mhz) {
     if (!g || (type != 1 && type != 2)) return 2;
     *mhz = type == 1 ? g->sm_mhz : g->mem_mhz; return 0;
 }
+/* NVLinks: the GPU at 0000:1B:00.0 has 18, of which links 3 and 7 are
+ * down; the other has none (NVML_ERROR_NOT_SUPPORTED) */
+int nvmlDeviceGetNvLinkState(void *d, unsigned int link, unsigned int *on) {
+    gpu_t *g = gpu(d);
+    if (!g) return 2;
+    if (g->bus != 0x1b) return 3;
+    if (link >= 18) return 2;
+    *on = link != 3 && link != 7; return 0;
+}
 typedef struct { unsigned long long total, free, used; } mem_t;
 int nvmlDeviceGetMemoryInfo(void *d, mem_t *m) {
     gpu_t *g = gpu(d);
