@@ -14,9 +14,7 @@ import (
 // events are on its own device (DeviceRank.Dev); work on another rank's
 // buffers goes through copies between devices (kernels.CopyOp's devices)
 // or a communicator (kernels.Comm). A collective phase may queue work on
-// every rank's stream from one rank's call (an NCCL group issued by the
-// last rank): the layer times a phase from start events recorded on every
-// rank's stream before its first call to end events after its last.
+// every rank's stream from one rank's call (see Grouper).
 
 // DeviceRank is one EP rank's buffers on the device. Tensors are row-major,
 // bf16 unless noted.
@@ -91,6 +89,14 @@ type DeviceDispatcher interface {
 	Footprint(rank int) int64 // bytes of its own device buffers on a rank
 	Close() error             // frees its buffers
 }
+
+// Grouper is a device dispatcher that issues some phases as one group from
+// the last rank's call (an NCCL group: one thread drives every GPU), queuing
+// work on every rank's stream; Grouped says which (by phase name). The
+// layer times such a phase from start events recorded on every rank's
+// stream before its first call to end events after its last; other phases
+// between events around each rank's own call.
+type Grouper interface{ Grouped(phase string) bool }
 
 // Transporter is a device dispatcher whose data may move through a
 // library (NCCL) rather than copies: Transport names it, or is "".

@@ -481,10 +481,10 @@ func (dl *deviceLayer) chooseGrouped() (string, error) {
 // step runs one forward pass: every phase for every rank, each phase between
 // two events on each rank's stream, then waits for every stream. Every rank
 // starts from its device's begin event, which follows device 0's. A phase's
-// start events are all recorded before its first rank runs and its end
-// events after its last, so a rank's time includes the work other ranks'
-// calls queue on its stream (a collective issued as one group by the last
-// rank, as NCCL's is).
+// events bracket each rank's own call, except for a phase the dispatcher
+// issues as one group (dispatchers.Grouper): its start events are all
+// recorded before the first call and its end events after the last, so that
+// each rank's time holds the work the group queues on its stream.
 func (dl *deviceLayer) step() error {
 	for i, dev := range dl.devs {
 		m := &dl.dc[i]
@@ -502,19 +502,48 @@ func (dl *deviceLayer) step() error {
 			return err
 		}
 	}
-	for _, ph := range dl.steps() {
-		for r, rk := range dl.ranks {
-			if err := rk.Dev.Record(dl.start[ph.Name][r], rk.Stream); err != nil {
+	mark := func(evs []kernels.Event, ranks ...int) error {
+		for _, r := range ranks {
+			if err := dl.ranks[r].Dev.Record(evs[r], dl.ranks[r].Stream); err != nil {
 				return err
 			}
 		}
-		for r := range dl.ranks {
+		return nil
+	}
+	all := make([]int, len(dl.ranks))
+	for r := range all {
+		all[r] = r
+	}
+	g, _ := dl.d.(dispatchers.Grouper)
+	for _, ph := range dl.steps() {
+		run := func(r int) error {
 			if err := ph.Run(r); err != nil {
 				return fmt.Errorf("%s on rank %d: %w", ph.Name, r, err)
 			}
+			return nil
 		}
-		for r, rk := range dl.ranks {
-			if err := rk.Dev.Record(dl.end[ph.Name][r], rk.Stream); err != nil {
+		if g != nil && g.Grouped(ph.Name) {
+			if err := mark(dl.start[ph.Name], all...); err != nil {
+				return err
+			}
+			for r := range all {
+				if err := run(r); err != nil {
+					return err
+				}
+			}
+			if err := mark(dl.end[ph.Name], all...); err != nil {
+				return err
+			}
+			continue
+		}
+		for r := range all {
+			if err := mark(dl.start[ph.Name], r); err != nil {
+				return err
+			}
+			if err := run(r); err != nil {
+				return err
+			}
+			if err := mark(dl.end[ph.Name], r); err != nil {
 				return err
 			}
 		}

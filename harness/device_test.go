@@ -652,6 +652,14 @@ func TestDeviceAlltoallLibrary(t *testing.T) {
 		!strings.Contains(rec.Traffic.Formula, "; moved by emulated send/recv") {
 		t.Fatalf("library on one device per rank: %v, %+v", err, rec)
 	}
+	// the exchange and every rank's chunk sort are queued by the last
+	// rank's call: each rank's dispatch time holds them (Emu's events read
+	// the wall clock, and its work runs when queued)
+	for _, ph := range rec.Timing.Phases {
+		if ph.Name == "dispatch" && !(ph.PerRank[0] >= 0.5*ph.PerRank[c.EP-1]) {
+			t.Errorf("dispatch per rank %v: rank 0's time lacks the group the last rank issued", ph.PerRank)
+		}
+	}
 	rec, err = Run(c, Env{Version: "test", OpenDevices: emus(2)})
 	if !dispatchers.IsUnavailable(err) || rec.Status != results.StatusUnavailable || rec.Timing != nil ||
 		!strings.Contains(rec.Reason, "NCCL: ranks 0 and 1 share a device") {

@@ -303,6 +303,12 @@ func (a *Device) Traffic() dispatchers.Traffic {
 	return t
 }
 
+// Grouped: the library implementation issues dispatch and combine as one
+// NCCL group each, from the last rank's call.
+func (a *Device) Grouped(phase string) bool {
+	return a.library && (phase == "dispatch" || phase == "combine")
+}
+
 // Transport names the library that moves the data between ranks ("" for
 // the native implementation's copies).
 func (a *Device) Transport() string {
