@@ -741,6 +741,9 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 		mem: &results.Memory{Method: "device buffers, accounted: the bytes moebench allocated for the rank (layer and dispatcher buffers, its share of the router and shared-expert weights), excluding cuBLASLt workspaces and the CUDA context"}}
 	for _, ph := range dl.steps() {
 		m.phases = append(m.phases, ph.Name)
+		if g, ok := d.(dispatchers.Grouper); ok && g.Grouped(ph.Name) {
+			m.model += fmt.Sprintf(". %s is issued as one group by the last rank's call: each rank's %s time runs from before the first rank's call to after the last's", ph.Name, ph.Name)
+		}
 	}
 	m.samples = m.newSamples(cfg.EP)
 	method, err := dl.chooseGrouped()
