@@ -502,49 +502,35 @@ func (dl *deviceLayer) step() error {
 			return err
 		}
 	}
-	mark := func(evs []kernels.Event, ranks ...int) error {
-		for _, r := range ranks {
+	mark := func(evs []kernels.Event, lo, hi int) error { // ranks [lo, hi)
+		for r := lo; r < hi; r++ {
 			if err := dl.ranks[r].Dev.Record(evs[r], dl.ranks[r].Stream); err != nil {
 				return err
 			}
 		}
 		return nil
 	}
-	all := make([]int, len(dl.ranks))
-	for r := range all {
-		all[r] = r
-	}
+	n := len(dl.ranks)
 	g, _ := dl.d.(dispatchers.Grouper)
 	for _, ph := range dl.steps() {
-		run := func(r int) error {
-			if err := ph.Run(r); err != nil {
-				return fmt.Errorf("%s on rank %d: %w", ph.Name, r, err)
+		together := g != nil && g.Grouped(ph.Name)
+		for r := range n {
+			lo, hi := r, r+1 // the ranks whose events bracket this call
+			if together {
+				lo, hi = 0, n
 			}
-			return nil
-		}
-		if g != nil && g.Grouped(ph.Name) {
-			if err := mark(dl.start[ph.Name], all...); err != nil {
-				return err
-			}
-			for r := range all {
-				if err := run(r); err != nil {
+			if !together || r == 0 {
+				if err := mark(dl.start[ph.Name], lo, hi); err != nil {
 					return err
 				}
 			}
-			if err := mark(dl.end[ph.Name], all...); err != nil {
-				return err
+			if err := ph.Run(r); err != nil {
+				return fmt.Errorf("%s on rank %d: %w", ph.Name, r, err)
 			}
-			continue
-		}
-		for r := range all {
-			if err := mark(dl.start[ph.Name], r); err != nil {
-				return err
-			}
-			if err := run(r); err != nil {
-				return err
-			}
-			if err := mark(dl.end[ph.Name], r); err != nil {
-				return err
+			if !together || r == n-1 {
+				if err := mark(dl.end[ph.Name], lo, hi); err != nil {
+					return err
+				}
 			}
 		}
 	}

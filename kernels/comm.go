@@ -62,25 +62,25 @@ func OpenComm(devs []Device, streams []Stream) (Comm, error) {
 	if _, ok := devs[0].(emuBacked); ok {
 		return openEmuComm(devs, streams)
 	}
-	gs := make([]*CUDA, len(devs))
 	ords := make([]int, len(devs))
 	for r, d := range devs {
 		g, ok := d.(*CUDA)
 		if !ok {
 			return nil, &NoCommError{fmt.Sprintf("rank %d's device is %s: NCCL needs GPUs", r, d.Name())}
 		}
-		gs[r], ords[r] = g, g.Ordinal
+		ords[r] = g.Ordinal
 	}
 	lib, err := cuda.OpenNCCL()
 	if err != nil {
 		return nil, &NoCommError{err.Error()}
 	}
+	drv := devs[0].(*CUDA).Drv
 	comms, err := lib.InitAll(ords)
-	gs[0].Drv.ContextChanged()
+	drv.ContextChanged()
 	if err != nil {
 		return nil, err
 	}
-	return &ncclComm{lib: lib, comms: comms, gs: gs, streams: streams}, nil
+	return &ncclComm{lib: lib, comms: comms, drv: drv, streams: streams}, nil
 }
 
 // ncclComm is a Comm over GPUs of one process: one NCCL communicator per GPU
@@ -88,7 +88,7 @@ func OpenComm(devs []Device, streams []Stream) (Comm, error) {
 type ncclComm struct {
 	lib     *cuda.NCCL
 	comms   []cuda.Comm
-	gs      []*CUDA
+	drv     *cuda.Driver // the GPUs' (NCCL changes its current context)
 	streams []Stream
 }
 
@@ -118,7 +118,7 @@ func (n *ncclComm) Exchange(xs []Xfer) error {
 		}
 	}
 	errs = append(errs, n.lib.GroupEnd()) // a group opened is closed, also after an error
-	n.gs[0].Drv.ContextChanged()
+	n.drv.ContextChanged()
 	return errors.Join(errs...)
 }
 
@@ -128,7 +128,7 @@ func (n *ncclComm) Close() error {
 		errs = append(errs, n.lib.Destroy(c))
 	}
 	n.comms = nil
-	n.gs[0].Drv.ContextChanged()
+	n.drv.ContextChanged()
 	return errors.Join(errs...)
 }
 

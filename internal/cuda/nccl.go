@@ -137,8 +137,9 @@ func (n *NCCL) InitAll(devs []int) ([]Comm, error) {
 	defer C.free(unsafe.Pointer(cdevs))
 	comms := (*unsafe.Pointer)(C.calloc(C.size_t(len(devs)), C.size_t(unsafe.Sizeof(unsafe.Pointer(nil)))))
 	defer C.free(unsafe.Pointer(comms))
+	cd := unsafe.Slice(cdevs, len(devs))
 	for i, d := range devs {
-		unsafe.Slice(cdevs, len(devs))[i] = C.int(d)
+		cd[i] = C.int(d)
 	}
 	if err := n.check(fmt.Sprintf("ncclCommInitAll(GPUs %v)", devs), nil, C.n_call_initall(n.fn["ncclCommInitAll"], comms, C.int(len(devs)), cdevs)); err != nil {
 		return nil, err
