@@ -133,15 +133,12 @@ func (n *ncclComm) Close() error {
 }
 
 // emuComm is a Comm over Emu devices: each group is copied at once (Emu runs
-// work when it is queued), after checking every stream and buffer is its
-// rank's, as NCCL would.
-type emuComm struct {
-	emus    []*Emu
-	streams []Stream
-}
+// work when it is queued), each buffer from and to its rank's device; the
+// streams are checked once, when it is opened.
+type emuComm struct{ emus []*Emu }
 
 func openEmuComm(devs []Device, streams []Stream) (Comm, error) {
-	c := &emuComm{streams: streams}
+	c := &emuComm{}
 	for r, d := range devs {
 		b, ok := d.(emuBacked)
 		if !ok {

@@ -2,8 +2,6 @@ package kernels
 
 import (
 	"errors"
-	"os/exec"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -66,11 +64,7 @@ func exchangeCase(t *testing.T, devs []Device) {
 // works in its own context.
 func TestCommOnTheFakeNCCL(t *testing.T) {
 	drv := fakeDriver(t)
-	so := filepath.Join(t.TempDir(), "libnccl.so.2")
-	if out, err := exec.Command("cc", "-shared", "-fPIC", "-o", so, "../internal/cuda/testdata/fakenccl.c").CombinedOutput(); err != nil {
-		t.Fatalf("building the fake NCCL: %v\n%s", err, out)
-	}
-	t.Setenv("MOEBENCH_NCCL", so)
+	fakeLib(t, "fakenccl", "libnccl.so.2", "MOEBENCH_NCCL")
 	var devs []Device
 	for i := range 2 {
 		ctx, err := drv.PrimaryContext(i)

@@ -11,15 +11,22 @@ import (
 	"github.com/moebench/moebench/internal/cuda"
 )
 
+// fakeLib compiles internal/cuda's testdata/NAME.c into a library called
+// file and points the environment variable env at it.
+func fakeLib(t *testing.T, name, file, env string) {
+	t.Helper()
+	so := filepath.Join(t.TempDir(), file)
+	if out, err := exec.Command("cc", "-shared", "-fPIC", "-o", so, "../internal/cuda/testdata/"+name+".c").CombinedOutput(); err != nil {
+		t.Fatalf("building %s: %v\n%s", name, err, out)
+	}
+	t.Setenv(env, so)
+}
+
 // fakeDriver opens the driver binding on internal/cuda's fake libcuda
 // (device memory is host memory; it checks contexts, see fakecuda.c).
 func fakeDriver(t *testing.T) *cuda.Driver {
 	t.Helper()
-	so := filepath.Join(t.TempDir(), "libcuda.so.1")
-	if out, err := exec.Command("cc", "-shared", "-fPIC", "-o", so, "../internal/cuda/testdata/fakecuda.c").CombinedOutput(); err != nil {
-		t.Fatalf("building the fake driver: %v\n%s", err, out)
-	}
-	t.Setenv("MOEBENCH_LIBCUDA", so)
+	fakeLib(t, "fakecuda", "libcuda.so.1", "MOEBENCH_LIBCUDA")
 	drv, err := cuda.OpenDriver()
 	if err != nil {
 		t.Fatal(err)
