@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"math"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"reflect"
 	"slices"
@@ -15,6 +14,7 @@ import (
 
 	"github.com/moebench/moebench/dispatchers"
 	"github.com/moebench/moebench/internal/cuda"
+	"github.com/moebench/moebench/internal/hostsim"
 	"github.com/moebench/moebench/kernels"
 	"github.com/moebench/moebench/results"
 )
@@ -437,9 +437,9 @@ func TestBenchKernelsOnEmu(t *testing.T) {
 // power, GPM), every GPU's memory, and says which GPU it read; an unknown or
 // unmatched address falls back to NVML's GPU 0 and says so.
 func TestTelemetryFindsTheRanksGPU(t *testing.T) {
-	so := filepath.Join(t.TempDir(), "libnvidia-ml.so.1")
-	if out, err := exec.Command("cc", "-shared", "-fPIC", "-o", so, "../internal/cuda/testdata/fakenvml.c").CombinedOutput(); err != nil {
-		t.Fatalf("building the fake NVML: %v\n%s", err, out)
+	so, err := hostsim.BuildFake("fakenvml", t.TempDir(), "libnvidia-ml.so.1")
+	if err != nil {
+		t.Fatal(err)
 	}
 	t.Setenv("MOEBENCH_NVML", so)
 	read := func(bus string) (*results.Telemetry, string) {

@@ -2,22 +2,21 @@ package kernels
 
 import (
 	"os"
-	"os/exec"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 
 	"github.com/moebench/moebench/internal/cuda"
+	"github.com/moebench/moebench/internal/hostsim"
 )
 
 // fakeLib compiles internal/cuda's testdata/NAME.c into a library called
 // file and points the environment variable env at it.
 func fakeLib(t *testing.T, name, file, env string) {
 	t.Helper()
-	so := filepath.Join(t.TempDir(), file)
-	if out, err := exec.Command("cc", "-shared", "-fPIC", "-o", so, "../internal/cuda/testdata/"+name+".c").CombinedOutput(); err != nil {
-		t.Fatalf("building %s: %v\n%s", name, err, out)
+	so, err := hostsim.BuildFake(name, t.TempDir(), file)
+	if err != nil {
+		t.Fatal(err)
 	}
 	t.Setenv(env, so)
 }

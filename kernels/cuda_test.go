@@ -145,8 +145,10 @@ func same[T comparable](t *testing.T, what string, gpu, host []T) {
 	}
 }
 
-func TestGPUCopiesAndEvents(t *testing.T) {
-	p := openPair(t)
+func TestGPUCopiesAndEvents(t *testing.T) { checkCopiesAndEvents(openPair(t)) }
+
+func checkCopiesAndEvents(p *gpuPair) {
+	t := p.t
 	g := rand.New(rand.NewPCG(1, 1))
 	const n = 8 << 20 // 16 MB of bf16
 	src := randBF16(g, n)
@@ -188,8 +190,10 @@ func TestGPUCopiesAndEvents(t *testing.T) {
 // expert's GEMM as the host does, within a bf16 ulp; a second call reuses
 // the cached operand array. It skips when the GPU machine has no cuBLAS
 // 12.5+ (the layer then compares only the per-expert calls).
-func TestGPUGroupedGEMM(t *testing.T) {
-	p := openPair(t)
+func TestGPUGroupedGEMM(t *testing.T) { checkGroupedGEMM(openPair(t)) }
+
+func checkGroupedGEMM(p *gpuPair) {
+	t := p.t
 	if name, ok := p.c.GroupedGEMMName(); !ok {
 		t.Skipf("no grouped GEMM: %s", name)
 	}
@@ -222,8 +226,10 @@ func TestGPUGroupedGEMM(t *testing.T) {
 	sameULP(t, name, gpu, host)
 }
 
-func TestGPUGEMM(t *testing.T) {
-	p := openPair(t)
+func TestGPUGEMM(t *testing.T) { checkGEMM(openPair(t)) }
+
+func checkGEMM(p *gpuPair) {
+	t := p.t
 	g := rand.New(rand.NewPCG(2, 2))
 	for _, tc := range []struct {
 		m, n, k, skip int // skip: rows of a to start after (misaligned operands)
@@ -257,8 +263,10 @@ func TestGPUGEMM(t *testing.T) {
 	}
 }
 
-func TestGPUPermute(t *testing.T) {
-	p := openPair(t)
+func TestGPUPermute(t *testing.T) { checkPermute(openPair(t)) }
+
+func checkPermute(p *gpuPair) {
+	t := p.t
 	g := rand.New(rand.NewPCG(3, 3))
 	const T, k, E, h = 1000, 8, 128, 1024
 	idx := randIdx(g, T*k, E)
@@ -292,8 +300,10 @@ func TestGPUPermute(t *testing.T) {
 	same(t, "gather f32", gf, hf)
 }
 
-func TestGPUSortChunks(t *testing.T) {
-	p := openPair(t)
+func TestGPUSortChunks(t *testing.T) { checkSortChunks(openPair(t)) }
+
+func checkSortChunks(p *gpuPair) {
+	t := p.t
 	g := rand.New(rand.NewPCG(4, 4))
 	const ep, L, h = 8, 4, 512
 	counts := make([]int32, ep*L)
@@ -325,10 +335,12 @@ func TestGPUSortChunks(t *testing.T) {
 	same(t, "inverse chunk sort", back, x)
 }
 
-func TestGPUSwiGLUAndUnpermute(t *testing.T) {
-	p := openPair(t)
+func TestGPUSwiGLUAndUnpermute(t *testing.T) { checkSwiGLUAndUnpermute(openPair(t)) }
+
+func checkSwiGLUAndUnpermute(p *gpuPair) {
+	t := p.t
 	g := rand.New(rand.NewPCG(5, 5))
-	const n, f, T, k, h = 257, 512, 200, 4, 256
+	const n, f, T, k, h = 257, 512, 200, 6, 360 // h: 45 vectors of 8, two passes of a 64-thread block (unpermute)
 	h1, prob := randBF16(g, n*2*f), randF32(g, n)
 	ch, eh := p.put(h1)
 	cp, ep := p.put(prob)
@@ -365,17 +377,34 @@ func TestGPUSwiGLUAndUnpermute(t *testing.T) {
 	}
 }
 
-func TestGPURouter(t *testing.T) {
-	p := openPair(t)
+// routerCases are the router configurations TestGPURouter checks (and
+// TestKernelsCompile compiles): softmax and sigmoid, grouped or not, expert
+// counts that are not a multiple of 32, k from 1 to 32.
+var routerCases = map[string]RouterConfig{
+	"softmax":         {Experts: 128, TopK: 8, Score: ScoreSoftmax, Scale: 1},
+	"softmax-512-k10": {Experts: 512, TopK: 10, Score: ScoreSoftmax, Scale: 1},
+	"sigmoid-grouped": {Experts: 256, TopK: 8, Score: ScoreSigmoid, Groups: 8, GroupTopK: 4, Scale: 2.5},
+	"softmax-grouped": {Experts: 160, TopK: 6, Score: ScoreSoftmax, Groups: 20, GroupTopK: 3, Scale: 1},
+	"sigmoid-k1":      {Experts: 40, TopK: 1, Score: ScoreSigmoid, Scale: 1},
+	"softmax-k32":     {Experts: 64, TopK: 32, Score: ScoreSoftmax, Scale: 1},
+	"softmax-ties":    {Experts: 96, TopK: 8, Score: ScoreSoftmax, Scale: 1},
+}
+
+func TestGPURouter(t *testing.T) { checkRouter(openPair(t)) }
+
+func checkRouter(p *gpuPair) {
+	t := p.t
 	g := rand.New(rand.NewPCG(6, 6))
 	const T = 1000
-	for name, rc := range map[string]RouterConfig{
-		"softmax":         {Experts: 128, TopK: 8, Score: ScoreSoftmax, Scale: 1},
-		"softmax-512-k10": {Experts: 512, TopK: 10, Score: ScoreSoftmax, Scale: 1},
-		"sigmoid-grouped": {Experts: 256, TopK: 8, Score: ScoreSigmoid, Groups: 8, GroupTopK: 4, Scale: 2.5},
-	} {
+	for name, rc := range routerCases {
 		E, k := rc.Experts, rc.TopK
-		cl, el := p.put(randF32(g, T*E))
+		logits := randF32(g, T*E)
+		if name == "softmax-ties" { // halves in [-2, 0], half of them ±0: exact ties go to the lower expert, −0 ties +0
+			for i, v := range logits {
+				logits[i] = float32(math.Round(max(-4, min(0, float64(v)*2))) / 2)
+			}
+		}
+		cl, el := p.put(logits)
 		var cb, eb Ptr
 		if rc.Score == ScoreSigmoid {
 			bias := randF32(g, E)
@@ -403,7 +432,11 @@ func TestGPURouter(t *testing.T) {
 				}
 			}
 		}
-		if differ > T/1000 { // near-ties between fp32 (GPU) and float64 (host) scores only
+		limit := T / 1000 // near-ties between fp32 (GPU) and float64 (host) scores only
+		if name == "softmax-ties" {
+			limit = 0 // exact ties are ties in both
+		}
+		if differ > limit {
 			t.Errorf("%s: %d of %d tokens chose other experts than the host", name, differ, T)
 		}
 	}
@@ -422,15 +455,17 @@ const launchSource = `extern "C" __global__ void mark(int *out, int a) {
 // TestGPULaunches: cooperative and extensible launches (cooperative; a
 // 2-block cluster on sm_90 and later) run the kernel with its arguments in
 // place and the cluster shape asked for.
-func TestGPULaunches(t *testing.T) {
-	p := openPair(t)
+func TestGPULaunches(t *testing.T) { checkLaunches(openPair(t)) }
+
+func checkLaunches(p *gpuPair) {
+	t := p.t
 	c := p.c
 	cluster := c.Arch >= "sm_90"
 	defs := "-DMB_CLUSTER=0"
 	if cluster {
 		defs = "-DMB_CLUSTER=1"
 	}
-	cubin, err := c.JIT.NVRTC.Compile("launch_test.cu", launchSource, nil, []string{"--gpu-architecture=" + c.Arch, defs})
+	cubin, err := c.JIT.Compiler.Compile("launch_test.cu", launchSource, nil, []string{"--gpu-architecture=" + c.Arch, defs})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -175,7 +175,7 @@ func openGPU(drv *cuda.Driver, ordinal int, cacheDir string) (*CUDA, error) {
 	if c.SMs, err = drv.Attribute(ordinal, cuda.AttrMultiprocessorCount); err != nil {
 		return nil, err
 	}
-	nv, err := cuda.OpenNVRTC()
+	comp, err := NewCompiler()
 	if err != nil {
 		return nil, err
 	}
@@ -187,7 +187,7 @@ func openGPU(drv *cuda.Driver, ordinal int, cacheDir string) (*CUDA, error) {
 			cacheDir = filepath.Join(d, "moebench", "kernels")
 		}
 	}
-	c.JIT = &JIT{NVRTC: nv, CacheDir: cacheDir}
+	c.JIT = &JIT{Compiler: comp, CacheDir: cacheDir}
 	if c.Lt, err = cuda.OpenCuBLASLt(); err != nil {
 		return nil, err
 	}
@@ -643,8 +643,7 @@ func (c *CUDA) UnpermuteSum(out, src, pos, shared Ptr, tokens, topk, hidden int,
 	if tokens == 0 {
 		return nil
 	}
-	grid, _ := c.rowGrid(tokens, hidden)
-	block := min(256, (hidden+31)/32*32)
+	grid, block := c.rowGrid(tokens, hidden)
 	return c.launch(kernelKey{file: "unpermute.cu", name: "unpermute_sum", c: [5]int{hidden, topk}},
 		consts("MB_HIDDEN", hidden, "MB_TOPK", topk), grid, block, s, src, pos, shared, int32(tokens), out)
 }

@@ -17,8 +17,10 @@ import (
 // semantics are the host functions of this package; they are compiled by
 // NVRTC at run time for the device's architecture with the shape baked in.
 //
-// Not yet proven on a GPU: CI compiles them (sm_80, sm_90) but no kernel has
-// been launched and compared with the host reference in this build.
+// Not yet proven on a GPU: CI compiles them (sm_80, sm_90) and runs them on
+// the CPU (internal/hostsim: the same sources, CUDA's threads and warp
+// intrinsics simulated) against the host functions, but no kernel has been
+// launched on a GPU in this build.
 var CUDAKernels = map[string][]string{
 	"router.cu":     {"MB_EXPERTS", "MB_TOPK", "MB_SIGMOID", "MB_GROUPS", "MB_GROUP_TOPK", "MB_SCALE"},
 	"permute.cu":    {"MB_HIDDEN"},
@@ -29,14 +31,26 @@ var CUDAKernels = map[string][]string{
 
 const cudaHeader = "moebench.cuh"
 
-// JIT compiles the embedded kernels with NVRTC and caches the cubins on disk,
-// keyed by the source, the header, the options, the architecture and NVRTC's
-// version.
+// Compiler turns a CUDA C source into an image for cuModuleLoadData:
+// NVRTC (*cuda.NVRTC) on a GPU; the tests also compile the kernels for the
+// CPU (internal/hostsim) to run them on the fake driver.
+type Compiler interface {
+	Compile(name, source string, headers map[string]string, options []string) ([]byte, error)
+	ID() string // the compiler and its version, part of the cache key
+}
+
+// NewCompiler opens the compiler the cuda device uses: NVRTC. Tests that
+// run the device on the fake driver replace it.
+var NewCompiler = func() (Compiler, error) { return cuda.OpenNVRTC() }
+
+// JIT compiles the embedded kernels and caches the images on disk, keyed by
+// the source, the header, the options, the architecture and the compiler's
+// ID.
 type JIT struct {
-	NVRTC    *cuda.NVRTC
+	Compiler Compiler
 	CacheDir string // "" disables the cache
 	Hits     int    // compilations answered from the cache
-	Compiled int    // compilations NVRTC ran
+	Compiled int    // compilations the compiler ran
 }
 
 // Compile returns the cubin of kernel file for arch (e.g. "sm_90") with the
@@ -65,7 +79,7 @@ func (j *JIT) Compile(file, arch string, defines map[string]string) ([]byte, err
 		opts = append(opts, "-D"+n+"="+v)
 	}
 	h := sha256.New()
-	fmt.Fprintf(h, "%s\x00%s\x00%s\x00%s\x00nvrtc %d.%d", file, src, hdr, strings.Join(opts, " "), j.NVRTC.Major, j.NVRTC.Minor)
+	fmt.Fprintf(h, "%s\x00%s\x00%s\x00%s\x00%s", file, src, hdr, strings.Join(opts, " "), j.Compiler.ID())
 	key := hex.EncodeToString(h.Sum(nil))
 	path := ""
 	if j.CacheDir != "" {
@@ -75,7 +89,7 @@ func (j *JIT) Compile(file, arch string, defines map[string]string) ([]byte, err
 			return b, nil
 		}
 	}
-	cubin, err := j.NVRTC.Compile(file, string(src), map[string]string{cudaHeader: string(hdr)}, opts)
+	cubin, err := j.Compiler.Compile(file, string(src), map[string]string{cudaHeader: string(hdr)}, opts)
 	if err != nil {
 		return nil, err
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"os"
+	"strings"
 	"testing"
 
 	"github.com/moebench/moebench/internal/cuda"
@@ -46,29 +47,42 @@ func defines(name string) map[string]string {
 }
 
 // TestKernelsCompile compiles every kernel for sm_80 and sm_90 with every
-// preset's constants: a kernel that does not compile fails CI.
+// preset's constants, and the router with every configuration the GPU test
+// checks: a kernel that does not compile fails CI. The router refuses more
+// than 32 choices (one per lane) at compile time.
 func TestKernelsCompile(t *testing.T) {
 	n := nvrtc(t)
 	t.Logf("NVRTC %d.%d from %s", n.Major, n.Minor, n.Path)
-	j := &JIT{NVRTC: n}
-	for name := range shapes {
-		for file := range CUDAKernels {
-			for _, arch := range []string{"sm_80", "sm_90"} {
-				cubin, err := j.Compile(file, arch, defines(name))
-				if err != nil {
-					t.Fatalf("%s %s %s: %v", name, file, arch, err)
-				}
-				if !bytes.HasPrefix(cubin, []byte("\x7fELF")) {
-					t.Fatalf("%s %s %s: not an ELF cubin", name, file, arch)
-				}
+	j := &JIT{Compiler: n}
+	compile := func(what, file, arch string, d map[string]string) {
+		t.Helper()
+		cubin, err := j.Compile(file, arch, d)
+		if err != nil {
+			t.Fatalf("%s %s %s: %v", what, file, arch, err)
+		}
+		if !bytes.HasPrefix(cubin, []byte("\x7fELF")) {
+			t.Fatalf("%s %s %s: not an ELF cubin", what, file, arch)
+		}
+	}
+	for _, arch := range []string{"sm_80", "sm_90"} {
+		for name := range shapes {
+			for file := range CUDAKernels {
+				compile(name, file, arch, defines(name))
 			}
 		}
+		for name, rc := range routerCases {
+			compile("router "+name, "router.cu", arch, routerDefs(rc))
+		}
+	}
+	_, err := j.Compile("router.cu", "sm_90", routerDefs(RouterConfig{Experts: 64, TopK: 33, Score: ScoreSoftmax}))
+	if ce, ok := err.(*cuda.CompileError); !ok || !strings.Contains(ce.Log, "MB_TOPK must be at most 32") {
+		t.Errorf("router with k = 33: %v, want the kernel's refusal", err)
 	}
 }
 
 func TestJITCacheAndErrors(t *testing.T) {
 	n := nvrtc(t)
-	j := &JIT{NVRTC: n, CacheDir: t.TempDir()}
+	j := &JIT{Compiler: n, CacheDir: t.TempDir()}
 	d := defines("tiny")
 	a, err := j.Compile("permute.cu", "sm_90", d)
 	if err != nil {

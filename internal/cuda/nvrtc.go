@@ -68,6 +68,9 @@ func OpenNVRTC() (*NVRTC, error) {
 	return nvrtcLib, nvrtcErr
 }
 
+// ID names NVRTC and its version, e.g. "nvrtc 12.8".
+func (n *NVRTC) ID() string { return fmt.Sprintf("nvrtc %d.%d", n.Major, n.Minor) }
+
 func (n *NVRTC) err(call string, r C.int) error {
 	return fmt.Errorf("%s: %s (%d)", call, C.GoString(C.call_errstr(n.fn["nvrtcGetErrorString"], r)), int(r))
 }

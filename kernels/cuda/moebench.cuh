@@ -10,9 +10,13 @@ __device__ __forceinline__ float bf2f(bf16 h) { return __uint_as_float(((unsigne
 
 // round to nearest even, as kernels.RoundBF16 on the host
 __device__ __forceinline__ bf16 f2bf(float f) {
+#ifdef MB_HOST // the tests' CPU build (internal/hostsim/mbhost.h): no PTX
+    return mbhost_f2bf(f);
+#else
     unsigned short r;
     asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r) : "f"(f));
     return r;
+#endif
 }
 
 #define MB_FULL_MASK 0xffffffffu

@@ -5,23 +5,44 @@
 // sigmoid(logit) + bias and take the chosen unbiased sigmoids, renormalised
 // when k > 1; group-limited routing keeps the MB_GROUP_TOPK groups whose top
 // MB_TOPK/MB_GROUP_TOPK scores sum highest. Probabilities are scaled by
-// MB_SCALE. Ties go to the lower expert index. Outputs idx [T, K] int32 (in
-// descending selection score) and probs [T, K] fp32.
+// MB_SCALE. Ties go to the lower expert index (and the lower group). Outputs
+// idx [T, K] int32 (in descending selection score) and probs [T, K] fp32.
+//
+// Each pick is a warp-wide argmax of 32-bit keys that order as the scores
+// do: two warp reductions (redux.sync, sm_80 and later) — the largest key,
+// then the lowest expert holding it — instead of a chain of shuffles, since
+// a token's k picks run one after another. All per-lane arrays are indexed
+// by unrolled loops, so they stay in registers.
+//
+// Lane k keeps the k-th choice (MB_TOPK ≤ 32), so the probabilities are
+// computed and stored by the first MB_TOPK lanes at once.
 //
 // -D: MB_EXPERTS, MB_TOPK, MB_SIGMOID (0/1), MB_GROUPS (0 or 1 = off),
 //     MB_GROUP_TOPK, MB_SCALE (float literal)
 #include "moebench.cuh"
 
 #define MB_PER_LANE ((MB_EXPERTS + 31) / 32)
-#define MB_NEG_INF (-__int_as_float(0x7f800000))
+#if MB_TOPK > 32
+#error "router_topk keeps one choice per lane: MB_TOPK must be at most 32"
+#endif
+#define MB_NONE 0u // the key of no candidate: below every score's key
 
-// warp argmax of (v, e): the larger value, then the lower index
-__device__ __forceinline__ void warp_argmax(float &v, int &e) {
-    for (int o = 16; o > 0; o >>= 1) {
-        float ov = __shfl_xor_sync(MB_FULL_MASK, v, o);
-        int oe = __shfl_xor_sync(MB_FULL_MASK, e, o);
-        if (ov > v || (ov == v && oe < e && oe >= 0) || e < 0) { v = ov; e = oe; }
-    }
+// key orders as f does (−0 as +0; scores are never NaN): positive floats
+// above negative ones, negative ones in reverse bit order.
+__device__ __forceinline__ unsigned score_key(float f) {
+    unsigned u = __float_as_uint(f);
+    if (u == 0x80000000u) u = 0;
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+__device__ __forceinline__ float key_score(unsigned k) { return __uint_as_float((k & 0x80000000u) ? (k ^ 0x80000000u) : ~k); }
+
+// warp_pick returns the expert with the largest key of the lanes' candidates
+// (key, e), the lowest expert among equal keys, and sets best to its key;
+// lanes without a candidate pass MB_NONE.
+__device__ __forceinline__ int warp_pick(unsigned key, int e, unsigned &best) {
+    best = __reduce_max_sync(MB_FULL_MASK, key);
+    return (int)__reduce_min_sync(MB_FULL_MASK, key == best && key != MB_NONE ? (unsigned)e : 0xffffffffu);
 }
 
 extern "C" __global__ void router_topk(const float *logits, const float *bias, int tokens,
@@ -30,85 +51,99 @@ extern "C" __global__ void router_topk(const float *logits, const float *bias, i
     const int t = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     if (t >= tokens) return; // whole warps exit together: blockDim is a multiple of 32
     const float *row = logits + (long)t * MB_EXPERTS;
-    float logit[MB_PER_LANE], sel[MB_PER_LANE];
-    bool eligible[MB_PER_LANE];
+    float logit[MB_PER_LANE];
+    unsigned key[MB_PER_LANE]; // the selection score's key; MB_NONE once chosen or ineligible
 #pragma unroll
     for (int i = 0; i < MB_PER_LANE; i++) {
-        int e = lane + 32 * i;
-        eligible[i] = e < MB_EXPERTS;
-        logit[i] = eligible[i] ? row[e] : 0.f;
+        const int e = lane + 32 * i;
+        logit[i] = 0.f;
+        key[i] = MB_NONE;
+        if (e < MB_EXPERTS) {
+            logit[i] = row[e];
 #if MB_SIGMOID
-        sel[i] = 1.f / (1.f + expf(-logit[i]));
-        if (bias != 0 && eligible[i]) sel[i] += bias[e];
+            float s = 1.f / (1.f + expf(-logit[i]));
+            if (bias != 0) s += bias[e];
 #else
-        sel[i] = logit[i];
+            float s = logit[i];
 #endif
+            key[i] = score_key(s);
+        }
     }
 #if MB_GROUPS > 1
     {
         const int per = MB_EXPERTS / MB_GROUPS;
         float gscore[MB_GROUPS];
-        bool taken[MB_PER_LANE];
 #pragma unroll
-        for (int i = 0; i < MB_PER_LANE; i++) taken[i] = false;
         for (int g = 0; g < MB_GROUPS; g++) {
+            unsigned gk[MB_PER_LANE]; // group g's keys; the ones taken are cleared
+#pragma unroll
+            for (int i = 0; i < MB_PER_LANE; i++) gk[i] = (lane + 32 * i) / per == g ? key[i] : MB_NONE;
             gscore[g] = 0.f;
             for (int j = 0; j < MB_TOPK / MB_GROUP_TOPK; j++) {
-                float v = MB_NEG_INF; int e = -1;
-#pragma unroll
-                for (int i = 0; i < MB_PER_LANE; i++) {
-                    int x = lane + 32 * i;
-                    if (eligible[i] && !taken[i] && x / per == g && (e < 0 || sel[i] > v)) { v = sel[i]; e = x; }
-                }
-                warp_argmax(v, e);
-                gscore[g] += v;
+                unsigned v = MB_NONE, best;
+                int e = -1;
 #pragma unroll
                 for (int i = 0; i < MB_PER_LANE; i++)
-                    if (lane + 32 * i == e) taken[i] = true;
+                    if (gk[i] > v) { v = gk[i]; e = lane + 32 * i; }
+                const int w = warp_pick(v, e, best);
+                gscore[g] += key_score(best);
+#pragma unroll
+                for (int i = 0; i < MB_PER_LANE; i++)
+                    if (lane + 32 * i == w) gk[i] = MB_NONE;
             }
         }
-        bool keep[MB_GROUPS];
-        for (int g = 0; g < MB_GROUPS; g++) keep[g] = false;
+        bool kept[MB_PER_LANE]; // whether the slot's group is among the chosen
+#pragma unroll
+        for (int i = 0; i < MB_PER_LANE; i++) kept[i] = false;
+        bool taken[MB_GROUPS];
+#pragma unroll
+        for (int g = 0; g < MB_GROUPS; g++) taken[g] = false;
         for (int j = 0; j < MB_GROUP_TOPK; j++) {
             int best = -1;
+            float bs = 0.f;
+#pragma unroll
             for (int g = 0; g < MB_GROUPS; g++)
-                if (!keep[g] && (best < 0 || gscore[g] > gscore[best])) best = g;
-            keep[best] = true;
+                if (!taken[g] && (best < 0 || gscore[g] > bs)) { best = g; bs = gscore[g]; }
+#pragma unroll
+            for (int g = 0; g < MB_GROUPS; g++) taken[g] = taken[g] || g == best;
+#pragma unroll
+            for (int i = 0; i < MB_PER_LANE; i++) kept[i] = kept[i] || (lane + 32 * i) / per == best;
         }
 #pragma unroll
-        for (int i = 0; i < MB_PER_LANE; i++) {
-            int x = lane + 32 * i;
-            if (eligible[i] && !keep[x / per]) eligible[i] = false;
-        }
+        for (int i = 0; i < MB_PER_LANE; i++)
+            if (!kept[i]) key[i] = MB_NONE;
     }
 #endif
-    int chosen[MB_TOPK];
-    float chosenLogit[MB_TOPK];
+    // lane k < MB_TOPK keeps the k-th choice and its logit
+    int mine = -1;
+    float myLogit = 0.f;
     for (int k = 0; k < MB_TOPK; k++) {
-        float v = MB_NEG_INF; int e = -1; float lg = 0.f;
+        unsigned v = MB_NONE, best;
+        int e = -1;
+        float lg = 0.f;
 #pragma unroll
         for (int i = 0; i < MB_PER_LANE; i++)
-            if (eligible[i] && (e < 0 || sel[i] > v)) { v = sel[i]; e = lane + 32 * i; }
-        warp_argmax(v, e);
+            if (key[i] > v) { v = key[i]; e = lane + 32 * i; lg = logit[i]; }
+        const int w = warp_pick(v, e, best);
 #pragma unroll
         for (int i = 0; i < MB_PER_LANE; i++)
-            if (lane + 32 * i == e) { eligible[i] = false; lg = logit[i]; }
-        // the owner lane of e broadcasts its logit
-        chosenLogit[k] = __shfl_sync(MB_FULL_MASK, lg, e & 31);
-        chosen[k] = e;
+            if (lane + 32 * i == w) key[i] = MB_NONE;
+        lg = __shfl_sync(MB_FULL_MASK, lg, w & 31); // lane w % 32 proposed w: its lg is w's logit
+        if (lane == k) { mine = w; myLogit = lg; }
     }
-    if (lane != 0) return;
-    float p[MB_TOPK], sum = 0.f;
+    const bool chooser = lane < MB_TOPK;
 #if MB_SIGMOID
-    for (int k = 0; k < MB_TOPK; k++) { p[k] = 1.f / (1.f + expf(-chosenLogit[k])); sum += p[k]; }
-    if (MB_TOPK == 1) sum = 1.f;
+    float p = chooser ? 1.f / (1.f + expf(-myLogit)) : 0.f;
 #else
-    float m = chosenLogit[0];
-    for (int k = 1; k < MB_TOPK; k++) m = fmaxf(m, chosenLogit[k]);
-    for (int k = 0; k < MB_TOPK; k++) { p[k] = expf(chosenLogit[k] - m); sum += p[k]; }
+    const float first = __shfl_sync(MB_FULL_MASK, myLogit, 0); // every lane: the first choice's, the largest logit
+    float p = chooser ? expf(myLogit - first) : 0.f;
 #endif
-    for (int k = 0; k < MB_TOPK; k++) {
-        idx[(long)t * MB_TOPK + k] = chosen[k];
-        probs[(long)t * MB_TOPK + k] = p[k] / sum * (float)(MB_SCALE);
+    float sum = p;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(MB_FULL_MASK, sum, o);
+    if (MB_SIGMOID && MB_TOPK == 1) sum = 1.f;
+    if (chooser) {
+        idx[(long)t * MB_TOPK + lane] = mine;
+        probs[(long)t * MB_TOPK + lane] = p / sum * (float)(MB_SCALE);
     }
 }

@@ -2,23 +2,60 @@
 // outputs of each token summed in fp32 in increasing row order (the host's
 // order: permuted rows are expert-major), stored as bf16; with shared != null
 // then out = bf16(out + shared[t, :]), as the host layer does. A gather, not an
-// atomic scatter: deterministic. pos maps each token slot to its row.
+// atomic scatter: deterministic. pos maps each token slot to its row. One
+// block per token (grid-stride); each thread takes 8 columns at a time with
+// 16-byte loads and stores (MB_HIDDEN % 8 == 0), all k rows loaded before the
+// sum so that k loads are in flight.
 //
 // -D: MB_HIDDEN, MB_TOPK
 #include "moebench.cuh"
 
+#define MB_VECS (MB_HIDDEN / 8) // uint4 = 8 bf16
+
+// bf16 pairs: element 2i is the low half of word i (little-endian)
+__device__ __forceinline__ void unpack8(uint4 v, float f[8]) {
+    const unsigned w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        f[2 * i] = __uint_as_float(w[i] << 16);
+        f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+    }
+}
+
 extern "C" __global__ void unpermute_sum(const bf16 *src, const int32 *pos, const bf16 *shared, int tokens, bf16 *out) {
     for (long t = blockIdx.x; t < tokens; t += gridDim.x) {
         int p[MB_TOPK];
+#pragma unroll
         for (int j = 0; j < MB_TOPK; j++) p[j] = pos[t * MB_TOPK + j];
         for (int a = 1; a < MB_TOPK; a++) // insertion sort: k is small
             for (int b = a; b > 0 && p[b - 1] > p[b]; b--) { int x = p[b]; p[b] = p[b - 1]; p[b - 1] = x; }
-        for (int c = threadIdx.x; c < MB_HIDDEN; c += blockDim.x) {
-            float s = 0.f;
-            for (int j = 0; j < MB_TOPK; j++) s += bf2f(src[(long)p[j] * MB_HIDDEN + c]);
-            bf16 y = f2bf(s);
-            if (shared != 0) y = f2bf(bf2f(y) + bf2f(shared[t * MB_HIDDEN + c]));
-            out[t * MB_HIDDEN + c] = y;
+        for (int v = threadIdx.x; v < MB_VECS; v += blockDim.x) {
+            uint4 in[MB_TOPK];
+#pragma unroll
+            for (int j = 0; j < MB_TOPK; j++) in[j] = ((const uint4 *)(src + (long)p[j] * MB_HIDDEN))[v];
+            float s[8], f[8];
+#pragma unroll
+            for (int q = 0; q < 8; q++) s[q] = 0.f;
+#pragma unroll
+            for (int j = 0; j < MB_TOPK; j++) {
+                unpack8(in[j], f);
+#pragma unroll
+                for (int q = 0; q < 8; q++) s[q] += f[q];
+            }
+            bf16 y[8];
+#pragma unroll
+            for (int q = 0; q < 8; q++) y[q] = f2bf(s[q]);
+            if (shared != 0) {
+                unpack8(((const uint4 *)(shared + t * MB_HIDDEN))[v], f);
+#pragma unroll
+                for (int q = 0; q < 8; q++) y[q] = f2bf(bf2f(y[q]) + f[q]);
+            }
+            uint4 o;
+            o.x = y[0] | ((unsigned)y[1] << 16);
+            o.y = y[2] | ((unsigned)y[3] << 16);
+            o.z = y[4] | ((unsigned)y[5] << 16);
+            o.w = y[6] | ((unsigned)y[7] << 16);
+            ((uint4 *)(out + t * MB_HIDDEN))[v] = o;
         }
     }
 }

@@ -1,9 +1,16 @@
 // A fake libcuda for the binding tests: the entry points moebench uses, with
 // "device" memory in host RAM, a clock that advances per event record, and one
 // kernel, "add", that adds a float to n floats — so that launch parameters,
-// copies and error names are checked end to end without a GPU.
+// copies and error names are checked end to end without a GPU. A module
+// whose image is a shared object for this CPU rather than a cubin holds
+// kernels compiled for the host (internal/hostsim/mbhost.h): their launches
+// run them, on the CPU, as the stream is queued.
+#include <dlfcn.h>
+#include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 typedef int CUresult;
 typedef unsigned long long CUdeviceptr;
 
@@ -126,22 +133,61 @@ CUresult cuMemsetD16Async(CUdeviceptr d, unsigned short v, size_t n, void *st) {
     for (size_t i = 0; i < n; i++) ((unsigned short *)d)[i] = v;
     return 0;
 }
+// Host modules: the image (a 64-bit ELF shared object, whose size is where
+// its section headers end) is written to a file and dlopened; kernel NAME is
+// its function mbhost_launch_NAME. Any other ELF image (a cubin: machine 190,
+// EM_CUDA) is the one-kernel module of "add".
+#define HOSTMAGIC 0x6d62686fu
+typedef int (*hostlaunch)(unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void **);
+typedef struct { unsigned magic; void *dl; hostlaunch fn; } hostobj;
+static int elf_machine(const unsigned char *img) { return img[18] | img[19] << 8; }
 CUresult cuModuleLoadData(void **m, const void *img) {
     if (!cur) return 201;
-    if (memcmp(img, "\x7f" "ELF", 4) != 0) return 200; // CUDA_ERROR_INVALID_IMAGE
-    *m = (void *)0x3000; return 0;
+    const unsigned char *e = img;
+    if (memcmp(e, "\x7f" "ELF", 4) != 0) return 200; // CUDA_ERROR_INVALID_IMAGE
+    if (e[4] != 2 || elf_machine(e) == 190) { *m = (void *)0x3000; return 0; } // not a 64-bit host ELF
+    uint64_t shoff; uint16_t shentsize, shnum;
+    memcpy(&shoff, e + 0x28, 8); memcpy(&shentsize, e + 0x3a, 2); memcpy(&shnum, e + 0x3c, 2);
+    char path[] = "/tmp/fakecuda-module-XXXXXX";
+    int fd = mkstemp(path);
+    if (fd < 0) return 2;
+    size_t n = shoff + (size_t)shentsize * shnum;
+    int ok = write(fd, e, n) == (ssize_t)n;
+    close(fd);
+    void *dl = ok ? dlopen(path, RTLD_NOW | RTLD_LOCAL) : 0;
+    unlink(path);
+    if (!dl) return 200;
+    hostobj *h = malloc(sizeof *h); h->magic = HOSTMAGIC; h->dl = dl; h->fn = 0;
+    *m = h; return 0;
 }
-CUresult cuModuleUnload(void *m) { return 0; }
+static hostobj *host(void *p) { return p != (void *)0x3000 && p != (void *)0x4000 && p && ((hostobj *)p)->magic == HOSTMAGIC ? p : 0; }
+CUresult cuModuleUnload(void *m) {
+    hostobj *h = host(m);
+    if (h) { dlclose(h->dl); h->magic = 0; free(h); }
+    return 0;
+}
 CUresult cuModuleGetFunction(void **f, void *m, const char *name) {
+    hostobj *h = host(m);
+    if (h) {
+        char sym[256];
+        snprintf(sym, sizeof sym, "mbhost_launch_%s", name);
+        hostlaunch fn = (hostlaunch)dlsym(h->dl, sym);
+        if (!fn) return 500;
+        hostobj *k = malloc(sizeof *k); k->magic = HOSTMAGIC; k->dl = 0; k->fn = fn;
+        *f = k; return 0;
+    }
     if (strcmp(name, "add") != 0) return 500; // CUDA_ERROR_NOT_FOUND
     *f = (void *)0x4000; return 0;
 }
 CUresult cuFuncSetAttribute(void *f, int attr, int v) { return attr == 8 && v == 200 << 10 ? 0 : 1; }
-// The one kernel, "add": x[i] += a for i < n, then x[n] = the launch
+// run launches f: a host module's kernel runs on the CPU; otherwise f is
+// the cubin's one kernel, "add": x[i] += a for i < n, then x[n] = the launch
 // geometry (grid·(100,10,1) + block·(1000,1,1) + shared/1024), plus 10⁶ for
 // a cooperative launch and 2·10⁶·cluster x for a clustered one, for the test.
-static CUresult add(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+static CUresult run(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                     unsigned smem, void *st, void **params, int coop, unsigned cx) {
+    hostobj *h = host(f);
+    if (h && h->fn && sctx(st) == cur) return h->fn(gx, gy, gz, bx, by, bz, params) == 0 ? 0 : 1;
     if (f != (void *)0x4000 || sctx(st) != cur) return 1;
     ON_STREAM(*(CUdeviceptr *)params[0], st);
     float *x = (float *)*(CUdeviceptr *)params[0];
@@ -154,11 +200,11 @@ static CUresult add(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
 CUresult cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                         unsigned smem, void *st, void **params, void **extra) {
     if (extra != 0) return 1;
-    return add(f, gx, gy, gz, bx, by, bz, smem, st, params, 0, 0);
+    return run(f, gx, gy, gz, bx, by, bz, smem, st, params, 0, 0);
 }
 CUresult cuLaunchCooperativeKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                                    unsigned smem, void *st, void **params) {
-    return add(f, gx, gy, gz, bx, by, bz, smem, st, params, 1, 0);
+    return run(f, gx, gy, gz, bx, by, bz, smem, st, params, 1, 0);
 }
 // cuLaunchKernelEx with CUDA's layouts: CUlaunchAttribute is an enum id,
 // padding to 8 bytes and a 64-byte union; attributes 2 (cooperative) and 4
@@ -174,7 +220,7 @@ CUresult cuLaunchKernelEx(const fconfig *c, void *f, void **params, void **extra
         else if (c->attrs[i].id == 4 && c->attrs[i].v.cluster.y == 1 && c->attrs[i].v.cluster.z == 1) cx = c->attrs[i].v.cluster.x;
         else return 1;
     }
-    return add(f, c->gx, c->gy, c->gz, c->bx, c->by, c->bz, c->smem, c->stream, params, coop, cx);
+    return run(f, c->gx, c->gy, c->gz, c->bx, c->by, c->bz, c->smem, c->stream, params, coop, cx);
 }
 CUresult cuGetErrorName(CUresult r, const char **s) {
     switch (r) {

@@ -1,0 +1,52 @@
+package harness
+
+import (
+	"slices"
+	"testing"
+
+	"github.com/moebench/moebench/internal/hostsim"
+	"github.com/moebench/moebench/kernels"
+	"github.com/moebench/moebench/results"
+)
+
+// TestCUDALayerOnHostSim runs whole cuda-device layers through Run — the
+// CUDA kernels (compiled for the CPU by internal/hostsim), kernels.CUDA's
+// launches, GEMM plans, streams, events and peer copies — on internal/cuda's
+// fake driver (two GPUs, device memory in host memory), cuBLASLt and cuBLAS,
+// and checks that each passes the check against the float64 reference with
+// the layer's tolerance. Timings come from the fake's clock and mean
+// nothing. See hostsim.Setup for when it skips.
+func TestCUDALayerOnHostSim(t *testing.T) {
+	comp := hostsim.Setup(t)
+	old := kernels.NewCompiler
+	kernels.NewCompiler = func() (kernels.Compiler, error) { return comp, nil }
+	t.Cleanup(func() { kernels.NewCompiler = old })
+
+	base := small()
+	base.Device = "cuda"
+	sig := base
+	sig.Score, sig.Groups, sig.GroupTopK, sig.TopKScale, sig.SharedExperts = "sigmoid", 4, 2, 2.5, 1
+	sig.Routing = Routing{Kind: RoutingSkewed, Alpha: 1.2}
+	one := base
+	one.EP, one.GPUs = 1, 1
+	fe := feplbCase() // moves work in phase 2
+	for name, c := range map[string]Config{"alltoall-ep4-2gpus": base, "sigmoid-groups-shared-skewed": sig, "ep1": one, "feplb-ep4-2gpus": fe} {
+		t.Run(name, func(t *testing.T) {
+			rec, err := Run(c, Env{Version: "test"})
+			if err != nil || rec.Status != results.StatusOK || rec.Correctness == nil || !rec.Correctness.Passed {
+				t.Fatalf("%v; record %+v", err, rec)
+			}
+			gpus := min(c.EP, 2) // the fake driver has two
+			if c.GPUs > 0 {
+				gpus = c.GPUs
+			}
+			if len(rec.Timing.Phases) == 0 || len(rec.Ranks.Devices) != c.EP || slices.Max(rec.Ranks.Devices) != gpus-1 {
+				t.Errorf("phases %+v, ranks %+v", rec.Timing.Phases, rec.Ranks)
+			}
+			if c.Dispatcher == "feplb" && (rec.Rebalance == nil || rec.Rebalance.Moves == 0) {
+				t.Errorf("feplb moved nothing: %+v", rec.Rebalance)
+			}
+			t.Logf("max rel err %.2e; %s", rec.Correctness.MaxRelErr, rec.Ranks.Note)
+		})
+	}
+}

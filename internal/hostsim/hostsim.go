@@ -1,0 +1,145 @@
+// Package hostsim compiles moebench's CUDA kernels for the CPU, for the
+// tests only. The kernel sources go, unchanged, through a C++ compiler with
+// mbhost.h (CUDA's built-ins as OS threads and barriers) into a shared
+// object; internal/cuda's fake libcuda (testdata/fakecuda.c) loads it as a
+// module and runs its kernels when they are launched. So, without a GPU,
+// the kernels' logic is checked against the host functions, and the cuda
+// device's launches (argument order and types, grid and block sizes,
+// modules) are exercised end to end. Not checked this way: timing, the
+// GPU's memory model, PTX (moebench.cuh's one line is replaced), and the
+// GPU's floating point to the last bit (expf).
+package hostsim
+
+import (
+	_ "embed"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"strings"
+	"testing"
+)
+
+//go:embed mbhost.h
+var header string
+
+// Compiler compiles kernel sources for the CPU with a C++20 compiler; it
+// satisfies kernels.Compiler.
+type Compiler struct {
+	CXX string // the compiler's path
+}
+
+// New finds the C++ compiler: $CXX, else c++ on the PATH.
+func New() (*Compiler, error) {
+	name := os.Getenv("CXX")
+	if name == "" {
+		name = "c++"
+	}
+	p, err := exec.LookPath(name)
+	if err != nil {
+		return nil, fmt.Errorf("hostsim: no C++ compiler (%v; set CXX)", err)
+	}
+	return &Compiler{CXX: p}, nil
+}
+
+// ID names the compiler (kernels.JIT's cache key).
+func (c *Compiler) ID() string { return "hostsim " + c.CXX }
+
+var kernelDecl = regexp.MustCompile(`extern "C" __global__ void (\w+)\s*\(`)
+
+// Compile builds source (file name) with headers as a shared object and
+// returns its bytes. Of options, only -D definitions are used (NVRTC's
+// architecture and language options do not apply). Every kernel
+// (extern "C" __global__) is exported as mbhost_launch_NAME.
+func (c *Compiler) Compile(name, source string, headers map[string]string, options []string) ([]byte, error) {
+	dir, err := os.MkdirTemp("", "hostsim-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	files := map[string]string{name: source, "mbhost.h": header}
+	for k, v := range headers {
+		files[k] = v
+	}
+	var gen strings.Builder
+	fmt.Fprintf(&gen, "#include \"mbhost.h\"\n#include %q\n", name)
+	for _, m := range kernelDecl.FindAllStringSubmatch(source, -1) {
+		fmt.Fprintf(&gen, "MBHOST_KERNEL(%s)\n", m[1])
+	}
+	files["hostsim_main.cpp"] = gen.String()
+	for f, text := range files {
+		if err := os.WriteFile(filepath.Join(dir, f), []byte(text), 0o644); err != nil {
+			return nil, err
+		}
+	}
+	out := filepath.Join(dir, "kernels.so")
+	args := []string{"-std=c++20", "-O1", "-shared", "-fPIC", "-pthread", "-Wno-unknown-pragmas", "-U_FORTIFY_SOURCE", "-DMB_HOST"}
+	for _, o := range options {
+		if strings.HasPrefix(o, "-D") {
+			args = append(args, o)
+		}
+	}
+	args = append(args, "-o", out, filepath.Join(dir, "hostsim_main.cpp"))
+	if msg, err := exec.Command(c.CXX, args...).CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("hostsim: compiling %s: %v\n%s", name, err, msg)
+	}
+	return os.ReadFile(out)
+}
+
+// BuildFake compiles internal/cuda's fake library testdata/NAME.c (e.g.
+// "fakecuda") into dir as file and returns its path.
+func BuildFake(name, dir, file string) (string, error) {
+	_, here, _, ok := runtime.Caller(0)
+	if !ok {
+		return "", fmt.Errorf("hostsim: cannot find internal/cuda/testdata")
+	}
+	src := filepath.Join(filepath.Dir(here), "..", "cuda", "testdata", name+".c")
+	so := filepath.Join(dir, file)
+	if out, err := exec.Command("cc", "-shared", "-fPIC", "-o", so, src).CombinedOutput(); err != nil {
+		return "", fmt.Errorf("hostsim: building %s: %v\n%s", name, err, out)
+	}
+	return so, nil
+}
+
+// fakes are the fake libraries a cuda device needs (the driver, cuBLASLt,
+// cuBLAS) and the variables that name them.
+var fakes = []struct{ name, file, env string }{
+	{"fakecuda", "libcuda.so.1", "MOEBENCH_LIBCUDA"},
+	{"fakecublaslt", "libcublasLt.so.13", "MOEBENCH_CUBLASLT"},
+	{"fakecublas", "libcublas.so.13", "MOEBENCH_CUBLAS"},
+}
+
+// Setup prepares a test to open cuda devices on the simulation: it builds
+// the fake driver, cuBLASLt and cuBLAS, points MOEBENCH_LIBCUDA,
+// MOEBENCH_CUBLASLT and MOEBENCH_CUBLAS at them, keeps telemetry off (no
+// NVML) and the kernel cache in a temporary folder, and returns the
+// compiler the test installs as kernels.NewCompiler. It skips without a
+// C++ compiler, and fails instead under MOEBENCH_REQUIRE_NVRTC=1 (CI); it
+// skips under MOEBENCH_REQUIRE_GPU=1, where the GPU check runs the kernels
+// on the GPU itself.
+func Setup(t *testing.T) *Compiler {
+	t.Helper()
+	if os.Getenv("MOEBENCH_REQUIRE_GPU") == "1" {
+		t.Skip("the GPU check runs the kernels on the GPU")
+	}
+	c, err := New()
+	if err != nil {
+		if os.Getenv("MOEBENCH_REQUIRE_NVRTC") == "1" {
+			t.Fatal(err)
+		}
+		t.Skip(err)
+	}
+	dir := t.TempDir()
+	for _, f := range fakes {
+		so, err := BuildFake(f.name, dir, f.file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Setenv(f.env, so)
+	}
+	t.Setenv("MOEBENCH_NVML", filepath.Join(dir, "no-nvml.so"))
+	t.Setenv("MOEBENCH_CACHE", filepath.Join(dir, "cache"))
+	return c
+}
