@@ -161,6 +161,8 @@ func (c Config) Validate() error {
 		return &ConfigError{"warmup", c.Warmup, "must be ≥ 0"}
 	case c.Device != "host" && c.Device != "cuda" && c.Device != "auto":
 		return &ConfigError{"device", c.Device, "allowed: host, cuda, auto"}
+	case c.Device == "cuda" && c.TopK > 32:
+		return &ConfigError{"topk", c.TopK, "must be ≤ 32 on the cuda device (the router kernel keeps one choice per warp lane)"}
 	case c.Device == "cuda" && c.Hidden%8 != 0:
 		return &ConfigError{"hidden", c.Hidden, "must be a multiple of 8 on the cuda device (rows move as 16-byte vectors)"}
 	case c.Impl != "native" && c.Impl != "library":

@@ -37,6 +37,8 @@ func TestValidateNamesFlag(t *testing.T) {
 		{"topk-groups", func(c *Config) { c.Groups, c.GroupTopK = 4, 3 }},
 		{"tokens", func(c *Config) { c.Tokens = 0 }},
 		{"hidden", func(c *Config) { c.Hidden = -1 }},
+		{"hidden", func(c *Config) { c.Hidden, c.Device = 100, "cuda" }},
+		{"topk", func(c *Config) { c.Experts, c.TopK, c.Device = 64, 33, "cuda" }},
 		{"ffn", func(c *Config) { c.FFN = 0 }},
 		{"iters", func(c *Config) { c.Iters = 0 }},
 		{"warmup", func(c *Config) { c.Warmup = -1 }},

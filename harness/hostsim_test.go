@@ -2,6 +2,7 @@ package harness
 
 import (
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/moebench/moebench/internal/hostsim"
@@ -18,6 +19,11 @@ import (
 // nothing. See hostsim.Setup for when it skips.
 func TestCUDALayerOnHostSim(t *testing.T) {
 	comp := hostsim.Setup(t)
+	nccl, err := hostsim.BuildFake("fakenccl", t.TempDir(), "libnccl.so.2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("MOEBENCH_NCCL", nccl)
 	old := kernels.NewCompiler
 	kernels.NewCompiler = func() (kernels.Compiler, error) { return comp, nil }
 	t.Cleanup(func() { kernels.NewCompiler = old })
@@ -30,7 +36,10 @@ func TestCUDALayerOnHostSim(t *testing.T) {
 	one := base
 	one.EP, one.GPUs = 1, 1
 	fe := feplbCase() // moves work in phase 2
-	for name, c := range map[string]Config{"alltoall-ep4-2gpus": base, "sigmoid-groups-shared-skewed": sig, "ep1": one, "feplb-ep4-2gpus": fe} {
+	lib := base
+	lib.EP, lib.Impl = 2, "library" // through the fake libnccl, one rank per GPU
+	for name, c := range map[string]Config{"alltoall-ep4-2gpus": base, "sigmoid-groups-shared-skewed": sig, "ep1": one, "feplb-ep4-2gpus": fe,
+		"alltoall-nccl-ep2": lib} {
 		t.Run(name, func(t *testing.T) {
 			rec, err := Run(c, Env{Version: "test"})
 			if err != nil || rec.Status != results.StatusOK || rec.Correctness == nil || !rec.Correctness.Passed {
@@ -48,5 +57,11 @@ func TestCUDALayerOnHostSim(t *testing.T) {
 			}
 			t.Logf("max rel err %.2e; %s", rec.Correctness.MaxRelErr, rec.Ranks.Note)
 		})
+	}
+	// the kernel benchmark's rows, with small ceilings (the fake GEMM is a
+	// plain loop), peer rows over the two GPUs
+	kb, err := BenchKernels(base, Env{Version: "test"}, BenchSizes{CopyBytes: 1 << 20, GEMMDim: 64})
+	if err != nil || len(kb.Rows) < 10 || !strings.HasPrefix(kb.Peer, "peer rows") {
+		t.Fatalf("bench: %v; %+v", err, kb)
 	}
 }
