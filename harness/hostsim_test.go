@@ -28,27 +28,18 @@ func TestCUDALayerOnHostSim(t *testing.T) {
 	kernels.NewCompiler = func() (kernels.Compiler, error) { return comp, nil }
 	t.Cleanup(func() { kernels.NewCompiler = old })
 
-	base := small()
-	base.Device = "cuda"
-	sig := base
-	sig.Score, sig.Groups, sig.GroupTopK, sig.TopKScale, sig.SharedExperts = "sigmoid", 4, 2, 2.5, 1
-	sig.Routing = Routing{Kind: RoutingSkewed, Alpha: 1.2}
-	one := base
-	one.EP, one.GPUs = 1, 1
-	fe := feplbCase() // moves work in phase 2
-	lib := base
+	cases := deviceCases() // ranks over the fake's two GPUs
+	cases["feplb-moves"] = feplbCase()
+	lib := cases["softmax-natural"]
 	lib.EP, lib.Impl = 2, "library" // through the fake libnccl, one rank per GPU
-	for name, c := range map[string]Config{"alltoall-ep4-2gpus": base, "sigmoid-groups-shared-skewed": sig, "ep1": one, "feplb-ep4-2gpus": fe,
-		"alltoall-nccl-ep2": lib} {
+	cases["alltoall-nccl-ep2"] = lib
+	for name, c := range cases {
 		t.Run(name, func(t *testing.T) {
 			rec, err := Run(c, Env{Version: "test"})
 			if err != nil || rec.Status != results.StatusOK || rec.Correctness == nil || !rec.Correctness.Passed {
 				t.Fatalf("%v; record %+v", err, rec)
 			}
 			gpus := min(c.EP, 2) // the fake driver has two
-			if c.GPUs > 0 {
-				gpus = c.GPUs
-			}
 			if len(rec.Timing.Phases) == 0 || len(rec.Ranks.Devices) != c.EP || slices.Max(rec.Ranks.Devices) != gpus-1 {
 				t.Errorf("phases %+v, ranks %+v", rec.Timing.Phases, rec.Ranks)
 			}
@@ -60,7 +51,7 @@ func TestCUDALayerOnHostSim(t *testing.T) {
 	}
 	// the kernel benchmark's rows, with small ceilings (the fake GEMM is a
 	// plain loop), peer rows over the two GPUs
-	kb, err := BenchKernels(base, Env{Version: "test"}, BenchSizes{CopyBytes: 1 << 20, GEMMDim: 64})
+	kb, err := BenchKernels(cases["softmax-natural"], Env{Version: "test"}, BenchSizes{CopyBytes: 1 << 20, GEMMDim: 64})
 	if err != nil || len(kb.Rows) < 10 || !strings.HasPrefix(kb.Peer, "peer rows") {
 		t.Fatalf("bench: %v; %+v", err, kb)
 	}
