@@ -14,7 +14,9 @@ import (
 // GPU tests: every Device operation of CUDA against Emu (the host
 // functions) on the same random inputs (never zeros), outputs poisoned
 // before each call. They skip without a GPU and fail under
-// MOEBENCH_REQUIRE_GPU=1 (scripts/gpu-check.sh).
+// MOEBENCH_REQUIRE_GPU=1 (scripts/gpu-check.sh). Their checks (checkX) also
+// run on the host simulation (TestKernelsOnHostSim), where the CUDA device
+// is the fake driver running the kernels compiled for the CPU.
 //
 // Tolerances: data movement (permute order, gathers, chunk sorts, copies)
 // must be exact; bf16 results of arithmetic may differ from the host by one

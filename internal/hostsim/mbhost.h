@@ -111,8 +111,9 @@ inline void entry() {
 }
 
 // launch runs kernel k over the grid with params (cuLaunchKernel's: one
-// pointer per argument). It returns 0, 1 for a block that is not whole
-// warps, or 2 when the threads stopped at barriers they cannot pass.
+// pointer per argument). It returns 0; 1 for a block that is not whole
+// warps (or no memory for the fibers' stacks); 2 when the threads stopped at
+// barriers they cannot pass.
 template <class... A> int launch(void (*k)(A...), mbhost_dim3 grid, mbhost_dim3 blk, void **params) {
     const unsigned threads = blk.x * blk.y * blk.z;
     if (threads == 0 || threads > 1024 || threads % 32 != 0) return 1;
@@ -142,6 +143,10 @@ template <class... A> int launch(void (*k)(A...), mbhost_dim3 grid, mbhost_dim3 
         f.linear = t;
         f.tid = {t % blk.x, t / blk.x % blk.y, t / (blk.x * blk.y)};
         f.stack = static_cast<char *>(std::malloc(stackBytes));
+        if (!f.stack) {
+            for (auto &g : fs) std::free(g.stack);
+            return 1;
+        }
         getcontext(&f.start);
         f.start.uc_stack.ss_sp = f.stack;
         f.start.uc_stack.ss_size = stackBytes;
