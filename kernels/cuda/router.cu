@@ -99,15 +99,15 @@ extern "C" __global__ void router_topk(const float *logits, const float *bias, i
 #pragma unroll
         for (int g = 0; g < MB_GROUPS; g++) taken[g] = false;
         for (int j = 0; j < MB_GROUP_TOPK; j++) {
-            int best = -1;
-            float bs = 0.f;
+            int top = -1; // the best group not yet taken
+            float ts = 0.f;
 #pragma unroll
             for (int g = 0; g < MB_GROUPS; g++)
-                if (!taken[g] && (best < 0 || gscore[g] > bs)) { best = g; bs = gscore[g]; }
+                if (!taken[g] && (top < 0 || gscore[g] > ts)) { top = g; ts = gscore[g]; }
 #pragma unroll
-            for (int g = 0; g < MB_GROUPS; g++) taken[g] = taken[g] || g == best;
+            for (int g = 0; g < MB_GROUPS; g++) taken[g] = taken[g] || g == top;
 #pragma unroll
-            for (int i = 0; i < MB_PER_LANE; i++) kept[i] = kept[i] || (lane + 32 * i) / per == best;
+            for (int i = 0; i < MB_PER_LANE; i++) kept[i] = kept[i] || (lane + 32 * i) / per == top;
         }
 #pragma unroll
         for (int i = 0; i < MB_PER_LANE; i++)

@@ -139,7 +139,7 @@ CUresult cuMemsetD16Async(CUdeviceptr d, unsigned short v, size_t n, void *st) {
 // EM_CUDA) is the one-kernel module of "add".
 #define HOSTMAGIC 0x6d62686fu
 typedef int (*hostlaunch)(unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void **);
-typedef struct { unsigned magic; void *dl; hostlaunch fn; } hostobj;
+typedef struct hostobj { unsigned magic; void *dl; hostlaunch fn; struct hostobj *next; } hostobj; // a module (dl) or a kernel (fn)
 static int elf_machine(const unsigned char *img) { return img[18] | img[19] << 8; }
 CUresult cuModuleLoadData(void **m, const void *img) {
     if (!cur) return 201;
@@ -157,13 +157,17 @@ CUresult cuModuleLoadData(void **m, const void *img) {
     void *dl = ok ? dlopen(path, RTLD_NOW | RTLD_LOCAL) : 0;
     unlink(path);
     if (!dl) return 200;
-    hostobj *h = malloc(sizeof *h); h->magic = HOSTMAGIC; h->dl = dl; h->fn = 0;
+    hostobj *h = calloc(1, sizeof *h); h->magic = HOSTMAGIC; h->dl = dl;
     *m = h; return 0;
 }
 static hostobj *host(void *p) { return p != (void *)0x3000 && p != (void *)0x4000 && p && ((hostobj *)p)->magic == HOSTMAGIC ? p : 0; }
 CUresult cuModuleUnload(void *m) {
     hostobj *h = host(m);
-    if (h) { dlclose(h->dl); h->magic = 0; free(h); }
+    while (h) { // the module, then the kernels looked up in it
+        hostobj *next = h->next;
+        if (h->dl) dlclose(h->dl);
+        h->magic = 0; free(h); h = next;
+    }
     return 0;
 }
 CUresult cuModuleGetFunction(void **f, void *m, const char *name) {
@@ -173,7 +177,7 @@ CUresult cuModuleGetFunction(void **f, void *m, const char *name) {
         snprintf(sym, sizeof sym, "mbhost_launch_%s", name);
         hostlaunch fn = (hostlaunch)dlsym(h->dl, sym);
         if (!fn) return 500;
-        hostobj *k = malloc(sizeof *k); k->magic = HOSTMAGIC; k->dl = 0; k->fn = fn;
+        hostobj *k = calloc(1, sizeof *k); k->magic = HOSTMAGIC; k->fn = fn; k->next = h->next; h->next = k;
         *f = k; return 0;
     }
     if (strcmp(name, "add") != 0) return 500; // CUDA_ERROR_NOT_FOUND
