@@ -1,8 +1,10 @@
 package kernels
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
+	"unsafe"
 
 	"github.com/moebench/moebench/internal/cuda"
 )
@@ -134,8 +136,12 @@ func (n *ncclComm) Close() error {
 
 // emuComm is a Comm over Emu devices: each group is copied at once (Emu runs
 // work when it is queued), each buffer from and to its rank's device; the
-// streams are checked once, when it is opened.
-type emuComm struct{ emus []*Emu }
+// send reads on its rank's stream and the receive writes on its own, after
+// the send's stream work (Emu's stream-order check).
+type emuComm struct {
+	emus    []*Emu
+	streams []Stream
+}
 
 func openEmuComm(devs []Device, streams []Stream) (Comm, error) {
 	c := &emuComm{}
@@ -144,11 +150,12 @@ func openEmuComm(devs []Device, streams []Stream) (Comm, error) {
 		if !ok {
 			return nil, &NoCommError{fmt.Sprintf("rank %d's device is %s, rank 0's emulated", r, d.Name())}
 		}
-		if err := b.emu().on(streams[r]); err != nil {
-			return nil, fmt.Errorf("rank %d: %w", r, err)
+		if err := b.emu().on(streams[r]); err != nil || streams[r] == nil {
+			return nil, fmt.Errorf("rank %d: %w", r, cmp.Or(err, errors.New("emu: no stream")))
 		}
 		c.emus = append(c.emus, b.emu())
 	}
+	c.streams = streams
 	return c, nil
 }
 
@@ -169,6 +176,14 @@ func (c *emuComm) Exchange(xs []Xfer) error {
 		dst, err := c.emus[x.To].bytesAt(x.Dst, x.Bytes)
 		if err != nil {
 			return fmt.Errorf("emu: rank %d's receive: %w", x.To, err)
+		}
+		from, to := c.emus[x.From], c.emus[x.To]
+		if err := from.queue("send", c.streams[x.From], from.rd(x.Src, x.Bytes)); err != nil {
+			return err
+		}
+		orderAfter(c.streams[x.To], (*emuStream)(unsafe.Pointer(c.streams[x.From])).clock) // a receive completes after its send
+		if err := to.queue("receive", c.streams[x.To], to.wr(x.Dst, x.Bytes)); err != nil {
+			return err
 		}
 		copy(dst, src)
 	}

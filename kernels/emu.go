@@ -13,27 +13,35 @@ import (
 // one call at a time, in the order queued (streams run their work at once;
 // events record the wall clock). It proves the device pipeline's
 // bookkeeping — buffer sizes, offsets, copies between ranks, chunk orders,
-// the rounding points — against the reference without a GPU. Its timings
-// mean nothing and it is never offered as a device to users.
+// the rounding points — against the reference without a GPU, and checks
+// that the streams' work is ordered as a GPU needs it (see order.go). Its
+// timings mean nothing and it is never offered as a device to users.
 //
 // Several Emus stand for several GPUs: each has its own address range, and
 // its streams and events belong to it, so that using one rank's buffer,
 // stream or event on another rank's device fails as it would on GPUs.
 type Emu struct {
 	next   Ptr
-	allocs []emuAlloc // sorted by base
+	allocs []*emuAlloc // sorted by base
 }
 
 type emuAlloc struct {
 	base Ptr
 	mem  []byte
+	acc  []access // accesses the host may not have waited for (order.go)
 }
 
 type emuEvent struct {
-	t     time.Time
-	owner *Emu
+	t      time.Time
+	owner  *Emu
+	stream int32 // the stream of its last Record
+	clock  clock // that stream's clock at the Record
 }
-type emuStream struct{ owner *Emu }
+type emuStream struct {
+	owner *Emu
+	id    int32
+	clock clock
+}
 
 // emuSpaces hands each Emu its own 2⁴⁰-byte address range.
 var emuSpaces atomic.Uint64
@@ -74,14 +82,17 @@ func (e *Emu) Alloc(bytes int64) (Ptr, error) {
 	}
 	base := e.next
 	e.next += Ptr(bytes+256+255) &^ 255 // a gap after each allocation: overruns do not land in a neighbour
-	e.allocs = append(e.allocs, emuAlloc{base, make([]byte, bytes)})
+	e.allocs = append(e.allocs, &emuAlloc{base: base, mem: make([]byte, bytes)})
 	return base, nil
 }
 
 func (e *Emu) Free(p Ptr) error {
-	i, ok := slices.BinarySearchFunc(e.allocs, p, func(a emuAlloc, p Ptr) int { return cmpPtr(a.base, p) })
+	i, ok := slices.BinarySearchFunc(e.allocs, p, func(a *emuAlloc, p Ptr) int { return cmpPtr(a.base, p) })
 	if !ok {
 		return fmt.Errorf("emu: free of %#x, which is not an allocation", uint64(p))
+	}
+	if op := e.allocs[i].pending(); op != "" {
+		return fmt.Errorf("emu: stream order: free of %#x, which %s may still use (the host has not waited for it)", uint64(p), op)
 	}
 	e.allocs = slices.Delete(e.allocs, i, i+1)
 	return nil
@@ -97,14 +108,23 @@ func cmpPtr(a, b Ptr) int {
 	return 0
 }
 
-// bytesAt is the memory [p, p+n) within one allocation.
-func (e *Emu) bytesAt(p Ptr, n int64) ([]byte, error) {
+// alloc is the allocation holding [p, p+n).
+func (e *Emu) alloc(p Ptr, n int64) (*emuAlloc, error) {
 	i := sort.Search(len(e.allocs), func(i int) bool { return e.allocs[i].base > p }) - 1
 	if i < 0 || n < 0 || p+Ptr(n) > e.allocs[i].base+Ptr(len(e.allocs[i].mem)) {
 		return nil, fmt.Errorf("emu: [%#x, +%d bytes) is outside every allocation", uint64(p), n)
 	}
-	off := p - e.allocs[i].base
-	return e.allocs[i].mem[off : off+Ptr(n)], nil
+	return e.allocs[i], nil
+}
+
+// bytesAt is the memory [p, p+n) within one allocation.
+func (e *Emu) bytesAt(p Ptr, n int64) ([]byte, error) {
+	a, err := e.alloc(p, n)
+	if err != nil {
+		return nil, err
+	}
+	off := p - a.base
+	return a.mem[off : off+Ptr(n)], nil
 }
 
 // view is n elements of T at p.
@@ -128,6 +148,9 @@ func (e *Emu) Upload(dst Ptr, src any, s Stream) error {
 	if err != nil {
 		return err
 	}
+	if err := e.queue("Upload", s, e.wr(dst, int64(len(h)))); err != nil {
+		return err
+	}
 	b, err := e.bytesAt(dst, int64(len(h)))
 	copy(b, h)
 	return err
@@ -141,8 +164,12 @@ func (e *Emu) Download(dst any, src Ptr, s Stream) error {
 	if err != nil {
 		return err
 	}
+	if err := e.queue("Download", s, e.rd(src, int64(len(h)))); err != nil {
+		return err
+	}
 	b, err := e.bytesAt(src, int64(len(h)))
 	copy(h, b)
+	hostWaited(s)
 	return err
 }
 
@@ -170,6 +197,9 @@ func (e *Emu) CopyPeer(op CopyOp, s Stream) error {
 	if err != nil {
 		return err
 	}
+	if err := e.queue("Copy", s, se.rd(op.Src, op.Bytes), de.wr(op.Dst, op.Bytes)); err != nil {
+		return err
+	}
 	copy(d, b)
 	return nil
 }
@@ -188,7 +218,10 @@ func (e *Emu) Reaches(Device) bool { return true }
 
 func (e *Emu) BatchMethod() string { return "emulated: host memory copies" }
 
-func (e *Emu) Fill16(p Ptr, v uint16, n int64, _ Stream) error {
+func (e *Emu) Fill16(p Ptr, v uint16, n int64, s Stream) error {
+	if err := e.queue("Fill16", s, e.wr(p, 2*n)); err != nil {
+		return err
+	}
 	w, err := view[uint16](e, p, int(n))
 	for i := range w {
 		w[i] = v
@@ -196,13 +229,30 @@ func (e *Emu) Fill16(p Ptr, v uint16, n int64, _ Stream) error {
 	return err
 }
 
-func (e *Emu) NewStream() (Stream, error) { return Stream(unsafe.Pointer(&emuStream{e})), nil }
-func (e *Emu) NewEvent() (Event, error)   { return Event(unsafe.Pointer(&emuEvent{owner: e})), nil }
-func (e *Emu) Wait(s Stream, _ Event) error {
-	return e.on(s) // the event may be another device's, as on CUDA
+func (e *Emu) NewStream() (Stream, error) {
+	return Stream(unsafe.Pointer(&emuStream{owner: e, id: newStreamID(), clock: clock{}})), nil
 }
-func (e *Emu) SyncStream(s Stream) error { return e.on(s) }
-func (e *Emu) Close() error              { e.allocs = nil; return nil }
+func (e *Emu) NewEvent() (Event, error) { return Event(unsafe.Pointer(&emuEvent{owner: e})), nil }
+
+// Wait: the event may be another device's, as on CUDA.
+func (e *Emu) Wait(s Stream, ev Event) error {
+	if err := e.on(s); err != nil || s == nil {
+		return err
+	}
+	orderAfter(s, (*emuEvent)(unsafe.Pointer(ev)).clock)
+	return nil
+}
+
+func (e *Emu) SyncStream(s Stream) error {
+	if err := e.on(s); err != nil {
+		return err
+	}
+	hostWaited(s)
+	return nil
+}
+
+func (e *Emu) Close() error { e.allocs = nil; return nil }
+
 func (e *Emu) Record(ev Event, s Stream) error {
 	v := (*emuEvent)(unsafe.Pointer(ev))
 	if v.owner != e {
@@ -211,6 +261,10 @@ func (e *Emu) Record(ev Event, s Stream) error {
 	if err := e.on(s); err != nil {
 		return err
 	}
+	if s == nil {
+		return fmt.Errorf("emu: recording an event on no stream")
+	}
+	recordEvent(v, (*emuStream)(unsafe.Pointer(s)))
 	v.t = time.Now()
 	return nil
 }
@@ -223,6 +277,9 @@ func (e *Emu) Elapsed(a, b Event) (float64, error) {
 	ta, tb := va.t, vb.t
 	if ta.IsZero() || tb.IsZero() {
 		return 0, fmt.Errorf("emu: elapsed time of an event that was never recorded")
+	}
+	if !eventDone(va) || !eventDone(vb) {
+		return 0, fmt.Errorf("emu: stream order: elapsed time of an event the host has not waited for (CUDA: not ready)")
 	}
 	return float64(tb.Sub(ta).Nanoseconds()) / 1e6, nil
 }
@@ -255,9 +312,16 @@ func (e *Emu) GroupedGEMMName() (string, bool) {
 	return "emulated grouped GEMM (one GEMM per group)", true
 }
 
-func (e *Emu) GEMM(c, a, w Ptr, m, n, k int, f32Out bool, _ Stream) error {
+func (e *Emu) GEMM(c, a, w Ptr, m, n, k int, f32Out bool, s Stream) error {
 	if m == 0 {
 		return nil
+	}
+	cb := int64(2)
+	if f32Out {
+		cb = 4
+	}
+	if err := e.queue("GEMM", s, e.rd(a, int64(2*m*k)), e.rd(w, int64(2*n*k)), e.wr(c, cb*int64(m*n))); err != nil {
+		return err
 	}
 	av, err := e.bf16At(a, m*k)
 	if err != nil {
@@ -277,7 +341,11 @@ func (e *Emu) GEMM(c, a, w Ptr, m, n, k int, f32Out bool, _ Stream) error {
 	return err
 }
 
-func (e *Emu) RouterTopK(rc RouterConfig, logits, bias Ptr, tokens int, idx, probs Ptr, _ Stream) error {
+func (e *Emu) RouterTopK(rc RouterConfig, logits, bias Ptr, tokens int, idx, probs Ptr, s Stream) error {
+	if err := e.queue("RouterTopK", s, e.rd(logits, int64(4*tokens*rc.Experts)), e.rd(bias, int64(4*rc.Experts)),
+		e.wr(idx, int64(4*tokens*rc.TopK)), e.wr(probs, int64(4*tokens*rc.TopK))); err != nil {
+		return err
+	}
 	lg, err := view[float32](e, logits, tokens*rc.Experts)
 	if err != nil {
 		return err
@@ -300,7 +368,10 @@ func (e *Emu) RouterTopK(rc RouterConfig, logits, bias Ptr, tokens int, idx, pro
 	return nil
 }
 
-func (e *Emu) PermuteOrder(idx Ptr, n, experts int, rows, pos, counts Ptr, _ Stream) error {
+func (e *Emu) PermuteOrder(idx Ptr, n, experts int, rows, pos, counts Ptr, s Stream) error {
+	if err := e.queue("PermuteOrder", s, e.rd(idx, int64(4*n)), e.wr(rows, int64(4*n)), e.wr(pos, int64(4*n)), e.wr(counts, int64(4*experts))); err != nil {
+		return err
+	}
 	iv, err := view[int32](e, idx, n)
 	if err != nil {
 		return err
@@ -333,9 +404,13 @@ func (e *Emu) PermuteOrder(idx Ptr, n, experts int, rows, pos, counts Ptr, _ Str
 	return nil
 }
 
-func (e *Emu) GatherRows(dst, src, rows Ptr, div, n, hidden int, _ Stream) error {
+func (e *Emu) GatherRows(dst, src, rows Ptr, div, n, hidden int, s Stream) error {
 	rv, err := view[int32](e, rows, n)
 	if err != nil {
+		return err
+	}
+	lo, hi := rowRange(rv, div)
+	if err := e.queue("GatherRows", s, e.rd(rows, int64(4*n)), e.rd(src+Ptr(2*lo*hidden), int64(2*(hi-lo)*hidden)), e.wr(dst, int64(2*n*hidden))); err != nil {
 		return err
 	}
 	dv, err := view[uint16](e, dst, n*hidden)
@@ -352,9 +427,13 @@ func (e *Emu) GatherRows(dst, src, rows Ptr, div, n, hidden int, _ Stream) error
 	return nil
 }
 
-func (e *Emu) GatherF32(dst, src, rows Ptr, div, n int, _ Stream) error {
+func (e *Emu) GatherF32(dst, src, rows Ptr, div, n int, s Stream) error {
 	rv, err := view[int32](e, rows, n)
 	if err != nil {
+		return err
+	}
+	lo, hi := rowRange(rv, div)
+	if err := e.queue("GatherF32", s, e.rd(rows, int64(4*n)), e.rd(src+Ptr(4*lo), int64(4*(hi-lo))), e.wr(dst, int64(4*n))); err != nil {
 		return err
 	}
 	dv, err := view[float32](e, dst, n)
@@ -371,7 +450,28 @@ func (e *Emu) GatherF32(dst, src, rows Ptr, div, n int, _ Stream) error {
 	return nil
 }
 
-func (e *Emu) SortChunks(dst, probsOut, src, probsIn, counts Ptr, rows, ep, local, hidden int, inverse bool, _ Stream) error {
+// rowRange is the range [lo, hi) of rows[i]/div (0, 0 for no rows): the
+// rows a gather reads, for the stream-order check.
+func rowRange(rows []int32, div int) (lo, hi int) {
+	if len(rows) == 0 {
+		return 0, 0
+	}
+	lo, hi = int(rows[0])/div, int(rows[0])/div
+	for _, r := range rows {
+		lo, hi = min(lo, int(r)/div), max(hi, int(r)/div)
+	}
+	return lo, hi + 1
+}
+
+func (e *Emu) SortChunks(dst, probsOut, src, probsIn, counts Ptr, rows, ep, local, hidden int, inverse bool, s Stream) error {
+	pb := int64(4 * rows)
+	if probsIn == 0 {
+		pb = 0
+	}
+	if err := e.queue("SortChunks", s, e.rd(counts, int64(4*ep*local)), e.rd(src, int64(2*rows*hidden)), e.rd(probsIn, pb),
+		e.wr(dst, int64(2*rows*hidden)), e.wr(probsOut, pb)); err != nil {
+		return err
+	}
 	cv, err := view[int32](e, counts, ep*local)
 	if err != nil {
 		return err
@@ -409,7 +509,10 @@ func (e *Emu) SortChunks(dst, probsOut, src, probsIn, counts Ptr, rows, ep, loca
 	return nil
 }
 
-func (e *Emu) SwiGLU(act, h1, prob Ptr, n, ffn int, _ Stream) error {
+func (e *Emu) SwiGLU(act, h1, prob Ptr, n, ffn int, s Stream) error {
+	if err := e.queue("SwiGLU", s, e.rd(h1, int64(4*n*ffn)), e.rd(prob, int64(4*n)), e.wr(act, int64(2*n*ffn))); err != nil {
+		return err
+	}
 	hv, err := e.bf16At(h1, n*2*ffn)
 	if err != nil {
 		return err
@@ -425,9 +528,14 @@ func (e *Emu) SwiGLU(act, h1, prob Ptr, n, ffn int, _ Stream) error {
 	return e.storeBF16(act, out)
 }
 
-func (e *Emu) UnpermuteSum(out, src, pos, shared Ptr, tokens, topk, hidden int, _ Stream) error {
+func (e *Emu) UnpermuteSum(out, src, pos, shared Ptr, tokens, topk, hidden int, s Stream) error {
 	pv, err := view[int32](e, pos, tokens*topk)
 	if err != nil {
+		return err
+	}
+	lo, hi := rowRange(pv, 1)
+	if err := e.queue("UnpermuteSum", s, e.rd(pos, int64(4*tokens*topk)), e.rd(src+Ptr(2*lo*hidden), int64(2*(hi-lo)*hidden)),
+		e.rd(shared, int64(2*tokens*hidden)), e.wr(out, int64(2*tokens*hidden))); err != nil {
 		return err
 	}
 	var sh []float32

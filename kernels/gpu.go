@@ -474,7 +474,11 @@ func (c *CUDA) GroupedGEMM(groups []Group, n, k int, s Stream) error {
 		}
 		c.ptrArrays[string(key)] = p
 	}
-	return c.Blas.GroupedGEMM(c.groupMs, n, k, p, s)
+	ws, err := c.workspace(s)
+	if err != nil {
+		return err
+	}
+	return c.Blas.GroupedGEMM(c.groupMs, n, k, p, ws, GEMMWorkspace, s)
 }
 
 func (c *CUDA) GroupedGEMMName() (string, bool) {
@@ -553,15 +557,25 @@ func (c *CUDA) GEMM(out, a, w Ptr, m, n, k int, f32Out bool, s Stream) error {
 		}
 		c.plans[key] = g
 	}
+	ws, err := c.workspace(s)
+	if err != nil {
+		return err
+	}
+	return c.Lt.Run(g, out, a, w, ws, s)
+}
+
+// workspace is s's GEMM workspace (GEMMWorkspace bytes), allocated on first
+// use: cuBLASLt and cuBLAS calls on s share it, calls on other streams never.
+func (c *CUDA) workspace(s Stream) (Ptr, error) {
 	ws, ok := c.ws[s]
 	if !ok {
 		var err error
 		if ws, err = c.Alloc(GEMMWorkspace); err != nil {
-			return err
+			return 0, err
 		}
 		c.ws[s] = ws
 	}
-	return c.Lt.Run(g, out, a, w, ws, s)
+	return ws, nil
 }
 
 // routerKey is router.cu's kernel for rc: experts, top-k, sigmoid (0/1),

@@ -6,6 +6,7 @@ typedef int (*bl_pp)(void **);
 typedef int (*bl_p)(void *);
 typedef int (*bl_p_p)(void *, void *);
 typedef int (*bl_p_pi)(void *, int *);
+typedef int (*bl_p_p_z)(void *, void *, size_t);
 typedef int (*bl_grouped)(void *, const int *, const int *, const int *, const int *, const int *, const void *,
                           const void *const *, int, const int *, const void *const *, int, const int *, const void *,
                           void *const *, int, const int *, int, const int *, int);
@@ -13,6 +14,7 @@ static int bl_call_pp(void *f, void **p) { return ((bl_pp)f)(p); }
 static int bl_call_p(void *f, void *p) { return ((bl_p)f)(p); }
 static int bl_call_p_p(void *f, void *a, void *b) { return ((bl_p_p)f)(a, b); }
 static int bl_call_p_pi(void *f, void *a, int *b) { return ((bl_p_pi)f)(a, b); }
+static int bl_call_p_p_z(void *f, void *a, unsigned long long b, size_t n) { return ((bl_p_p_z)f)(a, (void *)b, n); }
 // ints: transa, transb, m, n, k, lda, ldb, ldc, group_size (count each);
 // scal: alpha, beta (count each); ptrs: device arrays of count pointers each,
 // cuBLAS's A (the weights), B (the inputs), C
@@ -54,7 +56,7 @@ func OpenCuBLAS() (*CuBLAS, error) {
 		return nil, err
 	}
 	b := &CuBLAS{Path: lib.path, fn: map[string]unsafe.Pointer{}}
-	for _, s := range []string{"cublasCreate_v2", "cublasDestroy_v2", "cublasGetVersion_v2", "cublasSetStream_v2", "cublasGemmGroupedBatchedEx"} {
+	for _, s := range []string{"cublasCreate_v2", "cublasDestroy_v2", "cublasGetVersion_v2", "cublasSetStream_v2", "cublasSetWorkspace_v2", "cublasGemmGroupedBatchedEx"} {
 		if b.fn[s], err = lib.sym(s); err != nil {
 			return nil, fmt.Errorf("%s: %w (cublasGemmGroupedBatchedEx needs cuBLAS 12.5 or later)", lib.path, err)
 		}
@@ -90,12 +92,19 @@ func (b *CuBLAS) Close() error {
 // cublasGemmGroupedBatchedEx call on s, one group per GEMM. ptrs is a device
 // array of 3·len(ms) addresses: the w_i, then the a_i, then the c_i. In
 // cuBLAS's column-major terms each is the "TN" GEMM of CuBLASLt's GEMM.
-func (b *CuBLAS) GroupedGEMM(ms []int, n, k int, ptrs DevicePtr, s Stream) error {
+// The call uses ws (wsBytes bytes, 256-byte aligned) as its workspace,
+// not the handle's default pool: calls on different streams must not
+// share one.
+func (b *CuBLAS) GroupedGEMM(ms []int, n, k int, ptrs, ws DevicePtr, wsBytes int64, s Stream) error {
 	count := len(ms)
 	if count == 0 {
 		return nil
 	}
 	if err := ltErr("cublasSetStream_v2", C.bl_call_p_p(b.fn["cublasSetStream_v2"], b.handle, unsafe.Pointer(s))); err != nil {
+		return err
+	}
+	// after the stream: setting it drops the workspace set before
+	if err := ltErr("cublasSetWorkspace_v2", C.bl_call_p_p_z(b.fn["cublasSetWorkspace_v2"], b.handle, C.ulonglong(ws), C.size_t(wsBytes))); err != nil {
 		return err
 	}
 	mem := C.malloc(C.size_t(11 * count * 4))

@@ -44,7 +44,11 @@ func TestCuBLASGroupedRowMajorNT(t *testing.T) {
 	}
 	dp, _ := d.Alloc(int64(8 * len(ptrs)))
 	CopyToDevice(d, dp, ptrs, s)
-	if err := b.GroupedGEMM(ms, n, k, dp, s); err != nil {
+	ws, _ := d.Alloc(1 << 16)
+	if err := b.GroupedGEMM(ms, n, k, dp, 0, 0, s); err == nil {
+		t.Error("a grouped GEMM with no workspace: accepted by the fake, which demands one")
+	}
+	if err := b.GroupedGEMM(ms, n, k, dp, ws, 1<<16, s); err != nil {
 		t.Fatal(err)
 	}
 	for g, m := range ms {

@@ -92,8 +92,8 @@ static void *owner(CUdeviceptr p) {
 void *fakecuda_owner(CUdeviceptr p) { return owner(p); }
 CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) {
     if (!cur) return 201;
-    void *m = malloc(n ? n : 1);
-    if (!m) return 2;
+    void *m; // 256-byte aligned, as cuMemAlloc's
+    if (posix_memalign(&m, 256, n ? n : 1)) return 2;
     for (int i = 0; i < MAXA; i++)
         if (!allocs[i].p) { allocs[i].p = (CUdeviceptr)m; allocs[i].n = n; allocs[i].ctx = cur; *p = (CUdeviceptr)m; return 0; }
     free(m); return 2;
