@@ -2,6 +2,7 @@ package kernels
 
 import (
 	"errors"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -271,6 +272,19 @@ func checkPermute(p *gpuPair) {
 	t := p.t
 	g := rand.New(rand.NewPCG(3, 3))
 	const T, k, E, h = 1000, 8, 128, 1024
+	{ // 104 copies: most of permute_order's 16 warps have empty segments
+		idx := randIdx(g, 13*k, 40)
+		ci, ei := p.put(idx)
+		cr, er := p.out(2 * 13 * k)
+		cp, ep := p.out(2 * 13 * k)
+		cn, en := p.out(2 * 40)
+		p.ok(p.c.PermuteOrder(ci, 13*k, 40, cr, cp, cn, p.cs))
+		p.ok(p.e.PermuteOrder(ei, 13*k, 40, er, ep, en, p.es))
+		gr, hr := get[int32](p, cr, er, 13*k)
+		same(t, "permute order rows (104 copies)", gr, hr)
+		gn, hn := get[int32](p, cn, en, 40)
+		same(t, "permute order counts (104 copies)", gn, hn)
+	}
 	idx := randIdx(g, T*k, E)
 	ci, ei := p.put(idx)
 	cr, er := p.out(2 * T * k)
@@ -305,9 +319,16 @@ func checkPermute(p *gpuPair) {
 func TestGPUSortChunks(t *testing.T) { checkSortChunks(openPair(t)) }
 
 func checkSortChunks(p *gpuPair) {
+	// 32 chunks: one per lane of the offset scan; 8·37: several per lane,
+	// the last lanes' partly or wholly past the end
+	for _, c := range []struct{ ep, L, h int }{{8, 4, 512}, {8, 37, 64}} {
+		sortChunksCase(p, c.ep, c.L, c.h)
+	}
+}
+
+func sortChunksCase(p *gpuPair, ep, L, h int) {
 	t := p.t
-	g := rand.New(rand.NewPCG(4, 4))
-	const ep, L, h = 8, 4, 512
+	g := rand.New(rand.NewPCG(4, uint64(L)))
 	counts := make([]int32, ep*L)
 	rows := 0
 	for i := range counts {
@@ -326,7 +347,7 @@ func checkSortChunks(p *gpuPair) {
 	p.ok(p.c.SortChunks(cd, cdp, cx, cp, cc, rows, ep, L, h, false, p.cs))
 	p.ok(p.e.SortChunks(ed, edp, ex, ep2, ec, rows, ep, L, h, false, p.es))
 	gx, hx := get[uint16](p, cd, ed, rows*h)
-	same(t, "sort chunks rows", gx, hx)
+	same(t, fmt.Sprintf("sort chunks rows (%d×%d chunks)", ep, L), gx, hx)
 	gp, hp := get[float32](p, cdp, edp, rows)
 	same(t, "sort chunks probs", gp, hp)
 	// the inverse restores the input
@@ -342,20 +363,22 @@ func TestGPUSwiGLUAndUnpermute(t *testing.T) { checkSwiGLUAndUnpermute(openPair(
 func checkSwiGLUAndUnpermute(p *gpuPair) {
 	t := p.t
 	g := rand.New(rand.NewPCG(5, 5))
-	const n, f, T, k, h = 257, 512, 200, 6, 360 // h: 45 vectors of 8, two passes of a 64-thread block (unpermute)
-	h1, prob := randBF16(g, n*2*f), randF32(g, n)
-	ch, eh := p.put(h1)
-	cp, ep := p.put(prob)
-	for _, withProb := range []bool{true, false} {
-		cpp, epp := cp, ep
-		if !withProb {
-			cpp, epp = 0, 0
+	const n, T, k, h = 257, 200, 6, 360 // h: 45 vectors of 8, two passes of a 64-thread block (unpermute)
+	for _, f := range []int{512, 36} {  // 16-byte vectors; ffn % 8 ≠ 0, one column per thread
+		h1, prob := randBF16(g, n*2*f), randF32(g, n)
+		ch, eh := p.put(h1)
+		cp, ep := p.put(prob)
+		for _, withProb := range []bool{true, false} {
+			cpp, epp := cp, ep
+			if !withProb {
+				cpp, epp = 0, 0
+			}
+			ca, ea := p.out(n * f)
+			p.ok(p.c.SwiGLU(ca, ch, cpp, n, f, p.cs))
+			p.ok(p.e.SwiGLU(ea, eh, epp, n, f, p.es))
+			gpu, host := get[uint16](p, ca, ea, n*f)
+			sameULP(t, fmt.Sprintf("swiglu (ffn %d)", f), gpu, host)
 		}
-		ca, ea := p.out(n * f)
-		p.ok(p.c.SwiGLU(ca, ch, cpp, n, f, p.cs))
-		p.ok(p.e.SwiGLU(ea, eh, epp, n, f, p.es))
-		gpu, host := get[uint16](p, ca, ea, n*f)
-		sameULP(t, "swiglu", gpu, host)
 	}
 	// unpermute: every token's k distinct rows of src
 	pos := make([]int32, T*k)

@@ -649,7 +649,11 @@ func (c *CUDA) SwiGLU(act, h1, prob Ptr, n, ffn int, s Stream) error {
 	if n == 0 {
 		return nil
 	}
-	grid := min((n*ffn+255)/256, 16*c.SMs)
+	items := n * ffn // threads' work items: 8 columns each when ffn allows 16-byte vectors (swiglu.cu)
+	if ffn%8 == 0 {
+		items /= 8
+	}
+	grid := min((items+255)/256, 16*c.SMs)
 	return c.launch(kernelKey{file: "swiglu.cu", name: "swiglu_prob", c: [5]int{ffn}}, consts("MB_FFN", ffn), grid, 256, s, h1, prob, int32(n), act)
 }
 

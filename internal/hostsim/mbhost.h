@@ -202,6 +202,12 @@ template <class T> T __shfl_sync(unsigned, T v, int src) {
     mbhost::exchange(mbhost::bits(v), all);
     return mbhost::from<T>(all[src & 31]);
 }
+template <class T> T __shfl_up_sync(unsigned, T v, unsigned delta) { // width 32: lanes below delta keep theirs
+    uint64_t all[32];
+    mbhost::exchange(mbhost::bits(v), all);
+    int l = mbhost::lane();
+    return l >= (int)delta ? mbhost::from<T>(all[l - delta]) : v;
+}
 template <class T> T __shfl_xor_sync(unsigned, T v, int mask) {
     uint64_t all[32];
     mbhost::exchange(mbhost::bits(v), all);
@@ -228,6 +234,18 @@ inline unsigned __reduce_min_sync(unsigned, unsigned v) {
     for (auto x : all) r = (unsigned)x < r ? (unsigned)x : r;
     return r;
 }
+inline int __reduce_add_sync(unsigned, int v) {
+    uint64_t all[32];
+    mbhost::exchange((unsigned)v, all);
+    unsigned r = 0;
+    for (auto x : all) r += (unsigned)x;
+    return (int)r;
+}
+// CUDA's integer min and max
+inline int min(int a, int b) { return a < b ? a : b; }
+inline int max(int a, int b) { return a > b ? a : b; }
+inline long min(long a, long b) { return a < b ? a : b; }
+inline long max(long a, long b) { return a > b ? a : b; }
 inline int __popc(unsigned v) { return __builtin_popcount(v); }
 inline int atomicAdd(int *p, int v) { // one fiber runs at a time
     int old = *p;

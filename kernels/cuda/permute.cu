@@ -13,43 +13,43 @@
 // permute_order: one block per expert e (gridDim.x = experts), blockDim.x a
 // multiple of 32 and at most 1024. Rows routed to e start after every copy of
 // a lower expert; within e they keep slot order (stable, as the host). Writes
-// rows[row] = slot, pos[slot] = row and counts[e]. Each block reads idx twice:
-// fine for the n = tokens·k of one micro-batch.
+// rows[row] = slot, pos[slot] = row and counts[e]. Each warp owns a
+// contiguous segment of idx: it counts its segment's copies of lower experts
+// and of e, one block-wide prefix over the warps places the segments, and
+// each warp then writes its segment's rows of e on its own, 32 slots per
+// ballot, with no further block barrier. Each block reads idx twice: fine
+// for the n = tokens·k of one micro-batch.
 extern "C" __global__ void permute_order(const int32 *idx, int n, int32 *rows, int32 *pos, int32 *counts) {
-    __shared__ int red[2];
-    __shared__ int warpSum[32];
+    __shared__ int wBelow[32], wMine[32];
     const int e = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-    if (threadIdx.x == 0) { red[0] = 0; red[1] = 0; }
-    __syncthreads();
+    const int seg = (n + warps * 32 - 1) / (warps * 32) * 32; // slots per warp, a multiple of 32
+    const int lo = min(n, warp * seg), hi = min(n, lo + seg);
     int below = 0, mine = 0;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    for (int i = lo + lane; i < hi; i += 32) {
         int x = idx[i];
         below += x < e;
         mine += x == e;
     }
-    atomicAdd(&red[0], below);
-    atomicAdd(&red[1], mine);
+    below = __reduce_add_sync(MB_FULL_MASK, below);
+    mine = __reduce_add_sync(MB_FULL_MASK, mine);
+    if (lane == 0) { wBelow[warp] = below; wMine[warp] = mine; }
     __syncthreads();
-    int base = red[0];
-    if (threadIdx.x == 0) counts[e] = red[1];
-    for (int start = 0; start < n; start += blockDim.x) {
-        int i = start + threadIdx.x;
-        bool hit = i < n && idx[i] == e;
+    int base = 0, total = 0; // this warp's first row; e's copies
+    for (int w = 0; w < warps; w++) {
+        base += wBelow[w] + (w < warp ? wMine[w] : 0);
+        total += wMine[w];
+    }
+    if (threadIdx.x == 0) counts[e] = total;
+    for (int start = lo; start < hi; start += 32) {
+        int i = start + lane;
+        bool hit = i < hi && idx[i] == e;
         unsigned ballot = __ballot_sync(MB_FULL_MASK, hit);
-        if (lane == 0) warpSum[warp] = __popc(ballot);
-        __syncthreads();
-        int before = 0, total = 0;
-        for (int w = 0; w < warps; w++) {
-            before += w < warp ? warpSum[w] : 0;
-            total += warpSum[w];
-        }
         if (hit) {
-            int row = base + before + __popc(ballot & ((1u << lane) - 1u));
+            int row = base + __popc(ballot & ((1u << lane) - 1u));
             rows[row] = i;
             pos[i] = row;
         }
-        base += total;
-        __syncthreads(); // warpSum is rewritten next round
+        base += __popc(ballot);
     }
 }
 

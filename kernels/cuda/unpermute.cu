@@ -12,16 +12,6 @@
 
 #define MB_VECS (MB_HIDDEN / 8) // uint4 = 8 bf16
 
-// bf16 pairs: element 2i is the low half of word i (little-endian)
-__device__ __forceinline__ void unpack8(uint4 v, float f[8]) {
-    const unsigned w[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        f[2 * i] = __uint_as_float(w[i] << 16);
-        f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
-    }
-}
-
 extern "C" __global__ void unpermute_sum(const bf16 *src, const int32 *pos, const bf16 *shared, int tokens, bf16 *out) {
     for (long t = blockIdx.x; t < tokens; t += gridDim.x) {
         int p[MB_TOPK];
@@ -50,12 +40,7 @@ extern "C" __global__ void unpermute_sum(const bf16 *src, const int32 *pos, cons
 #pragma unroll
                 for (int q = 0; q < 8; q++) y[q] = f2bf(bf2f(y[q]) + f[q]);
             }
-            uint4 o;
-            o.x = y[0] | ((unsigned)y[1] << 16);
-            o.y = y[2] | ((unsigned)y[3] << 16);
-            o.z = y[4] | ((unsigned)y[5] << 16);
-            o.w = y[6] | ((unsigned)y[7] << 16);
-            ((uint4 *)(out + t * MB_HIDDEN))[v] = o;
+            ((uint4 *)(out + t * MB_HIDDEN))[v] = pack8(y);
         }
     }
 }
