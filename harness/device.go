@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/moebench/moebench/dispatchers"
 	"github.com/moebench/moebench/internal/cuda"
@@ -33,6 +34,7 @@ type deviceLayer struct {
 
 	seq        []dispatchers.Step         // see steps
 	start, end map[string][]kernels.Event // per phase, per rank
+	issueMS    float64                    // the last step's host issue time (see step)
 }
 
 // devCommon is what the ranks of one device share.
@@ -484,8 +486,11 @@ func (dl *deviceLayer) chooseGrouped() (string, error) {
 // events bracket each rank's own call, except for a phase the dispatcher
 // issues as one group (dispatchers.Grouper): its start events are all
 // recorded before the first call and its end events after the last, so that
-// each rank's time holds the work the group queues on its stream.
+// each rank's time holds the work the group queues on its stream. issueMS
+// is the host's wall time from the first call to the last call's return,
+// before waiting for the streams.
 func (dl *deviceLayer) step() error {
+	t0 := time.Now()
 	for i, dev := range dl.devs {
 		m := &dl.dc[i]
 		if i > 0 {
@@ -534,6 +539,7 @@ func (dl *deviceLayer) step() error {
 			}
 		}
 	}
+	dl.issueMS = float64(time.Since(t0).Nanoseconds()) / 1e6
 	return dl.sync()
 }
 
@@ -773,6 +779,7 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 			tm.finish()
 			return fail(results.StatusFailed, err)
 		}
+		m.issue = append(m.issue, dl.issueMS)
 		if rebalances {
 			m.rebalance = append(m.rebalance, rb.RebalanceStats())
 		}

@@ -316,6 +316,10 @@ func TestDeviceRunRecord(t *testing.T) {
 	if len(rec.Timing.Step.Samples) != c.Iters || !rec.Ranks.Emulated || rec.Correctness.Sample == "" || !strings.Contains(rec.GEMM.Method, "chosen") {
 		t.Errorf("record: step %v, ranks %+v, sample %q", rec.Timing.Step.Samples, rec.Ranks, rec.Correctness.Sample)
 	}
+	// Emu runs each call as it is issued: issuing is the whole step
+	if hi := rec.Timing.HostIssue; hi == nil || hi.P50 <= 0 || hi.P50 < 0.5*rec.Timing.Step.P50 {
+		t.Errorf("host issue %+v, step p50 %g", hi, rec.Timing.Step.P50)
+	}
 	sum := 0
 	for _, n := range rec.Tokens.Received {
 		sum += n

@@ -196,6 +196,7 @@ type measured struct {
 	rebalance []dispatchers.RebalanceStats
 	paused    map[string][][]float64
 	phase2SMs string
+	issue     []float64 // device runs: each timed step's host issue time, ms
 }
 
 // newSamples gives each phase an empty [rank][iter] sample.
@@ -273,6 +274,10 @@ func fillMeasurements(rec *results.Record, cfg Config, m measured) {
 	} else {
 		t.Step = phaseStats("step", stepPerRank)
 		t.Step.Samples, t.Step.Stat = lockstep, summarise(lockstep)
+	}
+	if m.issue != nil {
+		s := summarise(m.issue)
+		t.HostIssue = &s
 	}
 	rec.Timing = t
 

@@ -13,6 +13,13 @@ import (
 var Formats = []string{"table", "json", "csv"}
 
 // Write prints rec in format (table, json or csv).
+// HostBoundShare: a device run whose host issue time per step (median) is at
+// least this share of its step time (median) is flagged as possibly
+// host-bound. The host issues the next call while the GPU runs the last, so
+// a share near 1 means the GPU finished about when the host did: it was
+// likely waiting for calls. Below it the host kept ahead.
+const HostBoundShare = 0.8
+
 func Write(w io.Writer, rec *Record, format string) error {
 	switch format {
 	case "table":
@@ -69,6 +76,13 @@ func WriteTable(w io.Writer, rec *Record) error {
 			ph.Name, ph.P50, ph.P90, ph.P99, ph.Mean, ph.Stdev, ph.RankMin, ph.RankMax)
 	}
 	p.f("#\n")
+	if hi := t.HostIssue; hi != nil {
+		p.f("# %-22s p50 %.3f ms, %.0f%% of the step's p50", "host issue/step", hi.P50, 100*hi.P50/t.Step.P50)
+		if hi.P50 >= HostBoundShare*t.Step.P50 {
+			p.f(" · the GPU may have waited for the host: times include launch gaps")
+		}
+		p.f("\n")
+	}
 	if rb := rec.Rebalance; rb != nil {
 		p.f("# %-22s %s: token straggler +%.0f (+%.1f%%) → +%.0f (+%.1f%%) · %d moves, %s · copies %.3f ms, scheduler %.3f ms\n",
 			"rebalance", rb.Policy, rb.TokenBefore.Abs, 100*rb.TokenBefore.Rel, rb.TokenAfter.Abs, 100*rb.TokenAfter.Rel,

@@ -200,6 +200,12 @@ type Timing struct {
 	Phases []Phase `json:"phases"`
 	Step   Phase   `json:"step"`
 	Model  string  `json:"model"` // how the step is composed from phases
+	// device runs: the host's wall time to issue one step, from its first
+	// call to its last call's return, before waiting for the streams (a
+	// dispatcher's host wait inside the step, such as alltoall's count
+	// exchange, is inside it). Close to the step time, the GPU may have
+	// waited for the host: the times then include launch gaps.
+	HostIssue *Stat `json:"host_issue_ms,omitempty"`
 }
 
 // Straggler is max−mean (absolute) and max/mean−1 (relative) over ranks.

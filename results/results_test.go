@@ -3,6 +3,7 @@ package results
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -96,6 +97,22 @@ func TestWriteFormats(t *testing.T) {
 	}
 	if err := Write(&bytes.Buffer{}, sample(StatusOK), "xml"); err == nil {
 		t.Error("unknown format accepted")
+	}
+	// a device run's host issue time, flagged when near the step's
+	for _, c := range []struct {
+		share   float64
+		flagged bool
+	}{{0.3, false}, {0.9, true}} {
+		rec := sample(StatusOK)
+		rec.Timing.HostIssue = &Stat{P50: c.share * rec.Timing.Step.P50}
+		var b bytes.Buffer
+		if err := Write(&b, rec, "table"); err != nil {
+			t.Fatal(err)
+		}
+		line := fmt.Sprintf("%.0f%% of the step's p50", 100*c.share)
+		if out := b.String(); !strings.Contains(out, line) || strings.Contains(out, "waited for the host") != c.flagged {
+			t.Errorf("host issue at %.0f%% of the step:\n%s", 100*c.share, out)
+		}
 	}
 }
 
