@@ -726,11 +726,15 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 	} else {
 		rec.Correctness = &results.Correctness{Checked: false, Detail: "check disabled by --check=false"}
 	}
+	excluded := "cuBLASLt workspaces and the CUDA context"
+	if cfg.Impl == dispatchers.ImplLibrary {
+		excluded = "cuBLASLt workspaces, the CUDA context and the library's own buffers (NCCL's)"
+	}
 	m := measured{samples: map[string][][]float64{}, step: make([][]float64, cfg.EP),
 		clock: "CUDA events on each rank's stream (" + dev.Name() + ")",
 		model: "each phase's sample is its slowest rank's event-timed duration; a rank's step runs from a start event every rank waits for (one per GPU, each after GPU 0's) to the rank's last event, the step sample is the slowest rank's. " +
 			"Ranks run concurrently, so phases overlap and do not add up to the step; host enqueue and the count sync are inside the times",
-		mem: &results.Memory{Method: "device buffers, accounted: the bytes moebench allocated for the rank (layer and dispatcher buffers, its share of the router and shared-expert weights), excluding cuBLASLt workspaces and the CUDA context"}}
+		mem: &results.Memory{Method: "device buffers, accounted: the bytes moebench allocated for the rank (layer and dispatcher buffers, its share of the router and shared-expert weights), excluding " + excluded}}
 	for _, ph := range dl.steps() {
 		m.phases = append(m.phases, ph.Name)
 		if g, ok := d.(dispatchers.Grouper); ok && g.Grouped(ph.Name) {
