@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 typedef int CUresult;
 typedef unsigned long long CUdeviceptr;
@@ -80,9 +81,13 @@ CUresult cuEventElapsedTime_v2(float *ms, void *a, void *b) {
     if (((fevent *)a)->ctx != ((fevent *)b)->ctx) return 400;
     *ms = (float)(((fevent *)b)->t - ((fevent *)a)->t); return 0;
 }
-// allocations: a table of (base, size, context)
+// allocations: a table of (base, size, context). Each is mapped on its own
+// with an inaccessible page right after its last 256-byte granule, so that a
+// kernel (on the host simulation) or a copy that runs past the end of a
+// buffer faults at once instead of reading or overwriting a neighbour.
 #define MAXA 4096
-static struct { CUdeviceptr p; size_t n; void *ctx; } allocs[MAXA];
+#define PAGE 4096
+static struct { CUdeviceptr p; size_t n; void *ctx; void *map; size_t maplen; } allocs[MAXA];
 static void *owner(CUdeviceptr p) {
     for (int i = 0; i < MAXA; i++)
         if (allocs[i].p && p >= allocs[i].p && p < allocs[i].p + allocs[i].n + (allocs[i].n == 0)) return allocs[i].ctx;
@@ -92,15 +97,23 @@ static void *owner(CUdeviceptr p) {
 void *fakecuda_owner(CUdeviceptr p) { return owner(p); }
 CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) {
     if (!cur) return 201;
-    void *m; // 256-byte aligned, as cuMemAlloc's
-    if (posix_memalign(&m, 256, n ? n : 1)) return 2;
-    for (int i = 0; i < MAXA; i++)
-        if (!allocs[i].p) { allocs[i].p = (CUdeviceptr)m; allocs[i].n = n; allocs[i].ctx = cur; *p = (CUdeviceptr)m; return 0; }
-    free(m); return 2;
+    for (int i = 0; i < MAXA; i++) {
+        if (allocs[i].p) continue;
+        size_t r = ((n ? n : 1) + 255) / 256 * 256; // 256-byte aligned, as cuMemAlloc's
+        size_t body = (r + PAGE - 1) / PAGE * PAGE;
+        char *m = mmap(0, body + PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (m == MAP_FAILED) return 2;
+        if (mprotect(m + body, PAGE, PROT_NONE)) { munmap(m, body + PAGE); return 2; }
+        allocs[i].p = (CUdeviceptr)(m + body - r);
+        allocs[i].n = n, allocs[i].ctx = cur, allocs[i].map = m, allocs[i].maplen = body + PAGE;
+        *p = allocs[i].p;
+        return 0;
+    }
+    return 2;
 }
 CUresult cuMemFree_v2(CUdeviceptr p) {
     for (int i = 0; i < MAXA; i++)
-        if (allocs[i].p == p) { allocs[i].p = 0; free((void *)p); return 0; }
+        if (allocs[i].p == p) { allocs[i].p = 0; munmap(allocs[i].map, allocs[i].maplen); return 0; }
     return 1;
 }
 CUresult cuMemGetInfo_v2(size_t *f, size_t *t) { *f = (size_t)1 << 30; *t = (size_t)2 << 30; return 0; }
