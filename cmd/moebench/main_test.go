@@ -5,12 +5,12 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/moebench/moebench/internal/cuda"
+	"github.com/moebench/moebench/internal/hostsim"
 	"github.com/moebench/moebench/results"
 )
 
@@ -141,9 +141,9 @@ func TestGPUsFlag(t *testing.T) {
 // and rejects a stray argument.
 func TestCudaLibsFlag(t *testing.T) {
 	dir := t.TempDir()
-	so := filepath.Join(dir, "libcublasLt.so.13")
-	if out, err := exec.Command("cc", "-shared", "-fPIC", "-o", so, "../../internal/cuda/testdata/fakecublaslt.c").CombinedOutput(); err != nil {
-		t.Fatalf("%v\n%s", err, out)
+	so, err := hostsim.BuildFake("fakecublaslt", dir, "libcublasLt.so.13")
+	if err != nil {
+		t.Fatal(err)
 	}
 	t.Setenv(cuda.LibDirsEnv, "")
 	t.Setenv("MOEBENCH_CUBLASLT", "")
@@ -234,9 +234,9 @@ func TestReadmeFlagsInSync(t *testing.T) {
 // no cuBLASLt, --device cuda records unavailable, naming the library, and
 // its stack carries the GPU fingerprint; auto falls back to the host.
 func TestDeviceCUDAFingerprintWithFakeDriver(t *testing.T) {
-	so := filepath.Join(t.TempDir(), "libfakecuda.so")
-	if out, err := exec.Command("cc", "-shared", "-fPIC", "-o", so, "../../internal/cuda/testdata/fakecuda.c").CombinedOutput(); err != nil {
-		t.Fatalf("%v\n%s", err, out)
+	so, err := hostsim.BuildFake("fakecuda", t.TempDir(), "libfakecuda.so")
+	if err != nil {
+		t.Fatal(err)
 	}
 	t.Setenv("MOEBENCH_LIBCUDA", so)
 	t.Setenv("MOEBENCH_NVML", "/nonexistent")

@@ -2,20 +2,21 @@ package cuda
 
 import (
 	"errors"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/moebench/moebench/internal/hostsim"
 )
 
 // buildFake compiles testdata/NAME.c into a shared library and points the
 // environment variable env at it.
 func buildFake(t *testing.T, name, env string) {
 	t.Helper()
-	so := filepath.Join(t.TempDir(), "lib"+name+".so")
-	if out, err := exec.Command("cc", "-shared", "-fPIC", "-o", so, "testdata/"+name+".c").CombinedOutput(); err != nil {
-		t.Fatalf("building %s: %v\n%s", name, err, out)
+	so, err := hostsim.BuildFake(name, t.TempDir(), "lib"+name+".so")
+	if err != nil {
+		t.Fatal(err)
 	}
 	t.Setenv(env, so)
 }
@@ -252,8 +253,8 @@ func TestGPUInfoNVMLByBusID(t *testing.T) {
 // found there, under its usual name; the library's own variable still wins.
 func TestLibDirsSearchedFirst(t *testing.T) {
 	dir := t.TempDir()
-	if out, err := exec.Command("cc", "-shared", "-fPIC", "-o", filepath.Join(dir, "libcublasLt.so.13"), "testdata/fakecublaslt.c").CombinedOutput(); err != nil {
-		t.Fatalf("%v\n%s", err, out)
+	if _, err := hostsim.BuildFake("fakecublaslt", dir, "libcublasLt.so.13"); err != nil {
+		t.Fatal(err)
 	}
 	t.Setenv("MOEBENCH_CUBLASLT", "")
 	t.Setenv(LibDirsEnv, "/nonexistent:"+dir)

@@ -96,6 +96,11 @@ func BuildFake(name, dir, file string) (string, error) {
 		return "", fmt.Errorf("hostsim: cannot find internal/cuda/testdata")
 	}
 	src := filepath.Join(filepath.Dir(here), "..", "cuda", "testdata", name+".c")
+	// read here, not only by cc: go test then reruns a cached test when the
+	// source changes
+	if _, err := os.ReadFile(src); err != nil {
+		return "", fmt.Errorf("hostsim: %w", err)
+	}
 	so := filepath.Join(dir, file)
 	if out, err := exec.Command("cc", "-shared", "-fPIC", "-o", so, src).CombinedOutput(); err != nil {
 		return "", fmt.Errorf("hostsim: building %s: %v\n%s", name, err, out)
