@@ -141,9 +141,6 @@ func view[T uint16 | float32 | int32](e *Emu, p Ptr, n int) ([]T, error) {
 }
 
 func (e *Emu) Upload(dst Ptr, src any, s Stream) error {
-	if err := e.on(s); err != nil {
-		return err
-	}
 	h, err := HostBytes(src)
 	if err != nil {
 		return err
@@ -157,9 +154,6 @@ func (e *Emu) Upload(dst Ptr, src any, s Stream) error {
 }
 
 func (e *Emu) Download(dst any, src Ptr, s Stream) error {
-	if err := e.on(s); err != nil {
-		return err
-	}
 	h, err := HostBytes(dst)
 	if err != nil {
 		return err
@@ -178,9 +172,6 @@ func (e *Emu) Copy(dst, src Ptr, bytes int64, s Stream) error {
 }
 
 func (e *Emu) CopyPeer(op CopyOp, s Stream) error {
-	if err := e.on(s); err != nil {
-		return err
-	}
 	de, err := e.of(op.DstDev)
 	if err != nil {
 		return err

@@ -216,6 +216,18 @@ func TestStreamOrder(t *testing.T) {
 			)
 		}},
 	}
+	// a stream of another GPU is refused before any order is checked
+	r := newOrderRig(t)
+	for name, err := range map[string]error{
+		"upload":   r.a.Upload(r.pa, []int32{1}, r.b1),
+		"download": r.a.Download(make([]int32, 1), r.pa, r.b1),
+		"copy":     r.a.Copy(r.pa+512, r.pa, 16, r.b1),
+		"kernel":   r.a.SwiGLU(r.pa+512, r.pa, 0, 1, 8, r.b1),
+	} {
+		if err == nil || !strings.Contains(err.Error(), "a stream of another device") {
+			t.Errorf("%s on another GPU's stream: %v", name, err)
+		}
+	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			err := c.run(newOrderRig(t))

@@ -12,14 +12,14 @@ import (
 // Formats a record can be printed in.
 var Formats = []string{"table", "json", "csv"}
 
-// Write prints rec in format (table, json or csv).
 // HostBoundShare: a device run whose host issue time per step (median) is at
 // least this share of its step time (median) is flagged as possibly
-// host-bound. The host issues the next call while the GPU runs the last, so
-// a share near 1 means the GPU finished about when the host did: it was
-// likely waiting for calls. Below it the host kept ahead.
+// host-bound. The host issues calls while the GPU runs earlier ones, so a
+// share near 1 means the GPU finished about when the host finished issuing:
+// it was likely waiting for calls. Below it the host kept ahead.
 const HostBoundShare = 0.8
 
+// Write prints rec in format (table, json or csv).
 func Write(w io.Writer, rec *Record, format string) error {
 	switch format {
 	case "table":
