@@ -2,6 +2,7 @@ package kernels
 
 import (
 	"fmt"
+	"slices"
 	"sync"
 	"unsafe"
 )
@@ -36,11 +37,11 @@ import (
 
 // order is the process's stream-order state, shared by every Emu (streams
 // of different Emus order each other through events, copies and receives).
-var order struct {
+var order = struct {
 	sync.Mutex
 	streams int32            // streams made so far (ids from 1)
 	done    map[int32]uint32 // per stream: accesses the host has waited for
-}
+}{done: map[int32]uint32{}}
 
 // clock is a stream's position: the access count of each stream it is
 // ordered after (its own included).
@@ -83,11 +84,12 @@ func newStreamID() int32 {
 	return order.streams
 }
 
+// waited reports whether the host has waited for access a (order locked).
+func (a access) waited() bool { return a.at <= order.done[a.stream] }
+
 // ordered reports whether access a is ordered before work on a stream at
-// position c.
-func ordered(a access, c clock) bool {
-	return a.at <= c[a.stream] || a.at <= order.done[a.stream]
-}
+// position c (order locked).
+func ordered(a access, c clock) bool { return a.at <= c[a.stream] || a.waited() }
 
 // queue checks the accesses of one call on s (nil: an internal copy, not
 // checked) against the stream order and records them. It checks every
@@ -103,7 +105,8 @@ func (e *Emu) queue(op string, s Stream, spans ...span) error {
 	order.Lock()
 	defer order.Unlock()
 	c := st.clock
-	for _, sp := range spans {
+	allocs := make([]*emuAlloc, len(spans)) // nil: a span of no bytes
+	for i, sp := range spans {
 		if sp.n <= 0 || sp.p == 0 {
 			continue
 		}
@@ -111,6 +114,7 @@ func (e *Emu) queue(op string, s Stream, spans ...span) error {
 		if err != nil {
 			return fmt.Errorf("emu: %s: %w", op, err)
 		}
+		allocs[i] = a
 		for _, o := range a.acc {
 			if o.stream == st.id || (!o.write && !sp.write) || o.hi <= sp.p || sp.p+Ptr(sp.n) <= o.lo || ordered(o, c) {
 				continue
@@ -120,19 +124,13 @@ func (e *Emu) queue(op string, s Stream, spans ...span) error {
 		}
 	}
 	c[st.id]++
-	for _, sp := range spans {
-		if sp.n <= 0 || sp.p == 0 {
+	for i, sp := range spans {
+		a := allocs[i]
+		if a == nil {
 			continue
 		}
-		a, _ := sp.e.alloc(sp.p, sp.n)
 		if len(a.acc) >= 64 { // drop what the host has waited for
-			kept := a.acc[:0]
-			for _, o := range a.acc {
-				if o.at > order.done[o.stream] {
-					kept = append(kept, o)
-				}
-			}
-			a.acc = kept
+			a.acc = slices.DeleteFunc(a.acc, access.waited)
 		}
 		a.acc = append(a.acc, access{sp.p, sp.p + Ptr(sp.n), st.id, c[st.id], sp.write, op})
 	}
@@ -153,9 +151,6 @@ func hostWaited(s Stream) {
 	}
 	order.Lock()
 	defer order.Unlock()
-	if order.done == nil {
-		order.done = map[int32]uint32{}
-	}
 	for id, n := range (*emuStream)(unsafe.Pointer(s)).clock {
 		order.done[id] = max(order.done[id], n)
 	}
@@ -166,7 +161,7 @@ func (a *emuAlloc) pending() string {
 	order.Lock()
 	defer order.Unlock()
 	for _, o := range a.acc {
-		if o.at > order.done[o.stream] {
+		if !o.waited() {
 			return fmt.Sprintf("%s on stream %d", o.op, o.stream)
 		}
 	}
