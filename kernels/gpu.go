@@ -276,11 +276,21 @@ func consts(kv ...any) func() map[string]string {
 	}
 }
 
+// Launch block sizes (threads). TestKernelsCompile checks, with the CUDA
+// toolkit's cuobjdump, that each kernel's registers fit the largest block it
+// is launched with.
+const (
+	routerWarps = 4   // router_topk: one token per warp
+	orderBlock  = 512 // permute_order
+	flatBlock   = 256 // gather_f32, swiglu_prob
+	rowBlockMax = 256 // permute_rows, sort_chunks, unpermute_sum (rowGrid)
+)
+
 // rowGrid is the grid of a kernel with one block per row (grid-stride), and
 // the block size for rows of hidden bf16 copied in 16-byte vectors.
 func (c *CUDA) rowGrid(rows, hidden int) (grid, block int) {
 	grid = min(rows, 32*c.SMs)
-	block = min(256, (hidden/8+31)/32*32)
+	block = min(rowBlockMax, (hidden/8+31)/32*32)
 	return max(grid, 1), max(block, 32)
 }
 
@@ -605,13 +615,12 @@ func (c *CUDA) RouterTopK(rc RouterConfig, logits, bias Ptr, tokens int, idx, pr
 	if tokens == 0 {
 		return nil
 	}
-	const warps = 4 // one token per warp
-	return c.launch(routerKey(rc), func() map[string]string { return routerDefs(rc) }, (tokens+warps-1)/warps, 32*warps, s,
+	return c.launch(routerKey(rc), func() map[string]string { return routerDefs(rc) }, (tokens+routerWarps-1)/routerWarps, 32*routerWarps, s,
 		logits, bias, int32(tokens), idx, probs)
 }
 
 func (c *CUDA) PermuteOrder(idx Ptr, n, experts int, rows, pos, counts Ptr, s Stream) error {
-	return c.launch(kernelKey{file: "permute.cu", name: "permute_order"}, consts("MB_HIDDEN", 8), experts, 512, s,
+	return c.launch(kernelKey{file: "permute.cu", name: "permute_order"}, consts("MB_HIDDEN", 8), experts, orderBlock, s,
 		idx, int32(n), rows, pos, counts)
 }
 
@@ -628,7 +637,7 @@ func (c *CUDA) GatherF32(dst, src, rows Ptr, div, n int, s Stream) error {
 	if n == 0 {
 		return nil
 	}
-	return c.launch(kernelKey{file: "permute.cu", name: "gather_f32"}, consts("MB_HIDDEN", 8), min((n+255)/256, 8*c.SMs), 256, s,
+	return c.launch(kernelKey{file: "permute.cu", name: "gather_f32"}, consts("MB_HIDDEN", 8), min((n+flatBlock-1)/flatBlock, 8*c.SMs), flatBlock, s,
 		src, rows, int32(div), int32(n), dst)
 }
 
@@ -653,8 +662,8 @@ func (c *CUDA) SwiGLU(act, h1, prob Ptr, n, ffn int, s Stream) error {
 	if ffn%8 == 0 {
 		items /= 8
 	}
-	grid := min((items+255)/256, 16*c.SMs)
-	return c.launch(kernelKey{file: "swiglu.cu", name: "swiglu_prob", c: [5]int{ffn}}, consts("MB_FFN", ffn), grid, 256, s, h1, prob, int32(n), act)
+	grid := min((items+flatBlock-1)/flatBlock, 16*c.SMs)
+	return c.launch(kernelKey{file: "swiglu.cu", name: "swiglu_prob", c: [5]int{ffn}}, consts("MB_FFN", ffn), grid, flatBlock, s, h1, prob, int32(n), act)
 }
 
 func (c *CUDA) UnpermuteSum(out, src, pos, shared Ptr, tokens, topk, hidden int, s Stream) error {

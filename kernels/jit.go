@@ -17,10 +17,11 @@ import (
 // semantics are the host functions of this package; they are compiled by
 // NVRTC at run time for the device's architecture with the shape baked in.
 //
-// Not yet proven on a GPU: CI compiles them (sm_80, sm_90) and runs them on
-// the CPU (internal/hostsim: the same sources, CUDA's threads and warp
-// intrinsics simulated) against the host functions, but no kernel has been
-// launched on a GPU in this build.
+// Not yet proven on a GPU: CI compiles them (sm_80, sm_90), audits their
+// machine code (sass_test.go: no spills, registers that fit the launch,
+// 16-byte accesses, REDUX) and runs them on the CPU (internal/hostsim: the
+// same sources, CUDA's threads and warp intrinsics simulated) against the
+// host functions, but no kernel has been launched on a GPU in this build.
 var CUDAKernels = map[string][]string{
 	"router.cu":     {"MB_EXPERTS", "MB_TOPK", "MB_SIGMOID", "MB_GROUPS", "MB_GROUP_TOPK", "MB_SCALE"},
 	"permute.cu":    {"MB_HIDDEN"},

@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"fmt"
 	"os"
+	"runtime"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/moebench/moebench/internal/cuda"
@@ -48,35 +50,94 @@ func defines(name string) map[string]string {
 
 // TestKernelsCompile compiles every kernel for sm_80 and sm_90 with every
 // preset's constants, and the router with every configuration the GPU test
-// checks: a kernel that does not compile fails CI. The router refuses more
-// than 32 choices (one per lane) at compile time.
+// checks: a kernel that does not compile fails CI. Where cuobjdump is found,
+// every cubin passes the SASS audit (sass_test.go), the opcode rules checked
+// on the presets' sm_90 cubins. The router refuses more than 32 choices (one
+// per lane) at compile time.
 func TestKernelsCompile(t *testing.T) {
 	n := nvrtc(t)
 	t.Logf("NVRTC %d.%d from %s", n.Major, n.Minor, n.Path)
+	tool := cuobjdump(t)
+	if tool == "" {
+		t.Log("no cuobjdump: the SASS audit is skipped")
+	}
+	// the audits run on every CPU while the compiles go on
+	type audit struct {
+		i       int
+		what    string
+		cubin   []byte
+		d       map[string]string
+		opcodes bool
+	}
+	var (
+		wg  sync.WaitGroup
+		mu  sync.Mutex
+		out = map[int][]string{} // audit i's log lines; "FAIL " starts a failure
+	)
+	work := make(chan audit)
+	for range runtime.NumCPU() {
+		wg.Go(func() {
+			for a := range work {
+				lines, problems, err := auditSASS(tool, a.cubin, a.d, a.opcodes)
+				if err != nil {
+					problems = append(problems, err.Error())
+				}
+				var o []string
+				for _, l := range lines {
+					o = append(o, a.what+": "+l)
+				}
+				for _, p := range problems {
+					o = append(o, "FAIL "+a.what+": "+p)
+				}
+				mu.Lock()
+				out[a.i] = o
+				mu.Unlock()
+			}
+		})
+	}
 	j := &JIT{Compiler: n}
-	compile := func(what, file, arch string, d map[string]string) {
+	compiled := 0
+	compile := func(what, file, arch string, d map[string]string, opcodes bool) {
 		t.Helper()
+		what = fmt.Sprintf("%s %s %s", what, file, arch)
 		cubin, err := j.Compile(file, arch, d)
 		if err != nil {
-			t.Fatalf("%s %s %s: %v", what, file, arch, err)
+			t.Errorf("%s: %v", what, err)
+			return
 		}
 		if !bytes.HasPrefix(cubin, []byte("\x7fELF")) {
-			t.Fatalf("%s %s %s: not an ELF cubin", what, file, arch)
+			t.Errorf("%s: not an ELF cubin", what)
+			return
 		}
+		if tool != "" {
+			work <- audit{compiled, what, cubin, d, opcodes}
+		}
+		compiled++
 	}
 	for _, arch := range []string{"sm_80", "sm_90"} {
 		for name := range shapes {
 			for file := range CUDAKernels {
-				compile(name, file, arch, defines(name))
+				compile(name, file, arch, defines(name), arch == "sm_90")
 			}
 		}
 		for name, rc := range routerCases {
-			compile("router "+name, "router.cu", arch, routerDefs(rc))
+			compile("router "+name, "router.cu", arch, routerDefs(rc), false)
 		}
 	}
+	close(work)
 	_, err := j.Compile("router.cu", "sm_90", routerDefs(RouterConfig{Experts: 64, TopK: 33, Score: ScoreSoftmax}))
 	if ce, ok := err.(*cuda.CompileError); !ok || !strings.Contains(ce.Log, "MB_TOPK must be at most 32") {
 		t.Errorf("router with k = 33: %v, want the kernel's refusal", err)
+	}
+	wg.Wait()
+	for i := range compiled {
+		for _, l := range out[i] {
+			if p, ok := strings.CutPrefix(l, "FAIL "); ok {
+				t.Error(p)
+			} else {
+				t.Log(l)
+			}
+		}
 	}
 }
 
