@@ -26,7 +26,8 @@ type KernelBench struct {
 	Iters   int            `json:"iters"`
 	Rows    []BenchRow     `json:"rows"`
 	Routing string         `json:"routing_note"`
-	Peer    string         `json:"peer_note"` // which GPUs the peer rows copy between, or why there are none
+	Timing  string         `json:"timing_note"` // what each timed call follows (the L2 flush)
+	Peer    string         `json:"peer_note"`   // which GPUs the peer rows copy between, or why there are none
 }
 
 // BenchRow is one kernel's measurement.
@@ -54,15 +55,22 @@ func (r BenchRow) Verdict() string {
 	return "below"
 }
 
-// BenchSizes are the ceilings' sizes: the copy's bytes and the dense GEMM's
-// m = n = k.
+// BenchSizes are the ceilings' sizes (the copy's bytes and the dense GEMM's
+// m = n = k) and the L2 flush's: before each timed call the stream copies
+// FlushBytes/2 bytes to another FlushBytes/2, so that no call finds its
+// inputs in the L2 left there by the call before (the ceilings are far
+// larger than any L2, so the kernels' rates compare with them), and the GPU
+// is still busy with the flush while the host queues the call and its
+// events, so that the time holds no launch gap. 0: no flush.
 type BenchSizes struct {
-	CopyBytes int64
-	GEMMDim   int
+	CopyBytes  int64
+	GEMMDim    int
+	FlushBytes int64
 }
 
-// DefaultBenchSizes are large enough to reach a GPU's steady rates.
-var DefaultBenchSizes = BenchSizes{CopyBytes: 1 << 30, GEMMDim: 8192}
+// DefaultBenchSizes are large enough to reach a GPU's steady rates; the
+// flush is over twice the L2 of an H100 or H200 (50 MB) and a B200 (126 MB).
+var DefaultBenchSizes = BenchSizes{CopyBytes: 1 << 30, GEMMDim: 8192, FlushBytes: 256 << 20}
 
 // BenchKernels times the kernels of rank 0 of cfg's layer on the device with
 // balanced routing (each local expert gets tokens·topk/local rows). Inputs
@@ -88,6 +96,16 @@ func BenchKernels(cfg Config, env Env, sizes BenchSizes) (*KernelBench, error) {
 	b := &bencher{dev: dev, iters: cfg.Iters, warmup: max(cfg.Warmup, 1), rng: rand.New(rand.NewPCG(cfg.Seed, 0xbe7c4))}
 	if b.s, err = dev.NewStream(); err != nil {
 		return nil, err
+	}
+	kb.Timing = "no L2 flush: a call may find its inputs in the L2"
+	if half := sizes.FlushBytes / 2; half > 0 {
+		b.flushSrc, b.flushDst, b.flushBytes = b.raw(int(half)), b.raw(int(half)), half
+		if b.err != nil {
+			return nil, fmt.Errorf("the L2 flush's buffers: %w", b.err)
+		}
+		defer dev.Free(b.flushSrc)
+		defer dev.Free(b.flushDst)
+		kb.Timing = fmt.Sprintf("each timed call follows a %d MiB device copy on its stream: an L2 flush, and no launch gap", half>>20)
 	}
 	if b.e0, err = dev.NewEvent(); err != nil {
 		return nil, err
@@ -172,14 +190,16 @@ func (b *bencher) peerRows(peer kernels.Device, cfg Config, sizes BenchSizes) ([
 }
 
 type bencher struct {
-	dev           kernels.Device
-	s             kernels.Stream
-	e0, e1        kernels.Event
-	iters, warmup int
-	rng           *rand.Rand
-	copyGBs       float64 // ceilings, once measured
-	gemmTFLOPS    float64
-	err           error // the first allocation error
+	dev                kernels.Device
+	s                  kernels.Stream
+	e0, e1             kernels.Event
+	iters, warmup      int
+	rng                *rand.Rand
+	flushSrc, flushDst kernels.Ptr // the L2 flush (BenchSizes): flushBytes copied before each timed call
+	flushBytes         int64
+	copyGBs            float64 // ceilings, once measured
+	gemmTFLOPS         float64
+	err                error // the first allocation error
 }
 
 // raw allocates bytes, keeping the first error in b.err (later calls then
@@ -228,7 +248,8 @@ func (b *bencher) fill(words int64) (kernels.Ptr, error) {
 	return p, nil
 }
 
-// time is the median of iters calls of fn between two events, in µs.
+// time is the median of iters calls of fn between two events, in µs, each
+// after the L2 flush.
 func (b *bencher) time(fn func() error) (float64, error) {
 	for range b.warmup {
 		if err := fn(); err != nil {
@@ -237,6 +258,11 @@ func (b *bencher) time(fn func() error) (float64, error) {
 	}
 	var us []float64
 	for range b.iters {
+		if b.flushBytes > 0 {
+			if err := b.dev.Copy(b.flushDst, b.flushSrc, b.flushBytes, b.s); err != nil {
+				return 0, err
+			}
+		}
 		if err := b.dev.Record(b.e0, b.s); err != nil {
 			return 0, err
 		}

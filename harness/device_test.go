@@ -396,17 +396,59 @@ func TestGPUCopyProbe(t *testing.T) {
 	t.Log(v)
 }
 
+// flushWatch is Emu noting, at each record of the first two events made
+// (the bench's start and end events), whether the last thing queued before
+// it was a copy of flush bytes.
+type flushWatch struct {
+	kernels.Emu
+	flush     int64
+	lastFlush bool
+	timing    []kernels.Event
+	records   []bool
+}
+
+func (f *flushWatch) NewEvent() (kernels.Event, error) {
+	e, err := f.Emu.NewEvent()
+	if len(f.timing) < 2 {
+		f.timing = append(f.timing, e)
+	}
+	return e, err
+}
+
+func (f *flushWatch) Copy(dst, src kernels.Ptr, bytes int64, s kernels.Stream) error {
+	f.lastFlush = bytes == f.flush
+	return f.Emu.Copy(dst, src, bytes, s)
+}
+
+func (f *flushWatch) Record(e kernels.Event, s kernels.Stream) error {
+	if slices.Contains(f.timing, e) {
+		f.records = append(f.records, f.lastFlush)
+	}
+	f.lastFlush = false
+	return f.Emu.Record(e, s)
+}
+
 // TestBenchKernelsOnEmu runs the kernel benchmark's code path on Emu (its
 // rates mean nothing there): every kernel gets a row with a positive rate and
 // a ratio to its ceiling (the expert GEMMs three ways: Emu has a grouped
-// GEMM), and targets are where the issue sets them.
+// GEMM), and targets are where the issue sets them. Every timed call's start
+// event follows the L2 flush, and no end event does.
 func TestBenchKernelsOnEmu(t *testing.T) {
 	c := deviceCases()["sigmoid-groups-skewed-shared"]
 	c.Iters, c.Warmup = 2, 1
-	kb, err := BenchKernels(c, Env{Version: "test", OpenDevices: emus(1)},
-		BenchSizes{CopyBytes: 1 << 20, GEMMDim: 64})
+	watch := &flushWatch{flush: 3 << 19}
+	kb, err := BenchKernels(c, Env{Version: "test", OpenDevices: func(n, most int) ([]kernels.Device, error) { return []kernels.Device{watch}, nil }},
+		BenchSizes{CopyBytes: 1 << 20, GEMMDim: 64, FlushBytes: 3 << 20})
 	if err != nil {
 		t.Fatal(err)
+	}
+	if n := len(watch.records); n != 2*c.Iters*len(kb.Rows) || !strings.Contains(kb.Timing, "1 MiB device copy") {
+		t.Errorf("%d events for %d rows of %d calls; %q", n, len(kb.Rows), c.Iters, kb.Timing)
+	}
+	for i, flushed := range watch.records {
+		if flushed != (i%2 == 0) {
+			t.Fatalf("event %d: after the flush %v", i, flushed)
+		}
 	}
 	targets := map[string]float64{}
 	for _, r := range kb.Rows {

@@ -18,7 +18,10 @@ GPU (CUDA events, median of --iters) and gives its achieved rate as a ratio to
 ceilings measured in the same run: a large device-to-device copy for the
 memory-bound kernels, a large dense bf16 GEMM (cuBLASLt) for the GEMMs, and
 with two GPUs or more a large peer copy from GPU 0 to GPU 1 (the NVLink or PCIe
-rate one way) for rank 0's alltoall dispatch sent as peer copies.
+rate one way) for rank 0's alltoall dispatch sent as peer copies. Each timed
+call follows a 128 MiB device copy on its stream, which flushes the L2 (no
+call finds its inputs cached by the one before) and keeps the GPU busy while
+the call is queued (no launch gap in its time).
 Routing is balanced. Targets (H100): permute and unpermute ≥ 0.8 of the copy
 rate, router top-k ≥ 0.6, expert GEMMs ≥ 0.7 of the dense GEMM rate.
 
@@ -103,7 +106,7 @@ func bench(args []string, stdout, stderr io.Writer) int {
 func writeBench(w io.Writer, kb *harness.KernelBench) {
 	c := kb.Config
 	fmt.Fprintf(w, "# bench kernels · %s · rank 0 of EP %d · %s · %s\n", c.Preset, c.EP, kb.Stack.Note, kb.Routing)
-	fmt.Fprintf(w, "# %s\n", kb.Peer)
+	fmt.Fprintf(w, "# %s · %s\n", kb.Timing, kb.Peer)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "kernel\tshape\tp50 µs\trate\tunit\tratio\tceiling\ttarget\t\t")
 	for _, r := range kb.Rows {
