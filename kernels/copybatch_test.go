@@ -10,7 +10,7 @@ import (
 	"github.com/moebench/moebench/internal/hostsim"
 )
 
-// fakeLib compiles internal/cuda's testdata/NAME.c into a library called
+// fakeLib compiles the fake library NAME (internal/hostsim/fakes) into a library called
 // file and points the environment variable env at it.
 func fakeLib(t *testing.T, name, file, env string) {
 	t.Helper()
@@ -33,8 +33,8 @@ func fakeDriver(t *testing.T) *cuda.Driver {
 	return drv
 }
 
-// TestCopyBatchRefusedFallsBack: on the fake driver (internal/cuda's
-// testdata: device memory is host memory), CopyBatch copies as one batch;
+// TestCopyBatchRefusedFallsBack: on the fake driver (internal/hostsim's
+// fakes: device memory is host memory), CopyBatch copies as one batch;
 // once the driver refuses a batch as invalid, that batch and the later ones
 // are copied one by one, and BatchMethod says why.
 func TestCopyBatchRefusedFallsBack(t *testing.T) {

@@ -20,6 +20,9 @@ mkdir -p "$OUT"
 libdirs=$(ls -d /usr/local/cuda/lib64 /usr/local/cuda-*/lib64 /usr/local/lib/python3*/dist-packages/nvidia/*/lib \
   /usr/lib/python3/dist-packages/nvidia/*/lib /usr/local/lib/python3*/site-packages/nvidia/*/lib 2>/dev/null | tr '\n' ':')
 export LD_LIBRARY_PATH="${libdirs}${LD_LIBRARY_PATH:-}"
+# the toolkit's cuobjdump and nvdisasm, where present, let the kernels' compile
+# test audit the machine code of the GPU's own NVRTC (kernels/sass_test.go)
+export PATH="/usr/local/cuda/bin:$PATH"
 export MOEBENCH_REQUIRE_GPU=1 MOEBENCH_CACHE="$OUT/kernel-cache"
 
 BUDGET=${BUDGET:-540}

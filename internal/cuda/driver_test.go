@@ -10,7 +10,7 @@ import (
 	"github.com/moebench/moebench/internal/hostsim"
 )
 
-// buildFake compiles testdata/NAME.c into a shared library and points the
+// buildFake compiles the fake library NAME (internal/hostsim/fakes) into a shared library and points the
 // environment variable env at it.
 func buildFake(t *testing.T, name, env string) {
 	t.Helper()
@@ -21,7 +21,7 @@ func buildFake(t *testing.T, name, env string) {
 	t.Setenv(env, so)
 }
 
-// fakeDriver opens the binding on testdata/fakecuda.c, with GPU 0's
+// fakeDriver opens the binding on the fake driver (fakecuda.c), with GPU 0's
 // context current.
 func fakeDriver(t *testing.T) *Driver {
 	buildFake(t, "fakecuda", "MOEBENCH_LIBCUDA")

@@ -35,7 +35,7 @@ import (
 // contexts and may leave another one current on the calling thread (see
 // Driver.ContextChanged).
 //
-// Proven here only against a fake libnccl (testdata/fakenccl.c); not yet
+// Proven here only against a fake libnccl (internal/hostsim/fakes/fakenccl.c); not yet
 // run against a real NCCL.
 type NCCL struct {
 	Path    string

@@ -1,7 +1,7 @@
 // Package hostsim compiles moebench's CUDA kernels for the CPU, for the
 // tests only. The kernel sources go, unchanged, through a C++ compiler with
 // mbhost.h (CUDA's built-ins as OS threads and barriers) into a shared
-// object; internal/cuda's fake libcuda (testdata/fakecuda.c) loads it as a
+// object; the fake libcuda (fakes/fakecuda.c, see BuildFake) loads it as a
 // module and runs its kernels when they are launched. So, without a GPU,
 // the kernels' logic is checked against the host functions, and the cuda
 // device's launches (argument order and types, grid and block sizes,
@@ -11,13 +11,12 @@
 package hostsim
 
 import (
-	_ "embed"
+	"embed"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"strings"
 	"testing"
 )
@@ -88,21 +87,27 @@ func (c *Compiler) Compile(name, source string, headers map[string]string, optio
 	return os.ReadFile(out)
 }
 
-// BuildFake compiles internal/cuda's fake library testdata/NAME.c (e.g.
-// "fakecuda") into dir as file and returns its path.
+// fakeSources are the fake CUDA libraries (the driver, cuBLASLt, cuBLAS,
+// NCCL, NVML) the tests load in place of the real ones; embedded, so that a
+// test binary built here runs anywhere (the GPU machine's checkout lies
+// elsewhere).
+//
+//go:embed fakes/*.c
+var fakeSources embed.FS
+
+// BuildFake compiles the fake library fakes/NAME.c (e.g. "fakecuda") with
+// cc into dir as file and returns its path.
 func BuildFake(name, dir, file string) (string, error) {
-	_, here, _, ok := runtime.Caller(0)
-	if !ok {
-		return "", fmt.Errorf("hostsim: cannot find internal/cuda/testdata")
+	src, err := fakeSources.ReadFile("fakes/" + name + ".c")
+	if err != nil {
+		return "", fmt.Errorf("hostsim: no fake library %q: %w", name, err)
 	}
-	src := filepath.Join(filepath.Dir(here), "..", "cuda", "testdata", name+".c")
-	// read here, not only by cc: go test then reruns a cached test when the
-	// source changes
-	if _, err := os.ReadFile(src); err != nil {
+	c := filepath.Join(dir, name+".c")
+	if err := os.WriteFile(c, src, 0o644); err != nil {
 		return "", fmt.Errorf("hostsim: %w", err)
 	}
 	so := filepath.Join(dir, file)
-	if out, err := exec.Command("cc", "-shared", "-fPIC", "-o", so, src).CombinedOutput(); err != nil {
+	if out, err := exec.Command("cc", "-shared", "-fPIC", "-o", so, c).CombinedOutput(); err != nil {
 		return "", fmt.Errorf("hostsim: building %s: %v\n%s", name, err, out)
 	}
 	return so, nil
