@@ -18,7 +18,8 @@ mkdir -p "$OUT"
 [ -x bin/moebench ] || { echo "bin/moebench missing: run scripts/build-gpu-bins.sh here and carry bin/" >&2; exit 2; }
 
 libdirs=$(ls -d /usr/local/cuda/lib64 /usr/local/cuda-*/lib64 /usr/local/lib/python3*/dist-packages/nvidia/*/lib \
-  /usr/lib/python3/dist-packages/nvidia/*/lib /usr/local/lib/python3*/site-packages/nvidia/*/lib 2>/dev/null | tr '\n' ':')
+  /usr/lib/python3/dist-packages/nvidia/*/lib /usr/local/lib/python3*/site-packages/nvidia/*/lib \
+  /opt/conda/lib/python3*/site-packages/nvidia/*/lib 2>/dev/null | tr '\n' ':')
 export LD_LIBRARY_PATH="${libdirs}${LD_LIBRARY_PATH:-}"
 # the toolkit's cuobjdump and nvdisasm, where present, let the kernels' compile
 # test audit the machine code of the GPU's own NVRTC (kernels/sass_test.go)

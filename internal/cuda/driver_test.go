@@ -2,6 +2,7 @@ package cuda
 
 import (
 	"errors"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -265,5 +266,25 @@ func TestLibDirsSearchedFirst(t *testing.T) {
 	t.Setenv("MOEBENCH_CUBLASLT", "/nonexistent/libcublasLt.so")
 	if _, err := OpenCuBLASLt(); err == nil || !strings.Contains(err.Error(), "MOEBENCH_CUBLASLT=/nonexistent") {
 		t.Errorf("the library's own variable should win: %v", err)
+	}
+}
+
+// TestSearchDirsFindWheels: the wheels' nvidia/*/lib folders of the active
+// virtual environment and conda environment are searched.
+func TestSearchDirsFindWheels(t *testing.T) {
+	venv, conda := t.TempDir(), t.TempDir()
+	want := []string{filepath.Join(venv, "lib/python3.12/site-packages/nvidia/nccl/lib"), filepath.Join(conda, "lib/python3.11/site-packages/nvidia/cublas/lib")}
+	for _, d := range want {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Setenv("VIRTUAL_ENV", venv)
+	t.Setenv("CONDA_PREFIX", conda)
+	dirs := searchDirs()
+	for _, d := range want {
+		if !slices.Contains(dirs, d) {
+			t.Errorf("%s not searched: %v", d, dirs)
+		}
 	}
 }

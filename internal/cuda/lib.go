@@ -23,12 +23,20 @@ type library struct {
 }
 
 // searchDirs are where CUDA libraries are looked for after the loader's own
-// path: CUDA toolkit folders and the Python wheels' nvidia/*/lib folders.
+// path: CUDA toolkit folders and the Python wheels' nvidia/*/lib folders
+// (system, user, the active virtual environment or conda environment, and
+// /opt/conda).
 func searchDirs() []string {
 	var dirs []string
-	for _, pat := range []string{"/usr/local/cuda/lib64", "/usr/local/cuda-*/lib64", "/usr/local/cuda/targets/*/lib",
+	pats := []string{"/usr/local/cuda/lib64", "/usr/local/cuda-*/lib64", "/usr/local/cuda/targets/*/lib",
 		"/usr/local/lib/python3*/dist-packages/nvidia/*/lib", "/usr/lib/python3/dist-packages/nvidia/*/lib",
-		"/usr/local/lib/python3*/site-packages/nvidia/*/lib", os.Getenv("HOME") + "/.local/lib/python3*/site-packages/nvidia/*/lib"} {
+		"/usr/local/lib/python3*/site-packages/nvidia/*/lib", os.Getenv("HOME") + "/.local/lib/python3*/site-packages/nvidia/*/lib"}
+	for _, env := range []string{os.Getenv("VIRTUAL_ENV"), os.Getenv("CONDA_PREFIX"), "/opt/conda"} {
+		if env != "" {
+			pats = append(pats, env+"/lib/python3*/site-packages/nvidia/*/lib")
+		}
+	}
+	for _, pat := range pats {
 		m, _ := filepath.Glob(pat)
 		sort.Sort(sort.Reverse(sort.StringSlice(m))) // newest versions first
 		dirs = append(dirs, m...)
