@@ -269,16 +269,22 @@ func TestLibDirsSearchedFirst(t *testing.T) {
 	}
 }
 
-// TestSearchDirsFindWheels: the wheels' nvidia/*/lib folders of the active
-// virtual environment and conda environment are searched.
+// TestSearchDirsFindWheels: the wheels' nvidia/*/lib folders of the python3
+// on the path, of the active virtual environment and of the conda
+// environment are searched.
 func TestSearchDirsFindWheels(t *testing.T) {
-	venv, conda := t.TempDir(), t.TempDir()
-	want := []string{filepath.Join(venv, "lib/python3.12/site-packages/nvidia/nccl/lib"), filepath.Join(conda, "lib/python3.11/site-packages/nvidia/cublas/lib")}
-	for _, d := range want {
+	onPath, venv, conda := t.TempDir(), t.TempDir(), t.TempDir()
+	want := []string{filepath.Join(onPath, "lib/python3.12/site-packages/nvidia/cu13/lib"),
+		filepath.Join(venv, "lib/python3.12/site-packages/nvidia/nccl/lib"), filepath.Join(conda, "lib/python3.11/site-packages/nvidia/cublas/lib")}
+	for _, d := range append(want, filepath.Join(onPath, "bin")) {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			t.Fatal(err)
 		}
 	}
+	if err := os.WriteFile(filepath.Join(onPath, "bin", "python3"), []byte("#!/bin/sh\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("PATH", filepath.Join(onPath, "bin"))
 	t.Setenv("VIRTUAL_ENV", venv)
 	t.Setenv("CONDA_PREFIX", conda)
 	dirs := searchDirs()

@@ -10,6 +10,7 @@ import "C"
 import (
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -24,15 +25,20 @@ type library struct {
 
 // searchDirs are where CUDA libraries are looked for after the loader's own
 // path: CUDA toolkit folders and the Python wheels' nvidia/*/lib folders
-// (system, user, the active virtual environment or conda environment, and
-// /opt/conda).
+// (system, user, the environment of the python3 on the path — a virtual
+// environment's need not be activated —, the active virtual or conda
+// environment, and /opt/conda).
 func searchDirs() []string {
 	var dirs []string
 	pats := []string{"/usr/local/cuda/lib64", "/usr/local/cuda-*/lib64", "/usr/local/cuda/targets/*/lib",
 		"/usr/local/lib/python3*/dist-packages/nvidia/*/lib", "/usr/lib/python3/dist-packages/nvidia/*/lib",
 		"/usr/local/lib/python3*/site-packages/nvidia/*/lib", os.Getenv("HOME") + "/.local/lib/python3*/site-packages/nvidia/*/lib"}
-	for _, env := range []string{os.Getenv("VIRTUAL_ENV"), os.Getenv("CONDA_PREFIX"), "/opt/conda"} {
-		if env != "" {
+	envs := []string{os.Getenv("VIRTUAL_ENV"), os.Getenv("CONDA_PREFIX"), "/opt/conda"}
+	if py, err := exec.LookPath("python3"); err == nil { // PREFIX/bin/python3, not resolved: a venv's is a link
+		envs = append([]string{filepath.Dir(filepath.Dir(py))}, envs...)
+	}
+	for _, env := range envs {
+		if env != "" && env != "/usr" && env != "/usr/local" { // those are searched above
 			pats = append(pats, env+"/lib/python3*/site-packages/nvidia/*/lib")
 		}
 	}
