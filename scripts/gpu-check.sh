@@ -2,12 +2,15 @@
 # The GPU check, run on the GPU machine (see ../shared/GPU.md) after
 # scripts/build-gpu-bins.sh built bin/ here:
 #   scripts/gpu-check.sh            (writes logs and records under $OUT)
+#   scripts/gpu-check.sh sanitize   (only the compute-sanitizer steps, for a
+#                                    second call when the first ran out of budget)
 # It finds the CUDA libraries (toolkit folders, the Python wheels' nvidia/*/lib
 # folders), runs every GPU test with MOEBENCH_REQUIRE_GPU=1 so that a missing
 # GPU or library fails instead of skipping, runs the kernel benchmark (ratios
 # to in-run ceilings), runs the layer on the cuda device for several presets,
 # EP sizes and routings, alltoall through NCCL, and FEPLB over alltoall (records in
-# $OUT/records.jsonl), and prints a short table last. Each step is bounded,
+# $OUT/records.jsonl), runs compute-sanitizer over the kernels' GPU tests, and
+# prints a short table last. Each step is bounded,
 # and a step that would start after BUDGET seconds (default 540) is skipped
 # and reported as such, so that the whole fits one 10-minute call; the issue's
 # "Done means" layer runs first.
@@ -52,6 +55,7 @@ layer() { # name, then moebench flags
 }
 
 bin/moebench doctor 2>&1 | tee "$OUT/doctor.txt"
+if [ "${1:-}" != sanitize ]; then
 layer qwen3-30b-ep8 --preset qwen3-30b-a3b --ep 8
 for t in bin/*.test; do
   step "test-$(basename "$t" .test)" 200 "$t" -test.v
@@ -72,8 +76,26 @@ layer deepseek-v3-ep8 --preset deepseek-v3 --ep 8
 # so the two records compare side by side (one NVLink domain of 8, then 2 of 4)
 layer feplb-qwen3-30b-ep8-skewed --preset qwen3-30b-a3b --ep 8 --routing skewed:1.2 --dispatcher feplb
 layer feplb-qwen3-30b-ep8-skewed-d4 --preset qwen3-30b-a3b --ep 8 --routing skewed:1.2 --dispatcher feplb --domain 4
-bin/moebench report "$records" > "$OUT/report.txt" 2>&1
-cat "$OUT/report.txt"
+fi
+# last, as the budget allows: compute-sanitizer over the GPU tests of
+# moebench's own kernels (not cuBLAS's): memcheck (out-of-bounds and
+# misaligned accesses), racecheck (shared-memory races), synccheck (barriers
+# and warp-wide calls in divergent code), initcheck (reads of memory never
+# written). It refuses some machines' GPUs ("device not supported").
+san=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)
+if [ -n "$san" ]; then
+  for tool in memcheck racecheck synccheck initcheck; do
+    step "sanitize-$tool" 150 "$san" --tool "$tool" --error-exitcode 3 \
+      bin/kernels.test -test.v -test.run '^TestGPU(Router|Permute|SortChunks|SwiGLUAndUnpermute)$'
+    if grep -q -i "device not supported" "$OUT/sanitize-$tool.log" 2>/dev/null; then
+      result[sanitize-$tool]="n/a (compute-sanitizer: device not supported)"
+    fi
+  done
+else
+  result[sanitize]="n/a (no compute-sanitizer)"
+fi
+[ -e "$records" ] && bin/moebench report "$records" > "$OUT/report.txt" 2>&1
+cat "$OUT/report.txt" 2>/dev/null
 
 echo
 echo "== gpu-check summary =="
