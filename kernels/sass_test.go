@@ -166,6 +166,9 @@ func auditSASS(tool string, cubin []byte, d map[string]string, opcodes bool) (li
 			bad("no launch block size in kernelBlock")
 			continue
 		}
+		if k.regs == 0 { // every kernel uses registers: the output was not understood
+			bad("no register count read (cuobjdump -res-usage)")
+		}
 		if k.local != 0 || k.stack != 0 {
 			bad("local memory (%d B local, %d B stack): spills or arrays not kept in registers", k.local, k.stack)
 		}
