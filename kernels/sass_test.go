@@ -103,8 +103,16 @@ func readSASS(tool string, cubin []byte, opcodes bool) (map[string]*sassKernel, 
 		}
 		if k != nil {
 			for _, m := range resKV.FindAllStringSubmatch(l, -1) {
-				v, _ := strconv.Atoi(m[2])
-				*map[string]*int{"REG": &k.regs, "STACK": &k.stack, "SHARED": &k.shared, "LOCAL": &k.local}[m[1]] = v
+				switch v := atoi(m[2]); m[1] {
+				case "REG":
+					k.regs = v
+				case "STACK":
+					k.stack = v
+				case "SHARED":
+					k.shared = v
+				case "LOCAL":
+					k.local = v
+				}
 			}
 		}
 		return k

@@ -20,12 +20,10 @@ OUT=${OUT:-$(mktemp -d)}
 mkdir -p "$OUT"
 [ -x bin/moebench ] || { echo "bin/moebench missing: run scripts/build-gpu-bins.sh here and carry bin/" >&2; exit 2; }
 
+# (moebench itself also searches these and the wheels of the python3 on the
+# path; the loader's path serves the libraries' own dependencies)
 libdirs=$(ls -d /usr/local/cuda/lib64 /usr/local/cuda-*/lib64 /usr/local/lib/python3*/dist-packages/nvidia/*/lib \
-  /usr/lib/python3/dist-packages/nvidia/*/lib /usr/local/lib/python3*/site-packages/nvidia/*/lib \
-  /opt/conda/lib/python3*/site-packages/nvidia/*/lib 2>/dev/null | tr '\n' ':')
-# and wherever python3's own nvidia wheels are (PyTorch's NCCL, cuBLAS)
-pylibs=$(python3 -c 'import glob, os, nvidia; print(":".join(d for p in nvidia.__path__ for d in glob.glob(os.path.join(p, "*", "lib"))))' 2>/dev/null)
-[ -n "$pylibs" ] && libdirs="${libdirs}${pylibs}:"
+  /usr/lib/python3/dist-packages/nvidia/*/lib /usr/local/lib/python3*/site-packages/nvidia/*/lib 2>/dev/null | tr '\n' ':')
 export LD_LIBRARY_PATH="${libdirs}${LD_LIBRARY_PATH:-}"
 # the toolkit's cuobjdump and nvdisasm, where present, let the kernels' compile
 # test audit the machine code of the GPU's own NVRTC (kernels/sass_test.go)

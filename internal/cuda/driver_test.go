@@ -11,8 +11,8 @@ import (
 	"github.com/moebench/moebench/internal/hostsim"
 )
 
-// buildFake compiles the fake library NAME (internal/hostsim/fakes) into a shared library and points the
-// environment variable env at it.
+// buildFake compiles the fake library NAME (internal/hostsim/fakes) and
+// points the environment variable env at it.
 func buildFake(t *testing.T, name, env string) {
 	t.Helper()
 	so, err := hostsim.BuildFake(name, t.TempDir(), "lib"+name+".so")
