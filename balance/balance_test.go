@@ -127,6 +127,50 @@ func TestFEPLBBalancesHotRank(t *testing.T) {
 	}
 }
 
+// TestFEPLBMovesWhatLandsInTime: an expert so hot that no helper's static
+// work can hide its whole share is still partly moved (as much as lands in
+// time), and on skewed steps no helper's incoming copies outlast its static
+// work (copies into a rank are modelled one after another).
+func TestFEPLBMovesWhatLandsInTime(t *testing.T) {
+	tp := Topology{Ranks: 4, Experts: 16, Domain: 4}
+	counts := make([]int, 16)
+	for e := range counts {
+		counts[e] = 4000
+	}
+	counts[1] = 120000
+	st := Step{Counts: counts}
+	pf, _ := New("feplb", tp, model, DefaultOptions)
+	pl := pf.Plan(st)
+	if err := pl.Check(tp, st); err != nil {
+		t.Fatal(err)
+	}
+	if l := pl.Loads(4); l[0] > 120000 {
+		t.Errorf("loads %v: the hot rank (132000 before) kept its expert", l)
+	}
+	src := NewSkewed(topo, 8, 4096, 1.2, 0.3, 5, 30)
+	pf, _ = New("feplb", topo, model, DefaultOptions)
+	for i := range 30 {
+		st := src.Step(i)
+		pl := pf.Plan(st)
+		dyn := DynamicExperts(topo, st.Counts, DefaultOptions.DynamicPerRank)
+		static := make([]float64, topo.Ranks)
+		for e, n := range st.Counts {
+			if !dyn[e] {
+				static[topo.Owner(e)] += model.ExpertTime(n)
+			}
+		}
+		in := make([]float64, topo.Ranks)
+		for _, m := range pl.Moves {
+			in[m.To] += float64(m.Bytes) / model.CE
+		}
+		for r, s := range in {
+			if s > static[r]*(1+1e-9) {
+				t.Fatalf("step %d: rank %d receives %.0f µs of copies, has %.0f µs of static work", i, r, s*1e6, static[r]*1e6)
+			}
+		}
+	}
+}
+
 func TestEPLBReplicatesHotExperts(t *testing.T) {
 	load := make([]float64, topo.Experts)
 	for e := range load {

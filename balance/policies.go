@@ -263,11 +263,14 @@ func (p fastermoe) Plan(st Step) Plan {
 // scheduler, per NVLink domain, hands the dynamic experts' tokens out by
 // water-filling: largest expert first, each chunk to the least loaded rank of
 // the domain, aiming at the domain's mean load. A chunk for a rank other than
-// the owner moves the tokens there and the expert's weights once, both over
-// the owner's copy engine, one copy after another; the copy must land before
-// the helper finishes its own static experts, so it is hidden. A chunk smaller
-// than MinChunk tokens, or one that would land late, stays with the owner.
-// At most L−1 experts of a rank are dynamic, so every rank has static work.
+// the owner moves the tokens there and the expert's weights once, over copy
+// engines; the copies must land before the helper finishes its own static
+// experts, so they are hidden. Copies are modelled one after another on each
+// rank's way out and on each rank's way in, at the copy-engine rate, so a
+// chunk is cut to what lands in time; a chunk of fewer than MinChunk tokens
+// is not worth its weights, and the helper is passed over for the next least
+// loaded one. What no helper takes stays with the owner. At most L−1 experts
+// of a rank are dynamic, so every rank has static work.
 //
 // Phase 2 cannot move load between domains. As feplb+place, the static
 // placement itself is re-made every ReplanEvery steps from the load history:
@@ -312,7 +315,10 @@ func (p *feplb) Plan(st Step) Plan {
 	}
 	load := make([]int, t.Ranks)
 	static := make([]float64, t.Ranks) // modelled static compute time: when a helper is free
-	ceUsed := make([]float64, t.Ranks)
+	// copy-engine transfers are modelled one after another on each rank's
+	// way out and each rank's way in: when each is next free (seconds)
+	ceOut, ceIn := make([]float64, t.Ranks), make([]float64, t.Ranks)
+	wCost, tCost := float64(m.WeightBytes())/m.CE, float64(m.TokenBytes())/m.CE
 	type dyn struct{ e, owner, n int }
 	var moved, dynamic int
 	nDyn := dynamicPerRank(t, o.DynamicPerRank)
@@ -343,10 +349,11 @@ func (p *feplb) Plan(st Step) Plan {
 		for _, x := range dyns {
 			left := x.n
 			shares := map[int]int{}
+			late := map[int]bool{} // helpers no copy of this expert can reach in time
 			for left > 0 {
-				r := x.owner // the least loaded rank of the domain; the owner on ties
+				r := x.owner // the least loaded rank of the domain not ruled out; the owner on ties
 				for k := d * t.Domain; k < (d+1)*t.Domain; k++ {
-					if load[k] < load[r] {
+					if !late[k] && load[k] < load[r] {
 						r = k
 					}
 				}
@@ -355,15 +362,20 @@ func (p *feplb) Plan(st Step) Plan {
 					give = room
 				}
 				if r != x.owner {
-					cost := float64(int64(give)*m.TokenBytes()) / m.CE
+					// the weights (once) and as many tokens as land in time
+					start, w := max(ceOut[x.owner], ceIn[r]), 0.0
 					if shares[r] == 0 {
-						cost += float64(m.WeightBytes()) / m.CE
+						w = wCost
 					}
-					if give < o.MinChunk || ceUsed[x.owner]+cost > static[r] {
-						r, give = x.owner, left // not worth it, or would land late: keep the rest home
-					} else {
-						ceUsed[x.owner] += cost
+					if fit := int((static[r] - start - w) / tCost); fit < give {
+						give = max(fit, 0)
 					}
+					if give < o.MinChunk { // not worth it, or nothing lands in time
+						late[r] = true
+						continue
+					}
+					ceOut[x.owner] = start + w + float64(give)*tCost
+					ceIn[r] = ceOut[x.owner]
 				}
 				shares[r] += give
 				load[r] += give

@@ -31,7 +31,7 @@ averaged over steps; GEMM straggler from the H100 roofline model. Policies:
 re-placed every 50 steps from history); `fastermoe` (fastmoe's shadow policy
 and latency model with H100 link speeds); `feplb` (moebench's reading of
 FEPLB: two most loaded experts per rank are dynamic, spread by water-filling
-inside the domain over copy engines, only as far as the copies land before the
+inside the domain over copy engines, each chunk cut to what lands before the
 helper finishes its static experts); `feplb+place` (the same, plus a
 load-aware re-placement of experts across domains every 50 steps). The
 paper's scheduler, its dynamic-expert rule and its routing traces are not
@@ -39,18 +39,22 @@ public, so this is a model of the design, not a reproduction.
 
 **How to read the gaps.**
 - *One domain (EP 8).* Phase 2 can reach every rank, so `feplb` is compared
-  with the paper's range directly. What limits it is the hiding rule: a copy
-  must land before the helper runs out of static work, and a moved expert
-  costs its whole weights once. As the skew grows, load concentrates on a few
-  experts, the helpers' static work shrinks, less copying can be hidden, and
-  the reduction falls; at mild skew it removes nearly all of the straggler,
-  which also makes the FasterMoE ratio there very large and not meaningful.
+  with the paper's range directly. What limits it is the hiding rule: the
+  copies into a helper must land before it runs out of static work (copies
+  one after another on each rank's way out and way in, at the copy-engine
+  rate), and a moved expert costs its whole weights once per helper. As the
+  skew grows, more load sits in a few experts of one rank, so more must leave
+  that rank through its one way out while the helpers' static work, which
+  hides the copies, shrinks: the reduction falls, and at the heaviest skew
+  here FasterMoE, whose NVLink shadowing needs no hiding, draws level. At
+  mild skew `feplb` removes nearly all of the straggler, which makes the
+  FasterMoE ratio there large and not meaningful.
 - *Two domains (EP 16).* Copy engines cannot move load between domains. At
   mild skew the domains stay even and plain `feplb` works as in one domain;
-  at heavier skew one domain carries the hot experts and plain `feplb` changes
-  little. The paper's EP-16 gains imply even inter-domain load (a balanced
-  placement, or flatter routing); `feplb+place` shows what such a placement
-  adds.
+  at heavier skew one domain carries the hot experts and plain `feplb` can
+  only even out the inside of each. The paper's EP-16 gains imply even
+  inter-domain load (a balanced placement, or flatter routing);
+  `feplb+place` shows what such a placement adds.
 - *Against FasterMoE.* The ratio depends on FasterMoE's cost parameters: over
   NVLink (one domain) shadowing a hot expert is cheap and FasterMoE does well;
   across the network it shadows less. The paper's FasterMoE setup is not
