@@ -107,7 +107,7 @@ func BuildFake(name, dir, file string) (string, error) {
 		return "", fmt.Errorf("hostsim: %w", err)
 	}
 	so := filepath.Join(dir, file)
-	if out, err := exec.Command("cc", "-shared", "-fPIC", "-o", so, c).CombinedOutput(); err != nil {
+	if out, err := exec.Command("cc", "-O2", "-shared", "-fPIC", "-o", so, c).CombinedOutput(); err != nil {
 		return "", fmt.Errorf("hostsim: building %s: %v\n%s", name, err, out)
 	}
 	return so, nil
