@@ -379,6 +379,25 @@ func (b *bencher) run(cfg Config, sizes BenchSizes) ([]BenchRow, error) {
 	if err := add(r, err); err != nil {
 		return rows, err
 	}
+	if cfg.EP > 1 {
+		// one rank's logits may be too few bytes for a bandwidth rate (a
+		// launch and a memory latency): the same kernel on every rank's
+		// tokens at once shows whether the kernel or the size is the limit
+		TE := T * cfg.EP
+		lg, ix, pr := b.buf(2*TE*E), b.raw(4*TE*k), b.raw(4*TE*k)
+		if b.err != nil {
+			return rows, b.err
+		}
+		r, err = b.memRow("router top-k (all ranks' tokens)", fmt.Sprintf("%d tokens (%d ranks') × %d experts, k=%d", TE, cfg.EP, E, k),
+			float64(4*TE*E+8*TE*k), 0.6, "fp32 logits read + (int32 index, fp32 prob) per copy written",
+			func() error { return dev.RouterTopK(rc, lg, bias, TE, ix, pr, s) })
+		if err := add(r, err); err != nil {
+			return rows, err
+		}
+		for _, p := range []kernels.Ptr{lg, ix, pr} {
+			dev.Free(p)
+		}
+	}
 	// permute with uniformly random experts
 	ri := make([]int32, n)
 	for i := range ri {

@@ -456,8 +456,12 @@ func TestBenchKernelsOnEmu(t *testing.T) {
 			t.Errorf("row %+v", r)
 		}
 		targets[r.Kernel] = r.Target
+		if te := c.Tokens * c.EP; r.Kernel == "router top-k (all ranks' tokens)" && r.Work != float64(4*te*c.Experts+8*te*c.TopK) {
+			t.Errorf("router row on every rank's tokens: %v bytes", r.Work)
+		}
 	}
-	if len(kb.Rows) != 12 || targets["permute"] != 0.8 || targets["unpermute (sum of k)"] != 0.8 || targets["router top-k"] != 0.6 ||
+	if len(kb.Rows) != 13 || targets["permute"] != 0.8 || targets["unpermute (sum of k)"] != 0.8 || targets["router top-k"] != 0.6 ||
+		targets["router top-k (all ranks' tokens)"] != 0.6 ||
 		!strings.Contains(kb.Peer, "one GPU") {
 		t.Errorf("%d rows, targets %v, %q", len(kb.Rows), targets, kb.Peer)
 	}
@@ -466,10 +470,10 @@ func TestBenchKernelsOnEmu(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(kb.Rows) != 14 || kb.Peer != "peer rows: GPU 0 → GPU 1, queued on GPU 0" {
+	if len(kb.Rows) != 15 || kb.Peer != "peer rows: GPU 0 → GPU 1, queued on GPU 0" {
 		t.Fatalf("%d rows, %q", len(kb.Rows), kb.Peer)
 	}
-	ceil, disp := kb.Rows[12], kb.Rows[13]
+	ceil, disp := kb.Rows[13], kb.Rows[14]
 	n, h := c.Tokens*c.TopK, c.Hidden
 	per := n / c.EP
 	if ceil.Kernel != "peer copy (ceiling)" || ceil.Work != 1<<20 || !(ceil.Rate > 0) ||

@@ -21,9 +21,11 @@ with two GPUs or more a large peer copy from GPU 0 to GPU 1 (the NVLink or PCIe
 rate one way) for rank 0's alltoall dispatch sent as peer copies. Each timed
 call follows a 128 MiB device copy on its stream, which flushes the L2 (no
 call finds its inputs cached by the one before) and keeps the GPU busy while
-the call is queued (no launch gap in its time).
-Routing is balanced. Targets (H100): permute and unpermute ≥ 0.8 of the copy
-rate, router top-k ≥ 0.6, expert GEMMs ≥ 0.7 of the dense GEMM rate.
+the call is queued (no launch gap in its time). The router's top-k also runs
+on every rank's tokens in one launch (one rank's logits may be too few bytes
+to show a bandwidth rate). Routing is balanced. Targets (H100): permute and
+unpermute ≥ 0.8 of the copy rate, router top-k ≥ 0.6, expert GEMMs ≥ 0.7 of
+the dense GEMM rate.
 
 Usage:
   moebench bench kernels [flags]`
