@@ -12,6 +12,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/moebench/moebench/balance"
 	"github.com/moebench/moebench/dispatchers"
 	"github.com/moebench/moebench/internal/cuda"
 	"github.com/moebench/moebench/internal/hostsim"
@@ -237,6 +238,48 @@ func TestDeviceFEPLB(t *testing.T) {
 		if cr, err := dl.check(); err == nil && cr.Passed {
 			t.Errorf("copy %d of %d lost, check passed", drop, copies)
 		}
+	}
+}
+
+// TestDeviceFEPLBSplitsOverHelpers: a plan that splits one expert over the
+// owner and two helpers (a trace of top-1 routing: expert 0 takes half the
+// tokens, every expert one at least, so that each helper has static work to
+// hide its copies behind) runs on the device pipeline with the host layer's
+// output, each rank computing what the plan says.
+func TestDeviceFEPLBSplitsOverHelpers(t *testing.T) {
+	c := feplbCase()
+	c.EP, c.Domain, c.Experts, c.TopK, c.Tokens = 4, 4, 128, 1, 64
+	var b strings.Builder
+	for e := range c.Experts {
+		fmt.Fprintf(&b, "%d\n0\n", e)
+	}
+	c.Routing = Routing{Kind: RoutingTrace, File: filepath.Join(t.TempDir(), "hot.txt")}
+	if err := os.WriteFile(c.Routing.File, []byte(b.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// the premise: the policy splits expert 0 over two helpers
+	counts := slices.Repeat([]int{1}, c.Experts)
+	counts[0] = c.Tokens*c.EP - c.Experts + 1
+	tp := balance.Topology{Ranks: c.EP, Experts: c.Experts, Domain: c.Domain}
+	o := balance.DefaultOptions
+	o.DynamicPerRank = c.FeplbDyn
+	pol, err := balance.New("feplb", tp, balance.H100(c.Hidden, c.FFN), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pl := pol.Plan(balance.Step{Counts: counts})
+	if len(pl.Shares[0]) < 3 {
+		t.Fatalf("premise: expert 0's shares %v, want the owner and two helpers", pl.Shares[0])
+	}
+	for _, n := range []int{1, 4} {
+		equalsHost(t, c, n)
+	}
+	dl := deviceRun(t, c, &kernels.Emu{})
+	if cr, err := dl.check(); err != nil || !cr.Passed {
+		t.Fatalf("check: %v, %+v", err, cr)
+	}
+	if rb := dl.d.(dispatchers.Rebalancer).RebalanceStats(); !slices.Equal(rb.TokensAfter, pl.Loads(c.EP)) || rb.Moves != len(pl.Moves)/2 {
+		t.Fatalf("rebalance %+v; plan loads %v, %d moves", rb, pl.Loads(c.EP), len(pl.Moves)/2)
 	}
 }
 
