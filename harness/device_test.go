@@ -241,12 +241,11 @@ func TestDeviceFEPLB(t *testing.T) {
 	}
 }
 
-// TestDeviceFEPLBSplitsOverHelpers: a plan that splits one expert over the
-// owner and two helpers (a trace of top-1 routing: expert 0 takes half the
-// tokens, every expert one at least, so that each helper has static work to
-// hide its copies behind) runs on the device pipeline with the host layer's
-// output, each rank computing what the plan says.
-func TestDeviceFEPLBSplitsOverHelpers(t *testing.T) {
+// splitCase is FEPLB on a trace of top-1 routing where expert 0 takes half
+// the tokens and every expert one at least (so that each helper has static
+// work to hide its copies behind): its plan splits expert 0 over the owner
+// and two helpers, the only expert with enough tokens to move.
+func splitCase(t *testing.T) Config {
 	c := feplbCase()
 	c.EP, c.Domain, c.Experts, c.TopK, c.Tokens = 4, 4, 128, 1, 64
 	var b strings.Builder
@@ -257,6 +256,14 @@ func TestDeviceFEPLBSplitsOverHelpers(t *testing.T) {
 	if err := os.WriteFile(c.Routing.File, []byte(b.String()), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	return c
+}
+
+// TestDeviceFEPLBSplitsOverHelpers: a plan that splits one expert over the
+// owner and two helpers (splitCase) runs on the device pipeline with the host
+// layer's output, each rank computing what the plan says.
+func TestDeviceFEPLBSplitsOverHelpers(t *testing.T) {
+	c := splitCase(t)
 	// the premise: the policy splits expert 0 over two helpers
 	counts := slices.Repeat([]int{1}, c.Experts)
 	counts[0] = c.Tokens*c.EP - c.Experts + 1

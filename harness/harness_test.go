@@ -322,6 +322,30 @@ func TestFEPLBEqualOutput(t *testing.T) {
 	c := small()
 	c.Routing = Routing{Kind: RoutingSkewed, Alpha: 1.5}
 	c.EP, c.Domain = 4, 2
+	rb := feplbEqualOutput(t, c)
+	before, after := slices.Max(rb.TokensBefore)-slices.Min(rb.TokensBefore), slices.Max(rb.TokensAfter)-slices.Min(rb.TokensAfter)
+	if rb.Moves == 0 || after >= before {
+		t.Errorf("feplb: %d moves, spread of rows per rank %d → %d", rb.Moves, before, after)
+	}
+	// moves stay inside the 2-rank domains: ranks 0,1 and 2,3 keep their totals
+	for d := 0; d < 4; d += 2 {
+		if rb.TokensBefore[d]+rb.TokensBefore[d+1] != rb.TokensAfter[d]+rb.TokensAfter[d+1] {
+			t.Errorf("domain %d: rows %v → %v: work left the domain", d/2, rb.TokensBefore, rb.TokensAfter)
+		}
+	}
+	// one expert split over two helpers (only expert 0 has rows to move)
+	c = splitCase(t)
+	c.Device = "host"
+	if rb := feplbEqualOutput(t, c); rb.Moves < 2 {
+		t.Errorf("split case: %d moves, want expert 0 on two helpers", rb.Moves)
+	}
+}
+
+// feplbEqualOutput runs c's layer on the host with alltoall, with feplb and
+// with feplb paused, checks that all three give the same output and that
+// paused feplb moves nothing, and returns feplb's rebalance.
+func feplbEqualOutput(t *testing.T, c Config) dispatchers.RebalanceStats {
+	t.Helper()
 	out := map[string][][]float32{}
 	stats := map[string]dispatchers.RebalanceStats{}
 	for _, run := range []string{"alltoall", "feplb", "paused"} {
@@ -364,17 +388,7 @@ func TestFEPLBEqualOutput(t *testing.T) {
 	if p := stats["paused"]; p.Moves != 0 || !slices.Equal(p.TokensAfter, p.TokensBefore) {
 		t.Errorf("paused feplb moved work: %+v", p)
 	}
-	rb := stats["feplb"]
-	before, after := slices.Max(rb.TokensBefore)-slices.Min(rb.TokensBefore), slices.Max(rb.TokensAfter)-slices.Min(rb.TokensAfter)
-	if rb.Moves == 0 || after >= before {
-		t.Errorf("feplb: %d moves, spread of rows per rank %d → %d", rb.Moves, before, after)
-	}
-	// moves stay inside the 2-rank domains: ranks 0,1 and 2,3 keep their totals
-	for d := 0; d < 4; d += 2 {
-		if rb.TokensBefore[d]+rb.TokensBefore[d+1] != rb.TokensAfter[d]+rb.TokensAfter[d+1] {
-			t.Errorf("domain %d: rows %v → %v: work left the domain", d/2, rb.TokensBefore, rb.TokensAfter)
-		}
-	}
+	return stats["feplb"]
 }
 
 func TestFEPLBRunRecord(t *testing.T) {
