@@ -244,29 +244,30 @@ func TestDeviceFEPLB(t *testing.T) {
 // splitCase is FEPLB on a trace of top-1 routing where expert 0 takes half
 // the tokens and every expert one at least (so that each helper has static
 // work to hide its copies behind): its plan splits expert 0 over the owner
-// and two helpers, the only expert with enough tokens to move.
-func splitCase(t *testing.T) Config {
+// and two helpers, the only expert with enough tokens to move. It returns
+// the tokens routed to each expert too.
+func splitCase(t *testing.T) (Config, []int) {
 	c := feplbCase()
 	c.EP, c.Domain, c.Experts, c.TopK, c.Tokens = 4, 4, 128, 1, 64
+	counts := slices.Repeat([]int{1}, c.Experts)
+	counts[0] += c.Tokens*c.EP - c.Experts
 	var b strings.Builder
-	for e := range c.Experts {
-		fmt.Fprintf(&b, "%d\n0\n", e)
+	for e, n := range counts {
+		b.WriteString(strings.Repeat(fmt.Sprintf("%d\n", e), n))
 	}
 	c.Routing = Routing{Kind: RoutingTrace, File: filepath.Join(t.TempDir(), "hot.txt")}
 	if err := os.WriteFile(c.Routing.File, []byte(b.String()), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	return c
+	return c, counts
 }
 
 // TestDeviceFEPLBSplitsOverHelpers: a plan that splits one expert over the
 // owner and two helpers (splitCase) runs on the device pipeline with the host
 // layer's output, each rank computing what the plan says.
 func TestDeviceFEPLBSplitsOverHelpers(t *testing.T) {
-	c := splitCase(t)
+	c, counts := splitCase(t)
 	// the premise: the policy splits expert 0 over two helpers
-	counts := slices.Repeat([]int{1}, c.Experts)
-	counts[0] = c.Tokens*c.EP - c.Experts + 1
 	tp := balance.Topology{Ranks: c.EP, Experts: c.Experts, Domain: c.Domain}
 	o := balance.DefaultOptions
 	o.DynamicPerRank = c.FeplbDyn

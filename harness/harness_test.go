@@ -334,7 +334,7 @@ func TestFEPLBEqualOutput(t *testing.T) {
 		}
 	}
 	// one expert split over two helpers (only expert 0 has rows to move)
-	c = splitCase(t)
+	c, _ = splitCase(t)
 	c.Device = "host"
 	if rb := feplbEqualOutput(t, c); rb.Moves < 2 {
 		t.Errorf("split case: %d moves, want expert 0 on two helpers", rb.Moves)
