@@ -84,11 +84,7 @@ func BenchKernels(cfg Config, env Env, sizes BenchSizes) (*KernelBench, error) {
 	if err != nil {
 		return nil, fmt.Errorf("device %s: %w", cfg.Device, err)
 	}
-	defer func() {
-		for _, d := range devs {
-			d.Close()
-		}
-	}()
+	defer closeDevices(devs)
 	dev := devs[0]
 	rec := newRecord(cfg, env)
 	kb := &KernelBench{Schema: BenchSchema, Time: rec.Time, Config: rec.Config, Stack: rec.Stack, Iters: cfg.Iters,
@@ -394,9 +390,7 @@ func (b *bencher) run(cfg Config, sizes BenchSizes) ([]BenchRow, error) {
 		if err := add(r, err); err != nil {
 			return rows, err
 		}
-		for _, p := range []kernels.Ptr{lg, ix, pr} {
-			dev.Free(p)
-		}
+		kernels.Free(dev, &lg, &ix, &pr)
 	}
 	// permute with uniformly random experts
 	ri := make([]int32, n)

@@ -690,11 +690,7 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 	if err != nil {
 		return fail(results.StatusUnavailable, fmt.Errorf("device %s: %w", cfg.Device, err))
 	}
-	defer func() {
-		for _, dev := range devs {
-			dev.Close()
-		}
-	}()
+	defer closeDevices(devs)
 	defer d.Close()
 	dev := devs[0]
 	rec.Ranks.Devices = rankDevices(cfg.EP, len(devs))
@@ -832,6 +828,13 @@ func (env Env) devices(n, most int) ([]kernels.Device, error) {
 		devs[i] = g
 	}
 	return devs, err
+}
+
+// closeDevices closes the devices a run opened.
+func closeDevices(devs []kernels.Device) {
+	for _, d := range devs {
+		d.Close()
+	}
 }
 
 // ranksNote says where a device run's ranks are and how data moves between
