@@ -83,6 +83,10 @@ type Plan struct {
 	// Holders[e] lists the ranks that hold expert e's weights this step.
 	Holders [][]int
 	Moves   []Move
+	// Dynamic marks FEPLB's dynamic experts this step (nil for the other
+	// policies): their owners compute the share they keep after the chunks
+	// they compute for others (see BackExposed).
+	Dynamic []bool
 	// SchedulerNote says what the policy decided, for --explain.
 	Note string
 }

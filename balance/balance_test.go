@@ -274,3 +274,75 @@ func BenchmarkSimulateEP64(b *testing.B) {
 		})
 	}
 }
+
+// TestCETimes: an owner sending rows to two helpers and weights to one. Its
+// way out carries rows and weights, its way in the outputs back; each
+// helper's way in carries what it received, its way out its outputs.
+func TestCETimes(t *testing.T) {
+	moves := []Move{
+		{Expert: 0, From: 0, To: 1, Bytes: 600, Link: LinkCE, Weights: true},
+		{Expert: 0, From: 0, To: 1, Tokens: 3, Bytes: 300, Link: LinkCE},
+		{Expert: 1, From: 0, To: 2, Tokens: 5, Bytes: 500, Link: LinkCE},
+		{Expert: 2, From: 3, To: 2, Tokens: 9, Bytes: 9000, Link: LinkNVLink}, // not a copy-engine move
+	}
+	busiest, back := ceTimes(moves, 4, 100)
+	// rank 0: out 600+300+500 = 1400, in 300+500 = 800; rank 1: in 900, out 300
+	if busiest != 14 || back != 8 {
+		t.Errorf("ceTimes = %v, %v s; want 14 (rank 0's way out), 8 (rank 0's outputs back)", busiest, back)
+	}
+	// a helper receiving from two owners is the busiest on its way in
+	moves = append(moves, Move{Expert: 3, From: 3, To: 1, Tokens: 10, Bytes: 1000, Link: LinkCE, Weights: false})
+	if busiest, back = ceTimes(moves, 4, 100); busiest != 19 || back != 10 {
+		t.Errorf("ceTimes = %v, %v s; want 19 (rank 1's way in), 10 (rank 3's outputs back)", busiest, back)
+	}
+}
+
+// TestPhaseEnds: a helper computes its chunks for others before its own
+// dynamic experts' kept share, and the outputs go back one after another on
+// the owner's way in. Units: one token takes 1 s to compute and 1 s to copy.
+func TestPhaseEnds(t *testing.T) {
+	m := Model{Hidden: 1, FFN: 1, GEMMRate: 6, HBM: 1e18, CE: 2}
+	p := Plan{
+		Shares:  [][]Share{{{0, 4}, {1, 3}, {2, 2}}, {{1, 5}}, {{2, 6}}, {{1, 2}}},
+		Dynamic: []bool{true, false, false, true},
+		Moves: []Move{
+			{Expert: 0, From: 0, To: 1, Bytes: 6, Link: LinkCE, Weights: true},
+			{Expert: 0, From: 0, To: 1, Tokens: 3, Bytes: 6, Link: LinkCE},
+			{Expert: 0, From: 0, To: 2, Bytes: 6, Link: LinkCE, Weights: true},
+			{Expert: 0, From: 0, To: 2, Tokens: 2, Bytes: 4, Link: LinkCE},
+		},
+	}
+	// rank 1 computes 5 static + 3 for rank 0 (done at 8), then its own 2;
+	// rank 2 computes 6 + 2 (done at 8); rank 0's way in takes rank 1's
+	// outputs over 8–11, then rank 2's over 11–13
+	gemm, back := phaseEnds(&p, m, 3)
+	if !slices.Equal(gemm, []float64{4, 10, 8}) || !slices.Equal(back, []float64{13, 0, 0}) {
+		t.Errorf("phaseEnds: GEMMs end %v, outputs back %v; want [4 10 8], [13 0 0]", gemm, back)
+	}
+	if x := BackExposed(&p, m, 3); x != 3 {
+		t.Errorf("BackExposed = %v s, want 3 (13 − 10)", x)
+	}
+}
+
+// TestFEPLBPlansTheWayBack: at mild skew, balancing to the mean leaves the
+// outputs' way back exposed after the GEMMs; planning for it ends the
+// modelled expert phase earlier.
+func TestFEPLBPlansTheWayBack(t *testing.T) {
+	src := NewSkewed(topo, 8, 4096, 0.4, 0.3, 3, 30)
+	var end, exposed [2]float64 // without the rule, with it
+	for i, way := range []bool{false, true} {
+		pol, _ := New("feplb", topo, model, DefaultOptions)
+		pol.(*feplb).wayBack = way
+		for s := range 30 {
+			pl := pol.Plan(src.Step(s))
+			x := BackExposed(&pl, model, topo.Ranks)
+			end[i] += slices.Max(model.GEMMTimes(&pl, topo.Ranks)) + x
+			exposed[i] += x
+		}
+	}
+	t.Logf("mean over 30 steps: expert phase ends %.0f µs → %.0f µs, way back exposed %.0f µs → %.0f µs", end[0]/30*1e6, end[1]/30*1e6, exposed[0]/30*1e6, exposed[1]/30*1e6)
+	if exposed[1] > exposed[0]/2 || end[1] >= end[0] {
+		t.Errorf("with the rule: ends %.0f µs (without %.0f), exposed %.0f µs (without %.0f): want an earlier end and at most half the exposure",
+			end[1]/30*1e6, end[0]/30*1e6, exposed[1]/30*1e6, exposed[0]/30*1e6)
+	}
+}

@@ -47,7 +47,7 @@ func New(name string, t Topology, m Model, o Options) (Policy, error) {
 		if o.DynamicPerRank < 0 || o.MinChunk < 1 || o.ReplanEvery < 1 {
 			return nil, fmt.Errorf("feplb: dynamic experts per rank %d must be ≥ 0, min chunk %d ≥ 1, re-plan interval %d ≥ 1", o.DynamicPerRank, o.MinChunk, o.ReplanEvery)
 		}
-		f := &feplb{t: t, m: m, o: o, place: name == "feplb+place", owner: make([]int, t.Experts), history: make([]float64, t.Experts)}
+		f := &feplb{t: t, m: m, o: o, place: name == "feplb+place", wayBack: true, owner: make([]int, t.Experts), history: make([]float64, t.Experts)}
 		for e := range f.owner {
 			f.owner[e] = t.Owner(e)
 		}
@@ -272,6 +272,16 @@ func (p fastermoe) Plan(st Step) Plan {
 // loaded one. What no helper takes stays with the owner. At most L−1 experts
 // of a rank are dynamic, so every rank has static work.
 //
+// The outputs go back too, and nothing hides them but the helper's own
+// dynamic work and the time until the domain is done: a helper computes its
+// chunks for others right after its static experts and sends their outputs
+// back one after another (phaseEnds), so a chunk is also cut to what is back
+// by the end of the domain's expert phase. That end is not known before the
+// plan: the scheduler plans once aiming at the domain's mean expert time,
+// once at the end the first plan reaches in the model, and each domain keeps
+// the plan that ends first. Without this rule, at mild skew the outputs'
+// way back costs most of what the balance gains.
+//
 // Phase 2 cannot move load between domains. As feplb+place, the static
 // placement itself is re-made every ReplanEvery steps from the load history:
 // experts, heaviest first, go to the least loaded domain with a free slot and
@@ -282,6 +292,7 @@ type feplb struct {
 	m       Model
 	o       Options
 	place   bool      // feplb+place: re-place experts across domains
+	wayBack bool      // plan for the outputs' way back (false: only tests, to show what it buys)
 	owner   []int     // current static placement
 	history []float64 // tokens per expert since the last placement
 	seen    int
@@ -295,7 +306,7 @@ func (p *feplb) Name() string {
 }
 
 func (p *feplb) Plan(st Step) Plan {
-	t, m, o := p.t, p.m, p.o
+	o := p.o
 	var placeMoves []Move
 	if p.place {
 		if p.seen >= o.ReplanEvery {
@@ -306,29 +317,100 @@ func (p *feplb) Plan(st Step) Plan {
 			p.history[e] += float64(n)
 		}
 	}
-	pl := Plan{Policy: p.Name(), Shares: make([][]Share, t.Experts), Holders: make([][]int, t.Experts), Moves: placeMoves}
+	pl := p.fill(st, nil)
+	if p.wayBack {
+		pl = p.earlier(pl, p.fill(st, p.domainEnds(&pl)))
+	}
+	moved := 0
+	for _, mv := range pl.Moves {
+		if !mv.Weights {
+			moved++
+		}
+	}
+	dynamic := 0
+	for _, dyn := range pl.Dynamic {
+		if dyn {
+			dynamic++
+		}
+	}
+	pl.Note = fmt.Sprintf("%d dynamic experts, %d (expert, helper) moves over copy engines", dynamic, moved)
+	if len(placeMoves) > 0 {
+		pl.Moves = append(placeMoves, pl.Moves...)
+		pl.Note += fmt.Sprintf("; re-placed experts across domains (%d weight moves)", len(placeMoves))
+	}
+	return pl
+}
+
+// earlier merges two plans of one step: each domain keeps the plan whose
+// expert phase ends first in the model (the first on ties).
+func (p *feplb) earlier(a, b Plan) Plan {
+	ea, eb := p.domainEnds(&a), p.domainEnds(&b)
+	pl := b
+	pl.Moves = nil
+	for d := range ea {
+		from := &b
+		if ea[d] <= eb[d] {
+			from = &a
+			for e, r := range p.owner {
+				if p.t.DomainOf(r) == d {
+					pl.Shares[e], pl.Holders[e], pl.Dynamic[e] = a.Shares[e], a.Holders[e], a.Dynamic[e]
+				}
+			}
+		}
+		for _, mv := range from.Moves {
+			if p.t.DomainOf(mv.From) == d {
+				pl.Moves = append(pl.Moves, mv)
+			}
+		}
+	}
+	return pl
+}
+
+// domainEnds is, per domain, when its expert phase ends under pl in the
+// model: its slowest rank's GEMMs, or the last output back, if later.
+func (p *feplb) domainEnds(pl *Plan) []float64 {
+	gemm, back := phaseEnds(pl, p.m, p.t.Ranks)
+	ends := make([]float64, p.t.Ranks/p.t.Domain)
+	for r := range gemm {
+		d := p.t.DomainOf(r)
+		ends[d] = max(ends[d], gemm[r], back[r])
+	}
+	return ends
+}
+
+// fill is one water-filling plan of the dynamic experts' tokens (see feplb)
+// under the current placement; a helper's outputs must be back by ends[d]
+// for its domain d (nil: the domain's mean modelled expert time).
+func (p *feplb) fill(st Step, ends []float64) Plan {
+	t, m, o := p.t, p.m, p.o
+	pl := Plan{Policy: p.Name(), Shares: make([][]Share, t.Experts), Holders: make([][]int, t.Experts)}
 	byRank := make([][]int, t.Ranks)
+	shareBuf, holderBuf := make([]Share, t.Experts), make([]int, t.Experts) // one allocation each
 	for e, r := range p.owner {
 		byRank[r] = append(byRank[r], e)
-		pl.Shares[e] = []Share{{r, st.Counts[e]}}
-		pl.Holders[e] = []int{r}
+		shareBuf[e], holderBuf[e] = Share{r, st.Counts[e]}, r
+		pl.Shares[e], pl.Holders[e] = shareBuf[e:e+1:e+1], holderBuf[e:e+1:e+1]
 	}
 	load := make([]int, t.Ranks)
 	static := make([]float64, t.Ranks) // modelled static compute time: when a helper is free
 	// copy-engine transfers are modelled one after another on each rank's
 	// way out and each rank's way in: when each is next free (seconds)
 	ceOut, ceIn := make([]float64, t.Ranks), make([]float64, t.Ranks)
+	// a helper computes its chunks for others right after its static
+	// experts, then sends their outputs back one after another: the
+	// modelled time of its chunks, and of their outputs' way back
+	foreign, backOut := make([]float64, t.Ranks), make([]float64, t.Ranks)
 	wCost, tCost := float64(m.WeightBytes())/m.CE, float64(m.TokenBytes())/m.CE
+	cTok := 6 * float64(m.Hidden) * float64(m.FFN) / m.GEMMRate // a token's compute
 	type dyn struct{ e, owner, n int }
-	var moved, dynamic int
 	nDyn := dynamicPerRank(t, o.DynamicPerRank)
-	isDyn := make([]bool, t.Experts)
+	pl.Dynamic = make([]bool, t.Experts)
 	for d := 0; d < t.Ranks/t.Domain; d++ {
 		var dyns []dyn
 		for r := d * t.Domain; r < (d+1)*t.Domain; r++ {
-			pickDynamic(byRank[r], st.Counts, nDyn, isDyn)
+			pickDynamic(byRank[r], st.Counts, nDyn, pl.Dynamic)
 			for _, e := range byRank[r] {
-				if isDyn[e] {
+				if pl.Dynamic[e] {
 					dyns = append(dyns, dyn{e, r, st.Counts[e]})
 				} else {
 					load[r] += st.Counts[e]
@@ -336,24 +418,32 @@ func (p *feplb) Plan(st Step) Plan {
 				}
 			}
 		}
-		dynamic += len(dyns)
-		total := 0
+		total, end := 0, 0.0
 		for r := d * t.Domain; r < (d+1)*t.Domain; r++ {
 			total += load[r]
+			end += static[r]
 		}
 		for _, x := range dyns {
 			total += x.n
+			end += m.ExpertTime(x.n)
 		}
 		target := (total + t.Domain - 1) / t.Domain
+		end /= float64(t.Domain)
+		if ends != nil {
+			end = max(end, ends[d])
+		}
 		sort.SliceStable(dyns, func(i, j int) bool { return dyns[i].n > dyns[j].n })
+		lo := d * t.Domain
+		shares := make([]int, t.Domain) // of the expert, per rank of the domain
+		late := make([]bool, t.Domain)  // helpers no copy of the expert can reach in time
 		for _, x := range dyns {
 			left := x.n
-			shares := map[int]int{}
-			late := map[int]bool{} // helpers no copy of this expert can reach in time
+			clear(shares)
+			clear(late)
 			for left > 0 {
 				r := x.owner // the least loaded rank of the domain not ruled out; the owner on ties
-				for k := d * t.Domain; k < (d+1)*t.Domain; k++ {
-					if !late[k] && load[k] < load[r] {
+				for k := lo; k < lo+t.Domain; k++ {
+					if !late[k-lo] && load[k] < load[r] {
 						r = k
 					}
 				}
@@ -364,44 +454,41 @@ func (p *feplb) Plan(st Step) Plan {
 				if r != x.owner {
 					// the weights (once) and as many tokens as land in time
 					start, w := max(ceOut[x.owner], ceIn[r]), 0.0
-					if shares[r] == 0 {
+					if shares[r-lo] == 0 {
 						w = wCost
 					}
-					if fit := int((static[r] - start - w) / tCost); fit < give {
-						give = max(fit, 0)
+					// ... and whose outputs are back by the end
+					fit := (static[r] - start - w) / tCost
+					if p.wayBack {
+						fit = min(fit, (end-static[r]-foreign[r]-backOut[r])/(cTok+tCost))
 					}
-					if give < o.MinChunk { // not worth it, or nothing lands in time
-						late[r] = true
+					if int(fit) < give {
+						give = max(int(fit), 0)
+					}
+					if give < o.MinChunk { // not worth it, or nothing lands or comes back in time
+						late[r-lo] = true
 						continue
 					}
 					ceOut[x.owner] = start + w + float64(give)*tCost
 					ceIn[r] = ceOut[x.owner]
+					foreign[r] += m.ExpertTime(give)
+					backOut[r] += float64(give) * tCost
 				}
-				shares[r] += give
+				shares[r-lo] += give
 				load[r] += give
 				left -= give
 			}
-			pl.Shares[x.e] = []Share{{x.owner, shares[x.owner]}}
-			helpers := make([]int, 0, len(shares))
-			for r := range shares {
-				if r != x.owner {
-					helpers = append(helpers, r)
+			pl.Shares[x.e][0].Tokens = shares[x.owner-lo]
+			for i, n := range shares {
+				if r := lo + i; r != x.owner && n > 0 {
+					pl.Shares[x.e] = append(pl.Shares[x.e], Share{r, n})
+					pl.Holders[x.e] = append(pl.Holders[x.e], r)
+					pl.Moves = append(pl.Moves,
+						Move{Expert: x.e, From: x.owner, To: r, Bytes: m.WeightBytes(), Link: LinkCE, Weights: true},
+						Move{Expert: x.e, From: x.owner, To: r, Tokens: n, Bytes: int64(n) * m.TokenBytes(), Link: LinkCE})
 				}
 			}
-			sort.Ints(helpers)
-			for _, r := range helpers {
-				moved++
-				pl.Shares[x.e] = append(pl.Shares[x.e], Share{r, shares[r]})
-				pl.Holders[x.e] = append(pl.Holders[x.e], r)
-				pl.Moves = append(pl.Moves,
-					Move{Expert: x.e, From: x.owner, To: r, Bytes: m.WeightBytes(), Link: LinkCE, Weights: true},
-					Move{Expert: x.e, From: x.owner, To: r, Tokens: shares[r], Bytes: int64(shares[r]) * m.TokenBytes(), Link: LinkCE})
-			}
 		}
-	}
-	pl.Note = fmt.Sprintf("%d dynamic experts, %d (expert, helper) moves over copy engines", dynamic, moved)
-	if len(placeMoves) > 0 {
-		pl.Note += fmt.Sprintf("; re-placed experts across domains (%d weight moves)", len(placeMoves))
 	}
 	return pl
 }

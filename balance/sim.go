@@ -1,6 +1,7 @@
 package balance
 
 import (
+	"cmp"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -146,13 +147,18 @@ type Stat struct {
 
 // SimResult is one policy over all steps.
 type SimResult struct {
-	Policy         string
-	Token          Stat               // copies: max − mean, max/mean − 1
-	GEMM           Stat               // modelled seconds: max − mean, max/mean − 1
-	BytesPerStep   map[string]float64 // by link, mean per step
-	CETimeMax      float64            // seconds: mean over steps of the busiest rank's copy-engine time
-	SchedulerMicro float64            // measured wall time of the policy's Plan per step, mean, µs
-	Steps          int
+	Policy       string
+	Token        Stat               // copies: max − mean, max/mean − 1
+	GEMM         Stat               // modelled seconds: max − mean, max/mean − 1
+	BytesPerStep map[string]float64 // by link, mean per step
+	// seconds, means over steps: the busiest rank's copy-engine time (the
+	// longer of its way out and its way in: rows and weights to helpers,
+	// outputs back to owners); of that, the busiest owner's outputs back;
+	// and how much of the outputs' way back lands after the expert GEMMs
+	// (BackExposed)
+	CETimeMax, BackTimeMax, BackExposed float64
+	SchedulerMicro                      float64 // measured wall time of the policy's Plan per step, mean, µs
+	Steps                               int
 }
 
 // Simulate runs each policy over the same steps of src and checks every plan
@@ -191,13 +197,10 @@ func Simulate(t Topology, m Model, src Source, steps int, policies []string, o O
 			for link, b := range pl.BytesByLink() {
 				res.BytesPerStep[link] += float64(b)
 			}
-			ce := make([]float64, t.Ranks)
-			for _, mv := range pl.Moves {
-				if mv.Link == LinkCE {
-					ce[mv.From] += float64(mv.Bytes) / m.CE
-				}
-			}
-			res.CETimeMax += slices.Max(ce)
+			ce, back := ceTimes(pl.Moves, t.Ranks, m.CE)
+			res.CETimeMax += ce
+			res.BackTimeMax += back
+			res.BackExposed += BackExposed(&pl, m, t.Ranks)
 		}
 		n := float64(steps)
 		res.Token.Abs, res.Token.Rel, res.GEMM.Abs, res.GEMM.Rel = res.Token.Abs/n, res.Token.Rel/n, res.GEMM.Abs/n, res.GEMM.Rel/n
@@ -205,10 +208,86 @@ func Simulate(t Topology, m Model, src Source, steps int, policies []string, o O
 			res.BytesPerStep[k] /= n
 		}
 		res.CETimeMax /= n
+		res.BackTimeMax /= n
+		res.BackExposed /= n
 		res.SchedulerMicro = float64(sched.Microseconds()) / n
 		out = append(out, res)
 	}
 	return out, nil
+}
+
+// ceTimes is the busiest rank's copy-engine time under moves (the longer of
+// its way out and its way in, each at rate), and the busiest owner's time
+// to take its outputs back.
+func ceTimes(moves []Move, ranks int, rate float64) (busiest, back float64) {
+	out, in, ret := make([]float64, ranks), make([]float64, ranks), make([]float64, ranks)
+	for _, mv := range moves {
+		if mv.Link != LinkCE {
+			continue
+		}
+		b := float64(mv.Bytes) / rate
+		out[mv.From] += b
+		in[mv.To] += b
+		if !mv.Weights { // the outputs come back
+			out[mv.To] += b
+			in[mv.From] += b
+			ret[mv.From] += b
+		}
+	}
+	for r := range ranks {
+		busiest = max(busiest, out[r], in[r])
+	}
+	return busiest, slices.Max(ret)
+}
+
+// BackExposed is how long after the slowest rank's expert GEMMs the last
+// output of a moved token is back with its owner (phaseEnds): what the way
+// back adds to the step, 0 when every output is back in time.
+func BackExposed(p *Plan, m Model, ranks int) float64 {
+	gemm, back := phaseEnds(p, m, ranks)
+	return max(0, slices.Max(back)-slices.Max(gemm))
+}
+
+// phaseEnds models each rank's expert phase under p: when its GEMMs end,
+// and when the last output of the tokens it moved to helpers is back (0 if
+// none). It follows the feplb dispatcher's order of work on a rank: its
+// static experts, then the chunks it computes for others, then the share of
+// its own dynamic experts it keeps (Plan.Dynamic; every expert's first share
+// is its owner's). A helper's outputs leave when its chunks are computed,
+// one copy after another on its way out and on the owner's way in, at the
+// copy-engine rate; the chunks' rows are taken to have landed before the
+// helper's static experts end, as the policy plans them.
+func phaseEnds(p *Plan, m Model, ranks int) (gemm, back []float64) {
+	type ret struct {
+		from, to int
+		secs     float64
+	}
+	var rets []ret
+	for _, mv := range p.Moves {
+		if mv.Link == LinkCE && !mv.Weights {
+			rets = append(rets, ret{mv.To, mv.From, float64(mv.Bytes) / m.CE})
+		}
+	}
+	gemm, back = m.GEMMTimes(p, ranks), make([]float64, ranks)
+	if len(rets) == 0 {
+		return gemm, back
+	}
+	done := slices.Clone(gemm) // when each rank's chunks for others are computed
+	for e, dyn := range p.Dynamic {
+		if dyn { // the owner's kept share comes after them
+			s := p.Shares[e][0]
+			done[s.Rank] -= m.ExpertTime(s.Tokens)
+		}
+	}
+	// each copy in the order its helper is done: it starts when its helper
+	// is done and both ways are free
+	slices.SortStableFunc(rets, func(a, b ret) int { return cmp.Compare(done[a.from], done[b.from]) })
+	out := make([]float64, ranks)
+	for _, r := range rets {
+		end := max(done[r.from], out[r.from], back[r.to]) + r.secs
+		out[r.from], back[r.to] = end, end
+	}
+	return gemm, back
 }
 
 // Straggler is max − mean and max/mean − 1 of v (rel 0 when the mean is 0).

@@ -32,7 +32,8 @@ re-placed every 50 steps from history); `fastermoe` (fastmoe's shadow policy
 and latency model with H100 link speeds); `feplb` (moebench's reading of
 FEPLB: two most loaded experts per rank are dynamic, spread by water-filling
 inside the domain over copy engines, each chunk cut to what lands before the
-helper finishes its static experts); `feplb+place` (the same, plus a
+helper finishes its static experts and to what comes back before the
+domain's expert phase ends); `feplb+place` (the same, plus a
 load-aware re-placement of experts across domains every 50 steps). The
 paper's scheduler, its dynamic-expert rule and its routing traces are not
 public, so this is a model of the design, not a reproduction.
@@ -47,8 +48,9 @@ public, so this is a model of the design, not a reproduction.
   that rank through its one way out while the helpers' static work, which
   hides the copies, shrinks: the reduction falls, and at the heaviest skew
   here FasterMoE, whose NVLink shadowing needs no hiding, draws level. At
-  mild skew `feplb` removes nearly all of the straggler, which makes the
-  FasterMoE ratio there large and not meaningful.
+  mild skew the limit is the outputs' way back (below): `feplb` stops short
+  of an even load where evening it out further would cost more on the way
+  back than it saves in the GEMMs.
 - *Two domains (EP 16).* Copy engines cannot move load between domains. At
   mild skew the domains stay even and plain `feplb` works as in one domain;
   at heavier skew one domain carries the hot experts and plain `feplb` can
@@ -60,6 +62,18 @@ public, so this is a model of the design, not a reproduction.
   across the network it shadows less. The paper's FasterMoE setup is not
   known. `eplb` wins on stable popularity because its history predicts the
   load; drift and re-placement traffic are its cost.
+- *What the copies cost.* `ce_time_us` is the busiest rank's copy-engine time
+  per step: the longer of its way out and its way in, rows, weights and the
+  outputs' way back included. `back_us` is the busiest owner's share of it
+  spent taking its outputs back from the helpers. Those copies start only
+  after a helper has computed the chunks, so no static work hides them, only
+  the helper's own dynamic experts (which it computes after the chunks) and
+  whatever time is left before the slowest rank's GEMMs end.
+  `back_exposed_us` is how much later than those GEMMs the last output is
+  back in the model: what the way back adds to the step, which the GEMM
+  straggler (GEMM time only) does not show. The scheduler plans for it
+  (`balance` package docs); the paper's "no measurable overhead" needs it
+  near zero.
 - The GEMM straggler follows the token straggler closely because the expert
   GEMMs here are compute-bound (roofline); measured GEMM rates
   (`--gemm-rate-from FILE`) change the absolute values, not the ranking.

@@ -15,7 +15,10 @@ import (
 
 const stragglerHelp = `moebench straggler simulates many steps of expert load at any EP size and compares
 balancing policies: token straggler (copies on the busiest rank − mean), modelled
-GEMM straggler, bytes each policy moves and over which link, scheduler time.
+GEMM straggler, bytes each policy moves and over which link, the busiest rank's
+copy-engine time (ce_time_us), of it the outputs' way back to their owner
+(back_us) and how much of that lands after the slowest rank's GEMMs
+(back_exposed_us), scheduler time.
 
 Usage:
   moebench straggler [flags]`
@@ -188,13 +191,13 @@ func writeStraggler(w io.Writer, format string, res []balance.SimResult, title s
 		return fmt.Sprintf("%.0f%%", 100*(1-v/base))
 	}
 	head := []string{"policy", "token_straggler", "token_straggler_%", "reduction", "gemm_straggler_us", "gemm_straggler_%", "reduction",
-		"ce_MB/step", "nvlink_MB/step", "network_MB/step", "ce_time_us", "sched_us"}
+		"ce_MB/step", "nvlink_MB/step", "network_MB/step", "ce_time_us", "back_us", "back_exposed_us", "sched_us"}
 	var rows [][]string
 	for _, r := range res {
 		row := []string{r.Policy, fmt.Sprintf("%.0f", r.Token.Abs), fmt.Sprintf("%.1f", 100*r.Token.Rel), "—",
 			fmt.Sprintf("%.1f", 1e6*r.GEMM.Abs), fmt.Sprintf("%.1f", 100*r.GEMM.Rel), "—",
 			fmt.Sprintf("%.1f", r.BytesPerStep[balance.LinkCE]/1e6), fmt.Sprintf("%.1f", r.BytesPerStep[balance.LinkNVLink]/1e6),
-			fmt.Sprintf("%.1f", r.BytesPerStep[balance.LinkNetwork]/1e6), fmt.Sprintf("%.0f", 1e6*r.CETimeMax), fmt.Sprintf("%.0f", r.SchedulerMicro)}
+			fmt.Sprintf("%.1f", r.BytesPerStep[balance.LinkNetwork]/1e6), fmt.Sprintf("%.0f", 1e6*r.CETimeMax), fmt.Sprintf("%.0f", 1e6*r.BackTimeMax), fmt.Sprintf("%.0f", 1e6*r.BackExposed), fmt.Sprintf("%.0f", r.SchedulerMicro)}
 		if none != nil {
 			row[3], row[6] = red(r.Token.Rel, none.Token.Rel), red(r.GEMM.Rel, none.GEMM.Rel)
 		}
