@@ -55,8 +55,10 @@ type DeviceWork struct {
 	X, Probs, Y kernels.Ptr // Y 0: the rank's ExpertY
 	Segments    []DeviceSegment
 	// After, when not nil, is an event the rank's stream waits for before the
-	// block (e.g. the arrival of copied rows and weights).
-	After kernels.Event
+	// block (e.g. the arrival of copied rows and weights); Done, when not
+	// nil, is recorded on it after the block (e.g. for the rows' owners to
+	// take their outputs back).
+	After, Done kernels.Event
 }
 
 // DeviceSegment is rows [Start, Start+Len) of a block, computed by expert

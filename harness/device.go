@@ -330,10 +330,18 @@ func (dl *deviceLayer) wholeWork(r int) []dispatchers.DeviceWork {
 	return b.whole
 }
 
-// block computes one block of work: fc1 per segment, one SwiGLU×prob over
+// block computes one block of work (compute) and records its Done event.
+func (dl *deviceLayer) block(r int, w *dispatchers.DeviceWork) error {
+	if err := dl.compute(r, w); err != nil || w.Done == nil {
+		return err
+	}
+	return dl.ranks[r].Dev.Record(w.Done, dl.ranks[r].Stream)
+}
+
+// compute queues one block of work: fc1 per segment, one SwiGLU×prob over
 // the block's rows from its first segment's to its last's, fc2 per segment
 // (cuBLASLt calls, see kernels.Grouped).
-func (dl *deviceLayer) block(r int, w *dispatchers.DeviceWork) error {
+func (dl *deviceLayer) compute(r int, w *dispatchers.DeviceWork) error {
 	c, rk, b := dl.l.Cfg, dl.ranks[r], &dl.rr[r]
 	h, f, L := c.Hidden, c.FFN, dl.l.Shape.LocalExperts()
 	lo, hi := math.MaxInt, 0

@@ -282,13 +282,56 @@ func TestDeviceFEPLBSplitsOverHelpers(t *testing.T) {
 	for _, n := range []int{1, 4} {
 		equalsHost(t, c, n)
 	}
-	dl := deviceRun(t, c, &kernels.Emu{})
+	lg := &batchLog{}
+	dl := deviceRun(t, c, lg)
 	if cr, err := dl.check(); err != nil || !cr.Passed {
 		t.Fatalf("check: %v, %+v", err, cr)
 	}
 	if rb := dl.d.(dispatchers.Rebalancer).RebalanceStats(); !slices.Equal(rb.TokensAfter, pl.Loads(c.EP)) || rb.Moves != len(pl.Moves)/2 {
 		t.Fatalf("rebalance %+v; plan loads %v, %d moves", rb, pl.Loads(c.EP), len(pl.Moves)/2)
 	}
+	// the order the policy's model of the way back assumes: a helper
+	// computes its chunks for others first and marks them done; the owner
+	// takes the outputs back off its own stream, so its own work overlaps
+	for _, s := range pl.Shares[0][1:] {
+		w := dl.ranks[s.Rank].Work
+		if len(w) != 2 || w[0].Done == nil || w[0].Segments[0].FC1 == 0 || w[1].Done != nil {
+			t.Errorf("helper %d's dynamic work %+v: want its chunks for others (marked done), then its own", s.Rank, w)
+		}
+	}
+	owner := dl.ranks[0]
+	y, bytes := owner.ExpertY, kernels.Ptr(2*owner.Rows()*c.Hidden)
+	back := 0
+	for _, b := range lg.batches {
+		if b.dst >= y && b.dst < y+bytes {
+			back++
+			if b.s == owner.Stream {
+				t.Errorf("the outputs back are copied on the owner's own stream, behind its own work")
+			}
+		}
+	}
+	if back == 0 {
+		t.Error("no copy batch brought outputs back to the owner")
+	}
+}
+
+// batchLog is Emu that logs each copy batch's stream and first destination.
+type batchLog struct {
+	kernels.Emu
+	batches []struct {
+		s   kernels.Stream
+		dst kernels.Ptr
+	}
+}
+
+func (b *batchLog) CopyBatch(ops []kernels.CopyOp, s kernels.Stream) error {
+	if len(ops) > 0 {
+		b.batches = append(b.batches, struct {
+			s   kernels.Stream
+			dst kernels.Ptr
+		}{s, ops[0].Dst})
+	}
+	return b.Emu.CopyBatch(ops, s)
 }
 
 // TestDeviceFEPLBRunRecord: a feplb run on the device pipeline records its

@@ -32,12 +32,14 @@ func NewDevice(impl string, env dispatchers.Env) (dispatchers.DeviceDispatcher, 
 
 // Device is FEPLB on a kernels.Device. Phase 2's copies go on a copy stream
 // per rank as kernels.Device.CopyBatch batches (on CUDA the batch copy with
-// the hint to use copy engines): a helper's stream pulls its chunks' rows,
-// probabilities and expert weights from the owners after their phase 1,
-// while its own stream computes its static experts; the helper's dynamic
-// work waits for the copies. At combine each owner pulls its chunks'
-// outputs back from the helpers on its own stream (after their dynamic
-// work), then runs the base combine.
+// the hint to use copy engines): a helper's copy stream pulls its chunks'
+// rows, probabilities and expert weights from the owners after their phase
+// 1, while its own stream computes its static experts. Its dynamic work is
+// the chunks first (once the copies have landed), then its own dynamic
+// experts' kept share, so that each owner's copy stream can pull the
+// chunks' outputs back while both still compute (the order the policy's
+// model of the way back assumes, balance.BackExposed); the owner's combine
+// waits for them, then runs the base combine.
 //
 // Every stream and event of a rank is on its device; copies from another
 // rank's device are peer copies.
@@ -51,7 +53,6 @@ type Device struct {
 	c       *core
 	ranks   []*dispatchers.DeviceRank
 	rs      []devRank
-	back    bool // this step's first combine has run
 	ops     []kernels.CopyOp
 }
 
@@ -61,7 +62,7 @@ type devRank struct {
 	origin kernels.Event  // recorded at the rank's permute; its times are read from it
 	// dispatched: phase 1 done (the static experts start); staticEnd: the
 	// static experts done; ceStart/ready: the incoming copies; computed: the
-	// dynamic work done; backStart/backEnd: the outputs pulled back
+	// chunks for others computed; backStart/backEnd: the outputs pulled back
 	dispatched, staticEnd, ceStart, ready, computed, backStart, backEnd kernels.Event
 
 	fx, fp, fy kernels.Ptr   // rows computed for others: [rows, h] bf16, [rows] fp32, [rows, h] bf16
@@ -110,7 +111,6 @@ func (f *Device) Bind(shape dispatchers.Shape, ranks []*dispatchers.DeviceRank) 
 func (f *Device) Permute(r int) error {
 	if r == 0 {
 		f.c.begin()
-		f.back = false
 	}
 	if err := f.ranks[r].Dev.Record(f.rs[r].origin, f.ranks[r].Stream); err != nil {
 		return err
@@ -151,8 +151,8 @@ func (f *Device) Dispatch(r int) error {
 
 // Rebalance is rank r's phase 2: it waits for the plan, queues the copies of
 // the chunks it computes for others on its copy stream, and sets its dynamic
-// work: its own share of its dynamic experts, then the received chunks once
-// they have landed.
+// work: the received chunks once they have landed, then its own share of
+// its dynamic experts.
 func (f *Device) Rebalance(r int) error {
 	rk, s := f.ranks[r], &f.rs[r]
 	if err := rk.Dev.Record(s.staticEnd, rk.Stream); err != nil {
@@ -168,7 +168,8 @@ func (f *Device) Rebalance(r int) error {
 	own := s.segs[1][:0]
 	f.c.ownDynamic(r, func(e, start, n int) { own = append(own, dispatchers.DeviceSegment{Expert: e, Start: start, Len: n}) })
 	s.segs[1] = own
-	s.work = append(s.work[:0], dispatchers.DeviceWork{X: rk.ExpertX, Probs: rk.ExpertProbs, Segments: own})
+	ownWork := dispatchers.DeviceWork{X: rk.ExpertX, Probs: rk.ExpertProbs, Segments: own}
+	s.work = append(s.work[:0], ownWork)
 	rk.Work = s.work
 	if len(in) == 0 {
 		return nil
@@ -205,7 +206,7 @@ func (f *Device) Rebalance(r int) error {
 		return err
 	}
 	s.segs[2] = foreign
-	s.work = append(s.work, dispatchers.DeviceWork{X: s.fx, Probs: s.fp, Y: s.fy, Segments: foreign, After: s.ready})
+	s.work = append(s.work[:0], dispatchers.DeviceWork{X: s.fx, Probs: s.fp, Y: s.fy, Segments: foreign, After: s.ready, Done: s.computed}, ownWork)
 	rk.Work = s.work
 	return nil
 }
@@ -222,34 +223,33 @@ func (f *Device) grow(r, rows, slots int) error {
 }
 
 // Combine pulls the outputs of rank r's moved chunks back from their helpers
-// into its ExpertY (after the helpers' dynamic work), then runs the base
-// combine.
+// into its ExpertY on its copy stream (each helper's once it has computed
+// its chunks, while rank r may still compute its own), makes its stream wait
+// for them, then runs the base combine. Every rank's dynamic work, and so
+// each helper's computed event, is queued by now.
 func (f *Device) Combine(r int) error {
-	if !f.back { // every rank's dynamic work is queued by now
-		f.back = true
-		for q, rk := range f.ranks {
-			if err := rk.Dev.Record(f.rs[q].computed, rk.Stream); err != nil {
-				return err
-			}
-		}
-	}
 	rk, s, h := f.ranks[r], &f.rs[r], int64(f.c.shape.Hidden)
 	if out := f.c.lay.out[r]; len(out) > 0 {
 		f.ops = f.ops[:0]
-		for _, c := range out {
-			if err := rk.Dev.Wait(rk.Stream, f.rs[c.helper].computed); err != nil {
-				return err
+		for i, c := range out {
+			if i == 0 || c.helper != out[i-1].helper {
+				if err := rk.Dev.Wait(s.ce, f.rs[c.helper].computed); err != nil {
+					return err
+				}
 			}
 			f.ops = append(f.ops, kernels.CopyOp{Dst: rk.ExpertY + kernels.Ptr(2*int64(c.src)*h), Src: f.rs[c.helper].fy + kernels.Ptr(2*int64(c.dst)*h),
 				Bytes: 2 * int64(c.n) * h, SrcDev: f.ranks[c.helper].Dev})
 		}
-		if err := rk.Dev.Record(s.backStart, rk.Stream); err != nil {
+		if err := rk.Dev.Record(s.backStart, s.ce); err != nil {
 			return err
 		}
-		if err := rk.Dev.CopyBatch(f.ops, rk.Stream); err != nil {
+		if err := rk.Dev.CopyBatch(f.ops, s.ce); err != nil {
 			return fmt.Errorf("feplb: rank %d's outputs back: %w", r, err)
 		}
-		if err := rk.Dev.Record(s.backEnd, rk.Stream); err != nil {
+		if err := rk.Dev.Record(s.backEnd, s.ce); err != nil {
+			return err
+		}
+		if err := rk.Dev.Wait(rk.Stream, s.backEnd); err != nil {
 			return err
 		}
 	}

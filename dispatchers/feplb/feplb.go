@@ -5,8 +5,9 @@
 // once while the CPU scheduler (package balance's feplb policy, in a
 // goroutine) plans phase 2: chunks of the dynamic experts' rows move from
 // their owner to less loaded ranks of the same NVLink domain together with
-// the expert's weights, the helpers compute them, and combine brings the
-// outputs back to the owner before the base dispatcher's combine.
+// the expert's weights, the helpers compute them before their own dynamic
+// experts, and the outputs go back to the owner before the base
+// dispatcher's combine.
 //
 // One engine (core) turns counts into the split, runs the scheduler and lays
 // the plan out as chunks of rows; host.go executes the chunks on the host
