@@ -319,7 +319,8 @@ func (p *feplb) Plan(st Step) Plan {
 	}
 	pl := p.fill(st, nil)
 	if p.wayBack {
-		pl = p.earlier(pl, p.fill(st, p.domainEnds(&pl)))
+		ends := p.domainEnds(&pl)
+		pl = p.earlier(pl, ends, p.fill(st, ends))
 	}
 	moved := 0
 	for _, mv := range pl.Moves {
@@ -341,10 +342,11 @@ func (p *feplb) Plan(st Step) Plan {
 	return pl
 }
 
-// earlier merges two plans of one step: each domain keeps the plan whose
-// expert phase ends first in the model (the first on ties).
-func (p *feplb) earlier(a, b Plan) Plan {
-	ea, eb := p.domainEnds(&a), p.domainEnds(&b)
+// earlier merges two plans of one step, a with its domains' ends ea: each
+// domain keeps the plan whose expert phase ends first in the model (a on
+// ties).
+func (p *feplb) earlier(a Plan, ea []float64, b Plan) Plan {
+	eb := p.domainEnds(&b)
 	pl := b
 	pl.Moves = nil
 	for d := range ea {
