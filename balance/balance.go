@@ -85,7 +85,7 @@ type Plan struct {
 	Moves   []Move
 	// Dynamic marks FEPLB's dynamic experts this step (nil for the other
 	// policies): their owners compute the share they keep after the chunks
-	// they compute for others (see BackExposed).
+	// they compute for others (see phaseEnds).
 	Dynamic []bool
 	// SchedulerNote says what the policy decided, for --explain.
 	Note string

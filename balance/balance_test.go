@@ -319,7 +319,7 @@ func TestPhaseEnds(t *testing.T) {
 	if !slices.Equal(gemm, []float64{4, 10, 8}) || !slices.Equal(back, []float64{13, 0, 0}) {
 		t.Errorf("phaseEnds: GEMMs end %v, outputs back %v; want [4 10 8], [13 0 0]", gemm, back)
 	}
-	if x := BackExposed(&p, m, 3); x != 3 {
+	if x := BackExposed(gemm, back); x != 3 {
 		t.Errorf("BackExposed = %v s, want 3 (13 − 10)", x)
 	}
 }
@@ -335,8 +335,9 @@ func TestFEPLBPlansTheWayBack(t *testing.T) {
 		pol.(*feplb).wayBack = way
 		for s := range 30 {
 			pl := pol.Plan(src.Step(s))
-			x := BackExposed(&pl, model, topo.Ranks)
-			end[i] += slices.Max(model.GEMMTimes(&pl, topo.Ranks)) + x
+			gemm, back := phaseEnds(&pl, model, topo.Ranks)
+			x := BackExposed(gemm, back)
+			end[i] += slices.Max(gemm) + x
 			exposed[i] += x
 		}
 	}

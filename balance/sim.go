@@ -191,16 +191,17 @@ func Simulate(t Topology, m Model, src Source, steps int, policies []string, o O
 			a, r := Straggler(lf)
 			res.Token.Abs += a
 			res.Token.Rel += r
-			a, r = Straggler(m.GEMMTimes(&pl, t.Ranks))
+			gemm, back := phaseEnds(&pl, m, t.Ranks)
+			a, r = Straggler(gemm)
 			res.GEMM.Abs += a
 			res.GEMM.Rel += r
 			for link, b := range pl.BytesByLink() {
 				res.BytesPerStep[link] += float64(b)
 			}
-			ce, back := ceTimes(pl.Moves, t.Ranks, m.CE)
+			ce, ret := ceTimes(pl.Moves, t.Ranks, m.CE)
 			res.CETimeMax += ce
-			res.BackTimeMax += back
-			res.BackExposed += BackExposed(&pl, m, t.Ranks)
+			res.BackTimeMax += ret
+			res.BackExposed += BackExposed(gemm, back)
 		}
 		n := float64(steps)
 		res.Token.Abs, res.Token.Rel, res.GEMM.Abs, res.GEMM.Rel = res.Token.Abs/n, res.Token.Rel/n, res.GEMM.Abs/n, res.GEMM.Rel/n
@@ -241,10 +242,9 @@ func ceTimes(moves []Move, ranks int, rate float64) (busiest, back float64) {
 }
 
 // BackExposed is how long after the slowest rank's expert GEMMs the last
-// output of a moved token is back with its owner (phaseEnds): what the way
-// back adds to the step, 0 when every output is back in time.
-func BackExposed(p *Plan, m Model, ranks int) float64 {
-	gemm, back := phaseEnds(p, m, ranks)
+// output of a moved token is back with its owner, from phaseEnds' times:
+// what the way back adds to the step, 0 when every output is back in time.
+func BackExposed(gemm, back []float64) float64 {
 	return max(0, slices.Max(back)-slices.Max(gemm))
 }
 

@@ -318,18 +318,17 @@ func TestDeviceFEPLBSplitsOverHelpers(t *testing.T) {
 // batchLog is Emu that logs each copy batch's stream and first destination.
 type batchLog struct {
 	kernels.Emu
-	batches []struct {
-		s   kernels.Stream
-		dst kernels.Ptr
-	}
+	batches []loggedBatch
+}
+
+type loggedBatch struct {
+	s   kernels.Stream
+	dst kernels.Ptr
 }
 
 func (b *batchLog) CopyBatch(ops []kernels.CopyOp, s kernels.Stream) error {
 	if len(ops) > 0 {
-		b.batches = append(b.batches, struct {
-			s   kernels.Stream
-			dst kernels.Ptr
-		}{s, ops[0].Dst})
+		b.batches = append(b.batches, loggedBatch{s, ops[0].Dst})
 	}
 	return b.Emu.CopyBatch(ops, s)
 }

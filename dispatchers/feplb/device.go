@@ -38,7 +38,7 @@ func NewDevice(impl string, env dispatchers.Env) (dispatchers.DeviceDispatcher, 
 // the chunks first (once the copies have landed), then its own dynamic
 // experts' kept share, so that each owner's copy stream can pull the
 // chunks' outputs back while both still compute (the order the policy's
-// model of the way back assumes, balance.BackExposed); the owner's combine
+// model of the way back assumes, balance's phaseEnds); the owner's combine
 // waits for them, then runs the base combine.
 //
 // Every stream and event of a rank is on its device; copies from another
