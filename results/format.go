@@ -92,7 +92,7 @@ func WriteTable(w io.Writer, rec *Record) error {
 		p.f("# %-22s %s · scheduler exposed %.3f ms · hidden: %s\n", "rebalance copies", rb.CopyMethod, rb.SchedulerWaitMS, rb.HiddenShare)
 		p.f("# %-22s %s\n", "phase-2 SMs", rb.PhaseTwoSMs)
 	}
-	if tk := rec.Tokens; tk != nil {
+	if tk := rec.Tokens; tk != nil && len(tk.Received) > 0 {
 		lo, hi := tk.Received[0], tk.Received[0]
 		for _, n := range tk.Received {
 			lo, hi = min(lo, n), max(hi, n)

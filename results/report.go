@@ -126,6 +126,9 @@ var columns = []column{
 	{"token_straggler_%", true, func(r Row) string { return fmt.Sprintf("%.1f", 100*r.Rec.Tokens.Straggler.Rel) }},
 	{"gemm_straggler_%", true, func(r Row) string { return fmt.Sprintf("%.1f", 100*r.Rec.GEMM.Straggler.Rel) }},
 	{"mem_max_MiB", true, func(r Row) string {
+		if r.Rec.Memory == nil {
+			return "—"
+		}
 		var hi int64
 		for _, b := range r.Rec.Memory.PerRankBytes {
 			hi = max(hi, b)

@@ -48,11 +48,11 @@ func compare(args []string, stdout, stderr io.Writer) int {
 		return usageError(stderr, fmt.Errorf("--min-samples=%d: must be ≥ 2", o.MinSamples))
 	}
 	o.Threshold, o.MaxNoise = *pct/100, *noise/100
-	base, err := readAll(fs.Args()[:1])
+	base, err := readAll(fs.Args()[:1], stderr)
 	if err != nil {
 		return usageError(stderr, err)
 	}
-	new, err := readAll(fs.Args()[1:])
+	new, err := readAll(fs.Args()[1:], stderr)
 	if err != nil {
 		return usageError(stderr, err)
 	}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 
@@ -147,19 +148,36 @@ func (o *options) config(fs *pflag.FlagSet) (harness.Config, error) {
 	return c, nil
 }
 
-// checkOutputs rejects output settings that would fail only after the run.
-func (o *options) checkOutputs() error {
+// checkOutputs rejects, before any work, output settings that would fail or
+// destroy something only after the run: an unknown --format, an --out that
+// cannot be appended to or holds something other than moebench records, a
+// --dump that is not a new or empty directory, or the two at one place. It
+// tells stderr when --out ends in an unfinished record, which the append
+// cuts off.
+func (o *options) checkOutputs(stderr io.Writer) error {
 	if !slices.Contains(results.Formats, o.format) {
 		return &harness.ConfigError{Flag: "format", Value: o.format, Allowed: "allowed: " + strings.Join(results.Formats, ", ")}
 	}
-	if o.dump != "" {
-		if ents, err := os.ReadDir(o.dump); err == nil && len(ents) > 0 {
-			return &harness.ConfigError{Flag: "dump", Value: o.dump, Allowed: "must be a new or empty directory"}
+	if o.out != "" {
+		torn, err := results.CheckAppend(o.out)
+		if err != nil {
+			return &harness.ConfigError{Flag: "out", Value: o.out, Allowed: err.Error()}
+		}
+		if torn > 0 {
+			fmt.Fprintf(stderr, "moebench: --out %s ends in an unfinished record (%d bytes: a run stopped while appending it); appending cuts it off\n", o.out, torn)
 		}
 	}
+	if o.dump == "" {
+		return nil
+	}
+	if err := harness.CheckDump(o.dump); err != nil {
+		return &harness.ConfigError{Flag: "dump", Value: o.dump, Allowed: err.Error()}
+	}
 	if o.out != "" {
-		if st, err := os.Stat(o.out); err == nil && st.IsDir() {
-			return &harness.ConfigError{Flag: "out", Value: o.out, Allowed: "is a directory; give a file to append records to"}
+		out, _ := filepath.Abs(o.out)
+		dump, _ := filepath.Abs(o.dump)
+		if out == dump || strings.HasPrefix(out, dump+string(filepath.Separator)) {
+			return &harness.ConfigError{Flag: "dump", Value: o.dump, Allowed: fmt.Sprintf("the --out file (%s) would be inside the dump's directory; give them different places", o.out)}
 		}
 	}
 	return nil

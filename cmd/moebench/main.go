@@ -91,7 +91,7 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 	useLibDirs(o.cudaLibs)
 	cfg, err := o.config(fs)
 	if err == nil {
-		err = o.checkOutputs()
+		err = o.checkOutputs(stderr)
 	}
 	if err != nil {
 		return usageError(stderr, err)
@@ -130,12 +130,27 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 		code = exitRuntime
 	}
 	if o.out != "" {
-		if aerr := results.Append(o.out, rec); aerr != nil {
+		if aerr := appendRecord(o.out, rec, stderr); aerr != nil {
 			fmt.Fprintf(stderr, "moebench: --out: %v\n", aerr)
 			code = exitRuntime
 		}
 	}
 	return code
+}
+
+// appendRecord appends rec to the results file at path and tells stderr
+// when it first cut off an unfinished record a stopped run left there.
+func appendRecord(path string, rec *results.Record, stderr io.Writer) error {
+	dropped, err := results.Append(path, rec)
+	if dropped > 0 {
+		fmt.Fprintf(stderr, "moebench: --out %s: dropped the %d bytes of an unfinished record at its end (a run stopped while appending it)\n", path, dropped)
+	}
+	return err
+}
+
+// warnTo prints a reader's warnings to stderr.
+func warnTo(stderr io.Writer) func(string) {
+	return func(s string) { fmt.Fprintf(stderr, "moebench: warning: %s\n", s) }
 }
 
 // resolveDevice turns auto into cuda or host and says why: cuda when the

@@ -98,7 +98,7 @@ func TestRunWritesAndRereadsRecord(t *testing.T) {
 	if code != exitRuntime || !strings.Contains(stdout, `"status":"unavailable"`) {
 		t.Errorf("deepep: exit %d, stdout %s", code, stdout)
 	}
-	recs, err := results.ReadFile(out)
+	recs, err := results.ReadFile(out, nil)
 	if err != nil || len(recs) != 2 {
 		t.Fatalf("re-read: %d records, %v", len(recs), err)
 	}
@@ -243,7 +243,7 @@ func TestDeviceCUDAFingerprintWithFakeDriver(t *testing.T) {
 	t.Setenv("MOEBENCH_CUBLASLT", "/nonexistent")
 	out := filepath.Join(t.TempDir(), "r.jsonl")
 	code, _, e := cli(append(quick, "--device", "cuda", "--out", out)...)
-	recs, err := results.ReadFile(out)
+	recs, err := results.ReadFile(out, nil)
 	if code != exitRuntime || err != nil || len(recs) != 1 {
 		t.Fatalf("exit %d, %v: %s", code, err, e)
 	}

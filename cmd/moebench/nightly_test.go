@@ -56,7 +56,7 @@ func TestNightlyScript(t *testing.T) {
 	if !strings.Contains(out, "points,") {
 		t.Errorf("second night did not compare:\n%s", out)
 	}
-	hist, err := results.ReadFile(filepath.Join(night, "history.jsonl"))
+	hist, err := results.ReadFile(filepath.Join(night, "history.jsonl"), nil)
 	if err != nil || len(hist) != 4 {
 		t.Errorf("history: %d records, %v", len(hist), err)
 	}

@@ -101,7 +101,7 @@ func straggler(args []string, stdout, stderr io.Writer) int {
 	}
 	m := balance.H100(hidden, ffn)
 	if rateFile != "" {
-		rate, src, err := measuredRate(rateFile)
+		rate, src, err := measuredRate(rateFile, stderr)
 		if err != nil {
 			return usageError(stderr, fmt.Errorf("--gemm-rate-from=%s: %v", rateFile, err))
 		}
@@ -151,8 +151,8 @@ func straggler(args []string, stdout, stderr io.Writer) int {
 }
 
 // measuredRate is the best expert-GEMM rate among a file's ok records.
-func measuredRate(path string) (float64, string, error) {
-	recs, err := results.ReadFile(path)
+func measuredRate(path string, stderr io.Writer) (float64, string, error) {
+	recs, err := results.ReadFile(path, warnTo(stderr))
 	if err != nil {
 		return 0, "", err
 	}

@@ -78,7 +78,7 @@ func sweep(args []string, stdout, stderr io.Writer) int {
 		return usageError(stderr, errors.New("sweep: --out FILE is required"))
 	}
 	o.format = "table"
-	if err := o.checkOutputs(); err != nil {
+	if err := o.checkOutputs(stderr); err != nil {
 		return usageError(stderr, err)
 	}
 	points, err := expand(fs, o, so)
@@ -124,7 +124,7 @@ func sweep(args []string, stdout, stderr io.Writer) int {
 	record := func(rec *results.Record) error {
 		appendMu.Lock()
 		defer appendMu.Unlock()
-		return results.Append(o.out, rec)
+		return appendRecord(o.out, rec, stderr)
 	}
 	progress := func(ev harness.SweepEvent) {
 		c := ev.Config
