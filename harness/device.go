@@ -751,47 +751,46 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 		return fail(deviceStatus(err), err)
 	}
 	rb, rebalances := d.(dispatchers.Rebalancer)
+	pausedEnd, end := cfg.deadlines(rebalances)
 	if rebalances { // the paused steps (see measured.paused)
 		m.paused = m.newSamples(cfg.EP)
 		steps := make([][]float64, cfg.EP) // not kept
 		rb.Pause(true)
-		for i := -cfg.Warmup; i < cfg.Iters; i++ {
-			if err := dl.step(); err != nil {
-				return fail(deviceStatus(err), err)
+		if _, err := iterate(cfg.Warmup, cfg.Iters, pausedEnd, func(i int) error {
+			if err := dl.step(); err != nil || i < 0 {
+				return err
 			}
-			if i < 0 {
-				continue
-			}
-			if err := dl.times(m.paused, steps); err != nil {
-				return fail(results.StatusFailed, err)
-			}
+			return dl.times(m.paused, steps)
+		}); err != nil {
+			return fail(deviceStatus(err), err)
 		}
 		rb.Pause(false)
 	}
 	var tm *telemetry
-	for i := -cfg.Warmup; i < cfg.Iters; i++ {
+	done, err := iterate(cfg.Warmup, cfg.Iters, end, func(i int) error {
 		if i == 0 {
 			var why string
 			if tm, why = startTelemetry(gpuBusID(dev)); tm == nil {
 				rec.SMs.Measured = "not measured: " + why
 			}
 		}
-		if err := dl.step(); err != nil {
-			tm.finish()
-			return fail(deviceStatus(err), err)
-		}
-		if i < 0 {
-			continue
+		if err := dl.step(); err != nil || i < 0 {
+			return err
 		}
 		if err := dl.times(m.samples, m.step); err != nil {
-			tm.finish()
-			return fail(results.StatusFailed, err)
+			return err
 		}
 		m.issue = append(m.issue, dl.issueMS)
 		if rebalances {
 			m.rebalance = append(m.rebalance, rb.RebalanceStats())
 		}
+		return nil
+	})
+	if err != nil {
+		tm.finish()
+		return fail(deviceStatus(err), err)
 	}
+	cfg.Iters, m.stopped = done, cfg.stopped(done)
 	m.traffic = d.Traffic() // after the steps: it counts the last one
 	for r, rk := range dl.ranks {
 		m.recv = append(m.recv, rk.Rows())

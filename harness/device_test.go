@@ -37,7 +37,9 @@ func deviceCases() map[string]Config {
 	one.EP, one.SharedExperts = 1, 0
 	bal := base
 	bal.Routing, bal.EP = Routing{Kind: RoutingBalanced}, 8
-	return map[string]Config{"softmax-natural": base, "sigmoid-groups-skewed-shared": sig, "ep1": one, "balanced-ep8": bal}
+	pre := base
+	pre.TopK, pre.PreSoftmax = 1, true
+	return map[string]Config{"softmax-natural": base, "sigmoid-groups-skewed-shared": sig, "ep1": one, "balanced-ep8": bal, "pre-softmax-top1": pre}
 }
 
 // emus opens k Emus as a run's devices, or fewer when the run wants fewer.

@@ -149,6 +149,9 @@ func CheckDump(dir string) error {
 
 func routerNote(c Config) string {
 	s := "softmax over the k selected logits"
+	if c.PreSoftmax {
+		s = "softmax over all logits, then top-k on it; the chosen keep their softmax values (not renormalised)"
+	}
 	if c.Score == "sigmoid" {
 		s = "top-k on sigmoid(logit)+bias; probs = sigmoid(logit) of the chosen, renormalised"
 	}

@@ -95,28 +95,34 @@ func Run(cfg Config, env Env) (*results.Record, error) {
 		return err
 	}
 	rb, rebalances := d.(dispatchers.Rebalancer)
+	pausedEnd, end := cfg.deadlines(rebalances)
 	if rebalances { // after the warm-up, the paused steps (see measured.paused)
 		m.paused = m.newSamples(cfg.EP)
 		samples = m.paused
 		rb.Pause(true)
-		for i := -cfg.Warmup; i < cfg.Iters; i++ {
+		if _, err := iterate(cfg.Warmup, cfg.Iters, pausedEnd, func(i int) error {
 			iter = i
-			if err := l.Step(d, timed); err != nil {
-				return fail(results.StatusFailed, err)
-			}
+			return l.Step(d, timed)
+		}); err != nil {
+			return fail(results.StatusFailed, err)
 		}
 		rb.Pause(false)
 		samples = m.samples
 	}
-	for i := -cfg.Warmup; i < cfg.Iters; i++ {
+	done, err := iterate(cfg.Warmup, cfg.Iters, end, func(i int) error {
 		iter = i
 		if err := l.Step(d, timed); err != nil {
-			return fail(results.StatusFailed, err)
+			return err
 		}
 		if rebalances && i >= 0 {
 			m.rebalance = append(m.rebalance, rb.RebalanceStats())
 		}
+		return nil
+	})
+	if err != nil {
+		return fail(results.StatusFailed, err)
 	}
+	cfg.Iters, m.stopped = done, cfg.stopped(done)
 	rec.Status = results.StatusOK
 	m.traffic = d.Traffic() // after the steps: it counts the last one
 	for r, rk := range l.Ranks {
@@ -197,6 +203,48 @@ type measured struct {
 	paused    map[string][][]float64
 	phase2SMs string
 	issue     []float64 // device runs: each timed step's host issue time, ms
+	stopped   string    // why fewer iterations ran than asked for (--max-seconds)
+}
+
+// deadlines are when the paused steps of a rebalancing dispatcher (half
+// the --max-seconds budget) and all steps must stop; zero without a budget.
+func (c Config) deadlines(rebalances bool) (paused, end time.Time) {
+	if c.MaxSeconds == 0 {
+		return time.Time{}, time.Time{}
+	}
+	now, budget := time.Now(), time.Duration(c.MaxSeconds*float64(time.Second))
+	paused = now.Add(budget)
+	if rebalances {
+		paused = now.Add(budget / 2)
+	}
+	return paused, now.Add(budget)
+}
+
+// stopped says why a run timed done of its c.Iters iterations ("" if all).
+func (c Config) stopped(done int) string {
+	if done == c.Iters {
+		return ""
+	}
+	return fmt.Sprintf("stopped by --max-seconds %g after %d of %d timed iterations", c.MaxSeconds, done, c.Iters)
+}
+
+// iterate runs step for the warm-up (i < 0) and the timed iterations (i ≥
+// 0). Past deadline (zero: none) the warm-up ends and the timed iterations
+// stop after the one running, with at least one run. It returns how many
+// timed iterations ran.
+func iterate(warmup, iters int, deadline time.Time, step func(i int) error) (int, error) {
+	for i := -warmup; i < iters; i++ {
+		if !deadline.IsZero() && time.Now().After(deadline) {
+			if i > 0 {
+				return i, nil
+			}
+			i = 0
+		}
+		if err := step(i); err != nil {
+			return i, err
+		}
+	}
+	return iters, nil
 }
 
 // newSamples gives each phase an empty [rank][iter] sample.
@@ -252,7 +300,7 @@ func fillMeasurements(rec *results.Record, cfg Config, m measured) {
 		}
 		rec.Rebalance = rb
 	}
-	t := &results.Timing{Unit: "ms", Clock: m.clock, Warmup: cfg.Warmup, Iters: cfg.Iters, Model: m.model}
+	t := &results.Timing{Unit: "ms", Clock: m.clock, Warmup: cfg.Warmup, Iters: cfg.Iters, Model: m.model, Stopped: m.stopped}
 	// each rank's own step time, and the lockstep step (sum of slowest ranks)
 	stepPerRank := make([][]float64, cfg.EP)
 	lockstep := make([]float64, cfg.Iters)

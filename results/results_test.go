@@ -48,8 +48,8 @@ func TestReadIsStrict(t *testing.T) {
 		strings.Replace(string(good), `"status":"ok"`, `"status":"ok","extra":1`, 1) + "\n": `x:1: bad record: json: unknown field "extra"`,
 		strings.Replace(string(good), `"status":"ok"`, `"status":"failed"`, 1) + "\n":       "x:1: a failed record carries timings",
 		strings.Replace(string(good), `"status":"ok"`, `"status":"maybe"`, 1) + "\n":        `x:1: status "maybe"`,
-		"not json":   "x:1: incomplete last line (no newline): not a JSON object",
-		"\n":         "x:1: empty line",
+		"not json": "x:1: incomplete last line (no newline): not a JSON object",
+		"\n":       "x:1: empty line",
 		string(good) + "\n" + `{"schema":"moebench.record/v1","status":"ok"}` + "\n": `x:2: an ok record without "timing"`,
 	}
 	for in, want := range bad {

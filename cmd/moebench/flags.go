@@ -23,9 +23,9 @@ type options struct {
 	domain, feplbDyn                                                    int
 	tokens, hidden, ffn, experts, topk, shared, groups, groupTopK       int
 	sms, ep, gpus, warmup, iters                                        int
-	topkScale                                                           float64
+	topkScale, maxSeconds                                               float64
 	seed                                                                uint64
-	check                                                               bool
+	check, preSoftmax                                                   bool
 }
 
 func newFlags(o *options) *pflag.FlagSet {
@@ -68,6 +68,7 @@ func addShapeFlags(fs *pflag.FlagSet, o *options) {
 	fs.IntVar(&o.groups, "groups", 0, "expert groups for group-limited routing, 0 = off (default: the preset's)")
 	fs.IntVar(&o.groupTopK, "topk-groups", 0, "groups each token may use (default: the preset's)")
 	fs.Float64Var(&o.topkScale, "topk-scale", 0, "scaling factor applied to the routing probabilities (default: the preset's)")
+	fs.BoolVar(&o.preSoftmax, "pre-softmax", false, "softmax routers: softmax over all experts before the top-k, not renormalised (Megatron's; needed for --topk 1)")
 }
 
 // addControlFlags defines the flags that control how a layer is run.
@@ -75,7 +76,8 @@ func addControlFlags(fs *pflag.FlagSet, o *options) {
 	d := harness.DefaultConfig()
 	fs.Uint64Var(&o.seed, "seed", d.Seed, "seed of every random draw (inputs, weights, routing)")
 	fs.IntVar(&o.warmup, "warmup", d.Warmup, "untimed iterations before timing")
-	fs.IntVar(&o.iters, "iters", d.Iters, "timed iterations")
+	fs.IntVar(&o.iters, "iters", d.Iters, fmt.Sprintf("timed iterations (at most %d)", harness.MaxIters))
+	fs.Float64Var(&o.maxSeconds, "max-seconds", 0, "time budget of the warm-up and timed iterations: past it the run stops after the current iteration and records what it timed (at least one iteration); 0 = none")
 	fs.BoolVar(&o.check, "check", d.Check, "check the output against the float64 reference (--check=false to skip)")
 	fs.StringVar(&o.device, "device", d.Device, "device: auto (cuda if a driver and GPU are found, else host) | host | cuda")
 	addLibFlag(fs, &o.cudaLibs)
@@ -124,6 +126,9 @@ func (o *options) config(fs *pflag.FlagSet) (harness.Config, error) {
 	if fs.Changed("topk-scale") {
 		c.TopKScale, custom = o.topkScale, true
 	}
+	if o.preSoftmax {
+		c.PreSoftmax, custom = true, true
+	}
 	if custom {
 		c.Preset += "+custom"
 	}
@@ -137,6 +142,7 @@ func (o *options) config(fs *pflag.FlagSet) (harness.Config, error) {
 	c.Dispatcher, c.Impl, c.SMs, c.EP, c.GPUs = o.dispatcher, o.impl, o.sms, o.ep, o.gpus
 	c.Domain, c.FeplbBase, c.FeplbDyn = o.domain, o.feplbBase, o.feplbDyn
 	c.Routing, c.Seed, c.Warmup, c.Iters, c.Check, c.Device = r, o.seed, o.warmup, o.iters, o.check, o.device
+	c.MaxSeconds = o.maxSeconds
 	if err := c.Validate(); err != nil {
 		return c, err
 	}
@@ -146,6 +152,20 @@ func (o *options) config(fs *pflag.FlagSet) (harness.Config, error) {
 		}
 	}
 	return c, nil
+}
+
+// feplbOnly refuses feplb's own flags given without the feplb dispatcher
+// among those that run (they would change nothing).
+func feplbOnly(fs *pflag.FlagSet, running []string) error {
+	if slices.Contains(running, "feplb") {
+		return nil
+	}
+	for _, name := range []string{"feplb-base", "feplb-dynamic"} {
+		if f := fs.Lookup(name); f.Changed {
+			return &harness.ConfigError{Flag: name, Value: f.Value, Allowed: "applies only to --dispatcher feplb"}
+		}
+	}
+	return nil
 }
 
 // checkOutputs rejects, before any work, output settings that would fail or

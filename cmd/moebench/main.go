@@ -91,6 +91,9 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 	useLibDirs(o.cudaLibs)
 	cfg, err := o.config(fs)
 	if err == nil {
+		err = feplbOnly(fs, []string{o.dispatcher})
+	}
+	if err == nil {
 		err = o.checkOutputs(stderr)
 	}
 	if err != nil {
@@ -124,6 +127,9 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 	}
 	if rec == nil {
 		return exitRuntime
+	}
+	if rec.Timing != nil && rec.Timing.Stopped != "" {
+		fmt.Fprintf(stderr, "moebench: %s\n", rec.Timing.Stopped)
 	}
 	if werr := results.Write(stdout, rec, o.format); werr != nil {
 		fmt.Fprintf(stderr, "moebench: writing output: %v\n", werr)

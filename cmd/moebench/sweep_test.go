@@ -71,8 +71,8 @@ func TestSweepFileAndValidation(t *testing.T) {
 	if code != exitOK || err != nil || len(recs) != 2 || recs[0].Config.EP != 2 || recs[1].Config.Routing != "skewed:1" {
 		t.Fatalf("exit %d, %d records, %v: %s", code, len(recs), err, stderr)
 	}
-	os.WriteFile(file, []byte(`{"dispatcher": "alltoall"}`), 0o644)
-	if code, _, e := cli("sweep", "--file", file, "--out", out); code != exitUsage || !strings.Contains(e, `unknown key "dispatcher"`) {
+	os.WriteFile(file, []byte(`{"dispatchers": ["alltoall"], "dispatcherz": "alltoall"}`), 0o644)
+	if code, _, e := cli("sweep", "--file", file, "--out", out); code != exitUsage || !strings.Contains(e, `unknown key "dispatcherz"`) {
 		t.Errorf("unknown key: exit %d, %s", code, e)
 	}
 	// a bad point is refused before anything runs
