@@ -3,6 +3,7 @@ package harness
 import (
 	"fmt"
 	"math"
+	"math/bits"
 	"runtime"
 	"sync"
 
@@ -238,17 +239,24 @@ func parallel(n int, fn func(i int)) {
 	wg.Wait()
 }
 
-// RoundTrip checks d alone: with every probability 1/k and experts that
-// multiply their input by its probability (on the rows their segments own;
-// other rows stay NaN), dispatch then combine must give back each rank's
-// input exactly (after bf16 rounding). It returns "exact" or
-// a description of the first difference. The ranks' routing is reused.
+// RoundTrip checks d alone: with probabilities that are powers of two
+// summing to 1 (roundTripProbs) and experts that multiply their input by its
+// probability (on the rows their segments own; other rows stay NaN),
+// dispatch then combine must give back each rank's input exactly (after
+// bf16 rounding). The inputs are x with their significands cut to as few
+// bits as keep every partial sum of a token's copies exact in bf16, so that
+// a design that adds some of a token's outputs before the others and
+// carries the partial sum as bf16 (DeepEP's combine) is exact too. It
+// returns "exact" or a description of the first difference. The ranks'
+// routing is reused.
 func RoundTrip(d dispatchers.Dispatcher, shape dispatchers.Shape, x [][]float32, routed []*dispatchers.Rank) string {
 	ranks := make([]*dispatchers.Rank, shape.EP)
+	probs, keep := roundTripProbs(shape.TopK)
+	x = coarsen(x, keep)
 	for r := range ranks {
 		p := make([]float32, shape.Tokens*shape.TopK)
 		for i := range p {
-			p[i] = 1 / float32(shape.TopK)
+			p[i] = probs[i%shape.TopK]
 		}
 		ranks[r] = &dispatchers.Rank{ID: r, X: x[r], Idx: routed[r].Idx, Probs: p, Experts: routed[r].Experts}
 	}
@@ -268,7 +276,7 @@ func RoundTrip(d dispatchers.Dispatcher, shape dispatchers.Shape, x [][]float32,
 		}
 		return nil
 	}
-	for _, step := range dispatchers.Sequence(d, identity) {
+	for _, step := range dispatchers.Steps(d, identity) {
 		for r := range ranks {
 			if err := step.Run(r); err != nil {
 				return err.Error()
@@ -286,6 +294,38 @@ func RoundTrip(d dispatchers.Dispatcher, shape dispatchers.Shape, x [][]float32,
 		}
 	}
 	return "exact"
+}
+
+// roundTripProbs are k probabilities that are powers of two summing to 1
+// (the leaves of a complete binary tree: 1/k each when k is a power of two),
+// so that the sum of any of them is a multiple of 2⁻ᵈ, d = ⌈log₂ k⌉; keep
+// is the significand bits an input may have for every such sum times it to
+// be exact in bf16 (8 bits): 8 − d, at least 1 (exact up to top-128).
+func roundTripProbs(k int) (p []float32, keep int) {
+	d := bits.Len(uint(k - 1))
+	deep := 2*k - 1<<d // leaves at depth d; the others at depth d − 1
+	p = make([]float32, k)
+	for j := range p {
+		p[j] = 1 / float32(int(1)<<d)
+		if j >= deep {
+			p[j] *= 2
+		}
+	}
+	return p, max(1, 8-d)
+}
+
+// coarsen returns copies of x with each value's significand cut to keep
+// bits (toward zero).
+func coarsen(x [][]float32, keep int) [][]float32 {
+	mask := ^uint32(0) << (24 - keep) // float32 holds 24 significand bits
+	out := make([][]float32, len(x))
+	for r, v := range x {
+		out[r] = make([]float32, len(v))
+		for i, f := range v {
+			out[r][i] = math.Float32frombits(math.Float32bits(f) & mask)
+		}
+	}
+	return out
 }
 
 func widen(s []float32) []float64 {

@@ -251,12 +251,12 @@ func (dl *deviceLayer) steps() []dispatchers.Step {
 		dl.seq = append(dl.seq, dispatchers.Step{Name: "shared", Run: dl.sharedExpert})
 	}
 	dl.seq = append(dl.seq, dispatchers.Step{Name: "router", Run: dl.route})
-	dl.seq = append(dl.seq, dispatchers.Sequence(dl.d, dl.experts)...)
+	dl.seq = append(dl.seq, dispatchers.Steps(dl.d, dl.experts)...)
 	return dl.seq
 }
 
 // sharedExpert: fc1 → SwiGLU → fc2 on the rank's tokens into rk.Shared,
-// which the dispatcher's unpermute adds.
+// which the dispatcher's last phase adds.
 func (dl *deviceLayer) sharedExpert(r int) error {
 	c, rk, b, m := dl.l.Cfg, dl.ranks[r], &dl.rr[r], &dl.dc[dl.on[r]]
 	T, h, fs := c.Tokens, c.Hidden, c.FFN*c.SharedExperts

@@ -18,14 +18,15 @@ import (
 )
 
 // failing is alltoall whose combine breaks: a point that fails at run time.
-type failing struct{ dispatchers.Dispatcher }
+type failing struct{ dispatchers.Classic }
 
 func (failing) Combine(int) error { return errors.New("combine: simulated failure") }
 
 func init() {
 	dispatchers.Register("failing", func(impl string, env dispatchers.Env) (dispatchers.Dispatcher, error) {
 		d, err := alltoall.New(impl, env)
-		return failing{d}, err
+		c, _ := d.(dispatchers.Classic)
+		return failing{c}, err
 	})
 }
 
