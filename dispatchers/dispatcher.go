@@ -108,6 +108,17 @@ type Traffic struct {
 	AlgorithmFormula                    string
 }
 
+// Buffer is one of a dispatcher's buffers on a rank, in the bytes a GPU
+// holds it in (bf16 rows), and what it holds.
+type Buffer struct {
+	Name, About string
+	Bytes       int64
+}
+
+// Buffered is a dispatcher that describes its buffers (e.g. receive and
+// queue memory), sized for the last step.
+type Buffered interface{ Buffers(rank int) []Buffer }
+
 // Dispatcher moves token copies between EP ranks. It is also a Phaser or
 // Phased (New checks): see the package comment for the phase contract.
 type Dispatcher interface {
