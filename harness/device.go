@@ -793,6 +793,7 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 		}
 	}
 	m.traffic = d.Traffic() // after the steps: it counts the last one
+	m.buffers = buffers(d, cfg.EP)
 	for r, rk := range dl.ranks {
 		m.recv = append(m.recv, rk.Rows())
 		m.mem.PerRankBytes = append(m.mem.PerRankBytes, dl.footprint(r))

@@ -10,4 +10,5 @@ import "github.com/moebench/moebench/dispatchers"
 
 func init() {
 	dispatchers.Register("hybridep", dispatchers.Pending("hybridep", "TMA/bulk copies into peer buffers"))
+	dispatchers.RegisterSMBudget("hybridep", dispatchers.SMBudget{Default: 16, About: "Megatron's default HybridEP budget"})
 }

@@ -1,0 +1,89 @@
+package main
+
+import (
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/moebench/moebench/results"
+)
+
+// TestDeepEPRun: 'moebench --dispatcher deepep --sms 24' runs on the host
+// device with PASS, its own phases, bandwidth per SM and its buffers; bad
+// budgets and timeouts are usage errors naming the flag.
+func TestDeepEPRun(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "r.jsonl")
+	code, stdout, stderr := cli(append(quick, "--dispatcher", "deepep", "--sms", "24", "--out", out)...)
+	if code != exitOK {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	for _, want := range []string{"correctness            PASS", "\n  layout ", "\n  notify ", "\n  dispatch ", "\n  permute ", "\n  combine ",
+		"GB/s per SM (24 SMs)", "dispatcher buffers     queues "} {
+		if !strings.Contains(stdout, want) {
+			t.Errorf("missing %q in\n%s", want, stdout)
+		}
+	}
+	if strings.Contains(stdout, "\n  unpermute ") {
+		t.Errorf("deepep has no unpermute phase:\n%s", stdout)
+	}
+	recs, err := results.ReadFile(out)
+	if err != nil || len(recs) != 1 {
+		t.Fatal(recs, err)
+	}
+	r := recs[0]
+	tr := r.Traffic
+	if r.SMs.Configured != 24 || r.SMs.Budget != 24 || r.Config.CommTimeoutS != 5 || tr.DispatchGBps <= 0 ||
+		tr.DispatchGBpsPerSM != tr.DispatchGBps/24 || tr.CombineGBpsPerSM != tr.CombineGBps/24 || len(r.Memory.Buffers) != 4 {
+		t.Errorf("record: sms %+v, comm timeout %v, traffic %+v, buffers %+v", r.SMs, r.Config.CommTimeoutS, tr, r.Memory.Buffers)
+	}
+	for _, c := range []struct{ args []string }{
+		{[]string{"--dispatcher", "deepep", "--sms", "23"}},
+		{[]string{"--dispatcher", "deepep", "--comm-timeout", "0s"}},
+	} {
+		code, _, e := cli(append(quick, c.args...)...)
+		if code != exitUsage || !strings.Contains(e, c.args[2]+"="+c.args[3]) {
+			t.Errorf("%v: exit %d, %q", c.args, code, e)
+		}
+	}
+	if code, _, e := cli(append(quick, "--dispatcher", "deepep", "--sms", "23")...); !strings.Contains(e, "must be even") {
+		t.Errorf("odd budget: exit %d, %q", code, e)
+	}
+	code, stdout, _ = cli(append(quick, "--dispatcher", "deepep", "--ep", "16", "--format", "json")...)
+	if code != exitRuntime || !strings.Contains(stdout, `"status":"unavailable"`) || !strings.Contains(stdout, "2, 4 or 8 ranks") {
+		t.Errorf("EP 16: exit %d, %s", code, stdout)
+	}
+}
+
+// TestSweepSMs: a sweep over alltoall and deepep at three budgets records
+// one alltoall point and three deepep points, which the report shows side
+// by side with their bandwidths.
+func TestSweepSMs(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "s.jsonl")
+	code, _, stderr := cli(append([]string{"sweep", "--out", out, "--dispatchers", "alltoall,deepep", "--sms", "16,24,32", "--ep", "4"}, sweepQuick...)...)
+	if code != exitOK {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	recs, err := results.ReadFile(out)
+	if err != nil || len(recs) != 4 {
+		t.Fatalf("%d records, %v", len(recs), err)
+	}
+	seen := map[string]bool{}
+	for _, r := range recs {
+		seen[r.Config.Settings()] = r.Status == results.StatusOK
+	}
+	for _, s := range []string{"alltoall/native sms=0", "deepep/native sms=16", "deepep/native sms=24", "deepep/native sms=32"} {
+		if !seen[s] {
+			t.Errorf("no ok point %s (all: %v)", s, seen)
+		}
+	}
+	code, report, _ := cli("report", out)
+	lines := 0
+	for _, l := range strings.Split(report, "\n") {
+		if strings.HasPrefix(l, "  deepep ") && strings.Contains(l, " ok ") {
+			lines++
+		}
+	}
+	if code != exitOK || lines != 3 || !strings.Contains(report, "dispatch_GBps_per_SM") {
+		t.Errorf("report: exit %d, %d deepep rows:\n%s", code, lines, report)
+	}
+}
