@@ -250,46 +250,68 @@ func parallel(n int, fn func(i int)) {
 // returns "exact" or a description of the first difference. The ranks'
 // routing is reused.
 func RoundTrip(d dispatchers.Dispatcher, shape dispatchers.Shape, x [][]float32, routed []*dispatchers.Rank) string {
-	ranks := make([]*dispatchers.Rank, shape.EP)
-	probs, keep := roundTripProbs(shape.TopK)
-	x = coarsen(x, keep)
-	for r := range ranks {
-		p := make([]float32, shape.Tokens*shape.TopK)
-		for i := range p {
-			p[i] = probs[i%shape.TopK]
-		}
-		ranks[r] = &dispatchers.Rank{ID: r, X: x[r], Idx: routed[r].Idx, Probs: p, Experts: routed[r].Experts}
-	}
-	if err := d.Bind(shape, ranks); err != nil {
+	rt := newRoundTrip(shape, x, routed)
+	if err := d.Bind(shape, rt.ranks); err != nil {
 		return err.Error()
 	}
-	identity := func(r int) error { // experts that return x·p on the rows they own
-		rk := ranks[r]
-		if n := len(rk.ExpertY); n < len(rk.ExpertX) { // rows an earlier expert phase left stay
-			rk.ExpertY = append(rk.ExpertY, make([]float32, len(rk.ExpertX)-n)...)
-			poison(rk.ExpertY[n:])
-		}
-		for _, sg := range rk.Segments {
-			for i := sg.Start * shape.Hidden; i < (sg.Start+sg.Len)*shape.Hidden; i++ {
-				rk.ExpertY[i] = rk.ExpertX[i] * rk.ExpertProbs[i/shape.Hidden]
-			}
-		}
-		return nil
-	}
-	for _, step := range dispatchers.Steps(d, identity) {
-		for r := range ranks {
+	for _, step := range dispatchers.Steps(d, rt.identity) {
+		for r := range rt.ranks {
 			if err := step.Run(r); err != nil {
 				return err.Error()
 			}
 		}
 	}
-	for r, rk := range ranks {
-		if len(rk.Y) != len(x[r]) {
-			return fmt.Sprintf("rank %d: %d values back, want %d", r, len(rk.Y), len(x[r]))
+	return rt.verdict()
+}
+
+// roundTrip is the round trip's ranks: coarsened inputs, power-of-two
+// probabilities, the routing reused.
+type roundTrip struct {
+	shape dispatchers.Shape
+	x     [][]float32
+	ranks []*dispatchers.Rank
+}
+
+func newRoundTrip(shape dispatchers.Shape, x [][]float32, routed []*dispatchers.Rank) *roundTrip {
+	probs, keep := roundTripProbs(shape.TopK)
+	rt := &roundTrip{shape: shape, x: coarsen(x, keep), ranks: make([]*dispatchers.Rank, shape.EP)}
+	for r := range rt.ranks {
+		p := make([]float32, shape.Tokens*shape.TopK)
+		for i := range p {
+			p[i] = probs[i%shape.TopK]
+		}
+		rt.ranks[r] = &dispatchers.Rank{ID: r, X: rt.x[r], Idx: routed[r].Idx, Probs: p, Experts: routed[r].Experts}
+	}
+	return rt
+}
+
+// identity is the round trip's experts: each returns x·p on the rows its
+// segments own.
+func (rt *roundTrip) identity(r int) error {
+	rk, h := rt.ranks[r], rt.shape.Hidden
+	if n := len(rk.ExpertY); n < len(rk.ExpertX) { // rows an earlier expert phase left stay
+		rk.ExpertY = append(rk.ExpertY, make([]float32, len(rk.ExpertX)-n)...)
+		poison(rk.ExpertY[n:])
+	}
+	for _, sg := range rk.Segments {
+		for i := sg.Start * h; i < (sg.Start+sg.Len)*h; i++ {
+			rk.ExpertY[i] = rk.ExpertX[i] * rk.ExpertProbs[i/h]
+		}
+	}
+	return nil
+}
+
+// verdict is "exact" when every rank got its input back, else the first
+// difference.
+func (rt *roundTrip) verdict() string {
+	h := rt.shape.Hidden
+	for r, rk := range rt.ranks {
+		if len(rk.Y) != len(rt.x[r]) {
+			return fmt.Sprintf("rank %d: %d values back, want %d", r, len(rk.Y), len(rt.x[r]))
 		}
 		for i, v := range rk.Y {
-			if kernels.RoundBF16(v) != x[r][i] {
-				return fmt.Sprintf("rank %d token %d element %d: %g back, input %g", r, i/shape.Hidden, i%shape.Hidden, v, x[r][i])
+			if kernels.RoundBF16(v) != rt.x[r][i] {
+				return fmt.Sprintf("rank %d token %d element %d: %g back, input %g", r, i/h, i%h, v, rt.x[r][i])
 			}
 		}
 	}

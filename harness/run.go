@@ -225,6 +225,13 @@ func buffers(d any, ep int) []results.Buffer {
 	return out
 }
 
+// trafficRecord is a dispatcher's traffic as the record holds it.
+func trafficRecord(tr dispatchers.Traffic) *results.Traffic {
+	return &results.Traffic{DispatchOffRank: tr.DispatchOffRank, DispatchLogical: tr.DispatchLogical,
+		CombineOffRank: tr.CombineOffRank, CombineLogical: tr.CombineLogical, Formula: tr.Formula,
+		DispatchAlgorithm: tr.DispatchAlgorithm, CombineAlgorithm: tr.CombineAlgorithm, AlgorithmFormula: tr.AlgorithmFormula}
+}
+
 // bandwidth fills t's GB/s from its algorithm bytes and the phase p50s of
 // timing, per SM of budget when the dispatcher is SM-driven (budget > 0).
 func bandwidth(t *results.Traffic, timing *results.Timing, ep, budget int) {
@@ -355,10 +362,7 @@ func fillMeasurements(rec *results.Record, cfg Config, m measured) {
 	if ms > 0 {
 		rec.GEMM.TFLOPS = routed / (ms / 1e3) / 1e12
 	}
-	tr := m.traffic
-	rec.Traffic = &results.Traffic{DispatchOffRank: tr.DispatchOffRank, DispatchLogical: tr.DispatchLogical,
-		CombineOffRank: tr.CombineOffRank, CombineLogical: tr.CombineLogical, Formula: tr.Formula,
-		DispatchAlgorithm: tr.DispatchAlgorithm, CombineAlgorithm: tr.CombineAlgorithm, AlgorithmFormula: tr.AlgorithmFormula}
+	rec.Traffic = trafficRecord(m.traffic)
 	bandwidth(rec.Traffic, t, cfg.EP, rec.SMs.Budget)
 	rec.Memory = m.mem
 	rec.Memory.Buffers = m.buffers

@@ -28,17 +28,21 @@ unpermute ≥ 0.8 of the copy rate, router top-k ≥ 0.6, expert GEMMs ≥ 0.7 o
 the dense GEMM rate.
 
 Usage:
-  moebench bench kernels [flags]`
+  moebench bench kernels [flags]
+  moebench bench dispatch [flags]   dispatch and combine alone per SM budget (see bench dispatch --help)`
 
 // bench runs 'moebench bench kernels'. It needs the cuda device; without
 // one it exits 1 and says why.
 func bench(args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 && args[0] == "dispatch" {
+		return benchDispatch(args[1:], stdout, stderr)
+	}
 	if len(args) == 0 || args[0] != "kernels" {
 		if len(args) > 0 && (args[0] == "--help" || args[0] == "-h") {
 			fmt.Fprintln(stdout, benchHelp)
 			return exitOK
 		}
-		return usageError(stderr, errors.New("bench: say what to benchmark: 'moebench bench kernels'"))
+		return usageError(stderr, errors.New("bench: say what to benchmark: 'moebench bench kernels' or 'moebench bench dispatch'"))
 	}
 	var o options
 	var format, out string

@@ -1,10 +1,13 @@
 package main
 
 import (
+	"encoding/json"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/moebench/moebench/harness"
 	"github.com/moebench/moebench/results"
 )
 
@@ -85,5 +88,47 @@ func TestSweepSMs(t *testing.T) {
 	}
 	if code != exitOK || lines != 3 || !strings.Contains(report, "dispatch_GBps_per_SM") {
 		t.Errorf("report: exit %d, %d deepep rows:\n%s", code, lines, report)
+	}
+}
+
+// TestBenchDispatch: each point of 'bench dispatch' is timed and checked;
+// budgets vary deepep only; a failing point is reported and exits 1; an
+// odd budget is a usage error; the cuda device is refused with the reason.
+func TestBenchDispatch(t *testing.T) {
+	small := []string{"bench", "dispatch", "--ep", "2", "--tokens", "16", "--hidden", "32", "--warmup", "0", "--iters", "2"}
+	out := filepath.Join(t.TempDir(), "b.json")
+	code, stdout, stderr := cli(append(small, "--dispatcher", "alltoall,deepep", "--sms", "8,24", "--out", out)...)
+	if code != exitOK || !strings.Contains(stderr, "not GPU performance") {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	rows := 0
+	for _, l := range strings.Split(stdout, "\n") {
+		if strings.Contains(l, "round trip exact") {
+			rows++
+		}
+	}
+	if rows != 3 {
+		t.Errorf("%d checked rows, want alltoall once and deepep at 8 and 24:\n%s", rows, stdout)
+	}
+	var b harness.DispatchBench
+	if raw, err := os.ReadFile(out); err != nil || json.Unmarshal(raw, &b) != nil || len(b.Points) != 3 {
+		t.Fatalf("--out: %v, %+v", err, b)
+	}
+	for _, p := range b.Points[1:] {
+		tr := p.Traffic
+		if p.Status != results.StatusOK || p.RoundTrip != "exact" || tr.DispatchGBps <= 0 || tr.CombineGBps <= 0 ||
+			tr.DispatchGBpsPerSM != tr.DispatchGBps/float64(p.SMs) {
+			t.Errorf("point %+v, traffic %+v", p, tr)
+		}
+	}
+	code, stdout, _ = cli(append(small, "--dispatcher", "failing,deepep", "--sms", "8")...)
+	if code != exitRuntime || !strings.Contains(stdout, "failed: combine on rank 0: combine: simulated failure") || !strings.Contains(stdout, "round trip exact") {
+		t.Errorf("failing point: exit %d\n%s", code, stdout)
+	}
+	if code, _, e := cli(append(small, "--sms", "7")...); code != exitUsage || !strings.Contains(e, "--sms=7") {
+		t.Errorf("odd budget: exit %d, %q", code, e)
+	}
+	if code, _, e := cli(append(small, "--device", "cuda")...); code != exitRuntime || !strings.Contains(e, "host device only") {
+		t.Errorf("cuda: exit %d, %q", code, e)
 	}
 }
