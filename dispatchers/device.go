@@ -153,12 +153,5 @@ func NewDevice(name, impl string, env Env) (DeviceDispatcher, error) {
 // phases (a two-phase dispatcher's base).
 func NewClassicDevice(name, impl string, env Env) (ClassicDevice, error) {
 	d, err := NewDevice(name, impl, env)
-	if err != nil {
-		return nil, err
-	}
-	c, ok := d.(ClassicDevice)
-	if !ok {
-		return nil, notClassic(name, impl, d)
-	}
-	return c, nil
+	return asClassic[ClassicDevice](name, impl, d, err)
 }

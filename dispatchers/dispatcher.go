@@ -266,12 +266,18 @@ func New(name, impl string, env Env) (Dispatcher, error) {
 // two-phase dispatcher's base); one that declares its own is unavailable.
 func NewClassic(name, impl string, env Env) (Classic, error) {
 	d, err := New(name, impl, env)
+	return asClassic[Classic](name, impl, d, err)
+}
+
+// asClassic is d as the classic interface C, or why it is not one.
+func asClassic[C any](name, impl string, d any, err error) (C, error) {
+	var zero C
 	if err != nil {
-		return nil, err
+		return zero, err
 	}
-	c, ok := d.(Classic)
+	c, ok := d.(C)
 	if !ok {
-		return nil, notClassic(name, impl, d)
+		return zero, notClassic(name, impl, d)
 	}
 	return c, nil
 }

@@ -79,27 +79,35 @@ func bench(args []string, stdout, stderr io.Writer) int {
 		return exitRuntime
 	}
 	kb, err := harness.BenchKernels(cfg, harness.Env{Version: version(), DeviceNote: note}, harness.DefaultBenchSizes)
+	return benchResult(stdout, stderr, "kernels", kb, kb != nil, err, format, out, func() { writeBench(stdout, kb) })
+}
+
+// benchResult ends a bench command: a *harness.ConfigError is a usage
+// error; another error is reported (exit 1) with the result that came, if
+// any (have); the result goes to stdout as JSON or, for format table, by
+// table, and as JSON to the file out when given.
+func benchResult(stdout, stderr io.Writer, what string, result any, have bool, err error, format, out string, table func()) int {
 	var ce *harness.ConfigError
 	if errors.As(err, &ce) {
 		return usageError(stderr, err)
 	}
 	code := exitOK
 	if err != nil {
-		fmt.Fprintf(stderr, "moebench: bench kernels: %v\n", err)
+		fmt.Fprintf(stderr, "moebench: bench %s: %v\n", what, err)
 		code = exitRuntime
 	}
-	if kb == nil {
+	if !have {
 		return exitRuntime
 	}
 	if format == "json" {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
-		enc.Encode(kb)
+		enc.Encode(result)
 	} else {
-		writeBench(stdout, kb)
+		table()
 	}
 	if out != "" {
-		b, _ := json.Marshal(kb)
+		b, _ := json.Marshal(result)
 		if err := os.WriteFile(out, append(b, '\n'), 0o644); err != nil {
 			fmt.Fprintf(stderr, "moebench: --out: %v\n", err)
 			code = exitRuntime

@@ -1,11 +1,8 @@
 package main
 
 import (
-	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
-	"os"
 	"strings"
 	"text/tabwriter"
 
@@ -84,33 +81,7 @@ func benchDispatch(args []string, stdout, stderr io.Writer) int {
 	}
 	fmt.Fprintln(stderr, "moebench: bench dispatch on the host device: host wall-clock times, not GPU performance")
 	b, err := harness.BenchDispatch(cfg, names, sms, harness.Env{Version: version(), DeviceNote: "chosen with --device host"})
-	var ce *harness.ConfigError
-	if errors.As(err, &ce) {
-		return usageError(stderr, err)
-	}
-	code := exitOK
-	if err != nil {
-		fmt.Fprintf(stderr, "moebench: bench dispatch: %v\n", err)
-		code = exitRuntime
-	}
-	if b == nil {
-		return exitRuntime
-	}
-	if format == "json" {
-		enc := json.NewEncoder(stdout)
-		enc.SetIndent("", "  ")
-		enc.Encode(b)
-	} else {
-		writeDispatchBench(stdout, b)
-	}
-	if out != "" {
-		j, _ := json.Marshal(b)
-		if err := os.WriteFile(out, append(j, '\n'), 0o644); err != nil {
-			fmt.Fprintf(stderr, "moebench: --out: %v\n", err)
-			code = exitRuntime
-		}
-	}
-	return code
+	return benchResult(stdout, stderr, "dispatch", b, b != nil, err, format, out, func() { writeDispatchBench(stdout, b) })
 }
 
 // writeDispatchBench prints the dispatch benchmark as a table.
