@@ -175,7 +175,7 @@ func New(impl string, env dispatchers.Env) (dispatchers.Dispatcher, error) {
 // not in this build yet.
 func NewDevice(impl string, env dispatchers.Env) (dispatchers.DeviceDispatcher, error) {
 	return nil, &dispatchers.UnavailableError{Name: Name, Impl: impl,
-		Reason: "its CUDA kernels (queues in peer memory, co-resident send/receive blocks, timeouts) are not in this build yet; the host device runs the design (--device host)"}
+		Reason: "the cuda implementation's kernels (queues in peer memory, co-resident send/receive blocks, timeouts) are not in this build yet; the host device runs the design (--device host)"}
 }
 
 // Timeout is the bound of every cross-rank wait (the --comm-timeout the
