@@ -39,6 +39,12 @@ func TestDeepEPRun(t *testing.T) {
 		tr.DispatchGBpsPerSM != tr.DispatchGBps/24 || tr.CombineGBpsPerSM != tr.CombineGBps/24 || len(r.Memory.Buffers) != 4 {
 		t.Errorf("record: sms %+v, comm timeout %v, traffic %+v, buffers %+v", r.SMs, r.Config.CommTimeoutS, tr, r.Memory.Buffers)
 	}
+	// queue memory by hand: EP 4, hidden 32, top-4, 24 SMs = 12 channels,
+	// rings of 256: count matrices 4·(4·4 + 4·4) B, then per (channel,
+	// source) 4 ints and 256 slots of 64 B row + 4 B index + 4·(4+4) B top-k
+	if q := r.Memory.Buffers[0]; q.Name != "queues" || q.PerRankBytes[0] != 4*(16+16)+12*4*(16+256*(64+4+32)) {
+		t.Errorf("queue memory %+v", q)
+	}
 	for _, c := range []struct{ args []string }{
 		{[]string{"--dispatcher", "deepep", "--sms", "23"}},
 		{[]string{"--dispatcher", "deepep", "--comm-timeout", "0s"}},

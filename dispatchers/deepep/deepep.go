@@ -84,7 +84,6 @@ package deepep
 
 import (
 	"fmt"
-	"time"
 
 	"github.com/moebench/moebench/dispatchers"
 )
@@ -164,11 +163,9 @@ func New(impl string, env dispatchers.Env) (dispatchers.Dispatcher, error) {
 		return nil, &dispatchers.UnavailableError{Name: Name, Impl: impl,
 			Reason: fmt.Sprintf("device %q is not supported by the host implementation", env.Device)}
 	}
-	timeout := env.CommTimeout
-	if timeout == 0 {
-		timeout = dispatchers.DefaultCommTimeout
-	}
-	return &Host{cfg: DefaultConfig(0, env.SMs), sms: env.SMs, timeout: timeout}, nil
+	// env.CommTimeout is for the GPU kernels' waits: the host model has none
+	// (a queue that cannot progress is reported at once).
+	return &Host{sms: env.SMs}, nil
 }
 
 // NewDevice reports the cuda implementation unavailable: its kernels are
@@ -177,7 +174,3 @@ func NewDevice(impl string, env dispatchers.Env) (dispatchers.DeviceDispatcher, 
 	return nil, &dispatchers.UnavailableError{Name: Name, Impl: impl,
 		Reason: "the cuda implementation's kernels (queues in peer memory, co-resident send/receive blocks, timeouts) are not in this build yet; the host device runs the design (--device host)"}
 }
-
-// Timeout is the bound of every cross-rank wait (the --comm-timeout the
-// GPU kernels will poll with; the host model detects a stall at once).
-func (h *Host) Timeout() time.Duration { return h.timeout }

@@ -2,7 +2,6 @@ package deepep
 
 import (
 	"fmt"
-	"time"
 
 	"github.com/moebench/moebench/dispatchers"
 	"github.com/moebench/moebench/kernels"
@@ -10,20 +9,19 @@ import (
 
 // Host is the design on host ranks (see the package comment).
 type Host struct {
-	cfg     Config
-	sms     int  // --sms as given (0: the default)
-	fixed   bool // cfg was given (WithConfig), not DeepEP's default for the EP size
-	timeout time.Duration
-	shape   dispatchers.Shape
-	ranks   []*dispatchers.Rank
-	st      []rankState
-	q       []queue // one ring per peer, reused channel after channel
+	cfg   Config
+	sms   int  // --sms as given (0: the default)
+	fixed bool // cfg was given (WithConfig), not DeepEP's default for the EP size
+	shape dispatchers.Shape
+	ranks []*dispatchers.Rank
+	st    []rankState
+	q     []queue // one ring per peer, reused channel after channel
 }
 
 // WithConfig returns the host implementation with cfg instead of DeepEP's
 // recommended configuration (tests use small rings that wrap).
 func WithConfig(cfg Config) *Host {
-	return &Host{cfg: cfg, sms: cfg.SMs, fixed: true, timeout: dispatchers.DefaultCommTimeout}
+	return &Host{cfg: cfg, sms: cfg.SMs, fixed: true}
 }
 
 // rankState is one rank's buffers: as a source (layout), as a receiver
