@@ -28,7 +28,6 @@ func gradCases(T, h, f, fs int) []gradCase {
 	}
 }
 
-
 func TestHostBackwardMatchesReference(t *testing.T) {
 	g := rand.New(rand.NewPCG(11, 24))
 	worst := map[string]float64{}
@@ -140,6 +139,21 @@ func TestGEMMWorkBackwardIsTwiceForward(t *testing.T) {
 	// Bytes: the backward reads and writes more than the forward (fp32 main_grad).
 	if w.Backward().Bytes <= w.Forward().Bytes {
 		t.Errorf("backward bytes %g not above forward %g", w.Backward().Bytes, w.Forward().Bytes)
+	}
+	// SavedBytes counts an expert tape (rows, ExpertForward's scratch as
+	// bf16, fp32 probabilities) and per token the k fp32 logits and the
+	// shared expert's scratch.
+	const n, ff = 37, 24
+	tape := ExpertTape[float32]{X: make([]float32, n*64), Prob: make([]float32, n), Saved: make([]float32, n*3*ff)}
+	want := int64(2*(len(tape.X)+len(tape.Saved)) + 4*len(tape.Prob))
+	if got := SavedBytes(n, 0, 64, ff, 0, 8); got != want {
+		t.Errorf("SavedBytes of %d copies = %d, the tape holds %d bytes", n, got, want)
+	}
+	if got, want := SavedBytes(0, 10, 64, ff, 16, 8), int64(10*(4*8+2*3*16)); got != want {
+		t.Errorf("SavedBytes of 10 tokens = %d, want %d", got, want)
+	}
+	if ExpertWGradBytes(h, f) != 2*(3*h*f*2) {
+		t.Errorf("weight gradients %d bytes, want twice the bf16 weights", ExpertWGradBytes(h, f))
 	}
 	rf, rb := RouterGEMMWork(T, h, 256)
 	if rb.FLOPs != 2*rf.FLOPs {

@@ -58,11 +58,12 @@ func sameExperts(a, b []int32) bool {
 	return slices.Equal(a, b)
 }
 
-// fdEps is the central differences' step. Their error is about
-// eps²·|L'''|/6 (truncation) plus 1e-16·|L|/eps (rounding): below 1e-9 for
-// these layers, whose values are of order one. fdTol bounds |fd − analytic|
-// relative to the tensor's largest gradient: three orders over that error,
-// and orders under what a wrong gradient gives.
+// fdEps is the central differences' step. Their error is about eps²/6
+// times the loss's third derivative (truncation) plus 1e-16·|L|/eps
+// (rounding): below 1e-9 for these layers, whose values are of order one.
+// fdTol bounds |fd − analytic| relative to the tensor's largest gradient:
+// three orders over that error, and orders under what a wrong gradient
+// gives (a 1% error in one term fails it).
 const (
 	fdEps = 1e-5
 	fdTol = 1e-6

@@ -98,3 +98,22 @@ func GradRowBytes(h int) (combineBackward, dispatchBackward int64) {
 	row := int64(h) * bf16Bytes
 	return row, row + fp32Bytes
 }
+
+// ExpertWGradBytes is one expert's weight gradients in fp32 (fc1 [2f,h] and
+// fc2 [h,f]): what a helper that computed part of another rank's expert
+// (FEPLB's phase 2) returns to the owner in the backward, to be added to
+// its main_grad. Twice the bf16 weight bytes the forward moved.
+func ExpertWGradBytes(h, f int) int64 { return 3 * int64(h) * int64(f) * fp32Bytes }
+
+// SavedBytes is what the forward keeps for the backward on one rank, beyond
+// its input x: for each of the copies rows its experts computed, the expert
+// input row (bf16 h), the fc1 output (bf16 2f), the activation (bf16 f) and
+// the probability (fp32); for each of its tokens, the chosen experts'
+// logits (fp32 k; the score function's backward needs nothing else) and the
+// shared expert's fc1 output and activation (bf16 3fs). The dispatcher's
+// row maps and counts are its own footprint.
+func SavedBytes(copies, tokens, h, f, fs, topk int) int64 {
+	perCopy := int64(h+2*f+f)*bf16Bytes + fp32Bytes
+	perToken := int64(topk)*fp32Bytes + int64(3*fs)*bf16Bytes
+	return int64(copies)*perCopy + int64(tokens)*perToken
+}
