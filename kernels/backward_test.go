@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"sort"
 	"testing"
 )
@@ -37,7 +38,20 @@ func TestHostBackwardMatchesReference(t *testing.T) {
 		for _, c := range gradCases(T, h, f, fs) {
 			l := newGradLayer(seed, c)
 			ref := ReferenceGrads(l.problem())
-			errs := gradErrs(hostGrads(l, RoundBF16Slice, ""), ref)
+			got := hostGrads(l, RoundBF16Slice, "")
+			errs := gradErrs(got, ref)
+			// Stored as bf16: the input and router weight gradients (B6–B8);
+			// kept in fp32: the weight gradients (main_grad) and dprob.
+			for name, v := range map[string][]float64{"x": got.X, "router weight": slices.Concat(got.Wr...)} {
+				if !allBF16(v) {
+					t.Errorf("%s: %s gradient not stored as bf16", c.name, name)
+				}
+			}
+			for name, v := range map[string][]float64{"expert fc1": slices.Concat(got.FC1...), "expert fc2": slices.Concat(got.FC2...), "probs": got.Probs} {
+				if allBF16(v) {
+					t.Errorf("%s: %s gradient rounded to bf16; Megatron keeps it in fp32", c.name, name)
+				}
+			}
 			for name, e := range errs {
 				if e > GradTolerance {
 					t.Errorf("%s (seed %d, T %d h %d f %d fs %d): %s gradient error %.3g > %g", c.name, seed, T, h, f, fs, name, e, GradTolerance)
@@ -47,6 +61,46 @@ func TestHostBackwardMatchesReference(t *testing.T) {
 		}
 	}
 	t.Logf("largest error per gradient: %s", fmtErrs(worst))
+}
+
+func allBF16(v []float64) bool {
+	for _, x := range v {
+		if float64(RoundBF16(float32(x))) != x {
+			return false
+		}
+	}
+	return true
+}
+
+// ExpertBackward rounds to bf16 exactly at B2 (dact), B3 (dh1) and B4 (dx),
+// and accumulates the weight gradients from those values unrounded: the
+// contract a device's kernels must match bit for bit.
+func TestExpertBackwardRoundingPoints(t *testing.T) {
+	g := rand.New(rand.NewPCG(4, 24))
+	const n, h, f = 9, 24, 12
+	bf := func(m int, std float64) []float32 { return f32(bfNormal(g, m, std)) }
+	x, dy, fc1, fc2 := bf(n*h, 1), bf(n*h, 1), bf(2*f*h, 0.2), bf(h*f, 0.3)
+	prob := f32(randSlice(g, n))
+	saved := make([]float32, n*3*f)
+	ExpertForward(make([]float32, n*h), x, prob, fc1, fc2, saved, n, h, f, RoundBF16Slice)
+	gr := ExpertGrads[float32]{DX: poisoned[float32](n * h), DProb: poisoned[float32](n), DFC1: make([]float32, 2*f*h), DFC2: make([]float32, h*f)}
+	ExpertBackward(gr, dy, ExpertTape[float32]{X: x, Prob: prob, Saved: saved}, fc1, fc2, make([]float32, n*3*f), n, h, f, RoundBF16Slice)
+
+	dact, dh1, dprob, dx := make([]float32, n*f), make([]float32, n*2*f), make([]float32, n), make([]float32, n*h)
+	MatMulNN(dact, dy, fc2, n, f, h)
+	RoundBF16Slice(dact) // B2
+	SwiGLUProbBackward(dh1, dprob, dact, saved[:n*2*f], prob, n, f)
+	RoundBF16Slice(dh1) // B3
+	MatMulNN(dx, dh1, fc1, n, h, 2*f)
+	RoundBF16Slice(dx) // B4
+	dfc1, dfc2 := make([]float32, 2*f*h), make([]float32, h*f)
+	MatMulTNAdd(dfc1, dh1, x, 2*f, h, n)
+	MatMulTNAdd(dfc2, dy, saved[n*2*f:], h, f, n)
+	for name, p := range map[string][2][]float32{"dx": {gr.DX, dx}, "dprob": {gr.DProb, dprob}, "dFC1": {gr.DFC1, dfc1}, "dFC2": {gr.DFC2, dfc2}} {
+		if !slices.Equal(p[0], p[1]) {
+			t.Errorf("%s differs from the rounding contract's", name)
+		}
+	}
 }
 
 // Without rounding, in float64, the host backward (batched by expert,
@@ -96,28 +150,39 @@ func fmtErrs(errs map[string]float64) string {
 	return s
 }
 
-func TestMatMulNNAndTNAddMatchNaive(t *testing.T) {
+// MatMulNN and MatMulTNAdd equal MatMulNT (tested against the naive sum)
+// on transposed operands.
+func TestMatMulNNAndTNAddMatchNT(t *testing.T) {
 	g := rand.New(rand.NewPCG(1, 3))
+	transpose := func(a []float64, rows, cols int) []float64 {
+		out := make([]float64, len(a))
+		for i := range rows {
+			for j := range cols {
+				out[j*rows+i] = a[i*cols+j]
+			}
+		}
+		return out
+	}
 	for _, sz := range [][3]int{{3, 5, 7}, {70, 65, 64}} { // the second takes the parallel path
 		m, n, k := sz[0], sz[1], sz[2]
-		a, b := randSlice(g, m*k), randSlice(g, k*n)
-		c := make([]float64, m*n)
-		MatMulNN(c, a, b, m, n, k)
-		at := randSlice(g, k*m) // a[k,m] for the transposed product
+		a, b, at := randSlice(g, m*k), randSlice(g, k*n), randSlice(g, k*m)
+		nn, nt := make([]float64, m*n), make([]float64, m*n)
+		for i := range nn {
+			nn[i] = math.NaN() // MatMulNN writes, it does not add
+		}
+		MatMulNN(nn, a, b, m, n, k)
+		MatMulNT(nt, a, transpose(b, k, n), m, n, k)
 		acc := randSlice(g, m*n)
-		want0 := append([]float64(nil), acc...)
-		MatMulTNAdd(acc, at, b, m, n, k)
-		for i := range m {
-			for j := range n {
-				nn, tn := 0.0, want0[i*n+j]
-				for p := range k {
-					nn += a[i*k+p] * b[p*n+j]
-					tn += at[p*m+i] * b[p*n+j]
-				}
-				if math.Abs(c[i*n+j]-nn) > 1e-12 || math.Abs(acc[i*n+j]-tn) > 1e-12 {
-					t.Fatalf("%v: [%d,%d] NN %v want %v, TNAdd %v want %v", sz, i, j, c[i*n+j], nn, acc[i*n+j], tn)
-				}
-			}
+		tn := append([]float64(nil), acc...)
+		MatMulTNAdd(tn, at, b, m, n, k)
+		want := make([]float64, m*n)
+		MatMulNT(want, transpose(at, k, m), transpose(b, k, n), m, n, k)
+		axpy(want, 1, acc)
+		if e := relErr(nn, nt); e > 1e-14 {
+			t.Errorf("%v: MatMulNN differs from MatMulNT by %.3g", sz, e)
+		}
+		if e := relErr(tn, want); e > 1e-14 {
+			t.Errorf("%v: MatMulTNAdd differs from c + MatMulNT by %.3g", sz, e)
 		}
 	}
 }

@@ -157,7 +157,8 @@ func hostGrads[F Float](l *gradLayer, round func([]F), mut mutation) Grads {
 
 	// Backward.
 	out := Grads{Probs: make([]float64, T*k), Logits: make([]float64, T*E)}
-	dyp, dxp, dpp := make([]F, T*k*h), make([]F, T*k*h), make([]F, T*k)
+	// Every buffer a step writes (rather than adds to) starts poisoned.
+	dyp, dxp, dpp := poisoned[F](T*k*h), poisoned[F](T*k*h), poisoned[F](T*k)
 	UnpermuteBackward(dyp, dout, slots, k, h)
 	at = 0
 	for e, n := range counts {
@@ -186,25 +187,26 @@ func hostGrads[F Float](l *gradLayer, round func([]F), mut mutation) Grads {
 	dxr := []F(nil)
 	Tr := T / l.ranks
 	for r := range l.ranks {
-		dwr := make([]F, E*h)
+		dwr := make([]F, E*h) // stays zero without router gradient
 		if l.fixed == nil {
+			dwr = poisoned[F](E * h)
 			rc := c
 			if mut == mutNoScale {
 				rc.Scale = 1
 			}
-			dlogits := make([]F, Tr*E)
+			dlogits := poisoned[F](Tr * E)
 			ScoreBackward(rc, dlogits, logits[r*Tr*E:], dprobs[r*Tr*k:], l.idx[r*Tr*k:], Tr)
-			dxr = append(dxr, make([]F, Tr*h)...)
+			dxr = append(dxr, poisoned[F](Tr*h)...)
 			RouterBackward(dxr[r*Tr*h:], dwr, dlogits, x[r*Tr*h:], wr, Tr, h, E, round)
 			copy(out.Logits[r*Tr*E:], conv[float64](dlogits))
 		}
 		out.Wr = append(out.Wr, conv[float64](dwr))
 	}
-	dperm := make([]F, T*h)
+	dperm := poisoned[F](T * h)
 	PermuteBackward(dperm, dxp, slots, k, h, round)
 	var dxs []F
 	if fs > 0 {
-		gr := ExpertGrads[F]{DX: make([]F, T*h), DFC1: make([]F, 2*fs*h), DFC2: make([]F, h*fs)}
+		gr := ExpertGrads[F]{DX: poisoned[F](T * h), DFC1: make([]F, 2*fs*h), DFC2: make([]F, h*fs)}
 		ExpertBackward(gr, dout, shared, conv[F](l.sfc1), conv[F](l.sfc2), make([]F, T*3*fs), T, h, fs, round)
 		dxs, out.SharedFC1, out.SharedFC2 = gr.DX, conv[float64](gr.DFC1), conv[float64](gr.DFC2)
 	}
@@ -214,10 +216,18 @@ func hostGrads[F Float](l *gradLayer, round func([]F), mut mutation) Grads {
 	case mutNoSharedDX:
 		dxs = nil
 	}
-	dx := make([]F, T*h)
+	dx := poisoned[F](T * h)
 	InputGrad(dx, dperm, dxr, dxs, round)
 	out.X = conv[float64](dx)
 	return out
+}
+
+func poisoned[F Float](n int) []F {
+	s := make([]F, n)
+	for i := range s {
+		s[i] = F(math.NaN())
+	}
+	return s
 }
 
 // gradErrs compares got with the reference tensor by tensor: max|got −
