@@ -289,7 +289,7 @@ func TestCheckCatchesWrongDispatch(t *testing.T) {
 }
 
 func TestUnavailableDispatcherRecordsNoTiming(t *testing.T) {
-	for _, name := range []string{"deepep", "hybridep"} {
+	for _, name := range []string{"hybridep"} {
 		c := small()
 		c.Dispatcher = name
 		rec, err := Run(c, Env{Version: "test"})

@@ -18,14 +18,15 @@ import (
 )
 
 // failing is alltoall whose combine breaks: a point that fails at run time.
-type failing struct{ dispatchers.Dispatcher }
+type failing struct{ dispatchers.Classic }
 
 func (failing) Combine(int) error { return errors.New("combine: simulated failure") }
 
 func init() {
 	dispatchers.Register("failing", func(impl string, env dispatchers.Env) (dispatchers.Dispatcher, error) {
 		d, err := alltoall.New(impl, env)
-		return failing{d}, err
+		c, _ := d.(dispatchers.Classic)
+		return failing{c}, err
 	})
 }
 
@@ -33,7 +34,7 @@ var sweepQuick = []string{"--device", "host", "--tokens", "16", "--hidden", "32"
 
 func TestSweepContinuesAfterFailure(t *testing.T) {
 	out := filepath.Join(t.TempDir(), "s.jsonl")
-	code, _, stderr := cli(append([]string{"sweep", "--out", out, "--dispatchers", "failing,alltoall,deepep",
+	code, _, stderr := cli(append([]string{"sweep", "--out", out, "--dispatchers", "failing,alltoall,deepep,hybridep",
 		"--sms", "8,16", "--ep", "2,4"}, sweepQuick...)...)
 	if code != exitRuntime { // a point failed
 		t.Fatalf("exit %d, want 1: %s", code, stderr)
@@ -42,18 +43,18 @@ func TestSweepContinuesAfterFailure(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// per EP size: failing, alltoall (once: no SMs), deepep at 8 and 16 SMs
+	// per EP size: failing, alltoall (once: no SMs), deepep and hybridep at 8 and 16 SMs
 	got := map[string]int{}
 	for _, r := range recs {
 		got[r.Config.Dispatcher+":"+r.Status]++
 	}
-	want := map[string]int{"failing:failed": 2, "alltoall:ok": 2, "deepep:unavailable": 4}
+	want := map[string]int{"failing:failed": 2, "alltoall:ok": 2, "deepep:ok": 4, "hybridep:unavailable": 4}
 	for k, v := range want {
 		if got[k] != v {
 			t.Errorf("%s: %d records, want %d (all: %v)", k, got[k], v, got)
 		}
 	}
-	if !strings.Contains(stderr, "[8/8]") || !strings.Contains(stderr, "8 of 8 points: 2 ok, 4 unavailable, 2 failed") ||
+	if !strings.Contains(stderr, "[12/12]") || !strings.Contains(stderr, "12 of 12 points: 6 ok, 4 unavailable, 2 failed") ||
 		!strings.Contains(stderr, "simulated failure") {
 		t.Errorf("progress:\n%s", stderr)
 	}
