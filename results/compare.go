@@ -45,8 +45,9 @@ type CompareOptions struct {
 
 // DefaultCompareOptions: 2% (Megatron's MoE perf gate), 99% confidence, 5
 // samples, 5% noise; gross slowdowns of 50% (a noisy GPU run) and 400% (5×,
-// the host device: identical host runs on a loaded 2-core VM differed by up
-// to 3.5×; scripts/aa-compare.sh measures it, see the README).
+// the host device: of 270 pairs of identical host runs on a 2-core VM shared
+// with other builds, none had its interval above it, though one estimate
+// reached +418%; scripts/aa-compare.sh, see the README).
 var DefaultCompareOptions = CompareOptions{Threshold: 0.02, Confidence: 0.99, MinSamples: 5, MaxNoise: 0.05,
 	Gross: 0.5, HostGross: 4}
 

@@ -151,14 +151,14 @@ func TestCompareMatchingAndStacks(t *testing.T) {
 }
 
 // hostRun draws the step samples of one host run under the noise seen on a
-// loaded 2-core VM (scripts/aa-compare.sh, 120 runs of the default layer):
-// each run's level drifts log-normally (σ 0.165 between runs' medians), its
-// samples scatter by cv around that level, and one run in 60 is 3.5× slower
-// throughout (a neighbour took a core).
+// 2-core VM shared with other builds (scripts/aa-compare.sh, 120–300 runs of
+// the default layer): each run's level drifts log-normally (σ 0.165 between
+// runs' medians), its samples scatter by cv around that level, and one run
+// in 60 is 2–5.2× slower throughout (a neighbour took the cores).
 func hostRun(g *rand.Rand, n int, mean, cv float64) []float64 {
 	level := mean * math.Exp(0.165*g.NormFloat64())
 	if g.IntN(60) == 0 {
-		level *= 3.5
+		level *= 2 + 3.2*g.Float64()
 	}
 	return noisy(g, n, level, cv)
 }
@@ -191,7 +191,7 @@ func TestHostComparisonsDecideOnlyGrossChanges(t *testing.T) {
 	if alarms > pairs/100 {
 		t.Errorf("A/A false alarms on the host: %d of %d pairs, want ≤ 1%%", alarms, pairs)
 	}
-	// (misses: pairs whose base run was itself a 3.5× outlier)
+	// (misses: pairs whose base run was itself a slow outlier)
 	if tenfold < pairs*97/100 {
 		t.Errorf("10× host slowdown a regression in %d of %d pairs, want ≥ 97%%", tenfold, pairs)
 	}

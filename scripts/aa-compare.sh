@@ -35,7 +35,11 @@ for i in $(seq 1 2 $((2 * pairs))); do
   "$bin" compare ${MOEBENCH_COMPARE_ARGS:-} "$dir/run-$i.jsonl" "$dir/run-$((i + 1)).jsonl" >"$dir/cmp" 2>/dev/null
   rc=$?
   [ "$rc" -eq 0 ] || [ "$rc" -eq 3 ] || { echo "aa-compare: compare of runs $i and $((i + 1)) exited $rc" >&2; exit 1; }
-  grep -E '^  ' "$dir/cmp" | sed -E 's/^  (REGRESSION|same|faster|noisy|host timing|no decision).*/\1/'
-done | sort | uniq -c | tee "$dir/tally"
+  grep -E '^  ' "$dir/cmp" | sed -E 's/^  (REGRESSION|same|faster|noisy|host timing|no decision).*/\1/' >>"$dir/verdicts"
+  # the estimated change in percent: the number before the interval a…b
+  grep -E '^  ' "$dir/cmp" | grep -oE '[-+][0-9.]+ +[-+][0-9.]+…' | awk '{print $1}' >>"$dir/shifts"
+done
+sort "$dir/verdicts" | uniq -c | tee "$dir/tally"
 alarms=$(awk '$2 == "REGRESSION" {print $1}' "$dir/tally")
 echo "false alarms: ${alarms:-0} of $pairs A/A pairs ($(awk -v a="${alarms:-0}" -v n="$pairs" 'BEGIN {printf "%.1f", 100 * a / n}')%)"
+sort -g "$dir/shifts" | awk '{v[NR] = $1} END {if (NR) printf "estimated change between identical runs: median %+.1f%%, from %+.1f%% to %+.1f%%\n", v[int((NR + 1) / 2)], v[1], v[NR]}'
