@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/spf13/pflag"
 
@@ -24,6 +25,7 @@ type options struct {
 	tokens, hidden, ffn, experts, topk, shared, groups, groupTopK       int
 	sms, ep, gpus, warmup, iters                                        int
 	topkScale, maxSeconds                                               float64
+	commTimeout                                                         time.Duration
 	seed                                                                uint64
 	check, preSoftmax                                                   bool
 }
@@ -34,7 +36,7 @@ func newFlags(o *options) *pflag.FlagSet {
 	fs.SortFlags = false
 	fs.StringVar(&o.dispatcher, "dispatcher", d.Dispatcher, "token dispatcher: "+strings.Join(dispatchers.Names(), "|"))
 	fs.StringVar(&o.impl, "impl", d.Impl, "implementation: native (moebench's own) | library (a real library on the node: alltoall through NCCL, one GPU per rank)")
-	fs.IntVar(&o.sms, "sms", d.SMs, "SM budget of SM-driven dispatchers (deepep, hybridep); 0 = the dispatcher's default")
+	fs.IntVar(&o.sms, "sms", d.SMs, "SM budget (thread blocks) of SM-driven dispatchers' transfer kernels: deepep (even; default 20), hybridep; 0 = the dispatcher's default")
 	fs.IntVar(&o.ep, "ep", d.EP, "expert-parallel ranks; must divide --experts")
 	fs.IntVar(&o.gpus, "gpus", d.GPUs, "cuda: GPUs the ranks are spread over; 0 = every GPU, at most one per rank (more ranks than GPUs: packed, emulated EP)")
 	addFeplbFlags(fs, o)
@@ -79,6 +81,7 @@ func addControlFlags(fs *pflag.FlagSet, o *options) {
 	fs.IntVar(&o.iters, "iters", d.Iters, fmt.Sprintf("timed iterations (at most %d)", harness.MaxIters))
 	fs.Float64Var(&o.maxSeconds, "max-seconds", 0, "time budget of the warm-up and timed iterations: past it the run stops after the current iteration and records what it timed (at least one iteration); 0 = none")
 	fs.BoolVar(&o.check, "check", d.Check, "check the output against the float64 reference (--check=false to skip)")
+	fs.DurationVar(&o.commTimeout, "comm-timeout", d.CommTimeout, "SM-driven dispatchers: the longest a cross-rank wait may take before the run fails naming the rank, phase and wait")
 	fs.StringVar(&o.device, "device", d.Device, "device: auto (cuda if a driver and GPU are found, else host) | host | cuda")
 	addLibFlag(fs, &o.cudaLibs)
 }
@@ -140,7 +143,7 @@ func (o *options) config(fs *pflag.FlagSet) (harness.Config, error) {
 		return c, err
 	}
 	c.Dispatcher, c.Impl, c.SMs, c.EP, c.GPUs = o.dispatcher, o.impl, o.sms, o.ep, o.gpus
-	c.Domain, c.FeplbBase, c.FeplbDyn = o.domain, o.feplbBase, o.feplbDyn
+	c.Domain, c.FeplbBase, c.FeplbDyn, c.CommTimeout = o.domain, o.feplbBase, o.feplbDyn, o.commTimeout
 	c.Routing, c.Seed, c.Warmup, c.Iters, c.Check, c.Device = r, o.seed, o.warmup, o.iters, o.check, o.device
 	c.MaxSeconds = o.maxSeconds
 	if err := c.Validate(); err != nil {
