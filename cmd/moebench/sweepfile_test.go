@@ -48,6 +48,7 @@ var fileKeys = map[string]struct {
 	"iters":          {2, func(r *results.Record) any { return r.Config.Iters }},
 	"max-seconds":    {60, func(r *results.Record) any { return r.Config.MaxSeconds }},
 	"check":          {false, func(r *results.Record) any { return r.Config.Check }},
+	"comm-timeout":   {"2s", func(r *results.Record) any { return r.Config.CommTimeoutS }}, // hybridep's point
 	"device":         {"host", func(r *results.Record) any { return r.Config.Device }},
 	"cuda-libs":      {"/nonexistent/cuda", func(r *results.Record) any { return r.Stack.Env["MOEBENCH_CUDA_LIBS"] }},
 	"out":            {"", nil}, // the file the records are in
@@ -130,9 +131,12 @@ func TestSweepFileKeysActAsFlags(t *testing.T) {
 			switch k {
 			case "dispatchers":
 				continue
-			case "sms":
+			case "sms", "comm-timeout":
 				if r.Config.Dispatcher != "hybridep" {
 					continue
+				}
+				if k == "comm-timeout" {
+					want = 2
 				}
 			case "feplb-base", "feplb-dynamic":
 				if r.Config.Dispatcher != "feplb" {
