@@ -592,17 +592,25 @@ func (dl *deviceLayer) times(samples map[string][][]float64, step [][]float64) e
 // tokens per rank.
 var refFLOPBudget = 4e9
 
+// sampledTokens is how many tokens per rank the device check compares (see
+// sample).
+func sampledTokens(c Config) int {
+	perToken := 6 * float64(c.Hidden) * float64(c.FFN) * float64(c.TopK+c.SharedExperts)
+	if float64(c.EP*c.Tokens)*perToken <= refFLOPBudget {
+		return c.Tokens
+	}
+	return min(c.Tokens, max(16, int(refFLOPBudget/perToken)/c.EP))
+}
+
 // sample picks the tokens the check compares: all of them when the
 // reference is affordable, else the same number of seeded random tokens per
 // rank (at least 16). It also says which, for the record.
 func (dl *deviceLayer) sample() ([][]int, string) {
 	c := dl.l.Cfg
-	perToken := 6 * float64(c.Hidden) * float64(c.FFN) * float64(c.TopK+c.SharedExperts)
-	total := c.EP * c.Tokens
-	if float64(total)*perToken <= refFLOPBudget {
+	total, n := c.EP*c.Tokens, sampledTokens(c)
+	if n == c.Tokens {
 		return nil, fmt.Sprintf("all %d tokens", total)
 	}
-	n := min(c.Tokens, max(16, int(refFLOPBudget/perToken)/c.EP))
 	g := rand.New(rand.NewPCG(c.Seed, 0x5a3b1e))
 	s := make([][]int, c.EP)
 	for r := range s {
@@ -690,6 +698,9 @@ func (dl *deviceLayer) footprint(r int) int64 {
 // check-then-time loop as the host, with CUDA-event timings.
 func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error) {
 	fail := func(status string, err error) (*results.Record, error) { return failed(rec, status, err) }
+	if err := checkHostMemory(cfg); err != nil { // the host twin and the reference
+		return fail(results.StatusUnavailable, err)
+	}
 	d, err := dispatchers.NewDevice(cfg.Dispatcher, cfg.Impl, cfg.dispatcherEnv())
 	if err != nil {
 		return dispatcherError(rec, cfg, err)

@@ -304,14 +304,38 @@ func TestHostMemoryGuard(t *testing.T) {
 	c := DefaultConfig()
 	p, _ := LookupPreset("deepseek-v3")
 	c.Shape, c.Device = p.Shape, "host"
-	if hostBytes(c) < 40e9 {
-		t.Fatalf("deepseek-v3 host estimate %.1f GB, want > 40 GB (its float32 expert weights alone are 45 GB)", hostBytes(c)/1e9)
+	if float64(HostBytes(c)) < 40e9 {
+		t.Fatalf("deepseek-v3 host estimate %.1f GB, want > 40 GB (its float32 expert weights alone are 45 GB)", float64(HostBytes(c))/1e9)
 	}
-	if avail, ok := memAvailable(); ok && hostBytes(c) > 0.8*avail {
+	if avail, ok := memAvailable(); ok && float64(HostBytes(c)) > 0.9*avail {
 		rec, err := Run(c, Env{Version: "test"})
 		if err == nil || rec.Status != results.StatusUnavailable || !strings.Contains(rec.Reason, "GiB") {
 			t.Fatalf("deepseek-v3 on host: %v, %v; want refused for memory", rec.Status, err)
 		}
+	}
+}
+
+// TestHostMemoryGuardParts: on a machine with little memory the guard
+// refuses, before allocating anything, a host run for its expert weights and
+// a cuda run (whose host side holds no expert weights) for the float64
+// reference's widened weights, naming the parts; what fits runs.
+func TestHostMemoryGuardParts(t *testing.T) {
+	old := memAvailable
+	defer func() { memAvailable = old }()
+	memAvailable = func() (float64, bool) { return 256 << 20, true }
+	c := small()
+	c.Experts, c.Hidden, c.FFN, c.Tokens = 64, 1024, 1024, 8 // 0.75 GiB of float32 expert weights
+	noDevices := func(int, int) ([]kernels.Device, error) { return nil, errors.New("the guard let the run in") }
+	for _, dev := range []string{"host", "cuda"} {
+		c.Device = dev
+		rec, err := Run(c, Env{Version: "test", OpenDevices: noDevices})
+		if err == nil || rec.Status != results.StatusUnavailable || !strings.Contains(rec.Reason, dev+" device: this layer needs about") ||
+			!strings.Contains(rec.Reason, "float64 reference") || (dev == "host") != strings.Contains(rec.Reason, "expert weights (float32) 0.8 GiB") {
+			t.Errorf("%s: %v, %v", dev, rec.Status, err)
+		}
+	}
+	if rec, err := Run(small(), Env{Version: "test"}); err != nil || rec.Status != results.StatusOK {
+		t.Errorf("a small layer with 256 MiB: %v, %v", rec.Status, err)
 	}
 }
 

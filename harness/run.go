@@ -461,29 +461,6 @@ func straggler(v []float64) results.Straggler {
 	return s
 }
 
-// hostBytes estimates what a host run of cfg allocates: float32 weights, the
-// ranks' activations and dispatcher buffers, and the float64 reference.
-func hostBytes(cfg Config) float64 {
-	h, f, E, T, k := float64(cfg.Hidden), float64(cfg.FFN), float64(cfg.Experts), float64(cfg.Tokens), float64(cfg.TopK)
-	weights := 4 * (E*3*h*f + E*h + 3*h*f*float64(cfg.SharedExperts))
-	perRank := 4*(T*h*(3+6*k)+3*T*E+3*T*k*f) + 8*(T*h+T*E)
-	return weights + float64(cfg.EP)*perRank
-}
-
-// checkHostMemory refuses a host run that would not fit in the memory the
-// system reports as available (MemAvailable), instead of dying half-way.
-func checkHostMemory(cfg Config) error {
-	need := hostBytes(cfg)
-	avail, ok := memAvailable()
-	if !ok || need < 0.8*avail {
-		return nil
-	}
-	return fmt.Errorf("host device: this layer needs about %.1f GiB of host memory, %.1f GiB is available; "+
-		"the host device is the correctness oracle, so use a smaller --tokens/--experts/--ep or --device cuda", need/(1<<30), avail/(1<<30))
-}
-
-func memAvailable() (float64, bool) { return meminfo("MemAvailable:") }
-
 // HostFLOPs is the expert GEMM work of one step (all ranks), for warnings.
 func HostFLOPs(cfg Config) float64 {
 	return 6 * float64(cfg.Hidden) * float64(cfg.FFN) * float64(cfg.EP*cfg.Tokens) * float64(cfg.TopK+cfg.SharedExperts)

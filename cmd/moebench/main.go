@@ -115,6 +115,7 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 			fmt.Fprintf(stderr, "moebench: note: %.0f GFLOP of expert GEMMs per step on the host device; expect minutes (reduce --tokens or --iters)\n", fl/1e9)
 		}
 	}
+	defer limitMemory(harness.HostBytes(cfg))()
 	rec, err := harness.Run(cfg, harness.Env{Version: version(), DeviceNote: note, Dump: o.dump})
 	var ce *harness.ConfigError
 	if errors.As(err, &ce) {
@@ -157,6 +158,18 @@ func appendRecord(path string, rec *results.Record, stderr io.Writer) error {
 // warnTo prints a reader's warnings to stderr.
 func warnTo(stderr io.Writer) func(string) {
 	return func(s string) { fmt.Fprintf(stderr, "moebench: warning: %s\n", s) }
+}
+
+// limitMemory bounds Go's heap to a run's estimated host memory (less what
+// the estimate allows for the binary and its libraries), so that garbage
+// is collected before the process outgrows the estimate the run was let in
+// by; GOMEMLIMIT, when set, wins. It returns what restores the old bound.
+func limitMemory(estimate int64) func() {
+	if os.Getenv("GOMEMLIMIT") != "" {
+		return func() {}
+	}
+	old := debug.SetMemoryLimit(estimate - 32<<20)
+	return func() { debug.SetMemoryLimit(old) }
 }
 
 // resolveDevice turns auto into cuda or host and says why: cuda when the

@@ -186,6 +186,11 @@ func sweep(args []string, stdout, stderr io.Writer) int {
 		}
 		fmt.Fprintln(stderr, line)
 	}
+	var most int64
+	for _, p := range points {
+		most = max(most, harness.HostBytes(p))
+	}
+	defer limitMemory(most)()
 	done, err := harness.Sweep(points, harness.Env{Version: version(), DeviceNote: note}, stop, record, progress)
 	fmt.Fprintf(stderr, "moebench sweep: %d of %d points: %d ok, %d unavailable, %d failed → %s\n", done, len(points),
 		counts[results.StatusOK], counts[results.StatusUnavailable], counts[results.StatusFailed], o.out)
