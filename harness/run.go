@@ -229,7 +229,8 @@ func buffers(d any, ep int) []results.Buffer {
 func trafficRecord(tr dispatchers.Traffic) *results.Traffic {
 	return &results.Traffic{DispatchOffRank: tr.DispatchOffRank, DispatchLogical: tr.DispatchLogical,
 		CombineOffRank: tr.CombineOffRank, CombineLogical: tr.CombineLogical, Formula: tr.Formula,
-		DispatchAlgorithm: tr.DispatchAlgorithm, CombineAlgorithm: tr.CombineAlgorithm, AlgorithmFormula: tr.AlgorithmFormula}
+		DispatchAlgorithm: tr.DispatchAlgorithm, CombineAlgorithm: tr.CombineAlgorithm, AlgorithmFormula: tr.AlgorithmFormula,
+		DispatchInterDomain: tr.DispatchInterDomain, CombineInterDomain: tr.CombineInterDomain, InterDomainAlgorithm: tr.InterDomainAlgorithm}
 }
 
 // bandwidth fills t's GB/s from its algorithm bytes and the phase p50s of
