@@ -74,15 +74,20 @@ func TestHybridEPEqualsAlltoall(t *testing.T) {
 			}
 			continue
 		}
-		var diff, ref float64
-		for r := range h {
-			for i, v := range h[r] {
-				diff = math.Max(diff, math.Abs(float64(v-a[r][i])))
-				ref = math.Max(ref, math.Abs(float64(a[r][i])))
-			}
-		}
-		if diff == 0 || diff/ref > Tolerance {
+		if diff, ref := largestDiff(h, a); diff == 0 || diff/ref > Tolerance {
 			t.Errorf("%+v: largest difference %g of %g; want some, within %g", cs, diff, ref, Tolerance)
 		}
 	}
+}
+
+// largestDiff is the largest difference between two layers' outputs, and
+// the largest magnitude of the second's.
+func largestDiff(got, want [][]float32) (diff, ref float64) {
+	for r := range want {
+		for i, v := range got[r] {
+			diff = math.Max(diff, math.Abs(float64(v-want[r][i])))
+			ref = math.Max(ref, math.Abs(float64(want[r][i])))
+		}
+	}
+	return diff, ref
 }

@@ -340,20 +340,7 @@ func (h *Host) Combine(r int) error {
 	for t := range T {
 		y, c := rk.Y[t*hd:(t+1)*hd], t/h.cfg.Chunk
 		clear(y)
-		terms := 0
-		for j := range D {
-			p := int(s.s2d[(n*T+t)*D+j])
-			if p < 0 {
-				continue
-			}
-			q := n*D + j
-			add(y, h.partial(q, r, c, p))
-			terms++
-			s.moved.partials++
-			if q != r {
-				s.moved.partialsOff++
-			}
-		}
+		terms := h.domainSum(y, r, r, t)
 		for i := 1; i < M; i++ {
 			m := (n - i + M) % M
 			if !s.toDom[t*M+m] {
@@ -371,6 +358,29 @@ func (h *Host) Combine(r int) error {
 		}
 	}
 	return nil
+}
+
+// domainSum adds to y the partial sums of home rank r's token t that the
+// ranks of reader's domain hold, in ascending rank order, where reader's
+// sparse_to_dense row places them (reader: the home in its own domain, the
+// forwarder of the home's local rank in another); it returns how many.
+func (h *Host) domainSum(y []float32, reader, r, t int) int {
+	T, D := h.shape.Tokens, h.D
+	rs, n, m, c := &h.st[r], r/D, reader/D, t/h.cfg.Chunk
+	terms := 0
+	for j, p := range h.st[reader].s2d[(n*T+t)*D : (n*T+t+1)*D] {
+		if p < 0 {
+			continue
+		}
+		q := m*D + j
+		add(y, h.partial(q, r, c, int(p)))
+		terms++
+		rs.moved.partials++
+		if q != reader {
+			rs.moved.partialsOff++
+		}
+	}
+	return terms
 }
 
 // partial is expert rank q's partial sum at receive position p, which lies
@@ -402,7 +412,7 @@ func (h *Host) partial(q, src, c, p int) []float32 {
 // arrived: for each token domain m needs, the float32 sum of its domain's
 // partial sums in ascending rank order, rounded to bf16.
 func (h *Host) preReduce(f, r, c int) error {
-	sh, fs, rs := h.shape, &h.st[f], &h.st[r]
+	sh, rs := h.shape, &h.st[r]
 	T, hd, D, M := sh.Tokens, sh.Hidden, h.D, h.M
 	m, n := f/D, r/D
 	flag := &rs.idBack[tile(m, n)*h.chunks+c]
@@ -416,21 +426,7 @@ func (h *Host) preReduce(f, r, c int) error {
 			continue
 		}
 		clear(h.acc)
-		terms := 0
-		for j := range D {
-			p := int(fs.s2d[(n*T+t)*D+j])
-			if p < 0 {
-				continue
-			}
-			q := m*D + j
-			add(h.acc, h.partial(q, r, c, p))
-			terms++
-			rs.moved.partials++
-			if q != f {
-				rs.moved.partialsOff++
-			}
-		}
-		if terms == 0 {
+		if h.domainSum(h.acc, f, r, t) == 0 {
 			return fmt.Errorf("hybridep: combine on rank %d: domain %d needs token %d by rank %d's map, but rank %d's map places it on none of the domain's ranks (the preprocessing differs between ranks)", r, m, t, r, f)
 		}
 		kernels.RoundBF16Slice(h.acc)

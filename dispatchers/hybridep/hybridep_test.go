@@ -407,3 +407,30 @@ func TestLimits(t *testing.T) {
 		}
 	}
 }
+
+// TestNextStepSeesNewData: a step after one with other inputs and routing
+// gives the design's output for its own (no flag or buffer of the earlier
+// step is taken for this one's).
+func TestNextStepSeesNewData(t *testing.T) {
+	sh := dispatchers.Shape{Tokens: 9, Hidden: 8, Experts: 16, TopK: 4, EP: 8}
+	ranks := dt.Tagged(sh, 7)
+	h := WithConfig(small(2))
+	dt.Bind(t, h, sh, ranks)
+	if err := dt.Run(h, ranks, dt.Expert, ""); err != nil {
+		t.Fatal(err)
+	}
+	for r, next := range dt.Tagged(sh, 8) {
+		copy(ranks[r].X, next.X)
+		copy(ranks[r].Idx, next.Idx)
+		copy(ranks[r].Probs, next.Probs)
+	}
+	if err := dt.Run(h, ranks, dt.Expert, ""); err != nil {
+		t.Fatal(err)
+	}
+	want := designSum(sh, h.D, ranks)
+	for r, rk := range ranks {
+		if !slices.Equal(rk.Y, want[r]) {
+			t.Fatalf("rank %d: the second step's output is not the design's for its inputs", r)
+		}
+	}
+}
