@@ -4,8 +4,10 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/moebench/moebench/balance"
+	"github.com/moebench/moebench/dispatchers"
 	"github.com/moebench/moebench/kernels"
 	"github.com/moebench/moebench/results"
 )
@@ -71,12 +73,14 @@ func PresetNames() []string {
 type Config struct {
 	Preset string
 	Shape
-	Dispatcher  string
-	Impl        string
-	SMs         int // SM budget of SM-driven dispatchers; 0 = dispatcher default
-	EP          int
-	GPUs        int    // cuda: GPUs the ranks are spread over; 0 = every GPU, at most one per rank
-	Domain      int    // ranks per NVLink domain; 0 = all ranks
+	Dispatcher string
+	Impl       string
+	SMs        int // SM budget of SM-driven dispatchers; 0 = dispatcher default
+	EP         int
+	GPUs       int // cuda: GPUs the ranks are spread over; 0 = every GPU, at most one per rank
+	Domain     int // ranks per NVLink domain; 0 = all ranks
+	// CommTimeout bounds each cross-rank wait of SM-driven dispatchers
+	CommTimeout time.Duration
 	FeplbBase   string // feplb: phase-1 dispatcher
 	FeplbDyn    int    // feplb: dynamic experts per rank
 	FeplbPolicy string // feplb: the scheduler's policy (balance.FEPLBPolicies)
@@ -98,7 +102,8 @@ type Config struct {
 func DefaultConfig() Config {
 	p, _ := LookupPreset("tiny")
 	return Config{Preset: p.Name, Shape: p.Shape, Dispatcher: "alltoall", Impl: "native",
-		EP: 8, FeplbBase: "alltoall", FeplbDyn: balance.DefaultOptions.DynamicPerRank, FeplbPolicy: "feplb", Routing: Routing{Kind: RoutingBalanced}, Seed: 1, Warmup: 3, Iters: 20,
+		EP: 8, CommTimeout: dispatchers.DefaultCommTimeout, FeplbBase: "alltoall", FeplbDyn: balance.DefaultOptions.DynamicPerRank, FeplbPolicy: "feplb",
+		Routing: Routing{Kind: RoutingBalanced}, Seed: 1, Warmup: 3, Iters: 20,
 		Check: true, Device: "auto"}
 }
 
@@ -169,6 +174,8 @@ func (c Config) Validate() error {
 		return &ConfigError{"gpus", c.GPUs, "applies to the cuda device; the host device has no GPUs"}
 	case c.SMs < 0:
 		return &ConfigError{"sms", c.SMs, "must be ≥ 0 (0 = the dispatcher's default)"}
+	case c.CommTimeout < time.Millisecond || c.CommTimeout > time.Hour:
+		return &ConfigError{"comm-timeout", c.CommTimeout, "must be in [1ms, 1h]"}
 	case c.Warmup < 0:
 		return &ConfigError{"warmup", c.Warmup, "must be ≥ 0"}
 	case c.Device != "host" && c.Device != "cuda" && c.Device != "auto":
@@ -179,6 +186,11 @@ func (c Config) Validate() error {
 		return &ConfigError{"hidden", c.Hidden, "must be a multiple of 8 on the cuda device (rows move as 16-byte vectors)"}
 	case c.Impl != "native" && c.Impl != "library":
 		return &ConfigError{"impl", c.Impl, "allowed: native, library"}
+	}
+	if b, ok := dispatchers.SMBudgetOf(c.Dispatcher); ok {
+		if err := b.Check(c.SMs); err != nil {
+			return &ConfigError{"sms", c.SMs, c.Dispatcher + ": " + err.Error()}
+		}
 	}
 	return c.Routing.validate()
 }
@@ -191,6 +203,9 @@ func (c Config) Record() results.Config {
 		Routing: c.Routing.String(), RoutingPerStep: c.perStepRouting(), Seed: c.Seed, Warmup: c.Warmup, Iters: c.Iters, Check: c.Check, Device: c.Device}
 	if c.Dispatcher == "feplb" {
 		r.FeplbBase, r.FeplbDynamic, r.FeplbPolicy = c.FeplbBase, c.FeplbDyn, c.FeplbPolicy
+	}
+	if _, ok := dispatchers.SMBudgetOf(c.Dispatcher); ok {
+		r.CommTimeoutS = c.CommTimeout.Seconds()
 	}
 	return r
 }

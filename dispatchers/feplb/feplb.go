@@ -73,7 +73,8 @@ type core struct {
 	perRank int     // dynamic experts per rank asked for
 	noOp    string  // why no work can move, or ""
 	capped  string  // fewer dynamic experts than asked, and why, or ""
-	ready   float64 // when the next plan is expected: the last one's scheduler time
+	ready   float64 // when the next plan is expected: the last one's scheduler time (measured), else the paper's
+	measure bool    // plan with the scheduler's measured time (not on the host device: its plans are fixed)
 
 	// this step
 	counts     []int  // rows of each expert after phase 1
@@ -193,11 +194,15 @@ func (c *core) plan() error {
 	c.lay, c.planned = lay, true
 	st := balance.Step{Counts: c.counts}
 	before := balance.OwnerPlan(c.topo, st)
-	note := fmt.Sprintf("%s; copies planned to start %.0f µs after phase 1 (the last scheduler time measured); cost model: %s", s.plan.Note, 1e6*c.ready, c.model.RateSource)
+	how := "the paper's scheduler time"
+	if c.measure {
+		how = "the scheduler's last measured time, or the paper's before one"
+	}
+	note := fmt.Sprintf("%s; copies planned to start %.0f µs after phase 1 (%s); cost model: %s", s.plan.Note, 1e6*c.ready, how, c.model.RateSource)
 	if c.capped != "" {
 		note += "; " + c.capped
 	}
-	if s.seconds > 0 { // the next plan expects this one's time
+	if c.measure && s.seconds > 0 { // the next plan expects this one's time
 		c.ready = s.seconds
 	}
 	c.stats = dispatchers.RebalanceStats{Policy: s.plan.Policy, Note: note, NoOp: c.noOp,
