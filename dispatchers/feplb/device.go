@@ -316,11 +316,10 @@ func (f *Device) RebalanceStats() dispatchers.RebalanceStats {
 
 // stepTimes is what the last step's events say.
 type stepTimes struct {
-	in, back, exposed  float64 // seconds: the slowest helper's incoming copies, the slowest owner's outputs back, the slowest rank's wait
-	copied             bool
-	flops, gemmSecs    float64 // static experts, all ranks
-	bytes, copySecs    float64 // phase 2's copies, all ranks
-	staticRows, copies int
+	in, back, exposed float64 // seconds: the slowest helper's incoming copies, the slowest owner's outputs back, the slowest rank's wait
+	copied            bool
+	flops, gemmSecs   float64 // static experts, all ranks
+	bytes, copySecs   float64 // phase 2's copies, all ranks
 }
 
 func (f *Device) stepTimes() (stepTimes, error) {
@@ -328,50 +327,47 @@ func (f *Device) stepTimes() (stepTimes, error) {
 	h, ff := float64(f.c.shape.Hidden), float64(f.env.FFN)
 	for r := range f.rs {
 		d, dev := &f.rs[r], f.ranks[r].Dev
-		at := func(e kernels.Event) (float64, error) { // seconds from the rank's origin
-			ms, err := dev.Elapsed(d.origin, e)
-			return ms / 1e3, err
+		at := func(es ...kernels.Event) ([]float64, error) { // seconds from the rank's origin
+			t := make([]float64, len(es))
+			for i, e := range es {
+				ms, err := dev.Elapsed(d.origin, e)
+				if err != nil {
+					return nil, err
+				}
+				t[i] = ms / 1e3
+			}
+			return t, nil
+		}
+		static, err := at(d.dispatched, d.staticEnd)
+		if err != nil {
+			return st, err
 		}
 		rows := 0
 		for _, sg := range d.segs[0] {
 			rows += sg.Len
 		}
-		t0, err := at(d.dispatched)
-		if err != nil {
-			return st, err
-		}
-		t1, err := at(d.staticEnd)
-		if err != nil {
-			return st, err
-		}
-		if rows > 0 && t1 > t0 {
+		if rows > 0 && static[1] > static[0] {
 			st.flops += 6 * h * ff * float64(rows)
-			st.gemmSecs += t1 - t0
+			st.gemmSecs += static[1] - static[0]
 		}
 		wait := 0.0
 		if in := f.c.lay.in[r]; len(in) > 0 {
-			start, err := at(d.ceStart)
-			if err != nil {
-				return st, err
-			}
-			ready, err := at(d.ready)
+			t, err := at(d.ceStart, d.ready)
 			if err != nil {
 				return st, err
 			}
 			st.copied = true
-			st.in = max(st.in, ready-start)
-			st.copySecs += ready - start
+			st.in = max(st.in, t[1]-t[0])
+			st.copySecs += t[1] - t[0]
 			for _, c := range in {
 				st.bytes += float64(c.n)*(2*h+4) + 6*h*ff
 			}
-			wait += max(0, ready-t1)
+			wait += max(0, t[1]-static[1]) // copies landed after the static experts
 		}
 		if out := f.c.lay.out[r]; len(out) > 0 {
-			var t [3]float64 // outputs back: start, end; own work done
-			for i, e := range []kernels.Event{d.backStart, d.backEnd, d.ownEnd} {
-				if t[i], err = at(e); err != nil {
-					return st, err
-				}
+			t, err := at(d.backStart, d.backEnd, d.ownEnd)
+			if err != nil {
+				return st, err
 			}
 			st.copied = true
 			st.back = max(st.back, t[1]-t[0])
@@ -379,7 +375,7 @@ func (f *Device) stepTimes() (stepTimes, error) {
 			for _, c := range out {
 				st.bytes += float64(c.n) * 2 * h
 			}
-			wait += max(0, t[1]-t[2])
+			wait += max(0, t[1]-t[2]) // outputs back after the rank's own work
 		}
 		st.exposed = max(st.exposed, wait)
 	}
