@@ -56,7 +56,7 @@ func straggler(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&ffn, "ffn", 0, "per-expert intermediate size (default: the preset's)")
 	fs.IntVar(&tokens, "tokens", 0, "tokens per rank per step (default: the preset's)")
 	fs.StringVar(&routing, "routing", "skewed:0.8", "skewed:ALPHA (Zipf popularity with drift) | balanced | trace:FILE (steps of ep×tokens lines)")
-	fs.Float64Var(&drift, "drift", 0.3, "step-to-step popularity drift: stationary std of log popularity (skewed/balanced)")
+	fs.Float64Var(&drift, "drift", 0.3, "step-to-step popularity drift of skewed routing: stationary std of log popularity (balanced routing is i.i.d. each step)")
 	fs.IntVar(&steps, "steps", 1000, "simulated steps (micro-batches)")
 	fs.Uint64Var(&seed, "seed", 1, "seed of the routing draws")
 	fs.IntVar(&o.RedundantPerRank, "eplb-redundant", o.RedundantPerRank, "eplb: redundant expert slots per rank")
@@ -73,7 +73,7 @@ func straggler(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&rateFile, "gemm-rate-from", "", "results file: model GEMM time with the best measured expert-GEMM rate in it (default: H100 roofline)")
 	fs.Float64Var(&tflops, "gemm-tflops", 0, "expert-GEMM rate of the model, TFLOP/s (default: the H100 roofline, 989)")
 	fs.StringVar(&explain, "explain", "", "print the plan of one step (e.g. 0) for each policy, then the summary")
-	fs.StringVar(&format, "format", "table", "output: table | markdown (deterministic: without the scheduler's wall time)")
+	fs.StringVar(&format, "format", "table", "output: table | markdown (without the scheduler's wall time: deterministic with a fixed --sched-us)")
 	if code, ok := parseFlags(fs, args, stragglerHelp, stdout, stderr); !ok {
 		return code
 	}
