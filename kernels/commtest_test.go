@@ -2,7 +2,9 @@ package kernels
 
 import (
 	"errors"
+	"fmt"
 	"math/rand/v2"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -128,8 +130,11 @@ func runCommTest(t *testing.T, devs []Device, c commCase) commResult {
 // rdevOf is the device of stream s (streams[i] is devs[i]'s).
 func rdevOf(devs []Device, streams []Stream, s Stream) Device { return devs[slices.Index(streams, s)] }
 
-// within runs f, failing the test if it has not returned after d: a test
-// of waits must fail, not hang (the goroutine is left behind).
+// within runs f and ends the test binary if f has not returned after d:
+// a test of waits must fail, not hang. (The host simulation stops a block
+// that only spins after MBHOST_SPIN_LIMIT_S, which hostsim.Setup makes
+// shorter than d, so a kernel wait without a timeout fails its launch
+// first.)
 func within(t *testing.T, d time.Duration, f func()) {
 	t.Helper()
 	done := make(chan struct{})
@@ -140,7 +145,7 @@ func within(t *testing.T, d time.Duration, f func()) {
 	select {
 	case <-done:
 	case <-time.After(d):
-		t.Fatalf("still running after %v: a wait without a timeout?", d)
+		panic(fmt.Sprintf("%s: still running after %v: a wait without a timeout?", t.Name(), d))
 	}
 }
 
@@ -148,9 +153,15 @@ func within(t *testing.T, d time.Duration, f func()) {
 // protocols deliver every item, broken ones end by the kernels' timeouts
 // with the rank, phase and wait named, too many blocks are refused.
 func checkCommTest(t *testing.T, devs []Device) {
+	fits := func(t *testing.T, c commCase) {
+		if slices.Max(c.place) >= len(devs) {
+			t.Skipf("needs %d devices", slices.Max(c.place)+1)
+		}
+	}
 	good := func(t *testing.T, c commCase) {
+		fits(t, c)
 		var r commResult
-		within(t, 60*time.Second, func() { r = runCommTest(t, devs, c) })
+		within(t, 30*time.Second, func() { r = runCommTest(t, devs, c) })
 		if r.launch != nil || r.host != nil || r.kernel != nil {
 			t.Fatalf("launch %v; host %v; kernels %v", r.launch, r.host, r.kernel)
 		}
@@ -172,9 +183,10 @@ func checkCommTest(t *testing.T, devs []Device) {
 	})
 	// hostSees: the host's wait for the counters ends with the kernels' error
 	broken := func(t *testing.T, c commCase, hostSees bool, want ...string) {
+		fits(t, c)
 		var r commResult
 		start := time.Now()
-		within(t, 60*time.Second, func() { r = runCommTest(t, devs, c) })
+		within(t, 30*time.Second, func() { r = runCommTest(t, devs, c) })
 		var ce, he *CommError
 		if r.launch != nil || !errors.As(r.kernel, &ce) || hostSees != errors.As(r.host, &he) {
 			t.Fatalf("launch %v; host %v; kernels %v: want the kernels' timeout (the host's wait ending with it: %v)", r.launch, r.host, r.kernel, hostSees)
@@ -198,13 +210,15 @@ func checkCommTest(t *testing.T, devs []Device) {
 			"rank 0 timed out in phase barrier at wait flag of rank 1", "read 0, waiting for 1")
 	})
 	t.Run("too-many-blocks", func(t *testing.T) {
+		// one rank more than the device holds (4 blocks each)
+		ranks := resident(t, devs[0], CommTestProgram(2, 32))/4 + 1
 		var r commResult
-		within(t, 60*time.Second, func() {
-			r = runCommTest(t, devs, commCase{place: []int{0, 0, 0, 0}, channels: 2, slots: 32, items: 10, timeout: time.Second})
+		within(t, 30*time.Second, func() {
+			r = runCommTest(t, devs, commCase{place: make([]int, ranks), channels: 2, slots: 32, items: 10, timeout: time.Second})
 		})
-		var re *ResidencyError // 16 blocks; the fake GPUs hold 8, the Emus 8
-		if !errors.As(r.launch, &re) || re.Grid != 16 {
-			t.Fatalf("launch: %v, want a residency error for 16 blocks", r.launch)
+		var re *ResidencyError
+		if !errors.As(r.launch, &re) || re.Grid != 4*ranks {
+			t.Fatalf("launch: %v, want a residency error for %d blocks", r.launch, 4*ranks)
 		}
 		t.Log(r.launch)
 	})
@@ -263,6 +277,35 @@ func TestCommTestOnHostSim(t *testing.T) {
 	if !errors.As(err, &ce) || ce.Code != cuda.ErrCooperativeTooLarge {
 		t.Errorf("cooperative launch of %d blocks: %v, want CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE", per*g.SMs+1, err)
 	}
+}
+
+// resident is how many blocks of p dev holds at once.
+func resident(t *testing.T, dev Device, p *Program) int {
+	if g, ok := dev.(*CUDA); ok {
+		per, err := g.Residency(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return per * g.SMs
+	}
+	return dev.SMCount() // Emu: one per SM
+}
+
+// TestGPUCommTest: comm_test on the GPUs (cases of two devices need two).
+func TestGPUCommTest(t *testing.T) {
+	gs, err := OpenGPUs(0, 2, t.TempDir())
+	if err != nil {
+		if os.Getenv("MOEBENCH_REQUIRE_GPU") == "1" {
+			t.Fatalf("GPU required: %v", err)
+		}
+		t.Skipf("no GPU: %v", err)
+	}
+	defer closeAll(gs)
+	devs := make([]Device, len(gs))
+	for i, g := range gs {
+		devs[i] = g
+	}
+	checkCommTest(t, devs)
 }
 
 func closeAll(gs []*CUDA) {

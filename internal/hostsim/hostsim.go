@@ -141,7 +141,8 @@ var fakes = []struct{ name, file, env string }{
 // Setup prepares a test to open cuda devices on the simulation: it builds
 // the fake driver, cuBLASLt and cuBLAS, points MOEBENCH_LIBCUDA,
 // MOEBENCH_CUBLASLT and MOEBENCH_CUBLAS at them, keeps telemetry off (no
-// NVML) and the kernel cache in a temporary folder, and returns the
+// NVML) and the kernel cache in a temporary folder, stops blocks that only
+// spin after 20 s (MBHOST_SPIN_LIMIT_S, unless set), and returns the
 // compiler the test installs as kernels.NewCompiler. It skips without a
 // C++ compiler, and fails instead under MOEBENCH_REQUIRE_NVRTC=1 (CI); it
 // skips under MOEBENCH_REQUIRE_GPU=1, where the GPU check runs the kernels
@@ -165,6 +166,9 @@ func Setup(t *testing.T) *Compiler {
 			t.Fatal(err)
 		}
 		t.Setenv(f.env, so)
+	}
+	if os.Getenv("MBHOST_SPIN_LIMIT_S") == "" {
+		t.Setenv("MBHOST_SPIN_LIMIT_S", "20") // a kernel that only spins fails its launch within a test's patience
 	}
 	t.Setenv("MOEBENCH_NVML", filepath.Join(dir, "no-nvml.so"))
 	t.Setenv("MOEBENCH_CACHE", filepath.Join(dir, "cache"))
