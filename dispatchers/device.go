@@ -6,9 +6,14 @@ import (
 	"github.com/moebench/moebench/kernels"
 )
 
-// The device contract: the same phases as Dispatcher, on buffers of a
-// kernels.Device. A phase queues its work on the rank's stream and returns;
-// collective phases order themselves after other ranks' work with events.
+// The device contract: phases declared as Dispatcher's are (Phaser, or the
+// classic Phased), on buffers of a kernels.Device; the phase before the
+// first expert phase sets ExpertX, ExpertProbs and ExpertRows, the last
+// phase writes Y (bf16) with Shared added. A phase queues its work on the
+// rank's stream and returns (a phase that must wait on the host, as
+// DeepEP's notify for its received-token count, is Grouped, so that every
+// rank's work is queued before the wait); collective phases order
+// themselves after other ranks' work with events.
 // The layer synchronizes every stream between steps, so a phase may assume
 // that the previous step's work is done. Each rank's buffers, streams and
 // events are on its own device (DeviceRank.Dev); work on another rank's
@@ -25,16 +30,17 @@ type DeviceRank struct {
 	X      kernels.Ptr    // [Tokens, Hidden] input, set by the layer
 	Idx    kernels.Ptr    // [Tokens, TopK] int32 global experts, set by the layer
 	Probs  kernels.Ptr    // [Tokens, TopK] fp32 routing probabilities, set by the layer
-	Shared kernels.Ptr    // [Tokens, Hidden] shared-expert output Unpermute adds; 0: none
+	Shared kernels.Ptr    // [Tokens, Hidden] shared-expert output the last phase adds; 0: none
 
-	// Set by Dispatch: the rows this rank's experts compute, grouped by local
-	// expert, and how many rows each local expert has (read on the host).
+	// Set by the phase before the experts (Dispatch of the classic phases):
+	// the rows this rank's experts compute, grouped by local expert, and how
+	// many rows each local expert has (read on the host).
 	ExpertX     kernels.Ptr // [N, Hidden]
 	ExpertProbs kernels.Ptr // [N] fp32
 	ExpertRows  []int       // [LocalExperts]
 
 	ExpertY kernels.Ptr // [N, Hidden] expert outputs, set by the layer before Combine
-	Y       kernels.Ptr // [Tokens, Hidden] output, allocated by the layer, written by Unpermute
+	Y       kernels.Ptr // [Tokens, Hidden] output, allocated by the layer, written by the last phase
 
 	// FC1 and FC2 are the rank's own experts' weights, [L, 2f, h] and
 	// [L, h, f], set by the layer.
@@ -78,9 +84,9 @@ func (r *DeviceRank) Rows() int {
 	return n
 }
 
-// DeviceDispatcher moves token copies between EP ranks on a device.
+// DeviceDispatcher moves token copies between EP ranks on a device. It is
+// also a Phaser or Phased (NewDevice checks).
 type DeviceDispatcher interface {
-	Phased
 	Name() string
 	Impl() string
 	// Bind attaches the dispatcher to the ranks of a run, each on its
@@ -90,6 +96,12 @@ type DeviceDispatcher interface {
 	Traffic() Traffic
 	Footprint(rank int) int64 // bytes of its own device buffers on a rank
 	Close() error             // frees its buffers
+}
+
+// ClassicDevice is a device dispatcher with the classic phases.
+type ClassicDevice interface {
+	DeviceDispatcher
+	Phased
 }
 
 // Grouper is a device dispatcher that issues some phases as one group from
@@ -130,5 +142,16 @@ func NewDevice(name, impl string, env Env) (DeviceDispatcher, error) {
 	if !ok {
 		return nil, &UnavailableError{Name: name, Impl: impl, Reason: "no " + env.Device + " device implementation in this build"}
 	}
-	return f(impl, env)
+	d, err := f(impl, env)
+	if err != nil {
+		return nil, err
+	}
+	return d, declaresPhases(name, d)
+}
+
+// NewClassicDevice is NewDevice for a dispatcher that must have the classic
+// phases (a two-phase dispatcher's base).
+func NewClassicDevice(name, impl string, env Env) (ClassicDevice, error) {
+	d, err := NewDevice(name, impl, env)
+	return asClassic[ClassicDevice](name, impl, d, err)
 }

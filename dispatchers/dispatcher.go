@@ -3,8 +3,13 @@
 // dispatcher name and implementation to a constructor or to the reason it is
 // unavailable.
 //
-// A step runs four phases, each called once per EP rank; every rank finishes
-// a phase before any rank starts the next:
+// A dispatcher declares the phases of a step, each called once per EP rank;
+// every rank finishes a phase before any rank starts the next. Its phases
+// surround one or more expert phases, which the layer runs: "experts"
+// computes each rank's segments (rows of Rank.ExpertX into the same rows of
+// Rank.ExpertY). A design with its own phases implements Phaser; the
+// classic designs implement the four methods of Phased, which Sequence
+// orders:
 //
 //	Permute   local: order the rank's token copies for sending
 //	Dispatch  collective: deliver each copy to the rank owning its expert,
@@ -16,6 +21,13 @@
 //	Combine   collective: return each expert output to its token's home rank
 //	Unpermute local: Rank.Y[t] = sum of token t's k expert outputs
 //
+// Whatever the phases, the one before the first expert phase leaves
+// ExpertX, ExpertProbs and Segments set, and the last phase leaves Rank.Y
+// holding each token's sum of its k expert outputs (float32 sums; the layer
+// then stores it as bf16 and adds the shared expert). DeepEP, for example,
+// declares layout, notify, dispatch, permute, experts and combine, its
+// combine summing the k outputs on the way home.
+//
 // Collective phases may read or write other ranks' state; that is how the
 // ranks, which are independent objects, exchange data. An expert phase
 // writes only the rows its segments cover and leaves the other rows of
@@ -26,6 +38,8 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strings"
+	"time"
 )
 
 // Shape is what a dispatcher needs to know of the layer.
@@ -85,23 +99,44 @@ type Traffic struct {
 	DispatchOffRank, DispatchLogical int64
 	CombineOffRank, CombineLogical   int64
 	Formula                          string
+	// DispatchAlgorithm and CombineAlgorithm are the bytes of the design's
+	// own bandwidth convention ("algorithm bandwidth", DeepEP's: tokens
+	// received × hidden × 2 B, a rank's tokens to itself included), all
+	// ranks together; AlgorithmFormula says how they are counted. Zero
+	// when the design states none.
+	DispatchAlgorithm, CombineAlgorithm int64
+	AlgorithmFormula                    string
 }
 
-// Dispatcher moves token copies between EP ranks. See the package comment for
-// the phase contract.
+// Buffer is one of a dispatcher's buffers on a rank, in the bytes a GPU
+// holds it in (bf16 rows), and what it holds.
+type Buffer struct {
+	Name, About string
+	Bytes       int64
+}
+
+// Buffered is a dispatcher that describes its buffers (e.g. receive and
+// queue memory), sized for the last step.
+type Buffered interface{ Buffers(rank int) []Buffer }
+
+// Dispatcher moves token copies between EP ranks. It is also a Phaser or
+// Phased (New checks): see the package comment for the phase contract.
 type Dispatcher interface {
 	Name() string
 	Impl() string
 	// Bind attaches the dispatcher to the ranks of a run; called once.
 	Bind(shape Shape, ranks []*Rank) error
-	Permute(rank int) error
-	Dispatch(rank int) error
-	Combine(rank int) error
-	Unpermute(rank int) error
 	// Traffic is what the last step moved.
 	Traffic() Traffic
 	// Footprint is the bytes of the dispatcher's own buffers on a rank.
 	Footprint(rank int) int64
+}
+
+// Classic is a host dispatcher with the classic phases (what a two-phase
+// dispatcher such as feplb runs its phase 1 with and wraps).
+type Classic interface {
+	Dispatcher
+	Phased
 }
 
 // Rebalancer is a dispatcher that moves work between ranks after dispatch
@@ -151,7 +186,18 @@ type Env struct {
 	Dynamic int
 	// Hidden and FFN give the expert size, for dispatchers that model costs.
 	Hidden, FFN int
+	// SMs is the SM budget (thread blocks) of an SM-driven dispatcher's
+	// transfer kernels; 0 means its default (see SMBudget).
+	SMs int
+	// CommTimeout bounds every cross-rank wait of the dispatcher (device
+	// flags, queue heads and tails, counters the host polls); 0 means
+	// DefaultCommTimeout.
+	CommTimeout time.Duration
 }
+
+// DefaultCommTimeout is how long a cross-rank wait may take before the
+// dispatcher reports which rank, phase and wait timed out.
+const DefaultCommTimeout = 5 * time.Second
 
 // Factory builds a dispatcher for env, or returns an *UnavailableError.
 type Factory func(impl string, env Env) (Dispatcher, error)
@@ -209,7 +255,51 @@ func New(name, impl string, env Env) (Dispatcher, error) {
 	if impl != ImplNative && impl != ImplLibrary {
 		return nil, fmt.Errorf("unknown implementation %q (known: native, library)", impl)
 	}
-	return f(impl, env)
+	d, err := f(impl, env)
+	if err != nil {
+		return nil, err
+	}
+	return d, declaresPhases(name, d)
+}
+
+// NewClassic is New for a dispatcher that must have the classic phases (a
+// two-phase dispatcher's base); one that declares its own is unavailable.
+func NewClassic(name, impl string, env Env) (Classic, error) {
+	d, err := New(name, impl, env)
+	return asClassic[Classic](name, impl, d, err)
+}
+
+// asClassic is d as the classic interface C, or why it is not one.
+func asClassic[C any](name, impl string, d any, err error) (C, error) {
+	var zero C
+	if err != nil {
+		return zero, err
+	}
+	c, ok := d.(C)
+	if !ok {
+		return zero, notClassic(name, impl, d)
+	}
+	return c, nil
+}
+
+// declaresPhases checks that d is a Phaser or Phased.
+func declaresPhases(name string, d any) error {
+	_, own := d.(Phaser)
+	_, classic := d.(Phased)
+	if !own && !classic {
+		return fmt.Errorf("dispatcher %q declares no phases (neither Phases nor Permute/Dispatch/Combine/Unpermute)", name)
+	}
+	return nil
+}
+
+// notClassic says why a dispatcher with its own phases cannot be a base.
+func notClassic(name, impl string, d any) error {
+	var phases []string
+	for _, s := range Steps(d, nil) {
+		phases = append(phases, s.Name)
+	}
+	return &UnavailableError{Name: name, Impl: impl, Reason: fmt.Sprintf(
+		"it cannot be the base of a two-phase dispatcher: its phases are its own (%s), not permute, dispatch, combine and unpermute", strings.Join(phases, ", "))}
 }
 
 // Pending is the factory of a dispatcher whose design is registered but not
@@ -231,7 +321,28 @@ type Step struct {
 	Run  func(rank int) error
 }
 
-// Phased is what Sequence needs of a dispatcher, host or device.
+// Phaser is a dispatcher, host or device, that declares its own phases: the
+// steps of one forward pass in order, with experts (the layer's expert
+// computation of the ranks' current segments) in their place, named as
+// ExpertPhases says.
+type Phaser interface {
+	Phases(experts func(rank int) error) []Step
+}
+
+// Steps are d's phases with experts in their place: its own (Phaser), else
+// the classic Sequence. d must be one or the other (New checks).
+func Steps(d any, experts func(rank int) error) []Step {
+	if p, ok := d.(Phaser); ok {
+		return p.Phases(experts)
+	}
+	if p, ok := d.(Phased); ok {
+		return Sequence(p, experts)
+	}
+	panic(fmt.Sprintf("dispatchers: %T declares no phases", d))
+}
+
+// Phased is what Sequence needs of a dispatcher, host or device: the
+// classic phases.
 type Phased interface {
 	Permute(rank int) error
 	Dispatch(rank int) error

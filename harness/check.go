@@ -3,6 +3,7 @@ package harness
 import (
 	"fmt"
 	"math"
+	"math/bits"
 	"runtime"
 	"sync"
 
@@ -238,54 +239,115 @@ func parallel(n int, fn func(i int)) {
 	wg.Wait()
 }
 
-// RoundTrip checks d alone: with every probability 1/k and experts that
-// multiply their input by its probability (on the rows their segments own;
-// other rows stay NaN), dispatch then combine must give back each rank's
-// input exactly (after bf16 rounding). It returns "exact" or
-// a description of the first difference. The ranks' routing is reused.
+// RoundTrip checks d alone: with probabilities that are powers of two
+// summing to 1 (roundTripProbs) and experts that multiply their input by its
+// probability (on the rows their segments own; other rows stay NaN),
+// dispatch then combine must give back each rank's input exactly (after
+// bf16 rounding). The inputs are x with their significands cut to as few
+// bits as keep every partial sum of a token's copies exact in bf16, so that
+// a design that adds some of a token's outputs before the others and
+// carries the partial sum as bf16 (DeepEP's combine) is exact too. It
+// returns "exact" or a description of the first difference. The ranks'
+// routing is reused.
 func RoundTrip(d dispatchers.Dispatcher, shape dispatchers.Shape, x [][]float32, routed []*dispatchers.Rank) string {
-	ranks := make([]*dispatchers.Rank, shape.EP)
-	for r := range ranks {
-		p := make([]float32, shape.Tokens*shape.TopK)
-		for i := range p {
-			p[i] = 1 / float32(shape.TopK)
-		}
-		ranks[r] = &dispatchers.Rank{ID: r, X: x[r], Idx: routed[r].Idx, Probs: p, Experts: routed[r].Experts}
-	}
-	if err := d.Bind(shape, ranks); err != nil {
+	rt := newRoundTrip(shape, x, routed)
+	if err := d.Bind(shape, rt.ranks); err != nil {
 		return err.Error()
 	}
-	identity := func(r int) error { // experts that return x·p on the rows they own
-		rk := ranks[r]
-		if n := len(rk.ExpertY); n < len(rk.ExpertX) { // rows an earlier expert phase left stay
-			rk.ExpertY = append(rk.ExpertY, make([]float32, len(rk.ExpertX)-n)...)
-			poison(rk.ExpertY[n:])
-		}
-		for _, sg := range rk.Segments {
-			for i := sg.Start * shape.Hidden; i < (sg.Start+sg.Len)*shape.Hidden; i++ {
-				rk.ExpertY[i] = rk.ExpertX[i] * rk.ExpertProbs[i/shape.Hidden]
-			}
-		}
-		return nil
-	}
-	for _, step := range dispatchers.Sequence(d, identity) {
-		for r := range ranks {
+	for _, step := range dispatchers.Steps(d, rt.identity) {
+		for r := range rt.ranks {
 			if err := step.Run(r); err != nil {
 				return err.Error()
 			}
 		}
 	}
-	for r, rk := range ranks {
-		if len(rk.Y) != len(x[r]) {
-			return fmt.Sprintf("rank %d: %d values back, want %d", r, len(rk.Y), len(x[r]))
+	return rt.verdict()
+}
+
+// roundTrip is the round trip's ranks: coarsened inputs, power-of-two
+// probabilities, the routing reused.
+type roundTrip struct {
+	shape dispatchers.Shape
+	x     [][]float32
+	ranks []*dispatchers.Rank
+}
+
+func newRoundTrip(shape dispatchers.Shape, x [][]float32, routed []*dispatchers.Rank) *roundTrip {
+	probs, keep := roundTripProbs(shape.TopK)
+	rt := &roundTrip{shape: shape, x: coarsen(x, keep), ranks: make([]*dispatchers.Rank, shape.EP)}
+	for r := range rt.ranks {
+		p := make([]float32, shape.Tokens*shape.TopK)
+		for i := range p {
+			p[i] = probs[i%shape.TopK]
+		}
+		rt.ranks[r] = &dispatchers.Rank{ID: r, X: rt.x[r], Idx: routed[r].Idx, Probs: p, Experts: routed[r].Experts}
+	}
+	return rt
+}
+
+// identity is the round trip's experts: each returns x·p on the rows its
+// segments own.
+func (rt *roundTrip) identity(r int) error {
+	rk, h := rt.ranks[r], rt.shape.Hidden
+	if n := len(rk.ExpertY); n < len(rk.ExpertX) { // rows an earlier expert phase left stay
+		rk.ExpertY = append(rk.ExpertY, make([]float32, len(rk.ExpertX)-n)...)
+		poison(rk.ExpertY[n:])
+	}
+	for _, sg := range rk.Segments {
+		for i := sg.Start * h; i < (sg.Start+sg.Len)*h; i++ {
+			rk.ExpertY[i] = rk.ExpertX[i] * rk.ExpertProbs[i/h]
+		}
+	}
+	return nil
+}
+
+// verdict is "exact" when every rank got its input back, else the first
+// difference.
+func (rt *roundTrip) verdict() string {
+	h := rt.shape.Hidden
+	for r, rk := range rt.ranks {
+		if len(rk.Y) != len(rt.x[r]) {
+			return fmt.Sprintf("rank %d: %d values back, want %d", r, len(rk.Y), len(rt.x[r]))
 		}
 		for i, v := range rk.Y {
-			if kernels.RoundBF16(v) != x[r][i] {
-				return fmt.Sprintf("rank %d token %d element %d: %g back, input %g", r, i/shape.Hidden, i%shape.Hidden, v, x[r][i])
+			if kernels.RoundBF16(v) != rt.x[r][i] {
+				return fmt.Sprintf("rank %d token %d element %d: %g back, input %g", r, i/h, i%h, v, rt.x[r][i])
 			}
 		}
 	}
 	return "exact"
+}
+
+// roundTripProbs are k probabilities that are powers of two summing to 1
+// (the leaves of a complete binary tree: 1/k each when k is a power of two),
+// so that the sum of any of them is a multiple of 2⁻ᵈ, d = ⌈log₂ k⌉; keep
+// is the significand bits an input may have for every such sum times it to
+// be exact in bf16 (8 bits): 8 − d, at least 1 (exact up to top-128).
+func roundTripProbs(k int) (p []float32, keep int) {
+	d := bits.Len(uint(k - 1))
+	deep := 2*k - 1<<d // leaves at depth d; the others at depth d − 1
+	p = make([]float32, k)
+	for j := range p {
+		p[j] = 1 / float32(int(1)<<d)
+		if j >= deep {
+			p[j] *= 2
+		}
+	}
+	return p, max(1, 8-d)
+}
+
+// coarsen returns copies of x with each value's significand cut to keep
+// bits (toward zero).
+func coarsen(x [][]float32, keep int) [][]float32 {
+	mask := ^uint32(0) << (24 - keep) // float32 holds 24 significand bits
+	out := make([][]float32, len(x))
+	for r, v := range x {
+		out[r] = make([]float32, len(v))
+		for i, f := range v {
+			out[r][i] = math.Float32frombits(math.Float32bits(f) & mask)
+		}
+	}
+	return out
 }
 
 func widen(s []float32) []float64 {

@@ -3,7 +3,9 @@ package harness
 import (
 	"fmt"
 	"strings"
+	"time"
 
+	"github.com/moebench/moebench/dispatchers"
 	"github.com/moebench/moebench/kernels"
 	"github.com/moebench/moebench/results"
 )
@@ -72,23 +74,25 @@ type Config struct {
 	Impl       string
 	SMs        int // SM budget of SM-driven dispatchers; 0 = dispatcher default
 	EP         int
-	GPUs       int    // cuda: GPUs the ranks are spread over; 0 = every GPU, at most one per rank
-	Domain     int    // ranks per NVLink domain; 0 = all ranks
-	FeplbBase  string // feplb: phase-1 dispatcher
-	FeplbDyn   int    // feplb: dynamic experts per rank
-	Routing    Routing
-	Seed       uint64
-	Warmup     int
-	Iters      int
-	Check      bool
-	Device     string // host | cuda | auto (resolved before a run)
+	GPUs       int // cuda: GPUs the ranks are spread over; 0 = every GPU, at most one per rank
+	Domain     int // ranks per NVLink domain; 0 = all ranks
+	// CommTimeout bounds each cross-rank wait of SM-driven dispatchers
+	CommTimeout time.Duration
+	FeplbBase   string // feplb: phase-1 dispatcher
+	FeplbDyn    int    // feplb: dynamic experts per rank
+	Routing     Routing
+	Seed        uint64
+	Warmup      int
+	Iters       int
+	Check       bool
+	Device      string // host | cuda | auto (resolved before a run)
 }
 
 // DefaultConfig is what `moebench` with no flags runs.
 func DefaultConfig() Config {
 	p, _ := LookupPreset("tiny")
 	return Config{Preset: p.Name, Shape: p.Shape, Dispatcher: "alltoall", Impl: "native",
-		EP: 8, FeplbBase: "alltoall", FeplbDyn: 2, Routing: Routing{Kind: RoutingBalanced}, Seed: 1, Warmup: 3, Iters: 20,
+		EP: 8, CommTimeout: dispatchers.DefaultCommTimeout, FeplbBase: "alltoall", FeplbDyn: 2, Routing: Routing{Kind: RoutingBalanced}, Seed: 1, Warmup: 3, Iters: 20,
 		Check: true, Device: "auto"}
 }
 
@@ -157,6 +161,8 @@ func (c Config) Validate() error {
 		return &ConfigError{"gpus", c.GPUs, "applies to the cuda device; the host device has no GPUs"}
 	case c.SMs < 0:
 		return &ConfigError{"sms", c.SMs, "must be ≥ 0 (0 = the dispatcher's default)"}
+	case c.CommTimeout < time.Millisecond || c.CommTimeout > time.Hour:
+		return &ConfigError{"comm-timeout", c.CommTimeout, "must be in [1ms, 1h]"}
 	case c.Warmup < 0:
 		return &ConfigError{"warmup", c.Warmup, "must be ≥ 0"}
 	case c.Device != "host" && c.Device != "cuda" && c.Device != "auto":
@@ -167,6 +173,11 @@ func (c Config) Validate() error {
 		return &ConfigError{"hidden", c.Hidden, "must be a multiple of 8 on the cuda device (rows move as 16-byte vectors)"}
 	case c.Impl != "native" && c.Impl != "library":
 		return &ConfigError{"impl", c.Impl, "allowed: native, library"}
+	}
+	if b, ok := dispatchers.SMBudgetOf(c.Dispatcher); ok {
+		if err := b.Check(c.SMs); err != nil {
+			return &ConfigError{"sms", c.SMs, c.Dispatcher + ": " + err.Error()}
+		}
 	}
 	return c.Routing.validate()
 }
@@ -179,6 +190,9 @@ func (c Config) Record() results.Config {
 		Routing: c.Routing.String(), Seed: c.Seed, Warmup: c.Warmup, Iters: c.Iters, Check: c.Check, Device: c.Device}
 	if c.Dispatcher == "feplb" {
 		r.FeplbBase, r.FeplbDynamic = c.FeplbBase, c.FeplbDyn
+	}
+	if _, ok := dispatchers.SMBudgetOf(c.Dispatcher); ok {
+		r.CommTimeoutS = c.CommTimeout.Seconds()
 	}
 	return r
 }

@@ -251,12 +251,12 @@ func (dl *deviceLayer) steps() []dispatchers.Step {
 		dl.seq = append(dl.seq, dispatchers.Step{Name: "shared", Run: dl.sharedExpert})
 	}
 	dl.seq = append(dl.seq, dispatchers.Step{Name: "router", Run: dl.route})
-	dl.seq = append(dl.seq, dispatchers.Sequence(dl.d, dl.experts)...)
+	dl.seq = append(dl.seq, dispatchers.Steps(dl.d, dl.experts)...)
 	return dl.seq
 }
 
 // sharedExpert: fc1 → SwiGLU → fc2 on the rank's tokens into rk.Shared,
-// which the dispatcher's unpermute adds.
+// which the dispatcher's last phase adds.
 func (dl *deviceLayer) sharedExpert(r int) error {
 	c, rk, b, m := dl.l.Cfg, dl.ranks[r], &dl.rr[r], &dl.dc[dl.on[r]]
 	T, h, fs := c.Tokens, c.Hidden, c.FFN*c.SharedExperts
@@ -793,6 +793,7 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 		}
 	}
 	m.traffic = d.Traffic() // after the steps: it counts the last one
+	m.buffers = buffers(d, cfg.EP)
 	for r, rk := range dl.ranks {
 		m.recv = append(m.recv, rk.Rows())
 		m.mem.PerRankBytes = append(m.mem.PerRankBytes, dl.footprint(r))

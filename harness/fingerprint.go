@@ -2,11 +2,15 @@ package harness
 
 import (
 	"bufio"
+	"context"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"runtime"
 	"runtime/debug"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/moebench/moebench/internal/cuda"
 	"github.com/moebench/moebench/kernels"
@@ -24,7 +28,7 @@ func Fingerprint(device, note, version string) results.Stack {
 	s := results.Stack{Device: device, Note: note, Hostname: host,
 		CPU: cpuModel(), CPUs: runtime.NumCPU(), GOMAXPROCS: runtime.GOMAXPROCS(0), MemoryBytes: memTotal(),
 		OS: runtime.GOOS + "/" + runtime.GOARCH + " " + kernelRelease(), GoVersion: runtime.Version(),
-		Version: version, KernelHash: kernels.SourceHash(), Commit: commit()}
+		Version: version, KernelHash: kernels.SourceHash(), Commit: Commit()}
 	if device == "cuda" {
 		if g, err := cuda.ReadGPUInfo(); err != nil {
 			s.Note = strings.TrimPrefix(s.Note+"; ", "; ") + "GPU fingerprint unread: " + err.Error()
@@ -49,27 +53,64 @@ func Fingerprint(device, note, version string) results.Stack {
 	return s
 }
 
-// commit is the VCS revision the binary was built from, if Go recorded it.
-func commit() string {
-	bi, ok := debug.ReadBuildInfo()
+// Commit is the VCS revision moebench was built from, "+dirty" when the
+// build had uncommitted changes: from Go's build information (go build
+// stamps it), else — go run and go test do not — from the git checkout
+// holding the working directory when that checkout is moebench's own
+// module (what go run compiled); "" when neither says.
+func Commit() string {
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		var rev string
+		dirty := false
+		for _, s := range bi.Settings {
+			switch s.Key {
+			case "vcs.revision":
+				rev = s.Value
+			case "vcs.modified":
+				dirty = s.Value == "true"
+			}
+		}
+		if rev != "" && dirty {
+			rev += "+dirty"
+		}
+		if rev != "" {
+			return rev
+		}
+	}
+	return checkoutCommit()
+}
+
+// checkoutCommit is the HEAD of the git checkout around the working
+// directory, "+dirty" with uncommitted changes to tracked files, when its
+// go.mod is moebench's module; "" otherwise (no git, not a checkout, or
+// another module).
+func checkoutCommit() string {
+	git := func(args ...string) (string, bool) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		out, err := exec.CommandContext(ctx, "git", args...).Output()
+		return strings.TrimSpace(string(out)), err == nil
+	}
+	top, ok := git("rev-parse", "--show-toplevel")
 	if !ok {
 		return ""
 	}
-	var rev string
-	dirty := false
-	for _, s := range bi.Settings {
-		switch s.Key {
-		case "vcs.revision":
-			rev = s.Value
-		case "vcs.modified":
-			dirty = s.Value == "true"
-		}
+	mod, err := os.ReadFile(filepath.Join(top, "go.mod"))
+	if err != nil || !strings.HasPrefix(string(mod), "module "+modulePath+"\n") {
+		return ""
 	}
-	if rev != "" && dirty {
+	rev, ok := git("-C", top, "rev-parse", "HEAD")
+	if !ok {
+		return ""
+	}
+	if st, ok := git("-C", top, "status", "--porcelain", "--untracked-files=no"); ok && st != "" {
 		rev += "+dirty"
 	}
 	return rev
 }
+
+// modulePath is moebench's Go module.
+const modulePath = "github.com/moebench/moebench"
 
 func cpuModel() string {
 	f, err := os.Open("/proc/cpuinfo")

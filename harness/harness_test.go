@@ -4,6 +4,7 @@ import (
 	"errors"
 	"math"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"reflect"
 	"slices"
@@ -288,7 +289,7 @@ func TestCheckCatchesWrongDispatch(t *testing.T) {
 }
 
 func TestUnavailableDispatcherRecordsNoTiming(t *testing.T) {
-	for _, name := range []string{"deepep", "hybridep"} {
+	for _, name := range []string{"hybridep"} {
 		c := small()
 		c.Dispatcher = name
 		rec, err := Run(c, Env{Version: "test"})
@@ -427,5 +428,23 @@ func gemmBeforeAfter(t *testing.T, rec *results.Record) {
 	}
 	if len(rb.PerStep.GEMMBeforeMS) != iters || len(rb.PerStep.GEMMAfterMS) != iters {
 		t.Errorf("per-step GEMM stragglers: %d before, %d after; want %d", len(rb.PerStep.GEMMBeforeMS), len(rb.PerStep.GEMMAfterMS), iters)
+	}
+}
+
+// TestCommitFromCheckout: a binary without Go's VCS stamp (go run, go test)
+// still records the checkout's commit.
+func TestCommitFromCheckout(t *testing.T) {
+	head, err := exec.Command("git", "rev-parse", "HEAD").Output()
+	if err != nil {
+		t.Skipf("not in a git checkout: %v", err)
+	}
+	want := strings.TrimSpace(string(head))
+	if got := Commit(); strings.TrimSuffix(got, "+dirty") != want {
+		t.Errorf("Commit() = %q, want %q (+dirty)", got, want)
+	}
+	// another directory: no commit rather than a wrong one
+	t.Chdir(t.TempDir())
+	if got := checkoutCommit(); got != "" {
+		t.Errorf("outside the checkout: %q", got)
 	}
 }

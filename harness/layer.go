@@ -122,21 +122,19 @@ func (l *Layer) Step(d dispatchers.Dispatcher, timed func(phase string, rank int
 
 // steps are the phases of a step with d, in order: the shared expert first
 // (as Megatron-Core without shared-expert overlap; left out when the layer has
-// none), the router, then the dispatcher's sequence around the experts, its
-// unpermute followed by the bf16 store and the shared expert's add.
+// none), the router, then the dispatcher's phases around the experts, its
+// last phase (which leaves the k-way sums in Rank.Y) followed by the bf16
+// store and the shared expert's add.
 func (l *Layer) steps(d dispatchers.Dispatcher) []dispatchers.Step {
 	var s []dispatchers.Step
 	if l.SharedFC1 != nil {
 		s = append(s, dispatchers.Step{Name: "shared", Run: l.sharedExpert})
 	}
 	s = append(s, dispatchers.Step{Name: "router", Run: l.route})
-	for _, ph := range dispatchers.Sequence(d, l.experts) {
-		if ph.Name == "unpermute" {
-			ph.Run = func(r int) error { return l.unpermute(d, r) }
-		}
-		s = append(s, ph)
-	}
-	return s
+	ph := dispatchers.Steps(d, l.experts)
+	last := ph[len(ph)-1]
+	ph[len(ph)-1].Run = func(r int) error { return l.finish(last, r) }
+	return append(s, ph...)
 }
 
 // route computes the router logits (fp32 GEMM, as Megatron's fp32 router),
@@ -210,15 +208,16 @@ func (l *Layer) sharedExpert(r int) error {
 	return nil
 }
 
-// unpermute runs the dispatcher's unpermute (the sum of the k outputs per
-// token), stores the sum as bf16 and adds the shared expert's output.
-func (l *Layer) unpermute(d dispatchers.Dispatcher, r int) error {
-	if err := d.Unpermute(r); err != nil {
+// finish runs the dispatcher's last phase (which leaves the sum of the k
+// outputs per token in Rank.Y), stores the sum as bf16 and adds the shared
+// expert's output.
+func (l *Layer) finish(last dispatchers.Step, r int) error {
+	if err := last.Run(r); err != nil {
 		return err
 	}
 	rk := l.Ranks[r]
 	if len(rk.Y) != l.Cfg.Tokens*l.Cfg.Hidden {
-		return fmt.Errorf("unpermute produced %d values, want tokens × hidden = %d", len(rk.Y), l.Cfg.Tokens*l.Cfg.Hidden)
+		return fmt.Errorf("%s produced %d values, want tokens × hidden = %d", last.Name, len(rk.Y), l.Cfg.Tokens*l.Cfg.Hidden)
 	}
 	kernels.RoundBF16Slice(rk.Y)
 	if l.SharedFC1 != nil {

@@ -60,7 +60,9 @@ func Run(cfg Config, env Env) (*results.Record, error) {
 		}
 		return fail(results.StatusFailed, err)
 	}
-	if err := d.Bind(l.Shape, l.Ranks); err != nil {
+	if err := d.Bind(l.Shape, l.Ranks); dispatchers.IsUnavailable(err) { // the design's limits on this shape
+		return dispatcherError(rec, cfg, err)
+	} else if err != nil {
 		return fail(results.StatusFailed, err)
 	}
 	if cfg.Check {
@@ -119,6 +121,7 @@ func Run(cfg Config, env Env) (*results.Record, error) {
 	}
 	rec.Status = results.StatusOK
 	m.traffic = d.Traffic() // after the steps: it counts the last one
+	m.buffers = buffers(d, cfg.EP)
 	for r, rk := range l.Ranks {
 		n := 0
 		for _, sg := range rk.Segments { // rows this rank's experts compute
@@ -140,7 +143,8 @@ func failed(rec *results.Record, status string, err error) (*results.Record, err
 
 // dispatcherEnv is where cfg's dispatcher runs, with its options.
 func (c Config) dispatcherEnv() dispatchers.Env {
-	return dispatchers.Env{Device: c.Device, Base: c.FeplbBase, Domain: c.Domain, Dynamic: c.FeplbDyn, Hidden: c.Hidden, FFN: c.FFN}
+	return dispatchers.Env{Device: c.Device, Base: c.FeplbBase, Domain: c.Domain, Dynamic: c.FeplbDyn, Hidden: c.Hidden, FFN: c.FFN,
+		SMs: c.SMs, CommTimeout: c.CommTimeout}
 }
 
 // dispatcherError is the outcome of a dispatcher that could not be built:
@@ -170,6 +174,9 @@ func newRecord(cfg Config, env Env) *results.Record {
 		Ranks:  results.Ranks{EP: cfg.EP, Devices: make([]int, cfg.EP)},
 		SMs:    results.SMs{Configured: cfg.SMs, Measured: "not measured on the host device"},
 	}
+	if b, ok := dispatchers.SMBudgetOf(cfg.Dispatcher); ok {
+		rec.SMs.Budget = b.Resolve(cfg.SMs)
+	}
 	if cfg.Device == "host" {
 		for r := range rec.Ranks.Devices {
 			rec.Ranks.Devices[r] = -1
@@ -197,6 +204,61 @@ type measured struct {
 	paused    map[string][][]float64
 	phase2SMs string
 	issue     []float64 // device runs: each timed step's host issue time, ms
+	buffers   []results.Buffer
+}
+
+// buffers are d's buffers on each of ep ranks, where it describes them.
+func buffers(d any, ep int) []results.Buffer {
+	bd, ok := d.(dispatchers.Buffered)
+	if !ok {
+		return nil
+	}
+	var out []results.Buffer
+	for r := range ep {
+		for i, b := range bd.Buffers(r) {
+			if r == 0 {
+				out = append(out, results.Buffer{Name: b.Name, About: b.About})
+			}
+			out[i].PerRankBytes = append(out[i].PerRankBytes, b.Bytes)
+		}
+	}
+	return out
+}
+
+// trafficRecord is a dispatcher's traffic as the record holds it.
+func trafficRecord(tr dispatchers.Traffic) *results.Traffic {
+	return &results.Traffic{DispatchOffRank: tr.DispatchOffRank, DispatchLogical: tr.DispatchLogical,
+		CombineOffRank: tr.CombineOffRank, CombineLogical: tr.CombineLogical, Formula: tr.Formula,
+		DispatchAlgorithm: tr.DispatchAlgorithm, CombineAlgorithm: tr.CombineAlgorithm, AlgorithmFormula: tr.AlgorithmFormula}
+}
+
+// bandwidth fills t's GB/s from its algorithm bytes and the phase p50s of
+// timing, per SM of budget when the dispatcher is SM-driven (budget > 0).
+func bandwidth(t *results.Traffic, timing *results.Timing, ep, budget int) {
+	if t.DispatchAlgorithm == 0 && t.CombineAlgorithm == 0 {
+		return
+	}
+	p50 := map[string]float64{}
+	for _, p := range timing.Phases {
+		p50[p.Name] = p.P50
+	}
+	rate := func(bytes int64, phase string) (gbps, perSM float64) {
+		ms := p50[phase]
+		if ms <= 0 {
+			return 0, 0
+		}
+		gbps = float64(bytes) / float64(ep) / (ms / 1e3) / 1e9
+		if budget > 0 {
+			perSM = gbps / float64(budget)
+		}
+		return gbps, perSM
+	}
+	t.DispatchGBps, t.DispatchGBpsPerSM = rate(t.DispatchAlgorithm, "dispatch")
+	t.CombineGBps, t.CombineGBpsPerSM = rate(t.CombineAlgorithm, "combine")
+	t.BandwidthFormula = "algorithm bytes / EP / the phase's p50 (each iteration's slowest rank): a rank's share over the dispatch (or combine) phase alone"
+	if budget > 0 {
+		t.BandwidthFormula += fmt.Sprintf("; per SM: divided by the budget, %d blocks", budget)
+	}
 }
 
 // newSamples gives each phase an empty [rank][iter] sample.
@@ -300,10 +362,10 @@ func fillMeasurements(rec *results.Record, cfg Config, m measured) {
 	if ms > 0 {
 		rec.GEMM.TFLOPS = routed / (ms / 1e3) / 1e12
 	}
-	tr := m.traffic
-	rec.Traffic = &results.Traffic{DispatchOffRank: tr.DispatchOffRank, DispatchLogical: tr.DispatchLogical,
-		CombineOffRank: tr.CombineOffRank, CombineLogical: tr.CombineLogical, Formula: tr.Formula}
+	rec.Traffic = trafficRecord(m.traffic)
+	bandwidth(rec.Traffic, t, cfg.EP, rec.SMs.Budget)
 	rec.Memory = m.mem
+	rec.Memory.Buffers = m.buffers
 }
 
 // rebalanceRecord summarises the rebalance of the timed steps; sms says

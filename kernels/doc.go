@@ -1,7 +1,10 @@
 // Package kernels holds the compute steps of the MoE layer — router, permute,
 // expert GEMMs, SwiGLU×prob, unpermute — as host (Go) implementations. They
 // define each step's semantics, run the layer on the host device and serve as
-// the correctness oracle for device implementations.
+// the correctness oracle for device implementations. The backward of each
+// step (backward.go, routerbwd.go) comes with a float64 gradient reference
+// (gradref.go) and FLOP/byte counts (work.go); BACKWARD.md maps it onto the
+// dispatchers.
 //
 // Tensors are row-major []float32 (or []float64 for the reference). Activations
 // stored between steps are bf16 values widened to float32 (see RoundBF16), as a

@@ -16,9 +16,16 @@ func MatMulNT[F Float](c, a, b []F, m, n, k int) {
 	if len(a) < m*k || len(b) < n*k || len(c) < m*n {
 		panic("kernels.MatMulNT: operand shorter than its shape")
 	}
+	parallelRows(m, m*n*k, func(lo, hi int) { matMulRows(c, a, b, lo, hi, n, k) })
+}
+
+// parallelRows calls fn on ranges of [0, m) that cover it, split across
+// GOMAXPROCS goroutines when the work (multiply-adds) is large, else in one
+// call on the caller's goroutine; it returns when every call has.
+func parallelRows(m, work int, fn func(lo, hi int)) {
 	workers := runtime.GOMAXPROCS(0)
-	if m*n*k < 1<<18 || workers == 1 || m < 2 {
-		matMulRows(c, a, b, 0, m, n, k)
+	if work < 1<<18 || workers == 1 || m < 2 {
+		fn(0, m)
 		return
 	}
 	if workers > m {
@@ -31,7 +38,7 @@ func MatMulNT[F Float](c, a, b []F, m, n, k int) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			matMulRows(c, a, b, lo, hi, n, k)
+			fn(lo, hi)
 		}()
 	}
 	wg.Wait()

@@ -120,6 +120,14 @@ func WriteTable(w io.Writer, rec *Record) error {
 	if tr := rec.Traffic; tr != nil {
 		p.f("# %-22s off-rank %s, logical %s\n", "dispatch bytes/step", bytesStr(tr.DispatchOffRank), bytesStr(tr.DispatchLogical))
 		p.f("# %-22s off-rank %s, logical %s\n", "combine bytes/step", bytesStr(tr.CombineOffRank), bytesStr(tr.CombineLogical))
+		if tr.DispatchAlgorithm > 0 {
+			p.f("# %-22s dispatch %s, combine %s · %.3f and %.3f GB/s per rank", "algorithm bytes/step",
+				bytesStr(tr.DispatchAlgorithm), bytesStr(tr.CombineAlgorithm), tr.DispatchGBps, tr.CombineGBps)
+			if tr.DispatchGBpsPerSM > 0 {
+				p.f(" · %.4f and %.4f GB/s per SM (%d SMs)", tr.DispatchGBpsPerSM, tr.CombineGBpsPerSM, rec.SMs.Budget)
+			}
+			p.f("\n")
+		}
 	}
 	if m := rec.Memory; m != nil && len(m.PerRankBytes) > 0 {
 		var hi int64
@@ -127,6 +135,17 @@ func WriteTable(w io.Writer, rec *Record) error {
 			hi = max(hi, b)
 		}
 		p.f("# %-22s max %s (%s)\n", "memory/rank", bytesStr(hi), strings.SplitN(m.Method, ":", 2)[0])
+		var bufs []string
+		for _, b := range m.Buffers {
+			var hi int64
+			for _, n := range b.PerRankBytes {
+				hi = max(hi, n)
+			}
+			bufs = append(bufs, b.Name+" "+bytesStr(hi))
+		}
+		if bufs != nil {
+			p.f("# %-22s %s (max per rank, as a GPU holds them)\n", "dispatcher buffers", strings.Join(bufs, ", "))
+		}
 	}
 	writeCorrectness(p, rec.Correctness)
 	return p.err

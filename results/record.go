@@ -109,10 +109,11 @@ type Config struct {
 	Impl          string  `json:"impl"`
 	SMs           int     `json:"sms"`
 	EP            int     `json:"ep"`
-	GPUs          int     `json:"gpus,omitempty"`          // cuda: GPUs asked for; 0 = every GPU, at most one per rank (where ranks ran: Ranks)
-	Domain        int     `json:"domain,omitempty"`        // ranks per NVLink domain; 0 = all
-	FeplbBase     string  `json:"feplb_base,omitempty"`    // feplb: phase-1 dispatcher
-	FeplbDynamic  int     `json:"feplb_dynamic,omitempty"` // feplb: dynamic experts per rank
+	GPUs          int     `json:"gpus,omitempty"`           // cuda: GPUs asked for; 0 = every GPU, at most one per rank (where ranks ran: Ranks)
+	Domain        int     `json:"domain,omitempty"`         // ranks per NVLink domain; 0 = all
+	FeplbBase     string  `json:"feplb_base,omitempty"`     // feplb: phase-1 dispatcher
+	FeplbDynamic  int     `json:"feplb_dynamic,omitempty"`  // feplb: dynamic experts per rank
+	CommTimeoutS  float64 `json:"comm_timeout_s,omitempty"` // SM-driven dispatchers: the bound of each cross-rank wait
 	Routing       string  `json:"routing"`
 	Seed          uint64  `json:"seed"`
 	Warmup        int     `json:"warmup"`
@@ -238,18 +239,45 @@ type Traffic struct {
 	CombineOffRank  int64  `json:"combine_off_rank_bytes"`
 	CombineLogical  int64  `json:"combine_logical_bytes"`
 	Formula         string `json:"formula"`
+	// The design's own bandwidth convention ("algorithm bandwidth", DeepEP's
+	// test_intranode: tokens received × hidden × 2 B, a rank's tokens to
+	// itself included), all ranks; absent when the design states none.
+	DispatchAlgorithm int64  `json:"dispatch_algorithm_bytes,omitempty"`
+	CombineAlgorithm  int64  `json:"combine_algorithm_bytes,omitempty"`
+	AlgorithmFormula  string `json:"algorithm_formula,omitempty"`
+	// Bandwidth in GB/s (1e9 B/s) by BandwidthFormula: a rank's share of
+	// the algorithm bytes over the phase's p50; per SM of the budget for
+	// SM-driven dispatchers.
+	DispatchGBps      float64 `json:"dispatch_gbps,omitempty"`
+	CombineGBps       float64 `json:"combine_gbps,omitempty"`
+	DispatchGBpsPerSM float64 `json:"dispatch_gbps_per_sm,omitempty"`
+	CombineGBpsPerSM  float64 `json:"combine_gbps_per_sm,omitempty"`
+	BandwidthFormula  string  `json:"bandwidth_formula,omitempty"`
 }
 
 // Memory is the peak memory of each rank.
 type Memory struct {
 	PerRankBytes []int64 `json:"per_rank_bytes"`
 	Method       string  `json:"method"`
+	// Buffers are the dispatcher's buffers (e.g. receive and queue memory)
+	// as a GPU holds them, where the dispatcher describes them.
+	Buffers []Buffer `json:"dispatcher_buffers,omitempty"`
+}
+
+// Buffer is one of the dispatcher's buffers on every rank.
+type Buffer struct {
+	Name         string  `json:"name"`
+	About        string  `json:"about"`
+	PerRankBytes []int64 `json:"per_rank_bytes"`
 }
 
 // SMs is the SM budget.
 type SMs struct {
-	Configured int    `json:"configured"` // --sms; 0 = dispatcher default
-	Measured   string `json:"measured"`   // or why it was not
+	Configured int `json:"configured"` // --sms; 0 = dispatcher default
+	// Budget is the blocks an SM-driven dispatcher ran its transfers with
+	// (its default when Configured is 0); absent for the others.
+	Budget   int    `json:"budget,omitempty"`
+	Measured string `json:"measured"` // or why it was not
 }
 
 // Correctness is the outcome of the check against the float64 reference.

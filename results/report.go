@@ -94,6 +94,15 @@ type column struct {
 
 func f3(v float64) string { return strconv.FormatFloat(v, 'f', 3, 64) }
 
+// gbps is a bandwidth cell: "—" where the record has none (an older record,
+// or no SM budget for the per-SM columns).
+func gbps(v float64) string {
+	if v == 0 {
+		return "—"
+	}
+	return strconv.FormatFloat(v, 'g', 4, 64)
+}
+
 func phaseP50(r *Record, name string) float64 {
 	for _, p := range r.Timing.Phases {
 		if p.Name == name {
@@ -117,6 +126,10 @@ var columns = []column{
 	{"step_stdev_ms", true, func(r Row) string { return f3(r.Rec.Timing.Step.Stdev) }},
 	{"dispatch_p50_ms", true, func(r Row) string { return f3(phaseP50(r.Rec, "dispatch")) }},
 	{"combine_p50_ms", true, func(r Row) string { return f3(phaseP50(r.Rec, "combine")) }},
+	{"dispatch_GBps", true, func(r Row) string { return gbps(r.Rec.Traffic.DispatchGBps) }},
+	{"combine_GBps", true, func(r Row) string { return gbps(r.Rec.Traffic.CombineGBps) }},
+	{"dispatch_GBps_per_SM", true, func(r Row) string { return gbps(r.Rec.Traffic.DispatchGBpsPerSM) }},
+	{"combine_GBps_per_SM", true, func(r Row) string { return gbps(r.Rec.Traffic.CombineGBpsPerSM) }},
 	{"speedup_vs_alltoall", true, func(r Row) string {
 		if r.Speedup == 0 {
 			return "—"

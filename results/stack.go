@@ -2,29 +2,57 @@ package results
 
 import (
 	"fmt"
+	"math"
 	"sort"
 	"strings"
 )
 
-// identity lists the stack fields that make numbers comparable: the device,
-// the hardware, the drivers and libraries, the Go toolchain and the
-// environment variables recorded. The host name, the note, the moebench
-// version, commit and kernel hash are left out: identical nodes compare, and
-// comparing two builds on one stack is what regression checks are for.
-func (s Stack) identity() [][2]string {
-	id := [][2]string{{"device", s.Device}, {"cpu", s.CPU}, {"cpus", fmt.Sprint(s.CPUs)},
-		{"gomaxprocs", fmt.Sprint(s.GOMAXPROCS)}, {"memory_bytes", fmt.Sprint(s.MemoryBytes)},
-		{"os", s.OS}, {"go_version", s.GoVersion}}
+// A stack field either changes results (a difference makes two records
+// incomparable) or does not (a difference is only noted). Fields that change
+// results: the device, CPU model and count, GOMAXPROCS, the OS and kernel
+// version (major.minor), the Go toolchain, the GPU model, count, SMs, copy
+// engines, driver, library versions, clocks, power limit and topology, and
+// the recorded environment variables that steer a run. Fields that do not:
+// memory sizes within memorySlack of each other (the kernel's and the
+// driver's reservations move by kilobytes between boots), the kernel's patch
+// level and build suffix, where moebench's own files live (MOEBENCH_CACHE,
+// the nightly script's variables), and — not part of the identity at all —
+// the host name, the note, the moebench version, commit and kernel hash:
+// identical nodes compare, and comparing two builds on one stack is what
+// regression checks are for.
+
+// memorySlack is the relative difference of two memory sizes that still
+// counts as the same memory.
+const memorySlack = 0.02
+
+// harmlessEnv are recorded environment variables that say where files are,
+// not how a run behaves.
+var harmlessEnv = map[string]bool{"MOEBENCH_CACHE": true, "MOEBENCH_NIGHTLY_DIR": true, "MOEBENCH_BIN": true,
+	"MOEBENCH_COMPARE_ARGS": true, "MOEBENCH_DEBUG": true}
+
+// field is one stack field: its name, value and, for a field that does not
+// change results when only some detail differs, the part that does (same
+// reports whether two values are the same for results).
+type field struct {
+	name, value string
+	same        func(a, b string) bool // nil: equal strings
+}
+
+// identity lists the stack's fields (see above).
+func (s Stack) identity() []field {
+	id := []field{{"device", s.Device, nil}, {"cpu", s.CPU, nil}, {"cpus", fmt.Sprint(s.CPUs), nil},
+		{"gomaxprocs", fmt.Sprint(s.GOMAXPROCS), nil}, {"memory_bytes", fmt.Sprint(s.MemoryBytes), sameMemory},
+		{"os", s.OS, sameKernel}, {"go_version", s.GoVersion, nil}}
 	if g := s.GPU; g != nil {
-		id = append(id, [][2]string{{"gpu.model", g.Model}, {"gpu.count", fmt.Sprint(g.Count)},
-			{"gpu.sms", fmt.Sprint(g.SMs)}, {"gpu.copy_engines", fmt.Sprint(g.CopyEngines)},
-			{"gpu.memory_bytes", fmt.Sprint(g.MemoryBytes)}, {"gpu.driver", g.Driver},
-			{"gpu.cuda_driver", fmt.Sprint(g.CUDADriver)}, {"gpu.nvrtc", g.NVRTC}, {"gpu.cublaslt", g.CuBLASLt},
-			{"gpu.nccl", g.NCCL}, {"gpu.sm_clock_mhz", fmt.Sprint(g.SMClockMHz)},
-			{"gpu.mem_clock_mhz", fmt.Sprint(g.MemClockMHz)}, {"gpu.power_limit_w", fmt.Sprint(g.PowerLimitW)},
-			{"gpu.topology", g.Topology}}...)
+		id = append(id, []field{{"gpu.model", g.Model, nil}, {"gpu.count", fmt.Sprint(g.Count), nil},
+			{"gpu.sms", fmt.Sprint(g.SMs), nil}, {"gpu.copy_engines", fmt.Sprint(g.CopyEngines), nil},
+			{"gpu.memory_bytes", fmt.Sprint(g.MemoryBytes), sameMemory}, {"gpu.driver", g.Driver, nil},
+			{"gpu.cuda_driver", fmt.Sprint(g.CUDADriver), nil}, {"gpu.nvrtc", g.NVRTC, nil}, {"gpu.cublaslt", g.CuBLASLt, nil},
+			{"gpu.nccl", g.NCCL, nil}, {"gpu.sm_clock_mhz", fmt.Sprint(g.SMClockMHz), nil},
+			{"gpu.mem_clock_mhz", fmt.Sprint(g.MemClockMHz), nil}, {"gpu.power_limit_w", fmt.Sprint(g.PowerLimitW), nil},
+			{"gpu.topology", g.Topology, nil}}...)
 	} else {
-		id = append(id, [2]string{"gpu", "none"})
+		id = append(id, field{"gpu", "none", nil})
 	}
 	keys := make([]string, 0, len(s.Env))
 	for k := range s.Env {
@@ -32,45 +60,78 @@ func (s Stack) identity() [][2]string {
 	}
 	sort.Strings(keys)
 	for _, k := range keys {
-		id = append(id, [2]string{"env." + k, s.Env[k]})
+		id = append(id, field{"env." + k, s.Env[k], nil})
 	}
 	return id
 }
 
-// StackKey is a string equal for two stacks exactly when they are the same
-// stack (see identity).
+// sameMemory: sizes within memorySlack of each other.
+func sameMemory(a, b string) bool {
+	var x, y float64
+	if _, err := fmt.Sscan(a, &x); err != nil {
+		return false
+	}
+	if _, err := fmt.Sscan(b, &y); err != nil {
+		return false
+	}
+	return math.Abs(x-y) <= memorySlack*math.Max(x, y)
+}
+
+// sameKernel: the same OS and architecture, and the same kernel major.minor
+// ("linux/amd64 6.18.44-fc-v657" and "linux/amd64 6.18.51-fc-v769" are).
+func sameKernel(a, b string) bool { return kernelSeries(a) == kernelSeries(b) }
+
+func kernelSeries(os string) string {
+	plat, rel, _ := strings.Cut(os, " ")
+	parts := strings.SplitN(rel, ".", 3)
+	if len(parts) < 2 {
+		return os
+	}
+	return plat + " " + parts[0] + "." + strings.TrimRightFunc(parts[1], func(r rune) bool { return r < '0' || r > '9' })
+}
+
+// StackKey is a string equal for two stacks exactly when every field is
+// equal, harmless ones included (reports group by it).
 func (s Stack) StackKey() string {
 	var b strings.Builder
-	for _, kv := range s.identity() {
-		fmt.Fprintf(&b, "%s=%s;", kv[0], kv[1])
+	for _, f := range s.identity() {
+		fmt.Fprintf(&b, "%s=%s;", f.name, f.value)
 	}
 	return b.String()
 }
 
 // StackDiff lists what differs between two stacks, one "field: a → b" per
-// line; empty when they are the same stack.
-func StackDiff(a, b Stack) []string {
-	av, bv := map[string]string{}, map[string]string{}
+// line: relevant differences, which make their records incomparable, and
+// harmless ones (see identity), which are only worth a note. Both are empty
+// for the same stack.
+func StackDiff(a, b Stack) (relevant, harmless []string) {
+	av, bv := map[string]field{}, map[string]field{}
 	var names []string
-	for _, kv := range a.identity() {
-		av[kv[0]] = kv[1]
-		names = append(names, kv[0])
+	for _, f := range a.identity() {
+		av[f.name] = f
+		names = append(names, f.name)
 	}
-	for _, kv := range b.identity() {
-		if _, ok := av[kv[0]]; !ok {
-			names = append(names, kv[0])
+	for _, f := range b.identity() {
+		if _, ok := av[f.name]; !ok {
+			names = append(names, f.name)
 		}
-		bv[kv[0]] = kv[1]
+		bv[f.name] = f
 	}
-	var out []string
 	for _, n := range names {
 		x, okx := av[n]
 		y, oky := bv[n]
-		if x != y || okx != oky {
-			out = append(out, fmt.Sprintf("%s: %s → %s", n, orAbsent(x, okx), orAbsent(y, oky)))
+		if okx == oky && x.value == y.value {
+			continue
+		}
+		line := fmt.Sprintf("%s: %s → %s", n, orAbsent(x.value, okx), orAbsent(y.value, oky))
+		env, isEnv := strings.CutPrefix(n, "env.")
+		if isEnv && harmlessEnv[env] || okx && oky && x.same != nil && x.same(x.value, y.value) {
+			harmless = append(harmless, line)
+		} else {
+			relevant = append(relevant, line)
 		}
 	}
-	return out
+	return relevant, harmless
 }
 
 func orAbsent(v string, ok bool) string {

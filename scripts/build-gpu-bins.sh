@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Builds, on this machine, what scripts/gpu-check.sh runs on the GPU machine:
-# bin/moebench and a test binary for each package with GPU tests. bin/ is
-# git-ignored: name it in the device call's carry.
+# Builds, on a machine with Go, what scripts/gpu-check.sh runs on a GPU node:
+# bin/moebench and a test binary for each package with GPU tests. Copy the
+# checkout with bin/ (git-ignored) to the node.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p bin

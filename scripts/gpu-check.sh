@@ -1,24 +1,49 @@
 #!/usr/bin/env bash
-# The GPU check, run on the GPU machine (see ../shared/GPU.md) after
-# scripts/build-gpu-bins.sh built bin/ here:
-#   scripts/gpu-check.sh            (writes logs and records under $OUT)
-#   scripts/gpu-check.sh sanitize   (only the compute-sanitizer steps, for a
-#                                    second call when the first ran out of budget)
-# It finds the CUDA libraries (toolkit folders, the Python wheels' nvidia/*/lib
-# folders), runs every GPU test with MOEBENCH_REQUIRE_GPU=1 so that a missing
-# GPU or library fails instead of skipping, runs the kernel benchmark (ratios
-# to in-run ceilings), runs the layer on the cuda device for several presets,
-# EP sizes and routings, alltoall through NCCL, and FEPLB over alltoall (records in
-# $OUT/records.jsonl), runs compute-sanitizer over the kernels' GPU tests, and
-# prints a short table last. Each step is bounded,
-# and a step that would start after BUDGET seconds (default 540) is skipped
-# and reported as such, so that the whole fits one 10-minute call; the issue's
-# "Done means" layer runs first.
+# moebench's GPU check: everything the project cannot prove without a GPU,
+# in one run on a GPU node.
+#
+#   scripts/gpu-check.sh [OUTDIR]            the whole check
+#   scripts/gpu-check.sh sanitize [OUTDIR]   only the compute-sanitizer steps
+#
+# Before: build the binaries on a machine with Go (the node needs no Go):
+#   scripts/build-gpu-bins.sh        (bin/moebench and bin/*.test)
+# and copy the checkout with bin/ to the node. The node needs an NVIDIA
+# driver and the CUDA libraries (NVRTC, cuBLASLt; cuBLAS, NCCL and NVML when
+# present) from a CUDA toolkit or the Python wheels (nvidia-*-cu12/13); the
+# toolkit's cuobjdump and compute-sanitizer are used when found.
+#
+# What it runs, in this order: the layer at the reference configuration
+# (qwen3-30b-a3b at EP 8), every GPU test (each CUDA kernel against its host
+# function, the library bindings) with MOEBENCH_REQUIRE_GPU=1 so that a
+# missing GPU or library fails instead of skipping, the kernel benchmark
+# (ratios to ceilings measured in the same run), the layer for several
+# presets, EP sizes, routings and dispatchers (alltoall natively and through
+# NCCL, FEPLB), and last compute-sanitizer over the kernels' tests.
+#
+# How long: about 10 minutes. Each step has its own time limit, and a step
+# that would start after BUDGET seconds (default 540) is skipped and reported
+# as such; BUDGET=1200 gives the sanitizer time to finish.
+#
+# What it writes: OUTDIR (default $OUT, else a new temporary folder, printed
+# at the start) holds each step's log, doctor.txt (what was found where),
+# records.jsonl (one moebench record per layer run), bench-*.json and
+# report.txt; a summary table is printed last. Exit status 0 when every step
+# passed, 1 otherwise.
+#
+# What to send back: the whole OUTDIR (tar czf gpu-check.tgz -C OUTDIR .).
+# The records are published as they came: results/published/ in the
+# repository, never edited by hand.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-$(mktemp -d)}
-mkdir -p "$OUT"
-[ -x bin/moebench ] || { echo "bin/moebench missing: run scripts/build-gpu-bins.sh here and carry bin/" >&2; exit 2; }
+mode=all
+if [ "${1:-}" = sanitize ]; then
+  mode=sanitize
+  shift
+fi
+OUT=${1:-${OUT:-$(mktemp -d)}}
+mkdir -p "$OUT" || exit 2
+echo "gpu-check: writing to $OUT"
+[ -x bin/moebench ] || { echo "bin/moebench missing: run scripts/build-gpu-bins.sh on a machine with Go and copy bin/ here" >&2; exit 2; }
 
 # (moebench itself also searches these and the wheels of the python3 on the
 # path; the loader's path serves the libraries' own dependencies)
@@ -37,7 +62,7 @@ declare -A result
 step() {
   local name=$1 limit=$2; shift 2
   if [ "$SECONDS" -ge "$BUDGET" ]; then result[$name]="skipped (budget of ${BUDGET}s spent)"; return; fi
-  local left=$((BUDGET + 50 - SECONDS)) # the last step may run a little past the budget, not past the call
+  local left=$((BUDGET + 50 - SECONDS)) # the last step may run a little past the budget, not much more
   [ "$left" -lt "$limit" ] && limit=$left
   timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
   local rc=$?
@@ -53,7 +78,7 @@ layer() { # name, then moebench flags
 }
 
 bin/moebench doctor 2>&1 | tee "$OUT/doctor.txt"
-if [ "${1:-}" != sanitize ]; then
+if [ "$mode" != sanitize ]; then
 layer qwen3-30b-ep8 --preset qwen3-30b-a3b --ep 8
 for t in bin/*.test; do
   step "test-$(basename "$t" .test)" 200 "$t" -test.v

@@ -8,6 +8,7 @@
 #   MOEBENCH_NIGHTLY_DIR   history, baselines, runs and reports (default: $HOME/moebench-nightly)
 #   MOEBENCH_BIN           moebench binary to use (default: built from this checkout)
 #   MOEBENCH_COMPARE_ARGS  extra flags for 'moebench compare', e.g. "--threshold-pct 3"
+#                          or "--fail-on-undecided"
 #
 # Files under MOEBENCH_NIGHTLY_DIR:
 #   runs/HOST-STAMP.jsonl            tonight's records
@@ -17,7 +18,11 @@
 #   reports/HOST-STAMP.html          report with charts; reports/HOST-STAMP-compare.txt
 #
 # Exit status: 0 no regression (or no baseline yet: this run became it),
-# 3 regression, 1 the sweep could not run, 2 bad sweep file, 130 interrupted.
+# 3 regression, 4 the stack changed in what changes results (new GPU, driver,
+# library, clocks, ...: a new baseline is needed; harmless differences such
+# as the kernel's patch level only add a note), 5 undecided points with
+# --fail-on-undecided, 1 the sweep, the report or the comparison could not
+# run, 2 bad sweep file, 130 interrupted.
 #
 # cron, every night at 02:30:
 #   30 2 * * * cd /path/to/moebench && scripts/nightly.sh >> "$HOME/moebench-nightly/cron.log" 2>&1
@@ -70,5 +75,14 @@ if [ ! -f "$baseline" ]; then
   exit 0
 fi
 # shellcheck disable=SC2086 # MOEBENCH_COMPARE_ARGS is a list of flags
-"$bin" compare ${MOEBENCH_COMPARE_ARGS:-} "$baseline" "$run" | tee "$dir/reports/$name-compare.txt"
-exit "${PIPESTATUS[0]}"
+"$bin" compare ${MOEBENCH_COMPARE_ARGS:-} "$baseline" "$run" 2>&1 | tee "$dir/reports/$name-compare.txt"
+rc=${PIPESTATUS[0]}
+case $rc in
+  0 | 3 | 5) exit "$rc" ;;
+  4)
+    echo "nightly: the stack changed: a new baseline is needed; to accept this run as it: cp '$run' '$baseline'" >&2
+    exit 4 ;;
+  *)
+    echo "nightly: compare failed (exit $rc)" >&2
+    exit 1 ;;
+esac

@@ -28,17 +28,21 @@ unpermute ≥ 0.8 of the copy rate, router top-k ≥ 0.6, expert GEMMs ≥ 0.7 o
 the dense GEMM rate.
 
 Usage:
-  moebench bench kernels [flags]`
+  moebench bench kernels [flags]
+  moebench bench dispatch [flags]   dispatch and combine alone per SM budget (see bench dispatch --help)`
 
 // bench runs 'moebench bench kernels'. It needs the cuda device; without
 // one it exits 1 and says why.
 func bench(args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 && args[0] == "dispatch" {
+		return benchDispatch(args[1:], stdout, stderr)
+	}
 	if len(args) == 0 || args[0] != "kernels" {
 		if len(args) > 0 && (args[0] == "--help" || args[0] == "-h") {
 			fmt.Fprintln(stdout, benchHelp)
 			return exitOK
 		}
-		return usageError(stderr, errors.New("bench: say what to benchmark: 'moebench bench kernels'"))
+		return usageError(stderr, errors.New("bench: say what to benchmark: 'moebench bench kernels' or 'moebench bench dispatch'"))
 	}
 	var o options
 	var format, out string
@@ -64,7 +68,7 @@ func bench(args []string, stdout, stderr io.Writer) int {
 	if format != "table" && format != "json" {
 		return usageError(stderr, &harness.ConfigError{Flag: "format", Value: format, Allowed: "allowed: table, json"})
 	}
-	o.dispatcher, o.impl, o.routing, o.device, o.check, o.feplbBase, o.feplbDyn = d.Dispatcher, d.Impl, "balanced", "cuda", true, d.FeplbBase, d.FeplbDyn
+	o.dispatcher, o.impl, o.routing, o.device, o.check, o.feplbBase, o.feplbDyn, o.commTimeout = d.Dispatcher, d.Impl, "balanced", "cuda", true, d.FeplbBase, d.FeplbDyn, d.CommTimeout
 	cfg, err := o.config(fs)
 	if err != nil {
 		return usageError(stderr, err)
@@ -75,27 +79,35 @@ func bench(args []string, stdout, stderr io.Writer) int {
 		return exitRuntime
 	}
 	kb, err := harness.BenchKernels(cfg, harness.Env{Version: version(), DeviceNote: note}, harness.DefaultBenchSizes)
+	return benchResult(stdout, stderr, "kernels", kb, kb != nil, err, format, out, func() { writeBench(stdout, kb) })
+}
+
+// benchResult ends a bench command: a *harness.ConfigError is a usage
+// error; another error is reported (exit 1) with the result that came, if
+// any (have); the result goes to stdout as JSON or, for format table, by
+// table, and as JSON to the file out when given.
+func benchResult(stdout, stderr io.Writer, what string, result any, have bool, err error, format, out string, table func()) int {
 	var ce *harness.ConfigError
 	if errors.As(err, &ce) {
 		return usageError(stderr, err)
 	}
 	code := exitOK
 	if err != nil {
-		fmt.Fprintf(stderr, "moebench: bench kernels: %v\n", err)
+		fmt.Fprintf(stderr, "moebench: bench %s: %v\n", what, err)
 		code = exitRuntime
 	}
-	if kb == nil {
+	if !have {
 		return exitRuntime
 	}
 	if format == "json" {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
-		enc.Encode(kb)
+		enc.Encode(result)
 	} else {
-		writeBench(stdout, kb)
+		table()
 	}
 	if out != "" {
-		b, _ := json.Marshal(kb)
+		b, _ := json.Marshal(result)
 		if err := os.WriteFile(out, append(b, '\n'), 0o644); err != nil {
 			fmt.Fprintf(stderr, "moebench: --out: %v\n", err)
 			code = exitRuntime

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"strings"
@@ -10,19 +11,34 @@ import (
 	"github.com/moebench/moebench/results"
 )
 
-const exitRegression = 3
+// compare's own exit statuses (and scripts/nightly.sh's).
+const (
+	exitRegression  = 3 // a point regressed
+	exitStackChange = 4 // the stacks differ in what changes results: a new baseline is needed
+	exitUndecided   = 5 // points left undecided, with --fail-on-undecided
+)
 
 const compareHelp = `moebench compare matches the points of two results files by workload and settings
 and decides, from the per-iteration step samples, whether NEW is slower than BASE:
 a regression is an estimated slowdown (Hodges–Lehmann, on log times) above the
 threshold whose confidence interval excludes no change, or a point that was ok in
 BASE and failed or became unavailable in NEW. Points whose samples are too noisy
-(robust CV above --max-noise-pct) or too few are left undecided, with a warning.
+(robust CV above --max-noise-pct) or too few, and every host-device point (host
+times drift between identical runs by far more than their samples show), are left
+undecided with a warning, unless the whole interval of the slowdown lies above
+--gross-pct (--host-gross-pct on the host device): such a gross slowdown is a
+regression however noisy the samples.
+
+Records from stacks that differ in what changes results (GPU, driver, libraries,
+clocks, power limit, topology, CPU model, kernel series, Go, recorded environment)
+are refused; harmless differences (memory sizes within 2%, the kernel's patch
+level, where moebench keeps its files, the host name) are listed as a note.
 
 Usage:
   moebench compare [flags] BASE NEW
 
-Exit status: 0 no regression, 3 regression, 2 bad input.`
+Exit status: 0 no regression, 3 regression, 4 the stacks differ (a new baseline
+is needed), 5 undecided points with --fail-on-undecided, 2 bad input.`
 
 func compare(args []string, stdout, stderr io.Writer) int {
 	o := results.DefaultCompareOptions
@@ -31,6 +47,9 @@ func compare(args []string, stdout, stderr io.Writer) int {
 	fs.Float64Var(&o.Confidence, "confidence", o.Confidence, "confidence of the interval that must exclude no change")
 	fs.IntVar(&o.MinSamples, "min-samples", o.MinSamples, "fewer timed iterations on either side: no decision")
 	noise := fs.Float64("max-noise-pct", 100*o.MaxNoise, "robust CV (1.4826·MAD/median, percent) above which a side is too noisy to decide")
+	gross := fs.Float64("gross-pct", 100*o.Gross, "slowdown, in percent, that is a regression even when the samples are too noisy to decide (its whole interval must lie above it)")
+	hostGross := fs.Float64("host-gross-pct", 100*o.HostGross, "the same for host-device points, which are otherwise never decided")
+	failUndecided := fs.Bool("fail-on-undecided", false, "exit 5 when a point could not be decided (noisy, host timing or too few samples)")
 	allow := fs.Bool("allow-stack-change", false, "compare records from different stacks (and list what differs)")
 	if code, ok := parseFlags(fs, args, compareHelp, stdout, stderr); !ok {
 		return code
@@ -46,8 +65,12 @@ func compare(args []string, stdout, stderr io.Writer) int {
 		return usageError(stderr, fmt.Errorf("--max-noise-pct=%g: must be > 0", *noise))
 	case o.MinSamples < 2:
 		return usageError(stderr, fmt.Errorf("--min-samples=%d: must be ≥ 2", o.MinSamples))
+	case !(*gross > *pct && *gross < 1e6):
+		return usageError(stderr, fmt.Errorf("--gross-pct=%g: must be above --threshold-pct (%g) and below 1e6", *gross, *pct))
+	case !(*hostGross > *pct && *hostGross < 1e6):
+		return usageError(stderr, fmt.Errorf("--host-gross-pct=%g: must be above --threshold-pct (%g) and below 1e6", *hostGross, *pct))
 	}
-	o.Threshold, o.MaxNoise = *pct/100, *noise/100
+	o.Threshold, o.MaxNoise, o.Gross, o.HostGross = *pct/100, *noise/100, *gross/100, *hostGross/100
 	base, err := readAll(fs.Args()[:1])
 	if err != nil {
 		return usageError(stderr, err)
@@ -57,12 +80,20 @@ func compare(args []string, stdout, stderr io.Writer) int {
 		return usageError(stderr, err)
 	}
 	c, err := results.Compare(base, new, o, *allow)
+	var sc *results.StackChangeError
+	if errors.As(err, &sc) {
+		fmt.Fprintf(stderr, "moebench compare: %v\n", err)
+		return exitStackChange
+	}
 	if err != nil {
 		return usageError(stderr, err)
 	}
 	p := func(format string, a ...any) { fmt.Fprintf(stdout, format, a...) }
 	if len(c.StackDiffs) > 0 {
 		p("# stacks differ (allowed by --allow-stack-change):\n#   %s\n", strings.Join(c.StackDiffs, "\n#   "))
+	}
+	if len(c.StackNotes) > 0 {
+		p("# note: the stacks differ only in what does not change results:\n#   %s\n", strings.Join(c.StackNotes, "\n#   "))
 	}
 	p("# threshold %.1f%% · confidence %.0f%% · step time, per-iteration samples\n", 100*o.Threshold, 100*o.Confidence)
 	p("# %-12s %-22s %11s %11s %9s %20s  %s\n", "verdict", "settings", "base_p50_ms", "new_p50_ms", "change_%", "interval_%", "workload")
@@ -85,10 +116,13 @@ func compare(args []string, stdout, stderr io.Writer) int {
 	}
 	p("# %d points, %d regressions, %d undecided\n", len(c.Changes), c.Regressions, c.Undecided)
 	if c.Undecided > 0 {
-		fmt.Fprintf(stderr, "moebench compare: warning: %d points could not be decided (noisy or too few samples); see the table\n", c.Undecided)
+		fmt.Fprintf(stderr, "moebench compare: warning: %d points could not be decided (noisy, host timing or too few samples); see the table\n", c.Undecided)
 	}
-	if c.Regressions > 0 {
+	switch {
+	case c.Regressions > 0:
 		return exitRegression
+	case c.Undecided > 0 && *failUndecided:
+		return exitUndecided
 	}
 	return exitOK
 }

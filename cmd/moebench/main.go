@@ -211,11 +211,10 @@ func presets(w io.Writer) int {
 
 func version() string {
 	v := baseVersion
-	if bi, ok := debug.ReadBuildInfo(); ok {
-		for _, s := range bi.Settings {
-			if s.Key == "vcs.revision" && len(s.Value) >= 12 {
-				v += "+" + s.Value[:12]
-			}
+	if c := harness.Commit(); len(c) >= 12 {
+		v += "+" + c[:12]
+		if strings.HasSuffix(c, "+dirty") {
+			v += "-dirty"
 		}
 	}
 	return v

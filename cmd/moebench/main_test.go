@@ -94,9 +94,9 @@ func TestRunWritesAndRereadsRecord(t *testing.T) {
 	if !strings.Contains(stderr, "running on the host device") || !strings.Contains(stdout, "correctness            PASS") {
 		t.Errorf("stderr %q\nstdout %s", stderr, stdout)
 	}
-	code, stdout, _ = cli(append(quick, "--out", out, "--format", "json", "--dispatcher", "deepep")...)
+	code, stdout, _ = cli(append(quick, "--out", out, "--format", "json", "--dispatcher", "hybridep")...)
 	if code != exitRuntime || !strings.Contains(stdout, `"status":"unavailable"`) {
-		t.Errorf("deepep: exit %d, stdout %s", code, stdout)
+		t.Errorf("hybridep: exit %d, stdout %s", code, stdout)
 	}
 	recs, err := results.ReadFile(out)
 	if err != nil || len(recs) != 2 {
@@ -107,7 +107,7 @@ func TestRunWritesAndRereadsRecord(t *testing.T) {
 		ok.Timing == nil || len(ok.Timing.Phases) != 7 || ok.Correctness == nil || !ok.Correctness.Passed {
 		t.Errorf("first record: %+v", ok)
 	}
-	if un.Status != results.StatusUnavailable || un.Timing != nil || !strings.Contains(un.Reason, "deepep") {
+	if un.Status != results.StatusUnavailable || un.Timing != nil || !strings.Contains(un.Reason, "hybridep") {
 		t.Errorf("second record: %+v", un)
 	}
 }

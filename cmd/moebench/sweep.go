@@ -34,7 +34,7 @@ func sweepFlags(o *options, so *sweepOptions) *pflag.FlagSet {
 	fs.SortFlags = false
 	fs.StringSliceVar(&so.dispatchers, "dispatchers", []string{d.Dispatcher}, "dispatchers, comma-separated: "+strings.Join(dispatchers.Names(), ","))
 	fs.StringSliceVar(&so.impls, "impls", []string{d.Impl}, "implementations: native,library")
-	fs.IntSliceVar(&so.sms, "sms", []int{0}, "SM budgets; used only by SM-driven dispatchers (others run once, with 0)")
+	fs.IntSliceVar(&so.sms, "sms", []int{0}, "SM budgets; used only by SM-driven dispatchers (deepep, hybridep; others run once, with 0)")
 	fs.IntSliceVar(&so.ep, "ep", []int{d.EP}, "EP sizes")
 	fs.IntSliceVar(&so.gpus, "gpus", []int{d.GPUs}, "cuda: GPU counts the ranks are spread over; 0 = every GPU, at most one per rank (a count above a point's EP size is left out)")
 	addFeplbFlags(fs, o)
@@ -46,9 +46,6 @@ func sweepFlags(o *options, so *sweepOptions) *pflag.FlagSet {
 	fs.StringVar(&so.file, "file", "", "sweep file: a JSON object whose keys are these flags' names; flags given on the command line win")
 	return fs
 }
-
-// smDriven are the dispatchers whose SM budget --sms sets.
-var smDriven = map[string]bool{"deepep": true, "hybridep": true}
 
 const sweepHelp = `moebench sweep runs a matrix of dispatchers × implementations × --sms × EP sizes
 × GPU counts × presets × routings and appends one record per point to --out. A failing or
@@ -229,7 +226,7 @@ func expand(fs *pflag.FlagSet, base options, so sweepOptions) ([]harness.Config,
 					for _, d := range so.dispatchers {
 						for _, impl := range so.impls {
 							sms := so.sms
-							if !smDriven[d] {
+							if _, smDriven := dispatchers.SMBudgetOf(d); !smDriven {
 								sms = []int{0}
 							}
 							for _, n := range sms {

@@ -18,14 +18,15 @@ import (
 )
 
 // failing is alltoall whose combine breaks: a point that fails at run time.
-type failing struct{ dispatchers.Dispatcher }
+type failing struct{ dispatchers.Classic }
 
 func (failing) Combine(int) error { return errors.New("combine: simulated failure") }
 
 func init() {
 	dispatchers.Register("failing", func(impl string, env dispatchers.Env) (dispatchers.Dispatcher, error) {
 		d, err := alltoall.New(impl, env)
-		return failing{d}, err
+		c, _ := d.(dispatchers.Classic)
+		return failing{c}, err
 	})
 }
 
@@ -33,7 +34,7 @@ var sweepQuick = []string{"--device", "host", "--tokens", "16", "--hidden", "32"
 
 func TestSweepContinuesAfterFailure(t *testing.T) {
 	out := filepath.Join(t.TempDir(), "s.jsonl")
-	code, _, stderr := cli(append([]string{"sweep", "--out", out, "--dispatchers", "failing,alltoall,deepep",
+	code, _, stderr := cli(append([]string{"sweep", "--out", out, "--dispatchers", "failing,alltoall,deepep,hybridep",
 		"--sms", "8,16", "--ep", "2,4"}, sweepQuick...)...)
 	if code != exitRuntime { // a point failed
 		t.Fatalf("exit %d, want 1: %s", code, stderr)
@@ -42,18 +43,18 @@ func TestSweepContinuesAfterFailure(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// per EP size: failing, alltoall (once: no SMs), deepep at 8 and 16 SMs
+	// per EP size: failing, alltoall (once: no SMs), deepep and hybridep at 8 and 16 SMs
 	got := map[string]int{}
 	for _, r := range recs {
 		got[r.Config.Dispatcher+":"+r.Status]++
 	}
-	want := map[string]int{"failing:failed": 2, "alltoall:ok": 2, "deepep:unavailable": 4}
+	want := map[string]int{"failing:failed": 2, "alltoall:ok": 2, "deepep:ok": 4, "hybridep:unavailable": 4}
 	for k, v := range want {
 		if got[k] != v {
 			t.Errorf("%s: %d records, want %d (all: %v)", k, got[k], v, got)
 		}
 	}
-	if !strings.Contains(stderr, "[8/8]") || !strings.Contains(stderr, "8 of 8 points: 2 ok, 4 unavailable, 2 failed") ||
+	if !strings.Contains(stderr, "[12/12]") || !strings.Contains(stderr, "12 of 12 points: 6 ok, 4 unavailable, 2 failed") ||
 		!strings.Contains(stderr, "simulated failure") {
 		t.Errorf("progress:\n%s", stderr)
 	}
@@ -127,7 +128,7 @@ func TestCompareCLI(t *testing.T) {
 	// controlled samples (1% ripple) so that the test proves the CLI path;
 	// the decision itself is tested on synthetic data in package results
 	recs, _ := results.ReadFile(base)
-	withSamples := func(scale float64) results.Record {
+	withSamples := func(scale float64, device string) results.Record {
 		r := recs[0]
 		tm := *r.Timing
 		tm.Step.Samples = nil
@@ -135,20 +136,25 @@ func TestCompareCLI(t *testing.T) {
 			tm.Step.Samples = append(tm.Step.Samples, scale*(1+0.01*math.Sin(float64(i))))
 		}
 		r.Timing = &tm
+		r.Config.Device, r.Stack.Device = device, device
 		return r
 	}
-	base = filepath.Join(dir, "base2.jsonl")
-	b := withSamples(1)
-	results.Append(base, &b)
-	// A/A: the same records compare clean
+	write := func(name string, rs ...results.Record) string {
+		f := filepath.Join(dir, name)
+		for i := range rs {
+			if err := results.Append(f, &rs[i]); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return f
+	}
+	// the fine test, on cuda-device records
+	base = write("base2.jsonl", withSamples(1, "cuda"))
 	if code, out, e := cli("compare", base, base); code != exitOK || !strings.Contains(out, "0 regressions") {
 		t.Errorf("A/A: exit %d\n%s%s", code, out, e)
 	}
-	slow := withSamples(1.1)
-	newFile := filepath.Join(dir, "new.jsonl")
-	if err := results.Append(newFile, &slow); err != nil {
-		t.Fatal(err)
-	}
+	slow := withSamples(1.1, "cuda")
+	newFile := write("new.jsonl", slow)
 	code, out, _ := cli("compare", base, newFile)
 	if code != exitRegression || !strings.Contains(out, "REGRESSION") || !strings.Contains(out, "+10.0") {
 		t.Errorf("10%% slower: exit %d\n%s", code, out)
@@ -156,16 +162,36 @@ func TestCompareCLI(t *testing.T) {
 	if code, _, _ := cli("compare", "--threshold-pct", "20", base, newFile); code != exitOK {
 		t.Errorf("10%% slower with a 20%% threshold: exit %d", code)
 	}
-	// another stack is refused, then compared with the differences named
+	// host records: a 10% shift is undecided (exit 0, or 5 when undecided
+	// points fail the job); a 10× slowdown is a regression
+	hostBase := write("host-base.jsonl", withSamples(1, "host"))
+	hostSlow := write("host-slow.jsonl", withSamples(1.1, "host"))
+	if code, out, e := cli("compare", hostBase, hostSlow); code != exitOK || !strings.Contains(out, "host timing") || !strings.Contains(e, "could not be decided") {
+		t.Errorf("10%% slower on the host: exit %d\n%s%s", code, out, e)
+	}
+	if code, _, _ := cli("compare", "--fail-on-undecided", hostBase, hostSlow); code != exitUndecided {
+		t.Errorf("--fail-on-undecided: exit %d, want %d", code, exitUndecided)
+	}
+	if code, out, _ := cli("compare", hostBase, write("host-10x.jsonl", withSamples(10, "host"))); code != exitRegression || !strings.Contains(out, "gross slowdown") {
+		t.Errorf("10× slower on the host: exit %d\n%s", code, out)
+	}
+	// a stack that differs in what changes results is refused (a new
+	// baseline is needed), then compared with the differences named
 	other := slow
 	other.Stack.CPU = "Another CPU"
-	otherFile := filepath.Join(dir, "other.jsonl")
-	results.Append(otherFile, &other)
-	if code, _, e := cli("compare", base, otherFile); code != exitUsage || !strings.Contains(e, "different stacks") || !strings.Contains(e, "Another CPU") {
+	otherFile := write("other.jsonl", other)
+	if code, _, e := cli("compare", base, otherFile); code != exitStackChange || !strings.Contains(e, "different stacks") || !strings.Contains(e, "Another CPU") {
 		t.Errorf("stack change: exit %d, %s", code, e)
 	}
 	if code, out, _ := cli("compare", "--allow-stack-change", base, otherFile); code != exitRegression || !strings.Contains(out, "# stacks differ") {
 		t.Errorf("allowed stack change: exit %d\n%s", code, out)
+	}
+	// harmless differences (memory rounding, the kernel's patch level) are a note
+	rebooted := withSamples(1, "cuda")
+	rebooted.Stack.MemoryBytes += 8192
+	rebooted.Stack.OS += "-patched"
+	if code, out, e := cli("compare", base, write("rebooted.jsonl", rebooted)); code != exitOK || !strings.Contains(out, "# note: the stacks differ only") || !strings.Contains(out, "memory_bytes") {
+		t.Errorf("harmless stack change: exit %d\n%s%s", code, out, e)
 	}
 	// bad input
 	bad := filepath.Join(dir, "bad.jsonl")

@@ -205,6 +205,8 @@ func traffic(sh dispatchers.Shape, sendOff [][]int) dispatchers.Traffic {
 		CombineOffRank: off * row, CombineLogical: all * row,
 		Formula: "dispatch = copies × (hidden×2 B bf16 + 4 B fp32 prob); combine = copies × hidden×2 B; " +
 			"a copy is one (token, expert) pair, so a token routed to two experts of one rank is sent twice; off-rank excludes copies to the token's own rank",
+		DispatchAlgorithm: all * row, CombineAlgorithm: all * row,
+		AlgorithmFormula: "DeepEP's convention (rows received × hidden × 2 B, a rank's rows to itself included); alltoall's rows are copies",
 	}
 }
 

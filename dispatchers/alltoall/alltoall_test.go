@@ -28,10 +28,11 @@ func TestPlan(t *testing.T) {
 		}
 		ranks[r] = rk
 	}
-	d, err := New(dispatchers.ImplNative, dispatchers.Env{Device: "host"})
+	dd, err := New(dispatchers.ImplNative, dispatchers.Env{Device: "host"})
 	if err != nil {
 		t.Fatal(err)
 	}
+	d := dd.(*A2A)
 	if err := d.Bind(sh, ranks); err != nil {
 		t.Fatal(err)
 	}

@@ -23,11 +23,11 @@ func NewDevice(impl string, env dispatchers.Env) (dispatchers.DeviceDispatcher, 
 	if env.Hidden <= 0 || env.FFN <= 0 {
 		return nil, fmt.Errorf("feplb: hidden %d and ffn %d must be given (the helpers receive expert weights)", env.Hidden, env.FFN)
 	}
-	b, err := dispatchers.NewDevice(base, impl, env)
+	b, err := dispatchers.NewClassicDevice(base, impl, env)
 	if err != nil {
 		return nil, baseUnavailable(impl, err)
 	}
-	return &Device{DeviceDispatcher: b, env: env, dynamic: dyn}, nil
+	return &Device{ClassicDevice: b, env: env, dynamic: dyn}, nil
 }
 
 // Device is FEPLB on a kernels.Device. Phase 2's copies go on a copy stream
@@ -47,7 +47,7 @@ func NewDevice(impl string, env dispatchers.Env) (dispatchers.DeviceDispatcher, 
 // Proven on kernels.Emu (the output equals the host layer's, also with the
 // ranks on several emulated devices); on a GPU nothing here has run yet.
 type Device struct {
-	dispatchers.DeviceDispatcher
+	dispatchers.ClassicDevice
 	env     dispatchers.Env
 	dynamic int
 	c       *core
@@ -104,7 +104,7 @@ func (f *Device) Bind(shape dispatchers.Shape, ranks []*dispatchers.DeviceRank) 
 			}
 		}
 	}
-	return f.DeviceDispatcher.Bind(shape, ranks)
+	return f.ClassicDevice.Bind(shape, ranks)
 }
 
 // Permute starts a step (on its first rank) and the rank's clock.
@@ -115,13 +115,13 @@ func (f *Device) Permute(r int) error {
 	if err := f.ranks[r].Dev.Record(f.rs[r].origin, f.ranks[r].Stream); err != nil {
 		return err
 	}
-	return f.DeviceDispatcher.Permute(r)
+	return f.ClassicDevice.Permute(r)
 }
 
 // Dispatch runs phase 1; after the last rank, every rank's work is its
 // static experts, which the layer starts while the scheduler plans.
 func (f *Device) Dispatch(r int) error {
-	if err := f.DeviceDispatcher.Dispatch(r); err != nil {
+	if err := f.ClassicDevice.Dispatch(r); err != nil {
 		return err
 	}
 	rk := f.ranks[r]
@@ -253,7 +253,7 @@ func (f *Device) Combine(r int) error {
 			return err
 		}
 	}
-	return f.DeviceDispatcher.Combine(r)
+	return f.ClassicDevice.Combine(r)
 }
 
 // RebalanceStats is the last step's rebalance, its copy times read from the
@@ -313,7 +313,7 @@ func (f *Device) Pause(paused bool) { f.c.paused = paused }
 
 // Footprint adds the rank's phase-2 buffers to the base's.
 func (f *Device) Footprint(r int) int64 {
-	return f.rs[r].rows.Bytes + f.rs[r].slots.Bytes + f.DeviceDispatcher.Footprint(r)
+	return f.rs[r].rows.Bytes + f.rs[r].slots.Bytes + f.ClassicDevice.Footprint(r)
 }
 
 // Close frees the phase-2 buffers and the base's.
@@ -326,7 +326,7 @@ func (f *Device) Close() error {
 		}
 		s.rows, s.slots = kernels.Sized{}, kernels.Sized{}
 	}
-	if err := f.DeviceDispatcher.Close(); first == nil {
+	if err := f.ClassicDevice.Close(); first == nil {
 		first = err
 	}
 	return first

@@ -23,17 +23,17 @@ func New(impl string, env dispatchers.Env) (dispatchers.Dispatcher, error) {
 	if env.Device != "host" {
 		return nil, &dispatchers.UnavailableError{Name: "feplb", Impl: impl, Reason: "the host implementation runs on the host device only"}
 	}
-	b, err := dispatchers.New(base, impl, env)
+	b, err := dispatchers.NewClassic(base, impl, env)
 	if err != nil {
 		return nil, baseUnavailable(impl, err)
 	}
-	return &FEPLB{Dispatcher: b, env: env, dynamic: dyn}, nil
+	return &FEPLB{Classic: b, env: env, dynamic: dyn}, nil
 }
 
 // FEPLB wraps the base dispatcher on the host; Permute's bookkeeping aside,
 // Permute and Unpermute are the base's.
 type FEPLB struct {
-	dispatchers.Dispatcher
+	dispatchers.Classic
 	env     dispatchers.Env
 	dynamic int
 	c       *core
@@ -55,7 +55,7 @@ func (f *FEPLB) Bind(shape dispatchers.Shape, ranks []*dispatchers.Rank) error {
 	f.c, f.ranks = c, ranks
 	f.own = make([]int, shape.EP)
 	f.weights = make([][]dispatchers.ExpertWeights, shape.EP)
-	return f.Dispatcher.Bind(shape, ranks)
+	return f.Classic.Bind(shape, ranks)
 }
 
 // hostModel is the plan's cost model on the host device: fixed, stated
@@ -73,14 +73,14 @@ func (f *FEPLB) Permute(r int) error {
 		f.c.begin()
 		f.copied = 0
 	}
-	return f.Dispatcher.Permute(r)
+	return f.Classic.Permute(r)
 }
 
 // Dispatch runs phase 1; after the last rank it leaves every rank's static
 // experts in its segments (the layer computes them next) while the scheduler
 // plans.
 func (f *FEPLB) Dispatch(r int) error {
-	if err := f.Dispatcher.Dispatch(r); err != nil {
+	if err := f.Classic.Dispatch(r); err != nil {
 		return err
 	}
 	rk, L := f.ranks[r], f.c.shape.LocalExperts()
@@ -90,7 +90,7 @@ func (f *FEPLB) Dispatch(r int) error {
 	at := 0
 	for i, sg := range rk.Segments {
 		if sg.Expert != r*L+i || sg.Start != at || sg.Weights != nil || i >= L {
-			return fmt.Errorf("feplb: base dispatcher %s: segment %d of rank %d is expert %d at row %d; want one run per local expert in order", f.Dispatcher.Name(), i, r, sg.Expert, sg.Start)
+			return fmt.Errorf("feplb: base dispatcher %s: segment %d of rank %d is expert %d at row %d; want one run per local expert in order", f.Classic.Name(), i, r, sg.Expert, sg.Start)
 		}
 		rows[i], at = sg.Len, at+sg.Len
 	}
@@ -150,7 +150,7 @@ func (f *FEPLB) Combine(r int) error {
 		copy(rk.ExpertY[c.src*h:(c.src+c.n)*h], f.ranks[c.helper].ExpertY[at*h:(at+c.n)*h])
 	}
 	f.copied += time.Since(t0).Seconds()
-	return f.Dispatcher.Combine(r)
+	return f.Classic.Combine(r)
 }
 
 // RebalanceStats is the last step's rebalance.
@@ -170,5 +170,5 @@ func (f *FEPLB) Footprint(r int) int64 {
 	for _, w := range f.weights[r] {
 		n += 4 * int64(cap(w.FC1)+cap(w.FC2))
 	}
-	return n + f.Dispatcher.Footprint(r)
+	return n + f.Classic.Footprint(r)
 }

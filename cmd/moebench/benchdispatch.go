@@ -1,0 +1,124 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/spf13/pflag"
+
+	"github.com/moebench/moebench/dispatchers"
+	"github.com/moebench/moebench/harness"
+	"github.com/moebench/moebench/results"
+)
+
+const benchDispatchHelp = `moebench bench dispatch times dispatch and combine alone, as DeepEP's
+test_intranode does, for each dispatcher and SM budget, so that a budget can be
+picked: per point the p50 of each phase, the bytes in the design's own
+convention (DeepEP's: tokens received × hidden × 2 B, a rank's tokens to
+itself included) and GB/s, and GB/s per SM for SM-driven dispatchers. The
+experts are replaced by a multiplication of each row by its probability, and
+every iteration is checked: dispatch then combine must give each rank's input
+back exactly. --sms varies only SM-driven dispatchers (deepep); the others
+run once.
+
+This build runs it on the host device only (host wall-clock times: they show
+the data movement, not GPU performance).
+
+Usage:
+  moebench bench dispatch [flags]`
+
+// benchDispatch runs 'moebench bench dispatch'.
+func benchDispatch(args []string, stdout, stderr io.Writer) int {
+	var o options
+	var names []string
+	var sms []int
+	var format, out string
+	d := harness.DefaultConfig()
+	fs := pflag.NewFlagSet("moebench bench dispatch", pflag.ContinueOnError)
+	fs.SortFlags = false
+	fs.StringSliceVar(&names, "dispatcher", []string{"alltoall", "deepep"}, "dispatchers, comma-separated: "+strings.Join(dispatchers.Names(), ","))
+	fs.IntSliceVar(&sms, "sms", []int{8, 16, 24, 32}, "SM budgets of SM-driven dispatchers (0 = the dispatcher's default)")
+	fs.IntVar(&o.ep, "ep", d.EP, "expert-parallel ranks")
+	fs.StringVar(&o.preset, "preset", d.Preset, "layer shape preset; the shape flags override it")
+	addShapeFlags(fs, &o)
+	fs.StringVar(&o.routing, "routing", d.Routing.String(), "routing: balanced|uniform|skewed:ALPHA|trace:FILE|natural")
+	fs.Uint64Var(&o.seed, "seed", d.Seed, "seed of the inputs and routing")
+	fs.IntVar(&o.warmup, "warmup", d.Warmup, "untimed iterations first")
+	fs.IntVar(&o.iters, "iters", d.Iters, "timed iterations")
+	fs.DurationVar(&o.commTimeout, "comm-timeout", d.CommTimeout, "the longest a cross-rank wait may take")
+	fs.StringVar(&o.device, "device", "host", "device: host (the only one this build runs it on)")
+	fs.StringVar(&format, "format", "table", "output: table | json")
+	fs.StringVar(&out, "out", "", "also write the JSON result to this file")
+	if code, ok := parseFlags(fs, args, benchDispatchHelp, stdout, stderr); !ok {
+		return code
+	}
+	if fs.NArg() > 0 {
+		return usageError(stderr, fmt.Errorf("unexpected argument %q", fs.Arg(0)))
+	}
+	if format != "table" && format != "json" {
+		return usageError(stderr, &harness.ConfigError{Flag: "format", Value: format, Allowed: "allowed: table, json"})
+	}
+	o.dispatcher, o.impl, o.check, o.feplbBase, o.feplbDyn = d.Dispatcher, d.Impl, true, d.FeplbBase, d.FeplbDyn
+	cfg, err := o.config(fs)
+	if err != nil {
+		return usageError(stderr, err)
+	}
+	for _, n := range names { // every point is valid before anything runs
+		c := cfg
+		c.Dispatcher = n
+		for _, s := range sms {
+			c.SMs = s
+			if err := c.Validate(); err != nil {
+				return usageError(stderr, err)
+			}
+		}
+	}
+	if cfg.Device != "host" {
+		fmt.Fprintf(stderr, "moebench: bench dispatch runs on the host device only in this build (--device %s): no dispatcher's cuda implementation has a dispatch-only path yet, and deepep's kernels are not built\n", cfg.Device)
+		return exitRuntime
+	}
+	fmt.Fprintln(stderr, "moebench: bench dispatch on the host device: host wall-clock times, not GPU performance")
+	b, err := harness.BenchDispatch(cfg, names, sms, harness.Env{Version: version(), DeviceNote: "chosen with --device host"})
+	return benchResult(stdout, stderr, "dispatch", b, b != nil, err, format, out, func() { writeDispatchBench(stdout, b) })
+}
+
+// writeDispatchBench prints the dispatch benchmark as a table.
+func writeDispatchBench(w io.Writer, b *harness.DispatchBench) {
+	c := b.Config
+	fmt.Fprintf(w, "# bench dispatch · %s: tokens/rank %d, hidden %d, experts %d, top-%d · EP %d · routing %s · device %s\n",
+		c.Preset, c.Tokens, c.Hidden, c.Experts, c.TopK, c.EP, b.Routing, c.Device)
+	fmt.Fprintf(w, "# times: %s\n# bytes: %s\n# check: %s\n", b.Clock, b.Bytes, b.Check)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "dispatcher\tsms\tdispatch ms\tGB/s\tGB/s/SM\tcombine ms\tGB/s\tGB/s/SM\tcheck\t")
+	for _, p := range b.Points {
+		sms := "—"
+		if p.Budget > 0 {
+			sms = fmt.Sprint(p.Budget)
+		}
+		if p.Status != results.StatusOK {
+			fmt.Fprintf(tw, "%s\t%s\t—\t—\t—\t—\t—\t—\t%s: %s\t\n", p.Dispatcher, sms, p.Status, p.Reason)
+			continue
+		}
+		var dms, cms float64
+		for _, ph := range p.Phases {
+			switch ph.Name {
+			case "dispatch":
+				dms = ph.P50
+			case "combine":
+				cms = ph.P50
+			}
+		}
+		perSM := func(v float64) string {
+			if v == 0 {
+				return "—"
+			}
+			return fmt.Sprintf("%.4f", v)
+		}
+		tr := p.Traffic
+		fmt.Fprintf(tw, "%s\t%s\t%.3f\t%.3f\t%s\t%.3f\t%.3f\t%s\tround trip %s\t\n", p.Dispatcher, sms, dms, tr.DispatchGBps, perSM(tr.DispatchGBpsPerSM),
+			cms, tr.CombineGBps, perSM(tr.CombineGBpsPerSM), p.RoundTrip)
+	}
+	tw.Flush()
+}

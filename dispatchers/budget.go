@@ -1,0 +1,53 @@
+package dispatchers
+
+import "fmt"
+
+// SMBudget is how an SM-driven dispatcher reads --sms: the thread blocks
+// (one per SM) of its transfer kernels.
+type SMBudget struct {
+	Default int  // the budget --sms 0 means
+	Even    bool // must be even (the design pairs a sending and a receiving block)
+	// About says where the default and the rule come from, for messages.
+	About string
+}
+
+// MaxSMBudget bounds any budget: more blocks than any GPU has SMs (an H100
+// has 132) only grows the queues.
+const MaxSMBudget = 1024
+
+var budgets = map[string]SMBudget{}
+
+// RegisterSMBudget marks a registered dispatcher as SM-driven, with its
+// budget rules; called from the dispatcher packages' init functions.
+func RegisterSMBudget(name string, b SMBudget) {
+	if _, dup := budgets[name]; dup {
+		panic("dispatchers: SM budget of " + name + " registered twice")
+	}
+	budgets[name] = b
+}
+
+// SMBudgetOf returns the budget rules of an SM-driven dispatcher; ok is
+// false for the others, which --sms does not concern.
+func SMBudgetOf(name string) (b SMBudget, ok bool) {
+	b, ok = budgets[name]
+	return b, ok
+}
+
+// Check says why n is not a budget this dispatcher accepts (0: the default).
+func (b SMBudget) Check(n int) error {
+	switch {
+	case n < 0 || n > MaxSMBudget:
+		return fmt.Errorf("must be in [0, %d] (0 = the default, %d)", MaxSMBudget, b.Default)
+	case b.Even && n%2 != 0:
+		return fmt.Errorf("must be even: %s (0 = the default, %d)", b.About, b.Default)
+	}
+	return nil
+}
+
+// Resolve is the budget n means: n, or the default when n is 0.
+func (b SMBudget) Resolve(n int) int {
+	if n == 0 {
+		return b.Default
+	}
+	return n
+}

@@ -1,0 +1,334 @@
+package deepep
+
+import (
+	"errors"
+	"math/rand/v2"
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/moebench/moebench/dispatchers"
+	"github.com/moebench/moebench/dispatchers/alltoall"
+	"github.com/moebench/moebench/kernels"
+)
+
+// tagged makes EP ranks whose rows encode (rank, token) in their first two
+// columns and random bf16 values after, with random routing, and
+// probabilities that encode (rank, token, slot).
+func tagged(sh dispatchers.Shape, seed uint64) []*dispatchers.Rank {
+	g := rand.New(rand.NewPCG(seed, 1))
+	ranks := make([]*dispatchers.Rank, sh.EP)
+	for r := range ranks {
+		rk := &dispatchers.Rank{ID: r, X: make([]float32, sh.Tokens*sh.Hidden),
+			Idx: make([]int32, sh.Tokens*sh.TopK), Probs: make([]float32, sh.Tokens*sh.TopK)}
+		for t := range sh.Tokens {
+			for c := range sh.Hidden {
+				rk.X[t*sh.Hidden+c] = kernels.RoundBF16(float32(g.NormFloat64()))
+			}
+			rk.X[t*sh.Hidden], rk.X[t*sh.Hidden+1] = float32(r), float32(t)
+			for j, e := range g.Perm(sh.Experts)[:sh.TopK] {
+				rk.Idx[t*sh.TopK+j] = int32(e)
+				rk.Probs[t*sh.TopK+j] = float32(1000*r + 10*t + j)
+			}
+		}
+		ranks[r] = rk
+	}
+	return ranks
+}
+
+// run runs d's phases on ranks, experts computing y = f(row, prob); it stops
+// after the phase named stop ("" for all).
+func run(t *testing.T, d dispatchers.Dispatcher, ranks []*dispatchers.Rank, f func(x, p float32) float32, stop string) error {
+	t.Helper()
+	experts := func(r int) error {
+		rk := ranks[r]
+		rk.ExpertY = kernels.Grow(rk.ExpertY, len(rk.ExpertX))
+		for i, v := range rk.ExpertX {
+			rk.ExpertY[i] = f(v, rk.ExpertProbs[i/(len(rk.ExpertX)/len(rk.ExpertProbs))])
+		}
+		return nil
+	}
+	for _, st := range dispatchers.Steps(d, experts) {
+		for r := range ranks {
+			if err := st.Run(r); err != nil {
+				return err
+			}
+		}
+		if st.Name == stop {
+			break
+		}
+	}
+	return nil
+}
+
+func bind(t *testing.T, d dispatchers.Dispatcher, sh dispatchers.Shape, ranks []*dispatchers.Rank) {
+	t.Helper()
+	if err := d.Bind(sh, ranks); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestReceivedOrder: each rank receives every token that has an expert on
+// it exactly once, sorted by (source rank, token), with its k expert indices
+// made local (−1 elsewhere) and its probabilities (0 elsewhere); the
+// permuted rows and probabilities equal alltoall's bit for bit.
+func TestReceivedOrder(t *testing.T) {
+	sh := dispatchers.Shape{Tokens: 37, Hidden: 8, Experts: 16, TopK: 5, EP: 4}
+	ranks := tagged(sh, 1)
+	h := WithConfig(Config{SMs: 6, Dispatch: Queue{Chunk: 2, Ring: 5}, Combine: Queue{Chunk: 3, Ring: 4}})
+	bind(t, h, sh, ranks)
+	if err := run(t, h, ranks, nil, "permute"); err != nil {
+		t.Fatal(err)
+	}
+	N, k, L, hd := sh.EP, sh.TopK, sh.LocalExperts(), sh.Hidden
+	perm := make([][]float32, N)
+	permP := make([][]float32, N)
+	for r := range ranks {
+		perm[r] = slices.Clone(ranks[r].ExpertX)
+		permP[r] = slices.Clone(ranks[r].ExpertProbs)
+		s := &h.st[r]
+		i := 0
+		for src, sr := range ranks {
+			for tok := range sh.Tokens {
+				on := false
+				for _, e := range sr.Idx[tok*k : (tok+1)*k] {
+					on = on || sh.Owner(e) == r
+				}
+				if !on {
+					if h.st[src].sendHead[tok*N+r] != -1 {
+						t.Errorf("rank %d token %d: send_head %d for rank %d, which it does not go to", src, tok, h.st[src].sendHead[tok*N+r], r)
+					}
+					continue
+				}
+				if i >= s.recv {
+					t.Fatalf("rank %d: received %d tokens, more are expected", r, s.recv)
+				}
+				row := s.recvX[i*hd : (i+1)*hd]
+				if !slices.Equal(row, sr.X[tok*hd:(tok+1)*hd]) || s.recvSrc[i] != int32(tok) {
+					t.Fatalf("rank %d received row %d: (rank %v, token %v, src %d), want rank %d token %d", r, i, row[0], row[1], s.recvSrc[i], src, tok)
+				}
+				for j, e := range sr.Idx[tok*k : (tok+1)*k] {
+					wantIdx, wantW := int32(-1), float32(0)
+					if sh.Owner(e) == r {
+						wantIdx, wantW = e-int32(r*L), sr.Probs[tok*k+j]
+					}
+					if s.recvIdx[i*k+j] != wantIdx || s.recvW[i*k+j] != wantW {
+						t.Fatalf("rank %d row %d slot %d: expert %d prob %v, want %d %v", r, i, j, s.recvIdx[i*k+j], s.recvW[i*k+j], wantIdx, wantW)
+					}
+				}
+				i++
+			}
+		}
+		if i != s.recv {
+			t.Fatalf("rank %d: received %d tokens, want %d", r, s.recv, i)
+		}
+	}
+	a, _ := alltoall.New(dispatchers.ImplNative, dispatchers.Env{Device: "host"})
+	bind(t, a, sh, ranks)
+	if err := run(t, a, ranks, nil, "dispatch"); err != nil {
+		t.Fatal(err)
+	}
+	for r, rk := range ranks {
+		if !slices.Equal(perm[r], rk.ExpertX) || !slices.Equal(permP[r], rk.ExpertProbs) {
+			t.Errorf("rank %d: permuted rows differ from alltoall's", r)
+		}
+	}
+}
+
+// expert is the test's expert: y = x·p + 1, stored as bf16.
+func expert(x, p float32) float32 { return kernels.RoundBF16(x*p + 1) }
+
+// Probabilities by top-k slot: mild ones, and ones that make the order of
+// a sum change its rounding (2²⁰·x + x − 2²⁰·x).
+var (
+	mild       = func(j int) float32 { return float32(j+1) / 8 }
+	cancelling = func(j int) float32 { return []float32{1 << 20, 1, -1 << 20}[j%3] }
+)
+
+// outputs runs two steps with expert on tagged ranks whose probabilities
+// are prob(slot), and returns every rank's Y and the ranks.
+func outputs(t *testing.T, d dispatchers.Dispatcher, sh dispatchers.Shape, seed uint64, prob func(int) float32) ([][]float32, []*dispatchers.Rank) {
+	t.Helper()
+	ranks := tagged(sh, seed)
+	for _, rk := range ranks {
+		for i := range rk.Probs {
+			rk.Probs[i] = prob(i % sh.TopK)
+		}
+	}
+	bind(t, d, sh, ranks)
+	var y [][]float32
+	for range 2 { // the second step reuses every buffer
+		if err := run(t, d, ranks, expert, ""); err != nil {
+			t.Fatal(err)
+		}
+		y = y[:0]
+		for _, rk := range ranks {
+			y = append(y, slices.Clone(rk.Y))
+		}
+	}
+	return y, ranks
+}
+
+// designSum is the design's rounding, computed directly: for each rank
+// holding experts of the token, in ascending rank order, the float32 sum
+// of those experts' outputs in ascending expert order, rounded to bf16,
+// added to a float32 sum.
+func designSum(sh dispatchers.Shape, ranks []*dispatchers.Rank) [][]float32 {
+	k, hd := sh.TopK, sh.Hidden
+	out := make([][]float32, len(ranks))
+	for r, rk := range ranks {
+		out[r] = make([]float32, sh.Tokens*hd)
+		for t := range sh.Tokens {
+			slots := make([]int, k)
+			for j := range slots {
+				slots[j] = j
+			}
+			idx := rk.Idx[t*k : (t+1)*k]
+			slices.SortFunc(slots, func(a, b int) int { return int(idx[a] - idx[b]) })
+			for c := range hd {
+				var total, part float32
+				for i, j := range slots {
+					part += expert(rk.X[t*hd+c], rk.Probs[t*k+j])
+					if i == k-1 || sh.Owner(idx[slots[i+1]]) != sh.Owner(idx[j]) {
+						total += kernels.RoundBF16(part)
+						part = 0
+					}
+				}
+				out[r][t*hd+c] = total
+			}
+		}
+	}
+	return out
+}
+
+// TestCombineEqualsAlltoall: the output is the design's rounding computed
+// directly; with one expert per rank no token has two experts on a rank,
+// and it equals alltoall's bit for bit, with several within a few bf16
+// roundings. Small rings that wrap many times give the same output as
+// DeepEP's default ones.
+func TestCombineEqualsAlltoall(t *testing.T) {
+	for _, sh := range []dispatchers.Shape{
+		{Tokens: 29, Hidden: 16, Experts: 8, TopK: 3, EP: 8},
+		{Tokens: 29, Hidden: 16, Experts: 16, TopK: 6, EP: 2},
+	} {
+		a, _ := alltoall.New(dispatchers.ImplNative, dispatchers.Env{Device: "host"})
+		want, _ := outputs(t, a, sh, 2, mild)
+		d, _ := New(dispatchers.ImplNative, dispatchers.Env{Device: "host", SMs: 4})
+		got, _ := outputs(t, d, sh, 2, mild)
+		design, ranks := outputs(t, d, sh, 2, cancelling)
+		if !reflect.DeepEqual(design, designSum(sh, ranks)) {
+			t.Errorf("EP %d: output differs from the design's rounding computed directly", sh.EP)
+		}
+		small, _ := outputs(t, WithConfig(Config{SMs: 4, Dispatch: Queue{Chunk: 1, Ring: 2}, Combine: Queue{Chunk: 2, Ring: 3}}), sh, 2, mild)
+		if !reflect.DeepEqual(got, small) {
+			t.Errorf("EP %d: output with small rings differs from DeepEP's default rings", sh.EP)
+		}
+		exact := sh.LocalExperts() == 1
+		if exact {
+			want, _ = outputs(t, a, sh, 2, cancelling)
+			got = design
+		}
+		worst := 0.0
+		for r := range want {
+			for i, v := range got[r] {
+				if exact && v != want[r][i] {
+					t.Fatalf("EP %d, one expert per rank: rank %d value %d: %v, alltoall %v", sh.EP, r, i, v, want[r][i])
+				}
+				worst = max(worst, float64(abs(v-want[r][i])/max(abs(want[r][i]), 1)))
+			}
+		}
+		if !exact && (worst == 0 || worst > float64(sh.TopK)/256) {
+			t.Errorf("EP %d: largest difference from alltoall %g; want some (bf16 partial sums), and within %d bf16 roundings", sh.EP, worst, sh.TopK)
+		}
+	}
+}
+
+func abs(f float32) float32 { return max(f, -f) }
+
+// TestDedupTraffic: a hand count of the bytes on a routing whose tokens
+// have several experts on one rank.
+func TestDedupTraffic(t *testing.T) {
+	// EP 2, 4 experts (rank 0: 0 and 1; rank 1: 2 and 3), top-2, 3 tokens a rank
+	sh := dispatchers.Shape{Tokens: 3, Hidden: 4, Experts: 4, TopK: 2, EP: 2}
+	idx := [][]int32{
+		{0, 1, 0, 2, 2, 3}, // rank 0: {0,1} → rank 0 once; {0,2} → both; {2,3} → rank 1 once
+		{3, 2, 1, 3, 1, 0}, // rank 1: {3,2} → rank 1 once; {1,3} → both; {1,0} → rank 0 once
+	}
+	ranks := tagged(sh, 3)
+	for r, rk := range ranks {
+		rk.Idx = idx[r]
+	}
+	h := WithConfig(DefaultConfig(2, 0))
+	bind(t, h, sh, ranks)
+	if err := run(t, h, ranks, func(x, p float32) float32 { return x }, ""); err != nil {
+		t.Fatal(err)
+	}
+	// tokens: rank 0 sends 2 to itself (t0, t1), 2 to rank 1 (t1, t2); rank 1
+	// sends 2 to itself (t0, t1), 2 to rank 0 (t1, t2): 8, 4 of them off-rank
+	const all, off = 8, 4
+	row, disp, comb := int64(4*2), int64(4*2+4+2*(4+4)), int64(4*2+4)
+	tr := h.Traffic()
+	want := dispatchers.Traffic{DispatchOffRank: off * disp, DispatchLogical: all * disp, CombineOffRank: off * comb, CombineLogical: all * comb,
+		DispatchAlgorithm: all * row, CombineAlgorithm: all * row}
+	tr.Formula, tr.AlgorithmFormula = "", ""
+	if tr != want {
+		t.Errorf("traffic %+v,\nhand count %+v", tr, want)
+	}
+	// alltoall sends every copy: 12 copies, 6 of them off-rank
+	a, _ := alltoall.New(dispatchers.ImplNative, dispatchers.Env{Device: "host"})
+	bind(t, a, sh, ranks)
+	if err := run(t, a, ranks, func(x, p float32) float32 { return x }, ""); err != nil {
+		t.Fatal(err)
+	}
+	if at := a.Traffic(); at.DispatchLogical != 12*(row+4) || at.DispatchOffRank != 6*(row+4) {
+		t.Errorf("alltoall traffic %+v, want 12 copies, 6 off-rank", at)
+	}
+	for r := range ranks {
+		if got := h.Buffers(r)[1]; got.Name != "receive" || got.Bytes != 4*disp {
+			t.Errorf("rank %d: %+v, want receive of 4 tokens = %d B", r, got, 4*disp)
+		}
+	}
+}
+
+// TestStallNamed: a queue that can never deliver what the receiver expects
+// is an error naming the rank, phase, channel and peer, not a hang.
+func TestStallNamed(t *testing.T) {
+	sh := dispatchers.Shape{Tokens: 16, Hidden: 4, Experts: 8, TopK: 2, EP: 2}
+	ranks := tagged(sh, 4)
+	h := WithConfig(DefaultConfig(2, 4))
+	bind(t, h, sh, ranks)
+	if err := run(t, h, ranks, func(x, p float32) float32 { return x }, dispatchers.ExpertPhases[0]); err != nil {
+		t.Fatal(err)
+	}
+	// token 0 of rank 1 now expects its row from rank 0 far past the end of the stream
+	h.st[1].sendHead[0*sh.EP+0] = 1000
+	h.st[1].inRank[0] = true
+	err := h.Combine(1)
+	var se *StallError
+	if !errors.As(err, &se) || se.Rank != 1 || se.Phase != "combine" || se.Channel != 0 || se.Peer != 0 || !strings.Contains(err.Error(), "still expected") {
+		t.Fatalf("err %v; want a stall of rank 1's combine, channel 0, queue of rank 0", err)
+	}
+}
+
+// TestLimits: DeepEP's intranode mode runs 2, 4 or 8 ranks with an even
+// SM budget; other EP sizes are unavailable, with the reason.
+func TestLimits(t *testing.T) {
+	for _, ep := range []int{1, 16} {
+		sh := dispatchers.Shape{Tokens: 4, Hidden: 4, Experts: 16, TopK: 2, EP: ep}
+		d, _ := New(dispatchers.ImplNative, dispatchers.Env{Device: "host"})
+		if err := d.Bind(sh, tagged(sh, 5)); !dispatchers.IsUnavailable(err) || !strings.Contains(err.Error(), "2, 4 or 8 ranks") {
+			t.Errorf("EP %d: %v", ep, err)
+		}
+	}
+	if err := DefaultConfig(8, 7).check(8); err == nil {
+		t.Error("odd SM budget accepted")
+	}
+	if c := DefaultConfig(8, 0); c.SMs != DefaultSMs || c.Channels() != 10 {
+		t.Errorf("default config %+v", c)
+	}
+	if _, err := dispatchers.NewDevice(Name, dispatchers.ImplNative, dispatchers.Env{Device: "cuda"}); !dispatchers.IsUnavailable(err) ||
+		!strings.Contains(err.Error(), "not in this build yet") {
+		t.Errorf("cuda: %v", err)
+	}
+}

@@ -1,0 +1,378 @@
+package deepep
+
+import (
+	"fmt"
+
+	"github.com/moebench/moebench/dispatchers"
+	"github.com/moebench/moebench/kernels"
+)
+
+// Host is the design on host ranks (see the package comment).
+type Host struct {
+	cfg   Config
+	sms   int  // --sms as given (0: the default)
+	fixed bool // cfg was given (WithConfig), not DeepEP's default for the EP size
+	shape dispatchers.Shape
+	ranks []*dispatchers.Rank
+	st    []rankState
+	q     []queue // one ring per peer, reused channel after channel
+}
+
+// WithConfig returns the host implementation with cfg instead of DeepEP's
+// recommended configuration (tests use small rings that wrap).
+func WithConfig(cfg Config) *Host {
+	return &Host{cfg: cfg, sms: cfg.SMs, fixed: true}
+}
+
+// rankState is one rank's buffers: as a source (layout), as a receiver
+// (notify, dispatch, permute).
+type rankState struct {
+	// layout
+	inRank    []bool // [T, N] token t goes to rank d (is_token_in_rank)
+	perRank   []int  // [N] tokens sent to each rank
+	perExpert []int  // [E] copies sent to each expert
+	// notify, as a source: chanEnd[d][c] is the tokens to rank d in
+	// channels ≤ c (channel_prefix_matrix)
+	chanEnd [][]int
+	// notify, as a receiver: srcEnd[s] is the tokens received from sources
+	// ≤ s (rank_prefix_matrix's column); expertRows[l] the copies for local
+	// expert l; recv the tokens received — what the host waits for
+	srcEnd     []int
+	expertRows []int
+	recv       int
+	// dispatch, as a source: sendHead[t·N+d] is token t's position in the
+	// stream of queue (its channel, d), or −1
+	sendHead []int
+	// dispatch, as a receiver: the receive buffer
+	recvX   []float32 // [R, h]
+	recvSrc []int32   // [R] token index at its source
+	recvIdx []int32   // [R, k] local expert, or −1
+	recvW   []float32 // [R, k] probability, or 0
+	// permute: permRow[i·k+j] is the expert-major row of received token i's
+	// slot j, or −1
+	permRow []int32
+}
+
+func (h *Host) Name() string { return Name }
+func (h *Host) Impl() string { return dispatchers.ImplNative }
+
+// Bind sizes the per-rank state; DeepEP's limits make it unavailable
+// outside 2, 4 or 8 ranks.
+func (h *Host) Bind(shape dispatchers.Shape, ranks []*dispatchers.Rank) error {
+	if len(ranks) != shape.EP {
+		return fmt.Errorf("deepep: %d ranks, shape says EP = %d", len(ranks), shape.EP)
+	}
+	if !h.fixed {
+		h.cfg = DefaultConfig(shape.EP, h.sms)
+	}
+	if err := h.cfg.check(shape.EP); err != nil {
+		return &dispatchers.UnavailableError{Name: Name, Impl: dispatchers.ImplNative, Reason: err.Error()}
+	}
+	h.shape, h.ranks = shape, ranks
+	N, C := shape.EP, h.cfg.Channels()
+	h.st = make([]rankState, N)
+	for r := range h.st {
+		s := &h.st[r]
+		s.inRank = make([]bool, shape.Tokens*N)
+		s.perRank, s.perExpert = make([]int, N), make([]int, shape.Experts)
+		s.chanEnd = make([][]int, N)
+		for d := range s.chanEnd {
+			s.chanEnd[d] = make([]int, C)
+		}
+		s.srcEnd, s.expertRows = make([]int, N), make([]int, shape.LocalExperts())
+		s.sendHead = make([]int, shape.Tokens*N)
+	}
+	h.q = make([]queue, N)
+	return nil
+}
+
+// Phases are DeepEP's, with Megatron's permute before the experts.
+func (h *Host) Phases(experts func(rank int) error) []dispatchers.Step {
+	return []dispatchers.Step{{Name: "layout", Run: h.Layout}, {Name: "notify", Run: h.Notify},
+		{Name: "dispatch", Run: h.Dispatch}, {Name: "permute", Run: h.Permute},
+		{Name: dispatchers.ExpertPhases[0], Run: experts}, {Name: "combine", Run: h.Combine}}
+}
+
+// channel is the token range [lo, hi) of channel c of a rank's tokens.
+func (h *Host) channel(c int) (lo, hi int) {
+	T, C := h.shape.Tokens, h.cfg.Channels()
+	per := (T + C - 1) / C
+	lo = min(c*per, T)
+	return lo, min(lo+per, T)
+}
+
+// Layout is rank r's layout: the ranks each token goes to, deduplicated,
+// and the counts per rank and per expert.
+func (h *Host) Layout(r int) error {
+	s, rk, sh := &h.st[r], h.ranks[r], h.shape
+	N, k := sh.EP, sh.TopK
+	clear(s.inRank)
+	clear(s.perRank)
+	clear(s.perExpert)
+	for t := range sh.Tokens {
+		for _, e := range rk.Idx[t*k : (t+1)*k] {
+			if e < 0 || int(e) >= sh.Experts {
+				return fmt.Errorf("deepep: layout on rank %d: token %d has expert %d (of %d)", r, t, e, sh.Experts)
+			}
+			s.perExpert[e]++
+			d := sh.Owner(e)
+			if !s.inRank[t*N+d] {
+				s.inRank[t*N+d] = true
+				s.perRank[d]++
+			}
+		}
+	}
+	return nil
+}
+
+// Notify is rank r's notify: the counts every source wrote into r's buffer
+// (read here from the sources' layouts) summed into prefixes, the received
+// tokens and copies per local expert (the counts the host waits for), and
+// r's own channel prefix matrix for sending; then the receive buffer is
+// sized.
+func (h *Host) Notify(r int) error {
+	s, sh := &h.st[r], h.shape
+	N, L := sh.EP, sh.LocalExperts()
+	total := 0
+	clear(s.expertRows)
+	for src := range N {
+		total += h.st[src].perRank[r]
+		s.srcEnd[src] = total
+		for l := range L {
+			s.expertRows[l] += h.st[src].perExpert[r*L+l]
+		}
+	}
+	s.recv = total
+	for d := range N {
+		n := 0
+		for c := range h.cfg.Channels() {
+			lo, hi := h.channel(c)
+			for t := lo; t < hi; t++ {
+				if s.inRank[t*N+d] {
+					n++
+				}
+			}
+			s.chanEnd[d][c] = n
+		}
+		if n != s.perRank[d] {
+			return fmt.Errorf("deepep: notify on rank %d: channels hold %d tokens for rank %d, layout counted %d", r, n, d, s.perRank[d])
+		}
+	}
+	R, hd, k := s.recv, sh.Hidden, sh.TopK
+	s.recvX = kernels.Grow(s.recvX, R*hd)
+	s.recvSrc = kernels.Grow(s.recvSrc, R)
+	s.recvIdx = kernels.Grow(s.recvIdx, R*k)
+	s.recvW = kernels.Grow(s.recvW, R*k)
+	return nil
+}
+
+// Dispatch is rank r's receive side: every source's rounds into r's queues,
+// and r's drains of them into the receive buffer.
+func (h *Host) Dispatch(r int) error {
+	s, sh := &h.st[r], h.shape
+	N, k, C := sh.EP, sh.TopK, h.cfg.Channels()
+	for src := range N {
+		ss, x, idx, probs := &h.st[src], h.ranks[src].X, h.ranks[src].Idx, h.ranks[src].Probs
+		base := 0 // r's first row from src
+		if src > 0 {
+			base = s.srcEnd[src-1]
+		}
+		for c := range C {
+			q := h.q[src].reset(h.cfg.Dispatch.Ring, sh.Hidden, k)
+			// the sender publishes the channel's offsets, the receiver reads them
+			q.start = 0
+			if c > 0 {
+				q.start = ss.chanEnd[r][c-1]
+			}
+			q.end = ss.chanEnd[r][c]
+			lo, hi := h.channel(c)
+			next := lo // the sender's token cursor
+			at := base + q.start
+			for left := q.end - q.start; next < hi || left > 0; {
+				pushed, before := 0, next
+				if next < hi && q.free() >= h.cfg.Dispatch.Chunk { // one round of the sender
+					for ; next < hi && pushed < h.cfg.Dispatch.Chunk; next++ {
+						if !ss.inRank[next*N+r] {
+							ss.sendHead[next*N+r] = -1
+							continue
+						}
+						ss.sendHead[next*N+r] = q.tail
+						q.push(x[next*sh.Hidden:(next+1)*sh.Hidden], int32(next), func(j int) (int32, float32) {
+							e := idx[next*k+j]
+							if sh.Owner(e) != r {
+								return -1, 0
+							}
+							return e - int32(r*sh.LocalExperts()), probs[next*k+j]
+						})
+						pushed++
+					}
+				}
+				n := q.tail - q.head // the receiver's drain
+				for i := range n {
+					q.pop(s.recvX[(at+i)*sh.Hidden:(at+i+1)*sh.Hidden], &s.recvSrc[at+i], s.recvIdx[(at+i)*k:(at+i+1)*k], s.recvW[(at+i)*k:(at+i+1)*k])
+				}
+				at, left = at+n, left-n
+				if pushed == 0 && n == 0 && next == before {
+					return &StallError{Rank: r, Phase: "dispatch", Channel: c, Peer: src, Wait: q.describe(left)}
+				}
+				if left < 0 {
+					return fmt.Errorf("deepep: dispatch on rank %d: channel %d from rank %d delivered %d tokens more than its offsets say", r, c, src, -left)
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// Permute is rank r's local permute (Megatron's flex dispatcher after
+// DeepEP): each received token's copies into expert-major rows, each local
+// expert's in received order, with their probabilities.
+func (h *Host) Permute(r int) error {
+	s, rk, sh := &h.st[r], h.ranks[r], h.shape
+	L, k, hd := sh.LocalExperts(), sh.TopK, sh.Hidden
+	rows := 0
+	for _, n := range s.expertRows {
+		rows += n
+	}
+	rk.ExpertX = kernels.Grow(rk.ExpertX, rows*hd)
+	rk.ExpertProbs = kernels.Grow(rk.ExpertProbs, rows)
+	s.permRow = kernels.Grow(s.permRow, s.recv*k)
+	for i := range s.permRow {
+		s.permRow[i] = -1
+	}
+	rk.Segments = rk.Segments[:0]
+	at := 0
+	for l := range L {
+		seg := dispatchers.Segment{Expert: r*L + l, Start: at}
+		for i := range s.recv {
+			for j, e := range s.recvIdx[i*k : (i+1)*k] {
+				if int(e) != l {
+					continue
+				}
+				copy(rk.ExpertX[at*hd:(at+1)*hd], s.recvX[i*hd:(i+1)*hd])
+				rk.ExpertProbs[at] = s.recvW[i*k+j]
+				s.permRow[i*k+j] = int32(at)
+				at++
+			}
+		}
+		seg.Len = at - seg.Start
+		if seg.Len != s.expertRows[l] {
+			return fmt.Errorf("deepep: permute on rank %d: local expert %d has %d rows, notify counted %d", r, l, seg.Len, s.expertRows[l])
+		}
+		rk.Segments = append(rk.Segments, seg)
+	}
+	return nil
+}
+
+// Combine is rank r's home side: every expert rank's rounds of partial sums
+// into r's queues (channel by channel), and r's float32 sum of each
+// token's rows in ascending rank order into Rank.Y.
+func (h *Host) Combine(r int) error {
+	rk, sh := h.ranks[r], h.shape
+	N, hd := sh.EP, sh.Hidden
+	home := &h.st[r]
+	rk.Y = kernels.Grow(rk.Y, sh.Tokens*hd)
+	senders := make([]combineSender, N)
+	for c := range h.cfg.Channels() {
+		for d := range N {
+			senders[d] = h.combineSender(d, r, c)
+			h.q[d].reset(h.cfg.Combine.Ring, hd, 0)
+		}
+		lo, hi := h.channel(c)
+		for t := lo; t < hi; t++ {
+			y := rk.Y[t*hd : (t+1)*hd]
+			clear(y)
+			for d := range N {
+				want := home.sendHead[t*N+d]
+				if want < 0 {
+					continue
+				}
+				q := &h.q[d]
+				for q.tail <= want { // the row is not there yet: the sender's rounds
+					if !senders[d].round(q, h.cfg.Combine.Chunk) {
+						return &StallError{Rank: r, Phase: "combine", Channel: c, Peer: d, Wait: q.describe(want + 1 - q.tail)}
+					}
+				}
+				if err := q.add(y, want, int32(t)); err != nil {
+					return fmt.Errorf("deepep: combine on rank %d, channel %d, from rank %d: %w", r, c, d, err)
+				}
+				q.head = want + 1
+			}
+		}
+		for d := range N {
+			if senders[d].next != senders[d].end {
+				return fmt.Errorf("deepep: combine on rank %d, channel %d: rank %d has %d tokens left to send that no token of rank %d expects",
+					r, c, d, senders[d].end-senders[d].next, r)
+			}
+		}
+	}
+	return nil
+}
+
+// combineSender is expert rank d's sender of channel c to home rank s: the
+// tokens it received from s through c, rows [next, end) of its receive
+// buffer, each sent as the bf16 sum of its local experts' outputs.
+type combineSender struct {
+	h         *Host
+	d         int
+	next, end int
+	sum       []float32
+}
+
+func (h *Host) combineSender(d, home, c int) combineSender {
+	ds := &h.st[d]
+	base := 0
+	if home > 0 {
+		base = ds.srcEnd[home-1]
+	}
+	hs := &h.st[home]
+	lo, hi := 0, hs.chanEnd[d][c]
+	if c > 0 {
+		lo = hs.chanEnd[d][c-1]
+	}
+	return combineSender{h: h, d: d, next: base + lo, end: base + hi}
+}
+
+// round pushes up to chunk tokens if the ring has room for them; false if
+// nothing could be pushed.
+func (cs *combineSender) round(q *queue, chunk int) bool {
+	n := min(chunk, cs.end-cs.next)
+	if n == 0 || q.free() < n {
+		return false
+	}
+	ds, rk, sh := &cs.h.st[cs.d], cs.h.ranks[cs.d], cs.h.shape
+	k, hd := sh.TopK, sh.Hidden
+	cs.sum = kernels.Grow(cs.sum, hd)
+	for range n {
+		i := cs.next
+		clear(cs.sum)
+		// the token's local experts in ascending order: its slots sorted by expert
+		for l := int32(0); l < int32(sh.LocalExperts()); l++ {
+			for j, e := range ds.recvIdx[i*k : (i+1)*k] {
+				if e != l {
+					continue
+				}
+				row := int(ds.permRow[i*k+j])
+				for c, v := range rk.ExpertY[row*hd : (row+1)*hd] {
+					cs.sum[c] += v
+				}
+			}
+		}
+		kernels.RoundBF16Slice(cs.sum)
+		q.push(cs.sum, ds.recvSrc[i], nil)
+		cs.next++
+	}
+	return true
+}
+
+// StallError is a queue that can make no progress: on a GPU, a wait that
+// would time out. It names the rank whose phase stalled, the channel, the
+// peer on the other end of the queue and what it waited for.
+type StallError struct {
+	Rank, Channel, Peer int
+	Phase, Wait         string
+}
+
+func (e *StallError) Error() string {
+	return fmt.Sprintf("deepep: %s on rank %d stalled: channel %d, queue of rank %d: %s", e.Phase, e.Rank, e.Channel, e.Peer, e.Wait)
+}

@@ -1,0 +1,70 @@
+package deepep
+
+import "github.com/moebench/moebench/dispatchers"
+
+// Bytes of what travels with a token's row (hidden × 2 B bf16): in dispatch
+// its index at the source and its k expert indices and probabilities (int32
+// and fp32); in combine its index at the source.
+func dispatchMeta(k int) int64 { return 4 + 8*int64(k) }
+
+const combineMeta = 4
+
+// Traffic counts the last step's received tokens: a token goes once to each
+// rank holding any of its experts (the deduplication that makes DeepEP move
+// fewer bytes than alltoall at top-k > 1), and comes back once from it.
+func (h *Host) Traffic() dispatchers.Traffic {
+	sh := h.shape
+	var all, off int64
+	for src := range h.st {
+		for d, n := range h.st[src].perRank {
+			all += int64(n)
+			if d != src {
+				off += int64(n)
+			}
+		}
+	}
+	row := 2 * int64(sh.Hidden)
+	return dispatchers.Traffic{
+		DispatchOffRank: off * (row + dispatchMeta(sh.TopK)), DispatchLogical: all * (row + dispatchMeta(sh.TopK)),
+		CombineOffRank: off * (row + combineMeta), CombineLogical: all * (row + combineMeta),
+		Formula: "a token goes once to each rank holding any of its k experts (deduplicated); dispatch = tokens × (hidden×2 B bf16 + 4 B source index + k × (4 B expert + 4 B prob)); " +
+			"combine = tokens × (hidden×2 B bf16 partial sum + 4 B source index); off-rank excludes a rank's tokens to itself",
+		DispatchAlgorithm: all * row, CombineAlgorithm: all * row,
+		AlgorithmFormula: "DeepEP's convention (test_intranode): tokens received × hidden × 2 B, a rank's tokens to itself included",
+	}
+}
+
+// Buffers are rank r's buffers as a GPU holds them (bf16 rows, int32 and
+// fp32 metadata), sized for the last step.
+func (h *Host) Buffers(r int) []dispatchers.Buffer {
+	sh, s := h.shape, &h.st[r]
+	N, C, row := int64(sh.EP), int64(h.cfg.Channels()), 2*int64(sh.Hidden)
+	counts := 4 * (N*N + N*int64(sh.LocalExperts()))
+	disp := C * N * (4*4 + int64(h.cfg.Dispatch.Ring)*(row+dispatchMeta(sh.TopK)))
+	comb := C * N * (2*4 + int64(h.cfg.Combine.Ring)*(row+combineMeta))
+	rows := int64(0)
+	for _, n := range s.expertRows {
+		rows += int64(n)
+	}
+	T := int64(sh.Tokens)
+	return []dispatchers.Buffer{
+		{Name: "queues", Bytes: counts + max(disp, comb), About: "one peer-reachable buffer serves dispatch and combine, as DeepEP's: the count matrices, and per (channel, source) ring the offsets, head and tail " +
+			"and Ring slots of a row with its metadata (dispatch and combine sizes, the larger)"},
+		{Name: "receive", Bytes: int64(s.recv) * (row + dispatchMeta(sh.TopK)), About: "the received tokens: rows, source indices, k expert indices and probabilities (sized by notify's count)"},
+		{Name: "permute", Bytes: rows * (row + 4), About: "the expert-major rows and probabilities the grouped GEMM reads"},
+		{Name: "layout", Bytes: T*N*(1+4) + 2*4*N*C, About: "is_token_in_rank, send_head and the channel prefix matrices"},
+	}
+}
+
+// Footprint is the bytes of rank r's host storage (float32 rows, int32 and
+// int indices) and its share of the rings.
+func (h *Host) Footprint(r int) int64 {
+	s := &h.st[r]
+	n := 4 * int64(cap(s.recvX)+cap(s.recvSrc)+cap(s.recvIdx)+cap(s.recvW)+cap(s.permRow))
+	n += 8*int64(cap(s.perRank)+cap(s.perExpert)+cap(s.srcEnd)+cap(s.expertRows)+cap(s.sendHead)+len(s.chanEnd)*h.cfg.Channels()) + int64(cap(s.inRank))
+	var q int64
+	for i := range h.q {
+		q += 4 * int64(cap(h.q[i].x)+cap(h.q[i].src)+cap(h.q[i].idx)+cap(h.q[i].w))
+	}
+	return n + q/int64(len(h.st))
+}

@@ -1,0 +1,163 @@
+package harness
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/moebench/moebench/dispatchers"
+	"github.com/moebench/moebench/results"
+)
+
+// DispatchBenchSchema names the JSON of 'moebench bench dispatch'.
+const DispatchBenchSchema = "moebench.bench-dispatch/v1"
+
+// DispatchBench is dispatch and combine alone, as DeepEP's test_intranode
+// measures them, for each dispatcher and SM budget: the round trip's ranks
+// (the layer's routing; experts that multiply each row by its probability)
+// timed phase by phase, each point checked by the exact round trip.
+type DispatchBench struct {
+	Schema  string          `json:"schema"`
+	Time    string          `json:"time"`
+	Config  results.Config  `json:"config"` // the workload (dispatcher and SMs: each point's)
+	Stack   results.Stack   `json:"stack"`
+	Clock   string          `json:"clock"`
+	Bytes   string          `json:"bytes_note"`
+	Check   string          `json:"check_note"`
+	Points  []DispatchPoint `json:"points"`
+	Routing string          `json:"routing"`
+}
+
+// DispatchPoint is one dispatcher at one budget.
+type DispatchPoint struct {
+	Dispatcher string `json:"dispatcher"`
+	Impl       string `json:"impl"`
+	SMs        int    `json:"sms"`              // as asked; 0 for dispatchers that are not SM-driven
+	Budget     int    `json:"budget,omitempty"` // the blocks it ran with
+	Status     string `json:"status"`
+	Reason     string `json:"reason,omitempty"`
+	RoundTrip  string `json:"round_trip,omitempty"` // "exact" in every timed iteration, or the first difference
+	// p50 of each phase (the slowest rank per iteration), ms
+	Phases  []results.Phase  `json:"phases,omitempty"`
+	Traffic *results.Traffic `json:"traffic,omitempty"` // bytes and GB/s (per SM)
+}
+
+// BenchDispatch runs the dispatch benchmark of cfg's workload for each
+// dispatcher in names at each budget in sms (a dispatcher that is not
+// SM-driven runs once). Only the host device runs it in this build.
+// A point that is unavailable or fails is recorded as such and the others
+// go on; the error is the first such point's.
+func BenchDispatch(cfg Config, names []string, sms []int, env Env) (*DispatchBench, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Device != "host" {
+		return nil, fmt.Errorf("bench dispatch: device %s: only the host device runs it in this build (no dispatcher's cuda implementation has a dispatch-only path yet; deepep's kernels are not built)", cfg.Device)
+	}
+	if avail, ok := memAvailable(); ok && benchBytes(cfg) > 0.8*avail {
+		return nil, fmt.Errorf("bench dispatch: about %.1f GiB of host memory needed, %.1f GiB available; use a smaller --tokens, --hidden or --ep",
+			benchBytes(cfg)/(1<<30), avail/(1<<30))
+	}
+	l, err := newLayer(cfg, false)
+	if err != nil {
+		return nil, err
+	}
+	for r := range l.Ranks {
+		if err := l.route(r); err != nil {
+			return nil, err
+		}
+	}
+	rec := newRecord(cfg, env)
+	b := &DispatchBench{Schema: DispatchBenchSchema, Time: rec.Time, Config: rec.Config, Stack: rec.Stack,
+		Clock:   "host wall clock (Go time.Now), each phase's slowest rank per iteration: host times are not GPU performance",
+		Bytes:   "each design's own convention (DeepEP's test_intranode: tokens received × hidden × 2 B, a rank's tokens to itself included; alltoall's rows are copies); GB/s = a rank's share / the phase's p50",
+		Check:   "every iteration: dispatch then combine, with experts that multiply each row by its probability (powers of two summing to 1), gives each rank's input back exactly",
+		Routing: cfg.Routing.String()}
+	b.Config.Dispatcher, b.Config.SMs = "", 0
+	var first error
+	for _, name := range names {
+		budgets := sms
+		if _, smDriven := dispatchers.SMBudgetOf(name); !smDriven {
+			budgets = []int{0}
+		}
+		for _, n := range budgets {
+			c := cfg
+			c.Dispatcher, c.SMs = name, n
+			p, err := benchPoint(c, l)
+			if err != nil && first == nil {
+				first = err
+			}
+			b.Points = append(b.Points, p)
+		}
+	}
+	return b, first
+}
+
+// benchBytes estimates the host memory of the benchmark: every rank's
+// inputs and the copies the dispatchers keep (up to top-k rows per token in
+// four buffers).
+func benchBytes(cfg Config) float64 {
+	return float64(cfg.EP) * float64(cfg.Tokens) * float64(cfg.Hidden) * 4 * float64(3+4*cfg.TopK)
+}
+
+// benchPoint times one dispatcher at one budget on l's routing.
+func benchPoint(c Config, l *Layer) (DispatchPoint, error) {
+	p := DispatchPoint{Dispatcher: c.Dispatcher, Impl: c.Impl, SMs: c.SMs, Status: results.StatusFailed}
+	if b, ok := dispatchers.SMBudgetOf(c.Dispatcher); ok {
+		if err := b.Check(c.SMs); err != nil {
+			return p, &ConfigError{"sms", c.SMs, c.Dispatcher + ": " + err.Error()}
+		}
+		p.Budget = b.Resolve(c.SMs)
+	}
+	fail := func(err error) (DispatchPoint, error) {
+		if dispatchers.IsUnavailable(err) {
+			p.Status = results.StatusUnavailable
+		}
+		p.Reason = err.Error()
+		return p, err
+	}
+	d, err := dispatchers.New(c.Dispatcher, c.Impl, c.dispatcherEnv())
+	if err != nil {
+		return fail(err)
+	}
+	rt := newRoundTrip(l.Shape, l.X, l.Ranks)
+	if err := d.Bind(l.Shape, rt.ranks); err != nil {
+		return fail(err)
+	}
+	steps := dispatchers.Steps(d, rt.identity)
+	samples := map[string][][]float64{}
+	for _, st := range steps {
+		samples[st.Name] = make([][]float64, c.EP)
+	}
+	p.RoundTrip = "exact"
+	for i := -c.Warmup; i < c.Iters; i++ {
+		for _, rk := range rt.ranks {
+			poison(rk.Y)
+		}
+		for _, st := range steps {
+			for r := range rt.ranks {
+				t0 := time.Now()
+				if err := st.Run(r); err != nil {
+					return fail(fmt.Errorf("%s on rank %d: %w", st.Name, r, err))
+				}
+				if i >= 0 {
+					samples[st.Name][r] = append(samples[st.Name][r], float64(time.Since(t0).Nanoseconds())/1e6)
+				}
+			}
+		}
+		if v := rt.verdict(); v != "exact" {
+			p.RoundTrip = v
+			return fail(errors.New("round trip: " + v))
+		}
+	}
+	t := &results.Timing{}
+	for _, st := range steps {
+		ph := phaseStats(st.Name, samples[st.Name])
+		ph.Samples = nil
+		t.Phases = append(t.Phases, ph)
+	}
+	p.Traffic = trafficRecord(d.Traffic())
+	bandwidth(p.Traffic, t, c.EP, p.Budget)
+	p.Phases, p.Status = t.Phases, results.StatusOK
+	return p, nil
+}

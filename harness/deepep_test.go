@@ -1,0 +1,147 @@
+package harness
+
+import (
+	"math"
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/moebench/moebench/dispatchers"
+	"github.com/moebench/moebench/results"
+)
+
+// TestDeepEPLayer: deepep at EP 2, 4 and 8 with balanced, skewed and trace
+// routing passes the float64 check and the exact round trip, records its
+// own phases, and moves fewer bytes than alltoall (a token goes once to
+// each rank).
+func TestDeepEPLayer(t *testing.T) {
+	trace := writeTrace(t, "1 7 12 3\n2 3 6 8\n15 14 13 0\n4 5 6 7\n")
+	for _, ep := range []int{2, 4, 8} {
+		for name, routing := range map[string]Routing{"balanced": {Kind: RoutingBalanced},
+			"skewed": {Kind: RoutingSkewed, Alpha: 1.5}, "trace": {Kind: RoutingTrace, File: trace}} {
+			c := small()
+			c.EP, c.Routing, c.Dispatcher, c.SMs = ep, routing, "deepep", 6
+			rec, err := Run(c, Env{Version: "test"})
+			if err != nil || rec.Status != results.StatusOK {
+				t.Fatalf("EP %d %s: %v, %+v", ep, name, err, rec)
+			}
+			if cc := rec.Correctness; !cc.Passed || cc.RoundTrip != "exact" {
+				t.Errorf("EP %d %s: correctness %+v", ep, name, cc)
+			}
+			var phases []string
+			for _, p := range rec.Timing.Phases {
+				phases = append(phases, p.Name)
+			}
+			if want := []string{"shared", "router", "layout", "notify", "dispatch", "permute", "experts", "combine"}; !slices.Equal(phases, want) {
+				t.Errorf("EP %d %s: phases %v, want %v", ep, name, phases, want)
+			}
+			c.Dispatcher = "alltoall"
+			a2a, err := Run(c, Env{Version: "test"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tr := rec.Traffic; tr.DispatchAlgorithm == 0 || tr.DispatchAlgorithm >= a2a.Traffic.DispatchAlgorithm ||
+				!slices.Equal(rec.Tokens.Received, a2a.Tokens.Received) {
+				t.Errorf("EP %d %s: deepep traffic %+v, tokens %v; alltoall %+v, %v", ep, name, tr, rec.Tokens.Received, a2a.Traffic, a2a.Tokens.Received)
+			}
+		}
+	}
+}
+
+// TestRoundTripExactWithPartialSums: the round trip stays exact for a
+// combine that rounds each rank's partial sum to bf16 (deepep), also at
+// top-k that is not a power of two, where probabilities of 1/k would make
+// those partial sums inexact.
+func TestRoundTripExactWithPartialSums(t *testing.T) {
+	for _, k := range []int{3, 6} {
+		c := small()
+		c.EP, c.TopK, c.Dispatcher = 2, k, "deepep"
+		rec, err := Run(c, Env{Version: "test"})
+		if err != nil || rec.Correctness.RoundTrip != "exact" {
+			t.Errorf("top-%d: %v, round trip %q", k, err, rec.Correctness.RoundTrip)
+		}
+	}
+	for k := 1; k <= 40; k++ {
+		p, keep := roundTripProbs(k)
+		sum := 0.0
+		for _, v := range p {
+			if f, e := math.Frexp(float64(v)); f != 0.5 || e > 1 {
+				t.Fatalf("top-%d: probability %v is not a power of two ≤ 1", k, v)
+			}
+			sum += float64(v)
+		}
+		if sum != 1 || keep < 1 || keep > 8 {
+			t.Errorf("top-%d: probabilities sum to %v, %d bits kept", k, sum, keep)
+		}
+	}
+}
+
+// layerOutput runs one step of c with the named dispatcher and returns the
+// ranks' outputs.
+func layerOutput(t *testing.T, c Config, name string) [][]float32 {
+	t.Helper()
+	l, err := NewLayer(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := dispatchers.New(name, "native", c.dispatcherEnv())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Bind(l.Shape, l.Ranks); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Step(d, func(_ string, _ int, fn func() error) error { return fn() }); err != nil {
+		t.Fatal(err)
+	}
+	var y [][]float32
+	for _, rk := range l.Ranks {
+		y = append(y, rk.Y)
+	}
+	return y
+}
+
+// TestDeepEPEqualsAlltoall: the layer's output with deepep equals
+// alltoall's bit for bit where no token has two experts on one rank (one
+// expert per rank), and within the check's tolerance otherwise (each
+// rank's partial sum is rounded to bf16 once more).
+func TestDeepEPEqualsAlltoall(t *testing.T) {
+	c := small()
+	c.EP, c.Experts, c.TopK = 8, 8, 3
+	if !reflect.DeepEqual(layerOutput(t, c, "deepep"), layerOutput(t, c, "alltoall")) {
+		t.Error("one expert per rank: deepep's output differs from alltoall's")
+	}
+	c = small()
+	c.EP, c.Routing = 2, Routing{Kind: RoutingSkewed, Alpha: 1}
+	d, a := layerOutput(t, c, "deepep"), layerOutput(t, c, "alltoall")
+	var diff, ref float64
+	for r := range d {
+		for i, v := range d[r] {
+			diff = math.Max(diff, math.Abs(float64(v-a[r][i])))
+			ref = math.Max(ref, math.Abs(float64(a[r][i])))
+		}
+	}
+	if diff == 0 || diff/ref > Tolerance {
+		t.Errorf("EP 2, 8 experts a rank: largest difference %g of %g; want some, within %g", diff, ref, Tolerance)
+	}
+}
+
+// TestBenchDispatchChecksEachPoint: a dispatcher that delivers a wrong row
+// fails its point by the round trip; the others are timed.
+func TestBenchDispatchChecksEachPoint(t *testing.T) {
+	c := small()
+	c.Warmup, c.Iters = 0, 2
+	b, err := BenchDispatch(c, []string{"broken", "deepep"}, []int{4, 8}, Env{Version: "test"})
+	if err == nil || len(b.Points) != 3 {
+		t.Fatalf("err %v, points %+v", err, b)
+	}
+	if p := b.Points[0]; p.Status != results.StatusFailed || p.Traffic != nil || !strings.HasPrefix(p.RoundTrip, "rank 0") {
+		t.Errorf("broken: %+v", p)
+	}
+	for _, p := range b.Points[1:] {
+		if p.Status != results.StatusOK || p.RoundTrip != "exact" || p.Budget != p.SMs || len(p.Phases) != 6 || p.Phases[2].Name != "dispatch" {
+			t.Errorf("deepep: %+v", p)
+		}
+	}
+}

@@ -1,0 +1,135 @@
+package kernels
+
+import (
+	"fmt"
+	"math"
+	"slices"
+	"testing"
+)
+
+// fdLoss is Σ DOut·out of p's layer, computed in float64 with the forward
+// functions (MatMulNT, Select, Probs, ExpertForward). With an override, the
+// logits are the override plus the change of x·Wrᵀ from base (the
+// straight-through estimator's function). It fails when a token's selection
+// is not p.Idx's: a finite difference that crosses a selection boundary
+// measures nothing.
+func fdLoss(t *testing.T, p GradProblem, base []float64) float64 {
+	t.Helper()
+	c := p.Router
+	T, h, f, E, k := p.Tokens, p.Hidden, p.FFN, c.Experts, c.TopK
+	loss := 0.0
+	z, y := make([]float64, E), make([]float64, h)
+	for tok := range T {
+		x, sel := p.X[tok*h:(tok+1)*h], p.Idx[tok*k:(tok+1)*k]
+		MatMulNT(z, x, p.Wr, 1, E, h)
+		if p.Override != nil {
+			for e := range z {
+				z[e] += p.Override[tok*E+e] - base[tok*E+e]
+			}
+		}
+		var probs []float64
+		if p.Probs != nil {
+			probs = p.Probs[tok*k : (tok+1)*k]
+		} else {
+			if got := c.Select(c.SelectionScores(z)); !sameExperts(got, sel) {
+				t.Fatalf("token %d: the perturbed forward selects %v, not %v", tok, got, sel)
+			}
+			probs = c.Probs(z, sel)
+		}
+		out := make([]float64, h)
+		for j, e := range sel {
+			fc1, fc2 := p.Expert(int(e))
+			ExpertForward(y, x, probs[j:j+1], fc1, fc2, make([]float64, 3*f), 1, h, f, nil)
+			axpy(out, 1, y)
+		}
+		if p.SharedFFN > 0 {
+			ExpertForward(y, x, nil, p.SharedFC1, p.SharedFC2, make([]float64, 3*p.SharedFFN), 1, h, p.SharedFFN, nil)
+			axpy(out, 1, y)
+		}
+		loss += dot(out, p.DOut[tok*h:(tok+1)*h])
+	}
+	return loss
+}
+
+func sameExperts(a, b []int32) bool {
+	a, b = slices.Clone(a), slices.Clone(b)
+	slices.Sort(a)
+	slices.Sort(b)
+	return slices.Equal(a, b)
+}
+
+// fdEps is the central differences' step. Their error is about eps²/6
+// times the loss's third derivative (truncation) plus 1e-16·|L|/eps
+// (rounding): below 1e-9 for these layers, whose values are of order one.
+// fdTol bounds |fd − analytic| relative to the tensor's largest gradient:
+// three orders over that error, and orders under what a wrong gradient
+// gives (a 1% error in one term fails it).
+const (
+	fdEps = 1e-5
+	fdTol = 1e-6
+)
+
+// The reference gradients equal central finite differences of the float64
+// forward, for every parameter and input coordinate, for every score
+// function and router option; the selection bias has no gradient.
+func TestReferenceGradsFiniteDifferences(t *testing.T) {
+	for _, c := range gradCases(6, 5, 3, 4) {
+		t.Run(c.name, func(t *testing.T) {
+			l := newGradLayer(7, c)
+			p := l.problem()
+			ref := ReferenceGrads(p)
+			var base []float64
+			if p.Override != nil {
+				base = make([]float64, l.T*c.rc.Experts)
+				MatMulNT(base, p.X, p.Wr, l.T, c.rc.Experts, l.h)
+			}
+			worst, coords := 0.0, 0 // largest |fd − ref| / max|ref| of a tensor
+			check := func(name string, param, grad []float64) {
+				scale := 1e-3 // the tensor's largest gradient, at least 1e-3
+				for _, g := range grad {
+					scale = math.Max(scale, math.Abs(g))
+				}
+				coords += len(param)
+				for i := range param {
+					v := param[i]
+					param[i] = v + fdEps
+					up := fdLoss(t, p, base)
+					param[i] = v - fdEps
+					down := fdLoss(t, p, base)
+					param[i] = v
+					fd := (up - down) / (2 * fdEps)
+					if d := math.Abs(fd - grad[i]); d > fdTol*scale {
+						t.Fatalf("%s[%d]: reference %.9g, finite difference %.9g", name, i, grad[i], fd)
+					}
+					worst = math.Max(worst, math.Abs(fd-grad[i])/scale)
+				}
+			}
+			check("x", p.X, ref.X)
+			wr := make([]float64, len(p.Wr)) // the loss sums every rank's tokens
+			for _, g := range ref.Wr {
+				axpy(wr, 1, g)
+			}
+			check("router weight", p.Wr, wr)
+			for e := range c.rc.Experts {
+				check(fmt.Sprintf("expert %d fc1", e), l.fc1[e], ref.FC1[e])
+				check(fmt.Sprintf("expert %d fc2", e), l.fc2[e], ref.FC2[e])
+			}
+			if c.fs > 0 {
+				check("shared fc1", l.sfc1, ref.SharedFC1)
+				check("shared fc2", l.sfc2, ref.SharedFC2)
+			}
+			if b := l.rc.Bias; b != nil { // selection only: the loss does not move
+				l0 := fdLoss(t, p, base)
+				for e := range b {
+					v := b[e]
+					b[e] = v + 1e-4
+					if d := fdLoss(t, p, base) - l0; d != 0 {
+						t.Fatalf("moving bias %d changed the loss by %g", e, d)
+					}
+					b[e] = v
+				}
+			}
+			t.Logf("%d coordinates: largest |fd − ref| / max|ref| %.2g", coords, worst)
+		})
+	}
+}
