@@ -109,7 +109,7 @@ func (c *Compiler) Compile(name, source string, headers map[string]string, optio
 // test binary built here runs anywhere (the GPU machine's checkout lies
 // elsewhere).
 //
-//go:embed fakes/*.c
+//go:embed fakes/*.c fakes/*.h
 var fakeSources embed.FS
 
 // BuildFake compiles the fake library fakes/NAME.c (e.g. "fakecuda") with
@@ -121,6 +121,10 @@ func BuildFake(name, dir, file string) (string, error) {
 	}
 	c := filepath.Join(dir, name+".c")
 	if err := os.WriteFile(c, src, 0o644); err != nil {
+		return "", fmt.Errorf("hostsim: %w", err)
+	}
+	hdr, _ := fakeSources.ReadFile("fakes/fakedriver.h") // embedded: cannot fail
+	if err := os.WriteFile(filepath.Join(dir, "fakedriver.h"), hdr, 0o644); err != nil {
 		return "", fmt.Errorf("hostsim: %w", err)
 	}
 	so := filepath.Join(dir, file)

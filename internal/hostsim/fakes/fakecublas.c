@@ -9,7 +9,7 @@
 #include <stdint.h>
 #include <string.h>
 #include <stdlib.h>
-#include <dlfcn.h>
+#include "fakedriver.h"
 
 static void *bound_stream, *bound_ws;
 static size_t bound_ws_size;
@@ -27,14 +27,6 @@ static float at(const uint16_t *x, int ld, int trans, int i, int j) { return tra
 // fakecuda's fakecuda_enqueue (see fakecublaslt.c): the GEMMs run in the
 // bound stream's order; the per-group host arrays are copied at the call,
 // the device arrays of operand addresses read when the GEMMs run.
-typedef int (*enqueue_fn)(void *, void (*)(void *), void *);
-static enqueue_fn enqueue(void) {
-    const char *path = getenv("MOEBENCH_LIBCUDA");
-    void *h = path ? dlopen(path, RTLD_NOW | RTLD_NOLOAD) : 0;
-    enqueue_fn f = h ? (enqueue_fn)dlsym(h, "fakecuda_enqueue") : 0;
-    if (h) dlclose(h);
-    return f;
-}
 typedef struct { int groups; const void *const *A, *const *B; void *const *C; int v[]; } grouped_t; // v: ta tb m n k lda ldb ldc size, each [groups]
 static void grouped(void *p) {
     grouped_t *g = p;
@@ -63,7 +55,7 @@ int cublasGemmGroupedBatchedEx(void *h, const int *ta, const int *tb, const int 
     g->groups = groups, g->A = A, g->B = B, g->C = C;
     const int *src[9] = {ta, tb, m, n, k, lda, ldb, ldc, size};
     for (int i = 0; i < 9; i++) memcpy(g->v + i * groups, src[i], sizeof(int) * groups);
-    enqueue_fn q = enqueue();
+    enqueue_fn q = (enqueue_fn)fakecuda_sym("fakecuda_enqueue");
     if (!q) grouped(g);
     else if (q(bound_stream, grouped, g)) { free(g); return 7; }
     return 0;

@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <stdint.h>
-#include <dlfcn.h>
+#include "fakedriver.h"
 
 typedef struct { int transa, transb; } desc_t;
 typedef struct { int type; uint64_t rows, cols; int64_t ld; } layout_t;
@@ -57,14 +57,6 @@ static float at(const uint16_t *x, const layout_t *l, int trans, uint64_t i, uin
 // fakecuda's fakecuda_enqueue (the driver loaded from $MOEBENCH_LIBCUDA):
 // the GEMM runs in its stream's order, as cuBLASLt's kernels do; without
 // the fake driver it runs at once.
-typedef int (*enqueue_fn)(void *, void (*)(void *), void *);
-static enqueue_fn enqueue(void) {
-    const char *path = getenv("MOEBENCH_LIBCUDA");
-    void *h = path ? dlopen(path, RTLD_NOW | RTLD_NOLOAD) : 0;
-    enqueue_fn f = h ? (enqueue_fn)dlsym(h, "fakecuda_enqueue") : 0;
-    if (h) dlclose(h);
-    return f;
-}
 typedef struct { desc_t d; layout_t a, b, c; const void *A, *B; void *D; } gemm_t;
 static void gemm(void *p) {
     gemm_t *g = p;
@@ -92,7 +84,7 @@ int cublasLtMatmul(void *h, void *desc, const void *alpha, const void *A, void *
     if (la->type != 14 || lb->type != 14) return 7;          // bf16 operands
     gemm_t *g = malloc(sizeof *g); // the descriptors may be destroyed once the call returns
     *g = (gemm_t){*d, *la, *lb, *ld, A, B, D};
-    enqueue_fn q = enqueue();
+    enqueue_fn q = (enqueue_fn)fakecuda_sym("fakecuda_enqueue");
     if (!q) gemm(g);
     else if (q(st, gemm, g)) { free(g); return 7; }
     return 0;

@@ -10,7 +10,7 @@
 // GPU it worked on current, so that a caller caching the current context is
 // caught.
 #define _GNU_SOURCE
-#include <dlfcn.h>
+#include "fakedriver.h"
 #include <stdlib.h>
 #include <string.h>
 #include <stdio.h>
@@ -42,19 +42,12 @@ const char *ncclGetLastError(void *comm) { return last; }
 // allocation owners; the fake driver is the one loaded from
 // $MOEBENCH_LIBCUDA (tests load several, one per test).
 #define CTX(dev) ((void *)(0x1000L + 100 + (dev)))
-static void *cudaSym(const char *name) {
-    const char *path = getenv("MOEBENCH_LIBCUDA");
-    void *h = path ? dlopen(path, RTLD_NOW | RTLD_NOLOAD) : 0;
-    void *f = h ? dlsym(h, name) : 0;
-    if (h) dlclose(h);
-    return f;
-}
 static void setCurrent(int dev) {
-    int (*set)(void *) = (int (*)(void *))cudaSym("cuCtxSetCurrent");
+    int (*set)(void *) = (int (*)(void *))fakecuda_sym("cuCtxSetCurrent");
     if (set) set(CTX(dev));
 }
 static void *owner(CUdeviceptr p) {
-    void *(*f)(CUdeviceptr) = (void *(*)(CUdeviceptr))cudaSym("fakecuda_owner");
+    void *(*f)(CUdeviceptr) = (void *(*)(CUdeviceptr))fakecuda_sym("fakecuda_owner");
     return f ? f(p) : 0;
 }
 
@@ -139,7 +132,6 @@ static void run_part(void *p) {
     if (last) free(g);
     free(pt);
 }
-typedef int (*enqueue_fn)(void *, void (*)(void *), void *);
 
 ncclResult_t ncclGroupEnd(void) {
     if (!depth) return fail(invalidUsage, "ncclGroupEnd without ncclGroupStart");
@@ -171,7 +163,7 @@ ncclResult_t ncclGroupEnd(void) {
         for (int j = 0; j < nparts; j++) seen |= devs[j] == ops[i].c->dev;
         if (!seen) devs[nparts] = ops[i].c->dev, streams[nparts++] = ops[i].stream;
     }
-    enqueue_fn q = (enqueue_fn)cudaSym("fakecuda_enqueue");
+    enqueue_fn q = (enqueue_fn)fakecuda_sym("fakecuda_enqueue");
     if (r == ok && !q) r = fail(invalidUsage, "no fake driver to queue the group on");
     if (r != ok || nparts == 0) {
         free(g);
