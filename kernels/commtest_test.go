@@ -272,7 +272,20 @@ func TestCommTestOnHostSim(t *testing.T) {
 		t.Fatalf("occupancy %d, %d registers, %v: want 2 blocks per SM (255 registers × 128 threads)", per, regs, err)
 	}
 	s, _ := g.NewStream()
-	err = g.Drv.LaunchCooperative(f, [3]uint32{uint32(per*g.SMs + 1), 1, 1}, [3]uint32{CommTestBlock, 1, 1}, 0, s)
+	sig, err := NewSignals([]Device{g, g}, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nulls, err := g.Alloc(16)
+	if err == nil {
+		err = g.Fill16(nulls, 0, 8, s)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	// arguments of a kernel that does nothing (see two-parts-on-one-device)
+	err = g.Drv.LaunchCooperative(f, [3]uint32{uint32(per*g.SMs + 1), 1, 1}, [3]uint32{CommTestBlock, 1, 1}, 0, s,
+		sig.Comm(g, time.Second), int32(1), int32(2), int32(0), int32(CommTestNoBarrier), int32(1), nulls, nulls, nulls, nulls)
 	var ce *cuda.Error
 	if !errors.As(err, &ce) || ce.Code != cuda.ErrCooperativeTooLarge {
 		t.Errorf("cooperative launch of %d blocks: %v, want CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE", per*g.SMs+1, err)

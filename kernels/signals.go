@@ -130,6 +130,9 @@ func (s *Signals) Free() error {
 // Comm is the mb_comm kernel argument for launches on dev (one of the
 // ranks' devices): the signals, dev's claim words and each wait's timeout.
 func (s *Signals) Comm(dev Device, timeout time.Duration) cuda.Bytes {
+	if _, ok := s.claims[dev]; !ok {
+		panic("signals: Comm for a device that runs none of the ranks")
+	}
 	b := make(cuda.Bytes, 24)
 	binary.LittleEndian.PutUint64(b, uint64(s.mem.Dev))
 	binary.LittleEndian.PutUint64(b[8:], uint64(s.claims[dev]))

@@ -801,7 +801,10 @@ static CUresult run_kernel(klaunch *l) {
     int cap = nsms * SM_BLOCKS, n = 0;
     kworker *ws = calloc(cap, sizeof *ws);
     pthread_mutex_lock(&g->mu);
-    if (l->coop) {
+    if (l->coop && l->blocks > (unsigned)(occupancy(l->k, l->g.bx * l->g.by * l->g.bz, l->g.smem) * nsms)) {
+        atomic_store(&l->status, 1); // never placeable (launch refuses it): fail, not hang
+        pthread_mutex_unlock(&g->mu);
+    } else if (l->coop) {
         for (;;) { // until every block has room at once
             for (n = 0; n < (int)l->blocks; n++) {
                 int s = place(g, &l->need);
