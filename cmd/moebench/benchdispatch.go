@@ -61,7 +61,7 @@ func benchDispatch(args []string, stdout, stderr io.Writer) int {
 	if format != "table" && format != "json" {
 		return usageError(stderr, &harness.ConfigError{Flag: "format", Value: format, Allowed: "allowed: table, json"})
 	}
-	o.dispatcher, o.impl, o.check, o.feplbBase, o.feplbDyn = d.Dispatcher, d.Impl, true, d.FeplbBase, d.FeplbDyn
+	o.dispatcher, o.impl, o.check, o.feplbBase, o.feplbDyn, o.feplbPolicy = d.Dispatcher, d.Impl, true, d.FeplbBase, d.FeplbDyn, d.FeplbPolicy
 	cfg, err := o.config(fs)
 	if err != nil {
 		return usageError(stderr, err)

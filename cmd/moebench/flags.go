@@ -19,14 +19,14 @@ import (
 // options holds the parsed flags.
 type options struct {
 	preset, dispatcher, impl, score, routing, device, out, format, dump string
-	feplbBase, cudaLibs                                                 string
+	feplbBase, feplbPolicy, cudaLibs                                    string
 	domain, feplbDyn                                                    int
 	tokens, hidden, ffn, experts, topk, shared, groups, groupTopK       int
 	sms, ep, gpus, warmup, iters                                        int
 	topkScale                                                           float64
 	commTimeout                                                         time.Duration
 	seed                                                                uint64
-	check                                                               bool
+	check, routingFixed                                                 bool
 }
 
 func newFlags(o *options) *pflag.FlagSet {
@@ -54,7 +54,8 @@ func addFeplbFlags(fs *pflag.FlagSet, o *options) {
 	d := harness.DefaultConfig()
 	fs.IntVar(&o.domain, "domain", d.Domain, "ranks per NVLink domain: feplb moves work only inside one, hybridep links them through its inter-domain path; 0 = all ranks")
 	fs.StringVar(&o.feplbBase, "feplb-base", d.FeplbBase, "feplb: the dispatcher of phase 1")
-	fs.IntVar(&o.feplbDyn, "feplb-dynamic", d.FeplbDyn, "feplb: dynamic experts per rank (its most loaded)")
+	fs.IntVar(&o.feplbDyn, "feplb-dynamic", d.FeplbDyn, "feplb: dynamic experts per rank (its most loaded; the paper's dyn)")
+	fs.StringVar(&o.feplbPolicy, "feplb-policy", d.FeplbPolicy, "feplb: the scheduler: feplb (the paper's: whole dynamic experts move) | feplb-split (moebench's: chunks of them)")
 }
 
 // addShapeFlags defines the flags that override a preset's shape.
@@ -75,6 +76,7 @@ func addShapeFlags(fs *pflag.FlagSet, o *options) {
 func addControlFlags(fs *pflag.FlagSet, o *options) {
 	d := harness.DefaultConfig()
 	fs.Uint64Var(&o.seed, "seed", d.Seed, "seed of every random draw (inputs, weights, routing)")
+	fs.BoolVar(&o.routingFixed, "routing-fixed", d.RoutingFixed, "replay the first iteration's routing every iteration (default: each iteration draws its own, seeded by the step)")
 	fs.IntVar(&o.warmup, "warmup", d.Warmup, "untimed iterations before timing")
 	fs.IntVar(&o.iters, "iters", d.Iters, "timed iterations")
 	fs.BoolVar(&o.check, "check", d.Check, "check the output against the float64 reference (--check=false to skip)")
@@ -137,8 +139,8 @@ func (o *options) config(fs *pflag.FlagSet) (harness.Config, error) {
 		return c, err
 	}
 	c.Dispatcher, c.Impl, c.SMs, c.EP, c.GPUs = o.dispatcher, o.impl, o.sms, o.ep, o.gpus
-	c.Domain, c.FeplbBase, c.FeplbDyn, c.CommTimeout = o.domain, o.feplbBase, o.feplbDyn, o.commTimeout
-	c.Routing, c.Seed, c.Warmup, c.Iters, c.Check, c.Device = r, o.seed, o.warmup, o.iters, o.check, o.device
+	c.Domain, c.FeplbBase, c.FeplbDyn, c.FeplbPolicy, c.CommTimeout = o.domain, o.feplbBase, o.feplbDyn, o.feplbPolicy, o.commTimeout
+	c.Routing, c.RoutingFixed, c.Seed, c.Warmup, c.Iters, c.Check, c.Device = r, o.routingFixed, o.seed, o.warmup, o.iters, o.check, o.device
 	if err := c.Validate(); err != nil {
 		return c, err
 	}
