@@ -91,3 +91,16 @@ func largestDiff(got, want [][]float32) (diff, ref float64) {
 	}
 	return diff, ref
 }
+
+// TestHybridEPHostBytes: the host memory estimate counts each rank's copy
+// of the global routing map (EP² · tokens · experts bytes in all) and its
+// worst-case dense_to_expert map.
+func TestHybridEPHostBytes(t *testing.T) {
+	c := small()
+	c.EP, c.Tokens, c.Experts = 64, 4096, 256
+	a := hostBytes(c)
+	c.Dispatcher = "hybridep"
+	if got, want := hostBytes(c)-a, float64(64*64*4096*256+64*4*4096*256); got != want {
+		t.Errorf("hybridep's extra host bytes %g, want %g", got, want)
+	}
+}
