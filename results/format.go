@@ -66,6 +66,9 @@ func WriteTable(w io.Writer, rec *Record) error {
 	if c.RoutingPerStep {
 		routing += " (drawn per step)"
 	}
+	if c.Domain > 0 {
+		sms += fmt.Sprintf(" · domain %d", c.Domain)
+	}
 	p.f("# dispatcher %s (%s) · sms %s · routing %s · seed %d · warmup %d · iters %d\n",
 		c.Dispatcher, c.Impl, sms, routing, c.Seed, c.Warmup, c.Iters)
 	if rec.Status != StatusOK {

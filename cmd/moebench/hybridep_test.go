@@ -30,9 +30,14 @@ func TestHybridEPRun(t *testing.T) {
 			t.Errorf("%q in a one-domain run:\n%s", not, stdout)
 		}
 	}
-	code, _, stderr = cli(append(quick, "--dispatcher", "hybridep", "--domain", "2", "--out", out)...)
+	code, stdout, stderr = cli(append(quick, "--dispatcher", "hybridep", "--domain", "2", "--out", out)...)
 	if code != exitOK {
 		t.Fatalf("--domain 2: exit %d: %s", code, stderr)
+	}
+	for _, want := range []string{"sms default · domain 2 ·", "inter-domain", "dispatcher buffers     receive "} {
+		if !strings.Contains(stdout, want) {
+			t.Errorf("--domain 2: missing %q in\n%s", want, stdout)
+		}
 	}
 	recs, err := results.ReadFile(out)
 	if err != nil || len(recs) != 2 {
