@@ -45,10 +45,9 @@ type rankState struct {
 	recvP []float32 // [R, L·D] their probabilities
 	// the inter-domain buffer, [(M−1)·T] slots: tokens in (dispatch),
 	// pre-reduced sums back (combine)
-	idX, idP       []float32
-	idIn, idBack   []int // [(M−1)·chunks] chunk flags
-	partDone       []int // [N·chunks] combine: source chunks whose partial sums are made
-	placed, copied int   // dispatch: rows stored into recvX, copies placed by the permute
+	idX, idP     []float32
+	idIn, idBack []int // [(M−1)·chunks] chunk flags
+	partDone     []int // [N·chunks] combine: source chunks whose partial sums are made
 
 	moved moved // what this rank's phases moved this step
 }
@@ -221,7 +220,7 @@ func (h *Host) Dispatch(q int) error {
 	n, j, LD := q/D, q%D, L*D
 	s.recvX = kernels.Grow(s.recvX, s.recv*hd)
 	s.recvP = kernels.Grow(s.recvP, s.recv*LD)
-	s.placed = 0
+	placed := 0
 	for fl := range D {
 		f := n*D + fl
 		fs := &h.st[f]
@@ -241,7 +240,7 @@ func (h *Host) Dispatch(q int) error {
 						x, pr := h.forwarded(f, m, t)
 						copy(s.recvX[p*hd:(p+1)*hd], x)
 						copy(s.recvP[p*LD:(p+1)*LD], pr)
-						s.placed++
+						placed++
 						s.moved.deliveries++
 						if f != q {
 							s.moved.fanOut++
@@ -251,8 +250,8 @@ func (h *Host) Dispatch(q int) error {
 			}
 		}
 	}
-	if s.placed != s.recv {
-		return fmt.Errorf("hybridep: dispatch on rank %d: the forwarders stored %d rows, its preprocessing counted %d", q, s.placed, s.recv)
+	if placed != s.recv {
+		return fmt.Errorf("hybridep: dispatch on rank %d: the forwarders stored %d rows, its preprocessing counted %d", q, placed, s.recv)
 	}
 	return h.permute(q)
 }
@@ -306,7 +305,7 @@ func (h *Host) permute(q int) error {
 	}
 	rk.ExpertX = kernels.Grow(rk.ExpertX, rows*hd)
 	rk.ExpertProbs = kernels.Grow(rk.ExpertProbs, rows)
-	s.copied = 0
+	copied := 0
 	for i := range s.recv {
 		for e, p := range s.d2e[i*L : (i+1)*L] {
 			if p < 0 {
@@ -314,11 +313,11 @@ func (h *Host) permute(q int) error {
 			}
 			copy(rk.ExpertX[int(p)*hd:(int(p)+1)*hd], s.recvX[i*hd:(i+1)*hd])
 			rk.ExpertProbs[p] = s.recvP[i*LD+j*L+e]
-			s.copied++
+			copied++
 		}
 	}
-	if s.copied != rows {
-		return fmt.Errorf("hybridep: dispatch on rank %d: the permute placed %d copies, its preprocessing counted %d", q, s.copied, rows)
+	if copied != rows {
+		return fmt.Errorf("hybridep: dispatch on rank %d: the permute placed %d copies, its preprocessing counted %d", q, copied, rows)
 	}
 	rk.Segments = rk.Segments[:0]
 	at := 0
