@@ -2,13 +2,16 @@
 // counts: which rank computes how many of each expert's tokens, and which
 // tokens and expert weights move over which link to make that so. Plans are
 // plain data — printable, checkable, and executed by the same engine on host
-// and GPU. Policies: none, EPLB-style static replication, FasterMoE-style
-// shadowing, and FEPLB (dynamic experts moved inside the NVLink domain by copy
-// engines). sim.go runs them over many simulated steps.
+// and GPU. Policies: none, DeepSeek EPLB's replication, FasterMoE's
+// shadowing (fastermoe.go), and FEPLB — the paper's whole-expert greedy
+// scheduler and moebench's split-chunk variant (feplb.go). timeline.go plays
+// a plan out in time (the model every policy is judged by), sim.go runs the
+// policies over many simulated steps.
 package balance
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"sort"
 	"strings"
@@ -50,6 +53,10 @@ type Step struct {
 	// FromRank(e) splits Counts[e] by source rank (tokens originate on every
 	// rank); policies that compute tokens where they come from ask for it.
 	FromRank func(e int) []int
+	// Ready is when, in seconds after phase 1, a plan made for this step is
+	// known and its copies may start: the counts' arrival plus the CPU
+	// scheduler's time (what the planner expects it to be).
+	Ready float64
 }
 
 // Share is part of an expert's tokens computed on one rank.
@@ -64,6 +71,21 @@ const (
 	LinkNetwork = "network" // between domains
 )
 
+// Move kinds: what a move is for, which decides when it happens in the
+// step (timeline.go).
+const (
+	// KindRebalance is FEPLB's phase 2: an expert's weights and rows go from
+	// its owner to a helper over copy engines once the plan is known, and the
+	// outputs come back.
+	KindRebalance = "rebalance"
+	// KindShadow is FasterMoE's shadowing: an expert's weights broadcast to
+	// every rank, which computes the expert's tokens it holds itself.
+	KindShadow = "shadow"
+	// KindPlacement moves weights to a new placement (EPLB's replicas,
+	// feplb+place's re-placement) before the step starts.
+	KindPlacement = "placement"
+)
+
 // Move is data a plan transfers: an expert's weights, or some of its tokens
 // (and, for tokens, their outputs back).
 type Move struct {
@@ -73,6 +95,7 @@ type Move struct {
 	Bytes    int64 // payload of the move (tokens: the rows one way)
 	Link     string
 	Weights  bool
+	Kind     string
 }
 
 // Plan is one step's decision.
@@ -158,10 +181,11 @@ func (p *Plan) Explain(t Topology) string {
 		if m.Weights {
 			what = "weights"
 		}
-		fmt.Fprintf(&b, "  expert %4d: %-10s rank %3d → %3d over %-7s %s\n", m.Expert, what, m.From, m.To, m.Link, byteStr(m.Bytes))
+		fmt.Fprintf(&b, "  expert %4d: %-10s rank %3d → %3d over %-7s %-9s %s\n", m.Expert, what, m.From, m.To, m.Link, m.Kind, byteStr(m.Bytes))
 	}
-	for link, n := range p.BytesByLink() {
-		fmt.Fprintf(&b, "  %s bytes: %s\n", link, byteStr(n))
+	bl := p.BytesByLink()
+	for _, link := range slices.Sorted(maps.Keys(bl)) {
+		fmt.Fprintf(&b, "  %s bytes: %s\n", link, byteStr(bl[link]))
 	}
 	return b.String()
 }

@@ -1,143 +1,36 @@
 package balance
 
 import (
-	"cmp"
 	"fmt"
 	"math"
-	"math/rand/v2"
 	"slices"
 	"time"
 )
 
-// Source yields the routing of each simulated step: the token copies per
-// expert, and on request their split by source rank.
-type Source interface {
-	Step(i int) Step
-}
+// PaperSchedSeconds is the FEPLB paper's scheduler time (about 50 µs on one
+// core): what a simulation measuring the scheduler expects before its
+// first measurement.
+const PaperSchedSeconds = 50e-6
 
-// Skewed is a synthetic source. Expert popularity is Zipf(Alpha) over a
-// seeded random order of the experts, times a per-expert drift factor that
-// follows a mean-reverting random walk in log space (stationary standard
-// deviation Drift, step-to-step correlation 0.9). Each step, expert e gets
-// Binomial(ranks·tokens, π_e) copies, π_e being the probability that e is
-// among a token's TopK experts when they are drawn without replacement in
-// proportion to popularity; π_e is approximated by 1 − exp(−λ·p_e) with λ
-// chosen so that Σπ = TopK. Copies are split over source ranks uniformly
-// (multinomially) when asked.
-type Skewed struct {
-	Topology
-	TopK, Tokens int // tokens per rank
-	Alpha, Drift float64
-	Seed         uint64
-	steps        [][]int
-}
-
-// NewSkewed draws all steps up front, so every policy sees the same ones.
-func NewSkewed(t Topology, topk, tokens int, alpha, drift float64, seed uint64, steps int) *Skewed {
-	s := &Skewed{Topology: t, TopK: topk, Tokens: tokens, Alpha: alpha, Drift: drift, Seed: seed}
-	g := rand.New(rand.NewPCG(seed, 1))
-	base := make([]float64, t.Experts)
-	for i, e := range g.Perm(t.Experts) {
-		base[e] = -alpha * math.Log(float64(i+1))
-	}
-	x := make([]float64, t.Experts)
-	const rho = 0.9
-	p := make([]float64, t.Experts)
-	n := t.Ranks * tokens
-	for range steps {
-		sum := 0.0
-		for e := range x {
-			x[e] = rho*x[e] + math.Sqrt(1-rho*rho)*drift*g.NormFloat64()
-			p[e] = math.Exp(base[e] + x[e])
-			sum += p[e]
-		}
-		for e := range p {
-			p[e] /= sum
-		}
-		pi := inclusion(p, topk)
-		counts := make([]int, t.Experts)
-		for e := range counts {
-			counts[e] = binomial(g, n, pi[e])
-		}
-		s.steps = append(s.steps, counts)
-	}
-	return s
-}
-
-// Step returns step i (i < the number drawn).
-func (s *Skewed) Step(i int) Step {
-	counts := s.steps[i%len(s.steps)]
-	return Step{Index: i, Counts: counts, FromRank: func(e int) []int {
-		g := rand.New(rand.NewPCG(s.Seed, uint64(i)<<20|uint64(e)))
-		return multinomialEven(g, counts[e], s.Ranks)
-	}}
-}
-
-// inclusion solves Σ 1−exp(−λ·p_e) = k for λ by bisection.
-func inclusion(p []float64, k int) []float64 {
-	f := func(l float64) float64 {
-		s := 0.0
-		for _, x := range p {
-			s += -math.Expm1(-l * x)
-		}
-		return s
-	}
-	lo, hi := 0.0, 1.0
-	for f(hi) < float64(k) && hi < 1e12 {
-		hi *= 2
-	}
-	for range 60 {
-		mid := (lo + hi) / 2
-		if f(mid) < float64(k) {
-			lo = mid
-		} else {
-			hi = mid
-		}
-	}
-	pi := make([]float64, len(p))
-	for e, x := range p {
-		pi[e] = -math.Expm1(-hi * x)
-	}
-	return pi
-}
-
-// binomial draws Binomial(n, p): by counting geometric gaps when n·p is
-// small, else from the normal approximation with continuity correction.
-func binomial(g *rand.Rand, n int, p float64) int {
-	if p <= 0 || n == 0 {
-		return 0
-	}
-	if p >= 1 {
-		return n
-	}
-	if p > 0.5 {
-		return n - binomial(g, n, 1-p)
-	}
-	if float64(n)*p < 30 {
-		k, pos := 0, 0
-		lq := math.Log1p(-p)
-		for {
-			pos += int(math.Log(1-g.Float64())/lq) + 1
-			if pos > n {
-				return k
-			}
-			k++
-		}
-	}
-	v := math.Round(float64(n)*p + math.Sqrt(float64(n)*p*(1-p))*g.NormFloat64())
-	return int(math.Max(0, math.Min(float64(n), v)))
-}
-
-// multinomialEven splits n over k equally likely bins.
-func multinomialEven(g *rand.Rand, n, k int) []int {
-	out := make([]int, k)
-	left := n
-	for i := 0; i < k-1 && left > 0; i++ {
-		out[i] = binomial(g, left, 1/float64(k-i))
-		left -= out[i]
-	}
-	out[k-1] += left
-	return out
+// SimConfig is one simulation: the same steps for every policy.
+type SimConfig struct {
+	Topology Topology
+	Model    Model
+	Options  Options
+	Source   Source
+	Steps    int
+	Policies []string
+	// Tokens and TopK per rank give the EP dispatch/combine traffic that
+	// the policies' own traffic would share NVLink with (SimResult.EPOverhead).
+	Tokens, TopK int
+	// Counts is how long after phase 1 the step's counts are on the CPU;
+	// Sched the CPU scheduler's time, or < 0 for its measured wall time
+	// (then the results are not deterministic). A per-step plan (fastermoe,
+	// the feplb policies) is known at Counts + Sched: copies and broadcasts
+	// start then.
+	Counts, Sched float64
+	// Backward also models the backward pass (Model.Play).
+	Backward bool
 }
 
 // Stat is a mean over steps of a straggler, absolute and relative.
@@ -145,149 +38,207 @@ type Stat struct {
 	Abs, Rel float64
 }
 
-// SimResult is one policy over all steps.
+// SimResult is one policy over all steps; every value is a mean over steps
+// (times in seconds).
 type SimResult struct {
-	Policy       string
-	Token        Stat               // copies: max − mean, max/mean − 1
-	GEMM         Stat               // modelled seconds: max − mean, max/mean − 1
-	BytesPerStep map[string]float64 // by link, mean per step
-	// seconds, means over steps: the busiest rank's copy-engine time (the
-	// longer of its way out and its way in: rows and weights to helpers,
-	// outputs back to owners); of that, the busiest owner's outputs back;
-	// and how much of the outputs' way back lands after the expert GEMMs
-	// (BackExposed)
+	Policy string
+	Token  Stat // copies: max − mean, max/mean − 1
+	GEMM   Stat // the ranks' modelled GEMM times: max − mean, max/mean − 1
+	// Effective is the slowest rank's finish (Timeline.Finish: its GEMMs,
+	// waits for copies, outputs back, broadcasts, placement traffic) minus
+	// the mean GEMM time with every expert home (what a perfect balance
+	// would take), and relative to that mean: what the step really loses.
+	Effective Stat
+	// Exposed is the slowest finish minus the slowest rank's GEMM time:
+	// what the policy's own costs add beyond its GEMM straggler.
+	Exposed      float64
+	BytesPerStep map[string]float64 // by link
+	// the busiest rank's copy-engine time, the busiest owner's time taking
+	// outputs back, and how much of the way back lands after the GEMMs
 	CETimeMax, BackTimeMax, BackExposed float64
-	SchedulerMicro                      float64 // measured wall time of the policy's Plan per step, mean, µs
-	Steps                               int
+	// LinkLoad is the bytes of the policy's own traffic on the busiest
+	// rank's NVLink direction (Plan.LinkLoad); EPOverhead that over the EP
+	// dispatch and combine bytes on that direction (NaN with one rank per
+	// domain): how much longer EP traffic running beside the copies takes.
+	LinkLoad, EPOverhead float64
+	Moved                float64 // (expert, helper) pairs moved over copy engines
+	Backward             *BackwardResult
+	SchedulerMicro       float64 // measured wall time of the policy's Plan per step, µs
+	ReadyMicro           float64 // when a per-step plan was charged as known (Counts + Sched), µs
+	Warnings             []string
+	Steps                int
 }
 
-// Simulate runs each policy over the same steps of src and checks every plan
+// BackwardResult is the backward pass under the same plans (Model.Play).
+type BackwardResult struct {
+	GEMM, Effective Stat
+	// bytes per step of the policy's own backward traffic: FEPLB's weights
+	// fetched again, output gradients out, input and weight gradients back;
+	// FasterMoE's weight-gradient reductions; EPLB's replicas' weight
+	// gradients summed with their owner's (in the data-parallel gradient
+	// reduction, not timed here)
+	Bytes float64
+	// the busiest rank's copy-engine time, and how much the gradients'
+	// way back lands after the backward GEMMs
+	CETimeMax, Exposed float64
+}
+
+// Simulate runs each policy over the same steps and checks every plan
 // (Plan.Check); a violation is an error.
-func Simulate(t Topology, m Model, src Source, steps int, policies []string, o Options) ([]SimResult, error) {
+func Simulate(c SimConfig) ([]SimResult, error) {
+	t, m := c.Topology, c.Model
 	if err := t.Validate(); err != nil {
 		return nil, err
 	}
+	epBytes := 2 * float64(c.Tokens*c.TopK) * float64(m.TokenBytes()) * float64(t.Domain-1) / float64(t.Ranks)
 	var out []SimResult
-	for _, name := range policies {
-		pol, err := New(name, t, m, o)
+	for _, name := range c.Policies {
+		pol, err := New(name, t, m, c.Options)
 		if err != nil {
 			return nil, err
 		}
-		res := SimResult{Policy: name, BytesPerStep: map[string]float64{}, Steps: steps}
-		var sched time.Duration
-		for i := range steps {
-			st := src.Step(i)
+		res := SimResult{Policy: name, BytesPerStep: map[string]float64{}, Steps: c.Steps, Warnings: warnings(name, t, c.Options)}
+		if c.Backward {
+			res.Backward = &BackwardResult{}
+		}
+		perStep := name != "none" && name != "eplb"
+		est := c.Sched
+		if est < 0 {
+			est = PaperSchedSeconds
+		}
+		var sched float64
+		for i := range c.Steps {
+			st := c.Source.Step(i)
+			if perStep {
+				st.Ready = c.Counts + est
+			}
 			t0 := time.Now()
 			pl := pol.Plan(st)
-			sched += time.Since(t0)
+			took := time.Since(t0).Seconds()
+			sched += took
+			ready := st.Ready
+			if perStep && c.Sched < 0 {
+				ready, est = c.Counts+took, took
+			}
+			res.ReadyMicro += 1e6 * ready
 			if err := pl.Check(t, st); err != nil {
-				return nil, fmt.Errorf("step %d: %w", i, err)
+				return nil, fmt.Errorf("%s, step %d: %w", name, i, err)
 			}
 			loads := pl.Loads(t.Ranks)
 			lf := make([]float64, len(loads))
 			for r, v := range loads {
 				lf[r] = float64(v)
 			}
-			a, r := Straggler(lf)
-			res.Token.Abs += a
-			res.Token.Rel += r
-			gemm, back := phaseEnds(&pl, m, t.Ranks)
-			a, r = Straggler(gemm)
-			res.GEMM.Abs += a
-			res.GEMM.Rel += r
+			res.Token.add(lf)
+			ideal := 0.0 // mean GEMM time with every expert home
+			for _, n := range st.Counts {
+				ideal += m.ExpertTime(n)
+			}
+			ideal /= float64(t.Ranks)
+			tl := m.Play(&pl, t.Ranks, ready, false)
+			res.GEMM.add(tl.Busy)
+			res.Effective.addEnd(tl.End(), ideal)
+			res.Exposed += tl.End() - slices.Max(tl.Busy)
 			for link, b := range pl.BytesByLink() {
 				res.BytesPerStep[link] += float64(b)
 			}
-			ce, ret := ceTimes(pl.Moves, t.Ranks, m.CE)
-			res.CETimeMax += ce
-			res.BackTimeMax += ret
-			res.BackExposed += BackExposed(gemm, back)
+			res.CETimeMax += tl.CEBusiest
+			res.BackTimeMax += tl.BackBusiest
+			res.BackExposed += tl.BackExposed()
+			res.LinkLoad += pl.LinkLoad(t, t.Ranks)
+			res.Moved += float64(pl.Moved())
+			if b := res.Backward; b != nil {
+				bt := m.Play(&pl, t.Ranks, ready, true)
+				b.GEMM.add(bt.Busy)
+				b.Effective.addEnd(bt.End(), 2*ideal)
+				b.Bytes += backwardBytes(&pl, m)
+				b.CETimeMax += bt.CEBusiest
+				b.Exposed += bt.BackExposed()
+			}
 		}
-		n := float64(steps)
-		res.Token.Abs, res.Token.Rel, res.GEMM.Abs, res.GEMM.Rel = res.Token.Abs/n, res.Token.Rel/n, res.GEMM.Abs/n, res.GEMM.Rel/n
+		n := float64(c.Steps)
+		for _, s := range []*Stat{&res.Token, &res.GEMM, &res.Effective} {
+			s.Abs, s.Rel = s.Abs/n, s.Rel/n
+		}
 		for k := range res.BytesPerStep {
 			res.BytesPerStep[k] /= n
 		}
-		res.CETimeMax /= n
-		res.BackTimeMax /= n
-		res.BackExposed /= n
-		res.SchedulerMicro = float64(sched.Microseconds()) / n
+		for _, v := range []*float64{&res.Exposed, &res.CETimeMax, &res.BackTimeMax, &res.BackExposed, &res.LinkLoad, &res.Moved, &res.ReadyMicro} {
+			*v /= n
+		}
+		res.EPOverhead = math.NaN()
+		if epBytes > 0 {
+			res.EPOverhead = res.LinkLoad / epBytes
+		}
+		if b := res.Backward; b != nil {
+			for _, s := range []*Stat{&b.GEMM, &b.Effective} {
+				s.Abs, s.Rel = s.Abs/n, s.Rel/n
+			}
+			b.Bytes, b.CETimeMax, b.Exposed = b.Bytes/n, b.CETimeMax/n, b.Exposed/n
+		}
+		res.SchedulerMicro = 1e6 * sched / n
+		if isFEPLB(name) && res.Moved == 0 && NoOp(t, c.Options) == "" {
+			res.Warnings = append(res.Warnings, fmt.Sprintf("%s moved nothing in %d steps: no move lowered the busiest rank's modelled finish (is there static work to hide one expert's weights behind? they take %.0f µs to copy), so it equals none",
+				name, c.Steps, 1e6*float64(m.WeightBytes())/m.CERate()))
+		}
 		out = append(out, res)
 	}
 	return out, nil
 }
 
-// ceTimes is the busiest rank's copy-engine time under moves (the longer of
-// its way out and its way in, each at rate), and the busiest owner's time
-// to take its outputs back.
-func ceTimes(moves []Move, ranks int, rate float64) (busiest, back float64) {
-	out, in, ret := make([]float64, ranks), make([]float64, ranks), make([]float64, ranks)
-	for _, mv := range moves {
-		if mv.Link != LinkCE {
-			continue
-		}
-		b := float64(mv.Bytes) / rate
-		out[mv.From] += b
-		in[mv.To] += b
-		if !mv.Weights { // the outputs come back
-			out[mv.To] += b
-			in[mv.From] += b
-			ret[mv.From] += b
-		}
-	}
-	for r := range ranks {
-		busiest = max(busiest, out[r], in[r])
-	}
-	return busiest, slices.Max(ret)
+// add adds one step's straggler of v.
+func (s *Stat) add(v []float64) {
+	a, r := Straggler(v)
+	s.Abs += a
+	s.Rel += r
 }
 
-// BackExposed is how long after the slowest rank's expert GEMMs the last
-// output of a moved token is back with its owner, from phaseEnds' times:
-// what the way back adds to the step, 0 when every output is back in time.
-func BackExposed(gemm, back []float64) float64 {
-	return max(0, slices.Max(back)-slices.Max(gemm))
+// addEnd adds one step's effective straggler: end against ideal.
+func (s *Stat) addEnd(end, ideal float64) {
+	s.Abs += end - ideal
+	if ideal > 0 {
+		s.Rel += end/ideal - 1
+	}
 }
 
-// phaseEnds models each rank's expert phase under p: when its GEMMs end,
-// and when the last output of the tokens it moved to helpers is back (0 if
-// none). It follows the feplb dispatcher's order of work on a rank: its
-// static experts, then the chunks it computes for others, then the share of
-// its own dynamic experts it keeps (Plan.Dynamic; every expert's first share
-// is its owner's). A helper's outputs leave when its chunks are computed,
-// one copy after another on its way out and on the owner's way in, at the
-// copy-engine rate; the chunks' rows are taken to have landed before the
-// helper's static experts end, as the policy plans them.
-func phaseEnds(p *Plan, m Model, ranks int) (gemm, back []float64) {
-	type ret struct {
-		from, to int
-		secs     float64
+// warnings are what a policy's settings make of it before any step: a
+// FEPLB policy that can move nothing, or fewer dynamic experts than asked.
+func warnings(name string, t Topology, o Options) []string {
+	if !isFEPLB(name) {
+		return nil
 	}
-	var rets []ret
+	var w []string
+	if why := NoOp(t, o); why != "" {
+		w = append(w, name+" is a no-op, identical to none: "+why)
+	}
+	if why := Capped(t, o); why != "" {
+		w = append(w, name+": "+why)
+	}
+	return w
+}
+
+func isFEPLB(name string) bool {
+	return name == "feplb" || name == "feplb-split" || name == "feplb+place"
+}
+
+// backwardBytes is a plan's own traffic in the backward pass (see
+// BackwardResult.Bytes).
+func backwardBytes(p *Plan, m Model) float64 {
+	w, b := float64(m.WeightBytes()), 0.0
 	for _, mv := range p.Moves {
-		if mv.Link == LinkCE && !mv.Weights {
-			rets = append(rets, ret{mv.To, mv.From, float64(mv.Bytes) / m.CE})
+		switch {
+		case mv.Kind == KindRebalance && !mv.Weights: // weights again, gradients both ways, weight gradient back
+			b += 2*w + 2*float64(mv.Bytes)
+		case mv.Kind == KindShadow:
+			b += w
 		}
 	}
-	gemm, back = m.GEMMTimes(p, ranks), make([]float64, ranks)
-	if len(rets) == 0 {
-		return gemm, back
-	}
-	done := slices.Clone(gemm) // when each rank's chunks for others are computed
-	for e, dyn := range p.Dynamic {
-		if dyn { // the owner's kept share comes after them
-			s := p.Shares[e][0]
-			done[s.Rank] -= m.ExpertTime(s.Tokens)
+	if p.Policy == "eplb" {
+		for _, hs := range p.Holders {
+			b += w * float64(len(hs)-1)
 		}
 	}
-	// each copy in the order its helper is done: it starts when its helper
-	// is done and both ways are free
-	slices.SortStableFunc(rets, func(a, b ret) int { return cmp.Compare(done[a.from], done[b.from]) })
-	out := make([]float64, ranks)
-	for _, r := range rets {
-		end := max(done[r.from], out[r.from], back[r.to]) + r.secs
-		out[r.from], back[r.to] = end, end
-	}
-	return gemm, back
+	return b
 }
 
 // Straggler is max − mean and max/mean − 1 of v (rel 0 when the mean is 0).

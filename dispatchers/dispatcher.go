@@ -106,6 +106,15 @@ type Traffic struct {
 	// when the design states none.
 	DispatchAlgorithm, CombineAlgorithm int64
 	AlgorithmFormula                    string
+	// DispatchInterDomain and CombineInterDomain are the part of the
+	// off-rank bytes that crosses NVLink domains (a domain-aware design's
+	// inter-domain path); zero for designs that do not tell domains apart
+	// and for runs in one domain.
+	DispatchInterDomain, CombineInterDomain int64
+	// InterDomainAlgorithm is the inter-domain bytes of each direction in
+	// the design's own convention (HybridEP's rdma_send_bytes), all ranks
+	// together; zero when the design states none.
+	InterDomainAlgorithm int64
 }
 
 // Buffer is one of a dispatcher's buffers on a rank, in the bytes a GPU
@@ -166,11 +175,16 @@ type RebalanceStats struct {
 	PlanWait       float64 // seconds the rebalance waited for the scheduler (its exposed part)
 	ModelledBefore float64 // modelled GEMM straggler before, seconds (max − mean)
 	ModelledAfter  float64 // and after
-	// Hidden is the share of the incoming copies' time that overlapped the
-	// receiving rank's static experts, in [0, 1]; HiddenNote says how it was
-	// measured, or why not (then Hidden is NaN).
-	Hidden     float64
-	HiddenNote string
+	// Exposed is how long the copies held work up, in seconds: the
+	// slowest rank's wait for its incoming copies once its static experts
+	// were done (0 when they had landed) plus its wait, as an owner, for
+	// its outputs to come back once its own work was done; NaN when not
+	// measured. ExposedNote says how it was measured, or why not.
+	Exposed     float64
+	ExposedNote string
+	// NoOp says why this configuration can move no work at all (then every
+	// step is the base dispatcher's alone); empty when it can.
+	NoOp       string
 	CopyMethod string // what ran the copies
 	Note       string
 }
@@ -184,6 +198,9 @@ type Env struct {
 	Domain int
 	// Dynamic is the dynamic experts per rank of feplb.
 	Dynamic int
+	// Policy is feplb's scheduler policy (balance.FEPLBPolicies); "" is
+	// the paper's, feplb.
+	Policy string
 	// Hidden and FFN give the expert size, for dispatchers that model costs.
 	Hidden, FFN int
 	// SMs is the SM budget (thread blocks) of an SM-driven dispatcher's

@@ -128,7 +128,7 @@ func Reference(l *Layer, sample [][]int) (out [][]float64, diffs int, err error)
 			}
 			given := false // probabilities given by the trace
 			if l.Trace != nil {
-				want, tp := l.Trace.Token(r*T + t)
+				want, tp := l.traceToken(r, t)
 				if !sameSet(idx, want) {
 					return nil, diffs, fmt.Errorf("rank %d token %d: experts %v, trace says %v", r, t, idx, want)
 				}

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/moebench/moebench/balance"
 	"github.com/moebench/moebench/dispatchers"
 	"github.com/moebench/moebench/kernels"
 	"github.com/moebench/moebench/results"
@@ -46,6 +47,7 @@ var Presets = []Preset{
 	{"mixtral-8x7b", "Mixtral-8x7B", Shape{DefaultTokens, 4096, 14336, 8, 2, 0, kernels.ScoreSoftmax, 0, 0, 1}},
 	{"gpt-oss-120b", "gpt-oss-120b (SwiGLU in place of its clamped GLU; no router bias)", Shape{DefaultTokens, 2880, 2880, 128, 4, 0, kernels.ScoreSoftmax, 0, 0, 1}},
 	{"glm-4.5", "GLM-4.5 (355B-A32B)", Shape{DefaultTokens, 5120, 1536, 160, 8, 1, kernels.ScoreSigmoid, 0, 0, 2.5}},
+	{"glm-5", "GLM-5 (744B-A40B; the FEPLB paper ran a 128-expert variant: --experts 128)", Shape{DefaultTokens, 6144, 2048, 256, 8, 1, kernels.ScoreSigmoid, 0, 0, 2.5}},
 }
 
 // LookupPreset returns the preset called name.
@@ -84,20 +86,28 @@ type Config struct {
 	CommTimeout time.Duration
 	FeplbBase   string // feplb: phase-1 dispatcher
 	FeplbDyn    int    // feplb: dynamic experts per rank
+	FeplbPolicy string // feplb: the scheduler's policy (balance.FEPLBPolicies)
 	Routing     Routing
-	Seed        uint64
-	Warmup      int
-	Iters       int
-	MaxSeconds  float64 // time budget of the warm-up and timed iterations; 0 = none
-	Check       bool
-	Device      string // host | cuda | auto (resolved before a run)
+	// RoutingFixed replays the first step's routing every iteration;
+	// otherwise each iteration draws its own (seeded by the step), as
+	// Megatron's force-balancing draws fresh logits every forward. Routing
+	// from the router itself (natural) is the same every step either way:
+	// the input is.
+	RoutingFixed bool
+	Seed         uint64
+	Warmup       int
+	Iters        int
+	MaxSeconds   float64 // time budget of the warm-up and timed iterations; 0 = none
+	Check        bool
+	Device       string // host | cuda | auto (resolved before a run)
 }
 
 // DefaultConfig is what `moebench` with no flags runs.
 func DefaultConfig() Config {
 	p, _ := LookupPreset("tiny")
 	return Config{Preset: p.Name, Shape: p.Shape, Dispatcher: "alltoall", Impl: "native",
-		EP: 8, CommTimeout: dispatchers.DefaultCommTimeout, FeplbBase: "alltoall", FeplbDyn: 2, Routing: Routing{Kind: RoutingBalanced}, Seed: 1, Warmup: 3, Iters: 20,
+		EP: 8, CommTimeout: dispatchers.DefaultCommTimeout, FeplbBase: "alltoall", FeplbDyn: balance.DefaultOptions.DynamicPerRank, FeplbPolicy: "feplb",
+		Routing: Routing{Kind: RoutingBalanced}, Seed: 1, Warmup: 3, Iters: 20,
 		Check: true, Device: "auto"}
 }
 
@@ -184,6 +194,8 @@ func (c Config) Validate() error {
 	case c.FeplbBase == "feplb" || !slices.Contains(dispatchers.Names(), c.FeplbBase):
 		others := slices.DeleteFunc(dispatchers.Names(), func(n string) bool { return n == "feplb" })
 		return &ConfigError{"feplb-base", c.FeplbBase, "the dispatcher of feplb's phase 1; allowed: " + strings.Join(others, ", ")}
+	case !slices.Contains(balance.FEPLBPolicies, c.FeplbPolicy):
+		return &ConfigError{"feplb-policy", c.FeplbPolicy, "allowed: " + strings.Join(balance.FEPLBPolicies, ", ")}
 	case c.GPUs < 0 || c.GPUs > c.EP:
 		return &ConfigError{"gpus", c.GPUs, fmt.Sprintf("must be in [0, --ep=%d] (0 = every GPU, at most one per rank)", c.EP)}
 	case c.GPUs > 0 && c.Device == "host":
@@ -218,15 +230,18 @@ func (c Config) Record() results.Config {
 	r := results.Config{Preset: c.Preset, Tokens: c.Tokens, Hidden: c.Hidden, FFN: c.FFN, Experts: c.Experts,
 		TopK: c.TopK, SharedExperts: c.SharedExperts, Score: c.Score, Groups: c.Groups, GroupTopK: c.GroupTopK,
 		TopKScale: c.TopKScale, PreSoftmax: c.PreSoftmax, Dispatcher: c.Dispatcher, Impl: c.Impl, SMs: c.SMs, EP: c.EP, GPUs: c.GPUs, Domain: c.Domain,
-		Routing: c.Routing.String(), Seed: c.Seed, Warmup: c.Warmup, Iters: c.Iters, MaxSeconds: c.MaxSeconds, Check: c.Check, Device: c.Device}
+		Routing: c.Routing.String(), RoutingPerStep: c.perStepRouting(), Seed: c.Seed, Warmup: c.Warmup, Iters: c.Iters, MaxSeconds: c.MaxSeconds, Check: c.Check, Device: c.Device}
 	if c.Dispatcher == "feplb" {
-		r.FeplbBase, r.FeplbDynamic = c.FeplbBase, c.FeplbDyn
+		r.FeplbBase, r.FeplbDynamic, r.FeplbPolicy = c.FeplbBase, c.FeplbDyn, c.FeplbPolicy
 	}
 	if _, ok := dispatchers.SMBudgetOf(c.Dispatcher); ok {
 		r.CommTimeoutS = c.CommTimeout.Seconds()
 	}
 	return r
 }
+
+// perStepRouting says whether each step draws its own routing.
+func (c Config) perStepRouting() bool { return !c.RoutingFixed && c.Routing.Kind != RoutingNatural }
 
 // RouterConfig is the kernels' view of the router settings; bias is the
 // per-expert selection bias (sigmoid only).

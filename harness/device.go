@@ -551,6 +551,37 @@ func (dl *deviceLayer) step() error {
 	return dl.sync()
 }
 
+// setRouting gives the layer step's routing (Layer.SetRouting) and uploads
+// it — each rank's logit override, or a trace's routing — before the
+// step's clock starts.
+func (dl *deviceLayer) setRouting(step int) error {
+	l := dl.l
+	if !l.Cfg.perStepRouting() {
+		return nil
+	}
+	l.SetRouting(step)
+	for r, rk := range dl.ranks {
+		b := &dl.rr[r]
+		if l.Override[r] != nil {
+			if err := rk.Dev.Upload(b.override, l.Override[r], rk.Stream); err != nil {
+				return err
+			}
+		}
+		if l.Trace != nil {
+			if err := l.route(r); err != nil {
+				return err
+			}
+			if err := rk.Dev.Upload(b.traceIdx, l.Ranks[r].Idx, rk.Stream); err != nil {
+				return err
+			}
+			if err := rk.Dev.Upload(b.traceProbs, l.Ranks[r].Probs, rk.Stream); err != nil {
+				return err
+			}
+		}
+	}
+	return dl.sync()
+}
+
 func (dl *deviceLayer) sync() error {
 	for i, dev := range dl.devs {
 		if err := dev.SyncStream(dl.dc[i].beginS); err != nil {
@@ -768,8 +799,15 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 		steps := make([][]float64, cfg.EP) // not kept
 		rb.Pause(true)
 		if _, err := iterate(cfg.Warmup, cfg.Iters, pausedEnd, func(i int) error {
-			if err := dl.step(); err != nil || i < 0 {
+			if err := dl.setRouting(cfg.Warmup + i + 1); err != nil { // the same routing as the timed step i
 				return err
+			}
+			if err := dl.step(); err != nil {
+				return err
+			}
+			rb.RebalanceStats() // every synchronized step: its GEMM rate for the scheduler
+			if i < 0 {
+				return nil
 			}
 			return dl.times(m.paused, steps)
 		}); err != nil {
@@ -785,16 +823,32 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 				rec.SMs.Measured = "not measured: " + why
 			}
 		}
-		if err := dl.step(); err != nil || i < 0 {
+		err := dl.setRouting(cfg.Warmup + i + 1)
+		if err == nil {
+			err = dl.step()
+		}
+		if err != nil {
 			return err
+		}
+		var rs dispatchers.RebalanceStats
+		if rebalances { // every synchronized step: its rates for the scheduler
+			rs = rb.RebalanceStats()
+		}
+		if i < 0 {
+			return nil
 		}
 		if err := dl.times(m.samples, m.step); err != nil {
 			return err
 		}
 		m.issue = append(m.issue, dl.issueMS)
 		if rebalances {
-			m.rebalance = append(m.rebalance, rb.RebalanceStats())
+			m.rebalance = append(m.rebalance, rs)
 		}
+		var rows []int
+		for _, rk := range dl.ranks {
+			rows = append(rows, rk.Rows())
+		}
+		m.recvSteps = append(m.recvSteps, rows)
 		return nil
 	})
 	if err != nil {

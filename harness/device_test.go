@@ -14,6 +14,7 @@ import (
 
 	"github.com/moebench/moebench/balance"
 	"github.com/moebench/moebench/dispatchers"
+	"github.com/moebench/moebench/dispatchers/feplb"
 	"github.com/moebench/moebench/internal/cuda"
 	"github.com/moebench/moebench/internal/hostsim"
 	"github.com/moebench/moebench/kernels"
@@ -208,15 +209,20 @@ func TestDeviceFEPLB(t *testing.T) {
 	}
 	rb := dl.d.(dispatchers.Rebalancer).RebalanceStats()
 	before, after := slices.Max(rb.TokensBefore)-slices.Min(rb.TokensBefore), slices.Max(rb.TokensAfter)-slices.Min(rb.TokensAfter)
-	if rb.Moves == 0 || after >= before || rb.CopyBytes == 0 || !(rb.Hidden >= 0 && rb.Hidden <= 1) || rb.CopyMethod == "" {
+	if rb.Moves == 0 || after >= before || rb.CopyBytes == 0 || rb.CopyMethod == "" {
 		t.Fatalf("rebalance %+v", rb)
+	}
+	// Emu runs each copy when it is issued, after the helper's static
+	// experts: the helper's stream waited for its copies
+	if !(rb.Exposed > 0) || !strings.Contains(rb.ExposedNote, "ready − static end") {
+		t.Errorf("exposed %v s (%s): want the helpers' wait for their copies", rb.Exposed, rb.ExposedNote)
 	}
 	// paused, phase 2 moves nothing and the output is still right
 	dl.d.(dispatchers.Rebalancer).Pause(true)
 	if cr, err := dl.check(); err != nil || !cr.Passed {
 		t.Fatalf("paused check: %v, %+v", err, cr)
 	}
-	if p := dl.d.(dispatchers.Rebalancer).RebalanceStats(); p.Moves != 0 || !slices.Equal(p.TokensAfter, p.TokensBefore) || !math.IsNaN(p.Hidden) {
+	if p := dl.d.(dispatchers.Rebalancer).RebalanceStats(); p.Moves != 0 || !slices.Equal(p.TokensAfter, p.TokensBefore) || !math.IsNaN(p.Exposed) {
 		t.Fatalf("paused rebalance %+v", p)
 	}
 	// a step ends with the incoming chunks (4 copies each: rows,
@@ -243,14 +249,14 @@ func TestDeviceFEPLB(t *testing.T) {
 	}
 }
 
-// splitCase is FEPLB on a trace of top-1 routing where expert 0 takes half
-// the tokens and every expert one at least (so that each helper has static
-// work to hide its copies behind): its plan splits expert 0 over the owner
-// and two helpers, the only expert with enough tokens to move. It returns
-// the tokens routed to each expert too.
+// splitCase is feplb-split on a trace of top-1 routing where expert 0 takes
+// half the tokens and every expert one at least (so that each helper has
+// static work to hide its copies behind): its plan splits expert 0 over the
+// owner and two helpers, the only expert with enough tokens to move. It
+// returns the tokens routed to each expert too.
 func splitCase(t *testing.T) (Config, []int) {
 	c := feplbCase()
-	c.EP, c.Domain, c.Experts, c.TopK, c.Tokens = 4, 4, 128, 1, 64
+	c.EP, c.Domain, c.Experts, c.TopK, c.Tokens, c.FeplbPolicy = 4, 4, 128, 1, 64, "feplb-split"
 	counts := slices.Repeat([]int{1}, c.Experts)
 	counts[0] += c.Tokens*c.EP - c.Experts
 	var b strings.Builder
@@ -273,11 +279,11 @@ func TestDeviceFEPLBSplitsOverHelpers(t *testing.T) {
 	tp := balance.Topology{Ranks: c.EP, Experts: c.Experts, Domain: c.Domain}
 	o := balance.DefaultOptions
 	o.DynamicPerRank = c.FeplbDyn
-	pol, err := balance.New("feplb", tp, balance.H100(c.Hidden, c.FFN), o)
+	pol, err := balance.New(c.FeplbPolicy, tp, feplb.HostModel(c.Hidden, c.FFN), o) // an emulated device's first plan
 	if err != nil {
 		t.Fatal(err)
 	}
-	pl := pol.Plan(balance.Step{Counts: counts})
+	pl := pol.Plan(balance.Step{Counts: counts, Ready: balance.PaperSchedSeconds})
 	if len(pl.Shares[0]) < 3 {
 		t.Fatalf("premise: expert 0's shares %v, want the owner and two helpers", pl.Shares[0])
 	}
@@ -355,10 +361,17 @@ func TestDeviceFEPLBRunRecord(t *testing.T) {
 	}
 	rb := rec.Rebalance
 	if !slices.Equal(rec.Tokens.Received, rb.TokensAfter) || rb.TokenAfter.Abs >= rb.TokenBefore.Abs || rb.Moves == 0 ||
-		!strings.Contains(rb.HiddenShare, "median of") || len(rb.PerStep.Hidden) != c.Iters || rb.PhaseTwoSMs != "not measured: the emu device has no copy engines" || rb.CopyMethod == "" {
+		!strings.Contains(rb.ExposedNote, "median of") || len(rb.PerStep.ExposedMS) != c.Iters || rb.PhaseTwoSMs != "not measured: the emu device has no copy engines" || rb.CopyMethod == "" {
 		t.Errorf("rebalance record %+v, tokens %v", rb, rec.Tokens.Received)
 	}
 	gemmBeforeAfter(t, rec)
+	// item 12: planned with the rates measured in the run, and packed ranks said so
+	if !strings.Contains(rb.Note, "rates measured in this run: expert GEMMs") || !strings.Contains(rb.Note, "copies") || !strings.Contains(rb.Note, "share one GPU") {
+		t.Errorf("note %q: want the measured rates and the ranks packed on one device", rb.Note)
+	}
+	if rec, err := Run(c, Env{Version: "test", OpenDevices: emus(4)}); err != nil || strings.Contains(rec.Rebalance.Note, "share one GPU") {
+		t.Errorf("a device per rank: %v, note %q", err, rec.Rebalance.Note)
+	}
 	c.FeplbBase = "deepep"
 	rec, err = Run(c, emu)
 	if !dispatchers.IsUnavailable(err) || rec.Status != results.StatusUnavailable || !strings.Contains(rec.Reason, "base dispatcher deepep") {
@@ -457,10 +470,10 @@ func TestGPULayer(t *testing.T) {
 			}
 			if rb, ok := dl.d.(dispatchers.Rebalancer); ok {
 				s := rb.RebalanceStats()
-				if s.Moves == 0 || !(s.Hidden >= 0 && s.Hidden <= 1) {
+				if s.Moves == 0 || !(s.Exposed >= 0) {
 					t.Errorf("rebalance %+v", s)
 				}
-				t.Logf("rebalance: %d moves, copies %.3f ms (%s), hidden %.2f", s.Moves, 1e3*s.CopySeconds, s.CopyMethod, s.Hidden)
+				t.Logf("rebalance: %d moves, copies %.3f ms (%s), exposed %.3f ms", s.Moves, 1e3*s.CopySeconds, s.CopyMethod, 1e3*s.Exposed)
 			}
 		})
 	}
@@ -811,5 +824,58 @@ func TestDeviceAlltoallLibrary(t *testing.T) {
 	if !dispatchers.IsUnavailable(err) || rec.Status != results.StatusUnavailable || rec.Timing != nil ||
 		!strings.Contains(rec.Reason, "NCCL: ranks 0 and 1 share a device") {
 		t.Errorf("library with ranks packed: %v, %+v", err, rec)
+	}
+}
+
+// TestRoutingPerStep (Megatron's fidelity): each iteration draws its own
+// routing, seeded by the step, so the ranks' loads change from step to step
+// (recorded per step); --routing-fixed replays the first step's; step 0 is
+// the routing the layer always drew; a trace goes on where the step before
+// ended; and the device pipeline routes each step as the host does.
+func TestRoutingPerStep(t *testing.T) {
+	t.Setenv("MOEBENCH_NVML", "/nonexistent")
+	c := deviceCases()["balanced-ep8"]
+	c.Warmup, c.Iters = 1, 3
+	host := c
+	host.Device = "host"
+	perStep := func(c Config, env Env) [][]int {
+		t.Helper()
+		rec, err := Run(c, env)
+		if err != nil || rec.Status != results.StatusOK || len(rec.Tokens.StragglerPerStep) != c.Iters || rec.Config.RoutingPerStep == c.RoutingFixed {
+			t.Fatalf("fixed %v: %v, %+v", c.RoutingFixed, err, rec)
+		}
+		return rec.Tokens.ReceivedPerStep
+	}
+	steps := perStep(host, Env{Version: "test"})
+	if slices.EqualFunc(steps[:2], steps[1:], slices.Equal) {
+		t.Errorf("fresh routing: the same loads every step: %v", steps)
+	}
+	if dev := perStep(c, Env{Version: "test", OpenDevices: emus(1)}); !slices.EqualFunc(dev, steps, slices.Equal) {
+		t.Errorf("device pipeline's loads per step %v, host's %v", dev, steps)
+	}
+	host.RoutingFixed = true
+	if fixed := perStep(host, Env{Version: "test"}); !slices.EqualFunc(fixed[:2], fixed[1:], slices.Equal) {
+		t.Errorf("--routing-fixed: loads change: %v", fixed)
+	}
+	l, err := NewLayer(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := slices.Clone(l.Override[1])
+	if l.SetRouting(2); slices.Equal(l.Override[1], first) {
+		t.Error("step 2's logits are step 0's")
+	}
+	if l.SetRouting(0); !slices.Equal(l.Override[1], first) || !slices.Equal(first, c.Routing.Logits(c.Seed, 1, c.Tokens, c.Experts)) {
+		t.Error("step 0's logits are not the layer's first draw")
+	}
+	tc := c
+	tc.Routing = Routing{Kind: RoutingTrace, File: writeTrace(t, "0 1 2 3\n4 5 6 7\n8 9 10 11\n")}
+	tl, err := NewLayer(tc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tl.SetRouting(1) // rank 0's token 0 is the trace's token EP·T (mod 3 lines)
+	if idx, _ := tl.traceToken(0, 0); int(idx[0]) != 4*((tc.EP*tc.Tokens)%3) {
+		t.Errorf("step 1 starts at trace line %v", idx)
 	}
 }

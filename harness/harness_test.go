@@ -1,6 +1,7 @@
 package harness
 
 import (
+	"bytes"
 	"errors"
 	"math"
 	"os"
@@ -12,6 +13,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/moebench/moebench/balance"
 	"github.com/moebench/moebench/dispatchers"
 	_ "github.com/moebench/moebench/dispatchers/all"
 	"github.com/moebench/moebench/dispatchers/alltoall"
@@ -291,10 +293,10 @@ func TestCheckCatchesWrongDispatch(t *testing.T) {
 func TestUnavailableDispatcherRecordsNoTiming(t *testing.T) {
 	for _, name := range []string{"hybridep"} {
 		c := small()
-		c.Dispatcher = name
+		c.Dispatcher, c.Impl = name, "library"
 		rec, err := Run(c, Env{Version: "test"})
 		if !dispatchers.IsUnavailable(err) || rec.Status != results.StatusUnavailable || rec.Timing != nil ||
-			!strings.Contains(rec.Reason, "cuda device") {
+			!strings.Contains(rec.Reason, "no library implementation") {
 			t.Errorf("%s: status %s, reason %q, err %v", name, rec.Status, rec.Reason, err)
 		}
 	}
@@ -382,7 +384,7 @@ func feplbEqualOutput(t *testing.T, c Config) dispatchers.RebalanceStats {
 		if err != nil {
 			t.Fatal(err)
 		}
-		d, err := dispatchers.New(name, "native", dispatchers.Env{Device: "host", Domain: c.Domain, Hidden: c.Hidden, FFN: c.FFN})
+		d, err := dispatchers.New(name, "native", dispatchers.Env{Device: "host", Domain: c.Domain, Policy: c.FeplbPolicy, Hidden: c.Hidden, FFN: c.FFN})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -435,6 +437,46 @@ func TestFEPLBRunRecord(t *testing.T) {
 	rec, err = Run(c, Env{Version: "test"})
 	if !dispatchers.IsUnavailable(err) || !strings.Contains(rec.Reason, "base dispatcher deepep") {
 		t.Errorf("feplb over deepep on host: %v, %q", err, rec.Reason)
+	}
+}
+
+// TestFEPLBPolicies (items 5 and 9, the dispatcher): --feplb-policy picks
+// the scheduler — on a layer whose one hot expert outweighs the gap, the
+// paper's whole-expert policy moves nothing, and the record and its table
+// say so, while feplb-split spreads the expert's rows; a layer with one
+// expert per rank is a no-op whatever the policy, and says why.
+func TestFEPLBPolicies(t *testing.T) {
+	c, _ := splitCase(t)
+	c.Device, c.Dispatcher, c.Warmup, c.Iters = "host", "feplb", 0, 2
+	for _, policy := range balance.FEPLBPolicies {
+		c.FeplbPolicy = policy
+		rec, err := Run(c, Env{Version: "test"})
+		if err != nil || rec.Rebalance == nil || rec.Config.FeplbPolicy != policy {
+			t.Fatalf("%s: %v, %+v", policy, err, rec)
+		}
+		rb, warned := rec.Rebalance, strings.Join(rec.Rebalance.Warnings, "; ")
+		switch {
+		case policy == "feplb" && (rb.Moves != 0 || !strings.Contains(warned, "feplb moved nothing in 2 timed steps")):
+			t.Errorf("feplb: %d moves, warnings %q; want none, and a warning", rb.Moves, warned)
+		case policy == "feplb-split" && (rb.Moves < 2 || warned != ""):
+			t.Errorf("feplb-split: %d moves, warnings %q; want expert 0 spread over helpers", rb.Moves, warned)
+		}
+	}
+	var out bytes.Buffer
+	c.FeplbPolicy = "feplb"
+	rec, _ := Run(c, Env{Version: "test"})
+	if err := results.Write(&out, rec, "table"); err != nil || !strings.Contains(out.String(), "rebalance warning") {
+		t.Errorf("the table does not warn: %v\n%s", err, out.String())
+	}
+	c = small()
+	c.Dispatcher, c.Experts, c.TopK = "feplb", c.EP, 1
+	rec, err := Run(c, Env{Version: "test"})
+	if err != nil || rec.Rebalance == nil || !strings.Contains(strings.Join(rec.Rebalance.Warnings, ";"), "one expert per rank") {
+		t.Errorf("one expert per rank: %v, %+v", err, rec.Rebalance)
+	}
+	c.FeplbPolicy = "magic"
+	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "feplb-policy") {
+		t.Errorf("--feplb-policy=magic: %v", err)
 	}
 }
 

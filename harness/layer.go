@@ -3,6 +3,7 @@ package harness
 import (
 	"fmt"
 	"math"
+	"sync"
 
 	"github.com/moebench/moebench/dispatchers"
 	"github.com/moebench/moebench/kernels"
@@ -24,8 +25,9 @@ type Layer struct {
 	SharedFC2 []float32 // [h, fs]
 
 	X        [][]float32 // per rank input [T, h]
-	Override [][]float32 // per rank router-logit override [T, E], nil when routing is natural or a trace
+	Override [][]float32 // per rank router-logit override [T, E] of the current step, nil when routing is natural or a trace
 	Trace    *Trace
+	step     int // the step whose routing Override and Trace give (SetRouting)
 
 	Ranks []*dispatchers.Rank
 	run   []rankRun
@@ -97,6 +99,34 @@ func newLayer(cfg Config, experts bool) (*Layer, error) {
 	return l, nil
 }
 
+// SetRouting makes the routing the one of step (0, the first, is what
+// NewLayer draws and the check uses): a random routing's logit overrides
+// are drawn again from the seed, the rank and the step, and a trace's
+// tokens continue where the step before ended. With Cfg.RoutingFixed, and
+// for natural routing, every step has step 0's routing.
+func (l *Layer) SetRouting(step int) {
+	if !l.Cfg.perStepRouting() || step == l.step {
+		return
+	}
+	l.step = step
+	var wg sync.WaitGroup
+	for r, o := range l.Override {
+		if o != nil {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				l.Cfg.Routing.fillLogits(o, l.Cfg.Seed, r, l.Cfg.Experts, step)
+			}()
+		}
+	}
+	wg.Wait()
+}
+
+// traceToken is the trace's routing of rank r's token t this step.
+func (l *Layer) traceToken(r, t int) ([]int32, []float32) {
+	return l.Trace.Token((l.step*l.Cfg.EP+r)*l.Cfg.Tokens + t)
+}
+
 // normal draws n bf16-rounded N(0, std²) values for one purpose and index.
 func normal(seed uint64, purpose string, i, n int, std float64) []float32 {
 	g := rng(seed, purpose, i)
@@ -151,7 +181,7 @@ func (l *Layer) route(r int) error {
 	}
 	row := make([]float64, c.Experts)
 	for t := range c.Tokens {
-		idx, probs := l.Trace.Token(r*c.Tokens + t)
+		idx, probs := l.traceToken(r, t)
 		copy(rk.Idx[t*c.TopK:], idx)
 		if probs != nil {
 			copy(rk.Probs[t*c.TopK:], probs)

@@ -63,7 +63,10 @@ func memParts(c Config) []memPart {
 		// rank, and per rank pair the chunk sizes and offsets
 		disp := copies*(16*h+16) + 8*ep*E + ep*ep*(2*(24+8*L)+8)
 		disp = 2*disp + copies*(8*h+4) + ep*T*(4*h+4*k) // the round trip's own ranks
-		if c.Dispatcher == "feplb" {                    // the helpers' weight copies and received rows
+		if c.Dispatcher == "hybridep" {                 // each rank's copy of the global routing map and its dense-to-expert map
+			disp += ep*ep*T*E + 4*ep*T*E
+		}
+		if c.Dispatcher == "feplb" { // the helpers' weight copies and received rows
 			domain := float64(c.Domain)
 			if c.Domain == 0 {
 				domain = ep

@@ -104,33 +104,42 @@ func rng(seed uint64, purpose string, rank int) *rand.Rand {
 	return rand.New(rand.NewPCG(seed, h.Sum64()))
 }
 
-// Logits returns rank r's router-logit override [tokens, experts], or nil when
-// the routing comes from the router itself (natural) or from a trace.
+// Logits returns rank r's router-logit override [tokens, experts] of the
+// first step, or nil when the routing comes from the router itself
+// (natural) or from a trace.
 func (r Routing) Logits(seed uint64, rank, tokens, experts int) []float32 {
-	var logBias []float64
 	switch r.Kind {
-	case RoutingBalanced:
-		g := rng(seed, "logits", rank)
+	case RoutingBalanced, RoutingUniform, RoutingSkewed:
 		out := make([]float32, tokens*experts)
+		r.fillLogits(out, seed, rank, experts, 0)
+		return out
+	}
+	return nil
+}
+
+// fillLogits draws rank r's override of one step into out ([tokens,
+// experts]): from the seed, the rank and the step, so that each step has its
+// own routing (step 0's draws are the ones every step had before routing
+// was drawn per step).
+func (r Routing) fillLogits(out []float32, seed uint64, rank, experts, step int) {
+	purpose := "logits"
+	if step > 0 {
+		purpose = fmt.Sprintf("logits@%d", step)
+	}
+	g := rng(seed, purpose, rank)
+	if r.Kind == RoutingBalanced {
 		for i := range out {
 			out[i] = float32(g.NormFloat64())
 		}
-		return out
-	case RoutingUniform:
-		logBias = make([]float64, experts)
-	case RoutingSkewed:
+		return
+	}
+	logBias := make([]float64, experts)
+	if r.Kind == RoutingSkewed {
 		logBias = ZipfLogPopularity(seed, experts, r.Alpha)
-	default:
-		return nil
 	}
-	g := rng(seed, "logits", rank)
-	out := make([]float32, tokens*experts)
-	for t := range tokens {
-		for e := range experts {
-			out[t*experts+e] = float32(logBias[e] + gumbel(g))
-		}
+	for i := range out {
+		out[i] = float32(logBias[i%experts] + gumbel(g))
 	}
-	return out
 }
 
 // ZipfLogPopularity returns log p_e for Zipf(alpha) popularities over a

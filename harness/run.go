@@ -104,6 +104,7 @@ func Run(cfg Config, env Env) (*results.Record, error) {
 		rb.Pause(true)
 		if _, err := iterate(cfg.Warmup, cfg.Iters, pausedEnd, func(i int) error {
 			iter = i
+			l.SetRouting(cfg.Warmup + i + 1) // the same routing as the timed step i
 			return l.Step(d, timed)
 		}); err != nil {
 			return fail(results.StatusFailed, err)
@@ -113,12 +114,17 @@ func Run(cfg Config, env Env) (*results.Record, error) {
 	}
 	done, err := iterate(cfg.Warmup, cfg.Iters, end, func(i int) error {
 		iter = i
+		l.SetRouting(cfg.Warmup + i + 1)
 		if err := l.Step(d, timed); err != nil {
 			return err
 		}
-		if rebalances && i >= 0 {
+		if i < 0 {
+			return nil
+		}
+		if rebalances {
 			m.rebalance = append(m.rebalance, rb.RebalanceStats())
 		}
+		m.recvSteps = append(m.recvSteps, segmentRows(l.Ranks))
 		return nil
 	})
 	if err != nil {
@@ -128,17 +134,25 @@ func Run(cfg Config, env Env) (*results.Record, error) {
 	rec.Status = results.StatusOK
 	m.traffic = d.Traffic() // after the steps: it counts the last one
 	m.buffers = buffers(d, cfg.EP)
-	for r, rk := range l.Ranks {
-		n := 0
-		for _, sg := range rk.Segments { // rows this rank's experts compute
-			n += sg.Len
-		}
-		m.recv = append(m.recv, n)
+	m.recv = segmentRows(l.Ranks)
+	for r := range l.Ranks {
 		m.mem.PerRankBytes = append(m.mem.PerRankBytes, l.Footprint(d, r))
 	}
 	m.phase2SMs = "not measured on the host device"
 	fillMeasurements(rec, cfg, m)
 	return rec, dump(env, l, rec)
+}
+
+// segmentRows is the rows each rank's experts computed in the last step
+// (its last expert phase's, for a rebalancing dispatcher).
+func segmentRows(ranks []*dispatchers.Rank) []int {
+	rows := make([]int, len(ranks))
+	for r, rk := range ranks {
+		for _, sg := range rk.Segments {
+			rows[r] += sg.Len
+		}
+	}
+	return rows
 }
 
 // failed gives rec, without timings, the status and the reason.
@@ -149,7 +163,7 @@ func failed(rec *results.Record, status string, err error) (*results.Record, err
 
 // dispatcherEnv is where cfg's dispatcher runs, with its options.
 func (c Config) dispatcherEnv() dispatchers.Env {
-	return dispatchers.Env{Device: c.Device, Base: c.FeplbBase, Domain: c.Domain, Dynamic: c.FeplbDyn, Hidden: c.Hidden, FFN: c.FFN,
+	return dispatchers.Env{Device: c.Device, Base: c.FeplbBase, Domain: c.Domain, Dynamic: c.FeplbDyn, Policy: c.FeplbPolicy, Hidden: c.Hidden, FFN: c.FFN,
 		SMs: c.SMs, CommTimeout: c.CommTimeout}
 }
 
@@ -197,11 +211,13 @@ type measured struct {
 	phases  []string
 	samples map[string][][]float64 // [phase][rank][iter], ms
 	step    [][]float64            // [rank][iter] each rank's step, ms; nil: the sum of its phases
-	recv    []int                  // rows each rank's experts computed
-	traffic dispatchers.Traffic
-	mem     *results.Memory
-	clock   string // what measured the times
-	model   string // how phases make a step
+	recv    []int                  // rows each rank's experts computed, the last step
+	// each timed step's recv (a rebalancing dispatcher's come from its stats)
+	recvSteps [][]int
+	traffic   dispatchers.Traffic
+	mem       *results.Memory
+	clock     string // what measured the times
+	model     string // how phases make a step
 	// a Rebalancer's timed steps (nil for other dispatchers); the samples
 	// of as many steps, run before them (after their own warm-up) with its
 	// phase 2 paused, for the GEMM straggler before rebalancing; and what
@@ -236,7 +252,8 @@ func buffers(d any, ep int) []results.Buffer {
 func trafficRecord(tr dispatchers.Traffic) *results.Traffic {
 	return &results.Traffic{DispatchOffRank: tr.DispatchOffRank, DispatchLogical: tr.DispatchLogical,
 		CombineOffRank: tr.CombineOffRank, CombineLogical: tr.CombineLogical, Formula: tr.Formula,
-		DispatchAlgorithm: tr.DispatchAlgorithm, CombineAlgorithm: tr.CombineAlgorithm, AlgorithmFormula: tr.AlgorithmFormula}
+		DispatchAlgorithm: tr.DispatchAlgorithm, CombineAlgorithm: tr.CombineAlgorithm, AlgorithmFormula: tr.AlgorithmFormula,
+		DispatchInterDomain: tr.DispatchInterDomain, CombineInterDomain: tr.CombineInterDomain, InterDomainAlgorithm: tr.InterDomainAlgorithm}
 }
 
 // bandwidth fills t's GB/s from its algorithm bytes and the phase p50s of
@@ -357,6 +374,17 @@ func fillMeasurements(rec *results.Record, cfg Config, m measured) {
 		routed += tok[r] * 6 * float64(cfg.Hidden) * float64(cfg.FFN)
 	}
 	rec.Tokens = &results.Tokens{Received: m.recv, Straggler: straggler(tok)}
+	perStep := m.recvSteps
+	if len(m.rebalance) > 0 {
+		perStep = nil
+		for _, s := range m.rebalance {
+			perStep = append(perStep, s.TokensAfter)
+		}
+	}
+	for _, rows := range perStep {
+		rec.Tokens.ReceivedPerStep = append(rec.Tokens.ReceivedPerStep, rows)
+		rec.Tokens.StragglerPerStep = append(rec.Tokens.StragglerPerStep, straggler(floats(rows)).Abs)
+	}
 
 	var ms float64
 	for _, v := range gs.PerRank {
@@ -379,33 +407,34 @@ func fillMeasurements(rec *results.Record, cfg Config, m measured) {
 // what the SMs did during phase 2's copies, or why it was not measured.
 func rebalanceRecord(steps []dispatchers.RebalanceStats, sms string) *results.Rebalance {
 	last := steps[len(steps)-1]
-	floats := func(v []int) []float64 {
-		f := make([]float64, len(v))
-		for i, x := range v {
-			f[i] = float64(x)
-		}
-		return f
-	}
 	var ps results.RebalanceSteps
-	var hidden []float64
+	var exposed []float64
+	moves := 0
 	for _, s := range steps {
 		ps.CopyMS = append(ps.CopyMS, 1e3*s.CopySeconds)
 		ps.SchedulerMS = append(ps.SchedulerMS, 1e3*s.PlanSeconds)
 		ps.SchedulerWaitMS = append(ps.SchedulerWaitMS, 1e3*s.PlanWait)
-		h := -1.0
-		if !math.IsNaN(s.Hidden) {
-			h = s.Hidden
-			hidden = append(hidden, h)
+		x := -1.0
+		if !math.IsNaN(s.Exposed) {
+			x = 1e3 * s.Exposed
+			exposed = append(exposed, x)
 		}
-		ps.Hidden = append(ps.Hidden, h)
+		ps.ExposedMS = append(ps.ExposedMS, x)
+		moves += s.Moves
 	}
 	r := &results.Rebalance{Policy: last.Policy, Note: last.Note, TokensBefore: last.TokensBefore, TokensAfter: last.TokensAfter,
 		TokenBefore: straggler(floats(last.TokensBefore)), TokenAfter: straggler(floats(last.TokensAfter)),
 		ModelledBefore: last.ModelledBefore, ModelledAfter: last.ModelledAfter, Moves: last.Moves, CopyBytes: last.CopyBytes,
-		CopyMethod: last.CopyMethod, HiddenShare: last.HiddenNote, PhaseTwoSMs: sms, PerStep: ps}
-	if len(hidden) > 0 {
-		h, _ := stats.Median(hidden)
-		r.HiddenShare = fmt.Sprintf("%.1f%% (median of %d steps; %s)", 100*h, len(hidden), last.HiddenNote)
+		CopyMethod: last.CopyMethod, ExposedNote: last.ExposedNote, PhaseTwoSMs: sms, PerStep: ps}
+	if len(exposed) > 0 {
+		r.ExposedMS, _ = stats.Median(exposed)
+		r.ExposedNote = fmt.Sprintf("median of %d steps; %s", len(exposed), last.ExposedNote)
+	}
+	switch {
+	case last.NoOp != "":
+		r.Warnings = append(r.Warnings, last.NoOp)
+	case moves == 0:
+		r.Warnings = append(r.Warnings, fmt.Sprintf("%s moved nothing in %d timed steps: the run equals its base dispatcher's (%s)", last.Policy, len(steps), last.Note))
 	}
 	r.CopyMS, _ = stats.Median(ps.CopyMS)
 	r.SchedulerMS, _ = stats.Median(ps.SchedulerMS)
@@ -447,6 +476,15 @@ func summarise(x []float64) results.Stat {
 		s.Stdev, _ = stats.StandardDeviationSample(x)
 	}
 	return s
+}
+
+// floats converts counts.
+func floats(v []int) []float64 {
+	f := make([]float64, len(v))
+	for i, x := range v {
+		f[i] = float64(x)
+	}
+	return f
 }
 
 // straggler returns max−mean and max/mean−1 of v.

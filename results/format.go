@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -61,8 +62,15 @@ func WriteTable(w io.Writer, rec *Record) error {
 	if c.SMs > 0 {
 		sms = strconv.Itoa(c.SMs)
 	}
+	routing := c.Routing
+	if c.RoutingPerStep {
+		routing += " (drawn per step)"
+	}
+	if c.Domain > 0 {
+		sms += fmt.Sprintf(" · domain %d", c.Domain)
+	}
 	p.f("# dispatcher %s (%s) · sms %s · routing %s · seed %d · warmup %d · iters %d\n",
-		c.Dispatcher, c.Impl, sms, c.Routing, c.Seed, c.Warmup, c.Iters)
+		c.Dispatcher, c.Impl, sms, routing, c.Seed, c.Warmup, c.Iters)
 	if rec.Status != StatusOK {
 		p.f("# status: %s: %s\n", rec.Status, rec.Reason)
 		writeCorrectness(p, rec.Correctness)
@@ -93,7 +101,10 @@ func WriteTable(w io.Writer, rec *Record) error {
 			rb.Moves, bytesStr(rb.CopyBytes), rb.CopyMS, rb.SchedulerMS)
 		p.f("# %-22s straggler +%.3f ms (+%.1f%%) → +%.3f ms (+%.1f%%), measured (before: the same steps with phase 2 paused) · modelled +%.3f → +%.3f ms\n",
 			"rebalance GEMMs", rb.GEMMBefore.Abs, 100*rb.GEMMBefore.Rel, rb.GEMMAfter.Abs, 100*rb.GEMMAfter.Rel, 1e3*rb.ModelledBefore, 1e3*rb.ModelledAfter)
-		p.f("# %-22s %s · scheduler exposed %.3f ms · hidden: %s\n", "rebalance copies", rb.CopyMethod, rb.SchedulerWaitMS, rb.HiddenShare)
+		p.f("# %-22s %s · scheduler exposed %.3f ms · copies exposed %.3f ms (%s)\n", "rebalance copies", rb.CopyMethod, rb.SchedulerWaitMS, rb.ExposedMS, rb.ExposedNote)
+		for _, w := range rb.Warnings {
+			p.f("# %-22s %s\n", "rebalance warning", w)
+		}
 		p.f("# %-22s %s\n", "phase-2 SMs", rb.PhaseTwoSMs)
 	}
 	if tk := rec.Tokens; tk != nil && len(tk.Received) > 0 {
@@ -101,7 +112,12 @@ func WriteTable(w io.Writer, rec *Record) error {
 		for _, n := range tk.Received {
 			lo, hi = min(lo, n), max(hi, n)
 		}
-		p.f("# %-22s min %d, max %d · straggler +%.1f copies (+%.1f%%)\n", "tokens computed/rank", lo, hi, tk.Straggler.Abs, 100*tk.Straggler.Rel)
+		steps := ""
+		if n := len(tk.StragglerPerStep); n > 1 {
+			v := slices.Sorted(slices.Values(tk.StragglerPerStep))
+			steps = fmt.Sprintf(" (last step) · median of %d steps +%.1f", n, (v[(n-1)/2]+v[n/2])/2)
+		}
+		p.f("# %-22s min %d, max %d · straggler +%.1f copies (+%.1f%%)%s\n", "tokens computed/rank", lo, hi, tk.Straggler.Abs, 100*tk.Straggler.Rel, steps)
 	}
 	if g := rec.GEMM; g != nil {
 		p.f("# %-22s %.3f GFLOP/step · %.4f TFLOP/s per rank · straggler +%.3f ms (+%.1f%%)\n", "expert GEMMs",
@@ -122,13 +138,24 @@ func WriteTable(w io.Writer, rec *Record) error {
 			tm.PowerW, tm.SMClockMHz, tm.MemClockMHz, bytesStr(mem))
 	}
 	if tr := rec.Traffic; tr != nil {
-		p.f("# %-22s off-rank %s, logical %s\n", "dispatch bytes/step", bytesStr(tr.DispatchOffRank), bytesStr(tr.DispatchLogical))
-		p.f("# %-22s off-rank %s, logical %s\n", "combine bytes/step", bytesStr(tr.CombineOffRank), bytesStr(tr.CombineLogical))
+		for _, d := range []struct {
+			name                   string
+			off, logical, interDom int64
+		}{{"dispatch", tr.DispatchOffRank, tr.DispatchLogical, tr.DispatchInterDomain}, {"combine", tr.CombineOffRank, tr.CombineLogical, tr.CombineInterDomain}} {
+			p.f("# %-22s off-rank %s, logical %s", d.name+" bytes/step", bytesStr(d.off), bytesStr(d.logical))
+			if d.interDom > 0 {
+				p.f(", inter-domain %s", bytesStr(d.interDom))
+			}
+			p.f("\n")
+		}
 		if tr.DispatchAlgorithm > 0 {
 			p.f("# %-22s dispatch %s, combine %s · %.3f and %.3f GB/s per rank", "algorithm bytes/step",
 				bytesStr(tr.DispatchAlgorithm), bytesStr(tr.CombineAlgorithm), tr.DispatchGBps, tr.CombineGBps)
 			if tr.DispatchGBpsPerSM > 0 {
 				p.f(" · %.4f and %.4f GB/s per SM (%d SMs)", tr.DispatchGBpsPerSM, tr.CombineGBpsPerSM, rec.SMs.Budget)
+			}
+			if tr.InterDomainAlgorithm > 0 {
+				p.f(" · inter-domain %s each way", bytesStr(tr.InterDomainAlgorithm))
 			}
 			p.f("\n")
 		}

@@ -50,7 +50,7 @@ type Telemetry struct {
 }
 
 // Rebalance is what a rebalancing dispatcher (FEPLB's phase 2) did: the
-// routing is the same every iteration, so the plan is; times are medians over
+// tokens and plan are the last timed iteration's; times are medians over
 // the timed iterations.
 type Rebalance struct {
 	Policy         string    `json:"policy"`
@@ -65,26 +65,35 @@ type Rebalance struct {
 	// (its expert phases summed): after, in the timed steps (the record's
 	// gemm.straggler); before, in as many steps with phase 2 paused, run
 	// (with their own warm-up) before the timed ones
-	GEMMBefore      Straggler      `json:"gemm_straggler_before"`
-	GEMMAfter       Straggler      `json:"gemm_straggler_after"`
-	Moves           int            `json:"moves"`
-	CopyBytes       int64          `json:"copy_bytes"`
-	CopyMS          float64        `json:"copy_ms_p50"` // incoming copies of the slowest helper plus outputs back to the slowest owner
-	CopyMethod      string         `json:"copy_method"`
-	SchedulerMS     float64        `json:"scheduler_ms_p50"`      // the scheduler's own time
-	SchedulerWaitMS float64        `json:"scheduler_wait_ms_p50"` // how long phase 2 waited for it (its exposed part)
-	HiddenShare     string         `json:"hidden_share"`          // share of copy time overlapped with static experts, or why not measured
-	PhaseTwoSMs     string         `json:"phase2_sm_utilisation"`
-	PerStep         RebalanceSteps `json:"per_step"`
+	GEMMBefore      Straggler `json:"gemm_straggler_before"`
+	GEMMAfter       Straggler `json:"gemm_straggler_after"`
+	Moves           int       `json:"moves"`
+	CopyBytes       int64     `json:"copy_bytes"`
+	CopyMS          float64   `json:"copy_ms_p50"` // incoming copies of the slowest helper plus outputs back to the slowest owner
+	CopyMethod      string    `json:"copy_method"`
+	SchedulerMS     float64   `json:"scheduler_ms_p50"`      // the scheduler's own time
+	SchedulerWaitMS float64   `json:"scheduler_wait_ms_p50"` // how long phase 2 waited for it (its exposed part)
+	// ExposedMS is how long the copies held work up, median over the timed
+	// steps (dispatchers.RebalanceStats.Exposed); ExposedNote says how it
+	// was measured, or why not (then ExposedMS is 0)
+	ExposedMS   float64 `json:"exposed_ms_p50"`
+	ExposedNote string  `json:"exposed_note"`
+	// HiddenShare is older records' share of the incoming copies' time
+	// that overlapped the static experts (not a stall: replaced by ExposedMS)
+	HiddenShare string         `json:"hidden_share,omitempty"`
+	PhaseTwoSMs string         `json:"phase2_sm_utilisation"`
+	Warnings    []string       `json:"warnings,omitempty"` // why the rebalance is a no-op, or that it moved nothing
+	PerStep     RebalanceSteps `json:"per_step"`
 }
 
 // RebalanceSteps are the timed steps' rebalance measurements, one entry per
-// step. Hidden holds -1 for a step where it was not measured.
+// step.
 type RebalanceSteps struct {
 	CopyMS          []float64 `json:"copy_ms"`
 	SchedulerMS     []float64 `json:"scheduler_ms"`
 	SchedulerWaitMS []float64 `json:"scheduler_wait_ms"`
-	Hidden          []float64 `json:"hidden_share"`
+	ExposedMS       []float64 `json:"exposed_ms"`             // -1 where not measured
+	Hidden          []float64 `json:"hidden_share,omitempty"` // older records
 	// max − mean of the ranks' expert time in each step, ms: the timed
 	// steps, and the paused ones (the same routing, nothing moved)
 	GEMMAfterMS  []float64 `json:"gemm_straggler_after_ms"`
@@ -114,14 +123,19 @@ type Config struct {
 	Domain        int     `json:"domain,omitempty"`         // ranks per NVLink domain; 0 = all
 	FeplbBase     string  `json:"feplb_base,omitempty"`     // feplb: phase-1 dispatcher
 	FeplbDynamic  int     `json:"feplb_dynamic,omitempty"`  // feplb: dynamic experts per rank
+	FeplbPolicy   string  `json:"feplb_policy,omitempty"`   // feplb: the scheduler's policy (feplb, feplb-split); older records: feplb-split's forerunner
 	CommTimeoutS  float64 `json:"comm_timeout_s,omitempty"` // SM-driven dispatchers: the bound of each cross-rank wait
 	Routing       string  `json:"routing"`
-	Seed          uint64  `json:"seed"`
-	Warmup        int     `json:"warmup"`
-	Iters         int     `json:"iters"`
-	MaxSeconds    float64 `json:"max_seconds,omitempty"` // time budget of the iterations (Timing.Stopped says if it cut them)
-	Check         bool    `json:"check"`
-	Device        string  `json:"device"`
+	// RoutingPerStep: each iteration had its own routing, drawn from the
+	// seed and the step (older records, and --routing-fixed: one routing
+	// replayed every iteration)
+	RoutingPerStep bool    `json:"routing_per_step,omitempty"`
+	Seed           uint64  `json:"seed"`
+	Warmup         int     `json:"warmup"`
+	Iters          int     `json:"iters"`
+	MaxSeconds     float64 `json:"max_seconds,omitempty"` // time budget of the iterations (Timing.Stopped says if it cut them)
+	Check          bool    `json:"check"`
+	Device         string  `json:"device"`
 }
 
 // Stack is what the numbers were measured on: the machine, its software and
@@ -224,8 +238,12 @@ type Straggler struct {
 // Tokens counts the token copies each rank's experts compute (after any
 // rebalance).
 type Tokens struct {
-	Received  []int     `json:"received_per_rank"`
-	Straggler Straggler `json:"straggler"`
+	Received  []int     `json:"received_per_rank"` // the last timed step's
+	Straggler Straggler `json:"straggler"`         // of Received
+	// every timed step's copies per rank and their straggler (max − mean):
+	// with routing drawn per step they differ from step to step
+	ReceivedPerStep  [][]int   `json:"received_per_step,omitempty"`
+	StragglerPerStep []float64 `json:"straggler_per_step,omitempty"`
 }
 
 // GEMM is the expert computation's work and its straggler.
@@ -250,6 +268,13 @@ type Traffic struct {
 	DispatchAlgorithm int64  `json:"dispatch_algorithm_bytes,omitempty"`
 	CombineAlgorithm  int64  `json:"combine_algorithm_bytes,omitempty"`
 	AlgorithmFormula  string `json:"algorithm_formula,omitempty"`
+	// The part of the off-rank bytes that crosses NVLink domains (a
+	// domain-aware design's inter-domain path), and the inter-domain bytes
+	// of each direction in the design's own convention; absent for designs
+	// that do not tell domains apart and runs in one domain.
+	DispatchInterDomain  int64 `json:"dispatch_inter_domain_bytes,omitempty"`
+	CombineInterDomain   int64 `json:"combine_inter_domain_bytes,omitempty"`
+	InterDomainAlgorithm int64 `json:"inter_domain_algorithm_bytes,omitempty"`
 	// Bandwidth in GB/s (1e9 B/s) by BandwidthFormula: a rank's share of
 	// the algorithm bytes over the phase's p50; per SM of the budget for
 	// SM-driven dispatchers.

@@ -257,7 +257,7 @@ func (g Group) cells() [][]string {
 // when no row rebalanced.
 func (g Group) rebalanceCells() [][]string {
 	rows := [][]string{{"rebalancing", "token_strag_before_%", "token_strag_after_%", "gemm_strag_before_%", "gemm_strag_after_%",
-		"moves", "copy_MiB", "copy_ms_p50", "copies_hidden", "scheduler_ms_p50", "exposed_ms_p50"}}
+		"moves", "copy_MiB", "copy_ms_p50", "copies_exposed_ms_p50", "scheduler_ms_p50", "scheduler_exposed_ms_p50"}}
 	pct := func(s Straggler) string {
 		if len(s.PerRank) == 0 { // a record from before the measured "before"
 			return "—"
@@ -269,12 +269,15 @@ func (g Group) rebalanceCells() [][]string {
 		if rb == nil || r.Rec.Status != StatusOK {
 			continue
 		}
-		hidden, _, ok := strings.Cut(rb.HiddenShare, " (median")
-		if !ok {
-			hidden = "n/m"
+		exposed := f3(rb.ExposedMS)
+		switch {
+		case rb.ExposedNote == "": // a record from before the exposed time
+			exposed = "—"
+		case !strings.HasPrefix(rb.ExposedNote, "median of"):
+			exposed = "n/m"
 		}
 		rows = append(rows, []string{r.Rec.Config.Settings(), pct(rb.TokenBefore), pct(rb.TokenAfter), pct(rb.GEMMBefore), pct(r.Rec.GEMM.Straggler),
-			strconv.Itoa(rb.Moves), fmt.Sprintf("%.2f", float64(rb.CopyBytes)/(1<<20)), f3(rb.CopyMS), hidden, f3(rb.SchedulerMS), f3(rb.SchedulerWaitMS)})
+			strconv.Itoa(rb.Moves), fmt.Sprintf("%.2f", float64(rb.CopyBytes)/(1<<20)), f3(rb.CopyMS), exposed, f3(rb.SchedulerMS), f3(rb.SchedulerWaitMS)})
 	}
 	if len(rows) == 1 {
 		return nil

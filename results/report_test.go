@@ -102,8 +102,9 @@ func TestReportFormats(t *testing.T) {
 }
 
 // TestReportRebalance: a group with a rebalancing row gets the rebalancing
-// table (table and markdown), with "—" for a before it did not measure and
-// "n/m" for a hidden share it did not measure; a group without gets none.
+// table (table and markdown), with "—" for a before or an exposed time an
+// older record did not have, and "n/m" for an exposed time a run did not
+// measure; a group without gets none.
 func TestReportRebalance(t *testing.T) {
 	recs := reportRecords()
 	rb := recs[1] // the ok alltoall row, made into feplb
@@ -111,20 +112,25 @@ func TestReportRebalance(t *testing.T) {
 	rb.GEMM = &GEMM{Straggler: Straggler{PerRank: []float64{1, 1.1}, Rel: 0.048}} // after
 	rb.Rebalance = &Rebalance{TokenBefore: Straggler{PerRank: []float64{1, 3}, Rel: 0.5}, TokenAfter: Straggler{PerRank: []float64{2, 2}},
 		GEMMBefore: Straggler{PerRank: []float64{1, 2}, Rel: 0.333},
-		Moves:      3, CopyBytes: 3 << 20, CopyMS: 0.25, HiddenShare: "87.5% (median of 20 steps; events)", SchedulerMS: 0.04}
+		Moves:      3, CopyBytes: 3 << 20, CopyMS: 0.25, ExposedMS: 0.125, ExposedNote: "median of 20 steps; events", SchedulerMS: 0.04}
 	old := rb
-	old.Config.Seed++ // another workload: a record without the measured before
+	old.Config.Seed++ // another workload: an older record, without the measured before or the exposed time
 	r2 := *old.Rebalance
 	old.Rebalance = &r2
-	old.Rebalance.GEMMBefore, old.Rebalance.HiddenShare = Straggler{}, "not measured: host"
+	old.Rebalance.GEMMBefore, old.Rebalance.ExposedMS, old.Rebalance.ExposedNote, old.Rebalance.HiddenShare = Straggler{}, 0, "", "not measured: host"
+	host := rb
+	host.Config.Seed += 2 // a host run: exposed time not measured
+	r3 := *host.Rebalance
+	host.Rebalance = &r3
+	host.Rebalance.ExposedNote = "not measured: the host device runs the copies in their own phase"
 	for _, f := range []string{"table", "markdown"} {
 		var b bytes.Buffer
-		if err := WriteReport(&b, BuildReport(append(recs, rb, old)), f, "t"); err != nil {
+		if err := WriteReport(&b, BuildReport(append(recs, rb, old, host)), f, "t"); err != nil {
 			t.Fatal(err)
 		}
 		out := b.String()
-		if strings.Count(out, "token_strag_before_%") != 2 {
-			t.Errorf("%s: want a rebalancing table for each of the two feplb groups, none for the others:\n%s", f, out)
+		if strings.Count(out, "token_strag_before_%") != 3 {
+			t.Errorf("%s: want a rebalancing table for each of the three feplb groups, none for the others:\n%s", f, out)
 		}
 		var lines []string
 		for _, l := range strings.Split(out, "\n") {
@@ -132,8 +138,9 @@ func TestReportRebalance(t *testing.T) {
 				lines = append(lines, strings.Join(strings.Fields(strings.ReplaceAll(l, "|", " ")), " "))
 			}
 		}
-		want := []string{"feplb/native sms=0 base=alltoall dynamic=2 50.0 0.0 33.3 4.8 3 3.00 0.250 87.5% 0.040 0.000",
-			"feplb/native sms=0 base=alltoall dynamic=2 50.0 0.0 — 4.8 3 3.00 0.250 n/m 0.040 0.000"}
+		want := []string{"feplb/native sms=0 base=alltoall dynamic=2 50.0 0.0 33.3 4.8 3 3.00 0.250 0.125 0.040 0.000",
+			"feplb/native sms=0 base=alltoall dynamic=2 50.0 0.0 — 4.8 3 3.00 0.250 — 0.040 0.000",
+			"feplb/native sms=0 base=alltoall dynamic=2 50.0 0.0 33.3 4.8 3 3.00 0.250 n/m 0.040 0.000"}
 		if strings.Join(lines, "\n") != strings.Join(want, "\n") {
 			t.Errorf("%s rows:\n%s\nwant\n%s", f, strings.Join(lines, "\n"), strings.Join(want, "\n"))
 		}

@@ -158,6 +158,9 @@ func (c Config) Workload() string {
 	w := fmt.Sprintf("%s tokens=%d hidden=%d ffn=%d experts=%d topk=%d shared=%d score=%s groups=%d/%d scale=%g routing=%s seed=%d ep=%d device=%s",
 		c.Preset, c.Tokens, c.Hidden, c.FFN, c.Experts, c.TopK, c.SharedExperts, c.ScoreName(), c.Groups, c.GroupTopK,
 		c.TopKScale, c.Routing, c.Seed, c.EP, c.Device)
+	if c.RoutingPerStep {
+		w += " per-step"
+	}
 	if c.Domain > 0 {
 		w += fmt.Sprintf(" domain=%d", c.Domain)
 	}
@@ -182,6 +185,9 @@ func (c Config) Settings() string {
 	s := fmt.Sprintf("%s/%s sms=%d", c.Dispatcher, c.Impl, c.SMs)
 	if c.FeplbBase != "" {
 		s += fmt.Sprintf(" base=%s dynamic=%d", c.FeplbBase, c.FeplbDynamic)
+	}
+	if c.FeplbPolicy != "" {
+		s += " policy=" + c.FeplbPolicy
 	}
 	return s
 }

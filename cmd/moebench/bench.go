@@ -68,7 +68,7 @@ func bench(args []string, stdout, stderr io.Writer) int {
 	if format != "table" && format != "json" {
 		return usageError(stderr, &harness.ConfigError{Flag: "format", Value: format, Allowed: "allowed: table, json"})
 	}
-	o.dispatcher, o.impl, o.routing, o.device, o.check, o.feplbBase, o.feplbDyn, o.commTimeout = d.Dispatcher, d.Impl, "balanced", "cuda", true, d.FeplbBase, d.FeplbDyn, d.CommTimeout
+	o.dispatcher, o.impl, o.routing, o.device, o.check, o.feplbBase, o.feplbDyn, o.feplbPolicy, o.commTimeout = d.Dispatcher, d.Impl, "balanced", "cuda", true, d.FeplbBase, d.FeplbDyn, d.FeplbPolicy, d.CommTimeout
 	cfg, err := o.config(fs)
 	if err != nil {
 		return usageError(stderr, err)

@@ -20,14 +20,14 @@ import (
 // options holds the parsed flags.
 type options struct {
 	preset, dispatcher, impl, score, routing, device, out, format, dump string
-	feplbBase, cudaLibs                                                 string
+	feplbBase, feplbPolicy, cudaLibs                                    string
 	domain, feplbDyn                                                    int
 	tokens, hidden, ffn, experts, topk, shared, groups, groupTopK       int
 	sms, ep, gpus, warmup, iters                                        int
 	topkScale, maxSeconds                                               float64
 	commTimeout                                                         time.Duration
 	seed                                                                uint64
-	check, preSoftmax                                                   bool
+	check, preSoftmax, routingFixed                                     bool
 }
 
 func newFlags(o *options) *pflag.FlagSet {
@@ -36,7 +36,7 @@ func newFlags(o *options) *pflag.FlagSet {
 	fs.SortFlags = false
 	fs.StringVar(&o.dispatcher, "dispatcher", d.Dispatcher, "token dispatcher: "+strings.Join(dispatchers.Names(), "|"))
 	fs.StringVar(&o.impl, "impl", d.Impl, "implementation: native (moebench's own) | library (a real library on the node: alltoall through NCCL, one GPU per rank)")
-	fs.IntVar(&o.sms, "sms", d.SMs, "SM budget (thread blocks) of SM-driven dispatchers' transfer kernels: deepep (even; default 20), hybridep; 0 = the dispatcher's default")
+	fs.IntVar(&o.sms, "sms", d.SMs, "SM budget (thread blocks) of SM-driven dispatchers' transfer kernels: deepep (even; default 20), hybridep (default 16); 0 = the dispatcher's default")
 	fs.IntVar(&o.ep, "ep", d.EP, "expert-parallel ranks; must divide --experts")
 	fs.IntVar(&o.gpus, "gpus", d.GPUs, "cuda: GPUs the ranks are spread over; 0 = every GPU, at most one per rank (more ranks than GPUs: packed, emulated EP)")
 	addFeplbFlags(fs, o)
@@ -53,9 +53,10 @@ func newFlags(o *options) *pflag.FlagSet {
 // addFeplbFlags defines the NVLink domain and feplb's options.
 func addFeplbFlags(fs *pflag.FlagSet, o *options) {
 	d := harness.DefaultConfig()
-	fs.IntVar(&o.domain, "domain", d.Domain, "ranks per NVLink domain (feplb moves work only inside one); 0 = all ranks")
+	fs.IntVar(&o.domain, "domain", d.Domain, "ranks per NVLink domain: feplb moves work only inside one, hybridep links them through its inter-domain path; 0 = all ranks")
 	fs.StringVar(&o.feplbBase, "feplb-base", d.FeplbBase, "feplb: the dispatcher of phase 1")
-	fs.IntVar(&o.feplbDyn, "feplb-dynamic", d.FeplbDyn, "feplb: dynamic experts per rank (its most loaded)")
+	fs.IntVar(&o.feplbDyn, "feplb-dynamic", d.FeplbDyn, "feplb: dynamic experts per rank (its most loaded; the paper's dyn)")
+	fs.StringVar(&o.feplbPolicy, "feplb-policy", d.FeplbPolicy, "feplb: the scheduler: feplb (the paper's: whole dynamic experts move) | feplb-split (moebench's: chunks of them)")
 }
 
 // addShapeFlags defines the flags that override a preset's shape.
@@ -77,6 +78,7 @@ func addShapeFlags(fs *pflag.FlagSet, o *options) {
 func addControlFlags(fs *pflag.FlagSet, o *options) {
 	d := harness.DefaultConfig()
 	fs.Uint64Var(&o.seed, "seed", d.Seed, "seed of every random draw (inputs, weights, routing)")
+	fs.BoolVar(&o.routingFixed, "routing-fixed", d.RoutingFixed, "replay the first iteration's routing every iteration (default: each iteration draws its own, seeded by the step)")
 	fs.IntVar(&o.warmup, "warmup", d.Warmup, "untimed iterations before timing")
 	fs.IntVar(&o.iters, "iters", d.Iters, fmt.Sprintf("timed iterations (at most %d)", harness.MaxIters))
 	fs.Float64Var(&o.maxSeconds, "max-seconds", 0, "time budget of the warm-up and timed iterations: past it the run stops after the current iteration and records what it timed (at least one iteration); 0 = none")
@@ -143,8 +145,8 @@ func (o *options) config(fs *pflag.FlagSet) (harness.Config, error) {
 		return c, err
 	}
 	c.Dispatcher, c.Impl, c.SMs, c.EP, c.GPUs = o.dispatcher, o.impl, o.sms, o.ep, o.gpus
-	c.Domain, c.FeplbBase, c.FeplbDyn, c.CommTimeout = o.domain, o.feplbBase, o.feplbDyn, o.commTimeout
-	c.Routing, c.Seed, c.Warmup, c.Iters, c.Check, c.Device = r, o.seed, o.warmup, o.iters, o.check, o.device
+	c.Domain, c.FeplbBase, c.FeplbDyn, c.FeplbPolicy, c.CommTimeout = o.domain, o.feplbBase, o.feplbDyn, o.feplbPolicy, o.commTimeout
+	c.Routing, c.RoutingFixed, c.Seed, c.Warmup, c.Iters, c.Check, c.Device = r, o.routingFixed, o.seed, o.warmup, o.iters, o.check, o.device
 	c.MaxSeconds = o.maxSeconds
 	if err := c.Validate(); err != nil {
 		return c, err
@@ -163,7 +165,7 @@ func feplbOnly(fs *pflag.FlagSet, running []string) error {
 	if slices.Contains(running, "feplb") {
 		return nil
 	}
-	for _, name := range []string{"feplb-base", "feplb-dynamic"} {
+	for _, name := range []string{"feplb-base", "feplb-dynamic", "feplb-policy"} {
 		if f := fs.Lookup(name); f.Changed {
 			return &harness.ConfigError{Flag: name, Value: f.Value, Allowed: "applies only to --dispatcher feplb"}
 		}

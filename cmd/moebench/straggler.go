@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 
 	"github.com/spf13/pflag"
@@ -14,11 +15,17 @@ import (
 )
 
 const stragglerHelp = `moebench straggler simulates many steps of expert load at any EP size and compares
-balancing policies: token straggler (copies on the busiest rank − mean), modelled
-GEMM straggler, bytes each policy moves and over which link, the busiest rank's
-copy-engine time (ce_time_us), of it the outputs' way back to their owner
-(back_us) and how much of that lands after the slowest rank's GEMMs
-(back_exposed_us), scheduler time.
+balancing policies, ranked by their effective straggler: when the slowest rank is
+done with the expert phase (its GEMMs, waits for copies, outputs back, broadcasts,
+placement traffic) minus the mean GEMM time with every expert home. Also: token
+straggler (copies on the busiest rank − mean), modelled GEMM straggler, what the
+policy's own costs add (exposed_us), bytes moved by link, the busiest rank's
+copy-engine time (ce_time_us), of it the outputs' way back (back_us) and how much
+of that lands after the slowest rank's GEMMs (back_exposed_us), the extra bytes on
+the busiest NVLink direction as a share of the EP dispatch/combine bytes there
+(ep_overhead_%), and with --backward the backward pass's traffic and exposure.
+Per-step plans (fastermoe, feplb*) are known --counts-us + --sched-us after phase
+1; their copies and broadcasts start then.
 
 Usage:
   moebench straggler [flags]`
@@ -32,6 +39,9 @@ func straggler(args []string, stdout, stderr io.Writer) int {
 		seed                               uint64
 		policies                           []string
 		format                             string
+		schedUS                            string
+		countsUS, ceShare, tflops          float64
+		backward                           bool
 	)
 	o := balance.DefaultOptions
 	fs := pflag.NewFlagSet("moebench straggler", pflag.ContinueOnError)
@@ -46,16 +56,24 @@ func straggler(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&ffn, "ffn", 0, "per-expert intermediate size (default: the preset's)")
 	fs.IntVar(&tokens, "tokens", 0, "tokens per rank per step (default: the preset's)")
 	fs.StringVar(&routing, "routing", "skewed:0.8", "skewed:ALPHA (Zipf popularity with drift) | balanced | trace:FILE (steps of ep×tokens lines)")
-	fs.Float64Var(&drift, "drift", 0.3, "step-to-step popularity drift: stationary std of log popularity (skewed/balanced)")
+	fs.Float64Var(&drift, "drift", 0.3, "step-to-step popularity drift of skewed routing: stationary std of log popularity (balanced routing is i.i.d. each step)")
 	fs.IntVar(&steps, "steps", 1000, "simulated steps (micro-batches)")
 	fs.Uint64Var(&seed, "seed", 1, "seed of the routing draws")
 	fs.IntVar(&o.RedundantPerRank, "eplb-redundant", o.RedundantPerRank, "eplb: redundant expert slots per rank")
 	fs.IntVar(&o.ReplanEvery, "eplb-interval", o.ReplanEvery, "eplb, feplb+place: steps between placements")
-	fs.IntVar(&o.DynamicPerRank, "feplb-dynamic", o.DynamicPerRank, "feplb: dynamic experts per rank (its most loaded)")
-	fs.IntVar(&o.MinChunk, "feplb-min-chunk", o.MinChunk, "feplb: fewest tokens worth moving an expert's weights for")
+	fs.IntVar(&o.DynamicPerRank, "feplb-dynamic", o.DynamicPerRank, "feplb*: dynamic experts per rank (its most loaded; the paper's dyn)")
+	fs.IntVar(&o.Tau, "feplb-tau", o.Tau, "feplb*: τ, fewest tokens worth moving an expert's weights for (feplb: a whole expert; feplb-split: a chunk)")
+	fs.IntVar(&o.Tau, "feplb-min-chunk", o.Tau, "")
+	_ = fs.MarkDeprecated("feplb-min-chunk", "use --feplb-tau")
+	fs.IntVar(&o.MaxDyn, "feplb-max-dyn", o.MaxDyn, "feplb*: moved experts' weights a helper's buffer holds (the paper's max_num_dyn)")
+	fs.StringVar(&schedUS, "sched-us", "measured", "the CPU scheduler's time per step charged to per-step plans, µs, or 'measured' (its wall time here; not deterministic)")
+	fs.Float64Var(&countsUS, "counts-us", 10, "µs after phase 1 until the step's counts are on the CPU (a small all-gather and a device-to-host copy; assumed)")
+	fs.Float64Var(&ceShare, "nvlink-ce-share", 1, "share of NVLink bandwidth the copy-engine copies get while EP traffic shares the link (1: the link to themselves)")
+	fs.BoolVar(&backward, "backward", false, "also model the backward pass: gradients back to owners (FEPLB: 6·hidden·ffn bytes of weight gradient per (expert, helper)), their time and exposure")
 	fs.StringVar(&rateFile, "gemm-rate-from", "", "results file: model GEMM time with the best measured expert-GEMM rate in it (default: H100 roofline)")
+	fs.Float64Var(&tflops, "gemm-tflops", 0, "expert-GEMM rate of the model, TFLOP/s (default: the H100 roofline, 989)")
 	fs.StringVar(&explain, "explain", "", "print the plan of one step (e.g. 0) for each policy, then the summary")
-	fs.StringVar(&format, "format", "table", "output: table | markdown (deterministic: without the scheduler's wall time)")
+	fs.StringVar(&format, "format", "table", "output: table | markdown (without the scheduler's wall time: deterministic with a fixed --sched-us)")
 	if code, ok := parseFlags(fs, args, stragglerHelp, stdout, stderr); !ok {
 		return code
 	}
@@ -96,6 +114,22 @@ func straggler(args []string, stdout, stderr io.Writer) int {
 		return usageError(stderr, fmt.Errorf("--drift=%g: must be in [0, 10]", drift))
 	case format != "table" && format != "markdown":
 		return usageError(stderr, fmt.Errorf("--format=%s: allowed: table, markdown", format))
+	case !(countsUS >= 0) || countsUS > 1e6:
+		return usageError(stderr, fmt.Errorf("--counts-us=%g: must be in [0, 1e6]", countsUS))
+	case !(ceShare > 0) || ceShare > 1:
+		return usageError(stderr, fmt.Errorf("--nvlink-ce-share=%g: must be in (0, 1]", ceShare))
+	case !(tflops >= 0) || tflops > 1e5:
+		return usageError(stderr, fmt.Errorf("--gemm-tflops=%g: must be in (0, 1e5] (0: the H100 roofline)", tflops))
+	case tflops > 0 && rateFile != "":
+		return usageError(stderr, errors.New("--gemm-tflops and --gemm-rate-from: give one of them"))
+	}
+	sched := -1.0 // measured
+	if schedUS != "measured" {
+		v, err := strconv.ParseFloat(schedUS, 64)
+		if err != nil || !(v >= 0) || v > 1e6 {
+			return usageError(stderr, fmt.Errorf("--sched-us=%s: want 'measured' or a number of µs in [0, 1e6]", schedUS))
+		}
+		sched = v / 1e6
 	}
 	for _, pol := range policies {
 		if _, err := balance.New(pol, t, balance.H100(hidden, ffn), o); err != nil {
@@ -103,6 +137,10 @@ func straggler(args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	m := balance.H100(hidden, ffn)
+	m.CEShare = ceShare
+	if tflops > 0 {
+		m.GEMMRate, m.RateSource = tflops*1e12, fmt.Sprintf("%g TFLOP/s (--gemm-tflops), 3.35 TB/s HBM", tflops)
+	}
 	if rateFile != "" {
 		rate, src, err := measuredRate(rateFile, stderr)
 		if err != nil {
@@ -118,8 +156,8 @@ func straggler(args []string, stdout, stderr io.Writer) int {
 	switch r.Kind {
 	case harness.RoutingSkewed:
 		src = balance.NewSkewed(t, topk, tokens, r.Alpha, drift, seed, steps)
-	case harness.RoutingBalanced:
-		src = balance.NewSkewed(t, topk, tokens, 0, drift, seed, steps)
+	case harness.RoutingBalanced: // fresh i.i.d. routing every step, as Megatron's force-balancing: no drift
+		src = balance.NewSkewed(t, topk, tokens, 0, 0, seed, steps)
 	case harness.RoutingTrace:
 		tr, err := harness.ReadTrace(r.File, experts, topk)
 		if err != nil {
@@ -134,22 +172,50 @@ func straggler(args []string, stdout, stderr io.Writer) int {
 		if _, err := fmt.Sscan(explain, &i); err != nil || i < 0 || i >= steps {
 			return usageError(stderr, fmt.Errorf("--explain=%s: want a step in [0, %d)", explain, steps))
 		}
+		ready := countsUS/1e6 + max(sched, 0)
+		if sched < 0 {
+			ready = countsUS/1e6 + balance.PaperSchedSeconds
+		}
 		for _, name := range policies {
 			pol, _ := balance.New(name, t, m, o)
 			var pl balance.Plan
 			for s := 0; s <= i; s++ { // policies with history see the steps before
-				pl = pol.Plan(src.Step(s))
+				st := src.Step(s)
+				st.Ready = ready
+				pl = pol.Plan(st)
 			}
 			fmt.Fprintf(stdout, "step %d, %s", i, pl.Explain(t))
 		}
 	}
-	res, err := balance.Simulate(t, m, src, steps, policies, o)
+	cfg := balance.SimConfig{Topology: t, Model: m, Options: o, Source: src, Steps: steps, Policies: policies,
+		Tokens: tokens, TopK: topk, Counts: countsUS / 1e6, Sched: sched, Backward: backward}
+	res, err := balance.Simulate(cfg)
 	if err != nil {
 		fmt.Fprintf(stderr, "moebench straggler: %v\n", err)
 		return exitRuntime
 	}
-	writeStraggler(stdout, format, res, fmt.Sprintf("EP %d (domains of %d) · %d experts top-%d · hidden %d ffn %d · %d tokens/rank · routing %s drift %g · %d steps · seed %d · GEMM model: %s",
-		ep, domain, experts, topk, hidden, ffn, tokens, routing, drift, steps, seed, m.RateSource))
+	for _, r := range res {
+		for _, w := range r.Warnings {
+			fmt.Fprintf(stderr, "moebench straggler: warning: %s\n", w)
+		}
+	}
+	if format == "markdown" && sched < 0 {
+		fmt.Fprintln(stderr, "moebench straggler: warning: --sched-us=measured makes the table depend on this machine's timing")
+	}
+	d := fmt.Sprintf(" drift %g", drift)
+	if !strings.HasPrefix(routing, harness.RoutingSkewed) {
+		d = ""
+	}
+	schedNote := "measured"
+	if sched >= 0 {
+		schedNote = fmt.Sprintf("%g µs", sched*1e6)
+	}
+	share := ""
+	if ceShare < 1 {
+		share = fmt.Sprintf(" · copies get %g of NVLink", ceShare)
+	}
+	writeStraggler(stdout, format, res, fmt.Sprintf("EP %d (domains of %d) · %d experts top-%d · hidden %d ffn %d · %d tokens/rank · routing %s%s · %d steps · seed %d · GEMM model: %s · plan known %g µs (counts) + %s (scheduler) after phase 1%s",
+		ep, domain, experts, topk, hidden, ffn, tokens, routing, d, steps, seed, m.RateSource, countsUS, schedNote, share))
 	return exitOK
 }
 
@@ -188,60 +254,6 @@ func measuredRate(path string, stderr io.Writer) (float64, string, error) {
 		return 0, "", errors.New("no ok record with an expert-GEMM rate")
 	}
 	return best * 1e12, fmt.Sprintf("measured %.4g TFLOP/s (best in %s); HBM 3.35 TB/s", best, path), nil
-}
-
-func writeStraggler(w io.Writer, format string, res []balance.SimResult, title string) {
-	var none, faster, fe *balance.SimResult
-	for i := range res {
-		switch res[i].Policy {
-		case "none":
-			none = &res[i]
-		case "fastermoe":
-			faster = &res[i]
-		case "feplb":
-			fe = &res[i]
-		}
-	}
-	ratio := ""
-	if faster != nil && fe != nil && fe.Token.Abs > 0 {
-		ratio = fmt.Sprintf("token straggler fastermoe ÷ feplb = %.2f (above 1: feplb's is lower)", faster.Token.Abs/fe.Token.Abs)
-	}
-	red := func(v, base float64) string {
-		if none == nil || base == 0 {
-			return "—"
-		}
-		return fmt.Sprintf("%.0f%%", 100*(1-v/base))
-	}
-	head := []string{"policy", "token_straggler", "token_straggler_%", "reduction", "gemm_straggler_us", "gemm_straggler_%", "reduction",
-		"ce_MB/step", "nvlink_MB/step", "network_MB/step", "ce_time_us", "back_us", "back_exposed_us", "sched_us"}
-	var rows [][]string
-	for _, r := range res {
-		row := []string{r.Policy, fmt.Sprintf("%.0f", r.Token.Abs), fmt.Sprintf("%.1f", 100*r.Token.Rel), "—",
-			fmt.Sprintf("%.1f", 1e6*r.GEMM.Abs), fmt.Sprintf("%.1f", 100*r.GEMM.Rel), "—",
-			fmt.Sprintf("%.1f", r.BytesPerStep[balance.LinkCE]/1e6), fmt.Sprintf("%.1f", r.BytesPerStep[balance.LinkNVLink]/1e6),
-			fmt.Sprintf("%.1f", r.BytesPerStep[balance.LinkNetwork]/1e6), fmt.Sprintf("%.0f", 1e6*r.CETimeMax), fmt.Sprintf("%.0f", 1e6*r.BackTimeMax), fmt.Sprintf("%.0f", 1e6*r.BackExposed), fmt.Sprintf("%.0f", r.SchedulerMicro)}
-		if none != nil {
-			row[3], row[6] = red(r.Token.Rel, none.Token.Rel), red(r.GEMM.Rel, none.GEMM.Rel)
-		}
-		rows = append(rows, row)
-	}
-	table := append([][]string{head}, rows...)
-	if format == "markdown" { // for committing: deterministic, so no wall-clock column
-		for i := range table {
-			table[i] = table[i][:len(table[i])-1]
-		}
-		fmt.Fprintf(w, "%s\n\n", title)
-		results.WriteMarkdownTable(w, table, 1)
-		if ratio != "" {
-			fmt.Fprintf(w, "\n%s.\n", ratio)
-		}
-		return
-	}
-	fmt.Fprintf(w, "# %s\n# means over steps; token straggler in copies, GEMM straggler modelled; reduction vs none\n", title)
-	results.WriteAligned(w, table, 1)
-	if ratio != "" {
-		fmt.Fprintf(w, "# %s\n", ratio)
-	}
 }
 
 // traceSource replays a trace: step i uses ep×tokens consecutive lines

@@ -16,7 +16,7 @@ import (
 // must be available, and the devices of a domain's ranks must reach each
 // other's memory (peer access, or one GPU: emulated EP), which Bind checks.
 func NewDevice(impl string, env dispatchers.Env) (dispatchers.DeviceDispatcher, error) {
-	base, dyn, err := options(impl, env)
+	base, err := options(impl, env)
 	if err != nil {
 		return nil, err
 	}
@@ -27,7 +27,7 @@ func NewDevice(impl string, env dispatchers.Env) (dispatchers.DeviceDispatcher, 
 	if err != nil {
 		return nil, baseUnavailable(impl, err)
 	}
-	return &Device{ClassicDevice: b, env: env, dynamic: dyn}, nil
+	return &Device{ClassicDevice: b, env: env}, nil
 }
 
 // Device is FEPLB on a kernels.Device. Phase 2's copies go on a copy stream
@@ -44,16 +44,30 @@ func NewDevice(impl string, env dispatchers.Env) (dispatchers.DeviceDispatcher, 
 // Every stream and event of a rank is on its device; copies from another
 // rank's device are peer copies.
 //
+// The scheduler plans with rates measured in the run, from the events of
+// the steps before (RebalanceStats reads them): the expert GEMMs' rate over
+// each rank's static experts and the copies' rate over phase 2's copies;
+// until a step has measured them, the H100 roofline stands in on a GPU and
+// HostModel's rates on an emulated device.
+//
 // Proven on kernels.Emu (the output equals the host layer's, also with the
 // ranks on several emulated devices); on a GPU nothing here has run yet.
 type Device struct {
 	dispatchers.ClassicDevice
-	env     dispatchers.Env
-	dynamic int
-	c       *core
-	ranks   []*dispatchers.DeviceRank
-	rs      []devRank
-	ops     []kernels.CopyOp
+	env    dispatchers.Env
+	c      *core
+	ranks  []*dispatchers.DeviceRank
+	rs     []devRank
+	ops    []kernels.CopyOp
+	rates  rates
+	packed string // which ranks of a domain share a device, or ""
+}
+
+// rates sums what the run has measured: the static experts' FLOPs and
+// seconds, phase 2's copied bytes and seconds, and the steps they came from.
+type rates struct {
+	flops, gemmSecs, bytes, copySecs float64
+	gemmSteps, copySteps             int
 }
 
 // devRank is one rank's phase-2 state.
@@ -62,8 +76,9 @@ type devRank struct {
 	origin kernels.Event  // recorded at the rank's permute; its times are read from it
 	// dispatched: phase 1 done (the static experts start); staticEnd: the
 	// static experts done; ceStart/ready: the incoming copies; computed: the
-	// chunks for others computed; backStart/backEnd: the outputs pulled back
-	dispatched, staticEnd, ceStart, ready, computed, backStart, backEnd kernels.Event
+	// chunks for others computed; ownEnd: all the rank's own work done;
+	// backStart/backEnd: the outputs pulled back
+	dispatched, staticEnd, ceStart, ready, computed, ownEnd, backStart, backEnd kernels.Event
 
 	fx, fp, fy kernels.Ptr   // rows computed for others: [rows, h] bf16, [rows] fp32, [rows, h] bf16
 	w1, w2     kernels.Ptr   // weights of the experts helped: [slots, 2f, h], [slots, h, f]
@@ -78,11 +93,17 @@ func (f *Device) Name() string { return "feplb" }
 // Bind checks that the ranks of each domain reach each other's devices,
 // binds the base dispatcher and makes each rank's copy stream and events.
 func (f *Device) Bind(shape dispatchers.Shape, ranks []*dispatchers.DeviceRank) error {
-	c, err := newCore(f.env, shape, f.dynamic, balance.H100(f.env.Hidden, f.env.FFN))
+	m := balance.H100(f.env.Hidden, f.env.FFN)
+	if ranks[0].Dev.Name() != "cuda" { // an emulated device: host rates
+		m = HostModel(f.env.Hidden, f.env.FFN)
+	}
+	c, err := newCore(f.env, shape, m)
 	if err != nil {
 		return err
 	}
+	c.measure = true
 	d := c.topo.Domain
+	f.packed = packed(ranks, d)
 	for a, ra := range ranks {
 		for b, rb := range ranks {
 			if a/d == b/d && !ra.Dev.Reaches(rb.Dev) {
@@ -98,7 +119,7 @@ func (f *Device) Bind(shape dispatchers.Shape, ranks []*dispatchers.DeviceRank) 
 		if s.ce, err = dev.NewStream(); err != nil {
 			return err
 		}
-		for _, e := range []*kernels.Event{&s.origin, &s.dispatched, &s.staticEnd, &s.ceStart, &s.ready, &s.computed, &s.backStart, &s.backEnd} {
+		for _, e := range []*kernels.Event{&s.origin, &s.dispatched, &s.staticEnd, &s.ceStart, &s.ready, &s.computed, &s.ownEnd, &s.backStart, &s.backEnd} {
 			if *e, err = dev.NewEvent(); err != nil {
 				return err
 			}
@@ -249,6 +270,9 @@ func (f *Device) Combine(r int) error {
 		if err := rk.Dev.Record(s.backEnd, s.ce); err != nil {
 			return err
 		}
+		if err := rk.Dev.Record(s.ownEnd, rk.Stream); err != nil {
+			return err
+		}
 		if err := rk.Dev.Wait(rk.Stream, s.backEnd); err != nil {
 			return err
 		}
@@ -256,8 +280,9 @@ func (f *Device) Combine(r int) error {
 	return f.ClassicDevice.Combine(r)
 }
 
-// RebalanceStats is the last step's rebalance, its copy times read from the
-// events (call it after the step's streams are synchronized).
+// RebalanceStats is the last step's rebalance, its times read from the
+// events (call it after the step's streams are synchronized; every step's
+// call also feeds the rates the scheduler plans the next steps with).
 func (f *Device) RebalanceStats() dispatchers.RebalanceStats {
 	s := f.c.stats
 	var methods []string
@@ -267,45 +292,140 @@ func (f *Device) RebalanceStats() dispatchers.RebalanceStats {
 		}
 	}
 	s.CopyMethod = strings.Join(methods, "; ")
-	var in, back, overlap, total float64
-	err := func() error {
-		for r := range f.rs {
-			d, dev := &f.rs[r], f.ranks[r].Dev
-			if len(f.c.lay.out[r]) > 0 {
-				ms, err := dev.Elapsed(d.backStart, d.backEnd)
-				if err != nil {
-					return err
-				}
-				back = max(back, ms)
-			}
-			if len(f.c.lay.in[r]) == 0 {
-				continue
-			}
-			var t [4]float64 // copies start, land; static experts start, end (from the rank's origin)
-			for i, e := range []kernels.Event{d.ceStart, d.ready, d.dispatched, d.staticEnd} {
-				ms, err := dev.Elapsed(d.origin, e)
-				if err != nil {
-					return err
-				}
-				t[i] = ms
-			}
-			in = max(in, t[1]-t[0])
-			total += t[1] - t[0]
-			overlap += max(0, min(t[1], t[3])-max(t[0], t[2]))
-		}
-		return nil
-	}()
-	s.CopySeconds = (in + back) / 1e3
+	if f.packed != "" {
+		s.Note += "; " + f.packed
+	}
+	st, err := f.stepTimes()
+	s.CopySeconds = st.in + st.back
 	switch {
 	case err != nil:
-		s.Hidden, s.HiddenNote = math.NaN(), "not measured: "+err.Error()
-	case total == 0:
-		s.Hidden, s.HiddenNote = math.NaN(), "no copies this step"
+		s.Exposed, s.ExposedNote = math.NaN(), "not measured: "+err.Error()
+	case !st.copied:
+		s.Exposed, s.ExposedNote = math.NaN(), "no copies this step"
 	default:
-		s.Hidden = overlap / total
-		s.HiddenNote = "device events: each helper's incoming copies (its copy stream) against its static experts (its stream, dispatch end to rebalance start), summed over helpers"
+		s.Exposed = st.exposed
+		s.ExposedNote = "device events: per rank, its stream's wait for its incoming copies after its static experts (ready − static end, at least 0) plus its wait for its outputs back after its own work (back end − own end, at least 0); the slowest rank's"
+	}
+	if err == nil {
+		if err := f.learn(st); err != nil {
+			s.Note += "; the measured rates were not applied: " + err.Error()
+		}
 	}
 	return s
+}
+
+// stepTimes is what the last step's events say.
+type stepTimes struct {
+	in, back, exposed float64 // seconds: the slowest helper's incoming copies, the slowest owner's outputs back, the slowest rank's wait
+	copied            bool
+	flops, gemmSecs   float64 // static experts, all ranks
+	bytes, copySecs   float64 // phase 2's copies, all ranks
+}
+
+func (f *Device) stepTimes() (stepTimes, error) {
+	var st stepTimes
+	h, ff := float64(f.c.shape.Hidden), float64(f.env.FFN)
+	for r := range f.rs {
+		d, dev := &f.rs[r], f.ranks[r].Dev
+		at := func(es ...kernels.Event) ([]float64, error) { // seconds from the rank's origin
+			t := make([]float64, len(es))
+			for i, e := range es {
+				ms, err := dev.Elapsed(d.origin, e)
+				if err != nil {
+					return nil, err
+				}
+				t[i] = ms / 1e3
+			}
+			return t, nil
+		}
+		static, err := at(d.dispatched, d.staticEnd)
+		if err != nil {
+			return st, err
+		}
+		rows := 0
+		for _, sg := range d.segs[0] {
+			rows += sg.Len
+		}
+		if rows > 0 && static[1] > static[0] {
+			st.flops += 6 * h * ff * float64(rows)
+			st.gemmSecs += static[1] - static[0]
+		}
+		wait := 0.0
+		if in := f.c.lay.in[r]; len(in) > 0 {
+			t, err := at(d.ceStart, d.ready)
+			if err != nil {
+				return st, err
+			}
+			st.copied = true
+			st.in = max(st.in, t[1]-t[0])
+			st.copySecs += t[1] - t[0]
+			for _, c := range in {
+				st.bytes += float64(c.n)*(2*h+4) + 6*h*ff
+			}
+			wait += max(0, t[1]-static[1]) // copies landed after the static experts
+		}
+		if out := f.c.lay.out[r]; len(out) > 0 {
+			t, err := at(d.backStart, d.backEnd, d.ownEnd)
+			if err != nil {
+				return st, err
+			}
+			st.copied = true
+			st.back = max(st.back, t[1]-t[0])
+			st.copySecs += t[1] - t[0]
+			for _, c := range out {
+				st.bytes += float64(c.n) * 2 * h
+			}
+			wait += max(0, t[1]-t[2]) // outputs back after the rank's own work
+		}
+		st.exposed = max(st.exposed, wait)
+	}
+	return st, nil
+}
+
+// learn adds a step's measurements to the run's rates and makes the
+// scheduler plan with them.
+func (f *Device) learn(st stepTimes) error {
+	r := &f.rates
+	if st.gemmSecs > 0 {
+		r.flops, r.gemmSecs, r.gemmSteps = r.flops+st.flops, r.gemmSecs+st.gemmSecs, r.gemmSteps+1
+	}
+	if st.copySecs > 0 {
+		r.bytes, r.copySecs, r.copySteps = r.bytes+st.bytes, r.copySecs+st.copySecs, r.copySteps+1
+	}
+	if r.gemmSteps == 0 {
+		return nil
+	}
+	m := f.c.model
+	m.GEMMRate = r.flops / r.gemmSecs
+	src := fmt.Sprintf("rates measured in this run: expert GEMMs %.4g TFLOP/s (static experts of %d steps)", m.GEMMRate/1e12, r.gemmSteps)
+	if r.copySteps > 0 {
+		m.CE = r.bytes / r.copySecs
+		src += fmt.Sprintf(", copies %.4g GB/s (phase 2 of %d steps)", m.CE/1e9, r.copySteps)
+	} else {
+		src += fmt.Sprintf(", copies at %.4g GB/s (not yet measured)", m.CE/1e9)
+	}
+	m.RateSource = src
+	return f.c.setModel(m)
+}
+
+// packed says which ranks of an NVLink domain share one device (emulated
+// EP), where moving work between them cannot shorten that device's work.
+func packed(ranks []*dispatchers.DeviceRank, domain int) string {
+	var groups []string
+	for lo := 0; lo < len(ranks); {
+		hi := lo + 1
+		for hi < len(ranks) && hi%domain != 0 && ranks[hi].Dev == ranks[lo].Dev {
+			hi++
+		}
+		if hi-lo > 1 {
+			groups = append(groups, fmt.Sprintf("%d–%d", lo, hi-1))
+		}
+		lo = hi
+	}
+	if groups == nil {
+		return ""
+	}
+	return fmt.Sprintf("ranks %s share one GPU each (packed, emulated EP): moving work between ranks of one GPU cannot shorten that GPU's work, so these per-rank figures do not show what a GPU per rank would gain", strings.Join(groups, ", "))
 }
 
 // Pause makes the following steps move nothing (or resumes moving).

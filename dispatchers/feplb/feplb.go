@@ -2,11 +2,12 @@
 // dispatch. Phase 1 runs a base EP dispatcher (--feplb-base, alltoall by
 // default). Its counts split the step's experts: each rank's few most loaded
 // experts are dynamic, the rest static. The static experts start computing at
-// once while the CPU scheduler (package balance's feplb policy, in a
-// goroutine) plans phase 2: chunks of the dynamic experts' rows move from
-// their owner to less loaded ranks of the same NVLink domain together with
-// the expert's weights, the helpers compute them before their own dynamic
-// experts, and the outputs go back to the owner before the base
+// once while the CPU scheduler (package balance's policy named by
+// --feplb-policy, in a goroutine) plans phase 2: the paper's policy (feplb)
+// moves whole dynamic experts, moebench's variant (feplb-split) chunks of
+// their rows, from their owner to less loaded ranks of the same NVLink domain
+// together with the expert's weights; the helpers compute them before their
+// own dynamic experts, and the outputs go back to the owner before the base
 // dispatcher's combine.
 //
 // One engine (core) turns counts into the split, runs the scheduler and lays
@@ -19,6 +20,7 @@ package feplb
 import (
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/moebench/moebench/balance"
@@ -31,23 +33,23 @@ func init() {
 }
 
 // options checks what FEPLB needs of its environment whatever the device:
-// the native implementation and a base dispatcher other than itself.
-func options(impl string, env dispatchers.Env) (base string, dynamic int, err error) {
+// the native implementation, a base dispatcher other than itself and a
+// policy the dispatcher can execute.
+func options(impl string, env dispatchers.Env) (base string, err error) {
 	if impl != dispatchers.ImplNative {
-		return "", 0, &dispatchers.UnavailableError{Name: "feplb", Impl: impl, Reason: "no library implementation (FEPLB has no public code)"}
+		return "", &dispatchers.UnavailableError{Name: "feplb", Impl: impl, Reason: "no library implementation (FEPLB has no public code)"}
 	}
 	base = env.Base
 	if base == "" {
 		base = "alltoall"
 	}
 	if base == "feplb" {
-		return "", 0, fmt.Errorf("--feplb-base=feplb: the base dispatcher must be another dispatcher")
+		return "", fmt.Errorf("--feplb-base=feplb: the base dispatcher must be another dispatcher")
 	}
-	dynamic = env.Dynamic
-	if dynamic == 0 {
-		dynamic = balance.DefaultOptions.DynamicPerRank
+	if env.Policy != "" && !slices.Contains(balance.FEPLBPolicies, env.Policy) {
+		return "", fmt.Errorf("--feplb-policy=%s: allowed: %s", env.Policy, strings.Join(balance.FEPLBPolicies, ", "))
 	}
-	return base, dynamic, nil
+	return base, nil
 }
 
 // baseUnavailable says FEPLB is unavailable because its base is.
@@ -65,8 +67,14 @@ type core struct {
 	shape   dispatchers.Shape
 	topo    balance.Topology
 	model   balance.Model
+	opts    balance.Options
+	name    string // the policy's
 	policy  balance.Policy
-	perRank int // dynamic experts per rank asked for
+	perRank int     // dynamic experts per rank asked for
+	noOp    string  // why no work can move, or ""
+	capped  string  // fewer dynamic experts than asked, and why, or ""
+	ready   float64 // when the next plan is expected: the last one's scheduler time (measured), else the paper's
+	measure bool    // plan with the scheduler's measured time (not on the host device: its plans are fixed)
 
 	// this step
 	counts     []int  // rows of each expert after phase 1
@@ -90,7 +98,7 @@ type scheduled struct {
 	err     error
 }
 
-func newCore(env dispatchers.Env, shape dispatchers.Shape, dynamic int, model balance.Model) (*core, error) {
+func newCore(env dispatchers.Env, shape dispatchers.Shape, model balance.Model) (*core, error) {
 	d := env.Domain
 	if d == 0 {
 		d = shape.EP
@@ -100,13 +108,31 @@ func newCore(env dispatchers.Env, shape dispatchers.Shape, dynamic int, model ba
 		return nil, fmt.Errorf("feplb: %v", err)
 	}
 	o := balance.DefaultOptions
-	o.DynamicPerRank = dynamic
-	p, err := balance.New("feplb", t, model, o)
-	if err != nil {
-		return nil, err
+	if env.Dynamic > 0 {
+		o.DynamicPerRank = env.Dynamic
 	}
-	return &core{shape: shape, topo: t, model: model, policy: p, perRank: dynamic,
-		counts: make([]int, shape.Experts), start: make([]int, shape.Experts), sched: make(chan scheduled, 1)}, nil
+	name := env.Policy
+	if name == "" {
+		name = "feplb"
+	}
+	c := &core{shape: shape, topo: t, opts: o, name: name, perRank: o.DynamicPerRank, ready: balance.PaperSchedSeconds,
+		counts: make([]int, shape.Experts), start: make([]int, shape.Experts), sched: make(chan scheduled, 1)}
+	if why := balance.NoOp(t, o); why != "" {
+		c.noOp = "feplb moves nothing, every step is the base dispatcher's alone: " + why
+	} else {
+		c.capped = balance.Capped(t, o)
+	}
+	return c, c.setModel(model)
+}
+
+// setModel makes m the scheduler's cost model (between steps only).
+func (c *core) setModel(m balance.Model) error {
+	p, err := balance.New(c.name, c.topo, m, c.opts)
+	if err != nil {
+		return err
+	}
+	c.model, c.policy = m, p
+	return nil
 }
 
 // begin starts a step (called at its first permute). A scheduler left
@@ -142,7 +168,7 @@ func (c *core) dispatchedRank(r int, rows []int) bool {
 		pl := c.policy.Plan(st)
 		err := pl.Check(c.topo, st)
 		c.sched <- scheduled{pl, time.Since(t0).Seconds(), err}
-	}(balance.Step{Counts: slices.Clone(c.counts)})
+	}(balance.Step{Counts: slices.Clone(c.counts), Ready: c.ready})
 	return true
 }
 
@@ -168,7 +194,18 @@ func (c *core) plan() error {
 	c.lay, c.planned = lay, true
 	st := balance.Step{Counts: c.counts}
 	before := balance.OwnerPlan(c.topo, st)
-	c.stats = dispatchers.RebalanceStats{Policy: s.plan.Policy, Note: s.plan.Note + "; cost model: " + c.model.RateSource,
+	how := "the paper's scheduler time"
+	if c.measure {
+		how = "the scheduler's last measured time, or the paper's before one"
+	}
+	note := fmt.Sprintf("%s; copies planned to start %.0f µs after phase 1 (%s); cost model: %s", s.plan.Note, 1e6*c.ready, how, c.model.RateSource)
+	if c.capped != "" {
+		note += "; " + c.capped
+	}
+	if c.measure && s.seconds > 0 { // the next plan expects this one's time
+		c.ready = s.seconds
+	}
+	c.stats = dispatchers.RebalanceStats{Policy: s.plan.Policy, Note: note, NoOp: c.noOp,
 		PlanSeconds: s.seconds, PlanWait: wait, TokensBefore: before.Loads(c.topo.Ranks), TokensAfter: s.plan.Loads(c.topo.Ranks), Moves: lay.moves}
 	c.stats.ModelledBefore, _ = balance.Straggler(c.model.GEMMTimes(&before, c.topo.Ranks))
 	c.stats.ModelledAfter, _ = balance.Straggler(c.model.GEMMTimes(&s.plan, c.topo.Ranks))

@@ -5,6 +5,8 @@ import (
 	"testing"
 
 	"github.com/moebench/moebench/balance"
+	"github.com/moebench/moebench/dispatchers"
+	"github.com/moebench/moebench/kernels"
 )
 
 // layoutCase: 4 ranks of 2 experts in 2-rank domains; expert 0 (rank 0,
@@ -63,5 +65,28 @@ func TestLayoutRefusesBadPlans(t *testing.T) {
 		if _, err := newLayout(tp, &pl, dyn, start, counts); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s: %v, want an error with %q", name, err, c.want)
 		}
+	}
+}
+
+// TestPacked: ranks of one NVLink domain on one device are named, each
+// group of them once; ranks on devices of their own, or packed across a
+// domain's edge only, are not.
+func TestPacked(t *testing.T) {
+	a, b, c := &kernels.Emu{}, &kernels.Emu{}, &kernels.Emu{}
+	ranks := func(devs ...kernels.Device) []*dispatchers.DeviceRank {
+		var rs []*dispatchers.DeviceRank
+		for _, d := range devs {
+			rs = append(rs, &dispatchers.DeviceRank{Dev: d})
+		}
+		return rs
+	}
+	if got := packed(ranks(a, a, b, b, c, c), 6); !strings.Contains(got, "ranks 0–1, 2–3, 4–5 share one GPU") {
+		t.Errorf("three pairs: %q", got)
+	}
+	if got := packed(ranks(a, b, c), 3); got != "" {
+		t.Errorf("a device each: %q", got)
+	}
+	if got := packed(ranks(a, b, b, c), 2); got != "" {
+		t.Errorf("ranks 1 and 2 share a device but not a domain of 2: %q", got)
 	}
 }

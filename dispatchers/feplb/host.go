@@ -14,9 +14,9 @@ import (
 // is unavailable. The ranks are emulated in one process and the copies are
 // memory copies in their own phase, so nothing overlaps: this proves that
 // the plan executes and the output is unchanged. The plan's cost model has
-// fixed rates (see hostModel).
+// fixed rates (see HostModel).
 func New(impl string, env dispatchers.Env) (dispatchers.Dispatcher, error) {
-	base, dyn, err := options(impl, env)
+	base, err := options(impl, env)
 	if err != nil {
 		return nil, err
 	}
@@ -27,7 +27,7 @@ func New(impl string, env dispatchers.Env) (dispatchers.Dispatcher, error) {
 	if err != nil {
 		return nil, baseUnavailable(impl, err)
 	}
-	return &FEPLB{Classic: b, env: env, dynamic: dyn}, nil
+	return &FEPLB{Classic: b, env: env}, nil
 }
 
 // FEPLB wraps the base dispatcher on the host; Permute's bookkeeping aside,
@@ -35,7 +35,6 @@ func New(impl string, env dispatchers.Env) (dispatchers.Dispatcher, error) {
 type FEPLB struct {
 	dispatchers.Classic
 	env     dispatchers.Env
-	dynamic int
 	c       *core
 	ranks   []*dispatchers.Rank
 	own     []int // rows each rank's phase 1 delivered
@@ -48,7 +47,7 @@ func (f *FEPLB) Name() string { return "feplb" }
 
 // Bind binds the base dispatcher and sets up the scheduler.
 func (f *FEPLB) Bind(shape dispatchers.Shape, ranks []*dispatchers.Rank) error {
-	c, err := newCore(f.env, shape, f.dynamic, hostModel(f.env.Hidden, f.env.FFN))
+	c, err := newCore(f.env, shape, HostModel(f.env.Hidden, f.env.FFN))
 	if err != nil {
 		return err
 	}
@@ -58,10 +57,11 @@ func (f *FEPLB) Bind(shape dispatchers.Shape, ranks []*dispatchers.Rank) error {
 	return f.Classic.Bind(shape, ranks)
 }
 
-// hostModel is the plan's cost model on the host device: fixed, stated
-// rates of about one CPU core (10 GFLOP/s GEMMs, 10 GB/s copies), so that a
-// configuration always gets the same plan.
-func hostModel(hidden, ffn int) balance.Model {
+// HostModel is the plan's cost model on the host device, and before any
+// measurement on an emulated one (kernels.Emu): fixed, stated rates of about
+// one CPU core (10 GFLOP/s GEMMs, 10 GB/s copies), so that a configuration
+// always gets the same plan.
+func HostModel(hidden, ffn int) balance.Model {
 	const rate, bw = 10e9, 10e9
 	return balance.Model{Hidden: hidden, FFN: ffn, GEMMRate: rate, HBM: bw, CE: bw, NVLink: bw, Network: bw,
 		RateSource: "host model: 10 GFLOP/s GEMMs, 10 GB/s copies"}
@@ -157,7 +157,7 @@ func (f *FEPLB) Combine(r int) error {
 func (f *FEPLB) RebalanceStats() dispatchers.RebalanceStats {
 	s := f.c.stats
 	s.CopySeconds, s.CopyMethod = f.copied, "host memory copies (no copy engines)"
-	s.Hidden, s.HiddenNote = math.NaN(), "not measured: the host device runs the copies in their own phase, after the static experts"
+	s.Exposed, s.ExposedNote = math.NaN(), "not measured: the host device runs the copies in their own phase, after the static experts"
 	return s
 }
 
