@@ -30,6 +30,7 @@ var fileKeys = map[string]struct {
 	"domain":         {2, func(r *results.Record) any { return r.Config.Domain }},
 	"feplb-base":     {"deepep", func(r *results.Record) any { return r.Config.FeplbBase }}, // feplb's point
 	"feplb-dynamic":  {3, func(r *results.Record) any { return r.Config.FeplbDynamic }},
+	"feplb-policy":   {"feplb-split", func(r *results.Record) any { return r.Config.FeplbPolicy }},
 	"presets":        {[]any{"glm-4.5"}, func(r *results.Record) any { return r.Config.Preset }},
 	"tokens":         {8, func(r *results.Record) any { return r.Config.Tokens }},
 	"hidden":         {24, func(r *results.Record) any { return r.Config.Hidden }},
@@ -43,6 +44,7 @@ var fileKeys = map[string]struct {
 	"topk-scale":     {1.5, func(r *results.Record) any { return r.Config.TopKScale }},
 	"pre-softmax":    {true, func(r *results.Record) any { return r.Config.PreSoftmax }},
 	"routings":       {[]any{"skewed:0.5"}, func(r *results.Record) any { return r.Config.Routing }},
+	"routing-fixed":  {true, func(r *results.Record) any { return !r.Config.RoutingPerStep }},
 	"seed":           {7, func(r *results.Record) any { return r.Config.Seed }},
 	"warmup":         {1, func(r *results.Record) any { return r.Config.Warmup }},
 	"iters":          {2, func(r *results.Record) any { return r.Config.Iters }},
@@ -138,7 +140,7 @@ func TestSweepFileKeysActAsFlags(t *testing.T) {
 				if k == "comm-timeout" {
 					want = 2
 				}
-			case "feplb-base", "feplb-dynamic":
+			case "feplb-base", "feplb-dynamic", "feplb-policy":
 				if r.Config.Dispatcher != "feplb" {
 					continue
 				}
