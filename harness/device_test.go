@@ -257,6 +257,7 @@ func TestDeviceFEPLB(t *testing.T) {
 func splitCase(t *testing.T) (Config, []int) {
 	c := feplbCase()
 	c.EP, c.Domain, c.Experts, c.TopK, c.Tokens, c.FeplbPolicy = 4, 4, 128, 1, 64, "feplb-split"
+	c.PreSoftmax = true // top-1 softmax routing needs it (Megatron's rule)
 	counts := slices.Repeat([]int{1}, c.Experts)
 	counts[0] += c.Tokens*c.EP - c.Experts
 	var b strings.Builder

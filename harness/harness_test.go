@@ -469,7 +469,7 @@ func TestFEPLBPolicies(t *testing.T) {
 		t.Errorf("the table does not warn: %v\n%s", err, out.String())
 	}
 	c = small()
-	c.Dispatcher, c.Experts, c.TopK = "feplb", c.EP, 1
+	c.Dispatcher, c.Experts, c.TopK, c.PreSoftmax = "feplb", c.EP, 1, true
 	rec, err := Run(c, Env{Version: "test"})
 	if err != nil || rec.Rebalance == nil || !strings.Contains(strings.Join(rec.Rebalance.Warnings, ";"), "one expert per rank") {
 		t.Errorf("one expert per rank: %v, %+v", err, rec.Rebalance)
