@@ -241,7 +241,9 @@ Routing:
   natural        the router's own logits on the random input
 
 Exit status: 0 success; 1 runtime failure, failed correctness check, or
-unavailable dispatcher/device (recorded with its reason, never timed);
-2 bad command line; 3 regression found (compare).
+unavailable dispatcher/device or too little host memory (recorded with its
+reason, never timed); 2 bad command line or input, found before any work
+(a Go runtime crash, "fatal error:" on stderr, also exits 2: report it);
+3 regression found, 4 stacks differ (compare).
 `)
 }
