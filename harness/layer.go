@@ -31,12 +31,23 @@ type Layer struct {
 
 	Ranks []*dispatchers.Rank
 	run   []rankRun
+
+	// DOut is each rank's upstream gradient [T, h] (bf16, N(0,1) drawn from
+	// the seed); nil in a forward-only layer, which keeps no tape.
+	DOut  [][]float32
+	grads []rankGrads // per rank; nil in a forward-only layer
 }
 
 type rankRun struct {
 	logits  []float32 // [T, E]
-	scratch []float32 // expert MLP intermediates
+	scratch []float32 // expert MLP intermediates (forward-only layers)
 	shared  []float32 // [T, h] shared expert output
+	// the tape (layers with a backward): each expert segment's fc1 output
+	// and activation, ExpertForward's scratch, kept at rows·3f from the
+	// segment's first row (saved), the segments the forward computed
+	// (segs), and the shared expert's (sharedSaved [T, 3fs])
+	saved, sharedSaved []float32
+	segs               []dispatchers.Segment
 }
 
 // NewLayer draws the layer's weights and inputs from cfg.Seed: inputs N(0,1),
@@ -96,6 +107,9 @@ func newLayer(cfg Config, experts bool) (*Layer, error) {
 			Idx: make([]int32, cfg.Tokens*cfg.TopK), Probs: make([]float32, cfg.Tokens*cfg.TopK)})
 		l.run = append(l.run, rankRun{logits: make([]float32, cfg.Tokens*E)})
 	}
+	if !cfg.ForwardOnly {
+		l.newBackward(experts)
+	}
 	return l, nil
 }
 
@@ -137,17 +151,54 @@ func normal(seed uint64, purpose string, i, n int, std float64) []float32 {
 	return out
 }
 
+// Timer runs fn, phase phase's work on rank, and may time it.
+type Timer func(phase string, rank int, fn func() error) error
+
 // Step runs one forward pass of the layer through d, calling timed around
 // every phase of every rank (rank by rank within a phase).
-func (l *Layer) Step(d dispatchers.Dispatcher, timed func(phase string, rank int, fn func() error) error) error {
-	for _, ph := range l.steps(d) {
-		for r := range l.Ranks {
+func (l *Layer) Step(d dispatchers.Dispatcher, timed Timer) error {
+	for r := range l.run {
+		l.run[r].segs = l.run[r].segs[:0]
+	}
+	return runPhases(l.steps(d), len(l.Ranks), timed)
+}
+
+// Iteration is one training step of the layer: the forward (Step) and,
+// unless the layer is forward-only, the backward (Backward).
+func (l *Layer) Iteration(d dispatchers.Dispatcher, timed Timer) error {
+	if err := l.Step(d, timed); err != nil || l.grads == nil {
+		return err
+	}
+	return l.Backward(d, timed)
+}
+
+// runPhases runs each phase for every rank, rank by rank, before the next.
+func runPhases(phases []dispatchers.Step, ranks int, timed Timer) error {
+	for _, ph := range phases {
+		for r := range ranks {
 			if err := timed(ph.Name, r, func() error { return ph.Run(r) }); err != nil {
 				return fmt.Errorf("%s on rank %d: %w", ph.Name, r, err)
 			}
 		}
 	}
 	return nil
+}
+
+// Phases are the names of an iteration's phases with d, in order: the
+// forward's, then the backward's unless the layer is forward-only.
+func (l *Layer) Phases(d dispatchers.Dispatcher) ([]string, error) {
+	var names []string
+	for _, ph := range l.steps(d) {
+		names = append(names, ph.Name)
+	}
+	if l.grads == nil {
+		return names, nil
+	}
+	bwd, err := l.backwardSteps(d)
+	for _, ph := range bwd {
+		names = append(names, ph.Name)
+	}
+	return names, err
 }
 
 // steps are the phases of a step with d, in order: the shared expert first
@@ -199,7 +250,7 @@ func (l *Layer) route(r int) error {
 
 // experts runs each segment's expert on its rows: fc1 → SwiGLU × prob → fc2.
 func (l *Layer) experts(r int) error {
-	rk, run, c := l.Ranks[r], &l.run[r], l.Cfg
+	rk, c := l.Ranks[r], l.Cfg
 	h, f, L := c.Hidden, c.FFN, l.Shape.LocalExperts()
 	rows := len(rk.ExpertProbs)
 	if len(rk.ExpertX) != rows*h {
@@ -221,11 +272,28 @@ func (l *Layer) experts(r int) error {
 		if sg.Start < 0 || sg.Len < 0 || sg.Start+sg.Len > rows {
 			return fmt.Errorf("segment of expert %d covers rows [%d, %d) of %d", sg.Expert, sg.Start, sg.Start+sg.Len, rows)
 		}
-		run.scratch = kernels.Grow(run.scratch, sg.Len*3*f)
+		scratch := l.tape(r, sg, rows)
 		kernels.ExpertForward(rk.ExpertY[sg.Start*h:], rk.ExpertX[sg.Start*h:(sg.Start+sg.Len)*h], rk.ExpertProbs[sg.Start:sg.Start+sg.Len],
-			w.FC1, w.FC2, run.scratch, sg.Len, h, f, kernels.RoundBF16Slice)
+			w.FC1, w.FC2, scratch, sg.Len, h, f, kernels.RoundBF16Slice)
 	}
 	return nil
+}
+
+// tape is where segment sg of rank r's rows keeps its fc1 output and
+// activation: its place in the rank's tape, which grows to rows rows
+// keeping what an earlier expert phase of the step saved (a forward-only
+// layer reuses one scratch).
+func (l *Layer) tape(r int, sg dispatchers.Segment, rows int) []float32 {
+	run, f := &l.run[r], l.Cfg.FFN
+	if l.grads == nil {
+		run.scratch = kernels.Grow(run.scratch, sg.Len*3*f)
+		return run.scratch
+	}
+	if n := rows * 3 * f; len(run.saved) < n {
+		run.saved = append(run.saved, make([]float32, n-len(run.saved))...)
+	}
+	run.segs = append(run.segs, dispatchers.Segment{Expert: sg.Expert, Start: sg.Start, Len: sg.Len})
+	return run.saved[sg.Start*3*f : (sg.Start+sg.Len)*3*f]
 }
 
 // sharedExpert computes the shared expert's output on the rank's tokens.
@@ -233,8 +301,12 @@ func (l *Layer) sharedExpert(r int) error {
 	run, c := &l.run[r], l.Cfg
 	fs := c.FFN * c.SharedExperts
 	run.shared = kernels.Grow(run.shared, c.Tokens*c.Hidden)
-	run.scratch = kernels.Grow(run.scratch, c.Tokens*3*fs)
-	kernels.ExpertForward(run.shared, l.X[r], nil, l.SharedFC1, l.SharedFC2, run.scratch, c.Tokens, c.Hidden, fs, kernels.RoundBF16Slice)
+	scratch := &run.scratch
+	if l.grads != nil {
+		scratch = &run.sharedSaved
+	}
+	*scratch = kernels.Grow(*scratch, c.Tokens*3*fs)
+	kernels.ExpertForward(run.shared, l.X[r], nil, l.SharedFC1, l.SharedFC2, *scratch, c.Tokens, c.Hidden, fs, kernels.RoundBF16Slice)
 	return nil
 }
 
@@ -268,5 +340,5 @@ func (l *Layer) Footprint(d dispatchers.Dispatcher, r int) int64 {
 	for e := r * L; e < (r+1)*L; e++ {
 		n += len(l.FC1[e]) + len(l.FC2[e])
 	}
-	return 4*int64(n) + d.Footprint(r)
+	return 4*int64(n) + l.backwardFootprint(r) + d.Footprint(r)
 }

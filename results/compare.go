@@ -227,9 +227,36 @@ func Compare(base, new []Record, o CompareOptions, allowStackChange bool) (*Comp
 		c.Changes = append(c.Changes, ch)
 	}
 	if matched == 0 {
-		return c, fmt.Errorf("no point of new matches a point of base (same workload and settings)")
+		return c, fmt.Errorf("no point of new matches a point of base (same workload and settings)%s", passesDiffer(base, new))
 	}
 	return c, nil
+}
+
+// passesDiffer says, when base and new would match but for what their
+// iterations timed, that they time different passes.
+func passesDiffer(base, new []Record) string {
+	passes := func(recs []Record) map[string]bool {
+		m := map[string]bool{}
+		for _, r := range recs {
+			m[r.Config.PassName()] = true
+		}
+		return m
+	}
+	bp, np := passes(base), passes(new)
+	for p := range np {
+		if bp[p] {
+			return ""
+		}
+	}
+	names := func(m map[string]bool) string {
+		var s []string
+		for p := range m {
+			s = append(s, p)
+		}
+		sort.Strings(s)
+		return strings.Join(s, ", ")
+	}
+	return fmt.Sprintf(": base times %s and new %s, which are never compared (a forward-only run and a training step time different work; rerun one with or without --forward-only)", names(bp), names(np))
 }
 
 func decide(ch *Change, o CompareOptions) {
