@@ -250,8 +250,8 @@ type measured struct {
 	// are the forward's (the iterations timed the forward only)
 	forward int
 	issue   []float64 // device runs: each timed step's host issue time, ms
-	buffers   []results.Buffer
-	stopped   string // why fewer iterations ran than asked for (--max-seconds)
+	buffers []results.Buffer
+	stopped string // why fewer iterations ran than asked for (--max-seconds)
 }
 
 // buffers are d's buffers on each of ep ranks, where it describes them.
