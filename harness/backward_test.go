@@ -19,7 +19,9 @@ import (
 // step with its gradients checked).
 func trained(t *testing.T, c Config) (*Layer, dispatchers.Dispatcher, *results.Correctness) {
 	t.Helper()
-	fresh := func() (dispatchers.Dispatcher, error) { return dispatchers.New(c.Dispatcher, c.Impl, c.dispatcherEnv()) }
+	fresh := func() (dispatchers.Dispatcher, error) {
+		return dispatchers.New(c.Dispatcher, c.Impl, c.dispatcherEnv())
+	}
 	d, err := fresh()
 	if err != nil {
 		t.Fatal(err)
