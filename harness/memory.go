@@ -145,6 +145,9 @@ func checkHostMemory(cfg Config) error {
 	}
 	hint := "a smaller --tokens, --experts or --ep"
 	if cfg.Device == "host" {
+		if !cfg.ForwardOnly {
+			hint += ", --forward-only (no weight gradients, nothing kept for a backward)"
+		}
 		hint += ", or --device cuda (whose host side holds no expert weights)"
 	}
 	return fmt.Errorf("%s device: this layer needs about %.1f GiB of host memory (%s), %.1f GiB is available; use %s",
