@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/moebench/moebench/dispatchers"
+	dt "github.com/moebench/moebench/dispatchers/dispatchtest"
 	"github.com/moebench/moebench/internal/hostsim"
 	"github.com/moebench/moebench/kernels"
 )
@@ -138,7 +139,7 @@ func runDevice(t *testing.T, d *Device, c devCase, ranks []*dispatchers.Rank, st
 		res.expertX, res.expertP = append(res.expertX, xf), append(res.expertP, p)
 		y := make([]float32, n*hd)
 		for i, v := range xf {
-			y[i] = expert(v, p[i/hd])
+			y[i] = dt.Expert(v, p[i/hd])
 		}
 		if err := outs[r].Ensure(dr.Dev, dr.Stream, n, kernels.Buf{P: &dr.ExpertY, PerRow: int64(2 * hd)}); err != nil {
 			return err
@@ -176,7 +177,7 @@ func runDevice(t *testing.T, d *Device, c devCase, ranks []*dispatchers.Rank, st
 func hostRun(t *testing.T, c devCase, seed uint64, prob func(int) float32) (devResult, []*dispatchers.Rank) {
 	t.Helper()
 	h := WithConfig(c.cfg)
-	y, ranks := outputs(t, h, c.sh, seed, prob)
+	y, ranks := dt.Outputs(t, h, c.sh, seed, prob)
 	var res devResult
 	for r, rk := range ranks {
 		kernels.RoundBF16Slice(y[r])
@@ -203,10 +204,10 @@ func checkDevices(t *testing.T, devs []kernels.Device) {
 		shared bool
 		prob   func(int) float32
 	}{
-		{"ep2-one-device", dispatchers.Shape{Tokens: 37, Hidden: 16, Experts: 16, TopK: 6, EP: 2}, 2, 1, 4, false, cancelling}, // the order of each rank's sum matters
-		{"ep4-two-devices-shared", dispatchers.Shape{Tokens: 37, Hidden: 16, Experts: 16, TopK: 5, EP: 4}, 1, 2, 4, true, mild},
-		{"ep8-one-device", dispatchers.Shape{Tokens: 29, Hidden: 8, Experts: 16, TopK: 3, EP: 8}, 1, 1, 2, false, mild},
-		{"ep8-two-devices", dispatchers.Shape{Tokens: 29, Hidden: 24, Experts: 8, TopK: 4, EP: 8}, 1, 2, 4, false, cancelling},
+		{"ep2-one-device", dispatchers.Shape{Tokens: 37, Hidden: 16, Experts: 16, TopK: 6, EP: 2}, 2, 1, 4, false, dt.Cancelling}, // the order of each rank's sum matters
+		{"ep4-two-devices-shared", dispatchers.Shape{Tokens: 37, Hidden: 16, Experts: 16, TopK: 5, EP: 4}, 1, 2, 4, true, dt.Mild},
+		{"ep8-one-device", dispatchers.Shape{Tokens: 29, Hidden: 8, Experts: 16, TopK: 3, EP: 8}, 1, 1, 2, false, dt.Mild},
+		{"ep8-two-devices", dispatchers.Shape{Tokens: 29, Hidden: 24, Experts: 8, TopK: 4, EP: 8}, 1, 2, 4, false, dt.Cancelling},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			start := time.Now()
@@ -306,7 +307,7 @@ func TestBrokenProtocolTimesOut(t *testing.T) {
 	} {
 		t.Run(fmt.Sprint("bug", tc.bug), func(t *testing.T) {
 			c := devCase{sh: sh, cfg: cfg, devs: devs}
-			_, ranks := hostRun(t, c, 8, mild)
+			_, ranks := hostRun(t, c, 8, dt.Mild)
 			d := WithDeviceConfig(cfg)
 			d.bug, d.timeout = tc.bug, 300*time.Millisecond
 			start := time.Now()
@@ -342,7 +343,7 @@ func TestDeviceBudgetUnavailable(t *testing.T) {
 		cfg := DefaultConfig(sh.EP, tc.sms)
 		cfg.Warps, cfg.MinBlocks = 8, 4
 		c := devCase{sh: sh, cfg: cfg, devs: devs}
-		got := runDevice(t, WithDeviceConfig(cfg), c, tagged(sh, 9), 1)
+		got := runDevice(t, WithDeviceConfig(cfg), c, dt.Tagged(sh, 9), 1)
 		if !dispatchers.IsUnavailable(got.err) || !strings.Contains(got.err.Error(), tc.want) {
 			t.Errorf("--sms %d: %v; want unavailable: %q", tc.sms, got.err, tc.want)
 		}
