@@ -97,10 +97,16 @@ func TestDeviceLayerEqualsHostLayer(t *testing.T) {
 
 // equalsHost runs c with its ranks on n Emus twice (the second time with
 // the expert GEMMs over 3 extra streams) and compares outputs, routing, rows
-// and traffic with the host layer's.
+// and traffic with the host layer's (the same dispatcher's host design).
 func equalsHost(t *testing.T, c Config, n int) {
 	t.Helper()
 	devs, _ := emus(n)(n, c.EP)
+	equalsHostOn(t, c, devs...)
+}
+
+// equalsHostOn is equalsHost with the ranks on devs.
+func equalsHostOn(t *testing.T, c Config, devs ...kernels.Device) {
+	t.Helper()
 	dl := deviceRun(t, c, devs...)
 	for i := range 2 { // the second step reuses every buffer
 		if i == 1 {
@@ -119,7 +125,10 @@ func equalsHost(t *testing.T, c Config, n int) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d, _ := dispatchers.New("alltoall", "native", dispatchers.Env{Device: "host"})
+	d, err := dispatchers.New(c.Dispatcher, "native", hc.dispatcherEnv()) // the same dispatcher's host design
+	if err != nil {
+		t.Fatal(err)
+	}
 	d.Bind(hl.Shape, hl.Ranks)
 	if err := hl.Step(d, func(_ string, _ int, fn func() error) error { return fn() }); err != nil {
 		t.Fatal(err)
