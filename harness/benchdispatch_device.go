@@ -59,16 +59,8 @@ func benchLayer(l *Layer, rt *roundTrip, devs []kernels.Device, d dispatchers.De
 		return dl, err
 	}
 	dl.seq = dispatchers.Steps(d, dl.copyExperts)
-	for _, ph := range dl.seq {
-		for _, rk := range dl.ranks {
-			for _, m := range []map[string][]kernels.Event{dl.start, dl.end} {
-				e, err := rk.Dev.NewEvent()
-				if err != nil {
-					return dl, err
-				}
-				m[ph.Name] = append(m[ph.Name], e)
-			}
-		}
+	if err := dl.phaseEvents(); err != nil {
+		return dl, err
 	}
 	return dl, dl.sync()
 }

@@ -80,6 +80,14 @@
 // channel are used together in combine); the memory the record gives is
 // what the design holds on a GPU. A queue that could make no progress is
 // an error naming the rank, phase, channel and queue.
+//
+// # On the cuda device
+//
+// Device (device.go) runs the design with kernels/cuda/deepep.cu's kernels:
+// the same channels, queue protocol, received order and rounding points, so
+// that its outputs are the host design's bit for bit (tested on the host
+// simulation). Its twins (twin.go), kernels.Emu's form of the kernels, run
+// this package's host code on the device buffers.
 package deepep
 
 import (

@@ -3,6 +3,7 @@ package deepep
 import (
 	"errors"
 	"fmt"
+	"os"
 	"reflect"
 	"slices"
 	"strings"
@@ -210,6 +211,9 @@ func checkDevices(t *testing.T, devs []kernels.Device) {
 		{"ep8-two-devices", dispatchers.Shape{Tokens: 29, Hidden: 24, Experts: 8, TopK: 4, EP: 8}, 1, 2, 4, false, dt.Cancelling},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			if tc.ndev > len(devs) {
+				t.Skipf("needs %d devices", tc.ndev)
+			}
 			start := time.Now()
 			cfg := Config{SMs: tc.sms, Dispatch: Queue{Chunk: 2, Ring: 5}, Combine: Queue{Chunk: 3, Ring: tc.warps*tc.sh.EP + 2},
 				Warps: tc.warps * tc.sh.EP, MinBlocks: 4}
@@ -219,7 +223,7 @@ func checkDevices(t *testing.T, devs []kernels.Device) {
 			}
 			want, ranks := hostRun(t, c, 7, tc.prob)
 			var got devResult
-			within(t, time.Minute, func() { got = runDevice(t, WithDeviceConfig(cfg), c, ranks, 2) })
+			hostsim.Within(t, time.Minute, func() { got = runDevice(t, WithDeviceConfig(cfg), c, ranks, 2) })
 			if got.err != nil {
 				t.Fatal(got.err)
 			}
@@ -238,22 +242,6 @@ func checkDevices(t *testing.T, devs []kernels.Device) {
 			}
 			t.Logf("%.2f s", time.Since(start).Seconds())
 		})
-	}
-}
-
-// within ends the test binary if f has not returned after d: a test of
-// waits must fail, not hang.
-func within(t *testing.T, d time.Duration, f func()) {
-	t.Helper()
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		f()
-	}()
-	select {
-	case <-done:
-	case <-time.After(d):
-		panic(fmt.Sprintf("%s: still running after %v: a wait without a timeout?", t.Name(), d))
 	}
 }
 
@@ -293,11 +281,15 @@ func TestDeviceOnHostSim(t *testing.T) { checkDevices(t, fakeGPUs(t, 2)) }
 
 // TestBrokenProtocolTimesOut: a dispatch whose senders never publish their
 // tail, and a notify barrier one rank never reaches, end by the kernels'
-// timeout with the rank, phase and wait named, never hanging.
-func TestBrokenProtocolTimesOut(t *testing.T) {
+// timeout with the rank, phase and wait named, never hanging (ranks on
+// two fake GPUs).
+func TestBrokenProtocolTimesOut(t *testing.T) { checkBroken(t, fakeGPUs(t, 2)) }
+
+// checkBroken breaks the protocol on purpose (deepep.cu's MB_DE_BUG) with
+// two ranks on devs.
+func checkBroken(t *testing.T, devs []kernels.Device) {
 	sh := dispatchers.Shape{Tokens: 16, Hidden: 8, Experts: 8, TopK: 2, EP: 2}
 	cfg := Config{SMs: 2, Dispatch: Queue{Chunk: 2, Ring: 4}, Combine: Queue{Chunk: 2, Ring: 4}, Warps: 2, MinBlocks: 4}
-	devs := fakeGPUs(t, 2)
 	for _, tc := range []struct {
 		bug  int
 		want []string
@@ -312,7 +304,7 @@ func TestBrokenProtocolTimesOut(t *testing.T) {
 			d.bug, d.timeout = tc.bug, 300*time.Millisecond
 			start := time.Now()
 			var got devResult
-			within(t, time.Minute, func() { got = runDevice(t, d, c, ranks, 1) })
+			hostsim.Within(t, time.Minute, func() { got = runDevice(t, d, c, ranks, 1) })
 			var ce *kernels.CommError
 			if !errors.As(got.err, &ce) || !ce.Records[0].TimedOut || ce.Records[0].Waited < d.timeout {
 				t.Fatalf("%v: want the kernels' timeout", got.err)
@@ -324,6 +316,32 @@ func TestBrokenProtocolTimesOut(t *testing.T) {
 			}
 			t.Logf("%v (%.2f s)", got.err, time.Since(start).Seconds())
 		})
+	}
+}
+
+// TestGPUDeepEP: the kernels on the GPUs (cases of two devices need two)
+// against the host design bit for bit, broken protocols ending by the
+// timeout, and a budget above the GPU's SMs unavailable.
+func TestGPUDeepEP(t *testing.T) {
+	gs, err := kernels.OpenGPUs(0, 2, t.TempDir())
+	if err != nil {
+		if os.Getenv("MOEBENCH_REQUIRE_GPU") == "1" {
+			t.Fatalf("GPU required: %v", err)
+		}
+		t.Skipf("no GPU: %v", err)
+	}
+	devs := make([]kernels.Device, len(gs))
+	for i, g := range gs {
+		devs[i] = g
+		defer g.Close()
+	}
+	checkDevices(t, devs)
+	checkBroken(t, devs)
+	sh := dispatchers.Shape{Tokens: 16, Hidden: 8, Experts: 16, TopK: 2, EP: 2}
+	cfg := DefaultConfig(sh.EP, devs[0].SMCount()/2*2+2)
+	got := runDevice(t, WithDeviceConfig(cfg), devCase{sh: sh, cfg: cfg, devs: devs[:1]}, dt.Tagged(sh, 9), 1)
+	if !dispatchers.IsUnavailable(got.err) || !strings.Contains(got.err.Error(), "exceeds device 0's") {
+		t.Errorf("--sms %d: %v; want unavailable", cfg.SMs, got.err)
 	}
 }
 

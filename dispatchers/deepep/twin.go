@@ -55,6 +55,17 @@ func mem[T int32 | uint16 | float32 | uint8](t kernels.TwinPart, p kernels.Ptr, 
 	return unsafe.Slice((*T)(unsafe.Pointer(&b[0])), n), nil
 }
 
+// begin is a collective's twin's start: the mirror, and each rank's part
+// and descriptor (ranksOf).
+func (tw *twin) begin(parts []kernels.TwinPart) (*Host, []kernels.TwinPart, [][]kernels.Ptr, error) {
+	h, err := tw.host()
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	part, desc, err := tw.ranksOf(parts)
+	return h, part, desc, err
+}
+
 // ranksOf maps every rank to the part that covers it (a collective's
 // parts: argument 1 is the part's first rank) and reads the descriptor
 // table each part got (its last argument).
@@ -189,11 +200,7 @@ func (tw *twin) layout(parts []kernels.TwinPart) error {
 // notify: deepep_notify(comm, first, epoch, desc): the mirror's Notify on
 // every rank's layout, its prefixes stored and the counters set.
 func (tw *twin) notify(parts []kernels.TwinPart) error {
-	h, err := tw.host()
-	if err != nil {
-		return err
-	}
-	part, desc, err := tw.ranksOf(parts)
+	h, part, desc, err := tw.begin(parts)
 	if err != nil {
 		return err
 	}
@@ -233,11 +240,7 @@ func (tw *twin) notify(parts []kernels.TwinPart) error {
 // every rank's inputs and notify results; the receive buffers, send_head
 // and the received channel offsets stored.
 func (tw *twin) dispatch(parts []kernels.TwinPart) error {
-	h, err := tw.host()
-	if err != nil {
-		return err
-	}
-	part, desc, err := tw.ranksOf(parts)
+	h, part, desc, err := tw.begin(parts)
 	if err != nil {
 		return err
 	}
@@ -339,11 +342,7 @@ func (tw *twin) permute(parts []kernels.TwinPart) error {
 // every rank's expert outputs and maps; Y stored as bf16, with the shared
 // expert's output added as the layer does.
 func (tw *twin) combine(parts []kernels.TwinPart) error {
-	h, err := tw.host()
-	if err != nil {
-		return err
-	}
-	part, desc, err := tw.ranksOf(parts)
+	h, part, desc, err := tw.begin(parts)
 	if err != nil {
 		return err
 	}
