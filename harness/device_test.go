@@ -125,7 +125,11 @@ func equalsHostOn(t *testing.T, c Config, devs ...kernels.Device) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d, err := dispatchers.New(c.Dispatcher, "native", hc.dispatcherEnv()) // the same dispatcher's host design
+	host := c.Dispatcher // the same design on the host; feplb's output and rows are its base's (the plans differ)
+	if host == "feplb" {
+		host = c.FeplbBase
+	}
+	d, err := dispatchers.New(host, "native", hc.dispatcherEnv())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -449,10 +453,10 @@ func TestDeviceRunRecord(t *testing.T) {
 		t.Errorf("--check=false: %v, traffic %+v", err, rec.Traffic)
 	}
 	// a dispatcher without a device implementation is unavailable, with the reason
-	c.Dispatcher = "deepep"
+	c.Dispatcher = "hybridep"
 	rec, err = Run(c, Env{Version: "test", OpenDevices: emus(1)})
 	if !dispatchers.IsUnavailable(err) || rec.Status != results.StatusUnavailable || rec.Timing != nil || !strings.Contains(rec.Reason, "cuda") {
-		t.Errorf("deepep on the device: %v, %+v", err, rec)
+		t.Errorf("hybridep on the device: %v, %+v", err, rec)
 	}
 }
 

@@ -186,12 +186,12 @@ extern "C" __global__ void __launch_bounds__(DE_NOTIFY_THREADS) deepep_notify(mb
         int *counters = mb_counter(c.sig, DE_N, rank * (1 + MB_LOCAL));
         if (threadIdx.x == 0) {
             int *srcEnd = de_at<int>(fixed, MB_F_SRC_END), total = 0;
-            for (int s = 0; s < DE_N; s++) srcEnd[s] = total += cnt[s];
+            for (int s = 0; s < DE_N; s++) srcEnd[s] = total += mb_ld_volatile(cnt + s); // peers wrote them
             mb_st_release_sys(counters, total);
         }
         for (int l = threadIdx.x; l < MB_LOCAL; l += blockDim.x) {
             int n = 0;
-            for (int s = 0; s < DE_N; s++) n += ecnt[s * MB_LOCAL + l];
+            for (int s = 0; s < DE_N; s++) n += mb_ld_volatile(ecnt + s * MB_LOCAL + l);
             mb_st_release_sys(counters + 1 + l, n);
         }
         for (int i = threadIdx.x; i < 4 * DE_C * DE_N; i += blockDim.x) de_at<int>(q, MB_Q_DMETA)[i] = 0;
