@@ -383,7 +383,7 @@ func (e *Emu) Residency(*Program) (int, error) { return 1, nil }
 // LaunchProgram runs p.Twin at once with one part: the launch on s.
 func (e *Emu) LaunchProgram(p *Program, grid int, s Stream, args ...any) error {
 	if err := e.on(s); err != nil || s == nil {
-		return fmt.Errorf("emu: %s: a stream of another device, or none", p.Kernel)
+		return fmt.Errorf("emu: %s: no stream, or %v", p.Kernel, err)
 	}
 	if p.Twin == nil {
 		return fmt.Errorf("emu: %s has no twin", p.Kernel)

@@ -209,6 +209,8 @@ func checkDevices(t *testing.T, devs []kernels.Device) {
 		{"ep4-two-devices-shared", dispatchers.Shape{Tokens: 37, Hidden: 16, Experts: 16, TopK: 5, EP: 4}, 1, 2, 4, true, dt.Mild},
 		{"ep8-one-device", dispatchers.Shape{Tokens: 29, Hidden: 8, Experts: 16, TopK: 3, EP: 8}, 1, 1, 2, false, dt.Mild},
 		{"ep8-two-devices", dispatchers.Shape{Tokens: 29, Hidden: 24, Experts: 8, TopK: 4, EP: 8}, 1, 2, 4, false, dt.Cancelling},
+		// one token: an empty channel, and ranks that receive nothing
+		{"ep2-one-token", dispatchers.Shape{Tokens: 1, Hidden: 8, Experts: 8, TopK: 2, EP: 2}, 1, 2, 4, false, dt.Mild},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if tc.ndev > len(devs) {
