@@ -283,8 +283,9 @@ func TestDeviceOnHostSim(t *testing.T) { checkDevices(t, fakeGPUs(t, 2)) }
 
 // TestBrokenProtocolTimesOut: a dispatch whose senders never publish their
 // tail, and a notify barrier one rank never reaches, end by the kernels'
-// timeout with the rank, phase and wait named, never hanging (ranks on
-// two fake GPUs).
+// timeout with the rank, phase and wait named; a counter the host waits for
+// and no kernel writes ends by the host's deadline, naming it; none hangs
+// (ranks on two fake GPUs).
 func TestBrokenProtocolTimesOut(t *testing.T) { checkBroken(t, fakeGPUs(t, 2)) }
 
 // checkBroken breaks the protocol on purpose (deepep.cu's MB_DE_BUG) with
@@ -298,6 +299,8 @@ func checkBroken(t *testing.T, devs []kernels.Device) {
 	}{
 		{1, []string{"timed out in phase dispatch at wait "}}, // the receivers' tail or the senders' head: whichever gives up first
 		{2, []string{"rank 0 timed out in phase notify at wait flag of rank 1 (a barrier)", "read 0, waiting for 1"}},
+		// the kernels end, but a counter is never written: the host's own deadline
+		{3, []string{"the host's wait for rank 1's received-token count (notify)", "it read -1"}},
 	} {
 		t.Run(fmt.Sprint("bug", tc.bug), func(t *testing.T) {
 			c := devCase{sh: sh, cfg: cfg, devs: devs}
@@ -308,7 +311,13 @@ func checkBroken(t *testing.T, devs []kernels.Device) {
 			var got devResult
 			hostsim.Within(t, time.Minute, func() { got = runDevice(t, d, c, ranks, 1) })
 			var ce *kernels.CommError
-			if !errors.As(got.err, &ce) || !ce.Records[0].TimedOut || ce.Records[0].Waited < d.timeout {
+			var he *kernels.HostWaitError
+			switch {
+			case tc.bug == 3:
+				if !errors.As(got.err, &he) || he.Waited < d.timeout {
+					t.Fatalf("%v: want the host's timeout", got.err)
+				}
+			case !errors.As(got.err, &ce) || !ce.Records[0].TimedOut || ce.Records[0].Waited < d.timeout:
 				t.Fatalf("%v: want the kernels' timeout", got.err)
 			}
 			for _, w := range tc.want {

@@ -33,7 +33,8 @@
 //     MB_WARPS (warps of a dispatch or combine block, a multiple of
 //     MB_RANKS), MB_MINB (such blocks one SM must hold: the register bound),
 //     MB_DE_BUG (tests only: 1, dispatch senders never publish their tail;
-//     2, the last rank never reaches notify's first barrier), and the offsets MB_Q_*
+//     2, the last rank never reaches notify's first barrier; 3, the last
+//     rank writes its counts over rank 0's), and the offsets MB_Q_*
 //     and MB_F_*.
 #include "moebench.cuh"
 
@@ -184,6 +185,7 @@ extern "C" __global__ void __launch_bounds__(DE_NOTIFY_THREADS) deepep_notify(mb
     if (ok) {
         const int *cnt = de_at<int>(q, 0), *ecnt = de_at<int>(q, MB_Q_ECNT);
         int *counters = mb_counter(c.sig, DE_N, rank * (1 + MB_LOCAL));
+        if (MB_DE_BUG == 3 && rank == DE_N - 1) counters = mb_counter(c.sig, DE_N, 0); // the last rank's never written
         if (threadIdx.x == 0) {
             int *srcEnd = de_at<int>(fixed, MB_F_SRC_END), total = 0;
             for (int s = 0; s < DE_N; s++) srcEnd[s] = total += mb_ld_volatile(cnt + s); // peers wrote them
