@@ -165,7 +165,7 @@ func TestDeepEPOnFakeGPUs(t *testing.T) {
 	}
 	out := filepath.Join(t.TempDir(), "s.jsonl")
 	code, _, stderr = cli(append([]string{"sweep", "--out", out, "--dispatchers", "alltoall,deepep", "--sms", "2,4,10"}, gpu...)...)
-	recs, err := results.ReadFile(out)
+	recs, err := results.ReadFile(out, nil)
 	if code != exitOK || err != nil || len(recs) != 4 { // an unavailable point is no failure
 		t.Fatalf("sweep: exit %d, %d records, %v: %s", code, len(recs), err, stderr)
 	}
