@@ -170,18 +170,26 @@ func newDeviceLayer(l *Layer, devs []kernels.Device, d dispatchers.DeviceDispatc
 	if err := d.Bind(l.Shape, dl.ranks); err != nil {
 		return nil, err
 	}
+	if err := dl.phaseEvents(); err != nil {
+		return nil, err
+	}
+	return dl, dl.sync()
+}
+
+// phaseEvents makes each step's start and end events on every rank.
+func (dl *deviceLayer) phaseEvents() error {
 	for _, ph := range dl.steps() {
 		for _, rk := range dl.ranks {
 			for _, m := range []map[string][]kernels.Event{dl.start, dl.end} {
 				e, err := rk.Dev.NewEvent()
 				if err != nil {
-					return nil, err
+					return err
 				}
 				m[ph.Name] = append(m[ph.Name], e)
 			}
 		}
 	}
-	return dl, dl.sync()
+	return nil
 }
 
 // uploadExperts draws every expert's weights (in parallel, each expert from
@@ -548,7 +556,13 @@ func (dl *deviceLayer) step() error {
 		}
 	}
 	dl.issueMS = float64(time.Since(t0).Nanoseconds()) / 1e6
-	return dl.sync()
+	if err := dl.sync(); err != nil {
+		return err
+	}
+	if c, ok := dl.d.(dispatchers.Checker); ok { // kernels that gave up on a cross-rank wait
+		return c.CheckStep()
+	}
+	return nil
 }
 
 // setRouting gives the layer step's routing (Layer.SetRouting) and uploads
