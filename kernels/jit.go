@@ -29,6 +29,7 @@ var CUDAKernels = map[string][]string{
 	"unpermute.cu":  {"MB_HIDDEN", "MB_TOPK"},
 	"sortchunks.cu": {"MB_HIDDEN", "MB_EP", "MB_LOCAL"},
 	"commtest.cu":   {"MB_CT_CHANNELS", "MB_CT_SLOTS"},
+	"fifotest.cu":   {"MB_FT_HIDDEN", "MB_FT_STAGES", "MB_FT_WARPS", "MB_NO_BULK"},
 }
 
 const cudaHeader = "moebench.cuh"

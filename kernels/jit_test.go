@@ -3,8 +3,10 @@ package kernels
 import (
 	"bytes"
 	"fmt"
+	"maps"
 	"os"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -47,6 +49,8 @@ func defines(name string) map[string]string {
 	d["MB_HIDDEN"], d["MB_FFN"] = fmt.Sprint(s.hidden), fmt.Sprint(s.ffn)
 	d["MB_EP"], d["MB_LOCAL"] = "8", fmt.Sprint(s.rc.Experts/8)
 	d["MB_CT_CHANNELS"], d["MB_CT_SLOTS"] = "12", "256" // comm_test: DeepEP's 24 SMs, a 256-token ring
+	d["MB_FT_HIDDEN"], d["MB_FT_STAGES"], d["MB_FT_WARPS"] = fmt.Sprint(s.hidden), "2", "3"
+	d["MB_NO_BULK"] = "0"
 	return d
 }
 
@@ -111,8 +115,22 @@ func TestKernelsCompile(t *testing.T) {
 	}
 	for _, arch := range []string{"sm_80", "sm_90"} {
 		for name := range shapes {
-			for file := range CUDAKernels {
-				compile(name, file, arch, defines(name), arch == "sm_90")
+			for file, names := range CUDAKernels {
+				d := defines(name)
+				if !slices.Contains(names, "MB_NO_BULK") {
+					compile(name, file, arch, d, arch == "sm_90")
+					continue
+				}
+				// the bulk-copy path where this NVRTC compiles it (sm_90,
+				// NVRTC ≥ 12: PTX ISA 8.0), and the 16-byte path
+				for _, noBulk := range []string{"0", "1"} {
+					d := maps.Clone(d)
+					d["MB_NO_BULK"] = noBulk
+					if noBulk == "0" && arch == "sm_90" && n.Major >= 12 {
+						d[bulkExpected] = "1"
+					}
+					compile(name+" MB_NO_BULK="+noBulk, file, arch, d, arch == "sm_90")
+				}
 			}
 		}
 		for name, rc := range routerCases {

@@ -39,7 +39,17 @@ var kernelBlock = map[string]int{
 	"swiglu_prob":   flatBlock,
 	"unpermute_sum": rowBlockMax,
 	"comm_test":     CommTestBlock,
+	"fifo_test":     32 * fifoWarps,
 }
+
+// bulkExpected, set in a compile's constants, says that the bulk-copy path
+// was compiled (sm_90 by NVRTC ≥ 12): its kernels must use bulk copies
+// (UBLKCP: global→shared .S.G, shared→global .G.S); otherwise their FIFO
+// rows move as 16-byte accesses.
+const bulkExpected = "moebench.bulk"
+
+// fifoKernels are the kernels that move rows through moebench.cuh's FIFO.
+var fifoKernels = map[string]bool{"fifo_test": true}
 
 // cuobjdump finds the tool (MOEBENCH_CUOBJDUMP, else the path) or returns "";
 // where the GPU-free kernel checks are required (MOEBENCH_REQUIRE_NVRTC=1,
@@ -196,6 +206,14 @@ func auditSASS(tool string, cubin []byte, d map[string]string, opcodes bool) (li
 			name == "swiglu_prob" && atoi(d["MB_FFN"])%8 == 0
 		if vec16 && (k.has("LDG.E", ".128") == 0 || k.has("STG.E", ".128") == 0) {
 			bad("no 16-byte global load or store (LDG/STG .128); it has %s", k.list("LDG", "STG"))
+		}
+		if fifoKernels[name] {
+			if d[bulkExpected] == "1" && (k.has("UBLKCP", ".S.G") == 0 || k.has("UBLKCP", ".G.S") == 0) {
+				bad("the bulk-copy path has no bulk copies both ways (UBLKCP .S.G and .G.S); it has %s", k.list("UBLKCP", "UTMA", "LDG", "STG"))
+			}
+			if d[bulkExpected] != "1" && (k.has("LDG.E", ".128") == 0 || k.has("STS", ".128") == 0 || k.has("LDS", ".128") == 0 || k.has("STG.E", ".128") == 0) {
+				bad("the 16-byte path does not move rows as 16-byte accesses (LDG/STS/LDS/STG .128); it has %s", k.list("LDG", "STG", "LDS", "STS"))
+			}
 		}
 		if (name == "router_topk" || name == "permute_order") && k.has("REDUX") == 0 {
 			bad("the warp reductions did not compile to REDUX; it has %s", k.list("REDUX", "SHFL", "VOTE"))
