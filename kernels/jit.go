@@ -30,6 +30,8 @@ var CUDAKernels = map[string][]string{
 	"sortchunks.cu": {"MB_HIDDEN", "MB_EP", "MB_LOCAL"},
 	"commtest.cu":   {"MB_CT_CHANNELS", "MB_CT_SLOTS"},
 	"fifotest.cu":   {"MB_FT_HIDDEN", "MB_FT_STAGES", "MB_FT_WARPS", "MB_NO_BULK"},
+	"hybridep.cu": {"MB_HE_EP", "MB_HE_DOMAIN", "MB_HE_TOKENS", "MB_HE_EXPERTS", "MB_HE_TOPK", "MB_HE_HIDDEN",
+		"MB_HE_CHUNK", "MB_HE_STAGES", "MB_NO_BULK"},
 }
 
 const cudaHeader = "moebench.cuh"

@@ -40,6 +40,11 @@ var kernelBlock = map[string]int{
 	"unpermute_sum": rowBlockMax,
 	"comm_test":     CommTestBlock,
 	"fifo_test":     32 * fifoWarps,
+	"he_allgather":  128,
+	"he_preprocess": 256,
+	"he_pack":       128,
+	"he_dispatch":   128,
+	"he_combine":    128,
 }
 
 // bulkExpected, set in a compile's constants, says that the bulk-copy path
@@ -48,8 +53,11 @@ var kernelBlock = map[string]int{
 // rows move as 16-byte accesses.
 const bulkExpected = "moebench.bulk"
 
-// fifoKernels are the kernels that move rows through moebench.cuh's FIFO.
-var fifoKernels = map[string]bool{"fifo_test": true}
+// fifoKernels are the kernels that move rows through moebench.cuh's FIFO,
+// with the directions of their bulk copies (.S.G global→shared, .G.S
+// shared→global); on the 16-byte path they load and store rows as
+// 16-byte accesses, global and shared.
+var fifoKernels = map[string][]string{"fifo_test": {".S.G", ".G.S"}, "he_dispatch": {".S.G", ".G.S"}, "he_combine": {".S.G"}}
 
 // cuobjdump finds the tool (MOEBENCH_CUOBJDUMP, else the path) or returns "";
 // where the GPU-free kernel checks are required (MOEBENCH_REQUIRE_NVRTC=1,
@@ -207,9 +215,11 @@ func auditSASS(tool string, cubin []byte, d map[string]string, opcodes bool) (li
 		if vec16 && (k.has("LDG.E", ".128") == 0 || k.has("STG.E", ".128") == 0) {
 			bad("no 16-byte global load or store (LDG/STG .128); it has %s", k.list("LDG", "STG"))
 		}
-		if fifoKernels[name] {
-			if d[bulkExpected] == "1" && (k.has("UBLKCP", ".S.G") == 0 || k.has("UBLKCP", ".G.S") == 0) {
-				bad("the bulk-copy path has no bulk copies both ways (UBLKCP .S.G and .G.S); it has %s", k.list("UBLKCP", "UTMA", "LDG", "STG"))
+		if dirs, ok := fifoKernels[name]; ok {
+			for _, dir := range dirs {
+				if d[bulkExpected] == "1" && k.has("UBLKCP", dir) == 0 {
+					bad("the bulk-copy path has no bulk copy UBLKCP%s; it has %s", dir, k.list("UBLKCP", "UTMA", "LDG", "STG"))
+				}
 			}
 			if d[bulkExpected] != "1" && (k.has("LDG.E", ".128") == 0 || k.has("STS", ".128") == 0 || k.has("LDS", ".128") == 0 || k.has("STG.E", ".128") == 0) {
 				bad("the 16-byte path does not move rows as 16-byte accesses (LDG/STS/LDS/STG .128); it has %s", k.list("LDG", "STG", "LDS", "STS"))

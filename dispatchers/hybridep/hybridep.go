@@ -60,14 +60,18 @@
 //   - dense_chunk_layout: the first receive position of each source chunk
 //     (s, c), tokens [c·C, (c+1)·C) of s; a chunk's tokens are contiguous.
 //   - attn_to_rdma: for each of r's tokens, the domains that need it.
+//   - the inter-domain slots: send[m, t], r's token t's rank among r's
+//     tokens that domain m ≠ n needs (token order); recv[m, t], the same
+//     for source (m, l)'s token t and domain n, as that source computes it.
 //
 // # Dispatch (the order a GPU runs; rank f = (n, l) forwards)
 //
 //   - Inter-domain path (HybridEP's RDMA warp; NCCL send/recv between the
 //     same local ranks of two domains on GPUs): chunk by chunk, each of f's
 //     tokens that a domain m ≠ n needs goes once to rank (m, l)'s
-//     inter-domain buffer, slot (tile of n)·T + t: the bf16 row and the
-//     destination domain's L·D probabilities (fp32); then the chunk's flag.
+//     inter-domain buffer, slot (tile of n)·T + send[m, t]: the bf16 row
+//     and the destination domain's L·D probabilities (fp32); then the
+//     chunk's flag.
 //   - Fan-out (the S2G warps, stores into peers' buffers): block b of B
 //     takes chunks c = b, b+B, …; for chunk c, source domains in the order
 //     n, n−1, …, n+1 (mod M) — source (m, l)'s chunk c, from f's own rows
@@ -93,7 +97,7 @@
 //  2. Inter-domain (rank (m, l) for home (n, l), m ≠ n, per chunk of the
 //     home's tokens): pre_m[t] = bf16(Σ part_(m,j)[s2d[n, t, j]] over j
 //     ascending with s2d ≥ 0, a float32 sum from 0), sent to the home's
-//     inter-domain buffer, slot (tile of m)·T + t.
+//     inter-domain buffer, slot (tile of m)·T + send[m, t].
 //  3. Home (n, l), token t: Y[t] = the float32 sum from 0 of part_(n,j) at
 //     s2d[n, t, j] ≥ 0 for j = 0 … D−1, then pre_m for the domains m = n−1,
 //     n−2, …, n+1 (mod M) that need t. The layer stores Y as bf16.

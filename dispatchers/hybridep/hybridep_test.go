@@ -258,7 +258,7 @@ func TestBuffersByHand(t *testing.T) {
 		"receive-probs": 2 * 4 * 4 * 4,      // T·N × L·D fp32
 		"inter-domain":  2 * 1 * (16 + 4*4), // T·(M−1) rows and probabilities
 		"routing-map":   4*2*8 + 2*8*4,      // bool [N·T, E] and fp32 [T, E]
-		"metadata":      4*(2*2*2+2*4*2+4*2+1) + 2*2 + 4*(2*1*2+4*2),
+		"metadata":      4*(2*2*2+2*4*2+4*2+1) + 2*2 + 4*2*2*2 + 4*(2*1*2+4*2), // … inter-domain slots int32 [2, M, T]
 	}
 	for r := range 4 {
 		got := map[string]int64{}
