@@ -112,6 +112,12 @@ type ClassicDevice interface {
 // between events around each rank's own call.
 type Grouper interface{ Grouped(phase string) bool }
 
+// StepChecker is a device dispatcher whose kernels report failures out of
+// band (a cross-rank wait that timed out, in host-mapped memory): the
+// layer calls CheckStep once a step's streams are synchronized, and fails
+// the step with its error.
+type StepChecker interface{ CheckStep() error }
+
 // Transporter is a device dispatcher whose data may move through a
 // library (NCCL) rather than copies: Transport names it, or is "".
 type Transporter interface{ Transport() string }

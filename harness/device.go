@@ -548,7 +548,13 @@ func (dl *deviceLayer) step() error {
 		}
 	}
 	dl.issueMS = float64(time.Since(t0).Nanoseconds()) / 1e6
-	return dl.sync()
+	if err := dl.sync(); err != nil {
+		return err
+	}
+	if c, ok := dl.d.(dispatchers.StepChecker); ok {
+		return c.CheckStep()
+	}
+	return nil
 }
 
 // setRouting gives the layer step's routing (Layer.SetRouting) and uploads

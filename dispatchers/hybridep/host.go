@@ -75,7 +75,7 @@ func (h *Host) Bind(shape dispatchers.Shape, ranks []*dispatchers.Rank) error {
 		h.st[r] = rankState{
 			gmap: make([]bool, N*T*E), probs: make([]float32, T*E),
 			meta: h.geom().newMeta(),
-			idX: make([]float32, o*T*shape.Hidden), idP: make([]float32, o*T*LD),
+			idX:  make([]float32, o*T*shape.Hidden), idP: make([]float32, o*T*LD),
 			idIn: make([]int, o*h.chunks), idBack: make([]int, o*h.chunks), partDone: make([]int, N*h.chunks),
 		}
 	}
@@ -112,19 +112,8 @@ func (h *Host) Allgather(r int) error {
 	s.step++
 	s.moved = moved{}
 	rows := s.gmap[r*T*E : (r+1)*T*E] // the rank's own rows, in its own copy first
-	clear(rows)
-	clear(s.probs)
-	for t := range T {
-		for j, e := range rk.Idx[t*k : (t+1)*k] {
-			switch {
-			case e < 0 || int(e) >= E:
-				return fmt.Errorf("hybridep: allgather on rank %d: token %d has expert %d (of %d)", r, t, e, E)
-			case rows[t*E+int(e)]:
-				return fmt.Errorf("hybridep: allgather on rank %d: token %d has expert %d twice (a routing map holds it once)", r, t, e)
-			}
-			rows[t*E+int(e)] = true
-			s.probs[t*E+int(e)] = rk.Probs[t*k+j]
-		}
+	if err := denseRows(rk.Idx, rk.Probs, T, E, k, rows, s.probs); err != nil {
+		return fmt.Errorf("hybridep: allgather on rank %d: %w", r, err)
 	}
 	for q := range h.st {
 		if q != r {
@@ -304,19 +293,27 @@ func (h *Host) domainSum(y []float32, reader, r, t int) int {
 	T, D := h.shape.Tokens, h.D
 	rs, n, m, c := &h.st[r], r/D, reader/D, t/h.cfg.Chunk
 	terms := 0
-	for j, p := range h.st[reader].s2d[(n*T+t)*D : (n*T+t+1)*D] {
-		if p < 0 {
-			continue
-		}
+	eachDomainTerm(h.st[reader].s2d[(n*T+t)*D:(n*T+t+1)*D], func(j, p int) {
 		q := m*D + j
-		add(y, h.partial(q, r, c, int(p)))
+		add(y, h.partial(q, r, c, p))
 		terms++
 		rs.moved.partials++
 		if q != reader {
 			rs.moved.partialsOff++
 		}
-	}
+	})
 	return terms
+}
+
+// eachDomainTerm calls fn(j, p) for the ranks j of a domain that hold a
+// partial sum of a token, in rank order, at their receive position p (the
+// token's sparse_to_dense row s2dRow).
+func eachDomainTerm(s2dRow []int32, fn func(j, p int)) {
+	for j, p := range s2dRow {
+		if p >= 0 {
+			fn(j, int(p))
+		}
+	}
 }
 
 // partial is expert rank q's partial sum at receive position p, which lies
@@ -329,14 +326,8 @@ func (h *Host) partial(q, src, c, p int) []float32 {
 	if qs.partDone[key] != qs.step {
 		y := h.ranks[q].ExpertY
 		for i := qs.chunkAt[key]; i < qs.chunkAt[key+1]; i++ {
-			sum := qs.recvX[i*hd : (i+1)*hd] // the shared buffer: its row is no longer needed
-			clear(sum)
-			for _, row := range qs.d2e[i*L : (i+1)*L] { // local experts in ascending order
-				if row >= 0 {
-					add(sum, y[int(row)*hd:(int(row)+1)*hd])
-				}
-			}
-			kernels.RoundBF16Slice(sum)
+			// the shared buffer: its row is no longer needed
+			partialSum(qs.recvX[i*hd:(i+1)*hd], qs.d2e[i*L:(i+1)*L], func(row int) []float32 { return y[row*hd : (row+1)*hd] })
 		}
 		qs.partDone[key] = qs.step
 	}
@@ -379,4 +370,37 @@ func add(y, x []float32) {
 	for i, v := range x {
 		y[i] += v
 	}
+}
+
+// denseRows turns T tokens' top-k (idx, probs [T, k]) into dense rows: the
+// routing map rows [T, E] and probabilities [T, E], both cleared first.
+func denseRows(idx []int32, probs []float32, T, E, k int, rows []bool, dense []float32) error {
+	clear(rows)
+	clear(dense)
+	for t := range T {
+		for j, e := range idx[t*k : (t+1)*k] {
+			switch {
+			case e < 0 || int(e) >= E:
+				return fmt.Errorf("token %d has expert %d (of %d)", t, e, E)
+			case rows[t*E+int(e)]:
+				return fmt.Errorf("token %d has expert %d twice (a routing map holds it once)", t, e)
+			}
+			rows[t*E+int(e)] = true
+			dense[t*E+int(e)] = probs[t*k+j]
+		}
+	}
+	return nil
+}
+
+// partialSum is an expert rank's partial sum of a received token into sum:
+// the float32 sum from 0 of its local experts' outputs (rows d2eRow ≥ 0,
+// in expert order), rounded to bf16.
+func partialSum(sum []float32, d2eRow []int32, y func(row int) []float32) {
+	clear(sum)
+	for _, row := range d2eRow {
+		if row >= 0 {
+			add(sum, y(int(row)))
+		}
+	}
+	kernels.RoundBF16Slice(sum)
 }

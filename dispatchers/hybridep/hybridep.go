@@ -227,10 +227,3 @@ func New(impl string, env dispatchers.Env) (dispatchers.Dispatcher, error) {
 	}
 	return WithConfig(Config{SMs: sms, Domain: env.Domain, Chunk: DefaultChunk}), nil
 }
-
-// NewDevice reports the cuda implementation unavailable: its kernels are
-// not in this build yet.
-func NewDevice(impl string, env dispatchers.Env) (dispatchers.DeviceDispatcher, error) {
-	return nil, &dispatchers.UnavailableError{Name: Name, Impl: impl,
-		Reason: "the cuda implementation's kernels (bulk copies into peers' buffers, device-side barriers, timeouts) are not in this build yet; the host device runs the design (--device host)"}
-}

@@ -17,8 +17,13 @@ func (h *Host) Traffic() dispatchers.Traffic {
 		mv.back += m.back
 		mv.interAlg += m.interAlg
 	}
-	row := 2 * int64(h.shape.Hidden)
-	disp := row + 4*int64(h.shape.LocalExperts()*h.D)
+	return mv.traffic(h.shape, h.D)
+}
+
+// traffic is the bytes of the rows mv counts (see Host.Traffic).
+func (mv moved) traffic(sh dispatchers.Shape, D int) dispatchers.Traffic {
+	row := 2 * int64(sh.Hidden)
+	disp := row + 4*int64(sh.LocalExperts()*D)
 	return dispatchers.Traffic{
 		DispatchLogical: int64(mv.deliveries) * disp, DispatchOffRank: int64(mv.fanOut+mv.interIn) * disp,
 		DispatchInterDomain: int64(mv.interIn) * disp,

@@ -139,3 +139,58 @@ func (g geom) otherDomains(n int, fn func(m int)) {
 		fn((n - i + g.M) % g.M)
 	}
 }
+
+// countMoves is what one step moves with the global map gmap, counted as
+// the host implementation's phases count it (Host.Traffic): every rank's
+// preprocessing gives its stores and partial sums.
+func (g geom) countMoves(gmap []bool) moved {
+	var mv moved
+	ms := make([]meta, g.N)
+	for r := range ms {
+		ms[r] = g.newMeta()
+		g.preprocess(r, gmap, &ms[r])
+	}
+	for f, s := range ms {
+		n, l := f/g.D, f%g.D
+		mv.deliveries += s.recv
+		for i := 0; i < len(s.s2d); i += g.D { // stores of the tokens f forwards
+			eachDomainTerm(s.s2d[i:i+g.D], func(j, _ int) {
+				if j != l {
+					mv.fanOut++
+				}
+			})
+		}
+		for m := range g.M {
+			if m != n {
+				mv.interIn += s.recvs[m]
+			}
+		}
+		// partial sums each home (its own domain) and each forwarder (the
+		// pre-reduction for another domain's home) reads
+		for sn := range g.M {
+			for t := range g.T {
+				if sn != n && s.recvIdx[sn*g.T+t] < 0 {
+					continue
+				}
+				if sn == n && f != sn*g.D+l {
+					continue
+				}
+				i := (sn*g.T + t) * g.D
+				eachDomainTerm(s.s2d[i:i+g.D], func(j, _ int) {
+					if j != l {
+						mv.partialsOff++
+					}
+				})
+			}
+		}
+		if g.M > 1 {
+			for _, on := range s.toDom {
+				if on {
+					mv.interAlg++
+				}
+			}
+		}
+	}
+	mv.partials, mv.back = mv.deliveries, mv.interIn
+	return mv
+}
