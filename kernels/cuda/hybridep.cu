@@ -229,8 +229,10 @@ extern "C" __global__ void __launch_bounds__(PRE_THREADS, 1) he_preprocess(int f
                 } else if (x < D + L) {
                     if (i >= 0) d2e[(size_t)i * L + x - D] = v ? pos : -1;
                 } else if (x < D + L + M) {
-                    me.todom[t * M + x - D - L] = v;
-                    if (x - D - L != n) send[(x - D - L) * T + t] = v ? pos : -1;
+                    if (src == rank) { // (a forwarded source counts these columns too, unused)
+                        me.todom[t * M + x - D - L] = v;
+                        if (x - D - L != n) send[(x - D - L) * T + t] = v ? pos : -1;
+                    }
                 } else {
                     recv[m * T + t] = v ? pos : -1;
                 }
@@ -408,6 +410,7 @@ __device__ bool he_reduce(const mb_fifo &f, const mb_comm &c, int rank, int b, i
     int ok = 1;
     for (int o = b, k = 0; o < count && ok; o += blocks, k++) {
         const int nt = s.terms(o);
+        if (nt == 0) continue; // no output (a pre-reduction for a token this domain does not hold)
         const bool mine = warp == 1 + k % (WARPS - 1);
         for (int cc = 0; cc < COL_CHUNKS && ok; cc++) {
             const unsigned off = cc * COLS, bytes = min(COLS, ROW - (int)off);
