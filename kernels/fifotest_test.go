@@ -88,7 +88,7 @@ func checkFIFO(t *testing.T, dev Device) {
 				var got, want []uint16
 				var err, kerr error
 				within(t, 30*time.Second, func() {
-					got, want, err, kerr = runFIFOTest(t, dev, fifoCase{hidden: 256, stages: 3, rows: 40, blocks: 2, bulk: bulk, reduce: reduce, timeout: 5 * time.Second})
+					got, want, err, kerr = runFIFOTest(t, dev, fifoCase{hidden: 256, stages: 4, rows: 40, blocks: 2, bulk: bulk, reduce: reduce, timeout: 5 * time.Second})
 				})
 				if err != nil || kerr != nil {
 					t.Fatalf("%v; kernels: %v", err, kerr)

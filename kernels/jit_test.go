@@ -52,7 +52,7 @@ func defines(name string) map[string]string {
 	d["MB_FT_HIDDEN"], d["MB_FT_STAGES"], d["MB_FT_WARPS"] = fmt.Sprint(s.hidden), "2", "3"
 	d["MB_NO_BULK"] = "0"
 	// hybridep: two domains of 4 (the inter-domain path compiled in)
-	d["MB_HE_EP"], d["MB_HE_DOMAIN"], d["MB_HE_TOKENS"], d["MB_HE_CHUNK"], d["MB_HE_STAGES"] = "8", "4", "4096", "64", "4"
+	d["MB_HE_EP"], d["MB_HE_DOMAIN"], d["MB_HE_TOKENS"], d["MB_HE_CHUNK"], d["MB_HE_STAGES"] = "8", "4", "4096", "64", "6"
 	d["MB_HE_EXPERTS"], d["MB_HE_TOPK"], d["MB_HE_HIDDEN"] = fmt.Sprint(s.rc.Experts), fmt.Sprint(s.rc.TopK), fmt.Sprint(s.hidden)
 	return d
 }

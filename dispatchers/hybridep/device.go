@@ -505,3 +505,14 @@ func phaseNames(phase, wait int) (string, string) {
 	}
 	return p, w
 }
+
+// Protocol bugs the tests inject (hybridep.cu's BUG_*).
+const (
+	BugNoArrive  = 1 // the rank's dispatch loader never arrives for its first item
+	BugNoBarrier = 2 // the rank never reaches dispatch's second barrier
+)
+
+// Break makes the next steps' kernels break their protocol on purpose
+// (kind, one of the Bug constants, on rank): for the tests, which see
+// the kernels' timeouts name the rank, phase and wait.
+func (d *Device) Break(kind, rank int) { d.bug = int32(kind | rank<<8) }

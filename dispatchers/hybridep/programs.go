@@ -21,9 +21,9 @@ const (
 	fifoBudget   = 200 << 10
 )
 
-// stages is how many FIFO slots of slot bytes fit the shared-memory budget
-// (2 to 8).
-func stages(slot int) int { return max(2, min(8, fifoBudget/(slot+16))) }
+// stages is how many FIFO slots of slot bytes fit the shared-memory budget:
+// 3 to 9, a multiple of the kernels' 3 consumer warps (each slot has one).
+func stages(slot int) int { return 3 * max(1, min(3, fifoBudget/(slot+16)/3)) }
 
 // programs makes the kernels' programs for shape, each covering parts
 // devices' launches; twins from d.

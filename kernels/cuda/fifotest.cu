@@ -2,8 +2,9 @@
 // (kernels.FIFOTest), the pipeline HybridEP's kernels move rows through:
 // in each block warp 0 produces, the other MB_FT_WARPS − 1 warps consume.
 // Block b moves its share of rows rows of MB_FT_HIDDEN bf16 from in to out
-// through a FIFO of MB_FT_STAGES slots, item i being the block's row i
-// (two pieces, each half a row), consumed by warp 1 + i mod (warps − 1).
+// through a FIFO of MB_FT_STAGES slots (a multiple of warps − 1), item i
+// being the block's row i (two pieces, each half a row), the (i / (warps −
+// 1))-th item of consumer warp 1 + i mod (warps − 1).
 // reduce = 0: the consumer stores the slot to out (a bulk store on the
 // bulk path, 16-byte stores otherwise); reduce = 1: its lanes read the
 // slot and store bf16(2·x). bug breaks the protocol on item 3 of each block
@@ -38,20 +39,22 @@ extern "C" __global__ void __launch_bounds__(32 * MB_FT_WARPS, 1)
             const void *src[2] = {row, row + MB_FT_ROW / 2};
             const unsigned bytes[2] = {MB_FT_ROW / 2, MB_FT_ROW / 2};
             const int expect = i == 3 ? (bug == 2 ? -16 : bug == 3 ? 16 : 0) : 0;
-            if (!mb_fifo_put(f, c, 0, MB_FT_PUT, MB_FT_WAIT_EMPTY, i, 2, src, bytes, expect, !(bug == 4 && i >= MB_FT_STAGES),
+            const mb_item it = mb_fifo_item(f, consumers, i % consumers, i / consumers);
+            if (!mb_fifo_put(f, c, 0, MB_FT_PUT, MB_FT_WAIT_EMPTY, it, 2, src, bytes, expect, !(bug == 4 && i >= MB_FT_STAGES),
                              !(bug == 1 && i == 3)))
                 break;
         }
     } else {
         for (int i = warp - 1; i < n; i += consumers) {
             bf16 *dst = out + (size_t)(lo + i) * MB_FT_HIDDEN;
-            unsigned char *slot = mb_fifo_slot(f, i);
+            const mb_item it = mb_fifo_item(f, consumers, warp - 1, i / consumers);
+            unsigned char *slot = mb_fifo_slot(f, it);
             bool bulk = false;
 #ifdef MB_BULK
             bulk = !reduce;
 #endif
             int ok = 1;
-            if (bug != 5 && (lane == 0 || !bulk)) ok = mb_fifo_wait(f, c, 0, MB_FT_GET, MB_FT_WAIT_FULL, i) != nullptr;
+            if (bug != 5 && (lane == 0 || !bulk)) ok = mb_fifo_wait(f, c, 0, MB_FT_GET, MB_FT_WAIT_FULL, it) != nullptr;
             if (!__all_sync(MB_FULL_MASK, ok)) break;
             if (bulk) {
 #ifdef MB_BULK
@@ -59,7 +62,7 @@ extern "C" __global__ void __launch_bounds__(32 * MB_FT_WARPS, 1)
                     mb_bulk_s2g(dst, slot, MB_FT_ROW);
                     mb_bulk_commit();
                     mb_bulk_wait_read();
-                    mb_fifo_release(f, i);
+                    mb_fifo_release(f, it);
                 }
 #endif
             } else {
@@ -74,7 +77,7 @@ extern "C" __global__ void __launch_bounds__(32 * MB_FT_WARPS, 1)
                     }
                     *(uint4 *)((unsigned char *)dst + b) = v;
                 }
-                mb_fifo_release(f, i);
+                mb_fifo_release(f, it);
             }
             __syncwarp();
         }

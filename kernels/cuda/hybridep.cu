@@ -27,6 +27,7 @@
 //                  inter-domain exchange), then a barrier. Sums go through
 //                  the FIFO in column chunks, float32 from 0 in the
 //                  design's order, rounded to bf16 where the design rounds.
+// The FIFOs' stages are a multiple of WARPS − 1 (one slot, one consumer).
 // Rows move with bulk copies on the bulk path (moebench.cuh, MB_BULK),
 // 16-byte accesses otherwise.
 #include "moebench.cuh"
@@ -333,7 +334,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         he_forwarded(me, n, b, blocks, [&](long long i, int, int, const void *row, const void *probs) {
             const void *src[2] = {row, probs};
             const unsigned bytes[2] = {ROW, 4 * LDP};
-            return mb_fifo_put(f, c, rank, PH_DISPATCH, W_EMPTY, i, 2, src, bytes, 0, true,
+            const mb_item it = mb_fifo_item(f, WARPS - 1, (int)(i % (WARPS - 1)), i / (WARPS - 1));
+            return mb_fifo_put(f, c, rank, PH_DISPATCH, W_EMPTY, it, 2, src, bytes, 0, true,
                                !(buggy && (bug & 255) == BUG_NO_ARRIVE && i == 0));
         });
     } else {
@@ -341,10 +343,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         he_forwarded(me, n, b, blocks, [&](long long i, int m, int t, const void *, const void *) {
             if (i % (WARPS - 1) != warp - 1) return true;
             int ok = 1;
-            unsigned char *slot = mb_fifo_slot(f, i);
+            const mb_item it = mb_fifo_item(f, WARPS - 1, warp - 1, i / (WARPS - 1));
+            unsigned char *slot = mb_fifo_slot(f, it);
 #ifdef MB_BULK
             if (lane == 0) {
-                ok = mb_fifo_wait(f, c, rank, PH_DISPATCH, W_FULL, i) != nullptr;
+                ok = mb_fifo_wait(f, c, rank, PH_DISPATCH, W_FULL, it) != nullptr;
                 if (ok) {
                     for (int j = 0; j < D; j++) {
                         const int p = s2d[((size_t)m * T + t) * D + j];
@@ -355,12 +358,12 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                     }
                     mb_bulk_commit();
                     mb_bulk_wait_read();
-                    mb_fifo_release(f, i);
+                    mb_fifo_release(f, it);
                 }
             }
             return __shfl_sync(MB_FULL_MASK, ok, 0) != 0;
 #else
-            ok = mb_fifo_wait(f, c, rank, PH_DISPATCH, W_FULL, i) != nullptr;
+            ok = mb_fifo_wait(f, c, rank, PH_DISPATCH, W_FULL, it) != nullptr;
             if (!__all_sync(MB_FULL_MASK, ok)) return false;
             for (int j = 0; j < D; j++) {
                 const int p = s2d[((size_t)m * T + t) * D + j];
@@ -372,7 +375,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
                     else *(uint4 *)((unsigned char *)(q.recv_p + (size_t)p * LDP) + o - ROW) = v;
                 }
             }
-            mb_fifo_release(f, i);
+            mb_fifo_release(f, it);
             return true;
 #endif
         });
@@ -402,16 +405,21 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 #define PER_LANE (CHUNK_BYTES / 16 + 31) / 32 // 16-byte pieces of a chunk per lane
 
 // he_reduce: the rank's block b sums outputs o = b, b + blocks, … < count
-// of S (terms(o), term(o, x), out(o), add(o)); false when a wait gave up.
+// of S (terms(o), term(o, x), out(o), add(o)); output o's reducer is
+// warp 1 + (its rank among the block's outputs) mod 3, whose items follow
+// each other in its FIFO slots (put: the loader's count of each reducer's
+// items, in shared memory; mine: this reducer's). False when a wait gave
+// up.
 template <class S>
-__device__ bool he_reduce(const mb_fifo &f, const mb_comm &c, int rank, int b, int blocks, int count, const S &s, long long &i0) {
+__device__ bool he_reduce(const mb_fifo &f, const mb_comm &c, int rank, int b, int blocks, int count, const S &s,
+                          long long *put, long long &mine_k) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    long long i = i0;
     int ok = 1;
     for (int o = b, k = 0; o < count && ok; o += blocks, k++) {
         const int nt = s.terms(o);
         if (nt == 0) continue; // no output (a pre-reduction for a token this domain does not hold)
-        const bool mine = warp == 1 + k % (WARPS - 1);
+        const int owner = k % (WARPS - 1);
+        const bool mine = warp == 1 + owner;
         for (int cc = 0; cc < COL_CHUNKS && ok; cc++) {
             const unsigned off = cc * COLS, bytes = min(COLS, ROW - (int)off);
             float acc[PER_LANE][8];
@@ -419,12 +427,16 @@ __device__ bool he_reduce(const mb_fifo &f, const mb_comm &c, int rank, int b, i
             for (int p = 0; p < PER_LANE; p++)
 #pragma unroll
                 for (int x = 0; x < 8; x++) acc[p][x] = 0.f;
-            for (int x = 0; x < nt; x++, i++) {
+            for (int x = 0; x < nt && ok; x++) {
                 if (warp == 0) {
                     const void *src[1] = {(const unsigned char *)s.term(o, x) + off};
-                    ok = mb_fifo_put(f, c, rank, PH_COMBINE, W_EMPTY, i, 1, src, &bytes);
+                    ok = mb_fifo_put(f, c, rank, PH_COMBINE, W_EMPTY, mb_fifo_item(f, WARPS - 1, owner, put[owner]), 1, src, &bytes);
+                    __syncwarp();
+                    if (lane == 0) put[owner]++;
+                    __syncwarp();
                 } else if (mine) {
-                    unsigned char *slot = mb_fifo_wait(f, c, rank, PH_COMBINE, W_FULL, i);
+                    const mb_item it = mb_fifo_item(f, WARPS - 1, owner, mine_k++);
+                    unsigned char *slot = mb_fifo_wait(f, c, rank, PH_COMBINE, W_FULL, it);
                     ok = __all_sync(MB_FULL_MASK, slot != nullptr);
                     if (!ok) break;
 #pragma unroll
@@ -437,9 +449,8 @@ __device__ bool he_reduce(const mb_fifo &f, const mb_comm &c, int rank, int b, i
                             for (int y = 0; y < 8; y++) acc[p][y] += v[y];
                         }
                     }
-                    mb_fifo_release(f, i);
+                    mb_fifo_release(f, it);
                 }
-                if (!ok) break;
             }
             if (mine && ok) {
                 unsigned char *out = (unsigned char *)s.out(o) + off;
@@ -462,7 +473,6 @@ __device__ bool he_reduce(const mb_fifo &f, const mb_comm &c, int rank, int b, i
             }
         }
     }
-    i0 = i;
     __shared__ int all;
     __syncthreads();
     if (threadIdx.x == 0) all = 1;
@@ -573,18 +583,22 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     const int rank = first + blockIdx.x / blocks, b = blockIdx.x % blocks;
     const he_rank me = R[rank];
     const mb_fifo f = mb_fifo_at(mb_dynamic_smem(), MB_HE_STAGES, CHUNK_BYTES);
-    if (threadIdx.x == 0) mb_fifo_init(f, 32);
+    __shared__ long long put[WARPS - 1]; // the loader's count of each reducer's items
+    if (threadIdx.x == 0) {
+        mb_fifo_init(f, 32);
+        for (int w = 0; w < WARPS - 1; w++) put[w] = 0;
+    }
     mb_mbar_init_fence();
     __syncthreads();
-    long long i = 0;
+    long long mine = 0; // a reducer's count of its items
     if (stage != 2) {
-        if (!he_reduce(f, c, rank, b, blocks, me.meta[META_COUNTS + L], he_partials{me}, i)) return;
+        if (!he_reduce(f, c, rank, b, blocks, me.meta[META_COUNTS + L], he_partials{me}, put, mine)) return;
         if (!he_sync(c, R, flags, rank, blocks, PH_COMBINE, epoch, false)) return;
-        if (M > 1 && !he_reduce(f, c, rank, b, blocks, (M - 1) * T, he_prereduce{R, rank}, i)) return;
+        if (M > 1 && !he_reduce(f, c, rank, b, blocks, (M - 1) * T, he_prereduce{R, rank}, put, mine)) return;
         epoch++;
     }
     if (stage != 1) {
-        if (!he_reduce(f, c, rank, b, blocks, T, he_home{R, rank}, i)) return;
+        if (!he_reduce(f, c, rank, b, blocks, T, he_home{R, rank}, put, mine)) return;
         he_sync(c, R, flags, rank, blocks, PH_COMBINE, epoch, false);
     }
 }

@@ -479,13 +479,17 @@ __device__ __forceinline__ void mb_bulk_wait() {
 #endif // MB_BULK
 
 // mb_fifo: a ring of `stages` slots of `slot` bytes (16-byte multiples) in
-// dynamic shared memory, between one producer warp and consumer warps;
-// item i uses slot i mod stages in round i / stages. The producer waits
-// for the slot's empty barrier (the consumers of item i − stages have
-// released it), fills it and arrives on its full barrier; a consumer waits
-// for the full barrier, uses the slot and releases it (arrives on the
-// empty barrier). Every wait is timed (mb_mbar_wait): a function returns
-// false when its wait gave up, and the warp then stops.
+// dynamic shared memory, between one producer warp and C consumer warps.
+// The k-th item of consumer c goes to slot c + C·(k mod stages/C), round
+// k / (stages/C) (mb_fifo_item; stages a multiple of C): each slot has one
+// consumer, which takes its rounds in order, so that a parity wait never
+// takes a phase two rounds old for its own (a consumer that ran ahead of
+// a slot shared with others would). The producer waits for the slot's
+// empty barrier (its previous round released), fills it and arrives on
+// its full barrier; the consumer waits for the full barrier, uses the slot
+// and releases it (arrives on the empty barrier). Every wait is timed
+// (mb_mbar_wait): a function returns false when its wait gave up, and the
+// warp then stops.
 #ifdef MB_BULK
 #define MB_FIFO_PRODUCERS 1 // lane 0 arrives, expecting the copies' bytes
 #else
@@ -516,50 +520,59 @@ __device__ inline void mb_fifo_init(const mb_fifo &f, int consumers) {
         mb_mbar_init(f.empty + s, consumers);
     }
 }
-__device__ __forceinline__ unsigned char *mb_fifo_slot(const mb_fifo &f, long long i) { return f.data + (i % f.stages) * f.slot; }
+// mb_fifo_item: the slot and round of consumer c's k-th item (of C consumers)
+typedef struct {
+    int slot, round;
+} mb_item;
+__device__ __forceinline__ mb_item mb_fifo_item(const mb_fifo &f, int consumers, int c, long long k) {
+    const int per = f.stages / consumers;
+    mb_item it;
+    it.slot = c + consumers * (int)(k % per), it.round = (int)(k / per);
+    return it;
+}
+__device__ __forceinline__ unsigned char *mb_fifo_slot(const mb_fifo &f, mb_item it) { return f.data + it.slot * f.slot; }
 
-// mb_fifo_put: the producer warp (all lanes) puts item i: parts pieces,
+// mb_fifo_put: the producer warp (all lanes) puts an item: parts pieces,
 // piece k the bytes[k] bytes at src[k] (global or a peer's memory, 16-byte
 // aligned), one after another from the slot's start. expect adjusts the
 // byte count the full barrier expects (0; the tests break it on purpose),
-// and wait_empty = false skips the wait for the slot to be released (the
-// tests again).
-__device__ inline bool mb_fifo_put(const mb_fifo &f, const mb_comm &c, int rank, int phase, int wait, long long i, int parts,
+// wait_empty = false skips the wait for the slot's release and arrive =
+// false the arrival (the tests again).
+__device__ inline bool mb_fifo_put(const mb_fifo &f, const mb_comm &c, int rank, int phase, int wait, mb_item it, int parts,
                                    const void *const *src, const unsigned *bytes, int expect = 0, bool wait_empty = true,
                                    bool arrive = true) {
-    const int s = (int)(i % f.stages), parity = (int)((i / f.stages) & 1) ^ 1;
-    unsigned char *dst = f.data + s * f.slot;
+    const int parity = (it.round & 1) ^ 1;
+    unsigned char *dst = mb_fifo_slot(f, it);
     const int lane = threadIdx.x % 32;
 #ifdef MB_BULK
     int ok = 1;
     if (lane == 0) {
-        if (wait_empty) ok = mb_mbar_wait(c, rank, phase, wait, f.empty + s, parity);
+        if (wait_empty) ok = mb_mbar_wait(c, rank, phase, wait, f.empty + it.slot, parity);
         if (ok) {
             unsigned total = 0;
             for (int k = 0; k < parts; k++) total += bytes[k];
-            if (arrive) mb_mbar_arrive_expect_tx(f.full + s, total + expect);
-            for (int k = 0, off = 0; k < parts; off += bytes[k], k++) mb_bulk_g2s(dst + off, src[k], bytes[k], f.full + s);
+            if (arrive) mb_mbar_arrive_expect_tx(f.full + it.slot, total + expect);
+            for (int k = 0, off = 0; k < parts; off += bytes[k], k++) mb_bulk_g2s(dst + off, src[k], bytes[k], f.full + it.slot);
         }
     }
     return __shfl_sync(MB_FULL_MASK, ok, 0) != 0;
 #else
     (void)expect;
-    int ok = wait_empty ? mb_mbar_wait(c, rank, phase, wait, f.empty + s, parity) : 1;
+    int ok = wait_empty ? mb_mbar_wait(c, rank, phase, wait, f.empty + it.slot, parity) : 1;
     if (!__all_sync(MB_FULL_MASK, ok)) return false;
     for (int k = 0, off = 0; k < parts; off += bytes[k], k++)
         for (unsigned b = 16 * lane; b < bytes[k]; b += 16 * 32)
             mb_sts16(dst + off + b, *(const uint4 *)((const unsigned char *)src[k] + b));
-    if (arrive) mb_mbar_arrive(f.full + s);
+    if (arrive) mb_mbar_arrive(f.full + it.slot);
     return true;
 #endif
 }
-// mb_fifo_wait: the consumer lanes that call it wait until item i is in
+// mb_fifo_wait: the consumer lanes that call it wait until the item is in
 // its slot; it returns the slot (null when the wait gave up)
-__device__ inline unsigned char *mb_fifo_wait(const mb_fifo &f, const mb_comm &c, int rank, int phase, int wait, long long i) {
-    const int s = (int)(i % f.stages);
-    if (!mb_mbar_wait(c, rank, phase, wait, f.full + s, (int)((i / f.stages) & 1))) return nullptr;
-    return f.data + s * f.slot;
+__device__ inline unsigned char *mb_fifo_wait(const mb_fifo &f, const mb_comm &c, int rank, int phase, int wait, mb_item it) {
+    if (!mb_mbar_wait(c, rank, phase, wait, f.full + it.slot, it.round & 1)) return nullptr;
+    return mb_fifo_slot(f, it);
 }
-// mb_fifo_release: a consumer's arrival that releases item i's slot (its
+// mb_fifo_release: a consumer's arrival that releases the item's slot (its
 // reads of the slot done; a bulk store's read waited for first)
-__device__ __forceinline__ void mb_fifo_release(const mb_fifo &f, long long i) { mb_mbar_arrive(f.empty + i % f.stages); }
+__device__ __forceinline__ void mb_fifo_release(const mb_fifo &f, mb_item it) { mb_mbar_arrive(f.empty + it.slot); }
