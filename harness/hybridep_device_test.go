@@ -175,7 +175,8 @@ func TestHybridEPOnHostSim(t *testing.T) {
 		kind, rank int
 		want       string
 	}{
-		{"no-arrive", hybridep.BugNoArrive, 1, "rank 1 timed out in phase dispatch at wait FIFO slot full"},
+		// the storer's wait for the slot, or the loader's for its reuse
+		{"no-arrive", hybridep.BugNoArrive, 1, "rank 1 timed out in phase dispatch at wait FIFO slot"},
 		{"barrier-not-reached", hybridep.BugNoBarrier, 1, "rank 0 timed out in phase dispatch at wait barrier flag of rank 1"},
 	} {
 		t.Run(bug.name, func(t *testing.T) {
