@@ -221,8 +221,11 @@ func auditSASS(tool string, cubin []byte, d map[string]string, opcodes bool) (li
 					bad("the bulk-copy path has no bulk copy UBLKCP%s; it has %s", dir, k.list("UBLKCP", "UTMA", "LDG", "STG"))
 				}
 			}
-			if d[bulkExpected] != "1" && (k.has("LDG.E", ".128") == 0 || k.has("STS", ".128") == 0 || k.has("LDS", ".128") == 0 || k.has("STG.E", ".128") == 0) {
-				bad("the 16-byte path does not move rows as 16-byte accesses (LDG/STS/LDS/STG .128); it has %s", k.list("LDG", "STG", "LDS", "STS"))
+			// rows in global memory are reached through generic pointers
+			// (peers' memory too): LD/ST .128, or LDG/STG .128
+			ld, st := k.has("LDG.E", ".128")+k.has("LD.E", ".128"), k.has("STG.E", ".128")+k.has("ST.E", ".128")
+			if d[bulkExpected] != "1" && (ld == 0 || k.has("STS", ".128") == 0 || k.has("LDS", ".128") == 0 || st == 0) {
+				bad("the 16-byte path does not move rows as 16-byte accesses (LD[G]/STS/LDS/ST[G] .128); it has %s", k.list("LD", "ST"))
 			}
 		}
 		if (name == "router_topk" || name == "permute_order") && k.has("REDUX") == 0 {
