@@ -52,7 +52,7 @@ func BenchDispatch(cfg Config, names []string, sms []int, env Env) (*DispatchBen
 		return nil, err
 	}
 	if cfg.Device != "host" {
-		return nil, fmt.Errorf("bench dispatch: device %s: only the host device runs it in this build (no dispatcher's cuda implementation has a dispatch-only path yet; deepep's and hybridep's kernels are not built)", cfg.Device)
+		return nil, fmt.Errorf("bench dispatch: device %s: only the host device runs it in this build (no dispatcher's cuda implementation has a dispatch-only path yet)", cfg.Device)
 	}
 	if avail, ok := memAvailable(); ok && benchBytes(cfg) > 0.8*avail {
 		return nil, fmt.Errorf("bench dispatch: about %.1f GiB of host memory needed, %.1f GiB available; use a smaller --tokens, --hidden or --ep",

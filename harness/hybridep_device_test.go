@@ -121,7 +121,8 @@ func TestHybridEPDeviceUnavailable(t *testing.T) {
 		devs   []kernels.Device
 		want   string
 	}{
-		{"budget", 2, 3, 0, []kernels.Device{&kernels.Emu{SMs: 4}}, "6 blocks, all resident at once, but it has 4 SMs"},
+		{"budget", 2, 3, 0, []kernels.Device{&kernels.Emu{SMs: 4}}, "--sms 3 for each of 2 ranks on emu: he_allgather: 6 blocks of 128 threads cannot all be resident at once on emu: it holds 1 per SM × 4 SMs = 4"},
+		{"budget-above-sms", 2, 5, 0, []kernels.Device{&kernels.Emu{SMs: 4}, &kernels.Emu{SMs: 4}}, "--sms 5: a rank's budget above the 4 SMs of emu"},
 		{"peer", 2, 1, 0, []kernels.Device{&island{}, &island{}}, "share an NVLink domain (--domain 2) but rank 0's GPU has no peer access to rank 1's"},
 		{"nccl", 4, 1, 2, []kernels.Device{&kernels.Emu{}, &kernels.Emu{}}, "the inter-domain path (NCCL send/recv"},
 	} {
@@ -205,4 +206,18 @@ func TestHybridEPOnHostSim(t *testing.T) {
 // one2 opens devs as a run's devices.
 func one2(devs []kernels.Device) func(n, most int) ([]kernels.Device, error) {
 	return func(int, int) ([]kernels.Device, error) { return devs, nil }
+}
+
+// TestGPUHybridEP: hybridep's kernels on a GPU give the host
+// implementation's output bit for bit (ranks packed on GPU 0; the
+// bulk-copy path where the GPU is sm_90 and its NVRTC ≥ 12).
+func TestGPUHybridEP(t *testing.T) {
+	g := openGPU(t)
+	for _, ep := range []int{2, 8} {
+		t.Run(fmt.Sprintf("ep%d", ep), func(t *testing.T) {
+			c := hybridEPConfig(t, ep, 0, "skewed")
+			c.SMs = 4
+			equalsHostHybridEP(t, c, g)
+		})
+	}
 }

@@ -77,7 +77,7 @@ func benchDispatch(args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	if cfg.Device != "host" {
-		fmt.Fprintf(stderr, "moebench: bench dispatch runs on the host device only in this build (--device %s): no dispatcher's cuda implementation has a dispatch-only path yet, and deepep's and hybridep's kernels are not built\n", cfg.Device)
+		fmt.Fprintf(stderr, "moebench: bench dispatch runs on the host device only in this build (--device %s): no dispatcher's cuda implementation has a dispatch-only path yet\n", cfg.Device)
 		return exitRuntime
 	}
 	fmt.Fprintln(stderr, "moebench: bench dispatch on the host device: host wall-clock times, not GPU performance")

@@ -130,8 +130,8 @@ func (d *Device) Bind(shape dispatchers.Shape, ranks []*dispatchers.DeviceRank) 
 		}
 	}
 	for _, p := range d.parts {
-		if sms := p.dev.SMCount(); p.count*d.cfg.SMs > sms {
-			return unavailable("--sms %d for each of %d ranks on %s: %d blocks, all resident at once, but it has %d SMs", d.cfg.SMs, p.count, p.dev.Name(), p.count*d.cfg.SMs, sms)
+		if sms := p.dev.SMCount(); d.cfg.SMs > sms {
+			return unavailable("--sms %d: a rank's budget above the %d SMs of %s", d.cfg.SMs, sms, p.dev.Name())
 		}
 	}
 	if d.g.M > 1 {
@@ -148,6 +148,10 @@ func (d *Device) Bind(shape dispatchers.Shape, ranks []*dispatchers.DeviceRank) 
 		return err
 	}
 	d.progs = d.g.programs(shape, d.cfg.SMs, d)
+	if err := d.resident(); err != nil {
+		d.Close()
+		return err
+	}
 	for _, rk := range ranks {
 		rk.ExpertRows = make([]int, d.g.L)
 	}
@@ -319,6 +323,34 @@ func (d *Device) launch(k string, grid func(p *part) int, args func(p *part) []a
 }
 
 func (d *Device) budget(p *part) int { return p.count * d.cfg.SMs }
+
+// resident says why a device cannot hold its ranks' blocks of a kernel all
+// at once (cuOccupancyMaxActiveBlocksPerMultiprocessor × SMs on a GPU,
+// which compiles the kernels now; one block per SM on Emu).
+func (d *Device) resident() error {
+	type residency interface {
+		Residency(p *kernels.Program) (int, error)
+	}
+	for i := range d.parts {
+		p := &d.parts[i]
+		for _, k := range []string{"allgather", "dispatch", "combine"} {
+			prog := d.progs.col[k].Prog
+			per := 1
+			if r, ok := p.dev.(residency); ok {
+				var err error
+				if per, err = r.Residency(prog); err != nil {
+					return err
+				}
+			}
+			if grid := d.budget(p); grid > per*p.dev.SMCount() {
+				return &dispatchers.UnavailableError{Name: Name, Impl: dispatchers.ImplNative, Reason: fmt.Sprintf(
+					"--sms %d for each of %d ranks on %s: %s", d.cfg.SMs, p.count, p.dev.Name(),
+					(&kernels.ResidencyError{Kernel: prog.Kernel, Device: p.dev.Name(), Grid: grid, Block: prog.Block, Shared: prog.Shared, PerSM: per, SMs: p.dev.SMCount()}).Error())}
+			}
+		}
+	}
+	return nil
+}
 
 // collective is the argument list of the kernels with device barriers.
 func (d *Device) collective(p *part, epoch int32, extra ...any) []any {

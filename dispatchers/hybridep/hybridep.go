@@ -131,17 +131,24 @@
 // chunk. The FIFOs, mbarriers and device-side barriers of the kernels are
 // not modelled here; the records' buffers are what a GPU holds.
 //
-// # The cuda device (not in this build)
+// # The cuda device
 //
-// The kernels come later: bulk copies (cp.async.bulk) through shared-memory
-// FIFOs guarded by mbarriers, a device-side barrier before and after each
-// kernel, every wait bounded by --comm-timeout. Until then the cuda device
-// reports hybridep unavailable, with that reason. A --domain whose ranks'
-// GPUs lack peer access will be refused there (unavailable, naming the
-// pair), as feplb's domains are; a domain smaller than the peer-connected
-// group is valid and sends through the inter-domain path what NVLink could
-// carry (HybridEP's upstream warns that a mismatch costs performance, and
-// sometimes correctness).
+// Device (device.go) runs kernels/cuda/hybridep.cu: per GPU one
+// co-resident launch covering its ranks for each of allgather,
+// preprocess, dispatch and combine (issued from the last rank's call),
+// with the placement and summation order above; the host reads the
+// preprocessing's counts (the blocking mode); across domains a pack
+// kernel and NCCL send/recv (kernels.Comm) carry the inter-domain path,
+// its slots compact as above. Dispatch and combine move rows through
+// shared-memory FIFOs guarded by mbarriers (bulk copies on sm_90 with
+// NVRTC ≥ 12), every cross-rank wait bounded by --comm-timeout and
+// reported after the step (CheckStep). The kernels' Go twins (twins.go)
+// run on Emu through this file's preprocessing, orders and sums. A
+// --domain whose ranks' GPUs lack peer access is unavailable, naming the
+// pair; a domain smaller than the peer-connected group is valid and sends
+// through the inter-domain path what NVLink could carry (HybridEP's
+// upstream warns that a mismatch costs performance, and sometimes
+// correctness).
 package hybridep
 
 import (

@@ -24,6 +24,9 @@
 // MBHOST_SPIN_LIMIT_S seconds (default 60) is stopped and fails the launch,
 // so that a kernel without a timeout cannot hang the tests.
 //
+// Hopper's mbarriers and bulk copies (cp.async.bulk) run through a
+// stand-in that checks their ordering rules (see bulkstate below).
+//
 // Floating point is the host's (expf may differ from the GPU's in the last
 // bit). Not modelled: the GPU's weaker ordering of plain loads and stores
 // (x86 orders more than PTX requires), warps' lock-step execution, clusters'
