@@ -46,22 +46,16 @@ type twinIO struct {
 	err error
 }
 
-func (io *twinIO) read(p kernels.Ptr, n int) []byte {
-	if io.err != nil {
-		return make([]byte, n)
-	}
-	b, err := io.t.Read(p, int64(n))
-	if err != nil {
-		io.err, b = err, make([]byte, n)
-	}
-	return b
-}
+func (io *twinIO) read(p kernels.Ptr, n int) []byte  { return io.access(p, n, io.t.Read) }
+func (io *twinIO) write(p kernels.Ptr, n int) []byte { return io.access(p, n, io.t.Write) }
 
-func (io *twinIO) write(p kernels.Ptr, n int) []byte {
+// access is n bytes at p through f (the part's Read or Write), or zeros
+// once an access failed.
+func (io *twinIO) access(p kernels.Ptr, n int, f func(kernels.Ptr, int64) ([]byte, error)) []byte {
 	if io.err != nil {
 		return make([]byte, n)
 	}
-	b, err := io.t.Write(p, int64(n))
+	b, err := f(p, int64(n))
 	if err != nil {
 		io.err, b = err, make([]byte, n)
 	}
