@@ -115,17 +115,7 @@ func equalsHost(t *testing.T, c Config, n int) {
 			t.Fatalf("check: %v, %+v", err, cr)
 		}
 	}
-	hc := c
-	hc.Device = "host"
-	hl, err := NewLayer(hc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	d, _ := dispatchers.New("alltoall", "native", dispatchers.Env{Device: "host"})
-	d.Bind(hl.Shape, hl.Ranks)
-	if err := hl.Step(d, func(_ string, _ int, fn func() error) error { return fn() }); err != nil {
-		t.Fatal(err)
-	}
+	hl, d := hostStep(t, c, "alltoall")
 	for r := range hl.Ranks {
 		if !reflect.DeepEqual(hl.Ranks[r].Y, dl.l.Ranks[r].Y) {
 			t.Fatalf("rank %d: device output differs from the host layer's", r)
@@ -148,6 +138,29 @@ func equalsHost(t *testing.T, c Config, n int) {
 	if got != want {
 		t.Errorf("traffic %+v, host %+v", got, want)
 	}
+}
+
+// hostStep runs one step of c on the host device with dispatcher name's
+// host implementation.
+func hostStep(t *testing.T, c Config, name string) (*Layer, dispatchers.Dispatcher) {
+	t.Helper()
+	hc := c
+	hc.Device, hc.Dispatcher = "host", name
+	hl, err := NewLayer(hc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := dispatchers.New(name, "native", hc.dispatcherEnv())
+	if err == nil {
+		err = d.Bind(hl.Shape, hl.Ranks)
+	}
+	if err == nil {
+		err = hl.Step(d, func(_ string, _ int, fn func() error) error { return fn() })
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return hl, d
 }
 
 // dropCopy is Emu with one device-to-device copy lost, or, with garble,

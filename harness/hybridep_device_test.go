@@ -46,22 +46,7 @@ func equalsHostHybridEP(t *testing.T, c Config, devs ...kernels.Device) {
 			t.Fatalf("check: %v, %+v", err, cr)
 		}
 	}
-	hc := c
-	hc.Device = "host"
-	hl, err := NewLayer(hc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	d, err := dispatchers.New("hybridep", "native", hc.dispatcherEnv())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := d.Bind(hl.Shape, hl.Ranks); err != nil {
-		t.Fatal(err)
-	}
-	if err := hl.Step(d, func(_ string, _ int, fn func() error) error { return fn() }); err != nil {
-		t.Fatal(err)
-	}
+	hl, d := hostStep(t, c, "hybridep")
 	for r := range hl.Ranks {
 		if !reflect.DeepEqual(hl.Ranks[r].Y, dl.l.Ranks[r].Y) {
 			t.Fatalf("rank %d: the device's output differs from the host implementation's", r)
