@@ -93,6 +93,15 @@ func TestHybridEPDeviceOnEmu(t *testing.T) {
 	if want := []string{"shared", "router", "allgather", "preprocess", "dispatch", "experts", "combine"}; !reflect.DeepEqual(phases, want) {
 		t.Errorf("phases %v, want %v", phases, want)
 	}
+	// the worst-case receive buffers, as allocated: tokens per rank × ranks
+	// rows of 2·hidden bytes
+	bufs := map[string]int64{}
+	for _, b := range rec.Memory.Buffers {
+		bufs[b.Name] = b.PerRankBytes[0]
+	}
+	if want := int64(c.Tokens * c.EP * 2 * c.Hidden); bufs["receive"] != want || bufs["inter-domain"] == 0 || bufs["permute"] == 0 {
+		t.Errorf("buffers %v: want receive %d B, an inter-domain buffer and the permuted rows", bufs, want)
+	}
 }
 
 // TestHybridEPDeviceUnavailable: an SM budget the devices cannot hold

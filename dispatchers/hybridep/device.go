@@ -548,3 +548,26 @@ const (
 // (kind, one of the Bug constants, on rank): for the tests, which see
 // the kernels' timeouts name the rank, phase and wait.
 func (d *Device) Break(kind, rank int) { d.bug = int32(kind | rank<<8) }
+
+// Buffers are rank r's buffers as the dispatcher allocated them: the
+// preallocated ones at HybridEP's worst case, the expert-major rows at the
+// last step's size.
+func (d *Device) Buffers(r int) []dispatchers.Buffer {
+	g, s := d.g, &d.st[r]
+	N, T, E, M := int64(g.N), int64(g.T), int64(g.E), int64(g.M)
+	row, ldp := 2*int64(d.shape.Hidden), int64(g.ldp())
+	_, _, _, _, _, _, meta := g.metaInts()
+	b := []dispatchers.Buffer{
+		{Name: "receive", Bytes: T * N * row, About: "worst case, every rank's every token (tokens per rank × ranks, HybridEP's preallocation): the rows dispatch stores, then combine's partial sums (one shared buffer)"},
+		{Name: "receive-probs", Bytes: T * N * ldp * 4, About: "worst case: each received token's fp32 probabilities for the L·D experts of the domain, padded to 16-byte rows"},
+	}
+	if M > 1 {
+		b = append(b, dispatchers.Buffer{Name: "inter-domain", Bytes: 2 * T * (M - 1) * (row + 4*ldp),
+			About: "tokens per rank × the other domains, in and out (the NCCL transfers' buffers): rows and probabilities (dispatch), pre-reduced sums (combine)"})
+	}
+	return append(b,
+		dispatchers.Buffer{Name: "routing-map", Bytes: N*T*E + T*M*ldp*4, About: "the all-gathered global routing map (bool [N·T, E]) and the rank's fp32 probabilities per domain [T, M, L·D padded]"},
+		dispatchers.Buffer{Name: "metadata", Bytes: 4*int64(meta) + T*M + 8 + 4*N, About: "sparse_to_dense, dense_to_expert (worst case), counts, chunk layout and inter-domain slots (int32), attn_to_rdma (bool [T, M]), the barrier's counters and flags"},
+		dispatchers.Buffer{Name: "permute", Bytes: s.out.Bytes, About: "the expert-major rows and probabilities the grouped GEMM reads (sized by the preprocessing's count; grown only)"},
+	)
+}
