@@ -44,8 +44,11 @@ func WriteTable(w io.Writer, rec *Record) error {
 	c := rec.Config
 	p := &printer{w: w}
 	dev := rec.Stack.Device
-	if rec.Stack.Note != "" {
-		dev += " (" + rec.Stack.Note + ")"
+	if note := rec.Stack.Note; note != "" { // its first clause: the whole reason is in the record (and on stderr)
+		if i := strings.IndexAny(note, ":("); i > 0 {
+			note = strings.TrimSpace(note[:i])
+		}
+		dev += " (" + note + ")"
 	}
 	p.f("# moebench %s · device %s\n", rec.Stack.Version, dev)
 	shared := ""

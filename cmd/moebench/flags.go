@@ -214,15 +214,14 @@ expert GEMMs → combine → unpermute) and measures what the token dispatcher
 does to it: per-phase times, tokens and bytes moved, stragglers, correctness.
 
 Usage:
-  moebench [run] [flags]   run one layer and print its results
-  moebench sweep [flags]   run a matrix of points, one record each (see sweep --help)
-  moebench report FILE...  tables and charts of result records
-  moebench compare A B     regressions of B against A (exit 3)
-  moebench straggler       simulate load-balancing policies over many steps
-  moebench presets         list the built-in layer shapes
-  moebench doctor          which CUDA libraries and GPUs are here, and versions
-  moebench version         print the version
-  moebench help            print this help
+`)
+	fmt.Fprintf(w, "  %-32s %s\n", "moebench [run] [flags]", "run one layer and print its results")
+	for _, name := range commandOrder[1:] {
+		fmt.Fprintf(w, "  %-32s %s\n", "moebench "+commands[name].synopsis, commands[name].summary)
+	}
+	fmt.Fprint(w, `
+Each command answers --help (or 'moebench help COMMAND') with its own usage
+and flags: 'moebench sweep --help', 'moebench bench kernels --help', ...
 
 With no flags, moebench runs the small 'tiny' layer on 8 EP ranks with the
 alltoall dispatcher and balanced routing. Without a GPU it runs on the host

@@ -46,35 +46,24 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 		}
 	}()
 	if len(args) > 0 {
-		switch args[0] {
-		case "presets":
-			return presets(stdout)
-		case "doctor":
-			return doctor(args[1:], stdout, stderr)
-		case "sweep":
-			return sweep(args[1:], stdout, stderr)
-		case "report":
-			return report(args[1:], stdout, stderr)
-		case "compare":
-			return compare(args[1:], stdout, stderr)
-		case "straggler":
-			return straggler(args[1:], stdout, stderr)
-		case "bench":
-			return bench(args[1:], stdout, stderr)
-		case "help":
-			usage(stdout, newFlags(&options{}))
-			return exitOK
-		case "version":
-			fmt.Fprintln(stdout, "moebench", version())
-			return exitOK
-		case "run":
-			args = args[1:]
-		default:
-			if !strings.HasPrefix(args[0], "-") {
-				return usageError(stderr, fmt.Errorf("unknown command %q (commands: run, sweep, report, compare, straggler, bench, presets, doctor, version, help)", args[0]))
-			}
+		name, rest := args[0], args[1:]
+		if name == "--version" {
+			name = "version"
+		}
+		if c, ok := commands[name]; ok {
+			return c.run(rest, stdout, stderr)
+		}
+		if name == "run" {
+			args = rest
+		} else if !strings.HasPrefix(name, "-") {
+			return usageError(stderr, fmt.Errorf("unknown command %q (commands: %s)", name, strings.Join(commandNames(), ", ")))
 		}
 	}
+	return runLayer(args, stdout, stderr)
+}
+
+// runLayer is 'moebench [run]': one layer, its results printed and recorded.
+func runLayer(args []string, stdout, stderr io.Writer) (code int) {
 	var o options
 	fs := newFlags(&o)
 	fs.SetOutput(io.Discard)

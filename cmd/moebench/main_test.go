@@ -306,3 +306,55 @@ func TestBenchKernelsCLI(t *testing.T) {
 		t.Errorf("help: exit %d", code)
 	}
 }
+
+// TestEveryCommandHelps: each command answers --help with its own usage, and
+// 'moebench help CMD' prints the same; --version works; a wrong benchmark is
+// named.
+func TestEveryCommandHelps(t *testing.T) {
+	for _, args := range [][]string{{"run"}, {"sweep"}, {"report"}, {"compare"}, {"straggler"}, {"bench"}, {"bench", "kernels"},
+		{"bench", "dispatch"}, {"presets"}, {"doctor"}, {"version"}, {"help"}} {
+		code, out, errOut := cli(append(append([]string(nil), args...), "--help")...)
+		want := "moebench " + strings.Join(args, " ")
+		if args[0] == "run" {
+			want = "moebench runs one"
+		}
+		if code != exitOK || !strings.HasPrefix(out, want) || errOut != "" {
+			t.Errorf("%v --help: exit %d, starts %.60q, stderr %q", args, code, out, errOut)
+			continue
+		}
+		if code, viaHelp, _ := cli(append([]string{"help"}, args...)...); code != exitOK || viaHelp != out {
+			t.Errorf("help %v: exit %d, differs from %v --help", args, code, args)
+		}
+	}
+	if code, out, _ := cli("--version"); code != exitOK || !strings.HasPrefix(out, "moebench 0.") {
+		t.Errorf("--version: exit %d, %q", code, out)
+	}
+	_, top, _ := cli("--help")
+	for _, name := range commandOrder {
+		if !strings.Contains(top, "moebench "+name) {
+			t.Errorf("--help does not list %s", name)
+		}
+	}
+	if code, _, e := cli("bench", "foo"); code != exitUsage || !strings.Contains(e, `unknown benchmark "foo" (known: kernels, dispatch)`) {
+		t.Errorf("bench foo: exit %d, %s", code, e)
+	}
+	if code, _, e := cli("help", "nope"); code != exitUsage || !strings.Contains(e, `unknown command "nope"`) {
+		t.Errorf("help nope: exit %d, %s", code, e)
+	}
+}
+
+// TestNoGPUReasonOnce: a host run gives the long reason for not using a GPU
+// once (stderr); the table's header keeps its first clause.
+func TestNoGPUReasonOnce(t *testing.T) {
+	t.Setenv("MOEBENCH_LIBCUDA", filepath.Join(t.TempDir(), "no-libcuda.so"))
+	code, out, errOut := cli("--iters", "2", "--warmup", "0", "--tokens", "16")
+	if code != exitOK {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	if n := strings.Count(out+errOut, "cannot open shared object file"); n != 1 {
+		t.Errorf("the no-GPU reason appears %d times:\n%s%s", n, errOut, out)
+	}
+	if !strings.Contains(out, "device host (no GPU") {
+		t.Errorf("the table's header lost the device note:\n%s", out)
+	}
+}
