@@ -171,7 +171,8 @@ func (d *Device) alloc(devs []kernels.Device, streams []kernels.Stream) error {
 	for r, rk := range d.ranks {
 		s := &d.st[r]
 		var err error
-		bufs := []kernels.Buf{{P: &s.gmap, PerRow: (N*T*int64(g.E) + 15) / 16 * 16}, // whole 16-bit words (Traffic reads it back) {P: &s.dprobs, PerRow: 4 * T * M * ldp},
+		// the map in whole 16-byte units (Traffic reads it back as 16-bit words)
+		bufs := []kernels.Buf{{P: &s.gmap, PerRow: (N*T*int64(g.E) + 15) / 16 * 16}, {P: &s.dprobs, PerRow: 4 * T * M * ldp},
 			{P: &s.meta, PerRow: 4 * int64(metaInts)}, {P: &s.todom, PerRow: T * M},
 			{P: &s.recvX, PerRow: 2 * N * T * h}, {P: &s.recvP, PerRow: 4 * N * T * ldp},
 			{P: &s.idX, PerRow: 2 * other * T * h}, {P: &s.idP, PerRow: 4 * other * T * ldp},
