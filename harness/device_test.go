@@ -121,24 +121,11 @@ func equalsHostOn(t *testing.T, c Config, devs ...kernels.Device) {
 			t.Fatalf("check: %v, %+v", err, cr)
 		}
 	}
-	hc := c
-	hc.Device = "host"
-	hl, err := NewLayer(hc)
-	if err != nil {
-		t.Fatal(err)
-	}
 	host := c.Dispatcher // the same design on the host; feplb's output and rows are its base's (the plans differ)
 	if host == "feplb" {
 		host = c.FeplbBase
 	}
-	d, err := dispatchers.New(host, "native", hc.dispatcherEnv())
-	if err != nil {
-		t.Fatal(err)
-	}
-	d.Bind(hl.Shape, hl.Ranks)
-	if err := hl.Step(d, func(_ string, _ int, fn func() error) error { return fn() }); err != nil {
-		t.Fatal(err)
-	}
+	hl, d := hostStep(t, c, host)
 	for r := range hl.Ranks {
 		if !reflect.DeepEqual(hl.Ranks[r].Y, dl.l.Ranks[r].Y) {
 			t.Fatalf("rank %d: device output differs from the host layer's", r)
@@ -161,6 +148,29 @@ func equalsHostOn(t *testing.T, c Config, devs ...kernels.Device) {
 	if got != want {
 		t.Errorf("traffic %+v, host %+v", got, want)
 	}
+}
+
+// hostStep runs one step of c on the host device with dispatcher name's
+// host implementation.
+func hostStep(t *testing.T, c Config, name string) (*Layer, dispatchers.Dispatcher) {
+	t.Helper()
+	hc := c
+	hc.Device, hc.Dispatcher = "host", name
+	hl, err := NewLayer(hc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := dispatchers.New(name, "native", hc.dispatcherEnv())
+	if err == nil {
+		err = d.Bind(hl.Shape, hl.Ranks)
+	}
+	if err == nil {
+		err = hl.Step(d, func(_ string, _ int, fn func() error) error { return fn() })
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return hl, d
 }
 
 // dropCopy is Emu with one device-to-device copy lost, or, with garble,

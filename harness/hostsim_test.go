@@ -18,15 +18,7 @@ import (
 // the layer's tolerance. Timings come from the fake's clock and mean
 // nothing. See hostsim.Setup for when it skips.
 func TestCUDALayerOnHostSim(t *testing.T) {
-	comp := hostsim.Setup(t)
-	nccl, err := hostsim.BuildFake("fakenccl", t.TempDir(), "libnccl.so.2")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Setenv("MOEBENCH_NCCL", nccl)
-	old := kernels.NewCompiler
-	kernels.NewCompiler = func() (kernels.Compiler, error) { return comp, nil }
-	t.Cleanup(func() { kernels.NewCompiler = old })
+	useHostSimLayer(t)
 
 	cases := deviceCases() // ranks over the fake's two GPUs
 	cases["feplb-moves"] = feplbCase()
@@ -55,4 +47,18 @@ func TestCUDALayerOnHostSim(t *testing.T) {
 	if err != nil || len(kb.Rows) < 10 || !strings.HasPrefix(kb.Peer, "peer rows") {
 		t.Fatalf("bench: %v; %+v", err, kb)
 	}
+}
+
+// useHostSimLayer makes cuda-device runs use the host simulation: the fake
+// driver, cuBLASLt, cuBLAS and NCCL, and the kernels compiled for the CPU.
+func useHostSimLayer(t *testing.T) {
+	comp := hostsim.Setup(t)
+	nccl, err := hostsim.BuildFake("fakenccl", t.TempDir(), "libnccl.so.2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("MOEBENCH_NCCL", nccl)
+	old := kernels.NewCompiler
+	kernels.NewCompiler = func() (kernels.Compiler, error) { return comp, nil }
+	t.Cleanup(func() { kernels.NewCompiler = old })
 }

@@ -32,6 +32,9 @@ var CUDAKernels = map[string][]string{
 	"deepep.cu": {"MB_HIDDEN", "MB_TOPK", "MB_RANKS", "MB_LOCAL", "MB_TOKENS", "MB_CHANNELS", "MB_DRING", "MB_DCHUNK", "MB_CRING", "MB_CCHUNK",
 		"MB_WARPS", "MB_MINB", "MB_DE_BUG", "MB_Q_ECNT", "MB_Q_FLAGS", "MB_Q_GO", "MB_Q_DMETA", "MB_Q_CMETA", "MB_Q_RINGS",
 		"MB_F_PER_RANK", "MB_F_PER_EXPERT", "MB_F_CHAN_END", "MB_F_SRC_END", "MB_F_RECV_CHAN", "MB_F_SEND_HEAD"},
+	"fifotest.cu": {"MB_FT_HIDDEN", "MB_FT_STAGES", "MB_FT_WARPS", "MB_NO_BULK"},
+	"hybridep.cu": {"MB_HE_EP", "MB_HE_DOMAIN", "MB_HE_TOKENS", "MB_HE_EXPERTS", "MB_HE_TOPK", "MB_HE_HIDDEN",
+		"MB_HE_CHUNK", "MB_HE_STAGES", "MB_NO_BULK"},
 }
 
 const cudaHeader = "moebench.cuh"

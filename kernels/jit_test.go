@@ -3,8 +3,10 @@ package kernels
 import (
 	"bytes"
 	"fmt"
+	"maps"
 	"os"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -60,6 +62,11 @@ func defines(name string) map[string]string {
 		"MB_F_RECV_CHAN": T*N + 4*N*(2+L+C), "MB_F_SEND_HEAD": T*N + 4*N*(2+L+3*C)} {
 		d[name] = fmt.Sprint(v)
 	}
+	d["MB_FT_HIDDEN"], d["MB_FT_STAGES"], d["MB_FT_WARPS"] = fmt.Sprint(s.hidden), "2", "3"
+	d["MB_NO_BULK"] = "0"
+	// hybridep: two domains of 4 (the inter-domain path compiled in)
+	d["MB_HE_EP"], d["MB_HE_DOMAIN"], d["MB_HE_TOKENS"], d["MB_HE_CHUNK"], d["MB_HE_STAGES"] = "8", "4", "4096", "64", "6"
+	d["MB_HE_EXPERTS"], d["MB_HE_TOPK"], d["MB_HE_HIDDEN"] = fmt.Sprint(s.rc.Experts), fmt.Sprint(s.rc.TopK), fmt.Sprint(s.hidden)
 	return d
 }
 
@@ -124,8 +131,26 @@ func TestKernelsCompile(t *testing.T) {
 	}
 	for _, arch := range []string{"sm_80", "sm_90"} {
 		for name := range shapes {
-			for file := range CUDAKernels {
-				compile(name, file, arch, defines(name), arch == "sm_90")
+			for file, names := range CUDAKernels {
+				d := defines(name)
+				if !slices.Contains(names, "MB_NO_BULK") {
+					compile(name, file, arch, d, arch == "sm_90")
+					continue
+				}
+				// the bulk-copy path where this NVRTC compiles it (sm_90,
+				// NVRTC ≥ 12: PTX ISA 8.0), and the 16-byte path (elsewhere
+				// the one path compiled either way)
+				for _, noBulk := range []string{"0", "1"} {
+					if noBulk == "1" && (arch != "sm_90" || n.Major < 12) {
+						continue
+					}
+					d := maps.Clone(d)
+					d["MB_NO_BULK"] = noBulk
+					if noBulk == "0" && arch == "sm_90" && n.Major >= 12 {
+						d[bulkExpected] = "1"
+					}
+					compile(name+" MB_NO_BULK="+noBulk, file, arch, d, arch == "sm_90")
+				}
 			}
 		}
 		for name, rc := range routerCases {

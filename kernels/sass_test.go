@@ -46,7 +46,25 @@ var kernelBlock = map[string]int{
 	"deepep_permute":  512,
 	"deepep_dispatch": 512,
 	"deepep_combine":  512,
+	"fifo_test":       32 * fifoWarps,
+	"he_allgather":    128,
+	"he_preprocess":   256,
+	"he_pack":         128,
+	"he_dispatch":     128,
+	"he_combine":      128,
 }
+
+// bulkExpected, set in a compile's constants, says that the bulk-copy path
+// was compiled (sm_90 by NVRTC ≥ 12): its kernels must use bulk copies
+// (UBLKCP: global→shared .S.G, shared→global .G.S); otherwise their FIFO
+// rows move as 16-byte accesses.
+const bulkExpected = "moebench.bulk"
+
+// fifoKernels are the kernels that move rows through moebench.cuh's FIFO,
+// with the directions of their bulk copies (.S.G global→shared, .G.S
+// shared→global); on the 16-byte path they load and store rows as
+// 16-byte accesses, global and shared.
+var fifoKernels = map[string][]string{"fifo_test": {".S.G", ".G.S"}, "he_dispatch": {".S.G", ".G.S"}, "he_combine": {".S.G"}}
 
 // cuobjdump finds the tool (MOEBENCH_CUOBJDUMP, else the path) or returns "";
 // where the GPU-free kernel checks are required (MOEBENCH_REQUIRE_NVRTC=1,
@@ -208,6 +226,19 @@ func auditSASS(tool string, cubin []byte, d map[string]string, opcodes bool) (li
 		// (LD/ST) or through L2 (LDG .STRONG.GPU, ld.global.cg)
 		if (name == "deepep_dispatch" || name == "deepep_combine") && (k.has("LDG.E", ".128")+k.has("LD.E", ".128") == 0 || k.has("STG.E", ".128")+k.has("ST.E", ".128") == 0) {
 			bad("no 16-byte load or store of a row; it has %s", k.list("LD", "ST"))
+		}
+		if dirs, ok := fifoKernels[name]; ok {
+			for _, dir := range dirs {
+				if d[bulkExpected] == "1" && k.has("UBLKCP", dir) == 0 {
+					bad("the bulk-copy path has no bulk copy UBLKCP%s; it has %s", dir, k.list("UBLKCP", "UTMA", "LDG", "STG"))
+				}
+			}
+			// rows in global memory are reached through generic pointers
+			// (peers' memory too): LD/ST .128, or LDG/STG .128
+			ld, st := k.has("LDG.E", ".128")+k.has("LD.E", ".128"), k.has("STG.E", ".128")+k.has("ST.E", ".128")
+			if d[bulkExpected] != "1" && (ld == 0 || k.has("STS", ".128") == 0 || k.has("LDS", ".128") == 0 || st == 0) {
+				bad("the 16-byte path does not move rows as 16-byte accesses (LD[G]/STS/LDS/ST[G] .128); it has %s", k.list("LD", "ST"))
+			}
 		}
 		if (name == "router_topk" || name == "permute_order") && k.has("REDUX") == 0 {
 			bad("the warp reductions did not compile to REDUX; it has %s", k.list("REDUX", "SHFL", "VOTE"))

@@ -19,8 +19,8 @@
 # (ratios to ceilings measured in the same run), deepep's layer and dispatch
 # benchmark (its SM budgets side by side with alltoall), the layer for several
 # presets, EP sizes, routings and dispatchers (alltoall natively and through
-# NCCL, FEPLB), and last compute-sanitizer over the kernels' tests (deepep's
-# cross-rank kernels included).
+# NCCL, FEPLB, deepep, hybridep and a sweep of SM budgets), and last
+# compute-sanitizer over the kernels' tests (the cross-rank kernels included).
 #
 # How long: about 10 minutes. Each step has its own time limit, and a step
 # that would start after BUDGET seconds (default 540) is skipped and reported
@@ -109,6 +109,15 @@ layer deepep-qwen3-30b-ep8-skewed --preset qwen3-30b-a3b --ep 8 --routing skewed
 # so the two records compare side by side (one NVLink domain of 8, then 2 of 4)
 layer feplb-qwen3-30b-ep8-skewed --preset qwen3-30b-a3b --ep 8 --routing skewed:1.2 --dispatcher feplb
 layer feplb-qwen3-30b-ep8-skewed-d4 --preset qwen3-30b-a3b --ep 8 --routing skewed:1.2 --dispatcher feplb --domain 4
+# hybridep's CUDA kernels (bulk copies on sm_90 where the GPU's NVRTC is ≥ 12):
+# the reference layer at --sms 32, the command users type first; its budgets
+# 16, 24, 32 beside alltoall and deepep in one sweep (one table in the
+# report). Two domains need one GPU per rank (the inter-domain path is NCCL):
+# on a one-GPU node that run is recorded unavailable, with the reason.
+layer hybridep-qwen3-30b-ep8-sms32 --preset qwen3-30b-a3b --ep 8 --dispatcher hybridep --sms 32
+layer hybridep-qwen3-30b-ep8-d4 --preset qwen3-30b-a3b --ep 8 --dispatcher hybridep --sms 16 --domain 4
+step sweep-hybridep 300 bin/moebench sweep --device cuda --presets qwen3-30b-a3b --ep 8 \
+  --dispatchers alltoall,deepep,hybridep --sms 16,24,32 --out "$records"
 fi
 # last, as the budget allows: compute-sanitizer over the GPU tests of
 # moebench's own kernels (not cuBLAS's): memcheck (out-of-bounds and
