@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/moebench/moebench/internal/hostsim"
 )
 
 // fifoCase is one run of fifo_test: rows of hidden bf16 through stages
@@ -87,7 +89,7 @@ func checkFIFO(t *testing.T, dev Device) {
 			t.Run(fmt.Sprintf("bulk=%v/reduce=%v", bulk, reduce), func(t *testing.T) {
 				var got, want []uint16
 				var err, kerr error
-				within(t, 30*time.Second, func() {
+				hostsim.Within(t, 30*time.Second, func() {
 					got, want, err, kerr = runFIFOTest(t, dev, fifoCase{hidden: 256, stages: 4, rows: 40, blocks: 2, bulk: bulk, reduce: reduce, timeout: 5 * time.Second})
 				})
 				if err != nil || kerr != nil {
@@ -108,7 +110,7 @@ func checkFIFO(t *testing.T, dev Device) {
 	want := []string{"rank 0 timed out in phase get at wait full", "rank 0 timed out in phase put at wait empty"}
 	timesOut := func(t *testing.T, c fifoCase) {
 		var err, kerr error
-		within(t, 30*time.Second, func() { _, _, err, kerr = runFIFOTest(t, dev, c) })
+		hostsim.Within(t, 30*time.Second, func() { _, _, err, kerr = runFIFOTest(t, dev, c) })
 		var ce *CommError
 		if err != nil || !errors.As(kerr, &ce) || !ce.Records[0].TimedOut ||
 			!slices.ContainsFunc(want, func(w string) bool { return strings.Contains(kerr.Error(), w) }) {
@@ -226,7 +228,7 @@ func TestFIFOViolationChild(t *testing.T) {
 	}
 	defer g.Close()
 	var runErr error
-	within(t, 40*time.Second, func() {
+	hostsim.Within(t, 40*time.Second, func() {
 		_, _, runErr, _ = runFIFOTest(t, g, fifoCase{hidden: 64, stages: 2, rows: 12, blocks: 1, bulk: bulk, bug: bug, timeout: 300 * time.Millisecond})
 	})
 	if runErr == nil {
