@@ -1,23 +1,9 @@
 package cuda
 
 /*
+#cgo CFLAGS: -I${SRCDIR}/abi
 #include <stdlib.h>
-typedef int (*nv_ver)(int *, int *);
-typedef int (*nv_create)(void **, const char *, const char *, int, const char *const *, const char *const *);
-typedef int (*nv_compile)(void *, int, const char *const *);
-typedef int (*nv_size)(void *, size_t *);
-typedef int (*nv_get)(void *, char *);
-typedef int (*nv_destroy)(void **);
-typedef const char *(*nv_errstr)(int);
-static int call_ver(void *f, int *a, int *b) { return ((nv_ver)f)(a, b); }
-static int call_create(void *f, void **p, const char *src, const char *name, int n, const char *const *h, const char *const *hn) {
-	return ((nv_create)f)(p, src, name, n, h, hn);
-}
-static int call_compile(void *f, void *p, int n, const char *const *o) { return ((nv_compile)f)(p, n, o); }
-static int call_size(void *f, void *p, size_t *n) { return ((nv_size)f)(p, n); }
-static int call_get(void *f, void *p, char *b) { return ((nv_get)f)(p, b); }
-static int call_destroy(void *f, void **p) { return ((nv_destroy)f)(p); }
-static const char *call_errstr(void *f, int r) { return ((nv_errstr)f)(r); }
+#include "abi.h"
 */
 import "C"
 
@@ -58,7 +44,7 @@ func OpenNVRTC() (*NVRTC, error) {
 			}
 		}
 		var a, b C.int
-		if r := C.call_ver(n.fn["nvrtcVersion"], &a, &b); r != 0 {
+		if r := C.mbcall_nvrtcVersion(n.fn["nvrtcVersion"], &a, &b); r != 0 {
 			nvrtcErr = n.err("nvrtcVersion", r)
 			return
 		}
@@ -72,7 +58,7 @@ func OpenNVRTC() (*NVRTC, error) {
 func (n *NVRTC) ID() string { return fmt.Sprintf("nvrtc %d.%d", n.Major, n.Minor) }
 
 func (n *NVRTC) err(call string, r C.int) error {
-	return fmt.Errorf("%s: %s (%d)", call, C.GoString(C.call_errstr(n.fn["nvrtcGetErrorString"], r)), int(r))
+	return fmt.Errorf("%s: %s (%d)", call, C.GoString(C.mbcall_nvrtcGetErrorString(n.fn["nvrtcGetErrorString"], r)), int(r))
 }
 
 // CompileError is a compilation that failed, with NVRTC's log.
@@ -116,16 +102,16 @@ func (n *NVRTC) Compile(name, source string, headers map[string]string, options 
 	opts, freeO := cArray(options)
 	defer freeO()
 	var prog unsafe.Pointer
-	if r := C.call_create(n.fn["nvrtcCreateProgram"], &prog, src, cname, C.int(len(headers)), hs, hn); r != 0 {
+	if r := C.mbcall_nvrtcCreateProgram(n.fn["nvrtcCreateProgram"], &prog, src, cname, C.int(len(headers)), hs, hn); r != 0 {
 		return nil, n.err("nvrtcCreateProgram", r)
 	}
-	defer C.call_destroy(n.fn["nvrtcDestroyProgram"], &prog)
-	cr := C.call_compile(n.fn["nvrtcCompileProgram"], prog, C.int(len(options)), opts)
+	defer C.mbcall_nvrtcDestroyProgram(n.fn["nvrtcDestroyProgram"], &prog)
+	cr := C.mbcall_nvrtcCompileProgram(n.fn["nvrtcCompileProgram"], prog, C.int(len(options)), opts)
 	var logSize C.size_t
 	log := ""
-	if C.call_size(n.fn["nvrtcGetProgramLogSize"], prog, &logSize) == 0 && logSize > 1 {
+	if C.mbcall_nvrtcGetProgramLogSize(n.fn["nvrtcGetProgramLogSize"], prog, &logSize) == 0 && logSize > 1 {
 		buf := make([]byte, logSize)
-		if C.call_get(n.fn["nvrtcGetProgramLog"], prog, (*C.char)(unsafe.Pointer(&buf[0]))) == 0 {
+		if C.mbcall_nvrtcGetProgramLog(n.fn["nvrtcGetProgramLog"], prog, (*C.char)(unsafe.Pointer(&buf[0]))) == 0 {
 			log = string(buf[:logSize-1])
 		}
 	}
@@ -133,14 +119,14 @@ func (n *NVRTC) Compile(name, source string, headers map[string]string, options 
 		return nil, &CompileError{Name: name, Log: log, Err: n.err("nvrtcCompileProgram", cr)}
 	}
 	var size C.size_t
-	if r := C.call_size(n.fn["nvrtcGetCUBINSize"], prog, &size); r != 0 {
+	if r := C.mbcall_nvrtcGetCUBINSize(n.fn["nvrtcGetCUBINSize"], prog, &size); r != 0 {
 		return nil, n.err("nvrtcGetCUBINSize", r)
 	}
 	if size == 0 {
 		return nil, fmt.Errorf("compile %s: NVRTC produced no cubin (compile for a real sm_XX architecture)", name)
 	}
 	cubin := make([]byte, size)
-	if r := C.call_get(n.fn["nvrtcGetCUBIN"], prog, (*C.char)(unsafe.Pointer(&cubin[0]))); r != 0 {
+	if r := C.mbcall_nvrtcGetCUBIN(n.fn["nvrtcGetCUBIN"], prog, (*C.char)(unsafe.Pointer(&cubin[0]))); r != 0 {
 		return nil, n.err("nvrtcGetCUBIN", r)
 	}
 	return cubin, nil

@@ -5,6 +5,8 @@
 // the stream drops the workspace set before; unlike it, a grouped call
 // without a workspace of the caller's own fails (moebench gives each stream
 // its own, so that calls on several streams never share one).
+#define MB_ABI_DECLARE // moebench's prototypes: a definition here that differs does not compile
+#include "abi.h"
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>

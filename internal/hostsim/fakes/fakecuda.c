@@ -35,6 +35,8 @@
 // (threads stuck at a barrier, a block spinning past mbhost.h's limit)
 // leaves its context's error sticky, as a GPU fault does: every later
 // synchronization and launch on it returns CUDA_ERROR_LAUNCH_FAILED.
+#define MB_ABI_DECLARE // moebench's prototypes: a definition here that differs does not compile
+#include "abi.h"
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <elf.h>
@@ -319,6 +321,14 @@ static void drain(void *ctx) {
         if (!ctx || ss[i]->ctx == ctx) wait_done(ss[i], queued(ss[i]));
 }
 
+// fakecuda_advance moves the event clock on by ms (the fake cuBLASLt's
+// algorithms take different times).
+void fakecuda_advance(double ms) {
+    pthread_mutex_lock(&regmu);
+    fake_clock += ms;
+    pthread_mutex_unlock(&regmu);
+}
+
 // fakecuda_enqueue queues fn(arg) on stream s (NULL: the current context's
 // default stream) after the work queued on it so far: the other fake
 // libraries' work (cuBLASLt, cuBLAS, NCCL) runs in stream order with it.
@@ -559,10 +569,8 @@ CUresult cuMemcpyPeerAsync(CUdeviceptr d, void *dc, CUdeviceptr src, void *sc, s
 // The CUDA 13 batch copy: checks the attributes moebench passes (one set,
 // stream-ordered sources, device hints naming the GPUs that own the
 // pointers, the prefer-overlap flag).
-typedef struct { int type; int id; } mc_loc;
-typedef struct { int srcAccessOrder; mc_loc srcLocHint, dstLocHint; unsigned flags; } mc_attrs;
-CUresult cuMemcpyBatchAsync_v2(CUdeviceptr *d, CUdeviceptr *s, size_t *n, size_t count, mc_attrs *a, size_t *idx, size_t nattrs, void *st) {
-    if (sizeof(mc_attrs) != 24 || nattrs != 1 || idx[0] != 0 || a->srcAccessOrder != 1 || a->srcLocHint.type != 1 ||
+CUresult cuMemcpyBatchAsync_v2(CUdeviceptr *d, CUdeviceptr *s, size_t *n, size_t count, mb_memcpy_attrs *a, size_t *idx, size_t nattrs, void *st) {
+    if ( nattrs != 1 || idx[0] != 0 || a->srcAccessOrder != 1 || a->srcLocHint.type != 1 ||
         a->dstLocHint.type != 1 || a->flags != 1 || st == 0) return INVALID_VALUE;
     if (getenv("FAKECUDA_REFUSE_BATCH")) return INVALID_VALUE; /* as a driver might */
     for (size_t i = 0; i < count; i++)
@@ -898,22 +906,24 @@ CUresult cuLaunchCooperativeKernel(void *f, unsigned gx, unsigned gy, unsigned g
                                    unsigned smem, void *st, void **params) {
     return launch(f, gx, gy, gz, bx, by, bz, smem, st, params, 1, 0, 0, 0);
 }
-// cuLaunchKernelEx with CUDA's layouts: CUlaunchAttribute is an enum id,
-// padding to 8 bytes and a 64-byte union; attributes 2 (cooperative) and 4
-// (cluster dimension) are understood, others refused.
-typedef struct { int id; char pad[4]; union { char pad[64]; int cooperative; struct { unsigned x, y, z; } cluster; } v; } fattr;
-typedef struct { unsigned gx, gy, gz, bx, by, bz, smem; void *stream; fattr *attrs; unsigned nattrs; } fconfig;
-CUresult cuLaunchKernelEx(const fconfig *c, void *f, void **params, void **extra) {
-    if (sizeof(fattr) != 72 || sizeof(fconfig) != 56 || extra != 0) return INVALID_VALUE;
+// cuLaunchKernelEx with CUDA's layouts (abi.h's mb_launch_config and
+// mb_launch_attr, which TestABIHeaders checks against cuda.h):
+// CUlaunchAttribute is an enum id, padding to 8 bytes and a 64-byte union
+// with pointer members, so an array of them is 8-byte aligned (a driver
+// may read 8-byte members); attributes 2 (cooperative) and 4 (cluster
+// dimension) are understood, others refused.
+CUresult cuLaunchKernelEx(const mb_launch_config *c, void *f, void **params, void **extra) {
+    if (extra != 0 || (c->numAttrs && (!c->attrs || (uintptr_t)c->attrs % 8))) return INVALID_VALUE;
     int coop = 0;
     unsigned cx = 0, cy = 0, cz = 0;
-    for (unsigned i = 0; i < c->nattrs; i++) {
-        if (c->attrs[i].id == 2) coop = c->attrs[i].v.cooperative;
-        else if (c->attrs[i].id == 4 && c->attrs[i].v.cluster.x && c->attrs[i].v.cluster.y && c->attrs[i].v.cluster.z)
-            cx = c->attrs[i].v.cluster.x, cy = c->attrs[i].v.cluster.y, cz = c->attrs[i].v.cluster.z;
+    for (unsigned i = 0; i < c->numAttrs; i++) {
+        const mb_launch_attr *a = &c->attrs[i];
+        if (a->id == 2) coop = a->value.cooperative;
+        else if (a->id == 4 && a->value.cluster.x && a->value.cluster.y && a->value.cluster.z)
+            cx = a->value.cluster.x, cy = a->value.cluster.y, cz = a->value.cluster.z;
         else return INVALID_VALUE;
     }
-    return launch(f, c->gx, c->gy, c->gz, c->bx, c->by, c->bz, c->smem, c->stream, params, coop != 0, cx, cy, cz);
+    return launch(f, c->gridX, c->gridY, c->gridZ, c->blockX, c->blockY, c->blockZ, c->sharedBytes, c->stream, params, coop != 0, cx, cy, cz);
 }
 CUresult cuGetErrorName(CUresult r, const char **s) {
     switch (r) {

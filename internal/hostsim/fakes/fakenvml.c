@@ -5,6 +5,8 @@
  * index 1 the GPU at 0000:1B:00.0 (CUDA device 0). Each answers with its own
  * values (power limit, clocks, power, memory, GPM) so that a test sees which
  * GPU was read. GPM needs the struct versions go-nvml should set. */
+#define MB_ABI_DECLARE // moebench's prototypes: a definition here that differs does not compile
+#include "abi.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
