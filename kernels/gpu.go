@@ -82,6 +82,21 @@ func OpenCUDA(ordinal int, cacheDir string) (*CUDA, error) {
 	return openGPU(drv, ordinal, cacheDir)
 }
 
+// ProbeCUDA opens GPU 0 as a run would — the driver, NVRTC, cuBLASLt and
+// its handle — and closes it: nil when the cuda device can run here, else
+// why not (e.g. a cuBLASLt newer than the driver).
+func ProbeCUDA() error {
+	errc := make(chan error)
+	go func() { // OpenCUDA locks its OS thread: a goroutine of its own
+		c, err := OpenCUDA(0, "")
+		if err == nil {
+			err = c.Close()
+		}
+		errc <- err
+	}()
+	return <-errc
+}
+
 // OpenGPUs opens GPUs 0 to n−1 (n = 0: every GPU the driver reports, at
 // most most) on one driver, as OpenCUDA does each, and enables peer access
 // between every pair whose hardware has it (see Reaches). The devices are

@@ -1,6 +1,7 @@
 package kernels
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -37,5 +38,20 @@ func TestKernelsOnHostSim(t *testing.T) {
 			tc.check(openPair(t))
 			t.Logf("%.1f s", time.Since(start).Seconds())
 		})
+	}
+}
+
+// TestProbeCUDANamesWhyNot: on a CUDA 12 driver with only a cuBLASLt 13
+// (the fake's), the cuda device does not open and ProbeCUDA says why, so
+// that --device auto falls back to host with the reason; on a CUDA 13
+// driver it opens.
+func TestProbeCUDANamesWhyNot(t *testing.T) {
+	useHostSim(t)
+	if err := ProbeCUDA(); err != nil {
+		t.Fatalf("CUDA 13 driver: %v", err)
+	}
+	t.Setenv("FAKECUDA_DRIVER_VERSION", "12080")
+	if err := ProbeCUDA(); err == nil || !strings.Contains(err.Error(), "cublasLtCreate") {
+		t.Fatalf("cuBLASLt 13 on a CUDA 12 driver: %v", err)
 	}
 }

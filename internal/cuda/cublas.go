@@ -39,10 +39,12 @@ type CuBLAS struct {
 	handle  unsafe.Pointer
 }
 
-// OpenCuBLAS loads libcublas (MOEBENCH_CUBLAS overrides). A library without
+// OpenCuBLAS loads libcublas (MOEBENCH_CUBLAS overrides), of the CUDA
+// driver's major first (see majors). A library without
 // the grouped GEMM (before 12.5) is refused, naming the symbol.
 func OpenCuBLAS() (*CuBLAS, error) {
-	lib, err := openLibrary("MOEBENCH_CUBLAS", "libcublas.so.13", "libcublas.so.12", "libcublas.so")
+	groups := majors("libcublas", map[int][]string{13: {"libcublas.so.13"}, 12: {"libcublas.so.12"}})
+	lib, err := openPreferred("MOEBENCH_CUBLAS", groups)
 	if err != nil {
 		return nil, err
 	}

@@ -47,9 +47,11 @@ type CuBLASLt struct {
 	scalars *[2]C.float // alpha = 1, beta = 0 in C memory, made by Init
 }
 
-// OpenCuBLASLt loads libcublasLt (MOEBENCH_CUBLASLT overrides).
+// OpenCuBLASLt loads libcublasLt (MOEBENCH_CUBLASLT overrides), of the
+// CUDA driver's major first (see majors).
 func OpenCuBLASLt() (*CuBLASLt, error) {
-	lib, err := openLibrary("MOEBENCH_CUBLASLT", "libcublasLt.so.13", "libcublasLt.so.12", "libcublasLt.so.11", "libcublasLt.so")
+	groups := majors("libcublasLt", map[int][]string{13: {"libcublasLt.so.13"}, 12: {"libcublasLt.so.12"}, 11: {"libcublasLt.so.11"}})
+	lib, err := openPreferred("MOEBENCH_CUBLASLT", groups)
 	if err != nil {
 		return nil, err
 	}
@@ -79,7 +81,10 @@ func (b *CuBLASLt) Init() error {
 		b.scalars = (*[2]C.float)(C.malloc(8)) // lives as long as the process: one per library opened
 		b.scalars[0], b.scalars[1] = 1, 0
 	}
-	return ltErr("cublasLtCreate", C.mbcall_cublasLtCreate(b.fn["cublasLtCreate"], &b.handle))
+	if err := ltErr("cublasLtCreate", C.mbcall_cublasLtCreate(b.fn["cublasLtCreate"], &b.handle)); err != nil {
+		return fmt.Errorf("%s (cuBLASLt %d): %w (a library newer than the CUDA driver fails so)", b.Path, b.Version, err)
+	}
+	return nil
 }
 
 // GEMM is a planned product c[m,n] = a[m,k] · w[n,k]ᵀ in row-major storage

@@ -26,11 +26,15 @@ var (
 	nvrtcErr  error
 )
 
-// OpenNVRTC loads libnvrtc (once): MOEBENCH_NVRTC names the file, else
-// libnvrtc.so.13, .12, .11.2 or libnvrtc.so are looked for (see openLibrary).
+// nvrtcSonames are NVRTC's sonames by CUDA major.
+var nvrtcSonames = map[int][]string{13: {"libnvrtc.so.13"}, 12: {"libnvrtc.so.12"}, 11: {"libnvrtc.so.11.2"}}
+
+// OpenNVRTC loads libnvrtc (once): MOEBENCH_NVRTC names the file, else the
+// major of the CUDA driver is looked for first (see majors), then the others.
 func OpenNVRTC() (*NVRTC, error) {
 	nvrtcOnce.Do(func() {
-		lib, err := openLibrary("MOEBENCH_NVRTC", "libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so.11.2", "libnvrtc.so")
+		groups := majors("libnvrtc", nvrtcSonames)
+		lib, err := openPreferred("MOEBENCH_NVRTC", groups)
 		if err != nil {
 			nvrtcErr = err
 			return

@@ -3,8 +3,10 @@
 // cuBLAS's column-major semantics on bf16 data in host memory, in its
 // stream's order on the fake driver, so that the binding's row-major to
 // column-major mapping is tested without a GPU.
+#define _GNU_SOURCE // dladdr
 #define MB_ABI_DECLARE // moebench's prototypes: a definition here that differs does not compile
 #include "abi.h"
+#include <dlfcn.h>
 #include <stdlib.h>
 #include <string.h>
 #include <stdint.h>
@@ -13,9 +15,22 @@
 typedef struct { int transa, transb; } desc_t;
 typedef struct { int type; uint64_t rows, cols; int64_t ld; } layout_t;
 
-int cublasLtCreate(void **h) { *h = (void *)0x10; return 0; }
+// Its CUDA major is its file's (libcublasLt.so.12: 12, else 13), and like
+// the real library it needs a driver of that major or later: with an older
+// fake driver, cublasLtCreate fails (CUBLAS_STATUS_NOT_INITIALIZED).
+static int major(void) {
+    Dl_info i;
+    if (dladdr((void *)major, &i) && i.dli_fname && strstr(i.dli_fname, ".so.12")) return 12;
+    return 13;
+}
+int cublasLtCreate(void **h) {
+    int (*ver)(int *) = (int (*)(int *))fakecuda_sym("cuDriverGetVersion");
+    int v = 0;
+    if (ver && (ver(&v) || v / 1000 < major())) return 1;
+    *h = (void *)0x10; return 0;
+}
 int cublasLtDestroy(void *h) { return 0; }
-size_t cublasLtGetVersion(void) { return 130000; }
+size_t cublasLtGetVersion(void) { return major() * 10000; }
 int cublasLtMatmulDescCreate(void **d, int compute, int scale) {
     if (compute != 68 || scale != 0) return 7; // CUBLAS_COMPUTE_32F, CUDA_R_32F
     *d = calloc(1, sizeof(desc_t)); return 0;

@@ -91,7 +91,13 @@ CUresult cuInit(unsigned flags) {
     pthread_once(&once, init_gpus);
     return OK;
 }
-CUresult cuDriverGetVersion(int *v) { *v = 13000; return OK; }
+// The CUDA version the fake driver supports: $FAKECUDA_DRIVER_VERSION, else
+// 13000 (13.0); it answers before cuInit, as the real one does.
+CUresult cuDriverGetVersion(int *v) {
+    const char *e = getenv("FAKECUDA_DRIVER_VERSION");
+    *v = e && atoi(e) > 0 ? atoi(e) : 13000;
+    return OK;
+}
 CUresult cuDeviceGetCount(int *n) { *n = NDEV; return OK; }
 // CUdevice handles are 100 + ordinal, so that a binding passing ordinals
 // where handles belong is caught (CUDA_ERROR_INVALID_DEVICE, 101).
