@@ -187,13 +187,25 @@ func openGPU(drv *cuda.Driver, ordinal int, cacheDir string) (*CUDA, error) {
 	if err != nil {
 		return nil, err
 	}
-	c.Arch = fmt.Sprintf("sm_%d%d", major, minor)
+	if cc := 10*major + minor; cc < minCC {
+		return nil, fmt.Errorf("GPU %d has compute capability %d.%d: moebench's kernels need %d.%d or later (bf16 conversions, redux.sync)",
+			ordinal, major, minor, minCC/10, minCC%10)
+	}
 	if c.SMs, err = drv.Attribute(ordinal, cuda.AttrMultiprocessorCount); err != nil {
 		return nil, err
 	}
 	comp, err := NewCompiler()
 	if err != nil {
 		return nil, err
+	}
+	var archs []int
+	if l, ok := comp.(interface{ SupportedArchs() ([]int, error) }); ok {
+		if archs, err = l.SupportedArchs(); err != nil {
+			archs = nil // an NVRTC before 11.2: compile for the GPU's own and see
+		}
+	}
+	if c.Arch, err = chooseArch(10*major+minor, archs); err != nil {
+		return nil, fmt.Errorf("GPU %d: %w", ordinal, err)
 	}
 	if cacheDir == "" {
 		cacheDir = os.Getenv("MOEBENCH_CACHE")
@@ -218,6 +230,32 @@ func openGPU(drv *cuda.Driver, ordinal int, cacheDir string) (*CUDA, error) {
 	c.ptrArrays = map[string]Ptr{}
 	ok = true
 	return c, nil
+}
+
+// minCC is the oldest compute capability (×10) moebench's kernels run on:
+// their bf16 conversions and redux.sync need sm_80.
+const minCC = 80
+
+// chooseArch is what the kernels are compiled for on a GPU of compute
+// capability cc (×10) by a compiler that supports archs (nil: unknown):
+// the GPU's own (sm_XY, a cubin) where the compiler has it, else PTX of
+// the newest architecture it has below the GPU's (compute_XY), which the
+// driver compiles for the GPU when the module is loaded (an NVRTC before
+// 12.8 has no Blackwell, sm_100 or sm_120).
+func chooseArch(cc int, archs []int) (string, error) {
+	if archs == nil || slices.Contains(archs, cc) {
+		return fmt.Sprintf("sm_%d", cc), nil
+	}
+	best := 0
+	for _, a := range archs {
+		if a <= cc && a >= minCC {
+			best = max(best, a)
+		}
+	}
+	if best == 0 {
+		return "", fmt.Errorf("the compiler supports architectures %v, none of them from %d to the GPU's %d", archs, minCC, cc)
+	}
+	return fmt.Sprintf("compute_%d", best), nil
 }
 
 func (c *CUDA) Name() string { return "cuda" }

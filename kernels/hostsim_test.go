@@ -55,3 +55,38 @@ func TestProbeCUDANamesWhyNot(t *testing.T) {
 		t.Fatalf("cuBLASLt 13 on a CUDA 12 driver: %v", err)
 	}
 }
+
+// archLister is a compiler that says which architectures it has.
+type archLister struct {
+	Compiler
+	archs []int
+}
+
+func (a archLister) SupportedArchs() ([]int, error) { return a.archs, nil }
+
+// TestArchitectureChoice: a GPU whose architecture the compiler lacks
+// (Blackwell, compute capability 10.0, with an NVRTC that stops at sm_90)
+// gets PTX of the newest one it has, which the driver compiles; one it has
+// gets its cubin; a GPU below 8.0 is refused with the reason.
+func TestArchitectureChoice(t *testing.T) {
+	useHostSim(t)
+	comp, _ := NewCompiler()
+	NewCompiler = func() (Compiler, error) { return archLister{comp, []int{75, 80, 86, 90}}, nil }
+	for _, tc := range []struct{ cc, want string }{{"100", "compute_90"}, {"90", "sm_90"}, {"86", "sm_86"}, {"75", "compute capability 7.5"}} {
+		t.Setenv("FAKECUDA_CC", tc.cc)
+		c, err := OpenCUDA(0, t.TempDir())
+		got := ""
+		if err != nil {
+			got = err.Error()
+		} else {
+			got = c.Arch
+			c.Close()
+		}
+		if !strings.Contains(got, tc.want) {
+			t.Errorf("compute capability %s: %q, want %q", tc.cc, got, tc.want)
+		}
+	}
+	if _, err := chooseArch(100, []int{70, 75}); err == nil {
+		t.Error("no architecture from 8.0 up: no error")
+	}
+}

@@ -55,7 +55,8 @@ type JIT struct {
 	Compiled int    // compilations the compiler ran
 }
 
-// Compile returns the cubin of kernel file for arch (e.g. "sm_90") with the
+// Compile returns the image of kernel file for arch (e.g. "sm_90" for a
+// cubin, "compute_90" for PTX the driver compiles at load) with the
 // constants in defines; only those the kernel takes are used, and all of them
 // must be given.
 func (j *JIT) Compile(file, arch string, defines map[string]string) ([]byte, error) {
@@ -100,7 +101,7 @@ func (j *JIT) CompileSource(file, src, arch string, defines map[string]string) (
 	path := ""
 	if j.CacheDir != "" {
 		path = filepath.Join(j.CacheDir, key+".cubin")
-		if b, err := os.ReadFile(path); err == nil && len(b) > 4 && string(b[:4]) == "\x7fELF" {
+		if b, err := os.ReadFile(path); err == nil && validImage(b, arch) {
 			j.Hits++
 			return b, nil
 		}
@@ -125,4 +126,13 @@ func (j *JIT) CompileSource(file, src, arch string, defines map[string]string) (
 		}
 	}
 	return cubin, nil
+}
+
+// validImage: b is a whole image for arch, as the cache wrote it (a cubin
+// is an ELF file; PTX text ends with its NUL).
+func validImage(b []byte, arch string) bool {
+	if strings.HasPrefix(arch, "compute_") {
+		return len(b) > 1 && b[len(b)-1] == 0
+	}
+	return len(b) > 4 && string(b[:4]) == "\x7fELF"
 }

@@ -177,10 +177,10 @@ func abiValues() map[string]int {
 		"CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES":              prefMaxWorkspaceBytes,
 		"CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES":            prefMinAlignA,
 		"CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES":            prefMinAlignA + 3, // preference() sets A, B, C, D in a row
-		"ncclUint8":                                             ncclUint8,
-		"NVML_ERROR_INVALID_ARGUMENT":                           nvmlErrorInvalidArgument,
-		"NVML_ERROR_NOT_SUPPORTED":                              nvmlErrorNotSupported,
-		"NVML_NVLINK_MAX_LINKS":                                 nvlinkMax,
+		"ncclUint8":                   ncclUint8,
+		"NVML_ERROR_INVALID_ARGUMENT": nvmlErrorInvalidArgument,
+		"NVML_ERROR_NOT_SUPPORTED":    nvmlErrorNotSupported,
+		"NVML_NVLINK_MAX_LINKS":       nvlinkMax,
 	}
 	for i, n := range ncclResultNames {
 		v[n] = i

@@ -23,14 +23,14 @@ import (
 
 // cuBLASLt constants (cudaDataType, cublasComputeType, attribute ids).
 const (
-	dataR32F                = 0
-	dataR16BF               = 14
-	compute32F              = 68
-	descTransA              = 3
-	descTransB              = 4
-	opN, opT                = 0, 1
-	prefMaxWorkspaceBytes   = 1
-	prefMinAlignA           = 5  // then B, C, D: 6, 7, 8
+	dataR32F              = 0
+	dataR16BF             = 14
+	compute32F            = 68
+	descTransA            = 3
+	descTransB            = 4
+	opN, opT              = 0, 1
+	prefMaxWorkspaceBytes = 1
+	prefMinAlignA         = 5 // then B, C, D: 6, 7, 8
 )
 
 // CuBLASLt is cuBLASLt opened with dlopen. OpenCuBLASLt only loads the
@@ -99,9 +99,9 @@ type GEMM struct {
 	desc, la      unsafe.Pointer // op descriptor; layout of w (cuBLAS's A)
 	lb, lc        unsafe.Pointer // layout of a (cuBLAS's B); of c (C and D)
 	// the heuristic's algorithms, best first (C memory), and the one Run uses
-	algos   *C.mb_lt_heuristic
-	nalgos  int
-	chosen  int
+	algos  *C.mb_lt_heuristic
+	nalgos int
+	chosen int
 }
 
 // MaxAlgorithms is how many algorithms PlanGEMM asks the heuristic for.

@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
@@ -98,5 +99,32 @@ func TestLibraryMajorFollowsDriver(t *testing.T) {
 	}
 	if err := lt.Init(); err == nil || !strings.Contains(err.Error(), "libcublasLt.so.13") {
 		t.Errorf("cuBLASLt 13 on a CUDA 12 driver: %v", err)
+	}
+}
+
+// TestNVRTCArchitectures: against a fake NVRTC of 12.6's architectures, the
+// binding lists them, compiles a cubin for one it has, PTX for a virtual
+// one, and fails naming the option for one it lacks (Blackwell's sm_100).
+func TestNVRTCArchitectures(t *testing.T) {
+	buildFake(t, "fakenvrtc", "MOEBENCH_NVRTC")
+	t.Setenv("FAKENVRTC_ARCHS", "75,80,86,89,90")
+	n, err := openNVRTC()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a, err := n.SupportedArchs(); err != nil || !slices.Equal(a, []int{75, 80, 86, 89, 90}) {
+		t.Fatalf("SupportedArchs = %v, %v", a, err)
+	}
+	compile := func(arch string) ([]byte, error) {
+		return n.Compile("k.cu", "extern \"C\" __global__ void k() {}", nil, []string{"--gpu-architecture=" + arch})
+	}
+	if b, err := compile("sm_90"); err != nil || !strings.HasPrefix(string(b), "\x7fELF") {
+		t.Errorf("sm_90: %q, %v", b, err)
+	}
+	if b, err := compile("compute_90"); err != nil || !strings.Contains(string(b), ".target sm_90") || b[len(b)-1] != 0 {
+		t.Errorf("compute_90: %q, %v (PTX, NUL-terminated)", b, err)
+	}
+	if _, err := compile("sm_100"); err == nil || !strings.Contains(err.Error(), "gpu-architecture") {
+		t.Errorf("sm_100: %v", err)
 	}
 }

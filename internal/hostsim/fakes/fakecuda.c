@@ -111,6 +111,11 @@ CUresult cuDeviceGetPCIBusId(char *s, int n, int d) {
     if (!HANDLE_OK(d)) return 101;
     strncpy(s, d == 100 ? "0000:1B:00.0" : "0000:2C:00.0", n); return OK;
 }
+// cc is the compute capability × 10: $FAKECUDA_CC, else 90.
+static int cc(void) {
+    const char *e = getenv("FAKECUDA_CC");
+    return e && atoi(e) > 0 ? atoi(e) : 90;
+}
 // Attributes: the ones occupancy depends on as above; any other attribute a
 // reads as a·100 + ordinal, so that a test sees which one was asked.
 CUresult cuDeviceGetAttribute(int *v, int attr, int d) {
@@ -123,8 +128,8 @@ CUresult cuDeviceGetAttribute(int *v, int attr, int d) {
     case 16: *v = nsms; break;                 // MULTIPROCESSOR_COUNT
     case 19: case 41: case 95: *v = 1; break;  // CAN_MAP_HOST_MEMORY, UNIFIED_ADDRESSING, COOPERATIVE_LAUNCH
     case 39: *v = SM_THREADS; break;           // MAX_THREADS_PER_MULTIPROCESSOR
-    case 75: *v = 9; break;                    // COMPUTE_CAPABILITY_MAJOR
-    case 76: *v = 0; break;                    // COMPUTE_CAPABILITY_MINOR
+    case 75: *v = cc() / 10; break;            // COMPUTE_CAPABILITY_MAJOR
+    case 76: *v = cc() % 10; break;            // COMPUTE_CAPABILITY_MINOR
     case 81: *v = SM_SMEM; break;              // MAX_SHARED_MEMORY_PER_MULTIPROCESSOR
     case 82: *v = SM_REGS; break;              // MAX_REGISTERS_PER_MULTIPROCESSOR
     case 97: *v = BLOCK_SMEM_OPTIN; break;     // MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
