@@ -276,16 +276,17 @@ func (c *CUDA) Reaches(peer Device) bool {
 	return ok && (g.Ctx == c.Ctx || c.peers[g.Ordinal])
 }
 
-// launch runs kernel k on a 1-D grid; defs gives its constants, and is only
-// called the first time k is launched (to compile and load it).
-func (c *CUDA) launch(k kernelKey, defs func() map[string]string, grid, block int, s Stream, args ...any) error {
+// launch runs kernel k on a 1-D grid, compiling and loading it the first
+// time (its constants come from k: see defines). Nothing is allocated or
+// formatted unless it fails: it runs for every kernel of every step.
+func (c *CUDA) launch(k kernelKey, grid, block int, s Stream, args ...any) error {
 	if err := c.use(); err != nil {
 		return err
 	}
 	f, ok := c.fns[k]
 	if !ok {
 		var err error
-		if f, err = c.load(k.file, k.name, defs()); err != nil {
+		if f, err = c.load(k.file, k.name, k.defines()); err != nil {
 			return err
 		}
 		c.fns[k] = f
@@ -294,6 +295,20 @@ func (c *CUDA) launch(k kernelKey, defs func() map[string]string, grid, block in
 		return fmt.Errorf("%s (grid %d, block %d): %w", k.name, grid, block, err)
 	}
 	return nil
+}
+
+// defines are k's -D constants: the values of k.c in the order
+// CUDAKernels lists its file's constants (MB_SCALE from k.scale).
+func (k kernelKey) defines() map[string]string {
+	m := map[string]string{}
+	for i, n := range CUDAKernels[k.file] {
+		if n == "MB_SCALE" {
+			m[n] = fmt.Sprintf("%#gf", k.scale)
+		} else {
+			m[n] = fmt.Sprint(k.c[i])
+		}
+	}
+	return m
 }
 
 // load returns kernel name of file compiled with defs, compiling and
@@ -328,17 +343,6 @@ func (c *CUDA) loadSource(file, src, name string, defs map[string]string) (cuda.
 		c.mods[mkey] = m
 	}
 	return c.Drv.Function(m, name)
-}
-
-// consts makes a -D map of name=value pairs.
-func consts(kv ...any) func() map[string]string {
-	return func() map[string]string {
-		m := map[string]string{}
-		for i := 0; i < len(kv); i += 2 {
-			m[kv[i].(string)] = fmt.Sprint(kv[i+1])
-		}
-		return m
-	}
 }
 
 // Launch block sizes (threads). TestKernelsCompile checks, with the CUDA
@@ -670,22 +674,18 @@ func routerKey(rc RouterConfig) kernelKey {
 }
 
 // routerDefs are router.cu's constants for rc.
-func routerDefs(rc RouterConfig) map[string]string {
-	k := routerKey(rc)
-	return map[string]string{"MB_EXPERTS": fmt.Sprint(k.c[0]), "MB_TOPK": fmt.Sprint(k.c[1]), "MB_SIGMOID": fmt.Sprint(k.c[2]),
-		"MB_GROUPS": fmt.Sprint(k.c[3]), "MB_GROUP_TOPK": fmt.Sprint(k.c[4]), "MB_SCALE": fmt.Sprintf("%#gf", k.scale)}
-}
+func routerDefs(rc RouterConfig) map[string]string { return routerKey(rc).defines() }
 
 func (c *CUDA) RouterTopK(rc RouterConfig, logits, bias Ptr, tokens int, idx, probs Ptr, s Stream) error {
 	if tokens == 0 {
 		return nil
 	}
-	return c.launch(routerKey(rc), func() map[string]string { return routerDefs(rc) }, (tokens+routerWarps-1)/routerWarps, 32*routerWarps, s,
+	return c.launch(routerKey(rc), (tokens+routerWarps-1)/routerWarps, 32*routerWarps, s,
 		logits, bias, int32(tokens), idx, probs)
 }
 
 func (c *CUDA) PermuteOrder(idx Ptr, n, experts int, rows, pos, counts Ptr, s Stream) error {
-	return c.launch(kernelKey{file: "permute.cu", name: "permute_order"}, consts("MB_HIDDEN", 8), experts, orderBlock, s,
+	return c.launch(kernelKey{file: "permute.cu", name: "permute_order", c: [5]int{8}}, experts, orderBlock, s,
 		idx, int32(n), rows, pos, counts)
 }
 
@@ -694,7 +694,7 @@ func (c *CUDA) GatherRows(dst, src, rows Ptr, div, n, hidden int, s Stream) erro
 		return nil
 	}
 	grid, block := c.rowGrid(n, hidden)
-	return c.launch(kernelKey{file: "permute.cu", name: "permute_rows", c: [5]int{hidden}}, consts("MB_HIDDEN", hidden), grid, block, s,
+	return c.launch(kernelKey{file: "permute.cu", name: "permute_rows", c: [5]int{hidden}}, grid, block, s,
 		src, rows, int32(div), int32(n), dst)
 }
 
@@ -702,7 +702,7 @@ func (c *CUDA) GatherF32(dst, src, rows Ptr, div, n int, s Stream) error {
 	if n == 0 {
 		return nil
 	}
-	return c.launch(kernelKey{file: "permute.cu", name: "gather_f32"}, consts("MB_HIDDEN", 8), min((n+flatBlock-1)/flatBlock, 8*c.SMs), flatBlock, s,
+	return c.launch(kernelKey{file: "permute.cu", name: "gather_f32", c: [5]int{8}}, min((n+flatBlock-1)/flatBlock, 8*c.SMs), flatBlock, s,
 		src, rows, int32(div), int32(n), dst)
 }
 
@@ -716,7 +716,7 @@ func (c *CUDA) SortChunks(dst, probsOut, src, probsIn, counts Ptr, rows, ep, loc
 	}
 	grid, block := c.rowGrid(rows, hidden)
 	return c.launch(kernelKey{file: "sortchunks.cu", name: "sort_chunks", c: [5]int{hidden, ep, local}},
-		consts("MB_HIDDEN", hidden, "MB_EP", ep, "MB_LOCAL", local), grid, block, s, src, probsIn, counts, int32(rows), inv, dst, probsOut)
+		grid, block, s, src, probsIn, counts, int32(rows), inv, dst, probsOut)
 }
 
 func (c *CUDA) SwiGLU(act, h1, prob Ptr, n, ffn int, s Stream) error {
@@ -728,7 +728,7 @@ func (c *CUDA) SwiGLU(act, h1, prob Ptr, n, ffn int, s Stream) error {
 		items /= 8
 	}
 	grid := min((items+flatBlock-1)/flatBlock, 16*c.SMs)
-	return c.launch(kernelKey{file: "swiglu.cu", name: "swiglu_prob", c: [5]int{ffn}}, consts("MB_FFN", ffn), grid, flatBlock, s, h1, prob, int32(n), act)
+	return c.launch(kernelKey{file: "swiglu.cu", name: "swiglu_prob", c: [5]int{ffn}}, grid, flatBlock, s, h1, prob, int32(n), act)
 }
 
 func (c *CUDA) UnpermuteSum(out, src, pos, shared Ptr, tokens, topk, hidden int, s Stream) error {
@@ -737,7 +737,7 @@ func (c *CUDA) UnpermuteSum(out, src, pos, shared Ptr, tokens, topk, hidden int,
 	}
 	grid, block := c.rowGrid(tokens, hidden)
 	return c.launch(kernelKey{file: "unpermute.cu", name: "unpermute_sum", c: [5]int{hidden, topk}},
-		consts("MB_HIDDEN", hidden, "MB_TOPK", topk), grid, block, s, src, pos, shared, int32(tokens), out)
+		grid, block, s, src, pos, shared, int32(tokens), out)
 }
 
 // Close frees what the device still holds and releases the context.

@@ -47,6 +47,7 @@ import "C"
 import (
 	"fmt"
 	"runtime"
+	"sync"
 	"unsafe"
 )
 
@@ -61,6 +62,10 @@ type Driver struct {
 	fn      map[string]unsafe.Pointer
 	devs    []C.int // CUdevice handle of each ordinal (cuDeviceGet)
 	current Context // the context this driver last made current (see SetCurrent)
+	// kernel parameters' C memory, reused by every launch (see params)
+	pmu  sync.Mutex
+	pmem unsafe.Pointer
+	pcap int
 }
 
 // Handles are the driver's opaque pointers; DevicePtr is a device address.
@@ -543,20 +548,28 @@ func (d *Driver) SetMaxDynamicShared(f Function, bytes int) error {
 // uint32, a float32, a uint64 or an int64, or the bytes of a struct
 // (Bytes), passed by value (see params).
 func (d *Driver) Launch(f Function, grid, block [3]uint32, sharedBytes uint32, s Stream, args ...any) error {
-	return d.launch("cuLaunchKernel", args, func(p *unsafe.Pointer) C.int {
-		return C.mbcall_cuLaunchKernel(d.fn["cuLaunchKernel"], unsafe.Pointer(f), C.uint(grid[0]), C.uint(grid[1]), C.uint(grid[2]),
-			C.uint(block[0]), C.uint(block[1]), C.uint(block[2]), C.uint(sharedBytes), unsafe.Pointer(s), p, nil)
-	})
+	p, err := d.params("cuLaunchKernel", args)
+	if err != nil {
+		return err
+	}
+	r := C.mbcall_cuLaunchKernel(d.fn["cuLaunchKernel"], unsafe.Pointer(f), C.uint(grid[0]), C.uint(grid[1]), C.uint(grid[2]),
+		C.uint(block[0]), C.uint(block[1]), C.uint(block[2]), C.uint(sharedBytes), unsafe.Pointer(s), p, nil)
+	d.pmu.Unlock()
+	return d.check("cuLaunchKernel", r)
 }
 
 // LaunchCooperative runs f on s with every block resident at once, so that
 // the grid may synchronize as a whole (cuLaunchCooperativeKernel; the grid
 // must fit on the GPU at once, else the driver refuses it).
 func (d *Driver) LaunchCooperative(f Function, grid, block [3]uint32, sharedBytes uint32, s Stream, args ...any) error {
-	return d.launch("cuLaunchCooperativeKernel", args, func(p *unsafe.Pointer) C.int {
-		return C.mbcall_cuLaunchCooperativeKernel(d.fn["cuLaunchCooperativeKernel"], unsafe.Pointer(f), C.uint(grid[0]), C.uint(grid[1]), C.uint(grid[2]),
-			C.uint(block[0]), C.uint(block[1]), C.uint(block[2]), C.uint(sharedBytes), unsafe.Pointer(s), p)
-	})
+	p, err := d.params("cuLaunchCooperativeKernel", args)
+	if err != nil {
+		return err
+	}
+	r := C.mbcall_cuLaunchCooperativeKernel(d.fn["cuLaunchCooperativeKernel"], unsafe.Pointer(f), C.uint(grid[0]), C.uint(grid[1]),
+		C.uint(grid[2]), C.uint(block[0]), C.uint(block[1]), C.uint(block[2]), C.uint(sharedBytes), unsafe.Pointer(s), p)
+	d.pmu.Unlock()
+	return d.check("cuLaunchCooperativeKernel", r)
 }
 
 // LaunchOptions are what LaunchEx adds to a plain launch.
@@ -566,10 +579,10 @@ type LaunchOptions struct {
 }
 
 // LaunchEx runs f on s through cuLaunchKernelEx with opt's attributes; it
-// fails when the driver has no cuLaunchKernelEx (before CUDA 12.0).
+// fails when the driver has no cuLaunchKernelEx (before CUDA 11.8).
 func (d *Driver) LaunchEx(f Function, grid, block [3]uint32, sharedBytes uint32, s Stream, opt LaunchOptions, args ...any) error {
 	if d.fn[launchEx] == nil {
-		return fmt.Errorf("%s: not in this driver (CUDA 12.0 or later has it)", launchEx)
+		return fmt.Errorf("%s: not in this driver (CUDA 11.8 or later has it)", launchEx)
 	}
 	if opt.Cluster != [3]uint32{} && (opt.Cluster[0] == 0 || opt.Cluster[1] == 0 || opt.Cluster[2] == 0) {
 		return fmt.Errorf("%s: cluster %v has a zero dimension", launchEx, opt.Cluster)
@@ -578,21 +591,15 @@ func (d *Driver) LaunchEx(f Function, grid, block [3]uint32, sharedBytes uint32,
 	if opt.Cooperative {
 		coop = 1
 	}
-	return d.launch(launchEx, args, func(p *unsafe.Pointer) C.int {
-		return C.c_launchex(d.fn[launchEx], unsafe.Pointer(f), C.uint(grid[0]), C.uint(grid[1]), C.uint(grid[2]),
-			C.uint(block[0]), C.uint(block[1]), C.uint(block[2]), C.uint(sharedBytes), unsafe.Pointer(s), p, coop,
-			C.uint(opt.Cluster[0]), C.uint(opt.Cluster[1]), C.uint(opt.Cluster[2]))
-	})
-}
-
-// launch copies args to C memory (see params) and makes call with them.
-func (d *Driver) launch(call string, args []any, c func(p *unsafe.Pointer) C.int) error {
-	mem, p, err := params(call, args)
-	defer C.free(mem)
+	p, err := d.params(launchEx, args)
 	if err != nil {
 		return err
 	}
-	return d.check(call, c(p))
+	r := C.c_launchex(d.fn[launchEx], unsafe.Pointer(f), C.uint(grid[0]), C.uint(grid[1]), C.uint(grid[2]),
+		C.uint(block[0]), C.uint(block[1]), C.uint(block[2]), C.uint(sharedBytes), unsafe.Pointer(s), p, coop,
+		C.uint(opt.Cluster[0]), C.uint(opt.Cluster[1]), C.uint(opt.Cluster[2]))
+	d.pmu.Unlock()
+	return d.check(launchEx, r)
 }
 
 // Bytes is a kernel argument passed by value as its bytes: a struct laid
@@ -600,10 +607,12 @@ func (d *Driver) launch(call string, args []any, c func(p *unsafe.Pointer) C.int
 type Bytes []byte
 
 // params copies kernel arguments (device pointers, int32, uint32, float32,
-// uint64, int64, Bytes) to one block of C memory: the parameter pointers,
-// then a slot per value, 8 bytes or a Bytes' length rounded up to 8. The
-// caller frees mem, also on error.
-func params(call string, args []any) (mem unsafe.Pointer, p *unsafe.Pointer, err error) {
+// uint64, int64, Bytes) to the driver's block of C memory, which is kept
+// and grown as needed (a launch copies its arguments, so the block is free
+// again when it returns): the parameter pointers, then a slot per value, 8
+// bytes or a Bytes' length rounded up to 8. On success it returns with
+// d.pmu held, for the caller to release after the launch.
+func (d *Driver) params(call string, args []any) (*unsafe.Pointer, error) {
 	n := len(args)
 	const slot = 8
 	size := max(n, 1) * 2 * slot
@@ -612,7 +621,12 @@ func params(call string, args []any) (mem unsafe.Pointer, p *unsafe.Pointer, err
 			size += (len(b) + slot - 1) / slot * slot
 		}
 	}
-	mem = C.malloc(C.size_t(size))
+	d.pmu.Lock()
+	if size > d.pcap {
+		C.free(d.pmem)
+		d.pmem, d.pcap = C.malloc(C.size_t(max(size, 512))), max(size, 512)
+	}
+	mem := d.pmem
 	ps := unsafe.Slice((*unsafe.Pointer)(mem), max(n, 1))
 	extra := 2 * n * slot // where the next Bytes go
 	for i, a := range args {
@@ -635,9 +649,10 @@ func params(call string, args []any) (mem unsafe.Pointer, p *unsafe.Pointer, err
 		case float32:
 			*(*float32)(v) = x
 		default:
-			return mem, nil, fmt.Errorf("%s: argument %d has unsupported type %T", call, i, a)
+			d.pmu.Unlock()
+			return nil, fmt.Errorf("%s: argument %d has unsupported type %T", call, i, a)
 		}
 		ps[i] = v
 	}
-	return mem, &ps[0], nil
+	return &ps[0], nil
 }
