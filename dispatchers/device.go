@@ -112,6 +112,15 @@ type ClassicDevice interface {
 // between events around each rank's own call.
 type Grouper interface{ Grouped(phase string) bool }
 
+// HostWaiter is a device dispatcher one of whose phases must first wait on
+// the host for the device (alltoall's count exchange: the host needs every
+// rank's counts to size the copies). HostWait(phase) does that wait for
+// every rank; the layer calls it before it records the phase's start
+// events, so that each rank's phase is timed from its own first GPU
+// operation, and reports the wait's wall time on its own. The phase does
+// not wait again.
+type HostWaiter interface{ HostWait(phase string) error }
+
 // Transporter is a device dispatcher whose data may move through a
 // library (NCCL) rather than copies: Transport names it, or is "".
 type Transporter interface{ Transport() string }

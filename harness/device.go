@@ -35,6 +35,7 @@ type deviceLayer struct {
 	seq        []dispatchers.Step         // see steps
 	start, end map[string][]kernels.Event // per phase, per rank
 	issueMS    float64                    // the last step's host issue time (see step)
+	waitMS     float64                    // the last step's host waits before phases (dispatchers.HostWaiter)
 }
 
 // devCommon is what the ranks of one device share.
@@ -494,9 +495,12 @@ func (dl *deviceLayer) chooseGrouped() (string, error) {
 // events bracket each rank's own call, except for a phase the dispatcher
 // issues as one group (dispatchers.Grouper): its start events are all
 // recorded before the first call and its end events after the last, so that
-// each rank's time holds the work the group queues on its stream. issueMS
-// is the host's wall time from the first call to the last call's return,
-// before waiting for the streams.
+// each rank's time holds the work the group queues on its stream. A
+// dispatcher's host wait before a phase (dispatchers.HostWaiter) comes
+// before the phase's start events, so that no rank's phase time holds it;
+// waitMS is its wall time. issueMS is the host's wall time from the first
+// call to the last call's return, before waiting for the streams, less
+// waitMS.
 func (dl *deviceLayer) step() error {
 	t0 := time.Now()
 	for i, dev := range dl.devs {
@@ -525,7 +529,16 @@ func (dl *deviceLayer) step() error {
 	}
 	n := len(dl.ranks)
 	g, _ := dl.d.(dispatchers.Grouper)
+	hw, _ := dl.d.(dispatchers.HostWaiter)
+	dl.waitMS = 0
 	for _, ph := range dl.steps() {
+		if hw != nil { // before the phase's start events: it is timed from its own first GPU operation
+			t := time.Now()
+			if err := hw.HostWait(ph.Name); err != nil {
+				return fmt.Errorf("%s: host wait: %w", ph.Name, err)
+			}
+			dl.waitMS += float64(time.Since(t).Nanoseconds()) / 1e6
+		}
 		together := g != nil && g.Grouped(ph.Name)
 		for r := range n {
 			lo, hi := r, r+1 // the ranks whose events bracket this call
@@ -547,7 +560,7 @@ func (dl *deviceLayer) step() error {
 			}
 		}
 	}
-	dl.issueMS = float64(time.Since(t0).Nanoseconds()) / 1e6
+	dl.issueMS = float64(time.Since(t0).Nanoseconds())/1e6 - dl.waitMS
 	return dl.sync()
 }
 
@@ -768,7 +781,7 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 	m := measured{samples: map[string][][]float64{}, step: make([][]float64, cfg.EP),
 		clock: "CUDA events on each rank's stream (" + dev.Name() + ")",
 		model: "each phase's sample is its slowest rank's event-timed duration; a rank's step runs from a start event every rank waits for (one per GPU, each after GPU 0's) to the rank's last event, the step sample is the slowest rank's. " +
-			"Ranks run concurrently, so phases overlap and do not add up to the step; host enqueue and the count sync are inside the times",
+			"Ranks run concurrently, so phases overlap and do not add up to the step. Each phase is timed from its own first GPU operation: a dispatcher's host wait before a phase (alltoall's count exchange) is outside every phase and reported as host_wait_ms; the step's time, from the common start, holds it",
 		mem: &results.Memory{Method: "device buffers, accounted: the bytes moebench allocated for the rank (layer and dispatcher buffers, its share of the router and shared-expert weights), excluding " + excluded}}
 	for _, ph := range dl.steps() {
 		m.phases = append(m.phases, ph.Name)
@@ -831,6 +844,9 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 			return fail(results.StatusFailed, err)
 		}
 		m.issue = append(m.issue, dl.issueMS)
+		if _, ok := d.(dispatchers.HostWaiter); ok {
+			m.hostWait = append(m.hostWait, dl.waitMS)
+		}
 		if rebalances {
 			m.rebalance = append(m.rebalance, rs)
 		}

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/moebench/moebench/balance"
 	"github.com/moebench/moebench/dispatchers"
@@ -875,5 +876,92 @@ func TestRoutingPerStep(t *testing.T) {
 	tl.SetRouting(1) // rank 0's token 0 is the trace's token EP·T (mod 3 lines)
 	if idx, _ := tl.traceToken(0, 0); int(idx[0]) != 4*((tc.EP*tc.Tokens)%3) {
 		t.Errorf("step 1 starts at trace line %v", idx)
+	}
+}
+
+// countingEmu counts the chunk sorts and copies between ranks it runs.
+type countingEmu struct {
+	kernels.Emu
+	sorts, peerCopies int
+}
+
+func (c *countingEmu) SortChunks(dst, probsOut, src, probsIn, counts kernels.Ptr, rows, ep, local, hidden int, inverse bool, s kernels.Stream) error {
+	c.sorts++
+	return c.Emu.SortChunks(dst, probsOut, src, probsIn, counts, rows, ep, local, hidden, inverse, s)
+}
+
+func (c *countingEmu) CopyPeer(op kernels.CopyOp, s kernels.Stream) error {
+	c.peerCopies++
+	return c.Emu.CopyPeer(op, s)
+}
+
+// TestAlltoallEP1MovesNothing: at EP 1 the native alltoall, as Megatron's
+// dispatcher, runs no all-to-all copies and no chunk sorts; the output still
+// passes the check.
+func TestAlltoallEP1MovesNothing(t *testing.T) {
+	c := deviceCases()["ep1"]
+	dev := &countingEmu{}
+	rec, err := Run(c, Env{Version: "test", OpenDevices: one(dev)})
+	if err != nil || rec.Status != results.StatusOK || !rec.Correctness.Passed {
+		t.Fatalf("%v; %+v", err, rec)
+	}
+	if dev.sorts != 0 || dev.peerCopies != 0 {
+		t.Errorf("EP 1: %d chunk sorts, %d copies between ranks; want none", dev.sorts, dev.peerCopies)
+	}
+}
+
+// waitingEmu counts the host's blocking downloads and the asynchronous
+// ones, and makes every wait for a stream take a while, as a GPU's would.
+type waitingEmu struct {
+	kernels.Emu
+	downloads, async int
+	wait             time.Duration
+}
+
+func (w *waitingEmu) Download(dst any, src kernels.Ptr, s kernels.Stream) error {
+	w.downloads++
+	return w.Emu.Download(dst, src, s)
+}
+
+func (w *waitingEmu) DownloadAsync(dst kernels.Mapped, src kernels.Ptr, bytes int64, s kernels.Stream) error {
+	w.async++
+	return w.Emu.DownloadAsync(dst, src, bytes, s)
+}
+
+func (w *waitingEmu) SyncStream(s kernels.Stream) error {
+	time.Sleep(w.wait)
+	return w.Emu.SyncStream(s)
+}
+
+// TestAlltoallCountExchange: the counts reach the host through
+// asynchronous copies into page-locked memory, one per rank and step,
+// queued by the permute (no blocking download in a step: the layer's only
+// ones are the check's, three per rank), and the host's wait for them is
+// reported on its own: the dispatch phase, timed from its own first GPU
+// operation, does not hold it.
+func TestAlltoallCountExchange(t *testing.T) {
+	c := deviceCases()["balanced-ep8"]
+	c.EP, c.Warmup, c.Iters, c.RoutingFixed = 4, 1, 3, true
+	dev := &waitingEmu{wait: 10 * time.Millisecond}
+	rec, err := Run(c, Env{Version: "test", OpenDevices: one(dev)})
+	if err != nil || rec.Status != results.StatusOK || !rec.Correctness.Passed {
+		t.Fatalf("%v; %+v", err, rec)
+	}
+	ways := len(groupedSides)
+	if _, ok := dev.GroupedGEMMName(); ok {
+		ways++
+	}
+	steps := 1 + 3*ways + c.Warmup + c.Iters // the check's, the GEMM choice's, the loop's
+	if dev.downloads != 3*c.EP || dev.async != steps*c.EP {
+		t.Errorf("%d blocking downloads (want the check's %d), %d asynchronous (want %d: one per rank and step)", dev.downloads, 3*c.EP, dev.async, steps*c.EP)
+	}
+	hw := rec.Timing.HostWait
+	if hw == nil || hw.P50 < float64(c.EP)*10 {
+		t.Fatalf("host wait %+v: want at least %d ms (a 10 ms wait per rank)", hw, c.EP*10)
+	}
+	for _, p := range rec.Timing.Phases {
+		if p.Name == "dispatch" && p.P50 > 5 {
+			t.Errorf("dispatch p50 %.1f ms: it holds the host's wait for the counts", p.P50)
+		}
 	}
 }

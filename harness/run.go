@@ -220,6 +220,7 @@ type measured struct {
 	paused    map[string][][]float64
 	phase2SMs string
 	issue     []float64 // device runs: each timed step's host issue time, ms
+	hostWait  []float64 // device runs: each timed step's host wait before phases (alltoall's counts), ms
 	buffers   []results.Buffer
 }
 
@@ -356,6 +357,10 @@ func fillMeasurements(rec *results.Record, cfg Config, m measured) {
 	if m.issue != nil {
 		s := summarise(m.issue)
 		t.HostIssue = &s
+	}
+	if m.hostWait != nil {
+		s := summarise(m.hostWait)
+		t.HostWait = &s
 	}
 	rec.Timing = t
 

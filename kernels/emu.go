@@ -179,6 +179,14 @@ func (e *Emu) Download(dst any, src Ptr, s Stream) error {
 	return err
 }
 
+// DownloadAsync: a copy into the mapped memory's Emu bytes.
+func (e *Emu) DownloadAsync(dst Mapped, src Ptr, bytes int64, s Stream) error {
+	if bytes > dst.Bytes {
+		return fmt.Errorf("emu: download of %d bytes into %d bytes of mapped memory", bytes, dst.Bytes)
+	}
+	return e.Copy(dst.Dev, src, bytes, s)
+}
+
 func (e *Emu) Copy(dst, src Ptr, bytes int64, s Stream) error {
 	return e.CopyPeer(CopyOp{Dst: dst, Src: src, Bytes: bytes}, s)
 }

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"unsafe"
 
 	"github.com/moebench/moebench/internal/cuda"
 )
@@ -405,6 +406,18 @@ func (c *CUDA) Download(dst any, src Ptr, s Stream) error {
 		return err
 	}
 	return c.Drv.SyncStream(s)
+}
+
+// DownloadAsync: cuMemcpyDtoHAsync into page-locked memory, which does
+// not wait for the stream (into pageable memory it would).
+func (c *CUDA) DownloadAsync(dst Mapped, src Ptr, bytes int64, s Stream) error {
+	if bytes > dst.Bytes {
+		return fmt.Errorf("download of %d bytes into %d bytes of mapped memory", bytes, dst.Bytes)
+	}
+	if err := c.use(); err != nil {
+		return err
+	}
+	return cuda.CopyFromDevice(c.Drv, unsafe.Slice((*byte)(dst.Host), bytes), src, s)
 }
 
 func (c *CUDA) Copy(dst, src Ptr, bytes int64, s Stream) error {

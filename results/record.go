@@ -216,11 +216,14 @@ type Timing struct {
 	Step   Phase   `json:"step"`
 	Model  string  `json:"model"` // how the step is composed from phases
 	// device runs: the host's wall time to issue one step, from its first
-	// call to its last call's return, before waiting for the streams (a
-	// dispatcher's host wait inside the step, such as alltoall's count
-	// exchange, is inside it). Close to the step time, the GPU may have
-	// waited for the host: the times then include launch gaps.
+	// call to its last call's return, before waiting for the streams, less
+	// HostWait. Close to the step time, the GPU may have waited for the
+	// host: the times then include launch gaps.
 	HostIssue *Stat `json:"host_issue_ms,omitempty"`
+	// device runs of a dispatcher that waits on the host before a phase
+	// (alltoall's count exchange): that wait's wall time per step, which no
+	// phase's time holds (each is timed from its own first GPU operation)
+	HostWait *Stat `json:"host_wait_ms,omitempty"`
 }
 
 // Straggler is max−mean (absolute) and max/mean−1 (relative) over ranks.
