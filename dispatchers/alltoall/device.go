@@ -41,7 +41,7 @@ type devState struct {
 	// asynchronous copy fills (hostCounts views it)
 	mapped     kernels.Mapped
 	hostCounts []int32 // [Experts]
-	sendOff           []int       // [EP+1] first permuted row for each destination rank
+	sendOff    []int   // [EP+1] first permuted row for each destination rank
 
 	// receive side: chunk (source s, local expert l) has chunkN[s][l] rows at
 	// recvOff[s][l] of the [source][local] receive buffer

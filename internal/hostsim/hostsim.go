@@ -158,7 +158,7 @@ var fakes = []struct{ name, file, env string }{
 // C++ compiler, and fails instead under MOEBENCH_REQUIRE_NVRTC=1 (CI); it
 // skips under MOEBENCH_REQUIRE_GPU=1, where the GPU check runs the kernels
 // on the GPU itself.
-func Setup(t *testing.T) *Compiler {
+func Setup(t testing.TB) *Compiler {
 	t.Helper()
 	if os.Getenv("MOEBENCH_REQUIRE_GPU") == "1" {
 		t.Skip("the GPU check runs the kernels on the GPU")

@@ -630,7 +630,20 @@ typedef struct hostobj {
     struct hostobj *next;
     int static_smem; // the module's __shared__ bytes
     int max_dyn;     // CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    char name[128];  // a kernel's
 } hostobj;
+// skipped: $FAKECUDA_SKIP_KERNELS (read at each launch) names kernel k, or
+// is "*": its launches are checked, then do nothing (a benchmark of the
+// host's issue cost alone)
+static int skipped(const hostobj *k) {
+    const char *skip = getenv("FAKECUDA_SKIP_KERNELS");
+    if (!skip || !k->name[0]) return 0;
+    if (strcmp(skip, "*") == 0) return 1;
+    char list[1024], want[140];
+    snprintf(list, sizeof list, ",%s,", skip);
+    snprintf(want, sizeof want, ",%s,", k->name);
+    return strstr(list, want) != 0;
+}
 static hostobj add_kernel = {0, 0, 0, 0, 0, BLOCK_SMEM}; // the cubin's "add"
 #define ADD ((void *)&add_kernel)
 #define CUBIN_MODULE ((void *)0x3000)
@@ -688,6 +701,7 @@ CUresult cuModuleGetFunction(void **f, void *m, const char *name) {
         if (!get) return NOT_FOUND;
         if (get()->abi != MBHOST_ABI) return INVALID_IMAGE;
         hostobj *k = calloc(1, sizeof *k); k->magic = HOSTMAGIC; k->k = get(); k->next = h->next; h->next = k;
+        snprintf(k->name, sizeof k->name, "%s", name);
         k->static_smem = h->static_smem;
         k->max_dyn = BLOCK_SMEM - k->static_smem > 0 ? BLOCK_SMEM - k->static_smem : 0;
         *f = k; return OK;
@@ -898,6 +912,7 @@ static CUresult launch(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned 
         fprintf(stderr, "fakecuda: the host simulation runs whole warps; a block of %d threads\n", threads);
         return INVALID_VALUE;
     }
+    if (skipped(k)) return OK;
     klaunch *l = calloc(1, sizeof *l);
     l->k = k, l->args = k->k->bind(params);
     l->g = (mbhost_geom){gx, gy, gz, bx, by, bz, smem, cx, cy, cz};

@@ -1,0 +1,87 @@
+package harness
+
+import (
+	"slices"
+	"testing"
+
+	"github.com/moebench/moebench/dispatchers"
+	"github.com/moebench/moebench/internal/hostsim"
+	"github.com/moebench/moebench/kernels"
+)
+
+// BenchmarkStepIssue is the host's cost of issuing one step of the cuda
+// device's layer — every kernel launch, GEMM, copy, event record and wait
+// moebench queues, through the driver's and cuBLASLt's entry points — the
+// number that says whether a step is host-bound. It runs on the fake driver
+// (two fake GPUs) with the kernels' and GEMMs' work skipped
+// (FAKECUDA_SKIP_KERNELS, FAKECUBLASLT_SKIP), so that what is left is host
+// time: permute_order runs in the warm-up steps only, for the counts
+// alltoall's exchange reads (the routing is fixed), and the host's wait
+// for them is not counted (it is HostWait's). Reported
+// as host-µs/step (the median step's issue time) besides ns/op (a whole
+// step, the fake's waits included). Its subbenchmarks are the default
+// preset at EP 8 and a real layer's shape at EP 8 (the tokens cut to 256
+// per rank: the issue cost does not depend on them).
+//
+//	go test -run '^$' -bench StepIssue -benchtime 200x ./harness
+func BenchmarkStepIssue(b *testing.B) {
+	comp := hostsim.Setup(b)
+	old := kernels.NewCompiler
+	kernels.NewCompiler = func() (kernels.Compiler, error) { return comp, nil }
+	b.Cleanup(func() { kernels.NewCompiler = old })
+	b.Setenv("FAKECUDA_SKIP_KERNELS", "router_topk,permute_rows,gather_f32,sort_chunks,swiglu_prob,unpermute_sum")
+	b.Setenv("FAKECUBLASLT_SKIP", "1")
+	tiny := DefaultConfig()
+	qwen := DefaultConfig()
+	p, _ := LookupPreset("qwen3-30b-a3b")
+	qwen.Preset, qwen.Shape = p.Name, p.Shape
+	qwen.Tokens = 256
+	for _, c := range []struct {
+		name string
+		cfg  Config
+	}{{"tiny-ep8", tiny}, {"qwen3-30b-a3b-ep8", qwen}} {
+		b.Run(c.name, func(b *testing.B) {
+			cfg := c.cfg
+			cfg.Device, cfg.EP, cfg.Check, cfg.RoutingFixed = "cuda", 8, false, true
+			gs, err := kernels.OpenGPUs(0, 2, b.TempDir())
+			if err != nil {
+				b.Fatal(err)
+			}
+			devs := make([]kernels.Device, len(gs))
+			for i, g := range gs {
+				devs[i] = g
+			}
+			defer closeDevices(devs)
+			l, err := newLayer(cfg, false)
+			if err != nil {
+				b.Fatal(err)
+			}
+			d, err := dispatchers.NewDevice(cfg.Dispatcher, cfg.Impl, cfg.dispatcherEnv())
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer d.Close()
+			dl, err := newDeviceLayer(l, devs, d)
+			if err != nil {
+				b.Fatal(err)
+			}
+			for range 3 { // plans, modules and buffers made; the counts computed
+				if err := dl.step(); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.Setenv("FAKECUDA_SKIP_KERNELS", "*")
+			issue := make([]float64, 0, b.N)
+			b.ResetTimer()
+			for range b.N {
+				if err := dl.step(); err != nil {
+					b.Fatal(err)
+				}
+				issue = append(issue, dl.issueMS)
+			}
+			b.StopTimer()
+			slices.Sort(issue)
+			b.ReportMetric(1e3*issue[len(issue)/2], "host-µs/step")
+		})
+	}
+}
