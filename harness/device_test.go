@@ -604,6 +604,7 @@ func TestTelemetryFindsTheRanksGPU(t *testing.T) {
 		if tm == nil {
 			t.Fatalf("startTelemetry(%q): %s", bus, why)
 		}
+		time.Sleep(gpmMinSpacing + 10*time.Millisecond) // the timed loop
 		return tm.finish()
 	}
 	tel, sms := read("0000:1b:00.0") // the fake's NVML GPU 1
@@ -626,6 +627,25 @@ func TestTelemetryFindsTheRanksGPU(t *testing.T) {
 	}
 }
 
+// TestGPMSpacing: GPM's two samples are never taken 100 ms apart or less
+// (NVML's rule; the fake refuses metrics from closer ones): a shorter timed
+// loop says GPM was not measured, and why.
+func TestGPMSpacing(t *testing.T) {
+	so, err := hostsim.BuildFake("fakenvml", t.TempDir(), "libnvidia-ml.so.1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("MOEBENCH_NVML", so)
+	tm, why := startTelemetry("0000:1b:00.0")
+	if tm == nil {
+		t.Fatal(why)
+	}
+	tel, sms := tm.finish()
+	if tel.GPM || tel.SMUtilPct != 0 || !strings.Contains(sms, "not measured: the timed loop took") || !strings.Contains(sms, "100ms") {
+		t.Errorf("a loop of no time: %+v; %s", tel, sms)
+	}
+}
+
 // TestGPUTelemetry: on a GPU machine NVML answers, memory in use is read and
 // GPM is either measured or its absence explained; the GPU read is CUDA's
 // device 0, found by its PCI address.
@@ -641,6 +661,7 @@ func TestGPUTelemetry(t *testing.T) {
 		}
 		t.Skipf("no NVML: %s", why)
 	}
+	time.Sleep(2 * gpmMinSpacing) // a timed loop GPM can measure
 	tel, sms := tm.finish()
 	if len(tel.MemoryUsedMax) == 0 || tel.MemoryUsedMax[0] <= 0 || !(tel.SMClockMHz > 0) || (!tel.GPM && len(tel.Unread) == 0) ||
 		bus == "" || !strings.Contains(tel.GPU, bus) {
