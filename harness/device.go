@@ -745,6 +745,7 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 	defer closeDevices(devs)
 	defer d.Close()
 	dev := devs[0]
+	tuneGEMMs(devs, true) // until the timed steps
 	rec.Ranks.Devices = rankDevices(cfg.EP, len(devs))
 	rec.Ranks.Emulated, rec.Ranks.Note = cfg.EP > len(devs), ranksNote(cfg.EP, devs, "")
 	l, err := newLayer(cfg, false)
@@ -819,6 +820,7 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 	var tm *telemetry
 	for i := -cfg.Warmup; i < cfg.Iters; i++ {
 		if i == 0 {
+			tuneGEMMs(devs, false)
 			var why string
 			if tm, why = startTelemetry(gpuBusID(dev)); tm == nil {
 				rec.SMs.Measured = "not measured: " + why
@@ -880,6 +882,9 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 	rec.Status = results.StatusOK
 	fillMeasurements(rec, cfg, m)
 	rec.GEMM.Method = method
+	if g, ok := dev.(*kernels.CUDA); ok {
+		rec.GEMM.Method += "; " + g.GEMMAlgorithms()
+	}
 	if env.Dump == "" {
 		return rec, nil
 	}
@@ -887,6 +892,17 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 		return rec, fmt.Errorf("--dump: %w", err)
 	}
 	return rec, dump(env, l, rec)
+}
+
+// tuneGEMMs lets the GPUs among devs time each new GEMM shape's cuBLASLt
+// algorithms (kernels.CUDA.TuneGEMMs), or stops them: a timing waits for
+// the stream, which no timed step may do.
+func tuneGEMMs(devs []kernels.Device, on bool) {
+	for _, d := range devs {
+		if g, ok := d.(*kernels.CUDA); ok {
+			g.TuneGEMMs = on
+		}
+	}
 }
 
 // devices opens the devices of a cuda run (env.OpenDevices, else

@@ -9,6 +9,7 @@ import (
 	"github.com/montanaflynn/stats"
 
 	"github.com/moebench/moebench/dispatchers"
+	"github.com/moebench/moebench/internal/cuda"
 	"github.com/moebench/moebench/kernels"
 	"github.com/moebench/moebench/results"
 )
@@ -178,6 +179,9 @@ func dump(env Env, l *Layer, rec *results.Record) error {
 }
 
 func newRecord(cfg Config, env Env) *results.Record {
+	if cfg.Device == "cuda" { // before the stack records the environment (and before the driver initializes)
+		cuda.SetMaxConnections()
+	}
 	now := time.Now
 	if env.Now != nil {
 		now = env.Now

@@ -3,6 +3,7 @@ package kernels
 import (
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -39,6 +40,13 @@ type CUDA struct {
 	progs   map[string]cuda.Function // Programs' kernels (resident.go), by Program.key
 	mods    map[string]cuda.Module   // by file and constants
 	plans   map[gemmKey]*cuda.GEMM
+	// TuneGEMMs lets a GEMM of a shape not seen before time each of the
+	// heuristic's algorithms once and keep the fastest (it waits for the
+	// stream: never set it while a timed step or a capture is issued);
+	// Tuned and Untuned count the shapes that were and were not timed.
+	TuneGEMMs      bool
+	Tuned, Untuned int
+	tune           [2]cuda.Event
 	ws      map[Stream]Ptr // cuBLASLt workspace of each stream
 	streams []Stream
 	events  []Event
@@ -642,18 +650,72 @@ func (c *CUDA) GEMM(out, a, w Ptr, m, n, k int, f32Out bool, s Stream) error {
 	}
 	key := gemmKey{m, n, k, f32Out, cuda.Align{A: cuda.AlignOf(a), W: cuda.AlignOf(w), C: cuda.AlignOf(out)}}
 	g, ok := c.plans[key]
-	if !ok {
-		var err error
-		if g, err = c.Lt.PlanGEMM(m, n, k, f32Out, key.align, GEMMWorkspace); err != nil {
-			return err
-		}
-		c.plans[key] = g
-	}
 	ws, err := c.workspace(s)
 	if err != nil {
 		return err
 	}
+	if !ok {
+		if g, err = c.Lt.PlanGEMM(m, n, k, f32Out, key.align, GEMMWorkspace); err != nil {
+			return err
+		}
+		c.plans[key] = g
+		if err := c.tuneGEMM(g, out, a, w, ws, s); err != nil {
+			return err
+		}
+	}
 	return c.Lt.Run(g, out, a, w, ws, s)
+}
+
+// tuneGEMM times each of g's algorithms once on the call's own operands
+// (each run writes out; the chosen one runs after) and keeps the fastest,
+// when TuneGEMMs allows; else g keeps the heuristic's first.
+func (c *CUDA) tuneGEMM(g *cuda.GEMM, out, a, w, ws Ptr, s Stream) error {
+	if !c.TuneGEMMs || g.Algorithms() < 2 {
+		if g.Algorithms() > 1 {
+			c.Untuned++
+		}
+		return nil
+	}
+	for i := range c.tune {
+		if c.tune[i] == nil {
+			var err error
+			if c.tune[i], err = c.NewEvent(); err != nil {
+				return err
+			}
+		}
+	}
+	best, bestMS := 0, math.Inf(1)
+	for i := range g.Algorithms() {
+		g.Choose(i)
+		if err := c.Drv.Record(c.tune[0], s); err != nil {
+			return err
+		}
+		if err := c.Lt.Run(g, out, a, w, ws, s); err != nil {
+			continue // an algorithm that refuses these operands is not a candidate
+		}
+		if err := c.Drv.Record(c.tune[1], s); err != nil {
+			return err
+		}
+		if err := c.Drv.SyncEvent(c.tune[1]); err != nil {
+			return err
+		}
+		ms, err := c.Drv.Elapsed(c.tune[0], c.tune[1])
+		if err != nil {
+			return err
+		}
+		if float64(ms) < bestMS {
+			best, bestMS = i, float64(ms)
+		}
+	}
+	g.Choose(best)
+	c.Tuned++
+	return nil
+}
+
+// GEMMAlgorithms says how the GEMMs' algorithms were chosen, for records.
+func (c *CUDA) GEMMAlgorithms() string {
+	return fmt.Sprintf("cuBLASLt algorithm per shape: of the heuristic's (up to %d), each timed once and the fastest kept for %d shapes; "+
+		"%d shapes first seen while a timed step was issued ran the heuristic's first", cuda.MaxAlgorithms, c.Tuned, c.Untuned)
 }
 
 // workspace is s's GEMM workspace (GEMMWorkspace bytes), allocated on first

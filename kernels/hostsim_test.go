@@ -1,6 +1,7 @@
 package kernels
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -88,5 +89,51 @@ func TestArchitectureChoice(t *testing.T) {
 	}
 	if _, err := chooseArch(100, []int{70, 75}); err == nil {
 		t.Error("no architecture from 8.0 up: no error")
+	}
+}
+
+// TestGEMMAlgorithmsTimed: the heuristic's algorithms for a new shape are
+// each timed once and the fastest kept (the fake cuBLASLt's second takes
+// the least time on the fake driver's clock), when tuning is allowed; when
+// it is not, the heuristic's first runs and the shape is counted untimed.
+func TestGEMMAlgorithmsTimed(t *testing.T) {
+	useHostSim(t)
+	c, err := OpenCUDA(0, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	s, err := c.NewStream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, n, k := 8, 16, 32
+	out, _ := c.Alloc(int64(2 * (m + 8) * n))
+	a, _ := c.Alloc(int64(2 * (m + 8) * k))
+	w, _ := c.Alloc(int64(2 * n * k))
+	c.TuneGEMMs = true
+	if err := c.GEMM(out, a, w, m, n, k, false, s); err != nil {
+		t.Fatal(err)
+	}
+	c.TuneGEMMs = false
+	if err := c.GEMM(out, a, w, m+8, n, k, false, s); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.SyncStream(s); err != nil {
+		t.Fatal(err)
+	}
+	var chosen []int
+	for key, g := range c.plans {
+		if g.Algorithms() != 3 {
+			t.Errorf("shape %+v: %d algorithms asked for, the fake offers 3", key, g.Algorithms())
+		}
+		if key.m == m {
+			chosen = append([]int{g.Chosen()}, chosen...)
+		} else {
+			chosen = append(chosen, g.Chosen())
+		}
+	}
+	if !slices.Equal(chosen, []int{1, 0}) || c.Tuned != 1 || c.Untuned != 1 {
+		t.Errorf("chosen %v (want the fastest, 1, then the heuristic's first, 0), tuned %d, untuned %d", chosen, c.Tuned, c.Untuned)
 	}
 }

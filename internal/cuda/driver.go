@@ -46,6 +46,7 @@ import "C"
 
 import (
 	"fmt"
+	"os"
 	"runtime"
 	"sync"
 	"unsafe"
@@ -141,8 +142,27 @@ var optionalSymbols = []string{"cuMemcpyBatchAsync_v2", "cuMemcpyBatchAsync"}
 // launchEx is the extensible launch (CUDA 12.0 and later).
 const launchEx = "cuLaunchKernelEx"
 
+// MaxConnections is the CUDA_DEVICE_MAX_CONNECTIONS moebench sets for the
+// process when it is not set: the most hardware work queues a GPU gives a
+// process (the default is 8). With EP ranks packed on one GPU, 8 ranks × 4
+// streams each (the expert GEMMs over four) would otherwise share 8
+// queues, and streams sharing a queue wait for each other.
+const MaxConnections = "32"
+
+// SetMaxConnections sets CUDA_DEVICE_MAX_CONNECTIONS to MaxConnections when
+// the environment does not set it. The driver reads it when it
+// initializes, so it must run before the first cuInit of the process
+// (OpenDriver calls it; a run calls it before recording its stack, which
+// keeps the environment's CUDA_* variables).
+func SetMaxConnections() {
+	if os.Getenv("CUDA_DEVICE_MAX_CONNECTIONS") == "" {
+		os.Setenv("CUDA_DEVICE_MAX_CONNECTIONS", MaxConnections) // with cgo, the C environment too
+	}
+}
+
 // OpenDriver loads libcuda (MOEBENCH_LIBCUDA overrides) and resolves every
-// entry point, then calls cuInit.
+// entry point, then sets CUDA_DEVICE_MAX_CONNECTIONS (SetMaxConnections) and
+// calls cuInit.
 func OpenDriver() (*Driver, error) {
 	lib, err := openLibrary("MOEBENCH_LIBCUDA", "libcuda.so.1")
 	if err != nil {
@@ -175,6 +195,7 @@ func OpenDriver() (*Driver, error) {
 			d.fn[n] = p
 		}
 	}
+	SetMaxConnections()
 	if err := d.check("cuInit", C.mbcall_cuInit(d.fn["cuInit"], 0)); err != nil {
 		return nil, err
 	}

@@ -2,6 +2,7 @@ package cuda
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -298,5 +299,23 @@ func TestSearchDirsFindWheels(t *testing.T) {
 		if !slices.Contains(dirs, d) {
 			t.Errorf("%s not searched: %v", d, dirs)
 		}
+	}
+}
+
+// TestMaxConnections: CUDA_DEVICE_MAX_CONNECTIONS is in the process's
+// environment when the driver initializes (the fake reports what it saw at
+// cuInit): moebench's 32 when unset, the user's value when set.
+func TestMaxConnections(t *testing.T) {
+	for _, tc := range []struct{ env, want string }{{"", MaxConnections}, {"8", "8"}} {
+		t.Run("env="+tc.env, func(t *testing.T) {
+			t.Setenv("CUDA_DEVICE_MAX_CONNECTIONS", tc.env)
+			if tc.env == "" {
+				os.Unsetenv("CUDA_DEVICE_MAX_CONNECTIONS")
+			}
+			d := fakeDriver(t) // a new fake library: its first cuInit
+			if v, err := d.Attribute(0, 10000); err != nil || fmt.Sprint(v) != tc.want {
+				t.Errorf("at cuInit: %d, %v; want %s", v, err, tc.want)
+			}
+		})
 	}
 }

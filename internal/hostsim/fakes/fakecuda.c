@@ -86,9 +86,17 @@ static void init_gpus(void) {
     }
 }
 
+// The environment's CUDA_DEVICE_MAX_CONNECTIONS at the first cuInit, which
+// is when a driver reads it; a test reads it as device attribute 10000 (no
+// real attribute).
+static int max_connections = -1;
 CUresult cuInit(unsigned flags) {
     if (flags != 0) return INVALID_VALUE;
     pthread_once(&once, init_gpus);
+    if (max_connections < 0) {
+        const char *e = getenv("CUDA_DEVICE_MAX_CONNECTIONS");
+        max_connections = e ? atoi(e) : 0;
+    }
     return OK;
 }
 // The CUDA version the fake driver supports: $FAKECUDA_DRIVER_VERSION, else
@@ -135,6 +143,7 @@ CUresult cuDeviceGetAttribute(int *v, int attr, int d) {
     case 97: *v = BLOCK_SMEM_OPTIN; break;     // MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
     case 106: *v = SM_BLOCKS; break;           // MAX_BLOCKS_PER_MULTIPROCESSOR
     case 111: *v = SMEM_RESERVED; break;       // RESERVED_SHARED_MEMORY_PER_BLOCK
+    case 10000: *v = max_connections; break;   // the fake's: CUDA_DEVICE_MAX_CONNECTIONS at cuInit
     default: *v = attr * 100 + d - 100;
     }
     return OK;
