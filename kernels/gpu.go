@@ -36,10 +36,10 @@ type CUDA struct {
 	SMs      int
 	peers    map[int]bool // GPUs (ordinals) whose memory this one reaches
 
-	fns     map[kernelKey]cuda.Function
-	progs   map[string]cuda.Function // Programs' kernels (resident.go), by Program.key
-	mods    map[string]cuda.Module   // by file and constants
-	plans   map[gemmKey]*cuda.GEMM
+	fns   map[kernelKey]cuda.Function
+	progs map[string]cuda.Function // Programs' kernels (resident.go), by Program.key
+	mods  map[string]cuda.Module   // by file and constants
+	plans map[gemmKey]*cuda.GEMM
 	// TuneGEMMs lets a GEMM of a shape not seen before time each of the
 	// heuristic's algorithms once and keep the fastest (it waits for the
 	// stream: never set it while a timed step or a capture is issued);
@@ -47,10 +47,10 @@ type CUDA struct {
 	TuneGEMMs      bool
 	Tuned, Untuned int
 	tune           [2]cuda.Event
-	ws      map[Stream]Ptr // cuBLASLt workspace of each stream
-	streams []Stream
-	events  []Event
-	allocs  map[Ptr]bool
+	ws             map[Stream]Ptr // cuBLASLt workspace of each stream
+	streams        []Stream
+	events         []Event
+	allocs         map[Ptr]bool
 
 	batchD, batchS []Ptr // CopyBatch's scratch
 	batchN         []int64
