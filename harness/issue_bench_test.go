@@ -19,7 +19,10 @@ import (
 // alltoall's exchange reads (the routing is fixed), and the host's wait
 // for them is not counted (it is HostWait's). Reported
 // as host-µs/step (the median step's issue time) besides ns/op (a whole
-// step, the fake's waits included). Its subbenchmarks are the default
+// step, the fake's waits included) and allocs/op (the Go heap allocations
+// of a step, which do not depend on the machine's load). The fake's own
+// per-call costs (a lock and a wake-up of the stream's thread per queued
+// call) are in the time: it is an upper bound of moebench's. Its subbenchmarks are the default
 // preset at EP 8 and a real layer's shape at EP 8 (the tokens cut to 256
 // per rank: the issue cost does not depend on them).
 //
@@ -72,6 +75,7 @@ func BenchmarkStepIssue(b *testing.B) {
 			}
 			b.Setenv("FAKECUDA_SKIP_KERNELS", "*")
 			issue := make([]float64, 0, b.N)
+			b.ReportAllocs() // the Go heap allocations of a step's issue: deterministic, unlike its time on a shared machine
 			b.ResetTimer()
 			for range b.N {
 				if err := dl.step(); err != nil {
