@@ -538,7 +538,8 @@ func (f *flushWatch) Record(e kernels.Event, s kernels.Stream) error {
 // TestBenchKernelsOnEmu runs the kernel benchmark's code path on Emu (its
 // rates mean nothing there): every kernel gets a row with a positive rate and
 // a ratio to its ceiling (the expert GEMMs three ways: Emu has a grouped
-// GEMM), and targets are where the issue sets them. Every timed call's start
+// GEMM; memory-bound rows against the SM copy kernel and the copy
+// engines' copy both), and targets are where the issue sets them. Every timed call's start
 // event follows the L2 flush, and no end event does.
 func TestBenchKernelsOnEmu(t *testing.T) {
 	c := deviceCases()["sigmoid-groups-skewed-shared"]
@@ -567,7 +568,12 @@ func TestBenchKernelsOnEmu(t *testing.T) {
 			t.Errorf("router row on every rank's tokens: %v bytes", r.Work)
 		}
 	}
-	if len(kb.Rows) != 13 || targets["permute"] != 0.8 || targets["unpermute (sum of k)"] != 0.8 || targets["router top-k"] != 0.6 ||
+	perm := kb.Rows[slices.IndexFunc(kb.Rows, func(r BenchRow) bool { return r.Kernel == "permute" })]
+	if kb.Rows[1].Kernel != "SM copy kernel (ceiling)" || kb.Rows[1].Ceiling != "CE copy" || !strings.HasPrefix(perm.Ceiling, "SM copy (") ||
+		!(perm.Ratio > 0) || !(perm.CopyEngineRatio > 0) {
+		t.Errorf("the memory rows' two ceilings: %+v; %+v", kb.Rows[1], perm)
+	}
+	if len(kb.Rows) != 14 || targets["permute"] != 0.8 || targets["unpermute (sum of k)"] != 0.8 || targets["router top-k"] != 0.6 ||
 		targets["router top-k (all ranks' tokens)"] != 0.6 ||
 		!strings.Contains(kb.Peer, "one GPU") {
 		t.Errorf("%d rows, targets %v, %q", len(kb.Rows), targets, kb.Peer)
@@ -577,10 +583,10 @@ func TestBenchKernelsOnEmu(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(kb.Rows) != 15 || kb.Peer != "peer rows: GPU 0 → GPU 1, queued on GPU 0" {
+	if len(kb.Rows) != 16 || kb.Peer != "peer rows: GPU 0 → GPU 1, queued on GPU 0" {
 		t.Fatalf("%d rows, %q", len(kb.Rows), kb.Peer)
 	}
-	ceil, disp := kb.Rows[13], kb.Rows[14]
+	ceil, disp := kb.Rows[14], kb.Rows[15]
 	n, h := c.Tokens*c.TopK, c.Hidden
 	per := n / c.EP
 	if ceil.Kernel != "peer copy (ceiling)" || ceil.Work != 1<<20 || !(ceil.Rate > 0) ||

@@ -288,7 +288,7 @@ func (c *CUDA) Reaches(peer Device) bool {
 // launch runs kernel k on a 1-D grid, compiling and loading it the first
 // time (its constants come from k: see defines). Nothing is allocated or
 // formatted unless it fails: it runs for every kernel of every step.
-func (c *CUDA) launch(k kernelKey, grid, block int, s Stream, args ...any) error {
+func (c *CUDA) launch(k kernelKey, grid, block int, s Stream, args ...cuda.Arg) error {
 	if err := c.use(); err != nil {
 		return err
 	}
@@ -300,7 +300,7 @@ func (c *CUDA) launch(k kernelKey, grid, block int, s Stream, args ...any) error
 		}
 		c.fns[k] = f
 	}
-	if err := c.Drv.Launch(f, [3]uint32{uint32(grid), 1, 1}, [3]uint32{uint32(block), 1, 1}, 0, s, args...); err != nil {
+	if err := c.Drv.LaunchArgs(f, [3]uint32{uint32(grid), 1, 1}, [3]uint32{uint32(block), 1, 1}, 0, s, args...); err != nil {
 		return fmt.Errorf("%s (grid %d, block %d): %w", k.name, grid, block, err)
 	}
 	return nil
@@ -360,7 +360,7 @@ func (c *CUDA) loadSource(file, src, name string, defs map[string]string) (cuda.
 const (
 	routerWarps = 4   // router_topk: one token per warp
 	orderBlock  = 512 // permute_order
-	flatBlock   = 256 // gather_f32, swiglu_prob
+	flatBlock   = 256 // gather_f32, swiglu_prob, copy_u4
 	rowBlockMax = 256 // permute_rows, sort_chunks, unpermute_sum (rowGrid)
 )
 
@@ -414,6 +414,19 @@ func (c *CUDA) Download(dst any, src Ptr, s Stream) error {
 		return err
 	}
 	return c.Drv.SyncStream(s)
+}
+
+// CopySM: copy.cu's copy_u4, 16 blocks per SM.
+func (c *CUDA) CopySM(dst, src Ptr, bytes int64, s Stream) error {
+	if bytes == 0 {
+		return nil
+	}
+	if bytes%16 != 0 || dst%16 != 0 || src%16 != 0 {
+		return fmt.Errorf("SM copy of %d bytes from %#x to %#x: bytes and addresses must be multiples of 16", bytes, uint64(src), uint64(dst))
+	}
+	n := bytes / 16
+	grid := int(min((n+flatBlock-1)/flatBlock, int64(16*c.SMs)))
+	return c.launch(kernelKey{file: "copy.cu", name: "copy_u4"}, grid, flatBlock, s, cuda.P(src), cuda.I64(n), cuda.P(dst))
 }
 
 // DownloadAsync: cuMemcpyDtoHAsync into page-locked memory, which does
@@ -756,12 +769,12 @@ func (c *CUDA) RouterTopK(rc RouterConfig, logits, bias Ptr, tokens int, idx, pr
 		return nil
 	}
 	return c.launch(routerKey(rc), (tokens+routerWarps-1)/routerWarps, 32*routerWarps, s,
-		logits, bias, int32(tokens), idx, probs)
+		cuda.P(logits), cuda.P(bias), cuda.I32(int32(tokens)), cuda.P(idx), cuda.P(probs))
 }
 
 func (c *CUDA) PermuteOrder(idx Ptr, n, experts int, rows, pos, counts Ptr, s Stream) error {
 	return c.launch(kernelKey{file: "permute.cu", name: "permute_order", c: [5]int{8}}, experts, orderBlock, s,
-		idx, int32(n), rows, pos, counts)
+		cuda.P(idx), cuda.I32(int32(n)), cuda.P(rows), cuda.P(pos), cuda.P(counts))
 }
 
 func (c *CUDA) GatherRows(dst, src, rows Ptr, div, n, hidden int, s Stream) error {
@@ -770,7 +783,7 @@ func (c *CUDA) GatherRows(dst, src, rows Ptr, div, n, hidden int, s Stream) erro
 	}
 	grid, block := c.rowGrid(n, hidden)
 	return c.launch(kernelKey{file: "permute.cu", name: "permute_rows", c: [5]int{hidden}}, grid, block, s,
-		src, rows, int32(div), int32(n), dst)
+		cuda.P(src), cuda.P(rows), cuda.I32(int32(div)), cuda.I32(int32(n)), cuda.P(dst))
 }
 
 func (c *CUDA) GatherF32(dst, src, rows Ptr, div, n int, s Stream) error {
@@ -778,7 +791,7 @@ func (c *CUDA) GatherF32(dst, src, rows Ptr, div, n int, s Stream) error {
 		return nil
 	}
 	return c.launch(kernelKey{file: "permute.cu", name: "gather_f32", c: [5]int{8}}, min((n+flatBlock-1)/flatBlock, 8*c.SMs), flatBlock, s,
-		src, rows, int32(div), int32(n), dst)
+		cuda.P(src), cuda.P(rows), cuda.I32(int32(div)), cuda.I32(int32(n)), cuda.P(dst))
 }
 
 func (c *CUDA) SortChunks(dst, probsOut, src, probsIn, counts Ptr, rows, ep, local, hidden int, inverse bool, s Stream) error {
@@ -791,7 +804,7 @@ func (c *CUDA) SortChunks(dst, probsOut, src, probsIn, counts Ptr, rows, ep, loc
 	}
 	grid, block := c.rowGrid(rows, hidden)
 	return c.launch(kernelKey{file: "sortchunks.cu", name: "sort_chunks", c: [5]int{hidden, ep, local}},
-		grid, block, s, src, probsIn, counts, int32(rows), inv, dst, probsOut)
+		grid, block, s, cuda.P(src), cuda.P(probsIn), cuda.P(counts), cuda.I32(int32(rows)), cuda.I32(inv), cuda.P(dst), cuda.P(probsOut))
 }
 
 func (c *CUDA) SwiGLU(act, h1, prob Ptr, n, ffn int, s Stream) error {
@@ -803,7 +816,7 @@ func (c *CUDA) SwiGLU(act, h1, prob Ptr, n, ffn int, s Stream) error {
 		items /= 8
 	}
 	grid := min((items+flatBlock-1)/flatBlock, 16*c.SMs)
-	return c.launch(kernelKey{file: "swiglu.cu", name: "swiglu_prob", c: [5]int{ffn}}, grid, flatBlock, s, h1, prob, int32(n), act)
+	return c.launch(kernelKey{file: "swiglu.cu", name: "swiglu_prob", c: [5]int{ffn}}, grid, flatBlock, s, cuda.P(h1), cuda.P(prob), cuda.I32(int32(n)), cuda.P(act))
 }
 
 func (c *CUDA) UnpermuteSum(out, src, pos, shared Ptr, tokens, topk, hidden int, s Stream) error {
@@ -812,7 +825,7 @@ func (c *CUDA) UnpermuteSum(out, src, pos, shared Ptr, tokens, topk, hidden int,
 	}
 	grid, block := c.rowGrid(tokens, hidden)
 	return c.launch(kernelKey{file: "unpermute.cu", name: "unpermute_sum", c: [5]int{hidden, topk}},
-		grid, block, s, src, pos, shared, int32(tokens), out)
+		grid, block, s, cuda.P(src), cuda.P(pos), cuda.P(shared), cuda.I32(int32(tokens)), cuda.P(out))
 }
 
 // Close frees what the device still holds and releases the context.

@@ -29,6 +29,7 @@ var CUDAKernels = map[string][]string{
 	"unpermute.cu":  {"MB_HIDDEN", "MB_TOPK"},
 	"sortchunks.cu": {"MB_HIDDEN", "MB_EP", "MB_LOCAL"},
 	"commtest.cu":   {"MB_CT_CHANNELS", "MB_CT_SLOTS"},
+	"copy.cu":       {},
 }
 
 const cudaHeader = "moebench.cuh"

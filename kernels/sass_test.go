@@ -40,6 +40,7 @@ var kernelBlock = map[string]int{
 	"swiglu_prob":   flatBlock,
 	"unpermute_sum": rowBlockMax,
 	"comm_test":     CommTestBlock,
+	"copy_u4":       flatBlock,
 }
 
 // cuobjdump finds the tool (MOEBENCH_CUOBJDUMP, else the path) or returns "";
@@ -194,7 +195,7 @@ func auditSASS(tool string, cubin []byte, d map[string]string, opcodes bool) (li
 		if len(k.ops) == 0 {
 			bad("no SASS read")
 		}
-		vec16 := name == "permute_rows" || name == "sort_chunks" || name == "unpermute_sum" ||
+		vec16 := name == "permute_rows" || name == "copy_u4" || name == "sort_chunks" || name == "unpermute_sum" ||
 			name == "swiglu_prob" && atoi(d["MB_FFN"])%8 == 0
 		if vec16 && (k.has("LDG.E", ".128") == 0 || k.has("STG.E", ".128") == 0) {
 			bad("no 16-byte global load or store (LDG/STG .128); it has %s", k.list("LDG", "STG"))

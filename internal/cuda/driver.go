@@ -46,6 +46,7 @@ import "C"
 
 import (
 	"fmt"
+	"math"
 	"os"
 	"runtime"
 	"sync"
@@ -567,12 +568,19 @@ func (d *Driver) SetMaxDynamicShared(f Function, bytes int) error {
 
 // Launch runs f on s. Each argument is a device pointer, an int32, a
 // uint32, a float32, a uint64 or an int64, or the bytes of a struct
-// (Bytes), passed by value (see params).
+// (Bytes), passed by value (see params). LaunchArgs is the same without
+// boxing the arguments (for launches on every step).
 func (d *Driver) Launch(f Function, grid, block [3]uint32, sharedBytes uint32, s Stream, args ...any) error {
-	p, err := d.params("cuLaunchKernel", args)
+	as, err := argsOf("cuLaunchKernel", args)
 	if err != nil {
 		return err
 	}
+	return d.LaunchArgs(f, grid, block, sharedBytes, s, as...)
+}
+
+// LaunchArgs is Launch with typed arguments (see Arg).
+func (d *Driver) LaunchArgs(f Function, grid, block [3]uint32, sharedBytes uint32, s Stream, args ...Arg) error {
+	p := d.params(args)
 	r := C.mbcall_cuLaunchKernel(d.fn["cuLaunchKernel"], unsafe.Pointer(f), C.uint(grid[0]), C.uint(grid[1]), C.uint(grid[2]),
 		C.uint(block[0]), C.uint(block[1]), C.uint(block[2]), C.uint(sharedBytes), unsafe.Pointer(s), p, nil)
 	d.pmu.Unlock()
@@ -583,10 +591,11 @@ func (d *Driver) Launch(f Function, grid, block [3]uint32, sharedBytes uint32, s
 // the grid may synchronize as a whole (cuLaunchCooperativeKernel; the grid
 // must fit on the GPU at once, else the driver refuses it).
 func (d *Driver) LaunchCooperative(f Function, grid, block [3]uint32, sharedBytes uint32, s Stream, args ...any) error {
-	p, err := d.params("cuLaunchCooperativeKernel", args)
+	as, err := argsOf("cuLaunchCooperativeKernel", args)
 	if err != nil {
 		return err
 	}
+	p := d.params(as)
 	r := C.mbcall_cuLaunchCooperativeKernel(d.fn["cuLaunchCooperativeKernel"], unsafe.Pointer(f), C.uint(grid[0]), C.uint(grid[1]),
 		C.uint(grid[2]), C.uint(block[0]), C.uint(block[1]), C.uint(block[2]), C.uint(sharedBytes), unsafe.Pointer(s), p)
 	d.pmu.Unlock()
@@ -612,10 +621,11 @@ func (d *Driver) LaunchEx(f Function, grid, block [3]uint32, sharedBytes uint32,
 	if opt.Cooperative {
 		coop = 1
 	}
-	p, err := d.params(launchEx, args)
+	as, err := argsOf(launchEx, args)
 	if err != nil {
 		return err
 	}
+	p := d.params(as)
 	r := C.c_launchex(d.fn[launchEx], unsafe.Pointer(f), C.uint(grid[0]), C.uint(grid[1]), C.uint(grid[2]),
 		C.uint(block[0]), C.uint(block[1]), C.uint(block[2]), C.uint(sharedBytes), unsafe.Pointer(s), p, coop,
 		C.uint(opt.Cluster[0]), C.uint(opt.Cluster[1]), C.uint(opt.Cluster[2]))
@@ -627,20 +637,60 @@ func (d *Driver) LaunchEx(f Function, grid, block [3]uint32, sharedBytes uint32,
 // out as the kernel declares it (8-byte aligned at most).
 type Bytes []byte
 
-// params copies kernel arguments (device pointers, int32, uint32, float32,
-// uint64, int64, Bytes) to the driver's block of C memory, which is kept
-// and grown as needed (a launch copies its arguments, so the block is free
-// again when it returns): the parameter pointers, then a slot per value, 8
-// bytes or a Bytes' length rounded up to 8. On success it returns with
+// Arg is one kernel argument by value, typed so that passing it boxes
+// nothing: P, I32, U32, F32, U64, I64 or Struct makes one.
+type Arg struct {
+	v uint64 // the value's bits
+	n uint8  // its bytes: 4 or 8; 0 for a struct
+	b Bytes  // a struct's bytes
+}
+
+// Kernel arguments of each type.
+func P(p DevicePtr) Arg  { return Arg{v: uint64(p), n: 8} }
+func I32(x int32) Arg    { return Arg{v: uint64(uint32(x)), n: 4} }
+func U32(x uint32) Arg   { return Arg{v: uint64(x), n: 4} }
+func F32(x float32) Arg  { return Arg{v: uint64(math.Float32bits(x)), n: 4} }
+func U64(x uint64) Arg   { return Arg{v: x, n: 8} }
+func I64(x int64) Arg    { return Arg{v: uint64(x), n: 8} }
+func Struct(b Bytes) Arg { return Arg{b: b} }
+
+// argsOf converts Launch's untyped arguments.
+func argsOf(call string, args []any) ([]Arg, error) {
+	out := make([]Arg, len(args))
+	for i, a := range args {
+		switch x := a.(type) {
+		case uint64:
+			out[i] = U64(x)
+		case int64:
+			out[i] = I64(x)
+		case Bytes:
+			out[i] = Struct(x)
+		case DevicePtr:
+			out[i] = P(x)
+		case int32:
+			out[i] = I32(x)
+		case uint32:
+			out[i] = U32(x)
+		case float32:
+			out[i] = F32(x)
+		default:
+			return nil, fmt.Errorf("%s: argument %d has unsupported type %T", call, i, a)
+		}
+	}
+	return out, nil
+}
+
+// params copies kernel arguments to the driver's block of C memory, which
+// is kept and grown as needed (a launch copies its arguments, so the block
+// is free again when it returns): the parameter pointers, then a slot per
+// value, 8 bytes or a struct's length rounded up to 8. It returns with
 // d.pmu held, for the caller to release after the launch.
-func (d *Driver) params(call string, args []any) (*unsafe.Pointer, error) {
+func (d *Driver) params(args []Arg) *unsafe.Pointer {
 	n := len(args)
 	const slot = 8
 	size := max(n, 1) * 2 * slot
 	for _, a := range args {
-		if b, ok := a.(Bytes); ok {
-			size += (len(b) + slot - 1) / slot * slot
-		}
+		size += (len(a.b) + slot - 1) / slot * slot
 	}
 	d.pmu.Lock()
 	if size > d.pcap {
@@ -649,31 +699,20 @@ func (d *Driver) params(call string, args []any) (*unsafe.Pointer, error) {
 	}
 	mem := d.pmem
 	ps := unsafe.Slice((*unsafe.Pointer)(mem), max(n, 1))
-	extra := 2 * n * slot // where the next Bytes go
+	extra := 2 * n * slot // where the next struct goes
 	for i, a := range args {
 		v := unsafe.Add(mem, (n+i)*slot)
-		switch x := a.(type) {
-		case uint64:
-			*(*uint64)(v) = x
-		case int64:
-			*(*int64)(v) = x
-		case Bytes:
-			v = unsafe.Add(mem, extra)
-			copy(unsafe.Slice((*byte)(v), len(x)), x)
-			extra += (len(x) + slot - 1) / slot * slot
-		case DevicePtr:
-			*(*DevicePtr)(v) = x
-		case int32:
-			*(*int32)(v) = x
-		case uint32:
-			*(*uint32)(v) = x
-		case float32:
-			*(*float32)(v) = x
+		switch a.n {
+		case 4:
+			*(*uint32)(v) = uint32(a.v)
+		case 8:
+			*(*uint64)(v) = a.v
 		default:
-			d.pmu.Unlock()
-			return nil, fmt.Errorf("%s: argument %d has unsupported type %T", call, i, a)
+			v = unsafe.Add(mem, extra)
+			copy(unsafe.Slice((*byte)(v), len(a.b)), a.b)
+			extra += (len(a.b) + slot - 1) / slot * slot
 		}
 		ps[i] = v
 	}
-	return &ps[0], nil
+	return &ps[0]
 }
