@@ -121,6 +121,21 @@ type Grouper interface{ Grouped(phase string) bool }
 // not wait again.
 type HostWaiter interface{ HostWait(phase string) error }
 
+// Graphable is a device dispatcher whose steps may be issued as CUDA
+// graphs (--cuda-graph): the layer captures the phases between its host
+// waits (WaitsBefore says where they are) and replays a capture while the
+// segment's GraphKey repeats — its GPU work depends on nothing else (for
+// alltoall after the count exchange: every rank's counts; before it:
+// nothing). A replayed segment's phases are not called: the dispatcher's
+// host state after HostWait must not depend on them (alltoall's exchange
+// runs at every HostWait). NoGraph says why a configuration cannot be, or "".
+type Graphable interface {
+	HostWaiter
+	WaitsBefore(phase string) bool
+	GraphKey(phase string) string
+	NoGraph() string
+}
+
 // Transporter is a device dispatcher whose data may move through a
 // library (NCCL) rather than copies: Transport names it, or is "".
 type Transporter interface{ Transport() string }

@@ -35,6 +35,7 @@ type deviceLayer struct {
 	seq        []dispatchers.Step         // see steps
 	start, end map[string][]kernels.Event // per phase, per rank
 	issueMS    float64                    // the last step's host issue time (see step)
+	graph      *graphs                    // --cuda-graph: the captured segments (graph.go); nil: plain launches
 	waitMS     float64                    // the last step's host waits before phases (dispatchers.HostWaiter)
 }
 
@@ -502,7 +503,24 @@ func (dl *deviceLayer) chooseGrouped() (string, error) {
 // call to the last call's return, before waiting for the streams, less
 // waitMS.
 func (dl *deviceLayer) step() error {
+	if dl.graph != nil {
+		return dl.stepGraph()
+	}
 	t0 := time.Now()
+	dl.waitMS = 0
+	if err := dl.begin(); err != nil {
+		return err
+	}
+	if err := dl.phases(dl.steps(), true); err != nil {
+		return err
+	}
+	dl.issueMS = float64(time.Since(t0).Nanoseconds())/1e6 - dl.waitMS
+	return dl.sync()
+}
+
+// begin records each device's begin event (each after device 0's) and
+// makes every rank's stream wait for its device's.
+func (dl *deviceLayer) begin() error {
 	for i, dev := range dl.devs {
 		m := &dl.dc[i]
 		if i > 0 {
@@ -519,6 +537,13 @@ func (dl *deviceLayer) step() error {
 			return err
 		}
 	}
+	return nil
+}
+
+// phases issues phs for every rank between their events (see step); with
+// hostWaits, the dispatcher's host wait before a phase first (adding to
+// waitMS).
+func (dl *deviceLayer) phases(phs []dispatchers.Step, hostWaits bool) error {
 	mark := func(evs []kernels.Event, lo, hi int) error { // ranks [lo, hi)
 		for r := lo; r < hi; r++ {
 			if err := dl.ranks[r].Dev.Record(evs[r], dl.ranks[r].Stream); err != nil {
@@ -530,9 +555,8 @@ func (dl *deviceLayer) step() error {
 	n := len(dl.ranks)
 	g, _ := dl.d.(dispatchers.Grouper)
 	hw, _ := dl.d.(dispatchers.HostWaiter)
-	dl.waitMS = 0
-	for _, ph := range dl.steps() {
-		if hw != nil { // before the phase's start events: it is timed from its own first GPU operation
+	for _, ph := range phs {
+		if hw != nil && hostWaits { // before the phase's start events: it is timed from its own first GPU operation
 			t := time.Now()
 			if err := hw.HostWait(ph.Name); err != nil {
 				return fmt.Errorf("%s: host wait: %w", ph.Name, err)
@@ -560,8 +584,7 @@ func (dl *deviceLayer) step() error {
 			}
 		}
 	}
-	dl.issueMS = float64(time.Since(t0).Nanoseconds())/1e6 - dl.waitMS
-	return dl.sync()
+	return nil
 }
 
 // setRouting gives the layer step's routing (Layer.SetRouting) and uploads
@@ -795,6 +818,14 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 	if err != nil {
 		return fail(deviceStatus(err), err)
 	}
+	if cfg.CUDAGraph { // from the warm-up on: plans, buffers and the GEMM choice are made
+		gs, err := newGraphs(dl)
+		if err != nil {
+			return fail(results.StatusUnavailable, fmt.Errorf("--cuda-graph: %w", err))
+		}
+		dl.graph = gs
+		defer gs.free()
+	}
 	rb, rebalances := d.(dispatchers.Rebalancer)
 	if rebalances { // the paused steps (see measured.paused)
 		m.paused = m.newSamples(cfg.EP)
@@ -881,6 +912,10 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 
 	rec.Status = results.StatusOK
 	fillMeasurements(rec, cfg, m)
+	rec.Timing.CUDAGraph = "not used (--cuda-graph off)"
+	if dl.graph != nil {
+		rec.Timing.CUDAGraph = dl.graph.describe(cfg.Warmup + cfg.Iters)
+	}
 	rec.GEMM.Method = method
 	if g, ok := dev.(*kernels.CUDA); ok {
 		rec.GEMM.Method += "; " + g.GEMMAlgorithms()

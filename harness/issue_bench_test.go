@@ -22,9 +22,13 @@ import (
 // step, the fake's waits included) and allocs/op (the Go heap allocations
 // of a step, which do not depend on the machine's load). The fake's own
 // per-call costs (a lock and a wake-up of the stream's thread per queued
-// call) are in the time: it is an upper bound of moebench's. Its subbenchmarks are the default
-// preset at EP 8 and a real layer's shape at EP 8 (the tokens cut to 256
-// per rank: the issue cost does not depend on them).
+// call) are in the time: it is an upper bound of moebench's. Its
+// subbenchmarks are the default preset at EP 8; the same issued as CUDA
+// graphs (--cuda-graph, fixed routing: each part captured once, launched
+// every step — on the fake driver, whose launch replays every captured call
+// on the host, so this says nothing of a real driver's graph launch); and
+// a real layer's shape at EP 8 (the tokens cut to 256 per rank: the issue
+// cost does not depend on them).
 //
 //	go test -run '^$' -bench StepIssue -benchtime 200x ./harness
 func BenchmarkStepIssue(b *testing.B) {
@@ -39,10 +43,12 @@ func BenchmarkStepIssue(b *testing.B) {
 	p, _ := LookupPreset("qwen3-30b-a3b")
 	qwen.Preset, qwen.Shape = p.Name, p.Shape
 	qwen.Tokens = 256
+	graph := tiny
+	graph.CUDAGraph = true
 	for _, c := range []struct {
 		name string
 		cfg  Config
-	}{{"tiny-ep8", tiny}, {"qwen3-30b-a3b-ep8", qwen}} {
+	}{{"tiny-ep8", tiny}, {"tiny-ep8-cuda-graph", graph}, {"qwen3-30b-a3b-ep8", qwen}} {
 		b.Run(c.name, func(b *testing.B) {
 			cfg := c.cfg
 			cfg.Device, cfg.EP, cfg.Check, cfg.RoutingFixed = "cuda", 8, false, true
@@ -74,6 +80,12 @@ func BenchmarkStepIssue(b *testing.B) {
 				}
 			}
 			b.Setenv("FAKECUDA_SKIP_KERNELS", "*")
+			if cfg.CUDAGraph { // captured once each (the routing is fixed), replayed every step
+				if dl.graph, err = newGraphs(dl); err != nil {
+					b.Fatal(err)
+				}
+				defer dl.graph.free()
+			}
 			issue := make([]float64, 0, b.N)
 			b.ReportAllocs() // the Go heap allocations of a step's issue: deterministic, unlike its time on a shared machine
 			b.ResetTimer()

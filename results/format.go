@@ -88,6 +88,9 @@ func WriteTable(w io.Writer, rec *Record) error {
 		}
 		p.f("\n")
 	}
+	if t.CUDAGraph != "" {
+		p.f("# %-22s %s\n", "cuda graph", t.CUDAGraph)
+	}
 	if hw := t.HostWait; hw != nil {
 		p.f("# %-22s p50 %.3f ms (the dispatcher's wait for the device before a phase; in the step, in no phase)\n", "host wait/step", hw.P50)
 	}

@@ -124,6 +124,7 @@ type Config struct {
 	FeplbDynamic  int     `json:"feplb_dynamic,omitempty"`  // feplb: dynamic experts per rank
 	FeplbPolicy   string  `json:"feplb_policy,omitempty"`   // feplb: the scheduler's policy (feplb, feplb-split); older records: feplb-split's forerunner
 	CommTimeoutS  float64 `json:"comm_timeout_s,omitempty"` // SM-driven dispatchers: the bound of each cross-rank wait
+	CUDAGraph     bool    `json:"cuda_graph,omitempty"`     // --cuda-graph: steps issued as CUDA graphs (whether they were: Timing.CUDAGraph)
 	Routing       string  `json:"routing"`
 	// RoutingPerStep: each iteration had its own routing, drawn from the
 	// seed and the step (older records, and --routing-fixed: one routing
@@ -224,6 +225,9 @@ type Timing struct {
 	// (alltoall's count exchange): that wait's wall time per step, which no
 	// phase's time holds (each is timed from its own first GPU operation)
 	HostWait *Stat `json:"host_wait_ms,omitempty"`
+	// device runs: whether the timed steps were issued as CUDA graphs
+	// (--cuda-graph) and how: launches, captures, refused captures
+	CUDAGraph string `json:"cuda_graph,omitempty"`
 }
 
 // Straggler is max−mean (absolute) and max/mean−1 (relative) over ranks.

@@ -26,7 +26,7 @@ type options struct {
 	topkScale                                                           float64
 	commTimeout                                                         time.Duration
 	seed                                                                uint64
-	check, routingFixed                                                 bool
+	check, routingFixed, cudaGraph                                      bool
 }
 
 func newFlags(o *options) *pflag.FlagSet {
@@ -82,6 +82,7 @@ func addControlFlags(fs *pflag.FlagSet, o *options) {
 	fs.BoolVar(&o.check, "check", d.Check, "check the output against the float64 reference (--check=false to skip)")
 	fs.DurationVar(&o.commTimeout, "comm-timeout", d.CommTimeout, "SM-driven dispatchers: the longest a cross-rank wait may take before the run fails naming the rank, phase and wait")
 	fs.StringVar(&o.device, "device", d.Device, "device: auto (cuda if a driver and GPU are found, else host) | host | cuda")
+	fs.BoolVar(&o.cudaGraph, "cuda-graph", d.CUDAGraph, "cuda: issue each step as CUDA graphs (stream capture), cut at the dispatcher's host wait, each part replayed while its shapes repeat (alltoall native)")
 	addLibFlag(fs, &o.cudaLibs)
 }
 
@@ -141,6 +142,7 @@ func (o *options) config(fs *pflag.FlagSet) (harness.Config, error) {
 	c.Dispatcher, c.Impl, c.SMs, c.EP, c.GPUs = o.dispatcher, o.impl, o.sms, o.ep, o.gpus
 	c.Domain, c.FeplbBase, c.FeplbDyn, c.FeplbPolicy, c.CommTimeout = o.domain, o.feplbBase, o.feplbDyn, o.feplbPolicy, o.commTimeout
 	c.Routing, c.RoutingFixed, c.Seed, c.Warmup, c.Iters, c.Check, c.Device = r, o.routingFixed, o.seed, o.warmup, o.iters, o.check, o.device
+	c.CUDAGraph = o.cudaGraph
 	if err := c.Validate(); err != nil {
 		return c, err
 	}

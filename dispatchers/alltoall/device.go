@@ -52,8 +52,8 @@ type devState struct {
 	received        int
 	recv            kernels.Sized // recvX, recvP, recvY, ExpertX, ExpertProbs
 
-	permuted, combined kernels.Event
-	fixed              int64 // bytes of the buffers Bind allocated
+	combined kernels.Event
+	fixed    int64 // bytes of the buffers Bind allocated
 }
 
 func (a *Device) Name() string { return "alltoall" }
@@ -105,9 +105,6 @@ func (a *Device) Bind(shape dispatchers.Shape, ranks []*dispatchers.DeviceRank) 
 		for src := range shape.EP {
 			s.chunkN[src], s.recvOff[src] = make([]int, L), make([]int, L)
 		}
-		if s.permuted, err = dev.NewEvent(); err != nil {
-			return err
-		}
 		if s.combined, err = dev.NewEvent(); err != nil {
 			return err
 		}
@@ -133,20 +130,43 @@ func (a *Device) Permute(r int) error {
 	if err := rk.Dev.GatherF32(s.permP, rk.Probs, s.rows, 1, n, rk.Stream); err != nil {
 		return err
 	}
-	if err := rk.Dev.DownloadAsync(s.mapped, s.counts, 4*int64(sh.Experts), rk.Stream); err != nil {
-		return err
-	}
-	return rk.Dev.Record(s.permuted, rk.Stream)
+	return rk.Dev.DownloadAsync(s.mapped, s.counts, 4*int64(sh.Experts), rk.Stream)
 }
 
 // HostWait is the count exchange before dispatch: one wait per rank for
 // the counts its permute copied to the host (the copies were queued on
 // every rank's stream first, so they overlap).
 func (a *Device) HostWait(phase string) error {
-	if phase != "dispatch" || a.fresh {
+	if phase != "dispatch" {
 		return nil
 	}
-	return a.exchangeCounts()
+	return a.exchangeCounts() // every step's: Permute may have been replayed from a graph, not called
+}
+
+// WaitsBefore: the count exchange, before dispatch.
+func (a *Device) WaitsBefore(phase string) bool { return phase == "dispatch" }
+
+// GraphKey: from dispatch on, the step's GPU work is set by every rank's
+// counts (the host sizes every copy and chunk with them); before, by
+// nothing that changes between steps.
+func (a *Device) GraphKey(phase string) string {
+	if phase != "dispatch" {
+		return ""
+	}
+	b := make([]byte, 0, 4*len(a.st)*a.shape.Experts)
+	for _, s := range a.st {
+		b = append(b, unsafe.Slice((*byte)(s.mapped.Host), 4*a.shape.Experts)...)
+	}
+	return string(b)
+}
+
+// NoGraph: the library implementation's NCCL group is not captured in this
+// build.
+func (a *Device) NoGraph() string {
+	if a.library {
+		return "alltoall's library implementation (NCCL) is not captured into graphs in this build"
+	}
+	return ""
 }
 
 // exchangeCounts is the count all-gather: every rank's per-expert counts
@@ -225,9 +245,9 @@ func (a *Device) Dispatch(r int) error {
 			}
 			continue
 		}
-		if err := rk.Dev.Wait(rk.Stream, ss.permuted); err != nil {
-			return err
-		}
+		// no wait for the source's permute: the count exchange waited for
+		// every rank's stream on the host (and a CUDA graph capture of the
+		// dispatch may not wait for an event recorded before it)
 		for _, op := range ops {
 			if err := rk.Dev.CopyPeer(op, rk.Stream); err != nil {
 				return err

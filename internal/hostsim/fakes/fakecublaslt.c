@@ -108,7 +108,6 @@ static void gemm(void *p) {
         }
     advance_fn adv = (advance_fn)fakecuda_sym("fakecuda_advance");
     if (adv) adv(g->ms);
-    free(g);
 }
 int cublasLtMatmul(void *h, void *desc, const void *alpha, const void *A, void *Ad, const void *B, void *Bd, const void *beta,
                    const void *C, void *Cd, void *D, void *Dd, const mb_lt_algo *algo, void *ws, size_t wss, void *st) {
@@ -122,8 +121,8 @@ int cublasLtMatmul(void *h, void *desc, const void *alpha, const void *A, void *
     if (getenv("FAKECUBLASLT_SKIP")) return 0; // a benchmark of the host's issue cost alone: checked, not computed
     gemm_t *g = malloc(sizeof *g); // the descriptors may be destroyed once the call returns
     *g = (gemm_t){*d, *la, *lb, *ld, A, B, D, algoMs[ai]};
-    enqueue_fn q = (enqueue_fn)fakecuda_sym("fakecuda_enqueue");
-    if (!q) gemm(g);
-    else if (q(st, gemm, g)) { free(g); return 7; }
+    enqueue2_fn q = (enqueue2_fn)fakecuda_sym("fakecuda_enqueue2");
+    if (!q) gemm(g), free(g);
+    else if (q(st, gemm, g, free)) { free(g); return 7; } // a refusal (e.g. in a capture that cannot take it)
     return 0;
 }
