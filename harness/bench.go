@@ -45,8 +45,8 @@ type BenchRow struct {
 	// memory-bound rows: the ratio to the copy engines' device copy too
 	// (Ratio is against the SM copy kernel)
 	CopyEngineRatio float64 `json:"copy_engine_ratio,omitempty"`
-	Target  float64 `json:"target,omitempty"` // the ratio it should reach, where one is set
-	Formula string  `json:"formula"`
+	Target          float64 `json:"target,omitempty"` // the ratio it should reach, where one is set
+	Formula         string  `json:"formula"`
 }
 
 // Verdict says whether a row meets its target.

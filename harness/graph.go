@@ -28,7 +28,7 @@ type graphs struct {
 	origin    kernels.Stream // device 0's begin stream
 	fork      kernels.Event  // recorded on origin: the ranks' streams wait for it
 	join      []kernels.Event
-	joinDev   []kernels.Event // devices' begin streams but device 0's
+	joinDev   []kernels.Event  // devices' begin streams but device 0's
 	cache     map[string]keyed // by segment (its first phase)
 	launches  int
 	captures  int

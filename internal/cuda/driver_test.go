@@ -343,7 +343,9 @@ func TestStreamCapture(t *testing.T) {
 	}
 	m, _ := d.LoadModule([]byte("\x7fELF fake cubin"))
 	f, _ := d.Function(m, "add")
-	add := func(s Stream) error { return d.Launch(f, [3]uint32{1, 1, 1}, [3]uint32{32, 1, 1}, 0, s, p, int32(2), float32(1)) }
+	add := func(s Stream) error {
+		return d.Launch(f, [3]uint32{1, 1, 1}, [3]uint32{32, 1, 1}, 0, s, p, int32(2), float32(1))
+	}
 	must := func(err error) {
 		t.Helper()
 		if err != nil {
