@@ -66,6 +66,9 @@ func WriteTable(w io.Writer, rec *Record) error {
 	if c.RoutingPerStep {
 		routing += " (drawn per step)"
 	}
+	if c.Domain > 0 {
+		sms += fmt.Sprintf(" · domain %d", c.Domain)
+	}
 	p.f("# dispatcher %s (%s) · sms %s · routing %s · seed %d · warmup %d · iters %d\n",
 		c.Dispatcher, c.Impl, sms, routing, c.Seed, c.Warmup, c.Iters)
 	if rec.Status != StatusOK {
@@ -137,13 +140,24 @@ func WriteTable(w io.Writer, rec *Record) error {
 			tm.PowerW, tm.SMClockMHz, tm.MemClockMHz, bytesStr(mem))
 	}
 	if tr := rec.Traffic; tr != nil {
-		p.f("# %-22s off-rank %s, logical %s\n", "dispatch bytes/step", bytesStr(tr.DispatchOffRank), bytesStr(tr.DispatchLogical))
-		p.f("# %-22s off-rank %s, logical %s\n", "combine bytes/step", bytesStr(tr.CombineOffRank), bytesStr(tr.CombineLogical))
+		for _, d := range []struct {
+			name                   string
+			off, logical, interDom int64
+		}{{"dispatch", tr.DispatchOffRank, tr.DispatchLogical, tr.DispatchInterDomain}, {"combine", tr.CombineOffRank, tr.CombineLogical, tr.CombineInterDomain}} {
+			p.f("# %-22s off-rank %s, logical %s", d.name+" bytes/step", bytesStr(d.off), bytesStr(d.logical))
+			if d.interDom > 0 {
+				p.f(", inter-domain %s", bytesStr(d.interDom))
+			}
+			p.f("\n")
+		}
 		if tr.DispatchAlgorithm > 0 {
 			p.f("# %-22s dispatch %s, combine %s · %.3f and %.3f GB/s per rank", "algorithm bytes/step",
 				bytesStr(tr.DispatchAlgorithm), bytesStr(tr.CombineAlgorithm), tr.DispatchGBps, tr.CombineGBps)
 			if tr.DispatchGBpsPerSM > 0 {
 				p.f(" · %.4f and %.4f GB/s per SM (%d SMs)", tr.DispatchGBpsPerSM, tr.CombineGBpsPerSM, rec.SMs.Budget)
+			}
+			if tr.InterDomainAlgorithm > 0 {
+				p.f(" · inter-domain %s each way", bytesStr(tr.InterDomainAlgorithm))
 			}
 			p.f("\n")
 		}
