@@ -65,7 +65,7 @@ func one(dev kernels.Device) func(n, most int) ([]kernels.Device, error) {
 }
 
 // deviceRun builds c's device layer with its ranks spread over devs.
-func deviceRun(t *testing.T, c Config, devs ...kernels.Device) *deviceLayer {
+func deviceRun(t testing.TB, c Config, devs ...kernels.Device) *deviceLayer {
 	t.Helper()
 	l, err := newLayer(c, false)
 	if err != nil {

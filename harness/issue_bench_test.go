@@ -4,7 +4,6 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/moebench/moebench/dispatchers"
 	"github.com/moebench/moebench/internal/hostsim"
 	"github.com/moebench/moebench/kernels"
 )
@@ -61,19 +60,8 @@ func BenchmarkStepIssue(b *testing.B) {
 				devs[i] = g
 			}
 			defer closeDevices(devs)
-			l, err := newLayer(cfg, false)
-			if err != nil {
-				b.Fatal(err)
-			}
-			d, err := dispatchers.NewDevice(cfg.Dispatcher, cfg.Impl, cfg.dispatcherEnv())
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer d.Close()
-			dl, err := newDeviceLayer(l, devs, d)
-			if err != nil {
-				b.Fatal(err)
-			}
+			dl := deviceRun(b, cfg, devs...)
+			defer dl.d.Close()
 			for range 3 { // plans, modules and buffers made; the counts computed
 				if err := dl.step(); err != nil {
 					b.Fatal(err)
