@@ -44,8 +44,11 @@ func WriteTable(w io.Writer, rec *Record) error {
 	c := rec.Config
 	p := &printer{w: w}
 	dev := rec.Stack.Device
-	if rec.Stack.Note != "" {
-		dev += " (" + rec.Stack.Note + ")"
+	if note := rec.Stack.Note; note != "" { // its first clause: the whole reason is in the record (and on stderr)
+		if i := strings.IndexAny(note, ":("); i > 0 {
+			note = strings.TrimSpace(note[:i])
+		}
+		dev += " (" + note + ")"
 	}
 	p.f("# moebench %s · device %s\n", rec.Stack.Version, dev)
 	shared := ""
@@ -57,7 +60,7 @@ func WriteTable(w io.Writer, rec *Record) error {
 		groups = fmt.Sprintf(", groups %d top-%d", c.Groups, c.GroupTopK)
 	}
 	p.f("# layer %s: tokens/rank %d, hidden %d, ffn %d, experts %d, top-%d %s%s%s · EP %d%s\n",
-		c.Preset, c.Tokens, c.Hidden, c.FFN, c.Experts, c.TopK, c.Score, groups, shared, c.EP, rankNote(rec))
+		c.Preset, c.Tokens, c.Hidden, c.FFN, c.Experts, c.TopK, c.ScoreName(), groups, shared, c.EP, rankNote(rec))
 	sms := "default"
 	if c.SMs > 0 {
 		sms = strconv.Itoa(c.SMs)
@@ -77,7 +80,11 @@ func WriteTable(w io.Writer, rec *Record) error {
 		return p.err
 	}
 	t := rec.Timing
-	p.f("# times: %s\n#\n", t.Clock)
+	p.f("# times: %s\n", t.Clock)
+	if t.Stopped != "" {
+		p.f("# %s\n", t.Stopped)
+	}
+	p.f("#\n")
 	p.f("# %-10s %10s %10s %10s %10s %10s %12s %12s\n", "phase", "p50_ms", "p90_ms", "p99_ms", "mean_ms", "stdev_ms", "rank_min_ms", "rank_max_ms")
 	for _, ph := range append(append([]Phase(nil), t.Phases...), t.Step) {
 		p.f("  %-10s %10.3f %10.3f %10.3f %10.3f %10.3f %12.3f %12.3f\n",
@@ -109,7 +116,7 @@ func WriteTable(w io.Writer, rec *Record) error {
 		}
 		p.f("# %-22s %s\n", "phase-2 SMs", rb.PhaseTwoSMs)
 	}
-	if tk := rec.Tokens; tk != nil {
+	if tk := rec.Tokens; tk != nil && len(tk.Received) > 0 {
 		lo, hi := tk.Received[0], tk.Received[0]
 		for _, n := range tk.Received {
 			lo, hi = min(lo, n), max(hi, n)

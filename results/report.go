@@ -139,6 +139,9 @@ var columns = []column{
 	{"token_straggler_%", true, func(r Row) string { return fmt.Sprintf("%.1f", 100*r.Rec.Tokens.Straggler.Rel) }},
 	{"gemm_straggler_%", true, func(r Row) string { return fmt.Sprintf("%.1f", 100*r.Rec.GEMM.Straggler.Rel) }},
 	{"mem_max_MiB", true, func(r Row) string {
+		if r.Rec.Memory == nil {
+			return "—"
+		}
 		var hi int64
 		for _, b := range r.Rec.Memory.PerRankBytes {
 			hi = max(hi, b)
@@ -175,7 +178,7 @@ func (col column) cell(r Row) string {
 // Title is a one-line description of a group's workload.
 func (g Group) Title() string {
 	c := g.Workload
-	s := fmt.Sprintf("%s · tokens/rank %d · hidden %d · ffn %d · experts %d top-%d %s", c.Preset, c.Tokens, c.Hidden, c.FFN, c.Experts, c.TopK, c.Score)
+	s := fmt.Sprintf("%s · tokens/rank %d · hidden %d · ffn %d · experts %d top-%d %s", c.Preset, c.Tokens, c.Hidden, c.FFN, c.Experts, c.TopK, c.ScoreName())
 	if c.Groups > 1 {
 		s += fmt.Sprintf(" (groups %d/%d)", c.Groups, c.GroupTopK)
 	}
