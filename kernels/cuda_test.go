@@ -236,6 +236,20 @@ func checkGroupedGEMM(p *gpuPair) {
 	gpu, host := get[uint16](p, cc+Ptr(2*n), ec+Ptr(2*n), (rows-1)*n)
 	name, _ := p.c.GroupedGEMMName()
 	sameULP(t, name, gpu, host)
+	// groups that change every call (routing drawn per step): the pointer
+	// arrays' slots stay as many as ptrSlotCount, and once they are made
+	// no call allocates
+	var made int
+	for i := range 2 * ptrSlotCount {
+		if i == ptrSlotCount {
+			made = len(p.c.allocs)
+		}
+		p.ok(p.c.GroupedGEMM([]Group{{C: cc + Ptr(2*n*(i%rows)), A: ca, W: cw, M: 1}}, n, k, p.cs))
+	}
+	p.ok(p.c.SyncStream(p.cs))
+	if len(p.c.ptrSlots) != ptrSlotCount || len(p.c.ptrIndex) > ptrSlotCount || len(p.c.allocs) != made {
+		t.Errorf("%d slots, %d arrays indexed, allocations %d then %d", len(p.c.ptrSlots), len(p.c.ptrIndex), made, len(p.c.allocs))
+	}
 }
 
 func TestGPUGEMM(t *testing.T) { checkGEMM(openPair(t)) }

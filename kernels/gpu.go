@@ -56,7 +56,9 @@ type CUDA struct {
 	batchN         []int64
 	pairs          [][2]*CUDA     // CopyBatch's (source, destination) GPUs
 	opPair         []int          // index in pairs of each copy (−1: no bytes)
-	ptrArrays      map[string]Ptr // GroupedGEMM's device pointer arrays, by content
+	ptrSlots       []ptrSlot      // GroupedGEMM's device pointer arrays (ptrslots.go)
+	ptrIndex       map[string]int // the slot holding each content
+	ptrNext        int            // the next slot to fill
 	groupPtrs      []uint64       // scratch
 	groupMs        []int
 }
@@ -236,7 +238,7 @@ func openGPU(drv *cuda.Driver, ordinal int, cacheDir string) (*CUDA, error) {
 			c.Blas = nil
 		}
 	}
-	c.ptrArrays = map[string]Ptr{}
+	c.ptrIndex = map[string]int{}
 	ok = true
 	return c, nil
 }
@@ -558,9 +560,9 @@ func (c *CUDA) BatchMethod() string {
 }
 
 // GroupedGEMM runs the groups as one cublasGemmGroupedBatchedEx call. Its
-// device array of operand addresses is uploaded the first time a group list
-// is seen and kept (an upload from host memory would wait for the stream; a
-// run's routing, so its groups, are fixed).
+// device array of operand addresses is kept in one of a fixed set of slots,
+// uploaded asynchronously from page-locked memory when the groups change
+// (ptrslots.go): no allocation and no wait in a step.
 func (c *CUDA) GroupedGEMM(groups []Group, n, k int, s Stream) error {
 	if c.Blas == nil {
 		return fmt.Errorf("grouped GEMM: %v", c.BlasErr)
@@ -576,25 +578,19 @@ func (c *CUDA) GroupedGEMM(groups []Group, n, k int, s Stream) error {
 	for i, gr := range groups {
 		c.groupPtrs[i], c.groupPtrs[g+i], c.groupPtrs[2*g+i], c.groupMs[i] = uint64(gr.W), uint64(gr.A), uint64(gr.C), gr.M
 	}
-	key, err := HostBytes(c.groupPtrs)
+	p, slot, err := c.ptrArray(c.groupPtrs[:3*g], s)
 	if err != nil {
 		return err
-	}
-	p, ok := c.ptrArrays[string(key)]
-	if !ok {
-		if p, err = c.Alloc(int64(len(key))); err != nil {
-			return err
-		}
-		if err := cuda.CopyToDevice(c.Drv, p, c.groupPtrs, s); err != nil {
-			return err
-		}
-		c.ptrArrays[string(key)] = p
 	}
 	ws, err := c.workspace(s)
 	if err != nil {
 		return err
 	}
-	return c.Blas.GroupedGEMM(c.groupMs, n, k, p, ws, GEMMWorkspace, s)
+	if err := c.Blas.GroupedGEMM(c.groupMs[:g], n, k, p, ws, GEMMWorkspace, s); err != nil {
+		return err
+	}
+	return c.ptrDone(slot, s)
+
 }
 
 func (c *CUDA) GroupedGEMMName() (string, bool) {
@@ -859,6 +855,7 @@ func (c *CUDA) Close() error {
 	}
 	keep(c.use())
 	keep(c.Drv.Synchronize())
+	c.freePtrSlots() // their device memory is among allocs
 	for _, g := range c.plans {
 		c.Lt.Free(g)
 	}

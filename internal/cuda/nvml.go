@@ -116,7 +116,7 @@ func readNVLinks(buses []string) ([]int, error) {
 				if st != 0 {
 					return fmt.Errorf("nvmlDeviceGetNvLinkState(%s, link %d): NVML error %d", bus, l, int(st))
 				}
-				if on == 1 { // NVML_FEATURE_ENABLED
+				if on == nvmlFeatureEnabled {
 					links[i]++
 				}
 			}
@@ -126,8 +126,9 @@ func readNVLinks(buses []string) ([]int, error) {
 	return links, err
 }
 
-// NVML return codes the NVLink query tells apart.
+// NVML return codes the NVLink query tells apart, and a link's state.
 const (
 	nvmlErrorInvalidArgument = 2
 	nvmlErrorNotSupported    = 3
+	nvmlFeatureEnabled       = 1
 )
