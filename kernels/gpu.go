@@ -44,13 +44,16 @@ type CUDA struct {
 	// heuristic's algorithms once and keep the fastest (it waits for the
 	// stream: never set it while a timed step or a capture is issued);
 	// Tuned and Untuned count the shapes that were and were not timed.
-	TuneGEMMs      bool
-	Tuned, Untuned int
-	tune           [2]cuda.Event
-	ws             map[Stream]Ptr // cuBLASLt workspace of each stream
-	streams        []Stream
-	events         []Event
-	allocs         map[Ptr]bool
+	TuneGEMMs bool
+	// Tuned counts the shapes timed, Untuned those not, and Matched those of
+	// them that took a timed shape's choice
+	Tuned, Untuned, Matched int
+	tuned                   map[gemmKey]bool
+	tune                    [2]cuda.Event
+	ws                      map[Stream]Ptr // cuBLASLt workspace of each stream
+	streams                 []Stream
+	events                  []Event
+	allocs                  map[Ptr]bool
 
 	batchD, batchS []Ptr // CopyBatch's scratch
 	batchN         []int64
@@ -238,7 +241,7 @@ func openGPU(drv *cuda.Driver, ordinal int, cacheDir string) (*CUDA, error) {
 			c.Blas = nil
 		}
 	}
-	c.ptrIndex = map[string]int{}
+	c.ptrIndex, c.tuned = map[string]int{}, map[gemmKey]bool{}
 	ok = true
 	return c, nil
 }
@@ -671,7 +674,7 @@ func (c *CUDA) GEMM(out, a, w Ptr, m, n, k int, f32Out bool, s Stream) error {
 			return err
 		}
 		c.plans[key] = g
-		if err := c.tuneGEMM(g, out, a, w, ws, s); err != nil {
+		if err := c.tuneGEMM(key, g, out, a, w, ws, s); err != nil {
 			return err
 		}
 	}
@@ -680,11 +683,30 @@ func (c *CUDA) GEMM(out, a, w Ptr, m, n, k int, f32Out bool, s Stream) error {
 
 // tuneGEMM times each of g's algorithms once on the call's own operands
 // (each run writes out; the chosen one runs after) and keeps the fastest,
-// when TuneGEMMs allows; else g keeps the heuristic's first.
-func (c *CUDA) tuneGEMM(g *cuda.GEMM, out, a, w, ws Ptr, s Stream) error {
-	if !c.TuneGEMMs || g.Algorithms() < 2 {
-		if g.Algorithms() > 1 {
-			c.Untuned++
+// when TuneGEMMs allows; else g takes the fastest algorithm of the timed
+// shape of the same n and k nearest in m, where the heuristic offers it for
+// g too, else the heuristic's first.
+func (c *CUDA) tuneGEMM(key gemmKey, g *cuda.GEMM, out, a, w, ws Ptr, s Stream) error {
+	if g.Algorithms() < 2 {
+		return nil
+	}
+	if !c.TuneGEMMs {
+		c.Untuned++
+		var near *cuda.GEMM
+		for k, t := range c.plans {
+			if c.tuned[k] && k.n == key.n && k.k == key.k && k.f32 == key.f32 && k.align == key.align && (near == nil || abs(k.m-key.m) < abs(near.M-key.m)) {
+				near = t
+			}
+		}
+		if near != nil {
+			want := near.Algorithm(near.Chosen())
+			for i := range g.Algorithms() {
+				if g.Algorithm(i) == want {
+					g.Choose(i)
+					c.Matched++
+					break
+				}
+			}
 		}
 		return nil
 	}
@@ -721,13 +743,17 @@ func (c *CUDA) tuneGEMM(g *cuda.GEMM, out, a, w, ws Ptr, s Stream) error {
 	}
 	g.Choose(best)
 	c.Tuned++
+	c.tuned[key] = true
 	return nil
 }
+
+func abs(x int) int { return max(x, -x) }
 
 // GEMMAlgorithms says how the GEMMs' algorithms were chosen, for records.
 func (c *CUDA) GEMMAlgorithms() string {
 	return fmt.Sprintf("cuBLASLt algorithm per shape: of the heuristic's (up to %d), each timed once and the fastest kept for %d shapes; "+
-		"%d shapes first seen while a timed step was issued ran the heuristic's first", cuda.MaxAlgorithms, c.Tuned, c.Untuned)
+		"of %d shapes first seen while a timed step was issued, %d took the fastest of the nearest timed shape (same n and k), the others the heuristic's first",
+		cuda.MaxAlgorithms, c.Tuned, c.Untuned, c.Matched)
 }
 
 // workspace is s's GEMM workspace (GEMMWorkspace bytes), allocated on first

@@ -123,6 +123,10 @@ func (g *GEMM) Choose(i int) {
 // Chosen is the algorithm Run uses.
 func (g *GEMM) Chosen() int { return g.chosen }
 
+// Algorithm is algorithm i's configuration (cublasLtMatmulAlgo_t's bytes):
+// the same bytes are the same kernel and tiling.
+func (g *GEMM) Algorithm(i int) [64]byte { return *(*[64]byte)(unsafe.Pointer(&g.algo(i).algo)) }
+
 func (g *GEMM) algo(i int) *C.mb_lt_heuristic {
 	return (*C.mb_lt_heuristic)(unsafe.Add(unsafe.Pointer(g.algos), i*C.sizeof_mb_lt_heuristic))
 }
