@@ -136,6 +136,12 @@ type Graphable interface {
 	NoGraph() string
 }
 
+// Checker is a device dispatcher whose kernels can fail without failing
+// their launch (an SM-driven design's cross-rank waits, which time out):
+// CheckStep, called once every stream of a step is synchronized, returns
+// what went wrong, naming the rank, phase and wait (kernels.CommError).
+type Checker interface{ CheckStep() error }
+
 // Transporter is a device dispatcher whose data may move through a
 // library (NCCL) rather than copies: Transport names it, or is "".
 type Transporter interface{ Transport() string }

@@ -172,18 +172,26 @@ func newDeviceLayer(l *Layer, devs []kernels.Device, d dispatchers.DeviceDispatc
 	if err := d.Bind(l.Shape, dl.ranks); err != nil {
 		return nil, err
 	}
+	if err := dl.phaseEvents(); err != nil {
+		return nil, err
+	}
+	return dl, dl.sync()
+}
+
+// phaseEvents makes each step's start and end events on every rank.
+func (dl *deviceLayer) phaseEvents() error {
 	for _, ph := range dl.steps() {
 		for _, rk := range dl.ranks {
 			for _, m := range []map[string][]kernels.Event{dl.start, dl.end} {
 				e, err := rk.Dev.NewEvent()
 				if err != nil {
-					return nil, err
+					return err
 				}
 				m[ph.Name] = append(m[ph.Name], e)
 			}
 		}
 	}
-	return dl, dl.sync()
+	return nil
 }
 
 // uploadExperts draws every expert's weights (in parallel, each expert from
@@ -515,7 +523,19 @@ func (dl *deviceLayer) step() error {
 		return err
 	}
 	dl.issueMS = float64(time.Since(t0).Nanoseconds())/1e6 - dl.waitMS
-	return dl.sync()
+	return dl.finish()
+}
+
+// finish waits for every stream, then asks the dispatcher what its kernels
+// recorded (dispatchers.Checker: a cross-rank wait that gave up).
+func (dl *deviceLayer) finish() error {
+	if err := dl.sync(); err != nil {
+		return err
+	}
+	if c, ok := dl.d.(dispatchers.Checker); ok {
+		return c.CheckStep()
+	}
+	return nil
 }
 
 // begin records each device's begin event (each after device 0's) and

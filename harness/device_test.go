@@ -100,10 +100,16 @@ func TestDeviceLayerEqualsHostLayer(t *testing.T) {
 
 // equalsHost runs c with its ranks on n Emus twice (the second time with
 // the expert GEMMs over 3 extra streams) and compares outputs, routing, rows
-// and traffic with the host layer's.
+// and traffic with the host layer's (the same dispatcher's host design).
 func equalsHost(t *testing.T, c Config, n int) {
 	t.Helper()
 	devs, _ := emus(n)(n, c.EP)
+	equalsHostOn(t, c, devs...)
+}
+
+// equalsHostOn is equalsHost with the ranks on devs.
+func equalsHostOn(t *testing.T, c Config, devs ...kernels.Device) {
+	t.Helper()
 	dl := deviceRun(t, c, devs...)
 	for i := range 2 { // the second step reuses every buffer
 		if i == 1 {
@@ -122,7 +128,14 @@ func equalsHost(t *testing.T, c Config, n int) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d, _ := dispatchers.New("alltoall", "native", dispatchers.Env{Device: "host"})
+	host := c.Dispatcher // the same design on the host; feplb's output and rows are its base's (the plans differ)
+	if host == "feplb" {
+		host = c.FeplbBase
+	}
+	d, err := dispatchers.New(host, "native", hc.dispatcherEnv())
+	if err != nil {
+		t.Fatal(err)
+	}
 	d.Bind(hl.Shape, hl.Ranks)
 	if err := hl.Step(d, func(_ string, _ int, fn func() error) error { return fn() }); err != nil {
 		t.Fatal(err)
@@ -444,10 +457,10 @@ func TestDeviceRunRecord(t *testing.T) {
 		t.Errorf("--check=false: %v, traffic %+v", err, rec.Traffic)
 	}
 	// a dispatcher without a device implementation is unavailable, with the reason
-	c.Dispatcher = "deepep"
+	c.Dispatcher = "hybridep"
 	rec, err = Run(c, Env{Version: "test", OpenDevices: emus(1)})
 	if !dispatchers.IsUnavailable(err) || rec.Status != results.StatusUnavailable || rec.Timing != nil || !strings.Contains(rec.Reason, "cuda") {
-		t.Errorf("deepep on the device: %v, %+v", err, rec)
+		t.Errorf("hybridep on the device: %v, %+v", err, rec)
 	}
 }
 

@@ -141,7 +141,7 @@ func (dl *deviceLayer) stepGraph() error {
 		}
 	}
 	dl.issueMS = float64(time.Since(t0).Nanoseconds())/1e6 - dl.waitMS
-	return dl.sync()
+	return dl.finish()
 }
 
 // plain issues a segment as plain launches (the first with the step's

@@ -96,6 +96,12 @@ type Device interface {
 	// blocks of c.Prog that are all resident at once, or a
 	// *ResidencyError when they cannot be (see Collective).
 	LaunchResident(c *Collective, grid int, s Stream, args ...any) error
+	// Residency is how many blocks of p one SM holds at once (Emu: one).
+	Residency(p *Program) (int, error)
+	// LaunchProgram queues a plain launch of grid blocks of p on s, for
+	// kernels that wait on no other block (Emu runs p.Twin with this one
+	// part at once).
+	LaunchProgram(p *Program, grid int, s Stream, args ...any) error
 
 	Close() error
 }

@@ -47,6 +47,19 @@ func defines(name string) map[string]string {
 	d["MB_HIDDEN"], d["MB_FFN"] = fmt.Sprint(s.hidden), fmt.Sprint(s.ffn)
 	d["MB_EP"], d["MB_LOCAL"] = "8", fmt.Sprint(s.rc.Experts/8)
 	d["MB_CT_CHANNELS"], d["MB_CT_SLOTS"] = "12", "256" // comm_test: DeepEP's 24 SMs, a 256-token ring
+	// deepep: 4096 tokens a rank, 24 SMs (12 channels), DeepEP's rings, the
+	// device's default blocks; the offsets as dispatchers/deepep lays the
+	// buffers out (their values only place the arrays)
+	const T, N, C = 4096, 8, 12
+	L := s.rc.Experts / N
+	for name, v := range map[string]int{"MB_RANKS": N, "MB_LOCAL": L, "MB_TOKENS": T, "MB_CHANNELS": C, "MB_DRING": 256, "MB_DCHUNK": 6,
+		"MB_CRING": 256, "MB_CCHUNK": 4, "MB_WARPS": 16, "MB_MINB": 2, "MB_DE_BUG": 0,
+		"MB_Q_ECNT": 4 * N, "MB_Q_FLAGS": 4 * N * (1 + L), "MB_Q_GO": 4 * N * (2 + L), "MB_Q_DMETA": 16 * (N*(2+L)/4 + 1),
+		"MB_Q_CMETA": 16*(N*(2+L)/4+1) + 16*C*N, "MB_Q_RINGS": 16*(N*(2+L)/4+1) + 24*C*N,
+		"MB_F_PER_RANK": T * N, "MB_F_PER_EXPERT": T*N + 4*N, "MB_F_CHAN_END": T*N + 4*N*(1+L), "MB_F_SRC_END": T*N + 4*N*(1+L+C),
+		"MB_F_RECV_CHAN": T*N + 4*N*(2+L+C), "MB_F_SEND_HEAD": T*N + 4*N*(2+L+3*C)} {
+		d[name] = fmt.Sprint(v)
+	}
 	return d
 }
 
@@ -181,7 +194,10 @@ extern "C" __global__ void __launch_bounds__(128, 2) primitives(mb_comm c, int *
     mb_nanosleep(100);
     unsigned char *sm = mb_dynamic_smem();
     sm[threadIdx.x] = (unsigned char)v;
+    uint4 u = mb_ld_cg((const uint4 *)q + 4);
+    mb_bar_sync(1, 64);
     __syncthreads();
+    if (!mb_check(c, rank, 1, 5, u.x, v)) return;
     if (mb_wait_ge(c, rank, 1, 2, p + 9, v) && mb_wait_eq(c, rank, 1, 3, p + 10, v) && mb_barrier(c, rank, 2, 1, 4, flags, 1))
         *mb_counter(c.sig, 2, 0) = sm[0] + (int)mb_globaltimer();
 }`

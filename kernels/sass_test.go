@@ -41,6 +41,13 @@ var kernelBlock = map[string]int{
 	"unpermute_sum": rowBlockMax,
 	"comm_test":     CommTestBlock,
 	"copy_u4":       flatBlock,
+	// dispatchers/deepep's: layout, notify, permute; dispatch and combine
+	// with its default 16 warps
+	"deepep_layout":   256,
+	"deepep_notify":   128,
+	"deepep_permute":  512,
+	"deepep_dispatch": 512,
+	"deepep_combine":  512,
 }
 
 // cuobjdump finds the tool (MOEBENCH_CUOBJDUMP, else the path) or returns "";
@@ -224,6 +231,11 @@ func auditSASS(tool string, cubin []byte, d map[string]string, opcodes bool) (li
 			if k.has("MUFU") == 0 {
 				bad("no MUFU (expf) found")
 			}
+		}
+		// deepep's rows move through peers' memory at generic addresses
+		// (LD/ST) or through L2 (LDG .STRONG.GPU, ld.global.cg)
+		if (name == "deepep_dispatch" || name == "deepep_combine") && (k.has("LDG.E", ".128")+k.has("LD.E", ".128") == 0 || k.has("STG.E", ".128")+k.has("ST.E", ".128") == 0) {
+			bad("no 16-byte load or store of a row; it has %s", k.list("LD", "ST"))
 		}
 		if (name == "router_topk" || name == "permute_order") && k.has("REDUX") == 0 {
 			bad("the warp reductions did not compile to REDUX; it has %s", k.list("REDUX", "SHFL", "VOTE"))

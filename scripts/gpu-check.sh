@@ -17,10 +17,12 @@
 # function, the library bindings) with MOEBENCH_REQUIRE_GPU=1 so that a
 # missing GPU or library fails instead of skipping, the kernel benchmark
 # (ratios to ceilings measured in the same run: the copy engines' device
-# copy, an SM copy kernel, a dense GEMM), the layer for several presets, EP
-# sizes, routings and dispatchers (alltoall natively and through NCCL,
-# FEPLB; with and without --cuda-graph), and last compute-sanitizer over
-# the kernels' tests.
+# copy, an SM copy kernel, a dense GEMM), deepep's layer and dispatch
+# benchmark (its SM budgets side by side with alltoall), the layer for
+# several presets, EP sizes, routings and dispatchers (alltoall natively and
+# through NCCL, FEPLB; with and without --cuda-graph), and last
+# compute-sanitizer over the kernels' tests (deepep's cross-rank kernels
+# included).
 #
 # How long: about 12 minutes. Each step has its own time limit, and a step
 # that would start after BUDGET seconds (default 720) is skipped and reported
@@ -89,6 +91,13 @@ for preset in qwen3-30b-a3b deepseek-v3; do
   step "bench-$preset" 150 bin/moebench bench kernels --preset "$preset" --ep 8 --out "$OUT/bench-$preset.json"
   cat "$OUT/bench-$preset.log" 2>/dev/null
 done
+# DeepEP's design (moebench's kernels): the reference layer at 24 SMs per rank
+# (8 ranks packed on one GPU: 192 blocks resident at once), then dispatch and
+# combine alone per budget, each point checked, next to alltoall
+layer deepep-qwen3-30b-ep8 --preset qwen3-30b-a3b --ep 8 --dispatcher deepep --sms 24
+step bench-dispatch 150 bin/moebench bench dispatch --device cuda --preset qwen3-30b-a3b --ep 8 \
+  --dispatcher alltoall,deepep --sms 8,16,24,32 --out "$OUT/bench-dispatch.json"
+cat "$OUT/bench-dispatch.log" 2>/dev/null
 layer tiny-ep8 --preset tiny --ep 8
 # --cuda-graph against the same layers without (host issue/step, host wait,
 # step): fixed routing, so that each captured part is replayed every step,
@@ -106,6 +115,7 @@ layer qwen3-30b-ep1-nccl --preset qwen3-30b-a3b --ep 1 --impl library
 layer qwen3-30b-ep8-skewed --preset qwen3-30b-a3b --ep 8 --routing skewed:1.2
 layer qwen3-30b-ep8-natural --preset qwen3-30b-a3b --ep 8 --routing natural
 layer deepseek-v3-ep8 --preset deepseek-v3 --ep 8
+layer deepep-qwen3-30b-ep8-skewed --preset qwen3-30b-a3b --ep 8 --routing skewed:1.2 --dispatcher deepep --sms 24
 # FEPLB over alltoall on skewed routing: the same layer as qwen3-30b-ep8-skewed,
 # so the two records compare side by side (one NVLink domain of 8, then 2 of 4)
 layer feplb-qwen3-30b-ep8-skewed --preset qwen3-30b-a3b --ep 8 --routing skewed:1.2 --dispatcher feplb
@@ -123,6 +133,15 @@ if [ -n "$san" ]; then
       bin/kernels.test -test.v -test.run '^TestGPU(Router|Permute|SortChunks|SwiGLUAndUnpermute)$'
     if grep -q -i "device not supported" "$OUT/sanitize-$tool.log" 2>/dev/null; then
       result[sanitize-$tool]="n/a (compute-sanitizer: device not supported)"
+    fi
+  done
+  # deepep's kernels: queues in peers' memory, named barriers (synccheck),
+  # host-mapped counters
+  for tool in memcheck synccheck; do
+    step "sanitize-deepep-$tool" 150 "$san" --tool "$tool" --error-exitcode 3 \
+      bin/dispatchers_deepep.test -test.v -test.run '^TestGPUDeepEP$'
+    if grep -q -i "device not supported" "$OUT/sanitize-deepep-$tool.log" 2>/dev/null; then
+      result[sanitize-deepep-$tool]="n/a (compute-sanitizer: device not supported)"
     fi
   done
 else

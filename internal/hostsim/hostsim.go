@@ -25,6 +25,7 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/moebench/moebench/internal/cuda/abi"
 )
@@ -184,4 +185,22 @@ func Setup(t testing.TB) *Compiler {
 	t.Setenv("MOEBENCH_NVML", filepath.Join(dir, "no-nvml.so"))
 	t.Setenv("MOEBENCH_CACHE", filepath.Join(dir, "cache"))
 	return c
+}
+
+// Within runs f and ends the test binary if f has not returned after d: a
+// test of cross-rank waits must fail, not hang. (Setup stops a block that
+// only spins after MBHOST_SPIN_LIMIT_S, shorter than the tests' d, so a
+// kernel wait without a timeout fails its launch first.)
+func Within(t *testing.T, d time.Duration, f func()) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		f()
+	}()
+	select {
+	case <-done:
+	case <-time.After(d):
+		panic(fmt.Sprintf("%s: still running after %v: a wait without a timeout?", t.Name(), d))
+	}
 }

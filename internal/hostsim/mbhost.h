@@ -11,8 +11,9 @@
 // earlier ones end, and launches on different streams (of one fake GPU or
 // of several) overlap in time. Within a block every CUDA thread is a fiber
 // (its own stack, switched with _setjmp/_longjmp) on the block's OS thread:
-// a thread runs until it reaches __syncthreads, a warp-wide intrinsic
-// (shuffles, ballots, reductions, __syncwarp) or a memory primitive of
+// a thread runs until it reaches __syncthreads, a named barrier
+// (mb_bar_sync), a warp-wide intrinsic (shuffles, ballots, reductions,
+// __syncwarp) or a memory primitive of
 // moebench.cuh (mb_ld_*, mb_st_*, mb_atomic_*, mb_nanosleep), where the next
 // fiber runs; a barrier that some threads never reach — a hang on a GPU — is
 // reported and fails the launch. __shared__ variables are thread_local: one
@@ -114,6 +115,7 @@ struct worker {
     mbhost_dim3 bdim, gdim, bid, cdim;
     barrier *blockSync = nullptr;
     warp *warps = nullptr;
+    barrier *named = nullptr;       // bar.sync's barriers 1 to 15 (0 is __syncthreads), by id
     void (*body)(void *) = nullptr; // the kernel with its arguments
     void *arg = nullptr;
     unsigned char *dsmem = nullptr; // dynamic shared memory
@@ -245,7 +247,7 @@ inline int block(std::vector<fiber> &fs) {
             for (auto &f : fs) atSync += !f.finished && f.blocked == w.blockSync;
             std::fprintf(stderr,
                          "mbhost: block (%u,%u,%u): %u of %zu threads cannot go on: %u at __syncthreads, the others at "
-                         "the end of the block or at a warp-wide intrinsic that not all 32 lanes reach\n",
+                         "the end of the block, at a named barrier or at a warp-wide intrinsic that not all 32 lanes reach\n",
                          w.bid.x, w.bid.y, w.bid.z, live, fs.size(), atSync);
             return 2;
         }
@@ -291,8 +293,10 @@ template <class... A> int run(void (*k)(A...), std::tuple<std::decay_t<A>...> *a
     w.dsmem = dyn.data();
     barrier sync{threads};
     std::vector<warp> ws(threads / 32);
+    std::vector<barrier> named(16);
     w.blockSync = &sync;
     w.warps = ws.data();
+    w.named = named.data();
     std::vector<fiber> fs(threads);
     ucontext_t proto;
     getcontext(&proto); // once: makecontext needs a context to start from
@@ -315,6 +319,7 @@ template <class... A> int run(void (*k)(A...), std::tuple<std::decay_t<A>...> *a
         const unsigned u = b;
         w.bid = {u % g->gx, u / g->gx % g->gy, u / (g->gx * g->gy)};
         for (auto &x : ws) x.bar = barrier{32};
+        for (auto &x : named) x = barrier{};
         sync = barrier{threads};
         status = block(fs);
     }
@@ -465,6 +470,13 @@ template <class T> void mbhost_store(T *p, T v, std::memory_order o) {
     mbhost::spin();
 }
 inline unsigned long long mbhost_globaltimer() { return mbhost::nowNs(); }
+// bar.sync id, n: the first n threads to arrive at barrier id (1 to 15)
+// pass together; the count is set by the first arrival of each use
+inline void mbhost_bar_sync(int id, int n) {
+    mbhost::barrier &b = mbhost::w.named[id & 15];
+    if (b.arrived == 0) b.n = (unsigned)n;
+    mbhost::wait(b);
+}
 inline void mbhost_nanosleep(unsigned) { mbhost::spin(); }
 inline unsigned char *mbhost_dynamic_smem() { return mbhost::w.dsmem; }
 // the block's rank in its cluster (x fastest), as %cluster_ctarank

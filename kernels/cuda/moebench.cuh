@@ -196,6 +196,29 @@ __device__ __forceinline__ unsigned long long mb_atomic_add_sys_u64(unsigned lon
     return old;
 #endif
 }
+// mb_ld_cg: 16 bytes from global memory through L2, not L1 (ld.global.cg):
+// data another GPU or block wrote since this SM last read the line (a
+// queue's slots, read after acquiring its tail)
+__device__ __forceinline__ uint4 mb_ld_cg(const uint4 *p) {
+#ifdef MB_HOST
+    return *p;
+#else
+    uint4 v;
+    asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+#endif
+}
+// mb_bar_sync: named barrier id (1 to 15; 0 is __syncthreads) for the first
+// threads (a multiple of 32) of the block that reach it: a group of warps
+// meets without the rest of the block
+__device__ __forceinline__ void mb_bar_sync(int id, int threads) {
+#ifdef MB_HOST
+    mbhost_bar_sync(id, threads);
+#else
+    asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+#endif
+}
+
 // fences: all of this thread's earlier accesses before all later ones, as
 // seen by this GPU (gpu) or by peers and the host too (sys)
 __device__ __forceinline__ void mb_fence_gpu() { __threadfence(); }
@@ -241,10 +264,11 @@ __device__ __forceinline__ unsigned char *mb_dynamic_smem() {
 // the rank, phase and wait.
 #define MB_ERR_TIMEOUT 1 // this rank's wait expired
 #define MB_ERR_ABORTED 2 // it gave up because another rank (or the host) did
+#define MB_ERR_CHECK 3   // a value it read was not the one the protocol promised (mb_check)
 
 // mb_error: a rank's error record (kernels.CommError), 48 bytes
 typedef struct {
-    int status; // 0, MB_ERR_TIMEOUT or MB_ERR_ABORTED
+    int status; // 0, MB_ERR_TIMEOUT, MB_ERR_ABORTED or MB_ERR_CHECK
     int rank, phase, wait;
     int block, thread;
     long long seen, expected; // the value read last, the value waited for
@@ -292,6 +316,15 @@ __device__ inline void mb_give_up(const mb_comm &c, int rank, int status, int ph
 }
 
 __device__ __forceinline__ bool mb_aborted(const mb_comm &c) { return mb_ld_volatile(&c.sig->abort) != 0; }
+
+// mb_check: when seen is not expected, records that rank's check (phase,
+// wait) failed — a broken protocol delivered the wrong value — aborts the
+// communicator and returns false.
+__device__ inline bool mb_check(const mb_comm &c, int rank, int phase, int wait, long long seen, long long expected) {
+    if (seen == expected) return true;
+    mb_give_up(c, rank, MB_ERR_CHECK, phase, wait, seen, expected, 0);
+    return false;
+}
 
 // mb_wait spins until done(load()) is true, and returns true; or gives up
 // (see above) after the timeout or when the communicator aborted, and
