@@ -24,6 +24,13 @@ type Device interface {
 	// work queued on s.
 	Download(dst any, src Ptr, s Stream) error
 	Copy(dst, src Ptr, bytes int64, s Stream) error
+	// CopySM copies as Copy does, with a kernel (16-byte vectors: bytes
+	// and both addresses multiples of 16) rather than the copy engines.
+	CopySM(dst, src Ptr, bytes int64, s Stream) error
+	// DownloadAsync queues a copy of bytes from src into mapped host
+	// memory dst (AllocMapped) on s and returns at once; the host may read
+	// dst once it has waited for s (SyncStream).
+	DownloadAsync(dst Mapped, src Ptr, bytes int64, s Stream) error
 	// CopyPeer queues op, whose sides may be on other devices (peer GPUs),
 	// on s, a stream of this device.
 	CopyPeer(op CopyOp, s Stream) error

@@ -27,6 +27,7 @@ import (
 type sassKernel struct {
 	regs, stack, local, shared int
 	ops                        map[string]int // opcode with its modifiers, e.g. "LDG.E.128"
+	seq                        []string       // the opcodes in program order
 }
 
 // kernelBlock is the largest block (threads) each kernel is launched with.
@@ -39,6 +40,7 @@ var kernelBlock = map[string]int{
 	"swiglu_prob":   flatBlock,
 	"unpermute_sum": rowBlockMax,
 	"comm_test":     CommTestBlock,
+	"copy_u4":       flatBlock,
 	// dispatchers/deepep's: layout, notify, permute; dispatch and combine
 	// with its default 16 warps
 	"deepep_layout":   256,
@@ -150,6 +152,7 @@ func readSASS(tool string, cubin []byte, opcodes bool) (map[string]*sassKernel, 
 			}
 			if m := sassOp.FindStringSubmatch(l); m != nil && k != nil {
 				k.ops[m[1]]++
+				k.seq = append(k.seq, m[1])
 			}
 			return k
 		})
@@ -217,10 +220,35 @@ func auditSASS(tool string, cubin []byte, d map[string]string, opcodes bool) (li
 		if len(k.ops) == 0 {
 			bad("no SASS read")
 		}
-		vec16 := name == "permute_rows" || name == "sort_chunks" || name == "unpermute_sum" ||
+		vec16 := name == "permute_rows" || name == "copy_u4" || name == "sort_chunks" || name == "unpermute_sum" ||
 			name == "swiglu_prob" && atoi(d["MB_FFN"])%8 == 0
 		if vec16 && (k.has("LDG.E", ".128") == 0 || k.has("STG.E", ".128") == 0) {
 			bad("no 16-byte global load or store (LDG/STG .128); it has %s", k.list("LDG", "STG"))
+		}
+		// loads through const __restrict__ pointers may take the read-only
+		// path (LDG.CONSTANT) and be hoisted past the kernel's stores
+		if name == "permute_order" && (k.has("LDG.E") == 0 || k.has("LDG.E") != k.has("LDG.E", "CONSTANT")) {
+			bad("its loads of idx are not all read-only (LDG...CONSTANT: const __restrict__): %s", k.list("LDG"))
+		}
+		// every load of an item (gate, up and the probability) issued before
+		// its math begins (the first MUFU, expf's EX2), in each of the
+		// kernel's loops (code between EXITs)
+		if name == "swiglu_prob" {
+			math := -1
+			for i, op := range k.seq {
+				switch {
+				case strings.HasPrefix(op, "EXIT"):
+					math = -1
+				case strings.HasPrefix(op, "MUFU") && math < 0:
+					math = i
+				case strings.HasPrefix(op, "LDG") && math >= 0:
+					bad("a global load (%s, instruction %d) issued after the math began (a MUFU at %d)", op, i, math)
+					math = -1
+				}
+			}
+			if k.has("MUFU") == 0 {
+				bad("no MUFU (expf) found")
+			}
 		}
 		// deepep's rows move through peers' memory at generic addresses
 		// (LD/ST) or through L2 (LDG .STRONG.GPU, ld.global.cg)

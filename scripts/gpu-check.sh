@@ -16,14 +16,16 @@
 # (qwen3-30b-a3b at EP 8), every GPU test (each CUDA kernel against its host
 # function, the library bindings) with MOEBENCH_REQUIRE_GPU=1 so that a
 # missing GPU or library fails instead of skipping, the kernel benchmark
-# (ratios to ceilings measured in the same run), deepep's layer and dispatch
-# benchmark (its SM budgets side by side with alltoall), the layer for several
-# presets, EP sizes, routings and dispatchers (alltoall natively and through
-# NCCL, FEPLB, deepep, hybridep and a sweep of SM budgets), and last
-# compute-sanitizer over the kernels' tests (the cross-rank kernels included).
+# (ratios to ceilings measured in the same run: the copy engines' device
+# copy, an SM copy kernel, a dense GEMM), deepep's layer and dispatch
+# benchmark (its SM budgets side by side with alltoall), the layer for
+# several presets, EP sizes, routings and dispatchers (alltoall natively and
+# through NCCL, FEPLB, deepep, hybridep and a sweep of SM budgets; with and
+# without --cuda-graph), and last compute-sanitizer over the kernels' tests
+# (the cross-rank kernels included).
 #
-# How long: about 10 minutes. Each step has its own time limit, and a step
-# that would start after BUDGET seconds (default 540) is skipped and reported
+# How long: about 12 minutes. Each step has its own time limit, and a step
+# that would start after BUDGET seconds (default 720) is skipped and reported
 # as such; BUDGET=1200 gives the sanitizer time to finish.
 #
 # What it writes: OUTDIR (default $OUT, else a new temporary folder, printed
@@ -57,7 +59,7 @@ export LD_LIBRARY_PATH="${libdirs}${LD_LIBRARY_PATH:-}"
 export PATH="/usr/local/cuda/bin:$PATH"
 export MOEBENCH_REQUIRE_GPU=1 MOEBENCH_CACHE="$OUT/kernel-cache"
 
-BUDGET=${BUDGET:-540}
+BUDGET=${BUDGET:-720}
 declare -A result
 # step NAME LIMIT CMD...: runs CMD under a time limit, its output in
 # $OUT/NAME.log, unless the budget is spent
@@ -97,6 +99,15 @@ step bench-dispatch 150 bin/moebench bench dispatch --device cuda --preset qwen3
   --dispatcher alltoall,deepep --sms 8,16,24,32 --out "$OUT/bench-dispatch.json"
 cat "$OUT/bench-dispatch.log" 2>/dev/null
 layer tiny-ep8 --preset tiny --ep 8
+# --cuda-graph against the same layers without (host issue/step, host wait,
+# step): fixed routing, so that each captured part is replayed every step,
+# and routing per step, where the part after the count exchange is captured
+# again when the counts change (or issued plainly when a buffer must grow)
+layer tiny-ep8-fixed --preset tiny --ep 8 --routing-fixed
+layer tiny-ep8-fixed-graph --preset tiny --ep 8 --routing-fixed --cuda-graph
+layer qwen3-30b-ep8-fixed --preset qwen3-30b-a3b --ep 8 --routing-fixed
+layer qwen3-30b-ep8-fixed-graph --preset qwen3-30b-a3b --ep 8 --routing-fixed --cuda-graph
+layer qwen3-30b-ep8-graph --preset qwen3-30b-a3b --ep 8 --cuda-graph
 layer qwen3-30b-ep1 --preset qwen3-30b-a3b --ep 1
 # the same layer with alltoall's library implementation: NCCL send/recv
 # (one rank per GPU, so EP 1 on one GPU)

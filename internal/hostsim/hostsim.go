@@ -26,6 +26,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/moebench/moebench/internal/cuda/abi"
 )
 
 //go:embed mbhost.h
@@ -114,7 +116,10 @@ func (c *Compiler) Compile(name, source string, headers map[string]string, optio
 var fakeSources embed.FS
 
 // BuildFake compiles the fake library fakes/NAME.c (e.g. "fakecuda") with
-// cc into dir as file and returns its path.
+// cc into dir as file and returns its path. Each fake includes moebench's
+// abi.h with its declarations on (MB_ABI_DECLARE), so that a fake whose
+// entry point differs from moebench's prototype — which TestABIHeaders
+// checks against the real headers — fails to build.
 func BuildFake(name, dir, file string) (string, error) {
 	src, err := fakeSources.ReadFile("fakes/" + name + ".c")
 	if err != nil {
@@ -125,11 +130,13 @@ func BuildFake(name, dir, file string) (string, error) {
 		return "", fmt.Errorf("hostsim: %w", err)
 	}
 	hdr, _ := fakeSources.ReadFile("fakes/fakedriver.h") // embedded: cannot fail
-	if err := os.WriteFile(filepath.Join(dir, "fakedriver.h"), hdr, 0o644); err != nil {
-		return "", fmt.Errorf("hostsim: %w", err)
+	for f, text := range map[string][]byte{"fakedriver.h": hdr, "abi.h": []byte(abi.Header)} {
+		if err := os.WriteFile(filepath.Join(dir, f), text, 0o644); err != nil {
+			return "", fmt.Errorf("hostsim: %w", err)
+		}
 	}
 	so := filepath.Join(dir, file)
-	if out, err := exec.Command("cc", "-O2", "-shared", "-fPIC", "-pthread", "-o", so, c).CombinedOutput(); err != nil {
+	if out, err := exec.Command("cc", "-O2", "-shared", "-fPIC", "-pthread", "-Werror=incompatible-pointer-types", "-o", so, c).CombinedOutput(); err != nil {
 		return "", fmt.Errorf("hostsim: building %s: %v\n%s", name, err, out)
 	}
 	return so, nil
@@ -152,7 +159,7 @@ var fakes = []struct{ name, file, env string }{
 // C++ compiler, and fails instead under MOEBENCH_REQUIRE_NVRTC=1 (CI); it
 // skips under MOEBENCH_REQUIRE_GPU=1, where the GPU check runs the kernels
 // on the GPU itself.
-func Setup(t *testing.T) *Compiler {
+func Setup(t testing.TB) *Compiler {
 	t.Helper()
 	if os.Getenv("MOEBENCH_REQUIRE_GPU") == "1" {
 		t.Skip("the GPU check runs the kernels on the GPU")

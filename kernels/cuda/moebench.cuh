@@ -59,6 +59,20 @@ __device__ __forceinline__ uint4 pack8(const bf16 y[8]) {
 #define MB_ST(T, p, v, o) mbhost_store<T>(p, v, std::memory_order_##o)
 #endif
 
+// mb_ld_early_f32 loads a float of read-only data where it stands in the
+// source: an asm statement the compiler keeps in its place, not sunk to
+// the value's first use past branches (expf's and division's), so that its
+// latency overlaps the loads issued with it. Not a memory-model primitive.
+__device__ __forceinline__ float mb_ld_early_f32(const float *p) {
+#ifdef MB_HOST
+    return *p;
+#else
+    float v;
+    asm volatile("ld.global.nc.f32 %0, [%1];" : "=f"(v) : "l"(p));
+    return v;
+#endif
+}
+
 __device__ __forceinline__ int mb_ld_volatile(const int *p) {
 #ifdef MB_HOST
     MB_LD(int, p, relaxed);
