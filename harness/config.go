@@ -104,6 +104,8 @@ type Config struct {
 	// gradient check (otherwise every iteration is a training step, forward
 	// and backward)
 	ForwardOnly bool
+	// CUDAGraph issues each step as CUDA graphs (cuda device; see graph.go)
+	CUDAGraph bool
 }
 
 // DefaultConfig is what `moebench` with no flags runs.
@@ -202,6 +204,8 @@ func (c Config) Validate() error {
 		return &ConfigError{"feplb-policy", c.FeplbPolicy, "allowed: " + strings.Join(balance.FEPLBPolicies, ", ")}
 	case c.GPUs < 0 || c.GPUs > c.EP:
 		return &ConfigError{"gpus", c.GPUs, fmt.Sprintf("must be in [0, --ep=%d] (0 = every GPU, at most one per rank)", c.EP)}
+	case c.CUDAGraph && c.Device == "host":
+		return &ConfigError{"cuda-graph", c.CUDAGraph, "applies to the cuda device; the host device issues no graphs"}
 	case c.GPUs > 0 && c.Device == "host":
 		return &ConfigError{"gpus", c.GPUs, "applies to the cuda device; the host device has no GPUs"}
 	case c.SMs < 0:
@@ -235,7 +239,7 @@ func (c Config) Record() results.Config {
 		TopK: c.TopK, SharedExperts: c.SharedExperts, Score: c.Score, Groups: c.Groups, GroupTopK: c.GroupTopK,
 		TopKScale: c.TopKScale, PreSoftmax: c.PreSoftmax, Dispatcher: c.Dispatcher, Impl: c.Impl, SMs: c.SMs, EP: c.EP, GPUs: c.GPUs, Domain: c.Domain,
 		Routing: c.Routing.String(), RoutingPerStep: c.perStepRouting(), Seed: c.Seed, Warmup: c.Warmup, Iters: c.Iters, MaxSeconds: c.MaxSeconds, Check: c.Check, Device: c.Device,
-		Pass: results.PassTraining}
+		CUDAGraph: c.CUDAGraph, Pass: results.PassTraining}
 	if c.ForwardOnly {
 		r.Pass = results.PassForward
 	}

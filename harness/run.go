@@ -9,6 +9,7 @@ import (
 	"github.com/montanaflynn/stats"
 
 	"github.com/moebench/moebench/dispatchers"
+	"github.com/moebench/moebench/internal/cuda"
 	"github.com/moebench/moebench/kernels"
 	"github.com/moebench/moebench/results"
 )
@@ -205,6 +206,9 @@ func dump(env Env, l *Layer, rec *results.Record) error {
 }
 
 func newRecord(cfg Config, env Env) *results.Record {
+	if cfg.Device == "cuda" { // before the stack records the environment (and before the driver initializes)
+		cuda.SetMaxConnections()
+	}
 	now := time.Now
 	if env.Now != nil {
 		now = env.Now
@@ -248,10 +252,11 @@ type measured struct {
 	phase2SMs string
 	// phases[:forward] are the forward's, the rest the backward's; 0: all
 	// are the forward's (the iterations timed the forward only)
-	forward int
-	issue   []float64 // device runs: each timed step's host issue time, ms
-	buffers []results.Buffer
-	stopped string // why fewer iterations ran than asked for (--max-seconds)
+	forward  int
+	issue    []float64 // device runs: each timed step's host issue time, ms
+	hostWait []float64 // device runs: each timed step's host wait before phases (alltoall's counts), ms
+	buffers  []results.Buffer
+	stopped  string // why fewer iterations ran than asked for (--max-seconds)
 }
 
 // buffers are d's buffers on each of ep ranks, where it describes them.
@@ -382,6 +387,10 @@ func fillMeasurements(rec *results.Record, cfg Config, m measured) {
 	if m.issue != nil {
 		s := summarise(m.issue)
 		t.HostIssue = &s
+	}
+	if m.hostWait != nil {
+		s := summarise(m.hostWait)
+		t.HostWait = &s
 	}
 	rec.Timing = t
 

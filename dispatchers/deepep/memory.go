@@ -13,10 +13,19 @@ const combineMeta = 4
 // rank holding any of its experts (the deduplication that makes DeepEP move
 // fewer bytes than alltoall at top-k > 1), and comes back once from it.
 func (h *Host) Traffic() dispatchers.Traffic {
-	sh := h.shape
-	var all, off int64
+	per := make([][]int, len(h.st))
 	for src := range h.st {
-		for d, n := range h.st[src].perRank {
+		per[src] = h.st[src].perRank
+	}
+	return traffic(h.shape, per, h.backward)
+}
+
+// traffic counts the bytes of a step in which rank src sent perRank[src][d]
+// tokens to rank d, and when it ran the backward the backward's.
+func traffic(sh dispatchers.Shape, perRank [][]int, backward bool) dispatchers.Traffic {
+	var all, off int64
+	for src := range perRank {
+		for d, n := range perRank[src] {
 			all += int64(n)
 			if d != src {
 				off += int64(n)
@@ -32,7 +41,7 @@ func (h *Host) Traffic() dispatchers.Traffic {
 		DispatchAlgorithm: all * row, CombineAlgorithm: all * row,
 		AlgorithmFormula: "DeepEP's convention (test_intranode): tokens received × hidden × 2 B, a rank's tokens to itself included",
 	}
-	if h.backward { // the same tokens the other way
+	if backward { // the same tokens the other way
 		tr.CombineBackwardOffRank, tr.CombineBackwardLogical = off*(row+combineMeta), all*(row+combineMeta)
 		tr.DispatchBackwardOffRank, tr.DispatchBackwardLogical = off*(row+backwardCombineMeta(sh.TopK)), all*(row+backwardCombineMeta(sh.TopK))
 		tr.BackwardFormula = "as the forward's tokens: combine-bwd (DeepEP's dispatch with the forward's handle) = tokens × (hidden×2 B bf16 output gradient + 4 B source index); " +

@@ -24,9 +24,18 @@ func (h *Host) Traffic() dispatchers.Traffic {
 		return mv
 	}
 	mv, bw := sum(func(s *rankState) moved { return s.moved }), sum(func(s *rankState) moved { return s.movedBack })
-	row := 2 * int64(h.shape.Hidden)
-	disp := row + 4*int64(h.shape.LocalExperts()*h.D)
-	tr := dispatchers.Traffic{
+	tr := mv.traffic(h.shape, h.D)
+	if bw.deliveries > 0 {
+		bw.backwardTraffic(&tr, h.shape, h.D)
+	}
+	return tr
+}
+
+// traffic is the bytes of the rows mv counts (see Host.Traffic).
+func (mv moved) traffic(sh dispatchers.Shape, D int) dispatchers.Traffic {
+	row := 2 * int64(sh.Hidden)
+	disp := row + 4*int64(sh.LocalExperts()*D)
+	return dispatchers.Traffic{
 		DispatchLogical: int64(mv.deliveries) * disp, DispatchOffRank: int64(mv.fanOut+mv.interIn) * disp,
 		DispatchInterDomain: int64(mv.interIn) * disp,
 		CombineLogical:      int64(mv.partials) * row, CombineOffRank: int64(mv.partialsOff+mv.back) * row,
@@ -40,13 +49,16 @@ func (h *Host) Traffic() dispatchers.Traffic {
 			"inter-domain: rdma_send_bytes = tokens × the domains that need them (the token's own domain included) × hidden × 2 B",
 		InterDomainAlgorithm: int64(mv.interAlg) * row,
 	}
-	if bw.deliveries > 0 {
-		tr.CombineBackwardLogical, tr.CombineBackwardOffRank = int64(bw.deliveries)*row, int64(bw.fanOut+bw.interIn)*row
-		tr.DispatchBackwardLogical, tr.DispatchBackwardOffRank = int64(bw.partials)*disp, int64(bw.partialsOff+bw.back)*disp
-		tr.BackwardFormula = "combine-bwd (dispatch_with_permute of the output gradients) = tokens received × hidden×2 B bf16, off-rank as the forward's dispatch; " +
-			"dispatch-bwd (combine_with_unpermute) = partial sums × (hidden×2 B bf16 + L·D × 4 B fp32 probability gradients of the domain's experts), off-rank as the forward's combine"
-	}
-	return tr
+}
+
+// backwardTraffic adds to tr the bytes of the backward's rows bw counts.
+func (bw moved) backwardTraffic(tr *dispatchers.Traffic, sh dispatchers.Shape, D int) {
+	row := 2 * int64(sh.Hidden)
+	disp := row + 4*int64(sh.LocalExperts()*D)
+	tr.CombineBackwardLogical, tr.CombineBackwardOffRank = int64(bw.deliveries)*row, int64(bw.fanOut+bw.interIn)*row
+	tr.DispatchBackwardLogical, tr.DispatchBackwardOffRank = int64(bw.partials)*disp, int64(bw.partialsOff+bw.back)*disp
+	tr.BackwardFormula = "combine-bwd (dispatch_with_permute of the output gradients) = tokens received × hidden×2 B bf16, off-rank as the forward's dispatch; " +
+		"dispatch-bwd (combine_with_unpermute) = partial sums × (hidden×2 B bf16 + L·D × 4 B fp32 probability gradients of the domain's experts), off-rank as the forward's combine"
 }
 
 // Buffers are rank r's buffers as a GPU holds them: the preallocated ones
@@ -71,8 +83,8 @@ func (h *Host) Buffers(r int) []dispatchers.Buffer {
 	}
 	return append(b,
 		dispatchers.Buffer{Name: "routing-map", Bytes: N*T*E + T*E*4, About: "the all-gathered global routing map (bool [N·T, E]) and the rank's dense fp32 probabilities [T, E]"},
-		dispatchers.Buffer{Name: "metadata", Bytes: 4*(M*T*D+T*N*L+N*C+1) + T*M + 4*(2*(M-1)*C+N*C),
-			About: "sparse_to_dense (int32 [M·T, D]), dense_to_expert (int32, worst case [T·N, L]), the chunk layout, attn_to_rdma (bool [T, M]) and one uint32 flag per chunk"},
+		dispatchers.Buffer{Name: "metadata", Bytes: 4*(M*T*D+T*N*L+N*C+1) + T*M + 4*2*M*T + 4*(2*(M-1)*C+N*C),
+			About: "sparse_to_dense (int32 [M·T, D]), dense_to_expert (int32, worst case [T·N, L]), the chunk layout, attn_to_rdma (bool [T, M]), the inter-domain slots (int32 [2, M, T]) and one uint32 flag per chunk"},
 		dispatchers.Buffer{Name: "permute", Bytes: rows * (row + 4), About: "the expert-major rows and probabilities the grouped GEMM reads (sized by the preprocessing's count)"},
 	)
 }
@@ -81,7 +93,7 @@ func (h *Host) Buffers(r int) []dispatchers.Buffer {
 // maps, int32 and int indices).
 func (h *Host) Footprint(r int) int64 {
 	s := &h.st[r]
-	n := 4 * int64(cap(s.probs)+cap(s.s2d)+cap(s.d2e)+cap(s.recvX)+cap(s.recvP)+cap(s.idX)+cap(s.idP))
+	n := 4 * int64(cap(s.probs)+cap(s.s2d)+cap(s.d2e)+cap(s.recvX)+cap(s.recvP)+cap(s.idX)+cap(s.idP)+cap(s.send)+cap(s.recvIdx))
 	n += int64(cap(s.gmap) + cap(s.toDom))
-	return n + 8*int64(cap(s.perExpert)+cap(s.chunkAt)+cap(s.cnt)+cap(s.idIn)+cap(s.idBack)+cap(s.partDone))
+	return n + 8*int64(cap(s.perExpert)+cap(s.chunkAt)+cap(s.cnt)+cap(s.idIn)+cap(s.idBack)+cap(s.partDone)+cap(s.sends)+cap(s.recvs))
 }
