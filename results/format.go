@@ -290,7 +290,8 @@ func rankNote(rec *Record) string {
 // CSVHeader names the columns WriteCSV prints.
 var CSVHeader = []string{"preset", "dispatcher", "impl", "sms", "ep", "routing", "seed", "device", "status",
 	"step_p50_ms", "step_mean_ms", "step_stdev_ms", "dispatch_p50_ms", "combine_p50_ms", "experts_p50_ms",
-	"token_straggler_rel", "gemm_straggler_rel", "dispatch_off_rank_bytes", "max_rel_err", "reason"}
+	"token_straggler_rel", "gemm_straggler_rel", "dispatch_off_rank_bytes", "max_rel_err", "reason",
+	"pass", "fwd_p50_ms", "bwd_p50_ms", "grad_max_rel_err"}
 
 // WriteCSV prints a header line and one row for rec.
 func WriteCSV(w io.Writer, rec *Record) error {
@@ -311,7 +312,18 @@ func WriteCSV(w io.Writer, rec *Record) error {
 	} else {
 		row = append(row, "")
 	}
-	row = append(row, rec.Reason)
+	row = append(row, rec.Reason, c.PassName())
+	fwd, bwd, grad := "", "", ""
+	if t := rec.Timing; t != nil {
+		fwd = num(passP50(t, t.Forward))
+		if t.Backward != nil {
+			bwd = num(t.Backward.P50)
+		}
+	}
+	if cc := rec.Correctness; cc != nil && cc.Grads != nil {
+		grad = num(cc.Grads.MaxRelErr)
+	}
+	row = append(row, fwd, bwd, grad)
 	cw.Write(CSVHeader)
 	cw.Write(row)
 	cw.Flush()

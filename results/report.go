@@ -103,6 +103,15 @@ func gbps(v float64) string {
 	return strconv.FormatFloat(v, 'g', 4, 64)
 }
 
+// passP50 is a pass's p50 (fwd or bwd), the step's for a forward-only
+// record's forward.
+func passP50(t *Timing, pass *Phase) float64 {
+	if pass == nil {
+		return t.Step.P50
+	}
+	return pass.P50
+}
+
 func phaseP50(r *Record, name string) float64 {
 	for _, p := range r.Timing.Phases {
 		if p.Name == name {
@@ -124,6 +133,13 @@ var columns = []column{
 	{"status", false, func(r Row) string { return r.Rec.Status }},
 	{"step_p50_ms", true, func(r Row) string { return f3(r.Rec.Timing.Step.P50) }},
 	{"step_stdev_ms", true, func(r Row) string { return f3(r.Rec.Timing.Step.Stdev) }},
+	{"fwd_p50_ms", true, func(r Row) string { return f3(passP50(r.Rec.Timing, r.Rec.Timing.Forward)) }},
+	{"bwd_p50_ms", true, func(r Row) string {
+		if r.Rec.Timing.Backward == nil {
+			return "—"
+		}
+		return f3(r.Rec.Timing.Backward.P50)
+	}},
 	{"dispatch_p50_ms", true, func(r Row) string { return f3(phaseP50(r.Rec, "dispatch")) }},
 	{"combine_p50_ms", true, func(r Row) string { return f3(phaseP50(r.Rec, "combine")) }},
 	{"dispatch_GBps", true, func(r Row) string { return gbps(r.Rec.Traffic.DispatchGBps) }},
@@ -185,7 +201,7 @@ func (g Group) Title() string {
 	if c.SharedExperts > 0 {
 		s += fmt.Sprintf(" · shared %d", c.SharedExperts)
 	}
-	return s + fmt.Sprintf(" · EP %d · routing %s · seed %d · device %s · stack #%d", c.EP, c.Routing, c.Seed, c.Device, g.StackNo)
+	return s + fmt.Sprintf(" · EP %d · routing %s · seed %d · device %s · %s · stack #%d", c.EP, c.Routing, c.Seed, c.Device, passLine(c), g.StackNo)
 }
 
 // notes are the reasons of failed and unavailable rows, and repeated runs.
