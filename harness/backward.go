@@ -20,11 +20,18 @@ type rankGrads struct {
 	dxRouter []float32 // [T, h] the router's part of the input gradient (B6)
 	dxShared []float32 // [T, h] the shared expert's part (B4)
 	dx       []float32 // [T, h] the input gradient (B8)
-	dwr      []float32 // [E, h] the router weight's gradient from this rank's tokens (B7)
-	// the shared expert's weight gradients from this rank's tokens (fp32;
-	// the data-parallel all-reduce sums the ranks')
-	sharedFC1, sharedFC2 []float32
-	scratch              []float32 // the expert backward's dact and dh1
+	scratch  []float32 // the expert backward's dact and dh1
+}
+
+// replicaGrads are the fp32 main_grad of the weights every rank holds a
+// replica of, the router's and the shared expert's, summed over every
+// rank's tokens as the data-parallel all-reduce of the ranks' main_grads
+// would sum them (each rank adds its own part as it finishes: the ranks
+// run one after another on the host, so the sum is made in rank order).
+type replicaGrads struct {
+	router []float32 // [E, h]: Σ over ranks of bf16(the rank's dlogitsᵀ·x) (B7)
+	shared dispatchers.ExpertWeights
+	dwr    []float32 // [E, h] one rank's router weight gradient before it is added
 }
 
 // newBackward gives the layer what its backward needs: the upstream
@@ -34,11 +41,15 @@ func (l *Layer) newBackward(experts bool) {
 	c := l.Cfg
 	T, h, f, E := c.Tokens, c.Hidden, c.FFN, c.Experts
 	fs := f * c.SharedExperts
+	l.replica = replicaGrads{router: make([]float32, E*h), dwr: make([]float32, E*h)}
+	if fs > 0 {
+		l.replica.shared = dispatchers.ExpertWeights{FC1: make([]float32, 2*fs*h), FC2: make([]float32, h*fs)}
+	}
 	for r, rk := range l.Ranks {
 		l.DOut = append(l.DOut, normal(c.Seed, "dout", r, T*h, 1))
-		g := rankGrads{dlogits: make([]float32, T*E), dxRouter: make([]float32, T*h), dx: make([]float32, T*h), dwr: make([]float32, E*h)}
+		g := rankGrads{dlogits: make([]float32, T*E), dxRouter: make([]float32, T*h), dx: make([]float32, T*h)}
 		if fs > 0 {
-			g.dxShared, g.sharedFC1, g.sharedFC2 = make([]float32, T*h), make([]float32, 2*fs*h), make([]float32, h*fs)
+			g.dxShared = make([]float32, T*h)
 		}
 		l.grads = append(l.grads, g)
 		for e := 0; experts && e < l.Shape.LocalExperts(); e++ {
@@ -96,8 +107,9 @@ func (l *Layer) Backward(d dispatchers.Dispatcher, timed Timer) error {
 			clear(g.FC1)
 			clear(g.FC2)
 		}
-		clear(l.grads[r].sharedFC1)
-		clear(l.grads[r].sharedFC2)
+	}
+	for _, b := range [][]float32{l.replica.router, l.replica.shared.FC1, l.replica.shared.FC2} {
+		clear(b)
 	}
 	return runPhases(steps, len(l.Ranks), timed)
 }
@@ -158,25 +170,28 @@ func taped(segs []dispatchers.Segment, sg dispatchers.Segment) bool {
 
 // routerBackward is rank r's score-function backward (fp32) and router
 // GEMM backward: the logits' gradient from DProbs, then the input's (B6)
-// and the router weight's (B7).
+// and the router weight's (B7), added to the router's main_grad.
 func (l *Layer) routerBackward(r int) error {
 	rk, g, c := l.Ranks[r], &l.grads[r], l.Cfg
 	if len(rk.DProbs) != c.Tokens*c.TopK {
 		return fmt.Errorf("the dispatcher's backward left %d probability gradients, want tokens × topk = %d", len(rk.DProbs), c.Tokens*c.TopK)
 	}
 	kernels.ScoreBackward(l.Router, g.dlogits, l.run[r].logits, rk.DProbs, rk.Idx, c.Tokens)
-	kernels.RouterBackward(g.dxRouter, g.dwr, g.dlogits, rk.X, l.Wr, c.Tokens, c.Hidden, c.Experts, kernels.RoundBF16Slice)
+	kernels.RouterBackward(g.dxRouter, l.replica.dwr, g.dlogits, rk.X, l.Wr, c.Tokens, c.Hidden, c.Experts, kernels.RoundBF16Slice)
+	for i, v := range l.replica.dwr {
+		l.replica.router[i] += v
+	}
 	return nil
 }
 
 // sharedBackward is rank r's shared expert's backward: its output gradient
-// is DOut itself.
+// is DOut itself; its weight gradients add to the shared main_grad.
 func (l *Layer) sharedBackward(r int) error {
 	g, c := &l.grads[r], l.Cfg
 	fs := c.FFN * c.SharedExperts
 	g.scratch = kernels.Grow(g.scratch, c.Tokens*3*fs)
 	tape := kernels.ExpertTape[float32]{X: l.X[r], Saved: l.run[r].sharedSaved}
-	grads := kernels.ExpertGrads[float32]{DX: g.dxShared, DFC1: g.sharedFC1, DFC2: g.sharedFC2}
+	grads := kernels.ExpertGrads[float32]{DX: g.dxShared, DFC1: l.replica.shared.FC1, DFC2: l.replica.shared.FC2}
 	kernels.ExpertBackward(grads, l.DOut[r], tape, l.SharedFC1, l.SharedFC2, g.scratch, c.Tokens, c.Hidden, fs, kernels.RoundBF16Slice)
 	return nil
 }
@@ -204,8 +219,10 @@ func (l *Layer) backwardFootprint(r int) int64 {
 	}
 	rk, run, g := l.Ranks[r], &l.run[r], &l.grads[r]
 	n := cap(run.saved) + cap(run.sharedSaved) + len(l.DOut[r]) + cap(rk.ExpertDY) + cap(rk.ExpertDX) + cap(rk.ExpertDProbs) +
-		cap(rk.DX) + cap(rk.DProbs) + cap(g.dlogits) + cap(g.dxRouter) + cap(g.dxShared) + cap(g.dx) + cap(g.dwr) +
-		cap(g.sharedFC1) + cap(g.sharedFC2) + cap(g.scratch)
+		cap(rk.DX) + cap(rk.DProbs) + cap(g.dlogits) + cap(g.dxRouter) + cap(g.dxShared) + cap(g.dx) + cap(g.scratch)
+	// the replicas' main_grad, as a GPU rank holds its own (as the
+	// footprint counts the router and shared weights)
+	n += len(l.replica.router) + len(l.replica.shared.FC1) + len(l.replica.shared.FC2)
 	for _, w := range rk.ExpertGrads {
 		n += cap(w.FC1) + cap(w.FC2)
 	}

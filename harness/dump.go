@@ -132,11 +132,9 @@ func Dump(dir string, l *Layer, rec *results.Record) error {
 func (l *Layer) dumpGrads(add func(name string, shape []int, data any, about string) error) []func() error {
 	c := l.Cfg
 	n, h, f, E, k := c.EP*c.Tokens, c.Hidden, c.FFN, c.Experts, c.TopK
-	var dx, dprobs, fc1, fc2, wr, sfc1, sfc2 []float32
+	var dx, dprobs, fc1, fc2 []float32
 	for r, rk := range l.Ranks {
-		g := &l.grads[r]
-		dx, dprobs, wr = append(dx, g.dx...), append(dprobs, rk.DProbs...), append(wr, g.dwr...)
-		sfc1, sfc2 = append(sfc1, g.sharedFC1...), append(sfc2, g.sharedFC2...)
+		dx, dprobs = append(dx, l.grads[r].dx...), append(dprobs, rk.DProbs...)
 		for _, w := range rk.ExpertGrads { // rank r's experts are r·L … (r+1)·L − 1
 			fc1, fc2 = append(fc1, w.FC1...), append(fc2, w.FC2...)
 		}
@@ -160,16 +158,16 @@ func (l *Layer) dumpGrads(add func(name string, shape []int, data any, about str
 	}
 	if l.routerGrad() {
 		steps = append(steps, func() error {
-			return add("grad_router_weight.npy", []int{c.EP, E, h}, wr, "gradient of the router weight from each rank's tokens (bf16); the batch's is the sum over axis 0")
+			return add("grad_router_weight.npy", []int{E, h}, l.replica.router, "gradient of the router weight (fp32 main_grad): the sum over ranks of each rank's, rounded to bf16 first")
 		})
 	}
 	if fs := f * c.SharedExperts; fs > 0 {
 		steps = append(steps,
 			func() error {
-				return add("grad_shared_fc1.npy", []int{c.EP, 2 * fs, h}, sfc1, "gradient of the shared expert's fc1 from each rank's tokens (fp32); the batch's is the sum over axis 0")
+				return add("grad_shared_fc1.npy", []int{2 * fs, h}, l.replica.shared.FC1, "gradient of the shared expert's fc1 (fp32 main_grad; all ranks' tokens)")
 			},
 			func() error {
-				return add("grad_shared_fc2.npy", []int{c.EP, h, fs}, sfc2, "gradient of the shared expert's fc2 from each rank's tokens (fp32); the batch's is the sum over axis 0")
+				return add("grad_shared_fc2.npy", []int{h, fs}, l.replica.shared.FC2, "gradient of the shared expert's fc2 (fp32 main_grad; all ranks' tokens)")
 			})
 	}
 	return steps

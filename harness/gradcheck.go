@@ -20,8 +20,8 @@ import (
 // holds every expert's gradients at once.
 
 // gradNote says what the check compared.
-const gradNote = "upstream gradient: N(0,1) per rank drawn from the seed, as bf16; the weight gradients of the router and the shared expert " +
-	"are the sums of every rank's (a data-parallel all-reduce), the experts' their owners' fp32 main_grad"
+const gradNote = "upstream gradient: N(0,1) per rank drawn from the seed, as bf16; the weight gradients are fp32 main_grad: the experts' their owners', " +
+	"the router's and the shared expert's summed over every rank's tokens (each rank's router part rounded to bf16 first, B7), as a data-parallel all-reduce sums them"
 
 // checkGrads runs the backward of the step Check ran and compares its
 // gradients with the reference; it fills c.Grads.
@@ -57,21 +57,25 @@ func poisonGrads(l *Layer) {
 			poison(b)
 		}
 		if l.routerGrad() { // else the router's gradients stay zero
-			for _, b := range [][]float32{g.dlogits, g.dxRouter, g.dwr} {
+			for _, b := range [][]float32{g.dlogits, g.dxRouter, l.replica.dwr} {
 				poison(b)
 			}
 		}
 	}
 }
 
-// gradProblem is the layer's last step as ReferenceGradsEach takes it.
-func (l *Layer) gradProblem() kernels.GradProblem {
+// gradProblem is the layer's last step as ReferenceGradsEach takes it;
+// each expert's weights are widened into buffers of w, which done(e) gives
+// back once the reference is through with expert e.
+func (l *Layer) gradProblem(w *widened) kernels.GradProblem {
 	c := l.Cfg
-	p := kernels.GradProblem{Router: l.Router, Tokens: c.EP * c.Tokens, RankTokens: c.Tokens, Hidden: c.Hidden, FFN: c.FFN,
+	p := kernels.GradProblem{Router: l.Router, Tokens: c.EP * c.Tokens, Hidden: c.Hidden, FFN: c.FFN,
 		SharedFFN: c.FFN * c.SharedExperts, Wr: widen(l.Wr),
 		Expert: func(e int) ([]float64, []float64) {
 			fc1, fc2 := l.ExpertWeights(e)
-			return widen(fc1), widen(fc2)
+			b := w.get(e)
+			b.fc1, b.fc2 = widenInto(b.fc1, fc1), widenInto(b.fc2, fc2)
+			return b.fc1, b.fc2
 		}}
 	var probs []float32
 	for r, rk := range l.Ranks {
@@ -88,6 +92,32 @@ func (l *Layer) gradProblem() kernels.GradProblem {
 		p.SharedFC1, p.SharedFC2 = widen(l.SharedFC1), widen(l.SharedFC2)
 	}
 	return p
+}
+
+// widened lends float64 buffers for experts' weights, each held by one
+// expert at a time (the reference computes a few at once).
+type widened struct {
+	pool sync.Pool
+	held []*expertBuf // [E] the buffers lent to each expert, until given back
+}
+
+type expertBuf struct{ fc1, fc2 []float64 }
+
+func (w *widened) get(e int) *expertBuf {
+	b, _ := w.pool.Get().(*expertBuf)
+	if b == nil {
+		b = &expertBuf{}
+	}
+	w.held[e] = b
+	return b
+}
+
+// done gives expert e's buffers back, if it had any.
+func (w *widened) done(e int) {
+	if b := w.held[e]; b != nil {
+		w.held[e] = nil
+		w.pool.Put(b)
+	}
 }
 
 // errAcc accumulates GradErrMetric's max|g − ref| and max|ref|; a NaN
@@ -123,7 +153,9 @@ func compareGrads(l *Layer) map[string]float64 {
 	for _, n := range []string{"expert fc1", "expert fc2"} {
 		acc[n] = &errAcc{}
 	}
-	ref := kernels.ReferenceGradsEach(l.gradProblem(), refWorkers(c), func(e int, fc1, fc2 []float64) {
+	w := &widened{held: make([]*expertBuf, E)}
+	ref := kernels.ReferenceGradsEach(l.gradProblem(w), refWorkers(c), func(e int, fc1, fc2 []float64) {
+		defer w.done(e)
 		g := l.Ranks[e/L].ExpertGrads[e%L]
 		var a1, a2 errAcc
 		a1.add(g.FC1, fc1)
@@ -134,32 +166,18 @@ func compareGrads(l *Layer) map[string]float64 {
 			acc[n].diff, acc[n].ref = math.Max(acc[n].diff, a.diff), math.Max(acc[n].ref, a.ref)
 		}
 	})
-	var x, wr, probs errAcc
+	var x, wr, probs, sfc1, sfc2 errAcc
 	for r, rk := range l.Ranks {
 		x.add(l.grads[r].dx, ref.X[r*T*h:(r+1)*T*h])
-		wr.add(l.grads[r].dwr, ref.Wr[r][:E*h])
 		probs.add(rk.DProbs, ref.Probs[r*T*c.TopK:(r+1)*T*c.TopK])
 	}
+	wr.add(l.replica.router, ref.Wr[0][:E*h]) // every rank's tokens
 	errs := map[string]float64{"input": x.err(), "router weight": wr.err(), "probs": probs.err(),
 		"expert fc1": acc["expert fc1"].err(), "expert fc2": acc["expert fc2"].err()}
-	if l.SharedFC1 != nil { // the ranks' sum, in float64
-		for name, p := range map[string]struct {
-			ref  []float64
-			rank func(g *rankGrads) []float32
-		}{"shared fc1": {ref.SharedFC1, func(g *rankGrads) []float32 { return g.sharedFC1 }},
-			"shared fc2": {ref.SharedFC2, func(g *rankGrads) []float32 { return g.sharedFC2 }}} {
-			sum := make([]float64, len(p.ref))
-			for r := range l.grads {
-				for i, v := range p.rank(&l.grads[r]) {
-					sum[i] += float64(v)
-				}
-			}
-			var a errAcc
-			for i, v := range sum {
-				a.add([]float32{float32(v)}, p.ref[i:i+1])
-			}
-			errs[name] = a.err()
-		}
+	if l.SharedFC1 != nil {
+		sfc1.add(l.replica.shared.FC1, ref.SharedFC1)
+		sfc2.add(l.replica.shared.FC2, ref.SharedFC2)
+		errs["shared fc1"], errs["shared fc2"] = sfc1.err(), sfc2.err()
 	}
 	return errs
 }

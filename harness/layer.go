@@ -34,8 +34,9 @@ type Layer struct {
 
 	// DOut is each rank's upstream gradient [T, h] (bf16, N(0,1) drawn from
 	// the seed); nil in a forward-only layer, which keeps no tape.
-	DOut  [][]float32
-	grads []rankGrads // per rank; nil in a forward-only layer
+	DOut    [][]float32
+	grads   []rankGrads // per rank; nil in a forward-only layer
+	replica replicaGrads
 }
 
 type rankRun struct {

@@ -89,9 +89,9 @@ func memParts(c Config) []memPart {
 		// each rank's tape (fc1 outputs and activations of its copies and
 		// of the shared expert), its copies' gradients (output, input,
 		// probability), its tokens' (upstream, dispatcher's, router's,
-		// shared expert's, the input's; probabilities, logits) and its
-		// router and shared weight gradients
-		back := copies*(4*3*f+8*h+4) + ep*T*(4*3*fs+24*h+4*k+4*E) + ep*(4*E*h+4*3*h*fs)
+		// shared expert's, the input's; probabilities, logits), and the
+		// router's and shared expert's weight gradients
+		back := copies*(4*3*f+8*h+4) + ep*T*(4*3*fs+24*h+4*k+4*E) + 8*E*h + 4*3*h*fs
 		parts = append(parts, memPart{"backward: kept activations and gradients", back},
 			memPart{"expert weight gradients (float32 main_grad)", 4 * 3 * E * h * f})
 	}
@@ -106,8 +106,8 @@ func memParts(c Config) []memPart {
 		ref += w * (12*3*h*f + refBlock*(8*h+8+8*3*f))   // each worker's expert weights (drawn and widened) and a block of rows
 		ref += 8*3*h*fs + Ts*(16*h+8*3*fs)               // the shared expert, one rank at a time
 		parts = append(parts, memPart{"float64 reference", ref})
-		if train { // ReferenceGradsEach: x, dout and dx; logits and probabilities with their gradients; router weight and its gradient per rank; shared expert and its gradients
-			g := ep*T*(24*h+16*E+24*k) + 8*E*h*(1+ep) + 8*3*2*h*fs
+		if train { // ReferenceGradsEach: x, dout and dx; logits and probabilities with their gradients; router weight and its gradient; shared expert and its gradients
+			g := ep*T*(24*h+16*E+24*k) + 16*E*h + 8*3*2*h*fs
 			g += w * (8*3*h*f*2 + 8*ep*T*h) // each worker's widened weights, its expert's weight gradients and its copies' input gradients
 			parts = append(parts, memPart{"float64 gradient reference", g})
 		}
