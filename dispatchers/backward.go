@@ -116,3 +116,34 @@ func SequenceBackward(d PhasedBackward, experts func(rank int) error) ([]Step, e
 	return append(s, Step{ExpertBackwardPhases[0], experts}, Step{BackwardName("dispatch"), d.DispatchBackward},
 		Step{BackwardName("permute"), d.PermuteBackward}), nil
 }
+
+// FusedBackward is the backward of a design whose permute and unpermute
+// are fused into its dispatch and combine (DeepEP's, HybridEP's): the
+// combine's backward, the experts' backward, the dispatch's backward.
+func FusedBackward(combine, experts, dispatch func(rank int) error) []Step {
+	return []Step{{BackwardName("combine"), combine}, {ExpertBackwardPhases[0], experts}, {BackwardName("dispatch"), dispatch}}
+}
+
+// CheckOutputGrads says which of ranks has no output gradient of the
+// shape's size, for a combine's backward that reads them all (name: the
+// dispatcher; r: the rank running it).
+func CheckOutputGrads(name string, r int, sh Shape, ranks []*Rank) error {
+	for q, rk := range ranks {
+		if len(rk.DY) != sh.Tokens*sh.Hidden {
+			return fmt.Errorf("%s: combine-bwd on rank %d: rank %d's output gradient has %d values, want tokens × hidden = %d", name, r, q, len(rk.DY), sh.Tokens*sh.Hidden)
+		}
+	}
+	return nil
+}
+
+// CheckExpertGrads says which of ranks lacks the input and probability
+// gradients of some of its rows, for a dispatch's backward that reads them
+// all.
+func CheckExpertGrads(name string, r int, sh Shape, ranks []*Rank) error {
+	for q, rk := range ranks {
+		if n := len(rk.ExpertProbs); len(rk.ExpertDX) < n*sh.Hidden || len(rk.ExpertDProbs) < n {
+			return fmt.Errorf("%s: dispatch-bwd on rank %d: rank %d's expert input gradients hold %d values and %d probabilities, want %d rows", name, r, q, len(rk.ExpertDX), len(rk.ExpertDProbs), n)
+		}
+	}
+	return nil
+}

@@ -144,11 +144,24 @@ func (a *A2A) deliver(r, width int, recv, dst []float32, from func(ss *state) []
 		lo, hi := ss.sendOff[r], ss.sendOff[r+1]
 		copy(recv[s.recvOff[src][0]*width:], from(ss)[lo*width:hi*width])
 	}
+	a.sortChunks(r, width, recv, dst, true)
+}
+
+// sortChunks moves rank r's rows of width values between its receive
+// order, [source][local expert] (recv), and expert-major order, [local
+// expert][source] (rows): into rows when toExperts, else back into recv.
+func (a *A2A) sortChunks(r, width int, recv, rows []float32, toExperts bool) {
+	s, sh := &a.st[r], a.shape
 	at := 0
 	for l := range sh.LocalExperts() {
 		for src := range sh.EP {
 			n, off := s.chunkN[src][l], s.recvOff[src][l]
-			copy(dst[at*width:(at+n)*width], recv[off*width:(off+n)*width])
+			x, y := rows[at*width:(at+n)*width], recv[off*width:(off+n)*width]
+			if toExperts {
+				copy(x, y)
+			} else {
+				copy(y, x)
+			}
 			at += n
 		}
 	}
@@ -180,14 +193,7 @@ func (a *A2A) received(r int) int {
 // source's permuted rows (rows [sendOff[r], sendOff[r+1]) of to(source)).
 func (a *A2A) giveBack(r, width int, src, recv []float32, to func(ss *state) []float32) {
 	s, sh := &a.st[r], a.shape
-	at := 0
-	for l := range sh.LocalExperts() {
-		for from := range sh.EP {
-			n, off := s.chunkN[from][l], s.recvOff[from][l]
-			copy(recv[off*width:(off+n)*width], src[at*width:(at+n)*width])
-			at += n
-		}
-	}
+	a.sortChunks(r, width, recv, src, false)
 	for from := range sh.EP {
 		ss := &a.st[from]
 		lo, hi := ss.sendOff[r], ss.sendOff[r+1]

@@ -1,8 +1,6 @@
 package deepep
 
 import (
-	"fmt"
-
 	"github.com/moebench/moebench/dispatchers"
 	"github.com/moebench/moebench/kernels"
 )
@@ -24,8 +22,7 @@ import (
 
 // BackwardPhases are the forward's duals in reverse order.
 func (h *Host) BackwardPhases(experts func(rank int) error) []dispatchers.Step {
-	return []dispatchers.Step{{Name: dispatchers.BackwardName("combine"), Run: h.CombineBackward},
-		{Name: dispatchers.ExpertBackwardPhases[0], Run: experts}, {Name: dispatchers.BackwardName("dispatch"), Run: h.DispatchBackward}}
+	return dispatchers.FusedBackward(h.CombineBackward, experts, h.DispatchBackward)
 }
 
 // CombineBackward is rank r's receive side of the output gradients' dispatch
@@ -35,10 +32,8 @@ func (h *Host) BackwardPhases(experts func(rank int) error) []dispatchers.Step {
 func (h *Host) CombineBackward(r int) error {
 	s, rk, sh := &h.st[r], h.ranks[r], h.shape
 	k, hd := sh.TopK, sh.Hidden
-	for src, sr := range h.ranks {
-		if len(sr.DY) != sh.Tokens*hd {
-			return fmt.Errorf("deepep: combine-bwd on rank %d: rank %d's output gradient has %d values, want tokens × hidden = %d", r, src, len(sr.DY), sh.Tokens*hd)
-		}
+	if err := dispatchers.CheckOutputGrads(Name, r, sh, h.ranks); err != nil {
+		return err
 	}
 	if err := h.transfer(r, "combine-bwd", func(src int) []float32 { return h.ranks[src].DY }, s.recvX, false); err != nil {
 		return err
@@ -59,10 +54,8 @@ func (h *Host) CombineBackward(r int) error {
 // gradients' combine, into DX (rounded to bf16 once) and DProbs.
 func (h *Host) DispatchBackward(r int) error {
 	rk, sh := h.ranks[r], h.shape
-	for d, dr := range h.ranks {
-		if n := len(dr.ExpertProbs); len(dr.ExpertDX) < n*sh.Hidden || len(dr.ExpertDProbs) < n {
-			return fmt.Errorf("deepep: dispatch-bwd on rank %d: rank %d's expert input gradients hold %d values and %d probabilities, want %d rows", r, d, len(dr.ExpertDX), len(dr.ExpertDProbs), n)
-		}
+	if err := dispatchers.CheckExpertGrads(Name, r, sh, h.ranks); err != nil {
+		return err
 	}
 	rk.DX = kernels.Grow(rk.DX, sh.Tokens*sh.Hidden)
 	rk.DProbs = kernels.Grow(rk.DProbs, sh.Tokens*sh.TopK)

@@ -24,8 +24,7 @@ import (
 // BackwardPhases are the forward's duals in reverse order; allgather and
 // preprocess have none (their maps are the forward's).
 func (h *Host) BackwardPhases(experts func(rank int) error) []dispatchers.Step {
-	return []dispatchers.Step{{Name: dispatchers.BackwardName("combine"), Run: h.CombineBackward},
-		{Name: dispatchers.ExpertBackwardPhases[0], Run: experts}, {Name: dispatchers.BackwardName("dispatch"), Run: h.DispatchBackward}}
+	return dispatchers.FusedBackward(h.CombineBackward, experts, h.DispatchBackward)
 }
 
 // CombineBackward is rank q's receive side of the output gradients'
@@ -38,10 +37,8 @@ func (h *Host) CombineBackward(q int) error {
 		h.pass++
 		h.backward = true
 	}
-	for r, rr := range h.ranks {
-		if len(rr.DY) != sh.Tokens*hd {
-			return fmt.Errorf("hybridep: combine-bwd on rank %d: rank %d's output gradient has %d values, want tokens × hidden = %d", q, r, len(rr.DY), sh.Tokens*hd)
-		}
+	if err := dispatchers.CheckOutputGrads(Name, q, sh, h.ranks); err != nil {
+		return err
 	}
 	if err := h.fanOut(q); err != nil {
 		return err
@@ -64,10 +61,8 @@ func (h *Host) DispatchBackward(r int) error {
 	if !h.backward {
 		return fmt.Errorf("hybridep: dispatch-bwd on rank %d before the step's combine-bwd", r)
 	}
-	for q, qr := range h.ranks {
-		if n := len(qr.ExpertProbs); len(qr.ExpertDX) < n*sh.Hidden || len(qr.ExpertDProbs) < n {
-			return fmt.Errorf("hybridep: dispatch-bwd on rank %d: rank %d's expert input gradients hold %d values and %d probabilities, want %d rows", r, q, len(qr.ExpertDX), len(qr.ExpertDProbs), n)
-		}
+	if err := dispatchers.CheckExpertGrads(Name, r, sh, h.ranks); err != nil {
+		return err
 	}
 	rk.DX = kernels.Grow(rk.DX, sh.Tokens*sh.Hidden)
 	rk.DProbs = kernels.Grow(rk.DProbs, sh.Tokens*sh.TopK)
