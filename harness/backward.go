@@ -35,9 +35,8 @@ type replicaGrads struct {
 }
 
 // newBackward gives the layer what its backward needs: the upstream
-// gradient, the ranks' gradient buffers and, with experts, their weight
-// gradients.
-func (l *Layer) newBackward(experts bool) {
+// gradient, the ranks' gradient buffers and the weight gradients.
+func (l *Layer) newBackward() {
 	c := l.Cfg
 	T, h, f, E := c.Tokens, c.Hidden, c.FFN, c.Experts
 	fs := f * c.SharedExperts
@@ -52,7 +51,7 @@ func (l *Layer) newBackward(experts bool) {
 			g.dxShared = make([]float32, T*h)
 		}
 		l.grads = append(l.grads, g)
-		for e := 0; experts && e < l.Shape.LocalExperts(); e++ {
+		for range l.Shape.LocalExperts() {
 			rk.ExpertGrads = append(rk.ExpertGrads, dispatchers.ExpertWeights{FC1: make([]float32, 2*f*h), FC2: make([]float32, h*f)})
 		}
 	}

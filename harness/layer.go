@@ -108,8 +108,8 @@ func newLayer(cfg Config, experts bool) (*Layer, error) {
 			Idx: make([]int32, cfg.Tokens*cfg.TopK), Probs: make([]float32, cfg.Tokens*cfg.TopK)})
 		l.run = append(l.run, rankRun{logits: make([]float32, cfg.Tokens*E)})
 	}
-	if !cfg.ForwardOnly {
-		l.newBackward(experts)
+	if !cfg.ForwardOnly && experts { // a host twin or a dispatch benchmark runs no backward
+		l.newBackward()
 	}
 	return l, nil
 }

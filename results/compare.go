@@ -227,13 +227,25 @@ func Compare(base, new []Record, o CompareOptions, allowStackChange bool) (*Comp
 		c.Changes = append(c.Changes, ch)
 	}
 	if matched == 0 {
-		return c, fmt.Errorf("no point of new matches a point of base (same workload and settings)%s", passesDiffer(base, new))
+		if why := passesDiffer(base, new); why != "" {
+			return c, &PassChangeError{why}
+		}
+		return c, fmt.Errorf("no point of new matches a point of base (same workload and settings)")
 	}
 	return c, nil
 }
 
-// passesDiffer says, when base and new would match but for what their
-// iterations timed, that they time different passes.
+// PassChangeError is Compare's refusal of files whose records time
+// different passes (forward only, or training steps), which are never the
+// same point: a new baseline is needed, as for a stack change.
+type PassChangeError struct{ Why string }
+
+func (e *PassChangeError) Error() string {
+	return "no point of new matches a point of base: " + e.Why + " (a new baseline is needed)"
+}
+
+// passesDiffer says, when no pass of new is one of base's, which each
+// times.
 func passesDiffer(base, new []Record) string {
 	passes := func(recs []Record) map[string]bool {
 		m := map[string]bool{}
@@ -256,7 +268,7 @@ func passesDiffer(base, new []Record) string {
 		sort.Strings(s)
 		return strings.Join(s, ", ")
 	}
-	return fmt.Sprintf(": base times %s and new %s, which are never compared (a forward-only run and a training step time different work; rerun one with or without --forward-only)", names(bp), names(np))
+	return fmt.Sprintf("base times %s and new %s, which are never compared (a forward-only run and a training step time different work; rerun one with or without --forward-only)", names(bp), names(np))
 }
 
 func decide(ch *Change, o CompareOptions) {

@@ -263,7 +263,8 @@ func TestComparePasses(t *testing.T) {
 	fwd, train, old := okRecord("alltoall", []float64{1, 1, 1, 1, 1}), okRecord("alltoall", []float64{3, 3, 3, 3, 3}), okRecord("alltoall", []float64{1, 1, 1, 1, 1})
 	fwd.Config.Pass, train.Config.Pass, old.Config.Pass = PassForward, PassTraining, ""
 	c, err := Compare([]Record{fwd}, []Record{train}, DefaultCompareOptions, false)
-	if err == nil || !strings.Contains(err.Error(), "base times fwd and new fwd+bwd, which are never compared") {
+	var pc *PassChangeError
+	if !errors.As(err, &pc) || !strings.Contains(err.Error(), "base times fwd and new fwd+bwd, which are never compared") {
 		t.Fatalf("fwd against fwd+bwd: %v", err)
 	}
 	if len(c.Changes) != 2 || c.Changes[0].Verdict == VerdictRegression || c.Changes[1].Verdict == VerdictRegression {
