@@ -587,7 +587,12 @@ func straggler(v []float64) results.Straggler {
 	return s
 }
 
-// HostFLOPs is the expert GEMM work of one step (all ranks), for warnings.
+// HostFLOPs is the expert GEMM work of one step (all ranks), for warnings:
+// the forward's, and a training step's backward twice that again.
 func HostFLOPs(cfg Config) float64 {
-	return 6 * float64(cfg.Hidden) * float64(cfg.FFN) * float64(cfg.EP*cfg.Tokens) * float64(cfg.TopK+cfg.SharedExperts)
+	fwd := 6 * float64(cfg.Hidden) * float64(cfg.FFN) * float64(cfg.EP*cfg.Tokens) * float64(cfg.TopK+cfg.SharedExperts)
+	if cfg.ForwardOnly {
+		return fwd
+	}
+	return 3 * fwd
 }
