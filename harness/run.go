@@ -248,22 +248,22 @@ func trafficRecord(tr dispatchers.Traffic) *results.Traffic {
 		DispatchAlgorithm: tr.DispatchAlgorithm, CombineAlgorithm: tr.CombineAlgorithm, AlgorithmFormula: tr.AlgorithmFormula}
 }
 
-// bandwidth fills t's GB/s from its algorithm bytes and the phase p50s of
-// timing, per SM of budget when the dispatcher is SM-driven (budget > 0).
-func bandwidth(t *results.Traffic, timing *results.Timing, ep, budget int) {
-	if t.DispatchAlgorithm == 0 && t.CombineAlgorithm == 0 {
-		return
-	}
+// bandwidth fills t's GB/s from the phase p50s of timing: in moebench's
+// per-copy convention (copies bytes), and in the design's own from its
+// algorithm bytes, per SM of budget when the dispatcher is SM-driven
+// (budget > 0).
+func bandwidth(t *results.Traffic, timing *results.Timing, ep, budget int, copies int64) {
 	p50 := map[string]float64{}
 	for _, p := range timing.Phases {
 		p50[p.Name] = p.P50
 	}
+	t.CopyBytes, t.CopyFormula = copies, results.CopyFormula
+	t.DispatchCopyGBps, t.CombineCopyGBps = results.GBps(copies, ep, p50["dispatch"]), results.GBps(copies, ep, p50["combine"])
+	if t.DispatchAlgorithm == 0 && t.CombineAlgorithm == 0 {
+		return
+	}
 	rate := func(bytes int64, phase string) (gbps, perSM float64) {
-		ms := p50[phase]
-		if ms <= 0 {
-			return 0, 0
-		}
-		gbps = float64(bytes) / float64(ep) / (ms / 1e3) / 1e9
+		gbps = results.GBps(bytes, ep, p50[phase])
 		if budget > 0 {
 			perSM = gbps / float64(budget)
 		}
@@ -347,12 +347,22 @@ func fillMeasurements(rec *results.Record, cfg Config, m measured) {
 		}
 		t.Phases = append(t.Phases, p)
 	}
+	// the two steps: the slowest rank's own (measured on a device, its
+	// phases summed on the host) and the lockstep bound; Step is the
+	// device's measured one, and on the host, where ranks run a phase one
+	// after another, the lockstep bound
+	own := stepPerRank
 	if m.step != nil {
-		t.Step = phaseStats("step", m.step)
-	} else {
-		t.Step = phaseStats("step", stepPerRank)
-		t.Step.Samples, t.Step.Stat = lockstep, summarise(lockstep)
+		own = m.step
 	}
+	slowest := phaseStats("step_slowest_rank", own)
+	lock := results.Phase{Name: "step_lockstep", Stat: summarise(lockstep), Samples: lockstep}
+	t.SlowestRank, t.Lockstep = &slowest, &lock
+	t.Step, t.StepIs = slowest, results.StepSlowestRank
+	if m.step == nil {
+		t.Step.Stat, t.Step.Samples, t.StepIs = lock.Stat, lock.Samples, results.StepLockstep
+	}
+	t.Step.Name = "step"
 	if m.issue != nil {
 		s := summarise(m.issue)
 		t.HostIssue = &s
@@ -390,7 +400,7 @@ func fillMeasurements(rec *results.Record, cfg Config, m measured) {
 		rec.GEMM.TFLOPS = routed / (ms / 1e3) / 1e12
 	}
 	rec.Traffic = trafficRecord(m.traffic)
-	bandwidth(rec.Traffic, t, cfg.EP, rec.SMs.Budget)
+	bandwidth(rec.Traffic, t, cfg.EP, rec.SMs.Budget, results.CopyPayload(rec.Config))
 	rec.Memory = m.mem
 	rec.Memory.Buffers = m.buffers
 }
