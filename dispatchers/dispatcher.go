@@ -106,6 +106,15 @@ type Traffic struct {
 	// when the design states none.
 	DispatchAlgorithm, CombineAlgorithm int64
 	AlgorithmFormula                    string
+	// DispatchInterDomain and CombineInterDomain are the part of the
+	// off-rank bytes that crosses NVLink domains (a domain-aware design's
+	// inter-domain path); zero for designs that do not tell domains apart
+	// and for runs in one domain.
+	DispatchInterDomain, CombineInterDomain int64
+	// InterDomainAlgorithm is the inter-domain bytes of each direction in
+	// the design's own convention (HybridEP's rdma_send_bytes), all ranks
+	// together; zero when the design states none.
+	InterDomainAlgorithm int64
 }
 
 // Buffer is one of a dispatcher's buffers on a rank, in the bytes a GPU

@@ -52,7 +52,7 @@ func BenchDispatch(cfg Config, names []string, sms []int, env Env) (*DispatchBen
 		return nil, err
 	}
 	if cfg.Device != "host" {
-		return nil, fmt.Errorf("bench dispatch: device %s: only the host device runs it in this build (no dispatcher's cuda implementation has a dispatch-only path yet; deepep's kernels are not built)", cfg.Device)
+		return nil, fmt.Errorf("bench dispatch: device %s: only the host device runs it in this build (no dispatcher's cuda implementation has a dispatch-only path yet; deepep's and hybridep's kernels are not built)", cfg.Device)
 	}
 	if avail, ok := memAvailable(); ok && benchBytes(cfg) > 0.8*avail {
 		return nil, fmt.Errorf("bench dispatch: about %.1f GiB of host memory needed, %.1f GiB available; use a smaller --tokens, --hidden or --ep",
@@ -70,7 +70,7 @@ func BenchDispatch(cfg Config, names []string, sms []int, env Env) (*DispatchBen
 	rec := newRecord(cfg, env)
 	b := &DispatchBench{Schema: DispatchBenchSchema, Time: rec.Time, Config: rec.Config, Stack: rec.Stack,
 		Clock:   "host wall clock (Go time.Now), each phase's slowest rank per iteration: host times are not GPU performance",
-		Bytes:   "each design's own convention (DeepEP's test_intranode: tokens received × hidden × 2 B, a rank's tokens to itself included; alltoall's rows are copies); GB/s = a rank's share / the phase's p50",
+		Bytes:   "each design's own convention (DeepEP's test_intranode and HybridEP's test_hybrid_ep: tokens received × hidden × 2 B, a rank's tokens to itself included; alltoall's rows are copies); GB/s = a rank's share / the phase's p50",
 		Check:   "every iteration: dispatch then combine, with experts that multiply each row by its probability (powers of two summing to 1), gives each rank's input back exactly",
 		Routing: cfg.Routing.String()}
 	b.Config.Dispatcher, b.Config.SMs = "", 0

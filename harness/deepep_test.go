@@ -114,15 +114,7 @@ func TestDeepEPEqualsAlltoall(t *testing.T) {
 	}
 	c = small()
 	c.EP, c.Routing = 2, Routing{Kind: RoutingSkewed, Alpha: 1}
-	d, a := layerOutput(t, c, "deepep"), layerOutput(t, c, "alltoall")
-	var diff, ref float64
-	for r := range d {
-		for i, v := range d[r] {
-			diff = math.Max(diff, math.Abs(float64(v-a[r][i])))
-			ref = math.Max(ref, math.Abs(float64(a[r][i])))
-		}
-	}
-	if diff == 0 || diff/ref > Tolerance {
+	if diff, ref := largestDiff(layerOutput(t, c, "deepep"), layerOutput(t, c, "alltoall")); diff == 0 || diff/ref > Tolerance {
 		t.Errorf("EP 2, 8 experts a rank: largest difference %g of %g; want some, within %g", diff, ref, Tolerance)
 	}
 }

@@ -245,7 +245,8 @@ func buffers(d any, ep int) []results.Buffer {
 func trafficRecord(tr dispatchers.Traffic) *results.Traffic {
 	return &results.Traffic{DispatchOffRank: tr.DispatchOffRank, DispatchLogical: tr.DispatchLogical,
 		CombineOffRank: tr.CombineOffRank, CombineLogical: tr.CombineLogical, Formula: tr.Formula,
-		DispatchAlgorithm: tr.DispatchAlgorithm, CombineAlgorithm: tr.CombineAlgorithm, AlgorithmFormula: tr.AlgorithmFormula}
+		DispatchAlgorithm: tr.DispatchAlgorithm, CombineAlgorithm: tr.CombineAlgorithm, AlgorithmFormula: tr.AlgorithmFormula,
+		DispatchInterDomain: tr.DispatchInterDomain, CombineInterDomain: tr.CombineInterDomain, InterDomainAlgorithm: tr.InterDomainAlgorithm}
 }
 
 // bandwidth fills t's GB/s from the phase p50s of timing: in moebench's
@@ -507,6 +508,9 @@ func hostBytes(cfg Config) float64 {
 	h, f, E, T, k := float64(cfg.Hidden), float64(cfg.FFN), float64(cfg.Experts), float64(cfg.Tokens), float64(cfg.TopK)
 	weights := 4 * (E*3*h*f + E*h + 3*h*f*float64(cfg.SharedExperts))
 	perRank := 4*(T*h*(3+6*k)+3*T*E+3*T*k*f) + 8*(T*h+T*E)
+	if cfg.Dispatcher == "hybridep" { // each rank's copy of the global routing map (bool) and its worst-case dense_to_expert map (int32)
+		perRank += float64(cfg.EP)*T*E + 4*T*E
+	}
 	return weights + float64(cfg.EP)*perRank
 }
 

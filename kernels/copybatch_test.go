@@ -141,9 +141,11 @@ func TestTwoGPUsOnTheFakeDriver(t *testing.T) {
 		ok(g[i].Upload(a[i], src[i], s[i]))
 		ok(g[i].Fill16(b[i], 0, 8, s[i]))
 	}
-	// GPU 1 pulls GPU 0's first half (a peer copy), then a batch: GPU 0's
-	// second half and its own first half (two pairs of GPUs)
-	ok(g[1].Wait(s[1], e[0][0]))
+	// GPU 1 pulls GPU 0's first half (a peer copy) once GPU 0's upload is
+	// done, then a batch: GPU 0's second half and its own first half (two
+	// pairs of GPUs)
+	ok(g[0].Record(e[0][1], s[0]))
+	ok(g[1].Wait(s[1], e[0][1]))
 	ok(g[1].CopyPeer(CopyOp{Dst: b[1], Src: a[0], Bytes: 8, SrcDev: g[0]}, s[1]))
 	ok(g[1].CopyBatch([]CopyOp{{Dst: b[1] + 8, Src: a[0] + 8, Bytes: 4, SrcDev: g[0]}, {Dst: b[1] + 12, Src: a[1], Bytes: 4}}, s[1]))
 	// GPU 0 pushes GPU 1's last quarter into its own b from GPU 1's stream
@@ -162,6 +164,7 @@ func TestTwoGPUsOnTheFakeDriver(t *testing.T) {
 	}
 	for i := range g {
 		ok(g[i].Record(e[i][1], s[i]))
+		ok(g[i].SyncStream(s[i]))
 		if _, err := g[i].Elapsed(e[i][0], e[i][1]); err != nil {
 			t.Errorf("GPU %d: %v", i, err)
 		}

@@ -471,7 +471,9 @@ func checkRouter(p *gpuPair) {
 // thread-block cluster (0 without clusters, sm_90 and later only) + a.
 const launchSource = `extern "C" __global__ void mark(int *out, int a) {
     unsigned r = 0;
-#if MB_CLUSTER
+#if MB_CLUSTER && defined(MB_HOST)
+    r = mbhost_cluster_ctarank(); // the host simulation's (internal/hostsim)
+#elif MB_CLUSTER
     asm("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
 #endif
     if (threadIdx.x == 0) out[blockIdx.x] = blockIdx.x * 10 + r + a;

@@ -77,6 +77,19 @@ type Device interface {
 	// then bf16(out + shared[t,:]) when shared is not 0.
 	UnpermuteSum(out, src, pos, shared Ptr, tokens, topk, hidden int, s Stream) error
 
+	// The machinery of SM-driven dispatchers (resident.go, signals.go).
+	// AllocMapped allocates host memory that kernels of every device read
+	// and write at its device address, and the host at its host address
+	// (page-locked, mapped): signals the host polls.
+	AllocMapped(bytes int64) (Mapped, error)
+	FreeMapped(m Mapped) error
+	// SMCount is the device's SM count, the ceiling of an SM budget.
+	SMCount() int
+	// LaunchResident queues this device's part of collective c on s: grid
+	// blocks of c.Prog that are all resident at once, or a
+	// *ResidencyError when they cannot be (see Collective).
+	LaunchResident(c *Collective, grid int, s Stream, args ...any) error
+
 	Close() error
 }
 

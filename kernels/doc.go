@@ -4,7 +4,10 @@
 // the correctness oracle for device implementations. The backward of each
 // step (backward.go, routerbwd.go) comes with a float64 gradient reference
 // (gradref.go) and FLOP/byte counts (work.go); BACKWARD.md maps it onto the
-// dispatchers.
+// dispatchers. The Device interface runs them on a GPU (CUDA) or on Emu;
+// resident.go and signals.go hold the machinery of SM-driven dispatchers
+// (co-resident collective launches with Go twins for Emu, peer-pointer
+// tables, host-mapped signals with timed waits), proven by commtest.go.
 //
 // Tensors are row-major []float32 (or []float64 for the reference). Activations
 // stored between steps are bf16 values widened to float32 (see RoundBF16), as a

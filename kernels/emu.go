@@ -21,6 +21,9 @@ import (
 // its streams and events belong to it, so that using one rank's buffer,
 // stream or event on another rank's device fails as it would on GPUs.
 type Emu struct {
+	// SMs is the SM count it reports (SMCount; 0: 132, an H100's), the
+	// most blocks of a resident launch (resident.go).
+	SMs    int
 	next   Ptr
 	allocs []*emuAlloc // sorted by base
 }
@@ -38,9 +41,10 @@ type emuEvent struct {
 	clock  clock // that stream's clock at the Record
 }
 type emuStream struct {
-	owner *Emu
-	id    int32
-	clock clock
+	owner   *Emu
+	id      int32
+	clock   clock
+	pending string // a collective launch queued on it that waits for its other parts (resident.go)
 }
 
 // emuSpaces hands each Emu its own 2⁴⁰-byte address range.
@@ -63,10 +67,18 @@ func (e *Emu) of(d Device) (*Emu, error) {
 	return nil, fmt.Errorf("emu: a copy with a %s device", d.Name())
 }
 
-// on checks that s is one of e's streams (nil passes: internal copies).
+// on checks that s is one of e's streams (nil passes: internal copies)
+// and takes work: no collective launch on it waits for its other parts.
 func (e *Emu) on(s Stream) error {
-	if s != nil && (*emuStream)(unsafe.Pointer(s)).owner != e {
+	if s == nil {
+		return nil
+	}
+	st := (*emuStream)(unsafe.Pointer(s))
+	if st.owner != e {
 		return fmt.Errorf("emu: a stream of another device")
+	}
+	if st.pending != "" {
+		return fmt.Errorf("emu: work on a stream whose collective launch of %s still waits for its other parts (Emu runs it when the last is queued: queue every part first)", st.pending)
 	}
 	return nil
 }
@@ -78,7 +90,7 @@ func (e *Emu) Alloc(bytes int64) (Ptr, error) {
 		return 0, fmt.Errorf("emu: allocation of %d bytes", bytes)
 	}
 	if e.next == 0 {
-		e.next = Ptr(emuSpaces.Add(1)<<40 + 1<<20)
+		e.newSpace()
 	}
 	base := e.next
 	e.next += Ptr(bytes+256+255) &^ 255 // a gap after each allocation: overruns do not land in a neighbour

@@ -35,7 +35,8 @@ type CUDA struct {
 	peers    map[int]bool // GPUs (ordinals) whose memory this one reaches
 
 	fns     map[kernelKey]cuda.Function
-	mods    map[string]cuda.Module // by file and constants
+	progs   map[string]cuda.Function // Programs' kernels (resident.go), by Program.key
+	mods    map[string]cuda.Module   // by file and constants
 	plans   map[gemmKey]*cuda.GEMM
 	ws      map[Stream]Ptr // cuBLASLt workspace of each stream
 	streams []Stream
@@ -161,7 +162,7 @@ func openGPU(drv *cuda.Driver, ordinal int, cacheDir string) (*CUDA, error) {
 			drv.ReleasePrimaryContext(ordinal)
 		}
 	}()
-	c := &CUDA{Drv: drv, Ordinal: ordinal, Ctx: ctx, fns: map[kernelKey]cuda.Function{}, mods: map[string]cuda.Module{}, plans: map[gemmKey]*cuda.GEMM{},
+	c := &CUDA{Drv: drv, Ordinal: ordinal, Ctx: ctx, fns: map[kernelKey]cuda.Function{}, progs: map[string]cuda.Function{}, mods: map[string]cuda.Module{}, plans: map[gemmKey]*cuda.GEMM{},
 		ws: map[Stream]Ptr{}, allocs: map[Ptr]bool{}, peers: map[int]bool{}}
 	major, err := drv.Attribute(ordinal, cuda.AttrComputeCapabilityMajor)
 	if err != nil {
@@ -245,6 +246,11 @@ func (c *CUDA) launch(k kernelKey, defs func() map[string]string, grid, block in
 // load returns kernel name of file compiled with defs, compiling and
 // loading the module (one per file and constants) on first use.
 func (c *CUDA) load(file, name string, defs map[string]string) (cuda.Function, error) {
+	return c.loadSource(file, "", name, defs)
+}
+
+// loadSource is load for file's source src ("": kernels/cuda's file).
+func (c *CUDA) loadSource(file, src, name string, defs map[string]string) (cuda.Function, error) {
 	keys := make([]string, 0, len(defs))
 	for k, v := range defs {
 		keys = append(keys, k+"="+v)
@@ -253,7 +259,13 @@ func (c *CUDA) load(file, name string, defs map[string]string) (cuda.Function, e
 	mkey := file + "|" + strings.Join(keys, ",")
 	m, ok := c.mods[mkey]
 	if !ok {
-		cubin, err := c.JIT.Compile(file, c.Arch, defs)
+		var cubin []byte
+		var err error
+		if src == "" {
+			cubin, err = c.JIT.Compile(file, c.Arch, defs)
+		} else {
+			cubin, err = c.JIT.CompileSource(file, src, c.Arch, defs)
+		}
 		if err != nil {
 			return nil, err
 		}

@@ -28,6 +28,7 @@ var CUDAKernels = map[string][]string{
 	"swiglu.cu":     {"MB_FFN"},
 	"unpermute.cu":  {"MB_HIDDEN", "MB_TOPK"},
 	"sortchunks.cu": {"MB_HIDDEN", "MB_EP", "MB_LOCAL"},
+	"commtest.cu":   {"MB_CT_CHANNELS", "MB_CT_SLOTS"},
 }
 
 const cudaHeader = "moebench.cuh"
@@ -66,18 +67,32 @@ func (j *JIT) Compile(file, arch string, defines map[string]string) ([]byte, err
 	if err != nil {
 		return nil, err
 	}
-	hdr, err := sources.ReadFile("cuda/" + cudaHeader)
-	if err != nil {
-		return nil, err
-	}
-	opts := []string{"--gpu-architecture=" + arch, "-std=c++17"}
-	sort.Strings(names)
+	used := map[string]string{}
 	for _, n := range names {
 		v, ok := defines[n]
 		if !ok {
 			return nil, fmt.Errorf("kernel %s needs -D%s", file, n)
 		}
-		opts = append(opts, "-D"+n+"="+v)
+		used[n] = v
+	}
+	return j.CompileSource(file, string(src), arch, used)
+}
+
+// CompileSource compiles src (named file; it may include moebench.cuh)
+// for arch with every constant of defines, through the cache as Compile.
+func (j *JIT) CompileSource(file, src, arch string, defines map[string]string) ([]byte, error) {
+	hdr, err := sources.ReadFile("cuda/" + cudaHeader)
+	if err != nil {
+		return nil, err
+	}
+	opts := []string{"--gpu-architecture=" + arch, "-std=c++17"}
+	names := make([]string, 0, len(defines))
+	for n := range defines {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		opts = append(opts, "-D"+n+"="+defines[n])
 	}
 	h := sha256.New()
 	fmt.Fprintf(h, "%s\x00%s\x00%s\x00%s\x00%s", file, src, hdr, strings.Join(opts, " "), j.Compiler.ID())
@@ -90,7 +105,7 @@ func (j *JIT) Compile(file, arch string, defines map[string]string) ([]byte, err
 			return b, nil
 		}
 	}
-	cubin, err := j.Compiler.Compile(file, string(src), map[string]string{cudaHeader: string(hdr)}, opts)
+	cubin, err := j.Compiler.Compile(file, src, map[string]string{cudaHeader: string(hdr)}, opts)
 	if err != nil {
 		return nil, err
 	}

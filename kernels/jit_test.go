@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/moebench/moebench/internal/cuda"
+	"github.com/moebench/moebench/internal/hostsim"
 )
 
 // nvrtc opens NVRTC or skips; MOEBENCH_REQUIRE_NVRTC=1 (CI, which installs
@@ -45,6 +46,7 @@ func defines(name string) map[string]string {
 	d := routerDefs(s.rc)
 	d["MB_HIDDEN"], d["MB_FFN"] = fmt.Sprint(s.hidden), fmt.Sprint(s.ffn)
 	d["MB_EP"], d["MB_LOCAL"] = "8", fmt.Sprint(s.rc.Experts/8)
+	d["MB_CT_CHANNELS"], d["MB_CT_SLOTS"] = "12", "256" // comm_test: DeepEP's 24 SMs, a 256-token ring
 	return d
 }
 
@@ -159,4 +161,64 @@ func TestJITCacheAndErrors(t *testing.T) {
 	} else if ce, ok := err.(*cuda.CompileError); !ok || ce.Log == "" {
 		t.Errorf("compile error without log: %v", err)
 	}
+}
+
+// primitivesSource uses every memory primitive and wait of moebench.cuh,
+// so that their inline PTX goes through ptxas (unused inline functions
+// are never emitted).
+const primitivesSource = `#include "moebench.cuh"
+extern "C" __global__ void __launch_bounds__(128, 2) primitives(mb_comm c, int *p, unsigned long long *q, int *const *flags, int rank) {
+    int v = mb_ld_volatile(p) + mb_ld_acquire_gpu(p) + mb_ld_acquire_sys(p);
+    mb_st_volatile(p + 1, v);
+    mb_st_relaxed_sys(p + 2, v);
+    mb_st_release_gpu(p + 3, v);
+    mb_st_release_sys(p + 4, v);
+    v += mb_atomic_add_sys(p + 5, 1) + mb_atomic_add_release_sys(p + 6, 2) + mb_atomic_cas_sys(p + 7, 0, 1) + mb_atomic_exch_sys(p + 8, 3);
+    unsigned long long w = mb_ld_acquire_sys_u64(q) + mb_atomic_add_sys_u64(q + 1, 1);
+    mb_st_release_sys_u64(q + 2, w);
+    mb_fence_gpu();
+    mb_fence_sys();
+    mb_nanosleep(100);
+    unsigned char *sm = mb_dynamic_smem();
+    sm[threadIdx.x] = (unsigned char)v;
+    __syncthreads();
+    if (mb_wait_ge(c, rank, 1, 2, p + 9, v) && mb_wait_eq(c, rank, 1, 3, p + 10, v) && mb_barrier(c, rank, 2, 1, 4, flags, 1))
+        *mb_counter(c.sig, 2, 0) = sm[0] + (int)mb_globaltimer();
+}`
+
+// TestPrimitivesCompile compiles moebench.cuh's memory primitives and
+// waits with NVRTC for sm_80 and sm_90 (CI's NVRTC 11.8 included), and for
+// the host simulation.
+func TestPrimitivesCompile(t *testing.T) {
+	if comp, err := hostsim.New(); err == nil {
+		if _, err := comp.Compile("primitives.cu", primitivesSource, map[string]string{cudaHeader: header(t)}, nil); err != nil {
+			t.Errorf("host simulation: %v", err)
+		}
+	}
+	n := nvrtc(t)
+	for _, arch := range []string{"sm_80", "sm_90"} {
+		cubin, err := n.Compile("primitives.cu", primitivesSource, map[string]string{cudaHeader: header(t)}, []string{"--gpu-architecture=" + arch, "-std=c++17"})
+		if err != nil {
+			t.Errorf("%s: %v", arch, err)
+			continue
+		}
+		if tool := cuobjdump(t); tool != "" {
+			ks, err := readSASS(tool, cubin, true)
+			if err != nil {
+				t.Fatal(err)
+			}
+			k := ks["primitives"]
+			if k == nil || k.has("NANOSLEEP") == 0 || k.has("ATOM") == 0 || k.has("MEMBAR") == 0 {
+				t.Errorf("%s: no NANOSLEEP, ATOM or MEMBAR in the SASS: %v", arch, k)
+			}
+		}
+	}
+}
+
+func header(t *testing.T) string {
+	b, err := sources.ReadFile("cuda/" + cudaHeader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
 }

@@ -38,6 +38,7 @@ var kernelBlock = map[string]int{
 	"sort_chunks":   rowBlockMax,
 	"swiglu_prob":   flatBlock,
 	"unpermute_sum": rowBlockMax,
+	"comm_test":     CommTestBlock,
 }
 
 // cuobjdump finds the tool (MOEBENCH_CUOBJDUMP, else the path) or returns "";

@@ -65,6 +65,9 @@ func WriteTable(w io.Writer, rec *Record) error {
 	if c.RoutingPerStep {
 		routing += " (drawn per step)"
 	}
+	if c.Domain > 0 {
+		sms += fmt.Sprintf(" · domain %d", c.Domain)
+	}
 	p.f("# dispatcher %s (%s) · sms %s · routing %s · seed %d · warmup %d · iters %d\n",
 		c.Dispatcher, c.Impl, sms, routing, c.Seed, c.Warmup, c.Iters)
 	if rec.Status != StatusOK {
@@ -137,8 +140,16 @@ func WriteTable(w io.Writer, rec *Record) error {
 			tm.PowerW, tm.SMClockMHz, tm.MemClockMHz, bytesStr(mem))
 	}
 	if tr := rec.Traffic; tr != nil {
-		p.f("# %-22s off-rank %s, logical %s\n", "dispatch bytes/step", bytesStr(tr.DispatchOffRank), bytesStr(tr.DispatchLogical))
-		p.f("# %-22s off-rank %s, logical %s\n", "combine bytes/step", bytesStr(tr.CombineOffRank), bytesStr(tr.CombineLogical))
+		for _, d := range []struct {
+			name                   string
+			off, logical, interDom int64
+		}{{"dispatch", tr.DispatchOffRank, tr.DispatchLogical, tr.DispatchInterDomain}, {"combine", tr.CombineOffRank, tr.CombineLogical, tr.CombineInterDomain}} {
+			p.f("# %-22s off-rank %s, logical %s", d.name+" bytes/step", bytesStr(d.off), bytesStr(d.logical))
+			if d.interDom > 0 {
+				p.f(", inter-domain %s", bytesStr(d.interDom))
+			}
+			p.f("\n")
+		}
 		if tr.CopyBytes > 0 {
 			p.f("# %-22s %s (every (token, expert) copy's bf16 row) · dispatch %.3f, combine %.3f GB/s per rank\n", "copy bytes/step",
 				bytesStr(tr.CopyBytes), tr.DispatchCopyGBps, tr.CombineCopyGBps)
@@ -148,6 +159,9 @@ func WriteTable(w io.Writer, rec *Record) error {
 				bytesStr(tr.DispatchAlgorithm), bytesStr(tr.CombineAlgorithm), tr.DispatchGBps, tr.CombineGBps)
 			if tr.DispatchGBpsPerSM > 0 {
 				p.f(" · %.4f and %.4f GB/s per SM (%d SMs)", tr.DispatchGBpsPerSM, tr.CombineGBpsPerSM, rec.SMs.Budget)
+			}
+			if tr.InterDomainAlgorithm > 0 {
+				p.f(" · inter-domain %s each way", bytesStr(tr.InterDomainAlgorithm))
 			}
 			p.f("\n")
 		}

@@ -282,6 +282,13 @@ type Traffic struct {
 	DispatchAlgorithm int64  `json:"dispatch_algorithm_bytes,omitempty"`
 	CombineAlgorithm  int64  `json:"combine_algorithm_bytes,omitempty"`
 	AlgorithmFormula  string `json:"algorithm_formula,omitempty"`
+	// The part of the off-rank bytes that crosses NVLink domains (a
+	// domain-aware design's inter-domain path), and the inter-domain bytes
+	// of each direction in the design's own convention; absent for designs
+	// that do not tell domains apart and runs in one domain.
+	DispatchInterDomain  int64 `json:"dispatch_inter_domain_bytes,omitempty"`
+	CombineInterDomain   int64 `json:"combine_inter_domain_bytes,omitempty"`
+	InterDomainAlgorithm int64 `json:"inter_domain_algorithm_bytes,omitempty"`
 	// Bandwidth in GB/s (1e9 B/s) by BandwidthFormula: a rank's share of
 	// the algorithm bytes over the phase's p50; per SM of the budget for
 	// SM-driven dispatchers.

@@ -20,7 +20,7 @@ convention (DeepEP's: tokens received × hidden × 2 B, a rank's tokens to
 itself included) and GB/s, and GB/s per SM for SM-driven dispatchers. The
 experts are replaced by a multiplication of each row by its probability, and
 every iteration is checked: dispatch then combine must give each rank's input
-back exactly. --sms varies only SM-driven dispatchers (deepep); the others
+back exactly. --sms varies only SM-driven dispatchers (deepep, hybridep); the others
 run once.
 
 This build runs it on the host device only (host wall-clock times: they show
@@ -38,9 +38,10 @@ func benchDispatch(args []string, stdout, stderr io.Writer) int {
 	d := harness.DefaultConfig()
 	fs := pflag.NewFlagSet("moebench bench dispatch", pflag.ContinueOnError)
 	fs.SortFlags = false
-	fs.StringSliceVar(&names, "dispatcher", []string{"alltoall", "deepep"}, "dispatchers, comma-separated: "+strings.Join(dispatchers.Names(), ","))
+	fs.StringSliceVar(&names, "dispatcher", []string{"alltoall", "deepep", "hybridep"}, "dispatchers, comma-separated: "+strings.Join(dispatchers.Names(), ","))
 	fs.IntSliceVar(&sms, "sms", []int{8, 16, 24, 32}, "SM budgets of SM-driven dispatchers (0 = the dispatcher's default)")
 	fs.IntVar(&o.ep, "ep", d.EP, "expert-parallel ranks")
+	fs.IntVar(&o.domain, "domain", d.Domain, "ranks per NVLink domain (hybridep links domains through its inter-domain path); 0 = all ranks")
 	fs.StringVar(&o.preset, "preset", d.Preset, "layer shape preset; the shape flags override it")
 	addShapeFlags(fs, &o)
 	fs.StringVar(&o.routing, "routing", d.Routing.String(), "routing: balanced|uniform|skewed:ALPHA|trace:FILE|natural")
@@ -76,7 +77,7 @@ func benchDispatch(args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	if cfg.Device != "host" {
-		fmt.Fprintf(stderr, "moebench: bench dispatch runs on the host device only in this build (--device %s): no dispatcher's cuda implementation has a dispatch-only path yet, and deepep's kernels are not built\n", cfg.Device)
+		fmt.Fprintf(stderr, "moebench: bench dispatch runs on the host device only in this build (--device %s): no dispatcher's cuda implementation has a dispatch-only path yet, and deepep's and hybridep's kernels are not built\n", cfg.Device)
 		return exitRuntime
 	}
 	fmt.Fprintln(stderr, "moebench: bench dispatch on the host device: host wall-clock times, not GPU performance")

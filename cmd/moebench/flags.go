@@ -35,7 +35,7 @@ func newFlags(o *options) *pflag.FlagSet {
 	fs.SortFlags = false
 	fs.StringVar(&o.dispatcher, "dispatcher", d.Dispatcher, "token dispatcher: "+strings.Join(dispatchers.Names(), "|"))
 	fs.StringVar(&o.impl, "impl", d.Impl, "implementation: native (moebench's own) | library (a real library on the node: alltoall through NCCL, one GPU per rank)")
-	fs.IntVar(&o.sms, "sms", d.SMs, "SM budget (thread blocks) of SM-driven dispatchers' transfer kernels: deepep (even; default 20), hybridep; 0 = the dispatcher's default")
+	fs.IntVar(&o.sms, "sms", d.SMs, "SM budget (thread blocks) of SM-driven dispatchers' transfer kernels: deepep (even; default 20), hybridep (default 16); 0 = the dispatcher's default")
 	fs.IntVar(&o.ep, "ep", d.EP, "expert-parallel ranks; must divide --experts")
 	fs.IntVar(&o.gpus, "gpus", d.GPUs, "cuda: GPUs the ranks are spread over; 0 = every GPU, at most one per rank (more ranks than GPUs: packed, emulated EP)")
 	addFeplbFlags(fs, o)
@@ -52,7 +52,7 @@ func newFlags(o *options) *pflag.FlagSet {
 // addFeplbFlags defines the NVLink domain and feplb's options.
 func addFeplbFlags(fs *pflag.FlagSet, o *options) {
 	d := harness.DefaultConfig()
-	fs.IntVar(&o.domain, "domain", d.Domain, "ranks per NVLink domain (feplb moves work only inside one); 0 = all ranks")
+	fs.IntVar(&o.domain, "domain", d.Domain, "ranks per NVLink domain: feplb moves work only inside one, hybridep links them through its inter-domain path; 0 = all ranks")
 	fs.StringVar(&o.feplbBase, "feplb-base", d.FeplbBase, "feplb: the dispatcher of phase 1")
 	fs.IntVar(&o.feplbDyn, "feplb-dynamic", d.FeplbDyn, "feplb: dynamic experts per rank (its most loaded; the paper's dyn)")
 	fs.StringVar(&o.feplbPolicy, "feplb-policy", d.FeplbPolicy, "feplb: the scheduler: feplb (the paper's: whole dynamic experts move) | feplb-split (moebench's: chunks of them)")

@@ -95,7 +95,7 @@ func TestRunWritesAndRereadsRecord(t *testing.T) {
 	if !strings.Contains(stderr, "running on the host device") || !strings.Contains(stdout, "correctness            PASS") {
 		t.Errorf("stderr %q\nstdout %s", stderr, stdout)
 	}
-	code, stdout, _ = cli(append(quick, "--out", out, "--format", "json", "--dispatcher", "hybridep")...)
+	code, stdout, _ = cli(append(quick, "--out", out, "--format", "json", "--dispatcher", "hybridep", "--impl", "library")...)
 	if code != exitRuntime || !strings.Contains(stdout, `"status":"unavailable"`) {
 		t.Errorf("hybridep: exit %d, stdout %s", code, stdout)
 	}
@@ -258,7 +258,7 @@ func TestDeviceCUDAFingerprintWithFakeDriver(t *testing.T) {
 		t.Fatalf("exit %d, %v: %s", code, err, e)
 	}
 	g := recs[0].Stack.GPU
-	if recs[0].Status != results.StatusUnavailable || !strings.Contains(recs[0].Reason, "MOEBENCH_CUBLASLT") || g == nil || g.Model != "Fake GPU 0" || g.Count != 2 || g.SMs != 1600 ||
+	if recs[0].Status != results.StatusUnavailable || !strings.Contains(recs[0].Reason, "MOEBENCH_CUBLASLT") || g == nil || g.Model != "Fake GPU 0" || g.Count != 2 || g.SMs != 4 ||
 		!strings.Contains(recs[0].Stack.Note, "2 GPU(s), Fake GPU 0, driver API 13.0") {
 		t.Errorf("record: status %s, note %q, gpu %+v", recs[0].Status, recs[0].Stack.Note, g)
 	}

@@ -2,7 +2,6 @@ package deepep
 
 import (
 	"errors"
-	"math/rand/v2"
 	"reflect"
 	"slices"
 	"strings"
@@ -10,64 +9,9 @@ import (
 
 	"github.com/moebench/moebench/dispatchers"
 	"github.com/moebench/moebench/dispatchers/alltoall"
+	dt "github.com/moebench/moebench/dispatchers/dispatchtest"
 	"github.com/moebench/moebench/kernels"
 )
-
-// tagged makes EP ranks whose rows encode (rank, token) in their first two
-// columns and random bf16 values after, with random routing, and
-// probabilities that encode (rank, token, slot).
-func tagged(sh dispatchers.Shape, seed uint64) []*dispatchers.Rank {
-	g := rand.New(rand.NewPCG(seed, 1))
-	ranks := make([]*dispatchers.Rank, sh.EP)
-	for r := range ranks {
-		rk := &dispatchers.Rank{ID: r, X: make([]float32, sh.Tokens*sh.Hidden),
-			Idx: make([]int32, sh.Tokens*sh.TopK), Probs: make([]float32, sh.Tokens*sh.TopK)}
-		for t := range sh.Tokens {
-			for c := range sh.Hidden {
-				rk.X[t*sh.Hidden+c] = kernels.RoundBF16(float32(g.NormFloat64()))
-			}
-			rk.X[t*sh.Hidden], rk.X[t*sh.Hidden+1] = float32(r), float32(t)
-			for j, e := range g.Perm(sh.Experts)[:sh.TopK] {
-				rk.Idx[t*sh.TopK+j] = int32(e)
-				rk.Probs[t*sh.TopK+j] = float32(1000*r + 10*t + j)
-			}
-		}
-		ranks[r] = rk
-	}
-	return ranks
-}
-
-// run runs d's phases on ranks, experts computing y = f(row, prob); it stops
-// after the phase named stop ("" for all).
-func run(t *testing.T, d dispatchers.Dispatcher, ranks []*dispatchers.Rank, f func(x, p float32) float32, stop string) error {
-	t.Helper()
-	experts := func(r int) error {
-		rk := ranks[r]
-		rk.ExpertY = kernels.Grow(rk.ExpertY, len(rk.ExpertX))
-		for i, v := range rk.ExpertX {
-			rk.ExpertY[i] = f(v, rk.ExpertProbs[i/(len(rk.ExpertX)/len(rk.ExpertProbs))])
-		}
-		return nil
-	}
-	for _, st := range dispatchers.Steps(d, experts) {
-		for r := range ranks {
-			if err := st.Run(r); err != nil {
-				return err
-			}
-		}
-		if st.Name == stop {
-			break
-		}
-	}
-	return nil
-}
-
-func bind(t *testing.T, d dispatchers.Dispatcher, sh dispatchers.Shape, ranks []*dispatchers.Rank) {
-	t.Helper()
-	if err := d.Bind(sh, ranks); err != nil {
-		t.Fatal(err)
-	}
-}
 
 // TestReceivedOrder: each rank receives every token that has an expert on
 // it exactly once, sorted by (source rank, token), with its k expert indices
@@ -75,10 +19,10 @@ func bind(t *testing.T, d dispatchers.Dispatcher, sh dispatchers.Shape, ranks []
 // permuted rows and probabilities equal alltoall's bit for bit.
 func TestReceivedOrder(t *testing.T) {
 	sh := dispatchers.Shape{Tokens: 37, Hidden: 8, Experts: 16, TopK: 5, EP: 4}
-	ranks := tagged(sh, 1)
+	ranks := dt.Tagged(sh, 1)
 	h := WithConfig(Config{SMs: 6, Dispatch: Queue{Chunk: 2, Ring: 5}, Combine: Queue{Chunk: 3, Ring: 4}})
-	bind(t, h, sh, ranks)
-	if err := run(t, h, ranks, nil, "permute"); err != nil {
+	dt.Bind(t, h, sh, ranks)
+	if err := dt.Run(h, ranks, nil, "permute"); err != nil {
 		t.Fatal(err)
 	}
 	N, k, L, hd := sh.EP, sh.TopK, sh.LocalExperts(), sh.Hidden
@@ -125,8 +69,8 @@ func TestReceivedOrder(t *testing.T) {
 		}
 	}
 	a, _ := alltoall.New(dispatchers.ImplNative, dispatchers.Env{Device: "host"})
-	bind(t, a, sh, ranks)
-	if err := run(t, a, ranks, nil, "dispatch"); err != nil {
+	dt.Bind(t, a, sh, ranks)
+	if err := dt.Run(a, ranks, nil, "dispatch"); err != nil {
 		t.Fatal(err)
 	}
 	for r, rk := range ranks {
@@ -134,40 +78,6 @@ func TestReceivedOrder(t *testing.T) {
 			t.Errorf("rank %d: permuted rows differ from alltoall's", r)
 		}
 	}
-}
-
-// expert is the test's expert: y = x·p + 1, stored as bf16.
-func expert(x, p float32) float32 { return kernels.RoundBF16(x*p + 1) }
-
-// Probabilities by top-k slot: mild ones, and ones that make the order of
-// a sum change its rounding (2²⁰·x + x − 2²⁰·x).
-var (
-	mild       = func(j int) float32 { return float32(j+1) / 8 }
-	cancelling = func(j int) float32 { return []float32{1 << 20, 1, -1 << 20}[j%3] }
-)
-
-// outputs runs two steps with expert on tagged ranks whose probabilities
-// are prob(slot), and returns every rank's Y and the ranks.
-func outputs(t *testing.T, d dispatchers.Dispatcher, sh dispatchers.Shape, seed uint64, prob func(int) float32) ([][]float32, []*dispatchers.Rank) {
-	t.Helper()
-	ranks := tagged(sh, seed)
-	for _, rk := range ranks {
-		for i := range rk.Probs {
-			rk.Probs[i] = prob(i % sh.TopK)
-		}
-	}
-	bind(t, d, sh, ranks)
-	var y [][]float32
-	for range 2 { // the second step reuses every buffer
-		if err := run(t, d, ranks, expert, ""); err != nil {
-			t.Fatal(err)
-		}
-		y = y[:0]
-		for _, rk := range ranks {
-			y = append(y, slices.Clone(rk.Y))
-		}
-	}
-	return y, ranks
 }
 
 // designSum is the design's rounding, computed directly: for each rank
@@ -180,16 +90,11 @@ func designSum(sh dispatchers.Shape, ranks []*dispatchers.Rank) [][]float32 {
 	for r, rk := range ranks {
 		out[r] = make([]float32, sh.Tokens*hd)
 		for t := range sh.Tokens {
-			slots := make([]int, k)
-			for j := range slots {
-				slots[j] = j
-			}
-			idx := rk.Idx[t*k : (t+1)*k]
-			slices.SortFunc(slots, func(a, b int) int { return int(idx[a] - idx[b]) })
+			slots, idx := dt.SlotsByExpert(rk, k, t), rk.Idx[t*k:(t+1)*k]
 			for c := range hd {
 				var total, part float32
 				for i, j := range slots {
-					part += expert(rk.X[t*hd+c], rk.Probs[t*k+j])
+					part += dt.Expert(rk.X[t*hd+c], rk.Probs[t*k+j])
 					if i == k-1 || sh.Owner(idx[slots[i+1]]) != sh.Owner(idx[j]) {
 						total += kernels.RoundBF16(part)
 						part = 0
@@ -213,20 +118,20 @@ func TestCombineEqualsAlltoall(t *testing.T) {
 		{Tokens: 29, Hidden: 16, Experts: 16, TopK: 6, EP: 2},
 	} {
 		a, _ := alltoall.New(dispatchers.ImplNative, dispatchers.Env{Device: "host"})
-		want, _ := outputs(t, a, sh, 2, mild)
+		want, _ := dt.Outputs(t, a, sh, 2, dt.Mild)
 		d, _ := New(dispatchers.ImplNative, dispatchers.Env{Device: "host", SMs: 4})
-		got, _ := outputs(t, d, sh, 2, mild)
-		design, ranks := outputs(t, d, sh, 2, cancelling)
+		got, _ := dt.Outputs(t, d, sh, 2, dt.Mild)
+		design, ranks := dt.Outputs(t, d, sh, 2, dt.Cancelling)
 		if !reflect.DeepEqual(design, designSum(sh, ranks)) {
 			t.Errorf("EP %d: output differs from the design's rounding computed directly", sh.EP)
 		}
-		small, _ := outputs(t, WithConfig(Config{SMs: 4, Dispatch: Queue{Chunk: 1, Ring: 2}, Combine: Queue{Chunk: 2, Ring: 3}}), sh, 2, mild)
+		small, _ := dt.Outputs(t, WithConfig(Config{SMs: 4, Dispatch: Queue{Chunk: 1, Ring: 2}, Combine: Queue{Chunk: 2, Ring: 3}}), sh, 2, dt.Mild)
 		if !reflect.DeepEqual(got, small) {
 			t.Errorf("EP %d: output with small rings differs from DeepEP's default rings", sh.EP)
 		}
 		exact := sh.LocalExperts() == 1
 		if exact {
-			want, _ = outputs(t, a, sh, 2, cancelling)
+			want, _ = dt.Outputs(t, a, sh, 2, dt.Cancelling)
 			got = design
 		}
 		worst := 0.0
@@ -255,13 +160,13 @@ func TestDedupTraffic(t *testing.T) {
 		{0, 1, 0, 2, 2, 3}, // rank 0: {0,1} → rank 0 once; {0,2} → both; {2,3} → rank 1 once
 		{3, 2, 1, 3, 1, 0}, // rank 1: {3,2} → rank 1 once; {1,3} → both; {1,0} → rank 0 once
 	}
-	ranks := tagged(sh, 3)
+	ranks := dt.Tagged(sh, 3)
 	for r, rk := range ranks {
 		rk.Idx = idx[r]
 	}
 	h := WithConfig(DefaultConfig(2, 0))
-	bind(t, h, sh, ranks)
-	if err := run(t, h, ranks, func(x, p float32) float32 { return x }, ""); err != nil {
+	dt.Bind(t, h, sh, ranks)
+	if err := dt.Run(h, ranks, func(x, p float32) float32 { return x }, ""); err != nil {
 		t.Fatal(err)
 	}
 	// tokens: rank 0 sends 2 to itself (t0, t1), 2 to rank 1 (t1, t2); rank 1
@@ -277,8 +182,8 @@ func TestDedupTraffic(t *testing.T) {
 	}
 	// alltoall sends every copy: 12 copies, 6 of them off-rank
 	a, _ := alltoall.New(dispatchers.ImplNative, dispatchers.Env{Device: "host"})
-	bind(t, a, sh, ranks)
-	if err := run(t, a, ranks, func(x, p float32) float32 { return x }, ""); err != nil {
+	dt.Bind(t, a, sh, ranks)
+	if err := dt.Run(a, ranks, func(x, p float32) float32 { return x }, ""); err != nil {
 		t.Fatal(err)
 	}
 	if at := a.Traffic(); at.DispatchLogical != 12*(row+4) || at.DispatchOffRank != 6*(row+4) {
@@ -295,10 +200,10 @@ func TestDedupTraffic(t *testing.T) {
 // is an error naming the rank, phase, channel and peer, not a hang.
 func TestStallNamed(t *testing.T) {
 	sh := dispatchers.Shape{Tokens: 16, Hidden: 4, Experts: 8, TopK: 2, EP: 2}
-	ranks := tagged(sh, 4)
+	ranks := dt.Tagged(sh, 4)
 	h := WithConfig(DefaultConfig(2, 4))
-	bind(t, h, sh, ranks)
-	if err := run(t, h, ranks, func(x, p float32) float32 { return x }, dispatchers.ExpertPhases[0]); err != nil {
+	dt.Bind(t, h, sh, ranks)
+	if err := dt.Run(h, ranks, func(x, p float32) float32 { return x }, dispatchers.ExpertPhases[0]); err != nil {
 		t.Fatal(err)
 	}
 	// token 0 of rank 1 now expects its row from rank 0 far past the end of the stream
@@ -317,7 +222,7 @@ func TestLimits(t *testing.T) {
 	for _, ep := range []int{1, 16} {
 		sh := dispatchers.Shape{Tokens: 4, Hidden: 4, Experts: 16, TopK: 2, EP: ep}
 		d, _ := New(dispatchers.ImplNative, dispatchers.Env{Device: "host"})
-		if err := d.Bind(sh, tagged(sh, 5)); !dispatchers.IsUnavailable(err) || !strings.Contains(err.Error(), "2, 4 or 8 ranks") {
+		if err := d.Bind(sh, dt.Tagged(sh, 5)); !dispatchers.IsUnavailable(err) || !strings.Contains(err.Error(), "2, 4 or 8 ranks") {
 			t.Errorf("EP %d: %v", ep, err)
 		}
 	}

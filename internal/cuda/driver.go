@@ -89,6 +89,18 @@ static CUresult c_launch(void *f, void *fn, unsigned gx, unsigned gy, unsigned g
 	return ((d_launch)f)(fn, gx, gy, gz, bx, by, bz, smem, st, params, 0);
 }
 static CUresult c_name(void *f, char *s, int n, int d) { return ((d_name)f)(s, n, d); }
+// cuMemHostAlloc(void **pp, size_t bytesize, unsigned Flags);
+// cuMemHostGetDevicePointer_v2(CUdeviceptr *pdptr, void *p, unsigned Flags)
+typedef CUresult (*d_hostalloc)(void **, size_t, unsigned);
+typedef CUresult (*d_hostdev)(CUdeviceptr *, void *, unsigned);
+static CUresult c_hostalloc(void *f, void **p, size_t n, unsigned flags) { return ((d_hostalloc)f)(p, n, flags); }
+static CUresult c_hostdev(void *f, CUdeviceptr *d, void *p, unsigned flags) { return ((d_hostdev)f)(d, p, flags); }
+// cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int *numBlocks, CUfunction func, int blockSize,
+//     size_t dynamicSMemSize, unsigned flags); cuFuncGetAttribute(int *pi, CUfunction_attribute attrib, CUfunction hfunc)
+typedef CUresult (*d_occ)(int *, void *, int, size_t, unsigned);
+typedef CUresult (*d_fattr)(int *, int, void *);
+static CUresult c_occ(void *f, int *n, void *fn, int block, size_t smem) { return ((d_occ)f)(n, fn, block, smem, 0); }
+static CUresult c_fattr(void *f, int *v, int attr, void *fn) { return ((d_fattr)f)(v, attr, fn); }
 
 // cuMemcpyBatchAsync: CUmemcpyAttributes and its two ABIs (12.8/12.9 with
 // failIdx; 13.0's _v2 without).
@@ -157,8 +169,23 @@ const (
 	AttrComputeCapabilityMinor = 76
 )
 
-// FuncAttrMaxDynamicShared is CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES.
-const FuncAttrMaxDynamicShared = 8
+// Function attributes (CUfunction_attribute values).
+const (
+	FuncAttrMaxThreadsPerBlock = 0 // the most threads a launch of it may have
+	FuncAttrSharedBytes        = 1 // its static shared memory per block
+	FuncAttrNumRegs            = 4 // registers per thread
+	FuncAttrMaxDynamicShared   = 8 // the dynamic shared memory it may use (cuFuncSetAttribute raises it)
+)
+
+// Flags of cuMemHostAlloc (CU_MEMHOSTALLOC_*).
+const (
+	HostAllocPortable  = 1 // pinned for every context, not only the current one
+	HostAllocDeviceMap = 2 // mapped into the devices' address space
+)
+
+// ErrCooperativeTooLarge is CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE's code:
+// a cooperative launch with more blocks than the GPU can hold at once.
+const ErrCooperativeTooLarge = 720
 
 // driverSymbols are the entry points moebench uses; the first name that
 // resolves is taken.
@@ -176,6 +203,8 @@ var driverSymbols = [][]string{
 	{"cuModuleLoadData"}, {"cuModuleUnload"}, {"cuModuleGetFunction"}, {"cuFuncSetAttribute"}, {"cuLaunchKernel"},
 	{"cuLaunchCooperativeKernel"},
 	{"cuGetErrorName"},
+	{"cuMemHostAlloc"}, {"cuMemHostGetDevicePointer_v2"}, {"cuMemFreeHost"},
+	{"cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags"}, {"cuFuncGetAttribute"},
 }
 
 // optionalSymbols are entry points newer drivers have; the first name that
@@ -428,6 +457,43 @@ func (d *Driver) Free(p DevicePtr) error {
 	return d.check("cuMemFree_v2", C.c_d(d.fn["cuMemFree_v2"], C.CUdeviceptr(p)))
 }
 
+// HostAlloc allocates n bytes of page-locked host memory (cuMemHostAlloc)
+// with flags (HostAlloc*); free it with FreeHost.
+func (d *Driver) HostAlloc(n int64, flags uint32) (unsafe.Pointer, error) {
+	var p unsafe.Pointer
+	err := d.check(fmt.Sprintf("cuMemHostAlloc(%d bytes, flags %#x)", n, flags), C.c_hostalloc(d.fn["cuMemHostAlloc"], &p, C.size_t(n), C.uint(flags)))
+	return p, err
+}
+
+// HostDevicePtr is the device address of mapped host memory p (allocated
+// with HostAllocDeviceMap).
+func (d *Driver) HostDevicePtr(p unsafe.Pointer) (DevicePtr, error) {
+	var dp C.CUdeviceptr
+	err := d.check("cuMemHostGetDevicePointer_v2", C.c_hostdev(d.fn["cuMemHostGetDevicePointer_v2"], &dp, p, 0))
+	return DevicePtr(dp), err
+}
+
+// FreeHost frees memory of HostAlloc.
+func (d *Driver) FreeHost(p unsafe.Pointer) error {
+	return d.check("cuMemFreeHost", C.c_p(d.fn["cuMemFreeHost"], p))
+}
+
+// Occupancy is how many blocks of f (block threads, sharedBytes of dynamic
+// shared memory each) one SM holds at once
+// (cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags, default flags).
+func (d *Driver) Occupancy(f Function, block, sharedBytes int) (int, error) {
+	var n C.int
+	err := d.check("cuOccupancyMaxActiveBlocksPerMultiprocessor", C.c_occ(d.fn["cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags"], &n, unsafe.Pointer(f), C.int(block), C.size_t(sharedBytes)))
+	return int(n), err
+}
+
+// FuncAttribute reads an attribute of f (FuncAttr*).
+func (d *Driver) FuncAttribute(f Function, attr int) (int, error) {
+	var v C.int
+	err := d.check(fmt.Sprintf("cuFuncGetAttribute(%d)", attr), C.c_fattr(d.fn["cuFuncGetAttribute"], &v, C.int(attr), unsafe.Pointer(f)))
+	return int(v), err
+}
+
 // MemInfo is the free and total device memory of the current context.
 func (d *Driver) MemInfo() (free, total int64, err error) {
 	var f, t C.size_t
@@ -549,8 +615,9 @@ func (d *Driver) SetMaxDynamicShared(f Function, bytes int) error {
 	return d.check("cuFuncSetAttribute", C.c_p_i_i(d.fn["cuFuncSetAttribute"], unsafe.Pointer(f), FuncAttrMaxDynamicShared, C.int(bytes)))
 }
 
-// Launch runs f on s. Each argument is a device pointer, an int32, a uint32 or
-// a float32, passed by value (see params).
+// Launch runs f on s. Each argument is a device pointer, an int32, a
+// uint32, a float32, a uint64 or an int64, or the bytes of a struct
+// (Bytes), passed by value (see params).
 func (d *Driver) Launch(f Function, grid, block [3]uint32, sharedBytes uint32, s Stream, args ...any) error {
 	return d.launch("cuLaunchKernel", args, func(p *unsafe.Pointer) C.CUresult {
 		return C.c_launch(d.fn["cuLaunchKernel"], unsafe.Pointer(f), C.uint(grid[0]), C.uint(grid[1]), C.uint(grid[2]),
@@ -604,17 +671,37 @@ func (d *Driver) launch(call string, args []any, c func(p *unsafe.Pointer) C.CUr
 	return d.check(call, c(p))
 }
 
-// params copies kernel arguments (device pointers, int32, uint32, float32)
-// to one block of C memory: the parameter pointers, then an 8-byte slot per
-// value. The caller frees mem, also on error.
+// Bytes is a kernel argument passed by value as its bytes: a struct laid
+// out as the kernel declares it (8-byte aligned at most).
+type Bytes []byte
+
+// params copies kernel arguments (device pointers, int32, uint32, float32,
+// uint64, int64, Bytes) to one block of C memory: the parameter pointers,
+// then a slot per value, 8 bytes or a Bytes' length rounded up to 8. The
+// caller frees mem, also on error.
 func params(call string, args []any) (mem unsafe.Pointer, p *unsafe.Pointer, err error) {
 	n := len(args)
 	const slot = 8
-	mem = C.malloc(C.size_t(max(n, 1) * 2 * slot))
+	size := max(n, 1) * 2 * slot
+	for _, a := range args {
+		if b, ok := a.(Bytes); ok {
+			size += (len(b) + slot - 1) / slot * slot
+		}
+	}
+	mem = C.malloc(C.size_t(size))
 	ps := unsafe.Slice((*unsafe.Pointer)(mem), max(n, 1))
+	extra := 2 * n * slot // where the next Bytes go
 	for i, a := range args {
 		v := unsafe.Add(mem, (n+i)*slot)
 		switch x := a.(type) {
+		case uint64:
+			*(*uint64)(v) = x
+		case int64:
+			*(*int64)(v) = x
+		case Bytes:
+			v = unsafe.Add(mem, extra)
+			copy(unsafe.Slice((*byte)(v), len(x)), x)
+			extra += (len(x) + slot - 1) / slot * slot
 		case DevicePtr:
 			*(*DevicePtr)(v) = x
 		case int32:

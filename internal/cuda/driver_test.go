@@ -44,8 +44,11 @@ func TestDriverQueries(t *testing.T) {
 	if n, err := d.DeviceCount(); err != nil || n != 2 {
 		t.Errorf("DeviceCount = %d, %v", n, err)
 	}
-	if v, err := d.Attribute(1, AttrMultiprocessorCount); err != nil || v != 1601 {
-		t.Errorf("Attribute(1, SMs) = %d, %v (the fake answers attr·100+device)", v, err)
+	if v, err := d.Attribute(1, AttrMultiprocessorCount); err != nil || v != 4 {
+		t.Errorf("Attribute(1, SMs) = %d, %v (the fake has 4 SMs)", v, err)
+	}
+	if v, err := d.Attribute(1, AttrAsyncEngineCount); err != nil || v != 4001 {
+		t.Errorf("Attribute(1, copy engines) = %d, %v (the fake answers attr·100+device)", v, err)
 	}
 	if id, err := d.PCIBusID(1); err != nil || id != "0000:2C:00.0" {
 		t.Errorf("PCIBusID(1) = %q, %v", id, err)
@@ -89,6 +92,9 @@ func TestDriverStreamsEventsCopiesLaunch(t *testing.T) {
 	e1, _ := d.NewEvent()
 	d.Record(e0, s)
 	d.Record(e1, s)
+	if err := d.SyncEvent(e1); err != nil { // before it, the time may not be ready
+		t.Fatal(err)
+	}
 	if ms, err := d.Elapsed(e0, e1); err != nil || ms != 0.5 {
 		t.Errorf("Elapsed = %v, %v", ms, err)
 	}
@@ -220,8 +226,8 @@ func TestGPUInfoFromFake(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// the fake answers attribute a of device 0 with a·100
-	if g.Model != "Fake GPU 0" || g.Count != 2 || g.SMs != 1600 || g.CopyEngines != 4000 || g.MemoryBytes != 80<<30 ||
+	// the fake has 4 SMs and answers attribute a of device 0 with a·100
+	if g.Model != "Fake GPU 0" || g.Count != 2 || g.SMs != 4 || g.CopyEngines != 4000 || g.MemoryBytes != 80<<30 ||
 		g.CUDADriver != 13000 || g.SMClockMHz != 1 || g.Topology != "0→1 p2p, 1→0 p2p" {
 		t.Errorf("GPU info %+v", g)
 	}

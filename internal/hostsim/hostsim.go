@@ -1,13 +1,19 @@
 // Package hostsim compiles moebench's CUDA kernels for the CPU, for the
 // tests only. The kernel sources go, unchanged, through a C++ compiler with
-// mbhost.h (CUDA's built-ins as OS threads and barriers) into a shared
+// mbhost.h (CUDA's built-ins on fibers and OS threads) into a shared
 // object; the fake libcuda (fakes/fakecuda.c, see BuildFake) loads it as a
-// module and runs its kernels when they are launched. So, without a GPU,
-// the kernels' logic is checked against the host functions, and the cuda
-// device's launches (argument order and types, grid and block sizes,
-// modules) are exercised end to end. Not checked this way: timing, the
-// GPU's memory model, PTX (moebench.cuh's one line is replaced), and the
-// GPU's floating point to the last bit (expf).
+// module and runs its kernels when they are launched, with the concurrency
+// a GPU has: every block that fits the fake device at once on its own OS
+// thread, later ones in waves, launches on different streams and fake GPUs
+// overlapping in time, the memory primitives of moebench.cuh as C++
+// atomics. So, without a GPU, the kernels' logic is checked against the
+// host functions, cross-rank protocols (queues, barriers, timeouts) run
+// against each other, and the cuda device's launches (argument order and
+// types, grid and block sizes, modules, residency) are exercised end to
+// end. Not checked this way: timing, the GPU's weaker memory model (the
+// host's x86 orders more than PTX promises), PTX itself (moebench.cuh's
+// inline PTX is replaced), real co-residency and the GPU's floating point
+// to the last bit (expf).
 package hostsim
 
 import (
@@ -46,7 +52,8 @@ func New() (*Compiler, error) {
 // ID names the compiler (kernels.JIT's cache key).
 func (c *Compiler) ID() string { return "hostsim " + c.CXX }
 
-var kernelDecl = regexp.MustCompile(`extern "C" __global__ void (\w+)\s*\(`)
+// kernelDecl finds kernels and their __launch_bounds__ (before or after void).
+var kernelDecl = regexp.MustCompile(`extern "C" __global__\s+(?:__launch_bounds__\(([^()]*)\)\s+)?void\s+(?:__launch_bounds__\(([^()]*)\)\s+)?(\w+)\s*\(`)
 
 // Compile builds source (file name) with headers as a shared object and
 // returns its bytes. Of options, only -D definitions are used (NVRTC's
@@ -65,8 +72,18 @@ func (c *Compiler) Compile(name, source string, headers map[string]string, optio
 	var gen strings.Builder
 	fmt.Fprintf(&gen, "#include \"mbhost.h\"\n#include %q\n", name)
 	for _, m := range kernelDecl.FindAllStringSubmatch(source, -1) {
-		fmt.Fprintf(&gen, "MBHOST_KERNEL(%s)\n", m[1])
+		bounds := strings.Split(m[1]+m[2], ",")
+		for len(bounds) < 2 {
+			bounds = append(bounds, "")
+		}
+		for i, b := range bounds[:2] {
+			if b = strings.TrimSpace(b); b == "" {
+				bounds[i] = "0"
+			}
+		}
+		fmt.Fprintf(&gen, "MBHOST_KERNEL(%s, (%s), (%s))\n", m[3], bounds[0], bounds[1])
 	}
+	gen.WriteString("MBHOST_MODULE\n")
 	files["hostsim_main.cpp"] = gen.String()
 	for f, text := range files {
 		if err := os.WriteFile(filepath.Join(dir, f), []byte(text), 0o644); err != nil {
@@ -92,7 +109,7 @@ func (c *Compiler) Compile(name, source string, headers map[string]string, optio
 // test binary built here runs anywhere (the GPU machine's checkout lies
 // elsewhere).
 //
-//go:embed fakes/*.c
+//go:embed fakes/*.c fakes/*.h
 var fakeSources embed.FS
 
 // BuildFake compiles the fake library fakes/NAME.c (e.g. "fakecuda") with
@@ -106,8 +123,12 @@ func BuildFake(name, dir, file string) (string, error) {
 	if err := os.WriteFile(c, src, 0o644); err != nil {
 		return "", fmt.Errorf("hostsim: %w", err)
 	}
+	hdr, _ := fakeSources.ReadFile("fakes/fakedriver.h") // embedded: cannot fail
+	if err := os.WriteFile(filepath.Join(dir, "fakedriver.h"), hdr, 0o644); err != nil {
+		return "", fmt.Errorf("hostsim: %w", err)
+	}
 	so := filepath.Join(dir, file)
-	if out, err := exec.Command("cc", "-O2", "-shared", "-fPIC", "-o", so, c).CombinedOutput(); err != nil {
+	if out, err := exec.Command("cc", "-O2", "-shared", "-fPIC", "-pthread", "-o", so, c).CombinedOutput(); err != nil {
 		return "", fmt.Errorf("hostsim: building %s: %v\n%s", name, err, out)
 	}
 	return so, nil
@@ -124,7 +145,8 @@ var fakes = []struct{ name, file, env string }{
 // Setup prepares a test to open cuda devices on the simulation: it builds
 // the fake driver, cuBLASLt and cuBLAS, points MOEBENCH_LIBCUDA,
 // MOEBENCH_CUBLASLT and MOEBENCH_CUBLAS at them, keeps telemetry off (no
-// NVML) and the kernel cache in a temporary folder, and returns the
+// NVML) and the kernel cache in a temporary folder, stops blocks that only
+// spin after 20 s (MBHOST_SPIN_LIMIT_S, unless set), and returns the
 // compiler the test installs as kernels.NewCompiler. It skips without a
 // C++ compiler, and fails instead under MOEBENCH_REQUIRE_NVRTC=1 (CI); it
 // skips under MOEBENCH_REQUIRE_GPU=1, where the GPU check runs the kernels
@@ -148,6 +170,9 @@ func Setup(t *testing.T) *Compiler {
 			t.Fatal(err)
 		}
 		t.Setenv(f.env, so)
+	}
+	if os.Getenv("MBHOST_SPIN_LIMIT_S") == "" {
+		t.Setenv("MBHOST_SPIN_LIMIT_S", "20") // a kernel that only spins fails its launch within a test's patience
 	}
 	t.Setenv("MOEBENCH_NVML", filepath.Join(dir, "no-nvml.so"))
 	t.Setenv("MOEBENCH_CACHE", filepath.Join(dir, "cache"))

@@ -8,6 +8,8 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+#include <stdlib.h>
+#include "fakedriver.h"
 
 static void *bound_stream, *bound_ws;
 static size_t bound_ws_size;
@@ -22,22 +24,39 @@ static uint16_t tobf(float f) { uint32_t u; memcpy(&u, &f, 4); u += 0x7fff + ((u
 // element (i, j) of op(X) for a column-major X with leading dimension ld
 static float at(const uint16_t *x, int ld, int trans, int i, int j) { return trans ? bf(x[j + i * ld]) : bf(x[i + j * ld]); }
 
+// fakecuda's fakecuda_enqueue (see fakecublaslt.c): the GEMMs run in the
+// bound stream's order; the per-group host arrays are copied at the call,
+// the device arrays of operand addresses read when the GEMMs run.
+typedef struct { int groups; const void *const *A, *const *B; void *const *C; int v[]; } grouped_t; // v: ta tb m n k lda ldb ldc size, each [groups]
+static void grouped(void *p) {
+    grouped_t *g = p;
+    int G = g->groups, *ta = g->v, *tb = ta + G, *m = tb + G, *n = m + G, *k = n + G, *lda = k + G, *ldb = lda + G, *ldc = ldb + G, *size = ldc + G;
+    int idx = 0;
+    for (int q = 0; q < G; q++)
+        for (int b = 0; b < size[q]; b++, idx++)
+            for (int j = 0; j < n[q]; j++)
+                for (int i = 0; i < m[q]; i++) {
+                    float s = 0;
+                    for (int r = 0; r < k[q]; r++) s += at(g->A[idx], lda[q], ta[q], i, r) * at(g->B[idx], ldb[q], tb[q], r, j);
+                    ((uint16_t *)g->C[idx])[i + j * ldc[q]] = tobf(s);
+                }
+    free(g);
+}
 int cublasGemmGroupedBatchedEx(void *h, const int *ta, const int *tb, const int *m, const int *n, const int *k, const void *alpha,
                                const void *const *A, int at_, const int *lda, const void *const *B, int bt, const int *ldb,
                                const void *beta, void *const *C, int ct, const int *ldc, int groups, const int *size, int compute) {
     if (h != (void *)0x20 || bound_stream == 0 || bound_ws == 0 || bound_ws_size < 4096 || at_ != 14 || bt != 14 || ct != 14 || compute != 68) return 7;
     const float *al = alpha, *be = beta;
-    int idx = 0;
-    for (int g = 0; g < groups; g++) {
-        int rowsA = ta[g] ? k[g] : m[g], rowsB = tb[g] ? n[g] : k[g];
-        if (lda[g] < rowsA || ldb[g] < rowsB || ldc[g] < m[g] || al[g] != 1.f || be[g] != 0.f) return 7;
-        for (int b = 0; b < size[g]; b++, idx++)
-            for (int j = 0; j < n[g]; j++)
-                for (int i = 0; i < m[g]; i++) {
-                    float s = 0;
-                    for (int p = 0; p < k[g]; p++) s += at(A[idx], lda[g], ta[g], i, p) * at(B[idx], ldb[g], tb[g], p, j);
-                    ((uint16_t *)C[idx])[i + j * ldc[g]] = tobf(s);
-                }
+    for (int q = 0; q < groups; q++) {
+        int rowsA = ta[q] ? k[q] : m[q], rowsB = tb[q] ? n[q] : k[q];
+        if (lda[q] < rowsA || ldb[q] < rowsB || ldc[q] < m[q] || al[q] != 1.f || be[q] != 0.f) return 7;
     }
+    grouped_t *g = malloc(sizeof *g + 9 * sizeof(int) * groups);
+    g->groups = groups, g->A = A, g->B = B, g->C = C;
+    const int *src[9] = {ta, tb, m, n, k, lda, ldb, ldc, size};
+    for (int i = 0; i < 9; i++) memcpy(g->v + i * groups, src[i], sizeof(int) * groups);
+    enqueue_fn q = (enqueue_fn)fakecuda_sym("fakecuda_enqueue");
+    if (!q) grouped(g);
+    else if (q(bound_stream, grouped, g)) { free(g); return 7; }
     return 0;
 }

@@ -1,11 +1,45 @@
-// A fake libcuda for the binding tests: the entry points moebench uses, with
-// "device" memory in host RAM, a clock that advances per event record, and one
-// kernel, "add", that adds a float to n floats — so that launch parameters,
-// copies and error names are checked end to end without a GPU. A module
-// whose image is a shared object for this CPU rather than a cubin holds
-// kernels compiled for the host (internal/hostsim/mbhost.h): their launches
-// run them, on the CPU, as the stream is queued.
+// A fake libcuda for the tests: the entry points moebench uses, with
+// "device" memory in host RAM, and real asynchronous streams: each stream
+// has a worker thread that runs its work in order (copies, fills, kernels,
+// event records, waits on other streams' events), so that work queued on
+// different streams of one fake GPU or of two runs at the same time, as on
+// GPUs, and cuStreamSynchronize, cuEventSynchronize and cuCtxSynchronize
+// wait for it. Event times come from a clock that advances 0.5 ms per
+// record that runs (they mean nothing).
+//
+// Two fake GPUs, each with an H100's per-SM limits (2048 threads, 64 Ki
+// registers, 228 KiB shared memory, 32 blocks per SM; 227 KiB of shared
+// memory per block with opt-in, 1 KiB reserved per block) and
+// $FAKECUDA_SMS SMs (default 4), compute capability 9.0. A module whose
+// image is a shared object for this CPU rather than a cubin holds kernels
+// compiled for the host (internal/hostsim/mbhost.h): a launch places each
+// block on an SM with room for its threads, registers and shared memory,
+// runs every placed block on an OS thread of its own, and places the rest
+// as blocks end (waves), as a GPU's block scheduler does; a cooperative
+// launch waits until all of its blocks can be placed at once and is refused
+// (CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE) when they exceed what
+// cuOccupancyMaxActiveBlocksPerMultiprocessor times the SM count allows —
+// the driver's documented rule. A host kernel's registers per thread are
+// mbhost.h's model (from its __launch_bounds__, else 32), its static shared
+// memory the module's thread-local storage beyond mbhost.h's own (all of the
+// file's __shared__ variables: an upper bound for each kernel). Any other
+// ELF image is a cubin with one kernel, "add", that adds a float to n floats,
+// so that launch parameters, copies and error names are checked without a
+// GPU.
+//
+// cuMemcpyHtoDAsync copies pageable host memory to a staging buffer before
+// it returns, and cuMemcpyDtoHAsync into pageable memory returns when the
+// copy is done, as the driver may; copies from and to memory of
+// cuMemHostAlloc are asynchronous. cuMemFree, cuMemFreeHost and
+// cuModuleUnload wait for all queued work first. A kernel that fails
+// (threads stuck at a barrier, a block spinning past mbhost.h's limit)
+// leaves its context's error sticky, as a GPU fault does: every later
+// synchronization and launch on it returns CUDA_ERROR_LAUNCH_FAILED.
+#define _GNU_SOURCE
 #include <dlfcn.h>
+#include <elf.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,118 +48,513 @@
 #include <unistd.h>
 typedef int CUresult;
 typedef unsigned long long CUdeviceptr;
+enum {
+    OK = 0, INVALID_VALUE = 1, OUT_OF_MEMORY = 2, INVALID_IMAGE = 200, INVALID_CONTEXT = 201, INVALID_HANDLE = 400,
+    NOT_FOUND = 500, NOT_READY = 600, OUT_OF_RESOURCES = 701, PEER_ALREADY = 704, LAUNCH_FAILED = 719, COOP_TOO_LARGE = 720,
+};
 
-static double fake_clock;
+// ---- the fake GPUs
 
-CUresult cuInit(unsigned flags) { return flags == 0 ? 0 : 1; }
-CUresult cuDriverGetVersion(int *v) { *v = 13000; return 0; }
-CUresult cuDeviceGetCount(int *n) { *n = 2; return 0; }
+#define NDEV 2
+#define SM_THREADS 2048
+#define SM_REGS 65536
+#define SM_SMEM 233472        // 228 KiB
+#define SM_BLOCKS 32
+#define BLOCK_SMEM 49152      // without opt-in
+#define BLOCK_SMEM_OPTIN 232448 // 227 KiB
+#define SMEM_RESERVED 1024
+#define BLOCK_REGS 65536
+typedef struct { int threads, regs, smem, blocks; } sm_use;
+typedef struct {
+    pthread_mutex_t mu;
+    pthread_cond_t cv; // an SM's resources were given back
+    sm_use *sm;
+    CUresult failed; // sticky error of its context
+} fgpu;
+static fgpu gpu[NDEV];
+static int nsms = 4;
+static pthread_once_t once = PTHREAD_ONCE_INIT;
+static void init_gpus(void) {
+    const char *e = getenv("FAKECUDA_SMS");
+    if (e && atoi(e) > 0 && atoi(e) <= 1024) nsms = atoi(e);
+    for (int d = 0; d < NDEV; d++) {
+        pthread_mutex_init(&gpu[d].mu, 0);
+        pthread_cond_init(&gpu[d].cv, 0);
+        gpu[d].sm = calloc(nsms, sizeof(sm_use));
+    }
+}
+
+CUresult cuInit(unsigned flags) {
+    if (flags != 0) return INVALID_VALUE;
+    pthread_once(&once, init_gpus);
+    return OK;
+}
+CUresult cuDriverGetVersion(int *v) { *v = 13000; return OK; }
+CUresult cuDeviceGetCount(int *n) { *n = NDEV; return OK; }
 // CUdevice handles are 100 + ordinal, so that a binding passing ordinals
 // where handles belong is caught (CUDA_ERROR_INVALID_DEVICE, 101).
 #define HANDLE_OK(d) ((d) == 100 || (d) == 101)
-CUresult cuDeviceGet(int *d, int ord) { *d = 100 + ord; return ord < 2 ? 0 : 101; }
+CUresult cuDeviceGet(int *d, int ord) { *d = 100 + ord; return ord < NDEV ? OK : 101; }
 CUresult cuDeviceGetName(char *s, int n, int d) {
     if (!HANDLE_OK(d)) return 101;
-    strncpy(s, d == 100 ? "Fake GPU 0" : "Fake GPU 1", n); return 0;
+    strncpy(s, d == 100 ? "Fake GPU 0" : "Fake GPU 1", n); return OK;
 }
 CUresult cuDeviceGetPCIBusId(char *s, int n, int d) {
     if (!HANDLE_OK(d)) return 101;
-    strncpy(s, d == 100 ? "0000:1B:00.0" : "0000:2C:00.0", n); return 0;
+    strncpy(s, d == 100 ? "0000:1B:00.0" : "0000:2C:00.0", n); return OK;
 }
-CUresult cuDeviceGetAttribute(int *v, int attr, int d) { if (!HANDLE_OK(d)) return 101; *v = attr * 100 + d - 100; return 0; }
-CUresult cuDeviceTotalMem_v2(size_t *n, int d) { if (!HANDLE_OK(d)) return 101; *n = (size_t)80 << 30; return 0; }
-CUresult cuDeviceCanAccessPeer(int *v, int a, int b) { if (!HANDLE_OK(a) || !HANDLE_OK(b)) return 101; *v = a != b; return 0; }
-// Contexts are 0x1000 + handle. The fake tracks the current context and
-// which context owns each stream, event and allocation, and refuses what a
-// driver refuses across contexts (or stricter): a stream or allocation made
-// with no current context, an event recorded on another context's stream,
-// elapsed time between contexts, a copy on a stream of a context that owns
-// neither side, a peer copy whose contexts do not own its pointers, and a
-// launch on a stream that is not the current context's.
+// Attributes: the ones occupancy depends on as above; any other attribute a
+// reads as a·100 + ordinal, so that a test sees which one was asked.
+CUresult cuDeviceGetAttribute(int *v, int attr, int d) {
+    if (!HANDLE_OK(d)) return 101;
+    switch (attr) {
+    case 1: *v = 1024; break;                  // MAX_THREADS_PER_BLOCK
+    case 8: *v = BLOCK_SMEM; break;            // MAX_SHARED_MEMORY_PER_BLOCK
+    case 10: *v = 32; break;                   // WARP_SIZE
+    case 12: *v = BLOCK_REGS; break;           // MAX_REGISTERS_PER_BLOCK
+    case 16: *v = nsms; break;                 // MULTIPROCESSOR_COUNT
+    case 19: case 41: case 95: *v = 1; break;  // CAN_MAP_HOST_MEMORY, UNIFIED_ADDRESSING, COOPERATIVE_LAUNCH
+    case 39: *v = SM_THREADS; break;           // MAX_THREADS_PER_MULTIPROCESSOR
+    case 75: *v = 9; break;                    // COMPUTE_CAPABILITY_MAJOR
+    case 76: *v = 0; break;                    // COMPUTE_CAPABILITY_MINOR
+    case 81: *v = SM_SMEM; break;              // MAX_SHARED_MEMORY_PER_MULTIPROCESSOR
+    case 82: *v = SM_REGS; break;              // MAX_REGISTERS_PER_MULTIPROCESSOR
+    case 97: *v = BLOCK_SMEM_OPTIN; break;     // MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
+    case 106: *v = SM_BLOCKS; break;           // MAX_BLOCKS_PER_MULTIPROCESSOR
+    case 111: *v = SMEM_RESERVED; break;       // RESERVED_SHARED_MEMORY_PER_BLOCK
+    default: *v = attr * 100 + d - 100;
+    }
+    return OK;
+}
+CUresult cuDeviceTotalMem_v2(size_t *n, int d) { if (!HANDLE_OK(d)) return 101; *n = (size_t)80 << 30; return OK; }
+CUresult cuDeviceCanAccessPeer(int *v, int a, int b) { if (!HANDLE_OK(a) || !HANDLE_OK(b)) return 101; *v = a != b; return OK; }
+
+// ---- contexts
+// Contexts are 0x1000 + handle. The fake tracks the current context (one
+// for the process) and which context owns each stream, event and
+// allocation, and refuses what a driver refuses across contexts (or
+// stricter): a stream or allocation made with no current context, an event
+// recorded on another context's stream, elapsed time between contexts, a
+// copy on a stream of a context that owns neither side, a peer copy whose
+// contexts do not own its pointers, and a launch on a stream that is not the
+// current context's.
 #define CTX(d) ((void *)(0x1000L + (d)))
+#define CTXDEV(c) ((int)((long)(c) - 0x1000 - 100))
 static void *cur;
-static int peer[2][2];
-CUresult cuDevicePrimaryCtxRetain(void **c, int d) { if (!HANDLE_OK(d)) return 101; *c = CTX(d); return 0; }
-CUresult cuDevicePrimaryCtxRelease_v2(int d) { return HANDLE_OK(d) ? 0 : 101; }
-CUresult cuCtxSetCurrent(void *c) { if (!c) return 201; cur = c; return 0; }
-CUresult cuCtxSynchronize(void) { return cur ? 0 : 201; }
+static int peer[NDEV][NDEV];
+CUresult cuDevicePrimaryCtxRetain(void **c, int d) { if (!HANDLE_OK(d)) return 101; *c = CTX(d); return OK; }
+CUresult cuDevicePrimaryCtxRelease_v2(int d) { return HANDLE_OK(d) ? OK : 101; }
+CUresult cuCtxSetCurrent(void *c) { if (!c) return INVALID_CONTEXT; cur = c; return OK; }
+static CUresult sticky(void *ctx) {
+    fgpu *g = &gpu[CTXDEV(ctx)];
+    pthread_mutex_lock(&g->mu);
+    CUresult r = g->failed;
+    pthread_mutex_unlock(&g->mu);
+    return r;
+}
 CUresult cuCtxEnablePeerAccess(void *c, unsigned flags) {
-    if (!cur || c == cur || flags) return 1;
-    int a = (long)cur - 0x1000 - 100, b = (long)c - 0x1000 - 100;
-    if (peer[a][b]) return 704; // CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED
-    peer[a][b] = 1; return 0;
+    if (!cur || c == cur || flags) return INVALID_VALUE;
+    int a = CTXDEV(cur), b = CTXDEV(c);
+    if (peer[a][b]) return PEER_ALREADY;
+    peer[a][b] = 1; return OK;
 }
-CUresult cuCtxGetStreamPriorityRange(int *least, int *greatest) { *least = 0; *greatest = -5; return 0; }
-typedef struct { void *ctx; } fstream;
-typedef struct { double t; void *ctx; } fevent;
-static void *sctx(void *s) { return s ? ((fstream *)s)->ctx : cur; }
-CUresult cuStreamCreateWithPriority(void **s, unsigned flags, int prio) {
-    if (flags != 1 || prio > 0 || prio < -5) return 1; // non-blocking, within the range
-    if (!cur) return 201;
-    fstream *f = malloc(sizeof *f); f->ctx = cur; *s = f; return 0;
+CUresult cuCtxGetStreamPriorityRange(int *least, int *greatest) { *least = 0; *greatest = -5; return OK; }
+
+// ---- streams: a queue of work and a thread that runs it in order
+
+typedef struct op op;
+typedef struct fstream {
+    void *ctx; // first: the fake libraries read it
+    pthread_mutex_t mu;
+    pthread_cond_t cv; // work queued, or work done
+    op *head, *tail;
+    uint64_t queued, done; // work items queued and finished
+    int destroyed;
+    pthread_t thread;
+} fstream;
+
+typedef struct {
+    void *ctx;
+    fstream *s;      // the stream of its last record (0: never recorded)
+    uint64_t ticket; // that stream's work count at the record
+    double t;        // the clock when the record ran
+} fevent;
+
+static pthread_mutex_t regmu = PTHREAD_MUTEX_INITIALIZER; // streams, clock, events' fields
+#define MAXS 1024
+static fstream *streams[MAXS];
+static int nstreams;
+static fstream *defstream[NDEV];
+static double fake_clock;
+
+enum { OP_COPY, OP_FILL16, OP_KERNEL, OP_ADD, OP_RECORD, OP_WAIT, OP_HOST, OP_BATCH };
+typedef struct klaunch klaunch;
+struct op {
+    op *next;
+    int kind;
+    union {
+        struct { void *dst; const void *src; size_t n; void *staged; } copy;
+        struct { unsigned short *p; unsigned short v; size_t n; } fill;
+        klaunch *k;
+        struct { float *x; int n; float a, mark; } add;
+        struct { fevent *e; uint64_t ticket; } rec;
+        struct { fstream *s; uint64_t ticket; } wait;
+        struct { void (*fn)(void *); void *arg; } host;
+        struct { size_t count; CUdeviceptr *d, *s; size_t *n; } batch;
+    };
+};
+
+static void wait_done(fstream *s, uint64_t ticket) {
+    pthread_mutex_lock(&s->mu);
+    while (s->done < ticket) pthread_cond_wait(&s->cv, &s->mu);
+    pthread_mutex_unlock(&s->mu);
 }
-CUresult cuStreamDestroy_v2(void *s) { free(s); return 0; }
-CUresult cuStreamSynchronize(void *s) { return 0; }
-CUresult cuStreamWaitEvent(void *s, void *e, unsigned f) { return 0; } // across contexts too, as CUDA allows
-CUresult cuEventCreate(void **e, unsigned flags) {
-    if (!cur) return 201;
-    fevent *f = malloc(sizeof *f); f->t = 0; f->ctx = cur; *e = f; return 0;
+static int is_done(fstream *s, uint64_t ticket) {
+    pthread_mutex_lock(&s->mu);
+    int d = s->done >= ticket;
+    pthread_mutex_unlock(&s->mu);
+    return d;
 }
-CUresult cuEventDestroy_v2(void *e) { free(e); return 0; }
-CUresult cuEventRecord(void *e, void *s) {
-    if (((fevent *)e)->ctx != sctx(s)) return 400; // CUDA_ERROR_INVALID_HANDLE
-    fake_clock += 0.5; ((fevent *)e)->t = fake_clock; return 0;
+
+static CUresult run_kernel(klaunch *k);
+static void exec(fstream *s, op *o) {
+    switch (o->kind) {
+    case OP_COPY: memcpy(o->copy.dst, o->copy.src, o->copy.n); free(o->copy.staged); break;
+    case OP_FILL16: for (size_t i = 0; i < o->fill.n; i++) o->fill.p[i] = o->fill.v; break;
+    case OP_KERNEL: run_kernel(o->k); break;
+    case OP_ADD:
+        for (int i = 0; i < o->add.n; i++) o->add.x[i] += o->add.a;
+        o->add.x[o->add.n] = o->add.mark;
+        break;
+    case OP_RECORD:
+        pthread_mutex_lock(&regmu);
+        fake_clock += 0.5;
+        if (o->rec.e->s == s && o->rec.e->ticket == o->rec.ticket) o->rec.e->t = fake_clock;
+        pthread_mutex_unlock(&regmu);
+        break;
+    case OP_WAIT: wait_done(o->wait.s, o->wait.ticket); break;
+    case OP_HOST: o->host.fn(o->host.arg); break;
+    case OP_BATCH:
+        for (size_t i = 0; i < o->batch.count; i++) memcpy((void *)o->batch.d[i], (void *)o->batch.s[i], o->batch.n[i]);
+        free(o->batch.d);
+        break;
+    }
 }
-CUresult cuEventSynchronize(void *e) { return 0; }
-CUresult cuEventElapsedTime_v2(float *ms, void *a, void *b) {
-    if (((fevent *)a)->ctx != ((fevent *)b)->ctx) return 400;
-    *ms = (float)(((fevent *)b)->t - ((fevent *)a)->t); return 0;
-}
-// allocations: a table of (base, size, context). Each is mapped on its own
-// with an inaccessible page right after its last 256-byte granule, so that a
-// kernel (on the host simulation) or a copy that runs past the end of a
-// buffer faults at once instead of reading or overwriting a neighbour.
-#define MAXA 4096
-#define PAGE 4096
-static struct { CUdeviceptr p; size_t n; void *ctx; void *map; size_t maplen; } allocs[MAXA];
-static void *owner(CUdeviceptr p) {
-    for (int i = 0; i < MAXA; i++)
-        if (allocs[i].p && p >= allocs[i].p && p < allocs[i].p + allocs[i].n + (allocs[i].n == 0)) return allocs[i].ctx;
+
+static void *stream_main(void *p) {
+    fstream *s = p;
+    pthread_mutex_lock(&s->mu);
+    for (;;) {
+        while (!s->head && !s->destroyed) pthread_cond_wait(&s->cv, &s->mu);
+        if (!s->head) break;
+        op *o = s->head;
+        pthread_mutex_unlock(&s->mu);
+        exec(s, o);
+        pthread_mutex_lock(&s->mu);
+        s->head = o->next;
+        if (!s->head) s->tail = 0;
+        s->done++;
+        pthread_cond_broadcast(&s->cv);
+        free(o);
+    }
+    pthread_mutex_unlock(&s->mu);
     return 0;
 }
-// fakecuda_owner is owner for testdata/fakenccl.c.
+
+static fstream *new_stream(void *ctx) {
+    pthread_mutex_lock(&regmu);
+    if (nstreams == MAXS) { pthread_mutex_unlock(&regmu); return 0; }
+    fstream *s = calloc(1, sizeof *s);
+    s->ctx = ctx;
+    pthread_mutex_init(&s->mu, 0);
+    pthread_cond_init(&s->cv, 0);
+    pthread_attr_t a;
+    pthread_attr_init(&a);
+    pthread_attr_setstacksize(&a, 1 << 20);
+    pthread_create(&s->thread, &a, stream_main, s);
+    pthread_attr_destroy(&a);
+    streams[nstreams++] = s;
+    pthread_mutex_unlock(&regmu);
+    return s;
+}
+
+// stream resolves a handle: NULL is the current context's default stream.
+static fstream *stream(void *h) {
+    if (h) return h;
+    if (!cur) return 0;
+    int d = CTXDEV(cur);
+    if (!defstream[d]) defstream[d] = new_stream(cur);
+    return defstream[d];
+}
+static void *sctx(void *h) { return h ? ((fstream *)h)->ctx : cur; }
+
+// enqueue appends o to s and returns its ticket (s's work count once o is done).
+static uint64_t enqueue(fstream *s, op *o) {
+    o->next = 0;
+    pthread_mutex_lock(&s->mu);
+    if (s->tail) s->tail->next = o;
+    else s->head = o;
+    s->tail = o;
+    uint64_t t = ++s->queued;
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    return t;
+}
+static uint64_t queued(fstream *s) {
+    pthread_mutex_lock(&s->mu);
+    uint64_t t = s->queued;
+    pthread_mutex_unlock(&s->mu);
+    return t;
+}
+static op *newop(int kind) { op *o = calloc(1, sizeof *o); o->kind = kind; return o; }
+
+// drain waits for the work queued so far on every stream (of ctx, or all).
+static void drain(void *ctx) {
+    fstream *ss[MAXS];
+    pthread_mutex_lock(&regmu);
+    int n = nstreams;
+    memcpy(ss, streams, n * sizeof *ss);
+    pthread_mutex_unlock(&regmu);
+    for (int i = 0; i < n; i++)
+        if (!ctx || ss[i]->ctx == ctx) wait_done(ss[i], queued(ss[i]));
+}
+
+// fakecuda_enqueue queues fn(arg) on stream s (NULL: the current context's
+// default stream) after the work queued on it so far: the other fake
+// libraries' work (cuBLASLt, cuBLAS, NCCL) runs in stream order with it.
+int fakecuda_enqueue(void *s, void (*fn)(void *), void *arg) {
+    fstream *st = stream(s);
+    if (!st) return INVALID_CONTEXT;
+    op *o = newop(OP_HOST);
+    o->host.fn = fn, o->host.arg = arg;
+    enqueue(st, o);
+    return OK;
+}
+
+CUresult cuStreamCreateWithPriority(void **s, unsigned flags, int prio) {
+    if (flags != 1 || prio > 0 || prio < -5) return INVALID_VALUE; // non-blocking, within the range
+    if (!cur) return INVALID_CONTEXT;
+    fstream *f = new_stream(cur);
+    if (!f) return OUT_OF_MEMORY;
+    *s = f; return OK;
+}
+// the stream's thread ends once its work is done; the stream itself is kept
+// (events recorded on it may still be asked about)
+CUresult cuStreamDestroy_v2(void *h) {
+    fstream *s = h;
+    if (!s) return INVALID_HANDLE;
+    pthread_mutex_lock(&s->mu);
+    s->destroyed = 1;
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+    return OK;
+}
+CUresult cuStreamSynchronize(void *h) {
+    fstream *s = stream(h);
+    if (!s) return INVALID_CONTEXT;
+    wait_done(s, queued(s));
+    return sticky(s->ctx);
+}
+CUresult cuCtxSynchronize(void) {
+    if (!cur) return INVALID_CONTEXT;
+    drain(cur);
+    return sticky(cur);
+}
+
+// ---- events
+
+CUresult cuEventCreate(void **e, unsigned flags) {
+    if (!cur) return INVALID_CONTEXT;
+    fevent *f = calloc(1, sizeof *f); f->ctx = cur; *e = f; return OK;
+}
+CUresult cuEventDestroy_v2(void *e) { return e ? OK : INVALID_HANDLE; } // kept: a record may still be queued
+CUresult cuEventRecord(void *h, void *sh) {
+    fevent *e = h;
+    fstream *s = stream(sh);
+    if (!s || e->ctx != s->ctx) return INVALID_HANDLE;
+    op *o = newop(OP_RECORD);
+    o->rec.e = e;
+    pthread_mutex_lock(&regmu); // the record's ticket is set before its op can run
+    pthread_mutex_lock(&s->mu);
+    uint64_t t = s->queued + 1;
+    pthread_mutex_unlock(&s->mu);
+    e->s = s, e->ticket = t, e->t = 0;
+    o->rec.ticket = t;
+    enqueue(s, o);
+    pthread_mutex_unlock(&regmu);
+    return OK;
+}
+static void event_at(fevent *e, fstream **s, uint64_t *t) {
+    pthread_mutex_lock(&regmu);
+    *s = e->s, *t = e->ticket;
+    pthread_mutex_unlock(&regmu);
+}
+// a stream may wait for another context's event, as CUDA allows; an event
+// never recorded is no wait
+CUresult cuStreamWaitEvent(void *sh, void *eh, unsigned flags) {
+    fstream *s = stream(sh), *es;
+    uint64_t t;
+    if (!s || !eh || flags) return INVALID_HANDLE;
+    event_at(eh, &es, &t);
+    if (!es) return OK;
+    op *o = newop(OP_WAIT);
+    o->wait.s = es, o->wait.ticket = t;
+    enqueue(s, o);
+    return OK;
+}
+CUresult cuEventSynchronize(void *eh) {
+    fstream *s;
+    uint64_t t;
+    event_at(eh, &s, &t);
+    if (!s) return OK;
+    wait_done(s, t);
+    return sticky(s->ctx);
+}
+CUresult cuEventElapsedTime_v2(float *ms, void *ah, void *bh) {
+    fevent *a = ah, *b = bh;
+    fstream *as, *bs;
+    uint64_t at, bt;
+    if (a->ctx != b->ctx) return INVALID_HANDLE;
+    event_at(a, &as, &at);
+    event_at(b, &bs, &bt);
+    if (!as || !bs) return INVALID_HANDLE;
+    if (!is_done(as, at) || !is_done(bs, bt)) return NOT_READY;
+    pthread_mutex_lock(&regmu);
+    *ms = (float)(b->t - a->t);
+    pthread_mutex_unlock(&regmu);
+    return OK;
+}
+
+// ---- memory
+// Allocations: a table of (base, size, context; host: flags of
+// cuMemHostAlloc). Each is mapped on its own with an inaccessible page right
+// after its last 256-byte granule, so that a kernel (on the host simulation)
+// or a copy that runs past the end of a buffer faults at once instead of
+// reading or overwriting a neighbour.
+#define MAXA 4096
+#define PAGE 4096
+static pthread_mutex_t allocmu = PTHREAD_MUTEX_INITIALIZER;
+static struct { CUdeviceptr p; size_t n; void *ctx; void *map; size_t maplen; int host; unsigned flags; } allocs[MAXA];
+static int find(CUdeviceptr p) { // allocmu held
+    for (int i = 0; i < MAXA; i++)
+        if (allocs[i].p && p >= allocs[i].p && p < allocs[i].p + allocs[i].n + (allocs[i].n == 0)) return i;
+    return -1;
+}
+static void *owner(CUdeviceptr p) {
+    pthread_mutex_lock(&allocmu);
+    int i = find(p);
+    void *c = i >= 0 && !allocs[i].host ? allocs[i].ctx : 0;
+    pthread_mutex_unlock(&allocmu);
+    return c;
+}
+// pinned: p lies in memory of cuMemHostAlloc
+static int pinned(const void *p) {
+    pthread_mutex_lock(&allocmu);
+    int i = find((CUdeviceptr)p);
+    int h = i >= 0 && allocs[i].host;
+    pthread_mutex_unlock(&allocmu);
+    return h;
+}
+// fakecuda_owner is owner for fakenccl.c.
 void *fakecuda_owner(CUdeviceptr p) { return owner(p); }
-CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) {
-    if (!cur) return 201;
+static CUresult map(CUdeviceptr *p, size_t n, int host, unsigned flags) {
+    size_t r = ((n ? n : 1) + 255) / 256 * 256; // 256-byte aligned, as cuMemAlloc's
+    size_t body = (r + PAGE - 1) / PAGE * PAGE;
+    char *m = mmap(0, body + PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) return OUT_OF_MEMORY;
+    if (mprotect(m + body, PAGE, PROT_NONE)) { munmap(m, body + PAGE); return OUT_OF_MEMORY; }
+    pthread_mutex_lock(&allocmu);
     for (int i = 0; i < MAXA; i++) {
         if (allocs[i].p) continue;
-        size_t r = ((n ? n : 1) + 255) / 256 * 256; // 256-byte aligned, as cuMemAlloc's
-        size_t body = (r + PAGE - 1) / PAGE * PAGE;
-        char *m = mmap(0, body + PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-        if (m == MAP_FAILED) return 2;
-        if (mprotect(m + body, PAGE, PROT_NONE)) { munmap(m, body + PAGE); return 2; }
         allocs[i].p = (CUdeviceptr)(m + body - r);
         allocs[i].n = n, allocs[i].ctx = cur, allocs[i].map = m, allocs[i].maplen = body + PAGE;
+        allocs[i].host = host, allocs[i].flags = flags;
         *p = allocs[i].p;
-        return 0;
+        pthread_mutex_unlock(&allocmu);
+        return OK;
     }
-    return 2;
+    pthread_mutex_unlock(&allocmu);
+    munmap(m, body + PAGE);
+    return OUT_OF_MEMORY;
 }
-CUresult cuMemFree_v2(CUdeviceptr p) {
+static CUresult unmap(CUdeviceptr p, int host) {
+    drain(0); // queued work may still use it
+    pthread_mutex_lock(&allocmu);
     for (int i = 0; i < MAXA; i++)
-        if (allocs[i].p == p) { allocs[i].p = 0; munmap(allocs[i].map, allocs[i].maplen); return 0; }
-    return 1;
+        if (allocs[i].p == p && allocs[i].host == host) {
+            allocs[i].p = 0;
+            munmap(allocs[i].map, allocs[i].maplen);
+            pthread_mutex_unlock(&allocmu);
+            return OK;
+        }
+    pthread_mutex_unlock(&allocmu);
+    return INVALID_VALUE;
 }
-CUresult cuMemGetInfo_v2(size_t *f, size_t *t) { *f = (size_t)1 << 30; *t = (size_t)2 << 30; return 0; }
-#define ON_STREAM(p, st) if (owner(p) != sctx(st)) return 1
-CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr d, const void *s, size_t n, void *st) { ON_STREAM(d, st); memcpy((void *)d, s, n); return 0; }
-CUresult cuMemcpyDtoHAsync_v2(void *d, CUdeviceptr s, size_t n, void *st) { ON_STREAM(s, st); memcpy(d, (void *)s, n); return 0; }
-CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr d, CUdeviceptr s, size_t n, void *st) {
-    ON_STREAM(d, st); ON_STREAM(s, st); memcpy((void *)d, (void *)s, n); return 0;
+CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) { return cur ? map(p, n, 0, 0) : INVALID_CONTEXT; }
+CUresult cuMemFree_v2(CUdeviceptr p) { return unmap(p, 0); }
+// Page-locked host memory: flags PORTABLE (1), DEVICEMAP (2) and
+// WRITECOMBINED (4), any others refused; the device pointer of a mapped
+// allocation is its host address (unified addressing).
+CUresult cuMemHostAlloc(void **pp, size_t n, unsigned flags) {
+    if (!cur) return INVALID_CONTEXT;
+    if (flags & ~7u) return INVALID_VALUE;
+    CUdeviceptr p;
+    CUresult r = map(&p, n, 1, flags);
+    if (r == OK) *pp = (void *)p;
+    return r;
 }
-CUresult cuMemcpyPeerAsync(CUdeviceptr d, void *dc, CUdeviceptr s, void *sc, size_t n, void *st) {
-    if (dc == sc || owner(d) != dc || owner(s) != sc || (sctx(st) != dc && sctx(st) != sc)) return 1;
-    memcpy((void *)d, (void *)s, n); return 0;
+CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *d, void *p, unsigned flags) {
+    if (!cur) return INVALID_CONTEXT;
+    if (flags != 0) return INVALID_VALUE; // "for now, it must be set to 0"
+    pthread_mutex_lock(&allocmu);
+    int i = find((CUdeviceptr)p);
+    int ok = i >= 0 && allocs[i].host && (allocs[i].flags & 2);
+    pthread_mutex_unlock(&allocmu);
+    if (!ok) return INVALID_VALUE; // not from cuMemHostAlloc with DEVICEMAP
+    *d = (CUdeviceptr)p;
+    return OK;
+}
+CUresult cuMemFreeHost(void *p) { return unmap((CUdeviceptr)p, 1); }
+CUresult cuMemGetInfo_v2(size_t *f, size_t *t) { *f = (size_t)1 << 30; *t = (size_t)2 << 30; return OK; }
+
+#define ON_STREAM(p, st) if (owner(p) != sctx(st)) return INVALID_VALUE
+#define STREAM_OR_FAIL(s, h) fstream *s = stream(h); if (!s) return INVALID_CONTEXT; if (sticky(s->ctx)) return sticky(s->ctx)
+static void copy_op(fstream *s, void *dst, const void *src, size_t n, int stage) {
+    op *o = newop(OP_COPY);
+    o->copy.dst = dst, o->copy.src = src, o->copy.n = n;
+    if (stage) { // pageable source: staged now, as the driver does
+        o->copy.staged = malloc(n ? n : 1);
+        memcpy(o->copy.staged, src, n);
+        o->copy.src = o->copy.staged;
+    }
+    enqueue(s, o);
+}
+CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr d, const void *src, size_t n, void *st) {
+    ON_STREAM(d, st);
+    STREAM_OR_FAIL(s, st);
+    copy_op(s, (void *)d, src, n, !pinned(src));
+    return OK;
+}
+CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, void *st) {
+    ON_STREAM(src, st);
+    STREAM_OR_FAIL(s, st);
+    op *o = newop(OP_COPY);
+    o->copy.dst = dst, o->copy.src = (void *)src, o->copy.n = n;
+    uint64_t t = enqueue(s, o);
+    if (!pinned(dst)) wait_done(s, t); // into pageable memory: returns when copied
+    return OK;
+}
+CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr d, CUdeviceptr src, size_t n, void *st) {
+    ON_STREAM(d, st); ON_STREAM(src, st);
+    STREAM_OR_FAIL(s, st);
+    copy_op(s, (void *)d, (void *)src, n, 0);
+    return OK;
+}
+CUresult cuMemcpyPeerAsync(CUdeviceptr d, void *dc, CUdeviceptr src, void *sc, size_t n, void *st) {
+    if (dc == sc || owner(d) != dc || owner(src) != sc || (sctx(st) != dc && sctx(st) != sc)) return INVALID_VALUE;
+    STREAM_OR_FAIL(s, st);
+    copy_op(s, (void *)d, (void *)src, n, 0);
+    return OK;
 }
 // The CUDA 13 batch copy: checks the attributes moebench passes (one set,
 // stream-ordered sources, device hints naming the GPUs that own the
@@ -134,119 +563,371 @@ typedef struct { int type; int id; } mc_loc;
 typedef struct { int srcAccessOrder; mc_loc srcLocHint, dstLocHint; unsigned flags; } mc_attrs;
 CUresult cuMemcpyBatchAsync_v2(CUdeviceptr *d, CUdeviceptr *s, size_t *n, size_t count, mc_attrs *a, size_t *idx, size_t nattrs, void *st) {
     if (sizeof(mc_attrs) != 24 || nattrs != 1 || idx[0] != 0 || a->srcAccessOrder != 1 || a->srcLocHint.type != 1 ||
-        a->dstLocHint.type != 1 || a->flags != 1 || st == 0) return 1;
-    if (getenv("FAKECUDA_REFUSE_BATCH")) return 1; /* CUDA_ERROR_INVALID_VALUE, as a driver might */
+        a->dstLocHint.type != 1 || a->flags != 1 || st == 0) return INVALID_VALUE;
+    if (getenv("FAKECUDA_REFUSE_BATCH")) return INVALID_VALUE; /* as a driver might */
     for (size_t i = 0; i < count; i++)
-        if (owner(s[i]) != CTX(100 + a->srcLocHint.id) || owner(d[i]) != CTX(100 + a->dstLocHint.id)) return 1;
-    for (size_t i = 0; i < count; i++) memcpy((void *)d[i], (void *)s[i], n[i]);
-    return 0;
+        if (owner(s[i]) != CTX(100 + a->srcLocHint.id) || owner(d[i]) != CTX(100 + a->dstLocHint.id)) return INVALID_VALUE;
+    STREAM_OR_FAIL(fs, st);
+    op *o = newop(OP_BATCH);
+    o->batch.count = count;
+    o->batch.d = malloc(3 * count * sizeof(CUdeviceptr) + 1); // the three arrays in one
+    o->batch.s = o->batch.d + count;
+    o->batch.n = (size_t *)(o->batch.s + count);
+    memcpy(o->batch.d, d, count * sizeof *d);
+    memcpy(o->batch.s, s, count * sizeof *s);
+    memcpy(o->batch.n, n, count * sizeof *n);
+    enqueue(fs, o);
+    return OK;
 }
 CUresult cuMemsetD16Async(CUdeviceptr d, unsigned short v, size_t n, void *st) {
     ON_STREAM(d, st);
-    for (size_t i = 0; i < n; i++) ((unsigned short *)d)[i] = v;
-    return 0;
+    STREAM_OR_FAIL(s, st);
+    op *o = newop(OP_FILL16);
+    o->fill.p = (unsigned short *)d, o->fill.v = v, o->fill.n = n;
+    enqueue(s, o);
+    return OK;
 }
+
+// ---- modules and kernels
 // Host modules: the image (a 64-bit ELF shared object, whose size is where
 // its section headers end) is written to a file and dlopened; kernel NAME is
-// its function mbhost_launch_NAME. Any other ELF image (a cubin: machine 190,
+// its mbhost_kernel_NAME. Any other ELF image (a cubin: machine 190,
 // EM_CUDA) is the one-kernel module of "add".
+typedef struct { unsigned gx, gy, gz, bx, by, bz, smem, cx, cy, cz; } mbhost_geom;
+typedef struct {
+    unsigned abi;
+    int max_threads, min_blocks, regs;
+    void *(*bind)(void **);
+    void (*unbind)(void *);
+    int (*run)(void *, const mbhost_geom *, int (*)(void *), void *);
+} mbhost_kernel;
+#define MBHOST_ABI 2
 #define HOSTMAGIC 0x6d62686fu
-typedef int (*hostlaunch)(unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void **);
-typedef struct hostobj { unsigned magic; void *dl; hostlaunch fn; struct hostobj *next; } hostobj; // a module (dl) or a kernel (fn)
+// a module (dl) or a kernel (k), with the kernel's attributes
+typedef struct hostobj {
+    unsigned magic;
+    void *dl;
+    const mbhost_kernel *k;
+    struct hostobj *next;
+    int static_smem; // the module's __shared__ bytes
+    int max_dyn;     // CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+} hostobj;
+static hostobj add_kernel = {0, 0, 0, 0, 0, BLOCK_SMEM}; // the cubin's "add"
+#define ADD ((void *)&add_kernel)
+#define CUBIN_MODULE ((void *)0x3000)
 static int elf_machine(const unsigned char *img) { return img[18] | img[19] << 8; }
+// tls_bytes: the memory size of the image's PT_TLS segment (0 without)
+static size_t tls_bytes(const unsigned char *e) {
+    Elf64_Ehdr h;
+    memcpy(&h, e, sizeof h);
+    for (int i = 0; i < h.e_phnum; i++) {
+        Elf64_Phdr ph;
+        memcpy(&ph, e + h.e_phoff + (size_t)i * h.e_phentsize, sizeof ph);
+        if (ph.p_type == PT_TLS) return ph.p_memsz;
+    }
+    return 0;
+}
 CUresult cuModuleLoadData(void **m, const void *img) {
-    if (!cur) return 201;
+    if (!cur) return INVALID_CONTEXT;
     const unsigned char *e = img;
-    if (memcmp(e, "\x7f" "ELF", 4) != 0) return 200; // CUDA_ERROR_INVALID_IMAGE
-    if (e[4] != 2 || elf_machine(e) == 190) { *m = (void *)0x3000; return 0; } // not a 64-bit host ELF
+    if (memcmp(e, "\x7f" "ELF", 4) != 0) return INVALID_IMAGE;
+    if (e[4] != 2 || elf_machine(e) == 190) { *m = CUBIN_MODULE; return OK; } // not a 64-bit host ELF
     uint64_t shoff; uint16_t shentsize, shnum;
     memcpy(&shoff, e + 0x28, 8); memcpy(&shentsize, e + 0x3a, 2); memcpy(&shnum, e + 0x3c, 2);
     char path[] = "/tmp/fakecuda-module-XXXXXX";
     int fd = mkstemp(path);
-    if (fd < 0) return 2;
+    if (fd < 0) return OUT_OF_MEMORY;
     size_t n = shoff + (size_t)shentsize * shnum;
     int ok = write(fd, e, n) == (ssize_t)n;
     close(fd);
     void *dl = ok ? dlopen(path, RTLD_NOW | RTLD_LOCAL) : 0;
     unlink(path);
-    if (!dl) return 200;
+    if (!dl) return INVALID_IMAGE;
+    unsigned long (*own)(void) = (unsigned long (*)(void))dlsym(dl, "mbhost_tls_own");
     hostobj *h = calloc(1, sizeof *h); h->magic = HOSTMAGIC; h->dl = dl;
-    *m = h; return 0;
+    size_t tls = tls_bytes(e), mine = own ? own() : 0;
+    h->static_smem = tls > mine ? (int)(tls - mine) : 0;
+    *m = h; return OK;
 }
-static hostobj *host(void *p) { return p != (void *)0x3000 && p != (void *)0x4000 && p && ((hostobj *)p)->magic == HOSTMAGIC ? p : 0; }
+static hostobj *host(void *p) { return p && p != CUBIN_MODULE && p != ADD && ((hostobj *)p)->magic == HOSTMAGIC ? p : 0; }
 CUresult cuModuleUnload(void *m) {
+    drain(0); // its kernels may still run
     hostobj *h = host(m);
     while (h) { // the module, then the kernels looked up in it
         hostobj *next = h->next;
         if (h->dl) dlclose(h->dl);
         h->magic = 0; free(h); h = next;
     }
-    return 0;
+    return OK;
 }
 CUresult cuModuleGetFunction(void **f, void *m, const char *name) {
     hostobj *h = host(m);
     if (h) {
         char sym[256];
-        snprintf(sym, sizeof sym, "mbhost_launch_%s", name);
-        hostlaunch fn = (hostlaunch)dlsym(h->dl, sym);
-        if (!fn) return 500;
-        hostobj *k = calloc(1, sizeof *k); k->magic = HOSTMAGIC; k->fn = fn; k->next = h->next; h->next = k;
-        *f = k; return 0;
+        snprintf(sym, sizeof sym, "mbhost_kernel_%s", name);
+        const mbhost_kernel *(*get)(void) = (const mbhost_kernel *(*)(void))dlsym(h->dl, sym);
+        if (!get) return NOT_FOUND;
+        if (get()->abi != MBHOST_ABI) return INVALID_IMAGE;
+        hostobj *k = calloc(1, sizeof *k); k->magic = HOSTMAGIC; k->k = get(); k->next = h->next; h->next = k;
+        k->static_smem = h->static_smem;
+        k->max_dyn = BLOCK_SMEM - k->static_smem > 0 ? BLOCK_SMEM - k->static_smem : 0;
+        *f = k; return OK;
     }
-    if (strcmp(name, "add") != 0) return 500; // CUDA_ERROR_NOT_FOUND
-    *f = (void *)0x4000; return 0;
+    if (m != CUBIN_MODULE || strcmp(name, "add") != 0) return NOT_FOUND;
+    *f = ADD; return OK;
 }
-CUresult cuFuncSetAttribute(void *f, int attr, int v) { return attr == 8 && v == 200 << 10 ? 0 : 1; }
-// run launches f: a host module's kernel runs on the CPU; otherwise f is
-// the cubin's one kernel, "add": x[i] += a for i < n, then x[n] = the launch
-// geometry (grid·(100,10,1) + block·(1000,1,1) + shared/1024), plus 10⁶ for
-// a cooperative launch and 2·10⁶·cluster x for a clustered one, for the test.
-static CUresult run(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
-                    unsigned smem, void *st, void **params, int coop, unsigned cx) {
-    hostobj *h = host(f);
-    if (h && h->fn && sctx(st) == cur) return h->fn(gx, gy, gz, bx, by, bz, params) == 0 ? 0 : 1;
-    if (f != (void *)0x4000 || sctx(st) != cur) return 1;
-    ON_STREAM(*(CUdeviceptr *)params[0], st);
-    float *x = (float *)*(CUdeviceptr *)params[0];
-    int n = *(int *)params[1];
-    float a = *(float *)params[2];
-    for (int i = 0; i < n; i++) x[i] += a;
-    x[n] = (float)(gx * 100 + gy * 10 + gz + bx * 1000 + by + bz + smem / 1024) + 1e6f * coop + 2e6f * cx;
+static hostobj *kernel(void *f) { hostobj *h = host(f); return f == ADD ? &add_kernel : h && h->k ? h : 0; }
+static int kregs(hostobj *k) { return k->k ? k->k->regs : 32; }
+// maxThreads: the most threads per block a launch of k may have (its
+// launch bounds, and registers: 64 Ki per block)
+static int max_threads(hostobj *k) {
+    int n = BLOCK_REGS / kregs(k) / 32 * 32;
+    if (n > 1024) n = 1024;
+    if (k->k && k->k->max_threads > 0 && k->k->max_threads < n) n = k->k->max_threads;
+    return n;
+}
+CUresult cuFuncGetAttribute(int *v, int attr, void *f) {
+    hostobj *k = kernel(f);
+    if (!k) return INVALID_HANDLE;
+    switch (attr) {
+    case 0: *v = max_threads(k); break;     // MAX_THREADS_PER_BLOCK
+    case 1: *v = k->static_smem; break;     // SHARED_SIZE_BYTES
+    case 2: case 3: *v = 0; break;          // CONST_SIZE_BYTES, LOCAL_SIZE_BYTES
+    case 4: *v = kregs(k); break;           // NUM_REGS
+    case 5: case 6: *v = 90; break;         // PTX_VERSION, BINARY_VERSION
+    case 8: *v = k->max_dyn; break;         // MAX_DYNAMIC_SHARED_SIZE_BYTES
+    default: return INVALID_VALUE;
+    }
+    return OK;
+}
+// only the dynamic shared memory limit can be set: its sum with the static
+// size may not exceed the opt-in limit
+CUresult cuFuncSetAttribute(void *f, int attr, int v) {
+    hostobj *k = kernel(f);
+    if (!k) return INVALID_HANDLE;
+    if (attr != 8 || v < 0 || v + k->static_smem > BLOCK_SMEM_OPTIN) return INVALID_VALUE;
+    k->max_dyn = v;
+    return OK;
+}
+
+// need: what one block of k takes of an SM (threads in whole warps,
+// registers given to warps in units of 256, shared memory with the
+// driver's reserve)
+static sm_use need(hostobj *k, int threads, int dyn) {
+    int warps = (threads + 31) / 32, perWarp = (kregs(k) * 32 + 255) / 256 * 256;
+    return (sm_use){warps * 32, perWarp * warps, k->static_smem + dyn + SMEM_RESERVED, 1};
+}
+static int occupancy(hostobj *k, int threads, int dyn) {
+    if (threads <= 0 || threads > max_threads(k)) return 0;
+    sm_use u = need(k, threads, dyn);
+    int n = SM_BLOCKS;
+    if (SM_THREADS / u.threads < n) n = SM_THREADS / u.threads;
+    if (SM_REGS / u.regs < n) n = SM_REGS / u.regs;
+    if (SM_SMEM / u.smem < n) n = SM_SMEM / u.smem;
+    return n;
+}
+CUresult cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int *n, void *f, int block, size_t dyn, unsigned flags) {
+    hostobj *k = kernel(f);
+    if (!k) return INVALID_HANDLE;
+    if (flags > 1 || block <= 0) return INVALID_VALUE;
+    *n = occupancy(k, block, (int)dyn);
+    return OK;
+}
+CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int *n, void *f, int block, size_t dyn) {
+    return cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(n, f, block, dyn, 0);
+}
+
+// A host kernel's launch: its arguments (bound), shape and the blocks
+// handed out so far; run_kernel places them on the SMs.
+struct klaunch {
+    hostobj *k;
+    void *args;
+    mbhost_geom g;
+    int coop, dev;
+    unsigned blocks;
+    sm_use need;
+    atomic_uint next;   // the next block to hand out
+    atomic_int status;  // the first failure of a block
+};
+static int next_block(void *p) {
+    klaunch *l = p;
+    unsigned b = atomic_fetch_add(&l->next, 1);
+    return b < l->blocks ? (int)b : -1;
+}
+static int fits(const sm_use *u, const sm_use *n) {
+    return u->threads + n->threads <= SM_THREADS && u->regs + n->regs <= SM_REGS && u->smem + n->smem <= SM_SMEM &&
+           u->blocks + n->blocks <= SM_BLOCKS;
+}
+// place takes room for one block on the least loaded SM that has it (mu
+// held); −1 when none has
+static int place(fgpu *g, const sm_use *n) {
+    int best = -1;
+    for (int i = 0; i < nsms; i++)
+        if (fits(&g->sm[i], n) && (best < 0 || g->sm[i].blocks < g->sm[best].blocks)) best = i;
+    if (best >= 0) g->sm[best].threads += n->threads, g->sm[best].regs += n->regs, g->sm[best].smem += n->smem, g->sm[best].blocks++;
+    return best;
+}
+static void unplace(fgpu *g, int sm, const sm_use *n) { // mu held
+    g->sm[sm].threads -= n->threads, g->sm[sm].regs -= n->regs, g->sm[sm].smem -= n->smem, g->sm[sm].blocks--;
+    pthread_cond_broadcast(&g->cv);
+}
+typedef struct { klaunch *l; int sm; pthread_t th; } kworker;
+static void *kworker_main(void *p) {
+    kworker *w = p;
+    klaunch *l = w->l;
+    int st = l->k->k->run(l->args, &l->g, next_block, l);
+    if (st) {
+        int zero = 0;
+        atomic_compare_exchange_strong(&l->status, &zero, st);
+        atomic_store(&l->next, l->blocks); // hand out no more
+    }
+    fgpu *g = &gpu[l->dev];
+    pthread_mutex_lock(&g->mu);
+    unplace(g, w->sm, &l->need);
+    pthread_mutex_unlock(&g->mu);
     return 0;
+}
+static void spawn(kworker *w) {
+    pthread_attr_t a;
+    pthread_attr_init(&a);
+    pthread_attr_setstacksize(&a, 1 << 20);
+    pthread_create(&w->th, &a, kworker_main, w);
+    pthread_attr_destroy(&a);
+}
+// run_kernel runs on the stream's thread: it places blocks (a cooperative
+// launch all at once), each on a thread of its own, and waits for them.
+static CUresult run_kernel(klaunch *l) {
+    fgpu *g = &gpu[l->dev];
+    int cap = nsms * SM_BLOCKS, n = 0;
+    kworker *ws = calloc(cap, sizeof *ws);
+    pthread_mutex_lock(&g->mu);
+    if (l->coop && l->blocks > (unsigned)(occupancy(l->k, l->g.bx * l->g.by * l->g.bz, l->g.smem) * nsms)) {
+        atomic_store(&l->status, 1); // never placeable (launch refuses it): fail, not hang
+        pthread_mutex_unlock(&g->mu);
+    } else if (l->coop) {
+        for (;;) { // until every block has room at once
+            for (n = 0; n < (int)l->blocks; n++) {
+                int s = place(g, &l->need);
+                if (s < 0) break;
+                ws[n].sm = s;
+            }
+            if (n == (int)l->blocks) break;
+            while (n > 0) unplace(g, ws[--n].sm, &l->need);
+            pthread_cond_wait(&g->cv, &g->mu);
+        }
+        pthread_mutex_unlock(&g->mu);
+        for (int i = 0; i < n; i++) ws[i].l = l, spawn(&ws[i]);
+    } else {
+        while (atomic_load(&l->next) < l->blocks && n < cap) {
+            int s = place(g, &l->need);
+            if (s < 0) { // full: wait for a block to end
+                pthread_cond_wait(&g->cv, &g->mu);
+                continue;
+            }
+            pthread_mutex_unlock(&g->mu);
+            ws[n].l = l, ws[n].sm = s;
+            spawn(&ws[n++]);
+            pthread_mutex_lock(&g->mu);
+        }
+        pthread_mutex_unlock(&g->mu);
+    }
+    for (int i = 0; i < n; i++) pthread_join(ws[i].th, 0);
+    free(ws);
+    l->k->k->unbind(l->args);
+    int st = atomic_load(&l->status);
+    free(l);
+    if (st) {
+        pthread_mutex_lock(&g->mu);
+        if (!g->failed) g->failed = LAUNCH_FAILED;
+        pthread_mutex_unlock(&g->mu);
+        return LAUNCH_FAILED;
+    }
+    return OK;
+}
+
+// launch checks a launch as the driver does and queues it. A host kernel
+// runs on the host simulation; the cubin's "add" does x[i] += a for i < n,
+// then x[n] = the launch geometry (grid·(100,10,1) + block·(1000,1,1) +
+// shared/1024), plus 10⁶ for a cooperative launch and 2·10⁶·cluster x for
+// a clustered one, for the test.
+static CUresult launch(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                       unsigned smem, void *st, void **params, int coop, unsigned cx, unsigned cy, unsigned cz) {
+    hostobj *k = kernel(f);
+    if (!k) return INVALID_HANDLE;
+    if (sctx(st) != cur || !cur) return INVALID_VALUE;
+    STREAM_OR_FAIL(s, st);
+    unsigned long blocks = (unsigned long)gx * gy * gz;
+    int threads = bx * by * bz;
+    if (blocks == 0 || threads == 0 || bx > 1024 || by > 1024 || bz > 64) return INVALID_VALUE;
+    if ((int)smem > k->max_dyn) return INVALID_VALUE;
+    if (threads > max_threads(k)) return OUT_OF_RESOURCES;
+    int per = occupancy(k, threads, smem);
+    if (per == 0) return OUT_OF_RESOURCES;
+    if (coop && blocks > (unsigned long)per * nsms) return COOP_TOO_LARGE;
+    if (cx && (gx % cx || gy % (cy ? cy : 1) || gz % (cz ? cz : 1))) return INVALID_VALUE; // whole clusters
+    if (k == &add_kernel) {
+        ON_STREAM(*(CUdeviceptr *)params[0], st);
+        op *o = newop(OP_ADD);
+        o->add.x = (float *)*(CUdeviceptr *)params[0];
+        o->add.n = *(int *)params[1];
+        o->add.a = *(float *)params[2];
+        o->add.mark = (float)(gx * 100 + gy * 10 + gz + bx * 1000 + by + bz + smem / 1024) + 1e6f * coop + 2e6f * cx;
+        enqueue(s, o);
+        return OK;
+    }
+    if (threads % 32) {
+        fprintf(stderr, "fakecuda: the host simulation runs whole warps; a block of %d threads\n", threads);
+        return INVALID_VALUE;
+    }
+    klaunch *l = calloc(1, sizeof *l);
+    l->k = k, l->args = k->k->bind(params);
+    l->g = (mbhost_geom){gx, gy, gz, bx, by, bz, smem, cx, cy, cz};
+    l->coop = coop, l->dev = CTXDEV(cur), l->blocks = blocks;
+    l->need = need(k, threads, smem);
+    op *o = newop(OP_KERNEL);
+    o->k = l;
+    enqueue(s, o);
+    return OK;
 }
 CUresult cuLaunchKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                         unsigned smem, void *st, void **params, void **extra) {
-    if (extra != 0) return 1;
-    return run(f, gx, gy, gz, bx, by, bz, smem, st, params, 0, 0);
+    if (extra != 0) return INVALID_VALUE;
+    return launch(f, gx, gy, gz, bx, by, bz, smem, st, params, 0, 0, 0, 0);
 }
 CUresult cuLaunchCooperativeKernel(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                                    unsigned smem, void *st, void **params) {
-    return run(f, gx, gy, gz, bx, by, bz, smem, st, params, 1, 0);
+    return launch(f, gx, gy, gz, bx, by, bz, smem, st, params, 1, 0, 0, 0);
 }
 // cuLaunchKernelEx with CUDA's layouts: CUlaunchAttribute is an enum id,
 // padding to 8 bytes and a 64-byte union; attributes 2 (cooperative) and 4
-// (cluster dimension, y and z 1 here) are understood, others refused.
+// (cluster dimension) are understood, others refused.
 typedef struct { int id; char pad[4]; union { char pad[64]; int cooperative; struct { unsigned x, y, z; } cluster; } v; } fattr;
 typedef struct { unsigned gx, gy, gz, bx, by, bz, smem; void *stream; fattr *attrs; unsigned nattrs; } fconfig;
 CUresult cuLaunchKernelEx(const fconfig *c, void *f, void **params, void **extra) {
-    if (sizeof(fattr) != 72 || sizeof(fconfig) != 56 || extra != 0) return 1;
+    if (sizeof(fattr) != 72 || sizeof(fconfig) != 56 || extra != 0) return INVALID_VALUE;
     int coop = 0;
-    unsigned cx = 0;
+    unsigned cx = 0, cy = 0, cz = 0;
     for (unsigned i = 0; i < c->nattrs; i++) {
         if (c->attrs[i].id == 2) coop = c->attrs[i].v.cooperative;
-        else if (c->attrs[i].id == 4 && c->attrs[i].v.cluster.y == 1 && c->attrs[i].v.cluster.z == 1) cx = c->attrs[i].v.cluster.x;
-        else return 1;
+        else if (c->attrs[i].id == 4 && c->attrs[i].v.cluster.x && c->attrs[i].v.cluster.y && c->attrs[i].v.cluster.z)
+            cx = c->attrs[i].v.cluster.x, cy = c->attrs[i].v.cluster.y, cz = c->attrs[i].v.cluster.z;
+        else return INVALID_VALUE;
     }
-    return run(f, c->gx, c->gy, c->gz, c->bx, c->by, c->bz, c->smem, c->stream, params, coop, cx);
+    return launch(f, c->gx, c->gy, c->gz, c->bx, c->by, c->bz, c->smem, c->stream, params, coop != 0, cx, cy, cz);
 }
 CUresult cuGetErrorName(CUresult r, const char **s) {
     switch (r) {
-    case 1: *s = "CUDA_ERROR_INVALID_VALUE"; return 0;
-    case 201: *s = "CUDA_ERROR_INVALID_CONTEXT"; return 0;
-    case 400: *s = "CUDA_ERROR_INVALID_HANDLE"; return 0;
-    case 704: *s = "CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED"; return 0;
-    case 200: *s = "CUDA_ERROR_INVALID_IMAGE"; return 0;
-    case 500: *s = "CUDA_ERROR_NOT_FOUND"; return 0;
+    case INVALID_VALUE: *s = "CUDA_ERROR_INVALID_VALUE"; return OK;
+    case OUT_OF_MEMORY: *s = "CUDA_ERROR_OUT_OF_MEMORY"; return OK;
+    case INVALID_CONTEXT: *s = "CUDA_ERROR_INVALID_CONTEXT"; return OK;
+    case INVALID_HANDLE: *s = "CUDA_ERROR_INVALID_HANDLE"; return OK;
+    case PEER_ALREADY: *s = "CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED"; return OK;
+    case INVALID_IMAGE: *s = "CUDA_ERROR_INVALID_IMAGE"; return OK;
+    case NOT_FOUND: *s = "CUDA_ERROR_NOT_FOUND"; return OK;
+    case NOT_READY: *s = "CUDA_ERROR_NOT_READY"; return OK;
+    case OUT_OF_RESOURCES: *s = "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES"; return OK;
+    case LAUNCH_FAILED: *s = "CUDA_ERROR_LAUNCH_FAILED"; return OK;
+    case COOP_TOO_LARGE: *s = "CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE"; return OK;
     }
-    return 1;
+    return INVALID_VALUE;
 }

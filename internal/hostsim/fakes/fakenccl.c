@@ -1,7 +1,8 @@
-// A fake libnccl for the binding tests, to be loaded after testdata/fakecuda.c
+// A fake libnccl for the binding tests, to be loaded after fakecuda.c
 // (whose "device" memory is host memory): communicators of one process over
-// GPU ordinals, and grouped send/recv executed at ncclGroupEnd by matching
-// each send with the receive its peer posted for it, in order. It refuses
+// GPU ordinals, and grouped send/recv matched at ncclGroupEnd (each send
+// with the receive its peer posted for it, in order) and run on the GPUs'
+// streams in their order (fakecuda_enqueue). It refuses
 // what NCCL refuses and what would hang a single thread driving several
 // GPUs: a GPU named twice, a transfer outside a group, a send with no
 // matching receive (or a different size), a stream of another GPU, a buffer
@@ -9,10 +10,11 @@
 // GPU it worked on current, so that a caller caching the current context is
 // caught.
 #define _GNU_SOURCE
-#include <dlfcn.h>
+#include "fakedriver.h"
 #include <stdlib.h>
 #include <string.h>
 #include <stdio.h>
+#include <pthread.h>
 
 typedef int ncclResult_t;
 typedef unsigned long long CUdeviceptr;
@@ -40,19 +42,12 @@ const char *ncclGetLastError(void *comm) { return last; }
 // allocation owners; the fake driver is the one loaded from
 // $MOEBENCH_LIBCUDA (tests load several, one per test).
 #define CTX(dev) ((void *)(0x1000L + 100 + (dev)))
-static void *cudaSym(const char *name) {
-    const char *path = getenv("MOEBENCH_LIBCUDA");
-    void *h = path ? dlopen(path, RTLD_NOW | RTLD_NOLOAD) : 0;
-    void *f = h ? dlsym(h, name) : 0;
-    if (h) dlclose(h);
-    return f;
-}
 static void setCurrent(int dev) {
-    int (*set)(void *) = (int (*)(void *))cudaSym("cuCtxSetCurrent");
+    int (*set)(void *) = (int (*)(void *))fakecuda_sym("cuCtxSetCurrent");
     if (set) set(CTX(dev));
 }
 static void *owner(CUdeviceptr p) {
-    void *(*f)(CUdeviceptr) = (void *(*)(CUdeviceptr))cudaSym("fakecuda_owner");
+    void *(*f)(CUdeviceptr) = (void *(*)(CUdeviceptr))fakecuda_sym("fakecuda_owner");
     return f ? f(p) : 0;
 }
 
@@ -82,7 +77,7 @@ ncclResult_t ncclCommDestroy(fcomm *c) {
 }
 
 #define MAXOPS 4096
-typedef struct { fcomm *c; int peer, send, done; CUdeviceptr buf; size_t bytes; } op;
+typedef struct { fcomm *c; int peer, send, done; CUdeviceptr buf; size_t bytes; void *stream; } op;
 static op ops[MAXOPS];
 static int nops, depth;
 
@@ -95,7 +90,7 @@ static ncclResult_t post(int send, CUdeviceptr buf, size_t count, int type, int 
     if (!stream || *(void **)stream != CTX(c->dev)) return fail(invalidArgument, "a stream of another GPU");
     if (count && owner(buf) != CTX(c->dev)) return fail(invalidArgument, "a buffer another GPU owns");
     if (nops == MAXOPS) return fail(invalidUsage, "too many transfers in one group");
-    ops[nops++] = (op){c, peer, send, 0, buf, count};
+    ops[nops++] = (op){c, peer, send, 0, buf, count, stream};
     return ok;
 }
 ncclResult_t ncclSend(CUdeviceptr buf, size_t count, int type, int peer, fcomm *c, void *stream) {
@@ -105,10 +100,46 @@ ncclResult_t ncclRecv(CUdeviceptr buf, size_t count, int type, int peer, fcomm *
     return post(0, buf, count, type, peer, c, stream);
 }
 
+// A group runs as NCCL's does: one piece of work on the stream of each GPU
+// that takes part, in stream order; each waits until every part has
+// started, copies the receives of its GPU from their senders' buffers, and
+// waits until every part has copied (so no buffer is reused, and no
+// receive is read, early).
+typedef struct { CUdeviceptr dst, src; size_t bytes; int dev; } xfer;
+typedef struct {
+    pthread_mutex_t mu; pthread_cond_t cv;
+    int parts, arrived, copied, refs;
+    int n; xfer x[];
+} group;
+typedef struct { group *g; int dev; } part;
+static void rendezvous(group *g, int *count) { // mu held
+    (*count)++;
+    pthread_cond_broadcast(&g->cv);
+    while (*count < g->parts) pthread_cond_wait(&g->cv, &g->mu);
+}
+static void run_part(void *p) {
+    part *pt = p;
+    group *g = pt->g;
+    pthread_mutex_lock(&g->mu);
+    rendezvous(g, &g->arrived);
+    pthread_mutex_unlock(&g->mu);
+    for (int i = 0; i < g->n; i++)
+        if (g->x[i].dev == pt->dev) memcpy((void *)g->x[i].dst, (void *)g->x[i].src, g->x[i].bytes);
+    pthread_mutex_lock(&g->mu);
+    rendezvous(g, &g->copied);
+    int last = --g->refs == 0;
+    pthread_mutex_unlock(&g->mu);
+    if (last) free(g);
+    free(pt);
+}
+
 ncclResult_t ncclGroupEnd(void) {
     if (!depth) return fail(invalidUsage, "ncclGroupEnd without ncclGroupStart");
     if (--depth) return ok;
     ncclResult_t r = ok;
+    group *g = calloc(1, sizeof *g + nops * sizeof(xfer));
+    void *streams[MAXOPS];
+    int devs[MAXOPS], nparts = 0;
     for (int i = 0; i < nops && r == ok; i++) {
         op *s = &ops[i];
         if (!s->send) continue;
@@ -120,13 +151,33 @@ ncclResult_t ncclGroupEnd(void) {
         if (!m) r = fail(invalidUsage, "a send with no matching receive");
         else if (m->bytes != s->bytes) r = fail(invalidUsage, "a send and its receive differ in size");
         else {
-            memcpy((void *)m->buf, (void *)s->buf, s->bytes);
+            g->x[g->n++] = (xfer){m->buf, s->buf, s->bytes, m->c->dev};
             m->done = s->done = 1;
             setCurrent(m->c->dev);
         }
     }
     for (int i = 0; i < nops && r == ok; i++)
         if (!ops[i].done) r = fail(invalidUsage, "a receive with no matching send");
+    for (int i = 0; i < nops && r == ok; i++) { // one part per GPU, on the stream of its first transfer
+        int seen = 0;
+        for (int j = 0; j < nparts; j++) seen |= devs[j] == ops[i].c->dev;
+        if (!seen) devs[nparts] = ops[i].c->dev, streams[nparts++] = ops[i].stream;
+    }
+    enqueue_fn q = (enqueue_fn)fakecuda_sym("fakecuda_enqueue");
+    if (r == ok && !q) r = fail(invalidUsage, "no fake driver to queue the group on");
+    if (r != ok || nparts == 0) {
+        free(g);
+        nops = 0;
+        return r;
+    }
+    pthread_mutex_init(&g->mu, 0);
+    pthread_cond_init(&g->cv, 0);
+    g->parts = g->refs = nparts;
+    for (int i = 0; i < nparts; i++) {
+        part *p = malloc(sizeof *p);
+        *p = (part){g, devs[i]};
+        q(streams[i], run_part, p);
+    }
     nops = 0;
     return r;
 }

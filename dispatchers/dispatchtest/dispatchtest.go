@@ -1,0 +1,115 @@
+// Package dispatchtest is what the dispatcher packages' tests share: EP
+// ranks whose rows say where they came from, a step run through a
+// dispatcher's phases with a stand-in expert, and probabilities that make
+// the order of a sum show in its rounding.
+package dispatchtest
+
+import (
+	"math/rand/v2"
+	"slices"
+	"testing"
+
+	"github.com/moebench/moebench/dispatchers"
+	"github.com/moebench/moebench/kernels"
+)
+
+// Tagged makes EP ranks whose rows encode (rank, token) in their first two
+// columns and random bf16 values after, with random routing (k distinct
+// experts a token), and probabilities that encode (rank, token, slot).
+func Tagged(sh dispatchers.Shape, seed uint64) []*dispatchers.Rank {
+	g := rand.New(rand.NewPCG(seed, 1))
+	ranks := make([]*dispatchers.Rank, sh.EP)
+	for r := range ranks {
+		rk := &dispatchers.Rank{ID: r, X: make([]float32, sh.Tokens*sh.Hidden),
+			Idx: make([]int32, sh.Tokens*sh.TopK), Probs: make([]float32, sh.Tokens*sh.TopK)}
+		for t := range sh.Tokens {
+			for c := range sh.Hidden {
+				rk.X[t*sh.Hidden+c] = kernels.RoundBF16(float32(g.NormFloat64()))
+			}
+			rk.X[t*sh.Hidden], rk.X[t*sh.Hidden+1] = float32(r), float32(t)
+			for j, e := range g.Perm(sh.Experts)[:sh.TopK] {
+				rk.Idx[t*sh.TopK+j] = int32(e)
+				rk.Probs[t*sh.TopK+j] = float32(1000*r + 10*t + j)
+			}
+		}
+		ranks[r] = rk
+	}
+	return ranks
+}
+
+// Run runs d's phases on ranks, experts computing y = f(row, prob); it
+// stops after the phase named stop ("" for all).
+func Run(d dispatchers.Dispatcher, ranks []*dispatchers.Rank, f func(x, p float32) float32, stop string) error {
+	experts := func(r int) error {
+		rk := ranks[r]
+		rk.ExpertY = kernels.Grow(rk.ExpertY, len(rk.ExpertX))
+		for i, v := range rk.ExpertX {
+			rk.ExpertY[i] = f(v, rk.ExpertProbs[i/(len(rk.ExpertX)/len(rk.ExpertProbs))])
+		}
+		return nil
+	}
+	for _, st := range dispatchers.Steps(d, experts) {
+		for r := range ranks {
+			if err := st.Run(r); err != nil {
+				return err
+			}
+		}
+		if st.Name == stop {
+			break
+		}
+	}
+	return nil
+}
+
+// Bind binds d to ranks or fails the test.
+func Bind(t testing.TB, d dispatchers.Dispatcher, sh dispatchers.Shape, ranks []*dispatchers.Rank) {
+	t.Helper()
+	if err := d.Bind(sh, ranks); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Expert is the tests' expert: y = x·p + 1, stored as bf16.
+func Expert(x, p float32) float32 { return kernels.RoundBF16(x*p + 1) }
+
+// Probabilities by top-k slot: mild ones, and ones that make the order of
+// a sum change its rounding (2²⁰·x + x − 2²⁰·x).
+var (
+	Mild       = func(j int) float32 { return float32(j+1) / 8 }
+	Cancelling = func(j int) float32 { return []float32{1 << 20, 1, -1 << 20}[j%3] }
+)
+
+// Outputs runs two steps with Expert on tagged ranks whose probabilities
+// are prob(slot), and returns every rank's Y and the ranks.
+func Outputs(t testing.TB, d dispatchers.Dispatcher, sh dispatchers.Shape, seed uint64, prob func(int) float32) ([][]float32, []*dispatchers.Rank) {
+	t.Helper()
+	ranks := Tagged(sh, seed)
+	for _, rk := range ranks {
+		for i := range rk.Probs {
+			rk.Probs[i] = prob(i % sh.TopK)
+		}
+	}
+	Bind(t, d, sh, ranks)
+	var y [][]float32
+	for range 2 { // the second step reuses every buffer
+		if err := Run(d, ranks, Expert, ""); err != nil {
+			t.Fatal(err)
+		}
+		y = y[:0]
+		for _, rk := range ranks {
+			y = append(y, slices.Clone(rk.Y))
+		}
+	}
+	return y, ranks
+}
+
+// SlotsByExpert are token t's top-k slots in ascending expert order.
+func SlotsByExpert(rk *dispatchers.Rank, k, t int) []int {
+	slots := make([]int, k)
+	for j := range slots {
+		slots[j] = j
+	}
+	idx := rk.Idx[t*k : (t+1)*k]
+	slices.SortFunc(slots, func(a, b int) int { return int(idx[a] - idx[b]) })
+	return slots
+}

@@ -1,0 +1,445 @@
+package hybridep
+
+import (
+	"fmt"
+
+	"github.com/moebench/moebench/dispatchers"
+	"github.com/moebench/moebench/kernels"
+)
+
+// Host is the design on host ranks (see the package comment).
+type Host struct {
+	cfg   Config
+	shape dispatchers.Shape
+	ranks []*dispatchers.Rank
+	st    []rankState
+	// D ranks per domain, M domains, chunks per rank's tokens
+	D, M, chunks int
+	acc          []float32 // [h] a float32 sum being made (phases run one at a time)
+}
+
+// WithConfig returns the host implementation with cfg (tests use small
+// chunks and budgets).
+func WithConfig(cfg Config) *Host { return &Host{cfg: cfg} }
+
+// rankState is one rank's buffers: as a source (allgather), forwarder and
+// receiver (preprocess, dispatch), expert rank and home (combine).
+type rankState struct {
+	step int // steps begun (allgather); a flag holds the step that set it
+
+	// allgather
+	gmap  []bool    // [N·T, E] the global routing map, this rank's copy
+	probs []float32 // [T, E] the rank's own tokens' probabilities, dense
+
+	// preprocess
+	s2d       []int32 // [M, T, D] sparse_to_dense of the tokens it forwards
+	d2e       []int32 // [T·N, L] dense_to_expert of the tokens it receives (worst case)
+	perExpert []int   // [L] copies per local expert
+	recv      int     // R, tokens it receives
+	chunkAt   []int   // [N·chunks + 1] first receive position of each source chunk
+	toDom     []bool  // [T, M] domains that need each of its tokens (its own included)
+	cnt       []int   // [D] scan counters
+
+	// dispatch; combine's partial sums reuse recvX (the shared buffer)
+	recvX []float32 // [R, h] receive buffer
+	recvP []float32 // [R, L·D] their probabilities
+	// the inter-domain buffer, [(M−1)·T] slots: tokens in (dispatch),
+	// pre-reduced sums back (combine)
+	idX, idP     []float32
+	idIn, idBack []int // [(M−1)·chunks] chunk flags
+	partDone     []int // [N·chunks] combine: source chunks whose partial sums are made
+
+	moved moved // what this rank's phases moved this step
+}
+
+// moved counts rows moved in one step (the phases of one rank).
+type moved struct {
+	deliveries, fanOut, interIn int // dispatch: rows stored into receive buffers (self included), of them from another rank, inter-domain sends
+	partials, partialsOff, back int // combine: partial sums read, of them from another rank, pre-reduced sums sent home across domains
+	interAlg                    int // HybridEP's rdma_send count of the rank's tokens: the domains that need each, its own included (M > 1)
+}
+
+func (h *Host) Name() string { return Name }
+func (h *Host) Impl() string { return dispatchers.ImplNative }
+
+// Bind sizes the per-rank state, the inter-domain buffers at their worst
+// case (the receive buffers grow to each step's need on the host; Buffers
+// gives the GPU's worst case).
+func (h *Host) Bind(shape dispatchers.Shape, ranks []*dispatchers.Rank) error {
+	if len(ranks) != shape.EP {
+		return fmt.Errorf("hybridep: %d ranks, shape says EP = %d", len(ranks), shape.EP)
+	}
+	if err := h.cfg.check(shape); err != nil {
+		return err
+	}
+	h.shape, h.ranks = shape, ranks
+	N, T, E, L := shape.EP, shape.Tokens, shape.Experts, shape.LocalExperts()
+	h.D = h.cfg.domain(N)
+	h.M, h.chunks = N/h.D, (T+h.cfg.Chunk-1)/h.cfg.Chunk
+	LD, o := L*h.D, h.M-1
+	h.st = make([]rankState, N)
+	for r := range h.st {
+		h.st[r] = rankState{
+			gmap: make([]bool, N*T*E), probs: make([]float32, T*E),
+			s2d: make([]int32, h.M*T*h.D), d2e: make([]int32, T*N*L), perExpert: make([]int, L),
+			chunkAt: make([]int, N*h.chunks+1), toDom: make([]bool, T*h.M), cnt: make([]int, h.D),
+			idX: make([]float32, o*T*shape.Hidden), idP: make([]float32, o*T*LD),
+			idIn: make([]int, o*h.chunks), idBack: make([]int, o*h.chunks), partDone: make([]int, N*h.chunks),
+		}
+	}
+	return nil
+}
+
+// Phases are HybridEP's, with the permute fused into dispatch and the
+// unpermute into combine.
+func (h *Host) Phases(experts func(rank int) error) []dispatchers.Step {
+	return []dispatchers.Step{{Name: "allgather", Run: h.Allgather}, {Name: "preprocess", Run: h.Preprocess},
+		{Name: "dispatch", Run: h.Dispatch}, {Name: dispatchers.ExpertPhases[0], Run: experts}, {Name: "combine", Run: h.Combine}}
+}
+
+// tile is where domain m's data sits in an inter-domain buffer of a rank
+// of domain n ≠ m.
+func tile(m, n int) int {
+	if m < n {
+		return m
+	}
+	return m - 1
+}
+
+// chunk is the token range [lo, hi) of chunk c of a rank's tokens.
+func (h *Host) chunk(c int) (lo, hi int) {
+	lo = c * h.cfg.Chunk
+	return lo, min(lo+h.cfg.Chunk, h.shape.Tokens)
+}
+
+// Allgather is rank r's: its top-k as dense rows (map and probabilities),
+// its map rows written into every rank's global map.
+func (h *Host) Allgather(r int) error {
+	s, rk, sh := &h.st[r], h.ranks[r], h.shape
+	T, E, k := sh.Tokens, sh.Experts, sh.TopK
+	s.step++
+	s.moved = moved{}
+	rows := s.gmap[r*T*E : (r+1)*T*E] // the rank's own rows, in its own copy first
+	clear(rows)
+	clear(s.probs)
+	for t := range T {
+		for j, e := range rk.Idx[t*k : (t+1)*k] {
+			switch {
+			case e < 0 || int(e) >= E:
+				return fmt.Errorf("hybridep: allgather on rank %d: token %d has expert %d (of %d)", r, t, e, E)
+			case rows[t*E+int(e)]:
+				return fmt.Errorf("hybridep: allgather on rank %d: token %d has expert %d twice (a routing map holds it once)", r, t, e)
+			}
+			rows[t*E+int(e)] = true
+			s.probs[t*E+int(e)] = rk.Probs[t*k+j]
+		}
+	}
+	for q := range h.st {
+		if q != r {
+			copy(h.st[q].gmap[r*T*E:], rows)
+		}
+	}
+	return nil
+}
+
+// Preprocess is rank r = (n, l)'s scan of the global map (see the package
+// comment): s2d of the tokens it forwards, its receive count, d2e and chunk
+// layout of the tokens it receives, and the domains its tokens go to.
+func (h *Host) Preprocess(r int) error {
+	s, sh := &h.st[r], h.shape
+	N, T, E, L, D, M := sh.EP, sh.Tokens, sh.Experts, sh.LocalExperts(), h.D, h.M
+	n, l, LD := r/D, r%D, L*D
+	clear(s.cnt)
+	clear(s.perExpert)
+	for g := range N * T {
+		src, t := g/T, g%T
+		m, sl := src/D, src%D
+		if t%h.cfg.Chunk == 0 {
+			s.chunkAt[src*h.chunks+t/h.cfg.Chunk] = s.cnt[l]
+		}
+		row := s.gmap[g*E+n*LD : g*E+(n+1)*LD] // domain n's experts
+		for j := range D {
+			pos := int32(-1)
+			if anySet(row[j*L : (j+1)*L]) {
+				pos = int32(s.cnt[j])
+				s.cnt[j]++
+				if j == l { // a token r receives: its copies' ranks within each expert
+					for e, on := range row[l*L : (l+1)*L] {
+						s.d2e[int(pos)*L+e] = -1
+						if on {
+							s.d2e[int(pos)*L+e] = int32(s.perExpert[e])
+							s.perExpert[e]++
+						}
+					}
+				}
+			}
+			if sl == l {
+				s.s2d[(m*T+t)*D+j] = pos
+			}
+		}
+	}
+	s.recv = s.cnt[l]
+	s.chunkAt[N*h.chunks] = s.recv
+	start := make([]int32, L) // rows of the local experts before each
+	for e := 1; e < L; e++ {
+		start[e] = start[e-1] + int32(s.perExpert[e-1])
+	}
+	for i, v := range s.d2e[:s.recv*L] {
+		if v >= 0 {
+			s.d2e[i] = v + start[i%L]
+		}
+	}
+	for t := range T {
+		g := r*T + t
+		for m := range M {
+			s.toDom[t*M+m] = anySet(s.gmap[g*E+m*LD : g*E+(m+1)*LD])
+			if s.toDom[t*M+m] && M > 1 {
+				s.moved.interAlg++
+			}
+		}
+	}
+	return nil
+}
+
+// anySet reports whether any of b is set.
+func anySet(b []bool) bool {
+	for _, v := range b {
+		if v {
+			return true
+		}
+	}
+	return false
+}
+
+// Dispatch is rank q = (n, j)'s receive side: each forwarder of its domain
+// stores its rows into q in the forwarder's order (running the inter-domain
+// chunks they need), then q's permute into expert-major rows.
+func (h *Host) Dispatch(q int) error {
+	s, sh := &h.st[q], h.shape
+	T, hd, L, D, M := sh.Tokens, sh.Hidden, sh.LocalExperts(), h.D, h.M
+	n, j, LD := q/D, q%D, L*D
+	s.recvX = kernels.Grow(s.recvX, s.recv*hd)
+	s.recvP = kernels.Grow(s.recvP, s.recv*LD)
+	placed := 0
+	for fl := range D {
+		f := n*D + fl
+		fs := &h.st[f]
+		for b := range h.cfg.SMs {
+			for c := b; c < h.chunks; c += h.cfg.SMs {
+				lo, hi := h.chunk(c)
+				for i := range M {
+					m := (n - i + M) % M // source domains: n, n−1, …, n+1
+					if m != n {
+						h.sendChunk(m*D+fl, f, c, q)
+					}
+					for t := lo; t < hi; t++ {
+						p := int(fs.s2d[(m*T+t)*D+j])
+						if p < 0 {
+							continue
+						}
+						x, pr := h.forwarded(f, m, t)
+						copy(s.recvX[p*hd:(p+1)*hd], x)
+						copy(s.recvP[p*LD:(p+1)*LD], pr)
+						placed++
+						s.moved.deliveries++
+						if f != q {
+							s.moved.fanOut++
+						}
+					}
+				}
+			}
+		}
+	}
+	if placed != s.recv {
+		return fmt.Errorf("hybridep: dispatch on rank %d: the forwarders stored %d rows, its preprocessing counted %d", q, placed, s.recv)
+	}
+	return h.permute(q)
+}
+
+// forwarded is token t of source (m, f's local rank) as forwarder f holds
+// it: its own row and its domain's probabilities, or its inter-domain slot.
+func (h *Host) forwarded(f, m, t int) (x, p []float32) {
+	sh, fs := h.shape, &h.st[f]
+	hd, LD, n := sh.Hidden, sh.LocalExperts()*h.D, f/h.D
+	if m == n {
+		return h.ranks[f].X[t*hd : (t+1)*hd], fs.probs[t*sh.Experts+n*LD : t*sh.Experts+(n+1)*LD]
+	}
+	slot := tile(m, n)*sh.Tokens + t
+	return fs.idX[slot*hd : (slot+1)*hd], fs.idP[slot*LD : (slot+1)*LD]
+}
+
+// sendChunk is the inter-domain send of chunk c from source src to
+// forwarder f (same local rank, another domain), unless this step's already
+// arrived: the chunk's tokens that f's domain needs, rows and that domain's
+// probabilities; counted in rank by's traffic.
+func (h *Host) sendChunk(src, f, c, by int) {
+	sh, fs, ss := h.shape, &h.st[f], &h.st[src]
+	hd, LD, M := sh.Hidden, sh.LocalExperts()*h.D, h.M
+	n, m := f/h.D, src/h.D
+	flag := &fs.idIn[tile(m, n)*h.chunks+c]
+	if *flag == fs.step {
+		return
+	}
+	lo, hi := h.chunk(c)
+	for t := lo; t < hi; t++ {
+		if !ss.toDom[t*M+n] {
+			continue
+		}
+		slot := tile(m, n)*sh.Tokens + t
+		copy(fs.idX[slot*hd:(slot+1)*hd], h.ranks[src].X[t*hd:(t+1)*hd])
+		copy(fs.idP[slot*LD:(slot+1)*LD], ss.probs[t*sh.Experts+n*LD:t*sh.Experts+(n+1)*LD])
+		h.st[by].moved.interIn++
+	}
+	*flag = fs.step
+}
+
+// permute is rank q's permute blocks: each received token to its local
+// experts' rows, with their probabilities; it sets the segments.
+func (h *Host) permute(q int) error {
+	s, rk, sh := &h.st[q], h.ranks[q], h.shape
+	hd, L := sh.Hidden, sh.LocalExperts()
+	j, LD := q%h.D, L*h.D
+	rows := 0
+	for _, c := range s.perExpert {
+		rows += c
+	}
+	rk.ExpertX = kernels.Grow(rk.ExpertX, rows*hd)
+	rk.ExpertProbs = kernels.Grow(rk.ExpertProbs, rows)
+	copied := 0
+	for i := range s.recv {
+		for e, p := range s.d2e[i*L : (i+1)*L] {
+			if p < 0 {
+				continue
+			}
+			copy(rk.ExpertX[int(p)*hd:(int(p)+1)*hd], s.recvX[i*hd:(i+1)*hd])
+			rk.ExpertProbs[p] = s.recvP[i*LD+j*L+e]
+			copied++
+		}
+	}
+	if copied != rows {
+		return fmt.Errorf("hybridep: dispatch on rank %d: the permute placed %d copies, its preprocessing counted %d", q, copied, rows)
+	}
+	rk.Segments = rk.Segments[:0]
+	at := 0
+	for e, c := range s.perExpert {
+		rk.Segments = append(rk.Segments, dispatchers.Segment{Expert: q*L + e, Start: at, Len: c})
+		at += c
+	}
+	return nil
+}
+
+// Combine is home rank r = (n, l)'s: each token's float32 sum of its own
+// domain's partial sums in ascending rank order, then the other domains'
+// pre-reduced sums in the order n−1, n−2, …, n+1, into Rank.Y.
+func (h *Host) Combine(r int) error {
+	s, rk, sh := &h.st[r], h.ranks[r], h.shape
+	T, hd, D, M := sh.Tokens, sh.Hidden, h.D, h.M
+	n := r / D
+	rk.Y = kernels.Grow(rk.Y, T*hd)
+	for t := range T {
+		y, c := rk.Y[t*hd:(t+1)*hd], t/h.cfg.Chunk
+		clear(y)
+		terms := h.domainSum(y, r, r, t)
+		for i := 1; i < M; i++ {
+			m := (n - i + M) % M
+			if !s.toDom[t*M+m] {
+				continue
+			}
+			if err := h.preReduce(m*D+r%D, r, c); err != nil {
+				return err
+			}
+			slot := tile(m, n)*T + t
+			add(y, s.idX[slot*hd:(slot+1)*hd])
+			terms++
+		}
+		if terms == 0 {
+			return fmt.Errorf("hybridep: combine on rank %d: token %d has no expert output to sum (its routing map row is empty)", r, t)
+		}
+	}
+	return nil
+}
+
+// domainSum adds to y the partial sums of home rank r's token t that the
+// ranks of reader's domain hold, in ascending rank order, where reader's
+// sparse_to_dense row places them (reader: the home in its own domain, the
+// forwarder of the home's local rank in another); it returns how many.
+func (h *Host) domainSum(y []float32, reader, r, t int) int {
+	T, D := h.shape.Tokens, h.D
+	rs, n, m, c := &h.st[r], r/D, reader/D, t/h.cfg.Chunk
+	terms := 0
+	for j, p := range h.st[reader].s2d[(n*T+t)*D : (n*T+t+1)*D] {
+		if p < 0 {
+			continue
+		}
+		q := m*D + j
+		add(y, h.partial(q, r, c, int(p)))
+		terms++
+		rs.moved.partials++
+		if q != reader {
+			rs.moved.partialsOff++
+		}
+	}
+	return terms
+}
+
+// partial is expert rank q's partial sum at receive position p, which lies
+// in source src's chunk c: q's unpermute of that chunk runs first, unless
+// this step's has.
+func (h *Host) partial(q, src, c, p int) []float32 {
+	qs, sh := &h.st[q], h.shape
+	hd, L := sh.Hidden, sh.LocalExperts()
+	key := src*h.chunks + c
+	if qs.partDone[key] != qs.step {
+		y := h.ranks[q].ExpertY
+		for i := qs.chunkAt[key]; i < qs.chunkAt[key+1]; i++ {
+			sum := qs.recvX[i*hd : (i+1)*hd] // the shared buffer: its row is no longer needed
+			clear(sum)
+			for _, row := range qs.d2e[i*L : (i+1)*L] { // local experts in ascending order
+				if row >= 0 {
+					add(sum, y[int(row)*hd:(int(row)+1)*hd])
+				}
+			}
+			kernels.RoundBF16Slice(sum)
+		}
+		qs.partDone[key] = qs.step
+	}
+	return qs.recvX[p*hd : (p+1)*hd]
+}
+
+// preReduce is forwarder f = (m, l)'s pre-reduction of chunk c of home
+// r = (n, l)'s tokens into r's inter-domain buffer, unless this step's has
+// arrived: for each token domain m needs, the float32 sum of its domain's
+// partial sums in ascending rank order, rounded to bf16.
+func (h *Host) preReduce(f, r, c int) error {
+	sh, rs := h.shape, &h.st[r]
+	T, hd, D, M := sh.Tokens, sh.Hidden, h.D, h.M
+	m, n := f/D, r/D
+	flag := &rs.idBack[tile(m, n)*h.chunks+c]
+	if *flag == rs.step {
+		return nil
+	}
+	h.acc = kernels.Grow(h.acc, hd)
+	lo, hi := h.chunk(c)
+	for t := lo; t < hi; t++ {
+		if !rs.toDom[t*M+m] {
+			continue
+		}
+		clear(h.acc)
+		if h.domainSum(h.acc, f, r, t) == 0 {
+			return fmt.Errorf("hybridep: combine on rank %d: domain %d needs token %d by rank %d's map, but rank %d's map places it on none of the domain's ranks (the preprocessing differs between ranks)", r, m, t, r, f)
+		}
+		kernels.RoundBF16Slice(h.acc)
+		slot := tile(m, n)*T + t
+		copy(rs.idX[slot*hd:(slot+1)*hd], h.acc)
+		rs.moved.back++
+	}
+	*flag = rs.step
+	return nil
+}
+
+// add adds x to y.
+func add(y, x []float32) {
+	for i, v := range x {
+		y[i] += v
+	}
+}

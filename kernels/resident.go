@@ -1,0 +1,401 @@
+package kernels
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"unsafe"
+
+	"github.com/moebench/moebench/internal/cuda"
+)
+
+// The machinery of SM-driven dispatchers (DeepEP's and HybridEP's designs):
+// persistent kernels whose blocks wait on each other across ranks through
+// queues and flags in each other's memory. Such blocks must all be resident
+// at once — a block waiting for one that cannot start waits forever — so
+// they are launched as a Collective: one cooperative launch per device
+// (covering all of the device's ranks), refused with a *ResidencyError when
+// its blocks cannot all be resident. Every wait has a timeout (moebench.cuh's
+// mb_wait and Signals).
+
+// Program is one kernel of an SM-driven design: its CUDA C source, launch
+// shape, and the Go function Emu runs in its place.
+type Program struct {
+	File   string            // the source's name; one of kernels/cuda's (CUDAKernels) when Source is ""
+	Source string            // CUDA C including moebench.cuh, for kernels kept elsewhere
+	Kernel string            // its extern "C" __global__ function
+	Defs   map[string]string // -D constants
+	Block  int               // threads per block
+	Shared int               // dynamic shared memory per block, bytes
+	// Twin is what the kernel does, in Go, for Emu: it runs once every part
+	// of a collective launch is queued, with all of them (see TwinPart).
+	Twin func(parts []TwinPart) error
+}
+
+// key names p's compiled kernel.
+func (p *Program) key() string {
+	defs := slices.Sorted(maps.Keys(p.Defs))
+	for i, k := range defs {
+		defs[i] = k + "=" + p.Defs[k]
+	}
+	return p.File + "|" + p.Kernel + "|" + strings.Join(defs, ",")
+}
+
+// Collective is one step of an SM-driven design: a launch of Prog on each
+// of Parts devices, whose blocks wait on each other. Each device's launch
+// covers all of its ranks (its kernel finds its ranks from its block
+// index): two launches on one device could not be relied on to be resident
+// together, so LaunchResident refuses a second part on a device until the
+// step is complete. A Collective is used for one step after another.
+type Collective struct {
+	Prog  *Program
+	Parts int
+	devs  []Device   // the parts launched in this step
+	emu   []TwinPart // Emu's parts, until the last
+}
+
+// NewCollective makes the collective of parts launches of p.
+func NewCollective(p *Program, parts int) *Collective { return &Collective{Prog: p, Parts: parts} }
+
+// join adds a part on dev; done reports that it was the step's last.
+func (c *Collective) join(dev Device) (done bool, err error) {
+	if c.Parts < 1 {
+		return false, fmt.Errorf("%s: a collective of %d parts", c.Prog.Kernel, c.Parts)
+	}
+	if slices.Contains(c.devs, dev) {
+		return false, fmt.Errorf("%s: a second launch on one device in one step: two launches' blocks are not guaranteed to be resident together (cover the device's ranks with one launch)", c.Prog.Kernel)
+	}
+	c.devs = append(c.devs, dev)
+	if len(c.devs) < c.Parts {
+		return false, nil
+	}
+	c.devs = c.devs[:0]
+	return true, nil
+}
+
+// ResidencyError is a launch whose blocks cannot all be resident at once:
+// an environment limit (callers report the design unavailable), not a
+// failure.
+type ResidencyError struct {
+	Kernel, Device      string
+	Grid, Block, Shared int // the launch: blocks, threads per block, dynamic shared bytes
+	PerSM, SMs          int // blocks an SM holds at once, SMs
+	Regs, Static        int // registers per thread and static shared bytes (0: not known)
+}
+
+func (e *ResidencyError) Error() string {
+	res := ""
+	if e.Regs > 0 {
+		res = fmt.Sprintf(" (%d registers/thread, %d B shared/block)", e.Regs, e.Static+e.Shared)
+	}
+	return fmt.Sprintf("%s: %d blocks of %d threads cannot all be resident at once on %s: it holds %d per SM%s × %d SMs = %d",
+		e.Kernel, e.Grid, e.Block, e.Device, e.PerSM, res, e.SMs, e.PerSM*e.SMs)
+}
+
+// NoPeerError says that a rank's device cannot reach another rank's memory
+// (no peer access between their GPUs): a kernel could not write there.
+type NoPeerError struct{ From, To int }
+
+func (e *NoPeerError) Error() string {
+	return fmt.Sprintf("rank %d's device cannot access rank %d's memory (no peer access between their GPUs)", e.From, e.To)
+}
+
+// PeerTables uploads, on the device of every rank, the table of every
+// rank's buffer address (bufs[r] on devs[r]; 64-bit, indexed by rank) that
+// its kernels use to write to the others. Ranks on one device share a
+// table; free releases them. It fails with a *NoPeerError when a rank's
+// device does not reach another's.
+func PeerTables(devs []Device, bufs []Ptr, streams []Stream) (tables []Ptr, free func() error, err error) {
+	if len(bufs) != len(devs) || len(streams) != len(devs) {
+		return nil, nil, fmt.Errorf("peer tables: %d devices, %d buffers, %d streams", len(devs), len(bufs), len(streams))
+	}
+	for a, da := range devs {
+		for b, db := range devs {
+			if !da.Reaches(db) {
+				return nil, nil, &NoPeerError{From: a, To: b}
+			}
+		}
+	}
+	addrs := make([]uint64, len(bufs))
+	for r, p := range bufs {
+		addrs[r] = uint64(p)
+	}
+	made := map[Device]Ptr{}
+	free = func() error {
+		var first error
+		for d, p := range made {
+			if err := d.Free(p); err != nil && first == nil {
+				first = err
+			}
+		}
+		clear(made)
+		return first
+	}
+	for r, d := range devs {
+		p, ok := made[d]
+		if !ok {
+			if p, err = d.Alloc(int64(8 * len(addrs))); err != nil {
+				free()
+				return nil, nil, err
+			}
+			made[d] = p
+			if err = d.Upload(p, addrs, streams[r]); err != nil {
+				free()
+				return nil, nil, err
+			}
+		}
+		tables = append(tables, p)
+	}
+	return tables, free, nil
+}
+
+// LaunchResident queues c's part on c: grid blocks of c.Prog, all resident
+// at once (cuLaunchCooperativeKernel), after checking that they can be
+// (cuOccupancyMaxActiveBlocksPerMultiprocessor × SMs; else a
+// *ResidencyError).
+func (c *CUDA) LaunchResident(col *Collective, grid int, s Stream, args ...any) error {
+	p := col.Prog
+	f, err := c.program(p)
+	if err != nil {
+		return err
+	}
+	per, err := c.Drv.Occupancy(f, p.Block, p.Shared)
+	if err != nil {
+		return err
+	}
+	if grid < 1 || grid > per*c.SMs {
+		return c.residency(p, f, grid, per)
+	}
+	if _, err := col.join(c); err != nil {
+		return err
+	}
+	err = c.Drv.LaunchCooperative(f, [3]uint32{uint32(grid), 1, 1}, [3]uint32{uint32(p.Block), 1, 1}, uint32(p.Shared), s, args...)
+	if ce, ok := err.(*cuda.Error); ok && ce.Code == cuda.ErrCooperativeTooLarge {
+		return c.residency(p, f, grid, per)
+	}
+	if err != nil {
+		return fmt.Errorf("%s (grid %d, block %d, %d B shared): %w", p.Kernel, grid, p.Block, p.Shared, err)
+	}
+	return nil
+}
+
+// residency makes the *ResidencyError of a launch of f.
+func (c *CUDA) residency(p *Program, f cuda.Function, grid, per int) error {
+	e := &ResidencyError{Kernel: p.Kernel, Device: fmt.Sprintf("GPU %d", c.Ordinal), Grid: grid, Block: p.Block, Shared: p.Shared, PerSM: per, SMs: c.SMs}
+	e.Regs, _ = c.Drv.FuncAttribute(f, cuda.FuncAttrNumRegs)
+	e.Static, _ = c.Drv.FuncAttribute(f, cuda.FuncAttrSharedBytes)
+	return e
+}
+
+// Residency is how many blocks of p one SM of c holds at once.
+func (c *CUDA) Residency(p *Program) (int, error) {
+	f, err := c.program(p)
+	if err != nil {
+		return 0, err
+	}
+	return c.Drv.Occupancy(f, p.Block, p.Shared)
+}
+
+// program compiles and loads p (once), letting it use its dynamic shared
+// memory beyond the default 48 KiB.
+func (c *CUDA) program(p *Program) (cuda.Function, error) {
+	if err := c.use(); err != nil {
+		return nil, err
+	}
+	k := p.key()
+	if f, ok := c.progs[k]; ok {
+		return f, nil
+	}
+	f, err := c.loadSource(p.File, p.Source, p.Kernel, p.Defs)
+	if err != nil {
+		return nil, err
+	}
+	if p.Shared > 48<<10 {
+		if err := c.Drv.SetMaxDynamicShared(f, p.Shared); err != nil {
+			return nil, fmt.Errorf("%s: %d B of dynamic shared memory: %w", p.Kernel, p.Shared, err)
+		}
+	}
+	c.progs[k] = f
+	return f, nil
+}
+
+func (c *CUDA) SMCount() int { return c.SMs }
+
+// AllocMapped: cuMemHostAlloc, portable and mapped (every context's
+// kernels may use it), at its device address.
+func (c *CUDA) AllocMapped(bytes int64) (Mapped, error) {
+	if err := c.use(); err != nil {
+		return Mapped{}, err
+	}
+	h, err := c.Drv.HostAlloc(max(bytes, 1), cuda.HostAllocPortable|cuda.HostAllocDeviceMap)
+	if err != nil {
+		return Mapped{}, err
+	}
+	d, err := c.Drv.HostDevicePtr(h)
+	if err != nil {
+		c.Drv.FreeHost(h)
+		return Mapped{}, err
+	}
+	return Mapped{Dev: d, Host: h, Bytes: bytes}, nil
+}
+
+func (c *CUDA) FreeMapped(m Mapped) error {
+	if err := c.use(); err != nil {
+		return err
+	}
+	return c.Drv.FreeHost(m.Host)
+}
+
+// TwinPart is one part of a collective launch as Emu's twin sees it: the
+// device and stream it was queued on, its grid and its arguments (as
+// given to LaunchResident). Its Read and Write give the twin memory of any
+// Emu (peer buffers too) and record the access on the part's stream for
+// the stream-order check.
+type TwinPart struct {
+	Dev    *Emu
+	Stream Stream
+	Grid   int
+	Args   []any
+	name   string
+}
+
+// Read is n bytes at p (on any Emu), which the part reads.
+func (t TwinPart) Read(p Ptr, n int64) ([]byte, error) { return t.access(p, n, false) }
+
+// Write is n bytes at p (on any Emu), which the part writes.
+func (t TwinPart) Write(p Ptr, n int64) ([]byte, error) { return t.access(p, n, true) }
+
+func (t TwinPart) access(p Ptr, n int64, write bool) ([]byte, error) {
+	e := emuAt(p)
+	if e == nil {
+		return nil, fmt.Errorf("emu: %s: %#x is no device's memory", t.name, uint64(p))
+	}
+	if err := t.Dev.queue(t.name, t.Stream, span{e, p, n, write}); err != nil {
+		return nil, err
+	}
+	return e.bytesAt(p, n)
+}
+
+// Signal is n bytes at p (on any Emu) that the kernels' protocol orders
+// itself — flags, counters, error records, written and read with the
+// memory primitives — and the stream-order check leaves out.
+func (t TwinPart) Signal(p Ptr, n int64) ([]byte, error) {
+	e := emuAt(p)
+	if e == nil {
+		return nil, fmt.Errorf("emu: %s: %#x is no device's memory", t.name, uint64(p))
+	}
+	return e.bytesAt(p, n)
+}
+
+// Ptrs reads a table of n device addresses at p (PeerTables').
+func (t TwinPart) Ptrs(p Ptr, n int) ([]Ptr, error) {
+	b, err := t.Read(p, int64(8*n))
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Ptr, n)
+	for i := range out {
+		out[i] = *(*Ptr)(unsafe.Pointer(&b[8*i]))
+	}
+	return out, nil
+}
+
+// emuSMs is the SM count of an Emu that sets none: an H100's.
+const emuSMs = 132
+
+// SMCount: e.SMs, or 132.
+func (e *Emu) SMCount() int {
+	if e.SMs > 0 {
+		return e.SMs
+	}
+	return emuSMs
+}
+
+// LaunchResident queues a part of col on e. Emu models one resident block
+// per SM (SM-driven kernels take a whole SM each): a grid above SMCount is
+// refused with a *ResidencyError. Once every part is queued, the parts'
+// streams are ordered after each other's earlier work (the kernels'
+// opening barrier), Prog.Twin runs with all parts, and they are ordered
+// after each other again (each kernel ends after receiving what the others
+// sent). Until then, more work on a part's stream is refused: Emu runs
+// work when it is queued, so it would run before the collective.
+func (e *Emu) LaunchResident(col *Collective, grid int, s Stream, args ...any) error {
+	p := col.Prog
+	if err := e.on(s); err != nil || s == nil {
+		return fmt.Errorf("emu: %s: a stream of another device, or none", p.Kernel)
+	}
+	if grid < 1 || grid > e.SMCount() {
+		return &ResidencyError{Kernel: p.Kernel, Device: "emu", Grid: grid, Block: p.Block, Shared: p.Shared, PerSM: 1, SMs: e.SMCount()}
+	}
+	if p.Twin == nil {
+		return fmt.Errorf("emu: %s has no twin", p.Kernel)
+	}
+	done, err := col.join(e)
+	if err != nil {
+		return err
+	}
+	st := (*emuStream)(unsafe.Pointer(s))
+	col.emu = append(col.emu, TwinPart{Dev: e, Stream: s, Grid: grid, Args: args, name: p.Kernel})
+	st.pending = p.Kernel
+	if !done {
+		return nil
+	}
+	parts := col.emu
+	col.emu = nil
+	for _, t := range parts {
+		(*emuStream)(unsafe.Pointer(t.Stream)).pending = ""
+	}
+	meet := func() {
+		clocks := make([]clock, len(parts))
+		for i, t := range parts {
+			clocks[i] = maps.Clone((*emuStream)(unsafe.Pointer(t.Stream)).clock)
+		}
+		for _, t := range parts {
+			for _, c := range clocks {
+				orderAfter(t.Stream, c)
+			}
+		}
+	}
+	meet()
+	if err := p.Twin(parts); err != nil {
+		return fmt.Errorf("emu: %s: %w", p.Kernel, err)
+	}
+	meet()
+	return nil
+}
+
+// AllocMapped: Emu memory, whose bytes are the host's.
+func (e *Emu) AllocMapped(bytes int64) (Mapped, error) {
+	p, err := e.Alloc(max(bytes, 1))
+	if err != nil {
+		return Mapped{}, err
+	}
+	b, err := e.bytesAt(p, max(bytes, 1))
+	if err != nil {
+		return Mapped{}, err
+	}
+	return Mapped{Dev: p, Host: unsafe.Pointer(&b[0]), Bytes: bytes}, nil
+}
+
+func (e *Emu) FreeMapped(m Mapped) error { return e.Free(m.Dev) }
+
+// emus maps each Emu's address range (its 2⁴⁰-byte space number) to it,
+// so that a twin reaches peers' memory by address (guarded by order's lock).
+var emus = map[uint64]*Emu{}
+
+// emuAt is the Emu whose memory holds p, or nil.
+func emuAt(p Ptr) *Emu {
+	order.Lock()
+	defer order.Unlock()
+	return emus[uint64(p)>>40]
+}
+
+// newSpace gives e its address range.
+func (e *Emu) newSpace() {
+	space := emuSpaces.Add(1)
+	order.Lock()
+	emus[space] = e
+	order.Unlock()
+	e.next = Ptr(space<<40 + 1<<20)
+}
