@@ -7,6 +7,7 @@ import (
 	"image/color"
 	"math"
 	"sort"
+	"strconv"
 	"strings"
 
 	"gonum.org/v1/plot"
@@ -196,7 +197,34 @@ func newPlot(title, ylabel string) *plot.Plot {
 	p.Title.TextStyle.Font.Size = vg.Points(11)
 	p.Y.Label.Text = ylabel
 	p.Y.Min = 0
+	p.Y.Tick.Marker = plot.TickerFunc(niceTicks)
 	return p
+}
+
+// niceTicks labels about five round values (1, 2 or 5 × a power of ten
+// apart) between lo and hi, with as many decimals as the step needs, and
+// marks the halves between them.
+func niceTicks(lo, hi float64) []plot.Tick {
+	if !(hi > lo) {
+		return []plot.Tick{{Value: lo, Label: strconv.FormatFloat(lo, 'g', 3, 64)}}
+	}
+	raw := (hi - lo) / 5
+	mag := math.Pow(10, math.Floor(math.Log10(raw)))
+	step := mag
+	for _, m := range []float64{2, 5, 10} {
+		if step < raw {
+			step = m * mag
+		}
+	}
+	dec := max(0, -int(math.Floor(math.Log10(step))))
+	var ticks []plot.Tick
+	for v := math.Ceil(lo/step) * step; v <= hi+step*1e-9; v += step {
+		ticks = append(ticks, plot.Tick{Value: v, Label: strconv.FormatFloat(v, 'f', dec, 64)})
+		if h := v + step/2; h <= hi {
+			ticks = append(ticks, plot.Tick{Value: h})
+		}
+	}
+	return ticks
 }
 
 // nominal labels the x axis with the rows' names (slanted when there are
@@ -388,7 +416,7 @@ func smsChart(rows []Row, _ map[string]color.Color) (*chart, error) {
 			return nil, err
 		}
 	}
-	pad := max(1, (hi-lo)*0.05)
+	pad := max(1, (hi-lo)*0.08)
 	p.X.Min, p.X.Max = lo-pad, hi+pad
 	svg, err := render(p, leg)
 	return &chart{Kind: "sms", SVG: svg, Caption: "Step time (the record's step) per SM budget of each SM-driven dispatcher; dashed: the rows without an SM budget."}, err
@@ -453,7 +481,7 @@ func perSMChart(rows []Row, _ map[string]color.Color) (*chart, error) {
 			n++
 		}
 	}
-	pad := max(1, (hi-lo)*0.05)
+	pad := max(1, (hi-lo)*0.08)
 	p.X.Min, p.X.Max = lo-pad, hi+pad
 	svg, err := render(p, leg)
 	return &chart{Kind: "gbps_per_sm", SVG: svg, Caption: "Dispatch and combine GB/s per SM of the budget, in the design's own byte convention (DeepEP's: each (token, destination rank) once), a rank's share over the phase."}, err
