@@ -3,6 +3,7 @@ package harness
 import (
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"time"
 
@@ -26,7 +27,26 @@ type Env struct {
 	// 0 as many as there are up to most (one per rank). Nil opens GPUs
 	// (kernels.OpenGPUs); tests pass kernels.Emus.
 	OpenDevices func(n, most int) ([]kernels.Device, error)
+	// Progress, if set, gets a line every ProgressEvery (default
+	// DefaultProgressEvery) once a run has taken that long: what it is
+	// doing, the steps done and the time left. Nothing of it goes into the
+	// record.
+	Progress      io.Writer
+	ProgressEvery time.Duration
 }
+
+// steps is how many steps a run of cfg with d takes: warm-up and timed,
+// twice for a rebalancing dispatcher (its paused steps first).
+func steps(cfg Config, d any) int {
+	n := cfg.Warmup + cfg.Iters
+	if _, ok := d.(dispatchers.Rebalancer); ok {
+		n *= 2
+	}
+	return n
+}
+
+// checking is the progress stage of the correctness check.
+const checking = "checking the output against the float64 reference"
 
 // Run builds the layer, checks it (unless cfg.Check is false), times
 // cfg.Iters steps after cfg.Warmup and returns the record. cfg.Device must be
@@ -49,6 +69,8 @@ func Run(cfg Config, env Env) (*results.Record, error) {
 	if err != nil {
 		return dispatcherError(rec, cfg, err)
 	}
+	prog := startProgress(env.Progress, env.ProgressEvery, steps(cfg, d))
+	defer prog.finish()
 	if err := checkHostMemory(cfg); err != nil {
 		return fail(results.StatusUnavailable, err)
 	}
@@ -66,6 +88,7 @@ func Run(cfg Config, env Env) (*results.Record, error) {
 		return fail(results.StatusFailed, err)
 	}
 	if cfg.Check {
+		prog.set(checking)
 		c, err := Check(l, d, fresh)
 		if err != nil {
 			return fail(results.StatusFailed, err)
@@ -97,7 +120,9 @@ func Run(cfg Config, env Env) (*results.Record, error) {
 		return err
 	}
 	rb, rebalances := d.(dispatchers.Rebalancer)
+	prog.stepping()
 	if rebalances { // after the warm-up, the paused steps (see measured.paused)
+		prog.set("steps with phase 2 paused (the straggler before rebalancing)")
 		m.paused = m.newSamples(cfg.EP)
 		samples = m.paused
 		rb.Pause(true)
@@ -107,16 +132,19 @@ func Run(cfg Config, env Env) (*results.Record, error) {
 			if err := l.Step(d, timed); err != nil {
 				return fail(results.StatusFailed, err)
 			}
+			prog.stepDone()
 		}
 		rb.Pause(false)
 		samples = m.samples
 	}
 	for i := -cfg.Warmup; i < cfg.Iters; i++ {
 		iter = i
+		prog.set(stepStage(i, cfg))
 		l.SetRouting(cfg.Warmup + i + 1)
 		if err := l.Step(d, timed); err != nil {
 			return fail(results.StatusFailed, err)
 		}
+		prog.stepDone()
 		if i < 0 {
 			continue
 		}
@@ -135,6 +163,14 @@ func Run(cfg Config, env Env) (*results.Record, error) {
 	m.phase2SMs = "not measured on the host device"
 	fillMeasurements(rec, cfg, m)
 	return rec, dump(env, l, rec)
+}
+
+// stepStage is the progress stage of step i (negative: warm-up).
+func stepStage(i int, cfg Config) string {
+	if i < 0 {
+		return fmt.Sprintf("warm-up step %d of %d", cfg.Warmup+i+1, cfg.Warmup)
+	}
+	return fmt.Sprintf("timed step %d of %d", i+1, cfg.Iters)
 }
 
 // segmentRows is the rows each rank's experts computed in the last step

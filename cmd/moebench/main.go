@@ -112,7 +112,7 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 			fmt.Fprintf(stderr, "moebench: note: %.0f GFLOP of expert GEMMs per step on the host device; expect minutes (reduce --tokens or --iters)\n", fl/1e9)
 		}
 	}
-	rec, err := harness.Run(cfg, harness.Env{Version: version(), DeviceNote: note, Dump: o.dump})
+	rec, err := harness.Run(cfg, harness.Env{Version: version(), DeviceNote: note, Dump: o.dump, Progress: stderr})
 	var ce *harness.ConfigError
 	if errors.As(err, &ce) {
 		return usageError(stderr, err)
