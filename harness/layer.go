@@ -3,7 +3,10 @@ package harness
 import (
 	"fmt"
 	"math"
+	"runtime"
+	"slices"
 	"sync"
+	"sync/atomic"
 
 	"github.com/moebench/moebench/dispatchers"
 	"github.com/moebench/moebench/kernels"
@@ -31,6 +34,9 @@ type Layer struct {
 
 	Ranks []*dispatchers.Rank
 	run   []rankRun
+	// scratch of the expert phase's extra workers (see experts), shared by
+	// the ranks: they run one after another
+	scratch [][]float32
 }
 
 type rankRun struct {
@@ -74,20 +80,21 @@ func newLayer(cfg Config, experts bool) (*Layer, error) {
 		l.Bias = normal(cfg.Seed, "bias", 0, E, 0.01)
 	}
 	l.Router = cfg.RouterConfig(l.Bias)
-	if experts {
+	if experts { // each expert its own stream of draws: drawn in parallel, the same values
 		fc1, fc2 := make([][]float32, E), make([][]float32, E)
-		for e := range E {
-			fc1[e], fc2[e] = l.ExpertWeights(e)
-		}
+		parallel(E, func(e int) { fc1[e], fc2[e] = l.ExpertWeights(e) })
 		l.FC1, l.FC2 = fc1, fc2
 	}
 	if fs := f * cfg.SharedExperts; fs > 0 {
 		l.SharedFC1 = normal(cfg.Seed, "shared-fc1", 0, 2*fs*h, 1/math.Sqrt(float64(h)))
 		l.SharedFC2 = normal(cfg.Seed, "shared-fc2", 0, h*fs, 1/math.Sqrt(float64(fs)))
 	}
+	l.X, l.Override = make([][]float32, cfg.EP), make([][]float32, cfg.EP)
+	parallel(cfg.EP, func(r int) { // each rank its own streams
+		l.X[r] = normal(cfg.Seed, "x", r, cfg.Tokens*h, 1)
+		l.Override[r] = cfg.Routing.Logits(cfg.Seed, r, cfg.Tokens, E)
+	})
 	for r := range cfg.EP {
-		l.X = append(l.X, normal(cfg.Seed, "x", r, cfg.Tokens*h, 1))
-		l.Override = append(l.Override, cfg.Routing.Logits(cfg.Seed, r, cfg.Tokens, E))
 		var local []dispatchers.ExpertWeights
 		for e := r * l.Shape.LocalExperts(); experts && e < (r+1)*l.Shape.LocalExperts(); e++ {
 			local = append(local, dispatchers.ExpertWeights{FC1: l.FC1[e], FC2: l.FC2[e]})
@@ -198,6 +205,11 @@ func (l *Layer) route(r int) error {
 }
 
 // experts runs each segment's expert on its rows: fc1 → SwiGLU × prob → fc2.
+// Segments own disjoint rows, so they run in parallel on up to GOMAXPROCS
+// goroutines (each its own scratch), with the same results as one after
+// another: a small expert's GEMMs are too small to split their rows
+// (kernels.MatMulNT), a layer has many. Segments that share rows (none of
+// the dispatchers makes such) run one after another.
 func (l *Layer) experts(r int) error {
 	rk, run, c := l.Ranks[r], &l.run[r], l.Cfg
 	h, f, L := c.Hidden, c.FFN, l.Shape.LocalExperts()
@@ -210,7 +222,9 @@ func (l *Layer) experts(r int) error {
 	} else {
 		rk.ExpertY = rk.ExpertY[:n]
 	}
-	for _, sg := range rk.Segments {
+	weights := make([]*dispatchers.ExpertWeights, len(rk.Segments))
+	most := 0
+	for i, sg := range rk.Segments {
 		w := sg.Weights
 		if w == nil {
 			if sg.Expert/L != r {
@@ -221,11 +235,54 @@ func (l *Layer) experts(r int) error {
 		if sg.Start < 0 || sg.Len < 0 || sg.Start+sg.Len > rows {
 			return fmt.Errorf("segment of expert %d covers rows [%d, %d) of %d", sg.Expert, sg.Start, sg.Start+sg.Len, rows)
 		}
-		run.scratch = kernels.Grow(run.scratch, sg.Len*3*f)
-		kernels.ExpertForward(rk.ExpertY[sg.Start*h:], rk.ExpertX[sg.Start*h:(sg.Start+sg.Len)*h], rk.ExpertProbs[sg.Start:sg.Start+sg.Len],
-			w.FC1, w.FC2, run.scratch, sg.Len, h, f, kernels.RoundBF16Slice)
+		weights[i], most = w, max(most, sg.Len)
 	}
+	run.scratch = kernels.Grow(run.scratch, most*3*f)
+	forward := func(i int, scratch []float32) {
+		sg := rk.Segments[i]
+		kernels.ExpertForward(rk.ExpertY[sg.Start*h:], rk.ExpertX[sg.Start*h:(sg.Start+sg.Len)*h], rk.ExpertProbs[sg.Start:sg.Start+sg.Len],
+			weights[i].FC1, weights[i].FC2, scratch, sg.Len, h, f, kernels.RoundBF16Slice)
+	}
+	workers := min(len(rk.Segments), runtime.GOMAXPROCS(0))
+	if workers <= 1 || !disjoint(rk.Segments) {
+		for i := range rk.Segments {
+			forward(i, run.scratch)
+		}
+		return nil
+	}
+	for len(l.scratch) < workers-1 { // the other workers' scratch, shared by the ranks (they run one after another)
+		l.scratch = append(l.scratch, nil)
+	}
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for w := range workers {
+		scratch := run.scratch
+		if w > 0 {
+			l.scratch[w-1] = kernels.Grow(l.scratch[w-1], most*3*f)
+			scratch = l.scratch[w-1]
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := int(next.Add(1)) - 1; i < len(rk.Segments); i = int(next.Add(1)) - 1 {
+				forward(i, scratch)
+			}
+		}()
+	}
+	wg.Wait()
 	return nil
+}
+
+// disjoint says whether no two segments share a row.
+func disjoint(segs []dispatchers.Segment) bool {
+	s := slices.Clone(segs)
+	slices.SortFunc(s, func(a, b dispatchers.Segment) int { return a.Start - b.Start })
+	for i := 1; i < len(s); i++ {
+		if s[i].Start < s[i-1].Start+s[i-1].Len {
+			return false
+		}
+	}
+	return true
 }
 
 // sharedExpert computes the shared expert's output on the rank's tokens.
