@@ -182,6 +182,36 @@ func groupedBars(p *plot.Plot, leg *legend, ss []series, colors []color.Color, w
 	return nil
 }
 
+// barSeries are one series per name: each row's bar is the p50 of the
+// phase pick gives for the series (nil: no bar) with its p10–p90 whisker,
+// in the chart's unit (f per ms).
+func barSeries(rows []Row, names []string, f float64, pick func(r *Record, series int) *Phase) []series {
+	ss := make([]series, len(names))
+	for k, n := range names {
+		ss[k].name = n
+		for i, r := range rows {
+			var wk whisker
+			if ph := pick(r.Rec, k); ph != nil {
+				mid, lo, hi := spread(ph.P50, ph.Samples)
+				wk = whisker{x: float64(i), y: f * mid, low: f * lo, high: f * hi}
+			}
+			ss[k].ws = append(ss[k].ws, wk)
+		}
+	}
+	return ss
+}
+
+// barChart draws the series as bars side by side per row, in colors.
+func barChart(title, unit string, rows []Row, ss []series, colors ...color.Color) (template.HTML, error) {
+	p := newPlot(title, unit)
+	leg := newLegend()
+	if err := groupedBars(p, leg, ss, colors, chartW, len(rows)); err != nil {
+		return "", err
+	}
+	nominal(p, rowNames(rows))
+	return render(p, leg)
+}
+
 const chartW, chartH = 6.2 * vg.Inch, 3.6 * vg.Inch
 
 // sans is the charts' typeface, as the page's text.
@@ -254,25 +284,11 @@ func stepChart(rows []Row, _ map[string]color.Color) (*chart, error) {
 		all = append(all, r.Rec.Timing.Step.P50)
 	}
 	unit, f := unitOf(all)
-	ss := []series{{name: "slowest rank's step"}, {name: "lockstep bound"}}
-	for i, r := range rows {
-		s, l := twoSteps(r.Rec)
-		for k, ph := range []*Phase{s, l} {
-			var wk whisker
-			if ph != nil {
-				mid, lo, hi := spread(ph.P50, ph.Samples)
-				wk = whisker{x: float64(i), y: f * mid, low: f * lo, high: f * hi}
-			}
-			ss[k].ws = append(ss[k].ws, wk)
-		}
-	}
-	p := newPlot("step time per row (p50, whiskers p10–p90)", unit)
-	leg := newLegend()
-	if err := groupedBars(p, leg, ss, []color.Color{colorOf(0), colorOf(1)}, chartW, len(rows)); err != nil {
-		return nil, err
-	}
-	nominal(p, rowNames(rows))
-	svg, err := render(p, leg)
+	ss := barSeries(rows, []string{"slowest rank's step", "lockstep bound"}, f, func(r *Record, k int) *Phase {
+		s, l := twoSteps(r)
+		return []*Phase{s, l}[k]
+	})
+	svg, err := barChart("step time per row (p50, whiskers p10–p90)", unit, rows, ss, colorOf(0), colorOf(1))
 	basis := "the host device's step (speedup, compare) is the lockstep bound"
 	if stepIs(rows[0].Rec) == StepSlowestRank {
 		basis = "a GPU's step (speedup, compare) is the slowest rank's"
@@ -334,24 +350,8 @@ func transferChart(rows []Row, _ map[string]color.Color) (*chart, error) {
 		return nil, nil
 	}
 	unit, f := unitOf(all)
-	ss := []series{{name: "dispatch"}, {name: "combine"}}
-	for i, r := range rows {
-		for k, n := range names {
-			var wk whisker
-			if ph := phaseOf(r.Rec, n); ph != nil {
-				mid, lo, hi := spread(ph.P50, ph.Samples)
-				wk = whisker{x: float64(i), y: f * mid, low: f * lo, high: f * hi}
-			}
-			ss[k].ws = append(ss[k].ws, wk)
-		}
-	}
-	p := newPlot("dispatch and combine (p50, whiskers p10–p90)", unit)
-	leg := newLegend()
-	if err := groupedBars(p, leg, ss, []color.Color{colorOf(2), colorOf(3)}, chartW, len(rows)); err != nil {
-		return nil, err
-	}
-	nominal(p, rowNames(rows))
-	svg, err := render(p, leg)
+	ss := barSeries(rows, names, f, func(r *Record, k int) *Phase { return phaseOf(r, names[k]) })
+	svg, err := barChart("dispatch and combine (p50, whiskers p10–p90)", unit, rows, ss, colorOf(2), colorOf(3))
 	return &chart{Kind: "transfer", SVG: svg, Caption: "The dispatcher's own phases: dispatch and combine, each its slowest rank per iteration."}, err
 }
 
