@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"math"
 	"math/bits"
-	"runtime"
 	"sync"
 
 	"github.com/moebench/moebench/dispatchers"
@@ -102,8 +101,9 @@ func compareReference(c *results.Correctness, l *Layer, sample [][]int) {
 // near-tie), and the reference then uses it so both compute the same sum.
 // Only the tokens in sample (per rank, increasing; nil: all) are computed:
 // out[r] holds their rows in that order. It also returns how many tokens'
-// choices differ. Experts run in parallel, each drawing its own weights when
-// the layer does not hold them.
+// choices differ. Experts run in parallel (refWorkers at once, each widening
+// its expert's weights into its own buffers, drawing them when the layer does
+// not hold them), refBlock rows at a time.
 func Reference(l *Layer, sample [][]int) (out [][]float64, diffs int, err error) {
 	c := l.Cfg
 	T, h, f, E, k := c.Tokens, c.Hidden, c.FFN, c.Experts, c.TopK
@@ -158,22 +158,31 @@ func Reference(l *Layer, sample [][]int) (out [][]float64, diffs int, err error)
 		}
 	}
 	ys := make([][]float64, E) // each expert's outputs, in byExpert order
-	parallel(E, func(e int) {
+	type buffers struct{ fc1, fc2, x, p, scratch []float64 }
+	workers := refWorkers(c)
+	bufs := make([]buffers, workers)
+	parallel(E, workers, func(w, e int) {
 		copies := byExpert[e]
 		n := len(copies)
 		if n == 0 {
 			return
 		}
-		x, p, y := make([]float64, n*h), make([]float64, n), make([]float64, n*h)
-		for i, cp := range copies {
-			tok := cp.slot / k
-			for j := range h {
-				x[i*h+j] = float64(l.X[cp.rank][tok*h+j])
-			}
-			p[i] = probs[cp.rank][cp.slot]
-		}
+		b := &bufs[w]
 		fc1, fc2 := l.ExpertWeights(e)
-		kernels.ExpertForward(y, x, p, widen(fc1), widen(fc2), make([]float64, n*3*f), n, h, f, nil)
+		b.fc1, b.fc2 = widenInto(b.fc1, fc1), widenInto(b.fc2, fc2)
+		y := make([]float64, n*h)
+		for lo := 0; lo < n; lo += refBlock { // a block of rows at a time
+			m := min(refBlock, n-lo)
+			b.x, b.p, b.scratch = kernels.Grow(b.x, m*h), kernels.Grow(b.p, m), kernels.Grow(b.scratch, m*3*f)
+			for i, cp := range copies[lo : lo+m] {
+				tok := cp.slot / k
+				for j := range h {
+					b.x[i*h+j] = float64(l.X[cp.rank][tok*h+j])
+				}
+				b.p[i] = probs[cp.rank][cp.slot]
+			}
+			kernels.ExpertForward(y[lo*h:], b.x, b.p, b.fc1, b.fc2, b.scratch, m, h, f, nil)
+		}
 		ys[e] = y
 	})
 	out = make([][]float64, c.EP)
@@ -219,16 +228,17 @@ func allTokens(ep, tokens int) [][]int {
 	return s
 }
 
-// parallel runs fn(0..n-1) on GOMAXPROCS goroutines.
-func parallel(n int, fn func(i int)) {
+// parallel runs fn(w, i) for i in 0..n-1 on the given number of
+// goroutines, w being the goroutine's index.
+func parallel(n, workers int, fn func(w, i int)) {
 	var wg sync.WaitGroup
 	next := make(chan int)
-	for range min(n, runtime.GOMAXPROCS(0)) {
+	for w := range min(n, workers) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for i := range next {
-				fn(i)
+				fn(w, i)
 			}
 		}()
 	}
@@ -350,12 +360,15 @@ func coarsen(x [][]float32, keep int) [][]float32 {
 	return out
 }
 
-func widen(s []float32) []float64 {
-	o := make([]float64, len(s))
+func widen(s []float32) []float64 { return widenInto(nil, s) }
+
+// widenInto is s in float64, in dst's memory when it is large enough.
+func widenInto(dst []float64, s []float32) []float64 {
+	dst = kernels.Grow(dst, len(s))
 	for i, v := range s {
-		o[i] = float64(v)
+		dst[i] = float64(v)
 	}
-	return o
+	return dst
 }
 
 func sameSet(a, b []int32) bool {

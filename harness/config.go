@@ -73,6 +73,9 @@ func PresetNames() []string {
 type Config struct {
 	Preset string
 	Shape
+	// PreSoftmax: softmax routers take the softmax over all experts before
+	// the top-k (Megatron's moe_router_pre_softmax); needed for top-1
+	PreSoftmax bool
 	Dispatcher string
 	Impl       string
 	SMs        int // SM budget of SM-driven dispatchers; 0 = dispatcher default
@@ -94,6 +97,7 @@ type Config struct {
 	Seed         uint64
 	Warmup       int
 	Iters        int
+	MaxSeconds   float64 // time budget of the warm-up and timed iterations; 0 = none
 	Check        bool
 	Device       string // host | cuda | auto (resolved before a run)
 }
@@ -106,6 +110,13 @@ func DefaultConfig() Config {
 		Routing: Routing{Kind: RoutingBalanced}, Seed: 1, Warmup: 3, Iters: 20,
 		Check: true, Device: "auto"}
 }
+
+// Bounds of the iteration settings: iterations are kept per rank in the
+// record, and a budget above MaxSeconds (a week) is no budget.
+const (
+	MaxIters   = 1_000_000
+	MaxSeconds = 7 * 24 * 3600
+)
 
 // ConfigError is a bad setting: the flag (or field) it came from, the value,
 // and what is allowed.
@@ -137,6 +148,17 @@ func (c Config) Validate() error {
 			return &ConfigError{p.flag, p.v, fmt.Sprintf("must be ≤ %d", maxDim)}
 		}
 	}
+	if c.EP > maxDim {
+		return &ConfigError{"ep", c.EP, fmt.Sprintf("must be ≤ %d", maxDim)}
+	}
+	for _, p := range []struct {
+		flag string
+		v    int
+	}{{"iters", c.Iters}, {"warmup", c.Warmup}} {
+		if p.v > MaxIters {
+			return &ConfigError{p.flag, p.v, fmt.Sprintf("must be ≤ %d (use --max-seconds to bound a run by time)", MaxIters)}
+		}
+	}
 	switch {
 	case c.TopK > c.Experts:
 		return &ConfigError{"topk", c.TopK, fmt.Sprintf("must be ≤ --experts (%d)", c.Experts)}
@@ -146,6 +168,11 @@ func (c Config) Validate() error {
 		return &ConfigError{"shared-experts", c.SharedExperts, "must be ≥ 0"}
 	case c.Score != kernels.ScoreSoftmax && c.Score != kernels.ScoreSigmoid:
 		return &ConfigError{"score", c.Score, "allowed: softmax, sigmoid"}
+	case c.PreSoftmax && c.Score != kernels.ScoreSoftmax:
+		return &ConfigError{"pre-softmax", c.PreSoftmax, "applies to --score softmax only (a sigmoid router's probabilities are its chosen experts' sigmoids)"}
+	case c.Score == kernels.ScoreSoftmax && c.TopK == 1 && !c.PreSoftmax:
+		return &ConfigError{"topk", c.TopK, "with --score softmax, top-1 takes the softmax over the chosen logit alone, which is 1 for every token " +
+			"(Megatron-Core refuses it: the router would get no gradient); add --pre-softmax to take the softmax over all experts before the top-k"}
 	case c.Groups < 0:
 		return &ConfigError{"groups", c.Groups, "must be ≥ 0 (0 = no group-limited routing)"}
 	case c.Groups > 1 && c.Experts%c.Groups != 0:
@@ -164,8 +191,9 @@ func (c Config) Validate() error {
 		return &ConfigError{"domain", c.Domain, fmt.Sprintf("must divide --ep (%d); 0 = all ranks in one domain", c.EP)}
 	case c.FeplbDyn < 1:
 		return &ConfigError{"feplb-dynamic", c.FeplbDyn, "must be ≥ 1"}
-	case c.FeplbBase == "feplb":
-		return &ConfigError{"feplb-base", c.FeplbBase, "must be another dispatcher (alltoall, deepep, hybridep)"}
+	case c.FeplbBase == "feplb" || !slices.Contains(dispatchers.Names(), c.FeplbBase):
+		others := slices.DeleteFunc(dispatchers.Names(), func(n string) bool { return n == "feplb" })
+		return &ConfigError{"feplb-base", c.FeplbBase, "the dispatcher of feplb's phase 1; allowed: " + strings.Join(others, ", ")}
 	case !slices.Contains(balance.FEPLBPolicies, c.FeplbPolicy):
 		return &ConfigError{"feplb-policy", c.FeplbPolicy, "allowed: " + strings.Join(balance.FEPLBPolicies, ", ")}
 	case c.GPUs < 0 || c.GPUs > c.EP:
@@ -178,6 +206,8 @@ func (c Config) Validate() error {
 		return &ConfigError{"comm-timeout", c.CommTimeout, "must be in [1ms, 1h]"}
 	case c.Warmup < 0:
 		return &ConfigError{"warmup", c.Warmup, "must be ≥ 0"}
+	case !(c.MaxSeconds >= 0 && c.MaxSeconds <= MaxSeconds):
+		return &ConfigError{"max-seconds", c.MaxSeconds, fmt.Sprintf("must be in [0, %d] (0 = no limit)", MaxSeconds)}
 	case c.Device != "host" && c.Device != "cuda" && c.Device != "auto":
 		return &ConfigError{"device", c.Device, "allowed: host, cuda, auto"}
 	case c.Device == "cuda" && c.TopK > 32:
@@ -199,8 +229,8 @@ func (c Config) Validate() error {
 func (c Config) Record() results.Config {
 	r := results.Config{Preset: c.Preset, Tokens: c.Tokens, Hidden: c.Hidden, FFN: c.FFN, Experts: c.Experts,
 		TopK: c.TopK, SharedExperts: c.SharedExperts, Score: c.Score, Groups: c.Groups, GroupTopK: c.GroupTopK,
-		TopKScale: c.TopKScale, Dispatcher: c.Dispatcher, Impl: c.Impl, SMs: c.SMs, EP: c.EP, GPUs: c.GPUs, Domain: c.Domain,
-		Routing: c.Routing.String(), RoutingPerStep: c.perStepRouting(), Seed: c.Seed, Warmup: c.Warmup, Iters: c.Iters, Check: c.Check, Device: c.Device}
+		TopKScale: c.TopKScale, PreSoftmax: c.PreSoftmax, Dispatcher: c.Dispatcher, Impl: c.Impl, SMs: c.SMs, EP: c.EP, GPUs: c.GPUs, Domain: c.Domain,
+		Routing: c.Routing.String(), RoutingPerStep: c.perStepRouting(), Seed: c.Seed, Warmup: c.Warmup, Iters: c.Iters, MaxSeconds: c.MaxSeconds, Check: c.Check, Device: c.Device}
 	if c.Dispatcher == "feplb" {
 		r.FeplbBase, r.FeplbDynamic, r.FeplbPolicy = c.FeplbBase, c.FeplbDyn, c.FeplbPolicy
 	}
@@ -216,7 +246,7 @@ func (c Config) perStepRouting() bool { return !c.RoutingFixed && c.Routing.Kind
 // RouterConfig is the kernels' view of the router settings; bias is the
 // per-expert selection bias (sigmoid only).
 func (c Config) RouterConfig(bias []float32) kernels.RouterConfig {
-	rc := kernels.RouterConfig{Experts: c.Experts, TopK: c.TopK, Score: c.Score, Scale: c.TopKScale}
+	rc := kernels.RouterConfig{Experts: c.Experts, TopK: c.TopK, Score: c.Score, Scale: c.TopKScale, PreSoftmax: c.PreSoftmax}
 	if c.Groups > 1 {
 		rc.Groups, rc.GroupTopK = c.Groups, c.GroupTopK
 	}

@@ -623,17 +623,25 @@ func (dl *deviceLayer) times(samples map[string][][]float64, step [][]float64) e
 // tokens per rank.
 var refFLOPBudget = 4e9
 
+// sampledTokens is how many tokens per rank the device check compares (see
+// sample).
+func sampledTokens(c Config) int {
+	perToken := 6 * float64(c.Hidden) * float64(c.FFN) * float64(c.TopK+c.SharedExperts)
+	if float64(c.EP*c.Tokens)*perToken <= refFLOPBudget {
+		return c.Tokens
+	}
+	return min(c.Tokens, max(16, int(refFLOPBudget/perToken)/c.EP))
+}
+
 // sample picks the tokens the check compares: all of them when the
 // reference is affordable, else the same number of seeded random tokens per
 // rank (at least 16). It also says which, for the record.
 func (dl *deviceLayer) sample() ([][]int, string) {
 	c := dl.l.Cfg
-	perToken := 6 * float64(c.Hidden) * float64(c.FFN) * float64(c.TopK+c.SharedExperts)
-	total := c.EP * c.Tokens
-	if float64(total)*perToken <= refFLOPBudget {
+	total, n := c.EP*c.Tokens, sampledTokens(c)
+	if n == c.Tokens {
 		return nil, fmt.Sprintf("all %d tokens", total)
 	}
-	n := min(c.Tokens, max(16, int(refFLOPBudget/perToken)/c.EP))
 	g := rand.New(rand.NewPCG(c.Seed, 0x5a3b1e))
 	s := make([][]int, c.EP)
 	for r := range s {
@@ -721,6 +729,9 @@ func (dl *deviceLayer) footprint(r int) int64 {
 // check-then-time loop as the host, with CUDA-event timings.
 func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error) {
 	fail := func(status string, err error) (*results.Record, error) { return failed(rec, status, err) }
+	if err := checkHostMemory(cfg); err != nil { // the host twin and the reference
+		return fail(results.StatusUnavailable, err)
+	}
 	d, err := dispatchers.NewDevice(cfg.Dispatcher, cfg.Impl, cfg.dispatcherEnv())
 	if err != nil {
 		return dispatcherError(rec, cfg, err)
@@ -786,31 +797,32 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 	}
 	rb, rebalances := d.(dispatchers.Rebalancer)
 	prog.stepping()
+	pausedEnd, end := cfg.deadlines(rebalances)
 	if rebalances { // the paused steps (see measured.paused)
 		prog.set("steps with phase 2 paused (the straggler before rebalancing)")
 		m.paused = m.newSamples(cfg.EP)
 		steps := make([][]float64, cfg.EP) // not kept
 		rb.Pause(true)
-		for i := -cfg.Warmup; i < cfg.Iters; i++ {
+		if _, err := iterate(cfg.Warmup, cfg.Iters, pausedEnd, func(i int) error {
 			if err := dl.setRouting(cfg.Warmup + i + 1); err != nil { // the same routing as the timed step i
-				return fail(deviceStatus(err), err)
+				return err
 			}
 			if err := dl.step(); err != nil {
-				return fail(deviceStatus(err), err)
+				return err
 			}
 			rb.RebalanceStats() // every synchronized step: its GEMM rate for the scheduler
 			prog.stepDone()
 			if i < 0 {
-				continue
+				return nil
 			}
-			if err := dl.times(m.paused, steps); err != nil {
-				return fail(results.StatusFailed, err)
-			}
+			return dl.times(m.paused, steps)
+		}); err != nil {
+			return fail(deviceStatus(err), err)
 		}
 		rb.Pause(false)
 	}
 	var tm *telemetry
-	for i := -cfg.Warmup; i < cfg.Iters; i++ {
+	done, err := iterate(cfg.Warmup, cfg.Iters, end, func(i int) error {
 		if i == 0 {
 			var why string
 			if tm, why = startTelemetry(gpuBusID(dev)); tm == nil {
@@ -823,8 +835,7 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 			err = dl.step()
 		}
 		if err != nil {
-			tm.finish()
-			return fail(deviceStatus(err), err)
+			return err
 		}
 		prog.stepDone()
 		var rs dispatchers.RebalanceStats
@@ -832,11 +843,10 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 			rs = rb.RebalanceStats()
 		}
 		if i < 0 {
-			continue
+			return nil
 		}
 		if err := dl.times(m.samples, m.step); err != nil {
-			tm.finish()
-			return fail(results.StatusFailed, err)
+			return err
 		}
 		m.issue = append(m.issue, dl.issueMS)
 		if rebalances {
@@ -847,7 +857,13 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 			rows = append(rows, rk.Rows())
 		}
 		m.recvSteps = append(m.recvSteps, rows)
+		return nil
+	})
+	if err != nil {
+		tm.finish()
+		return fail(deviceStatus(err), err)
 	}
+	cfg.Iters, m.stopped = done, cfg.stopped(done)
 	m.traffic = d.Traffic() // after the steps: it counts the last one
 	m.buffers = buffers(d, cfg.EP)
 	for r, rk := range dl.ranks {

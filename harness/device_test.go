@@ -38,7 +38,9 @@ func deviceCases() map[string]Config {
 	one.EP, one.SharedExperts = 1, 0
 	bal := base
 	bal.Routing, bal.EP = Routing{Kind: RoutingBalanced}, 8
-	return map[string]Config{"softmax-natural": base, "sigmoid-groups-skewed-shared": sig, "ep1": one, "balanced-ep8": bal}
+	pre := base
+	pre.TopK, pre.PreSoftmax = 1, true
+	return map[string]Config{"softmax-natural": base, "sigmoid-groups-skewed-shared": sig, "ep1": one, "balanced-ep8": bal, "pre-softmax-top1": pre}
 }
 
 // emus opens k Emus as a run's devices, or fewer when the run wants fewer.
@@ -255,6 +257,7 @@ func TestDeviceFEPLB(t *testing.T) {
 func splitCase(t *testing.T) (Config, []int) {
 	c := feplbCase()
 	c.EP, c.Domain, c.Experts, c.TopK, c.Tokens, c.FeplbPolicy = 4, 4, 128, 1, 64, "feplb-split"
+	c.PreSoftmax = true // top-1 softmax routing needs it (Megatron's rule)
 	counts := slices.Repeat([]int{1}, c.Experts)
 	counts[0] += c.Tokens*c.EP - c.Experts
 	var b strings.Builder

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -23,11 +24,13 @@ type dumpFile struct {
 // Dump writes the layer's input, weights, routing and output to dir as .npy
 // files (bf16 values widened to float32; indices int32) with an index.json
 // describing each file and the layout conventions. dir must not exist or be
-// empty. Files are written into a temporary sibling directory that is renamed
-// to dir at the end, so a failure leaves nothing half-written at dir.
+// empty (CheckDump). Files are written into a temporary sibling directory
+// that is renamed to dir at the end (over dir when it is an empty directory),
+// so a failure leaves nothing half-written at dir, and nothing else is ever
+// removed.
 func Dump(dir string, l *Layer, rec *results.Record) error {
-	if ents, err := os.ReadDir(dir); err == nil && len(ents) > 0 {
-		return fmt.Errorf("--dump %s: directory is not empty", dir)
+	if err := CheckDump(dir); err != nil {
+		return fmt.Errorf("--dump %s: %w", dir, err)
 	}
 	parent := filepath.Dir(filepath.Clean(dir))
 	tmp, err := os.MkdirTemp(parent, "."+filepath.Base(dir)+".tmp-")
@@ -112,15 +115,43 @@ func Dump(dir string, l *Layer, rec *results.Record) error {
 	if err != nil {
 		return fmt.Errorf("--dump %s: %w", dir, err)
 	}
-	os.Remove(dir) // an empty dir given by the user; rename needs it gone
-	if err := os.Rename(tmp, dir); err != nil {
+	if err := os.Rename(tmp, dir); err != nil { // replaces only an empty directory
 		return fmt.Errorf("--dump %s: %w", dir, err)
+	}
+	return nil
+}
+
+// CheckDump tells whether Dump can write to dir: it must be an empty
+// directory, or not exist in a directory where one can be created.
+func CheckDump(dir string) error {
+	st, err := os.Lstat(dir)
+	switch {
+	case err != nil: // a new directory: create one beside it, then remove it
+		tmp, err := os.MkdirTemp(filepath.Dir(filepath.Clean(dir)), "."+filepath.Base(dir)+".probe-")
+		if err != nil {
+			return fmt.Errorf("cannot create it: %w", err)
+		}
+		return os.Remove(tmp)
+	case st.Mode()&os.ModeSymlink != 0:
+		return errors.New("is a symbolic link; give a new or empty directory")
+	case !st.IsDir():
+		return errors.New("exists and is not a directory; give a new or empty directory")
+	}
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return err
+	}
+	if len(ents) > 0 {
+		return errors.New("directory is not empty; give a new or empty directory")
 	}
 	return nil
 }
 
 func routerNote(c Config) string {
 	s := "softmax over the k selected logits"
+	if c.PreSoftmax {
+		s = "softmax over all logits, then top-k on it; the chosen keep their softmax values (not renormalised)"
+	}
 	if c.Score == "sigmoid" {
 		s = "top-k on sigmoid(logit)+bias; probs = sigmoid(logit) of the chosen, renormalised"
 	}

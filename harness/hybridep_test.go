@@ -98,9 +98,10 @@ func largestDiff(got, want [][]float32) (diff, ref float64) {
 func TestHybridEPHostBytes(t *testing.T) {
 	c := small()
 	c.EP, c.Tokens, c.Experts = 64, 4096, 256
-	a := hostBytes(c)
+	a := HostBytes(c)
 	c.Dispatcher = "hybridep"
-	if got, want := hostBytes(c)-a, float64(64*64*4096*256+64*4*4096*256); got != want {
+	if got, want := float64(HostBytes(c)-a), 1.1*float64(64*64*4096*256+64*4*4096*256); math.Abs(got-want) > 2 { // HostBytes adds 10% for Go
+
 		t.Errorf("hybridep's extra host bytes %g, want %g", got, want)
 	}
 }

@@ -6,7 +6,6 @@ import (
 	"runtime"
 	"slices"
 	"sync"
-	"sync/atomic"
 
 	"github.com/moebench/moebench/dispatchers"
 	"github.com/moebench/moebench/kernels"
@@ -82,7 +81,7 @@ func newLayer(cfg Config, experts bool) (*Layer, error) {
 	l.Router = cfg.RouterConfig(l.Bias)
 	if experts { // each expert its own stream of draws: drawn in parallel, the same values
 		fc1, fc2 := make([][]float32, E), make([][]float32, E)
-		parallel(E, func(e int) { fc1[e], fc2[e] = l.ExpertWeights(e) })
+		parallel(E, runtime.GOMAXPROCS(0), func(_, e int) { fc1[e], fc2[e] = l.ExpertWeights(e) })
 		l.FC1, l.FC2 = fc1, fc2
 	}
 	if fs := f * cfg.SharedExperts; fs > 0 {
@@ -90,7 +89,7 @@ func newLayer(cfg Config, experts bool) (*Layer, error) {
 		l.SharedFC2 = normal(cfg.Seed, "shared-fc2", 0, h*fs, 1/math.Sqrt(float64(fs)))
 	}
 	l.X, l.Override = make([][]float32, cfg.EP), make([][]float32, cfg.EP)
-	parallel(cfg.EP, func(r int) { // each rank its own streams
+	parallel(cfg.EP, runtime.GOMAXPROCS(0), func(_, r int) { // each rank its own streams
 		l.X[r] = normal(cfg.Seed, "x", r, cfg.Tokens*h, 1)
 		l.Override[r] = cfg.Routing.Logits(cfg.Seed, r, cfg.Tokens, E)
 	})
@@ -204,12 +203,17 @@ func (l *Layer) route(r int) error {
 	return nil
 }
 
+// expertBlock is the most rows of one expert computed at once: a larger
+// segment is computed in blocks (rows are independent: the same results),
+// which bounds each worker's scratch and spreads a big expert over workers.
+const expertBlock = 256
+
 // experts runs each segment's expert on its rows: fc1 → SwiGLU × prob → fc2.
-// Segments own disjoint rows, so they run in parallel on up to GOMAXPROCS
-// goroutines (each its own scratch), with the same results as one after
-// another: a small expert's GEMMs are too small to split their rows
-// (kernels.MatMulNT), a layer has many. Segments that share rows (none of
-// the dispatchers makes such) run one after another.
+// Segments own disjoint rows, so their blocks of rows run in parallel on up
+// to GOMAXPROCS goroutines (each its own scratch), with the same results as
+// one after another: a small expert's GEMMs are too small to split their
+// rows (kernels.MatMulNT), and a layer has many. Segments that share rows
+// (none of the dispatchers makes such) run one after another.
 func (l *Layer) experts(r int) error {
 	rk, run, c := l.Ranks[r], &l.run[r], l.Cfg
 	h, f, L := c.Hidden, c.FFN, l.Shape.LocalExperts()
@@ -222,9 +226,12 @@ func (l *Layer) experts(r int) error {
 	} else {
 		rk.ExpertY = rk.ExpertY[:n]
 	}
-	weights := make([]*dispatchers.ExpertWeights, len(rk.Segments))
-	most := 0
-	for i, sg := range rk.Segments {
+	type block struct {
+		w          *dispatchers.ExpertWeights
+		start, len int // rows
+	}
+	var blocks []block
+	for _, sg := range rk.Segments {
 		w := sg.Weights
 		if w == nil {
 			if sg.Expert/L != r {
@@ -235,41 +242,35 @@ func (l *Layer) experts(r int) error {
 		if sg.Start < 0 || sg.Len < 0 || sg.Start+sg.Len > rows {
 			return fmt.Errorf("segment of expert %d covers rows [%d, %d) of %d", sg.Expert, sg.Start, sg.Start+sg.Len, rows)
 		}
-		weights[i], most = w, max(most, sg.Len)
+		for lo := 0; lo < sg.Len; lo += expertBlock {
+			blocks = append(blocks, block{w, sg.Start + lo, min(expertBlock, sg.Len-lo)})
+		}
+	}
+	most := 0
+	for _, b := range blocks {
+		most = max(most, b.len)
 	}
 	run.scratch = kernels.Grow(run.scratch, most*3*f)
-	forward := func(i int, scratch []float32) {
-		sg := rk.Segments[i]
-		kernels.ExpertForward(rk.ExpertY[sg.Start*h:], rk.ExpertX[sg.Start*h:(sg.Start+sg.Len)*h], rk.ExpertProbs[sg.Start:sg.Start+sg.Len],
-			weights[i].FC1, weights[i].FC2, scratch, sg.Len, h, f, kernels.RoundBF16Slice)
+	forward := func(b block, scratch []float32) {
+		kernels.ExpertForward(rk.ExpertY[b.start*h:], rk.ExpertX[b.start*h:(b.start+b.len)*h], rk.ExpertProbs[b.start:b.start+b.len],
+			b.w.FC1, b.w.FC2, scratch, b.len, h, f, kernels.RoundBF16Slice)
 	}
-	workers := min(len(rk.Segments), runtime.GOMAXPROCS(0))
+	workers := min(len(blocks), runtime.GOMAXPROCS(0))
 	if workers <= 1 || !disjoint(rk.Segments) {
-		for i := range rk.Segments {
-			forward(i, run.scratch)
+		for _, b := range blocks {
+			forward(b, run.scratch)
 		}
 		return nil
 	}
-	for len(l.scratch) < workers-1 { // the other workers' scratch, shared by the ranks (they run one after another)
-		l.scratch = append(l.scratch, nil)
-	}
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	for w := range workers {
-		scratch := run.scratch
-		if w > 0 {
-			l.scratch[w-1] = kernels.Grow(l.scratch[w-1], most*3*f)
-			scratch = l.scratch[w-1]
+	scratch := [][]float32{run.scratch} // the other workers' are shared by the ranks (they run one after another)
+	for w := 1; w < workers; w++ {
+		if len(l.scratch) < w {
+			l.scratch = append(l.scratch, nil)
 		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := int(next.Add(1)) - 1; i < len(rk.Segments); i = int(next.Add(1)) - 1 {
-				forward(i, scratch)
-			}
-		}()
+		l.scratch[w-1] = kernels.Grow(l.scratch[w-1], most*3*f)
+		scratch = append(scratch, l.scratch[w-1])
 	}
-	wg.Wait()
+	parallel(len(blocks), workers, func(w, i int) { forward(blocks[i], scratch[w]) })
 	return nil
 }
 

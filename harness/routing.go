@@ -2,6 +2,7 @@ package harness
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"math"
@@ -160,6 +161,13 @@ func gumbel(g *rand.Rand) float64 {
 	return -math.Log(-math.Log(u))
 }
 
+// Limits of a trace: the longest line (a line holds one token's k experts)
+// and the largest probability (1 times the largest --topk-scale).
+const (
+	maxTraceLine = 1 << 20
+	maxTraceProb = 1e6
+)
+
 // Trace is recorded routing read by ReadTrace.
 type Trace struct {
 	TopK  int
@@ -184,8 +192,8 @@ func (t *Trace) Token(g int) (idx []int32, probs []float32) {
 // ReadTrace reads a routing trace. Format: UTF-8 text, one token per line;
 // blank lines and lines starting with '#' are ignored. A line holds exactly
 // topk distinct expert indices in [0, experts), separated by spaces or tabs,
-// each optionally followed by ':' and its routing probability (a finite
-// number ≥ 0). Either every line has probabilities or none has; without them
+// each optionally followed by ':' and its routing probability (a number in
+// [0, 1e6]); a line is at most 1 MiB. Either every line has probabilities or none has; without them
 // the probabilities come from the router's score function over the chosen
 // experts. Rank r's token t replays line (r·tokens + t) mod lines.
 // Every error names the file, the line and the value at fault.
@@ -197,7 +205,7 @@ func ReadTrace(path string, experts, topk int) (*Trace, error) {
 	defer f.Close()
 	tr := &Trace{TopK: topk}
 	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	sc.Buffer(make([]byte, 64<<10), maxTraceLine)
 	withProbs := -1 // unknown until the first token line
 	ln := 0
 	for sc.Scan() {
@@ -237,14 +245,16 @@ func ReadTrace(path string, experts, topk int) (*Trace, error) {
 			tr.Idx = append(tr.Idx, int32(e))
 			if hasP {
 				p, err := strconv.ParseFloat(ps, 32)
-				if err != nil || math.IsNaN(p) || math.IsInf(p, 0) || p < 0 {
-					return nil, bad("probability %q must be a finite number ≥ 0", ps)
+				if err != nil || !(p >= 0 && p <= maxTraceProb) {
+					return nil, bad("probability %q must be a number in [0, %g] (a routing probability times at most --topk-scale's limit)", ps, maxTraceProb)
 				}
 				tr.Probs = append(tr.Probs, float32(p))
 			}
 		}
 	}
-	if err := sc.Err(); err != nil {
+	if err := sc.Err(); errors.Is(err, bufio.ErrTooLong) {
+		return nil, fmt.Errorf("%s:%d: line longer than %d bytes, the longest a trace line may be", path, ln+1, maxTraceLine)
+	} else if err != nil {
 		return nil, fmt.Errorf("%s:%d: %v", path, ln+1, err)
 	}
 	if len(tr.Idx) == 0 {

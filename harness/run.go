@@ -121,38 +121,47 @@ func Run(cfg Config, env Env) (*results.Record, error) {
 	}
 	rb, rebalances := d.(dispatchers.Rebalancer)
 	prog.stepping()
+	pausedEnd, end := cfg.deadlines(rebalances)
 	if rebalances { // after the warm-up, the paused steps (see measured.paused)
 		prog.set("steps with phase 2 paused (the straggler before rebalancing)")
 		m.paused = m.newSamples(cfg.EP)
 		samples = m.paused
 		rb.Pause(true)
-		for i := -cfg.Warmup; i < cfg.Iters; i++ {
+		if _, err := iterate(cfg.Warmup, cfg.Iters, pausedEnd, func(i int) error {
 			iter = i
 			l.SetRouting(cfg.Warmup + i + 1) // the same routing as the timed step i
 			if err := l.Step(d, timed); err != nil {
-				return fail(results.StatusFailed, err)
+				return err
 			}
 			prog.stepDone()
+			return nil
+		}); err != nil {
+			return fail(results.StatusFailed, err)
 		}
 		rb.Pause(false)
 		samples = m.samples
 	}
-	for i := -cfg.Warmup; i < cfg.Iters; i++ {
+	done, err := iterate(cfg.Warmup, cfg.Iters, end, func(i int) error {
 		iter = i
 		prog.set(stepStage(i, cfg))
 		l.SetRouting(cfg.Warmup + i + 1)
 		if err := l.Step(d, timed); err != nil {
-			return fail(results.StatusFailed, err)
+			return err
 		}
 		prog.stepDone()
 		if i < 0 {
-			continue
+			return nil
 		}
 		if rebalances {
 			m.rebalance = append(m.rebalance, rb.RebalanceStats())
 		}
 		m.recvSteps = append(m.recvSteps, segmentRows(l.Ranks))
+		return nil
+	})
+	if err != nil {
+		return fail(results.StatusFailed, err)
 	}
+	cfg.Iters, m.stopped = done, cfg.stopped(done)
 	rec.Status = results.StatusOK
 	m.traffic = d.Traffic() // after the steps: it counts the last one
 	m.buffers = buffers(d, cfg.EP)
@@ -257,6 +266,7 @@ type measured struct {
 	phase2SMs string
 	issue     []float64 // device runs: each timed step's host issue time, ms
 	buffers   []results.Buffer
+	stopped   string // why fewer iterations ran than asked for (--max-seconds)
 }
 
 // buffers are d's buffers on each of ep ranks, where it describes them.
@@ -367,7 +377,7 @@ func fillMeasurements(rec *results.Record, cfg Config, m measured) {
 		}
 		rec.Rebalance = rb
 	}
-	t := &results.Timing{Unit: "ms", Clock: m.clock, Warmup: cfg.Warmup, Iters: cfg.Iters, Model: m.model}
+	t := &results.Timing{Unit: "ms", Clock: m.clock, Warmup: cfg.Warmup, Iters: cfg.Iters, Model: m.model, Stopped: m.stopped}
 	// each rank's own step time, and the lockstep step (sum of slowest ranks)
 	stepPerRank := make([][]float64, cfg.EP)
 	lockstep := make([]float64, cfg.Iters)
@@ -537,32 +547,6 @@ func straggler(v []float64) results.Straggler {
 	}
 	return s
 }
-
-// hostBytes estimates what a host run of cfg allocates: float32 weights, the
-// ranks' activations and dispatcher buffers, and the float64 reference.
-func hostBytes(cfg Config) float64 {
-	h, f, E, T, k := float64(cfg.Hidden), float64(cfg.FFN), float64(cfg.Experts), float64(cfg.Tokens), float64(cfg.TopK)
-	weights := 4 * (E*3*h*f + E*h + 3*h*f*float64(cfg.SharedExperts))
-	perRank := 4*(T*h*(3+6*k)+3*T*E+3*T*k*f) + 8*(T*h+T*E)
-	if cfg.Dispatcher == "hybridep" { // each rank's copy of the global routing map (bool) and its worst-case dense_to_expert map (int32)
-		perRank += float64(cfg.EP)*T*E + 4*T*E
-	}
-	return weights + float64(cfg.EP)*perRank
-}
-
-// checkHostMemory refuses a host run that would not fit in the memory the
-// system reports as available (MemAvailable), instead of dying half-way.
-func checkHostMemory(cfg Config) error {
-	need := hostBytes(cfg)
-	avail, ok := memAvailable()
-	if !ok || need < 0.8*avail {
-		return nil
-	}
-	return fmt.Errorf("host device: this layer needs about %.1f GiB of host memory, %.1f GiB is available; "+
-		"the host device is the correctness oracle, so use a smaller --tokens/--experts/--ep or --device cuda", need/(1<<30), avail/(1<<30))
-}
-
-func memAvailable() (float64, bool) { return meminfo("MemAvailable:") }
 
 // HostFLOPs is the expert GEMM work of one step (all ranks), for warnings.
 func HostFLOPs(cfg Config) float64 {

@@ -403,8 +403,8 @@ func checkSwiGLUAndUnpermute(p *gpuPair) {
 }
 
 // routerCases are the router configurations TestGPURouter checks (and
-// TestKernelsCompile compiles): softmax and sigmoid, grouped or not, expert
-// counts that are not a multiple of 32, k from 1 to 32.
+// TestKernelsCompile compiles): softmax (also pre-softmax) and sigmoid,
+// grouped or not, expert counts that are not a multiple of 32, k from 1 to 32.
 var routerCases = map[string]RouterConfig{
 	"softmax":         {Experts: 128, TopK: 8, Score: ScoreSoftmax, Scale: 1},
 	"softmax-512-k10": {Experts: 512, TopK: 10, Score: ScoreSoftmax, Scale: 1},
@@ -413,6 +413,9 @@ var routerCases = map[string]RouterConfig{
 	"sigmoid-k1":      {Experts: 40, TopK: 1, Score: ScoreSigmoid, Scale: 1},
 	"softmax-k32":     {Experts: 64, TopK: 32, Score: ScoreSoftmax, Scale: 1},
 	"softmax-ties":    {Experts: 96, TopK: 8, Score: ScoreSoftmax, Scale: 1},
+	"pre-softmax-k1":  {Experts: 40, TopK: 1, Score: ScoreSoftmax, Scale: 1, PreSoftmax: true},
+	"pre-softmax-grouped": {Experts: 160, TopK: 6, Score: ScoreSoftmax, Groups: 20, GroupTopK: 3, Scale: 2.5,
+		PreSoftmax: true},
 }
 
 func TestGPURouter(t *testing.T) { checkRouter(openPair(t)) }

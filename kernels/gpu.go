@@ -600,12 +600,16 @@ func (c *CUDA) workspace(s Stream) (Ptr, error) {
 	return ws, nil
 }
 
-// routerKey is router.cu's kernel for rc: experts, top-k, sigmoid (0/1),
-// groups and group top-k (0 when off), and the scale.
+// routerKey is router.cu's kernel for rc: experts, top-k, the score (0
+// softmax, 1 sigmoid, 2 pre-softmax), groups and group top-k (0 when off),
+// and the scale.
 func routerKey(rc RouterConfig) kernelKey {
 	k := kernelKey{file: "router.cu", name: "router_topk", c: [5]int{rc.Experts, rc.TopK}, scale: rc.Scale}
-	if rc.Score == ScoreSigmoid {
+	switch {
+	case rc.Score == ScoreSigmoid:
 		k.c[2] = 1
+	case rc.preSoftmax():
+		k.c[2] = 2
 	}
 	if rc.Groups > 1 {
 		k.c[3], k.c[4] = rc.Groups, rc.GroupTopK
@@ -619,8 +623,16 @@ func routerKey(rc RouterConfig) kernelKey {
 // routerDefs are router.cu's constants for rc.
 func routerDefs(rc RouterConfig) map[string]string {
 	k := routerKey(rc)
-	return map[string]string{"MB_EXPERTS": fmt.Sprint(k.c[0]), "MB_TOPK": fmt.Sprint(k.c[1]), "MB_SIGMOID": fmt.Sprint(k.c[2]),
+	return map[string]string{"MB_EXPERTS": fmt.Sprint(k.c[0]), "MB_TOPK": fmt.Sprint(k.c[1]),
+		"MB_SIGMOID": b2i(k.c[2] == 1), "MB_PRE_SOFTMAX": b2i(k.c[2] == 2),
 		"MB_GROUPS": fmt.Sprint(k.c[3]), "MB_GROUP_TOPK": fmt.Sprint(k.c[4]), "MB_SCALE": fmt.Sprintf("%#gf", k.scale)}
+}
+
+func b2i(b bool) string {
+	if b {
+		return "1"
+	}
+	return "0"
 }
 
 func (c *CUDA) RouterTopK(rc RouterConfig, logits, bias Ptr, tokens int, idx, probs Ptr, s Stream) error {

@@ -23,7 +23,7 @@ import (
 // same sources, CUDA's threads and warp intrinsics simulated) against the
 // host functions, but no kernel has been launched on a GPU in this build.
 var CUDAKernels = map[string][]string{
-	"router.cu":     {"MB_EXPERTS", "MB_TOPK", "MB_SIGMOID", "MB_GROUPS", "MB_GROUP_TOPK", "MB_SCALE"},
+	"router.cu":     {"MB_EXPERTS", "MB_TOPK", "MB_SIGMOID", "MB_PRE_SOFTMAX", "MB_GROUPS", "MB_GROUP_TOPK", "MB_SCALE"},
 	"permute.cu":    {"MB_HIDDEN"},
 	"swiglu.cu":     {"MB_FFN"},
 	"unpermute.cu":  {"MB_HIDDEN", "MB_TOPK"},

@@ -76,6 +76,35 @@ func TestRouterSoftmax(t *testing.T) {
 	}
 }
 
+// TestRouterPreSoftmax: with pre-softmax the chosen experts are the top-k
+// of the softmax over all experts and keep their values of it (×scale), not
+// renormalised; with k = 1 the probability is below 1.
+func TestRouterPreSoftmax(t *testing.T) {
+	logits := []float64{0.1, 2, -1, 1.5, 0.3, 1.9}
+	sum := 0.0
+	for _, l := range logits {
+		sum += math.Exp(l)
+	}
+	for _, k := range []int{1, 2} {
+		c := RouterConfig{Experts: 6, TopK: k, Score: ScoreSoftmax, Scale: 2, PreSoftmax: true}
+		idx := c.Select(c.SelectionScores(logits))
+		if want := []int32{1, 5}[:k]; !slices.Equal(idx, want) {
+			t.Fatalf("k %d: selected %v, want %v", k, idx, want)
+		}
+		for i, p := range c.Probs(logits, idx) {
+			if want := 2 * math.Exp(logits[idx[i]]) / sum; math.Abs(p-want) > 1e-15 {
+				t.Errorf("k %d: prob of expert %d %v, want %v (softmax over all experts × scale)", k, idx[i], p, want)
+			}
+		}
+	}
+	// group scores sum softmax values, not logits: group 0 {3, -5} has the
+	// smaller logit sum (-2 < 2) but the larger softmax sum (e³ > 2e)
+	c := RouterConfig{Experts: 4, TopK: 2, Score: ScoreSoftmax, Groups: 2, GroupTopK: 1, PreSoftmax: true}
+	if idx := c.Select(c.SelectionScores([]float64{3, -5, 1, 1})); !slices.Equal(idx, []int32{0, 1}) {
+		t.Errorf("grouped pre-softmax selected %v, want group 0's [0 1]", idx)
+	}
+}
+
 func TestRouterSigmoidBiasScale(t *testing.T) {
 	// the bias moves expert 2 into the top-2 but its prob uses the unbiased score
 	c := RouterConfig{Experts: 4, TopK: 2, Score: ScoreSigmoid, Bias: []float32{0, 0, 0.5, 0}, Scale: 2.5}

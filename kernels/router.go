@@ -7,7 +7,7 @@ import (
 
 // Score functions of the router (Megatron-Core's moe_router_score_function).
 const (
-	ScoreSoftmax = "softmax" // top-k on the logits, softmax over the k selected
+	ScoreSoftmax = "softmax" // top-k on the logits, softmax over the k selected (PreSoftmax: softmax over all, then top-k)
 	ScoreSigmoid = "sigmoid" // top-k on sigmoid+bias, unbiased sigmoid renormalised
 )
 
@@ -20,13 +20,21 @@ type RouterConfig struct {
 	GroupTopK int       // groups each token may use
 	Bias      []float32 // per-expert selection bias (sigmoid only); nil = none
 	Scale     float64   // moe_router_topk_scaling_factor; 0 means 1
+	// PreSoftmax (softmax only; Megatron's moe_router_pre_softmax): the
+	// softmax over all experts comes first, top-k selects on it and the
+	// chosen keep their share of it, not renormalised.
+	PreSoftmax bool
 }
 
 func (c RouterConfig) grouped() bool { return c.Groups > 1 }
 
 // SelectionScores returns, for one token's logits, the scores top-k selects
-// on: the logits for softmax, sigmoid(logit)+bias for sigmoid.
+// on: the logits for softmax (with PreSoftmax the softmax over all experts),
+// sigmoid(logit)+bias for sigmoid.
 func (c RouterConfig) SelectionScores(logits []float64) []float64 {
+	if c.preSoftmax() {
+		return softmax(logits)
+	}
 	s := make([]float64, len(logits))
 	for e, l := range logits {
 		if c.Score == ScoreSigmoid {
@@ -68,12 +76,38 @@ func (c RouterConfig) Select(sel []float64) []int32 {
 	return topIdx(sel, eligible, c.TopK)
 }
 
+func (c RouterConfig) preSoftmax() bool { return c.PreSoftmax && c.Score == ScoreSoftmax }
+
+// softmax is the softmax of v.
+func softmax(v []float64) []float64 {
+	m := math.Inf(-1)
+	for _, x := range v {
+		m = math.Max(m, x)
+	}
+	s, sum := make([]float64, len(v)), 0.0
+	for i, x := range v {
+		s[i] = math.Exp(x - m)
+		sum += s[i]
+	}
+	for i := range s {
+		s[i] /= sum
+	}
+	return s
+}
+
 // Probs returns the routing probabilities of the chosen experts of one token.
 func (c RouterConfig) Probs(logits []float64, idx []int32) []float64 {
 	p := make([]float64, len(idx))
 	scale := c.Scale
 	if scale == 0 {
 		scale = 1
+	}
+	if c.preSoftmax() {
+		all := softmax(logits)
+		for i, e := range idx {
+			p[i] = all[e] * scale
+		}
+		return p
 	}
 	if c.Score == ScoreSigmoid {
 		sum := 0.0

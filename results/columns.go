@@ -170,6 +170,9 @@ var columns = []column{
 	{head: "token_strag_%", okOnly: true, val: func(r Row) string { return fmt.Sprintf("%.1f", 100*r.Rec.Tokens.Straggler.Rel) }},
 	{head: "gemm_strag_%", okOnly: true, val: func(r Row) string { return fmt.Sprintf("%.1f", 100*r.Rec.GEMM.Straggler.Rel) }},
 	{head: "mem_max_MiB", okOnly: true, val: func(r Row) string {
+		if r.Rec.Memory == nil {
+			return noValue
+		}
 		return fmt.Sprintf("%.1f", float64(maxBytes(r.Rec.Memory.PerRankBytes))/(1<<20))
 	}},
 	{head: "sm_util_%", okOnly: true, val: func(r Row) string { return smUtil(r.Rec) }},

@@ -43,8 +43,11 @@ func WriteTable(w io.Writer, rec *Record) error {
 	c := rec.Config
 	p := &printer{w: w}
 	dev := rec.Stack.Device
-	if rec.Stack.Note != "" {
-		dev += " (" + rec.Stack.Note + ")"
+	if note := rec.Stack.Note; note != "" { // its first clause: the whole reason is in the record (and on stderr)
+		if i := strings.IndexAny(note, ":("); i > 0 {
+			note = strings.TrimSpace(note[:i])
+		}
+		dev += " (" + note + ")"
 	}
 	p.f("# moebench %s · device %s\n", rec.Stack.Version, dev)
 	shared := ""
@@ -56,7 +59,7 @@ func WriteTable(w io.Writer, rec *Record) error {
 		groups = fmt.Sprintf(", groups %d top-%d", c.Groups, c.GroupTopK)
 	}
 	p.f("# layer %s: tokens/rank %d, hidden %d, ffn %d, experts %d, top-%d %s%s%s · EP %d%s\n",
-		c.Preset, c.Tokens, c.Hidden, c.FFN, c.Experts, c.TopK, c.Score, groups, shared, c.EP, rankNote(rec))
+		c.Preset, c.Tokens, c.Hidden, c.FFN, c.Experts, c.TopK, c.ScoreName(), groups, shared, c.EP, rankNote(rec))
 	sms := "default"
 	if c.SMs > 0 {
 		sms = strconv.Itoa(c.SMs)
@@ -77,6 +80,9 @@ func WriteTable(w io.Writer, rec *Record) error {
 	}
 	t := rec.Timing
 	p.f("# times: %s\n", t.Clock)
+	if t.Stopped != "" {
+		p.f("# %s\n", t.Stopped)
+	}
 	if rec.Stack.Device == "host" {
 		p.f("# host device: Go code runs every rank on the CPU, one after another: its times show the pipeline, they are not a performance measurement\n")
 	}
@@ -109,7 +115,7 @@ func WriteTable(w io.Writer, rec *Record) error {
 		}
 		p.f("# %-22s %s\n", "phase-2 SMs", rb.PhaseTwoSMs)
 	}
-	if tk := rec.Tokens; tk != nil {
+	if tk := rec.Tokens; tk != nil && len(tk.Received) > 0 {
 		lo, hi := tk.Received[0], tk.Received[0]
 		for _, n := range tk.Received {
 			lo, hi = min(lo, n), max(hi, n)

@@ -114,6 +114,7 @@ type Config struct {
 	Groups        int     `json:"groups"`
 	GroupTopK     int     `json:"topk_groups"`
 	TopKScale     float64 `json:"topk_scale"`
+	PreSoftmax    bool    `json:"pre_softmax,omitempty"` // softmax over all experts before the top-k
 	Dispatcher    string  `json:"dispatcher"`
 	Impl          string  `json:"impl"`
 	SMs           int     `json:"sms"`
@@ -128,12 +129,13 @@ type Config struct {
 	// RoutingPerStep: each iteration had its own routing, drawn from the
 	// seed and the step (older records, and --routing-fixed: one routing
 	// replayed every iteration)
-	RoutingPerStep bool   `json:"routing_per_step,omitempty"`
-	Seed           uint64 `json:"seed"`
-	Warmup         int    `json:"warmup"`
-	Iters          int    `json:"iters"`
-	Check          bool   `json:"check"`
-	Device         string `json:"device"`
+	RoutingPerStep bool    `json:"routing_per_step,omitempty"`
+	Seed           uint64  `json:"seed"`
+	Warmup         int     `json:"warmup"`
+	Iters          int     `json:"iters"`
+	MaxSeconds     float64 `json:"max_seconds,omitempty"` // time budget of the iterations (Timing.Stopped says if it cut them)
+	Check          bool    `json:"check"`
+	Device         string  `json:"device"`
 }
 
 // Stack is what the numbers were measured on: the machine, its software and
@@ -214,13 +216,16 @@ const (
 
 // Timing holds per-phase and step times.
 type Timing struct {
-	Unit   string  `json:"unit"`  // ms
-	Clock  string  `json:"clock"` // what measured them
-	Warmup int     `json:"warmup"`
-	Iters  int     `json:"iters"`
-	Phases []Phase `json:"phases"`
-	Step   Phase   `json:"step"`
-	Model  string  `json:"model"` // how the step is composed from phases
+	Unit   string `json:"unit"`  // ms
+	Clock  string `json:"clock"` // what measured them
+	Warmup int    `json:"warmup"`
+	Iters  int    `json:"iters"` // timed iterations run
+	// Stopped says why fewer iterations ran than the config asked for
+	// (--max-seconds); empty when all ran
+	Stopped string  `json:"stopped,omitempty"`
+	Phases  []Phase `json:"phases"`
+	Step    Phase   `json:"step"`
+	Model   string  `json:"model"` // how the step is composed from phases
 	// StepIs says which of the two steps below Step is (compare and the
 	// report's speedup use Step): StepLockstep on the host device, where
 	// the ranks run a phase one after another; StepSlowestRank on a device,

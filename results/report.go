@@ -85,7 +85,7 @@ func BuildReport(recs []Record) []Group {
 // Title is a one-line description of a group's workload.
 func (g Group) Title() string {
 	c := g.Workload
-	s := fmt.Sprintf("%s · tokens/rank %d · hidden %d · ffn %d · experts %d top-%d %s", c.Preset, c.Tokens, c.Hidden, c.FFN, c.Experts, c.TopK, c.Score)
+	s := fmt.Sprintf("%s · tokens/rank %d · hidden %d · ffn %d · experts %d top-%d %s", c.Preset, c.Tokens, c.Hidden, c.FFN, c.Experts, c.TopK, c.ScoreName())
 	if c.Groups > 1 {
 		s += fmt.Sprintf(" (groups %d/%d)", c.Groups, c.GroupTopK)
 	}

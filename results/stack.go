@@ -156,7 +156,7 @@ func (s Stack) Summary() string {
 // Records of one workload on one stack are compared with each other.
 func (c Config) Workload() string {
 	w := fmt.Sprintf("%s tokens=%d hidden=%d ffn=%d experts=%d topk=%d shared=%d score=%s groups=%d/%d scale=%g routing=%s seed=%d ep=%d device=%s",
-		c.Preset, c.Tokens, c.Hidden, c.FFN, c.Experts, c.TopK, c.SharedExperts, c.Score, c.Groups, c.GroupTopK,
+		c.Preset, c.Tokens, c.Hidden, c.FFN, c.Experts, c.TopK, c.SharedExperts, c.ScoreName(), c.Groups, c.GroupTopK,
 		c.TopKScale, c.Routing, c.Seed, c.EP, c.Device)
 	if c.RoutingPerStep {
 		w += " per-step"
@@ -168,6 +168,15 @@ func (c Config) Workload() string {
 		w += fmt.Sprintf(" gpus=%d", c.GPUs)
 	}
 	return w
+}
+
+// ScoreName is the router's score function, "pre-softmax" for a softmax
+// over all experts before the top-k.
+func (c Config) ScoreName() string {
+	if c.PreSoftmax {
+		return "pre-softmax"
+	}
+	return c.Score
 }
 
 // Settings is what is varied within a workload: the dispatcher, its

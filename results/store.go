@@ -11,20 +11,36 @@ import (
 	"syscall"
 )
 
+// Limits of a results file: its longest line and its size. A record of the
+// largest layers moebench accepts takes a few MiB.
+const (
+	MaxLineBytes = 256 << 20
+	MaxFileBytes = 4 << 30
+)
+
+// maxLine and maxFile are the limits in force (tests lower them).
+var maxLine, maxFile int64 = MaxLineBytes, MaxFileBytes
+
 // Append adds rec as one line to the JSONL file at path, creating it if
 // needed. The line is written whole or not at all: the file is locked, a
 // failed or short write is cut back to the previous size, and the data is
-// synced before Append returns. A file whose last line is incomplete is
-// refused rather than appended to.
-func Append(path string, rec *Record) (err error) {
+// synced before Append returns. A file may end in an unfinished record (a
+// writer killed while appending); under the lock Append cuts it off first and
+// returns how many bytes it dropped. A last line that is a whole record
+// without its newline gets the newline; one that is neither is not
+// appended to.
+func Append(path string, rec *Record) (dropped int64, err error) {
 	line, err := json.Marshal(rec)
 	if err != nil {
-		return fmt.Errorf("encode record: %w", err)
+		return 0, fmt.Errorf("encode record: %w", err)
 	}
 	line = append(line, '\n')
+	if int64(len(line)) > maxLine {
+		return 0, fmt.Errorf("the record is %d bytes, more than a results line may hold (%d)", len(line), maxLine)
+	}
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_APPEND, 0o644)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	defer func() {
 		if cerr := f.Close(); err == nil && cerr != nil {
@@ -32,63 +48,229 @@ func Append(path string, rec *Record) (err error) {
 		}
 	}()
 	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
-		return fmt.Errorf("lock %s: %w", path, err)
+		return 0, fmt.Errorf("lock %s: %w", path, err)
 	}
 	st, err := f.Stat()
 	if err != nil {
-		return err
+		return 0, err
+	}
+	if !st.Mode().IsRegular() {
+		return 0, fmt.Errorf("%s is not a regular file", path)
 	}
 	size := st.Size()
-	if size > 0 {
-		last := make([]byte, 1)
-		if _, err := f.ReadAt(last, size-1); err != nil {
-			return fmt.Errorf("read %s: %w", path, err)
+	start, tail, err := lastLine(f, size)
+	if err != nil {
+		return 0, fmt.Errorf("%s: %w", path, err)
+	}
+	switch lineKind(tail) {
+	case lineRecord: // whole, only its newline is missing
+		line = append([]byte{'\n'}, line...)
+	case lineTorn:
+		if err := f.Truncate(start); err != nil {
+			return 0, fmt.Errorf("%s: cutting off an unfinished last record: %w", path, err)
 		}
-		if last[0] != '\n' {
-			return fmt.Errorf("%s: last line is incomplete (no trailing newline); not appending to a damaged file", path)
-		}
+		dropped, size = size-start, start
+	case lineOther:
+		n, _ := countLines(f, start)
+		return 0, fmt.Errorf("%s:%d: the last line is not a moebench record; not appending to this file", path, n+1)
 	}
 	if _, err := f.Write(line); err != nil {
 		if terr := f.Truncate(size); terr != nil {
-			return fmt.Errorf("write %s: %v; and cutting back the partial line failed: %v", path, err, terr)
+			return dropped, fmt.Errorf("write %s: %v; and cutting back the partial line failed: %v", path, err, terr)
 		}
-		return fmt.Errorf("write %s: %w", path, err)
+		return dropped, fmt.Errorf("write %s: %w", path, err)
 	}
-	return f.Sync()
+	return dropped, f.Sync()
+}
+
+// lastLine returns the start and the bytes of an unterminated last line of
+// f (size bytes long); none when f is empty or ends in a newline.
+func lastLine(f *os.File, size int64) (int64, []byte, error) {
+	if size == 0 {
+		return 0, nil, nil
+	}
+	var block [64 << 10]byte
+	end := size
+	for end > 0 && size-end <= maxLine {
+		n := min(end, int64(len(block)))
+		b := block[:n]
+		if _, err := f.ReadAt(b, end-n); err != nil {
+			return 0, nil, err
+		}
+		if end == size && b[n-1] == '\n' {
+			return size, nil, nil
+		}
+		if i := bytes.LastIndexByte(b, '\n'); i >= 0 {
+			end = end - n + int64(i) + 1
+			break
+		}
+		end -= n
+	}
+	if size-end > maxLine {
+		return 0, nil, fmt.Errorf("the last line is longer than %d bytes: not a results file", maxLine)
+	}
+	tail := make([]byte, size-end)
+	_, err := f.ReadAt(tail, end)
+	return end, tail, err
+}
+
+// countLines counts the newlines in f's first n bytes.
+func countLines(f *os.File, n int64) (int, error) {
+	br := bufio.NewReader(io.NewSectionReader(f, 0, n))
+	lines := 0
+	for {
+		b, err := br.ReadSlice('\n')
+		lines += bytes.Count(b, []byte{'\n'})
+		if err == io.EOF {
+			return lines, nil
+		}
+		if err != nil && err != bufio.ErrBufferFull {
+			return lines, err
+		}
+	}
+}
+
+// Kinds of an unterminated last line.
+const (
+	lineNone   = iota // there is none
+	lineRecord        // a whole record, its newline missing
+	lineTorn          // the start of a record: a writer stopped while appending it
+	lineOther         // anything else
+)
+
+// recordStart is how every record moebench writes begins.
+var recordStart = []byte(`{"schema":"` + Schema + `"`)
+
+func lineKind(tail []byte) int {
+	switch {
+	case len(tail) == 0:
+		return lineNone
+	case parseErr(tail) == nil:
+		return lineRecord
+	case bytes.HasPrefix(tail, recordStart) || bytes.HasPrefix(recordStart, tail):
+		return lineTorn
+	}
+	return lineOther
+}
+
+func parseErr(line []byte) error {
+	_, err := parseLine(line)
+	return err
+}
+
+// CheckAppend tells, before any work, whether Append to path can succeed: a
+// new file must be creatable; an existing one must be a writable regular
+// file holding only moebench records (the error names the first line that
+// is not one). It returns how many bytes of an unfinished last record the
+// first Append will cut off (0 for none).
+func CheckAppend(path string) (torn int64, err error) {
+	st, err := os.Stat(path)
+	if err != nil { // a new file: create it, then remove it
+		f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+		if err != nil {
+			return 0, fmt.Errorf("cannot create it: %w", err)
+		}
+		f.Close()
+		return 0, os.Remove(path)
+	}
+	if st.IsDir() {
+		return 0, errors.New("is a directory; give a file to append records to")
+	}
+	if !st.Mode().IsRegular() {
+		return 0, errors.New("is not a regular file")
+	}
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_APPEND, 0)
+	if err != nil {
+		return 0, fmt.Errorf("cannot write it: %w", err)
+	}
+	defer f.Close()
+	err = scan(f, path, func(ln int, line []byte, last bool) error {
+		perr := parseErr(line)
+		switch {
+		case perr == nil:
+		case last && lineKind(line) == lineTorn:
+			torn = int64(len(line))
+		default:
+			return fmt.Errorf("%s:%d: not a moebench record (%v); give a new file or a moebench results file", path, ln, perr)
+		}
+		return nil
+	})
+	return torn, err
 }
 
 // ReadFile reads every record of a JSONL file. It is strict: a malformed line,
 // an unknown field or an unknown schema is an error naming the file and line.
-func ReadFile(path string) ([]Record, error) {
+// An unfinished last record (a writer killed while appending it) is skipped,
+// and warn (when not nil) is told so.
+func ReadFile(path string, warn func(string)) ([]Record, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
-	return Read(f, path)
+	return Read(f, path, warn)
 }
 
-// Read reads records from r; name is used in errors.
-func Read(r io.Reader, name string) ([]Record, error) {
+// Read reads records from r as ReadFile does; name is used in messages.
+func Read(r io.Reader, name string, warn func(string)) ([]Record, error) {
 	var out []Record
-	br := bufio.NewReader(r)
-	for ln := 1; ; ln++ {
-		line, err := br.ReadBytes('\n')
-		if len(line) > 0 {
-			if line[len(line)-1] != '\n' {
-				return out, fmt.Errorf("%s:%d: incomplete last line (no newline)", name, ln)
-			}
-			rec, perr := parseLine(bytes.TrimSpace(line))
-			if perr != nil {
-				return out, fmt.Errorf("%s:%d: %v", name, ln, perr)
-			}
+	err := scan(r, name, func(ln int, line []byte, last bool) error {
+		rec, err := parseLine(line)
+		switch {
+		case err == nil:
 			out = append(out, rec)
+		case last && lineKind(line) == lineTorn:
+			if warn != nil {
+				warn(fmt.Sprintf("%s:%d: skipped an unfinished record at the end (%d bytes without a newline: a writer stopped while appending it; the next append cuts it off)", name, ln, len(line)))
+			}
+		case last:
+			return fmt.Errorf("%s:%d: incomplete last line (no newline): %v", name, ln, err)
+		default:
+			return fmt.Errorf("%s:%d: %v", name, ln, err)
 		}
-		if errors.Is(err, io.EOF) {
-			return out, nil
+		return nil
+	})
+	return out, err
+}
+
+// scan calls fn on each line of r (without its newline); last marks a final
+// line that has no newline. Lines longer than MaxLineBytes and input longer
+// than MaxFileBytes are errors.
+func scan(r io.Reader, name string, fn func(ln int, line []byte, last bool) error) error {
+	br := bufio.NewReaderSize(r, 64<<10)
+	var total int64
+	var line []byte
+	for ln := 1; ; ln++ {
+		line = line[:0]
+		var err error
+		for {
+			var frag []byte
+			frag, err = br.ReadSlice('\n')
+			line = append(line, frag...)
+			total += int64(len(frag))
+			if int64(len(line)) > maxLine {
+				return fmt.Errorf("%s:%d: line longer than %d bytes: not a results file", name, ln, maxLine)
+			}
+			if total > maxFile {
+				return fmt.Errorf("%s: more than %d bytes: larger than a results file moebench reads (split it)", name, maxFile)
+			}
+			if err != bufio.ErrBufferFull {
+				break
+			}
 		}
-		if err != nil {
-			return out, fmt.Errorf("%s:%d: %w", name, ln, err)
+		if err != nil && err != io.EOF {
+			return fmt.Errorf("%s:%d: %w", name, ln, err)
+		}
+		complete := len(line) > 0 && line[len(line)-1] == '\n'
+		if complete {
+			if ferr := fn(ln, bytes.TrimSpace(line), false); ferr != nil {
+				return ferr
+			}
+		} else if len(line) > 0 {
+			return fn(ln, line, true)
+		}
+		if err == io.EOF {
+			return nil
 		}
 	}
 }
@@ -123,5 +305,29 @@ func parseLine(line []byte) (Record, error) {
 	if rec.Status != StatusOK && rec.Timing != nil {
 		return rec, fmt.Errorf("a %s record carries timings", rec.Status)
 	}
-	return rec, nil
+	return rec, checkSections(&rec)
+}
+
+// checkSections refuses an ok record without the sections every ok record
+// has (what reports and comparisons read), naming the first one missing.
+func checkSections(rec *Record) error {
+	if rec.Status != StatusOK {
+		return nil
+	}
+	missing := ""
+	switch {
+	case rec.Timing == nil:
+		missing = "timing"
+	case len(rec.Timing.Step.Samples) == 0:
+		missing = "timing.step.samples"
+	case rec.Tokens == nil:
+		missing = "tokens"
+	case rec.GEMM == nil:
+		missing = "gemm"
+	case rec.Traffic == nil:
+		missing = "traffic"
+	default:
+		return nil
+	}
+	return fmt.Errorf("an ok record without %q", missing)
 }

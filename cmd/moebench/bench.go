@@ -37,12 +37,14 @@ func bench(args []string, stdout, stderr io.Writer) int {
 	if len(args) > 0 && args[0] == "dispatch" {
 		return benchDispatch(args[1:], stdout, stderr)
 	}
-	if len(args) == 0 || args[0] != "kernels" {
-		if len(args) > 0 && (args[0] == "--help" || args[0] == "-h") {
-			fmt.Fprintln(stdout, benchHelp)
-			return exitOK
-		}
-		return usageError(stderr, errors.New("bench: say what to benchmark: 'moebench bench kernels' or 'moebench bench dispatch'"))
+	switch {
+	case len(args) == 0:
+		return usageError(stderr, errors.New("bench: which benchmark? 'moebench bench kernels' or 'moebench bench dispatch' (see 'moebench bench --help')"))
+	case args[0] == "--help" || args[0] == "-h":
+		fmt.Fprintln(stdout, benchHelp)
+		return exitOK
+	case args[0] != "kernels":
+		return usageError(stderr, fmt.Errorf("bench: unknown benchmark %q (known: kernels, dispatch)", args[0]))
 	}
 	var o options
 	var format, out string

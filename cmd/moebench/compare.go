@@ -71,11 +71,11 @@ func compare(args []string, stdout, stderr io.Writer) int {
 		return usageError(stderr, fmt.Errorf("--host-gross-pct=%g: must be above --threshold-pct (%g) and below 1e6", *hostGross, *pct))
 	}
 	o.Threshold, o.MaxNoise, o.Gross, o.HostGross = *pct/100, *noise/100, *gross/100, *hostGross/100
-	base, err := readAll(fs.Args()[:1])
+	base, err := readAll(fs.Args()[:1], stderr)
 	if err != nil {
 		return usageError(stderr, err)
 	}
-	new, err := readAll(fs.Args()[1:])
+	new, err := readAll(fs.Args()[1:], stderr)
 	if err != nil {
 		return usageError(stderr, err)
 	}

@@ -29,7 +29,7 @@ func TestDeepEPRun(t *testing.T) {
 	if strings.Contains(stdout, "\n  unpermute ") {
 		t.Errorf("deepep has no unpermute phase:\n%s", stdout)
 	}
-	recs, err := results.ReadFile(out)
+	recs, err := results.ReadFile(out, nil)
 	if err != nil || len(recs) != 1 {
 		t.Fatal(recs, err)
 	}
@@ -72,7 +72,7 @@ func TestSweepSMs(t *testing.T) {
 	if code != exitOK {
 		t.Fatalf("exit %d: %s", code, stderr)
 	}
-	recs, err := results.ReadFile(out)
+	recs, err := results.ReadFile(out, nil)
 	if err != nil || len(recs) != 4 {
 		t.Fatalf("%d records, %v", len(recs), err)
 	}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -23,10 +24,10 @@ type options struct {
 	domain, feplbDyn                                                    int
 	tokens, hidden, ffn, experts, topk, shared, groups, groupTopK       int
 	sms, ep, gpus, warmup, iters                                        int
-	topkScale                                                           float64
+	topkScale, maxSeconds                                               float64
 	commTimeout                                                         time.Duration
 	seed                                                                uint64
-	check, routingFixed                                                 bool
+	check, preSoftmax, routingFixed                                     bool
 }
 
 func newFlags(o *options) *pflag.FlagSet {
@@ -70,6 +71,7 @@ func addShapeFlags(fs *pflag.FlagSet, o *options) {
 	fs.IntVar(&o.groups, "groups", 0, "expert groups for group-limited routing, 0 = off (default: the preset's)")
 	fs.IntVar(&o.groupTopK, "topk-groups", 0, "groups each token may use (default: the preset's)")
 	fs.Float64Var(&o.topkScale, "topk-scale", 0, "scaling factor applied to the routing probabilities (default: the preset's)")
+	fs.BoolVar(&o.preSoftmax, "pre-softmax", false, "softmax routers: softmax over all experts before the top-k, not renormalised (Megatron's; needed for --topk 1)")
 }
 
 // addControlFlags defines the flags that control how a layer is run.
@@ -78,7 +80,8 @@ func addControlFlags(fs *pflag.FlagSet, o *options) {
 	fs.Uint64Var(&o.seed, "seed", d.Seed, "seed of every random draw (inputs, weights, routing)")
 	fs.BoolVar(&o.routingFixed, "routing-fixed", d.RoutingFixed, "replay the first iteration's routing every iteration (default: each iteration draws its own, seeded by the step)")
 	fs.IntVar(&o.warmup, "warmup", d.Warmup, "untimed iterations before timing")
-	fs.IntVar(&o.iters, "iters", d.Iters, "timed iterations")
+	fs.IntVar(&o.iters, "iters", d.Iters, fmt.Sprintf("timed iterations (at most %d)", harness.MaxIters))
+	fs.Float64Var(&o.maxSeconds, "max-seconds", 0, "time budget of the warm-up and timed iterations: past it the run stops after the current iteration and records what it timed (at least one iteration); 0 = none")
 	fs.BoolVar(&o.check, "check", d.Check, "check the output against the float64 reference (--check=false to skip)")
 	fs.DurationVar(&o.commTimeout, "comm-timeout", d.CommTimeout, "SM-driven dispatchers: the longest a cross-rank wait may take before the run fails naming the rank, phase and wait")
 	fs.StringVar(&o.device, "device", d.Device, "device: auto (cuda if a driver and GPU are found, else host) | host | cuda")
@@ -128,6 +131,9 @@ func (o *options) config(fs *pflag.FlagSet) (harness.Config, error) {
 	if fs.Changed("topk-scale") {
 		c.TopKScale, custom = o.topkScale, true
 	}
+	if o.preSoftmax {
+		c.PreSoftmax, custom = true, true
+	}
 	if custom {
 		c.Preset += "+custom"
 	}
@@ -141,6 +147,7 @@ func (o *options) config(fs *pflag.FlagSet) (harness.Config, error) {
 	c.Dispatcher, c.Impl, c.SMs, c.EP, c.GPUs = o.dispatcher, o.impl, o.sms, o.ep, o.gpus
 	c.Domain, c.FeplbBase, c.FeplbDyn, c.FeplbPolicy, c.CommTimeout = o.domain, o.feplbBase, o.feplbDyn, o.feplbPolicy, o.commTimeout
 	c.Routing, c.RoutingFixed, c.Seed, c.Warmup, c.Iters, c.Check, c.Device = r, o.routingFixed, o.seed, o.warmup, o.iters, o.check, o.device
+	c.MaxSeconds = o.maxSeconds
 	if err := c.Validate(); err != nil {
 		return c, err
 	}
@@ -152,19 +159,50 @@ func (o *options) config(fs *pflag.FlagSet) (harness.Config, error) {
 	return c, nil
 }
 
-// checkOutputs rejects output settings that would fail only after the run.
-func (o *options) checkOutputs() error {
+// feplbOnly refuses feplb's own flags given without the feplb dispatcher
+// among those that run (they would change nothing).
+func feplbOnly(fs *pflag.FlagSet, running []string) error {
+	if slices.Contains(running, "feplb") {
+		return nil
+	}
+	for _, name := range []string{"feplb-base", "feplb-dynamic", "feplb-policy"} {
+		if f := fs.Lookup(name); f.Changed {
+			return &harness.ConfigError{Flag: name, Value: f.Value, Allowed: "applies only to --dispatcher feplb"}
+		}
+	}
+	return nil
+}
+
+// checkOutputs rejects, before any work, output settings that would fail or
+// destroy something only after the run: an unknown --format, an --out that
+// cannot be appended to or holds something other than moebench records, a
+// --dump that is not a new or empty directory, or the two at one place. It
+// tells stderr when --out ends in an unfinished record, which the append
+// cuts off.
+func (o *options) checkOutputs(stderr io.Writer) error {
 	if !slices.Contains(results.Formats, o.format) {
 		return &harness.ConfigError{Flag: "format", Value: o.format, Allowed: "allowed: " + strings.Join(results.Formats, ", ")}
 	}
-	if o.dump != "" {
-		if ents, err := os.ReadDir(o.dump); err == nil && len(ents) > 0 {
-			return &harness.ConfigError{Flag: "dump", Value: o.dump, Allowed: "must be a new or empty directory"}
+	if o.out != "" {
+		torn, err := results.CheckAppend(o.out)
+		if err != nil {
+			return &harness.ConfigError{Flag: "out", Value: o.out, Allowed: err.Error()}
+		}
+		if torn > 0 {
+			fmt.Fprintf(stderr, "moebench: --out %s ends in an unfinished record (%d bytes: a run stopped while appending it); appending cuts it off\n", o.out, torn)
 		}
 	}
+	if o.dump == "" {
+		return nil
+	}
+	if err := harness.CheckDump(o.dump); err != nil {
+		return &harness.ConfigError{Flag: "dump", Value: o.dump, Allowed: err.Error()}
+	}
 	if o.out != "" {
-		if st, err := os.Stat(o.out); err == nil && st.IsDir() {
-			return &harness.ConfigError{Flag: "out", Value: o.out, Allowed: "is a directory; give a file to append records to"}
+		out, _ := filepath.Abs(o.out)
+		dump, _ := filepath.Abs(o.dump)
+		if out == dump || strings.HasPrefix(out, dump+string(filepath.Separator)) {
+			return &harness.ConfigError{Flag: "dump", Value: o.dump, Allowed: fmt.Sprintf("the --out file (%s) would be inside the dump's directory; give them different places", o.out)}
 		}
 	}
 	return nil
@@ -176,15 +214,14 @@ expert GEMMs → combine → unpermute) and measures what the token dispatcher
 does to it: per-phase times, tokens and bytes moved, stragglers, correctness.
 
 Usage:
-  moebench [run] [flags]   run one layer and print its results
-  moebench sweep [flags]   run a matrix of points, one record each (see sweep --help)
-  moebench report FILE...  tables and charts of result records
-  moebench compare A B     regressions of B against A (exit 3)
-  moebench straggler       simulate load-balancing policies over many steps
-  moebench presets         list the built-in layer shapes
-  moebench doctor          which CUDA libraries and GPUs are here, and versions
-  moebench version         print the version
-  moebench help            print this help
+`)
+	fmt.Fprintf(w, "  %-32s %s\n", "moebench [run] [flags]", "run one layer and print its results")
+	for _, name := range commandOrder[1:] {
+		fmt.Fprintf(w, "  %-32s %s\n", "moebench "+commands[name].synopsis, commands[name].summary)
+	}
+	fmt.Fprint(w, `
+Each command answers --help (or 'moebench help COMMAND') with its own usage
+and flags: 'moebench sweep --help', 'moebench bench kernels --help', ...
 
 With no flags, moebench runs the small 'tiny' layer on 8 EP ranks with the
 alltoall dispatcher and balanced routing. Without a GPU it runs on the host
@@ -203,7 +240,9 @@ Routing:
   natural        the router's own logits on the random input
 
 Exit status: 0 success; 1 runtime failure, failed correctness check, or
-unavailable dispatcher/device (recorded with its reason, never timed);
-2 bad command line; 3 regression found (compare).
+unavailable dispatcher/device or too little host memory (recorded with its
+reason, never timed); 2 bad command line or input, found before any work
+(a Go runtime crash, "fatal error:" on stderr, also exits 2: report it);
+3 regression found, 4 stacks differ (compare).
 `)
 }

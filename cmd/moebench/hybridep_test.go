@@ -39,7 +39,7 @@ func TestHybridEPRun(t *testing.T) {
 			t.Errorf("--domain 2: missing %q in\n%s", want, stdout)
 		}
 	}
-	recs, err := results.ReadFile(out)
+	recs, err := results.ReadFile(out, nil)
 	if err != nil || len(recs) != 2 {
 		t.Fatal(recs, err)
 	}

@@ -46,35 +46,24 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 		}
 	}()
 	if len(args) > 0 {
-		switch args[0] {
-		case "presets":
-			return presets(stdout)
-		case "doctor":
-			return doctor(args[1:], stdout, stderr)
-		case "sweep":
-			return sweep(args[1:], stdout, stderr)
-		case "report":
-			return report(args[1:], stdout, stderr)
-		case "compare":
-			return compare(args[1:], stdout, stderr)
-		case "straggler":
-			return straggler(args[1:], stdout, stderr)
-		case "bench":
-			return bench(args[1:], stdout, stderr)
-		case "help":
-			usage(stdout, newFlags(&options{}))
-			return exitOK
-		case "version":
-			fmt.Fprintln(stdout, "moebench", version())
-			return exitOK
-		case "run":
-			args = args[1:]
-		default:
-			if !strings.HasPrefix(args[0], "-") {
-				return usageError(stderr, fmt.Errorf("unknown command %q (commands: run, sweep, report, compare, straggler, bench, presets, doctor, version, help)", args[0]))
-			}
+		name, rest := args[0], args[1:]
+		if name == "--version" {
+			name = "version"
+		}
+		if c, ok := commands[name]; ok {
+			return c.run(rest, stdout, stderr)
+		}
+		if name == "run" {
+			args = rest
+		} else if !strings.HasPrefix(name, "-") {
+			return usageError(stderr, fmt.Errorf("unknown command %q (commands: %s)", name, strings.Join(commandNames(), ", ")))
 		}
 	}
+	return runLayer(args, stdout, stderr)
+}
+
+// runLayer is 'moebench [run]': one layer, its results printed and recorded.
+func runLayer(args []string, stdout, stderr io.Writer) (code int) {
 	var o options
 	fs := newFlags(&o)
 	fs.SetOutput(io.Discard)
@@ -91,7 +80,10 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 	useLibDirs(o.cudaLibs)
 	cfg, err := o.config(fs)
 	if err == nil {
-		err = o.checkOutputs()
+		err = feplbOnly(fs, []string{o.dispatcher})
+	}
+	if err == nil {
+		err = o.checkOutputs(stderr)
 	}
 	if err != nil {
 		return usageError(stderr, err)
@@ -112,6 +104,7 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 			fmt.Fprintf(stderr, "moebench: note: %.0f GFLOP of expert GEMMs per step on the host device; expect minutes (reduce --tokens or --iters)\n", fl/1e9)
 		}
 	}
+	defer limitMemory(harness.HostBytes(cfg))()
 	rec, err := harness.Run(cfg, harness.Env{Version: version(), DeviceNote: note, Dump: o.dump, Progress: stderr})
 	var ce *harness.ConfigError
 	if errors.As(err, &ce) {
@@ -125,17 +118,47 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 	if rec == nil {
 		return exitRuntime
 	}
+	if rec.Timing != nil && rec.Timing.Stopped != "" {
+		fmt.Fprintf(stderr, "moebench: %s\n", rec.Timing.Stopped)
+	}
 	if werr := results.Write(stdout, rec, o.format); werr != nil {
 		fmt.Fprintf(stderr, "moebench: writing output: %v\n", werr)
 		code = exitRuntime
 	}
 	if o.out != "" {
-		if aerr := results.Append(o.out, rec); aerr != nil {
+		if aerr := appendRecord(o.out, rec, stderr); aerr != nil {
 			fmt.Fprintf(stderr, "moebench: --out: %v\n", aerr)
 			code = exitRuntime
 		}
 	}
 	return code
+}
+
+// appendRecord appends rec to the results file at path and tells stderr
+// when it first cut off an unfinished record a stopped run left there.
+func appendRecord(path string, rec *results.Record, stderr io.Writer) error {
+	dropped, err := results.Append(path, rec)
+	if dropped > 0 {
+		fmt.Fprintf(stderr, "moebench: --out %s: dropped the %d bytes of an unfinished record at its end (a run stopped while appending it)\n", path, dropped)
+	}
+	return err
+}
+
+// warnTo prints a reader's warnings to stderr.
+func warnTo(stderr io.Writer) func(string) {
+	return func(s string) { fmt.Fprintf(stderr, "moebench: warning: %s\n", s) }
+}
+
+// limitMemory bounds Go's heap to a run's estimated host memory (less what
+// the estimate allows for the binary and its libraries), so that garbage
+// is collected before the process outgrows the estimate the run was let in
+// by; GOMEMLIMIT, when set, wins. It returns what restores the old bound.
+func limitMemory(estimate int64) func() {
+	if os.Getenv("GOMEMLIMIT") != "" {
+		return func() {}
+	}
+	old := debug.SetMemoryLimit(estimate - 32<<20)
+	return func() { debug.SetMemoryLimit(old) }
 }
 
 // resolveDevice turns auto into cuda or host and says why: cuda when the

@@ -42,6 +42,15 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"--score", "relu"}, "--score=relu: allowed: softmax, sigmoid"},
 		{[]string{"--impl", "fast"}, "--impl=fast: allowed: native, library"},
 		{[]string{"--iters", "x"}, `invalid argument "x" for "--iters"`},
+		{[]string{"--iters", "2000000000"}, "--iters=2000000000: must be ≤ 1000000 (use --max-seconds to bound a run by time)"},
+		{[]string{"--warmup", "2000000000"}, "--warmup=2000000000: must be ≤ 1000000"},
+		{[]string{"--max-seconds", "-1"}, "--max-seconds=-1: must be in [0, 604800] (0 = no limit)"},
+		{[]string{"--max-seconds", "nan"}, "--max-seconds=NaN: must be in [0, 604800]"},
+		{[]string{"--topk", "1"}, "--topk=1: with --score softmax, top-1 takes the softmax over the chosen logit alone, which is 1 for every token"},
+		{[]string{"--score", "sigmoid", "--pre-softmax"}, "--pre-softmax=true: applies to --score softmax only"},
+		{[]string{"--dispatcher", "feplb", "--feplb-base", "bogus"}, "--feplb-base=bogus: the dispatcher of feplb's phase 1; allowed: alltoall, deepep, "},
+		{[]string{"--feplb-base", "deepep"}, "--feplb-base=deepep: applies only to --dispatcher feplb"},
+		{[]string{"--feplb-dynamic", "3"}, "--feplb-dynamic=3: applies only to --dispatcher feplb"},
 		{[]string{"--bogus"}, "unknown flag: --bogus"},
 		{[]string{"frobnicate"}, `unknown command "frobnicate"`},
 	}
@@ -55,10 +64,34 @@ func TestUsageErrors(t *testing.T) {
 
 func TestBadTraceNamesLine(t *testing.T) {
 	p := filepath.Join(t.TempDir(), "t.txt")
-	os.WriteFile(p, []byte("0 1 2 3\n0 1 2 99\n"), 0o644)
-	code, _, errOut := cli("--routing", "trace:"+p)
-	if code != exitUsage || !strings.Contains(errOut, p+":2: expert 99 out of range [0, 16)") {
-		t.Errorf("exit %d, stderr %q", code, errOut)
+	for body, want := range map[string]string{
+		"0 1 2 3\n0 1 2 99\n":                       p + ":2: expert 99 out of range [0, 16)",
+		"0:.4 1:.3 2:.2 3:.1\n0:3e38 1:0 2:0 3:0\n": p + `:2: probability "3e38" must be a number in [0, 1e+06]`,
+		"0 1 2 3\n" + strings.Repeat(" ", 2<<20):    p + ":2: line longer than 1048576 bytes, the longest a trace line may be",
+	} {
+		os.WriteFile(p, []byte(body), 0o644)
+		code, _, errOut := cli("--routing", "trace:"+p)
+		if code != exitUsage || !strings.Contains(errOut, want) {
+			t.Errorf("exit %d, stderr %q; want %q", code, errOut, want)
+		}
+	}
+	code, _, errOut := cli("--routing", "trace:/dev/zero")
+	if code != exitUsage || !strings.Contains(errOut, "/dev/zero:1: line longer than 1048576 bytes") {
+		t.Errorf("trace:/dev/zero: exit %d, stderr %q", code, errOut)
+	}
+}
+
+// TestRecordWithoutSections: a record the reader would once accept without
+// its sections is refused by report and compare, naming the file, line and
+// section, instead of crashing them.
+func TestRecordWithoutSections(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "r.jsonl")
+	os.WriteFile(p, []byte(`{"schema":"moebench.record/v1","status":"ok"}`+"\n"), 0o644)
+	for _, args := range [][]string{{"report", p}, {"compare", p, p}} {
+		code, _, errOut := cli(args...)
+		if code != exitUsage || !strings.Contains(errOut, p+`:1: an ok record without "timing"`) {
+			t.Errorf("%v: exit %d, stderr %q", args, code, errOut)
+		}
 	}
 }
 
@@ -99,7 +132,7 @@ func TestRunWritesAndRereadsRecord(t *testing.T) {
 	if code != exitRuntime || !strings.Contains(stdout, `"status":"unavailable"`) {
 		t.Errorf("hybridep: exit %d, stdout %s", code, stdout)
 	}
-	recs, err := results.ReadFile(out)
+	recs, err := results.ReadFile(out, nil)
 	if err != nil || len(recs) != 2 {
 		t.Fatalf("re-read: %d records, %v", len(recs), err)
 	}
@@ -253,7 +286,7 @@ func TestDeviceCUDAFingerprintWithFakeDriver(t *testing.T) {
 	t.Setenv("MOEBENCH_CUBLASLT", "/nonexistent")
 	out := filepath.Join(t.TempDir(), "r.jsonl")
 	code, _, e := cli(append(quick, "--device", "cuda", "--out", out)...)
-	recs, err := results.ReadFile(out)
+	recs, err := results.ReadFile(out, nil)
 	if code != exitRuntime || err != nil || len(recs) != 1 {
 		t.Fatalf("exit %d, %v: %s", code, err, e)
 	}
@@ -281,5 +314,57 @@ func TestBenchKernelsCLI(t *testing.T) {
 	}
 	if code, out, _ := cli("bench", "kernels", "--help"); code != exitOK || !strings.Contains(out, "ceilings") {
 		t.Errorf("help: exit %d", code)
+	}
+}
+
+// TestEveryCommandHelps: each command answers --help with its own usage, and
+// 'moebench help CMD' prints the same; --version works; a wrong benchmark is
+// named.
+func TestEveryCommandHelps(t *testing.T) {
+	for _, args := range [][]string{{"run"}, {"sweep"}, {"report"}, {"compare"}, {"straggler"}, {"bench"}, {"bench", "kernels"},
+		{"bench", "dispatch"}, {"presets"}, {"doctor"}, {"version"}, {"help"}} {
+		code, out, errOut := cli(append(append([]string(nil), args...), "--help")...)
+		want := "moebench " + strings.Join(args, " ")
+		if args[0] == "run" {
+			want = "moebench runs one"
+		}
+		if code != exitOK || !strings.HasPrefix(out, want) || errOut != "" {
+			t.Errorf("%v --help: exit %d, starts %.60q, stderr %q", args, code, out, errOut)
+			continue
+		}
+		if code, viaHelp, _ := cli(append([]string{"help"}, args...)...); code != exitOK || viaHelp != out {
+			t.Errorf("help %v: exit %d, differs from %v --help", args, code, args)
+		}
+	}
+	if code, out, _ := cli("--version"); code != exitOK || !strings.HasPrefix(out, "moebench 0.") {
+		t.Errorf("--version: exit %d, %q", code, out)
+	}
+	_, top, _ := cli("--help")
+	for _, name := range commandOrder {
+		if !strings.Contains(top, "moebench "+name) {
+			t.Errorf("--help does not list %s", name)
+		}
+	}
+	if code, _, e := cli("bench", "foo"); code != exitUsage || !strings.Contains(e, `unknown benchmark "foo" (known: kernels, dispatch)`) {
+		t.Errorf("bench foo: exit %d, %s", code, e)
+	}
+	if code, _, e := cli("help", "nope"); code != exitUsage || !strings.Contains(e, `unknown command "nope"`) {
+		t.Errorf("help nope: exit %d, %s", code, e)
+	}
+}
+
+// TestNoGPUReasonOnce: a host run gives the long reason for not using a GPU
+// once (stderr); the table's header keeps its first clause.
+func TestNoGPUReasonOnce(t *testing.T) {
+	t.Setenv("MOEBENCH_LIBCUDA", filepath.Join(t.TempDir(), "no-libcuda.so"))
+	code, out, errOut := cli("--iters", "2", "--warmup", "0", "--tokens", "16")
+	if code != exitOK {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	if n := strings.Count(out+errOut, "cannot open shared object file"); n != 1 {
+		t.Errorf("the no-GPU reason appears %d times:\n%s%s", n, errOut, out)
+	}
+	if !strings.Contains(out, "device host (no GPU") {
+		t.Errorf("the table's header lost the device note:\n%s", out)
 	}
 }

@@ -53,7 +53,7 @@ func TestNightlyScript(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "points,") || !strings.Contains(out, "host timing") {
 		t.Fatalf("second night: exit %d\n%s", code, out)
 	}
-	hist, err := results.ReadFile(filepath.Join(night, "history.jsonl"))
+	hist, err := results.ReadFile(filepath.Join(night, "history.jsonl"), nil)
 	if err != nil || len(hist) != 4 {
 		t.Errorf("history: %d records, %v", len(hist), err)
 	}
@@ -66,14 +66,14 @@ func TestNightlyScript(t *testing.T) {
 	host, _ := os.Hostname()
 	host, _, _ = strings.Cut(host, ".")
 	baseline := filepath.Join(night, "baseline-"+host+".jsonl")
-	recs, err := results.ReadFile(baseline)
+	recs, err := results.ReadFile(baseline, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	os.Remove(baseline)
 	for i := range recs {
 		recs[i].Stack.CPU = "Another CPU"
-		if err := results.Append(baseline, &recs[i]); err != nil {
+		if _, err := results.Append(baseline, &recs[i]); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -35,7 +35,7 @@ func report(args []string, stdout, stderr io.Writer) int {
 	if !ok {
 		return usageError(stderr, fmt.Errorf("--format=%s: allowed: %s", *format, strings.Join(results.ReportFormats, ", ")))
 	}
-	recs, err := readAll(fs.Args())
+	recs, err := readAll(fs.Args(), stderr)
 	if err != nil {
 		return usageError(stderr, err)
 	}
@@ -50,11 +50,11 @@ func report(args []string, stdout, stderr io.Writer) int {
 	return exitOK
 }
 
-// readAll reads every record of every file, strictly.
-func readAll(files []string) ([]results.Record, error) {
+// readAll reads every record of every file, strictly; warnings go to stderr.
+func readAll(files []string, stderr io.Writer) ([]results.Record, error) {
 	var all []results.Record
 	for _, f := range files {
-		recs, err := results.ReadFile(f)
+		recs, err := results.ReadFile(f, warnTo(stderr))
 		if err != nil {
 			return nil, err
 		}

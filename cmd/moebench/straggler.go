@@ -99,6 +99,9 @@ func straggler(args []string, stdout, stderr io.Writer) int {
 			return usageError(stderr, fmt.Errorf("--%s=%d: must be ≥ 1", c.flag, c.v))
 		}
 	}
+	if err := stragglerBounds(ep, experts, tokens, hidden, ffn, steps); err != nil {
+		return usageError(stderr, err)
+	}
 	t := balance.Topology{Ranks: ep, Experts: experts, Domain: domain}
 	switch {
 	case experts%ep != 0:
@@ -139,7 +142,7 @@ func straggler(args []string, stdout, stderr io.Writer) int {
 		m.GEMMRate, m.RateSource = tflops*1e12, fmt.Sprintf("%g TFLOP/s (--gemm-tflops), 3.35 TB/s HBM", tflops)
 	}
 	if rateFile != "" {
-		rate, src, err := measuredRate(rateFile)
+		rate, src, err := measuredRate(rateFile, stderr)
 		if err != nil {
 			return usageError(stderr, fmt.Errorf("--gemm-rate-from=%s: %v", rateFile, err))
 		}
@@ -216,9 +219,28 @@ func straggler(args []string, stdout, stderr io.Writer) int {
 	return exitOK
 }
 
+// stragglerBounds refuses sizes the simulation cannot hold in memory (the
+// steps' expert loads, per-rank tables of the experts) or count in int.
+func stragglerBounds(ep, experts, tokens, hidden, ffn, steps int) error {
+	const maxDim, maxSteps, maxCells = 1 << 20, 1_000_000, 1 << 26
+	for _, c := range []struct {
+		flag   string
+		v, max int
+		why    string
+	}{{"ep", ep, 1 << 16, ""}, {"experts", experts, maxDim, ""}, {"tokens", tokens, maxDim, ""}, {"hidden", hidden, maxDim, ""},
+		{"ffn", ffn, maxDim, ""}, {"steps", steps, maxSteps, ""},
+		{"experts", experts, maxCells / ep, fmt.Sprintf(" with --ep %d (experts × ranks ≤ %d)", ep, maxCells)},
+		{"steps", steps, maxCells / experts, fmt.Sprintf(" with %d experts (steps × experts ≤ %d: each step's loads are kept)", experts, maxCells)}} {
+		if c.v > c.max {
+			return fmt.Errorf("--%s=%d: must be ≤ %d%s", c.flag, c.v, c.max, c.why)
+		}
+	}
+	return nil
+}
+
 // measuredRate is the best expert-GEMM rate among a file's ok records.
-func measuredRate(path string) (float64, string, error) {
-	recs, err := results.ReadFile(path)
+func measuredRate(path string, stderr io.Writer) (float64, string, error) {
+	recs, err := results.ReadFile(path, warnTo(stderr))
 	if err != nil {
 		return 0, "", err
 	}

@@ -57,6 +57,28 @@ func TestStragglerTrace(t *testing.T) {
 	}
 }
 
+// TestStragglerBounds: sizes the simulation cannot hold in memory or count
+// in int are refused up front, naming the limit.
+func TestStragglerBounds(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--experts", "2000000000"}, "--experts=2000000000: must be ≤ 1048576"},
+		{[]string{"--steps", "2000000000"}, "--steps=2000000000: must be ≤ 1000000"},
+		{[]string{"--tokens", "4611686018427387904"}, "--tokens=4611686018427387904: must be ≤ 1048576"},
+		{[]string{"--tokens", "9223372036854775807"}, "--tokens=9223372036854775807: must be ≤ 1048576"},
+		{[]string{"--ep", "131072", "--experts", "131072"}, "--ep=131072: must be ≤ 65536"},
+		{[]string{"--ep", "16384", "--experts", "16384"}, "--experts=16384: must be ≤ 4096 with --ep 16384"},
+		{[]string{"--experts", "1048576", "--steps", "1000"}, "--steps=1000: must be ≤ 64 with 1048576 experts"},
+	} {
+		code, out, errOut := cli(append([]string{"straggler"}, c.args...)...)
+		if code != exitUsage || !strings.Contains(errOut, c.want) || out != "" {
+			t.Errorf("%v: exit %d, stderr %q; want exit 2 and %q", c.args, code, errOut, c.want)
+		}
+	}
+}
+
 // TestStragglerRankedAndWarned: rows come in order of effective straggler,
 // --backward adds its columns, and a setting that makes FEPLB a no-op is
 // warned about on stderr and recorded under the table.

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -32,6 +33,12 @@ func sweepFlags(o *options, so *sweepOptions) *pflag.FlagSet {
 	d := harness.DefaultConfig()
 	fs := pflag.NewFlagSet("moebench sweep", pflag.ContinueOnError)
 	fs.SortFlags = false
+	fs.SetNormalizeFunc(func(_ *pflag.FlagSet, name string) pflag.NormalizedName {
+		if list, ok := sweepSingular[name]; ok {
+			return pflag.NormalizedName(list)
+		}
+		return pflag.NormalizedName(name)
+	})
 	fs.StringSliceVar(&so.dispatchers, "dispatchers", []string{d.Dispatcher}, "dispatchers, comma-separated: "+strings.Join(dispatchers.Names(), ","))
 	fs.StringSliceVar(&so.impls, "impls", []string{d.Impl}, "implementations: native,library")
 	fs.IntSliceVar(&so.sms, "sms", []int{0}, "SM budgets; used only by SM-driven dispatchers (deepep, hybridep; others run once, with 0)")
@@ -47,10 +54,34 @@ func sweepFlags(o *options, so *sweepOptions) *pflag.FlagSet {
 	return fs
 }
 
+// sweepSingular are the run command's spellings of sweep's list flags, which
+// sweep accepts as the same flags.
+var sweepSingular = map[string]string{"dispatcher": "dispatchers", "impl": "impls", "preset": "presets", "routing": "routings"}
+
+// checkLists refuses an empty list of dispatchers, implementations, presets
+// or routings (as --presets "" gives), which would leave no point.
+func (so sweepOptions) checkLists() error {
+	for _, l := range []struct {
+		flag    string
+		v       []string
+		allowed []string
+	}{{"dispatchers", so.dispatchers, dispatchers.Names()}, {"impls", so.impls, []string{"native", "library"}},
+		{"presets", so.presets, harness.PresetNames()}, {"routings", so.routings, []string{"balanced", "uniform", "skewed:ALPHA", "trace:FILE", "natural"}}} {
+		if len(l.v) == 0 {
+			return &harness.ConfigError{Flag: l.flag, Value: `""`, Allowed: "empty list; give one or more of: " + strings.Join(l.allowed, ", ")}
+		}
+	}
+	return nil
+}
+
 const sweepHelp = `moebench sweep runs a matrix of dispatchers × implementations × --sms × EP sizes
 × GPU counts × presets × routings and appends one record per point to --out. A failing or
 unavailable point is recorded with its reason and the sweep goes on; Ctrl-C stops
 after the current point (twice: at once), leaving the file valid.
+
+The list flags also take the run command's spellings (--dispatcher, --impl,
+--preset, --routing), and a --file holds the same flags as JSON keys: each
+key acts exactly as the flag (validation included); the command line wins.
 
 Usage:
   moebench sweep --out FILE [flags]`
@@ -70,12 +101,18 @@ func sweep(args []string, stdout, stderr io.Writer) int {
 			return usageError(stderr, err)
 		}
 	}
+	if err := so.checkLists(); err != nil {
+		return usageError(stderr, err)
+	}
+	if err := feplbOnly(fs, so.dispatchers); err != nil {
+		return usageError(stderr, err)
+	}
 	useLibDirs(o.cudaLibs)
 	if o.out == "" {
 		return usageError(stderr, errors.New("sweep: --out FILE is required"))
 	}
 	o.format = "table"
-	if err := o.checkOutputs(); err != nil {
+	if err := o.checkOutputs(stderr); err != nil {
 		return usageError(stderr, err)
 	}
 	points, err := expand(fs, o, so)
@@ -121,7 +158,7 @@ func sweep(args []string, stdout, stderr io.Writer) int {
 	record := func(rec *results.Record) error {
 		appendMu.Lock()
 		defer appendMu.Unlock()
-		return results.Append(o.out, rec)
+		return appendRecord(o.out, rec, stderr)
 	}
 	progress := func(ev harness.SweepEvent) {
 		c := ev.Config
@@ -138,6 +175,9 @@ func sweep(args []string, stdout, stderr io.Writer) int {
 			c.Preset, c.Routing, status)
 		if status == results.StatusOK {
 			line += fmt.Sprintf(" (step p50 %.3f ms)", ev.Record.Timing.Step.P50)
+			if s := ev.Record.Timing.Stopped; s != "" {
+				line += " — " + s
+			}
 		} else if ev.Err != nil {
 			line += " — " + ev.Err.Error()
 		}
@@ -146,6 +186,11 @@ func sweep(args []string, stdout, stderr io.Writer) int {
 		}
 		fmt.Fprintln(stderr, line)
 	}
+	var most int64
+	for _, p := range points {
+		most = max(most, harness.HostBytes(p))
+	}
+	defer limitMemory(most)()
 	done, err := harness.Sweep(points, harness.Env{Version: version(), DeviceNote: note, Progress: stderr}, stop, record, progress)
 	fmt.Fprintf(stderr, "moebench sweep: %d of %d points: %d ok, %d unavailable, %d failed → %s\n", done, len(points),
 		counts[results.StatusOK], counts[results.StatusUnavailable], counts[results.StatusFailed], o.out)
@@ -161,54 +206,96 @@ func sweep(args []string, stdout, stderr io.Writer) int {
 	return exitOK
 }
 
+// maxSweepFile is the largest sweep file read.
+const maxSweepFile = 1 << 20
+
 // applySweepFile sets every flag named in the JSON file that the command line
-// did not set.
+// did not set, exactly as if it had been given there: through the flag set
+// (so the same parsing, the same "given" mark, and the same validation).
 func applySweepFile(fs *pflag.FlagSet, path string) error {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return &harness.ConfigError{Flag: "file", Value: path, Allowed: err.Error()}
+	bad := func(format string, a ...any) error {
+		return &harness.ConfigError{Flag: "file", Value: path, Allowed: fmt.Sprintf(format, a...)}
 	}
+	f, err := os.Open(path)
+	if err != nil {
+		return bad("%v", err)
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, maxSweepFile+1))
+	if err != nil {
+		return bad("%v", err)
+	}
+	if len(b) > maxSweepFile {
+		return bad("larger than %d bytes; a sweep file is a small JSON object", maxSweepFile)
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.UseNumber() // numbers keep their spelling: 1000000, not 1e+06
 	var m map[string]any
-	if err := json.Unmarshal(b, &m); err != nil {
-		return &harness.ConfigError{Flag: "file", Value: path, Allowed: "not a JSON object: " + err.Error()}
+	if err := dec.Decode(&m); err != nil || m == nil || dec.More() {
+		if err == nil {
+			err = errors.New("null or trailing data")
+		}
+		return bad("want one JSON object whose keys are flag names, e.g. {\"presets\": [\"tiny\"]}: %v", err)
 	}
 	keys := make([]string, 0, len(m))
 	for k := range m {
 		keys = append(keys, k)
 	}
 	sort.Strings(keys)
+	fromFile := map[string]string{} // flag name → the key that set it
 	for _, k := range keys {
-		f := fs.Lookup(k)
-		if f == nil || k == "file" {
+		fl := fs.Lookup(k)
+		if fl == nil || fl.Name == "file" {
 			var names []string
 			fs.VisitAll(func(f *pflag.Flag) {
 				if f.Name != "file" {
 					names = append(names, f.Name)
 				}
 			})
-			return &harness.ConfigError{Flag: "file", Value: path, Allowed: fmt.Sprintf("unknown key %q (keys are flag names: %s)", k, strings.Join(names, ", "))}
+			return bad("unknown key %q (keys are flag names: %s)", k, strings.Join(names, ", "))
 		}
-		if f.Changed {
+		if other, ok := fromFile[fl.Name]; ok {
+			return bad("keys %q and %q both set --%s", other, k, fl.Name)
+		}
+		fromFile[fl.Name] = k
+		if fl.Changed { // given on the command line, which wins
 			continue
 		}
-		var val string
-		switch v := m[k].(type) {
-		case []any:
-			parts := make([]string, len(v))
-			for i, x := range v {
-				parts[i] = fmt.Sprint(x)
-			}
-			val = strings.Join(parts, ",")
-		case float64, string, bool:
-			val = fmt.Sprint(v)
-		default:
-			return &harness.ConfigError{Flag: "file", Value: path, Allowed: fmt.Sprintf("key %q: want a string, number, boolean or list", k)}
+		val, err := flagValue(m[k], strings.HasSuffix(fl.Value.Type(), "Slice"))
+		if err != nil {
+			return bad("key %q: %v", k, err)
 		}
-		if err := f.Value.Set(val); err != nil {
-			return &harness.ConfigError{Flag: "file", Value: path, Allowed: fmt.Sprintf("key %q: %v", k, err)}
+		if err := fs.Set(fl.Name, val); err != nil {
+			return bad("key %q: %v", k, err)
 		}
 	}
 	return nil
+}
+
+// flagValue spells a sweep file's value as the command line would: a
+// string, number or boolean as itself, a list (for list flags) joined by
+// commas.
+func flagValue(v any, list bool) (string, error) {
+	items, isList := v.([]any)
+	if !isList {
+		items = []any{v}
+	}
+	switch {
+	case isList && !list:
+		return "", errors.New("takes one value, not a list")
+	case isList && len(items) == 0:
+		return "", errors.New("empty list; give one or more values")
+	}
+	parts := make([]string, len(items))
+	for i, x := range items {
+		switch x := x.(type) {
+		case json.Number, string, bool:
+			parts[i] = fmt.Sprint(x)
+		default:
+			return "", errors.New("want a string, number, boolean or a list of them")
+		}
+	}
+	return strings.Join(parts, ","), nil
 }
 
 // expand builds and validates every point of the matrix; a bad point stops

@@ -39,7 +39,7 @@ func TestSweepContinuesAfterFailure(t *testing.T) {
 	if code != exitRuntime { // a point failed
 		t.Fatalf("exit %d, want 1: %s", code, stderr)
 	}
-	recs, err := results.ReadFile(out)
+	recs, err := results.ReadFile(out, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -69,12 +69,12 @@ func TestSweepFileAndValidation(t *testing.T) {
 	out := filepath.Join(dir, "s.jsonl")
 	// the command line wins over the file: --ep 2 only
 	code, _, stderr := cli("sweep", "--file", file, "--out", out, "--ep", "2")
-	recs, err := results.ReadFile(out)
+	recs, err := results.ReadFile(out, nil)
 	if code != exitOK || err != nil || len(recs) != 2 || recs[0].Config.EP != 2 || recs[1].Config.Routing != "skewed:1" {
 		t.Fatalf("exit %d, %d records, %v: %s", code, len(recs), err, stderr)
 	}
-	os.WriteFile(file, []byte(`{"dispatcher": "alltoall"}`), 0o644)
-	if code, _, e := cli("sweep", "--file", file, "--out", out); code != exitUsage || !strings.Contains(e, `unknown key "dispatcher"`) {
+	os.WriteFile(file, []byte(`{"dispatchers": ["alltoall"], "dispatcherz": "alltoall"}`), 0o644)
+	if code, _, e := cli("sweep", "--file", file, "--out", out); code != exitUsage || !strings.Contains(e, `unknown key "dispatcherz"`) {
 		t.Errorf("unknown key: exit %d, %s", code, e)
 	}
 	// a bad point is refused before anything runs
@@ -111,7 +111,7 @@ func TestSweepInterrupt(t *testing.T) {
 	if !errors.As(err, &ee) || ee.ExitCode() != 130 {
 		t.Fatalf("exit: %v, want 130\n%s", err, strings.Join(lines, "\n"))
 	}
-	recs, err := results.ReadFile(out)
+	recs, err := results.ReadFile(out, nil)
 	if err != nil || len(recs) < 1 || len(recs) >= 15 {
 		t.Fatalf("after interrupt: %d records, %v", len(recs), err)
 	}
@@ -128,7 +128,7 @@ func TestCompareCLI(t *testing.T) {
 	}
 	// controlled samples (1% ripple) so that the test proves the CLI path;
 	// the decision itself is tested on synthetic data in package results
-	recs, _ := results.ReadFile(base)
+	recs, _ := results.ReadFile(base, nil)
 	withSamples := func(scale float64, device string) results.Record {
 		r := recs[0]
 		tm := *r.Timing
@@ -143,7 +143,7 @@ func TestCompareCLI(t *testing.T) {
 	write := func(name string, rs ...results.Record) string {
 		f := filepath.Join(dir, name)
 		for i := range rs {
-			if err := results.Append(f, &rs[i]); err != nil {
+			if _, err := results.Append(f, &rs[i]); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -255,7 +255,7 @@ func TestSweepGPUs(t *testing.T) {
 	out := filepath.Join(t.TempDir(), "s.jsonl")
 	quick := append([]string{}, sweepQuick[2:]...) // without --device host
 	code, _, stderr := cli(append([]string{"sweep", "--out", out, "--ep", "1,2", "--gpus", "0,2"}, quick...)...)
-	recs, err := results.ReadFile(out)
+	recs, err := results.ReadFile(out, nil)
 	if code != exitOK || err != nil || len(recs) != 2 || recs[0].Config.GPUs != 0 || recs[1].Config.EP != 2 ||
 		!strings.Contains(stderr, "2 points on the host device") || !strings.Contains(stderr, "--gpus does not apply: 1 point(s) that differed only in it left out") {
 		t.Fatalf("exit %d, %d records, %v: %s", code, len(recs), err, stderr)

@@ -4,8 +4,10 @@
 // logits and take the softmax over the k chosen; sigmoid routers select on
 // sigmoid(logit) + bias and take the chosen unbiased sigmoids, renormalised
 // when k > 1; group-limited routing keeps the MB_GROUP_TOPK groups whose top
-// MB_TOPK/MB_GROUP_TOPK scores sum highest. Probabilities are scaled by
-// MB_SCALE. Ties go to the lower expert index (and the lower group). Outputs
+// MB_TOPK/MB_GROUP_TOPK scores sum highest. With MB_PRE_SOFTMAX (softmax
+// routers; Megatron's pre_softmax) the softmax over all experts comes first:
+// the selection scores are its values and each choice keeps its value, not
+// renormalised. Probabilities are scaled by MB_SCALE. Ties go to the lower expert index (and the lower group). Outputs
 // idx [T, K] int32 (in descending selection score) and probs [T, K] fp32.
 //
 // Each pick is a warp-wide argmax of 32-bit keys that order as the scores
@@ -17,8 +19,8 @@
 // Lane k keeps the k-th choice (MB_TOPK ≤ 32), so the probabilities are
 // computed and stored by the first MB_TOPK lanes at once.
 //
-// -D: MB_EXPERTS, MB_TOPK, MB_SIGMOID (0/1), MB_GROUPS (0 or 1 = off),
-//     MB_GROUP_TOPK, MB_SCALE (float literal)
+// -D: MB_EXPERTS, MB_TOPK, MB_SIGMOID (0/1), MB_PRE_SOFTMAX (0/1),
+//     MB_GROUPS (0 or 1 = off), MB_GROUP_TOPK, MB_SCALE (float literal)
 #include "moebench.cuh"
 
 #define MB_PER_LANE ((MB_EXPERTS + 31) / 32)
@@ -69,6 +71,23 @@ extern "C" __global__ void router_topk(const float *logits, const float *bias, i
             key[i] = score_key(s);
         }
     }
+#if MB_PRE_SOFTMAX
+    // the row's largest logit and the softmax's denominator, in every lane
+    float mx = -3.402823466e38f, den = 0.f;
+#pragma unroll
+    for (int i = 0; i < MB_PER_LANE; i++)
+        if (lane + 32 * i < MB_EXPERTS) mx = fmaxf(mx, logit[i]);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(MB_FULL_MASK, mx, o));
+#pragma unroll
+    for (int i = 0; i < MB_PER_LANE; i++)
+        if (lane + 32 * i < MB_EXPERTS) den += expf(logit[i] - mx);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) den += __shfl_xor_sync(MB_FULL_MASK, den, o);
+#pragma unroll
+    for (int i = 0; i < MB_PER_LANE; i++)
+        if (lane + 32 * i < MB_EXPERTS) key[i] = score_key(expf(logit[i] - mx) / den);
+#endif
 #if MB_GROUPS > 1
     {
         const int per = MB_EXPERTS / MB_GROUPS;
@@ -134,6 +153,8 @@ extern "C" __global__ void router_topk(const float *logits, const float *bias, i
     const bool chooser = lane < MB_TOPK;
 #if MB_SIGMOID
     float p = chooser ? 1.f / (1.f + expf(-myLogit)) : 0.f;
+#elif MB_PRE_SOFTMAX
+    float p = chooser ? expf(myLogit - mx) / den : 0.f;
 #else
     const float first = __shfl_sync(MB_FULL_MASK, myLogit, 0); // every lane: the first choice's, the largest logit
     float p = chooser ? expf(myLogit - first) : 0.f;
@@ -141,7 +162,7 @@ extern "C" __global__ void router_topk(const float *logits, const float *bias, i
     float sum = p;
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(MB_FULL_MASK, sum, o);
-    if (MB_SIGMOID && MB_TOPK == 1) sum = 1.f;
+    if ((MB_SIGMOID && MB_TOPK == 1) || MB_PRE_SOFTMAX) sum = 1.f; // not renormalised
     if (chooser) {
         idx[(long)t * MB_TOPK + lane] = mine;
         probs[(long)t * MB_TOPK + lane] = p / sum * (float)(MB_SCALE);

@@ -1,0 +1,39 @@
+package harness
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestMaxSeconds: a time budget stops a run of many iterations cleanly on
+// both devices and with a rebalancing dispatcher: the record holds the
+// iterations timed and says that --max-seconds stopped it.
+func TestMaxSeconds(t *testing.T) {
+	for name, c := range map[string]Config{"host": small(), "host-feplb": feplbCase(), "device": small(), "device-feplb": feplbCase()} {
+		c.Warmup, c.Iters, c.MaxSeconds, c.Check = 5, MaxIters, 0.3, false
+		env := Env{Version: "test"}
+		c.Device = "host"
+		if strings.HasPrefix(name, "device") {
+			c.Device, env.OpenDevices = "cuda", emus(1)
+		}
+		start := time.Now()
+		rec, err := Run(c, env)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		tm := rec.Timing
+		if took := time.Since(start); took > 30*time.Second {
+			t.Errorf("%s: a 0.3 s budget took %v", name, took)
+		}
+		if tm.Iters < 1 || tm.Iters >= MaxIters || len(tm.Step.Samples) != tm.Iters || rec.Config.Iters != MaxIters ||
+			!strings.Contains(tm.Stopped, "stopped by --max-seconds 0.3 after") {
+			t.Errorf("%s: %d iterations timed, %d samples, config iters %d, stopped %q", name, tm.Iters, len(tm.Step.Samples), rec.Config.Iters, tm.Stopped)
+		}
+	}
+	c := small()
+	rec, err := Run(c, Env{Version: "test"})
+	if err != nil || rec.Timing.Stopped != "" || rec.Timing.Iters != c.Iters {
+		t.Errorf("without a budget: %v, %+v", err, rec.Timing)
+	}
+}

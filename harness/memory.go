@@ -1,0 +1,134 @@
+package harness
+
+import (
+	"fmt"
+	"runtime"
+	"strings"
+)
+
+// The host memory of a run: what it holds at its peak, estimated before it
+// starts (HostBytes), so that a layer that does not fit is refused with the
+// reason instead of dying half-way, and so that the command can bound Go's
+// heap to it (debug.SetMemoryLimit): without a bound, Go lets garbage grow
+// to the live heap's size again before it collects.
+
+// refBlock is how many rows of one expert the float64 reference computes at
+// once; refWeightBudget bounds the widened weights of the experts it
+// computes at once (see refWorkers).
+const (
+	refBlock        = 1024
+	refWeightBudget = 1 << 30
+)
+
+// refWorkers is how many experts the float64 reference computes at once:
+// one per CPU, as many as refWeightBudget holds (each widens its expert's
+// weights to float64, and draws them first on the cuda device), at least 1.
+func refWorkers(c Config) int {
+	perWorker := 12 * 3 * float64(c.Hidden) * float64(c.FFN)
+	return max(1, min(runtime.GOMAXPROCS(0), c.Experts, int(refWeightBudget/perWorker)))
+}
+
+// memPart is one part of a run's host memory, in bytes.
+type memPart struct {
+	name  string
+	bytes float64
+}
+
+// memRuntime is what the process holds besides the run's data: the binary,
+// the libraries it opened, Go's runtime and the goroutines' stacks.
+const memRuntime = 64 << 20
+
+// memParts estimates the host memory a run of c holds at its peak, by part.
+// It counts worst cases where the routing decides (one expert may receive
+// every token) only for per-expert buffers bounded by refBlock.
+func memParts(c Config) []memPart {
+	T, h, f, E, k := float64(c.Tokens), float64(c.Hidden), float64(c.FFN), float64(c.Experts), float64(c.TopK)
+	ep, fs, L := float64(c.EP), float64(c.FFN*c.SharedExperts), float64(c.Experts/c.EP)
+	copies := ep * T * k // token copies routed per step, all ranks
+	host := c.Device == "host"
+
+	// inputs, routing, logits and outputs of every rank (the cuda device's
+	// host twin holds them too): x, logit override and logits, idx and
+	// probs, output, shared expert's output and intermediates
+	layer := ep * (4*T*h + 8*T*E + 8*T*k + 4*T*h + 4*T*h + 4*T*3*fs)
+	layer += 4*E*h + 4*E + 4*3*h*fs // router weight and bias, shared expert
+	var parts []memPart
+	if host {
+		parts = append(parts, memPart{"expert weights (float32)", 4 * 3 * E * h * f})
+		// each rank's expert input, output and probabilities, and the
+		// intermediates of its largest expert (≤ its rows); the other
+		// expert workers' intermediates, a block of rows each
+		layer += copies*(8*h+4+4*3*f) + float64(runtime.GOMAXPROCS(0)-1)*min(expertBlock, copies)*4*3*f
+		// the dispatcher, and a second one for the round-trip check: the
+		// permuted and received copies both ways, per-expert counts of each
+		// rank, and per rank pair the chunk sizes and offsets
+		disp := copies*(16*h+16) + 8*ep*E + ep*ep*(2*(24+8*L)+8)
+		disp = 2*disp + copies*(8*h+4) + ep*T*(4*h+4*k) // the round trip's own ranks
+		if c.Dispatcher == "hybridep" {                 // each rank's copy of the global routing map and its dense-to-expert map
+			disp += ep*ep*T*E + 4*ep*T*E
+		}
+		if c.Dispatcher == "feplb" { // the helpers' weight copies and received rows
+			domain := float64(c.Domain)
+			if c.Domain == 0 {
+				domain = ep
+			}
+			// each dynamic expert's chunks go to other ranks of its domain,
+			// each chunk at least balance's MinChunk (32) copies
+			chunks := min(ep*float64(c.FeplbDyn)*(domain-1), copies/32)
+			disp += chunks*4*3*h*f + copies*(4*h+4)
+		}
+		parts = append(parts, memPart{"dispatchers", disp})
+	}
+	parts = append(parts, memPart{"layer inputs, routing and outputs", layer})
+	if c.Check {
+		w := float64(refWorkers(c))
+		Ts := T // the tokens it computes: on the cuda device a sample
+		if !host {
+			Ts = float64(sampledTokens(c))
+		}
+		ref := ep*T*k*8 + ep*Ts*(k*(24+8*h)+8*h) + 8*E*h // probabilities, copies by expert and their outputs, the output; router weight
+		ref += w * (12*3*h*f + refBlock*(8*h+8+8*3*f))   // each worker's expert weights (drawn and widened) and a block of rows
+		ref += 8*3*h*fs + Ts*(16*h+8*3*fs)               // the shared expert, one rank at a time
+		parts = append(parts, memPart{"float64 reference", ref})
+	}
+	// the router's and the reference's per-token buffers of expert scores
+	// are garbage at once, but a collection cycle may still hold them
+	parts = append(parts, memPart{"garbage of the router and the reference", 40 * ep * T * E})
+	phases := 12.0 // at most; each kept per rank and iteration, twice for a rebalancing dispatcher
+	parts = append(parts, memPart{"timings", 2 * phases * ep * float64(c.Warmup+c.Iters) * 8 * 2})
+	return append(parts, memPart{"runtime", memRuntime})
+}
+
+// HostBytes is the host memory a run of c holds at its peak (estimated).
+func HostBytes(c Config) int64 {
+	var n float64
+	for _, p := range memParts(c) {
+		n += p.bytes
+	}
+	return int64(1.1 * n) // Go's own overhead: span and size-class rounding, GC metadata
+}
+
+// checkHostMemory refuses a run that would not fit in the memory the
+// system reports as available (MemAvailable), naming its largest parts.
+func checkHostMemory(cfg Config) error {
+	need := float64(HostBytes(cfg))
+	avail, ok := memAvailable()
+	if !ok || need <= 0.9*avail {
+		return nil
+	}
+	var parts []string
+	for _, p := range memParts(cfg) {
+		if p.bytes >= 0.05*need {
+			parts = append(parts, fmt.Sprintf("%s %.1f GiB", p.name, p.bytes/(1<<30)))
+		}
+	}
+	hint := "a smaller --tokens, --experts or --ep"
+	if cfg.Device == "host" {
+		hint += ", or --device cuda (whose host side holds no expert weights)"
+	}
+	return fmt.Errorf("%s device: this layer needs about %.1f GiB of host memory (%s), %.1f GiB is available; use %s",
+		cfg.Device, need/(1<<30), strings.Join(parts, ", "), avail/(1<<30), hint)
+}
+
+// memAvailable is the memory the system can give (a variable for tests).
+var memAvailable = func() (float64, bool) { return meminfo("MemAvailable:") }
