@@ -13,7 +13,7 @@ import (
 
 // csvText are the CSV columns that hold text; every other one holds a
 // number or nothing.
-var csvText = []string{"stack_summary", "preset", "score", "routing", "device", "dispatcher", "impl", "status", "reason", "timing_note", "step_is",
+var csvText = []string{"stack_summary", "preset", "score", "routing", "device", "dispatcher", "impl", "status", "reason", "timing_note", "stopped", "step_is",
 	"sm_util_note", "checked", "check_passed", "rebalance_policy", "rebalance_copies_exposed_note"}
 
 func readCSV(t *testing.T, s string) (head []string, rows []map[string]string) {
@@ -125,9 +125,10 @@ func TestReportTimeUnits(t *testing.T) {
 }
 
 // TestReportSteps: the slowest rank's step and the lockstep bound are both
-// shown, the key says which one the speedup uses on each device, and host
-// groups carry the caveat that their times are not performance (the
-// speedup's header marked); GPU groups do not.
+// shown, the key says which one the speedup uses on each device (and why
+// an "n/m" was not measured), and host groups carry the caveat that their
+// times are not performance (the speedup's header marked); GPU groups do
+// not.
 func TestReportSteps(t *testing.T) {
 	host := browserRecords()[:2] // alltoall, deepep 8
 	gpu := onCUDA(browserRecords()[:2]...)
@@ -155,7 +156,8 @@ func TestReportSteps(t *testing.T) {
 		}
 		out := strings.ReplaceAll(b.String(), "<wbr>", "")
 		for _, w := range []string{"rank_step_p50_ms", "lockstep_p50_ms", "the step being lockstep on the host device", "rank_step on a GPU",
-			"speedup_vs_alltoall" + hostMark, "not a performance measurement", f3(host[0].Timing.SlowestRank.P50), f3(host[0].Timing.Lockstep.P50)} {
+			"speedup_vs_alltoall" + hostMark, "not a performance measurement", f3(host[0].Timing.SlowestRank.P50), f3(host[0].Timing.Lockstep.P50),
+			"n/m in sm_util_%: not measured on the host device"} {
 			if !strings.Contains(out, w) {
 				t.Errorf("%s lacks %q", f, w)
 			}

@@ -122,7 +122,7 @@ var csvHead = []csvField{
 	{"experts", func(_ *Group, r Row) string { return strconv.Itoa(r.Rec.Config.Experts) }},
 	{"topk", func(_ *Group, r Row) string { return strconv.Itoa(r.Rec.Config.TopK) }},
 	{"shared_experts", func(_ *Group, r Row) string { return strconv.Itoa(r.Rec.Config.SharedExperts) }},
-	{"score", func(_ *Group, r Row) string { return r.Rec.Config.Score }},
+	{"score", func(_ *Group, r Row) string { return r.Rec.Config.ScoreName() }},
 	{"ep", func(_ *Group, r Row) string { return strconv.Itoa(r.Rec.Config.EP) }},
 	{"routing", func(_ *Group, r Row) string { return r.Rec.Config.Routing }},
 	{"seed", func(_ *Group, r Row) string { return strconv.FormatUint(r.Rec.Config.Seed, 10) }},
@@ -134,6 +134,12 @@ var csvHead = []csvField{
 	{"status", func(_ *Group, r Row) string { return r.Rec.Status }},
 	{"reason", func(_ *Group, r Row) string { return r.Rec.Reason }},
 	{"records", func(_ *Group, r Row) string { return strconv.Itoa(r.Runs) }},
+	{"stopped", func(_ *Group, r Row) string {
+		if t := r.Rec.Timing; t != nil {
+			return t.Stopped
+		}
+		return ""
+	}},
 	{"timing_note", func(_ *Group, r Row) string {
 		if r.Rec.Config.Device == "host" {
 			return "host device: wall clock of Go code, ranks one after another; not a performance measurement"

@@ -13,7 +13,7 @@ var ReportFormats = []string{"table", "markdown", "csv", "html"}
 // Row is one dispatcher × settings in a report group.
 type Row struct {
 	Rec     *Record
-	Speedup float64 // alltoall step p50 / this step p50; 0 when either is not ok
+	Speedup float64 // alltoall's step p50 / this row's (the records' Step: StepIs says which); 0 when either is not ok
 	Runs    int     // records of this point; the last is shown
 }
 
@@ -95,13 +95,17 @@ func (g Group) Title() string {
 	return s + fmt.Sprintf(" · EP %d · routing %s · seed %d · device %s · stack #%d", c.EP, c.Routing, c.Seed, c.Device, g.StackNo)
 }
 
-// notes are the reasons of failed and unavailable rows, and repeated runs.
+// notes are the reasons of failed and unavailable rows, of runs stopped
+// early, and repeated runs.
 func (g Group) notes() []string {
 	var n []string
 	for _, r := range g.Rows {
 		c := r.Rec.Config
 		if r.Rec.Status != StatusOK {
 			n = append(n, fmt.Sprintf("%s/%s sms=%d %s: %s", c.Dispatcher, c.Impl, c.SMs, r.Rec.Status, r.Rec.Reason))
+		}
+		if t := r.Rec.Timing; t != nil && t.Stopped != "" {
+			n = append(n, fmt.Sprintf("%s/%s sms=%d: %s", c.Dispatcher, c.Impl, c.SMs, t.Stopped))
 		}
 		if r.Runs > 1 {
 			n = append(n, fmt.Sprintf("%s/%s sms=%d: %d records, the last shown", c.Dispatcher, c.Impl, c.SMs, r.Runs))
