@@ -209,11 +209,12 @@ func (l *Layer) route(r int) error {
 const expertBlock = 256
 
 // experts runs each segment's expert on its rows: fc1 → SwiGLU × prob → fc2.
-// Segments own disjoint rows, so their blocks of rows run in parallel on up
-// to GOMAXPROCS goroutines (each its own scratch), with the same results as
-// one after another: a small expert's GEMMs are too small to split their
-// rows (kernels.MatMulNT), and a layer has many. Segments that share rows
-// (none of the dispatchers makes such) run one after another.
+// A block whose GEMMs split their rows across the cores (kernels.SplitWork)
+// runs alone, so that the cores share its weights' loads; the smaller ones,
+// which would each run on one core, run in parallel on up to GOMAXPROCS
+// goroutines (each its own scratch) — segments own disjoint rows, so the
+// results are the same as one after another. Segments that share rows (none
+// of the dispatchers makes such) run one after another.
 func (l *Layer) experts(r int) error {
 	rk, run, c := l.Ranks[r], &l.run[r], l.Cfg
 	h, f, L := c.Hidden, c.FFN, l.Shape.LocalExperts()
@@ -246,31 +247,40 @@ func (l *Layer) experts(r int) error {
 			blocks = append(blocks, block{w, sg.Start + lo, min(expertBlock, sg.Len-lo)})
 		}
 	}
-	most := 0
+	most, mostSmall := 0, 0
+	var small []block
 	for _, b := range blocks {
 		most = max(most, b.len)
+		if b.len*2*f*h < kernels.SplitWork {
+			small, mostSmall = append(small, b), max(mostSmall, b.len)
+		}
 	}
 	run.scratch = kernels.Grow(run.scratch, most*3*f)
 	forward := func(b block, scratch []float32) {
 		kernels.ExpertForward(rk.ExpertY[b.start*h:], rk.ExpertX[b.start*h:(b.start+b.len)*h], rk.ExpertProbs[b.start:b.start+b.len],
 			b.w.FC1, b.w.FC2, scratch, b.len, h, f, kernels.RoundBF16Slice)
 	}
-	workers := min(len(blocks), runtime.GOMAXPROCS(0))
+	workers := min(len(small), runtime.GOMAXPROCS(0))
 	if workers <= 1 || !disjoint(rk.Segments) {
 		for _, b := range blocks {
 			forward(b, run.scratch)
 		}
 		return nil
 	}
+	for _, b := range blocks {
+		if b.len*2*f*h >= kernels.SplitWork {
+			forward(b, run.scratch)
+		}
+	}
 	scratch := [][]float32{run.scratch} // the other workers' are shared by the ranks (they run one after another)
 	for w := 1; w < workers; w++ {
 		if len(l.scratch) < w {
 			l.scratch = append(l.scratch, nil)
 		}
-		l.scratch[w-1] = kernels.Grow(l.scratch[w-1], most*3*f)
+		l.scratch[w-1] = kernels.Grow(l.scratch[w-1], mostSmall*3*f)
 		scratch = append(scratch, l.scratch[w-1])
 	}
-	parallel(len(blocks), workers, func(w, i int) { forward(blocks[i], scratch[w]) })
+	parallel(len(small), workers, func(w, i int) { forward(small[i], scratch[w]) })
 	return nil
 }
 
