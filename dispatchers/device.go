@@ -112,6 +112,36 @@ type ClassicDevice interface {
 // between events around each rank's own call.
 type Grouper interface{ Grouped(phase string) bool }
 
+// HostWaiter is a device dispatcher one of whose phases must first wait on
+// the host for the device (alltoall's count exchange: the host needs every
+// rank's counts to size the copies). HostWait(phase) does that wait for
+// every rank; the layer calls it before it records the phase's start
+// events, so that each rank's phase is timed from its own first GPU
+// operation, and reports the wait's wall time on its own. The phase does
+// not wait again.
+type HostWaiter interface{ HostWait(phase string) error }
+
+// Graphable is a device dispatcher whose steps may be issued as CUDA
+// graphs (--cuda-graph): the layer captures the phases between its host
+// waits (WaitsBefore says where they are) and replays a capture while the
+// segment's GraphKey repeats — its GPU work depends on nothing else (for
+// alltoall after the count exchange: every rank's counts; before it:
+// nothing). A replayed segment's phases are not called: the dispatcher's
+// host state after HostWait must not depend on them (alltoall's exchange
+// runs at every HostWait). NoGraph says why a configuration cannot be, or "".
+type Graphable interface {
+	HostWaiter
+	WaitsBefore(phase string) bool
+	GraphKey(phase string) string
+	NoGraph() string
+}
+
+// Checker is a device dispatcher whose kernels can fail without failing
+// their launch (an SM-driven design's cross-rank waits, which time out):
+// CheckStep, called once every stream of a step is synchronized, returns
+// what went wrong, naming the rank, phase and wait (kernels.CommError).
+type Checker interface{ CheckStep() error }
+
 // Transporter is a device dispatcher whose data may move through a
 // library (NCCL) rather than copies: Transport names it, or is "".
 type Transporter interface{ Transport() string }

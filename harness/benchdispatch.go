@@ -26,6 +26,7 @@ type DispatchBench struct {
 	Check   string          `json:"check_note"`
 	Points  []DispatchPoint `json:"points"`
 	Routing string          `json:"routing"`
+	Ranks   string          `json:"ranks,omitempty"` // cuda: where the ranks are
 }
 
 // DispatchPoint is one dispatcher at one budget.
@@ -37,6 +38,9 @@ type DispatchPoint struct {
 	Status     string `json:"status"`
 	Reason     string `json:"reason,omitempty"`
 	RoundTrip  string `json:"round_trip,omitempty"` // "exact" in every timed iteration, or the first difference
+	// SMUse is GPM's SM utilisation over the point's timed iterations
+	// (cuda), or why it was not measured
+	SMUse string `json:"sm_use,omitempty"`
 	// p50 of each phase (the slowest rank per iteration), ms
 	Phases  []results.Phase  `json:"phases,omitempty"`
 	Traffic *results.Traffic `json:"traffic,omitempty"` // bytes and GB/s (per SM)
@@ -44,36 +48,71 @@ type DispatchPoint struct {
 
 // BenchDispatch runs the dispatch benchmark of cfg's workload for each
 // dispatcher in names at each budget in sms (a dispatcher that is not
-// SM-driven runs once). Only the host device runs it in this build.
-// A point that is unavailable or fails is recorded as such and the others
-// go on; the error is the first such point's.
+// SM-driven runs once), on the host device or the cuda device (env's
+// devices, cfg.GPUs of them; see benchDevicePoint). A point that is
+// unavailable or fails is recorded as such and the others go on; the
+// error is the first such point's.
 func BenchDispatch(cfg Config, names []string, sms []int, env Env) (*DispatchBench, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	if cfg.Device != "host" {
-		return nil, fmt.Errorf("bench dispatch: device %s: only the host device runs it in this build (no dispatcher's cuda implementation has a dispatch-only path yet; deepep's and hybridep's kernels are not built)", cfg.Device)
+		return benchDispatchDevice(cfg, names, sms, env)
 	}
 	if avail, ok := memAvailable(); ok && benchBytes(cfg) > 0.8*avail {
 		return nil, fmt.Errorf("bench dispatch: about %.1f GiB of host memory needed, %.1f GiB available; use a smaller --tokens, --hidden or --ep",
 			benchBytes(cfg)/(1<<30), avail/(1<<30))
 	}
-	l, err := newLayer(cfg, false)
+	l, b, err := benchSetup(cfg, env)
 	if err != nil {
 		return nil, err
 	}
+	b.Clock = "host wall clock (Go time.Now), each phase's slowest rank per iteration: host times are not GPU performance"
+	b.Check = "every iteration: dispatch then combine, with experts that multiply each row by its probability (powers of two summing to 1), gives each rank's input back exactly"
+	return b, b.points(cfg, names, sms, func(c Config, p DispatchPoint) (DispatchPoint, error) { return benchPoint(c, l, p) })
+}
+
+// benchDispatchDevice is BenchDispatch on the cuda device.
+func benchDispatchDevice(cfg Config, names []string, sms []int, env Env) (*DispatchBench, error) {
+	devs, err := env.devices(cfg.GPUs, cfg.EP)
+	if err != nil {
+		return nil, fmt.Errorf("bench dispatch: device %s: %w", cfg.Device, err)
+	}
+	defer closeDevices(devs)
+	l, b, err := benchSetup(cfg, env)
+	if err != nil {
+		return nil, err
+	}
+	b.Clock = "CUDA events on each rank's stream (" + devs[0].Name() + "), as the layer times its phases; each phase's slowest rank per iteration"
+	b.Check = "every iteration, outputs poisoned first: dispatch then combine, with experts that copy their rows, gives each rank k × its input exactly (inputs coarsened so that every partial sum is exact in bf16)"
+	b.Ranks = ranksNote(cfg.EP, devs, "")
+	return b, b.points(cfg, names, sms, func(c Config, p DispatchPoint) (DispatchPoint, error) { return benchDevicePoint(c, l, devs, p) })
+}
+
+// benchSetup makes the benchmark's layer (its routing drawn on the host)
+// and the result without points.
+func benchSetup(cfg Config, env Env) (*Layer, *DispatchBench, error) {
+	l, err := newLayer(cfg, false)
+	if err != nil {
+		return nil, nil, err
+	}
 	for r := range l.Ranks {
 		if err := l.route(r); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 	}
 	rec := newRecord(cfg, env)
 	b := &DispatchBench{Schema: DispatchBenchSchema, Time: rec.Time, Config: rec.Config, Stack: rec.Stack,
-		Clock:   "host wall clock (Go time.Now), each phase's slowest rank per iteration: host times are not GPU performance",
 		Bytes:   "each design's own convention (DeepEP's test_intranode and HybridEP's test_hybrid_ep: tokens received × hidden × 2 B, a rank's tokens to itself included; alltoall's rows are copies); GB/s = a rank's share / the phase's p50",
-		Check:   "every iteration: dispatch then combine, with experts that multiply each row by its probability (powers of two summing to 1), gives each rank's input back exactly",
 		Routing: cfg.Routing.String()}
 	b.Config.Dispatcher, b.Config.SMs = "", 0
+	return l, b, nil
+}
+
+// points runs point for each dispatcher in names at each budget in sms
+// (once for a dispatcher that is not SM-driven), each as configured and
+// validated, and returns the first point's error.
+func (b *DispatchBench) points(cfg Config, names []string, sms []int, point func(Config, DispatchPoint) (DispatchPoint, error)) error {
 	var first error
 	for _, name := range names {
 		budgets := sms
@@ -83,14 +122,24 @@ func BenchDispatch(cfg Config, names []string, sms []int, env Env) (*DispatchBen
 		for _, n := range budgets {
 			c := cfg
 			c.Dispatcher, c.SMs = name, n
-			p, err := benchPoint(c, l)
+			p := DispatchPoint{Dispatcher: c.Dispatcher, Impl: c.Impl, SMs: c.SMs, Status: results.StatusFailed}
+			var err error
+			if bg, ok := dispatchers.SMBudgetOf(c.Dispatcher); ok {
+				if err = bg.Check(c.SMs); err != nil {
+					err = &ConfigError{"sms", c.SMs, c.Dispatcher + ": " + err.Error()}
+				}
+				p.Budget = bg.Resolve(c.SMs)
+			}
+			if err == nil {
+				p, err = point(c, p)
+			}
 			if err != nil && first == nil {
 				first = err
 			}
 			b.Points = append(b.Points, p)
 		}
 	}
-	return b, first
+	return first
 }
 
 // benchBytes estimates the host memory of the benchmark: every rank's
@@ -100,15 +149,8 @@ func benchBytes(cfg Config) float64 {
 	return float64(cfg.EP) * float64(cfg.Tokens) * float64(cfg.Hidden) * 4 * float64(3+4*cfg.TopK)
 }
 
-// benchPoint times one dispatcher at one budget on l's routing.
-func benchPoint(c Config, l *Layer) (DispatchPoint, error) {
-	p := DispatchPoint{Dispatcher: c.Dispatcher, Impl: c.Impl, SMs: c.SMs, Status: results.StatusFailed}
-	if b, ok := dispatchers.SMBudgetOf(c.Dispatcher); ok {
-		if err := b.Check(c.SMs); err != nil {
-			return p, &ConfigError{"sms", c.SMs, c.Dispatcher + ": " + err.Error()}
-		}
-		p.Budget = b.Resolve(c.SMs)
-	}
+// benchPoint times one dispatcher at one budget (p) on l's routing.
+func benchPoint(c Config, l *Layer, p DispatchPoint) (DispatchPoint, error) {
 	fail := func(err error) (DispatchPoint, error) {
 		if dispatchers.IsUnavailable(err) {
 			p.Status = results.StatusUnavailable

@@ -100,6 +100,8 @@ type Config struct {
 	MaxSeconds   float64 // time budget of the warm-up and timed iterations; 0 = none
 	Check        bool
 	Device       string // host | cuda | auto (resolved before a run)
+	// CUDAGraph issues each step as CUDA graphs (cuda device; see graph.go)
+	CUDAGraph bool
 }
 
 // DefaultConfig is what `moebench` with no flags runs.
@@ -198,6 +200,8 @@ func (c Config) Validate() error {
 		return &ConfigError{"feplb-policy", c.FeplbPolicy, "allowed: " + strings.Join(balance.FEPLBPolicies, ", ")}
 	case c.GPUs < 0 || c.GPUs > c.EP:
 		return &ConfigError{"gpus", c.GPUs, fmt.Sprintf("must be in [0, --ep=%d] (0 = every GPU, at most one per rank)", c.EP)}
+	case c.CUDAGraph && c.Device == "host":
+		return &ConfigError{"cuda-graph", c.CUDAGraph, "applies to the cuda device; the host device issues no graphs"}
 	case c.GPUs > 0 && c.Device == "host":
 		return &ConfigError{"gpus", c.GPUs, "applies to the cuda device; the host device has no GPUs"}
 	case c.SMs < 0:
@@ -230,7 +234,8 @@ func (c Config) Record() results.Config {
 	r := results.Config{Preset: c.Preset, Tokens: c.Tokens, Hidden: c.Hidden, FFN: c.FFN, Experts: c.Experts,
 		TopK: c.TopK, SharedExperts: c.SharedExperts, Score: c.Score, Groups: c.Groups, GroupTopK: c.GroupTopK,
 		TopKScale: c.TopKScale, PreSoftmax: c.PreSoftmax, Dispatcher: c.Dispatcher, Impl: c.Impl, SMs: c.SMs, EP: c.EP, GPUs: c.GPUs, Domain: c.Domain,
-		Routing: c.Routing.String(), RoutingPerStep: c.perStepRouting(), Seed: c.Seed, Warmup: c.Warmup, Iters: c.Iters, MaxSeconds: c.MaxSeconds, Check: c.Check, Device: c.Device}
+		Routing: c.Routing.String(), RoutingPerStep: c.perStepRouting(), Seed: c.Seed, Warmup: c.Warmup, Iters: c.Iters, MaxSeconds: c.MaxSeconds, Check: c.Check, Device: c.Device,
+		CUDAGraph: c.CUDAGraph}
 	if c.Dispatcher == "feplb" {
 		r.FeplbBase, r.FeplbDynamic, r.FeplbPolicy = c.FeplbBase, c.FeplbDyn, c.FeplbPolicy
 	}

@@ -35,6 +35,8 @@ type deviceLayer struct {
 	seq        []dispatchers.Step         // see steps
 	start, end map[string][]kernels.Event // per phase, per rank
 	issueMS    float64                    // the last step's host issue time (see step)
+	graph      *graphs                    // --cuda-graph: the captured segments (graph.go); nil: plain launches
+	waitMS     float64                    // the last step's host waits before phases (dispatchers.HostWaiter)
 }
 
 // devCommon is what the ranks of one device share.
@@ -170,18 +172,26 @@ func newDeviceLayer(l *Layer, devs []kernels.Device, d dispatchers.DeviceDispatc
 	if err := d.Bind(l.Shape, dl.ranks); err != nil {
 		return nil, err
 	}
+	if err := dl.phaseEvents(); err != nil {
+		return nil, err
+	}
+	return dl, dl.sync()
+}
+
+// phaseEvents makes each step's start and end events on every rank.
+func (dl *deviceLayer) phaseEvents() error {
 	for _, ph := range dl.steps() {
 		for _, rk := range dl.ranks {
 			for _, m := range []map[string][]kernels.Event{dl.start, dl.end} {
 				e, err := rk.Dev.NewEvent()
 				if err != nil {
-					return nil, err
+					return err
 				}
 				m[ph.Name] = append(m[ph.Name], e)
 			}
 		}
 	}
-	return dl, dl.sync()
+	return nil
 }
 
 // uploadExperts draws every expert's weights (in parallel, each expert from
@@ -494,11 +504,43 @@ func (dl *deviceLayer) chooseGrouped() (string, error) {
 // events bracket each rank's own call, except for a phase the dispatcher
 // issues as one group (dispatchers.Grouper): its start events are all
 // recorded before the first call and its end events after the last, so that
-// each rank's time holds the work the group queues on its stream. issueMS
-// is the host's wall time from the first call to the last call's return,
-// before waiting for the streams.
+// each rank's time holds the work the group queues on its stream. A
+// dispatcher's host wait before a phase (dispatchers.HostWaiter) comes
+// before the phase's start events, so that no rank's phase time holds it;
+// waitMS is its wall time. issueMS is the host's wall time from the first
+// call to the last call's return, before waiting for the streams, less
+// waitMS.
 func (dl *deviceLayer) step() error {
+	if dl.graph != nil {
+		return dl.stepGraph()
+	}
 	t0 := time.Now()
+	dl.waitMS = 0
+	if err := dl.begin(); err != nil {
+		return err
+	}
+	if err := dl.phases(dl.steps(), true); err != nil {
+		return err
+	}
+	dl.issueMS = float64(time.Since(t0).Nanoseconds())/1e6 - dl.waitMS
+	return dl.finish()
+}
+
+// finish waits for every stream, then asks the dispatcher what its kernels
+// recorded (dispatchers.Checker: a cross-rank wait that gave up).
+func (dl *deviceLayer) finish() error {
+	if err := dl.sync(); err != nil {
+		return err
+	}
+	if c, ok := dl.d.(dispatchers.Checker); ok {
+		return c.CheckStep()
+	}
+	return nil
+}
+
+// begin records each device's begin event (each after device 0's) and
+// makes every rank's stream wait for its device's.
+func (dl *deviceLayer) begin() error {
 	for i, dev := range dl.devs {
 		m := &dl.dc[i]
 		if i > 0 {
@@ -515,6 +557,13 @@ func (dl *deviceLayer) step() error {
 			return err
 		}
 	}
+	return nil
+}
+
+// phases issues phs for every rank between their events (see step); with
+// hostWaits, the dispatcher's host wait before a phase first (adding to
+// waitMS).
+func (dl *deviceLayer) phases(phs []dispatchers.Step, hostWaits bool) error {
 	mark := func(evs []kernels.Event, lo, hi int) error { // ranks [lo, hi)
 		for r := lo; r < hi; r++ {
 			if err := dl.ranks[r].Dev.Record(evs[r], dl.ranks[r].Stream); err != nil {
@@ -525,7 +574,15 @@ func (dl *deviceLayer) step() error {
 	}
 	n := len(dl.ranks)
 	g, _ := dl.d.(dispatchers.Grouper)
-	for _, ph := range dl.steps() {
+	hw, _ := dl.d.(dispatchers.HostWaiter)
+	for _, ph := range phs {
+		if hw != nil && hostWaits { // before the phase's start events: it is timed from its own first GPU operation
+			t := time.Now()
+			if err := hw.HostWait(ph.Name); err != nil {
+				return fmt.Errorf("%s: host wait: %w", ph.Name, err)
+			}
+			dl.waitMS += float64(time.Since(t).Nanoseconds()) / 1e6
+		}
 		together := g != nil && g.Grouped(ph.Name)
 		for r := range n {
 			lo, hi := r, r+1 // the ranks whose events bracket this call
@@ -547,8 +604,7 @@ func (dl *deviceLayer) step() error {
 			}
 		}
 	}
-	dl.issueMS = float64(time.Since(t0).Nanoseconds()) / 1e6
-	return dl.sync()
+	return nil
 }
 
 // setRouting gives the layer step's routing (Layer.SetRouting) and uploads
@@ -745,6 +801,7 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 	defer closeDevices(devs)
 	defer d.Close()
 	dev := devs[0]
+	tuneGEMMs(devs, true) // until the timed steps
 	rec.Ranks.Devices = rankDevices(cfg.EP, len(devs))
 	rec.Ranks.Emulated, rec.Ranks.Note = cfg.EP > len(devs), ranksNote(cfg.EP, devs, "")
 	l, err := newLayer(cfg, false)
@@ -782,7 +839,7 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 	m := measured{samples: map[string][][]float64{}, step: make([][]float64, cfg.EP),
 		clock: "CUDA events on each rank's stream (" + dev.Name() + ")",
 		model: "each phase's sample is its slowest rank's event-timed duration; a rank's step runs from a start event every rank waits for (one per GPU, each after GPU 0's) to the rank's last event, the step sample is the slowest rank's. " +
-			"Ranks run concurrently, so phases overlap and do not add up to the step; host enqueue and the count sync are inside the times",
+			"Ranks run concurrently, so phases overlap and do not add up to the step. Each phase is timed from its own first GPU operation: a dispatcher's host wait before a phase (alltoall's count exchange) is outside every phase and reported as host_wait_ms; the step's time, from the common start, holds it",
 		mem: &results.Memory{Method: "device buffers, accounted: the bytes moebench allocated for the rank (layer and dispatcher buffers, its share of the router and shared-expert weights), excluding " + excluded}}
 	for _, ph := range dl.steps() {
 		m.phases = append(m.phases, ph.Name)
@@ -794,6 +851,14 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 	method, err := dl.chooseGrouped()
 	if err != nil {
 		return fail(deviceStatus(err), err)
+	}
+	if cfg.CUDAGraph { // from the warm-up on: plans, buffers and the GEMM choice are made
+		gs, err := newGraphs(dl)
+		if err != nil {
+			return fail(results.StatusUnavailable, fmt.Errorf("--cuda-graph: %w", err))
+		}
+		dl.graph = gs
+		defer gs.free()
 	}
 	rb, rebalances := d.(dispatchers.Rebalancer)
 	prog.stepping()
@@ -824,6 +889,7 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 	var tm *telemetry
 	done, err := iterate(cfg.Warmup, cfg.Iters, end, func(i int) error {
 		if i == 0 {
+			tuneGEMMs(devs, false)
 			var why string
 			if tm, why = startTelemetry(gpuBusID(dev)); tm == nil {
 				rec.SMs.Measured = "not measured: " + why
@@ -849,6 +915,9 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 			return err
 		}
 		m.issue = append(m.issue, dl.issueMS)
+		if _, ok := d.(dispatchers.HostWaiter); ok {
+			m.hostWait = append(m.hostWait, dl.waitMS)
+		}
 		if rebalances {
 			m.rebalance = append(m.rebalance, rs)
 		}
@@ -887,7 +956,14 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 
 	rec.Status = results.StatusOK
 	fillMeasurements(rec, cfg, m)
+	rec.Timing.CUDAGraph = "not used (--cuda-graph off)"
+	if dl.graph != nil {
+		rec.Timing.CUDAGraph = dl.graph.describe(cfg.Warmup + cfg.Iters)
+	}
 	rec.GEMM.Method = method
+	if g, ok := dev.(*kernels.CUDA); ok {
+		rec.GEMM.Method += "; " + g.GEMMAlgorithms()
+	}
 	if env.Dump == "" {
 		return rec, nil
 	}
@@ -895,6 +971,17 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 		return rec, fmt.Errorf("--dump: %w", err)
 	}
 	return rec, dump(env, l, rec)
+}
+
+// tuneGEMMs lets the GPUs among devs time each new GEMM shape's cuBLASLt
+// algorithms (kernels.CUDA.TuneGEMMs), or stops them: a timing waits for
+// the stream, which no timed step may do.
+func tuneGEMMs(devs []kernels.Device, on bool) {
+	for _, d := range devs {
+		if g, ok := d.(*kernels.CUDA); ok {
+			g.TuneGEMMs = on
+		}
+	}
 }
 
 // devices opens the devices of a cuda run (env.OpenDevices, else

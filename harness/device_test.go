@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/moebench/moebench/balance"
 	"github.com/moebench/moebench/dispatchers"
@@ -66,7 +67,7 @@ func one(dev kernels.Device) func(n, most int) ([]kernels.Device, error) {
 }
 
 // deviceRun builds c's device layer with its ranks spread over devs.
-func deviceRun(t *testing.T, c Config, devs ...kernels.Device) *deviceLayer {
+func deviceRun(t testing.TB, c Config, devs ...kernels.Device) *deviceLayer {
 	t.Helper()
 	l, err := newLayer(c, false)
 	if err != nil {
@@ -99,10 +100,16 @@ func TestDeviceLayerEqualsHostLayer(t *testing.T) {
 
 // equalsHost runs c with its ranks on n Emus twice (the second time with
 // the expert GEMMs over 3 extra streams) and compares outputs, routing, rows
-// and traffic with the host layer's.
+// and traffic with the host layer's (the same dispatcher's host design).
 func equalsHost(t *testing.T, c Config, n int) {
 	t.Helper()
 	devs, _ := emus(n)(n, c.EP)
+	equalsHostOn(t, c, devs...)
+}
+
+// equalsHostOn is equalsHost with the ranks on devs.
+func equalsHostOn(t *testing.T, c Config, devs ...kernels.Device) {
+	t.Helper()
 	dl := deviceRun(t, c, devs...)
 	for i := range 2 { // the second step reuses every buffer
 		if i == 1 {
@@ -115,17 +122,11 @@ func equalsHost(t *testing.T, c Config, n int) {
 			t.Fatalf("check: %v, %+v", err, cr)
 		}
 	}
-	hc := c
-	hc.Device = "host"
-	hl, err := NewLayer(hc)
-	if err != nil {
-		t.Fatal(err)
+	host := c.Dispatcher // the same design on the host; feplb's output and rows are its base's (the plans differ)
+	if host == "feplb" {
+		host = c.FeplbBase
 	}
-	d, _ := dispatchers.New("alltoall", "native", dispatchers.Env{Device: "host"})
-	d.Bind(hl.Shape, hl.Ranks)
-	if err := hl.Step(d, func(_ string, _ int, fn func() error) error { return fn() }); err != nil {
-		t.Fatal(err)
-	}
+	hl, d := hostStep(t, c, host)
 	for r := range hl.Ranks {
 		if !reflect.DeepEqual(hl.Ranks[r].Y, dl.l.Ranks[r].Y) {
 			t.Fatalf("rank %d: device output differs from the host layer's", r)
@@ -148,6 +149,29 @@ func equalsHost(t *testing.T, c Config, n int) {
 	if got != want {
 		t.Errorf("traffic %+v, host %+v", got, want)
 	}
+}
+
+// hostStep runs one step of c on the host device with dispatcher name's
+// host implementation.
+func hostStep(t *testing.T, c Config, name string) (*Layer, dispatchers.Dispatcher) {
+	t.Helper()
+	hc := c
+	hc.Device, hc.Dispatcher = "host", name
+	hl, err := NewLayer(hc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := dispatchers.New(name, "native", hc.dispatcherEnv())
+	if err == nil {
+		err = d.Bind(hl.Shape, hl.Ranks)
+	}
+	if err == nil {
+		err = hl.Step(d, func(_ string, _ int, fn func() error) error { return fn() })
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return hl, d
 }
 
 // dropCopy is Emu with one device-to-device copy lost, or, with garble,
@@ -443,10 +467,10 @@ func TestDeviceRunRecord(t *testing.T) {
 		t.Errorf("--check=false: %v, traffic %+v", err, rec.Traffic)
 	}
 	// a dispatcher without a device implementation is unavailable, with the reason
-	c.Dispatcher = "deepep"
+	c.Dispatcher = "hybridep"
 	rec, err = Run(c, Env{Version: "test", OpenDevices: emus(1)})
 	if !dispatchers.IsUnavailable(err) || rec.Status != results.StatusUnavailable || rec.Timing != nil || !strings.Contains(rec.Reason, "cuda") {
-		t.Errorf("deepep on the device: %v, %+v", err, rec)
+		t.Errorf("hybridep on the device: %v, %+v", err, rec)
 	}
 }
 
@@ -540,7 +564,8 @@ func (f *flushWatch) Record(e kernels.Event, s kernels.Stream) error {
 // TestBenchKernelsOnEmu runs the kernel benchmark's code path on Emu (its
 // rates mean nothing there): every kernel gets a row with a positive rate and
 // a ratio to its ceiling (the expert GEMMs three ways: Emu has a grouped
-// GEMM), and targets are where the issue sets them. Every timed call's start
+// GEMM; memory-bound rows against the SM copy kernel and the copy
+// engines' copy both), and targets are where the issue sets them. Every timed call's start
 // event follows the L2 flush, and no end event does.
 func TestBenchKernelsOnEmu(t *testing.T) {
 	c := deviceCases()["sigmoid-groups-skewed-shared"]
@@ -569,7 +594,12 @@ func TestBenchKernelsOnEmu(t *testing.T) {
 			t.Errorf("router row on every rank's tokens: %v bytes", r.Work)
 		}
 	}
-	if len(kb.Rows) != 13 || targets["permute"] != 0.8 || targets["unpermute (sum of k)"] != 0.8 || targets["router top-k"] != 0.6 ||
+	perm := kb.Rows[slices.IndexFunc(kb.Rows, func(r BenchRow) bool { return r.Kernel == "permute" })]
+	if kb.Rows[1].Kernel != "SM copy kernel (ceiling)" || kb.Rows[1].Ceiling != "CE copy" || !strings.HasPrefix(perm.Ceiling, "SM copy (") ||
+		!(perm.Ratio > 0) || !(perm.CopyEngineRatio > 0) {
+		t.Errorf("the memory rows' two ceilings: %+v; %+v", kb.Rows[1], perm)
+	}
+	if len(kb.Rows) != 14 || targets["permute"] != 0.8 || targets["unpermute (sum of k)"] != 0.8 || targets["router top-k"] != 0.6 ||
 		targets["router top-k (all ranks' tokens)"] != 0.6 ||
 		!strings.Contains(kb.Peer, "one GPU") {
 		t.Errorf("%d rows, targets %v, %q", len(kb.Rows), targets, kb.Peer)
@@ -579,10 +609,10 @@ func TestBenchKernelsOnEmu(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(kb.Rows) != 15 || kb.Peer != "peer rows: GPU 0 → GPU 1, queued on GPU 0" {
+	if len(kb.Rows) != 16 || kb.Peer != "peer rows: GPU 0 → GPU 1, queued on GPU 0" {
 		t.Fatalf("%d rows, %q", len(kb.Rows), kb.Peer)
 	}
-	ceil, disp := kb.Rows[13], kb.Rows[14]
+	ceil, disp := kb.Rows[14], kb.Rows[15]
 	n, h := c.Tokens*c.TopK, c.Hidden
 	per := n / c.EP
 	if ceil.Kernel != "peer copy (ceiling)" || ceil.Work != 1<<20 || !(ceil.Rate > 0) ||
@@ -606,6 +636,7 @@ func TestTelemetryFindsTheRanksGPU(t *testing.T) {
 		if tm == nil {
 			t.Fatalf("startTelemetry(%q): %s", bus, why)
 		}
+		time.Sleep(gpmMinSpacing + 10*time.Millisecond) // the timed loop
 		return tm.finish()
 	}
 	tel, sms := read("0000:1b:00.0") // the fake's NVML GPU 1
@@ -628,6 +659,25 @@ func TestTelemetryFindsTheRanksGPU(t *testing.T) {
 	}
 }
 
+// TestGPMSpacing: GPM's two samples are never taken 100 ms apart or less
+// (NVML's rule; the fake refuses metrics from closer ones): a shorter timed
+// loop says GPM was not measured, and why.
+func TestGPMSpacing(t *testing.T) {
+	so, err := hostsim.BuildFake("fakenvml", t.TempDir(), "libnvidia-ml.so.1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("MOEBENCH_NVML", so)
+	tm, why := startTelemetry("0000:1b:00.0")
+	if tm == nil {
+		t.Fatal(why)
+	}
+	tel, sms := tm.finish()
+	if tel.GPM || tel.SMUtilPct != 0 || !strings.Contains(sms, "not measured: the timed loop took") || !strings.Contains(sms, "100ms") {
+		t.Errorf("a loop of no time: %+v; %s", tel, sms)
+	}
+}
+
 // TestGPUTelemetry: on a GPU machine NVML answers, memory in use is read and
 // GPM is either measured or its absence explained; the GPU read is CUDA's
 // device 0, found by its PCI address.
@@ -643,6 +693,7 @@ func TestGPUTelemetry(t *testing.T) {
 		}
 		t.Skipf("no NVML: %s", why)
 	}
+	time.Sleep(2 * gpmMinSpacing) // a timed loop GPM can measure
 	tel, sms := tm.finish()
 	if len(tel.MemoryUsedMax) == 0 || tel.MemoryUsedMax[0] <= 0 || !(tel.SMClockMHz > 0) || (!tel.GPM && len(tel.Unread) == 0) ||
 		bus == "" || !strings.Contains(tel.GPU, bus) {
@@ -878,5 +929,92 @@ func TestRoutingPerStep(t *testing.T) {
 	tl.SetRouting(1) // rank 0's token 0 is the trace's token EP·T (mod 3 lines)
 	if idx, _ := tl.traceToken(0, 0); int(idx[0]) != 4*((tc.EP*tc.Tokens)%3) {
 		t.Errorf("step 1 starts at trace line %v", idx)
+	}
+}
+
+// countingEmu counts the chunk sorts and copies between ranks it runs.
+type countingEmu struct {
+	kernels.Emu
+	sorts, peerCopies int
+}
+
+func (c *countingEmu) SortChunks(dst, probsOut, src, probsIn, counts kernels.Ptr, rows, ep, local, hidden int, inverse bool, s kernels.Stream) error {
+	c.sorts++
+	return c.Emu.SortChunks(dst, probsOut, src, probsIn, counts, rows, ep, local, hidden, inverse, s)
+}
+
+func (c *countingEmu) CopyPeer(op kernels.CopyOp, s kernels.Stream) error {
+	c.peerCopies++
+	return c.Emu.CopyPeer(op, s)
+}
+
+// TestAlltoallEP1MovesNothing: at EP 1 the native alltoall, as Megatron's
+// dispatcher, runs no all-to-all copies and no chunk sorts; the output still
+// passes the check.
+func TestAlltoallEP1MovesNothing(t *testing.T) {
+	c := deviceCases()["ep1"]
+	dev := &countingEmu{}
+	rec, err := Run(c, Env{Version: "test", OpenDevices: one(dev)})
+	if err != nil || rec.Status != results.StatusOK || !rec.Correctness.Passed {
+		t.Fatalf("%v; %+v", err, rec)
+	}
+	if dev.sorts != 0 || dev.peerCopies != 0 {
+		t.Errorf("EP 1: %d chunk sorts, %d copies between ranks; want none", dev.sorts, dev.peerCopies)
+	}
+}
+
+// waitingEmu counts the host's blocking downloads and the asynchronous
+// ones, and makes every wait for a stream take a while, as a GPU's would.
+type waitingEmu struct {
+	kernels.Emu
+	downloads, async int
+	wait             time.Duration
+}
+
+func (w *waitingEmu) Download(dst any, src kernels.Ptr, s kernels.Stream) error {
+	w.downloads++
+	return w.Emu.Download(dst, src, s)
+}
+
+func (w *waitingEmu) DownloadAsync(dst kernels.Mapped, src kernels.Ptr, bytes int64, s kernels.Stream) error {
+	w.async++
+	return w.Emu.DownloadAsync(dst, src, bytes, s)
+}
+
+func (w *waitingEmu) SyncStream(s kernels.Stream) error {
+	time.Sleep(w.wait)
+	return w.Emu.SyncStream(s)
+}
+
+// TestAlltoallCountExchange: the counts reach the host through
+// asynchronous copies into page-locked memory, one per rank and step,
+// queued by the permute (no blocking download in a step: the layer's only
+// ones are the check's, three per rank), and the host's wait for them is
+// reported on its own: the dispatch phase, timed from its own first GPU
+// operation, does not hold it.
+func TestAlltoallCountExchange(t *testing.T) {
+	c := deviceCases()["balanced-ep8"]
+	c.EP, c.Warmup, c.Iters, c.RoutingFixed = 4, 1, 3, true
+	dev := &waitingEmu{wait: 10 * time.Millisecond}
+	rec, err := Run(c, Env{Version: "test", OpenDevices: one(dev)})
+	if err != nil || rec.Status != results.StatusOK || !rec.Correctness.Passed {
+		t.Fatalf("%v; %+v", err, rec)
+	}
+	ways := len(groupedSides)
+	if _, ok := dev.GroupedGEMMName(); ok {
+		ways++
+	}
+	steps := 1 + 3*ways + c.Warmup + c.Iters // the check's, the GEMM choice's, the loop's
+	if dev.downloads != 3*c.EP || dev.async != steps*c.EP {
+		t.Errorf("%d blocking downloads (want the check's %d), %d asynchronous (want %d: one per rank and step)", dev.downloads, 3*c.EP, dev.async, steps*c.EP)
+	}
+	hw := rec.Timing.HostWait
+	if hw == nil || hw.P50 < float64(c.EP)*10 {
+		t.Fatalf("host wait %+v: want at least %d ms (a 10 ms wait per rank)", hw, c.EP*10)
+	}
+	for _, p := range rec.Timing.Phases {
+		if p.Name == "dispatch" && p.P50 > 5 {
+			t.Errorf("dispatch p50 %.1f ms: it holds the host's wait for the counts", p.P50)
+		}
 	}
 }

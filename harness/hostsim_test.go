@@ -1,6 +1,10 @@
 package harness
 
 import (
+	"bytes"
+	"fmt"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -18,15 +22,7 @@ import (
 // the layer's tolerance. Timings come from the fake's clock and mean
 // nothing. See hostsim.Setup for when it skips.
 func TestCUDALayerOnHostSim(t *testing.T) {
-	comp := hostsim.Setup(t)
-	nccl, err := hostsim.BuildFake("fakenccl", t.TempDir(), "libnccl.so.2")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Setenv("MOEBENCH_NCCL", nccl)
-	old := kernels.NewCompiler
-	kernels.NewCompiler = func() (kernels.Compiler, error) { return comp, nil }
-	t.Cleanup(func() { kernels.NewCompiler = old })
+	useHostSimLayer(t)
 
 	cases := deviceCases() // ranks over the fake's two GPUs
 	cases["feplb-moves"] = feplbCase()
@@ -54,5 +50,67 @@ func TestCUDALayerOnHostSim(t *testing.T) {
 	kb, err := BenchKernels(cases["softmax-natural"], Env{Version: "test"}, BenchSizes{CopyBytes: 1 << 20, GEMMDim: 64})
 	if err != nil || len(kb.Rows) < 10 || !strings.HasPrefix(kb.Peer, "peer rows") {
 		t.Fatalf("bench: %v; %+v", err, kb)
+	}
+}
+
+// useHostSimLayer makes cuda-device runs use the host simulation: the fake
+// driver, cuBLASLt, cuBLAS and NCCL, and the kernels compiled for the CPU.
+func useHostSimLayer(t *testing.T) {
+	comp := hostsim.Setup(t)
+	nccl, err := hostsim.BuildFake("fakenccl", t.TempDir(), "libnccl.so.2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("MOEBENCH_NCCL", nccl)
+	old := kernels.NewCompiler
+	kernels.NewCompiler = func() (kernels.Compiler, error) { return comp, nil }
+	t.Cleanup(func() { kernels.NewCompiler = old })
+}
+
+// TestCUDAGraphOnHostSim: with --cuda-graph the timed steps are issued as
+// graphs on the fake driver's stream capture (ranks on its two GPUs): with
+// fixed routing, two captures — the step before alltoall's count exchange
+// and after it — replayed every step, and the last step's output equal to
+// the run's without graphs bit for bit (the fakes' arithmetic is
+// deterministic); with routing drawn per step, the second part is captured
+// again whenever the counts change, or issued as plain launches when the
+// driver refuses its capture (a buffer that must grow), and still correct.
+func TestCUDAGraphOnHostSim(t *testing.T) {
+	useHostSimLayer(t)
+	c := deviceCases()["softmax-natural"]
+	c.EP, c.Warmup, c.Iters, c.Routing, c.RoutingFixed = 4, 1, 3, Routing{Kind: RoutingBalanced}, true
+	run := func(c Config) (*results.Record, []byte) {
+		t.Helper()
+		dir := filepath.Join(t.TempDir(), "dump")
+		rec, err := Run(c, Env{Version: "test", Dump: dir})
+		if err != nil || rec.Status != results.StatusOK || !rec.Correctness.Passed {
+			t.Fatalf("%v; %+v", err, rec)
+		}
+		y, err := os.ReadFile(filepath.Join(dir, "output.npy"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rec, y
+	}
+	plain, want := run(c)
+	c.CUDAGraph = true
+	rec, got := run(c)
+	steps := c.Warmup + c.Iters
+	if !bytes.Equal(got, want) {
+		t.Error("the last step's output with graphs differs from the one without")
+	}
+	if d := fmt.Sprintf("used: %d graph launches over %d steps", 2*steps, steps); !strings.Contains(rec.Timing.CUDAGraph, d) ||
+		!strings.Contains(rec.Timing.CUDAGraph, ", 2 captures") || !rec.Config.CUDAGraph || plain.Timing.CUDAGraph != "not used (--cuda-graph off)" {
+		t.Errorf("graphs: %q (want %q, 2 captures); without: %q", rec.Timing.CUDAGraph, d, plain.Timing.CUDAGraph)
+	}
+	c.RoutingFixed = false
+	if rec, _ := run(c); !strings.Contains(rec.Timing.CUDAGraph, "used:") {
+		t.Errorf("routing per step: %q", rec.Timing.CUDAGraph)
+	} else {
+		t.Log(rec.Timing.CUDAGraph)
+	}
+	c.Dispatcher = "feplb"
+	if rec, err := Run(c, Env{Version: "test"}); err == nil || rec.Status != results.StatusUnavailable || !strings.Contains(rec.Reason, "graphs") {
+		t.Errorf("feplb with --cuda-graph: %v; %+v", err, rec)
 	}
 }

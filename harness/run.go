@@ -10,6 +10,7 @@ import (
 	"github.com/montanaflynn/stats"
 
 	"github.com/moebench/moebench/dispatchers"
+	"github.com/moebench/moebench/internal/cuda"
 	"github.com/moebench/moebench/kernels"
 	"github.com/moebench/moebench/results"
 )
@@ -223,6 +224,9 @@ func dump(env Env, l *Layer, rec *results.Record) error {
 }
 
 func newRecord(cfg Config, env Env) *results.Record {
+	if cfg.Device == "cuda" { // before the stack records the environment (and before the driver initializes)
+		cuda.SetMaxConnections()
+	}
 	now := time.Now
 	if env.Now != nil {
 		now = env.Now
@@ -265,6 +269,7 @@ type measured struct {
 	paused    map[string][][]float64
 	phase2SMs string
 	issue     []float64 // device runs: each timed step's host issue time, ms
+	hostWait  []float64 // device runs: each timed step's host wait before phases (alltoall's counts), ms
 	buffers   []results.Buffer
 	stopped   string // why fewer iterations ran than asked for (--max-seconds)
 }
@@ -413,6 +418,10 @@ func fillMeasurements(rec *results.Record, cfg Config, m measured) {
 	if m.issue != nil {
 		s := summarise(m.issue)
 		t.HostIssue = &s
+	}
+	if m.hostWait != nil {
+		s := summarise(m.hostWait)
+		t.HostWait = &s
 	}
 	rec.Timing = t
 

@@ -26,6 +26,7 @@ type telemetry struct {
 	devs    []nvml.Device     // every GPU, in NVML's order
 	gpu     nvml.Device       // the ranks' GPU
 	gpm     [2]nvml.GpmSample // at start, at end; nil without GPM
+	gpmAt   time.Time         // when the first was taken
 	stop    chan struct{}
 	done    sync.WaitGroup
 	t       results.Telemetry
@@ -36,6 +37,11 @@ type telemetry struct {
 
 // telemetryEvery is the sampling period.
 const telemetryEvery = 20 * time.Millisecond
+
+// gpmMinSpacing is the least time between GPM's two samples: NVML's header
+// says the interval "should be greater than 100ms" (its counters' refresh
+// rate).
+const gpmMinSpacing = 100 * time.Millisecond
 
 // startTelemetry begins sampling, or returns nil and why it cannot. bus is
 // the PCI address of the ranks' GPU (see gpuBusID); "" means unknown, and
@@ -118,6 +124,7 @@ func (tm *telemetry) startGPM() {
 		}
 		tm.gpm[i] = s
 	}
+	tm.gpmAt = time.Now()
 	if ret := tm.lib.GpmSampleGet(tm.gpu, tm.gpm[0]); ret != nvml.SUCCESS {
 		tm.t.Unread = append(tm.t.Unread, "GPM sample: "+ret.Error())
 		tm.freeGPM()
@@ -174,6 +181,12 @@ func (tm *telemetry) finish() (*results.Telemetry, string) {
 	sms := "not measured: GPM unavailable (see telemetry.unread)"
 	if tm.gpm[1] != nil {
 		defer tm.freeGPM()
+		if took := time.Since(tm.gpmAt); took <= gpmMinSpacing {
+			why := fmt.Sprintf("not measured: the timed loop took %.0f ms, and NVML needs more than %v between GPM's two samples (more --iters)",
+				float64(took.Microseconds())/1e3, gpmMinSpacing)
+			tm.t.Unread = append(tm.t.Unread, "GPM (SM utilisation, occupancy): "+why)
+			return &tm.t, why
+		}
 		if ret := tm.lib.GpmSampleGet(tm.gpu, tm.gpm[1]); ret != nvml.SUCCESS {
 			tm.t.Unread = append(tm.t.Unread, "GPM sample: "+ret.Error())
 			return &tm.t, sms

@@ -2,7 +2,6 @@ package kernels
 
 import (
 	"errors"
-	"fmt"
 	"math/rand/v2"
 	"os"
 	"slices"
@@ -11,6 +10,7 @@ import (
 	"time"
 
 	"github.com/moebench/moebench/internal/cuda"
+	"github.com/moebench/moebench/internal/hostsim"
 )
 
 // commCase is one run of comm_test: ranks placed on devices (rank r on
@@ -130,25 +130,6 @@ func runCommTest(t *testing.T, devs []Device, c commCase) commResult {
 // rdevOf is the device of stream s (streams[i] is devs[i]'s).
 func rdevOf(devs []Device, streams []Stream, s Stream) Device { return devs[slices.Index(streams, s)] }
 
-// within runs f and ends the test binary if f has not returned after d:
-// a test of waits must fail, not hang. (The host simulation stops a block
-// that only spins after MBHOST_SPIN_LIMIT_S, which hostsim.Setup makes
-// shorter than d, so a kernel wait without a timeout fails its launch
-// first.)
-func within(t *testing.T, d time.Duration, f func()) {
-	t.Helper()
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		f()
-	}()
-	select {
-	case <-done:
-	case <-time.After(d):
-		panic(fmt.Sprintf("%s: still running after %v: a wait without a timeout?", t.Name(), d))
-	}
-}
-
 // checkCommTest runs comm_test's cases on devs (two devices): working
 // protocols deliver every item, broken ones end by the kernels' timeouts
 // with the rank, phase and wait named, too many blocks are refused.
@@ -161,7 +142,7 @@ func checkCommTest(t *testing.T, devs []Device) {
 	good := func(t *testing.T, c commCase) {
 		fits(t, c)
 		var r commResult
-		within(t, 30*time.Second, func() { r = runCommTest(t, devs, c) })
+		hostsim.Within(t, 30*time.Second, func() { r = runCommTest(t, devs, c) })
 		if r.launch != nil || r.host != nil || r.kernel != nil {
 			t.Fatalf("launch %v; host %v; kernels %v", r.launch, r.host, r.kernel)
 		}
@@ -186,7 +167,7 @@ func checkCommTest(t *testing.T, devs []Device) {
 		fits(t, c)
 		var r commResult
 		start := time.Now()
-		within(t, 30*time.Second, func() { r = runCommTest(t, devs, c) })
+		hostsim.Within(t, 30*time.Second, func() { r = runCommTest(t, devs, c) })
 		var ce, he *CommError
 		if r.launch != nil || !errors.As(r.kernel, &ce) || hostSees != errors.As(r.host, &he) {
 			t.Fatalf("launch %v; host %v; kernels %v: want the kernels' timeout (the host's wait ending with it: %v)", r.launch, r.host, r.kernel, hostSees)
@@ -213,7 +194,7 @@ func checkCommTest(t *testing.T, devs []Device) {
 		// one rank more than the device holds (4 blocks each)
 		ranks := resident(t, devs[0], CommTestProgram(2, 32))/4 + 1
 		var r commResult
-		within(t, 30*time.Second, func() {
+		hostsim.Within(t, 30*time.Second, func() {
 			r = runCommTest(t, devs, commCase{place: make([]int, ranks), channels: 2, slots: 32, items: 10, timeout: time.Second})
 		})
 		var re *ResidencyError

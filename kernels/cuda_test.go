@@ -169,6 +169,15 @@ func checkCopiesAndEvents(p *gpuPair) {
 	if err != nil || !(ms > 0) {
 		t.Errorf("elapsed %v ms, %v", ms, err)
 	}
+	// the SM copy kernel (the benchmark's second memory ceiling), into
+	// poisoned memory, with an odd number of 16-byte vectors
+	p.ok(p.c.Fill16(cd, 0x7fc0, n, p.cs))
+	p.ok(p.c.CopySM(cd, cs, 2*n-16, p.cs))
+	p.ok(p.c.Download(back, cd, p.cs))
+	same(t, "SM copy", back[:n-8], src[:n-8])
+	if back[n-1] != 0x7fc0 {
+		t.Errorf("SM copy wrote past its %d bytes", 2*n-16)
+	}
 	p.ok(p.c.Fill16(cd+2, 0x1234, 3, p.cs))
 	p.ok(p.c.Download(back[:5], cd, p.cs))
 	if back[0] != src[0] || back[1] != 0x1234 || back[3] != 0x1234 || back[4] != src[4] {
@@ -227,6 +236,20 @@ func checkGroupedGEMM(p *gpuPair) {
 	gpu, host := get[uint16](p, cc+Ptr(2*n), ec+Ptr(2*n), (rows-1)*n)
 	name, _ := p.c.GroupedGEMMName()
 	sameULP(t, name, gpu, host)
+	// groups that change every call (routing drawn per step): the pointer
+	// arrays' slots stay as many as ptrSlotCount, and once they are made
+	// no call allocates
+	var made int
+	for i := range 2 * ptrSlotCount {
+		if i == ptrSlotCount {
+			made = len(p.c.allocs)
+		}
+		p.ok(p.c.GroupedGEMM([]Group{{C: cc + Ptr(2*n*(i%rows)), A: ca, W: cw, M: 1}}, n, k, p.cs))
+	}
+	p.ok(p.c.SyncStream(p.cs))
+	if len(p.c.ptrSlots) != ptrSlotCount || len(p.c.ptrIndex) > ptrSlotCount || len(p.c.allocs) != made {
+		t.Errorf("%d slots, %d arrays indexed, allocations %d then %d", len(p.c.ptrSlots), len(p.c.ptrIndex), made, len(p.c.allocs))
+	}
 }
 
 func TestGPUGEMM(t *testing.T) { checkGEMM(openPair(t)) }

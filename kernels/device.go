@@ -24,6 +24,13 @@ type Device interface {
 	// work queued on s.
 	Download(dst any, src Ptr, s Stream) error
 	Copy(dst, src Ptr, bytes int64, s Stream) error
+	// CopySM copies as Copy does, with a kernel (16-byte vectors: bytes
+	// and both addresses multiples of 16) rather than the copy engines.
+	CopySM(dst, src Ptr, bytes int64, s Stream) error
+	// DownloadAsync queues a copy of bytes from src into mapped host
+	// memory dst (AllocMapped) on s and returns at once; the host may read
+	// dst once it has waited for s (SyncStream).
+	DownloadAsync(dst Mapped, src Ptr, bytes int64, s Stream) error
 	// CopyPeer queues op, whose sides may be on other devices (peer GPUs),
 	// on s, a stream of this device.
 	CopyPeer(op CopyOp, s Stream) error
@@ -89,6 +96,12 @@ type Device interface {
 	// blocks of c.Prog that are all resident at once, or a
 	// *ResidencyError when they cannot be (see Collective).
 	LaunchResident(c *Collective, grid int, s Stream, args ...any) error
+	// Residency is how many blocks of p one SM holds at once (Emu: one).
+	Residency(p *Program) (int, error)
+	// LaunchProgram queues a plain launch of grid blocks of p on s, for
+	// kernels that wait on no other block (Emu runs p.Twin with this one
+	// part at once).
+	LaunchProgram(p *Program, grid int, s Stream, args ...any) error
 
 	Close() error
 }

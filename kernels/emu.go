@@ -179,6 +179,22 @@ func (e *Emu) Download(dst any, src Ptr, s Stream) error {
 	return err
 }
 
+// CopySM is Copy, with CUDA's conditions.
+func (e *Emu) CopySM(dst, src Ptr, bytes int64, s Stream) error {
+	if bytes%16 != 0 || dst%16 != 0 || src%16 != 0 {
+		return fmt.Errorf("emu: SM copy of %d bytes from %#x to %#x: bytes and addresses must be multiples of 16", bytes, uint64(src), uint64(dst))
+	}
+	return e.Copy(dst, src, bytes, s)
+}
+
+// DownloadAsync: a copy into the mapped memory's Emu bytes.
+func (e *Emu) DownloadAsync(dst Mapped, src Ptr, bytes int64, s Stream) error {
+	if bytes > dst.Bytes {
+		return fmt.Errorf("emu: download of %d bytes into %d bytes of mapped memory", bytes, dst.Bytes)
+	}
+	return e.Copy(dst.Dev, src, bytes, s)
+}
+
 func (e *Emu) Copy(dst, src Ptr, bytes int64, s Stream) error {
 	return e.CopyPeer(CopyOp{Dst: dst, Src: src, Bytes: bytes}, s)
 }

@@ -3,11 +3,13 @@ package kernels
 import (
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
 	"sort"
 	"strings"
+	"unsafe"
 
 	"github.com/moebench/moebench/internal/cuda"
 )
@@ -34,20 +36,32 @@ type CUDA struct {
 	SMs      int
 	peers    map[int]bool // GPUs (ordinals) whose memory this one reaches
 
-	fns     map[kernelKey]cuda.Function
-	progs   map[string]cuda.Function // Programs' kernels (resident.go), by Program.key
-	mods    map[string]cuda.Module   // by file and constants
-	plans   map[gemmKey]*cuda.GEMM
-	ws      map[Stream]Ptr // cuBLASLt workspace of each stream
-	streams []Stream
-	events  []Event
-	allocs  map[Ptr]bool
+	fns   map[kernelKey]cuda.Function
+	progs map[string]cuda.Function // Programs' kernels (resident.go), by Program.key
+	mods  map[string]cuda.Module   // by file and constants
+	plans map[gemmKey]*cuda.GEMM
+	// TuneGEMMs lets a GEMM of a shape not seen before time each of the
+	// heuristic's algorithms once and keep the fastest (it waits for the
+	// stream: never set it while a timed step or a capture is issued);
+	// Tuned and Untuned count the shapes that were and were not timed.
+	TuneGEMMs bool
+	// Tuned counts the shapes timed, Untuned those not, and Matched those of
+	// them that took a timed shape's choice
+	Tuned, Untuned, Matched int
+	tuned                   map[gemmKey]bool
+	tune                    [2]cuda.Event
+	ws                      map[Stream]Ptr // cuBLASLt workspace of each stream
+	streams                 []Stream
+	events                  []Event
+	allocs                  map[Ptr]bool
 
 	batchD, batchS []Ptr // CopyBatch's scratch
 	batchN         []int64
 	pairs          [][2]*CUDA     // CopyBatch's (source, destination) GPUs
 	opPair         []int          // index in pairs of each copy (−1: no bytes)
-	ptrArrays      map[string]Ptr // GroupedGEMM's device pointer arrays, by content
+	ptrSlots       []ptrSlot      // GroupedGEMM's device pointer arrays (ptrslots.go)
+	ptrIndex       map[string]int // the slot holding each content
+	ptrNext        int            // the next slot to fill
 	groupPtrs      []uint64       // scratch
 	groupMs        []int
 }
@@ -80,6 +94,21 @@ func OpenCUDA(ordinal int, cacheDir string) (*CUDA, error) {
 		return nil, err
 	}
 	return openGPU(drv, ordinal, cacheDir)
+}
+
+// ProbeCUDA opens GPU 0 as a run would — the driver, NVRTC, cuBLASLt and
+// its handle — and closes it: nil when the cuda device can run here, else
+// why not (e.g. a cuBLASLt newer than the driver).
+func ProbeCUDA() error {
+	errc := make(chan error)
+	go func() { // OpenCUDA locks its OS thread: a goroutine of its own
+		c, err := OpenCUDA(0, "")
+		if err == nil {
+			err = c.Close()
+		}
+		errc <- err
+	}()
+	return <-errc
 }
 
 // OpenGPUs opens GPUs 0 to n−1 (n = 0: every GPU the driver reports, at
@@ -172,13 +201,25 @@ func openGPU(drv *cuda.Driver, ordinal int, cacheDir string) (*CUDA, error) {
 	if err != nil {
 		return nil, err
 	}
-	c.Arch = fmt.Sprintf("sm_%d%d", major, minor)
+	if cc := 10*major + minor; cc < minCC {
+		return nil, fmt.Errorf("GPU %d has compute capability %d.%d: moebench's kernels need %d.%d or later (bf16 conversions, redux.sync)",
+			ordinal, major, minor, minCC/10, minCC%10)
+	}
 	if c.SMs, err = drv.Attribute(ordinal, cuda.AttrMultiprocessorCount); err != nil {
 		return nil, err
 	}
 	comp, err := NewCompiler()
 	if err != nil {
 		return nil, err
+	}
+	var archs []int
+	if l, ok := comp.(interface{ SupportedArchs() ([]int, error) }); ok {
+		if archs, err = l.SupportedArchs(); err != nil {
+			archs = nil // an NVRTC before 11.2: compile for the GPU's own and see
+		}
+	}
+	if c.Arch, err = chooseArch(10*major+minor, archs); err != nil {
+		return nil, fmt.Errorf("GPU %d: %w", ordinal, err)
 	}
 	if cacheDir == "" {
 		cacheDir = os.Getenv("MOEBENCH_CACHE")
@@ -200,9 +241,35 @@ func openGPU(drv *cuda.Driver, ordinal int, cacheDir string) (*CUDA, error) {
 			c.Blas = nil
 		}
 	}
-	c.ptrArrays = map[string]Ptr{}
+	c.ptrIndex, c.tuned = map[string]int{}, map[gemmKey]bool{}
 	ok = true
 	return c, nil
+}
+
+// minCC is the oldest compute capability (×10) moebench's kernels run on:
+// their bf16 conversions and redux.sync need sm_80.
+const minCC = 80
+
+// chooseArch is what the kernels are compiled for on a GPU of compute
+// capability cc (×10) by a compiler that supports archs (nil: unknown):
+// the GPU's own (sm_XY, a cubin) where the compiler has it, else PTX of
+// the newest architecture it has below the GPU's (compute_XY), which the
+// driver compiles for the GPU when the module is loaded (an NVRTC before
+// 12.8 has no Blackwell, sm_100 or sm_120).
+func chooseArch(cc int, archs []int) (string, error) {
+	if archs == nil || slices.Contains(archs, cc) {
+		return fmt.Sprintf("sm_%d", cc), nil
+	}
+	best := 0
+	for _, a := range archs {
+		if a <= cc && a >= minCC {
+			best = max(best, a)
+		}
+	}
+	if best == 0 {
+		return "", fmt.Errorf("the compiler supports architectures %v, none of them from %d to the GPU's %d", archs, minCC, cc)
+	}
+	return fmt.Sprintf("compute_%d", best), nil
 }
 
 func (c *CUDA) Name() string { return "cuda" }
@@ -223,24 +290,42 @@ func (c *CUDA) Reaches(peer Device) bool {
 	return ok && (g.Ctx == c.Ctx || c.peers[g.Ordinal])
 }
 
-// launch runs kernel k on a 1-D grid; defs gives its constants, and is only
-// called the first time k is launched (to compile and load it).
-func (c *CUDA) launch(k kernelKey, defs func() map[string]string, grid, block int, s Stream, args ...any) error {
+// launch runs kernel k on a 1-D grid, compiling and loading it the first
+// time (its constants come from k: see defines). Nothing is allocated or
+// formatted unless it fails: it runs for every kernel of every step.
+func (c *CUDA) launch(k kernelKey, grid, block int, s Stream, args ...cuda.Arg) error {
 	if err := c.use(); err != nil {
 		return err
 	}
 	f, ok := c.fns[k]
 	if !ok {
 		var err error
-		if f, err = c.load(k.file, k.name, defs()); err != nil {
+		if f, err = c.load(k.file, k.name, k.defines()); err != nil {
 			return err
 		}
 		c.fns[k] = f
 	}
-	if err := c.Drv.Launch(f, [3]uint32{uint32(grid), 1, 1}, [3]uint32{uint32(block), 1, 1}, 0, s, args...); err != nil {
+	if err := c.Drv.LaunchArgs(f, [3]uint32{uint32(grid), 1, 1}, [3]uint32{uint32(block), 1, 1}, 0, s, args...); err != nil {
 		return fmt.Errorf("%s (grid %d, block %d): %w", k.name, grid, block, err)
 	}
 	return nil
+}
+
+// defines are k's -D constants: the values of k.c in the order
+// CUDAKernels lists its file's constants (router.cu's: routerDefines).
+func (k kernelKey) defines() map[string]string {
+	if k.file == "router.cu" {
+		return k.routerDefines()
+	}
+	m := map[string]string{}
+	for i, n := range CUDAKernels[k.file] {
+		if n == "MB_SCALE" {
+			m[n] = fmt.Sprintf("%#gf", k.scale)
+		} else {
+			m[n] = fmt.Sprint(k.c[i])
+		}
+	}
+	return m
 }
 
 // load returns kernel name of file compiled with defs, compiling and
@@ -277,24 +362,13 @@ func (c *CUDA) loadSource(file, src, name string, defs map[string]string) (cuda.
 	return c.Drv.Function(m, name)
 }
 
-// consts makes a -D map of name=value pairs.
-func consts(kv ...any) func() map[string]string {
-	return func() map[string]string {
-		m := map[string]string{}
-		for i := 0; i < len(kv); i += 2 {
-			m[kv[i].(string)] = fmt.Sprint(kv[i+1])
-		}
-		return m
-	}
-}
-
 // Launch block sizes (threads). TestKernelsCompile checks, with the CUDA
 // toolkit's cuobjdump, that each kernel's registers fit the largest block it
 // is launched with.
 const (
 	routerWarps = 4   // router_topk: one token per warp
 	orderBlock  = 512 // permute_order
-	flatBlock   = 256 // gather_f32, swiglu_prob
+	flatBlock   = 256 // gather_f32, swiglu_prob, copy_u4
 	rowBlockMax = 256 // permute_rows, sort_chunks, unpermute_sum (rowGrid)
 )
 
@@ -348,6 +422,31 @@ func (c *CUDA) Download(dst any, src Ptr, s Stream) error {
 		return err
 	}
 	return c.Drv.SyncStream(s)
+}
+
+// CopySM: copy.cu's copy_u4, 16 blocks per SM.
+func (c *CUDA) CopySM(dst, src Ptr, bytes int64, s Stream) error {
+	if bytes == 0 {
+		return nil
+	}
+	if bytes%16 != 0 || dst%16 != 0 || src%16 != 0 {
+		return fmt.Errorf("SM copy of %d bytes from %#x to %#x: bytes and addresses must be multiples of 16", bytes, uint64(src), uint64(dst))
+	}
+	n := bytes / 16
+	grid := int(min((n+flatBlock-1)/flatBlock, int64(16*c.SMs)))
+	return c.launch(kernelKey{file: "copy.cu", name: "copy_u4"}, grid, flatBlock, s, cuda.P(src), cuda.I64(n), cuda.P(dst))
+}
+
+// DownloadAsync: cuMemcpyDtoHAsync into page-locked memory, which does
+// not wait for the stream (into pageable memory it would).
+func (c *CUDA) DownloadAsync(dst Mapped, src Ptr, bytes int64, s Stream) error {
+	if bytes > dst.Bytes {
+		return fmt.Errorf("download of %d bytes into %d bytes of mapped memory", bytes, dst.Bytes)
+	}
+	if err := c.use(); err != nil {
+		return err
+	}
+	return cuda.CopyFromDevice(c.Drv, unsafe.Slice((*byte)(dst.Host), bytes), src, s)
 }
 
 func (c *CUDA) Copy(dst, src Ptr, bytes int64, s Stream) error {
@@ -464,9 +563,9 @@ func (c *CUDA) BatchMethod() string {
 }
 
 // GroupedGEMM runs the groups as one cublasGemmGroupedBatchedEx call. Its
-// device array of operand addresses is uploaded the first time a group list
-// is seen and kept (an upload from host memory would wait for the stream; a
-// run's routing, so its groups, are fixed).
+// device array of operand addresses is kept in one of a fixed set of slots,
+// uploaded asynchronously from page-locked memory when the groups change
+// (ptrslots.go): no allocation and no wait in a step.
 func (c *CUDA) GroupedGEMM(groups []Group, n, k int, s Stream) error {
 	if c.Blas == nil {
 		return fmt.Errorf("grouped GEMM: %v", c.BlasErr)
@@ -482,25 +581,19 @@ func (c *CUDA) GroupedGEMM(groups []Group, n, k int, s Stream) error {
 	for i, gr := range groups {
 		c.groupPtrs[i], c.groupPtrs[g+i], c.groupPtrs[2*g+i], c.groupMs[i] = uint64(gr.W), uint64(gr.A), uint64(gr.C), gr.M
 	}
-	key, err := HostBytes(c.groupPtrs)
+	p, slot, err := c.ptrArray(c.groupPtrs[:3*g], s)
 	if err != nil {
 		return err
-	}
-	p, ok := c.ptrArrays[string(key)]
-	if !ok {
-		if p, err = c.Alloc(int64(len(key))); err != nil {
-			return err
-		}
-		if err := cuda.CopyToDevice(c.Drv, p, c.groupPtrs, s); err != nil {
-			return err
-		}
-		c.ptrArrays[string(key)] = p
 	}
 	ws, err := c.workspace(s)
 	if err != nil {
 		return err
 	}
-	return c.Blas.GroupedGEMM(c.groupMs, n, k, p, ws, GEMMWorkspace, s)
+	if err := c.Blas.GroupedGEMM(c.groupMs[:g], n, k, p, ws, GEMMWorkspace, s); err != nil {
+		return err
+	}
+	return c.ptrDone(slot, s)
+
 }
 
 func (c *CUDA) GroupedGEMMName() (string, bool) {
@@ -572,18 +665,95 @@ func (c *CUDA) GEMM(out, a, w Ptr, m, n, k int, f32Out bool, s Stream) error {
 	}
 	key := gemmKey{m, n, k, f32Out, cuda.Align{A: cuda.AlignOf(a), W: cuda.AlignOf(w), C: cuda.AlignOf(out)}}
 	g, ok := c.plans[key]
-	if !ok {
-		var err error
-		if g, err = c.Lt.PlanGEMM(m, n, k, f32Out, key.align, GEMMWorkspace); err != nil {
-			return err
-		}
-		c.plans[key] = g
-	}
 	ws, err := c.workspace(s)
 	if err != nil {
 		return err
 	}
+	if !ok {
+		if g, err = c.Lt.PlanGEMM(m, n, k, f32Out, key.align, GEMMWorkspace); err != nil {
+			return err
+		}
+		c.plans[key] = g
+		if err := c.tuneGEMM(key, g, out, a, w, ws, s); err != nil {
+			return err
+		}
+	}
 	return c.Lt.Run(g, out, a, w, ws, s)
+}
+
+// tuneGEMM times each of g's algorithms once on the call's own operands
+// (each run writes out; the chosen one runs after) and keeps the fastest,
+// when TuneGEMMs allows; else g takes the fastest algorithm of the timed
+// shape of the same n and k nearest in m, where the heuristic offers it for
+// g too, else the heuristic's first.
+func (c *CUDA) tuneGEMM(key gemmKey, g *cuda.GEMM, out, a, w, ws Ptr, s Stream) error {
+	if g.Algorithms() < 2 {
+		return nil
+	}
+	if !c.TuneGEMMs {
+		c.Untuned++
+		var near *cuda.GEMM
+		for k, t := range c.plans {
+			if c.tuned[k] && k.n == key.n && k.k == key.k && k.f32 == key.f32 && k.align == key.align && (near == nil || abs(k.m-key.m) < abs(near.M-key.m)) {
+				near = t
+			}
+		}
+		if near != nil {
+			want := near.Algorithm(near.Chosen())
+			for i := range g.Algorithms() {
+				if g.Algorithm(i) == want {
+					g.Choose(i)
+					c.Matched++
+					break
+				}
+			}
+		}
+		return nil
+	}
+	for i := range c.tune {
+		if c.tune[i] == nil {
+			var err error
+			if c.tune[i], err = c.NewEvent(); err != nil {
+				return err
+			}
+		}
+	}
+	best, bestMS := 0, math.Inf(1)
+	for i := range g.Algorithms() {
+		g.Choose(i)
+		if err := c.Drv.Record(c.tune[0], s); err != nil {
+			return err
+		}
+		if err := c.Lt.Run(g, out, a, w, ws, s); err != nil {
+			continue // an algorithm that refuses these operands is not a candidate
+		}
+		if err := c.Drv.Record(c.tune[1], s); err != nil {
+			return err
+		}
+		if err := c.Drv.SyncEvent(c.tune[1]); err != nil {
+			return err
+		}
+		ms, err := c.Drv.Elapsed(c.tune[0], c.tune[1])
+		if err != nil {
+			return err
+		}
+		if float64(ms) < bestMS {
+			best, bestMS = i, float64(ms)
+		}
+	}
+	g.Choose(best)
+	c.Tuned++
+	c.tuned[key] = true
+	return nil
+}
+
+func abs(x int) int { return max(x, -x) }
+
+// GEMMAlgorithms says how the GEMMs' algorithms were chosen, for records.
+func (c *CUDA) GEMMAlgorithms() string {
+	return fmt.Sprintf("cuBLASLt algorithm per shape: of the heuristic's (up to %d), each timed once and the fastest kept for %d shapes; "+
+		"of %d shapes first seen while a timed step was issued, %d took the fastest of the nearest timed shape (same n and k), the others the heuristic's first",
+		cuda.MaxAlgorithms, c.Tuned, c.Untuned, c.Matched)
 }
 
 // workspace is s's GEMM workspace (GEMMWorkspace bytes), allocated on first
@@ -621,8 +791,10 @@ func routerKey(rc RouterConfig) kernelKey {
 }
 
 // routerDefs are router.cu's constants for rc.
-func routerDefs(rc RouterConfig) map[string]string {
-	k := routerKey(rc)
+func routerDefs(rc RouterConfig) map[string]string { return routerKey(rc).routerDefines() }
+
+// routerDefines are router.cu's constants for its key (see routerKey).
+func (k kernelKey) routerDefines() map[string]string {
 	return map[string]string{"MB_EXPERTS": fmt.Sprint(k.c[0]), "MB_TOPK": fmt.Sprint(k.c[1]),
 		"MB_SIGMOID": b2i(k.c[2] == 1), "MB_PRE_SOFTMAX": b2i(k.c[2] == 2),
 		"MB_GROUPS": fmt.Sprint(k.c[3]), "MB_GROUP_TOPK": fmt.Sprint(k.c[4]), "MB_SCALE": fmt.Sprintf("%#gf", k.scale)}
@@ -639,13 +811,13 @@ func (c *CUDA) RouterTopK(rc RouterConfig, logits, bias Ptr, tokens int, idx, pr
 	if tokens == 0 {
 		return nil
 	}
-	return c.launch(routerKey(rc), func() map[string]string { return routerDefs(rc) }, (tokens+routerWarps-1)/routerWarps, 32*routerWarps, s,
-		logits, bias, int32(tokens), idx, probs)
+	return c.launch(routerKey(rc), (tokens+routerWarps-1)/routerWarps, 32*routerWarps, s,
+		cuda.P(logits), cuda.P(bias), cuda.I32(int32(tokens)), cuda.P(idx), cuda.P(probs))
 }
 
 func (c *CUDA) PermuteOrder(idx Ptr, n, experts int, rows, pos, counts Ptr, s Stream) error {
-	return c.launch(kernelKey{file: "permute.cu", name: "permute_order"}, consts("MB_HIDDEN", 8), experts, orderBlock, s,
-		idx, int32(n), rows, pos, counts)
+	return c.launch(kernelKey{file: "permute.cu", name: "permute_order", c: [5]int{8}}, experts, orderBlock, s,
+		cuda.P(idx), cuda.I32(int32(n)), cuda.P(rows), cuda.P(pos), cuda.P(counts))
 }
 
 func (c *CUDA) GatherRows(dst, src, rows Ptr, div, n, hidden int, s Stream) error {
@@ -653,16 +825,16 @@ func (c *CUDA) GatherRows(dst, src, rows Ptr, div, n, hidden int, s Stream) erro
 		return nil
 	}
 	grid, block := c.rowGrid(n, hidden)
-	return c.launch(kernelKey{file: "permute.cu", name: "permute_rows", c: [5]int{hidden}}, consts("MB_HIDDEN", hidden), grid, block, s,
-		src, rows, int32(div), int32(n), dst)
+	return c.launch(kernelKey{file: "permute.cu", name: "permute_rows", c: [5]int{hidden}}, grid, block, s,
+		cuda.P(src), cuda.P(rows), cuda.I32(int32(div)), cuda.I32(int32(n)), cuda.P(dst))
 }
 
 func (c *CUDA) GatherF32(dst, src, rows Ptr, div, n int, s Stream) error {
 	if n == 0 {
 		return nil
 	}
-	return c.launch(kernelKey{file: "permute.cu", name: "gather_f32"}, consts("MB_HIDDEN", 8), min((n+flatBlock-1)/flatBlock, 8*c.SMs), flatBlock, s,
-		src, rows, int32(div), int32(n), dst)
+	return c.launch(kernelKey{file: "permute.cu", name: "gather_f32", c: [5]int{8}}, min((n+flatBlock-1)/flatBlock, 8*c.SMs), flatBlock, s,
+		cuda.P(src), cuda.P(rows), cuda.I32(int32(div)), cuda.I32(int32(n)), cuda.P(dst))
 }
 
 func (c *CUDA) SortChunks(dst, probsOut, src, probsIn, counts Ptr, rows, ep, local, hidden int, inverse bool, s Stream) error {
@@ -675,7 +847,7 @@ func (c *CUDA) SortChunks(dst, probsOut, src, probsIn, counts Ptr, rows, ep, loc
 	}
 	grid, block := c.rowGrid(rows, hidden)
 	return c.launch(kernelKey{file: "sortchunks.cu", name: "sort_chunks", c: [5]int{hidden, ep, local}},
-		consts("MB_HIDDEN", hidden, "MB_EP", ep, "MB_LOCAL", local), grid, block, s, src, probsIn, counts, int32(rows), inv, dst, probsOut)
+		grid, block, s, cuda.P(src), cuda.P(probsIn), cuda.P(counts), cuda.I32(int32(rows)), cuda.I32(inv), cuda.P(dst), cuda.P(probsOut))
 }
 
 func (c *CUDA) SwiGLU(act, h1, prob Ptr, n, ffn int, s Stream) error {
@@ -687,7 +859,7 @@ func (c *CUDA) SwiGLU(act, h1, prob Ptr, n, ffn int, s Stream) error {
 		items /= 8
 	}
 	grid := min((items+flatBlock-1)/flatBlock, 16*c.SMs)
-	return c.launch(kernelKey{file: "swiglu.cu", name: "swiglu_prob", c: [5]int{ffn}}, consts("MB_FFN", ffn), grid, flatBlock, s, h1, prob, int32(n), act)
+	return c.launch(kernelKey{file: "swiglu.cu", name: "swiglu_prob", c: [5]int{ffn}}, grid, flatBlock, s, cuda.P(h1), cuda.P(prob), cuda.I32(int32(n)), cuda.P(act))
 }
 
 func (c *CUDA) UnpermuteSum(out, src, pos, shared Ptr, tokens, topk, hidden int, s Stream) error {
@@ -696,7 +868,7 @@ func (c *CUDA) UnpermuteSum(out, src, pos, shared Ptr, tokens, topk, hidden int,
 	}
 	grid, block := c.rowGrid(tokens, hidden)
 	return c.launch(kernelKey{file: "unpermute.cu", name: "unpermute_sum", c: [5]int{hidden, topk}},
-		consts("MB_HIDDEN", hidden, "MB_TOPK", topk), grid, block, s, src, pos, shared, int32(tokens), out)
+		grid, block, s, cuda.P(src), cuda.P(pos), cuda.P(shared), cuda.I32(int32(tokens)), cuda.P(out))
 }
 
 // Close frees what the device still holds and releases the context.
@@ -709,6 +881,7 @@ func (c *CUDA) Close() error {
 	}
 	keep(c.use())
 	keep(c.Drv.Synchronize())
+	c.freePtrSlots() // their device memory is among allocs
 	for _, g := range c.plans {
 		c.Lt.Free(g)
 	}

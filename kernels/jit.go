@@ -29,6 +29,13 @@ var CUDAKernels = map[string][]string{
 	"unpermute.cu":  {"MB_HIDDEN", "MB_TOPK"},
 	"sortchunks.cu": {"MB_HIDDEN", "MB_EP", "MB_LOCAL"},
 	"commtest.cu":   {"MB_CT_CHANNELS", "MB_CT_SLOTS"},
+	"copy.cu":       {},
+	"deepep.cu": {"MB_HIDDEN", "MB_TOPK", "MB_RANKS", "MB_LOCAL", "MB_TOKENS", "MB_CHANNELS", "MB_DRING", "MB_DCHUNK", "MB_CRING", "MB_CCHUNK",
+		"MB_WARPS", "MB_MINB", "MB_DE_BUG", "MB_Q_ECNT", "MB_Q_FLAGS", "MB_Q_GO", "MB_Q_DMETA", "MB_Q_CMETA", "MB_Q_RINGS",
+		"MB_F_PER_RANK", "MB_F_PER_EXPERT", "MB_F_CHAN_END", "MB_F_SRC_END", "MB_F_RECV_CHAN", "MB_F_SEND_HEAD"},
+	"fifotest.cu": {"MB_FT_HIDDEN", "MB_FT_STAGES", "MB_FT_WARPS", "MB_NO_BULK"},
+	"hybridep.cu": {"MB_HE_EP", "MB_HE_DOMAIN", "MB_HE_TOKENS", "MB_HE_EXPERTS", "MB_HE_TOPK", "MB_HE_HIDDEN",
+		"MB_HE_CHUNK", "MB_HE_STAGES", "MB_NO_BULK"},
 }
 
 const cudaHeader = "moebench.cuh"
@@ -55,7 +62,8 @@ type JIT struct {
 	Compiled int    // compilations the compiler ran
 }
 
-// Compile returns the cubin of kernel file for arch (e.g. "sm_90") with the
+// Compile returns the image of kernel file for arch (e.g. "sm_90" for a
+// cubin, "compute_90" for PTX the driver compiles at load) with the
 // constants in defines; only those the kernel takes are used, and all of them
 // must be given.
 func (j *JIT) Compile(file, arch string, defines map[string]string) ([]byte, error) {
@@ -100,7 +108,7 @@ func (j *JIT) CompileSource(file, src, arch string, defines map[string]string) (
 	path := ""
 	if j.CacheDir != "" {
 		path = filepath.Join(j.CacheDir, key+".cubin")
-		if b, err := os.ReadFile(path); err == nil && len(b) > 4 && string(b[:4]) == "\x7fELF" {
+		if b, err := os.ReadFile(path); err == nil && validImage(b, arch) {
 			j.Hits++
 			return b, nil
 		}
@@ -125,4 +133,13 @@ func (j *JIT) CompileSource(file, src, arch string, defines map[string]string) (
 		}
 	}
 	return cubin, nil
+}
+
+// validImage: b is a whole image for arch, as the cache wrote it (a cubin
+// is an ELF file; PTX text ends with its NUL).
+func validImage(b []byte, arch string) bool {
+	if strings.HasPrefix(arch, "compute_") {
+		return len(b) > 1 && b[len(b)-1] == 0
+	}
+	return len(b) > 4 && string(b[:4]) == "\x7fELF"
 }

@@ -3,8 +3,10 @@ package kernels
 import (
 	"bytes"
 	"fmt"
+	"maps"
 	"os"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -47,6 +49,24 @@ func defines(name string) map[string]string {
 	d["MB_HIDDEN"], d["MB_FFN"] = fmt.Sprint(s.hidden), fmt.Sprint(s.ffn)
 	d["MB_EP"], d["MB_LOCAL"] = "8", fmt.Sprint(s.rc.Experts/8)
 	d["MB_CT_CHANNELS"], d["MB_CT_SLOTS"] = "12", "256" // comm_test: DeepEP's 24 SMs, a 256-token ring
+	// deepep: 4096 tokens a rank, 24 SMs (12 channels), DeepEP's rings, the
+	// device's default blocks; the offsets as dispatchers/deepep lays the
+	// buffers out (their values only place the arrays)
+	const T, N, C = 4096, 8, 12
+	L := s.rc.Experts / N
+	for name, v := range map[string]int{"MB_RANKS": N, "MB_LOCAL": L, "MB_TOKENS": T, "MB_CHANNELS": C, "MB_DRING": 256, "MB_DCHUNK": 6,
+		"MB_CRING": 256, "MB_CCHUNK": 4, "MB_WARPS": 16, "MB_MINB": 2, "MB_DE_BUG": 0,
+		"MB_Q_ECNT": 4 * N, "MB_Q_FLAGS": 4 * N * (1 + L), "MB_Q_GO": 4 * N * (2 + L), "MB_Q_DMETA": 16 * (N*(2+L)/4 + 1),
+		"MB_Q_CMETA": 16*(N*(2+L)/4+1) + 16*C*N, "MB_Q_RINGS": 16*(N*(2+L)/4+1) + 24*C*N,
+		"MB_F_PER_RANK": T * N, "MB_F_PER_EXPERT": T*N + 4*N, "MB_F_CHAN_END": T*N + 4*N*(1+L), "MB_F_SRC_END": T*N + 4*N*(1+L+C),
+		"MB_F_RECV_CHAN": T*N + 4*N*(2+L+C), "MB_F_SEND_HEAD": T*N + 4*N*(2+L+3*C)} {
+		d[name] = fmt.Sprint(v)
+	}
+	d["MB_FT_HIDDEN"], d["MB_FT_STAGES"], d["MB_FT_WARPS"] = fmt.Sprint(s.hidden), "2", "3"
+	d["MB_NO_BULK"] = "0"
+	// hybridep: two domains of 4 (the inter-domain path compiled in)
+	d["MB_HE_EP"], d["MB_HE_DOMAIN"], d["MB_HE_TOKENS"], d["MB_HE_CHUNK"], d["MB_HE_STAGES"] = "8", "4", "4096", "64", "6"
+	d["MB_HE_EXPERTS"], d["MB_HE_TOPK"], d["MB_HE_HIDDEN"] = fmt.Sprint(s.rc.Experts), fmt.Sprint(s.rc.TopK), fmt.Sprint(s.hidden)
 	return d
 }
 
@@ -111,8 +131,26 @@ func TestKernelsCompile(t *testing.T) {
 	}
 	for _, arch := range []string{"sm_80", "sm_90"} {
 		for name := range shapes {
-			for file := range CUDAKernels {
-				compile(name, file, arch, defines(name), arch == "sm_90")
+			for file, names := range CUDAKernels {
+				d := defines(name)
+				if !slices.Contains(names, "MB_NO_BULK") {
+					compile(name, file, arch, d, arch == "sm_90")
+					continue
+				}
+				// the bulk-copy path where this NVRTC compiles it (sm_90,
+				// NVRTC ≥ 12: PTX ISA 8.0), and the 16-byte path (elsewhere
+				// the one path compiled either way)
+				for _, noBulk := range []string{"0", "1"} {
+					if noBulk == "1" && (arch != "sm_90" || n.Major < 12) {
+						continue
+					}
+					d := maps.Clone(d)
+					d["MB_NO_BULK"] = noBulk
+					if noBulk == "0" && arch == "sm_90" && n.Major >= 12 {
+						d[bulkExpected] = "1"
+					}
+					compile(name+" MB_NO_BULK="+noBulk, file, arch, d, arch == "sm_90")
+				}
 			}
 		}
 		for name, rc := range routerCases {
@@ -181,7 +219,10 @@ extern "C" __global__ void __launch_bounds__(128, 2) primitives(mb_comm c, int *
     mb_nanosleep(100);
     unsigned char *sm = mb_dynamic_smem();
     sm[threadIdx.x] = (unsigned char)v;
+    uint4 u = mb_ld_cg((const uint4 *)q + 4);
+    mb_bar_sync(1, 64);
     __syncthreads();
+    if (!mb_check(c, rank, 1, 5, u.x, v)) return;
     if (mb_wait_ge(c, rank, 1, 2, p + 9, v) && mb_wait_eq(c, rank, 1, 3, p + 10, v) && mb_barrier(c, rank, 2, 1, 4, flags, 1))
         *mb_counter(c.sig, 2, 0) = sm[0] + (int)mb_globaltimer();
 }`

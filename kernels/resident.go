@@ -180,6 +180,18 @@ func (c *CUDA) LaunchResident(col *Collective, grid int, s Stream, args ...any) 
 	return nil
 }
 
+// LaunchProgram: cuLaunchKernel of p (compiled on first use).
+func (c *CUDA) LaunchProgram(p *Program, grid int, s Stream, args ...any) error {
+	f, err := c.program(p)
+	if err != nil {
+		return err
+	}
+	if err := c.Drv.Launch(f, [3]uint32{uint32(grid), 1, 1}, [3]uint32{uint32(p.Block), 1, 1}, uint32(p.Shared), s, args...); err != nil {
+		return fmt.Errorf("%s (grid %d, block %d, %d B shared): %w", p.Kernel, grid, p.Block, p.Shared, err)
+	}
+	return nil
+}
+
 // residency makes the *ResidencyError of a launch of f.
 func (c *CUDA) residency(p *Program, f cuda.Function, grid, per int) error {
 	e := &ResidencyError{Kernel: p.Kernel, Device: fmt.Sprintf("GPU %d", c.Ordinal), Grid: grid, Block: p.Block, Shared: p.Shared, PerSM: per, SMs: c.SMs}
@@ -362,6 +374,23 @@ func (e *Emu) LaunchResident(col *Collective, grid int, s Stream, args ...any) e
 		return fmt.Errorf("emu: %s: %w", p.Kernel, err)
 	}
 	meet()
+	return nil
+}
+
+// Residency: Emu holds one block of any program per SM.
+func (e *Emu) Residency(*Program) (int, error) { return 1, nil }
+
+// LaunchProgram runs p.Twin at once with one part: the launch on s.
+func (e *Emu) LaunchProgram(p *Program, grid int, s Stream, args ...any) error {
+	if err := e.on(s); err != nil || s == nil {
+		return fmt.Errorf("emu: %s: no stream, or %v", p.Kernel, err)
+	}
+	if p.Twin == nil {
+		return fmt.Errorf("emu: %s has no twin", p.Kernel)
+	}
+	if err := p.Twin([]TwinPart{{Dev: e, Stream: s, Grid: grid, Args: args, name: p.Kernel}}); err != nil {
+		return fmt.Errorf("emu: %s: %w", p.Kernel, err)
+	}
 	return nil
 }
 

@@ -27,6 +27,7 @@ import (
 type sassKernel struct {
 	regs, stack, local, shared int
 	ops                        map[string]int // opcode with its modifiers, e.g. "LDG.E.128"
+	seq                        []string       // the opcodes in program order
 }
 
 // kernelBlock is the largest block (threads) each kernel is launched with.
@@ -39,7 +40,33 @@ var kernelBlock = map[string]int{
 	"swiglu_prob":   flatBlock,
 	"unpermute_sum": rowBlockMax,
 	"comm_test":     CommTestBlock,
+	"copy_u4":       flatBlock,
+	// dispatchers/deepep's: layout, notify, permute; dispatch and combine
+	// with its default 16 warps
+	"deepep_layout":   256,
+	"deepep_notify":   128,
+	"deepep_permute":  512,
+	"deepep_dispatch": 512,
+	"deepep_combine":  512,
+	"fifo_test":       32 * fifoWarps,
+	"he_allgather":    128,
+	"he_preprocess":   256,
+	"he_pack":         128,
+	"he_dispatch":     128,
+	"he_combine":      128,
 }
+
+// bulkExpected, set in a compile's constants, says that the bulk-copy path
+// was compiled (sm_90 by NVRTC ≥ 12): its kernels must use bulk copies
+// (UBLKCP: global→shared .S.G, shared→global .G.S); otherwise their FIFO
+// rows move as 16-byte accesses.
+const bulkExpected = "moebench.bulk"
+
+// fifoKernels are the kernels that move rows through moebench.cuh's FIFO,
+// with the directions of their bulk copies (.S.G global→shared, .G.S
+// shared→global); on the 16-byte path they load and store rows as
+// 16-byte accesses, global and shared.
+var fifoKernels = map[string][]string{"fifo_test": {".S.G", ".G.S"}, "he_dispatch": {".S.G", ".G.S"}, "he_combine": {".S.G"}}
 
 // cuobjdump finds the tool (MOEBENCH_CUOBJDUMP, else the path) or returns "";
 // where the GPU-free kernel checks are required (MOEBENCH_REQUIRE_NVRTC=1,
@@ -125,6 +152,7 @@ func readSASS(tool string, cubin []byte, opcodes bool) (map[string]*sassKernel, 
 			}
 			if m := sassOp.FindStringSubmatch(l); m != nil && k != nil {
 				k.ops[m[1]]++
+				k.seq = append(k.seq, m[1])
 			}
 			return k
 		})
@@ -192,10 +220,53 @@ func auditSASS(tool string, cubin []byte, d map[string]string, opcodes bool) (li
 		if len(k.ops) == 0 {
 			bad("no SASS read")
 		}
-		vec16 := name == "permute_rows" || name == "sort_chunks" || name == "unpermute_sum" ||
+		vec16 := name == "permute_rows" || name == "copy_u4" || name == "sort_chunks" || name == "unpermute_sum" ||
 			name == "swiglu_prob" && atoi(d["MB_FFN"])%8 == 0
 		if vec16 && (k.has("LDG.E", ".128") == 0 || k.has("STG.E", ".128") == 0) {
 			bad("no 16-byte global load or store (LDG/STG .128); it has %s", k.list("LDG", "STG"))
+		}
+		// loads through const __restrict__ pointers may take the read-only
+		// path (LDG.CONSTANT) and be hoisted past the kernel's stores
+		if name == "permute_order" && (k.has("LDG.E") == 0 || k.has("LDG.E") != k.has("LDG.E", "CONSTANT")) {
+			bad("its loads of idx are not all read-only (LDG...CONSTANT: const __restrict__): %s", k.list("LDG"))
+		}
+		// every load of an item (gate, up and the probability) issued before
+		// its math begins (the first MUFU, expf's EX2), in each of the
+		// kernel's loops (code between EXITs)
+		if name == "swiglu_prob" {
+			math := -1
+			for i, op := range k.seq {
+				switch {
+				case strings.HasPrefix(op, "EXIT"):
+					math = -1
+				case strings.HasPrefix(op, "MUFU") && math < 0:
+					math = i
+				case strings.HasPrefix(op, "LDG") && math >= 0:
+					bad("a global load (%s, instruction %d) issued after the math began (a MUFU at %d)", op, i, math)
+					math = -1
+				}
+			}
+			if k.has("MUFU") == 0 {
+				bad("no MUFU (expf) found")
+			}
+		}
+		// deepep's rows move through peers' memory at generic addresses
+		// (LD/ST) or through L2 (LDG .STRONG.GPU, ld.global.cg)
+		if (name == "deepep_dispatch" || name == "deepep_combine") && (k.has("LDG.E", ".128")+k.has("LD.E", ".128") == 0 || k.has("STG.E", ".128")+k.has("ST.E", ".128") == 0) {
+			bad("no 16-byte load or store of a row; it has %s", k.list("LD", "ST"))
+		}
+		if dirs, ok := fifoKernels[name]; ok {
+			for _, dir := range dirs {
+				if d[bulkExpected] == "1" && k.has("UBLKCP", dir) == 0 {
+					bad("the bulk-copy path has no bulk copy UBLKCP%s; it has %s", dir, k.list("UBLKCP", "UTMA", "LDG", "STG"))
+				}
+			}
+			// rows in global memory are reached through generic pointers
+			// (peers' memory too): LD/ST .128, or LDG/STG .128
+			ld, st := k.has("LDG.E", ".128")+k.has("LD.E", ".128"), k.has("STG.E", ".128")+k.has("ST.E", ".128")
+			if d[bulkExpected] != "1" && (ld == 0 || k.has("STS", ".128") == 0 || k.has("LDS", ".128") == 0 || st == 0) {
+				bad("the 16-byte path does not move rows as 16-byte accesses (LD[G]/STS/LDS/ST[G] .128); it has %s", k.list("LD", "ST"))
+			}
 		}
 		if (name == "router_topk" || name == "permute_order") && k.has("REDUX") == 0 {
 			bad("the warp reductions did not compile to REDUX; it has %s", k.list("REDUX", "SHFL", "VOTE"))

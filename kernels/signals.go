@@ -198,6 +198,7 @@ type CommRecord struct {
 	PhaseName         string // from Signals.Names, else the number
 	WaitName          string
 	TimedOut          bool // its own wait expired (else it gave up after another rank, or the host)
+	Check             bool // it read a value the protocol did not promise (mb_check): Seen, not Expected
 	Block, Thread     int
 	Seen, Expected    int64
 	Waited            time.Duration
@@ -205,15 +206,19 @@ type CommRecord struct {
 
 func (r CommRecord) String() string {
 	what := "gave up (another rank or the host did)"
-	if r.TimedOut {
+	switch {
+	case r.TimedOut:
 		what = "timed out"
+	case r.Check:
+		return fmt.Sprintf("rank %d failed a check in phase %s at wait %s: read %d, expected %d (block %d, thread %d)",
+			r.Rank, r.PhaseName, r.WaitName, r.Seen, r.Expected, r.Block, r.Thread)
 	}
 	return fmt.Sprintf("rank %d %s in phase %s at wait %s after %v: read %d, waiting for %d (block %d, thread %d)",
 		r.Rank, what, r.PhaseName, r.WaitName, r.Waited.Round(time.Microsecond), r.Seen, r.Expected, r.Block, r.Thread)
 }
 
 // CommError is a collective whose kernels gave up on a cross-rank wait:
-// every rank's record, those that timed out first.
+// every rank's record, those that timed out or failed a check first.
 type CommError struct{ Records []CommRecord }
 
 func (e *CommError) Error() string {
@@ -237,14 +242,14 @@ func (s *Signals) Err() error {
 		}
 		b := unsafe.Slice((*byte)(unsafe.Add(s.mem.Host, off)), errorRecord)
 		i32 := func(k int) int { return int(int32(binary.LittleEndian.Uint32(b[4*k:]))) }
-		rec := CommRecord{Rank: i32(1), Phase: i32(2), Wait: i32(3), Block: i32(4), Thread: i32(5), TimedOut: status == 1,
+		rec := CommRecord{Rank: i32(1), Phase: i32(2), Wait: i32(3), Block: i32(4), Thread: i32(5), TimedOut: status == 1, Check: status == 3,
 			Seen: int64(binary.LittleEndian.Uint64(b[24:])), Expected: int64(binary.LittleEndian.Uint64(b[32:])),
 			Waited: time.Duration(binary.LittleEndian.Uint64(b[40:]))}
 		rec.PhaseName, rec.WaitName = fmt.Sprint(rec.Phase), fmt.Sprint(rec.Wait)
 		if s.Names != nil {
 			rec.PhaseName, rec.WaitName = s.Names(rec.Phase, rec.Wait)
 		}
-		if rec.TimedOut {
+		if rec.TimedOut || rec.Check {
 			timed = append(timed, rec)
 		} else {
 			gave = append(gave, rec)

@@ -103,6 +103,12 @@ func WriteTable(w io.Writer, rec *Record) error {
 		}
 		p.f("\n")
 	}
+	if t.CUDAGraph != "" {
+		p.f("# %-22s %s\n", "cuda graph", t.CUDAGraph)
+	}
+	if hw := t.HostWait; hw != nil {
+		p.f("# %-22s p50 %.3f ms (the dispatcher's wait for the device before a phase; in the step, in no phase)\n", "host wait/step", hw.P50)
+	}
 	if rb := rec.Rebalance; rb != nil {
 		p.f("# %-22s %s: token straggler +%.0f (+%.1f%%) → +%.0f (+%.1f%%) · %d moves, %s · copies %.3f ms, scheduler %.3f ms\n",
 			"rebalance", rb.Policy, rb.TokenBefore.Abs, 100*rb.TokenBefore.Rel, rb.TokenAfter.Abs, 100*rb.TokenAfter.Rel,

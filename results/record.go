@@ -125,6 +125,7 @@ type Config struct {
 	FeplbDynamic  int     `json:"feplb_dynamic,omitempty"`  // feplb: dynamic experts per rank
 	FeplbPolicy   string  `json:"feplb_policy,omitempty"`   // feplb: the scheduler's policy (feplb, feplb-split); older records: feplb-split's forerunner
 	CommTimeoutS  float64 `json:"comm_timeout_s,omitempty"` // SM-driven dispatchers: the bound of each cross-rank wait
+	CUDAGraph     bool    `json:"cuda_graph,omitempty"`     // --cuda-graph: steps issued as CUDA graphs (whether they were: Timing.CUDAGraph)
 	Routing       string  `json:"routing"`
 	// RoutingPerStep: each iteration had its own routing, drawn from the
 	// seed and the step (older records, and --routing-fixed: one routing
@@ -240,11 +241,17 @@ type Timing struct {
 	SlowestRank *Phase `json:"step_slowest_rank,omitempty"`
 	Lockstep    *Phase `json:"step_lockstep,omitempty"`
 	// device runs: the host's wall time to issue one step, from its first
-	// call to its last call's return, before waiting for the streams (a
-	// dispatcher's host wait inside the step, such as alltoall's count
-	// exchange, is inside it). Close to the step time, the GPU may have
-	// waited for the host: the times then include launch gaps.
+	// call to its last call's return, before waiting for the streams, less
+	// HostWait. Close to the step time, the GPU may have waited for the
+	// host: the times then include launch gaps.
 	HostIssue *Stat `json:"host_issue_ms,omitempty"`
+	// device runs of a dispatcher that waits on the host before a phase
+	// (alltoall's count exchange): that wait's wall time per step, which no
+	// phase's time holds (each is timed from its own first GPU operation)
+	HostWait *Stat `json:"host_wait_ms,omitempty"`
+	// device runs: whether the timed steps were issued as CUDA graphs
+	// (--cuda-graph) and how: launches, captures, refused captures
+	CUDAGraph string `json:"cuda_graph,omitempty"`
 }
 
 // Straggler is max−mean (absolute) and max/mean−1 (relative) over ranks.

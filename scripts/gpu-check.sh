@@ -16,12 +16,16 @@
 # (qwen3-30b-a3b at EP 8), every GPU test (each CUDA kernel against its host
 # function, the library bindings) with MOEBENCH_REQUIRE_GPU=1 so that a
 # missing GPU or library fails instead of skipping, the kernel benchmark
-# (ratios to ceilings measured in the same run), the layer for several
-# presets, EP sizes, routings and dispatchers (alltoall natively and through
-# NCCL, FEPLB), and last compute-sanitizer over the kernels' tests.
+# (ratios to ceilings measured in the same run: the copy engines' device
+# copy, an SM copy kernel, a dense GEMM), deepep's layer and dispatch
+# benchmark (its SM budgets side by side with alltoall), the layer for
+# several presets, EP sizes, routings and dispatchers (alltoall natively and
+# through NCCL, FEPLB, deepep, hybridep and a sweep of SM budgets; with and
+# without --cuda-graph), and last compute-sanitizer over the kernels' tests
+# (the cross-rank kernels included).
 #
-# How long: about 10 minutes. Each step has its own time limit, and a step
-# that would start after BUDGET seconds (default 540) is skipped and reported
+# How long: about 12 minutes. Each step has its own time limit, and a step
+# that would start after BUDGET seconds (default 720) is skipped and reported
 # as such; BUDGET=1200 gives the sanitizer time to finish.
 #
 # What it writes: OUTDIR (default $OUT, else a new temporary folder, printed
@@ -55,7 +59,7 @@ export LD_LIBRARY_PATH="${libdirs}${LD_LIBRARY_PATH:-}"
 export PATH="/usr/local/cuda/bin:$PATH"
 export MOEBENCH_REQUIRE_GPU=1 MOEBENCH_CACHE="$OUT/kernel-cache"
 
-BUDGET=${BUDGET:-540}
+BUDGET=${BUDGET:-720}
 declare -A result
 # step NAME LIMIT CMD...: runs CMD under a time limit, its output in
 # $OUT/NAME.log, unless the budget is spent
@@ -87,7 +91,23 @@ for preset in qwen3-30b-a3b deepseek-v3; do
   step "bench-$preset" 150 bin/moebench bench kernels --preset "$preset" --ep 8 --out "$OUT/bench-$preset.json"
   cat "$OUT/bench-$preset.log" 2>/dev/null
 done
+# DeepEP's design (moebench's kernels): the reference layer at 24 SMs per rank
+# (8 ranks packed on one GPU: 192 blocks resident at once), then dispatch and
+# combine alone per budget, each point checked, next to alltoall
+layer deepep-qwen3-30b-ep8 --preset qwen3-30b-a3b --ep 8 --dispatcher deepep --sms 24
+step bench-dispatch 150 bin/moebench bench dispatch --device cuda --preset qwen3-30b-a3b --ep 8 \
+  --dispatcher alltoall,deepep --sms 8,16,24,32 --out "$OUT/bench-dispatch.json"
+cat "$OUT/bench-dispatch.log" 2>/dev/null
 layer tiny-ep8 --preset tiny --ep 8
+# --cuda-graph against the same layers without (host issue/step, host wait,
+# step): fixed routing, so that each captured part is replayed every step,
+# and routing per step, where the part after the count exchange is captured
+# again when the counts change (or issued plainly when a buffer must grow)
+layer tiny-ep8-fixed --preset tiny --ep 8 --routing-fixed
+layer tiny-ep8-fixed-graph --preset tiny --ep 8 --routing-fixed --cuda-graph
+layer qwen3-30b-ep8-fixed --preset qwen3-30b-a3b --ep 8 --routing-fixed
+layer qwen3-30b-ep8-fixed-graph --preset qwen3-30b-a3b --ep 8 --routing-fixed --cuda-graph
+layer qwen3-30b-ep8-graph --preset qwen3-30b-a3b --ep 8 --cuda-graph
 layer qwen3-30b-ep1 --preset qwen3-30b-a3b --ep 1
 # the same layer with alltoall's library implementation: NCCL send/recv
 # (one rank per GPU, so EP 1 on one GPU)
@@ -95,10 +115,20 @@ layer qwen3-30b-ep1-nccl --preset qwen3-30b-a3b --ep 1 --impl library
 layer qwen3-30b-ep8-skewed --preset qwen3-30b-a3b --ep 8 --routing skewed:1.2
 layer qwen3-30b-ep8-natural --preset qwen3-30b-a3b --ep 8 --routing natural
 layer deepseek-v3-ep8 --preset deepseek-v3 --ep 8
+layer deepep-qwen3-30b-ep8-skewed --preset qwen3-30b-a3b --ep 8 --routing skewed:1.2 --dispatcher deepep --sms 24
 # FEPLB over alltoall on skewed routing: the same layer as qwen3-30b-ep8-skewed,
 # so the two records compare side by side (one NVLink domain of 8, then 2 of 4)
 layer feplb-qwen3-30b-ep8-skewed --preset qwen3-30b-a3b --ep 8 --routing skewed:1.2 --dispatcher feplb
 layer feplb-qwen3-30b-ep8-skewed-d4 --preset qwen3-30b-a3b --ep 8 --routing skewed:1.2 --dispatcher feplb --domain 4
+# hybridep's CUDA kernels (bulk copies on sm_90 where the GPU's NVRTC is ≥ 12):
+# the reference layer at --sms 32, the command users type first; its budgets
+# 16, 24, 32 beside alltoall and deepep in one sweep (one table in the
+# report). Two domains need one GPU per rank (the inter-domain path is NCCL):
+# on a one-GPU node that run is recorded unavailable, with the reason.
+layer hybridep-qwen3-30b-ep8-sms32 --preset qwen3-30b-a3b --ep 8 --dispatcher hybridep --sms 32
+layer hybridep-qwen3-30b-ep8-d4 --preset qwen3-30b-a3b --ep 8 --dispatcher hybridep --sms 16 --domain 4
+step sweep-hybridep 300 bin/moebench sweep --device cuda --presets qwen3-30b-a3b --ep 8 \
+  --dispatchers alltoall,deepep,hybridep --sms 16,24,32 --out "$records"
 fi
 # last, as the budget allows: compute-sanitizer over the GPU tests of
 # moebench's own kernels (not cuBLAS's): memcheck (out-of-bounds and
@@ -112,6 +142,15 @@ if [ -n "$san" ]; then
       bin/kernels.test -test.v -test.run '^TestGPU(Router|Permute|SortChunks|SwiGLUAndUnpermute)$'
     if grep -q -i "device not supported" "$OUT/sanitize-$tool.log" 2>/dev/null; then
       result[sanitize-$tool]="n/a (compute-sanitizer: device not supported)"
+    fi
+  done
+  # deepep's kernels: queues in peers' memory, named barriers (synccheck),
+  # host-mapped counters
+  for tool in memcheck synccheck; do
+    step "sanitize-deepep-$tool" 150 "$san" --tool "$tool" --error-exitcode 3 \
+      bin/dispatchers_deepep.test -test.v -test.run '^TestGPUDeepEP$'
+    if grep -q -i "device not supported" "$OUT/sanitize-deepep-$tool.log" 2>/dev/null; then
+      result[sanitize-deepep-$tool]="n/a (compute-sanitizer: device not supported)"
     fi
   done
 else

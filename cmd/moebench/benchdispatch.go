@@ -17,14 +17,19 @@ const benchDispatchHelp = `moebench bench dispatch times dispatch and combine al
 test_intranode does, for each dispatcher and SM budget, so that a budget can be
 picked: per point the p50 of each phase, the bytes in the design's own
 convention (DeepEP's: tokens received × hidden × 2 B, a rank's tokens to
-itself included) and GB/s, and GB/s per SM for SM-driven dispatchers. The
-experts are replaced by a multiplication of each row by its probability, and
-every iteration is checked: dispatch then combine must give each rank's input
-back exactly. --sms varies only SM-driven dispatchers (deepep, hybridep); the others
-run once.
+itself included) and GB/s, and GB/s per SM for SM-driven dispatchers. Every
+iteration is checked: dispatch then combine must give each rank's input back
+exactly. --sms varies only SM-driven dispatchers (deepep, hybridep); the
+others run once.
 
-This build runs it on the host device only (host wall-clock times: they show
-the data movement, not GPU performance).
+On the cuda device (--device auto finds it) the phases are timed with CUDA
+events as a run times them, the experts copy their rows (each rank gets k
+times its input back, exactly), and where NVML has GPM each point also
+reports the GPU's SM utilisation over its timed iterations; a budget above
+the GPU's SMs, or whose blocks for the GPU's ranks cannot all be resident,
+is unavailable, with the reason. On the host device the experts multiply
+each row by its probability, and the times are host wall-clock times: they
+show the data movement, not GPU performance.
 
 Usage:
   moebench bench dispatch [flags]`
@@ -49,12 +54,15 @@ func benchDispatch(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&o.warmup, "warmup", d.Warmup, "untimed iterations first")
 	fs.IntVar(&o.iters, "iters", d.Iters, "timed iterations")
 	fs.DurationVar(&o.commTimeout, "comm-timeout", d.CommTimeout, "the longest a cross-rank wait may take")
-	fs.StringVar(&o.device, "device", "host", "device: host (the only one this build runs it on)")
+	fs.StringVar(&o.device, "device", d.Device, "device: auto (cuda if a driver and GPU are found, else host) | host | cuda")
+	fs.IntVar(&o.gpus, "gpus", d.GPUs, "cuda: GPUs the ranks are spread over; 0 = every GPU, at most one per rank")
+	addLibFlag(fs, &o.cudaLibs)
 	fs.StringVar(&format, "format", "table", "output: table | json")
 	fs.StringVar(&out, "out", "", "also write the JSON result to this file")
 	if code, ok := parseFlags(fs, args, benchDispatchHelp, stdout, stderr); !ok {
 		return code
 	}
+	useLibDirs(o.cudaLibs)
 	if fs.NArg() > 0 {
 		return usageError(stderr, fmt.Errorf("unexpected argument %q", fs.Arg(0)))
 	}
@@ -76,12 +84,12 @@ func benchDispatch(args []string, stdout, stderr io.Writer) int {
 			}
 		}
 	}
-	if cfg.Device != "host" {
-		fmt.Fprintf(stderr, "moebench: bench dispatch runs on the host device only in this build (--device %s): no dispatcher's cuda implementation has a dispatch-only path yet, and deepep's and hybridep's kernels are not built\n", cfg.Device)
-		return exitRuntime
+	dev, note := resolveDevice(cfg.Device)
+	cfg.Device = dev
+	if dev == "host" {
+		fmt.Fprintf(stderr, "moebench: bench dispatch on the host device (%s): host wall-clock times, not GPU performance\n", note)
 	}
-	fmt.Fprintln(stderr, "moebench: bench dispatch on the host device: host wall-clock times, not GPU performance")
-	b, err := harness.BenchDispatch(cfg, names, sms, harness.Env{Version: version(), DeviceNote: "chosen with --device host"})
+	b, err := harness.BenchDispatch(cfg, names, sms, harness.Env{Version: version(), DeviceNote: note})
 	return benchResult(stdout, stderr, "dispatch", b, b != nil, err, format, out, func() { writeDispatchBench(stdout, b) })
 }
 
@@ -91,6 +99,9 @@ func writeDispatchBench(w io.Writer, b *harness.DispatchBench) {
 	fmt.Fprintf(w, "# bench dispatch · %s: tokens/rank %d, hidden %d, experts %d, top-%d · EP %d · routing %s · device %s\n",
 		c.Preset, c.Tokens, c.Hidden, c.Experts, c.TopK, c.EP, b.Routing, c.Device)
 	fmt.Fprintf(w, "# times: %s\n# bytes: %s\n# check: %s\n", b.Clock, b.Bytes, b.Check)
+	if b.Ranks != "" {
+		fmt.Fprintf(w, "# ranks: %s\n", b.Ranks)
+	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "dispatcher\tsms\tdispatch ms\tGB/s\tGB/s/SM\tcombine ms\tGB/s\tGB/s/SM\tcheck\t")
 	for _, p := range b.Points {
@@ -122,4 +133,13 @@ func writeDispatchBench(w io.Writer, b *harness.DispatchBench) {
 			cms, tr.CombineGBps, perSM(tr.CombineGBpsPerSM), p.RoundTrip)
 	}
 	tw.Flush()
+	for _, p := range b.Points {
+		if p.SMUse != "" && p.Status == results.StatusOK {
+			at := ""
+			if p.Budget > 0 {
+				at = fmt.Sprintf(" at %d SMs", p.Budget)
+			}
+			fmt.Fprintf(w, "# SM use of %s%s: %s\n", p.Dispatcher, at, p.SMUse)
+		}
+	}
 }

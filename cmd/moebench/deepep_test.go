@@ -8,6 +8,8 @@ import (
 	"testing"
 
 	"github.com/moebench/moebench/harness"
+	"github.com/moebench/moebench/internal/hostsim"
+	"github.com/moebench/moebench/kernels"
 	"github.com/moebench/moebench/results"
 )
 
@@ -134,7 +136,48 @@ func TestBenchDispatch(t *testing.T) {
 	if code, _, e := cli(append(small, "--sms", "7")...); code != exitUsage || !strings.Contains(e, "--sms=7") {
 		t.Errorf("odd budget: exit %d, %q", code, e)
 	}
-	if code, _, e := cli(append(small, "--device", "cuda")...); code != exitRuntime || !strings.Contains(e, "host device only") {
-		t.Errorf("cuda: exit %d, %q", code, e)
+	t.Setenv("MOEBENCH_LIBCUDA", "/nonexistent/libcuda.so.1")
+	if code, _, e := cli(append(small, "--device", "cuda")...); code != exitRuntime || !strings.Contains(e, "bench dispatch: device cuda: MOEBENCH_LIBCUDA") {
+		t.Errorf("cuda without a driver: exit %d, %q", code, e)
+	}
+}
+
+// TestDeepEPOnFakeGPUs: on the host simulation's fake GPUs (8 SMs each),
+// 'moebench --device cuda --dispatcher deepep' passes with its phases and a
+// budget above the GPU's SMs is unavailable with the reason; a sweep over
+// alltoall and deepep at three budgets records one alltoall point and a
+// deepep point per budget (the one above the SMs unavailable); the dispatch
+// benchmark times and checks each point on the GPUs.
+func TestDeepEPOnFakeGPUs(t *testing.T) {
+	t.Setenv("FAKECUDA_SMS", "8")
+	comp := hostsim.Setup(t)
+	old := kernels.NewCompiler
+	kernels.NewCompiler = func() (kernels.Compiler, error) { return comp, nil }
+	t.Cleanup(func() { kernels.NewCompiler = old })
+	gpu := []string{"--device", "cuda", "--tokens", "16", "--hidden", "32", "--ffn", "16", "--ep", "4", "--warmup", "0", "--iters", "2"}
+	code, stdout, stderr := cli(append(gpu, "--dispatcher", "deepep", "--sms", "2")...)
+	if code != exitOK || !strings.Contains(stdout, "correctness            PASS") || !strings.Contains(stdout, "\n  notify ") {
+		t.Fatalf("run: exit %d\n%s%s", code, stdout, stderr)
+	}
+	code, stdout, _ = cli(append(gpu, "--dispatcher", "deepep", "--sms", "10", "--format", "json")...)
+	if code != exitRuntime || !strings.Contains(stdout, `"status":"unavailable"`) || !strings.Contains(stdout, "exceeds device 0's 8 SMs") {
+		t.Errorf("--sms 10: exit %d\n%s", code, stdout)
+	}
+	out := filepath.Join(t.TempDir(), "s.jsonl")
+	code, _, stderr = cli(append([]string{"sweep", "--out", out, "--dispatchers", "alltoall,deepep", "--sms", "2,4,10"}, gpu...)...)
+	recs, err := results.ReadFile(out, nil)
+	if code != exitOK || err != nil || len(recs) != 4 { // an unavailable point is no failure
+		t.Fatalf("sweep: exit %d, %d records, %v: %s", code, len(recs), err, stderr)
+	}
+	want := map[string]string{"alltoall/native sms=0": results.StatusOK, "deepep/native sms=2": results.StatusOK, "deepep/native sms=4": results.StatusOK,
+		"deepep/native sms=10": results.StatusUnavailable}
+	for _, r := range recs {
+		if s := r.Config.Settings(); want[s] != r.Status || r.Config.Device != "cuda" {
+			t.Errorf("point %s on %s: %s (%s)", s, r.Config.Device, r.Status, r.Reason)
+		}
+	}
+	code, stdout, stderr = cli(append([]string{"bench", "dispatch", "--dispatcher", "alltoall,deepep", "--sms", "2,4"}, gpu...)...)
+	if code != exitOK || strings.Count(stdout, "round trip exact") != 3 || !strings.Contains(stdout, "CUDA events") {
+		t.Errorf("bench dispatch: exit %d\n%s%s", code, stdout, stderr)
 	}
 }

@@ -27,7 +27,7 @@ type options struct {
 	topkScale, maxSeconds                                               float64
 	commTimeout                                                         time.Duration
 	seed                                                                uint64
-	check, preSoftmax, routingFixed                                     bool
+	check, preSoftmax, routingFixed, cudaGraph                          bool
 }
 
 func newFlags(o *options) *pflag.FlagSet {
@@ -44,6 +44,7 @@ func newFlags(o *options) *pflag.FlagSet {
 	addShapeFlags(fs, o)
 	fs.StringVar(&o.routing, "routing", d.Routing.String(), "routing: balanced|uniform|skewed:ALPHA|trace:FILE|natural")
 	addControlFlags(fs, o)
+	fs.BoolVar(&o.cudaGraph, "cuda-graph", d.CUDAGraph, "cuda: issue each step as CUDA graphs (stream capture), cut at the dispatcher's host wait, each part replayed while its shapes repeat (alltoall native)")
 	fs.StringVar(&o.out, "out", "", "append the JSON result record to this file (one line per run)")
 	fs.StringVar(&o.format, "format", "table", "output format: "+strings.Join(results.Formats, "|"))
 	fs.StringVar(&o.dump, "dump", "", "write the layer's tensors as .npy files with an index.json to this new directory")
@@ -147,7 +148,7 @@ func (o *options) config(fs *pflag.FlagSet) (harness.Config, error) {
 	c.Dispatcher, c.Impl, c.SMs, c.EP, c.GPUs = o.dispatcher, o.impl, o.sms, o.ep, o.gpus
 	c.Domain, c.FeplbBase, c.FeplbDyn, c.FeplbPolicy, c.CommTimeout = o.domain, o.feplbBase, o.feplbDyn, o.feplbPolicy, o.commTimeout
 	c.Routing, c.RoutingFixed, c.Seed, c.Warmup, c.Iters, c.Check, c.Device = r, o.routingFixed, o.seed, o.warmup, o.iters, o.check, o.device
-	c.MaxSeconds = o.maxSeconds
+	c.MaxSeconds, c.CUDAGraph = o.maxSeconds, o.cudaGraph
 	if err := c.Validate(); err != nil {
 		return c, err
 	}

@@ -17,6 +17,7 @@ import (
 	_ "github.com/moebench/moebench/dispatchers/all"
 	"github.com/moebench/moebench/harness"
 	"github.com/moebench/moebench/internal/cuda"
+	"github.com/moebench/moebench/kernels"
 	"github.com/moebench/moebench/results"
 )
 
@@ -162,7 +163,8 @@ func limitMemory(estimate int64) func() {
 }
 
 // resolveDevice turns auto into cuda or host and says why: cuda when the
-// driver reports a GPU and NVRTC and cuBLASLt can be opened, else host.
+// driver reports a GPU and the cuda device opens (kernels.ProbeCUDA), else
+// host.
 func resolveDevice(want string) (device, note string) {
 	if want == "host" {
 		return "host", "chosen with --device host"
@@ -183,11 +185,8 @@ func resolveDevice(want string) (device, note string) {
 	if len(gpus) == 0 {
 		return "host", found
 	}
-	if _, err := cuda.OpenNVRTC(); err != nil {
-		return "host", found + "; but NVRTC is missing (" + err.Error() + ")"
-	}
-	if _, err := cuda.OpenCuBLASLt(); err != nil {
-		return "host", found + "; but cuBLASLt is missing (" + err.Error() + ")"
+	if err := kernels.ProbeCUDA(); err != nil {
+		return "host", found + "; but the cuda device does not open: " + err.Error()
 	}
 	return "cuda", found
 }

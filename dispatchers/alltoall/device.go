@@ -3,6 +3,7 @@ package alltoall
 import (
 	"errors"
 	"fmt"
+	"unsafe"
 
 	"github.com/moebench/moebench/dispatchers"
 	"github.com/moebench/moebench/kernels"
@@ -36,8 +37,11 @@ type devState struct {
 	rows, pos, counts kernels.Ptr // [n] permuted row → slot, [n] slot → row, [Experts] int32
 	permX, permY      kernels.Ptr // [n, h] copies to send, outputs returned (permuted order)
 	permP             kernels.Ptr // [n] fp32
-	hostCounts        []int32     // [Experts]
-	sendOff           []int       // [EP+1] first permuted row for each destination rank
+	// counts as the host reads them: page-locked memory the permute's
+	// asynchronous copy fills (hostCounts views it)
+	mapped     kernels.Mapped
+	hostCounts []int32 // [Experts]
+	sendOff    []int   // [EP+1] first permuted row for each destination rank
 
 	// receive side: chunk (source s, local expert l) has chunkN[s][l] rows at
 	// recvOff[s][l] of the [source][local] receive buffer
@@ -48,8 +52,8 @@ type devState struct {
 	received        int
 	recv            kernels.Sized // recvX, recvP, recvY, ExpertX, ExpertProbs
 
-	permuted, combined kernels.Event
-	fixed              int64 // bytes of the buffers Bind allocated
+	combined kernels.Event
+	fixed    int64 // bytes of the buffers Bind allocated
 }
 
 func (a *Device) Name() string { return "alltoall" }
@@ -92,14 +96,14 @@ func (a *Device) Bind(shape dispatchers.Shape, ranks []*dispatchers.DeviceRank) 
 			kernels.Buf{P: &s.recvCounts, PerRow: 4 * int64(shape.Experts)}); err != nil {
 			return err
 		}
-		s.hostCounts = make([]int32, shape.Experts)
+		if s.mapped, err = dev.AllocMapped(4 * int64(shape.Experts)); err != nil {
+			return err
+		}
+		s.hostCounts = unsafe.Slice((*int32)(s.mapped.Host), shape.Experts)
 		s.sendOff = make([]int, shape.EP+1)
 		s.chunkN, s.recvOff = make([][]int, shape.EP), make([][]int, shape.EP)
 		for src := range shape.EP {
 			s.chunkN[src], s.recvOff[src] = make([]int, L), make([]int, L)
-		}
-		if s.permuted, err = dev.NewEvent(); err != nil {
-			return err
 		}
 		if s.combined, err = dev.NewEvent(); err != nil {
 			return err
@@ -110,7 +114,9 @@ func (a *Device) Bind(shape dispatchers.Shape, ranks []*dispatchers.DeviceRank) 
 }
 
 // Permute orders rank r's copies expert-major (also destination-rank major)
-// and gathers their rows and probabilities.
+// and gathers their rows and probabilities, and queues the copy of its
+// per-expert counts to page-locked host memory (Megatron's non-blocking
+// copy of tokens per expert, which its one host sync waits for).
 func (a *Device) Permute(r int) error {
 	s, rk, sh := &a.st[r], a.ranks[r], a.shape
 	n := sh.Tokens * sh.TopK
@@ -124,17 +130,53 @@ func (a *Device) Permute(r int) error {
 	if err := rk.Dev.GatherF32(s.permP, rk.Probs, s.rows, 1, n, rk.Stream); err != nil {
 		return err
 	}
-	return rk.Dev.Record(s.permuted, rk.Stream)
+	return rk.Dev.DownloadAsync(s.mapped, s.counts, 4*int64(sh.Experts), rk.Stream)
+}
+
+// HostWait is the count exchange before dispatch: one wait per rank for
+// the counts its permute copied to the host (the copies were queued on
+// every rank's stream first, so they overlap).
+func (a *Device) HostWait(phase string) error {
+	if phase != "dispatch" {
+		return nil
+	}
+	return a.exchangeCounts() // every step's: Permute may have been replayed from a graph, not called
+}
+
+// WaitsBefore: the count exchange, before dispatch.
+func (a *Device) WaitsBefore(phase string) bool { return phase == "dispatch" }
+
+// GraphKey: from dispatch on, the step's GPU work is set by every rank's
+// counts (the host sizes every copy and chunk with them); before, by
+// nothing that changes between steps.
+func (a *Device) GraphKey(phase string) string {
+	if phase != "dispatch" {
+		return ""
+	}
+	b := make([]byte, 0, 4*len(a.st)*a.shape.Experts)
+	for _, s := range a.st {
+		b = append(b, unsafe.Slice((*byte)(s.mapped.Host), 4*a.shape.Experts)...)
+	}
+	return string(b)
+}
+
+// NoGraph: the library implementation's NCCL group is not captured in this
+// build.
+func (a *Device) NoGraph() string {
+	if a.library {
+		return "alltoall's library implementation (NCCL) is not captured into graphs in this build"
+	}
+	return ""
 }
 
 // exchangeCounts is the count all-gather: every rank's per-expert counts
-// reach the host (waiting for every rank's permute).
+// reach the host (waiting for every rank's permute and its copy).
 func (a *Device) exchangeCounts() error {
 	sh := a.shape
 	L := sh.LocalExperts()
 	for src := range a.st {
 		s := &a.st[src]
-		if err := a.ranks[src].Dev.Download(s.hostCounts, s.counts, a.ranks[src].Stream); err != nil {
+		if err := a.ranks[src].Dev.SyncStream(a.ranks[src].Stream); err != nil {
 			return err
 		}
 		for d := range sh.EP {
@@ -154,7 +196,9 @@ func (a *Device) exchangeCounts() error {
 
 // Dispatch is rank r's receive side: pull each source's rows for r's experts
 // into a [source][local expert] buffer, then sort the chunks into [local
-// expert][source] order (ExpertX). The library implementation issues every
+// expert][source] order (ExpertX). At EP 1 the native implementation, as
+// Megatron's dispatcher, moves nothing: the permuted rows are ExpertX, and
+// the expert outputs go straight to the unpermute. The library implementation issues every
 // rank's transfers as one NCCL group in the last rank's Dispatch (one thread
 // drives every GPU), then sorts each rank's chunks on its stream.
 func (a *Device) Dispatch(r int) error {
@@ -176,6 +220,10 @@ func (a *Device) Dispatch(r int) error {
 		}
 	}
 	s.received = total
+	if sh.EP == 1 && !a.library { // as Megatron at EP 1: no all-to-all and no chunk sort, the permuted rows are the experts'
+		rk.ExpertX, rk.ExpertProbs = s.permX, s.permP
+		return nil
+	}
 	if err := a.grow(r, total); err != nil {
 		return err
 	}
@@ -197,9 +245,9 @@ func (a *Device) Dispatch(r int) error {
 			}
 			continue
 		}
-		if err := rk.Dev.Wait(rk.Stream, ss.permuted); err != nil {
-			return err
-		}
+		// no wait for the source's permute: the count exchange waited for
+		// every rank's stream on the host (and a CUDA graph capture of the
+		// dispatch may not wait for an event recorded before it)
 		for _, op := range ops {
 			if err := rk.Dev.CopyPeer(op, rk.Stream); err != nil {
 				return err
@@ -250,6 +298,9 @@ func (a *Device) grow(r, rows int) error {
 func (a *Device) Combine(r int) error {
 	s, rk, sh := &a.st[r], a.ranks[r], a.shape
 	h := int64(sh.Hidden)
+	if sh.EP == 1 && !a.library { // the expert outputs are in permuted order already (see Dispatch)
+		return nil
+	}
 	if err := rk.Dev.SortChunks(s.recvY, 0, rk.ExpertY, 0, s.recvCounts, s.received, sh.EP, sh.LocalExperts(), sh.Hidden, true, rk.Stream); err != nil {
 		return err
 	}
@@ -279,6 +330,9 @@ func (a *Device) Combine(r int) error {
 // copies) and sums each token's k outputs (plus the shared expert's) into Y.
 func (a *Device) Unpermute(r int) error {
 	s, rk, sh := &a.st[r], a.ranks[r], a.shape
+	if sh.EP == 1 && !a.library {
+		return rk.Dev.UnpermuteSum(rk.Y, rk.ExpertY, s.pos, rk.Shared, sh.Tokens, sh.TopK, sh.Hidden, rk.Stream)
+	}
 	for d := range a.st {
 		if a.library { // the library's receives are on this rank's stream
 			break
@@ -327,11 +381,20 @@ func (a *Device) Close() error {
 	var first error
 	for r := range a.st {
 		s, rk := &a.st[r], a.ranks[r]
+		if rk.ExpertX == s.permX { // EP 1: shared, see Dispatch
+			rk.ExpertX, rk.ExpertProbs = 0, 0
+		}
 		if err := kernels.Free(rk.Dev, &s.rows, &s.pos, &s.counts, &s.permX, &s.permY, &s.permP, &s.recvCounts,
 			&s.recvX, &s.recvP, &s.recvY, &rk.ExpertX, &rk.ExpertProbs); first == nil {
 			first = err
 		}
 		s.fixed, s.recv = 0, kernels.Sized{}
+		if s.mapped.Host != nil {
+			if err := rk.Dev.FreeMapped(s.mapped); first == nil {
+				first = err
+			}
+			s.mapped, s.hostCounts = kernels.Mapped{}, nil
+		}
 	}
 	if a.comm != nil {
 		if err := a.comm.Close(); first == nil {

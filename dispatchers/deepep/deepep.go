@@ -80,6 +80,14 @@
 // channel are used together in combine); the memory the record gives is
 // what the design holds on a GPU. A queue that could make no progress is
 // an error naming the rank, phase, channel and queue.
+//
+// # On the cuda device
+//
+// Device (device.go) runs the design with kernels/cuda/deepep.cu's kernels:
+// the same channels, queue protocol, received order and rounding points, so
+// that its outputs are the host design's bit for bit (tested on the host
+// simulation). Its twins (twin.go), kernels.Emu's form of the kernels, run
+// this package's host code on the device buffers.
 package deepep
 
 import (
@@ -112,10 +120,22 @@ type Queue struct {
 type Config struct {
 	SMs               int // blocks of dispatch and combine; channels = SMs/2
 	Dispatch, Combine Queue
+	// The device's dispatch and combine blocks (not the host's): Warps
+	// per block, a multiple of the ranks (each peer is served by
+	// Warps/EP of them), and MinBlocks, the blocks one SM must hold
+	// (the kernels' register bound), so that ranks packed on one GPU
+	// (emulated EP) can be resident together.
+	Warps, MinBlocks int
 }
 
 // Channels is C, the channels of a step.
 func (c Config) Channels() int { return c.SMs / 2 }
+
+// DefaultWarps is the warps of a device dispatch or combine block: 512
+// threads, two blocks to an SM (DeepEP's are 768 threads, one to an SM, which
+// would leave ranks packed on one GPU without room: 8 ranks × 24 blocks
+// exceed an H100's 132 SMs).
+const DefaultWarps = 16
 
 // DefaultConfig is DeepEP's recommended intranode configuration for ep
 // ranks (buffer.py's get_dispatch_config and get_combine_config) with an SM
@@ -124,7 +144,7 @@ func DefaultConfig(ep, sms int) Config {
 	if sms == 0 {
 		sms = DefaultSMs
 	}
-	c := Config{SMs: sms, Dispatch: Queue{Chunk: 6, Ring: 256}, Combine: Queue{Chunk: 4, Ring: 256}}
+	c := Config{SMs: sms, Dispatch: Queue{Chunk: 6, Ring: 256}, Combine: Queue{Chunk: 4, Ring: 256}, Warps: DefaultWarps, MinBlocks: 2}
 	switch ep {
 	case 2:
 		c.Dispatch.Chunk, c.Combine.Chunk = 24, 10
@@ -166,11 +186,4 @@ func New(impl string, env dispatchers.Env) (dispatchers.Dispatcher, error) {
 	// env.CommTimeout is for the GPU kernels' waits: the host model has none
 	// (a queue that cannot progress is reported at once).
 	return &Host{sms: env.SMs}, nil
-}
-
-// NewDevice reports the cuda implementation unavailable: its kernels are
-// not in this build yet.
-func NewDevice(impl string, env dispatchers.Env) (dispatchers.DeviceDispatcher, error) {
-	return nil, &dispatchers.UnavailableError{Name: Name, Impl: impl,
-		Reason: "the cuda implementation's kernels (queues in peer memory, co-resident send/receive blocks, timeouts) are not in this build yet; the host device runs the design (--device host)"}
 }

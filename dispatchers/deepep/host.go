@@ -16,6 +16,7 @@ type Host struct {
 	ranks []*dispatchers.Rank
 	st    []rankState
 	q     []queue // one ring per peer, reused channel after channel
+	slots []int32 // the permute's order (scratch)
 }
 
 // WithConfig returns the host implementation with cfg instead of DeepEP's
@@ -49,8 +50,9 @@ type rankState struct {
 	recvIdx []int32   // [R, k] local expert, or −1
 	recvW   []float32 // [R, k] probability, or 0
 	// permute: permRow[i·k+j] is the expert-major row of received token i's
-	// slot j, or −1
+	// slot j, or −1; counted the rows of each local expert
 	permRow []int32
+	counted []int
 }
 
 func (h *Host) Name() string { return Name }
@@ -230,38 +232,50 @@ func (h *Host) Dispatch(r int) error {
 func (h *Host) Permute(r int) error {
 	s, rk, sh := &h.st[r], h.ranks[r], h.shape
 	L, k, hd := sh.LocalExperts(), sh.TopK, sh.Hidden
-	rows := 0
-	for _, n := range s.expertRows {
-		rows += n
-	}
+	h.slots = s.order(L, k, h.slots)
+	rows := len(h.slots)
 	rk.ExpertX = kernels.Grow(rk.ExpertX, rows*hd)
 	rk.ExpertProbs = kernels.Grow(rk.ExpertProbs, rows)
-	s.permRow = kernels.Grow(s.permRow, s.recv*k)
-	for i := range s.permRow {
-		s.permRow[i] = -1
+	for at, slot := range h.slots {
+		i := int(slot) / k
+		copy(rk.ExpertX[at*hd:(at+1)*hd], s.recvX[i*hd:(i+1)*hd])
+		rk.ExpertProbs[at] = s.recvW[slot]
 	}
 	rk.Segments = rk.Segments[:0]
 	at := 0
-	for l := range L {
-		seg := dispatchers.Segment{Expert: r*L + l, Start: at}
-		for i := range s.recv {
-			for j, e := range s.recvIdx[i*k : (i+1)*k] {
-				if int(e) != l {
-					continue
-				}
-				copy(rk.ExpertX[at*hd:(at+1)*hd], s.recvX[i*hd:(i+1)*hd])
-				rk.ExpertProbs[at] = s.recvW[i*k+j]
-				s.permRow[i*k+j] = int32(at)
-				at++
-			}
+	for l, n := range s.counted {
+		if n != s.expertRows[l] {
+			return fmt.Errorf("deepep: permute on rank %d: local expert %d has %d rows, notify counted %d", r, l, n, s.expertRows[l])
 		}
-		seg.Len = at - seg.Start
-		if seg.Len != s.expertRows[l] {
-			return fmt.Errorf("deepep: permute on rank %d: local expert %d has %d rows, notify counted %d", r, l, seg.Len, s.expertRows[l])
-		}
-		rk.Segments = append(rk.Segments, seg)
+		rk.Segments = append(rk.Segments, dispatchers.Segment{Expert: r*L + l, Start: at, Len: n})
+		at += n
 	}
 	return nil
+}
+
+// order is the permute's order (deepep.cu's deepep_permute): permRow[i·k+j]
+// is the expert-major row of received token i's slot j (−1 when its expert
+// is on another rank), local expert 0's copies first, each expert's in
+// received order; it returns the slots in row order (reusing slots) and
+// counts each expert's rows in s.counted.
+func (s *rankState) order(L, k int, slots []int32) []int32 {
+	s.permRow = kernels.Grow(s.permRow, s.recv*k)
+	s.counted = kernels.Grow(s.counted, L)
+	clear(s.counted)
+	for i := range s.permRow {
+		s.permRow[i] = -1
+	}
+	slots = slots[:0]
+	for l := range int32(L) {
+		for slot, e := range s.recvIdx[:s.recv*k] {
+			if e == l {
+				s.permRow[slot] = int32(len(slots))
+				slots = append(slots, int32(slot))
+				s.counted[l]++
+			}
+		}
+	}
+	return slots
 }
 
 // Combine is rank r's home side: every expert rank's rounds of partial sums

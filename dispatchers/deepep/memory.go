@@ -13,10 +13,19 @@ const combineMeta = 4
 // rank holding any of its experts (the deduplication that makes DeepEP move
 // fewer bytes than alltoall at top-k > 1), and comes back once from it.
 func (h *Host) Traffic() dispatchers.Traffic {
-	sh := h.shape
-	var all, off int64
+	per := make([][]int, len(h.st))
 	for src := range h.st {
-		for d, n := range h.st[src].perRank {
+		per[src] = h.st[src].perRank
+	}
+	return traffic(h.shape, per)
+}
+
+// traffic counts the bytes of a step in which rank src sent perRank[src][d]
+// tokens to rank d.
+func traffic(sh dispatchers.Shape, perRank [][]int) dispatchers.Traffic {
+	var all, off int64
+	for src := range perRank {
+		for d, n := range perRank[src] {
 			all += int64(n)
 			if d != src {
 				off += int64(n)

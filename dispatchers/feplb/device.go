@@ -139,6 +139,15 @@ func (f *Device) Permute(r int) error {
 	return f.ClassicDevice.Permute(r)
 }
 
+// HostWait is the base dispatcher's (alltoall's count exchange), if it has
+// one.
+func (f *Device) HostWait(phase string) error {
+	if hw, ok := f.ClassicDevice.(dispatchers.HostWaiter); ok {
+		return hw.HostWait(phase)
+	}
+	return nil
+}
+
 // Dispatch runs phase 1; after the last rank, every rank's work is its
 // static experts, which the layer starts while the scheduler plans.
 func (f *Device) Dispatch(r int) error {

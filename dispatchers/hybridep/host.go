@@ -31,14 +31,7 @@ type rankState struct {
 	gmap  []bool    // [N·T, E] the global routing map, this rank's copy
 	probs []float32 // [T, E] the rank's own tokens' probabilities, dense
 
-	// preprocess
-	s2d       []int32 // [M, T, D] sparse_to_dense of the tokens it forwards
-	d2e       []int32 // [T·N, L] dense_to_expert of the tokens it receives (worst case)
-	perExpert []int   // [L] copies per local expert
-	recv      int     // R, tokens it receives
-	chunkAt   []int   // [N·chunks + 1] first receive position of each source chunk
-	toDom     []bool  // [T, M] domains that need each of its tokens (its own included)
-	cnt       []int   // [D] scan counters
+	meta // preprocess
 
 	// dispatch; combine's partial sums reuse recvX (the shared buffer)
 	recvX []float32 // [R, h] receive buffer
@@ -81,9 +74,8 @@ func (h *Host) Bind(shape dispatchers.Shape, ranks []*dispatchers.Rank) error {
 	for r := range h.st {
 		h.st[r] = rankState{
 			gmap: make([]bool, N*T*E), probs: make([]float32, T*E),
-			s2d: make([]int32, h.M*T*h.D), d2e: make([]int32, T*N*L), perExpert: make([]int, L),
-			chunkAt: make([]int, N*h.chunks+1), toDom: make([]bool, T*h.M), cnt: make([]int, h.D),
-			idX: make([]float32, o*T*shape.Hidden), idP: make([]float32, o*T*LD),
+			meta: h.geom().newMeta(),
+			idX:  make([]float32, o*T*shape.Hidden), idP: make([]float32, o*T*LD),
 			idIn: make([]int, o*h.chunks), idBack: make([]int, o*h.chunks), partDone: make([]int, N*h.chunks),
 		}
 	}
@@ -120,19 +112,8 @@ func (h *Host) Allgather(r int) error {
 	s.step++
 	s.moved = moved{}
 	rows := s.gmap[r*T*E : (r+1)*T*E] // the rank's own rows, in its own copy first
-	clear(rows)
-	clear(s.probs)
-	for t := range T {
-		for j, e := range rk.Idx[t*k : (t+1)*k] {
-			switch {
-			case e < 0 || int(e) >= E:
-				return fmt.Errorf("hybridep: allgather on rank %d: token %d has expert %d (of %d)", r, t, e, E)
-			case rows[t*E+int(e)]:
-				return fmt.Errorf("hybridep: allgather on rank %d: token %d has expert %d twice (a routing map holds it once)", r, t, e)
-			}
-			rows[t*E+int(e)] = true
-			s.probs[t*E+int(e)] = rk.Probs[t*k+j]
-		}
+	if err := denseRows(rk.Idx, rk.Probs, T, E, k, rows, s.probs); err != nil {
+		return fmt.Errorf("hybridep: allgather on rank %d: %w", r, err)
 	}
 	for q := range h.st {
 		if q != r {
@@ -142,73 +123,21 @@ func (h *Host) Allgather(r int) error {
 	return nil
 }
 
-// Preprocess is rank r = (n, l)'s scan of the global map (see the package
-// comment): s2d of the tokens it forwards, its receive count, d2e and chunk
-// layout of the tokens it receives, and the domains its tokens go to.
+// Preprocess is rank r's scan of the global map (see the package comment
+// and preprocess).
 func (h *Host) Preprocess(r int) error {
-	s, sh := &h.st[r], h.shape
-	N, T, E, L, D, M := sh.EP, sh.Tokens, sh.Experts, sh.LocalExperts(), h.D, h.M
-	n, l, LD := r/D, r%D, L*D
-	clear(s.cnt)
-	clear(s.perExpert)
-	for g := range N * T {
-		src, t := g/T, g%T
-		m, sl := src/D, src%D
-		if t%h.cfg.Chunk == 0 {
-			s.chunkAt[src*h.chunks+t/h.cfg.Chunk] = s.cnt[l]
-		}
-		row := s.gmap[g*E+n*LD : g*E+(n+1)*LD] // domain n's experts
-		for j := range D {
-			pos := int32(-1)
-			if anySet(row[j*L : (j+1)*L]) {
-				pos = int32(s.cnt[j])
-				s.cnt[j]++
-				if j == l { // a token r receives: its copies' ranks within each expert
-					for e, on := range row[l*L : (l+1)*L] {
-						s.d2e[int(pos)*L+e] = -1
-						if on {
-							s.d2e[int(pos)*L+e] = int32(s.perExpert[e])
-							s.perExpert[e]++
-						}
-					}
+	s := &h.st[r]
+	h.geom().preprocess(r, s.gmap, &s.meta)
+	if h.M > 1 {
+		for t := range h.shape.Tokens {
+			for m := range h.M {
+				if s.toDom[t*h.M+m] {
+					s.moved.interAlg++
 				}
-			}
-			if sl == l {
-				s.s2d[(m*T+t)*D+j] = pos
-			}
-		}
-	}
-	s.recv = s.cnt[l]
-	s.chunkAt[N*h.chunks] = s.recv
-	start := make([]int32, L) // rows of the local experts before each
-	for e := 1; e < L; e++ {
-		start[e] = start[e-1] + int32(s.perExpert[e-1])
-	}
-	for i, v := range s.d2e[:s.recv*L] {
-		if v >= 0 {
-			s.d2e[i] = v + start[i%L]
-		}
-	}
-	for t := range T {
-		g := r*T + t
-		for m := range M {
-			s.toDom[t*M+m] = anySet(s.gmap[g*E+m*LD : g*E+(m+1)*LD])
-			if s.toDom[t*M+m] && M > 1 {
-				s.moved.interAlg++
 			}
 		}
 	}
 	return nil
-}
-
-// anySet reports whether any of b is set.
-func anySet(b []bool) bool {
-	for _, v := range b {
-		if v {
-			return true
-		}
-	}
-	return false
 }
 
 // Dispatch is rank q = (n, j)'s receive side: each forwarder of its domain
@@ -216,38 +145,33 @@ func anySet(b []bool) bool {
 // chunks they need), then q's permute into expert-major rows.
 func (h *Host) Dispatch(q int) error {
 	s, sh := &h.st[q], h.shape
-	T, hd, L, D, M := sh.Tokens, sh.Hidden, sh.LocalExperts(), h.D, h.M
+	T, hd, L, D := sh.Tokens, sh.Hidden, sh.LocalExperts(), h.D
 	n, j, LD := q/D, q%D, L*D
 	s.recvX = kernels.Grow(s.recvX, s.recv*hd)
 	s.recvP = kernels.Grow(s.recvP, s.recv*LD)
 	placed := 0
+	g := h.geom()
 	for fl := range D {
 		f := n*D + fl
 		fs := &h.st[f]
 		for b := range h.cfg.SMs {
-			for c := b; c < h.chunks; c += h.cfg.SMs {
-				lo, hi := h.chunk(c)
-				for i := range M {
-					m := (n - i + M) % M // source domains: n, n−1, …, n+1
-					if m != n {
-						h.sendChunk(m*D+fl, f, c, q)
-					}
-					for t := lo; t < hi; t++ {
-						p := int(fs.s2d[(m*T+t)*D+j])
-						if p < 0 {
-							continue
-						}
-						x, pr := h.forwarded(f, m, t)
-						copy(s.recvX[p*hd:(p+1)*hd], x)
-						copy(s.recvP[p*LD:(p+1)*LD], pr)
-						placed++
-						s.moved.deliveries++
-						if f != q {
-							s.moved.fanOut++
-						}
-					}
+			g.forwardOrder(n, b, h.cfg.SMs, func(m, t int) {
+				if m != n {
+					h.sendChunk(m*D+fl, f, t/h.cfg.Chunk, q)
 				}
-			}
+				p := int(fs.s2d[(m*T+t)*D+j])
+				if p < 0 {
+					return
+				}
+				x, pr := h.forwarded(f, m, t)
+				copy(s.recvX[p*hd:(p+1)*hd], x)
+				copy(s.recvP[p*LD:(p+1)*LD], pr)
+				placed++
+				s.moved.deliveries++
+				if f != q {
+					s.moved.fanOut++
+				}
+			})
 		}
 	}
 	if placed != s.recv {
@@ -264,7 +188,7 @@ func (h *Host) forwarded(f, m, t int) (x, p []float32) {
 	if m == n {
 		return h.ranks[f].X[t*hd : (t+1)*hd], fs.probs[t*sh.Experts+n*LD : t*sh.Experts+(n+1)*LD]
 	}
-	slot := tile(m, n)*sh.Tokens + t
+	slot := tile(m, n)*sh.Tokens + int(fs.recvIdx[m*sh.Tokens+t])
 	return fs.idX[slot*hd : (slot+1)*hd], fs.idP[slot*LD : (slot+1)*LD]
 }
 
@@ -285,7 +209,7 @@ func (h *Host) sendChunk(src, f, c, by int) {
 		if !ss.toDom[t*M+n] {
 			continue
 		}
-		slot := tile(m, n)*sh.Tokens + t
+		slot := tile(m, n)*sh.Tokens + int(fs.recvIdx[m*sh.Tokens+t])
 		copy(fs.idX[slot*hd:(slot+1)*hd], h.ranks[src].X[t*hd:(t+1)*hd])
 		copy(fs.idP[slot*LD:(slot+1)*LD], ss.probs[t*sh.Experts+n*LD:t*sh.Experts+(n+1)*LD])
 		h.st[by].moved.interIn++
@@ -340,17 +264,19 @@ func (h *Host) Combine(r int) error {
 		y, c := rk.Y[t*hd:(t+1)*hd], t/h.cfg.Chunk
 		clear(y)
 		terms := h.domainSum(y, r, r, t)
-		for i := 1; i < M; i++ {
-			m := (n - i + M) % M
-			if !s.toDom[t*M+m] {
-				continue
+		var err error
+		h.geom().otherDomains(n, func(m int) {
+			if !s.toDom[t*M+m] || err != nil {
+				return
 			}
-			if err := h.preReduce(m*D+r%D, r, c); err != nil {
-				return err
+			if err = h.preReduce(m*D+r%D, r, c); err == nil {
+				slot := tile(m, n)*T + int(s.send[m*T+t])
+				add(y, s.idX[slot*hd:(slot+1)*hd])
+				terms++
 			}
-			slot := tile(m, n)*T + t
-			add(y, s.idX[slot*hd:(slot+1)*hd])
-			terms++
+		})
+		if err != nil {
+			return err
 		}
 		if terms == 0 {
 			return fmt.Errorf("hybridep: combine on rank %d: token %d has no expert output to sum (its routing map row is empty)", r, t)
@@ -367,19 +293,27 @@ func (h *Host) domainSum(y []float32, reader, r, t int) int {
 	T, D := h.shape.Tokens, h.D
 	rs, n, m, c := &h.st[r], r/D, reader/D, t/h.cfg.Chunk
 	terms := 0
-	for j, p := range h.st[reader].s2d[(n*T+t)*D : (n*T+t+1)*D] {
-		if p < 0 {
-			continue
-		}
+	eachDomainTerm(h.st[reader].s2d[(n*T+t)*D:(n*T+t+1)*D], func(j, p int) {
 		q := m*D + j
-		add(y, h.partial(q, r, c, int(p)))
+		add(y, h.partial(q, r, c, p))
 		terms++
 		rs.moved.partials++
 		if q != reader {
 			rs.moved.partialsOff++
 		}
-	}
+	})
 	return terms
+}
+
+// eachDomainTerm calls fn(j, p) for the ranks j of a domain that hold a
+// partial sum of a token, in rank order, at their receive position p (the
+// token's sparse_to_dense row s2dRow).
+func eachDomainTerm(s2dRow []int32, fn func(j, p int)) {
+	for j, p := range s2dRow {
+		if p >= 0 {
+			fn(j, int(p))
+		}
+	}
 }
 
 // partial is expert rank q's partial sum at receive position p, which lies
@@ -392,14 +326,8 @@ func (h *Host) partial(q, src, c, p int) []float32 {
 	if qs.partDone[key] != qs.step {
 		y := h.ranks[q].ExpertY
 		for i := qs.chunkAt[key]; i < qs.chunkAt[key+1]; i++ {
-			sum := qs.recvX[i*hd : (i+1)*hd] // the shared buffer: its row is no longer needed
-			clear(sum)
-			for _, row := range qs.d2e[i*L : (i+1)*L] { // local experts in ascending order
-				if row >= 0 {
-					add(sum, y[int(row)*hd:(int(row)+1)*hd])
-				}
-			}
-			kernels.RoundBF16Slice(sum)
+			// the shared buffer: its row is no longer needed
+			partialSum(qs.recvX[i*hd:(i+1)*hd], qs.d2e[i*L:(i+1)*L], func(row int) []float32 { return y[row*hd : (row+1)*hd] })
 		}
 		qs.partDone[key] = qs.step
 	}
@@ -429,7 +357,7 @@ func (h *Host) preReduce(f, r, c int) error {
 			return fmt.Errorf("hybridep: combine on rank %d: domain %d needs token %d by rank %d's map, but rank %d's map places it on none of the domain's ranks (the preprocessing differs between ranks)", r, m, t, r, f)
 		}
 		kernels.RoundBF16Slice(h.acc)
-		slot := tile(m, n)*T + t
+		slot := tile(m, n)*T + int(rs.send[m*T+t])
 		copy(rs.idX[slot*hd:(slot+1)*hd], h.acc)
 		rs.moved.back++
 	}
@@ -442,4 +370,37 @@ func add(y, x []float32) {
 	for i, v := range x {
 		y[i] += v
 	}
+}
+
+// denseRows turns T tokens' top-k (idx, probs [T, k]) into dense rows: the
+// routing map rows [T, E] and probabilities [T, E], both cleared first.
+func denseRows(idx []int32, probs []float32, T, E, k int, rows []bool, dense []float32) error {
+	clear(rows)
+	clear(dense)
+	for t := range T {
+		for j, e := range idx[t*k : (t+1)*k] {
+			switch {
+			case e < 0 || int(e) >= E:
+				return fmt.Errorf("token %d has expert %d (of %d)", t, e, E)
+			case rows[t*E+int(e)]:
+				return fmt.Errorf("token %d has expert %d twice (a routing map holds it once)", t, e)
+			}
+			rows[t*E+int(e)] = true
+			dense[t*E+int(e)] = probs[t*k+j]
+		}
+	}
+	return nil
+}
+
+// partialSum is an expert rank's partial sum of a received token into sum:
+// the float32 sum from 0 of its local experts' outputs (rows d2eRow ≥ 0,
+// in expert order), rounded to bf16.
+func partialSum(sum []float32, d2eRow []int32, y func(row int) []float32) {
+	clear(sum)
+	for _, row := range d2eRow {
+		if row >= 0 {
+			add(sum, y(int(row)))
+		}
+	}
+	kernels.RoundBF16Slice(sum)
 }

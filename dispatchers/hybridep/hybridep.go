@@ -60,14 +60,18 @@
 //   - dense_chunk_layout: the first receive position of each source chunk
 //     (s, c), tokens [c·C, (c+1)·C) of s; a chunk's tokens are contiguous.
 //   - attn_to_rdma: for each of r's tokens, the domains that need it.
+//   - the inter-domain slots: send[m, t], r's token t's rank among r's
+//     tokens that domain m ≠ n needs (token order); recv[m, t], the same
+//     for source (m, l)'s token t and domain n, as that source computes it.
 //
 // # Dispatch (the order a GPU runs; rank f = (n, l) forwards)
 //
 //   - Inter-domain path (HybridEP's RDMA warp; NCCL send/recv between the
 //     same local ranks of two domains on GPUs): chunk by chunk, each of f's
 //     tokens that a domain m ≠ n needs goes once to rank (m, l)'s
-//     inter-domain buffer, slot (tile of n)·T + t: the bf16 row and the
-//     destination domain's L·D probabilities (fp32); then the chunk's flag.
+//     inter-domain buffer, slot (tile of n)·T + send[m, t]: the bf16 row
+//     and the destination domain's L·D probabilities (fp32); then the
+//     chunk's flag.
 //   - Fan-out (the S2G warps, stores into peers' buffers): block b of B
 //     takes chunks c = b, b+B, …; for chunk c, source domains in the order
 //     n, n−1, …, n+1 (mod M) — source (m, l)'s chunk c, from f's own rows
@@ -93,7 +97,7 @@
 //  2. Inter-domain (rank (m, l) for home (n, l), m ≠ n, per chunk of the
 //     home's tokens): pre_m[t] = bf16(Σ part_(m,j)[s2d[n, t, j]] over j
 //     ascending with s2d ≥ 0, a float32 sum from 0), sent to the home's
-//     inter-domain buffer, slot (tile of m)·T + t.
+//     inter-domain buffer, slot (tile of m)·T + send[m, t].
 //  3. Home (n, l), token t: Y[t] = the float32 sum from 0 of part_(n,j) at
 //     s2d[n, t, j] ≥ 0 for j = 0 … D−1, then pre_m for the domains m = n−1,
 //     n−2, …, n+1 (mod M) that need t. The layer stores Y as bf16.
@@ -127,17 +131,24 @@
 // chunk. The FIFOs, mbarriers and device-side barriers of the kernels are
 // not modelled here; the records' buffers are what a GPU holds.
 //
-// # The cuda device (not in this build)
+// # The cuda device
 //
-// The kernels come later: bulk copies (cp.async.bulk) through shared-memory
-// FIFOs guarded by mbarriers, a device-side barrier before and after each
-// kernel, every wait bounded by --comm-timeout. Until then the cuda device
-// reports hybridep unavailable, with that reason. A --domain whose ranks'
-// GPUs lack peer access will be refused there (unavailable, naming the
-// pair), as feplb's domains are; a domain smaller than the peer-connected
-// group is valid and sends through the inter-domain path what NVLink could
-// carry (HybridEP's upstream warns that a mismatch costs performance, and
-// sometimes correctness).
+// Device (device.go) runs kernels/cuda/hybridep.cu: per GPU one
+// co-resident launch covering its ranks for each of allgather,
+// preprocess, dispatch and combine (issued from the last rank's call),
+// with the placement and summation order above; the host reads the
+// preprocessing's counts (the blocking mode); across domains a pack
+// kernel and NCCL send/recv (kernels.Comm) carry the inter-domain path,
+// its slots compact as above. Dispatch and combine move rows through
+// shared-memory FIFOs guarded by mbarriers (bulk copies on sm_90 with
+// NVRTC ≥ 12), every cross-rank wait bounded by --comm-timeout and
+// reported after the step (CheckStep). The kernels' Go twins (twins.go)
+// run on Emu through this file's preprocessing, orders and sums. A
+// --domain whose ranks' GPUs lack peer access is unavailable, naming the
+// pair; a domain smaller than the peer-connected group is valid and sends
+// through the inter-domain path what NVLink could carry (HybridEP's
+// upstream warns that a mismatch costs performance, and sometimes
+// correctness).
 package hybridep
 
 import (
@@ -222,11 +233,4 @@ func New(impl string, env dispatchers.Env) (dispatchers.Dispatcher, error) {
 		sms = DefaultSMs
 	}
 	return WithConfig(Config{SMs: sms, Domain: env.Domain, Chunk: DefaultChunk}), nil
-}
-
-// NewDevice reports the cuda implementation unavailable: its kernels are
-// not in this build yet.
-func NewDevice(impl string, env dispatchers.Env) (dispatchers.DeviceDispatcher, error) {
-	return nil, &dispatchers.UnavailableError{Name: Name, Impl: impl,
-		Reason: "the cuda implementation's kernels (bulk copies into peers' buffers, device-side barriers, timeouts) are not in this build yet; the host device runs the design (--device host)"}
 }

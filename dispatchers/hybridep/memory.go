@@ -17,8 +17,13 @@ func (h *Host) Traffic() dispatchers.Traffic {
 		mv.back += m.back
 		mv.interAlg += m.interAlg
 	}
-	row := 2 * int64(h.shape.Hidden)
-	disp := row + 4*int64(h.shape.LocalExperts()*h.D)
+	return mv.traffic(h.shape, h.D)
+}
+
+// traffic is the bytes of the rows mv counts (see Host.Traffic).
+func (mv moved) traffic(sh dispatchers.Shape, D int) dispatchers.Traffic {
+	row := 2 * int64(sh.Hidden)
+	disp := row + 4*int64(sh.LocalExperts()*D)
 	return dispatchers.Traffic{
 		DispatchLogical: int64(mv.deliveries) * disp, DispatchOffRank: int64(mv.fanOut+mv.interIn) * disp,
 		DispatchInterDomain: int64(mv.interIn) * disp,
@@ -57,8 +62,8 @@ func (h *Host) Buffers(r int) []dispatchers.Buffer {
 	}
 	return append(b,
 		dispatchers.Buffer{Name: "routing-map", Bytes: N*T*E + T*E*4, About: "the all-gathered global routing map (bool [N·T, E]) and the rank's dense fp32 probabilities [T, E]"},
-		dispatchers.Buffer{Name: "metadata", Bytes: 4*(M*T*D+T*N*L+N*C+1) + T*M + 4*(2*(M-1)*C+N*C),
-			About: "sparse_to_dense (int32 [M·T, D]), dense_to_expert (int32, worst case [T·N, L]), the chunk layout, attn_to_rdma (bool [T, M]) and one uint32 flag per chunk"},
+		dispatchers.Buffer{Name: "metadata", Bytes: 4*(M*T*D+T*N*L+N*C+1) + T*M + 4*2*M*T + 4*(2*(M-1)*C+N*C),
+			About: "sparse_to_dense (int32 [M·T, D]), dense_to_expert (int32, worst case [T·N, L]), the chunk layout, attn_to_rdma (bool [T, M]), the inter-domain slots (int32 [2, M, T]) and one uint32 flag per chunk"},
 		dispatchers.Buffer{Name: "permute", Bytes: rows * (row + 4), About: "the expert-major rows and probabilities the grouped GEMM reads (sized by the preprocessing's count)"},
 	)
 }
@@ -67,7 +72,7 @@ func (h *Host) Buffers(r int) []dispatchers.Buffer {
 // maps, int32 and int indices).
 func (h *Host) Footprint(r int) int64 {
 	s := &h.st[r]
-	n := 4 * int64(cap(s.probs)+cap(s.s2d)+cap(s.d2e)+cap(s.recvX)+cap(s.recvP)+cap(s.idX)+cap(s.idP))
+	n := 4 * int64(cap(s.probs)+cap(s.s2d)+cap(s.d2e)+cap(s.recvX)+cap(s.recvP)+cap(s.idX)+cap(s.idP)+cap(s.send)+cap(s.recvIdx))
 	n += int64(cap(s.gmap) + cap(s.toDom))
-	return n + 8*int64(cap(s.perExpert)+cap(s.chunkAt)+cap(s.cnt)+cap(s.idIn)+cap(s.idBack)+cap(s.partDone))
+	return n + 8*int64(cap(s.perExpert)+cap(s.chunkAt)+cap(s.cnt)+cap(s.idIn)+cap(s.idBack)+cap(s.partDone)+cap(s.sends)+cap(s.recvs))
 }

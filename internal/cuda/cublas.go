@@ -1,20 +1,9 @@
 package cuda
 
 /*
+#cgo CFLAGS: -I${SRCDIR}/abi
 #include <stdlib.h>
-typedef int (*bl_pp)(void **);
-typedef int (*bl_p)(void *);
-typedef int (*bl_p_p)(void *, void *);
-typedef int (*bl_p_pi)(void *, int *);
-typedef int (*bl_p_p_z)(void *, void *, size_t);
-typedef int (*bl_grouped)(void *, const int *, const int *, const int *, const int *, const int *, const void *,
-                          const void *const *, int, const int *, const void *const *, int, const int *, const void *,
-                          void *const *, int, const int *, int, const int *, int);
-static int bl_call_pp(void *f, void **p) { return ((bl_pp)f)(p); }
-static int bl_call_p(void *f, void *p) { return ((bl_p)f)(p); }
-static int bl_call_p_p(void *f, void *a, void *b) { return ((bl_p_p)f)(a, b); }
-static int bl_call_p_pi(void *f, void *a, int *b) { return ((bl_p_pi)f)(a, b); }
-static int bl_call_p_p_z(void *f, void *a, unsigned long long b, size_t n) { return ((bl_p_p_z)f)(a, (void *)b, n); }
+#include "abi.h"
 // ints: transa, transb, m, n, k, lda, ldb, ldc, group_size (count each);
 // scal: alpha, beta (count each); ptrs: device arrays of count pointers each,
 // cuBLAS's A (the weights), B (the inputs), C
@@ -22,10 +11,12 @@ static int bl_call_grouped(void *f, void *h, int *ints, float *scal, int count, 
 	const void *const *A = (const void *const *)ptrs;
 	const void *const *B = A + count;
 	void *const *C = (void *const *)(B + count);
-	return ((bl_grouped)f)(h, ints, ints + count, ints + 2 * count, ints + 3 * count, ints + 4 * count, scal,
-	                       A, type, ints + 5 * count, B, type, ints + 6 * count, scal + count,
-	                       C, type, ints + 7 * count, count, ints + 8 * count, compute);
+	return mbcall_cublasGemmGroupedBatchedEx(f, h, ints, ints + count, ints + 2 * count, ints + 3 * count, ints + 4 * count, scal,
+	                                         A, type, ints + 5 * count, B, type, ints + 6 * count, scal + count,
+	                                         C, type, ints + 7 * count, count, ints + 8 * count, compute);
 }
+// a device address arrives as an integer and becomes a pointer here
+static int bl_set_ws(void *f, void *h, unsigned long long ws, size_t n) { return mbcall_cublasSetWorkspace_v2(f, h, (void *)ws, n); }
 */
 import "C"
 
@@ -48,10 +39,12 @@ type CuBLAS struct {
 	handle  unsafe.Pointer
 }
 
-// OpenCuBLAS loads libcublas (MOEBENCH_CUBLAS overrides). A library without
+// OpenCuBLAS loads libcublas (MOEBENCH_CUBLAS overrides), of the CUDA
+// driver's major first (see majors). A library without
 // the grouped GEMM (before 12.5) is refused, naming the symbol.
 func OpenCuBLAS() (*CuBLAS, error) {
-	lib, err := openLibrary("MOEBENCH_CUBLAS", "libcublas.so.13", "libcublas.so.12", "libcublas.so")
+	groups := majors("libcublas", map[int][]string{13: {"libcublas.so.13"}, 12: {"libcublas.so.12"}})
+	lib, err := openPreferred("MOEBENCH_CUBLAS", groups)
 	if err != nil {
 		return nil, err
 	}
@@ -66,11 +59,11 @@ func OpenCuBLAS() (*CuBLAS, error) {
 
 // Init creates the handle on the current context and reads the version.
 func (b *CuBLAS) Init() error {
-	if err := ltErr("cublasCreate_v2", C.bl_call_pp(b.fn["cublasCreate_v2"], &b.handle)); err != nil {
+	if err := ltErr("cublasCreate_v2", C.mbcall_cublasCreate_v2(b.fn["cublasCreate_v2"], &b.handle)); err != nil {
 		return err
 	}
 	var v C.int
-	if err := ltErr("cublasGetVersion_v2", C.bl_call_p_pi(b.fn["cublasGetVersion_v2"], b.handle, &v)); err != nil {
+	if err := ltErr("cublasGetVersion_v2", C.mbcall_cublasGetVersion_v2(b.fn["cublasGetVersion_v2"], b.handle, &v)); err != nil {
 		return err
 	}
 	b.Version = int(v)
@@ -82,7 +75,7 @@ func (b *CuBLAS) Close() error {
 	if b.handle == nil {
 		return nil
 	}
-	err := ltErr("cublasDestroy_v2", C.bl_call_p(b.fn["cublasDestroy_v2"], b.handle))
+	err := ltErr("cublasDestroy_v2", C.mbcall_cublasDestroy_v2(b.fn["cublasDestroy_v2"], b.handle))
 	b.handle = nil
 	return err
 }
@@ -100,11 +93,11 @@ func (b *CuBLAS) GroupedGEMM(ms []int, n, k int, ptrs, ws DevicePtr, wsBytes int
 	if count == 0 {
 		return nil
 	}
-	if err := ltErr("cublasSetStream_v2", C.bl_call_p_p(b.fn["cublasSetStream_v2"], b.handle, unsafe.Pointer(s))); err != nil {
+	if err := ltErr("cublasSetStream_v2", C.mbcall_cublasSetStream_v2(b.fn["cublasSetStream_v2"], b.handle, unsafe.Pointer(s))); err != nil {
 		return err
 	}
 	// after the stream: setting it drops the workspace set before
-	if err := ltErr("cublasSetWorkspace_v2", C.bl_call_p_p_z(b.fn["cublasSetWorkspace_v2"], b.handle, C.ulonglong(ws), C.size_t(wsBytes))); err != nil {
+	if err := ltErr("cublasSetWorkspace_v2", C.bl_set_ws(b.fn["cublasSetWorkspace_v2"], b.handle, C.ulonglong(ws), C.size_t(wsBytes))); err != nil {
 		return err
 	}
 	mem := C.malloc(C.size_t(11 * count * 4))

@@ -1,34 +1,18 @@
 package cuda
 
 /*
+#cgo CFLAGS: -I${SRCDIR}/abi
 #include <stdint.h>
 #include <stddef.h>
 #include <stdlib.h>
-typedef int (*lt_pp)(void **);
-typedef int (*lt_p)(void *);
-typedef int (*lt_desc)(void **, int, int);
-typedef int (*lt_setattr)(void *, int, const void *, size_t);
-typedef int (*lt_layout)(void **, int, uint64_t, uint64_t, int64_t);
-typedef int (*lt_heur)(void *, void *, void *, void *, void *, void *, void *, int, void *, int *);
-typedef int (*lt_matmul)(void *, void *, const void *, const void *, void *, const void *, void *, const void *,
-                         const void *, void *, void *, void *, const void *, void *, size_t, void *);
-typedef size_t (*lt_ver)(void);
-static int lt_call_pp(void *f, void **p) { return ((lt_pp)f)(p); }
-static int lt_call_p(void *f, void *p) { return ((lt_p)f)(p); }
-static int lt_call_desc(void *f, void **d, int c, int s) { return ((lt_desc)f)(d, c, s); }
-static int lt_call_setattr(void *f, void *o, int a, const void *b, size_t n) { return ((lt_setattr)f)(o, a, b, n); }
-static int lt_call_layout(void *f, void **l, int t, uint64_t r, uint64_t c, int64_t ld) { return ((lt_layout)f)(l, t, r, c, ld); }
-static int lt_call_heur(void *f, void *h, void *op, void *a, void *b, void *c, void *d, void *pref, int n, void *res, int *got) {
-	return ((lt_heur)f)(h, op, a, b, c, d, pref, n, res, got);
-}
+#include "abi.h"
 // device addresses arrive as integers and become pointers here
 static int lt_call_matmul(void *f, void *h, void *desc, const void *alpha, unsigned long long A, void *Ad, unsigned long long B,
-                          void *Bd, const void *beta, unsigned long long C, void *Cd, unsigned long long D, void *Dd, const void *algo,
-                          unsigned long long ws, size_t wss, void *st) {
-	return ((lt_matmul)f)(h, desc, alpha, (const void *)A, Ad, (const void *)B, Bd, beta, (const void *)C, Cd, (void *)D, Dd,
-	                      algo, (void *)ws, wss, st);
+                          void *Bd, const void *beta, unsigned long long C, void *Cd, unsigned long long D, void *Dd,
+                          const mb_lt_algo *algo, unsigned long long ws, size_t wss, void *st) {
+	return mbcall_cublasLtMatmul(f, h, desc, alpha, (const void *)A, Ad, (const void *)B, Bd, beta, (const void *)C, Cd,
+	                             (void *)D, Dd, algo, (void *)ws, wss, st);
 }
-static size_t lt_call_ver(void *f) { return ((lt_ver)f)(); }
 */
 import "C"
 
@@ -39,16 +23,14 @@ import (
 
 // cuBLASLt constants (cudaDataType, cublasComputeType, attribute ids).
 const (
-	dataR32F                = 0
-	dataR16BF               = 14
-	compute32F              = 68
-	descTransA              = 3
-	descTransB              = 4
-	opN, opT                = 0, 1
-	prefMaxWorkspaceBytes   = 1
-	prefMinAlignA           = 5  // then B, C, D: 6, 7, 8
-	heuristicResultBytes    = 96 // cublasLtMatmulHeuristicResult_t
-	heuristicWorkspaceField = 64 // offset of its size_t workspaceSize, after the 64-byte algo
+	dataR32F              = 0
+	dataR16BF             = 14
+	compute32F            = 68
+	descTransA            = 3
+	descTransB            = 4
+	opN, opT              = 0, 1
+	prefMaxWorkspaceBytes = 1
+	prefMinAlignA         = 5 // then B, C, D: 6, 7, 8
 )
 
 // CuBLASLt is cuBLASLt opened with dlopen. OpenCuBLASLt only loads the
@@ -65,9 +47,11 @@ type CuBLASLt struct {
 	scalars *[2]C.float // alpha = 1, beta = 0 in C memory, made by Init
 }
 
-// OpenCuBLASLt loads libcublasLt (MOEBENCH_CUBLASLT overrides).
+// OpenCuBLASLt loads libcublasLt (MOEBENCH_CUBLASLT overrides), of the
+// CUDA driver's major first (see majors).
 func OpenCuBLASLt() (*CuBLASLt, error) {
-	lib, err := openLibrary("MOEBENCH_CUBLASLT", "libcublasLt.so.13", "libcublasLt.so.12", "libcublasLt.so.11", "libcublasLt.so")
+	groups := majors("libcublasLt", map[int][]string{13: {"libcublasLt.so.13"}, 12: {"libcublasLt.so.12"}, 11: {"libcublasLt.so.11"}})
+	lib, err := openPreferred("MOEBENCH_CUBLASLT", groups)
 	if err != nil {
 		return nil, err
 	}
@@ -80,7 +64,7 @@ func OpenCuBLASLt() (*CuBLASLt, error) {
 			return nil, err
 		}
 	}
-	b.Version = int(C.lt_call_ver(b.fn["cublasLtGetVersion"]))
+	b.Version = int(C.mbcall_cublasLtGetVersion(b.fn["cublasLtGetVersion"]))
 	return b, nil
 }
 
@@ -97,7 +81,10 @@ func (b *CuBLASLt) Init() error {
 		b.scalars = (*[2]C.float)(C.malloc(8)) // lives as long as the process: one per library opened
 		b.scalars[0], b.scalars[1] = 1, 0
 	}
-	return ltErr("cublasLtCreate", C.lt_call_pp(b.fn["cublasLtCreate"], &b.handle))
+	if err := ltErr("cublasLtCreate", C.mbcall_cublasLtCreate(b.fn["cublasLtCreate"], &b.handle)); err != nil {
+		return fmt.Errorf("%s (cuBLASLt %d): %w (a library newer than the CUDA driver fails so)", b.Path, b.Version, err)
+	}
+	return nil
 }
 
 // GEMM is a planned product c[m,n] = a[m,k] · w[n,k]ᵀ in row-major storage
@@ -108,10 +95,40 @@ func (b *CuBLASLt) Init() error {
 type GEMM struct {
 	M, N, K       int
 	F32Out        bool
-	WorkspaceSize int64
+	WorkspaceSize int64          // of the chosen algorithm
 	desc, la      unsafe.Pointer // op descriptor; layout of w (cuBLAS's A)
 	lb, lc        unsafe.Pointer // layout of a (cuBLAS's B); of c (C and D)
-	heuristic     unsafe.Pointer // C memory: one cublasLtMatmulHeuristicResult_t
+	// the heuristic's algorithms, best first (C memory), and the one Run uses
+	algos  *C.mb_lt_heuristic
+	nalgos int
+	chosen int
+}
+
+// MaxAlgorithms is how many algorithms PlanGEMM asks the heuristic for.
+const MaxAlgorithms = 8
+
+// Algorithms is how many algorithms the heuristic offered for g (best
+// first, by its own estimate); Choose picks the one Run uses.
+func (g *GEMM) Algorithms() int { return g.nalgos }
+
+// Choose makes Run use algorithm i (0: the heuristic's first).
+func (g *GEMM) Choose(i int) {
+	if i < 0 || i >= g.nalgos {
+		panic(fmt.Sprintf("GEMM.Choose(%d) of %d algorithms", i, g.nalgos))
+	}
+	g.chosen = i
+	g.WorkspaceSize = int64(g.algo(i).workspaceSize)
+}
+
+// Chosen is the algorithm Run uses.
+func (g *GEMM) Chosen() int { return g.chosen }
+
+// Algorithm is algorithm i's configuration (cublasLtMatmulAlgo_t's bytes):
+// the same bytes are the same kernel and tiling.
+func (g *GEMM) Algorithm(i int) [64]byte { return *(*[64]byte)(unsafe.Pointer(&g.algo(i).algo)) }
+
+func (g *GEMM) algo(i int) *C.mb_lt_heuristic {
+	return (*C.mb_lt_heuristic)(unsafe.Add(unsafe.Pointer(g.algos), i*C.sizeof_mb_lt_heuristic))
 }
 
 // Align is the byte alignment the operands of a GEMM are guaranteed to have
@@ -128,8 +145,9 @@ func AlignOf(p DevicePtr) uint32 {
 	return a
 }
 
-// PlanGEMM describes the product and asks cuBLASLt's heuristic for an
-// algorithm within maxWorkspace bytes that works at the alignments al.
+// PlanGEMM describes the product and asks cuBLASLt's heuristic for up to
+// MaxAlgorithms algorithms within maxWorkspace bytes that work at the
+// alignments al; Run uses the first until Choose picks another.
 func (b *CuBLASLt) PlanGEMM(m, n, k int, f32Out bool, al Align, maxWorkspace int64) (*GEMM, error) {
 	if m < 1 || n < 1 || k < 1 {
 		return nil, fmt.Errorf("PlanGEMM: m=%d n=%d k=%d must all be ≥ 1", m, n, k)
@@ -149,16 +167,17 @@ func (b *CuBLASLt) PlanGEMM(m, n, k int, f32Out bool, al Align, maxWorkspace int
 		return nil, err
 	}
 	defer b.freePreference(pref)
-	g.heuristic = C.calloc(1, heuristicResultBytes)
+	g.algos = (*C.mb_lt_heuristic)(C.calloc(MaxAlgorithms, C.sizeof_mb_lt_heuristic))
 	var got C.int
-	if err := ltErr("cublasLtMatmulAlgoGetHeuristic", C.lt_call_heur(b.fn["cublasLtMatmulAlgoGetHeuristic"], b.handle, g.desc,
-		g.la, g.lb, g.lc, g.lc, pref, 1, g.heuristic, &got)); err != nil {
+	if err := ltErr("cublasLtMatmulAlgoGetHeuristic", C.mbcall_cublasLtMatmulAlgoGetHeuristic(b.fn["cublasLtMatmulAlgoGetHeuristic"], b.handle, g.desc,
+		g.la, g.lb, g.lc, g.lc, pref, MaxAlgorithms, g.algos, &got)); err != nil {
 		return nil, err
 	}
 	if got < 1 {
 		return nil, fmt.Errorf("cublasLtMatmulAlgoGetHeuristic: no algorithm for m=%d n=%d k=%d within %d bytes of workspace", m, n, k, maxWorkspace)
 	}
-	g.WorkspaceSize = int64(*(*C.size_t)(unsafe.Add(g.heuristic, heuristicWorkspaceField)))
+	g.nalgos = int(min(got, MaxAlgorithms))
+	g.Choose(0)
 	ok = true
 	return g, nil
 }
@@ -168,13 +187,13 @@ func (b *CuBLASLt) PlanGEMM(m, n, k int, f32Out bool, al Align, maxWorkspace int
 // (bf16, or fp32 for F32Out).
 func (b *CuBLASLt) describe(g *GEMM) error {
 	m, n, k := g.M, g.N, g.K
-	if err := ltErr("cublasLtMatmulDescCreate", C.lt_call_desc(b.fn["cublasLtMatmulDescCreate"], &g.desc, compute32F, dataR32F)); err != nil {
+	if err := ltErr("cublasLtMatmulDescCreate", C.mbcall_cublasLtMatmulDescCreate(b.fn["cublasLtMatmulDescCreate"], &g.desc, compute32F, dataR32F)); err != nil {
 		return err
 	}
 	for _, a := range [][2]int32{{descTransA, opT}, {descTransB, opN}} {
 		v := C.int(a[1])
 		if err := ltErr(fmt.Sprintf("cublasLtMatmulDescSetAttribute(%d)", a[0]),
-			C.lt_call_setattr(b.fn["cublasLtMatmulDescSetAttribute"], g.desc, C.int(a[0]), unsafe.Pointer(&v), C.size_t(unsafe.Sizeof(v)))); err != nil {
+			C.mbcall_cublasLtMatmulDescSetAttribute(b.fn["cublasLtMatmulDescSetAttribute"], g.desc, C.int(a[0]), unsafe.Pointer(&v), C.size_t(unsafe.Sizeof(v)))); err != nil {
 			return err
 		}
 	}
@@ -188,7 +207,7 @@ func (b *CuBLASLt) describe(g *GEMM) error {
 		what                string
 	}{{&g.la, dataR16BF, k, n, k, "w"}, {&g.lb, dataR16BF, k, m, k, "a"}, {&g.lc, cType, n, m, n, "c"}}
 	for _, l := range layouts {
-		if err := ltErr("cublasLtMatrixLayoutCreate("+l.what+")", C.lt_call_layout(b.fn["cublasLtMatrixLayoutCreate"], l.dst, C.int(l.typ),
+		if err := ltErr("cublasLtMatrixLayoutCreate("+l.what+")", C.mbcall_cublasLtMatrixLayoutCreate(b.fn["cublasLtMatrixLayoutCreate"], l.dst, C.int(l.typ),
 			C.uint64_t(l.rows), C.uint64_t(l.cols), C.int64_t(l.ld))); err != nil {
 			return err
 		}
@@ -200,11 +219,11 @@ func (b *CuBLASLt) describe(g *GEMM) error {
 // alignments al; the caller destroys it.
 func (b *CuBLASLt) preference(maxWorkspace int64, al Align) (unsafe.Pointer, error) {
 	var pref unsafe.Pointer
-	if err := ltErr("cublasLtMatmulPreferenceCreate", C.lt_call_pp(b.fn["cublasLtMatmulPreferenceCreate"], &pref)); err != nil {
+	if err := ltErr("cublasLtMatmulPreferenceCreate", C.mbcall_cublasLtMatmulPreferenceCreate(b.fn["cublasLtMatmulPreferenceCreate"], &pref)); err != nil {
 		return nil, err
 	}
 	ws := C.uint64_t(maxWorkspace)
-	if err := ltErr("cublasLtMatmulPreferenceSetAttribute", C.lt_call_setattr(b.fn["cublasLtMatmulPreferenceSetAttribute"], pref,
+	if err := ltErr("cublasLtMatmulPreferenceSetAttribute", C.mbcall_cublasLtMatmulPreferenceSetAttribute(b.fn["cublasLtMatmulPreferenceSetAttribute"], pref,
 		prefMaxWorkspaceBytes, unsafe.Pointer(&ws), C.size_t(unsafe.Sizeof(ws)))); err != nil {
 		b.freePreference(pref)
 		return nil, err
@@ -215,8 +234,7 @@ func (b *CuBLASLt) preference(maxWorkspace int64, al Align) (unsafe.Pointer, err
 			continue
 		}
 		x := C.uint32_t(v)
-		if err := ltErr(fmt.Sprintf("cublasLtMatmulPreferenceSetAttribute(alignment %d)", prefMinAlignA+i), C.lt_call_setattr(
-			b.fn["cublasLtMatmulPreferenceSetAttribute"], pref, C.int(prefMinAlignA+i), unsafe.Pointer(&x), C.size_t(unsafe.Sizeof(x)))); err != nil {
+		if err := ltErr(fmt.Sprintf("cublasLtMatmulPreferenceSetAttribute(alignment %d)", prefMinAlignA+i), C.mbcall_cublasLtMatmulPreferenceSetAttribute(b.fn["cublasLtMatmulPreferenceSetAttribute"], pref, C.int(prefMinAlignA+i), unsafe.Pointer(&x), C.size_t(unsafe.Sizeof(x)))); err != nil {
 			b.freePreference(pref)
 			return nil, err
 		}
@@ -226,7 +244,7 @@ func (b *CuBLASLt) preference(maxWorkspace int64, al Align) (unsafe.Pointer, err
 
 // freePreference destroys a preference.
 func (b *CuBLASLt) freePreference(p unsafe.Pointer) {
-	C.lt_call_p(b.fn["cublasLtMatmulPreferenceDestroy"], p)
+	C.mbcall_cublasLtMatmulPreferenceDestroy(b.fn["cublasLtMatmulPreferenceDestroy"], p)
 }
 
 // setAttr sets an attribute of a descriptor from raw bytes (tests use it
@@ -234,30 +252,36 @@ func (b *CuBLASLt) freePreference(p unsafe.Pointer) {
 func (b *CuBLASLt) setAttr(obj unsafe.Pointer, attr int, v []byte) error {
 	buf := C.CBytes(v)
 	defer C.free(buf)
-	return ltErr("cublasLtMatmulDescSetAttribute", C.lt_call_setattr(b.fn["cublasLtMatmulDescSetAttribute"], obj, C.int(attr), buf, C.size_t(len(v))))
+	return ltErr("cublasLtMatmulDescSetAttribute", C.mbcall_cublasLtMatmulDescSetAttribute(b.fn["cublasLtMatmulDescSetAttribute"], obj, C.int(attr), buf, C.size_t(len(v))))
 }
 
 // Run computes c = a · wᵀ on s; workspace must hold g.WorkspaceSize bytes.
+// Nothing is allocated or formatted unless the call fails (it runs once per
+// GEMM of every step).
 func (b *CuBLASLt) Run(g *GEMM, c, a, w, workspace DevicePtr, s Stream) error {
 	alpha, beta := &b.scalars[0], &b.scalars[1]
 	ptr := func(p DevicePtr) C.ulonglong { return C.ulonglong(p) }
-	return ltErr(fmt.Sprintf("cublasLtMatmul(m=%d n=%d k=%d)", g.M, g.N, g.K), C.lt_call_matmul(b.fn["cublasLtMatmul"], b.handle, g.desc,
+	st := C.lt_call_matmul(b.fn["cublasLtMatmul"], b.handle, g.desc,
 		unsafe.Pointer(alpha), ptr(w), g.la, ptr(a), g.lb, unsafe.Pointer(beta), ptr(c), g.lc, ptr(c), g.lc,
-		g.heuristic, ptr(workspace), C.size_t(g.WorkspaceSize), unsafe.Pointer(s)))
+		&g.algo(g.chosen).algo, ptr(workspace), C.size_t(g.WorkspaceSize), unsafe.Pointer(s))
+	if st == 0 {
+		return nil
+	}
+	return ltErr(fmt.Sprintf("cublasLtMatmul(m=%d n=%d k=%d, algorithm %d of %d)", g.M, g.N, g.K, g.chosen+1, g.nalgos), st)
 }
 
 // Free releases a plan's descriptors.
 func (b *CuBLASLt) Free(g *GEMM) {
 	for _, l := range []unsafe.Pointer{g.la, g.lb, g.lc} {
 		if l != nil {
-			C.lt_call_p(b.fn["cublasLtMatrixLayoutDestroy"], l)
+			C.mbcall_cublasLtMatrixLayoutDestroy(b.fn["cublasLtMatrixLayoutDestroy"], l)
 		}
 	}
 	if g.desc != nil {
-		C.lt_call_p(b.fn["cublasLtMatmulDescDestroy"], g.desc)
+		C.mbcall_cublasLtMatmulDescDestroy(b.fn["cublasLtMatmulDescDestroy"], g.desc)
 	}
-	if g.heuristic != nil {
-		C.free(g.heuristic)
+	if g.algos != nil {
+		C.free(unsafe.Pointer(g.algos))
 	}
 	*g = GEMM{M: g.M, N: g.N, K: g.K, F32Out: g.F32Out}
 }

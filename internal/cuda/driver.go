@@ -1,129 +1,44 @@
 package cuda
 
 /*
+#cgo CFLAGS: -I${SRCDIR}/abi
 #include <stdlib.h>
 #include <string.h>
-typedef int CUresult;
-typedef unsigned long long CUdeviceptr;
+#include "abi.h"
 
-typedef CUresult (*d_u)(unsigned int);
-typedef CUresult (*d_pi_i)(int *, int);
-typedef CUresult (*d_pi_ii)(int *, int, int);
-typedef CUresult (*d_psz_i)(size_t *, int);
-typedef CUresult (*d_pp_i)(void **, int);
-typedef CUresult (*d_i)(int);
-typedef CUresult (*d_p)(void *);
-typedef CUresult (*d_v)(void);
-typedef CUresult (*d_pi_pi)(int *, int *);
-typedef CUresult (*d_pint)(int *);
-typedef CUresult (*d_pp_u_i)(void **, unsigned int, int);
-typedef CUresult (*d_pp_u)(void **, unsigned int);
-typedef CUresult (*d_p_p)(void *, void *);
-typedef CUresult (*d_p_p_u)(void *, void *, unsigned int);
-typedef CUresult (*d_pf_p_p)(float *, void *, void *);
-typedef CUresult (*d_pd_sz)(CUdeviceptr *, size_t);
-typedef CUresult (*d_d)(CUdeviceptr);
-typedef CUresult (*d_psz_psz)(size_t *, size_t *);
-typedef CUresult (*d_d_p_sz_p)(CUdeviceptr, const void *, size_t, void *);
-typedef CUresult (*d_p_d_sz_p)(void *, CUdeviceptr, size_t, void *);
-typedef CUresult (*d_d_d_sz_p)(CUdeviceptr, CUdeviceptr, size_t, void *);
-typedef CUresult (*d_peer)(CUdeviceptr, void *, CUdeviceptr, void *, size_t, void *);
-typedef CUresult (*d_memset16)(CUdeviceptr, unsigned short, size_t, void *);
-typedef CUresult (*d_pp_cp)(void **, const void *);
-typedef CUresult (*d_pp_p_cs)(void **, void *, const char *);
-typedef CUresult (*d_p_i_i)(void *, int, int);
-typedef CUresult (*d_launch)(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void *, void **, void **);
-typedef CUresult (*d_errname)(CUresult, const char **);
-typedef CUresult (*d_name)(char *, int, int);
-
-static CUresult c_u(void *f, unsigned a) { return ((d_u)f)(a); }
-static CUresult c_pi_i(void *f, int *a, int b) { return ((d_pi_i)f)(a, b); }
-static CUresult c_pi_ii(void *f, int *a, int b, int c) { return ((d_pi_ii)f)(a, b, c); }
-static CUresult c_psz_i(void *f, size_t *a, int b) { return ((d_psz_i)f)(a, b); }
-static CUresult c_pp_i(void *f, void **a, int b) { return ((d_pp_i)f)(a, b); }
-static CUresult c_i(void *f, int a) { return ((d_i)f)(a); }
-static CUresult c_p(void *f, void *a) { return ((d_p)f)(a); }
-static CUresult c_v(void *f) { return ((d_v)f)(); }
-static CUresult c_pi_pi(void *f, int *a, int *b) { return ((d_pi_pi)f)(a, b); }
-static CUresult c_pint(void *f, int *a) { return ((d_pint)f)(a); }
-static CUresult c_pp_u_i(void *f, void **a, unsigned b, int c) { return ((d_pp_u_i)f)(a, b, c); }
-static CUresult c_pp_u(void *f, void **a, unsigned b) { return ((d_pp_u)f)(a, b); }
-static CUresult c_p_p(void *f, void *a, void *b) { return ((d_p_p)f)(a, b); }
-static CUresult c_p_p_u(void *f, void *a, void *b, unsigned c) { return ((d_p_p_u)f)(a, b, c); }
-static CUresult c_pf_p_p(void *f, float *a, void *b, void *c) { return ((d_pf_p_p)f)(a, b, c); }
-static CUresult c_pd_sz(void *f, CUdeviceptr *a, size_t b) { return ((d_pd_sz)f)(a, b); }
-static CUresult c_d(void *f, CUdeviceptr a) { return ((d_d)f)(a); }
-static CUresult c_psz_psz(void *f, size_t *a, size_t *b) { return ((d_psz_psz)f)(a, b); }
-static CUresult c_htod(void *f, CUdeviceptr d, const void *s, size_t n, void *st) { return ((d_d_p_sz_p)f)(d, s, n, st); }
-static CUresult c_dtoh(void *f, void *d, CUdeviceptr s, size_t n, void *st) { return ((d_p_d_sz_p)f)(d, s, n, st); }
-static CUresult c_dtod(void *f, CUdeviceptr d, CUdeviceptr s, size_t n, void *st) { return ((d_d_d_sz_p)f)(d, s, n, st); }
-static CUresult c_peer(void *f, CUdeviceptr d, void *dc, CUdeviceptr s, void *sc, size_t n, void *st) { return ((d_peer)f)(d, dc, s, sc, n, st); }
-static CUresult c_memset16(void *f, CUdeviceptr d, unsigned short v, size_t n, void *st) { return ((d_memset16)f)(d, v, n, st); }
-static CUresult c_pp_cp(void *f, void **a, const void *b) { return ((d_pp_cp)f)(a, b); }
-static CUresult c_pp_p_cs(void *f, void **a, void *b, const char *c) { return ((d_pp_p_cs)f)(a, b, c); }
-static CUresult c_p_i_i(void *f, void *a, int b, int c) { return ((d_p_i_i)f)(a, b, c); }
-// cuLaunchCooperativeKernel: cuLaunchKernel without extra.
-typedef CUresult (*d_coop)(void *, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, void *, void **);
-static CUresult c_coop(void *f, void *fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
-                       unsigned smem, void *st, void **params) {
-	return ((d_coop)f)(fn, gx, gy, gz, bx, by, bz, smem, st, params);
-}
-// cuLaunchKernelEx: CUlaunchConfig and CUlaunchAttribute (an enum id, 4
-// bytes of padding, a 64-byte value union); attribute ids 2 (cooperative)
-// and 4 (cluster dimension).
-typedef struct { int id; int pad; union { char pad[64]; int cooperative; struct { unsigned x, y, z; } cluster; } v; } lx_attr;
-typedef struct { unsigned gx, gy, gz, bx, by, bz, smem; void *stream; lx_attr *attrs; unsigned nattrs; } lx_config;
-_Static_assert(sizeof(lx_attr) == 72 && sizeof(lx_config) == 56, "CUlaunchAttribute is 72 bytes, CUlaunchConfig 56");
-typedef CUresult (*d_launchex)(const lx_config *, void *, void **, void **);
-static CUresult c_launchex(void *f, void *fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
-                           unsigned smem, void *st, void **params, int coop, unsigned cx, unsigned cy, unsigned cz) {
-	lx_attr a[2];
+// cuLaunchKernelEx with the cooperative attribute and a cluster dimension
+// when asked.
+static int c_launchex(void *f, void *fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                      unsigned smem, void *st, void **params, int coop, unsigned cx, unsigned cy, unsigned cz) {
+	mb_launch_attr a[2];
 	memset(a, 0, sizeof a);
-	lx_config c = {gx, gy, gz, bx, by, bz, smem, st, a, 0};
-	if (coop) { a[c.nattrs].id = 2; a[c.nattrs].v.cooperative = 1; c.nattrs++; }
-	if (cx) { a[c.nattrs].id = 4; a[c.nattrs].v.cluster.x = cx; a[c.nattrs].v.cluster.y = cy; a[c.nattrs].v.cluster.z = cz; c.nattrs++; }
-	return ((d_launchex)f)(&c, fn, params, 0);
+	mb_launch_config c = {gx, gy, gz, bx, by, bz, smem, st, a, 0};
+	if (coop) { a[c.numAttrs].id = MB_LAUNCH_ATTRIBUTE_COOPERATIVE; a[c.numAttrs].value.cooperative = 1; c.numAttrs++; }
+	if (cx) {
+		a[c.numAttrs].id = MB_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+		a[c.numAttrs].value.cluster.x = cx, a[c.numAttrs].value.cluster.y = cy, a[c.numAttrs].value.cluster.z = cz;
+		c.numAttrs++;
+	}
+	return mbcall_cuLaunchKernelEx(f, &c, fn, params, 0);
 }
-static CUresult c_launch(void *f, void *fn, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
-                         unsigned smem, void *st, void **params) {
-	return ((d_launch)f)(fn, gx, gy, gz, bx, by, bz, smem, st, params, 0);
-}
-static CUresult c_name(void *f, char *s, int n, int d) { return ((d_name)f)(s, n, d); }
-// cuMemHostAlloc(void **pp, size_t bytesize, unsigned Flags);
-// cuMemHostGetDevicePointer_v2(CUdeviceptr *pdptr, void *p, unsigned Flags)
-typedef CUresult (*d_hostalloc)(void **, size_t, unsigned);
-typedef CUresult (*d_hostdev)(CUdeviceptr *, void *, unsigned);
-static CUresult c_hostalloc(void *f, void **p, size_t n, unsigned flags) { return ((d_hostalloc)f)(p, n, flags); }
-static CUresult c_hostdev(void *f, CUdeviceptr *d, void *p, unsigned flags) { return ((d_hostdev)f)(d, p, flags); }
-// cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int *numBlocks, CUfunction func, int blockSize,
-//     size_t dynamicSMemSize, unsigned flags); cuFuncGetAttribute(int *pi, CUfunction_attribute attrib, CUfunction hfunc)
-typedef CUresult (*d_occ)(int *, void *, int, size_t, unsigned);
-typedef CUresult (*d_fattr)(int *, int, void *);
-static CUresult c_occ(void *f, int *n, void *fn, int block, size_t smem) { return ((d_occ)f)(n, fn, block, smem, 0); }
-static CUresult c_fattr(void *f, int *v, int attr, void *fn) { return ((d_fattr)f)(v, attr, fn); }
-
-// cuMemcpyBatchAsync: CUmemcpyAttributes and its two ABIs (12.8/12.9 with
-// failIdx; 13.0's _v2 without).
-typedef struct { int type; int id; } mc_loc;
-typedef struct { int srcAccessOrder; mc_loc srcLocHint, dstLocHint; unsigned flags; } mc_attrs;
-typedef CUresult (*d_batch1)(CUdeviceptr *, CUdeviceptr *, size_t *, size_t, mc_attrs *, size_t *, size_t, size_t *, void *);
-typedef CUresult (*d_batch2)(CUdeviceptr *, CUdeviceptr *, size_t *, size_t, mc_attrs *, size_t *, size_t, void *);
-static CUresult c_batch(void *f, int v2, CUdeviceptr *dst, CUdeviceptr *src, size_t *n, size_t count, int sdev, int ddev, unsigned flags, void *st) {
-	mc_attrs a;
+// cuMemcpyBatchAsync (12.8/12.9, with failIdx) or _v2 (13.0, without): one
+// set of attributes, stream-ordered sources, device location hints.
+static int c_batch(void *f, int v2, mb_dptr *dst, mb_dptr *src, size_t *n, size_t count, int sdev, int ddev, unsigned flags, void *st) {
+	mb_memcpy_attrs a;
 	memset(&a, 0, sizeof a);
-	a.srcAccessOrder = 1; // CU_MEMCPY_SRC_ACCESS_ORDER_STREAM
-	a.srcLocHint.type = 1; // CU_MEM_LOCATION_TYPE_DEVICE
+	a.srcAccessOrder = MB_MEMCPY_SRC_ACCESS_ORDER_STREAM;
+	a.srcLocHint.type = MB_MEM_LOCATION_TYPE_DEVICE;
 	a.srcLocHint.id = sdev;
-	a.dstLocHint.type = 1;
+	a.dstLocHint.type = MB_MEM_LOCATION_TYPE_DEVICE;
 	a.dstLocHint.id = ddev;
 	a.flags = flags;
 	size_t idx = 0, fail = 0;
-	if (v2) return ((d_batch2)f)(dst, src, n, count, &a, &idx, 1, st);
-	return ((d_batch1)f)(dst, src, n, count, &a, &idx, 1, &fail, st);
+	if (v2) return mbcall_cuMemcpyBatchAsync_v2(f, dst, src, n, count, &a, &idx, 1, st);
+	return mbcall_cuMemcpyBatchAsync(f, dst, src, n, count, &a, &idx, 1, &fail, st);
 }
-static const char *c_errname(void *f, CUresult r) {
+static const char *c_errname(void *f, int r) {
 	const char *s = 0;
-	if (f == 0 || ((d_errname)f)(r, &s) != 0 || s == 0) return "CUDA_ERROR_UNKNOWN_CODE";
+	if (f == 0 || mbcall_cuGetErrorName(f, r, &s) != 0 || s == 0) return "CUDA_ERROR_UNKNOWN_CODE";
 	return s;
 }
 */
@@ -131,7 +46,10 @@ import "C"
 
 import (
 	"fmt"
+	"math"
+	"os"
 	"runtime"
+	"sync"
 	"unsafe"
 )
 
@@ -146,6 +64,10 @@ type Driver struct {
 	fn      map[string]unsafe.Pointer
 	devs    []C.int // CUdevice handle of each ordinal (cuDeviceGet)
 	current Context // the context this driver last made current (see SetCurrent)
+	// kernel parameters' C memory, reused by every launch (see params)
+	pmu  sync.Mutex
+	pmem unsafe.Pointer
+	pcap int
 }
 
 // Handles are the driver's opaque pointers; DevicePtr is a device address.
@@ -183,6 +105,13 @@ const (
 	HostAllocDeviceMap = 2 // mapped into the devices' address space
 )
 
+// streamNonBlocking is CU_STREAM_NON_BLOCKING; memcpyPreferOverlap is
+// CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE (12.8).
+const (
+	streamNonBlocking   = 1
+	memcpyPreferOverlap = 1
+)
+
 // ErrCooperativeTooLarge is CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE's code:
 // a cooperative launch with more blocks than the GPU can hold at once.
 const ErrCooperativeTooLarge = 720
@@ -214,8 +143,27 @@ var optionalSymbols = []string{"cuMemcpyBatchAsync_v2", "cuMemcpyBatchAsync"}
 // launchEx is the extensible launch (CUDA 12.0 and later).
 const launchEx = "cuLaunchKernelEx"
 
+// MaxConnections is the CUDA_DEVICE_MAX_CONNECTIONS moebench sets for the
+// process when it is not set: the most hardware work queues a GPU gives a
+// process (the default is 8). With EP ranks packed on one GPU, 8 ranks × 4
+// streams each (the expert GEMMs over four) would otherwise share 8
+// queues, and streams sharing a queue wait for each other.
+const MaxConnections = "32"
+
+// SetMaxConnections sets CUDA_DEVICE_MAX_CONNECTIONS to MaxConnections when
+// the environment does not set it. The driver reads it when it
+// initializes, so it must run before the first cuInit of the process
+// (OpenDriver calls it; a run calls it before recording its stack, which
+// keeps the environment's CUDA_* variables).
+func SetMaxConnections() {
+	if os.Getenv("CUDA_DEVICE_MAX_CONNECTIONS") == "" {
+		os.Setenv("CUDA_DEVICE_MAX_CONNECTIONS", MaxConnections) // with cgo, the C environment too
+	}
+}
+
 // OpenDriver loads libcuda (MOEBENCH_LIBCUDA overrides) and resolves every
-// entry point, then calls cuInit.
+// entry point, then sets CUDA_DEVICE_MAX_CONNECTIONS (SetMaxConnections) and
+// calls cuInit.
 func OpenDriver() (*Driver, error) {
 	lib, err := openLibrary("MOEBENCH_LIBCUDA", "libcuda.so.1")
 	if err != nil {
@@ -243,19 +191,22 @@ func OpenDriver() (*Driver, error) {
 			break
 		}
 	}
-	if p, err := lib.sym(launchEx); err == nil {
-		d.fn[launchEx] = p
+	for _, n := range append([]string{launchEx}, graphSymbols...) {
+		if p, err := lib.sym(n); err == nil {
+			d.fn[n] = p
+		}
 	}
-	if err := d.check("cuInit", C.c_u(d.fn["cuInit"], 0)); err != nil {
+	SetMaxConnections()
+	if err := d.check("cuInit", C.mbcall_cuInit(d.fn["cuInit"], 0)); err != nil {
 		return nil, err
 	}
 	var n C.int
-	if err := d.check("cuDeviceGetCount", C.c_pint(d.fn["cuDeviceGetCount"], &n)); err != nil {
+	if err := d.check("cuDeviceGetCount", C.mbcall_cuDeviceGetCount(d.fn["cuDeviceGetCount"], &n)); err != nil {
 		return nil, err
 	}
 	d.devs = make([]C.int, n)
 	for i := range d.devs {
-		if err := d.check(fmt.Sprintf("cuDeviceGet(%d)", i), C.c_pi_i(d.fn["cuDeviceGet"], &d.devs[i], C.int(i))); err != nil {
+		if err := d.check(fmt.Sprintf("cuDeviceGet(%d)", i), C.mbcall_cuDeviceGet(d.fn["cuDeviceGet"], &d.devs[i], C.int(i))); err != nil {
 			return nil, err
 		}
 	}
@@ -280,7 +231,7 @@ type Error struct {
 
 func (e *Error) Error() string { return fmt.Sprintf("%s: %s (%d)", e.Call, e.Name, e.Code) }
 
-func (d *Driver) check(call string, r C.CUresult) error {
+func (d *Driver) check(call string, r C.int) error {
 	if r == 0 {
 		return nil
 	}
@@ -290,7 +241,7 @@ func (d *Driver) check(call string, r C.CUresult) error {
 // Version is the driver API version, e.g. 13000.
 func (d *Driver) Version() (int, error) {
 	var v C.int
-	return int(v), d.check("cuDriverGetVersion", C.c_pint(d.fn["cuDriverGetVersion"], &v))
+	return int(v), d.check("cuDriverGetVersion", C.mbcall_cuDriverGetVersion(d.fn["cuDriverGetVersion"], &v))
 }
 
 // DeviceCount is the number of GPUs.
@@ -299,7 +250,7 @@ func (d *Driver) DeviceCount() (int, error) { return len(d.devs), nil }
 // Attribute reads a device attribute.
 func (d *Driver) Attribute(dev, attr int) (int, error) {
 	var v C.int
-	err := d.check(fmt.Sprintf("cuDeviceGetAttribute(attr %d, device %d)", attr, dev), C.c_pi_ii(d.fn["cuDeviceGetAttribute"], &v, C.int(attr), d.dev(dev)))
+	err := d.check(fmt.Sprintf("cuDeviceGetAttribute(attr %d, device %d)", attr, dev), C.mbcall_cuDeviceGetAttribute(d.fn["cuDeviceGetAttribute"], &v, C.int(attr), d.dev(dev)))
 	return int(v), err
 }
 
@@ -311,11 +262,12 @@ func (d *Driver) Name(dev int) (string, error) { return d.text("cuDeviceGetName"
 // CUDA's (CUDA_VISIBLE_DEVICES, CUDA_DEVICE_ORDER), finds the same GPU.
 func (d *Driver) PCIBusID(dev int) (string, error) { return d.text("cuDeviceGetPCIBusId", dev) }
 
-// text reads the string a device query (call: char *, int, CUdevice) writes.
+// text reads the string a device query writes (call: cuDeviceGetName or
+// cuDeviceGetPCIBusId, which share a prototype).
 func (d *Driver) text(call string, dev int) (string, error) {
 	buf := (*C.char)(C.calloc(256, 1))
 	defer C.free(unsafe.Pointer(buf))
-	if err := d.check(fmt.Sprintf("%s(%d)", call, dev), C.c_name(d.fn[call], buf, 256, d.dev(dev))); err != nil {
+	if err := d.check(fmt.Sprintf("%s(%d)", call, dev), C.mbcall_cuDeviceGetName(d.fn[call], buf, 256, d.dev(dev))); err != nil {
 		return "", err
 	}
 	return C.GoString(buf), nil
@@ -324,14 +276,14 @@ func (d *Driver) text(call string, dev int) (string, error) {
 // TotalMem is the device's memory in bytes.
 func (d *Driver) TotalMem(dev int) (int64, error) {
 	var n C.size_t
-	err := d.check("cuDeviceTotalMem_v2", C.c_psz_i(d.fn["cuDeviceTotalMem_v2"], &n, d.dev(dev)))
+	err := d.check("cuDeviceTotalMem_v2", C.mbcall_cuDeviceTotalMem_v2(d.fn["cuDeviceTotalMem_v2"], &n, d.dev(dev)))
 	return int64(n), err
 }
 
 // CanAccessPeer reports whether dev can access peer's memory.
 func (d *Driver) CanAccessPeer(dev, peer int) (bool, error) {
 	var v C.int
-	err := d.check("cuDeviceCanAccessPeer", C.c_pi_ii(d.fn["cuDeviceCanAccessPeer"], &v, d.dev(dev), d.dev(peer)))
+	err := d.check("cuDeviceCanAccessPeer", C.mbcall_cuDeviceCanAccessPeer(d.fn["cuDeviceCanAccessPeer"], &v, d.dev(dev), d.dev(peer)))
 	return v != 0, err
 }
 
@@ -339,7 +291,7 @@ func (d *Driver) CanAccessPeer(dev, peer int) (bool, error) {
 // OS thread, which it locks (the current context is per thread).
 func (d *Driver) PrimaryContext(dev int) (Context, error) {
 	var ctx unsafe.Pointer
-	if err := d.check("cuDevicePrimaryCtxRetain", C.c_pp_i(d.fn["cuDevicePrimaryCtxRetain"], &ctx, d.dev(dev))); err != nil {
+	if err := d.check("cuDevicePrimaryCtxRetain", C.mbcall_cuDevicePrimaryCtxRetain(d.fn["cuDevicePrimaryCtxRetain"], &ctx, d.dev(dev))); err != nil {
 		return nil, err
 	}
 	runtime.LockOSThread()
@@ -357,7 +309,7 @@ func (d *Driver) SetCurrent(ctx Context) error {
 	if ctx == d.current && ctx != nil {
 		return nil
 	}
-	if err := d.check("cuCtxSetCurrent", C.c_p(d.fn["cuCtxSetCurrent"], unsafe.Pointer(ctx))); err != nil {
+	if err := d.check("cuCtxSetCurrent", C.mbcall_cuCtxSetCurrent(d.fn["cuCtxSetCurrent"], unsafe.Pointer(ctx))); err != nil {
 		return err
 	}
 	d.current = ctx
@@ -372,110 +324,109 @@ func (d *Driver) ContextChanged() { d.current = nil }
 // ReleasePrimaryContext releases dev's primary context.
 func (d *Driver) ReleasePrimaryContext(dev int) error {
 	d.current = nil
-	return d.check("cuDevicePrimaryCtxRelease_v2", C.c_i(d.fn["cuDevicePrimaryCtxRelease_v2"], d.dev(dev)))
+	return d.check("cuDevicePrimaryCtxRelease_v2", C.mbcall_cuDevicePrimaryCtxRelease_v2(d.fn["cuDevicePrimaryCtxRelease_v2"], d.dev(dev)))
 }
 
 // Synchronize waits for the current context.
 func (d *Driver) Synchronize() error {
-	return d.check("cuCtxSynchronize", C.c_v(d.fn["cuCtxSynchronize"]))
+	return d.check("cuCtxSynchronize", C.mbcall_cuCtxSynchronize(d.fn["cuCtxSynchronize"]))
 }
 
 // EnablePeerAccess lets the current context access peer's memory.
 func (d *Driver) EnablePeerAccess(peer Context) error {
-	return d.check("cuCtxEnablePeerAccess", C.c_p_p_u(d.fn["cuCtxEnablePeerAccess"], unsafe.Pointer(peer), nil, 0))
+	return d.check("cuCtxEnablePeerAccess", C.mbcall_cuCtxEnablePeerAccess(d.fn["cuCtxEnablePeerAccess"], unsafe.Pointer(peer), 0))
 }
 
 // StreamPriorities is the current context's range (least, greatest): the
 // greatest priority is the lowest number.
 func (d *Driver) StreamPriorities() (least, greatest int, err error) {
 	var l, g C.int
-	err = d.check("cuCtxGetStreamPriorityRange", C.c_pi_pi(d.fn["cuCtxGetStreamPriorityRange"], &l, &g))
+	err = d.check("cuCtxGetStreamPriorityRange", C.mbcall_cuCtxGetStreamPriorityRange(d.fn["cuCtxGetStreamPriorityRange"], &l, &g))
 	return int(l), int(g), err
 }
 
 // NewStream creates a non-blocking stream with a priority.
 func (d *Driver) NewStream(priority int) (Stream, error) {
 	var s unsafe.Pointer
-	const nonBlocking = 1
-	err := d.check("cuStreamCreateWithPriority", C.c_pp_u_i(d.fn["cuStreamCreateWithPriority"], &s, nonBlocking, C.int(priority)))
+	err := d.check("cuStreamCreateWithPriority", C.mbcall_cuStreamCreateWithPriority(d.fn["cuStreamCreateWithPriority"], &s, streamNonBlocking, C.int(priority)))
 	return Stream(s), err
 }
 
 // DestroyStream destroys s.
 func (d *Driver) DestroyStream(s Stream) error {
-	return d.check("cuStreamDestroy_v2", C.c_p(d.fn["cuStreamDestroy_v2"], unsafe.Pointer(s)))
+	return d.check("cuStreamDestroy_v2", C.mbcall_cuStreamDestroy_v2(d.fn["cuStreamDestroy_v2"], unsafe.Pointer(s)))
 }
 
 // SyncStream waits for s.
 func (d *Driver) SyncStream(s Stream) error {
-	return d.check("cuStreamSynchronize", C.c_p(d.fn["cuStreamSynchronize"], unsafe.Pointer(s)))
+	return d.check("cuStreamSynchronize", C.mbcall_cuStreamSynchronize(d.fn["cuStreamSynchronize"], unsafe.Pointer(s)))
 }
 
 // WaitEvent makes s wait for e.
 func (d *Driver) WaitEvent(s Stream, e Event) error {
-	return d.check("cuStreamWaitEvent", C.c_p_p_u(d.fn["cuStreamWaitEvent"], unsafe.Pointer(s), unsafe.Pointer(e), 0))
+	return d.check("cuStreamWaitEvent", C.mbcall_cuStreamWaitEvent(d.fn["cuStreamWaitEvent"], unsafe.Pointer(s), unsafe.Pointer(e), 0))
 }
 
 // NewEvent creates a timing event.
 func (d *Driver) NewEvent() (Event, error) {
 	var e unsafe.Pointer
-	err := d.check("cuEventCreate", C.c_pp_u(d.fn["cuEventCreate"], &e, 0))
+	err := d.check("cuEventCreate", C.mbcall_cuEventCreate(d.fn["cuEventCreate"], &e, 0))
 	return Event(e), err
 }
 
 // DestroyEvent destroys e.
 func (d *Driver) DestroyEvent(e Event) error {
-	return d.check("cuEventDestroy_v2", C.c_p(d.fn["cuEventDestroy_v2"], unsafe.Pointer(e)))
+	return d.check("cuEventDestroy_v2", C.mbcall_cuEventDestroy_v2(d.fn["cuEventDestroy_v2"], unsafe.Pointer(e)))
 }
 
 // Record records e on s.
 func (d *Driver) Record(e Event, s Stream) error {
-	return d.check("cuEventRecord", C.c_p_p(d.fn["cuEventRecord"], unsafe.Pointer(e), unsafe.Pointer(s)))
+	return d.check("cuEventRecord", C.mbcall_cuEventRecord(d.fn["cuEventRecord"], unsafe.Pointer(e), unsafe.Pointer(s)))
 }
 
 // SyncEvent waits for e.
 func (d *Driver) SyncEvent(e Event) error {
-	return d.check("cuEventSynchronize", C.c_p(d.fn["cuEventSynchronize"], unsafe.Pointer(e)))
+	return d.check("cuEventSynchronize", C.mbcall_cuEventSynchronize(d.fn["cuEventSynchronize"], unsafe.Pointer(e)))
 }
 
 // Elapsed is the time between two recorded events, in milliseconds.
 func (d *Driver) Elapsed(start, end Event) (float32, error) {
 	var ms C.float
-	err := d.check("cuEventElapsedTime", C.c_pf_p_p(d.fn["cuEventElapsedTime_v2"], &ms, unsafe.Pointer(start), unsafe.Pointer(end)))
+	err := d.check("cuEventElapsedTime", C.mbcall_cuEventElapsedTime_v2(d.fn["cuEventElapsedTime_v2"], &ms, unsafe.Pointer(start), unsafe.Pointer(end)))
 	return float32(ms), err
 }
 
 // Alloc allocates n bytes of device memory (plain cuMemAlloc, never managed).
 func (d *Driver) Alloc(n int64) (DevicePtr, error) {
-	var p C.CUdeviceptr
-	err := d.check(fmt.Sprintf("cuMemAlloc_v2(%d bytes)", n), C.c_pd_sz(d.fn["cuMemAlloc_v2"], &p, C.size_t(n)))
+	var p C.mb_dptr
+	err := d.check(fmt.Sprintf("cuMemAlloc_v2(%d bytes)", n), C.mbcall_cuMemAlloc_v2(d.fn["cuMemAlloc_v2"], &p, C.size_t(n)))
 	return DevicePtr(p), err
 }
 
 // Free frees device memory.
 func (d *Driver) Free(p DevicePtr) error {
-	return d.check("cuMemFree_v2", C.c_d(d.fn["cuMemFree_v2"], C.CUdeviceptr(p)))
+	return d.check("cuMemFree_v2", C.mbcall_cuMemFree_v2(d.fn["cuMemFree_v2"], C.mb_dptr(p)))
 }
 
 // HostAlloc allocates n bytes of page-locked host memory (cuMemHostAlloc)
 // with flags (HostAlloc*); free it with FreeHost.
 func (d *Driver) HostAlloc(n int64, flags uint32) (unsafe.Pointer, error) {
 	var p unsafe.Pointer
-	err := d.check(fmt.Sprintf("cuMemHostAlloc(%d bytes, flags %#x)", n, flags), C.c_hostalloc(d.fn["cuMemHostAlloc"], &p, C.size_t(n), C.uint(flags)))
+	err := d.check(fmt.Sprintf("cuMemHostAlloc(%d bytes, flags %#x)", n, flags), C.mbcall_cuMemHostAlloc(d.fn["cuMemHostAlloc"], &p, C.size_t(n), C.uint(flags)))
 	return p, err
 }
 
 // HostDevicePtr is the device address of mapped host memory p (allocated
 // with HostAllocDeviceMap).
 func (d *Driver) HostDevicePtr(p unsafe.Pointer) (DevicePtr, error) {
-	var dp C.CUdeviceptr
-	err := d.check("cuMemHostGetDevicePointer_v2", C.c_hostdev(d.fn["cuMemHostGetDevicePointer_v2"], &dp, p, 0))
+	var dp C.mb_dptr
+	err := d.check("cuMemHostGetDevicePointer_v2", C.mbcall_cuMemHostGetDevicePointer_v2(d.fn["cuMemHostGetDevicePointer_v2"], &dp, p, 0))
 	return DevicePtr(dp), err
 }
 
 // FreeHost frees memory of HostAlloc.
 func (d *Driver) FreeHost(p unsafe.Pointer) error {
-	return d.check("cuMemFreeHost", C.c_p(d.fn["cuMemFreeHost"], p))
+	return d.check("cuMemFreeHost", C.mbcall_cuMemFreeHost(d.fn["cuMemFreeHost"], p))
 }
 
 // Occupancy is how many blocks of f (block threads, sharedBytes of dynamic
@@ -483,21 +434,21 @@ func (d *Driver) FreeHost(p unsafe.Pointer) error {
 // (cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags, default flags).
 func (d *Driver) Occupancy(f Function, block, sharedBytes int) (int, error) {
 	var n C.int
-	err := d.check("cuOccupancyMaxActiveBlocksPerMultiprocessor", C.c_occ(d.fn["cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags"], &n, unsafe.Pointer(f), C.int(block), C.size_t(sharedBytes)))
+	err := d.check("cuOccupancyMaxActiveBlocksPerMultiprocessor", C.mbcall_cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(d.fn["cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags"], &n, unsafe.Pointer(f), C.int(block), C.size_t(sharedBytes), 0))
 	return int(n), err
 }
 
 // FuncAttribute reads an attribute of f (FuncAttr*).
 func (d *Driver) FuncAttribute(f Function, attr int) (int, error) {
 	var v C.int
-	err := d.check(fmt.Sprintf("cuFuncGetAttribute(%d)", attr), C.c_fattr(d.fn["cuFuncGetAttribute"], &v, C.int(attr), unsafe.Pointer(f)))
+	err := d.check(fmt.Sprintf("cuFuncGetAttribute(%d)", attr), C.mbcall_cuFuncGetAttribute(d.fn["cuFuncGetAttribute"], &v, C.int(attr), unsafe.Pointer(f)))
 	return int(v), err
 }
 
 // MemInfo is the free and total device memory of the current context.
 func (d *Driver) MemInfo() (free, total int64, err error) {
 	var f, t C.size_t
-	err = d.check("cuMemGetInfo_v2", C.c_psz_psz(d.fn["cuMemGetInfo_v2"], &f, &t))
+	err = d.check("cuMemGetInfo_v2", C.mbcall_cuMemGetInfo_v2(d.fn["cuMemGetInfo_v2"], &f, &t))
 	return int64(f), int64(t), err
 }
 
@@ -509,7 +460,7 @@ func CopyToDevice[T any](d *Driver, dst DevicePtr, src []T, s Stream) error {
 		return nil
 	}
 	n := C.size_t(len(src)) * C.size_t(unsafe.Sizeof(src[0]))
-	return d.check("cuMemcpyHtoDAsync_v2", C.c_htod(d.fn["cuMemcpyHtoDAsync_v2"], C.CUdeviceptr(dst), unsafe.Pointer(&src[0]), n, unsafe.Pointer(s)))
+	return d.check("cuMemcpyHtoDAsync_v2", C.mbcall_cuMemcpyHtoDAsync_v2(d.fn["cuMemcpyHtoDAsync_v2"], C.mb_dptr(dst), unsafe.Pointer(&src[0]), n, unsafe.Pointer(s)))
 }
 
 // CopyFromDevice copies len(dst) elements from src into host memory on s.
@@ -518,18 +469,18 @@ func CopyFromDevice[T any](d *Driver, dst []T, src DevicePtr, s Stream) error {
 		return nil
 	}
 	n := C.size_t(len(dst)) * C.size_t(unsafe.Sizeof(dst[0]))
-	return d.check("cuMemcpyDtoHAsync_v2", C.c_dtoh(d.fn["cuMemcpyDtoHAsync_v2"], unsafe.Pointer(&dst[0]), C.CUdeviceptr(src), n, unsafe.Pointer(s)))
+	return d.check("cuMemcpyDtoHAsync_v2", C.mbcall_cuMemcpyDtoHAsync_v2(d.fn["cuMemcpyDtoHAsync_v2"], unsafe.Pointer(&dst[0]), C.mb_dptr(src), n, unsafe.Pointer(s)))
 }
 
 // CopyDevice copies n bytes between device buffers of one context on s.
 func (d *Driver) CopyDevice(dst, src DevicePtr, n int64, s Stream) error {
-	return d.check("cuMemcpyDtoDAsync_v2", C.c_dtod(d.fn["cuMemcpyDtoDAsync_v2"], C.CUdeviceptr(dst), C.CUdeviceptr(src), C.size_t(n), unsafe.Pointer(s)))
+	return d.check("cuMemcpyDtoDAsync_v2", C.mbcall_cuMemcpyDtoDAsync_v2(d.fn["cuMemcpyDtoDAsync_v2"], C.mb_dptr(dst), C.mb_dptr(src), C.size_t(n), unsafe.Pointer(s)))
 }
 
 // CopyPeer copies n bytes from src in srcCtx to dst in dstCtx on s.
 func (d *Driver) CopyPeer(dst DevicePtr, dstCtx Context, src DevicePtr, srcCtx Context, n int64, s Stream) error {
-	return d.check("cuMemcpyPeerAsync", C.c_peer(d.fn["cuMemcpyPeerAsync"], C.CUdeviceptr(dst), unsafe.Pointer(dstCtx),
-		C.CUdeviceptr(src), unsafe.Pointer(srcCtx), C.size_t(n), unsafe.Pointer(s)))
+	return d.check("cuMemcpyPeerAsync", C.mbcall_cuMemcpyPeerAsync(d.fn["cuMemcpyPeerAsync"], C.mb_dptr(dst), unsafe.Pointer(dstCtx),
+		C.mb_dptr(src), unsafe.Pointer(srcCtx), C.size_t(n), unsafe.Pointer(s)))
 }
 
 // BatchCopy names the driver's batch-copy entry point, or "" when it has
@@ -568,20 +519,20 @@ func (d *Driver) CopyBatch(dst, src []DevicePtr, bytes []int64, srcDev, dstDev i
 	}
 	flags := C.uint(0)
 	if preferCE {
-		flags = 1
+		flags = memcpyPreferOverlap
 	}
 	v2 := C.int(0)
 	if name == optionalSymbols[0] {
 		v2 = 1
 	}
-	p := (*C.CUdeviceptr)(mem)
-	return d.check(name, C.c_batch(d.fn[name], v2, p, (*C.CUdeviceptr)(unsafe.Add(mem, 8*n)), (*C.size_t)(unsafe.Add(mem, 16*n)),
+	p := (*C.mb_dptr)(mem)
+	return d.check(name, C.c_batch(d.fn[name], v2, p, (*C.mb_dptr)(unsafe.Add(mem, 8*n)), (*C.size_t)(unsafe.Add(mem, 16*n)),
 		C.size_t(n), C.int(srcDev), C.int(dstDev), flags, unsafe.Pointer(s)))
 }
 
 // Fill16 sets n 16-bit words at p to v on s (e.g. poisoning bf16 with NaN 0x7fc0).
 func (d *Driver) Fill16(p DevicePtr, v uint16, n int64, s Stream) error {
-	return d.check("cuMemsetD16Async", C.c_memset16(d.fn["cuMemsetD16Async"], C.CUdeviceptr(p), C.ushort(v), C.size_t(n), unsafe.Pointer(s)))
+	return d.check("cuMemsetD16Async", C.mbcall_cuMemsetD16Async(d.fn["cuMemsetD16Async"], C.mb_dptr(p), C.ushort(v), C.size_t(n), unsafe.Pointer(s)))
 }
 
 // LoadModule loads a cubin.
@@ -592,13 +543,13 @@ func (d *Driver) LoadModule(image []byte) (Module, error) {
 	img := C.CBytes(image)
 	defer C.free(img)
 	var m unsafe.Pointer
-	err := d.check("cuModuleLoadData", C.c_pp_cp(d.fn["cuModuleLoadData"], &m, img))
+	err := d.check("cuModuleLoadData", C.mbcall_cuModuleLoadData(d.fn["cuModuleLoadData"], &m, img))
 	return Module(m), err
 }
 
 // UnloadModule unloads m.
 func (d *Driver) UnloadModule(m Module) error {
-	return d.check("cuModuleUnload", C.c_p(d.fn["cuModuleUnload"], unsafe.Pointer(m)))
+	return d.check("cuModuleUnload", C.mbcall_cuModuleUnload(d.fn["cuModuleUnload"], unsafe.Pointer(m)))
 }
 
 // Function looks a kernel up by name.
@@ -606,33 +557,49 @@ func (d *Driver) Function(m Module, name string) (Function, error) {
 	cs := C.CString(name)
 	defer C.free(unsafe.Pointer(cs))
 	var f unsafe.Pointer
-	err := d.check("cuModuleGetFunction("+name+")", C.c_pp_p_cs(d.fn["cuModuleGetFunction"], &f, unsafe.Pointer(m), cs))
+	err := d.check("cuModuleGetFunction("+name+")", C.mbcall_cuModuleGetFunction(d.fn["cuModuleGetFunction"], &f, unsafe.Pointer(m), cs))
 	return Function(f), err
 }
 
 // SetMaxDynamicShared lets f use more than 48 KB of dynamic shared memory.
 func (d *Driver) SetMaxDynamicShared(f Function, bytes int) error {
-	return d.check("cuFuncSetAttribute", C.c_p_i_i(d.fn["cuFuncSetAttribute"], unsafe.Pointer(f), FuncAttrMaxDynamicShared, C.int(bytes)))
+	return d.check("cuFuncSetAttribute", C.mbcall_cuFuncSetAttribute(d.fn["cuFuncSetAttribute"], unsafe.Pointer(f), FuncAttrMaxDynamicShared, C.int(bytes)))
 }
 
 // Launch runs f on s. Each argument is a device pointer, an int32, a
 // uint32, a float32, a uint64 or an int64, or the bytes of a struct
-// (Bytes), passed by value (see params).
+// (Bytes), passed by value (see params). LaunchArgs is the same without
+// boxing the arguments (for launches on every step).
 func (d *Driver) Launch(f Function, grid, block [3]uint32, sharedBytes uint32, s Stream, args ...any) error {
-	return d.launch("cuLaunchKernel", args, func(p *unsafe.Pointer) C.CUresult {
-		return C.c_launch(d.fn["cuLaunchKernel"], unsafe.Pointer(f), C.uint(grid[0]), C.uint(grid[1]), C.uint(grid[2]),
-			C.uint(block[0]), C.uint(block[1]), C.uint(block[2]), C.uint(sharedBytes), unsafe.Pointer(s), p)
-	})
+	as, err := argsOf("cuLaunchKernel", args)
+	if err != nil {
+		return err
+	}
+	return d.LaunchArgs(f, grid, block, sharedBytes, s, as...)
+}
+
+// LaunchArgs is Launch with typed arguments (see Arg).
+func (d *Driver) LaunchArgs(f Function, grid, block [3]uint32, sharedBytes uint32, s Stream, args ...Arg) error {
+	p := d.params(args)
+	r := C.mbcall_cuLaunchKernel(d.fn["cuLaunchKernel"], unsafe.Pointer(f), C.uint(grid[0]), C.uint(grid[1]), C.uint(grid[2]),
+		C.uint(block[0]), C.uint(block[1]), C.uint(block[2]), C.uint(sharedBytes), unsafe.Pointer(s), p, nil)
+	d.pmu.Unlock()
+	return d.check("cuLaunchKernel", r)
 }
 
 // LaunchCooperative runs f on s with every block resident at once, so that
 // the grid may synchronize as a whole (cuLaunchCooperativeKernel; the grid
 // must fit on the GPU at once, else the driver refuses it).
 func (d *Driver) LaunchCooperative(f Function, grid, block [3]uint32, sharedBytes uint32, s Stream, args ...any) error {
-	return d.launch("cuLaunchCooperativeKernel", args, func(p *unsafe.Pointer) C.CUresult {
-		return C.c_coop(d.fn["cuLaunchCooperativeKernel"], unsafe.Pointer(f), C.uint(grid[0]), C.uint(grid[1]), C.uint(grid[2]),
-			C.uint(block[0]), C.uint(block[1]), C.uint(block[2]), C.uint(sharedBytes), unsafe.Pointer(s), p)
-	})
+	as, err := argsOf("cuLaunchCooperativeKernel", args)
+	if err != nil {
+		return err
+	}
+	p := d.params(as)
+	r := C.mbcall_cuLaunchCooperativeKernel(d.fn["cuLaunchCooperativeKernel"], unsafe.Pointer(f), C.uint(grid[0]), C.uint(grid[1]),
+		C.uint(grid[2]), C.uint(block[0]), C.uint(block[1]), C.uint(block[2]), C.uint(sharedBytes), unsafe.Pointer(s), p)
+	d.pmu.Unlock()
+	return d.check("cuLaunchCooperativeKernel", r)
 }
 
 // LaunchOptions are what LaunchEx adds to a plain launch.
@@ -642,10 +609,10 @@ type LaunchOptions struct {
 }
 
 // LaunchEx runs f on s through cuLaunchKernelEx with opt's attributes; it
-// fails when the driver has no cuLaunchKernelEx (before CUDA 12.0).
+// fails when the driver has no cuLaunchKernelEx (before CUDA 11.8).
 func (d *Driver) LaunchEx(f Function, grid, block [3]uint32, sharedBytes uint32, s Stream, opt LaunchOptions, args ...any) error {
 	if d.fn[launchEx] == nil {
-		return fmt.Errorf("%s: not in this driver (CUDA 12.0 or later has it)", launchEx)
+		return fmt.Errorf("%s: not in this driver (CUDA 11.8 or later has it)", launchEx)
 	}
 	if opt.Cluster != [3]uint32{} && (opt.Cluster[0] == 0 || opt.Cluster[1] == 0 || opt.Cluster[2] == 0) {
 		return fmt.Errorf("%s: cluster %v has a zero dimension", launchEx, opt.Cluster)
@@ -654,66 +621,98 @@ func (d *Driver) LaunchEx(f Function, grid, block [3]uint32, sharedBytes uint32,
 	if opt.Cooperative {
 		coop = 1
 	}
-	return d.launch(launchEx, args, func(p *unsafe.Pointer) C.CUresult {
-		return C.c_launchex(d.fn[launchEx], unsafe.Pointer(f), C.uint(grid[0]), C.uint(grid[1]), C.uint(grid[2]),
-			C.uint(block[0]), C.uint(block[1]), C.uint(block[2]), C.uint(sharedBytes), unsafe.Pointer(s), p, coop,
-			C.uint(opt.Cluster[0]), C.uint(opt.Cluster[1]), C.uint(opt.Cluster[2]))
-	})
-}
-
-// launch copies args to C memory (see params) and makes call with them.
-func (d *Driver) launch(call string, args []any, c func(p *unsafe.Pointer) C.CUresult) error {
-	mem, p, err := params(call, args)
-	defer C.free(mem)
+	as, err := argsOf(launchEx, args)
 	if err != nil {
 		return err
 	}
-	return d.check(call, c(p))
+	p := d.params(as)
+	r := C.c_launchex(d.fn[launchEx], unsafe.Pointer(f), C.uint(grid[0]), C.uint(grid[1]), C.uint(grid[2]),
+		C.uint(block[0]), C.uint(block[1]), C.uint(block[2]), C.uint(sharedBytes), unsafe.Pointer(s), p, coop,
+		C.uint(opt.Cluster[0]), C.uint(opt.Cluster[1]), C.uint(opt.Cluster[2]))
+	d.pmu.Unlock()
+	return d.check(launchEx, r)
 }
 
 // Bytes is a kernel argument passed by value as its bytes: a struct laid
 // out as the kernel declares it (8-byte aligned at most).
 type Bytes []byte
 
-// params copies kernel arguments (device pointers, int32, uint32, float32,
-// uint64, int64, Bytes) to one block of C memory: the parameter pointers,
-// then a slot per value, 8 bytes or a Bytes' length rounded up to 8. The
-// caller frees mem, also on error.
-func params(call string, args []any) (mem unsafe.Pointer, p *unsafe.Pointer, err error) {
+// Arg is one kernel argument by value, typed so that passing it boxes
+// nothing: P, I32, U32, F32, U64, I64 or Struct makes one.
+type Arg struct {
+	v uint64 // the value's bits
+	n uint8  // its bytes: 4 or 8; 0 for a struct
+	b Bytes  // a struct's bytes
+}
+
+// Kernel arguments of each type.
+func P(p DevicePtr) Arg  { return Arg{v: uint64(p), n: 8} }
+func I32(x int32) Arg    { return Arg{v: uint64(uint32(x)), n: 4} }
+func U32(x uint32) Arg   { return Arg{v: uint64(x), n: 4} }
+func F32(x float32) Arg  { return Arg{v: uint64(math.Float32bits(x)), n: 4} }
+func U64(x uint64) Arg   { return Arg{v: x, n: 8} }
+func I64(x int64) Arg    { return Arg{v: uint64(x), n: 8} }
+func Struct(b Bytes) Arg { return Arg{b: b} }
+
+// argsOf converts Launch's untyped arguments.
+func argsOf(call string, args []any) ([]Arg, error) {
+	out := make([]Arg, len(args))
+	for i, a := range args {
+		switch x := a.(type) {
+		case uint64:
+			out[i] = U64(x)
+		case int64:
+			out[i] = I64(x)
+		case Bytes:
+			out[i] = Struct(x)
+		case DevicePtr:
+			out[i] = P(x)
+		case int32:
+			out[i] = I32(x)
+		case uint32:
+			out[i] = U32(x)
+		case float32:
+			out[i] = F32(x)
+		default:
+			return nil, fmt.Errorf("%s: argument %d has unsupported type %T", call, i, a)
+		}
+	}
+	return out, nil
+}
+
+// params copies kernel arguments to the driver's block of C memory, which
+// is kept and grown as needed (a launch copies its arguments, so the block
+// is free again when it returns): the parameter pointers, then a slot per
+// value, 8 bytes or a struct's length rounded up to 8. It returns with
+// d.pmu held, for the caller to release after the launch.
+func (d *Driver) params(args []Arg) *unsafe.Pointer {
 	n := len(args)
 	const slot = 8
 	size := max(n, 1) * 2 * slot
 	for _, a := range args {
-		if b, ok := a.(Bytes); ok {
-			size += (len(b) + slot - 1) / slot * slot
-		}
+		size += (len(a.b) + slot - 1) / slot * slot
 	}
-	mem = C.malloc(C.size_t(size))
+	d.pmu.Lock()
+	if size > d.pcap {
+		C.free(d.pmem)
+		d.pmem, d.pcap = C.malloc(C.size_t(max(size, 512))), max(size, 512)
+	}
+	mem := d.pmem
 	ps := unsafe.Slice((*unsafe.Pointer)(mem), max(n, 1))
-	extra := 2 * n * slot // where the next Bytes go
+	extra := 2 * n * slot // where the next struct goes
 	for i, a := range args {
 		v := unsafe.Add(mem, (n+i)*slot)
-		switch x := a.(type) {
-		case uint64:
-			*(*uint64)(v) = x
-		case int64:
-			*(*int64)(v) = x
-		case Bytes:
-			v = unsafe.Add(mem, extra)
-			copy(unsafe.Slice((*byte)(v), len(x)), x)
-			extra += (len(x) + slot - 1) / slot * slot
-		case DevicePtr:
-			*(*DevicePtr)(v) = x
-		case int32:
-			*(*int32)(v) = x
-		case uint32:
-			*(*uint32)(v) = x
-		case float32:
-			*(*float32)(v) = x
+		switch a.n {
+		case 4:
+			*(*uint32)(v) = uint32(a.v)
+		case 8:
+			*(*uint64)(v) = a.v
 		default:
-			return mem, nil, fmt.Errorf("%s: argument %d has unsupported type %T", call, i, a)
+			v = unsafe.Add(mem, extra)
+			copy(unsafe.Slice((*byte)(v), len(a.b)), a.b)
+			extra += (len(a.b) + slot - 1) / slot * slot
 		}
 		ps[i] = v
 	}
-	return mem, &ps[0], nil
+	return &ps[0]
 }

@@ -2,6 +2,7 @@ package cuda
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -298,5 +299,113 @@ func TestSearchDirsFindWheels(t *testing.T) {
 		if !slices.Contains(dirs, d) {
 			t.Errorf("%s not searched: %v", d, dirs)
 		}
+	}
+}
+
+// TestMaxConnections: CUDA_DEVICE_MAX_CONNECTIONS is in the process's
+// environment when the driver initializes (the fake reports what it saw at
+// cuInit): moebench's 32 when unset, the user's value when set.
+func TestMaxConnections(t *testing.T) {
+	for _, tc := range []struct{ env, want string }{{"", MaxConnections}, {"8", "8"}} {
+		t.Run("env="+tc.env, func(t *testing.T) {
+			t.Setenv("CUDA_DEVICE_MAX_CONNECTIONS", tc.env)
+			if tc.env == "" {
+				os.Unsetenv("CUDA_DEVICE_MAX_CONNECTIONS")
+			}
+			d := fakeDriver(t) // a new fake library: its first cuInit
+			if v, err := d.Attribute(0, 10000); err != nil || fmt.Sprint(v) != tc.want {
+				t.Errorf("at cuInit: %d, %v; want %s", v, err, tc.want)
+			}
+		})
+	}
+}
+
+// TestStreamCapture: against the fake driver's capture, which implements
+// the driver's rules: captured work does not run until the graph is
+// launched, runs at each launch (on a joined stream too), and what a
+// capture cannot take — a synchronization, an allocation, a stream left
+// unjoined — fails as the driver's does.
+func TestStreamCapture(t *testing.T) {
+	d := fakeDriver(t)
+	if !d.HasGraphs() {
+		t.Fatal("the fake driver has graphs")
+	}
+	s1, _ := d.NewStream(0)
+	s2, _ := d.NewStream(0)
+	e, _ := d.NewEvent()
+	x := []float32{0, 0}
+	p, _ := d.Alloc(12)
+	if err := CopyToDevice(d, p, x, s1); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.SyncStream(s1); err != nil {
+		t.Fatal(err)
+	}
+	m, _ := d.LoadModule([]byte("\x7fELF fake cubin"))
+	f, _ := d.Function(m, "add")
+	add := func(s Stream) error {
+		return d.Launch(f, [3]uint32{1, 1, 1}, [3]uint32{32, 1, 1}, 0, s, p, int32(2), float32(1))
+	}
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	// s1 adds 1, s2 joins and adds 1, s1 waits for it
+	must(d.BeginCapture(s1))
+	must(add(s1))
+	must(d.Record(e, s1))
+	must(d.WaitEvent(s2, e))
+	must(add(s2))
+	e2, _ := d.NewEvent()
+	must(d.Record(e2, s2))
+	must(d.WaitEvent(s1, e2))
+	g, err := d.EndCapture(s1)
+	must(err)
+	x2 := make([]float32, 2)
+	must(CopyFromDevice(d, x2, p, s1))
+	if x2[0] != 0 {
+		t.Fatalf("captured work ran: %v", x2)
+	}
+	ex, err := d.Instantiate(g)
+	must(err)
+	for range 3 {
+		must(d.LaunchGraph(ex, s1))
+	}
+	must(CopyFromDevice(d, x2, p, s1))
+	if x2[0] != 6 || x2[1] != 6 {
+		t.Errorf("after 3 launches of a graph adding 1 twice: %v", x2)
+	}
+	must(d.DestroyGraph(g, ex))
+
+	code := func(err error) int {
+		var ce *Error
+		if errors.As(err, &ce) {
+			return ce.Code
+		}
+		return 0
+	}
+	must(d.BeginCapture(s1))
+	if err := d.SyncStream(s1); code(err) != 900 {
+		t.Errorf("a sync inside a capture: %v, want CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED", err)
+	}
+	if _, err := d.EndCapture(s1); code(err) != 901 {
+		t.Errorf("ending the capture the sync invalidated: %v, want CUDA_ERROR_STREAM_CAPTURE_INVALIDATED", err)
+	}
+	must(d.BeginCapture(s1))
+	if _, err := d.Alloc(16); code(err) != 900 {
+		t.Errorf("an allocation inside a capture: %v", err)
+	}
+	d.EndCapture(s1)
+	must(d.BeginCapture(s1))
+	must(d.Record(e, s1))
+	must(d.WaitEvent(s2, e))
+	must(add(s2)) // s2 never joined back
+	if _, err := d.EndCapture(s1); code(err) != 904 {
+		t.Errorf("a stream left unjoined: %v, want CUDA_ERROR_STREAM_CAPTURE_UNJOINED", err)
+	}
+	if _, err := d.EndCapture(s1); code(err) != 401 {
+		t.Errorf("ending no capture: %v, want CUDA_ERROR_ILLEGAL_STATE", err)
 	}
 }

@@ -2,8 +2,10 @@ package cuda
 
 /*
 #cgo LDFLAGS: -ldl
+#cgo CFLAGS: -I${SRCDIR}/abi
 #include <dlfcn.h>
 #include <stdlib.h>
+#include "abi.h"
 */
 import "C"
 
@@ -12,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"unsafe"
@@ -84,6 +87,15 @@ func candidates(dirs []string, names ...string) []string {
 // folders of LibDirsEnv, through the loader's path, then in searchDirs. The
 // error lists what was tried.
 func openLibrary(env string, names ...string) (*library, error) {
+	return openPreferred(env, [][]string{names})
+}
+
+// openPreferred is openLibrary over groups of names, in order of
+// preference: a group is looked for everywhere (LibDirsEnv, the loader's
+// path, searchDirs) before the next is, so that a library of the major the
+// driver supports found late in the search wins over another major found
+// early (see majors).
+func openPreferred(env string, groups [][]string) (*library, error) {
 	var tried []string
 	try := func(p string) *library {
 		cs := C.CString(p)
@@ -100,7 +112,7 @@ func openLibrary(env string, names ...string) (*library, error) {
 		}
 		return nil, fmt.Errorf("%s=%s does not load: %s", env, p, tried[0])
 	}
-	inDirs := func(dirs []string) *library {
+	inDirs := func(dirs, names []string) *library {
 		for _, p := range candidates(dirs, names...) {
 			if l := try(p); l != nil {
 				return l
@@ -108,18 +120,61 @@ func openLibrary(env string, names ...string) (*library, error) {
 		}
 		return nil
 	}
-	if l := inDirs(filepath.SplitList(os.Getenv(LibDirsEnv))); l != nil {
-		return l, nil
-	}
-	for _, n := range names {
-		if l := try(n); l != nil {
+	var all []string
+	for _, names := range groups {
+		all = append(all, names...)
+		if l := inDirs(filepath.SplitList(os.Getenv(LibDirsEnv)), names); l != nil {
+			return l, nil
+		}
+		for _, n := range names {
+			if l := try(n); l != nil {
+				return l, nil
+			}
+		}
+		if l := inDirs(searchDirs(), names); l != nil {
 			return l, nil
 		}
 	}
-	if l := inDirs(searchDirs()); l != nil {
-		return l, nil
+	return nil, fmt.Errorf("%s not found (%s; %s may name it, or --cuda-libs its folder)", strings.Join(all, " or "), tried[len(tried)-1], env)
+}
+
+// majors orders the sonames of a CUDA library (lib: "libnvrtc",
+// "libcublasLt", "libcublas") by preference: first the major of the CUDA
+// driver here (cuDriverGetVersion: a CUDA 12 driver cannot run a CUDA 13
+// library), then the others, newest first; without a driver (NVRTC compiles
+// without one), newest first.
+func majors(lib string, sonames map[int][]string) [][]string {
+	order := []int{13, 12, 11}
+	if v, err := driverVersion(); err == nil {
+		if m := v / 1000; sonames[m] != nil {
+			order = append([]int{m}, slices.DeleteFunc(order, func(x int) bool { return x == m })...)
+		}
 	}
-	return nil, fmt.Errorf("%s not found (%s; %s may name it, or --cuda-libs its folder)", strings.Join(names, " or "), tried[len(tried)-1], env)
+	var groups [][]string
+	for _, m := range order {
+		if s, ok := sonames[m]; ok {
+			groups = append(groups, s)
+		}
+	}
+	return append(groups, []string{lib + ".so"})
+}
+
+// driverVersion asks libcuda (MOEBENCH_LIBCUDA, as OpenDriver finds it) for
+// the CUDA version it supports, without initializing it.
+func driverVersion() (int, error) {
+	lib, err := openLibrary("MOEBENCH_LIBCUDA", "libcuda.so.1")
+	if err != nil {
+		return 0, err
+	}
+	f, err := lib.sym("cuDriverGetVersion")
+	if err != nil {
+		return 0, err
+	}
+	var v C.int
+	if r := C.mbcall_cuDriverGetVersion(f, &v); r != 0 {
+		return 0, fmt.Errorf("cuDriverGetVersion: error %d", int(r))
+	}
+	return int(v), nil
 }
 
 // sym returns a symbol's address or an error naming it.

@@ -1,26 +1,19 @@
 package cuda
 
 /*
+#cgo CFLAGS: -I${SRCDIR}/abi
 #include <stdlib.h>
-typedef int ncclResult_t;
-typedef ncclResult_t (*n_pint)(int *);
-typedef ncclResult_t (*n_initall)(void **, int, const int *);
-typedef ncclResult_t (*n_p)(void *);
-typedef ncclResult_t (*n_v)(void);
-typedef ncclResult_t (*n_p2p)(unsigned long long, size_t, int, int, void *, void *);
-typedef const char *(*n_str)(ncclResult_t);
-typedef const char *(*n_last)(void *);
-static ncclResult_t n_call_pint(void *f, int *v) { return ((n_pint)f)(v); }
-static ncclResult_t n_call_initall(void *f, void **comms, int n, const int *devs) { return ((n_initall)f)(comms, n, devs); }
-static ncclResult_t n_call_p(void *f, void *a) { return ((n_p)f)(a); }
-static ncclResult_t n_call_v(void *f) { return ((n_v)f)(); }
+#include "abi.h"
 // ncclSend and ncclRecv: buffer (a device address), count, ncclDataType_t,
 // peer rank, communicator, stream.
-static ncclResult_t n_call_p2p(void *f, unsigned long long buf, size_t count, int type, int peer, void *comm, void *stream) {
-	return ((n_p2p)f)(buf, count, type, peer, comm, stream);
+static int n_send(void *f, unsigned long long buf, size_t count, int type, int peer, void *comm, void *stream) {
+	return mbcall_ncclSend(f, (const void *)buf, count, type, peer, comm, stream);
 }
-static const char *n_call_str(void *f, ncclResult_t r) { return f ? ((n_str)f)(r) : ""; }
-static const char *n_call_last(void *f, void *comm) { return f ? ((n_last)f)(comm) : ""; }
+static int n_recv(void *f, unsigned long long buf, size_t count, int type, int peer, void *comm, void *stream) {
+	return mbcall_ncclRecv(f, (void *)buf, count, type, peer, comm, stream);
+}
+static const char *n_str(void *f, int r) { return f ? mbcall_ncclGetErrorString(f, r) : ""; }
+static const char *n_last(void *f, void *comm) { return f ? mbcall_ncclGetLastError(f, comm) : ""; }
 */
 import "C"
 
@@ -72,7 +65,7 @@ func OpenNCCL() (*NCCL, error) {
 		n.fn["ncclGetLastError"] = p
 	}
 	var v C.int
-	if err := n.check("ncclGetVersion", nil, C.n_call_pint(n.fn["ncclGetVersion"], &v)); err != nil {
+	if err := n.check("ncclGetVersion", nil, C.mbcall_ncclGetVersion(n.fn["ncclGetVersion"], &v)); err != nil {
 		return nil, err
 	}
 	major, minor, patch := ncclVersion(int(v))
@@ -92,9 +85,10 @@ func ncclVersion(code int) (major, minor, patch int) {
 	return code / 1000, code % 1000 / 100, code % 100
 }
 
-// ncclResultNames are ncclResult_t's values.
+// ncclResultNames are ncclResult_t's values (ncclTimeout, 8, since NCCL
+// 2.30; TestABIHeaders checks them against nccl.h's).
 var ncclResultNames = []string{"ncclSuccess", "ncclUnhandledCudaError", "ncclSystemError", "ncclInternalError",
-	"ncclInvalidArgument", "ncclInvalidUsage", "ncclRemoteError", "ncclInProgress"}
+	"ncclInvalidArgument", "ncclInvalidUsage", "ncclRemoteError", "ncclInProgress", "ncclTimeout"}
 
 // NCCLError is a failed NCCL call: the call, the result's name, NCCL's
 // description of it and, where NCCL has one, its last error message.
@@ -113,13 +107,13 @@ func (e *NCCLError) Error() string {
 
 // check turns a result into an error; comm (nil: none) is asked for its
 // last error message.
-func (n *NCCL) check(call string, comm Comm, r C.ncclResult_t) error {
+func (n *NCCL) check(call string, comm Comm, r C.int) error {
 	if r == 0 {
 		return nil
 	}
 	e := &NCCLError{Call: call, Code: int(r), Name: fmt.Sprintf("ncclResult %d", int(r)),
-		Text: C.GoString(C.n_call_str(n.fn["ncclGetErrorString"], r)),
-		Last: C.GoString(C.n_call_last(n.fn["ncclGetLastError"], unsafe.Pointer(comm)))}
+		Text: C.GoString(C.n_str(n.fn["ncclGetErrorString"], r)),
+		Last: C.GoString(C.n_last(n.fn["ncclGetLastError"], unsafe.Pointer(comm)))}
 	if int(r) < len(ncclResultNames) {
 		e.Name = ncclResultNames[r]
 	}
@@ -141,7 +135,7 @@ func (n *NCCL) InitAll(devs []int) ([]Comm, error) {
 	for i, d := range devs {
 		cd[i] = C.int(d)
 	}
-	if err := n.check(fmt.Sprintf("ncclCommInitAll(GPUs %v)", devs), nil, C.n_call_initall(n.fn["ncclCommInitAll"], comms, C.int(len(devs)), cdevs)); err != nil {
+	if err := n.check(fmt.Sprintf("ncclCommInitAll(GPUs %v)", devs), nil, C.mbcall_ncclCommInitAll(n.fn["ncclCommInitAll"], comms, C.int(len(devs)), cdevs)); err != nil {
 		return nil, err
 	}
 	out := make([]Comm, len(devs))
@@ -153,29 +147,29 @@ func (n *NCCL) InitAll(devs []int) ([]Comm, error) {
 
 // Destroy frees a communicator (ncclCommDestroy).
 func (n *NCCL) Destroy(c Comm) error {
-	return n.check("ncclCommDestroy", nil, C.n_call_p(n.fn["ncclCommDestroy"], unsafe.Pointer(c)))
+	return n.check("ncclCommDestroy", nil, C.mbcall_ncclCommDestroy(n.fn["ncclCommDestroy"], unsafe.Pointer(c)))
 }
 
 // GroupStart opens a group: the transfers up to GroupEnd are issued
 // together (one thread driving several GPUs must group them).
 func (n *NCCL) GroupStart() error {
-	return n.check("ncclGroupStart", nil, C.n_call_v(n.fn["ncclGroupStart"]))
+	return n.check("ncclGroupStart", nil, C.mbcall_ncclGroupStart(n.fn["ncclGroupStart"]))
 }
 
 // GroupEnd issues the group's transfers on their streams.
 func (n *NCCL) GroupEnd() error {
-	return n.check("ncclGroupEnd", nil, C.n_call_v(n.fn["ncclGroupEnd"]))
+	return n.check("ncclGroupEnd", nil, C.mbcall_ncclGroupEnd(n.fn["ncclGroupEnd"]))
 }
 
 // Send queues bytes from buf to rank peer of c's communicator on s (a
 // stream of c's GPU).
 func (n *NCCL) Send(buf DevicePtr, bytes int64, peer int, c Comm, s Stream) error {
 	return n.check(fmt.Sprintf("ncclSend(%d bytes to rank %d)", bytes, peer), c,
-		C.n_call_p2p(n.fn["ncclSend"], C.ulonglong(buf), C.size_t(bytes), ncclUint8, C.int(peer), unsafe.Pointer(c), unsafe.Pointer(s)))
+		C.n_send(n.fn["ncclSend"], C.ulonglong(buf), C.size_t(bytes), ncclUint8, C.int(peer), unsafe.Pointer(c), unsafe.Pointer(s)))
 }
 
 // Recv queues the receipt of bytes from rank peer into buf on s.
 func (n *NCCL) Recv(buf DevicePtr, bytes int64, peer int, c Comm, s Stream) error {
 	return n.check(fmt.Sprintf("ncclRecv(%d bytes from rank %d)", bytes, peer), c,
-		C.n_call_p2p(n.fn["ncclRecv"], C.ulonglong(buf), C.size_t(bytes), ncclUint8, C.int(peer), unsafe.Pointer(c), unsafe.Pointer(s)))
+		C.n_recv(n.fn["ncclRecv"], C.ulonglong(buf), C.size_t(bytes), ncclUint8, C.int(peer), unsafe.Pointer(c), unsafe.Pointer(s)))
 }

@@ -5,17 +5,9 @@ package cuda
 // through go-nvml.
 
 /*
+#cgo CFLAGS: -I${SRCDIR}/abi
 #include <stdlib.h>
-typedef int (*n_void)(void);
-typedef int (*n_str)(char *, unsigned int);
-typedef int (*n_limit)(void *, unsigned int *);
-typedef int (*n_bus)(const char *, void **);
-typedef int (*n_link)(void *, unsigned int, unsigned int *);
-static int call_void(void *f) { return ((n_void)f)(); }
-static int call_str(void *f, char *s, unsigned int n) { return ((n_str)f)(s, n); }
-static int call_nlimit(void *f, void *d, unsigned int *mw) { return ((n_limit)f)(d, mw); }
-static int call_nbus(void *f, const char *bus, void **d) { return ((n_bus)f)(bus, d); }
-static int call_nlink(void *f, void *d, unsigned int link, unsigned int *on) { return ((n_link)f)(d, link, on); }
+#include "abi.h"
 */
 import "C"
 
@@ -40,13 +32,13 @@ func probeNVML() Component {
 			return c
 		}
 	}
-	if st := C.call_void(syms["nvmlInit_v2"]); st != 0 {
+	if st := C.mbcall_nvmlInit_v2(syms["nvmlInit_v2"]); st != 0 {
 		c.Detail = fmt.Sprintf("nvmlInit_v2: NVML error %d", int(st))
 		return c
 	}
-	defer C.call_void(syms["nvmlShutdown"])
+	defer C.mbcall_nvmlShutdown(syms["nvmlShutdown"])
 	buf := make([]byte, 96)
-	if st := C.call_str(syms["nvmlSystemGetDriverVersion"], (*C.char)(unsafe.Pointer(&buf[0])), C.uint(len(buf))); st != 0 {
+	if st := C.mbcall_nvmlSystemGetDriverVersion(syms["nvmlSystemGetDriverVersion"], (*C.char)(unsafe.Pointer(&buf[0])), C.uint(len(buf))); st != 0 {
 		c.Detail = fmt.Sprintf("nvmlSystemGetDriverVersion: NVML error %d", int(st))
 		return c
 	}
@@ -69,15 +61,15 @@ func withNVML(names []string, fn func(sym map[string]unsafe.Pointer, byBus func(
 			return err
 		}
 	}
-	if st := C.call_void(sym["nvmlInit_v2"]); st != 0 {
+	if st := C.mbcall_nvmlInit_v2(sym["nvmlInit_v2"]); st != 0 {
 		return fmt.Errorf("nvmlInit_v2: NVML error %d", int(st))
 	}
-	defer C.call_void(sym["nvmlShutdown"])
+	defer C.mbcall_nvmlShutdown(sym["nvmlShutdown"])
 	return fn(sym, func(bus string) (unsafe.Pointer, error) {
 		var dev unsafe.Pointer
 		cbus := C.CString(bus)
 		defer C.free(unsafe.Pointer(cbus))
-		if st := C.call_nbus(sym["nvmlDeviceGetHandleByPciBusId_v2"], cbus, &dev); st != 0 {
+		if st := C.mbcall_nvmlDeviceGetHandleByPciBusId_v2(sym["nvmlDeviceGetHandleByPciBusId_v2"], cbus, &dev); st != 0 {
 			return nil, fmt.Errorf("nvmlDeviceGetHandleByPciBusId_v2(%s): NVML error %d", bus, int(st))
 		}
 		return dev, nil
@@ -93,7 +85,7 @@ func readPowerLimit(g *GPUInfo, bus string) error {
 			return err
 		}
 		var mw C.uint
-		if st := C.call_nlimit(sym["nvmlDeviceGetPowerManagementLimit"], dev, &mw); st != 0 {
+		if st := C.mbcall_nvmlDeviceGetPowerManagementLimit(sym["nvmlDeviceGetPowerManagementLimit"], dev, &mw); st != 0 {
 			return fmt.Errorf("nvmlDeviceGetPowerManagementLimit: NVML error %d", int(st))
 		}
 		g.PowerLimitW = float64(mw) / 1000
@@ -117,14 +109,14 @@ func readNVLinks(buses []string) ([]int, error) {
 			}
 			for l := range nvlinkMax {
 				var on C.uint
-				st := C.call_nlink(sym["nvmlDeviceGetNvLinkState"], dev, C.uint(l), &on)
+				st := C.mbcall_nvmlDeviceGetNvLinkState(sym["nvmlDeviceGetNvLinkState"], dev, C.uint(l), &on)
 				if st == nvmlErrorInvalidArgument || st == nvmlErrorNotSupported { // past the GPU's links, or none
 					break
 				}
 				if st != 0 {
 					return fmt.Errorf("nvmlDeviceGetNvLinkState(%s, link %d): NVML error %d", bus, l, int(st))
 				}
-				if on == 1 { // NVML_FEATURE_ENABLED
+				if on == nvmlFeatureEnabled {
 					links[i]++
 				}
 			}
@@ -134,8 +126,9 @@ func readNVLinks(buses []string) ([]int, error) {
 	return links, err
 }
 
-// NVML return codes the NVLink query tells apart.
+// NVML return codes the NVLink query tells apart, and a link's state.
 const (
 	nvmlErrorInvalidArgument = 2
 	nvmlErrorNotSupported    = 3
+	nvmlFeatureEnabled       = 1
 )

@@ -1,28 +1,16 @@
 package cuda
 
 /*
+#cgo CFLAGS: -I${SRCDIR}/abi
 #include <stdlib.h>
-typedef int (*nv_ver)(int *, int *);
-typedef int (*nv_create)(void **, const char *, const char *, int, const char *const *, const char *const *);
-typedef int (*nv_compile)(void *, int, const char *const *);
-typedef int (*nv_size)(void *, size_t *);
-typedef int (*nv_get)(void *, char *);
-typedef int (*nv_destroy)(void **);
-typedef const char *(*nv_errstr)(int);
-static int call_ver(void *f, int *a, int *b) { return ((nv_ver)f)(a, b); }
-static int call_create(void *f, void **p, const char *src, const char *name, int n, const char *const *h, const char *const *hn) {
-	return ((nv_create)f)(p, src, name, n, h, hn);
-}
-static int call_compile(void *f, void *p, int n, const char *const *o) { return ((nv_compile)f)(p, n, o); }
-static int call_size(void *f, void *p, size_t *n) { return ((nv_size)f)(p, n); }
-static int call_get(void *f, void *p, char *b) { return ((nv_get)f)(p, b); }
-static int call_destroy(void *f, void **p) { return ((nv_destroy)f)(p); }
-static const char *call_errstr(void *f, int r) { return ((nv_errstr)f)(r); }
+#include "abi.h"
 */
 import "C"
 
 import (
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
 	"unsafe"
 )
@@ -40,39 +28,72 @@ var (
 	nvrtcErr  error
 )
 
-// OpenNVRTC loads libnvrtc (once): MOEBENCH_NVRTC names the file, else
-// libnvrtc.so.13, .12, .11.2 or libnvrtc.so are looked for (see openLibrary).
+// nvrtcSonames are NVRTC's sonames by CUDA major.
+var nvrtcSonames = map[int][]string{13: {"libnvrtc.so.13"}, 12: {"libnvrtc.so.12"}, 11: {"libnvrtc.so.11.2"}}
+
+// OpenNVRTC loads libnvrtc (once): MOEBENCH_NVRTC names the file, else the
+// major of the CUDA driver is looked for first (see majors), then the others.
 func OpenNVRTC() (*NVRTC, error) {
-	nvrtcOnce.Do(func() {
-		lib, err := openLibrary("MOEBENCH_NVRTC", "libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so.11.2", "libnvrtc.so")
-		if err != nil {
-			nvrtcErr = err
-			return
-		}
-		n := &NVRTC{Path: lib.path, fn: map[string]unsafe.Pointer{}}
-		for _, s := range []string{"nvrtcVersion", "nvrtcCreateProgram", "nvrtcCompileProgram", "nvrtcGetProgramLogSize",
-			"nvrtcGetProgramLog", "nvrtcGetCUBINSize", "nvrtcGetCUBIN", "nvrtcDestroyProgram", "nvrtcGetErrorString"} {
-			if n.fn[s], err = lib.sym(s); err != nil {
-				nvrtcErr = err
-				return
-			}
-		}
-		var a, b C.int
-		if r := C.call_ver(n.fn["nvrtcVersion"], &a, &b); r != 0 {
-			nvrtcErr = n.err("nvrtcVersion", r)
-			return
-		}
-		n.Major, n.Minor = int(a), int(b)
-		nvrtcLib = n
-	})
+	nvrtcOnce.Do(func() { nvrtcLib, nvrtcErr = openNVRTC() })
 	return nvrtcLib, nvrtcErr
+}
+
+// openNVRTC is OpenNVRTC without the cache.
+func openNVRTC() (*NVRTC, error) {
+	lib, err := openPreferred("MOEBENCH_NVRTC", majors("libnvrtc", nvrtcSonames))
+	if err != nil {
+		return nil, err
+	}
+	n := &NVRTC{Path: lib.path, fn: map[string]unsafe.Pointer{}}
+	for _, s := range []string{"nvrtcVersion", "nvrtcCreateProgram", "nvrtcCompileProgram", "nvrtcGetProgramLogSize",
+		"nvrtcGetProgramLog", "nvrtcGetCUBINSize", "nvrtcGetCUBIN", "nvrtcGetPTXSize", "nvrtcGetPTX", "nvrtcDestroyProgram",
+		"nvrtcGetErrorString"} {
+		if n.fn[s], err = lib.sym(s); err != nil {
+			return nil, err
+		}
+	}
+	for _, s := range []string{"nvrtcGetNumSupportedArchs", "nvrtcGetSupportedArchs"} { // NVRTC 11.2 and later
+		n.fn[s], _ = lib.sym(s)
+	}
+	var a, b C.int
+	if r := C.mbcall_nvrtcVersion(n.fn["nvrtcVersion"], &a, &b); r != 0 {
+		return nil, n.err("nvrtcVersion", r)
+	}
+	n.Major, n.Minor = int(a), int(b)
+	return n, nil
+}
+
+// SupportedArchs are the architectures this NVRTC compiles for (compute
+// capability × 10, e.g. 90), ascending (nvrtcGetSupportedArchs); an error
+// when it cannot say (before NVRTC 11.2).
+func (n *NVRTC) SupportedArchs() ([]int, error) {
+	if n.fn["nvrtcGetSupportedArchs"] == nil || n.fn["nvrtcGetNumSupportedArchs"] == nil {
+		return nil, fmt.Errorf("%s: NVRTC %d.%d cannot list its architectures (11.2 or later can)", n.Path, n.Major, n.Minor)
+	}
+	var c C.int
+	if r := C.mbcall_nvrtcGetNumSupportedArchs(n.fn["nvrtcGetNumSupportedArchs"], &c); r != 0 {
+		return nil, n.err("nvrtcGetNumSupportedArchs", r)
+	}
+	if c <= 0 || c > 1024 {
+		return nil, fmt.Errorf("nvrtcGetNumSupportedArchs: %d architectures", int(c))
+	}
+	archs := make([]C.int, c)
+	if r := C.mbcall_nvrtcGetSupportedArchs(n.fn["nvrtcGetSupportedArchs"], &archs[0]); r != 0 {
+		return nil, n.err("nvrtcGetSupportedArchs", r)
+	}
+	out := make([]int, c)
+	for i, a := range archs {
+		out[i] = int(a)
+	}
+	slices.Sort(out)
+	return out, nil
 }
 
 // ID names NVRTC and its version, e.g. "nvrtc 12.8".
 func (n *NVRTC) ID() string { return fmt.Sprintf("nvrtc %d.%d", n.Major, n.Minor) }
 
 func (n *NVRTC) err(call string, r C.int) error {
-	return fmt.Errorf("%s: %s (%d)", call, C.GoString(C.call_errstr(n.fn["nvrtcGetErrorString"], r)), int(r))
+	return fmt.Errorf("%s: %s (%d)", call, C.GoString(C.mbcall_nvrtcGetErrorString(n.fn["nvrtcGetErrorString"], r)), int(r))
 }
 
 // CompileError is a compilation that failed, with NVRTC's log.
@@ -84,7 +105,10 @@ type CompileError struct {
 func (e *CompileError) Error() string { return fmt.Sprintf("compile %s: %v\n%s", e.Name, e.Err, e.Log) }
 
 // Compile compiles CUDA C source name with the given headers (name →
-// contents, for #include "name") and options, and returns the cubin.
+// contents, for #include "name") and options, and returns the cubin — or,
+// when the options ask for a virtual architecture
+// (--gpu-architecture=compute_XY), the PTX text, NUL-terminated, which the
+// driver compiles when the module is loaded.
 func (n *NVRTC) Compile(name, source string, headers map[string]string, options []string) ([]byte, error) {
 	cstr := func(s string) *C.char { return C.CString(s) }
 	src, cname := cstr(source), cstr(name)
@@ -116,32 +140,47 @@ func (n *NVRTC) Compile(name, source string, headers map[string]string, options 
 	opts, freeO := cArray(options)
 	defer freeO()
 	var prog unsafe.Pointer
-	if r := C.call_create(n.fn["nvrtcCreateProgram"], &prog, src, cname, C.int(len(headers)), hs, hn); r != 0 {
+	if r := C.mbcall_nvrtcCreateProgram(n.fn["nvrtcCreateProgram"], &prog, src, cname, C.int(len(headers)), hs, hn); r != 0 {
 		return nil, n.err("nvrtcCreateProgram", r)
 	}
-	defer C.call_destroy(n.fn["nvrtcDestroyProgram"], &prog)
-	cr := C.call_compile(n.fn["nvrtcCompileProgram"], prog, C.int(len(options)), opts)
+	defer C.mbcall_nvrtcDestroyProgram(n.fn["nvrtcDestroyProgram"], &prog)
+	cr := C.mbcall_nvrtcCompileProgram(n.fn["nvrtcCompileProgram"], prog, C.int(len(options)), opts)
 	var logSize C.size_t
 	log := ""
-	if C.call_size(n.fn["nvrtcGetProgramLogSize"], prog, &logSize) == 0 && logSize > 1 {
+	if C.mbcall_nvrtcGetProgramLogSize(n.fn["nvrtcGetProgramLogSize"], prog, &logSize) == 0 && logSize > 1 {
 		buf := make([]byte, logSize)
-		if C.call_get(n.fn["nvrtcGetProgramLog"], prog, (*C.char)(unsafe.Pointer(&buf[0]))) == 0 {
+		if C.mbcall_nvrtcGetProgramLog(n.fn["nvrtcGetProgramLog"], prog, (*C.char)(unsafe.Pointer(&buf[0]))) == 0 {
 			log = string(buf[:logSize-1])
 		}
 	}
 	if cr != 0 {
 		return nil, &CompileError{Name: name, Log: log, Err: n.err("nvrtcCompileProgram", cr)}
 	}
+	sizeCall, getCall := "nvrtcGetCUBINSize", "nvrtcGetCUBIN"
+	if slices.ContainsFunc(options, func(o string) bool { return strings.HasPrefix(o, "--gpu-architecture=compute_") }) {
+		sizeCall, getCall = "nvrtcGetPTXSize", "nvrtcGetPTX"
+	}
 	var size C.size_t
-	if r := C.call_size(n.fn["nvrtcGetCUBINSize"], prog, &size); r != 0 {
-		return nil, n.err("nvrtcGetCUBINSize", r)
+	r := C.int(0)
+	if sizeCall == "nvrtcGetPTXSize" {
+		r = C.mbcall_nvrtcGetPTXSize(n.fn[sizeCall], prog, &size)
+	} else {
+		r = C.mbcall_nvrtcGetCUBINSize(n.fn[sizeCall], prog, &size)
+	}
+	if r != 0 {
+		return nil, n.err(sizeCall, r)
 	}
 	if size == 0 {
-		return nil, fmt.Errorf("compile %s: NVRTC produced no cubin (compile for a real sm_XX architecture)", name)
+		return nil, fmt.Errorf("compile %s: NVRTC produced no image (%s: 0 bytes)", name, sizeCall)
 	}
-	cubin := make([]byte, size)
-	if r := C.call_get(n.fn["nvrtcGetCUBIN"], prog, (*C.char)(unsafe.Pointer(&cubin[0]))); r != 0 {
-		return nil, n.err("nvrtcGetCUBIN", r)
+	image := make([]byte, size)
+	if getCall == "nvrtcGetPTX" {
+		r = C.mbcall_nvrtcGetPTX(n.fn[getCall], prog, (*C.char)(unsafe.Pointer(&image[0])))
+	} else {
+		r = C.mbcall_nvrtcGetCUBIN(n.fn[getCall], prog, (*C.char)(unsafe.Pointer(&image[0])))
 	}
-	return cubin, nil
+	if r != 0 {
+		return nil, n.err(getCall, r)
+	}
+	return image, nil
 }

@@ -25,6 +25,9 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/moebench/moebench/internal/cuda/abi"
 )
 
 //go:embed mbhost.h
@@ -113,7 +116,10 @@ func (c *Compiler) Compile(name, source string, headers map[string]string, optio
 var fakeSources embed.FS
 
 // BuildFake compiles the fake library fakes/NAME.c (e.g. "fakecuda") with
-// cc into dir as file and returns its path.
+// cc into dir as file and returns its path. Each fake includes moebench's
+// abi.h with its declarations on (MB_ABI_DECLARE), so that a fake whose
+// entry point differs from moebench's prototype — which TestABIHeaders
+// checks against the real headers — fails to build.
 func BuildFake(name, dir, file string) (string, error) {
 	src, err := fakeSources.ReadFile("fakes/" + name + ".c")
 	if err != nil {
@@ -124,11 +130,13 @@ func BuildFake(name, dir, file string) (string, error) {
 		return "", fmt.Errorf("hostsim: %w", err)
 	}
 	hdr, _ := fakeSources.ReadFile("fakes/fakedriver.h") // embedded: cannot fail
-	if err := os.WriteFile(filepath.Join(dir, "fakedriver.h"), hdr, 0o644); err != nil {
-		return "", fmt.Errorf("hostsim: %w", err)
+	for f, text := range map[string][]byte{"fakedriver.h": hdr, "abi.h": []byte(abi.Header)} {
+		if err := os.WriteFile(filepath.Join(dir, f), text, 0o644); err != nil {
+			return "", fmt.Errorf("hostsim: %w", err)
+		}
 	}
 	so := filepath.Join(dir, file)
-	if out, err := exec.Command("cc", "-O2", "-shared", "-fPIC", "-pthread", "-o", so, c).CombinedOutput(); err != nil {
+	if out, err := exec.Command("cc", "-O2", "-shared", "-fPIC", "-pthread", "-Werror=incompatible-pointer-types", "-o", so, c).CombinedOutput(); err != nil {
 		return "", fmt.Errorf("hostsim: building %s: %v\n%s", name, err, out)
 	}
 	return so, nil
@@ -151,7 +159,7 @@ var fakes = []struct{ name, file, env string }{
 // C++ compiler, and fails instead under MOEBENCH_REQUIRE_NVRTC=1 (CI); it
 // skips under MOEBENCH_REQUIRE_GPU=1, where the GPU check runs the kernels
 // on the GPU itself.
-func Setup(t *testing.T) *Compiler {
+func Setup(t testing.TB) *Compiler {
 	t.Helper()
 	if os.Getenv("MOEBENCH_REQUIRE_GPU") == "1" {
 		t.Skip("the GPU check runs the kernels on the GPU")
@@ -177,4 +185,22 @@ func Setup(t *testing.T) *Compiler {
 	t.Setenv("MOEBENCH_NVML", filepath.Join(dir, "no-nvml.so"))
 	t.Setenv("MOEBENCH_CACHE", filepath.Join(dir, "cache"))
 	return c
+}
+
+// Within runs f and ends the test binary if f has not returned after d: a
+// test of cross-rank waits must fail, not hang. (Setup stops a block that
+// only spins after MBHOST_SPIN_LIMIT_S, shorter than the tests' d, so a
+// kernel wait without a timeout fails its launch first.)
+func Within(t *testing.T, d time.Duration, f func()) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		f()
+	}()
+	select {
+	case <-done:
+	case <-time.After(d):
+		panic(fmt.Sprintf("%s: still running after %v: a wait without a timeout?", t.Name(), d))
+	}
 }

@@ -11,8 +11,9 @@
 // earlier ones end, and launches on different streams (of one fake GPU or
 // of several) overlap in time. Within a block every CUDA thread is a fiber
 // (its own stack, switched with _setjmp/_longjmp) on the block's OS thread:
-// a thread runs until it reaches __syncthreads, a warp-wide intrinsic
-// (shuffles, ballots, reductions, __syncwarp) or a memory primitive of
+// a thread runs until it reaches __syncthreads, a named barrier
+// (mb_bar_sync), a warp-wide intrinsic (shuffles, ballots, reductions,
+// __syncwarp) or a memory primitive of
 // moebench.cuh (mb_ld_*, mb_st_*, mb_atomic_*, mb_nanosleep), where the next
 // fiber runs; a barrier that some threads never reach — a hang on a GPU — is
 // reported and fails the launch. __shared__ variables are thread_local: one
@@ -23,6 +24,9 @@
 // run. A block whose every thread does nothing but spin for
 // MBHOST_SPIN_LIMIT_S seconds (default 60) is stopped and fails the launch,
 // so that a kernel without a timeout cannot hang the tests.
+//
+// Hopper's mbarriers and bulk copies (cp.async.bulk) run through a
+// stand-in that checks their ordering rules (see bulkstate below).
 //
 // Floating point is the host's (expf may differ from the GPU's in the last
 // bit). Not modelled: the GPU's weaker ordering of plain loads and stores
@@ -37,6 +41,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <unordered_map>
+#include <cstdarg>
 #include <sched.h>
 #include <sys/mman.h>
 #include <time.h>
@@ -76,7 +82,7 @@ struct mbhost_kernel {
     // returns (a linear block index), until it returns −1; it returns 0,
     // 1 when the block is not whole warps or there is no memory, 2 when
     // threads stopped at barriers they cannot pass, 3 when the block spun
-    // past the spin limit.
+    // past the spin limit, 4 when it broke a bulk-copy rule (see bulkstate).
     int (*run)(void *args, const mbhost_geom *g, int (*next)(void *sched), void *sched);
 };
 
@@ -114,11 +120,13 @@ struct worker {
     mbhost_dim3 bdim, gdim, bid, cdim;
     barrier *blockSync = nullptr;
     warp *warps = nullptr;
+    barrier *named = nullptr;       // bar.sync's barriers 1 to 15 (0 is __syncthreads), by id
     void (*body)(void *) = nullptr; // the kernel with its arguments
     void *arg = nullptr;
     unsigned char *dsmem = nullptr; // dynamic shared memory
     bool spun = false;              // the running fiber yielded in a spin primitive
     bool stopping = false;          // fibers leave their loop
+    struct bulkstate *bulk = nullptr; // the block's mbarriers and bulk copies (see below)
 };
 inline constinit thread_local worker w{};
 
@@ -167,6 +175,322 @@ template <class T> T from(uint64_t u) {
     std::memcpy(&v, &u, sizeof v);
     return v;
 }
+
+// ---- The bulk-copy stand-in: Hopper's mbarriers and cp.async.bulk
+// (moebench.cuh's mb_mbar_* and mb_bulk_*) on the CPU, with their ordering
+// rules checked. An mbarrier is a side-table entry keyed by its address:
+// its arrival count, pending arrivals, transaction count (bytes expected
+// minus bytes copied) and the number of phases completed. A phase completes
+// when its pending arrivals and its transaction count are both zero; a
+// parity test succeeds once the phase of that parity is complete. Copies
+// move their bytes when issued (the worst case for a reader that does not
+// wait), and a global→shared copy performs its complete_tx at once; a
+// shared→global copy reads shared memory when issued but writes global
+// memory only at the issuer's cp.async.bulk.wait_group (not .read) or at the
+// end of the block, so a flag published before that wait announces data
+// not yet there.
+//
+// The dynamic shared memory is shadowed in 16-byte units, and every access
+// a FIFO makes goes through the stand-in (bulk copies, mb_lds16, mb_sts16).
+// A unit's bytes are published in an mbarrier phase (a copy's complete_tx,
+// or the arrive of the thread that stored them) and released in one (the
+// arrive of a thread that read them; for a bulk store, its first arrive
+// after the wait_group.read that ended the read). The rules, each a
+// detected violation that fails the launch (status 4) with a message:
+//   - a read needs the unit published in a phase the reader has seen
+//     complete (a consumer that does not wait for the full barrier);
+//   - a write needs the unit never written, or released in a phase the
+//     writer has seen complete, and no bulk store still reading it (a FIFO
+//     slot reused before its consumer released it, or without waiting for
+//     the empty barrier);
+//   - an arrival on a phase with no pending arrival left, or a phase whose
+//     arrivals are in but whose copies brought more bytes than expected
+//     (transaction count below zero): a wrong expected byte count;
+//   - a wait on an mbarrier never initialised; a copy not 16-byte aligned
+//     or sized, or outside the dynamic shared memory;
+//   - a block that ends with a bulk store whose read was never waited for.
+// A missing arrive, or fewer bytes copied than expected, leaves a phase
+// incomplete: the kernel's timed wait (mb_mbar_wait) gives up, naming the
+// rank, phase and wait. Not modelled: the async proxy's fence
+// (fence.proxy.async is a no-op here), clusters, multicast, tensor maps.
+struct mbar {
+    uint64_t phase = 0; // phases completed
+    int count = 0, pending = 0;
+    long long tx = 0;
+};
+struct unit {
+    uint8_t state = 0;     // 0 never written, 1 stored by `writer` (unpublished), 2 published
+    uint16_t writer = 0;
+    bool released = false; // a reader arrived since it was published
+    bool inflight = false; // a bulk store reads it
+    const void *fillBar = nullptr, *relBar = nullptr;
+    uint64_t fillPhase = 0, relPhase = 0;
+};
+struct bulkop { // a shared→global copy of one thread
+    unsigned lo, hi; // its units
+    void *dst;
+    std::vector<unsigned char> data;
+    unsigned group; // 0: not committed
+    bool read = false; // its read was waited for
+};
+struct tshadow {
+    std::unordered_map<const void *, uint64_t> seen; // barrier → phases seen complete
+    std::vector<unsigned> wrote, read;              // units stored (unpublished), read (unreleased)
+    std::vector<bulkop> ops;
+    unsigned groups = 0;
+};
+struct bulkstate {
+    unsigned char *base = nullptr;
+    size_t bytes = 0;
+    std::vector<unit> units;
+    std::unordered_map<const void *, mbar> bars;
+    std::vector<tshadow> threads;
+    bool violated = false;
+    void reset(unsigned char *b, size_t n, unsigned nthreads) {
+        base = b, bytes = n, violated = false;
+        units.assign(n / 16, unit{});
+        bars.clear();
+        threads.assign(nthreads, tshadow{});
+    }
+};
+
+inline void violation(const char *fmt, ...) {
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    std::vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (!w.bulk->violated) // the first only: what follows may be its consequence
+        std::fprintf(stderr, "mbhost: block (%u,%u,%u) thread %u: bulk-copy rule broken: %s\n", w.bid.x, w.bid.y, w.bid.z,
+                     w.self ? w.self->linear : 0u, msg);
+    w.bulk->violated = true;
+}
+inline tshadow &me() { return w.bulk->threads[w.self->linear]; }
+inline mbar *barAt(const void *b, const char *what) {
+    auto it = w.bulk->bars.find(b);
+    if (it == w.bulk->bars.end()) {
+        violation("%s on an mbarrier never initialised (%p)", what, b);
+        return nullptr;
+    }
+    return &it->second;
+}
+// unitsOf: the units [lo, hi) of n bytes at p, or false (a violation)
+inline bool unitsOf(const void *p, size_t n, const char *what, unsigned &lo, unsigned &hi) {
+    const auto *c = static_cast<const unsigned char *>(p);
+    bulkstate &s = *w.bulk;
+    if (c < s.base || c + n > s.base + s.bytes || (c - s.base) % 16 || n % 16 || n == 0) {
+        violation("%s of %zu bytes at shared offset %td: must lie in the dynamic shared memory (%zu bytes), 16-byte "
+                  "aligned and sized",
+                  what, n, c - s.base, s.bytes);
+        return false;
+    }
+    lo = (c - s.base) / 16, hi = lo + n / 16;
+    return true;
+}
+inline bool seenDone(const void *bar, uint64_t phase) { // has this thread seen bar's phase complete?
+    auto &seen = me().seen;
+    auto it = seen.find(bar);
+    return it != seen.end() && it->second > phase;
+}
+inline bool canWrite(unsigned u, const char *what) {
+    unit &x = w.bulk->units[u];
+    if (x.inflight) {
+        violation("%s overwrites shared offset %u while a bulk store still reads it (no cp.async.bulk.wait_group.read "
+                  "before the slot was released)", what, 16 * u);
+        return false;
+    }
+    if (x.state == 0 || (x.state == 1 && x.writer == w.self->linear)) return true;
+    if (x.state == 1 || !x.released) {
+        violation("%s writes shared offset %u, which holds data not yet released by its consumer (a FIFO slot reused "
+                  "before the consumer's arrive on the empty barrier)", what, 16 * u);
+        return false;
+    }
+    if (!seenDone(x.relBar, x.relPhase)) {
+        violation("%s writes shared offset %u, released in phase %llu of mbarrier %p, a phase this thread has not "
+                  "seen complete (no wait on the empty barrier)", what, 16 * u, (unsigned long long)x.relPhase, x.relBar);
+        return false;
+    }
+    return true;
+}
+inline bool canRead(unsigned u, const char *what) {
+    unit &x = w.bulk->units[u];
+    if (x.state == 1 && x.writer == w.self->linear) return true;
+    if (x.state != 2) {
+        violation("%s reads shared offset %u, which holds no published data (%s)", what, 16 * u,
+                  x.state == 0 ? "never written" : "stored by another thread that has not arrived yet");
+        return false;
+    }
+    if (!seenDone(x.fillBar, x.fillPhase)) {
+        violation("%s reads shared offset %u, published in phase %llu of mbarrier %p, a phase this thread has not "
+                  "seen complete (no wait on the full barrier)", what, 16 * u, (unsigned long long)x.fillPhase, x.fillBar);
+        return false;
+    }
+    return true;
+}
+inline void publish(unsigned u, const void *bar, uint64_t phase) {
+    unit &x = w.bulk->units[u];
+    x.state = 2, x.released = false, x.fillBar = bar, x.fillPhase = phase;
+}
+inline void complete(mbar &m) {
+    if (m.pending == 0 && m.tx == 0) m.phase++, m.pending = m.count;
+}
+// arrive: this thread's arrival (with tx expected bytes) on bar: it
+// publishes the units it stored and releases those it read
+inline void arrive(void *bar, unsigned tx) {
+    mbar *m = barAt(bar, "arrive");
+    if (!m) return;
+    if (m->pending == 0) {
+        violation("arrive on mbarrier %p in phase %llu, whose %d arrivals are all in (more arrivals than its count)", bar,
+                  (unsigned long long)m->phase, m->count);
+        return;
+    }
+    tshadow &t = me();
+    for (unsigned u : t.wrote)
+        if (w.bulk->units[u].state == 1 && w.bulk->units[u].writer == w.self->linear) publish(u, bar, m->phase);
+    for (unsigned u : t.read) {
+        unit &x = w.bulk->units[u];
+        if (x.state == 2) x.released = true, x.relBar = bar, x.relPhase = m->phase;
+    }
+    t.wrote.clear(), t.read.clear();
+    m->tx += tx;
+    m->pending--;
+    if (m->pending == 0 && m->tx < 0)
+        violation("mbarrier %p phase %llu: its arrivals are in, but its copies brought %lld bytes more than expected "
+                  "(arrive.expect_tx's byte count too small)", bar, (unsigned long long)m->phase, -m->tx);
+    complete(*m);
+}
+} // namespace mbhost
+
+inline void mbhost_mbar_init(void *bar, int count) {
+    mbhost::mbar &m = mbhost::w.bulk->bars[bar];
+    m = mbhost::mbar{};
+    m.count = m.pending = count;
+    mbhost::yield();
+}
+inline void mbhost_mbar_arrive(void *bar, unsigned tx) {
+    mbhost::arrive(bar, tx);
+    mbhost::yield();
+}
+// mbhost_mbar_test: has the phase of this parity completed?
+inline bool mbhost_mbar_test(void *bar, int parity) {
+    bool done = false;
+    if (mbhost::mbar *m = mbhost::barAt(bar, "parity wait")) {
+        done = (int)(m->phase & 1) != (parity & 1);
+        if (done) {
+            uint64_t &seen = mbhost::me().seen[bar];
+            if (seen < m->phase) seen = m->phase;
+        }
+    }
+    mbhost::spin();
+    return done;
+}
+inline void mbhost_bulk_g2s(void *dst, const void *src, unsigned bytes, void *bar) {
+    unsigned lo, hi;
+    mbhost::mbar *m = mbhost::barAt(bar, "cp.async.bulk (global to shared)");
+    if (m && mbhost::unitsOf(dst, bytes, "cp.async.bulk (global to shared)", lo, hi)) {
+        bool ok = true;
+        for (unsigned u = lo; u < hi && ok; u++) ok = mbhost::canWrite(u, "cp.async.bulk (global to shared)");
+        if (ok && (reinterpret_cast<uintptr_t>(src) % 16)) {
+            mbhost::violation("cp.async.bulk from a global address not 16-byte aligned (%p)", src);
+            ok = false;
+        }
+        if (ok) {
+            std::memcpy(dst, src, bytes);
+            for (unsigned u = lo; u < hi; u++) mbhost::publish(u, bar, m->phase);
+            m->tx -= bytes; // complete_tx
+            if (m->pending == 0 && m->tx < 0)
+                mbhost::violation("mbarrier %p phase %llu: a copy brought %lld bytes more than expected after its "
+                                  "arrivals were in (arrive.expect_tx's byte count too small)",
+                                  bar, (unsigned long long)m->phase, -m->tx);
+            mbhost::complete(*m);
+        }
+    }
+    mbhost::yield();
+}
+inline void mbhost_bulk_s2g(void *dst, const void *src, unsigned bytes) {
+    unsigned lo, hi;
+    if (mbhost::unitsOf(src, bytes, "cp.async.bulk (shared to global)", lo, hi)) {
+        bool ok = true;
+        for (unsigned u = lo; u < hi && ok; u++) ok = mbhost::canRead(u, "cp.async.bulk (shared to global)");
+        if (ok && (reinterpret_cast<uintptr_t>(dst) % 16)) {
+            mbhost::violation("cp.async.bulk to a global address not 16-byte aligned (%p)", dst);
+            ok = false;
+        }
+        if (ok) {
+            auto *c = static_cast<const unsigned char *>(src);
+            mbhost::me().ops.push_back({lo, hi, dst, std::vector<unsigned char>(c, c + bytes), 0});
+            for (unsigned u = lo; u < hi; u++) mbhost::w.bulk->units[u].inflight = true;
+        }
+    }
+    mbhost::yield();
+}
+inline void mbhost_bulk_commit() {
+    mbhost::tshadow &t = mbhost::me();
+    t.groups++;
+    for (auto &o : t.ops)
+        if (o.group == 0) o.group = t.groups;
+    mbhost::yield();
+}
+// mbhost_bulk_wait: every committed bulk store's read is over (and, unless
+// readOnly, its write done)
+inline void mbhost_bulk_wait(bool readOnly) {
+    mbhost::tshadow &t = mbhost::me();
+    std::vector<mbhost::bulkop> left;
+    for (auto &o : t.ops) {
+        if (o.group == 0) {
+            left.push_back(std::move(o));
+            continue;
+        }
+        if (!o.read) {
+            o.read = true;
+            for (unsigned u = o.lo; u < o.hi; u++) {
+                mbhost::w.bulk->units[u].inflight = false;
+                t.read.push_back(u);
+            }
+        }
+        if (readOnly) left.push_back(std::move(o));
+        else std::memcpy(o.dst, o.data.data(), o.data.size());
+    }
+    t.ops = std::move(left);
+    mbhost::yield();
+}
+// mbhost_bulk_end: at the end of a block, stores whose read was waited for
+// land; one never waited for is a violation
+inline void mbhost_bulk_end() {
+    for (auto &t : mbhost::w.bulk->threads) {
+        for (auto &o : t.ops) {
+            if (!o.read && !mbhost::w.bulk->violated) {
+                std::fprintf(stderr, "mbhost: block (%u,%u,%u): bulk-copy rule broken: the block ended with a bulk store "
+                                     "whose read of shared memory was never waited for (cp.async.bulk.wait_group.read)\n",
+                             mbhost::w.bid.x, mbhost::w.bid.y, mbhost::w.bid.z);
+            }
+            mbhost::w.bulk->violated |= !o.read;
+            std::memcpy(o.dst, o.data.data(), o.data.size());
+        }
+        t.ops.clear();
+    }
+}
+inline uint4 mbhost_lds16(const void *p) {
+    unsigned lo, hi;
+    uint4 v{};
+    if (mbhost::unitsOf(p, 16, "a 16-byte shared load", lo, hi) && mbhost::canRead(lo, "a 16-byte shared load")) {
+        std::memcpy(&v, p, 16);
+        mbhost::me().read.push_back(lo);
+    }
+    mbhost::yield();
+    return v;
+}
+inline void mbhost_sts16(void *p, uint4 v) {
+    unsigned lo, hi;
+    if (mbhost::unitsOf(p, 16, "a 16-byte shared store", lo, hi) && mbhost::canWrite(lo, "a 16-byte shared store")) {
+        std::memcpy(p, &v, 16);
+        mbhost::unit &x = mbhost::w.bulk->units[lo];
+        if (x.state != 1) mbhost::me().wrote.push_back(lo);
+        x.state = 1, x.writer = mbhost::w.self->linear, x.released = false;
+    }
+    mbhost::yield();
+}
+namespace mbhost {
 
 // a fiber runs the kernel once per block, then parks until the next block
 // (or until the worker stops, when it is dropped with its stack).
@@ -245,7 +569,7 @@ inline int block(std::vector<fiber> &fs) {
             for (auto &f : fs) atSync += !f.finished && f.blocked == w.blockSync;
             std::fprintf(stderr,
                          "mbhost: block (%u,%u,%u): %u of %zu threads cannot go on: %u at __syncthreads, the others at "
-                         "the end of the block or at a warp-wide intrinsic that not all 32 lanes reach\n",
+                         "the end of the block, at a named barrier or at a warp-wide intrinsic that not all 32 lanes reach\n",
                          w.bid.x, w.bid.y, w.bid.z, live, fs.size(), atSync);
             return 2;
         }
@@ -291,8 +615,10 @@ template <class... A> int run(void (*k)(A...), std::tuple<std::decay_t<A>...> *a
     w.dsmem = dyn.data();
     barrier sync{threads};
     std::vector<warp> ws(threads / 32);
+    std::vector<barrier> named(16);
     w.blockSync = &sync;
     w.warps = ws.data();
+    w.named = named.data();
     std::vector<fiber> fs(threads);
     ucontext_t proto;
     getcontext(&proto); // once: makecontext needs a context to start from
@@ -310,13 +636,21 @@ template <class... A> int run(void (*k)(A...), std::tuple<std::decay_t<A>...> *a
         f.start.uc_link = nullptr;
         makecontext(&f.start, entry, 0);
     }
+    bulkstate bulk;
+    w.bulk = &bulk;
     int status = 0;
     for (int b; status == 0 && (b = next(sched)) >= 0;) {
         const unsigned u = b;
         w.bid = {u % g->gx, u / g->gx % g->gy, u / (g->gx * g->gy)};
         for (auto &x : ws) x.bar = barrier{32};
+        for (auto &x : named) x = barrier{};
         sync = barrier{threads};
+        bulk.reset(w.dsmem, g->smem, threads);
         status = block(fs);
+        if (status == 0) {
+            mbhost_bulk_end();
+            if (bulk.violated) status = 4;
+        }
     }
     giveStacks(fs);
     w = worker{};
@@ -465,6 +799,13 @@ template <class T> void mbhost_store(T *p, T v, std::memory_order o) {
     mbhost::spin();
 }
 inline unsigned long long mbhost_globaltimer() { return mbhost::nowNs(); }
+// bar.sync id, n: the first n threads to arrive at barrier id (1 to 15)
+// pass together; the count is set by the first arrival of each use
+inline void mbhost_bar_sync(int id, int n) {
+    mbhost::barrier &b = mbhost::w.named[id & 15];
+    if (b.arrived == 0) b.n = (unsigned)n;
+    mbhost::wait(b);
+}
 inline void mbhost_nanosleep(unsigned) { mbhost::spin(); }
 inline unsigned char *mbhost_dynamic_smem() { return mbhost::w.dsmem; }
 // the block's rank in its cluster (x fastest), as %cluster_ctarank

@@ -59,6 +59,20 @@ __device__ __forceinline__ uint4 pack8(const bf16 y[8]) {
 #define MB_ST(T, p, v, o) mbhost_store<T>(p, v, std::memory_order_##o)
 #endif
 
+// mb_ld_early_f32 loads a float of read-only data where it stands in the
+// source: an asm statement the compiler keeps in its place, not sunk to
+// the value's first use past branches (expf's and division's), so that its
+// latency overlaps the loads issued with it. Not a memory-model primitive.
+__device__ __forceinline__ float mb_ld_early_f32(const float *p) {
+#ifdef MB_HOST
+    return *p;
+#else
+    float v;
+    asm volatile("ld.global.nc.f32 %0, [%1];" : "=f"(v) : "l"(p));
+    return v;
+#endif
+}
+
 __device__ __forceinline__ int mb_ld_volatile(const int *p) {
 #ifdef MB_HOST
     MB_LD(int, p, relaxed);
@@ -182,6 +196,29 @@ __device__ __forceinline__ unsigned long long mb_atomic_add_sys_u64(unsigned lon
     return old;
 #endif
 }
+// mb_ld_cg: 16 bytes from global memory through L2, not L1 (ld.global.cg):
+// data another GPU or block wrote since this SM last read the line (a
+// queue's slots, read after acquiring its tail)
+__device__ __forceinline__ uint4 mb_ld_cg(const uint4 *p) {
+#ifdef MB_HOST
+    return *p;
+#else
+    uint4 v;
+    asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+#endif
+}
+// mb_bar_sync: named barrier id (1 to 15; 0 is __syncthreads) for the first
+// threads (a multiple of 32) of the block that reach it: a group of warps
+// meets without the rest of the block
+__device__ __forceinline__ void mb_bar_sync(int id, int threads) {
+#ifdef MB_HOST
+    mbhost_bar_sync(id, threads);
+#else
+    asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+#endif
+}
+
 // fences: all of this thread's earlier accesses before all later ones, as
 // seen by this GPU (gpu) or by peers and the host too (sys)
 __device__ __forceinline__ void mb_fence_gpu() { __threadfence(); }
@@ -227,10 +264,11 @@ __device__ __forceinline__ unsigned char *mb_dynamic_smem() {
 // the rank, phase and wait.
 #define MB_ERR_TIMEOUT 1 // this rank's wait expired
 #define MB_ERR_ABORTED 2 // it gave up because another rank (or the host) did
+#define MB_ERR_CHECK 3   // a value it read was not the one the protocol promised (mb_check)
 
 // mb_error: a rank's error record (kernels.CommError), 48 bytes
 typedef struct {
-    int status; // 0, MB_ERR_TIMEOUT or MB_ERR_ABORTED
+    int status; // 0, MB_ERR_TIMEOUT, MB_ERR_ABORTED or MB_ERR_CHECK
     int rank, phase, wait;
     int block, thread;
     long long seen, expected; // the value read last, the value waited for
@@ -279,6 +317,15 @@ __device__ inline void mb_give_up(const mb_comm &c, int rank, int status, int ph
 
 __device__ __forceinline__ bool mb_aborted(const mb_comm &c) { return mb_ld_volatile(&c.sig->abort) != 0; }
 
+// mb_check: when seen is not expected, records that rank's check (phase,
+// wait) failed — a broken protocol delivered the wrong value — aborts the
+// communicator and returns false.
+__device__ inline bool mb_check(const mb_comm &c, int rank, int phase, int wait, long long seen, long long expected) {
+    if (seen == expected) return true;
+    mb_give_up(c, rank, MB_ERR_CHECK, phase, wait, seen, expected, 0);
+    return false;
+}
+
 // mb_wait spins until done(load()) is true, and returns true; or gives up
 // (see above) after the timeout or when the communicator aborted, and
 // returns false. phase and wait name the wait in the record (the
@@ -325,3 +372,254 @@ __device__ inline bool mb_barrier(const mb_comm &c, int rank, int ranks, int pha
         if (!mb_wait_ge(c, rank, phase, wait + p, flags[rank] + p, epoch)) return false;
     return true;
 }
+
+// ---- Shared-memory FIFOs: mbarriers and bulk copies (HybridEP's TMA
+// pipeline). An mbarrier (mb_mbar, 8 bytes of shared memory) counts the
+// arrivals of a phase and, with bulk copies, the bytes still to land (the
+// transaction count): a phase completes when both are in, and a waiter
+// tests a phase by its parity. A FIFO slot has a full barrier (the
+// producer's arrival and its copy's bytes) and an empty one (its
+// consumers' arrivals); see hybridep.cu.
+//   MB_BULK (sm_90 and newer, compiled by NVRTC ≥ 12, whose PTX ISA ≥ 8.0
+//   has cp.async.bulk): one thread moves a row global→shared with
+//   cp.async.bulk, whose complete_tx counts its bytes on the full barrier,
+//   and shared→global with cp.async.bulk's bulk-group form (peers'
+//   memory too).
+//   Otherwise (sm_80, or NVRTC 11.8 for any architecture): the warp moves
+//   rows with 16-byte loads and stores, and every lane arrives.
+// On the host simulation (MB_HOST) the bulk path is the stand-in of
+// mbhost.h, which checks the ordering rules; -DMB_NO_BULK=1 selects the
+// other path (there, or on a GPU). Shared-memory accesses of FIFO slots go
+// through mb_lds16 and mb_sts16, so that the stand-in sees them too.
+#if !(defined(MB_NO_BULK) && MB_NO_BULK) &&                                                                           \
+    (defined(MB_HOST) || (defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDACC_VER_MAJOR__) &&          \
+                          __CUDACC_VER_MAJOR__ >= 12))
+#define MB_BULK 1
+#endif
+
+typedef unsigned long long mb_mbar;
+
+#ifndef MB_HOST
+__device__ __forceinline__ unsigned mb_smem(const void *p) { return (unsigned)__cvta_generic_to_shared(p); }
+#endif
+
+// mb_mbar_init: one thread, before any use; the block then meets at a
+// __syncthreads (mb_mbar_init_fence first on the bulk path: the
+// initialisation made visible to the copies).
+__device__ __forceinline__ void mb_mbar_init(mb_mbar *b, int count) {
+#ifdef MB_HOST
+    mbhost_mbar_init(b, count);
+#else
+    asm volatile("mbarrier.init.shared.b64 [%0], %1;" ::"r"(mb_smem(b)), "r"(count) : "memory");
+#endif
+}
+__device__ __forceinline__ void mb_mbar_init_fence() {
+#if defined(MB_BULK) && !defined(MB_HOST)
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#endif
+}
+// mb_mbar_arrive: this thread's arrival (release: its earlier shared
+// stores are seen by whoever sees the phase complete)
+__device__ __forceinline__ void mb_mbar_arrive(mb_mbar *b) {
+#ifdef MB_HOST
+    mbhost_mbar_arrive(b, 0);
+#else
+    asm volatile("mbarrier.arrive.shared.b64 _, [%0];" ::"r"(mb_smem(b)) : "memory");
+#endif
+}
+// mb_mbar_test: has the phase of this parity completed? (acquire)
+__device__ __forceinline__ bool mb_mbar_test(mb_mbar *b, int parity) {
+#ifdef MB_HOST
+    return mbhost_mbar_test(b, parity);
+#else
+    unsigned done;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                 : "=r"(done) : "r"(mb_smem(b)), "r"(parity) : "memory");
+#else
+    asm volatile("{ .reg .pred p; mbarrier.test_wait.parity.shared.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                 : "=r"(done) : "r"(mb_smem(b)), "r"(parity) : "memory");
+#endif
+    return done != 0;
+#endif
+}
+// mb_mbar_wait: until the phase of this parity completes, with the
+// communicator's timeout (mb_wait; false when it gave up)
+__device__ __forceinline__ bool mb_mbar_wait(const mb_comm &c, int rank, int phase, int wait, mb_mbar *b, int parity) {
+    return mb_wait(c, rank, phase, wait, parity, [b, parity] { return (long long)mb_mbar_test(b, parity); },
+                   [](long long v) { return v != 0; });
+}
+
+// 16-byte shared-memory accesses of FIFO slots
+__device__ __forceinline__ uint4 mb_lds16(const void *p) {
+#ifdef MB_HOST
+    return mbhost_lds16(p);
+#else
+    return *(const uint4 *)p;
+#endif
+}
+__device__ __forceinline__ void mb_sts16(void *p, uint4 v) {
+#ifdef MB_HOST
+    mbhost_sts16(p, v);
+#else
+    *(uint4 *)p = v;
+#endif
+}
+
+#ifdef MB_BULK
+// mb_mbar_arrive_expect_tx: this thread's arrival, expecting bytes more
+// from copies in this phase
+__device__ __forceinline__ void mb_mbar_arrive_expect_tx(mb_mbar *b, unsigned bytes) {
+#ifdef MB_HOST
+    mbhost_mbar_arrive(b, bytes);
+#else
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(mb_smem(b)), "r"(bytes) : "memory");
+#endif
+}
+// mb_bulk_g2s: bytes (a multiple of 16, both addresses 16-byte aligned)
+// from global (or a peer's) memory into shared memory; their arrival
+// completes on b (complete_tx)
+__device__ __forceinline__ void mb_bulk_g2s(void *dst, const void *src, unsigned bytes, mb_mbar *b) {
+#ifdef MB_HOST
+    mbhost_bulk_g2s(dst, src, bytes, b);
+#else
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(mb_smem(dst)),
+                 "l"(src), "r"(bytes), "r"(mb_smem(b))
+                 : "memory");
+#endif
+}
+// mb_bulk_s2g: bytes from shared memory into global (or a peer's) memory,
+// in the thread's open bulk group
+__device__ __forceinline__ void mb_bulk_s2g(void *dst, const void *src, unsigned bytes) {
+#ifdef MB_HOST
+    mbhost_bulk_s2g(dst, src, bytes);
+#else
+    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(dst), "r"(mb_smem(src)), "r"(bytes)
+                 : "memory");
+#endif
+}
+// mb_bulk_commit closes the thread's bulk group; mb_bulk_wait_read waits
+// until every committed group has read its shared memory (the slot may
+// be released), mb_bulk_wait until their writes are done too (then a
+// release makes them visible)
+__device__ __forceinline__ void mb_bulk_commit() {
+#ifdef MB_HOST
+    mbhost_bulk_commit();
+#else
+    asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void mb_bulk_wait_read() {
+#ifdef MB_HOST
+    mbhost_bulk_wait(true);
+#else
+    asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void mb_bulk_wait() {
+#ifdef MB_HOST
+    mbhost_bulk_wait(false);
+#else
+    asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
+#endif
+}
+#endif // MB_BULK
+
+// mb_fifo: a ring of `stages` slots of `slot` bytes (16-byte multiples) in
+// dynamic shared memory, between one producer warp and C consumer warps.
+// The k-th item of consumer c goes to slot c + C·(k mod stages/C), round
+// k / (stages/C) (mb_fifo_item; stages a multiple of C): each slot has one
+// consumer, which takes its rounds in order, so that a parity wait never
+// takes a phase two rounds old for its own (a consumer that ran ahead of
+// a slot shared with others would). The producer waits for the slot's
+// empty barrier (its previous round released), fills it and arrives on
+// its full barrier; the consumer waits for the full barrier, uses the slot
+// and releases it (arrives on the empty barrier). Every wait is timed
+// (mb_mbar_wait): a function returns false when its wait gave up, and the
+// warp then stops.
+#ifdef MB_BULK
+#define MB_FIFO_PRODUCERS 1 // lane 0 arrives, expecting the copies' bytes
+#else
+#define MB_FIFO_PRODUCERS 32 // every lane arrives after its stores
+#endif
+typedef struct {
+    unsigned char *data;
+    mb_mbar *full, *empty;
+    int stages;
+    unsigned slot;
+} mb_fifo;
+
+// mb_fifo_at lays a FIFO out at smem (every thread): the barriers in
+// 16·stages bytes, then the slots (kernels.FIFOBytes); mb_fifo_init
+// initialises its barriers (one thread, then mb_mbar_init_fence and a
+// __syncthreads): consumers is the arrivals that release a slot.
+__device__ __forceinline__ mb_fifo mb_fifo_at(unsigned char *smem, int stages, unsigned slot) {
+    mb_fifo f;
+    f.full = (mb_mbar *)smem;
+    f.empty = f.full + stages;
+    f.data = smem + 16 * stages;
+    f.stages = stages, f.slot = slot;
+    return f;
+}
+__device__ inline void mb_fifo_init(const mb_fifo &f, int consumers) {
+    for (int s = 0; s < f.stages; s++) {
+        mb_mbar_init(f.full + s, MB_FIFO_PRODUCERS);
+        mb_mbar_init(f.empty + s, consumers);
+    }
+}
+// mb_fifo_item: the slot and round of consumer c's k-th item (of C consumers)
+typedef struct {
+    int slot, round;
+} mb_item;
+__device__ __forceinline__ mb_item mb_fifo_item(const mb_fifo &f, int consumers, int c, long long k) {
+    const int per = f.stages / consumers;
+    mb_item it;
+    it.slot = c + consumers * (int)(k % per), it.round = (int)(k / per);
+    return it;
+}
+__device__ __forceinline__ unsigned char *mb_fifo_slot(const mb_fifo &f, mb_item it) { return f.data + it.slot * f.slot; }
+
+// mb_fifo_put: the producer warp (all lanes) puts an item: parts pieces,
+// piece k the bytes[k] bytes at src[k] (global or a peer's memory, 16-byte
+// aligned), one after another from the slot's start. expect adjusts the
+// byte count the full barrier expects (0; the tests break it on purpose),
+// wait_empty = false skips the wait for the slot's release and arrive =
+// false the arrival (the tests again).
+__device__ inline bool mb_fifo_put(const mb_fifo &f, const mb_comm &c, int rank, int phase, int wait, mb_item it, int parts,
+                                   const void *const *src, const unsigned *bytes, int expect = 0, bool wait_empty = true,
+                                   bool arrive = true) {
+    const int parity = (it.round & 1) ^ 1;
+    unsigned char *dst = mb_fifo_slot(f, it);
+    const int lane = threadIdx.x % 32;
+#ifdef MB_BULK
+    int ok = 1;
+    if (lane == 0) {
+        if (wait_empty) ok = mb_mbar_wait(c, rank, phase, wait, f.empty + it.slot, parity);
+        if (ok) {
+            unsigned total = 0;
+            for (int k = 0; k < parts; k++) total += bytes[k];
+            if (arrive) mb_mbar_arrive_expect_tx(f.full + it.slot, total + expect);
+            for (int k = 0, off = 0; k < parts; off += bytes[k], k++) mb_bulk_g2s(dst + off, src[k], bytes[k], f.full + it.slot);
+        }
+    }
+    return __shfl_sync(MB_FULL_MASK, ok, 0) != 0;
+#else
+    (void)expect;
+    int ok = wait_empty ? mb_mbar_wait(c, rank, phase, wait, f.empty + it.slot, parity) : 1;
+    if (!__all_sync(MB_FULL_MASK, ok)) return false;
+    for (int k = 0, off = 0; k < parts; off += bytes[k], k++)
+        for (unsigned b = 16 * lane; b < bytes[k]; b += 16 * 32)
+            mb_sts16(dst + off + b, *(const uint4 *)((const unsigned char *)src[k] + b));
+    if (arrive) mb_mbar_arrive(f.full + it.slot);
+    return true;
+#endif
+}
+// mb_fifo_wait: the consumer lanes that call it wait until the item is in
+// its slot; it returns the slot (null when the wait gave up)
+__device__ inline unsigned char *mb_fifo_wait(const mb_fifo &f, const mb_comm &c, int rank, int phase, int wait, mb_item it) {
+    if (!mb_mbar_wait(c, rank, phase, wait, f.full + it.slot, it.round & 1)) return nullptr;
+    return mb_fifo_slot(f, it);
+}
+// mb_fifo_release: a consumer's arrival that releases the item's slot (its
+// reads of the slot done; a bulk store's read waited for first)
+__device__ __forceinline__ void mb_fifo_release(const mb_fifo &f, mb_item it) { mb_mbar_arrive(f.empty + it.slot); }

@@ -18,8 +18,11 @@
 // and of e, one block-wide prefix over the warps places the segments, and
 // each warp then writes its segment's rows of e on its own, 32 slots per
 // ballot, with no further block barrier. Each block reads idx twice: fine
-// for the n = tokens·k of one micro-batch.
-extern "C" __global__ void permute_order(const int32 *idx, int n, int32 *rows, int32 *pos, int32 *counts) {
+// for the n = tokens·k of one micro-batch. The pointers do not alias
+// (__restrict__), so idx's loads take the read-only path and may be issued
+// ahead of the stores.
+extern "C" __global__ void permute_order(const int32 *__restrict__ idx, int n, int32 *__restrict__ rows, int32 *__restrict__ pos,
+                                         int32 *__restrict__ counts) {
     __shared__ int wBelow[32], wMine[32];
     const int e = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
     const int seg = (n + warps * 32 - 1) / (warps * 32) * 32; // slots per warp, a multiple of 32

@@ -5,6 +5,8 @@
 // the stream drops the workspace set before; unlike it, a grouped call
 // without a workspace of the caller's own fails (moebench gives each stream
 // its own, so that calls on several streams never share one).
+#define MB_ABI_DECLARE // moebench's prototypes: a definition here that differs does not compile
+#include "abi.h"
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -40,7 +42,6 @@ static void grouped(void *p) {
                     for (int r = 0; r < k[q]; r++) s += at(g->A[idx], lda[q], ta[q], i, r) * at(g->B[idx], ldb[q], tb[q], r, j);
                     ((uint16_t *)g->C[idx])[i + j * ldc[q]] = tobf(s);
                 }
-    free(g);
 }
 int cublasGemmGroupedBatchedEx(void *h, const int *ta, const int *tb, const int *m, const int *n, const int *k, const void *alpha,
                                const void *const *A, int at_, const int *lda, const void *const *B, int bt, const int *ldb,
@@ -55,8 +56,8 @@ int cublasGemmGroupedBatchedEx(void *h, const int *ta, const int *tb, const int 
     g->groups = groups, g->A = A, g->B = B, g->C = C;
     const int *src[9] = {ta, tb, m, n, k, lda, ldb, ldc, size};
     for (int i = 0; i < 9; i++) memcpy(g->v + i * groups, src[i], sizeof(int) * groups);
-    enqueue_fn q = (enqueue_fn)fakecuda_sym("fakecuda_enqueue");
-    if (!q) grouped(g);
-    else if (q(bound_stream, grouped, g)) { free(g); return 7; }
+    enqueue2_fn q = (enqueue2_fn)fakecuda_sym("fakecuda_enqueue2");
+    if (!q) grouped(g), free(g);
+    else if (q(bound_stream, grouped, g, free)) { free(g); return 7; } // a refusal (e.g. in a capture that cannot take it)
     return 0;
 }

@@ -3,6 +3,10 @@
 // cuBLAS's column-major semantics on bf16 data in host memory, in its
 // stream's order on the fake driver, so that the binding's row-major to
 // column-major mapping is tested without a GPU.
+#define _GNU_SOURCE // dladdr
+#define MB_ABI_DECLARE // moebench's prototypes: a definition here that differs does not compile
+#include "abi.h"
+#include <dlfcn.h>
 #include <stdlib.h>
 #include <string.h>
 #include <stdint.h>
@@ -11,9 +15,22 @@
 typedef struct { int transa, transb; } desc_t;
 typedef struct { int type; uint64_t rows, cols; int64_t ld; } layout_t;
 
-int cublasLtCreate(void **h) { *h = (void *)0x10; return 0; }
+// Its CUDA major is its file's (libcublasLt.so.12: 12, else 13), and like
+// the real library it needs a driver of that major or later: with an older
+// fake driver, cublasLtCreate fails (CUBLAS_STATUS_NOT_INITIALIZED).
+static int major(void) {
+    Dl_info i;
+    if (dladdr((void *)major, &i) && i.dli_fname && strstr(i.dli_fname, ".so.12")) return 12;
+    return 13;
+}
+int cublasLtCreate(void **h) {
+    int (*ver)(int *) = (int (*)(int *))fakecuda_sym("cuDriverGetVersion");
+    int v = 0;
+    if (ver && (ver(&v) || v / 1000 < major())) return 1;
+    *h = (void *)0x10; return 0;
+}
 int cublasLtDestroy(void *h) { return 0; }
-size_t cublasLtGetVersion(void) { return 130000; }
+size_t cublasLtGetVersion(void) { return major() * 10000; }
 int cublasLtMatmulDescCreate(void **d, int compute, int scale) {
     if (compute != 68 || scale != 0) return 7; // CUBLAS_COMPUTE_32F, CUDA_R_32F
     *d = calloc(1, sizeof(desc_t)); return 0;
@@ -41,12 +58,30 @@ int cublasLtMatmulPreferenceSetAttribute(void *p, int attr, const void *buf, siz
     if (attr != 1 || n != 8) return 7; // MAX_WORKSPACE_BYTES, uint64
     memcpy(p, buf, 8); return 0;
 }
-int cublasLtMatmulAlgoGetHeuristic(void *h, void *op, void *A, void *B, void *C, void *D, void *pref, int req, void *res, int *got) {
+// The heuristic offers up to three algorithms: algo i's data is 64 bytes
+// i·64, i·64+1, …; its workspace is (i+1) KiB; its run costs algoMs[i]
+// on the fake driver's event clock, so that a caller timing the
+// algorithms finds the heuristic's second the fastest.
+#define NALGOS 3
+static const double algoMs[NALGOS] = {3, 1, 2};
+int cublasLtMatmulAlgoGetHeuristic(void *h, void *op, void *A, void *B, void *C, void *D, void *pref, int req, mb_lt_heuristic *res, int *got) {
     if (h == 0 || req < 1) return 7;
-    unsigned char *r = res;
-    for (int i = 0; i < 64; i++) r[i] = (unsigned char)i; // the algo
-    size_t ws = 1024; memcpy(r + 64, &ws, sizeof ws);     // workspaceSize
-    *got = 1; return 0;
+    int n = req < NALGOS ? req : NALGOS;
+    memset(res, 0, sizeof *res * n);
+    for (int i = 0; i < n; i++) {
+        unsigned char *r = (unsigned char *)&res[i].algo;
+        for (int j = 0; j < 64; j++) r[j] = (unsigned char)(i * 64 + j);
+        res[i].workspaceSize = 1024 * (i + 1);
+    }
+    *got = n; return 0;
+}
+// which is the index of the heuristic's algo a, or −1
+static int which(const mb_lt_algo *a) {
+    const unsigned char *r = (const unsigned char *)a;
+    int i = r[0] / 64;
+    if (i >= NALGOS) return -1;
+    for (int j = 0; j < 64; j++) if (r[j] != (unsigned char)(i * 64 + j)) return -1;
+    return i;
 }
 static float bf(uint16_t b) { uint32_t u = (uint32_t)b << 16; float f; memcpy(&f, &u, 4); return f; }
 static uint16_t tobf(float f) { uint32_t u; memcpy(&u, &f, 4); u += 0x7fff + ((u >> 16) & 1); return (uint16_t)(u >> 16); }
@@ -57,7 +92,8 @@ static float at(const uint16_t *x, const layout_t *l, int trans, uint64_t i, uin
 // fakecuda's fakecuda_enqueue (the driver loaded from $MOEBENCH_LIBCUDA):
 // the GEMM runs in its stream's order, as cuBLASLt's kernels do; without
 // the fake driver it runs at once.
-typedef struct { desc_t d; layout_t a, b, c; const void *A, *B; void *D; } gemm_t;
+typedef struct { desc_t d; layout_t a, b, c; const void *A, *B; void *D; double ms; } gemm_t;
+typedef void (*advance_fn)(double ms);
 static void gemm(void *p) {
     gemm_t *g = p;
     const desc_t *d = &g->d; const layout_t *la = &g->a, *lb = &g->b, *ld = &g->c;
@@ -70,22 +106,23 @@ static void gemm(void *p) {
             if (ld->type == 0) ((float *)g->D)[i + j * ld->ld] = s;
             else ((uint16_t *)g->D)[i + j * ld->ld] = tobf(s);
         }
-    free(g);
+    advance_fn adv = (advance_fn)fakecuda_sym("fakecuda_advance");
+    if (adv) adv(g->ms);
 }
 int cublasLtMatmul(void *h, void *desc, const void *alpha, const void *A, void *Ad, const void *B, void *Bd, const void *beta,
-                   const void *C, void *Cd, void *D, void *Dd, const void *algo, void *ws, size_t wss, void *st) {
+                   const void *C, void *Cd, void *D, void *Dd, const mb_lt_algo *algo, void *ws, size_t wss, void *st) {
     const desc_t *d = desc; const layout_t *la = Ad, *lb = Bd, *lc = Cd, *ld = Dd;
-    const unsigned char *a = algo;
-    for (int i = 0; i < 64; i++) if (a[i] != i) return 7; // the heuristic's algo, passed back
-    if (wss != 1024 || *(const float *)alpha != 1.f || *(const float *)beta != 0.f || C != D || lc != ld) return 7;
+    int ai = which(algo); // one of the heuristic's algos, passed back, with at least its workspace
+    if (ai < 0 || wss < (size_t)1024 * (ai + 1) || *(const float *)alpha != 1.f || *(const float *)beta != 0.f || C != D || lc != ld) return 7;
     uint64_t M = d->transa ? la->cols : la->rows, K = d->transa ? la->rows : la->cols;
     uint64_t KB = d->transb ? lb->cols : lb->rows, N = d->transb ? lb->rows : lb->cols;
     if (K != KB || ld->rows != M || ld->cols != N) return 7; // shapes must agree
     if (la->type != 14 || lb->type != 14) return 7;          // bf16 operands
+    if (getenv("FAKECUBLASLT_SKIP")) return 0; // a benchmark of the host's issue cost alone: checked, not computed
     gemm_t *g = malloc(sizeof *g); // the descriptors may be destroyed once the call returns
-    *g = (gemm_t){*d, *la, *lb, *ld, A, B, D};
-    enqueue_fn q = (enqueue_fn)fakecuda_sym("fakecuda_enqueue");
-    if (!q) gemm(g);
-    else if (q(st, gemm, g)) { free(g); return 7; }
+    *g = (gemm_t){*d, *la, *lb, *ld, A, B, D, algoMs[ai]};
+    enqueue2_fn q = (enqueue2_fn)fakecuda_sym("fakecuda_enqueue2");
+    if (!q) gemm(g), free(g);
+    else if (q(st, gemm, g, free)) { free(g); return 7; } // a refusal (e.g. in a capture that cannot take it)
     return 0;
 }

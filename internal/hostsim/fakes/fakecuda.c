@@ -35,6 +35,8 @@
 // (threads stuck at a barrier, a block spinning past mbhost.h's limit)
 // leaves its context's error sticky, as a GPU fault does: every later
 // synchronization and launch on it returns CUDA_ERROR_LAUNCH_FAILED.
+#define MB_ABI_DECLARE // moebench's prototypes: a definition here that differs does not compile
+#include "abi.h"
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <elf.h>
@@ -50,6 +52,8 @@ typedef int CUresult;
 typedef unsigned long long CUdeviceptr;
 enum {
     OK = 0, INVALID_VALUE = 1, OUT_OF_MEMORY = 2, INVALID_IMAGE = 200, INVALID_CONTEXT = 201, INVALID_HANDLE = 400,
+    ILLEGAL_STATE = 401, CAPTURE_UNSUPPORTED = 900, CAPTURE_INVALIDATED = 901, CAPTURE_UNMATCHED = 903,
+    CAPTURE_UNJOINED = 904, CAPTURE_ISOLATION = 905,
     NOT_FOUND = 500, NOT_READY = 600, OUT_OF_RESOURCES = 701, PEER_ALREADY = 704, LAUNCH_FAILED = 719, COOP_TOO_LARGE = 720,
 };
 
@@ -84,12 +88,26 @@ static void init_gpus(void) {
     }
 }
 
+// The environment's CUDA_DEVICE_MAX_CONNECTIONS at the first cuInit, which
+// is when a driver reads it; a test reads it as device attribute 10000 (no
+// real attribute).
+static int max_connections = -1;
 CUresult cuInit(unsigned flags) {
     if (flags != 0) return INVALID_VALUE;
     pthread_once(&once, init_gpus);
+    if (max_connections < 0) {
+        const char *e = getenv("CUDA_DEVICE_MAX_CONNECTIONS");
+        max_connections = e ? atoi(e) : 0;
+    }
     return OK;
 }
-CUresult cuDriverGetVersion(int *v) { *v = 13000; return OK; }
+// The CUDA version the fake driver supports: $FAKECUDA_DRIVER_VERSION, else
+// 13000 (13.0); it answers before cuInit, as the real one does.
+CUresult cuDriverGetVersion(int *v) {
+    const char *e = getenv("FAKECUDA_DRIVER_VERSION");
+    *v = e && atoi(e) > 0 ? atoi(e) : 13000;
+    return OK;
+}
 CUresult cuDeviceGetCount(int *n) { *n = NDEV; return OK; }
 // CUdevice handles are 100 + ordinal, so that a binding passing ordinals
 // where handles belong is caught (CUDA_ERROR_INVALID_DEVICE, 101).
@@ -103,6 +121,11 @@ CUresult cuDeviceGetPCIBusId(char *s, int n, int d) {
     if (!HANDLE_OK(d)) return 101;
     strncpy(s, d == 100 ? "0000:1B:00.0" : "0000:2C:00.0", n); return OK;
 }
+// cc is the compute capability × 10: $FAKECUDA_CC, else 90.
+static int cc(void) {
+    const char *e = getenv("FAKECUDA_CC");
+    return e && atoi(e) > 0 ? atoi(e) : 90;
+}
 // Attributes: the ones occupancy depends on as above; any other attribute a
 // reads as a·100 + ordinal, so that a test sees which one was asked.
 CUresult cuDeviceGetAttribute(int *v, int attr, int d) {
@@ -115,13 +138,14 @@ CUresult cuDeviceGetAttribute(int *v, int attr, int d) {
     case 16: *v = nsms; break;                 // MULTIPROCESSOR_COUNT
     case 19: case 41: case 95: *v = 1; break;  // CAN_MAP_HOST_MEMORY, UNIFIED_ADDRESSING, COOPERATIVE_LAUNCH
     case 39: *v = SM_THREADS; break;           // MAX_THREADS_PER_MULTIPROCESSOR
-    case 75: *v = 9; break;                    // COMPUTE_CAPABILITY_MAJOR
-    case 76: *v = 0; break;                    // COMPUTE_CAPABILITY_MINOR
+    case 75: *v = cc() / 10; break;            // COMPUTE_CAPABILITY_MAJOR
+    case 76: *v = cc() % 10; break;            // COMPUTE_CAPABILITY_MINOR
     case 81: *v = SM_SMEM; break;              // MAX_SHARED_MEMORY_PER_MULTIPROCESSOR
     case 82: *v = SM_REGS; break;              // MAX_REGISTERS_PER_MULTIPROCESSOR
     case 97: *v = BLOCK_SMEM_OPTIN; break;     // MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
     case 106: *v = SM_BLOCKS; break;           // MAX_BLOCKS_PER_MULTIPROCESSOR
     case 111: *v = SMEM_RESERVED; break;       // RESERVED_SHARED_MEMORY_PER_BLOCK
+    case 10000: *v = max_connections; break;   // the fake's: CUDA_DEVICE_MAX_CONNECTIONS at cuInit
     default: *v = attr * 100 + d - 100;
     }
     return OK;
@@ -171,6 +195,7 @@ typedef struct fstream {
     uint64_t queued, done; // work items queued and finished
     int destroyed;
     pthread_t thread;
+    struct capture *cap; // the stream capture it is part of, or 0
 } fstream;
 
 typedef struct {
@@ -178,6 +203,7 @@ typedef struct {
     fstream *s;      // the stream of its last record (0: never recorded)
     uint64_t ticket; // that stream's work count at the record
     double t;        // the clock when the record ran
+    struct capture *cap; // the capture its last record was captured in (0: a real record)
 } fevent;
 
 static pthread_mutex_t regmu = PTHREAD_MUTEX_INITIALIZER; // streams, clock, events' fields
@@ -192,6 +218,7 @@ typedef struct klaunch klaunch;
 struct op {
     op *next;
     int kind;
+    int keep; // a graph's: its resources stay for the next launch
     union {
         struct { void *dst; const void *src; size_t n; void *staged; } copy;
         struct { unsigned short *p; unsigned short v; size_t n; } fill;
@@ -199,7 +226,7 @@ struct op {
         struct { float *x; int n; float a, mark; } add;
         struct { fevent *e; uint64_t ticket; } rec;
         struct { fstream *s; uint64_t ticket; } wait;
-        struct { void (*fn)(void *); void *arg; } host;
+        struct { void (*fn)(void *); void *arg; void (*release)(void *); } host;
         struct { size_t count; CUdeviceptr *d, *s; size_t *n; } batch;
     };
 };
@@ -217,9 +244,14 @@ static int is_done(fstream *s, uint64_t ticket) {
 }
 
 static CUresult run_kernel(klaunch *k);
+static void klaunch_keep(klaunch *l);
+static void klaunch_free(klaunch *l);
 static void exec(fstream *s, op *o) {
     switch (o->kind) {
-    case OP_COPY: memcpy(o->copy.dst, o->copy.src, o->copy.n); free(o->copy.staged); break;
+    case OP_COPY:
+        memcpy(o->copy.dst, o->copy.src, o->copy.n);
+        if (!o->keep) free(o->copy.staged);
+        break;
     case OP_FILL16: for (size_t i = 0; i < o->fill.n; i++) o->fill.p[i] = o->fill.v; break;
     case OP_KERNEL: run_kernel(o->k); break;
     case OP_ADD:
@@ -233,10 +265,13 @@ static void exec(fstream *s, op *o) {
         pthread_mutex_unlock(&regmu);
         break;
     case OP_WAIT: wait_done(o->wait.s, o->wait.ticket); break;
-    case OP_HOST: o->host.fn(o->host.arg); break;
+    case OP_HOST:
+        o->host.fn(o->host.arg);
+        if (!o->keep && o->host.release) o->host.release(o->host.arg);
+        break;
     case OP_BATCH:
         for (size_t i = 0; i < o->batch.count; i++) memcpy((void *)o->batch.d[i], (void *)o->batch.s[i], o->batch.n[i]);
-        free(o->batch.d);
+        if (!o->keep) free(o->batch.d);
         break;
     }
 }
@@ -288,9 +323,63 @@ static fstream *stream(void *h) {
 }
 static void *sctx(void *h) { return h ? ((fstream *)h)->ctx : cur; }
 
-// enqueue appends o to s and returns its ticket (s's work count once o is done).
+// ---- stream capture (CUDA graphs)
+// Between cuStreamBeginCapture and cuStreamEndCapture the work queued on the
+// capturing stream is recorded, not run, and so is the work of every stream
+// that waits for an event recorded in the capture (it joins); cuGraphLaunch
+// replays the recorded calls, each on its own stream, in the order they were
+// made (after the launching stream's earlier work; the launching stream's
+// later work after all of them). As a driver does, it refuses what cannot
+// be captured, and the capture is then invalidated (cuStreamEndCapture
+// says so): a synchronization (stream, context, an event of the capture),
+// allocating or freeing memory, loading or unloading a module, a copy from
+// or into pageable host memory, a batch copy, a wait for an event recorded
+// outside the capture, and work of another library that cannot be replayed
+// (fakecuda_enqueue; fakecuda_enqueue2 can). Ending the capture on another
+// stream than the one that began it, or while a joined stream was not
+// joined back (an event recorded after its last work that the origin
+// waited for), fails as the driver's does.
+enum { C_OP, C_RECORD, C_WAIT };
+typedef struct { int kind; fstream *s; op *o; fevent *e; } centry;
+typedef struct capture {
+    fstream *origin;
+    centry *v;
+    int n, cap;
+    fstream *joined[MAXS];
+    int njoined;
+    int invalid, active, refs;
+} capture;
+typedef struct { capture *c; } fgraph;
+static int active_captures; // regmu
+static void cap_add(capture *c, int kind, fstream *s, op *o, fevent *e) {
+    if (c->n == c->cap) c->cap = c->cap ? 2 * c->cap : 64, c->v = realloc(c->v, c->cap * sizeof *c->v);
+    c->v[c->n++] = (centry){kind, s, o, e};
+}
+// refuse: a call a capture cannot take, on s (0: whatever is capturing)
+static CUresult refuse(fstream *s) {
+    pthread_mutex_lock(&regmu);
+    for (int i = 0; i < nstreams; i++)
+        if (streams[i]->cap && (!s || streams[i]->cap == s->cap)) streams[i]->cap->invalid = 1;
+    pthread_mutex_unlock(&regmu);
+    return CAPTURE_UNSUPPORTED;
+}
+static int capturing(fstream *s) { return s && s->cap; }
+static int any_capture(void) {
+    pthread_mutex_lock(&regmu);
+    int n = active_captures;
+    pthread_mutex_unlock(&regmu);
+    return n > 0;
+}
+
+// enqueue appends o to s and returns its ticket (s's work count once o is
+// done); on a capturing stream it records o instead (ticket 0).
 static uint64_t enqueue(fstream *s, op *o) {
     o->next = 0;
+    if (s->cap) {
+        if (o->kind == OP_KERNEL) klaunch_keep(o->k); // the graph owns it
+        cap_add(s->cap, C_OP, s, o, 0);
+        return 0;
+    }
     pthread_mutex_lock(&s->mu);
     if (s->tail) s->tail->next = o;
     else s->head = o;
@@ -308,6 +397,7 @@ static uint64_t queued(fstream *s) {
 }
 static op *newop(int kind) { op *o = calloc(1, sizeof *o); o->kind = kind; return o; }
 
+
 // drain waits for the work queued so far on every stream (of ctx, or all).
 static void drain(void *ctx) {
     fstream *ss[MAXS];
@@ -319,14 +409,36 @@ static void drain(void *ctx) {
         if (!ctx || ss[i]->ctx == ctx) wait_done(ss[i], queued(ss[i]));
 }
 
+// fakecuda_advance moves the event clock on by ms (the fake cuBLASLt's
+// algorithms take different times).
+void fakecuda_advance(double ms) {
+    pthread_mutex_lock(&regmu);
+    fake_clock += ms;
+    pthread_mutex_unlock(&regmu);
+}
+
 // fakecuda_enqueue queues fn(arg) on stream s (NULL: the current context's
 // default stream) after the work queued on it so far: the other fake
 // libraries' work (cuBLASLt, cuBLAS, NCCL) runs in stream order with it.
+// fn frees arg: a capture cannot take it (see fakecuda_enqueue2).
 int fakecuda_enqueue(void *s, void (*fn)(void *), void *arg) {
     fstream *st = stream(s);
     if (!st) return INVALID_CONTEXT;
+    if (capturing(st)) return refuse(st);
     op *o = newop(OP_HOST);
     o->host.fn = fn, o->host.arg = arg;
+    enqueue(st, o);
+    return OK;
+}
+
+// fakecuda_enqueue2 is fakecuda_enqueue for work that a graph may replay:
+// fn leaves arg as it found it, and release(arg) frees it once the work has
+// run, or, captured, once the graph is destroyed.
+int fakecuda_enqueue2(void *s, void (*fn)(void *), void *arg, void (*release)(void *)) {
+    fstream *st = stream(s);
+    if (!st) return INVALID_CONTEXT;
+    op *o = newop(OP_HOST);
+    o->host.fn = fn, o->host.arg = arg, o->host.release = release;
     enqueue(st, o);
     return OK;
 }
@@ -352,11 +464,13 @@ CUresult cuStreamDestroy_v2(void *h) {
 CUresult cuStreamSynchronize(void *h) {
     fstream *s = stream(h);
     if (!s) return INVALID_CONTEXT;
+    if (capturing(s)) return refuse(s);
     wait_done(s, queued(s));
     return sticky(s->ctx);
 }
 CUresult cuCtxSynchronize(void) {
     if (!cur) return INVALID_CONTEXT;
+    if (any_capture()) return refuse(0);
     drain(cur);
     return sticky(cur);
 }
@@ -368,21 +482,32 @@ CUresult cuEventCreate(void **e, unsigned flags) {
     fevent *f = calloc(1, sizeof *f); f->ctx = cur; *e = f; return OK;
 }
 CUresult cuEventDestroy_v2(void *e) { return e ? OK : INVALID_HANDLE; } // kept: a record may still be queued
+static void record_on(fevent *e, fstream *s);
 CUresult cuEventRecord(void *h, void *sh) {
     fevent *e = h;
     fstream *s = stream(sh);
     if (!s || e->ctx != s->ctx) return INVALID_HANDLE;
+    if (capturing(s)) { // a record node; the event is not recorded until a launch
+        pthread_mutex_lock(&regmu);
+        cap_add(s->cap, C_RECORD, s, 0, e);
+        e->cap = s->cap, e->s = 0, e->ticket = 0;
+        pthread_mutex_unlock(&regmu);
+        return OK;
+    }
+    record_on(e, s);
+    return OK;
+}
+static void record_on(fevent *e, fstream *s) {
     op *o = newop(OP_RECORD);
     o->rec.e = e;
     pthread_mutex_lock(&regmu); // the record's ticket is set before its op can run
     pthread_mutex_lock(&s->mu);
     uint64_t t = s->queued + 1;
     pthread_mutex_unlock(&s->mu);
-    e->s = s, e->ticket = t, e->t = 0;
+    e->s = s, e->ticket = t, e->t = 0, e->cap = 0;
     o->rec.ticket = t;
     enqueue(s, o);
     pthread_mutex_unlock(&regmu);
-    return OK;
 }
 static void event_at(fevent *e, fstream **s, uint64_t *t) {
     pthread_mutex_lock(&regmu);
@@ -395,6 +520,21 @@ CUresult cuStreamWaitEvent(void *sh, void *eh, unsigned flags) {
     fstream *s = stream(sh), *es;
     uint64_t t;
     if (!s || !eh || flags) return INVALID_HANDLE;
+    fevent *e = eh;
+    pthread_mutex_lock(&regmu);
+    capture *ec = e->cap && e->cap->active ? e->cap : 0;
+    if (ec && (!s->cap || s->cap == ec)) { // a dependency in the capture; s joins it
+        if (!s->cap) s->cap = ec, ec->joined[ec->njoined++] = s;
+        cap_add(ec, C_WAIT, s, 0, e);
+        pthread_mutex_unlock(&regmu);
+        return OK;
+    }
+    pthread_mutex_unlock(&regmu);
+    if (ec || s->cap) { // across captures, or an event recorded outside this one
+        refuse(s);
+        if (ec) ec->invalid = 1;
+        return CAPTURE_ISOLATION;
+    }
     event_at(eh, &es, &t);
     if (!es) return OK;
     op *o = newop(OP_WAIT);
@@ -405,6 +545,7 @@ CUresult cuStreamWaitEvent(void *sh, void *eh, unsigned flags) {
 CUresult cuEventSynchronize(void *eh) {
     fstream *s;
     uint64_t t;
+    if (((fevent *)eh)->cap) return ((fevent *)eh)->cap->active ? refuse(0) : INVALID_HANDLE; // never recorded outside a capture
     event_at(eh, &s, &t);
     if (!s) return OK;
     wait_done(s, t);
@@ -490,13 +631,17 @@ static CUresult unmap(CUdeviceptr p, int host) {
     pthread_mutex_unlock(&allocmu);
     return INVALID_VALUE;
 }
-CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) { return cur ? map(p, n, 0, 0) : INVALID_CONTEXT; }
-CUresult cuMemFree_v2(CUdeviceptr p) { return unmap(p, 0); }
+CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t n) {
+    if (any_capture()) return refuse(0); // may synchronize: refused while capturing
+    return cur ? map(p, n, 0, 0) : INVALID_CONTEXT;
+}
+CUresult cuMemFree_v2(CUdeviceptr p) { return any_capture() ? refuse(0) : unmap(p, 0); }
 // Page-locked host memory: flags PORTABLE (1), DEVICEMAP (2) and
 // WRITECOMBINED (4), any others refused; the device pointer of a mapped
 // allocation is its host address (unified addressing).
 CUresult cuMemHostAlloc(void **pp, size_t n, unsigned flags) {
     if (!cur) return INVALID_CONTEXT;
+    if (any_capture()) return refuse(0);
     if (flags & ~7u) return INVALID_VALUE;
     CUdeviceptr p;
     CUresult r = map(&p, n, 1, flags);
@@ -514,7 +659,7 @@ CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *d, void *p, unsigned flags) {
     *d = (CUdeviceptr)p;
     return OK;
 }
-CUresult cuMemFreeHost(void *p) { return unmap((CUdeviceptr)p, 1); }
+CUresult cuMemFreeHost(void *p) { return any_capture() ? refuse(0) : unmap((CUdeviceptr)p, 1); }
 CUresult cuMemGetInfo_v2(size_t *f, size_t *t) { *f = (size_t)1 << 30; *t = (size_t)2 << 30; return OK; }
 
 #define ON_STREAM(p, st) if (owner(p) != sctx(st)) return INVALID_VALUE
@@ -532,12 +677,14 @@ static void copy_op(fstream *s, void *dst, const void *src, size_t n, int stage)
 CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr d, const void *src, size_t n, void *st) {
     ON_STREAM(d, st);
     STREAM_OR_FAIL(s, st);
+    if (capturing(s) && !pinned(src)) return refuse(s);
     copy_op(s, (void *)d, src, n, !pinned(src));
     return OK;
 }
 CUresult cuMemcpyDtoHAsync_v2(void *dst, CUdeviceptr src, size_t n, void *st) {
     ON_STREAM(src, st);
     STREAM_OR_FAIL(s, st);
+    if (capturing(s) && !pinned(dst)) return refuse(s);
     op *o = newop(OP_COPY);
     o->copy.dst = dst, o->copy.src = (void *)src, o->copy.n = n;
     uint64_t t = enqueue(s, o);
@@ -559,12 +706,11 @@ CUresult cuMemcpyPeerAsync(CUdeviceptr d, void *dc, CUdeviceptr src, void *sc, s
 // The CUDA 13 batch copy: checks the attributes moebench passes (one set,
 // stream-ordered sources, device hints naming the GPUs that own the
 // pointers, the prefer-overlap flag).
-typedef struct { int type; int id; } mc_loc;
-typedef struct { int srcAccessOrder; mc_loc srcLocHint, dstLocHint; unsigned flags; } mc_attrs;
-CUresult cuMemcpyBatchAsync_v2(CUdeviceptr *d, CUdeviceptr *s, size_t *n, size_t count, mc_attrs *a, size_t *idx, size_t nattrs, void *st) {
-    if (sizeof(mc_attrs) != 24 || nattrs != 1 || idx[0] != 0 || a->srcAccessOrder != 1 || a->srcLocHint.type != 1 ||
+CUresult cuMemcpyBatchAsync_v2(CUdeviceptr *d, CUdeviceptr *s, size_t *n, size_t count, mb_memcpy_attrs *a, size_t *idx, size_t nattrs, void *st) {
+    if ( nattrs != 1 || idx[0] != 0 || a->srcAccessOrder != 1 || a->srcLocHint.type != 1 ||
         a->dstLocHint.type != 1 || a->flags != 1 || st == 0) return INVALID_VALUE;
     if (getenv("FAKECUDA_REFUSE_BATCH")) return INVALID_VALUE; /* as a driver might */
+    if (capturing(stream(st))) return refuse(stream(st)); /* no graph node form */
     for (size_t i = 0; i < count; i++)
         if (owner(s[i]) != CTX(100 + a->srcLocHint.id) || owner(d[i]) != CTX(100 + a->dstLocHint.id)) return INVALID_VALUE;
     STREAM_OR_FAIL(fs, st);
@@ -611,7 +757,20 @@ typedef struct hostobj {
     struct hostobj *next;
     int static_smem; // the module's __shared__ bytes
     int max_dyn;     // CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    char name[128];  // a kernel's
 } hostobj;
+// skipped: $FAKECUDA_SKIP_KERNELS (read at each launch) names kernel k, or
+// is "*": its launches are checked, then do nothing (a benchmark of the
+// host's issue cost alone)
+static int skipped(const hostobj *k) {
+    const char *skip = getenv("FAKECUDA_SKIP_KERNELS");
+    if (!skip || !k->name[0]) return 0;
+    if (strcmp(skip, "*") == 0) return 1;
+    char list[1024], want[140];
+    snprintf(list, sizeof list, ",%s,", skip);
+    snprintf(want, sizeof want, ",%s,", k->name);
+    return strstr(list, want) != 0;
+}
 static hostobj add_kernel = {0, 0, 0, 0, 0, BLOCK_SMEM}; // the cubin's "add"
 #define ADD ((void *)&add_kernel)
 #define CUBIN_MODULE ((void *)0x3000)
@@ -629,6 +788,7 @@ static size_t tls_bytes(const unsigned char *e) {
 }
 CUresult cuModuleLoadData(void **m, const void *img) {
     if (!cur) return INVALID_CONTEXT;
+    if (any_capture()) return refuse(0);
     const unsigned char *e = img;
     if (memcmp(e, "\x7f" "ELF", 4) != 0) return INVALID_IMAGE;
     if (e[4] != 2 || elf_machine(e) == 190) { *m = CUBIN_MODULE; return OK; } // not a 64-bit host ELF
@@ -651,6 +811,7 @@ CUresult cuModuleLoadData(void **m, const void *img) {
 }
 static hostobj *host(void *p) { return p && p != CUBIN_MODULE && p != ADD && ((hostobj *)p)->magic == HOSTMAGIC ? p : 0; }
 CUresult cuModuleUnload(void *m) {
+    if (any_capture()) return refuse(0);
     drain(0); // its kernels may still run
     hostobj *h = host(m);
     while (h) { // the module, then the kernels looked up in it
@@ -669,6 +830,7 @@ CUresult cuModuleGetFunction(void **f, void *m, const char *name) {
         if (!get) return NOT_FOUND;
         if (get()->abi != MBHOST_ABI) return INVALID_IMAGE;
         hostobj *k = calloc(1, sizeof *k); k->magic = HOSTMAGIC; k->k = get(); k->next = h->next; h->next = k;
+        snprintf(k->name, sizeof k->name, "%s", name);
         k->static_smem = h->static_smem;
         k->max_dyn = BLOCK_SMEM - k->static_smem > 0 ? BLOCK_SMEM - k->static_smem : 0;
         *f = k; return OK;
@@ -748,7 +910,10 @@ struct klaunch {
     sm_use need;
     atomic_uint next;   // the next block to hand out
     atomic_int status;  // the first failure of a block
+    int keep;           // a graph's: run again at each launch, freed with the graph
 };
+static void klaunch_keep(klaunch *l) { l->keep = 1; }
+static void klaunch_free(klaunch *l) { l->k->k->unbind(l->args); free(l); }
 static int next_block(void *p) {
     klaunch *l = p;
     unsigned b = atomic_fetch_add(&l->next, 1);
@@ -798,6 +963,12 @@ static void spawn(kworker *w) {
 // launch all at once), each on a thread of its own, and waits for them.
 static CUresult run_kernel(klaunch *l) {
     fgpu *g = &gpu[l->dev];
+    atomic_store(&l->next, 0);
+    atomic_store(&l->status, 0);
+    if (skipped(l->k)) { // replayed from a graph (launch() checks the others)
+        if (!l->keep) klaunch_free(l);
+        return OK;
+    }
     int cap = nsms * SM_BLOCKS, n = 0;
     kworker *ws = calloc(cap, sizeof *ws);
     pthread_mutex_lock(&g->mu);
@@ -833,9 +1004,8 @@ static CUresult run_kernel(klaunch *l) {
     }
     for (int i = 0; i < n; i++) pthread_join(ws[i].th, 0);
     free(ws);
-    l->k->k->unbind(l->args);
     int st = atomic_load(&l->status);
-    free(l);
+    if (!l->keep) klaunch_free(l);
     if (st) {
         pthread_mutex_lock(&g->mu);
         if (!g->failed) g->failed = LAUNCH_FAILED;
@@ -879,6 +1049,7 @@ static CUresult launch(void *f, unsigned gx, unsigned gy, unsigned gz, unsigned 
         fprintf(stderr, "fakecuda: the host simulation runs whole warps; a block of %d threads\n", threads);
         return INVALID_VALUE;
     }
+    if (skipped(k)) return OK;
     klaunch *l = calloc(1, sizeof *l);
     l->k = k, l->args = k->k->bind(params);
     l->g = (mbhost_geom){gx, gy, gz, bx, by, bz, smem, cx, cy, cz};
@@ -898,25 +1069,163 @@ CUresult cuLaunchCooperativeKernel(void *f, unsigned gx, unsigned gy, unsigned g
                                    unsigned smem, void *st, void **params) {
     return launch(f, gx, gy, gz, bx, by, bz, smem, st, params, 1, 0, 0, 0);
 }
-// cuLaunchKernelEx with CUDA's layouts: CUlaunchAttribute is an enum id,
-// padding to 8 bytes and a 64-byte union; attributes 2 (cooperative) and 4
-// (cluster dimension) are understood, others refused.
-typedef struct { int id; char pad[4]; union { char pad[64]; int cooperative; struct { unsigned x, y, z; } cluster; } v; } fattr;
-typedef struct { unsigned gx, gy, gz, bx, by, bz, smem; void *stream; fattr *attrs; unsigned nattrs; } fconfig;
-CUresult cuLaunchKernelEx(const fconfig *c, void *f, void **params, void **extra) {
-    if (sizeof(fattr) != 72 || sizeof(fconfig) != 56 || extra != 0) return INVALID_VALUE;
+// cuLaunchKernelEx with CUDA's layouts (abi.h's mb_launch_config and
+// mb_launch_attr, which TestABIHeaders checks against cuda.h):
+// CUlaunchAttribute is an enum id, padding to 8 bytes and a 64-byte union
+// with pointer members, so an array of them is 8-byte aligned (a driver
+// may read 8-byte members); attributes 2 (cooperative) and 4 (cluster
+// dimension) are understood, others refused.
+CUresult cuLaunchKernelEx(const mb_launch_config *c, void *f, void **params, void **extra) {
+    if (extra != 0 || (c->numAttrs && (!c->attrs || (uintptr_t)c->attrs % 8))) return INVALID_VALUE;
     int coop = 0;
     unsigned cx = 0, cy = 0, cz = 0;
-    for (unsigned i = 0; i < c->nattrs; i++) {
-        if (c->attrs[i].id == 2) coop = c->attrs[i].v.cooperative;
-        else if (c->attrs[i].id == 4 && c->attrs[i].v.cluster.x && c->attrs[i].v.cluster.y && c->attrs[i].v.cluster.z)
-            cx = c->attrs[i].v.cluster.x, cy = c->attrs[i].v.cluster.y, cz = c->attrs[i].v.cluster.z;
+    for (unsigned i = 0; i < c->numAttrs; i++) {
+        const mb_launch_attr *a = &c->attrs[i];
+        if (a->id == 2) coop = a->value.cooperative;
+        else if (a->id == 4 && a->value.cluster.x && a->value.cluster.y && a->value.cluster.z)
+            cx = a->value.cluster.x, cy = a->value.cluster.y, cz = a->value.cluster.z;
         else return INVALID_VALUE;
     }
-    return launch(f, c->gx, c->gy, c->gz, c->bx, c->by, c->bz, c->smem, c->stream, params, coop != 0, cx, cy, cz);
+    return launch(f, c->gridX, c->gridY, c->gridZ, c->blockX, c->blockY, c->blockZ, c->sharedBytes, c->stream, params, coop != 0, cx, cy, cz);
 }
+// ---- graphs: the capture entry points (see "stream capture" above)
+
+CUresult cuStreamBeginCapture_v2(void *h, int mode) {
+    fstream *s = h;
+    if (!s) return CAPTURE_UNSUPPORTED; // the legacy stream cannot be captured
+    if (mode < 0 || mode > 2) return INVALID_VALUE;
+    pthread_mutex_lock(&regmu);
+    if (s->cap) { pthread_mutex_unlock(&regmu); return ILLEGAL_STATE; }
+    capture *c = calloc(1, sizeof *c);
+    c->origin = s, c->active = 1, c->joined[c->njoined++] = s;
+    s->cap = c;
+    active_captures++;
+    pthread_mutex_unlock(&regmu);
+    return OK;
+}
+// free_capture frees a capture's calls (no launch of it may be queued)
+static void free_capture(capture *c) {
+    drain(0);
+    for (int i = 0; i < c->n; i++) {
+        fevent *e = c->v[i].e;
+        pthread_mutex_lock(&regmu);
+        if (c->v[i].kind == C_RECORD && e->cap == c) e->cap = 0; // a record that never ran
+        pthread_mutex_unlock(&regmu);
+        op *o = c->v[i].o;
+        if (!o) continue;
+        switch (o->kind) {
+        case OP_KERNEL: klaunch_free(o->k); break;
+        case OP_BATCH: free(o->batch.d); break;
+        case OP_COPY: free(o->copy.staged); break;
+        case OP_HOST: if (o->host.release) o->host.release(o->host.arg); break;
+        }
+        free(o);
+    }
+    free(c->v);
+    free(c);
+}
+// joined_back: every stream that joined c was joined back: its last call
+// records an event that the origin, or a stream joined back itself, waits
+// for later (a fork joined into another stream that is joined counts, as
+// for the driver)
+static int joined_back(capture *c) {
+    int back[MAXS] = {0}, changed = 1, n = 1;
+    back[0] = 1; // the origin
+    while (changed) {
+        changed = 0;
+        for (int j = 1; j < c->njoined; j++) {
+            if (back[j]) continue;
+            int last = -1;
+            for (int i = 0; i < c->n; i++) if (c->v[i].s == c->joined[j]) last = i;
+            if (last < 0 || c->v[last].kind != C_RECORD) continue;
+            for (int i = last + 1; i < c->n && !back[j]; i++) {
+                if (c->v[i].kind != C_WAIT || c->v[i].e != c->v[last].e) continue;
+                for (int k = 0; k < c->njoined; k++)
+                    if (back[k] && c->joined[k] == c->v[i].s) back[j] = 1;
+            }
+            if (back[j]) changed = 1, n++;
+        }
+    }
+    return n == c->njoined;
+}
+CUresult cuStreamEndCapture(void *h, void **graph) {
+    fstream *s = h;
+    *graph = 0;
+    pthread_mutex_lock(&regmu);
+    capture *c = s ? s->cap : 0;
+    if (!c) { pthread_mutex_unlock(&regmu); return ILLEGAL_STATE; }
+    if (c->origin != s) { c->invalid = 1; pthread_mutex_unlock(&regmu); return CAPTURE_UNMATCHED; }
+    for (int j = 0; j < c->njoined; j++) c->joined[j]->cap = 0;
+    c->active = 0;
+    active_captures--;
+    pthread_mutex_unlock(&regmu);
+    CUresult r = c->invalid ? CAPTURE_INVALIDATED : !joined_back(c) ? CAPTURE_UNJOINED : OK;
+    if (r != OK) { free_capture(c); return r; }
+    fgraph *g = malloc(sizeof *g);
+    g->c = c, c->refs = 1;
+    *graph = g;
+    return OK;
+}
+CUresult cuGraphInstantiateWithFlags(void **exec, void *graph, unsigned long long flags) {
+    fgraph *g = graph;
+    if (!g || flags) return INVALID_VALUE;
+    fgraph *x = malloc(sizeof *x);
+    x->c = g->c, g->c->refs++;
+    *exec = x;
+    return OK;
+}
+// cuGraphLaunch replays the capture's calls, each on its own stream, after
+// the launching stream's work so far; the launching stream's later work
+// follows all of them
+CUresult cuGraphLaunch(void *exec, void *h) {
+    fgraph *x = exec;
+    if (!x) return INVALID_HANDLE;
+    STREAM_OR_FAIL(s, h);
+    capture *c = x->c;
+    for (int j = 0; j < c->njoined; j++)
+        if (c->joined[j]->cap || s->cap) return refuse(s); // not while capturing
+    for (int j = 0; j < c->njoined; j++)
+        if (c->joined[j] != s) {
+            op *o = newop(OP_WAIT);
+            o->wait.s = s, o->wait.ticket = queued(s);
+            enqueue(c->joined[j], o);
+        }
+    for (int i = 0; i < c->n; i++) {
+        centry *e = &c->v[i];
+        if (e->kind == C_RECORD) record_on(e->e, e->s);
+        else if (e->kind == C_WAIT) cuStreamWaitEvent(e->s, e->e, 0);
+        else {
+            op *o = malloc(sizeof *o);
+            *o = *e->o;
+            o->keep = 1;
+            enqueue(e->s, o);
+        }
+    }
+    for (int j = 0; j < c->njoined; j++)
+        if (c->joined[j] != s) {
+            op *o = newop(OP_WAIT);
+            o->wait.s = c->joined[j], o->wait.ticket = queued(c->joined[j]);
+            enqueue(s, o);
+        }
+    return OK;
+}
+static CUresult graph_free(fgraph *g) {
+    if (!g) return INVALID_HANDLE;
+    if (--g->c->refs == 0) free_capture(g->c);
+    free(g);
+    return OK;
+}
+CUresult cuGraphExecDestroy(void *exec) { return graph_free(exec); }
+CUresult cuGraphDestroy(void *graph) { return graph_free(graph); }
+
 CUresult cuGetErrorName(CUresult r, const char **s) {
     switch (r) {
+    case ILLEGAL_STATE: *s = "CUDA_ERROR_ILLEGAL_STATE"; return OK;
+    case CAPTURE_UNSUPPORTED: *s = "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"; return OK;
+    case CAPTURE_INVALIDATED: *s = "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED"; return OK;
+    case CAPTURE_UNMATCHED: *s = "CUDA_ERROR_STREAM_CAPTURE_UNMATCHED"; return OK;
+    case CAPTURE_UNJOINED: *s = "CUDA_ERROR_STREAM_CAPTURE_UNJOINED"; return OK;
+    case CAPTURE_ISOLATION: *s = "CUDA_ERROR_STREAM_CAPTURE_ISOLATION"; return OK;
     case INVALID_VALUE: *s = "CUDA_ERROR_INVALID_VALUE"; return OK;
     case OUT_OF_MEMORY: *s = "CUDA_ERROR_OUT_OF_MEMORY"; return OK;
     case INVALID_CONTEXT: *s = "CUDA_ERROR_INVALID_CONTEXT"; return OK;

@@ -10,5 +10,8 @@ static void *fakecuda_sym(const char *name) {
     if (h) dlclose(h);
     return f;
 }
-// fakecuda_enqueue queues fn(arg) on a stream of the fake driver
+// fakecuda_enqueue queues fn(arg) on a stream of the fake driver;
+// fakecuda_enqueue2 queues work a graph may capture and replay: fn leaves
+// arg as it was, release(arg) frees it
 typedef int (*enqueue_fn)(void *stream, void (*fn)(void *), void *arg);
+typedef int (*enqueue2_fn)(void *stream, void (*fn)(void *), void *arg, void (*release)(void *));

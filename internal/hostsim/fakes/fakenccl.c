@@ -9,6 +9,8 @@
 // another GPU owns. Like the CUDA runtime, it leaves the context of the last
 // GPU it worked on current, so that a caller caching the current context is
 // caught.
+#define MB_ABI_DECLARE // moebench's prototypes: a definition here that differs does not compile
+#include "abi.h"
 #define _GNU_SOURCE
 #include "fakedriver.h"
 #include <stdlib.h>
@@ -54,7 +56,7 @@ static void *owner(CUdeviceptr p) {
 typedef struct { int rank, nranks, dev, clique; } fcomm;
 static int cliques;
 
-ncclResult_t ncclCommInitAll(fcomm **comms, int n, const int *devs) {
+ncclResult_t ncclCommInitAll(void **comms, int n, const int *devs) {
     if (n < 1) return fail(invalidArgument, "ncclCommInitAll: no devices");
     for (int i = 0; i < n; i++)
         for (int j = 0; j < i; j++)
@@ -64,13 +66,14 @@ ncclResult_t ncclCommInitAll(fcomm **comms, int n, const int *devs) {
             }
     cliques++;
     for (int i = 0; i < n; i++) {
-        comms[i] = malloc(sizeof(fcomm));
-        *comms[i] = (fcomm){i, n, devs[i], cliques};
+        fcomm *c = malloc(sizeof(fcomm));
+        *c = (fcomm){i, n, devs[i], cliques};
+        comms[i] = c;
         setCurrent(devs[i]);
     }
     return ok;
 }
-ncclResult_t ncclCommDestroy(fcomm *c) {
+ncclResult_t ncclCommDestroy(void *c) {
     if (!c) return fail(invalidArgument, "ncclCommDestroy: null communicator");
     free(c);
     return ok;
@@ -93,11 +96,11 @@ static ncclResult_t post(int send, CUdeviceptr buf, size_t count, int type, int 
     ops[nops++] = (op){c, peer, send, 0, buf, count, stream};
     return ok;
 }
-ncclResult_t ncclSend(CUdeviceptr buf, size_t count, int type, int peer, fcomm *c, void *stream) {
-    return post(1, buf, count, type, peer, c, stream);
+ncclResult_t ncclSend(const void *buf, size_t count, int type, int peer, void *c, void *stream) {
+    return post(1, (CUdeviceptr)buf, count, type, peer, c, stream);
 }
-ncclResult_t ncclRecv(CUdeviceptr buf, size_t count, int type, int peer, fcomm *c, void *stream) {
-    return post(0, buf, count, type, peer, c, stream);
+ncclResult_t ncclRecv(void *buf, size_t count, int type, int peer, void *c, void *stream) {
+    return post(0, (CUdeviceptr)buf, count, type, peer, c, stream);
 }
 
 // A group runs as NCCL's does: one piece of work on the stream of each GPU

@@ -5,10 +5,13 @@
  * index 1 the GPU at 0000:1B:00.0 (CUDA device 0). Each answers with its own
  * values (power limit, clocks, power, memory, GPM) so that a test sees which
  * GPU was read. GPM needs the struct versions go-nvml should set. */
+#define MB_ABI_DECLARE // moebench's prototypes: a definition here that differs does not compile
+#include "abi.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <time.h>
 
 typedef struct { int bus; unsigned limit_mw, sm_mhz, mem_mhz, power_mw; unsigned long long used; double util; } gpu_t;
 static gpu_t gpus[2] = {
@@ -65,22 +68,30 @@ int nvmlDeviceGetMemoryInfo(void *d, mem_t *m) {
     m->total = 80ull << 30; m->used = g->used; m->free = m->total - m->used; return 0;
 }
 
-/* GPM: a sample remembers the GPU it was taken on */
+/* GPM: a sample remembers the GPU it was taken on and when. NVML's header
+ * says the two samples should be more than 100 ms apart (its counters'
+ * refresh rate); the fake, stricter, refuses metrics from closer samples. */
 typedef struct { unsigned int version, supported; } gpm_support_t;
 int nvmlGpmQueryDeviceSupport(void *d, gpm_support_t *s) {
     if (!gpu(d) || s->version != 1) return 2;
     s->supported = 1; return 0;
 }
-int nvmlGpmSampleAlloc(void **s) { *s = calloc(1, sizeof(void *)); return *s ? 0 : 2; }
+typedef struct { void *dev; double t; } sample_t;
+static double now(void) { struct timespec ts; clock_gettime(CLOCK_MONOTONIC, &ts); return ts.tv_sec + ts.tv_nsec * 1e-9; }
+int nvmlGpmSampleAlloc(void **s) { *s = calloc(1, sizeof(sample_t)); return *s ? 0 : 2; }
 int nvmlGpmSampleFree(void *s) { free(s); return 0; }
-int nvmlGpmSampleGet(void *d, void *s) { if (!gpu(d) || !s) return 2; *(void **)s = d; return 0; }
+int nvmlGpmSampleGet(void *d, void *s) {
+    if (!gpu(d) || !s) return 2;
+    ((sample_t *)s)->dev = d, ((sample_t *)s)->t = now(); return 0;
+}
 typedef struct { char *shortName, *longName, *unit; } metric_info_t;
 typedef struct { unsigned int id; int ret; double value; metric_info_t info; } metric_t;
 typedef struct { unsigned int version, n; void *s1, *s2; metric_t m[210]; } metrics_get_t;
 int nvmlGpmMetricsGet(metrics_get_t *g) {
     if (g->version != 1 || !g->s1 || !g->s2) return 2;
-    gpu_t *a = gpu(*(void **)g->s1), *b = gpu(*(void **)g->s2);
-    if (!a || a != b) return 2;
+    sample_t *s1 = g->s1, *s2 = g->s2;
+    gpu_t *a = gpu(s1->dev), *b = gpu(s2->dev);
+    if (!a || a != b || s2->t - s1->t <= 0.1) return 2;
     for (unsigned i = 0; i < g->n; i++) {
         g->m[i].ret = 0;
         switch (g->m[i].id) {

@@ -1,0 +1,574 @@
+package hybridep
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/moebench/moebench/dispatchers"
+	"github.com/moebench/moebench/kernels"
+)
+
+// The cuda implementation: the design's kernels (kernels/cuda/hybridep.cu)
+// as co-resident launches, one per device covering its ranks, each of the
+// dispatcher's phases issued for every rank from the last rank's call
+// (dispatchers.Grouper). Every cross-rank wait of the kernels has the
+// run's --comm-timeout; a wait that gives up is reported after the step
+// (StepError) with the rank, phase and wait.
+
+// NewDevice returns the cuda implementation.
+func NewDevice(impl string, env dispatchers.Env) (dispatchers.DeviceDispatcher, error) {
+	if impl != dispatchers.ImplNative {
+		return nil, &dispatchers.UnavailableError{Name: Name, Impl: impl,
+			Reason: "no library implementation in this build (NCCL EP's HT mode, a C API over HybridEP's kernels, needs CUDA 13 and NCCL 2.29)"}
+	}
+	timeout := env.CommTimeout
+	if timeout == 0 {
+		timeout = dispatchers.DefaultCommTimeout
+	}
+	sms := env.SMs
+	if sms == 0 {
+		sms = DefaultSMs
+	}
+	return &Device{cfg: Config{SMs: sms, Domain: env.Domain, Chunk: DefaultChunk}, timeout: timeout}, nil
+}
+
+// Device is hybridep on device ranks.
+type Device struct {
+	cfg     Config
+	timeout time.Duration
+	shape   dispatchers.Shape
+	ranks   []*dispatchers.DeviceRank
+	g       geom
+	parts   []part // one per device, its ranks contiguous
+	st      []devRank
+	sig     *kernels.Signals
+	flags   []kernels.Ptr // per rank: its barrier-flag table (kernels.PeerTables)
+	free    func() error  // the flag tables'
+	comm    kernels.Comm  // the inter-domain path (several domains)
+	progs   programs
+	epoch   int32 // device barriers passed
+	bug     int32 // tests: breaks the kernels' protocol (hybridep.cu's BUG_*)
+	moved   moved // the last step's, from the routing map
+}
+
+// part is one device's share: its ranks [first, first+count), the
+// stream its launches go on (its first rank's) and its he_rank table.
+type part struct {
+	dev          kernels.Device
+	first, count int
+	stream       kernels.Stream
+	table        kernels.Ptr
+	uploaded     []uint64
+}
+
+// devRank is one rank's buffers (device memory of its device).
+type devRank struct {
+	gmap, dprobs, meta, todom, recvX, recvP, idX, idP, sendX, sendP, sync, flags kernels.Ptr
+	counts                                                                       []int32 // META_COUNTS, read after the preprocessing
+	out                                                                          kernels.Sized
+	fixed                                                                        int64
+	ready, done                                                                  kernels.Event // its stream before a launch; the launch, for its stream
+}
+
+func (d *Device) Name() string { return Name }
+func (d *Device) Impl() string { return dispatchers.ImplNative }
+
+// ldp is the probabilities a token carries for its domain, padded to 16
+// bytes (bulk copies move 16-byte multiples).
+func (g geom) ldp() int { return (g.L*g.D + 3) / 4 * 4 }
+
+// metaInts are the offsets of hybridep.cu's meta (META_*).
+func (g geom) metaInts() (s2d, d2e, counts, chunkAt, send, recv, total int) {
+	s2d = 0
+	d2e = s2d + g.M*g.T*g.D
+	counts = d2e + g.N*g.T*g.L
+	chunkAt = counts + g.L + 1 + 2*g.M
+	send = chunkAt + g.N*g.chunks + 1
+	recv = send + g.M*g.T
+	return s2d, d2e, counts, chunkAt, send, recv, recv + g.M*g.T
+}
+
+// Bind checks that the run can be had (the design's limits, peer access in
+// each domain and for the map's all-gather, NCCL across domains, the SM
+// budget on each device), allocates the worst-case buffers and compiles
+// nothing yet (the kernels compile at their first launch).
+func (d *Device) Bind(shape dispatchers.Shape, ranks []*dispatchers.DeviceRank) error {
+	if len(ranks) != shape.EP {
+		return fmt.Errorf("hybridep: %d ranks, shape says EP = %d", len(ranks), shape.EP)
+	}
+	if err := d.cfg.check(shape); err != nil {
+		return err
+	}
+	d.shape, d.ranks = shape, ranks
+	D := d.cfg.domain(shape.EP)
+	d.g = geom{N: shape.EP, T: shape.Tokens, E: shape.Experts, L: shape.LocalExperts(), D: D, M: shape.EP / D,
+		chunk: d.cfg.Chunk, chunks: (shape.Tokens + d.cfg.Chunk - 1) / d.cfg.Chunk}
+	unavailable := func(format string, a ...any) error {
+		return &dispatchers.UnavailableError{Name: Name, Impl: dispatchers.ImplNative, Reason: fmt.Sprintf(format, a...)}
+	}
+	devs, streams := make([]kernels.Device, len(ranks)), make([]kernels.Stream, len(ranks))
+	for r, rk := range ranks {
+		devs[r], streams[r] = rk.Dev, rk.Stream
+		if r > 0 && rk.Dev != ranks[r-1].Dev {
+			for _, p := range d.parts {
+				if p.dev == rk.Dev {
+					return fmt.Errorf("hybridep: the ranks of a device must be contiguous (rank %d)", r)
+				}
+			}
+		}
+		if len(d.parts) == 0 || d.parts[len(d.parts)-1].dev != rk.Dev {
+			d.parts = append(d.parts, part{dev: rk.Dev, first: r, stream: rk.Stream})
+		}
+		d.parts[len(d.parts)-1].count++
+	}
+	for a := range ranks {
+		for b := range ranks {
+			if a/D == b/D && !devs[a].Reaches(devs[b]) {
+				return unavailable("ranks %d and %d share an NVLink domain (--domain %d) but rank %d's GPU has no peer access to rank %d's: their stores could not reach it", a, b, D, a, b)
+			}
+		}
+	}
+	for _, p := range d.parts {
+		if sms := p.dev.SMCount(); d.cfg.SMs > sms {
+			return unavailable("--sms %d: a rank's budget above the %d SMs of %s", d.cfg.SMs, sms, p.dev.Name())
+		}
+	}
+	if d.g.M > 1 {
+		var err error
+		var no *kernels.NoCommError
+		if d.comm, err = kernels.OpenComm(devs, streams); errors.As(err, &no) {
+			return unavailable("the inter-domain path (NCCL send/recv between the same local ranks of different domains, --domain %d of EP %d): %s", D, shape.EP, no.Reason)
+		} else if err != nil {
+			return err
+		}
+	}
+	if err := d.alloc(devs, streams); err != nil {
+		d.Close()
+		return err
+	}
+	d.progs = d.g.programs(shape, d.cfg.SMs, d)
+	if err := d.resident(); err != nil {
+		d.Close()
+		return err
+	}
+	for _, rk := range ranks {
+		rk.ExpertRows = make([]int, d.g.L)
+	}
+	return nil
+}
+
+// alloc allocates every rank's fixed buffers (worst case), events, flag
+// tables and signals, and the devices' he_rank tables.
+func (d *Device) alloc(devs []kernels.Device, streams []kernels.Stream) error {
+	g, h := d.g, int64(d.shape.Hidden)
+	N, T, M := int64(g.N), int64(g.T), int64(g.M)
+	ldp := int64(g.ldp())
+	_, _, counts, _, _, _, metaInts := g.metaInts()
+	other := max(M-1, 1)
+	d.st = make([]devRank, g.N)
+	var flagBufs []kernels.Ptr
+	for r, rk := range d.ranks {
+		s := &d.st[r]
+		var err error
+		// the map in whole 16-byte units (Traffic reads it back as 16-bit words)
+		bufs := []kernels.Buf{{P: &s.gmap, PerRow: (N*T*int64(g.E) + 15) / 16 * 16}, {P: &s.dprobs, PerRow: 4 * T * M * ldp},
+			{P: &s.meta, PerRow: 4 * int64(metaInts)}, {P: &s.todom, PerRow: T * M},
+			{P: &s.recvX, PerRow: 2 * N * T * h}, {P: &s.recvP, PerRow: 4 * N * T * ldp},
+			{P: &s.idX, PerRow: 2 * other * T * h}, {P: &s.idP, PerRow: 4 * other * T * ldp},
+			{P: &s.sendX, PerRow: 2 * other * T * h}, {P: &s.sendP, PerRow: 4 * other * T * ldp},
+			{P: &s.sync, PerRow: 8}, {P: &s.flags, PerRow: 4 * N}}
+		if s.fixed, err = kernels.Resize(rk.Dev, 1, bufs...); err != nil {
+			return err
+		}
+		// the barriers count from zero; the metadata starts defined
+		if err := rk.Dev.Fill16(s.sync, 0, 4, rk.Stream); err != nil {
+			return err
+		}
+		if err := rk.Dev.Fill16(s.flags, 0, 2*N, rk.Stream); err != nil {
+			return err
+		}
+		if err := rk.Dev.Fill16(s.meta, 0, 2*int64(metaInts), rk.Stream); err != nil {
+			return err
+		}
+		s.counts = make([]int32, metaInts-counts)[:g.L+1+2*g.M]
+		if s.ready, err = rk.Dev.NewEvent(); err != nil {
+			return err
+		}
+		if s.done, err = rk.Dev.NewEvent(); err != nil {
+			return err
+		}
+		flagBufs = append(flagBufs, s.flags)
+	}
+	var err error
+	var np *kernels.NoPeerError
+	if d.flags, d.free, err = kernels.PeerTables(devs, flagBufs, streams); errors.As(err, &np) {
+		return &dispatchers.UnavailableError{Name: Name, Impl: dispatchers.ImplNative, Reason: fmt.Sprintf(
+			"the routing map's all-gather and the device barriers store into every rank's memory: %v", np)}
+	} else if err != nil {
+		return err
+	}
+	if d.sig, err = kernels.NewSignals(devs, 0); err != nil {
+		return err
+	}
+	d.sig.Names = phaseNames
+	for i := range d.parts {
+		p := &d.parts[i]
+		if p.table, err = p.dev.Alloc(8 * heRankFields * N); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// heRankFields is the pointers of hybridep.cu's he_rank.
+const heRankFields = 19
+
+// table is every rank's he_rank, as hybridep.cu lays it out.
+func (d *Device) table() []uint64 {
+	t := make([]uint64, 0, heRankFields*len(d.ranks))
+	for r, rk := range d.ranks {
+		s := &d.st[r]
+		for _, p := range []kernels.Ptr{rk.X, rk.Idx, rk.Probs, s.gmap, s.dprobs, s.meta, s.todom, s.recvX, s.recvP,
+			s.idX, s.idP, s.sendX, s.sendP, rk.ExpertX, rk.ExpertProbs, rk.ExpertY, rk.Y, rk.Shared, s.sync} {
+			t = append(t, uint64(p))
+		}
+	}
+	return t
+}
+
+// upload gives part p's device the current table, unless it has it.
+func (d *Device) upload(p *part) error {
+	t := d.table()
+	if equalU64(t, p.uploaded) {
+		return nil
+	}
+	if err := p.dev.Upload(p.table, t, p.stream); err != nil {
+		return err
+	}
+	p.uploaded = t
+	return nil
+}
+
+func equalU64(a, b []uint64) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// Phases: HybridEP's, every one but the experts issued for all ranks at
+// once (Grouped).
+func (d *Device) Phases(experts func(rank int) error) []dispatchers.Step {
+	last := func(f func() error) func(int) error {
+		return func(r int) error {
+			if r < len(d.ranks)-1 {
+				return nil
+			}
+			return f()
+		}
+	}
+	return []dispatchers.Step{{Name: "allgather", Run: last(d.allgather)}, {Name: "preprocess", Run: last(d.preprocess)},
+		{Name: "dispatch", Run: last(d.dispatch)}, {Name: dispatchers.ExpertPhases[0], Run: experts}, {Name: "combine", Run: last(d.combine)}}
+}
+
+// Grouped: the collective phases.
+func (d *Device) Grouped(phase string) bool { return phase != dispatchers.ExpertPhases[0] }
+
+// launch queues kernel k on every device (each after its ranks' streams'
+// work, its ranks' streams after it), grid(p) blocks with args(p) for each
+// part.
+func (d *Device) launch(k string, grid func(p *part) int, args func(p *part) []any) error {
+	for i := range d.parts {
+		p := &d.parts[i]
+		for r := p.first + 1; r < p.first+p.count; r++ {
+			rk := d.ranks[r]
+			if err := rk.Dev.Record(d.st[r].ready, rk.Stream); err != nil {
+				return err
+			}
+			if err := p.dev.Wait(p.stream, d.st[r].ready); err != nil {
+				return err
+			}
+		}
+		if err := d.upload(p); err != nil {
+			return err
+		}
+		err := p.dev.LaunchResident(d.progs.col[k], grid(p), p.stream, args(p)...)
+		var re *kernels.ResidencyError
+		if errors.As(err, &re) {
+			return &dispatchers.UnavailableError{Name: Name, Impl: dispatchers.ImplNative, Reason: re.Error()}
+		}
+		if err != nil {
+			return err
+		}
+	}
+	for i := range d.parts { // after every part is queued (Emu runs the twin then)
+		p := &d.parts[i]
+		if p.count > 1 {
+			if err := p.dev.Record(d.st[p.first].done, p.stream); err != nil {
+				return err
+			}
+			for r := p.first + 1; r < p.first+p.count; r++ {
+				if err := p.dev.Wait(d.ranks[r].Stream, d.st[p.first].done); err != nil {
+					return err
+				}
+			}
+		}
+	}
+	return nil
+}
+
+func (d *Device) budget(p *part) int { return p.count * d.cfg.SMs }
+
+// resident says why a device cannot hold its ranks' blocks of a kernel all
+// at once (cuOccupancyMaxActiveBlocksPerMultiprocessor × SMs on a GPU,
+// which compiles the kernels now; one block per SM on Emu).
+func (d *Device) resident() error {
+	type residency interface {
+		Residency(p *kernels.Program) (int, error)
+	}
+	for i := range d.parts {
+		p := &d.parts[i]
+		for _, k := range []string{"allgather", "dispatch", "combine"} {
+			prog := d.progs.col[k].Prog
+			per := 1
+			if r, ok := p.dev.(residency); ok {
+				var err error
+				if per, err = r.Residency(prog); err != nil {
+					return err
+				}
+			}
+			if grid := d.budget(p); grid > per*p.dev.SMCount() {
+				return &dispatchers.UnavailableError{Name: Name, Impl: dispatchers.ImplNative, Reason: fmt.Sprintf(
+					"--sms %d for each of %d ranks on %s: %s", d.cfg.SMs, p.count, p.dev.Name(),
+					(&kernels.ResidencyError{Kernel: prog.Kernel, Device: p.dev.Name(), Grid: grid, Block: prog.Block, Shared: prog.Shared, PerSM: per, SMs: p.dev.SMCount()}).Error())}
+			}
+		}
+	}
+	return nil
+}
+
+// collective is the argument list of the kernels with device barriers.
+func (d *Device) collective(p *part, epoch int32, extra ...any) []any {
+	return append([]any{d.sig.Comm(p.dev, d.timeout), int32(p.first), int32(d.cfg.SMs), epoch, p.table, d.flags[p.first]}, extra...)
+}
+
+func (d *Device) allgather() error {
+	err := d.launch("allgather", d.budget, func(p *part) []any { return d.collective(p, d.epoch+1) })
+	d.epoch++
+	return err
+}
+
+// preprocess runs the scan on every rank and reads the counts (HybridEP's
+// blocking mode: the host sizes the expert-major rows).
+func (d *Device) preprocess() error {
+	err := d.launch("preprocess", func(p *part) int { return p.count }, func(p *part) []any { return []any{int32(p.first), p.table} })
+	if err != nil {
+		return err
+	}
+	_, _, counts, _, _, _, _ := d.g.metaInts()
+	for r, rk := range d.ranks {
+		s := &d.st[r]
+		if err := rk.Dev.Download(s.counts, s.meta+kernels.Ptr(4*counts), rk.Stream); err != nil {
+			return err
+		}
+	}
+	if err := d.sig.Err(); err != nil { // the all-gather's barrier
+		return err
+	}
+	h := int64(d.shape.Hidden)
+	for r, rk := range d.ranks {
+		s, rows := &d.st[r], 0
+		for e := range d.g.L {
+			rk.ExpertRows[e] = int(s.counts[e])
+			rows += int(s.counts[e])
+		}
+		if err := s.out.Ensure(rk.Dev, rk.Stream, rows, kernels.Buf{P: &rk.ExpertX, PerRow: 2 * h}, kernels.Buf{P: &rk.ExpertProbs, PerRow: 4}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// exchange is the inter-domain path: each rank's rows for the same local
+// rank of every other domain, with NCCL (combine: the pre-reduced sums,
+// the other way).
+func (d *Device) exchange(combine bool) error {
+	g, h := d.g, int64(d.shape.Hidden)
+	T, ldp := int64(g.T), int64(g.ldp())
+	var xs []kernels.Xfer
+	for a := range d.ranks {
+		for b := range d.ranks {
+			n, m := a/g.D, b/g.D
+			if a%g.D != b%g.D || n == m {
+				continue
+			}
+			rows := int64(d.st[a].counts[g.L+1+m]) // a's tokens domain m needs
+			src, dst := int64(tile(m, n))*T, int64(tile(n, m))*T
+			if !combine {
+				xs = append(xs, kernels.Xfer{From: a, To: b, Src: d.st[a].sendX + kernels.Ptr(src*2*h), Dst: d.st[b].idX + kernels.Ptr(dst*2*h), Bytes: rows * 2 * h},
+					kernels.Xfer{From: a, To: b, Src: d.st[a].sendP + kernels.Ptr(src*4*ldp), Dst: d.st[b].idP + kernels.Ptr(dst*4*ldp), Bytes: rows * 4 * ldp})
+			} else { // b pre-reduced a's tokens: back from b's send buffer (tile of n) into a's (tile of m)
+				xs = append(xs, kernels.Xfer{From: b, To: a, Src: d.st[b].sendX + kernels.Ptr(dst*2*h), Dst: d.st[a].idX + kernels.Ptr(src*2*h), Bytes: rows * 2 * h})
+			}
+		}
+	}
+	return d.comm.Exchange(xs)
+}
+
+func (d *Device) dispatch() error {
+	if d.g.M > 1 {
+		if err := d.launch("pack", d.budget, func(p *part) []any { return []any{int32(p.first), int32(d.cfg.SMs), p.table} }); err != nil {
+			return err
+		}
+		if err := d.exchange(false); err != nil {
+			return err
+		}
+	}
+	err := d.launch("dispatch", d.budget, func(p *part) []any { return d.collective(p, d.epoch+1, d.bug) })
+	d.epoch += 2
+	return err
+}
+
+func (d *Device) combine() error {
+	stage := int32(0)
+	if d.g.M > 1 {
+		stage = 1
+	}
+	if err := d.launch("combine", d.budget, func(p *part) []any { return d.collective(p, d.epoch+1, stage) }); err != nil {
+		return err
+	}
+	if d.g.M > 1 {
+		if err := d.exchange(true); err != nil {
+			return err
+		}
+		if err := d.launch("combine", d.budget, func(p *part) []any { return d.collective(p, d.epoch+2, int32(2)) }); err != nil {
+			return err
+		}
+	}
+	d.epoch += 2
+	return nil
+}
+
+// Traffic counts as the host implementation does, from the last step's
+// routing map (rank 0's copy, read back).
+func (d *Device) Traffic() dispatchers.Traffic {
+	g := d.g
+	b := make([]uint16, (g.N*g.T*g.E+1)/2)
+	rk := d.ranks[0]
+	if err := rk.Dev.Download(b, d.st[0].gmap, rk.Stream); err != nil {
+		return dispatchers.Traffic{Formula: "not counted: " + err.Error()}
+	}
+	gmap := make([]bool, g.N*g.T*g.E)
+	for i := range gmap {
+		gmap[i] = b[i/2]>>(8*(i%2))&0xff != 0
+	}
+	t := g.countMoves(gmap).traffic(d.shape, g.D)
+	if d.comm != nil {
+		t.Formula += "; inter-domain path moved by " + d.comm.Name()
+	}
+	return t
+}
+
+// CheckStep reports the kernels' cross-rank waits that gave up in the step
+// (the layer calls it once the step's streams are synchronized).
+func (d *Device) CheckStep() error { return d.sig.Err() }
+
+// Transport names NCCL when the inter-domain path uses it.
+func (d *Device) Transport() string {
+	if d.comm == nil {
+		return ""
+	}
+	return d.comm.Name() + " between domains"
+}
+
+// Footprint is the bytes of rank r's buffers, the expert-major rows
+// included.
+func (d *Device) Footprint(r int) int64 { return d.st[r].fixed + d.st[r].out.Bytes }
+
+// Close frees every buffer.
+func (d *Device) Close() error {
+	var first error
+	keep := func(err error) {
+		if err != nil && first == nil {
+			first = err
+		}
+	}
+	for r := range d.st {
+		s, rk := &d.st[r], d.ranks[r]
+		keep(kernels.Free(rk.Dev, &s.gmap, &s.dprobs, &s.meta, &s.todom, &s.recvX, &s.recvP, &s.idX, &s.idP, &s.sendX, &s.sendP,
+			&s.sync, &s.flags, &rk.ExpertX, &rk.ExpertProbs))
+		s.fixed, s.out = 0, kernels.Sized{}
+	}
+	for i := range d.parts {
+		keep(kernels.Free(d.parts[i].dev, &d.parts[i].table))
+	}
+	if d.free != nil {
+		keep(d.free())
+		d.free = nil
+	}
+	if d.sig != nil {
+		keep(d.sig.Free())
+		d.sig = nil
+	}
+	if d.comm != nil {
+		keep(d.comm.Close())
+		d.comm = nil
+	}
+	return first
+}
+
+// phaseNames names hybridep.cu's phases and waits.
+func phaseNames(phase, wait int) (string, string) {
+	p := map[int]string{1: "allgather", 2: "dispatch", 3: "combine"}[phase]
+	w := map[int]string{1: "its blocks' barrier", 2: "FIFO slot empty", 3: "FIFO slot full"}[wait]
+	if wait >= 16 {
+		w = fmt.Sprintf("barrier flag of rank %d", wait-16)
+	}
+	if p == "" {
+		p = fmt.Sprint(phase)
+	}
+	if w == "" {
+		w = fmt.Sprint(wait)
+	}
+	return p, w
+}
+
+// Protocol bugs the tests inject (hybridep.cu's BUG_*).
+const (
+	BugNoArrive  = 1 // the rank's dispatch loader never arrives for its first item
+	BugNoBarrier = 2 // the rank never reaches dispatch's second barrier
+)
+
+// Break makes the next steps' kernels break their protocol on purpose
+// (kind, one of the Bug constants, on rank): for the tests, which see
+// the kernels' timeouts name the rank, phase and wait.
+func (d *Device) Break(kind, rank int) { d.bug = int32(kind | rank<<8) }
+
+// Buffers are rank r's buffers as the dispatcher allocated them: the
+// preallocated ones at HybridEP's worst case, the expert-major rows at the
+// last step's size.
+func (d *Device) Buffers(r int) []dispatchers.Buffer {
+	g, s := d.g, &d.st[r]
+	N, T, E, M := int64(g.N), int64(g.T), int64(g.E), int64(g.M)
+	row, ldp := 2*int64(d.shape.Hidden), int64(g.ldp())
+	_, _, _, _, _, _, meta := g.metaInts()
+	b := []dispatchers.Buffer{
+		{Name: "receive", Bytes: T * N * row, About: "worst case, every rank's every token (tokens per rank × ranks, HybridEP's preallocation): the rows dispatch stores, then combine's partial sums (one shared buffer)"},
+		{Name: "receive-probs", Bytes: T * N * ldp * 4, About: "worst case: each received token's fp32 probabilities for the L·D experts of the domain, padded to 16-byte rows"},
+	}
+	if M > 1 {
+		b = append(b, dispatchers.Buffer{Name: "inter-domain", Bytes: 2 * T * (M - 1) * (row + 4*ldp),
+			About: "tokens per rank × the other domains, in and out (the NCCL transfers' buffers): rows and probabilities (dispatch), pre-reduced sums (combine)"})
+	}
+	return append(b,
+		dispatchers.Buffer{Name: "routing-map", Bytes: N*T*E + T*M*ldp*4, About: "the all-gathered global routing map (bool [N·T, E]) and the rank's fp32 probabilities per domain [T, M, L·D padded]"},
+		dispatchers.Buffer{Name: "metadata", Bytes: 4*int64(meta) + T*M + 8 + 4*N, About: "sparse_to_dense, dense_to_expert (worst case), counts, chunk layout and inter-domain slots (int32), attn_to_rdma (bool [T, M]), the barrier's counters and flags"},
+		dispatchers.Buffer{Name: "permute", Bytes: s.out.Bytes, About: "the expert-major rows and probabilities the grouped GEMM reads (sized by the preprocessing's count; grown only)"},
+	)
+}

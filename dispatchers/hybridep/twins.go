@@ -1,0 +1,366 @@
+package hybridep
+
+import (
+	"fmt"
+	"unsafe"
+
+	"github.com/moebench/moebench/kernels"
+)
+
+// The kernels' Go twins (kernels.Program.Twin), which kernels.Emu runs in
+// their place: the same data movement on the device buffers, through the
+// host implementation's preprocessing, orders and sums.
+
+// twinRank is one rank's he_rank as a twin sees it.
+type twinRank struct {
+	x, idx, probs, gmap, dprobs, meta, todom, recvX, recvP, idX, idP, sendX, sendP, ex, ep, ey, y, shared, sync kernels.Ptr
+}
+
+// twinRanks reads the he_rank table at p.
+func (d *Device) twinRanks(t kernels.TwinPart, p kernels.Ptr) ([]twinRank, error) {
+	ps, err := t.Ptrs(p, heRankFields*d.g.N)
+	if err != nil {
+		return nil, err
+	}
+	rs := make([]twinRank, d.g.N)
+	for r := range rs {
+		f := ps[r*heRankFields : (r+1)*heRankFields]
+		rs[r] = twinRank{f[0], f[1], f[2], f[3], f[4], f[5], f[6], f[7], f[8], f[9], f[10], f[11], f[12], f[13], f[14], f[15], f[16], f[17], f[18]}
+	}
+	return rs, nil
+}
+
+// view reinterprets device bytes as a slice of T.
+func view[T any](b []byte) []T {
+	var z T
+	if len(b) == 0 {
+		return nil
+	}
+	return unsafe.Slice((*T)(unsafe.Pointer(&b[0])), len(b)/int(unsafe.Sizeof(z)))
+}
+
+// twinIO is a twin's access to device memory: reads and writes (recorded
+// for Emu's stream-order check), the first error kept.
+type twinIO struct {
+	t   kernels.TwinPart
+	err error
+}
+
+func (io *twinIO) read(p kernels.Ptr, n int) []byte  { return io.access(p, n, io.t.Read) }
+func (io *twinIO) write(p kernels.Ptr, n int) []byte { return io.access(p, n, io.t.Write) }
+
+// access is n bytes at p through f (the part's Read or Write), or zeros
+// once an access failed.
+func (io *twinIO) access(p kernels.Ptr, n int, f func(kernels.Ptr, int64) ([]byte, error)) []byte {
+	if io.err != nil {
+		return make([]byte, n)
+	}
+	b, err := f(p, int64(n))
+	if err != nil {
+		io.err, b = err, make([]byte, n)
+	}
+	return b
+}
+
+// rankIO is each rank's access: through the part that runs it (a
+// kernel's accesses of a rank's memory, peers' stores and loads included,
+// are recorded on that rank's stream: the kernel's own barriers order
+// them, and Emu orders the parts around the whole launch).
+func rankIO(parts []kernels.TwinPart, perRank func(t kernels.TwinPart) (first, count int)) []*twinIO {
+	var ios []*twinIO
+	for _, t := range parts {
+		io := &twinIO{t: t}
+		_, count := perRank(t)
+		for range count {
+			ios = append(ios, io)
+		}
+	}
+	return ios
+}
+
+// firstErr is the first error of ios.
+func firstErr(ios []*twinIO) error {
+	for _, io := range ios {
+		if io.err != nil {
+			return io.err
+		}
+	}
+	return nil
+}
+
+// parts' ranks: first and count of each part (a kernel's args[1], the grid
+// and the blocks per rank).
+func partRanks(t kernels.TwinPart, perRank int) (first, count int) {
+	return int(t.Args[1].(int32)), t.Grid / perRank
+}
+
+// rows reads n bf16 rows of h at p as float32.
+func (io *twinIO) rows(p kernels.Ptr, n, h int) []float32 {
+	return kernels.FromBF16Bits(view[uint16](io.read(p, 2*n*h)))
+}
+
+// meta reads rank r's preprocessing output into a meta (the layout of
+// hybridep.cu's META_*).
+func (d *Device) readMeta(io *twinIO, p kernels.Ptr, todom kernels.Ptr) meta {
+	g := d.g
+	s2d, d2e, counts, chunkAt, send, recv, total := g.metaInts()
+	ints := view[int32](io.read(p, 4*total))
+	m := g.newMeta()
+	copy(m.s2d, ints[s2d:d2e])
+	copy(m.d2e, ints[d2e:counts])
+	for e := range g.L {
+		m.perExpert[e] = int(ints[counts+e])
+	}
+	m.recv = int(ints[counts+g.L])
+	for i := range g.M {
+		m.sends[i], m.recvs[i] = int(ints[counts+g.L+1+i]), int(ints[counts+g.L+1+g.M+i])
+	}
+	for i := range m.chunkAt {
+		m.chunkAt[i] = int(ints[chunkAt+i])
+	}
+	copy(m.send, ints[send:recv])
+	copy(m.recvIdx, ints[recv:total])
+	for i, b := range io.read(todom, g.T*g.M) {
+		m.toDom[i] = b != 0
+	}
+	return m
+}
+
+func (d *Device) collParts(t kernels.TwinPart) (int, int) { return partRanks(t, d.cfg.SMs) }
+
+func (d *Device) allgatherTwin(parts []kernels.TwinPart) error {
+	g := d.g
+	T, E, k, M, LD, ldp := g.T, g.E, d.shape.TopK, g.M, g.L*g.D, g.ldp()
+	ios := rankIO(parts, d.collParts)
+	R, err := d.twinRanks(parts[0], parts[0].Args[4].(kernels.Ptr))
+	if err != nil {
+		return err
+	}
+	for r, io := range ios {
+		idx := view[int32](io.read(R[r].idx, 4*T*k))
+		probs := view[float32](io.read(R[r].probs, 4*T*k))
+		rows, dense := make([]bool, T*E), make([]float32, T*E)
+		if err := denseRows(idx, probs, T, E, k, rows, dense); err != nil {
+			return fmt.Errorf("rank %d: %w", r, err)
+		}
+		for q := range R {
+			b := ios[q].write(R[q].gmap+kernels.Ptr(r*T*E), T*E)
+			for i, on := range rows {
+				b[i] = 0
+				if on {
+					b[i] = 1
+				}
+			}
+		}
+		dp := view[float32](io.write(R[r].dprobs, 4*T*M*ldp))
+		for t := range T {
+			for m := range M {
+				clear(dp[(t*M+m)*ldp : (t*M+m+1)*ldp])
+				copy(dp[(t*M+m)*ldp:], dense[t*E+m*LD:t*E+(m+1)*LD])
+			}
+		}
+	}
+	return firstErr(ios)
+}
+
+func (d *Device) preprocessTwin(parts []kernels.TwinPart) error {
+	g := d.g
+	for _, t := range parts {
+		io := &twinIO{t: t}
+		R, err := d.twinRanks(t, t.Args[1].(kernels.Ptr))
+		if err != nil {
+			return err
+		}
+		first := int(t.Args[0].(int32))
+		for r := first; r < first+t.Grid; r++ {
+			gmap := make([]bool, g.N*g.T*g.E)
+			for i, b := range io.read(R[r].gmap, len(gmap)) {
+				gmap[i] = b != 0
+			}
+			m := g.newMeta()
+			g.preprocess(r, gmap, &m)
+			s2d, d2e, counts, chunkAt, send, recv, total := g.metaInts()
+			ints := view[int32](io.write(R[r].meta, 4*total))
+			copy(ints[s2d:], m.s2d)
+			copy(ints[d2e:d2e+m.recv*g.L], m.d2e[:m.recv*g.L])
+			for e := range g.L {
+				ints[counts+e] = int32(m.perExpert[e])
+			}
+			ints[counts+g.L] = int32(m.recv)
+			for i := range g.M {
+				ints[counts+g.L+1+i], ints[counts+g.L+1+g.M+i] = int32(m.sends[i]), int32(m.recvs[i])
+			}
+			for i, v := range m.chunkAt {
+				ints[chunkAt+i] = int32(v)
+			}
+			copy(ints[send:], m.send)
+			copy(ints[recv:], m.recvIdx)
+			td := io.write(R[r].todom, g.T*g.M)
+			for i, on := range m.toDom {
+				td[i] = 0
+				if on {
+					td[i] = 1
+				}
+			}
+		}
+		if io.err != nil {
+			return io.err
+		}
+	}
+	return nil
+}
+
+func (d *Device) packTwin(parts []kernels.TwinPart) error {
+	g, h := d.g, d.shape.Hidden
+	ldp := g.ldp()
+	for _, t := range parts {
+		io := &twinIO{t: t}
+		R, err := d.twinRanks(t, t.Args[2].(kernels.Ptr))
+		if err != nil {
+			return err
+		}
+		first, count := int(t.Args[0].(int32)), t.Grid/d.cfg.SMs
+		for r := first; r < first+count; r++ {
+			m := d.readMeta(io, R[r].meta, R[r].todom)
+			n := r / g.D
+			for dm := range g.M {
+				for tk := range g.T {
+					c := m.send[dm*g.T+tk]
+					if dm == n || c < 0 {
+						continue
+					}
+					at := tile(dm, n)*g.T + int(c)
+					copy(io.write(R[r].sendX+kernels.Ptr(2*at*h), 2*h), io.read(R[r].x+kernels.Ptr(2*tk*h), 2*h))
+					copy(io.write(R[r].sendP+kernels.Ptr(4*at*ldp), 4*ldp), io.read(R[r].dprobs+kernels.Ptr(4*(tk*g.M+dm)*ldp), 4*ldp))
+				}
+			}
+		}
+		if io.err != nil {
+			return io.err
+		}
+	}
+	return nil
+}
+
+// dispatchTwin: every forwarder's stores (design order), then every rank's
+// permute (after the barrier).
+func (d *Device) dispatchTwin(parts []kernels.TwinPart) error {
+	g, h := d.g, d.shape.Hidden
+	ldp, rowB := g.ldp(), 2*h
+	ios := rankIO(parts, d.collParts)
+	R, err := d.twinRanks(parts[0], parts[0].Args[4].(kernels.Ptr))
+	if err != nil {
+		return err
+	}
+	ms := make([]meta, len(ios))
+	for r, io := range ios {
+		ms[r] = d.readMeta(io, R[r].meta, R[r].todom)
+	}
+	for f, io := range ios {
+		n := f / g.D
+		for b := range d.cfg.SMs {
+			g.forwardOrder(n, b, d.cfg.SMs, func(m, t int) {
+				var row, pr kernels.Ptr
+				if m == n {
+					if !ms[f].toDom[t*g.M+n] {
+						return
+					}
+					row, pr = R[f].x+kernels.Ptr(t*rowB), R[f].dprobs+kernels.Ptr(4*(t*g.M+n)*ldp)
+				} else {
+					c := ms[f].recvIdx[m*g.T+t]
+					if c < 0 {
+						return
+					}
+					at := tile(m, n)*g.T + int(c)
+					row, pr = R[f].idX+kernels.Ptr(at*rowB), R[f].idP+kernels.Ptr(4*at*ldp)
+				}
+				x, p := io.read(row, rowB), io.read(pr, 4*ldp)
+				eachDomainTerm(ms[f].s2d[(m*g.T+t)*g.D:(m*g.T+t+1)*g.D], func(j, pos int) {
+					q := n*g.D + j
+					copy(ios[q].write(R[q].recvX+kernels.Ptr(pos*rowB), rowB), x)
+					copy(ios[q].write(R[q].recvP+kernels.Ptr(4*pos*ldp), 4*ldp), p)
+				})
+			})
+		}
+	}
+	for r, io := range ios { // the permute
+		me, l := R[r], r%g.D
+		for i := range ms[r].recv {
+			for e, p := range ms[r].d2e[i*g.L : (i+1)*g.L] {
+				if p < 0 {
+					continue
+				}
+				copy(io.write(me.ex+kernels.Ptr(int(p)*rowB), rowB), io.read(me.recvX+kernels.Ptr(i*rowB), rowB))
+				copy(io.write(me.ep+kernels.Ptr(4*int(p)), 4), io.read(me.recvP+kernels.Ptr(4*(i*ldp+l*g.L+e)), 4))
+			}
+		}
+	}
+	return firstErr(ios)
+}
+
+// combineTwin: stage 1 (or 0), every rank's partial sums, then the
+// pre-reductions; stage 2 (or 0), every home's sum.
+func (d *Device) combineTwin(parts []kernels.TwinPart) error {
+	g, h := d.g, d.shape.Hidden
+	rowB := 2 * h
+	ios := rankIO(parts, d.collParts)
+	R, err := d.twinRanks(parts[0], parts[0].Args[4].(kernels.Ptr))
+	if err != nil {
+		return err
+	}
+	ms := make([]meta, len(ios))
+	for r, io := range ios {
+		ms[r] = d.readMeta(io, R[r].meta, R[r].todom)
+	}
+	stage := parts[0].Args[6].(int32)
+	put := func(io *twinIO, p kernels.Ptr, v []float32) {
+		copy(view[uint16](io.write(p, 2*len(v))), kernels.BF16Bits(v))
+	}
+	partial := func(q, p int) []float32 { return ios[q].rows(R[q].recvX+kernels.Ptr(p*rowB), 1, h) }
+	sum := make([]float32, h)
+	if stage != 2 {
+		for r, io := range ios {
+			for i := range ms[r].recv {
+				partialSum(sum, ms[r].d2e[i*g.L:(i+1)*g.L], func(row int) []float32 { return io.rows(R[r].ey+kernels.Ptr(row*rowB), 1, h) })
+				put(io, R[r].recvX+kernels.Ptr(i*rowB), sum)
+			}
+		}
+		for f, io := range ios { // pre-reduction for the other domains' homes
+			m := f / g.D
+			g.otherDomains(m, func(sn int) {
+				for t := range g.T {
+					c := ms[f].recvIdx[sn*g.T+t]
+					if c < 0 {
+						continue
+					}
+					clear(sum)
+					eachDomainTerm(ms[f].s2d[(sn*g.T+t)*g.D:(sn*g.T+t+1)*g.D], func(j, p int) { add(sum, partial(m*g.D+j, p)) })
+					kernels.RoundBF16Slice(sum)
+					put(io, R[f].sendX+kernels.Ptr((tile(sn, m)*g.T+int(c))*rowB), sum)
+				}
+			})
+		}
+	}
+	if stage != 1 {
+		for r, io := range ios {
+			n, me := r/g.D, R[r]
+			for t := range g.T {
+				clear(sum)
+				eachDomainTerm(ms[r].s2d[(n*g.T+t)*g.D:(n*g.T+t+1)*g.D], func(j, p int) { add(sum, partial(n*g.D+j, p)) })
+				g.otherDomains(n, func(dm int) {
+					if ms[r].toDom[t*g.M+dm] {
+						add(sum, io.rows(me.idX+kernels.Ptr((tile(dm, n)*g.T+int(ms[r].send[dm*g.T+t]))*rowB), 1, h))
+					}
+				})
+				kernels.RoundBF16Slice(sum)
+				if me.shared != 0 {
+					for i, v := range io.rows(me.shared+kernels.Ptr(t*rowB), 1, h) {
+						sum[i] = kernels.RoundBF16(sum[i] + v)
+					}
+				}
+				put(io, me.y+kernels.Ptr(t*rowB), sum)
+			}
+		}
+	}
+	return firstErr(ios)
+}

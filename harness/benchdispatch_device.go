@@ -1,0 +1,205 @@
+package harness
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/moebench/moebench/dispatchers"
+	"github.com/moebench/moebench/kernels"
+	"github.com/moebench/moebench/results"
+)
+
+// The dispatch benchmark on the cuda device: each point is a deviceLayer
+// whose steps are the dispatcher's phases alone, with experts that copy
+// their rows, timed by the layer's own events (deviceLayer.step and times),
+// on the round trip's inputs uploaded once (no router, no expert weights).
+// With copies for experts a token's output is the sum of its k copies:
+// k·x, exact in bf16 for the round trip's coarsened inputs, also as the
+// partial sums deepep's combine carries (see RoundTrip).
+
+// benchLayer builds the device layer of one benchmark point: rt's ranks on
+// devs (spread as a run spreads them), d bound to them.
+func benchLayer(l *Layer, rt *roundTrip, devs []kernels.Device, d dispatchers.DeviceDispatcher) (*deviceLayer, error) {
+	c := l.Cfg
+	T, h, k := c.Tokens, c.Hidden, c.TopK
+	dl := &deviceLayer{l: l, devs: devs, on: rankDevices(c.EP, len(devs)), d: d, rr: make([]devRank, c.EP), dc: make([]devCommon, len(devs)),
+		start: map[string][]kernels.Event{}, end: map[string][]kernels.Event{}}
+	for i, dev := range devs {
+		var err error
+		if dl.dc[i].beginS, err = dev.NewStream(); err != nil {
+			return dl, err
+		}
+		if dl.dc[i].begin, err = dev.NewEvent(); err != nil {
+			return dl, err
+		}
+	}
+	for r := range c.EP {
+		dev := devs[dl.on[r]]
+		dl.dc[dl.on[r]].ranks++
+		rk := &dispatchers.DeviceRank{ID: r, Dev: dev}
+		dl.ranks = append(dl.ranks, rk)
+		var err error
+		if rk.Stream, err = dev.NewStream(); err != nil {
+			return dl, err
+		}
+		if dl.rr[r].bytes, err = kernels.Resize(dev, 1, kernels.Buf{P: &rk.X, PerRow: int64(2 * T * h)}, kernels.Buf{P: &rk.Idx, PerRow: int64(4 * T * k)},
+			kernels.Buf{P: &rk.Probs, PerRow: int64(4 * T * k)}, kernels.Buf{P: &rk.Y, PerRow: int64(2 * T * h)}); err != nil {
+			return dl, err
+		}
+		for _, up := range []struct {
+			p   kernels.Ptr
+			val any
+		}{{rk.X, kernels.BF16Bits(rt.x[r])}, {rk.Idx, rt.ranks[r].Idx}, {rk.Probs, rt.ranks[r].Probs}} {
+			if err := dev.Upload(up.p, up.val, rk.Stream); err != nil {
+				return dl, err
+			}
+		}
+	}
+	if err := d.Bind(l.Shape, dl.ranks); err != nil {
+		return dl, err
+	}
+	dl.seq = dispatchers.Steps(d, dl.copyExperts)
+	if err := dl.phaseEvents(); err != nil {
+		return dl, err
+	}
+	return dl, dl.sync()
+}
+
+// copyExperts is the benchmark's experts: each block of the rank's work
+// (DeviceRank.Work; nil: all of ExpertX) copies its segments' rows to its
+// output rows.
+func (dl *deviceLayer) copyExperts(r int) error {
+	rk, b := dl.ranks[r], &dl.rr[r]
+	row := 2 * int64(dl.l.Cfg.Hidden)
+	if err := b.out.Ensure(rk.Dev, rk.Stream, rk.Rows(), kernels.Buf{P: &rk.ExpertY, PerRow: row}); err != nil {
+		return err
+	}
+	work := rk.Work
+	if work == nil {
+		work = dl.wholeWork(r)
+	}
+	for _, w := range work {
+		if w.After != nil {
+			if err := rk.Dev.Wait(rk.Stream, w.After); err != nil {
+				return err
+			}
+		}
+		y := w.Y
+		if y == 0 {
+			y = rk.ExpertY
+		}
+		for _, sg := range w.Segments {
+			at := kernels.Ptr(int64(sg.Start) * row)
+			if err := rk.Dev.Copy(y+at, w.X+at, int64(sg.Len)*row, rk.Stream); err != nil {
+				return err
+			}
+		}
+		if w.Done != nil {
+			if err := rk.Dev.Record(w.Done, rk.Stream); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// close frees what benchLayer allocated (the dispatcher frees its own).
+func (dl *deviceLayer) closeBench() {
+	for r, rk := range dl.ranks {
+		kernels.Free(rk.Dev, &rk.X, &rk.Idx, &rk.Probs, &rk.Y, &rk.ExpertY)
+		dl.rr[r] = devRank{}
+	}
+}
+
+// roundTripVerdict is "exact" when every rank's Y is k times its input,
+// else the first difference.
+func (dl *deviceLayer) roundTripVerdict(rt *roundTrip) (string, error) {
+	c := dl.l.Cfg
+	y := make([]uint16, c.Tokens*c.Hidden)
+	for r, rk := range dl.ranks {
+		if err := rk.Dev.Download(y, rk.Y, rk.Stream); err != nil {
+			return "", err
+		}
+		for i, v := range kernels.FromBF16Bits(y) {
+			if want := float32(c.TopK) * rt.x[r][i]; v != want {
+				return fmt.Sprintf("rank %d token %d element %d: %g back, want %d × input = %g", r, i/c.Hidden, i%c.Hidden, v, c.TopK, want), nil
+			}
+		}
+	}
+	return "exact", nil
+}
+
+// benchDevicePoint times one dispatcher at one budget on devs: warm-up and
+// timed steps of its phases, the outputs poisoned before and checked after
+// each, and GPM's SM utilisation over the timed steps where NVML has it.
+func benchDevicePoint(c Config, l *Layer, devs []kernels.Device, p DispatchPoint) (DispatchPoint, error) {
+	fail := func(err error) (DispatchPoint, error) {
+		if dispatchers.IsUnavailable(err) {
+			p.Status = results.StatusUnavailable
+		}
+		p.Reason = err.Error()
+		return p, err
+	}
+	d, err := dispatchers.NewDevice(c.Dispatcher, c.Impl, c.dispatcherEnv())
+	if err != nil {
+		return fail(err)
+	}
+	defer d.Close()
+	rt := newRoundTrip(l.Shape, l.X, l.Ranks)
+	dl, err := benchLayer(l, rt, devs, d)
+	defer dl.closeBench()
+	if err != nil {
+		return fail(err)
+	}
+	samples, steps := map[string][][]float64{}, make([][]float64, c.EP)
+	for _, st := range dl.seq {
+		samples[st.Name] = make([][]float64, c.EP)
+	}
+	var tm *telemetry
+	p.SMUse = "not measured"
+	for i := -c.Warmup; i < c.Iters; i++ {
+		if i == 0 {
+			var why string
+			if tm, why = startTelemetry(gpuBusID(devs[0])); tm == nil {
+				p.SMUse = "not measured: " + why
+			}
+		}
+		for _, rk := range dl.ranks {
+			if err := rk.Dev.Fill16(rk.Y, 0x7fc0, int64(c.Tokens*c.Hidden), rk.Stream); err != nil { // NaN
+				tm.finish()
+				return fail(err)
+			}
+		}
+		if err := dl.step(); err != nil {
+			tm.finish()
+			return fail(err)
+		}
+		v, err := dl.roundTripVerdict(rt)
+		if err == nil && v != "exact" {
+			p.RoundTrip, err = v, errors.New("round trip: "+v)
+		}
+		if err == nil && i >= 0 {
+			err = dl.times(samples, steps)
+		}
+		if err != nil {
+			tm.finish()
+			return fail(err)
+		}
+	}
+	if tm != nil {
+		_, p.SMUse = tm.finish()
+		if len(devs) > 1 {
+			p.SMUse += " (GPU 0's; the others' are not sampled)"
+		}
+	}
+	t := &results.Timing{}
+	for _, st := range dl.seq {
+		ph := phaseStats(st.Name, samples[st.Name])
+		ph.Samples = nil
+		t.Phases = append(t.Phases, ph)
+	}
+	p.Traffic = trafficRecord(d.Traffic())
+	bandwidth(p.Traffic, t, c.EP, p.Budget)
+	p.Phases, p.Status, p.RoundTrip = t.Phases, results.StatusOK, "exact"
+	return p, nil
+}

@@ -1,0 +1,151 @@
+package harness
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/moebench/moebench/dispatchers"
+	"github.com/moebench/moebench/internal/hostsim"
+	"github.com/moebench/moebench/kernels"
+	"github.com/moebench/moebench/results"
+)
+
+// deepepDevice is a small deepep layer on the cuda device at EP ep with
+// routing (balanced, skewed or trace) and a shared expert.
+func deepepDevice(t *testing.T, ep int, routing string) Config {
+	c := small()
+	c.Device, c.Dispatcher, c.EP, c.SMs, c.SharedExperts = "cuda", "deepep", ep, 2, 1
+	c.Tokens, c.Hidden, c.FFN = 24, 32, 16
+	switch routing {
+	case "skewed":
+		c.Routing = Routing{Kind: RoutingSkewed, Alpha: 1.5}
+	case "trace":
+		c.Routing = Routing{Kind: RoutingTrace, File: writeTrace(t, "1 7 12 3\n2 3 6 8\n15 14 13 0\n4 5 6 7\n")}
+	default:
+		c.Routing = Routing{Kind: RoutingBalanced}
+	}
+	return c
+}
+
+// TestDeepEPDeviceLayer: the deepep device pipeline on Emu (the kernels'
+// twins, the dispatcher's buffers, descriptors, collective launches and
+// host waits, stream order checked) passes the check and equals the host
+// deepep layer bit for bit, at EP 2, 4 and 8 with balanced, skewed and
+// trace routing, its ranks on one device and on two.
+func TestDeepEPDeviceLayer(t *testing.T) {
+	for _, ep := range []int{2, 4, 8} {
+		for _, routing := range []string{"balanced", "skewed", "trace"} {
+			for _, n := range []int{1, 2} {
+				t.Run(fmt.Sprintf("ep%d-%s-%ddev", ep, routing, n), func(t *testing.T) { equalsHost(t, deepepDevice(t, ep, routing), n) })
+			}
+		}
+	}
+}
+
+// TestDeepEPLayerOnHostSim: deepep.cu's kernels in whole layers on the
+// host simulation, ranks on one fake GPU (8 SMs, so that 8 ranks' blocks
+// fit at once) and on two: each passes the check and gives the host
+// deepep layer's output bit for bit (the router's and experts' kernels
+// compute as the host does there); one runs through Run, whose record has
+// the design's phases and buffers.
+func TestDeepEPLayerOnHostSim(t *testing.T) {
+	t.Setenv("FAKECUDA_SMS", "8")
+	comp := hostsim.Setup(t)
+	old := kernels.NewCompiler
+	kernels.NewCompiler = func() (kernels.Compiler, error) { return comp, nil }
+	t.Cleanup(func() { kernels.NewCompiler = old })
+	gs, err := kernels.OpenGPUs(2, 2, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		for _, g := range gs {
+			g.Close()
+		}
+	}()
+	for _, tc := range []struct {
+		ep, gpus int
+		routing  string
+	}{{2, 1, "balanced"}, {4, 2, "skewed"}, {8, 1, "trace"}, {8, 2, "balanced"}} {
+		t.Run(fmt.Sprintf("ep%d-%dgpu-%s", tc.ep, tc.gpus, tc.routing), func(t *testing.T) {
+			start := time.Now()
+			devs := []kernels.Device{gs[0], gs[1]}
+			equalsHostOn(t, deepepDevice(t, tc.ep, tc.routing), devs[:tc.gpus]...)
+			t.Logf("%.1f s", time.Since(start).Seconds())
+		})
+	}
+	c := deepepDevice(t, 8, "skewed")
+	c.GPUs = 1
+	rec, err := Run(c, Env{Version: "test"})
+	if err != nil || rec.Status != results.StatusOK || !rec.Correctness.Passed {
+		t.Fatalf("%v; record %+v", err, rec)
+	}
+	var phases []string
+	for _, p := range rec.Timing.Phases {
+		phases = append(phases, p.Name)
+	}
+	if want := []string{"shared", "router", "layout", "notify", "dispatch", "permute", "experts", "combine"}; !slices.Equal(phases, want) {
+		t.Errorf("phases %v, want %v", phases, want)
+	}
+	if slices.Max(rec.Ranks.Devices) != 0 || len(rec.Memory.Buffers) != 4 || rec.SMs.Budget != 2 || !rec.Ranks.Emulated {
+		t.Errorf("ranks %+v, buffers %+v, SMs %+v", rec.Ranks, rec.Memory.Buffers, rec.SMs)
+	}
+}
+
+// checkFails is a device dispatcher whose kernels report err after every
+// step (as deepep's CheckStep does when a wait gave up).
+type checkFails struct {
+	dispatchers.DeviceDispatcher
+	err error
+}
+
+func (c checkFails) CheckStep() error { return c.err }
+func (c checkFails) Grouped(phase string) bool {
+	g, ok := c.DeviceDispatcher.(dispatchers.Grouper)
+	return ok && g.Grouped(phase)
+}
+
+// TestStepReportsKernelFailure: what a dispatcher's CheckStep returns after
+// the step's synchronization fails the step (and so the run), as it is.
+func TestStepReportsKernelFailure(t *testing.T) {
+	dl := deviceRun(t, deepepDevice(t, 2, "balanced"), &kernels.Emu{})
+	want := &kernels.CommError{Records: []kernels.CommRecord{{Rank: 1, PhaseName: "dispatch", WaitName: "tail", TimedOut: true}}}
+	dl.d = checkFails{dl.d, want}
+	if err := dl.step(); err != want {
+		t.Fatalf("step: %v, want the dispatcher's %v", err, want)
+	}
+	if _, err := dl.check(); err != want {
+		t.Fatalf("check: %v", err)
+	}
+}
+
+// TestBenchDispatchOnDevice: the dispatch benchmark on the device pipeline
+// (Emu): alltoall once, deepep per budget, each point timed by events and
+// checked; a lost copy fails alltoall's point by its round trip.
+func TestBenchDispatchOnDevice(t *testing.T) {
+	c := deepepDevice(t, 4, "skewed")
+	c.Warmup, c.Iters = 1, 2
+	b, err := BenchDispatch(c, []string{"alltoall", "deepep"}, []int{2, 4}, Env{Version: "test", OpenDevices: emus(2)})
+	if err != nil || len(b.Points) != 3 {
+		t.Fatalf("%v, %+v", err, b)
+	}
+	for i, p := range b.Points {
+		if p.Status != results.StatusOK || p.RoundTrip != "exact" || p.Traffic == nil || p.Traffic.DispatchGBps <= 0 || len(p.Phases) == 0 {
+			t.Errorf("point %d: %+v", i, p)
+		}
+	}
+	if p := b.Points[2]; p.Budget != 4 || p.Phases[2].Name != "dispatch" || p.Traffic.DispatchGBpsPerSM != p.Traffic.DispatchGBps/4 {
+		t.Errorf("deepep at 4 SMs: %+v", p)
+	}
+	if !strings.Contains(b.Clock, "CUDA events") || !strings.Contains(b.Ranks, "4 EP ranks on 2 GPUs") {
+		t.Errorf("clock %q, ranks %q", b.Clock, b.Ranks)
+	}
+	lose := func(n, most int) ([]kernels.Device, error) { return []kernels.Device{&dropCopy{drop: 1}}, nil }
+	b, err = BenchDispatch(c, []string{"alltoall"}, nil, Env{Version: "test", OpenDevices: lose})
+	if err == nil || b.Points[0].Status != results.StatusFailed || !strings.HasPrefix(b.Points[0].RoundTrip, "rank ") {
+		t.Errorf("a lost copy: %v, %+v", err, b.Points)
+	}
+}

@@ -1,0 +1,247 @@
+package harness
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/moebench/moebench/dispatchers"
+	"github.com/moebench/moebench/internal/cuda"
+	"github.com/moebench/moebench/kernels"
+)
+
+// --cuda-graph: the step issued as CUDA graphs (stream capture), as
+// Transformer Engine scopes graphs over the router and preprocessing. The
+// step is cut at the dispatcher's host waits (alltoall: before dispatch,
+// the count exchange) into segments. A segment is captured from device 0's
+// begin stream — every rank's stream joins the capture by waiting for an
+// event recorded in it and is joined back at its end — instantiated, and
+// launched with one call; it is replayed, not captured again, while its
+// key (dispatchers.Graphable.GraphKey: for alltoall's second segment, every
+// rank's counts) stays the same from step to step (the dispatcher's host
+// state is then the one the capture left). A capture the driver refuses (a call that cannot
+// be captured, such as a buffer that has to grow) is dropped and its phases
+// are issued as plain launches; the record counts such steps.
+type graphs struct {
+	g         dispatchers.Graphable
+	capturer  kernels.Capturer
+	origin    kernels.Stream // device 0's begin stream
+	fork      kernels.Event  // recorded on origin: the ranks' streams wait for it
+	join      []kernels.Event
+	joinDev   []kernels.Event  // devices' begin streams but device 0's
+	cache     map[string]keyed // by segment (its first phase)
+	launches  int
+	captures  int
+	fallbacks int
+	why       string // the first fallback's reason
+}
+
+// keyed is a segment's graph and the key it was captured under.
+type keyed struct {
+	key   string
+	graph *kernels.Graph
+}
+
+// newGraphs prepares dl for --cuda-graph, or says why it cannot be.
+func newGraphs(dl *deviceLayer) (*graphs, error) {
+	g, ok := dl.d.(dispatchers.Graphable)
+	if !ok {
+		return nil, fmt.Errorf("%s does not issue its steps as graphs in this build", dl.d.Name())
+	}
+	if why := g.NoGraph(); why != "" {
+		return nil, errors.New(why)
+	}
+	capt, ok := dl.devs[0].(kernels.Capturer)
+	if !ok {
+		return nil, fmt.Errorf("the %s device captures no graphs", dl.devs[0].Name())
+	}
+	if c, ok := dl.devs[0].(*kernels.CUDA); ok && !c.Drv.HasGraphs() {
+		return nil, fmt.Errorf("this driver has no stream capture and graphs (CUDA 11.4 or later has them)")
+	}
+	gs := &graphs{g: g, capturer: capt, origin: dl.dc[0].beginS, cache: map[string]keyed{}}
+	var err error
+	if gs.fork, err = dl.devs[0].NewEvent(); err != nil {
+		return nil, err
+	}
+	for _, rk := range dl.ranks {
+		e, err := rk.Dev.NewEvent()
+		if err != nil {
+			return nil, err
+		}
+		gs.join = append(gs.join, e)
+	}
+	for _, dev := range dl.devs[1:] {
+		e, err := dev.NewEvent()
+		if err != nil {
+			return nil, err
+		}
+		gs.joinDev = append(gs.joinDev, e)
+	}
+	return gs, nil
+}
+
+// segments cuts the step's phases before each host wait.
+func (gs *graphs) segments(phs []dispatchers.Step) [][]dispatchers.Step {
+	var out [][]dispatchers.Step
+	lo := 0
+	for i, ph := range phs {
+		if i > lo && gs.g.WaitsBefore(ph.Name) {
+			out, lo = append(out, phs[lo:i]), i
+		}
+	}
+	return append(out, phs[lo:])
+}
+
+// stepGraph is step with --cuda-graph: each segment after its host wait, a
+// cached graph launched or a new one captured and launched.
+func (dl *deviceLayer) stepGraph() error {
+	gs := dl.graph
+	t0 := time.Now()
+	dl.waitMS = 0
+	for i, seg := range gs.segments(dl.steps()) {
+		if gs.g.WaitsBefore(seg[0].Name) {
+			t := time.Now()
+			if err := gs.g.HostWait(seg[0].Name); err != nil {
+				return fmt.Errorf("%s: host wait: %w", seg[0].Name, err)
+			}
+			dl.waitMS += float64(time.Since(t).Nanoseconds()) / 1e6
+		}
+		key := gs.g.GraphKey(seg[0].Name)
+		c, ok := gs.cache[seg[0].Name]
+		graph := c.graph
+		if !ok || c.key != key {
+			if ok { // the streams are idle: the step before ended with a sync
+				gs.capturer.FreeGraph(c.graph)
+				delete(gs.cache, seg[0].Name)
+			}
+			var err error
+			if graph, err = dl.capture(seg, i == 0); err != nil {
+				var ce *cuda.Error
+				if !errors.As(err, &ce) || ce.Code < 900 || ce.Code > 999 { // not the capture's refusal: a failure
+					return err
+				}
+				gs.fallbacks++
+				if gs.why == "" {
+					gs.why = fmt.Sprintf("%s: %v", seg[0].Name, err)
+				}
+				if err := dl.plain(seg, i == 0); err != nil {
+					return err
+				}
+				continue
+			}
+			gs.captures++
+			gs.cache[seg[0].Name] = keyed{key, graph}
+		}
+		if err := gs.capturer.LaunchGraph(graph, gs.origin); err != nil {
+			return err
+		}
+		gs.launches++
+		if err := dl.forkRanks(); err != nil { // the ranks' later work, and the host's waits on their streams, follow the graph
+			return err
+		}
+	}
+	dl.issueMS = float64(time.Since(t0).Nanoseconds())/1e6 - dl.waitMS
+	return dl.finish()
+}
+
+// plain issues a segment as plain launches (the first with the step's
+// begin events).
+func (dl *deviceLayer) plain(seg []dispatchers.Step, first bool) error {
+	if first {
+		if err := dl.begin(); err != nil {
+			return err
+		}
+	}
+	return dl.phases(seg, false)
+}
+
+// capture records seg as a graph: begun on the origin stream, the ranks'
+// streams joining (through the begin events in the first segment, a fork
+// event after), joined back at the end. A refused call ends the capture
+// and returns the driver's error; nothing of the segment has run then.
+func (dl *deviceLayer) capture(seg []dispatchers.Step, first bool) (*kernels.Graph, error) {
+	gs := dl.graph
+	if err := gs.capturer.BeginCapture(gs.origin); err != nil {
+		return nil, err
+	}
+	err := func() error {
+		if first {
+			if err := dl.begin(); err != nil {
+				return err
+			}
+		} else if err := dl.forkRanks(); err != nil {
+			return err
+		}
+		if err := dl.phases(seg, false); err != nil {
+			return err
+		}
+		return dl.joinBack(first)
+	}()
+	graph, endErr := gs.capturer.EndCapture(gs.origin)
+	if err != nil { // the refused call's error says more than the invalidated capture's
+		if graph != nil {
+			gs.capturer.FreeGraph(graph)
+		}
+		return nil, err
+	}
+	return graph, endErr
+}
+
+// forkRanks makes every rank's stream wait for the origin stream's work so
+// far (inside a capture: the ranks' streams join it).
+func (dl *deviceLayer) forkRanks() error {
+	gs := dl.graph
+	if err := dl.devs[0].Record(gs.fork, gs.origin); err != nil {
+		return err
+	}
+	for _, rk := range dl.ranks {
+		if err := rk.Dev.Wait(rk.Stream, gs.fork); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// joinBack makes the origin stream wait for every rank's stream (and, in
+// the first segment, every device's begin stream).
+func (dl *deviceLayer) joinBack(first bool) error {
+	gs := dl.graph
+	for r, rk := range dl.ranks {
+		if err := rk.Dev.Record(gs.join[r], rk.Stream); err != nil {
+			return err
+		}
+		if err := dl.devs[0].Wait(gs.origin, gs.join[r]); err != nil {
+			return err
+		}
+	}
+	if !first {
+		return nil
+	}
+	for i, dev := range dl.devs[1:] {
+		if err := dev.Record(gs.joinDev[i], dl.dc[i+1].beginS); err != nil {
+			return err
+		}
+		if err := dl.devs[0].Wait(gs.origin, gs.joinDev[i]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// free frees the cached graphs (the streams idle).
+func (gs *graphs) free() {
+	for _, c := range gs.cache {
+		gs.capturer.FreeGraph(c.graph)
+	}
+	clear(gs.cache)
+}
+
+// describe says how the steps were issued, for the record.
+func (gs *graphs) describe(steps int) string {
+	s := fmt.Sprintf("used: %d graph launches over %d steps (segments cut at the host waits, each replayed while its key stays the same), %d captures",
+		gs.launches, steps, gs.captures)
+	if gs.fallbacks > 0 {
+		s += fmt.Sprintf("; %d segments issued as plain launches when the driver refused their capture (first: %s)", gs.fallbacks, gs.why)
+	}
+	return s
+}

@@ -1,0 +1,217 @@
+package harness
+
+import (
+	"errors"
+	"fmt"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/moebench/moebench/dispatchers"
+	"github.com/moebench/moebench/dispatchers/hybridep"
+	"github.com/moebench/moebench/kernels"
+	"github.com/moebench/moebench/results"
+)
+
+// hybridEPLayouts are the EP sizes, domains (0: one) and devices of the
+// device tests on Emu: ranks packed on fewer devices in one domain, one
+// Emu per rank across domains (the emulated NCCL needs a device per rank).
+var hybridEPLayouts = []struct{ ep, domain, devs int }{{2, 0, 1}, {2, 1, 2}, {4, 0, 2}, {4, 2, 4}, {8, 0, 3}, {8, 4, 8}, {8, 2, 8}}
+
+// hybridEPConfig is the small layer with hybridep on the cuda device,
+// routing of kind (balanced, skewed or a trace).
+func hybridEPConfig(t *testing.T, ep, domain int, kind string) Config {
+	c := small()
+	c.Device, c.EP, c.Domain, c.Dispatcher, c.SMs = "cuda", ep, domain, "hybridep", 2
+	switch kind {
+	case "skewed":
+		c.Routing = Routing{Kind: RoutingSkewed, Alpha: 1.5}
+	case "trace":
+		c.Routing = Routing{Kind: RoutingTrace, File: writeTrace(t, "1 7 12 3\n2 3 6 8\n15 14 13 0\n4 5 6 7\n")}
+	}
+	return c
+}
+
+// equalsHostHybridEP runs c's device layer on devs (two checked steps) and
+// the host layer with hybridep's host implementation, and wants the same
+// output bit for bit, the same rows per rank and the same traffic.
+func equalsHostHybridEP(t *testing.T, c Config, devs ...kernels.Device) {
+	t.Helper()
+	dl := deviceRun(t, c, devs...)
+	defer dl.d.Close()
+	for range 2 { // the second step reuses every buffer
+		cr, err := dl.check()
+		if err != nil || !cr.Passed {
+			t.Fatalf("check: %v, %+v", err, cr)
+		}
+	}
+	hl, d := hostStep(t, c, "hybridep")
+	for r := range hl.Ranks {
+		if !reflect.DeepEqual(hl.Ranks[r].Y, dl.l.Ranks[r].Y) {
+			t.Fatalf("rank %d: the device's output differs from the host implementation's", r)
+		}
+		host := 0
+		for _, sg := range hl.Ranks[r].Segments {
+			host += sg.Len
+		}
+		if rows := dl.ranks[r].Rows(); rows != host {
+			t.Errorf("rank %d computes %d rows on the device, %d on the host", r, rows, host)
+		}
+	}
+	got, want := dl.d.Traffic(), d.Traffic()
+	got.Formula, _, _ = strings.Cut(got.Formula, "; inter-domain path moved by ")
+	if got != want {
+		t.Errorf("traffic %+v, host %+v", got, want)
+	}
+}
+
+// TestHybridEPDeviceOnEmu: hybridep's cuda implementation on Emu (its
+// kernels' Go twins, Emu's stream-order check) gives the host
+// implementation's output bit for bit, at EP 2, 4 and 8 in one domain and
+// across domains, with balanced, skewed and trace routing; and a whole run
+// passes the float64 check with the design's phases.
+func TestHybridEPDeviceOnEmu(t *testing.T) {
+	for _, lay := range hybridEPLayouts {
+		for _, kind := range []string{"balanced", "skewed", "trace"} {
+			t.Run(fmt.Sprintf("ep%d-domain%d-%s", lay.ep, lay.domain, kind), func(t *testing.T) {
+				c := hybridEPConfig(t, lay.ep, lay.domain, kind)
+				devs, _ := emus(lay.devs)(lay.devs, c.EP)
+				equalsHostHybridEP(t, c, devs...)
+			})
+		}
+	}
+	c := hybridEPConfig(t, 4, 2, "balanced")
+	rec, err := Run(c, Env{Version: "test", OpenDevices: emus(4)})
+	if err != nil || rec.Status != results.StatusOK || !rec.Correctness.Passed {
+		t.Fatalf("%v; %+v", err, rec)
+	}
+	var phases []string
+	for _, p := range rec.Timing.Phases {
+		phases = append(phases, p.Name)
+	}
+	if want := []string{"shared", "router", "allgather", "preprocess", "dispatch", "experts", "combine"}; !reflect.DeepEqual(phases, want) {
+		t.Errorf("phases %v, want %v", phases, want)
+	}
+	// the worst-case receive buffers, as allocated: tokens per rank × ranks
+	// rows of 2·hidden bytes
+	bufs := map[string]int64{}
+	for _, b := range rec.Memory.Buffers {
+		bufs[b.Name] = b.PerRankBytes[0]
+	}
+	if want := int64(c.Tokens * c.EP * 2 * c.Hidden); bufs["receive"] != want || bufs["inter-domain"] == 0 || bufs["permute"] == 0 {
+		t.Errorf("buffers %v: want receive %d B, an inter-domain buffer and the permuted rows", bufs, want)
+	}
+}
+
+// TestHybridEPDeviceUnavailable: an SM budget the devices cannot hold
+// resident, a domain whose devices lack peer access, and domains without
+// one device per rank (no NCCL) are unavailable, with the reason.
+func TestHybridEPDeviceUnavailable(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		ep, sm int
+		domain int
+		devs   []kernels.Device
+		want   string
+	}{
+		{"budget", 2, 3, 0, []kernels.Device{&kernels.Emu{SMs: 4}}, "--sms 3 for each of 2 ranks on emu: he_allgather: 6 blocks of 128 threads cannot all be resident at once on emu: it holds 1 per SM × 4 SMs = 4"},
+		{"budget-above-sms", 2, 5, 0, []kernels.Device{&kernels.Emu{SMs: 4}, &kernels.Emu{SMs: 4}}, "--sms 5: a rank's budget above the 4 SMs of emu"},
+		{"peer", 2, 1, 0, []kernels.Device{&island{}, &island{}}, "share an NVLink domain (--domain 2) but rank 0's GPU has no peer access to rank 1's"},
+		{"nccl", 4, 1, 2, []kernels.Device{&kernels.Emu{}, &kernels.Emu{}}, "the inter-domain path (NCCL send/recv"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cfg := hybridEPConfig(t, c.ep, c.domain, "balanced")
+			cfg.SMs = c.sm
+			l, err := newLayer(cfg, false)
+			if err != nil {
+				t.Fatal(err)
+			}
+			d, err := dispatchers.NewDevice("hybridep", "native", cfg.dispatcherEnv())
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, err = newDeviceLayer(l, c.devs, d)
+			if !dispatchers.IsUnavailable(err) || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("%v: want unavailable, %q", err, c.want)
+			}
+			t.Log(err)
+		})
+	}
+}
+
+// TestHybridEPOnHostSim: hybridep's CUDA kernels (compiled for the CPU)
+// on the fake driver's two GPUs give the host implementation's output bit
+// for bit: one domain with ranks on both GPUs and packed two to a GPU, two
+// domains of one rank (the inter-domain path through the fake NCCL); a
+// whole run passes the check; broken protocols end by the kernels'
+// timeouts, naming the rank, phase and wait.
+func TestHybridEPOnHostSim(t *testing.T) {
+	useHostSimLayer(t)
+	gs, err := kernels.OpenGPUs(2, 2, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		for _, g := range gs {
+			g.Close()
+		}
+	}()
+	two := []kernels.Device{gs[0], gs[1]}
+	for _, lay := range []struct{ ep, domain int }{{2, 0}, {4, 0}, {2, 1}} {
+		t.Run(fmt.Sprintf("ep%d-domain%d", lay.ep, lay.domain), func(t *testing.T) {
+			c := hybridEPConfig(t, lay.ep, lay.domain, "skewed")
+			c.SMs = 1
+			equalsHostHybridEP(t, c, two...)
+		})
+	}
+	for _, bug := range []struct {
+		name       string
+		kind, rank int
+		want       string
+	}{
+		// the storer's wait for the slot, or the loader's for its reuse
+		{"no-arrive", hybridep.BugNoArrive, 1, "rank 1 timed out in phase dispatch at wait FIFO slot"},
+		{"barrier-not-reached", hybridep.BugNoBarrier, 1, "rank 0 timed out in phase dispatch at wait barrier flag of rank 1"},
+	} {
+		t.Run(bug.name, func(t *testing.T) {
+			c := hybridEPConfig(t, 2, 0, "balanced")
+			c.SMs, c.CommTimeout = 1, 200*time.Millisecond
+			dl := deviceRun(t, c, two...)
+			defer dl.d.Close()
+			dl.d.(*hybridep.Device).Break(bug.kind, bug.rank)
+			start := time.Now()
+			err := dl.step()
+			var ce *kernels.CommError
+			if !errors.As(err, &ce) || !strings.Contains(err.Error(), bug.want) {
+				t.Fatalf("%v: want the kernels' timeout, %q", err, bug.want)
+			}
+			t.Logf("%v (%.2f s)", err, time.Since(start).Seconds())
+		})
+	}
+	c := hybridEPConfig(t, 2, 0, "balanced")
+	c.SMs = 1
+	rec, err := Run(c, Env{Version: "test", OpenDevices: one2(two)})
+	if err != nil || rec.Status != results.StatusOK || !rec.Correctness.Passed {
+		t.Fatalf("%v; %+v", err, rec)
+	}
+}
+
+// one2 opens devs as a run's devices.
+func one2(devs []kernels.Device) func(n, most int) ([]kernels.Device, error) {
+	return func(int, int) ([]kernels.Device, error) { return devs, nil }
+}
+
+// TestGPUHybridEP: hybridep's kernels on a GPU give the host
+// implementation's output bit for bit (ranks packed on GPU 0; the
+// bulk-copy path where the GPU is sm_90 and its NVRTC ≥ 12).
+func TestGPUHybridEP(t *testing.T) {
+	g := openGPU(t)
+	for _, ep := range []int{2, 8} {
+		t.Run(fmt.Sprintf("ep%d", ep), func(t *testing.T) {
+			c := hybridEPConfig(t, ep, 0, "skewed")
+			c.SMs = 4
+			equalsHostHybridEP(t, c, g)
+		})
+	}
+}

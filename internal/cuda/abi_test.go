@@ -1,0 +1,352 @@
+package cuda
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/moebench/moebench/internal/cuda/abi"
+)
+
+// TestABIHeaders compiles, with a C++ compiler, a program that checks every
+// prototype of abi.h (argument count; each argument's and the result's
+// size and kind, and the size of what a pointer points to), every value
+// moebench passes, and the size and offsets of every struct it builds,
+// against the real headers: CUDA 11.8's cuda.h, nvrtc.h, cublasLt.h and
+// cublas_api.h (Debian's non-free nvidia-cuda-dev; .ci/run unpacks them
+// and names the folder in MOEBENCH_CUDA_INCLUDE) and go-nvml's nvml.h.
+// What 11.8 lacks is checked against declarations transcribed from newer
+// headers (newerDecls, each with its source). Without the headers it
+// skips; under MOEBENCH_REQUIRE_NVRTC=1 (CI) it fails instead.
+func TestABIHeaders(t *testing.T) {
+	inc := cudaInclude()
+	cxx := os.Getenv("CXX")
+	if cxx == "" {
+		cxx = "c++"
+	}
+	_, errCXX := exec.LookPath(cxx)
+	if inc == "" || errCXX != nil {
+		msg := fmt.Sprintf("no CUDA 11.8 headers (cuda.h, nvrtc.h, cublasLt.h, cublas_api.h; MOEBENCH_CUDA_INCLUDE names their folder) or no C++ compiler (%v)", errCXX)
+		if os.Getenv("MOEBENCH_REQUIRE_NVRTC") == "1" {
+			t.Fatal(msg)
+		}
+		t.Skip(msg)
+	}
+	nvml := nvmlInclude(t)
+	src, err := abiCheckSource(nvml != "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	for name, text := range map[string]string{"check.cc": src, "abi.h": abi.Header} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	args := []string{"-std=c++17", "-fsyntax-only", "-Werror", "-I", dir, "-I", inc}
+	if nvml != "" {
+		args = append(args, "-I", nvml)
+	}
+	out, err := exec.Command(cxx, append(args, filepath.Join(dir, "check.cc"))...).CombinedOutput()
+	if err != nil {
+		var msgs []string // the static assertions that failed, by name
+		for _, m := range regexp.MustCompile(`static assertion failed: ([^\n]*)`).FindAllStringSubmatch(string(out), -1) {
+			msgs = append(msgs, m[1])
+		}
+		t.Fatalf("moebench's declarations differ from the headers in %s:\n  %s\n\ncompiler output:\n%s", inc, strings.Join(msgs, "\n  "), out)
+	}
+	if nvml == "" {
+		t.Log("NVML prototypes not checked: go-nvml's nvml.h not found (go list)")
+	}
+}
+
+// cudaInclude is the folder holding the CUDA 11.8 headers, or "".
+func cudaInclude() string {
+	dirs := filepath.SplitList(os.Getenv("MOEBENCH_CUDA_INCLUDE"))
+	dirs = append(dirs, "/usr/include", "/usr/local/cuda/include")
+	for _, d := range dirs {
+		ok := d != ""
+		for _, h := range []string{"cuda.h", "nvrtc.h", "cublasLt.h", "cublas_api.h"} {
+			if _, err := os.Stat(filepath.Join(d, h)); err != nil {
+				ok = false
+			}
+		}
+		if ok {
+			return d
+		}
+	}
+	return ""
+}
+
+// nvmlInclude is the folder of go-nvml's nvml.h (the module moebench
+// builds with), or "".
+func nvmlInclude(t *testing.T) string {
+	out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "github.com/NVIDIA/go-nvml").Output()
+	if err != nil {
+		return ""
+	}
+	d := filepath.Join(strings.TrimSpace(string(out)), "pkg", "nvml")
+	if _, err := os.Stat(filepath.Join(d, "nvml.h")); err != nil {
+		return ""
+	}
+	return d
+}
+
+// newerDecls are the entry points abi.h declares that CUDA 11.8's headers
+// lack, as the newer headers declare them (in 11.8's types), each with its
+// source; NCCL's come from nccl.h.
+var newerDecls = map[string]string{
+	// CUDA 12.8's cuda.h (NVIDIA/cuda-python's cydriver bindings of it;
+	// shared/reference/go-cuda.md §4.1): failIdx until 12.9
+	"cuMemcpyBatchAsync": "CUresult cuMemcpyBatchAsync(CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes, size_t count, " +
+		"CUmemcpyAttributes *attrs, size_t *attrsIdxs, size_t numAttrs, size_t *failIdx, CUstream hStream);",
+	// CUDA 13.0's cuda.h maps cuMemcpyBatchAsync to _v2, without failIdx
+	"cuMemcpyBatchAsync_v2": "CUresult cuMemcpyBatchAsync_v2(CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes, size_t count, " +
+		"CUmemcpyAttributes *attrs, size_t *attrsIdxs, size_t numAttrs, CUstream hStream);",
+	// CUDA 12.8+/13.0's cuda.h (NVIDIA/cuda-python cydriver: _cuEventElapsedTime_v2)
+	"cuEventElapsedTime_v2": "CUresult cuEventElapsedTime_v2(float *pMilliseconds, CUevent hStart, CUevent hEnd);",
+	// cuBLAS 12.5's cublas_api.h (NVIDIA's cuBLAS 12.5 documentation;
+	// shared/reference/go-cuda.md §5.2)
+	"cublasGemmGroupedBatchedEx": "cublasStatus_t cublasGemmGroupedBatchedEx(cublasHandle_t handle, const cublasOperation_t transa_array[], " +
+		"const cublasOperation_t transb_array[], const int m_array[], const int n_array[], const int k_array[], const void *alpha_array, " +
+		"const void *const Aarray[], cudaDataType_t Atype, const int lda_array[], const void *const Barray[], cudaDataType_t Btype, " +
+		"const int ldb_array[], const void *beta_array, void *const Carray[], cudaDataType_t Ctype, const int ldc_array[], " +
+		"int group_count, const int group_size[], cublasComputeType_t computeType);",
+	// NCCL's src/nccl.h.in (NVIDIA/nccl, commit 021e8045, 2.30)
+	"ncclGetVersion":     "ncclResult_t ncclGetVersion(int *version);",
+	"ncclCommInitAll":    "ncclResult_t ncclCommInitAll(ncclComm_t *comm, int ndev, const int *devlist);",
+	"ncclCommDestroy":    "ncclResult_t ncclCommDestroy(ncclComm_t comm);",
+	"ncclGroupStart":     "ncclResult_t ncclGroupStart(void);",
+	"ncclGroupEnd":       "ncclResult_t ncclGroupEnd(void);",
+	"ncclSend":           "ncclResult_t ncclSend(const void *sendbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm, cudaStream_t stream);",
+	"ncclRecv":           "ncclResult_t ncclRecv(void *recvbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm, cudaStream_t stream);",
+	"ncclGetErrorString": "const char *ncclGetErrorString(ncclResult_t result);",
+	"ncclGetLastError":   "const char *ncclGetLastError(ncclComm_t comm);",
+}
+
+// newerTypes are the types newerDecls use that 11.8 lacks, with their
+// sources: CUDA 12.8's CUmemcpyAttributes (NVIDIA/cuda-python cydriver;
+// shared/reference/go-cuda.md §4.1: 24 bytes) and nccl.h's handles and
+// enums (NVIDIA/nccl src/nccl.h.in at 021e8045).
+const newerTypes = `
+typedef struct { int srcAccessOrder; CUmemLocation srcLocHint, dstLocHint; unsigned int flags; } CUmemcpyAttributes;
+typedef struct ncclComm *ncclComm_t;
+typedef enum { ncclSuccess = 0, ncclUnhandledCudaError = 1, ncclSystemError = 2, ncclInternalError = 3,
+	ncclInvalidArgument = 4, ncclInvalidUsage = 5, ncclRemoteError = 6, ncclInProgress = 7, ncclTimeout = 8,
+	ncclNumResults = 9 } ncclResult_t;
+typedef enum { ncclInt8 = 0, ncclChar = 0, ncclUint8 = 1 } ncclDataType_t;
+enum { CU_MEMCPY_SRC_ACCESS_ORDER_STREAM = 1, CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE = 1 };
+`
+
+// abiValues are the values moebench passes or compares, by the headers'
+// names (or abi.h's own macros, compared with the headers' names).
+func abiValues() map[string]int {
+	v := map[string]int{
+		"CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN": AttrMaxSharedPerBlockOptin,
+		"CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT":              AttrMultiprocessorCount,
+		"CU_DEVICE_ATTRIBUTE_CLOCK_RATE":                        AttrClockRateKHz,
+		"CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE":                 AttrMemoryClockRateKHz,
+		"CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT":                AttrAsyncEngineCount,
+		"CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR":          AttrComputeCapabilityMajor,
+		"CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR":          AttrComputeCapabilityMinor,
+		"CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK":               FuncAttrMaxThreadsPerBlock,
+		"CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES":                   FuncAttrSharedBytes,
+		"CU_FUNC_ATTRIBUTE_NUM_REGS":                            FuncAttrNumRegs,
+		"CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES":       FuncAttrMaxDynamicShared,
+		"CU_MEMHOSTALLOC_PORTABLE":                              HostAllocPortable,
+		"CU_MEMHOSTALLOC_DEVICEMAP":                             HostAllocDeviceMap,
+		"CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE":               ErrCooperativeTooLarge,
+		"CU_STREAM_NON_BLOCKING":                                streamNonBlocking,
+		"CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE":            memcpyPreferOverlap,
+		"CU_STREAM_CAPTURE_MODE_THREAD_LOCAL":                   captureModeThreadLocal,
+		"CU_LAUNCH_ATTRIBUTE_COOPERATIVE":                       -1, // abi.h's MB_ macro of the same name
+		"CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION":                 -1,
+		"CU_MEMCPY_SRC_ACCESS_ORDER_STREAM":                     -1,
+		"CU_MEM_LOCATION_TYPE_DEVICE":                           -1,
+		"CUDA_R_32F":                                            dataR32F,
+		"CUDA_R_16BF":                                           dataR16BF,
+		"CUBLAS_COMPUTE_32F":                                    compute32F,
+		"CUBLASLT_MATMUL_DESC_TRANSA":                           descTransA,
+		"CUBLASLT_MATMUL_DESC_TRANSB":                           descTransB,
+		"CUBLAS_OP_N":                                           opN,
+		"CUBLAS_OP_T":                                           opT,
+		"CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES":              prefMaxWorkspaceBytes,
+		"CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES":            prefMinAlignA,
+		"CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES":            prefMinAlignA + 3, // preference() sets A, B, C, D in a row
+		"ncclUint8":                   ncclUint8,
+		"NVML_ERROR_INVALID_ARGUMENT": nvmlErrorInvalidArgument,
+		"NVML_ERROR_NOT_SUPPORTED":    nvmlErrorNotSupported,
+		"NVML_NVLINK_MAX_LINKS":       nvlinkMax,
+	}
+	for i, n := range ncclResultNames {
+		v[n] = i
+	}
+	v["ncclNumResults"] = len(ncclResultNames) // every result has a name
+	return v
+}
+
+// abiEntry matches abi.h's list entries: F(R, name, (params), ...) and F0(R, name).
+var abiEntry = regexp.MustCompile(`\bF(0?)\(([^,]+), (\w+)(?:, \(([^()]*(?:\([^()]*\)[^()]*)*)\))?`)
+
+// abiCheckSource is the C++ check program.
+func abiCheckSource(withNVML bool) (string, error) {
+	var b strings.Builder
+	b.WriteString(`#include <cstddef>
+#include <tuple>
+#include <type_traits>
+#include <cuda.h>
+#include <nvrtc.h>
+#include <cublasLt.h>
+#include <cublas_api.h>
+`)
+	if withNVML {
+		b.WriteString("#include <nvml.h>\n")
+	}
+	b.WriteString(`#include "abi.h"
+namespace newer {
+` + newerTypes)
+	for _, d := range newerDecls {
+		b.WriteString(d + "\n")
+	}
+	nvmlAbi := ""
+	if withNVML {
+		nvmlAbi = "template <> struct abi_of<nvmlDevice_t> { using type = struct nvmlDevice_st *; };"
+		static_ := "static_assert(sizeof(nvmlDevice_t) == sizeof(void *), \"go-nvml's nvmlDevice_t is no longer one pointer\");"
+		nvmlAbi += "\n" + static_
+	}
+	b.WriteString(`}
+using namespace newer;
+// complete: sizeof works (an opaque handle's struct does not)
+template <class T, class = void> struct complete : std::false_type {};
+template <class T> struct complete<T, decltype(void(sizeof(T)))> : std::true_type {};
+// abi_of: the type as the real ABI has it (go-nvml's nvml.h wraps NVIDIA's
+// typedef struct nvmlDevice_st *nvmlDevice_t in a struct of that one
+// pointer, for cgo: passed the same way)
+template <class T> struct abi_of { using type = T; };
+NVML_ABI_OF
+template <class T> using bare = std::remove_cv_t<typename abi_of<std::decay_t<T>>::type>;
+// same: moebench's type B passes what the header's type A does
+template <class A, class B> constexpr bool same() {
+	using a = bare<A>;
+	using b = bare<B>;
+	if constexpr (std::is_pointer_v<a> != std::is_pointer_v<b>) {
+		return false;
+	} else if constexpr (std::is_pointer_v<a>) {
+		using pa = std::remove_cv_t<std::remove_pointer_t<a>>;
+		using pb = std::remove_cv_t<std::remove_pointer_t<b>>;
+		if constexpr (std::is_void_v<pb>) // ours void *: a handle (a struct, opaque or not) or untyped bytes
+			return std::is_void_v<pa> || !complete<pa>::value || std::is_class_v<pa>;
+		else if constexpr (std::is_void_v<pa> || !complete<pa>::value)
+			return false;
+		else
+			return same<pa, pb>();
+	} else if constexpr (std::is_class_v<a> || std::is_class_v<b>) {
+		return sizeof(a) == sizeof(b) && alignof(a) == alignof(b);
+	} else {
+		return sizeof(a) == sizeof(b) && std::is_floating_point_v<a> == std::is_floating_point_v<b> &&
+		       std::is_void_v<a> == std::is_void_v<b>;
+	}
+}
+template <class F> struct sig;
+template <class R, class... A> struct sig<R (*)(A...)> {
+	using ret = R;
+	static constexpr std::size_t n = sizeof...(A);
+	template <std::size_t I> using arg = std::tuple_element_t<I, std::tuple<A...>>;
+};
+template <class Real, class Ours, std::size_t I> constexpr bool arg_ok() {
+	if constexpr (I >= sig<Real>::n || I >= sig<Ours>::n) return false;
+	else return same<typename sig<Real>::template arg<I>, typename sig<Ours>::template arg<I>>();
+}
+`)
+	src := strings.Replace(b.String(), "NVML_ABI_OF", nvmlAbi, 1)
+	b.Reset()
+	b.WriteString(src)
+	seen := 0
+	for _, m := range abiEntry.FindAllStringSubmatch(abi.Header, -1) {
+		name, params := m[3], m[4]
+		if name == "name" { // the header's comment on the format
+			continue
+		}
+		real := "::" + name
+		if _, ok := newerDecls[name]; ok {
+			real = "newer::" + name
+		}
+		if strings.HasPrefix(name, "nvml") && !withNVML {
+			continue
+		}
+		seen++
+		n := 0
+		if m[1] == "" && strings.TrimSpace(params) != "" {
+			n = topLevelCommas(params) + 1
+		}
+		fmt.Fprintf(&b, "using real_%s = decltype(&%s);\n", name, real)
+		fmt.Fprintf(&b, "static_assert(sig<real_%s>::n == %d, \"%s: the header's argument count differs from abi.h's\");\n", name, n, name)
+		fmt.Fprintf(&b, "static_assert(same<sig<real_%s>::ret, sig<mb_%s>::ret>(), \"%s: result type\");\n", name, name, name)
+		for i := range n {
+			fmt.Fprintf(&b, "static_assert(arg_ok<real_%s, mb_%s, %d>(), \"%s: argument %d\");\n", name, name, i, name, i+1)
+		}
+	}
+	if seen < 80 {
+		return "", fmt.Errorf("only %d entry points found in abi.h: the list format changed", seen)
+	}
+	for name, v := range abiValues() {
+		if strings.HasPrefix(name, "NVML") && !withNVML {
+			continue
+		}
+		if v < 0 {
+			fmt.Fprintf(&b, "static_assert(MB_%s == %s, \"%s: abi.h's value differs\");\n", strings.TrimPrefix(name, "CU_"), name, name)
+			continue
+		}
+		fmt.Fprintf(&b, "static_assert(%s == %d, \"%s: moebench's value %d differs\");\n", name, v, name, v)
+	}
+	// structs: moebench's layouts against the headers' (CUmemcpyAttributes: newer's)
+	b.WriteString(`#define SAME_LAYOUT(ours, real) static_assert(sizeof(ours) == sizeof(real) && alignof(ours) == alignof(real), #ours ": size or alignment differs from " #real)
+#define SAME_FIELD(ours, of, real, rf) static_assert(offsetof(ours, of) == offsetof(real, rf), #ours "." #of ": offset differs from " #real "." #rf)
+SAME_LAYOUT(mb_launch_attr, CUlaunchAttribute);
+SAME_FIELD(mb_launch_attr, value, CUlaunchAttribute, value);
+SAME_FIELD(mb_launch_attr, value.cooperative, CUlaunchAttribute, value.cooperative);
+SAME_FIELD(mb_launch_attr, value.cluster.x, CUlaunchAttribute, value.clusterDim.x);
+SAME_FIELD(mb_launch_attr, value.cluster.z, CUlaunchAttribute, value.clusterDim.z);
+SAME_LAYOUT(mb_launch_config, CUlaunchConfig);
+SAME_FIELD(mb_launch_config, gridX, CUlaunchConfig, gridDimX);
+SAME_FIELD(mb_launch_config, sharedBytes, CUlaunchConfig, sharedMemBytes);
+SAME_FIELD(mb_launch_config, stream, CUlaunchConfig, hStream);
+SAME_FIELD(mb_launch_config, attrs, CUlaunchConfig, attrs);
+SAME_FIELD(mb_launch_config, numAttrs, CUlaunchConfig, numAttrs);
+SAME_LAYOUT(mb_mem_location, CUmemLocation);
+SAME_FIELD(mb_mem_location, id, CUmemLocation, id);
+SAME_LAYOUT(mb_memcpy_attrs, newer::CUmemcpyAttributes);
+static_assert(sizeof(mb_memcpy_attrs) == 24, "mb_memcpy_attrs: CUmemcpyAttributes is 24 bytes");
+SAME_FIELD(mb_memcpy_attrs, srcLocHint, newer::CUmemcpyAttributes, srcLocHint);
+SAME_FIELD(mb_memcpy_attrs, dstLocHint, newer::CUmemcpyAttributes, dstLocHint);
+SAME_FIELD(mb_memcpy_attrs, flags, newer::CUmemcpyAttributes, flags);
+SAME_LAYOUT(mb_lt_algo, cublasLtMatmulAlgo_t);
+SAME_LAYOUT(mb_lt_heuristic, cublasLtMatmulHeuristicResult_t);
+SAME_FIELD(mb_lt_heuristic, workspaceSize, cublasLtMatmulHeuristicResult_t, workspaceSize);
+SAME_FIELD(mb_lt_heuristic, state, cublasLtMatmulHeuristicResult_t, state);
+SAME_FIELD(mb_lt_heuristic, wavesCount, cublasLtMatmulHeuristicResult_t, wavesCount);
+`)
+	return b.String(), nil
+}
+
+// topLevelCommas counts the commas of s outside parentheses.
+func topLevelCommas(s string) int {
+	n, depth := 0, 0
+	for _, r := range s {
+		switch r {
+		case '(':
+			depth++
+		case ')':
+			depth--
+		case ',':
+			if depth == 0 {
+				n++
+			}
+		}
+	}
+	return n
+}

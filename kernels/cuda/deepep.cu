@@ -1,0 +1,490 @@
+// deepep.cu: DeepEP's normal-mode intranode design (dispatchers/deepep; its
+// package comment gives the protocol, the received order and the rounding
+// points, which these kernels reproduce bit for bit). Read for semantics
+// from deepseek-ai/DeepEP's intranode.cu and layout.cu; the code is
+// moebench's.
+//
+//   deepep_layout   plain, per rank: the ranks each token goes to (once per
+//                   rank) and the tokens per rank and copies per expert
+//   deepep_notify   collective, a block per rank: each destination's tokens
+//                   per channel; counts into every peer's queue buffer,
+//                   barriers, prefix sums, the host-mapped counters the host
+//                   waits for, the queues' metadata cleared
+//   deepep_dispatch collective, MB_CHANNELS·2 blocks per rank (the SM budget):
+//                   even blocks send channel b/2, odd ones receive it, through
+//                   a ring per (channel, source) in the receiver's buffer
+//   deepep_permute  plain, per rank: the expert-major order of the received
+//                   copies (the rows the grouped GEMM reads)
+//   deepep_combine  collective, the same blocks: each expert rank sends, per
+//                   received token, the bf16 sum of its local experts'
+//                   outputs; the home rank adds them in rank order into Y
+//
+// A collective launch covers all ranks of one GPU: block b serves rank
+// first + b / (blocks per rank). The ranks' buffers come from a descriptor
+// table (DE_* slots, 64-bit addresses, indexed by rank; peers' queue buffers
+// through it). Offsets of the arrays in a rank's queue buffer (MB_Q_*,
+// reached by peers) and layout buffer (MB_F_*, local) are the Go side's
+// (deepep.layout). Every wait on another rank is timed (mb_wait); a kernel
+// whose wait gives up skips its remaining work but still meets its block's
+// barriers.
+//
+// -D: MB_HIDDEN, MB_TOPK, MB_RANKS, MB_LOCAL, MB_TOKENS, MB_CHANNELS,
+//     MB_DRING, MB_DCHUNK, MB_CRING, MB_CCHUNK (queues: ring slots, chunk),
+//     MB_WARPS (warps of a dispatch or combine block, a multiple of
+//     MB_RANKS), MB_MINB (such blocks one SM must hold: the register bound),
+//     MB_DE_BUG (tests only: 1, dispatch senders never publish their tail;
+//     2, the last rank never reaches notify's first barrier; 3, the last
+//     rank writes its counts over rank 0's), and the offsets MB_Q_*
+//     and MB_F_*.
+#include "moebench.cuh"
+
+#define DE_N MB_RANKS
+#define DE_K MB_TOPK
+#define DE_C MB_CHANNELS
+#define DE_VECS (MB_HIDDEN / 8) // uint4 = 8 bf16
+#define DE_THREADS (MB_WARPS * 32)
+#define DE_GROUP (MB_WARPS / DE_N) // warps serving one peer in a sending or receiving block
+#define DE_PER ((MB_TOKENS + DE_C - 1) / DE_C) // tokens per channel
+#define DE_NOTIFY_THREADS 128
+
+// descriptor slots (deepep.slot*)
+#define DE_X 0
+#define DE_IDX 1
+#define DE_PROBS 2
+#define DE_Y 3
+#define DE_SHARED 4
+#define DE_EXPERT_Y 5
+#define DE_FIXED 6
+#define DE_QUEUES 7
+#define DE_RECV_X 8
+#define DE_RECV_SRC 9
+#define DE_RECV_IDX 10
+#define DE_RECV_W 11
+#define DE_PERM_ROW 12
+#define DE_SLOTS 13
+
+// phases and waits (deepep.names)
+#define DE_PH_NOTIFY 1
+#define DE_PH_DISPATCH 2
+#define DE_PH_COMBINE 3
+#define DE_W_ROOM 1    // free slots in a ring (its head)
+#define DE_W_DATA 2    // tokens in a ring (its tail)
+#define DE_W_OFFSETS 3 // a queue's channel offsets
+#define DE_W_START 4   // the combine's start (its rank's barrier)
+#define DE_W_TOKEN 5   // the token a combine row belongs to (a check)
+#define DE_W_FLAG 16   // + the rank: a barrier's flag
+
+#if MB_WARPS % MB_RANKS != 0 || MB_HIDDEN % 8 != 0 || MB_TOPK > 32 || MB_RANKS > 8
+#error "deepep.cu: MB_WARPS must be a multiple of MB_RANKS, MB_HIDDEN of 8; MB_TOPK ≤ 32, MB_RANKS ≤ 8"
+#endif
+
+typedef unsigned long long u64;
+
+template <class T> __device__ __forceinline__ T *de_at(u64 base, long off) { return (T *)((unsigned char *)base + off); }
+__device__ __forceinline__ u64 de_slot(const u64 *desc, int rank, int slot) { return desc[rank * DE_SLOTS + slot]; }
+
+// a queue buffer's metadata: dispatch [start, end, head, tail][C][N],
+// combine [head, tail][C][N]; queue (c, p) holds what rank p sends through
+// channel c
+__device__ __forceinline__ int *de_dmeta(u64 q, int which, int c, int p) { return de_at<int>(q, MB_Q_DMETA) + (which * DE_C + c) * DE_N + p; }
+__device__ __forceinline__ int *de_cmeta(u64 q, int which, int c, int p) { return de_at<int>(q, MB_Q_CMETA) + (which * DE_C + c) * DE_N + p; }
+// the rings: dispatch rows [C][N][DRING][H], then sources [C][N][DRING],
+// top-k indices and weights [C][N][DRING][K]; combine rows [C][N][CRING][H],
+// then sources [C][N][CRING] (both over the same bytes: a rank's combine
+// starts after a barrier that every rank's dispatch has passed)
+#define DE_DROWS ((long)DE_C * DE_N * MB_DRING * MB_HIDDEN * 2)
+#define DE_DSRC ((long)DE_C * DE_N * MB_DRING * 4)
+#define DE_DTOPK ((long)DE_C * DE_N * MB_DRING * DE_K * 4)
+#define DE_CROWS ((long)DE_C * DE_N * MB_CRING * MB_HIDDEN * 2)
+__device__ __forceinline__ long de_dslot(int c, int p, int slot) { return ((long)c * DE_N + p) * MB_DRING + slot; }
+__device__ __forceinline__ long de_cslot(int c, int p, int slot) { return ((long)c * DE_N + p) * MB_CRING + slot; }
+
+// the token range of channel c
+__device__ __forceinline__ void de_channel(int c, int &lo, int &hi) {
+    lo = min(c * DE_PER, MB_TOKENS);
+    hi = min(lo + DE_PER, MB_TOKENS);
+}
+
+// de_copy_row: a warp copies a row of MB_HIDDEN bf16, reading through L2
+// when the source is a ring (written by another GPU or block)
+__device__ __forceinline__ void de_copy_row(uint4 *dst, const uint4 *src, bool ring, int lane) {
+#pragma unroll 4
+    for (int v = lane; v < DE_VECS; v += 32) dst[v] = ring ? mb_ld_cg(src + v) : src[v];
+}
+
+// ---- layout: one thread per token (block 256). counts (per rank, then per
+// expert) are zero before the launch.
+extern "C" __global__ void __launch_bounds__(256) deepep_layout(const int32 *idx, unsigned char *fixed) {
+    __shared__ int perRank[DE_N], perExpert[DE_N * MB_LOCAL];
+    for (int i = threadIdx.x; i < DE_N * MB_LOCAL; i += blockDim.x) perExpert[i] = 0;
+    if (threadIdx.x < DE_N) perRank[threadIdx.x] = 0;
+    __syncthreads();
+    const int t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t < MB_TOKENS) {
+        unsigned mask = 0;
+        for (int j = 0; j < DE_K; j++) {
+            const int e = idx[t * DE_K + j];
+            if ((unsigned)e >= DE_N * MB_LOCAL) continue; // the router's output is in range; never write outside
+            atomicAdd(&perExpert[e], 1);
+            mask |= 1u << (e / MB_LOCAL);
+        }
+        for (int d = 0; d < DE_N; d++) {
+            fixed[t * DE_N + d] = (mask >> d) & 1;
+            if ((mask >> d) & 1) atomicAdd(&perRank[d], 1);
+        }
+    }
+    __syncthreads();
+    int *gRank = (int *)(fixed + MB_F_PER_RANK), *gExpert = (int *)(fixed + MB_F_PER_EXPERT);
+    if (threadIdx.x < DE_N && perRank[threadIdx.x]) atomicAdd(gRank + threadIdx.x, perRank[threadIdx.x]);
+    for (int i = threadIdx.x; i < DE_N * MB_LOCAL; i += blockDim.x)
+        if (perExpert[i]) atomicAdd(gExpert + i, perExpert[i]);
+}
+
+// ---- notify: one block of 128 threads per rank. The tokens to each rank d
+// in channels ≤ c (chanEnd[d][c]); barrier; the rank's counts into every
+// peer's buffer (cnt[rank], ecnt[rank][·]); barrier; the prefix of the
+// counts it received (srcEnd), the received tokens and copies per local
+// expert into the host-mapped counters (rank·(1+L): tokens, then one per
+// local expert); its queues' metadata cleared; barrier.
+extern "C" __global__ void __launch_bounds__(DE_NOTIFY_THREADS) deepep_notify(mb_comm c, int first, int epoch, const u64 *desc) {
+    __shared__ int *flags[DE_N];
+    __shared__ int ok;
+    const int rank = first + blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const u64 fixed = de_slot(desc, rank, DE_FIXED), q = de_slot(desc, rank, DE_QUEUES);
+    const unsigned char *inRank = de_at<unsigned char>(fixed, 0);
+    int *chanEnd = de_at<int>(fixed, MB_F_CHAN_END);
+    for (int dc = warp; dc < DE_N * DE_C; dc += DE_NOTIFY_THREADS / 32) {
+        const int d = dc / DE_C;
+        int lo, hi, n = 0;
+        de_channel(dc % DE_C, lo, hi);
+        for (int t = lo + lane; t < hi; t += 32) n += inRank[t * DE_N + d];
+        n = __reduce_add_sync(MB_FULL_MASK, n);
+        if (lane == 0) chanEnd[dc] = n;
+    }
+    if (threadIdx.x < DE_N) flags[threadIdx.x] = de_at<int>(de_slot(desc, threadIdx.x, DE_QUEUES), MB_Q_FLAGS);
+    __syncthreads();
+    if (threadIdx.x < DE_N)
+        for (int ch = 1; ch < DE_C; ch++) chanEnd[threadIdx.x * DE_C + ch] += chanEnd[threadIdx.x * DE_C + ch - 1];
+    // 1: no rank writes counts before every rank is done with the last step
+    if (threadIdx.x == 0) ok = MB_DE_BUG == 2 && rank == DE_N - 1 ? 0 : mb_barrier(c, rank, DE_N, DE_PH_NOTIFY, DE_W_FLAG, flags, epoch);
+    __syncthreads();
+    if (ok) {
+        const int *perRank = de_at<int>(fixed, MB_F_PER_RANK), *perExpert = de_at<int>(fixed, MB_F_PER_EXPERT);
+        for (int i = threadIdx.x; i < DE_N * (1 + MB_LOCAL); i += blockDim.x) {
+            const int p = i / (1 + MB_LOCAL), l = i % (1 + MB_LOCAL);
+            const u64 pq = de_slot(desc, p, DE_QUEUES);
+            if (l == 0) de_at<int>(pq, 0)[rank] = perRank[p];
+            else de_at<int>(pq, MB_Q_ECNT)[rank * MB_LOCAL + l - 1] = perExpert[p * MB_LOCAL + l - 1];
+        }
+        mb_fence_sys(); // the block's writes to peers, then the barrier's flags
+    }
+    __syncthreads();
+    // 2: every rank's counts are in
+    if (threadIdx.x == 0 && ok) ok = mb_barrier(c, rank, DE_N, DE_PH_NOTIFY, DE_W_FLAG, flags, epoch + 1);
+    __syncthreads();
+    if (ok) {
+        const int *cnt = de_at<int>(q, 0), *ecnt = de_at<int>(q, MB_Q_ECNT);
+        int *counters = mb_counter(c.sig, DE_N, rank * (1 + MB_LOCAL));
+        if (MB_DE_BUG == 3 && rank == DE_N - 1) counters = mb_counter(c.sig, DE_N, 0); // the last rank's never written
+        if (threadIdx.x == 0) {
+            int *srcEnd = de_at<int>(fixed, MB_F_SRC_END), total = 0;
+            for (int s = 0; s < DE_N; s++) srcEnd[s] = total += mb_ld_volatile(cnt + s); // peers wrote them
+            mb_st_release_sys(counters, total);
+        }
+        for (int l = threadIdx.x; l < MB_LOCAL; l += blockDim.x) {
+            int n = 0;
+            for (int s = 0; s < DE_N; s++) n += mb_ld_volatile(ecnt + s * MB_LOCAL + l);
+            mb_st_release_sys(counters + 1 + l, n);
+        }
+        for (int i = threadIdx.x; i < 4 * DE_C * DE_N; i += blockDim.x) de_at<int>(q, MB_Q_DMETA)[i] = 0;
+        for (int i = threadIdx.x; i < 2 * DE_C * DE_N; i += blockDim.x) de_at<int>(q, MB_Q_CMETA)[i] = 0;
+        mb_fence_sys();
+    }
+    __syncthreads();
+    // 3: no rank sends before every rank's queues are clear
+    if (threadIdx.x == 0 && ok) mb_barrier(c, rank, DE_N, DE_PH_NOTIFY, DE_W_FLAG, flags, epoch + 2);
+}
+
+// ---- dispatch: in a sending block of channel ch, group g of DE_GROUP warps
+// serves destination g: it walks the channel's tokens and, per round, once
+// the ring has room for a chunk, pushes up to MB_DCHUNK of the tokens for g
+// (warp w of the group copies the tokens whose stream position is w mod
+// DE_GROUP) and publishes the tail. In a receiving block group g drains the
+// queue from source g into the receive buffer at the source's offset plus
+// the channel's.
+extern "C" __global__ void __launch_bounds__(DE_THREADS, MB_MINB) deepep_dispatch(mb_comm c, int first, const u64 *desc) {
+    __shared__ int ok[DE_N], okOff[DE_N], a[DE_N], b[DE_N], tl[DE_N];
+    const int local = blockIdx.x / (2 * DE_C), rank = first + local, bb = blockIdx.x % (2 * DE_C), ch = bb / 2;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, peer = warp / DE_GROUP, gw = warp % DE_GROUP;
+    const bool lead = threadIdx.x % (DE_GROUP * 32) == 0;
+    const u64 fixed = de_slot(desc, rank, DE_FIXED);
+    if (bb % 2 == 0) { // send to peer
+        const u64 q = de_slot(desc, peer, DE_QUEUES);
+        const unsigned char *inRank = de_at<unsigned char>(fixed, 0);
+        const int *chanEnd = de_at<int>(fixed, MB_F_CHAN_END) + peer * DE_C;
+        int *sendHead = de_at<int>(fixed, MB_F_SEND_HEAD);
+        int *head = de_dmeta(q, 2, ch, rank), *tail = de_dmeta(q, 3, ch, rank);
+        const uint4 *x = (const uint4 *)de_slot(desc, rank, DE_X);
+        const int32 *idx = (const int32 *)de_slot(desc, rank, DE_IDX);
+        const float *probs = (const float *)de_slot(desc, rank, DE_PROBS);
+        uint4 *rows = de_at<uint4>(q, MB_Q_RINGS);
+        int *srcs = de_at<int>(q, MB_Q_RINGS + DE_DROWS), *topk = de_at<int>(q, MB_Q_RINGS + DE_DROWS + DE_DSRC);
+        float *weights = de_at<float>(q, MB_Q_RINGS + DE_DROWS + DE_DSRC + DE_DTOPK);
+        if (lead) { // the channel's offsets among this rank's tokens to peer, as −v−1 (0 means not yet written)
+            mb_st_relaxed_sys(de_dmeta(q, 0, ch, rank), -(ch > 0 ? chanEnd[ch - 1] : 0) - 1);
+            mb_st_relaxed_sys(de_dmeta(q, 1, ch, rank), -chanEnd[ch] - 1);
+        }
+        int lo, hi, pos = 0; // pos: the ring's stream position (the tail)
+        de_channel(ch, lo, hi);
+        for (int t = lo; t < hi;) {
+            if (lead)
+                ok[peer] = mb_wait(c, rank, DE_PH_DISPATCH, DE_W_ROOM, pos + MB_DCHUNK - MB_DRING, [head] { return (long long)mb_ld_acquire_sys(head); },
+                                   [pos](long long h) { return MB_DRING - (pos - h) >= MB_DCHUNK; });
+            mb_bar_sync(1 + peer, DE_GROUP * 32);
+            if (!ok[peer]) break;
+            for (int pushed = 0; t < hi && pushed < MB_DCHUNK; t++) {
+                const bool in = inRank[t * DE_N + peer];
+                if (lead) sendHead[t * DE_N + peer] = in ? pos : -1;
+                if (!in) continue;
+                if (pos % DE_GROUP == gw) {
+                    const long s = de_dslot(ch, rank, pos % MB_DRING);
+                    de_copy_row(rows + s * DE_VECS, x + (long)t * DE_VECS, false, lane);
+                    if (lane == 0) srcs[s] = t;
+                    if (lane < DE_K) {
+                        const int e = idx[t * DE_K + lane];
+                        const bool mine = (unsigned)e < DE_N * MB_LOCAL && e / MB_LOCAL == peer;
+                        topk[s * DE_K + lane] = mine ? e - peer * MB_LOCAL : -1;
+                        weights[s * DE_K + lane] = mine ? probs[t * DE_K + lane] : 0.f;
+                    }
+                }
+                pos++, pushed++;
+            }
+            mb_bar_sync(1 + peer, DE_GROUP * 32); // the group's copies, then the tail (release: cumulative)
+            if (lead && MB_DE_BUG != 1) mb_st_release_sys(tail, pos);
+        }
+        return;
+    }
+    // receive from peer
+    const u64 q = de_slot(desc, rank, DE_QUEUES);
+    int *head = de_dmeta(q, 2, ch, peer), *tail = de_dmeta(q, 3, ch, peer);
+    if (lead) {
+        int *start = de_dmeta(q, 0, ch, peer), *end = de_dmeta(q, 1, ch, peer);
+        auto written = [](long long v) { return v < 0; };
+        okOff[peer] = mb_wait(c, rank, DE_PH_DISPATCH, DE_W_OFFSETS, -1, [start] { return (long long)mb_ld_acquire_sys(start); }, written) &&
+                   mb_wait(c, rank, DE_PH_DISPATCH, DE_W_OFFSETS, -1, [end] { return (long long)mb_ld_acquire_sys(end); }, written);
+        a[peer] = -mb_ld_volatile(start) - 1, b[peer] = -mb_ld_volatile(end) - 1;
+        int *recvChan = de_at<int>(fixed, MB_F_RECV_CHAN) + (peer * DE_C + ch) * 2;
+        recvChan[0] = a[peer], recvChan[1] = b[peer];
+    }
+    mb_bar_sync(1 + peer, DE_GROUP * 32);
+    if (!okOff[peer]) return;
+    const int n = b[peer] - a[peer];
+    const long at = (peer > 0 ? de_at<int>(fixed, MB_F_SRC_END)[peer - 1] : 0) + a[peer]; // the first row
+    uint4 *recvX = (uint4 *)de_slot(desc, rank, DE_RECV_X);
+    int *recvSrc = (int *)de_slot(desc, rank, DE_RECV_SRC), *recvIdx = (int *)de_slot(desc, rank, DE_RECV_IDX);
+    float *recvW = (float *)de_slot(desc, rank, DE_RECV_W);
+    const uint4 *rows = de_at<uint4>(q, MB_Q_RINGS);
+    const int *srcs = de_at<int>(q, MB_Q_RINGS + DE_DROWS), *topk = de_at<int>(q, MB_Q_RINGS + DE_DROWS + DE_DSRC);
+    const int *weights = de_at<int>(q, MB_Q_RINGS + DE_DROWS + DE_DSRC + DE_DTOPK);
+    for (int got = 0; got < n;) {
+        if (lead) {
+            ok[peer] = mb_wait_ge(c, rank, DE_PH_DISPATCH, DE_W_DATA, tail, got + 1);
+            tl[peer] = mb_ld_acquire_sys(tail);
+        }
+        mb_bar_sync(1 + peer, DE_GROUP * 32);
+        if (!ok[peer]) break;
+        const int until = tl[peer];
+        for (int i = got + gw; i < until; i += DE_GROUP) {
+            const long s = de_dslot(ch, peer, i % MB_DRING), r = at + i;
+            de_copy_row(recvX + r * DE_VECS, rows + s * DE_VECS, true, lane);
+            if (lane == 0) recvSrc[r] = mb_ld_volatile(srcs + s);
+            if (lane < DE_K) {
+                recvIdx[r * DE_K + lane] = mb_ld_volatile(topk + s * DE_K + lane);
+                recvW[r * DE_K + lane] = __int_as_float(mb_ld_volatile(weights + s * DE_K + lane));
+            }
+        }
+        mb_bar_sync(1 + peer, DE_GROUP * 32); // the group's reads, then the head
+        got = until;
+        if (lead) mb_st_release_sys(head, got);
+    }
+}
+
+// ---- permute: one block (512 threads) per local expert l. The copies of l
+// (received slots i·K + j with recvIdx == l) in slot order after every copy
+// of a lower local expert: order[row] = slot, permRow[slot] = row; block 0
+// also sets permRow = −1 for the slots of experts on other ranks. Each warp
+// counts a contiguous segment; a prefix over the warps places the segments.
+extern "C" __global__ void __launch_bounds__(512) deepep_permute(const int32 *recvIdx, int slots, int32 *order, int32 *permRow) {
+    __shared__ int below[16], mine[16];
+    const int l = blockIdx.x, lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+    const int seg = (slots + warps * 32 - 1) / (warps * 32) * 32, lo = min(slots, warp * seg), hi = min(slots, lo + seg);
+    int nb = 0, nm = 0;
+    for (int i = lo + lane; i < hi; i += 32) {
+        const int e = recvIdx[i];
+        nb += e >= 0 && e < l;
+        nm += e == l;
+        if (l == 0 && e < 0) permRow[i] = -1;
+    }
+    nb = __reduce_add_sync(MB_FULL_MASK, nb);
+    nm = __reduce_add_sync(MB_FULL_MASK, nm);
+    if (lane == 0) below[warp] = nb, mine[warp] = nm;
+    __syncthreads();
+    int row = 0;
+    for (int w = 0; w < warps; w++) row += below[w] + (w < warp ? mine[w] : 0);
+    for (int i0 = lo; i0 < hi; i0 += 32) {
+        const int i = i0 + lane;
+        const bool hit = i < hi && recvIdx[i] == l;
+        const unsigned set = __ballot_sync(MB_FULL_MASK, hit);
+        if (hit) {
+            const int r = row + __popc(set & ((1u << lane) - 1u));
+            order[r] = i;
+            permRow[i] = r;
+        }
+        row += __popc(set);
+    }
+}
+
+// ---- combine: sending block of channel ch on expert rank `rank`, group g:
+// the tokens it received from home rank g through ch, in received order,
+// each as bf16(Σ its local experts' outputs in ascending expert order, fp32)
+// into queue (ch, rank) of g, a chunk per round once the ring has room for
+// it. Receiving block of channel ch on home rank `rank`: its warps take the
+// channel's tokens in turn, one per warp per round; for token t each lane d
+// < N waits for the row at sendHead[t][d] (when ≥ 0) of queue (ch, d); the
+// warp adds the rows in rank order in fp32, stores bf16 (then bf16 plus the
+// shared expert's output) in Y; after each round the heads advance past the
+// round's rows. Senders start after rank 0's first block has passed a barrier
+// that every rank reaches once its dispatch is done (the rings are the
+// dispatch's bytes).
+extern "C" __global__ void __launch_bounds__(DE_THREADS, MB_MINB) deepep_combine(mb_comm c, int first, int epoch, const u64 *desc) {
+    __shared__ int *flags[DE_N];
+    __shared__ int ok[DE_N], go;
+    __shared__ int order[MB_WARPS][32];       // sending: a token's expert rows, ascending expert
+    __shared__ int posOf[MB_WARPS][DE_N];     // receiving: a token's stream position in each rank's queue
+    __shared__ long rowOf[MB_WARPS][DE_N];    // and its row in the queue's ring (−1: none)
+    const int local = blockIdx.x / (2 * DE_C), rank = first + local, bb = blockIdx.x % (2 * DE_C), ch = bb / 2;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, peer = warp / DE_GROUP, gw = warp % DE_GROUP;
+    const bool lead = threadIdx.x % (DE_GROUP * 32) == 0;
+    const u64 fixed = de_slot(desc, rank, DE_FIXED), own = de_slot(desc, rank, DE_QUEUES);
+    int *goFlag = de_at<int>(own, MB_Q_GO);
+    if (bb % 2 == 0) { // send to home rank peer
+        if (threadIdx.x < DE_N) flags[threadIdx.x] = de_at<int>(de_slot(desc, threadIdx.x, DE_QUEUES), MB_Q_FLAGS);
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            if (bb == 0 && mb_barrier(c, rank, DE_N, DE_PH_COMBINE, DE_W_FLAG, flags, epoch)) mb_st_release_sys(goFlag, epoch);
+            go = mb_wait_ge(c, rank, DE_PH_COMBINE, DE_W_START, goFlag, epoch);
+        }
+        __syncthreads();
+        if (!go) return;
+        const u64 q = de_slot(desc, peer, DE_QUEUES);
+        int *head = de_cmeta(q, 0, ch, rank), *tail = de_cmeta(q, 1, ch, rank);
+        uint4 *rows = de_at<uint4>(q, MB_Q_RINGS);
+        int *srcs = de_at<int>(q, MB_Q_RINGS + DE_CROWS);
+        const int *recvChan = de_at<int>(fixed, MB_F_RECV_CHAN) + (peer * DE_C + ch) * 2;
+        const int base = peer > 0 ? de_at<int>(fixed, MB_F_SRC_END)[peer - 1] : 0, end = base + recvChan[1];
+        const int *recvIdx = (const int *)de_slot(desc, rank, DE_RECV_IDX), *recvSrc = (const int *)de_slot(desc, rank, DE_RECV_SRC);
+        const int *permRow = (const int *)de_slot(desc, rank, DE_PERM_ROW);
+        const uint4 *y = (const uint4 *)de_slot(desc, rank, DE_EXPERT_Y);
+        int pos = 0;
+        for (int i0 = base + recvChan[0]; i0 < end;) {
+            const int n = min(MB_CCHUNK, end - i0);
+            if (lead)
+                ok[peer] = mb_wait(c, rank, DE_PH_COMBINE, DE_W_ROOM, pos + n - MB_CRING, [head] { return (long long)mb_ld_acquire_sys(head); },
+                                   [pos, n](long long h) { return MB_CRING - (pos - h) >= n; });
+            mb_bar_sync(1 + peer, DE_GROUP * 32);
+            if (!ok[peer]) break;
+            for (int k = gw; k < n; k += DE_GROUP) {
+                const int i = i0 + k;
+                // this token's local experts in ascending order: lane j's place among them
+                const int e = lane < DE_K ? recvIdx[i * DE_K + lane] : -1;
+                int place = 0, count = 0;
+                for (int j = 0; j < DE_K; j++) {
+                    const int ej = __shfl_sync(MB_FULL_MASK, e, j);
+                    place += ej >= 0 && ej < e;
+                    count += ej >= 0;
+                }
+                if (e >= 0) order[warp][place] = permRow[i * DE_K + lane];
+                __syncwarp();
+                const long s = de_cslot(ch, rank, (pos + k) % MB_CRING);
+#pragma unroll 1
+                for (int v = lane; v < DE_VECS; v += 32) {
+                    float acc[8], f[8];
+#pragma unroll
+                    for (int u = 0; u < 8; u++) acc[u] = 0.f;
+                    for (int o = 0; o < count; o++) {
+                        unpack8(y[(long)order[warp][o] * DE_VECS + v], f);
+#pragma unroll
+                        for (int u = 0; u < 8; u++) acc[u] += f[u];
+                    }
+                    bf16 out[8];
+#pragma unroll
+                    for (int u = 0; u < 8; u++) out[u] = f2bf(acc[u]);
+                    rows[s * DE_VECS + v] = pack8(out);
+                }
+                if (lane == 0) srcs[s] = recvSrc[i];
+                __syncwarp(); // order[warp] is rewritten by the next token
+            }
+            mb_bar_sync(1 + peer, DE_GROUP * 32);
+            pos += n, i0 += n;
+            if (lead) mb_st_release_sys(tail, pos);
+        }
+        return;
+    }
+    // receive: tokens lo + round·MB_WARPS + warp
+    const int *sendHead = de_at<int>(fixed, MB_F_SEND_HEAD);
+    const uint4 *rows = de_at<uint4>(own, MB_Q_RINGS);
+    const int *srcs = de_at<int>(own, MB_Q_RINGS + DE_CROWS);
+    uint4 *out = (uint4 *)de_slot(desc, rank, DE_Y);
+    const uint4 *shared = (const uint4 *)de_slot(desc, rank, DE_SHARED);
+    int lo, hi;
+    de_channel(ch, lo, hi);
+    if (threadIdx.x == 0) go = 1;
+    __syncthreads();
+    for (int t0 = lo; t0 < hi; t0 += MB_WARPS) {
+        const int t = t0 + warp;
+        int pos = -1;
+        bool fine = true;
+        if (t < hi && lane < DE_N) {
+            pos = sendHead[t * DE_N + lane];
+            if (pos >= 0) {
+                fine = go && mb_wait_ge(c, rank, DE_PH_COMBINE, DE_W_DATA, de_cmeta(own, 1, ch, lane), pos + 1) &&
+                       mb_check(c, rank, DE_PH_COMBINE, DE_W_TOKEN, mb_ld_volatile(srcs + de_cslot(ch, lane, pos % MB_CRING)), t);
+            }
+        }
+        if (lane < DE_N) posOf[warp][lane] = pos, rowOf[warp][lane] = pos < 0 ? -1 : de_cslot(ch, lane, pos % MB_CRING) * DE_VECS;
+        if (!__all_sync(MB_FULL_MASK, fine)) go = 0;
+        __syncwarp();
+        if (t < hi && go) {
+            for (int v = lane; v < DE_VECS; v += 32) {
+                float acc[8], f[8];
+#pragma unroll
+                for (int u = 0; u < 8; u++) acc[u] = 0.f;
+#pragma unroll
+                for (int d = 0; d < DE_N; d++) {
+                    const long at = rowOf[warp][d];
+                    if (at < 0) continue;
+                    unpack8(mb_ld_cg(rows + at + v), f);
+#pragma unroll
+                    for (int u = 0; u < 8; u++) acc[u] += f[u];
+                }
+                bf16 o[8];
+#pragma unroll
+                for (int u = 0; u < 8; u++) o[u] = f2bf(acc[u]);
+                if (shared) {
+                    unpack8(shared[(long)t * DE_VECS + v], f);
+#pragma unroll
+                    for (int u = 0; u < 8; u++) o[u] = f2bf(bf2f(o[u]) + f[u]);
+                }
+                out[(long)t * DE_VECS + v] = pack8(o);
+            }
+        }
+        __syncthreads(); // the round's rows are read: the heads move past them
+        if (threadIdx.x < DE_N && go) {
+            int last = -1;
+            for (int w = 0; w < MB_WARPS; w++) last = max(last, posOf[w][threadIdx.x]);
+            if (last >= 0) mb_st_release_sys(de_cmeta(own, 0, ch, threadIdx.x), last + 1);
+        }
+        __syncthreads(); // posOf is rewritten next round
+        if (!go) break;
+    }
+}

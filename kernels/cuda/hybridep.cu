@@ -1,0 +1,604 @@
+// hybridep.cu: HybridEP's design on GPUs (dispatchers/hybridep, whose
+// package comment states the placement and summation order these kernels
+// reproduce). Every kernel is a persistent, co-resident launch per GPU
+// covering its ranks (rank first + blockIdx.x / blocks, block
+// blockIdx.x % blocks of the rank's budget), its cross-rank waits timed
+// (mb_wait):
+//   he_allgather   each rank's top-k as dense rows: its routing-map rows
+//                  stored into every rank's copy of the global map (peer
+//                  stores), its probabilities per domain; then a device
+//                  barrier
+//   he_preprocess  from the global map alone, identically on every rank:
+//                  sparse_to_dense, dense_to_expert, the chunk layout, the
+//                  domains each token goes to and the inter-domain slots
+//   he_pack        (several domains) the rows each other domain needs,
+//                  for the inter-domain send (NCCL, by the host)
+//   he_dispatch    barrier; a loader warp stages each forwarded token (row
+//                  and its domain's probabilities) in a shared FIFO, storer
+//                  warps write it into every destination rank's receive
+//                  buffer at its final position (peer stores); barrier;
+//                  each rank places its received tokens at their experts'
+//                  rows (permute)
+//   he_combine     stage 1: each rank's partial sums of its received tokens
+//                  (unpermute: its local experts' outputs), barrier, and
+//                  with several domains the pre-reduction for the other
+//                  domains' homes; stage 2: each home's sum of its domain's
+//                  partials and the pre-reduced sums (after the host's
+//                  inter-domain exchange), then a barrier. Sums go through
+//                  the FIFO in column chunks, float32 from 0 in the
+//                  design's order, rounded to bf16 where the design rounds.
+// The FIFOs' stages are a multiple of WARPS − 1 (one slot, one consumer).
+// Rows move with bulk copies on the bulk path (moebench.cuh, MB_BULK),
+// 16-byte accesses otherwise.
+#include "moebench.cuh"
+
+#define N MB_HE_EP
+#define D MB_HE_DOMAIN
+#define M (N / D)
+#define T MB_HE_TOKENS
+#define E MB_HE_EXPERTS
+#define L (E / N)
+#define LD (L * D)
+#define LDP ((LD + 3) / 4 * 4) // probabilities per token and domain, padded to 16 bytes
+#define H MB_HE_HIDDEN
+#define ROW (2 * H) // bytes
+#define CHUNK MB_HE_CHUNK
+#define CHUNKS ((T + CHUNK - 1) / CHUNK)
+#define WARPS 4 // dispatch and combine: a loader and three storers or reducers
+#define THREADS (32 * WARPS)
+#define COLS 2048 // bytes of a row summed per FIFO item
+#define PRE_THREADS 256
+
+// Phases and waits (dispatchers/hybridep names them)
+#define PH_ALLGATHER 1
+#define PH_DISPATCH 2
+#define PH_COMBINE 3
+#define W_PASSED 1 // the rank's blocks waiting for its barrier
+#define W_EMPTY 2
+#define W_FULL 3
+#define W_FLAG 16 // + the rank waited for (mb_barrier)
+
+// Test bugs (the bug argument: kind | rank << 8)
+#define BUG_NO_ARRIVE 1  // the rank's dispatch loader never arrives for its first item
+#define BUG_NO_BARRIER 2 // the rank never reaches dispatch's second barrier
+
+// he_rank: one rank's buffers, 8-byte pointers (dispatchers/hybridep
+// uploads the table of every rank's).
+typedef struct {
+    const bf16 *x;        // [T, H] input
+    const int *idx;       // [T, k] experts
+    const float *probs;   // [T, k]
+    unsigned char *gmap;  // [N·T, E] the global routing map
+    float *dprobs;        // [T, M, LDP] its tokens' probabilities, per domain
+    int *meta;            // the preprocessing's output (below)
+    unsigned char *todom; // [T, M] domains needing each of its tokens
+    bf16 *recv_x;         // [N·T, H] receive buffer; combine's partial sums
+    float *recv_p;        // [N·T, LDP]
+    bf16 *id_x;           // [(M−1)·T, H] inter-domain buffer (in)
+    float *id_p;          // [(M−1)·T, LDP]
+    bf16 *send_x;         // [(M−1)·T, H] inter-domain staging (out)
+    float *send_p;        // [(M−1)·T, LDP]
+    bf16 *ex;             // expert-major rows
+    float *ep;            // their probabilities
+    const bf16 *ey;       // the experts' outputs
+    bf16 *y;              // [T, H] output
+    const bf16 *shared;   // [T, H] shared expert's output, or null
+    int *sync;            // [2] a barrier's block arrivals, and the epoch passed
+} he_rank;
+
+// meta: int32 offsets
+#define META_S2D 0                              // [M, T, D] sparse_to_dense of the tokens the rank forwards
+#define META_D2E (META_S2D + M * T * D)         // [N·T, L] dense_to_expert of the tokens it receives
+#define META_COUNTS (META_D2E + N * T * L)      // [L] rows per local expert, receive count, [M] sends, [M] receives
+#define META_CHUNK_AT (META_COUNTS + L + 1 + 2 * M) // [N·CHUNKS + 1]
+#define META_SEND (META_CHUNK_AT + N * CHUNKS + 1) // [M, T] a token's slot in the send to a domain, or −1
+#define META_RECV (META_SEND + M * T)              // [M, T] a forwarded token's slot in the inter-domain buffer, or −1
+#define META_INTS (META_RECV + M * T)
+
+// tile: where domain m's rows lie in an inter-domain buffer of domain n ≠ m
+__device__ __forceinline__ int he_tile(int m, int n) { return m < n ? m : m - 1; }
+
+// he_sync: a device barrier of every block of every rank: each block's
+// stores (peers' memory too) before it, every block waits for all. The
+// rank's last block to arrive meets the other ranks (mb_barrier on
+// flags, epoch) and tells its blocks. False when a wait gave up.
+__device__ bool he_sync(const mb_comm &c, const he_rank *R, int *const *flags, int rank, int blocks, int phase, int epoch,
+                        bool skip) {
+    __shared__ int ok;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int *s = R[rank].sync;
+        mb_fence_sys();
+        ok = 1;
+        if (mb_atomic_add_release_sys(s, 1) == epoch * blocks - 1) {
+            mb_fence_sys();
+            ok = skip ? 1 : mb_barrier(c, rank, N, phase, W_FLAG, flags, epoch);
+            mb_st_release_sys(s + 1, epoch);
+        } else {
+            ok = mb_wait_ge(c, rank, phase, W_PASSED, s + 1, epoch);
+        }
+    }
+    __syncthreads();
+    return ok;
+}
+
+// ---- allgather
+
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
+    he_allgather(mb_comm c, int first, int blocks, int epoch, const he_rank *R, int *const *flags) {
+    const int rank = first + blockIdx.x / blocks, b = blockIdx.x % blocks, lane = threadIdx.x % 32;
+    const he_rank me = R[rank];
+    for (int t = b * WARPS + threadIdx.x / 32; t < T; t += blocks * WARPS) {
+        int e_of[MB_HE_TOPK];
+        float p_of[MB_HE_TOPK];
+#pragma unroll
+        for (int j = 0; j < MB_HE_TOPK; j++) e_of[j] = me.idx[t * MB_HE_TOPK + j], p_of[j] = me.probs[t * MB_HE_TOPK + j];
+        for (int e = lane; e < E; e += 32) {
+            unsigned char on = 0;
+#pragma unroll
+            for (int j = 0; j < MB_HE_TOPK; j++) on |= e_of[j] == e;
+            for (int q = 0; q < N; q++) R[q].gmap[((size_t)rank * T + t) * E + e] = on;
+        }
+        for (int x = lane; x < M * LDP; x += 32) {
+            const int m = x / LDP, e = m * LD + x % LDP;
+            float p = 0.f;
+            if (x % LDP < LD) {
+#pragma unroll
+                for (int j = 0; j < MB_HE_TOPK; j++) p = e_of[j] == e ? p_of[j] : p;
+            }
+            me.dprobs[(size_t)t * M * LDP + x] = p;
+        }
+    }
+    he_sync(c, R, flags, rank, blocks, PH_ALLGATHER, epoch, false);
+}
+
+// ---- preprocess: one block per rank scans the global map, a source
+// rank at a time in tiles of PRE_THREADS tokens (a thread each). Each
+// column of the scan is a count in global token order, an exclusive
+// prefix by warp ballots: x < D, "rank (n, x) needs the token" (receive
+// positions); D + e, "a token this rank receives has its expert e"; with
+// the rank's own tokens D + L + m, "domain m needs it"; with tokens it
+// forwards from another domain, D + L + M, "this domain needs it". Pass 1
+// counts each column per warp, pass 2 writes the positions.
+#define PRE_WARPS (PRE_THREADS / 32)
+#define PRE_COLS (D + L + M + 1)
+
+// he_need: does the token of map row `row` count in column x (rank r = (n, l))?
+__device__ __forceinline__ bool he_need(const unsigned char *row, int x, int n, int l) {
+    bool v = false;
+    if (x < D) {
+        for (int e = 0; e < L; e++) v |= row[n * LD + x * L + e] != 0;
+    } else if (x < D + L) {
+        bool mine = false;
+        for (int e = 0; e < L; e++) mine |= row[n * LD + l * L + e] != 0;
+        v = mine && row[n * LD + l * L + x - D] != 0;
+    } else {
+        const int dm = x < D + L + M ? x - D - L : n;
+        for (int e = 0; e < LD; e++) v |= row[dm * LD + e] != 0;
+    }
+    return v;
+}
+
+extern "C" __global__ void __launch_bounds__(PRE_THREADS, 1) he_preprocess(int first, const he_rank *R) {
+    const int rank = first + blockIdx.x, n = rank / D, l = rank % D, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const he_rank me = R[rank];
+    int *s2d = me.meta + META_S2D, *d2e = me.meta + META_D2E, *counts = me.meta + META_COUNTS;
+    int *chunk_at = me.meta + META_CHUNK_AT, *send = me.meta + META_SEND, *recv = me.meta + META_RECV;
+    __shared__ int part[PRE_WARPS][PRE_COLS]; // per tile: each warp's count, then their exclusive prefix
+    __shared__ int base[PRE_COLS];            // counts before the tile
+    __shared__ int total[PRE_COLS];           // the tile's
+    for (int x = threadIdx.x; x < PRE_COLS; x += PRE_THREADS) base[x] = 0;
+    for (int x = threadIdx.x; x < M * T; x += PRE_THREADS) send[x] = -1, recv[x] = -1;
+    for (int x = threadIdx.x; x < L + 1 + 2 * M; x += PRE_THREADS) counts[x] = 0;
+    __syncthreads();
+    for (int src = 0; src < N; src++) {
+        const int m = src / D, sl = src % D;
+        // the columns this source's tokens count in (the same for every thread)
+        const int cols = src == rank ? D + L + M : sl == l && m != n ? PRE_COLS : D + L;
+        for (int x = D + L + threadIdx.x; x < PRE_COLS; x += PRE_THREADS) base[x] = 0; // per source
+        for (int t0 = 0; t0 < T; t0 += PRE_THREADS) {
+            const int t = t0 + threadIdx.x;
+            const bool in = t < T;
+            const unsigned char *row = me.gmap + ((size_t)src * T + (in ? t : 0)) * E;
+            for (int x = 0; x < cols; x++) {
+                const unsigned ball = __ballot_sync(MB_FULL_MASK, in && he_need(row, x, n, l));
+                if (lane == 0) part[warp][x] = __popc(ball);
+            }
+            __syncthreads();
+            for (int x = threadIdx.x; x < cols; x += PRE_THREADS) {
+                int sum = 0;
+                for (int w = 0; w < PRE_WARPS; w++) {
+                    const int v = part[w][x];
+                    part[w][x] = sum;
+                    sum += v;
+                }
+                total[x] = sum;
+            }
+            __syncthreads();
+            int i = -1; // the token's receive position, if this rank receives it
+            for (int x = 0; x < cols; x++) {
+                const bool v = in && he_need(row, x, n, l);
+                const unsigned ball = __ballot_sync(MB_FULL_MASK, v);
+                const int pos = base[x] + part[warp][x] + __popc(ball & ((1u << lane) - 1));
+                if (!in) continue;
+                if (x < D) {
+                    if (sl == l) s2d[((size_t)m * T + t) * D + x] = v ? pos : -1;
+                    if (x == l) {
+                        i = v ? pos : -1;
+                        if (t % CHUNK == 0) chunk_at[src * CHUNKS + t / CHUNK] = pos;
+                    }
+                } else if (x < D + L) {
+                    if (i >= 0) d2e[(size_t)i * L + x - D] = v ? pos : -1;
+                } else if (x < D + L + M) {
+                    if (src == rank) { // (a forwarded source counts these columns too, unused)
+                        me.todom[t * M + x - D - L] = v;
+                        if (x - D - L != n) send[(x - D - L) * T + t] = v ? pos : -1;
+                    }
+                } else {
+                    recv[m * T + t] = v ? pos : -1;
+                }
+            }
+            __syncthreads();
+            for (int x = threadIdx.x; x < cols; x += PRE_THREADS) base[x] += total[x];
+            __syncthreads();
+        }
+        if (threadIdx.x == 0) {
+            if (src == rank)
+                for (int dm = 0; dm < M; dm++) counts[L + 1 + dm] = dm == n ? 0 : base[D + L + dm];
+            if (cols == PRE_COLS) counts[L + 1 + M + m] = base[D + L + M];
+        }
+        __syncthreads();
+    }
+    // receive count and rows per local expert; dense_to_expert's rows
+    // from the expert's first (local experts in order)
+    const int received = base[l];
+    if (threadIdx.x == 0) {
+        counts[L] = received;
+        for (int e = 0; e < L; e++) counts[e] = base[D + e];
+        chunk_at[N * CHUNKS] = received;
+    }
+    for (int x = threadIdx.x; x < received * L; x += PRE_THREADS) {
+        int start = 0;
+        for (int e = 0; e < x % L; e++) start += base[D + e];
+        if (d2e[x] >= 0) d2e[x] += start;
+    }
+}
+
+// ---- pack (several domains): each of the rank's tokens another domain
+// needs, at its slot of the send to that domain (the inter-domain path's
+// staging; the host then sends it with NCCL to the rank of the same local
+// index there).
+__device__ __forceinline__ void he_copy_row(void *dst, const void *src, unsigned bytes) {
+    for (unsigned b = 16 * (threadIdx.x % 32); b < bytes; b += 16 * 32)
+        *(uint4 *)((unsigned char *)dst + b) = *(const uint4 *)((const unsigned char *)src + b);
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS, 1) he_pack(int first, int blocks, const he_rank *R) {
+    const int rank = first + blockIdx.x / blocks, b = blockIdx.x % blocks, n = rank / D;
+    const he_rank me = R[rank];
+    const int *send = me.meta + META_SEND;
+    for (int x = b * WARPS + threadIdx.x / 32; x < M * T; x += blocks * WARPS) {
+        const int dm = x / T, t = x % T, slot = send[x];
+        if (dm == n || slot < 0) continue;
+        const size_t at = (size_t)he_tile(dm, n) * T + slot;
+        he_copy_row(me.send_x + at * H, me.x + (size_t)t * H, ROW);
+        he_copy_row(me.send_p + at * LDP, me.dprobs + ((size_t)t * M + dm) * LDP, 4 * LDP);
+    }
+}
+
+// ---- dispatch
+
+#define SLOT (ROW + 4 * LDP) // a FIFO item: a token's row and its domain's probabilities
+#ifdef MB_BULK
+#define STORE_RELEASERS 1 // lane 0 stores with bulk copies
+#else
+#define STORE_RELEASERS 32
+#endif
+
+// he_forwarded calls fn(i, m, t, row, probs) for the items of the rank's
+// block b, in the design's order: chunks b, b + blocks, …; in each, source
+// domains n, n − 1, …, n + 1; their tokens that domain n needs (its own
+// rows, or those the inter-domain path brought).
+template <class F> __device__ void he_forwarded(const he_rank &me, int n, int b, int blocks, F fn) {
+    const int *recvi = me.meta + META_RECV;
+    long long i = 0;
+    for (int c = b; c < CHUNKS; c += blocks)
+        for (int k = 0; k < M; k++) {
+            const int m = (n - k + M) % M;
+            for (int t = c * CHUNK; t < min(T, (c + 1) * CHUNK); t++) {
+                if (m == n) {
+                    if (!me.todom[t * M + n]) continue;
+                    if (!fn(i++, m, t, (const void *)(me.x + (size_t)t * H), (const void *)(me.dprobs + ((size_t)t * M + n) * LDP)))
+                        return;
+                } else {
+                    const int s = recvi[m * T + t];
+                    if (s < 0) continue;
+                    const size_t at = (size_t)he_tile(m, n) * T + s;
+                    if (!fn(i++, m, t, (const void *)(me.id_x + at * H), (const void *)(me.id_p + at * LDP))) return;
+                }
+            }
+        }
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
+    he_dispatch(mb_comm c, int first, int blocks, int epoch, const he_rank *R, int *const *flags, int bug) {
+    const int rank = first + blockIdx.x / blocks, b = blockIdx.x % blocks, n = rank / D, l = rank % D;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const bool buggy = (bug >> 8) == rank;
+    const he_rank me = R[rank];
+    const mb_fifo f = mb_fifo_at(mb_dynamic_smem(), MB_HE_STAGES, SLOT);
+    if (threadIdx.x == 0) mb_fifo_init(f, STORE_RELEASERS);
+    mb_mbar_init_fence();
+    if (!he_sync(c, R, flags, rank, blocks, PH_DISPATCH, epoch, false)) return;
+    if (warp == 0) {
+        he_forwarded(me, n, b, blocks, [&](long long i, int, int, const void *row, const void *probs) {
+            const void *src[2] = {row, probs};
+            const unsigned bytes[2] = {ROW, 4 * LDP};
+            const mb_item it = mb_fifo_item(f, WARPS - 1, (int)(i % (WARPS - 1)), i / (WARPS - 1));
+            return mb_fifo_put(f, c, rank, PH_DISPATCH, W_EMPTY, it, 2, src, bytes, 0, true,
+                               !(buggy && (bug & 255) == BUG_NO_ARRIVE && i == 0));
+        });
+    } else {
+        const int *s2d = me.meta + META_S2D;
+        he_forwarded(me, n, b, blocks, [&](long long i, int m, int t, const void *, const void *) {
+            if (i % (WARPS - 1) != warp - 1) return true;
+            int ok = 1;
+            const mb_item it = mb_fifo_item(f, WARPS - 1, warp - 1, i / (WARPS - 1));
+            unsigned char *slot = mb_fifo_slot(f, it);
+#ifdef MB_BULK
+            if (lane == 0) {
+                ok = mb_fifo_wait(f, c, rank, PH_DISPATCH, W_FULL, it) != nullptr;
+                if (ok) {
+                    for (int j = 0; j < D; j++) {
+                        const int p = s2d[((size_t)m * T + t) * D + j];
+                        if (p < 0) continue;
+                        const he_rank &q = R[n * D + j];
+                        mb_bulk_s2g(q.recv_x + (size_t)p * H, slot, ROW);
+                        mb_bulk_s2g(q.recv_p + (size_t)p * LDP, slot + ROW, 4 * LDP);
+                    }
+                    mb_bulk_commit();
+                    mb_bulk_wait_read();
+                    mb_fifo_release(f, it);
+                }
+            }
+            return __shfl_sync(MB_FULL_MASK, ok, 0) != 0;
+#else
+            ok = mb_fifo_wait(f, c, rank, PH_DISPATCH, W_FULL, it) != nullptr;
+            if (!__all_sync(MB_FULL_MASK, ok)) return false;
+            for (int j = 0; j < D; j++) {
+                const int p = s2d[((size_t)m * T + t) * D + j];
+                if (p < 0) continue;
+                const he_rank &q = R[n * D + j];
+                for (unsigned o = 16 * lane; o < SLOT; o += 16 * 32) {
+                    const uint4 v = mb_lds16(slot + o);
+                    if (o < ROW) *(uint4 *)((unsigned char *)(q.recv_x + (size_t)p * H) + o) = v;
+                    else *(uint4 *)((unsigned char *)(q.recv_p + (size_t)p * LDP) + o - ROW) = v;
+                }
+            }
+            mb_fifo_release(f, it);
+            return true;
+#endif
+        });
+#ifdef MB_BULK
+        if (lane == 0) mb_bulk_wait(); // the stores landed: the barrier publishes them
+#endif
+    }
+    if (!he_sync(c, R, flags, rank, blocks, PH_DISPATCH, epoch + 1, buggy && (bug & 255) == BUG_NO_BARRIER)) return;
+    // permute: each received token to its local experts' rows
+    const int *d2e = me.meta + META_D2E, received = me.meta[META_COUNTS + L];
+    for (int i = b * WARPS + warp; i < received; i += blocks * WARPS)
+        for (int e = 0; e < L; e++) {
+            const int p = d2e[(size_t)i * L + e];
+            if (p < 0) continue;
+            he_copy_row(me.ex + (size_t)p * H, me.recv_x + (size_t)i * H, ROW);
+            if (lane == 0) me.ep[p] = me.recv_p[(size_t)i * LDP + l * L + e];
+        }
+}
+
+// ---- combine: sums through the FIFO. The loader stages each output's
+// terms, column chunk by column chunk (COLS bytes); the output's reducer
+// warp adds them, float32 from 0 in order, and stores the bf16 sum (with
+// the shared expert's output added and rounded again, at home).
+
+#define CHUNK_BYTES (ROW < COLS ? ROW : COLS)
+#define COL_CHUNKS ((ROW + COLS - 1) / COLS)
+#define PER_LANE (CHUNK_BYTES / 16 + 31) / 32 // 16-byte pieces of a chunk per lane
+
+// he_reduce: the rank's block b sums outputs o = b, b + blocks, … < count
+// of S (terms(o), term(o, x), out(o), add(o)); output o's reducer is
+// warp 1 + (its rank among the block's outputs) mod 3, whose items follow
+// each other in its FIFO slots (put: the loader's count of each reducer's
+// items, in shared memory; mine: this reducer's). False when a wait gave
+// up.
+template <class S>
+__device__ bool he_reduce(const mb_fifo &f, const mb_comm &c, int rank, int b, int blocks, int count, const S &s,
+                          long long *put, long long &mine_k) {
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    int ok = 1;
+    for (int o = b, k = 0; o < count && ok; o += blocks, k++) {
+        const int nt = s.terms(o);
+        if (nt == 0) continue; // no output (a pre-reduction for a token this domain does not hold)
+        const int owner = k % (WARPS - 1);
+        const bool mine = warp == 1 + owner;
+        for (int cc = 0; cc < COL_CHUNKS && ok; cc++) {
+            const unsigned off = cc * COLS, bytes = min(COLS, ROW - (int)off);
+            float acc[PER_LANE][8];
+#pragma unroll
+            for (int p = 0; p < PER_LANE; p++)
+#pragma unroll
+                for (int x = 0; x < 8; x++) acc[p][x] = 0.f;
+            for (int x = 0; x < nt && ok; x++) {
+                if (warp == 0) {
+                    const void *src[1] = {(const unsigned char *)s.term(o, x) + off};
+                    ok = mb_fifo_put(f, c, rank, PH_COMBINE, W_EMPTY, mb_fifo_item(f, WARPS - 1, owner, put[owner]), 1, src, &bytes);
+                    __syncwarp();
+                    if (lane == 0) put[owner]++;
+                    __syncwarp();
+                } else if (mine) {
+                    const mb_item it = mb_fifo_item(f, WARPS - 1, owner, mine_k++);
+                    unsigned char *slot = mb_fifo_wait(f, c, rank, PH_COMBINE, W_FULL, it);
+                    ok = __all_sync(MB_FULL_MASK, slot != nullptr);
+                    if (!ok) break;
+#pragma unroll
+                    for (int p = 0; p < PER_LANE; p++) {
+                        const unsigned at = 16 * (p * 32 + lane);
+                        if (at < bytes) {
+                            float v[8];
+                            unpack8(mb_lds16(slot + at), v);
+#pragma unroll
+                            for (int y = 0; y < 8; y++) acc[p][y] += v[y];
+                        }
+                    }
+                    mb_fifo_release(f, it);
+                }
+            }
+            if (mine && ok) {
+                unsigned char *out = (unsigned char *)s.out(o) + off;
+                const unsigned char *add = (const unsigned char *)s.add(o);
+#pragma unroll
+                for (int p = 0; p < PER_LANE; p++) {
+                    const unsigned at = 16 * (p * 32 + lane);
+                    if (at >= bytes) continue;
+                    bf16 y[8];
+#pragma unroll
+                    for (int x = 0; x < 8; x++) y[x] = f2bf(acc[p][x]);
+                    if (add) {
+                        float a[8];
+                        unpack8(*(const uint4 *)(add + off + at), a);
+#pragma unroll
+                        for (int x = 0; x < 8; x++) y[x] = f2bf(bf2f(y[x]) + a[x]);
+                    }
+                    *(uint4 *)(out + at) = pack8(y);
+                }
+            }
+        }
+    }
+    __shared__ int all;
+    __syncthreads();
+    if (threadIdx.x == 0) all = 1;
+    __syncthreads();
+    if (!ok) all = 0;
+    __syncthreads();
+    return all != 0;
+}
+
+// The three sums. Partial (each expert rank, its received token i): its
+// local experts' outputs, in expert order, into its receive buffer row i.
+struct he_partials {
+    const he_rank &me;
+    __device__ int terms(int i) const {
+        int n = 0;
+        for (int e = 0; e < L; e++) n += me.meta[META_D2E + i * L + e] >= 0;
+        return n;
+    }
+    __device__ const bf16 *term(int i, int x) const {
+        for (int e = 0;; e++)
+            if (me.meta[META_D2E + i * L + e] >= 0 && x-- == 0) return me.ey + (size_t)me.meta[META_D2E + i * L + e] * H;
+    }
+    __device__ bf16 *out(int i) const { return me.recv_x + (size_t)i * H; }
+    __device__ const bf16 *add(int) const { return nullptr; }
+};
+
+// he_domain_terms: the partial sums of source (sn, l)'s token t that the
+// ranks of reader's domain hold, in rank order, as reader's
+// sparse_to_dense places them (its x-th, or their count when x < 0).
+__device__ __forceinline__ int he_domain_terms(const he_rank *R, int reader, int sn, int t, int x, const bf16 **row) {
+    const int *s2d = R[reader].meta + META_S2D + ((size_t)sn * T + t) * D, dn = reader / D;
+    int k = 0;
+    for (int j = 0; j < D; j++) {
+        if (s2d[j] < 0) continue;
+        if (k == x) *row = R[dn * D + j].recv_x + (size_t)s2d[j] * H;
+        k++;
+    }
+    return k;
+}
+
+// Pre-reduction (forwarder (m, l), for home (n, l) of another domain,
+// output o = tile(n, m)·T + t over the tokens its domain needs): its
+// domain's partial sums, into the send buffer at the token's slot.
+struct he_prereduce {
+    const he_rank *R;
+    int rank;
+    __device__ void home(int o, int &sn, int &t) const {
+        const int m = rank / D, k = o / T;
+        sn = k < m ? k : k + 1, t = o % T;
+    }
+    __device__ int terms(int o) const {
+        int sn, t;
+        home(o, sn, t);
+        if (R[rank].meta[META_RECV + sn * T + t] < 0) return 0;
+        const bf16 *r;
+        return he_domain_terms(R, rank, sn, t, -1, &r);
+    }
+    __device__ const bf16 *term(int o, int x) const {
+        int sn, t;
+        home(o, sn, t);
+        const bf16 *r = nullptr;
+        he_domain_terms(R, rank, sn, t, x, &r);
+        return r;
+    }
+    __device__ bf16 *out(int o) const {
+        int sn, t;
+        home(o, sn, t);
+        return R[rank].send_x + ((size_t)he_tile(sn, rank / D) * T + R[rank].meta[META_RECV + sn * T + t]) * H;
+    }
+    __device__ const bf16 *add(int) const { return nullptr; }
+};
+
+// Home (rank (n, l), its token t): its domain's partial sums in rank
+// order, then the pre-reduced sums of the domains n − 1, n − 2, …, n + 1
+// that need it (the inter-domain path brought them); plus the shared
+// expert's output.
+struct he_home {
+    const he_rank *R;
+    int rank;
+    __device__ int terms(int t) const {
+        const bf16 *r;
+        int k = he_domain_terms(R, rank, rank / D, t, -1, &r);
+        for (int dm = 0; dm < M; dm++) k += dm != rank / D && R[rank].todom[t * M + dm];
+        return k;
+    }
+    __device__ const bf16 *term(int t, int x) const {
+        const int n = rank / D;
+        const bf16 *r = nullptr;
+        const int own = he_domain_terms(R, rank, n, t, x, &r);
+        if (x < own) return r;
+        x -= own;
+        for (int k = 1; k < M; k++) {
+            const int dm = (n - k + M) % M;
+            if (R[rank].todom[t * M + dm] && x-- == 0)
+                return R[rank].id_x + ((size_t)he_tile(dm, n) * T + R[rank].meta[META_SEND + dm * T + t]) * H;
+        }
+        return nullptr;
+    }
+    __device__ bf16 *out(int t) const { return R[rank].y + (size_t)t * H; }
+    __device__ const bf16 *add(int t) const { return R[rank].shared ? R[rank].shared + (size_t)t * H : nullptr; }
+};
+
+// he_combine: stage 1, each rank's partial sums, a barrier, and (several
+// domains) the pre-reduction for the other domains' homes; stage 2, each
+// home's sum and a barrier; stage 0 both (one domain).
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
+    he_combine(mb_comm c, int first, int blocks, int epoch, const he_rank *R, int *const *flags, int stage) {
+    const int rank = first + blockIdx.x / blocks, b = blockIdx.x % blocks;
+    const he_rank me = R[rank];
+    const mb_fifo f = mb_fifo_at(mb_dynamic_smem(), MB_HE_STAGES, CHUNK_BYTES);
+    __shared__ long long put[WARPS - 1]; // the loader's count of each reducer's items
+    if (threadIdx.x == 0) {
+        mb_fifo_init(f, 32);
+        for (int w = 0; w < WARPS - 1; w++) put[w] = 0;
+    }
+    mb_mbar_init_fence();
+    __syncthreads();
+    long long mine = 0; // a reducer's count of its items
+    if (stage != 2) {
+        if (!he_reduce(f, c, rank, b, blocks, me.meta[META_COUNTS + L], he_partials{me}, put, mine)) return;
+        if (!he_sync(c, R, flags, rank, blocks, PH_COMBINE, epoch, false)) return;
+        if (M > 1 && !he_reduce(f, c, rank, b, blocks, (M - 1) * T, he_prereduce{R, rank}, put, mine)) return;
+        epoch++;
+    }
+    if (stage != 1) {
+        if (!he_reduce(f, c, rank, b, blocks, T, he_home{R, rank}, put, mine)) return;
+        he_sync(c, R, flags, rank, blocks, PH_COMBINE, epoch, false);
+    }
+}
