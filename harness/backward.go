@@ -114,9 +114,10 @@ func (l *Layer) Backward(d dispatchers.Dispatcher, timed Timer) error {
 }
 
 // expertsBackward runs each of rank r's segments' expert backward on its
-// rows, from the tape its forward kept: ExpertDY's rows in, ExpertDX's and
-// ExpertDProbs' rows out, the weight gradients added to the segment's
-// Grads (or the rank's own experts').
+// rows, from the tape its forward kept (block by block, as the forward
+// computed them): ExpertDY's rows in, ExpertDX's and ExpertDProbs' rows
+// out, the weight gradients added to the segment's Grads (or the rank's
+// own experts').
 func (l *Layer) expertsBackward(r int) error {
 	rk, run, g, c := l.Ranks[r], &l.run[r], &l.grads[r], l.Cfg
 	h, f, L := c.Hidden, c.FFN, l.Shape.LocalExperts()
@@ -147,11 +148,15 @@ func (l *Layer) expertsBackward(r int) error {
 		if gr == nil {
 			gr = &rk.ExpertGrads[sg.Expert-r*L]
 		}
-		lo, hi := sg.Start, sg.Start+sg.Len
-		g.scratch = kernels.Grow(g.scratch, sg.Len*3*f)
-		tape := kernels.ExpertTape[float32]{X: rk.ExpertX[lo*h : hi*h], Prob: rk.ExpertProbs[lo:hi], Saved: run.saved[lo*3*f : hi*3*f]}
-		grads := kernels.ExpertGrads[float32]{DX: rk.ExpertDX[lo*h : hi*h], DProb: rk.ExpertDProbs[lo:hi], DFC1: gr.FC1, DFC2: gr.FC2}
-		kernels.ExpertBackward(grads, rk.ExpertDY[lo*h:hi*h], tape, w.FC1, w.FC2, g.scratch, sg.Len, h, f, kernels.RoundBF16Slice)
+		// the forward's blocks (their tapes), in order: the weight
+		// gradients accumulate row by row as over the whole segment
+		for lo := sg.Start; lo < sg.Start+sg.Len; lo += expertBlock {
+			hi := min(lo+expertBlock, sg.Start+sg.Len)
+			g.scratch = kernels.Grow(g.scratch, (hi-lo)*3*f)
+			tape := kernels.ExpertTape[float32]{X: rk.ExpertX[lo*h : hi*h], Prob: rk.ExpertProbs[lo:hi], Saved: run.saved[lo*3*f : hi*3*f]}
+			grads := kernels.ExpertGrads[float32]{DX: rk.ExpertDX[lo*h : hi*h], DProb: rk.ExpertDProbs[lo:hi], DFC1: gr.FC1, DFC2: gr.FC2}
+			kernels.ExpertBackward(grads, rk.ExpertDY[lo*h:hi*h], tape, w.FC1, w.FC2, g.scratch, hi-lo, h, f, kernels.RoundBF16Slice)
+		}
 	}
 	return nil
 }

@@ -3,6 +3,7 @@ package harness
 import (
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"time"
 
@@ -27,7 +28,26 @@ type Env struct {
 	// 0 as many as there are up to most (one per rank). Nil opens GPUs
 	// (kernels.OpenGPUs); tests pass kernels.Emus.
 	OpenDevices func(n, most int) ([]kernels.Device, error)
+	// Progress, if set, gets a line every ProgressEvery (default
+	// DefaultProgressEvery) once a run has taken that long: what it is
+	// doing, the steps done and the time left. Nothing of it goes into the
+	// record.
+	Progress      io.Writer
+	ProgressEvery time.Duration
 }
+
+// steps is how many steps a run of cfg with d takes: warm-up and timed,
+// twice for a rebalancing dispatcher (its paused steps first).
+func steps(cfg Config, d any) int {
+	n := cfg.Warmup + cfg.Iters
+	if _, ok := d.(dispatchers.Rebalancer); ok {
+		n *= 2
+	}
+	return n
+}
+
+// checking is the progress stage of the correctness check.
+const checking = "checking the output against the float64 reference"
 
 // Run builds the layer, checks it (unless cfg.Check is false), times
 // cfg.Iters steps after cfg.Warmup and returns the record. cfg.Device must be
@@ -53,6 +73,8 @@ func Run(cfg Config, env Env) (*results.Record, error) {
 	if err != nil {
 		return dispatcherError(rec, cfg, err)
 	}
+	prog := startProgress(env.Progress, env.ProgressEvery, steps(cfg, d))
+	defer prog.finish()
 	if err := checkHostMemory(cfg); err != nil {
 		return fail(results.StatusUnavailable, err)
 	}
@@ -70,6 +92,7 @@ func Run(cfg Config, env Env) (*results.Record, error) {
 		return fail(results.StatusFailed, err)
 	}
 	if cfg.Check {
+		prog.set(checking)
 		c, err := Check(l, d, fresh)
 		if err != nil {
 			return fail(results.StatusFailed, err)
@@ -106,15 +129,21 @@ func Run(cfg Config, env Env) (*results.Record, error) {
 		return err
 	}
 	rb, rebalances := d.(dispatchers.Rebalancer)
+	prog.stepping()
 	pausedEnd, end := cfg.deadlines(rebalances)
 	if rebalances { // after the warm-up, the paused steps (see measured.paused)
+		prog.set("steps with phase 2 paused (the straggler before rebalancing)")
 		m.paused = m.newSamples(cfg.EP)
 		samples = m.paused
 		rb.Pause(true)
 		if _, err := iterate(cfg.Warmup, cfg.Iters, pausedEnd, func(i int) error {
 			iter = i
 			l.SetRouting(cfg.Warmup + i + 1) // the same routing as the timed step i
-			return l.Iteration(d, timed)
+			if err := l.Iteration(d, timed); err != nil {
+				return err
+			}
+			prog.stepDone()
+			return nil
 		}); err != nil {
 			return fail(results.StatusFailed, err)
 		}
@@ -123,10 +152,12 @@ func Run(cfg Config, env Env) (*results.Record, error) {
 	}
 	done, err := iterate(cfg.Warmup, cfg.Iters, end, func(i int) error {
 		iter = i
+		prog.set(stepStage(i, cfg))
 		l.SetRouting(cfg.Warmup + i + 1)
 		if err := l.Iteration(d, timed); err != nil {
 			return err
 		}
+		prog.stepDone()
 		if i < 0 {
 			return nil
 		}
@@ -163,6 +194,14 @@ func ForwardOnlyReason(cfg Config) string {
 	}
 	return "the cuda device times the forward only in this build: its backward (the element-wise backward kernels, dgrad and wgrad through cuBLASLt, " +
 		"the dispatchers' device backward) is not there yet; the host device runs forward and backward"
+}
+
+// stepStage is the progress stage of step i (negative: warm-up).
+func stepStage(i int, cfg Config) string {
+	if i < 0 {
+		return fmt.Sprintf("warm-up step %d of %d", cfg.Warmup+i+1, cfg.Warmup)
+	}
+	return fmt.Sprintf("timed step %d of %d", i+1, cfg.Iters)
 }
 
 // segmentRows is the rows each rank's experts computed in the last step
@@ -287,22 +326,22 @@ func trafficRecord(tr dispatchers.Traffic) *results.Traffic {
 		DispatchBackwardOffRank: tr.DispatchBackwardOffRank, DispatchBackwardLogical: tr.DispatchBackwardLogical, BackwardFormula: tr.BackwardFormula}
 }
 
-// bandwidth fills t's GB/s from its algorithm bytes and the phase p50s of
-// timing, per SM of budget when the dispatcher is SM-driven (budget > 0).
-func bandwidth(t *results.Traffic, timing *results.Timing, ep, budget int) {
-	if t.DispatchAlgorithm == 0 && t.CombineAlgorithm == 0 {
-		return
-	}
+// bandwidth fills t's GB/s from the phase p50s of timing: in moebench's
+// per-copy convention (copies bytes), and in the design's own from its
+// algorithm bytes, per SM of budget when the dispatcher is SM-driven
+// (budget > 0).
+func bandwidth(t *results.Traffic, timing *results.Timing, ep, budget int, copies int64) {
 	p50 := map[string]float64{}
 	for _, p := range timing.Phases {
 		p50[p.Name] = p.P50
 	}
+	t.CopyBytes, t.CopyFormula = copies, results.CopyFormula
+	t.DispatchCopyGBps, t.CombineCopyGBps = results.GBps(copies, ep, p50["dispatch"]), results.GBps(copies, ep, p50["combine"])
+	if t.DispatchAlgorithm == 0 && t.CombineAlgorithm == 0 {
+		return
+	}
 	rate := func(bytes int64, phase string) (gbps, perSM float64) {
-		ms := p50[phase]
-		if ms <= 0 {
-			return 0, 0
-		}
-		gbps = float64(bytes) / float64(ep) / (ms / 1e3) / 1e9
+		gbps = results.GBps(bytes, ep, p50[phase])
 		if budget > 0 {
 			perSM = gbps / float64(budget)
 		}
@@ -372,15 +411,39 @@ func fillMeasurements(rec *results.Record, cfg Config, m measured) {
 		rec.Rebalance = rb
 	}
 	t := &results.Timing{Unit: "ms", Clock: m.clock, Warmup: cfg.Warmup, Iters: cfg.Iters, Model: m.model, Stopped: m.stopped}
+	// each rank's own step time, and the lockstep step (sum of slowest ranks)
+	stepPerRank := make([][]float64, cfg.EP)
+	lockstep := make([]float64, cfg.Iters)
 	for _, name := range m.phases {
-		t.Phases = append(t.Phases, phaseStats(name, m.samples[name]))
+		p := phaseStats(name, m.samples[name])
+		for i, v := range p.Samples {
+			lockstep[i] += v
+		}
+		for r, rs := range m.samples[name] {
+			stepPerRank[r] = kernels.Grow(stepPerRank[r], cfg.Iters)
+			for i, v := range rs {
+				stepPerRank[r][i] += v
+			}
+		}
+		t.Phases = append(t.Phases, p)
 	}
+	// the two steps: the slowest rank's own (measured on a device, its
+	// phases summed on the host) and the lockstep bound; Step is the
+	// device's measured one, and on the host, where ranks run a phase one
+	// after another, the lockstep bound
+	own := stepPerRank
 	if m.step != nil {
-		t.Step = phaseStats("step", m.step)
-	} else {
-		t.Step = m.sumPhases("step", m.phases, cfg)
+		own = m.step
 	}
-	if m.forward > 0 {
+	slowest := phaseStats("step_slowest_rank", own)
+	lock := results.Phase{Name: "step_lockstep", Stat: summarise(lockstep), Samples: lockstep}
+	t.SlowestRank, t.Lockstep = &slowest, &lock
+	t.Step, t.StepIs = slowest, results.StepSlowestRank
+	if m.step == nil {
+		t.Step.Stat, t.Step.Samples, t.StepIs = lock.Stat, lock.Samples, results.StepLockstep
+	}
+	t.Step.Name = "step"
+	if m.forward > 0 { // a training step's passes, each summed as the host's step is
 		fwd, bwd := m.sumPhases("fwd", m.phases[:m.forward], cfg), m.sumPhases("bwd", m.phases[m.forward:], cfg)
 		t.Forward, t.Backward = &fwd, &bwd
 	}
@@ -433,7 +496,7 @@ func fillMeasurements(rec *results.Record, cfg Config, m measured) {
 		m.mem.SavedFormula = savedFormula
 	}
 	rec.Traffic = trafficRecord(m.traffic)
-	bandwidth(rec.Traffic, t, cfg.EP, rec.SMs.Budget)
+	bandwidth(rec.Traffic, t, cfg.EP, rec.SMs.Budget, results.CopyPayload(rec.Config))
 	rec.Memory = m.mem
 	rec.Memory.Buffers = m.buffers
 }
