@@ -2,6 +2,7 @@ package harness
 
 import (
 	"fmt"
+	"runtime"
 
 	"github.com/moebench/moebench/dispatchers"
 	"github.com/moebench/moebench/kernels"
@@ -16,11 +17,11 @@ import (
 // rankGrads are one rank's gradients besides those the dispatcher
 // contract carries (dispatchers.Rank's).
 type rankGrads struct {
-	dlogits  []float32 // [T, E] the router logits' gradient (fp32)
-	dxRouter []float32 // [T, h] the router's part of the input gradient (B6)
-	dxShared []float32 // [T, h] the shared expert's part (B4)
-	dx       []float32 // [T, h] the input gradient (B8)
-	scratch  []float32 // the expert backward's dact and dh1
+	dlogits  []float32   // [T, E] the router logits' gradient (fp32)
+	dxRouter []float32   // [T, h] the router's part of the input gradient (B6)
+	dxShared []float32   // [T, h] the shared expert's part (B4)
+	dx       []float32   // [T, h] the input gradient (B8)
+	scratch  [][]float32 // the expert backward's dact and dh1, one per worker
 }
 
 // replicaGrads are the fp32 main_grad of the weights every rank holds a
@@ -132,6 +133,12 @@ func (l *Layer) expertsBackward(r int) error {
 	if len(rk.ExpertDProbs) < rows {
 		rk.ExpertDProbs = append(rk.ExpertDProbs, make([]float32, rows-len(rk.ExpertDProbs))...)
 	}
+	type job struct {
+		sg    dispatchers.Segment
+		w, gr *dispatchers.ExpertWeights
+	}
+	var jobs []job
+	distinct := map[*dispatchers.ExpertWeights]bool{} // the weight gradients each segment adds to
 	for _, sg := range rk.Segments {
 		if !taped(run.segs, sg) {
 			return fmt.Errorf("segment of expert %d, rows [%d, %d): the forward computed no such segment, so it kept no tape for it", sg.Expert, sg.Start, sg.Start+sg.Len)
@@ -148,16 +155,30 @@ func (l *Layer) expertsBackward(r int) error {
 		if gr == nil {
 			gr = &rk.ExpertGrads[sg.Expert-r*L]
 		}
-		// the forward's blocks (their tapes), in order: the weight
-		// gradients accumulate row by row as over the whole segment
-		for lo := sg.Start; lo < sg.Start+sg.Len; lo += expertBlock {
-			hi := min(lo+expertBlock, sg.Start+sg.Len)
-			g.scratch = kernels.Grow(g.scratch, (hi-lo)*3*f)
-			tape := kernels.ExpertTape[float32]{X: rk.ExpertX[lo*h : hi*h], Prob: rk.ExpertProbs[lo:hi], Saved: run.saved[lo*3*f : hi*3*f]}
-			grads := kernels.ExpertGrads[float32]{DX: rk.ExpertDX[lo*h : hi*h], DProb: rk.ExpertDProbs[lo:hi], DFC1: gr.FC1, DFC2: gr.FC2}
-			kernels.ExpertBackward(grads, rk.ExpertDY[lo*h:hi*h], tape, w.FC1, w.FC2, g.scratch, hi-lo, h, f, kernels.RoundBF16Slice)
-		}
+		jobs = append(jobs, job{sg, w, gr})
+		distinct[gr] = true
 	}
+	// each segment the forward's blocks (their tapes), in order, so that
+	// the weight gradients accumulate row by row as over the whole segment;
+	// segments run side by side when each adds to its own weight gradients
+	// (each worker its own scratch), else one after another
+	workers := min(len(jobs), runtime.GOMAXPROCS(0))
+	if len(distinct) < len(jobs) || !disjoint(rk.Segments) {
+		workers = 1
+	}
+	for len(g.scratch) < workers {
+		g.scratch = append(g.scratch, nil)
+	}
+	parallel(len(jobs), max(workers, 1), func(wk, i int) {
+		j := jobs[i]
+		for lo := j.sg.Start; lo < j.sg.Start+j.sg.Len; lo += expertBlock {
+			hi := min(lo+expertBlock, j.sg.Start+j.sg.Len)
+			g.scratch[wk] = kernels.Grow(g.scratch[wk], (hi-lo)*3*f)
+			tape := kernels.ExpertTape[float32]{X: rk.ExpertX[lo*h : hi*h], Prob: rk.ExpertProbs[lo:hi], Saved: run.saved[lo*3*f : hi*3*f]}
+			grads := kernels.ExpertGrads[float32]{DX: rk.ExpertDX[lo*h : hi*h], DProb: rk.ExpertDProbs[lo:hi], DFC1: j.gr.FC1, DFC2: j.gr.FC2}
+			kernels.ExpertBackward(grads, rk.ExpertDY[lo*h:hi*h], tape, j.w.FC1, j.w.FC2, g.scratch[wk], hi-lo, h, f, kernels.RoundBF16Slice)
+		}
+	})
 	return nil
 }
 
@@ -193,10 +214,13 @@ func (l *Layer) routerBackward(r int) error {
 func (l *Layer) sharedBackward(r int) error {
 	g, c := &l.grads[r], l.Cfg
 	fs := c.FFN * c.SharedExperts
-	g.scratch = kernels.Grow(g.scratch, c.Tokens*3*fs)
+	if len(g.scratch) == 0 {
+		g.scratch = append(g.scratch, nil)
+	}
+	g.scratch[0] = kernels.Grow(g.scratch[0], c.Tokens*3*fs)
 	tape := kernels.ExpertTape[float32]{X: l.X[r], Saved: l.run[r].sharedSaved}
 	grads := kernels.ExpertGrads[float32]{DX: g.dxShared, DFC1: l.replica.shared.FC1, DFC2: l.replica.shared.FC2}
-	kernels.ExpertBackward(grads, l.DOut[r], tape, l.SharedFC1, l.SharedFC2, g.scratch, c.Tokens, c.Hidden, fs, kernels.RoundBF16Slice)
+	kernels.ExpertBackward(grads, l.DOut[r], tape, l.SharedFC1, l.SharedFC2, g.scratch[0], c.Tokens, c.Hidden, fs, kernels.RoundBF16Slice)
 	return nil
 }
 
@@ -223,7 +247,10 @@ func (l *Layer) backwardFootprint(r int) int64 {
 	}
 	rk, run, g := l.Ranks[r], &l.run[r], &l.grads[r]
 	n := cap(run.saved) + cap(run.sharedSaved) + len(l.DOut[r]) + cap(rk.ExpertDY) + cap(rk.ExpertDX) + cap(rk.ExpertDProbs) +
-		cap(rk.DX) + cap(rk.DProbs) + cap(g.dlogits) + cap(g.dxRouter) + cap(g.dxShared) + cap(g.dx) + cap(g.scratch)
+		cap(rk.DX) + cap(rk.DProbs) + cap(g.dlogits) + cap(g.dxRouter) + cap(g.dxShared) + cap(g.dx)
+	for _, b := range g.scratch {
+		n += cap(b)
+	}
 	// the replicas' main_grad, as a GPU rank holds its own (as the
 	// footprint counts the router and shared weights)
 	n += len(l.replica.router) + len(l.replica.shared.FC1) + len(l.replica.shared.FC2)
