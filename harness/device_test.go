@@ -126,7 +126,9 @@ func equalsHostOn(t *testing.T, c Config, devs ...kernels.Device) {
 	if host == "feplb" {
 		host = c.FeplbBase
 	}
-	hl, d := hostStep(t, c, host)
+	hc := c
+	hc.ForwardOnly = !dl.train // the host's traffic counts the backward's bytes when the device's does
+	hl, d := hostStep(t, hc, host)
 	for r := range hl.Ranks {
 		if !reflect.DeepEqual(hl.Ranks[r].Y, dl.l.Ranks[r].Y) {
 			t.Fatalf("rank %d: device output differs from the host layer's", r)
@@ -152,7 +154,8 @@ func equalsHostOn(t *testing.T, c Config, devs ...kernels.Device) {
 }
 
 // hostStep runs one step of c on the host device with dispatcher name's
-// host implementation.
+// host implementation: the forward, then the backward unless c is
+// forward-only.
 func hostStep(t *testing.T, c Config, name string) (*Layer, dispatchers.Dispatcher) {
 	t.Helper()
 	hc := c
@@ -166,7 +169,7 @@ func hostStep(t *testing.T, c Config, name string) (*Layer, dispatchers.Dispatch
 		err = d.Bind(hl.Shape, hl.Ranks)
 	}
 	if err == nil {
-		err = hl.Step(d, func(_ string, _ int, fn func() error) error { return fn() })
+		err = hl.Iteration(d, func(_ string, _ int, fn func() error) error { return fn() })
 	}
 	if err != nil {
 		t.Fatal(err)
@@ -316,6 +319,7 @@ func TestDeviceFEPLBSplitsOverHelpers(t *testing.T) {
 		equalsHost(t, c, n)
 	}
 	lg := &batchLog{}
+	c.ForwardOnly = true // the forward's work stays the ranks' Work (a backward sets its own)
 	dl := deviceRun(t, c, lg)
 	if cr, err := dl.check(); err != nil || !cr.Passed {
 		t.Fatalf("check: %v, %+v", err, cr)
@@ -381,13 +385,19 @@ func TestDeviceFEPLBRunRecord(t *testing.T) {
 	for _, p := range rec.Timing.Phases {
 		names = append(names, p.Name)
 	}
-	if want := []string{"shared", "router", "permute", "dispatch", "experts", "rebalance", "dynamic", "combine", "unpermute"}; !reflect.DeepEqual(names, want) {
+	if want := []string{"shared", "router", "permute", "dispatch", "experts", "rebalance", "dynamic", "combine", "unpermute",
+		"unpermute-bwd", "combine-bwd", "dynamic-bwd", "rebalance-bwd", "experts-bwd", "dispatch-bwd", "permute-bwd", "router-bwd", "shared-bwd"}; !reflect.DeepEqual(names, want) {
 		t.Errorf("phases %v, want %v", names, want)
 	}
 	rb := rec.Rebalance
 	if !slices.Equal(rec.Tokens.Received, rb.TokensAfter) || rb.TokenAfter.Abs >= rb.TokenBefore.Abs || rb.Moves == 0 ||
 		!strings.Contains(rb.ExposedNote, "median of") || len(rb.PerStep.ExposedMS) != c.Iters || rb.PhaseTwoSMs != "not measured: the emu device has no copy engines" || rb.CopyMethod == "" {
 		t.Errorf("rebalance record %+v, tokens %v", rb, rec.Tokens.Received)
+	}
+	// the backward's phase 2: the gradients back, the helpers' weight
+	// gradients among them, timed on the copy streams
+	if wg := kernels.ExpertWGradBytes(c.Hidden, c.FFN); rb.WGradBytes < wg || rb.BackwardCopyBytes <= rb.WGradBytes || !(rb.BackwardCopyMS >= 0) {
+		t.Errorf("backward phase 2: %d bytes, %d of them weight gradients (at least %d), %v ms", rb.BackwardCopyBytes, rb.WGradBytes, wg, rb.BackwardCopyMS)
 	}
 	gemmBeforeAfter(t, rec)
 	// item 12: planned with the rates measured in the run, and packed ranks said so
@@ -440,7 +450,8 @@ func TestDeviceRunRecord(t *testing.T) {
 			t.Errorf("phase %s: %d samples, %d ranks", p.Name, len(p.Samples), len(p.PerRank))
 		}
 	}
-	if want := []string{"shared", "router", "permute", "dispatch", "experts", "combine", "unpermute"}; !reflect.DeepEqual(names, want) {
+	if want := []string{"shared", "router", "permute", "dispatch", "experts", "combine", "unpermute",
+		"unpermute-bwd", "combine-bwd", "experts-bwd", "dispatch-bwd", "permute-bwd", "router-bwd", "shared-bwd"}; !reflect.DeepEqual(names, want) {
 		t.Errorf("phases %v, want %v", names, want)
 	}
 	if !strings.HasPrefix(rec.SMs.Measured, "not measured: NVML") || rec.Telemetry != nil {
@@ -742,8 +753,9 @@ func TestDeviceGroupedGEMMFailureLeftOut(t *testing.T) {
 
 // TestDeviceDump: --dump on the device pipeline writes the same files as on
 // the host, byte for byte (the weights drawn again from the seed, the
-// routing and output downloaded from the device), also for feplb; a failed
-// check still dumps.
+// routing and output downloaded from the device), the gradients of a
+// training step of the same shapes, also for feplb; a failed check still
+// dumps.
 func TestDeviceDump(t *testing.T) {
 	t.Setenv("MOEBENCH_NVML", "/nonexistent")
 	for name, c := range map[string]Config{"sigmoid": deviceCases()["sigmoid-groups-skewed-shared"], "feplb": feplbCase()} {
@@ -762,7 +774,7 @@ func TestDeviceDump(t *testing.T) {
 		}
 		host, dev := filepath.Join(t.TempDir(), "host"), filepath.Join(t.TempDir(), "dev")
 		hc := c
-		hc.Device, hc.ForwardOnly = "host", true // the cuda device times the forward only
+		hc.Device, hc.ForwardOnly = "host", ForwardOnlyReason(c) != "" // the same pass as the device's
 		if _, err := Run(hc, Env{Version: "test", Dump: host}); err != nil {
 			t.Fatal(err)
 		}
@@ -774,7 +786,9 @@ func TestDeviceDump(t *testing.T) {
 			t.Fatalf("%s: host dumped %d files, device %d", name, len(hf), len(df))
 		}
 		for f, b := range hf {
-			if !bytes.Equal(b, df[f]) {
+			// the gradients' float32 sums go in other orders on the
+			// device (the gradient check bounds their error): the same size
+			if grad := strings.HasPrefix(f, "grad_"); grad && len(b) != len(df[f]) || !grad && !bytes.Equal(b, df[f]) {
 				t.Errorf("%s: %s differs between the host and the device dump", name, f)
 			}
 		}
@@ -989,7 +1003,7 @@ func (w *waitingEmu) SyncStream(s kernels.Stream) error {
 // TestAlltoallCountExchange: the counts reach the host through
 // asynchronous copies into page-locked memory, one per rank and step,
 // queued by the permute (no blocking download in a step: the layer's only
-// ones are the check's, three per rank), and the host's wait for them is
+// ones are the check's), and the host's wait for them is
 // reported on its own: the dispatch phase, timed from its own first GPU
 // operation, does not hold it.
 func TestAlltoallCountExchange(t *testing.T) {
@@ -1005,8 +1019,15 @@ func TestAlltoallCountExchange(t *testing.T) {
 		ways++
 	}
 	steps := 1 + 3*ways + c.Warmup + c.Iters // the check's, the GEMM choice's, the loop's
-	if dev.downloads != 3*c.EP || dev.async != steps*c.EP {
-		t.Errorf("%d blocking downloads (want the check's %d), %d asynchronous (want %d: one per rank and step)", dev.downloads, 3*c.EP, dev.async, steps*c.EP)
+	// the check's: per rank routing, probabilities and output, and its
+	// input, probability and router weight gradients; per expert its two
+	// weight gradients
+	checks := 6*c.EP + 2*c.Experts
+	if c.SharedExperts > 0 { // and the shared expert's two weight gradients per rank
+		checks += 2 * c.EP
+	}
+	if dev.downloads != checks || dev.async != steps*c.EP {
+		t.Errorf("%d blocking downloads (want the check's %d), %d asynchronous (want %d: one per rank and step)", dev.downloads, checks, dev.async, steps*c.EP)
 	}
 	hw := rec.Timing.HostWait
 	if hw == nil || hw.P50 < float64(c.EP)*10 {

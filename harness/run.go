@@ -185,15 +185,18 @@ func Run(cfg Config, env Env) (*results.Record, error) {
 }
 
 // ForwardOnlyReason says why a run of cfg that was not asked to be
-// forward-only must be: its device has no backward in this build (the
-// cuda device: the device dispatchers and the device layer implement the
-// forward only); "" when its backward can run.
+// forward-only must be: its dispatcher's implementation on the cuda device
+// has no backward in this build; "" when its backward can run (or the
+// dispatcher cannot be built, which the run itself reports).
 func ForwardOnlyReason(cfg Config) string {
 	if cfg.ForwardOnly || cfg.Device == "host" {
 		return ""
 	}
-	return "the cuda device times the forward only in this build: its backward (the element-wise backward kernels, dgrad and wgrad through cuBLASLt, " +
-		"the dispatchers' device backward) is not there yet; the host device runs forward and backward"
+	d, err := dispatchers.NewDevice(cfg.Dispatcher, cfg.Impl, cfg.dispatcherEnv())
+	if err != nil || dispatchers.HasBackward(d) {
+		return ""
+	}
+	return fmt.Sprintf("%s (%s) has no backward on the cuda device in this build; the host device runs its forward and backward", cfg.Dispatcher, cfg.Impl)
 }
 
 // stepStage is the progress stage of step i (negative: warm-up).
