@@ -74,20 +74,34 @@ func (l *Layer) backwardSteps(d dispatchers.Dispatcher) ([]dispatchers.Step, err
 	if err != nil {
 		return nil, err
 	}
+	var router, shared func(int) error
 	if l.routerGrad() {
-		s = append(s, dispatchers.Step{Name: dispatchers.BackwardName("router"), Run: l.routerBackward})
+		router = l.routerBackward
 	}
 	if l.SharedFC1 != nil {
-		s = append(s, dispatchers.Step{Name: dispatchers.BackwardName("shared"), Run: l.sharedBackward})
+		shared = l.sharedBackward
+	}
+	return layerBackward(s, router, shared, l.inputGrad), nil
+}
+
+// layerBackward appends to a dispatcher's backward steps s the router's
+// and the shared expert's (each when not nil), the last step followed by
+// the input gradient's sum.
+func layerBackward(s []dispatchers.Step, router, shared, inputGrad func(r int) error) []dispatchers.Step {
+	if router != nil {
+		s = append(s, dispatchers.Step{Name: dispatchers.BackwardName("router"), Run: router})
+	}
+	if shared != nil {
+		s = append(s, dispatchers.Step{Name: dispatchers.BackwardName("shared"), Run: shared})
 	}
 	last := s[len(s)-1]
 	s[len(s)-1].Run = func(r int) error {
 		if err := last.Run(r); err != nil {
 			return err
 		}
-		return l.inputGrad(r)
+		return inputGrad(r)
 	}
-	return s, nil
+	return s
 }
 
 // Backward runs the backward of the forward pass Step last ran, through d,

@@ -113,20 +113,14 @@ func (dl *deviceLayer) deviceBackwardSteps() ([]dispatchers.Step, error) {
 	if err != nil {
 		return nil, err
 	}
+	var router, shared func(int) error
 	if dl.l.routerGrad() {
-		s = append(s, dispatchers.Step{Name: dispatchers.BackwardName("router"), Run: dl.routerBackward})
+		router = dl.routerBackward
 	}
 	if dl.dc[0].sfc1 != 0 {
-		s = append(s, dispatchers.Step{Name: dispatchers.BackwardName("shared"), Run: dl.sharedBackward})
+		shared = dl.sharedBackward
 	}
-	last := s[len(s)-1]
-	s[len(s)-1].Run = func(r int) error {
-		if err := last.Run(r); err != nil {
-			return err
-		}
-		return dl.inputGrad(r)
-	}
-	return s, nil
+	return layerBackward(s, router, shared, dl.inputGrad), nil
 }
 
 // zeroGrads queues rank r's zero_grad: its weight gradients' main_grad.
