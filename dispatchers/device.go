@@ -10,27 +10,38 @@ import (
 // classic Phased), on buffers of a kernels.Device; the phase before the
 // first expert phase sets ExpertX, ExpertProbs and ExpertRows, the last
 // phase writes Y (bf16) with Shared added. A phase queues its work on the
-// rank's stream and returns (a phase that must wait on the host, as
-// DeepEP's notify for its received-token count, is Grouped, so that every
-// rank's work is queued before the wait); collective phases order
-// themselves after other ranks' work with events.
+// rank's stream and returns; collective phases order themselves after
+// other ranks' work with events.
+//
+// Threads: every rank's phases are called from its device's OS thread
+// (DeviceRank.Threads), a device's ranks in rank order, all devices at
+// once, and every device finishes a phase before any starts the next (the
+// layer's barrier between phases): a phase may use what any rank's earlier
+// phases set or recorded (buffers, events, host state), but not what
+// another device's calls of the same phase do. A phase that must wait on
+// the host for the device (alltoall's count exchange) is a HostWaiter's;
+// a wait inside a phase (DeepEP's notify waiting for its counts) waits for
+// the device's own ranks only. Collective libraries (NCCL, NCCL EP) are
+// called by every rank from its own thread in the same phase.
+//
 // The layer synchronizes every stream between steps, so a phase may assume
 // that the previous step's work is done. Each rank's buffers, streams and
 // events are on its own device (DeviceRank.Dev); work on another rank's
 // buffers goes through copies between devices (kernels.CopyOp's devices)
-// or a communicator (kernels.Comm). A collective phase may queue work on
-// every rank's stream from one rank's call (see Grouper).
+// or a communicator (kernels.Comm). A phase may queue work for all of its
+// device's ranks from one rank's call (see Grouper).
 
 // DeviceRank is one EP rank's buffers on the device. Tensors are row-major,
 // bf16 unless noted.
 type DeviceRank struct {
-	ID     int
-	Dev    kernels.Device // the rank's device (ranks may share one)
-	Stream kernels.Stream // a stream of Dev
-	X      kernels.Ptr    // [Tokens, Hidden] input, set by the layer
-	Idx    kernels.Ptr    // [Tokens, TopK] int32 global experts, set by the layer
-	Probs  kernels.Ptr    // [Tokens, TopK] fp32 routing probabilities, set by the layer
-	Shared kernels.Ptr    // [Tokens, Hidden] shared-expert output the last phase adds; 0: none
+	ID      int
+	Dev     kernels.Device   // the rank's device (ranks may share one)
+	Stream  kernels.Stream   // a stream of Dev
+	Threads *kernels.Threads // every device's issuing thread (Dev's among them): what collective setup in Bind runs on
+	X       kernels.Ptr      // [Tokens, Hidden] input, set by the layer
+	Idx     kernels.Ptr      // [Tokens, TopK] int32 global experts, set by the layer
+	Probs   kernels.Ptr      // [Tokens, TopK] fp32 routing probabilities, set by the layer
+	Shared  kernels.Ptr      // [Tokens, Hidden] shared-expert output the last phase adds; 0: none
 
 	// Set by the phase before the experts (Dispatch of the classic phases):
 	// the rows this rank's experts compute, grouped by local expert, and how
@@ -104,22 +115,25 @@ type ClassicDevice interface {
 	Phased
 }
 
-// Grouper is a device dispatcher that issues some phases as one group from
-// the last rank's call (an NCCL group: one thread drives every GPU), queuing
-// work on every rank's stream; Grouped says which (by phase name). The
-// layer times such a phase from start events recorded on every rank's
-// stream before its first call to end events after its last; other phases
-// between events around each rank's own call.
+// Grouper is a device dispatcher that issues some phases once per device,
+// from the call of the device's last rank, for all of the device's ranks
+// (one co-resident launch per GPU); Grouped says which (by phase name). The
+// layer times such a phase from start events recorded on the device's
+// ranks' streams before its first rank's call to end events after its last
+// rank's; other phases between events around each rank's own call.
 type Grouper interface{ Grouped(phase string) bool }
 
 // HostWaiter is a device dispatcher one of whose phases must first wait on
 // the host for the device (alltoall's count exchange: the host needs every
-// rank's counts to size the copies). HostWait(phase) does that wait for
-// every rank; the layer calls it before it records the phase's start
-// events, so that each rank's phase is timed from its own first GPU
-// operation, and reports the wait's wall time on its own. The phase does
-// not wait again.
-type HostWaiter interface{ HostWait(phase string) error }
+// rank's counts to size the copies). HostWait(phase, rank) does rank's
+// wait, on its device's thread; the layer calls it for every rank, and
+// waits for all of them, before it records the phase's start events, so
+// that each rank's phase is timed from its own first GPU operation and may
+// use what every rank's wait brought to the host; it reports the waits'
+// wall time on its own. The phase does not wait again.
+type HostWaiter interface {
+	HostWait(phase string, rank int) error
+}
 
 // Graphable is a device dispatcher whose steps may be issued as CUDA
 // graphs (--cuda-graph): the layer captures the phases between its host

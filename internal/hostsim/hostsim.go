@@ -23,6 +23,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -190,11 +191,14 @@ func Setup(t testing.TB) *Compiler {
 // Within runs f and ends the test binary if f has not returned after d: a
 // test of cross-rank waits must fail, not hang. (Setup stops a block that
 // only spins after MBHOST_SPIN_LIMIT_S, shorter than the tests' d, so a
-// kernel wait without a timeout fails its launch first.)
+// kernel wait without a timeout fails its launch first.) f runs on an OS
+// thread of its own (locked: the CUDA driver's current context is per
+// thread), which ends with it.
 func Within(t *testing.T, d time.Duration, f func()) {
 	t.Helper()
 	done := make(chan struct{})
 	go func() {
+		runtime.LockOSThread()
 		defer close(done)
 		f()
 	}()
