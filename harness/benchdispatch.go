@@ -199,7 +199,7 @@ func benchPoint(c Config, l *Layer, p DispatchPoint) (DispatchPoint, error) {
 		t.Phases = append(t.Phases, ph)
 	}
 	p.Traffic = trafficRecord(d.Traffic())
-	bandwidth(p.Traffic, t, c.EP, p.Budget)
+	bandwidth(p.Traffic, t, c.EP, p.Budget, results.CopyPayload(c.Record()))
 	p.Phases, p.Status = t.Phases, results.StatusOK
 	return p, nil
 }

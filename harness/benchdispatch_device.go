@@ -202,7 +202,7 @@ func benchDevicePoint(c Config, l *Layer, devs []kernels.Device, p DispatchPoint
 		t.Phases = append(t.Phases, ph)
 	}
 	p.Traffic = trafficRecord(d.Traffic())
-	bandwidth(p.Traffic, t, c.EP, p.Budget)
+	bandwidth(p.Traffic, t, c.EP, p.Budget, results.CopyPayload(c.Record()))
 	p.Phases, p.Status, p.RoundTrip = t.Phases, results.StatusOK, "exact"
 	return p, nil
 }

@@ -869,6 +869,8 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 	if err != nil {
 		return dispatcherError(rec, cfg, err)
 	}
+	prog := startProgress(env.Progress, env.ProgressEvery, steps(cfg, d))
+	defer prog.finish()
 	devs, err := env.devices(cfg.GPUs, cfg.EP)
 	if err != nil {
 		d.Close()
@@ -897,6 +899,7 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 		rec.Ranks.Note = ranksNote(cfg.EP, devs, t.Transport())
 	}
 	if cfg.Check {
+		prog.set(checking)
 		c, err := dl.check()
 		if err != nil {
 			return fail(deviceStatus(err), err)
@@ -938,8 +941,10 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 		defer gs.free()
 	}
 	rb, rebalances := d.(dispatchers.Rebalancer)
+	prog.stepping()
 	pausedEnd, end := cfg.deadlines(rebalances)
 	if rebalances { // the paused steps (see measured.paused)
+		prog.set("steps with phase 2 paused (the straggler before rebalancing)")
 		m.paused = m.newSamples(cfg.EP)
 		steps := make([][]float64, cfg.EP) // not kept
 		rb.Pause(true)
@@ -951,6 +956,7 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 				return err
 			}
 			rb.RebalanceStats() // every synchronized step: its GEMM rate for the scheduler
+			prog.stepDone()
 			if i < 0 {
 				return nil
 			}
@@ -969,6 +975,7 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 				rec.SMs.Measured = "not measured: " + why
 			}
 		}
+		prog.set(stepStage(i, cfg))
 		err := dl.setRouting(cfg.Warmup + i + 1)
 		if err == nil {
 			err = dl.step()
@@ -976,6 +983,7 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 		if err != nil {
 			return err
 		}
+		prog.stepDone()
 		var rs dispatchers.RebalanceStats
 		if rebalances { // every synchronized step: its rates for the scheduler
 			rs = rb.RebalanceStats()

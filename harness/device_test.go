@@ -468,11 +468,11 @@ func TestDeviceRunRecord(t *testing.T) {
 	if err != nil || rec.Traffic.DispatchLogical != int64(c.EP*c.Tokens*c.TopK)*int64(2*c.Hidden+4) {
 		t.Errorf("--check=false: %v, traffic %+v", err, rec.Traffic)
 	}
-	// a dispatcher without a device implementation is unavailable, with the reason
-	c.Dispatcher = "hybridep"
+	// an implementation that cannot run here is unavailable, with the reason
+	c.Dispatcher, c.Impl = "hybridep", "library"
 	rec, err = Run(c, Env{Version: "test", OpenDevices: emus(1)})
-	if !dispatchers.IsUnavailable(err) || rec.Status != results.StatusUnavailable || rec.Timing != nil || !strings.Contains(rec.Reason, "cuda") {
-		t.Errorf("hybridep on the device: %v, %+v", err, rec)
+	if !dispatchers.IsUnavailable(err) || rec.Status != results.StatusUnavailable || rec.Timing != nil || !strings.Contains(rec.Reason, "library") {
+		t.Errorf("hybridep's library implementation on Emu: %v, %+v", err, rec)
 	}
 }
 

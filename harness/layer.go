@@ -3,6 +3,8 @@ package harness
 import (
 	"fmt"
 	"math"
+	"runtime"
+	"slices"
 	"sync"
 
 	"github.com/moebench/moebench/dispatchers"
@@ -31,6 +33,9 @@ type Layer struct {
 
 	Ranks []*dispatchers.Rank
 	run   []rankRun
+	// scratch of the expert phase's extra workers (see experts), shared by
+	// the ranks: they run one after another
+	scratch [][]float32
 }
 
 type rankRun struct {
@@ -74,20 +79,21 @@ func newLayer(cfg Config, experts bool) (*Layer, error) {
 		l.Bias = normal(cfg.Seed, "bias", 0, E, 0.01)
 	}
 	l.Router = cfg.RouterConfig(l.Bias)
-	if experts {
+	if experts { // each expert its own stream of draws: drawn in parallel, the same values
 		fc1, fc2 := make([][]float32, E), make([][]float32, E)
-		for e := range E {
-			fc1[e], fc2[e] = l.ExpertWeights(e)
-		}
+		parallel(E, runtime.GOMAXPROCS(0), func(_, e int) { fc1[e], fc2[e] = l.ExpertWeights(e) })
 		l.FC1, l.FC2 = fc1, fc2
 	}
 	if fs := f * cfg.SharedExperts; fs > 0 {
 		l.SharedFC1 = normal(cfg.Seed, "shared-fc1", 0, 2*fs*h, 1/math.Sqrt(float64(h)))
 		l.SharedFC2 = normal(cfg.Seed, "shared-fc2", 0, h*fs, 1/math.Sqrt(float64(fs)))
 	}
+	l.X, l.Override = make([][]float32, cfg.EP), make([][]float32, cfg.EP)
+	parallel(cfg.EP, runtime.GOMAXPROCS(0), func(_, r int) { // each rank its own streams
+		l.X[r] = normal(cfg.Seed, "x", r, cfg.Tokens*h, 1)
+		l.Override[r] = cfg.Routing.Logits(cfg.Seed, r, cfg.Tokens, E)
+	})
 	for r := range cfg.EP {
-		l.X = append(l.X, normal(cfg.Seed, "x", r, cfg.Tokens*h, 1))
-		l.Override = append(l.Override, cfg.Routing.Logits(cfg.Seed, r, cfg.Tokens, E))
 		var local []dispatchers.ExpertWeights
 		for e := r * l.Shape.LocalExperts(); experts && e < (r+1)*l.Shape.LocalExperts(); e++ {
 			local = append(local, dispatchers.ExpertWeights{FC1: l.FC1[e], FC2: l.FC2[e]})
@@ -197,7 +203,18 @@ func (l *Layer) route(r int) error {
 	return nil
 }
 
+// expertBlock is the most rows of one expert computed at once: a larger
+// segment is computed in blocks (rows are independent: the same results),
+// which bounds each worker's scratch and spreads a big expert over workers.
+const expertBlock = 256
+
 // experts runs each segment's expert on its rows: fc1 → SwiGLU × prob → fc2.
+// A block whose GEMMs split their rows across the cores (kernels.SplitWork)
+// runs alone, so that the cores share its weights' loads; the smaller ones,
+// which would each run on one core, run in parallel on up to GOMAXPROCS
+// goroutines (each its own scratch) — segments own disjoint rows, so the
+// results are the same as one after another. Segments that share rows (none
+// of the dispatchers makes such) run one after another.
 func (l *Layer) experts(r int) error {
 	rk, run, c := l.Ranks[r], &l.run[r], l.Cfg
 	h, f, L := c.Hidden, c.FFN, l.Shape.LocalExperts()
@@ -210,6 +227,11 @@ func (l *Layer) experts(r int) error {
 	} else {
 		rk.ExpertY = rk.ExpertY[:n]
 	}
+	type block struct {
+		w          *dispatchers.ExpertWeights
+		start, len int // rows
+	}
+	var blocks []block
 	for _, sg := range rk.Segments {
 		w := sg.Weights
 		if w == nil {
@@ -221,11 +243,57 @@ func (l *Layer) experts(r int) error {
 		if sg.Start < 0 || sg.Len < 0 || sg.Start+sg.Len > rows {
 			return fmt.Errorf("segment of expert %d covers rows [%d, %d) of %d", sg.Expert, sg.Start, sg.Start+sg.Len, rows)
 		}
-		run.scratch = kernels.Grow(run.scratch, sg.Len*3*f)
-		kernels.ExpertForward(rk.ExpertY[sg.Start*h:], rk.ExpertX[sg.Start*h:(sg.Start+sg.Len)*h], rk.ExpertProbs[sg.Start:sg.Start+sg.Len],
-			w.FC1, w.FC2, run.scratch, sg.Len, h, f, kernels.RoundBF16Slice)
+		for lo := 0; lo < sg.Len; lo += expertBlock {
+			blocks = append(blocks, block{w, sg.Start + lo, min(expertBlock, sg.Len-lo)})
+		}
 	}
+	most, mostSmall := 0, 0
+	var small []block
+	for _, b := range blocks {
+		most = max(most, b.len)
+		if b.len*2*f*h < kernels.SplitWork {
+			small, mostSmall = append(small, b), max(mostSmall, b.len)
+		}
+	}
+	run.scratch = kernels.Grow(run.scratch, most*3*f)
+	forward := func(b block, scratch []float32) {
+		kernels.ExpertForward(rk.ExpertY[b.start*h:], rk.ExpertX[b.start*h:(b.start+b.len)*h], rk.ExpertProbs[b.start:b.start+b.len],
+			b.w.FC1, b.w.FC2, scratch, b.len, h, f, kernels.RoundBF16Slice)
+	}
+	workers := min(len(small), runtime.GOMAXPROCS(0))
+	if workers <= 1 || !disjoint(rk.Segments) {
+		for _, b := range blocks {
+			forward(b, run.scratch)
+		}
+		return nil
+	}
+	for _, b := range blocks {
+		if b.len*2*f*h >= kernels.SplitWork {
+			forward(b, run.scratch)
+		}
+	}
+	scratch := [][]float32{run.scratch} // the other workers' are shared by the ranks (they run one after another)
+	for w := 1; w < workers; w++ {
+		if len(l.scratch) < w {
+			l.scratch = append(l.scratch, nil)
+		}
+		l.scratch[w-1] = kernels.Grow(l.scratch[w-1], mostSmall*3*f)
+		scratch = append(scratch, l.scratch[w-1])
+	}
+	parallel(len(small), workers, func(w, i int) { forward(small[i], scratch[w]) })
 	return nil
+}
+
+// disjoint says whether no two segments share a row.
+func disjoint(segs []dispatchers.Segment) bool {
+	s := slices.Clone(segs)
+	slices.SortFunc(s, func(a, b dispatchers.Segment) int { return a.Start - b.Start })
+	for i := 1; i < len(s); i++ {
+		if s[i].Start < s[i-1].Start+s[i-1].Len {
+			return false
+		}
+	}
+	return true
 }
 
 // sharedExpert computes the shared expert's output on the rank's tokens.

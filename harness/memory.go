@@ -56,8 +56,9 @@ func memParts(c Config) []memPart {
 	if host {
 		parts = append(parts, memPart{"expert weights (float32)", 4 * 3 * E * h * f})
 		// each rank's expert input, output and probabilities, and the
-		// intermediates of its largest expert (≤ its rows)
-		layer += copies * (8*h + 4 + 4*3*f)
+		// intermediates of its largest expert (≤ its rows); the other
+		// expert workers' intermediates, a block of rows each
+		layer += copies*(8*h+4+4*3*f) + float64(runtime.GOMAXPROCS(0)-1)*min(expertBlock, copies)*4*3*f
 		// the dispatcher, and a second one for the round-trip check: the
 		// permuted and received copies both ways, per-expert counts of each
 		// rank, and per rank pair the chunk sizes and offsets

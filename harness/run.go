@@ -3,6 +3,7 @@ package harness
 import (
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"time"
 
@@ -27,7 +28,26 @@ type Env struct {
 	// 0 as many as there are up to most (one per rank). Nil opens GPUs
 	// (kernels.OpenGPUs); tests pass kernels.Emus.
 	OpenDevices func(n, most int) ([]kernels.Device, error)
+	// Progress, if set, gets a line every ProgressEvery (default
+	// DefaultProgressEvery) once a run has taken that long: what it is
+	// doing, the steps done and the time left. Nothing of it goes into the
+	// record.
+	Progress      io.Writer
+	ProgressEvery time.Duration
 }
+
+// steps is how many steps a run of cfg with d takes: warm-up and timed,
+// twice for a rebalancing dispatcher (its paused steps first).
+func steps(cfg Config, d any) int {
+	n := cfg.Warmup + cfg.Iters
+	if _, ok := d.(dispatchers.Rebalancer); ok {
+		n *= 2
+	}
+	return n
+}
+
+// checking is the progress stage of the correctness check.
+const checking = "checking the output against the float64 reference"
 
 // Run builds the layer, checks it (unless cfg.Check is false), times
 // cfg.Iters steps after cfg.Warmup and returns the record. cfg.Device must be
@@ -50,6 +70,8 @@ func Run(cfg Config, env Env) (*results.Record, error) {
 	if err != nil {
 		return dispatcherError(rec, cfg, err)
 	}
+	prog := startProgress(env.Progress, env.ProgressEvery, steps(cfg, d))
+	defer prog.finish()
 	if err := checkHostMemory(cfg); err != nil {
 		return fail(results.StatusUnavailable, err)
 	}
@@ -67,6 +89,7 @@ func Run(cfg Config, env Env) (*results.Record, error) {
 		return fail(results.StatusFailed, err)
 	}
 	if cfg.Check {
+		prog.set(checking)
 		c, err := Check(l, d, fresh)
 		if err != nil {
 			return fail(results.StatusFailed, err)
@@ -98,15 +121,21 @@ func Run(cfg Config, env Env) (*results.Record, error) {
 		return err
 	}
 	rb, rebalances := d.(dispatchers.Rebalancer)
+	prog.stepping()
 	pausedEnd, end := cfg.deadlines(rebalances)
 	if rebalances { // after the warm-up, the paused steps (see measured.paused)
+		prog.set("steps with phase 2 paused (the straggler before rebalancing)")
 		m.paused = m.newSamples(cfg.EP)
 		samples = m.paused
 		rb.Pause(true)
 		if _, err := iterate(cfg.Warmup, cfg.Iters, pausedEnd, func(i int) error {
 			iter = i
 			l.SetRouting(cfg.Warmup + i + 1) // the same routing as the timed step i
-			return l.Step(d, timed)
+			if err := l.Step(d, timed); err != nil {
+				return err
+			}
+			prog.stepDone()
+			return nil
 		}); err != nil {
 			return fail(results.StatusFailed, err)
 		}
@@ -115,10 +144,12 @@ func Run(cfg Config, env Env) (*results.Record, error) {
 	}
 	done, err := iterate(cfg.Warmup, cfg.Iters, end, func(i int) error {
 		iter = i
+		prog.set(stepStage(i, cfg))
 		l.SetRouting(cfg.Warmup + i + 1)
 		if err := l.Step(d, timed); err != nil {
 			return err
 		}
+		prog.stepDone()
 		if i < 0 {
 			return nil
 		}
@@ -142,6 +173,14 @@ func Run(cfg Config, env Env) (*results.Record, error) {
 	m.phase2SMs = "not measured on the host device"
 	fillMeasurements(rec, cfg, m)
 	return rec, dump(env, l, rec)
+}
+
+// stepStage is the progress stage of step i (negative: warm-up).
+func stepStage(i int, cfg Config) string {
+	if i < 0 {
+		return fmt.Sprintf("warm-up step %d of %d", cfg.Warmup+i+1, cfg.Warmup)
+	}
+	return fmt.Sprintf("timed step %d of %d", i+1, cfg.Iters)
 }
 
 // segmentRows is the rows each rank's experts computed in the last step
@@ -261,22 +300,22 @@ func trafficRecord(tr dispatchers.Traffic) *results.Traffic {
 		DispatchInterDomain: tr.DispatchInterDomain, CombineInterDomain: tr.CombineInterDomain, InterDomainAlgorithm: tr.InterDomainAlgorithm}
 }
 
-// bandwidth fills t's GB/s from its algorithm bytes and the phase p50s of
-// timing, per SM of budget when the dispatcher is SM-driven (budget > 0).
-func bandwidth(t *results.Traffic, timing *results.Timing, ep, budget int) {
-	if t.DispatchAlgorithm == 0 && t.CombineAlgorithm == 0 {
-		return
-	}
+// bandwidth fills t's GB/s from the phase p50s of timing: in moebench's
+// per-copy convention (copies bytes), and in the design's own from its
+// algorithm bytes, per SM of budget when the dispatcher is SM-driven
+// (budget > 0).
+func bandwidth(t *results.Traffic, timing *results.Timing, ep, budget int, copies int64) {
 	p50 := map[string]float64{}
 	for _, p := range timing.Phases {
 		p50[p.Name] = p.P50
 	}
+	t.CopyBytes, t.CopyFormula = copies, results.CopyFormula
+	t.DispatchCopyGBps, t.CombineCopyGBps = results.GBps(copies, ep, p50["dispatch"]), results.GBps(copies, ep, p50["combine"])
+	if t.DispatchAlgorithm == 0 && t.CombineAlgorithm == 0 {
+		return
+	}
 	rate := func(bytes int64, phase string) (gbps, perSM float64) {
-		ms := p50[phase]
-		if ms <= 0 {
-			return 0, 0
-		}
-		gbps = float64(bytes) / float64(ep) / (ms / 1e3) / 1e9
+		gbps = results.GBps(bytes, ep, p50[phase])
 		if budget > 0 {
 			perSM = gbps / float64(budget)
 		}
@@ -360,12 +399,22 @@ func fillMeasurements(rec *results.Record, cfg Config, m measured) {
 		}
 		t.Phases = append(t.Phases, p)
 	}
+	// the two steps: the slowest rank's own (measured on a device, its
+	// phases summed on the host) and the lockstep bound; Step is the
+	// device's measured one, and on the host, where ranks run a phase one
+	// after another, the lockstep bound
+	own := stepPerRank
 	if m.step != nil {
-		t.Step = phaseStats("step", m.step)
-	} else {
-		t.Step = phaseStats("step", stepPerRank)
-		t.Step.Samples, t.Step.Stat = lockstep, summarise(lockstep)
+		own = m.step
 	}
+	slowest := phaseStats("step_slowest_rank", own)
+	lock := results.Phase{Name: "step_lockstep", Stat: summarise(lockstep), Samples: lockstep}
+	t.SlowestRank, t.Lockstep = &slowest, &lock
+	t.Step, t.StepIs = slowest, results.StepSlowestRank
+	if m.step == nil {
+		t.Step.Stat, t.Step.Samples, t.StepIs = lock.Stat, lock.Samples, results.StepLockstep
+	}
+	t.Step.Name = "step"
 	if m.issue != nil {
 		s := summarise(m.issue)
 		t.HostIssue = &s
@@ -407,7 +456,7 @@ func fillMeasurements(rec *results.Record, cfg Config, m measured) {
 		rec.GEMM.TFLOPS = routed / (ms / 1e3) / 1e12
 	}
 	rec.Traffic = trafficRecord(m.traffic)
-	bandwidth(rec.Traffic, t, cfg.EP, rec.SMs.Budget)
+	bandwidth(rec.Traffic, t, cfg.EP, rec.SMs.Budget, results.CopyPayload(rec.Config))
 	rec.Memory = m.mem
 	rec.Memory.Buffers = m.buffers
 }

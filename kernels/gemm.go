@@ -19,12 +19,17 @@ func MatMulNT[F Float](c, a, b []F, m, n, k int) {
 	parallelRows(m, m*n*k, func(lo, hi int) { matMulRows(c, a, b, lo, hi, n, k) })
 }
 
+// SplitWork is the multiply-adds from which a GEMM splits its rows across
+// goroutines (parallelRows); smaller ones run on the caller's.
+const SplitWork = 1 << 18
+
 // parallelRows calls fn on ranges of [0, m) that cover it, split across
-// GOMAXPROCS goroutines when the work (multiply-adds) is large, else in one
-// call on the caller's goroutine; it returns when every call has.
+// GOMAXPROCS goroutines when the work (multiply-adds) is at least
+// SplitWork, else in one call on the caller's goroutine; it returns when
+// every call has.
 func parallelRows(m, work int, fn func(lo, hi int)) {
 	workers := runtime.GOMAXPROCS(0)
-	if work < 1<<18 || workers == 1 || m < 2 {
+	if work < SplitWork || workers == 1 || m < 2 {
 		fn(0, m)
 		return
 	}

@@ -5,6 +5,9 @@ import (
 	"fmt"
 	"maps"
 	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
 	"runtime"
 	"slices"
 	"strings"
@@ -170,6 +173,34 @@ func TestKernelsCompile(t *testing.T) {
 		for _, p := range out[i].problems {
 			t.Errorf("%s: %s", what, p)
 		}
+	}
+}
+
+// TestKernelsCompileNVRTC12 runs TestKernelsCompile again, in a child
+// process, with the NVRTC ≥ 12 that MOEBENCH_NVRTC12 names (CI unpacks
+// Debian trixie's 12.4): NVRTC 11.8 cannot compile hybridep's bulk-copy
+// path (cp.async.bulk and mbarrier transaction counts, PTX ISA 8.0), which
+// the child compiles for sm_90 and whose SASS it audits for UBLKCP. It
+// skips without the variable, and fails instead under
+// MOEBENCH_REQUIRE_NVRTC12=1.
+func TestKernelsCompileNVRTC12(t *testing.T) {
+	lib := os.Getenv("MOEBENCH_NVRTC12")
+	switch {
+	case lib == "" && os.Getenv("MOEBENCH_REQUIRE_NVRTC12") == "1":
+		t.Fatal("MOEBENCH_REQUIRE_NVRTC12=1 but MOEBENCH_NVRTC12 names no NVRTC")
+	case lib == "":
+		t.Skip("MOEBENCH_NVRTC12 names no NVRTC ≥ 12: the bulk-copy path is not compiled")
+	case os.Getenv("MOEBENCH_NVRTC") == lib:
+		t.Skip("the child itself")
+	}
+	cmd := exec.Command(os.Args[0], "-test.run", "^TestKernelsCompile$", "-test.count=1", "-test.v")
+	cmd.Env = append(os.Environ(), "MOEBENCH_NVRTC="+lib, "LD_LIBRARY_PATH="+filepath.Dir(lib)+":"+os.Getenv("LD_LIBRARY_PATH"))
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("TestKernelsCompile with %s: %v\n%s", lib, err, out)
+	}
+	if !regexp.MustCompile(`NVRTC 1[2-9]\.\d+ from`).Match(out) || !bytes.Contains(out, []byte("MB_NO_BULK=0 hybridep.cu sm_90")) {
+		t.Fatalf("the child did not compile the bulk-copy path with NVRTC ≥ 12:\n%s", out)
 	}
 }
 

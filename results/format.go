@@ -1,7 +1,6 @@
 package results
 
 import (
-	"encoding/csv"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -84,13 +83,19 @@ func WriteTable(w io.Writer, rec *Record) error {
 	if t.Stopped != "" {
 		p.f("# %s\n", t.Stopped)
 	}
-	p.f("#\n")
-	p.f("# %-10s %10s %10s %10s %10s %10s %12s %12s\n", "phase", "p50_ms", "p90_ms", "p99_ms", "mean_ms", "stdev_ms", "rank_min_ms", "rank_max_ms")
-	for _, ph := range append(append([]Phase(nil), t.Phases...), t.Step) {
-		p.f("  %-10s %10.3f %10.3f %10.3f %10.3f %10.3f %12.3f %12.3f\n",
-			ph.Name, ph.P50, ph.P90, ph.P99, ph.Mean, ph.Stdev, ph.RankMin, ph.RankMax)
+	if rec.Stack.Device == "host" {
+		p.f("# host device: Go code runs every rank on the CPU, one after another: its times show the pipeline, they are not a performance measurement\n")
 	}
 	p.f("#\n")
+	writePhaseTable(p, t)
+	p.f("#\n")
+	if t.SlowestRank != nil && t.Lockstep != nil {
+		is := "rank_step"
+		if t.StepIs == StepLockstep {
+			is = "lockstep"
+		}
+		p.f("# %-22s rank_step: per iteration the slowest rank's own step; lockstep: the sum of each phase's slowest rank (a barrier between phases); the record's step, which compare uses, is %s\n", "steps", is)
+	}
 	if hi := t.HostIssue; hi != nil {
 		p.f("# %-22s p50 %.3f ms, %.0f%% of the step's p50", "host issue/step", hi.P50, 100*hi.P50/t.Step.P50)
 		if hi.P50 >= HostBoundShare*t.Step.P50 {
@@ -157,6 +162,10 @@ func WriteTable(w io.Writer, rec *Record) error {
 			}
 			p.f("\n")
 		}
+		if tr.CopyBytes > 0 {
+			p.f("# %-22s %s (every (token, expert) copy's bf16 row) · dispatch %.3f, combine %.3f GB/s per rank\n", "copy bytes/step",
+				bytesStr(tr.CopyBytes), tr.DispatchCopyGBps, tr.CombineCopyGBps)
+		}
 		if tr.DispatchAlgorithm > 0 {
 			p.f("# %-22s dispatch %s, combine %s · %.3f and %.3f GB/s per rank", "algorithm bytes/step",
 				bytesStr(tr.DispatchAlgorithm), bytesStr(tr.CombineAlgorithm), tr.DispatchGBps, tr.CombineGBps)
@@ -189,6 +198,35 @@ func WriteTable(w io.Writer, rec *Record) error {
 	}
 	writeCorrectness(p, rec.Correctness)
 	return p.err
+}
+
+// writePhaseTable prints t's phases, then its two steps where the record
+// has them (else its step), in ms, or in µs when a value would print as
+// 0.0xx ms.
+func writePhaseTable(p *printer, t *Timing) {
+	rows := append([]Phase(nil), t.Phases...)
+	slowest, lockstep := t.SlowestRank, t.Lockstep
+	if slowest != nil && lockstep != nil {
+		s, l := *slowest, *lockstep
+		s.Name, l.Name = "rank_step", "lockstep"
+		rows = append(rows, s, l)
+	} else { // an older record
+		rows = append(rows, t.Step)
+	}
+	var all []float64
+	for _, ph := range rows {
+		all = append(all, ph.P50, ph.P90, ph.P99, ph.Mean, ph.Stdev, ph.RankMin, ph.RankMax)
+	}
+	unit, pr := timeUnit(all)
+	unit = unit[1:]
+	p.f("# %-10s %10s %10s %10s %10s %10s %12s %12s\n", "phase", "p50_"+unit, "p90_"+unit, "p99_"+unit, "mean_"+unit, "stdev_"+unit, "rank_min_"+unit, "rank_max_"+unit)
+	for _, ph := range rows {
+		lo, hi := pr(ph.RankMin), pr(ph.RankMax)
+		if len(ph.PerRank) == 0 && ph.Name == "lockstep" { // no rank has this step
+			lo, hi = noValue, noValue
+		}
+		p.f("  %-10s %10s %10s %10s %10s %10s %12s %12s\n", ph.Name, pr(ph.P50), pr(ph.P90), pr(ph.P99), pr(ph.Mean), pr(ph.Stdev), lo, hi)
+	}
 }
 
 func writeCorrectness(p *printer, c *Correctness) {
@@ -228,35 +266,12 @@ func rankNote(rec *Record) string {
 	return ""
 }
 
-// CSVHeader names the columns WriteCSV prints.
-var CSVHeader = []string{"preset", "dispatcher", "impl", "sms", "ep", "routing", "seed", "device", "status",
-	"step_p50_ms", "step_mean_ms", "step_stdev_ms", "dispatch_p50_ms", "combine_p50_ms", "experts_p50_ms",
-	"token_straggler_rel", "gemm_straggler_rel", "dispatch_off_rank_bytes", "max_rel_err", "reason"}
-
-// WriteCSV prints a header line and one row for rec.
+// WriteCSV prints a header line and one row for rec, in the report's CSV
+// columns (without a speedup: it has no alltoall row to compare with).
 func WriteCSV(w io.Writer, rec *Record) error {
-	cw := csv.NewWriter(w)
-	c := rec.Config
-	row := []string{c.Preset, c.Dispatcher, c.Impl, strconv.Itoa(c.SMs), strconv.Itoa(c.EP), c.Routing,
-		strconv.FormatUint(c.Seed, 10), rec.Stack.Device, rec.Status}
-	num := func(v float64) string { return strconv.FormatFloat(v, 'g', 6, 64) }
-	if t := rec.Timing; t != nil {
-		row = append(row, num(t.Step.P50), num(t.Step.Mean), num(t.Step.Stdev),
-			num(phaseP50(rec, "dispatch")), num(phaseP50(rec, "combine")), num(phaseP50(rec, "experts")),
-			num(rec.Tokens.Straggler.Rel), num(rec.GEMM.Straggler.Rel), strconv.FormatInt(rec.Traffic.DispatchOffRank, 10))
-	} else {
-		row = append(row, make([]string, 9)...)
-	}
-	if cc := rec.Correctness; cc != nil && cc.Checked {
-		row = append(row, num(cc.MaxRelErr))
-	} else {
-		row = append(row, "")
-	}
-	row = append(row, rec.Reason)
-	cw.Write(CSVHeader)
-	cw.Write(row)
-	cw.Flush()
-	return cw.Error()
+	groups := BuildReport([]Record{*rec})
+	groups[0].Rows[0].Speedup = 0
+	return writeCSV(w, groups)
 }
 
 func bytesStr(b int64) string {

@@ -209,6 +209,12 @@ type Phase struct {
 	Samples []float64 `json:"samples"` // per iteration, slowest rank
 }
 
+// The values of Timing.StepIs.
+const (
+	StepLockstep    = "lockstep"
+	StepSlowestRank = "slowest_rank"
+)
+
 // Timing holds per-phase and step times.
 type Timing struct {
 	Unit   string `json:"unit"`  // ms
@@ -221,6 +227,19 @@ type Timing struct {
 	Phases  []Phase `json:"phases"`
 	Step    Phase   `json:"step"`
 	Model   string  `json:"model"` // how the step is composed from phases
+	// StepIs says which of the two steps below Step is (compare and the
+	// report's speedup use Step): StepLockstep on the host device, where
+	// the ranks run a phase one after another; StepSlowestRank on a device,
+	// where each rank's step is measured with its waits. Empty in older
+	// records.
+	StepIs string `json:"step_is,omitempty"`
+	// SlowestRank is, per iteration, the slowest rank's own step (on the
+	// host the sum of its own phase times: a rank that waits for no one);
+	// Lockstep the sum of each phase's slowest rank (a barrier between
+	// phases: the bound when the slowest rank differs from phase to phase).
+	// Absent in older records.
+	SlowestRank *Phase `json:"step_slowest_rank,omitempty"`
+	Lockstep    *Phase `json:"step_lockstep,omitempty"`
 	// device runs: the host's wall time to issue one step, from its first
 	// call to its last call's return, before waiting for the streams, less
 	// HostWait. Close to the step time, the GPU may have waited for the
@@ -290,6 +309,13 @@ type Traffic struct {
 	DispatchGBpsPerSM float64 `json:"dispatch_gbps_per_sm,omitempty"`
 	CombineGBpsPerSM  float64 `json:"combine_gbps_per_sm,omitempty"`
 	BandwidthFormula  string  `json:"bandwidth_formula,omitempty"`
+	// moebench's per-copy convention, the same for every dispatcher of a
+	// workload: CopyBytes (CopyFormula) over all ranks, and the GB/s a
+	// rank's share of them gives over the dispatch (combine) phase's p50.
+	CopyBytes        int64   `json:"copy_payload_bytes,omitempty"`
+	CopyFormula      string  `json:"copy_payload_formula,omitempty"`
+	DispatchCopyGBps float64 `json:"dispatch_copy_gbps,omitempty"`
+	CombineCopyGBps  float64 `json:"combine_copy_gbps,omitempty"`
 }
 
 // Memory is the peak memory of each rank.

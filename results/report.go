@@ -1,11 +1,9 @@
 package results
 
 import (
-	"encoding/csv"
 	"fmt"
 	"io"
 	"sort"
-	"strconv"
 	"strings"
 )
 
@@ -15,7 +13,7 @@ var ReportFormats = []string{"table", "markdown", "csv", "html"}
 // Row is one dispatcher × settings in a report group.
 type Row struct {
 	Rec     *Record
-	Speedup float64 // alltoall step p50 / this step p50; 0 when either is not ok
+	Speedup float64 // alltoall's step p50 / this row's (the records' Step: StepIs says which); 0 when either is not ok
 	Runs    int     // records of this point; the last is shown
 }
 
@@ -84,97 +82,6 @@ func BuildReport(recs []Record) []Group {
 	return groups
 }
 
-// column is one report column: its header (with unit) and its value for a
-// row; ok-only columns print "—" for failed and unavailable rows.
-type column struct {
-	head   string
-	okOnly bool
-	val    func(Row) string
-}
-
-func f3(v float64) string { return strconv.FormatFloat(v, 'f', 3, 64) }
-
-// gbps is a bandwidth cell: "—" where the record has none (an older record,
-// or no SM budget for the per-SM columns).
-func gbps(v float64) string {
-	if v == 0 {
-		return "—"
-	}
-	return strconv.FormatFloat(v, 'g', 4, 64)
-}
-
-func phaseP50(r *Record, name string) float64 {
-	for _, p := range r.Timing.Phases {
-		if p.Name == name {
-			return p.P50
-		}
-	}
-	return 0
-}
-
-var columns = []column{
-	{"dispatcher", false, func(r Row) string { return r.Rec.Config.Dispatcher }},
-	{"impl", false, func(r Row) string { return r.Rec.Config.Impl }},
-	{"sms", false, func(r Row) string {
-		if r.Rec.Config.SMs == 0 {
-			return "default"
-		}
-		return strconv.Itoa(r.Rec.Config.SMs)
-	}},
-	{"status", false, func(r Row) string { return r.Rec.Status }},
-	{"step_p50_ms", true, func(r Row) string { return f3(r.Rec.Timing.Step.P50) }},
-	{"step_stdev_ms", true, func(r Row) string { return f3(r.Rec.Timing.Step.Stdev) }},
-	{"dispatch_p50_ms", true, func(r Row) string { return f3(phaseP50(r.Rec, "dispatch")) }},
-	{"combine_p50_ms", true, func(r Row) string { return f3(phaseP50(r.Rec, "combine")) }},
-	{"dispatch_GBps", true, func(r Row) string { return gbps(r.Rec.Traffic.DispatchGBps) }},
-	{"combine_GBps", true, func(r Row) string { return gbps(r.Rec.Traffic.CombineGBps) }},
-	{"dispatch_GBps_per_SM", true, func(r Row) string { return gbps(r.Rec.Traffic.DispatchGBpsPerSM) }},
-	{"combine_GBps_per_SM", true, func(r Row) string { return gbps(r.Rec.Traffic.CombineGBpsPerSM) }},
-	{"speedup_vs_alltoall", true, func(r Row) string {
-		if r.Speedup == 0 {
-			return "—"
-		}
-		return fmt.Sprintf("%.2fx", r.Speedup)
-	}},
-	{"token_straggler_%", true, func(r Row) string { return fmt.Sprintf("%.1f", 100*r.Rec.Tokens.Straggler.Rel) }},
-	{"gemm_straggler_%", true, func(r Row) string { return fmt.Sprintf("%.1f", 100*r.Rec.GEMM.Straggler.Rel) }},
-	{"mem_max_MiB", true, func(r Row) string {
-		if r.Rec.Memory == nil {
-			return "—"
-		}
-		var hi int64
-		for _, b := range r.Rec.Memory.PerRankBytes {
-			hi = max(hi, b)
-		}
-		return fmt.Sprintf("%.1f", float64(hi)/(1<<20))
-	}},
-	{"sms_measured", true, func(r Row) string {
-		if strings.HasPrefix(r.Rec.SMs.Measured, "not measured") {
-			return "n/m"
-		}
-		return r.Rec.SMs.Measured
-	}},
-	{"max_rel_err", false, func(r Row) string {
-		c := r.Rec.Correctness
-		switch {
-		case c == nil:
-			return "—"
-		case !c.Checked:
-			return "unchecked"
-		case !c.Passed:
-			return fmt.Sprintf("FAIL %.1e", c.MaxRelErr)
-		}
-		return fmt.Sprintf("%.1e", c.MaxRelErr)
-	}},
-}
-
-func (col column) cell(r Row) string {
-	if col.okOnly && r.Rec.Status != StatusOK {
-		return "—"
-	}
-	return col.val(r)
-}
-
 // Title is a one-line description of a group's workload.
 func (g Group) Title() string {
 	c := g.Workload
@@ -188,13 +95,17 @@ func (g Group) Title() string {
 	return s + fmt.Sprintf(" · EP %d · routing %s · seed %d · device %s · stack #%d", c.EP, c.Routing, c.Seed, c.Device, g.StackNo)
 }
 
-// notes are the reasons of failed and unavailable rows, and repeated runs.
+// notes are the reasons of failed and unavailable rows, of runs stopped
+// early, and repeated runs.
 func (g Group) notes() []string {
 	var n []string
 	for _, r := range g.Rows {
 		c := r.Rec.Config
 		if r.Rec.Status != StatusOK {
 			n = append(n, fmt.Sprintf("%s/%s sms=%d %s: %s", c.Dispatcher, c.Impl, c.SMs, r.Rec.Status, r.Rec.Reason))
+		}
+		if t := r.Rec.Timing; t != nil && t.Stopped != "" {
+			n = append(n, fmt.Sprintf("%s/%s sms=%d: %s", c.Dispatcher, c.Impl, c.SMs, t.Stopped))
 		}
 		if r.Runs > 1 {
 			n = append(n, fmt.Sprintf("%s/%s sms=%d: %d records, the last shown", c.Dispatcher, c.Impl, c.SMs, r.Runs))
@@ -225,64 +136,11 @@ func WriteReport(w io.Writer, groups []Group, format, title string) error {
 	case "markdown":
 		return reportMarkdown(w, groups, title)
 	case "csv":
-		return reportCSV(w, groups)
+		return writeCSV(w, groups)
 	case "html":
 		return reportHTML(w, groups, title)
 	}
 	return fmt.Errorf("unknown report format %q (allowed: %s)", format, strings.Join(ReportFormats, ", "))
-}
-
-// textColumns are the report's left-aligned columns (dispatcher, impl, sms, status).
-const textColumns = 4
-
-// cells is the group's table: the header, then one row per dispatcher × settings.
-func (g Group) cells() [][]string {
-	rows := [][]string{{}}
-	for _, col := range columns {
-		rows[0] = append(rows[0], col.head)
-	}
-	for _, r := range g.Rows {
-		var row []string
-		for _, col := range columns {
-			row = append(row, col.cell(r))
-		}
-		rows = append(rows, row)
-	}
-	return rows
-}
-
-// rebalanceCells is the table of the group's rebalancing rows (FEPLB's
-// phase 2): the token and the measured GEMM straggler before and after
-// (after is the record's gemm.straggler), what moved and what it cost. Nil
-// when no row rebalanced.
-func (g Group) rebalanceCells() [][]string {
-	rows := [][]string{{"rebalancing", "token_strag_before_%", "token_strag_after_%", "gemm_strag_before_%", "gemm_strag_after_%",
-		"moves", "copy_MiB", "copy_ms_p50", "copies_exposed_ms_p50", "scheduler_ms_p50", "scheduler_exposed_ms_p50"}}
-	pct := func(s Straggler) string {
-		if len(s.PerRank) == 0 { // a record from before the measured "before"
-			return "—"
-		}
-		return fmt.Sprintf("%.1f", 100*s.Rel)
-	}
-	for _, r := range g.Rows {
-		rb := r.Rec.Rebalance
-		if rb == nil || r.Rec.Status != StatusOK {
-			continue
-		}
-		exposed := f3(rb.ExposedMS)
-		switch {
-		case rb.ExposedNote == "": // a record from before the exposed time
-			exposed = "—"
-		case !strings.HasPrefix(rb.ExposedNote, "median of"):
-			exposed = "n/m"
-		}
-		rows = append(rows, []string{r.Rec.Config.Settings(), pct(rb.TokenBefore), pct(rb.TokenAfter), pct(rb.GEMMBefore), pct(r.Rec.GEMM.Straggler),
-			strconv.Itoa(rb.Moves), fmt.Sprintf("%.2f", float64(rb.CopyBytes)/(1<<20)), f3(rb.CopyMS), exposed, f3(rb.SchedulerMS), f3(rb.SchedulerWaitMS)})
-	}
-	if len(rows) == 1 {
-		return nil
-	}
-	return rows
 }
 
 func reportTable(w io.Writer, groups []Group) error {
@@ -301,6 +159,10 @@ func reportTable(w io.Writer, groups []Group) error {
 		for _, n := range g.notes() {
 			p.f("#   %s\n", n)
 		}
+	}
+	p.f("#\n# key:\n")
+	for _, k := range reportKey(groups) {
+		p.f("#   %s\n", k)
 	}
 	return p.err
 }
@@ -327,27 +189,11 @@ func reportMarkdown(w io.Writer, groups []Group, title string) error {
 			}
 		}
 	}
+	p.f("\n## Key\n\n")
+	for _, k := range reportKey(groups) {
+		p.f("- %s\n", mdEscape(k))
+	}
 	return p.err
 }
 
 func mdEscape(s string) string { return strings.ReplaceAll(s, "|", `\|`) }
-
-func reportCSV(w io.Writer, groups []Group) error {
-	cw := csv.NewWriter(w)
-	head := []string{"stack", "workload"}
-	for _, col := range columns {
-		head = append(head, col.head)
-	}
-	cw.Write(append(head, "reason"))
-	for _, g := range groups {
-		for _, r := range g.Rows {
-			row := []string{strconv.Itoa(g.StackNo), g.Workload.Workload()}
-			for _, col := range columns {
-				row = append(row, col.cell(r))
-			}
-			cw.Write(append(row, r.Rec.Reason))
-		}
-	}
-	cw.Flush()
-	return cw.Error()
-}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/csv"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -66,7 +67,7 @@ func TestReportFormats(t *testing.T) {
 		out[f] = b.String()
 	}
 	tab := out["table"]
-	for _, want := range []string{"# stack #1: host", "speedup_vs_alltoall", "2.00x", "unavailable", "needs <the> cuda device"} {
+	for _, want := range []string{"# stack #1: host", "speedup_vs_alltoall" + hostMark, "2.00x", "unavailable", "needs <the> cuda device", "# key:"} {
 		if !strings.Contains(tab, want) {
 			t.Errorf("table lacks %q:\n%s", want, tab)
 		}
@@ -81,17 +82,17 @@ func TestReportFormats(t *testing.T) {
 		t.Errorf("markdown:\n%s", md)
 	}
 	rows, err := csv.NewReader(strings.NewReader(out["csv"])).ReadAll()
-	if err != nil || len(rows) != 7 || rows[0][2] != "dispatcher" {
+	if err != nil || len(rows) != 7 || !slices.Contains(rows[0], "dispatcher") {
 		t.Errorf("csv: %v, %d rows", err, len(rows))
 	}
 	h := out["html"]
-	if strings.Count(h, "<svg") != 3+2 { // group 1: step, sms, phases; group 2: step, phases
-		t.Errorf("html has %d charts, want 5", strings.Count(h, "<svg"))
+	if strings.Count(h, "<svg") != 4+3 { // group 1: step, phases, dispatch/combine, sms; group 2: step, phases, dispatch/combine
+		t.Errorf("html has %d charts, want 7", strings.Count(h, "<svg"))
 	}
 	if strings.Contains(h, "<the>") || !strings.Contains(h, "&lt;the&gt;") || strings.Contains(h, "<?xml") {
 		t.Error("html does not escape record text, or inlines an XML declaration")
 	}
-	for _, want := range []string{"step time vs --sms", "per-phase time", `class="unavailable"`} {
+	for _, want := range []string{"step time vs SM budget", "per-phase time", `class="unavailable"`, `class="caveat"`} {
 		if !strings.Contains(h, want) {
 			t.Errorf("html lacks %q", want)
 		}
@@ -104,7 +105,7 @@ func TestReportFormats(t *testing.T) {
 // TestReportRebalance: a group with a rebalancing row gets the rebalancing
 // table (table and markdown), with "—" for a before or an exposed time an
 // older record did not have, and "n/m" for an exposed time a run did not
-// measure; a group without gets none.
+// measure, which the key explains; a group without gets none.
 func TestReportRebalance(t *testing.T) {
 	recs := reportRecords()
 	rb := recs[1] // the ok alltoall row, made into feplb
@@ -138,11 +139,15 @@ func TestReportRebalance(t *testing.T) {
 				lines = append(lines, strings.Join(strings.Fields(strings.ReplaceAll(l, "|", " ")), " "))
 			}
 		}
-		want := []string{"feplb/native sms=0 base=alltoall dynamic=2 50.0 0.0 33.3 4.8 3 3.00 0.250 0.125 0.040 0.000",
-			"feplb/native sms=0 base=alltoall dynamic=2 50.0 0.0 — 4.8 3 3.00 0.250 — 0.040 0.000",
-			"feplb/native sms=0 base=alltoall dynamic=2 50.0 0.0 33.3 4.8 3 3.00 0.250 n/m 0.040 0.000"}
+		// times in µs: the scheduler's 0.04 ms would print as 0.040
+		want := []string{"feplb/native sms=0 base=alltoall dynamic=2 50.0 0.0 33.3 4.8 3 3.00 250.0 125.0 40.0 0.0",
+			"feplb/native sms=0 base=alltoall dynamic=2 50.0 0.0 — 4.8 3 3.00 250.0 — 40.0 0.0",
+			"feplb/native sms=0 base=alltoall dynamic=2 50.0 0.0 33.3 4.8 3 3.00 250.0 n/m 40.0 0.0"}
 		if strings.Join(lines, "\n") != strings.Join(want, "\n") {
 			t.Errorf("%s rows:\n%s\nwant\n%s", f, strings.Join(lines, "\n"), strings.Join(want, "\n"))
+		}
+		if !strings.Contains(out, "n/m in copies_exposed: not measured: the host device") || !strings.Contains(out, "copy_p50_us") {
+			t.Errorf("%s: no key for n/m, or no µs unit:\n%s", f, out)
 		}
 	}
 }

@@ -94,7 +94,7 @@ func TestSweepSMs(t *testing.T) {
 			lines++
 		}
 	}
-	if code != exitOK || lines != 3 || !strings.Contains(report, "dispatch_GBps_per_SM") {
+	if code != exitOK || lines != 3 || !strings.Contains(report, "dispatch_algo_GBps_per_SM") {
 		t.Errorf("report: exit %d, %d deepep rows:\n%s", code, lines, report)
 	}
 }

@@ -106,7 +106,7 @@ func runLayer(args []string, stdout, stderr io.Writer) (code int) {
 		}
 	}
 	defer limitMemory(harness.HostBytes(cfg))()
-	rec, err := harness.Run(cfg, harness.Env{Version: version(), DeviceNote: note, Dump: o.dump})
+	rec, err := harness.Run(cfg, harness.Env{Version: version(), DeviceNote: note, Dump: o.dump, Progress: stderr})
 	var ce *harness.ConfigError
 	if errors.As(err, &ce) {
 		return usageError(stderr, err)

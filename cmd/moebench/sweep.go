@@ -191,7 +191,7 @@ func sweep(args []string, stdout, stderr io.Writer) int {
 		most = max(most, harness.HostBytes(p))
 	}
 	defer limitMemory(most)()
-	done, err := harness.Sweep(points, harness.Env{Version: version(), DeviceNote: note}, stop, record, progress)
+	done, err := harness.Sweep(points, harness.Env{Version: version(), DeviceNote: note, Progress: stderr}, stop, record, progress)
 	fmt.Fprintf(stderr, "moebench sweep: %d of %d points: %d ok, %d unavailable, %d failed → %s\n", done, len(points),
 		counts[results.StatusOK], counts[results.StatusUnavailable], counts[results.StatusFailed], o.out)
 	switch {

@@ -1,0 +1,130 @@
+package harness
+
+import (
+	"fmt"
+	"io"
+	"sync"
+	"time"
+)
+
+// progress reports a long run's progress: from every after the start, a line
+// saying what the run is doing, how many of its steps are done and, once
+// one is, an estimate of the time left; then again every every, or every
+// sixth of the time elapsed when that is longer (at most a minute apart),
+// so that a long run's log stays short. Lines go to the writer (stderr),
+// never into the record. A nil *progress reports nothing.
+type progress struct {
+	w     io.Writer
+	every time.Duration
+	now   func() time.Time
+
+	mu         sync.Mutex
+	start      time.Time
+	stage      string
+	done       int // steps finished (warm-up, paused and timed)
+	total      int // steps to run
+	stepsStart time.Time
+
+	stop chan struct{}
+	wg   sync.WaitGroup
+}
+
+// DefaultProgressEvery is how long a run stays silent, and then how often it
+// reports.
+const DefaultProgressEvery = 5 * time.Second
+
+// startProgress starts reporting to w every every (0: the default) a run of
+// total steps; nil when w is nil.
+func startProgress(w io.Writer, every time.Duration, total int) *progress {
+	if w == nil {
+		return nil
+	}
+	if every <= 0 {
+		every = DefaultProgressEvery
+	}
+	p := &progress{w: w, every: every, now: time.Now, total: total, stage: "building the layer", stop: make(chan struct{})}
+	p.start = p.now()
+	p.wg.Add(1)
+	go func() {
+		defer p.wg.Done()
+		t := time.NewTimer(every)
+		defer t.Stop()
+		for {
+			select {
+			case <-p.stop:
+				return
+			case <-t.C:
+				fmt.Fprintf(p.w, "moebench: %s\n", p.line())
+				t.Reset(min(max(every, p.now().Sub(p.start)/6), time.Minute))
+			}
+		}
+	}()
+	return p
+}
+
+// set names what the run does now.
+func (p *progress) set(stage string) {
+	if p == nil {
+		return
+	}
+	p.mu.Lock()
+	p.stage = stage
+	p.mu.Unlock()
+}
+
+// stepDone counts a finished step.
+func (p *progress) stepDone() {
+	if p == nil {
+		return
+	}
+	p.mu.Lock()
+	p.done++
+	p.mu.Unlock()
+}
+
+// stepping marks the start of the steps, for the estimate.
+func (p *progress) stepping() {
+	if p == nil {
+		return
+	}
+	p.mu.Lock()
+	if p.stepsStart.IsZero() {
+		p.stepsStart = p.now()
+	}
+	p.mu.Unlock()
+}
+
+// finish stops the reports.
+func (p *progress) finish() {
+	if p == nil {
+		return
+	}
+	close(p.stop)
+	p.wg.Wait()
+}
+
+// line is the report: the stage, steps done, time elapsed and left.
+func (p *progress) line() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	now := p.now()
+	s := p.stage
+	if !p.stepsStart.IsZero() {
+		s += fmt.Sprintf(" · %d of %d steps done", p.done, p.total)
+	}
+	s += fmt.Sprintf(" · %s elapsed", roundDuration(now.Sub(p.start)))
+	if p.done > 0 && !p.stepsStart.IsZero() {
+		per := now.Sub(p.stepsStart) / time.Duration(p.done)
+		s += fmt.Sprintf(" · about %s left", roundDuration(per*time.Duration(p.total-p.done)))
+	}
+	return s
+}
+
+// roundDuration rounds d to what a person reads: seconds, or tenths below
+// ten seconds.
+func roundDuration(d time.Duration) time.Duration {
+	if d < 10*time.Second {
+		return d.Round(100 * time.Millisecond)
+	}
+	return d.Round(time.Second)
+}

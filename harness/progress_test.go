@@ -1,0 +1,85 @@
+package harness
+
+import (
+	"bytes"
+	"encoding/json"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// TestProgressLine: the line says the stage, then once steps run how many
+// are done, the time elapsed and the time left at the steps' rate so far.
+func TestProgressLine(t *testing.T) {
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	now := t0.Add(3 * time.Second)
+	p := &progress{now: func() time.Time { return now }, start: t0, total: 10, stage: "checking"}
+	if got := p.line(); got != "checking · 3s elapsed" {
+		t.Errorf("before the steps: %q", got)
+	}
+	now = t0.Add(2 * time.Second)
+	p.stepping()
+	for range 4 {
+		p.stepDone()
+	}
+	p.set("timed step 2 of 8")
+	now = t0.Add(10 * time.Second) // 4 steps in 8 s: 6 left take 12 s
+	if got, want := p.line(), "timed step 2 of 8 · 4 of 10 steps done · 10s elapsed · about 12s left"; got != want {
+		t.Errorf("line %q, want %q", got, want)
+	}
+	now = t0.Add(1234 * time.Millisecond)
+	if got := roundDuration(now.Sub(t0)); got != 1200*time.Millisecond {
+		t.Errorf("rounded %v", got)
+	}
+}
+
+// lockedBuffer is a bytes.Buffer safe for the progress goroutine.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// TestRunProgress: a run reports its progress to Env.Progress once it has
+// run ProgressEvery, with the steps done and an estimate, and nothing of
+// it goes into the record; a run shorter than that prints nothing.
+func TestRunProgress(t *testing.T) {
+	c := small()
+	c.Dispatcher, c.Iters = "feplb", 30
+	var out lockedBuffer
+	rec, err := Run(c, Env{Version: "test", Progress: &out, ProgressEvery: time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	left := false
+	for _, l := range lines {
+		if !strings.HasPrefix(l, "moebench: ") || !strings.Contains(l, "elapsed") {
+			t.Errorf("progress line %q", l)
+		}
+		left = left || strings.Contains(l, "steps done") && strings.Contains(l, "left")
+	}
+	if !left {
+		t.Errorf("no line with the steps done and the time left:\n%s", out.String())
+	}
+	js, _ := json.Marshal(rec)
+	if strings.Contains(string(js), "elapsed") {
+		t.Error("progress went into the record")
+	}
+	var quiet lockedBuffer
+	if _, err := Run(small(), Env{Version: "test", Progress: &quiet}); err != nil || quiet.String() != "" {
+		t.Errorf("a short run reported progress: %v %q", err, quiet.String())
+	}
+}
