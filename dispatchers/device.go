@@ -69,7 +69,7 @@ type DeviceRank struct {
 // Y, each segment with its expert's weights. Rows no segment covers are not
 // written.
 type DeviceWork struct {
-	X, Probs, Y kernels.Ptr // Y 0: the rank's ExpertY
+	X, Probs, Y kernels.Ptr // Probs 0: none (a combine applies them); Y 0: the rank's ExpertY
 	Segments    []DeviceSegment
 	// After, when not nil, is an event the rank's stream waits for before the
 	// block (e.g. the arrival of copied rows and weights); Done, when not
@@ -160,6 +160,24 @@ type Checker interface{ CheckStep() error }
 // library (NCCL) rather than copies: Transport names it, or is "".
 type Transporter interface{ Transport() string }
 
+// Library is a library implementation that says what ran (Library, after
+// Bind) and how long each rank's library calls took on the host in the
+// last step's phase (HostCallMS: their wall time, the library's internal
+// synchronizations included; ok false for a phase without one).
+type Library interface {
+	Library() LibraryInfo
+	HostCallMS(phase string, rank int) (ms float64, ok bool)
+}
+
+// LibraryInfo is what a library implementation ran.
+type LibraryInfo struct {
+	Design        string // the design it carries, as the record labels it
+	Name, Version string
+	Path          string // the file loaded
+	Detail        string // its mode, layout, options and what it runs over
+	SMs           string // how it spends SMs: --sms's meaning, and the environment's overrides
+}
+
 // DeviceFactory builds a device dispatcher, or returns an *UnavailableError.
 type DeviceFactory func(impl string, env Env) (DeviceDispatcher, error)
 
@@ -173,6 +191,38 @@ func RegisterDevice(name string, f DeviceFactory) {
 	deviceRegistry[name] = f
 }
 
+// LibraryFactory builds a design's library implementation (a real library
+// on the node that implements it, as NCCL EP does HybridEP's and DeepEP's
+// low-latency designs) for env, or returns an *UnavailableError saying
+// why it cannot run there (on the host device it never can).
+type LibraryFactory func(env Env) (DeviceDispatcher, error)
+
+var libraryRegistry = map[string]LibraryFactory{}
+
+// RegisterLibrary makes f the library implementation (--impl library) of
+// the registered dispatcher name, in place of what its own package
+// provides for it.
+func RegisterLibrary(name string, f LibraryFactory) {
+	if _, dup := libraryRegistry[name]; dup {
+		panic("dispatchers: a library implementation of " + name + " registered twice")
+	}
+	libraryRegistry[name] = f
+}
+
+// libraryOnHost is a library implementation's answer on the host device:
+// unavailable, with its factory's reason.
+func libraryOnHost(name string, env Env) (Dispatcher, bool, error) {
+	f, ok := libraryRegistry[name]
+	if !ok {
+		return nil, false, nil
+	}
+	_, err := f(env)
+	if err == nil {
+		err = &UnavailableError{Name: name, Impl: ImplLibrary, Reason: "runs on the cuda device only"}
+	}
+	return nil, true, err
+}
+
 // NewDevice returns the named dispatcher's device implementation. A name
 // with no device implementation in this build is unavailable.
 func NewDevice(name, impl string, env Env) (DeviceDispatcher, error) {
@@ -181,6 +231,13 @@ func NewDevice(name, impl string, env Env) (DeviceDispatcher, error) {
 	}
 	if impl != ImplNative && impl != ImplLibrary {
 		return nil, fmt.Errorf("unknown implementation %q (known: native, library)", impl)
+	}
+	if lib, ok := libraryRegistry[name]; ok && impl == ImplLibrary {
+		d, err := lib(env)
+		if err != nil {
+			return nil, err
+		}
+		return d, declaresPhases(name, d)
 	}
 	f, ok := deviceRegistry[name]
 	if !ok {

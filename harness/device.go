@@ -437,7 +437,11 @@ func (dl *deviceLayer) compute(r int, w *dispatchers.DeviceWork) error {
 	if err := b.grouped.Run(rk.Dev, fc(b.h1, w.X, lo, 0, false, 2*f, h), 2*f, h, rk.Stream); err != nil {
 		return err
 	}
-	if err := rk.Dev.SwiGLU(b.act, b.h1, w.Probs+kernels.Ptr(4*lo), hi-lo, f, rk.Stream); err != nil {
+	probs := w.Probs // 0: no probabilities (the combine applies them)
+	if probs != 0 {
+		probs += kernels.Ptr(4 * lo)
+	}
+	if err := rk.Dev.SwiGLU(b.act, b.h1, probs, hi-lo, f, rk.Stream); err != nil {
 		return err
 	}
 	return b.grouped.Run(rk.Dev, fc(y, b.act, 0, lo, true, h, f), h, f, rk.Stream)
@@ -751,6 +755,30 @@ func (dl *deviceLayer) times(samples map[string][][]float64, step [][]float64) e
 	return nil
 }
 
+// hostCalls adds the last step's library calls' wall time per phase and
+// rank (dispatchers.Library) to m.
+func (dl *deviceLayer) hostCalls(m *measured) {
+	lib, ok := dl.d.(dispatchers.Library)
+	if !ok {
+		return
+	}
+	for _, ph := range dl.steps() {
+		for r := range dl.ranks {
+			ms, ok := lib.HostCallMS(ph.Name, r)
+			if !ok {
+				continue
+			}
+			if m.hostCall == nil {
+				m.hostCall = map[string][][]float64{}
+			}
+			if m.hostCall[ph.Name] == nil {
+				m.hostCall[ph.Name] = make([][]float64, len(dl.ranks))
+			}
+			m.hostCall[ph.Name][r] = append(m.hostCall[ph.Name][r], ms)
+		}
+	}
+}
+
 // refFLOPBudget bounds the float64 reference's expert work (all experts'
 // rows, 6·h·f per row): beyond it the check compares a seeded sample of
 // tokens per rank.
@@ -895,6 +923,11 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 	if err != nil {
 		return fail(deviceStatus(err), err)
 	}
+	if lib, ok := d.(dispatchers.Library); ok {
+		li := lib.Library()
+		rec.Library = &results.Library{Design: li.Design, Name: li.Name, Version: li.Version, Path: li.Path, Detail: li.Detail}
+		rec.SMs.Note = li.SMs
+	}
 	if t, ok := d.(dispatchers.Transporter); ok && t.Transport() != "" {
 		rec.Ranks.Note = ranksNote(cfg.EP, devs, t.Transport())
 	}
@@ -914,7 +947,7 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 	}
 	excluded := "cuBLASLt workspaces and the CUDA context"
 	if cfg.Impl == dispatchers.ImplLibrary {
-		excluded = "cuBLASLt workspaces, the CUDA context and the library's own buffers (NCCL's)"
+		excluded = "cuBLASLt workspaces, the CUDA context and the library's own buffers (NCCL's, NCCL EP's)"
 	}
 	m := measured{samples: map[string][][]float64{}, step: make([][]float64, cfg.EP),
 		clock: "CUDA events on each rank's stream (" + dev.Name() + ")",
@@ -995,6 +1028,7 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 			return err
 		}
 		m.issue = append(m.issue, dl.issueMS)
+		dl.hostCalls(&m)
 		if _, ok := d.(dispatchers.HostWaiter); ok {
 			m.hostWait = append(m.hostWait, dl.waitMS)
 		}

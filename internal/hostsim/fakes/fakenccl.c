@@ -173,6 +173,10 @@ ncclResult_t ncclCommCuDevice(void *c, int *d) { *d = ((fcomm *)c)->dev; return 
 // fakenccl_clique is the fake's own: an id of the communicator comm is a
 // rank of (the same for all its ranks).
 void *fakenccl_clique(void *comm) { return ((fcomm *)comm)->c; }
+// Two entry points of NCCL's Device API (2.29), present so that a library
+// built on it finds them (NCCL EP's fake does not call them): they refuse.
+ncclResult_t ncclDevCommCreate(void *comm, const void *reqs, void *devComm) { return fail(invalidUsage, "the fake has no Device API"); }
+ncclResult_t ncclCommWindowRegister(void *comm, void *buf, size_t size, void **win, int flags) { return fail(invalidUsage, "the fake has no windows"); }
 
 // A thread's open group: its transfers, each with its place in its pair's
 // order.
