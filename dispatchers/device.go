@@ -130,8 +130,10 @@ type Grouper interface{ Grouped(phase string) bool }
 // waits for all of them, before it records the phase's start events, so
 // that each rank's phase is timed from its own first GPU operation and may
 // use what every rank's wait brought to the host; it reports the waits'
-// wall time on its own. The phase does not wait again.
+// wall time on its own. The phase does not wait again. WaitsBefore says
+// before which phases it waits.
 type HostWaiter interface {
+	WaitsBefore(phase string) bool
 	HostWait(phase string, rank int) error
 }
 
@@ -145,7 +147,6 @@ type HostWaiter interface {
 // runs at every HostWait). NoGraph says why a configuration cannot be, or "".
 type Graphable interface {
 	HostWaiter
-	WaitsBefore(phase string) bool
 	GraphKey(phase string) string
 	NoGraph() string
 }

@@ -43,19 +43,20 @@ type deviceLayer struct {
 	work       func(dev int) error        // dl.issue, made once: issuing a step allocates nothing
 }
 
-// job is one piece of a step for every device's thread (issue): a phase, a
-// host wait before one, or a part of the step's start or end.
+// job is one piece of a step for every device's thread (issue): a phase
+// (with begin, the step's start first), a host wait before one, the
+// step's start alone, or its end.
 type job struct {
-	kind int
-	ph   *dispatchers.Step
+	kind  int
+	ph    *dispatchers.Step
+	begin bool
 }
 
 // Jobs of the devices' threads.
 const (
 	jobPhase    = iota // issue ph for the device's ranks between their events
 	jobHostWait        // the dispatcher's host wait before ph for the device's ranks
-	jobBegin0          // device 0's begin event, its ranks' streams after it
-	jobBegin           // the other devices' begin events (after device 0's), their ranks' streams after them
+	jobBegin           // the devices' begin events (after device 0's), their ranks' streams after them
 	jobSync            // wait for the device's streams
 )
 
@@ -554,10 +555,10 @@ func (dl *deviceLayer) step() error {
 	}
 	t0 := time.Now()
 	dl.waitMS = 0
-	if err := dl.begin(); err != nil {
+	if err := dl.begin0(); err != nil {
 		return err
 	}
-	if err := dl.phases(dl.steps(), true); err != nil {
+	if err := dl.phases(dl.steps(), true, true); err != nil {
 		return err
 	}
 	dl.issueMS = float64(time.Since(t0).Nanoseconds())/1e6 - dl.waitMS
@@ -565,8 +566,8 @@ func (dl *deviceLayer) step() error {
 }
 
 // each runs one job on every device's thread (a barrier).
-func (dl *deviceLayer) each(kind int, ph *dispatchers.Step) error {
-	dl.job = job{kind, ph}
+func (dl *deviceLayer) each(kind int, ph *dispatchers.Step, begin bool) error {
+	dl.job = job{kind, ph, begin}
 	return dl.th.Each(dl.work)
 }
 
@@ -575,7 +576,14 @@ func (dl *deviceLayer) issue(dev int) error {
 	j := dl.job
 	ranks := dl.of[dev]
 	m := &dl.dc[dev]
+	if j.begin || j.kind == jobBegin {
+		if err := dl.beginDevice(dev); err != nil {
+			return err
+		}
+	}
 	switch j.kind {
+	case jobBegin:
+		return nil
 	case jobPhase:
 		return dl.issuePhase(dev, j.ph)
 	case jobHostWait:
@@ -583,24 +591,6 @@ func (dl *deviceLayer) issue(dev int) error {
 		for _, r := range ranks {
 			if err := hw.HostWait(j.ph.Name, r); err != nil {
 				return fmt.Errorf("rank %d: %w", r, err)
-			}
-		}
-		return nil
-	case jobBegin0, jobBegin:
-		if (dev == 0) != (j.kind == jobBegin0) {
-			return nil
-		}
-		if dev > 0 {
-			if err := dl.devs[dev].Wait(m.beginS, dl.dc[0].begin); err != nil {
-				return err
-			}
-		}
-		if err := dl.devs[dev].Record(m.begin, m.beginS); err != nil {
-			return err
-		}
-		for _, r := range ranks {
-			if err := dl.ranks[r].Dev.Wait(dl.ranks[r].Stream, m.begin); err != nil {
-				return err
 			}
 		}
 		return nil
@@ -666,35 +656,59 @@ func (dl *deviceLayer) finish() error {
 	return nil
 }
 
+// begin0 records device 0's begin event, on the calling goroutine: device
+// 0's thread (kernels.Threads), before the other devices' threads wait for
+// it (beginDevice).
+func (dl *deviceLayer) begin0() error { return dl.devs[0].Record(dl.dc[0].begin, dl.dc[0].beginS) }
+
+// beginDevice, on device dev's thread after begin0: its begin event (after
+// device 0's), and its ranks' streams after it.
+func (dl *deviceLayer) beginDevice(dev int) error {
+	m := &dl.dc[dev]
+	if dev > 0 {
+		if err := dl.devs[dev].Wait(m.beginS, dl.dc[0].begin); err != nil {
+			return err
+		}
+		if err := dl.devs[dev].Record(m.begin, m.beginS); err != nil {
+			return err
+		}
+	}
+	for _, r := range dl.of[dev] {
+		if err := dl.ranks[r].Dev.Wait(dl.ranks[r].Stream, m.begin); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // begin records each device's begin event (each after device 0's) and
 // makes every rank's stream wait for its device's.
 func (dl *deviceLayer) begin() error {
-	if err := dl.each(jobBegin0, nil); err != nil {
+	if err := dl.begin0(); err != nil {
 		return err
 	}
-	if len(dl.devs) == 1 {
-		return nil
-	}
-	return dl.each(jobBegin, nil)
+	return dl.each(jobBegin, nil, false)
 }
 
-// phases issues phs for every rank between their events (see step); with
-// hostWaits, the dispatcher's host wait before a phase first (adding to
-// waitMS).
-func (dl *deviceLayer) phases(phs []dispatchers.Step, hostWaits bool) error {
-	_, hw := dl.d.(dispatchers.HostWaiter)
+// phases issues phs for every rank between their events (see step), with
+// begin the step's start (begin0 done) with the first; with hostWaits, the
+// dispatcher's host wait before a phase first (adding to waitMS).
+func (dl *deviceLayer) phases(phs []dispatchers.Step, begin, hostWaits bool) error {
+	hw, _ := dl.d.(dispatchers.HostWaiter)
 	for i := range phs {
 		ph := &phs[i]
-		if hw && hostWaits { // before the phase's start events: it is timed from its own first GPU operation
+		if hw != nil && hostWaits && hw.WaitsBefore(ph.Name) { // before the phase's start events: it is timed from its own first GPU operation
 			t := time.Now()
-			if err := dl.each(jobHostWait, ph); err != nil {
+			if err := dl.each(jobHostWait, ph, begin); err != nil {
 				return fmt.Errorf("%s: host wait: %w", ph.Name, err)
 			}
 			dl.waitMS += float64(time.Since(t).Nanoseconds()) / 1e6
+			begin = false
 		}
-		if err := dl.each(jobPhase, ph); err != nil {
+		if err := dl.each(jobPhase, ph, begin); err != nil {
 			return err
 		}
+		begin = false
 	}
 	return nil
 }
@@ -731,7 +745,7 @@ func (dl *deviceLayer) setRouting(step int) error {
 }
 
 // sync waits for every stream, each device's on its thread.
-func (dl *deviceLayer) sync() error { return dl.each(jobSync, nil) }
+func (dl *deviceLayer) sync() error { return dl.each(jobSync, nil, false) }
 
 // times reads the last step's events: each phase's time per rank, and each
 // rank's step (from the common start to the rank's last event), in ms.

@@ -101,7 +101,7 @@ func (dl *deviceLayer) stepGraph() error {
 	for i, seg := range gs.segments(dl.steps()) {
 		if gs.g.WaitsBefore(seg[0].Name) {
 			t := time.Now()
-			if err := dl.each(jobHostWait, &seg[0]); err != nil {
+			if err := dl.each(jobHostWait, &seg[0], false); err != nil {
 				return fmt.Errorf("%s: host wait: %w", seg[0].Name, err)
 			}
 			dl.waitMS += float64(time.Since(t).Nanoseconds()) / 1e6
@@ -152,7 +152,7 @@ func (dl *deviceLayer) plain(seg []dispatchers.Step, first bool) error {
 			return err
 		}
 	}
-	return dl.phases(seg, false)
+	return dl.phases(seg, false, false)
 }
 
 // capture records seg as a graph: begun on the origin stream, the ranks'
@@ -174,7 +174,7 @@ func (dl *deviceLayer) capture(seg []dispatchers.Step, first bool) (*kernels.Gra
 		} else if err := dl.forkRanks(); err != nil {
 			return err
 		}
-		if err := dl.phases(seg, false); err != nil {
+		if err := dl.phases(seg, false, false); err != nil {
 			return err
 		}
 		return dl.joinBack(first)

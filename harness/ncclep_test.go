@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/moebench/moebench/dispatchers"
 	"github.com/moebench/moebench/internal/hostsim"
@@ -144,6 +145,42 @@ func TestNCCLEPUnavailable(t *testing.T) {
 			rec, err := Run(cfg, Env{Version: "test"})
 			if !dispatchers.IsUnavailable(err) || rec.Status != results.StatusUnavailable || rec.Timing != nil {
 				t.Fatalf("want unavailable: %v; %+v", err, rec)
+			}
+			for _, w := range c.want {
+				if !strings.Contains(rec.Reason, w) {
+					t.Errorf("reason %q: want %q in it", rec.Reason, w)
+				}
+			}
+		})
+	}
+}
+
+// TestNCCLEPFailures: a library call that fails is reported with its call,
+// NCCL's result and the rank; a rank that does not take part in a
+// collective makes the others' kernels give up after --comm-timeout (the
+// group's timeout_ns), and the run fails naming the rank and the call
+// after which its GPU failed, instead of hanging.
+func TestNCCLEPFailures(t *testing.T) {
+	useHostSimLayer(t)
+	useFakeNCCLEP(t)
+	for _, c := range []struct {
+		name, dispatcher, hook, value string
+		want                          []string
+	}{
+		{"failing-call", "hybridep", "FAKENCCLEP_FAIL", "ncclEpCombine",
+			[]string{"combine on rank 0: ncclEpCombine: ncclInternalError (3, internal error", "combine on rank 1: ncclEpCombine: ncclInternalError"}},
+		{"rank-missing", "deepep", "FAKENCCLEP_SKIP", "ncclEpDispatch 1",
+			[]string{"experts: host wait: rank 0: the GPU failed after NCCL EP's ncclEpDispatch (a collective that waits past --comm-timeout 300ms traps its kernels): cuStreamSynchronize: CUDA_ERROR_LAUNCH_FAILED"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Setenv(c.hook, c.value)
+			cfg := deviceCases()["softmax-natural"]
+			cfg.Dispatcher, cfg.Impl, cfg.EP, cfg.Hidden, cfg.CommTimeout = c.dispatcher, dispatchers.ImplLibrary, 2, 128, 300*time.Millisecond
+			var rec *results.Record
+			var err error
+			hostsim.Within(t, time.Minute, func() { rec, err = Run(cfg, Env{Version: "test"}) })
+			if err == nil || rec.Status != results.StatusFailed {
+				t.Fatalf("want a failure: %v; %+v", err, rec)
 			}
 			for _, w := range c.want {
 				if !strings.Contains(rec.Reason, w) {

@@ -161,9 +161,9 @@ func (e *EP) each(f func(r int, g *CUDA) error) error {
 	})
 }
 
-// call runs one library call of rank r (on its thread), in its GPU's
-// context, which the library may change (it sets the communicator's
-// device), and returns its error naming the rank.
+// call runs one library call of rank r (on its thread: the caller's
+// error names the rank), in its GPU's context, which the library may
+// change (it sets the communicator's device).
 func (e *EP) call(r int, f func() error) error {
 	g := e.gpus[r]
 	if err := g.use(); err != nil {
@@ -171,10 +171,7 @@ func (e *EP) call(r int, f func() error) error {
 	}
 	err := f()
 	g.Drv.ContextChanged()
-	if err != nil {
-		return fmt.Errorf("rank %d: %w", r, err)
-	}
-	return nil
+	return err
 }
 
 // Tensors of a rank's buffers.

@@ -135,7 +135,7 @@ func IssuePhases(th *kernels.Threads, d any, drs []*dispatchers.DeviceRank, phas
 		})
 	}
 	for _, st := range phases {
-		if hw != nil {
+		if hw != nil && hw.WaitsBefore(st.Name) {
 			if err := each(func(r int) error { return hw.HostWait(st.Name, r) }); err != nil {
 				return fmt.Errorf("%s: host wait: %w", st.Name, err)
 			}

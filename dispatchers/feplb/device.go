@@ -139,6 +139,12 @@ func (f *Device) Permute(r int) error {
 	return f.ClassicDevice.Permute(r)
 }
 
+// WaitsBefore: where the base dispatcher waits (alltoall: before dispatch).
+func (f *Device) WaitsBefore(phase string) bool {
+	hw, ok := f.ClassicDevice.(dispatchers.HostWaiter)
+	return ok && hw.WaitsBefore(phase)
+}
+
 // HostWait is the base dispatcher's (alltoall's count exchange), if it has
 // one.
 func (f *Device) HostWait(phase string, r int) error {

@@ -21,7 +21,7 @@ import (
 func NewDevice(impl string, env dispatchers.Env) (dispatchers.DeviceDispatcher, error) {
 	if impl != dispatchers.ImplNative {
 		return nil, &dispatchers.UnavailableError{Name: Name, Impl: impl,
-			Reason: "no library implementation in this build (NCCL EP's HT mode, a C API over HybridEP's kernels, needs CUDA 13 and NCCL 2.29)"}
+			Reason: "no library implementation registered in this build (dispatchers/ncclep registers NCCL EP's high-throughput mode, HybridEP's kernels)"}
 	}
 	timeout := env.CommTimeout
 	if timeout == 0 {

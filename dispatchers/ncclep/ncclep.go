@@ -256,17 +256,25 @@ func (d *Device) update(r int) error {
 	return rk.Dev.DownloadAsync(s.mapped, s.counts, 4*int64(L+1), rk.Stream)
 }
 
-// HostWait is rank r's wait for its counts: high throughput before
-// dispatch (the update's), low latency before the experts (the
-// dispatch's). They size its experts' work.
+// WaitsBefore: high throughput before dispatch (for the update's counts),
+// low latency before the experts (for the dispatch's).
+func (d *Device) WaitsBefore(phase string) bool {
+	if d.m.algorithm == cuda.EPHighThroughput {
+		return phase == "dispatch"
+	}
+	return phase == dispatchers.ExpertPhases[0]
+}
+
+// HostWait is rank r's wait for its counts (see WaitsBefore), which size
+// its experts' work.
 func (d *Device) HostWait(phase string, r int) error {
 	ht := d.m.algorithm == cuda.EPHighThroughput
-	if ht && phase != "dispatch" || !ht && phase != dispatchers.ExpertPhases[0] {
+	if !d.WaitsBefore(phase) {
 		return nil
 	}
 	s, rk := &d.st[r], d.ranks[r]
 	if err := rk.Dev.SyncStream(rk.Stream); err != nil {
-		return fmt.Errorf("rank %d: the GPU failed after NCCL EP's %s (a collective that waits past --comm-timeout %v traps its kernels): %w", r, s.last, d.timeout, err)
+		return fmt.Errorf("the GPU failed after NCCL EP's %s (a collective that waits past --comm-timeout %v traps its kernels): %w", s.last, d.timeout, err)
 	}
 	L := d.shape.LocalExperts()
 	copy(s.host, unsafe.Slice((*int32)(s.mapped.Host), L+1))
@@ -274,14 +282,14 @@ func (d *Device) HostWait(phase string, r int) error {
 	for l := range L {
 		n := int(s.host[l])
 		if n < 0 || ht && n > d.rows || !ht && n > d.slots {
-			return fmt.Errorf("rank %d: NCCL EP counted %d rows for local expert %d (at most %d)", r, n, l, max(d.rows, d.slots))
+			return fmt.Errorf("NCCL EP counted %d rows for local expert %d (at most %d)", n, l, max(d.rows, d.slots))
 		}
 		rk.ExpertRows[l] = n
 		total += n
 	}
 	if ht {
 		if int(s.host[L]) != total {
-			return fmt.Errorf("rank %d: NCCL EP's received total %d differs from its experts' counts' sum %d", r, s.host[L], total)
+			return fmt.Errorf("NCCL EP's received total %d differs from its experts' counts' sum %d", s.host[L], total)
 		}
 		return nil
 	}

@@ -41,14 +41,15 @@ static int c_batch(void *f, int v2, mb_dptr *dst, mb_dptr *src, size_t *n, size_
 // and per loaded driver: tests load several fakes): SetCurrent skips the
 // call when it is already the one.
 static __thread void *c_current, *c_current_fn;
-static int c_set_current(void *f, void *ctx, int *called) {
-	*called = 0;
+// c_set_current returns the call's result times two, plus one when it
+// called the driver (no out-parameter: a Go variable whose address cgo
+// passes is allocated on the heap, and this runs for every launch).
+static int c_set_current(void *f, void *ctx) {
 	if (ctx != 0 && ctx == c_current && f == c_current_fn) return 0;
-	*called = 1;
 	int r = mbcall_cuCtxSetCurrent(f, ctx);
 	c_current = r == 0 ? ctx : 0;
 	c_current_fn = f;
-	return r;
+	return 2 * r + 1;
 }
 static void c_forget_current(void) { c_current = 0; }
 static const char *c_errname(void *f, int r) {
@@ -324,12 +325,11 @@ func (d *Driver) PrimaryContext(dev int) (Context, error) {
 // leave it); after a library that may (NCCL), call ContextChanged on that
 // thread.
 func (d *Driver) SetCurrent(ctx Context) error {
-	var called C.int
-	r := C.c_set_current(d.fn["cuCtxSetCurrent"], unsafe.Pointer(ctx), &called)
-	if called != 0 {
+	r := C.c_set_current(d.fn["cuCtxSetCurrent"], unsafe.Pointer(ctx))
+	if r%2 == 1 {
 		runtime.LockOSThread()
 	}
-	return d.check("cuCtxSetCurrent", r)
+	return d.check("cuCtxSetCurrent", r/2)
 }
 
 // ContextChanged forgets which context moebench made current on the

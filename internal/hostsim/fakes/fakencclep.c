@@ -30,6 +30,10 @@
 //     (high throughput), a hidden size of 128-multiples (low-latency
 //     combine), max_num_sms within the GPU's SMs, the low-latency mode's
 //     warp groups (ceil(experts / SMs) at most 14), sm_90 or later.
+// Two hooks for the tests: $FAKENCCLEP_FAIL names a call that returns
+// ncclInternalError; $FAKENCCLEP_SKIP="call rank" makes that rank's call of
+// it return at once without taking part (as a rank that never called).
+//
 // What it implements: the expert-major layout of both modes (no padding),
 // moving rows on the host: a rank's received slots grouped by local
 // expert, in (source rank, token) order; high-throughput combine sums a
@@ -414,8 +418,23 @@ static void run_part(void *arg) {
     free(p);
 }
 
+// hooked applies the tests' hooks to rank's call: 1 when it fails, 2 when
+// it is skipped, 0 otherwise.
+static int hooked(const char *call, int rank) {
+    const char *f = getenv("FAKENCCLEP_FAIL"), *s = getenv("FAKENCCLEP_SKIP");
+    char want[80];
+    if (f && strcmp(f, call) == 0) return 1;
+    snprintf(want, sizeof want, "%s %d", call, rank);
+    return s && strcmp(s, want) == 0 ? 2 : 0;
+}
+
 // queue puts a part on the rank's stream (which must be its GPU's).
 static ncclResult_t queue(part *p, void *stream) {
+    static const char *names[] = {"ncclEpUpdateHandle", "ncclEpDispatch", "ncclEpCombine"};
+    switch (hooked(names[p->kind], p->h->g->rank)) {
+    case 1: free(p); return bad(internalError, "a failure the test asked for ($FAKENCCLEP_FAIL)");
+    case 2: free(p); return ok;
+    }
     enqueue_fn q = (enqueue_fn)fakecuda_sym("fakecuda_enqueue");
     if (!stream || *(void **)stream != CTX(p->h->g->dev)) {
         free(p);
