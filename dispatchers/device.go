@@ -60,8 +60,23 @@ type DeviceRank struct {
 	// Work is what the next expert phase computes. Nil: every row of
 	// ExpertX, grouped by local expert as ExpertRows says, into ExpertY. A
 	// Rebalancer sets it in Dispatch (the static work) and in Rebalance (the
-	// dynamic work).
+	// dynamic work); in the backward, the phase before each expert backward
+	// phase sets it as backward.go says of Segments.
 	Work []DeviceWork
+
+	// The backward (backward.go's contract, on device buffers; no device
+	// dispatcher implements it in this build). Set by the layer: DY
+	// [Tokens, Hidden], the output's gradient, and DFC1, DFC2 [L, 2f, h]
+	// and [L, h, f] fp32, the own experts' weight gradients (main_grad,
+	// zeroed each step, added to). ExpertDY [N, Hidden] is set by the
+	// combine's backward; the layer writes ExpertDX [N, Hidden] and
+	// ExpertDProbs [N] fp32 (their rows as ExpertX's); DX [Tokens, Hidden]
+	// and DProbs [Tokens, TopK] fp32 are written by the last backward
+	// phase. The layer allocates DY, DFC1, DFC2, ExpertDX and ExpertDProbs,
+	// the dispatcher ExpertDY, DX and DProbs (as it does ExpertX).
+	DY, DFC1, DFC2                   kernels.Ptr
+	ExpertDY, ExpertDX, ExpertDProbs kernels.Ptr
+	DX, DProbs                       kernels.Ptr
 }
 
 // DeviceWork is a block of rows an expert phase computes on a rank: rows of
@@ -76,6 +91,10 @@ type DeviceWork struct {
 	// nil, is recorded on it after the block (e.g. for the rows' owners to
 	// take their outputs back).
 	After, Done kernels.Event
+	// In the backward: the rows' output gradients DY [·, Hidden] and where
+	// their input and probability gradients go, DX [·, Hidden] and DProbs
+	// [·] fp32; 0: the rank's ExpertDY, ExpertDX, ExpertDProbs.
+	DY, DX, DProbs kernels.Ptr
 }
 
 // DeviceSegment is rows [Start, Start+Len) of a block, computed by expert
@@ -84,6 +103,10 @@ type DeviceWork struct {
 type DeviceSegment struct {
 	Expert, Start, Len int
 	FC1, FC2           kernels.Ptr
+	// DFC1, DFC2 are where the backward adds the segment's weight
+	// gradients (fp32 [2f, h], [h, f]); 0 means the rank's own DFC1, DFC2
+	// (the expert must be local).
+	DFC1, DFC2 kernels.Ptr
 }
 
 // Rows is N, the rows this rank's experts compute.

@@ -28,6 +28,9 @@
 // declares layout, notify, dispatch, permute, experts and combine, its
 // combine summing the k outputs on the way home.
 //
+// The backward (backward.go) declares its phases the same way, in the
+// reverse order, each the dual of a forward phase.
+//
 // Collective phases may read or write other ranks' state; that is how the
 // ranks, which are independent objects, exchange data. An expert phase
 // writes only the rows its segments cover and leaves the other rows of
@@ -74,6 +77,23 @@ type Rank struct {
 	ExpertY     []float32 // [N, Hidden] expert outputs, same rows as ExpertX; set by the layer
 
 	Y []float32 // [Tokens, Hidden] sum of each token's k expert outputs (float32 sums)
+
+	// The backward (see backward.go). Set by the layer: DY, the gradient of
+	// Y (bf16 values), and ExpertGrads, the fp32 weight gradients of the
+	// rank's own experts (main_grad: zeroed each step, added to).
+	DY          []float32       // [Tokens, Hidden]
+	ExpertGrads []ExpertWeights // [LocalExperts] fc1 [2f, h], fc2 [h, f], fp32
+	// ExpertDY is the gradient of ExpertY's rows, set by the combine's
+	// backward; the layer's expert backward writes the gradients of
+	// ExpertX's rows (bf16 values) and of ExpertProbs (fp32) into the same
+	// rows of ExpertDX and ExpertDProbs.
+	ExpertDY, ExpertDX []float32 // [N, Hidden]
+	ExpertDProbs       []float32 // [N]
+	// DX and DProbs are the gradients of X (through the dispatcher: each
+	// token's copies summed, stored as bf16) and of Probs (fp32), set by the
+	// last backward phase.
+	DX     []float32 // [Tokens, Hidden]
+	DProbs []float32 // [Tokens, TopK]
 }
 
 // ExpertWeights are one expert's weights: fc1 [2f, h] (gate rows, then up),
@@ -90,6 +110,10 @@ type Segment struct {
 	Start, Len int // rows [Start, Start+Len)
 	// Weights to use; nil means the rank's own copy (the expert must be local).
 	Weights *ExpertWeights
+	// Grads, in the backward, is where the segment's weight gradients are
+	// added (fp32); nil means the rank's own ExpertGrads (the expert must be
+	// local). A segment with Weights must have Grads.
+	Grads *ExpertWeights
 }
 
 // Traffic is the bytes one step moves, with the formula that counts them.
@@ -115,6 +139,14 @@ type Traffic struct {
 	// the design's own convention (HybridEP's rdma_send_bytes), all ranks
 	// together; zero when the design states none.
 	InterDomainAlgorithm int64
+	// The backward's bytes, when the last step ran one: the combine's
+	// backward sends the output gradients the way the dispatch sent the
+	// tokens, the dispatch's backward the input and probability gradients
+	// the way the combine sent the outputs. BackwardFormula says how they
+	// are counted.
+	CombineBackwardOffRank, CombineBackwardLogical   int64
+	DispatchBackwardOffRank, DispatchBackwardLogical int64
+	BackwardFormula                                  string
 }
 
 // Buffer is one of a dispatcher's buffers on a rank, in the bytes a GPU
@@ -187,6 +219,12 @@ type RebalanceStats struct {
 	NoOp       string
 	CopyMethod string // what ran the copies
 	Note       string
+	// The backward's phase 2, when the step ran one: the bytes moved (the
+	// output gradients out, the input and probability gradients back, the
+	// weight gradients back), of them the weight gradients', and the
+	// measured copy time (as CopySeconds).
+	BackwardCopyBytes, WGradBytes int64
+	BackwardCopySeconds           float64
 }
 
 // Env describes where a dispatcher would run, and its options.

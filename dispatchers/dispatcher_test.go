@@ -74,3 +74,61 @@ func TestSMBudget(t *testing.T) {
 		t.Errorf("odd budget of a design that does not pair blocks: %v", err)
 	}
 }
+
+// The backward's contract: classicBack has the classic backward, ownBack
+// its own, rebalancing a rebalance without and with its backward.
+type classicBack struct{ classic }
+type ownBack struct{ own }
+type rebalancing struct{ classicBack }
+type rebalancingBack struct{ rebalancing }
+
+func (classicBack) UnpermuteBackward(int) error { return nil }
+func (classicBack) CombineBackward(int) error   { return nil }
+func (classicBack) DispatchBackward(int) error  { return nil }
+func (classicBack) PermuteBackward(int) error   { return nil }
+func (ownBack) BackwardPhases(ex func(int) error) []Step {
+	return []Step{{BackwardName("combine"), nil}, {ExpertBackwardPhases[0], ex}, {BackwardName("dispatch"), nil}}
+}
+func (rebalancing) Rebalance(int) error                  { return nil }
+func (rebalancing) RebalanceStats() RebalanceStats       { return RebalanceStats{} }
+func (rebalancing) Pause(bool)                           {}
+func (rebalancingBack) RebalanceBackward(rank int) error { return nil }
+
+// TestBackwardSteps: the classic backward is the forward's sequence
+// reversed, each phase its dual (a rebalancer's expert phases and
+// rebalance in reverse too); a design's own backward phases are its own; a
+// dispatcher without a backward, or a rebalancer without the rebalance's,
+// has none.
+func TestBackwardSteps(t *testing.T) {
+	for _, tc := range []struct {
+		d    any
+		want string
+	}{
+		{classicBack{}, "unpermute-bwd,combine-bwd,experts-bwd,dispatch-bwd,permute-bwd"},
+		{rebalancingBack{}, "unpermute-bwd,combine-bwd,dynamic-bwd,rebalance-bwd,experts-bwd,dispatch-bwd,permute-bwd"},
+		{ownBack{}, "combine-bwd,experts-bwd,dispatch-bwd"},
+	} {
+		s, err := BackwardSteps(tc.d, nil)
+		if got := names(s); err != nil || got != tc.want || !HasBackward(tc.d) {
+			t.Errorf("%T: backward %s (%v), want %s", tc.d, got, err, tc.want)
+		}
+		// each backward phase is the dual of a forward phase of the design
+		fwd := map[string]bool{}
+		for _, st := range Steps(tc.d, nil) {
+			fwd[st.Name] = true
+		}
+		for _, st := range s {
+			if name := strings.TrimSuffix(st.Name, "-bwd"); !fwd[name] {
+				t.Errorf("%T: backward phase %s has no forward phase %s", tc.d, st.Name, name)
+			}
+		}
+	}
+	if _, err := BackwardSteps(rebalancing{}, nil); err == nil || !strings.Contains(err.Error(), "no RebalanceBackward") {
+		t.Errorf("a rebalancer without the rebalance's backward: %v", err)
+	}
+	for _, d := range []any{classic{}, own{}} {
+		if _, err := BackwardSteps(d, nil); HasBackward(d) || err == nil {
+			t.Errorf("%T declares no backward, yet has one (%v)", d, err)
+		}
+	}
+}

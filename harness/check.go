@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"math/bits"
+	"strings"
 	"sync"
 
 	"github.com/moebench/moebench/dispatchers"
@@ -42,14 +43,28 @@ func Check(l *Layer, d dispatchers.Dispatcher, fresh func() (dispatchers.Dispatc
 		return nil, err
 	}
 	compareReference(c, l, nil)
+	backward := l.grads != nil
+	if backward {
+		if err := checkGrads(c, l, d); err != nil {
+			return nil, err
+		}
+	}
 	rd, err := fresh()
 	if err != nil {
 		return nil, err
 	}
-	c.RoundTrip = RoundTrip(rd, l.Shape, l.X, l.Ranks)
+	var back string
+	c.RoundTrip, back = roundTrips(rd, l.Shape, l.X, l.Ranks, backward)
 	c.Passed = c.Detail == "" && c.MaxRelErr <= Tolerance && c.RoundTrip == "exact"
 	if !c.Passed && c.Detail == "" {
 		c.Detail = fmt.Sprintf("max relative error %.3g (tolerance %g); round trip %s", c.MaxRelErr, Tolerance, c.RoundTrip)
+	}
+	if g := c.Grads; g != nil {
+		g.RoundTrip = back
+		if why := gradDetail(g); why != "" {
+			c.Passed = false
+			c.Detail = strings.TrimPrefix(c.Detail+"; "+why, "; ")
+		}
 	}
 	return c, nil
 }
@@ -260,18 +275,32 @@ func parallel(n, workers int, fn func(w, i int)) {
 // returns "exact" or a description of the first difference. The ranks'
 // routing is reused.
 func RoundTrip(d dispatchers.Dispatcher, shape dispatchers.Shape, x [][]float32, routed []*dispatchers.Rank) string {
+	fwd, _ := roundTrips(d, shape, x, routed, false)
+	return fwd
+}
+
+// roundTrips is RoundTrip, followed when backward is set by the
+// dispatcher's backward on the same ranks (backwardVerdict), whose verdict
+// it also returns. The ranks share routed's expert weight gradients, which
+// a rebalancing dispatcher adds its helpers' (zero) gradients to.
+func roundTrips(d dispatchers.Dispatcher, shape dispatchers.Shape, x [][]float32, routed []*dispatchers.Rank, backward bool) (fwd, bwd string) {
 	rt := newRoundTrip(shape, x, routed)
 	if err := d.Bind(shape, rt.ranks); err != nil {
-		return err.Error()
+		return err.Error(), ""
 	}
 	for _, step := range dispatchers.Steps(d, rt.identity) {
 		for r := range rt.ranks {
 			if err := step.Run(r); err != nil {
-				return err.Error()
+				return err.Error(), ""
 			}
 		}
 	}
-	return rt.verdict()
+	if fwd = rt.verdict(); !backward {
+		return fwd, ""
+	} else if fwd != "exact" {
+		return fwd, "not run: the forward round trip failed"
+	}
+	return fwd, rt.backwardVerdict(d)
 }
 
 // roundTrip is the round trip's ranks: coarsened inputs, power-of-two
@@ -290,7 +319,7 @@ func newRoundTrip(shape dispatchers.Shape, x [][]float32, routed []*dispatchers.
 		for i := range p {
 			p[i] = probs[i%shape.TopK]
 		}
-		rt.ranks[r] = &dispatchers.Rank{ID: r, X: rt.x[r], Idx: routed[r].Idx, Probs: p, Experts: routed[r].Experts}
+		rt.ranks[r] = &dispatchers.Rank{ID: r, X: rt.x[r], Idx: routed[r].Idx, Probs: p, Experts: routed[r].Experts, ExpertGrads: routed[r].ExpertGrads}
 	}
 	return rt
 }

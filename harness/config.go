@@ -100,6 +100,10 @@ type Config struct {
 	MaxSeconds   float64 // time budget of the warm-up and timed iterations; 0 = none
 	Check        bool
 	Device       string // host | cuda | auto (resolved before a run)
+	// ForwardOnly times the forward pass alone: no backward, no tape, no
+	// gradient check (otherwise every iteration is a training step, forward
+	// and backward)
+	ForwardOnly bool
 	// CUDAGraph issues each step as CUDA graphs (cuda device; see graph.go)
 	CUDAGraph bool
 }
@@ -235,7 +239,10 @@ func (c Config) Record() results.Config {
 		TopK: c.TopK, SharedExperts: c.SharedExperts, Score: c.Score, Groups: c.Groups, GroupTopK: c.GroupTopK,
 		TopKScale: c.TopKScale, PreSoftmax: c.PreSoftmax, Dispatcher: c.Dispatcher, Impl: c.Impl, SMs: c.SMs, EP: c.EP, GPUs: c.GPUs, Domain: c.Domain,
 		Routing: c.Routing.String(), RoutingPerStep: c.perStepRouting(), Seed: c.Seed, Warmup: c.Warmup, Iters: c.Iters, MaxSeconds: c.MaxSeconds, Check: c.Check, Device: c.Device,
-		CUDAGraph: c.CUDAGraph}
+		CUDAGraph: c.CUDAGraph, Pass: results.PassTraining}
+	if c.ForwardOnly {
+		r.Pass = results.PassForward
+	}
 	if c.Dispatcher == "feplb" {
 		r.FeplbBase, r.FeplbDynamic, r.FeplbPolicy = c.FeplbBase, c.FeplbDyn, c.FeplbPolicy
 	}

@@ -22,18 +22,20 @@ func TestDeepEPLayer(t *testing.T) {
 			"skewed": {Kind: RoutingSkewed, Alpha: 1.5}, "trace": {Kind: RoutingTrace, File: trace}} {
 			c := small()
 			c.EP, c.Routing, c.Dispatcher, c.SMs = ep, routing, "deepep", 6
+			c.Warmup, c.Iters = 0, 1 // a training step each, its gradients checked
 			rec, err := Run(c, Env{Version: "test"})
 			if err != nil || rec.Status != results.StatusOK {
 				t.Fatalf("EP %d %s: %v, %+v", ep, name, err, rec)
 			}
-			if cc := rec.Correctness; !cc.Passed || cc.RoundTrip != "exact" {
+			if cc := rec.Correctness; !cc.Passed || cc.RoundTrip != "exact" || cc.Grads == nil || cc.Grads.RoundTrip != "exact" {
 				t.Errorf("EP %d %s: correctness %+v", ep, name, cc)
 			}
 			var phases []string
 			for _, p := range rec.Timing.Phases {
 				phases = append(phases, p.Name)
 			}
-			if want := []string{"shared", "router", "layout", "notify", "dispatch", "permute", "experts", "combine"}; !slices.Equal(phases, want) {
+			if want := []string{"shared", "router", "layout", "notify", "dispatch", "permute", "experts", "combine",
+				"combine-bwd", "experts-bwd", "dispatch-bwd", "router-bwd", "shared-bwd"}; !slices.Equal(phases, want) {
 				t.Errorf("EP %d %s: phases %v, want %v", ep, name, phases, want)
 			}
 			c.Dispatcher = "alltoall"

@@ -764,7 +764,7 @@ func TestDeviceDump(t *testing.T) {
 		}
 		host, dev := filepath.Join(t.TempDir(), "host"), filepath.Join(t.TempDir(), "dev")
 		hc := c
-		hc.Device = "host"
+		hc.Device, hc.ForwardOnly = "host", true // the cuda device times the forward only
 		if _, err := Run(hc, Env{Version: "test", Dump: host}); err != nil {
 			t.Fatal(err)
 		}

@@ -97,17 +97,23 @@ func Dump(dir string, l *Layer, rec *results.Record) error {
 				"routing "+c.Routing.String()+": these logits replace x·Wrᵀ before the score function and top-k")
 		})
 	}
+	notes := []string{
+		"all float32 arrays hold bf16 values exactly (widened); compute in float32 or float64",
+		"router: " + routerNote(c),
+		"per copy: y = fc2 · (p · silu(fc1_gate · x) ⊙ (fc1_up · x)); output row = Σ over the token's k copies (+ shared expert, which has no p)",
+	}
+	if l.grads != nil {
+		steps = append(steps, l.dumpGrads(add)...)
+		notes = append(notes, "training step: the grad_*.npy files are the gradients of Σ dout · output (dout.npy, drawn from the seed) with respect to each input, "+
+			"as the layer computed them: bf16 where Megatron's bf16 training stores them (input, router weight), fp32 where it keeps fp32 (probabilities, "+
+			"the experts' and shared expert's weight gradients: main_grad); rounding points B1–B8 of kernels/BACKWARD.md")
+	}
 	for _, s := range steps {
 		if err := s(); err != nil {
 			return fmt.Errorf("--dump %s: %w", dir, err)
 		}
 	}
-	meta := map[string]any{"config": rec.Config, "status": rec.Status, "files": index,
-		"notes": []string{
-			"all float32 arrays hold bf16 values exactly (widened); compute in float32 or float64",
-			"router: " + routerNote(c),
-			"per copy: y = fc2 · (p · silu(fc1_gate · x) ⊙ (fc1_up · x)); output row = Σ over the token's k copies (+ shared expert, which has no p)",
-		}}
+	meta := map[string]any{"config": rec.Config, "status": rec.Status, "files": index, "notes": notes}
 	b, err := json.MarshalIndent(meta, "", "  ")
 	if err == nil {
 		err = os.WriteFile(filepath.Join(tmp, "index.json"), append(b, '\n'), 0o644)
@@ -119,6 +125,52 @@ func Dump(dir string, l *Layer, rec *results.Record) error {
 		return fmt.Errorf("--dump %s: %w", dir, err)
 	}
 	return nil
+}
+
+// dumpGrads are the steps that write a training step's upstream gradient
+// and every gradient the layer computed.
+func (l *Layer) dumpGrads(add func(name string, shape []int, data any, about string) error) []func() error {
+	c := l.Cfg
+	n, h, f, E, k := c.EP*c.Tokens, c.Hidden, c.FFN, c.Experts, c.TopK
+	var dx, dprobs, fc1, fc2 []float32
+	for r, rk := range l.Ranks {
+		dx, dprobs = append(dx, l.grads[r].dx...), append(dprobs, rk.DProbs...)
+		for _, w := range rk.ExpertGrads { // rank r's experts are r·L … (r+1)·L − 1
+			fc1, fc2 = append(fc1, w.FC1...), append(fc2, w.FC2...)
+		}
+	}
+	steps := []func() error{
+		func() error {
+			return add("dout.npy", []int{n, h}, concat(l.DOut), "upstream gradient: the gradient of the loss with respect to output.npy (bf16, N(0,1) from the seed)")
+		},
+		func() error {
+			return add("grad_x.npy", []int{n, h}, dx, "gradient of x: through the experts (each token's copies summed), the router and the shared expert, added in that order (bf16)")
+		},
+		func() error {
+			return add("grad_routing_probs.npy", []int{n, k}, dprobs, "gradient of each copy's routing probability (fp32)")
+		},
+		func() error {
+			return add("grad_fc1.npy", []int{E, 2 * f, h}, fc1, "gradient of the expert fc1 weights (fp32 main_grad; all ranks' tokens)")
+		},
+		func() error {
+			return add("grad_fc2.npy", []int{E, h, f}, fc2, "gradient of the expert fc2 weights (fp32 main_grad; all ranks' tokens)")
+		},
+	}
+	if l.routerGrad() {
+		steps = append(steps, func() error {
+			return add("grad_router_weight.npy", []int{E, h}, l.replica.router, "gradient of the router weight (fp32 main_grad): the sum over ranks of each rank's, rounded to bf16 first")
+		})
+	}
+	if fs := f * c.SharedExperts; fs > 0 {
+		steps = append(steps,
+			func() error {
+				return add("grad_shared_fc1.npy", []int{2 * fs, h}, l.replica.shared.FC1, "gradient of the shared expert's fc1 (fp32 main_grad; all ranks' tokens)")
+			},
+			func() error {
+				return add("grad_shared_fc2.npy", []int{h, fs}, l.replica.shared.FC2, "gradient of the shared expert's fc2 (fp32 main_grad; all ranks' tokens)")
+			})
+	}
+	return steps
 }
 
 // CheckDump tells whether Dump can write to dir: it must be an empty

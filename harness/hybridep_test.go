@@ -23,19 +23,21 @@ func TestHybridEPLayer(t *testing.T) {
 			"skewed": {Kind: RoutingSkewed, Alpha: 1.5}, "trace": {Kind: RoutingTrace, File: trace}} {
 			c := small()
 			c.EP, c.Domain, c.Routing, c.Dispatcher, c.SMs = lay.ep, lay.domain, routing, "hybridep", 3
+			c.Warmup, c.Iters = 0, 1 // a training step each, its gradients checked
 			at := fmt.Sprintf("EP %d domain %d %s", lay.ep, lay.domain, name)
 			rec, err := Run(c, Env{Version: "test"})
 			if err != nil || rec.Status != results.StatusOK {
 				t.Fatalf("%s: %v, %+v", at, err, rec)
 			}
-			if cc := rec.Correctness; !cc.Passed || cc.RoundTrip != "exact" {
+			if cc := rec.Correctness; !cc.Passed || cc.RoundTrip != "exact" || cc.Grads == nil || cc.Grads.RoundTrip != "exact" {
 				t.Errorf("%s: correctness %+v", at, cc)
 			}
 			var phases []string
 			for _, p := range rec.Timing.Phases {
 				phases = append(phases, p.Name)
 			}
-			if want := []string{"shared", "router", "allgather", "preprocess", "dispatch", "experts", "combine"}; !slices.Equal(phases, want) {
+			if want := []string{"shared", "router", "allgather", "preprocess", "dispatch", "experts", "combine",
+				"combine-bwd", "experts-bwd", "dispatch-bwd", "router-bwd", "shared-bwd"}; !slices.Equal(phases, want) {
 				t.Errorf("%s: phases %v, want %v", at, phases, want)
 			}
 			tr := rec.Traffic

@@ -36,12 +36,24 @@ type Layer struct {
 	// scratch of the expert phase's extra workers (see experts), shared by
 	// the ranks: they run one after another
 	scratch [][]float32
+
+	// DOut is each rank's upstream gradient [T, h] (bf16, N(0,1) drawn from
+	// the seed); nil in a forward-only layer, which keeps no tape.
+	DOut    [][]float32
+	grads   []rankGrads // per rank; nil in a forward-only layer
+	replica replicaGrads
 }
 
 type rankRun struct {
 	logits  []float32 // [T, E]
-	scratch []float32 // expert MLP intermediates
+	scratch []float32 // expert MLP intermediates (forward-only layers)
 	shared  []float32 // [T, h] shared expert output
+	// the tape (layers with a backward): each expert segment's fc1 output
+	// and activation, ExpertForward's scratch, kept at rows·3f from the
+	// segment's first row (saved), the segments the forward computed
+	// (segs), and the shared expert's (sharedSaved [T, 3fs])
+	saved, sharedSaved []float32
+	segs               []dispatchers.Segment
 }
 
 // NewLayer draws the layer's weights and inputs from cfg.Seed: inputs N(0,1),
@@ -102,6 +114,9 @@ func newLayer(cfg Config, experts bool) (*Layer, error) {
 			Idx: make([]int32, cfg.Tokens*cfg.TopK), Probs: make([]float32, cfg.Tokens*cfg.TopK)})
 		l.run = append(l.run, rankRun{logits: make([]float32, cfg.Tokens*E)})
 	}
+	if !cfg.ForwardOnly && experts { // a host twin or a dispatch benchmark runs no backward
+		l.newBackward()
+	}
 	return l, nil
 }
 
@@ -143,17 +158,54 @@ func normal(seed uint64, purpose string, i, n int, std float64) []float32 {
 	return out
 }
 
+// Timer runs fn, phase phase's work on rank, and may time it.
+type Timer func(phase string, rank int, fn func() error) error
+
 // Step runs one forward pass of the layer through d, calling timed around
 // every phase of every rank (rank by rank within a phase).
-func (l *Layer) Step(d dispatchers.Dispatcher, timed func(phase string, rank int, fn func() error) error) error {
-	for _, ph := range l.steps(d) {
-		for r := range l.Ranks {
+func (l *Layer) Step(d dispatchers.Dispatcher, timed Timer) error {
+	for r := range l.run {
+		l.run[r].segs = l.run[r].segs[:0]
+	}
+	return runPhases(l.steps(d), len(l.Ranks), timed)
+}
+
+// Iteration is one training step of the layer: the forward (Step) and,
+// unless the layer is forward-only, the backward (Backward).
+func (l *Layer) Iteration(d dispatchers.Dispatcher, timed Timer) error {
+	if err := l.Step(d, timed); err != nil || l.grads == nil {
+		return err
+	}
+	return l.Backward(d, timed)
+}
+
+// runPhases runs each phase for every rank, rank by rank, before the next.
+func runPhases(phases []dispatchers.Step, ranks int, timed Timer) error {
+	for _, ph := range phases {
+		for r := range ranks {
 			if err := timed(ph.Name, r, func() error { return ph.Run(r) }); err != nil {
 				return fmt.Errorf("%s on rank %d: %w", ph.Name, r, err)
 			}
 		}
 	}
 	return nil
+}
+
+// Phases are the names of an iteration's phases with d, in order: the
+// forward's, then the backward's unless the layer is forward-only.
+func (l *Layer) Phases(d dispatchers.Dispatcher) ([]string, error) {
+	var names []string
+	for _, ph := range l.steps(d) {
+		names = append(names, ph.Name)
+	}
+	if l.grads == nil {
+		return names, nil
+	}
+	bwd, err := l.backwardSteps(d)
+	for _, ph := range bwd {
+		names = append(names, ph.Name)
+	}
+	return names, err
 }
 
 // steps are the phases of a step with d, in order: the shared expert first
@@ -246,6 +298,9 @@ func (l *Layer) experts(r int) error {
 		for lo := 0; lo < sg.Len; lo += expertBlock {
 			blocks = append(blocks, block{w, sg.Start + lo, min(expertBlock, sg.Len-lo)})
 		}
+		if l.grads != nil {
+			run.segs = append(run.segs, dispatchers.Segment{Expert: sg.Expert, Start: sg.Start, Len: sg.Len})
+		}
 	}
 	most, mostSmall := 0, 0
 	var small []block
@@ -256,7 +311,13 @@ func (l *Layer) experts(r int) error {
 		}
 	}
 	run.scratch = kernels.Grow(run.scratch, most*3*f)
+	if n := rows * 3 * f; l.grads != nil && len(run.saved) < n { // keep what an earlier expert phase of the step saved
+		run.saved = append(run.saved, make([]float32, n-len(run.saved))...)
+	}
 	forward := func(b block, scratch []float32) {
+		if l.grads != nil { // a training step keeps each block's fc1 output and activation: its place in the tape
+			scratch = run.saved[b.start*3*f : (b.start+b.len)*3*f]
+		}
 		kernels.ExpertForward(rk.ExpertY[b.start*h:], rk.ExpertX[b.start*h:(b.start+b.len)*h], rk.ExpertProbs[b.start:b.start+b.len],
 			b.w.FC1, b.w.FC2, scratch, b.len, h, f, kernels.RoundBF16Slice)
 	}
@@ -301,8 +362,12 @@ func (l *Layer) sharedExpert(r int) error {
 	run, c := &l.run[r], l.Cfg
 	fs := c.FFN * c.SharedExperts
 	run.shared = kernels.Grow(run.shared, c.Tokens*c.Hidden)
-	run.scratch = kernels.Grow(run.scratch, c.Tokens*3*fs)
-	kernels.ExpertForward(run.shared, l.X[r], nil, l.SharedFC1, l.SharedFC2, run.scratch, c.Tokens, c.Hidden, fs, kernels.RoundBF16Slice)
+	scratch := &run.scratch
+	if l.grads != nil {
+		scratch = &run.sharedSaved
+	}
+	*scratch = kernels.Grow(*scratch, c.Tokens*3*fs)
+	kernels.ExpertForward(run.shared, l.X[r], nil, l.SharedFC1, l.SharedFC2, *scratch, c.Tokens, c.Hidden, fs, kernels.RoundBF16Slice)
 	return nil
 }
 
@@ -336,5 +401,5 @@ func (l *Layer) Footprint(d dispatchers.Dispatcher, r int) int64 {
 	for e := r * L; e < (r+1)*L; e++ {
 		n += len(l.FC1[e]) + len(l.FC2[e])
 	}
-	return 4*int64(n) + d.Footprint(r)
+	return 4*int64(n) + l.backwardFootprint(r) + d.Footprint(r)
 }

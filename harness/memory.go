@@ -53,6 +53,7 @@ func memParts(c Config) []memPart {
 	layer := ep * (4*T*h + 8*T*E + 8*T*k + 4*T*h + 4*T*h + 4*T*3*fs)
 	layer += 4*E*h + 4*E + 4*3*h*fs // router weight and bias, shared expert
 	var parts []memPart
+	train := host && !c.ForwardOnly // the cuda device runs the forward only
 	if host {
 		parts = append(parts, memPart{"expert weights (float32)", 4 * 3 * E * h * f})
 		// each rank's expert input, output and probabilities, and the
@@ -76,8 +77,24 @@ func memParts(c Config) []memPart {
 			// each chunk at least balance's MinChunk (32) copies
 			chunks := min(ep*float64(c.FeplbDyn)*(domain-1), copies/32)
 			disp += chunks*4*3*h*f + copies*(4*h+4)
+			if train { // and their weight gradients
+				disp += chunks * 4 * 3 * h * f
+			}
+		}
+		if train { // the backward round trip's gradients
+			disp += copies*(8*h+4) + ep*T*(4*h+4*k)
 		}
 		parts = append(parts, memPart{"dispatchers", disp})
+	}
+	if train {
+		// each rank's tape (fc1 outputs and activations of its copies and
+		// of the shared expert), its copies' gradients (output, input,
+		// probability), its tokens' (upstream, dispatcher's, router's,
+		// shared expert's, the input's; probabilities, logits), and the
+		// router's and shared expert's weight gradients
+		back := copies*(4*3*f+8*h+4) + ep*T*(4*3*fs+24*h+4*k+4*E) + 8*E*h + 4*3*h*fs
+		parts = append(parts, memPart{"backward: kept activations and gradients", back},
+			memPart{"expert weight gradients (float32 main_grad)", 4 * 3 * E * h * f})
 	}
 	parts = append(parts, memPart{"layer inputs, routing and outputs", layer})
 	if c.Check {
@@ -90,6 +107,11 @@ func memParts(c Config) []memPart {
 		ref += w * (12*3*h*f + refBlock*(8*h+8+8*3*f))   // each worker's expert weights (drawn and widened) and a block of rows
 		ref += 8*3*h*fs + Ts*(16*h+8*3*fs)               // the shared expert, one rank at a time
 		parts = append(parts, memPart{"float64 reference", ref})
+		if train { // ReferenceGradsEach: x, dout and dx; logits and probabilities with their gradients; router weight and its gradient; shared expert and its gradients
+			g := ep*T*(24*h+16*E+24*k) + 16*E*h + 8*3*2*h*fs
+			g += w * (8*3*h*f*2 + 8*ep*T*h) // each worker's widened weights, its expert's weight gradients and its copies' input gradients
+			parts = append(parts, memPart{"float64 gradient reference", g})
+		}
 	}
 	// the router's and the reference's per-token buffers of expert scores
 	// are garbage at once, but a collection cycle may still hold them
@@ -124,6 +146,9 @@ func checkHostMemory(cfg Config) error {
 	}
 	hint := "a smaller --tokens, --experts or --ep"
 	if cfg.Device == "host" {
+		if !cfg.ForwardOnly {
+			hint += ", --forward-only (no weight gradients, nothing kept for a backward)"
+		}
 		hint += ", or --device cuda (whose host side holds no expert weights)"
 	}
 	return fmt.Errorf("%s device: this layer needs about %.1f GiB of host memory (%s), %.1f GiB is available; use %s",

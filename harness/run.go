@@ -58,7 +58,10 @@ func Run(cfg Config, env Env) (*results.Record, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	why := ForwardOnlyReason(cfg)
+	cfg.ForwardOnly = cfg.ForwardOnly || why != ""
 	rec := newRecord(cfg, env)
+	rec.Config.PassNote = why
 	if cfg.Device != "host" {
 		return runDevice(cfg, env, rec)
 	}
@@ -106,9 +109,14 @@ func Run(cfg Config, env Env) (*results.Record, error) {
 	m := measured{
 		clock: "host wall clock (Go time.Now); not comparable with GPU timings",
 		model: "each phase's sample is its slowest rank in that iteration; step = sum of the phase samples (ranks in lockstep, a barrier between phases)",
-		mem:   &results.Memory{Method: "host buffers, accounted: the rank's host buffers after the run, float32 storage (its share of expert weights, shared/router weights, activations, dispatcher buffers); not a measured peak"}}
-	for _, ph := range l.steps(d) {
-		m.phases = append(m.phases, ph.Name)
+		mem: &results.Memory{Method: "host buffers, accounted: the rank's host buffers after the run, float32 storage (its share of expert weights, shared/router weights, activations, " +
+			"dispatcher buffers; in a training step also what the forward keeps for the backward, the gradients and the experts' fp32 weight gradients); not a measured peak"}}
+	if m.phases, err = l.Phases(d); err != nil {
+		return fail(results.StatusUnavailable, err)
+	}
+	if !cfg.ForwardOnly {
+		m.forward = len(l.steps(d))
+		m.model += "; fwd and bwd are the sums of their passes' phases, step = fwd + bwd"
 	}
 	m.samples = m.newSamples(cfg.EP)
 	samples, iter := m.samples, -1 // samples[phase][rank][iter] in milliseconds
@@ -131,7 +139,7 @@ func Run(cfg Config, env Env) (*results.Record, error) {
 		if _, err := iterate(cfg.Warmup, cfg.Iters, pausedEnd, func(i int) error {
 			iter = i
 			l.SetRouting(cfg.Warmup + i + 1) // the same routing as the timed step i
-			if err := l.Step(d, timed); err != nil {
+			if err := l.Iteration(d, timed); err != nil {
 				return err
 			}
 			prog.stepDone()
@@ -146,7 +154,7 @@ func Run(cfg Config, env Env) (*results.Record, error) {
 		iter = i
 		prog.set(stepStage(i, cfg))
 		l.SetRouting(cfg.Warmup + i + 1)
-		if err := l.Step(d, timed); err != nil {
+		if err := l.Iteration(d, timed); err != nil {
 			return err
 		}
 		prog.stepDone()
@@ -170,9 +178,22 @@ func Run(cfg Config, env Env) (*results.Record, error) {
 	for r := range l.Ranks {
 		m.mem.PerRankBytes = append(m.mem.PerRankBytes, l.Footprint(d, r))
 	}
+
 	m.phase2SMs = "not measured on the host device"
 	fillMeasurements(rec, cfg, m)
 	return rec, dump(env, l, rec)
+}
+
+// ForwardOnlyReason says why a run of cfg that was not asked to be
+// forward-only must be: its device has no backward in this build (the
+// cuda device: the device dispatchers and the device layer implement the
+// forward only); "" when its backward can run.
+func ForwardOnlyReason(cfg Config) string {
+	if cfg.ForwardOnly || cfg.Device == "host" {
+		return ""
+	}
+	return "the cuda device times the forward only in this build: its backward (the element-wise backward kernels, dgrad and wgrad through cuBLASLt, " +
+		"the dispatchers' device backward) is not there yet; the host device runs forward and backward"
 }
 
 // stepStage is the progress stage of step i (negative: warm-up).
@@ -268,11 +289,14 @@ type measured struct {
 	rebalance []dispatchers.RebalanceStats
 	paused    map[string][][]float64
 	phase2SMs string
-	issue     []float64              // device runs: each timed step's host issue time, ms
-	hostWait  []float64              // device runs: each timed step's host wait before phases (alltoall's counts), ms
-	hostCall  map[string][][]float64 // a library implementation's: [phase][rank][iter] its calls' wall time, ms
-	buffers   []results.Buffer
-	stopped   string // why fewer iterations ran than asked for (--max-seconds)
+	// phases[:forward] are the forward's, the rest the backward's; 0: all
+	// are the forward's (the iterations timed the forward only)
+	forward  int
+	issue    []float64              // device runs: each timed step's host issue time, ms
+	hostWait []float64              // device runs: each timed step's host wait before phases (alltoall's counts), ms
+	hostCall map[string][][]float64 // a library implementation's: [phase][rank][iter] its calls' wall time, ms
+	buffers  []results.Buffer
+	stopped  string // why fewer iterations ran than asked for (--max-seconds)
 }
 
 // buffers are d's buffers on each of ep ranks, where it describes them.
@@ -298,7 +322,9 @@ func trafficRecord(tr dispatchers.Traffic) *results.Traffic {
 	return &results.Traffic{DispatchOffRank: tr.DispatchOffRank, DispatchLogical: tr.DispatchLogical,
 		CombineOffRank: tr.CombineOffRank, CombineLogical: tr.CombineLogical, Formula: tr.Formula,
 		DispatchAlgorithm: tr.DispatchAlgorithm, CombineAlgorithm: tr.CombineAlgorithm, AlgorithmFormula: tr.AlgorithmFormula,
-		DispatchInterDomain: tr.DispatchInterDomain, CombineInterDomain: tr.CombineInterDomain, InterDomainAlgorithm: tr.InterDomainAlgorithm}
+		DispatchInterDomain: tr.DispatchInterDomain, CombineInterDomain: tr.CombineInterDomain, InterDomainAlgorithm: tr.InterDomainAlgorithm,
+		CombineBackwardOffRank: tr.CombineBackwardOffRank, CombineBackwardLogical: tr.CombineBackwardLogical,
+		DispatchBackwardOffRank: tr.DispatchBackwardOffRank, DispatchBackwardLogical: tr.DispatchBackwardLogical, BackwardFormula: tr.BackwardFormula}
 }
 
 // bandwidth fills t's GB/s from the phase p50s of timing: in moebench's
@@ -339,10 +365,11 @@ func (m *measured) newSamples(ranks int) map[string][][]float64 {
 	return s
 }
 
-// expertTimes sums each rank's expert phases per iteration: [rank][iter], ms.
-func expertTimes(samples map[string][][]float64, ranks int) [][]float64 {
+// expertTimes sums each rank's phases (expert phases) per iteration:
+// [rank][iter], ms.
+func expertTimes(samples map[string][][]float64, ranks int, phases []string) [][]float64 {
 	t := make([][]float64, ranks)
-	for _, name := range dispatchers.ExpertPhases {
+	for _, name := range phases {
 		for r, rs := range samples[name] {
 			t[r] = kernels.Grow(t[r], len(rs))
 			for i, v := range rs {
@@ -353,10 +380,11 @@ func expertTimes(samples map[string][][]float64, ranks int) [][]float64 {
 	return t
 }
 
-// gemmStraggler is the straggler of the ranks' median expert times, and
-// the absolute straggler of each iteration.
-func gemmStraggler(samples map[string][][]float64, ranks int) (results.Straggler, []float64) {
-	t := expertTimes(samples, ranks)
+// gemmStraggler is the straggler of the ranks' median times of the expert
+// phases (ExpertPhases, or ExpertBackwardPhases), and the absolute
+// straggler of each iteration.
+func gemmStraggler(samples map[string][][]float64, ranks int, phases []string) (results.Straggler, []float64) {
+	t := expertTimes(samples, ranks, phases)
 	med := make([]float64, ranks)
 	var steps []float64
 	for r, ts := range t {
@@ -373,13 +401,13 @@ func gemmStraggler(samples map[string][][]float64, ranks int) (results.Straggler
 }
 
 func fillMeasurements(rec *results.Record, cfg Config, m measured) {
-	gs, gsSteps := gemmStraggler(m.samples, cfg.EP)
+	gs, gsSteps := gemmStraggler(m.samples, cfg.EP, dispatchers.ExpertPhases)
 	if len(m.rebalance) > 0 { // the segments left are the last expert phase's only: count what the plan says
 		m.recv = m.rebalance[len(m.rebalance)-1].TokensAfter
 		rb := rebalanceRecord(m.rebalance, m.phase2SMs)
 		rb.GEMMAfter, rb.PerStep.GEMMAfterMS = gs, gsSteps
 		if m.paused != nil {
-			rb.GEMMBefore, rb.PerStep.GEMMBeforeMS = gemmStraggler(m.paused, cfg.EP)
+			rb.GEMMBefore, rb.PerStep.GEMMBeforeMS = gemmStraggler(m.paused, cfg.EP, dispatchers.ExpertPhases)
 		}
 		rec.Rebalance = rb
 	}
@@ -420,6 +448,10 @@ func fillMeasurements(rec *results.Record, cfg Config, m measured) {
 		t.Step.Stat, t.Step.Samples, t.StepIs = lock.Stat, lock.Samples, results.StepLockstep
 	}
 	t.Step.Name = "step"
+	if m.forward > 0 { // a training step's passes, each summed as the host's step is
+		fwd, bwd := m.sumPhases("fwd", m.phases[:m.forward], cfg), m.sumPhases("bwd", m.phases[m.forward:], cfg)
+		t.Forward, t.Backward = &fwd, &bwd
+	}
 	if m.issue != nil {
 		s := summarise(m.issue)
 		t.HostIssue = &s
@@ -460,10 +492,66 @@ func fillMeasurements(rec *results.Record, cfg Config, m measured) {
 	if ms > 0 {
 		rec.GEMM.TFLOPS = routed / (ms / 1e3) / 1e12
 	}
+	if m.forward > 0 {
+		backwardGEMM(rec.GEMM, m, cfg)
+		for _, rows := range m.recv {
+			m.mem.SavedPerRankBytes = append(m.mem.SavedPerRankBytes,
+				kernels.SavedBytes(rows, cfg.Tokens, cfg.Hidden, cfg.FFN, cfg.FFN*cfg.SharedExperts, cfg.RouterConfig(nil).SavedScores()))
+		}
+		m.mem.SavedFormula = savedFormula
+	}
 	rec.Traffic = trafficRecord(m.traffic)
 	bandwidth(rec.Traffic, t, cfg.EP, rec.SMs.Budget, results.CopyPayload(rec.Config))
 	rec.Memory = m.mem
 	rec.Memory.Buffers = m.buffers
+}
+
+// savedFormula says how Memory.SavedPerRankBytes counts.
+const savedFormula = "kernels.SavedBytes: per token copy a rank's experts computed, its input row, fc1 output and activation (bf16 hidden + 3·ffn) " +
+	"and probability (fp32); per token, the logits the score function's backward reads (fp32: the k chosen, all experts with pre-softmax) " +
+	"and the shared expert's fc1 output and activation (bf16 3·ffn·shared)"
+
+// backwardGEMM adds the backward's expert GEMMs to g: their FLOPs by
+// kernels' accounting (dgrad and wgrad, twice the forward), the rate over
+// the ranks' median expert-backward times, and their straggler.
+func backwardGEMM(g *results.GEMM, m measured, cfg Config) {
+	h, f, fs := cfg.Hidden, cfg.FFN, cfg.FFN*cfg.SharedExperts
+	var routed float64
+	for _, n := range m.recv {
+		routed += kernels.ExpertGEMMWork(n, h, f).Backward().FLOPs
+	}
+	shared := float64(cfg.EP) * kernels.ExpertGEMMWork(cfg.Tokens, h, fs).Backward().FLOPs
+	gs, _ := gemmStraggler(m.samples, cfg.EP, dispatchers.ExpertBackwardPhases)
+	g.BackwardFLOPsPerIter, g.BackwardFormula, g.BackwardStraggler = routed+shared, kernels.GEMMFormula, &gs
+	var ms float64
+	for _, v := range gs.PerRank {
+		ms += v
+	}
+	if ms > 0 {
+		g.BackwardTFLOPS = routed / (ms / 1e3) / 1e12
+	}
+}
+
+// sumPhases is the phases' sum as a phase named name: each rank's own sum
+// per iteration, and the lockstep sum (of each phase's slowest rank) as
+// its samples.
+func (m *measured) sumPhases(name string, phases []string, cfg Config) results.Phase {
+	perRank := make([][]float64, cfg.EP)
+	lockstep := make([]float64, cfg.Iters)
+	for _, ph := range phases {
+		for i, v := range phaseStats(ph, m.samples[ph]).Samples {
+			lockstep[i] += v
+		}
+		for r, rs := range m.samples[ph] {
+			perRank[r] = kernels.Grow(perRank[r], cfg.Iters)
+			for i, v := range rs {
+				perRank[r][i] += v
+			}
+		}
+	}
+	p := phaseStats(name, perRank)
+	p.Samples, p.Stat = lockstep, summarise(lockstep)
+	return p
 }
 
 // rebalanceRecord summarises the rebalance of the timed steps; sms says
@@ -471,7 +559,7 @@ func fillMeasurements(rec *results.Record, cfg Config, m measured) {
 func rebalanceRecord(steps []dispatchers.RebalanceStats, sms string) *results.Rebalance {
 	last := steps[len(steps)-1]
 	var ps results.RebalanceSteps
-	var exposed []float64
+	var exposed, backCopy []float64
 	moves := 0
 	for _, s := range steps {
 		ps.CopyMS = append(ps.CopyMS, 1e3*s.CopySeconds)
@@ -484,11 +572,16 @@ func rebalanceRecord(steps []dispatchers.RebalanceStats, sms string) *results.Re
 		}
 		ps.ExposedMS = append(ps.ExposedMS, x)
 		moves += s.Moves
+		backCopy = append(backCopy, 1e3*s.BackwardCopySeconds)
 	}
 	r := &results.Rebalance{Policy: last.Policy, Note: last.Note, TokensBefore: last.TokensBefore, TokensAfter: last.TokensAfter,
 		TokenBefore: straggler(floats(last.TokensBefore)), TokenAfter: straggler(floats(last.TokensAfter)),
 		ModelledBefore: last.ModelledBefore, ModelledAfter: last.ModelledAfter, Moves: last.Moves, CopyBytes: last.CopyBytes,
-		CopyMethod: last.CopyMethod, ExposedNote: last.ExposedNote, PhaseTwoSMs: sms, PerStep: ps}
+		CopyMethod: last.CopyMethod, ExposedNote: last.ExposedNote, PhaseTwoSMs: sms, PerStep: ps,
+		BackwardCopyBytes: last.BackwardCopyBytes, WGradBytes: last.WGradBytes}
+	if last.BackwardCopyBytes > 0 {
+		r.BackwardCopyMS, _ = stats.Median(backCopy)
+	}
 	if len(exposed) > 0 {
 		r.ExposedMS, _ = stats.Median(exposed)
 		r.ExposedNote = fmt.Sprintf("median of %d steps; %s", len(exposed), last.ExposedNote)
@@ -562,7 +655,12 @@ func straggler(v []float64) results.Straggler {
 	return s
 }
 
-// HostFLOPs is the expert GEMM work of one step (all ranks), for warnings.
+// HostFLOPs is the expert GEMM work of one step (all ranks), for warnings:
+// the forward's, and a training step's backward twice that again.
 func HostFLOPs(cfg Config) float64 {
-	return 6 * float64(cfg.Hidden) * float64(cfg.FFN) * float64(cfg.EP*cfg.Tokens) * float64(cfg.TopK+cfg.SharedExperts)
+	fwd := 6 * float64(cfg.Hidden) * float64(cfg.FFN) * float64(cfg.EP*cfg.Tokens) * float64(cfg.TopK+cfg.SharedExperts)
+	if cfg.ForwardOnly {
+		return fwd
+	}
+	return 3 * fwd
 }

@@ -26,6 +26,12 @@ func gradCases(T, h, f, fs int) []gradCase {
 		{name: "softmax top-2 logit override (straight-through)", rc: soft, override: true, T: T, h: h, f: f, fs: fs},
 		{name: "sigmoid top-2 given probabilities", rc: RouterConfig{Experts: 8, TopK: 2, Score: ScoreSigmoid},
 			fixedProbs: true, T: T, h: h, f: f},
+		{name: "pre-softmax top-1 scale 1.5", rc: RouterConfig{Experts: 8, TopK: 1, Score: ScoreSoftmax, PreSoftmax: true, Scale: 1.5},
+			T: T, h: h, f: f},
+		{name: "pre-softmax top-3 groups 4/2 shared, 2 ranks", rc: RouterConfig{Experts: 8, TopK: 3, Score: ScoreSoftmax, PreSoftmax: true,
+			Groups: 4, GroupTopK: 2}, ranks: 2, T: T, h: h, f: f, fs: fs},
+		{name: "pre-softmax top-2 logit override (straight-through)", rc: RouterConfig{Experts: 8, TopK: 2, Score: ScoreSoftmax, PreSoftmax: true},
+			override: true, T: T, h: h, f: f, fs: fs},
 	}
 }
 
@@ -216,6 +222,13 @@ func TestGEMMWorkBackwardIsTwiceForward(t *testing.T) {
 	}
 	if got, want := SavedBytes(0, 10, 64, ff, 16, 8), int64(10*(4*8+2*3*16)); got != want {
 		t.Errorf("SavedBytes of 10 tokens = %d, want %d", got, want)
+	}
+	pre := RouterConfig{Experts: 64, TopK: 8, Score: ScoreSoftmax, PreSoftmax: true}
+	if n := pre.SavedScores(); n != 64 {
+		t.Errorf("pre-softmax keeps %d logits a token, want all 64 (its backward reaches every one)", n)
+	}
+	if pre.PreSoftmax = false; pre.SavedScores() != 8 {
+		t.Errorf("softmax after top-k keeps %d logits a token, want the 8 chosen", pre.SavedScores())
 	}
 	if ExpertWGradBytes(h, f) != 2*(3*h*f*2) {
 		t.Errorf("weight gradients %d bytes, want twice the bf16 weights", ExpertWGradBytes(h, f))

@@ -1,6 +1,12 @@
 package kernels
 
-import "math"
+import (
+	"math"
+	"runtime"
+	"slices"
+	"sync"
+	"sync/atomic"
+)
 
 // The float64 reference of every gradient of the layer, from first
 // principles: token by token, each chosen expert's MLP is differentiated with
@@ -49,14 +55,32 @@ type Grads struct {
 // ReferenceGrads computes every gradient of p's layer in float64. Experts
 // run in parallel, each calling p.Expert once.
 func ReferenceGrads(p GradProblem) Grads {
+	E := p.Router.Experts
+	fc1, fc2 := make([][]float64, E), make([][]float64, E)
+	g := ReferenceGradsEach(p, runtime.GOMAXPROCS(0), func(e int, d1, d2 []float64) {
+		fc1[e], fc2[e] = slices.Clone(d1), slices.Clone(d2)
+	})
+	g.FC1, g.FC2 = fc1, fc2
+	return g
+}
+
+// ReferenceGradsEach is ReferenceGrads for layers whose experts' weight
+// gradients do not all fit in memory at once: workers goroutines compute
+// the experts, each into its own float64 buffers, and hand each expert's
+// weight gradients to each(e, dfc1, dfc2) — called concurrently, once per
+// expert (zeros for an expert no token chose), the buffers reused once it
+// returns — instead of keeping them: the Grads it returns have FC1 and FC2
+// nil. The other gradients are ReferenceGrads' (the input gradient's
+// per-expert parts are added in the order the experts finish: float64
+// roundoff may differ between runs, nothing more).
+func ReferenceGradsEach(p GradProblem, workers int, each func(e int, fc1, fc2 []float64)) Grads {
 	c := p.Router
 	T, h, f, E, k := p.Tokens, p.Hidden, p.FFN, c.Experts, c.TopK
 	rankTokens := p.RankTokens
 	if rankTokens == 0 {
 		rankTokens = T
 	}
-	g := Grads{X: make([]float64, T*h), FC1: make([][]float64, E), FC2: make([][]float64, E),
-		Probs: make([]float64, T*k), Logits: make([]float64, T*E)}
+	g := Grads{X: make([]float64, T*h), Probs: make([]float64, T*k), Logits: make([]float64, T*E)}
 	for range (T + rankTokens - 1) / rankTokens {
 		g.Wr = append(g.Wr, make([]float64, E*h))
 	}
@@ -80,30 +104,34 @@ func ReferenceGrads(p GradProblem) Grads {
 		}
 	}
 
-	// Routed experts: each token copy's backward through its expert.
-	type copyRef struct{ tok, slot int }
-	byExpert := make([][]copyRef, E)
+	// Routed experts: each token copy's backward through its expert; its
+	// input gradient goes to its token's row.
+	byExpert := make([][]int, E) // the slots t·k+j of each expert's copies
 	for s, e := range p.Idx[:T*k] {
-		byExpert[e] = append(byExpert[e], copyRef{s / k, s})
+		byExpert[e] = append(byExpert[e], s)
 	}
-	dxCopy := make([]float64, T*k*h) // each copy's input gradient, by slot
-	parallelRows(E, T*k*h*f, func(lo, hi int) {
-		for e := lo; e < hi; e++ {
-			g.FC1[e], g.FC2[e] = make([]float64, 2*f*h), make([]float64, h*f)
-			if len(byExpert[e]) == 0 {
-				continue
-			}
+	var mu sync.Mutex // g.X
+	type buffers struct{ dfc1, dfc2, dx []float64 }
+	bufs := make([]buffers, max(1, min(workers, E)))
+	parallelItems(E, len(bufs), func(w, e int) {
+		b := &bufs[w]
+		b.dfc1, b.dfc2 = zeroed(b.dfc1, 2*f*h), zeroed(b.dfc2, h*f)
+		if slots := byExpert[e]; len(slots) > 0 {
 			fc1, fc2 := p.Expert(e)
-			for _, cp := range byExpert[e] {
-				x, dy := p.X[cp.tok*h:(cp.tok+1)*h], p.DOut[cp.tok*h:(cp.tok+1)*h]
-				g.Probs[cp.slot] = mlpTokenGrad(x, dy, probs[cp.slot], fc1, fc2, h, f,
-					dxCopy[cp.slot*h:(cp.slot+1)*h], g.FC1[e], g.FC2[e])
+			b.dx = zeroed(b.dx, len(slots)*h)
+			for i, s := range slots {
+				tok := s / k
+				x, dy := p.X[tok*h:(tok+1)*h], p.DOut[tok*h:(tok+1)*h]
+				g.Probs[s] = mlpTokenGrad(x, dy, probs[s], fc1, fc2, h, f, b.dx[i*h:(i+1)*h], b.dfc1, b.dfc2)
 			}
+			mu.Lock()
+			for i, s := range slots {
+				axpy(g.X[(s/k)*h:(s/k+1)*h], 1, b.dx[i*h:(i+1)*h])
+			}
+			mu.Unlock()
 		}
+		each(e, b.dfc1, b.dfc2)
 	})
-	for s := range T * k {
-		axpy(g.X[(s/k)*h:(s/k+1)*h], 1, dxCopy[s*h:(s+1)*h])
-	}
 
 	// The shared expert sees every token with probability 1.
 	if p.SharedFFN > 0 {
@@ -115,8 +143,8 @@ func ReferenceGrads(p GradProblem) Grads {
 		}
 	}
 
-	// The router: dlogit_e = Σ_i dprob_i ∂prob_i/∂z_e over the chosen e,
-	// then through z = x·Wrᵀ.
+	// The router: dlogit_e = Σ_i dprob_i ∂prob_i/∂z_e, then through
+	// z = x·Wrᵀ.
 	if p.Probs != nil {
 		return g
 	}
@@ -124,9 +152,7 @@ func ReferenceGrads(p GradProblem) Grads {
 		sel, z, dz := p.Idx[t*k:(t+1)*k], logits[t*E:(t+1)*E], g.Logits[t*E:(t+1)*E]
 		jac := probJacobian(c, z, sel)
 		for i := range k {
-			for m, e := range sel {
-				dz[e] += g.Probs[t*k+i] * jac[i][m]
-			}
+			axpy(dz, g.Probs[t*k+i], jac[i])
 		}
 		x, dwr := p.X[t*h:(t+1)*h], g.Wr[t/rankTokens]
 		for e := range E {
@@ -135,6 +161,29 @@ func ReferenceGrads(p GradProblem) Grads {
 		}
 	}
 	return g
+}
+
+// zeroed is a zeroed slice of n elements, in b's memory when it is large
+// enough.
+func zeroed(b []float64, n int) []float64 {
+	b = Grow(b, n)
+	clear(b)
+	return b
+}
+
+// parallelItems runs fn(w, i) for i in [0, n) on workers goroutines, w
+// being the goroutine's index.
+func parallelItems(n, workers int, fn func(w, i int)) {
+	var wg sync.WaitGroup
+	var next atomic.Int64
+	for w := range workers {
+		wg.Go(func() {
+			for i := int(next.Add(1)) - 1; i < n; i = int(next.Add(1)) - 1 {
+				fn(w, i)
+			}
+		})
+	}
+	wg.Wait()
 }
 
 // mlpTokenGrad differentiates y = fc2 · (p · silu(g) ⊙ u), [g | u] = fc1 · x,
@@ -168,15 +217,32 @@ func mlpTokenGrad(x, dy []float64, p float64, fc1, fc2 []float64, h, f int, dx, 
 	return dp
 }
 
-// probJacobian returns J[i][m] = ∂prob_i/∂z_{sel[m]} of Router.Probs for one
-// token's logits z [E] and chosen experts sel [k].
+// probJacobian returns J[i][e] = ∂prob_i/∂z_e of Router.Probs for one
+// token's logits z [E] and chosen experts sel [k]: [k][E], zero at experts
+// not chosen unless the softmax over all experts comes first (PreSoftmax).
 func probJacobian(c RouterConfig, z []float64, sel []int32) [][]float64 {
-	k := len(sel)
+	k, E := len(sel), len(z)
 	scale := c.Scale
 	if scale == 0 {
 		scale = 1
 	}
 	jac := make([][]float64, k)
+	for i := range jac {
+		jac[i] = make([]float64, E)
+	}
+	if c.preSoftmax() { // p_i = scale·P_sel_i, P = softmax(z) over all E
+		P := softmax(z)
+		for i, s := range sel {
+			for e := range E {
+				delta := 0.0
+				if int(s) == e {
+					delta = 1
+				}
+				jac[i][e] = scale * P[s] * (delta - P[e])
+			}
+		}
+		return jac
+	}
 	q := make([]float64, k) // exp of the chosen logits (shifted by their max), or their sigmoids
 	zmax := math.Inf(-1)
 	for _, e := range sel {
@@ -192,19 +258,18 @@ func probJacobian(c RouterConfig, z []float64, sel []int32) [][]float64 {
 		sum += q[m]
 	}
 	for i := range jac {
-		jac[i] = make([]float64, k)
-		for m := range jac[i] {
+		for m, e := range sel {
 			delta := 0.0
 			if i == m {
 				delta = 1
 			}
 			switch {
 			case c.Score != ScoreSigmoid: // p_i = scale·q_i/Σq, q = exp(z)
-				jac[i][m] = scale * q[i] / sum * (delta - q[m]/sum)
+				jac[i][e] = scale * q[i] / sum * (delta - q[m]/sum)
 			case k == 1: // p = scale·σ(z)
-				jac[i][m] = scale * q[i] * (1 - q[i])
+				jac[i][e] = scale * q[i] * (1 - q[i])
 			default: // p_i = scale·σ_i/Σσ
-				jac[i][m] = scale * (delta/sum - q[i]/(sum*sum)) * q[m] * (1 - q[m])
+				jac[i][e] = scale * (delta/sum - q[i]/(sum*sum)) * q[m] * (1 - q[m])
 			}
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"sync"
 	"testing"
 )
 
@@ -131,5 +132,40 @@ func TestReferenceGradsFiniteDifferences(t *testing.T) {
 			}
 			t.Logf("%d coordinates: largest |fd − ref| / max|ref| %.2g", coords, worst)
 		})
+	}
+}
+
+// ReferenceGradsEach hands every expert's weight gradients over exactly
+// once, on any number of workers, and computes the other gradients as
+// ReferenceGrads does.
+func TestReferenceGradsEach(t *testing.T) {
+	c := gradCases(16, 8, 6, 4)[2] // groups, scale and a shared expert
+	l := newGradLayer(9, c)
+	want := ReferenceGrads(l.problem())
+	for _, workers := range []int{1, 3} {
+		var mu sync.Mutex
+		seen := map[int]int{}
+		got := ReferenceGradsEach(l.problem(), workers, func(e int, fc1, fc2 []float64) {
+			mu.Lock()
+			defer mu.Unlock()
+			seen[e]++
+			if relErr(fc1, want.FC1[e]) > 1e-14 || relErr(fc2, want.FC2[e]) > 1e-14 {
+				t.Errorf("%d workers: expert %d's weight gradients differ from ReferenceGrads'", workers, e)
+			}
+		})
+		for e := range c.rc.Experts {
+			if seen[e] != 1 {
+				t.Errorf("%d workers: expert %d handed over %d times, want once", workers, e, seen[e])
+			}
+		}
+		if got.FC1 != nil || got.FC2 != nil {
+			t.Errorf("%d workers: ReferenceGradsEach kept the weight gradients", workers)
+		}
+		got.FC1, got.FC2 = want.FC1, want.FC2
+		for name, e := range gradErrs(got, want) {
+			if e > 1e-14 {
+				t.Errorf("%d workers: %s gradient differs by %.3g", workers, name, e)
+			}
+		}
 	}
 }

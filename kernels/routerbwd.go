@@ -5,8 +5,10 @@ import "math"
 // ScoreBackward is the backward of Route's probabilities: from the
 // probabilities' gradient dprobs [T,k] (in the order of idx [T,k]) and the
 // logits [T,E] the forward scored, it writes the logits' gradient dlogits
-// [T,E]. Only the chosen experts get one: top-k and group-limited selection
-// are piecewise constant, and the sigmoid's selection bias only selects.
+// [T,E]. Only the chosen experts get one (except with PreSoftmax, whose
+// softmax over all experts reaches every logit): top-k and group-limited
+// selection are piecewise constant, and the sigmoid's selection bias only
+// selects.
 // Scores are recomputed from the logits as Route computes them and the rest
 // is F arithmetic (fp32 for the host device, as Megatron's fp32 router):
 //
@@ -16,6 +18,9 @@ import "math"
 //	sigmoid, k > 1:             s_i = σ(z_i), S = Σ_j s_j
 //	                            dz_i = (g_i − Σ_j g_j s_j / S) / S · s_i(1 − s_i)
 //	sigmoid, k = 1:             dz = g · s(1 − s)
+//	pre-softmax:                P = softmax(z) over all E, G_e = g_i at e = idx_i
+//	                            (0 elsewhere); dz_e = P_e · (G_e − Σ_i P_idx_i g_i)
+//	                            for every expert e, chosen or not
 //
 // With an override of the logits (force-balanced routing) the gradient is
 // that of the override's values, passed on to the router GEMM unchanged
@@ -33,6 +38,10 @@ func ScoreBackward[F Float](c RouterConfig, dlogits, logits, dprobs []F, idx []i
 		clear(dz)
 		for i := range g {
 			g[i] = scale * dprobs[t*k+i]
+		}
+		if c.preSoftmax() {
+			preSoftmaxBackward(dz, z, g, sel)
+			continue
 		}
 		if c.Score == ScoreSigmoid {
 			var sum, dot F
@@ -66,6 +75,37 @@ func ScoreBackward[F Float](c RouterConfig, dlogits, logits, dprobs []F, idx []i
 		for i, e := range sel {
 			dz[e] = s[i] * (g[i] - dot)
 		}
+	}
+}
+
+// preSoftmaxBackward writes one token's dz [E] from its logits z [E] and
+// the scaled probability gradients g [k] of its chosen experts sel: the
+// backward of p_i = P_sel_i with P the softmax over all experts.
+func preSoftmaxBackward[F Float](dz, z, g []F, sel []int32) {
+	m := math.Inf(-1)
+	for _, v := range z {
+		m = math.Max(m, float64(v))
+	}
+	var sum F
+	for e, v := range z {
+		dz[e] = F(math.Exp(float64(v) - m)) // P's numerator, for now
+		sum += dz[e]
+	}
+	var dot F
+	for e := range dz {
+		dz[e] /= sum
+	}
+	for i, e := range sel {
+		dot += dz[e] * g[i]
+	}
+	for e := range dz {
+		var ge F // G_e: the gradient of e's probability, if chosen
+		for i, s := range sel {
+			if int(s) == e {
+				ge = g[i]
+			}
+		}
+		dz[e] *= ge - dot
 	}
 }
 

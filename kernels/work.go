@@ -108,12 +108,22 @@ func ExpertWGradBytes(h, f int) int64 { return 3 * int64(h) * int64(f) * fp32Byt
 // SavedBytes is what the forward keeps for the backward on one rank, beyond
 // its input x: for each of the copies rows its experts computed, the expert
 // input row (bf16 h), the fc1 output (bf16 2f), the activation (bf16 f) and
-// the probability (fp32); for each of its tokens, the chosen experts'
-// logits (fp32 k; the score function's backward needs nothing else) and the
+// the probability (fp32); for each of its tokens, the scores logits the
+// score function's backward reads (fp32: RouterConfig.SavedScores) and the
 // shared expert's fc1 output and activation (bf16 3fs). The dispatcher's
 // row maps and counts are its own footprint.
-func SavedBytes(copies, tokens, h, f, fs, topk int) int64 {
+func SavedBytes(copies, tokens, h, f, fs, scores int) int64 {
 	perCopy := int64(h+2*f+f)*bf16Bytes + fp32Bytes
-	perToken := int64(topk)*fp32Bytes + int64(3*fs)*bf16Bytes
+	perToken := int64(scores)*fp32Bytes + int64(3*fs)*bf16Bytes
 	return int64(copies)*perCopy + int64(tokens)*perToken
+}
+
+// SavedScores is how many of a token's logits the score function's
+// backward reads: its k chosen experts', or every expert's when the softmax
+// over all of them comes first (PreSoftmax).
+func (c RouterConfig) SavedScores() int {
+	if c.preSoftmax() {
+		return c.Experts
+	}
+	return c.TopK
 }

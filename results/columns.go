@@ -91,6 +91,22 @@ func stepIs(r *Record) string {
 	return StepSlowestRank
 }
 
+// passOf is r's forward pass (PassForward) or backward pass ("bwd"): a
+// training step's sums of their phases; a forward-only record's forward is
+// its step, and it has no backward.
+func passOf(r *Record, pass string) *Phase {
+	t := r.Timing
+	switch {
+	case t == nil:
+		return nil
+	case pass != PassForward:
+		return t.Backward
+	case t.Forward != nil:
+		return t.Forward
+	}
+	return &t.Step
+}
+
 func p50Of(p *Phase) (float64, bool) {
 	if p == nil {
 		return 0, false
@@ -153,6 +169,8 @@ var columns = []column{
 	{head: "status", val: func(r Row) string { return r.Rec.Status }},
 	{head: "rank_step_p50", okOnly: true, ms: func(r Row) (float64, bool) { s, _ := twoSteps(r.Rec); return p50Of(s) }},
 	{head: "lockstep_p50", okOnly: true, ms: func(r Row) (float64, bool) { _, l := twoSteps(r.Rec); return p50Of(l) }},
+	{head: "fwd_p50", okOnly: true, ms: func(r Row) (float64, bool) { return p50Of(passOf(r.Rec, PassForward)) }},
+	{head: "bwd_p50", okOnly: true, ms: func(r Row) (float64, bool) { return p50Of(passOf(r.Rec, "bwd")) }},
 	{head: "speedup_vs_alltoall", okOnly: true, val: func(r Row) string {
 		if r.Speedup == 0 {
 			return noValue
@@ -344,6 +362,7 @@ func reportKey(groups []Group) []string {
 			"lockstep: per iteration, the sum of each phase's slowest rank (a barrier between phases); both p50 over the timed iterations",
 		"speedup_vs_alltoall: the native alltoall row's step p50 over this row's, the step being " + strings.Join(basis, ", ") + "; it is the step compare decides on",
 		"dispatch_p50, combine_p50: the phase's slowest rank per iteration, p50; times in µs (_us) where a value would print as 0.0xx ms",
+		"fwd_p50, bwd_p50: a training step's forward and backward, each the lockstep sum of its phases (the group's title says whether the iterations timed both passes or the forward only, whose fwd is its step)",
 		"GBps columns are GB/s (1e9 B/s) of a rank's share of a step's bytes over the phase's p50: copy = " + copyRows + ", the same bytes for every dispatcher; " +
 			"algo = the design's own convention (DeepEP's test_intranode: each (token, destination rank) pair once, its bf16 row: fewer bytes where a design sends a token once to a rank holding several of its experts); " +
 			"algo_GBps_per_SM = algo over the SM budget of an SM-driven dispatcher",

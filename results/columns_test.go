@@ -13,7 +13,7 @@ import (
 
 // csvText are the CSV columns that hold text; every other one holds a
 // number or nothing.
-var csvText = []string{"stack_summary", "preset", "score", "routing", "device", "dispatcher", "impl", "status", "reason", "timing_note", "stopped", "step_is",
+var csvText = []string{"stack_summary", "preset", "score", "routing", "device", "dispatcher", "impl", "status", "reason", "timing_note", "stopped", "step_is", "pass",
 	"sm_util_note", "checked", "check_passed", "rebalance_policy", "rebalance_copies_exposed_note"}
 
 func readCSV(t *testing.T, s string) (head []string, rows []map[string]string) {

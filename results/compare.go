@@ -227,9 +227,48 @@ func Compare(base, new []Record, o CompareOptions, allowStackChange bool) (*Comp
 		c.Changes = append(c.Changes, ch)
 	}
 	if matched == 0 {
+		if why := passesDiffer(base, new); why != "" {
+			return c, &PassChangeError{why}
+		}
 		return c, fmt.Errorf("no point of new matches a point of base (same workload and settings)")
 	}
 	return c, nil
+}
+
+// PassChangeError is Compare's refusal of files whose records time
+// different passes (forward only, or training steps), which are never the
+// same point: a new baseline is needed, as for a stack change.
+type PassChangeError struct{ Why string }
+
+func (e *PassChangeError) Error() string {
+	return "no point of new matches a point of base: " + e.Why + " (a new baseline is needed)"
+}
+
+// passesDiffer says, when no pass of new is one of base's, which each
+// times.
+func passesDiffer(base, new []Record) string {
+	passes := func(recs []Record) map[string]bool {
+		m := map[string]bool{}
+		for _, r := range recs {
+			m[r.Config.PassName()] = true
+		}
+		return m
+	}
+	bp, np := passes(base), passes(new)
+	for p := range np {
+		if bp[p] {
+			return ""
+		}
+	}
+	names := func(m map[string]bool) string {
+		var s []string
+		for p := range m {
+			s = append(s, p)
+		}
+		sort.Strings(s)
+		return strings.Join(s, ", ")
+	}
+	return fmt.Sprintf("base times %s and new %s, which are never compared (a forward-only run and a training step time different work; rerun one with or without --forward-only)", names(bp), names(np))
 }
 
 func decide(ch *Change, o CompareOptions) {

@@ -255,3 +255,25 @@ func TestStackDiffTiers(t *testing.T) {
 		}
 	}
 }
+
+// TestComparePasses: a forward-only record and a training step's are never
+// the same point, whatever else they share: compare refuses to match them
+// and says why; a record without the pass field (older) is forward-only.
+func TestComparePasses(t *testing.T) {
+	fwd, train, old := okRecord("alltoall", []float64{1, 1, 1, 1, 1}), okRecord("alltoall", []float64{3, 3, 3, 3, 3}), okRecord("alltoall", []float64{1, 1, 1, 1, 1})
+	fwd.Config.Pass, train.Config.Pass, old.Config.Pass = PassForward, PassTraining, ""
+	c, err := Compare([]Record{fwd}, []Record{train}, DefaultCompareOptions, false)
+	var pc *PassChangeError
+	if !errors.As(err, &pc) || !strings.Contains(err.Error(), "base times fwd and new fwd+bwd, which are never compared") {
+		t.Fatalf("fwd against fwd+bwd: %v", err)
+	}
+	if len(c.Changes) != 2 || c.Changes[0].Verdict == VerdictRegression || c.Changes[1].Verdict == VerdictRegression {
+		t.Errorf("changes %+v: want each only in its own file", c.Changes)
+	}
+	if c, err := Compare([]Record{old}, []Record{fwd}, DefaultCompareOptions, false); err != nil || len(c.Changes) != 1 {
+		t.Errorf("an older record (no pass) against a forward-only one: %v, %+v", err, c)
+	}
+	if old.Config.PassName() != PassForward || old.Config.Workload() != fwd.Config.Workload() {
+		t.Errorf("a record without the pass field is not forward-only: %q", old.Config.Workload())
+	}
+}

@@ -154,6 +154,9 @@ var csvHead = []csvField{
 	{"step_stdev_ms", stepCell(func(r *Record) *Phase { return &r.Timing.Step }, func(p *Phase) float64 { return p.Stdev })},
 	{"rank_step_p50_ms", stepCell(func(r *Record) *Phase { s, _ := twoSteps(r); return s }, func(p *Phase) float64 { return p.P50 })},
 	{"lockstep_p50_ms", stepCell(func(r *Record) *Phase { _, l := twoSteps(r); return l }, func(p *Phase) float64 { return p.P50 })},
+	{"pass", func(_ *Group, r Row) string { return r.Rec.Config.PassName() }},
+	{"fwd_p50_ms", stepCell(func(r *Record) *Phase { return passOf(r, PassForward) }, func(p *Phase) float64 { return p.P50 })},
+	{"bwd_p50_ms", stepCell(func(r *Record) *Phase { return passOf(r, "bwd") }, func(p *Phase) float64 { return p.P50 })},
 	{"speedup_vs_alltoall", func(_ *Group, r Row) string { return nonZero(r.Speedup) }},
 }
 
@@ -215,6 +218,12 @@ var csvTail = []csvField{
 	{"max_rel_err", func(_ *Group, r Row) string {
 		if c := r.Rec.Correctness; c != nil && c.Checked {
 			return num(c.MaxRelErr)
+		}
+		return ""
+	}},
+	{"grad_max_rel_err", func(_ *Group, r Row) string {
+		if c := r.Rec.Correctness; c != nil && c.Grads != nil {
+			return num(c.Grads.MaxRelErr)
 		}
 		return ""
 	}},

@@ -71,8 +71,8 @@ func WriteTable(w io.Writer, rec *Record) error {
 	if c.Domain > 0 {
 		sms += fmt.Sprintf(" · domain %d", c.Domain)
 	}
-	p.f("# dispatcher %s (%s) · sms %s · routing %s · seed %d · warmup %d · iters %d\n",
-		c.Dispatcher, c.Impl, sms, routing, c.Seed, c.Warmup, c.Iters)
+	p.f("# dispatcher %s (%s) · sms %s · routing %s · seed %d · warmup %d · iters %d · %s\n",
+		c.Dispatcher, c.Impl, sms, routing, c.Seed, c.Warmup, c.Iters, passLine(c))
 	if lib := rec.Library; lib != nil {
 		p.f("# library: %s · %s %s (%s) · %s\n", lib.Design, lib.Name, lib.Version, lib.Path, lib.Detail)
 	}
@@ -128,6 +128,10 @@ func WriteTable(w io.Writer, rec *Record) error {
 		p.f("# %-22s straggler +%.3f ms (+%.1f%%) → +%.3f ms (+%.1f%%), measured (before: the same steps with phase 2 paused) · modelled +%.3f → +%.3f ms\n",
 			"rebalance GEMMs", rb.GEMMBefore.Abs, 100*rb.GEMMBefore.Rel, rb.GEMMAfter.Abs, 100*rb.GEMMAfter.Rel, 1e3*rb.ModelledBefore, 1e3*rb.ModelledAfter)
 		p.f("# %-22s %s · scheduler exposed %.3f ms · copies exposed %.3f ms (%s)\n", "rebalance copies", rb.CopyMethod, rb.SchedulerWaitMS, rb.ExposedMS, rb.ExposedNote)
+		if rb.BackwardCopyBytes > 0 {
+			p.f("# %-22s %s moved, of them %s of fp32 weight gradients back to the owners · copies %.3f ms\n", "rebalance backward",
+				bytesStr(rb.BackwardCopyBytes), bytesStr(rb.WGradBytes), rb.BackwardCopyMS)
+		}
 		for _, w := range rb.Warnings {
 			p.f("# %-22s %s\n", "rebalance warning", w)
 		}
@@ -150,6 +154,10 @@ func WriteTable(w io.Writer, rec *Record) error {
 			g.FLOPsPerIter/1e9, g.TFLOPS, g.Straggler.Abs, 100*g.Straggler.Rel)
 		if g.Method != "" {
 			p.f("# %-22s %s\n", "expert GEMM method", g.Method)
+		}
+		if bs := g.BackwardStraggler; bs != nil {
+			p.f("# %-22s %.3f GFLOP/step · %.4f TFLOP/s per rank · straggler +%.3f ms (+%.1f%%)\n", "expert GEMMs backward",
+				g.BackwardFLOPsPerIter/1e9, g.BackwardTFLOPS, bs.Abs, 100*bs.Rel)
 		}
 	}
 	if rec.Stack.Device != "host" {
@@ -174,6 +182,10 @@ func WriteTable(w io.Writer, rec *Record) error {
 			}
 			p.f("\n")
 		}
+		if tr.BackwardFormula != "" {
+			p.f("# %-22s combine-bwd off-rank %s, logical %s · dispatch-bwd off-rank %s, logical %s\n", "backward bytes/step",
+				bytesStr(tr.CombineBackwardOffRank), bytesStr(tr.CombineBackwardLogical), bytesStr(tr.DispatchBackwardOffRank), bytesStr(tr.DispatchBackwardLogical))
+		}
 		if tr.CopyBytes > 0 {
 			p.f("# %-22s %s (every (token, expert) copy's bf16 row) · dispatch %.3f, combine %.3f GB/s per rank\n", "copy bytes/step",
 				bytesStr(tr.CopyBytes), tr.DispatchCopyGBps, tr.CombineCopyGBps)
@@ -195,7 +207,11 @@ func WriteTable(w io.Writer, rec *Record) error {
 		for _, b := range m.PerRankBytes {
 			hi = max(hi, b)
 		}
-		p.f("# %-22s max %s (%s)\n", "memory/rank", bytesStr(hi), strings.SplitN(m.Method, ":", 2)[0])
+		p.f("# %-22s max %s (%s)", "memory/rank", bytesStr(hi), strings.SplitN(m.Method, ":", 2)[0])
+		if len(m.SavedPerRankBytes) > 0 {
+			p.f(" · kept for the backward: max %s per rank as a GPU keeps it", bytesStr(maxBytes(m.SavedPerRankBytes)))
+		}
+		p.f("\n")
 		var bufs []string
 		for _, b := range m.Buffers {
 			var hi int64
@@ -217,6 +233,9 @@ func WriteTable(w io.Writer, rec *Record) error {
 // 0.0xx ms.
 func writePhaseTable(p *printer, t *Timing) {
 	rows := append([]Phase(nil), t.Phases...)
+	if t.Forward != nil && t.Backward != nil { // a training step's two passes
+		rows = append(rows, *t.Forward, *t.Backward)
+	}
 	slowest, lockstep := t.SlowestRank, t.Lockstep
 	if slowest != nil && lockstep != nil {
 		s, l := *slowest, *lockstep
@@ -231,13 +250,17 @@ func writePhaseTable(p *printer, t *Timing) {
 	}
 	unit, pr := timeUnit(all)
 	unit = unit[1:]
-	p.f("# %-10s %10s %10s %10s %10s %10s %12s %12s\n", "phase", "p50_"+unit, "p90_"+unit, "p99_"+unit, "mean_"+unit, "stdev_"+unit, "rank_min_"+unit, "rank_max_"+unit)
+	wide := 10 // the phase column: at least "phase", as wide as the longest name
+	for _, ph := range rows {
+		wide = max(wide, len(ph.Name))
+	}
+	p.f("# %-*s %10s %10s %10s %10s %10s %12s %12s\n", wide, "phase", "p50_"+unit, "p90_"+unit, "p99_"+unit, "mean_"+unit, "stdev_"+unit, "rank_min_"+unit, "rank_max_"+unit)
 	for _, ph := range rows {
 		lo, hi := pr(ph.RankMin), pr(ph.RankMax)
 		if len(ph.PerRank) == 0 && ph.Name == "lockstep" { // no rank has this step
 			lo, hi = noValue, noValue
 		}
-		p.f("  %-10s %10s %10s %10s %10s %10s %12s %12s\n", ph.Name, pr(ph.P50), pr(ph.P90), pr(ph.P99), pr(ph.Mean), pr(ph.Stdev), lo, hi)
+		p.f("  %-*s %10s %10s %10s %10s %10s %12s %12s\n", wide, ph.Name, pr(ph.P50), pr(ph.P90), pr(ph.P99), pr(ph.Mean), pr(ph.Stdev), lo, hi)
 	}
 }
 
@@ -256,7 +279,37 @@ func writeCorrectness(p *printer, c *Correctness) {
 		if c.Sample != "" {
 			p.f("# %-22s %s\n", "compared", c.Sample)
 		}
+		if g := c.Grads; g != nil {
+			verdict := "PASS"
+			if !(g.MaxRelErr <= g.Tolerance) || g.RoundTrip != "exact" {
+				verdict = "FAIL"
+			}
+			var each []string
+			for _, n := range GradTensors {
+				if e, ok := g.PerTensor[n]; ok {
+					each = append(each, fmt.Sprintf("%s %.1e", n, e))
+				}
+			}
+			p.f("# %-22s %s · max rel err %.2e (tolerance %.0e) · backward round trip %s\n", "gradients", verdict, g.MaxRelErr, g.Tolerance, g.RoundTrip)
+			p.f("# %-22s %s\n", "gradient errors", strings.Join(each, ", "))
+		}
 	}
+}
+
+// GradTensors are the gradients a training step's check compares
+// (GradCheck.PerTensor's names), in the order tables list them.
+var GradTensors = []string{"input", "router weight", "probs", "expert fc1", "expert fc2", "shared fc1", "shared fc2"}
+
+// passLine says what the iterations timed.
+func passLine(c Config) string {
+	if c.PassName() == PassTraining {
+		return "forward + backward"
+	}
+	s := "forward only"
+	if c.PassNote != "" {
+		s += " (" + strings.SplitN(c.PassNote, ":", 2)[0] + ")"
+	}
+	return s
 }
 
 func rankNote(rec *Record) string {

@@ -90,10 +90,19 @@ type Rebalance struct {
 	ExposedNote string  `json:"exposed_note"`
 	// HiddenShare is older records' share of the incoming copies' time
 	// that overlapped the static experts (not a stall: replaced by ExposedMS)
-	HiddenShare string         `json:"hidden_share,omitempty"`
-	PhaseTwoSMs string         `json:"phase2_sm_utilisation"`
-	Warnings    []string       `json:"warnings,omitempty"` // why the rebalance is a no-op, or that it moved nothing
-	PerStep     RebalanceSteps `json:"per_step"`
+	HiddenShare string `json:"hidden_share,omitempty"`
+	PhaseTwoSMs string `json:"phase2_sm_utilisation"`
+	// The backward's phase 2 (training steps): the output gradients out to
+	// the helpers, their input and probability gradients back, and the
+	// helpers' fp32 weight gradients of each moved (expert, helper) back to
+	// the owner (WGradBytes, part of BackwardCopyBytes); copy time as
+	// CopyMS's. Whether the returns hide behind the owner's own expert
+	// backward is a device matter: not measured on the host.
+	BackwardCopyBytes int64          `json:"backward_copy_bytes,omitempty"`
+	WGradBytes        int64          `json:"wgrad_return_bytes,omitempty"`
+	BackwardCopyMS    float64        `json:"backward_copy_ms_p50,omitempty"`
+	Warnings          []string       `json:"warnings,omitempty"` // why the rebalance is a no-op, or that it moved nothing
+	PerStep           RebalanceSteps `json:"per_step"`
 }
 
 // RebalanceSteps are the timed steps' rebalance measurements, one entry per
@@ -147,6 +156,26 @@ type Config struct {
 	MaxSeconds     float64 `json:"max_seconds,omitempty"` // time budget of the iterations (Timing.Stopped says if it cut them)
 	Check          bool    `json:"check"`
 	Device         string  `json:"device"`
+	// Pass is what each iteration timed: PassForward or PassTraining;
+	// records without it (older ones) timed the forward only. PassNote says
+	// why a run that was not asked to be forward-only was (the device has
+	// no backward in this build).
+	Pass     string `json:"pass,omitempty"`
+	PassNote string `json:"pass_note,omitempty"`
+}
+
+// Passes an iteration can time.
+const (
+	PassForward  = "fwd"     // the forward pass alone (--forward-only; every record before the backward)
+	PassTraining = "fwd+bwd" // a training step: the forward, then the backward
+)
+
+// PassName is c's pass, PassForward for records that predate the field.
+func (c Config) PassName() string {
+	if c.Pass == "" {
+		return PassForward
+	}
+	return c.Pass
 }
 
 // Stack is what the numbers were measured on: the machine, its software and
@@ -256,6 +285,11 @@ type Timing struct {
 	// Absent in older records.
 	SlowestRank *Phase `json:"step_slowest_rank,omitempty"`
 	Lockstep    *Phase `json:"step_lockstep,omitempty"`
+	// Forward and Backward are a training step's two passes, each made of
+	// its phases as the host's Step is of all of them (their sum is the
+	// lockstep step); absent when the iterations timed the forward only.
+	Forward  *Phase `json:"forward,omitempty"`
+	Backward *Phase `json:"backward,omitempty"`
 	// device runs: the host's wall time to issue one step, from its first
 	// call to its last call's return, before waiting for the streams, less
 	// HostWait. Close to the step time, the GPU may have waited for the
@@ -295,6 +329,14 @@ type GEMM struct {
 	TFLOPS       float64   `json:"tflops"`           // FLOPs of the slowest rank / its median experts time
 	Straggler    Straggler `json:"straggler_ms"`     // over per-rank median experts time
 	Method       string    `json:"method,omitempty"` // how the expert GEMMs ran, and why (device runs)
+	// The backward's expert GEMMs (training steps): dgrad and wgrad of fc1
+	// and fc2, twice the forward's FLOPs (BackwardFormula); the rate as
+	// TFLOPS's, over the expert backward phases; their straggler over the
+	// ranks' median expert-backward times, ms.
+	BackwardFLOPsPerIter float64    `json:"backward_flops_per_iter,omitempty"`
+	BackwardFormula      string     `json:"backward_formula,omitempty"`
+	BackwardTFLOPS       float64    `json:"backward_tflops,omitempty"`
+	BackwardStraggler    *Straggler `json:"backward_straggler_ms,omitempty"`
 }
 
 // Traffic is bytes moved per step.
@@ -317,6 +359,14 @@ type Traffic struct {
 	DispatchInterDomain  int64 `json:"dispatch_inter_domain_bytes,omitempty"`
 	CombineInterDomain   int64 `json:"combine_inter_domain_bytes,omitempty"`
 	InterDomainAlgorithm int64 `json:"inter_domain_algorithm_bytes,omitempty"`
+	// The backward's bytes (training steps): the combine's backward sends
+	// output gradients the dispatch's way, the dispatch's backward input and
+	// probability gradients the combine's way; BackwardFormula counts them.
+	CombineBackwardOffRank  int64  `json:"combine_backward_off_rank_bytes,omitempty"`
+	CombineBackwardLogical  int64  `json:"combine_backward_logical_bytes,omitempty"`
+	DispatchBackwardOffRank int64  `json:"dispatch_backward_off_rank_bytes,omitempty"`
+	DispatchBackwardLogical int64  `json:"dispatch_backward_logical_bytes,omitempty"`
+	BackwardFormula         string `json:"backward_formula,omitempty"`
 	// Bandwidth in GB/s (1e9 B/s) by BandwidthFormula: a rank's share of
 	// the algorithm bytes over the phase's p50; per SM of the budget for
 	// SM-driven dispatchers.
@@ -341,6 +391,11 @@ type Memory struct {
 	// Buffers are the dispatcher's buffers (e.g. receive and queue memory)
 	// as a GPU holds them, where the dispatcher describes them.
 	Buffers []Buffer `json:"dispatcher_buffers,omitempty"`
+	// SavedPerRankBytes is what a training step's forward keeps for its
+	// backward on each rank, in the storage a GPU keeps it in (SavedFormula);
+	// the host's own copy of it is part of PerRankBytes.
+	SavedPerRankBytes []int64 `json:"saved_for_backward_per_rank_bytes,omitempty"`
+	SavedFormula      string  `json:"saved_formula,omitempty"`
 }
 
 // Buffer is one of the dispatcher's buffers on every rank.
@@ -373,4 +428,22 @@ type Correctness struct {
 	RoutingDiffs int     `json:"routing_diffs"`
 	Sample       string  `json:"sample,omitempty"` // which tokens were compared, when not all
 	Detail       string  `json:"detail,omitempty"`
+	// Grads is the gradient check of a training step (absent for
+	// forward-only runs and older records).
+	Grads *GradCheck `json:"grads,omitempty"`
+}
+
+// GradCheck is a training step's gradients against the float64 reference.
+type GradCheck struct {
+	MaxRelErr float64 `json:"max_rel_err"` // the largest of PerTensor
+	Tolerance float64 `json:"tolerance"`
+	Metric    string  `json:"metric"`
+	// PerTensor is each gradient's error by Metric: input, router weight,
+	// expert fc1, expert fc2, shared fc1, shared fc2.
+	PerTensor map[string]float64 `json:"per_tensor"`
+	// RoundTrip is the dispatcher's backward alone, with experts that
+	// multiply each row by its probability: "exact" when every gradient
+	// came back bit for bit, else the first difference.
+	RoundTrip string `json:"round_trip"`
+	Note      string `json:"note"` // how the upstream gradient was drawn, and where the weight gradients' sums come from
 }

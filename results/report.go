@@ -92,7 +92,7 @@ func (g Group) Title() string {
 	if c.SharedExperts > 0 {
 		s += fmt.Sprintf(" · shared %d", c.SharedExperts)
 	}
-	return s + fmt.Sprintf(" · EP %d · routing %s · seed %d · device %s · stack #%d", c.EP, c.Routing, c.Seed, c.Device, g.StackNo)
+	return s + fmt.Sprintf(" · EP %d · routing %s · seed %d · device %s · %s · stack #%d", c.EP, c.Routing, c.Seed, c.Device, passLine(c), g.StackNo)
 }
 
 // notes are the reasons of failed and unavailable rows, of runs stopped

@@ -152,12 +152,13 @@ func (s Stack) Summary() string {
 	return fmt.Sprintf("host: %s, %d CPUs (GOMAXPROCS %d), %s, %s", s.CPU, s.CPUs, s.GOMAXPROCS, s.OS, s.GoVersion)
 }
 
-// Workload is what a point runs: layer shape, routing, seed, EP and device.
-// Records of one workload on one stack are compared with each other.
+// Workload is what a point runs: layer shape, routing, seed, EP, device
+// and pass (forward, or forward and backward). Records of one workload on
+// one stack are compared with each other.
 func (c Config) Workload() string {
-	w := fmt.Sprintf("%s tokens=%d hidden=%d ffn=%d experts=%d topk=%d shared=%d score=%s groups=%d/%d scale=%g routing=%s seed=%d ep=%d device=%s",
+	w := fmt.Sprintf("%s tokens=%d hidden=%d ffn=%d experts=%d topk=%d shared=%d score=%s groups=%d/%d scale=%g routing=%s seed=%d ep=%d device=%s pass=%s",
 		c.Preset, c.Tokens, c.Hidden, c.FFN, c.Experts, c.TopK, c.SharedExperts, c.ScoreName(), c.Groups, c.GroupTopK,
-		c.TopKScale, c.Routing, c.Seed, c.EP, c.Device)
+		c.TopKScale, c.Routing, c.Seed, c.EP, c.Device, c.PassName())
 	if c.RoutingPerStep {
 		w += " per-step"
 	}

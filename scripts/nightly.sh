@@ -20,7 +20,8 @@
 # Exit status: 0 no regression (or no baseline yet: this run became it),
 # 3 regression, 4 the stack changed in what changes results (new GPU, driver,
 # library, clocks, ...: a new baseline is needed; harmless differences such
-# as the kernel's patch level only add a note), 5 undecided points with
+# as the kernel's patch level only add a note) or what each iteration times
+# (forward only, or forward and backward), 5 undecided points with
 # --fail-on-undecided, 1 the sweep, the report or the comparison could not
 # run, 2 bad sweep file, 130 interrupted.
 #
@@ -80,7 +81,7 @@ rc=${PIPESTATUS[0]}
 case $rc in
   0 | 3 | 5) exit "$rc" ;;
   4)
-    echo "nightly: the stack changed: a new baseline is needed; to accept this run as it: cp '$run' '$baseline'" >&2
+    echo "nightly: the stack (or what each iteration times) changed: a new baseline is needed; to accept this run as it: cp '$run' '$baseline'" >&2
     exit 4 ;;
   *)
     echo "nightly: compare failed (exit $rc)" >&2

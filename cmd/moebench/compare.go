@@ -14,7 +14,7 @@ import (
 // compare's own exit statuses (and scripts/nightly.sh's).
 const (
 	exitRegression  = 3 // a point regressed
-	exitStackChange = 4 // the stacks differ in what changes results: a new baseline is needed
+	exitStackChange = 4 // the stacks (or the passes) differ in what changes results: a new baseline is needed
 	exitUndecided   = 5 // points left undecided, with --fail-on-undecided
 )
 
@@ -33,12 +33,14 @@ Records from stacks that differ in what changes results (GPU, driver, libraries,
 clocks, power limit, topology, CPU model, kernel series, Go, recorded environment)
 are refused; harmless differences (memory sizes within 2%, the kernel's patch
 level, where moebench keeps its files, the host name) are listed as a note.
+Forward-only records and training steps (config.pass) are never the same point;
+files that match only across passes are refused as a stack change is.
 
 Usage:
   moebench compare [flags] BASE NEW
 
-Exit status: 0 no regression, 3 regression, 4 the stacks differ (a new baseline
-is needed), 5 undecided points with --fail-on-undecided, 2 bad input.`
+Exit status: 0 no regression, 3 regression, 4 the stacks or the passes differ (a
+new baseline is needed), 5 undecided points with --fail-on-undecided, 2 bad input.`
 
 func compare(args []string, stdout, stderr io.Writer) int {
 	o := results.DefaultCompareOptions
@@ -81,7 +83,8 @@ func compare(args []string, stdout, stderr io.Writer) int {
 	}
 	c, err := results.Compare(base, new, o, *allow)
 	var sc *results.StackChangeError
-	if errors.As(err, &sc) {
+	var pc *results.PassChangeError
+	if errors.As(err, &sc) || errors.As(err, &pc) {
 		fmt.Fprintf(stderr, "moebench compare: %v\n", err)
 		return exitStackChange
 	}

@@ -27,7 +27,7 @@ type options struct {
 	topkScale, maxSeconds                                               float64
 	commTimeout                                                         time.Duration
 	seed                                                                uint64
-	check, preSoftmax, routingFixed, cudaGraph                          bool
+	check, preSoftmax, routingFixed, cudaGraph, forwardOnly             bool
 }
 
 func newFlags(o *options) *pflag.FlagSet {
@@ -83,7 +83,8 @@ func addControlFlags(fs *pflag.FlagSet, o *options) {
 	fs.IntVar(&o.warmup, "warmup", d.Warmup, "untimed iterations before timing")
 	fs.IntVar(&o.iters, "iters", d.Iters, fmt.Sprintf("timed iterations (at most %d)", harness.MaxIters))
 	fs.Float64Var(&o.maxSeconds, "max-seconds", 0, "time budget of the warm-up and timed iterations: past it the run stops after the current iteration and records what it timed (at least one iteration); 0 = none")
-	fs.BoolVar(&o.check, "check", d.Check, "check the output against the float64 reference (--check=false to skip)")
+	fs.BoolVar(&o.forwardOnly, "forward-only", d.ForwardOnly, "time the forward pass alone (default: every iteration is a training step, forward then backward, and the check covers every gradient; the cuda device times the forward only in this build)")
+	fs.BoolVar(&o.check, "check", d.Check, "check the output (and in a training step every gradient) against the float64 reference (--check=false to skip)")
 	fs.DurationVar(&o.commTimeout, "comm-timeout", d.CommTimeout, "SM-driven dispatchers: the longest a cross-rank wait may take before the run fails naming the rank, phase and wait (NCCL EP: its timeout_ns)")
 	fs.StringVar(&o.device, "device", d.Device, "device: auto (cuda if a driver and GPU are found, else host) | host | cuda")
 	addLibFlag(fs, &o.cudaLibs)
@@ -148,7 +149,7 @@ func (o *options) config(fs *pflag.FlagSet) (harness.Config, error) {
 	c.Dispatcher, c.Impl, c.SMs, c.EP, c.GPUs = o.dispatcher, o.impl, o.sms, o.ep, o.gpus
 	c.Domain, c.FeplbBase, c.FeplbDyn, c.FeplbPolicy, c.CommTimeout = o.domain, o.feplbBase, o.feplbDyn, o.feplbPolicy, o.commTimeout
 	c.Routing, c.RoutingFixed, c.Seed, c.Warmup, c.Iters, c.Check, c.Device = r, o.routingFixed, o.seed, o.warmup, o.iters, o.check, o.device
-	c.MaxSeconds, c.CUDAGraph = o.maxSeconds, o.cudaGraph
+	c.MaxSeconds, c.CUDAGraph, c.ForwardOnly = o.maxSeconds, o.cudaGraph, o.forwardOnly
 	if err := c.Validate(); err != nil {
 		return c, err
 	}

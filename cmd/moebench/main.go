@@ -102,8 +102,11 @@ func runLayer(args []string, stdout, stderr io.Writer) (code int) {
 		}
 		fmt.Fprintf(stderr, "moebench: %s; host timings are not comparable with GPU timings\n", line)
 		if fl := harness.HostFLOPs(cfg); fl > 50e9 {
-			fmt.Fprintf(stderr, "moebench: note: %.0f GFLOP of expert GEMMs per step on the host device; expect minutes (reduce --tokens or --iters)\n", fl/1e9)
+			fmt.Fprintf(stderr, "moebench: note: %.0f GFLOP of expert GEMMs per step on the host device; expect minutes (reduce --tokens or --iters, or add --forward-only)\n", fl/1e9)
 		}
+	}
+	if why := harness.ForwardOnlyReason(cfg); why != "" {
+		fmt.Fprintf(stderr, "moebench: forward only: %s (add --forward-only to say so)\n", why)
 	}
 	defer limitMemory(harness.HostBytes(cfg))()
 	rec, err := harness.Run(cfg, harness.Env{Version: version(), DeviceNote: note, Dump: o.dump, Progress: stderr})

@@ -138,7 +138,7 @@ func TestRunWritesAndRereadsRecord(t *testing.T) {
 	}
 	ok, un := recs[0], recs[1]
 	if ok.Status != results.StatusOK || ok.Config.Routing != "skewed:1" || ok.Config.Preset != "tiny+custom" ||
-		ok.Timing == nil || len(ok.Timing.Phases) != 7 || ok.Correctness == nil || !ok.Correctness.Passed {
+		ok.Timing == nil || len(ok.Timing.Phases) != 14 || ok.Config.Pass != results.PassTraining || ok.Correctness == nil || !ok.Correctness.Passed {
 		t.Errorf("first record: %+v", ok)
 	}
 	if un.Status != results.StatusUnavailable || un.Timing != nil || !strings.Contains(un.Reason, "hybridep") {

@@ -27,7 +27,7 @@ func TestHostMemoryEstimate(t *testing.T) {
 		{"--ep", "1024", "--experts", "1024"},
 		{"--ep", "8", "--dispatcher", "deepep", "--tokens", "256"},
 		{"--ep", "64", "--experts", "64", "--dispatcher", "feplb", "--domain", "8", "--tokens", "64", "--routing", "skewed:1.5"},
-		{"--ep", "4", "--experts", "32", "--hidden", "1024", "--ffn", "512", "--tokens", "64"},
+		{"--ep", "4", "--experts", "32", "--hidden", "1024", "--ffn", "512", "--tokens", "16"},
 	} {
 		args = append([]string{"--device", "host", "--tokens", "1", "--warmup", "0", "--iters", "2"}, args...)
 		var o options

@@ -187,6 +187,12 @@ func TestCompareCLI(t *testing.T) {
 	if code, out, _ := cli("compare", "--allow-stack-change", base, otherFile); code != exitRegression || !strings.Contains(out, "# stacks differ") {
 		t.Errorf("allowed stack change: exit %d\n%s", code, out)
 	}
+	// a forward-only baseline against training steps: a new baseline is needed
+	fwdOnly := withSamples(1, "cuda")
+	fwdOnly.Config.Pass = results.PassForward
+	if code, _, e := cli("compare", write("fwd.jsonl", fwdOnly), base); code != exitStackChange || !strings.Contains(e, "base times fwd and new fwd+bwd") {
+		t.Errorf("forward-only base, training steps new: exit %d, %s", code, e)
+	}
 	// harmless differences (memory rounding, the kernel's patch level) are a note
 	rebooted := withSamples(1, "cuda")
 	rebooted.Stack.MemoryBytes += 8192

@@ -50,6 +50,7 @@ var fileKeys = map[string]struct {
 	"iters":          {2, func(r *results.Record) any { return r.Config.Iters }},
 	"max-seconds":    {60, func(r *results.Record) any { return r.Config.MaxSeconds }},
 	"check":          {false, func(r *results.Record) any { return r.Config.Check }},
+	"forward-only":   {true, func(r *results.Record) any { return r.Config.Pass == results.PassForward }},
 	"comm-timeout":   {"2s", func(r *results.Record) any { return r.Config.CommTimeoutS }}, // hybridep's point
 	"device":         {"host", func(r *results.Record) any { return r.Config.Device }},
 	"cuda-libs":      {"/nonexistent/cuda", func(r *results.Record) any { return r.Stack.Env["MOEBENCH_CUDA_LIBS"] }},

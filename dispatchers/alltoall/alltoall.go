@@ -29,9 +29,10 @@ func New(impl string, env dispatchers.Env) (dispatchers.Dispatcher, error) {
 
 // A2A is the alltoall dispatcher over host ranks.
 type A2A struct {
-	shape dispatchers.Shape
-	ranks []*dispatchers.Rank
-	st    []state
+	shape    dispatchers.Shape
+	ranks    []*dispatchers.Rank
+	st       []state
+	backward bool // the last step ran the backward
 }
 
 // state is one rank's private buffers.
@@ -80,6 +81,9 @@ func (a *A2A) Bind(shape dispatchers.Shape, ranks []*dispatchers.Rank) error {
 // major because each rank owns a contiguous range of experts.
 func (a *A2A) Permute(r int) error {
 	s, rk, sh := &a.st[r], a.ranks[r], a.shape
+	if r == 0 {
+		a.backward = false
+	}
 	s.slots, s.counts = kernels.PermuteOrder(rk.Idx, sh.Tokens, sh.TopK, sh.Experts, s.slots, s.counts)
 	kernels.GatherRows(s.permX, rk.X, s.slots, sh.TopK, sh.Hidden)
 	kernels.GatherRows(s.permP, rk.Probs, s.slots, 1, 1)
@@ -112,59 +116,90 @@ func (a *A2A) Dispatch(r int) error {
 	}
 	s.recvX = kernels.Grow(s.recvX, total*h)
 	s.recvP = kernels.Grow(s.recvP, total)
-	// all-to-all: source src's rows for r are contiguous at src.sendOff[r]
-	for src := range sh.EP {
-		ss := &a.st[src]
-		lo, hi := ss.sendOff[r], ss.sendOff[r+1]
-		at := s.recvOff[src][0]
-		copy(s.recvX[at*h:], ss.permX[lo*h:hi*h])
-		copy(s.recvP[at:], ss.permP[lo:hi])
-	}
-	// sort chunks by local expert
 	rk.ExpertX = kernels.Grow(rk.ExpertX, total*h)
 	rk.ExpertProbs = kernels.Grow(rk.ExpertProbs, total)
+	a.deliver(r, h, s.recvX, rk.ExpertX, func(ss *state) []float32 { return ss.permX })
+	a.deliver(r, 1, s.recvP, rk.ExpertProbs, func(ss *state) []float32 { return ss.permP })
 	rk.Segments = rk.Segments[:0]
 	at := 0
 	for l := range L {
-		seg := dispatchers.Segment{Expert: r*L + l, Start: at}
+		n := 0
 		for src := range sh.EP {
-			n, from := s.chunkN[src][l], s.recvOff[src][l]
-			copy(rk.ExpertX[at*h:(at+n)*h], s.recvX[from*h:(from+n)*h])
-			copy(rk.ExpertProbs[at:at+n], s.recvP[from:from+n])
-			at += n
+			n += s.chunkN[src][l]
 		}
-		seg.Len = at - seg.Start
-		rk.Segments = append(rk.Segments, seg)
+		rk.Segments = append(rk.Segments, dispatchers.Segment{Expert: r*L + l, Start: at, Len: n})
+		at += n
 	}
 	return nil
+}
+
+// deliver is rank r's receive side of an all-to-all in the dispatch
+// direction, rows of width values: each source's rows for r (rows
+// [sendOff[r], sendOff[r+1]) of from(source)) into recv, [source][local
+// expert], then the chunk sort into dst, [local expert][source].
+func (a *A2A) deliver(r, width int, recv, dst []float32, from func(ss *state) []float32) {
+	s, sh := &a.st[r], a.shape
+	for src := range sh.EP {
+		ss := &a.st[src]
+		lo, hi := ss.sendOff[r], ss.sendOff[r+1]
+		copy(recv[s.recvOff[src][0]*width:], from(ss)[lo*width:hi*width])
+	}
+	a.sortChunks(r, width, recv, dst, true)
+}
+
+// sortChunks moves rank r's rows of width values between its receive
+// order, [source][local expert] (recv), and expert-major order, [local
+// expert][source] (rows): into rows when toExperts, else back into recv.
+func (a *A2A) sortChunks(r, width int, recv, rows []float32, toExperts bool) {
+	s, sh := &a.st[r], a.shape
+	at := 0
+	for l := range sh.LocalExperts() {
+		for src := range sh.EP {
+			n, off := s.chunkN[src][l], s.recvOff[src][l]
+			x, y := rows[at*width:(at+n)*width], recv[off*width:(off+n)*width]
+			if toExperts {
+				copy(x, y)
+			} else {
+				copy(y, x)
+			}
+			at += n
+		}
+	}
 }
 
 // Combine is rank r's send side on the way back: unsort its expert outputs
 // into [source][local expert] order and return each source's chunk into that
 // source's permuted output buffer.
 func (a *A2A) Combine(r int) error {
-	s, rk, sh := &a.st[r], a.ranks[r], a.shape
-	L, h := sh.LocalExperts(), sh.Hidden
-	n := s.recvOff[sh.EP-1][L-1] + s.chunkN[sh.EP-1][L-1] // rows this rank received
+	s, rk := &a.st[r], a.ranks[r]
+	n, h := a.received(r), a.shape.Hidden
 	if len(rk.ExpertY) < n*h {
 		return fmt.Errorf("alltoall: rank %d: expert output has %d values, want %d", r, len(rk.ExpertY), n*h)
 	}
 	s.recvY = kernels.Grow(s.recvY, n*h)
-	at := 0
-	for l := range L {
-		for src := range sh.EP {
-			n, to := s.chunkN[src][l], s.recvOff[src][l]
-			copy(s.recvY[to*h:(to+n)*h], rk.ExpertY[at*h:(at+n)*h])
-			at += n
-		}
-	}
-	for src := range sh.EP {
-		ss := &a.st[src]
-		lo, hi := ss.sendOff[r], ss.sendOff[r+1]
-		from := s.recvOff[src][0]
-		copy(ss.permY[lo*h:hi*h], s.recvY[from*h:(from+hi-lo)*h])
-	}
+	a.giveBack(r, h, rk.ExpertY, s.recvY, func(ss *state) []float32 { return ss.permY })
 	return nil
+}
+
+// received is the rows rank r received in the last dispatch.
+func (a *A2A) received(r int) int {
+	s, sh := &a.st[r], a.shape
+	return s.recvOff[sh.EP-1][sh.LocalExperts()-1] + s.chunkN[sh.EP-1][sh.LocalExperts()-1]
+}
+
+// giveBack is rank r's send side of an all-to-all in the combine
+// direction, rows of width values: its expert-major rows src unsorted into
+// recv, [source][local expert], then each source's chunk into that
+// source's permuted rows (rows [sendOff[r], sendOff[r+1]) of to(source)).
+func (a *A2A) giveBack(r, width int, src, recv []float32, to func(ss *state) []float32) {
+	s, sh := &a.st[r], a.shape
+	a.sortChunks(r, width, recv, src, false)
+	for from := range sh.EP {
+		ss := &a.st[from]
+		lo, hi := ss.sendOff[r], ss.sendOff[r+1]
+		at := s.recvOff[from][0]
+		copy(to(ss)[lo*width:hi*width], recv[at*width:(at+hi-lo)*width])
+	}
 }
 
 // Unpermute sums each token's k returned outputs into Rank.Y.
@@ -183,7 +218,11 @@ func (a *A2A) Traffic() dispatchers.Traffic {
 	for r := range a.st {
 		sendOff[r] = a.st[r].sendOff
 	}
-	return traffic(a.shape, sendOff)
+	tr := traffic(a.shape, sendOff)
+	if a.backward {
+		backwardTraffic(&tr, a.shape.Hidden)
+	}
+	return tr
 }
 
 // traffic is the bytes of a step whose rank src sends rows

@@ -2,9 +2,11 @@ package alltoall
 
 import (
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/moebench/moebench/dispatchers"
+	"github.com/moebench/moebench/dispatchers/dispatchtest"
 )
 
 // TestPlan checks the alltoall plan: every token copy lands exactly once on
@@ -117,5 +119,27 @@ func TestLibraryUnavailable(t *testing.T) {
 	_, err := New(dispatchers.ImplLibrary, dispatchers.Env{Device: "host"})
 	if !dispatchers.IsUnavailable(err) {
 		t.Fatalf("library impl: err = %v, want unavailable", err)
+	}
+}
+
+// TestBackward: the backward returns each token's input gradient as its
+// copies' gradients summed in ascending expert order in float32 and
+// rounded once, and each copy's probability gradient to its slot, bit for
+// bit (with a second step over the same buffers); its bytes are the
+// forward's rows the other way.
+func TestBackward(t *testing.T) {
+	sh := dispatchers.Shape{Tokens: 40, Hidden: 16, Experts: 12, TopK: 3, EP: 4}
+	d, _ := New(dispatchers.ImplNative, dispatchers.Env{Device: "host"})
+	dx, dp, ranks := dispatchtest.Gradients(t, d, sh, 3, dispatchtest.Mild)
+	wx, wp := dispatchtest.WantGradients(ranks, sh)
+	for r := range ranks {
+		if !slices.Equal(dx[r], wx[r]) || !slices.Equal(dp[r], wp[r]) {
+			t.Fatalf("rank %d: gradients differ from the direct computation", r)
+		}
+	}
+	tr := d.Traffic()
+	if tr.CombineBackwardLogical != tr.CombineLogical || tr.DispatchBackwardLogical != tr.DispatchLogical ||
+		tr.DispatchBackwardOffRank != tr.DispatchOffRank || tr.BackwardFormula == "" {
+		t.Errorf("backward traffic %+v: want the forward's rows the other way", tr)
 	}
 }

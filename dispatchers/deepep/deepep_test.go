@@ -83,8 +83,14 @@ func TestReceivedOrder(t *testing.T) {
 // designSum is the design's rounding, computed directly: for each rank
 // holding experts of the token, in ascending rank order, the float32 sum
 // of those experts' outputs in ascending expert order, rounded to bf16,
-// added to a float32 sum.
-func designSum(sh dispatchers.Shape, ranks []*dispatchers.Rank) [][]float32 {
+// added to a float32 sum. The outputs are val's (nil: the forward's,
+// dt.Expert of the token's row and probability).
+func designSum(sh dispatchers.Shape, ranks []*dispatchers.Rank, val func(rk *dispatchers.Rank, t, j, c int) float32) [][]float32 {
+	if val == nil {
+		val = func(rk *dispatchers.Rank, t, j, c int) float32 {
+			return dt.Expert(rk.X[t*sh.Hidden+c], rk.Probs[t*sh.TopK+j])
+		}
+	}
 	k, hd := sh.TopK, sh.Hidden
 	out := make([][]float32, len(ranks))
 	for r, rk := range ranks {
@@ -94,7 +100,7 @@ func designSum(sh dispatchers.Shape, ranks []*dispatchers.Rank) [][]float32 {
 			for c := range hd {
 				var total, part float32
 				for i, j := range slots {
-					part += dt.Expert(rk.X[t*hd+c], rk.Probs[t*k+j])
+					part += val(rk, t, j, c)
 					if i == k-1 || sh.Owner(idx[slots[i+1]]) != sh.Owner(idx[j]) {
 						total += kernels.RoundBF16(part)
 						part = 0
@@ -122,7 +128,7 @@ func TestCombineEqualsAlltoall(t *testing.T) {
 		d, _ := New(dispatchers.ImplNative, dispatchers.Env{Device: "host", SMs: 4})
 		got, _ := dt.Outputs(t, d, sh, 2, dt.Mild)
 		design, ranks := dt.Outputs(t, d, sh, 2, dt.Cancelling)
-		if !reflect.DeepEqual(design, designSum(sh, ranks)) {
+		if !reflect.DeepEqual(design, designSum(sh, ranks, nil)) {
 			t.Errorf("EP %d: output differs from the design's rounding computed directly", sh.EP)
 		}
 		small, _ := dt.Outputs(t, WithConfig(Config{SMs: 4, Dispatch: Queue{Chunk: 1, Ring: 2}, Combine: Queue{Chunk: 2, Ring: 3}}), sh, 2, dt.Mild)
@@ -235,5 +241,38 @@ func TestLimits(t *testing.T) {
 	if _, err := dispatchers.NewDevice(Name, dispatchers.ImplLibrary, dispatchers.Env{Device: "cuda"}); !dispatchers.IsUnavailable(err) ||
 		!strings.Contains(err.Error(), "no library implementation") {
 		t.Errorf("cuda library: %v", err)
+	}
+}
+
+// TestBackward: the input gradient is the design's rounding of the copies'
+// gradients (each rank's partial sum in bf16, the home's float32 sum
+// rounded once), through DeepEP's default rings and through small ones
+// that wrap; with one expert per rank it equals alltoall's bit for bit;
+// the probability gradients come back exactly.
+func TestBackward(t *testing.T) {
+	for _, sh := range []dispatchers.Shape{
+		{Tokens: 29, Hidden: 16, Experts: 8, TopK: 3, EP: 8},
+		{Tokens: 29, Hidden: 16, Experts: 16, TopK: 6, EP: 2},
+	} {
+		for _, d := range []*Host{{sms: 4}, WithConfig(Config{SMs: 4, Dispatch: Queue{Chunk: 1, Ring: 2}, Combine: Queue{Chunk: 2, Ring: 3}})} {
+			dx, dp, ranks := dt.Gradients(t, d, sh, 5, dt.Cancelling)
+			design := designSum(sh, ranks, func(rk *dispatchers.Rank, t, j, c int) float32 {
+				return kernels.RoundBF16(rk.DY[t*sh.Hidden+c] * rk.Probs[t*sh.TopK+j])
+			})
+			wx, wp := dt.WantGradients(ranks, sh)
+			for r := range ranks {
+				kernels.RoundBF16Slice(design[r])
+				if !reflect.DeepEqual(dx[r], design[r]) || !reflect.DeepEqual(dp[r], wp[r]) {
+					t.Fatalf("EP %d rings %+v: rank %d's gradients differ from the design's computed directly", sh.EP, d.cfg, r)
+				}
+				if sh.LocalExperts() == 1 && !reflect.DeepEqual(dx[r], wx[r]) {
+					t.Fatalf("EP %d, one expert per rank: rank %d's input gradient differs from alltoall's", sh.EP, r)
+				}
+			}
+			tr := d.Traffic()
+			if tr.CombineBackwardLogical != tr.CombineLogical || tr.DispatchBackwardLogical <= tr.CombineLogical {
+				t.Errorf("EP %d: backward bytes %+v: the forward's tokens the other way, the probability gradients with them", sh.EP, tr)
+			}
+		}
 	}
 }

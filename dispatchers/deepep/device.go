@@ -490,7 +490,7 @@ func (d *Device) Traffic() dispatchers.Traffic {
 			per[r] = append(per[r], int(n))
 		}
 	}
-	return traffic(d.shape, per)
+	return traffic(d.shape, per, false) // the device has no backward yet
 }
 
 // Buffers are rank r's buffers as allocated.

@@ -17,6 +17,9 @@ type Host struct {
 	st    []rankState
 	q     []queue // one ring per peer, reused channel after channel
 	slots []int32 // the permute's order (scratch)
+	// backward: the last step ran the backward (its bytes and the combine
+	// queue's probability gradients count)
+	backward bool
 }
 
 // WithConfig returns the host implementation with cfg instead of DeepEP's
@@ -108,6 +111,9 @@ func (h *Host) channel(c int) (lo, hi int) {
 func (h *Host) Layout(r int) error {
 	s, rk, sh := &h.st[r], h.ranks[r], h.shape
 	N, k := sh.EP, sh.TopK
+	if r == 0 {
+		h.backward = false
+	}
 	clear(s.inRank)
 	clear(s.perRank)
 	clear(s.perExpert)
@@ -171,16 +177,33 @@ func (h *Host) Notify(r int) error {
 // Dispatch is rank r's receive side: every source's rounds into r's queues,
 // and r's drains of them into the receive buffer.
 func (h *Host) Dispatch(r int) error {
+	s := &h.st[r]
+	return h.transfer(r, "dispatch", func(src int) []float32 { return h.ranks[src].X }, s.recvX, true)
+}
+
+// transfer is rank r's side of a dispatch through the queues: every
+// source's rounds of its tokens for r (rows from rows(src)) into r's
+// queues, channel by channel, and r's drains into recv, source by source in
+// token order. A fresh transfer (the forward's dispatch) records send_head
+// and sends each token's source index and top-k with its row; otherwise
+// (the backward's, DeepEP's dispatch with the forward's handle) the rows
+// travel with their source index alone, which must be the token the
+// forward placed there.
+func (h *Host) transfer(r int, phase string, rows func(src int) []float32, recv []float32, fresh bool) error {
 	s, sh := &h.st[r], h.shape
-	N, k, C := sh.EP, sh.TopK, h.cfg.Channels()
+	N, k, C, hd := sh.EP, sh.TopK, h.cfg.Channels(), sh.Hidden
+	meta := 0
+	if fresh {
+		meta = k
+	}
 	for src := range N {
-		ss, x, idx, probs := &h.st[src], h.ranks[src].X, h.ranks[src].Idx, h.ranks[src].Probs
+		ss, x, idx, probs := &h.st[src], rows(src), h.ranks[src].Idx, h.ranks[src].Probs
 		base := 0 // r's first row from src
 		if src > 0 {
 			base = s.srcEnd[src-1]
 		}
 		for c := range C {
-			q := h.q[src].reset(h.cfg.Dispatch.Ring, sh.Hidden, k)
+			q := h.q[src].reset(h.cfg.Dispatch.Ring, hd, meta)
 			// the sender publishes the channel's offsets, the receiver reads them
 			q.start = 0
 			if c > 0 {
@@ -195,11 +218,15 @@ func (h *Host) Dispatch(r int) error {
 				if next < hi && q.free() >= h.cfg.Dispatch.Chunk { // one round of the sender
 					for ; next < hi && pushed < h.cfg.Dispatch.Chunk; next++ {
 						if !ss.inRank[next*N+r] {
-							ss.sendHead[next*N+r] = -1
+							if fresh {
+								ss.sendHead[next*N+r] = -1
+							}
 							continue
 						}
-						ss.sendHead[next*N+r] = q.tail
-						q.push(x[next*sh.Hidden:(next+1)*sh.Hidden], int32(next), func(j int) (int32, float32) {
+						if fresh {
+							ss.sendHead[next*N+r] = q.tail
+						}
+						q.push(x[next*hd:(next+1)*hd], int32(next), func(j int) (int32, float32) {
 							e := idx[next*k+j]
 							if sh.Owner(e) != r {
 								return -1, 0
@@ -211,14 +238,23 @@ func (h *Host) Dispatch(r int) error {
 				}
 				n := q.tail - q.head // the receiver's drain
 				for i := range n {
-					q.pop(s.recvX[(at+i)*sh.Hidden:(at+i+1)*sh.Hidden], &s.recvSrc[at+i], s.recvIdx[(at+i)*k:(at+i+1)*k], s.recvW[(at+i)*k:(at+i+1)*k])
+					row := recv[(at+i)*hd : (at+i+1)*hd]
+					if fresh {
+						q.pop(row, &s.recvSrc[at+i], s.recvIdx[(at+i)*k:(at+i+1)*k], s.recvW[(at+i)*k:(at+i+1)*k])
+						continue
+					}
+					var tok int32
+					q.pop(row, &tok, nil, nil)
+					if tok != s.recvSrc[at+i] {
+						return fmt.Errorf("deepep: %s on rank %d: channel %d from rank %d delivered token %d at receive row %d, where the forward put token %d", phase, r, c, src, tok, at+i, s.recvSrc[at+i])
+					}
 				}
 				at, left = at+n, left-n
 				if pushed == 0 && n == 0 && next == before {
-					return &StallError{Rank: r, Phase: "dispatch", Channel: c, Peer: src, Wait: q.describe(left)}
+					return &StallError{Rank: r, Phase: phase, Channel: c, Peer: src, Wait: q.describe(left)}
 				}
 				if left < 0 {
-					return fmt.Errorf("deepep: dispatch on rank %d: channel %d from rank %d delivered %d tokens more than its offsets say", r, c, src, -left)
+					return fmt.Errorf("deepep: %s on rank %d: channel %d from rank %d delivered %d tokens more than its offsets say", phase, r, c, src, -left)
 				}
 			}
 		}
@@ -283,19 +319,45 @@ func (s *rankState) order(L, k int, slots []int32) []int32 {
 // token's rows in ascending rank order into Rank.Y.
 func (h *Host) Combine(r int) error {
 	rk, sh := h.ranks[r], h.shape
-	N, hd := sh.EP, sh.Hidden
+	rk.Y = kernels.Grow(rk.Y, sh.Tokens*sh.Hidden)
+	return h.reduce(r, "combine", func(d int) []float32 { return h.ranks[d].ExpertY }, nil, rk.Y, nil)
+}
+
+// reduce is home rank r's side of a combine through the queues: every
+// expert rank d's rounds of partial sums — each token's float32 sum of its
+// local copies' rows of rows(d), in ascending expert order, rounded to
+// bf16 — into r's queues, channel by channel, and r's float32 sum of each
+// token's rows in ascending rank order into y. With probs (the backward's
+// combine of the probability gradients, as Megatron's fused dispatch's
+// backward passes topk_weights to DeepEP's combine), each row also carries
+// its token's k values of probs(d) (0 at slots not on d), which are summed
+// into yk the same way.
+func (h *Host) reduce(r int, phase string, rows, probs func(d int) []float32, y, yk []float32) error {
+	sh := h.shape
+	N, hd, k := sh.EP, sh.Hidden, sh.TopK
+	meta := 0
+	if probs != nil {
+		meta = k
+	}
 	home := &h.st[r]
-	rk.Y = kernels.Grow(rk.Y, sh.Tokens*hd)
 	senders := make([]combineSender, N)
 	for c := range h.cfg.Channels() {
 		for d := range N {
-			senders[d] = h.combineSender(d, r, c)
-			h.q[d].reset(h.cfg.Combine.Ring, hd, 0)
+			senders[d] = h.combineSender(d, r, c, rows(d))
+			if probs != nil {
+				senders[d].probs = probs(d)
+			}
+			h.q[d].reset(h.cfg.Combine.Ring, hd, meta)
 		}
 		lo, hi := h.channel(c)
 		for t := lo; t < hi; t++ {
-			y := rk.Y[t*hd : (t+1)*hd]
-			clear(y)
+			row := y[t*hd : (t+1)*hd]
+			clear(row)
+			var w []float32
+			if probs != nil {
+				w = yk[t*k : (t+1)*k]
+				clear(w)
+			}
 			for d := range N {
 				want := home.sendHead[t*N+d]
 				if want < 0 {
@@ -304,19 +366,19 @@ func (h *Host) Combine(r int) error {
 				q := &h.q[d]
 				for q.tail <= want { // the row is not there yet: the sender's rounds
 					if !senders[d].round(q, h.cfg.Combine.Chunk) {
-						return &StallError{Rank: r, Phase: "combine", Channel: c, Peer: d, Wait: q.describe(want + 1 - q.tail)}
+						return &StallError{Rank: r, Phase: phase, Channel: c, Peer: d, Wait: q.describe(want + 1 - q.tail)}
 					}
 				}
-				if err := q.add(y, want, int32(t)); err != nil {
-					return fmt.Errorf("deepep: combine on rank %d, channel %d, from rank %d: %w", r, c, d, err)
+				if err := q.add(row, w, want, int32(t)); err != nil {
+					return fmt.Errorf("deepep: %s on rank %d, channel %d, from rank %d: %w", phase, r, c, d, err)
 				}
 				q.head = want + 1
 			}
 		}
 		for d := range N {
 			if senders[d].next != senders[d].end {
-				return fmt.Errorf("deepep: combine on rank %d, channel %d: rank %d has %d tokens left to send that no token of rank %d expects",
-					r, c, d, senders[d].end-senders[d].next, r)
+				return fmt.Errorf("deepep: %s on rank %d, channel %d: rank %d has %d tokens left to send that no token of rank %d expects",
+					phase, r, c, d, senders[d].end-senders[d].next, r)
 			}
 		}
 	}
@@ -325,15 +387,17 @@ func (h *Host) Combine(r int) error {
 
 // combineSender is expert rank d's sender of channel c to home rank s: the
 // tokens it received from s through c, rows [next, end) of its receive
-// buffer, each sent as the bf16 sum of its local experts' outputs.
+// buffer, each sent as the bf16 sum of its local copies' rows of rows (and,
+// with probs, their k probability gradients).
 type combineSender struct {
-	h         *Host
-	d         int
-	next, end int
-	sum       []float32
+	h           *Host
+	d           int
+	next, end   int
+	rows, probs []float32
+	sum         []float32
 }
 
-func (h *Host) combineSender(d, home, c int) combineSender {
+func (h *Host) combineSender(d, home, c int, rows []float32) combineSender {
 	ds := &h.st[d]
 	base := 0
 	if home > 0 {
@@ -344,7 +408,7 @@ func (h *Host) combineSender(d, home, c int) combineSender {
 	if c > 0 {
 		lo = hs.chanEnd[d][c-1]
 	}
-	return combineSender{h: h, d: d, next: base + lo, end: base + hi}
+	return combineSender{h: h, d: d, next: base + lo, end: base + hi, rows: rows}
 }
 
 // round pushes up to chunk tokens if the ring has room for them; false if
@@ -354,7 +418,7 @@ func (cs *combineSender) round(q *queue, chunk int) bool {
 	if n == 0 || q.free() < n {
 		return false
 	}
-	ds, rk, sh := &cs.h.st[cs.d], cs.h.ranks[cs.d], cs.h.shape
+	ds, sh := &cs.h.st[cs.d], cs.h.shape
 	k, hd := sh.TopK, sh.Hidden
 	cs.sum = kernels.Grow(cs.sum, hd)
 	for range n {
@@ -367,13 +431,18 @@ func (cs *combineSender) round(q *queue, chunk int) bool {
 					continue
 				}
 				row := int(ds.permRow[i*k+j])
-				for c, v := range rk.ExpertY[row*hd : (row+1)*hd] {
+				for c, v := range cs.rows[row*hd : (row+1)*hd] {
 					cs.sum[c] += v
 				}
 			}
 		}
 		kernels.RoundBF16Slice(cs.sum)
-		q.push(cs.sum, ds.recvSrc[i], nil)
+		q.push(cs.sum, ds.recvSrc[i], func(j int) (int32, float32) {
+			if e := ds.recvIdx[i*k+j]; e >= 0 {
+				return e, cs.probs[ds.permRow[i*k+j]]
+			}
+			return -1, 0
+		})
 		cs.next++
 	}
 	return true

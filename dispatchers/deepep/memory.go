@@ -17,12 +17,12 @@ func (h *Host) Traffic() dispatchers.Traffic {
 	for src := range h.st {
 		per[src] = h.st[src].perRank
 	}
-	return traffic(h.shape, per)
+	return traffic(h.shape, per, h.backward)
 }
 
 // traffic counts the bytes of a step in which rank src sent perRank[src][d]
-// tokens to rank d.
-func traffic(sh dispatchers.Shape, perRank [][]int) dispatchers.Traffic {
+// tokens to rank d, and when it ran the backward the backward's.
+func traffic(sh dispatchers.Shape, perRank [][]int, backward bool) dispatchers.Traffic {
 	var all, off int64
 	for src := range perRank {
 		for d, n := range perRank[src] {
@@ -33,7 +33,7 @@ func traffic(sh dispatchers.Shape, perRank [][]int) dispatchers.Traffic {
 		}
 	}
 	row := 2 * int64(sh.Hidden)
-	return dispatchers.Traffic{
+	tr := dispatchers.Traffic{
 		DispatchOffRank: off * (row + dispatchMeta(sh.TopK)), DispatchLogical: all * (row + dispatchMeta(sh.TopK)),
 		CombineOffRank: off * (row + combineMeta), CombineLogical: all * (row + combineMeta),
 		Formula: "a token goes once to each rank holding any of its k experts (deduplicated); dispatch = tokens × (hidden×2 B bf16 + 4 B source index + k × (4 B expert + 4 B prob)); " +
@@ -41,7 +41,18 @@ func traffic(sh dispatchers.Shape, perRank [][]int) dispatchers.Traffic {
 		DispatchAlgorithm: all * row, CombineAlgorithm: all * row,
 		AlgorithmFormula: "DeepEP's convention (test_intranode): tokens received × hidden × 2 B, a rank's tokens to itself included",
 	}
+	if backward { // the same tokens the other way
+		tr.CombineBackwardOffRank, tr.CombineBackwardLogical = off*(row+combineMeta), all*(row+combineMeta)
+		tr.DispatchBackwardOffRank, tr.DispatchBackwardLogical = off*(row+backwardCombineMeta(sh.TopK)), all*(row+backwardCombineMeta(sh.TopK))
+		tr.BackwardFormula = "as the forward's tokens: combine-bwd (DeepEP's dispatch with the forward's handle) = tokens × (hidden×2 B bf16 output gradient + 4 B source index); " +
+			"dispatch-bwd (DeepEP's combine) = tokens × (hidden×2 B bf16 partial sum of input gradients + 4 B source index + k × 4 B fp32 probability gradient)"
+	}
+	return tr
 }
+
+// backwardCombineMeta is what travels with a row in the backward's combine:
+// its source index and its k probability gradients (topk_weights).
+func backwardCombineMeta(k int) int64 { return combineMeta + 4*int64(k) }
 
 // Buffers are rank r's buffers as a GPU holds them (bf16 rows, int32 and
 // fp32 metadata), sized for the last step.
@@ -50,7 +61,11 @@ func (h *Host) Buffers(r int) []dispatchers.Buffer {
 	N, C, row := int64(sh.EP), int64(h.cfg.Channels()), 2*int64(sh.Hidden)
 	counts := 4 * (N*N + N*int64(sh.LocalExperts()))
 	disp := C * N * (4*4 + int64(h.cfg.Dispatch.Ring)*(row+dispatchMeta(sh.TopK)))
-	comb := C * N * (2*4 + int64(h.cfg.Combine.Ring)*(row+combineMeta))
+	meta := int64(combineMeta)
+	if h.backward { // the training step's combine of input gradients carries the probability gradients
+		meta = backwardCombineMeta(sh.TopK)
+	}
+	comb := C * N * (2*4 + int64(h.cfg.Combine.Ring)*(row+meta))
 	rows := int64(0)
 	for _, n := range s.expertRows {
 		rows += int64(n)

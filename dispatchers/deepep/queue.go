@@ -61,8 +61,9 @@ func (q *queue) pop(row []float32, src *int32, idx []int32, w []float32) {
 }
 
 // add adds the row at stream position pos (pushed, not yet overwritten) to
-// y, after checking that it is token want's.
-func (q *queue) add(y []float32, pos int, want int32) error {
+// y, and its k values to w when the queue carries them, after checking
+// that it is token want's.
+func (q *queue) add(y, w []float32, pos int, want int32) error {
 	if pos < q.head || pos >= q.tail || pos < q.tail-q.ring {
 		return fmt.Errorf("token %d expected at position %d, queue holds [%d, %d)", want, pos, max(q.head, q.tail-q.ring), q.tail)
 	}
@@ -72,6 +73,9 @@ func (q *queue) add(y []float32, pos int, want int32) error {
 	}
 	for c, v := range q.x[s*q.width : (s+1)*q.width] {
 		y[c] += v
+	}
+	for j, v := range q.w[s*q.k : (s+1)*q.k] {
+		w[j] += v
 	}
 	return nil
 }

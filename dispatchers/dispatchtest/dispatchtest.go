@@ -163,3 +163,79 @@ func Threads(t testing.TB, drs []*dispatchers.DeviceRank) *kernels.Threads {
 	}
 	return th
 }
+
+// ExpertBackward is Expert's backward on the rows of the rank's segments
+// (y = x·p + 1): dx = dy·p stored as bf16, dp = Σ x·dy (a float32 sum in
+// column order).
+func ExpertBackward(rk *dispatchers.Rank, h int) {
+	rows := len(rk.ExpertProbs)
+	rk.ExpertDX = kernels.Grow(rk.ExpertDX, rows*h)
+	rk.ExpertDProbs = kernels.Grow(rk.ExpertDProbs, rows)
+	for _, sg := range rk.Segments {
+		for i := sg.Start; i < sg.Start+sg.Len; i++ {
+			var dp float32
+			for c := range h {
+				dy := rk.ExpertDY[i*h+c]
+				rk.ExpertDX[i*h+c] = kernels.RoundBF16(dy * rk.ExpertProbs[i])
+				dp += rk.ExpertX[i*h+c] * dy
+			}
+			rk.ExpertDProbs[i] = dp
+		}
+	}
+}
+
+// Gradients runs Outputs' steps, then d's backward with ExpertBackward and
+// random bf16 output gradients, and returns each rank's DX and DProbs and
+// the ranks.
+func Gradients(t testing.TB, d dispatchers.Dispatcher, sh dispatchers.Shape, seed uint64, prob func(int) float32) (dx, dprobs [][]float32, ranks []*dispatchers.Rank) {
+	t.Helper()
+	_, ranks = Outputs(t, d, sh, seed, prob)
+	g := rand.New(rand.NewPCG(seed, 2))
+	for _, rk := range ranks {
+		rk.DY = make([]float32, sh.Tokens*sh.Hidden)
+		for i := range rk.DY {
+			rk.DY[i] = kernels.RoundBF16(float32(g.NormFloat64()))
+		}
+	}
+	steps, err := dispatchers.BackwardSteps(d, func(r int) error {
+		ExpertBackward(ranks[r], sh.Hidden)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, st := range steps {
+		for r := range ranks {
+			if err := st.Run(r); err != nil {
+				t.Fatalf("%s on rank %d: %v", st.Name, r, err)
+			}
+		}
+	}
+	for _, rk := range ranks {
+		dx, dprobs = append(dx, slices.Clone(rk.DX)), append(dprobs, slices.Clone(rk.DProbs))
+	}
+	return dx, dprobs, ranks
+}
+
+// WantGradients are Gradients' results computed directly from the ranks:
+// a token's input gradient is its copies' bf16(dy·p) summed in float32 in
+// ascending expert order and rounded to bf16 once (alltoall's order and
+// rounding), each copy's probability gradient x·dy.
+func WantGradients(ranks []*dispatchers.Rank, sh dispatchers.Shape) (dx, dprobs [][]float32) {
+	h, k := sh.Hidden, sh.TopK
+	for _, rk := range ranks {
+		x, p := make([]float32, sh.Tokens*h), make([]float32, sh.Tokens*k)
+		for t := range sh.Tokens {
+			dy, row := rk.DY[t*h:(t+1)*h], x[t*h:(t+1)*h]
+			for _, j := range SlotsByExpert(rk, k, t) {
+				for c, v := range dy {
+					row[c] += kernels.RoundBF16(v * rk.Probs[t*k+j])
+					p[t*k+j] += rk.X[t*h+c] * v
+				}
+			}
+			kernels.RoundBF16Slice(row)
+		}
+		dx, dprobs = append(dx, x), append(dprobs, p)
+	}
+	return dx, dprobs
+}

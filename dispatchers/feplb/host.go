@@ -41,6 +41,12 @@ type FEPLB struct {
 	weights [][]dispatchers.ExpertWeights
 	copied  float64 // seconds of copies this step
 	rows    []int   // scratch: a rank's rows per local expert
+	// the backward: each rank's static segments (the first expert phase's),
+	// the weight gradients of the chunks it computes for others, and what
+	// the step's backward moved
+	static [][]dispatchers.Segment
+	grads  [][]dispatchers.ExpertWeights
+	back   backStats
 }
 
 func (f *FEPLB) Name() string { return "feplb" }
@@ -54,6 +60,7 @@ func (f *FEPLB) Bind(shape dispatchers.Shape, ranks []*dispatchers.Rank) error {
 	f.c, f.ranks = c, ranks
 	f.own = make([]int, shape.EP)
 	f.weights = make([][]dispatchers.ExpertWeights, shape.EP)
+	f.static, f.grads = make([][]dispatchers.Segment, shape.EP), make([][]dispatchers.ExpertWeights, shape.EP)
 	return f.Classic.Bind(shape, ranks)
 }
 
@@ -71,7 +78,7 @@ func HostModel(hidden, ffn int) balance.Model {
 func (f *FEPLB) Permute(r int) error {
 	if r == 0 {
 		f.c.begin()
-		f.copied = 0
+		f.copied, f.back = 0, backStats{}
 	}
 	return f.Classic.Permute(r)
 }
@@ -98,7 +105,7 @@ func (f *FEPLB) Dispatch(r int) error {
 	if !f.c.dispatchedRank(r, rows) {
 		return nil
 	}
-	for _, rk := range f.ranks {
+	for q, rk := range f.ranks {
 		static := rk.Segments[:0]
 		for _, sg := range rk.Segments {
 			if !f.c.dynamic[sg.Expert] {
@@ -106,6 +113,7 @@ func (f *FEPLB) Dispatch(r int) error {
 			}
 		}
 		rk.Segments = static
+		f.static[q] = append(f.static[q][:0], static...)
 	}
 	return nil
 }
@@ -157,6 +165,7 @@ func (f *FEPLB) Combine(r int) error {
 func (f *FEPLB) RebalanceStats() dispatchers.RebalanceStats {
 	s := f.c.stats
 	s.CopySeconds, s.CopyMethod = f.copied, "host memory copies (no copy engines)"
+	s.BackwardCopyBytes, s.WGradBytes, s.BackwardCopySeconds = f.back.bytes, f.back.wgrad, f.back.seconds
 	s.Exposed, s.ExposedNote = math.NaN(), "not measured: the host device runs the copies in their own phase, after the static experts"
 	return s
 }
@@ -167,7 +176,7 @@ func (f *FEPLB) Pause(paused bool) { f.c.paused = paused }
 // Footprint adds the helper's weight copies to the base's buffers.
 func (f *FEPLB) Footprint(r int) int64 {
 	n := int64(0)
-	for _, w := range f.weights[r] {
+	for _, w := range append(f.weights[r], f.grads[r]...) {
 		n += 4 * int64(cap(w.FC1)+cap(w.FC2))
 	}
 	return n + f.Classic.Footprint(r)

@@ -16,6 +16,14 @@ type Host struct {
 	// D ranks per domain, M domains, chunks per rank's tokens
 	D, M, chunks int
 	acc          []float32 // [h] a float32 sum being made (phases run one at a time)
+	accP         []float32 // [L·D] its probability gradients (the backward's combine)
+	// pass counts the collective passes begun (each step's forward at its
+	// allgather, its backward at its combine-bwd); a flag holds the pass
+	// that set it. backward says that the running pass is a backward: its
+	// dispatch moves output gradients (no probabilities) and its combine
+	// input and probability gradients.
+	pass     int
+	backward bool
 }
 
 // WithConfig returns the host implementation with cfg (tests use small
@@ -25,8 +33,6 @@ func WithConfig(cfg Config) *Host { return &Host{cfg: cfg} }
 // rankState is one rank's buffers: as a source (allgather), forwarder and
 // receiver (preprocess, dispatch), expert rank and home (combine).
 type rankState struct {
-	step int // steps begun (allgather); a flag holds the step that set it
-
 	// allgather
 	gmap  []bool    // [N·T, E] the global routing map, this rank's copy
 	probs []float32 // [T, E] the rank's own tokens' probabilities, dense
@@ -42,7 +48,7 @@ type rankState struct {
 	idIn, idBack []int // [(M−1)·chunks] chunk flags
 	partDone     []int // [N·chunks] combine: source chunks whose partial sums are made
 
-	moved moved // what this rank's phases moved this step
+	moved, movedBack moved // what this rank's phases moved this step: forward, backward
 }
 
 // moved counts rows moved in one step (the phases of one rank).
@@ -109,8 +115,11 @@ func (h *Host) chunk(c int) (lo, hi int) {
 func (h *Host) Allgather(r int) error {
 	s, rk, sh := &h.st[r], h.ranks[r], h.shape
 	T, E, k := sh.Tokens, sh.Experts, sh.TopK
-	s.step++
-	s.moved = moved{}
+	if r == 0 {
+		h.pass++
+		h.backward = false
+	}
+	s.moved, s.movedBack = moved{}, moved{}
 	rows := s.gmap[r*T*E : (r+1)*T*E] // the rank's own rows, in its own copy first
 	if err := denseRows(rk.Idx, rk.Probs, T, E, k, rows, s.probs); err != nil {
 		return fmt.Errorf("hybridep: allgather on rank %d: %w", r, err)
@@ -140,10 +149,47 @@ func (h *Host) Preprocess(r int) error {
 	return nil
 }
 
+// mv is s's counters of the running pass.
+func (h *Host) mv(s *rankState) *moved {
+	if h.backward {
+		return &s.movedBack
+	}
+	return &s.moved
+}
+
+// phase is the name of the running pass's phase: forward's, or its
+// backward (the dual: a backward's dispatch is the combine's backward).
+func (h *Host) phase(forward string) string {
+	if !h.backward {
+		return forward
+	}
+	return dispatchers.BackwardName(map[string]string{"dispatch": "combine", "combine": "dispatch"}[forward])
+}
+
+// rows are rank r's token rows a dispatch moves: its input, or in the
+// backward its output's gradient.
+func (h *Host) rows(r int) []float32 {
+	if h.backward {
+		return h.ranks[r].DY
+	}
+	return h.ranks[r].X
+}
+
 // Dispatch is rank q = (n, j)'s receive side: each forwarder of its domain
 // stores its rows into q in the forwarder's order (running the inter-domain
 // chunks they need), then q's permute into expert-major rows.
 func (h *Host) Dispatch(q int) error {
+	if err := h.fanOut(q); err != nil {
+		return err
+	}
+	return h.permute(q)
+}
+
+// fanOut is rank q = (n, j)'s receive side of a dispatch: each forwarder of
+// its domain stores its rows (and in the forward its domain's
+// probabilities) into q's receive buffer in the forwarder's order, running
+// the inter-domain chunks they need.
+func (h *Host) fanOut(q int) error {
 	s, sh := &h.st[q], h.shape
 	T, hd, L, D := sh.Tokens, sh.Hidden, sh.LocalExperts(), h.D
 	n, j, LD := q/D, q%D, L*D
@@ -165,19 +211,21 @@ func (h *Host) Dispatch(q int) error {
 				}
 				x, pr := h.forwarded(f, m, t)
 				copy(s.recvX[p*hd:(p+1)*hd], x)
-				copy(s.recvP[p*LD:(p+1)*LD], pr)
+				if !h.backward {
+					copy(s.recvP[p*LD:(p+1)*LD], pr)
+				}
 				placed++
-				s.moved.deliveries++
+				h.mv(s).deliveries++
 				if f != q {
-					s.moved.fanOut++
+					h.mv(s).fanOut++
 				}
 			})
 		}
 	}
 	if placed != s.recv {
-		return fmt.Errorf("hybridep: dispatch on rank %d: the forwarders stored %d rows, its preprocessing counted %d", q, placed, s.recv)
+		return fmt.Errorf("hybridep: %s on rank %d: the forwarders stored %d rows, its preprocessing counted %d", h.phase("dispatch"), q, placed, s.recv)
 	}
-	return h.permute(q)
+	return nil
 }
 
 // forwarded is token t of source (m, f's local rank) as forwarder f holds
@@ -186,7 +234,7 @@ func (h *Host) forwarded(f, m, t int) (x, p []float32) {
 	sh, fs := h.shape, &h.st[f]
 	hd, LD, n := sh.Hidden, sh.LocalExperts()*h.D, f/h.D
 	if m == n {
-		return h.ranks[f].X[t*hd : (t+1)*hd], fs.probs[t*sh.Experts+n*LD : t*sh.Experts+(n+1)*LD]
+		return h.rows(f)[t*hd : (t+1)*hd], fs.probs[t*sh.Experts+n*LD : t*sh.Experts+(n+1)*LD]
 	}
 	slot := tile(m, n)*sh.Tokens + int(fs.recvIdx[m*sh.Tokens+t])
 	return fs.idX[slot*hd : (slot+1)*hd], fs.idP[slot*LD : (slot+1)*LD]
@@ -194,14 +242,14 @@ func (h *Host) forwarded(f, m, t int) (x, p []float32) {
 
 // sendChunk is the inter-domain send of chunk c from source src to
 // forwarder f (same local rank, another domain), unless this step's already
-// arrived: the chunk's tokens that f's domain needs, rows and that domain's
-// probabilities; counted in rank by's traffic.
+// arrived: the chunk's tokens that f's domain needs, rows and (in the
+// forward) that domain's probabilities; counted in rank by's traffic.
 func (h *Host) sendChunk(src, f, c, by int) {
 	sh, fs, ss := h.shape, &h.st[f], &h.st[src]
 	hd, LD, M := sh.Hidden, sh.LocalExperts()*h.D, h.M
 	n, m := f/h.D, src/h.D
 	flag := &fs.idIn[tile(m, n)*h.chunks+c]
-	if *flag == fs.step {
+	if *flag == h.pass {
 		return
 	}
 	lo, hi := h.chunk(c)
@@ -210,11 +258,13 @@ func (h *Host) sendChunk(src, f, c, by int) {
 			continue
 		}
 		slot := tile(m, n)*sh.Tokens + int(fs.recvIdx[m*sh.Tokens+t])
-		copy(fs.idX[slot*hd:(slot+1)*hd], h.ranks[src].X[t*hd:(t+1)*hd])
-		copy(fs.idP[slot*LD:(slot+1)*LD], ss.probs[t*sh.Experts+n*LD:t*sh.Experts+(n+1)*LD])
-		h.st[by].moved.interIn++
+		copy(fs.idX[slot*hd:(slot+1)*hd], h.rows(src)[t*hd:(t+1)*hd])
+		if !h.backward {
+			copy(fs.idP[slot*LD:(slot+1)*LD], ss.probs[t*sh.Experts+n*LD:t*sh.Experts+(n+1)*LD])
+		}
+		h.mv(&h.st[by]).interIn++
 	}
-	*flag = fs.step
+	*flag = h.pass
 }
 
 // permute is rank q's permute blocks: each received token to its local
@@ -256,14 +306,33 @@ func (h *Host) permute(q int) error {
 // domain's partial sums in ascending rank order, then the other domains'
 // pre-reduced sums in the order n−1, n−2, …, n+1, into Rank.Y.
 func (h *Host) Combine(r int) error {
-	s, rk, sh := &h.st[r], h.ranks[r], h.shape
-	T, hd, D, M := sh.Tokens, sh.Hidden, h.D, h.M
-	n := r / D
-	rk.Y = kernels.Grow(rk.Y, T*hd)
+	rk := h.ranks[r]
+	rk.Y = kernels.Grow(rk.Y, h.shape.Tokens*h.shape.Hidden)
+	return h.gather(r, rk.Y, nil)
+}
+
+// gather is home rank r = (n, l)'s side of a combine: each token's float32
+// sum into y, as Combine says. In the backward the rows also carry their
+// domain's L·D probability gradients (zero at experts the row's rank does
+// not hold), summed the same way into dense [E] per token, from which
+// yk [T, k] takes each slot's expert's.
+func (h *Host) gather(r int, y, yk []float32) error {
+	s, sh := &h.st[r], h.shape
+	T, hd, D, M, E, k := sh.Tokens, sh.Hidden, h.D, h.M, sh.Experts, sh.TopK
+	n, LD := r/D, sh.LocalExperts()*h.D
+	var dense []float32 // [E] a token's probability gradients, by expert
+	if yk != nil {
+		dense = make([]float32, E)
+	}
 	for t := range T {
-		y, c := rk.Y[t*hd:(t+1)*hd], t/h.cfg.Chunk
-		clear(y)
-		terms := h.domainSum(y, r, r, t)
+		row, c := y[t*hd:(t+1)*hd], t/h.cfg.Chunk
+		clear(row)
+		clear(dense)
+		var own []float32 // the own domain's experts' probability gradients
+		if dense != nil {
+			own = dense[n*LD : (n+1)*LD]
+		}
+		terms := h.domainSum(row, own, r, r, t)
 		var err error
 		h.geom().otherDomains(n, func(m int) {
 			if !s.toDom[t*M+m] || err != nil {
@@ -271,7 +340,10 @@ func (h *Host) Combine(r int) error {
 			}
 			if err = h.preReduce(m*D+r%D, r, c); err == nil {
 				slot := tile(m, n)*T + int(s.send[m*T+t])
-				add(y, s.idX[slot*hd:(slot+1)*hd])
+				add(row, s.idX[slot*hd:(slot+1)*hd])
+				if dense != nil {
+					add(dense[m*LD:(m+1)*LD], s.idP[slot*LD:(slot+1)*LD])
+				}
 				terms++
 			}
 		})
@@ -279,7 +351,12 @@ func (h *Host) Combine(r int) error {
 			return err
 		}
 		if terms == 0 {
-			return fmt.Errorf("hybridep: combine on rank %d: token %d has no expert output to sum (its routing map row is empty)", r, t)
+			return fmt.Errorf("hybridep: %s on rank %d: token %d has no expert output to sum (its routing map row is empty)", h.phase("combine"), r, t)
+		}
+		for j, e := range h.ranks[r].Idx[t*k : (t+1)*k] {
+			if yk != nil {
+				yk[t*k+j] = dense[e]
+			}
 		}
 	}
 	return nil
@@ -288,18 +365,24 @@ func (h *Host) Combine(r int) error {
 // domainSum adds to y the partial sums of home rank r's token t that the
 // ranks of reader's domain hold, in ascending rank order, where reader's
 // sparse_to_dense row places them (reader: the home in its own domain, the
-// forwarder of the home's local rank in another); it returns how many.
-func (h *Host) domainSum(y []float32, reader, r, t int) int {
+// forwarder of the home's local rank in another), and in the backward
+// their probability gradients to yp (the domain's L·D); it returns how
+// many.
+func (h *Host) domainSum(y, yp []float32, reader, r, t int) int {
 	T, D := h.shape.Tokens, h.D
 	rs, n, m, c := &h.st[r], r/D, reader/D, t/h.cfg.Chunk
 	terms := 0
 	eachDomainTerm(h.st[reader].s2d[(n*T+t)*D:(n*T+t+1)*D], func(j, p int) {
 		q := m*D + j
-		add(y, h.partial(q, r, c, p))
+		row, probs := h.partial(q, r, c, p)
+		add(y, row)
+		if yp != nil {
+			add(yp, probs)
+		}
 		terms++
-		rs.moved.partials++
+		h.mv(rs).partials++
 		if q != reader {
-			rs.moved.partialsOff++
+			h.mv(rs).partialsOff++
 		}
 	})
 	return terms
@@ -317,51 +400,73 @@ func eachDomainTerm(s2dRow []int32, fn func(j, p int)) {
 }
 
 // partial is expert rank q's partial sum at receive position p, which lies
-// in source src's chunk c: q's unpermute of that chunk runs first, unless
-// this step's has.
-func (h *Host) partial(q, src, c, p int) []float32 {
+// in source src's chunk c, and in the backward its row's L·D probability
+// gradients: q's unpermute of that chunk runs first, unless this pass's
+// has.
+func (h *Host) partial(q, src, c, p int) (row, probs []float32) {
 	qs, sh := &h.st[q], h.shape
 	hd, L := sh.Hidden, sh.LocalExperts()
+	LD, j := L*h.D, q%h.D
 	key := src*h.chunks + c
-	if qs.partDone[key] != qs.step {
-		y := h.ranks[q].ExpertY
+	if qs.partDone[key] != h.pass {
+		y, dprobs := h.ranks[q].ExpertY, []float32(nil)
+		if h.backward {
+			y, dprobs = h.ranks[q].ExpertDX, h.ranks[q].ExpertDProbs
+		}
 		for i := qs.chunkAt[key]; i < qs.chunkAt[key+1]; i++ {
 			// the shared buffer: its row is no longer needed
 			partialSum(qs.recvX[i*hd:(i+1)*hd], qs.d2e[i*L:(i+1)*L], func(row int) []float32 { return y[row*hd : (row+1)*hd] })
+			if dprobs != nil { // the row's probability gradients, at its local experts' places of the domain's L·D
+				pr := qs.recvP[i*LD : (i+1)*LD]
+				clear(pr)
+				for e, row := range qs.d2e[i*L : (i+1)*L] {
+					if row >= 0 {
+						pr[j*L+e] = dprobs[row]
+					}
+				}
+			}
 		}
-		qs.partDone[key] = qs.step
+		qs.partDone[key] = h.pass
 	}
-	return qs.recvX[p*hd : (p+1)*hd]
+	return qs.recvX[p*hd : (p+1)*hd], qs.recvP[p*LD : (p+1)*LD]
 }
 
 // preReduce is forwarder f = (m, l)'s pre-reduction of chunk c of home
-// r = (n, l)'s tokens into r's inter-domain buffer, unless this step's has
+// r = (n, l)'s tokens into r's inter-domain buffer, unless this pass's has
 // arrived: for each token domain m needs, the float32 sum of its domain's
-// partial sums in ascending rank order, rounded to bf16.
+// partial sums in ascending rank order, rounded to bf16 (in the backward
+// with the sum of their probability gradients, fp32).
 func (h *Host) preReduce(f, r, c int) error {
 	sh, rs := h.shape, &h.st[r]
-	T, hd, D, M := sh.Tokens, sh.Hidden, h.D, h.M
+	T, hd, D, M, LD := sh.Tokens, sh.Hidden, h.D, h.M, sh.LocalExperts()*h.D
 	m, n := f/D, r/D
 	flag := &rs.idBack[tile(m, n)*h.chunks+c]
-	if *flag == rs.step {
+	if *flag == h.pass {
 		return nil
 	}
 	h.acc = kernels.Grow(h.acc, hd)
+	var accP []float32
+	if h.backward {
+		h.accP = kernels.Grow(h.accP, LD)
+		accP = h.accP
+	}
 	lo, hi := h.chunk(c)
 	for t := lo; t < hi; t++ {
 		if !rs.toDom[t*M+m] {
 			continue
 		}
 		clear(h.acc)
-		if h.domainSum(h.acc, f, r, t) == 0 {
-			return fmt.Errorf("hybridep: combine on rank %d: domain %d needs token %d by rank %d's map, but rank %d's map places it on none of the domain's ranks (the preprocessing differs between ranks)", r, m, t, r, f)
+		clear(accP)
+		if h.domainSum(h.acc, accP, f, r, t) == 0 {
+			return fmt.Errorf("hybridep: %s on rank %d: domain %d needs token %d by rank %d's map, but rank %d's map places it on none of the domain's ranks (the preprocessing differs between ranks)", h.phase("combine"), r, m, t, r, f)
 		}
 		kernels.RoundBF16Slice(h.acc)
 		slot := tile(m, n)*T + int(rs.send[m*T+t])
 		copy(rs.idX[slot*hd:(slot+1)*hd], h.acc)
-		rs.moved.back++
+		copy(rs.idP[slot*LD:(slot+1)*LD], accP)
+		h.mv(rs).back++
 	}
-	*flag = rs.step
+	*flag = h.pass
 	return nil
 }
 

@@ -94,8 +94,14 @@ func TestPlacement(t *testing.T) {
 // domain holding the token (ascending), that rank's float32 sum of its
 // experts' outputs (ascending) rounded to bf16; then for each other domain
 // in the order n−1, n−2, … holding the token, the float32 sum of its ranks'
-// rounded partial sums, rounded to bf16.
-func designSum(sh dispatchers.Shape, D int, ranks []*dispatchers.Rank) [][]float32 {
+// rounded partial sums, rounded to bf16. The outputs are val's (nil: the
+// forward's, dt.Expert of the token's row and probability).
+func designSum(sh dispatchers.Shape, D int, ranks []*dispatchers.Rank, val func(rk *dispatchers.Rank, t, j, c int) float32) [][]float32 {
+	if val == nil {
+		val = func(rk *dispatchers.Rank, t, j, c int) float32 {
+			return dt.Expert(rk.X[t*sh.Hidden+c], rk.Probs[t*sh.TopK+j])
+		}
+	}
 	k, hd, M := sh.TopK, sh.Hidden, sh.EP/D
 	out := make([][]float32, len(ranks))
 	for r, rk := range ranks {
@@ -108,7 +114,7 @@ func designSum(sh dispatchers.Shape, D int, ranks []*dispatchers.Rank) [][]float
 				partial := map[int]float32{}
 				for _, j := range slots {
 					q := sh.Owner(rk.Idx[t*k+j])
-					partial[q] += dt.Expert(rk.X[t*hd+c], rk.Probs[t*k+j])
+					partial[q] += val(rk, t, j, c)
 				}
 				var y float32
 				for i := range M {
@@ -154,7 +160,7 @@ func TestCombine(t *testing.T) {
 			name := fmt.Sprintf("EP %d domain %d, %d experts top-%d", lay.ep, lay.domain, sh.Experts, sh.TopK)
 			h := WithConfig(small(lay.domain))
 			got, ranks := dt.Outputs(t, h, sh, 3, dt.Cancelling)
-			if !reflect.DeepEqual(got, designSum(sh, h.D, ranks)) {
+			if !reflect.DeepEqual(got, designSum(sh, h.D, ranks, nil)) {
 				t.Errorf("%s: output differs from the design's rounding computed directly", name)
 			}
 			def, _ := New(dispatchers.ImplNative, dispatchers.Env{Device: "host", Domain: lay.domain})
@@ -426,10 +432,48 @@ func TestNextStepSeesNewData(t *testing.T) {
 	if err := dt.Run(h, ranks, dt.Expert, ""); err != nil {
 		t.Fatal(err)
 	}
-	want := designSum(sh, h.D, ranks)
+	want := designSum(sh, h.D, ranks, nil)
 	for r, rk := range ranks {
 		if !slices.Equal(rk.Y, want[r]) {
 			t.Fatalf("rank %d: the second step's output is not the design's for its inputs", r)
+		}
+	}
+}
+
+// TestBackward: at every layout the input gradient is the design's
+// rounding of the copies' gradients (the combine's, over the forward's
+// maps), with HybridEP's defaults and with small chunks and budgets; with
+// one domain and one expert per rank it equals alltoall's bit for bit; the
+// probability gradients come back exactly.
+func TestBackward(t *testing.T) {
+	for _, lay := range layouts {
+		for _, sh := range []dispatchers.Shape{
+			{Tokens: 13, Hidden: 8, Experts: 16, TopK: 6, EP: lay.ep},
+			{Tokens: 13, Hidden: 8, Experts: lay.ep, TopK: 3, EP: lay.ep},
+		} {
+			sh.TopK = min(sh.TopK, sh.Experts)
+			def, _ := New(dispatchers.ImplNative, dispatchers.Env{Device: "host", Domain: lay.domain})
+			for _, h := range []*Host{WithConfig(small(lay.domain)), def.(*Host)} {
+				name := fmt.Sprintf("EP %d domain %d, %d experts top-%d, %+v", lay.ep, lay.domain, sh.Experts, sh.TopK, h.cfg)
+				dx, dp, ranks := dt.Gradients(t, h, sh, 6, dt.Cancelling)
+				design := designSum(sh, h.D, ranks, func(rk *dispatchers.Rank, t, j, c int) float32 {
+					return kernels.RoundBF16(rk.DY[t*sh.Hidden+c] * rk.Probs[t*sh.TopK+j])
+				})
+				wx, wp := dt.WantGradients(ranks, sh)
+				for r := range ranks {
+					kernels.RoundBF16Slice(design[r])
+					if !reflect.DeepEqual(dx[r], design[r]) || !reflect.DeepEqual(dp[r], wp[r]) {
+						t.Fatalf("%s: rank %d's gradients differ from the design's computed directly", name, r)
+					}
+					if sh.LocalExperts() == 1 && lay.domain == lay.ep && !reflect.DeepEqual(dx[r], wx[r]) {
+						t.Fatalf("%s: rank %d's input gradient differs from alltoall's", name, r)
+					}
+				}
+				tr := h.Traffic()
+				if tr.CombineBackwardLogical != tr.DispatchAlgorithm || tr.DispatchBackwardOffRank == 0 || (tr.CombineBackwardOffRank == 0) != (lay.ep == 1) {
+					t.Errorf("%s: backward bytes %+v", name, tr)
+				}
+			}
 		}
 	}
 }

@@ -4,20 +4,31 @@ import "github.com/moebench/moebench/dispatchers"
 
 // Traffic counts the rows the last step's phases moved. A dispatch row is
 // a token's bf16 row with its domain's L·D fp32 probabilities; a combine
-// row a bf16 partial or pre-reduced sum.
+// row a bf16 partial or pre-reduced sum. In the backward the combine's
+// backward moves the dispatch's rows without probabilities, the
+// dispatch's backward the combine's with the domain's L·D probability
+// gradients.
 func (h *Host) Traffic() dispatchers.Traffic {
-	var mv moved
-	for r := range h.st {
-		m := h.st[r].moved
-		mv.deliveries += m.deliveries
-		mv.fanOut += m.fanOut
-		mv.interIn += m.interIn
-		mv.partials += m.partials
-		mv.partialsOff += m.partialsOff
-		mv.back += m.back
-		mv.interAlg += m.interAlg
+	sum := func(of func(s *rankState) moved) moved {
+		var mv moved
+		for r := range h.st {
+			m := of(&h.st[r])
+			mv.deliveries += m.deliveries
+			mv.fanOut += m.fanOut
+			mv.interIn += m.interIn
+			mv.partials += m.partials
+			mv.partialsOff += m.partialsOff
+			mv.back += m.back
+			mv.interAlg += m.interAlg
+		}
+		return mv
 	}
-	return mv.traffic(h.shape, h.D)
+	mv, bw := sum(func(s *rankState) moved { return s.moved }), sum(func(s *rankState) moved { return s.movedBack })
+	tr := mv.traffic(h.shape, h.D)
+	if bw.deliveries > 0 {
+		bw.backwardTraffic(&tr, h.shape, h.D)
+	}
+	return tr
 }
 
 // traffic is the bytes of the rows mv counts (see Host.Traffic).
@@ -38,6 +49,16 @@ func (mv moved) traffic(sh dispatchers.Shape, D int) dispatchers.Traffic {
 			"inter-domain: rdma_send_bytes = tokens × the domains that need them (the token's own domain included) × hidden × 2 B",
 		InterDomainAlgorithm: int64(mv.interAlg) * row,
 	}
+}
+
+// backwardTraffic adds to tr the bytes of the backward's rows bw counts.
+func (bw moved) backwardTraffic(tr *dispatchers.Traffic, sh dispatchers.Shape, D int) {
+	row := 2 * int64(sh.Hidden)
+	disp := row + 4*int64(sh.LocalExperts()*D)
+	tr.CombineBackwardLogical, tr.CombineBackwardOffRank = int64(bw.deliveries)*row, int64(bw.fanOut+bw.interIn)*row
+	tr.DispatchBackwardLogical, tr.DispatchBackwardOffRank = int64(bw.partials)*disp, int64(bw.partialsOff+bw.back)*disp
+	tr.BackwardFormula = "combine-bwd (dispatch_with_permute of the output gradients) = tokens received × hidden×2 B bf16, off-rank as the forward's dispatch; " +
+		"dispatch-bwd (combine_with_unpermute) = partial sums × (hidden×2 B bf16 + L·D × 4 B fp32 probability gradients of the domain's experts), off-rank as the forward's combine"
 }
 
 // Buffers are rank r's buffers as a GPU holds them: the preallocated ones

@@ -1,0 +1,261 @@
+package harness
+
+import (
+	"fmt"
+	"runtime"
+
+	"github.com/moebench/moebench/dispatchers"
+	"github.com/moebench/moebench/kernels"
+)
+
+// The layer's backward on host ranks (kernels/BACKWARD.md): the
+// dispatcher's backward phases (each its forward phase's dual) around the
+// experts' backward, then the router's and the shared expert's, in
+// autograd's order, with Megatron's rounding points (B1–B8 in
+// kernels/backward.go).
+
+// rankGrads are one rank's gradients besides those the dispatcher
+// contract carries (dispatchers.Rank's).
+type rankGrads struct {
+	dlogits  []float32   // [T, E] the router logits' gradient (fp32)
+	dxRouter []float32   // [T, h] the router's part of the input gradient (B6)
+	dxShared []float32   // [T, h] the shared expert's part (B4)
+	dx       []float32   // [T, h] the input gradient (B8)
+	scratch  [][]float32 // the expert backward's dact and dh1, one per worker
+}
+
+// replicaGrads are the fp32 main_grad of the weights every rank holds a
+// replica of, the router's and the shared expert's, summed over every
+// rank's tokens as the data-parallel all-reduce of the ranks' main_grads
+// would sum them (each rank adds its own part as it finishes: the ranks
+// run one after another on the host, so the sum is made in rank order).
+type replicaGrads struct {
+	router []float32 // [E, h]: Σ over ranks of bf16(the rank's dlogitsᵀ·x) (B7)
+	shared dispatchers.ExpertWeights
+	dwr    []float32 // [E, h] one rank's router weight gradient before it is added
+}
+
+// newBackward gives the layer what its backward needs: the upstream
+// gradient, the ranks' gradient buffers and the weight gradients.
+func (l *Layer) newBackward() {
+	c := l.Cfg
+	T, h, f, E := c.Tokens, c.Hidden, c.FFN, c.Experts
+	fs := f * c.SharedExperts
+	l.replica = replicaGrads{router: make([]float32, E*h), dwr: make([]float32, E*h)}
+	if fs > 0 {
+		l.replica.shared = dispatchers.ExpertWeights{FC1: make([]float32, 2*fs*h), FC2: make([]float32, h*fs)}
+	}
+	for r, rk := range l.Ranks {
+		l.DOut = append(l.DOut, normal(c.Seed, "dout", r, T*h, 1))
+		g := rankGrads{dlogits: make([]float32, T*E), dxRouter: make([]float32, T*h), dx: make([]float32, T*h)}
+		if fs > 0 {
+			g.dxShared = make([]float32, T*h)
+		}
+		l.grads = append(l.grads, g)
+		for range l.Shape.LocalExperts() {
+			rk.ExpertGrads = append(rk.ExpertGrads, dispatchers.ExpertWeights{FC1: make([]float32, 2*f*h), FC2: make([]float32, h*f)})
+		}
+	}
+}
+
+// routerGrad says whether the router has a gradient: not when a trace
+// gives the probabilities.
+func (l *Layer) routerGrad() bool { return l.Trace == nil || l.Trace.Probs == nil }
+
+// backwardSteps are the backward's phases with d, in autograd's order (the
+// forward's reversed): the dispatcher's backward around the experts', the
+// router's, then the shared expert's (first in the forward), the last
+// phase followed by the input gradient's sum (B8).
+func (l *Layer) backwardSteps(d dispatchers.Dispatcher) ([]dispatchers.Step, error) {
+	if !dispatchers.HasBackward(d) {
+		return nil, fmt.Errorf("dispatcher %s (%s) has no backward in this build; run it with --forward-only", d.Name(), d.Impl())
+	}
+	s, err := dispatchers.BackwardSteps(d, l.expertsBackward)
+	if err != nil {
+		return nil, err
+	}
+	if l.routerGrad() {
+		s = append(s, dispatchers.Step{Name: dispatchers.BackwardName("router"), Run: l.routerBackward})
+	}
+	if l.SharedFC1 != nil {
+		s = append(s, dispatchers.Step{Name: dispatchers.BackwardName("shared"), Run: l.sharedBackward})
+	}
+	last := s[len(s)-1]
+	s[len(s)-1].Run = func(r int) error {
+		if err := last.Run(r); err != nil {
+			return err
+		}
+		return l.inputGrad(r)
+	}
+	return s, nil
+}
+
+// Backward runs the backward of the forward pass Step last ran, through d,
+// calling timed around every phase of every rank. The upstream gradient is
+// DOut; the weight gradients start from zero (a step's main_grad).
+func (l *Layer) Backward(d dispatchers.Dispatcher, timed Timer) error {
+	if l.grads == nil {
+		return fmt.Errorf("the layer is forward-only: it kept nothing for a backward")
+	}
+	steps, err := l.backwardSteps(d)
+	if err != nil {
+		return err
+	}
+	for r, rk := range l.Ranks {
+		rk.DY = l.DOut[r]
+		for _, g := range rk.ExpertGrads {
+			clear(g.FC1)
+			clear(g.FC2)
+		}
+	}
+	for _, b := range [][]float32{l.replica.router, l.replica.shared.FC1, l.replica.shared.FC2} {
+		clear(b)
+	}
+	return runPhases(steps, len(l.Ranks), timed)
+}
+
+// expertsBackward runs each of rank r's segments' expert backward on its
+// rows, from the tape its forward kept (block by block, as the forward
+// computed them): ExpertDY's rows in, ExpertDX's and ExpertDProbs' rows
+// out, the weight gradients added to the segment's Grads (or the rank's
+// own experts').
+func (l *Layer) expertsBackward(r int) error {
+	rk, run, g, c := l.Ranks[r], &l.run[r], &l.grads[r], l.Cfg
+	h, f, L := c.Hidden, c.FFN, l.Shape.LocalExperts()
+	rows := len(rk.ExpertProbs)
+	if len(rk.ExpertDY) < rows*h {
+		return fmt.Errorf("the combine's backward left %d output-gradient values for %d rows; want rows × hidden = %d", len(rk.ExpertDY), rows, rows*h)
+	}
+	// keep the rows an earlier expert backward phase computed
+	if n := rows * h; len(rk.ExpertDX) < n {
+		rk.ExpertDX = append(rk.ExpertDX, make([]float32, n-len(rk.ExpertDX))...)
+	}
+	if len(rk.ExpertDProbs) < rows {
+		rk.ExpertDProbs = append(rk.ExpertDProbs, make([]float32, rows-len(rk.ExpertDProbs))...)
+	}
+	type job struct {
+		sg    dispatchers.Segment
+		w, gr *dispatchers.ExpertWeights
+	}
+	var jobs []job
+	distinct := map[*dispatchers.ExpertWeights]bool{} // the weight gradients each segment adds to
+	for _, sg := range rk.Segments {
+		if !taped(run.segs, sg) {
+			return fmt.Errorf("segment of expert %d, rows [%d, %d): the forward computed no such segment, so it kept no tape for it", sg.Expert, sg.Start, sg.Start+sg.Len)
+		}
+		w, gr := sg.Weights, sg.Grads
+		switch {
+		case w != nil && gr == nil:
+			return fmt.Errorf("segment of expert %d has weights of its own but nowhere to put their gradients", sg.Expert)
+		case w == nil && sg.Expert/L != r:
+			return fmt.Errorf("segment of expert %d has no weights and the expert is not local", sg.Expert)
+		case w == nil:
+			w = &rk.Experts[sg.Expert-r*L]
+		}
+		if gr == nil {
+			gr = &rk.ExpertGrads[sg.Expert-r*L]
+		}
+		jobs = append(jobs, job{sg, w, gr})
+		distinct[gr] = true
+	}
+	// each segment the forward's blocks (their tapes), in order, so that
+	// the weight gradients accumulate row by row as over the whole segment;
+	// segments run side by side when each adds to its own weight gradients
+	// (each worker its own scratch), else one after another
+	workers := min(len(jobs), runtime.GOMAXPROCS(0))
+	if len(distinct) < len(jobs) || !disjoint(rk.Segments) {
+		workers = 1
+	}
+	for len(g.scratch) < workers {
+		g.scratch = append(g.scratch, nil)
+	}
+	parallel(len(jobs), max(workers, 1), func(wk, i int) {
+		j := jobs[i]
+		for lo := j.sg.Start; lo < j.sg.Start+j.sg.Len; lo += expertBlock {
+			hi := min(lo+expertBlock, j.sg.Start+j.sg.Len)
+			g.scratch[wk] = kernels.Grow(g.scratch[wk], (hi-lo)*3*f)
+			tape := kernels.ExpertTape[float32]{X: rk.ExpertX[lo*h : hi*h], Prob: rk.ExpertProbs[lo:hi], Saved: run.saved[lo*3*f : hi*3*f]}
+			grads := kernels.ExpertGrads[float32]{DX: rk.ExpertDX[lo*h : hi*h], DProb: rk.ExpertDProbs[lo:hi], DFC1: j.gr.FC1, DFC2: j.gr.FC2}
+			kernels.ExpertBackward(grads, rk.ExpertDY[lo*h:hi*h], tape, j.w.FC1, j.w.FC2, g.scratch[wk], hi-lo, h, f, kernels.RoundBF16Slice)
+		}
+	})
+	return nil
+}
+
+// taped reports whether the forward computed segment sg (and so kept its
+// tape).
+func taped(segs []dispatchers.Segment, sg dispatchers.Segment) bool {
+	for _, s := range segs {
+		if s.Expert == sg.Expert && s.Start == sg.Start && s.Len == sg.Len {
+			return true
+		}
+	}
+	return false
+}
+
+// routerBackward is rank r's score-function backward (fp32) and router
+// GEMM backward: the logits' gradient from DProbs, then the input's (B6)
+// and the router weight's (B7), added to the router's main_grad.
+func (l *Layer) routerBackward(r int) error {
+	rk, g, c := l.Ranks[r], &l.grads[r], l.Cfg
+	if len(rk.DProbs) != c.Tokens*c.TopK {
+		return fmt.Errorf("the dispatcher's backward left %d probability gradients, want tokens × topk = %d", len(rk.DProbs), c.Tokens*c.TopK)
+	}
+	kernels.ScoreBackward(l.Router, g.dlogits, l.run[r].logits, rk.DProbs, rk.Idx, c.Tokens)
+	kernels.RouterBackward(g.dxRouter, l.replica.dwr, g.dlogits, rk.X, l.Wr, c.Tokens, c.Hidden, c.Experts, kernels.RoundBF16Slice)
+	for i, v := range l.replica.dwr {
+		l.replica.router[i] += v
+	}
+	return nil
+}
+
+// sharedBackward is rank r's shared expert's backward: its output gradient
+// is DOut itself; its weight gradients add to the shared main_grad.
+func (l *Layer) sharedBackward(r int) error {
+	g, c := &l.grads[r], l.Cfg
+	fs := c.FFN * c.SharedExperts
+	if len(g.scratch) == 0 {
+		g.scratch = append(g.scratch, nil)
+	}
+	g.scratch[0] = kernels.Grow(g.scratch[0], c.Tokens*3*fs)
+	tape := kernels.ExpertTape[float32]{X: l.X[r], Saved: l.run[r].sharedSaved}
+	grads := kernels.ExpertGrads[float32]{DX: g.dxShared, DFC1: l.replica.shared.FC1, DFC2: l.replica.shared.FC2}
+	kernels.ExpertBackward(grads, l.DOut[r], tape, l.SharedFC1, l.SharedFC2, g.scratch[0], c.Tokens, c.Hidden, fs, kernels.RoundBF16Slice)
+	return nil
+}
+
+// inputGrad is rank r's input gradient: the dispatcher's part, then the
+// router's, then the shared expert's, each sum stored as bf16 (B8).
+func (l *Layer) inputGrad(r int) error {
+	rk, g, c := l.Ranks[r], &l.grads[r], l.Cfg
+	if len(rk.DX) != c.Tokens*c.Hidden {
+		return fmt.Errorf("the dispatcher's backward left %d input-gradient values, want tokens × hidden = %d", len(rk.DX), c.Tokens*c.Hidden)
+	}
+	var router []float32
+	if l.routerGrad() {
+		router = g.dxRouter
+	}
+	kernels.InputGrad(g.dx, rk.DX, router, g.dxShared, kernels.RoundBF16Slice)
+	return nil
+}
+
+// backwardFootprint is the bytes of rank r's host buffers for the backward
+// (float32 storage): the tape, the gradients and the weight gradients.
+func (l *Layer) backwardFootprint(r int) int64 {
+	if l.grads == nil {
+		return 0
+	}
+	rk, run, g := l.Ranks[r], &l.run[r], &l.grads[r]
+	n := cap(run.saved) + cap(run.sharedSaved) + len(l.DOut[r]) + cap(rk.ExpertDY) + cap(rk.ExpertDX) + cap(rk.ExpertDProbs) +
+		cap(rk.DX) + cap(rk.DProbs) + cap(g.dlogits) + cap(g.dxRouter) + cap(g.dxShared) + cap(g.dx)
+	for _, b := range g.scratch {
+		n += cap(b)
+	}
+	// the replicas' main_grad, as a GPU rank holds its own (as the
+	// footprint counts the router and shared weights)
+	n += len(l.replica.router) + len(l.replica.shared.FC1) + len(l.replica.shared.FC2)
+	for _, w := range rk.ExpertGrads {
+		n += cap(w.FC1) + cap(w.FC2)
+	}
+	return 4 * int64(n)
+}

@@ -1,0 +1,288 @@
+package harness
+
+import (
+	"fmt"
+	"math"
+	"sort"
+	"strings"
+	"sync"
+
+	"github.com/moebench/moebench/dispatchers"
+	"github.com/moebench/moebench/kernels"
+	"github.com/moebench/moebench/results"
+)
+
+// The gradient check: after the checked forward step, its backward with
+// every gradient buffer poisoned, each gradient compared with the float64
+// reference (kernels.ReferenceGradsEach, on the same bf16 inputs, weights,
+// routing and upstream gradient) by kernels.GradErrMetric against
+// kernels.GradTolerance, expert by expert so that the reference never
+// holds every expert's gradients at once.
+
+// gradNote says what the check compared.
+const gradNote = "upstream gradient: N(0,1) per rank drawn from the seed, as bf16; the weight gradients are fp32 main_grad: the experts' their owners', " +
+	"the router's and the shared expert's summed over every rank's tokens (each rank's router part rounded to bf16 first, B7), as a data-parallel all-reduce sums them"
+
+// checkGrads runs the backward of the step Check ran and compares its
+// gradients with the reference; it fills c.Grads.
+func checkGrads(c *results.Correctness, l *Layer, d dispatchers.Dispatcher) error {
+	poisonGrads(l)
+	untimed := func(_ string, _ int, fn func() error) error { return fn() }
+	if err := l.Backward(d, untimed); err != nil {
+		return err
+	}
+	g := &results.GradCheck{Tolerance: kernels.GradTolerance, Metric: kernels.GradErrMetric, Note: gradNote}
+	g.PerTensor = compareGrads(l)
+	for _, e := range g.PerTensor {
+		g.MaxRelErr = math.Max(g.MaxRelErr, e)
+	}
+	c.Grads = g
+	return nil
+}
+
+// poisonGrads fills with NaN every gradient buffer a backward writes
+// rather than adds to, sized for the step the forward just ran (the
+// dispatchers reuse a buffer's storage, so their outputs start as NaN).
+func poisonGrads(l *Layer) {
+	c := l.Cfg
+	for r, rk := range l.Ranks {
+		rows := len(rk.ExpertProbs)
+		for _, b := range []*[]float32{&rk.ExpertDY, &rk.ExpertDX} {
+			*b = kernels.Grow(*b, rows*c.Hidden)
+		}
+		rk.ExpertDProbs = kernels.Grow(rk.ExpertDProbs, rows)
+		rk.DX, rk.DProbs = kernels.Grow(rk.DX, c.Tokens*c.Hidden), kernels.Grow(rk.DProbs, c.Tokens*c.TopK)
+		g := &l.grads[r]
+		for _, b := range [][]float32{rk.ExpertDY, rk.ExpertDX, rk.ExpertDProbs, rk.DX, rk.DProbs, g.dxShared, g.dx} {
+			poison(b)
+		}
+		if l.routerGrad() { // else the router's gradients stay zero
+			for _, b := range [][]float32{g.dlogits, g.dxRouter, l.replica.dwr} {
+				poison(b)
+			}
+		}
+	}
+}
+
+// gradProblem is the layer's last step as ReferenceGradsEach takes it;
+// each expert's weights are widened into buffers of w, which done(e) gives
+// back once the reference is through with expert e.
+func (l *Layer) gradProblem(w *widened) kernels.GradProblem {
+	c := l.Cfg
+	p := kernels.GradProblem{Router: l.Router, Tokens: c.EP * c.Tokens, Hidden: c.Hidden, FFN: c.FFN,
+		SharedFFN: c.FFN * c.SharedExperts, Wr: widen(l.Wr),
+		Expert: func(e int) ([]float64, []float64) {
+			fc1, fc2 := l.ExpertWeights(e)
+			b := w.get(e)
+			b.fc1, b.fc2 = widenInto(b.fc1, fc1), widenInto(b.fc2, fc2)
+			return b.fc1, b.fc2
+		}}
+	var probs []float32
+	for r, rk := range l.Ranks {
+		p.X, p.DOut = append(p.X, widen(l.X[r])...), append(p.DOut, widen(l.DOut[r])...)
+		p.Idx, probs = append(p.Idx, rk.Idx...), append(probs, rk.Probs...)
+		if l.Override[r] != nil {
+			p.Override = append(p.Override, widen(l.Override[r])...)
+		}
+	}
+	if !l.routerGrad() { // the trace's probabilities
+		p.Probs = widen(probs)
+	}
+	if l.SharedFC1 != nil {
+		p.SharedFC1, p.SharedFC2 = widen(l.SharedFC1), widen(l.SharedFC2)
+	}
+	return p
+}
+
+// widened lends float64 buffers for experts' weights, each held by one
+// expert at a time (the reference computes a few at once).
+type widened struct {
+	pool sync.Pool
+	held []*expertBuf // [E] the buffers lent to each expert, until given back
+}
+
+type expertBuf struct{ fc1, fc2 []float64 }
+
+func (w *widened) get(e int) *expertBuf {
+	b, _ := w.pool.Get().(*expertBuf)
+	if b == nil {
+		b = &expertBuf{}
+	}
+	w.held[e] = b
+	return b
+}
+
+// done gives expert e's buffers back, if it had any.
+func (w *widened) done(e int) {
+	if b := w.held[e]; b != nil {
+		w.held[e] = nil
+		w.pool.Put(b)
+	}
+}
+
+// errAcc accumulates GradErrMetric's max|g − ref| and max|ref|; a NaN
+// makes the error infinite.
+type errAcc struct{ diff, ref float64 }
+
+func (a *errAcc) add(got []float32, ref []float64) {
+	for i, v := range got {
+		d := math.Abs(float64(v) - ref[i])
+		if math.IsNaN(d) {
+			d = math.Inf(1)
+		}
+		a.diff, a.ref = math.Max(a.diff, d), math.Max(a.ref, math.Abs(ref[i]))
+	}
+}
+
+// err is the tensor's error: max|g − ref| / max|ref|, or max|g| when the
+// reference is all zeros (a gradient that must vanish).
+func (a errAcc) err() float64 {
+	if a.ref == 0 {
+		return a.diff
+	}
+	return a.diff / a.ref
+}
+
+// compareGrads computes the reference of the layer's last step and returns
+// each gradient's error by name.
+func compareGrads(l *Layer) map[string]float64 {
+	c := l.Cfg
+	T, h, E, L := c.Tokens, c.Hidden, c.Experts, l.Shape.LocalExperts()
+	var mu sync.Mutex
+	acc := map[string]*errAcc{}
+	for _, n := range []string{"expert fc1", "expert fc2"} {
+		acc[n] = &errAcc{}
+	}
+	w := &widened{held: make([]*expertBuf, E)}
+	ref := kernels.ReferenceGradsEach(l.gradProblem(w), refWorkers(c), func(e int, fc1, fc2 []float64) {
+		defer w.done(e)
+		g := l.Ranks[e/L].ExpertGrads[e%L]
+		var a1, a2 errAcc
+		a1.add(g.FC1, fc1)
+		a2.add(g.FC2, fc2)
+		mu.Lock()
+		defer mu.Unlock()
+		for n, a := range map[string]errAcc{"expert fc1": a1, "expert fc2": a2} {
+			acc[n].diff, acc[n].ref = math.Max(acc[n].diff, a.diff), math.Max(acc[n].ref, a.ref)
+		}
+	})
+	var x, wr, probs, sfc1, sfc2 errAcc
+	for r, rk := range l.Ranks {
+		x.add(l.grads[r].dx, ref.X[r*T*h:(r+1)*T*h])
+		probs.add(rk.DProbs, ref.Probs[r*T*c.TopK:(r+1)*T*c.TopK])
+	}
+	wr.add(l.replica.router, ref.Wr[0][:E*h]) // every rank's tokens
+	errs := map[string]float64{"input": x.err(), "router weight": wr.err(), "probs": probs.err(),
+		"expert fc1": acc["expert fc1"].err(), "expert fc2": acc["expert fc2"].err()}
+	if l.SharedFC1 != nil {
+		sfc1.add(l.replica.shared.FC1, ref.SharedFC1)
+		sfc2.add(l.replica.shared.FC2, ref.SharedFC2)
+		errs["shared fc1"], errs["shared fc2"] = sfc1.err(), sfc2.err()
+	}
+	return errs
+}
+
+// gradDetail names the gradients over the tolerance, worst first.
+func gradDetail(g *results.GradCheck) string {
+	var bad []string
+	for n, e := range g.PerTensor {
+		if !(e <= g.Tolerance) {
+			bad = append(bad, n)
+		}
+	}
+	sort.Slice(bad, func(i, j int) bool { return g.PerTensor[bad[i]] > g.PerTensor[bad[j]] })
+	var parts []string
+	for _, n := range bad {
+		parts = append(parts, fmt.Sprintf("%s %.3g", n, g.PerTensor[n]))
+	}
+	s := ""
+	if len(parts) > 0 {
+		s = fmt.Sprintf("gradient error over the tolerance %g: %s", g.Tolerance, strings.Join(parts, ", "))
+	}
+	if g.RoundTrip != "exact" {
+		if s != "" {
+			s += "; "
+		}
+		s += "backward round trip " + g.RoundTrip
+	}
+	return s
+}
+
+// identityBackward is the round trip's experts' backward (y = x·p):
+// dx = dy·p and dp = Σ x·dy (a float32 sum in column order), on the rows
+// of the rank's segments.
+func (rt *roundTrip) identityBackward(r int) error {
+	rk, h := rt.ranks[r], rt.shape.Hidden
+	rows := len(rk.ExpertProbs)
+	if n := rows * h; len(rk.ExpertDX) < n { // rows an earlier expert phase left stay
+		at := len(rk.ExpertDX)
+		rk.ExpertDX = append(rk.ExpertDX, make([]float32, n-at)...)
+		poison(rk.ExpertDX[at:])
+	}
+	if n := len(rk.ExpertDProbs); n < rows {
+		rk.ExpertDProbs = append(rk.ExpertDProbs, make([]float32, rows-n)...)
+		poison(rk.ExpertDProbs[n:])
+	}
+	for _, sg := range rk.Segments {
+		for i := sg.Start; i < sg.Start+sg.Len; i++ {
+			x, dy := rk.ExpertX[i*h:(i+1)*h], rk.ExpertDY[i*h:(i+1)*h]
+			rk.ExpertDProbs[i] = rowDot(x, dy)
+			for c, v := range dy {
+				rk.ExpertDX[i*h+c] = v * rk.ExpertProbs[i]
+			}
+		}
+	}
+	return nil
+}
+
+func rowDot(x, y []float32) float32 {
+	var s float32
+	for c, v := range x {
+		s += v * y[c]
+	}
+	return s
+}
+
+// backwardVerdict runs d's backward on the round trip's ranks, after its
+// forward, with the upstream gradient equal to the coarsened input: each
+// token's input gradient must come back as that row exactly (its copies'
+// probabilities sum to 1, every partial sum exact in bf16), and each
+// copy's probability gradient as x·dy, bit for bit.
+func (rt *roundTrip) backwardVerdict(d any) string {
+	steps, err := dispatchers.BackwardSteps(d, rt.identityBackward)
+	if err != nil {
+		return err.Error()
+	}
+	for r, rk := range rt.ranks {
+		rk.DY = rt.x[r]
+		for _, b := range []*[]float32{&rk.ExpertDY, &rk.ExpertDX, &rk.ExpertDProbs, &rk.DX, &rk.DProbs} {
+			poison(*b)
+		}
+	}
+	for _, step := range steps {
+		for r := range rt.ranks {
+			if err := step.Run(r); err != nil {
+				return err.Error()
+			}
+		}
+	}
+	h, k := rt.shape.Hidden, rt.shape.TopK
+	for r, rk := range rt.ranks {
+		x := rt.x[r]
+		if len(rk.DX) != len(x) || len(rk.DProbs) != len(rk.Probs) {
+			return fmt.Sprintf("rank %d: %d input-gradient and %d probability-gradient values back, want %d and %d", r, len(rk.DX), len(rk.DProbs), len(x), len(rk.Probs))
+		}
+		for i, v := range rk.DX {
+			if v != x[i] {
+				return fmt.Sprintf("rank %d token %d element %d: input gradient %g, want %g", r, i/h, i%h, v, x[i])
+			}
+		}
+		for s, v := range rk.DProbs {
+			t := s / k
+			if want := rowDot(x[t*h:(t+1)*h], x[t*h:(t+1)*h]); v != want {
+				return fmt.Sprintf("rank %d token %d slot %d: probability gradient %g, want %g", r, t, s%k, v, want)
+			}
+		}
+	}
+	return "exact"
+}
