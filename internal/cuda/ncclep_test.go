@@ -4,10 +4,13 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/moebench/moebench/internal/hostsim"
 )
 
 // epRig is NCCL EP on the fakes: two ranks, one per fake GPU, each with a
@@ -222,7 +225,23 @@ func TestNCCLEPDoctor(t *testing.T) {
 	if c := probeNCCLEP(); !c.Found || !strings.Contains(c.Detail, "missing: NCCL 2.28.3 has no Device API") || !strings.Contains(c.Detail, "; nvcc (/nonexistent/nvcc") {
 		t.Errorf("without the Device API and nvcc: %+v", c)
 	}
-	t.Setenv(NCCLEPEnv, os.Getenv("MOEBENCH_NCCL")) // a library without NCCL EP's entry points
+	t.Setenv("FAKENCCL_VERSION", "23007")
+	t.Setenv("NCCL_EP_JIT_NVCC", "")
+	dir := t.TempDir() // an NCCL of a version with the Device API, built without it
+	if _, err := hostsim.BuildFake("fakenccl", dir, "libnccl.so.2"); err != nil {
+		t.Fatal(err)
+	}
+	noDev := filepath.Join(dir, "libnccl-nodev.so.2")
+	if out, err := exec.Command("cc", "-DFAKENCCL_NO_DEVICE_API", "-O2", "-shared", "-fPIC", "-pthread", "-o", noDev, filepath.Join(dir, "fakenccl.c")).CombinedOutput(); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	withDev := os.Getenv("MOEBENCH_NCCL")
+	t.Setenv("MOEBENCH_NCCL", noDev)
+	if c := probeNCCLEP(); !strings.HasSuffix(c.Detail, "missing: NCCL 2.30.7 lacks ncclDevCommCreate of the Device API NCCL EP needs") {
+		t.Errorf("an NCCL without the Device API's entry points: %+v", c)
+	}
+	t.Setenv("MOEBENCH_NCCL", withDev)
+	t.Setenv(NCCLEPEnv, withDev) // a library without NCCL EP's entry points
 	if c := probeNCCLEP(); c.Found || !strings.Contains(c.Detail, "not the API moebench speaks") || !strings.Contains(c.Detail, "install: pip install nccl-extensions[cu13]") {
 		t.Errorf("another library: %+v", c)
 	}
