@@ -225,7 +225,7 @@ func (c Config) Validate() error {
 	case c.Impl != "native" && c.Impl != "library":
 		return &ConfigError{"impl", c.Impl, "allowed: native, library"}
 	}
-	if b, ok := dispatchers.SMBudgetOf(c.Dispatcher); ok {
+	if b, ok := dispatchers.SMBudgetOf(c.Dispatcher, c.Impl); ok {
 		if err := b.Check(c.SMs); err != nil {
 			return &ConfigError{"sms", c.SMs, c.Dispatcher + ": " + err.Error()}
 		}
@@ -246,7 +246,7 @@ func (c Config) Record() results.Config {
 	if c.Dispatcher == "feplb" {
 		r.FeplbBase, r.FeplbDynamic, r.FeplbPolicy = c.FeplbBase, c.FeplbDyn, c.FeplbPolicy
 	}
-	if _, ok := dispatchers.SMBudgetOf(c.Dispatcher); ok {
+	if _, ok := dispatchers.SMBudgetOf(c.Dispatcher, c.Impl); ok {
 		r.CommTimeoutS = c.CommTimeout.Seconds()
 	}
 	return r

@@ -1,9 +1,6 @@
 package alltoall
 
-import (
-	"github.com/moebench/moebench/dispatchers"
-	"github.com/moebench/moebench/kernels"
-)
+import "github.com/moebench/moebench/kernels"
 
 // The backward on device ranks: the host backward's phases (backward.go)
 // with the forward's device kernels and copies, over the forward's counts,
@@ -26,7 +23,7 @@ func (a *Device) UnpermuteBackward(r int) error {
 			return err
 		}
 	}
-	a.backward = true
+	s.backward = true
 	if err := rk.Dev.GatherRows(s.permY, rk.DY, s.rows, sh.TopK, n, sh.Hidden, rk.Stream); err != nil {
 		return err
 	}
@@ -39,8 +36,10 @@ func (a *Device) UnpermuteBackward(r int) error {
 
 // CombineBackward is rank r's receive side of the combine reversed: each
 // source's copies' output gradients for r's experts, then the chunk sort,
-// into ExpertDY (the rows of ExpertX); the library implementation's
-// transfers go as one NCCL group from the last rank's call.
+// into ExpertDY (the rows of ExpertX). The library implementation's rank
+// r sends, as one NCCL group, its copies' gradients to the ranks that
+// computed them and receives the gradients of the rows it computed (the
+// forward dispatch's exchange, rows only).
 func (a *Device) CombineBackward(r int) error {
 	s, rk, sh := &a.st[r], a.ranks[r], a.shape
 	if sh.EP == 1 && !a.library {
@@ -50,47 +49,41 @@ func (a *Device) CombineBackward(r int) error {
 	if err := s.bwd.Ensure(rk.Dev, rk.Stream, s.received, kernels.Buf{P: &rk.ExpertDY, PerRow: 2 * h}); err != nil {
 		return err
 	}
-	for src := range sh.EP {
-		ss := &a.st[src]
-		lo, rows := int64(ss.sendOff[r]), int64(ss.sendOff[r+1]-ss.sendOff[r])
-		op := kernels.CopyOp{Dst: s.recvY + kernels.Ptr(2*int64(s.recvOff[src][0])*h), Src: ss.permY + kernels.Ptr(2*lo*h), Bytes: 2 * rows * h, SrcDev: a.ranks[src].Dev}
-		if a.library {
-			a.pending = append(a.pending, kernels.Xfer{From: src, To: r, Src: op.Src, Dst: op.Dst, Bytes: op.Bytes})
-			continue
+	if a.library {
+		s.sends, s.recvs = s.sends[:0], s.recvs[:0]
+		for d := range sh.EP {
+			lo, rows := int64(s.sendOff[d]), int64(s.sendOff[d+1]-s.sendOff[d])
+			s.sends = append(s.sends, kernels.Transfer{Peer: d, Buf: s.permY + kernels.Ptr(2*lo*h), Bytes: 2 * rows * h})
 		}
-		if err := rk.Dev.Wait(rk.Stream, ss.unpermuted); err != nil {
+		for src := range sh.EP {
+			rows := int64(a.st[src].sendOff[r+1] - a.st[src].sendOff[r])
+			s.recvs = append(s.recvs, kernels.Transfer{Peer: src, Buf: s.recvY + kernels.Ptr(2*int64(s.recvOff[src][0])*h), Bytes: 2 * rows * h})
+		}
+		if err := a.comm.Exchange(r, s.sends, s.recvs); err != nil {
 			return err
 		}
-		if err := rk.Dev.CopyPeer(op, rk.Stream); err != nil {
-			return err
+	} else {
+		for src := range sh.EP {
+			ss := &a.st[src]
+			lo, rows := int64(ss.sendOff[r]), int64(ss.sendOff[r+1]-ss.sendOff[r])
+			op := kernels.CopyOp{Dst: s.recvY + kernels.Ptr(2*int64(s.recvOff[src][0])*h), Src: ss.permY + kernels.Ptr(2*lo*h), Bytes: 2 * rows * h, SrcDev: a.ranks[src].Dev}
+			if err := rk.Dev.Wait(rk.Stream, ss.unpermuted); err != nil {
+				return err
+			}
+			if err := rk.Dev.CopyPeer(op, rk.Stream); err != nil {
+				return err
+			}
 		}
 	}
-	sortDY := func(d int) error {
-		s, rk := &a.st[d], a.ranks[d]
-		return rk.Dev.SortChunks(rk.ExpertDY, 0, s.recvY, 0, s.recvCounts, s.received, sh.EP, sh.LocalExperts(), sh.Hidden, false, rk.Stream)
-	}
-	if !a.library {
-		return sortDY(r)
-	}
-	if r < sh.EP-1 {
-		return nil
-	}
-	if err := a.exchange(); err != nil {
-		return err
-	}
-	for d := range sh.EP {
-		if err := sortDY(d); err != nil {
-			return err
-		}
-	}
-	return nil
+	return rk.Dev.SortChunks(rk.ExpertDY, 0, s.recvY, 0, s.recvCounts, s.received, sh.EP, sh.LocalExperts(), sh.Hidden, false, rk.Stream)
 }
 
 // DispatchBackward is rank r's send side of the dispatch reversed: the
 // inverse chunk sort of its rows' input and probability gradients, then
 // each source's rows pushed into that source's permuted buffers (bf16
-// rows, fp32 probability gradients), or sent in one NCCL group from the
-// last rank's call.
+// rows, fp32 probability gradients). The library implementation's rank r
+// sends them as one NCCL group and receives its own copies' gradients
+// (the forward combine's exchange, with the probabilities' gradients).
 func (a *Device) DispatchBackward(r int) error {
 	s, rk, sh := &a.st[r], a.ranks[r], a.shape
 	if sh.EP == 1 && !a.library {
@@ -99,6 +92,20 @@ func (a *Device) DispatchBackward(r int) error {
 	h := int64(sh.Hidden)
 	if err := rk.Dev.SortChunks(s.recvX, s.recvP, rk.ExpertDX, rk.ExpertDProbs, s.recvCounts, s.received, sh.EP, sh.LocalExperts(), sh.Hidden, true, rk.Stream); err != nil {
 		return err
+	}
+	if a.library {
+		s.sends, s.recvs = s.sends[:0], s.recvs[:0]
+		for src := range sh.EP {
+			rows, at := int64(a.st[src].sendOff[r+1]-a.st[src].sendOff[r]), int64(s.recvOff[src][0])
+			s.sends = append(s.sends, kernels.Transfer{Peer: src, Buf: s.recvX + kernels.Ptr(2*at*h), Bytes: 2 * rows * h},
+				kernels.Transfer{Peer: src, Buf: s.recvP + kernels.Ptr(4*at), Bytes: 4 * rows})
+		}
+		for d := range sh.EP {
+			lo, rows := int64(s.sendOff[d]), int64(s.sendOff[d+1]-s.sendOff[d])
+			s.recvs = append(s.recvs, kernels.Transfer{Peer: d, Buf: s.permX + kernels.Ptr(2*lo*h), Bytes: 2 * rows * h},
+				kernels.Transfer{Peer: d, Buf: s.permP + kernels.Ptr(4*lo), Bytes: 4 * rows})
+		}
+		return a.comm.Exchange(r, s.sends, s.recvs)
 	}
 	for src := range sh.EP {
 		ss, to := &a.st[src], a.ranks[src].Dev
@@ -109,20 +116,12 @@ func (a *Device) DispatchBackward(r int) error {
 			{Dst: ss.permP + kernels.Ptr(4*lo), Src: s.recvP + kernels.Ptr(4*at), Bytes: 4 * rows, DstDev: to},
 		}
 		for _, op := range ops {
-			if a.library {
-				a.pending = append(a.pending, kernels.Xfer{From: r, To: src, Src: op.Src, Dst: op.Dst, Bytes: op.Bytes})
-			} else if err := rk.Dev.CopyPeer(op, rk.Stream); err != nil {
+			if err := rk.Dev.CopyPeer(op, rk.Stream); err != nil {
 				return err
 			}
 		}
 	}
-	if !a.library {
-		return rk.Dev.Record(s.returned, rk.Stream)
-	}
-	if r < sh.EP-1 {
-		return nil
-	}
-	return a.exchange()
+	return rk.Dev.Record(s.returned, rk.Stream)
 }
 
 // PermuteBackward waits for every rank's returns (the native
@@ -146,14 +145,4 @@ func (a *Device) PermuteBackward(r int) error {
 		return err
 	}
 	return rk.Dev.GatherF32(rk.DProbs, dp, s.pos, 1, sh.Tokens*sh.TopK, rk.Stream)
-}
-
-// Grouped: the library implementation issues dispatch and combine, and
-// their backwards, as one NCCL group each, from the last rank's call.
-func (a *Device) Grouped(phase string) bool {
-	switch phase {
-	case "dispatch", "combine", dispatchers.BackwardName("dispatch"), dispatchers.BackwardName("combine"):
-		return a.library
-	}
-	return false
 }

@@ -9,24 +9,28 @@ import (
 
 // The backward on device ranks (the host's, backward.go, with phase 2's
 // copies on the copy streams): phase 1's backward is the base device
-// dispatcher's; in combine-bwd each helper's copy stream pulls the output
-// gradients of the chunks it computed from their owners (once the owner's
-// base combine-bwd has written them) into the rows that held the chunks'
-// outputs; dynamic-bwd computes each rank's forward dynamic work backward —
-// a helper its chunks with the tape and weights it kept, their weight
-// gradients into fp32 buffers of its own (zeroed on its copy stream
-// first), then its own dynamic share; in rebalance-bwd each owner's copy
-// stream pulls its chunks' input and probability gradients into its rows
-// and the helpers' weight gradients of its experts into buffers of its
-// own, while its stream goes on with its static experts' backward
-// (experts-bwd); dispatch-bwd waits for those copies, adds the weight
-// gradients to the owner's main_grad (fp32) and runs the base's.
+// dispatcher's; in combine-bwd each owner's copy stream pushes the output
+// gradients of its moved chunks (once its base combine-bwd has written
+// them) into the helpers' rows that held the chunks' outputs — the dual
+// of the forward combine's pull — and each helper zeroes its fp32
+// weight-gradient buffers; dynamic-bwd computes each rank's forward
+// dynamic work backward — a helper its chunks, each owner's once that
+// owner's pushes have landed, with the tape and weights it kept, their
+// weight gradients into its own buffers, then its own dynamic share; in
+// rebalance-bwd each owner's copy stream pulls its chunks' input and
+// probability gradients into its rows and the helpers' weight gradients
+// of its experts into buffers of its own, while its stream goes on with
+// its static experts' backward (experts-bwd); dispatch-bwd waits for those
+// copies, adds the weight gradients to the owner's main_grad (fp32) and
+// runs the base's. Every rank's calls touch its own streams and state
+// only; what another rank recorded is waited for a phase later (the
+// layer's barrier between phases).
 
 // devBack is one rank's backward phase-2 state.
 type devBack struct {
-	// dyReady: the rank's base combine-bwd done (its ExpertDY written);
-	// dyStart, dyIn: the helper's pulls of its chunks' output gradients;
-	// computed: its chunks' backward done; retStart, returned: the
+	// dyReady: the owner's base combine-bwd done (its ExpertDY written);
+	// dyStart, dyIn: its pushes of its moved chunks' output gradients;
+	// computed: a helper's chunks' backward done; retStart, returned: the
 	// owner's pulls of input, probability and weight gradients
 	dyReady, dyStart, dyIn, computed, retStart, returned kernels.Event
 
@@ -36,8 +40,10 @@ type devBack struct {
 	rows   kernels.Sized // dx, dp
 	slots  kernels.Sized // g1, g2
 	back   kernels.Sized // w1, w2
+	ran    bool          // a backward ran on the rank
 	segs   []dispatchers.DeviceSegment
 	work   []dispatchers.DeviceWork
+	ops    []kernels.CopyOp
 }
 
 // baseBackward is the base device dispatcher's backward, or why it has
@@ -56,15 +62,16 @@ func (f *Device) UnpermuteBackward(r int) error {
 	if err != nil {
 		return err
 	}
-	if r == 0 {
-		f.backward, f.back = true, backStats{}
-	}
+	f.bk[r].ran = true
 	return b.UnpermuteBackward(r)
 }
 
-// CombineBackward runs the base's, then queues on rank r's copy stream the
-// pulls of the output gradients of the chunks r computes for others, and
-// sets r's work to its forward dynamic work with those gradients.
+// CombineBackward runs the base's; then, as an owner, rank r's copy stream
+// pushes its moved chunks' output gradients to their helpers, and, as a
+// helper, r zeroes its chunks' weight gradients and sets its work to its
+// forward dynamic work with those gradients: each owner's chunks after
+// that owner's pushes (dyIn, recorded in this phase, waited for in the
+// next), then its own share.
 func (f *Device) CombineBackward(r int) error {
 	b, err := f.baseBackward()
 	if err != nil {
@@ -73,86 +80,79 @@ func (f *Device) CombineBackward(r int) error {
 	if err := b.CombineBackward(r); err != nil {
 		return err
 	}
-	rk, s, bk := f.ranks[r], &f.rs[r], &f.bk[r]
-	if err := rk.Dev.Record(bk.dyReady, rk.Stream); err != nil {
+	if err := f.pushGradients(r); err != nil {
 		return err
 	}
+	rk, s, bk := f.ranks[r], &f.rs[r], &f.bk[r]
 	sh, ff := f.c.shape, int64(f.env.FFN)
 	h := int64(sh.Hidden)
 	in := f.c.lay.in[r]
 	own := dispatchers.DeviceWork{X: rk.ExpertX, Probs: rk.ExpertProbs, Segments: s.segs[1]}
-	bk.work = append(bk.work[:0], own)
-	rk.Work = bk.work
+	bk.work, bk.segs = bk.work[:0], bk.segs[:0]
 	if len(in) > 0 {
-		if err := bk.rows.Ensure(rk.Dev, s.ce, f.c.lay.foreign[r], kernels.Buf{P: &bk.dx, PerRow: 2 * h}, kernels.Buf{P: &bk.dp, PerRow: 4}); err != nil {
+		if err := bk.rows.Ensure(rk.Dev, rk.Stream, f.c.lay.foreign[r], kernels.Buf{P: &bk.dx, PerRow: 2 * h}, kernels.Buf{P: &bk.dp, PerRow: 4}); err != nil {
 			return err
 		}
-		if err := bk.slots.Ensure(rk.Dev, s.ce, len(in), kernels.Buf{P: &bk.g1, PerRow: 8 * ff * h}, kernels.Buf{P: &bk.g2, PerRow: 4 * h * ff}); err != nil {
+		if err := bk.slots.Ensure(rk.Dev, rk.Stream, len(in), kernels.Buf{P: &bk.g1, PerRow: 8 * ff * h}, kernels.Buf{P: &bk.g2, PerRow: 4 * h * ff}); err != nil {
 			return err
 		}
-	}
-	// a helper's pulls wait for its owners' dyReady, recorded by their own
-	// calls: every helper's are queued in the last rank's call, once all
-	// are recorded
-	if r == len(f.ranks)-1 {
-		for q := range f.ranks {
-			if err := f.pullGradients(q); err != nil {
-				return err
+		if err := rk.Dev.Fill16(bk.g1, 0, int64(len(in))*4*ff*h, rk.Stream); err != nil {
+			return err
+		}
+		if err := rk.Dev.Fill16(bk.g2, 0, int64(len(in))*2*h*ff, rk.Stream); err != nil {
+			return err
+		}
+		for i := range in {
+			fg := s.segs[2][i]
+			fg.DFC1, fg.DFC2 = bk.g1+kernels.Ptr(int64(i)*8*ff*h), bk.g2+kernels.Ptr(int64(i)*4*h*ff)
+			bk.segs = append(bk.segs, fg)
+		}
+		for i, first := range in { // a block per run of one owner's chunks
+			if i > 0 && first.owner == in[i-1].owner {
+				continue
 			}
+			j := i + 1
+			for j < len(in) && in[j].owner == first.owner {
+				j++
+			}
+			bk.work = append(bk.work, dispatchers.DeviceWork{X: s.fx, Probs: s.fp, DY: s.fy, DX: bk.dx, DProbs: bk.dp, Segments: bk.segs[i:j],
+				After: f.bk[first.owner].dyIn})
 		}
+		bk.work[len(bk.work)-1].Done = bk.computed
 	}
+	bk.work = append(bk.work, own)
+	rk.Work = bk.work
 	return nil
 }
 
-// pullGradients queues helper q's pulls of its chunks' output gradients
-// (into the rows that held their outputs) on its copy stream, zeroes its
-// weight-gradient buffers there, and sets q's backward dynamic work: the
-// chunks once the pulls have landed, then its own share.
-func (f *Device) pullGradients(q int) error {
-	rk, s, bk := f.ranks[q], &f.rs[q], &f.bk[q]
-	in := f.c.lay.in[q]
-	if len(in) == 0 {
+// pushGradients queues owner r's pushes of its moved chunks' output
+// gradients (the rows of its ExpertDY its base combine-bwd wrote) into
+// their helpers' rows that held the chunks' outputs, on r's copy stream.
+func (f *Device) pushGradients(r int) error {
+	out := f.c.lay.out[r]
+	if len(out) == 0 {
 		return nil
 	}
-	sh, ff := f.c.shape, int64(f.env.FFN)
-	h := int64(sh.Hidden)
-	for i, c := range in {
-		if i == 0 || c.owner != in[i-1].owner {
-			if err := rk.Dev.Wait(s.ce, f.bk[c.owner].dyReady); err != nil {
-				return err
-			}
-		}
+	rk, s, bk := f.ranks[r], &f.rs[r], &f.bk[r]
+	h := int64(f.c.shape.Hidden)
+	if err := rk.Dev.Record(bk.dyReady, rk.Stream); err != nil {
+		return err
+	}
+	if err := rk.Dev.Wait(s.ce, bk.dyReady); err != nil {
+		return err
 	}
 	if err := rk.Dev.Record(bk.dyStart, s.ce); err != nil {
 		return err
 	}
-	f.ops = f.ops[:0]
-	bk.segs = bk.segs[:0]
-	for i, c := range in {
-		o := f.ranks[c.owner]
-		f.ops = append(f.ops, kernels.CopyOp{Dst: s.fy + kernels.Ptr(2*int64(c.dst)*h), Src: o.ExpertDY + kernels.Ptr(2*int64(c.src)*h), Bytes: 2 * int64(c.n) * h, SrcDev: o.Dev})
-		fg := s.segs[2][i]
-		fg.DFC1, fg.DFC2 = bk.g1+kernels.Ptr(int64(i)*8*ff*h), bk.g2+kernels.Ptr(int64(i)*4*h*ff)
-		bk.segs = append(bk.segs, fg)
-		f.back.bytes += int64(c.n) * h * 2
+	bk.ops = bk.ops[:0]
+	for _, c := range out {
+		bk.ops = append(bk.ops, kernels.CopyOp{Dst: f.rs[c.helper].fy + kernels.Ptr(2*int64(c.dst)*h), Src: rk.ExpertDY + kernels.Ptr(2*int64(c.src)*h),
+			Bytes: 2 * int64(c.n) * h, DstDev: f.ranks[c.helper].Dev})
 	}
-	if err := rk.Dev.CopyBatch(f.ops, s.ce); err != nil {
-		return fmt.Errorf("feplb: rank %d's output gradients in: %w", q, err)
+	if err := rk.Dev.CopyBatch(bk.ops, s.ce); err != nil {
+		return fmt.Errorf("feplb: rank %d's output gradients out: %w", r, err)
 	}
-	if err := rk.Dev.Fill16(bk.g1, 0, int64(len(in))*4*ff*h, s.ce); err != nil {
-		return err
-	}
-	if err := rk.Dev.Fill16(bk.g2, 0, int64(len(in))*2*h*ff, s.ce); err != nil {
-		return err
-	}
-	if err := rk.Dev.Record(bk.dyIn, s.ce); err != nil {
-		return err
-	}
-	own := bk.work[0] // CombineBackward's
-	chunks := dispatchers.DeviceWork{X: s.fx, Probs: s.fp, DY: s.fy, DX: bk.dx, DProbs: bk.dp, Segments: bk.segs, After: bk.dyIn, Done: bk.computed}
-	bk.work = append(bk.work[:0], chunks, own)
-	rk.Work = bk.work
-	return nil
+	return rk.Dev.Record(bk.dyIn, s.ce)
 }
 
 // RebalanceBackward is owner r's side of phase 2's return: its copy stream
@@ -182,8 +182,7 @@ func (f *Device) RebalanceBackward(r int) error {
 	if err := rk.Dev.Record(bk.retStart, s.ce); err != nil {
 		return err
 	}
-	f.ops = f.ops[:0]
-	wg := kernels.ExpertWGradBytes(sh.Hidden, f.env.FFN)
+	bk.ops = bk.ops[:0]
 	for i, c := range out {
 		hb := &f.bk[c.helper]
 		j := chunkIndex(f.c.lay.in[c.helper], c)
@@ -191,15 +190,13 @@ func (f *Device) RebalanceBackward(r int) error {
 			return fmt.Errorf("feplb: rebalance-bwd on rank %d: rank %d does not list the chunk of expert %d it computed", r, c.helper, c.expert)
 		}
 		from := f.ranks[c.helper].Dev
-		f.ops = append(f.ops,
+		bk.ops = append(bk.ops,
 			kernels.CopyOp{Dst: rk.ExpertDX + kernels.Ptr(2*int64(c.src)*h), Src: hb.dx + kernels.Ptr(2*int64(c.dst)*h), Bytes: 2 * int64(c.n) * h, SrcDev: from},
 			kernels.CopyOp{Dst: rk.ExpertDProbs + kernels.Ptr(4*int64(c.src)), Src: hb.dp + kernels.Ptr(4*int64(c.dst)), Bytes: 4 * int64(c.n), SrcDev: from},
 			kernels.CopyOp{Dst: bk.w1 + kernels.Ptr(int64(i)*8*ff*h), Src: hb.g1 + kernels.Ptr(int64(j)*8*ff*h), Bytes: 8 * ff * h, SrcDev: from},
 			kernels.CopyOp{Dst: bk.w2 + kernels.Ptr(int64(i)*4*h*ff), Src: hb.g2 + kernels.Ptr(int64(j)*4*h*ff), Bytes: 4 * h * ff, SrcDev: from})
-		f.back.bytes += int64(c.n)*(2*h+4) + wg
-		f.back.wgrad += wg
 	}
-	if err := rk.Dev.CopyBatch(f.ops, s.ce); err != nil {
+	if err := rk.Dev.CopyBatch(bk.ops, s.ce); err != nil {
 		return fmt.Errorf("feplb: rank %d's gradients back: %w", r, err)
 	}
 	return rk.Dev.Record(bk.returned, s.ce)
@@ -240,8 +237,23 @@ func (f *Device) PermuteBackward(r int) error {
 	return b.PermuteBackward(r)
 }
 
+// backBytes is what the last step's backward moved in phase 2, from its
+// layout: each moved chunk's output gradients out, its input and
+// probability gradients and its expert's weight gradients (wgrad of them)
+// back.
+func (f *Device) backBytes() (bytes, wgrad int64) {
+	h, wg := int64(f.c.shape.Hidden), kernels.ExpertWGradBytes(f.c.shape.Hidden, f.env.FFN)
+	for _, out := range f.c.lay.out {
+		for _, c := range out {
+			bytes += int64(c.n)*(4*h+4) + wg
+			wgrad += wg
+		}
+	}
+	return bytes, wgrad
+}
+
 // backCopySeconds is the last step's backward phase-2 copy time: per rank,
-// its pulls of output gradients and its returns, the slowest rank's sum.
+// its pushes of output gradients and its returns, the slowest rank's sum.
 func (f *Device) backCopySeconds() (float64, error) {
 	most := 0.0
 	for r := range f.bk {
@@ -251,12 +263,10 @@ func (f *Device) backCopySeconds() (float64, error) {
 			t += ms / 1e3
 			return err
 		}
-		if len(f.c.lay.in[r]) > 0 {
+		if len(f.c.lay.out[r]) > 0 {
 			if err := span(bk.dyStart, bk.dyIn); err != nil {
 				return 0, err
 			}
-		}
-		if len(f.c.lay.out[r]) > 0 {
 			if err := span(bk.retStart, bk.returned); err != nil {
 				return 0, err
 			}
