@@ -483,9 +483,10 @@ func (dl *deviceLayer) compute(r int, w *dispatchers.DeviceWork) error {
 // where it has one, and keeps the fastest.
 var groupedSides = []int{0, 3}
 
-// chooseGrouped runs a few steps with each way of running the expert GEMMs,
-// keeps the one whose expert phases (slowest rank, median) are fastest, and
-// describes the comparison.
+// chooseGrouped runs a few forward passes with each way of running the
+// expert GEMMs (the backward's products do not use it), keeps the one whose
+// expert phases (slowest rank, median) are fastest, and describes the
+// comparison.
 func (dl *deviceLayer) chooseGrouped() (string, error) {
 	const reps = 3
 	best, bestMS, desc := -1, math.Inf(1), ""
@@ -514,7 +515,7 @@ func (dl *deviceLayer) chooseGrouped() (string, error) {
 		}
 		var ms []float64
 		for range reps {
-			if err := dl.step(); err != nil {
+			if err := dl.forwardStep(); err != nil {
 				if i < len(groupedSides) {
 					return "", err
 				}
@@ -599,6 +600,21 @@ func (dl *deviceLayer) plainStep(phs []dispatchers.Step) error {
 	}
 	dl.issueMS = float64(time.Since(t0).Nanoseconds())/1e6 - dl.waitMS
 	return dl.finish()
+}
+
+// forwardStep runs the forward pass alone, as plain launches; a training
+// layer drops the tape it kept.
+func (dl *deviceLayer) forwardStep() error {
+	steps := dl.steps()
+	if err := dl.plainStep(steps[:dl.forward]); err != nil {
+		return err
+	}
+	if dl.train {
+		for r := range dl.ranks {
+			dl.endTape(r)
+		}
+	}
+	return nil
 }
 
 // each runs one job on every device's thread (a barrier).

@@ -230,8 +230,9 @@ func feplbCase() Config {
 // fails the check.
 func TestDeviceFEPLB(t *testing.T) {
 	c := feplbCase()
-	equalsHost(t, c, 1)
-	equalsHost(t, c, 4) // one device per rank: every phase-2 copy goes between devices
+	equalsHost(t, c, 1)  // training steps: the backward's phase 2 too
+	equalsHost(t, c, 4)  // one device per rank: every phase-2 copy goes between devices
+	c.ForwardOnly = true // from here on the forward's phase 2 is the subject
 	dl := deviceRun(t, c, &kernels.Emu{})
 	if cr, err := dl.check(); err != nil || !cr.Passed {
 		t.Fatalf("check: %v, %+v", err, cr)
@@ -317,11 +318,10 @@ func TestDeviceFEPLBSplitsOverHelpers(t *testing.T) {
 	if len(pl.Shares[0]) < 3 {
 		t.Fatalf("premise: expert 0's shares %v, want the owner and two helpers", pl.Shares[0])
 	}
-	for _, n := range []int{1, 4} {
-		equalsHost(t, c, n)
-	}
-	lg := &batchLog{}
+	equalsHost(t, c, 1)  // training steps: expert 0's weight gradients from two helpers
 	c.ForwardOnly = true // the forward's work stays the ranks' Work (a backward sets its own)
+	equalsHost(t, c, 4)
+	lg := &batchLog{}
 	dl := deviceRun(t, c, lg)
 	if cr, err := dl.check(); err != nil || !cr.Passed {
 		t.Fatalf("check: %v, %+v", err, cr)
@@ -406,6 +406,7 @@ func TestDeviceFEPLBRunRecord(t *testing.T) {
 	if !strings.Contains(rb.Note, "rates measured in this run: expert GEMMs") || !strings.Contains(rb.Note, "copies") || !strings.Contains(rb.Note, "share one GPU") {
 		t.Errorf("note %q: want the measured rates and the ranks packed on one device", rb.Note)
 	}
+	c.ForwardOnly = true // the placement's note is the subject
 	if rec, err := Run(c, Env{Version: "test", OpenDevices: emus(4)}); err != nil || rec.Rebalance == nil || strings.Contains(rec.Rebalance.Note, "share one GPU") {
 		t.Errorf("a device per rank: %v, record %+v", err, rec)
 	}
@@ -775,6 +776,7 @@ func TestDeviceDump(t *testing.T) {
 			return files
 		}
 		host, dev := filepath.Join(t.TempDir(), "host"), filepath.Join(t.TempDir(), "dev")
+		c.Iters, c.Warmup = 1, 0 // the dump is the last step's
 		hc := c
 		hc.Device, hc.ForwardOnly = "host", ForwardOnlyReason(c) != "" // the same pass as the device's
 		if _, err := Run(hc, Env{Version: "test", Dump: host}); err != nil {
@@ -830,7 +832,7 @@ func TestDeviceRanksOnSeveralDevices(t *testing.T) {
 		{feplbCase(), 0, []int{0, 1, 2, 3}, false},
 	} {
 		c := tc.c
-		c.GPUs, c.Iters, c.Warmup = tc.gpus, 2, 1
+		c.GPUs, c.Iters, c.Warmup, c.ForwardOnly = tc.gpus, 2, 1, true // the placement is the subject (the backward over devices: TestDeviceFEPLB, TestDeviceLayerEqualsHostLayer)
 		rec, err := Run(c, Env{Version: "test", OpenDevices: emus(4)})
 		if err != nil || rec.Status != results.StatusOK || !rec.Correctness.Passed {
 			t.Fatalf("%s on %d devices: %v, %+v", c.Dispatcher, tc.gpus, err, rec)
@@ -844,6 +846,7 @@ func TestDeviceRanksOnSeveralDevices(t *testing.T) {
 		}
 	}
 	c := feplbCase()
+	c.ForwardOnly = true
 	islands := func(n, most int) ([]kernels.Device, error) {
 		return []kernels.Device{&island{}, &island{}, &island{}, &island{}}, nil
 	}
@@ -852,7 +855,7 @@ func TestDeviceRanksOnSeveralDevices(t *testing.T) {
 		t.Errorf("feplb without peer access: %v, %+v", err, rec)
 	}
 	c = deviceCases()["softmax-natural"] // alltoall copies through host memory: available, and the note says so
-	c.Iters, c.Warmup = 1, 0
+	c.Iters, c.Warmup, c.ForwardOnly = 1, 0, true
 	rec, err = Run(c, Env{Version: "test", OpenDevices: islands})
 	if err != nil || rec.Status != results.StatusOK || !strings.Contains(rec.Ranks.Note, "no peer access 0→1") {
 		t.Errorf("alltoall without peer access: %v, %+v", err, rec.Ranks)
