@@ -186,7 +186,8 @@ func Run(cfg Config, env Env) (*results.Record, error) {
 
 // ForwardOnlyReason says why a run of cfg that was not asked to be
 // forward-only must be: its dispatcher's implementation on the cuda device
-// has no backward in this build; "" when its backward can run (or the
+// has no backward in this build (in its own words where it gives them,
+// dispatchers.ForwardOnly); "" when its backward can run (or the
 // dispatcher cannot be built, which the run itself reports).
 func ForwardOnlyReason(cfg Config) string {
 	if cfg.ForwardOnly || cfg.Device == "host" {
@@ -195,6 +196,9 @@ func ForwardOnlyReason(cfg Config) string {
 	d, err := dispatchers.NewDevice(cfg.Dispatcher, cfg.Impl, cfg.dispatcherEnv())
 	if err != nil || dispatchers.HasBackward(d) {
 		return ""
+	}
+	if f, ok := d.(dispatchers.ForwardOnly); ok {
+		return f.NoBackward()
 	}
 	return fmt.Sprintf("%s (%s) has no backward on the cuda device in this build; the host device runs its forward and backward", cfg.Dispatcher, cfg.Impl)
 }
