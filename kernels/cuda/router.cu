@@ -47,6 +47,23 @@ __device__ __forceinline__ int warp_pick(unsigned key, int e, unsigned &best) {
     return (int)__reduce_min_sync(MB_FULL_MASK, key == best && key != MB_NONE ? (unsigned)e : 0xffffffffu);
 }
 
+// softmax_stats sets mx to the largest of the warp's row of logits (lane l
+// holds z of experts l, l + 32, …) and den to the softmax's denominator
+// Σ exp(z − mx), in every lane.
+__device__ __forceinline__ void softmax_stats(const float (&z)[MB_PER_LANE], int lane, float &mx, float &den) {
+    mx = -3.402823466e38f, den = 0.f;
+#pragma unroll
+    for (int i = 0; i < MB_PER_LANE; i++)
+        if (lane + 32 * i < MB_EXPERTS) mx = fmaxf(mx, z[i]);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(MB_FULL_MASK, mx, o));
+#pragma unroll
+    for (int i = 0; i < MB_PER_LANE; i++)
+        if (lane + 32 * i < MB_EXPERTS) den += expf(z[i] - mx);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) den += __shfl_xor_sync(MB_FULL_MASK, den, o);
+}
+
 extern "C" __global__ void router_topk(const float *logits, const float *bias, int tokens,
                                        int32 *idx, float *probs) {
     const int lane = threadIdx.x & 31;
@@ -72,18 +89,8 @@ extern "C" __global__ void router_topk(const float *logits, const float *bias, i
         }
     }
 #if MB_PRE_SOFTMAX
-    // the row's largest logit and the softmax's denominator, in every lane
-    float mx = -3.402823466e38f, den = 0.f;
-#pragma unroll
-    for (int i = 0; i < MB_PER_LANE; i++)
-        if (lane + 32 * i < MB_EXPERTS) mx = fmaxf(mx, logit[i]);
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(MB_FULL_MASK, mx, o));
-#pragma unroll
-    for (int i = 0; i < MB_PER_LANE; i++)
-        if (lane + 32 * i < MB_EXPERTS) den += expf(logit[i] - mx);
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) den += __shfl_xor_sync(MB_FULL_MASK, den, o);
+    float mx, den;
+    softmax_stats(logit, lane, mx, den);
 #pragma unroll
     for (int i = 0; i < MB_PER_LANE; i++)
         if (lane + 32 * i < MB_EXPERTS) key[i] = score_key(expf(logit[i] - mx) / den);
@@ -194,19 +201,10 @@ extern "C" __global__ void score_backward(const float *logits, const float *dpro
     const float g = chooser ? (float)(MB_SCALE)*dprobs[(long)t * MB_TOPK + lane] : 0.f;
 #if MB_PRE_SOFTMAX
     float z[MB_PER_LANE];
-    float mx = -3.402823466e38f, den = 0.f;
 #pragma unroll
-    for (int i = 0; i < MB_PER_LANE; i++) {
-        z[i] = lane + 32 * i < MB_EXPERTS ? row[lane + 32 * i] : 0.f;
-        if (lane + 32 * i < MB_EXPERTS) mx = fmaxf(mx, z[i]);
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(MB_FULL_MASK, mx, o));
-#pragma unroll
-    for (int i = 0; i < MB_PER_LANE; i++)
-        if (lane + 32 * i < MB_EXPERTS) den += expf(z[i] - mx);
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) den += __shfl_xor_sync(MB_FULL_MASK, den, o);
+    for (int i = 0; i < MB_PER_LANE; i++) z[i] = lane + 32 * i < MB_EXPERTS ? row[lane + 32 * i] : 0.f;
+    float mx, den;
+    softmax_stats(z, lane, mx, den);
     float dot = sel >= 0 ? expf(row[sel] - mx) / den * g : 0.f; // P_sel_i · g_i
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(MB_FULL_MASK, dot, o);
