@@ -17,7 +17,8 @@ import (
 // the next step's routing, so that released weight gradients are taken
 // again) and returns, for each, the output and every gradient by name; a
 // layer that releases its experts' weight gradients has them copied as
-// each rank's become complete.
+// each rank's become complete. A drawn layer must hold no more experts'
+// weights at once than drawGroup allows, and none for the whole run.
 func stepTensors(t *testing.T, c Config) []map[string][]float32 {
 	t.Helper()
 	d, err := dispatchers.New(c.Dispatcher, c.Impl, c.dispatcherEnv())
@@ -46,6 +47,12 @@ func stepTensors(t *testing.T, c Config) []map[string][]float32 {
 		l.SetRouting(step)
 		if err := l.Iteration(d, untimed); err != nil {
 			t.Fatal(err)
+		}
+		if l.hold == HostExpertsDrawn && (l.FC1 != nil || len(l.Ranks[0].Experts) > 0) {
+			t.Fatal("drawn: the layer holds every expert's weights")
+		}
+		if n := drawGroup(c); len(l.drawn) > n {
+			t.Fatalf("drawn: %d experts' weights held at once, at most %d allowed", len(l.drawn), n)
 		}
 		m := layerGrads(l)
 		delete(m, "expert fc1")
