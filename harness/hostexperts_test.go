@@ -21,17 +21,7 @@ import (
 // weights at once than drawGroup allows, and none for the whole run.
 func stepTensors(t *testing.T, c Config) []map[string][]float32 {
 	t.Helper()
-	d, err := dispatchers.New(c.Dispatcher, c.Impl, c.dispatcherEnv())
-	if err != nil {
-		t.Fatal(err)
-	}
-	l, err := NewLayer(c)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := d.Bind(l.Shape, l.Ranks); err != nil {
-		t.Fatal(err)
-	}
+	l, d := bound(t, c)
 	h, f, L := c.Hidden, c.FFN, l.Shape.LocalExperts()
 	wgrads := make([]dispatchers.ExpertWeights, c.Experts) // nil: no segment added to them (zeros)
 	if l.hold != HostExpertsHeld {
@@ -147,17 +137,7 @@ func TestGradCompareByRank(t *testing.T) {
 	c := small()
 	c.HostExperts = HostExpertsByRank
 	for _, fault := range []string{"", "value", "released"} {
-		d, err := dispatchers.New(c.Dispatcher, c.Impl, c.dispatcherEnv())
-		if err != nil {
-			t.Fatal(err)
-		}
-		l, err := NewLayer(c)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := d.Bind(l.Shape, l.Ranks); err != nil {
-			t.Fatal(err)
-		}
+		l, d := bound(t, c)
 		untimed := func(_ string, _ int, fn func() error) error { return fn() }
 		if err := l.Step(d, untimed); err != nil {
 			t.Fatal(err)
