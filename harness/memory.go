@@ -120,6 +120,9 @@ func memParts(c Config, mode string) []memPart {
 		if train { // ReferenceGradsEach: x, dout and dx; logits and probabilities with their gradients; router weight and its gradient; shared expert and its gradients
 			g := ep*T*(24*h+16*E+24*k) + 16*E*h + 8*3*2*h*fs
 			g += w * (8*3*h*f*2 + 8*ep*T*h) // each worker's widened weights, its expert's weight gradients and its copies' input gradients
+			if mode == HostExpertsDrawn {   // and the float32 weights it drew
+				g += w * 4 * 3 * h * f
+			}
 			parts = append(parts, memPart{"float64 gradient reference", g})
 		}
 	}
