@@ -26,9 +26,24 @@ func RegisterSMBudget(name string, b SMBudget) {
 	budgets[name] = b
 }
 
-// SMBudgetOf returns the budget rules of an SM-driven dispatcher; ok is
+var libraryBudgets = map[string]SMBudget{}
+
+// RegisterLibrarySMBudget gives a design's library implementation its own
+// reading of --sms (the library's SM setting).
+func RegisterLibrarySMBudget(name string, b SMBudget) {
+	if _, dup := libraryBudgets[name]; dup {
+		panic("dispatchers: library SM budget of " + name + " registered twice")
+	}
+	libraryBudgets[name] = b
+}
+
+// SMBudgetOf returns the budget rules of an SM-driven dispatcher's
+// implementation impl (a library's own where it registered them); ok is
 // false for the others, which --sms does not concern.
-func SMBudgetOf(name string) (b SMBudget, ok bool) {
+func SMBudgetOf(name, impl string) (b SMBudget, ok bool) {
+	if b, ok = libraryBudgets[name]; ok && impl == ImplLibrary {
+		return b, ok
+	}
 	b, ok = budgets[name]
 	return b, ok
 }

@@ -10,27 +10,38 @@ import (
 // classic Phased), on buffers of a kernels.Device; the phase before the
 // first expert phase sets ExpertX, ExpertProbs and ExpertRows, the last
 // phase writes Y (bf16) with Shared added. A phase queues its work on the
-// rank's stream and returns (a phase that must wait on the host, as
-// DeepEP's notify for its received-token count, is Grouped, so that every
-// rank's work is queued before the wait); collective phases order
-// themselves after other ranks' work with events.
+// rank's stream and returns; collective phases order themselves after
+// other ranks' work with events.
+//
+// Threads: every rank's phases are called from its device's OS thread
+// (DeviceRank.Threads), a device's ranks in rank order, all devices at
+// once, and every device finishes a phase before any starts the next (the
+// layer's barrier between phases): a phase may use what any rank's earlier
+// phases set or recorded (buffers, events, host state), but not what
+// another device's calls of the same phase do. A phase that must wait on
+// the host for the device (alltoall's count exchange) is a HostWaiter's;
+// a wait inside a phase (DeepEP's notify waiting for its counts) waits for
+// the device's own ranks only. Collective libraries (NCCL, NCCL EP) are
+// called by every rank from its own thread in the same phase.
+//
 // The layer synchronizes every stream between steps, so a phase may assume
 // that the previous step's work is done. Each rank's buffers, streams and
 // events are on its own device (DeviceRank.Dev); work on another rank's
 // buffers goes through copies between devices (kernels.CopyOp's devices)
-// or a communicator (kernels.Comm). A collective phase may queue work on
-// every rank's stream from one rank's call (see Grouper).
+// or a communicator (kernels.Comm). A phase may queue work for all of its
+// device's ranks from one rank's call (see Grouper).
 
 // DeviceRank is one EP rank's buffers on the device. Tensors are row-major,
 // bf16 unless noted.
 type DeviceRank struct {
-	ID     int
-	Dev    kernels.Device // the rank's device (ranks may share one)
-	Stream kernels.Stream // a stream of Dev
-	X      kernels.Ptr    // [Tokens, Hidden] input, set by the layer
-	Idx    kernels.Ptr    // [Tokens, TopK] int32 global experts, set by the layer
-	Probs  kernels.Ptr    // [Tokens, TopK] fp32 routing probabilities, set by the layer
-	Shared kernels.Ptr    // [Tokens, Hidden] shared-expert output the last phase adds; 0: none
+	ID      int
+	Dev     kernels.Device   // the rank's device (ranks may share one)
+	Stream  kernels.Stream   // a stream of Dev
+	Threads *kernels.Threads // every device's issuing thread (Dev's among them): what collective setup in Bind runs on
+	X       kernels.Ptr      // [Tokens, Hidden] input, set by the layer
+	Idx     kernels.Ptr      // [Tokens, TopK] int32 global experts, set by the layer
+	Probs   kernels.Ptr      // [Tokens, TopK] fp32 routing probabilities, set by the layer
+	Shared  kernels.Ptr      // [Tokens, Hidden] shared-expert output the last phase adds; 0: none
 
 	// Set by the phase before the experts (Dispatch of the classic phases):
 	// the rows this rank's experts compute, grouped by local expert, and how
@@ -73,7 +84,7 @@ type DeviceRank struct {
 // Y, each segment with its expert's weights. Rows no segment covers are not
 // written.
 type DeviceWork struct {
-	X, Probs, Y kernels.Ptr // Y 0: the rank's ExpertY
+	X, Probs, Y kernels.Ptr // Probs 0: none (a combine applies them); Y 0: the rank's ExpertY
 	Segments    []DeviceSegment
 	// After, when not nil, is an event the rank's stream waits for before the
 	// block (e.g. the arrival of copied rows and weights); Done, when not
@@ -127,22 +138,27 @@ type ClassicDevice interface {
 	Phased
 }
 
-// Grouper is a device dispatcher that issues some phases as one group from
-// the last rank's call (an NCCL group: one thread drives every GPU), queuing
-// work on every rank's stream; Grouped says which (by phase name). The
-// layer times such a phase from start events recorded on every rank's
-// stream before its first call to end events after its last; other phases
-// between events around each rank's own call.
+// Grouper is a device dispatcher that issues some phases once per device,
+// from the call of the device's last rank, for all of the device's ranks
+// (one co-resident launch per GPU); Grouped says which (by phase name). The
+// layer times such a phase from start events recorded on the device's
+// ranks' streams before its first rank's call to end events after its last
+// rank's; other phases between events around each rank's own call.
 type Grouper interface{ Grouped(phase string) bool }
 
 // HostWaiter is a device dispatcher one of whose phases must first wait on
 // the host for the device (alltoall's count exchange: the host needs every
-// rank's counts to size the copies). HostWait(phase) does that wait for
-// every rank; the layer calls it before it records the phase's start
-// events, so that each rank's phase is timed from its own first GPU
-// operation, and reports the wait's wall time on its own. The phase does
-// not wait again.
-type HostWaiter interface{ HostWait(phase string) error }
+// rank's counts to size the copies). HostWait(phase, rank) does rank's
+// wait, on its device's thread; the layer calls it for every rank, and
+// waits for all of them, before it records the phase's start events, so
+// that each rank's phase is timed from its own first GPU operation and may
+// use what every rank's wait brought to the host; it reports the waits'
+// wall time on its own. The phase does not wait again. WaitsBefore says
+// before which phases it waits.
+type HostWaiter interface {
+	WaitsBefore(phase string) bool
+	HostWait(phase string, rank int) error
+}
 
 // Graphable is a device dispatcher whose steps may be issued as CUDA
 // graphs (--cuda-graph): the layer captures the phases between its host
@@ -154,7 +170,6 @@ type HostWaiter interface{ HostWait(phase string) error }
 // runs at every HostWait). NoGraph says why a configuration cannot be, or "".
 type Graphable interface {
 	HostWaiter
-	WaitsBefore(phase string) bool
 	GraphKey(phase string) string
 	NoGraph() string
 }
@@ -169,6 +184,24 @@ type Checker interface{ CheckStep() error }
 // library (NCCL) rather than copies: Transport names it, or is "".
 type Transporter interface{ Transport() string }
 
+// Library is a library implementation that says what ran (Library, after
+// Bind) and how long each rank's library calls took on the host in the
+// last step's phase (HostCallMS: their wall time, the library's internal
+// synchronizations included; ok false for a phase without one).
+type Library interface {
+	Library() LibraryInfo
+	HostCallMS(phase string, rank int) (ms float64, ok bool)
+}
+
+// LibraryInfo is what a library implementation ran.
+type LibraryInfo struct {
+	Design        string // the design it carries, as the record labels it
+	Name, Version string
+	Path          string // the file loaded
+	Detail        string // its mode, layout, options and what it runs over
+	SMs           string // how it spends SMs: --sms's meaning, and the environment's overrides
+}
+
 // DeviceFactory builds a device dispatcher, or returns an *UnavailableError.
 type DeviceFactory func(impl string, env Env) (DeviceDispatcher, error)
 
@@ -182,6 +215,38 @@ func RegisterDevice(name string, f DeviceFactory) {
 	deviceRegistry[name] = f
 }
 
+// LibraryFactory builds a design's library implementation (a real library
+// on the node that implements it, as NCCL EP does HybridEP's and DeepEP's
+// low-latency designs) for env, or returns an *UnavailableError saying
+// why it cannot run there (on the host device it never can).
+type LibraryFactory func(env Env) (DeviceDispatcher, error)
+
+var libraryRegistry = map[string]LibraryFactory{}
+
+// RegisterLibrary makes f the library implementation (--impl library) of
+// the registered dispatcher name, in place of what its own package
+// provides for it.
+func RegisterLibrary(name string, f LibraryFactory) {
+	if _, dup := libraryRegistry[name]; dup {
+		panic("dispatchers: a library implementation of " + name + " registered twice")
+	}
+	libraryRegistry[name] = f
+}
+
+// libraryOnHost is a library implementation's answer on the host device:
+// unavailable, with its factory's reason.
+func libraryOnHost(name string, env Env) (Dispatcher, bool, error) {
+	f, ok := libraryRegistry[name]
+	if !ok {
+		return nil, false, nil
+	}
+	_, err := f(env)
+	if err == nil {
+		err = &UnavailableError{Name: name, Impl: ImplLibrary, Reason: "runs on the cuda device only"}
+	}
+	return nil, true, err
+}
+
 // NewDevice returns the named dispatcher's device implementation. A name
 // with no device implementation in this build is unavailable.
 func NewDevice(name, impl string, env Env) (DeviceDispatcher, error) {
@@ -190,6 +255,13 @@ func NewDevice(name, impl string, env Env) (DeviceDispatcher, error) {
 	}
 	if impl != ImplNative && impl != ImplLibrary {
 		return nil, fmt.Errorf("unknown implementation %q (known: native, library)", impl)
+	}
+	if lib, ok := libraryRegistry[name]; ok && impl == ImplLibrary {
+		d, err := lib(env)
+		if err != nil {
+			return nil, err
+		}
+		return d, declaresPhases(name, d)
 	}
 	f, ok := deviceRegistry[name]
 	if !ok {

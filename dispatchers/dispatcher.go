@@ -310,6 +310,11 @@ func New(name, impl string, env Env) (Dispatcher, error) {
 	if impl != ImplNative && impl != ImplLibrary {
 		return nil, fmt.Errorf("unknown implementation %q (known: native, library)", impl)
 	}
+	if impl == ImplLibrary {
+		if d, ok, err := libraryOnHost(name, env); ok {
+			return d, err
+		}
+	}
 	d, err := f(impl, env)
 	if err != nil {
 		return nil, err

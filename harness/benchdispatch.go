@@ -116,7 +116,7 @@ func (b *DispatchBench) points(cfg Config, names []string, sms []int, point func
 	var first error
 	for _, name := range names {
 		budgets := sms
-		if _, smDriven := dispatchers.SMBudgetOf(name); !smDriven {
+		if _, smDriven := dispatchers.SMBudgetOf(name, cfg.Impl); !smDriven {
 			budgets = []int{0}
 		}
 		for _, n := range budgets {
@@ -124,7 +124,7 @@ func (b *DispatchBench) points(cfg Config, names []string, sms []int, point func
 			c.Dispatcher, c.SMs = name, n
 			p := DispatchPoint{Dispatcher: c.Dispatcher, Impl: c.Impl, SMs: c.SMs, Status: results.StatusFailed}
 			var err error
-			if bg, ok := dispatchers.SMBudgetOf(c.Dispatcher); ok {
+			if bg, ok := dispatchers.SMBudgetOf(c.Dispatcher, c.Impl); ok {
 				if err = bg.Check(c.SMs); err != nil {
 					err = &ConfigError{"sms", c.SMs, c.Dispatcher + ": " + err.Error()}
 				}

@@ -19,11 +19,12 @@ import (
 
 // benchLayer builds the device layer of one benchmark point: rt's ranks on
 // devs (spread as a run spreads them), d bound to them.
-func benchLayer(l *Layer, rt *roundTrip, devs []kernels.Device, d dispatchers.DeviceDispatcher) (*deviceLayer, error) {
+func benchLayer(l *Layer, rt *roundTrip, devs []kernels.Device, th *kernels.Threads, d dispatchers.DeviceDispatcher) (*deviceLayer, error) {
 	c := l.Cfg
 	T, h, k := c.Tokens, c.Hidden, c.TopK
 	dl := &deviceLayer{l: l, devs: devs, on: rankDevices(c.EP, len(devs)), d: d, rr: make([]devRank, c.EP), dc: make([]devCommon, len(devs)),
 		start: map[string][]kernels.Event{}, end: map[string][]kernels.Event{}}
+	dl.newThreads(th)
 	for i, dev := range devs {
 		var err error
 		if dl.dc[i].beginS, err = dev.NewStream(); err != nil {
@@ -36,7 +37,7 @@ func benchLayer(l *Layer, rt *roundTrip, devs []kernels.Device, d dispatchers.De
 	for r := range c.EP {
 		dev := devs[dl.on[r]]
 		dl.dc[dl.on[r]].ranks++
-		rk := &dispatchers.DeviceRank{ID: r, Dev: dev}
+		rk := &dispatchers.DeviceRank{ID: r, Dev: dev, Threads: th}
 		dl.ranks = append(dl.ranks, rk)
 		var err error
 		if rk.Stream, err = dev.NewStream(); err != nil {
@@ -144,9 +145,11 @@ func benchDevicePoint(c Config, l *Layer, devs []kernels.Device, p DispatchPoint
 	if err != nil {
 		return fail(err)
 	}
-	defer d.Close()
+	th := kernels.NewThreads(devs)
+	defer th.Close()
+	defer d.Close() // before the threads end
 	rt := newRoundTrip(l.Shape, l.X, l.Ranks)
-	dl, err := benchLayer(l, rt, devs, d)
+	dl, err := benchLayer(l, rt, devs, th, d)
 	defer dl.closeBench()
 	if err != nil {
 		return fail(err)

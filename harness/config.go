@@ -247,7 +247,7 @@ func (c Config) Validate() error {
 	case c.HostExperts != "" && c.HostExperts != HostExpertsAuto && c.HostExperts != HostExpertsHeld && movesWeights(c):
 		return &ConfigError{"host-experts", c.HostExperts, c.Dispatcher + " moves whole experts' weights and weight gradients between ranks, so the layer holds them all: allowed: auto, held"}
 	}
-	if b, ok := dispatchers.SMBudgetOf(c.Dispatcher); ok {
+	if b, ok := dispatchers.SMBudgetOf(c.Dispatcher, c.Impl); ok {
 		if err := b.Check(c.SMs); err != nil {
 			return &ConfigError{"sms", c.SMs, c.Dispatcher + ": " + err.Error()}
 		}
@@ -271,7 +271,7 @@ func (c Config) Record() results.Config {
 	if c.Dispatcher == "feplb" {
 		r.FeplbBase, r.FeplbDynamic, r.FeplbPolicy = c.FeplbBase, c.FeplbDyn, c.FeplbPolicy
 	}
-	if _, ok := dispatchers.SMBudgetOf(c.Dispatcher); ok {
+	if _, ok := dispatchers.SMBudgetOf(c.Dispatcher, c.Impl); ok {
 		r.CommTimeoutS = c.CommTimeout.Seconds()
 	}
 	return r

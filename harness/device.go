@@ -27,6 +27,8 @@ type deviceLayer struct {
 	l     *Layer
 	devs  []kernels.Device
 	on    []int // device index of each rank
+	th    *kernels.Threads
+	of    [][]int // the ranks of each device
 	d     dispatchers.DeviceDispatcher
 	ranks []*dispatchers.DeviceRank
 	rr    []devRank
@@ -37,6 +39,35 @@ type deviceLayer struct {
 	issueMS    float64                    // the last step's host issue time (see step)
 	graph      *graphs                    // --cuda-graph: the captured segments (graph.go); nil: plain launches
 	waitMS     float64                    // the last step's host waits before phases (dispatchers.HostWaiter)
+	job        job                        // what the devices' threads do next (see work)
+	work       func(dev int) error        // dl.issue, made once: issuing a step allocates nothing
+}
+
+// job is one piece of a step for every device's thread (issue): a phase
+// (with begin, the step's start first), a host wait before one, the
+// step's start alone, or its end.
+type job struct {
+	kind  int
+	ph    *dispatchers.Step
+	begin bool
+}
+
+// Jobs of the devices' threads.
+const (
+	jobPhase    = iota // issue ph for the device's ranks between their events
+	jobHostWait        // the dispatcher's host wait before ph for the device's ranks
+	jobBegin           // the devices' begin events (after device 0's), their ranks' streams after them
+	jobSync            // wait for the device's streams
+)
+
+// newThreads makes the issuing threads of dl's devices and the devices'
+// rank lists (see deviceLayer).
+func (dl *deviceLayer) newThreads(th *kernels.Threads) {
+	dl.th, dl.work = th, dl.issue
+	dl.of = make([][]int, len(dl.devs))
+	for r, d := range dl.on {
+		dl.of[d] = append(dl.of[d], r)
+	}
 }
 
 // devCommon is what the ranks of one device share.
@@ -75,13 +106,14 @@ type devRank struct {
 }
 
 // newDeviceLayer uploads l's inputs and weights to devs (the ranks spread
-// over them) and binds d.
-func newDeviceLayer(l *Layer, devs []kernels.Device, d dispatchers.DeviceDispatcher) (*deviceLayer, error) {
+// over them) and binds d; th are devs' issuing threads (one each).
+func newDeviceLayer(l *Layer, devs []kernels.Device, th *kernels.Threads, d dispatchers.DeviceDispatcher) (*deviceLayer, error) {
 	c := l.Cfg
 	T, h, f, E, k := c.Tokens, c.Hidden, c.FFN, c.Experts, c.TopK
 	fs, L := c.FFN*c.SharedExperts, l.Shape.LocalExperts()
 	dl := &deviceLayer{l: l, devs: devs, on: rankDevices(c.EP, len(devs)), d: d, rr: make([]devRank, c.EP), dc: make([]devCommon, len(devs)),
 		start: map[string][]kernels.Event{}, end: map[string][]kernels.Event{}}
+	dl.newThreads(th)
 	up := func(dev kernels.Device, p *kernels.Ptr, counter *int64, host any, s kernels.Stream) error {
 		b, err := kernels.HostBytes(host)
 		if err != nil {
@@ -126,7 +158,7 @@ func newDeviceLayer(l *Layer, devs []kernels.Device, d dispatchers.DeviceDispatc
 	for r := range c.EP {
 		b, dev := &dl.rr[r], devs[dl.on[r]]
 		dl.dc[dl.on[r]].ranks++
-		rk := &dispatchers.DeviceRank{ID: r, Dev: dev}
+		rk := &dispatchers.DeviceRank{ID: r, Dev: dev, Threads: th}
 		var err error
 		if rk.Stream, err = dev.NewStream(); err != nil {
 			return nil, err
@@ -406,7 +438,11 @@ func (dl *deviceLayer) compute(r int, w *dispatchers.DeviceWork) error {
 	if err := b.grouped.Run(rk.Dev, fc(b.h1, w.X, lo, 0, false, 2*f, h), 2*f, h, rk.Stream); err != nil {
 		return err
 	}
-	if err := rk.Dev.SwiGLU(b.act, b.h1, w.Probs+kernels.Ptr(4*lo), hi-lo, f, rk.Stream); err != nil {
+	probs := w.Probs // 0: no probabilities (the combine applies them)
+	if probs != 0 {
+		probs += kernels.Ptr(4 * lo)
+	}
+	if err := rk.Dev.SwiGLU(b.act, b.h1, probs, hi-lo, f, rk.Stream); err != nil {
 		return err
 	}
 	return b.grouped.Run(rk.Dev, fc(y, b.act, 0, lo, true, h, f), h, f, rk.Stream)
@@ -498,16 +534,19 @@ func (dl *deviceLayer) chooseGrouped() (string, error) {
 	return "chosen: " + options[best][0].Name() + " (median of " + fmt.Sprint(reps) + " steps each — " + desc + ")", nil
 }
 
-// step runs one forward pass: every phase for every rank, each phase between
-// two events on each rank's stream, then waits for every stream. Every rank
-// starts from its device's begin event, which follows device 0's. A phase's
-// events bracket each rank's own call, except for a phase the dispatcher
-// issues as one group (dispatchers.Grouper): its start events are all
-// recorded before the first call and its end events after the last, so that
-// each rank's time holds the work the group queues on its stream. A
-// dispatcher's host wait before a phase (dispatchers.HostWaiter) comes
-// before the phase's start events, so that no rank's phase time holds it;
-// waitMS is its wall time. issueMS is the host's wall time from the first
+// step runs one forward pass: every phase for every rank, each device's
+// ranks issued from the device's own thread, all devices at once, a
+// barrier between phases (dispatchers' contract); each phase between two
+// events on each rank's stream; then every stream is waited for. Every
+// rank starts from its device's begin event, which follows device 0's. A
+// phase's events bracket each rank's own call, except for a phase the
+// dispatcher issues once per device (dispatchers.Grouper): the device's
+// start events are all recorded before its first rank's call and its end
+// events after its last, so that each rank's time holds the work the
+// device's call queues on its stream. A dispatcher's host wait before a
+// phase (dispatchers.HostWaiter) comes before the phase's start events, so
+// that no rank's phase time holds it; waitMS is its wall time, every
+// device's wait included. issueMS is the host's wall time from the first
 // call to the last call's return, before waiting for the streams, less
 // waitMS.
 func (dl *deviceLayer) step() error {
@@ -516,14 +555,93 @@ func (dl *deviceLayer) step() error {
 	}
 	t0 := time.Now()
 	dl.waitMS = 0
-	if err := dl.begin(); err != nil {
+	if err := dl.begin0(); err != nil {
 		return err
 	}
-	if err := dl.phases(dl.steps(), true); err != nil {
+	if err := dl.phases(dl.steps(), true, true); err != nil {
 		return err
 	}
 	dl.issueMS = float64(time.Since(t0).Nanoseconds())/1e6 - dl.waitMS
 	return dl.finish()
+}
+
+// each runs one job on every device's thread (a barrier).
+func (dl *deviceLayer) each(kind int, ph *dispatchers.Step, begin bool) error {
+	dl.job = job{kind, ph, begin}
+	return dl.th.Each(dl.work)
+}
+
+// issue is dl.job for device dev's ranks, on its thread.
+func (dl *deviceLayer) issue(dev int) error {
+	j := dl.job
+	ranks := dl.of[dev]
+	m := &dl.dc[dev]
+	if j.begin || j.kind == jobBegin {
+		if err := dl.beginDevice(dev); err != nil {
+			return err
+		}
+	}
+	switch j.kind {
+	case jobBegin:
+		return nil
+	case jobPhase:
+		return dl.issuePhase(dev, j.ph)
+	case jobHostWait:
+		hw := dl.d.(dispatchers.HostWaiter)
+		for _, r := range ranks {
+			if err := hw.HostWait(j.ph.Name, r); err != nil {
+				return fmt.Errorf("rank %d: %w", r, err)
+			}
+		}
+		return nil
+	case jobSync:
+		if err := dl.devs[dev].SyncStream(m.beginS); err != nil {
+			return err
+		}
+		for _, r := range ranks {
+			if err := dl.ranks[r].Dev.SyncStream(dl.ranks[r].Stream); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	return fmt.Errorf("harness: job %d", j.kind)
+}
+
+// issuePhase issues ph for device dev's ranks between their events (see
+// step).
+func (dl *deviceLayer) issuePhase(dev int, ph *dispatchers.Step) error {
+	ranks := dl.of[dev]
+	g, _ := dl.d.(dispatchers.Grouper)
+	together := g != nil && g.Grouped(ph.Name)
+	mark := func(evs []kernels.Event, rs []int) error {
+		for _, r := range rs {
+			if err := dl.ranks[r].Dev.Record(evs[r], dl.ranks[r].Stream); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	for i, r := range ranks {
+		bracket := ranks[i : i+1] // the ranks whose events bracket this call
+		if together {
+			bracket = ranks
+		}
+		if !together || i == 0 {
+			if err := mark(dl.start[ph.Name], bracket); err != nil {
+				return err
+			}
+		}
+		if err := ph.Run(r); err != nil {
+			return fmt.Errorf("%s on rank %d: %w", ph.Name, r, err)
+		}
+		if !together || i == len(ranks)-1 {
+			if err := mark(dl.end[ph.Name], bracket); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // finish waits for every stream, then asks the dispatcher what its kernels
@@ -538,71 +656,59 @@ func (dl *deviceLayer) finish() error {
 	return nil
 }
 
-// begin records each device's begin event (each after device 0's) and
-// makes every rank's stream wait for its device's.
-func (dl *deviceLayer) begin() error {
-	for i, dev := range dl.devs {
-		m := &dl.dc[i]
-		if i > 0 {
-			if err := dev.Wait(m.beginS, dl.dc[0].begin); err != nil {
-				return err
-			}
+// begin0 records device 0's begin event, on the calling goroutine: device
+// 0's thread (kernels.Threads), before the other devices' threads wait for
+// it (beginDevice).
+func (dl *deviceLayer) begin0() error { return dl.devs[0].Record(dl.dc[0].begin, dl.dc[0].beginS) }
+
+// beginDevice, on device dev's thread after begin0: its begin event (after
+// device 0's), and its ranks' streams after it.
+func (dl *deviceLayer) beginDevice(dev int) error {
+	m := &dl.dc[dev]
+	if dev > 0 {
+		if err := dl.devs[dev].Wait(m.beginS, dl.dc[0].begin); err != nil {
+			return err
 		}
-		if err := dev.Record(m.begin, m.beginS); err != nil {
+		if err := dl.devs[dev].Record(m.begin, m.beginS); err != nil {
 			return err
 		}
 	}
-	for r, rk := range dl.ranks {
-		if err := rk.Dev.Wait(rk.Stream, dl.dc[dl.on[r]].begin); err != nil {
+	for _, r := range dl.of[dev] {
+		if err := dl.ranks[r].Dev.Wait(dl.ranks[r].Stream, m.begin); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-// phases issues phs for every rank between their events (see step); with
-// hostWaits, the dispatcher's host wait before a phase first (adding to
-// waitMS).
-func (dl *deviceLayer) phases(phs []dispatchers.Step, hostWaits bool) error {
-	mark := func(evs []kernels.Event, lo, hi int) error { // ranks [lo, hi)
-		for r := lo; r < hi; r++ {
-			if err := dl.ranks[r].Dev.Record(evs[r], dl.ranks[r].Stream); err != nil {
-				return err
-			}
-		}
-		return nil
+// begin records each device's begin event (each after device 0's) and
+// makes every rank's stream wait for its device's.
+func (dl *deviceLayer) begin() error {
+	if err := dl.begin0(); err != nil {
+		return err
 	}
-	n := len(dl.ranks)
-	g, _ := dl.d.(dispatchers.Grouper)
+	return dl.each(jobBegin, nil, false)
+}
+
+// phases issues phs for every rank between their events (see step), with
+// begin the step's start (begin0 done) with the first; with hostWaits, the
+// dispatcher's host wait before a phase first (adding to waitMS).
+func (dl *deviceLayer) phases(phs []dispatchers.Step, begin, hostWaits bool) error {
 	hw, _ := dl.d.(dispatchers.HostWaiter)
-	for _, ph := range phs {
-		if hw != nil && hostWaits { // before the phase's start events: it is timed from its own first GPU operation
+	for i := range phs {
+		ph := &phs[i]
+		if hw != nil && hostWaits && hw.WaitsBefore(ph.Name) { // before the phase's start events: it is timed from its own first GPU operation
 			t := time.Now()
-			if err := hw.HostWait(ph.Name); err != nil {
+			if err := dl.each(jobHostWait, ph, begin); err != nil {
 				return fmt.Errorf("%s: host wait: %w", ph.Name, err)
 			}
 			dl.waitMS += float64(time.Since(t).Nanoseconds()) / 1e6
+			begin = false
 		}
-		together := g != nil && g.Grouped(ph.Name)
-		for r := range n {
-			lo, hi := r, r+1 // the ranks whose events bracket this call
-			if together {
-				lo, hi = 0, n
-			}
-			if !together || r == 0 {
-				if err := mark(dl.start[ph.Name], lo, hi); err != nil {
-					return err
-				}
-			}
-			if err := ph.Run(r); err != nil {
-				return fmt.Errorf("%s on rank %d: %w", ph.Name, r, err)
-			}
-			if !together || r == n-1 {
-				if err := mark(dl.end[ph.Name], lo, hi); err != nil {
-					return err
-				}
-			}
+		if err := dl.each(jobPhase, ph, begin); err != nil {
+			return err
 		}
+		begin = false
 	}
 	return nil
 }
@@ -638,19 +744,8 @@ func (dl *deviceLayer) setRouting(step int) error {
 	return dl.sync()
 }
 
-func (dl *deviceLayer) sync() error {
-	for i, dev := range dl.devs {
-		if err := dev.SyncStream(dl.dc[i].beginS); err != nil {
-			return err
-		}
-	}
-	for _, rk := range dl.ranks {
-		if err := rk.Dev.SyncStream(rk.Stream); err != nil {
-			return err
-		}
-	}
-	return nil
-}
+// sync waits for every stream, each device's on its thread.
+func (dl *deviceLayer) sync() error { return dl.each(jobSync, nil, false) }
 
 // times reads the last step's events: each phase's time per rank, and each
 // rank's step (from the common start to the rank's last event), in ms.
@@ -672,6 +767,30 @@ func (dl *deviceLayer) times(samples map[string][][]float64, step [][]float64) e
 		step[r] = append(step[r], ms)
 	}
 	return nil
+}
+
+// hostCalls adds the last step's library calls' wall time per phase and
+// rank (dispatchers.Library) to m.
+func (dl *deviceLayer) hostCalls(m *measured) {
+	lib, ok := dl.d.(dispatchers.Library)
+	if !ok {
+		return
+	}
+	for _, ph := range dl.steps() {
+		for r := range dl.ranks {
+			ms, ok := lib.HostCallMS(ph.Name, r)
+			if !ok {
+				continue
+			}
+			if m.hostCall == nil {
+				m.hostCall = map[string][][]float64{}
+			}
+			if m.hostCall[ph.Name] == nil {
+				m.hostCall[ph.Name] = make([][]float64, len(dl.ranks))
+			}
+			m.hostCall[ph.Name][r] = append(m.hostCall[ph.Name][r], ms)
+		}
+	}
 }
 
 // refFLOPBudget bounds the float64 reference's expert work (all experts'
@@ -796,10 +915,13 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 	defer prog.finish()
 	devs, err := env.devices(cfg.GPUs, cfg.EP)
 	if err != nil {
+		d.Close()
 		return fail(results.StatusUnavailable, fmt.Errorf("device %s: %w", cfg.Device, err))
 	}
 	defer closeDevices(devs)
-	defer d.Close()
+	th := kernels.NewThreads(devs)
+	defer th.Close()
+	defer d.Close() // before the threads end: a library's ranks are closed on them
 	dev := devs[0]
 	tuneGEMMs(devs, true) // until the timed steps
 	rec.Ranks.Devices = rankDevices(cfg.EP, len(devs))
@@ -808,12 +930,17 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 	if err != nil {
 		return nil, err // only a trace can fail here: a *ConfigError
 	}
-	dl, err := newDeviceLayer(l, devs, d)
+	dl, err := newDeviceLayer(l, devs, th, d)
 	if dispatchers.IsUnavailable(err) { // the dispatcher's gate on these devices
 		return dispatcherError(rec, cfg, err)
 	}
 	if err != nil {
 		return fail(deviceStatus(err), err)
+	}
+	if lib, ok := d.(dispatchers.Library); ok {
+		li := lib.Library()
+		rec.Library = &results.Library{Design: li.Design, Name: li.Name, Version: li.Version, Path: li.Path, Detail: li.Detail}
+		rec.SMs.Note = li.SMs
 	}
 	if t, ok := d.(dispatchers.Transporter); ok && t.Transport() != "" {
 		rec.Ranks.Note = ranksNote(cfg.EP, devs, t.Transport())
@@ -834,17 +961,17 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 	}
 	excluded := "cuBLASLt workspaces and the CUDA context"
 	if cfg.Impl == dispatchers.ImplLibrary {
-		excluded = "cuBLASLt workspaces, the CUDA context and the library's own buffers (NCCL's)"
+		excluded = "cuBLASLt workspaces, the CUDA context and the library's own buffers (NCCL's, NCCL EP's)"
 	}
 	m := measured{samples: map[string][][]float64{}, step: make([][]float64, cfg.EP),
 		clock: "CUDA events on each rank's stream (" + dev.Name() + ")",
 		model: "each phase's sample is its slowest rank's event-timed duration; a rank's step runs from a start event every rank waits for (one per GPU, each after GPU 0's) to the rank's last event, the step sample is the slowest rank's. " +
-			"Ranks run concurrently, so phases overlap and do not add up to the step. Each phase is timed from its own first GPU operation: a dispatcher's host wait before a phase (alltoall's count exchange) is outside every phase and reported as host_wait_ms; the step's time, from the common start, holds it",
+			"Ranks run concurrently, so phases overlap and do not add up to the step. Each GPU's ranks are issued from the GPU's own thread, the GPUs at once, every GPU finishing a phase's calls before any starts the next. Each phase is timed from its own first GPU operation: a dispatcher's host wait before a phase (alltoall's count exchange) is outside every phase and reported as host_wait_ms; the step's time, from the common start, holds it",
 		mem: &results.Memory{Method: "device buffers, accounted: the bytes moebench allocated for the rank (layer and dispatcher buffers, its share of the router and shared-expert weights), excluding " + excluded}}
 	for _, ph := range dl.steps() {
 		m.phases = append(m.phases, ph.Name)
 		if g, ok := d.(dispatchers.Grouper); ok && g.Grouped(ph.Name) {
-			m.model += fmt.Sprintf(". %s is issued as one group by the last rank's call: each rank's %s time runs from before the first rank's call to after the last's", ph.Name, ph.Name)
+			m.model += fmt.Sprintf(". %s is issued once per GPU by the GPU's last rank's call: each rank's %s time runs from before its GPU's first rank's call to after the last's", ph.Name, ph.Name)
 		}
 	}
 	m.samples = m.newSamples(cfg.EP)
@@ -915,6 +1042,7 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 			return err
 		}
 		m.issue = append(m.issue, dl.issueMS)
+		dl.hostCalls(&m)
 		if _, ok := d.(dispatchers.HostWaiter); ok {
 			m.hostWait = append(m.hostWait, dl.waitMS)
 		}

@@ -35,7 +35,7 @@ func Fingerprint(device, note, version string) results.Stack {
 		} else {
 			s.GPU = &results.GPUStack{Model: g.Model, Count: g.Count, SMs: g.SMs, CopyEngines: g.CopyEngines,
 				MemoryBytes: g.MemoryBytes, Driver: g.Driver, CUDADriver: g.CUDADriver, NVRTC: g.NVRTC, CuBLASLt: g.CuBLASLt,
-				NCCL: g.NCCL, SMClockMHz: g.SMClockMHz, MemClockMHz: g.MemClockMHz, PowerLimitW: g.PowerLimitW,
+				NCCL: g.NCCL, NCCLEP: g.NCCLEP, SMClockMHz: g.SMClockMHz, MemClockMHz: g.MemClockMHz, PowerLimitW: g.PowerLimitW,
 				Topology: g.Topology, Unread: g.Unread}
 		}
 	}

@@ -101,7 +101,7 @@ func (dl *deviceLayer) stepGraph() error {
 	for i, seg := range gs.segments(dl.steps()) {
 		if gs.g.WaitsBefore(seg[0].Name) {
 			t := time.Now()
-			if err := gs.g.HostWait(seg[0].Name); err != nil {
+			if err := dl.each(jobHostWait, &seg[0], false); err != nil {
 				return fmt.Errorf("%s: host wait: %w", seg[0].Name, err)
 			}
 			dl.waitMS += float64(time.Since(t).Nanoseconds()) / 1e6
@@ -132,7 +132,7 @@ func (dl *deviceLayer) stepGraph() error {
 			gs.captures++
 			gs.cache[seg[0].Name] = keyed{key, graph}
 		}
-		if err := gs.capturer.LaunchGraph(graph, gs.origin); err != nil {
+		if err := dl.onDevice0(func() error { return gs.capturer.LaunchGraph(graph, gs.origin) }); err != nil {
 			return err
 		}
 		gs.launches++
@@ -152,16 +152,18 @@ func (dl *deviceLayer) plain(seg []dispatchers.Step, first bool) error {
 			return err
 		}
 	}
-	return dl.phases(seg, false)
+	return dl.phases(seg, false, false)
 }
 
 // capture records seg as a graph: begun on the origin stream, the ranks'
 // streams joining (through the begin events in the first segment, a fork
-// event after), joined back at the end. A refused call ends the capture
-// and returns the driver's error; nothing of the segment has run then.
+// event after), joined back at the end. The capture is begun and ended on
+// device 0's thread; every device's thread issues its ranks' work into it.
+// A refused call ends the capture and returns the driver's error; nothing
+// of the segment has run then.
 func (dl *deviceLayer) capture(seg []dispatchers.Step, first bool) (*kernels.Graph, error) {
 	gs := dl.graph
-	if err := gs.capturer.BeginCapture(gs.origin); err != nil {
+	if err := dl.onDevice0(func() error { return gs.capturer.BeginCapture(gs.origin) }); err != nil {
 		return nil, err
 	}
 	err := func() error {
@@ -172,60 +174,90 @@ func (dl *deviceLayer) capture(seg []dispatchers.Step, first bool) (*kernels.Gra
 		} else if err := dl.forkRanks(); err != nil {
 			return err
 		}
-		if err := dl.phases(seg, false); err != nil {
+		if err := dl.phases(seg, false, false); err != nil {
 			return err
 		}
 		return dl.joinBack(first)
 	}()
-	graph, endErr := gs.capturer.EndCapture(gs.origin)
+	var graph *kernels.Graph
+	var endErr error
+	dl.onDevice0(func() error {
+		graph, endErr = gs.capturer.EndCapture(gs.origin)
+		return nil
+	})
 	if err != nil { // the refused call's error says more than the invalidated capture's
 		if graph != nil {
-			gs.capturer.FreeGraph(graph)
+			dl.onDevice0(func() error { return gs.capturer.FreeGraph(graph) })
 		}
 		return nil, err
 	}
 	return graph, endErr
 }
 
+// onDevice0 runs f on device 0's thread.
+func (dl *deviceLayer) onDevice0(f func() error) error {
+	return dl.th.Each(func(dev int) error {
+		if dev != 0 {
+			return nil
+		}
+		return f()
+	})
+}
+
 // forkRanks makes every rank's stream wait for the origin stream's work so
-// far (inside a capture: the ranks' streams join it).
+// far (inside a capture: the ranks' streams join it): the fork event
+// recorded on device 0's thread, then each device's ranks waiting for it
+// on theirs.
 func (dl *deviceLayer) forkRanks() error {
 	gs := dl.graph
-	if err := dl.devs[0].Record(gs.fork, gs.origin); err != nil {
+	if err := dl.onDevice0(func() error { return dl.devs[0].Record(gs.fork, gs.origin) }); err != nil {
 		return err
 	}
-	for _, rk := range dl.ranks {
-		if err := rk.Dev.Wait(rk.Stream, gs.fork); err != nil {
-			return err
+	return dl.th.Each(func(dev int) error {
+		for _, r := range dl.of[dev] {
+			if err := dl.ranks[r].Dev.Wait(dl.ranks[r].Stream, gs.fork); err != nil {
+				return err
+			}
 		}
-	}
-	return nil
+		return nil
+	})
 }
 
 // joinBack makes the origin stream wait for every rank's stream (and, in
-// the first segment, every device's begin stream).
+// the first segment, every device's begin stream): each device's thread
+// records its join events, then device 0's waits for them all.
 func (dl *deviceLayer) joinBack(first bool) error {
 	gs := dl.graph
-	for r, rk := range dl.ranks {
-		if err := rk.Dev.Record(gs.join[r], rk.Stream); err != nil {
-			return err
+	err := dl.th.Each(func(dev int) error {
+		for _, r := range dl.of[dev] {
+			if err := dl.ranks[r].Dev.Record(gs.join[r], dl.ranks[r].Stream); err != nil {
+				return err
+			}
 		}
-		if err := dl.devs[0].Wait(gs.origin, gs.join[r]); err != nil {
-			return err
+		if first && dev > 0 {
+			return dl.devs[dev].Record(gs.joinDev[dev-1], dl.dc[dev].beginS)
 		}
-	}
-	if !first {
 		return nil
+	})
+	if err != nil {
+		return err
 	}
-	for i, dev := range dl.devs[1:] {
-		if err := dev.Record(gs.joinDev[i], dl.dc[i+1].beginS); err != nil {
-			return err
+	return dl.onDevice0(func() error {
+		for r := range dl.ranks {
+			if err := dl.devs[0].Wait(gs.origin, gs.join[r]); err != nil {
+				return err
+			}
 		}
-		if err := dl.devs[0].Wait(gs.origin, gs.joinDev[i]); err != nil {
-			return err
+		if !first {
+			return nil
 		}
-	}
-	return nil
+		for i := range dl.devs[1:] {
+			if err := dl.devs[0].Wait(gs.origin, gs.joinDev[i]); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
 }
 
 // free frees the cached graphs (the streams idle).

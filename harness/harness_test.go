@@ -291,12 +291,12 @@ func TestCheckCatchesWrongDispatch(t *testing.T) {
 }
 
 func TestUnavailableDispatcherRecordsNoTiming(t *testing.T) {
-	for _, name := range []string{"hybridep"} {
+	for _, name := range []string{"hybridep", "deepep"} {
 		c := small()
 		c.Dispatcher, c.Impl = name, "library"
 		rec, err := Run(c, Env{Version: "test"})
 		if !dispatchers.IsUnavailable(err) || rec.Status != results.StatusUnavailable || rec.Timing != nil ||
-			!strings.Contains(rec.Reason, "no library implementation") {
+			!strings.Contains(rec.Reason, "NCCL EP cannot run here: it runs on GPUs, and this run is on the host device") {
 			t.Errorf("%s: status %s, reason %q, err %v", name, rec.Status, rec.Reason, err)
 		}
 	}

@@ -282,7 +282,7 @@ func newRecord(cfg Config, env Env) *results.Record {
 		Ranks:  results.Ranks{EP: cfg.EP, Devices: make([]int, cfg.EP)},
 		SMs:    results.SMs{Configured: cfg.SMs, Measured: "not measured on the host device"},
 	}
-	if b, ok := dispatchers.SMBudgetOf(cfg.Dispatcher); ok {
+	if b, ok := dispatchers.SMBudgetOf(cfg.Dispatcher, cfg.Impl); ok {
 		rec.SMs.Budget = b.Resolve(cfg.SMs)
 	}
 	if cfg.Device == "host" {
@@ -316,8 +316,9 @@ type measured struct {
 	// phases[:forward] are the forward's, the rest the backward's; 0: all
 	// are the forward's (the iterations timed the forward only)
 	forward  int
-	issue    []float64 // device runs: each timed step's host issue time, ms
-	hostWait []float64 // device runs: each timed step's host wait before phases (alltoall's counts), ms
+	issue    []float64              // device runs: each timed step's host issue time, ms
+	hostWait []float64              // device runs: each timed step's host wait before phases (alltoall's counts), ms
+	hostCall map[string][][]float64 // a library implementation's: [phase][rank][iter] its calls' wall time, ms
 	buffers  []results.Buffer
 	stopped  string // why fewer iterations ran than asked for (--max-seconds)
 }
@@ -440,6 +441,10 @@ func fillMeasurements(rec *results.Record, cfg Config, m measured) {
 	lockstep := make([]float64, cfg.Iters)
 	for _, name := range m.phases {
 		p := phaseStats(name, m.samples[name])
+		if hc := m.hostCall[name]; hc != nil {
+			s := phaseStats(name, hc).Stat
+			p.HostCall = &s
+		}
 		for i, v := range p.Samples {
 			lockstep[i] += v
 		}

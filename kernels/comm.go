@@ -4,38 +4,47 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
-	"unsafe"
+	"slices"
+	"sync"
+	"time"
 
 	"github.com/moebench/moebench/internal/cuda"
 )
 
 // Comm is a communicator over the ranks of a run, one rank per device: it
 // moves data between ranks with grouped point-to-point transfers (NCCL on
-// CUDA), each side on its rank's stream.
+// CUDA), each side on its rank's stream, each rank's side issued from its
+// device's thread (Threads).
 type Comm interface {
 	// Name says what moves the data, with its version.
 	Name() string
-	// Exchange queues xs as one group: each transfer's send on its source
-	// rank's stream, its receive on its destination's. Transfers of no
-	// bytes are skipped; the rest of a rank's stream's work keeps its
-	// order around them.
-	Exchange(xs []Xfer) error
+	// Exchange queues rank's side of one group of transfers on its
+	// stream, from its device's thread: its sends and its receives. Every
+	// rank calls it for the group (a collective: NCCL waits, and the fakes
+	// time out, until every rank's side is queued); between two ranks, the
+	// k-th send of one meets the k-th receive of the other from it, of the
+	// same size. A rank may send to itself. Transfers of no bytes are
+	// skipped (on both sides: their sizes agree); the rest of the stream's
+	// work keeps its order around them.
+	Exchange(rank int, sends, recvs []Transfer) error
 	Close() error
 }
 
-// Xfer is one transfer of a group: Bytes from rank From's Src to rank To's
-// Dst (From and To may be the same rank).
-type Xfer struct {
-	From, To int
-	Src, Dst Ptr
-	Bytes    int64
+// Transfer is one side of a transfer: Bytes of Buf (on the calling rank's
+// device) to or from rank Peer.
+type Transfer struct {
+	Peer  int
+	Buf   Ptr
+	Bytes int64
 }
 
-// checkRanks: every transfer is between ranks of n, of no negative size.
-func checkRanks(xs []Xfer, n int) error {
-	for _, x := range xs {
-		if x.From < 0 || x.From >= n || x.To < 0 || x.To >= n || x.Bytes < 0 {
-			return fmt.Errorf("a transfer of %d bytes from rank %d to rank %d of %d", x.Bytes, x.From, x.To, n)
+// checkPeers: every transfer is with a rank of n, of no negative size.
+func checkPeers(rank int, sends, recvs []Transfer, n int) error {
+	for i, xs := range [][]Transfer{sends, recvs} {
+		for _, x := range xs {
+			if x.Peer < 0 || x.Peer >= n || x.Bytes < 0 || rank < 0 || rank >= n {
+				return fmt.Errorf("rank %d of %d: a %s of %d bytes with rank %d", rank, n, [2]string{"send", "receive"}[i], x.Bytes, x.Peer)
+			}
 		}
 	}
 	return nil
@@ -48,9 +57,10 @@ type NoCommError struct{ Reason string }
 func (e *NoCommError) Error() string { return e.Reason }
 
 // OpenComm makes a communicator over devs, rank r on devs[r] with its work
-// on streams[r]: NCCL when every device is a GPU, an emulated one over Emu
-// devices (for tests). NCCL needs one GPU per rank.
-func OpenComm(devs []Device, streams []Stream) (Comm, error) {
+// on streams[r], each rank joined from its device's thread of th: NCCL
+// when every device is a GPU (ncclCommInitRank, one unique id), an
+// emulated one over Emu devices (for tests). NCCL needs one GPU per rank.
+func OpenComm(th *Threads, devs []Device, streams []Stream) (Comm, error) {
 	if len(devs) == 0 || len(devs) != len(streams) {
 		return nil, fmt.Errorf("a communicator over %d devices with %d streams", len(devs), len(streams))
 	}
@@ -61,90 +71,146 @@ func OpenComm(devs []Device, streams []Stream) (Comm, error) {
 			}
 		}
 	}
+	rankOf, err := threadRanks(th, devs)
+	if err != nil {
+		return nil, err
+	}
 	if _, ok := devs[0].(emuBacked); ok {
 		return openEmuComm(devs, streams)
 	}
-	ords := make([]int, len(devs))
 	for r, d := range devs {
-		g, ok := d.(*CUDA)
-		if !ok {
+		if _, ok := d.(*CUDA); !ok {
 			return nil, &NoCommError{fmt.Sprintf("rank %d's device is %s: NCCL needs GPUs", r, d.Name())}
 		}
-		ords[r] = g.Ordinal
 	}
 	lib, err := cuda.OpenNCCL()
 	if err != nil {
 		return nil, &NoCommError{err.Error()}
 	}
-	drv := devs[0].(*CUDA).Drv
-	comms, err := lib.InitAll(ords)
-	drv.ContextChanged()
+	id, err := lib.UniqueID()
 	if err != nil {
 		return nil, err
 	}
-	return &ncclComm{lib: lib, comms: comms, drv: drv, streams: streams}, nil
+	n := &ncclComm{lib: lib, comms: make([]cuda.Comm, len(devs)), streams: streams, th: th, rankOf: rankOf}
+	err = th.Each(func(dev int) error {
+		r := rankOf[dev]
+		if r < 0 {
+			return nil
+		}
+		g := devs[r].(*CUDA)
+		if err := g.use(); err != nil {
+			return err
+		}
+		c, err := lib.InitRank(len(devs), id, r)
+		g.Drv.ContextChanged()
+		n.comms[r] = c
+		return err
+	})
+	if err != nil {
+		n.Close()
+		return nil, err
+	}
+	return n, nil
 }
 
-// ncclComm is a Comm over GPUs of one process: one NCCL communicator per GPU
-// (ncclCommInitAll), each group of transfers in one ncclGroupStart/End.
+// threadRanks is the rank of each of th's threads (−1: a device with no
+// rank); every rank's device must have a thread.
+func threadRanks(th *Threads, devs []Device) ([]int, error) {
+	if th == nil {
+		return nil, fmt.Errorf("a communicator needs its devices' threads (kernels.Threads)")
+	}
+	rankOf := make([]int, len(th.Devices()))
+	for i := range rankOf {
+		rankOf[i] = -1
+	}
+	for r, d := range devs {
+		i := th.Of(d)
+		if i < 0 {
+			return nil, fmt.Errorf("rank %d's device (%s) has no thread", r, d.Name())
+		}
+		rankOf[i] = r
+	}
+	return rankOf, nil
+}
+
+// ncclComm is a Comm over GPUs of one process: one NCCL communicator per
+// GPU (ncclCommInitRank), each rank's side of a group in one
+// ncclGroupStart/End on its thread.
 type ncclComm struct {
 	lib     *cuda.NCCL
 	comms   []cuda.Comm
-	drv     *cuda.Driver // the GPUs' (NCCL changes its current context)
 	streams []Stream
+	th      *Threads
+	rankOf  []int // each thread's rank
 }
 
 func (n *ncclComm) Name() string { return "NCCL " + n.lib.Version + " (grouped ncclSend/ncclRecv)" }
 
-// Exchange checks every transfer before the group starts: a send whose
-// receive is never posted would hang the GPUs, not fail.
-func (n *ncclComm) Exchange(xs []Xfer) error {
-	if err := checkRanks(xs, len(n.comms)); err != nil {
+func (n *ncclComm) Exchange(rank int, sends, recvs []Transfer) error {
+	if err := checkPeers(rank, sends, recvs, len(n.comms)); err != nil {
 		return err
 	}
 	if err := n.lib.GroupStart(); err != nil {
 		return err
 	}
-	var errs []error
-	for _, x := range xs {
-		if x.Bytes == 0 {
-			continue
-		}
-		if err := n.lib.Send(x.Src, x.Bytes, x.To, n.comms[x.From], n.streams[x.From]); err != nil {
-			errs = append(errs, err)
-			break
-		}
-		if err := n.lib.Recv(x.Dst, x.Bytes, x.From, n.comms[x.To], n.streams[x.To]); err != nil {
-			errs = append(errs, err)
-			break
+	var first error
+	c, s := n.comms[rank], n.streams[rank]
+	for _, x := range sends {
+		if x.Bytes > 0 && first == nil {
+			first = n.lib.Send(x.Buf, x.Bytes, x.Peer, c, s)
 		}
 	}
-	errs = append(errs, n.lib.GroupEnd()) // a group opened is closed, also after an error
-	n.drv.ContextChanged()
-	return errors.Join(errs...)
+	for _, x := range recvs {
+		if x.Bytes > 0 && first == nil {
+			first = n.lib.Recv(x.Buf, x.Bytes, x.Peer, c, s)
+		}
+	}
+	err := n.lib.GroupEnd() // a group opened is closed, also after an error
+	if first != nil {
+		err = errors.Join(first, err)
+	}
+	if err != nil {
+		return fmt.Errorf("rank %d: %w", rank, err)
+	}
+	return nil
 }
 
+// Close destroys each rank's communicator on its thread.
 func (n *ncclComm) Close() error {
-	var errs []error
-	for _, c := range n.comms {
-		errs = append(errs, n.lib.Destroy(c))
-	}
-	n.comms = nil
-	n.drv.ContextChanged()
-	return errors.Join(errs...)
+	err := n.th.Each(func(dev int) error {
+		r := n.rankOf[dev]
+		if r < 0 || n.comms[r] == nil {
+			return nil
+		}
+		err := n.lib.Destroy(n.comms[r])
+		n.comms[r] = nil
+		return err
+	})
+	return err
 }
 
-// emuComm is a Comm over Emu devices: each group is copied at once (Emu runs
-// work when it is queued), each buffer from and to its rank's device; the
-// send reads on its rank's stream and the receive writes on its own, after
-// the send's stream work (Emu's stream-order check).
+// emuComm is a Comm over Emu devices, which run work when it is queued: a
+// rank's sends are taken at its call (the bytes as they are then, the
+// send's stream position for the order check); its receives wait for the
+// matching sends of their peers' calls (at most collectiveWait: a peer
+// that never calls is an error, where NCCL would hang), then copy and are
+// ordered after the send's stream work.
 type emuComm struct {
 	emus    []*Emu
 	streams []Stream
+	mu      sync.Mutex
+	cv      *sync.Cond
+	box     map[[2]int][]emuMail // (from, to): sends not yet received, in order
+}
+
+type emuMail struct {
+	data  []byte
+	clock clock
 }
 
 func openEmuComm(devs []Device, streams []Stream) (Comm, error) {
-	c := &emuComm{}
+	c := &emuComm{box: map[[2]int][]emuMail{}}
+	c.cv = sync.NewCond(&c.mu)
 	for r, d := range devs {
 		b, ok := d.(emuBacked)
 		if !ok {
@@ -161,33 +227,74 @@ func openEmuComm(devs []Device, streams []Stream) (Comm, error) {
 
 func (c *emuComm) Name() string { return "emulated send/recv (host memory copies)" }
 
-func (c *emuComm) Exchange(xs []Xfer) error {
-	if err := checkRanks(xs, len(c.emus)); err != nil {
+func (c *emuComm) Exchange(rank int, sends, recvs []Transfer) error {
+	if err := checkPeers(rank, sends, recvs, len(c.emus)); err != nil {
 		return err
 	}
-	for _, x := range xs {
+	e, s := c.emus[rank], c.streams[rank]
+	for _, x := range sends {
 		if x.Bytes == 0 {
 			continue
 		}
-		src, err := c.emus[x.From].bytesAt(x.Src, x.Bytes)
+		src, err := e.bytesAt(x.Buf, x.Bytes)
 		if err != nil {
-			return fmt.Errorf("emu: rank %d's send: %w", x.From, err)
+			return fmt.Errorf("emu: rank %d's send to rank %d: %w", rank, x.Peer, err)
 		}
-		dst, err := c.emus[x.To].bytesAt(x.Dst, x.Bytes)
-		if err != nil {
-			return fmt.Errorf("emu: rank %d's receive: %w", x.To, err)
-		}
-		from, to := c.emus[x.From], c.emus[x.To]
-		if err := from.queue("send", c.streams[x.From], from.rd(x.Src, x.Bytes)); err != nil {
+		if err := e.queue("send", s, e.rd(x.Buf, x.Bytes)); err != nil {
 			return err
 		}
-		orderAfter(c.streams[x.To], (*emuStream)(unsafe.Pointer(c.streams[x.From])).clock) // a receive completes after its send
-		if err := to.queue("receive", c.streams[x.To], to.wr(x.Dst, x.Bytes)); err != nil {
+		m := emuMail{data: slices.Clone(src), clock: streamClock(s)}
+		c.mu.Lock()
+		k := [2]int{rank, x.Peer}
+		c.box[k] = append(c.box[k], m)
+		c.cv.Broadcast()
+		c.mu.Unlock()
+	}
+	for _, x := range recvs {
+		if x.Bytes == 0 {
+			continue
+		}
+		dst, err := e.bytesAt(x.Buf, x.Bytes)
+		if err != nil {
+			return fmt.Errorf("emu: rank %d's receive from rank %d: %w", rank, x.Peer, err)
+		}
+		m, err := c.take([2]int{x.Peer, rank})
+		if err != nil {
+			return fmt.Errorf("emu: rank %d's receive of %d bytes from rank %d: %w", rank, x.Bytes, x.Peer, err)
+		}
+		if int64(len(m.data)) != x.Bytes {
+			return fmt.Errorf("emu: rank %d's receive of %d bytes from rank %d met a send of %d", rank, x.Bytes, x.Peer, len(m.data))
+		}
+		orderAfter(s, m.clock) // a receive completes after its send
+		if err := e.queue("receive", s, e.wr(x.Buf, x.Bytes)); err != nil {
 			return err
 		}
-		copy(dst, src)
+		copy(dst, m.data)
 	}
 	return nil
+}
+
+// take waits for the next send on pair k, at most collectiveWait.
+func (c *emuComm) take(k [2]int) (emuMail, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	expired := false
+	t := time.AfterFunc(collectiveWait, func() {
+		c.mu.Lock()
+		expired = true
+		c.cv.Broadcast()
+		c.mu.Unlock()
+	})
+	defer t.Stop()
+	for len(c.box[k]) == 0 && !expired {
+		c.cv.Wait()
+	}
+	if len(c.box[k]) == 0 {
+		return emuMail{}, fmt.Errorf("no matching send after %v (the peer never called Exchange: NCCL would hang)", collectiveWait)
+	}
+	m := c.box[k][0]
+	c.box[k] = c.box[k][1:]
+	return m, nil
 }
 
 func (c *emuComm) Close() error { return nil }

@@ -7,9 +7,10 @@ import (
 	"testing"
 )
 
-// exchangeCase runs one group on two ranks: rank g sends its first half to
-// the other rank and its second to itself, plus a transfer of no bytes; it
-// checks what each rank received.
+// exchangeCase runs one group on two ranks, each rank's side from its
+// device's thread: rank g sends its first half to the other rank and its
+// second to itself, plus a transfer of no bytes; it checks what each rank
+// received.
 func exchangeCase(t *testing.T, devs []Device) {
 	t.Helper()
 	ok := func(err error) {
@@ -18,6 +19,8 @@ func exchangeCase(t *testing.T, devs []Device) {
 			t.Fatal(err)
 		}
 	}
+	th := NewThreads(devs)
+	defer th.Close()
 	var s [2]Stream
 	var src, dst [2]Ptr
 	for g, d := range devs {
@@ -29,22 +32,25 @@ func exchangeCase(t *testing.T, devs []Device) {
 		dst[g], err = d.Alloc(16)
 		ok(err)
 	}
-	c, err := OpenComm(devs, s[:])
+	c, err := OpenComm(th, devs, s[:])
 	ok(err)
-	for g := 1; g >= 0; g-- { // rank 0's device used last before the exchange
-		ok(devs[g].Upload(src[g], []int32{int32(10 * g), int32(10*g + 1), int32(10*g + 2), int32(10*g + 3)}, s[g]))
-	}
-	var xs []Xfer
-	for g := range 2 {
-		xs = append(xs, Xfer{From: g, To: 1 - g, Src: src[g], Dst: dst[1-g], Bytes: 8},
-			Xfer{From: g, To: g, Src: src[g] + 8, Dst: dst[g] + 8, Bytes: 8}, Xfer{From: g, To: 1 - g})
-	}
-	ok(c.Exchange(xs))
-	// rank 0's device right after: in its own context (NCCL may have left
-	// another current), an allocation is usable on its stream
-	p, err := devs[0].Alloc(4)
-	ok(err)
-	ok(devs[0].Upload(p, []int32{7}, s[0]))
+	ok(th.Each(func(g int) error {
+		if err := devs[g].Upload(src[g], []int32{int32(10 * g), int32(10*g + 1), int32(10*g + 2), int32(10*g + 3)}, s[g]); err != nil {
+			return err
+		}
+		sends := []Transfer{{Peer: 1 - g, Buf: src[g], Bytes: 8}, {Peer: g, Buf: src[g] + 8, Bytes: 8}, {Peer: 1 - g}}
+		recvs := []Transfer{{Peer: 1 - g, Buf: dst[g], Bytes: 8}, {Peer: g, Buf: dst[g] + 8, Bytes: 8}, {Peer: 1 - g}}
+		if err := c.Exchange(g, sends, recvs); err != nil {
+			return err
+		}
+		// the device right after: in its own context (NCCL may have left
+		// another current), an allocation is usable on its stream
+		p, err := devs[g].Alloc(4)
+		if err != nil {
+			return err
+		}
+		return devs[g].Upload(p, []int32{7}, s[g])
+	}))
 	for g, want := range [][]int32{{10, 11, 2, 3}, {0, 1, 12, 13}} {
 		got := make([]int32, 4)
 		ok(devs[g].Download(got, dst[g], s[g]))
@@ -52,10 +58,44 @@ func exchangeCase(t *testing.T, devs []Device) {
 			t.Errorf("%s: rank %d received %v, want %v", c.Name(), g, got, want)
 		}
 	}
-	if err := c.Exchange([]Xfer{{From: 0, To: 2, Bytes: 4}}); err == nil || !strings.Contains(err.Error(), "rank 2 of 2") {
+	if err := c.Exchange(0, []Transfer{{Peer: 2, Bytes: 4}}, nil); err == nil || !strings.Contains(err.Error(), "rank 0 of 2: a send of 4 bytes with rank 2") {
 		t.Errorf("%s: a transfer to a third rank: %v", c.Name(), err)
 	}
 	ok(c.Close())
+}
+
+// brokenExchange: a rank that never calls leaves its peer's receive
+// without a send, which fails (the fake NCCL marks the GPU failed, so the
+// next synchronization does; Emu says so at once) instead of hanging.
+func brokenExchange(t *testing.T, devs []Device) error {
+	t.Helper()
+	th := NewThreads(devs)
+	defer th.Close()
+	var s [2]Stream
+	var buf [2]Ptr
+	for g, d := range devs {
+		var err error
+		if s[g], err = d.NewStream(); err != nil {
+			t.Fatal(err)
+		}
+		if buf[g], err = d.Alloc(16); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c, err := OpenComm(th, devs, s[:])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	return th.Each(func(g int) error {
+		if g == 1 {
+			return nil // rank 1 skips the group
+		}
+		if err := c.Exchange(0, nil, []Transfer{{Peer: 1, Buf: buf[0], Bytes: 16}}); err != nil {
+			return err
+		}
+		return devs[0].SyncStream(s[0])
+	})
 }
 
 // TestCommOnTheFakeNCCL: two GPUs of the fake driver exchange through the
@@ -74,14 +114,20 @@ func TestCommOnTheFakeNCCL(t *testing.T) {
 		devs = append(devs, &CUDA{Drv: drv, Ordinal: i, Ctx: ctx, allocs: map[Ptr]bool{}, peers: map[int]bool{}})
 	}
 	exchangeCase(t, devs)
+	t.Setenv("FAKENCCL_TIMEOUT_S", "1")
+	if err := brokenExchange(t, devs); err == nil || !strings.Contains(err.Error(), "CUDA_ERROR_LAUNCH_FAILED") {
+		t.Errorf("a rank that skips the group: %v", err)
+	}
 
 	s, _ := devs[0].NewStream()
+	th := NewThreads(devs)
+	defer th.Close()
 	var nc *NoCommError
-	if _, err := OpenComm([]Device{devs[0], devs[0]}, []Stream{s, s}); !errors.As(err, &nc) || !strings.Contains(err.Error(), "ranks 0 and 1 share a device") {
+	if _, err := OpenComm(th, []Device{devs[0], devs[0]}, []Stream{s, s}); !errors.As(err, &nc) || !strings.Contains(err.Error(), "ranks 0 and 1 share a device") {
 		t.Errorf("two ranks on one GPU: %v", err)
 	}
 	t.Setenv("MOEBENCH_NCCL", "/nonexistent/libnccl.so.2")
-	if _, err := OpenComm(devs[:1], []Stream{s}); !errors.As(err, &nc) || !strings.Contains(err.Error(), "does not load") {
+	if _, err := OpenComm(th, devs[:1], []Stream{s}); !errors.As(err, &nc) || !strings.Contains(err.Error(), "does not load") {
 		t.Errorf("no NCCL: %v", err)
 	}
 }
@@ -91,11 +137,13 @@ func TestCommOnTheFakeNCCL(t *testing.T) {
 func TestCommOnEmu(t *testing.T) {
 	devs := []Device{&Emu{}, &Emu{}}
 	exchangeCase(t, devs)
+	th := NewThreads(devs)
+	defer th.Close()
 	s0, _ := devs[0].NewStream()
-	if _, err := OpenComm(devs, []Stream{s0, s0}); err == nil || !strings.Contains(err.Error(), "rank 1: emu: a stream of another device") {
+	if _, err := OpenComm(th, devs, []Stream{s0, s0}); err == nil || !strings.Contains(err.Error(), "rank 1: emu: a stream of another device") {
 		t.Errorf("rank 1 with rank 0's stream: %v", err)
 	}
-	if _, err := OpenComm(devs, []Stream{s0}); err == nil {
+	if _, err := OpenComm(th, devs, []Stream{s0}); err == nil {
 		t.Error("two devices and one stream: accepted")
 	}
 }

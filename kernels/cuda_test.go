@@ -584,7 +584,9 @@ func TestGPUNCCL(t *testing.T) {
 	v := randBF16(g, 1<<20+3)
 	src, _ := p.put(v)
 	dst, _ := p.out(len(v))
-	comm, err := OpenComm([]Device{p.c}, []Stream{p.cs})
+	th := NewThreads([]Device{p.c})
+	defer th.Close()
+	comm, err := OpenComm(th, []Device{p.c}, []Stream{p.cs})
 	var no *NoCommError
 	if errors.As(err, &no) {
 		t.Skipf("no NCCL: %v", err)
@@ -593,7 +595,10 @@ func TestGPUNCCL(t *testing.T) {
 	defer comm.Close()
 	t.Log(comm.Name())
 	n := int64(2 * len(v))
-	p.ok(comm.Exchange([]Xfer{{Src: src, Dst: dst, Bytes: n / 2}, {}, {Src: src + Ptr(n/2), Dst: dst + Ptr(n/2), Bytes: n - n/2}}))
+	p.ok(th.Each(func(int) error {
+		return comm.Exchange(0, []Transfer{{Buf: src, Bytes: n / 2}, {}, {Buf: src + Ptr(n/2), Bytes: n - n/2}},
+			[]Transfer{{Buf: dst, Bytes: n / 2}, {}, {Buf: dst + Ptr(n/2), Bytes: n - n/2}})
+	}))
 	got := make([]uint16, len(v))
 	p.ok(p.c.Download(got, dst, p.cs))
 	same(t, "NCCL self-exchange", got, v)

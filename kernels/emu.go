@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"sync"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -20,10 +21,13 @@ import (
 // Several Emus stand for several GPUs: each has its own address range, and
 // its streams and events belong to it, so that using one rank's buffer,
 // stream or event on another rank's device fails as it would on GPUs.
+// Each Emu may be used from its own thread (Threads), as GPUs are: a
+// peer's copy may look its memory up while it allocates.
 type Emu struct {
 	// SMs is the SM count it reports (SMCount; 0: 132, an H100's), the
 	// most blocks of a resident launch (resident.go).
 	SMs    int
+	mu     sync.Mutex // next and allocs
 	next   Ptr
 	allocs []*emuAlloc // sorted by base
 }
@@ -68,7 +72,9 @@ func (e *Emu) of(d Device) (*Emu, error) {
 }
 
 // on checks that s is one of e's streams (nil passes: internal copies)
-// and takes work: no collective launch on it waits for its other parts.
+// and takes work: it waits until no collective launch on it waits for its
+// other parts (queued from other devices' threads), at most
+// collectiveWait.
 func (e *Emu) on(s Stream) error {
 	if s == nil {
 		return nil
@@ -77,8 +83,8 @@ func (e *Emu) on(s Stream) error {
 	if st.owner != e {
 		return fmt.Errorf("emu: a stream of another device")
 	}
-	if st.pending != "" {
-		return fmt.Errorf("emu: work on a stream whose collective launch of %s still waits for its other parts (Emu runs it when the last is queued: queue every part first)", st.pending)
+	if kernel := waitPending(st); kernel != "" {
+		return fmt.Errorf("emu: work on a stream whose collective launch of %s still waits for its other parts after %v (Emu runs it when the last is queued: every part must be queued, each from its device's thread)", kernel, collectiveWait)
 	}
 	return nil
 }
@@ -89,6 +95,8 @@ func (e *Emu) Alloc(bytes int64) (Ptr, error) {
 	if bytes < 0 {
 		return 0, fmt.Errorf("emu: allocation of %d bytes", bytes)
 	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
 	if e.next == 0 {
 		e.newSpace()
 	}
@@ -99,14 +107,27 @@ func (e *Emu) Alloc(bytes int64) (Ptr, error) {
 }
 
 func (e *Emu) Free(p Ptr) error {
-	i, ok := slices.BinarySearchFunc(e.allocs, p, func(a *emuAlloc, p Ptr) int { return cmpPtr(a.base, p) })
+	find := func() (int, bool) {
+		return slices.BinarySearchFunc(e.allocs, p, func(a *emuAlloc, p Ptr) int { return cmpPtr(a.base, p) })
+	}
+	e.mu.Lock()
+	i, ok := find()
+	var a *emuAlloc
+	if ok {
+		a = e.allocs[i]
+	}
+	e.mu.Unlock()
 	if !ok {
 		return fmt.Errorf("emu: free of %#x, which is not an allocation", uint64(p))
 	}
-	if op := e.allocs[i].pending(); op != "" {
+	if op := a.pending(); op != "" { // order's lock, not e.mu's: queue takes e.mu under it
 		return fmt.Errorf("emu: stream order: free of %#x, which %s may still use (the host has not waited for it)", uint64(p), op)
 	}
-	e.allocs = slices.Delete(e.allocs, i, i+1)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if i, ok = find(); ok {
+		e.allocs = slices.Delete(e.allocs, i, i+1)
+	}
 	return nil
 }
 
@@ -122,6 +143,8 @@ func cmpPtr(a, b Ptr) int {
 
 // alloc is the allocation holding [p, p+n).
 func (e *Emu) alloc(p Ptr, n int64) (*emuAlloc, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
 	i := sort.Search(len(e.allocs), func(i int) bool { return e.allocs[i].base > p }) - 1
 	if i < 0 || n < 0 || p+Ptr(n) > e.allocs[i].base+Ptr(len(e.allocs[i].mem)) {
 		return nil, fmt.Errorf("emu: [%#x, +%d bytes) is outside every allocation", uint64(p), n)
@@ -270,7 +293,12 @@ func (e *Emu) SyncStream(s Stream) error {
 	return nil
 }
 
-func (e *Emu) Close() error { e.allocs = nil; return nil }
+func (e *Emu) Close() error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.allocs = nil
+	return nil
+}
 
 func (e *Emu) Record(ev Event, s Stream) error {
 	v := (*emuEvent)(unsafe.Pointer(ev))

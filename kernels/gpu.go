@@ -34,6 +34,7 @@ type CUDA struct {
 	Ctx      cuda.Context // the GPU's primary context
 	Arch     string       // sm_XY
 	SMs      int
+	cc       int          // compute capability ×10
 	peers    map[int]bool // GPUs (ordinals) whose memory this one reaches
 
 	fns   map[kernelKey]cuda.Function
@@ -201,7 +202,7 @@ func openGPU(drv *cuda.Driver, ordinal int, cacheDir string) (*CUDA, error) {
 	if err != nil {
 		return nil, err
 	}
-	if cc := 10*major + minor; cc < minCC {
+	if c.cc = 10*major + minor; c.cc < minCC {
 		return nil, fmt.Errorf("GPU %d has compute capability %d.%d: moebench's kernels need %d.%d or later (bf16 conversions, redux.sync)",
 			ordinal, major, minor, minCC/10, minCC%10)
 	}
@@ -273,6 +274,9 @@ func chooseArch(cc int, archs []int) (string, error) {
 }
 
 func (c *CUDA) Name() string { return "cuda" }
+
+// CC is the GPU's compute capability ×10 (90: sm_90).
+func (c *CUDA) CC() int { return c.cc }
 
 // use makes c's context current (a no-op when it is; see
 // cuda.Driver.SetCurrent). Every call that queues work or makes an object

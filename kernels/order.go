@@ -101,6 +101,12 @@ func (e *Emu) queue(op string, s Stream, spans ...span) error {
 	if err := e.on(s); err != nil {
 		return err
 	}
+	return e.record(op, s, spans...)
+}
+
+// record is queue without waiting for a pending collective launch on s: a
+// twin's accesses, made while its launch is the one pending.
+func (e *Emu) record(op string, s Stream, spans ...span) error {
 	st := (*emuStream)(unsafe.Pointer(s))
 	order.Lock()
 	defer order.Unlock()
@@ -183,6 +189,16 @@ func orderAfter(s Stream, c clock) {
 	order.Lock()
 	defer order.Unlock()
 	(*emuStream)(unsafe.Pointer(s)).clock.join(c)
+}
+
+// streamClock is a copy of s's clock: what its work queued so far stands
+// for.
+func streamClock(s Stream) clock {
+	order.Lock()
+	defer order.Unlock()
+	c := clock{}
+	c.join((*emuStream)(unsafe.Pointer(s)).clock)
+	return c
 }
 
 // eventDone reports whether the host has waited for v's work.

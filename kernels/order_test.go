@@ -26,11 +26,16 @@ func (r *orderRig) elapsed() error {
 // send sends n bytes from rank 0 (a, stream a1) to rank 1 (b, stream b1)
 // through the emulated communicator.
 func (r *orderRig) send(src, dst Ptr, n int64) error {
-	c, err := OpenComm([]Device{r.a, r.b}, []Stream{r.a1, r.b1})
+	th := NewThreads([]Device{r.a, r.b})
+	defer th.Close()
+	c, err := OpenComm(th, []Device{r.a, r.b}, []Stream{r.a1, r.b1})
 	if err != nil {
 		return err
 	}
-	return c.Exchange([]Xfer{{From: 0, To: 1, Src: src, Dst: dst, Bytes: n}})
+	if err := c.Exchange(0, []Transfer{{Peer: 1, Buf: src, Bytes: n}}, nil); err != nil { // the send first: Emu's receive waits for it
+		return err
+	}
+	return c.Exchange(1, nil, []Transfer{{Peer: 0, Buf: dst, Bytes: n}})
 }
 
 func newOrderRig(t *testing.T) *orderRig {

@@ -5,6 +5,8 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"sync"
+	"time"
 	"unsafe"
 
 	"github.com/moebench/moebench/internal/cuda"
@@ -45,33 +47,46 @@ func (p *Program) key() string {
 // Collective is one step of an SM-driven design: a launch of Prog on each
 // of Parts devices, whose blocks wait on each other. Each device's launch
 // covers all of its ranks (its kernel finds its ranks from its block
-// index): two launches on one device could not be relied on to be resident
-// together, so LaunchResident refuses a second part on a device until the
-// step is complete. A Collective is used for one step after another.
+// index), each device's thread launches its part: a device's n-th launch
+// is its part of the collective's n-th round, which is complete once all
+// Parts devices have launched theirs, each always on one stream (two
+// streams of one device would be two launches whose blocks are not
+// guaranteed to be resident together). A Collective is used round after
+// round (a step may launch it more than once).
 type Collective struct {
-	Prog  *Program
-	Parts int
-	devs  []Device   // the parts launched in this step
-	emu   []TwinPart // Emu's parts, until the last
+	Prog   *Program
+	Parts  int
+	mu     sync.Mutex        // parts come from every device's thread
+	n      map[Device]int    // launches per device
+	stream map[Device]Stream // the stream of each device's launches
+	got    map[int]int       // parts launched per round not yet complete
+	emu    map[int][]TwinPart
 }
 
 // NewCollective makes the collective of parts launches of p.
 func NewCollective(p *Program, parts int) *Collective { return &Collective{Prog: p, Parts: parts} }
 
-// join adds a part on dev; done reports that it was the step's last.
-func (c *Collective) join(dev Device) (done bool, err error) {
+// join adds a part on dev's stream s to its round; done reports that it
+// completed the round. c.mu is held.
+func (c *Collective) join(dev Device, s Stream) (round int, done bool, err error) {
 	if c.Parts < 1 {
-		return false, fmt.Errorf("%s: a collective of %d parts", c.Prog.Kernel, c.Parts)
+		return 0, false, fmt.Errorf("%s: a collective of %d parts", c.Prog.Kernel, c.Parts)
 	}
-	if slices.Contains(c.devs, dev) {
-		return false, fmt.Errorf("%s: a second launch on one device in one step: two launches' blocks are not guaranteed to be resident together (cover the device's ranks with one launch)", c.Prog.Kernel)
+	if c.n == nil {
+		c.n, c.stream, c.got, c.emu = map[Device]int{}, map[Device]Stream{}, map[int]int{}, map[int][]TwinPart{}
 	}
-	c.devs = append(c.devs, dev)
-	if len(c.devs) < c.Parts {
-		return false, nil
+	if first, ok := c.stream[dev]; ok && first != s || !ok && len(c.n) == c.Parts {
+		return 0, false, fmt.Errorf("%s: a second launch on one device, on another stream, or a part on a device beyond the collective's %d: two launches' blocks are not guaranteed to be resident together (cover the device's ranks with one launch)",
+			c.Prog.Kernel, c.Parts)
 	}
-	c.devs = c.devs[:0]
-	return true, nil
+	c.stream[dev] = s
+	round = c.n[dev]
+	c.n[dev]++
+	if c.got[round]++; c.got[round] < c.Parts {
+		return round, false, nil
+	}
+	delete(c.got, round)
+	return round, true, nil
 }
 
 // ResidencyError is a launch whose blocks cannot all be resident at once:
@@ -167,7 +182,10 @@ func (c *CUDA) LaunchResident(col *Collective, grid int, s Stream, args ...any) 
 	if grid < 1 || grid > per*c.SMs {
 		return c.residency(p, f, grid, per)
 	}
-	if _, err := col.join(c); err != nil {
+	col.mu.Lock()
+	_, _, err = col.join(c, s)
+	col.mu.Unlock()
+	if err != nil {
 		return err
 	}
 	err = c.Drv.LaunchCooperative(f, [3]uint32{uint32(grid), 1, 1}, [3]uint32{uint32(p.Block), 1, 1}, uint32(p.Shared), s, args...)
@@ -283,7 +301,7 @@ func (t TwinPart) access(p Ptr, n int64, write bool) ([]byte, error) {
 	if e == nil {
 		return nil, fmt.Errorf("emu: %s: %#x is no device's memory", t.name, uint64(p))
 	}
-	if err := t.Dev.queue(t.name, t.Stream, span{e, p, n, write}); err != nil {
+	if err := t.Dev.record(t.name, t.Stream, span{e, p, n, write}); err != nil { // t.Stream's pending launch is this one
 		return nil, err
 	}
 	return e.bytesAt(p, n)
@@ -330,8 +348,9 @@ func (e *Emu) SMCount() int {
 // streams are ordered after each other's earlier work (the kernels'
 // opening barrier), Prog.Twin runs with all parts, and they are ordered
 // after each other again (each kernel ends after receiving what the others
-// sent). Until then, more work on a part's stream is refused: Emu runs
-// work when it is queued, so it would run before the collective.
+// sent). Until then, more work on a part's stream waits (Emu runs work when
+// it is queued, so it would run before the collective): each device's
+// thread queues its part, and the last part's thread runs the twin.
 func (e *Emu) LaunchResident(col *Collective, grid int, s Stream, args ...any) error {
 	p := col.Prog
 	if err := e.on(s); err != nil || s == nil {
@@ -343,21 +362,26 @@ func (e *Emu) LaunchResident(col *Collective, grid int, s Stream, args ...any) e
 	if p.Twin == nil {
 		return fmt.Errorf("emu: %s has no twin", p.Kernel)
 	}
-	done, err := col.join(e)
+	col.mu.Lock()
+	round, done, err := col.join(e, s)
 	if err != nil {
+		col.mu.Unlock()
 		return err
 	}
-	st := (*emuStream)(unsafe.Pointer(s))
-	col.emu = append(col.emu, TwinPart{Dev: e, Stream: s, Grid: grid, Args: args, name: p.Kernel})
-	st.pending = p.Kernel
-	if !done {
+	parts := append(col.emu[round], TwinPart{Dev: e, Stream: s, Grid: grid, Args: args, name: p.Kernel})
+	col.emu[round] = parts
+	if !done { // marked while the lock is held: the round's last part clears it after
+		setPending((*emuStream)(unsafe.Pointer(s)), p.Kernel)
+		col.mu.Unlock()
 		return nil
 	}
-	parts := col.emu
-	col.emu = nil
-	for _, t := range parts {
-		(*emuStream)(unsafe.Pointer(t.Stream)).pending = ""
-	}
+	delete(col.emu, round)
+	col.mu.Unlock()
+	defer func() { // the parts' streams take work again
+		for _, t := range parts {
+			setPending((*emuStream)(unsafe.Pointer(t.Stream)), "")
+		}
+	}()
 	meet := func() {
 		clocks := make([]clock, len(parts))
 		for i, t := range parts {
@@ -409,22 +433,67 @@ func (e *Emu) AllocMapped(bytes int64) (Mapped, error) {
 
 func (e *Emu) FreeMapped(m Mapped) error { return e.Free(m.Dev) }
 
+// pending is the collective launch each stream waits for (Emu's streams'
+// pending field), guarded by pendingMu; waiters wake on pendingCond.
+var (
+	pendingMu   sync.Mutex
+	pendingCond = sync.NewCond(&pendingMu)
+)
+
+// collectiveWait bounds how long work on a stream waits for the other
+// parts of its collective launch.
+const collectiveWait = 60 * time.Second
+
+// setPending marks st as waiting for the collective launch of kernel ("":
+// none) and wakes its waiters.
+func setPending(st *emuStream, kernel string) {
+	pendingMu.Lock()
+	st.pending = kernel
+	pendingCond.Broadcast()
+	pendingMu.Unlock()
+}
+
+// waitPending waits until st waits for no collective launch, at most
+// collectiveWait; it returns the launch still pending then, or "".
+func waitPending(st *emuStream) string {
+	pendingMu.Lock()
+	defer pendingMu.Unlock()
+	if st.pending == "" {
+		return ""
+	}
+	expired := false
+	t := time.AfterFunc(collectiveWait, func() {
+		pendingMu.Lock()
+		expired = true
+		pendingCond.Broadcast()
+		pendingMu.Unlock()
+	})
+	defer t.Stop()
+	for st.pending != "" && !expired {
+		pendingCond.Wait()
+	}
+	return st.pending
+}
+
 // emus maps each Emu's address range (its 2⁴⁰-byte space number) to it,
-// so that a twin reaches peers' memory by address (guarded by order's lock).
-var emus = map[uint64]*Emu{}
+// so that a twin reaches peers' memory by address.
+var emus = struct {
+	sync.Mutex
+	m map[uint64]*Emu
+}{m: map[uint64]*Emu{}}
 
 // emuAt is the Emu whose memory holds p, or nil.
 func emuAt(p Ptr) *Emu {
-	order.Lock()
-	defer order.Unlock()
-	return emus[uint64(p)>>40]
+	emus.Lock()
+	defer emus.Unlock()
+	return emus.m[uint64(p)>>40]
 }
 
-// newSpace gives e its address range.
+// newSpace gives e its address range (e.mu held).
 func (e *Emu) newSpace() {
 	space := emuSpaces.Add(1)
-	order.Lock()
-	emus[space] = e
-	order.Unlock()
+	emus.Lock()
+	emus.m[space] = e
+	emus.Unlock()
 	e.next = Ptr(space<<40 + 1<<20)
 }

@@ -73,6 +73,12 @@ func WriteTable(w io.Writer, rec *Record) error {
 	}
 	p.f("# dispatcher %s (%s) · sms %s · routing %s · seed %d · warmup %d · iters %d · %s\n",
 		c.Dispatcher, c.Impl, sms, routing, c.Seed, c.Warmup, c.Iters, passLine(c))
+	if lib := rec.Library; lib != nil {
+		p.f("# library: %s · %s %s (%s) · %s\n", lib.Design, lib.Name, lib.Version, lib.Path, lib.Detail)
+	}
+	if rec.SMs.Note != "" {
+		p.f("# sms: %s\n", rec.SMs.Note)
+	}
 	if rec.Status != StatusOK {
 		p.f("# status: %s: %s\n", rec.Status, rec.Reason)
 		writeCorrectness(p, rec.Correctness)
@@ -108,6 +114,12 @@ func WriteTable(w io.Writer, rec *Record) error {
 	}
 	if hw := t.HostWait; hw != nil {
 		p.f("# %-22s p50 %.3f ms (the dispatcher's wait for the device before a phase; in the step, in no phase)\n", "host wait/step", hw.P50)
+	}
+	for _, ph := range t.Phases {
+		if hc := ph.HostCall; hc != nil {
+			p.f("# %-22s %s p50 %.3f ms (the library's calls' wall time on the host, its synchronizations included; the table's %s is CUDA events around them)\n",
+				"host call", ph.Name, hc.P50, ph.Name)
+		}
 	}
 	if rb := rec.Rebalance; rb != nil {
 		p.f("# %-22s %s: token straggler +%.0f (+%.1f%%) → +%.0f (+%.1f%%) · %d moves, %s · copies %.3f ms, scheduler %.3f ms\n",

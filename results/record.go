@@ -32,7 +32,17 @@ type Record struct {
 	SMs         SMs          `json:"sms"`
 	Correctness *Correctness `json:"correctness,omitempty"`
 	Rebalance   *Rebalance   `json:"rebalance,omitempty"` // dispatchers with a rebalance phase (feplb)
+	Library     *Library     `json:"library,omitempty"`   // a library implementation's (--impl library) what ran
 	Telemetry   *Telemetry   `json:"telemetry,omitempty"` // cuda runs where NVML answered
+}
+
+// Library is what a library implementation ran.
+type Library struct {
+	Design  string `json:"design"` // e.g. "DeepEP low-latency design via NCCL EP (…)"
+	Name    string `json:"name"`
+	Version string `json:"version"`
+	Path    string `json:"path"`
+	Detail  string `json:"detail"` // mode, layout, options, what it runs over
 }
 
 // Telemetry is what NVML reported during a cuda run's timed loop.
@@ -209,6 +219,7 @@ type GPUStack struct {
 	NVRTC       string   `json:"nvrtc,omitempty"`
 	CuBLASLt    string   `json:"cublaslt,omitempty"`
 	NCCL        string   `json:"nccl,omitempty"`
+	NCCLEP      string   `json:"nccl_ep,omitempty"`
 	SMClockMHz  int      `json:"sm_clock_mhz"`
 	MemClockMHz int      `json:"mem_clock_mhz"`
 	PowerLimitW float64  `json:"power_limit_w"`
@@ -242,6 +253,11 @@ type Phase struct {
 	RankMax float64   `json:"rank_max"`
 	PerRank []float64 `json:"per_rank_p50"`
 	Samples []float64 `json:"samples"` // per iteration, slowest rank
+	// HostCall: a library implementation's phase, the wall time of its
+	// library calls on the host, their internal synchronizations included
+	// (the slowest rank's per iteration); the phase's own times above are
+	// CUDA events around the calls on the rank's stream
+	HostCall *Stat `json:"host_call_ms,omitempty"`
 }
 
 // The values of Timing.StepIs.
@@ -398,6 +414,9 @@ type Buffer struct {
 // SMs is the SM budget.
 type SMs struct {
 	Configured int `json:"configured"` // --sms; 0 = dispatcher default
+	// Note: a library implementation's use of SMs (what --sms set, its
+	// default, the environment's overrides)
+	Note string `json:"note,omitempty"`
 	// Budget is the blocks an SM-driven dispatcher ran its transfers with
 	// (its default when Configured is 0); absent for the others.
 	Budget   int    `json:"budget,omitempty"`

@@ -48,7 +48,7 @@ func (s Stack) identity() []field {
 			{"gpu.sms", fmt.Sprint(g.SMs), nil}, {"gpu.copy_engines", fmt.Sprint(g.CopyEngines), nil},
 			{"gpu.memory_bytes", fmt.Sprint(g.MemoryBytes), sameMemory}, {"gpu.driver", g.Driver, nil},
 			{"gpu.cuda_driver", fmt.Sprint(g.CUDADriver), nil}, {"gpu.nvrtc", g.NVRTC, nil}, {"gpu.cublaslt", g.CuBLASLt, nil},
-			{"gpu.nccl", g.NCCL, nil}, {"gpu.sm_clock_mhz", fmt.Sprint(g.SMClockMHz), nil},
+			{"gpu.nccl", g.NCCL, nil}, {"gpu.nccl_ep", g.NCCLEP, nil}, {"gpu.sm_clock_mhz", fmt.Sprint(g.SMClockMHz), nil},
 			{"gpu.mem_clock_mhz", fmt.Sprint(g.MemClockMHz), nil}, {"gpu.power_limit_w", fmt.Sprint(g.PowerLimitW), nil},
 			{"gpu.topology", g.Topology, nil}}...)
 	} else {

@@ -21,7 +21,8 @@
 # benchmark (its SM budgets side by side with alltoall), the layer for
 # several presets, EP sizes, routings and dispatchers (alltoall natively and
 # through NCCL, FEPLB, deepep, hybridep and a sweep of SM budgets; with and
-# without --cuda-graph), and last compute-sanitizer over the kernels' tests
+# without --cuda-graph; hybridep and deepep through NCCL EP), and last
+# compute-sanitizer over the kernels' tests
 # (the cross-rank kernels included).
 #
 # How long: about 12 minutes. Each step has its own time limit, and a step
@@ -129,6 +130,13 @@ layer hybridep-qwen3-30b-ep8-sms32 --preset qwen3-30b-a3b --ep 8 --dispatcher hy
 layer hybridep-qwen3-30b-ep8-d4 --preset qwen3-30b-a3b --ep 8 --dispatcher hybridep --sms 16 --domain 4
 step sweep-hybridep 300 bin/moebench sweep --device cuda --presets qwen3-30b-a3b --ep 8 \
   --dispatchers alltoall,deepep,hybridep --sms 16,24,32 --out "$records"
+# NCCL EP (--impl library): hybridep through its high-throughput mode, deepep
+# through its low-latency mode (128 tokens, its regime), one rank per GPU: on
+# a one-GPU node EP 1 (a single rank, untested upstream). Where the library,
+# NCCL's Device API, nvcc or its headers are missing the runs are recorded
+# unavailable, with the reason (doctor.txt says what was found where).
+layer ncclep-ht-qwen3-30b-ep1 --preset qwen3-30b-a3b --ep 1 --dispatcher hybridep --impl library
+layer ncclep-ll-qwen3-30b-ep1 --preset qwen3-30b-a3b --ep 1 --dispatcher deepep --impl library --tokens 128
 fi
 # last, as the budget allows: compute-sanitizer over the GPU tests of
 # moebench's own kernels (not cuBLAS's): memcheck (out-of-bounds and

@@ -35,8 +35,8 @@ func newFlags(o *options) *pflag.FlagSet {
 	fs := pflag.NewFlagSet("moebench", pflag.ContinueOnError)
 	fs.SortFlags = false
 	fs.StringVar(&o.dispatcher, "dispatcher", d.Dispatcher, "token dispatcher: "+strings.Join(dispatchers.Names(), "|"))
-	fs.StringVar(&o.impl, "impl", d.Impl, "implementation: native (moebench's own) | library (a real library on the node: alltoall through NCCL, one GPU per rank)")
-	fs.IntVar(&o.sms, "sms", d.SMs, "SM budget (thread blocks) of SM-driven dispatchers' transfer kernels: deepep (even; default 20), hybridep (default 16); 0 = the dispatcher's default")
+	fs.StringVar(&o.impl, "impl", d.Impl, "implementation: native (moebench's own) | library (a real library on the node, one GPU per rank: alltoall through NCCL; hybridep and deepep through NCCL EP, its high-throughput and low-latency modes)")
+	fs.IntVar(&o.sms, "sms", d.SMs, "SM budget (thread blocks) of SM-driven dispatchers' transfer kernels: deepep (even; default 20), hybridep (default 16); with --impl library NCCL EP's max_num_sms; 0 = the dispatcher's (the library's) default")
 	fs.IntVar(&o.ep, "ep", d.EP, "expert-parallel ranks; must divide --experts")
 	fs.IntVar(&o.gpus, "gpus", d.GPUs, "cuda: GPUs the ranks are spread over; 0 = every GPU, at most one per rank (more ranks than GPUs: packed, emulated EP)")
 	addFeplbFlags(fs, o)
@@ -88,7 +88,7 @@ func addControlFlags(fs *pflag.FlagSet, o *options) {
 	fs.Float64Var(&o.maxSeconds, "max-seconds", 0, "time budget of the warm-up and timed iterations: past it the run stops after the current iteration and records what it timed (at least one iteration); 0 = none")
 	fs.BoolVar(&o.forwardOnly, "forward-only", d.ForwardOnly, "time the forward pass alone (default: every iteration is a training step, forward then backward, and the check covers every gradient; the cuda device times the forward only in this build)")
 	fs.BoolVar(&o.check, "check", d.Check, "check the output (and in a training step every gradient) against the float64 reference (--check=false to skip)")
-	fs.DurationVar(&o.commTimeout, "comm-timeout", d.CommTimeout, "SM-driven dispatchers: the longest a cross-rank wait may take before the run fails naming the rank, phase and wait")
+	fs.DurationVar(&o.commTimeout, "comm-timeout", d.CommTimeout, "SM-driven dispatchers: the longest a cross-rank wait may take before the run fails naming the rank, phase and wait (NCCL EP: its timeout_ns)")
 	fs.StringVar(&o.device, "device", d.Device, "device: auto (cuda if a driver and GPU are found, else host) | host | cuda")
 	addLibFlag(fs, &o.cudaLibs)
 }

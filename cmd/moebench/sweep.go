@@ -313,7 +313,7 @@ func expand(fs *pflag.FlagSet, base options, so sweepOptions) ([]harness.Config,
 					for _, d := range so.dispatchers {
 						for _, impl := range so.impls {
 							sms := so.sms
-							if _, smDriven := dispatchers.SMBudgetOf(d); !smDriven {
+							if _, smDriven := dispatchers.SMBudgetOf(d, impl); !smDriven {
 								sms = []int{0}
 							}
 							for _, n := range sms {

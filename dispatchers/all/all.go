@@ -6,4 +6,5 @@ import (
 	_ "github.com/moebench/moebench/dispatchers/deepep"
 	_ "github.com/moebench/moebench/dispatchers/feplb"
 	_ "github.com/moebench/moebench/dispatchers/hybridep"
+	_ "github.com/moebench/moebench/dispatchers/ncclep"
 )

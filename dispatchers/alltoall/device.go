@@ -15,7 +15,8 @@ func init() { dispatchers.RegisterDevice("alltoall", NewDevice) }
 // algorithm as A2A with device kernels. The variable-split exchange is done
 // natively with copies (within a GPU when ranks share one, emulated EP; peer
 // copies between GPUs), or by the library implementation with NCCL's grouped
-// send/recv, Megatron's transport, which needs one GPU per rank.
+// send/recv, Megatron's transport, which needs one GPU per rank: each rank
+// issues its sends and receives from its GPU's thread.
 func NewDevice(impl string, env dispatchers.Env) (dispatchers.DeviceDispatcher, error) {
 	return &Device{library: impl == dispatchers.ImplLibrary}, nil
 }
@@ -25,10 +26,8 @@ type Device struct {
 	shape   dispatchers.Shape
 	ranks   []*dispatchers.DeviceRank
 	st      []devState
-	fresh   bool // host counts are this step's
 	library bool
-	comm    kernels.Comm   // the library implementation's
-	pending []kernels.Xfer // its transfers of the phase being queued
+	comm    kernels.Comm // the library implementation's
 }
 
 // devState is one rank's buffers. Row counts are known on the host after the
@@ -42,6 +41,9 @@ type devState struct {
 	mapped     kernels.Mapped
 	hostCounts []int32 // [Experts]
 	sendOff    []int   // [EP+1] first permuted row for each destination rank
+	fresh      bool    // hostCounts and sendOff are this step's (HostWait)
+	// the library implementation's side of the exchange being queued
+	sends, recvs []kernels.Transfer
 
 	// receive side: chunk (source s, local expert l) has chunkN[s][l] rows at
 	// recvOff[s][l] of the [source][local] receive buffer
@@ -79,7 +81,7 @@ func (a *Device) Bind(shape dispatchers.Shape, ranks []*dispatchers.DeviceRank) 
 		}
 		var err error
 		var no *kernels.NoCommError
-		if a.comm, err = kernels.OpenComm(devs, streams); errors.As(err, &no) {
+		if a.comm, err = kernels.OpenComm(ranks[0].Threads, devs, streams); errors.As(err, &no) {
 			return &dispatchers.UnavailableError{Name: "alltoall", Impl: dispatchers.ImplLibrary, Reason: "NCCL: " + no.Reason}
 		} else if err != nil {
 			return err
@@ -120,7 +122,7 @@ func (a *Device) Bind(shape dispatchers.Shape, ranks []*dispatchers.DeviceRank) 
 func (a *Device) Permute(r int) error {
 	s, rk, sh := &a.st[r], a.ranks[r], a.shape
 	n := sh.Tokens * sh.TopK
-	a.fresh = false
+	s.fresh = false
 	if err := rk.Dev.PermuteOrder(rk.Idx, n, sh.Experts, s.rows, s.pos, s.counts, rk.Stream); err != nil {
 		return err
 	}
@@ -133,14 +135,15 @@ func (a *Device) Permute(r int) error {
 	return rk.Dev.DownloadAsync(s.mapped, s.counts, 4*int64(sh.Experts), rk.Stream)
 }
 
-// HostWait is the count exchange before dispatch: one wait per rank for
-// the counts its permute copied to the host (the copies were queued on
-// every rank's stream first, so they overlap).
-func (a *Device) HostWait(phase string) error {
+// HostWait is rank r's part of the count exchange before dispatch: its
+// wait for the counts its permute copied to the host (every rank's copies
+// were queued first, each rank waits on its GPU's thread, so they
+// overlap).
+func (a *Device) HostWait(phase string, r int) error {
 	if phase != "dispatch" {
 		return nil
 	}
-	return a.exchangeCounts() // every step's: Permute may have been replayed from a graph, not called
+	return a.exchangeCounts(r) // every step's: Permute may have been replayed from a graph, not called
 }
 
 // WaitsBefore: the count exchange, before dispatch.
@@ -169,28 +172,27 @@ func (a *Device) NoGraph() string {
 	return ""
 }
 
-// exchangeCounts is the count all-gather: every rank's per-expert counts
-// reach the host (waiting for every rank's permute and its copy).
-func (a *Device) exchangeCounts() error {
+// exchangeCounts is rank src's part of the count all-gather: its
+// per-expert counts reach the host (waiting for its permute and its copy),
+// where every rank's dispatch reads them.
+func (a *Device) exchangeCounts(src int) error {
 	sh := a.shape
 	L := sh.LocalExperts()
-	for src := range a.st {
-		s := &a.st[src]
-		if err := a.ranks[src].Dev.SyncStream(a.ranks[src].Stream); err != nil {
-			return err
-		}
-		for d := range sh.EP {
-			n := 0
-			for _, c := range s.hostCounts[d*L : (d+1)*L] {
-				n += int(c)
-			}
-			s.sendOff[d+1] = s.sendOff[d] + n
-		}
-		if s.sendOff[sh.EP] != sh.Tokens*sh.TopK {
-			return fmt.Errorf("alltoall: rank %d's counts sum to %d, want tokens × topk = %d", src, s.sendOff[sh.EP], sh.Tokens*sh.TopK)
-		}
+	s := &a.st[src]
+	if err := a.ranks[src].Dev.SyncStream(a.ranks[src].Stream); err != nil {
+		return err
 	}
-	a.fresh = true
+	for d := range sh.EP {
+		n := 0
+		for _, c := range s.hostCounts[d*L : (d+1)*L] {
+			n += int(c)
+		}
+		s.sendOff[d+1] = s.sendOff[d] + n
+	}
+	if s.sendOff[sh.EP] != sh.Tokens*sh.TopK {
+		return fmt.Errorf("alltoall: rank %d's counts sum to %d, want tokens × topk = %d", src, s.sendOff[sh.EP], sh.Tokens*sh.TopK)
+	}
+	s.fresh = true
 	return nil
 }
 
@@ -198,16 +200,15 @@ func (a *Device) exchangeCounts() error {
 // into a [source][local expert] buffer, then sort the chunks into [local
 // expert][source] order (ExpertX). At EP 1 the native implementation, as
 // Megatron's dispatcher, moves nothing: the permuted rows are ExpertX, and
-// the expert outputs go straight to the unpermute. The library implementation issues every
-// rank's transfers as one NCCL group in the last rank's Dispatch (one thread
-// drives every GPU), then sorts each rank's chunks on its stream.
+// the expert outputs go straight to the unpermute. The library
+// implementation issues rank r's sends (its rows for every rank) and
+// receives as one NCCL group on its stream, then sorts its chunks. Every
+// rank's counts reached the host in HostWait.
 func (a *Device) Dispatch(r int) error {
-	if !a.fresh {
-		if err := a.exchangeCounts(); err != nil {
-			return err
-		}
-	}
 	s, rk, sh := &a.st[r], a.ranks[r], a.shape
+	if !s.fresh {
+		return fmt.Errorf("alltoall: rank %d's dispatch before its counts reached the host (HostWait)", r)
+	}
 	L, h := sh.LocalExperts(), int64(sh.Hidden)
 	total := 0
 	clear(rk.ExpertRows)
@@ -227,61 +228,64 @@ func (a *Device) Dispatch(r int) error {
 	if err := a.grow(r, total); err != nil {
 		return err
 	}
+	if a.library {
+		if err := a.exchangeRows(r); err != nil {
+			return err
+		}
+		return a.sortChunks(r)
+	}
 	for src := range sh.EP {
 		ss, from := &a.st[src], a.ranks[src].Dev
 		lo, rows := int64(ss.sendOff[r]), int64(ss.sendOff[r+1]-ss.sendOff[r])
 		at := int64(s.recvOff[src][0])
 		// the rows, their probabilities and the source's counts for r's
 		// experts (a device copy: an upload from host memory would wait for
-		// the stream)
+		// the stream); no wait for the source's permute: the count exchange
+		// waited for every rank's stream on the host (and a CUDA graph
+		// capture of the dispatch may not wait for an event recorded before
+		// it)
 		ops := [3]kernels.CopyOp{
 			{Dst: s.recvX + kernels.Ptr(2*at*h), Src: ss.permX + kernels.Ptr(2*lo*h), Bytes: 2 * rows * h, SrcDev: from},
 			{Dst: s.recvP + kernels.Ptr(4*at), Src: ss.permP + kernels.Ptr(4*lo), Bytes: 4 * rows, SrcDev: from},
 			{Dst: s.recvCounts + kernels.Ptr(4*src*L), Src: ss.counts + kernels.Ptr(4*r*L), Bytes: int64(4 * L), SrcDev: from},
 		}
-		if a.library {
-			for _, op := range ops {
-				a.pending = append(a.pending, kernels.Xfer{From: src, To: r, Src: op.Src, Dst: op.Dst, Bytes: op.Bytes})
-			}
-			continue
-		}
-		// no wait for the source's permute: the count exchange waited for
-		// every rank's stream on the host (and a CUDA graph capture of the
-		// dispatch may not wait for an event recorded before it)
 		for _, op := range ops {
 			if err := rk.Dev.CopyPeer(op, rk.Stream); err != nil {
 				return err
 			}
 		}
 	}
-	if !a.library {
-		return a.sortChunks(r)
-	}
-	if r < sh.EP-1 {
-		return nil
-	}
-	if err := a.exchange(); err != nil {
-		return err
-	}
+	return a.sortChunks(r)
+}
+
+// exchangeRows is rank r's side of the dispatch's NCCL group: to each rank
+// d, its rows for d's experts, their probabilities and its counts for d's
+// experts; from each rank, the same for r, into r's [source][local expert]
+// receive buffers.
+func (a *Device) exchangeRows(r int) error {
+	s, sh := &a.st[r], a.shape
+	L, h := sh.LocalExperts(), int64(sh.Hidden)
+	s.sends, s.recvs = s.sends[:0], s.recvs[:0]
 	for d := range sh.EP {
-		if err := a.sortChunks(d); err != nil {
-			return err
-		}
+		lo, rows := int64(s.sendOff[d]), int64(s.sendOff[d+1]-s.sendOff[d])
+		s.sends = append(s.sends, kernels.Transfer{Peer: d, Buf: s.permX + kernels.Ptr(2*lo*h), Bytes: 2 * rows * h},
+			kernels.Transfer{Peer: d, Buf: s.permP + kernels.Ptr(4*lo), Bytes: 4 * rows},
+			kernels.Transfer{Peer: d, Buf: s.counts + kernels.Ptr(4*d*L), Bytes: int64(4 * L)})
 	}
-	return nil
+	for src := range sh.EP {
+		ss := &a.st[src]
+		rows, at := int64(ss.sendOff[r+1]-ss.sendOff[r]), int64(s.recvOff[src][0])
+		s.recvs = append(s.recvs, kernels.Transfer{Peer: src, Buf: s.recvX + kernels.Ptr(2*at*h), Bytes: 2 * rows * h},
+			kernels.Transfer{Peer: src, Buf: s.recvP + kernels.Ptr(4*at), Bytes: 4 * rows},
+			kernels.Transfer{Peer: src, Buf: s.recvCounts + kernels.Ptr(4*src*L), Bytes: int64(4 * L)})
+	}
+	return a.comm.Exchange(r, s.sends, s.recvs)
 }
 
 // sortChunks orders rank r's received chunks by local expert (ExpertX).
 func (a *Device) sortChunks(r int) error {
 	s, rk, sh := &a.st[r], a.ranks[r], a.shape
 	return rk.Dev.SortChunks(rk.ExpertX, rk.ExpertProbs, s.recvX, s.recvP, s.recvCounts, s.received, sh.EP, sh.LocalExperts(), sh.Hidden, false, rk.Stream)
-}
-
-// exchange issues the pending transfers as one group.
-func (a *Device) exchange() error {
-	err := a.comm.Exchange(a.pending)
-	a.pending = a.pending[:0]
-	return err
 }
 
 // grow makes rank r's receive and expert-input buffers hold rows rows.
@@ -293,8 +297,8 @@ func (a *Device) grow(r, rows int) error {
 
 // Combine is rank r's send side on the way back: unsort its expert outputs
 // into [source][local expert] order and push each source's rows into that
-// source's permuted output buffer (the library implementation: send them, in
-// one NCCL group issued by the last rank's Combine).
+// source's permuted output buffer (the library implementation: rank r's
+// NCCL group sends them and receives its own rows' outputs).
 func (a *Device) Combine(r int) error {
 	s, rk, sh := &a.st[r], a.ranks[r], a.shape
 	h := int64(sh.Hidden)
@@ -304,24 +308,27 @@ func (a *Device) Combine(r int) error {
 	if err := rk.Dev.SortChunks(s.recvY, 0, rk.ExpertY, 0, s.recvCounts, s.received, sh.EP, sh.LocalExperts(), sh.Hidden, true, rk.Stream); err != nil {
 		return err
 	}
+	if a.library {
+		s.sends, s.recvs = s.sends[:0], s.recvs[:0]
+		for src := range sh.EP {
+			ss := &a.st[src]
+			rows, from := int64(ss.sendOff[r+1]-ss.sendOff[r]), int64(s.recvOff[src][0])
+			s.sends = append(s.sends, kernels.Transfer{Peer: src, Buf: s.recvY + kernels.Ptr(2*from*h), Bytes: 2 * rows * h})
+		}
+		for d := range sh.EP {
+			lo, rows := int64(s.sendOff[d]), int64(s.sendOff[d+1]-s.sendOff[d])
+			s.recvs = append(s.recvs, kernels.Transfer{Peer: d, Buf: s.permY + kernels.Ptr(2*lo*h), Bytes: 2 * rows * h})
+		}
+		return a.comm.Exchange(r, s.sends, s.recvs)
+	}
 	for src := range sh.EP {
 		ss := &a.st[src]
 		lo, rows := int64(ss.sendOff[r]), int64(ss.sendOff[r+1]-ss.sendOff[r])
 		from := int64(s.recvOff[src][0])
 		op := kernels.CopyOp{Dst: ss.permY + kernels.Ptr(2*lo*h), Src: s.recvY + kernels.Ptr(2*from*h), Bytes: 2 * rows * h, DstDev: a.ranks[src].Dev}
-		if a.library {
-			a.pending = append(a.pending, kernels.Xfer{From: r, To: src, Src: op.Src, Dst: op.Dst, Bytes: op.Bytes})
-			continue
-		}
 		if err := rk.Dev.CopyPeer(op, rk.Stream); err != nil {
 			return err
 		}
-	}
-	if a.library {
-		if r < sh.EP-1 {
-			return nil
-		}
-		return a.exchange()
 	}
 	return rk.Dev.Record(s.combined, rk.Stream)
 }
@@ -355,12 +362,6 @@ func (a *Device) Traffic() dispatchers.Traffic {
 		t.Formula += "; moved by " + a.Transport()
 	}
 	return t
-}
-
-// Grouped: the library implementation issues dispatch and combine as one
-// NCCL group each, from the last rank's call.
-func (a *Device) Grouped(phase string) bool {
-	return a.library && (phase == "dispatch" || phase == "combine")
 }
 
 // Transport names the library that moves the data between ranks ("" for

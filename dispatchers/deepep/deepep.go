@@ -177,7 +177,7 @@ func (c Config) check(ep int) error {
 func New(impl string, env dispatchers.Env) (dispatchers.Dispatcher, error) {
 	if impl != dispatchers.ImplNative {
 		return nil, &dispatchers.UnavailableError{Name: Name, Impl: impl,
-			Reason: "no library implementation in this build (DeepEP's own kernels need its PyTorch extension or a C shim)"}
+			Reason: "no library implementation registered in this build (dispatchers/ncclep registers NCCL EP's low-latency mode, DeepEP's low-latency design; DeepEP's normal mode has no C API)"}
 	}
 	if env.Device != "host" {
 		return nil, &dispatchers.UnavailableError{Name: Name, Impl: impl,

@@ -25,7 +25,9 @@ import (
 //	combine   one collective launch per GPU, the same blocks; it writes Y
 //
 // A collective launch is queued on the stream of the GPU's first rank
-// after that GPU's other ranks' streams (events), and they wait for it.
+// after that GPU's other ranks' streams (events), and they wait for it;
+// each GPU's is issued from its thread by its last rank's call
+// (dispatchers.Grouper), so the GPUs' launches go out at once.
 // Its blocks are all resident (kernels.Collective): ranks packed on one
 // GPU need budget × ranks blocks at once, and Bind reports the design
 // unavailable, with the reason, when they do not fit, or when the budget
@@ -88,7 +90,6 @@ type Device struct {
 	groups  []group
 	st      []devRank
 	sig     *kernels.Signals
-	epoch   int32 // the next barrier use
 	prog    struct{ layout, notify, dispatch, permute, combine *kernels.Program }
 	col     struct{ notify, dispatch, combine *kernels.Collective }
 	tw      *twin // Emu's
@@ -101,6 +102,7 @@ type group struct {
 	desc     kernels.Ptr // the descriptor table on dev: slots per rank
 	sent     []uint64    // its content as last uploaded
 	done     kernels.Event
+	epoch    int32 // the next barrier use (every group counts alike)
 }
 
 // devRank is one rank's buffers.
@@ -123,7 +125,7 @@ func WithDeviceConfig(cfg Config) *Device {
 func NewDevice(impl string, env dispatchers.Env) (dispatchers.DeviceDispatcher, error) {
 	if impl != dispatchers.ImplNative {
 		return nil, &dispatchers.UnavailableError{Name: Name, Impl: impl,
-			Reason: "no library implementation in this build (DeepEP's own kernels need its PyTorch extension or a C shim)"}
+			Reason: "no library implementation registered in this build (dispatchers/ncclep registers NCCL EP's low-latency mode, DeepEP's low-latency design; DeepEP's normal mode has no C API)"}
 	}
 	d := &Device{sms: env.SMs, timeout: env.CommTimeout}
 	if d.timeout <= 0 {
@@ -172,7 +174,7 @@ func (d *Device) Bind(shape dispatchers.Shape, ranks []*dispatchers.DeviceRank) 
 	if err := d.cfg.checkDevice(shape); err != nil {
 		return d.unavailable("%v", err)
 	}
-	d.shape, d.ranks, d.lay, d.epoch = shape, ranks, newLayout(shape, d.cfg), 1
+	d.shape, d.ranks, d.lay = shape, ranks, newLayout(shape, d.cfg)
 	for r, rk := range ranks {
 		if r > 0 && rk.Dev == ranks[r-1].Dev {
 			d.groups[len(d.groups)-1].n++
@@ -181,7 +183,7 @@ func (d *Device) Bind(shape dispatchers.Shape, ranks []*dispatchers.DeviceRank) 
 		if slices.ContainsFunc(d.groups, func(g group) bool { return g.dev == rk.Dev }) {
 			return fmt.Errorf("deepep: rank %d's device also runs ranks before %d but not rank %d: a device's ranks must be contiguous", r, r-1, r-1)
 		}
-		d.groups = append(d.groups, group{dev: rk.Dev, first: r, n: 1})
+		d.groups = append(d.groups, group{dev: rk.Dev, first: r, n: 1, epoch: 1})
 	}
 	for a, ra := range ranks {
 		for b, rb := range ranks {
@@ -193,7 +195,7 @@ func (d *Device) Bind(shape dispatchers.Shape, ranks []*dispatchers.DeviceRank) 
 	d.tw = &twin{d: d}
 	defs := defines(shape, d.cfg, d.lay, d.bug)
 	prog := func(kernel string, block int, tw func([]kernels.TwinPart) error) *kernels.Program {
-		return &kernels.Program{File: "deepep.cu", Kernel: kernel, Defs: defs, Block: block, Twin: tw}
+		return &kernels.Program{File: "deepep.cu", Kernel: kernel, Defs: defs, Block: block, Twin: d.tw.locked(tw)}
 	}
 	d.prog.layout, d.prog.notify = prog("deepep_layout", layoutBlock, d.tw.layout), prog("deepep_notify", 128, d.tw.notify)
 	d.prog.dispatch = prog("deepep_dispatch", 32*d.cfg.Warps, d.tw.dispatch)
@@ -235,8 +237,10 @@ func (d *Device) Bind(shape dispatchers.Shape, ranks []*dispatchers.DeviceRank) 
 			return err
 		}
 	}
-	if err := d.describe(); err != nil {
-		return err
+	for i := range d.groups {
+		if err := d.describe(&d.groups[i]); err != nil {
+			return err
+		}
 	}
 	for _, rk := range ranks { // the zeroed queues before any kernel
 		if err := rk.Dev.SyncStream(rk.Stream); err != nil {
@@ -273,10 +277,11 @@ func (d *Device) fits() error {
 	return nil
 }
 
-// describe uploads each device's descriptor table where it changed (the
-// receive buffers grow in notify, the layer's ExpertY before combine), on
-// the stream of its first rank, where the collective launches go.
-func (d *Device) describe() error {
+// describe uploads g's descriptor table if it changed (the receive buffers
+// grow in notify, the layer's ExpertY before combine), on the stream of its
+// first rank, where the collective launches go. It reads every rank's
+// buffers: call it in a phase after the one that changed them.
+func (d *Device) describe(g *group) error {
 	tab := make([]uint64, slots*len(d.ranks))
 	for r, rk := range d.ranks {
 		s := &d.st[r]
@@ -285,56 +290,53 @@ func (d *Device) describe() error {
 			tab[r*slots+i] = uint64(p)
 		}
 	}
-	for i := range d.groups {
-		g := &d.groups[i]
-		if slices.Equal(g.sent, tab) {
-			continue
-		}
-		if err := g.dev.Upload(g.desc, tab, d.ranks[g.first].Stream); err != nil {
+	if slices.Equal(g.sent, tab) {
+		return nil
+	}
+	if err := g.dev.Upload(g.desc, tab, d.ranks[g.first].Stream); err != nil {
+		return err
+	}
+	g.sent = tab
+	return nil
+}
+
+// collective queues g's part of c's launch (grid blocks, args) on its
+// first rank's stream after its other ranks' work, and makes those ranks'
+// streams wait for it.
+func (d *Device) collective(g *group, c *kernels.Collective, grid int, args ...any) error {
+	first := d.ranks[g.first]
+	for r := g.first + 1; r < g.first+g.n; r++ {
+		if err := d.ranks[r].Dev.Record(d.st[r].ready, d.ranks[r].Stream); err != nil {
 			return err
 		}
-		g.sent = slices.Clone(tab)
+		if err := g.dev.Wait(first.Stream, d.st[r].ready); err != nil {
+			return err
+		}
+	}
+	err := g.dev.LaunchResident(c, grid, first.Stream, args...)
+	var re *kernels.ResidencyError
+	if errors.As(err, &re) {
+		return d.unavailable("%v", re)
+	}
+	if err != nil {
+		return err
+	}
+	if err := g.dev.Record(g.done, first.Stream); err != nil {
+		return err
+	}
+	for r := g.first + 1; r < g.first+g.n; r++ {
+		if err := d.ranks[r].Dev.Wait(d.ranks[r].Stream, g.done); err != nil {
+			return err
+		}
 	}
 	return nil
 }
 
-// collective queues c's launch on every device (grid(g) blocks, args(g)),
-// each on its first rank's stream after the device's other ranks' work,
-// and makes those ranks' streams wait for it.
-func (d *Device) collective(c *kernels.Collective, grid func(g *group) int, args func(g *group) []any) error {
-	for i := range d.groups {
-		g := &d.groups[i]
-		first := d.ranks[g.first]
-		for r := g.first + 1; r < g.first+g.n; r++ {
-			if err := d.ranks[r].Dev.Record(d.st[r].ready, d.ranks[r].Stream); err != nil {
-				return err
-			}
-			if err := g.dev.Wait(first.Stream, d.st[r].ready); err != nil {
-				return err
-			}
-		}
-	}
-	for i := range d.groups {
-		g := &d.groups[i]
-		err := g.dev.LaunchResident(c, grid(g), d.ranks[g.first].Stream, args(g)...)
-		var re *kernels.ResidencyError
-		if errors.As(err, &re) {
-			return d.unavailable("%v", re)
-		}
-		if err != nil {
-			return err
-		}
-	}
-	for i := range d.groups {
-		g := &d.groups[i]
-		if err := g.dev.Record(g.done, d.ranks[g.first].Stream); err != nil {
-			return err
-		}
-		for r := g.first + 1; r < g.first+g.n; r++ {
-			if err := d.ranks[r].Dev.Wait(d.ranks[r].Stream, g.done); err != nil {
-				return err
-			}
-		}
+// lastOf is the group whose last rank r is, or nil: a grouped phase's
+// work is issued by the call of its device's last rank.
+func (d *Device) lastOf(r int) *group {
+	if g := d.groupOf(r); r == g.first+g.n-1 {
+		return g
 	}
 	return nil
 }
@@ -347,14 +349,18 @@ func (d *Device) Phases(experts func(rank int) error) []dispatchers.Step {
 }
 
 // Grouped: notify, dispatch and combine are one launch per device, issued
-// by the last rank's call.
+// by the call of the device's last rank.
 func (d *Device) Grouped(phase string) bool {
 	return phase == "notify" || phase == "dispatch" || phase == "combine"
 }
 
-// Layout is rank r's layout kernel, after zeroing its counts.
+// Layout is rank r's layout kernel, after zeroing its counts; its
+// host-mapped counters are unset (−1) for notify's wait.
 func (d *Device) Layout(r int) error {
 	s, rk, sh := &d.st[r], d.ranks[r], d.shape
+	for i := range 1 + sh.LocalExperts() {
+		d.sig.SetCounter(d.counter(r, i), -1)
+	}
 	if err := rk.Dev.Fill16(s.fixed+kernels.Ptr(d.lay.perRank), 0, (d.lay.chanEnd-d.lay.perRank)/2, rk.Stream); err != nil {
 		return err
 	}
@@ -365,30 +371,24 @@ func (d *Device) Layout(r int) error {
 // tokens, 1 + l its copies for local expert l.
 func (d *Device) counter(r, i int) int { return r*(1+d.shape.LocalExperts()) + i }
 
-// Notify, in the last rank's call: the notify kernels, the host's wait for
-// every rank's counts, and the buffers sized for them.
+// Notify, in the call of each device's last rank: the device's notify
+// kernels, the host's wait for its ranks' counts, and their buffers sized
+// for them.
 func (d *Device) Notify(r int) error {
-	if r < d.shape.EP-1 {
+	g := d.lastOf(r)
+	if g == nil {
 		return nil
 	}
-	sh := d.shape
-	L, k, h := sh.LocalExperts(), sh.TopK, int64(sh.Hidden)
-	for r := range d.ranks {
-		for i := range 1 + L {
-			d.sig.SetCounter(d.counter(r, i), -1)
-		}
-	}
-	epoch := d.epoch
-	d.epoch += 3
-	if err := d.collective(d.col.notify, func(g *group) int { return g.n }, func(g *group) []any {
-		return []any{d.sig.Comm(g.dev, d.timeout), int32(g.first), epoch, g.desc}
-	}); err != nil {
+	L, k, h := d.shape.LocalExperts(), d.shape.TopK, int64(d.shape.Hidden)
+	epoch := g.epoch
+	g.epoch += 3
+	if err := d.collective(g, d.col.notify, g.n, d.sig.Comm(g.dev, d.timeout), int32(g.first), epoch, g.desc); err != nil {
 		return err
 	}
 	ready := func(v int32) bool { return v >= 0 }
 	wait := d.timeout + time.Second // the kernels' own timeout, which names the wait, comes first
-	for r, rk := range d.ranks {
-		s := &d.st[r]
+	for r := g.first; r < g.first+g.n; r++ {
+		s, rk := &d.st[r], d.ranks[r]
 		v, err := d.sig.WaitCounter(d.counter(r, 0), fmt.Sprintf("rank %d's received-token count (notify)", r), ready, wait)
 		if err != nil {
 			return err
@@ -423,17 +423,21 @@ func (d *Device) Notify(r int) error {
 			return err
 		}
 	}
-	return d.describe()
+	return nil
 }
 
-// Dispatch, in the last rank's call: the dispatch kernels.
+// Dispatch, in the call of each device's last rank: the device's
+// descriptors (every rank's receive buffers, sized in notify) and its
+// dispatch kernels.
 func (d *Device) Dispatch(r int) error {
-	if r < d.shape.EP-1 {
+	g := d.lastOf(r)
+	if g == nil {
 		return nil
 	}
-	return d.collective(d.col.dispatch, func(g *group) int { return g.n * d.cfg.SMs }, func(g *group) []any {
-		return []any{d.sig.Comm(g.dev, d.timeout), int32(g.first), g.desc}
-	})
+	if err := d.describe(g); err != nil {
+		return err
+	}
+	return d.collective(g, d.col.dispatch, g.n*d.cfg.SMs, d.sig.Comm(g.dev, d.timeout), int32(g.first), g.desc)
 }
 
 // Permute is rank r's order kernel and the gathers of its rows and
@@ -453,20 +457,20 @@ func (d *Device) Permute(r int) error {
 	return rk.Dev.GatherF32(rk.ExpertProbs, s.recvW, s.order, 1, rows, rk.Stream)
 }
 
-// Combine, in the last rank's call: the combine kernels, which write Y
+// Combine, in the call of each device's last rank: the device's
+// descriptors (the layer's ExpertY) and its combine kernels, which write Y
 // (the shared expert's output added).
 func (d *Device) Combine(r int) error {
-	if r < d.shape.EP-1 {
+	g := d.lastOf(r)
+	if g == nil {
 		return nil
 	}
-	if err := d.describe(); err != nil { // the layer's ExpertY
+	if err := d.describe(g); err != nil {
 		return err
 	}
-	epoch := d.epoch
-	d.epoch++
-	return d.collective(d.col.combine, func(g *group) int { return g.n * d.cfg.SMs }, func(g *group) []any {
-		return []any{d.sig.Comm(g.dev, d.timeout), int32(g.first), epoch, g.desc}
-	})
+	epoch := g.epoch
+	g.epoch++
+	return d.collective(g, d.col.combine, g.n*d.cfg.SMs, d.sig.Comm(g.dev, d.timeout), int32(g.first), epoch, g.desc)
 }
 
 // CheckStep returns what the kernels recorded in the step: a

@@ -120,6 +120,7 @@ func runDevice(t *testing.T, d *Device, c devCase, ranks []*dispatchers.Rank, st
 		drs[r] = dr
 		t.Cleanup(func() { kernels.Free(dev, &dr.X, &dr.Idx, &dr.Probs, &dr.Y, &dr.ExpertY, &dr.Shared) })
 	}
+	th := dt.Threads(t, drs)
 	if err := d.Bind(sh, drs); err != nil {
 		return devResult{err: err}
 	}
@@ -137,7 +138,7 @@ func runDevice(t *testing.T, d *Device, c devCase, ranks []*dispatchers.Rank, st
 			return err
 		}
 		xf := kernels.FromBF16Bits(x)
-		res.expertX, res.expertP = append(res.expertX, xf), append(res.expertP, p)
+		res.expertX[r], res.expertP[r] = xf, p // each rank from its device's thread
 		y := make([]float32, n*hd)
 		for i, v := range xf {
 			y[i] = dt.Expert(v, p[i/hd])
@@ -148,13 +149,9 @@ func runDevice(t *testing.T, d *Device, c devCase, ranks []*dispatchers.Rank, st
 		return dr.Dev.Upload(dr.ExpertY, kernels.BF16Bits(y), dr.Stream)
 	}
 	for range steps {
-		res.expertX, res.expertP = nil, nil
-		for _, st := range d.Phases(experts) {
-			for r := range drs {
-				if err := st.Run(r); err != nil {
-					return devResult{err: fmt.Errorf("%s on rank %d: %w", st.Name, r, err)}
-				}
-			}
+		res.expertX, res.expertP = make([][]float32, sh.EP), make([][]float32, sh.EP)
+		if err := dt.IssuePhases(th, d, drs, d.Phases(experts)); err != nil {
+			return devResult{err: err}
 		}
 		for _, dr := range drs {
 			ok(dr.Dev.SyncStream(dr.Stream))

@@ -2,6 +2,7 @@ package deepep
 
 import (
 	"fmt"
+	"sync"
 	"unsafe"
 
 	"github.com/moebench/moebench/dispatchers"
@@ -18,6 +19,16 @@ type twin struct {
 	d  *Device
 	h  *Host
 	rk []*dispatchers.Rank
+	mu sync.Mutex // the mirror is one: devices' threads run their ranks' twins in turn
+}
+
+// locked is f run under tw.mu.
+func (tw *twin) locked(f func([]kernels.TwinPart) error) func([]kernels.TwinPart) error {
+	return func(parts []kernels.TwinPart) error {
+		tw.mu.Lock()
+		defer tw.mu.Unlock()
+		return f(parts)
+	}
 }
 
 // host is the mirror, bound on first use.

@@ -5,6 +5,7 @@
 package dispatchtest
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -112,6 +113,55 @@ func SlotsByExpert(rk *dispatchers.Rank, k, t int) []int {
 	idx := rk.Idx[t*k : (t+1)*k]
 	slices.SortFunc(slots, func(a, b int) int { return int(idx[a] - idx[b]) })
 	return slots
+}
+
+// IssuePhases runs a device dispatcher's phases on drs as the layer issues
+// them (dispatchers' contract): each device's ranks, in rank order, from
+// its thread of th, all devices at once, a barrier between phases, and the
+// dispatcher's host waits (dispatchers.HostWaiter) before a phase.
+func IssuePhases(th *kernels.Threads, d any, drs []*dispatchers.DeviceRank, phases []dispatchers.Step) error {
+	hw, _ := d.(dispatchers.HostWaiter)
+	devs := th.Devices()
+	each := func(f func(r int) error) error {
+		return th.Each(func(dev int) error {
+			for r, dr := range drs {
+				if dr.Dev == devs[dev] {
+					if err := f(r); err != nil {
+						return fmt.Errorf("rank %d: %w", r, err)
+					}
+				}
+			}
+			return nil
+		})
+	}
+	for _, st := range phases {
+		if hw != nil && hw.WaitsBefore(st.Name) {
+			if err := each(func(r int) error { return hw.HostWait(st.Name, r) }); err != nil {
+				return fmt.Errorf("%s: host wait: %w", st.Name, err)
+			}
+		}
+		if err := each(st.Run); err != nil {
+			return fmt.Errorf("%s: %w", st.Name, err)
+		}
+	}
+	return nil
+}
+
+// Threads makes the issuing threads of drs' devices (each device once, in
+// order of first use) and sets every rank's Threads; the test closes them.
+func Threads(t testing.TB, drs []*dispatchers.DeviceRank) *kernels.Threads {
+	var devs []kernels.Device
+	for _, dr := range drs {
+		if !slices.Contains(devs, dr.Dev) {
+			devs = append(devs, dr.Dev)
+		}
+	}
+	th := kernels.NewThreads(devs)
+	t.Cleanup(th.Close)
+	for _, dr := range drs {
+		dr.Threads = th
+	}
+	return th
 }
 
 // ExpertBackward is Expert's backward on the rows of the rank's segments

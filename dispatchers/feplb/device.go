@@ -58,7 +58,6 @@ type Device struct {
 	c      *core
 	ranks  []*dispatchers.DeviceRank
 	rs     []devRank
-	ops    []kernels.CopyOp
 	rates  rates
 	packed string // which ranks of a domain share a device, or ""
 }
@@ -86,6 +85,7 @@ type devRank struct {
 	slots      kernels.Sized // w1, w2
 	work       []dispatchers.DeviceWork
 	segs       [3][]dispatchers.DeviceSegment // static, own dynamic, foreign
+	ops        []kernels.CopyOp               // scratch of the rank's copies
 }
 
 func (f *Device) Name() string { return "feplb" }
@@ -139,11 +139,17 @@ func (f *Device) Permute(r int) error {
 	return f.ClassicDevice.Permute(r)
 }
 
+// WaitsBefore: where the base dispatcher waits (alltoall: before dispatch).
+func (f *Device) WaitsBefore(phase string) bool {
+	hw, ok := f.ClassicDevice.(dispatchers.HostWaiter)
+	return ok && hw.WaitsBefore(phase)
+}
+
 // HostWait is the base dispatcher's (alltoall's count exchange), if it has
 // one.
-func (f *Device) HostWait(phase string) error {
+func (f *Device) HostWait(phase string, r int) error {
 	if hw, ok := f.ClassicDevice.(dispatchers.HostWaiter); ok {
-		return hw.HostWait(phase)
+		return hw.HostWait(phase, r)
 	}
 	return nil
 }
@@ -216,20 +222,20 @@ func (f *Device) Rebalance(r int) error {
 	if err := rk.Dev.Record(s.ceStart, s.ce); err != nil {
 		return err
 	}
-	f.ops = f.ops[:0]
+	s.ops = s.ops[:0]
 	foreign := s.segs[2][:0]
 	for i, c := range in {
 		o := f.ranks[c.owner]
 		le, slot := int64(c.expert-c.owner*L), int64(i)
 		w1, w2 := s.w1+kernels.Ptr(slot*4*ff*h), s.w2+kernels.Ptr(slot*2*h*ff)
-		f.ops = append(f.ops,
+		s.ops = append(s.ops,
 			kernels.CopyOp{Dst: s.fx + kernels.Ptr(2*int64(c.dst)*h), Src: o.ExpertX + kernels.Ptr(2*int64(c.src)*h), Bytes: 2 * int64(c.n) * h, SrcDev: o.Dev},
 			kernels.CopyOp{Dst: s.fp + kernels.Ptr(4*c.dst), Src: o.ExpertProbs + kernels.Ptr(4*c.src), Bytes: 4 * int64(c.n), SrcDev: o.Dev},
 			kernels.CopyOp{Dst: w1, Src: o.FC1 + kernels.Ptr(le*4*ff*h), Bytes: 4 * ff * h, SrcDev: o.Dev},
 			kernels.CopyOp{Dst: w2, Src: o.FC2 + kernels.Ptr(le*2*h*ff), Bytes: 2 * h * ff, SrcDev: o.Dev})
 		foreign = append(foreign, dispatchers.DeviceSegment{Expert: c.expert, Start: c.dst, Len: c.n, FC1: w1, FC2: w2})
 	}
-	if err := rk.Dev.CopyBatch(f.ops, s.ce); err != nil {
+	if err := rk.Dev.CopyBatch(s.ops, s.ce); err != nil {
 		return fmt.Errorf("feplb: rank %d's incoming copies: %w", r, err)
 	}
 	if err := rk.Dev.Record(s.ready, s.ce); err != nil {
@@ -260,20 +266,20 @@ func (f *Device) grow(r, rows, slots int) error {
 func (f *Device) Combine(r int) error {
 	rk, s, h := f.ranks[r], &f.rs[r], int64(f.c.shape.Hidden)
 	if out := f.c.lay.out[r]; len(out) > 0 {
-		f.ops = f.ops[:0]
+		s.ops = s.ops[:0]
 		for i, c := range out {
 			if i == 0 || c.helper != out[i-1].helper {
 				if err := rk.Dev.Wait(s.ce, f.rs[c.helper].computed); err != nil {
 					return err
 				}
 			}
-			f.ops = append(f.ops, kernels.CopyOp{Dst: rk.ExpertY + kernels.Ptr(2*int64(c.src)*h), Src: f.rs[c.helper].fy + kernels.Ptr(2*int64(c.dst)*h),
+			s.ops = append(s.ops, kernels.CopyOp{Dst: rk.ExpertY + kernels.Ptr(2*int64(c.src)*h), Src: f.rs[c.helper].fy + kernels.Ptr(2*int64(c.dst)*h),
 				Bytes: 2 * int64(c.n) * h, SrcDev: f.ranks[c.helper].Dev})
 		}
 		if err := rk.Dev.Record(s.backStart, s.ce); err != nil {
 			return err
 		}
-		if err := rk.Dev.CopyBatch(f.ops, s.ce); err != nil {
+		if err := rk.Dev.CopyBatch(s.ops, s.ce); err != nil {
 			return fmt.Errorf("feplb: rank %d's outputs back: %w", r, err)
 		}
 		if err := rk.Dev.Record(s.backEnd, s.ce); err != nil {

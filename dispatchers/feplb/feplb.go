@@ -21,6 +21,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/moebench/moebench/balance"
@@ -76,7 +77,9 @@ type core struct {
 	ready   float64 // when the next plan is expected: the last one's scheduler time (measured), else the paper's
 	measure bool    // plan with the scheduler's measured time (not on the host device: its plans are fixed)
 
-	// this step
+	// this step; mu guards dispatchedRank and plan, which every rank calls
+	// (on the device, each from its GPU's thread, at once)
+	mu         sync.Mutex
 	counts     []int  // rows of each expert after phase 1
 	start      []int  // first row of each expert in its owner's ExpertX
 	dynamic    []bool // set when every rank has dispatched
@@ -149,6 +152,8 @@ func (c *core) begin() {
 // last rank, it splits the experts and starts the scheduler, and reports
 // true.
 func (c *core) dispatchedRank(r int, rows []int) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	L := c.shape.LocalExperts()
 	at := 0
 	for l, n := range rows {
@@ -175,6 +180,8 @@ func (c *core) dispatchedRank(r int, rows []int) bool {
 // plan waits for the scheduler (the first call of a step) and lays its plan
 // out; it also fills the step's stats that the plan decides.
 func (c *core) plan() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	if c.planned {
 		return nil
 	}

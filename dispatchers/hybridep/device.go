@@ -11,8 +11,9 @@ import (
 
 // The cuda implementation: the design's kernels (kernels/cuda/hybridep.cu)
 // as co-resident launches, one per device covering its ranks, each of the
-// dispatcher's phases issued for every rank from the last rank's call
-// (dispatchers.Grouper). Every cross-rank wait of the kernels has the
+// dispatcher's phases issued for the device's ranks from the call of its
+// last rank, on the device's thread (dispatchers.Grouper): the devices'
+// launches go out at once. Every cross-rank wait of the kernels has the
 // run's --comm-timeout; a wait that gives up is reported after the step
 // (StepError) with the rank, phase and wait.
 
@@ -20,7 +21,7 @@ import (
 func NewDevice(impl string, env dispatchers.Env) (dispatchers.DeviceDispatcher, error) {
 	if impl != dispatchers.ImplNative {
 		return nil, &dispatchers.UnavailableError{Name: Name, Impl: impl,
-			Reason: "no library implementation in this build (NCCL EP's HT mode, a C API over HybridEP's kernels, needs CUDA 13 and NCCL 2.29)"}
+			Reason: "no library implementation registered in this build (dispatchers/ncclep registers NCCL EP's high-throughput mode, HybridEP's kernels)"}
 	}
 	timeout := env.CommTimeout
 	if timeout == 0 {
@@ -47,7 +48,6 @@ type Device struct {
 	free    func() error  // the flag tables'
 	comm    kernels.Comm  // the inter-domain path (several domains)
 	progs   programs
-	epoch   int32 // device barriers passed
 	bug     int32 // tests: breaks the kernels' protocol (hybridep.cu's BUG_*)
 	moved   moved // the last step's, from the routing map
 }
@@ -60,6 +60,8 @@ type part struct {
 	stream       kernels.Stream
 	table        kernels.Ptr
 	uploaded     []uint64
+	epoch        int32 // device barriers passed (every part counts alike)
+	sends, recvs []kernels.Transfer
 }
 
 // devRank is one rank's buffers (device memory of its device).
@@ -137,7 +139,7 @@ func (d *Device) Bind(shape dispatchers.Shape, ranks []*dispatchers.DeviceRank) 
 	if d.g.M > 1 {
 		var err error
 		var no *kernels.NoCommError
-		if d.comm, err = kernels.OpenComm(devs, streams); errors.As(err, &no) {
+		if d.comm, err = kernels.OpenComm(ranks[0].Threads, devs, streams); errors.As(err, &no) {
 			return unavailable("the inter-domain path (NCCL send/recv between the same local ranks of different domains, --domain %d of EP %d): %s", D, shape.EP, no.Reason)
 		} else if err != nil {
 			return err
@@ -262,15 +264,17 @@ func equalU64(a, b []uint64) bool {
 	return true
 }
 
-// Phases: HybridEP's, every one but the experts issued for all ranks at
-// once (Grouped).
+// Phases: HybridEP's, every one but the experts issued once per device
+// (Grouped), by the call of its last rank.
 func (d *Device) Phases(experts func(rank int) error) []dispatchers.Step {
-	last := func(f func() error) func(int) error {
+	last := func(f func(p *part) error) func(int) error {
 		return func(r int) error {
-			if r < len(d.ranks)-1 {
-				return nil
+			for i := range d.parts {
+				if p := &d.parts[i]; r == p.first+p.count-1 {
+					return f(p)
+				}
 			}
-			return f()
+			return nil
 		}
 	}
 	return []dispatchers.Step{{Name: "allgather", Run: last(d.allgather)}, {Name: "preprocess", Run: last(d.preprocess)},
@@ -280,43 +284,40 @@ func (d *Device) Phases(experts func(rank int) error) []dispatchers.Step {
 // Grouped: the collective phases.
 func (d *Device) Grouped(phase string) bool { return phase != dispatchers.ExpertPhases[0] }
 
-// launch queues kernel k on every device (each after its ranks' streams'
-// work, its ranks' streams after it), grid(p) blocks with args(p) for each
-// part.
-func (d *Device) launch(k string, grid func(p *part) int, args func(p *part) []any) error {
-	for i := range d.parts {
-		p := &d.parts[i]
-		for r := p.first + 1; r < p.first+p.count; r++ {
-			rk := d.ranks[r]
-			if err := rk.Dev.Record(d.st[r].ready, rk.Stream); err != nil {
-				return err
-			}
-			if err := p.dev.Wait(p.stream, d.st[r].ready); err != nil {
-				return err
-			}
-		}
-		if err := d.upload(p); err != nil {
+// launch queues p's part of kernel k (after its ranks' streams' work, its
+// ranks' streams after it), grid blocks with args; with table, p's device
+// gets every rank's current buffers first (upload: a phase after the one
+// that changed them).
+func (d *Device) launch(p *part, k string, table bool, grid int, args ...any) error {
+	for r := p.first + 1; r < p.first+p.count; r++ {
+		rk := d.ranks[r]
+		if err := rk.Dev.Record(d.st[r].ready, rk.Stream); err != nil {
 			return err
 		}
-		err := p.dev.LaunchResident(d.progs.col[k], grid(p), p.stream, args(p)...)
-		var re *kernels.ResidencyError
-		if errors.As(err, &re) {
-			return &dispatchers.UnavailableError{Name: Name, Impl: dispatchers.ImplNative, Reason: re.Error()}
-		}
-		if err != nil {
+		if err := p.dev.Wait(p.stream, d.st[r].ready); err != nil {
 			return err
 		}
 	}
-	for i := range d.parts { // after every part is queued (Emu runs the twin then)
-		p := &d.parts[i]
-		if p.count > 1 {
-			if err := p.dev.Record(d.st[p.first].done, p.stream); err != nil {
+	if table {
+		if err := d.upload(p); err != nil {
+			return err
+		}
+	}
+	err := p.dev.LaunchResident(d.progs.col[k], grid, p.stream, args...)
+	var re *kernels.ResidencyError
+	if errors.As(err, &re) {
+		return &dispatchers.UnavailableError{Name: Name, Impl: dispatchers.ImplNative, Reason: re.Error()}
+	}
+	if err != nil {
+		return err
+	}
+	if p.count > 1 {
+		if err := p.dev.Record(d.st[p.first].done, p.stream); err != nil {
+			return err
+		}
+		for r := p.first + 1; r < p.first+p.count; r++ {
+			if err := p.dev.Wait(d.ranks[r].Stream, d.st[p.first].done); err != nil {
 				return err
-			}
-			for r := p.first + 1; r < p.first+p.count; r++ {
-				if err := p.dev.Wait(d.ranks[r].Stream, d.st[p.first].done); err != nil {
-					return err
-				}
 			}
 		}
 	}
@@ -358,22 +359,22 @@ func (d *Device) collective(p *part, epoch int32, extra ...any) []any {
 	return append([]any{d.sig.Comm(p.dev, d.timeout), int32(p.first), int32(d.cfg.SMs), epoch, p.table, d.flags[p.first]}, extra...)
 }
 
-func (d *Device) allgather() error {
-	err := d.launch("allgather", d.budget, func(p *part) []any { return d.collective(p, d.epoch+1) })
-	d.epoch++
+func (d *Device) allgather(p *part) error {
+	err := d.launch(p, "allgather", true, d.budget(p), d.collective(p, p.epoch+1)...)
+	p.epoch++
 	return err
 }
 
-// preprocess runs the scan on every rank and reads the counts (HybridEP's
-// blocking mode: the host sizes the expert-major rows).
-func (d *Device) preprocess() error {
-	err := d.launch("preprocess", func(p *part) int { return p.count }, func(p *part) []any { return []any{int32(p.first), p.table} })
-	if err != nil {
+// preprocess runs the scan on p's ranks and reads their counts (HybridEP's
+// blocking mode: the host sizes the expert-major rows). Its table is the
+// all-gather's: the rows it sizes are other devices' too, in this phase.
+func (d *Device) preprocess(p *part) error {
+	if err := d.launch(p, "preprocess", false, p.count, int32(p.first), p.table); err != nil {
 		return err
 	}
 	_, _, counts, _, _, _, _ := d.g.metaInts()
-	for r, rk := range d.ranks {
-		s := &d.st[r]
+	for r := p.first; r < p.first+p.count; r++ {
+		s, rk := &d.st[r], d.ranks[r]
 		if err := rk.Dev.Download(s.counts, s.meta+kernels.Ptr(4*counts), rk.Stream); err != nil {
 			return err
 		}
@@ -382,8 +383,8 @@ func (d *Device) preprocess() error {
 		return err
 	}
 	h := int64(d.shape.Hidden)
-	for r, rk := range d.ranks {
-		s, rows := &d.st[r], 0
+	for r := p.first; r < p.first+p.count; r++ {
+		s, rk, rows := &d.st[r], d.ranks[r], 0
 		for e := range d.g.L {
 			rk.ExpertRows[e] = int(s.counts[e])
 			rows += int(s.counts[e])
@@ -395,63 +396,72 @@ func (d *Device) preprocess() error {
 	return nil
 }
 
-// exchange is the inter-domain path: each rank's rows for the same local
-// rank of every other domain, with NCCL (combine: the pre-reduced sums,
-// the other way).
-func (d *Device) exchange(combine bool) error {
+// exchange is the inter-domain path for p's ranks: each rank's rows for
+// the same local rank of every other domain, with NCCL (combine: the
+// pre-reduced sums, the other way), each rank's side from p's thread.
+func (d *Device) exchange(p *part, combine bool) error {
 	g, h := d.g, int64(d.shape.Hidden)
 	T, ldp := int64(g.T), int64(g.ldp())
-	var xs []kernels.Xfer
-	for a := range d.ranks {
-		for b := range d.ranks {
-			n, m := a/g.D, b/g.D
-			if a%g.D != b%g.D || n == m {
+	for x := p.first; x < p.first+p.count; x++ {
+		s, nx := &d.st[x], x/g.D
+		p.sends, p.recvs = p.sends[:0], p.recvs[:0]
+		for y := range d.ranks {
+			ny := y / g.D
+			if x%g.D != y%g.D || nx == ny {
 				continue
 			}
-			rows := int64(d.st[a].counts[g.L+1+m]) // a's tokens domain m needs
-			src, dst := int64(tile(m, n))*T, int64(tile(n, m))*T
-			if !combine {
-				xs = append(xs, kernels.Xfer{From: a, To: b, Src: d.st[a].sendX + kernels.Ptr(src*2*h), Dst: d.st[b].idX + kernels.Ptr(dst*2*h), Bytes: rows * 2 * h},
-					kernels.Xfer{From: a, To: b, Src: d.st[a].sendP + kernels.Ptr(src*4*ldp), Dst: d.st[b].idP + kernels.Ptr(dst*4*ldp), Bytes: rows * 4 * ldp})
-			} else { // b pre-reduced a's tokens: back from b's send buffer (tile of n) into a's (tile of m)
-				xs = append(xs, kernels.Xfer{From: b, To: a, Src: d.st[b].sendX + kernels.Ptr(dst*2*h), Dst: d.st[a].idX + kernels.Ptr(src*2*h), Bytes: rows * 2 * h})
+			// x's tile of domain ny, in its send and its receive buffers;
+			// out: x's tokens domain ny needs, in: y's tokens domain nx needs
+			at := int64(tile(ny, nx)) * T
+			out, in := int64(d.st[x].counts[g.L+1+ny]), int64(d.st[y].counts[g.L+1+nx])
+			if !combine { // x's tokens to y, y's to x
+				p.sends = append(p.sends, kernels.Transfer{Peer: y, Buf: s.sendX + kernels.Ptr(at*2*h), Bytes: out * 2 * h},
+					kernels.Transfer{Peer: y, Buf: s.sendP + kernels.Ptr(at*4*ldp), Bytes: out * 4 * ldp})
+				p.recvs = append(p.recvs, kernels.Transfer{Peer: y, Buf: s.idX + kernels.Ptr(at*2*h), Bytes: in * 2 * h},
+					kernels.Transfer{Peer: y, Buf: s.idP + kernels.Ptr(at*4*ldp), Bytes: in * 4 * ldp})
+			} else { // the pre-reduced sums back: of y's tokens to y, of x's from y
+				p.sends = append(p.sends, kernels.Transfer{Peer: y, Buf: s.sendX + kernels.Ptr(at*2*h), Bytes: in * 2 * h})
+				p.recvs = append(p.recvs, kernels.Transfer{Peer: y, Buf: s.idX + kernels.Ptr(at*2*h), Bytes: out * 2 * h})
 			}
 		}
+		if err := d.comm.Exchange(x, p.sends, p.recvs); err != nil {
+			return err
+		}
 	}
-	return d.comm.Exchange(xs)
+	return nil
 }
 
-func (d *Device) dispatch() error {
+func (d *Device) dispatch(p *part) error {
 	if d.g.M > 1 {
-		if err := d.launch("pack", d.budget, func(p *part) []any { return []any{int32(p.first), int32(d.cfg.SMs), p.table} }); err != nil {
+		if err := d.launch(p, "pack", true, d.budget(p), int32(p.first), int32(d.cfg.SMs), p.table); err != nil {
 			return err
 		}
-		if err := d.exchange(false); err != nil {
+		if err := d.exchange(p, false); err != nil {
 			return err
 		}
 	}
-	err := d.launch("dispatch", d.budget, func(p *part) []any { return d.collective(p, d.epoch+1, d.bug) })
-	d.epoch += 2
+	err := d.launch(p, "dispatch", true, d.budget(p), d.collective(p, p.epoch+1, d.bug)...)
+	p.epoch += 2
 	return err
 }
 
-func (d *Device) combine() error {
+func (d *Device) combine(p *part) error {
 	stage := int32(0)
 	if d.g.M > 1 {
 		stage = 1
 	}
-	if err := d.launch("combine", d.budget, func(p *part) []any { return d.collective(p, d.epoch+1, stage) }); err != nil {
+	if err := d.launch(p, "combine", true, d.budget(p), d.collective(p, p.epoch+1, stage)...); err != nil {
 		return err
 	}
 	if d.g.M > 1 {
-		if err := d.exchange(true); err != nil {
+		if err := d.exchange(p, true); err != nil {
 			return err
 		}
-		if err := d.launch("combine", d.budget, func(p *part) []any { return d.collective(p, d.epoch+2, int32(2)) }); err != nil {
+		if err := d.launch(p, "combine", true, d.budget(p), d.collective(p, p.epoch+2, int32(2))...); err != nil {
 			return err
 		}
 	}
-	d.epoch += 2
+	p.epoch += 2
 	return nil
 }
 

@@ -220,7 +220,7 @@ func (c Config) domain(ep int) int {
 func New(impl string, env dispatchers.Env) (dispatchers.Dispatcher, error) {
 	if impl != dispatchers.ImplNative {
 		return nil, &dispatchers.UnavailableError{Name: Name, Impl: impl,
-			Reason: "no library implementation in this build (NCCL EP's HT mode, a C API over HybridEP's kernels, needs CUDA 13 and NCCL 2.29)"}
+			Reason: "no library implementation registered in this build (dispatchers/ncclep registers NCCL EP's high-throughput mode, HybridEP's kernels)"}
 	}
 	if env.Device != "host" {
 		return nil, &dispatchers.UnavailableError{Name: Name, Impl: impl,

@@ -20,8 +20,13 @@ import (
 // cublas_api.h (Debian's non-free nvidia-cuda-dev; .ci/run unpacks them
 // and names the folder in MOEBENCH_CUDA_INCLUDE) and go-nvml's nvml.h.
 // What 11.8 lacks is checked against declarations transcribed from newer
-// headers (newerDecls, each with its source). Without the headers it
-// skips; under MOEBENCH_REQUIRE_NVRTC=1 (CI) it fails instead.
+// headers (newerDecls, each with its source). NCCL EP's and NCCL's are
+// checked against their real headers where a node has them (an installed
+// nccl_ep/nccl_ep.h: MOEBENCH_NCCL_EP_INCLUDE, $NCCL_EP_HOME/include or
+// beside libnccl_ep; nccl.h: MOEBENCH_NCCL_INCLUDE, $NCCL_HOME/include,
+// the system's, else its transcription), and against their transcriptions
+// otherwise (CI: neither is packaged where it can reach). Without the CUDA
+// headers it skips; under MOEBENCH_REQUIRE_NVRTC=1 (CI) it fails instead.
 func TestABIHeaders(t *testing.T) {
 	inc := cudaInclude()
 	cxx := os.Getenv("CXX")
@@ -37,19 +42,32 @@ func TestABIHeaders(t *testing.T) {
 		t.Skip(msg)
 	}
 	nvml := nvmlInclude(t)
-	src, err := abiCheckSource(nvml != "")
+	epInc, ncclInc := headerDir(ncclEPIncludes(), "nccl_ep/nccl_ep.h", "nccl_ep/ep_enums.h"), headerDir(ncclIncludes(), "nccl.h")
+	src, err := abiCheckSource(nvml != "", epInc != "")
 	if err != nil {
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
-	for name, text := range map[string]string{"check.cc": src, "abi.h": abi.Header} {
+	files := map[string]string{"check.cc": src, "abi.h": abi.Header}
+	switch {
+	case epInc == "":
+		t.Log("NCCL and NCCL EP checked against transcriptions of their headers: no nccl_ep/nccl_ep.h found (MOEBENCH_NCCL_EP_INCLUDE, $NCCL_EP_HOME/include or beside libnccl_ep names its folder)")
+	case ncclInc == "":
+		files["nccl.h"] = ncclStandIn() // NCCL's, transcribed
+		t.Logf("NCCL EP checked against the real nccl_ep.h in %s (NCCL's types transcribed: no nccl.h found)", epInc)
+	default:
+		t.Logf("NCCL EP and NCCL checked against the real nccl_ep.h in %s and nccl.h in %s", epInc, ncclInc)
+	}
+	for name, text := range files {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}
 	args := []string{"-std=c++17", "-fsyntax-only", "-Werror", "-I", dir, "-I", inc}
-	if nvml != "" {
-		args = append(args, "-I", nvml)
+	for _, d := range []string{nvml, epInc, ncclInc} {
+		if d != "" {
+			args = append(args, "-I", d)
+		}
 	}
 	out, err := exec.Command(cxx, append(args, filepath.Join(dir, "check.cc"))...).CombinedOutput()
 	if err != nil {
@@ -62,6 +80,63 @@ func TestABIHeaders(t *testing.T) {
 	if nvml == "" {
 		t.Log("NVML prototypes not checked: go-nvml's nvml.h not found (go list)")
 	}
+}
+
+// headerDir is the first of dirs holding every file, or "".
+func headerDir(dirs []string, files ...string) string {
+	for _, d := range dirs {
+		ok := d != ""
+		for _, f := range files {
+			if _, err := os.Stat(filepath.Join(d, f)); err != nil {
+				ok = false
+			}
+		}
+		if ok {
+			return d
+		}
+	}
+	return ""
+}
+
+// ncclEPIncludes are where a real nccl_ep/nccl_ep.h may be: named by
+// MOEBENCH_NCCL_EP_INCLUDE, under $NCCL_EP_HOME, or beside the library
+// (the wheel's nccl/ep/lib and nccl/ep/include).
+func ncclEPIncludes() []string {
+	dirs := []string{os.Getenv("MOEBENCH_NCCL_EP_INCLUDE")}
+	if h := os.Getenv("NCCL_EP_HOME"); h != "" {
+		dirs = append(dirs, filepath.Join(h, "include"))
+	}
+	if e, err := OpenNCCLEP(); err == nil && filepath.IsAbs(e.Path) {
+		dirs = append(dirs, filepath.Join(filepath.Dir(filepath.Dir(e.Path)), "include"))
+	}
+	return dirs
+}
+
+// ncclStandIn is an nccl.h of the transcribed types and declarations
+// (NCCL EP's header includes nccl.h).
+func ncclStandIn() string {
+	var b strings.Builder
+	b.WriteString("#pragma once\n#include <cuda_runtime.h>\n" + ncclTypes)
+	for name, d := range newerDecls {
+		if strings.HasPrefix(name, "nccl") && !strings.HasPrefix(name, "ncclEp") {
+			b.WriteString(d + "\n")
+		}
+	}
+	return b.String()
+}
+
+// ncclIncludes are where a real nccl.h may be: MOEBENCH_NCCL_INCLUDE,
+// $NCCL_HOME/include, beside the library (the wheel's nvidia/nccl/lib and
+// nvidia/nccl/include), the system's.
+func ncclIncludes() []string {
+	dirs := []string{os.Getenv("MOEBENCH_NCCL_INCLUDE")}
+	if h := os.Getenv("NCCL_HOME"); h != "" {
+		dirs = append(dirs, filepath.Join(h, "include"))
+	}
+	if n, err := OpenNCCL(); err == nil && filepath.IsAbs(n.Path) {
+		dirs = append(dirs, filepath.Join(filepath.Dir(filepath.Dir(n.Path)), "include"))
+	}
+	return append(dirs, "/usr/include", "/usr/local/include")
 }
 
 // cudaInclude is the folder holding the CUDA 11.8 headers, or "".
@@ -118,7 +193,8 @@ var newerDecls = map[string]string{
 		"int group_count, const int group_size[], cublasComputeType_t computeType);",
 	// NCCL's src/nccl.h.in (NVIDIA/nccl, commit 021e8045, 2.30)
 	"ncclGetVersion":     "ncclResult_t ncclGetVersion(int *version);",
-	"ncclCommInitAll":    "ncclResult_t ncclCommInitAll(ncclComm_t *comm, int ndev, const int *devlist);",
+	"ncclGetUniqueId":    "ncclResult_t ncclGetUniqueId(ncclUniqueId *uniqueId);",
+	"ncclCommInitRank":   "ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId commId, int rank);",
 	"ncclCommDestroy":    "ncclResult_t ncclCommDestroy(ncclComm_t comm);",
 	"ncclGroupStart":     "ncclResult_t ncclGroupStart(void);",
 	"ncclGroupEnd":       "ncclResult_t ncclGroupEnd(void);",
@@ -126,20 +202,111 @@ var newerDecls = map[string]string{
 	"ncclRecv":           "ncclResult_t ncclRecv(void *recvbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm, cudaStream_t stream);",
 	"ncclGetErrorString": "const char *ncclGetErrorString(ncclResult_t result);",
 	"ncclGetLastError":   "const char *ncclGetLastError(ncclComm_t comm);",
+	// NCCL EP's nccl_ep/include/nccl_ep.h (NVIDIA/nccl-extensions, commit
+	// 44d2de0d, 2026-08-21; NCCL EP 0.1.0, API version 2)
+	"ncclEpGetVersion":   "ncclResult_t ncclEpGetVersion(int *version);",
+	"ncclEpCreateGroup":  "ncclResult_t ncclEpCreateGroup(ncclEpGroup_t *ep_group, ncclComm_t comm, const ncclEpGroupConfig_t *config);",
+	"ncclEpGroupDestroy": "ncclResult_t ncclEpGroupDestroy(ncclEpGroup_t ep_group);",
+	"ncclEpInitHandle": "ncclResult_t ncclEpInitHandle(ncclEpHandle_t *handle, ncclEpGroup_t ep_group, ncclEpLayout_t layout, " +
+		"const ncclEpHandleConfig_t *config, int num_topk, const ncclEpTensor_t *handle_mem);",
+	"ncclEpUpdateHandle": "ncclResult_t ncclEpUpdateHandle(ncclEpHandle_t handle, const ncclEpTensor_t *topk_idx, " +
+		"const ncclEpLayoutInfo_t *layout_info, cudaStream_t stream);",
+	"ncclEpHandleDestroy": "ncclResult_t ncclEpHandleDestroy(ncclEpHandle_t handle);",
+	"ncclEpDispatch": "ncclResult_t ncclEpDispatch(ncclEpHandle_t handle, const ncclEpDispatchInputs_t *inputs, " +
+		"const ncclEpDispatchOutputs_t *outputs, const ncclEpLayoutInfo_t *layout_info, const ncclEpDispatchConfig_t *config, cudaStream_t stream);",
+	"ncclEpCombine": "ncclResult_t ncclEpCombine(ncclEpHandle_t handle, const ncclEpCombineInputs_t *inputs, " +
+		"const ncclEpCombineOutputs_t *outputs, const ncclEpCombineConfig_t *config, cudaStream_t stream);",
 }
 
 // newerTypes are the types newerDecls use that 11.8 lacks, with their
 // sources: CUDA 12.8's CUmemcpyAttributes (NVIDIA/cuda-python cydriver;
-// shared/reference/go-cuda.md §4.1: 24 bytes) and nccl.h's handles and
-// enums (NVIDIA/nccl src/nccl.h.in at 021e8045).
-const newerTypes = `
+// shared/reference/go-cuda.md §4.1: 24 bytes), nccl.h's handles and enums
+// (ncclTypes) and NCCL EP's (ncclEPTypes).
+const newerTypes = cuNewerTypes + ncclTypes + ncclEPTypes
+
+const cuNewerTypes = `
 typedef struct { int srcAccessOrder; CUmemLocation srcLocHint, dstLocHint; unsigned int flags; } CUmemcpyAttributes;
+enum { CU_MEMCPY_SRC_ACCESS_ORDER_STREAM = 1, CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE = 1 };
+`
+
+// ncclTypes are nccl.h's handles and enums (NVIDIA/nccl src/nccl.h.in at
+// 021e8045).
+const ncclTypes = `
 typedef struct ncclComm *ncclComm_t;
+typedef struct { char internal[128]; } ncclUniqueId; // NCCL_UNIQUE_ID_BYTES
 typedef enum { ncclSuccess = 0, ncclUnhandledCudaError = 1, ncclSystemError = 2, ncclInternalError = 3,
 	ncclInvalidArgument = 4, ncclInvalidUsage = 5, ncclRemoteError = 6, ncclInProgress = 7, ncclTimeout = 8,
 	ncclNumResults = 9 } ncclResult_t;
-typedef enum { ncclInt8 = 0, ncclChar = 0, ncclUint8 = 1 } ncclDataType_t;
-enum { CU_MEMCPY_SRC_ACCESS_ORDER_STREAM = 1, CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE = 1 };
+typedef enum { ncclInt8 = 0, ncclChar = 0, ncclUint8 = 1, ncclInt32 = 2, ncclInt = 2, ncclUint32 = 3, ncclInt64 = 4,
+	ncclUint64 = 5, ncclFloat16 = 6, ncclHalf = 6, ncclFloat32 = 7, ncclFloat = 7, ncclFloat64 = 8, ncclDouble = 8,
+	ncclBfloat16 = 9 } ncclDataType_t;
+typedef struct ncclWindow_vidmem *ncclWindow_t;
+`
+
+// ncclEPTypes are NCCL EP's types and values, transcribed from
+// NVIDIA/nccl-extensions at 44d2de0d (2026-08-21): nccl_ep/include/ep_enums.h
+// and nccl_ep/include/nccl_ep.h (the CUDA runtime's stream and error types
+// in the driver's terms).
+const ncclEPTypes = `
+typedef CUstream cudaStream_t;
+typedef int cudaError_t;
+#define NCCL_EP_AUTO 0
+typedef enum { NCCL_EP_ALGO_LOW_LATENCY = 0, NCCL_EP_ALGO_HIGH_THROUGHPUT = 1 } ncclEpAlgorithm_t;
+typedef enum { NCCL_EP_OVERFLOW_AUTO = NCCL_EP_AUTO, NCCL_EP_OVERFLOW_TRAP, NCCL_EP_OVERFLOW_DROP } ncclEpOverflowPolicy_t;
+typedef enum { NCCL_EP_LAYOUT_UNSET = NCCL_EP_AUTO, NCCL_EP_LAYOUT_EXPERT_MAJOR, NCCL_EP_LAYOUT_RANK_MAJOR, NCCL_EP_LAYOUT_FLAT } ncclEpLayout_t;
+typedef enum { NCCL_EP_FWD_PASS = 0, NCCL_EP_BWD_PASS = 1 } ncclEpPassDir_t;
+typedef enum { NCCL_EP_ZERO_COPY_AUTO = NCCL_EP_AUTO, NCCL_EP_ZERO_COPY_OFF, NCCL_EP_ZERO_COPY_ON } ncclEpZeroCopyMode_t;
+typedef enum { NCCL_EP_EXPERT_ID_AUTO = NCCL_EP_AUTO, NCCL_EP_EXPERT_ID_LOCAL = 1, NCCL_EP_EXPERT_ID_GLOBAL = 2 } ncclEpExpertIdKind_t;
+#define NCCL_EP_API_VERSION 2
+#define NCCL_EP_MAGIC 0xC00FFFEEu
+#define NCCL_EP_TENSOR_MAGIC 0xCAFECAFE
+typedef struct ncclEpTensor {
+	unsigned int size; unsigned int magic; unsigned int ndim; ncclDataType_t datatype; void *data;
+	ncclWindow_t win_hdl; uint64_t win_offset; size_t *sizes;
+} ncclEpTensor_t;
+#define NCCL_EP_TENSOR_V1_SIZE 48u
+typedef cudaError_t (*ncclEpAllocFn_t)(void **ptr, size_t size, void *context);
+typedef cudaError_t (*ncclEpFreeFn_t)(void *ptr, void *context);
+typedef struct { ncclEpAllocFn_t alloc_fn; ncclEpFreeFn_t free_fn; void *context; } ncclEpAllocConfig_t;
+typedef struct {
+	unsigned int size; unsigned int magic; unsigned int version; ncclEpAlgorithm_t algorithm; unsigned int num_experts;
+	unsigned int max_dispatch_tokens_per_rank; unsigned int max_recv_tokens_per_rank; unsigned int max_token_bytes;
+	unsigned long int rdma_buffer_size; unsigned int num_qp_per_rank; unsigned int num_channels; unsigned int max_num_sms;
+	ncclEpAllocConfig_t alloc; unsigned int enable_mask; uint64_t timeout_ns; ncclEpZeroCopyMode_t zero_copy;
+	ncclEpOverflowPolicy_t overflow_policy; unsigned int num_topk; unsigned char padding_v2[4];
+} ncclEpGroupConfig_t;
+#define NCCL_EP_GROUP_CONFIG_V1_SIZE 96u
+typedef struct ncclEpGroup *ncclEpGroup_t;
+typedef struct {
+	unsigned int size; unsigned int magic; ncclEpTensor_t *expert_counters; ncclEpTensor_t *src_rank_counters;
+	ncclEpTensor_t *expert_offsets; ncclEpTensor_t *recv_total_counter; ncclEpExpertIdKind_t recv_topk_idx_kind;
+	unsigned char padding_v2[4];
+} ncclEpLayoutInfo_t;
+#define NCCL_EP_LAYOUT_INFO_V1_SIZE 40u
+typedef struct { unsigned int size; unsigned int magic; ncclEpTensor_t *tokens; ncclEpTensor_t *topk_weights; ncclEpTensor_t *scales; } ncclEpDispatchInputs_t;
+#define NCCL_EP_DISPATCH_INPUTS_V1_SIZE 32u
+typedef struct {
+	unsigned int size; unsigned int magic; ncclEpTensor_t *tokens; ncclEpTensor_t *topk_weights; ncclEpTensor_t *scales; ncclEpTensor_t *topk_idx;
+} ncclEpDispatchOutputs_t;
+#define NCCL_EP_DISPATCH_OUTPUTS_V1_SIZE 40u
+typedef struct { unsigned int size; unsigned int magic; ncclEpTensor_t *tokens; ncclEpTensor_t *topk_weights; ncclEpTensor_t *scales; } ncclEpCombineInputs_t;
+#define NCCL_EP_COMBINE_INPUTS_V1_SIZE 24u
+typedef struct { unsigned int size; unsigned int magic; ncclEpTensor_t *tokens; ncclEpTensor_t *topk_weights; } ncclEpCombineOutputs_t;
+#define NCCL_EP_COMBINE_OUTPUTS_V1_SIZE 24u
+typedef struct ncclEpHandle *ncclEpHandle_t;
+typedef struct { unsigned int size; unsigned int magic; size_t dispatch_output_per_expert_alignment; } ncclEpHandleConfig_t;
+#define NCCL_EP_HANDLE_CONFIG_V1_SIZE 16u
+typedef enum { NCCL_EP_DISP_QUANT_NONE = 0, NCCL_EP_DISP_QUANT_FWD = 1, NCCL_EP_DISP_QUANT_DS_FP8E3M4 = 2 } ncclEpDispQuant_t;
+typedef enum { NCCL_EP_COMB_QUANT_NONE = 0, NCCL_EP_COMB_QUANT_NVFP4 = 1 } ncclEpCombQuant_t;
+typedef struct {
+	unsigned int size; unsigned int magic; unsigned int send_only; unsigned int round_scales; ncclEpPassDir_t pass_direction;
+	ncclEpDispQuant_t quant_recipe;
+} ncclEpDispatchConfig_t;
+#define NCCL_EP_DISPATCH_CONFIG_V1_SIZE 20u
+typedef struct {
+	unsigned int size; unsigned int magic; unsigned int send_only; ncclEpPassDir_t pass_direction; ncclEpCombQuant_t quant_recipe;
+} ncclEpCombineConfig_t;
+#define NCCL_EP_COMBINE_CONFIG_V1_SIZE 16u
 `
 
 // abiValues are the values moebench passes or compares, by the headers'
@@ -177,10 +344,30 @@ func abiValues() map[string]int {
 		"CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES":              prefMaxWorkspaceBytes,
 		"CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES":            prefMinAlignA,
 		"CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES":            prefMinAlignA + 3, // preference() sets A, B, C, D in a row
-		"ncclUint8":                   ncclUint8,
-		"NVML_ERROR_INVALID_ARGUMENT": nvmlErrorInvalidArgument,
-		"NVML_ERROR_NOT_SUPPORTED":    nvmlErrorNotSupported,
-		"NVML_NVLINK_MAX_LINKS":       nvlinkMax,
+		"ncclUint8":                        ncclUint8,
+		"ncclInt32":                        -1, // abi.h's MB_ macros of the same names
+		"ncclFloat32":                      -1,
+		"ncclBfloat16":                     -1,
+		"NCCL_EP_MAGIC":                    -1,
+		"NCCL_EP_TENSOR_MAGIC":             -1,
+		"NCCL_EP_API_VERSION":              -1,
+		"NCCL_EP_AUTO":                     -1,
+		"NCCL_EP_ALGO_LOW_LATENCY":         -1,
+		"NCCL_EP_ALGO_HIGH_THROUGHPUT":     -1,
+		"NCCL_EP_LAYOUT_EXPERT_MAJOR":      -1,
+		"NCCL_EP_GROUP_CONFIG_V1_SIZE":     -1,
+		"NCCL_EP_LAYOUT_INFO_V1_SIZE":      -1,
+		"NCCL_EP_TENSOR_V1_SIZE":           -1,
+		"NCCL_EP_HANDLE_CONFIG_V1_SIZE":    -1,
+		"NCCL_EP_DISPATCH_INPUTS_V1_SIZE":  -1,
+		"NCCL_EP_DISPATCH_OUTPUTS_V1_SIZE": -1,
+		"NCCL_EP_DISPATCH_CONFIG_V1_SIZE":  -1,
+		"NCCL_EP_COMBINE_INPUTS_V1_SIZE":   -1,
+		"NCCL_EP_COMBINE_OUTPUTS_V1_SIZE":  -1,
+		"NCCL_EP_COMBINE_CONFIG_V1_SIZE":   -1,
+		"NVML_ERROR_INVALID_ARGUMENT":      nvmlErrorInvalidArgument,
+		"NVML_ERROR_NOT_SUPPORTED":         nvmlErrorNotSupported,
+		"NVML_NVLINK_MAX_LINKS":            nvlinkMax,
 	}
 	for i, n := range ncclResultNames {
 		v[n] = i
@@ -193,7 +380,10 @@ func abiValues() map[string]int {
 var abiEntry = regexp.MustCompile(`\bF(0?)\(([^,]+), (\w+)(?:, \(([^()]*(?:\([^()]*\)[^()]*)*)\))?`)
 
 // abiCheckSource is the C++ check program.
-func abiCheckSource(withNVML bool) (string, error) {
+// With realEP, NCCL's and NCCL EP's declarations are the real headers'
+// (nccl.h and nccl_ep/nccl_ep.h on the include path) instead of the
+// transcriptions.
+func abiCheckSource(withNVML, realEP bool) (string, error) {
 	var b strings.Builder
 	b.WriteString(`#include <cstddef>
 #include <tuple>
@@ -206,11 +396,18 @@ func abiCheckSource(withNVML bool) (string, error) {
 	if withNVML {
 		b.WriteString("#include <nvml.h>\n")
 	}
+	transcribed := newerTypes
+	if realEP {
+		b.WriteString("#include <nccl.h>\n#include <nccl_ep/nccl_ep.h>\n")
+		transcribed = cuNewerTypes
+	}
 	b.WriteString(`#include "abi.h"
 namespace newer {
-` + newerTypes)
-	for _, d := range newerDecls {
-		b.WriteString(d + "\n")
+` + transcribed)
+	for name, d := range newerDecls {
+		if !realEP || !strings.HasPrefix(name, "nccl") {
+			b.WriteString(d + "\n")
+		}
 	}
 	nvmlAbi := ""
 	if withNVML {
@@ -272,7 +469,7 @@ template <class Real, class Ours, std::size_t I> constexpr bool arg_ok() {
 			continue
 		}
 		real := "::" + name
-		if _, ok := newerDecls[name]; ok {
+		if _, ok := newerDecls[name]; ok && !(realEP && strings.HasPrefix(name, "nccl")) {
 			real = "newer::" + name
 		}
 		if strings.HasPrefix(name, "nvml") && !withNVML {
@@ -324,6 +521,71 @@ static_assert(sizeof(mb_memcpy_attrs) == 24, "mb_memcpy_attrs: CUmemcpyAttribute
 SAME_FIELD(mb_memcpy_attrs, srcLocHint, newer::CUmemcpyAttributes, srcLocHint);
 SAME_FIELD(mb_memcpy_attrs, dstLocHint, newer::CUmemcpyAttributes, dstLocHint);
 SAME_FIELD(mb_memcpy_attrs, flags, newer::CUmemcpyAttributes, flags);
+SAME_LAYOUT(mb_nccl_id, ncclUniqueId);
+// NCCL EP: each struct whole, each field, and each V1 boundary at the end of
+// the struct's last V1 field (what moebench sends)
+#define EP_V1_END(ours, last, v1) static_assert(offsetof(ours, last) + sizeof(((ours *)0)->last) == v1, #ours ": the V1 boundary is not after " #last)
+SAME_LAYOUT(mb_ep_tensor, ncclEpTensor_t);
+SAME_FIELD(mb_ep_tensor, ndim, ncclEpTensor_t, ndim);
+SAME_FIELD(mb_ep_tensor, datatype, ncclEpTensor_t, datatype);
+SAME_FIELD(mb_ep_tensor, data, ncclEpTensor_t, data);
+SAME_FIELD(mb_ep_tensor, win, ncclEpTensor_t, win_hdl);
+SAME_FIELD(mb_ep_tensor, win_offset, ncclEpTensor_t, win_offset);
+SAME_FIELD(mb_ep_tensor, sizes, ncclEpTensor_t, sizes);
+EP_V1_END(mb_ep_tensor, sizes, MB_NCCL_EP_TENSOR_V1_SIZE);
+SAME_LAYOUT(mb_ep_group_config, ncclEpGroupConfig_t);
+SAME_FIELD(mb_ep_group_config, magic, ncclEpGroupConfig_t, magic);
+SAME_FIELD(mb_ep_group_config, version, ncclEpGroupConfig_t, version);
+SAME_FIELD(mb_ep_group_config, algorithm, ncclEpGroupConfig_t, algorithm);
+SAME_FIELD(mb_ep_group_config, num_experts, ncclEpGroupConfig_t, num_experts);
+SAME_FIELD(mb_ep_group_config, max_dispatch_tokens_per_rank, ncclEpGroupConfig_t, max_dispatch_tokens_per_rank);
+SAME_FIELD(mb_ep_group_config, max_recv_tokens_per_rank, ncclEpGroupConfig_t, max_recv_tokens_per_rank);
+SAME_FIELD(mb_ep_group_config, max_token_bytes, ncclEpGroupConfig_t, max_token_bytes);
+SAME_FIELD(mb_ep_group_config, rdma_buffer_size, ncclEpGroupConfig_t, rdma_buffer_size);
+SAME_FIELD(mb_ep_group_config, num_channels, ncclEpGroupConfig_t, num_channels);
+SAME_FIELD(mb_ep_group_config, max_num_sms, ncclEpGroupConfig_t, max_num_sms);
+SAME_FIELD(mb_ep_group_config, alloc, ncclEpGroupConfig_t, alloc);
+SAME_FIELD(mb_ep_group_config, enable_mask, ncclEpGroupConfig_t, enable_mask);
+SAME_FIELD(mb_ep_group_config, timeout_ns, ncclEpGroupConfig_t, timeout_ns);
+SAME_FIELD(mb_ep_group_config, zero_copy, ncclEpGroupConfig_t, zero_copy);
+SAME_FIELD(mb_ep_group_config, num_topk, ncclEpGroupConfig_t, num_topk);
+EP_V1_END(mb_ep_group_config, timeout_ns, MB_NCCL_EP_GROUP_CONFIG_V1_SIZE);
+SAME_LAYOUT(mb_ep_layout_info, ncclEpLayoutInfo_t);
+SAME_FIELD(mb_ep_layout_info, expert_counters, ncclEpLayoutInfo_t, expert_counters);
+SAME_FIELD(mb_ep_layout_info, src_rank_counters, ncclEpLayoutInfo_t, src_rank_counters);
+SAME_FIELD(mb_ep_layout_info, expert_offsets, ncclEpLayoutInfo_t, expert_offsets);
+SAME_FIELD(mb_ep_layout_info, recv_total_counter, ncclEpLayoutInfo_t, recv_total_counter);
+SAME_FIELD(mb_ep_layout_info, recv_topk_idx_kind, ncclEpLayoutInfo_t, recv_topk_idx_kind);
+EP_V1_END(mb_ep_layout_info, recv_total_counter, MB_NCCL_EP_LAYOUT_INFO_V1_SIZE);
+SAME_LAYOUT(mb_ep_handle_config, ncclEpHandleConfig_t);
+SAME_FIELD(mb_ep_handle_config, dispatch_output_per_expert_alignment, ncclEpHandleConfig_t, dispatch_output_per_expert_alignment);
+EP_V1_END(mb_ep_handle_config, dispatch_output_per_expert_alignment, MB_NCCL_EP_HANDLE_CONFIG_V1_SIZE);
+SAME_LAYOUT(mb_ep_dispatch_inputs, ncclEpDispatchInputs_t);
+SAME_FIELD(mb_ep_dispatch_inputs, tokens, ncclEpDispatchInputs_t, tokens);
+SAME_FIELD(mb_ep_dispatch_inputs, topk_weights, ncclEpDispatchInputs_t, topk_weights);
+SAME_FIELD(mb_ep_dispatch_inputs, scales, ncclEpDispatchInputs_t, scales);
+EP_V1_END(mb_ep_dispatch_inputs, scales, MB_NCCL_EP_DISPATCH_INPUTS_V1_SIZE);
+SAME_LAYOUT(mb_ep_dispatch_outputs, ncclEpDispatchOutputs_t);
+SAME_FIELD(mb_ep_dispatch_outputs, tokens, ncclEpDispatchOutputs_t, tokens);
+SAME_FIELD(mb_ep_dispatch_outputs, topk_weights, ncclEpDispatchOutputs_t, topk_weights);
+SAME_FIELD(mb_ep_dispatch_outputs, topk_idx, ncclEpDispatchOutputs_t, topk_idx);
+EP_V1_END(mb_ep_dispatch_outputs, topk_idx, MB_NCCL_EP_DISPATCH_OUTPUTS_V1_SIZE);
+SAME_LAYOUT(mb_ep_dispatch_config, ncclEpDispatchConfig_t);
+SAME_FIELD(mb_ep_dispatch_config, send_only, ncclEpDispatchConfig_t, send_only);
+SAME_FIELD(mb_ep_dispatch_config, pass_direction, ncclEpDispatchConfig_t, pass_direction);
+EP_V1_END(mb_ep_dispatch_config, pass_direction, MB_NCCL_EP_DISPATCH_CONFIG_V1_SIZE);
+SAME_LAYOUT(mb_ep_combine_inputs, ncclEpCombineInputs_t);
+SAME_FIELD(mb_ep_combine_inputs, tokens, ncclEpCombineInputs_t, tokens);
+SAME_FIELD(mb_ep_combine_inputs, topk_weights, ncclEpCombineInputs_t, topk_weights);
+EP_V1_END(mb_ep_combine_inputs, topk_weights, MB_NCCL_EP_COMBINE_INPUTS_V1_SIZE);
+SAME_LAYOUT(mb_ep_combine_outputs, ncclEpCombineOutputs_t);
+SAME_FIELD(mb_ep_combine_outputs, tokens, ncclEpCombineOutputs_t, tokens);
+SAME_FIELD(mb_ep_combine_outputs, topk_weights, ncclEpCombineOutputs_t, topk_weights);
+EP_V1_END(mb_ep_combine_outputs, topk_weights, MB_NCCL_EP_COMBINE_OUTPUTS_V1_SIZE);
+SAME_LAYOUT(mb_ep_combine_config, ncclEpCombineConfig_t);
+SAME_FIELD(mb_ep_combine_config, send_only, ncclEpCombineConfig_t, send_only);
+SAME_FIELD(mb_ep_combine_config, pass_direction, ncclEpCombineConfig_t, pass_direction);
+EP_V1_END(mb_ep_combine_config, pass_direction, MB_NCCL_EP_COMBINE_CONFIG_V1_SIZE);
 SAME_LAYOUT(mb_lt_algo, cublasLtMatmulAlgo_t);
 SAME_LAYOUT(mb_lt_heuristic, cublasLtMatmulHeuristicResult_t);
 SAME_FIELD(mb_lt_heuristic, workspaceSize, cublasLtMatmulHeuristicResult_t, workspaceSize);

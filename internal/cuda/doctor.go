@@ -1,6 +1,9 @@
 package cuda
 
-import "fmt"
+import (
+	"fmt"
+	"strings"
+)
 
 // Component is one library or device moebench can use, as found here.
 type Component struct {
@@ -51,7 +54,7 @@ func Doctor() []Component {
 	} else {
 		c.Found, c.Path, c.Detail = true, b.Path, "cublasGemmGroupedBatchedEx, compared with per-expert cuBLASLt calls"
 	}
-	out = append(out, c, probeNCCL())
+	out = append(out, c, probeNCCL(), probeNCCLEP())
 
 	return append(out, probeNVML())
 }
@@ -65,5 +68,35 @@ func probeNCCL() Component {
 		return c
 	}
 	c.Found, c.Path, c.Version, c.Detail = true, n.Path, n.Version, "alltoall --impl library: grouped send/recv between GPUs, one rank per GPU"
+	return c
+}
+
+// probeNCCLEP loads NCCL EP (over NCCL), asks its version, and says
+// whether what it needs at run time is here: NCCL's Device API and what
+// its run-time compile uses (a CUDA 13 driver and an sm_90 GPU are checked
+// when a run opens them).
+func probeNCCLEP() Component {
+	c := Component{Name: "NCCL EP"}
+	e, err := OpenNCCLEP()
+	if err != nil {
+		c.Detail = err.Error() + "; install: pip install nccl-extensions[cu13] (README: NCCL EP)"
+		return c
+	}
+	c.Found, c.Path, c.Version = true, e.Path, e.Version
+	c.Detail = "hybridep --impl library (its high-throughput mode), deepep --impl library (its low-latency mode); " +
+		fmt.Sprintf("release %s (ncclEpGetVersion; the library states no API version): the append-only API of nccl_ep.h's version %d "+
+			"(it has ncclEpInitHandle and ncclEpUpdateHandle), so moebench sends its structs at their frozen V%d sizes, which it accepts; over NCCL %s",
+			e.Version, EPAPIVersion, EPStructVersion, e.NCCL.Version)
+	var missing []string
+	if ok, why := e.NCCL.DeviceAPI(); !ok {
+		missing = append(missing, why)
+	}
+	rt := FindEPRuntime(e)
+	missing = append(missing, rt.Missing...)
+	if missing == nil {
+		c.Detail += fmt.Sprintf("; NCCL's Device API and its run-time compile's needs found (nvcc %s, headers %s, %s, %s)", rt.NVCC, rt.Source, rt.NCCLInclude, rt.CUDAInclude)
+	} else {
+		c.Detail += "; missing: " + strings.Join(missing, "; ")
+	}
 	return c
 }

@@ -36,6 +36,22 @@ static int c_batch(void *f, int v2, mb_dptr *dst, mb_dptr *src, size_t *n, size_
 	if (v2) return mbcall_cuMemcpyBatchAsync_v2(f, dst, src, n, count, &a, &idx, 1, st);
 	return mbcall_cuMemcpyBatchAsync(f, dst, src, n, count, &a, &idx, 1, &fail, st);
 }
+// The context this OS thread last made current through moebench, and the
+// driver's entry point it went through (the current context is per thread,
+// and per loaded driver: tests load several fakes): SetCurrent skips the
+// call when it is already the one.
+static __thread void *c_current, *c_current_fn;
+// c_set_current returns the call's result times two, plus one when it
+// called the driver (no out-parameter: a Go variable whose address cgo
+// passes is allocated on the heap, and this runs for every launch).
+static int c_set_current(void *f, void *ctx) {
+	if (ctx != 0 && ctx == c_current && f == c_current_fn) return 0;
+	int r = mbcall_cuCtxSetCurrent(f, ctx);
+	c_current = r == 0 ? ctx : 0;
+	c_current_fn = f;
+	return 2 * r + 1;
+}
+static void c_forget_current(void) { c_current = 0; }
 static const char *c_errname(void *f, int r) {
 	const char *s = 0;
 	if (f == 0 || mbcall_cuGetErrorName(f, r, &s) != 0 || s == 0) return "CUDA_ERROR_UNKNOWN_CODE";
@@ -60,10 +76,9 @@ import (
 // Proven here only against a fake libcuda (argument passing and the copy
 // data path, see driver_test.go); not yet run against a real GPU.
 type Driver struct {
-	Path    string
-	fn      map[string]unsafe.Pointer
-	devs    []C.int // CUdevice handle of each ordinal (cuDeviceGet)
-	current Context // the context this driver last made current (see SetCurrent)
+	Path string
+	fn   map[string]unsafe.Pointer
+	devs []C.int // CUdevice handle of each ordinal (cuDeviceGet)
 	// kernel parameters' C memory, reused by every launch (see params)
 	pmu  sync.Mutex
 	pmem unsafe.Pointer
@@ -295,35 +310,37 @@ func (d *Driver) PrimaryContext(dev int) (Context, error) {
 		return nil, err
 	}
 	runtime.LockOSThread()
-	d.current = nil
+	C.c_forget_current()
 	return Context(ctx), d.SetCurrent(Context(ctx))
 }
 
-// SetCurrent makes ctx the current context of this OS thread, unless this
-// driver made it current last: a process that drives several GPUs from one
-// goroutine switches contexts through one Driver. It assumes that nothing
-// else on the thread changes the current context (cuBLAS and cuBLASLt calls
-// run in the current one and leave it); after a library that may (NCCL),
-// call ContextChanged.
+// SetCurrent makes ctx the current context of the calling OS thread,
+// unless moebench made it current on this thread last: each thread
+// remembers its own, so that several threads, one per GPU, and a thread
+// that drives several GPUs in turn all switch only when needed. The
+// current context is per thread, so when it sets one it locks the calling
+// goroutine to its thread (for good: a thread that remembers a context is
+// one goroutine's). It assumes that nothing else on the thread changes the
+// current context (cuBLAS and cuBLASLt calls run in the current one and
+// leave it); after a library that may (NCCL), call ContextChanged on that
+// thread.
 func (d *Driver) SetCurrent(ctx Context) error {
-	if ctx == d.current && ctx != nil {
-		return nil
+	r := C.c_set_current(d.fn["cuCtxSetCurrent"], unsafe.Pointer(ctx))
+	if r%2 == 1 {
+		runtime.LockOSThread()
 	}
-	if err := d.check("cuCtxSetCurrent", C.mbcall_cuCtxSetCurrent(d.fn["cuCtxSetCurrent"], unsafe.Pointer(ctx))); err != nil {
-		return err
-	}
-	d.current = ctx
-	return nil
+	return d.check("cuCtxSetCurrent", r/2)
 }
 
-// ContextChanged forgets which context this driver made current, so that
-// the next SetCurrent sets it again: call it after a library call that may
-// have made another context current (NCCL switches to each GPU it works on).
-func (d *Driver) ContextChanged() { d.current = nil }
+// ContextChanged forgets which context moebench made current on the
+// calling OS thread, so that the next SetCurrent there sets it again: call
+// it after a library call that may have made another context current
+// (NCCL switches to each GPU it works on).
+func (d *Driver) ContextChanged() { C.c_forget_current() }
 
 // ReleasePrimaryContext releases dev's primary context.
 func (d *Driver) ReleasePrimaryContext(dev int) error {
-	d.current = nil
+	C.c_forget_current()
 	return d.check("cuDevicePrimaryCtxRelease_v2", C.mbcall_cuDevicePrimaryCtxRelease_v2(d.fn["cuDevicePrimaryCtxRelease_v2"], d.dev(dev)))
 }
 

@@ -17,6 +17,7 @@ type GPUInfo struct {
 	PowerLimitW             float64 // of GPU 0 (NVML, found by its PCI address)
 	Topology                string  // peer access between every pair, and each GPU's active NVLinks
 	NVRTC, CuBLASLt, NCCL   string
+	NCCLEP                  string
 	Unread                  []string // what could not be read, and why
 }
 
@@ -89,6 +90,8 @@ func ReadGPUInfo() (GPUInfo, error) {
 			g.CuBLASLt = versionOr(c)
 		case "NCCL":
 			g.NCCL = versionOr(c)
+		case "NCCL EP":
+			g.NCCLEP = versionOr(c)
 		case "NVML":
 			if c.Found {
 				g.Driver = c.Version

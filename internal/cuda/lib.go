@@ -27,23 +27,37 @@ type library struct {
 }
 
 // searchDirs are where CUDA libraries are looked for after the loader's own
-// path: CUDA toolkit folders and the Python wheels' nvidia/*/lib folders
-// (system, user, the environment of the python3 on the path — a virtual
+// path: CUDA toolkit folders ($CUDA_HOME's too) and the Python wheels'
+// nvidia/*/lib folders and nccl/*/lib folders (NCCL EP's: the
+// nccl-extensions and nccl4py wheels' nccl/ep/lib), of the system, the
+// user, the environment of the python3 on the path — a virtual
 // environment's need not be activated —, the active virtual or conda
-// environment, and /opt/conda).
+// environment (and a conda environment's lib), and /opt/conda.
 func searchDirs() []string {
 	var dirs []string
-	pats := []string{"/usr/local/cuda/lib64", "/usr/local/cuda-*/lib64", "/usr/local/cuda/targets/*/lib",
-		"/usr/local/lib/python3*/dist-packages/nvidia/*/lib", "/usr/lib/python3/dist-packages/nvidia/*/lib",
-		"/usr/local/lib/python3*/site-packages/nvidia/*/lib", os.Getenv("HOME") + "/.local/lib/python3*/site-packages/nvidia/*/lib"}
+	pats := []string{"/usr/local/cuda/lib64", "/usr/local/cuda-*/lib64", "/usr/local/cuda/targets/*/lib"}
+	for _, home := range []string{os.Getenv("CUDA_HOME"), os.Getenv("CUDA_PATH")} {
+		if home != "" {
+			pats = append(pats, home+"/lib64", home+"/lib")
+		}
+	}
+	var sites []string // site-packages folders
+	sites = append(sites, "/usr/local/lib/python3*/dist-packages", "/usr/lib/python3/dist-packages",
+		"/usr/local/lib/python3*/site-packages", os.Getenv("HOME")+"/.local/lib/python3*/site-packages")
 	envs := []string{os.Getenv("VIRTUAL_ENV"), os.Getenv("CONDA_PREFIX"), "/opt/conda"}
 	if py, err := exec.LookPath("python3"); err == nil { // PREFIX/bin/python3, not resolved: a venv's is a link
 		envs = append([]string{filepath.Dir(filepath.Dir(py))}, envs...)
 	}
 	for _, env := range envs {
 		if env != "" && env != "/usr" && env != "/usr/local" { // those are searched above
-			pats = append(pats, env+"/lib/python3*/site-packages/nvidia/*/lib")
+			sites = append(sites, env+"/lib/python3*/site-packages")
 		}
+	}
+	for _, site := range sites {
+		pats = append(pats, site+"/nvidia/*/lib", site+"/nccl/*/lib")
+	}
+	if p := os.Getenv("CONDA_PREFIX"); p != "" {
+		pats = append(pats, p+"/lib")
 	}
 	for _, pat := range pats {
 		m, _ := filepath.Glob(pat)

@@ -3,6 +3,7 @@ package cuda
 /*
 #cgo CFLAGS: -I${SRCDIR}/abi
 #include <stdlib.h>
+#include <string.h>
 #include "abi.h"
 // ncclSend and ncclRecv: buffer (a device address), count, ncclDataType_t,
 // peer rank, communicator, stream.
@@ -11,6 +12,11 @@ static int n_send(void *f, unsigned long long buf, size_t count, int type, int p
 }
 static int n_recv(void *f, unsigned long long buf, size_t count, int type, int peer, void *comm, void *stream) {
 	return mbcall_ncclRecv(f, (void *)buf, count, type, peer, comm, stream);
+}
+static int n_init(void *f, void **comm, int nranks, const void *id, int rank) {
+	mb_nccl_id v;
+	memcpy(&v, id, sizeof v);
+	return mbcall_ncclCommInitRank(f, comm, nranks, v, rank);
 }
 static const char *n_str(void *f, int r) { return f ? mbcall_ncclGetErrorString(f, r) : ""; }
 static const char *n_last(void *f, void *comm) { return f ? mbcall_ncclGetLastError(f, comm) : ""; }
@@ -22,17 +28,20 @@ import (
 	"unsafe"
 )
 
-// NCCL is NCCL's C API (libnccl.so.2), opened with dlopen: communicators of
-// one process over several of its GPUs (ncclCommInitAll) and grouped
-// point-to-point transfers between them. NCCL runs in the GPUs' primary
-// contexts and may leave another one current on the calling thread (see
-// Driver.ContextChanged).
+// NCCL is NCCL's C API (libnccl.so.2), opened with dlopen (its symbols
+// global, for libraries built on it: NCCL EP): communicators of one
+// process over several of its GPUs, one rank per GPU, each rank joined and
+// driven from its GPU's own thread (ncclCommInitRank with one unique id),
+// and grouped point-to-point transfers between them. NCCL runs in the GPUs'
+// primary contexts and may leave another one current on the calling thread
+// (see Driver.ContextChanged).
 //
 // Proven here only against a fake libnccl (internal/hostsim/fakes/fakenccl.c); not yet
 // run against a real NCCL.
 type NCCL struct {
 	Path    string
 	Version string // e.g. "2.27.3"
+	lib     *library
 	fn      map[string]unsafe.Pointer
 }
 
@@ -41,7 +50,7 @@ type Comm unsafe.Pointer
 
 // ncclSymbols are the entry points moebench uses; ncclGetLastError (NCCL
 // 2.13 and later) is optional.
-var ncclSymbols = []string{"ncclGetVersion", "ncclCommInitAll", "ncclCommDestroy", "ncclGroupStart", "ncclGroupEnd",
+var ncclSymbols = []string{"ncclGetVersion", "ncclGetUniqueId", "ncclCommInitRank", "ncclCommDestroy", "ncclGroupStart", "ncclGroupEnd",
 	"ncclSend", "ncclRecv", "ncclGetErrorString"}
 
 // ncclUint8 is ncclDataType_t's unsigned byte: transfers are counted in
@@ -55,7 +64,7 @@ func OpenNCCL() (*NCCL, error) {
 	if err != nil {
 		return nil, err
 	}
-	n := &NCCL{Path: lib.path, fn: map[string]unsafe.Pointer{}}
+	n := &NCCL{Path: lib.path, lib: lib, fn: map[string]unsafe.Pointer{}}
 	for _, s := range ncclSymbols {
 		if n.fn[s], err = lib.sym(s); err != nil {
 			return nil, err
@@ -120,29 +129,28 @@ func (n *NCCL) check(call string, comm Comm, r C.int) error {
 	return e
 }
 
-// InitAll makes one communicator per GPU ordinal of devs, rank i on
-// devs[i], in this process (ncclCommInitAll). NCCL refuses a GPU named
-// twice.
-func (n *NCCL) InitAll(devs []int) ([]Comm, error) {
-	if len(devs) == 0 {
-		return nil, fmt.Errorf("ncclCommInitAll: no GPUs")
-	}
-	cdevs := (*C.int)(C.malloc(C.size_t(len(devs)) * C.size_t(unsafe.Sizeof(C.int(0)))))
-	defer C.free(unsafe.Pointer(cdevs))
-	comms := (*unsafe.Pointer)(C.calloc(C.size_t(len(devs)), C.size_t(unsafe.Sizeof(unsafe.Pointer(nil)))))
-	defer C.free(unsafe.Pointer(comms))
-	cd := unsafe.Slice(cdevs, len(devs))
-	for i, d := range devs {
-		cd[i] = C.int(d)
-	}
-	if err := n.check(fmt.Sprintf("ncclCommInitAll(GPUs %v)", devs), nil, C.mbcall_ncclCommInitAll(n.fn["ncclCommInitAll"], comms, C.int(len(devs)), cdevs)); err != nil {
-		return nil, err
-	}
-	out := make([]Comm, len(devs))
-	for i, c := range unsafe.Slice(comms, len(devs)) {
-		out[i] = Comm(c)
-	}
-	return out, nil
+// UniqueID names the ranks of one communicator (ncclUniqueId, 128 bytes):
+// every rank joins with the same one.
+type UniqueID [128]byte
+
+// UniqueID makes a new communicator's id (ncclGetUniqueId).
+func (n *NCCL) UniqueID() (UniqueID, error) {
+	var id C.mb_nccl_id
+	err := n.check("ncclGetUniqueId", nil, C.mbcall_ncclGetUniqueId(n.fn["ncclGetUniqueId"], &id))
+	return *(*UniqueID)(unsafe.Pointer(&id)), err
+}
+
+// InitRank joins communicator id as rank of nranks, on the GPU whose
+// context is current on the calling thread (ncclCommInitRank). It is
+// collective: it returns once every rank has called, each from its own
+// thread (NCCL refuses two ranks on one GPU).
+func (n *NCCL) InitRank(nranks int, id UniqueID, rank int) (Comm, error) {
+	var c unsafe.Pointer
+	cid := C.CBytes(id[:])
+	defer C.free(cid)
+	err := n.check(fmt.Sprintf("ncclCommInitRank(rank %d of %d)", rank, nranks), nil,
+		C.n_init(n.fn["ncclCommInitRank"], &c, C.int(nranks), cid, C.int(rank)))
+	return Comm(c), err
 }
 
 // Destroy frees a communicator (ncclCommDestroy).
@@ -150,8 +158,8 @@ func (n *NCCL) Destroy(c Comm) error {
 	return n.check("ncclCommDestroy", nil, C.mbcall_ncclCommDestroy(n.fn["ncclCommDestroy"], unsafe.Pointer(c)))
 }
 
-// GroupStart opens a group: the transfers up to GroupEnd are issued
-// together (one thread driving several GPUs must group them).
+// GroupStart opens a group on the calling thread: its transfers up to
+// GroupEnd are issued together.
 func (n *NCCL) GroupStart() error {
 	return n.check("ncclGroupStart", nil, C.mbcall_ncclGroupStart(n.fn["ncclGroupStart"]))
 }

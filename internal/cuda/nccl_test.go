@@ -2,8 +2,11 @@ package cuda
 
 import (
 	"errors"
+	"fmt"
+	"runtime"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 )
 
@@ -15,13 +18,38 @@ func TestNCCLVersionCodes(t *testing.T) {
 	}
 }
 
-// TestNCCLOnTheFake: two communicators of one process exchange buffers in a
-// group (each rank also sends to itself); what NCCL (or a single thread
-// driving two GPUs) refuses is an error naming the call, the result and
-// NCCL's last message.
+// onGPUs runs f(g) for GPUs 0 and 1 at once, each on a goroutine locked
+// to its own OS thread with GPU g's context current (as moebench's threads
+// per GPU run), and returns their errors.
+func onGPUs(d *Driver, f func(g int) error) [2]error {
+	var errs [2]error
+	var wg sync.WaitGroup
+	for g := range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			runtime.LockOSThread() // never unlocked: the thread ends with the goroutine
+			if _, err := d.PrimaryContext(g); err != nil {
+				errs[g] = err
+				return
+			}
+			errs[g] = f(g)
+		}()
+	}
+	wg.Wait()
+	return errs
+}
+
+// TestNCCLOnTheFake: two communicators of one process, one per GPU, each
+// joined and driven from its GPU's thread, exchange buffers in a group
+// (each rank also sends to itself); what NCCL refuses is an error naming
+// the call, the result and NCCL's last message, and a rank that does not
+// join, or does not take part in a group, makes the others fail after the
+// fake's timeout where NCCL would hang.
 func TestNCCLOnTheFake(t *testing.T) {
 	d := fakeDriver(t)
 	buildFake(t, "fakenccl", "MOEBENCH_NCCL")
+	t.Setenv("FAKENCCL_TIMEOUT_S", "1")
 	n, err := OpenNCCL()
 	if err != nil {
 		t.Fatal(err)
@@ -29,81 +57,138 @@ func TestNCCLOnTheFake(t *testing.T) {
 	if n.Version != "2.21.5" {
 		t.Errorf("Version = %q", n.Version)
 	}
-	if _, err := n.InitAll([]int{1, 1}); err == nil || !strings.Contains(err.Error(), "ncclCommInitAll(GPUs [1 1]): ncclInvalidUsage (5, invalid usage") ||
-		!strings.Contains(err.Error(), "Duplicate GPU detected") {
-		t.Errorf("one GPU twice: %v", err)
-	}
-	comms, err := n.InitAll([]int{0, 1})
+	id, err := n.UniqueID()
 	if err != nil {
 		t.Fatal(err)
 	}
-	// a stream and a send and a receive buffer on each GPU
-	var s [2]Stream
-	var src, dst [2]DevicePtr
-	for g := range 2 {
-		ctx, err := d.PrimaryContext(g)
-		if err != nil {
-			t.Fatal(err)
-		}
-		d.ContextChanged() // NCCL's init left GPU 1's context current
+	twice := onGPUs(d, func(g int) error {
+		ctx, _ := d.PrimaryContext(1) // both ranks on GPU 1
 		if err := d.SetCurrent(ctx); err != nil {
-			t.Fatal(err)
+			return err
 		}
-		if s[g], err = d.NewStream(0); err != nil {
-			t.Fatal(err)
-		}
-		if src[g], err = d.Alloc(16); err != nil {
-			t.Fatal(err)
-		}
-		if dst[g], err = d.Alloc(16); err != nil {
-			t.Fatal(err)
-		}
-		v := []uint32{uint32(10 * g), uint32(10*g + 1), uint32(10*g + 2), uint32(10*g + 3)}
-		if err := CopyToDevice(d, src[g], v, s[g]); err != nil {
-			t.Fatal(err)
+		_, err := n.InitRank(2, id, g)
+		return err
+	})
+	for g, err := range twice {
+		if err == nil || !strings.Contains(err.Error(), fmt.Sprintf("ncclCommInitRank(rank %d of 2): ncclInvalidUsage (5, invalid usage", g)) ||
+			!strings.Contains(err.Error(), "Duplicate GPU detected") {
+			t.Errorf("rank %d, one GPU twice: %v", g, err)
 		}
 	}
-	// rank g sends its first half to rank 1−g and its second to itself
-	ok := func(err error) {
-		t.Helper()
-		if err != nil {
-			t.Fatal(err)
-		}
+	if id, err = n.UniqueID(); err != nil {
+		t.Fatal(err)
 	}
-	ok(n.GroupStart())
-	for g := range 2 {
-		ok(n.Send(src[g], 8, 1-g, comms[g], s[g]))
-		ok(n.Send(src[g]+8, 8, g, comms[g], s[g]))
-		ok(n.Recv(dst[g], 8, 1-g, comms[g], s[g]))
-		ok(n.Recv(dst[g]+8, 8, g, comms[g], s[g]))
-	}
-	ok(n.GroupEnd())
-	d.ContextChanged()
-	for g, want := range [][]uint32{{10, 11, 2, 3}, {0, 1, 12, 13}} {
-		ctx, _ := d.PrimaryContext(g)
-		ok(d.SetCurrent(ctx))
-		got := make([]uint32, 4)
-		ok(CopyFromDevice(d, got, dst[g], s[g]))
-		if !slices.Equal(got, want) {
-			t.Errorf("rank %d received %v, want %v", g, got, want)
+	alone := onGPUs(d, func(g int) error {
+		if g == 1 {
+			return nil // rank 1 never joins
 		}
+		_, err := n.InitRank(2, id, 0)
+		return err
+	})
+	if err := alone[0]; err == nil || !strings.Contains(err.Error(), "waited 1 s for the other ranks of 2 (1 joined)") {
+		t.Errorf("a rank alone: %v", err)
 	}
 
-	var ne *NCCLError
-	if err := n.Send(src[0], 8, 1, comms[0], s[0]); !errors.As(err, &ne) || ne.Name != "ncclInvalidUsage" ||
-		!strings.Contains(err.Error(), "ncclSend(8 bytes to rank 1)") || !strings.Contains(err.Error(), "outside a group") {
-		t.Errorf("a send outside a group: %v", err)
+	if id, err = n.UniqueID(); err != nil {
+		t.Fatal(err)
 	}
-	ok(n.GroupStart())
-	if err := n.Send(src[0], 8, 1, comms[0], s[1]); err == nil || !strings.Contains(err.Error(), "a stream of another GPU") {
-		t.Errorf("rank 0's send on GPU 1's stream: %v", err)
+	var comms [2]Comm
+	got := [2][]uint32{make([]uint32, 4), make([]uint32, 4)}
+	errs := onGPUs(d, func(g int) error {
+		c, err := n.InitRank(2, id, g)
+		if err != nil {
+			return err
+		}
+		comms[g] = c
+		s, err := d.NewStream(0)
+		if err != nil {
+			return err
+		}
+		src, err := d.Alloc(16)
+		if err != nil {
+			return err
+		}
+		dst, err := d.Alloc(16)
+		if err != nil {
+			return err
+		}
+		if err := CopyToDevice(d, src, []uint32{uint32(10 * g), uint32(10*g + 1), uint32(10*g + 2), uint32(10*g + 3)}, s); err != nil {
+			return err
+		}
+		// rank g sends its first half to rank 1−g and its second to itself
+		if err := n.GroupStart(); err != nil {
+			return err
+		}
+		for _, e := range []error{n.Send(src, 8, 1-g, c, s), n.Send(src+8, 8, g, c, s), n.Recv(dst, 8, 1-g, c, s), n.Recv(dst+8, 8, g, c, s)} {
+			if e != nil {
+				return e
+			}
+		}
+		if err := n.GroupEnd(); err != nil {
+			return err
+		}
+		d.ContextChanged()
+		ctx, _ := d.PrimaryContext(g)
+		if err := d.SetCurrent(ctx); err != nil {
+			return err
+		}
+		if err := CopyFromDevice(d, got[g], dst, s); err != nil {
+			return err
+		}
+		if err := d.SyncStream(s); err != nil {
+			return err
+		}
+
+		var ne *NCCLError
+		if err := n.Send(src, 8, 1-g, c, s); !errors.As(err, &ne) || ne.Name != "ncclInvalidUsage" ||
+			!strings.Contains(err.Error(), fmt.Sprintf("ncclSend(8 bytes to rank %d)", 1-g)) || !strings.Contains(err.Error(), "outside a group") {
+			return fmt.Errorf("a send outside a group: %v", err)
+		}
+		if g == 1 {
+			return nil // rank 1 takes no part in the next group
+		}
+		other, err := func() (Stream, error) { // a stream of GPU 1
+			ctx, _ := d.PrimaryContext(1)
+			d.SetCurrent(ctx)
+			defer func() { ctx, _ := d.PrimaryContext(0); d.SetCurrent(ctx) }()
+			return d.NewStream(0)
+		}()
+		if err != nil {
+			return err
+		}
+		if err := n.GroupStart(); err != nil {
+			return err
+		}
+		if err := n.Send(src, 8, 1, c, other); err == nil || !strings.Contains(err.Error(), "a stream of another GPU") {
+			return fmt.Errorf("rank 0's send on GPU 1's stream: %v", err)
+		}
+		if err := n.Send(src, 8, 1, c, s); err != nil {
+			return err
+		}
+		if err := n.GroupEnd(); err != nil {
+			return err
+		}
+		if err := d.SyncStream(s); err == nil || !strings.Contains(err.Error(), "CUDA_ERROR_LAUNCH_FAILED") {
+			return fmt.Errorf("a send nobody receives: %v", err)
+		}
+		return nil
+	})
+	for g, err := range errs {
+		if err != nil {
+			t.Errorf("rank %d: %v", g, err)
+		}
 	}
-	ok(n.Send(src[0], 8, 1, comms[0], s[0]))
-	if err := n.GroupEnd(); err == nil || !strings.Contains(err.Error(), "ncclGroupEnd: ncclInvalidUsage") || !strings.Contains(err.Error(), "no matching receive") {
-		t.Errorf("a send nobody receives: %v", err)
+	for g, want := range [][]uint32{{10, 11, 2, 3}, {0, 1, 12, 13}} {
+		if !slices.Equal(got[g], want) {
+			t.Errorf("rank %d received %v, want %v", g, got[g], want)
+		}
 	}
 	for _, c := range comms {
-		ok(n.Destroy(c))
+		if c != nil {
+			if err := n.Destroy(c); err != nil {
+				t.Error(err)
+			}
+		}
 	}
 }
 

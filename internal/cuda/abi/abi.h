@@ -1,5 +1,5 @@
 // abi.h: moebench's prototypes of the CUDA driver, NVRTC, cuBLASLt, cuBLAS,
-// NCCL and NVML entry points it opens with dlopen — no CUDA header is needed
+// NCCL, NCCL EP and NVML entry points it opens with dlopen — no CUDA header is needed
 // to build moebench. Handles are void *, CUdevice and enums int, CUdeviceptr
 // unsigned long long (mb_dptr); every result is an int.
 //
@@ -14,8 +14,8 @@
 //     not compile.
 // internal/cuda's TestABIHeaders compiles every mb_NAME against the real
 // headers (CUDA 11.8's cuda.h, nvrtc.h, cublasLt.h, cublas_api.h, go-nvml's
-// nvml.h; for what 11.8 lacks, declarations of newer headers transcribed
-// with their source) and fails on any difference in argument count, size or
+// nvml.h; for what 11.8 lacks, NCCL's and NCCL EP's, declarations of newer
+// headers transcribed with their source) and fails on any difference in argument count, size or
 // kind, and on any struct below whose size or offsets differ.
 #ifndef MOEBENCH_ABI_H
 #define MOEBENCH_ABI_H
@@ -186,10 +186,14 @@ typedef struct {
       int computeType), (handle, transa, transb, m, n, k, alpha, A, Atype, lda, B, Btype, ldb, beta, C, Ctype, ldc, \
       groups, groupSize, computeType))
 
+// ncclUniqueId: the 128 bytes that name a communicator's ranks.
+typedef struct { char internal[128]; } mb_nccl_id;
+
 // NCCL (libnccl.so.2).
 #define MB_NCCL_API(F, F0) \
     F(int, ncclGetVersion, (int *version), (version)) \
-    F(int, ncclCommInitAll, (void **comms, int ndev, const int *devlist), (comms, ndev, devlist)) \
+    F(int, ncclGetUniqueId, (mb_nccl_id *id), (id)) \
+    F(int, ncclCommInitRank, (void **comm, int nranks, mb_nccl_id id, int rank), (comm, nranks, id, rank)) \
     F(int, ncclCommDestroy, (void *comm), (comm)) \
     F0(int, ncclGroupStart) \
     F0(int, ncclGroupEnd) \
@@ -199,6 +203,99 @@ typedef struct {
       (buf, count, type, peer, comm, stream)) \
     F(const char *, ncclGetErrorString, (int result), (result)) \
     F(const char *, ncclGetLastError, (void *comm), (comm))
+
+// NCCL EP (libnccl_ep.so.0, NVIDIA/nccl-extensions' nccl_ep): every struct
+// starts with its size and a magic number, and is append-only: a library
+// reads only the bytes a struct's size covers, and accepts any size from
+// the frozen V1 boundary on. moebench lays the structs out whole (the ABI
+// check compares them with the header's) and sends the V1 sizes, which
+// every library of this API accepts; it needs no later field.
+#define MB_NCCL_EP_MAGIC 0xC00FFFEEu
+#define MB_NCCL_EP_TENSOR_MAGIC 0xCAFECAFEu
+#define MB_NCCL_EP_API_VERSION 2
+#define MB_NCCL_EP_GROUP_CONFIG_V1_SIZE 96u
+#define MB_NCCL_EP_LAYOUT_INFO_V1_SIZE 40u
+#define MB_NCCL_EP_TENSOR_V1_SIZE 48u
+#define MB_NCCL_EP_HANDLE_CONFIG_V1_SIZE 16u
+#define MB_NCCL_EP_DISPATCH_INPUTS_V1_SIZE 32u
+#define MB_NCCL_EP_DISPATCH_OUTPUTS_V1_SIZE 40u
+#define MB_NCCL_EP_DISPATCH_CONFIG_V1_SIZE 20u
+#define MB_NCCL_EP_COMBINE_INPUTS_V1_SIZE 24u
+#define MB_NCCL_EP_COMBINE_OUTPUTS_V1_SIZE 24u
+#define MB_NCCL_EP_COMBINE_CONFIG_V1_SIZE 16u
+#define MB_NCCL_EP_ALGO_LOW_LATENCY 0
+#define MB_NCCL_EP_ALGO_HIGH_THROUGHPUT 1
+#define MB_NCCL_EP_LAYOUT_EXPERT_MAJOR 1
+#define MB_NCCL_EP_AUTO 0
+// ncclDataType_t values moebench passes (nccl.h)
+#define MB_ncclInt32 2
+#define MB_ncclFloat32 7
+#define MB_ncclBfloat16 9
+
+// ncclEpTensor_t: a descriptor of caller-owned device memory (sizes too).
+typedef struct {
+    unsigned size, magic, ndim;
+    int datatype;
+    void *data;
+    void *win;           // ncclWindow_t: none
+    uint64_t win_offset;
+    size_t *sizes;
+} mb_ep_tensor;
+
+// ncclEpGroupConfig_t (V1: up to timeout_ns; V2 adds the rest).
+typedef struct {
+    unsigned size, magic, version;
+    int algorithm;
+    unsigned num_experts, max_dispatch_tokens_per_rank, max_recv_tokens_per_rank, max_token_bytes;
+    unsigned long rdma_buffer_size;
+    unsigned num_qp_per_rank, num_channels, max_num_sms;
+    struct { void *alloc_fn, *free_fn, *context; } alloc;
+    unsigned enable_mask;
+    uint64_t timeout_ns;
+    int zero_copy, overflow_policy;
+    unsigned num_topk;
+    unsigned char padding_v2[4];
+} mb_ep_group_config;
+
+// ncclEpLayoutInfo_t (V1: up to recv_total_counter).
+typedef struct {
+    unsigned size, magic;
+    mb_ep_tensor *expert_counters, *src_rank_counters, *expert_offsets, *recv_total_counter;
+    int recv_topk_idx_kind;
+    unsigned char padding_v2[4];
+} mb_ep_layout_info;
+
+// ncclEpHandleConfig_t.
+typedef struct { unsigned size, magic; size_t dispatch_output_per_expert_alignment; } mb_ep_handle_config;
+
+// ncclEpDispatchInputs_t, ncclEpDispatchOutputs_t.
+typedef struct { unsigned size, magic; mb_ep_tensor *tokens, *topk_weights, *scales; } mb_ep_dispatch_inputs;
+typedef struct { unsigned size, magic; mb_ep_tensor *tokens, *topk_weights, *scales, *topk_idx; } mb_ep_dispatch_outputs;
+
+// ncclEpDispatchConfig_t (V1: up to pass_direction).
+typedef struct { unsigned size, magic, send_only, round_scales; int pass_direction, quant_recipe; } mb_ep_dispatch_config;
+
+// ncclEpCombineInputs_t (V1: up to topk_weights), ncclEpCombineOutputs_t.
+typedef struct { unsigned size, magic; mb_ep_tensor *tokens, *topk_weights, *scales; } mb_ep_combine_inputs;
+typedef struct { unsigned size, magic; mb_ep_tensor *tokens, *topk_weights; } mb_ep_combine_outputs;
+
+// ncclEpCombineConfig_t (V1: up to pass_direction).
+typedef struct { unsigned size, magic, send_only; int pass_direction, quant_recipe; } mb_ep_combine_config;
+
+#define MB_NCCL_EP_API(F, F0) \
+    F(int, ncclEpGetVersion, (int *version), (version)) \
+    F(int, ncclEpCreateGroup, (void **group, void *comm, const mb_ep_group_config *config), (group, comm, config)) \
+    F(int, ncclEpGroupDestroy, (void *group), (group)) \
+    F(int, ncclEpInitHandle, (void **handle, void *group, int layout, const mb_ep_handle_config *config, int num_topk, \
+      const mb_ep_tensor *handle_mem), (handle, group, layout, config, num_topk, handle_mem)) \
+    F(int, ncclEpUpdateHandle, (void *handle, const mb_ep_tensor *topk_idx, const mb_ep_layout_info *layout_info, void *stream), \
+      (handle, topk_idx, layout_info, stream)) \
+    F(int, ncclEpHandleDestroy, (void *handle), (handle)) \
+    F(int, ncclEpDispatch, (void *handle, const mb_ep_dispatch_inputs *inputs, const mb_ep_dispatch_outputs *outputs, \
+      const mb_ep_layout_info *layout_info, const mb_ep_dispatch_config *config, void *stream), \
+      (handle, inputs, outputs, layout_info, config, stream)) \
+    F(int, ncclEpCombine, (void *handle, const mb_ep_combine_inputs *inputs, const mb_ep_combine_outputs *outputs, \
+      const mb_ep_combine_config *config, void *stream), (handle, inputs, outputs, config, stream))
 
 // NVML (libnvidia-ml.so.1), the calls moebench makes itself (telemetry goes
 // through go-nvml).
@@ -212,7 +309,7 @@ typedef struct {
 
 #define MB_ALL_APIS(F, F0) \
     MB_DRIVER_API(F, F0) MB_NVRTC_API(F, F0) MB_CUBLASLT_API(F, F0) MB_CUBLAS_API(F, F0) MB_NCCL_API(F, F0) \
-    MB_NVML_API(F, F0)
+    MB_NCCL_EP_API(F, F0) MB_NVML_API(F, F0)
 
 #define MB_UNPAREN(...) __VA_ARGS__
 #define MB_TYPEDEF(R, name, params, args) typedef R (*mb_##name) params;

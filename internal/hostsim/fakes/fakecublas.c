@@ -13,13 +13,36 @@
 #include <stdlib.h>
 #include "fakedriver.h"
 
-static void *bound_stream, *bound_ws;
-static size_t bound_ws_size;
-int cublasCreate_v2(void **h) { *h = (void *)0x20; return 0; }
-int cublasDestroy_v2(void *h) { return h == (void *)0x20 ? 0 : 7; }
+// A handle holds its stream and workspace (each GPU's thread has its own
+// handle, as with cuBLAS, whose handles are not shared between threads).
+#define HANDLE_MAGIC 0x6362ul
+typedef struct { unsigned long magic; void *stream, *ws; size_t ws_size; } handle_t;
+static handle_t *handle(void *h) { return h && ((handle_t *)h)->magic == HANDLE_MAGIC ? h : 0; }
+int cublasCreate_v2(void **h) {
+    handle_t *b = calloc(1, sizeof *b);
+    b->magic = HANDLE_MAGIC;
+    *h = b;
+    return 0;
+}
+int cublasDestroy_v2(void *h) {
+    handle_t *b = handle(h);
+    if (!b) return 7;
+    b->magic = 0; // kept: a use after destroy is refused, not a crash
+    return 0;
+}
 int cublasGetVersion_v2(void *h, int *v) { *v = 130000; return 0; }
-int cublasSetStream_v2(void *h, void *s) { bound_stream = s; bound_ws = 0; return s ? 0 : 7; }
-int cublasSetWorkspace_v2(void *h, void *ws, size_t n) { bound_ws = ws; bound_ws_size = n; return ((uintptr_t)ws % 256) ? 7 : 0; }
+int cublasSetStream_v2(void *h, void *s) {
+    handle_t *b = handle(h);
+    if (!b) return 7;
+    b->stream = s, b->ws = 0;
+    return s ? 0 : 7;
+}
+int cublasSetWorkspace_v2(void *h, void *ws, size_t n) {
+    handle_t *b = handle(h);
+    if (!b) return 7;
+    b->ws = ws, b->ws_size = n;
+    return ((uintptr_t)ws % 256) ? 7 : 0;
+}
 
 static float bf(uint16_t b) { uint32_t u = (uint32_t)b << 16; float f; memcpy(&f, &u, 4); return f; }
 static uint16_t tobf(float f) { uint32_t u; memcpy(&u, &f, 4); u += 0x7fff + ((u >> 16) & 1); return (uint16_t)(u >> 16); }
@@ -46,7 +69,8 @@ static void grouped(void *p) {
 int cublasGemmGroupedBatchedEx(void *h, const int *ta, const int *tb, const int *m, const int *n, const int *k, const void *alpha,
                                const void *const *A, int at_, const int *lda, const void *const *B, int bt, const int *ldb,
                                const void *beta, void *const *C, int ct, const int *ldc, int groups, const int *size, int compute) {
-    if (h != (void *)0x20 || bound_stream == 0 || bound_ws == 0 || bound_ws_size < 4096 || at_ != 14 || bt != 14 || ct != 14 || compute != 68) return 7;
+    handle_t *b = handle(h);
+    if (!b || b->stream == 0 || b->ws == 0 || b->ws_size < 4096 || at_ != 14 || bt != 14 || ct != 14 || compute != 68) return 7;
     const float *al = alpha, *be = beta;
     for (int q = 0; q < groups; q++) {
         int rowsA = ta[q] ? k[q] : m[q], rowsB = tb[q] ? n[q] : k[q];
@@ -58,6 +82,6 @@ int cublasGemmGroupedBatchedEx(void *h, const int *ta, const int *tb, const int 
     for (int i = 0; i < 9; i++) memcpy(g->v + i * groups, src[i], sizeof(int) * groups);
     enqueue2_fn q = (enqueue2_fn)fakecuda_sym("fakecuda_enqueue2");
     if (!q) grouped(g), free(g);
-    else if (q(bound_stream, grouped, g, free)) { free(g); return 7; } // a refusal (e.g. in a capture that cannot take it)
+    else if (q(b->stream, grouped, g, free)) { free(g); return 7; } // a refusal (e.g. in a capture that cannot take it)
     return 0;
 }

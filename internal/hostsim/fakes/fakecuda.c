@@ -155,7 +155,8 @@ CUresult cuDeviceCanAccessPeer(int *v, int a, int b) { if (!HANDLE_OK(a) || !HAN
 
 // ---- contexts
 // Contexts are 0x1000 + handle. The fake tracks the current context (one
-// for the process) and which context owns each stream, event and
+// per thread, as the driver's is: a thread that never made one current has
+// none) and which context owns each stream, event and
 // allocation, and refuses what a driver refuses across contexts (or
 // stricter): a stream or allocation made with no current context, an event
 // recorded on another context's stream, elapsed time between contexts, a
@@ -164,11 +165,22 @@ CUresult cuDeviceCanAccessPeer(int *v, int a, int b) { if (!HANDLE_OK(a) || !HAN
 // current context's.
 #define CTX(d) ((void *)(0x1000L + (d)))
 #define CTXDEV(c) ((int)((long)(c) - 0x1000 - 100))
-static void *cur;
+static __thread void *cur;
 static int peer[NDEV][NDEV];
+// fakecuda_current is the calling thread's current context (for the other
+// fake libraries: NCCL takes its communicator's GPU from it).
+void *fakecuda_current(void) { return cur; }
 CUresult cuDevicePrimaryCtxRetain(void **c, int d) { if (!HANDLE_OK(d)) return 101; *c = CTX(d); return OK; }
 CUresult cuDevicePrimaryCtxRelease_v2(int d) { return HANDLE_OK(d) ? OK : 101; }
 CUresult cuCtxSetCurrent(void *c) { if (!c) return INVALID_CONTEXT; cur = c; return OK; }
+// fakecuda_fail makes ctx's error sticky, as a fault of another library's
+// kernel does (fakenccl.c: a collective that timed out where NCCL hangs).
+void fakecuda_fail(void *ctx) {
+    fgpu *g = &gpu[CTXDEV(ctx)];
+    pthread_mutex_lock(&g->mu);
+    if (!g->failed) g->failed = LAUNCH_FAILED;
+    pthread_mutex_unlock(&g->mu);
+}
 static CUresult sticky(void *ctx) {
     fgpu *g = &gpu[CTXDEV(ctx)];
     pthread_mutex_lock(&g->mu);
@@ -314,12 +326,16 @@ static fstream *new_stream(void *ctx) {
 }
 
 // stream resolves a handle: NULL is the current context's default stream.
+static pthread_mutex_t defmu = PTHREAD_MUTEX_INITIALIZER;
 static fstream *stream(void *h) {
     if (h) return h;
     if (!cur) return 0;
     int d = CTXDEV(cur);
+    pthread_mutex_lock(&defmu);
     if (!defstream[d]) defstream[d] = new_stream(cur);
-    return defstream[d];
+    fstream *s = defstream[d];
+    pthread_mutex_unlock(&defmu);
+    return s;
 }
 static void *sctx(void *h) { return h ? ((fstream *)h)->ctx : cur; }
 
@@ -375,9 +391,11 @@ static int any_capture(void) {
 // done); on a capturing stream it records o instead (ticket 0).
 static uint64_t enqueue(fstream *s, op *o) {
     o->next = 0;
-    if (s->cap) {
+    if (s->cap) { // threads issuing to several joined streams share the capture
         if (o->kind == OP_KERNEL) klaunch_keep(o->k); // the graph owns it
+        pthread_mutex_lock(&regmu);
         cap_add(s->cap, C_OP, s, o, 0);
+        pthread_mutex_unlock(&regmu);
         return 0;
     }
     pthread_mutex_lock(&s->mu);
@@ -618,8 +636,14 @@ static CUresult map(CUdeviceptr *p, size_t n, int host, unsigned flags) {
     munmap(m, body + PAGE);
     return OUT_OF_MEMORY;
 }
+// unmap frees an allocation after the work queued that may use it: for
+// device memory its context's (cuMemFree synchronizes the device, not its
+// peers: a peer's work still reading it is the caller's bug, and faults
+// here), for page-locked host memory every context's.
 static CUresult unmap(CUdeviceptr p, int host) {
-    drain(0); // queued work may still use it
+    void *ctx = host ? 0 : owner(p);
+    if (!host && !ctx) return INVALID_VALUE;
+    drain(ctx);
     pthread_mutex_lock(&allocmu);
     for (int i = 0; i < MAXA; i++)
         if (allocs[i].p == p && allocs[i].host == host) {

@@ -1,0 +1,467 @@
+// Package ncclep is the library implementation (--impl library) of two
+// dispatcher designs through NVIDIA's NCCL EP (libnccl_ep.so.0, from
+// NVIDIA/nccl-extensions), a C API over expert-parallel kernels:
+//
+//   - hybridep: NCCL EP's high-throughput mode, HybridEP's kernels re-hosted
+//     on NCCL's Device API (the routing map all-gathered in the handle's
+//     update, bulk copies into peers' memory);
+//   - deepep: NCCL EP's low-latency mode, DeepEP's low-latency design (not
+//     DeepEP's normal mode, which no C API carries), labelled so.
+//
+// Every rank has its own NCCL communicator and NCCL EP group, made and
+// driven from its GPU's thread: NCCL EP's calls are collective, each rank
+// calls from its own thread. Both use the expert-major layout without
+// padding, so that a rank's received rows are grouped by local expert as
+// moebench's experts compute them. --sms is the group's max_num_sms (0:
+// the library's default); the environment overrides NCCL EP reads are
+// recorded with the run's NCCL_* variables.
+package ncclep
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+	"unsafe"
+
+	"github.com/moebench/moebench/dispatchers"
+	"github.com/moebench/moebench/internal/cuda"
+	"github.com/moebench/moebench/kernels"
+)
+
+func init() {
+	for _, m := range []mode{highThroughput, lowLatency} {
+		dispatchers.RegisterLibrary(m.dispatcher, func(env dispatchers.Env) (dispatchers.DeviceDispatcher, error) { return newDevice(m, env) })
+		dispatchers.RegisterLibrarySMBudget(m.dispatcher, dispatchers.SMBudget{Default: 0,
+			About: "NCCL EP's max_num_sms; 0 is the library's default (" + m.defaultSMs + ")"})
+	}
+}
+
+// mode is one of NCCL EP's modes as the design it carries.
+type mode struct {
+	dispatcher, design string
+	algorithm          int
+	phases             []string // the dispatcher's own, the experts' excluded
+	defaultSMs         string   // what max_num_sms AUTO means
+	maxTokens          int      // tokens per rank the mode takes, at most (0: no limit stated)
+	noBackward         string   // why its training step's backward does not run through it
+}
+
+var (
+	highThroughput = mode{dispatcher: "hybridep", design: "HybridEP's design via NCCL EP (its high-throughput mode: HybridEP's kernels)",
+		algorithm: cuda.EPHighThroughput, phases: []string{"update", "dispatch", "combine"},
+		defaultSMs: "16 SMs for the communication kernels, every SM for the scan and the permute", maxTokens: 8192,
+		noBackward: "NCCL EP's high-throughput mode has a backward (dispatch and combine with pass_direction BWD: the combine's and the dispatch's duals), " +
+			"not driven by moebench in this build, so the step times the forward alone"}
+	lowLatency = mode{dispatcher: "deepep", design: "DeepEP low-latency design via NCCL EP (its low-latency mode; not DeepEP's normal mode)",
+		algorithm: cuda.EPLowLatency, phases: []string{"dispatch", "combine"}, defaultSMs: "every SM",
+		noBackward: "NCCL EP's low-latency mode has no backward pass (pass_direction is high-throughput only), and its combine applies the routing weights, " +
+			"whose gradient it does not return, so the step times the forward alone"}
+)
+
+// smEnv are the environment variables NCCL EP reads that override its SM
+// counts (its communication, permute and scan kernels).
+var smEnv = []string{"NCCL_EP_COMM_SMS", "NCCL_EP_SHUFFLE_SMS", "NCCL_EP_PREPROCESS_NUM_SMS"}
+
+// newDevice is the library implementation of m, or why it is unavailable
+// here: what can be known without the GPUs (the library, NCCL's Device
+// API, a CUDA 13 driver, NCCL EP's run-time compile; on the host device,
+// that it needs the cuda device), then the shape's limits.
+func newDevice(m mode, env dispatchers.Env) (dispatchers.DeviceDispatcher, error) {
+	lib, why := kernels.EPProbe()
+	if env.Device == "host" {
+		why = append([]string{"it runs on GPUs, and this run is on the host device"}, why...)
+	}
+	if why != nil {
+		return nil, unavailable(m, "NCCL EP cannot run here: %s", strings.Join(why, "; "))
+	}
+	timeout := env.CommTimeout
+	if timeout <= 0 {
+		timeout = dispatchers.DefaultCommTimeout
+	}
+	return &Device{m: m, lib: lib, sms: env.SMs, timeout: timeout}, nil
+}
+
+func unavailable(m mode, format string, a ...any) error {
+	return &dispatchers.UnavailableError{Name: m.dispatcher, Impl: dispatchers.ImplLibrary, Reason: fmt.Sprintf(format, a...)}
+}
+
+// Device is NCCL EP on device ranks, in one of its modes.
+type Device struct {
+	m       mode
+	lib     *cuda.NCCLEP
+	sms     int
+	timeout time.Duration
+	shape   dispatchers.Shape
+	ranks   []*dispatchers.DeviceRank
+	ep      *kernels.EP
+	st      []devRank
+	slots   int // low latency: rows of each expert's zone (EP × tokens)
+	rows    int // high throughput: rows a rank may receive, at most
+}
+
+// devRank is one rank's buffers and the last step's host calls.
+type devRank struct {
+	counts   kernels.Ptr    // int32 [L+1]: rows per local expert (and, high throughput, their total)
+	mapped   kernels.Mapped // the counts on the host
+	host     []int32
+	recvX    kernels.Ptr // the received rows: HT [rows, h]; LL [L, slots, h]
+	recvW    kernels.Ptr // HT: their routing weights [rows] fp32
+	recvY    kernels.Ptr // LL: the experts' outputs [L, slots, h]
+	sum      kernels.Ptr // combine's output before the shared expert is added [T, h] (0: combine writes Y)
+	identity kernels.Ptr // [T] int32 0…T−1: the shared expert's add as an unpermute of one row a token
+	work     []dispatchers.DeviceWork
+	callMS   map[string]float64 // the last step's library calls, wall time per phase
+	last     string             // the last library call (for errors)
+	bytes    int64
+}
+
+func (d *Device) Name() string { return d.m.dispatcher }
+func (d *Device) Impl() string { return dispatchers.ImplLibrary }
+
+// Bind checks the shape against NCCL EP's limits, then makes every rank's
+// communicator, group and handle on its GPU's thread and its buffers.
+func (d *Device) Bind(shape dispatchers.Shape, ranks []*dispatchers.DeviceRank) error {
+	if len(ranks) != shape.EP {
+		return fmt.Errorf("%s: %d ranks, shape says EP = %d", d.m.dispatcher, len(ranks), shape.EP)
+	}
+	if why := d.limits(shape); why != nil {
+		return unavailable(d.m, "NCCL EP's %s mode cannot take this layer: %s", modeName(d.m), strings.Join(why, "; "))
+	}
+	d.shape, d.ranks = shape, ranks
+	L, T, h, k := shape.LocalExperts(), shape.Tokens, shape.Hidden, shape.TopK
+	d.slots, d.rows = shape.EP*T, shape.EP*T*min(k, L)
+	cfg := cuda.EPGroupConfig{Algorithm: d.m.algorithm, Experts: shape.Experts, MaxTokens: T, TokenBytes: 2 * h, MaxSMs: d.sms, Timeout: d.timeout}
+	if d.m.algorithm == cuda.EPHighThroughput {
+		cfg.MaxRecv = d.rows // a fixed budget: every (token, local expert) slot of every rank
+	}
+	devs, streams := make([]kernels.Device, len(ranks)), make([]kernels.Stream, len(ranks))
+	for r, rk := range ranks {
+		devs[r], streams[r] = rk.Dev, rk.Stream
+	}
+	var err error
+	var no *kernels.EPUnavailable
+	if d.ep, err = kernels.OpenEP(ranks[0].Threads, d.lib, devs, streams, cfg, k); errors.As(err, &no) {
+		return unavailable(d.m, "%s", no.Reason)
+	} else if err != nil {
+		return err
+	}
+	d.st = make([]devRank, shape.EP)
+	for r, rk := range ranks {
+		s, dev := &d.st[r], rk.Dev
+		bufs := []kernels.Buf{{P: &s.counts, PerRow: 4 * int64(L+1)}}
+		if d.m.algorithm == cuda.EPHighThroughput {
+			bufs = append(bufs, kernels.Buf{P: &s.recvX, PerRow: 2 * int64(d.rows) * int64(h)}, kernels.Buf{P: &s.recvW, PerRow: 4 * int64(d.rows)})
+		} else {
+			bufs = append(bufs, kernels.Buf{P: &s.recvX, PerRow: 2 * int64(L*d.slots) * int64(h)}, kernels.Buf{P: &s.recvY, PerRow: 2 * int64(L*d.slots) * int64(h)})
+		}
+		if rk.Shared != 0 {
+			bufs = append(bufs, kernels.Buf{P: &s.sum, PerRow: 2 * int64(T) * int64(h)}, kernels.Buf{P: &s.identity, PerRow: 4 * int64(T)})
+		}
+		if s.bytes, err = kernels.Resize(dev, 1, bufs...); err != nil {
+			return err
+		}
+		if s.identity != 0 {
+			id := make([]int32, T)
+			for t := range id {
+				id[t] = int32(t)
+			}
+			if err := dev.Upload(s.identity, id, rk.Stream); err != nil {
+				return err
+			}
+		}
+		if s.mapped, err = dev.AllocMapped(4 * int64(L+1)); err != nil {
+			return err
+		}
+		s.host = make([]int32, L+1)
+		s.callMS = map[string]float64{}
+		rk.ExpertRows = make([]int, L)
+		if d.m.algorithm == cuda.EPHighThroughput {
+			rk.ExpertX, rk.ExpertProbs = s.recvX, s.recvW
+		} else {
+			rk.ExpertX = s.recvX
+		}
+	}
+	return nil
+}
+
+func modeName(m mode) string {
+	if m.algorithm == cuda.EPHighThroughput {
+		return "high-throughput"
+	}
+	return "low-latency"
+}
+
+// limits says what of shape NCCL EP's mode cannot take (its header's and
+// library's limits), or nil.
+func (d *Device) limits(sh dispatchers.Shape) []string {
+	var why []string
+	L := sh.LocalExperts()
+	if d.m.maxTokens > 0 && sh.Tokens > d.m.maxTokens {
+		why = append(why, fmt.Sprintf("%d tokens per rank, above its %d (MAX_SUPPORTED_TOKENS_PER_RANK)", sh.Tokens, d.m.maxTokens))
+	}
+	if sh.TopK > 32 {
+		why = append(why, fmt.Sprintf("top-%d, above its 32", sh.TopK))
+	}
+	if sh.Hidden > 16384 {
+		why = append(why, fmt.Sprintf("hidden %d, above its 16384", sh.Hidden))
+	}
+	if d.m.algorithm == cuda.EPHighThroughput {
+		if L > 64 {
+			why = append(why, fmt.Sprintf("%d local experts, above its 64", L))
+		}
+		if sh.Experts%4 != 0 {
+			why = append(why, fmt.Sprintf("%d experts on a node: its routing-map bulk copies need a multiple of 4", sh.Experts))
+		}
+	} else {
+		if sh.Hidden%128 != 0 {
+			why = append(why, fmt.Sprintf("hidden %d: its low-latency combine needs a multiple of 128", sh.Hidden))
+		}
+		if need := (sh.Experts + 13) / 14; d.sms > 0 && d.sms < need {
+			why = append(why, fmt.Sprintf("--sms %d: %d experts need at least %d SMs (at most 14 warp groups per SM)", d.sms, sh.Experts, need))
+		}
+	}
+	return why
+}
+
+// Phases: the mode's calls, the experts between dispatch and combine.
+func (d *Device) Phases(experts func(rank int) error) []dispatchers.Step {
+	var s []dispatchers.Step
+	if d.m.algorithm == cuda.EPHighThroughput {
+		s = append(s, dispatchers.Step{Name: "update", Run: d.update})
+	}
+	return append(s, dispatchers.Step{Name: "dispatch", Run: d.dispatch}, dispatchers.Step{Name: dispatchers.ExpertPhases[0], Run: experts},
+		dispatchers.Step{Name: "combine", Run: d.combine})
+}
+
+// timed runs a library call of rank r in phase, adding its wall time to
+// the phase's host-call time.
+func (d *Device) timed(r int, phase, call string, f func() error) error {
+	s := &d.st[r]
+	s.last = call
+	t := time.Now()
+	err := f()
+	s.callMS[phase] += float64(time.Since(t).Nanoseconds()) / 1e6
+	return err
+}
+
+// update (high throughput): ncclEpUpdateHandle — the routing map's
+// all-gather and the scan, which count each local expert's received rows —
+// and the counts' copy to the host.
+func (d *Device) update(r int) error {
+	s, rk, sh := &d.st[r], d.ranks[r], d.shape
+	clear(s.callMS)
+	L := sh.LocalExperts()
+	if err := d.timed(r, "update", "ncclEpUpdateHandle", func() error {
+		return d.ep.Update(r, rk.Idx, sh.Tokens, sh.TopK, s.counts, L)
+	}); err != nil {
+		return err
+	}
+	return rk.Dev.DownloadAsync(s.mapped, s.counts, 4*int64(L+1), rk.Stream)
+}
+
+// WaitsBefore: high throughput before dispatch (for the update's counts),
+// low latency before the experts (for the dispatch's).
+func (d *Device) WaitsBefore(phase string) bool {
+	if d.m.algorithm == cuda.EPHighThroughput {
+		return phase == "dispatch"
+	}
+	return phase == dispatchers.ExpertPhases[0]
+}
+
+// HostWait is rank r's wait for its counts (see WaitsBefore), which size
+// its experts' work.
+func (d *Device) HostWait(phase string, r int) error {
+	ht := d.m.algorithm == cuda.EPHighThroughput
+	if !d.WaitsBefore(phase) {
+		return nil
+	}
+	s, rk := &d.st[r], d.ranks[r]
+	if err := rk.Dev.SyncStream(rk.Stream); err != nil {
+		return fmt.Errorf("the GPU failed after NCCL EP's %s (a collective that waits past --comm-timeout %v traps its kernels): %w", s.last, d.timeout, err)
+	}
+	L := d.shape.LocalExperts()
+	copy(s.host, unsafe.Slice((*int32)(s.mapped.Host), L+1))
+	total := 0
+	for l := range L {
+		n := int(s.host[l])
+		if n < 0 || ht && n > d.rows || !ht && n > d.slots {
+			return fmt.Errorf("NCCL EP counted %d rows for local expert %d (at most %d)", n, l, max(d.rows, d.slots))
+		}
+		rk.ExpertRows[l] = n
+		total += n
+	}
+	if ht {
+		if int(s.host[L]) != total {
+			return fmt.Errorf("NCCL EP's received total %d differs from its experts' counts' sum %d", s.host[L], total)
+		}
+		return nil
+	}
+	// low latency: each expert's rows lie in its own zone of the receive
+	// buffer; the expert applies no routing weight (the combine does)
+	h := int64(d.shape.Hidden)
+	s.work = s.work[:0]
+	for l, n := range rk.ExpertRows {
+		if n == 0 {
+			continue
+		}
+		at := kernels.Ptr(2 * int64(l*d.slots) * h)
+		s.work = append(s.work, dispatchers.DeviceWork{X: s.recvX + at, Y: s.recvY + at,
+			Segments: []dispatchers.DeviceSegment{{Expert: r*L + l, Start: 0, Len: n}}})
+	}
+	rk.Work = s.work
+	return nil
+}
+
+// dispatch: ncclEpDispatch (low latency: first the handle's routing, a
+// host call; then the counts' copy to the host).
+func (d *Device) dispatch(r int) error {
+	s, rk, sh := &d.st[r], d.ranks[r], d.shape
+	T, h, k, L := sh.Tokens, sh.Hidden, sh.TopK, sh.LocalExperts()
+	if d.m.algorithm == cuda.EPHighThroughput {
+		return d.timed(r, "dispatch", "ncclEpDispatch", func() error {
+			return d.ep.DispatchHT(r, rk.X, rk.Probs, T, h, k, s.recvX, s.recvW, d.rows)
+		})
+	}
+	clear(s.callMS)
+	if err := d.timed(r, "dispatch", "ncclEpUpdateHandle", func() error { return d.ep.Update(r, rk.Idx, T, k, 0, L) }); err != nil {
+		return err
+	}
+	if err := d.timed(r, "dispatch", "ncclEpDispatch", func() error {
+		return d.ep.DispatchLL(r, rk.X, T, h, s.recvX, L, d.slots, s.counts)
+	}); err != nil {
+		return err
+	}
+	return rk.Dev.DownloadAsync(s.mapped, s.counts, 4*int64(L), rk.Stream)
+}
+
+// combine: ncclEpCombine into Y (the tokens' sums: high throughput of
+// their weighted outputs, low latency of their outputs weighted by their
+// routing probabilities), then the shared expert's output added in bf16.
+func (d *Device) combine(r int) error {
+	s, rk, sh := &d.st[r], d.ranks[r], d.shape
+	T, h, k, L := sh.Tokens, sh.Hidden, sh.TopK, sh.LocalExperts()
+	out := rk.Y
+	if s.sum != 0 {
+		out = s.sum
+	}
+	err := d.timed(r, "combine", "ncclEpCombine", func() error {
+		if d.m.algorithm == cuda.EPHighThroughput {
+			return d.ep.CombineHT(r, rk.ExpertY, rk.Rows(), h, out, T)
+		}
+		return d.ep.CombineLL(r, s.recvY, L, d.slots, h, out, rk.Probs, T, k)
+	})
+	if err != nil || s.sum == 0 {
+		return err
+	}
+	return rk.Dev.UnpermuteSum(rk.Y, s.sum, s.identity, rk.Shared, T, 1, h, rk.Stream)
+}
+
+// HostCallMS is the wall time of rank r's library calls in the last
+// step's phase (their internal synchronizations included).
+func (d *Device) HostCallMS(phase string, r int) (float64, bool) {
+	ms, ok := d.st[r].callMS[phase]
+	return ms, ok
+}
+
+// Library says what ran: the design, NCCL EP's version and where it was
+// found, its mode and layout, NCCL's version, and how it spent SMs.
+func (d *Device) Library() dispatchers.LibraryInfo {
+	sms := fmt.Sprintf("--sms %d: max_num_sms %d, which caps its communication, permute and scan kernels", d.sms, d.sms)
+	if d.sms == 0 {
+		sms = "--sms 0: max_num_sms AUTO, the library's default: " + d.m.defaultSMs
+	}
+	var set []string
+	for _, e := range smEnv {
+		if v := os.Getenv(e); v != "" {
+			set = append(set, e+"="+v)
+		}
+	}
+	if set != nil {
+		sms += "; overridden by " + strings.Join(set, ", ")
+	}
+	waits := fmt.Sprintf("timeout_ns = --comm-timeout %v", d.timeout)
+	if v := os.Getenv(timeoutEnv); v != "" && v != "0" {
+		waits = fmt.Sprintf("%s=%s, which overrides --comm-timeout %v (timeout_ns)", timeoutEnv, v, d.timeout)
+	}
+	detail := fmt.Sprintf("%s mode, expert-major layout without padding, %d ranks one per GPU each with its own NCCL communicator; over NCCL %s (%s); waits bounded by %s",
+		modeName(d.m), d.shape.EP, d.lib.NCCL.Version, d.lib.NCCL.Path, waits)
+	if d.m.algorithm == cuda.EPHighThroughput {
+		detail += fmt.Sprintf("; max_recv_tokens_per_rank %d (every token's slot for each local expert)", d.rows)
+	} else {
+		detail += "; the routing weights are applied in the combine, not before the expert's second GEMM (DeepEP's low-latency contract)"
+	}
+	detail += "; forward only: " + d.m.noBackward
+	return dispatchers.LibraryInfo{Design: d.m.design, Name: "NCCL EP", Version: d.lib.Version, Path: d.lib.Path, Detail: detail, SMs: sms}
+}
+
+// timeoutEnv is NCCL EP's own timeout, which overrides the group's
+// timeout_ns when set above 0.
+const timeoutEnv = "NCCL_EP_TIMEOUT_MS"
+
+// Transport names what moves the data.
+func (d *Device) Transport() string {
+	return fmt.Sprintf("NCCL EP %s (%s mode) over NCCL %s", d.lib.Version, modeName(d.m), d.lib.NCCL.Version)
+}
+
+// Traffic counts the last step's copies — one row per (token, expert)
+// pair, as the expert-major layout receives them — from every rank's
+// routing, read back: dispatch moves the row and (high throughput) its
+// fp32 routing weight, combine the output row.
+func (d *Device) Traffic() dispatchers.Traffic {
+	sh := d.shape
+	var off, all int64
+	idx := make([]int32, sh.Tokens*sh.TopK)
+	for r, rk := range d.ranks {
+		if err := rk.Dev.Download(idx, rk.Idx, rk.Stream); err != nil {
+			return dispatchers.Traffic{Formula: "not counted: " + err.Error()}
+		}
+		for _, e := range idx {
+			all++
+			if sh.Owner(e) != r {
+				off++
+			}
+		}
+	}
+	row, w := 2*int64(sh.Hidden), int64(0)
+	if d.m.algorithm == cuda.EPHighThroughput {
+		w = 4
+	}
+	return dispatchers.Traffic{DispatchOffRank: off * (row + w), DispatchLogical: all * (row + w), CombineOffRank: off * row, CombineLogical: all * row,
+		Formula: fmt.Sprintf("dispatch = copies × (hidden×2 B bf16%s); combine = copies × hidden×2 B; a copy is one (token, expert) pair "+
+			"(the expert-major layout's slot); off-rank excludes copies to the token's own rank; moved by %s", map[bool]string{true: " + 4 B fp32 routing weight", false: ""}[w > 0], d.Transport()),
+		DispatchAlgorithm: all * row, CombineAlgorithm: all * row,
+		AlgorithmFormula: "rows received × hidden × 2 B, a rank's rows to itself included (DeepEP's convention; ep_bench counts the low-latency mode so)"}
+}
+
+// Footprint is the bytes of rank r's buffers (not the library's own).
+func (d *Device) Footprint(r int) int64 { return d.st[r].bytes }
+
+// Close destroys the handles, groups and communicators, then frees the
+// buffers.
+func (d *Device) Close() error {
+	var first error
+	keep := func(err error) {
+		if first == nil && err != nil {
+			first = err
+		}
+	}
+	if d.ep != nil {
+		keep(d.ep.Close())
+		d.ep = nil
+	}
+	for r := range d.st {
+		s, rk := &d.st[r], d.ranks[r]
+		if rk.ExpertX == s.recvX {
+			rk.ExpertX, rk.ExpertProbs = 0, 0
+		}
+		rk.Work = nil
+		keep(kernels.Free(rk.Dev, &s.counts, &s.recvX, &s.recvW, &s.recvY, &s.sum, &s.identity))
+		if s.mapped.Host != nil {
+			keep(rk.Dev.FreeMapped(s.mapped))
+			s.mapped = kernels.Mapped{}
+		}
+	}
+	return first
+}

@@ -1,0 +1,187 @@
+package harness
+
+import (
+	"os"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/moebench/moebench/dispatchers"
+	"github.com/moebench/moebench/internal/hostsim"
+	"github.com/moebench/moebench/results"
+)
+
+// useFakeNCCLEP makes cuda-device runs find the fake libnccl_ep
+// (fakencclep.c, over the fake NCCL, which says it is 2.30.7) and what
+// NCCL EP's run-time compile looks for (hostsim.FakeNCCLEPRuntime).
+func useFakeNCCLEP(t *testing.T) {
+	t.Helper()
+	so, err := hostsim.BuildFake("fakencclep", t.TempDir(), "libnccl_ep.so.0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("MOEBENCH_NCCL_EP", so)
+	t.Setenv("FAKENCCL_VERSION", "23007")
+	hostsim.FakeNCCLEPRuntime(t)
+}
+
+// TestNCCLEPLayerOnHostSim: the whole layer with --impl library — NCCL EP's
+// high-throughput mode for hybridep, its low-latency mode for deepep —
+// through the fake libnccl_ep on the fake driver's two GPUs (one rank
+// each, every rank's calls from its GPU's thread), passes the check
+// against the float64 reference; the record says which design, library
+// and version ran, how it spent SMs, and each library phase's host-call
+// time beside its event time.
+func TestNCCLEPLayerOnHostSim(t *testing.T) {
+	useHostSimLayer(t)
+	useFakeNCCLEP(t)
+	t.Setenv("NCCL_EP_SHUFFLE_SMS", "3")
+	for _, c := range []struct {
+		dispatcher, design, timeoutMS string
+		phases                        []string
+		detail                        []string
+	}{
+		{"hybridep", "HybridEP's design via NCCL EP", "", []string{"shared", "router", "update", "dispatch", "experts", "combine"},
+			[]string{"waits bounded by timeout_ns = --comm-timeout 5s", "forward only: NCCL EP's high-throughput mode has a backward (dispatch and combine with pass_direction BWD"}},
+		{"deepep", "DeepEP low-latency design via NCCL EP", "60000", []string{"shared", "router", "dispatch", "experts", "combine"},
+			[]string{"waits bounded by NCCL_EP_TIMEOUT_MS=60000, which overrides --comm-timeout 5s", "forward only: NCCL EP's low-latency mode has no backward pass"}},
+	} {
+		t.Run(c.dispatcher, func(t *testing.T) {
+			t.Setenv("NCCL_EP_TIMEOUT_MS", c.timeoutMS)
+			cfg := deviceCases()["softmax-natural"]
+			cfg.Dispatcher, cfg.Impl, cfg.EP, cfg.Hidden = c.dispatcher, dispatchers.ImplLibrary, 2, 128 // the low-latency combine takes 128-multiples
+			rec, err := Run(cfg, Env{Version: "test"})
+			if err != nil || rec.Status != results.StatusOK || !rec.Correctness.Passed {
+				t.Fatalf("%v; %+v", err, rec)
+			}
+			var names []string
+			for _, p := range rec.Timing.Phases {
+				names = append(names, p.Name)
+				if lib := slices.Contains([]string{"update", "dispatch", "combine"}, p.Name); lib != (p.HostCall != nil) {
+					t.Errorf("phase %s: host call %+v", p.Name, p.HostCall)
+				}
+			}
+			if !slices.Equal(names, c.phases) {
+				t.Errorf("phases %v, want %v", names, c.phases)
+			}
+			lib := rec.Library
+			if lib == nil || !strings.HasPrefix(lib.Design, c.design) || lib.Name != "NCCL EP" || lib.Version != "0.1.0" ||
+				!strings.Contains(lib.Detail, "over NCCL 2.30.7") || !strings.Contains(rec.Ranks.Note, "NCCL EP 0.1.0") ||
+				!strings.Contains(rec.SMs.Note, "max_num_sms AUTO") || !strings.Contains(rec.SMs.Note, "NCCL_EP_SHUFFLE_SMS=3") {
+				t.Errorf("library %+v; ranks %q; sms %+v", lib, rec.Ranks.Note, rec.SMs)
+			}
+			for _, w := range c.detail {
+				if lib != nil && !strings.Contains(lib.Detail, w) {
+					t.Errorf("library detail %q: want %q in it", lib.Detail, w)
+				}
+			}
+			if rec.Config.Pass != results.PassForward || rec.Config.PassNote == "" { // never a training step's label on the forward alone
+				t.Errorf("pass %q, note %q", rec.Config.Pass, rec.Config.PassNote)
+			}
+			var table strings.Builder
+			if err := results.WriteTable(&table, rec); err != nil || !strings.Contains(table.String(), "# library: "+c.design) ||
+				!strings.Contains(table.String(), "# host call              dispatch p50") {
+				t.Errorf("table: %v\n%s", err, table.String())
+			}
+			t.Logf("max rel err %.2e\n%s", rec.Correctness.MaxRelErr, table.String())
+		})
+	}
+}
+
+// TestNCCLEPUnavailable: NCCL EP's gate says why it cannot run, with the
+// precise reason, for each of its needs: the library (and its API), NCCL's
+// Device API, a CUDA 13 driver, its run-time compile's nvcc and headers,
+// an sm_90 GPU, one GPU per rank, at most 8 ranks per node, and the
+// modes' shape limits; none of them runs a step.
+func TestNCCLEPUnavailable(t *testing.T) {
+	useHostSimLayer(t)
+	useFakeNCCLEP(t)
+	nccl := os.Getenv("MOEBENCH_NCCL")
+	for _, c := range []struct {
+		name, dispatcher string
+		env              map[string]string
+		cfg              func(*Config)
+		want             []string
+	}{
+		{"no-library", "hybridep", map[string]string{"MOEBENCH_NCCL_EP": "/nonexistent/libnccl_ep.so.0"}, nil,
+			[]string{"NCCL EP cannot run here: MOEBENCH_NCCL_EP=/nonexistent/libnccl_ep.so.0 does not load"}},
+		{"another-api", "hybridep", map[string]string{"MOEBENCH_NCCL_EP": nccl}, nil, // a library without NCCL EP's entry points
+			[]string{"symbol ncclEpGetVersion missing", "not the API moebench speaks"}},
+		{"no-nccl", "deepep", map[string]string{"MOEBENCH_NCCL": "/nonexistent/libnccl.so.2"}, nil,
+			[]string{"NCCL EP loads over NCCL, which is missing: MOEBENCH_NCCL=/nonexistent/libnccl.so.2 does not load"}},
+		{"nccl-without-device-api", "hybridep", map[string]string{"FAKENCCL_VERSION": "22803"}, nil,
+			[]string{"NCCL 2.28.3 has no Device API (NCCL EP needs 2.29 or later"}},
+		{"cuda-12-driver", "deepep", map[string]string{"FAKECUDA_DRIVER_VERSION": "12080"}, nil,
+			[]string{"the CUDA driver supports CUDA 12.8, and NCCL EP needs CUDA 13"}},
+		{"no-nvcc", "hybridep", map[string]string{"NCCL_EP_JIT_NVCC": "/nonexistent/nvcc"}, nil,
+			[]string{"its run-time compile needs nvcc (/nonexistent/nvcc"}},
+		{"no-headers", "deepep", map[string]string{"NCCL_HOME": t.TempDir()}, nil,
+			[]string{"its run-time compile needs NCCL's device headers (NCCL_EP_JIT_BUILD_INCLUDE_DIR or NCCL_HOME): no nccl_device.h in"}},
+		{"sm80", "hybridep", map[string]string{"FAKECUDA_CC": "80"}, nil, []string{"GPU 0 is sm_80 and NCCL EP needs sm_90 or later", "GPU 1 is sm_80"}},
+		{"packed-and-too-many", "hybridep", nil, func(c *Config) { c.EP, c.Experts = 16, 32 },
+			[]string{"ranks 0 and 1 share GPU 0: NCCL EP needs one GPU per rank", "ranks 8 and 9 share GPU 1", "16 ranks on one node: NCCL EP supports at most 8 per node"}},
+		{"tokens", "hybridep", nil, func(c *Config) { c.Tokens = 8200 },
+			[]string{"NCCL EP's high-throughput mode cannot take this layer: 8200 tokens per rank, above its 8192"}},
+		{"hidden", "deepep", nil, func(c *Config) { c.Hidden = 64 },
+			[]string{"NCCL EP's low-latency mode cannot take this layer: hidden 64: its low-latency combine needs a multiple of 128"}},
+		{"sms", "deepep", nil, func(c *Config) { c.SMs, c.Experts = 3, 64 },
+			[]string{"--sms 3: 64 experts need at least 5 SMs"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			for k, v := range c.env {
+				t.Setenv(k, v)
+			}
+			cfg := deviceCases()["softmax-natural"]
+			cfg.Dispatcher, cfg.Impl, cfg.EP, cfg.Hidden, cfg.Iters, cfg.Warmup = c.dispatcher, dispatchers.ImplLibrary, 2, 128, 1, 0
+			if c.cfg != nil {
+				c.cfg(&cfg)
+			}
+			rec, err := Run(cfg, Env{Version: "test"})
+			if !dispatchers.IsUnavailable(err) || rec.Status != results.StatusUnavailable || rec.Timing != nil {
+				t.Fatalf("want unavailable: %v; %+v", err, rec)
+			}
+			for _, w := range c.want {
+				if !strings.Contains(rec.Reason, w) {
+					t.Errorf("reason %q: want %q in it", rec.Reason, w)
+				}
+			}
+		})
+	}
+}
+
+// TestNCCLEPFailures: a library call that fails is reported with its call,
+// NCCL's result and the rank; a rank that does not take part in a
+// collective makes the others' kernels give up after --comm-timeout (the
+// group's timeout_ns), and the run fails naming the rank and the call
+// after which its GPU failed, instead of hanging.
+func TestNCCLEPFailures(t *testing.T) {
+	useHostSimLayer(t)
+	useFakeNCCLEP(t)
+	for _, c := range []struct {
+		name, dispatcher, hook, value string
+		want                          []string
+	}{
+		{"failing-call", "hybridep", "FAKENCCLEP_FAIL", "ncclEpCombine",
+			[]string{"combine on rank 0: ncclEpCombine: ncclInternalError (3, internal error", "combine on rank 1: ncclEpCombine: ncclInternalError"}},
+		{"rank-missing", "deepep", "FAKENCCLEP_SKIP", "ncclEpDispatch 1",
+			[]string{"experts: host wait: rank 0: the GPU failed after NCCL EP's ncclEpDispatch (a collective that waits past --comm-timeout 300ms traps its kernels): cuStreamSynchronize: CUDA_ERROR_LAUNCH_FAILED"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Setenv(c.hook, c.value)
+			cfg := deviceCases()["softmax-natural"]
+			cfg.Dispatcher, cfg.Impl, cfg.EP, cfg.Hidden, cfg.CommTimeout = c.dispatcher, dispatchers.ImplLibrary, 2, 128, 300*time.Millisecond
+			var rec *results.Record
+			var err error
+			hostsim.Within(t, time.Minute, func() { rec, err = Run(cfg, Env{Version: "test"}) })
+			if err == nil || rec.Status != results.StatusFailed {
+				t.Fatalf("want a failure: %v; %+v", err, rec)
+			}
+			for _, w := range c.want {
+				if !strings.Contains(rec.Reason, w) {
+					t.Errorf("reason %q: want %q in it", rec.Reason, w)
+				}
+			}
+		})
+	}
+}

@@ -1,0 +1,225 @@
+package cuda
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/moebench/moebench/internal/hostsim"
+)
+
+// epRig is NCCL EP on the fakes: two ranks, one per fake GPU, each with a
+// communicator, a stream and buffers of a tiny layer (4 tokens of hidden
+// 16, top-2 of 8 experts).
+type epRig struct {
+	d    *Driver
+	e    *NCCLEP
+	comm [2]Comm
+	s    [2]Stream
+	buf  [2]struct{ idx, x, w, out, outW, counts DevicePtr }
+}
+
+const epTokens, epHidden, epTopK, epExperts = 4, 16, 2, 8
+
+func newEPRig(t *testing.T) *epRig {
+	t.Helper()
+	r := &epRig{d: fakeDriver(t)}
+	buildFake(t, "fakenccl", "MOEBENCH_NCCL")
+	buildFake(t, "fakencclep", NCCLEPEnv)
+	t.Setenv("NCCL_EP_TIMEOUT_MS", "300")
+	var err error
+	if r.e, err = OpenNCCLEP(); err != nil {
+		t.Fatal(err)
+	}
+	if r.e.Version != "0.1.0" || r.e.NCCL.Version != "2.21.5" {
+		t.Errorf("versions %q over NCCL %q", r.e.Version, r.e.NCCL.Version)
+	}
+	id, err := r.e.NCCL.UniqueID()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for g, err := range onGPUs(r.d, func(g int) error {
+		var err error
+		if r.comm[g], err = r.e.NCCL.InitRank(2, id, g); err != nil {
+			return err
+		}
+		if r.s[g], err = r.d.NewStream(0); err != nil {
+			return err
+		}
+		b := &r.buf[g]
+		for _, p := range []struct {
+			p     *DevicePtr
+			bytes int
+		}{{&b.idx, 4 * epTokens * epTopK}, {&b.x, 2 * epTokens * epHidden}, {&b.w, 4 * epTokens * epTopK},
+			{&b.out, 2 * 2 * epTokens * epTopK * epHidden}, {&b.outW, 4 * 2 * epTokens * epTopK}, {&b.counts, 4 * epExperts}} {
+			if *p.p, err = r.d.Alloc(int64(p.bytes)); err != nil {
+				return err
+			}
+		}
+		return CopyToDevice(r.d, b.idx, []int32{0, 1, 2, 3, 4, 5, 6, 7}, r.s[g])
+	}) {
+		if err != nil {
+			t.Fatalf("rank %d: %v", g, err)
+		}
+	}
+	return r
+}
+
+func (r *epRig) config(maxRecv int) EPGroupConfig {
+	return EPGroupConfig{Algorithm: EPHighThroughput, Experts: epExperts, MaxTokens: epTokens, MaxRecv: maxRecv, TokenBytes: 2 * epHidden, Timeout: time.Second}
+}
+
+// ranks runs f(rank) on both ranks' threads (GPU g's context current).
+func (r *epRig) ranks(f func(g int) error) [2]error { return onGPUs(r.d, f) }
+
+// TestNCCLEPCollectiveRule: the collective rule of NCCL EP's contract, on
+// the fake: a rank that does not create its group leaves the other's
+// creation to fail after the timeout (the real library hangs); a rank that
+// does not dispatch leaves the other's dispatch to fail its GPU (the real
+// one traps); an eager dispatch (max_recv_tokens_per_rank 0) blocks its
+// thread until every rank has dispatched, which is why each rank has its
+// own thread.
+func TestNCCLEPCollectiveRule(t *testing.T) {
+	r := newEPRig(t)
+	errs := r.ranks(func(g int) error {
+		if g == 1 {
+			return nil // rank 1 never creates its group
+		}
+		_, err := r.e.CreateGroup(r.comm[g], r.config(2*epTokens*epTopK))
+		return err
+	})
+	var ne *NCCLError
+	if !errors.As(errs[0], &ne) || ne.Call != "ncclEpCreateGroup" || ne.Name != "ncclInternalError" {
+		t.Errorf("a group created by one rank of two: %v", errs[0])
+	}
+
+	for _, eager := range []bool{false, true} {
+		r := newEPRig(t)
+		maxRecv := 2 * epTokens * epTopK
+		if eager {
+			maxRecv = 0
+		}
+		blocked := [2]time.Duration{}
+		errs := r.ranks(func(g int) error {
+			grp, err := r.e.CreateGroup(r.comm[g], r.config(maxRecv))
+			if err != nil {
+				return err
+			}
+			h, err := r.e.InitHandle(grp, epTopK)
+			if err != nil {
+				return err
+			}
+			b := r.buf[g]
+			tok, w := EPTensor{b.x, NCCLBfloat16, []int{epTokens, epHidden}}, EPTensor{b.w, NCCLFloat32, []int{epTokens, epTopK}}
+			out, outW := EPTensor{b.out, NCCLBfloat16, []int{maxRecvOr(maxRecv), epHidden}}, EPTensor{b.outW, NCCLFloat32, []int{maxRecvOr(maxRecv)}}
+			if err := r.e.Dispatch(h, tok, w, out, outW, EPTensor{}, r.s[g]); err == nil || !strings.Contains(err.Error(), "ncclEpDispatch: ncclInvalidUsage") {
+				return fmt.Errorf("a dispatch before the handle's update: %v", err)
+			}
+			counts := EPTensor{b.counts, NCCLInt32, []int{epExperts / 2}}
+			total := EPTensor{b.counts + DevicePtr(4*epExperts/2), NCCLInt32, []int{1}}
+			if err := r.e.UpdateHandle(h, EPTensor{b.idx, NCCLInt32, []int{epTokens, epTopK}}, counts, total, r.s[g]); err != nil {
+				return err
+			}
+			if g == 1 {
+				return r.d.SyncStream(r.s[g]) // rank 1 does not dispatch
+			}
+			t0 := time.Now()
+			err = r.e.Dispatch(h, tok, w, out, outW, EPTensor{}, r.s[g])
+			blocked[g] = time.Since(t0)
+			if eager {
+				return err
+			}
+			if err != nil {
+				return err
+			}
+			if err := r.d.SyncStream(r.s[g]); err == nil || !strings.Contains(err.Error(), "CUDA_ERROR_LAUNCH_FAILED") {
+				return fmt.Errorf("a dispatch rank 1 skipped, on rank 0's stream: %v", err)
+			}
+			if err := r.e.DestroyHandle(h); err != nil {
+				return err
+			}
+			if err := r.e.Dispatch(h, tok, w, out, outW, EPTensor{}, r.s[g]); err == nil || !strings.Contains(err.Error(), "ncclInvalidUsage") {
+				return fmt.Errorf("a dispatch on a destroyed handle: %v", err)
+			}
+			if err := r.e.DestroyGroup(grp); err != nil {
+				return err
+			}
+			if err := r.e.DestroyGroup(grp); err == nil {
+				return fmt.Errorf("a group destroyed twice: accepted")
+			}
+			return nil
+		})
+		if eager {
+			if err := errs[0]; err == nil || !strings.Contains(err.Error(), "ncclEpDispatch: ncclInternalError") || blocked[0] < 300*time.Millisecond {
+				t.Errorf("an eager dispatch rank 1 skipped: %v after %v (want the read-back's failure after the 300 ms timeout)", err, blocked[0])
+			}
+			continue
+		}
+		for g, err := range errs {
+			if err != nil {
+				t.Errorf("rank %d: %v", g, err)
+			}
+		}
+		if blocked[0] > 200*time.Millisecond {
+			t.Errorf("a dispatch with a fixed budget blocked its thread %v: it queues and returns", blocked[0])
+		}
+	}
+}
+
+func maxRecvOr(n int) int {
+	if n == 0 {
+		return 2 * epTokens * epTopK
+	}
+	return n
+}
+
+// TestNCCLEPDoctor: doctor's NCCL EP row gives the library's file and
+// release, what it sends of the API (V1 structs), NCCL's version, and
+// whether the run-time needs are met — or each one that is not, or why
+// the library is not there (with how to install it).
+func TestNCCLEPDoctor(t *testing.T) {
+	buildFake(t, "fakenccl", "MOEBENCH_NCCL")
+	buildFake(t, "fakencclep", NCCLEPEnv)
+	hostsim.FakeNCCLEPRuntime(t)
+	t.Setenv("FAKENCCL_VERSION", "23007")
+	c := probeNCCLEP()
+	if !c.Found || c.Version != "0.1.0" || c.Path != os.Getenv(NCCLEPEnv) {
+		t.Fatalf("%+v", c)
+	}
+	for _, w := range []string{"hybridep --impl library (its high-throughput mode)", "deepep --impl library (its low-latency mode)",
+		"release 0.1.0 (ncclEpGetVersion", "frozen V1 sizes", "over NCCL 2.30.7", "NCCL's Device API and its run-time compile's needs found (nvcc "} {
+		if !strings.Contains(c.Detail, w) {
+			t.Errorf("detail %q: want %q in it", c.Detail, w)
+		}
+	}
+	t.Setenv("FAKENCCL_VERSION", "22803")
+	t.Setenv("NCCL_EP_JIT_NVCC", "/nonexistent/nvcc")
+	if c := probeNCCLEP(); !c.Found || !strings.Contains(c.Detail, "missing: NCCL 2.28.3 has no Device API") || !strings.Contains(c.Detail, "; nvcc (/nonexistent/nvcc") {
+		t.Errorf("without the Device API and nvcc: %+v", c)
+	}
+	t.Setenv("FAKENCCL_VERSION", "23007")
+	t.Setenv("NCCL_EP_JIT_NVCC", "")
+	dir := t.TempDir() // an NCCL of a version with the Device API, built without it
+	if _, err := hostsim.BuildFake("fakenccl", dir, "libnccl.so.2"); err != nil {
+		t.Fatal(err)
+	}
+	noDev := filepath.Join(dir, "libnccl-nodev.so.2")
+	if out, err := exec.Command("cc", "-DFAKENCCL_NO_DEVICE_API", "-O2", "-shared", "-fPIC", "-pthread", "-o", noDev, filepath.Join(dir, "fakenccl.c")).CombinedOutput(); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	withDev := os.Getenv("MOEBENCH_NCCL")
+	t.Setenv("MOEBENCH_NCCL", noDev)
+	if c := probeNCCLEP(); !strings.HasSuffix(c.Detail, "missing: NCCL 2.30.7 lacks ncclDevCommCreate of the Device API NCCL EP needs") {
+		t.Errorf("an NCCL without the Device API's entry points: %+v", c)
+	}
+	t.Setenv("MOEBENCH_NCCL", withDev)
+	t.Setenv(NCCLEPEnv, withDev) // a library without NCCL EP's entry points
+	if c := probeNCCLEP(); c.Found || !strings.Contains(c.Detail, "not the API moebench speaks") || !strings.Contains(c.Detail, "install: pip install nccl-extensions[cu13]") {
+		t.Errorf("another library: %+v", c)
+	}
+}

@@ -1,0 +1,576 @@
+// A fake libnccl_ep for the tests: NCCL EP's C API as NVIDIA/nccl-extensions'
+// nccl_ep/include/nccl_ep.h (commit 44d2de0d) states its contract, loaded
+// after fakecuda.c and fakenccl.c. Like the real library it calls NCCL
+// (ncclCommCount, ncclCommUserRank, ncclCommCuDevice), left unresolved
+// until load: NCCL must be loaded first with its symbols global, or this
+// one does not load.
+//
+// What it keeps of the contract:
+//   - every struct starts with its size and NCCL_EP_MAGIC (tensors with
+//     NCCL_EP_TENSOR_MAGIC); a size below the frozen V1 boundary, a wrong
+//     magic or a missing required struct is ncclInvalidArgument, and only
+//     the bytes a struct's size covers are read (append-only structs);
+//   - handles and groups live from their creation to their destruction: a
+//     use after destruction, an update before the handle exists, a
+//     dispatch before an update or a combine before a dispatch is
+//     ncclInvalidUsage;
+//   - the collective rule: group creation, the low-latency handle's
+//     initialization, and every rank's high-throughput update, dispatch
+//     and combine meet the other ranks' (the stream-ordered ones on the
+//     rank's stream). A rank that does not call makes the others give up
+//     after the group's timeout (timeout_ns, NCCL_EP_TIMEOUT_MS overriding,
+//     100 s by default) where the real library hangs or traps: a host call
+//     returns ncclInternalError, a stream part marks its GPU's context
+//     failed (the next synchronization fails);
+//   - a high-throughput dispatch in eager mode (max_recv_tokens_per_rank
+//     0) reads the received count back with a host synchronization, so a
+//     thread that issues every rank's dispatch blocks on the first;
+//   - the shapes, data types and limits the header and the library state:
+//     bf16 tokens, int32 routing, fp32 weights, rows of 16-byte multiples
+//     (high throughput), a hidden size of 128-multiples (low-latency
+//     combine), max_num_sms within the GPU's SMs, the low-latency mode's
+//     warp groups (ceil(experts / SMs) at most 14), sm_90 or later.
+// Two hooks for the tests: $FAKENCCLEP_FAIL names a call that returns
+// ncclInternalError; $FAKENCCLEP_SKIP="call rank" makes that rank's call of
+// it return at once without taking part (as a rank that never called).
+//
+// What it implements: the expert-major layout of both modes (no padding),
+// moving rows on the host: a rank's received slots grouped by local
+// expert, in (source rank, token) order; high-throughput combine sums a
+// token's slots of each rank (rounded to bf16, the rank's pre-reduction)
+// then the ranks' sums in float, into bf16; low-latency combine sums the
+// slots times their routing weights in float, into bf16.
+#define _GNU_SOURCE // RTLD_DEFAULT
+#define MB_ABI_DECLARE // moebench's prototypes: a definition here that differs does not compile
+#include "abi.h"
+#include "fakedriver.h"
+#include <errno.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+typedef int ncclResult_t;
+enum { ok = 0, internalError = 3, invalidArgument = 4, invalidUsage = 5 };
+#define MAXR 64
+#define MAX_TOPK 32
+#define LL_MAX_WARP_GROUPS 14
+#define CTX(dev) ((void *)(0x1000L + 100 + (dev)))
+
+// NCCL's, resolved at load time from the NCCL loaded (globally) before.
+extern ncclResult_t ncclCommCount(void *comm, int *n);
+extern ncclResult_t ncclCommUserRank(void *comm, int *rank);
+extern ncclResult_t ncclCommCuDevice(void *comm, int *dev);
+
+static ncclResult_t bad(ncclResult_t r, const char *msg) {
+    fprintf(stderr, "NCCL EP: %s\n", msg);
+    return r;
+}
+
+ncclResult_t ncclEpGetVersion(int *v) {
+    if (!v) return invalidArgument;
+    const char *e = getenv("FAKENCCLEP_VERSION");
+    *v = e ? atoi(e) : 100; // 0.1.0
+    return ok;
+}
+
+// ---- the fake driver's services
+
+static void *owner(unsigned long long p) {
+    void *(*f)(unsigned long long) = (void *(*)(unsigned long long))fakecuda_sym("fakecuda_owner");
+    return f ? f(p) : 0;
+}
+static int attribute(int attr, int dev) {
+    int (*f)(int *, int, int) = (int (*)(int *, int, int))fakecuda_sym("cuDeviceGetAttribute");
+    int v = 0;
+    if (f) f(&v, attr, 100 + dev);
+    return v;
+}
+static void gpu_failed(int dev) {
+    void (*f)(void *) = (void (*)(void *))fakecuda_sym("fakecuda_fail");
+    if (f) f(CTX(dev));
+}
+static void *fakenccl_clique(void *comm) {
+    void *(*f)(void *) = (void *(*)(void *))dlsym(RTLD_DEFAULT, "fakenccl_clique");
+    return f ? f(comm) : comm;
+}
+
+// ---- versioned structs: valid (size, magic), then decoded into a zeroed
+// full copy of which only the caller's size is filled
+
+#define VALID(p, v1) valid((p), (p) ? ((const unsigned *)(p))[0] : 0, (p) ? ((const unsigned *)(p))[1] : 0, (v1), #p)
+static ncclResult_t valid(const void *p, unsigned size, unsigned magic, unsigned v1, const char *what) {
+    char msg[160];
+    if (!p) snprintf(msg, sizeof msg, "required %s is NULL", what);
+    else if (size < v1) snprintf(msg, sizeof msg, "%s size too small: got %u, expected at least %u", what, size, v1);
+    else if (magic != MB_NCCL_EP_MAGIC) snprintf(msg, sizeof msg, "%s magic mismatch: got 0x%x, expected 0x%x", what, magic, MB_NCCL_EP_MAGIC);
+    else return ok;
+    return bad(invalidArgument, msg);
+}
+static void decode(void *dst, size_t full, const void *src) {
+    memset(dst, 0, full);
+    unsigned size = ((const unsigned *)src)[0];
+    memcpy(dst, src, size < full ? size : full);
+}
+
+// tensor checks a tensor descriptor: magic, size, ndim, data type,
+// dimensions (−1: any) and that its memory is the GPU's own.
+static ncclResult_t tensor(const mb_ep_tensor *t, const char *what, int ndim, int dtype, long d0, long d1, long d2, int dev) {
+    char msg[200];
+    if (!t) snprintf(msg, sizeof msg, "%s is required", what);
+    else if (t->magic != MB_NCCL_EP_TENSOR_MAGIC || t->size < MB_NCCL_EP_TENSOR_V1_SIZE)
+        snprintf(msg, sizeof msg, "%s: not a tensor descriptor (magic 0x%x, size %u)", what, t->magic, t->size);
+    else if ((int)t->ndim != ndim || t->datatype != dtype)
+        snprintf(msg, sizeof msg, "%s: %u dimensions of type %d, want %d of type %d", what, t->ndim, t->datatype, ndim, dtype);
+    else {
+        long want[3] = {d0, d1, d2};
+        for (int i = 0; i < ndim; i++)
+            if (want[i] >= 0 && (long)t->sizes[i] != want[i]) {
+                snprintf(msg, sizeof msg, "%s: dimension %d is %zu, want %ld", what, i, t->sizes[i], want[i]);
+                return bad(invalidArgument, msg);
+            }
+        if (t->win) return bad(invalidUsage, "the fake takes no window-backed tensors");
+        size_t n = 1;
+        for (int i = 0; i < ndim; i++) n *= t->sizes[i];
+        if (n && owner((unsigned long long)t->data) != CTX(dev)) {
+            snprintf(msg, sizeof msg, "%s: memory of another GPU, or none", what);
+            return bad(invalidArgument, msg);
+        }
+        return ok;
+    }
+    return bad(invalidArgument, msg);
+}
+
+// ---- groups: the ranks of one communicator in one mode
+
+typedef struct world world;
+typedef struct {
+    unsigned magic; // GROUP_MAGIC while alive
+    world *w;
+    int rank, nranks, dev, local, sms;
+    mb_ep_group_config cfg;
+    long long timeout_ns;
+} group;
+#define GROUP_MAGIC 0x67727075u
+
+// A handle: its routing and where its ranks' slots are.
+typedef struct handle {
+    unsigned magic; // HANDLE_MAGIC while alive
+    group *g;
+    int topk, tokens, updated, dispatched;
+    const int32_t *idx; // [tokens, topk] this rank's routing, as last updated
+    long rows;          // HT: the output rows the last dispatch filled
+    struct handle **all; // every rank's handle (the world's, by rank)
+    int *slot;          // this rank's slots: [source rank][token][j] → slot (−1: not here)
+    int slots;
+} handle;
+#define HANDLE_MAGIC 0x68616e64u
+
+// world is what a communicator's ranks share: their groups, their handles
+// and the meeting points of their collective calls.
+struct world {
+    void *clique;
+    int nranks, joined;
+    group *g[MAXR];
+    handle *h[MAXR];
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    unsigned long gen; // barrier generations passed
+    int count;         // arrived at the current one
+    const char *op;    // the call the current one is of
+    int failed;        // a rank gave up: the others give up too
+    // what a collective's ranks publish for the others
+    struct { const uint16_t *x; const float *w; const uint16_t *y; long rows; } pub[MAXR];
+};
+static pthread_mutex_t worldsmu = PTHREAD_MUTEX_INITIALIZER;
+static world *worlds[256];
+static int nworlds;
+
+static long long timeout_of(const mb_ep_group_config *c) {
+    const char *e = getenv("NCCL_EP_TIMEOUT_MS");
+    if (e && atoll(e) > 0) return atoll(e) * 1000000LL;
+    return c->timeout_ns ? (long long)c->timeout_ns : 100000000000LL; // 100 s, the library's default
+}
+
+// meet is a barrier of the world's ranks in call op, for at most
+// timeout_ns: 0 once all arrived, else the error (a rank that does not
+// call, or calls another collective).
+static ncclResult_t meet(world *w, const char *op, int rank, long long timeout_ns) {
+    struct timespec t;
+    clock_gettime(CLOCK_REALTIME, &t);
+    t.tv_sec += timeout_ns / 1000000000LL;
+    t.tv_nsec += timeout_ns % 1000000000LL;
+    if (t.tv_nsec >= 1000000000L) t.tv_sec++, t.tv_nsec -= 1000000000L;
+    char msg[200] = "";
+    pthread_mutex_lock(&w->mu);
+    if (w->count == 0) w->op = op;
+    else if (strcmp(w->op, op) != 0) {
+        w->failed = 1;
+        snprintf(msg, sizeof msg, "rank %d called %s while other ranks called %s: collectives must be called by every rank in the same order", rank, op, w->op);
+    }
+    unsigned long gen = w->gen;
+    if (!msg[0] && ++w->count == w->nranks) {
+        w->count = 0, w->gen++;
+        pthread_cond_broadcast(&w->cv);
+    }
+    int timedOut = 0;
+    while (!msg[0] && w->gen == gen && !w->failed && !timedOut) timedOut = pthread_cond_timedwait(&w->cv, &w->mu, &t) == ETIMEDOUT;
+    if (!msg[0] && w->gen == gen) {
+        if (!w->failed) snprintf(msg, sizeof msg, "rank %d: timeout in %s after %lld ms waiting for the other ranks (%d of %d arrived): the real library hangs or traps here",
+                                 rank, op, timeout_ns / 1000000, w->count, w->nranks);
+        else snprintf(msg, sizeof msg, "rank %d: %s: another rank gave up", rank, op);
+        w->failed = 1;
+        w->count = 0, w->gen++; // the others stop waiting too
+        pthread_cond_broadcast(&w->cv);
+    }
+    pthread_mutex_unlock(&w->mu);
+    return msg[0] ? bad(internalError, msg) : ok;
+}
+
+ncclResult_t ncclEpCreateGroup(void **out, void *comm, const mb_ep_group_config *in) {
+    if (!out || !comm) return bad(invalidArgument, "ncclEpCreateGroup: NULL group or communicator");
+    ncclResult_t r = VALID(in, MB_NCCL_EP_GROUP_CONFIG_V1_SIZE);
+    if (r) return r;
+    group *g = calloc(1, sizeof *g);
+    decode(&g->cfg, sizeof g->cfg, in);
+    mb_ep_group_config *c = &g->cfg;
+    ncclCommCount(comm, &g->nranks);
+    ncclCommUserRank(comm, &g->rank);
+    ncclCommCuDevice(comm, &g->dev);
+    int devSMs = attribute(16, g->dev), cc = 10 * attribute(75, g->dev) + attribute(76, g->dev);
+    char msg[200] = "";
+    ncclResult_t code = invalidArgument;
+    int ht = c->algorithm == MB_NCCL_EP_ALGO_HIGH_THROUGHPUT;
+    g->sms = c->max_num_sms ? (int)c->max_num_sms : devSMs;
+    if (c->algorithm != MB_NCCL_EP_ALGO_LOW_LATENCY && !ht) snprintf(msg, sizeof msg, "invalid algorithm %d", c->algorithm);
+    else if (cc < 90) code = invalidUsage, snprintf(msg, sizeof msg, "NCCL EP requires sm_90 or later (GPU %d is sm_%d)", g->dev, cc);
+    else if (!c->num_experts || c->num_experts % g->nranks) snprintf(msg, sizeof msg, "num_experts %u: must be a multiple of the %d ranks", c->num_experts, g->nranks);
+    else if (!c->max_dispatch_tokens_per_rank) snprintf(msg, sizeof msg, "max_dispatch_tokens_per_rank must be greater than 0");
+    else if (!c->max_token_bytes || (ht && c->max_token_bytes % 16)) snprintf(msg, sizeof msg, "max_token_bytes %u (HT: a multiple of 16)", c->max_token_bytes);
+    else if (ht && c->max_recv_tokens_per_rank && c->max_recv_tokens_per_rank < c->max_dispatch_tokens_per_rank)
+        snprintf(msg, sizeof msg, "HT mode requires max_recv_tokens_per_rank >= max_dispatch_tokens_per_rank");
+    else if ((int)c->max_num_sms > devSMs) code = invalidUsage, snprintf(msg, sizeof msg, "NCCL EP requires max_num_sms <= device_sm_count (%u > %d)", c->max_num_sms, devSMs);
+    else if (!ht && ((int)c->num_experts + g->sms - 1) / g->sms > LL_MAX_WARP_GROUPS)
+        code = invalidUsage, snprintf(msg, sizeof msg, "insufficient comm SM count for Low-Latency mode: %d SMs with %u experts (need >= %d SMs)", g->sms, c->num_experts,
+                 ((int)c->num_experts + LL_MAX_WARP_GROUPS - 1) / LL_MAX_WARP_GROUPS);
+    if (msg[0]) {
+        free(g);
+        return bad(code, msg);
+    }
+    g->local = c->num_experts / g->nranks;
+    g->timeout_ns = timeout_of(c);
+    void *clique = fakenccl_clique(comm);
+    pthread_mutex_lock(&worldsmu);
+    world *w = 0;
+    for (int i = 0; i < nworlds && !w; i++)
+        if (worlds[i]->clique == clique && worlds[i]->joined < worlds[i]->nranks && !worlds[i]->g[g->rank]) w = worlds[i];
+    if (!w && nworlds < 256) {
+        w = calloc(1, sizeof *w);
+        w->clique = clique, w->nranks = g->nranks;
+        pthread_mutex_init(&w->mu, 0);
+        pthread_cond_init(&w->cv, 0);
+        worlds[nworlds++] = w;
+    }
+    if (w) w->g[g->rank] = g, w->joined++;
+    pthread_mutex_unlock(&worldsmu);
+    if (!w) return bad(internalError, "the fake's worlds are full");
+    g->w = w;
+    if ((r = meet(w, "ncclEpCreateGroup", g->rank, g->timeout_ns))) return r; // collective: the real one all-gathers hosts and budgets
+    for (int i = 0; i < g->nranks; i++)
+        if (w->g[i]->cfg.max_recv_tokens_per_rank != c->max_recv_tokens_per_rank || w->g[i]->cfg.algorithm != c->algorithm)
+            return bad(invalidUsage, "ncclEpCreateGroup: max_recv_tokens_per_rank and algorithm must be identical across ranks");
+    g->magic = GROUP_MAGIC;
+    *out = g;
+    return ok;
+}
+
+static group *live_group(void *p) { return p && ((group *)p)->magic == GROUP_MAGIC ? p : 0; }
+static handle *live_handle(void *p) { return p && ((handle *)p)->magic == HANDLE_MAGIC && live_group(((handle *)p)->g) ? p : 0; }
+
+ncclResult_t ncclEpGroupDestroy(void *p) {
+    group *g = live_group(p);
+    if (!p) return ok;
+    if (!g) return bad(invalidUsage, "ncclEpGroupDestroy: not a live group (destroyed twice?)");
+    g->magic = 0; // kept: a use after destruction is refused, not a crash
+    return ok;
+}
+
+ncclResult_t ncclEpInitHandle(void **out, void *gp, int layout, const mb_ep_handle_config *config, int topk, const mb_ep_tensor *mem) {
+    group *g = live_group(gp);
+    if (!out || !g) return bad(invalidUsage, "ncclEpInitHandle: no live group");
+    mb_ep_handle_config c = {0};
+    if (config) {
+        ncclResult_t r = VALID(config, MB_NCCL_EP_HANDLE_CONFIG_V1_SIZE);
+        if (r) return r;
+        decode(&c, sizeof c, config);
+    }
+    if (layout != MB_NCCL_EP_LAYOUT_EXPERT_MAJOR) return bad(invalidUsage, "ncclEpInitHandle: the fake implements the expert-major layout only");
+    if (c.dispatch_output_per_expert_alignment > 1) return bad(invalidUsage, "ncclEpInitHandle: the fake pads no expert zones");
+    if (topk <= 0 || topk > MAX_TOPK || topk > (int)g->cfg.num_experts) return bad(invalidArgument, "ncclEpInitHandle: top-k must be in [1, min(num_experts, 32)]");
+    if (mem) return bad(invalidUsage, "ncclEpInitHandle: the fake allocates the handle's memory itself");
+    handle *h = calloc(1, sizeof *h);
+    h->magic = HANDLE_MAGIC, h->g = g, h->topk = topk, h->all = g->w->h;
+    g->w->h[g->rank] = h;
+    if (g->cfg.algorithm == MB_NCCL_EP_ALGO_LOW_LATENCY) { // AUTO rdma buffer: may be collective (sized now)
+        ncclResult_t r = meet(g->w, "ncclEpInitHandle", g->rank, g->timeout_ns);
+        if (r) return r;
+    }
+    *out = h;
+    return ok;
+}
+
+ncclResult_t ncclEpHandleDestroy(void *p) {
+    handle *h = p;
+    if (!h) return ok;
+    if (h->magic != HANDLE_MAGIC) return bad(invalidUsage, "ncclEpHandleDestroy: not a live handle (destroyed twice?)");
+    h->magic = 0;
+    return ok;
+}
+
+// ---- the stream parts of the collective calls
+
+typedef struct part {
+    handle *h;
+    int kind; // 0 update, 1 dispatch, 2 combine
+    const int32_t *idx;
+    int32_t *counters, *total;
+    const uint16_t *x;
+    const float *w;
+    uint16_t *out;
+    float *outw;
+    long rows;
+} part;
+
+static uint16_t tobf(float f) { uint32_t u; memcpy(&u, &f, 4); u += 0x7fff + ((u >> 16) & 1); return (uint16_t)(u >> 16); }
+static float bf(uint16_t b) { uint32_t u = (uint32_t)b << 16; float f; memcpy(&f, &u, 4); return f; }
+
+// run_part runs on the rank's stream: it publishes its inputs, meets the
+// other ranks, does its own side, and meets them again (no rank's inputs
+// change before every rank has read them).
+static void run_part(void *arg) {
+    part *p = arg;
+    handle *h = p->h;
+    group *g = h->g;
+    world *w = g->w;
+    int me = g->rank, R = g->nranks, L = g->local, k = h->topk, T = h->tokens;
+    int hidden = (int)g->cfg.max_token_bytes / 2, ll = g->cfg.algorithm == MB_NCCL_EP_ALGO_LOW_LATENCY;
+    static const char *names[] = {"ncclEpUpdateHandle", "ncclEpDispatch", "ncclEpCombine"};
+    hidden = p->kind ? (int)p->rows : hidden;
+    w->pub[me].x = p->x, w->pub[me].w = p->w, w->pub[me].y = p->x;
+    ncclResult_t r = meet(w, names[p->kind], me, g->timeout_ns);
+    if (!r && p->kind == 0) { // this rank's counts per local expert over every rank's routing
+        long total = 0;
+        for (int l = 0; l < L; l++) {
+            int n = 0;
+            for (int s = 0; s < R; s++) {
+                handle *o = h->all[s];
+                for (int i = 0; i < o->tokens * k; i++) n += o->idx[i] == me * L + l;
+            }
+            if (p->counters) p->counters[l] = n;
+            total += n;
+        }
+        if (p->total) *p->total = (int32_t)total;
+    } else if (!r && p->kind == 1) { // rows and weights into this rank's slots, by local expert, then (source, token)
+        int slot = 0;
+        for (int l = 0; l < L; l++) {
+            int first = slot;
+            for (int s = 0; s < R; s++) {
+                handle *o = h->all[s];
+                for (int t = 0; t < o->tokens; t++)
+                    for (int j = 0; j < k; j++) {
+                        if (o->idx[t * k + j] != me * L + l) continue;
+                        long at = ll ? (long)l * R * g->cfg.max_dispatch_tokens_per_rank + (slot - first) : slot;
+                        memcpy(p->out + at * hidden, w->pub[s].x + (long)t * hidden, 2 * (size_t)hidden);
+                        if (p->outw) p->outw[at] = w->pub[s].w[t * k + j];
+                        h->slot[(s * (long)g->cfg.max_dispatch_tokens_per_rank + t) * k + j] = (int)at;
+                        slot++;
+                    }
+            }
+            if (ll && p->counters) p->counters[l] = slot - first;
+        }
+        h->rows = slot;
+    } else if (!r && p->kind == 2) { // this rank's tokens: their slots on every rank
+        float *acc = malloc(sizeof(float) * hidden), *part = malloc(sizeof(float) * hidden);
+        for (int t = 0; t < T; t++) {
+            memset(acc, 0, sizeof(float) * hidden);
+            for (int d = 0; d < R; d++) {
+                handle *o = h->all[d];
+                memset(part, 0, sizeof(float) * hidden);
+                int any = 0;
+                for (int j = 0; j < k; j++) {
+                    int at = o->slot[(me * (long)g->cfg.max_dispatch_tokens_per_rank + t) * k + j];
+                    if (at < 0) continue;
+                    float wt = ll ? p->w[t * k + j] : 1;
+                    for (int c = 0; c < hidden; c++) part[c] += wt * bf(w->pub[d].y[(long)at * hidden + c]);
+                    any = 1;
+                }
+                for (int c = 0; any && c < hidden; c++) acc[c] += ll ? part[c] : bf(tobf(part[c])); // HT: the rank's pre-reduction in bf16
+            }
+            for (int c = 0; c < hidden; c++) p->out[(long)t * hidden + c] = tobf(acc[c]);
+        }
+        free(acc);
+        free(part);
+    }
+    if (!r) r = meet(w, names[p->kind], me, g->timeout_ns);
+    if (r) gpu_failed(g->dev);
+    free(p);
+}
+
+// hooked applies the tests' hooks to rank's call: 1 when it fails, 2 when
+// it is skipped, 0 otherwise.
+static int hooked(const char *call, int rank) {
+    const char *f = getenv("FAKENCCLEP_FAIL"), *s = getenv("FAKENCCLEP_SKIP");
+    char want[80];
+    if (f && strcmp(f, call) == 0) return 1;
+    snprintf(want, sizeof want, "%s %d", call, rank);
+    return s && strcmp(s, want) == 0 ? 2 : 0;
+}
+
+// queue puts a part on the rank's stream (which must be its GPU's).
+static ncclResult_t queue(part *p, void *stream) {
+    static const char *names[] = {"ncclEpUpdateHandle", "ncclEpDispatch", "ncclEpCombine"};
+    switch (hooked(names[p->kind], p->h->g->rank)) {
+    case 1: free(p); return bad(internalError, "a failure the test asked for ($FAKENCCLEP_FAIL)");
+    case 2: free(p); return ok;
+    }
+    enqueue_fn q = (enqueue_fn)fakecuda_sym("fakecuda_enqueue");
+    if (!stream || *(void **)stream != CTX(p->h->g->dev)) {
+        free(p);
+        return bad(invalidArgument, "a stream of another GPU");
+    }
+    if (!q || q(stream, run_part, p)) {
+        free(p);
+        return bad(invalidUsage, "the stream refused the call (a capture?)");
+    }
+    return ok;
+}
+
+ncclResult_t ncclEpUpdateHandle(void *hp, const mb_ep_tensor *idx, const mb_ep_layout_info *li, void *stream) {
+    handle *h = live_handle(hp);
+    if (!h) return bad(invalidUsage, "ncclEpUpdateHandle: not a live handle");
+    group *g = h->g;
+    mb_ep_layout_info info = {0};
+    if (li) {
+        ncclResult_t r = VALID(li, MB_NCCL_EP_LAYOUT_INFO_V1_SIZE);
+        if (r) return r;
+        decode(&info, sizeof info, li);
+    }
+    ncclResult_t r = tensor(idx, "topk_idx", 2, MB_ncclInt32, -1, h->topk, -1, g->dev);
+    if (r) return r;
+    if (idx->sizes[0] > g->cfg.max_dispatch_tokens_per_rank) return bad(invalidArgument, "topk_idx: more tokens than max_dispatch_tokens_per_rank");
+    h->tokens = (int)idx->sizes[0];
+    size_t n = (size_t)g->nranks * g->cfg.max_dispatch_tokens_per_rank * h->topk;
+    h->idx = (const int32_t *)idx->data; // read when the part runs, in stream order
+    if (!h->slot) h->slot = malloc(sizeof(int) * n);
+    for (size_t i = 0; i < n; i++) h->slot[i] = -1;
+    h->updated = 1, h->dispatched = 0;
+    if (g->cfg.algorithm == MB_NCCL_EP_ALGO_LOW_LATENCY) {
+        if (li) return bad(invalidArgument, "LL mode does not accept local tensors in ncclEpUpdateHandle");
+        return ok; // the routing is cached; the dispatch all-gathers it
+    }
+    part *p = calloc(1, sizeof *p);
+    p->h = h, p->kind = 0;
+    if (info.expert_counters) {
+        if ((r = tensor(info.expert_counters, "expert_counters", 1, MB_ncclInt32, g->local, -1, -1, g->dev))) return free(p), r;
+        p->counters = info.expert_counters->data;
+    }
+    if (info.recv_total_counter) {
+        if ((r = tensor(info.recv_total_counter, "recv_total_counter", 1, MB_ncclInt32, 1, -1, -1, g->dev))) return free(p), r;
+        p->total = info.recv_total_counter->data;
+    }
+    return queue(p, stream); // HT: the routing map's all-gather and the scan
+}
+
+// worst is the high-throughput expert-major slots a rank may receive.
+static long worst(group *g, int topk) {
+    if (g->cfg.max_recv_tokens_per_rank) return g->cfg.max_recv_tokens_per_rank;
+    return (long)g->nranks * g->cfg.max_dispatch_tokens_per_rank * topk; // eager: the bound sizes only internal buffers
+}
+
+ncclResult_t ncclEpDispatch(void *hp, const mb_ep_dispatch_inputs *inp, const mb_ep_dispatch_outputs *outp, const mb_ep_layout_info *li,
+                            const mb_ep_dispatch_config *cfg, void *stream) {
+    ncclResult_t r;
+    if ((r = VALID(inp, MB_NCCL_EP_DISPATCH_INPUTS_V1_SIZE)) || (r = VALID(outp, MB_NCCL_EP_DISPATCH_OUTPUTS_V1_SIZE))) return r;
+    if (li && (r = VALID(li, MB_NCCL_EP_LAYOUT_INFO_V1_SIZE))) return r;
+    if (cfg && (r = VALID(cfg, MB_NCCL_EP_DISPATCH_CONFIG_V1_SIZE))) return r;
+    handle *h = live_handle(hp);
+    if (!h) return bad(invalidUsage, "ncclEpDispatch: not a live handle");
+    if (!h->updated) return bad(invalidUsage, "ncclEpDispatch before ncclEpUpdateHandle");
+    group *g = h->g;
+    mb_ep_dispatch_inputs in;
+    mb_ep_dispatch_outputs out;
+    mb_ep_dispatch_config c = {0};
+    mb_ep_layout_info info = {0};
+    decode(&in, sizeof in, inp);
+    decode(&out, sizeof out, outp);
+    if (cfg) decode(&c, sizeof c, cfg);
+    if (li) decode(&info, sizeof info, li);
+    if (c.send_only || c.pass_direction || c.quant_recipe) return bad(invalidUsage, "the fake dispatches forward, unstaged and unquantized only");
+    int ll = g->cfg.algorithm == MB_NCCL_EP_ALGO_LOW_LATENCY;
+    if ((r = tensor(in.tokens, "inputs->tokens", 2, MB_ncclBfloat16, h->tokens, -1, -1, g->dev))) return r;
+    long hidden = (long)in.tokens->sizes[1];
+    if (2 * hidden > g->cfg.max_token_bytes) return bad(invalidArgument, "token bytes exceed the group's max_token_bytes");
+    if ((2 * hidden) % 16) return bad(invalidArgument, "token bytes per token must be 16-byte aligned");
+    part *p = calloc(1, sizeof *p);
+    p->h = h, p->kind = 1, p->x = in.tokens->data, p->rows = hidden;
+    if (ll) {
+        long slots = (long)g->nranks * g->cfg.max_dispatch_tokens_per_rank;
+        if (in.topk_weights || out.topk_weights || out.topk_idx) return free(p), bad(invalidArgument, "LL expert-major: no top-k weights or indices in or out");
+        if ((r = tensor(out.tokens, "outputs->tokens", 3, MB_ncclBfloat16, g->local, slots, hidden, g->dev))) return free(p), r;
+        if ((r = tensor(info.expert_counters, "layout_info->expert_counters", 1, MB_ncclInt32, g->local, -1, -1, g->dev))) return free(p), r;
+        p->out = out.tokens->data, p->counters = info.expert_counters->data;
+        return queue(p, stream);
+    }
+    if (li) return free(p), bad(invalidArgument, "HT: layout_info must be NULL in ncclEpDispatch (the counts come with the handle's update)");
+    if ((g->local * g->nranks * 4) % 16) return free(p), bad(invalidArgument, "HT dispatch requires experts_per_lsa_team to be a multiple of 4");
+    if ((r = tensor(in.topk_weights, "inputs->topk_weights", 2, MB_ncclFloat32, h->tokens, h->topk, -1, g->dev))) return free(p), r;
+    if ((r = tensor(out.tokens, "outputs->tokens", 2, MB_ncclBfloat16, -1, hidden, -1, g->dev))) return free(p), r;
+    long rows = (long)out.tokens->sizes[0];
+    int eager = !g->cfg.max_recv_tokens_per_rank;
+    if (!eager && rows < worst(g, h->topk)) return free(p), bad(invalidArgument, "HT: outputs->tokens must cover max_recv_tokens_per_rank");
+    if ((r = tensor(out.topk_weights, "outputs->topk_weights", 1, MB_ncclFloat32, rows, -1, -1, g->dev))) return free(p), r;
+    p->w = in.topk_weights->data, p->out = out.tokens->data, p->outw = out.topk_weights->data;
+    if ((r = queue(p, stream))) return r;
+    if (eager) { // the received count read back: a host synchronization (which a part that never meets its peers fails)
+        int (*sync)(void *) = (int (*)(void *))fakecuda_sym("cuStreamSynchronize");
+        if (sync && sync(stream)) return bad(internalError, "ncclEpDispatch: the received count's read-back failed");
+    }
+    return ok;
+}
+
+ncclResult_t ncclEpCombine(void *hp, const mb_ep_combine_inputs *inp, const mb_ep_combine_outputs *outp, const mb_ep_combine_config *cfg, void *stream) {
+    ncclResult_t r;
+    if ((r = VALID(inp, MB_NCCL_EP_COMBINE_INPUTS_V1_SIZE)) || (r = VALID(outp, MB_NCCL_EP_COMBINE_OUTPUTS_V1_SIZE))) return r;
+    if (cfg && (r = VALID(cfg, MB_NCCL_EP_COMBINE_CONFIG_V1_SIZE))) return r;
+    handle *h = live_handle(hp);
+    if (!h) return bad(invalidUsage, "ncclEpCombine: not a live handle");
+    if (!h->updated) return bad(invalidUsage, "ncclEpCombine before a dispatch");
+    group *g = h->g;
+    mb_ep_combine_inputs in;
+    mb_ep_combine_outputs out;
+    mb_ep_combine_config c = {0};
+    decode(&in, sizeof in, inp);
+    decode(&out, sizeof out, outp);
+    if (cfg) decode(&c, sizeof c, cfg);
+    if (c.send_only || c.pass_direction || c.quant_recipe) return bad(invalidUsage, "the fake combines forward, unstaged and unquantized only");
+    if (in.topk_weights) return bad(invalidArgument, "forward combine: no input top-k weights");
+    int ll = g->cfg.algorithm == MB_NCCL_EP_ALGO_LOW_LATENCY;
+    part *p = calloc(1, sizeof *p);
+    p->h = h, p->kind = 2;
+    long hidden;
+    if (ll) {
+        if ((r = tensor(in.tokens, "inputs->tokens", 3, MB_ncclBfloat16, g->local, (long)g->nranks * g->cfg.max_dispatch_tokens_per_rank, -1, g->dev))) return free(p), r;
+        hidden = (long)in.tokens->sizes[2];
+        if (hidden % 128) return free(p), bad(invalidArgument, "LL combine: the hidden size must be a multiple of 128");
+        if ((r = tensor(out.topk_weights, "outputs->topk_weights", 2, MB_ncclFloat32, h->tokens, h->topk, -1, g->dev))) return free(p), r;
+        p->w = out.topk_weights->data;
+    } else {
+        if ((r = tensor(in.tokens, "inputs->tokens", 2, MB_ncclBfloat16, -1, -1, -1, g->dev))) return free(p), r;
+        hidden = (long)in.tokens->sizes[1];
+    }
+    if ((r = tensor(out.tokens, "outputs->tokens", 2, MB_ncclBfloat16, h->tokens, hidden, -1, g->dev))) return free(p), r;
+    p->x = in.tokens->data, p->out = out.tokens->data, p->rows = hidden;
+    return queue(p, stream);
+}

@@ -1,0 +1,266 @@
+package kernels
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/moebench/moebench/internal/cuda"
+)
+
+// EP is NCCL EP (cuda.NCCLEP) over the ranks of a run, one GPU per rank:
+// every rank's NCCL communicator (ncclCommInitRank, one unique id), its
+// NCCL EP group and its expert-major handle, each made, used and
+// destroyed from the rank's GPU thread (Threads) — NCCL EP's group
+// creation, high-throughput handle update, dispatch and combine are
+// collective: every rank calls them at once, each from its own thread.
+type EP struct {
+	Lib     *cuda.NCCLEP
+	Config  cuda.EPGroupConfig
+	th      *Threads
+	rankOf  []int // each thread's rank (−1: none)
+	gpus    []*CUDA
+	streams []Stream
+	comms   []cuda.Comm
+	groups  []cuda.EPGroup
+	handles []cuda.EPHandle
+}
+
+// EPProbe says why NCCL EP cannot run here, without GPUs: its library (and
+// NCCL's, loaded first), NCCL's Device API, a CUDA 13 driver, and what its
+// run-time compile needs (nvcc and headers). Lib is nil when the library
+// did not load.
+func EPProbe() (lib *cuda.NCCLEP, why []string) {
+	lib, err := cuda.OpenNCCLEP()
+	if err != nil {
+		why = append(why, err.Error())
+	} else if ok, no := lib.NCCL.DeviceAPI(); !ok {
+		why = append(why, no)
+	}
+	switch v, _, err := cuda.Probe(); {
+	case err != nil:
+		why = append(why, "no CUDA driver: "+err.Error())
+	case v < 13000:
+		why = append(why, fmt.Sprintf("the CUDA driver supports CUDA %d.%d, and NCCL EP needs CUDA 13", v/1000, v%1000/10))
+	}
+	if lib != nil {
+		for _, m := range cuda.FindEPRuntime(lib).Missing {
+			why = append(why, "its run-time compile needs "+m)
+		}
+	}
+	return lib, why
+}
+
+// EPMinCC is the oldest compute capability (×10) NCCL EP runs on: its
+// kernels use Hopper's bulk copies.
+const EPMinCC = 90
+
+// EPMaxRanks is the most ranks of one node NCCL EP supports.
+const EPMaxRanks = 8
+
+// EPUnavailable says why NCCL EP cannot run on these devices (an
+// environment limitation).
+type EPUnavailable struct{ Reason string }
+
+func (e *EPUnavailable) Error() string { return e.Reason }
+
+// OpenEP makes rank r's communicator, group (c) and handle (top-k routing)
+// on devs[r], its work on streams[r], each rank from its thread of th.
+func OpenEP(th *Threads, lib *cuda.NCCLEP, devs []Device, streams []Stream, c cuda.EPGroupConfig, topk int) (*EP, error) {
+	var why []string
+	gpus := make([]*CUDA, len(devs))
+	for r, d := range devs {
+		g, ok := d.(*CUDA)
+		if !ok {
+			return nil, &EPUnavailable{fmt.Sprintf("rank %d's device is %s: NCCL EP runs on GPUs", r, d.Name())}
+		}
+		gpus[r] = g
+		if cc := g.CC(); cc < EPMinCC {
+			why = append(why, fmt.Sprintf("GPU %d is sm_%d and NCCL EP needs sm_%d or later (Hopper's bulk copies)", g.Ordinal, cc, EPMinCC))
+		}
+		if q := slices.Index(devs, d); q < r && slices.Index(devs[q+1:], d)+q+1 == r { // r is the GPU's second rank
+			why = append(why, fmt.Sprintf("ranks %d and %d share GPU %d: NCCL EP needs one GPU per rank (NCCL refuses a GPU twice; emulated EP cannot run it)", q, r, g.Ordinal))
+		}
+		if c.MaxSMs > g.SMs {
+			why = append(why, fmt.Sprintf("--sms %d exceeds GPU %d's %d SMs (NCCL EP's max_num_sms must not)", c.MaxSMs, g.Ordinal, g.SMs))
+		}
+	}
+	if len(devs) > EPMaxRanks {
+		why = append(why, fmt.Sprintf("%d ranks on one node: NCCL EP supports at most %d per node", len(devs), EPMaxRanks))
+	}
+	if why != nil {
+		return nil, &EPUnavailable{strings.Join(dedupe(why), "; ")}
+	}
+	rankOf, err := threadRanks(th, devs)
+	if err != nil {
+		return nil, err
+	}
+	e := &EP{Lib: lib, Config: c, th: th, rankOf: rankOf, gpus: gpus, streams: streams, comms: make([]cuda.Comm, len(devs)),
+		groups: make([]cuda.EPGroup, len(devs)), handles: make([]cuda.EPHandle, len(devs))}
+	id, err := lib.NCCL.UniqueID()
+	if err != nil {
+		return nil, err
+	}
+	err = e.each(func(r int, g *CUDA) error {
+		var err error
+		if e.comms[r], err = lib.NCCL.InitRank(len(devs), id, r); err != nil {
+			return err
+		}
+		g.Drv.ContextChanged()
+		if err := g.use(); err != nil {
+			return err
+		}
+		if e.groups[r], err = lib.CreateGroup(e.comms[r], c); err != nil {
+			return err
+		}
+		g.Drv.ContextChanged()
+		if err := g.use(); err != nil {
+			return err
+		}
+		e.handles[r], err = lib.InitHandle(e.groups[r], topk)
+		return err
+	})
+	if err != nil {
+		e.Close()
+		return nil, err
+	}
+	return e, nil
+}
+
+// dedupe keeps the first of equal reasons.
+func dedupe(s []string) []string {
+	var out []string
+	for _, x := range s {
+		dup := false
+		for _, y := range out {
+			dup = dup || x == y
+		}
+		if !dup {
+			out = append(out, x)
+		}
+	}
+	return out
+}
+
+// each runs f(rank, its GPU) on every rank's thread, the GPU's context
+// current.
+func (e *EP) each(f func(r int, g *CUDA) error) error {
+	return e.th.Each(func(dev int) error {
+		r := e.rankOf[dev]
+		if r < 0 {
+			return nil
+		}
+		if err := e.gpus[r].use(); err != nil {
+			return err
+		}
+		if err := f(r, e.gpus[r]); err != nil {
+			return fmt.Errorf("rank %d: %w", r, err)
+		}
+		return nil
+	})
+}
+
+// call runs one library call of rank r (on its thread: the caller's
+// error names the rank), in its GPU's context, which the library may
+// change (it sets the communicator's device).
+func (e *EP) call(r int, f func() error) error {
+	g := e.gpus[r]
+	if err := g.use(); err != nil {
+		return err
+	}
+	err := f()
+	g.Drv.ContextChanged()
+	return err
+}
+
+// Tensors of a rank's buffers.
+func epBF16(p Ptr, dims ...int) cuda.EPTensor {
+	return cuda.EPTensor{Data: p, Type: cuda.NCCLBfloat16, Dims: dims}
+}
+func epF32(p Ptr, dims ...int) cuda.EPTensor {
+	return cuda.EPTensor{Data: p, Type: cuda.NCCLFloat32, Dims: dims}
+}
+func epI32(p Ptr, dims ...int) cuda.EPTensor {
+	return cuda.EPTensor{Data: p, Type: cuda.NCCLInt32, Dims: dims}
+}
+
+// Update gives rank r's handle this step's routing idx [tokens, topk]
+// (ncclEpUpdateHandle): in high-throughput mode a collective that writes
+// r's received rows per local expert into counts [local] and their total
+// into counts[local] (int32); in low-latency mode a host call.
+func (e *EP) Update(r int, idx Ptr, tokens, topk int, counts Ptr, local int) error {
+	var c, t cuda.EPTensor
+	if e.Config.Algorithm == cuda.EPHighThroughput {
+		c, t = epI32(counts, local), epI32(counts+Ptr(4*local), 1)
+	}
+	return e.call(r, func() error {
+		return e.Lib.UpdateHandle(e.handles[r], epI32(idx, tokens, topk), c, t, e.streams[r])
+	})
+}
+
+// DispatchHT sends rank r's tokens x [tokens, hidden] and their routing
+// weights w [tokens, topk] into the ranks' expert-major rows: r's own into
+// out [rows, hidden] with their weights outW [rows] (high throughput).
+func (e *EP) DispatchHT(r int, x, w Ptr, tokens, hidden, topk int, out, outW Ptr, rows int) error {
+	return e.call(r, func() error {
+		return e.Lib.Dispatch(e.handles[r], epBF16(x, tokens, hidden), epF32(w, tokens, topk), epBF16(out, rows, hidden), epF32(outW, rows), cuda.EPTensor{}, e.streams[r])
+	})
+}
+
+// DispatchLL sends rank r's tokens x [tokens, hidden] into the ranks'
+// expert zones: r's own into out [local, slots, hidden], each local
+// expert's count into counts [local] (low latency).
+func (e *EP) DispatchLL(r int, x Ptr, tokens, hidden int, out Ptr, local, slots int, counts Ptr) error {
+	return e.call(r, func() error {
+		return e.Lib.Dispatch(e.handles[r], epBF16(x, tokens, hidden), cuda.EPTensor{}, epBF16(out, local, slots, hidden), cuda.EPTensor{}, epI32(counts, local), e.streams[r])
+	})
+}
+
+// CombineHT returns rank r's expert outputs y [rows, hidden] to their
+// tokens' ranks and sums r's tokens' into out [tokens, hidden] (high
+// throughput: the outputs carry their routing weights already).
+func (e *EP) CombineHT(r int, y Ptr, rows, hidden int, out Ptr, tokens int) error {
+	return e.call(r, func() error {
+		return e.Lib.Combine(e.handles[r], epBF16(y, rows, hidden), epBF16(out, tokens, hidden), cuda.EPTensor{}, e.streams[r])
+	})
+}
+
+// CombineLL returns rank r's expert outputs y [local, slots, hidden] and
+// sums r's tokens' weighted by their routing weights w [tokens, topk]
+// into out [tokens, hidden] (low latency).
+func (e *EP) CombineLL(r int, y Ptr, local, slots, hidden int, out, w Ptr, tokens, topk int) error {
+	return e.call(r, func() error {
+		return e.Lib.Combine(e.handles[r], epBF16(y, local, slots, hidden), epBF16(out, tokens, hidden), epF32(w, tokens, topk), e.streams[r])
+	})
+}
+
+// Close destroys every rank's handle, group and communicator on its
+// thread.
+func (e *EP) Close() error {
+	return e.each(func(r int, g *CUDA) error {
+		var first error
+		keep := func(err error) {
+			if first == nil {
+				first = err
+			}
+		}
+		if e.handles[r] != nil {
+			keep(e.Lib.DestroyHandle(e.handles[r]))
+			e.handles[r] = nil
+		}
+		if e.groups[r] != nil {
+			keep(e.Lib.DestroyGroup(e.groups[r]))
+			e.groups[r] = nil
+		}
+		if e.comms[r] != nil {
+			keep(e.Lib.NCCL.Destroy(e.comms[r]))
+			e.comms[r] = nil
+		}
+		g.Drv.ContextChanged()
+		return first
+	})
+}
+
+// Timeout is the bound NCCL EP's waits are given.
+func (e *EP) Timeout() time.Duration { return e.Config.Timeout }
