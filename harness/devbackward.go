@@ -394,7 +394,7 @@ func (dl *deviceLayer) poisonGrads(r int) error {
 }
 
 // downloadGrads copies the last step's gradients into the host twin, as
-// compareGrads reads them: each rank's input gradient and probability
+// the gradient check reads them: each rank's input gradient and probability
 // gradients, and the router's and shared expert's main_grad summed over
 // the ranks in rank order (as the host layer's replicas sum them).
 func (dl *deviceLayer) downloadGrads() error {
@@ -474,7 +474,8 @@ func (dl *deviceLayer) checkGrads(cr *results.Correctness, sampled bool) error {
 	var mu sync.Mutex
 	var failed error
 	g := &results.GradCheck{Tolerance: kernels.GradTolerance, Metric: kernels.GradErrMetric, Note: gradNote, RoundTrip: deviceRoundTrip}
-	g.PerTensor = compareGradsOf(dl.l, func(e int) dispatchers.ExpertWeights {
+	cmp := newGradCompare(dl.l)
+	cmp.expertGrads = func(e int) dispatchers.ExpertWeights {
 		mu.Lock() // one download at a time
 		defer mu.Unlock()
 		w, err := dl.expertGrads(e)
@@ -482,7 +483,8 @@ func (dl *deviceLayer) checkGrads(cr *results.Correctness, sampled bool) error {
 			failed = err
 		}
 		return w
-	})
+	}
+	g.PerTensor = cmp.finish()
 	if failed != nil {
 		return failed
 	}
