@@ -10,6 +10,7 @@ import (
 	"github.com/montanaflynn/stats"
 
 	"github.com/moebench/moebench/dispatchers"
+	"github.com/moebench/moebench/internal/launch"
 	"github.com/moebench/moebench/internal/cuda"
 	"github.com/moebench/moebench/kernels"
 	"github.com/moebench/moebench/results"
@@ -34,6 +35,10 @@ type Env struct {
 	// record.
 	Progress      io.Writer
 	ProgressEvery time.Duration
+	// Rendezvous, in a run launched over several processes
+	// (internal/launch), meets them and watches them; nil or one process:
+	// a run of this process alone.
+	Rendezvous *launch.Rendezvous
 }
 
 // steps is how many steps a run of cfg with d takes: warm-up and timed,

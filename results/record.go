@@ -224,9 +224,24 @@ type GPUStack struct {
 // Ranks says how EP ranks map to devices.
 type Ranks struct {
 	EP       int    `json:"ep"`
-	Devices  []int  `json:"devices"`  // device of each rank (-1 = host)
+	Devices  []int  `json:"devices"`  // device of each rank (-1 = host); in a run over processes, its GPU on its node
 	Emulated bool   `json:"emulated"` // more ranks than devices: ranks packed
 	Note     string `json:"note,omitempty"`
+	// A run over several processes (nodes): how it was launched, and each
+	// process's ranks, node and GPUs (the rank → node/GPU map).
+	Launch    string    `json:"launch,omitempty"`
+	Processes []Process `json:"processes,omitempty"`
+}
+
+// Process is one process of a run over several: its ranks, its node, the
+// GPU of each rank on the node, and what of its stack differs from rank
+// 0's (StackDiff's relevant lines; the record's stack is rank 0's).
+type Process struct {
+	Process      int      `json:"process"`
+	Host         string   `json:"host"`
+	Ranks        []int    `json:"ranks"`
+	GPUs         []int    `json:"gpus"`
+	StackDiffers []string `json:"stack_differs,omitempty"`
 }
 
 // Stat summarises samples of one quantity, in the record's unit.

@@ -20,7 +20,7 @@ import (
 // options holds the parsed flags.
 type options struct {
 	preset, dispatcher, impl, score, routing, device, out, format, dump string
-	feplbBase, feplbPolicy, cudaLibs                                    string
+	feplbBase, feplbPolicy, cudaLibs, rendezvous                        string
 	domain, feplbDyn                                                    int
 	tokens, hidden, ffn, experts, topk, shared, groups, groupTopK       int
 	sms, ep, gpus, warmup, iters                                        int
@@ -85,7 +85,8 @@ func addControlFlags(fs *pflag.FlagSet, o *options) {
 	fs.Float64Var(&o.maxSeconds, "max-seconds", 0, "time budget of the warm-up and timed iterations: past it the run stops after the current iteration and records what it timed (at least one iteration); 0 = none")
 	fs.BoolVar(&o.forwardOnly, "forward-only", d.ForwardOnly, "time the forward pass alone (default: every iteration is a training step, forward then backward, and the check covers every gradient; the cuda device times the forward only in this build)")
 	fs.BoolVar(&o.check, "check", d.Check, "check the output (and in a training step every gradient) against the float64 reference (--check=false to skip)")
-	fs.DurationVar(&o.commTimeout, "comm-timeout", d.CommTimeout, "SM-driven dispatchers: the longest a cross-rank wait may take before the run fails naming the rank, phase and wait (NCCL EP: its timeout_ns)")
+	fs.DurationVar(&o.commTimeout, "comm-timeout", d.CommTimeout, "SM-driven dispatchers: the longest a cross-rank wait may take before the run fails naming the rank, phase and wait (NCCL EP: its timeout_ns); a run over several processes: the longest any process waits for the others while none moves on (0 = 5s)")
+	fs.StringVar(&o.rendezvous, "rendezvous", "", "a run over several processes (srun, mpirun, torchrun, MOEBENCH_RANK/MOEBENCH_WORLD): a file on a filesystem every node sees, where rank 0 writes NCCL's unique id and the processes watch each other; not needed with NCCL_COMM_ID=host:port, but without it a failing process cannot be named")
 	fs.StringVar(&o.device, "device", d.Device, "device: auto (cuda if a driver and GPU are found, else host) | host | cuda")
 	addLibFlag(fs, &o.cudaLibs)
 }

@@ -1,0 +1,191 @@
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/moebench/moebench/internal/hostsim"
+	"github.com/moebench/moebench/kernels"
+	"github.com/moebench/moebench/results"
+)
+
+// TestMain also makes the test binary a moebench process of a distributed
+// run (MOEBENCH_TEST_PROCESS=1): the CLI with its kernels compiled for the
+// CPU, on the fake driver and the fake NCCL the environment names.
+func TestMain(m *testing.M) {
+	if os.Getenv("MOEBENCH_TEST_PROCESS") == "1" {
+		comp, err := hostsim.New()
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		kernels.NewCompiler = func() (kernels.Compiler, error) { return comp, nil }
+		os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+	}
+	os.Exit(m.Run())
+}
+
+// proc is one process of a distributed run started by a test.
+type proc struct {
+	cmd            *exec.Cmd
+	stdout, stderr bytes.Buffer
+	done           chan error
+}
+
+// launch starts world moebench processes as MOEBENCH_RANK/MOEBENCH_WORLD
+// launch them, each on a fake node of two fake GPUs (its own fake driver),
+// meeting through the fake NCCL's loopback bootstrap (rank 0's unique id in
+// the rendezvous file).
+func launchProcs(t *testing.T, world int, args ...string) []*proc {
+	t.Helper()
+	var ps []*proc
+	for r := range world {
+		p := &proc{cmd: exec.Command(os.Args[0], args...), done: make(chan error, 1)}
+		p.cmd.Env = append(os.Environ(), "MOEBENCH_TEST_PROCESS=1", fmt.Sprintf("MOEBENCH_RANK=%d", r), fmt.Sprintf("MOEBENCH_WORLD=%d", world),
+			"FAKENCCL_TIMEOUT_S=120", "MOEBENCH_DEBUG=1") // the fake waits as NCCL hangs: moebench's own watch must stop the run first
+		p.cmd.Stdout, p.cmd.Stderr = &p.stdout, &p.stderr
+		if err := p.cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		go func() {
+			err := p.cmd.Wait()
+			p.done <- err
+			close(p.done)
+		}()
+		ps = append(ps, p)
+	}
+	t.Cleanup(func() {
+		for _, p := range ps {
+			p.cmd.Process.Kill()
+		}
+	})
+	return ps
+}
+
+// wait waits for p at most d.
+func (p *proc) wait(t *testing.T, d time.Duration) error {
+	t.Helper()
+	select {
+	case err := <-p.done:
+		return err
+	case <-time.After(d):
+		t.Fatalf("process still running after %v (a hang?); stderr:\n%s", d, p.stderr.String())
+		return nil
+	}
+}
+
+// distributedSetup prepares the fakes and returns the run's files.
+func distributedSetup(t *testing.T) (rv, out string) {
+	hostsim.Setup(t)
+	dir := t.TempDir()
+	nccl, err := hostsim.BuildFake("fakenccl", dir, "libnccl.so.2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("MOEBENCH_NCCL", nccl)
+	return filepath.Join(dir, "rendezvous"), filepath.Join(dir, "runs.jsonl")
+}
+
+// TestDistributedRun: the whole layer with alltoall --impl library at EP 4
+// over 2 processes and at EP 8 over 4, each process driving two fake GPUs
+// from a thread each, NCCL's communicator over every rank made with its
+// own bootstrap (rank 0's unique id through --rendezvous): every process
+// exits 0, rank 0 alone writes one record, which passes the float64 check
+// (every process checked its ranks) and maps every rank to its process,
+// node and GPU.
+func TestDistributedRun(t *testing.T) {
+	rv, out := distributedSetup(t)
+	for _, c := range []struct{ ep, world int }{{4, 2}, {8, 4}} {
+		t.Run(fmt.Sprintf("ep%d-over-%d", c.ep, c.world), func(t *testing.T) {
+			os.Remove(out)
+			ps := launchProcs(t, c.world, "--device", "cuda", "--dispatcher", "alltoall", "--impl", "library", "--ep", fmt.Sprint(c.ep),
+				"--experts", "16", "--tokens", "16", "--hidden", "32", "--ffn", "16", "--warmup", "1", "--iters", "2",
+				"--rendezvous", rv, "--out", out, "--format", "json", "--comm-timeout", "20s")
+			for r, p := range ps {
+				if err := p.wait(t, 4*time.Minute); err != nil {
+					for _, q := range ps {
+						q.cmd.Process.Kill()
+						<-q.done
+					}
+					for q := range ps {
+						t.Logf("process %d's stderr:\n%s", q, ps[q].stderr.String())
+					}
+					t.Fatalf("process %d: %v", r, err)
+				}
+				if r > 0 && (p.stdout.Len() > 0 || !strings.Contains(p.stderr.String(), "rank 0 writes the record")) {
+					t.Errorf("process %d wrote %q; stderr %q", r, p.stdout.String(), p.stderr.String())
+				}
+			}
+			recs, err := results.ReadFile(out, nil)
+			if err != nil || len(recs) != 1 {
+				t.Fatalf("%d records, %v", len(recs), err)
+			}
+			rec := recs[0]
+			if rec.Status != results.StatusOK || rec.Correctness == nil || !rec.Correctness.Passed || !strings.Contains(rec.Correctness.Sample, fmt.Sprintf("each of the %d processes", c.world)) {
+				t.Fatalf("record: status %s, %+v", rec.Status, rec.Correctness)
+			}
+			if len(rec.Ranks.Processes) != c.world || len(rec.Ranks.Devices) != c.ep || rec.Ranks.Launch == "" {
+				t.Fatalf("ranks %+v", rec.Ranks)
+			}
+			for p, pr := range rec.Ranks.Processes {
+				if pr.Process != p || fmt.Sprint(pr.Ranks) != fmt.Sprint([]int{2 * p, 2*p + 1}) || fmt.Sprint(pr.GPUs) != "[0 1]" || len(pr.StackDiffers) > 0 {
+					t.Errorf("process %d: %+v", p, pr)
+				}
+			}
+			for _, ph := range rec.Timing.Phases {
+				if len(ph.PerRank) != c.ep {
+					t.Errorf("%s: %d ranks' times", ph.Name, len(ph.PerRank))
+				}
+				for r, v := range ph.PerRank {
+					if !(v > 0) {
+						t.Errorf("%s: rank %d's time %v", ph.Name, r, v)
+					}
+				}
+			}
+			if rec.Traffic == nil || rec.Traffic.DispatchOffRank == 0 || len(rec.Tokens.Received) != c.ep {
+				t.Errorf("traffic %+v, tokens %+v", rec.Traffic, rec.Tokens)
+			}
+			t.Logf("%s; max rel err %.2e", rec.Ranks.Note, rec.Correctness.MaxRelErr)
+		})
+	}
+}
+
+// TestDistributedKilledProcess: a process killed during the timed steps
+// makes the other exit within --comm-timeout, naming the killed process's
+// ranks, where NCCL (the fake, which waits 120 s) would hang.
+func TestDistributedKilledProcess(t *testing.T) {
+	rv, out := distributedSetup(t)
+	ps := launchProcs(t, 2, "--device", "cuda", "--dispatcher", "alltoall", "--impl", "library", "--ep", "4",
+		"--experts", "16", "--tokens", "16", "--hidden", "32", "--ffn", "16", "--warmup", "0", "--iters", "100000",
+		"--rendezvous", rv, "--out", out, "--comm-timeout", "10s")
+	status := rv + ".p1.status"
+	deadline := time.Now().Add(3 * time.Minute)
+	for { // until process 1 is in its steps
+		b, _ := os.ReadFile(status)
+		if strings.Contains(string(b), "dispatch") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("process 1 never reached a step; stderr:\n%s\n%s", ps[0].stderr.String(), ps[1].stderr.String())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	ps[1].cmd.Process.Kill()
+	killed := time.Now()
+	err := ps[0].wait(t, time.Minute)
+	took := time.Since(killed)
+	msg := ps[0].stderr.String()
+	if err == nil || !strings.Contains(msg, "ranks 2–3 (process 1 of 2") || took > 12*time.Second {
+		t.Fatalf("after %v: %v; stderr:\n%s", took, err, msg)
+	}
+	if _, err := os.Stat(out); err == nil {
+		t.Error("a record was written for a run that failed")
+	}
+	t.Logf("process 0 stopped %v after the kill: %s", took.Round(time.Millisecond), strings.TrimSpace(msg[strings.LastIndex(strings.TrimSpace(msg), "\n")+1:]))
+}
