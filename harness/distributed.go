@@ -213,14 +213,14 @@ type part struct {
 	Host           string
 	GPUs           []int
 	Stack          results.Stack
-	Correct        *results.Correctness       `json:",omitempty"`
-	Samples        map[string][][]float64     `json:",omitempty"`
-	HostCall       map[string][][]float64     `json:",omitempty"`
-	Step           [][]float64                `json:",omitempty"`
-	Recv           []int                      `json:",omitempty"`
-	RecvSteps      [][]int                    `json:",omitempty"`
-	Mem            []int64                    `json:",omitempty"`
-	Issue, Wait    []float64                  `json:",omitempty"`
+	Correct        *results.Correctness   `json:",omitempty"`
+	Samples        map[string][][]float64 `json:",omitempty"`
+	HostCall       map[string][][]float64 `json:",omitempty"`
+	Step           [][]float64            `json:",omitempty"`
+	Recv           []int                  `json:",omitempty"`
+	RecvSteps      [][]int                `json:",omitempty"`
+	Mem            []int64                `json:",omitempty"`
+	Issue, Wait    []float64              `json:",omitempty"`
 }
 
 // gatherParts all-gathers every process's part.

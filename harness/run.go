@@ -10,8 +10,8 @@ import (
 	"github.com/montanaflynn/stats"
 
 	"github.com/moebench/moebench/dispatchers"
-	"github.com/moebench/moebench/internal/launch"
 	"github.com/moebench/moebench/internal/cuda"
+	"github.com/moebench/moebench/internal/launch"
 	"github.com/moebench/moebench/kernels"
 	"github.com/moebench/moebench/results"
 )

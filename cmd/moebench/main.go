@@ -14,9 +14,9 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/moebench/moebench/dispatchers"
 	_ "github.com/moebench/moebench/dispatchers/all"
 	"github.com/moebench/moebench/harness"
-	"github.com/moebench/moebench/dispatchers"
 	"github.com/moebench/moebench/internal/cuda"
 	"github.com/moebench/moebench/internal/launch"
 	"github.com/moebench/moebench/kernels"

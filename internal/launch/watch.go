@@ -48,7 +48,9 @@ type heard struct {
 
 // StaleAfter is how long a peer's counter may stand still before the
 // peer is taken for dead (at most half the timeout, at least 3 s).
-func (w *Watch) staleAfter() time.Duration { return max(3*time.Second, min(w.timeout/2, 30*time.Second)) }
+func (w *Watch) staleAfter() time.Duration {
+	return max(3*time.Second, min(w.timeout/2, 30*time.Second))
+}
 
 // Watch starts watching a run whose communicator id is id; ranks describes
 // this process's ranks.
