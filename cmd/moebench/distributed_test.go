@@ -99,6 +99,11 @@ func distributedSetup(t *testing.T) (rv, out string) {
 // exits 0, rank 0 alone writes one record, which passes the float64 check
 // (every process checked its ranks) and maps every rank to its process,
 // node and GPU.
+//
+// TestDistributedKilledProcess (a subtest, sharing the kernels the first
+// run compiled): a process killed during the steps makes the other exit
+// within --comm-timeout, naming the killed process's ranks, where NCCL (the
+// fake, which waits 120 s) would hang.
 func TestDistributedRun(t *testing.T) {
 	rv, out := distributedSetup(t)
 	for _, c := range []struct{ ep, world int }{{4, 2}, {8, 4}} {
@@ -154,13 +159,11 @@ func TestDistributedRun(t *testing.T) {
 			t.Logf("%s; max rel err %.2e", rec.Ranks.Note, rec.Correctness.MaxRelErr)
 		})
 	}
+	t.Run("killed", func(t *testing.T) { killedProcess(t, rv, out) })
 }
 
-// TestDistributedKilledProcess: a process killed during the timed steps
-// makes the other exit within --comm-timeout, naming the killed process's
-// ranks, where NCCL (the fake, which waits 120 s) would hang.
-func TestDistributedKilledProcess(t *testing.T) {
-	rv, out := distributedSetup(t)
+func killedProcess(t *testing.T, rv, out string) {
+	os.Remove(out)
 	ps := launchProcs(t, 2, "--device", "cuda", "--dispatcher", "alltoall", "--impl", "library", "--ep", "4",
 		"--experts", "16", "--tokens", "16", "--hidden", "32", "--ffn", "16", "--warmup", "0", "--iters", "100000",
 		"--rendezvous", rv, "--out", out, "--comm-timeout", "10s")

@@ -95,8 +95,17 @@ func (w *Watch) Local(s string) {
 }
 
 // Fail records that this process failed in its stage with err: the note
-// the others stop on.
+// the others stop on. An error in a stage that waits on the others may be
+// another process's doing (NCCL's connection to a killed process fails):
+// Fail first gives the watchdog the time to find a process that stopped
+// responding or failed before, which then stops this one naming it.
 func (w *Watch) Fail(err error) {
+	if w.r.File != "" {
+		select {
+		case <-w.done:
+		case <-time.After(w.staleAfter() + time.Second):
+		}
+	}
 	w.mu.Lock()
 	stage := w.stage
 	w.mu.Unlock()
@@ -196,9 +205,9 @@ func (w *Watch) check() string {
 		w.heard[p] = h
 		moving = moving || now.Sub(h.moved) < w.timeout || strings.HasSuffix(f[4], " true")
 		if age := now.Sub(h.at); age > 1500*time.Millisecond {
-			silent = append(silent, fmt.Sprintf("%s (silent for %.1f s in %s: killed or stuck outside moebench?)", f[2], age.Seconds(), f[3]))
+			silent = append(silent, fmt.Sprintf("%s silent for %.1f s in %s (killed, or stuck outside moebench?)", f[2], age.Seconds(), f[3]))
 			if age > w.staleAfter() {
-				msg := fmt.Sprintf("%s stopped responding: %s", f[2], silent[len(silent)-1])
+				msg := fmt.Sprintf("%s stopped responding: silent for %.1f s in %s (killed, or stuck outside moebench?)", f[2], age.Seconds(), f[3])
 				w.writeNote(msg)
 				return "stopping: " + msg
 			}
