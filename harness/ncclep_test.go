@@ -55,13 +55,17 @@ func TestNCCLEPLayerOnHostSim(t *testing.T) {
 	useFakeNCCLEP(t)
 	t.Setenv("NCCL_EP_SHUFFLE_SMS", "3")
 	for _, c := range []struct {
-		dispatcher, design string
-		phases             []string
+		dispatcher, design, timeoutMS string
+		phases                        []string
+		detail                        []string
 	}{
-		{"hybridep", "HybridEP's design via NCCL EP", []string{"shared", "router", "update", "dispatch", "experts", "combine"}},
-		{"deepep", "DeepEP low-latency design via NCCL EP", []string{"shared", "router", "dispatch", "experts", "combine"}},
+		{"hybridep", "HybridEP's design via NCCL EP", "", []string{"shared", "router", "update", "dispatch", "experts", "combine"},
+			[]string{"waits bounded by timeout_ns = --comm-timeout 5s", "forward only: NCCL EP's high-throughput mode has a backward (dispatch and combine with pass_direction BWD"}},
+		{"deepep", "DeepEP low-latency design via NCCL EP", "60000", []string{"shared", "router", "dispatch", "experts", "combine"},
+			[]string{"waits bounded by NCCL_EP_TIMEOUT_MS=60000, which overrides --comm-timeout 5s", "forward only: NCCL EP's low-latency mode has no backward pass"}},
 	} {
 		t.Run(c.dispatcher, func(t *testing.T) {
+			t.Setenv("NCCL_EP_TIMEOUT_MS", c.timeoutMS)
 			cfg := deviceCases()["softmax-natural"]
 			cfg.Dispatcher, cfg.Impl, cfg.EP, cfg.Hidden = c.dispatcher, dispatchers.ImplLibrary, 2, 128 // the low-latency combine takes 128-multiples
 			rec, err := Run(cfg, Env{Version: "test"})
@@ -83,6 +87,14 @@ func TestNCCLEPLayerOnHostSim(t *testing.T) {
 				!strings.Contains(lib.Detail, "over NCCL 2.30.7") || !strings.Contains(rec.Ranks.Note, "NCCL EP 0.1.0") ||
 				!strings.Contains(rec.SMs.Note, "max_num_sms AUTO") || !strings.Contains(rec.SMs.Note, "NCCL_EP_SHUFFLE_SMS=3") {
 				t.Errorf("library %+v; ranks %q; sms %+v", lib, rec.Ranks.Note, rec.SMs)
+			}
+			for _, w := range c.detail {
+				if lib != nil && !strings.Contains(lib.Detail, w) {
+					t.Errorf("library detail %q: want %q in it", lib.Detail, w)
+				}
+			}
+			if rec.Config.Pass != results.PassForward || rec.Config.PassNote == "" { // never a training step's label on the forward alone
+				t.Errorf("pass %q, note %q", rec.Config.Pass, rec.Config.PassNote)
 			}
 			var table strings.Builder
 			if err := results.WriteTable(&table, rec); err != nil || !strings.Contains(table.String(), "# library: "+c.design) ||

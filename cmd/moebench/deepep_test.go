@@ -147,7 +147,7 @@ func TestBenchDispatch(t *testing.T) {
 // budget above the GPU's SMs is unavailable with the reason; a sweep over
 // alltoall and deepep at three budgets records one alltoall point and a
 // deepep point per budget (the one above the SMs unavailable); the dispatch
-// benchmark times and checks each point on the GPUs.
+// benchmark times and checks each point on the GPUs (hybridep's too).
 func TestDeepEPOnFakeGPUs(t *testing.T) {
 	t.Setenv("FAKECUDA_SMS", "8")
 	comp := hostsim.Setup(t)
@@ -176,8 +176,8 @@ func TestDeepEPOnFakeGPUs(t *testing.T) {
 			t.Errorf("point %s on %s: %s (%s)", s, r.Config.Device, r.Status, r.Reason)
 		}
 	}
-	code, stdout, stderr = cli(append([]string{"bench", "dispatch", "--dispatcher", "alltoall,deepep", "--sms", "2,4"}, gpu...)...)
-	if code != exitOK || strings.Count(stdout, "round trip exact") != 3 || !strings.Contains(stdout, "CUDA events") {
+	code, stdout, stderr = cli(append([]string{"bench", "dispatch", "--dispatcher", "alltoall,deepep,hybridep", "--sms", "2,4"}, gpu...)...)
+	if code != exitOK || strings.Count(stdout, "round trip exact") != 5 || !strings.Contains(stdout, "CUDA events") {
 		t.Errorf("bench dispatch: exit %d\n%s%s", code, stdout, stderr)
 	}
 }

@@ -45,14 +45,19 @@ type mode struct {
 	phases             []string // the dispatcher's own, the experts' excluded
 	defaultSMs         string   // what max_num_sms AUTO means
 	maxTokens          int      // tokens per rank the mode takes, at most (0: no limit stated)
+	noBackward         string   // why its training step's backward does not run through it
 }
 
 var (
 	highThroughput = mode{dispatcher: "hybridep", design: "HybridEP's design via NCCL EP (its high-throughput mode: HybridEP's kernels)",
 		algorithm: cuda.EPHighThroughput, phases: []string{"update", "dispatch", "combine"},
-		defaultSMs: "16 SMs for the communication kernels, every SM for the scan and the permute", maxTokens: 8192}
+		defaultSMs: "16 SMs for the communication kernels, every SM for the scan and the permute", maxTokens: 8192,
+		noBackward: "NCCL EP's high-throughput mode has a backward (dispatch and combine with pass_direction BWD: the combine's and the dispatch's duals), " +
+			"not driven by moebench in this build, so the step times the forward alone"}
 	lowLatency = mode{dispatcher: "deepep", design: "DeepEP low-latency design via NCCL EP (its low-latency mode; not DeepEP's normal mode)",
-		algorithm: cuda.EPLowLatency, phases: []string{"dispatch", "combine"}, defaultSMs: "every SM"}
+		algorithm: cuda.EPLowLatency, phases: []string{"dispatch", "combine"}, defaultSMs: "every SM",
+		noBackward: "NCCL EP's low-latency mode has no backward pass (pass_direction is high-throughput only), and its combine applies the routing weights, " +
+			"whose gradient it does not return, so the step times the forward alone"}
 )
 
 // smEnv are the environment variables NCCL EP reads that override its SM
@@ -376,15 +381,24 @@ func (d *Device) Library() dispatchers.LibraryInfo {
 	if set != nil {
 		sms += "; overridden by " + strings.Join(set, ", ")
 	}
-	detail := fmt.Sprintf("%s mode, expert-major layout without padding, %d ranks one per GPU each with its own NCCL communicator; over NCCL %s (%s); waits bounded by timeout_ns = --comm-timeout %v",
-		modeName(d.m), d.shape.EP, d.lib.NCCL.Version, d.lib.NCCL.Path, d.timeout)
+	waits := fmt.Sprintf("timeout_ns = --comm-timeout %v", d.timeout)
+	if v := os.Getenv(timeoutEnv); v != "" && v != "0" {
+		waits = fmt.Sprintf("%s=%s, which overrides --comm-timeout %v (timeout_ns)", timeoutEnv, v, d.timeout)
+	}
+	detail := fmt.Sprintf("%s mode, expert-major layout without padding, %d ranks one per GPU each with its own NCCL communicator; over NCCL %s (%s); waits bounded by %s",
+		modeName(d.m), d.shape.EP, d.lib.NCCL.Version, d.lib.NCCL.Path, waits)
 	if d.m.algorithm == cuda.EPHighThroughput {
 		detail += fmt.Sprintf("; max_recv_tokens_per_rank %d (every token's slot for each local expert)", d.rows)
 	} else {
 		detail += "; the routing weights are applied in the combine, not before the expert's second GEMM (DeepEP's low-latency contract)"
 	}
+	detail += "; forward only: " + d.m.noBackward
 	return dispatchers.LibraryInfo{Design: d.m.design, Name: "NCCL EP", Version: d.lib.Version, Path: d.lib.Path, Detail: detail, SMs: sms}
 }
+
+// timeoutEnv is NCCL EP's own timeout, which overrides the group's
+// timeout_ns when set above 0.
+const timeoutEnv = "NCCL_EP_TIMEOUT_MS"
 
 // Transport names what moves the data.
 func (d *Device) Transport() string {

@@ -20,8 +20,13 @@ import (
 // cublas_api.h (Debian's non-free nvidia-cuda-dev; .ci/run unpacks them
 // and names the folder in MOEBENCH_CUDA_INCLUDE) and go-nvml's nvml.h.
 // What 11.8 lacks is checked against declarations transcribed from newer
-// headers (newerDecls, each with its source). Without the headers it
-// skips; under MOEBENCH_REQUIRE_NVRTC=1 (CI) it fails instead.
+// headers (newerDecls, each with its source). NCCL EP's and NCCL's are
+// checked against their real headers where a node has them (an installed
+// nccl_ep/nccl_ep.h: MOEBENCH_NCCL_EP_INCLUDE, $NCCL_EP_HOME/include or
+// beside libnccl_ep; nccl.h: MOEBENCH_NCCL_INCLUDE, $NCCL_HOME/include,
+// the system's, else its transcription), and against their transcriptions
+// otherwise (CI: neither is packaged where it can reach). Without the CUDA
+// headers it skips; under MOEBENCH_REQUIRE_NVRTC=1 (CI) it fails instead.
 func TestABIHeaders(t *testing.T) {
 	inc := cudaInclude()
 	cxx := os.Getenv("CXX")
@@ -37,19 +42,32 @@ func TestABIHeaders(t *testing.T) {
 		t.Skip(msg)
 	}
 	nvml := nvmlInclude(t)
-	src, err := abiCheckSource(nvml != "")
+	epInc, ncclInc := headerDir(ncclEPIncludes(), "nccl_ep/nccl_ep.h", "nccl_ep/ep_enums.h"), headerDir(ncclIncludes(), "nccl.h")
+	src, err := abiCheckSource(nvml != "", epInc != "")
 	if err != nil {
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
-	for name, text := range map[string]string{"check.cc": src, "abi.h": abi.Header} {
+	files := map[string]string{"check.cc": src, "abi.h": abi.Header}
+	switch {
+	case epInc == "":
+		t.Log("NCCL and NCCL EP checked against transcriptions of their headers: no nccl_ep/nccl_ep.h found (MOEBENCH_NCCL_EP_INCLUDE, $NCCL_EP_HOME/include or beside libnccl_ep names its folder)")
+	case ncclInc == "":
+		files["nccl.h"] = ncclStandIn() // NCCL's, transcribed
+		t.Logf("NCCL EP checked against the real nccl_ep.h in %s (NCCL's types transcribed: no nccl.h found)", epInc)
+	default:
+		t.Logf("NCCL EP and NCCL checked against the real nccl_ep.h in %s and nccl.h in %s", epInc, ncclInc)
+	}
+	for name, text := range files {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}
 	args := []string{"-std=c++17", "-fsyntax-only", "-Werror", "-I", dir, "-I", inc}
-	if nvml != "" {
-		args = append(args, "-I", nvml)
+	for _, d := range []string{nvml, epInc, ncclInc} {
+		if d != "" {
+			args = append(args, "-I", d)
+		}
 	}
 	out, err := exec.Command(cxx, append(args, filepath.Join(dir, "check.cc"))...).CombinedOutput()
 	if err != nil {
@@ -62,6 +80,63 @@ func TestABIHeaders(t *testing.T) {
 	if nvml == "" {
 		t.Log("NVML prototypes not checked: go-nvml's nvml.h not found (go list)")
 	}
+}
+
+// headerDir is the first of dirs holding every file, or "".
+func headerDir(dirs []string, files ...string) string {
+	for _, d := range dirs {
+		ok := d != ""
+		for _, f := range files {
+			if _, err := os.Stat(filepath.Join(d, f)); err != nil {
+				ok = false
+			}
+		}
+		if ok {
+			return d
+		}
+	}
+	return ""
+}
+
+// ncclEPIncludes are where a real nccl_ep/nccl_ep.h may be: named by
+// MOEBENCH_NCCL_EP_INCLUDE, under $NCCL_EP_HOME, or beside the library
+// (the wheel's nccl/ep/lib and nccl/ep/include).
+func ncclEPIncludes() []string {
+	dirs := []string{os.Getenv("MOEBENCH_NCCL_EP_INCLUDE")}
+	if h := os.Getenv("NCCL_EP_HOME"); h != "" {
+		dirs = append(dirs, filepath.Join(h, "include"))
+	}
+	if e, err := OpenNCCLEP(); err == nil && filepath.IsAbs(e.Path) {
+		dirs = append(dirs, filepath.Join(filepath.Dir(filepath.Dir(e.Path)), "include"))
+	}
+	return dirs
+}
+
+// ncclStandIn is an nccl.h of the transcribed types and declarations
+// (NCCL EP's header includes nccl.h).
+func ncclStandIn() string {
+	var b strings.Builder
+	b.WriteString("#pragma once\n#include <cuda_runtime.h>\n" + ncclTypes)
+	for name, d := range newerDecls {
+		if strings.HasPrefix(name, "nccl") && !strings.HasPrefix(name, "ncclEp") {
+			b.WriteString(d + "\n")
+		}
+	}
+	return b.String()
+}
+
+// ncclIncludes are where a real nccl.h may be: MOEBENCH_NCCL_INCLUDE,
+// $NCCL_HOME/include, beside the library (the wheel's nvidia/nccl/lib and
+// nvidia/nccl/include), the system's.
+func ncclIncludes() []string {
+	dirs := []string{os.Getenv("MOEBENCH_NCCL_INCLUDE")}
+	if h := os.Getenv("NCCL_HOME"); h != "" {
+		dirs = append(dirs, filepath.Join(h, "include"))
+	}
+	if n, err := OpenNCCL(); err == nil && filepath.IsAbs(n.Path) {
+		dirs = append(dirs, filepath.Join(filepath.Dir(filepath.Dir(n.Path)), "include"))
+	}
+	return append(dirs, "/usr/include", "/usr/local/include")
 }
 
 // cudaInclude is the folder holding the CUDA 11.8 headers, or "".
@@ -145,10 +220,18 @@ var newerDecls = map[string]string{
 
 // newerTypes are the types newerDecls use that 11.8 lacks, with their
 // sources: CUDA 12.8's CUmemcpyAttributes (NVIDIA/cuda-python cydriver;
-// shared/reference/go-cuda.md §4.1: 24 bytes) and nccl.h's handles and
-// enums (NVIDIA/nccl src/nccl.h.in at 021e8045).
-const newerTypes = `
+// shared/reference/go-cuda.md §4.1: 24 bytes), nccl.h's handles and enums
+// (ncclTypes) and NCCL EP's (ncclEPTypes).
+const newerTypes = cuNewerTypes + ncclTypes + ncclEPTypes
+
+const cuNewerTypes = `
 typedef struct { int srcAccessOrder; CUmemLocation srcLocHint, dstLocHint; unsigned int flags; } CUmemcpyAttributes;
+enum { CU_MEMCPY_SRC_ACCESS_ORDER_STREAM = 1, CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE = 1 };
+`
+
+// ncclTypes are nccl.h's handles and enums (NVIDIA/nccl src/nccl.h.in at
+// 021e8045).
+const ncclTypes = `
 typedef struct ncclComm *ncclComm_t;
 typedef struct { char internal[128]; } ncclUniqueId; // NCCL_UNIQUE_ID_BYTES
 typedef enum { ncclSuccess = 0, ncclUnhandledCudaError = 1, ncclSystemError = 2, ncclInternalError = 3,
@@ -158,8 +241,7 @@ typedef enum { ncclInt8 = 0, ncclChar = 0, ncclUint8 = 1, ncclInt32 = 2, ncclInt
 	ncclUint64 = 5, ncclFloat16 = 6, ncclHalf = 6, ncclFloat32 = 7, ncclFloat = 7, ncclFloat64 = 8, ncclDouble = 8,
 	ncclBfloat16 = 9 } ncclDataType_t;
 typedef struct ncclWindow_vidmem *ncclWindow_t;
-enum { CU_MEMCPY_SRC_ACCESS_ORDER_STREAM = 1, CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE = 1 };
-` + ncclEPTypes
+`
 
 // ncclEPTypes are NCCL EP's types and values, transcribed from
 // NVIDIA/nccl-extensions at 44d2de0d (2026-08-21): nccl_ep/include/ep_enums.h
@@ -298,7 +380,10 @@ func abiValues() map[string]int {
 var abiEntry = regexp.MustCompile(`\bF(0?)\(([^,]+), (\w+)(?:, \(([^()]*(?:\([^()]*\)[^()]*)*)\))?`)
 
 // abiCheckSource is the C++ check program.
-func abiCheckSource(withNVML bool) (string, error) {
+// With realEP, NCCL's and NCCL EP's declarations are the real headers'
+// (nccl.h and nccl_ep/nccl_ep.h on the include path) instead of the
+// transcriptions.
+func abiCheckSource(withNVML, realEP bool) (string, error) {
 	var b strings.Builder
 	b.WriteString(`#include <cstddef>
 #include <tuple>
@@ -311,11 +396,18 @@ func abiCheckSource(withNVML bool) (string, error) {
 	if withNVML {
 		b.WriteString("#include <nvml.h>\n")
 	}
+	transcribed := newerTypes
+	if realEP {
+		b.WriteString("#include <nccl.h>\n#include <nccl_ep/nccl_ep.h>\n")
+		transcribed = cuNewerTypes
+	}
 	b.WriteString(`#include "abi.h"
 namespace newer {
-` + newerTypes)
-	for _, d := range newerDecls {
-		b.WriteString(d + "\n")
+` + transcribed)
+	for name, d := range newerDecls {
+		if !realEP || !strings.HasPrefix(name, "nccl") {
+			b.WriteString(d + "\n")
+		}
 	}
 	nvmlAbi := ""
 	if withNVML {
@@ -377,7 +469,7 @@ template <class Real, class Ours, std::size_t I> constexpr bool arg_ok() {
 			continue
 		}
 		real := "::" + name
-		if _, ok := newerDecls[name]; ok {
+		if _, ok := newerDecls[name]; ok && !(realEP && strings.HasPrefix(name, "nccl")) {
 			real = "newer::" + name
 		}
 		if strings.HasPrefix(name, "nvml") && !withNVML {
@@ -429,7 +521,7 @@ static_assert(sizeof(mb_memcpy_attrs) == 24, "mb_memcpy_attrs: CUmemcpyAttribute
 SAME_FIELD(mb_memcpy_attrs, srcLocHint, newer::CUmemcpyAttributes, srcLocHint);
 SAME_FIELD(mb_memcpy_attrs, dstLocHint, newer::CUmemcpyAttributes, dstLocHint);
 SAME_FIELD(mb_memcpy_attrs, flags, newer::CUmemcpyAttributes, flags);
-SAME_LAYOUT(mb_nccl_id, newer::ncclUniqueId);
+SAME_LAYOUT(mb_nccl_id, ncclUniqueId);
 // NCCL EP: each struct whole, each field, and each V1 boundary at the end of
 // the struct's last V1 field (what moebench sends)
 #define EP_V1_END(ours, last, v1) static_assert(offsetof(ours, last) + sizeof(((ours *)0)->last) == v1, #ours ": the V1 boundary is not after " #last)

@@ -84,7 +84,9 @@ func probeNCCLEP() Component {
 	}
 	c.Found, c.Path, c.Version = true, e.Path, e.Version
 	c.Detail = "hybridep --impl library (its high-throughput mode), deepep --impl library (its low-latency mode); " +
-		fmt.Sprintf("structs sent at their V1 sizes (append-only, API version %d); over NCCL %s", EPAPIVersion, e.NCCL.Version)
+		fmt.Sprintf("release %s (ncclEpGetVersion; the library states no API version): the append-only API of nccl_ep.h's version %d "+
+			"(it has ncclEpInitHandle and ncclEpUpdateHandle), so moebench sends its structs at their frozen V%d sizes, which it accepts; over NCCL %s",
+			e.Version, EPAPIVersion, EPStructVersion, e.NCCL.Version)
 	var missing []string
 	if ok, why := e.NCCL.DeviceAPI(); !ok {
 		missing = append(missing, why)

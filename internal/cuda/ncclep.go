@@ -30,7 +30,7 @@ static int ep_create_group(void *f, void **g, void *comm, int algo, unsigned exp
 	memset(&c, 0, sizeof c);
 	c.size = MB_NCCL_EP_GROUP_CONFIG_V1_SIZE;
 	c.magic = MB_NCCL_EP_MAGIC;
-	c.version = MB_NCCL_EP_API_VERSION;
+	c.version = 1; // the feature set of the V1 fields sent, not the header's NCCL_EP_API_VERSION
 	c.algorithm = algo;
 	c.num_experts = experts;
 	c.max_dispatch_tokens_per_rank = tokens;
@@ -114,8 +114,13 @@ import (
 // nccl_ep), opened with dlopen over NCCL: expert-parallel dispatch and
 // combine in two modes, high-throughput (HybridEP's kernels) and low
 // latency (DeepEP's low-latency design). Its structs are versioned (a size
-// and a magic number first, append-only): moebench sends each at its V1
-// size, which every library of this API accepts. Group creation, the
+// and a magic number first, append-only): the library answers only its
+// release (ncclEpGetVersion), no API version, so moebench checks that it
+// has this API's entry points (ncclEpInitHandle and ncclEpUpdateHandle,
+// which the API-1 contrib/nccl_ep, of exact struct sizes, lacks) and sends
+// every struct at its frozen V1 size with the group's version field 1,
+// which every library of this API accepts and reads field for field (a
+// newer one reads only what a struct's size covers). Group creation, the
 // high-throughput handle update, dispatch and combine are collective:
 // every rank calls them, each from its own thread.
 //
@@ -145,9 +150,11 @@ const (
 	NCCLInt32        = C.MB_ncclInt32
 	NCCLFloat32      = C.MB_ncclFloat32
 	NCCLBfloat16     = C.MB_ncclBfloat16
-	// EPAPIVersion is the API version of the header moebench's structs
-	// follow (nccl-extensions' nccl_ep.h at 44d2de0d)
-	EPAPIVersion = C.MB_NCCL_EP_API_VERSION
+	// EPAPIVersion is the API version of the header moebench's prototypes
+	// follow (nccl-extensions' nccl_ep.h at 44d2de0d); EPStructVersion the
+	// version of the structs it sends (their V1 fields, V1 sizes).
+	EPAPIVersion    = C.MB_NCCL_EP_API_VERSION
+	EPStructVersion = 1
 )
 
 // OpenNCCLEP loads NCCL first (OpenNCCL: libnccl.so.2, its symbols global,

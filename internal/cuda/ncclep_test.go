@@ -3,9 +3,14 @@ package cuda
 import (
 	"errors"
 	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/moebench/moebench/internal/hostsim"
 )
 
 // epRig is NCCL EP on the fakes: two ranks, one per fake GPU, each with a
@@ -171,4 +176,73 @@ func maxRecvOr(n int) int {
 		return 2 * epTokens * epTopK
 	}
 	return n
+}
+
+// epRuntimeHere makes what NCCL EP's run-time compile looks for exist
+// (placeholders: an nvcc and the headers' folders) and names it the way a
+// wheel install does (NCCL_EP_HOME, NCCL_HOME, CUDA_HOME).
+func epRuntimeHere(t *testing.T) {
+	t.Helper()
+	dir := t.TempDir()
+	for _, f := range []string{"ep/include/nccl_ep/device/ht_ep.cuh", "nccl/include/nccl_device.h", "cuda/include/cuda_runtime.h", "cuda/bin/nvcc"} {
+		p := filepath.Join(dir, f)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte("#!/bin/sh\n"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Setenv("NCCL_EP_HOME", filepath.Join(dir, "ep"))
+	t.Setenv("NCCL_HOME", filepath.Join(dir, "nccl"))
+	t.Setenv("CUDA_HOME", filepath.Join(dir, "cuda"))
+	for _, e := range []string{"NCCL_EP_JIT_NVCC", "NVCC", "CUDA_PATH", "NCCL_EP_JIT_SOURCE_DIR", "NCCL_EP_JIT_BUILD_INCLUDE_DIR", "NCCL_EP_JIT_CUDA_INCLUDE_DIR"} {
+		t.Setenv(e, "")
+	}
+}
+
+// TestNCCLEPDoctor: doctor's NCCL EP row gives the library's file and
+// release, what it sends of the API (V1 structs), NCCL's version, and
+// whether the run-time needs are met — or each one that is not, or why
+// the library is not there (with how to install it).
+func TestNCCLEPDoctor(t *testing.T) {
+	buildFake(t, "fakenccl", "MOEBENCH_NCCL")
+	buildFake(t, "fakencclep", NCCLEPEnv)
+	epRuntimeHere(t)
+	t.Setenv("FAKENCCL_VERSION", "23007")
+	c := probeNCCLEP()
+	if !c.Found || c.Version != "0.1.0" || c.Path != os.Getenv(NCCLEPEnv) {
+		t.Fatalf("%+v", c)
+	}
+	for _, w := range []string{"hybridep --impl library (its high-throughput mode)", "deepep --impl library (its low-latency mode)",
+		"release 0.1.0 (ncclEpGetVersion", "frozen V1 sizes", "over NCCL 2.30.7", "NCCL's Device API and its run-time compile's needs found (nvcc "} {
+		if !strings.Contains(c.Detail, w) {
+			t.Errorf("detail %q: want %q in it", c.Detail, w)
+		}
+	}
+	t.Setenv("FAKENCCL_VERSION", "22803")
+	t.Setenv("NCCL_EP_JIT_NVCC", "/nonexistent/nvcc")
+	if c := probeNCCLEP(); !c.Found || !strings.Contains(c.Detail, "missing: NCCL 2.28.3 has no Device API") || !strings.Contains(c.Detail, "; nvcc (/nonexistent/nvcc") {
+		t.Errorf("without the Device API and nvcc: %+v", c)
+	}
+	t.Setenv("FAKENCCL_VERSION", "23007")
+	t.Setenv("NCCL_EP_JIT_NVCC", "")
+	dir := t.TempDir() // an NCCL of a version with the Device API, built without it
+	if _, err := hostsim.BuildFake("fakenccl", dir, "libnccl.so.2"); err != nil {
+		t.Fatal(err)
+	}
+	noDev := filepath.Join(dir, "libnccl-nodev.so.2")
+	if out, err := exec.Command("cc", "-DFAKENCCL_NO_DEVICE_API", "-O2", "-shared", "-fPIC", "-pthread", "-o", noDev, filepath.Join(dir, "fakenccl.c")).CombinedOutput(); err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	withDev := os.Getenv("MOEBENCH_NCCL")
+	t.Setenv("MOEBENCH_NCCL", noDev)
+	if c := probeNCCLEP(); !strings.HasSuffix(c.Detail, "missing: NCCL 2.30.7 lacks ncclDevCommCreate of the Device API NCCL EP needs") {
+		t.Errorf("an NCCL without the Device API's entry points: %+v", c)
+	}
+	t.Setenv("MOEBENCH_NCCL", withDev)
+	t.Setenv(NCCLEPEnv, withDev) // a library without NCCL EP's entry points
+	if c := probeNCCLEP(); c.Found || !strings.Contains(c.Detail, "not the API moebench speaks") || !strings.Contains(c.Detail, "install: pip install nccl-extensions[cu13]") {
+		t.Errorf("another library: %+v", c)
+	}
 }

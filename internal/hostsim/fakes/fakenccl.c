@@ -455,8 +455,11 @@ ncclResult_t ncclCommCuDevice(void *c, int *d) { *d = ((fcomm *)c)->dev; return 
 void *fakenccl_clique(void *comm) { return ((fcomm *)comm)->c; }
 // Two entry points of NCCL's Device API (2.29), present so that a library
 // built on it finds them (NCCL EP's fake does not call them): they refuse.
+// Built with -DFAKENCCL_NO_DEVICE_API it lacks them (an NCCL built without).
+#ifndef FAKENCCL_NO_DEVICE_API
 ncclResult_t ncclDevCommCreate(void *comm, const void *reqs, void *devComm) { return fail(invalidUsage, "the fake has no Device API"); }
 ncclResult_t ncclCommWindowRegister(void *comm, void *buf, size_t size, void **win, int flags) { return fail(invalidUsage, "the fake has no windows"); }
+#endif
 
 // A thread's open group: its transfers, each with its place in its pair's
 // order.
