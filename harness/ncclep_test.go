@@ -2,7 +2,6 @@ package harness
 
 import (
 	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -15,32 +14,16 @@ import (
 
 // useFakeNCCLEP makes cuda-device runs find the fake libnccl_ep
 // (fakencclep.c, over the fake NCCL, which says it is 2.30.7) and what
-// NCCL EP's run-time compile looks for (an nvcc and the headers'
-// folders, placeholders: the fake compiles nothing).
+// NCCL EP's run-time compile looks for (hostsim.FakeNCCLEPRuntime).
 func useFakeNCCLEP(t *testing.T) {
 	t.Helper()
-	dir := t.TempDir()
-	so, err := hostsim.BuildFake("fakencclep", dir, "libnccl_ep.so.0")
+	so, err := hostsim.BuildFake("fakencclep", t.TempDir(), "libnccl_ep.so.0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Setenv("MOEBENCH_NCCL_EP", so)
 	t.Setenv("FAKENCCL_VERSION", "23007")
-	for _, f := range []string{"ep/include/nccl_ep/device/ht_ep.cuh", "nccl/include/nccl_device.h", "cuda/include/cuda_runtime.h", "cuda/bin/nvcc"} {
-		p := filepath.Join(dir, f)
-		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(p, []byte("#!/bin/sh\n"), 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	t.Setenv("NCCL_EP_HOME", filepath.Join(dir, "ep"))
-	t.Setenv("NCCL_HOME", filepath.Join(dir, "nccl"))
-	t.Setenv("CUDA_HOME", filepath.Join(dir, "cuda"))
-	for _, e := range []string{"NCCL_EP_JIT_NVCC", "NVCC", "CUDA_PATH", "NCCL_EP_JIT_SOURCE_DIR", "NCCL_EP_JIT_BUILD_INCLUDE_DIR", "NCCL_EP_JIT_CUDA_INCLUDE_DIR"} {
-		t.Setenv(e, "")
-	}
+	hostsim.FakeNCCLEPRuntime(t)
 }
 
 // TestNCCLEPLayerOnHostSim: the whole layer with --impl library — NCCL EP's

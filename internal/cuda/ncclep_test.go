@@ -178,29 +178,6 @@ func maxRecvOr(n int) int {
 	return n
 }
 
-// epRuntimeHere makes what NCCL EP's run-time compile looks for exist
-// (placeholders: an nvcc and the headers' folders) and names it the way a
-// wheel install does (NCCL_EP_HOME, NCCL_HOME, CUDA_HOME).
-func epRuntimeHere(t *testing.T) {
-	t.Helper()
-	dir := t.TempDir()
-	for _, f := range []string{"ep/include/nccl_ep/device/ht_ep.cuh", "nccl/include/nccl_device.h", "cuda/include/cuda_runtime.h", "cuda/bin/nvcc"} {
-		p := filepath.Join(dir, f)
-		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(p, []byte("#!/bin/sh\n"), 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	t.Setenv("NCCL_EP_HOME", filepath.Join(dir, "ep"))
-	t.Setenv("NCCL_HOME", filepath.Join(dir, "nccl"))
-	t.Setenv("CUDA_HOME", filepath.Join(dir, "cuda"))
-	for _, e := range []string{"NCCL_EP_JIT_NVCC", "NVCC", "CUDA_PATH", "NCCL_EP_JIT_SOURCE_DIR", "NCCL_EP_JIT_BUILD_INCLUDE_DIR", "NCCL_EP_JIT_CUDA_INCLUDE_DIR"} {
-		t.Setenv(e, "")
-	}
-}
-
 // TestNCCLEPDoctor: doctor's NCCL EP row gives the library's file and
 // release, what it sends of the API (V1 structs), NCCL's version, and
 // whether the run-time needs are met — or each one that is not, or why
@@ -208,7 +185,7 @@ func epRuntimeHere(t *testing.T) {
 func TestNCCLEPDoctor(t *testing.T) {
 	buildFake(t, "fakenccl", "MOEBENCH_NCCL")
 	buildFake(t, "fakencclep", NCCLEPEnv)
-	epRuntimeHere(t)
+	hostsim.FakeNCCLEPRuntime(t)
 	t.Setenv("FAKENCCL_VERSION", "23007")
 	c := probeNCCLEP()
 	if !c.Found || c.Version != "0.1.0" || c.Path != os.Getenv(NCCLEPEnv) {

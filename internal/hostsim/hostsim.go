@@ -188,6 +188,31 @@ func Setup(t testing.TB) *Compiler {
 	return c
 }
 
+// FakeNCCLEPRuntime makes what NCCL EP's run-time compile looks for exist
+// for a test (placeholders: an nvcc and the headers' folders; the fake
+// libnccl_ep compiles nothing) and names them as a wheel install does:
+// NCCL_EP_HOME, NCCL_HOME and CUDA_HOME set, the variables that would
+// override them unset.
+func FakeNCCLEPRuntime(t testing.TB) {
+	t.Helper()
+	dir := t.TempDir()
+	for _, f := range []string{"ep/include/nccl_ep/device/ht_ep.cuh", "nccl/include/nccl_device.h", "cuda/include/cuda_runtime.h", "cuda/bin/nvcc"} {
+		p := filepath.Join(dir, f)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte("#!/bin/sh\n"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Setenv("NCCL_EP_HOME", filepath.Join(dir, "ep"))
+	t.Setenv("NCCL_HOME", filepath.Join(dir, "nccl"))
+	t.Setenv("CUDA_HOME", filepath.Join(dir, "cuda"))
+	for _, e := range []string{"NCCL_EP_JIT_NVCC", "NVCC", "CUDA_PATH", "NCCL_EP_JIT_SOURCE_DIR", "NCCL_EP_JIT_BUILD_INCLUDE_DIR", "NCCL_EP_JIT_CUDA_INCLUDE_DIR"} {
+		t.Setenv(e, "")
+	}
+}
+
 // Within runs f and ends the test binary if f has not returned after d: a
 // test of cross-rank waits must fail, not hang. (Setup stops a block that
 // only spins after MBHOST_SPIN_LIMIT_S, shorter than the tests' d, so a
