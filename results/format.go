@@ -80,7 +80,7 @@ func WriteTable(w io.Writer, rec *Record) error {
 		p.f("# sms: %s\n", rec.SMs.Note)
 	}
 	if rec.Status != StatusOK {
-		p.f("# status: %s: %s\n", rec.Status, rec.Reason)
+		p.f("# status: %s\n", StatusLine(rec.Status, rec.Config.Dispatcher, rec.Config.Impl, rec.Reason))
 		writeCorrectness(p, rec.Correctness)
 		return p.err
 	}

@@ -3,6 +3,11 @@
 // such files safely.
 package results
 
+import (
+	"fmt"
+	"strings"
+)
+
 // Schema names this record version. Readers refuse any other.
 const Schema = "moebench.record/v1"
 
@@ -461,4 +466,11 @@ type GradCheck struct {
 	// came back bit for bit, else the first difference.
 	RoundTrip string `json:"round_trip"`
 	Note      string `json:"note"` // how the upstream gradient was drawn, and where the weight gradients' sums come from
+}
+
+// StatusLine is "STATUS: REASON" for a failed or unavailable record, its
+// reason without the "DISPATCHER (IMPL): STATUS: " prefix an error of the
+// record's own dispatcher starts with (the line already says both).
+func StatusLine(status, dispatcher, impl, reason string) string {
+	return status + ": " + strings.TrimPrefix(reason, fmt.Sprintf("%s (%s): %s: ", dispatcher, impl, status))
 }
