@@ -226,7 +226,7 @@ func newDeviceLayer(l *Layer, devs []kernels.Device, th *kernels.Threads, d disp
 		for r := ds.first; r < ds.first+ds.per; r++ {
 			streams = append(streams, dl.ranks[r].Stream)
 		}
-		if err := ds.open(th, devs, streams); err != nil {
+		if err := ds.open(th, devs, streams, c); err != nil {
 			return nil, err
 		}
 		for _, rk := range dl.ranks {
@@ -982,7 +982,7 @@ func (dl *deviceLayer) footprint(r int) int64 {
 func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error) {
 	var ds *dist
 	fail := func(status string, err error) (*results.Record, error) {
-		ds.fail(err) // the other processes stop too, naming this one
+		ds.fail(err, cfg) // the other processes stop too, naming this one
 		return failed(rec, status, err)
 	}
 	if env.Rendezvous != nil && env.Rendezvous.L.Distributed() {
@@ -998,6 +998,7 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 	}
 	d, err := dispatchers.NewDevice(cfg.Dispatcher, cfg.Impl, cfg.dispatcherEnv())
 	if err != nil {
+		ds.fail(err, cfg)
 		return dispatcherError(rec, cfg, err)
 	}
 	prog := startProgress(env.Progress, env.ProgressEvery, steps(cfg, d))
@@ -1020,11 +1021,12 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 	rec.Ranks.Emulated, rec.Ranks.Note = cfg.EP > len(devs), ranksNote(cfg.EP, devs, "")
 	l, err := newLayer(cfg, false)
 	if err != nil {
+		ds.fail(err, cfg)
 		return nil, err // only a trace can fail here: a *ConfigError
 	}
 	dl, err := newDeviceLayer(l, devs, th, d, ds)
-	if dispatchers.IsUnavailable(err) { // the dispatcher's gate on these devices
-		ds.fail(err)
+	if dispatchers.IsUnavailable(err) { // the dispatcher's gate on these devices (or another process's)
+		ds.fail(err, cfg)
 		return dispatcherError(rec, cfg, err)
 	}
 	if err != nil {

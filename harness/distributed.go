@@ -33,6 +33,7 @@ type dist struct {
 	comm        kernels.Comm
 	description string // its ranks, process and node, as messages name them
 	warm        bool   // a step has run: its kernels are compiled
+	agreed      bool   // the processes agreed that every one is ready (or not) to meet
 }
 
 // firstStepWait bounds a stage of the first step, in which every process
@@ -63,11 +64,52 @@ func newDist(cfg Config, rv *launch.Rendezvous) (*dist, error) {
 	return d, nil
 }
 
+// agree tells every process how this one's set-up ended (err; nil: ready
+// to meet in NCCL) and learns theirs: all go on, or none does — a process
+// that cannot run the point (unavailable here, or failed) makes the others
+// leave it too, with the same status, naming it; none waits in NCCL for
+// it. The error is this process's own, or the first other process's.
+func (d *dist) agree(err error, cfg Config) error {
+	if d == nil || d.agreed {
+		return err
+	}
+	d.agreed = true
+	mine := launch.Verdict{}
+	if err != nil {
+		mine.Status = results.StatusFailed
+		if dispatchers.IsUnavailable(err) || deviceStatus(err) == results.StatusUnavailable {
+			mine.Status = results.StatusUnavailable
+		}
+		mine.Reason = d.description + " cannot run it: " + strings.TrimPrefix(err.Error(), fmt.Sprintf("%s (%s): %s: ", cfg.Dispatcher, cfg.Impl, mine.Status))
+	}
+	all, aerr := d.rv.Agree(mine)
+	if err != nil {
+		return err
+	}
+	if aerr != nil {
+		return aerr
+	}
+	for _, v := range all {
+		switch v.Status {
+		case "":
+		case results.StatusUnavailable:
+			return &dispatchers.UnavailableError{Name: cfg.Dispatcher, Impl: cfg.Impl, Reason: v.Reason}
+		default:
+			return errors.New(v.Reason)
+		}
+	}
+	return nil
+}
+
 // open makes the communicator over every rank (this process's on devs
-// with their streams) and starts the watch.
-func (d *dist) open(th *kernels.Threads, devs []kernels.Device, streams []kernels.Stream) error {
+// with their streams) and starts the watch, once every process is ready
+// (NCCL loaded: the last of what a process decides alone).
+func (d *dist) open(th *kernels.Threads, devs []kernels.Device, streams []kernels.Stream, cfg Config) error {
 	var id cuda.UniqueID
 	w := kernels.World{Ranks: d.per * d.rv.L.World, First: d.first, ID: func(newID func() (cuda.UniqueID, error)) (cuda.UniqueID, error) {
+		if err := d.agree(nil, cfg); err != nil {
+			return id, err
+		}
 		var err error
 		id, err = d.rv.ID(func() ([128]byte, error) { return newID() })
 		if err == nil {
@@ -104,9 +146,14 @@ func (d *dist) local(s string) {
 	}
 }
 
-// fail tells the other processes that this one failed (its watch's note).
-func (d *dist) fail(err error) {
-	if d != nil && d.watch != nil && err != nil {
+// fail tells the other processes that this one failed: before they met,
+// at their agreement; after, in its watch's note.
+func (d *dist) fail(err error, cfg Config) {
+	switch {
+	case d == nil || err == nil:
+	case !d.agreed:
+		d.agree(err, cfg)
+	case d.watch != nil:
 		d.watch.Fail(err)
 	}
 }

@@ -43,12 +43,21 @@ type proc struct {
 // meeting through the fake NCCL's loopback bootstrap (rank 0's unique id in
 // the rendezvous file).
 func launchProcs(t *testing.T, world int, args ...string) []*proc {
+	return launchProcsEnv(t, world, nil, args...)
+}
+
+// launchProcsEnv is launchProcs with env(r) added to process r's
+// environment.
+func launchProcsEnv(t *testing.T, world int, env func(r int) []string, args ...string) []*proc {
 	t.Helper()
 	var ps []*proc
 	for r := range world {
 		p := &proc{cmd: exec.Command(os.Args[0], args...), done: make(chan error, 1)}
 		p.cmd.Env = append(os.Environ(), "MOEBENCH_TEST_PROCESS=1", fmt.Sprintf("MOEBENCH_RANK=%d", r), fmt.Sprintf("MOEBENCH_WORLD=%d", world),
 			"FAKENCCL_TIMEOUT_S=120", "MOEBENCH_DEBUG=1") // the fake waits as NCCL hangs: moebench's own watch must stop the run first
+		if env != nil {
+			p.cmd.Env = append(p.cmd.Env, env(r)...)
+		}
 		p.cmd.Stdout, p.cmd.Stderr = &p.stdout, &p.stderr
 		if err := p.cmd.Start(); err != nil {
 			t.Fatal(err)
@@ -159,7 +168,59 @@ func TestDistributedRun(t *testing.T) {
 			t.Logf("%s; max rel err %.2e", rec.Ranks.Note, rec.Correctness.MaxRelErr)
 		})
 	}
+	t.Run("sweep", func(t *testing.T) { distributedSweep(t, rv, out) })
 	t.Run("killed", func(t *testing.T) { killedProcess(t, rv, out) })
+}
+
+// distributedSweep: moebench sweep launched over 2 processes runs the same
+// points in the same order on both, and rank 0 alone writes one file with
+// one record per point. With NCCL missing on process 1 alone, every point
+// is unavailable on both (agreed before they meet in NCCL), rank 0's
+// records name process 1, and neither waits in NCCL for the other.
+func distributedSweep(t *testing.T, rv, out string) {
+	args := []string{"sweep", "--device", "cuda", "--dispatcher", "alltoall", "--impl", "library", "--ep", "4", "--routings", "balanced,uniform",
+		"--experts", "16", "--tokens", "16", "--hidden", "32", "--ffn", "16", "--warmup", "1", "--iters", "2",
+		"--rendezvous", rv, "--out", out, "--comm-timeout", "20s"}
+	for _, c := range []struct {
+		name   string
+		env    func(r int) []string
+		status string
+	}{
+		{"both-ready", nil, results.StatusOK},
+		{"no-nccl-on-process-1", func(r int) []string {
+			if r == 1 {
+				return []string{"MOEBENCH_NCCL=" + filepath.Join(filepath.Dir(rv), "missing", "libnccl.so.2")}
+			}
+			return nil
+		}, results.StatusUnavailable},
+	} {
+		os.Remove(out)
+		ps := launchProcsEnv(t, 2, c.env, args...)
+		for r, p := range ps {
+			if err := p.wait(t, 4*time.Minute); err != nil {
+				t.Fatalf("%s: process %d: %v; stderr:\n%s\nprocess 0's:\n%s", c.name, r, err, p.stderr.String(), ps[0].stderr.String())
+			}
+		}
+		if !strings.Contains(ps[1].stderr.String(), "rank 0 writes "+out) || strings.Count(ps[1].stderr.String(), "[") < 2 {
+			t.Errorf("%s: process 1's stderr:\n%s", c.name, ps[1].stderr.String())
+		}
+		recs, err := results.ReadFile(out, nil)
+		if err != nil || len(recs) != 2 {
+			t.Fatalf("%s: %d records, %v; stderr:\n%s", c.name, len(recs), err, ps[0].stderr.String())
+		}
+		for i, rec := range recs {
+			if rec.Status != c.status || rec.Config.Routing != []string{"balanced", "uniform"}[i] {
+				t.Errorf("%s: record %d: %s %s: %s", c.name, i, rec.Config.Routing, rec.Status, rec.Reason)
+			}
+			if c.status == results.StatusOK && len(rec.Ranks.Processes) != 2 {
+				t.Errorf("%s: record %d: processes %+v", c.name, i, rec.Ranks.Processes)
+			}
+			if c.status != results.StatusOK && !strings.Contains(rec.Reason, "ranks 2–3 (process 1 of 2") {
+				t.Errorf("%s: record %d's reason does not name process 1: %s", c.name, i, rec.Reason)
+			}
+		}
+		t.Logf("%s: %s: %s", c.name, recs[1].Status, recs[1].Reason)
+	}
 }
 
 func killedProcess(t *testing.T, rv, out string) {

@@ -14,6 +14,7 @@ import (
 	"github.com/moebench/moebench/dispatchers"
 	"github.com/moebench/moebench/harness"
 	"github.com/moebench/moebench/internal/cuda"
+	"github.com/moebench/moebench/internal/launch"
 	"github.com/moebench/moebench/results"
 )
 
@@ -186,7 +187,7 @@ func (o *options) checkOutputs(stderr io.Writer) error {
 	if !slices.Contains(results.Formats, o.format) {
 		return &harness.ConfigError{Flag: "format", Value: o.format, Allowed: "allowed: " + strings.Join(results.Formats, ", ")}
 	}
-	if o.out != "" {
+	if o.out != "" && writesRecords() {
 		torn, err := results.CheckAppend(o.out)
 		if err != nil {
 			return &harness.ConfigError{Flag: "out", Value: o.out, Allowed: err.Error()}
@@ -248,4 +249,12 @@ reason, never timed); 2 bad command line or input, found before any work
 (a Go runtime crash, "fatal error:" on stderr, also exits 2: report it);
 3 regression found, 4 stacks differ (compare).
 `)
+}
+
+// writesRecords: this process writes --out — the only one, or rank 0 of a
+// run launched over several (the others leave the file alone: it may be
+// the same file, on a shared filesystem).
+func writesRecords() bool {
+	l, err := launch.Detect(os.Getenv)
+	return err != nil || l.Rank == 0
 }

@@ -18,6 +18,8 @@ type Rendezvous struct {
 	File    string        // --rendezvous: where rank 0 writes the id ("" with NCCL_COMM_ID)
 	Timeout time.Duration // --comm-timeout: how long the others wait for it
 	seq     int
+	agreed  int    // agreements made (agree.go)
+	run     string // the run's tag (agree.go)
 }
 
 // NewRendezvous checks that the run can meet: NCCL_COMM_ID is set, or file
@@ -80,7 +82,7 @@ func (r *Rendezvous) ID(newID func() ([128]byte, error)) ([128]byte, error) {
 // the communicator's number, so that a file an earlier run left is not
 // read as this one's.
 func (r *Rendezvous) header() string {
-	return fmt.Sprintf("moebench rendezvous 1\njob %q\nworld %d\nseq %d\n", r.L.Job, r.L.World, r.seq)
+	return fmt.Sprintf("moebench rendezvous 1\njob %q\nworld %d\nseq %d\n%s\n", r.L.Job, r.L.World, r.seq, r.run)
 }
 
 // read is the id in File when its header is want.
@@ -112,5 +114,6 @@ func (r *Rendezvous) read(want string) ([128]byte, bool) {
 func (r *Rendezvous) Close() {
 	if r.File != "" && r.L.Rank == 0 {
 		os.Remove(r.File)
+		os.Remove(r.File + ".run")
 	}
 }
