@@ -24,6 +24,7 @@ import (
 // inputs, the router's weights and the routing mode; expert weights are
 // drawn from the seed and uploaded without being kept.
 type deviceLayer struct {
+	warm  bool // a step has run: its kernels are compiled
 	l     *Layer
 	devs  []kernels.Device
 	on    []int // device index of each rank
@@ -500,9 +501,16 @@ func (dl *deviceLayer) chooseGrouped() (string, error) {
 	best, bestMS, desc := -1, math.Inf(1), ""
 	ways := len(groupedSides)
 	batched, ok := dl.devs[0].GroupedGEMMName()
+	if dl.dist != nil { // every process times the same ways: each step moves data between them
+		var err error
+		if ok, batched, err = dl.agreeBatched(ok, batched); err != nil {
+			return "", err
+		}
+	}
 	if ok {
 		ways++
 	}
+	meds := make([]float64, ways) // each way's median; +Inf: left out
 	options := make([][]*kernels.Grouped, ways)
 	for i := range ways {
 		for r, rk := range dl.ranks {
@@ -528,7 +536,7 @@ func (dl *deviceLayer) chooseGrouped() (string, error) {
 		var ms []float64
 		for range reps {
 			if err := dl.step(); err != nil {
-				if i < len(groupedSides) {
+				if i < len(groupedSides) || dl.dist != nil { // the others run this way's steps: so must this process
 					return "", err
 				}
 				// the grouped call is optional: a failure leaves it out
@@ -557,6 +565,7 @@ func (dl *deviceLayer) chooseGrouped() (string, error) {
 			ms = append(ms, slowest)
 		}
 		if ms == nil {
+			meds[i] = math.Inf(1)
 			if err := dl.sync(); err != nil {
 				return "", err
 			}
@@ -567,8 +576,18 @@ func (dl *deviceLayer) chooseGrouped() (string, error) {
 			desc += "; "
 		}
 		desc += fmt.Sprintf("%s: expert phases %.3g ms", options[i][dl.of[0][0]].Name(), ms[reps/2])
-		if ms[reps/2] < bestMS {
-			best, bestMS = i, ms[reps/2]
+		meds[i] = ms[reps/2]
+	}
+	if dl.dist != nil { // one choice on every process: the way whose slowest process is fastest
+		var err error
+		if meds, err = dl.slowestProcess(meds); err != nil {
+			return "", err
+		}
+		desc += fmt.Sprintf("; chosen by the slowest of the %d processes' medians", dl.dist.rv.L.World)
+	}
+	for i, m := range meds {
+		if m < bestMS {
+			best, bestMS = i, m
 		}
 	}
 	for r := range dl.rr {
@@ -609,21 +628,18 @@ func (dl *deviceLayer) step() error {
 	}
 	dl.issueMS = float64(time.Since(t0).Nanoseconds())/1e6 - dl.waitMS
 	err := dl.finish()
-	if err == nil && dl.dist != nil {
-		dl.dist.warm = true
-	}
+	dl.warm = dl.warm || err == nil
 	return err
 }
 
 // each runs one job on every device's thread (a barrier).
 func (dl *deviceLayer) each(kind int, ph *dispatchers.Step, begin bool) error {
-	if dl.dist != nil { // a job may wait on other processes
-		st := "waiting for the GPUs"
-		if ph != nil {
-			st = ph.Name
-		}
-		dl.dist.stage(st)
+	st := "waiting for the GPUs"
+	if ph != nil {
+		st = ph.Name
 	}
+	dl.dist.stage(st, dl.warm) // a job may wait on other processes
+	dl.doing(st)
 	dl.job = job{kind, ph, begin}
 	return dl.th.Each(dl.work)
 }
@@ -1011,6 +1027,7 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 	defer closeDevices(devs)
 	th := kernels.NewThreads(devs)
 	defer th.Close()
+	limitThreads(th, cfg, ds)
 	defer d.Close() // before the threads end: a library's ranks are closed on them
 	if ds != nil {
 		defer ds.close()
@@ -1167,7 +1184,11 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 		m.mem.PerRankBytes = append(m.mem.PerRankBytes, b)
 	}
 	if ds != nil { // every process's ranks, for rank 0's record
-		parts, err := dl.gatherParts(dl.mine(&m, rec.Stack))
+		mine := dl.mine(&m, rec.Stack)
+		if mine.Pairs, err = dl.pairs(); err != nil {
+			return fail(results.StatusFailed, err)
+		}
+		parts, err := dl.gatherParts(mine)
 		if err != nil {
 			return fail(results.StatusFailed, err)
 		}

@@ -13,9 +13,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
-	"time"
 
 	"github.com/moebench/moebench/dispatchers"
 	"github.com/moebench/moebench/internal/cuda"
@@ -32,13 +32,8 @@ type dist struct {
 	firstGPU    int // the GPU ordinal of its first rank on its node
 	comm        kernels.Comm
 	description string // its ranks, process and node, as messages name them
-	warm        bool   // a step has run: its kernels are compiled
 	agreed      bool   // the processes agreed that every one is ready (or not) to meet
 }
-
-// firstStepWait bounds a stage of the first step, in which every process
-// compiles the kernels it launches (NVRTC, or the tests' C++ compiler).
-const firstStepWait = 10 * time.Minute
 
 // newDist checks that cfg can run over rv's processes and places this one.
 func newDist(cfg Config, rv *launch.Rendezvous) (*dist, error) {
@@ -127,10 +122,11 @@ func (d *dist) open(th *kernels.Threads, devs []kernels.Device, streams []kernel
 	return err
 }
 
-// stage tells the watch what this process is about to wait in.
-func (d *dist) stage(s string) {
+// stage tells the watch what this process is about to wait in (warm: a
+// step has run, its kernels are compiled).
+func (d *dist) stage(s string, warm bool) {
 	if d != nil && d.watch != nil {
-		if !d.warm {
+		if !warm {
 			d.watch.StageFor(s+" (the first step, which compiles the kernels)", firstStepWait)
 			return
 		}
@@ -176,7 +172,7 @@ func (d *dist) rep(p int) int { return p * d.per }
 // process's first rank (on its first GPU, from that GPU's thread).
 func (dl *deviceLayer) allGather(data []byte) ([][]byte, error) {
 	d := dl.dist
-	d.stage("gathering every process's results")
+	d.stage("gathering every process's results", dl.warm)
 	W := d.rv.L.World
 	rk := dl.ranks[d.first]
 	words := func(n int) int { return (n + 7) / 8 }
@@ -268,6 +264,7 @@ type part struct {
 	RecvSteps      [][]int                `json:",omitempty"`
 	Mem            []int64                `json:",omitempty"`
 	Issue, Wait    []float64              `json:",omitempty"`
+	Pairs          [][]int64              `json:",omitempty"` // [its rank][destination rank] the last step's (token, rank) pairs
 }
 
 // gatherParts all-gathers every process's part.
@@ -311,6 +308,65 @@ func (dl *deviceLayer) agreeCheck(c *results.Correctness) (*results.Correctness,
 	out.Detail = strings.Join(details, "; ")
 	out.Sample += fmt.Sprintf(" (each of the %d processes checks its own ranks)", len(parts))
 	return &out, nil
+}
+
+// pairs counts each of this process's ranks' last-step (token, rank) pairs
+// by destination rank, from its routing on the device.
+func (dl *deviceLayer) pairs() ([][]int64, error) {
+	d, c := dl.dist, dl.l.Cfg
+	idx := make([]int32, c.Tokens*c.TopK)
+	var out [][]int64
+	for r := d.first; r < d.first+d.per; r++ {
+		rk := dl.ranks[r]
+		if err := rk.Dev.Download(idx, rk.Idx, rk.Stream); err != nil {
+			return nil, err
+		}
+		out = append(out, tokenRankPairs(idx, c.TopK, dl.l.Shape.LocalExperts(), c.EP))
+	}
+	return out, nil
+}
+
+// tokenRankPairs counts a rank's (token, rank) pairs by destination rank:
+// idx holds each token's k experts, L per rank; a token goes to a rank
+// once however many of its experts the rank holds.
+func tokenRankPairs(idx []int32, k, L, ep int) []int64 {
+	n := make([]int64, ep)
+	last := make([]int, ep) // the token (+1) that last counted the rank
+	for t := range len(idx) / k {
+		for _, e := range idx[t*k : (t+1)*k] {
+			if d := int(e) / L; d >= 0 && d < ep && last[d] != t+1 {
+				last[d] = t + 1
+				n[d]++
+			}
+		}
+	}
+	return n
+}
+
+// nodeBytes splits the processes' off-rank (token, rank) pairs by where
+// they go (a rank's node is its process's host): to another node, or to
+// another rank of the same node; each pair is a bf16 row of hidden.
+func nodeBytes(parts []part, hidden int) (inter, intra int64) {
+	host := map[int]string{} // rank → node
+	for _, p := range parts {
+		for i := range p.Pairs {
+			host[p.First+i] = p.Host
+		}
+	}
+	for _, p := range parts {
+		for i, row := range p.Pairs {
+			for dst, n := range row {
+				switch src := p.First + i; {
+				case dst == src:
+				case host[dst] != p.Host:
+					inter += n
+				default:
+					intra += n
+				}
+			}
+		}
+	}
+	return inter * int64(hidden) * 2, intra * int64(hidden) * 2
 }
 
 // mine is this process's part of m after the timed steps (m's per-rank
@@ -391,6 +447,8 @@ func (dl *deviceLayer) merge(m *measured, parts []part, rec *results.Record) {
 		rec.Ranks.Processes = append(rec.Ranks.Processes, pr)
 	}
 	rec.Ranks.Launch = d.rv.L.Via
+	m.interNode, m.intraNode = nodeBytes(parts, dl.l.Cfg.Hidden)
+	m.nodes = true
 	if differ != nil {
 		rec.Stack.Note = strings.TrimPrefix(rec.Stack.Note+"; ", "; ") + "the stacks of " + strings.Join(differ, ", ") +
 			" differ from rank 0's (ranks.processes[].stack_differs says how): the processes' numbers may not be comparable"
@@ -401,6 +459,89 @@ func (dl *deviceLayer) merge(m *measured, parts []part, rec *results.Record) {
 	}
 	rec.Ranks.Note = fmt.Sprintf("%d EP ranks over %d processes on %d node(s) (%s), %d rank(s) per process, one GPU each; data moves between ranks through %s",
 		len(rec.Ranks.Devices), len(parts), len(hosts), d.rv.L.Via, d.per, dl.d.(dispatchers.Transporter).Transport())
+}
+
+// gatherFloats all-gathers every process's v.
+func (dl *deviceLayer) gatherFloats(v []float64) ([][]float64, error) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return nil, err
+	}
+	all, err := dl.allGather(b)
+	if err != nil {
+		return nil, err
+	}
+	out := make([][]float64, len(all))
+	for p, b := range all {
+		if err := json.Unmarshal(b, &out[p]); err != nil {
+			return nil, fmt.Errorf("process %d's GEMM times: %w", p, err)
+		}
+	}
+	return out, nil
+}
+
+// agreeBatched: the batched grouped GEMM (name) is compared only where
+// every process's GPUs have it (ok), or the processes would run different
+// numbers of steps.
+func (dl *deviceLayer) agreeBatched(ok bool, name string) (bool, string, error) {
+	mine := 0.0
+	if ok {
+		mine = 1
+	}
+	all, err := dl.gatherFloats([]float64{mine})
+	if err != nil {
+		return false, "", err
+	}
+	var without []string
+	for p, v := range all {
+		if len(v) != 1 || v[0] != 1 {
+			without = append(without, fmt.Sprint(p))
+		}
+	}
+	if ok && without != nil {
+		return false, fmt.Sprintf("%s (process(es) %s of %d have none: every process compares the same ways)", name, strings.Join(without, ", "), len(all)), nil
+	}
+	return ok, name, nil
+}
+
+// slowestProcess is, for each of the grouped GEMM's ways, the slowest
+// process's median (+Inf where one left it out): a way chosen by it is
+// the same on every process.
+func (dl *deviceLayer) slowestProcess(meds []float64) ([]float64, error) {
+	for i, m := range meds { // JSON has no infinity
+		if math.IsInf(m, 1) {
+			meds[i] = -1
+		}
+	}
+	all, err := dl.gatherFloats(meds)
+	if err != nil {
+		return nil, err
+	}
+	return slowestOf(all, len(meds))
+}
+
+// slowestOf is each of n ways' largest time over the processes' (all,
+// −1: left out), +Inf where one left it out.
+func slowestOf(all [][]float64, n int) ([]float64, error) {
+	out := make([]float64, n)
+	for p, v := range all {
+		if len(v) != n {
+			return nil, fmt.Errorf("process %d compared %d ways of the grouped GEMM, process 0 %d: the processes cannot agree on one", p, len(v), n)
+		}
+		for i, m := range v {
+			if m < 0 || out[i] < 0 {
+				out[i] = -1
+			} else {
+				out[i] = max(out[i], m)
+			}
+		}
+	}
+	for i, m := range out {
+		if m < 0 {
+			out[i] = math.Inf(1)
+		}
+	}
+	return out, nil
 }
 
 // unsafeBytes views words as bytes.

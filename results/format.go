@@ -190,6 +190,11 @@ func WriteTable(w io.Writer, rec *Record) error {
 			p.f("# %-22s %s (every (token, expert) copy's bf16 row) · dispatch %.3f, combine %.3f GB/s per rank\n", "copy bytes/step",
 				bytesStr(tr.CopyBytes), tr.DispatchCopyGBps, tr.CombineCopyGBps)
 		}
+		if tr.InterNodeBytes > 0 {
+			p.f("# %-22s inter-node %s, intra-node %s each way ((token, rank) rows) · dispatch %.3f and %.3f, combine %.3f and %.3f GB/s per rank (inter, intra)\n",
+				"node bytes/step", bytesStr(tr.InterNodeBytes), bytesStr(tr.IntraNodeBytes),
+				tr.DispatchInterNodeGBps, tr.DispatchIntraNodeGBps, tr.CombineInterNodeGBps, tr.CombineIntraNodeGBps)
+		}
 		if tr.DispatchAlgorithm > 0 {
 			p.f("# %-22s dispatch %s, combine %s · %.3f and %.3f GB/s per rank", "algorithm bytes/step",
 				bytesStr(tr.DispatchAlgorithm), bytesStr(tr.CombineAlgorithm), tr.DispatchGBps, tr.CombineGBps)

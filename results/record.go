@@ -402,7 +402,23 @@ type Traffic struct {
 	CopyFormula      string  `json:"copy_payload_formula,omitempty"`
 	DispatchCopyGBps float64 `json:"dispatch_copy_gbps,omitempty"`
 	CombineCopyGBps  float64 `json:"combine_copy_gbps,omitempty"`
+	// A run over several processes: the last step's off-rank bytes by
+	// where they go, by the rank → node map of ranks.processes (NodeFormula):
+	// to a rank of another node (inter-node) or to another rank of the same
+	// node (intra-node), each way; and the GB/s a rank's share of each
+	// gives over the dispatch (combine) phase's p50.
+	InterNodeBytes        int64   `json:"inter_node_bytes,omitempty"`
+	IntraNodeBytes        int64   `json:"intra_node_bytes,omitempty"`
+	NodeFormula           string  `json:"node_formula,omitempty"`
+	DispatchInterNodeGBps float64 `json:"dispatch_inter_node_gbps,omitempty"`
+	DispatchIntraNodeGBps float64 `json:"dispatch_intra_node_gbps,omitempty"`
+	CombineInterNodeGBps  float64 `json:"combine_inter_node_gbps,omitempty"`
+	CombineIntraNodeGBps  float64 `json:"combine_intra_node_gbps,omitempty"`
 }
+
+// NodeFormula says how Traffic's inter- and intra-node bytes count.
+const NodeFormula = "(token, rank) pairs × hidden×2 B (bf16), each way: a token goes to a rank once however many of its experts the rank holds; " +
+	"inter-node: the rank is on another node than the token's (ranks.processes[].host), intra-node: another rank of the same node"
 
 // Memory is the peak memory of each rank.
 type Memory struct {

@@ -115,10 +115,17 @@ func distributedSetup(t *testing.T) (rv, out string) {
 // fake, which waits 120 s) would hang.
 func TestDistributedRun(t *testing.T) {
 	rv, out := distributedSetup(t)
-	for _, c := range []struct{ ep, world int }{{4, 2}, {8, 4}} {
+	for _, c := range []struct {
+		ep, world int
+		nodes     bool // each process names its own node (MOEBENCH_NODE); else all are on this machine's
+	}{{4, 2, true}, {8, 4, false}} {
 		t.Run(fmt.Sprintf("ep%d-over-%d", c.ep, c.world), func(t *testing.T) {
 			os.Remove(out)
-			ps := launchProcs(t, c.world, "--device", "cuda", "--dispatcher", "alltoall", "--impl", "library", "--ep", fmt.Sprint(c.ep),
+			var env func(int) []string
+			if c.nodes {
+				env = func(r int) []string { return []string{fmt.Sprintf("MOEBENCH_NODE=node-%d", r)} }
+			}
+			ps := launchProcsEnv(t, c.world, env, "--device", "cuda", "--dispatcher", "alltoall", "--impl", "library", "--ep", fmt.Sprint(c.ep),
 				"--experts", "16", "--tokens", "16", "--hidden", "32", "--ffn", "16", "--warmup", "1", "--iters", "2",
 				"--rendezvous", rv, "--out", out, "--format", "json", "--comm-timeout", "20s")
 			for r, p := range ps {
@@ -163,12 +170,26 @@ func TestDistributedRun(t *testing.T) {
 				}
 			}
 			if rec.Traffic == nil || rec.Traffic.DispatchOffRank == 0 || len(rec.Tokens.Received) != c.ep {
-				t.Errorf("traffic %+v, tokens %+v", rec.Traffic, rec.Tokens)
+				t.Fatalf("traffic %+v, tokens %+v", rec.Traffic, rec.Tokens)
+			}
+			// inter- and intra-node bytes: (token, rank) pairs, at most
+			// alltoall's off-rank (token, expert) copies' rows
+			tr, row := rec.Traffic, int64(2*32)
+			var table bytes.Buffer
+			results.Write(&table, &rec, "table")
+			if tr.IntraNodeBytes == 0 || (tr.InterNodeBytes > 0) != c.nodes || tr.InterNodeBytes+tr.IntraNodeBytes > tr.DispatchOffRank/(row+4)*row ||
+				(tr.DispatchInterNodeGBps > 0) != c.nodes || strings.Contains(table.String(), "inter-node") != c.nodes {
+				t.Errorf("nodes %v: inter-node %d, intra-node %d, off-rank rows %d bytes; %.3f GB/s; table:\n%s", c.nodes, tr.InterNodeBytes, tr.IntraNodeBytes,
+					tr.DispatchOffRank/(row+4)*row, tr.DispatchInterNodeGBps, table.String())
+			}
+			if c.nodes && rec.Ranks.Processes[1].Host != "node-1" {
+				t.Errorf("process 1's node %q", rec.Ranks.Processes[1].Host)
 			}
 			t.Logf("%s; max rel err %.2e", rec.Ranks.Note, rec.Correctness.MaxRelErr)
 		})
 	}
 	t.Run("sweep", func(t *testing.T) { distributedSweep(t, rv, out) })
+	t.Run("gpu-check", gpuCheckTwoProcesses)
 	t.Run("killed", func(t *testing.T) { killedProcess(t, rv, out) })
 }
 
@@ -252,4 +273,36 @@ func killedProcess(t *testing.T, rv, out string) {
 		t.Error("a record was written for a run that failed")
 	}
 	t.Logf("process 0 stopped %v after the kill: %s", took.Round(time.Millisecond), strings.TrimSpace(msg[strings.LastIndex(strings.TrimSpace(msg), "\n")+1:]))
+}
+
+// gpuCheckTwoProcesses: scripts/gpu-check.sh's run over two processes, on
+// a node whose nvidia-smi lists two GPUs (a fake one, and this test binary
+// as moebench on the fake driver): EP 2, each process driving one GPU; the
+// step passes, each process's log is kept beside the step's, and rank 0
+// appended the run's one record to the check's records.
+func gpuCheckTwoProcesses(t *testing.T) {
+	dir := t.TempDir()
+	smi := filepath.Join(dir, "path", "nvidia-smi")
+	os.MkdirAll(filepath.Dir(smi), 0o755)
+	os.WriteFile(smi, []byte("#!/bin/sh\necho 'GPU 0: Fake GPU 0 (UUID: a)'\necho 'GPU 1: Fake GPU 1 (UUID: b)'\n"), 0o755)
+	out := filepath.Join(dir, "out")
+	os.MkdirAll(out, 0o755)
+	os.Symlink(os.Getenv("MOEBENCH_CACHE"), filepath.Join(out, "kernel-cache")) // the kernels the runs before compiled
+	cmd := exec.Command("bash", "../../scripts/gpu-check.sh", "twoproc", out)
+	cmd.Env = append(os.Environ(), "MOEBENCH_TEST_PROCESS=1", "MOEBENCH_BIN="+os.Args[0], "PATH="+filepath.Dir(smi)+":"+os.Getenv("PATH"),
+		"TWOPROC_FLAGS=--experts 16 --tokens 16 --hidden 32 --ffn 16 --warmup 1 --iters 2 --comm-timeout 20s", "FAKENCCL_TIMEOUT_S=120")
+	b, err := cmd.CombinedOutput()
+	name := "twoproc-alltoall-nccl-ep2"
+	if err != nil || !strings.Contains(string(b), name+" ") || !strings.Contains(string(b), "exit 0") {
+		t.Fatalf("%v:\n%s", err, b)
+	}
+	for _, f := range []string{name + ".log", name + ".p0.log", name + ".p1.log"} {
+		if _, err := os.Stat(filepath.Join(out, f)); err != nil {
+			t.Error(err)
+		}
+	}
+	recs, err := results.ReadFile(filepath.Join(out, "records.jsonl"), nil)
+	if err != nil || len(recs) != 1 || recs[0].Status != results.StatusOK || recs[0].Config.EP != 2 || len(recs[0].Ranks.Processes) != 2 {
+		t.Fatalf("%d records, %v; output:\n%s", len(recs), err, b)
+	}
 }

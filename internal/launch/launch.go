@@ -22,7 +22,7 @@ type Launch struct {
 	LocalWorld  int    // the processes of its node (1 when the launcher does not say)
 	Via         string // the launcher and the variables read, e.g. "srun (SLURM_PROCID=1, SLURM_STEP_NUM_TASKS=2)"
 	Job         string // the launcher's job id ("" when it gives none): scopes the rendezvous file
-	Host        string // the node's hostname
+	Host        string // the node's name: MOEBENCH_NODE, else its hostname
 }
 
 // Distributed: more than one process.
@@ -45,11 +45,15 @@ var launchers = []struct {
 }
 
 // Detect reads the launch from getenv (os.Getenv in the program): the
-// first launcher whose rank and world variables are both set. Without
+// first launcher whose rank and world variables are both set; the node is
+// named by MOEBENCH_NODE, else the hostname. Without
 // one, a single process (World 1). A variable that is not a number, or a
 // rank outside [0, world), is an error naming it.
 func Detect(getenv func(string) string) (Launch, error) {
 	host, _ := os.Hostname()
+	if n := getenv("MOEBENCH_NODE"); n != "" { // where hostnames do not tell nodes apart
+		host = n
+	}
 	for _, k := range launchers {
 		rs, ws := getenv(k.rank), getenv(k.world)
 		if rs == "" || ws == "" {
