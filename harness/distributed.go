@@ -41,8 +41,8 @@ func newDist(cfg Config, rv *launch.Rendezvous) (*dist, error) {
 	switch {
 	case cfg.Dispatcher != "alltoall" || cfg.Impl != dispatchers.ImplLibrary:
 		return nil, &dispatchers.UnavailableError{Name: cfg.Dispatcher, Impl: cfg.Impl, Reason: fmt.Sprintf(
-			"this run spans %d processes (%s), and only alltoall --impl library (NCCL's send/recv) moves data between processes in this build: "+
-				"the native designs move data through peer memory, which stays inside a node (its NVLink domain), and NCCL EP runs within one process here", l.World, l.Via)}
+			"this run spans %d processes (%s): %s; across processes run alltoall --impl library (NCCL's send/recv over every process's ranks)",
+			l.World, l.Via, notAcross(cfg))}
 	case cfg.EP%l.World != 0:
 		return nil, &ConfigError{"ep", cfg.EP, fmt.Sprintf("must be a multiple of the %d processes of the run (%s): each process drives as many ranks, one GPU each", l.World, l.Via)}
 	case cfg.CUDAGraph:
@@ -94,6 +94,26 @@ func (d *dist) agree(err error, cfg Config) error {
 		}
 	}
 	return nil
+}
+
+// notAcross says why cfg's dispatcher does not run over several processes
+// in this build.
+func notAcross(cfg Config) string {
+	switch {
+	case cfg.Impl == dispatchers.ImplLibrary:
+		return "NCCL EP's group is created over one process's communicator here (ncclEpCreateGroup on this process's GPUs); " +
+			"a group over the world communicator, with its handles on every process, is not built"
+	case cfg.Dispatcher == "hybridep":
+		return "hybridep's intra-domain path moves data through peer memory (a domain's ranks must be in one process), and its inter-domain path, " +
+			"though NCCL send/recv, sizes each transfer from the other domains' counts read in this process's memory: " +
+			"gathering them over NCCL every step (as alltoall's library implementation does) is not built"
+	case cfg.Dispatcher == "deepep":
+		return "DeepEP's intranode design moves data through peer memory, which stays inside one process (its NVLink domain); " +
+			"its internode mode (NVSHMEM) is not modelled"
+	case cfg.Dispatcher == "feplb":
+		return "FEPLB's phase 2 copies experts' weights and rows between the ranks of a domain through peer memory, inside one process"
+	}
+	return "its native implementation moves data through peer memory (device copies between the ranks' buffers), inside one process"
 }
 
 // open makes the communicator over every rank (this process's on devs
@@ -268,8 +288,12 @@ type part struct {
 }
 
 // gatherParts all-gathers every process's part.
-func (dl *deviceLayer) gatherParts(p part) ([]part, error) {
-	b, err := json.Marshal(p)
+func (dl *deviceLayer) gatherParts(p part) ([]part, error) { return gatherJSON(dl, p, "results") }
+
+// gatherJSON all-gathers every process's v (what it is, for errors), as
+// JSON.
+func gatherJSON[T any](dl *deviceLayer, v T, what string) ([]T, error) {
+	b, err := json.Marshal(v)
 	if err != nil {
 		return nil, err
 	}
@@ -277,13 +301,13 @@ func (dl *deviceLayer) gatherParts(p part) ([]part, error) {
 	if err != nil {
 		return nil, err
 	}
-	parts := make([]part, len(all))
+	out := make([]T, len(all))
 	for i, b := range all {
-		if err := json.Unmarshal(b, &parts[i]); err != nil {
-			return nil, fmt.Errorf("process %d's results: %w", i, err)
+		if err := json.Unmarshal(b, &out[i]); err != nil {
+			return nil, fmt.Errorf("process %d's %s: %w", i, what, err)
 		}
 	}
-	return parts, nil
+	return out, nil
 }
 
 // agreeCheck gives every process the run's verdict: each process's check
@@ -461,25 +485,6 @@ func (dl *deviceLayer) merge(m *measured, parts []part, rec *results.Record) {
 		len(rec.Ranks.Devices), len(parts), len(hosts), d.rv.L.Via, d.per, dl.d.(dispatchers.Transporter).Transport())
 }
 
-// gatherFloats all-gathers every process's v.
-func (dl *deviceLayer) gatherFloats(v []float64) ([][]float64, error) {
-	b, err := json.Marshal(v)
-	if err != nil {
-		return nil, err
-	}
-	all, err := dl.allGather(b)
-	if err != nil {
-		return nil, err
-	}
-	out := make([][]float64, len(all))
-	for p, b := range all {
-		if err := json.Unmarshal(b, &out[p]); err != nil {
-			return nil, fmt.Errorf("process %d's GEMM times: %w", p, err)
-		}
-	}
-	return out, nil
-}
-
 // agreeBatched: the batched grouped GEMM (name) is compared only where
 // every process's GPUs have it (ok), or the processes would run different
 // numbers of steps.
@@ -488,7 +493,7 @@ func (dl *deviceLayer) agreeBatched(ok bool, name string) (bool, string, error) 
 	if ok {
 		mine = 1
 	}
-	all, err := dl.gatherFloats([]float64{mine})
+	all, err := gatherJSON(dl, []float64{mine}, "grouped GEMM")
 	if err != nil {
 		return false, "", err
 	}
@@ -513,7 +518,7 @@ func (dl *deviceLayer) slowestProcess(meds []float64) ([]float64, error) {
 			meds[i] = -1
 		}
 	}
-	all, err := dl.gatherFloats(meds)
+	all, err := gatherJSON(dl, meds, "grouped GEMM times")
 	if err != nil {
 		return nil, err
 	}

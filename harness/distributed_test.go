@@ -4,6 +4,9 @@ import (
 	"math"
 	"strings"
 	"testing"
+
+	"github.com/moebench/moebench/dispatchers"
+	"github.com/moebench/moebench/internal/launch"
 )
 
 // TestNodeBytes: a token goes to a rank once however many of its experts
@@ -45,5 +48,30 @@ func TestSlowestOf(t *testing.T) {
 	}
 	if _, err := slowestOf([][]float64{{1, 2}, {1}}, 2); err == nil || !strings.Contains(err.Error(), "process 1 compared 1 ways") {
 		t.Errorf("%v", err)
+	}
+}
+
+// TestNotAcrossProcesses: a dispatcher other than alltoall --impl library,
+// asked to span processes, is unavailable saying what does not cross them,
+// why, and what runs instead.
+func TestNotAcrossProcesses(t *testing.T) {
+	rv := &launch.Rendezvous{L: launch.Launch{Rank: 0, World: 2, Via: "test"}}
+	for _, c := range []struct{ dispatcher, impl, want string }{
+		{"hybridep", "native", "inter-domain path, though NCCL send/recv, sizes each transfer from the other domains' counts"},
+		{"hybridep", "library", "NCCL EP's group is created over one process's communicator"},
+		{"deepep", "native", "internode mode (NVSHMEM) is not modelled"},
+		{"alltoall", "native", "peer memory"},
+	} {
+		cfg := DefaultConfig()
+		cfg.Dispatcher, cfg.Impl, cfg.EP, cfg.Domain = c.dispatcher, c.impl, 4, 2
+		_, err := newDist(cfg, rv)
+		if !dispatchers.IsUnavailable(err) || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), "across processes run alltoall --impl library") {
+			t.Errorf("%s/%s: %v", c.dispatcher, c.impl, err)
+		}
+	}
+	cfg := DefaultConfig()
+	cfg.Dispatcher, cfg.Impl, cfg.EP = "alltoall", "library", 4
+	if _, err := newDist(cfg, rv); err != nil {
+		t.Errorf("alltoall library: %v", err)
 	}
 }

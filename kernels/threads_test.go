@@ -98,13 +98,18 @@ func TestThreadsHang(t *testing.T) {
 	}
 	th.Doing("ncclCommInitRank", 0)
 	start := time.Now()
-	th.Each(func(dev int) error {
+	go th.Each(func(dev int) error {
 		if dev == 1 { // the fake hook: rank 1 blocks
 			<-release
 		}
 		return nil
 	})
-	msg := <-hung
+	var msg string
+	select {
+	case msg = <-hung:
+	case <-time.After(5 * time.Second):
+		t.Fatal("a call that never returns was waited for without limit")
+	}
 	if took := time.Since(start); took > 2*time.Second || !strings.Contains(msg, "rank 1 has not returned from ncclCommInitRank after 200ms") ||
 		strings.Contains(msg, "rank 0") || strings.Contains(msg, "rank 2") {
 		t.Errorf("after %v: %s", took, msg)

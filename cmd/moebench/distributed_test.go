@@ -190,6 +190,7 @@ func TestDistributedRun(t *testing.T) {
 	}
 	t.Run("sweep", func(t *testing.T) { distributedSweep(t, rv, out) })
 	t.Run("gpu-check", gpuCheckTwoProcesses)
+	t.Run("nightly", nightlyTwoProcesses)
 	t.Run("killed", func(t *testing.T) { killedProcess(t, rv, out) })
 }
 
@@ -304,5 +305,63 @@ func gpuCheckTwoProcesses(t *testing.T) {
 	recs, err := results.ReadFile(filepath.Join(out, "records.jsonl"), nil)
 	if err != nil || len(recs) != 1 || recs[0].Status != results.StatusOK || recs[0].Config.EP != 2 || len(recs[0].Ranks.Processes) != 2 {
 		t.Fatalf("%d records, %v; output:\n%s", len(recs), err, b)
+	}
+}
+
+// nightlyTwoProcesses: scripts/nightly.sh started as a launcher starts it,
+// once per process (MOEBENCH_RANK/MOEBENCH_WORLD), over a shared nightly
+// folder: both run the sweep, rank 0 alone writes the night's run (one
+// file, one record per point), the history and the baseline; the other
+// exits with its sweep's status.
+func nightlyTwoProcesses(t *testing.T) {
+	dir := t.TempDir()
+	sweep := filepath.Join(dir, "sweep.json")
+	os.WriteFile(sweep, []byte(`{"dispatchers": ["alltoall"], "impls": ["library"], "ep": [2], "routings": ["balanced", "uniform"],
+		"experts": 16, "tokens": 16, "hidden": 32, "ffn": 16, "iters": 2, "warmup": 1, "device": "cuda", "comm-timeout": "20s"}`), 0o644)
+	night := filepath.Join(dir, "nightly")
+	type result struct {
+		code int
+		out  string
+	}
+	done := make(chan result, 2)
+	for r := range 2 {
+		cmd := exec.Command("bash", "../../scripts/nightly.sh", sweep)
+		cmd.Env = append(os.Environ(), "MOEBENCH_TEST_PROCESS=1", "MOEBENCH_BIN="+os.Args[0], "MOEBENCH_NIGHTLY_DIR="+night,
+			fmt.Sprintf("MOEBENCH_RANK=%d", r), "MOEBENCH_WORLD=2", fmt.Sprintf("MOEBENCH_LOCAL_RANK=%d", r), "FAKENCCL_TIMEOUT_S=120")
+		go func() {
+			out, err := cmd.CombinedOutput()
+			code := 0
+			if ee, ok := err.(*exec.ExitError); ok {
+				code = ee.ExitCode()
+			} else if err != nil {
+				code = -1
+			}
+			done <- result{code, fmt.Sprintf("process %d: %s", r, out)}
+		}()
+	}
+	var outs []string
+	for range 2 {
+		select {
+		case res := <-done:
+			outs = append(outs, res.out)
+			if res.code != 0 {
+				t.Errorf("exit %d: %s", res.code, res.out)
+			}
+		case <-time.After(4 * time.Minute):
+			t.Fatalf("nightly.sh still running after 4 minutes: %v", outs)
+		}
+	}
+	all := strings.Join(outs, "\n")
+	if !strings.Contains(all, "this run is now") || !strings.Contains(all, "process 1 of 2: sweep exit 0; rank 0 writes the run") {
+		t.Errorf("output:\n%s", all)
+	}
+	runs, _ := filepath.Glob(filepath.Join(night, "runs", "*.jsonl"))
+	if len(runs) != 1 {
+		t.Fatalf("runs %v; output:\n%s", runs, all)
+	}
+	for _, f := range []string{runs[0], filepath.Join(night, "history.jsonl")} {
+		if recs, err := results.ReadFile(f, nil); err != nil || len(recs) != 2 || recs[0].Status != results.StatusOK || len(recs[1].Ranks.Processes) != 2 {
+			t.Errorf("%s: %d records, %v", f, len(recs), err)
+		}
 	}
 }

@@ -26,8 +26,8 @@ var AgreeWait = 10 * time.Minute
 // what is about to run — a point of a sweep: all run it or none does, so
 // that no process waits in NCCL for one that left it out. The n-th Agree
 // of every process meets the n-th of the others, through files beside
-// File (FILE.pN.agreeN), tagged with the run rank 0 started (FILE.run),
-// so that a file an earlier run left is never read as this one's. Without
+// File (FILE.pN.agreeN) tagged with the run's tag, which rank 0 draws; a
+// file an earlier run left is never read as this one's (session). Without
 // File (NCCL_COMM_ID alone) there is nothing to meet through: mine alone
 // comes back, and a process that fails before meeting is found by the
 // others' timeout instead.
@@ -35,20 +35,21 @@ func (r *Rendezvous) Agree(mine Verdict) ([]Verdict, error) {
 	if r.File == "" {
 		return []Verdict{mine}, nil
 	}
-	end := time.Now().Add(max(r.Timeout, AgreeWait))
-	if err := r.session(end); err != nil {
-		return nil, err
-	}
-	if r.agreed == 0 { // what this process's earlier runs left
+	wait := max(r.Timeout, AgreeWait)
+	end := time.Now().Add(wait)
+	first := r.agreed == 0
+	if first { // what this process's earlier runs left
 		old, _ := filepath.Glob(fmt.Sprintf("%s.p%d.agree*", r.File, r.L.Rank))
 		for _, f := range old {
 			os.Remove(f)
 		}
 	}
+	if err := r.session(end); err != nil {
+		return nil, err
+	}
 	r.agreed++
 	line := strings.NewReplacer("\n", " ", "\r", " ").Replace(mine.Status + "\t" + mine.Reason)
-	write := func() error { return writeAtomic(r.agreeFile(r.L.Rank, r.agreed), r.run+"\n"+line+"\n") }
-	if err := write(); err != nil {
+	if err := writeAtomic(r.agreeFile(r.L.Rank, r.agreed), r.run+"\n"+line+"\n"); err != nil {
 		return nil, fmt.Errorf("--rendezvous: %w", err)
 	}
 	if r.agreed > 2 { // every process has read it: each read it before writing its next one
@@ -57,13 +58,9 @@ func (r *Rendezvous) Agree(mine Verdict) ([]Verdict, error) {
 	out := make([]Verdict, r.L.World)
 	have := make([]bool, r.L.World)
 	for {
-		if r.L.Rank != 0 && r.agreed == 1 && !have[0] { // the tag read may be a crashed run's: rank 0 rewrites it
-			if b, err := os.ReadFile(r.File + ".run"); err == nil && strings.HasSuffix(string(b), "\n") && strings.TrimSuffix(string(b), "\n") != r.run {
-				r.run = strings.TrimSuffix(string(b), "\n")
-				clear(have)
-				if err := write(); err != nil {
-					return nil, fmt.Errorf("--rendezvous: %w", err)
-				}
+		if first && r.L.Rank == 0 { // the others wait for the run's tag with their hello in it
+			if err := r.announce(); err != nil {
+				return nil, err
 			}
 		}
 		var missing []string
@@ -85,40 +82,69 @@ func (r *Rendezvous) Agree(mine Verdict) ([]Verdict, error) {
 		}
 		if time.Now().After(end) {
 			return nil, fmt.Errorf("process(es) %s of %d never reached the set-up's end (agreement %d, in %s) within %v: killed, stuck, or launched with other flags?",
-				strings.Join(missing, ", "), r.L.World, r.agreed, filepath.Dir(r.File), max(r.Timeout, AgreeWait))
+				strings.Join(missing, ", "), r.L.World, r.agreed, filepath.Dir(r.File), wait)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
 }
 
-// session reads the run's tag, which rank 0 draws and writes (FILE.run)
-// at its first agreement; the others wait for it until end.
+// session makes the run's tag known to this process. Each process writes
+// a hello (FILE.pN.hello, a random word); rank 0 draws the tag and writes
+// it with every hello it has read (FILE.run, again whenever one changes,
+// until its first agreement is met); another process takes the tag only
+// from a FILE.run that holds its own hello — written after it started, so
+// not a crashed run's.
 func (r *Rendezvous) session(end time.Time) error {
 	if r.run != "" {
 		return nil
 	}
-	p := r.File + ".run"
+	var b [12]byte
+	rand.Read(b[:])
+	r.hello = hex.EncodeToString(b[:])
+	if err := writeAtomic(fmt.Sprintf("%s.p%d.hello", r.File, r.L.Rank), r.hello+"\n"); err != nil {
+		return fmt.Errorf("--rendezvous: %w", err)
+	}
 	if r.L.Rank == 0 {
-		var b [12]byte
 		rand.Read(b[:])
 		r.run = fmt.Sprintf("run %s world %d job %q", hex.EncodeToString(b[:]), r.L.World, r.L.Job)
-		if err := writeAtomic(p, r.run+"\n"); err != nil {
-			return fmt.Errorf("--rendezvous: %w", err)
-		}
-		return nil
+		return r.announce()
 	}
-	want := fmt.Sprintf(" world %d job %q", r.L.World, r.L.Job)
+	mine := fmt.Sprintf("p%d %s", r.L.Rank, r.hello)
 	for {
-		if b, err := os.ReadFile(p); err == nil && strings.HasSuffix(string(b), want+"\n") {
-			r.run = strings.TrimSuffix(string(b), "\n")
-			return nil
+		if b, err := os.ReadFile(r.File + ".run"); err == nil {
+			lines := strings.Split(strings.TrimSuffix(string(b), "\n"), "\n")
+			if len(lines) > r.L.Rank+1 && lines[r.L.Rank+1] == mine {
+				r.run = lines[0]
+				return nil
+			}
 		}
 		if time.Now().After(end) {
-			return fmt.Errorf("process %d: rank 0 never started the run in --rendezvous %s (no %s after %v): is rank 0 running, and does this node see the files rank 0 writes?",
-				r.L.Rank, r.File, p, max(r.Timeout, AgreeWait))
+			return fmt.Errorf("process %d: rank 0 never answered in --rendezvous %s (no %s.run naming this process after %v): is rank 0 running, and does this node see the files rank 0 writes?",
+				r.L.Rank, r.File, r.File, max(r.Timeout, AgreeWait))
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// announce (rank 0) writes FILE.run: the tag, then each process's hello
+// as read now, when that differs from what it last wrote.
+func (r *Rendezvous) announce() error {
+	text := r.run + "\n"
+	for p := range r.L.World {
+		h := "-"
+		if b, err := os.ReadFile(fmt.Sprintf("%s.p%d.hello", r.File, p)); err == nil && strings.HasSuffix(string(b), "\n") {
+			h = strings.TrimSuffix(string(b), "\n")
+		}
+		text += fmt.Sprintf("p%d %s\n", p, h)
+	}
+	if text == r.announced {
+		return nil
+	}
+	r.announced = text
+	if err := writeAtomic(r.File+".run", text); err != nil {
+		return fmt.Errorf("--rendezvous: %w", err)
+	}
+	return nil
 }
 
 func (r *Rendezvous) agreeFile(p, n int) string { return fmt.Sprintf("%s.p%d.agree%d", r.File, p, n) }

@@ -18,8 +18,10 @@ type Rendezvous struct {
 	File    string        // --rendezvous: where rank 0 writes the id ("" with NCCL_COMM_ID)
 	Timeout time.Duration // --comm-timeout: how long the others wait for it
 	seq     int
-	agreed  int    // agreements made (agree.go)
-	run     string // the run's tag (agree.go)
+	// agree.go's: agreements made, the run's tag, this process's hello,
+	// and (rank 0) the FILE.run it last wrote
+	agreed                int
+	run, hello, announced string
 }
 
 // NewRendezvous checks that the run can meet: NCCL_COMM_ID is set, or file
@@ -115,5 +117,8 @@ func (r *Rendezvous) Close() {
 	if r.File != "" && r.L.Rank == 0 {
 		os.Remove(r.File)
 		os.Remove(r.File + ".run")
+	}
+	if r.File != "" {
+		os.Remove(fmt.Sprintf("%s.p%d.hello", r.File, r.L.Rank))
 	}
 }
