@@ -3,6 +3,7 @@ package harness
 import (
 	"fmt"
 	"runtime"
+	"slices"
 
 	"github.com/moebench/moebench/dispatchers"
 	"github.com/moebench/moebench/kernels"
@@ -52,8 +53,11 @@ func (l *Layer) newBackward() {
 			g.dxShared = make([]float32, T*h)
 		}
 		l.grads = append(l.grads, g)
-		for range l.Shape.LocalExperts() {
-			rk.ExpertGrads = append(rk.ExpertGrads, dispatchers.ExpertWeights{FC1: make([]float32, 2*f*h), FC2: make([]float32, h*f)})
+		rk.ExpertGrads = make([]dispatchers.ExpertWeights, l.Shape.LocalExperts())
+		for i := range rk.ExpertGrads { // else taken when the expert backward first adds to them (takeGrads)
+			if l.hold == HostExpertsHeld {
+				rk.ExpertGrads[i] = dispatchers.ExpertWeights{FC1: make([]float32, 2*f*h), FC2: make([]float32, h*f)}
+			}
 		}
 	}
 }
@@ -70,9 +74,25 @@ func (l *Layer) backwardSteps(d dispatchers.Dispatcher) ([]dispatchers.Step, err
 	if !dispatchers.HasBackward(d) {
 		return nil, fmt.Errorf("dispatcher %s (%s) has no backward in this build; run it with --forward-only", d.Name(), d.Impl())
 	}
-	s, err := dispatchers.BackwardSteps(d, l.expertsBackward)
+	experts := l.expertsBackward
+	if l.hold != HostExpertsHeld { // a rank's weight gradients are complete after its one expert backward phase
+		if _, ok := d.(dispatchers.Rebalancer); ok {
+			return nil, fmt.Errorf("dispatcher %s moves experts' weight gradients between ranks: the layer must hold them all (--host-experts held), not %s", d.Name(), l.hold)
+		}
+		experts = func(r int) error {
+			if err := l.expertsBackward(r); err != nil {
+				return err
+			}
+			l.releaseGrads(r)
+			return nil
+		}
+	}
+	s, err := dispatchers.BackwardSteps(d, experts)
 	if err != nil {
 		return nil, err
+	}
+	if n := expertPhases(s); n != 1 && l.hold != HostExpertsHeld {
+		return nil, fmt.Errorf("dispatcher %s has %d expert backward phases: a layer that releases each rank's weight gradients after its expert backward needs one", d.Name(), n)
 	}
 	if l.routerGrad() {
 		s = append(s, dispatchers.Step{Name: dispatchers.BackwardName("router"), Run: l.routerBackward})
@@ -114,11 +134,23 @@ func (l *Layer) Backward(d dispatchers.Dispatcher, timed Timer) error {
 	return runPhases(steps, len(l.Ranks), timed)
 }
 
+// expertPhases counts the expert backward phases among steps.
+func expertPhases(steps []dispatchers.Step) int {
+	n := 0
+	for _, s := range steps {
+		if slices.Contains(dispatchers.ExpertBackwardPhases, s.Name) {
+			n++
+		}
+	}
+	return n
+}
+
 // expertsBackward runs each of rank r's segments' expert backward on its
 // rows, from the tape its forward kept (block by block, as the forward
 // computed them): ExpertDY's rows in, ExpertDX's and ExpertDProbs' rows
 // out, the weight gradients added to the segment's Grads (or the rank's
-// own experts').
+// own experts', taken when the layer does not hold them all), a drawn
+// layer's a group of experts at a time (withDrawn).
 func (l *Layer) expertsBackward(r int) error {
 	rk, run, g, c := l.Ranks[r], &l.run[r], &l.grads[r], l.Cfg
 	h, f, L := c.Hidden, c.FFN, l.Shape.LocalExperts()
@@ -134,8 +166,8 @@ func (l *Layer) expertsBackward(r int) error {
 		rk.ExpertDProbs = append(rk.ExpertDProbs, make([]float32, rows-len(rk.ExpertDProbs))...)
 	}
 	type job struct {
-		sg    dispatchers.Segment
-		w, gr *dispatchers.ExpertWeights
+		sg dispatchers.Segment
+		gr *dispatchers.ExpertWeights
 	}
 	var jobs []job
 	distinct := map[*dispatchers.ExpertWeights]bool{} // the weight gradients each segment adds to
@@ -143,41 +175,57 @@ func (l *Layer) expertsBackward(r int) error {
 		if !taped(run.segs, sg) {
 			return fmt.Errorf("segment of expert %d, rows [%d, %d): the forward computed no such segment, so it kept no tape for it", sg.Expert, sg.Start, sg.Start+sg.Len)
 		}
-		w, gr := sg.Weights, sg.Grads
 		switch {
-		case w != nil && gr == nil:
+		case sg.Weights != nil && sg.Grads == nil:
 			return fmt.Errorf("segment of expert %d has weights of its own but nowhere to put their gradients", sg.Expert)
-		case w == nil && sg.Expert/L != r:
+		case sg.Weights == nil && sg.Expert/L != r:
 			return fmt.Errorf("segment of expert %d has no weights and the expert is not local", sg.Expert)
-		case w == nil:
-			w = &rk.Experts[sg.Expert-r*L]
 		}
+		gr := sg.Grads
 		if gr == nil {
-			gr = &rk.ExpertGrads[sg.Expert-r*L]
+			if gr = &rk.ExpertGrads[sg.Expert-r*L]; gr.FC1 == nil {
+				l.takeGrads(gr)
+			}
 		}
-		jobs = append(jobs, job{sg, w, gr})
+		jobs = append(jobs, job{sg, gr})
 		distinct[gr] = true
 	}
 	// each segment the forward's blocks (their tapes), in order, so that
 	// the weight gradients accumulate row by row as over the whole segment;
 	// segments run side by side when each adds to its own weight gradients
 	// (each worker its own scratch), else one after another
-	workers := min(len(jobs), runtime.GOMAXPROCS(0))
-	if len(distinct) < len(jobs) || !disjoint(rk.Segments) {
-		workers = 1
-	}
-	for len(g.scratch) < workers {
-		g.scratch = append(g.scratch, nil)
-	}
-	parallel(len(jobs), max(workers, 1), func(wk, i int) {
-		j := jobs[i]
-		for lo := j.sg.Start; lo < j.sg.Start+j.sg.Len; lo += expertBlock {
-			hi := min(lo+expertBlock, j.sg.Start+j.sg.Len)
-			g.scratch[wk] = kernels.Grow(g.scratch[wk], (hi-lo)*3*f)
-			tape := kernels.ExpertTape[float32]{X: rk.ExpertX[lo*h : hi*h], Prob: rk.ExpertProbs[lo:hi], Saved: run.saved[lo*3*f : hi*3*f]}
-			grads := kernels.ExpertGrads[float32]{DX: rk.ExpertDX[lo*h : hi*h], DProb: rk.ExpertDProbs[lo:hi], DFC1: j.gr.FC1, DFC2: j.gr.FC2}
-			kernels.ExpertBackward(grads, rk.ExpertDY[lo*h:hi*h], tape, j.w.FC1, j.w.FC2, g.scratch[wk], hi-lo, h, f, kernels.RoundBF16Slice)
+	side := len(distinct) == len(jobs) && disjoint(rk.Segments)
+	run1 := func(segs []dispatchers.Segment, weights func(dispatchers.Segment) *dispatchers.ExpertWeights) {
+		group := jobs[:len(segs)] // segs are the next segments of jobs
+		jobs = jobs[len(segs):]
+		workers := 1
+		if side {
+			workers = min(len(group), runtime.GOMAXPROCS(0))
 		}
+		for len(g.scratch) < workers {
+			g.scratch = append(g.scratch, nil)
+		}
+		parallel(len(group), max(workers, 1), func(wk, i int) {
+			j := group[i]
+			w := weights(j.sg)
+			for lo := j.sg.Start; lo < j.sg.Start+j.sg.Len; lo += expertBlock {
+				hi := min(lo+expertBlock, j.sg.Start+j.sg.Len)
+				g.scratch[wk] = kernels.Grow(g.scratch[wk], (hi-lo)*3*f)
+				tape := kernels.ExpertTape[float32]{X: rk.ExpertX[lo*h : hi*h], Prob: rk.ExpertProbs[lo:hi], Saved: run.saved[lo*3*f : hi*3*f]}
+				grads := kernels.ExpertGrads[float32]{DX: rk.ExpertDX[lo*h : hi*h], DProb: rk.ExpertDProbs[lo:hi], DFC1: j.gr.FC1, DFC2: j.gr.FC2}
+				kernels.ExpertBackward(grads, rk.ExpertDY[lo*h:hi*h], tape, w.FC1, w.FC2, g.scratch[wk], hi-lo, h, f, kernels.RoundBF16Slice)
+			}
+		})
+	}
+	if l.hold == HostExpertsDrawn {
+		l.withDrawn(rk.Segments, run1)
+		return nil
+	}
+	run1(rk.Segments, func(sg dispatchers.Segment) *dispatchers.ExpertWeights {
+		if sg.Weights != nil {
+			return sg.Weights
+		}
+		return &rk.Experts[sg.Expert-r*L]
 	})
 	return nil
 }

@@ -15,14 +15,10 @@ import (
 	"github.com/moebench/moebench/results"
 )
 
-// trained builds c's host layer and dispatcher and runs Check (a training
-// step with its gradients checked).
-func trained(t *testing.T, c Config) (*Layer, dispatchers.Dispatcher, *results.Correctness) {
+// bound builds c's host layer and its dispatcher, bound to it.
+func bound(t *testing.T, c Config) (*Layer, dispatchers.Dispatcher) {
 	t.Helper()
-	fresh := func() (dispatchers.Dispatcher, error) {
-		return dispatchers.New(c.Dispatcher, c.Impl, c.dispatcherEnv())
-	}
-	d, err := fresh()
+	d, err := dispatchers.New(c.Dispatcher, c.Impl, c.dispatcherEnv())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -33,6 +29,17 @@ func trained(t *testing.T, c Config) (*Layer, dispatchers.Dispatcher, *results.C
 	if err := d.Bind(l.Shape, l.Ranks); err != nil {
 		t.Fatal(err)
 	}
+	return l, d
+}
+
+// trained builds c's host layer and dispatcher and runs Check (a training
+// step with its gradients checked).
+func trained(t *testing.T, c Config) (*Layer, dispatchers.Dispatcher, *results.Correctness) {
+	t.Helper()
+	fresh := func() (dispatchers.Dispatcher, error) {
+		return dispatchers.New(c.Dispatcher, c.Impl, c.dispatcherEnv())
+	}
+	l, d := bound(t, c)
 	cc, err := Check(l, d, fresh)
 	if err != nil {
 		t.Fatal(err)

@@ -106,7 +106,23 @@ type Config struct {
 	ForwardOnly bool
 	// CUDAGraph issues each step as CUDA graphs (cuda device; see graph.go)
 	CUDAGraph bool
+	// HostExperts is how the host device holds the experts' weights and
+	// fp32 weight gradients (HostExpertsModes; "" is HostExpertsAuto)
+	HostExperts string
 }
+
+// How the host device holds the experts' weights and their fp32 weight
+// gradients (Config.HostExperts; see hostexperts.go). Every mode computes
+// the same numbers.
+const (
+	HostExpertsAuto   = "auto"          // the first of the others that fits in the available memory
+	HostExpertsHeld   = "held"          // every expert's weights and weight gradients, for the whole run
+	HostExpertsByRank = "grads-by-rank" // every expert's weights; a rank's weight gradients from its expert backward until the rank's are complete (checked then), then released
+	HostExpertsDrawn  = "drawn"         // weights drawn from the seed when an expert's rows are computed, a few experts at a time; weight gradients by rank
+)
+
+// HostExpertsModes are Config.HostExperts' values, auto first.
+var HostExpertsModes = []string{HostExpertsAuto, HostExpertsHeld, HostExpertsByRank, HostExpertsDrawn}
 
 // DefaultConfig is what `moebench` with no flags runs.
 func DefaultConfig() Config {
@@ -224,6 +240,12 @@ func (c Config) Validate() error {
 		return &ConfigError{"hidden", c.Hidden, "must be a multiple of 8 on the cuda device (rows move as 16-byte vectors)"}
 	case c.Impl != "native" && c.Impl != "library":
 		return &ConfigError{"impl", c.Impl, "allowed: native, library"}
+	case c.HostExperts != "" && !slices.Contains(HostExpertsModes, c.HostExperts):
+		return &ConfigError{"host-experts", c.HostExperts, "allowed: " + strings.Join(HostExpertsModes, ", ")}
+	case c.HostExperts != "" && c.HostExperts != HostExpertsAuto && c.Device == "cuda":
+		return &ConfigError{"host-experts", c.HostExperts, "applies to the host device; the cuda device's host side holds no expert weights"}
+	case c.HostExperts != "" && c.HostExperts != HostExpertsAuto && c.HostExperts != HostExpertsHeld && movesWeights(c):
+		return &ConfigError{"host-experts", c.HostExperts, c.Dispatcher + " moves whole experts' weights and weight gradients between ranks, so the layer holds them all: allowed: auto, held"}
 	}
 	if b, ok := dispatchers.SMBudgetOf(c.Dispatcher, c.Impl); ok {
 		if err := b.Check(c.SMs); err != nil {
@@ -240,6 +262,9 @@ func (c Config) Record() results.Config {
 		TopKScale: c.TopKScale, PreSoftmax: c.PreSoftmax, Dispatcher: c.Dispatcher, Impl: c.Impl, SMs: c.SMs, EP: c.EP, GPUs: c.GPUs, Domain: c.Domain,
 		Routing: c.Routing.String(), RoutingPerStep: c.perStepRouting(), Seed: c.Seed, Warmup: c.Warmup, Iters: c.Iters, MaxSeconds: c.MaxSeconds, Check: c.Check, Device: c.Device,
 		CUDAGraph: c.CUDAGraph, Pass: results.PassTraining}
+	if m := c.hostExperts(); c.Device == "host" && m != HostExpertsHeld {
+		r.HostExperts = m
+	}
 	if c.ForwardOnly {
 		r.Pass = results.PassForward
 	}

@@ -6,6 +6,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/moebench/moebench/dispatchers"
 	"github.com/moebench/moebench/kernels"
@@ -24,15 +25,24 @@ const gradNote = "upstream gradient: N(0,1) per rank drawn from the seed, as bf1
 	"the router's and the shared expert's summed over every rank's tokens (each rank's router part rounded to bf16 first, B7), as a data-parallel all-reduce sums them"
 
 // checkGrads runs the backward of the step Check ran and compares its
-// gradients with the reference; it fills c.Grads.
+// gradients with the reference; it fills c.Grads. A layer that releases
+// each rank's expert weight gradients after its expert backward has them
+// compared there: the reference runs alongside the backward (gradCompare).
 func checkGrads(c *results.Correctness, l *Layer, d dispatchers.Dispatcher) error {
 	poisonGrads(l)
 	untimed := func(_ string, _ int, fn func() error) error { return fn() }
+	cmp := newGradCompare(l)
+	if l.hold != HostExpertsHeld {
+		cmp.start()
+		l.gradsDone = cmp.rankDone
+		defer func() { l.gradsDone = nil }()
+	}
 	if err := l.Backward(d, untimed); err != nil {
+		cmp.abort()
 		return err
 	}
 	g := &results.GradCheck{Tolerance: kernels.GradTolerance, Metric: kernels.GradErrMetric, Note: gradNote}
-	g.PerTensor = compareGrads(l)
+	g.PerTensor = cmp.finish()
 	for _, e := range g.PerTensor {
 		g.MaxRelErr = math.Max(g.MaxRelErr, e)
 	}
@@ -124,15 +134,29 @@ func (w *widened) done(e int) {
 // makes the error infinite.
 type errAcc struct{ diff, ref float64 }
 
+// add adds got's differences from ref; nil got is zeros (the weight
+// gradients of an expert no segment added to, where the layer does not
+// hold them all).
 func (a *errAcc) add(got []float32, ref []float64) {
-	for i, v := range got {
-		d := math.Abs(float64(v) - ref[i])
+	if got != nil && len(got) != len(ref) {
+		a.diff = math.Inf(1)
+		return
+	}
+	for i, r := range ref {
+		var v float64
+		if got != nil {
+			v = float64(got[i])
+		}
+		d := math.Abs(v - r)
 		if math.IsNaN(d) {
 			d = math.Inf(1)
 		}
-		a.diff, a.ref = math.Max(a.diff, d), math.Max(a.ref, math.Abs(ref[i]))
+		a.diff, a.ref = math.Max(a.diff, d), math.Max(a.ref, math.Abs(r))
 	}
 }
+
+// merge adds b's maxima to a's.
+func (a *errAcc) merge(b errAcc) { a.diff, a.ref = math.Max(a.diff, b.diff), math.Max(a.ref, b.ref) }
 
 // err is the tensor's error: max|g − ref| / max|ref|, or max|g| when the
 // reference is all zeros (a gradient that must vanish).
@@ -143,37 +167,123 @@ func (a errAcc) err() float64 {
 	return a.diff / a.ref
 }
 
-// compareGrads computes the reference of the layer's last step and returns
-// each gradient's error by name.
-func compareGrads(l *Layer) map[string]float64 {
-	c := l.Cfg
-	T, h, E, L := c.Tokens, c.Hidden, c.Experts, l.Shape.LocalExperts()
-	var mu sync.Mutex
-	acc := map[string]*errAcc{}
-	for _, n := range []string{"expert fc1", "expert fc2"} {
-		acc[n] = &errAcc{}
+// gradCompare compares the layer's last step's gradients with the
+// reference (kernels.ReferenceGradsEach), the experts' weight gradients
+// expert by expert as the reference computes them: each waits until its
+// rank's are ready — at once when the layer holds them all; when it
+// releases each rank's after its expert backward, that rank's backward
+// hands them over (rankDone) and waits until all are compared. The
+// reference takes experts in increasing order and ranks own increasing
+// experts, so it never waits on a rank after the one the layer waits on.
+type gradCompare struct {
+	l                *Layer
+	ready, compared  []chan struct{} // per rank
+	published        []bool
+	left             []atomic.Int32 // per rank: experts not yet compared
+	stop             chan struct{}
+	started, stopped bool
+	done             chan struct{} // closed when the reference returned ref
+	ref              kernels.Grads
+
+	mu       sync.Mutex
+	fc1, fc2 errAcc
+}
+
+func newGradCompare(l *Layer) *gradCompare {
+	ep, L := l.Cfg.EP, l.Shape.LocalExperts()
+	c := &gradCompare{l: l, ready: make([]chan struct{}, ep), compared: make([]chan struct{}, ep), published: make([]bool, ep),
+		left: make([]atomic.Int32, ep), stop: make(chan struct{}), done: make(chan struct{})}
+	for r := range ep {
+		c.ready[r], c.compared[r] = make(chan struct{}), make(chan struct{})
+		c.left[r].Store(int32(L))
 	}
-	w := &widened{held: make([]*expertBuf, E)}
-	ref := kernels.ReferenceGradsEach(l.gradProblem(w), refWorkers(c), func(e int, fc1, fc2 []float64) {
-		defer w.done(e)
-		g := l.Ranks[e/L].ExpertGrads[e%L]
-		var a1, a2 errAcc
-		a1.add(g.FC1, fc1)
-		a2.add(g.FC2, fc2)
-		mu.Lock()
-		defer mu.Unlock()
-		for n, a := range map[string]errAcc{"expert fc1": a1, "expert fc2": a2} {
-			acc[n].diff, acc[n].ref = math.Max(acc[n].diff, a.diff), math.Max(acc[n].ref, a.ref)
-		}
-	})
+	return c
+}
+
+// start runs the reference on its own goroutine.
+func (c *gradCompare) start() {
+	c.started = true
+	l := c.l
+	w := &widened{held: make([]*expertBuf, l.Cfg.Experts)}
+	p := l.gradProblem(w)
+	go func() {
+		defer close(c.done)
+		c.ref = kernels.ReferenceGradsEach(p, refWorkers(l.Cfg), func(e int, fc1, fc2 []float64) {
+			defer w.done(e)
+			c.expert(e, fc1, fc2)
+		})
+	}()
+}
+
+// expert compares expert e's weight gradients with the reference's, once
+// its rank's are ready (not after an abort).
+func (c *gradCompare) expert(e int, fc1, fc2 []float64) {
+	L := c.l.Shape.LocalExperts()
+	r := e / L
+	select {
+	case <-c.ready[r]:
+	case <-c.stop:
+		return
+	}
+	g := c.l.Ranks[r].ExpertGrads[e%L]
+	var a1, a2 errAcc
+	a1.add(g.FC1, fc1)
+	a2.add(g.FC2, fc2)
+	c.mu.Lock()
+	c.fc1.merge(a1)
+	c.fc2.merge(a2)
+	c.mu.Unlock()
+	if c.left[r].Add(-1) == 0 {
+		close(c.compared[r])
+	}
+}
+
+// publish makes rank r's weight gradients ready to compare.
+func (c *gradCompare) publish(r int) {
+	if !c.published[r] {
+		c.published[r] = true
+		close(c.ready[r])
+	}
+}
+
+// rankDone is the layer's gradsDone: rank r's weight gradients are
+// complete; it returns once they are compared, so that they may be
+// released.
+func (c *gradCompare) rankDone(r int) {
+	c.publish(r)
+	<-c.compared[r]
+}
+
+// abort stops comparing (the backward failed) and waits for the reference.
+func (c *gradCompare) abort() {
+	close(c.stop)
+	if c.started {
+		<-c.done
+	}
+}
+
+// finish compares what is left once the backward ran — every expert's
+// weight gradients when the layer holds them all — and returns each
+// gradient's error by name.
+func (c *gradCompare) finish() map[string]float64 {
+	l := c.l
+	for r := range c.ready {
+		c.publish(r)
+	}
+	if !c.started {
+		c.start()
+	}
+	<-c.done
+	cf, T, h, E := l.Cfg, l.Cfg.Tokens, l.Cfg.Hidden, l.Cfg.Experts
+	ref := c.ref
 	var x, wr, probs, sfc1, sfc2 errAcc
 	for r, rk := range l.Ranks {
 		x.add(l.grads[r].dx, ref.X[r*T*h:(r+1)*T*h])
-		probs.add(rk.DProbs, ref.Probs[r*T*c.TopK:(r+1)*T*c.TopK])
+		probs.add(rk.DProbs, ref.Probs[r*T*cf.TopK:(r+1)*T*cf.TopK])
 	}
 	wr.add(l.replica.router, ref.Wr[0][:E*h]) // every rank's tokens
 	errs := map[string]float64{"input": x.err(), "router weight": wr.err(), "probs": probs.err(),
-		"expert fc1": acc["expert fc1"].err(), "expert fc2": acc["expert fc2"].err()}
+		"expert fc1": c.fc1.err(), "expert fc2": c.fc2.err()}
 	if l.SharedFC1 != nil {
 		sfc1.add(l.replica.shared.FC1, ref.SharedFC1)
 		sfc2.add(l.replica.shared.FC2, ref.SharedFC2)

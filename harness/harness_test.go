@@ -306,8 +306,8 @@ func TestHostMemoryGuard(t *testing.T) {
 	c := DefaultConfig()
 	p, _ := LookupPreset("deepseek-v3")
 	c.Shape, c.Device = p.Shape, "host"
-	if float64(HostBytes(c)) < 40e9 {
-		t.Fatalf("deepseek-v3 host estimate %.1f GB, want > 40 GB (its float32 expert weights alone are 45 GB)", float64(HostBytes(c))/1e9)
+	if held := float64(hostBytes(c, HostExpertsHeld)); held < 40e9 {
+		t.Fatalf("deepseek-v3 host estimate, holding its experts, %.1f GB, want > 40 GB (its float32 expert weights alone are 45 GB)", held/1e9)
 	}
 	if avail, ok := memAvailable(); ok && float64(HostBytes(c)) > 0.9*avail {
 		rec, err := Run(c, Env{Version: "test"})
@@ -318,9 +318,10 @@ func TestHostMemoryGuard(t *testing.T) {
 }
 
 // TestHostMemoryGuardParts: on a machine with little memory the guard
-// refuses, before allocating anything, a host run for its expert weights and
-// a cuda run (whose host side holds no expert weights) for the float64
-// reference's widened weights, naming the parts; what fits runs.
+// refuses, before allocating anything, a host run that holds its experts
+// for their weights and a cuda run (whose host side holds no expert
+// weights) for the float64 reference's widened weights, naming the parts;
+// what fits runs.
 func TestHostMemoryGuardParts(t *testing.T) {
 	old := memAvailable
 	defer func() { memAvailable = old }()
@@ -329,7 +330,10 @@ func TestHostMemoryGuardParts(t *testing.T) {
 	c.Experts, c.Hidden, c.FFN, c.Tokens = 64, 1024, 1024, 8 // 0.75 GiB of float32 expert weights
 	noDevices := func(int, int) ([]kernels.Device, error) { return nil, errors.New("the guard let the run in") }
 	for _, dev := range []string{"host", "cuda"} {
-		c.Device = dev
+		c.Device, c.HostExperts = dev, HostExpertsHeld
+		if dev == "cuda" {
+			c.HostExperts = ""
+		}
 		rec, err := Run(c, Env{Version: "test", OpenDevices: noDevices})
 		if err == nil || rec.Status != results.StatusUnavailable || !strings.Contains(rec.Reason, dev+" device: this layer needs about") ||
 			!strings.Contains(rec.Reason, "float64 reference") || (dev == "host") != strings.Contains(rec.Reason, "expert weights (float32) 0.8 GiB") {

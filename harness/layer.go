@@ -21,7 +21,8 @@ type Layer struct {
 	Wr   []float32 // [E, h] router weight
 	Bias []float32 // [E] selection bias (sigmoid routers), else nil
 	// FC1 and FC2 are each expert's weights, [2f, h] and [h, f]; nil in a
-	// device layer's host twin, which draws them when needed (ExpertWeights).
+	// device layer's host twin and a drawn layer (hostexperts.go), which
+	// draw them when needed (ExpertWeights).
 	FC1, FC2  [][]float32
 	SharedFC1 []float32 // [2·fs, h], fs = FFN × SharedExperts
 	SharedFC2 []float32 // [h, fs]
@@ -42,6 +43,16 @@ type Layer struct {
 	DOut    [][]float32
 	grads   []rankGrads // per rank; nil in a forward-only layer
 	replica replicaGrads
+
+	// hold is how the layer holds its experts (Config.HostExperts,
+	// resolved; see hostexperts.go): a drawn layer draws their weights into
+	// drawn, and a layer that does not hold every weight gradient keeps
+	// released ones in gradFree for the next rank, after handing each
+	// rank's complete ones to gradsDone when it is set (the check)
+	hold      string
+	drawn     []dispatchers.ExpertWeights
+	gradFree  []dispatchers.ExpertWeights
+	gradsDone func(r int)
 }
 
 type rankRun struct {
@@ -70,14 +81,19 @@ func (l *Layer) ExpertWeights(e int) (fc1, fc2 []float32) {
 		return l.FC1[e], l.FC2[e]
 	}
 	h, f := l.Cfg.Hidden, l.Cfg.FFN
-	return normal(l.Cfg.Seed, "fc1", e, 2*f*h, 1/math.Sqrt(float64(h))), normal(l.Cfg.Seed, "fc2", e, h*f, 1/math.Sqrt(float64(f)))
+	fc1, fc2 = make([]float32, 2*f*h), make([]float32, h*f)
+	l.drawExpert(e, fc1, fc2)
+	return fc1, fc2
 }
 
 // newLayer is NewLayer; without experts it leaves FC1, FC2 and the ranks'
 // expert weights nil (a device layer's host twin).
 func newLayer(cfg Config, experts bool) (*Layer, error) {
-	l := &Layer{Cfg: cfg,
+	l := &Layer{Cfg: cfg, hold: HostExpertsHeld,
 		Shape: dispatchers.Shape{Tokens: cfg.Tokens, Hidden: cfg.Hidden, Experts: cfg.Experts, TopK: cfg.TopK, EP: cfg.EP}}
+	if experts {
+		l.hold = cfg.hostExperts()
+	}
 	if cfg.Routing.Kind == RoutingTrace {
 		tr, err := ReadTrace(cfg.Routing.File, cfg.Experts, cfg.TopK)
 		if err != nil {
@@ -91,7 +107,7 @@ func newLayer(cfg Config, experts bool) (*Layer, error) {
 		l.Bias = normal(cfg.Seed, "bias", 0, E, 0.01)
 	}
 	l.Router = cfg.RouterConfig(l.Bias)
-	if experts { // each expert its own stream of draws: drawn in parallel, the same values
+	if experts && l.hold != HostExpertsDrawn { // each expert its own stream of draws: drawn in parallel, the same values
 		fc1, fc2 := make([][]float32, E), make([][]float32, E)
 		parallel(E, runtime.GOMAXPROCS(0), func(_, e int) { fc1[e], fc2[e] = l.ExpertWeights(e) })
 		l.FC1, l.FC2 = fc1, fc2
@@ -107,7 +123,7 @@ func newLayer(cfg Config, experts bool) (*Layer, error) {
 	})
 	for r := range cfg.EP {
 		var local []dispatchers.ExpertWeights
-		for e := r * l.Shape.LocalExperts(); experts && e < (r+1)*l.Shape.LocalExperts(); e++ {
+		for e := r * l.Shape.LocalExperts(); l.FC1 != nil && e < (r+1)*l.Shape.LocalExperts(); e++ {
 			local = append(local, dispatchers.ExpertWeights{FC1: l.FC1[e], FC2: l.FC2[e]})
 		}
 		l.Ranks = append(l.Ranks, &dispatchers.Rank{ID: r, X: l.X[r], Experts: local,
@@ -150,8 +166,12 @@ func (l *Layer) traceToken(r, t int) ([]int32, []float32) {
 
 // normal draws n bf16-rounded N(0, std²) values for one purpose and index.
 func normal(seed uint64, purpose string, i, n int, std float64) []float32 {
+	return normalInto(make([]float32, n), seed, purpose, i, std)
+}
+
+// normalInto is normal's n = len(out) values, drawn into out.
+func normalInto(out []float32, seed uint64, purpose string, i int, std float64) []float32 {
 	g := rng(seed, purpose, i)
-	out := make([]float32, n)
 	for j := range out {
 		out[j] = kernels.RoundBF16(float32(g.NormFloat64() * std))
 	}
@@ -260,13 +280,9 @@ func (l *Layer) route(r int) error {
 // which bounds each worker's scratch and spreads a big expert over workers.
 const expertBlock = 256
 
-// experts runs each segment's expert on its rows: fc1 → SwiGLU × prob → fc2.
-// A block whose GEMMs split their rows across the cores (kernels.SplitWork)
-// runs alone, so that the cores share its weights' loads; the smaller ones,
-// which would each run on one core, run in parallel on up to GOMAXPROCS
-// goroutines (each its own scratch) — segments own disjoint rows, so the
-// results are the same as one after another. Segments that share rows (none
-// of the dispatchers makes such) run one after another.
+// experts runs each segment's expert on its rows: fc1 → SwiGLU × prob → fc2
+// (a drawn layer's a group of experts at a time, drawing their weights
+// first: withDrawn).
 func (l *Layer) experts(r int) error {
 	rk, run, c := l.Ranks[r], &l.run[r], l.Cfg
 	h, f, L := c.Hidden, c.FFN, l.Shape.LocalExperts()
@@ -279,27 +295,55 @@ func (l *Layer) experts(r int) error {
 	} else {
 		rk.ExpertY = rk.ExpertY[:n]
 	}
+	for _, sg := range rk.Segments {
+		if sg.Weights == nil && sg.Expert/L != r {
+			return fmt.Errorf("segment of expert %d has no weights and the expert is not local", sg.Expert)
+		}
+		if sg.Start < 0 || sg.Len < 0 || sg.Start+sg.Len > rows {
+			return fmt.Errorf("segment of expert %d covers rows [%d, %d) of %d", sg.Expert, sg.Start, sg.Start+sg.Len, rows)
+		}
+		if l.grads != nil {
+			run.segs = append(run.segs, dispatchers.Segment{Expert: sg.Expert, Start: sg.Start, Len: sg.Len})
+		}
+	}
+	if n := rows * 3 * f; l.grads != nil && len(run.saved) < n { // keep what an earlier expert phase of the step saved
+		run.saved = append(run.saved, make([]float32, n-len(run.saved))...)
+	}
+	side := disjoint(rk.Segments)
+	if l.hold == HostExpertsDrawn {
+		l.withDrawn(rk.Segments, func(segs []dispatchers.Segment, weights func(dispatchers.Segment) *dispatchers.ExpertWeights) {
+			l.expertBlocks(r, segs, weights, side)
+		})
+		return nil
+	}
+	l.expertBlocks(r, rk.Segments, func(sg dispatchers.Segment) *dispatchers.ExpertWeights {
+		if sg.Weights != nil {
+			return sg.Weights
+		}
+		return &rk.Experts[sg.Expert-r*L]
+	}, side)
+	return nil
+}
+
+// expertBlocks computes rank r's segments segs with the weights weights
+// gives. A block whose GEMMs split their rows across the cores
+// (kernels.SplitWork) runs alone, so that the cores share its weights'
+// loads; the smaller ones, which would each run on one core, run in
+// parallel on up to GOMAXPROCS goroutines (each its own scratch) when side
+// by side is set (no two of the rank's segments share a row, so the
+// results are the same as one after another); else one after another.
+func (l *Layer) expertBlocks(r int, segs []dispatchers.Segment, weights func(dispatchers.Segment) *dispatchers.ExpertWeights, side bool) {
+	rk, run, c := l.Ranks[r], &l.run[r], l.Cfg
+	h, f := c.Hidden, c.FFN
 	type block struct {
 		w          *dispatchers.ExpertWeights
 		start, len int // rows
 	}
 	var blocks []block
-	for _, sg := range rk.Segments {
-		w := sg.Weights
-		if w == nil {
-			if sg.Expert/L != r {
-				return fmt.Errorf("segment of expert %d has no weights and the expert is not local", sg.Expert)
-			}
-			w = &rk.Experts[sg.Expert-r*L]
-		}
-		if sg.Start < 0 || sg.Len < 0 || sg.Start+sg.Len > rows {
-			return fmt.Errorf("segment of expert %d covers rows [%d, %d) of %d", sg.Expert, sg.Start, sg.Start+sg.Len, rows)
-		}
+	for _, sg := range segs {
+		w := weights(sg)
 		for lo := 0; lo < sg.Len; lo += expertBlock {
 			blocks = append(blocks, block{w, sg.Start + lo, min(expertBlock, sg.Len-lo)})
-		}
-		if l.grads != nil {
-			run.segs = append(run.segs, dispatchers.Segment{Expert: sg.Expert, Start: sg.Start, Len: sg.Len})
 		}
 	}
 	most, mostSmall := 0, 0
@@ -311,9 +355,6 @@ func (l *Layer) experts(r int) error {
 		}
 	}
 	run.scratch = kernels.Grow(run.scratch, most*3*f)
-	if n := rows * 3 * f; l.grads != nil && len(run.saved) < n { // keep what an earlier expert phase of the step saved
-		run.saved = append(run.saved, make([]float32, n-len(run.saved))...)
-	}
 	forward := func(b block, scratch []float32) {
 		if l.grads != nil { // a training step keeps each block's fc1 output and activation: its place in the tape
 			scratch = run.saved[b.start*3*f : (b.start+b.len)*3*f]
@@ -322,11 +363,11 @@ func (l *Layer) experts(r int) error {
 			b.w.FC1, b.w.FC2, scratch, b.len, h, f, kernels.RoundBF16Slice)
 	}
 	workers := min(len(small), runtime.GOMAXPROCS(0))
-	if workers <= 1 || !disjoint(rk.Segments) {
+	if workers <= 1 || !side {
 		for _, b := range blocks {
 			forward(b, run.scratch)
 		}
-		return nil
+		return
 	}
 	for _, b := range blocks {
 		if b.len*2*f*h >= kernels.SplitWork {
@@ -342,7 +383,6 @@ func (l *Layer) experts(r int) error {
 		scratch = append(scratch, l.scratch[w-1])
 	}
 	parallel(len(small), workers, func(w, i int) { forward(small[i], scratch[w]) })
-	return nil
 }
 
 // disjoint says whether no two segments share a row.
@@ -397,9 +437,8 @@ func (l *Layer) Footprint(d dispatchers.Dispatcher, r int) int64 {
 	rk, run := l.Ranks[r], &l.run[r]
 	n := cap(rk.X) + cap(rk.Idx) + cap(rk.Probs) + cap(rk.ExpertX) + cap(rk.ExpertProbs) + cap(rk.ExpertY) + cap(rk.Y) +
 		cap(run.logits) + cap(run.scratch) + cap(run.shared) + len(l.Wr) + len(l.Bias) + len(l.SharedFC1) + len(l.SharedFC2)
-	L := l.Shape.LocalExperts()
-	for e := r * L; e < (r+1)*L; e++ {
-		n += len(l.FC1[e]) + len(l.FC2[e])
+	for _, w := range rk.Experts { // none in a drawn layer
+		n += len(w.FC1) + len(w.FC2)
 	}
 	return 4*int64(n) + l.backwardFootprint(r) + d.Footprint(r)
 }

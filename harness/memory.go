@@ -38,14 +38,16 @@ type memPart struct {
 // the libraries it opened, Go's runtime and the goroutines' stacks.
 const memRuntime = 64 << 20
 
-// memParts estimates the host memory a run of c holds at its peak, by part.
+// memParts estimates the host memory a run of c holds at its peak, by part,
+// when it holds its experts as mode says (Config.HostExperts, resolved).
 // It counts worst cases where the routing decides (one expert may receive
 // every token) only for per-expert buffers bounded by refBlock.
-func memParts(c Config) []memPart {
+func memParts(c Config, mode string) []memPart {
 	T, h, f, E, k := float64(c.Tokens), float64(c.Hidden), float64(c.FFN), float64(c.Experts), float64(c.TopK)
 	ep, fs, L := float64(c.EP), float64(c.FFN*c.SharedExperts), float64(c.Experts/c.EP)
 	copies := ep * T * k // token copies routed per step, all ranks
 	host := c.Device == "host"
+	expert := 4 * 3 * h * f // one expert's weights, or weight gradients, in float32
 
 	// inputs, routing, logits and outputs of every rank (the cuda device's
 	// host twin holds them too): x, logit override and logits, idx and
@@ -54,8 +56,12 @@ func memParts(c Config) []memPart {
 	layer += 4*E*h + 4*E + 4*3*h*fs // router weight and bias, shared expert
 	var parts []memPart
 	train := host && !c.ForwardOnly // the cuda device runs the forward only
+	if host && mode == HostExpertsDrawn {
+		parts = append(parts, memPart{"expert weights drawn on demand (float32, a group at a time)", float64(drawGroup(c)) * expert})
+	} else if host {
+		parts = append(parts, memPart{"expert weights (float32)", E * expert})
+	}
 	if host {
-		parts = append(parts, memPart{"expert weights (float32)", 4 * 3 * E * h * f})
 		// each rank's expert input, output and probabilities, and the
 		// intermediates of its largest expert (≤ its rows); the other
 		// expert workers' intermediates, a block of rows each
@@ -93,8 +99,12 @@ func memParts(c Config) []memPart {
 		// shared expert's, the input's; probabilities, logits), and the
 		// router's and shared expert's weight gradients
 		back := copies*(4*3*f+8*h+4) + ep*T*(4*3*fs+24*h+4*k+4*E) + 8*E*h + 4*3*h*fs
-		parts = append(parts, memPart{"backward: kept activations and gradients", back},
-			memPart{"expert weight gradients (float32 main_grad)", 4 * 3 * E * h * f})
+		parts = append(parts, memPart{"backward: kept activations and gradients", back})
+		if mode == HostExpertsHeld {
+			parts = append(parts, memPart{"expert weight gradients (float32 main_grad)", E * expert})
+		} else { // a rank's that received copies, at most
+			parts = append(parts, memPart{"expert weight gradients (float32 main_grad, one rank's at a time)", min(L, copies) * expert})
+		}
 	}
 	parts = append(parts, memPart{"layer inputs, routing and outputs", layer})
 	if c.Check {
@@ -110,6 +120,9 @@ func memParts(c Config) []memPart {
 		if train { // ReferenceGradsEach: x, dout and dx; logits and probabilities with their gradients; router weight and its gradient; shared expert and its gradients
 			g := ep*T*(24*h+16*E+24*k) + 16*E*h + 8*3*2*h*fs
 			g += w * (8*3*h*f*2 + 8*ep*T*h) // each worker's widened weights, its expert's weight gradients and its copies' input gradients
+			if mode == HostExpertsDrawn {   // and the float32 weights it drew
+				g += w * 4 * 3 * h * f
+			}
 			parts = append(parts, memPart{"float64 gradient reference", g})
 		}
 	}
@@ -121,31 +134,43 @@ func memParts(c Config) []memPart {
 	return append(parts, memPart{"runtime", memRuntime})
 }
 
-// HostBytes is the host memory a run of c holds at its peak (estimated).
-func HostBytes(c Config) int64 {
+// HostBytes is the host memory a run of c holds at its peak (estimated),
+// holding its experts as c.HostExperts says (auto: as it will).
+func HostBytes(c Config) int64 { return hostBytes(c, c.hostExperts()) }
+
+// hostBytes is HostBytes with the experts held as mode says.
+func hostBytes(c Config, mode string) int64 {
 	var n float64
-	for _, p := range memParts(c) {
+	for _, p := range memParts(c, mode) {
 		n += p.bytes
 	}
 	return int64(1.1 * n) // Go's own overhead: span and size-class rounding, GC metadata
 }
 
+// fits says whether a run that needs need bytes may start with avail
+// available: a tenth is left for the rest of the system.
+func fits(need, avail float64) bool { return need <= 0.9*avail }
+
 // checkHostMemory refuses a run that would not fit in the memory the
 // system reports as available (MemAvailable), naming its largest parts.
 func checkHostMemory(cfg Config) error {
-	need := float64(HostBytes(cfg))
+	mode := cfg.hostExperts()
+	need := float64(hostBytes(cfg, mode))
 	avail, ok := memAvailable()
-	if !ok || need <= 0.9*avail {
+	if !ok || fits(need, avail) {
 		return nil
 	}
 	var parts []string
-	for _, p := range memParts(cfg) {
+	for _, p := range memParts(cfg, mode) {
 		if p.bytes >= 0.05*need {
 			parts = append(parts, fmt.Sprintf("%s %.1f GiB", p.name, p.bytes/(1<<30)))
 		}
 	}
 	hint := "a smaller --tokens, --experts or --ep"
 	if cfg.Device == "host" {
+		if mode != HostExpertsDrawn && !movesWeights(cfg) {
+			hint += ", --host-experts drawn (the expert weights drawn from the seed when used)"
+		}
 		if !cfg.ForwardOnly {
 			hint += ", --forward-only (no weight gradients, nothing kept for a backward)"
 		}

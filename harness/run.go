@@ -65,6 +65,19 @@ func Run(cfg Config, env Env) (*results.Record, error) {
 	}
 	why := ForwardOnlyReason(cfg)
 	cfg.ForwardOnly = cfg.ForwardOnly || why != ""
+	forced := cfg.HostExperts != "" && cfg.HostExperts != HostExpertsAuto
+	if cfg.Device == "host" {
+		cfg.HostExperts = cfg.hostExperts() // decided once, before the record says it
+	}
+	var noDump error // a training step's dump needs every weight gradient held
+	if cfg.Device == "host" && env.Dump != "" && !cfg.ForwardOnly && cfg.HostExperts != HostExpertsHeld {
+		why := fmt.Sprintf("a training step's dump writes every expert's weight gradients, which this layer does not hold (--host-experts %s); "+
+			"add --forward-only, or use a layer whose experts' weights and weight gradients fit in memory", cfg.HostExperts)
+		if forced {
+			return nil, &ConfigError{"dump", env.Dump, why}
+		}
+		noDump = errors.New("--dump: " + why)
+	}
 	rec := newRecord(cfg, env)
 	rec.Config.PassNote = why
 	if cfg.Device != "host" {
@@ -82,6 +95,13 @@ func Run(cfg Config, env Env) (*results.Record, error) {
 	defer prog.finish()
 	if err := checkHostMemory(cfg); err != nil {
 		return fail(results.StatusUnavailable, err)
+	}
+	if noDump != nil {
+		return fail(results.StatusUnavailable, noDump)
+	}
+	note := hostExpertsNote(cfg.HostExperts, forced)
+	if note != "" && env.Progress != nil {
+		fmt.Fprintf(env.Progress, "moebench: %s\n", note)
 	}
 	l, err := NewLayer(cfg)
 	if err != nil {
@@ -116,6 +136,10 @@ func Run(cfg Config, env Env) (*results.Record, error) {
 		model: "each phase's sample is its slowest rank in that iteration; step = sum of the phase samples (ranks in lockstep, a barrier between phases)",
 		mem: &results.Memory{Method: "host buffers, accounted: the rank's host buffers after the run, float32 storage (its share of expert weights, shared/router weights, activations, " +
 			"dispatcher buffers; in a training step also what the forward keeps for the backward, the gradients and the experts' fp32 weight gradients); not a measured peak"}}
+	if note != "" {
+		m.clock += "; " + note
+		m.mem.Method += "; " + hostExpertsHeldNote(cfg.HostExperts)
+	}
 	if m.phases, err = l.Phases(d); err != nil {
 		return fail(results.StatusUnavailable, err)
 	}

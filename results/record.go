@@ -167,6 +167,12 @@ type Config struct {
 	// no backward in this build).
 	Pass     string `json:"pass,omitempty"`
 	PassNote string `json:"pass_note,omitempty"`
+	// HostExperts is how the host device held the experts' weights and
+	// weight gradients when not all of them for the whole run (older
+	// records: held): "grads-by-rank" (each rank's weight gradients
+	// released once checked) or "drawn" (weights drawn from the seed when
+	// used: the host times include drawing them)
+	HostExperts string `json:"host_experts,omitempty"`
 }
 
 // Passes an iteration can time.

@@ -21,7 +21,7 @@ import (
 // options holds the parsed flags.
 type options struct {
 	preset, dispatcher, impl, score, routing, device, out, format, dump string
-	feplbBase, feplbPolicy, cudaLibs, rendezvous                        string
+	feplbBase, feplbPolicy, cudaLibs, rendezvous, hostExperts           string
 	domain, feplbDyn                                                    int
 	tokens, hidden, ffn, experts, topk, shared, groups, groupTopK       int
 	sms, ep, gpus, warmup, iters                                        int
@@ -45,6 +45,9 @@ func newFlags(o *options) *pflag.FlagSet {
 	addShapeFlags(fs, o)
 	fs.StringVar(&o.routing, "routing", d.Routing.String(), "routing: balanced|uniform|skewed:ALPHA|trace:FILE|natural")
 	addControlFlags(fs, o)
+	fs.StringVar(&o.hostExperts, "host-experts", harness.HostExpertsAuto, "host device: how the layer holds the experts' weights and fp32 weight gradients: "+
+		"auto (the first of the others that fits in the available memory) | held (all, the whole run) | grads-by-rank (all weights; each rank's weight gradients "+
+		"until its expert backward ends, checked there, then released) | drawn (weights drawn from the seed each time an expert's rows are computed, slower; gradients by rank)")
 	fs.BoolVar(&o.cudaGraph, "cuda-graph", d.CUDAGraph, "cuda: issue each step as CUDA graphs (stream capture), cut at the dispatcher's host wait, each part replayed while its shapes repeat (alltoall native)")
 	fs.StringVar(&o.out, "out", "", "append the JSON result record to this file (one line per run)")
 	fs.StringVar(&o.format, "format", "table", "output format: "+strings.Join(results.Formats, "|"))
@@ -151,7 +154,7 @@ func (o *options) config(fs *pflag.FlagSet) (harness.Config, error) {
 	c.Dispatcher, c.Impl, c.SMs, c.EP, c.GPUs = o.dispatcher, o.impl, o.sms, o.ep, o.gpus
 	c.Domain, c.FeplbBase, c.FeplbDyn, c.FeplbPolicy, c.CommTimeout = o.domain, o.feplbBase, o.feplbDyn, o.feplbPolicy, o.commTimeout
 	c.Routing, c.RoutingFixed, c.Seed, c.Warmup, c.Iters, c.Check, c.Device = r, o.routingFixed, o.seed, o.warmup, o.iters, o.check, o.device
-	c.MaxSeconds, c.CUDAGraph, c.ForwardOnly = o.maxSeconds, o.cudaGraph, o.forwardOnly
+	c.MaxSeconds, c.CUDAGraph, c.ForwardOnly, c.HostExperts = o.maxSeconds, o.cudaGraph, o.forwardOnly, o.hostExperts
 	if err := c.Validate(); err != nil {
 		return c, err
 	}

@@ -15,10 +15,11 @@ import (
 // TestHostMemoryEstimate runs the real binary (built without the race
 // detector, which would inflate its memory) on layers whose host memory is
 // led by different parts — the per-rank-pair bookkeeping that grows with
-// EP², the expert weights, the float64 reference, feplb's weight copies —
-// and checks that the estimate the memory guard refuses by, and the command
-// bounds Go's heap to, is at least the process's measured peak RSS (see
-// peakRSS).
+// EP², the expert weights (held, or drawn when used; their weight
+// gradients held, or each rank's released after its backward), the float64
+// reference, feplb's weight copies — and checks that the estimate the
+// memory guard refuses by, and the command bounds Go's heap to, is at least
+// the process's measured peak RSS (see peakRSS).
 func TestHostMemoryEstimate(t *testing.T) {
 	bin, _ := buildBinary(t)
 	for _, args := range [][]string{
@@ -28,6 +29,8 @@ func TestHostMemoryEstimate(t *testing.T) {
 		{"--ep", "8", "--dispatcher", "deepep", "--tokens", "256"},
 		{"--ep", "64", "--experts", "64", "--dispatcher", "feplb", "--domain", "8", "--tokens", "64", "--routing", "skewed:1.5"},
 		{"--ep", "4", "--experts", "32", "--hidden", "1024", "--ffn", "512", "--tokens", "16"},
+		{"--ep", "4", "--experts", "32", "--hidden", "1024", "--ffn", "512", "--tokens", "16", "--host-experts", "grads-by-rank"},
+		{"--ep", "4", "--experts", "32", "--hidden", "1024", "--ffn", "512", "--tokens", "16", "--host-experts", "drawn"},
 	} {
 		args = append([]string{"--device", "host", "--tokens", "1", "--warmup", "0", "--iters", "2"}, args...)
 		var o options
