@@ -38,10 +38,15 @@ type DeviceRank struct {
 	Dev     kernels.Device   // the rank's device (ranks may share one)
 	Stream  kernels.Stream   // a stream of Dev
 	Threads *kernels.Threads // every device's issuing thread (Dev's among them): what collective setup in Bind runs on
-	X       kernels.Ptr      // [Tokens, Hidden] input, set by the layer
-	Idx     kernels.Ptr      // [Tokens, TopK] int32 global experts, set by the layer
-	Probs   kernels.Ptr      // [Tokens, TopK] fp32 routing probabilities, set by the layer
-	Shared  kernels.Ptr      // [Tokens, Hidden] shared-expert output the last phase adds; 0: none
+	// Comm, in a run that spans processes, is the run's communicator over
+	// every rank (set by the layer on every rank; nil in a run of one
+	// process). There a rank of another process has no Dev: a dispatcher
+	// allocates and issues nothing for it.
+	Comm   kernels.Comm
+	X      kernels.Ptr // [Tokens, Hidden] input, set by the layer
+	Idx    kernels.Ptr // [Tokens, TopK] int32 global experts, set by the layer
+	Probs  kernels.Ptr // [Tokens, TopK] fp32 routing probabilities, set by the layer
+	Shared kernels.Ptr // [Tokens, Hidden] shared-expert output the last phase adds; 0: none
 
 	// Set by the phase before the experts (Dispatch of the classic phases):
 	// the rows this rank's experts compute, grouped by local expert, and how

@@ -85,7 +85,7 @@ func BenchKernels(cfg Config, env Env, sizes BenchSizes) (*KernelBench, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	devs, err := env.devices(0, 2)
+	devs, err := env.devices(0, 2, nil)
 	if err != nil {
 		return nil, fmt.Errorf("device %s: %w", cfg.Device, err)
 	}

@@ -74,7 +74,7 @@ func BenchDispatch(cfg Config, names []string, sms []int, env Env) (*DispatchBen
 
 // benchDispatchDevice is BenchDispatch on the cuda device.
 func benchDispatchDevice(cfg Config, names []string, sms []int, env Env) (*DispatchBench, error) {
-	devs, err := env.devices(cfg.GPUs, cfg.EP)
+	devs, err := env.devices(cfg.GPUs, cfg.EP, nil)
 	if err != nil {
 		return nil, fmt.Errorf("bench dispatch: device %s: %w", cfg.Device, err)
 	}

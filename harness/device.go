@@ -24,6 +24,7 @@ import (
 // inputs, the router's weights and the routing mode; expert weights are
 // drawn from the seed and uploaded without being kept.
 type deviceLayer struct {
+	warm  bool // a step has run: its kernels are compiled
 	l     *Layer
 	devs  []kernels.Device
 	on    []int // device index of each rank
@@ -43,7 +44,12 @@ type deviceLayer struct {
 	work       func(dev int) error        // dl.issue, made once: issuing a step allocates nothing
 	train      bool                       // a step is a training step: forward, then backward (devbackward.go)
 	forward    int                        // the forward's phases: the first of steps
+	dist       *dist                      // a run over several processes (distributed.go); nil: one
 }
+
+// local: rank r runs in this process (in a run over several, the others'
+// ranks have no device here).
+func (dl *deviceLayer) local(r int) bool { return dl.on[r] >= 0 }
 
 // job is one piece of a step for every device's thread (issue): a phase
 // (with begin, the step's start first), a host wait before one, the
@@ -68,7 +74,9 @@ func (dl *deviceLayer) newThreads(th *kernels.Threads) {
 	dl.th, dl.work = th, dl.issue
 	dl.of = make([][]int, len(dl.devs))
 	for r, d := range dl.on {
-		dl.of[d] = append(dl.of[d], r)
+		if d >= 0 {
+			dl.of[d] = append(dl.of[d], r)
+		}
 	}
 }
 
@@ -110,13 +118,22 @@ type devRank struct {
 }
 
 // newDeviceLayer uploads l's inputs and weights to devs (the ranks spread
-// over them) and binds d; th are devs' issuing threads (one each).
-func newDeviceLayer(l *Layer, devs []kernels.Device, th *kernels.Threads, d dispatchers.DeviceDispatcher) (*deviceLayer, error) {
+// over them; in a run over several processes, ds's ranks one per device)
+// and binds d; th are devs' issuing threads (one each).
+func newDeviceLayer(l *Layer, devs []kernels.Device, th *kernels.Threads, d dispatchers.DeviceDispatcher, ds *dist) (*deviceLayer, error) {
 	c := l.Cfg
 	T, h, f, E, k := c.Tokens, c.Hidden, c.FFN, c.Experts, c.TopK
 	fs, L := c.FFN*c.SharedExperts, l.Shape.LocalExperts()
 	dl := &deviceLayer{l: l, devs: devs, on: rankDevices(c.EP, len(devs)), d: d, rr: make([]devRank, c.EP), dc: make([]devCommon, len(devs)),
-		start: map[string][]kernels.Event{}, end: map[string][]kernels.Event{}, train: trains(c, d)}
+		start: map[string][]kernels.Event{}, end: map[string][]kernels.Event{}, dist: ds, train: trains(c, d)}
+	if ds != nil {
+		for r := range dl.on {
+			dl.on[r] = r - ds.first
+			if r < ds.first || r >= ds.first+ds.per {
+				dl.on[r] = -1
+			}
+		}
+	}
 	dl.newThreads(th)
 	up := func(dev kernels.Device, p *kernels.Ptr, counter *int64, host any, s kernels.Stream) error {
 		b, err := kernels.HostBytes(host)
@@ -165,6 +182,10 @@ func newDeviceLayer(l *Layer, devs []kernels.Device, th *kernels.Threads, d disp
 		}
 	}
 	for r := range c.EP {
+		if !dl.local(r) {
+			dl.ranks = append(dl.ranks, &dispatchers.DeviceRank{ID: r, Threads: th})
+			continue
+		}
 		b, dev := &dl.rr[r], devs[dl.on[r]]
 		dl.dc[dl.on[r]].ranks++
 		rk := &dispatchers.DeviceRank{ID: r, Dev: dev, Threads: th}
@@ -215,6 +236,18 @@ func newDeviceLayer(l *Layer, devs []kernels.Device, th *kernels.Threads, d disp
 	if err := dl.uploadExperts(); err != nil {
 		return nil, err
 	}
+	if ds != nil { // the communicator over every process's ranks, before the dispatcher takes it
+		var streams []kernels.Stream
+		for r := ds.first; r < ds.first+ds.per; r++ {
+			streams = append(streams, dl.ranks[r].Stream)
+		}
+		if err := ds.open(th, devs, streams, c); err != nil {
+			return nil, err
+		}
+		for _, rk := range dl.ranks {
+			rk.Comm = ds.comm
+		}
+	}
 	if err := d.Bind(l.Shape, dl.ranks); err != nil {
 		return nil, err
 	}
@@ -227,8 +260,12 @@ func newDeviceLayer(l *Layer, devs []kernels.Device, th *kernels.Threads, d disp
 // phaseEvents makes each step's start and end events on every rank.
 func (dl *deviceLayer) phaseEvents() error {
 	for _, ph := range dl.steps() {
-		for _, rk := range dl.ranks {
+		for r, rk := range dl.ranks {
 			for _, m := range []map[string][]kernels.Event{dl.start, dl.end} {
+				if !dl.local(r) {
+					m[ph.Name] = append(m[ph.Name], nil)
+					continue
+				}
 				e, err := rk.Dev.NewEvent()
 				if err != nil {
 					return err
@@ -271,6 +308,9 @@ func (dl *deviceLayer) uploadExperts() error {
 		}
 	feed:
 		for e := range c.Experts {
+			if !dl.local(e / L) { // another process's expert
+				continue
+			}
 			select {
 			case next <- e:
 			case <-stop:
@@ -492,12 +532,23 @@ func (dl *deviceLayer) chooseGrouped() (string, error) {
 	best, bestMS, desc := -1, math.Inf(1), ""
 	ways := len(groupedSides)
 	batched, ok := dl.devs[0].GroupedGEMMName()
+	if dl.dist != nil { // every process times the same ways: each step moves data between them
+		var err error
+		if ok, batched, err = dl.agreeBatched(ok, batched); err != nil {
+			return "", err
+		}
+	}
 	if ok {
 		ways++
 	}
+	meds := make([]float64, ways) // each way's median; +Inf: left out
 	options := make([][]*kernels.Grouped, ways)
 	for i := range ways {
-		for _, rk := range dl.ranks {
+		for r, rk := range dl.ranks {
+			if !dl.local(r) {
+				options[i] = append(options[i], nil)
+				continue
+			}
 			var g *kernels.Grouped
 			var err error
 			if i < len(groupedSides) {
@@ -516,7 +567,7 @@ func (dl *deviceLayer) chooseGrouped() (string, error) {
 		var ms []float64
 		for range reps {
 			if err := dl.forwardStep(); err != nil {
-				if i < len(groupedSides) {
+				if i < len(groupedSides) || dl.dist != nil { // the others run this way's steps: so must this process
 					return "", err
 				}
 				// the grouped call is optional: a failure leaves it out
@@ -526,6 +577,9 @@ func (dl *deviceLayer) chooseGrouped() (string, error) {
 			}
 			slowest := 0.0
 			for r, rk := range dl.ranks {
+				if !dl.local(r) {
+					continue
+				}
 				t := 0.0
 				for _, ph := range dispatchers.ExpertPhases {
 					if dl.start[ph] == nil {
@@ -542,6 +596,7 @@ func (dl *deviceLayer) chooseGrouped() (string, error) {
 			ms = append(ms, slowest)
 		}
 		if ms == nil {
+			meds[i] = math.Inf(1)
 			if err := dl.sync(); err != nil {
 				return "", err
 			}
@@ -551,9 +606,19 @@ func (dl *deviceLayer) chooseGrouped() (string, error) {
 		if desc != "" {
 			desc += "; "
 		}
-		desc += fmt.Sprintf("%s: expert phases %.3g ms", options[i][0].Name(), ms[reps/2])
-		if ms[reps/2] < bestMS {
-			best, bestMS = i, ms[reps/2]
+		desc += fmt.Sprintf("%s: expert phases %.3g ms", options[i][dl.of[0][0]].Name(), ms[reps/2])
+		meds[i] = ms[reps/2]
+	}
+	if dl.dist != nil { // one choice on every process: the way whose slowest process is fastest
+		var err error
+		if meds, err = dl.slowestProcess(meds); err != nil {
+			return "", err
+		}
+		desc += fmt.Sprintf("; chosen by the slowest of the %d processes' medians", dl.dist.rv.L.World)
+	}
+	for i, m := range meds {
+		if m < bestMS {
+			best, bestMS = i, m
 		}
 	}
 	for r := range dl.rr {
@@ -562,7 +627,7 @@ func (dl *deviceLayer) chooseGrouped() (string, error) {
 	if !ok {
 		desc += "; not compared: " + batched
 	}
-	return "chosen: " + options[best][0].Name() + " (median of " + fmt.Sprint(reps) + " steps each — " + desc + ")", nil
+	return "chosen: " + options[best][dl.of[0][0]].Name() + " (median of " + fmt.Sprint(reps) + " steps each — " + desc + ")", nil
 }
 
 // step runs one step (the forward, then a training step's backward): every
@@ -599,7 +664,9 @@ func (dl *deviceLayer) plainStep(phs []dispatchers.Step) error {
 		return err
 	}
 	dl.issueMS = float64(time.Since(t0).Nanoseconds())/1e6 - dl.waitMS
-	return dl.finish()
+	err := dl.finish()
+	dl.warm = dl.warm || err == nil
+	return err
 }
 
 // forwardStep runs the forward pass alone, as plain launches; a training
@@ -619,6 +686,12 @@ func (dl *deviceLayer) forwardStep() error {
 
 // each runs one job on every device's thread (a barrier).
 func (dl *deviceLayer) each(kind int, ph *dispatchers.Step, begin bool) error {
+	st := "waiting for the GPUs"
+	if ph != nil {
+		st = ph.Name
+	}
+	dl.dist.stage(st, dl.warm) // a job may wait on other processes
+	dl.doing(st)
 	dl.job = job{kind, ph, begin}
 	return dl.th.Each(dl.work)
 }
@@ -780,6 +853,9 @@ func (dl *deviceLayer) setRouting(step int) error {
 	}
 	l.SetRouting(step)
 	for r, rk := range dl.ranks {
+		if !dl.local(r) {
+			continue
+		}
 		b := &dl.rr[r]
 		if l.Override[r] != nil {
 			if err := rk.Dev.Upload(b.override, l.Override[r], rk.Stream); err != nil {
@@ -810,6 +886,9 @@ func (dl *deviceLayer) times(samples map[string][][]float64, step [][]float64) e
 	steps := dl.steps()
 	last := steps[len(steps)-1].Name
 	for r, rk := range dl.ranks {
+		if !dl.local(r) {
+			continue
+		}
 		for _, ph := range steps {
 			ms, err := rk.Dev.Elapsed(dl.start[ph.Name][r], dl.end[ph.Name][r])
 			if err != nil {
@@ -835,6 +914,9 @@ func (dl *deviceLayer) hostCalls(m *measured) {
 	}
 	for _, ph := range dl.steps() {
 		for r := range dl.ranks {
+			if !dl.local(r) {
+				continue
+			}
 			ms, ok := lib.HostCallMS(ph.Name, r)
 			if !ok {
 				continue
@@ -890,6 +972,9 @@ func (dl *deviceLayer) check() (*results.Correctness, error) {
 	T, h, k, E := c.Tokens, c.Hidden, c.TopK, c.Experts
 	const nan = 0x7fc0 // a bf16 NaN; as two 16-bit words, an fp32 NaN too
 	for r, rk := range dl.ranks {
+		if !dl.local(r) {
+			continue
+		}
 		for _, p := range []struct {
 			ptr   kernels.Ptr
 			words int
@@ -915,19 +1000,21 @@ func (dl *deviceLayer) check() (*results.Correctness, error) {
 	if err := dl.download(); err != nil {
 		return nil, err
 	}
-	for r := range dl.ranks {
-		for _, e := range dl.l.Ranks[r].Idx {
-			if e < 0 || int(e) >= E {
-				return &results.Correctness{Checked: true, Tolerance: Tolerance, Metric: ErrMetric, MaxRelErr: math.Inf(1),
-					Detail: fmt.Sprintf("rank %d: the router left expert %d (of %d) in its output", r, e, E)}, nil
-			}
-		}
-	}
 	cr := &results.Correctness{Checked: true, Tolerance: Tolerance, Metric: ErrMetric,
 		RoundTrip: "not run on the device: the layer check covers dispatch and combine"}
 	sample, which := dl.sample()
 	cr.Sample = which
-	compareReference(cr, dl.l, sample)
+	for r := range dl.ranks {
+		for _, e := range dl.l.Ranks[r].Idx {
+			if dl.local(r) && (e < 0 || int(e) >= E) && cr.Detail == "" {
+				cr.MaxRelErr, cr.Detail = math.Inf(1), fmt.Sprintf("rank %d: the router left expert %d (of %d) in its output", r, e, E)
+			}
+		}
+	}
+	if cr.Detail == "" {
+		dl.dist.local("computing the float64 reference of its ranks")
+		compareReference(cr, dl.l, dl.localSample(sample))
+	}
 	cr.Passed = cr.Detail == "" && cr.MaxRelErr <= Tolerance
 	if !cr.Passed && cr.Detail == "" {
 		cr.Detail = fmt.Sprintf("max relative error %.3g (tolerance %g)", cr.MaxRelErr, Tolerance)
@@ -937,6 +1024,9 @@ func (dl *deviceLayer) check() (*results.Correctness, error) {
 			return nil, err
 		}
 	}
+	if dl.dist != nil { // every process's verdict, the same on all
+		return dl.agreeCheck(cr)
+	}
 	return cr, nil
 }
 
@@ -945,6 +1035,9 @@ func (dl *deviceLayer) check() (*results.Correctness, error) {
 func (dl *deviceLayer) download() error {
 	y := make([]uint16, dl.l.Cfg.Tokens*dl.l.Cfg.Hidden)
 	for r, rk := range dl.ranks {
+		if !dl.local(r) {
+			continue
+		}
 		hr := dl.l.Ranks[r]
 		if err := rk.Dev.Download(hr.Idx, rk.Idx, rk.Stream); err != nil {
 			return err
@@ -970,17 +1063,30 @@ func (dl *deviceLayer) footprint(r int) int64 {
 // runDevice is Run on the cuda device (or env.OpenDevice's): the same
 // check-then-time loop as the host, with CUDA-event timings.
 func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error) {
-	fail := func(status string, err error) (*results.Record, error) { return failed(rec, status, err) }
+	var ds *dist
+	fail := func(status string, err error) (*results.Record, error) {
+		ds.fail(err, cfg) // the other processes stop too, naming this one
+		return failed(rec, status, err)
+	}
+	if env.Rendezvous != nil && env.Rendezvous.L.Distributed() {
+		var err error
+		if ds, err = newDist(cfg, env.Rendezvous); dispatchers.IsUnavailable(err) {
+			return dispatcherError(rec, cfg, err)
+		} else if err != nil {
+			return nil, err // a *ConfigError
+		}
+	}
 	if err := checkHostMemory(cfg); err != nil { // the host twin and the reference
 		return fail(results.StatusUnavailable, err)
 	}
 	d, err := dispatchers.NewDevice(cfg.Dispatcher, cfg.Impl, cfg.dispatcherEnv())
 	if err != nil {
+		ds.fail(err, cfg)
 		return dispatcherError(rec, cfg, err)
 	}
 	prog := startProgress(env.Progress, env.ProgressEvery, steps(cfg, d))
 	defer prog.finish()
-	devs, err := env.devices(cfg.GPUs, cfg.EP)
+	devs, err := env.devices(cfg.GPUs, cfg.EP, ds)
 	if err != nil {
 		d.Close()
 		return fail(results.StatusUnavailable, fmt.Errorf("device %s: %w", cfg.Device, err))
@@ -988,17 +1094,23 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 	defer closeDevices(devs)
 	th := kernels.NewThreads(devs)
 	defer th.Close()
+	limitThreads(th, cfg, ds)
 	defer d.Close() // before the threads end: a library's ranks are closed on them
+	if ds != nil {
+		defer ds.close()
+	}
 	dev := devs[0]
 	tuneGEMMs(devs, true) // until the timed steps
 	rec.Ranks.Devices = rankDevices(cfg.EP, len(devs))
 	rec.Ranks.Emulated, rec.Ranks.Note = cfg.EP > len(devs), ranksNote(cfg.EP, devs, "")
 	l, err := newLayer(cfg, false)
 	if err != nil {
+		ds.fail(err, cfg)
 		return nil, err // only a trace can fail here: a *ConfigError
 	}
-	dl, err := newDeviceLayer(l, devs, th, d)
-	if dispatchers.IsUnavailable(err) { // the dispatcher's gate on these devices
+	dl, err := newDeviceLayer(l, devs, th, d, ds)
+	if dispatchers.IsUnavailable(err) { // the dispatcher's gate on these devices (or another process's)
+		ds.fail(err, cfg)
 		return dispatcherError(rec, cfg, err)
 	}
 	if err != nil {
@@ -1136,7 +1248,22 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 	m.buffers = buffers(d, cfg.EP)
 	for r, rk := range dl.ranks {
 		m.recv = append(m.recv, rk.Rows())
-		m.mem.PerRankBytes = append(m.mem.PerRankBytes, dl.footprint(r))
+		var b int64
+		if dl.local(r) {
+			b = dl.footprint(r)
+		}
+		m.mem.PerRankBytes = append(m.mem.PerRankBytes, b)
+	}
+	if ds != nil { // every process's ranks, for rank 0's record
+		mine := dl.mine(&m, rec.Stack)
+		if mine.Pairs, err = dl.pairs(); err != nil {
+			return fail(results.StatusFailed, err)
+		}
+		parts, err := dl.gatherParts(mine)
+		if err != nil {
+			return fail(results.StatusFailed, err)
+		}
+		dl.merge(&m, parts, rec)
 	}
 	if tm != nil {
 		rec.Telemetry, rec.SMs.Measured = tm.finish()
@@ -1184,12 +1311,17 @@ func tuneGEMMs(devs []kernels.Device, on bool) {
 }
 
 // devices opens the devices of a cuda run (env.OpenDevices, else
-// kernels.OpenGPUs): n of them, or when n is 0 every GPU up to most.
-func (env Env) devices(n, most int) ([]kernels.Device, error) {
-	if env.OpenDevices != nil {
+// kernels.OpenGPUs): n of them, or when n is 0 every GPU up to most; in a
+// run over several processes (ds) the GPUs of this process's ranks.
+func (env Env) devices(n, most int, ds *dist) ([]kernels.Device, error) {
+	first := 0
+	if ds != nil {
+		n, first = ds.per, ds.firstGPU
+	}
+	if env.OpenDevices != nil && ds == nil {
 		return env.OpenDevices(n, most)
 	}
-	gs, err := kernels.OpenGPUs(n, most, "")
+	gs, err := kernels.OpenGPUsFrom(first, n, most, "")
 	devs := make([]kernels.Device, len(gs))
 	for i, g := range gs {
 		devs[i] = g

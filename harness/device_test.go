@@ -79,7 +79,7 @@ func deviceRun(t testing.TB, c Config, devs ...kernels.Device) *deviceLayer {
 	}
 	th := kernels.NewThreads(devs)
 	t.Cleanup(th.Close)
-	dl, err := newDeviceLayer(l, devs, th, d)
+	dl, err := newDeviceLayer(l, devs, th, d, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

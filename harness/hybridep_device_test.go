@@ -136,7 +136,7 @@ func TestHybridEPDeviceUnavailable(t *testing.T) {
 			}
 			th := kernels.NewThreads(c.devs)
 			defer th.Close()
-			_, err = newDeviceLayer(l, c.devs, th, d)
+			_, err = newDeviceLayer(l, c.devs, th, d, nil)
 			if !dispatchers.IsUnavailable(err) || !strings.Contains(err.Error(), c.want) {
 				t.Fatalf("%v: want unavailable, %q", err, c.want)
 			}

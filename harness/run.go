@@ -11,6 +11,7 @@ import (
 
 	"github.com/moebench/moebench/dispatchers"
 	"github.com/moebench/moebench/internal/cuda"
+	"github.com/moebench/moebench/internal/launch"
 	"github.com/moebench/moebench/kernels"
 	"github.com/moebench/moebench/results"
 )
@@ -34,6 +35,10 @@ type Env struct {
 	// record.
 	Progress      io.Writer
 	ProgressEvery time.Duration
+	// Rendezvous, in a run launched over several processes
+	// (internal/launch), meets them and watches them; nil or one process:
+	// a run of this process alone.
+	Rendezvous *launch.Rendezvous
 }
 
 // steps is how many steps a run of cfg with d takes: warm-up and timed,
@@ -58,7 +63,7 @@ func Run(cfg Config, env Env) (*results.Record, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	why := ForwardOnlyReason(cfg)
+	why := env.ForwardOnlyReason(cfg)
 	cfg.ForwardOnly = cfg.ForwardOnly || why != ""
 	forced := cfg.HostExperts != "" && cfg.HostExperts != HostExpertsAuto
 	if cfg.Device == "host" {
@@ -227,6 +232,16 @@ func ForwardOnlyReason(cfg Config) string {
 	return fmt.Sprintf("%s (%s) has no backward on the cuda device in this build; the host device runs its forward and backward", cfg.Dispatcher, cfg.Impl)
 }
 
+// ForwardOnlyReason is ForwardOnlyReason(cfg) for a run in env: a run on
+// the cuda device over several processes times the forward only too.
+func (env Env) ForwardOnlyReason(cfg Config) string {
+	if why := ForwardOnlyReason(cfg); why != "" || cfg.ForwardOnly || cfg.Device == "host" || env.Rendezvous == nil || !env.Rendezvous.L.Distributed() {
+		return why
+	}
+	return "a run over several processes times the forward only in this build: the device backward's gradient check reads every rank's gradients " +
+		"in one process (they are not gathered over NCCL); a run of one process runs forward and backward"
+}
+
 // stepStage is the progress stage of step i (negative: warm-up).
 func stepStage(i int, cfg Config) string {
 	if i < 0 {
@@ -310,9 +325,13 @@ type measured struct {
 	// each timed step's recv (a rebalancing dispatcher's come from its stats)
 	recvSteps [][]int
 	traffic   dispatchers.Traffic
-	mem       *results.Memory
-	clock     string // what measured the times
-	model     string // how phases make a step
+	// a run over several processes: the last step's off-rank bytes to
+	// other nodes and within the node (distributed.go's nodeBytes)
+	nodes                bool
+	interNode, intraNode int64
+	mem                  *results.Memory
+	clock                string // what measured the times
+	model                string // how phases make a step
 	// a Rebalancer's timed steps (nil for other dispatchers); the samples
 	// of as many steps, run before them (after their own warm-up) with its
 	// phase 2 paused, for the GEMM straggler before rebalancing; and what
@@ -384,6 +403,20 @@ func bandwidth(t *results.Traffic, timing *results.Timing, ep, budget int, copie
 	t.BandwidthFormula = "algorithm bytes / EP / the phase's p50 (each iteration's slowest rank): a rank's share over the dispatch (or combine) phase alone"
 	if budget > 0 {
 		t.BandwidthFormula += fmt.Sprintf("; per SM: divided by the budget, %d blocks", budget)
+	}
+}
+
+// nodeBandwidth fills t's inter- and intra-node bytes and the GB/s a
+// rank's share of each gives over the dispatch (combine) phase's p50.
+func nodeBandwidth(t *results.Traffic, timing *results.Timing, ep int, inter, intra int64) {
+	t.InterNodeBytes, t.IntraNodeBytes, t.NodeFormula = inter, intra, results.NodeFormula
+	for _, p := range timing.Phases {
+		switch p.Name {
+		case "dispatch":
+			t.DispatchInterNodeGBps, t.DispatchIntraNodeGBps = results.GBps(inter, ep, p.P50), results.GBps(intra, ep, p.P50)
+		case "combine":
+			t.CombineInterNodeGBps, t.CombineIntraNodeGBps = results.GBps(inter, ep, p.P50), results.GBps(intra, ep, p.P50)
+		}
 	}
 }
 
@@ -533,6 +566,9 @@ func fillMeasurements(rec *results.Record, cfg Config, m measured) {
 	}
 	rec.Traffic = trafficRecord(m.traffic)
 	bandwidth(rec.Traffic, t, cfg.EP, rec.SMs.Budget, results.CopyPayload(rec.Config))
+	if m.nodes {
+		nodeBandwidth(rec.Traffic, t, cfg.EP, m.interNode, m.intraNode)
+	}
 	rec.Memory = m.mem
 	rec.Memory.Buffers = m.buffers
 }

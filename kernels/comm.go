@@ -61,13 +61,35 @@ func (e *NoCommError) Error() string { return e.Reason }
 // when every device is a GPU (ncclCommInitRank, one unique id), an
 // emulated one over Emu devices (for tests). NCCL needs one GPU per rank.
 func OpenComm(th *Threads, devs []Device, streams []Stream) (Comm, error) {
+	return OpenWorldComm(th, devs, streams, World{})
+}
+
+// World places a process's devices among the ranks of a run that spans
+// processes: they are ranks First… of Ranks, and ID gives every process
+// the same NCCL unique id (made by newID on one of them: the
+// rendezvous). The zero World is a run of one process.
+type World struct {
+	Ranks, First int
+	ID           func(newID func() (cuda.UniqueID, error)) (cuda.UniqueID, error)
+}
+
+// OpenWorldComm is OpenComm over the devices of this process in a run
+// that spans processes (w): its Exchange takes and names ranks by their
+// place in the whole run. Only NCCL spans processes.
+func OpenWorldComm(th *Threads, devs []Device, streams []Stream, w World) (Comm, error) {
 	if len(devs) == 0 || len(devs) != len(streams) {
 		return nil, fmt.Errorf("a communicator over %d devices with %d streams", len(devs), len(streams))
+	}
+	if w.Ranks == 0 {
+		w = World{Ranks: len(devs)}
+	}
+	if w.First < 0 || w.First+len(devs) > w.Ranks {
+		return nil, fmt.Errorf("a communicator's ranks %d… of %d over %d devices", w.First, w.Ranks, len(devs))
 	}
 	for a := range devs {
 		for b := range a {
 			if devs[a] == devs[b] {
-				return nil, &NoCommError{fmt.Sprintf("ranks %d and %d share a device, and a communicator needs one device per rank (NCCL refuses a GPU twice)", b, a)}
+				return nil, &NoCommError{fmt.Sprintf("ranks %d and %d share a device, and a communicator needs one device per rank (NCCL refuses a GPU twice)", w.First+b, w.First+a)}
 			}
 		}
 	}
@@ -76,32 +98,46 @@ func OpenComm(th *Threads, devs []Device, streams []Stream) (Comm, error) {
 		return nil, err
 	}
 	if _, ok := devs[0].(emuBacked); ok {
+		if w.Ranks != len(devs) {
+			return nil, &NoCommError{"an emulated communicator stays in one process"}
+		}
 		return openEmuComm(devs, streams)
 	}
 	for r, d := range devs {
 		if _, ok := d.(*CUDA); !ok {
-			return nil, &NoCommError{fmt.Sprintf("rank %d's device is %s: NCCL needs GPUs", r, d.Name())}
+			return nil, &NoCommError{fmt.Sprintf("rank %d's device is %s: NCCL needs GPUs", w.First+r, d.Name())}
 		}
 	}
 	lib, err := cuda.OpenNCCL()
 	if err != nil {
 		return nil, &NoCommError{err.Error()}
 	}
-	id, err := lib.UniqueID()
+	var id cuda.UniqueID
+	if w.ID != nil {
+		id, err = w.ID(lib.UniqueID)
+	} else {
+		id, err = lib.UniqueID()
+	}
 	if err != nil {
 		return nil, err
 	}
-	n := &ncclComm{lib: lib, comms: make([]cuda.Comm, len(devs)), streams: streams, th: th, rankOf: rankOf}
+	n := &ncclComm{lib: lib, comms: make([]cuda.Comm, w.Ranks), streams: make([]Stream, w.Ranks), th: th, rankOf: rankOf}
+	copy(n.streams[w.First:], streams)
+	for i, r := range rankOf {
+		if r >= 0 {
+			rankOf[i] = w.First + r
+		}
+	}
 	err = th.Each(func(dev int) error {
 		r := rankOf[dev]
 		if r < 0 {
 			return nil
 		}
-		g := devs[r].(*CUDA)
+		g := devs[r-w.First].(*CUDA)
 		if err := g.use(); err != nil {
 			return err
 		}
-		c, err := lib.InitRank(len(devs), id, r)
+		c, err := lib.InitRank(w.Ranks, id, r)
 		g.Drv.ContextChanged()
 		n.comms[r] = c
 		return err
@@ -149,6 +185,9 @@ func (n *ncclComm) Name() string { return "NCCL " + n.lib.Version + " (grouped n
 func (n *ncclComm) Exchange(rank int, sends, recvs []Transfer) error {
 	if err := checkPeers(rank, sends, recvs, len(n.comms)); err != nil {
 		return err
+	}
+	if n.comms[rank] == nil {
+		return fmt.Errorf("rank %d: not a rank of this process", rank)
 	}
 	if err := n.lib.GroupStart(); err != nil {
 		return err

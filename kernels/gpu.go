@@ -116,6 +116,12 @@ func ProbeCUDA() error {
 // between every pair whose hardware has it (see Reaches). The devices are
 // used from one goroutine; each call makes its GPU's context current.
 func OpenGPUs(n, most int, cacheDir string) ([]*CUDA, error) {
+	return OpenGPUsFrom(0, n, most, cacheDir)
+}
+
+// OpenGPUsFrom is OpenGPUs from GPU ordinal first on (a process of a run
+// over several that shares its node with others: its own GPUs).
+func OpenGPUsFrom(first, n, most int, cacheDir string) ([]*CUDA, error) {
 	drv, err := cuda.OpenDriver()
 	if err != nil {
 		return nil, err
@@ -124,7 +130,10 @@ func OpenGPUs(n, most int, cacheDir string) ([]*CUDA, error) {
 	if n == 0 {
 		n = min(count, most)
 	}
-	if n < 1 || n > count {
+	if n < 1 || first+n > count {
+		if first > 0 {
+			return nil, fmt.Errorf("GPUs %d…%d wanted (this process's ranks on its node): the driver reports %d", first, first+n-1, count)
+		}
 		return nil, fmt.Errorf("%d GPUs wanted: the driver reports %d", n, count)
 	}
 	var gs []*CUDA
@@ -135,7 +144,7 @@ func OpenGPUs(n, most int, cacheDir string) ([]*CUDA, error) {
 		return nil, err
 	}
 	for i := range n {
-		g, err := openGPU(drv, i, cacheDir)
+		g, err := openGPU(drv, first+i, cacheDir)
 		if err != nil {
 			return fail(err)
 		}

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 )
 
 // TestThreadsEach: every device's f runs once per call, device 0's on the
@@ -70,5 +71,47 @@ func BenchmarkThreadsEach(b *testing.B) {
 				th.Each(f)
 			}
 		})
+	}
+}
+
+// TestThreadsHang: a device's call that never returns (a rank blocked in
+// a collective that waits for one that never joins) ends the run once the
+// limit passes, naming that device and what it was doing; a call that
+// returns within its limit, even past the default one, is not cut.
+func TestThreadsHang(t *testing.T) {
+	th := NewThreads([]Device{&Emu{}, &Emu{}, &Emu{}})
+	release := make(chan struct{})
+	defer th.Close()
+	hung := make(chan string, 1)
+	th.Limit(200*time.Millisecond, func(dev int) string { return fmt.Sprintf("rank %d", dev) }, func(msg string) {
+		hung <- msg
+		close(release) // what exiting the process would end
+	})
+	th.Doing("compiling", time.Second) // a long setup call, within its own limit
+	if err := th.Each(func(dev int) error { time.Sleep(400 * time.Millisecond); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case msg := <-hung:
+		t.Fatalf("a call within its limit was cut: %s", msg)
+	default:
+	}
+	th.Doing("ncclCommInitRank", 0)
+	start := time.Now()
+	go th.Each(func(dev int) error {
+		if dev == 1 { // the fake hook: rank 1 blocks
+			<-release
+		}
+		return nil
+	})
+	var msg string
+	select {
+	case msg = <-hung:
+	case <-time.After(5 * time.Second):
+		t.Fatal("a call that never returns was waited for without limit")
+	}
+	if took := time.Since(start); took > 2*time.Second || !strings.Contains(msg, "rank 1 has not returned from ncclCommInitRank after 200ms") ||
+		strings.Contains(msg, "rank 0") || strings.Contains(msg, "rank 2") {
+		t.Errorf("after %v: %s", took, msg)
 	}
 }

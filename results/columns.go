@@ -22,6 +22,7 @@ type column struct {
 	okOnly bool
 	ms     func(Row) (float64, bool) // time columns; false: no value ("—")
 	val    func(Row) string          // the others
+	shown  func(Group) bool          // nil: always; else only for the groups it says
 }
 
 // noValue marks a cell without a value.
@@ -185,6 +186,11 @@ var columns = []column{
 	{head: "combine_copy_GBps", okOnly: true, val: func(r Row) string { return sig3(copyGBps(r.Rec, "combine")) }},
 	{head: "combine_algo_GBps", okOnly: true, val: func(r Row) string { return sig3(r.Rec.Traffic.CombineGBps) }},
 	{head: "combine_algo_GBps_per_SM", okOnly: true, val: func(r Row) string { return sig3(r.Rec.Traffic.CombineGBpsPerSM) }},
+	{head: "inter_node_MiB", okOnly: true, shown: interNode, val: func(r Row) string {
+		return fmt.Sprintf("%.2f", float64(r.Rec.Traffic.InterNodeBytes)/(1<<20))
+	}},
+	{head: "dispatch_inter_node_GBps", okOnly: true, shown: interNode, val: func(r Row) string { return sig3(r.Rec.Traffic.DispatchInterNodeGBps) }},
+	{head: "combine_inter_node_GBps", okOnly: true, shown: interNode, val: func(r Row) string { return sig3(r.Rec.Traffic.CombineInterNodeGBps) }},
 	{head: "token_strag_%", okOnly: true, val: func(r Row) string { return fmt.Sprintf("%.1f", 100*r.Rec.Tokens.Straggler.Rel) }},
 	{head: "gemm_strag_%", okOnly: true, val: func(r Row) string { return fmt.Sprintf("%.1f", 100*r.Rec.GEMM.Straggler.Rel) }},
 	{head: "mem_max_MiB", okOnly: true, val: func(r Row) string {
@@ -206,6 +212,16 @@ var columns = []column{
 		}
 		return fmt.Sprintf("%.1e", c.MaxRelErr)
 	}},
+}
+
+// interNode: some row of g moved bytes between nodes.
+func interNode(g Group) bool {
+	for _, r := range g.Rows {
+		if r.Rec.Status == StatusOK && r.Rec.Traffic != nil && r.Rec.Traffic.InterNodeBytes > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // textColumns are the report's left-aligned columns (dispatcher, impl, sms, status).
@@ -238,6 +254,9 @@ func timeUnit(vals []float64) (string, func(float64) string) {
 func (g Group) cells() [][]string {
 	out := make([][]string, len(g.Rows)+1)
 	for _, col := range columns {
+		if col.shown != nil && !col.shown(g) {
+			continue
+		}
 		head := col.head
 		var vals []string
 		switch {
@@ -333,9 +352,10 @@ func exposedMeasured(rb *Rebalance) bool { return strings.HasPrefix(rb.ExposedNo
 // host caveat where a group ran on the host device, and why each "n/m" was
 // not measured. One line per item.
 func reportKey(groups []Group) []string {
-	host, device := false, false
+	host, device, nodes := false, false, false
 	smWhy, exposedWhy := map[string]bool{}, map[string]bool{}
 	for _, g := range groups {
+		nodes = nodes || interNode(g)
 		host = host || g.Workload.Device == "host"
 		device = device || g.Workload.Device != "host"
 		for _, r := range g.Rows {
@@ -372,6 +392,9 @@ func reportKey(groups []Group) []string {
 	if host {
 		key = append(key, hostMark+" host device: the times are the wall clock of Go code running every rank on the CPU, one after another: "+
 			"not a performance measurement, and its speedups say nothing about the dispatchers on a GPU")
+	}
+	if nodes {
+		key = append(key, "inter_node_MiB, *_inter_node_GBps: a run over several nodes, its bytes to ranks of other nodes each way (and a rank's share of them over the phase's p50): "+NodeFormula)
 	}
 	if len(smWhy) > 0 {
 		key = append(key, notMeasured+" in sm_util_%: "+whyNot(smWhy))

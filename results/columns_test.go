@@ -212,3 +212,25 @@ func TestReportBandwidth(t *testing.T) {
 		}
 	}
 }
+
+// TestReportInterNode: the inter-node columns and their key appear for a
+// group where some run moved bytes between nodes, and only there.
+func TestReportInterNode(t *testing.T) {
+	recs := browserRecords()[:1]
+	heads := func() string {
+		g := BuildReport(recs)
+		return strings.Join(g[0].cells()[0], " ") + strings.Join(reportKey(g), " ")
+	}
+	if h := heads(); strings.Contains(h, "inter_node") {
+		t.Errorf("one node: %s", h)
+	}
+	tr := *recs[0].Traffic
+	tr.InterNodeBytes, tr.CombineInterNodeGBps = 3<<20, 2.5
+	recs[0].Traffic = &tr
+	if h := heads(); !strings.Contains(h, "inter_node_MiB") || !strings.Contains(h, "combine_inter_node_GBps") || !strings.Contains(h, NodeFormula) {
+		t.Errorf("two nodes: %s", h)
+	}
+	if c := BuildReport(recs)[0].cells(); !strings.Contains(strings.Join(c[1], " "), " 3.00 ") {
+		t.Errorf("row %v", c[1])
+	}
+}

@@ -275,7 +275,7 @@ func decide(ch *Change, o CompareOptions) {
 	b, n := ch.Base, ch.New
 	switch {
 	case b.Status == StatusOK && n.Status != StatusOK:
-		ch.Verdict, ch.Why = VerdictRegression, "was ok, now "+n.Status+": "+n.Reason
+		ch.Verdict, ch.Why = VerdictRegression, "was ok, now "+StatusLine(n.Status, n.Config.Dispatcher, n.Config.Impl, n.Reason)
 		return
 	case b.Status != StatusOK && n.Status == StatusOK:
 		ch.Verdict, ch.Why = VerdictSame, "was "+b.Status+", now ok"

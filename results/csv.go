@@ -172,6 +172,10 @@ var csvTail = []csvField{
 	{"combine_algo_bytes", trafficBytes(func(t *Traffic) int64 { return t.CombineAlgorithm })},
 	{"dispatch_off_rank_bytes", trafficBytes(func(t *Traffic) int64 { return t.DispatchOffRank })},
 	{"combine_off_rank_bytes", trafficBytes(func(t *Traffic) int64 { return t.CombineOffRank })},
+	{"inter_node_bytes", trafficBytes(func(t *Traffic) int64 { return t.InterNodeBytes })},
+	{"intra_node_bytes", trafficBytes(func(t *Traffic) int64 { return t.IntraNodeBytes })},
+	{"dispatch_inter_node_GBps", traffic(func(t *Traffic) float64 { return t.DispatchInterNodeGBps })},
+	{"combine_inter_node_GBps", traffic(func(t *Traffic) float64 { return t.CombineInterNodeGBps })},
 	{"token_straggler_rel", ok(func(r *Record) string {
 		if r.Tokens == nil {
 			return ""

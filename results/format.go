@@ -80,7 +80,7 @@ func WriteTable(w io.Writer, rec *Record) error {
 		p.f("# sms: %s\n", rec.SMs.Note)
 	}
 	if rec.Status != StatusOK {
-		p.f("# status: %s: %s\n", rec.Status, rec.Reason)
+		p.f("# status: %s\n", StatusLine(rec.Status, rec.Config.Dispatcher, rec.Config.Impl, rec.Reason))
 		writeCorrectness(p, rec.Correctness)
 		return p.err
 	}
@@ -189,6 +189,11 @@ func WriteTable(w io.Writer, rec *Record) error {
 		if tr.CopyBytes > 0 {
 			p.f("# %-22s %s (every (token, expert) copy's bf16 row) · dispatch %.3f, combine %.3f GB/s per rank\n", "copy bytes/step",
 				bytesStr(tr.CopyBytes), tr.DispatchCopyGBps, tr.CombineCopyGBps)
+		}
+		if tr.InterNodeBytes > 0 {
+			p.f("# %-22s inter-node %s, intra-node %s each way ((token, rank) rows) · dispatch %.3f and %.3f, combine %.3f and %.3f GB/s per rank (inter, intra)\n",
+				"node bytes/step", bytesStr(tr.InterNodeBytes), bytesStr(tr.IntraNodeBytes),
+				tr.DispatchInterNodeGBps, tr.DispatchIntraNodeGBps, tr.CombineInterNodeGBps, tr.CombineIntraNodeGBps)
 		}
 		if tr.DispatchAlgorithm > 0 {
 			p.f("# %-22s dispatch %s, combine %s · %.3f and %.3f GB/s per rank", "algorithm bytes/step",

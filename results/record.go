@@ -3,6 +3,11 @@
 // such files safely.
 package results
 
+import (
+	"fmt"
+	"strings"
+)
+
 // Schema names this record version. Readers refuse any other.
 const Schema = "moebench.record/v1"
 
@@ -230,9 +235,24 @@ type GPUStack struct {
 // Ranks says how EP ranks map to devices.
 type Ranks struct {
 	EP       int    `json:"ep"`
-	Devices  []int  `json:"devices"`  // device of each rank (-1 = host)
+	Devices  []int  `json:"devices"`  // device of each rank (-1 = host); in a run over processes, its GPU on its node
 	Emulated bool   `json:"emulated"` // more ranks than devices: ranks packed
 	Note     string `json:"note,omitempty"`
+	// A run over several processes (nodes): how it was launched, and each
+	// process's ranks, node and GPUs (the rank → node/GPU map).
+	Launch    string    `json:"launch,omitempty"`
+	Processes []Process `json:"processes,omitempty"`
+}
+
+// Process is one process of a run over several: its ranks, its node, the
+// GPU of each rank on the node, and what of its stack differs from rank
+// 0's (StackDiff's relevant lines; the record's stack is rank 0's).
+type Process struct {
+	Process      int      `json:"process"`
+	Host         string   `json:"host"`
+	Ranks        []int    `json:"ranks"`
+	GPUs         []int    `json:"gpus"`
+	StackDiffers []string `json:"stack_differs,omitempty"`
 }
 
 // Stat summarises samples of one quantity, in the record's unit.
@@ -388,7 +408,23 @@ type Traffic struct {
 	CopyFormula      string  `json:"copy_payload_formula,omitempty"`
 	DispatchCopyGBps float64 `json:"dispatch_copy_gbps,omitempty"`
 	CombineCopyGBps  float64 `json:"combine_copy_gbps,omitempty"`
+	// A run over several processes: the last step's off-rank bytes by
+	// where they go, by the rank → node map of ranks.processes (NodeFormula):
+	// to a rank of another node (inter-node) or to another rank of the same
+	// node (intra-node), each way; and the GB/s a rank's share of each
+	// gives over the dispatch (combine) phase's p50.
+	InterNodeBytes        int64   `json:"inter_node_bytes,omitempty"`
+	IntraNodeBytes        int64   `json:"intra_node_bytes,omitempty"`
+	NodeFormula           string  `json:"node_formula,omitempty"`
+	DispatchInterNodeGBps float64 `json:"dispatch_inter_node_gbps,omitempty"`
+	DispatchIntraNodeGBps float64 `json:"dispatch_intra_node_gbps,omitempty"`
+	CombineInterNodeGBps  float64 `json:"combine_inter_node_gbps,omitempty"`
+	CombineIntraNodeGBps  float64 `json:"combine_intra_node_gbps,omitempty"`
 }
+
+// NodeFormula says how Traffic's inter- and intra-node bytes count.
+const NodeFormula = "(token, rank) pairs × hidden×2 B (bf16), each way: a token goes to a rank once however many of its experts the rank holds; " +
+	"inter-node: the rank is on another node than the token's (ranks.processes[].host), intra-node: another rank of the same node"
 
 // Memory is the peak memory of each rank.
 type Memory struct {
@@ -452,4 +488,11 @@ type GradCheck struct {
 	// came back bit for bit, else the first difference.
 	RoundTrip string `json:"round_trip"`
 	Note      string `json:"note"` // how the upstream gradient was drawn, and where the weight gradients' sums come from
+}
+
+// StatusLine is "STATUS: REASON" for a failed or unavailable record, its
+// reason without the "DISPATCHER (IMPL): STATUS: " prefix an error of the
+// record's own dispatcher starts with (the line already says both).
+func StatusLine(status, dispatcher, impl, reason string) string {
+	return status + ": " + strings.TrimPrefix(reason, fmt.Sprintf("%s (%s): %s: ", dispatcher, impl, status))
 }

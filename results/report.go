@@ -102,7 +102,7 @@ func (g Group) notes() []string {
 	for _, r := range g.Rows {
 		c := r.Rec.Config
 		if r.Rec.Status != StatusOK {
-			n = append(n, fmt.Sprintf("%s/%s sms=%d %s: %s", c.Dispatcher, c.Impl, c.SMs, r.Rec.Status, r.Rec.Reason))
+			n = append(n, fmt.Sprintf("%s/%s sms=%d %s", c.Dispatcher, c.Impl, c.SMs, StatusLine(r.Rec.Status, c.Dispatcher, c.Impl, r.Rec.Reason)))
 		}
 		if t := r.Rec.Timing; t != nil && t.Stopped != "" {
 			n = append(n, fmt.Sprintf("%s/%s sms=%d: %s", c.Dispatcher, c.Impl, c.SMs, t.Stopped))

@@ -165,3 +165,23 @@ func TestRankNote(t *testing.T) {
 		}
 	}
 }
+
+// TestStatusReadsOnce: an unavailable record's reason, an error of its own
+// dispatcher ("deepep (native): unavailable: …"), reads once in the table's
+// status line and the report's notes, not "unavailable: deepep (native):
+// unavailable: …"; another dispatcher's label (a base's) stays.
+func TestStatusReadsOnce(t *testing.T) {
+	rec := sample(StatusUnavailable)
+	rec.Config.Dispatcher, rec.Config.Impl = "deepep", "native"
+	rec.Reason = "deepep (native): unavailable: EP 16"
+	var b bytes.Buffer
+	if err := Write(&b, rec, "table"); err != nil {
+		t.Fatal(err)
+	}
+	if out := b.String(); !strings.Contains(out, "# status: unavailable: EP 16\n") {
+		t.Errorf("table:\n%s", out)
+	}
+	if got := StatusLine(StatusUnavailable, "feplb", "native", rec.Reason); got != "unavailable: deepep (native): unavailable: EP 16" {
+		t.Errorf("another dispatcher's reason: %q", got)
+	}
+}

@@ -4,6 +4,9 @@
 #
 #   scripts/gpu-check.sh [OUTDIR]            the whole check
 #   scripts/gpu-check.sh sanitize [OUTDIR]   only the compute-sanitizer steps
+#   scripts/gpu-check.sh twoproc [OUTDIR]    only the run over two processes
+#     (TWOPROC_FLAGS: its layer's flags, default --preset qwen3-30b-a3b;
+#     MOEBENCH_BIN: the moebench binary, default bin/moebench)
 #
 # Before: build the binaries on a machine with Go (the node needs no Go):
 #   scripts/build-gpu-bins.sh        (bin/moebench and bin/*.test)
@@ -21,8 +24,12 @@
 # benchmark (its SM budgets side by side with alltoall), the layer for
 # several presets, EP sizes, routings and dispatchers (alltoall natively and
 # through NCCL, FEPLB, deepep, hybridep and a sweep of SM budgets; with and
-# without --cuda-graph; hybridep and deepep through NCCL EP), and last
-# compute-sanitizer over the kernels' tests
+# without --cuda-graph; hybridep and deepep through NCCL EP), on a node with
+# 2 GPUs or more a run over two processes (MOEBENCH_RANK/MOEBENCH_WORLD, as
+# srun or mpirun launch one per node: alltoall --impl library at EP = the GPU
+# count, each process driving half the GPUs, NCCL's communicator made through
+# --rendezvous in a temporary folder, rank 0 writing the one record), and
+# last compute-sanitizer over the kernels' tests
 # (the cross-rank kernels included).
 #
 # How long: about 12 minutes. Each step has its own time limit, and a step
@@ -30,7 +37,8 @@
 # as such; BUDGET=1200 gives the sanitizer time to finish.
 #
 # What it writes: OUTDIR (default $OUT, else a new temporary folder, printed
-# at the start) holds each step's log, doctor.txt (what was found where),
+# at the start) holds each step's log (the two-process run's: one per
+# process too, NAME.p0.log and NAME.p1.log), doctor.txt (what was found where),
 # records.jsonl (one moebench record per layer run), bench-*.json and
 # report.txt; a summary table is printed last. Exit status 0 when every step
 # passed, 1 otherwise.
@@ -41,14 +49,15 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 mode=all
-if [ "${1:-}" = sanitize ]; then
-  mode=sanitize
+if [ "${1:-}" = sanitize ] || [ "${1:-}" = twoproc ]; then
+  mode=$1
   shift
 fi
 OUT=${1:-${OUT:-$(mktemp -d)}}
 mkdir -p "$OUT" || exit 2
 echo "gpu-check: writing to $OUT"
-[ -x bin/moebench ] || { echo "bin/moebench missing: run scripts/build-gpu-bins.sh on a machine with Go and copy bin/ here" >&2; exit 2; }
+mb=${MOEBENCH_BIN:-$PWD/bin/moebench}
+[ -x "$mb" ] || { echo "$mb missing: run scripts/build-gpu-bins.sh on a machine with Go and copy bin/ here" >&2; exit 2; }
 
 # (moebench itself also searches these and the wheels of the python3 on the
 # path; the loader's path serves the libraries' own dependencies)
@@ -79,24 +88,24 @@ step() {
 records="$OUT/records.jsonl"
 layer() { # name, then moebench flags
   local name=$1; shift
-  step "layer-$name" 120 bin/moebench --device cuda "$@" --out "$records"
+  step "layer-$name" 120 "$mb" --device cuda "$@" --out "$records"
 }
 
-bin/moebench doctor 2>&1 | tee "$OUT/doctor.txt"
-if [ "$mode" != sanitize ]; then
+"$mb" doctor 2>&1 | tee "$OUT/doctor.txt"
+if [ "$mode" = all ]; then
 layer qwen3-30b-ep8 --preset qwen3-30b-a3b --ep 8
 for t in bin/*.test; do
   step "test-$(basename "$t" .test)" 200 "$t" -test.v
 done
 for preset in qwen3-30b-a3b deepseek-v3; do
-  step "bench-$preset" 150 bin/moebench bench kernels --preset "$preset" --ep 8 --out "$OUT/bench-$preset.json"
+  step "bench-$preset" 150 "$mb" bench kernels --preset "$preset" --ep 8 --out "$OUT/bench-$preset.json"
   cat "$OUT/bench-$preset.log" 2>/dev/null
 done
 # DeepEP's design (moebench's kernels): the reference layer at 24 SMs per rank
 # (8 ranks packed on one GPU: 192 blocks resident at once), then dispatch and
 # combine alone per budget, each point checked, next to alltoall
 layer deepep-qwen3-30b-ep8 --preset qwen3-30b-a3b --ep 8 --dispatcher deepep --sms 24
-step bench-dispatch 150 bin/moebench bench dispatch --device cuda --preset qwen3-30b-a3b --ep 8 \
+step bench-dispatch 150 "$mb" bench dispatch --device cuda --preset qwen3-30b-a3b --ep 8 \
   --dispatcher alltoall,deepep --sms 8,16,24,32 --out "$OUT/bench-dispatch.json"
 cat "$OUT/bench-dispatch.log" 2>/dev/null
 layer tiny-ep8 --preset tiny --ep 8
@@ -128,7 +137,7 @@ layer feplb-qwen3-30b-ep8-skewed-d4 --preset qwen3-30b-a3b --ep 8 --routing skew
 # on a one-GPU node that run is recorded unavailable, with the reason.
 layer hybridep-qwen3-30b-ep8-sms32 --preset qwen3-30b-a3b --ep 8 --dispatcher hybridep --sms 32
 layer hybridep-qwen3-30b-ep8-d4 --preset qwen3-30b-a3b --ep 8 --dispatcher hybridep --sms 16 --domain 4
-step sweep-hybridep 300 bin/moebench sweep --device cuda --presets qwen3-30b-a3b --ep 8 \
+step sweep-hybridep 300 "$mb" sweep --device cuda --presets qwen3-30b-a3b --ep 8 \
   --dispatchers alltoall,deepep,hybridep --sms 16,24,32 --out "$records"
 # NCCL EP (--impl library): hybridep through its high-throughput mode, deepep
 # through its low-latency mode (128 tokens, its regime), one rank per GPU: on
@@ -138,13 +147,43 @@ step sweep-hybridep 300 bin/moebench sweep --device cuda --presets qwen3-30b-a3b
 layer ncclep-ht-qwen3-30b-ep1 --preset qwen3-30b-a3b --ep 1 --dispatcher hybridep --impl library
 layer ncclep-ll-qwen3-30b-ep1 --preset qwen3-30b-a3b --ep 1 --dispatcher deepep --impl library --tokens 128
 fi
+if [ "$mode" != sanitize ]; then
+# a run over two processes on this node, as a launcher starts one per node
+# (README: runs over several nodes): alltoall through NCCL at EP = the GPU
+# count (even), each process driving half the GPUs from its MOEBENCH_LOCAL_RANK
+# on, NCCL's unique id through --rendezvous in a temporary folder; rank 0
+# appends the run's one record, the other process writes none
+gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+if [ "$gpus" -ge 2 ]; then
+  ep=$((gpus - gpus % 2))
+  name=twoproc-alltoall-nccl-ep$ep
+  rv=$(mktemp -d)
+  # shellcheck disable=SC2086 # TWOPROC_FLAGS is a list of flags
+  step "$name" 180 bash -c '
+    mb=$1 out=$2 name=$3 rv=$4 rec=$5; shift 5
+    for r in 0 1; do
+      MOEBENCH_RANK=$r MOEBENCH_WORLD=2 MOEBENCH_LOCAL_RANK=$r timeout 170 "$mb" --device cuda "$@" \
+        --rendezvous "$rv/id" --out "$rec" > "$out/$name.p$r.log" 2>&1 &
+      pid[r]=$!
+    done
+    rc=0
+    for r in 0 1; do wait "${pid[r]}" || rc=1; done
+    for r in 0 1; do echo "== process $r"; tail -n 20 "$out/$name.p$r.log"; done
+    exit $rc' _ "$mb" "$OUT" "$name" "$rv" "$records" ${TWOPROC_FLAGS:---preset qwen3-30b-a3b} --ep "$ep" --dispatcher alltoall --impl library
+  rm -rf "$rv"
+else
+  result[twoproc]="n/a (nvidia-smi lists $gpus GPU(s): a run over two processes needs one GPU per rank, at least 2)"
+fi
+fi
 # last, as the budget allows: compute-sanitizer over the GPU tests of
 # moebench's own kernels (not cuBLAS's): memcheck (out-of-bounds and
 # misaligned accesses), racecheck (shared-memory races), synccheck (barriers
 # and warp-wide calls in divergent code), initcheck (reads of memory never
 # written). It refuses some machines' GPUs ("device not supported").
 san=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)
-if [ -n "$san" ]; then
+if [ "$mode" = twoproc ]; then
+  :
+elif [ -n "$san" ]; then
   for tool in memcheck racecheck synccheck initcheck; do
     step "sanitize-$tool" 150 "$san" --tool "$tool" --error-exitcode 3 \
       bin/kernels.test -test.v -test.run '^TestGPU(Router|Permute|SortChunks|SwiGLUAndUnpermute)$'
@@ -164,7 +203,7 @@ if [ -n "$san" ]; then
 else
   result[sanitize]="n/a (no compute-sanitizer)"
 fi
-[ -e "$records" ] && bin/moebench report "$records" > "$OUT/report.txt" 2>&1
+[ -e "$records" ] && "$mb" report "$records" > "$OUT/report.txt" 2>&1
 cat "$OUT/report.txt" 2>/dev/null
 
 echo

@@ -30,19 +30,44 @@
 # Slurm, on one whole node:
 #   sbatch --nodes=1 --exclusive --time=01:00:00 --output=nightly-%j.log \
 #          --wrap "cd /path/to/moebench && scripts/nightly.sh"
+#
+# Over several nodes (README: runs over several nodes), start it under the
+# launcher, MOEBENCH_NIGHTLY_DIR on a filesystem every node sees:
+#   srun -N 2 --ntasks-per-node 1 scripts/nightly.sh
+# Every process runs the sweep (--rendezvous MOEBENCH_NIGHTLY_DIR/rendezvous,
+# or MOEBENCH_NIGHTLY_RENDEZVOUS); rank 0 alone writes the run, the history,
+# the report and the comparison, and its exit status is the night's; the
+# others exit with their sweep's. Without MOEBENCH_BIN each process builds
+# its own binary (bin/moebench.HOST.RANK). The process's rank is read as
+# moebench reads it (internal/launch: MOEBENCH_RANK, Open MPI's, PMI's,
+# torchrun's, srun's variables, in that order).
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 sweep=${1:-$root/scripts/nightly-sweep.json}
 dir=${MOEBENCH_NIGHTLY_DIR:-$HOME/moebench-nightly}
 mkdir -p "$dir/runs" "$dir/reports" || exit 1
 
+# this process's rank and the run's processes, as moebench reads them
+rank=0 world=1
+for pair in MOEBENCH_RANK:MOEBENCH_WORLD OMPI_COMM_WORLD_RANK:OMPI_COMM_WORLD_SIZE PMI_RANK:PMI_SIZE RANK:WORLD_SIZE SLURM_PROCID:SLURM_STEP_NUM_TASKS; do
+  rv=${pair%%:*} wv=${pair##*:}
+  if [ -n "${!rv:-}" ] && [ -n "${!wv:-}" ]; then
+    rank=${!rv} world=${!wv}
+    break
+  fi
+done
+host=$(hostname -s 2>/dev/null || hostname)
+distributed=()
+if [ "$world" -gt 1 ]; then
+  distributed=(--rendezvous "${MOEBENCH_NIGHTLY_RENDEZVOUS:-$dir/rendezvous}")
+fi
+
 bin=${MOEBENCH_BIN:-}
 if [ -z "$bin" ]; then
   bin=$dir/bin/moebench
+  [ "$world" -gt 1 ] && bin=$dir/bin/moebench.$host.$rank # the processes build at once
   (cd "$root" && go build -buildvcs=true -o "$bin" ./cmd/moebench) || { echo "nightly: build failed" >&2; exit 1; }
 fi
-
-host=$(hostname -s 2>/dev/null || hostname)
 stamp=$(date -u +%Y%m%dT%H%M%SZ)
 name=$host-$stamp
 n=1
@@ -52,8 +77,12 @@ while [ -e "$dir/runs/$name.jsonl" ]; do # never append to an earlier run
 done
 run=$dir/runs/$name.jsonl
 
-"$bin" sweep --file "$sweep" --out "$run"
+"$bin" sweep --file "$sweep" --out "$run" "${distributed[@]}"
 rc=$?
+if [ "$rank" != 0 ]; then # rank 0 writes the run and does the rest
+  echo "nightly: process $rank of $world: sweep exit $rc; rank 0 writes the run"
+  exit "$rc"
+fi
 # 0: all points ran; 1: some point failed (recorded, and compare will flag it)
 if [ "$rc" -ne 0 ] && [ "$rc" -ne 1 ]; then
   echo "nightly: sweep did not complete (exit $rc)" >&2

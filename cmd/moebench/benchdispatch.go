@@ -110,7 +110,7 @@ func writeDispatchBench(w io.Writer, b *harness.DispatchBench) {
 			sms = fmt.Sprint(p.Budget)
 		}
 		if p.Status != results.StatusOK {
-			fmt.Fprintf(tw, "%s\t%s\t—\t—\t—\t—\t—\t—\t%s: %s\t\n", p.Dispatcher, sms, p.Status, p.Reason)
+			fmt.Fprintf(tw, "%s\t%s\t—\t—\t—\t—\t—\t—\t%s\t\n", p.Dispatcher, sms, results.StatusLine(p.Status, p.Dispatcher, p.Impl, p.Reason))
 			continue
 		}
 		var dms, cms float64

@@ -14,13 +14,14 @@ import (
 	"github.com/moebench/moebench/dispatchers"
 	"github.com/moebench/moebench/harness"
 	"github.com/moebench/moebench/internal/cuda"
+	"github.com/moebench/moebench/internal/launch"
 	"github.com/moebench/moebench/results"
 )
 
 // options holds the parsed flags.
 type options struct {
 	preset, dispatcher, impl, score, routing, device, out, format, dump string
-	feplbBase, feplbPolicy, cudaLibs, hostExperts                       string
+	feplbBase, feplbPolicy, cudaLibs, rendezvous, hostExperts           string
 	domain, feplbDyn                                                    int
 	tokens, hidden, ffn, experts, topk, shared, groups, groupTopK       int
 	sms, ep, gpus, warmup, iters                                        int
@@ -88,7 +89,8 @@ func addControlFlags(fs *pflag.FlagSet, o *options) {
 	fs.Float64Var(&o.maxSeconds, "max-seconds", 0, "time budget of the warm-up and timed iterations: past it the run stops after the current iteration and records what it timed (at least one iteration); 0 = none")
 	fs.BoolVar(&o.forwardOnly, "forward-only", d.ForwardOnly, "time the forward pass alone (default: every iteration is a training step, forward then backward, and the check covers every gradient; on the cuda device deepep, hybridep and the NCCL EP library implementations time the forward only in this build, and the record says why)")
 	fs.BoolVar(&o.check, "check", d.Check, "check the output (and in a training step every gradient) against the float64 reference (--check=false to skip)")
-	fs.DurationVar(&o.commTimeout, "comm-timeout", d.CommTimeout, "SM-driven dispatchers: the longest a cross-rank wait may take before the run fails naming the rank, phase and wait (NCCL EP: its timeout_ns)")
+	fs.DurationVar(&o.commTimeout, "comm-timeout", d.CommTimeout, "SM-driven dispatchers: the longest a cross-rank wait may take before the run fails naming the rank, phase and wait (NCCL EP: its timeout_ns); a run over several processes: the longest any process waits for the others while none moves on; a call on a GPU's thread after the first step may take 6 times it, at least 30s (0 = 5s)")
+	fs.StringVar(&o.rendezvous, "rendezvous", "", "a run over several processes (srun, mpirun, torchrun, MOEBENCH_RANK/MOEBENCH_WORLD): a file on a filesystem every node sees, where rank 0 writes NCCL's unique id and the processes watch each other; not needed with NCCL_COMM_ID=host:port, but without it a failing process cannot be named")
 	fs.StringVar(&o.device, "device", d.Device, "device: auto (cuda if a driver and GPU are found, else host) | host | cuda")
 	addLibFlag(fs, &o.cudaLibs)
 }
@@ -188,7 +190,7 @@ func (o *options) checkOutputs(stderr io.Writer) error {
 	if !slices.Contains(results.Formats, o.format) {
 		return &harness.ConfigError{Flag: "format", Value: o.format, Allowed: "allowed: " + strings.Join(results.Formats, ", ")}
 	}
-	if o.out != "" {
+	if o.out != "" && writesRecords() {
 		torn, err := results.CheckAppend(o.out)
 		if err != nil {
 			return &harness.ConfigError{Flag: "out", Value: o.out, Allowed: err.Error()}
@@ -250,4 +252,12 @@ reason, never timed); 2 bad command line or input, found before any work
 (a Go runtime crash, "fatal error:" on stderr, also exits 2: report it);
 3 regression found, 4 stacks differ (compare).
 `)
+}
+
+// writesRecords: this process writes --out — the only one, or rank 0 of a
+// run launched over several (the others leave the file alone: it may be
+// the same file, on a shared filesystem).
+func writesRecords() bool {
+	l, err := launch.Detect(os.Getenv)
+	return err != nil || l.Rank == 0
 }

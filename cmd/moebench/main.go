@@ -14,9 +14,11 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/moebench/moebench/dispatchers"
 	_ "github.com/moebench/moebench/dispatchers/all"
 	"github.com/moebench/moebench/harness"
 	"github.com/moebench/moebench/internal/cuda"
+	"github.com/moebench/moebench/internal/launch"
 	"github.com/moebench/moebench/kernels"
 	"github.com/moebench/moebench/results"
 )
@@ -105,11 +107,19 @@ func runLayer(args []string, stdout, stderr io.Writer) (code int) {
 			fmt.Fprintf(stderr, "moebench: note: %.0f GFLOP of expert GEMMs per step on the host device; expect minutes (reduce --tokens or --iters, or add --forward-only)\n", fl/1e9)
 		}
 	}
-	if why := harness.ForwardOnlyReason(cfg); why != "" {
+	rv, err := rendezvous(o, cfg)
+	if err != nil {
+		return usageError(stderr, err)
+	}
+	if rv != nil {
+		defer rv.Close()
+	}
+	env := harness.Env{Version: version(), DeviceNote: note, Dump: o.dump, Progress: stderr, Rendezvous: rv}
+	if why := env.ForwardOnlyReason(cfg); why != "" {
 		fmt.Fprintf(stderr, "moebench: forward only: %s (add --forward-only to say so)\n", why)
 	}
 	defer limitMemory(harness.HostBytes(cfg))()
-	rec, err := harness.Run(cfg, harness.Env{Version: version(), DeviceNote: note, Dump: o.dump, Progress: stderr})
+	rec, err := harness.Run(cfg, env)
 	var ce *harness.ConfigError
 	if errors.As(err, &ce) {
 		return usageError(stderr, err)
@@ -121,6 +131,10 @@ func runLayer(args []string, stdout, stderr io.Writer) (code int) {
 	}
 	if rec == nil {
 		return exitRuntime
+	}
+	if rv != nil && rv.L.Rank != 0 { // rank 0 writes the run's one record
+		fmt.Fprintf(stderr, "moebench: process %d of %d (%s): %s; rank 0 writes the record\n", rv.L.Rank, rv.L.World, rv.L.Host, rec.Status)
+		return code
 	}
 	if rec.Timing != nil && rec.Timing.Stopped != "" {
 		fmt.Fprintf(stderr, "moebench: %s\n", rec.Timing.Stopped)
@@ -136,6 +150,26 @@ func runLayer(args []string, stdout, stderr io.Writer) (code int) {
 		}
 	}
 	return code
+}
+
+// rendezvous is the meeting of a run launched over several processes
+// (internal/launch), or nil for a run of this process alone.
+func rendezvous(o options, cfg harness.Config) (*launch.Rendezvous, error) {
+	l, err := launch.Detect(os.Getenv)
+	if err != nil || !l.Distributed() {
+		if err == nil && o.rendezvous != "" {
+			err = fmt.Errorf("--rendezvous=%s: applies to a run launched over several processes (srun, mpirun, torchrun, MOEBENCH_RANK/MOEBENCH_WORLD); none was detected", o.rendezvous)
+		}
+		return nil, err
+	}
+	if cfg.Device != "cuda" {
+		return nil, fmt.Errorf("--device=%s: a run over %d processes (%s) needs the cuda device (the host device runs every rank in one process)", cfg.Device, l.World, l.Via)
+	}
+	timeout := cfg.CommTimeout
+	if timeout == 0 {
+		timeout = dispatchers.DefaultCommTimeout
+	}
+	return launch.NewRendezvous(l, o.rendezvous, timeout)
 }
 
 // appendRecord appends rec to the results file at path and tells stderr

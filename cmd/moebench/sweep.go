@@ -126,10 +126,24 @@ func sweep(args []string, stdout, stderr io.Writer) int {
 			note += fmt.Sprintf("; --gpus does not apply: %d point(s) that differed only in it left out", dropped)
 		}
 	}
-	fmt.Fprintf(stderr, "moebench sweep: %d points on the %s device (%s) → %s\n", len(points), dev, note, o.out)
 	for i := range points {
 		points[i].Device = dev
 	}
+	rv, err := rendezvous(o, points[0])
+	if err == nil && rv != nil && rv.File == "" {
+		err = fmt.Errorf("a sweep over %d processes (%s) needs --rendezvous FILE: every point's set-up ends in an agreement through files beside it (all processes run it, or none does)", rv.L.World, rv.L.Via)
+	}
+	if err != nil {
+		return usageError(stderr, err)
+	}
+	writes := "→ " + o.out
+	if rv != nil {
+		defer rv.Close()
+		if rv.L.Rank != 0 {
+			writes = fmt.Sprintf("(process %d of %d: rank 0 writes %s)", rv.L.Rank, rv.L.World, o.out)
+		}
+	}
+	fmt.Fprintf(stderr, "moebench sweep: %d points on the %s device (%s) %s\n", len(points), dev, note, writes)
 
 	// Ctrl-C: stop between points; a second one quits at once, but never
 	// while a record is being appended.
@@ -156,6 +170,9 @@ func sweep(args []string, stdout, stderr io.Writer) int {
 
 	counts := map[string]int{}
 	record := func(rec *results.Record) error {
+		if rv != nil && rv.L.Rank != 0 { // rank 0 writes the run's records
+			return nil
+		}
 		appendMu.Lock()
 		defer appendMu.Unlock()
 		return appendRecord(o.out, rec, stderr)
@@ -191,10 +208,14 @@ func sweep(args []string, stdout, stderr io.Writer) int {
 		most = max(most, harness.HostBytes(p))
 	}
 	defer limitMemory(most)()
-	done, err := harness.Sweep(points, harness.Env{Version: version(), DeviceNote: note, Progress: stderr}, stop, record, progress)
-	fmt.Fprintf(stderr, "moebench sweep: %d of %d points: %d ok, %d unavailable, %d failed → %s\n", done, len(points),
-		counts[results.StatusOK], counts[results.StatusUnavailable], counts[results.StatusFailed], o.out)
+	done, err := harness.Sweep(points, harness.Env{Version: version(), DeviceNote: note, Progress: stderr, Rendezvous: rv}, stop, record, progress)
+	fmt.Fprintf(stderr, "moebench sweep: %d of %d points: %d ok, %d unavailable, %d failed %s\n", done, len(points),
+		counts[results.StatusOK], counts[results.StatusUnavailable], counts[results.StatusFailed], writes)
+	var stopped *harness.SweepStopped
 	switch {
+	case errors.As(err, &stopped):
+		fmt.Fprintf(stderr, "moebench sweep: %v\n", err)
+		return exitRuntime
 	case err != nil:
 		fmt.Fprintf(stderr, "moebench sweep: --out: %v\n", err)
 		return exitRuntime

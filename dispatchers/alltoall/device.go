@@ -3,6 +3,7 @@ package alltoall
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"unsafe"
 
 	"github.com/moebench/moebench/dispatchers"
@@ -16,7 +17,9 @@ func init() { dispatchers.RegisterDevice("alltoall", NewDevice) }
 // natively with copies (within a GPU when ranks share one, emulated EP; peer
 // copies between GPUs), or by the library implementation with NCCL's grouped
 // send/recv, Megatron's transport, which needs one GPU per rank: each rank
-// issues its sends and receives from its GPU's thread.
+// issues its sends and receives from its GPU's thread, its counts too
+// (all-gathered over NCCL before the host sync), so that it also runs over
+// ranks of several processes (DeviceRank.Comm).
 func NewDevice(impl string, env dispatchers.Env) (dispatchers.DeviceDispatcher, error) {
 	return &Device{library: impl == dispatchers.ImplLibrary}, nil
 }
@@ -28,6 +31,7 @@ type Device struct {
 	st      []devState
 	library bool
 	comm    kernels.Comm // the library implementation's
+	ownComm bool         // opened by Bind (else the layer's, spanning processes)
 }
 
 // devState is one rank's buffers. Row counts are known on the host after the
@@ -44,6 +48,10 @@ type devState struct {
 	fresh      bool    // hostCounts and sendOff are this step's (HostWait)
 	// the library implementation's side of the exchange being queued
 	sends, recvs []kernels.Transfer
+	// the library implementation's count all-gather: every rank's
+	// per-expert counts [EP, Experts] int32 on the device and on the host
+	allCounts kernels.Ptr
+	peer      []int32
 
 	// receive side: chunk (source s, local expert l) has chunkN[s][l] rows at
 	// recvOff[s][l] of the [source][local] receive buffer
@@ -85,15 +93,7 @@ func (a *Device) Bind(shape dispatchers.Shape, ranks []*dispatchers.DeviceRank) 
 	}
 	a.shape, a.ranks = shape, ranks
 	if a.library {
-		devs, streams := make([]kernels.Device, len(ranks)), make([]kernels.Stream, len(ranks))
-		for r, rk := range ranks {
-			devs[r], streams[r] = rk.Dev, rk.Stream
-		}
-		var err error
-		var no *kernels.NoCommError
-		if a.comm, err = kernels.OpenComm(ranks[0].Threads, devs, streams); errors.As(err, &no) {
-			return &dispatchers.UnavailableError{Name: "alltoall", Impl: dispatchers.ImplLibrary, Reason: "NCCL: " + no.Reason}
-		} else if err != nil {
+		if err := a.openComm(); err != nil {
 			return err
 		}
 	}
@@ -101,12 +101,22 @@ func (a *Device) Bind(shape dispatchers.Shape, ranks []*dispatchers.DeviceRank) 
 	n, h, L := int64(shape.Tokens*shape.TopK), int64(shape.Hidden), shape.LocalExperts()
 	for r := range a.st {
 		s, dev := &a.st[r], ranks[r].Dev
+		if dev == nil { // another process's rank
+			continue
+		}
 		var err error
 		if s.fixed, err = kernels.Resize(dev, 1, kernels.Buf{P: &s.rows, PerRow: 4 * n}, kernels.Buf{P: &s.pos, PerRow: 4 * n},
 			kernels.Buf{P: &s.counts, PerRow: 4 * int64(shape.Experts)}, kernels.Buf{P: &s.permX, PerRow: 2 * n * h},
 			kernels.Buf{P: &s.permY, PerRow: 2 * n * h}, kernels.Buf{P: &s.permP, PerRow: 4 * n},
 			kernels.Buf{P: &s.recvCounts, PerRow: 4 * int64(shape.Experts)}); err != nil {
 			return err
+		}
+		if a.library {
+			held, err := kernels.Resize(dev, 1, kernels.Buf{P: &s.allCounts, PerRow: 4 * int64(shape.EP*shape.Experts)})
+			if s.fixed += held; err != nil {
+				return err
+			}
+			s.peer = make([]int32, shape.EP*shape.Experts)
 		}
 		if s.mapped, err = dev.AllocMapped(4 * int64(shape.Experts)); err != nil {
 			return err
@@ -125,6 +135,29 @@ func (a *Device) Bind(shape dispatchers.Shape, ranks []*dispatchers.DeviceRank) 
 		ranks[r].ExpertRows = make([]int, L)
 	}
 	return nil
+}
+
+// openComm takes the layer's communicator over the ranks of every process
+// (DeviceRank.Comm), or opens one over this process's ranks; without one
+// the library implementation is unavailable.
+func (a *Device) openComm() error {
+	for _, rk := range a.ranks {
+		if rk.Comm != nil {
+			a.comm = rk.Comm
+			return nil
+		}
+	}
+	devs, streams := make([]kernels.Device, len(a.ranks)), make([]kernels.Stream, len(a.ranks))
+	for r, rk := range a.ranks {
+		devs[r], streams[r] = rk.Dev, rk.Stream
+	}
+	var err error
+	var no *kernels.NoCommError
+	if a.comm, err = kernels.OpenComm(a.ranks[0].Threads, devs, streams); errors.As(err, &no) {
+		return &dispatchers.UnavailableError{Name: "alltoall", Impl: dispatchers.ImplLibrary, Reason: "NCCL: " + no.Reason}
+	}
+	a.ownComm = err == nil
+	return err
 }
 
 // Permute orders rank r's copies expert-major (also destination-rank major)
@@ -190,8 +223,22 @@ func (a *Device) NoGraph() string {
 func (a *Device) exchangeCounts(src int) error {
 	sh := a.shape
 	L := sh.LocalExperts()
-	s := &a.st[src]
-	if err := a.ranks[src].Dev.SyncStream(a.ranks[src].Stream); err != nil {
+	s, rk := &a.st[src], a.ranks[src]
+	if a.library { // Megatron's count exchange over NCCL: every rank's counts to every rank
+		E := int64(sh.Experts)
+		s.sends, s.recvs = s.sends[:0], s.recvs[:0]
+		for d := range sh.EP {
+			s.sends = append(s.sends, kernels.Transfer{Peer: d, Buf: s.counts, Bytes: 4 * E})
+			s.recvs = append(s.recvs, kernels.Transfer{Peer: d, Buf: s.allCounts + kernels.Ptr(4*E*int64(d)), Bytes: 4 * E})
+		}
+		if err := a.comm.Exchange(src, s.sends, s.recvs); err != nil {
+			return err
+		}
+		if err := rk.Dev.Download(s.peer, s.allCounts, rk.Stream); err != nil { // waits for the stream
+			return err
+		}
+		copy(s.hostCounts, s.peer[src*sh.Experts:(src+1)*sh.Experts])
+	} else if err := rk.Dev.SyncStream(rk.Stream); err != nil {
 		return err
 	}
 	for d := range sh.EP {
@@ -226,7 +273,7 @@ func (a *Device) Dispatch(r int) error {
 	clear(rk.ExpertRows)
 	for src := range sh.EP {
 		for l := range L {
-			c := int(a.st[src].hostCounts[r*L+l])
+			c := int(a.countsOf(r, src)[r*L+l])
 			s.chunkN[src][l], s.recvOff[src][l] = c, total
 			rk.ExpertRows[l] += c
 			total += c
@@ -270,6 +317,26 @@ func (a *Device) Dispatch(r int) error {
 	return a.sortChunks(r)
 }
 
+// countsOf is rank src's per-expert counts as rank r's host has them:
+// every rank's own in the native implementation (one process), the
+// all-gathered ones in the library's.
+func (a *Device) countsOf(r, src int) []int32 {
+	if a.library {
+		E := a.shape.Experts
+		return a.st[r].peer[src*E : (src+1)*E]
+	}
+	return a.st[src].hostCounts
+}
+
+// fromRows is how many rows rank src sends rank r (set by r's Dispatch).
+func (s *devState) fromRows(src int) int64 {
+	n := 0
+	for _, c := range s.chunkN[src] {
+		n += c
+	}
+	return int64(n)
+}
+
 // exchangeRows is rank r's side of the dispatch's NCCL group: to each rank
 // d, its rows for d's experts, their probabilities and its counts for d's
 // experts; from each rank, the same for r, into r's [source][local expert]
@@ -285,8 +352,7 @@ func (a *Device) exchangeRows(r int) error {
 			kernels.Transfer{Peer: d, Buf: s.counts + kernels.Ptr(4*d*L), Bytes: int64(4 * L)})
 	}
 	for src := range sh.EP {
-		ss := &a.st[src]
-		rows, at := int64(ss.sendOff[r+1]-ss.sendOff[r]), int64(s.recvOff[src][0])
+		rows, at := s.fromRows(src), int64(s.recvOff[src][0])
 		s.recvs = append(s.recvs, kernels.Transfer{Peer: src, Buf: s.recvX + kernels.Ptr(2*at*h), Bytes: 2 * rows * h},
 			kernels.Transfer{Peer: src, Buf: s.recvP + kernels.Ptr(4*at), Bytes: 4 * rows},
 			kernels.Transfer{Peer: src, Buf: s.recvCounts + kernels.Ptr(4*src*L), Bytes: int64(4 * L)})
@@ -323,8 +389,7 @@ func (a *Device) Combine(r int) error {
 	if a.library {
 		s.sends, s.recvs = s.sends[:0], s.recvs[:0]
 		for src := range sh.EP {
-			ss := &a.st[src]
-			rows, from := int64(ss.sendOff[r+1]-ss.sendOff[r]), int64(s.recvOff[src][0])
+			rows, from := s.fromRows(src), int64(s.recvOff[src][0])
 			s.sends = append(s.sends, kernels.Transfer{Peer: src, Buf: s.recvY + kernels.Ptr(2*from*h), Bytes: 2 * rows * h})
 		}
 		for d := range sh.EP {
@@ -369,6 +434,20 @@ func (a *Device) Traffic() dispatchers.Traffic {
 	for r := range a.st {
 		sendOff[r] = a.st[r].sendOff
 	}
+	if a.library { // every rank's, from the counts this process's first rank gathered
+		L := a.shape.LocalExperts()
+		first := slices.IndexFunc(a.ranks, func(rk *dispatchers.DeviceRank) bool { return rk.Dev != nil })
+		for src := range sendOff {
+			so, counts := make([]int, a.shape.EP+1), a.countsOf(first, src)
+			for d := range a.shape.EP {
+				so[d+1] = so[d]
+				for _, c := range counts[d*L : (d+1)*L] {
+					so[d+1] += int(c)
+				}
+			}
+			sendOff[src] = so
+		}
+	}
 	t := traffic(a.shape, sendOff)
 	if len(a.st) > 0 && a.st[0].backward {
 		backwardTraffic(&t, a.shape.Hidden)
@@ -399,13 +478,16 @@ func (a *Device) Close() error {
 	var first error
 	for r := range a.st {
 		s, rk := &a.st[r], a.ranks[r]
+		if rk.Dev == nil {
+			continue
+		}
 		if rk.ExpertX == s.permX { // EP 1: shared, see Dispatch
 			rk.ExpertX, rk.ExpertProbs = 0, 0
 		}
 		if rk.ExpertDY == s.permY { // EP 1: shared, see UnpermuteBackward
 			rk.ExpertDY = 0
 		}
-		if err := kernels.Free(rk.Dev, &s.rows, &s.pos, &s.counts, &s.permX, &s.permY, &s.permP, &s.recvCounts,
+		if err := kernels.Free(rk.Dev, &s.rows, &s.pos, &s.counts, &s.permX, &s.permY, &s.permP, &s.recvCounts, &s.allCounts,
 			&s.recvX, &s.recvP, &s.recvY, &rk.ExpertX, &rk.ExpertProbs, &rk.ExpertDY, &rk.DX, &rk.DProbs); first == nil {
 			first = err
 		}
@@ -417,11 +499,11 @@ func (a *Device) Close() error {
 			s.mapped, s.hostCounts = kernels.Mapped{}, nil
 		}
 	}
-	if a.comm != nil {
+	if a.comm != nil && a.ownComm {
 		if err := a.comm.Close(); first == nil {
 			first = err
 		}
-		a.comm = nil
 	}
+	a.comm = nil
 	return first
 }

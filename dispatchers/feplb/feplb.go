@@ -18,6 +18,7 @@
 package feplb
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -55,8 +56,9 @@ func options(impl string, env dispatchers.Env) (base string, err error) {
 
 // baseUnavailable says FEPLB is unavailable because its base is.
 func baseUnavailable(impl string, err error) error {
-	if dispatchers.IsUnavailable(err) {
-		return &dispatchers.UnavailableError{Name: "feplb", Impl: impl, Reason: "base dispatcher " + err.Error()}
+	var u *dispatchers.UnavailableError
+	if errors.As(err, &u) { // its reason once: "base dispatcher deepep (native): …"
+		return &dispatchers.UnavailableError{Name: "feplb", Impl: impl, Reason: fmt.Sprintf("base dispatcher %s (%s): %s", u.Name, u.Impl, u.Reason)}
 	}
 	return err
 }

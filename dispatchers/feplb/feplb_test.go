@@ -90,3 +90,13 @@ func TestPacked(t *testing.T) {
 		t.Errorf("ranks 1 and 2 share a device but not a domain of 2: %q", got)
 	}
 }
+
+// TestBaseUnavailableReadsOnce: FEPLB over an unavailable base names the
+// base once, its reason once ("feplb (native): unavailable: base dispatcher
+// deepep (native): …", not "… deepep (native): unavailable: …").
+func TestBaseUnavailableReadsOnce(t *testing.T) {
+	err := baseUnavailable(dispatchers.ImplNative, &dispatchers.UnavailableError{Name: "deepep", Impl: dispatchers.ImplNative, Reason: "EP 16"})
+	if got := err.Error(); !dispatchers.IsUnavailable(err) || strings.Count(got, "unavailable") != 1 || !strings.Contains(got, "base dispatcher deepep (native): ") {
+		t.Errorf("%v", err)
+	}
+}

@@ -1,0 +1,370 @@
+package main
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/moebench/moebench/internal/hostsim"
+	"github.com/moebench/moebench/kernels"
+	"github.com/moebench/moebench/results"
+)
+
+// TestMain also makes the test binary a moebench process of a distributed
+// run (MOEBENCH_TEST_PROCESS=1): the CLI with its kernels compiled for the
+// CPU, on the fake driver and the fake NCCL the environment names.
+func TestMain(m *testing.M) {
+	if os.Getenv("MOEBENCH_TEST_PROCESS") == "1" {
+		comp, err := hostsim.New()
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		kernels.NewCompiler = func() (kernels.Compiler, error) { return comp, nil }
+		os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+	}
+	os.Exit(m.Run())
+}
+
+// proc is one process of a distributed run started by a test.
+type proc struct {
+	cmd            *exec.Cmd
+	stdout, stderr bytes.Buffer
+	done           chan error
+}
+
+// launch starts world moebench processes as MOEBENCH_RANK/MOEBENCH_WORLD
+// launch them, each on a fake node of two fake GPUs (its own fake driver),
+// meeting through the fake NCCL's loopback bootstrap (rank 0's unique id in
+// the rendezvous file).
+func launchProcs(t *testing.T, world int, args ...string) []*proc {
+	return launchProcsEnv(t, world, nil, args...)
+}
+
+// launchProcsEnv is launchProcs with env(r) added to process r's
+// environment.
+func launchProcsEnv(t *testing.T, world int, env func(r int) []string, args ...string) []*proc {
+	t.Helper()
+	var ps []*proc
+	for r := range world {
+		p := &proc{cmd: exec.Command(os.Args[0], args...), done: make(chan error, 1)}
+		p.cmd.Env = append(os.Environ(), "MOEBENCH_TEST_PROCESS=1", fmt.Sprintf("MOEBENCH_RANK=%d", r), fmt.Sprintf("MOEBENCH_WORLD=%d", world),
+			"FAKENCCL_TIMEOUT_S=120", "MOEBENCH_DEBUG=1") // the fake waits as NCCL hangs: moebench's own watch must stop the run first
+		if env != nil {
+			p.cmd.Env = append(p.cmd.Env, env(r)...)
+		}
+		p.cmd.Stdout, p.cmd.Stderr = &p.stdout, &p.stderr
+		if err := p.cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		go func() {
+			err := p.cmd.Wait()
+			p.done <- err
+			close(p.done)
+		}()
+		ps = append(ps, p)
+	}
+	t.Cleanup(func() {
+		for _, p := range ps {
+			p.cmd.Process.Kill()
+		}
+	})
+	return ps
+}
+
+// wait waits for p at most d.
+func (p *proc) wait(t *testing.T, d time.Duration) error {
+	t.Helper()
+	select {
+	case err := <-p.done:
+		return err
+	case <-time.After(d):
+		t.Fatalf("process still running after %v (a hang?); stderr:\n%s", d, p.stderr.String())
+		return nil
+	}
+}
+
+// distributedSetup prepares the fakes and returns the run's files.
+func distributedSetup(t *testing.T) (rv, out string) {
+	hostsim.Setup(t)
+	dir := t.TempDir()
+	nccl, err := hostsim.BuildFake("fakenccl", dir, "libnccl.so.2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("MOEBENCH_NCCL", nccl)
+	return filepath.Join(dir, "rendezvous"), filepath.Join(dir, "runs.jsonl")
+}
+
+// TestDistributedRun: the whole layer with alltoall --impl library at EP 4
+// over 2 processes and at EP 8 over 4, each process driving two fake GPUs
+// from a thread each, NCCL's communicator over every rank made with its
+// own bootstrap (rank 0's unique id through --rendezvous): every process
+// exits 0, rank 0 alone writes one record, which passes the float64 check
+// (every process checked its ranks) and maps every rank to its process,
+// node and GPU.
+//
+// TestDistributedKilledProcess (a subtest, sharing the kernels the first
+// run compiled): a process killed during the steps makes the other exit
+// within --comm-timeout, naming the killed process's ranks, where NCCL (the
+// fake, which waits 120 s) would hang.
+func TestDistributedRun(t *testing.T) {
+	rv, out := distributedSetup(t)
+	for _, c := range []struct {
+		ep, world int
+		nodes     bool // each process names its own node (MOEBENCH_NODE); else all are on this machine's
+	}{{4, 2, true}, {8, 4, false}} {
+		t.Run(fmt.Sprintf("ep%d-over-%d", c.ep, c.world), func(t *testing.T) {
+			os.Remove(out)
+			var env func(int) []string
+			if c.nodes {
+				env = func(r int) []string { return []string{fmt.Sprintf("MOEBENCH_NODE=node-%d", r)} }
+			}
+			ps := launchProcsEnv(t, c.world, env, "--device", "cuda", "--dispatcher", "alltoall", "--impl", "library", "--ep", fmt.Sprint(c.ep),
+				"--experts", "16", "--tokens", "16", "--hidden", "32", "--ffn", "16", "--warmup", "1", "--iters", "2",
+				"--rendezvous", rv, "--out", out, "--format", "json", "--comm-timeout", "20s")
+			for r, p := range ps {
+				if err := p.wait(t, 4*time.Minute); err != nil {
+					for _, q := range ps {
+						q.cmd.Process.Kill()
+						<-q.done
+					}
+					for q := range ps {
+						t.Logf("process %d's stderr:\n%s", q, ps[q].stderr.String())
+					}
+					t.Fatalf("process %d: %v", r, err)
+				}
+				if r > 0 && (p.stdout.Len() > 0 || !strings.Contains(p.stderr.String(), "rank 0 writes the record")) {
+					t.Errorf("process %d wrote %q; stderr %q", r, p.stdout.String(), p.stderr.String())
+				}
+			}
+			recs, err := results.ReadFile(out, nil)
+			if err != nil || len(recs) != 1 {
+				t.Fatalf("%d records, %v", len(recs), err)
+			}
+			rec := recs[0]
+			if rec.Status != results.StatusOK || rec.Correctness == nil || !rec.Correctness.Passed || !strings.Contains(rec.Correctness.Sample, fmt.Sprintf("each of the %d processes", c.world)) {
+				t.Fatalf("record: status %s, %+v", rec.Status, rec.Correctness)
+			}
+			if rec.Config.Pass != results.PassForward || !strings.Contains(rec.Config.PassNote, "over several processes") { // the device backward runs in one process
+				t.Errorf("pass %q (%s)", rec.Config.Pass, rec.Config.PassNote)
+			}
+			if len(rec.Ranks.Processes) != c.world || len(rec.Ranks.Devices) != c.ep || rec.Ranks.Launch == "" {
+				t.Fatalf("ranks %+v", rec.Ranks)
+			}
+			for p, pr := range rec.Ranks.Processes {
+				if pr.Process != p || fmt.Sprint(pr.Ranks) != fmt.Sprint([]int{2 * p, 2*p + 1}) || fmt.Sprint(pr.GPUs) != "[0 1]" || len(pr.StackDiffers) > 0 {
+					t.Errorf("process %d: %+v", p, pr)
+				}
+			}
+			for _, ph := range rec.Timing.Phases {
+				if len(ph.PerRank) != c.ep {
+					t.Errorf("%s: %d ranks' times", ph.Name, len(ph.PerRank))
+				}
+				for r, v := range ph.PerRank {
+					if !(v > 0) {
+						t.Errorf("%s: rank %d's time %v", ph.Name, r, v)
+					}
+				}
+			}
+			if rec.Traffic == nil || rec.Traffic.DispatchOffRank == 0 || len(rec.Tokens.Received) != c.ep {
+				t.Fatalf("traffic %+v, tokens %+v", rec.Traffic, rec.Tokens)
+			}
+			// inter- and intra-node bytes: (token, rank) pairs, at most
+			// alltoall's off-rank (token, expert) copies' rows
+			tr, row := rec.Traffic, int64(2*32)
+			var table bytes.Buffer
+			results.Write(&table, &rec, "table")
+			if tr.IntraNodeBytes == 0 || (tr.InterNodeBytes > 0) != c.nodes || tr.InterNodeBytes+tr.IntraNodeBytes > tr.DispatchOffRank/(row+4)*row ||
+				(tr.DispatchInterNodeGBps > 0) != c.nodes || strings.Contains(table.String(), "inter-node") != c.nodes {
+				t.Errorf("nodes %v: inter-node %d, intra-node %d, off-rank rows %d bytes; %.3f GB/s; table:\n%s", c.nodes, tr.InterNodeBytes, tr.IntraNodeBytes,
+					tr.DispatchOffRank/(row+4)*row, tr.DispatchInterNodeGBps, table.String())
+			}
+			if c.nodes && rec.Ranks.Processes[1].Host != "node-1" {
+				t.Errorf("process 1's node %q", rec.Ranks.Processes[1].Host)
+			}
+			t.Logf("%s; max rel err %.2e", rec.Ranks.Note, rec.Correctness.MaxRelErr)
+		})
+	}
+	t.Run("sweep", func(t *testing.T) { distributedSweep(t, rv, out) })
+	t.Run("gpu-check", gpuCheckTwoProcesses)
+	t.Run("nightly", nightlyTwoProcesses)
+	t.Run("killed", func(t *testing.T) { killedProcess(t, rv, out) })
+}
+
+// distributedSweep: moebench sweep launched over 2 processes runs the same
+// points in the same order on both, and rank 0 alone writes one file with
+// one record per point. With NCCL missing on process 1 alone, every point
+// is unavailable on both (agreed before they meet in NCCL), rank 0's
+// records name process 1, and neither waits in NCCL for the other.
+func distributedSweep(t *testing.T, rv, out string) {
+	args := []string{"sweep", "--device", "cuda", "--dispatcher", "alltoall", "--impl", "library", "--ep", "4", "--routings", "balanced,uniform",
+		"--experts", "16", "--tokens", "16", "--hidden", "32", "--ffn", "16", "--warmup", "1", "--iters", "2",
+		"--rendezvous", rv, "--out", out, "--comm-timeout", "20s"}
+	for _, c := range []struct {
+		name   string
+		env    func(r int) []string
+		status string
+	}{
+		{"both-ready", nil, results.StatusOK},
+		{"no-nccl-on-process-1", func(r int) []string {
+			if r == 1 {
+				return []string{"MOEBENCH_NCCL=" + filepath.Join(filepath.Dir(rv), "missing", "libnccl.so.2")}
+			}
+			return nil
+		}, results.StatusUnavailable},
+	} {
+		os.Remove(out)
+		ps := launchProcsEnv(t, 2, c.env, args...)
+		for r, p := range ps {
+			if err := p.wait(t, 4*time.Minute); err != nil {
+				t.Fatalf("%s: process %d: %v; stderr:\n%s\nprocess 0's:\n%s", c.name, r, err, p.stderr.String(), ps[0].stderr.String())
+			}
+		}
+		if !strings.Contains(ps[1].stderr.String(), "rank 0 writes "+out) || strings.Count(ps[1].stderr.String(), "[") < 2 {
+			t.Errorf("%s: process 1's stderr:\n%s", c.name, ps[1].stderr.String())
+		}
+		recs, err := results.ReadFile(out, nil)
+		if err != nil || len(recs) != 2 {
+			t.Fatalf("%s: %d records, %v; stderr:\n%s", c.name, len(recs), err, ps[0].stderr.String())
+		}
+		for i, rec := range recs {
+			if rec.Status != c.status || rec.Config.Routing != []string{"balanced", "uniform"}[i] {
+				t.Errorf("%s: record %d: %s %s: %s", c.name, i, rec.Config.Routing, rec.Status, rec.Reason)
+			}
+			if c.status == results.StatusOK && len(rec.Ranks.Processes) != 2 {
+				t.Errorf("%s: record %d: processes %+v", c.name, i, rec.Ranks.Processes)
+			}
+			if c.status != results.StatusOK && !strings.Contains(rec.Reason, "ranks 2–3 (process 1 of 2") {
+				t.Errorf("%s: record %d's reason does not name process 1: %s", c.name, i, rec.Reason)
+			}
+		}
+		t.Logf("%s: %s: %s", c.name, recs[1].Status, recs[1].Reason)
+	}
+}
+
+func killedProcess(t *testing.T, rv, out string) {
+	os.Remove(out)
+	ps := launchProcs(t, 2, "--device", "cuda", "--dispatcher", "alltoall", "--impl", "library", "--ep", "4",
+		"--experts", "16", "--tokens", "16", "--hidden", "32", "--ffn", "16", "--warmup", "0", "--iters", "100000",
+		"--rendezvous", rv, "--out", out, "--comm-timeout", "10s")
+	status := rv + ".p1.status"
+	deadline := time.Now().Add(3 * time.Minute)
+	for { // until process 1 is in its steps
+		b, _ := os.ReadFile(status)
+		if strings.Contains(string(b), "dispatch") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("process 1 never reached a step; stderr:\n%s\n%s", ps[0].stderr.String(), ps[1].stderr.String())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	ps[1].cmd.Process.Kill()
+	killed := time.Now()
+	err := ps[0].wait(t, time.Minute)
+	took := time.Since(killed)
+	msg := ps[0].stderr.String()
+	if err == nil || !strings.Contains(msg, "ranks 2–3 (process 1 of 2") || took > 12*time.Second {
+		t.Fatalf("after %v: %v; stderr:\n%s", took, err, msg)
+	}
+	if _, err := os.Stat(out); err == nil {
+		t.Error("a record was written for a run that failed")
+	}
+	t.Logf("process 0 stopped %v after the kill: %s", took.Round(time.Millisecond), strings.TrimSpace(msg[strings.LastIndex(strings.TrimSpace(msg), "\n")+1:]))
+}
+
+// gpuCheckTwoProcesses: scripts/gpu-check.sh's run over two processes, on
+// a node whose nvidia-smi lists two GPUs (a fake one, and this test binary
+// as moebench on the fake driver): EP 2, each process driving one GPU; the
+// step passes, each process's log is kept beside the step's, and rank 0
+// appended the run's one record to the check's records.
+func gpuCheckTwoProcesses(t *testing.T) {
+	dir := t.TempDir()
+	smi := filepath.Join(dir, "path", "nvidia-smi")
+	os.MkdirAll(filepath.Dir(smi), 0o755)
+	os.WriteFile(smi, []byte("#!/bin/sh\necho 'GPU 0: Fake GPU 0 (UUID: a)'\necho 'GPU 1: Fake GPU 1 (UUID: b)'\n"), 0o755)
+	out := filepath.Join(dir, "out")
+	os.MkdirAll(out, 0o755)
+	os.Symlink(os.Getenv("MOEBENCH_CACHE"), filepath.Join(out, "kernel-cache")) // the kernels the runs before compiled
+	cmd := exec.Command("bash", "../../scripts/gpu-check.sh", "twoproc", out)
+	cmd.Env = append(os.Environ(), "MOEBENCH_TEST_PROCESS=1", "MOEBENCH_BIN="+os.Args[0], "PATH="+filepath.Dir(smi)+":"+os.Getenv("PATH"),
+		"TWOPROC_FLAGS=--experts 16 --tokens 16 --hidden 32 --ffn 16 --warmup 1 --iters 2 --comm-timeout 20s", "FAKENCCL_TIMEOUT_S=120")
+	b, err := cmd.CombinedOutput()
+	name := "twoproc-alltoall-nccl-ep2"
+	if err != nil || !strings.Contains(string(b), name+" ") || !strings.Contains(string(b), "exit 0") {
+		t.Fatalf("%v:\n%s", err, b)
+	}
+	for _, f := range []string{name + ".log", name + ".p0.log", name + ".p1.log"} {
+		if _, err := os.Stat(filepath.Join(out, f)); err != nil {
+			t.Error(err)
+		}
+	}
+	recs, err := results.ReadFile(filepath.Join(out, "records.jsonl"), nil)
+	if err != nil || len(recs) != 1 || recs[0].Status != results.StatusOK || recs[0].Config.EP != 2 || len(recs[0].Ranks.Processes) != 2 {
+		t.Fatalf("%d records, %v; output:\n%s", len(recs), err, b)
+	}
+}
+
+// nightlyTwoProcesses: scripts/nightly.sh started as a launcher starts it,
+// once per process (MOEBENCH_RANK/MOEBENCH_WORLD), over a shared nightly
+// folder: both run the sweep, rank 0 alone writes the night's run (one
+// file, one record per point), the history and the baseline; the other
+// exits with its sweep's status.
+func nightlyTwoProcesses(t *testing.T) {
+	dir := t.TempDir()
+	sweep := filepath.Join(dir, "sweep.json")
+	os.WriteFile(sweep, []byte(`{"dispatchers": ["alltoall"], "impls": ["library"], "ep": [2], "routings": ["balanced", "uniform"],
+		"experts": 16, "tokens": 16, "hidden": 32, "ffn": 16, "iters": 2, "warmup": 1, "device": "cuda", "comm-timeout": "20s"}`), 0o644)
+	night := filepath.Join(dir, "nightly")
+	type result struct {
+		code int
+		out  string
+	}
+	done := make(chan result, 2)
+	for r := range 2 {
+		cmd := exec.Command("bash", "../../scripts/nightly.sh", sweep)
+		cmd.Env = append(os.Environ(), "MOEBENCH_TEST_PROCESS=1", "MOEBENCH_BIN="+os.Args[0], "MOEBENCH_NIGHTLY_DIR="+night,
+			fmt.Sprintf("MOEBENCH_RANK=%d", r), "MOEBENCH_WORLD=2", fmt.Sprintf("MOEBENCH_LOCAL_RANK=%d", r), "FAKENCCL_TIMEOUT_S=120")
+		go func() {
+			out, err := cmd.CombinedOutput()
+			code := 0
+			if ee, ok := err.(*exec.ExitError); ok {
+				code = ee.ExitCode()
+			} else if err != nil {
+				code = -1
+			}
+			done <- result{code, fmt.Sprintf("process %d: %s", r, out)}
+		}()
+	}
+	var outs []string
+	for range 2 {
+		select {
+		case res := <-done:
+			outs = append(outs, res.out)
+			if res.code != 0 {
+				t.Errorf("exit %d: %s", res.code, res.out)
+			}
+		case <-time.After(4 * time.Minute):
+			t.Fatalf("nightly.sh still running after 4 minutes: %v", outs)
+		}
+	}
+	all := strings.Join(outs, "\n")
+	if !strings.Contains(all, "this run is now") || !strings.Contains(all, "process 1 of 2: sweep exit 0; rank 0 writes the run") {
+		t.Errorf("output:\n%s", all)
+	}
+	runs, _ := filepath.Glob(filepath.Join(night, "runs", "*.jsonl"))
+	if len(runs) != 1 {
+		t.Fatalf("runs %v; output:\n%s", runs, all)
+	}
+	for _, f := range []string{runs[0], filepath.Join(night, "history.jsonl")} {
+		if recs, err := results.ReadFile(f, nil); err != nil || len(recs) != 2 || recs[0].Status != results.StatusOK || len(recs[1].Ranks.Processes) != 2 {
+			t.Errorf("%s: %d records, %v", f, len(recs), err)
+		}
+	}
+}

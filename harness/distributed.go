@@ -1,0 +1,574 @@
+package harness
+
+// A run that spans processes (launched by srun, mpirun, torchrun or with
+// MOEBENCH_RANK/MOEBENCH_WORLD; internal/launch): each process drives the
+// GPUs of its block of EP ranks, one thread each, and NCCL — one
+// communicator over every rank, made with NCCL's own bootstrap — moves the
+// data between them. Every process builds the same host twin from the seed
+// and checks its own ranks' outputs; the check's verdict and, after the
+// timed steps, every rank's samples are all-gathered over the same
+// communicator, so that rank 0 writes one record for the run.
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"strings"
+
+	"github.com/moebench/moebench/dispatchers"
+	"github.com/moebench/moebench/internal/cuda"
+	"github.com/moebench/moebench/internal/launch"
+	"github.com/moebench/moebench/kernels"
+	"github.com/moebench/moebench/results"
+)
+
+// dist is this process's share of a distributed run.
+type dist struct {
+	rv          *launch.Rendezvous
+	watch       *launch.Watch
+	first, per  int // its ranks: first … first+per−1, one GPU each
+	firstGPU    int // the GPU ordinal of its first rank on its node
+	comm        kernels.Comm
+	description string // its ranks, process and node, as messages name them
+	agreed      bool   // the processes agreed that every one is ready (or not) to meet
+}
+
+// newDist checks that cfg can run over rv's processes and places this one.
+func newDist(cfg Config, rv *launch.Rendezvous) (*dist, error) {
+	l := rv.L
+	switch {
+	case cfg.Dispatcher != "alltoall" || cfg.Impl != dispatchers.ImplLibrary:
+		return nil, &dispatchers.UnavailableError{Name: cfg.Dispatcher, Impl: cfg.Impl, Reason: fmt.Sprintf(
+			"this run spans %d processes (%s): %s; across processes run alltoall --impl library (NCCL's send/recv over every process's ranks)",
+			l.World, l.Via, notAcross(cfg))}
+	case cfg.EP%l.World != 0:
+		return nil, &ConfigError{"ep", cfg.EP, fmt.Sprintf("must be a multiple of the %d processes of the run (%s): each process drives as many ranks, one GPU each", l.World, l.Via)}
+	case cfg.CUDAGraph:
+		return nil, &ConfigError{"cuda-graph", true, "does not apply to a run that spans processes (alltoall's library implementation is not captured)"}
+	case cfg.MaxSeconds > 0:
+		return nil, &ConfigError{"max-seconds", cfg.MaxSeconds, "does not apply to a run that spans processes: every rank must run the same steps (use --iters)"}
+	}
+	per := cfg.EP / l.World
+	if cfg.GPUs > 0 && cfg.GPUs != per {
+		return nil, &ConfigError{"gpus", cfg.GPUs, fmt.Sprintf("each of the %d processes drives %d GPUs (--ep %d over %d processes, one GPU per rank)", l.World, per, cfg.EP, l.World)}
+	}
+	d := &dist{rv: rv, first: l.Rank * per, per: per, firstGPU: l.Local * per}
+	d.description = launch.Describe(d.first, d.first+per-1, l.Rank, l.World, l.Host)
+	return d, nil
+}
+
+// agree tells every process how this one's set-up ended (err; nil: ready
+// to meet in NCCL) and learns theirs: all go on, or none does — a process
+// that cannot run the point (unavailable here, or failed) makes the others
+// leave it too, with the same status, naming it; none waits in NCCL for
+// it. The error is this process's own, or the first other process's.
+func (d *dist) agree(err error, cfg Config) error {
+	if d == nil || d.agreed {
+		return err
+	}
+	d.agreed = true
+	mine := launch.Verdict{}
+	if err != nil {
+		mine.Status = results.StatusFailed
+		if dispatchers.IsUnavailable(err) || deviceStatus(err) == results.StatusUnavailable {
+			mine.Status = results.StatusUnavailable
+		}
+		mine.Reason = d.description + " cannot run it: " + strings.TrimPrefix(err.Error(), fmt.Sprintf("%s (%s): %s: ", cfg.Dispatcher, cfg.Impl, mine.Status))
+	}
+	all, aerr := d.rv.Agree(mine)
+	if err != nil {
+		return err
+	}
+	if aerr != nil {
+		return aerr
+	}
+	for _, v := range all {
+		switch v.Status {
+		case "":
+		case results.StatusUnavailable:
+			return &dispatchers.UnavailableError{Name: cfg.Dispatcher, Impl: cfg.Impl, Reason: v.Reason}
+		default:
+			return errors.New(v.Reason)
+		}
+	}
+	return nil
+}
+
+// notAcross says why cfg's dispatcher does not run over several processes
+// in this build.
+func notAcross(cfg Config) string {
+	switch {
+	case cfg.Impl == dispatchers.ImplLibrary:
+		return "NCCL EP's group is created over one process's communicator here (ncclEpCreateGroup on this process's GPUs); " +
+			"a group over the world communicator, with its handles on every process, is not built"
+	case cfg.Dispatcher == "hybridep":
+		return "hybridep's intra-domain path moves data through peer memory (a domain's ranks must be in one process), and its inter-domain path, " +
+			"though NCCL send/recv, sizes each transfer from the other domains' counts read in this process's memory: " +
+			"gathering them over NCCL every step (as alltoall's library implementation does) is not built"
+	case cfg.Dispatcher == "deepep":
+		return "DeepEP's intranode design moves data through peer memory, which stays inside one process (its NVLink domain); " +
+			"its internode mode (NVSHMEM) is not modelled"
+	case cfg.Dispatcher == "feplb":
+		return "FEPLB's phase 2 copies experts' weights and rows between the ranks of a domain through peer memory, inside one process"
+	}
+	return "its native implementation moves data through peer memory (device copies between the ranks' buffers), inside one process"
+}
+
+// open makes the communicator over every rank (this process's on devs
+// with their streams) and starts the watch, once every process is ready
+// (NCCL loaded: the last of what a process decides alone).
+func (d *dist) open(th *kernels.Threads, devs []kernels.Device, streams []kernels.Stream, cfg Config) error {
+	var id cuda.UniqueID
+	w := kernels.World{Ranks: d.per * d.rv.L.World, First: d.first, ID: func(newID func() (cuda.UniqueID, error)) (cuda.UniqueID, error) {
+		if err := d.agree(nil, cfg); err != nil {
+			return id, err
+		}
+		var err error
+		id, err = d.rv.ID(func() ([128]byte, error) { return newID() })
+		if err == nil {
+			d.watch = d.rv.Watch(id, d.description)
+			d.watch.Stage("NCCL's communicator setup (ncclCommInitRank)")
+		}
+		return id, err
+	}}
+	var err error
+	d.comm, err = kernels.OpenWorldComm(th, devs, streams, w)
+	var no *kernels.NoCommError
+	if errors.As(err, &no) {
+		return &dispatchers.UnavailableError{Name: "alltoall", Impl: dispatchers.ImplLibrary, Reason: "NCCL: " + no.Reason}
+	}
+	return err
+}
+
+// stage tells the watch what this process is about to wait in (warm: a
+// step has run, its kernels are compiled).
+func (d *dist) stage(s string, warm bool) {
+	if d != nil && d.watch != nil {
+		if !warm {
+			d.watch.StageFor(s+" (the first step, which compiles the kernels)", firstStepWait)
+			return
+		}
+		d.watch.Stage(s)
+	}
+}
+
+// local says that this process does work of its own (no waiting on
+// others) until its next stage.
+func (d *dist) local(s string) {
+	if d != nil && d.watch != nil {
+		d.watch.Local(s)
+	}
+}
+
+// fail tells the other processes that this one failed: before they met,
+// at their agreement; after, in its watch's note.
+func (d *dist) fail(err error, cfg Config) {
+	switch {
+	case d == nil || err == nil:
+	case !d.agreed:
+		d.agree(err, cfg)
+	case d.watch != nil:
+		d.watch.Fail(err)
+	}
+}
+
+// close ends the communicator and the watch.
+func (d *dist) close() {
+	if d.comm != nil {
+		d.comm.Close()
+	}
+	if d.watch != nil {
+		d.watch.Stop()
+	}
+}
+
+// rep is the rank that speaks for process p in the gathers: its first.
+func (d *dist) rep(p int) int { return p * d.per }
+
+// allGather gives every process every process's data (in process order),
+// over the communicator: sizes first, then the bytes, between each
+// process's first rank (on its first GPU, from that GPU's thread).
+func (dl *deviceLayer) allGather(data []byte) ([][]byte, error) {
+	d := dl.dist
+	d.stage("gathering every process's results", dl.warm)
+	W := d.rv.L.World
+	rk := dl.ranks[d.first]
+	words := func(n int) int { return (n + 7) / 8 }
+	var out [][]byte
+	err := dl.th.Each(func(dev int) error {
+		if dev != 0 {
+			return nil
+		}
+		sizes := make([]uint64, W)
+		sizes[d.rv.L.Rank] = uint64(len(data))
+		got, err := dl.exchange(rk, sizes[d.rv.L.Rank:d.rv.L.Rank+1], func(int) int { return 1 })
+		if err != nil {
+			return err
+		}
+		mine := make([]uint64, words(len(data)))
+		copy(unsafeBytes(mine), data)
+		all, err := dl.exchange(rk, mine, func(p int) int { return words(int(got[p][0])) })
+		if err != nil {
+			return err
+		}
+		for p := range W {
+			out = append(out, unsafeBytes(all[p])[:got[p][0]])
+		}
+		return nil
+	})
+	return out, err
+}
+
+// exchange sends mine to every process's first rank and receives each
+// one's (n(p) words) on rk's GPU.
+func (dl *deviceLayer) exchange(rk *dispatchers.DeviceRank, mine []uint64, n func(p int) int) ([][]uint64, error) {
+	d := dl.dist
+	W := d.rv.L.World
+	total := 0
+	for p := range W {
+		total += n(p)
+	}
+	var src, dst kernels.Ptr
+	var err error
+	if src, err = rk.Dev.Alloc(8 * int64(max(len(mine), 1))); err != nil {
+		return nil, err
+	}
+	defer rk.Dev.Free(src)
+	if dst, err = rk.Dev.Alloc(8 * int64(max(total, 1))); err != nil {
+		return nil, err
+	}
+	defer rk.Dev.Free(dst)
+	if len(mine) > 0 {
+		if err := rk.Dev.Upload(src, mine, rk.Stream); err != nil {
+			return nil, err
+		}
+	}
+	var sends, recvs []kernels.Transfer
+	at := 0
+	for p := range W {
+		sends = append(sends, kernels.Transfer{Peer: d.rep(p), Buf: src, Bytes: 8 * int64(len(mine))})
+		recvs = append(recvs, kernels.Transfer{Peer: d.rep(p), Buf: dst + kernels.Ptr(8*at), Bytes: 8 * int64(n(p))})
+		at += n(p)
+	}
+	if err := d.comm.Exchange(d.first, sends, recvs); err != nil {
+		return nil, err
+	}
+	host := make([]uint64, max(total, 1))
+	if err := rk.Dev.Download(host, dst, rk.Stream); err != nil {
+		return nil, err
+	}
+	out := make([][]uint64, W)
+	at = 0
+	for p := range W {
+		out[p] = host[at : at+n(p)]
+		at += n(p)
+	}
+	return out, nil
+}
+
+// part is what one process contributes to the record: its ranks' samples
+// and counts (indexed by its ranks, in order), its process-wide times, its
+// stack and where its ranks ran.
+type part struct {
+	Process, First int
+	Host           string
+	GPUs           []int
+	Stack          results.Stack
+	Correct        *results.Correctness   `json:",omitempty"`
+	Samples        map[string][][]float64 `json:",omitempty"`
+	HostCall       map[string][][]float64 `json:",omitempty"`
+	Step           [][]float64            `json:",omitempty"`
+	Recv           []int                  `json:",omitempty"`
+	RecvSteps      [][]int                `json:",omitempty"`
+	Mem            []int64                `json:",omitempty"`
+	Issue, Wait    []float64              `json:",omitempty"`
+	Pairs          [][]int64              `json:",omitempty"` // [its rank][destination rank] the last step's (token, rank) pairs
+}
+
+// gatherParts all-gathers every process's part.
+func (dl *deviceLayer) gatherParts(p part) ([]part, error) { return gatherJSON(dl, p, "results") }
+
+// gatherJSON all-gathers every process's v (what it is, for errors), as
+// JSON.
+func gatherJSON[T any](dl *deviceLayer, v T, what string) ([]T, error) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return nil, err
+	}
+	all, err := dl.allGather(b)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]T, len(all))
+	for i, b := range all {
+		if err := json.Unmarshal(b, &out[i]); err != nil {
+			return nil, fmt.Errorf("process %d's %s: %w", i, what, err)
+		}
+	}
+	return out, nil
+}
+
+// agreeCheck gives every process the run's verdict: each process's check
+// of its own ranks, the worst error and every failure's detail.
+func (dl *deviceLayer) agreeCheck(c *results.Correctness) (*results.Correctness, error) {
+	parts, err := dl.gatherParts(part{Process: dl.dist.rv.L.Rank, Correct: c})
+	if err != nil {
+		return nil, err
+	}
+	out := *c
+	out.MaxRelErr, out.RoutingDiffs, out.Passed = 0, 0, true
+	var details []string
+	for _, p := range parts {
+		pc := p.Correct
+		out.MaxRelErr = max(out.MaxRelErr, pc.MaxRelErr)
+		out.RoutingDiffs += pc.RoutingDiffs
+		out.Passed = out.Passed && pc.Passed
+		if pc.Detail != "" {
+			details = append(details, fmt.Sprintf("process %d: %s", p.Process, pc.Detail))
+		}
+	}
+	out.Detail = strings.Join(details, "; ")
+	out.Sample += fmt.Sprintf(" (each of the %d processes checks its own ranks)", len(parts))
+	return &out, nil
+}
+
+// pairs counts each of this process's ranks' last-step (token, rank) pairs
+// by destination rank, from its routing on the device.
+func (dl *deviceLayer) pairs() ([][]int64, error) {
+	d, c := dl.dist, dl.l.Cfg
+	idx := make([]int32, c.Tokens*c.TopK)
+	var out [][]int64
+	for r := d.first; r < d.first+d.per; r++ {
+		rk := dl.ranks[r]
+		if err := rk.Dev.Download(idx, rk.Idx, rk.Stream); err != nil {
+			return nil, err
+		}
+		out = append(out, tokenRankPairs(idx, c.TopK, dl.l.Shape.LocalExperts(), c.EP))
+	}
+	return out, nil
+}
+
+// tokenRankPairs counts a rank's (token, rank) pairs by destination rank:
+// idx holds each token's k experts, L per rank; a token goes to a rank
+// once however many of its experts the rank holds.
+func tokenRankPairs(idx []int32, k, L, ep int) []int64 {
+	n := make([]int64, ep)
+	last := make([]int, ep) // the token (+1) that last counted the rank
+	for t := range len(idx) / k {
+		for _, e := range idx[t*k : (t+1)*k] {
+			if d := int(e) / L; d >= 0 && d < ep && last[d] != t+1 {
+				last[d] = t + 1
+				n[d]++
+			}
+		}
+	}
+	return n
+}
+
+// nodeBytes splits the processes' off-rank (token, rank) pairs by where
+// they go (a rank's node is its process's host): to another node, or to
+// another rank of the same node; each pair is a bf16 row of hidden.
+func nodeBytes(parts []part, hidden int) (inter, intra int64) {
+	host := map[int]string{} // rank → node
+	for _, p := range parts {
+		for i := range p.Pairs {
+			host[p.First+i] = p.Host
+		}
+	}
+	for _, p := range parts {
+		for i, row := range p.Pairs {
+			for dst, n := range row {
+				switch src := p.First + i; {
+				case dst == src:
+				case host[dst] != p.Host:
+					inter += n
+				default:
+					intra += n
+				}
+			}
+		}
+	}
+	return inter * int64(hidden) * 2, intra * int64(hidden) * 2
+}
+
+// mine is this process's part of m after the timed steps (m's per-rank
+// entries of other processes' ranks are empty).
+func (dl *deviceLayer) mine(m *measured, stack results.Stack) part {
+	d := dl.dist
+	ranks := func(v [][]float64) [][]float64 { return v[d.first : d.first+d.per] }
+	p := part{Process: d.rv.L.Rank, First: d.first, Host: d.rv.L.Host, Stack: stack, Samples: map[string][][]float64{},
+		Step: ranks(m.step), Recv: m.recv[d.first : d.first+d.per], Mem: m.mem.PerRankBytes[d.first : d.first+d.per],
+		Issue: m.issue, Wait: m.hostWait}
+	for i := range d.per {
+		p.GPUs = append(p.GPUs, d.firstGPU+i)
+	}
+	for ph, v := range m.samples {
+		p.Samples[ph] = ranks(v)
+	}
+	if m.hostCall != nil {
+		p.HostCall = map[string][][]float64{}
+		for ph, v := range m.hostCall {
+			p.HostCall[ph] = ranks(v)
+		}
+	}
+	for _, rows := range m.recvSteps {
+		p.RecvSteps = append(p.RecvSteps, rows[d.first:d.first+d.per])
+	}
+	return p
+}
+
+// merge fills m's per-rank entries from every process's part and describes
+// the processes in rec (the rank → node and GPU map, each node's stack
+// against rank 0's). Process-wide times are the slowest process's per step.
+func (dl *deviceLayer) merge(m *measured, parts []part, rec *results.Record) {
+	d := dl.dist
+	rec.Ranks.Devices = make([]int, d.per*len(parts))
+	var differ []string
+	for _, p := range parts {
+		at := func(i int) int { return p.First + i }
+		for ph, v := range p.Samples {
+			for i, s := range v {
+				m.samples[ph][at(i)] = s
+			}
+		}
+		for ph, v := range p.HostCall {
+			if m.hostCall == nil {
+				m.hostCall = map[string][][]float64{}
+			}
+			if m.hostCall[ph] == nil {
+				m.hostCall[ph] = make([][]float64, len(rec.Ranks.Devices))
+			}
+			for i, s := range v {
+				m.hostCall[ph][at(i)] = s
+			}
+		}
+		for i := range p.Step {
+			m.step[at(i)] = p.Step[i]
+			m.recv[at(i)] = p.Recv[i]
+			m.mem.PerRankBytes[at(i)] = p.Mem[i]
+			rec.Ranks.Devices[at(i)] = p.GPUs[i]
+		}
+		for s, rows := range p.RecvSteps {
+			copy(m.recvSteps[s][p.First:], rows)
+		}
+		for s := range p.Issue {
+			m.issue[s] = max(m.issue[s], p.Issue[s])
+		}
+		for s := range p.Wait {
+			m.hostWait[s] = max(m.hostWait[s], p.Wait[s])
+		}
+		ranks := make([]int, len(p.GPUs))
+		for i := range ranks {
+			ranks[i] = at(i)
+		}
+		pr := results.Process{Process: p.Process, Host: p.Host, Ranks: ranks, GPUs: p.GPUs}
+		pr.StackDiffers, _ = results.StackDiff(rec.Stack, p.Stack)
+		if len(pr.StackDiffers) > 0 {
+			differ = append(differ, fmt.Sprintf("process %d (%s)", p.Process, p.Host))
+		}
+		rec.Ranks.Processes = append(rec.Ranks.Processes, pr)
+	}
+	rec.Ranks.Launch = d.rv.L.Via
+	m.interNode, m.intraNode = nodeBytes(parts, dl.l.Cfg.Hidden)
+	m.nodes = true
+	if differ != nil {
+		rec.Stack.Note = strings.TrimPrefix(rec.Stack.Note+"; ", "; ") + "the stacks of " + strings.Join(differ, ", ") +
+			" differ from rank 0's (ranks.processes[].stack_differs says how): the processes' numbers may not be comparable"
+	}
+	hosts := map[string]bool{}
+	for _, p := range parts {
+		hosts[p.Host] = true
+	}
+	rec.Ranks.Note = fmt.Sprintf("%d EP ranks over %d processes on %d node(s) (%s), %d rank(s) per process, one GPU each; data moves between ranks through %s",
+		len(rec.Ranks.Devices), len(parts), len(hosts), d.rv.L.Via, d.per, dl.d.(dispatchers.Transporter).Transport())
+}
+
+// agreeBatched: the batched grouped GEMM (name) is compared only where
+// every process's GPUs have it (ok), or the processes would run different
+// numbers of steps.
+func (dl *deviceLayer) agreeBatched(ok bool, name string) (bool, string, error) {
+	mine := 0.0
+	if ok {
+		mine = 1
+	}
+	all, err := gatherJSON(dl, []float64{mine}, "grouped GEMM")
+	if err != nil {
+		return false, "", err
+	}
+	var without []string
+	for p, v := range all {
+		if len(v) != 1 || v[0] != 1 {
+			without = append(without, fmt.Sprint(p))
+		}
+	}
+	if ok && without != nil {
+		return false, fmt.Sprintf("%s (process(es) %s of %d have none: every process compares the same ways)", name, strings.Join(without, ", "), len(all)), nil
+	}
+	return ok, name, nil
+}
+
+// slowestProcess is, for each of the grouped GEMM's ways, the slowest
+// process's median (+Inf where one left it out): a way chosen by it is
+// the same on every process.
+func (dl *deviceLayer) slowestProcess(meds []float64) ([]float64, error) {
+	for i, m := range meds { // JSON has no infinity
+		if math.IsInf(m, 1) {
+			meds[i] = -1
+		}
+	}
+	all, err := gatherJSON(dl, meds, "grouped GEMM times")
+	if err != nil {
+		return nil, err
+	}
+	return slowestOf(all, len(meds))
+}
+
+// slowestOf is each of n ways' largest time over the processes' (all,
+// −1: left out), +Inf where one left it out.
+func slowestOf(all [][]float64, n int) ([]float64, error) {
+	out := make([]float64, n)
+	for p, v := range all {
+		if len(v) != n {
+			return nil, fmt.Errorf("process %d compared %d ways of the grouped GEMM, process 0 %d: the processes cannot agree on one", p, len(v), n)
+		}
+		for i, m := range v {
+			if m < 0 || out[i] < 0 {
+				out[i] = -1
+			} else {
+				out[i] = max(out[i], m)
+			}
+		}
+	}
+	for i, m := range out {
+		if m < 0 {
+			out[i] = math.Inf(1)
+		}
+	}
+	return out, nil
+}
+
+// unsafeBytes views words as bytes.
+func unsafeBytes(w []uint64) []byte {
+	b, _ := kernels.HostBytes(w)
+	return b
+}
+
+// localSample is sample (nil: every token) with other processes' ranks
+// left out: a process checks its own ranks.
+func (dl *deviceLayer) localSample(sample [][]int) [][]int {
+	if dl.dist == nil {
+		return sample
+	}
+	if sample == nil {
+		sample = allTokens(dl.l.Cfg.EP, dl.l.Cfg.Tokens)
+	}
+	out := slices.Clone(sample)
+	for r := range out {
+		if !dl.local(r) {
+			out[r] = nil
+		}
+	}
+	return out
+}
