@@ -87,6 +87,11 @@ func HasBackward(d any) bool {
 	return ok
 }
 
+// ForwardOnly is a device dispatcher without a backward in this build
+// (no HasBackward) that says why: the record of a run that asked for
+// training steps gives its reason.
+type ForwardOnly interface{ NoBackward() string }
+
 // BackwardSteps are d's backward phases with experts in their place: its
 // own (BackwardPhaser), else SequenceBackward. d must have a backward
 // (HasBackward).

@@ -69,8 +69,8 @@ type DeviceRank struct {
 	// phase sets it as backward.go says of Segments.
 	Work []DeviceWork
 
-	// The backward (backward.go's contract, on device buffers; no device
-	// dispatcher implements it in this build). Set by the layer: DY
+	// The backward (backward.go's contract, on device buffers; alltoall's
+	// and feplb's device implementations have it). Set by the layer: DY
 	// [Tokens, Hidden], the output's gradient, and DFC1, DFC2 [L, 2f, h]
 	// and [L, h, f] fp32, the own experts' weight gradients (main_grad,
 	// zeroed each step, added to). ExpertDY [N, Hidden] is set by the

@@ -94,20 +94,34 @@ func (l *Layer) backwardSteps(d dispatchers.Dispatcher) ([]dispatchers.Step, err
 	if n := expertPhases(s); n != 1 && l.hold != HostExpertsHeld {
 		return nil, fmt.Errorf("dispatcher %s has %d expert backward phases: a layer that releases each rank's weight gradients after its expert backward needs one", d.Name(), n)
 	}
+	var router, shared func(int) error
 	if l.routerGrad() {
-		s = append(s, dispatchers.Step{Name: dispatchers.BackwardName("router"), Run: l.routerBackward})
+		router = l.routerBackward
 	}
 	if l.SharedFC1 != nil {
-		s = append(s, dispatchers.Step{Name: dispatchers.BackwardName("shared"), Run: l.sharedBackward})
+		shared = l.sharedBackward
+	}
+	return layerBackward(s, router, shared, l.inputGrad), nil
+}
+
+// layerBackward appends to a dispatcher's backward steps s the router's
+// and the shared expert's (each when not nil), the last step followed by
+// the input gradient's sum.
+func layerBackward(s []dispatchers.Step, router, shared, inputGrad func(r int) error) []dispatchers.Step {
+	if router != nil {
+		s = append(s, dispatchers.Step{Name: dispatchers.BackwardName("router"), Run: router})
+	}
+	if shared != nil {
+		s = append(s, dispatchers.Step{Name: dispatchers.BackwardName("shared"), Run: shared})
 	}
 	last := s[len(s)-1]
 	s[len(s)-1].Run = func(r int) error {
 		if err := last.Run(r); err != nil {
 			return err
 		}
-		return l.inputGrad(r)
+		return inputGrad(r)
 	}
-	return s, nil
+	return s
 }
 
 // Backward runs the backward of the forward pass Step last ran, through d,

@@ -239,9 +239,11 @@ func TestTrainingRecord(t *testing.T) {
 	}
 }
 
-// TestCUDADeviceForwardOnly: the cuda device, which has no backward in this
-// build, times the forward only and its record says why.
-func TestCUDADeviceForwardOnly(t *testing.T) {
+// TestCUDADeviceTrainingStep: on the cuda device (here Emu) a run times
+// forward and backward and checks every gradient against the float64
+// reference; a dispatcher whose device implementation has no backward in
+// this build times the forward only and its record says why.
+func TestCUDADeviceTrainingStep(t *testing.T) {
 	t.Setenv("MOEBENCH_NVML", "/nonexistent")
 	c := small()
 	c.Device = "cuda"
@@ -249,8 +251,20 @@ func TestCUDADeviceForwardOnly(t *testing.T) {
 	if err != nil || rec.Status != results.StatusOK {
 		t.Fatalf("%v, %+v", err, rec)
 	}
-	if rec.Config.Pass != results.PassForward || !strings.Contains(rec.Config.PassNote, "forward only") || rec.Timing.Backward != nil {
-		t.Errorf("cuda record: pass %q (%s), backward %v", rec.Config.Pass, rec.Config.PassNote, rec.Timing.Backward)
+	g := rec.Correctness.Grads
+	if rec.Config.Pass != results.PassTraining || rec.Config.PassNote != "" || rec.Timing.Backward == nil || g == nil || len(g.PerTensor) < 5 || !(g.MaxRelErr <= g.Tolerance) {
+		t.Errorf("cuda record: pass %q (%s), backward %v, gradients %+v", rec.Config.Pass, rec.Config.PassNote, rec.Timing.Backward, g)
+	}
+	if m := rec.Memory; len(m.SavedPerRankBytes) != c.EP {
+		t.Errorf("memory kept for the backward: %+v", m)
+	}
+	for _, name := range []string{"deepep", "hybridep"} {
+		c.Dispatcher = name
+		if why := ForwardOnlyReason(c); why == "" {
+			continue // its device backward exists
+		} else if !strings.Contains(why, name+"'s device kernels") || !strings.Contains(why, "probability gradients") {
+			t.Errorf("%s: reason %q (not the design's own)", name, why)
+		}
 	}
 	if c.ForwardOnly = true; ForwardOnlyReason(c) != "" {
 		t.Error("a run asked to be forward-only needs no reason")

@@ -42,6 +42,8 @@ type deviceLayer struct {
 	waitMS     float64                    // the last step's host waits before phases (dispatchers.HostWaiter)
 	job        job                        // what the devices' threads do next (see work)
 	work       func(dev int) error        // dl.issue, made once: issuing a step allocates nothing
+	train      bool                       // a step is a training step: forward, then backward (devbackward.go)
+	forward    int                        // the forward's phases: the first of steps
 	dist       *dist                      // a run over several processes (distributed.go); nil: one
 }
 
@@ -81,6 +83,7 @@ func (dl *deviceLayer) newThreads(th *kernels.Threads) {
 // devCommon is what the ranks of one device share.
 type devCommon struct {
 	wr, bias   kernels.Ptr // router weight [E, h] bf16; selection bias [E] fp32 or 0
+	wrf32      kernels.Ptr // the router weight as fp32 [E, h], the fp32 router's backward operand; 0 in a forward-only layer
 	sfc1, sfc2 kernels.Ptr // shared expert [2fs, h], [h, fs] or 0
 	bytes      int64       // bytes of the buffers above
 	ranks      int         // ranks on the device
@@ -111,6 +114,7 @@ type devRank struct {
 	grouped              *kernels.Grouped // how the expert GEMMs run
 	groups               []kernels.Group  // scratch
 	whole                []dispatchers.DeviceWork
+	g                    devGrads // the backward's (training steps)
 }
 
 // newDeviceLayer uploads l's inputs and weights to devs (the ranks spread
@@ -121,7 +125,7 @@ func newDeviceLayer(l *Layer, devs []kernels.Device, th *kernels.Threads, d disp
 	T, h, f, E, k := c.Tokens, c.Hidden, c.FFN, c.Experts, c.TopK
 	fs, L := c.FFN*c.SharedExperts, l.Shape.LocalExperts()
 	dl := &deviceLayer{l: l, devs: devs, on: rankDevices(c.EP, len(devs)), d: d, rr: make([]devRank, c.EP), dc: make([]devCommon, len(devs)),
-		start: map[string][]kernels.Event{}, end: map[string][]kernels.Event{}, dist: ds}
+		start: map[string][]kernels.Event{}, end: map[string][]kernels.Event{}, dist: ds, train: trains(c, d)}
 	if ds != nil {
 		for r := range dl.on {
 			dl.on[r] = r - ds.first
@@ -157,6 +161,11 @@ func newDeviceLayer(l *Layer, devs []kernels.Device, th *kernels.Threads, d disp
 		}
 		if err := up(dev, &m.wr, &m.bytes, wr, m.beginS); err != nil {
 			return nil, err
+		}
+		if dl.train && l.routerGrad() {
+			if err := up(dev, &m.wrf32, &m.bytes, l.Wr, m.beginS); err != nil {
+				return nil, err
+			}
 		}
 		if l.Bias != nil {
 			if err := up(dev, &m.bias, &m.bytes, l.Bias, m.beginS); err != nil {
@@ -218,6 +227,11 @@ func newDeviceLayer(l *Layer, devs []kernels.Device, th *kernels.Threads, d disp
 			return nil, err
 		}
 		dl.ranks = append(dl.ranks, rk)
+		if dl.train {
+			if err := dl.newDeviceBackward(r); err != nil {
+				return nil, err
+			}
+		}
 	}
 	if err := dl.uploadExperts(); err != nil {
 		return nil, err
@@ -334,6 +348,14 @@ func (dl *deviceLayer) steps() []dispatchers.Step {
 	}
 	dl.seq = append(dl.seq, dispatchers.Step{Name: "router", Run: dl.route})
 	dl.seq = append(dl.seq, dispatchers.Steps(dl.d, dl.experts)...)
+	dl.forward = len(dl.seq)
+	if dl.train {
+		bwd, err := dl.deviceBackwardSteps()
+		if err != nil { // HasBackward said it has one
+			panic(err)
+		}
+		dl.seq = append(dl.seq, bwd...)
+	}
 	return dl.seq
 }
 
@@ -385,6 +407,11 @@ func (dl *deviceLayer) experts(r int) error {
 	if work == nil {
 		work = dl.wholeWork(r)
 	}
+	if dl.train {
+		if err := dl.beginTape(r, work); err != nil {
+			return err
+		}
+	}
 	for i := range work {
 		if err := dl.block(r, &work[i]); err != nil {
 			return err
@@ -426,11 +453,8 @@ func (dl *deviceLayer) block(r int, w *dispatchers.DeviceWork) error {
 func (dl *deviceLayer) compute(r int, w *dispatchers.DeviceWork) error {
 	c, rk, b := dl.l.Cfg, dl.ranks[r], &dl.rr[r]
 	h, f, L := c.Hidden, c.FFN, dl.l.Shape.LocalExperts()
-	lo, hi := math.MaxInt, 0
+	lo, hi := span(w.Segments)
 	for _, sg := range w.Segments {
-		if sg.Len > 0 {
-			lo, hi = min(lo, sg.Start), max(hi, sg.Start+sg.Len)
-		}
 		if sg.Start < 0 || sg.Len < 0 {
 			return fmt.Errorf("segment of expert %d covers rows [%d, %d)", sg.Expert, sg.Start, sg.Start+sg.Len)
 		}
@@ -446,8 +470,14 @@ func (dl *deviceLayer) compute(r int, w *dispatchers.DeviceWork) error {
 			return err
 		}
 	}
-	if err := b.scratch.Ensure(rk.Dev, rk.Stream, hi-lo, kernels.Buf{P: &b.h1, PerRow: 4 * int64(f)}, kernels.Buf{P: &b.act, PerRow: 2 * int64(f)}); err != nil {
-		return err
+	var h1, act kernels.Ptr
+	if dl.train { // kept for the backward
+		h1, act = dl.tapeRows(r, w, lo, hi)
+	} else {
+		if err := b.scratch.Ensure(rk.Dev, rk.Stream, hi-lo, kernels.Buf{P: &b.h1, PerRow: 4 * int64(f)}, kernels.Buf{P: &b.act, PerRow: 2 * int64(f)}); err != nil {
+			return err
+		}
+		h1, act = b.h1, b.act
 	}
 	y := w.Y
 	if y == 0 {
@@ -475,17 +505,17 @@ func (dl *deviceLayer) compute(r int, w *dispatchers.DeviceWork) error {
 		}
 		return b.groups
 	}
-	if err := b.grouped.Run(rk.Dev, fc(b.h1, w.X, lo, 0, false, 2*f, h), 2*f, h, rk.Stream); err != nil {
+	if err := b.grouped.Run(rk.Dev, fc(h1, w.X, lo, 0, false, 2*f, h), 2*f, h, rk.Stream); err != nil {
 		return err
 	}
 	probs := w.Probs // 0: no probabilities (the combine applies them)
 	if probs != 0 {
 		probs += kernels.Ptr(4 * lo)
 	}
-	if err := rk.Dev.SwiGLU(b.act, b.h1, probs, hi-lo, f, rk.Stream); err != nil {
+	if err := rk.Dev.SwiGLU(act, h1, probs, hi-lo, f, rk.Stream); err != nil {
 		return err
 	}
-	return b.grouped.Run(rk.Dev, fc(y, b.act, 0, lo, true, h, f), h, f, rk.Stream)
+	return b.grouped.Run(rk.Dev, fc(y, act, 0, lo, true, h, f), h, f, rk.Stream)
 }
 
 // groupedSides are the candidate numbers of extra streams per rank for the
@@ -493,9 +523,10 @@ func (dl *deviceLayer) compute(r int, w *dispatchers.DeviceWork) error {
 // where it has one, and keeps the fastest.
 var groupedSides = []int{0, 3}
 
-// chooseGrouped runs a few steps with each way of running the expert GEMMs,
-// keeps the one whose expert phases (slowest rank, median) are fastest, and
-// describes the comparison.
+// chooseGrouped runs a few forward passes with each way of running the
+// expert GEMMs (the backward's products do not use it), keeps the one whose
+// expert phases (slowest rank, median) are fastest, and describes the
+// comparison.
 func (dl *deviceLayer) chooseGrouped() (string, error) {
 	const reps = 3
 	best, bestMS, desc := -1, math.Inf(1), ""
@@ -535,7 +566,7 @@ func (dl *deviceLayer) chooseGrouped() (string, error) {
 		}
 		var ms []float64
 		for range reps {
-			if err := dl.step(); err != nil {
+			if err := dl.forwardStep(); err != nil {
 				if i < len(groupedSides) || dl.dist != nil { // the others run this way's steps: so must this process
 					return "", err
 				}
@@ -599,7 +630,8 @@ func (dl *deviceLayer) chooseGrouped() (string, error) {
 	return "chosen: " + options[best][dl.of[0][0]].Name() + " (median of " + fmt.Sprint(reps) + " steps each — " + desc + ")", nil
 }
 
-// step runs one forward pass: every phase for every rank, each device's
+// step runs one step (the forward, then a training step's backward): every
+// phase for every rank, each device's
 // ranks issued from the device's own thread, all devices at once, a
 // barrier between phases (dispatchers' contract); each phase between two
 // events on each rank's stream; then every stream is waited for. Every
@@ -618,18 +650,38 @@ func (dl *deviceLayer) step() error {
 	if dl.graph != nil {
 		return dl.stepGraph()
 	}
+	return dl.plainStep(dl.steps())
+}
+
+// plainStep is step's plain launches of phs.
+func (dl *deviceLayer) plainStep(phs []dispatchers.Step) error {
 	t0 := time.Now()
 	dl.waitMS = 0
 	if err := dl.begin0(); err != nil {
 		return err
 	}
-	if err := dl.phases(dl.steps(), true, true); err != nil {
+	if err := dl.phases(phs, true, true); err != nil {
 		return err
 	}
 	dl.issueMS = float64(time.Since(t0).Nanoseconds())/1e6 - dl.waitMS
 	err := dl.finish()
 	dl.warm = dl.warm || err == nil
 	return err
+}
+
+// forwardStep runs the forward pass alone, as plain launches; a training
+// layer drops the tape it kept.
+func (dl *deviceLayer) forwardStep() error {
+	steps := dl.steps()
+	if err := dl.plainStep(steps[:dl.forward]); err != nil {
+		return err
+	}
+	if dl.train {
+		for r := range dl.ranks {
+			dl.endTape(r)
+		}
+	}
+	return nil
 }
 
 // each runs one job on every device's thread (a barrier).
@@ -749,6 +801,11 @@ func (dl *deviceLayer) beginDevice(dev int) error {
 	for _, r := range dl.of[dev] {
 		if err := dl.ranks[r].Dev.Wait(dl.ranks[r].Stream, m.begin); err != nil {
 			return err
+		}
+		if dl.train { // zero_grad
+			if err := dl.zeroGrads(r); err != nil {
+				return err
+			}
 		}
 	}
 	return nil
@@ -931,6 +988,11 @@ func (dl *deviceLayer) check() (*results.Correctness, error) {
 		if err := rk.Dev.Fill16(rk.Idx, 0xffff, int64(2*T*k), rk.Stream); err != nil { // expert −1
 			return nil, err
 		}
+		if dl.train {
+			if err := dl.poisonGrads(r); err != nil {
+				return nil, err
+			}
+		}
 	}
 	if err := dl.step(); err != nil {
 		return nil, err
@@ -956,6 +1018,11 @@ func (dl *deviceLayer) check() (*results.Correctness, error) {
 	cr.Passed = cr.Detail == "" && cr.MaxRelErr <= Tolerance
 	if !cr.Passed && cr.Detail == "" {
 		cr.Detail = fmt.Sprintf("max relative error %.3g (tolerance %g)", cr.MaxRelErr, Tolerance)
+	}
+	if dl.train {
+		if err := dl.checkGrads(cr, sample != nil); err != nil {
+			return nil, err
+		}
 	}
 	if dl.dist != nil { // every process's verdict, the same on all
 		return dl.agreeCheck(cr)
@@ -990,7 +1057,7 @@ func (dl *deviceLayer) download() error {
 // buffers and an equal share of the buffers the device's ranks share.
 func (dl *deviceLayer) footprint(r int) int64 {
 	b, m := &dl.rr[r], &dl.dc[dl.on[r]]
-	return b.bytes + b.out.Bytes + b.scratch.Bytes + dl.d.Footprint(r) + m.bytes/int64(m.ranks)
+	return b.bytes + b.out.Bytes + b.scratch.Bytes + dl.d.Footprint(r) + m.bytes/int64(m.ranks) + b.g.bytes()
 }
 
 // runDevice is Run on the cuda device (or env.OpenDevice's): the same
@@ -1066,7 +1133,7 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 		rec.Correctness = c
 		if !c.Passed { // the check's step is what the dump holds
 			rec.Status, rec.Reason = results.StatusFailed, "correctness check failed: "+c.Detail
-			return rec, errors.Join(errors.New(rec.Reason), dump(env, l, rec))
+			return rec, errors.Join(errors.New(rec.Reason), dl.dump(env, rec))
 		}
 	} else {
 		rec.Correctness = &results.Correctness{Checked: false, Detail: "check disabled by --check=false"}
@@ -1080,6 +1147,10 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 		model: "each phase's sample is its slowest rank's event-timed duration; a rank's step runs from a start event every rank waits for (one per GPU, each after GPU 0's) to the rank's last event, the step sample is the slowest rank's. " +
 			"Ranks run concurrently, so phases overlap and do not add up to the step. Each GPU's ranks are issued from the GPU's own thread, the GPUs at once, every GPU finishing a phase's calls before any starts the next. Each phase is timed from its own first GPU operation: a dispatcher's host wait before a phase (alltoall's count exchange) is outside every phase and reported as host_wait_ms; the step's time, from the common start, holds it",
 		mem: &results.Memory{Method: "device buffers, accounted: the bytes moebench allocated for the rank (layer and dispatcher buffers, its share of the router and shared-expert weights), excluding " + excluded}}
+	if dl.train {
+		m.forward = dl.forward
+		m.model += "; fwd and bwd are the sums of their passes' phases (slowest rank each), the step runs from the common start to the backward's last event"
+	}
 	for _, ph := range dl.steps() {
 		m.phases = append(m.phases, ph.Name)
 		if g, ok := d.(dispatchers.Grouper); ok && g.Grouped(ph.Name) {
@@ -1225,7 +1296,7 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 	if err := dl.download(); err != nil { // the last timed step
 		return rec, fmt.Errorf("--dump: %w", err)
 	}
-	return rec, dump(env, l, rec)
+	return rec, dl.dump(env, rec)
 }
 
 // tuneGEMMs lets the GPUs among devs time each new GEMM shape's cuBLASLt

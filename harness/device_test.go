@@ -128,7 +128,9 @@ func equalsHostOn(t *testing.T, c Config, devs ...kernels.Device) {
 	if host == "feplb" {
 		host = c.FeplbBase
 	}
-	hl, d := hostStep(t, c, host)
+	hc := c
+	hc.ForwardOnly = !dl.train // the host's traffic counts the backward's bytes when the device's does
+	hl, d := hostStep(t, hc, host)
 	for r := range hl.Ranks {
 		if !reflect.DeepEqual(hl.Ranks[r].Y, dl.l.Ranks[r].Y) {
 			t.Fatalf("rank %d: device output differs from the host layer's", r)
@@ -154,7 +156,8 @@ func equalsHostOn(t *testing.T, c Config, devs ...kernels.Device) {
 }
 
 // hostStep runs one step of c on the host device with dispatcher name's
-// host implementation.
+// host implementation: the forward, then the backward unless c is
+// forward-only.
 func hostStep(t *testing.T, c Config, name string) (*Layer, dispatchers.Dispatcher) {
 	t.Helper()
 	hc := c
@@ -168,7 +171,7 @@ func hostStep(t *testing.T, c Config, name string) (*Layer, dispatchers.Dispatch
 		err = d.Bind(hl.Shape, hl.Ranks)
 	}
 	if err == nil {
-		err = hl.Step(d, func(_ string, _ int, fn func() error) error { return fn() })
+		err = hl.Iteration(d, func(_ string, _ int, fn func() error) error { return fn() })
 	}
 	if err != nil {
 		t.Fatal(err)
@@ -227,8 +230,9 @@ func feplbCase() Config {
 // fails the check.
 func TestDeviceFEPLB(t *testing.T) {
 	c := feplbCase()
-	equalsHost(t, c, 1)
-	equalsHost(t, c, 4) // one device per rank: every phase-2 copy goes between devices
+	equalsHost(t, c, 1)  // training steps: the backward's phase 2 too
+	equalsHost(t, c, 4)  // one device per rank: every phase-2 copy goes between devices
+	c.ForwardOnly = true // from here on the forward's phase 2 is the subject
 	dl := deviceRun(t, c, &kernels.Emu{})
 	if cr, err := dl.check(); err != nil || !cr.Passed {
 		t.Fatalf("check: %v, %+v", err, cr)
@@ -314,9 +318,9 @@ func TestDeviceFEPLBSplitsOverHelpers(t *testing.T) {
 	if len(pl.Shares[0]) < 3 {
 		t.Fatalf("premise: expert 0's shares %v, want the owner and two helpers", pl.Shares[0])
 	}
-	for _, n := range []int{1, 4} {
-		equalsHost(t, c, n)
-	}
+	equalsHost(t, c, 1)  // training steps: expert 0's weight gradients from two helpers
+	c.ForwardOnly = true // the forward's work stays the ranks' Work (a backward sets its own)
+	equalsHost(t, c, 4)
 	lg := &batchLog{}
 	dl := deviceRun(t, c, lg)
 	if cr, err := dl.check(); err != nil || !cr.Passed {
@@ -383,7 +387,8 @@ func TestDeviceFEPLBRunRecord(t *testing.T) {
 	for _, p := range rec.Timing.Phases {
 		names = append(names, p.Name)
 	}
-	if want := []string{"shared", "router", "permute", "dispatch", "experts", "rebalance", "dynamic", "combine", "unpermute"}; !reflect.DeepEqual(names, want) {
+	if want := []string{"shared", "router", "permute", "dispatch", "experts", "rebalance", "dynamic", "combine", "unpermute",
+		"unpermute-bwd", "combine-bwd", "dynamic-bwd", "rebalance-bwd", "experts-bwd", "dispatch-bwd", "permute-bwd", "router-bwd", "shared-bwd"}; !reflect.DeepEqual(names, want) {
 		t.Errorf("phases %v, want %v", names, want)
 	}
 	rb := rec.Rebalance
@@ -391,11 +396,17 @@ func TestDeviceFEPLBRunRecord(t *testing.T) {
 		!strings.Contains(rb.ExposedNote, "median of") || len(rb.PerStep.ExposedMS) != c.Iters || rb.PhaseTwoSMs != "not measured: the emu device has no copy engines" || rb.CopyMethod == "" {
 		t.Errorf("rebalance record %+v, tokens %v", rb, rec.Tokens.Received)
 	}
+	// the backward's phase 2: the gradients back, the helpers' weight
+	// gradients among them, timed on the copy streams
+	if wg := kernels.ExpertWGradBytes(c.Hidden, c.FFN); rb.WGradBytes < wg || rb.BackwardCopyBytes <= rb.WGradBytes || !(rb.BackwardCopyMS >= 0) {
+		t.Errorf("backward phase 2: %d bytes, %d of them weight gradients (at least %d), %v ms", rb.BackwardCopyBytes, rb.WGradBytes, wg, rb.BackwardCopyMS)
+	}
 	gemmBeforeAfter(t, rec)
 	// item 12: planned with the rates measured in the run, and packed ranks said so
 	if !strings.Contains(rb.Note, "rates measured in this run: expert GEMMs") || !strings.Contains(rb.Note, "copies") || !strings.Contains(rb.Note, "share one GPU") {
 		t.Errorf("note %q: want the measured rates and the ranks packed on one device", rb.Note)
 	}
+	c.ForwardOnly = true // the placement's note is the subject
 	if rec, err := Run(c, Env{Version: "test", OpenDevices: emus(4)}); err != nil || rec.Rebalance == nil || strings.Contains(rec.Rebalance.Note, "share one GPU") {
 		t.Errorf("a device per rank: %v, record %+v", err, rec)
 	}
@@ -442,7 +453,8 @@ func TestDeviceRunRecord(t *testing.T) {
 			t.Errorf("phase %s: %d samples, %d ranks", p.Name, len(p.Samples), len(p.PerRank))
 		}
 	}
-	if want := []string{"shared", "router", "permute", "dispatch", "experts", "combine", "unpermute"}; !reflect.DeepEqual(names, want) {
+	if want := []string{"shared", "router", "permute", "dispatch", "experts", "combine", "unpermute",
+		"unpermute-bwd", "combine-bwd", "experts-bwd", "dispatch-bwd", "permute-bwd", "router-bwd", "shared-bwd"}; !reflect.DeepEqual(names, want) {
 		t.Errorf("phases %v, want %v", names, want)
 	}
 	if !strings.HasPrefix(rec.SMs.Measured, "not measured: NVML") || rec.Telemetry != nil {
@@ -744,8 +756,9 @@ func TestDeviceGroupedGEMMFailureLeftOut(t *testing.T) {
 
 // TestDeviceDump: --dump on the device pipeline writes the same files as on
 // the host, byte for byte (the weights drawn again from the seed, the
-// routing and output downloaded from the device), also for feplb; a failed
-// check still dumps.
+// routing and output downloaded from the device), the gradients of a
+// training step of the same shapes, also for feplb; a failed check still
+// dumps.
 func TestDeviceDump(t *testing.T) {
 	t.Setenv("MOEBENCH_NVML", "/nonexistent")
 	for name, c := range map[string]Config{"sigmoid": deviceCases()["sigmoid-groups-skewed-shared"], "feplb": feplbCase()} {
@@ -763,8 +776,9 @@ func TestDeviceDump(t *testing.T) {
 			return files
 		}
 		host, dev := filepath.Join(t.TempDir(), "host"), filepath.Join(t.TempDir(), "dev")
+		c.Iters, c.Warmup = 1, 0 // the dump is the last step's
 		hc := c
-		hc.Device, hc.ForwardOnly = "host", true // the cuda device times the forward only
+		hc.Device, hc.ForwardOnly = "host", ForwardOnlyReason(c) != "" // the same pass as the device's
 		if _, err := Run(hc, Env{Version: "test", Dump: host}); err != nil {
 			t.Fatal(err)
 		}
@@ -776,7 +790,9 @@ func TestDeviceDump(t *testing.T) {
 			t.Fatalf("%s: host dumped %d files, device %d", name, len(hf), len(df))
 		}
 		for f, b := range hf {
-			if !bytes.Equal(b, df[f]) {
+			// the gradients' float32 sums go in other orders on the
+			// device (the gradient check bounds their error): the same size
+			if grad := strings.HasPrefix(f, "grad_"); grad && len(b) != len(df[f]) || !grad && !bytes.Equal(b, df[f]) {
 				t.Errorf("%s: %s differs between the host and the device dump", name, f)
 			}
 		}
@@ -816,7 +832,7 @@ func TestDeviceRanksOnSeveralDevices(t *testing.T) {
 		{feplbCase(), 0, []int{0, 1, 2, 3}, false},
 	} {
 		c := tc.c
-		c.GPUs, c.Iters, c.Warmup = tc.gpus, 2, 1
+		c.GPUs, c.Iters, c.Warmup, c.ForwardOnly = tc.gpus, 2, 1, true // the placement is the subject (the backward over devices: TestDeviceFEPLB, TestDeviceLayerEqualsHostLayer)
 		rec, err := Run(c, Env{Version: "test", OpenDevices: emus(4)})
 		if err != nil || rec.Status != results.StatusOK || !rec.Correctness.Passed {
 			t.Fatalf("%s on %d devices: %v, %+v", c.Dispatcher, tc.gpus, err, rec)
@@ -830,6 +846,7 @@ func TestDeviceRanksOnSeveralDevices(t *testing.T) {
 		}
 	}
 	c := feplbCase()
+	c.ForwardOnly = true
 	islands := func(n, most int) ([]kernels.Device, error) {
 		return []kernels.Device{&island{}, &island{}, &island{}, &island{}}, nil
 	}
@@ -838,7 +855,7 @@ func TestDeviceRanksOnSeveralDevices(t *testing.T) {
 		t.Errorf("feplb without peer access: %v, %+v", err, rec)
 	}
 	c = deviceCases()["softmax-natural"] // alltoall copies through host memory: available, and the note says so
-	c.Iters, c.Warmup = 1, 0
+	c.Iters, c.Warmup, c.ForwardOnly = 1, 0, true
 	rec, err = Run(c, Env{Version: "test", OpenDevices: islands})
 	if err != nil || rec.Status != results.StatusOK || !strings.Contains(rec.Ranks.Note, "no peer access 0→1") {
 		t.Errorf("alltoall without peer access: %v, %+v", err, rec.Ranks)
@@ -984,7 +1001,7 @@ func (w *waitingEmu) SyncStream(s kernels.Stream) error {
 // TestAlltoallCountExchange: the counts reach the host through
 // asynchronous copies into page-locked memory, one per rank and step,
 // queued by the permute (no blocking download in a step: the layer's only
-// ones are the check's, three per rank), and the host's wait for them is
+// ones are the check's), and the host's wait for them is
 // reported on its own: the dispatch phase, timed from its own first GPU
 // operation, does not hold it.
 func TestAlltoallCountExchange(t *testing.T) {
@@ -1000,8 +1017,15 @@ func TestAlltoallCountExchange(t *testing.T) {
 		ways++
 	}
 	steps := 1 + 3*ways + c.Warmup + c.Iters // the check's, the GEMM choice's, the loop's
-	if dev.downloads != 3*c.EP || dev.async != steps*c.EP {
-		t.Errorf("%d blocking downloads (want the check's %d), %d asynchronous (want %d: one per rank and step)", dev.downloads, 3*c.EP, dev.async, steps*c.EP)
+	// the check's: per rank routing, probabilities and output, and its
+	// input, probability and router weight gradients; per expert its two
+	// weight gradients
+	checks := 6*c.EP + 2*c.Experts
+	if c.SharedExperts > 0 { // and the shared expert's two weight gradients per rank
+		checks += 2 * c.EP
+	}
+	if dev.downloads != checks || dev.async != steps*c.EP {
+		t.Errorf("%d blocking downloads (want the check's %d), %d asynchronous (want %d: one per rank and step)", dev.downloads, checks, dev.async, steps*c.EP)
 	}
 	hw := rec.Timing.HostWait
 	if hw == nil || hw.P50 < float64(c.EP)*10 {

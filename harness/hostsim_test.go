@@ -19,8 +19,10 @@ import (
 // launches, GEMM plans, streams, events and peer copies — on internal/cuda's
 // fake driver (two GPUs, device memory in host memory), cuBLASLt and cuBLAS,
 // and checks that each passes the check against the float64 reference with
-// the layer's tolerance. Timings come from the fake's clock and mean
-// nothing. See hostsim.Setup for when it skips.
+// the layer's tolerance, forward and backward (alltoall's and feplb's
+// device backward: every gradient against the float64 reference). Timings
+// come from the fake's clock and mean nothing. See hostsim.Setup for when
+// it skips.
 func TestCUDALayerOnHostSim(t *testing.T) {
 	useHostSimLayer(t)
 
@@ -30,6 +32,12 @@ func TestCUDALayerOnHostSim(t *testing.T) {
 	lib.EP, lib.Impl = 2, "library" // through the fake libnccl, one rank per GPU
 	cases["alltoall-nccl-ep2"] = lib
 	for name, c := range cases {
+		// the subject is the check: one timed step; the configurations
+		// whose backward adds nothing to the others' (the score
+		// functions' backward kernels are checked in kernels'
+		// TestKernelsOnHostSim/Backward) run the forward alone
+		c.Warmup, c.Iters = 0, 1
+		c.ForwardOnly = name == "balanced-ep8" || name == "pre-softmax-top1"
 		t.Run(name, func(t *testing.T) {
 			rec, err := Run(c, Env{Version: "test"})
 			if err != nil || rec.Status != results.StatusOK || rec.Correctness == nil || !rec.Correctness.Passed {
@@ -42,7 +50,15 @@ func TestCUDALayerOnHostSim(t *testing.T) {
 			if c.Dispatcher == "feplb" && (rec.Rebalance == nil || rec.Rebalance.Moves == 0) {
 				t.Errorf("feplb moved nothing: %+v", rec.Rebalance)
 			}
-			t.Logf("max rel err %.2e; %s", rec.Correctness.MaxRelErr, rec.Ranks.Note)
+			if c.ForwardOnly {
+				return
+			}
+			// a training step: every gradient checked against the reference
+			g := rec.Correctness.Grads
+			if rec.Config.Pass != results.PassTraining || rec.Timing.Backward == nil || g == nil || len(g.PerTensor) < 5 {
+				t.Fatalf("pass %q, backward %v, gradients %+v", rec.Config.Pass, rec.Timing.Backward, g)
+			}
+			t.Logf("max rel err %.2e, gradients %.2e; %s", rec.Correctness.MaxRelErr, g.MaxRelErr, rec.Ranks.Note)
 		})
 	}
 	// the kernel benchmark's rows, with small ceilings (the fake GEMM is a

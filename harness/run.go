@@ -63,7 +63,7 @@ func Run(cfg Config, env Env) (*results.Record, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	why := ForwardOnlyReason(cfg)
+	why := env.ForwardOnlyReason(cfg)
 	cfg.ForwardOnly = cfg.ForwardOnly || why != ""
 	forced := cfg.HostExperts != "" && cfg.HostExperts != HostExpertsAuto
 	if cfg.Device == "host" {
@@ -214,15 +214,32 @@ func Run(cfg Config, env Env) (*results.Record, error) {
 }
 
 // ForwardOnlyReason says why a run of cfg that was not asked to be
-// forward-only must be: its device has no backward in this build (the
-// cuda device: the device dispatchers and the device layer implement the
-// forward only); "" when its backward can run.
+// forward-only must be: its dispatcher's implementation on the cuda device
+// has no backward in this build (in its own words where it gives them,
+// dispatchers.ForwardOnly); "" when its backward can run (or the
+// dispatcher cannot be built, which the run itself reports).
 func ForwardOnlyReason(cfg Config) string {
 	if cfg.ForwardOnly || cfg.Device == "host" {
 		return ""
 	}
-	return "the cuda device times the forward only in this build: its backward (the element-wise backward kernels, dgrad and wgrad through cuBLASLt, " +
-		"the dispatchers' device backward) is not there yet; the host device runs forward and backward"
+	d, err := dispatchers.NewDevice(cfg.Dispatcher, cfg.Impl, cfg.dispatcherEnv())
+	if err != nil || dispatchers.HasBackward(d) {
+		return ""
+	}
+	if f, ok := d.(dispatchers.ForwardOnly); ok {
+		return f.NoBackward()
+	}
+	return fmt.Sprintf("%s (%s) has no backward on the cuda device in this build; the host device runs its forward and backward", cfg.Dispatcher, cfg.Impl)
+}
+
+// ForwardOnlyReason is ForwardOnlyReason(cfg) for a run in env: a run on
+// the cuda device over several processes times the forward only too.
+func (env Env) ForwardOnlyReason(cfg Config) string {
+	if why := ForwardOnlyReason(cfg); why != "" || cfg.ForwardOnly || cfg.Device == "host" || env.Rendezvous == nil || !env.Rendezvous.L.Distributed() {
+		return why
+	}
+	return "a run over several processes times the forward only in this build: the device backward's gradient check reads every rank's gradients " +
+		"in one process (they are not gathered over NCCL); a run of one process runs forward and backward"
 }
 
 // stepStage is the progress stage of step i (negative: warm-up).

@@ -84,6 +84,24 @@ type Device interface {
 	// then bf16(out + shared[t,:]) when shared is not 0.
 	UnpermuteSum(out, src, pos, shared Ptr, tokens, topk, hidden int, s Stream) error
 
+	// The backward's (devbackward.go). MatMul: the product mm (dgrad,
+	// wgrad into fp32 main_grad, the fp32 router's).
+	MatMul(mm MatMul, s Stream) error
+	// SwiGLUBackward: dh1 [n,2·ffn] bf16 and dprob [n] fp32 from dact
+	// [n,ffn] bf16, h1 [n,2·ffn] bf16 and prob [n] fp32, as
+	// SwiGLUProbBackward; prob 0 means 1 and dprob is not written.
+	SwiGLUBackward(dh1, dprob, dact, h1, prob Ptr, n, ffn int, s Stream) error
+	// ScoreBackward: dlogits [T,E] fp32 from the logits [T,E], dprobs
+	// [T,k] fp32 and idx [T,k] int32, as the host ScoreBackward.
+	ScoreBackward(rc RouterConfig, dlogits, logits, dprobs, idx Ptr, tokens int, s Stream) error
+	// InputGrad: dx = bf16(bf16(dperm + bf16(drouter)) + dshared), n
+	// values: dperm, dshared and dx bf16, drouter fp32; drouter or dshared
+	// 0 is left out.
+	InputGrad(dx, dperm, drouter, dshared Ptr, n int, s Stream) error
+	// AddF32: dst[i] += src[i], n fp32 values, each rounded to bf16 first
+	// when round.
+	AddF32(dst, src Ptr, n int, round bool, s Stream) error
+
 	// The machinery of SM-driven dispatchers (resident.go, signals.go).
 	// AllocMapped allocates host memory that kernels of every device read
 	// and write at its device address, and the host at its host address

@@ -77,9 +77,8 @@ type kernelKey struct {
 }
 
 type gemmKey struct {
-	m, n, k int
-	f32     bool
-	align   cuda.Align
+	op    cuda.MatMul
+	align cuda.Align
 }
 
 // GEMMWorkspace is the cuBLASLt workspace each stream gets.
@@ -670,36 +669,43 @@ func (c *CUDA) Elapsed(a, b Event) (float64, error) {
 }
 
 func (c *CUDA) GEMM(out, a, w Ptr, m, n, k int, f32Out bool, s Stream) error {
-	if m == 0 {
-		return nil
+	return c.MatMul(MatMul{C: out, A: a, B: w, MatMul: cuda.MatMul{M: m, N: n, K: k, TransB: true, F32Out: f32Out}}, s)
+}
+
+// MatMul runs mm through cuBLASLt, planned once per shape, transposes,
+// types and alignments (see tuneGEMM for the algorithm).
+func (c *CUDA) MatMul(mm MatMul, s Stream) error {
+	if err := mm.check(); err != nil || mm.M == 0 {
+		return err
 	}
 	if err := c.use(); err != nil {
 		return err
 	}
-	key := gemmKey{m, n, k, f32Out, cuda.Align{A: cuda.AlignOf(a), W: cuda.AlignOf(w), C: cuda.AlignOf(out)}}
+	key := gemmKey{mm.MatMul, cuda.Align{A: cuda.AlignOf(mm.A), W: cuda.AlignOf(mm.B), C: cuda.AlignOf(mm.C)}}
 	g, ok := c.plans[key]
 	ws, err := c.workspace(s)
 	if err != nil {
 		return err
 	}
 	if !ok {
-		if g, err = c.Lt.PlanGEMM(m, n, k, f32Out, key.align, GEMMWorkspace); err != nil {
+		if g, err = c.Lt.Plan(mm.MatMul, key.align, GEMMWorkspace); err != nil {
 			return err
 		}
 		c.plans[key] = g
-		if err := c.tuneGEMM(key, g, out, a, w, ws, s); err != nil {
+		if err := c.tuneGEMM(key, g, mm, ws, s); err != nil {
 			return err
 		}
 	}
-	return c.Lt.Run(g, out, a, w, ws, s)
+	return c.Lt.Run(g, mm.C, mm.A, mm.B, ws, s)
 }
 
 // tuneGEMM times each of g's algorithms once on the call's own operands
-// (each run writes out; the chosen one runs after) and keeps the fastest,
-// when TuneGEMMs allows; else g takes the fastest algorithm of the timed
-// shape of the same n and k nearest in m, where the heuristic offers it for
-// g too, else the heuristic's first.
-func (c *CUDA) tuneGEMM(key gemmKey, g *cuda.GEMM, out, a, w, ws Ptr, s Stream) error {
+// (each run writes its output, an accumulating product a scratch buffer
+// instead of the main_grad it adds to; the chosen one runs after) and
+// keeps the fastest, when TuneGEMMs allows; else g takes the fastest
+// algorithm of the timed shape of the same n, k and operation nearest in
+// m, where the heuristic offers it for g too, else the heuristic's first.
+func (c *CUDA) tuneGEMM(key gemmKey, g *cuda.GEMM, mm MatMul, ws Ptr, s Stream) error {
 	if g.Algorithms() < 2 {
 		return nil
 	}
@@ -707,7 +713,9 @@ func (c *CUDA) tuneGEMM(key gemmKey, g *cuda.GEMM, out, a, w, ws Ptr, s Stream) 
 		c.Untuned++
 		var near *cuda.GEMM
 		for k, t := range c.plans {
-			if c.tuned[k] && k.n == key.n && k.k == key.k && k.f32 == key.f32 && k.align == key.align && (near == nil || abs(k.m-key.m) < abs(near.M-key.m)) {
+			same := k.op
+			same.M = key.op.M
+			if c.tuned[k] && same == key.op && k.align == key.align && (near == nil || abs(k.op.M-key.op.M) < abs(near.M-key.op.M)) {
 				near = t
 			}
 		}
@@ -731,13 +739,23 @@ func (c *CUDA) tuneGEMM(key gemmKey, g *cuda.GEMM, out, a, w, ws Ptr, s Stream) 
 			}
 		}
 	}
+	out := mm.C
+	if mm.Add { // a scratch output of the same alignment: the timed runs must not add to main_grad
+		_, _, cb := mm.bytes()
+		scratch, err := c.Alloc(cb + 256)
+		if err != nil {
+			return err
+		}
+		defer c.Free(scratch) // after the timed runs: SyncEvent below waited for them
+		out = scratch + Ptr(uint64(mm.C)%256)
+	}
 	best, bestMS := 0, math.Inf(1)
 	for i := range g.Algorithms() {
 		g.Choose(i)
 		if err := c.Drv.Record(c.tune[0], s); err != nil {
 			return err
 		}
-		if err := c.Lt.Run(g, out, a, w, ws, s); err != nil {
+		if err := c.Lt.Run(g, out, mm.A, mm.B, ws, s); err != nil {
 			continue // an algorithm that refuses these operands is not a candidate
 		}
 		if err := c.Drv.Record(c.tune[1], s); err != nil {

@@ -32,7 +32,7 @@ func TestKernelsOnHostSim(t *testing.T) {
 	}{
 		{"CopiesAndEvents", checkCopiesAndEvents}, {"GEMM", checkGEMM}, {"GroupedGEMM", checkGroupedGEMM},
 		{"Permute", checkPermute}, {"SortChunks", checkSortChunks}, {"SwiGLUAndUnpermute", checkSwiGLUAndUnpermute},
-		{"Router", checkRouter}, {"Launches", checkLaunches},
+		{"Router", checkRouter}, {"Launches", checkLaunches}, {"Backward", checkBackward},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			start := time.Now()
@@ -128,7 +128,7 @@ func TestGEMMAlgorithmsTimed(t *testing.T) {
 		if g.Algorithms() != 3 {
 			t.Errorf("shape %+v: %d algorithms asked for, the fake offers 3", key, g.Algorithms())
 		}
-		if key.m == m {
+		if key.op.M == m {
 			chosen = append([]int{g.Chosen()}, chosen...)
 		} else {
 			chosen = append(chosen, g.Chosen())

@@ -41,6 +41,11 @@ var kernelBlock = map[string]int{
 	"unpermute_sum": rowBlockMax,
 	"comm_test":     CommTestBlock,
 	"copy_u4":       flatBlock,
+	// the backward's
+	"swiglu_prob_bwd": flatBlock,
+	"score_backward":  32 * routerWarps,
+	"input_grad":      flatBlock,
+	"add_f32":         flatBlock,
 	// dispatchers/deepep's: layout, notify, permute; dispatch and combine
 	// with its default 16 warps
 	"deepep_layout":   256,
@@ -221,7 +226,7 @@ func auditSASS(tool string, cubin []byte, d map[string]string, opcodes bool) (li
 			bad("no SASS read")
 		}
 		vec16 := name == "permute_rows" || name == "copy_u4" || name == "sort_chunks" || name == "unpermute_sum" ||
-			name == "swiglu_prob" && atoi(d["MB_FFN"])%8 == 0
+			name == "input_grad" || name == "add_f32" || (name == "swiglu_prob" || name == "swiglu_prob_bwd") && atoi(d["MB_FFN"])%8 == 0
 		if vec16 && (k.has("LDG.E", ".128") == 0 || k.has("STG.E", ".128") == 0) {
 			bad("no 16-byte global load or store (LDG/STG .128); it has %s", k.list("LDG", "STG"))
 		}

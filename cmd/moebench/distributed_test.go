@@ -151,6 +151,9 @@ func TestDistributedRun(t *testing.T) {
 			if rec.Status != results.StatusOK || rec.Correctness == nil || !rec.Correctness.Passed || !strings.Contains(rec.Correctness.Sample, fmt.Sprintf("each of the %d processes", c.world)) {
 				t.Fatalf("record: status %s, %+v", rec.Status, rec.Correctness)
 			}
+			if rec.Config.Pass != results.PassForward || !strings.Contains(rec.Config.PassNote, "over several processes") { // the device backward runs in one process
+				t.Errorf("pass %q (%s)", rec.Config.Pass, rec.Config.PassNote)
+			}
 			if len(rec.Ranks.Processes) != c.world || len(rec.Ranks.Devices) != c.ep || rec.Ranks.Launch == "" {
 				t.Fatalf("ranks %+v", rec.Ranks)
 			}

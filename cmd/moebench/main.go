@@ -107,9 +107,6 @@ func runLayer(args []string, stdout, stderr io.Writer) (code int) {
 			fmt.Fprintf(stderr, "moebench: note: %.0f GFLOP of expert GEMMs per step on the host device; expect minutes (reduce --tokens or --iters, or add --forward-only)\n", fl/1e9)
 		}
 	}
-	if why := harness.ForwardOnlyReason(cfg); why != "" {
-		fmt.Fprintf(stderr, "moebench: forward only: %s (add --forward-only to say so)\n", why)
-	}
 	rv, err := rendezvous(o, cfg)
 	if err != nil {
 		return usageError(stderr, err)
@@ -117,8 +114,12 @@ func runLayer(args []string, stdout, stderr io.Writer) (code int) {
 	if rv != nil {
 		defer rv.Close()
 	}
+	env := harness.Env{Version: version(), DeviceNote: note, Dump: o.dump, Progress: stderr, Rendezvous: rv}
+	if why := env.ForwardOnlyReason(cfg); why != "" {
+		fmt.Fprintf(stderr, "moebench: forward only: %s (add --forward-only to say so)\n", why)
+	}
 	defer limitMemory(harness.HostBytes(cfg))()
-	rec, err := harness.Run(cfg, harness.Env{Version: version(), DeviceNote: note, Dump: o.dump, Progress: stderr, Rendezvous: rv})
+	rec, err := harness.Run(cfg, env)
 	var ce *harness.ConfigError
 	if errors.As(err, &ce) {
 		return usageError(stderr, err)

@@ -64,6 +64,16 @@ type devState struct {
 
 	combined kernels.Event
 	fixed    int64 // bytes of the buffers Bind allocated
+
+	// the backward's (devbackward.go): unpermuted and returned are
+	// recorded after the rank's copies' output gradients are gathered and
+	// after its input gradients are pushed back; bwd sizes ExpertDY;
+	// bwdFixed is the bytes of DX and DProbs; backward: a backward ran
+	// (its bytes count in Traffic)
+	unpermuted, returned kernels.Event
+	bwd                  kernels.Sized
+	bwdFixed             int64
+	backward             bool
 }
 
 func (a *Device) Name() string { return "alltoall" }
@@ -117,8 +127,10 @@ func (a *Device) Bind(shape dispatchers.Shape, ranks []*dispatchers.DeviceRank) 
 		for src := range shape.EP {
 			s.chunkN[src], s.recvOff[src] = make([]int, L), make([]int, L)
 		}
-		if s.combined, err = dev.NewEvent(); err != nil {
-			return err
+		for _, e := range []*kernels.Event{&s.combined, &s.unpermuted, &s.returned} {
+			if *e, err = dev.NewEvent(); err != nil {
+				return err
+			}
 		}
 		ranks[r].ExpertRows = make([]int, L)
 	}
@@ -437,6 +449,9 @@ func (a *Device) Traffic() dispatchers.Traffic {
 		}
 	}
 	t := traffic(a.shape, sendOff)
+	if len(a.st) > 0 && a.st[0].backward {
+		backwardTraffic(&t, a.shape.Hidden)
+	}
 	if a.comm != nil {
 		t.Formula += "; moved by " + a.Transport()
 	}
@@ -454,7 +469,9 @@ func (a *Device) Transport() string {
 
 // Footprint is the bytes of rank r's dispatcher buffers, ExpertX and
 // ExpertProbs included (not the library's own buffers).
-func (a *Device) Footprint(r int) int64 { return a.st[r].fixed + a.st[r].recv.Bytes }
+func (a *Device) Footprint(r int) int64 {
+	return a.st[r].fixed + a.st[r].recv.Bytes + a.st[r].bwd.Bytes + a.st[r].bwdFixed
+}
 
 // Close frees every buffer the dispatcher allocated.
 func (a *Device) Close() error {
@@ -467,11 +484,14 @@ func (a *Device) Close() error {
 		if rk.ExpertX == s.permX { // EP 1: shared, see Dispatch
 			rk.ExpertX, rk.ExpertProbs = 0, 0
 		}
+		if rk.ExpertDY == s.permY { // EP 1: shared, see UnpermuteBackward
+			rk.ExpertDY = 0
+		}
 		if err := kernels.Free(rk.Dev, &s.rows, &s.pos, &s.counts, &s.permX, &s.permY, &s.permP, &s.recvCounts, &s.allCounts,
-			&s.recvX, &s.recvP, &s.recvY, &rk.ExpertX, &rk.ExpertProbs); first == nil {
+			&s.recvX, &s.recvP, &s.recvY, &rk.ExpertX, &rk.ExpertProbs, &rk.ExpertDY, &rk.DX, &rk.DProbs); first == nil {
 			first = err
 		}
-		s.fixed, s.recv = 0, kernels.Sized{}
+		s.fixed, s.recv, s.bwd, s.bwdFixed = 0, kernels.Sized{}, kernels.Sized{}, 0
 		if s.mapped.Host != nil {
 			if err := rk.Dev.FreeMapped(s.mapped); first == nil {
 				first = err

@@ -137,6 +137,14 @@ func NewDevice(impl string, env dispatchers.Env) (dispatchers.DeviceDispatcher, 
 func (d *Device) Name() string { return Name }
 func (d *Device) Impl() string { return dispatchers.ImplNative }
 
+// NoBackward says why the design's device kernels time the forward alone
+// (dispatchers.ForwardOnly).
+func (d *Device) NoBackward() string {
+	return "deepep's device kernels (kernels/cuda/deepep.cu) have no backward in this build: it needs the dispatch kernel re-run over the forward's handle " +
+		"for the output gradients without layout and notify (today only notify clears the queues' offsets the dispatch waits on) and a combine that also " +
+		"returns each token's k probability gradients (the forward's combine carries rows only); the host device runs the design's forward and backward"
+}
+
 func (d *Device) unavailable(format string, a ...any) error {
 	return &dispatchers.UnavailableError{Name: Name, Impl: dispatchers.ImplNative, Reason: fmt.Sprintf(format, a...)}
 }

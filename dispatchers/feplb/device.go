@@ -59,7 +59,8 @@ type Device struct {
 	ranks  []*dispatchers.DeviceRank
 	rs     []devRank
 	rates  rates
-	packed string // which ranks of a domain share a device, or ""
+	packed string    // which ranks of a domain share a device, or ""
+	bk     []devBack // the backward's, per rank (devbackward.go)
 }
 
 // rates sums what the run has measured: the static experts' FLOPs and
@@ -113,13 +114,14 @@ func (f *Device) Bind(shape dispatchers.Shape, ranks []*dispatchers.DeviceRank) 
 			}
 		}
 	}
-	f.c, f.ranks, f.rs = c, ranks, make([]devRank, shape.EP)
+	f.c, f.ranks, f.rs, f.bk = c, ranks, make([]devRank, shape.EP), make([]devBack, shape.EP)
 	for r := range f.rs {
-		s, dev := &f.rs[r], ranks[r].Dev
+		s, dev, bk := &f.rs[r], ranks[r].Dev, &f.bk[r]
 		if s.ce, err = dev.NewStream(); err != nil {
 			return err
 		}
-		for _, e := range []*kernels.Event{&s.origin, &s.dispatched, &s.staticEnd, &s.ceStart, &s.ready, &s.computed, &s.ownEnd, &s.backStart, &s.backEnd} {
+		for _, e := range []*kernels.Event{&s.origin, &s.dispatched, &s.staticEnd, &s.ceStart, &s.ready, &s.computed, &s.ownEnd, &s.backStart, &s.backEnd,
+			&bk.dyReady, &bk.dyStart, &bk.dyIn, &bk.computed, &bk.retStart, &bk.returned} {
 			if *e, err = dev.NewEvent(); err != nil {
 				return err
 			}
@@ -321,6 +323,12 @@ func (f *Device) RebalanceStats() dispatchers.RebalanceStats {
 		s.Exposed = st.exposed
 		s.ExposedNote = "device events: per rank, its stream's wait for its incoming copies after its static experts (ready − static end, at least 0) plus its wait for its outputs back after its own work (back end − own end, at least 0); the slowest rank's"
 	}
+	if f.bk[0].ran {
+		s.BackwardCopyBytes, s.WGradBytes = f.backBytes()
+		if s.BackwardCopySeconds, err = f.backCopySeconds(); err != nil {
+			s.Note += "; the backward's copy time was not measured: " + err.Error()
+		}
+	}
 	if err == nil {
 		if err := f.learn(st); err != nil {
 			s.Note += "; the measured rates were not applied: " + err.Error()
@@ -448,7 +456,8 @@ func (f *Device) Pause(paused bool) { f.c.paused = paused }
 
 // Footprint adds the rank's phase-2 buffers to the base's.
 func (f *Device) Footprint(r int) int64 {
-	return f.rs[r].rows.Bytes + f.rs[r].slots.Bytes + f.ClassicDevice.Footprint(r)
+	bk := &f.bk[r]
+	return f.rs[r].rows.Bytes + f.rs[r].slots.Bytes + bk.rows.Bytes + bk.slots.Bytes + bk.back.Bytes + f.ClassicDevice.Footprint(r)
 }
 
 // Close frees the phase-2 buffers and the base's.
@@ -456,10 +465,12 @@ func (f *Device) Close() error {
 	var first error
 	for r := range f.rs {
 		s := &f.rs[r]
-		if err := kernels.Free(f.ranks[r].Dev, &s.fx, &s.fp, &s.fy, &s.w1, &s.w2); first == nil {
+		bk := &f.bk[r]
+		if err := kernels.Free(f.ranks[r].Dev, &s.fx, &s.fp, &s.fy, &s.w1, &s.w2, &bk.dx, &bk.dp, &bk.g1, &bk.g2, &bk.w1, &bk.w2); first == nil {
 			first = err
 		}
 		s.rows, s.slots = kernels.Sized{}, kernels.Sized{}
+		bk.rows, bk.slots, bk.back = kernels.Sized{}, kernels.Sized{}, kernels.Sized{}
 	}
 	if err := f.ClassicDevice.Close(); first == nil {
 		first = err

@@ -34,6 +34,14 @@ func NewDevice(impl string, env dispatchers.Env) (dispatchers.DeviceDispatcher, 
 	return &Device{cfg: Config{SMs: sms, Domain: env.Domain, Chunk: DefaultChunk}, timeout: timeout}, nil
 }
 
+// NoBackward says why the design's device kernels time the forward alone
+// (dispatchers.ForwardOnly).
+func (d *Device) NoBackward() string {
+	return "hybridep's device kernels (kernels/cuda/hybridep.cu) have no backward in this build: it needs dispatch_with_permute of the output gradients " +
+		"over the forward's routing map and preprocessing (rows without probabilities) and combine_with_unpermute whose rows also carry the domain's " +
+		"probability gradients (the forward's combine carries rows only); the host device runs the design's forward and backward"
+}
+
 // Device is hybridep on device ranks.
 type Device struct {
 	cfg     Config

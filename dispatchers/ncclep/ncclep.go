@@ -120,6 +120,9 @@ type devRank struct {
 func (d *Device) Name() string { return d.m.dispatcher }
 func (d *Device) Impl() string { return dispatchers.ImplLibrary }
 
+// NoBackward: the mode's reason (dispatchers.ForwardOnly).
+func (d *Device) NoBackward() string { return d.m.noBackward }
+
 // Bind checks the shape against NCCL EP's limits, then makes every rank's
 // communicator, group and handle on its GPU's thread and its buffers.
 func (d *Device) Bind(shape dispatchers.Shape, ranks []*dispatchers.DeviceRank) error {

@@ -44,7 +44,7 @@ type CuBLASLt struct {
 	Version int
 	fn      map[string]unsafe.Pointer
 	handle  unsafe.Pointer
-	scalars *[2]C.float // alpha = 1, beta = 0 in C memory, made by Init
+	scalars *[3]C.float // alpha = 1, beta = 0, beta = 1 in C memory, made by Init
 }
 
 // OpenCuBLASLt loads libcublasLt (MOEBENCH_CUBLASLT overrides), of the
@@ -78,8 +78,8 @@ func ltErr(call string, st C.int) error {
 // Init creates the cuBLASLt handle on the current context.
 func (b *CuBLASLt) Init() error {
 	if b.scalars == nil {
-		b.scalars = (*[2]C.float)(C.malloc(8)) // lives as long as the process: one per library opened
-		b.scalars[0], b.scalars[1] = 1, 0
+		b.scalars = (*[3]C.float)(C.malloc(12)) // lives as long as the process: one per library opened
+		b.scalars[0], b.scalars[1], b.scalars[2] = 1, 0, 1
 	}
 	if err := ltErr("cublasLtCreate", C.mbcall_cublasLtCreate(b.fn["cublasLtCreate"], &b.handle)); err != nil {
 		return fmt.Errorf("%s (cuBLASLt %d): %w (a library newer than the CUDA driver fails so)", b.Path, b.Version, err)
@@ -87,16 +87,31 @@ func (b *CuBLASLt) Init() error {
 	return nil
 }
 
-// GEMM is a planned product c[m,n] = a[m,k] · w[n,k]ᵀ in row-major storage
-// (w in a linear layer's [out,in] layout) of bf16 operands with fp32
-// accumulation, c stored as bf16 or, for F32Out, fp32 (the router's logits) —
-// the same product as kernels.MatMulNT. In cuBLAS's column-major terms it is
-// Dᵀ[n,m] = op_T(w stored k×n) · op_N(a stored k×m): a "TN" GEMM.
+// MatMul is a product in row-major storage with fp32 accumulation:
+// c[m,n] = op(a) · op(b), plus c itself when Add (cuBLAS's beta = 1: the
+// wgrad GEMM accumulating into fp32 main_grad). op(a) is a [m,k], or with
+// TransA aᵀ of a stored [k,m]; op(b) is b [k,n], or with TransB bᵀ of b
+// stored [n,k] (a linear layer's [out,in] weight). a and b are bf16, or
+// fp32 for F32In (the fp32 router's backward); c is bf16, or fp32 for
+// F32Out. Combinations cuBLASLt's CUBLAS_COMPUTE_32F supports: bf16
+// operands with a bf16 or fp32 c, fp32 operands with an fp32 c; Add needs
+// an fp32 c here (main_grad).
+type MatMul struct {
+	M, N, K        int
+	TransA, TransB bool
+	F32In, F32Out  bool
+	Add            bool
+}
+
+// GEMM is a planned MatMul. In cuBLAS's column-major terms the row-major
+// c[m,n] is cᵀ[n,m] = op(b)ᵀ · op(a)ᵀ: cuBLAS's A is our b, its B our a.
+// The forward's product c = a · wᵀ (MatMul{TransB: true}, the same as
+// kernels.MatMulNT) is a "TN" GEMM: Dᵀ[n,m] = op_T(w stored k×n) · op_N(a
+// stored k×m).
 type GEMM struct {
-	M, N, K       int
-	F32Out        bool
+	MatMul
 	WorkspaceSize int64          // of the chosen algorithm
-	desc, la      unsafe.Pointer // op descriptor; layout of w (cuBLAS's A)
+	desc, la      unsafe.Pointer // op descriptor; layout of b (cuBLAS's A)
 	lb, lc        unsafe.Pointer // layout of a (cuBLAS's B); of c (C and D)
 	// the heuristic's algorithms, best first (C memory), and the one Run uses
 	algos  *C.mb_lt_heuristic
@@ -145,14 +160,24 @@ func AlignOf(p DevicePtr) uint32 {
 	return a
 }
 
-// PlanGEMM describes the product and asks cuBLASLt's heuristic for up to
-// MaxAlgorithms algorithms within maxWorkspace bytes that work at the
-// alignments al; Run uses the first until Choose picks another.
+// PlanGEMM plans the forward's c[m,n] = a[m,k] · w[n,k]ᵀ (see Plan).
 func (b *CuBLASLt) PlanGEMM(m, n, k int, f32Out bool, al Align, maxWorkspace int64) (*GEMM, error) {
+	return b.Plan(MatMul{M: m, N: n, K: k, TransB: true, F32Out: f32Out}, al, maxWorkspace)
+}
+
+// Plan describes the product and asks cuBLASLt's heuristic for up to
+// MaxAlgorithms algorithms within maxWorkspace bytes that work at the
+// alignments al (Align.A of a, W of b, C of c); Run uses the first until
+// Choose picks another.
+func (b *CuBLASLt) Plan(mm MatMul, al Align, maxWorkspace int64) (*GEMM, error) {
+	m, n, k := mm.M, mm.N, mm.K
 	if m < 1 || n < 1 || k < 1 {
 		return nil, fmt.Errorf("PlanGEMM: m=%d n=%d k=%d must all be ≥ 1", m, n, k)
 	}
-	g := &GEMM{M: m, N: n, K: k, F32Out: f32Out}
+	if mm.F32In && !mm.F32Out || mm.Add && !mm.F32Out {
+		return nil, fmt.Errorf("PlanGEMM: fp32 operands (%v) and accumulation (%v) need an fp32 output", mm.F32In, mm.Add)
+	}
+	g := &GEMM{MatMul: mm}
 	ok := false
 	defer func() {
 		if !ok {
@@ -182,30 +207,50 @@ func (b *CuBLASLt) PlanGEMM(m, n, k int, f32Out bool, al Align, maxWorkspace int
 	return g, nil
 }
 
-// describe creates the operation descriptor (fp32 compute and scale,
-// TRANSA = T, TRANSB = N) and the column-major layouts of w, a (bf16) and c
-// (bf16, or fp32 for F32Out).
+// describe creates the operation descriptor (fp32 compute and scale; TRANSA
+// for our b, TRANSB for our a) and the column-major layouts of b, a (bf16,
+// or fp32 for F32In) and c (bf16, or fp32 for F32Out).
 func (b *CuBLASLt) describe(g *GEMM) error {
 	m, n, k := g.M, g.N, g.K
 	if err := ltErr("cublasLtMatmulDescCreate", C.mbcall_cublasLtMatmulDescCreate(b.fn["cublasLtMatmulDescCreate"], &g.desc, compute32F, dataR32F)); err != nil {
 		return err
 	}
-	for _, a := range [][2]int32{{descTransA, opT}, {descTransB, opN}} {
+	op := func(t bool) int32 {
+		if t {
+			return opT
+		}
+		return opN
+	}
+	// b row-major [k,n] is column-major n×k (ld n), already op(b)ᵀ; b
+	// row-major [n,k] (TransB) is column-major k×n (ld k), transposed. The
+	// same for a with m.
+	bRows, bCols := n, k
+	if g.TransB {
+		bRows, bCols = k, n
+	}
+	aRows, aCols := k, m
+	if g.TransA {
+		aRows, aCols = m, k
+	}
+	for _, a := range [][2]int32{{descTransA, op(g.TransB)}, {descTransB, op(g.TransA)}} {
 		v := C.int(a[1])
 		if err := ltErr(fmt.Sprintf("cublasLtMatmulDescSetAttribute(%d)", a[0]),
 			C.mbcall_cublasLtMatmulDescSetAttribute(b.fn["cublasLtMatmulDescSetAttribute"], g.desc, C.int(a[0]), unsafe.Pointer(&v), C.size_t(unsafe.Sizeof(v)))); err != nil {
 			return err
 		}
 	}
-	cType := dataR16BF
+	cType, inType := dataR16BF, dataR16BF
 	if g.F32Out {
 		cType = dataR32F
+	}
+	if g.F32In {
+		inType = dataR32F
 	}
 	layouts := []struct {
 		dst                 *unsafe.Pointer
 		typ, rows, cols, ld int
 		what                string
-	}{{&g.la, dataR16BF, k, n, k, "w"}, {&g.lb, dataR16BF, k, m, k, "a"}, {&g.lc, cType, n, m, n, "c"}}
+	}{{&g.la, inType, bRows, bCols, bRows, "b"}, {&g.lb, inType, aRows, aCols, aRows, "a"}, {&g.lc, cType, n, m, n, "c"}}
 	for _, l := range layouts {
 		if err := ltErr("cublasLtMatrixLayoutCreate("+l.what+")", C.mbcall_cublasLtMatrixLayoutCreate(b.fn["cublasLtMatrixLayoutCreate"], l.dst, C.int(l.typ),
 			C.uint64_t(l.rows), C.uint64_t(l.cols), C.int64_t(l.ld))); err != nil {
@@ -255,11 +300,14 @@ func (b *CuBLASLt) setAttr(obj unsafe.Pointer, attr int, v []byte) error {
 	return ltErr("cublasLtMatmulDescSetAttribute", C.mbcall_cublasLtMatmulDescSetAttribute(b.fn["cublasLtMatmulDescSetAttribute"], obj, C.int(attr), buf, C.size_t(len(v))))
 }
 
-// Run computes c = a · wᵀ on s; workspace must hold g.WorkspaceSize bytes.
-// Nothing is allocated or formatted unless the call fails (it runs once per
-// GEMM of every step).
+// Run computes c = op(a) · op(w) (+ c) on s; workspace must hold
+// g.WorkspaceSize bytes. Nothing is allocated or formatted unless the call
+// fails (it runs once per GEMM of every step).
 func (b *CuBLASLt) Run(g *GEMM, c, a, w, workspace DevicePtr, s Stream) error {
 	alpha, beta := &b.scalars[0], &b.scalars[1]
+	if g.Add {
+		beta = &b.scalars[2]
+	}
 	ptr := func(p DevicePtr) C.ulonglong { return C.ulonglong(p) }
 	st := C.lt_call_matmul(b.fn["cublasLtMatmul"], b.handle, g.desc,
 		unsafe.Pointer(alpha), ptr(w), g.la, ptr(a), g.lb, unsafe.Pointer(beta), ptr(c), g.lc, ptr(c), g.lc,
@@ -283,5 +331,5 @@ func (b *CuBLASLt) Free(g *GEMM) {
 	if g.algos != nil {
 		C.free(unsafe.Pointer(g.algos))
 	}
-	*g = GEMM{M: g.M, N: g.N, K: g.K, F32Out: g.F32Out}
+	*g = GEMM{MatMul: g.MatMul}
 }

@@ -119,3 +119,97 @@ func TestCuBLASLtDescriptorsReal(t *testing.T) {
 		t.Error("a wrongly sized attribute was accepted: this test could not catch a wrong constant")
 	}
 }
+
+// TestCuBLASLtBackwardShapes: through the fake, Plan and Run compute the
+// backward's row-major products — the dgrad c[m,n] = a[m,k]·b[k,n], the
+// wgrad c[m,n] += a[k,m]ᵀ·b[k,n] into fp32 (beta = 1: the sum lands on
+// what c held), and the fp32 router's products with fp32 operands — each
+// against a plain loop; a combination cuBLASLt does not support (fp32
+// operands into bf16, accumulation into bf16) is refused before the
+// library is asked.
+func TestCuBLASLtBackwardShapes(t *testing.T) {
+	d := fakeDriver(t)
+	b := fakeCuBLASLt(t)
+	const m, n, k = 6, 5, 7
+	r := rand.New(rand.NewPCG(2, 2))
+	s, _ := d.NewStream(0)
+	for _, mm := range []MatMul{
+		{M: m, N: n, K: k}, // dgrad: a · b
+		{M: m, N: n, K: k, TransA: true, F32Out: true, Add: true},   // wgrad: c += aᵀ · b
+		{M: m, N: n, K: k, F32In: true, F32Out: true},               // router dx: fp32
+		{M: m, N: n, K: k, TransA: true, F32In: true, F32Out: true}, // router dW: fp32
+		{M: m, N: n, K: k, TransA: true, TransB: true},              // both transposed
+	} {
+		// operands as float32 values exactly representable in bf16
+		av, bv, cv := make([]float32, m*k), make([]float32, k*n), make([]float32, m*n)
+		for _, v := range [][]float32{av, bv, cv} {
+			for i := range v {
+				v[i] = unbf16(bf16(float32(r.NormFloat64())))
+			}
+		}
+		up := func(v []float32) DevicePtr {
+			p, _ := d.Alloc(int64(4 * len(v)))
+			if mm.F32In {
+				CopyToDevice(d, p, v, s)
+				return p
+			}
+			h := make([]uint16, len(v))
+			for i, x := range v {
+				h[i] = bf16(x)
+			}
+			CopyToDevice(d, p, h, s)
+			return p
+		}
+		da, db := up(av), up(bv)
+		dc, _ := d.Alloc(4 * m * n)
+		CopyToDevice(d, dc, cv, s) // what an accumulating product adds to
+		g, err := b.Plan(mm, Align{}, 1<<20)
+		if err != nil {
+			t.Fatalf("%+v: %v", mm, err)
+		}
+		ws, _ := d.Alloc(g.WorkspaceSize)
+		if err := b.Run(g, dc, da, db, ws, s); err != nil {
+			t.Fatalf("%+v: %v", mm, err)
+		}
+		b.Free(g)
+		got := make([]float32, m*n)
+		if mm.F32Out {
+			CopyFromDevice(d, got, dc, s)
+		} else {
+			h := make([]uint16, m*n)
+			CopyFromDevice(d, h, dc, s)
+			for i, x := range h {
+				got[i] = unbf16(x)
+			}
+		}
+		for i := range m {
+			for j := range n {
+				var want float32
+				for p := range k {
+					ai, bi := i*k+p, p*n+j // a [m,k], b [k,n]
+					if mm.TransA {
+						ai = p*m + i // a stored [k,m]
+					}
+					if mm.TransB {
+						bi = j*k + p // b stored [n,k]
+					}
+					want += av[ai] * bv[bi]
+				}
+				if mm.Add {
+					want += cv[i*n+j]
+				}
+				if !mm.F32Out {
+					want = unbf16(bf16(want))
+				}
+				if got[i*n+j] != want {
+					t.Fatalf("%+v: c[%d,%d] = %v, want %v", mm, i, j, got[i*n+j], want)
+				}
+			}
+		}
+	}
+	for _, mm := range []MatMul{{M: 1, N: 1, K: 1, F32In: true}, {M: 1, N: 1, K: 1, Add: true}} {
+		if _, err := b.Plan(mm, Align{}, 1<<20); err == nil {
+			t.Errorf("%+v accepted", mm)
+		}
+	}
+}

@@ -60,6 +60,7 @@
 #define __align__(n) alignas(n)
 
 struct uint4 { unsigned x, y, z, w; };
+struct float4 { float x, y, z, w; };
 struct mbhost_dim3 { unsigned x = 1, y = 1, z = 1; };
 
 // The launch the fake driver asks a module's kernel to run: the grid and

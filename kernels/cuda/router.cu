@@ -47,6 +47,23 @@ __device__ __forceinline__ int warp_pick(unsigned key, int e, unsigned &best) {
     return (int)__reduce_min_sync(MB_FULL_MASK, key == best && key != MB_NONE ? (unsigned)e : 0xffffffffu);
 }
 
+// softmax_stats sets mx to the largest of the warp's row of logits (lane l
+// holds z of experts l, l + 32, …) and den to the softmax's denominator
+// Σ exp(z − mx), in every lane.
+__device__ __forceinline__ void softmax_stats(const float (&z)[MB_PER_LANE], int lane, float &mx, float &den) {
+    mx = -3.402823466e38f, den = 0.f;
+#pragma unroll
+    for (int i = 0; i < MB_PER_LANE; i++)
+        if (lane + 32 * i < MB_EXPERTS) mx = fmaxf(mx, z[i]);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(MB_FULL_MASK, mx, o));
+#pragma unroll
+    for (int i = 0; i < MB_PER_LANE; i++)
+        if (lane + 32 * i < MB_EXPERTS) den += expf(z[i] - mx);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) den += __shfl_xor_sync(MB_FULL_MASK, den, o);
+}
+
 extern "C" __global__ void router_topk(const float *logits, const float *bias, int tokens,
                                        int32 *idx, float *probs) {
     const int lane = threadIdx.x & 31;
@@ -72,18 +89,8 @@ extern "C" __global__ void router_topk(const float *logits, const float *bias, i
         }
     }
 #if MB_PRE_SOFTMAX
-    // the row's largest logit and the softmax's denominator, in every lane
-    float mx = -3.402823466e38f, den = 0.f;
-#pragma unroll
-    for (int i = 0; i < MB_PER_LANE; i++)
-        if (lane + 32 * i < MB_EXPERTS) mx = fmaxf(mx, logit[i]);
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(MB_FULL_MASK, mx, o));
-#pragma unroll
-    for (int i = 0; i < MB_PER_LANE; i++)
-        if (lane + 32 * i < MB_EXPERTS) den += expf(logit[i] - mx);
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) den += __shfl_xor_sync(MB_FULL_MASK, den, o);
+    float mx, den;
+    softmax_stats(logit, lane, mx, den);
 #pragma unroll
     for (int i = 0; i < MB_PER_LANE; i++)
         if (lane + 32 * i < MB_EXPERTS) key[i] = score_key(expf(logit[i] - mx) / den);
@@ -167,4 +174,80 @@ extern "C" __global__ void router_topk(const float *logits, const float *bias, i
         idx[(long)t * MB_TOPK + lane] = mine;
         probs[(long)t * MB_TOPK + lane] = p / sum * (float)(MB_SCALE);
     }
+}
+
+// score_backward: the backward of the probabilities router_topk computes
+// (kernels.ScoreBackward): from their gradient dprobs [T, K] (in idx's
+// order) and the fp32 logits [T, MB_EXPERTS] the forward scored, the
+// logits' gradient dlogits [T, MB_EXPERTS], recomputing the scores as the
+// forward does. g_i = MB_SCALE · dprob_i; softmax over the K chosen:
+// dz_i = q_i (g_i − Σ_j q_j g_j); sigmoid: s_i = σ(z_i), with K > 1
+// dz_i = (g_i − Σ_j g_j s_j / S) / S · s_i (1 − s_i), S = Σ_j s_j, with
+// K = 1 dz = g s (1 − s); pre-softmax: P = softmax over all experts, G the
+// g scattered to the chosen, dz_e = P_e (G_e − Σ_i P_sel_i g_i) for every e.
+// Other logits get 0 (selection, group limits and the bias only select).
+// One warp per token: lane i < K holds choice i; lane l holds experts l,
+// l + 32, … of the row (pre-softmax). Sums are the warp's butterflies:
+// another order than the host's, so results agree to fp32 rounding.
+extern "C" __global__ void score_backward(const float *logits, const float *dprobs, const int32 *idx, int tokens, float *dlogits) {
+    const int lane = threadIdx.x & 31;
+    const int t = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (t >= tokens) return; // whole warps exit together: blockDim is a multiple of 32
+    const float *row = logits + (long)t * MB_EXPERTS;
+    float *drow = dlogits + (long)t * MB_EXPERTS;
+    const bool chooser = lane < MB_TOPK;
+    int sel = chooser ? idx[(long)t * MB_TOPK + lane] : -1;
+    if ((unsigned)sel >= MB_EXPERTS) sel = -1; // never read or write outside the row
+    const float g = chooser ? (float)(MB_SCALE)*dprobs[(long)t * MB_TOPK + lane] : 0.f;
+#if MB_PRE_SOFTMAX
+    float z[MB_PER_LANE];
+#pragma unroll
+    for (int i = 0; i < MB_PER_LANE; i++) z[i] = lane + 32 * i < MB_EXPERTS ? row[lane + 32 * i] : 0.f;
+    float mx, den;
+    softmax_stats(z, lane, mx, den);
+    float dot = sel >= 0 ? expf(row[sel] - mx) / den * g : 0.f; // P_sel_i · g_i
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(MB_FULL_MASK, dot, o);
+    float ge[MB_PER_LANE]; // G of the lane's experts
+#pragma unroll
+    for (int i = 0; i < MB_PER_LANE; i++) ge[i] = 0.f;
+    for (int j = 0; j < MB_TOPK; j++) {
+        const int sj = __shfl_sync(MB_FULL_MASK, sel, j);
+        const float gj = __shfl_sync(MB_FULL_MASK, g, j);
+#pragma unroll
+        for (int i = 0; i < MB_PER_LANE; i++)
+            if (lane + 32 * i == sj) ge[i] = gj;
+    }
+#pragma unroll
+    for (int i = 0; i < MB_PER_LANE; i++)
+        if (lane + 32 * i < MB_EXPERTS) drow[lane + 32 * i] = expf(z[i] - mx) / den * (ge[i] - dot);
+#else
+    for (int e = lane; e < MB_EXPERTS; e += 32) drow[e] = 0.f;
+    __syncwarp(); // the zeros before the chosen's values
+    const float z = sel >= 0 ? row[sel] : 0.f;
+#if MB_SIGMOID
+    const float s = sel >= 0 ? 1.f / (1.f + expf(-z)) : 0.f;
+    float sum = s, dot = g * s;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        sum += __shfl_xor_sync(MB_FULL_MASK, sum, o);
+        dot += __shfl_xor_sync(MB_FULL_MASK, dot, o);
+    }
+    const float ds = MB_TOPK > 1 ? (g - dot / sum) / sum : g;
+    if (sel >= 0) drow[sel] = ds * s * (1.f - s);
+#else
+    float mx = sel >= 0 ? z : -3.402823466e38f;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(MB_FULL_MASK, mx, o));
+    const float e = sel >= 0 ? expf(z - mx) : 0.f;
+    float sum = e;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(MB_FULL_MASK, sum, o);
+    const float q = e / sum;
+    float dot = q * g;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) dot += __shfl_xor_sync(MB_FULL_MASK, dot, o);
+    if (sel >= 0) drow[sel] = q * (g - dot);
+#endif
+#endif
 }

@@ -1,8 +1,14 @@
 // A fake libcublasLt for the binding tests: it checks the constants and
-// attribute sizes the binding passes and computes D = op(A)·op(B) with
-// cuBLAS's column-major semantics on bf16 data in host memory, in its
-// stream's order on the fake driver, so that the binding's row-major to
-// column-major mapping is tested without a GPU.
+// attribute sizes the binding passes and computes D = alpha·op(A)·op(B) +
+// beta·C with cuBLAS's column-major semantics (cublasLt.h: C is read only
+// when beta is not zero; C and D may be one matrix when their layouts are
+// the same) on data in host memory, in its stream's order on the fake
+// driver, so that the binding's row-major to column-major mapping, its
+// transposes and its accumulation are tested without a GPU. Operand and
+// output types are those cuBLASLt supports for CUBLAS_COMPUTE_32F with an
+// fp32 scale (its documentation's table of cublasLtMatmul's type
+// combinations): bf16 A and B with a bf16 or fp32 C, fp32 A and B with an
+// fp32 C. alpha must be 1, beta 0 or 1: the only scales moebench passes.
 #define _GNU_SOURCE // dladdr
 #define MB_ABI_DECLARE // moebench's prototypes: a definition here that differs does not compile
 #include "abi.h"
@@ -85,14 +91,15 @@ static int which(const mb_lt_algo *a) {
 }
 static float bf(uint16_t b) { uint32_t u = (uint32_t)b << 16; float f; memcpy(&f, &u, 4); return f; }
 static uint16_t tobf(float f) { uint32_t u; memcpy(&u, &f, 4); u += 0x7fff + ((u >> 16) & 1); return (uint16_t)(u >> 16); }
-// element (i, j) of op(X) for a column-major X
-static float at(const uint16_t *x, const layout_t *l, int trans, uint64_t i, uint64_t j) {
-    return trans ? bf(x[j + i * l->ld]) : bf(x[i + j * l->ld]);
+// element (i, j) of op(X) for a column-major X of its layout's type
+static float at(const void *x, const layout_t *l, int trans, uint64_t i, uint64_t j) {
+    uint64_t o = trans ? j + i * l->ld : i + j * l->ld;
+    return l->type == 0 ? ((const float *)x)[o] : bf(((const uint16_t *)x)[o]);
 }
 // fakecuda's fakecuda_enqueue (the driver loaded from $MOEBENCH_LIBCUDA):
 // the GEMM runs in its stream's order, as cuBLASLt's kernels do; without
 // the fake driver it runs at once.
-typedef struct { desc_t d; layout_t a, b, c; const void *A, *B; void *D; double ms; } gemm_t;
+typedef struct { desc_t d; layout_t a, b, c; const void *A, *B; void *D; float beta; double ms; } gemm_t;
 typedef void (*advance_fn)(double ms);
 static void gemm(void *p) {
     gemm_t *g = p;
@@ -103,6 +110,7 @@ static void gemm(void *p) {
         for (uint64_t i = 0; i < M; i++) {
             float s = 0;
             for (uint64_t q = 0; q < K; q++) s += at(g->A, la, d->transa, i, q) * at(g->B, lb, d->transb, q, j);
+            if (g->beta != 0.f) s += at(g->D, ld, 0, i, j); // C (= D), read only when beta ≠ 0
             if (ld->type == 0) ((float *)g->D)[i + j * ld->ld] = s;
             else ((uint16_t *)g->D)[i + j * ld->ld] = tobf(s);
         }
@@ -113,14 +121,15 @@ int cublasLtMatmul(void *h, void *desc, const void *alpha, const void *A, void *
                    const void *C, void *Cd, void *D, void *Dd, const mb_lt_algo *algo, void *ws, size_t wss, void *st) {
     const desc_t *d = desc; const layout_t *la = Ad, *lb = Bd, *lc = Cd, *ld = Dd;
     int ai = which(algo); // one of the heuristic's algos, passed back, with at least its workspace
-    if (ai < 0 || wss < (size_t)1024 * (ai + 1) || *(const float *)alpha != 1.f || *(const float *)beta != 0.f || C != D || lc != ld) return 7;
+    float b = *(const float *)beta;
+    if (ai < 0 || wss < (size_t)1024 * (ai + 1) || *(const float *)alpha != 1.f || (b != 0.f && b != 1.f) || C != D || lc != ld) return 7;
     uint64_t M = d->transa ? la->cols : la->rows, K = d->transa ? la->rows : la->cols;
     uint64_t KB = d->transb ? lb->cols : lb->rows, N = d->transb ? lb->rows : lb->cols;
     if (K != KB || ld->rows != M || ld->cols != N) return 7; // shapes must agree
-    if (la->type != 14 || lb->type != 14) return 7;          // bf16 operands
+    if (la->type != lb->type || (la->type == 0 && ld->type != 0)) return 7; // bf16 operands, or fp32 ones with an fp32 C
     if (getenv("FAKECUBLASLT_SKIP")) return 0; // a benchmark of the host's issue cost alone: checked, not computed
     gemm_t *g = malloc(sizeof *g); // the descriptors may be destroyed once the call returns
-    *g = (gemm_t){*d, *la, *lb, *ld, A, B, D, algoMs[ai]};
+    *g = (gemm_t){*d, *la, *lb, *ld, A, B, D, b, algoMs[ai]};
     enqueue2_fn q = (enqueue2_fn)fakecuda_sym("fakecuda_enqueue2");
     if (!q) gemm(g), free(g);
     else if (q(st, gemm, g, free)) { free(g); return 7; } // a refusal (e.g. in a capture that cannot take it)

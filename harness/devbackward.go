@@ -1,0 +1,525 @@
+package harness
+
+import (
+	"fmt"
+	"math"
+	"strings"
+	"sync"
+
+	"github.com/moebench/moebench/dispatchers"
+	"github.com/moebench/moebench/kernels"
+	"github.com/moebench/moebench/results"
+)
+
+// The layer's backward on kernels.Devices (the device form of backward.go,
+// kernels/BACKWARD.md): the device dispatcher's backward phases around the
+// experts' backward (dgrad and wgrad through Device.MatMul, the SwiGLU×prob
+// backward kernel), then the router's (score backward, the fp32 router's
+// two products, its weight gradient rounded to bf16 and added to its
+// main_grad) and the shared expert's, the last phase followed by the input
+// gradient's three-part add (B8). The forward keeps each computed
+// segment's fc1 output and activation (devTape); the weight gradients are
+// fp32 main_grad on each rank, zeroed at the start of every step as
+// zero_grad does.
+
+// devGrads are one rank's backward buffers (besides the DeviceRank's).
+type devGrads struct {
+	xf32               kernels.Ptr // [T, h] fp32 copy of the input: the fp32 router's backward operand
+	dlogits            kernels.Ptr // [T, E] fp32
+	dxRouter           kernels.Ptr // [T, h] fp32 (B6 rounds it in the input gradient's add)
+	dwr, routerGrad    kernels.Ptr // [E, h] fp32: the step's router weight gradient; the rank's main_grad of it
+	sdact, sdh1        kernels.Ptr // shared expert: [T, fs], [T, 2fs] bf16
+	sfc1Grad, sfc2Grad kernels.Ptr // shared expert main_grad [2fs, h], [h, fs] fp32
+	dxShared           kernels.Ptr // [T, h] bf16
+	dx                 kernels.Ptr // [T, h] bf16: the input gradient
+	fixed              int64       // bytes of the buffers above, DY, DFC1 and DFC2
+
+	dact, dh1 kernels.Ptr   // expert backward scratch: [rows, f], [rows, 2f] bf16
+	scratch   kernels.Sized // dact, dh1
+	expert    kernels.Sized // the DeviceRank's ExpertDX, ExpertDProbs
+	tape      devTape
+}
+
+// devTape is what a rank's forward keeps of its expert phases: each
+// phase's fc1 outputs and activations in an arena of its own, and where
+// each segment the phase computed has its rows.
+type devTape struct {
+	arenas []tapeArena // one per expert phase of the step
+	calls  int         // expert phases run in this step
+	at     int         // rows of the current arena given out
+	segs   []tapedSeg
+}
+
+type tapeArena struct {
+	h1, act kernels.Ptr // [rows, 2f], [rows, f] bf16
+	size    kernels.Sized
+}
+
+// tapedSeg is a computed segment: rows [start, start+n) of the block whose
+// inputs are at x, by expert, its h1 and act rows at h1 and act.
+type tapedSeg struct {
+	x             kernels.Ptr
+	expert, start int
+	n             int
+	h1, act       kernels.Ptr
+	fc1, fc2      kernels.Ptr // the segment's weights (0: the rank's own)
+}
+
+// trains says whether the device layer runs the backward: the layer is
+// not forward-only and the dispatcher's device implementation has one.
+func trains(c Config, d dispatchers.DeviceDispatcher) bool {
+	return !c.ForwardOnly && dispatchers.HasBackward(d)
+}
+
+// newDeviceBackward draws the upstream gradient and allocates and uploads
+// what rank r's backward needs; wrf32 is its device's fp32 router weight.
+func (dl *deviceLayer) newDeviceBackward(r int) error {
+	l, rk, g := dl.l, dl.ranks[r], &dl.rr[r].g
+	c := l.Cfg
+	T, h, f, E := c.Tokens, c.Hidden, c.FFN, c.Experts
+	fs, L := f*c.SharedExperts, l.Shape.LocalExperts()
+	l.DOut = append(l.DOut, drawDOut(c, r))
+	bufs := []kernels.Buf{{P: &rk.DY, PerRow: int64(2 * T * h)}, {P: &rk.DFC1, PerRow: int64(4 * L * 2 * f * h)}, {P: &rk.DFC2, PerRow: int64(4 * L * h * f)},
+		{P: &g.dx, PerRow: int64(2 * T * h)}}
+	if l.routerGrad() {
+		bufs = append(bufs, kernels.Buf{P: &g.xf32, PerRow: int64(4 * T * h)}, kernels.Buf{P: &g.dlogits, PerRow: int64(4 * T * E)},
+			kernels.Buf{P: &g.dxRouter, PerRow: int64(4 * T * h)}, kernels.Buf{P: &g.dwr, PerRow: int64(4 * E * h)}, kernels.Buf{P: &g.routerGrad, PerRow: int64(4 * E * h)})
+	}
+	if fs > 0 {
+		bufs = append(bufs, kernels.Buf{P: &g.sdact, PerRow: int64(2 * T * fs)}, kernels.Buf{P: &g.sdh1, PerRow: int64(4 * T * fs)},
+			kernels.Buf{P: &g.sfc1Grad, PerRow: int64(4 * 2 * fs * h)}, kernels.Buf{P: &g.sfc2Grad, PerRow: int64(4 * h * fs)}, kernels.Buf{P: &g.dxShared, PerRow: int64(2 * T * h)})
+	}
+	held, err := kernels.Resize(rk.Dev, 1, bufs...)
+	if g.fixed = held; err != nil {
+		return err
+	}
+	if err := rk.Dev.Upload(rk.DY, kernels.BF16Bits(l.DOut[r]), rk.Stream); err != nil {
+		return err
+	}
+	if g.xf32 != 0 {
+		return rk.Dev.Upload(g.xf32, l.X[r], rk.Stream) // bf16 values: the input as the router's fp32 sees it
+	}
+	return nil
+}
+
+// drawDOut is rank r's upstream gradient, bf16 values drawn from the seed
+// (the same on every device).
+func drawDOut(c Config, r int) []float32 { return normal(c.Seed, "dout", r, c.Tokens*c.Hidden, 1) }
+
+// deviceBackwardSteps are the backward's phases, in autograd's order (see
+// Layer.backwardSteps), the last followed by the input gradient.
+func (dl *deviceLayer) deviceBackwardSteps() ([]dispatchers.Step, error) {
+	s, err := dispatchers.BackwardSteps(dl.d, dl.expertsBackward)
+	if err != nil {
+		return nil, err
+	}
+	var router, shared func(int) error
+	if dl.l.routerGrad() {
+		router = dl.routerBackward
+	}
+	if dl.dc[0].sfc1 != 0 {
+		shared = dl.sharedBackward
+	}
+	return layerBackward(s, router, shared, dl.inputGrad), nil
+}
+
+// zeroGrads queues rank r's zero_grad: its weight gradients' main_grad.
+func (dl *deviceLayer) zeroGrads(r int) error {
+	rk, g, c := dl.ranks[r], &dl.rr[r].g, dl.l.Cfg
+	h, f, E, L := c.Hidden, c.FFN, c.Experts, dl.l.Shape.LocalExperts()
+	fs := f * c.SharedExperts
+	for _, b := range []struct {
+		p     kernels.Ptr
+		words int
+	}{{rk.DFC1, 2 * L * 2 * f * h}, {rk.DFC2, 2 * L * h * f}, {g.routerGrad, 2 * E * h}, {g.sfc1Grad, 2 * 2 * fs * h}, {g.sfc2Grad, 2 * h * fs}} {
+		if b.p != 0 {
+			if err := rk.Dev.Fill16(b.p, 0, int64(b.words), rk.Stream); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// tapeRows gives the forward's block of rows [lo, hi) of work w its place
+// in the current expert phase's arena (beginTape sized it) and notes its
+// segments; it returns where the block's h1 and act rows go.
+func (dl *deviceLayer) tapeRows(r int, w *dispatchers.DeviceWork, lo, hi int) (h1, act kernels.Ptr) {
+	t, f := &dl.rr[r].g.tape, int64(dl.l.Cfg.FFN)
+	a := &t.arenas[t.calls-1]
+	h1, act = a.h1+kernels.Ptr(4*f*int64(t.at)), a.act+kernels.Ptr(2*f*int64(t.at))
+	for _, sg := range w.Segments {
+		if sg.Len > 0 {
+			o := int64(sg.Start - lo)
+			t.segs = append(t.segs, tapedSeg{x: w.X, expert: sg.Expert, start: sg.Start, n: sg.Len, h1: h1 + kernels.Ptr(4*f*o), act: act + kernels.Ptr(2*f*o),
+				fc1: sg.FC1, fc2: sg.FC2})
+		}
+	}
+	t.at += hi - lo
+	return h1, act
+}
+
+// beginTape opens an arena for an expert phase of the forward that
+// computes work: as many rows as its blocks span.
+func (dl *deviceLayer) beginTape(r int, work []dispatchers.DeviceWork) error {
+	rk, t := dl.ranks[r], &dl.rr[r].g.tape
+	rows := 0
+	for _, w := range work {
+		lo, hi := span(w.Segments)
+		rows += max(hi-lo, 0)
+	}
+	if t.calls == len(t.arenas) {
+		t.arenas = append(t.arenas, tapeArena{})
+	}
+	a := &t.arenas[t.calls]
+	t.calls, t.at = t.calls+1, 0
+	f := int64(dl.l.Cfg.FFN)
+	return a.size.Ensure(rk.Dev, rk.Stream, rows, kernels.Buf{P: &a.h1, PerRow: 4 * f}, kernels.Buf{P: &a.act, PerRow: 2 * f})
+}
+
+// span is the rows [lo, hi) from the first segment with rows to the end of
+// the last; hi is 0 when none has rows.
+func span(segs []dispatchers.DeviceSegment) (lo, hi int) {
+	lo = math.MaxInt
+	for _, sg := range segs {
+		if sg.Len > 0 {
+			lo, hi = min(lo, sg.Start), max(hi, sg.Start+sg.Len)
+		}
+	}
+	return lo, hi
+}
+
+// endTape forgets the step's tape (after its backward).
+func (dl *deviceLayer) endTape(r int) {
+	t := &dl.rr[r].g.tape
+	t.calls, t.at, t.segs = 0, 0, t.segs[:0]
+}
+
+// taped is the forward's record of segment sg of the block at x.
+func (t *devTape) taped(x kernels.Ptr, sg dispatchers.DeviceSegment) (tapedSeg, bool) {
+	for _, s := range t.segs {
+		if s.x == x && s.expert == sg.Expert && s.start == sg.Start && s.n == sg.Len {
+			return s, true
+		}
+	}
+	return tapedSeg{}, false
+}
+
+// bytes are the rank's backward buffers' bytes: the gradients, the
+// expert backward's scratch and the tape.
+func (g *devGrads) bytes() int64 { return g.fixed + g.scratch.Bytes + g.expert.Bytes + g.tape.bytes() }
+
+func (t *devTape) bytes() int64 {
+	var n int64
+	for _, a := range t.arenas {
+		n += a.size.Bytes
+	}
+	return n
+}
+
+// expertsBackward runs the backward of rank r's current work (Work; nil:
+// every row of ExpertX with its own experts), block by block, from the
+// tape its forward kept.
+func (dl *deviceLayer) expertsBackward(r int) error {
+	rk, g, h := dl.ranks[r], &dl.rr[r].g, int64(dl.l.Cfg.Hidden)
+	if err := g.expert.Ensure(rk.Dev, rk.Stream, rk.Rows(), kernels.Buf{P: &rk.ExpertDX, PerRow: 2 * h}, kernels.Buf{P: &rk.ExpertDProbs, PerRow: 4}); err != nil {
+		return err
+	}
+	work := rk.Work
+	if work == nil {
+		work = dl.wholeWork(r)
+	}
+	for i := range work {
+		w := &work[i]
+		if err := dl.blockBackward(r, w); err != nil {
+			return err
+		}
+		if w.Done != nil {
+			if err := rk.Dev.Record(w.Done, rk.Stream); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// blockBackward queues the backward of one block, segment by segment:
+//
+//	dact  = dy · fc2          (B2)      dFC2 += dyᵀ · act
+//	dh1, dprob = SwiGLU×prob backward (B3)
+//	dFC1 += dh1ᵀ · x                    dx    = dh1 · fc1  (B4)
+func (dl *deviceLayer) blockBackward(r int, w *dispatchers.DeviceWork) error {
+	c, rk, g := dl.l.Cfg, dl.ranks[r], &dl.rr[r].g
+	h, f, L := c.Hidden, c.FFN, dl.l.Shape.LocalExperts()
+	dy, dx, dp := or(w.DY, rk.ExpertDY), or(w.DX, rk.ExpertDX), or(w.DProbs, rk.ExpertDProbs)
+	most := 0
+	for _, sg := range w.Segments {
+		most = max(most, sg.Len)
+	}
+	if most == 0 {
+		return nil
+	}
+	if w.After != nil {
+		if err := rk.Dev.Wait(rk.Stream, w.After); err != nil {
+			return err
+		}
+	}
+	if err := g.scratch.Ensure(rk.Dev, rk.Stream, most, kernels.Buf{P: &g.dact, PerRow: 2 * int64(f)}, kernels.Buf{P: &g.dh1, PerRow: 4 * int64(f)}); err != nil {
+		return err
+	}
+	row := func(p kernels.Ptr, at, width, size int) kernels.Ptr {
+		return p + kernels.Ptr(int64(at)*int64(width)*int64(size))
+	}
+	for _, sg := range w.Segments {
+		if sg.Len == 0 {
+			continue
+		}
+		tp, ok := g.tape.taped(w.X, sg)
+		if !ok {
+			return fmt.Errorf("segment of expert %d, rows [%d, %d): the forward computed no such segment, so it kept no tape for it", sg.Expert, sg.Start, sg.Start+sg.Len)
+		}
+		fc1, fc2, dfc1, dfc2 := sg.FC1, sg.FC2, sg.DFC1, sg.DFC2
+		if (fc1 == 0) != (dfc1 == 0) || tp.fc1 != fc1 || tp.fc2 != fc2 {
+			return fmt.Errorf("segment of expert %d on rank %d: weights %#x, gradients %#x, the forward's weights %#x (a segment with weights of its own needs its own gradients)", sg.Expert, r, fc1, dfc1, tp.fc1)
+		}
+		if fc1 == 0 {
+			le := sg.Expert - r*L
+			if le < 0 || le >= L {
+				return fmt.Errorf("segment of expert %d has no weights and the expert is not local to rank %d", sg.Expert, r)
+			}
+			fc1, fc2 = row(rk.FC1, le, 2*f*h, 2), row(rk.FC2, le, h*f, 2)
+			dfc1, dfc2 = row(rk.DFC1, le, 2*f*h, 4), row(rk.DFC2, le, h*f, 4)
+		}
+		n, ydy, x := sg.Len, row(dy, sg.Start, h, 2), row(w.X, sg.Start, h, 2)
+		prob, dprob := kernels.Ptr(0), kernels.Ptr(0)
+		if w.Probs != 0 {
+			prob, dprob = row(w.Probs, sg.Start, 1, 4), row(dp, sg.Start, 1, 4)
+		}
+		for _, op := range []func() error{
+			func() error { return rk.Dev.MatMul(kernels.NN(g.dact, ydy, fc2, n, f, h), rk.Stream) },
+			func() error { return rk.Dev.MatMul(kernels.TNAdd(dfc2, ydy, tp.act, h, f, n), rk.Stream) },
+			func() error { return rk.Dev.SwiGLUBackward(g.dh1, dprob, g.dact, tp.h1, prob, n, f, rk.Stream) },
+			func() error { return rk.Dev.MatMul(kernels.TNAdd(dfc1, g.dh1, x, 2*f, h, n), rk.Stream) },
+			func() error {
+				return rk.Dev.MatMul(kernels.NN(row(dx, sg.Start, h, 2), g.dh1, fc1, n, h, 2*f), rk.Stream)
+			},
+		} {
+			if err := op(); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// or is p, or def when p is 0.
+func or(p, def kernels.Ptr) kernels.Ptr {
+	if p == 0 {
+		return def
+	}
+	return p
+}
+
+// routerBackward is rank r's score-function backward and the fp32 router
+// GEMM's: dlogits from DProbs, the input's part (B6 when it is added) and
+// the weight's, rounded to bf16 and added to the router's main_grad (B7).
+func (dl *deviceLayer) routerBackward(r int) error {
+	c, rk, b, g := dl.l.Cfg, dl.ranks[r], &dl.rr[r], &dl.rr[r].g
+	T, h, E := c.Tokens, c.Hidden, c.Experts
+	if err := rk.Dev.ScoreBackward(dl.l.Router, g.dlogits, b.logits, rk.DProbs, rk.Idx, T, rk.Stream); err != nil {
+		return err
+	}
+	wr := dl.dc[dl.on[r]].wrf32
+	dx := kernels.MatMul{C: g.dxRouter, A: g.dlogits, B: wr}
+	dx.M, dx.N, dx.K, dx.F32In, dx.F32Out = T, h, E, true, true
+	dw := kernels.MatMul{C: g.dwr, A: g.dlogits, B: g.xf32}
+	dw.M, dw.N, dw.K, dw.TransA, dw.F32In, dw.F32Out = E, h, T, true, true, true
+	for _, mm := range []kernels.MatMul{dx, dw} {
+		if err := rk.Dev.MatMul(mm, rk.Stream); err != nil {
+			return err
+		}
+	}
+	return rk.Dev.AddF32(g.routerGrad, g.dwr, E*h, true, rk.Stream)
+}
+
+// sharedBackward is rank r's shared expert's backward: its output gradient
+// is DY itself, its tape the forward's sh1 and sact.
+func (dl *deviceLayer) sharedBackward(r int) error {
+	c, rk, b, g, m := dl.l.Cfg, dl.ranks[r], &dl.rr[r], &dl.rr[r].g, &dl.dc[dl.on[r]]
+	T, h, fs := c.Tokens, c.Hidden, c.FFN*c.SharedExperts
+	for _, op := range []func() error{
+		func() error { return rk.Dev.MatMul(kernels.NN(g.sdact, rk.DY, m.sfc2, T, fs, h), rk.Stream) },
+		func() error { return rk.Dev.MatMul(kernels.TNAdd(g.sfc2Grad, rk.DY, b.sact, h, fs, T), rk.Stream) },
+		func() error { return rk.Dev.SwiGLUBackward(g.sdh1, 0, g.sdact, b.sh1, 0, T, fs, rk.Stream) },
+		func() error { return rk.Dev.MatMul(kernels.TNAdd(g.sfc1Grad, g.sdh1, rk.X, 2*fs, h, T), rk.Stream) },
+		func() error { return rk.Dev.MatMul(kernels.NN(g.dxShared, g.sdh1, m.sfc1, T, h, 2*fs), rk.Stream) },
+	} {
+		if err := op(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// inputGrad is rank r's input gradient (B8), the end of its backward.
+func (dl *deviceLayer) inputGrad(r int) error {
+	c, rk, g := dl.l.Cfg, dl.ranks[r], &dl.rr[r].g
+	defer dl.endTape(r)
+	router := kernels.Ptr(0)
+	if dl.l.routerGrad() {
+		router = g.dxRouter
+	}
+	return rk.Dev.InputGrad(g.dx, rk.DX, router, g.dxShared, c.Tokens*c.Hidden, rk.Stream)
+}
+
+// poisonGrads fills with NaN every gradient buffer rank r's backward
+// writes rather than adds to, where it is allocated (sized for the step
+// before).
+func (dl *deviceLayer) poisonGrads(r int) error {
+	c, rk, g := dl.l.Cfg, dl.ranks[r], &dl.rr[r].g
+	T, h, E, k := c.Tokens, c.Hidden, c.Experts, c.TopK
+	n := rk.Rows()
+	for _, b := range []struct {
+		p     kernels.Ptr
+		words int
+	}{{g.dx, T * h}, {g.dxShared, T * h}, {g.dxRouter, 2 * T * h}, {g.dlogits, 2 * T * E}, {g.dwr, 2 * E * h},
+		{rk.DX, T * h}, {rk.DProbs, 2 * T * k}, {rk.ExpertDY, n * h}, {rk.ExpertDX, n * h}, {rk.ExpertDProbs, 2 * n}} {
+		if b.p != 0 && b.words > 0 {
+			if err := rk.Dev.Fill16(b.p, 0x7fc0, int64(b.words), rk.Stream); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// downloadGrads copies the last step's gradients into the host twin, as
+// the gradient check reads them: each rank's input gradient and probability
+// gradients, and the router's and shared expert's main_grad summed over
+// the ranks in rank order (as the host layer's replicas sum them).
+func (dl *deviceLayer) downloadGrads() error {
+	l, c := dl.l, dl.l.Cfg
+	T, h, E, fs := c.Tokens, c.Hidden, c.Experts, c.FFN*c.SharedExperts
+	l.grads = make([]rankGrads, c.EP)
+	l.replica = replicaGrads{router: make([]float32, E*h)}
+	if fs > 0 {
+		l.replica.shared = dispatchers.ExpertWeights{FC1: make([]float32, 2*fs*h), FC2: make([]float32, h*fs)}
+	}
+	dx := make([]uint16, T*h)
+	add := func(dst []float32, src kernels.Ptr, rk *dispatchers.DeviceRank) error {
+		v := make([]float32, len(dst))
+		if err := rk.Dev.Download(v, src, rk.Stream); err != nil {
+			return err
+		}
+		for i, x := range v {
+			dst[i] += x
+		}
+		return nil
+	}
+	for r, rk := range dl.ranks {
+		g, hr := &dl.rr[r].g, l.Ranks[r]
+		if err := rk.Dev.Download(dx, g.dx, rk.Stream); err != nil {
+			return err
+		}
+		l.grads[r].dx = kernels.FromBF16Bits(dx)
+		hr.DProbs = make([]float32, T*c.TopK)
+		if err := rk.Dev.Download(hr.DProbs, rk.DProbs, rk.Stream); err != nil {
+			return err
+		}
+		if l.routerGrad() {
+			if err := add(l.replica.router, g.routerGrad, rk); err != nil {
+				return err
+			}
+		}
+		if fs > 0 {
+			if err := add(l.replica.shared.FC1, g.sfc1Grad, rk); err != nil {
+				return err
+			}
+			if err := add(l.replica.shared.FC2, g.sfc2Grad, rk); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// expertGrads downloads expert e's weight gradients from its owner.
+func (dl *deviceLayer) expertGrads(e int) (dispatchers.ExpertWeights, error) {
+	c := dl.l.Cfg
+	h, f, L := c.Hidden, c.FFN, dl.l.Shape.LocalExperts()
+	rk, le := dl.ranks[e/L], int64(e%L)
+	g := dispatchers.ExpertWeights{FC1: make([]float32, 2*f*h), FC2: make([]float32, h*f)}
+	if err := rk.Dev.Download(g.FC1, rk.DFC1+kernels.Ptr(le*4*int64(2*f*h)), rk.Stream); err != nil {
+		return g, err
+	}
+	return g, rk.Dev.Download(g.FC2, rk.DFC2+kernels.Ptr(le*4*int64(h*f)), rk.Stream)
+}
+
+// deviceRoundTrip is the device check's backward round trip verdict: not
+// run (the gradient check covers the dispatcher's backward).
+const deviceRoundTrip = "not run on the device: the gradient check covers the dispatcher's backward"
+
+// checkGrads compares the gradients of the step check ran with the float64
+// reference and fills cr.Grads, or says in cr.Sample why they were not
+// compared: the reference of every token's gradients is beyond the
+// check's budget when the forward's check samples tokens (sampled).
+func (dl *deviceLayer) checkGrads(cr *results.Correctness, sampled bool) error {
+	if sampled {
+		cr.Sample += "; gradients not checked: their float64 reference (every token: the weight gradients sum over all of them) exceeds the check's budget at this shape"
+		return nil
+	}
+	if err := dl.downloadGrads(); err != nil {
+		return err
+	}
+	var mu sync.Mutex
+	var failed error
+	g := &results.GradCheck{Tolerance: kernels.GradTolerance, Metric: kernels.GradErrMetric, Note: gradNote, RoundTrip: deviceRoundTrip}
+	cmp := newGradCompare(dl.l)
+	cmp.expertGrads = func(e int) dispatchers.ExpertWeights {
+		mu.Lock() // one download at a time
+		defer mu.Unlock()
+		w, err := dl.expertGrads(e)
+		if err != nil && failed == nil {
+			failed = err
+		}
+		return w
+	}
+	g.PerTensor = cmp.finish()
+	if failed != nil {
+		return failed
+	}
+	for _, e := range g.PerTensor {
+		g.MaxRelErr = math.Max(g.MaxRelErr, e)
+	}
+	cr.Grads = g
+	if why := gradDetail(g); why != "" {
+		cr.Passed = false
+		cr.Detail = strings.TrimPrefix(cr.Detail+"; "+why, "; ")
+	}
+	return nil
+}
+
+// dump writes --dump's files of the last step: with a training step's
+// gradients, every expert's weight gradients downloaded from its owner.
+func (dl *deviceLayer) dump(env Env, rec *results.Record) error {
+	if env.Dump == "" {
+		return nil
+	}
+	if dl.train {
+		if err := dl.downloadGrads(); err != nil {
+			return fmt.Errorf("--dump: %w", err)
+		}
+		L := dl.l.Shape.LocalExperts()
+		for r, hr := range dl.l.Ranks {
+			hr.ExpertGrads = hr.ExpertGrads[:0]
+			for e := r * L; e < (r+1)*L; e++ {
+				g, err := dl.expertGrads(e)
+				if err != nil {
+					return fmt.Errorf("--dump: %w", err)
+				}
+				hr.ExpertGrads = append(hr.ExpertGrads, g)
+			}
+		}
+	}
+	return dump(env, dl.l, rec)
+}

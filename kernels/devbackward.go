@@ -1,0 +1,261 @@
+package kernels
+
+import (
+	"fmt"
+
+	"github.com/moebench/moebench/internal/cuda"
+)
+
+// The backward's device operations (BACKWARD.md, "Device kernels and GEMMs
+// the backward needs"), each the device form of a host function of
+// backward.go and routerbwd.go, with the same rounding points (B1–B8):
+//
+//	MatMul          the dgrad and wgrad GEMMs (MatMulNN, MatMulTNAdd) and
+//	                the fp32 router's, through cuBLASLt
+//	SwiGLUBackward  SwiGLUProbBackward, dh1 stored bf16 (B3), dprob fp32
+//	ScoreBackward   ScoreBackward on the fp32 router's logits
+//	InputGrad       InputGrad, the router's fp32 part rounded first (B6)
+//	AddF32          main_grad += a gradient (fp32, or rounded to bf16
+//	                first: the router weight's, B7)
+//
+// The permute's and unpermute's backward are the forward's own kernels
+// (GatherRows, UnpermuteSum without a shared part, GatherF32, SortChunks).
+
+// MatMul is one product of Device.MatMul, row-major, fp32 accumulation:
+// C[M,N] = op(A) · op(B), plus C when Add (beta = 1); see cuda.MatMul for
+// the transposes and the operand and output types.
+type MatMul struct {
+	C, A, B Ptr
+	cuda.MatMul
+}
+
+// NN is the dgrad product c[m,n] = a[m,k] · b[k,n] (bf16 in and out, as
+// MatMulNN then bf16 storage).
+func NN(c, a, b Ptr, m, n, k int) MatMul {
+	return MatMul{C: c, A: a, B: b, MatMul: cuda.MatMul{M: m, N: n, K: k}}
+}
+
+// TNAdd is the wgrad product c[m,n] += a[k,m]ᵀ · b[k,n] (bf16 operands, an
+// fp32 c: main_grad, as MatMulTNAdd).
+func TNAdd(c, a, b Ptr, m, n, k int) MatMul {
+	return MatMul{C: c, A: a, B: b, MatMul: cuda.MatMul{M: m, N: n, K: k, TransA: true, F32Out: true, Add: true}}
+}
+
+// check says what is wrong with mm's shape or types.
+func (mm MatMul) check() error {
+	switch {
+	case mm.M < 0 || mm.N < 1 || mm.K < 1:
+		return fmt.Errorf("matmul %dx%dx%d: m ≥ 0, n and k ≥ 1 needed", mm.M, mm.N, mm.K)
+	case mm.F32In && !mm.F32Out, mm.Add && !mm.F32Out:
+		return fmt.Errorf("matmul with fp32 operands (%v) or accumulation (%v) needs an fp32 output", mm.F32In, mm.Add)
+	case mm.TransA && mm.TransB:
+		return fmt.Errorf("matmul with both operands transposed: not a product of the layer")
+	}
+	return nil
+}
+
+// bytes are the bytes mm reads of A and B and writes of C.
+func (mm MatMul) bytes() (a, b, c int64) {
+	in, out := int64(2), int64(2)
+	if mm.F32In {
+		in = 4
+	}
+	if mm.F32Out {
+		out = 4
+	}
+	return in * int64(mm.M*mm.K), in * int64(mm.K*mm.N), out * int64(mm.M*mm.N)
+}
+
+// host computes mm on host operands a, b (bf16 values or fp32) into c,
+// float32 accumulation in the order of k, as the host functions do: c =
+// op(a)·op(b), or c + op(a)·op(b) when Add (the product summed first, as
+// cuBLAS's D = A·B + C).
+func (mm MatMul) host(c, a, b []float32) {
+	m, n, k := mm.M, mm.N, mm.K
+	out := c
+	if mm.Add {
+		out = make([]float32, m*n)
+	}
+	switch {
+	case mm.TransB:
+		MatMulNT(out, a, b, m, n, k)
+	case mm.TransA:
+		clear(out)
+		MatMulTNAdd(out, a, b, m, n, k)
+	default:
+		MatMulNN(out, a, b, m, n, k)
+	}
+	if mm.Add {
+		for i, v := range out {
+			c[i] += v
+		}
+	}
+}
+
+// operand reads n values at p: fp32, or bf16 widened.
+func (e *Emu) operand(p Ptr, n int, f32 bool) ([]float32, error) {
+	if f32 {
+		v, err := view[float32](e, p, n)
+		return v, err
+	}
+	return e.bf16At(p, n)
+}
+
+// MatMul: the host functions' products (MatMul.host) on the operands as
+// stored, rounded to bf16 when the output is.
+func (e *Emu) MatMul(mm MatMul, s Stream) error {
+	if err := mm.check(); err != nil || mm.M == 0 {
+		return err
+	}
+	ab, bb, cb := mm.bytes()
+	read := int64(0) // of C: only an accumulating product reads it
+	if mm.Add {
+		read = cb
+	}
+	if err := e.queue("MatMul", s, e.rd(mm.A, ab), e.rd(mm.B, bb), e.rd(mm.C, read), e.wr(mm.C, cb)); err != nil {
+		return err
+	}
+	a, err := e.operand(mm.A, mm.M*mm.K, mm.F32In)
+	if err != nil {
+		return err
+	}
+	b, err := e.operand(mm.B, mm.K*mm.N, mm.F32In)
+	if err != nil {
+		return err
+	}
+	if mm.F32Out {
+		c, err := view[float32](e, mm.C, mm.M*mm.N)
+		if err == nil {
+			mm.host(c, a, b)
+		}
+		return err
+	}
+	c := make([]float32, mm.M*mm.N)
+	mm.host(c, a, b)
+	return e.storeBF16(mm.C, c)
+}
+
+// SwiGLUBackward: SwiGLUProbBackward on the stored operands, dh1 stored as
+// bf16 (B3); prob 0 means 1 (dprob not written).
+func (e *Emu) SwiGLUBackward(dh1, dprob, dact, h1, prob Ptr, n, ffn int, s Stream) error {
+	pb := int64(4 * n)
+	if prob == 0 {
+		pb = 0
+	}
+	if err := e.queue("SwiGLUBackward", s, e.rd(dact, int64(2*n*ffn)), e.rd(h1, int64(4*n*ffn)), e.rd(prob, pb),
+		e.wr(dh1, int64(4*n*ffn)), e.wr(dprob, pb)); err != nil || n == 0 {
+		return err
+	}
+	d, err := e.bf16At(dact, n*ffn)
+	if err != nil {
+		return err
+	}
+	hv, err := e.bf16At(h1, n*2*ffn)
+	if err != nil {
+		return err
+	}
+	var pv, dp []float32
+	if prob != 0 {
+		if pv, err = view[float32](e, prob, n); err != nil {
+			return err
+		}
+		if dp, err = view[float32](e, dprob, n); err != nil {
+			return err
+		}
+	}
+	out := make([]float32, n*2*ffn)
+	SwiGLUProbBackward(out, dp, d, hv, pv, n, ffn)
+	return e.storeBF16(dh1, out)
+}
+
+// ScoreBackward: the host's ScoreBackward on fp32 logits [T,E], dprobs
+// [T,k] and idx [T,k], into dlogits [T,E].
+func (e *Emu) ScoreBackward(rc RouterConfig, dlogits, logits, dprobs, idx Ptr, tokens int, s Stream) error {
+	E, k := rc.Experts, rc.TopK
+	if err := e.queue("ScoreBackward", s, e.rd(logits, int64(4*tokens*E)), e.rd(dprobs, int64(4*tokens*k)), e.rd(idx, int64(4*tokens*k)),
+		e.wr(dlogits, int64(4*tokens*E))); err != nil || tokens == 0 {
+		return err
+	}
+	lg, err := view[float32](e, logits, tokens*E)
+	if err != nil {
+		return err
+	}
+	dp, err := view[float32](e, dprobs, tokens*k)
+	if err != nil {
+		return err
+	}
+	iv, err := view[int32](e, idx, tokens*k)
+	if err != nil {
+		return err
+	}
+	for _, x := range iv {
+		if x < 0 || int(x) >= E {
+			return fmt.Errorf("emu: score backward: expert %d of %d", x, E)
+		}
+	}
+	dl, err := view[float32](e, dlogits, tokens*E)
+	if err != nil {
+		return err
+	}
+	ScoreBackward(rc, dl, lg, dp, iv, tokens)
+	return nil
+}
+
+// InputGrad: dx = bf16(bf16(dperm + bf16(drouter)) + dshared) over n
+// values — the host's InputGrad with the router's fp32 part rounded to its
+// bf16 storage first (B6); drouter or dshared 0 is left out.
+func (e *Emu) InputGrad(dx, dperm, drouter, dshared Ptr, n int, s Stream) error {
+	rb, sb := int64(4*n), int64(2*n)
+	if drouter == 0 {
+		rb = 0
+	}
+	if dshared == 0 {
+		sb = 0
+	}
+	if err := e.queue("InputGrad", s, e.rd(dperm, int64(2*n)), e.rd(drouter, rb), e.rd(dshared, sb), e.wr(dx, int64(2*n))); err != nil || n == 0 {
+		return err
+	}
+	perm, err := e.bf16At(dperm, n)
+	if err != nil {
+		return err
+	}
+	var router, shared []float32
+	if drouter != 0 {
+		v, err := view[float32](e, drouter, n)
+		if err != nil {
+			return err
+		}
+		router = append([]float32(nil), v...)
+		RoundBF16Slice(router)
+	}
+	if dshared != 0 {
+		if shared, err = e.bf16At(dshared, n); err != nil {
+			return err
+		}
+	}
+	out := make([]float32, n)
+	InputGrad(out, perm, router, shared, RoundBF16Slice)
+	return e.storeBF16(dx, out)
+}
+
+// AddF32: dst[i] += src[i] (fp32), or += bf16(src[i]) when round.
+func (e *Emu) AddF32(dst, src Ptr, n int, round bool, s Stream) error {
+	if err := e.queue("AddF32", s, e.rd(src, int64(4*n)), e.rd(dst, int64(4*n)), e.wr(dst, int64(4*n))); err != nil || n == 0 {
+		return err
+	}
+	d, err := view[float32](e, dst, n)
+	if err != nil {
+		return err
+	}
+	v, err := view[float32](e, src, n)
+	if err != nil {
+		return err
+	}
+	for i, x := range v {
+		if round {
+			x = RoundBF16(x)
+		}
+		d[i] += x
+	}
+	return nil
+}
