@@ -51,6 +51,11 @@ const (
 	slotRecvIdx
 	slotRecvW
 	slotPermRow
+	slotDY
+	slotExpertDX
+	slotExpertDP
+	slotDX
+	slotDProbs
 	slots
 )
 
@@ -93,6 +98,8 @@ type Device struct {
 	prog    struct{ layout, notify, dispatch, permute, combine *kernels.Program }
 	col     struct{ notify, dispatch, combine *kernels.Collective }
 	tw      *twin // Emu's
+	// backward: the last step ran the backward (Traffic counts its bytes)
+	backward bool
 }
 
 // group is one device and its ranks [first, first+n).
@@ -111,6 +118,8 @@ type devRank struct {
 	recvX, recvSrc, recvIdx, recvW kernels.Ptr // the receive buffer
 	permRow, order                 kernels.Ptr // [R·k] slot → row, row → slot
 	recv, expert                   kernels.Sized
+	grads                          kernels.Sized // ExpertDY's rows
+	gradsFixed                     int64         // DX and DProbs
 	tokens                         int // received in the last notify
 	ready                          kernels.Event
 }
@@ -136,14 +145,6 @@ func NewDevice(impl string, env dispatchers.Env) (dispatchers.DeviceDispatcher, 
 
 func (d *Device) Name() string { return Name }
 func (d *Device) Impl() string { return dispatchers.ImplNative }
-
-// NoBackward says why the design's device kernels time the forward alone
-// (dispatchers.ForwardOnly).
-func (d *Device) NoBackward() string {
-	return "deepep's device kernels (kernels/cuda/deepep.cu) have no backward in this build: it needs the dispatch kernel re-run over the forward's handle " +
-		"for the output gradients without layout and notify (today only notify clears the queues' offsets the dispatch waits on) and a combine that also " +
-		"returns each token's k probability gradients (the forward's combine carries rows only); the host device runs the design's forward and backward"
-}
 
 func (d *Device) unavailable(format string, a ...any) error {
 	return &dispatchers.UnavailableError{Name: Name, Impl: dispatchers.ImplNative, Reason: fmt.Sprintf(format, a...)}
@@ -294,7 +295,7 @@ func (d *Device) describe(g *group) error {
 	for r, rk := range d.ranks {
 		s := &d.st[r]
 		for i, p := range [slots]kernels.Ptr{rk.X, rk.Idx, rk.Probs, rk.Y, rk.Shared, rk.ExpertY, s.fixed, s.queues,
-			s.recvX, s.recvSrc, s.recvIdx, s.recvW, s.permRow} {
+			s.recvX, s.recvSrc, s.recvIdx, s.recvW, s.permRow, rk.DY, rk.ExpertDX, rk.ExpertDProbs, rk.DX, rk.DProbs} {
 			tab[r*slots+i] = uint64(p)
 		}
 	}
@@ -359,13 +360,20 @@ func (d *Device) Phases(experts func(rank int) error) []dispatchers.Step {
 // Grouped: notify, dispatch and combine are one launch per device, issued
 // by the call of the device's last rank.
 func (d *Device) Grouped(phase string) bool {
-	return phase == "notify" || phase == "dispatch" || phase == "combine"
+	switch phase {
+	case "notify", "dispatch", "combine", dispatchers.BackwardName("combine"), dispatchers.BackwardName("dispatch"):
+		return true
+	}
+	return false
 }
 
 // Layout is rank r's layout kernel, after zeroing its counts; its
 // host-mapped counters are unset (−1) for notify's wait.
 func (d *Device) Layout(r int) error {
 	s, rk, sh := &d.st[r], d.ranks[r], d.shape
+	if r == 0 {
+		d.backward = false
+	}
 	for i := range 1 + sh.LocalExperts() {
 		d.sig.SetCounter(d.counter(r, i), -1)
 	}
@@ -390,7 +398,7 @@ func (d *Device) Notify(r int) error {
 	L, k, h := d.shape.LocalExperts(), d.shape.TopK, int64(d.shape.Hidden)
 	epoch := g.epoch
 	g.epoch += 3
-	if err := d.collective(g, d.col.notify, g.n, d.sig.Comm(g.dev, d.timeout), int32(g.first), epoch, g.desc); err != nil {
+	if err := d.collective(g, d.col.notify, g.n, d.sig.Comm(g.dev, d.timeout), int32(g.first), epoch, int32(0), g.desc); err != nil {
 		return err
 	}
 	ready := func(v int32) bool { return v >= 0 }
@@ -445,7 +453,7 @@ func (d *Device) Dispatch(r int) error {
 	if err := d.describe(g); err != nil {
 		return err
 	}
-	return d.collective(g, d.col.dispatch, g.n*d.cfg.SMs, d.sig.Comm(g.dev, d.timeout), int32(g.first), g.desc)
+	return d.collective(g, d.col.dispatch, g.n*d.cfg.SMs, d.sig.Comm(g.dev, d.timeout), int32(g.first), int32(0), g.desc)
 }
 
 // Permute is rank r's order kernel and the gathers of its rows and
@@ -478,7 +486,7 @@ func (d *Device) Combine(r int) error {
 	}
 	epoch := g.epoch
 	g.epoch++
-	return d.collective(g, d.col.combine, g.n*d.cfg.SMs, d.sig.Comm(g.dev, d.timeout), int32(g.first), epoch, g.desc)
+	return d.collective(g, d.col.combine, g.n*d.cfg.SMs, d.sig.Comm(g.dev, d.timeout), int32(g.first), epoch, int32(0), g.desc)
 }
 
 // CheckStep returns what the kernels recorded in the step: a
@@ -498,7 +506,7 @@ func (d *Device) Traffic() dispatchers.Traffic {
 			per[r] = append(per[r], int(n))
 		}
 	}
-	return traffic(d.shape, per, false) // the device has no backward yet
+	return traffic(d.shape, per, d.backward)
 }
 
 // Buffers are rank r's buffers as allocated.
@@ -517,7 +525,7 @@ func (d *Device) Buffers(r int) []dispatchers.Buffer {
 // device's descriptor table.
 func (d *Device) Footprint(r int) int64 {
 	s := &d.st[r]
-	return d.lay.queues + d.lay.fixed + s.recv.Bytes + s.expert.Bytes + 8*slots*int64(d.shape.EP)/int64(d.groupOf(r).n)
+	return d.lay.queues + d.lay.fixed + s.recv.Bytes + s.expert.Bytes + s.grads.Bytes + s.gradsFixed + 8*slots*int64(d.shape.EP)/int64(d.groupOf(r).n)
 }
 
 func (d *Device) groupOf(r int) *group {
@@ -539,8 +547,9 @@ func (d *Device) Close() error {
 	}
 	for r := range d.st {
 		s, rk := &d.st[r], d.ranks[r]
-		keep(kernels.Free(rk.Dev, &s.queues, &s.fixed, &s.recvX, &s.recvSrc, &s.recvIdx, &s.recvW, &s.permRow, &s.order, &rk.ExpertX, &rk.ExpertProbs))
-		s.recv, s.expert = kernels.Sized{}, kernels.Sized{}
+		keep(kernels.Free(rk.Dev, &s.queues, &s.fixed, &s.recvX, &s.recvSrc, &s.recvIdx, &s.recvW, &s.permRow, &s.order, &rk.ExpertX, &rk.ExpertProbs,
+			&rk.ExpertDY, &rk.DX, &rk.DProbs))
+		s.recv, s.expert, s.grads, s.gradsFixed = kernels.Sized{}, kernels.Sized{}, kernels.Sized{}, 0
 	}
 	for i := range d.groups {
 		keep(kernels.Free(d.groups[i].dev, &d.groups[i].desc))
