@@ -55,7 +55,9 @@ func (d *Device) CombineBackward(r int) error {
 	if err := d.describe(g); err != nil {
 		return err
 	}
-	d.backward = true
+	if g.first == 0 { // one device's thread writes it (Layout resets it on rank 0's)
+		d.backward = true
+	}
 	epoch := g.epoch
 	g.epoch += 3
 	comm := d.sig.Comm(g.dev, d.timeout)

@@ -62,12 +62,14 @@ const (
 // Kernel phases and waits (deepep.cu's DE_PH_* and DE_W_*).
 const (
 	phaseNotify, phaseDispatch, phaseCombine = 1, 2, 3
+	phaseCombineBwd, phaseDispatchBwd        = 4, 5
 	waitFlag                                 = 16
 )
 
 // names names the kernels' phases and waits for errors.
 func names(phase, wait int) (string, string) {
-	p := map[int]string{phaseNotify: "notify", phaseDispatch: "dispatch", phaseCombine: "combine"}[phase]
+	p := map[int]string{phaseNotify: "notify", phaseDispatch: "dispatch", phaseCombine: "combine",
+		phaseCombineBwd: "combine-bwd (the dispatch kernel)", phaseDispatchBwd: "dispatch-bwd (the combine kernel)"}[phase]
 	w := map[int]string{1: "head (room in a queue)", 2: "tail (tokens in a queue)", 3: "channel offsets (of a queue)",
 		4: "start (the combine's barrier)", 5: "token (of a combine row)"}[wait]
 	if wait >= waitFlag {
@@ -120,7 +122,7 @@ type devRank struct {
 	recv, expert                   kernels.Sized
 	grads                          kernels.Sized // ExpertDY's rows
 	gradsFixed                     int64         // DX and DProbs
-	tokens                         int // received in the last notify
+	tokens                         int           // received in the last notify
 	ready                          kernels.Event
 }
 
@@ -287,13 +289,20 @@ func (d *Device) fits() error {
 }
 
 // describe uploads g's descriptor table if it changed (the receive buffers
-// grow in notify, the layer's ExpertY before combine), on the stream of its
-// first rank, where the collective launches go. It reads every rank's
-// buffers: call it in a phase after the one that changed them.
+// grow in notify, the layer's ExpertY before combine, the gradients'
+// buffers in combine-bwd), on the stream of its first rank, where the
+// collective launches go. The kernels reach other ranks' queue buffers
+// alone, so g's table holds its own ranks' buffers and every rank's queue
+// buffer (allocated in Bind): describe reads nothing another device's
+// thread may be changing.
 func (d *Device) describe(g *group) error {
 	tab := make([]uint64, slots*len(d.ranks))
 	for r, rk := range d.ranks {
 		s := &d.st[r]
+		if r < g.first || r >= g.first+g.n {
+			tab[r*slots+slotQueues] = uint64(s.queues)
+			continue
+		}
 		for i, p := range [slots]kernels.Ptr{rk.X, rk.Idx, rk.Probs, rk.Y, rk.Shared, rk.ExpertY, s.fixed, s.queues,
 			s.recvX, s.recvSrc, s.recvIdx, s.recvW, s.permRow, rk.DY, rk.ExpertDX, rk.ExpertDProbs, rk.DX, rk.DProbs} {
 			tab[r*slots+i] = uint64(p)

@@ -72,6 +72,8 @@
 #define DE_PH_NOTIFY 1
 #define DE_PH_DISPATCH 2
 #define DE_PH_COMBINE 3
+#define DE_PH_COMBINE_BWD 4  // the dispatch kernel in the backward
+#define DE_PH_DISPATCH_BWD 5 // the combine kernel in the backward
 #define DE_W_ROOM 1    // free slots in a ring (its head)
 #define DE_W_DATA 2    // tokens in a ring (its tail)
 #define DE_W_OFFSETS 3 // a queue's channel offsets
@@ -229,6 +231,7 @@ extern "C" __global__ void __launch_bounds__(DE_THREADS, MB_MINB) deepep_dispatc
     const int local = blockIdx.x / (2 * DE_C), rank = first + local, bb = blockIdx.x % (2 * DE_C), ch = bb / 2;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, peer = warp / DE_GROUP, gw = warp % DE_GROUP;
     const bool lead = threadIdx.x % (DE_GROUP * 32) == 0;
+    const int ph = bwd ? DE_PH_COMBINE_BWD : DE_PH_DISPATCH;
     const u64 fixed = de_slot(desc, rank, DE_FIXED);
     if (bb % 2 == 0) { // send to peer
         const u64 q = de_slot(desc, peer, DE_QUEUES);
@@ -250,7 +253,7 @@ extern "C" __global__ void __launch_bounds__(DE_THREADS, MB_MINB) deepep_dispatc
         de_channel(ch, lo, hi);
         for (int t = lo; t < hi;) {
             if (lead)
-                ok[peer] = mb_wait(c, rank, DE_PH_DISPATCH, DE_W_ROOM, pos + MB_DCHUNK - MB_DRING, [head] { return (long long)mb_ld_acquire_sys(head); },
+                ok[peer] = mb_wait(c, rank, ph, DE_W_ROOM, pos + MB_DCHUNK - MB_DRING, [head] { return (long long)mb_ld_acquire_sys(head); },
                                    [pos](long long h) { return MB_DRING - (pos - h) >= MB_DCHUNK; });
             mb_bar_sync(1 + peer, DE_GROUP * 32);
             if (!ok[peer]) break;
@@ -282,8 +285,8 @@ extern "C" __global__ void __launch_bounds__(DE_THREADS, MB_MINB) deepep_dispatc
     if (lead) {
         int *start = de_dmeta(q, 0, ch, peer), *end = de_dmeta(q, 1, ch, peer);
         auto written = [](long long v) { return v < 0; };
-        okOff[peer] = mb_wait(c, rank, DE_PH_DISPATCH, DE_W_OFFSETS, -1, [start] { return (long long)mb_ld_acquire_sys(start); }, written) &&
-                   mb_wait(c, rank, DE_PH_DISPATCH, DE_W_OFFSETS, -1, [end] { return (long long)mb_ld_acquire_sys(end); }, written);
+        okOff[peer] = mb_wait(c, rank, ph, DE_W_OFFSETS, -1, [start] { return (long long)mb_ld_acquire_sys(start); }, written) &&
+                   mb_wait(c, rank, ph, DE_W_OFFSETS, -1, [end] { return (long long)mb_ld_acquire_sys(end); }, written);
         a[peer] = -mb_ld_volatile(start) - 1, b[peer] = -mb_ld_volatile(end) - 1;
         int *recvChan = de_at<int>(fixed, MB_F_RECV_CHAN) + (peer * DE_C + ch) * 2;
         recvChan[0] = a[peer], recvChan[1] = b[peer];
@@ -300,7 +303,7 @@ extern "C" __global__ void __launch_bounds__(DE_THREADS, MB_MINB) deepep_dispatc
     const int *weights = de_at<int>(q, MB_Q_RINGS + DE_DROWS + DE_DSRC + DE_DTOPK);
     for (int got = 0; got < n;) {
         if (lead) {
-            ok[peer] = mb_wait_ge(c, rank, DE_PH_DISPATCH, DE_W_DATA, tail, got + 1);
+            ok[peer] = mb_wait_ge(c, rank, ph, DE_W_DATA, tail, got + 1);
             tl[peer] = mb_ld_acquire_sys(tail);
         }
         mb_bar_sync(1 + peer, DE_GROUP * 32);
@@ -381,14 +384,15 @@ extern "C" __global__ void __launch_bounds__(DE_THREADS, MB_MINB) deepep_combine
     const int local = blockIdx.x / (2 * DE_C), rank = first + local, bb = blockIdx.x % (2 * DE_C), ch = bb / 2;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, peer = warp / DE_GROUP, gw = warp % DE_GROUP;
     const bool lead = threadIdx.x % (DE_GROUP * 32) == 0;
+    const int ph = bwd ? DE_PH_DISPATCH_BWD : DE_PH_COMBINE;
     const u64 fixed = de_slot(desc, rank, DE_FIXED), own = de_slot(desc, rank, DE_QUEUES);
     int *goFlag = de_at<int>(own, MB_Q_GO);
     if (bb % 2 == 0) { // send to home rank peer
         if (threadIdx.x < DE_N) flags[threadIdx.x] = de_at<int>(de_slot(desc, threadIdx.x, DE_QUEUES), MB_Q_FLAGS);
         __syncthreads();
         if (threadIdx.x == 0) {
-            if (bb == 0 && mb_barrier(c, rank, DE_N, DE_PH_COMBINE, DE_W_FLAG, flags, epoch)) mb_st_release_sys(goFlag, epoch);
-            go = mb_wait_ge(c, rank, DE_PH_COMBINE, DE_W_START, goFlag, epoch);
+            if (bb == 0 && mb_barrier(c, rank, DE_N, ph, DE_W_FLAG, flags, epoch)) mb_st_release_sys(goFlag, epoch);
+            go = mb_wait_ge(c, rank, ph, DE_W_START, goFlag, epoch);
         }
         __syncthreads();
         if (!go) return;
@@ -407,7 +411,7 @@ extern "C" __global__ void __launch_bounds__(DE_THREADS, MB_MINB) deepep_combine
         for (int i0 = base + recvChan[0]; i0 < end;) {
             const int n = min(MB_CCHUNK, end - i0);
             if (lead)
-                ok[peer] = mb_wait(c, rank, DE_PH_COMBINE, DE_W_ROOM, pos + n - MB_CRING, [head] { return (long long)mb_ld_acquire_sys(head); },
+                ok[peer] = mb_wait(c, rank, ph, DE_W_ROOM, pos + n - MB_CRING, [head] { return (long long)mb_ld_acquire_sys(head); },
                                    [pos, n](long long h) { return MB_CRING - (pos - h) >= n; });
             mb_bar_sync(1 + peer, DE_GROUP * 32);
             if (!ok[peer]) break;
@@ -468,8 +472,8 @@ extern "C" __global__ void __launch_bounds__(DE_THREADS, MB_MINB) deepep_combine
         if (t < hi && lane < DE_N) {
             pos = sendHead[t * DE_N + lane];
             if (pos >= 0) {
-                fine = go && mb_wait_ge(c, rank, DE_PH_COMBINE, DE_W_DATA, de_cmeta(own, 1, ch, lane), pos + 1) &&
-                       mb_check(c, rank, DE_PH_COMBINE, DE_W_TOKEN, mb_ld_volatile(srcs + de_cslot(ch, lane, pos % MB_CRING)), t);
+                fine = go && mb_wait_ge(c, rank, ph, DE_W_DATA, de_cmeta(own, 1, ch, lane), pos + 1) &&
+                       mb_check(c, rank, ph, DE_W_TOKEN, mb_ld_volatile(srcs + de_cslot(ch, lane, pos % MB_CRING)), t);
             }
         }
         if (lane < DE_N) posOf[warp][lane] = pos, rowOf[warp][lane] = pos < 0 ? -1 : de_cslot(ch, lane, pos % MB_CRING) * DE_VECS;
