@@ -489,9 +489,8 @@ func (tw *twin) combineGrads(h *Host, part []kernels.TwinPart, desc [][]kernels.
 			func(d int) []float32 { return tw.rk[d].ExpertDProbs }, rk.DX, rk.DProbs); err != nil {
 			return err
 		}
-		kernels.RoundBF16Slice(rk.DX)
 	}
-	for r := range part {
+	for r := range part { // DX rounded to bf16 once, as it is stored
 		t, ds, rk := part[r], desc[r], tw.rk[r]
 		dx, err := mem[uint16](t, ds[slotDX], T*hd, true)
 		if err != nil {
