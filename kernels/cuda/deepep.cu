@@ -19,6 +19,13 @@
 //                   received token, the bf16 sum of its local experts'
 //                   outputs; the home rank adds them in rank order into Y
 //
+// The backward (dispatchers/deepep/devbackward.go) reuses them over the
+// forward's handle: deepep_notify cached (barriers, the queues' metadata
+// cleared, nothing counted), deepep_dispatch with bwd set (the output
+// gradients' rows, no top-k), deepep_combine with bwd set (the copies'
+// input gradients' partial sums, each row carrying its token's K
+// probability gradients, summed at home into DX and DProbs).
+//
 // A collective launch covers all ranks of one GPU: block b serves rank
 // first + b / (blocks per rank). The ranks' buffers come from a descriptor
 // table (DE_* slots, 64-bit addresses, indexed by rank; peers' queue buffers
