@@ -82,15 +82,4 @@ func (d *Device) CombineBackward(r int) error {
 // DispatchBackward, in the call of each device's last rank: the device's
 // descriptors (the layer's ExpertDX and ExpertDProbs) and its combine
 // kernels in their backward form, which write DX and DProbs.
-func (d *Device) DispatchBackward(r int) error {
-	g := d.lastOf(r)
-	if g == nil {
-		return nil
-	}
-	if err := d.describe(g); err != nil {
-		return err
-	}
-	epoch := g.epoch
-	g.epoch++
-	return d.collective(g, d.col.combine, g.n*d.cfg.SMs, d.sig.Comm(g.dev, d.timeout), int32(g.first), epoch, int32(1), g.desc)
-}
+func (d *Device) DispatchBackward(r int) error { return d.combine(r, 1) }

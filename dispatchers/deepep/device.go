@@ -485,7 +485,10 @@ func (d *Device) Permute(r int) error {
 // Combine, in the call of each device's last rank: the device's
 // descriptors (the layer's ExpertY) and its combine kernels, which write Y
 // (the shared expert's output added).
-func (d *Device) Combine(r int) error {
+func (d *Device) Combine(r int) error { return d.combine(r, 0) }
+
+// combine is Combine, or with bwd 1 its backward form (DispatchBackward).
+func (d *Device) combine(r int, bwd int32) error {
 	g := d.lastOf(r)
 	if g == nil {
 		return nil
@@ -495,7 +498,7 @@ func (d *Device) Combine(r int) error {
 	}
 	epoch := g.epoch
 	g.epoch++
-	return d.collective(g, d.col.combine, g.n*d.cfg.SMs, d.sig.Comm(g.dev, d.timeout), int32(g.first), epoch, int32(0), g.desc)
+	return d.collective(g, d.col.combine, g.n*d.cfg.SMs, d.sig.Comm(g.dev, d.timeout), int32(g.first), epoch, bwd, g.desc)
 }
 
 // CheckStep returns what the kernels recorded in the step: a
