@@ -19,7 +19,9 @@ import (
 
 // The device design (deepep.cu's kernels, or their twins on Emu) against
 // the host design on the same ranks: the permuted rows and probabilities,
-// and the output, bit for bit.
+// and the output, bit for bit; and the backward on random gradients (never
+// zero): the expert rows' output gradients, the input gradients and the
+// probability gradients, bit for bit (the same sums in the same order).
 
 // devCase is one run: ranks spread over devs in contiguous blocks; with
 // shared, each rank's output adds a shared expert's (random bf16 values).
