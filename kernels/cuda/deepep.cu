@@ -41,7 +41,8 @@
 //     MB_RANKS), MB_MINB (such blocks one SM must hold: the register bound),
 //     MB_DE_BUG (tests only: 1, dispatch senders never publish their tail;
 //     2, the last rank never reaches notify's first barrier; 3, the last
-//     rank writes its counts over rank 0's), and the offsets MB_Q_*
+//     rank writes its counts over rank 0's; 4, the backward's combine
+//     senders never publish their tail), and the offsets MB_Q_*
 //     and MB_F_*.
 #include "moebench.cuh"
 
@@ -456,7 +457,7 @@ extern "C" __global__ void __launch_bounds__(DE_THREADS, MB_MINB) deepep_combine
             }
             mb_bar_sync(1 + peer, DE_GROUP * 32);
             pos += n, i0 += n;
-            if (lead) mb_st_release_sys(tail, pos);
+            if (lead && !(MB_DE_BUG == 4 && bwd)) mb_st_release_sys(tail, pos);
         }
         return;
     }
