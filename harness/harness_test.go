@@ -317,6 +317,35 @@ func TestHostMemoryGuard(t *testing.T) {
 	}
 }
 
+// TestHostMemoryGuardCUDATraining: a cuda training step whose check covers
+// every token computes the float64 gradient reference on the host, so the
+// guard counts it; forward-only, or with the check sampling tokens, not.
+func TestHostMemoryGuardCUDATraining(t *testing.T) {
+	has := func(c Config) bool {
+		for _, p := range memParts(c, c.hostExperts()) {
+			if p.name == "float64 gradient reference" {
+				return true
+			}
+		}
+		return false
+	}
+	c := small()
+	c.Device = "cuda"
+	if !has(c) {
+		t.Errorf("cuda training step at %d tokens: no float64 gradient reference counted", c.Tokens)
+	}
+	c.ForwardOnly = true
+	if has(c) {
+		t.Error("cuda forward-only: a gradient reference counted")
+	}
+	c.ForwardOnly = false
+	p, _ := LookupPreset("deepseek-v3")
+	c.Shape = p.Shape
+	if sampledTokens(c) == c.Tokens || has(c) {
+		t.Errorf("deepseek-v3 on cuda: sampled %d of %d tokens, gradient reference counted %v", sampledTokens(c), c.Tokens, has(c))
+	}
+}
+
 // TestHostMemoryGuardParts: on a machine with little memory the guard
 // refuses, before allocating anything, a host run that holds its experts
 // for their weights and a cuda run (whose host side holds no expert

@@ -55,7 +55,11 @@ func memParts(c Config, mode string) []memPart {
 	layer := ep * (4*T*h + 8*T*E + 8*T*k + 4*T*h + 4*T*h + 4*T*3*fs)
 	layer += 4*E*h + 4*E + 4*3*h*fs // router weight and bias, shared expert
 	var parts []memPart
-	train := host && !c.ForwardOnly // the cuda device runs the forward only
+	train := host && !c.ForwardOnly // the host's own backward buffers
+	// the float64 gradient reference: the host's training step, and the
+	// cuda device's where its check covers every token (else it checks no
+	// gradient); a cuda dispatcher that runs forward-only is counted too
+	refGrads := !c.ForwardOnly && (host || sampledTokens(c) == c.Tokens)
 	if host && mode == HostExpertsDrawn {
 		parts = append(parts, memPart{"expert weights drawn on demand (float32, a group at a time)", float64(drawGroup(c)) * expert})
 	} else if host {
@@ -117,7 +121,7 @@ func memParts(c Config, mode string) []memPart {
 		ref += w * (12*3*h*f + refBlock*(8*h+8+8*3*f))   // each worker's expert weights (drawn and widened) and a block of rows
 		ref += 8*3*h*fs + Ts*(16*h+8*3*fs)               // the shared expert, one rank at a time
 		parts = append(parts, memPart{"float64 reference", ref})
-		if train { // ReferenceGradsEach: x, dout and dx; logits and probabilities with their gradients; router weight and its gradient; shared expert and its gradients
+		if refGrads { // ReferenceGradsEach: x, dout and dx; logits and probabilities with their gradients; router weight and its gradient; shared expert and its gradients
 			g := ep*T*(24*h+16*E+24*k) + 16*E*h + 8*3*2*h*fs
 			g += w * (8*3*h*f*2 + 8*ep*T*h) // each worker's widened weights, its expert's weight gradients and its copies' input gradients
 			if mode == HostExpertsDrawn {   // and the float32 weights it drew
