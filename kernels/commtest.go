@@ -33,19 +33,25 @@ func CommTestProgram(channels, slots int) *Program {
 }
 
 // CommTestNames names comm_test's phases and waits (Signals.Names).
-func CommTestNames(phase, wait int) (string, string) {
-	p := map[int]string{1: "send", 2: "recv", 3: "barrier"}[phase]
-	w := map[int]string{1: "head", 2: "tail"}[wait]
-	if wait >= 16 {
-		w = fmt.Sprintf("flag of rank %d", wait-16)
+var CommTestNames = PhaseNames(map[int]string{1: "send", 2: "recv", 3: "barrier"}, map[int]string{1: "head", 2: "tail"}, "flag")
+
+// PhaseNames is a Signals.Names from a kernel's tables of phases and waits:
+// a wait at 16 + r is the barrier flag of rank r (named flag, "of rank r"),
+// and a number in neither table is printed as it is.
+func PhaseNames(phases, waits map[int]string, flag string) func(phase, wait int) (string, string) {
+	return func(phase, wait int) (string, string) {
+		p, w := phases[phase], waits[wait]
+		if wait >= 16 {
+			w = fmt.Sprintf("%s of rank %d", flag, wait-16)
+		}
+		if p == "" {
+			p = fmt.Sprint(phase)
+		}
+		if w == "" {
+			w = fmt.Sprint(wait)
+		}
+		return p, w
 	}
-	if p == "" {
-		p = fmt.Sprint(phase)
-	}
-	if w == "" {
-		w = fmt.Sprint(wait)
-	}
-	return p, w
 }
 
 // commTestTwin: each rank's channels' items land in the next rank's

@@ -542,20 +542,8 @@ func (d *Device) Close() error {
 }
 
 // phaseNames names hybridep.cu's phases and waits.
-func phaseNames(phase, wait int) (string, string) {
-	p := map[int]string{1: "allgather", 2: "dispatch", 3: "combine"}[phase]
-	w := map[int]string{1: "its blocks' barrier", 2: "FIFO slot empty", 3: "FIFO slot full"}[wait]
-	if wait >= 16 {
-		w = fmt.Sprintf("barrier flag of rank %d", wait-16)
-	}
-	if p == "" {
-		p = fmt.Sprint(phase)
-	}
-	if w == "" {
-		w = fmt.Sprint(wait)
-	}
-	return p, w
-}
+var phaseNames = kernels.PhaseNames(map[int]string{1: "allgather", 2: "dispatch", 3: "combine"},
+	map[int]string{1: "its blocks' barrier", 2: "FIFO slot empty", 3: "FIFO slot full"}, "barrier flag")
 
 // Protocol bugs the tests inject (hybridep.cu's BUG_*).
 const (

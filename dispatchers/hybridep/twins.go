@@ -128,11 +128,26 @@ func (d *Device) readMeta(io *twinIO, p kernels.Ptr, todom kernels.Ptr) meta {
 
 func (d *Device) collParts(t kernels.TwinPart) (int, int) { return partRanks(t, d.cfg.SMs) }
 
+// twinOpen opens a collective launch's twin: every rank's memory, the
+// he_rank table (the launch's fifth argument) and, with metas, every rank's
+// routing metadata.
+func (d *Device) twinOpen(parts []kernels.TwinPart, metas bool) ([]*twinIO, []twinRank, []meta, error) {
+	ios := rankIO(parts, d.collParts)
+	R, err := d.twinRanks(parts[0], parts[0].Args[4].(kernels.Ptr))
+	if err != nil || !metas {
+		return ios, R, nil, err
+	}
+	ms := make([]meta, len(ios))
+	for r, io := range ios {
+		ms[r] = d.readMeta(io, R[r].meta, R[r].todom)
+	}
+	return ios, R, ms, nil
+}
+
 func (d *Device) allgatherTwin(parts []kernels.TwinPart) error {
 	g := d.g
 	T, E, k, M, LD, ldp := g.T, g.E, d.shape.TopK, g.M, g.L*g.D, g.ldp()
-	ios := rankIO(parts, d.collParts)
-	R, err := d.twinRanks(parts[0], parts[0].Args[4].(kernels.Ptr))
+	ios, R, _, err := d.twinOpen(parts, false)
 	if err != nil {
 		return err
 	}
@@ -247,14 +262,9 @@ func (d *Device) packTwin(parts []kernels.TwinPart) error {
 func (d *Device) dispatchTwin(parts []kernels.TwinPart) error {
 	g, h := d.g, d.shape.Hidden
 	ldp, rowB := g.ldp(), 2*h
-	ios := rankIO(parts, d.collParts)
-	R, err := d.twinRanks(parts[0], parts[0].Args[4].(kernels.Ptr))
+	ios, R, ms, err := d.twinOpen(parts, true)
 	if err != nil {
 		return err
-	}
-	ms := make([]meta, len(ios))
-	for r, io := range ios {
-		ms[r] = d.readMeta(io, R[r].meta, R[r].todom)
 	}
 	for f, io := range ios {
 		n := f / g.D
@@ -303,14 +313,9 @@ func (d *Device) dispatchTwin(parts []kernels.TwinPart) error {
 func (d *Device) combineTwin(parts []kernels.TwinPart) error {
 	g, h := d.g, d.shape.Hidden
 	rowB := 2 * h
-	ios := rankIO(parts, d.collParts)
-	R, err := d.twinRanks(parts[0], parts[0].Args[4].(kernels.Ptr))
+	ios, R, ms, err := d.twinOpen(parts, true)
 	if err != nil {
 		return err
-	}
-	ms := make([]meta, len(ios))
-	for r, io := range ios {
-		ms[r] = d.readMeta(io, R[r].meta, R[r].todom)
 	}
 	stage := parts[0].Args[6].(int32)
 	put := func(io *twinIO, p kernels.Ptr, v []float32) {
