@@ -49,8 +49,9 @@ func TestDeepEPDeviceLayer(t *testing.T) {
 // host simulation, ranks on one fake GPU (8 SMs, so that 8 ranks' blocks
 // fit at once) and on two: each passes the check and gives the host
 // deepep layer's output bit for bit (the router's and experts' kernels
-// compute as the host does there); one runs through Run, whose record has
-// the design's phases and buffers.
+// compute as the host does there), training steps whose gradients pass
+// the check; one runs through Run, whose record has the design's forward
+// and backward phases and buffers.
 func TestDeepEPLayerOnHostSim(t *testing.T) {
 	t.Setenv("FAKECUDA_SMS", "8")
 	comp := hostsim.Setup(t)
@@ -83,11 +84,18 @@ func TestDeepEPLayerOnHostSim(t *testing.T) {
 	if err != nil || rec.Status != results.StatusOK || !rec.Correctness.Passed {
 		t.Fatalf("%v; record %+v", err, rec)
 	}
+	// a training step: deepep.cu's backward (the cached notify, the
+	// dispatch of the output gradients, the combine of the input and
+	// probability gradients), every gradient checked against the reference
+	if g := rec.Correctness.Grads; rec.Config.Pass != results.PassTraining || g == nil || len(g.PerTensor) < 5 || rec.Traffic.DispatchBackwardLogical == 0 {
+		t.Fatalf("pass %q, gradients %+v, traffic %+v", rec.Config.Pass, g, rec.Traffic)
+	}
 	var phases []string
 	for _, p := range rec.Timing.Phases {
 		phases = append(phases, p.Name)
 	}
-	if want := []string{"shared", "router", "layout", "notify", "dispatch", "permute", "experts", "combine"}; !slices.Equal(phases, want) {
+	if want := []string{"shared", "router", "layout", "notify", "dispatch", "permute", "experts", "combine",
+		"combine-bwd", "experts-bwd", "dispatch-bwd", "router-bwd", "shared-bwd"}; !slices.Equal(phases, want) {
 		t.Errorf("phases %v, want %v", phases, want)
 	}
 	if slices.Max(rec.Ranks.Devices) != 0 || len(rec.Memory.Buffers) != 4 || rec.SMs.Budget != 2 || !rec.Ranks.Emulated {

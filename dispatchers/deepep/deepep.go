@@ -86,7 +86,8 @@
 // Device (device.go) runs the design with kernels/cuda/deepep.cu's kernels:
 // the same channels, queue protocol, received order and rounding points, so
 // that its outputs are the host design's bit for bit (tested on the host
-// simulation). Its twins (twin.go), kernels.Emu's form of the kernels, run
+// simulation); its backward (devbackward.go) runs the same kernels over the
+// forward's handle and gives the host backward's gradients bit for bit. Its twins (twin.go), kernels.Emu's form of the kernels, run
 // this package's host code on the device buffers.
 package deepep
 

@@ -51,18 +51,25 @@ const (
 	slotRecvIdx
 	slotRecvW
 	slotPermRow
+	slotDY
+	slotExpertDX
+	slotExpertDP
+	slotDX
+	slotDProbs
 	slots
 )
 
 // Kernel phases and waits (deepep.cu's DE_PH_* and DE_W_*).
 const (
 	phaseNotify, phaseDispatch, phaseCombine = 1, 2, 3
+	phaseCombineBwd, phaseDispatchBwd        = 4, 5
 	waitFlag                                 = 16
 )
 
 // names names the kernels' phases and waits for errors.
 func names(phase, wait int) (string, string) {
-	p := map[int]string{phaseNotify: "notify", phaseDispatch: "dispatch", phaseCombine: "combine"}[phase]
+	p := map[int]string{phaseNotify: "notify", phaseDispatch: "dispatch", phaseCombine: "combine",
+		phaseCombineBwd: "combine-bwd (the dispatch kernel)", phaseDispatchBwd: "dispatch-bwd (the combine kernel)"}[phase]
 	w := map[int]string{1: "head (room in a queue)", 2: "tail (tokens in a queue)", 3: "channel offsets (of a queue)",
 		4: "start (the combine's barrier)", 5: "token (of a combine row)"}[wait]
 	if wait >= waitFlag {
@@ -93,6 +100,8 @@ type Device struct {
 	prog    struct{ layout, notify, dispatch, permute, combine *kernels.Program }
 	col     struct{ notify, dispatch, combine *kernels.Collective }
 	tw      *twin // Emu's
+	// backward: the last step ran the backward (Traffic counts its bytes)
+	backward bool
 }
 
 // group is one device and its ranks [first, first+n).
@@ -111,7 +120,9 @@ type devRank struct {
 	recvX, recvSrc, recvIdx, recvW kernels.Ptr // the receive buffer
 	permRow, order                 kernels.Ptr // [R·k] slot → row, row → slot
 	recv, expert                   kernels.Sized
-	tokens                         int // received in the last notify
+	grads                          kernels.Sized // ExpertDY's rows
+	gradsFixed                     int64         // DX and DProbs
+	tokens                         int           // received in the last notify
 	ready                          kernels.Event
 }
 
@@ -136,14 +147,6 @@ func NewDevice(impl string, env dispatchers.Env) (dispatchers.DeviceDispatcher, 
 
 func (d *Device) Name() string { return Name }
 func (d *Device) Impl() string { return dispatchers.ImplNative }
-
-// NoBackward says why the design's device kernels time the forward alone
-// (dispatchers.ForwardOnly).
-func (d *Device) NoBackward() string {
-	return "deepep's device kernels (kernels/cuda/deepep.cu) have no backward in this build: it needs the dispatch kernel re-run over the forward's handle " +
-		"for the output gradients without layout and notify (today only notify clears the queues' offsets the dispatch waits on) and a combine that also " +
-		"returns each token's k probability gradients (the forward's combine carries rows only); the host device runs the design's forward and backward"
-}
 
 func (d *Device) unavailable(format string, a ...any) error {
 	return &dispatchers.UnavailableError{Name: Name, Impl: dispatchers.ImplNative, Reason: fmt.Sprintf(format, a...)}
@@ -286,15 +289,22 @@ func (d *Device) fits() error {
 }
 
 // describe uploads g's descriptor table if it changed (the receive buffers
-// grow in notify, the layer's ExpertY before combine), on the stream of its
-// first rank, where the collective launches go. It reads every rank's
-// buffers: call it in a phase after the one that changed them.
+// grow in notify, the layer's ExpertY before combine, the gradients'
+// buffers in combine-bwd), on the stream of its first rank, where the
+// collective launches go. The kernels reach other ranks' queue buffers
+// alone, so g's table holds its own ranks' buffers and every rank's queue
+// buffer (allocated in Bind): describe reads nothing another device's
+// thread may be changing.
 func (d *Device) describe(g *group) error {
 	tab := make([]uint64, slots*len(d.ranks))
 	for r, rk := range d.ranks {
 		s := &d.st[r]
+		if r < g.first || r >= g.first+g.n {
+			tab[r*slots+slotQueues] = uint64(s.queues)
+			continue
+		}
 		for i, p := range [slots]kernels.Ptr{rk.X, rk.Idx, rk.Probs, rk.Y, rk.Shared, rk.ExpertY, s.fixed, s.queues,
-			s.recvX, s.recvSrc, s.recvIdx, s.recvW, s.permRow} {
+			s.recvX, s.recvSrc, s.recvIdx, s.recvW, s.permRow, rk.DY, rk.ExpertDX, rk.ExpertDProbs, rk.DX, rk.DProbs} {
 			tab[r*slots+i] = uint64(p)
 		}
 	}
@@ -359,13 +369,20 @@ func (d *Device) Phases(experts func(rank int) error) []dispatchers.Step {
 // Grouped: notify, dispatch and combine are one launch per device, issued
 // by the call of the device's last rank.
 func (d *Device) Grouped(phase string) bool {
-	return phase == "notify" || phase == "dispatch" || phase == "combine"
+	switch phase {
+	case "notify", "dispatch", "combine", dispatchers.BackwardName("combine"), dispatchers.BackwardName("dispatch"):
+		return true
+	}
+	return false
 }
 
 // Layout is rank r's layout kernel, after zeroing its counts; its
 // host-mapped counters are unset (−1) for notify's wait.
 func (d *Device) Layout(r int) error {
 	s, rk, sh := &d.st[r], d.ranks[r], d.shape
+	if r == 0 {
+		d.backward = false
+	}
 	for i := range 1 + sh.LocalExperts() {
 		d.sig.SetCounter(d.counter(r, i), -1)
 	}
@@ -390,7 +407,7 @@ func (d *Device) Notify(r int) error {
 	L, k, h := d.shape.LocalExperts(), d.shape.TopK, int64(d.shape.Hidden)
 	epoch := g.epoch
 	g.epoch += 3
-	if err := d.collective(g, d.col.notify, g.n, d.sig.Comm(g.dev, d.timeout), int32(g.first), epoch, g.desc); err != nil {
+	if err := d.collective(g, d.col.notify, g.n, d.sig.Comm(g.dev, d.timeout), int32(g.first), epoch, int32(0), g.desc); err != nil {
 		return err
 	}
 	ready := func(v int32) bool { return v >= 0 }
@@ -445,7 +462,7 @@ func (d *Device) Dispatch(r int) error {
 	if err := d.describe(g); err != nil {
 		return err
 	}
-	return d.collective(g, d.col.dispatch, g.n*d.cfg.SMs, d.sig.Comm(g.dev, d.timeout), int32(g.first), g.desc)
+	return d.collective(g, d.col.dispatch, g.n*d.cfg.SMs, d.sig.Comm(g.dev, d.timeout), int32(g.first), int32(0), g.desc)
 }
 
 // Permute is rank r's order kernel and the gathers of its rows and
@@ -468,7 +485,10 @@ func (d *Device) Permute(r int) error {
 // Combine, in the call of each device's last rank: the device's
 // descriptors (the layer's ExpertY) and its combine kernels, which write Y
 // (the shared expert's output added).
-func (d *Device) Combine(r int) error {
+func (d *Device) Combine(r int) error { return d.combine(r, 0) }
+
+// combine is Combine, or with bwd 1 its backward form (DispatchBackward).
+func (d *Device) combine(r int, bwd int32) error {
 	g := d.lastOf(r)
 	if g == nil {
 		return nil
@@ -478,7 +498,7 @@ func (d *Device) Combine(r int) error {
 	}
 	epoch := g.epoch
 	g.epoch++
-	return d.collective(g, d.col.combine, g.n*d.cfg.SMs, d.sig.Comm(g.dev, d.timeout), int32(g.first), epoch, g.desc)
+	return d.collective(g, d.col.combine, g.n*d.cfg.SMs, d.sig.Comm(g.dev, d.timeout), int32(g.first), epoch, bwd, g.desc)
 }
 
 // CheckStep returns what the kernels recorded in the step: a
@@ -498,7 +518,7 @@ func (d *Device) Traffic() dispatchers.Traffic {
 			per[r] = append(per[r], int(n))
 		}
 	}
-	return traffic(d.shape, per, false) // the device has no backward yet
+	return traffic(d.shape, per, d.backward)
 }
 
 // Buffers are rank r's buffers as allocated.
@@ -517,7 +537,7 @@ func (d *Device) Buffers(r int) []dispatchers.Buffer {
 // device's descriptor table.
 func (d *Device) Footprint(r int) int64 {
 	s := &d.st[r]
-	return d.lay.queues + d.lay.fixed + s.recv.Bytes + s.expert.Bytes + 8*slots*int64(d.shape.EP)/int64(d.groupOf(r).n)
+	return d.lay.queues + d.lay.fixed + s.recv.Bytes + s.expert.Bytes + s.grads.Bytes + s.gradsFixed + 8*slots*int64(d.shape.EP)/int64(d.groupOf(r).n)
 }
 
 func (d *Device) groupOf(r int) *group {
@@ -539,8 +559,9 @@ func (d *Device) Close() error {
 	}
 	for r := range d.st {
 		s, rk := &d.st[r], d.ranks[r]
-		keep(kernels.Free(rk.Dev, &s.queues, &s.fixed, &s.recvX, &s.recvSrc, &s.recvIdx, &s.recvW, &s.permRow, &s.order, &rk.ExpertX, &rk.ExpertProbs))
-		s.recv, s.expert = kernels.Sized{}, kernels.Sized{}
+		keep(kernels.Free(rk.Dev, &s.queues, &s.fixed, &s.recvX, &s.recvSrc, &s.recvIdx, &s.recvW, &s.permRow, &s.order, &rk.ExpertX, &rk.ExpertProbs,
+			&rk.ExpertDY, &rk.DX, &rk.DProbs))
+		s.recv, s.expert, s.grads, s.gradsFixed = kernels.Sized{}, kernels.Sized{}, kernels.Sized{}, 0
 	}
 	for i := range d.groups {
 		keep(kernels.Free(d.groups[i].dev, &d.groups[i].desc))

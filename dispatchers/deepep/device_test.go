@@ -14,11 +14,14 @@ import (
 	dt "github.com/moebench/moebench/dispatchers/dispatchtest"
 	"github.com/moebench/moebench/internal/hostsim"
 	"github.com/moebench/moebench/kernels"
+	"math/rand/v2"
 )
 
 // The device design (deepep.cu's kernels, or their twins on Emu) against
 // the host design on the same ranks: the permuted rows and probabilities,
-// and the output, bit for bit.
+// and the output, bit for bit; and the backward on random gradients (never
+// zero): the expert rows' output gradients, the input gradients and the
+// probability gradients, bit for bit (the same sums in the same order).
 
 // devCase is one run: ranks spread over devs in contiguous blocks; with
 // shared, each rank's output adds a shared expert's (random bf16 values).
@@ -47,8 +50,37 @@ func sharedOutputs(sh dispatchers.Shape) [][]float32 {
 type devResult struct {
 	expertX, expertP, y [][]float32
 	recv                []received
-	err                 error
+	// the backward's (training steps): each rank's ExpertDY, DX (bf16)
+	// and DProbs, from the gradients of grads
+	expertDY, dx, dprobs [][]float32
+	err                  error
 }
+
+// grads draws a step's gradients on rank r: n random values (bf16 when
+// round), never zero, the same on the host and the device for the same
+// rank and kind (the output gradients DY, the expert rows' input gradients
+// ExpertDX, their probability gradients ExpertDProbs).
+func grads(r, kind, n int, round bool) []float32 {
+	rng := rand.New(rand.NewPCG(uint64(r), uint64(kind)))
+	v := make([]float32, n)
+	for i := range v {
+		x := float32(rng.NormFloat64())
+		if x == 0 {
+			x = 0.5
+		}
+		if round {
+			x = kernels.RoundBF16(x)
+		}
+		v[i] = x
+	}
+	return v
+}
+
+const (
+	gradDY = iota
+	gradExpertDX
+	gradExpertDP
+)
 
 // received is a rank's receive buffer and send_head.
 type received struct {
@@ -87,8 +119,9 @@ func (d *Device) download(t *testing.T, r int) received {
 
 // runDevice binds d to c's ranks (the inputs of tagged ranks, probabilities
 // mild), runs steps steps with expert computed on the host from the
-// downloaded rows, and returns the last step's results.
-func runDevice(t *testing.T, d *Device, c devCase, ranks []*dispatchers.Rank, steps int) devResult {
+// downloaded rows (and, when train, the backward with grads' gradients),
+// and returns the last step's results.
+func runDevice(t *testing.T, d *Device, c devCase, ranks []*dispatchers.Rank, steps int, train bool) devResult {
 	t.Helper()
 	sh := c.sh
 	T, k, hd := sh.Tokens, sh.TopK, sh.Hidden
@@ -117,8 +150,15 @@ func runDevice(t *testing.T, d *Device, c devCase, ranks []*dispatchers.Rank, st
 			ok(err)
 			ok(dev.Upload(dr.Shared, kernels.BF16Bits(c.shared[r]), dr.Stream))
 		}
+		if train {
+			dr.DY, err = dev.Alloc(int64(2 * T * hd))
+			ok(err)
+			ok(dev.Upload(dr.DY, kernels.BF16Bits(grads(r, gradDY, T*hd, true)), dr.Stream))
+		}
 		drs[r] = dr
-		t.Cleanup(func() { kernels.Free(dev, &dr.X, &dr.Idx, &dr.Probs, &dr.Y, &dr.ExpertY, &dr.Shared) })
+		t.Cleanup(func() {
+			kernels.Free(dev, &dr.X, &dr.Idx, &dr.Probs, &dr.Y, &dr.ExpertY, &dr.Shared, &dr.DY, &dr.ExpertDX, &dr.ExpertDProbs)
+		})
 	}
 	th := dt.Threads(t, drs)
 	if err := d.Bind(sh, drs); err != nil {
@@ -148,9 +188,28 @@ func runDevice(t *testing.T, d *Device, c devCase, ranks []*dispatchers.Rank, st
 		}
 		return dr.Dev.Upload(dr.ExpertY, kernels.BF16Bits(y), dr.Stream)
 	}
+	dgrads := make([]kernels.Sized, sh.EP)
+	expertsBwd := func(r int) error { // the layer's: ExpertDX and ExpertDProbs of every row
+		dr := drs[r]
+		n := dr.Rows()
+		if err := dgrads[r].Ensure(dr.Dev, dr.Stream, n, kernels.Buf{P: &dr.ExpertDX, PerRow: int64(2 * hd)}, kernels.Buf{P: &dr.ExpertDProbs, PerRow: 4}); err != nil {
+			return err
+		}
+		if n == 0 {
+			return nil
+		}
+		if err := dr.Dev.Upload(dr.ExpertDX, kernels.BF16Bits(grads(r, gradExpertDX, n*hd, true)), dr.Stream); err != nil {
+			return err
+		}
+		return dr.Dev.Upload(dr.ExpertDProbs, grads(r, gradExpertDP, n, false), dr.Stream)
+	}
 	for range steps {
 		res.expertX, res.expertP = make([][]float32, sh.EP), make([][]float32, sh.EP)
-		if err := dt.IssuePhases(th, d, drs, d.Phases(experts)); err != nil {
+		phases := d.Phases(experts)
+		if train {
+			phases = append(phases, d.BackwardPhases(expertsBwd)...)
+		}
+		if err := dt.IssuePhases(th, d, drs, phases); err != nil {
 			return devResult{err: err}
 		}
 		for _, dr := range drs {
@@ -165,8 +224,44 @@ func runDevice(t *testing.T, d *Device, c devCase, ranks []*dispatchers.Rank, st
 		ok(dr.Dev.Download(y, dr.Y, dr.Stream))
 		res.y = append(res.y, kernels.FromBF16Bits(y))
 		res.recv = append(res.recv, d.download(t, r))
+		if !train {
+			continue
+		}
+		edy, dx, dp := make([]uint16, dr.Rows()*hd), make([]uint16, T*hd), make([]float32, T*k)
+		if len(edy) > 0 {
+			ok(dr.Dev.Download(edy, dr.ExpertDY, dr.Stream))
+		}
+		ok(dr.Dev.Download(dx, dr.DX, dr.Stream))
+		ok(dr.Dev.Download(dp, dr.DProbs, dr.Stream))
+		res.expertDY, res.dx, res.dprobs = append(res.expertDY, kernels.FromBF16Bits(edy)), append(res.dx, kernels.FromBF16Bits(dx)), append(res.dprobs, dp)
 	}
 	return res
+}
+
+// hostBackward is the host design's backward after h's forward on ranks,
+// with grads' gradients: each rank's ExpertDY, DX and DProbs.
+func hostBackward(t *testing.T, h *Host, ranks []*dispatchers.Rank, res *devResult) {
+	t.Helper()
+	sh := h.shape
+	for r, rk := range ranks {
+		rk.DY = grads(r, gradDY, sh.Tokens*sh.Hidden, true)
+	}
+	for r := range ranks {
+		if err := h.CombineBackward(r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for r, rk := range ranks {
+		n := len(rk.ExpertProbs)
+		rk.ExpertDX, rk.ExpertDProbs = grads(r, gradExpertDX, n*sh.Hidden, true), grads(r, gradExpertDP, n, false)
+	}
+	for r, rk := range ranks {
+		if err := h.DispatchBackward(r); err != nil {
+			t.Fatal(err)
+		}
+		res.expertDY = append(res.expertDY, rk.ExpertDY[:len(rk.ExpertProbs)*sh.Hidden])
+		res.dx, res.dprobs = append(res.dx, rk.DX), append(res.dprobs, rk.DProbs)
+	}
 }
 
 // hostRun is the host design on tagged ranks with probabilities prob(slot):
@@ -187,6 +282,7 @@ func hostRun(t *testing.T, c devCase, seed uint64, prob func(int) float32) (devR
 		res.expertX, res.expertP, res.y = append(res.expertX, rk.ExpertX), append(res.expertP, rk.ExpertProbs), append(res.y, y[r])
 		res.recv = append(res.recv, recvOf(h, r))
 	}
+	hostBackward(t, h, ranks, &res) // its receive rows then hold the output gradients, as the device's
 	return res, ranks
 }
 
@@ -222,7 +318,7 @@ func checkDevices(t *testing.T, devs []kernels.Device) {
 			}
 			want, ranks := hostRun(t, c, 7, tc.prob)
 			var got devResult
-			hostsim.Within(t, time.Minute, func() { got = runDevice(t, WithDeviceConfig(cfg), c, ranks, 2) })
+			hostsim.Within(t, time.Minute, func() { got = runDevice(t, WithDeviceConfig(cfg), c, ranks, 2, true) })
 			if got.err != nil {
 				t.Fatal(got.err)
 			}
@@ -236,6 +332,20 @@ func checkDevices(t *testing.T, devs []kernels.Device) {
 				for i, v := range got.y[r] {
 					if v != want.y[r][i] {
 						t.Fatalf("rank %d value %d: %v, the host design's %v", r, i, v, want.y[r][i])
+					}
+				}
+				// the backward, bit for bit: the same sums in the same order
+				for _, g := range []struct {
+					name      string
+					got, want []float32
+				}{{"ExpertDY", got.expertDY[r], want.expertDY[r]}, {"DX", got.dx[r], want.dx[r]}, {"DProbs", got.dprobs[r], want.dprobs[r]}} {
+					if i := slices.IndexFunc(g.got, func(v float32) bool { return v != v }); len(g.got) != len(g.want) || i >= 0 {
+						t.Fatalf("rank %d %s: %d values, NaN at %d; the host design's %d", r, g.name, len(g.got), i, len(g.want))
+					}
+					for i, v := range g.got {
+						if v != g.want[i] {
+							t.Fatalf("rank %d %s value %d: %v, the host design's %v", r, g.name, i, v, g.want[i])
+						}
 					}
 				}
 			}
@@ -298,6 +408,8 @@ func checkBroken(t *testing.T, devs []kernels.Device) {
 		{2, []string{"rank 0 timed out in phase notify at wait flag of rank 1 (a barrier)", "read 0, waiting for 1"}},
 		// the kernels end, but a counter is never written: the host's own deadline
 		{3, []string{"the host's wait for rank 1's received-token count (notify)", "it read -1"}},
+		// the backward's combine: the forward and combine-bwd run, then it ends by the timeout, named
+		{4, []string{"timed out in phase dispatch-bwd (the combine kernel) at wait "}},
 	} {
 		t.Run(fmt.Sprint("bug", tc.bug), func(t *testing.T) {
 			c := devCase{sh: sh, cfg: cfg, devs: devs}
@@ -306,7 +418,7 @@ func checkBroken(t *testing.T, devs []kernels.Device) {
 			d.bug, d.timeout = tc.bug, 1500*time.Millisecond // long enough for every good wait on a loaded machine
 			start := time.Now()
 			var got devResult
-			hostsim.Within(t, time.Minute, func() { got = runDevice(t, d, c, ranks, 1) })
+			hostsim.Within(t, time.Minute, func() { got = runDevice(t, d, c, ranks, 1, tc.bug == 4) })
 			var ce *kernels.CommError
 			var he *kernels.HostWaitError
 			switch {
@@ -347,7 +459,7 @@ func TestGPUDeepEP(t *testing.T) {
 	checkBroken(t, devs)
 	sh := dispatchers.Shape{Tokens: 16, Hidden: 8, Experts: 16, TopK: 2, EP: 2}
 	cfg := DefaultConfig(sh.EP, devs[0].SMCount()/2*2+2)
-	got := runDevice(t, WithDeviceConfig(cfg), devCase{sh: sh, cfg: cfg, devs: devs[:1]}, dt.Tagged(sh, 9), 1)
+	got := runDevice(t, WithDeviceConfig(cfg), devCase{sh: sh, cfg: cfg, devs: devs[:1]}, dt.Tagged(sh, 9), 1, false)
 	if !dispatchers.IsUnavailable(got.err) || !strings.Contains(got.err.Error(), "exceeds device 0's") {
 		t.Errorf("--sms %d: %v; want unavailable", cfg.SMs, got.err)
 	}
@@ -369,7 +481,7 @@ func TestDeviceBudgetUnavailable(t *testing.T) {
 		cfg := DefaultConfig(sh.EP, tc.sms)
 		cfg.Warps, cfg.MinBlocks = 8, 4
 		c := devCase{sh: sh, cfg: cfg, devs: devs}
-		got := runDevice(t, WithDeviceConfig(cfg), c, dt.Tagged(sh, 9), 1)
+		got := runDevice(t, WithDeviceConfig(cfg), c, dt.Tagged(sh, 9), 1, false)
 		if !dispatchers.IsUnavailable(got.err) || !strings.Contains(got.err.Error(), tc.want) {
 			t.Errorf("--sms %d: %v; want unavailable: %q", tc.sms, got.err, tc.want)
 		}

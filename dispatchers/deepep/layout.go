@@ -16,7 +16,8 @@ type layout struct {
 	// (copies from each source for each local expert), barrier flags [N],
 	// the combine's start word, dispatch metadata [start, end, head,
 	// tail][C][N], combine metadata [head, tail][C][N], then the rings:
-	// dispatch's or combine's, over the same bytes
+	// dispatch's or combine's (with room for the backward's k probability
+	// gradients a row), over the same bytes
 	ecnt, flags, start, dmeta, cmeta, rings, queues int64
 	dispatchRings, combineRings                     int64
 	// layout buffer: is_token_in_rank [T][N] bytes at 0, tokens per rank
@@ -41,7 +42,7 @@ func newLayout(sh dispatchers.Shape, cfg Config) layout {
 	l.cmeta = l.dmeta + 4*4*C*N
 	l.rings = align(l.cmeta+2*4*C*N, 16)
 	l.dispatchRings = C * N * int64(cfg.Dispatch.Ring) * (row + 4 + 8*k)
-	l.combineRings = C * N * int64(cfg.Combine.Ring) * (row + 4)
+	l.combineRings = C * N * int64(cfg.Combine.Ring) * (row + 4 + 4*k) // the backward's probability gradients
 	l.queues = l.rings + max(l.dispatchRings, l.combineRings)
 	l.perRank = align(T*N, 16)
 	l.perExpert = l.perRank + 4*N

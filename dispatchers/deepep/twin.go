@@ -208,9 +208,14 @@ func (tw *twin) layout(parts []kernels.TwinPart) error {
 	return store(t, fixed+kernels.Ptr(lay.perExpert), s.perExpert)
 }
 
-// notify: deepep_notify(comm, first, epoch, desc): the mirror's Notify on
-// every rank's layout, its prefixes stored and the counters set.
+// notify: deepep_notify(comm, first, epoch, cached, desc): the mirror's
+// Notify on every rank's layout, its prefixes stored and the counters set;
+// cached (the backward's), nothing: the counts are the forward's, and the
+// queues' metadata the kernels clear is theirs alone.
 func (tw *twin) notify(parts []kernels.TwinPart) error {
+	if parts[0].Args[3].(int32) != 0 {
+		return nil
+	}
 	h, part, desc, err := tw.begin(parts)
 	if err != nil {
 		return err
@@ -247,9 +252,10 @@ func (tw *twin) notify(parts []kernels.TwinPart) error {
 	return nil
 }
 
-// dispatch: deepep_dispatch(comm, first, desc): the mirror's Dispatch on
-// every rank's inputs and notify results; the receive buffers, send_head
-// and the received channel offsets stored.
+// dispatch: deepep_dispatch(comm, first, bwd, desc): the mirror's Dispatch
+// on every rank's inputs and notify results; the receive buffers, send_head
+// and the received channel offsets stored. bwd: the mirror's transfer of
+// the output gradients over the forward's handle, the receive rows stored.
 func (tw *twin) dispatch(parts []kernels.TwinPart) error {
 	h, part, desc, err := tw.begin(parts)
 	if err != nil {
@@ -257,6 +263,7 @@ func (tw *twin) dispatch(parts []kernels.TwinPart) error {
 	}
 	sh, lay := tw.d.shape, tw.d.lay
 	T, k, hd, N, C := sh.Tokens, sh.TopK, sh.Hidden, sh.EP, tw.d.cfg.Channels()
+	bwd := parts[0].Args[2].(int32) != 0
 	for r := range part {
 		t, ds, rk := part[r], desc[r], tw.rk[r]
 		if err := tw.loadLayout(t, ds[slotFixed], r); err != nil {
@@ -264,6 +271,15 @@ func (tw *twin) dispatch(parts []kernels.TwinPart) error {
 		}
 		if err := tw.loadPrefixes(t, ds[slotFixed], r); err != nil {
 			return err
+		}
+		if bwd {
+			if err := tw.loadSendHead(t, ds[slotFixed], r); err != nil {
+				return err
+			}
+			if rk.DY, err = bf16(t, ds[slotDY], T*hd); err != nil {
+				return err
+			}
+			continue
 		}
 		if rk.X, err = bf16(t, ds[slotX], T*hd); err != nil {
 			return err
@@ -274,6 +290,9 @@ func (tw *twin) dispatch(parts []kernels.TwinPart) error {
 		if rk.Probs, err = mem[float32](t, ds[slotProbs], T*k, false); err != nil {
 			return err
 		}
+	}
+	if bwd {
+		return tw.dispatchGrads(h, part, desc)
 	}
 	for r := range part {
 		if err := h.Dispatch(r); err != nil {
@@ -319,6 +338,36 @@ func (tw *twin) dispatch(parts []kernels.TwinPart) error {
 	return nil
 }
 
+// dispatchGrads is the backward dispatch's twin after the loads: each
+// rank's receive rows from its sources' output gradients.
+func (tw *twin) dispatchGrads(h *Host, part []kernels.TwinPart, desc [][]kernels.Ptr) error {
+	hd := tw.d.shape.Hidden
+	for r := range part {
+		if err := h.transfer(r, "combine-bwd", func(src int) []float32 { return tw.rk[src].DY }, h.st[r].recvX, false); err != nil {
+			return err
+		}
+	}
+	for r := range part {
+		s := &h.st[r]
+		x, err := mem[uint16](part[r], desc[r][slotRecvX], s.recv*hd, true)
+		if err != nil {
+			return err
+		}
+		copy(x, kernels.BF16Bits(s.recvX[:s.recv*hd]))
+	}
+	return nil
+}
+
+// loadSendHead reads rank r's send_head into the mirror.
+func (tw *twin) loadSendHead(t kernels.TwinPart, fixed kernels.Ptr, r int) error {
+	sh := tw.d.shape
+	v, err := mem[int32](t, fixed+kernels.Ptr(tw.d.lay.sendHead), sh.Tokens*sh.EP, false)
+	for i, x := range v {
+		tw.h.st[r].sendHead[i] = int(x)
+	}
+	return err
+}
+
 // permute: deepep_permute(recvIdx, slots, order, permRow).
 func (tw *twin) permute(parts []kernels.TwinPart) error {
 	t, sh := parts[0], tw.d.shape
@@ -349,16 +398,19 @@ func (tw *twin) permute(parts []kernels.TwinPart) error {
 	return store(t, t.Args[3].(kernels.Ptr), s.permRow)
 }
 
-// combine: deepep_combine(comm, first, epoch, desc): the mirror's Combine on
-// every rank's expert outputs and maps; Y stored as bf16, with the shared
-// expert's output added as the layer does.
+// combine: deepep_combine(comm, first, epoch, bwd, desc): the mirror's
+// Combine on every rank's expert outputs and maps; Y stored as bf16, with
+// the shared expert's output added as the layer does. bwd: the mirror's
+// reduce of the expert rows' input and probability gradients into DX
+// (bf16) and DProbs.
 func (tw *twin) combine(parts []kernels.TwinPart) error {
 	h, part, desc, err := tw.begin(parts)
 	if err != nil {
 		return err
 	}
-	sh, lay := tw.d.shape, tw.d.lay
-	T, k, hd, N := sh.Tokens, sh.TopK, sh.Hidden, sh.EP
+	sh := tw.d.shape
+	T, k, hd := sh.Tokens, sh.TopK, sh.Hidden
+	bwd := parts[0].Args[3].(int32) != 0
 	for r := range part {
 		t, ds, s, rk := part[r], desc[r], &h.st[r], tw.rk[r]
 		if err := tw.loadPrefixes(t, ds[slotFixed], r); err != nil {
@@ -383,16 +435,22 @@ func (tw *twin) combine(parts []kernels.TwinPart) error {
 		for _, p := range pr {
 			rows = max(rows, p)
 		}
-		if rk.ExpertY, err = bf16(t, ds[slotExpertY], int(rows+1)*hd); err != nil {
+		if bwd {
+			if rk.ExpertDX, err = bf16(t, ds[slotExpertDX], int(rows+1)*hd); err != nil {
+				return err
+			}
+			if rk.ExpertDProbs, err = mem[float32](t, ds[slotExpertDP], int(rows+1), false); err != nil {
+				return err
+			}
+		} else if rk.ExpertY, err = bf16(t, ds[slotExpertY], int(rows+1)*hd); err != nil {
 			return err
 		}
-		sendHead, err := mem[int32](t, ds[slotFixed]+kernels.Ptr(lay.sendHead), T*N, false)
-		if err != nil {
+		if err := tw.loadSendHead(t, ds[slotFixed], r); err != nil {
 			return err
 		}
-		for i, v := range sendHead {
-			s.sendHead[i] = int(v)
-		}
+	}
+	if bwd {
+		return tw.combineGrads(h, part, desc)
 	}
 	for r := range part {
 		if err := h.Combine(r); err != nil {
@@ -416,6 +474,34 @@ func (tw *twin) combine(parts []kernels.TwinPart) error {
 			return err
 		}
 		copy(out, kernels.BF16Bits(y))
+	}
+	return nil
+}
+
+// combineGrads is the backward combine's twin after the loads.
+func (tw *twin) combineGrads(h *Host, part []kernels.TwinPart, desc [][]kernels.Ptr) error {
+	sh := tw.d.shape
+	T, k, hd := sh.Tokens, sh.TopK, sh.Hidden
+	for r := range part {
+		rk := tw.rk[r]
+		rk.DX, rk.DProbs = kernels.Grow(rk.DX, T*hd), kernels.Grow(rk.DProbs, T*k)
+		if err := h.reduce(r, "dispatch-bwd", func(d int) []float32 { return tw.rk[d].ExpertDX },
+			func(d int) []float32 { return tw.rk[d].ExpertDProbs }, rk.DX, rk.DProbs); err != nil {
+			return err
+		}
+	}
+	for r := range part { // DX rounded to bf16 once, as it is stored
+		t, ds, rk := part[r], desc[r], tw.rk[r]
+		dx, err := mem[uint16](t, ds[slotDX], T*hd, true)
+		if err != nil {
+			return err
+		}
+		copy(dx, kernels.BF16Bits(rk.DX))
+		dp, err := mem[float32](t, ds[slotDProbs], T*k, true)
+		if err != nil {
+			return err
+		}
+		copy(dp, rk.DProbs)
 	}
 	return nil
 }

@@ -19,6 +19,13 @@
 //                   received token, the bf16 sum of its local experts'
 //                   outputs; the home rank adds them in rank order into Y
 //
+// The backward (dispatchers/deepep/devbackward.go) reuses them over the
+// forward's handle: deepep_notify cached (barriers, the queues' metadata
+// cleared, nothing counted), deepep_dispatch with bwd set (the output
+// gradients' rows, no top-k), deepep_combine with bwd set (the copies'
+// input gradients' partial sums, each row carrying its token's K
+// probability gradients, summed at home into DX and DProbs).
+//
 // A collective launch covers all ranks of one GPU: block b serves rank
 // first + b / (blocks per rank). The ranks' buffers come from a descriptor
 // table (DE_* slots, 64-bit addresses, indexed by rank; peers' queue buffers
@@ -34,7 +41,8 @@
 //     MB_RANKS), MB_MINB (such blocks one SM must hold: the register bound),
 //     MB_DE_BUG (tests only: 1, dispatch senders never publish their tail;
 //     2, the last rank never reaches notify's first barrier; 3, the last
-//     rank writes its counts over rank 0's), and the offsets MB_Q_*
+//     rank writes its counts over rank 0's; 4, the backward's combine
+//     senders never publish their tail), and the offsets MB_Q_*
 //     and MB_F_*.
 #include "moebench.cuh"
 
@@ -61,12 +69,19 @@
 #define DE_RECV_IDX 10
 #define DE_RECV_W 11
 #define DE_PERM_ROW 12
-#define DE_SLOTS 13
+#define DE_DY 13        // the backward's: output gradients [T][H] bf16
+#define DE_EXPERT_DX 14 // the expert rows' input gradients [rows][H] bf16
+#define DE_EXPERT_DP 15 // and probability gradients [rows] fp32
+#define DE_DX 16        // the input gradients [T][H] bf16
+#define DE_DPROBS 17    // and probability gradients [T][K] fp32
+#define DE_SLOTS 18
 
 // phases and waits (deepep.names)
 #define DE_PH_NOTIFY 1
 #define DE_PH_DISPATCH 2
 #define DE_PH_COMBINE 3
+#define DE_PH_COMBINE_BWD 4  // the dispatch kernel in the backward
+#define DE_PH_DISPATCH_BWD 5 // the combine kernel in the backward
 #define DE_W_ROOM 1    // free slots in a ring (its head)
 #define DE_W_DATA 2    // tokens in a ring (its tail)
 #define DE_W_OFFSETS 3 // a queue's channel offsets
@@ -90,12 +105,14 @@ __device__ __forceinline__ int *de_dmeta(u64 q, int which, int c, int p) { retur
 __device__ __forceinline__ int *de_cmeta(u64 q, int which, int c, int p) { return de_at<int>(q, MB_Q_CMETA) + (which * DE_C + c) * DE_N + p; }
 // the rings: dispatch rows [C][N][DRING][H], then sources [C][N][DRING],
 // top-k indices and weights [C][N][DRING][K]; combine rows [C][N][CRING][H],
-// then sources [C][N][CRING] (both over the same bytes: a rank's combine
-// starts after a barrier that every rank's dispatch has passed)
+// then sources [C][N][CRING] and, in the backward, probability gradients
+// [C][N][CRING][K] (both over the same bytes: a rank's combine starts after
+// a barrier that every rank's dispatch has passed)
 #define DE_DROWS ((long)DE_C * DE_N * MB_DRING * MB_HIDDEN * 2)
 #define DE_DSRC ((long)DE_C * DE_N * MB_DRING * 4)
 #define DE_DTOPK ((long)DE_C * DE_N * MB_DRING * DE_K * 4)
 #define DE_CROWS ((long)DE_C * DE_N * MB_CRING * MB_HIDDEN * 2)
+#define DE_CSRC ((long)DE_C * DE_N * MB_CRING * 4)
 __device__ __forceinline__ long de_dslot(int c, int p, int slot) { return ((long)c * DE_N + p) * MB_DRING + slot; }
 __device__ __forceinline__ long de_cslot(int c, int p, int slot) { return ((long)c * DE_N + p) * MB_CRING + slot; }
 
@@ -145,15 +162,18 @@ extern "C" __global__ void __launch_bounds__(256) deepep_layout(const int32 *idx
 // peer's buffer (cnt[rank], ecnt[rank][·]); barrier; the prefix of the
 // counts it received (srcEnd), the received tokens and copies per local
 // expert into the host-mapped counters (rank·(1+L): tokens, then one per
-// local expert); its queues' metadata cleared; barrier.
-extern "C" __global__ void __launch_bounds__(DE_NOTIFY_THREADS) deepep_notify(mb_comm c, int first, int epoch, const u64 *desc) {
+// local expert); its queues' metadata cleared; barrier. cached (the
+// backward's, DeepEP's cached notify before a dispatch with the forward's
+// handle): the counts, prefixes and counters are the forward's and stay;
+// only the barriers and the metadata cleared.
+extern "C" __global__ void __launch_bounds__(DE_NOTIFY_THREADS) deepep_notify(mb_comm c, int first, int epoch, int cached, const u64 *desc) {
     __shared__ int *flags[DE_N];
     __shared__ int ok;
     const int rank = first + blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const u64 fixed = de_slot(desc, rank, DE_FIXED), q = de_slot(desc, rank, DE_QUEUES);
     const unsigned char *inRank = de_at<unsigned char>(fixed, 0);
     int *chanEnd = de_at<int>(fixed, MB_F_CHAN_END);
-    for (int dc = warp; dc < DE_N * DE_C; dc += DE_NOTIFY_THREADS / 32) {
+    for (int dc = warp; dc < DE_N * DE_C && !cached; dc += DE_NOTIFY_THREADS / 32) {
         const int d = dc / DE_C;
         int lo, hi, n = 0;
         de_channel(dc % DE_C, lo, hi);
@@ -163,12 +183,12 @@ extern "C" __global__ void __launch_bounds__(DE_NOTIFY_THREADS) deepep_notify(mb
     }
     if (threadIdx.x < DE_N) flags[threadIdx.x] = de_at<int>(de_slot(desc, threadIdx.x, DE_QUEUES), MB_Q_FLAGS);
     __syncthreads();
-    if (threadIdx.x < DE_N)
+    if (threadIdx.x < DE_N && !cached)
         for (int ch = 1; ch < DE_C; ch++) chanEnd[threadIdx.x * DE_C + ch] += chanEnd[threadIdx.x * DE_C + ch - 1];
     // 1: no rank writes counts before every rank is done with the last step
     if (threadIdx.x == 0) ok = MB_DE_BUG == 2 && rank == DE_N - 1 ? 0 : mb_barrier(c, rank, DE_N, DE_PH_NOTIFY, DE_W_FLAG, flags, epoch);
     __syncthreads();
-    if (ok) {
+    if (ok && !cached) {
         const int *perRank = de_at<int>(fixed, MB_F_PER_RANK), *perExpert = de_at<int>(fixed, MB_F_PER_EXPERT);
         for (int i = threadIdx.x; i < DE_N * (1 + MB_LOCAL); i += blockDim.x) {
             const int p = i / (1 + MB_LOCAL), l = i % (1 + MB_LOCAL);
@@ -186,12 +206,12 @@ extern "C" __global__ void __launch_bounds__(DE_NOTIFY_THREADS) deepep_notify(mb
         const int *cnt = de_at<int>(q, 0), *ecnt = de_at<int>(q, MB_Q_ECNT);
         int *counters = mb_counter(c.sig, DE_N, rank * (1 + MB_LOCAL));
         if (MB_DE_BUG == 3 && rank == DE_N - 1) counters = mb_counter(c.sig, DE_N, 0); // the last rank's never written
-        if (threadIdx.x == 0) {
+        if (threadIdx.x == 0 && !cached) {
             int *srcEnd = de_at<int>(fixed, MB_F_SRC_END), total = 0;
             for (int s = 0; s < DE_N; s++) srcEnd[s] = total += mb_ld_volatile(cnt + s); // peers wrote them
             mb_st_release_sys(counters, total);
         }
-        for (int l = threadIdx.x; l < MB_LOCAL; l += blockDim.x) {
+        for (int l = threadIdx.x; l < MB_LOCAL && !cached; l += blockDim.x) {
             int n = 0;
             for (int s = 0; s < DE_N; s++) n += mb_ld_volatile(ecnt + s * MB_LOCAL + l);
             mb_st_release_sys(counters + 1 + l, n);
@@ -211,12 +231,15 @@ extern "C" __global__ void __launch_bounds__(DE_NOTIFY_THREADS) deepep_notify(mb
 // (warp w of the group copies the tokens whose stream position is w mod
 // DE_GROUP) and publishes the tail. In a receiving block group g drains the
 // queue from source g into the receive buffer at the source's offset plus
-// the channel's.
-extern "C" __global__ void __launch_bounds__(DE_THREADS, MB_MINB) deepep_dispatch(mb_comm c, int first, const u64 *desc) {
+// the channel's. bwd (the combine's backward, with the forward's handle):
+// the rows are the output gradients DY, into the receive rows; no top-k
+// travels (the receive buffer keeps the forward's).
+extern "C" __global__ void __launch_bounds__(DE_THREADS, MB_MINB) deepep_dispatch(mb_comm c, int first, int bwd, const u64 *desc) {
     __shared__ int ok[DE_N], okOff[DE_N], a[DE_N], b[DE_N], tl[DE_N];
     const int local = blockIdx.x / (2 * DE_C), rank = first + local, bb = blockIdx.x % (2 * DE_C), ch = bb / 2;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, peer = warp / DE_GROUP, gw = warp % DE_GROUP;
     const bool lead = threadIdx.x % (DE_GROUP * 32) == 0;
+    const int ph = bwd ? DE_PH_COMBINE_BWD : DE_PH_DISPATCH;
     const u64 fixed = de_slot(desc, rank, DE_FIXED);
     if (bb % 2 == 0) { // send to peer
         const u64 q = de_slot(desc, peer, DE_QUEUES);
@@ -224,7 +247,7 @@ extern "C" __global__ void __launch_bounds__(DE_THREADS, MB_MINB) deepep_dispatc
         const int *chanEnd = de_at<int>(fixed, MB_F_CHAN_END) + peer * DE_C;
         int *sendHead = de_at<int>(fixed, MB_F_SEND_HEAD);
         int *head = de_dmeta(q, 2, ch, rank), *tail = de_dmeta(q, 3, ch, rank);
-        const uint4 *x = (const uint4 *)de_slot(desc, rank, DE_X);
+        const uint4 *x = (const uint4 *)de_slot(desc, rank, bwd ? DE_DY : DE_X);
         const int32 *idx = (const int32 *)de_slot(desc, rank, DE_IDX);
         const float *probs = (const float *)de_slot(desc, rank, DE_PROBS);
         uint4 *rows = de_at<uint4>(q, MB_Q_RINGS);
@@ -238,7 +261,7 @@ extern "C" __global__ void __launch_bounds__(DE_THREADS, MB_MINB) deepep_dispatc
         de_channel(ch, lo, hi);
         for (int t = lo; t < hi;) {
             if (lead)
-                ok[peer] = mb_wait(c, rank, DE_PH_DISPATCH, DE_W_ROOM, pos + MB_DCHUNK - MB_DRING, [head] { return (long long)mb_ld_acquire_sys(head); },
+                ok[peer] = mb_wait(c, rank, ph, DE_W_ROOM, pos + MB_DCHUNK - MB_DRING, [head] { return (long long)mb_ld_acquire_sys(head); },
                                    [pos](long long h) { return MB_DRING - (pos - h) >= MB_DCHUNK; });
             mb_bar_sync(1 + peer, DE_GROUP * 32);
             if (!ok[peer]) break;
@@ -250,7 +273,7 @@ extern "C" __global__ void __launch_bounds__(DE_THREADS, MB_MINB) deepep_dispatc
                     const long s = de_dslot(ch, rank, pos % MB_DRING);
                     de_copy_row(rows + s * DE_VECS, x + (long)t * DE_VECS, false, lane);
                     if (lane == 0) srcs[s] = t;
-                    if (lane < DE_K) {
+                    if (lane < DE_K && !bwd) {
                         const int e = idx[t * DE_K + lane];
                         const bool mine = (unsigned)e < DE_N * MB_LOCAL && e / MB_LOCAL == peer;
                         topk[s * DE_K + lane] = mine ? e - peer * MB_LOCAL : -1;
@@ -270,8 +293,8 @@ extern "C" __global__ void __launch_bounds__(DE_THREADS, MB_MINB) deepep_dispatc
     if (lead) {
         int *start = de_dmeta(q, 0, ch, peer), *end = de_dmeta(q, 1, ch, peer);
         auto written = [](long long v) { return v < 0; };
-        okOff[peer] = mb_wait(c, rank, DE_PH_DISPATCH, DE_W_OFFSETS, -1, [start] { return (long long)mb_ld_acquire_sys(start); }, written) &&
-                   mb_wait(c, rank, DE_PH_DISPATCH, DE_W_OFFSETS, -1, [end] { return (long long)mb_ld_acquire_sys(end); }, written);
+        okOff[peer] = mb_wait(c, rank, ph, DE_W_OFFSETS, -1, [start] { return (long long)mb_ld_acquire_sys(start); }, written) &&
+                   mb_wait(c, rank, ph, DE_W_OFFSETS, -1, [end] { return (long long)mb_ld_acquire_sys(end); }, written);
         a[peer] = -mb_ld_volatile(start) - 1, b[peer] = -mb_ld_volatile(end) - 1;
         int *recvChan = de_at<int>(fixed, MB_F_RECV_CHAN) + (peer * DE_C + ch) * 2;
         recvChan[0] = a[peer], recvChan[1] = b[peer];
@@ -288,7 +311,7 @@ extern "C" __global__ void __launch_bounds__(DE_THREADS, MB_MINB) deepep_dispatc
     const int *weights = de_at<int>(q, MB_Q_RINGS + DE_DROWS + DE_DSRC + DE_DTOPK);
     for (int got = 0; got < n;) {
         if (lead) {
-            ok[peer] = mb_wait_ge(c, rank, DE_PH_DISPATCH, DE_W_DATA, tail, got + 1);
+            ok[peer] = mb_wait_ge(c, rank, ph, DE_W_DATA, tail, got + 1);
             tl[peer] = mb_ld_acquire_sys(tail);
         }
         mb_bar_sync(1 + peer, DE_GROUP * 32);
@@ -298,7 +321,7 @@ extern "C" __global__ void __launch_bounds__(DE_THREADS, MB_MINB) deepep_dispatc
             const long s = de_dslot(ch, peer, i % MB_DRING), r = at + i;
             de_copy_row(recvX + r * DE_VECS, rows + s * DE_VECS, true, lane);
             if (lane == 0) recvSrc[r] = mb_ld_volatile(srcs + s);
-            if (lane < DE_K) {
+            if (lane < DE_K && !bwd) {
                 recvIdx[r * DE_K + lane] = mb_ld_volatile(topk + s * DE_K + lane);
                 recvW[r * DE_K + lane] = __int_as_float(mb_ld_volatile(weights + s * DE_K + lane));
             }
@@ -355,8 +378,12 @@ extern "C" __global__ void __launch_bounds__(512) deepep_permute(const int32 *re
 // shared expert's output) in Y; after each round the heads advance past the
 // round's rows. Senders start after rank 0's first block has passed a barrier
 // that every rank reaches once its dispatch is done (the rings are the
-// dispatch's bytes).
-extern "C" __global__ void __launch_bounds__(DE_THREADS, MB_MINB) deepep_combine(mb_comm c, int first, int epoch, const u64 *desc) {
+// dispatch's bytes). bwd (the dispatch's backward): the rows are the
+// copies' input gradients ExpertDX, and each row also carries its token's K
+// probability gradients (ExpertDP of its copy on the sender, 0 at slots not
+// on it), which the home rank adds in rank order into DProbs; the rows'
+// sum goes to DX, with no shared expert.
+extern "C" __global__ void __launch_bounds__(DE_THREADS, MB_MINB) deepep_combine(mb_comm c, int first, int epoch, int bwd, const u64 *desc) {
     __shared__ int *flags[DE_N];
     __shared__ int ok[DE_N], go;
     __shared__ int order[MB_WARPS][32];       // sending: a token's expert rows, ascending expert
@@ -365,14 +392,15 @@ extern "C" __global__ void __launch_bounds__(DE_THREADS, MB_MINB) deepep_combine
     const int local = blockIdx.x / (2 * DE_C), rank = first + local, bb = blockIdx.x % (2 * DE_C), ch = bb / 2;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, peer = warp / DE_GROUP, gw = warp % DE_GROUP;
     const bool lead = threadIdx.x % (DE_GROUP * 32) == 0;
+    const int ph = bwd ? DE_PH_DISPATCH_BWD : DE_PH_COMBINE;
     const u64 fixed = de_slot(desc, rank, DE_FIXED), own = de_slot(desc, rank, DE_QUEUES);
     int *goFlag = de_at<int>(own, MB_Q_GO);
     if (bb % 2 == 0) { // send to home rank peer
         if (threadIdx.x < DE_N) flags[threadIdx.x] = de_at<int>(de_slot(desc, threadIdx.x, DE_QUEUES), MB_Q_FLAGS);
         __syncthreads();
         if (threadIdx.x == 0) {
-            if (bb == 0 && mb_barrier(c, rank, DE_N, DE_PH_COMBINE, DE_W_FLAG, flags, epoch)) mb_st_release_sys(goFlag, epoch);
-            go = mb_wait_ge(c, rank, DE_PH_COMBINE, DE_W_START, goFlag, epoch);
+            if (bb == 0 && mb_barrier(c, rank, DE_N, ph, DE_W_FLAG, flags, epoch)) mb_st_release_sys(goFlag, epoch);
+            go = mb_wait_ge(c, rank, ph, DE_W_START, goFlag, epoch);
         }
         __syncthreads();
         if (!go) return;
@@ -380,16 +408,18 @@ extern "C" __global__ void __launch_bounds__(DE_THREADS, MB_MINB) deepep_combine
         int *head = de_cmeta(q, 0, ch, rank), *tail = de_cmeta(q, 1, ch, rank);
         uint4 *rows = de_at<uint4>(q, MB_Q_RINGS);
         int *srcs = de_at<int>(q, MB_Q_RINGS + DE_CROWS);
+        float *grads = de_at<float>(q, MB_Q_RINGS + DE_CROWS + DE_CSRC);
+        const float *expertDP = (const float *)de_slot(desc, rank, DE_EXPERT_DP);
         const int *recvChan = de_at<int>(fixed, MB_F_RECV_CHAN) + (peer * DE_C + ch) * 2;
         const int base = peer > 0 ? de_at<int>(fixed, MB_F_SRC_END)[peer - 1] : 0, end = base + recvChan[1];
         const int *recvIdx = (const int *)de_slot(desc, rank, DE_RECV_IDX), *recvSrc = (const int *)de_slot(desc, rank, DE_RECV_SRC);
         const int *permRow = (const int *)de_slot(desc, rank, DE_PERM_ROW);
-        const uint4 *y = (const uint4 *)de_slot(desc, rank, DE_EXPERT_Y);
+        const uint4 *y = (const uint4 *)de_slot(desc, rank, bwd ? DE_EXPERT_DX : DE_EXPERT_Y);
         int pos = 0;
         for (int i0 = base + recvChan[0]; i0 < end;) {
             const int n = min(MB_CCHUNK, end - i0);
             if (lead)
-                ok[peer] = mb_wait(c, rank, DE_PH_COMBINE, DE_W_ROOM, pos + n - MB_CRING, [head] { return (long long)mb_ld_acquire_sys(head); },
+                ok[peer] = mb_wait(c, rank, ph, DE_W_ROOM, pos + n - MB_CRING, [head] { return (long long)mb_ld_acquire_sys(head); },
                                    [pos, n](long long h) { return MB_CRING - (pos - h) >= n; });
             mb_bar_sync(1 + peer, DE_GROUP * 32);
             if (!ok[peer]) break;
@@ -422,11 +452,12 @@ extern "C" __global__ void __launch_bounds__(DE_THREADS, MB_MINB) deepep_combine
                     rows[s * DE_VECS + v] = pack8(out);
                 }
                 if (lane == 0) srcs[s] = recvSrc[i];
+                if (bwd && lane < DE_K) grads[s * DE_K + lane] = e >= 0 ? expertDP[permRow[i * DE_K + lane]] : 0.f;
                 __syncwarp(); // order[warp] is rewritten by the next token
             }
             mb_bar_sync(1 + peer, DE_GROUP * 32);
             pos += n, i0 += n;
-            if (lead) mb_st_release_sys(tail, pos);
+            if (lead && !(MB_DE_BUG == 4 && bwd)) mb_st_release_sys(tail, pos);
         }
         return;
     }
@@ -434,8 +465,10 @@ extern "C" __global__ void __launch_bounds__(DE_THREADS, MB_MINB) deepep_combine
     const int *sendHead = de_at<int>(fixed, MB_F_SEND_HEAD);
     const uint4 *rows = de_at<uint4>(own, MB_Q_RINGS);
     const int *srcs = de_at<int>(own, MB_Q_RINGS + DE_CROWS);
-    uint4 *out = (uint4 *)de_slot(desc, rank, DE_Y);
-    const uint4 *shared = (const uint4 *)de_slot(desc, rank, DE_SHARED);
+    const int *grads = de_at<int>(own, MB_Q_RINGS + DE_CROWS + DE_CSRC);
+    uint4 *out = (uint4 *)de_slot(desc, rank, bwd ? DE_DX : DE_Y);
+    const uint4 *shared = bwd ? nullptr : (const uint4 *)de_slot(desc, rank, DE_SHARED);
+    float *dprobs = (float *)de_slot(desc, rank, DE_DPROBS);
     int lo, hi;
     de_channel(ch, lo, hi);
     if (threadIdx.x == 0) go = 1;
@@ -447,8 +480,8 @@ extern "C" __global__ void __launch_bounds__(DE_THREADS, MB_MINB) deepep_combine
         if (t < hi && lane < DE_N) {
             pos = sendHead[t * DE_N + lane];
             if (pos >= 0) {
-                fine = go && mb_wait_ge(c, rank, DE_PH_COMBINE, DE_W_DATA, de_cmeta(own, 1, ch, lane), pos + 1) &&
-                       mb_check(c, rank, DE_PH_COMBINE, DE_W_TOKEN, mb_ld_volatile(srcs + de_cslot(ch, lane, pos % MB_CRING)), t);
+                fine = go && mb_wait_ge(c, rank, ph, DE_W_DATA, de_cmeta(own, 1, ch, lane), pos + 1) &&
+                       mb_check(c, rank, ph, DE_W_TOKEN, mb_ld_volatile(srcs + de_cslot(ch, lane, pos % MB_CRING)), t);
             }
         }
         if (lane < DE_N) posOf[warp][lane] = pos, rowOf[warp][lane] = pos < 0 ? -1 : de_cslot(ch, lane, pos % MB_CRING) * DE_VECS;
@@ -476,6 +509,14 @@ extern "C" __global__ void __launch_bounds__(DE_THREADS, MB_MINB) deepep_combine
                     for (int u = 0; u < 8; u++) o[u] = f2bf(bf2f(o[u]) + f[u]);
                 }
                 out[(long)t * DE_VECS + v] = pack8(o);
+            }
+            if (bwd && lane < DE_K) { // the probability gradients, in rank order from 0
+                float acc = 0.f;
+                for (int d = 0; d < DE_N; d++) {
+                    const int p = posOf[warp][d];
+                    if (p >= 0) acc += __int_as_float(mb_ld_volatile(grads + de_cslot(ch, d, p % MB_CRING) * DE_K + lane));
+                }
+                dprobs[(long)t * DE_K + lane] = acc;
             }
         }
         __syncthreads(); // the round's rows are read: the heads move past them
