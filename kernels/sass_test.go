@@ -48,17 +48,18 @@ var kernelBlock = map[string]int{
 	"add_f32":         flatBlock,
 	// dispatchers/deepep's: layout, notify, permute; dispatch and combine
 	// with its default 16 warps
-	"deepep_layout":   256,
-	"deepep_notify":   128,
-	"deepep_permute":  512,
-	"deepep_dispatch": 512,
-	"deepep_combine":  512,
-	"fifo_test":       32 * fifoWarps,
-	"he_allgather":    128,
-	"he_preprocess":   256,
-	"he_pack":         128,
-	"he_dispatch":     128,
-	"he_combine":      128,
+	"deepep_layout":      256,
+	"deepep_notify":      128,
+	"deepep_permute":     512,
+	"deepep_dispatch":    512,
+	"deepep_combine":     512,
+	"deepep_combine_bwd": 512,
+	"fifo_test":          32 * fifoWarps,
+	"he_allgather":       128,
+	"he_preprocess":      256,
+	"he_pack":            128,
+	"he_dispatch":        128,
+	"he_combine":         128,
 }
 
 // bulkExpected, set in a compile's constants, says that the bulk-copy path
@@ -257,7 +258,7 @@ func auditSASS(tool string, cubin []byte, d map[string]string, opcodes bool) (li
 		}
 		// deepep's rows move through peers' memory at generic addresses
 		// (LD/ST) or through L2 (LDG .STRONG.GPU, ld.global.cg)
-		if (name == "deepep_dispatch" || name == "deepep_combine") && (k.has("LDG.E", ".128")+k.has("LD.E", ".128") == 0 || k.has("STG.E", ".128")+k.has("ST.E", ".128") == 0) {
+		if (name == "deepep_dispatch" || name == "deepep_combine" || name == "deepep_combine_bwd") && (k.has("LDG.E", ".128")+k.has("LD.E", ".128") == 0 || k.has("STG.E", ".128")+k.has("ST.E", ".128") == 0) {
 			bad("no 16-byte load or store of a row; it has %s", k.list("LD", "ST"))
 		}
 		if dirs, ok := fifoKernels[name]; ok {

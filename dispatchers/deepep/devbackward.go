@@ -82,4 +82,4 @@ func (d *Device) CombineBackward(r int) error {
 // DispatchBackward, in the call of each device's last rank: the device's
 // descriptors (the layer's ExpertDX and ExpertDProbs) and its combine
 // kernels in their backward form, which write DX and DProbs.
-func (d *Device) DispatchBackward(r int) error { return d.combine(r, 1) }
+func (d *Device) DispatchBackward(r int) error { return d.combine(r, d.col.combineBwd) }

@@ -97,8 +97,8 @@ type Device struct {
 	groups  []group
 	st      []devRank
 	sig     *kernels.Signals
-	prog    struct{ layout, notify, dispatch, permute, combine *kernels.Program }
-	col     struct{ notify, dispatch, combine *kernels.Collective }
+	prog    struct{ layout, notify, dispatch, permute, combine, combineBwd *kernels.Program }
+	col     struct{ notify, dispatch, combine, combineBwd *kernels.Collective }
 	tw      *twin // Emu's
 	// backward: the last step ran the backward (Traffic counts its bytes)
 	backward bool
@@ -211,11 +211,13 @@ func (d *Device) Bind(shape dispatchers.Shape, ranks []*dispatchers.DeviceRank) 
 	d.prog.layout, d.prog.notify = prog("deepep_layout", layoutBlock, d.tw.layout), prog("deepep_notify", 128, d.tw.notify)
 	d.prog.dispatch = prog("deepep_dispatch", 32*d.cfg.Warps, d.tw.dispatch)
 	d.prog.permute, d.prog.combine = prog("deepep_permute", 512, d.tw.permute), prog("deepep_combine", 32*d.cfg.Warps, d.tw.combine)
+	d.prog.combineBwd = prog("deepep_combine_bwd", 32*d.cfg.Warps, d.tw.combineBwd)
 	if err := d.fits(); err != nil {
 		return err
 	}
 	n := len(d.groups)
 	d.col.notify, d.col.dispatch, d.col.combine = kernels.NewCollective(d.prog.notify, n), kernels.NewCollective(d.prog.dispatch, n), kernels.NewCollective(d.prog.combine, n)
+	d.col.combineBwd = kernels.NewCollective(d.prog.combineBwd, n)
 	devs := make([]kernels.Device, len(ranks))
 	for r, rk := range ranks {
 		devs[r] = rk.Dev
@@ -274,7 +276,7 @@ func (d *Device) fits() error {
 		for _, c := range []struct {
 			p    *kernels.Program
 			grid int
-		}{{d.prog.notify, g.n}, {d.prog.dispatch, g.n * d.cfg.SMs}, {d.prog.combine, g.n * d.cfg.SMs}} {
+		}{{d.prog.notify, g.n}, {d.prog.dispatch, g.n * d.cfg.SMs}, {d.prog.combine, g.n * d.cfg.SMs}, {d.prog.combineBwd, g.n * d.cfg.SMs}} {
 			per, err := g.dev.Residency(c.p)
 			if err != nil {
 				return err
@@ -485,10 +487,11 @@ func (d *Device) Permute(r int) error {
 // Combine, in the call of each device's last rank: the device's
 // descriptors (the layer's ExpertY) and its combine kernels, which write Y
 // (the shared expert's output added).
-func (d *Device) Combine(r int) error { return d.combine(r, 0) }
+func (d *Device) Combine(r int) error { return d.combine(r, d.col.combine) }
 
-// combine is Combine, or with bwd 1 its backward form (DispatchBackward).
-func (d *Device) combine(r int, bwd int32) error {
+// combine is Combine, or with col.combineBwd its backward form
+// (DispatchBackward).
+func (d *Device) combine(r int, col *kernels.Collective) error {
 	g := d.lastOf(r)
 	if g == nil {
 		return nil
@@ -498,7 +501,7 @@ func (d *Device) combine(r int, bwd int32) error {
 	}
 	epoch := g.epoch
 	g.epoch++
-	return d.collective(g, d.col.combine, g.n*d.cfg.SMs, d.sig.Comm(g.dev, d.timeout), int32(g.first), epoch, bwd, g.desc)
+	return d.collective(g, col, g.n*d.cfg.SMs, d.sig.Comm(g.dev, d.timeout), int32(g.first), epoch, g.desc)
 }
 
 // CheckStep returns what the kernels recorded in the step: a

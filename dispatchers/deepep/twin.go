@@ -398,19 +398,24 @@ func (tw *twin) permute(parts []kernels.TwinPart) error {
 	return store(t, t.Args[3].(kernels.Ptr), s.permRow)
 }
 
-// combine: deepep_combine(comm, first, epoch, bwd, desc): the mirror's
+// combine: deepep_combine(comm, first, epoch, desc): the mirror's
 // Combine on every rank's expert outputs and maps; Y stored as bf16, with
-// the shared expert's output added as the layer does. bwd: the mirror's
+// the shared expert's output added as the layer does.
+func (tw *twin) combine(parts []kernels.TwinPart) error { return tw.combineOf(parts, false) }
+
+// combineBwd: deepep_combine_bwd(comm, first, epoch, desc): the mirror's
 // reduce of the expert rows' input and probability gradients into DX
 // (bf16) and DProbs.
-func (tw *twin) combine(parts []kernels.TwinPart) error {
+func (tw *twin) combineBwd(parts []kernels.TwinPart) error { return tw.combineOf(parts, true) }
+
+// combineOf is the twin of the combine kernel's forward or backward form.
+func (tw *twin) combineOf(parts []kernels.TwinPart, bwd bool) error {
 	h, part, desc, err := tw.begin(parts)
 	if err != nil {
 		return err
 	}
 	sh := tw.d.shape
 	T, k, hd := sh.Tokens, sh.TopK, sh.Hidden
-	bwd := parts[0].Args[3].(int32) != 0
 	for r := range part {
 		t, ds, s, rk := part[r], desc[r], &h.st[r], tw.rk[r]
 		if err := tw.loadPrefixes(t, ds[slotFixed], r); err != nil {

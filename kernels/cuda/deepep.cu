@@ -22,7 +22,7 @@
 // The backward (dispatchers/deepep/devbackward.go) reuses them over the
 // forward's handle: deepep_notify cached (barriers, the queues' metadata
 // cleared, nothing counted), deepep_dispatch with bwd set (the output
-// gradients' rows, no top-k), deepep_combine with bwd set (the copies'
+// gradients' rows, no top-k), deepep_combine_bwd (the copies'
 // input gradients' partial sums, each row carrying its token's K
 // probability gradients, summed at home into DX and DProbs).
 //
@@ -378,12 +378,12 @@ extern "C" __global__ void __launch_bounds__(512) deepep_permute(const int32 *re
 // shared expert's output) in Y; after each round the heads advance past the
 // round's rows. Senders start after rank 0's first block has passed a barrier
 // that every rank reaches once its dispatch is done (the rings are the
-// dispatch's bytes). bwd (the dispatch's backward): the rows are the
+// dispatch's bytes). BWD (deepep_combine_bwd, the dispatch's backward): the rows are the
 // copies' input gradients ExpertDX, and each row also carries its token's K
 // probability gradients (ExpertDP of its copy on the sender, 0 at slots not
 // on it), which the home rank adds in rank order into DProbs; the rows'
 // sum goes to DX, with no shared expert.
-extern "C" __global__ void __launch_bounds__(DE_THREADS, MB_MINB) deepep_combine(mb_comm c, int first, int epoch, int bwd, const u64 *desc) {
+template <bool BWD> __device__ __forceinline__ void de_combine(mb_comm c, int first, int epoch, const u64 *desc) {
     __shared__ int *flags[DE_N];
     __shared__ int ok[DE_N], go;
     __shared__ int order[MB_WARPS][32];       // sending: a token's expert rows, ascending expert
@@ -392,7 +392,7 @@ extern "C" __global__ void __launch_bounds__(DE_THREADS, MB_MINB) deepep_combine
     const int local = blockIdx.x / (2 * DE_C), rank = first + local, bb = blockIdx.x % (2 * DE_C), ch = bb / 2;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, peer = warp / DE_GROUP, gw = warp % DE_GROUP;
     const bool lead = threadIdx.x % (DE_GROUP * 32) == 0;
-    const int ph = bwd ? DE_PH_DISPATCH_BWD : DE_PH_COMBINE;
+    constexpr int ph = BWD ? DE_PH_DISPATCH_BWD : DE_PH_COMBINE;
     const u64 fixed = de_slot(desc, rank, DE_FIXED), own = de_slot(desc, rank, DE_QUEUES);
     int *goFlag = de_at<int>(own, MB_Q_GO);
     if (bb % 2 == 0) { // send to home rank peer
@@ -405,16 +405,14 @@ extern "C" __global__ void __launch_bounds__(DE_THREADS, MB_MINB) deepep_combine
         __syncthreads();
         if (!go) return;
         const u64 q = de_slot(desc, peer, DE_QUEUES);
-        int *head = de_cmeta(q, 0, ch, rank), *tail = de_cmeta(q, 1, ch, rank);
+        int *head = de_cmeta(q, 0, ch, rank), *tail = head + DE_C * DE_N; // = de_cmeta(q, 1, ch, rank), one add from head (fewer live registers)
         uint4 *rows = de_at<uint4>(q, MB_Q_RINGS);
         int *srcs = de_at<int>(q, MB_Q_RINGS + DE_CROWS);
-        float *grads = de_at<float>(q, MB_Q_RINGS + DE_CROWS + DE_CSRC);
-        const float *expertDP = (const float *)de_slot(desc, rank, DE_EXPERT_DP);
         const int *recvChan = de_at<int>(fixed, MB_F_RECV_CHAN) + (peer * DE_C + ch) * 2;
         const int base = peer > 0 ? de_at<int>(fixed, MB_F_SRC_END)[peer - 1] : 0, end = base + recvChan[1];
         const int *recvIdx = (const int *)de_slot(desc, rank, DE_RECV_IDX), *recvSrc = (const int *)de_slot(desc, rank, DE_RECV_SRC);
         const int *permRow = (const int *)de_slot(desc, rank, DE_PERM_ROW);
-        const uint4 *y = (const uint4 *)de_slot(desc, rank, bwd ? DE_EXPERT_DX : DE_EXPERT_Y);
+        const uint4 *y = (const uint4 *)de_slot(desc, rank, BWD ? DE_EXPERT_DX : DE_EXPERT_Y);
         int pos = 0;
         for (int i0 = base + recvChan[0]; i0 < end;) {
             const int n = min(MB_CCHUNK, end - i0);
@@ -433,9 +431,19 @@ extern "C" __global__ void __launch_bounds__(DE_THREADS, MB_MINB) deepep_combine
                     place += ej >= 0 && ej < e;
                     count += ej >= 0;
                 }
-                if (e >= 0) order[warp][place] = permRow[i * DE_K + lane];
-                __syncwarp();
                 const long s = de_cslot(ch, rank, (pos + k) % MB_CRING);
+                // the slot's source and (BWD) probability gradients before the row:
+                // nothing of them stays live through the row's loop
+                float *grads = BWD ? de_at<float>(q, MB_Q_RINGS + DE_CROWS + DE_CSRC) + s * DE_K : nullptr;
+                if (e >= 0) {
+                    const int row = permRow[i * DE_K + lane];
+                    order[warp][place] = row;
+                    if (BWD) grads[lane] = ((const float *)de_slot(desc, rank, DE_EXPERT_DP))[row];
+                } else if (BWD && lane < DE_K) {
+                    grads[lane] = 0.f;
+                }
+                if (lane == 0) srcs[s] = recvSrc[i];
+                __syncwarp();
 #pragma unroll 1
                 for (int v = lane; v < DE_VECS; v += 32) {
                     float acc[8], f[8];
@@ -451,13 +459,11 @@ extern "C" __global__ void __launch_bounds__(DE_THREADS, MB_MINB) deepep_combine
                     for (int u = 0; u < 8; u++) out[u] = f2bf(acc[u]);
                     rows[s * DE_VECS + v] = pack8(out);
                 }
-                if (lane == 0) srcs[s] = recvSrc[i];
-                if (bwd && lane < DE_K) grads[s * DE_K + lane] = e >= 0 ? expertDP[permRow[i * DE_K + lane]] : 0.f;
                 __syncwarp(); // order[warp] is rewritten by the next token
             }
             mb_bar_sync(1 + peer, DE_GROUP * 32);
             pos += n, i0 += n;
-            if (lead && !(MB_DE_BUG == 4 && bwd)) mb_st_release_sys(tail, pos);
+            if (lead && !(MB_DE_BUG == 4 && BWD)) mb_st_release_sys(tail, pos);
         }
         return;
     }
@@ -466,8 +472,8 @@ extern "C" __global__ void __launch_bounds__(DE_THREADS, MB_MINB) deepep_combine
     const uint4 *rows = de_at<uint4>(own, MB_Q_RINGS);
     const int *srcs = de_at<int>(own, MB_Q_RINGS + DE_CROWS);
     const int *grads = de_at<int>(own, MB_Q_RINGS + DE_CROWS + DE_CSRC);
-    uint4 *out = (uint4 *)de_slot(desc, rank, bwd ? DE_DX : DE_Y);
-    const uint4 *shared = bwd ? nullptr : (const uint4 *)de_slot(desc, rank, DE_SHARED);
+    uint4 *out = (uint4 *)de_slot(desc, rank, BWD ? DE_DX : DE_Y);
+    const uint4 *shared = BWD ? nullptr : (const uint4 *)de_slot(desc, rank, DE_SHARED);
     float *dprobs = (float *)de_slot(desc, rank, DE_DPROBS);
     int lo, hi;
     de_channel(ch, lo, hi);
@@ -488,6 +494,14 @@ extern "C" __global__ void __launch_bounds__(DE_THREADS, MB_MINB) deepep_combine
         if (!__all_sync(MB_FULL_MASK, fine)) go = 0;
         __syncwarp();
         if (t < hi && go) {
+            if (BWD && lane < DE_K) { // the probability gradients, in rank order from 0
+                float acc = 0.f;
+                for (int d = 0; d < DE_N; d++) {
+                    const int p = posOf[warp][d];
+                    if (p >= 0) acc += __int_as_float(mb_ld_volatile(grads + de_cslot(ch, d, p % MB_CRING) * DE_K + lane));
+                }
+                dprobs[(long)t * DE_K + lane] = acc;
+            }
             for (int v = lane; v < DE_VECS; v += 32) {
                 float acc[8], f[8];
 #pragma unroll
@@ -510,14 +524,6 @@ extern "C" __global__ void __launch_bounds__(DE_THREADS, MB_MINB) deepep_combine
                 }
                 out[(long)t * DE_VECS + v] = pack8(o);
             }
-            if (bwd && lane < DE_K) { // the probability gradients, in rank order from 0
-                float acc = 0.f;
-                for (int d = 0; d < DE_N; d++) {
-                    const int p = posOf[warp][d];
-                    if (p >= 0) acc += __int_as_float(mb_ld_volatile(grads + de_cslot(ch, d, p % MB_CRING) * DE_K + lane));
-                }
-                dprobs[(long)t * DE_K + lane] = acc;
-            }
         }
         __syncthreads(); // the round's rows are read: the heads move past them
         if (threadIdx.x < DE_N && go) {
@@ -528,4 +534,15 @@ extern "C" __global__ void __launch_bounds__(DE_THREADS, MB_MINB) deepep_combine
         __syncthreads(); // posOf is rewritten next round
         if (!go) break;
     }
+}
+
+// The combine and its backward form are two entry points of one body, so
+// that each keeps its own registers: the backward's probability-gradient
+// section compiled into the forward made it use stack under its launch
+// bounds (the SASS audit forbids any).
+extern "C" __global__ void __launch_bounds__(DE_THREADS, MB_MINB) deepep_combine(mb_comm c, int first, int epoch, const u64 *desc) {
+    de_combine<false>(c, first, epoch, desc);
+}
+extern "C" __global__ void __launch_bounds__(DE_THREADS, MB_MINB) deepep_combine_bwd(mb_comm c, int first, int epoch, const u64 *desc) {
+    de_combine<true>(c, first, epoch, desc);
 }
