@@ -95,7 +95,11 @@ func (c *Compiler) Compile(name, source string, headers map[string]string, optio
 		}
 	}
 	out := filepath.Join(dir, "kernels.so")
-	args := []string{"-std=c++20", "-O1", "-shared", "-fPIC", "-pthread", "-Wno-unknown-pragmas", "-U_FORTIFY_SOURCE", "-DMB_HOST"}
+	// -fno-gnu-unique: a __shared__ array (a static thread_local) in an
+	// inline device function would otherwise be one object process-wide
+	// (STB_GNU_UNIQUE binds across RTLD_LOCAL modules), shared by modules
+	// compiled with other sizes.
+	args := []string{"-std=c++20", "-O1", "-shared", "-fPIC", "-pthread", "-fno-gnu-unique", "-Wno-unknown-pragmas", "-U_FORTIFY_SOURCE", "-DMB_HOST"}
 	for _, o := range options {
 		if strings.HasPrefix(o, "-D") {
 			args = append(args, o)
