@@ -83,7 +83,9 @@
 #define BUG_BWD_NO_BARRIER 3 // the rank's backward combine ends before its first barrier
 
 // he_rank: one rank's buffers, 8-byte pointers (dispatchers/hybridep
-// uploads the table of every rank's).
+// uploads a table of every rank's to each GPU: its own ranks' in full, of
+// the other ranks only the buffers a kernel reaches across ranks, gmap,
+// recv_x and recv_p; the rest are null there).
 typedef struct {
     const bf16 *x;        // [T, H] input
     const int *idx;       // [T, k] experts
@@ -104,7 +106,7 @@ typedef struct {
     bf16 *y;              // [T, H] output
     const bf16 *shared;   // [T, H] shared expert's output, or null
     int *sync;            // [2] a barrier's block arrivals, and the epoch passed
-    // the backward's; the table of a GPU holds them for its own ranks only
+    // the backward's
     const bf16 *dy;       // [T, H] output gradients
     bf16 *edy;            // the expert-major rows' output gradients
     const bf16 *edx;      // the expert-major rows' input gradients
