@@ -2,8 +2,8 @@ package hybridep
 
 import (
 	"errors"
-	"fmt"
 	"math/rand/v2"
+	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -187,9 +187,7 @@ func runDevice(t *testing.T, d *Device, sh dispatchers.Shape, devs []kernels.Dev
 	for step := range steps {
 		phases := d.Phases(experts)
 		if train {
-			if step == 0 { // poison the backward's outputs once they exist (after its first combine-bwd sized them)
-				phases = append(phases, d.BackwardPhases(expertsBwd)...)
-			} else {
+			if step > 0 { // the backward's outputs poisoned (NaN) once its first combine-bwd has sized them
 				for _, dr := range drs {
 					ok(dr.Dev.Fill16(dr.DX, 0x7fc0, int64(T*hd), dr.Stream))
 					ok(dr.Dev.Fill16(dr.DProbs, 0x7fc0, int64(2*T*k), dr.Stream))
@@ -197,8 +195,8 @@ func runDevice(t *testing.T, d *Device, sh dispatchers.Shape, devs []kernels.Dev
 						ok(dr.Dev.Fill16(dr.ExpertDY, 0x7fc0, int64(n*hd), dr.Stream))
 					}
 				}
-				phases = append(phases, d.BackwardPhases(expertsBwd)...)
 			}
+			phases = append(phases, d.BackwardPhases(expertsBwd)...)
 		}
 		if err := dt.IssuePhases(th, d, drs, phases); err != nil {
 			return stepResult{err: err}
@@ -377,4 +375,27 @@ func TestBrokenBackwardTimesOut(t *testing.T) {
 	t.Logf("%v (%.2f s)", got.err, time.Since(start).Seconds())
 }
 
-var _ = fmt.Sprint
+// TestGPUHybridEPDevice: the kernels on the GPUs (up to two; cases that
+// need more devices are skipped) against the host design bit for bit,
+// forward and backward (the bulk-copy path where the GPU is sm_90 and its
+// NVRTC ≥ 12).
+func TestGPUHybridEPDevice(t *testing.T) {
+	gs, err := kernels.OpenGPUs(0, 2, t.TempDir())
+	if err != nil {
+		if os.Getenv("MOEBENCH_REQUIRE_GPU") == "1" {
+			t.Fatalf("GPU required: %v", err)
+		}
+		t.Skipf("no GPU: %v", err)
+	}
+	devs := make([]kernels.Device, len(gs))
+	for i, g := range gs {
+		devs[i] = g
+		defer g.Close()
+	}
+	checkDevices(t, func(n int) []kernels.Device {
+		if n > len(devs) {
+			return nil
+		}
+		return devs[:n]
+	})
+}
