@@ -34,17 +34,25 @@ func hybridEPConfig(t *testing.T, ep, domain int, kind string) Config {
 	return c
 }
 
-// equalsHostHybridEP runs c's device layer on devs (two checked steps) and
-// the host layer with hybridep's host implementation, and wants the same
-// output bit for bit, the same rows per rank and the same traffic.
+// equalsHostHybridEP runs c's device layer on devs (two checked training
+// steps: the forward and hybridep.cu's backward, every gradient checked
+// against the float64 reference) and the host layer with hybridep's host
+// implementation, and wants the same output bit for bit, the same rows per
+// rank and the same traffic, the backward's bytes included.
 func equalsHostHybridEP(t *testing.T, c Config, devs ...kernels.Device) {
 	t.Helper()
 	dl := deviceRun(t, c, devs...)
 	defer dl.d.Close()
+	if !dl.train {
+		t.Fatal("hybridep's device layer runs no backward")
+	}
 	for range 2 { // the second step reuses every buffer
 		cr, err := dl.check()
 		if err != nil || !cr.Passed {
 			t.Fatalf("check: %v, %+v", err, cr)
+		}
+		if g := cr.Grads; g == nil || len(g.PerTensor) < 4 || g.MaxRelErr > g.Tolerance {
+			t.Fatalf("the gradients' check: %+v", g)
 		}
 	}
 	hc := c
@@ -93,8 +101,14 @@ func TestHybridEPDeviceOnEmu(t *testing.T) {
 	for _, p := range rec.Timing.Phases {
 		phases = append(phases, p.Name)
 	}
-	if want := []string{"shared", "router", "allgather", "preprocess", "dispatch", "experts", "combine"}; !reflect.DeepEqual(phases, want) {
+	if want := []string{"shared", "router", "allgather", "preprocess", "dispatch", "experts", "combine",
+		"combine-bwd", "experts-bwd", "dispatch-bwd", "router-bwd", "shared-bwd"}; !reflect.DeepEqual(phases, want) {
 		t.Errorf("phases %v, want %v", phases, want)
+	}
+	// a training step: hybridep.cu's backward, every gradient checked
+	if g := rec.Correctness.Grads; rec.Config.Pass != results.PassTraining || g == nil || len(g.PerTensor) < 4 ||
+		rec.Traffic.DispatchBackwardLogical == 0 || rec.Traffic.CombineBackwardOffRank == 0 {
+		t.Errorf("pass %q, gradients %+v, traffic %+v", rec.Config.Pass, g, rec.Traffic)
 	}
 	// the worst-case receive buffers, as allocated: tokens per rank × ranks
 	// rows of 2·hidden bytes
@@ -149,8 +163,10 @@ func TestHybridEPDeviceUnavailable(t *testing.T) {
 // on the fake driver's two GPUs give the host implementation's output bit
 // for bit: one domain with ranks on both GPUs and packed two to a GPU, two
 // domains of one rank (the inter-domain path through the fake NCCL); a
-// whole run passes the check; broken protocols end by the kernels'
-// timeouts, naming the rank, phase and wait.
+// whole run (a training step: the forward and hybridep.cu's backward)
+// passes the check, the gradients' included; broken protocols, forward
+// and backward, end by the kernels' timeouts, naming the rank, phase and
+// wait.
 func TestHybridEPOnHostSim(t *testing.T) {
 	useHostSimLayer(t)
 	gs, err := kernels.OpenGPUs(2, 2, t.TempDir())
@@ -180,6 +196,9 @@ func TestHybridEPOnHostSim(t *testing.T) {
 		// barrier after
 		{"no-arrive", hybridep.BugNoArrive, 1, []string{"rank 1 timed out in phase dispatch at wait FIFO slot", "rank 0 timed out in phase dispatch at wait barrier flag of rank 1"}},
 		{"barrier-not-reached", hybridep.BugNoBarrier, 1, []string{"rank 0 timed out in phase dispatch at wait barrier flag of rank 1"}},
+		// the backward: the forward and combine-bwd run, then rank 1's
+		// combine kernel ends before the barrier rank 0 waits at
+		{"backward-barrier-not-reached", hybridep.BugBwdNoBarrier, 1, []string{"rank 0 timed out in phase dispatch-bwd (the combine kernel) at wait barrier flag of rank 1"}},
 	} {
 		t.Run(bug.name, func(t *testing.T) {
 			c := hybridEPConfig(t, 2, 0, "balanced")
@@ -201,6 +220,9 @@ func TestHybridEPOnHostSim(t *testing.T) {
 	rec, err := Run(c, Env{Version: "test", OpenDevices: one2(two)})
 	if err != nil || rec.Status != results.StatusOK || !rec.Correctness.Passed {
 		t.Fatalf("%v; %+v", err, rec)
+	}
+	if g := rec.Correctness.Grads; rec.Config.Pass != results.PassTraining || g == nil || len(g.PerTensor) < 4 || rec.Traffic.DispatchBackwardLogical == 0 {
+		t.Fatalf("pass %q, gradients %+v, traffic %+v", rec.Config.Pass, g, rec.Traffic)
 	}
 }
 

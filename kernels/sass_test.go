@@ -60,6 +60,10 @@ var kernelBlock = map[string]int{
 	"he_pack":            128,
 	"he_dispatch":        128,
 	"he_combine":         128,
+	// hybridep's backward forms (the same bodies, template BWD)
+	"he_pack_bwd":     128,
+	"he_dispatch_bwd": 128,
+	"he_combine_bwd":  128,
 }
 
 // bulkExpected, set in a compile's constants, says that the bulk-copy path
@@ -72,7 +76,8 @@ const bulkExpected = "moebench.bulk"
 // with the directions of their bulk copies (.S.G global→shared, .G.S
 // shared→global); on the 16-byte path they load and store rows as
 // 16-byte accesses, global and shared.
-var fifoKernels = map[string][]string{"fifo_test": {".S.G", ".G.S"}, "he_dispatch": {".S.G", ".G.S"}, "he_combine": {".S.G"}}
+var fifoKernels = map[string][]string{"fifo_test": {".S.G", ".G.S"}, "he_dispatch": {".S.G", ".G.S"}, "he_combine": {".S.G"},
+	"he_dispatch_bwd": {".S.G", ".G.S"}, "he_combine_bwd": {".S.G"}}
 
 // cuobjdump finds the tool (MOEBENCH_CUOBJDUMP, else the path) or returns "";
 // where the GPU-free kernel checks are required (MOEBENCH_REQUIRE_NVRTC=1,

@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p bin
 go build -o bin/moebench ./cmd/moebench
-for pkg in internal/cuda kernels dispatchers/deepep harness; do
+for pkg in internal/cuda kernels dispatchers/deepep dispatchers/hybridep harness; do
   go test -c -o "bin/$(echo "$pkg" | tr / _).test" "./$pkg"
 done
 ls -l bin

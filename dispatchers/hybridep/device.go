@@ -34,14 +34,6 @@ func NewDevice(impl string, env dispatchers.Env) (dispatchers.DeviceDispatcher, 
 	return &Device{cfg: Config{SMs: sms, Domain: env.Domain, Chunk: DefaultChunk}, timeout: timeout}, nil
 }
 
-// NoBackward says why the design's device kernels time the forward alone
-// (dispatchers.ForwardOnly).
-func (d *Device) NoBackward() string {
-	return "hybridep's device kernels (kernels/cuda/hybridep.cu) have no backward in this build: it needs dispatch_with_permute of the output gradients " +
-		"over the forward's routing map and preprocessing (rows without probabilities) and combine_with_unpermute whose rows also carry the domain's " +
-		"probability gradients (the forward's combine carries rows only); the host device runs the design's forward and backward"
-}
-
 // Device is hybridep on device ranks.
 type Device struct {
 	cfg     Config
@@ -58,6 +50,9 @@ type Device struct {
 	progs   programs
 	bug     int32 // tests: breaks the kernels' protocol (hybridep.cu's BUG_*)
 	moved   moved // the last step's, from the routing map
+	// backward: the last step ran the backward (Traffic counts its bytes);
+	// set by the first part's thread, reset in its allgather
+	backward bool
 }
 
 // part is one device's share: its ranks [first, first+count), the
@@ -78,6 +73,8 @@ type devRank struct {
 	counts                                                                       []int32 // META_COUNTS, read after the preprocessing
 	out                                                                          kernels.Sized
 	fixed                                                                        int64
+	grads                                                                        kernels.Sized // the backward's ExpertDY
+	gradsFixed                                                                   int64         // DX and DProbs
 	ready, done                                                                  kernels.Event // its stream before a launch; the launch, for its stream
 }
 
@@ -232,24 +229,42 @@ func (d *Device) alloc(devs []kernels.Device, streams []kernels.Stream) error {
 }
 
 // heRankFields is the pointers of hybridep.cu's he_rank.
-const heRankFields = 19
+const heRankFields = 25
 
-// table is every rank's he_rank, as hybridep.cu lays it out.
-func (d *Device) table() []uint64 {
-	t := make([]uint64, 0, heRankFields*len(d.ranks))
+// he_rank's fields that a kernel reads of another rank: the global map
+// (the all-gather's stores) and the receive buffer (dispatch's stores,
+// combine's partial sums).
+const (
+	fieldGmap  = 3
+	fieldRecvX = 7
+	fieldRecvP = 8
+)
+
+// table is part p's he_rank table, as hybridep.cu lays it out: every
+// pointer of p's own ranks, and of the other ranks only the buffers the
+// kernels reach across ranks (allocated in Bind, never changed), so that
+// it reads nothing another device's thread may be sizing (the layer's and
+// the backward's buffers).
+func (d *Device) table(p *part) []uint64 {
+	t := make([]uint64, heRankFields*len(d.ranks))
 	for r, rk := range d.ranks {
-		s := &d.st[r]
-		for _, p := range []kernels.Ptr{rk.X, rk.Idx, rk.Probs, s.gmap, s.dprobs, s.meta, s.todom, s.recvX, s.recvP,
-			s.idX, s.idP, s.sendX, s.sendP, rk.ExpertX, rk.ExpertProbs, rk.ExpertY, rk.Y, rk.Shared, s.sync} {
-			t = append(t, uint64(p))
+		s, f := &d.st[r], t[r*heRankFields:(r+1)*heRankFields]
+		if r < p.first || r >= p.first+p.count {
+			f[fieldGmap], f[fieldRecvX], f[fieldRecvP] = uint64(s.gmap), uint64(s.recvX), uint64(s.recvP)
+			continue
+		}
+		for i, ptr := range [heRankFields]kernels.Ptr{rk.X, rk.Idx, rk.Probs, s.gmap, s.dprobs, s.meta, s.todom, s.recvX, s.recvP,
+			s.idX, s.idP, s.sendX, s.sendP, rk.ExpertX, rk.ExpertProbs, rk.ExpertY, rk.Y, rk.Shared, s.sync,
+			rk.DY, rk.ExpertDY, rk.ExpertDX, rk.ExpertDProbs, rk.DX, rk.DProbs} {
+			f[i] = uint64(ptr)
 		}
 	}
 	return t
 }
 
-// upload gives part p's device the current table, unless it has it.
+// upload gives part p's device its current table, unless it has it.
 func (d *Device) upload(p *part) error {
-	t := d.table()
+	t := d.table(p)
 	if equalU64(t, p.uploaded) {
 		return nil
 	}
@@ -272,25 +287,30 @@ func equalU64(a, b []uint64) bool {
 	return true
 }
 
+// last runs f for the part whose last rank is r (nothing for other ranks).
+func (d *Device) last(f func(p *part) error) func(int) error {
+	return func(r int) error {
+		for i := range d.parts {
+			if p := &d.parts[i]; r == p.first+p.count-1 {
+				return f(p)
+			}
+		}
+		return nil
+	}
+}
+
 // Phases: HybridEP's, every one but the experts issued once per device
 // (Grouped), by the call of its last rank.
 func (d *Device) Phases(experts func(rank int) error) []dispatchers.Step {
-	last := func(f func(p *part) error) func(int) error {
-		return func(r int) error {
-			for i := range d.parts {
-				if p := &d.parts[i]; r == p.first+p.count-1 {
-					return f(p)
-				}
-			}
-			return nil
-		}
-	}
+	last := d.last
 	return []dispatchers.Step{{Name: "allgather", Run: last(d.allgather)}, {Name: "preprocess", Run: last(d.preprocess)},
 		{Name: "dispatch", Run: last(d.dispatch)}, {Name: dispatchers.ExpertPhases[0], Run: experts}, {Name: "combine", Run: last(d.combine)}}
 }
 
-// Grouped: the collective phases.
-func (d *Device) Grouped(phase string) bool { return phase != dispatchers.ExpertPhases[0] }
+// Grouped: the collective phases, forward and backward.
+func (d *Device) Grouped(phase string) bool {
+	return phase != dispatchers.ExpertPhases[0] && phase != dispatchers.ExpertBackwardPhases[0]
+}
 
 // launch queues p's part of kernel k (after its ranks' streams' work, its
 // ranks' streams after it), grid blocks with args; with table, p's device
@@ -343,7 +363,7 @@ func (d *Device) resident() error {
 	}
 	for i := range d.parts {
 		p := &d.parts[i]
-		for _, k := range []string{"allgather", "dispatch", "combine"} {
+		for _, k := range []string{"allgather", "dispatch", "combine", "dispatch-bwd", "combine-bwd"} {
 			prog := d.progs.col[k].Prog
 			per := 1
 			if r, ok := p.dev.(residency); ok {
@@ -368,6 +388,9 @@ func (d *Device) collective(p *part, epoch int32, extra ...any) []any {
 }
 
 func (d *Device) allgather(p *part) error {
+	if p.first == 0 {
+		d.backward = false
+	}
 	err := d.launch(p, "allgather", true, d.budget(p), d.collective(p, p.epoch+1)...)
 	p.epoch++
 	return err
@@ -406,8 +429,11 @@ func (d *Device) preprocess(p *part) error {
 
 // exchange is the inter-domain path for p's ranks: each rank's rows for
 // the same local rank of every other domain, with NCCL (combine: the
-// pre-reduced sums, the other way), each rank's side from p's thread.
-func (d *Device) exchange(p *part, combine bool) error {
+// pre-reduced sums, the other way), each rank's side from p's thread. In
+// the backward (bwd) the dispatch direction moves rows alone (the output
+// gradients) and the combine direction rows and their probability
+// gradients.
+func (d *Device) exchange(p *part, combine, bwd bool) error {
 	g, h := d.g, int64(d.shape.Hidden)
 	T, ldp := int64(g.T), int64(g.ldp())
 	for x := p.first; x < p.first+p.count; x++ {
@@ -422,14 +448,23 @@ func (d *Device) exchange(p *part, combine bool) error {
 			// out: x's tokens domain ny needs, in: y's tokens domain nx needs
 			at := int64(tile(ny, nx)) * T
 			out, in := int64(d.st[x].counts[g.L+1+ny]), int64(d.st[y].counts[g.L+1+nx])
+			// probabilities with the dispatch's rows in the forward, with the
+			// combine's in the backward
+			probs := combine == bwd
 			if !combine { // x's tokens to y, y's to x
-				p.sends = append(p.sends, kernels.Transfer{Peer: y, Buf: s.sendX + kernels.Ptr(at*2*h), Bytes: out * 2 * h},
-					kernels.Transfer{Peer: y, Buf: s.sendP + kernels.Ptr(at*4*ldp), Bytes: out * 4 * ldp})
-				p.recvs = append(p.recvs, kernels.Transfer{Peer: y, Buf: s.idX + kernels.Ptr(at*2*h), Bytes: in * 2 * h},
-					kernels.Transfer{Peer: y, Buf: s.idP + kernels.Ptr(at*4*ldp), Bytes: in * 4 * ldp})
+				p.sends = append(p.sends, kernels.Transfer{Peer: y, Buf: s.sendX + kernels.Ptr(at*2*h), Bytes: out * 2 * h})
+				p.recvs = append(p.recvs, kernels.Transfer{Peer: y, Buf: s.idX + kernels.Ptr(at*2*h), Bytes: in * 2 * h})
+				if probs {
+					p.sends = append(p.sends, kernels.Transfer{Peer: y, Buf: s.sendP + kernels.Ptr(at*4*ldp), Bytes: out * 4 * ldp})
+					p.recvs = append(p.recvs, kernels.Transfer{Peer: y, Buf: s.idP + kernels.Ptr(at*4*ldp), Bytes: in * 4 * ldp})
+				}
 			} else { // the pre-reduced sums back: of y's tokens to y, of x's from y
 				p.sends = append(p.sends, kernels.Transfer{Peer: y, Buf: s.sendX + kernels.Ptr(at*2*h), Bytes: in * 2 * h})
 				p.recvs = append(p.recvs, kernels.Transfer{Peer: y, Buf: s.idX + kernels.Ptr(at*2*h), Bytes: out * 2 * h})
+				if probs {
+					p.sends = append(p.sends, kernels.Transfer{Peer: y, Buf: s.sendP + kernels.Ptr(at*4*ldp), Bytes: in * 4 * ldp})
+					p.recvs = append(p.recvs, kernels.Transfer{Peer: y, Buf: s.idP + kernels.Ptr(at*4*ldp), Bytes: out * 4 * ldp})
+				}
 			}
 		}
 		if err := d.comm.Exchange(x, p.sends, p.recvs); err != nil {
@@ -439,33 +474,51 @@ func (d *Device) exchange(p *part, combine bool) error {
 	return nil
 }
 
-func (d *Device) dispatch(p *part) error {
+func (d *Device) dispatch(p *part) error { return d.dispatchOf(p, false) }
+
+// dispatchOf is the dispatch (bwd: of the output gradients, the combine's
+// backward): the inter-domain path first, then the fan-out and permute.
+func (d *Device) dispatchOf(p *part, bwd bool) error {
+	pack, dispatch := "pack", "dispatch"
+	if bwd {
+		pack, dispatch = "pack-bwd", "dispatch-bwd"
+	}
 	if d.g.M > 1 {
-		if err := d.launch(p, "pack", true, d.budget(p), int32(p.first), int32(d.cfg.SMs), p.table); err != nil {
+		if err := d.launch(p, pack, true, d.budget(p), int32(p.first), int32(d.cfg.SMs), p.table); err != nil {
 			return err
 		}
-		if err := d.exchange(p, false); err != nil {
+		if err := d.exchange(p, false, bwd); err != nil {
 			return err
 		}
 	}
-	err := d.launch(p, "dispatch", true, d.budget(p), d.collective(p, p.epoch+1, d.bug)...)
+	err := d.launch(p, dispatch, true, d.budget(p), d.collective(p, p.epoch+1, d.bug)...)
 	p.epoch += 2
 	return err
 }
 
-func (d *Device) combine(p *part) error {
+func (d *Device) combine(p *part) error { return d.combineOf(p, false) }
+
+// combineOf is the combine (bwd: of the input and probability gradients,
+// the dispatch's backward): stage 1, the inter-domain path, stage 2.
+func (d *Device) combineOf(p *part, bwd bool) error {
+	k := "combine"
+	args := func(epoch, stage int32) []any { return d.collective(p, epoch, stage) }
+	if bwd {
+		k = "combine-bwd"
+		args = func(epoch, stage int32) []any { return d.collective(p, epoch, stage, d.bug) }
+	}
 	stage := int32(0)
 	if d.g.M > 1 {
 		stage = 1
 	}
-	if err := d.launch(p, "combine", true, d.budget(p), d.collective(p, p.epoch+1, stage)...); err != nil {
+	if err := d.launch(p, k, true, d.budget(p), args(p.epoch+1, stage)...); err != nil {
 		return err
 	}
 	if d.g.M > 1 {
-		if err := d.exchange(p, true); err != nil {
+		if err := d.exchange(p, true, bwd); err != nil {
 			return err
 		}
-		if err := d.launch(p, "combine", true, d.budget(p), d.collective(p, p.epoch+2, int32(2))...); err != nil {
+		if err := d.launch(p, k, true, d.budget(p), args(p.epoch+2, 2)...); err != nil {
 			return err
 		}
 	}
@@ -486,7 +539,11 @@ func (d *Device) Traffic() dispatchers.Traffic {
 	for i := range gmap {
 		gmap[i] = b[i/2]>>(8*(i%2))&0xff != 0
 	}
-	t := g.countMoves(gmap).traffic(d.shape, g.D)
+	mv := g.countMoves(gmap)
+	t := mv.traffic(d.shape, g.D)
+	if d.backward { // the backward moves the forward's rows (moved.backwardTraffic)
+		mv.backwardTraffic(&t, d.shape, g.D)
+	}
 	if d.comm != nil {
 		t.Formula += "; inter-domain path moved by " + d.comm.Name()
 	}
@@ -507,7 +564,10 @@ func (d *Device) Transport() string {
 
 // Footprint is the bytes of rank r's buffers, the expert-major rows
 // included.
-func (d *Device) Footprint(r int) int64 { return d.st[r].fixed + d.st[r].out.Bytes }
+func (d *Device) Footprint(r int) int64 {
+	s := &d.st[r]
+	return s.fixed + s.out.Bytes + s.grads.Bytes + s.gradsFixed
+}
 
 // Close frees every buffer.
 func (d *Device) Close() error {
@@ -520,8 +580,8 @@ func (d *Device) Close() error {
 	for r := range d.st {
 		s, rk := &d.st[r], d.ranks[r]
 		keep(kernels.Free(rk.Dev, &s.gmap, &s.dprobs, &s.meta, &s.todom, &s.recvX, &s.recvP, &s.idX, &s.idP, &s.sendX, &s.sendP,
-			&s.sync, &s.flags, &rk.ExpertX, &rk.ExpertProbs))
-		s.fixed, s.out = 0, kernels.Sized{}
+			&s.sync, &s.flags, &rk.ExpertX, &rk.ExpertProbs, &rk.ExpertDY, &rk.DX, &rk.DProbs))
+		s.fixed, s.out, s.grads, s.gradsFixed = 0, kernels.Sized{}, kernels.Sized{}, 0
 	}
 	for i := range d.parts {
 		keep(kernels.Free(d.parts[i].dev, &d.parts[i].table))
@@ -542,13 +602,15 @@ func (d *Device) Close() error {
 }
 
 // phaseNames names hybridep.cu's phases and waits.
-var phaseNames = kernels.PhaseNames(map[int]string{1: "allgather", 2: "dispatch", 3: "combine"},
+var phaseNames = kernels.PhaseNames(map[int]string{1: "allgather", 2: "dispatch", 3: "combine",
+	4: "combine-bwd (the dispatch kernel)", 5: "dispatch-bwd (the combine kernel)"},
 	map[int]string{1: "its blocks' barrier", 2: "FIFO slot empty", 3: "FIFO slot full"}, "barrier flag")
 
 // Protocol bugs the tests inject (hybridep.cu's BUG_*).
 const (
-	BugNoArrive  = 1 // the rank's dispatch loader never arrives for its first item
-	BugNoBarrier = 2 // the rank never reaches dispatch's second barrier
+	BugNoArrive     = 1 // the rank's dispatch loader never arrives for its first item
+	BugNoBarrier    = 2 // the rank never reaches dispatch's second barrier
+	BugBwdNoBarrier = 3 // the rank's backward combine (dispatch-bwd) ends before its first barrier
 )
 
 // Break makes the next steps' kernels break their protocol on purpose

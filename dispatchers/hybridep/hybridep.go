@@ -142,8 +142,14 @@
 // its slots compact as above. Dispatch and combine move rows through
 // shared-memory FIFOs guarded by mbarriers (bulk copies on sm_90 with
 // NVRTC ≥ 12), every cross-rank wait bounded by --comm-timeout and
-// reported after the step (CheckStep). The kernels' Go twins (twins.go)
-// run on Emu through this file's preprocessing, orders and sums. A
+// reported after the step (CheckStep). The backward (devbackward.go) runs
+// the dispatch and combine kernels in their backward forms over the
+// forward's map, preprocessing and counts, with the host backward's
+// placement, orders and roundings (backward.go): the output gradients
+// dispatched without probabilities, the input gradients combined with the
+// probability gradients carried home beside them. The kernels' Go twins
+// (twins.go) run on Emu through this file's preprocessing, orders and
+// sums. A
 // --domain whose ranks' GPUs lack peer access is unavailable, naming the
 // pair; a domain smaller than the peer-connected group is valid and sends
 // through the inter-domain path what NVLink could carry (HybridEP's

@@ -43,6 +43,10 @@ func (g geom) programs(sh dispatchers.Shape, blocks int, d *Device) programs {
 		"pack":       {File: "hybridep.cu", Kernel: "he_pack", Block: heThreads, Defs: defs(sd), Twin: d.packTwin},
 		"dispatch":   {File: "hybridep.cu", Kernel: "he_dispatch", Block: heThreads, Defs: defs(sd), Shared: kernels.FIFOBytes(sd, slot), Twin: d.dispatchTwin},
 		"combine":    {File: "hybridep.cu", Kernel: "he_combine", Block: heThreads, Defs: defs(sc), Shared: kernels.FIFOBytes(sc, chunk), Twin: d.combineTwin},
+		// the backward's forms (devbackward.go)
+		"pack-bwd":     {File: "hybridep.cu", Kernel: "he_pack_bwd", Block: heThreads, Defs: defs(sd), Twin: d.packBwdTwin},
+		"dispatch-bwd": {File: "hybridep.cu", Kernel: "he_dispatch_bwd", Block: heThreads, Defs: defs(sd), Shared: kernels.FIFOBytes(sd, slot), Twin: d.dispatchBwdTwin},
+		"combine-bwd":  {File: "hybridep.cu", Kernel: "he_combine_bwd", Block: heThreads, Defs: defs(sc), Shared: kernels.FIFOBytes(sc, chunk), Twin: d.combineBwdTwin},
 	}
 	p := programs{col: map[string]*kernels.Collective{}}
 	for k, prog := range ps {

@@ -14,6 +14,7 @@ import (
 // twinRank is one rank's he_rank as a twin sees it.
 type twinRank struct {
 	x, idx, probs, gmap, dprobs, meta, todom, recvX, recvP, idX, idP, sendX, sendP, ex, ep, ey, y, shared, sync kernels.Ptr
+	dy, edy, edx, edp, dx, dp                                                                                   kernels.Ptr // the backward's
 }
 
 // twinRanks reads the he_rank table at p.
@@ -25,7 +26,8 @@ func (d *Device) twinRanks(t kernels.TwinPart, p kernels.Ptr) ([]twinRank, error
 	rs := make([]twinRank, d.g.N)
 	for r := range rs {
 		f := ps[r*heRankFields : (r+1)*heRankFields]
-		rs[r] = twinRank{f[0], f[1], f[2], f[3], f[4], f[5], f[6], f[7], f[8], f[9], f[10], f[11], f[12], f[13], f[14], f[15], f[16], f[17], f[18]}
+		rs[r] = twinRank{f[0], f[1], f[2], f[3], f[4], f[5], f[6], f[7], f[8], f[9], f[10], f[11], f[12], f[13], f[14], f[15], f[16], f[17], f[18],
+			f[19], f[20], f[21], f[22], f[23], f[24]}
 	}
 	return rs, nil
 }
@@ -129,13 +131,21 @@ func (d *Device) readMeta(io *twinIO, p kernels.Ptr, todom kernels.Ptr) meta {
 func (d *Device) collParts(t kernels.TwinPart) (int, int) { return partRanks(t, d.cfg.SMs) }
 
 // twinOpen opens a collective launch's twin: every rank's memory, the
-// he_rank table (the launch's fifth argument) and, with metas, every rank's
-// routing metadata.
+// he_rank tables (the launch's fifth argument: each part's holds its own
+// ranks' buffers) and, with metas, every rank's routing metadata.
 func (d *Device) twinOpen(parts []kernels.TwinPart, metas bool) ([]*twinIO, []twinRank, []meta, error) {
 	ios := rankIO(parts, d.collParts)
-	R, err := d.twinRanks(parts[0], parts[0].Args[4].(kernels.Ptr))
-	if err != nil || !metas {
-		return ios, R, nil, err
+	R := make([]twinRank, d.g.N)
+	for _, t := range parts {
+		tab, err := d.twinRanks(t, t.Args[4].(kernels.Ptr))
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		first, count := d.collParts(t)
+		copy(R[first:first+count], tab[first:first+count])
+	}
+	if !metas {
+		return ios, R, nil, nil
 	}
 	ms := make([]meta, len(ios))
 	for r, io := range ios {
@@ -225,7 +235,12 @@ func (d *Device) preprocessTwin(parts []kernels.TwinPart) error {
 	return nil
 }
 
-func (d *Device) packTwin(parts []kernels.TwinPart) error {
+func (d *Device) packTwin(parts []kernels.TwinPart) error    { return d.packTwinOf(parts, false) }
+func (d *Device) packBwdTwin(parts []kernels.TwinPart) error { return d.packTwinOf(parts, true) }
+
+// packTwinOf: he_pack, or (bwd) he_pack_bwd: the output gradients' rows
+// alone.
+func (d *Device) packTwinOf(parts []kernels.TwinPart, bwd bool) error {
 	g, h := d.g, d.shape.Hidden
 	ldp := g.ldp()
 	for _, t := range parts {
@@ -245,6 +260,10 @@ func (d *Device) packTwin(parts []kernels.TwinPart) error {
 						continue
 					}
 					at := tile(dm, n)*g.T + int(c)
+					if bwd {
+						copy(io.write(R[r].sendX+kernels.Ptr(2*at*h), 2*h), io.read(R[r].dy+kernels.Ptr(2*tk*h), 2*h))
+						continue
+					}
 					copy(io.write(R[r].sendX+kernels.Ptr(2*at*h), 2*h), io.read(R[r].x+kernels.Ptr(2*tk*h), 2*h))
 					copy(io.write(R[r].sendP+kernels.Ptr(4*at*ldp), 4*ldp), io.read(R[r].dprobs+kernels.Ptr(4*(tk*g.M+dm)*ldp), 4*ldp))
 				}
@@ -257,9 +276,15 @@ func (d *Device) packTwin(parts []kernels.TwinPart) error {
 	return nil
 }
 
-// dispatchTwin: every forwarder's stores (design order), then every rank's
-// permute (after the barrier).
-func (d *Device) dispatchTwin(parts []kernels.TwinPart) error {
+func (d *Device) dispatchTwin(parts []kernels.TwinPart) error { return d.dispatchTwinOf(parts, false) }
+func (d *Device) dispatchBwdTwin(parts []kernels.TwinPart) error {
+	return d.dispatchTwinOf(parts, true)
+}
+
+// dispatchTwinOf: every forwarder's stores (design order), then every
+// rank's permute (after the barrier); bwd: the output gradients' rows
+// alone, into ExpertDY.
+func (d *Device) dispatchTwinOf(parts []kernels.TwinPart, bwd bool) error {
 	g, h := d.g, d.shape.Hidden
 	ldp, rowB := g.ldp(), 2*h
 	ios, R, ms, err := d.twinOpen(parts, true)
@@ -276,6 +301,9 @@ func (d *Device) dispatchTwin(parts []kernels.TwinPart) error {
 						return
 					}
 					row, pr = R[f].x+kernels.Ptr(t*rowB), R[f].dprobs+kernels.Ptr(4*(t*g.M+n)*ldp)
+					if bwd {
+						row = R[f].dy + kernels.Ptr(t*rowB)
+					}
 				} else {
 					c := ms[f].recvIdx[m*g.T+t]
 					if c < 0 {
@@ -284,11 +312,17 @@ func (d *Device) dispatchTwin(parts []kernels.TwinPart) error {
 					at := tile(m, n)*g.T + int(c)
 					row, pr = R[f].idX+kernels.Ptr(at*rowB), R[f].idP+kernels.Ptr(4*at*ldp)
 				}
-				x, p := io.read(row, rowB), io.read(pr, 4*ldp)
+				x := io.read(row, rowB)
+				var p []byte
+				if !bwd {
+					p = io.read(pr, 4*ldp)
+				}
 				eachDomainTerm(ms[f].s2d[(m*g.T+t)*g.D:(m*g.T+t+1)*g.D], func(j, pos int) {
 					q := n*g.D + j
 					copy(ios[q].write(R[q].recvX+kernels.Ptr(pos*rowB), rowB), x)
-					copy(ios[q].write(R[q].recvP+kernels.Ptr(4*pos*ldp), 4*ldp), p)
+					if !bwd {
+						copy(ios[q].write(R[q].recvP+kernels.Ptr(4*pos*ldp), 4*ldp), p)
+					}
 				})
 			})
 		}
@@ -300,6 +334,10 @@ func (d *Device) dispatchTwin(parts []kernels.TwinPart) error {
 				if p < 0 {
 					continue
 				}
+				if bwd {
+					copy(io.write(me.edy+kernels.Ptr(int(p)*rowB), rowB), io.read(me.recvX+kernels.Ptr(i*rowB), rowB))
+					continue
+				}
 				copy(io.write(me.ex+kernels.Ptr(int(p)*rowB), rowB), io.read(me.recvX+kernels.Ptr(i*rowB), rowB))
 				copy(io.write(me.ep+kernels.Ptr(4*int(p)), 4), io.read(me.recvP+kernels.Ptr(4*(i*ldp+l*g.L+e)), 4))
 			}
@@ -308,11 +346,17 @@ func (d *Device) dispatchTwin(parts []kernels.TwinPart) error {
 	return firstErr(ios)
 }
 
-// combineTwin: stage 1 (or 0), every rank's partial sums, then the
-// pre-reductions; stage 2 (or 0), every home's sum.
-func (d *Device) combineTwin(parts []kernels.TwinPart) error {
+func (d *Device) combineTwin(parts []kernels.TwinPart) error    { return d.combineTwinOf(parts, false) }
+func (d *Device) combineBwdTwin(parts []kernels.TwinPart) error { return d.combineTwinOf(parts, true) }
+
+// combineTwinOf: stage 1 (or 0), every rank's partial sums, then the
+// pre-reductions; stage 2 (or 0), every home's sum. bwd: the input
+// gradients into DX (no shared expert), and the probability gradients as
+// he_combine_bwd carries them (he_dp_*: each received row's L·D places,
+// their float32 sums from 0 per domain, each slot's at home).
+func (d *Device) combineTwinOf(parts []kernels.TwinPart, bwd bool) error {
 	g, h := d.g, d.shape.Hidden
-	rowB := 2 * h
+	rowB, ldp, LD, k := 2*h, g.ldp(), g.L*g.D, d.shape.TopK
 	ios, R, ms, err := d.twinOpen(parts, true)
 	if err != nil {
 		return err
@@ -322,12 +366,40 @@ func (d *Device) combineTwin(parts []kernels.TwinPart) error {
 		copy(view[uint16](io.write(p, 2*len(v))), kernels.BF16Bits(v))
 	}
 	partial := func(q, p int) []float32 { return ios[q].rows(R[q].recvX+kernels.Ptr(p*rowB), 1, h) }
+	// domainP is the float32 sum from 0 of the probability gradients at
+	// place e of reader's domain's rows of source (sn, ·)'s token t
+	domainP := func(reader, sn, t, e int) float32 {
+		acc, m := float32(0), reader/g.D
+		eachDomainTerm(ms[reader].s2d[(sn*g.T+t)*g.D:(sn*g.T+t+1)*g.D], func(j, p int) {
+			q := m*g.D + j
+			acc += view[float32](ios[q].read(R[q].recvP+kernels.Ptr(4*(p*ldp+e)), 4))[0]
+		})
+		return acc
+	}
 	sum := make([]float32, h)
 	if stage != 2 {
 		for r, io := range ios {
+			ey := R[r].ey
+			if bwd {
+				ey = R[r].edx
+			}
 			for i := range ms[r].recv {
-				partialSum(sum, ms[r].d2e[i*g.L:(i+1)*g.L], func(row int) []float32 { return io.rows(R[r].ey+kernels.Ptr(row*rowB), 1, h) })
+				partialSum(sum, ms[r].d2e[i*g.L:(i+1)*g.L], func(row int) []float32 { return io.rows(ey+kernels.Ptr(row*rowB), 1, h) })
 				put(io, R[r].recvX+kernels.Ptr(i*rowB), sum)
+			}
+			if !bwd {
+				continue
+			}
+			l := r % g.D
+			pr := view[float32](io.write(R[r].recvP, 4*ms[r].recv*ldp))
+			for i := range ms[r].recv {
+				row := pr[i*ldp : (i+1)*ldp]
+				clear(row)
+				for e, p := range ms[r].d2e[i*g.L : (i+1)*g.L] {
+					if p >= 0 {
+						row[l*g.L+e] = view[float32](io.read(R[r].edp+kernels.Ptr(4*int(p)), 4))[0]
+					}
+				}
 			}
 		}
 		for f, io := range ios { // pre-reduction for the other domains' homes
@@ -341,7 +413,17 @@ func (d *Device) combineTwin(parts []kernels.TwinPart) error {
 					clear(sum)
 					eachDomainTerm(ms[f].s2d[(sn*g.T+t)*g.D:(sn*g.T+t+1)*g.D], func(j, p int) { add(sum, partial(m*g.D+j, p)) })
 					kernels.RoundBF16Slice(sum)
-					put(io, R[f].sendX+kernels.Ptr((tile(sn, m)*g.T+int(c))*rowB), sum)
+					at := tile(sn, m)*g.T + int(c)
+					put(io, R[f].sendX+kernels.Ptr(at*rowB), sum)
+					if bwd {
+						pr := view[float32](io.write(R[f].sendP+kernels.Ptr(4*at*ldp), 4*ldp))
+						for e := range pr {
+							pr[e] = 0
+							if e < LD {
+								pr[e] = domainP(f, sn, t, e)
+							}
+						}
+					}
 				}
 			})
 		}
@@ -349,6 +431,10 @@ func (d *Device) combineTwin(parts []kernels.TwinPart) error {
 	if stage != 1 {
 		for r, io := range ios {
 			n, me := r/g.D, R[r]
+			out, shared := me.y, me.shared
+			if bwd {
+				out, shared = me.dx, 0
+			}
 			for t := range g.T {
 				clear(sum)
 				eachDomainTerm(ms[r].s2d[(n*g.T+t)*g.D:(n*g.T+t+1)*g.D], func(j, p int) { add(sum, partial(n*g.D+j, p)) })
@@ -358,12 +444,27 @@ func (d *Device) combineTwin(parts []kernels.TwinPart) error {
 					}
 				})
 				kernels.RoundBF16Slice(sum)
-				if me.shared != 0 {
-					for i, v := range io.rows(me.shared+kernels.Ptr(t*rowB), 1, h) {
+				if shared != 0 {
+					for i, v := range io.rows(shared+kernels.Ptr(t*rowB), 1, h) {
 						sum[i] = kernels.RoundBF16(sum[i] + v)
 					}
 				}
-				put(io, me.y+kernels.Ptr(t*rowB), sum)
+				put(io, out+kernels.Ptr(t*rowB), sum)
+			}
+			if !bwd {
+				continue
+			}
+			idx := view[int32](io.read(me.idx, 4*g.T*k))
+			dp := view[float32](io.write(me.dp, 4*g.T*k))
+			for x, ex := range idx {
+				t, dm, e := x/k, int(ex)/LD, int(ex)%LD
+				if dm == n {
+					dp[x] = domainP(r, n, t, e)
+					continue
+				}
+				acc := float32(0)
+				acc += view[float32](io.read(me.idP+kernels.Ptr(4*((tile(dm, n)*g.T+int(ms[r].send[dm*g.T+t]))*ldp+e)), 4))[0]
+				dp[x] = acc
 			}
 		}
 	}

@@ -27,6 +27,23 @@
 //                  inter-domain exchange), then a barrier. Sums go through
 //                  the FIFO in column chunks, float32 from 0 in the
 //                  design's order, rounded to bf16 where the design rounds.
+// The backward (kernels/BACKWARD.md) runs the same kernels in their
+// backward forms, separate entry points of the same bodies (template
+// BWD), over the forward's routing map and preprocessing:
+//   he_pack_bwd      the output gradients each other domain needs (rows,
+//                    no probabilities)
+//   he_dispatch_bwd  the combine's backward: the output gradients DY as
+//                    he_dispatch moves the inputs (no probabilities),
+//                    placed at the forward's expert-major rows (ExpertDY)
+//   he_combine_bwd   the dispatch's backward: the copies' input gradients
+//                    (ExpertDX) summed as he_combine sums the outputs, with
+//                    its rounding points, into DX (no shared expert); each
+//                    row's probability gradients (fp32, ExpertDProbs) go
+//                    to its domain's L·D places of the receive buffer's
+//                    probability row, the pre-reduction adds them per
+//                    domain (fp32, to the send buffer's, then the
+//                    inter-domain path), and each home takes its token's
+//                    k from them into DProbs (a slot's one term, from 0).
 // The FIFOs' stages are a multiple of WARPS − 1 (one slot, one consumer).
 // Rows move with bulk copies on the bulk path (moebench.cuh, MB_BULK),
 // 16-byte accesses otherwise.
@@ -53,6 +70,8 @@
 #define PH_ALLGATHER 1
 #define PH_DISPATCH 2
 #define PH_COMBINE 3
+#define PH_COMBINE_BWD 4  // he_dispatch_bwd
+#define PH_DISPATCH_BWD 5 // he_combine_bwd
 #define W_PASSED 1 // the rank's blocks waiting for its barrier
 #define W_EMPTY 2
 #define W_FULL 3
@@ -61,9 +80,12 @@
 // Test bugs (the bug argument: kind | rank << 8)
 #define BUG_NO_ARRIVE 1  // the rank's dispatch loader never arrives for its first item
 #define BUG_NO_BARRIER 2 // the rank never reaches dispatch's second barrier
+#define BUG_BWD_NO_BARRIER 3 // the rank's backward combine ends before its first barrier
 
 // he_rank: one rank's buffers, 8-byte pointers (dispatchers/hybridep
-// uploads the table of every rank's).
+// uploads a table of every rank's to each GPU: its own ranks' in full, of
+// the other ranks only the buffers a kernel reaches across ranks, gmap,
+// recv_x and recv_p; the rest are null there).
 typedef struct {
     const bf16 *x;        // [T, H] input
     const int *idx;       // [T, k] experts
@@ -84,6 +106,13 @@ typedef struct {
     bf16 *y;              // [T, H] output
     const bf16 *shared;   // [T, H] shared expert's output, or null
     int *sync;            // [2] a barrier's block arrivals, and the epoch passed
+    // the backward's
+    const bf16 *dy;       // [T, H] output gradients
+    bf16 *edy;            // the expert-major rows' output gradients
+    const bf16 *edx;      // the expert-major rows' input gradients
+    const float *edp;     // and their probability gradients
+    bf16 *dx;             // [T, H] input gradients
+    float *dp;            // [T, k] probability gradients
 } he_rank;
 
 // meta: int32 offsets
@@ -273,7 +302,8 @@ __device__ __forceinline__ void he_copy_row(void *dst, const void *src, unsigned
         *(uint4 *)((unsigned char *)dst + b) = *(const uint4 *)((const unsigned char *)src + b);
 }
 
-extern "C" __global__ void __launch_bounds__(THREADS, 1) he_pack(int first, int blocks, const he_rank *R) {
+// BWD: the output gradients, without probabilities.
+template <bool BWD> __device__ __forceinline__ void he_pack_body(int first, int blocks, const he_rank *R) {
     const int rank = first + blockIdx.x / blocks, b = blockIdx.x % blocks, n = rank / D;
     const he_rank me = R[rank];
     const int *send = me.meta + META_SEND;
@@ -281,9 +311,17 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) he_pack(int first, int 
         const int dm = x / T, t = x % T, slot = send[x];
         if (dm == n || slot < 0) continue;
         const size_t at = (size_t)he_tile(dm, n) * T + slot;
-        he_copy_row(me.send_x + at * H, me.x + (size_t)t * H, ROW);
-        he_copy_row(me.send_p + at * LDP, me.dprobs + ((size_t)t * M + dm) * LDP, 4 * LDP);
+        he_copy_row(me.send_x + at * H, (BWD ? me.dy : me.x) + (size_t)t * H, ROW);
+        if (!BWD) he_copy_row(me.send_p + at * LDP, me.dprobs + ((size_t)t * M + dm) * LDP, 4 * LDP);
     }
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS, 1) he_pack(int first, int blocks, const he_rank *R) {
+    he_pack_body<false>(first, blocks, R);
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS, 1) he_pack_bwd(int first, int blocks, const he_rank *R) {
+    he_pack_body<true>(first, blocks, R);
 }
 
 // ---- dispatch
@@ -298,8 +336,8 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) he_pack(int first, int 
 // he_forwarded calls fn(i, m, t, row, probs) for the items of the rank's
 // block b, in the design's order: chunks b, b + blocks, …; in each, source
 // domains n, n − 1, …, n + 1; their tokens that domain n needs (its own
-// rows, or those the inter-domain path brought).
-template <class F> __device__ void he_forwarded(const he_rank &me, int n, int b, int blocks, F fn) {
+// rows x, or those the inter-domain path brought).
+template <class F> __device__ void he_forwarded(const he_rank &me, const bf16 *x, int n, int b, int blocks, F fn) {
     const int *recvi = me.meta + META_RECV;
     long long i = 0;
     for (int c = b; c < CHUNKS; c += blocks)
@@ -308,7 +346,7 @@ template <class F> __device__ void he_forwarded(const he_rank &me, int n, int b,
             for (int t = c * CHUNK; t < min(T, (c + 1) * CHUNK); t++) {
                 if (m == n) {
                     if (!me.todom[t * M + n]) continue;
-                    if (!fn(i++, m, t, (const void *)(me.x + (size_t)t * H), (const void *)(me.dprobs + ((size_t)t * M + n) * LDP)))
+                    if (!fn(i++, m, t, (const void *)(x + (size_t)t * H), (const void *)(me.dprobs + ((size_t)t * M + n) * LDP)))
                         return;
                 } else {
                     const int s = recvi[m * T + t];
@@ -320,41 +358,46 @@ template <class F> __device__ void he_forwarded(const he_rank &me, int n, int b,
         }
 }
 
-extern "C" __global__ void __launch_bounds__(THREADS, 1)
-    he_dispatch(mb_comm c, int first, int blocks, int epoch, const he_rank *R, int *const *flags, int bug) {
+// BWD (the combine's backward): the output gradients DY, without
+// probabilities, into the forward's receive rows, then ExpertDY's rows.
+template <bool BWD>
+__device__ __forceinline__ void he_dispatch_body(mb_comm c, int first, int blocks, int epoch, const he_rank *R, int *const *flags,
+                                                 int bug) {
     const int rank = first + blockIdx.x / blocks, b = blockIdx.x % blocks, n = rank / D, l = rank % D;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    const bool buggy = (bug >> 8) == rank;
+    const int ph = BWD ? PH_COMBINE_BWD : PH_DISPATCH;
+    const bool buggy = !BWD && (bug >> 8) == rank;
     const he_rank me = R[rank];
+    const bf16 *x = BWD ? me.dy : me.x;
     const mb_fifo f = mb_fifo_at(mb_dynamic_smem(), MB_HE_STAGES, SLOT);
     if (threadIdx.x == 0) mb_fifo_init(f, STORE_RELEASERS);
     mb_mbar_init_fence();
-    if (!he_sync(c, R, flags, rank, blocks, PH_DISPATCH, epoch, false)) return;
+    if (!he_sync(c, R, flags, rank, blocks, ph, epoch, false)) return;
     if (warp == 0) {
-        he_forwarded(me, n, b, blocks, [&](long long i, int, int, const void *row, const void *probs) {
+        he_forwarded(me, x, n, b, blocks, [&](long long i, int, int, const void *row, const void *probs) {
             const void *src[2] = {row, probs};
             const unsigned bytes[2] = {ROW, 4 * LDP};
             const mb_item it = mb_fifo_item(f, WARPS - 1, (int)(i % (WARPS - 1)), i / (WARPS - 1));
-            return mb_fifo_put(f, c, rank, PH_DISPATCH, W_EMPTY, it, 2, src, bytes, 0, true,
+            return mb_fifo_put(f, c, rank, ph, W_EMPTY, it, BWD ? 1 : 2, src, bytes, 0, true,
                                !(buggy && (bug & 255) == BUG_NO_ARRIVE && i == 0));
         });
     } else {
         const int *s2d = me.meta + META_S2D;
-        he_forwarded(me, n, b, blocks, [&](long long i, int m, int t, const void *, const void *) {
+        he_forwarded(me, x, n, b, blocks, [&](long long i, int m, int t, const void *, const void *) {
             if (i % (WARPS - 1) != warp - 1) return true;
             int ok = 1;
             const mb_item it = mb_fifo_item(f, WARPS - 1, warp - 1, i / (WARPS - 1));
             unsigned char *slot = mb_fifo_slot(f, it);
 #ifdef MB_BULK
             if (lane == 0) {
-                ok = mb_fifo_wait(f, c, rank, PH_DISPATCH, W_FULL, it) != nullptr;
+                ok = mb_fifo_wait(f, c, rank, ph, W_FULL, it) != nullptr;
                 if (ok) {
                     for (int j = 0; j < D; j++) {
                         const int p = s2d[((size_t)m * T + t) * D + j];
                         if (p < 0) continue;
                         const he_rank &q = R[n * D + j];
                         mb_bulk_s2g(q.recv_x + (size_t)p * H, slot, ROW);
-                        mb_bulk_s2g(q.recv_p + (size_t)p * LDP, slot + ROW, 4 * LDP);
+                        if (!BWD) mb_bulk_s2g(q.recv_p + (size_t)p * LDP, slot + ROW, 4 * LDP);
                     }
                     mb_bulk_commit();
                     mb_bulk_wait_read();
@@ -363,13 +406,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
             }
             return __shfl_sync(MB_FULL_MASK, ok, 0) != 0;
 #else
-            ok = mb_fifo_wait(f, c, rank, PH_DISPATCH, W_FULL, it) != nullptr;
+            ok = mb_fifo_wait(f, c, rank, ph, W_FULL, it) != nullptr;
             if (!__all_sync(MB_FULL_MASK, ok)) return false;
             for (int j = 0; j < D; j++) {
                 const int p = s2d[((size_t)m * T + t) * D + j];
                 if (p < 0) continue;
                 const he_rank &q = R[n * D + j];
-                for (unsigned o = 16 * lane; o < SLOT; o += 16 * 32) {
+                for (unsigned o = 16 * lane; o < (BWD ? ROW : SLOT); o += 16 * 32) {
                     const uint4 v = mb_lds16(slot + o);
                     if (o < ROW) *(uint4 *)((unsigned char *)(q.recv_x + (size_t)p * H) + o) = v;
                     else *(uint4 *)((unsigned char *)(q.recv_p + (size_t)p * LDP) + o - ROW) = v;
@@ -383,16 +426,26 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
         if (lane == 0) mb_bulk_wait(); // the stores landed: the barrier publishes them
 #endif
     }
-    if (!he_sync(c, R, flags, rank, blocks, PH_DISPATCH, epoch + 1, buggy && (bug & 255) == BUG_NO_BARRIER)) return;
+    if (!he_sync(c, R, flags, rank, blocks, ph, epoch + 1, buggy && (bug & 255) == BUG_NO_BARRIER)) return;
     // permute: each received token to its local experts' rows
     const int *d2e = me.meta + META_D2E, received = me.meta[META_COUNTS + L];
     for (int i = b * WARPS + warp; i < received; i += blocks * WARPS)
         for (int e = 0; e < L; e++) {
             const int p = d2e[(size_t)i * L + e];
             if (p < 0) continue;
-            he_copy_row(me.ex + (size_t)p * H, me.recv_x + (size_t)i * H, ROW);
-            if (lane == 0) me.ep[p] = me.recv_p[(size_t)i * LDP + l * L + e];
+            he_copy_row((BWD ? me.edy : me.ex) + (size_t)p * H, me.recv_x + (size_t)i * H, ROW);
+            if (!BWD && lane == 0) me.ep[p] = me.recv_p[(size_t)i * LDP + l * L + e];
         }
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
+    he_dispatch(mb_comm c, int first, int blocks, int epoch, const he_rank *R, int *const *flags, int bug) {
+    he_dispatch_body<false>(c, first, blocks, epoch, R, flags, bug);
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
+    he_dispatch_bwd(mb_comm c, int first, int blocks, int epoch, const he_rank *R, int *const *flags, int bug) {
+    he_dispatch_body<true>(c, first, blocks, epoch, R, flags, bug);
 }
 
 // ---- combine: sums through the FIFO. The loader stages each output's
@@ -405,13 +458,13 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 #define PER_LANE (CHUNK_BYTES / 16 + 31) / 32 // 16-byte pieces of a chunk per lane
 
 // he_reduce: the rank's block b sums outputs o = b, b + blocks, … < count
-// of S (terms(o), term(o, x), out(o), add(o)); output o's reducer is
+// of S (terms(o), term(o, x), out(o), add(o)), its waits in phase ph; output o's reducer is
 // warp 1 + (its rank among the block's outputs) mod 3, whose items follow
 // each other in its FIFO slots (put: the loader's count of each reducer's
 // items, in shared memory; mine: this reducer's). False when a wait gave
 // up.
 template <class S>
-__device__ bool he_reduce(const mb_fifo &f, const mb_comm &c, int rank, int b, int blocks, int count, const S &s,
+__device__ bool he_reduce(const mb_fifo &f, const mb_comm &c, int rank, int ph, int b, int blocks, int count, const S &s,
                           long long *put, long long &mine_k) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     int ok = 1;
@@ -430,13 +483,13 @@ __device__ bool he_reduce(const mb_fifo &f, const mb_comm &c, int rank, int b, i
             for (int x = 0; x < nt && ok; x++) {
                 if (warp == 0) {
                     const void *src[1] = {(const unsigned char *)s.term(o, x) + off};
-                    ok = mb_fifo_put(f, c, rank, PH_COMBINE, W_EMPTY, mb_fifo_item(f, WARPS - 1, owner, put[owner]), 1, src, &bytes);
+                    ok = mb_fifo_put(f, c, rank, ph, W_EMPTY, mb_fifo_item(f, WARPS - 1, owner, put[owner]), 1, src, &bytes);
                     __syncwarp();
                     if (lane == 0) put[owner]++;
                     __syncwarp();
                 } else if (mine) {
                     const mb_item it = mb_fifo_item(f, WARPS - 1, owner, mine_k++);
-                    unsigned char *slot = mb_fifo_wait(f, c, rank, PH_COMBINE, W_FULL, it);
+                    unsigned char *slot = mb_fifo_wait(f, c, rank, ph, W_FULL, it);
                     ok = __all_sync(MB_FULL_MASK, slot != nullptr);
                     if (!ok) break;
 #pragma unroll
@@ -483,9 +536,11 @@ __device__ bool he_reduce(const mb_fifo &f, const mb_comm &c, int rank, int b, i
 }
 
 // The three sums. Partial (each expert rank, its received token i): its
-// local experts' outputs, in expert order, into its receive buffer row i.
+// local experts' outputs ey (in the backward their input gradients), in
+// expert order, into its receive buffer row i.
 struct he_partials {
     const he_rank &me;
+    const bf16 *ey;
     __device__ int terms(int i) const {
         int n = 0;
         for (int e = 0; e < L; e++) n += me.meta[META_D2E + i * L + e] >= 0;
@@ -493,7 +548,7 @@ struct he_partials {
     }
     __device__ const bf16 *term(int i, int x) const {
         for (int e = 0;; e++)
-            if (me.meta[META_D2E + i * L + e] >= 0 && x-- == 0) return me.ey + (size_t)me.meta[META_D2E + i * L + e] * H;
+            if (me.meta[META_D2E + i * L + e] >= 0 && x-- == 0) return ey + (size_t)me.meta[META_D2E + i * L + e] * H;
     }
     __device__ bf16 *out(int i) const { return me.recv_x + (size_t)i * H; }
     __device__ const bf16 *add(int) const { return nullptr; }
@@ -548,8 +603,8 @@ struct he_prereduce {
 // Home (rank (n, l), its token t): its domain's partial sums in rank
 // order, then the pre-reduced sums of the domains n − 1, n − 2, …, n + 1
 // that need it (the inter-domain path brought them); plus the shared
-// expert's output.
-struct he_home {
+// expert's output (BWD: into DX, no shared expert).
+template <bool BWD> struct he_home {
     const he_rank *R;
     int rank;
     __device__ int terms(int t) const {
@@ -571,16 +626,76 @@ struct he_home {
         }
         return nullptr;
     }
-    __device__ bf16 *out(int t) const { return R[rank].y + (size_t)t * H; }
-    __device__ const bf16 *add(int t) const { return R[rank].shared ? R[rank].shared + (size_t)t * H : nullptr; }
+    __device__ bf16 *out(int t) const { return (BWD ? R[rank].dx : R[rank].y) + (size_t)t * H; }
+    __device__ const bf16 *add(int t) const { return !BWD && R[rank].shared ? R[rank].shared + (size_t)t * H : nullptr; }
 };
+
+// The backward's probability gradients (fp32, each a sum from 0 in the
+// order of the rows' sums; the rank's block b of blocks, a thread per
+// value). he_dp_partials: each received token i's row of the domain's L·D
+// (LDP) places, its copies' ExpertDProbs at the rank's own, 0 elsewhere.
+__device__ __forceinline__ void he_dp_partials(const he_rank &me, int l, int b, int blocks) {
+    const int received = me.meta[META_COUNTS + L];
+    for (int x = b * THREADS + threadIdx.x; x < received * LDP; x += blocks * THREADS) {
+        const int i = x / LDP, e = x % LDP - l * L;
+        float v = 0.f;
+        if (e >= 0 && e < L) {
+            const int p = me.meta[META_D2E + i * L + e];
+            if (p >= 0) v = me.edp[p];
+        }
+        me.recv_p[x] = v;
+    }
+}
+
+// he_dp_domain: the sum of the domain's rows (reader's domain's ranks, in
+// rank order, where reader's sparse_to_dense places source (sn, l)'s token
+// t) at place e of the L·D.
+__device__ __forceinline__ float he_dp_domain(const he_rank *R, int reader, int sn, int t, int e) {
+    const int *s2d = R[reader].meta + META_S2D + ((size_t)sn * T + t) * D, dn = reader / D;
+    float acc = 0.f;
+    for (int j = 0; j < D; j++)
+        if (s2d[j] >= 0) acc += R[dn * D + j].recv_p[(size_t)s2d[j] * LDP + e];
+    return acc;
+}
+
+// he_dp_prereduce: forwarder (m, l)'s pre-reduced rows for the other
+// domains' homes, into its send buffer's probability rows (as he_prereduce).
+__device__ __forceinline__ void he_dp_prereduce(const he_rank *R, int rank, int b, int blocks) {
+    const int m = rank / D;
+    for (int x = b * THREADS + threadIdx.x; x < (M - 1) * T * LDP; x += blocks * THREADS) {
+        const int o = x / LDP, e = x % LDP, k = o / T, sn = k < m ? k : k + 1, t = o % T;
+        const int s = R[rank].meta[META_RECV + sn * T + t];
+        if (s < 0) continue;
+        R[rank].send_p[((size_t)he_tile(sn, m) * T + s) * LDP + e] = e < LD ? he_dp_domain(R, rank, sn, t, e) : 0.f;
+    }
+}
+
+// he_dp_home: each home's token t's k probability gradients into DProbs:
+// the sum from 0 of its domain's rows at the slot's expert, or of the
+// pre-reduced row of the expert's domain.
+__device__ __forceinline__ void he_dp_home(const he_rank *R, int rank, int b, int blocks) {
+    const int n = rank / D;
+    const he_rank &me = R[rank];
+    for (int x = b * THREADS + threadIdx.x; x < T * MB_HE_TOPK; x += blocks * THREADS) {
+        const int t = x / MB_HE_TOPK, ex = me.idx[x], dm = ex / LD, e = ex % LD;
+        float acc = 0.f;
+        if (dm == n) acc = he_dp_domain(R, rank, n, t, e);
+        else acc += me.id_p[((size_t)he_tile(dm, n) * T + me.meta[META_SEND + dm * T + t]) * LDP + e];
+        me.dp[x] = acc;
+    }
+}
 
 // he_combine: stage 1, each rank's partial sums, a barrier, and (several
 // domains) the pre-reduction for the other domains' homes; stage 2, each
-// home's sum and a barrier; stage 0 both (one domain).
-extern "C" __global__ void __launch_bounds__(THREADS, 1)
-    he_combine(mb_comm c, int first, int blocks, int epoch, const he_rank *R, int *const *flags, int stage) {
+// home's sum and a barrier; stage 0 both (one domain). BWD (the dispatch's
+// backward): the input gradients into DX, the probability gradients with
+// them (he_dp_*) into DProbs.
+template <bool BWD>
+__device__ __forceinline__ void he_combine_body(mb_comm c, int first, int blocks, int epoch, const he_rank *R, int *const *flags,
+                                                int stage, int bug) {
     const int rank = first + blockIdx.x / blocks, b = blockIdx.x % blocks;
+    const int ph = BWD ? PH_DISPATCH_BWD : PH_COMBINE;
+    const bool stop = BWD && (bug >> 8) == rank && (bug & 255) == BUG_BWD_NO_BARRIER;
     const he_rank me = R[rank];
     const mb_fifo f = mb_fifo_at(mb_dynamic_smem(), MB_HE_STAGES, CHUNK_BYTES);
     __shared__ long long put[WARPS - 1]; // the loader's count of each reducer's items
@@ -592,13 +707,26 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     __syncthreads();
     long long mine = 0; // a reducer's count of its items
     if (stage != 2) {
-        if (!he_reduce(f, c, rank, b, blocks, me.meta[META_COUNTS + L], he_partials{me}, put, mine)) return;
-        if (!he_sync(c, R, flags, rank, blocks, PH_COMBINE, epoch, false)) return;
-        if (M > 1 && !he_reduce(f, c, rank, b, blocks, (M - 1) * T, he_prereduce{R, rank}, put, mine)) return;
+        if (!he_reduce(f, c, rank, ph, b, blocks, me.meta[META_COUNTS + L], he_partials{me, BWD ? me.edx : me.ey}, put, mine)) return;
+        if (BWD) he_dp_partials(me, rank % D, b, blocks);
+        if (stop || !he_sync(c, R, flags, rank, blocks, ph, epoch, false)) return;
+        if (M > 1 && !he_reduce(f, c, rank, ph, b, blocks, (M - 1) * T, he_prereduce{R, rank}, put, mine)) return;
+        if (BWD && M > 1) he_dp_prereduce(R, rank, b, blocks);
         epoch++;
     }
     if (stage != 1) {
-        if (!he_reduce(f, c, rank, b, blocks, T, he_home{R, rank}, put, mine)) return;
-        he_sync(c, R, flags, rank, blocks, PH_COMBINE, epoch, false);
+        if (!he_reduce(f, c, rank, ph, b, blocks, T, he_home<BWD>{R, rank}, put, mine)) return;
+        if (BWD) he_dp_home(R, rank, b, blocks);
+        he_sync(c, R, flags, rank, blocks, ph, epoch, false);
     }
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
+    he_combine(mb_comm c, int first, int blocks, int epoch, const he_rank *R, int *const *flags, int stage) {
+    he_combine_body<false>(c, first, blocks, epoch, R, flags, stage, 0);
+}
+
+extern "C" __global__ void __launch_bounds__(THREADS, 1)
+    he_combine_bwd(mb_comm c, int first, int blocks, int epoch, const he_rank *R, int *const *flags, int stage, int bug) {
+    he_combine_body<true>(c, first, blocks, epoch, R, flags, stage, bug);
 }

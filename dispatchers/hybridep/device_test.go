@@ -1,0 +1,401 @@
+package hybridep
+
+import (
+	"errors"
+	"math/rand/v2"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/moebench/moebench/dispatchers"
+	dt "github.com/moebench/moebench/dispatchers/dispatchtest"
+	"github.com/moebench/moebench/internal/hostsim"
+	"github.com/moebench/moebench/kernels"
+)
+
+// The device design (hybridep.cu's kernels, or their twins on Emu) against
+// the host design on the same ranks: the expert rows and probabilities and
+// the output, bit for bit; and the backward on random gradients (never
+// zero): the expert rows' output gradients, the input gradients and the
+// probability gradients, bit for bit (the same placements, the same sums
+// in the same order, the same roundings). Every output buffer is poisoned
+// (NaN) before the steps.
+
+// grads draws a step's gradients on rank r: n random values (bf16 when
+// round), never zero, the same on the host and the device for the same
+// rank and kind.
+func grads(r, kind, n int, round bool) []float32 {
+	rng := rand.New(rand.NewPCG(uint64(r)+100, uint64(kind)))
+	v := make([]float32, n)
+	for i := range v {
+		x := float32(rng.NormFloat64())
+		if x == 0 {
+			x = 0.5
+		}
+		if round {
+			x = kernels.RoundBF16(x)
+		}
+		v[i] = x
+	}
+	return v
+}
+
+const (
+	gradDY = iota
+	gradExpertDX
+	gradExpertDP
+)
+
+// stepResult is what a run gave on each rank: expert rows and
+// probabilities, output, and the backward's ExpertDY, DX and DProbs.
+type stepResult struct {
+	expertX, expertP, y, expertDY, dx, dprobs [][]float32
+	err                                       error
+}
+
+// sharedOf is a shared expert's output for every token of every rank
+// (random bf16).
+func sharedOf(sh dispatchers.Shape) [][]float32 {
+	out := make([][]float32, sh.EP)
+	for r := range out {
+		out[r] = grads(r, 9, sh.Tokens*sh.Hidden, true)
+	}
+	return out
+}
+
+// hostDesign runs the host design on tagged ranks (two forward steps with
+// dt.Expert, then the backward with grads' gradients).
+func hostDesign(t *testing.T, cfg Config, sh dispatchers.Shape, shared [][]float32, prob func(int) float32) (stepResult, []*dispatchers.Rank) {
+	t.Helper()
+	h := WithConfig(cfg)
+	y, ranks := dt.Outputs(t, h, sh, 5, prob)
+	var res stepResult
+	for r, rk := range ranks {
+		kernels.RoundBF16Slice(y[r])
+		if shared != nil { // as the kernel adds it
+			for i := range y[r] {
+				y[r][i] = kernels.RoundBF16(y[r][i] + shared[r][i])
+			}
+		}
+		res.expertX, res.expertP, res.y = append(res.expertX, slices.Clone(rk.ExpertX)), append(res.expertP, slices.Clone(rk.ExpertProbs)), append(res.y, y[r])
+		rk.DY = grads(r, gradDY, sh.Tokens*sh.Hidden, true)
+	}
+	for r := range ranks {
+		if err := h.CombineBackward(r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for r, rk := range ranks {
+		n := len(rk.ExpertProbs)
+		rk.ExpertDX, rk.ExpertDProbs = grads(r, gradExpertDX, n*sh.Hidden, true), grads(r, gradExpertDP, n, false)
+	}
+	for r, rk := range ranks {
+		if err := h.DispatchBackward(r); err != nil {
+			t.Fatal(err)
+		}
+		res.expertDY = append(res.expertDY, slices.Clone(rk.ExpertDY[:len(rk.ExpertProbs)*sh.Hidden]))
+		res.dx, res.dprobs = append(res.dx, slices.Clone(rk.DX)), append(res.dprobs, slices.Clone(rk.DProbs))
+	}
+	return res, ranks
+}
+
+// runDevice binds d to ranks' inputs on devs (contiguous blocks of ranks),
+// runs steps steps with dt.Expert computed on the host from the downloaded
+// rows and, when train, the backward with grads' gradients; it returns the
+// last step's results.
+func runDevice(t *testing.T, d *Device, sh dispatchers.Shape, devs []kernels.Device, ranks []*dispatchers.Rank, shared [][]float32, steps int, train bool) stepResult {
+	t.Helper()
+	T, k, hd := sh.Tokens, sh.TopK, sh.Hidden
+	ok := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	drs := make([]*dispatchers.DeviceRank, sh.EP)
+	for r, rk := range ranks {
+		dev := devs[r*len(devs)/sh.EP]
+		dr := &dispatchers.DeviceRank{ID: r, Dev: dev}
+		var err error
+		dr.Stream, err = dev.NewStream()
+		ok(err)
+		_, err = kernels.Resize(dev, 1, kernels.Buf{P: &dr.X, PerRow: int64(2 * T * hd)}, kernels.Buf{P: &dr.Idx, PerRow: int64(4 * T * k)},
+			kernels.Buf{P: &dr.Probs, PerRow: int64(4 * T * k)}, kernels.Buf{P: &dr.Y, PerRow: int64(2 * T * hd)})
+		ok(err)
+		ok(dev.Upload(dr.X, kernels.BF16Bits(rk.X), dr.Stream))
+		ok(dev.Upload(dr.Idx, rk.Idx, dr.Stream))
+		ok(dev.Upload(dr.Probs, rk.Probs, dr.Stream))
+		ok(dev.Fill16(dr.Y, 0x7fc0, int64(T*hd), dr.Stream)) // NaN: every value must be written
+		if shared != nil {
+			dr.Shared, err = dev.Alloc(int64(2 * T * hd))
+			ok(err)
+			ok(dev.Upload(dr.Shared, kernels.BF16Bits(shared[r]), dr.Stream))
+		}
+		if train {
+			dr.DY, err = dev.Alloc(int64(2 * T * hd))
+			ok(err)
+			ok(dev.Upload(dr.DY, kernels.BF16Bits(grads(r, gradDY, T*hd, true)), dr.Stream))
+		}
+		drs[r] = dr
+		t.Cleanup(func() {
+			kernels.Free(dev, &dr.X, &dr.Idx, &dr.Probs, &dr.Y, &dr.ExpertY, &dr.Shared, &dr.DY, &dr.ExpertDX, &dr.ExpertDProbs)
+		})
+	}
+	th := dt.Threads(t, drs)
+	if err := d.Bind(sh, drs); err != nil {
+		return stepResult{err: err}
+	}
+	t.Cleanup(func() { d.Close() })
+	res := stepResult{expertX: make([][]float32, sh.EP), expertP: make([][]float32, sh.EP)}
+	outs, dgrads := make([]kernels.Sized, sh.EP), make([]kernels.Sized, sh.EP)
+	experts := func(r int) error {
+		dr := drs[r]
+		n := dr.Rows()
+		x, p := make([]uint16, n*hd), make([]float32, n)
+		if n > 0 {
+			if err := dr.Dev.Download(x, dr.ExpertX, dr.Stream); err != nil {
+				return err
+			}
+			if err := dr.Dev.Download(p, dr.ExpertProbs, dr.Stream); err != nil {
+				return err
+			}
+		}
+		xf := kernels.FromBF16Bits(x)
+		res.expertX[r], res.expertP[r] = xf, p // each rank from its device's thread
+		y := make([]float32, n*hd)
+		for i, v := range xf {
+			y[i] = dt.Expert(v, p[i/hd])
+		}
+		if err := outs[r].Ensure(dr.Dev, dr.Stream, n, kernels.Buf{P: &dr.ExpertY, PerRow: int64(2 * hd)}); err != nil || n == 0 {
+			return err
+		}
+		return dr.Dev.Upload(dr.ExpertY, kernels.BF16Bits(y), dr.Stream)
+	}
+	expertsBwd := func(r int) error { // the layer's: ExpertDX and ExpertDProbs of every row
+		dr := drs[r]
+		n := dr.Rows()
+		if err := dgrads[r].Ensure(dr.Dev, dr.Stream, n, kernels.Buf{P: &dr.ExpertDX, PerRow: int64(2 * hd)}, kernels.Buf{P: &dr.ExpertDProbs, PerRow: 4}); err != nil || n == 0 {
+			return err
+		}
+		if err := dr.Dev.Upload(dr.ExpertDX, kernels.BF16Bits(grads(r, gradExpertDX, n*hd, true)), dr.Stream); err != nil {
+			return err
+		}
+		return dr.Dev.Upload(dr.ExpertDProbs, grads(r, gradExpertDP, n, false), dr.Stream)
+	}
+	for step := range steps {
+		phases := d.Phases(experts)
+		if train {
+			if step > 0 { // the backward's outputs poisoned (NaN) once its first combine-bwd has sized them
+				for _, dr := range drs {
+					ok(dr.Dev.Fill16(dr.DX, 0x7fc0, int64(T*hd), dr.Stream))
+					ok(dr.Dev.Fill16(dr.DProbs, 0x7fc0, int64(2*T*k), dr.Stream))
+					if n := dr.Rows(); n > 0 {
+						ok(dr.Dev.Fill16(dr.ExpertDY, 0x7fc0, int64(n*hd), dr.Stream))
+					}
+				}
+			}
+			phases = append(phases, d.BackwardPhases(expertsBwd)...)
+		}
+		if err := dt.IssuePhases(th, d, drs, phases); err != nil {
+			return stepResult{err: err}
+		}
+		for _, dr := range drs {
+			ok(dr.Dev.SyncStream(dr.Stream))
+		}
+		if err := d.CheckStep(); err != nil {
+			return stepResult{err: err}
+		}
+	}
+	for _, dr := range drs {
+		y := make([]uint16, T*hd)
+		ok(dr.Dev.Download(y, dr.Y, dr.Stream))
+		res.y = append(res.y, kernels.FromBF16Bits(y))
+		if !train {
+			continue
+		}
+		edy, dx, dp := make([]uint16, dr.Rows()*hd), make([]uint16, T*hd), make([]float32, T*k)
+		if len(edy) > 0 {
+			ok(dr.Dev.Download(edy, dr.ExpertDY, dr.Stream))
+		}
+		ok(dr.Dev.Download(dx, dr.DX, dr.Stream))
+		ok(dr.Dev.Download(dp, dr.DProbs, dr.Stream))
+		res.expertDY, res.dx, res.dprobs = append(res.expertDY, kernels.FromBF16Bits(edy)), append(res.dx, kernels.FromBF16Bits(dx)), append(res.dprobs, dp)
+	}
+	return res
+}
+
+// deviceCases are the layouts of the device tests: EP 2, 4 and 8, one
+// domain and several, ranks on one device and on several (across domains
+// on Emu one device per rank: the emulated NCCL needs it).
+var deviceCases = []struct {
+	name   string
+	sh     dispatchers.Shape
+	domain int
+	ndev   int
+	shared bool
+	prob   func(int) float32
+}{
+	{"ep2-one-device", dispatchers.Shape{Tokens: 37, Hidden: 16, Experts: 16, TopK: 6, EP: 2}, 0, 1, false, dt.Cancelling},
+	{"ep2-two-domains", dispatchers.Shape{Tokens: 37, Hidden: 16, Experts: 16, TopK: 6, EP: 2}, 1, 2, true, dt.Mild},
+	{"ep4-two-devices-shared", dispatchers.Shape{Tokens: 29, Hidden: 24, Experts: 16, TopK: 5, EP: 4}, 0, 2, true, dt.Mild},
+	{"ep4-two-domains", dispatchers.Shape{Tokens: 29, Hidden: 8, Experts: 8, TopK: 3, EP: 4}, 2, 4, false, dt.Cancelling},
+	{"ep8-one-device", dispatchers.Shape{Tokens: 23, Hidden: 8, Experts: 16, TopK: 3, EP: 8}, 0, 1, false, dt.Mild},
+	{"ep8-two-devices", dispatchers.Shape{Tokens: 23, Hidden: 16, Experts: 32, TopK: 4, EP: 8}, 0, 2, false, dt.Cancelling},
+	{"ep8-four-domains", dispatchers.Shape{Tokens: 23, Hidden: 8, Experts: 16, TopK: 4, EP: 8}, 2, 8, false, dt.Mild},
+	{"ep8-two-domains", dispatchers.Shape{Tokens: 23, Hidden: 8, Experts: 16, TopK: 6, EP: 8}, 4, 8, true, dt.Cancelling},
+}
+
+// checkDevices runs the device design against the host design for the
+// cases whose devices devs(n) gives (nil: skipped).
+func checkDevices(t *testing.T, devs func(n int) []kernels.Device) {
+	for _, tc := range deviceCases {
+		t.Run(tc.name, func(t *testing.T) {
+			ds := devs(tc.ndev)
+			if ds == nil {
+				t.Skipf("no %d devices here", tc.ndev)
+			}
+			start := time.Now()
+			cfg := Config{SMs: 2, Domain: tc.domain, Chunk: 4}
+			var shared [][]float32
+			if tc.shared {
+				shared = sharedOf(tc.sh)
+			}
+			want, ranks := hostDesign(t, cfg, tc.sh, shared, tc.prob)
+			var got stepResult
+			hostsim.Within(t, 2*time.Minute, func() {
+				got = runDevice(t, &Device{cfg: cfg, timeout: 10 * time.Second}, tc.sh, ds, ranks, shared, 2, true)
+			})
+			if got.err != nil {
+				t.Fatal(got.err)
+			}
+			compare(t, got, want)
+			t.Logf("%.2f s", time.Since(start).Seconds())
+		})
+	}
+}
+
+// compare wants got to equal want bit for bit, rank by rank.
+func compare(t *testing.T, got, want stepResult) {
+	t.Helper()
+	for r := range want.y {
+		for _, g := range []struct {
+			name      string
+			got, want []float32
+		}{{"ExpertX", got.expertX[r], want.expertX[r]}, {"ExpertProbs", got.expertP[r], want.expertP[r]}, {"Y", got.y[r], want.y[r]},
+			{"ExpertDY", got.expertDY[r], want.expertDY[r]}, {"DX", got.dx[r], want.dx[r]}, {"DProbs", got.dprobs[r], want.dprobs[r]}} {
+			if i := slices.IndexFunc(g.got, func(v float32) bool { return v != v }); len(g.got) != len(g.want) || i >= 0 {
+				t.Fatalf("rank %d %s: %d values, NaN at %d; the host design's %d", r, g.name, len(g.got), i, len(g.want))
+			}
+			for i, v := range g.got {
+				if v != g.want[i] {
+					t.Fatalf("rank %d %s value %d: %v, the host design's %v", r, g.name, i, v, g.want[i])
+				}
+			}
+		}
+	}
+}
+
+// emuDevs are n Emus.
+func emuDevs(n int) []kernels.Device {
+	devs := make([]kernels.Device, n)
+	for i := range devs {
+		devs[i] = &kernels.Emu{SMs: 16}
+	}
+	return devs
+}
+
+// TestDeviceOnEmu: the device pipeline, forward and backward, through the
+// kernels' twins (Emu's stream-order check, its emulated NCCL across
+// domains).
+func TestDeviceOnEmu(t *testing.T) { checkDevices(t, emuDevs) }
+
+// fakeGPUs opens two GPUs of the host simulation (the fake driver and
+// NCCL, the kernels compiled for the CPU).
+func fakeGPUs(t *testing.T) []kernels.Device {
+	comp := hostsim.Setup(t)
+	nccl, err := hostsim.BuildFake("fakenccl", t.TempDir(), "libnccl.so.2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("MOEBENCH_NCCL", nccl)
+	old := kernels.NewCompiler
+	kernels.NewCompiler = func() (kernels.Compiler, error) { return comp, nil }
+	t.Cleanup(func() { kernels.NewCompiler = old })
+	t.Setenv("FAKECUDA_SMS", "8")
+	gs, err := kernels.OpenGPUs(2, 2, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	devs := make([]kernels.Device, len(gs))
+	for i, g := range gs {
+		devs[i] = g
+		t.Cleanup(func() { g.Close() })
+	}
+	return devs
+}
+
+// TestDeviceOnHostSim: hybridep.cu's kernels, forward and backward, on the
+// host simulation's two GPUs: ranks on one GPU and on both, one domain,
+// and two domains of one rank each (the inter-domain path through the fake
+// NCCL).
+func TestDeviceOnHostSim(t *testing.T) {
+	gs := fakeGPUs(t)
+	checkDevices(t, func(n int) []kernels.Device {
+		if n > len(gs) {
+			return nil
+		}
+		return gs[:n]
+	})
+}
+
+// TestBrokenBackwardTimesOut: a backward whose combine kernel (the
+// dispatch's backward) has a rank that never meets the others at its
+// barrier ends by the kernels' timeout, naming the rank, the backward's
+// phase and the wait; the forward and the combine's backward ran (ranks
+// on the host simulation's two GPUs).
+func TestBrokenBackwardTimesOut(t *testing.T) {
+	gs := fakeGPUs(t)
+	sh := dispatchers.Shape{Tokens: 16, Hidden: 8, Experts: 8, TopK: 2, EP: 2}
+	cfg := Config{SMs: 1, Chunk: 4}
+	_, ranks := hostDesign(t, cfg, sh, nil, dt.Mild)
+	d := &Device{cfg: cfg, timeout: 1500 * time.Millisecond} // long enough for every good wait on a loaded machine
+	d.Break(BugBwdNoBarrier, 1)
+	start := time.Now()
+	var got stepResult
+	hostsim.Within(t, time.Minute, func() { got = runDevice(t, d, sh, gs, ranks, nil, 1, true) })
+	var ce *kernels.CommError
+	if !errors.As(got.err, &ce) || !ce.Records[0].TimedOut || ce.Records[0].Waited < d.timeout {
+		t.Fatalf("%v: want the kernels' timeout", got.err)
+	}
+	if want := "rank 0 timed out in phase dispatch-bwd (the combine kernel) at wait barrier flag of rank 1"; !strings.Contains(got.err.Error(), want) {
+		t.Fatalf("%v: want %q", got.err, want)
+	}
+	t.Logf("%v (%.2f s)", got.err, time.Since(start).Seconds())
+}
+
+// TestGPUHybridEPDevice: the kernels on the GPUs (up to two; cases that
+// need more devices are skipped) against the host design bit for bit,
+// forward and backward (the bulk-copy path where the GPU is sm_90 and its
+// NVRTC ≥ 12).
+func TestGPUHybridEPDevice(t *testing.T) {
+	gs, err := kernels.OpenGPUs(0, 2, t.TempDir())
+	if err != nil {
+		if os.Getenv("MOEBENCH_REQUIRE_GPU") == "1" {
+			t.Fatalf("GPU required: %v", err)
+		}
+		t.Skipf("no GPU: %v", err)
+	}
+	devs := make([]kernels.Device, len(gs))
+	for i, g := range gs {
+		devs[i] = g
+		defer g.Close()
+	}
+	checkDevices(t, func(n int) []kernels.Device {
+		if n > len(devs) {
+			return nil
+		}
+		return devs[:n]
+	})
+}
