@@ -311,27 +311,159 @@ func gatherJSON[T any](dl *deviceLayer, v T, what string) ([]T, error) {
 }
 
 // agreeCheck gives every process the run's verdict: each process's check
-// of its own ranks, the worst error and every failure's detail.
+// of its own ranks, the worst error and every failure's detail, and with a
+// training step's gradients each gradient's worst error.
 func (dl *deviceLayer) agreeCheck(c *results.Correctness) (*results.Correctness, error) {
-	parts, err := dl.gatherParts(part{Process: dl.dist.rv.L.Rank, Correct: c})
+	parts, err := dl.gatherParts(part{Process: dl.dist.rv.L.Rank, Correct: finiteErrs(c)})
 	if err != nil {
 		return nil, err
 	}
-	out := *c
+	return mergeChecks(c, parts), nil
+}
+
+// mergeChecks is the run's verdict from every process's part (their
+// checks, as finiteErrs sent them), with mine's settings.
+func mergeChecks(mine *results.Correctness, parts []part) *results.Correctness {
+	out := *mine
 	out.MaxRelErr, out.RoutingDiffs, out.Passed = 0, 0, true
+	if mine.Grads != nil {
+		g := *mine.Grads
+		g.MaxRelErr, g.PerTensor = 0, map[string]float64{}
+		out.Grads = &g
+	}
 	var details []string
 	for _, p := range parts {
-		pc := p.Correct
+		pc := infiniteErrs(p.Correct)
 		out.MaxRelErr = max(out.MaxRelErr, pc.MaxRelErr)
 		out.RoutingDiffs += pc.RoutingDiffs
 		out.Passed = out.Passed && pc.Passed
 		if pc.Detail != "" {
 			details = append(details, fmt.Sprintf("process %d: %s", p.Process, pc.Detail))
 		}
+		switch {
+		case out.Grads == nil:
+		case pc.Grads == nil: // it did not check its gradients while this one did
+			out.Passed = false
+			details = append(details, fmt.Sprintf("process %d: no gradient check", p.Process))
+		default:
+			for n, e := range pc.Grads.PerTensor {
+				if old, ok := out.Grads.PerTensor[n]; !ok || !(e <= old) { // NaN stays
+					out.Grads.PerTensor[n] = e
+				}
+			}
+			out.Grads.MaxRelErr = max(out.Grads.MaxRelErr, pc.Grads.MaxRelErr)
+		}
 	}
 	out.Detail = strings.Join(details, "; ")
 	out.Sample += fmt.Sprintf(" (each of the %d processes checks its own ranks)", len(parts))
-	return &out, nil
+	return &out
+}
+
+// finiteErrs is c as JSON carries it: an infinite error (a NaN output or
+// gradient) as −1, which no error is; infiniteErrs undoes it.
+func finiteErrs(c *results.Correctness) *results.Correctness {
+	return mapErrs(c, func(e float64) float64 {
+		if math.IsInf(e, 0) || math.IsNaN(e) {
+			return -1
+		}
+		return e
+	})
+}
+
+func infiniteErrs(c *results.Correctness) *results.Correctness {
+	return mapErrs(c, func(e float64) float64 {
+		if e < 0 {
+			return math.Inf(1)
+		}
+		return e
+	})
+}
+
+// mapErrs is a copy of c with f applied to its errors.
+func mapErrs(c *results.Correctness, f func(float64) float64) *results.Correctness {
+	out := *c
+	out.MaxRelErr = f(c.MaxRelErr)
+	if c.Grads != nil {
+		g := *c.Grads
+		g.MaxRelErr, g.PerTensor = f(g.MaxRelErr), map[string]float64{}
+		for n, e := range c.Grads.PerTensor {
+			g.PerTensor[n] = f(e)
+		}
+		out.Grads = &g
+	}
+	return &out
+}
+
+// gatherRouting gives the host twin every other process's ranks' routing
+// of the last step (their experts and probabilities), which the gradient
+// reference of this process's experts needs: an expert's weight gradients
+// sum over every rank's tokens that chose it. This process's ranks'
+// routing is the host twin's already (download).
+func (dl *deviceLayer) gatherRouting() error {
+	d, c := dl.dist, dl.l.Cfg
+	n := c.Tokens * c.TopK
+	mine := make([]byte, 0, 8*n*d.per)
+	for r := d.first; r < d.first+d.per; r++ {
+		hr := dl.l.Ranks[r]
+		idx, _ := kernels.HostBytes(hr.Idx)
+		probs, _ := kernels.HostBytes(hr.Probs)
+		mine = append(append(mine, idx...), probs...)
+	}
+	all, err := dl.allGather(mine)
+	if err != nil {
+		return err
+	}
+	for p, b := range all {
+		if len(b) != 8*n*d.per {
+			return fmt.Errorf("process %d sent %d bytes of routing, want %d (%d ranks × %d tokens × top-%d, experts and probabilities)", p, len(b), 8*n*d.per, d.per, c.Tokens, c.TopK)
+		}
+		if p == d.rv.L.Rank {
+			continue
+		}
+		for i := range d.per {
+			hr := dl.l.Ranks[d.rep(p)+i]
+			at := b[8*n*i:]
+			idx, _ := kernels.HostBytes(hr.Idx)
+			probs, _ := kernels.HostBytes(hr.Probs)
+			copy(idx, at[:4*n])
+			copy(probs, at[4*n:8*n])
+		}
+	}
+	return nil
+}
+
+// sumChunk bounds the bytes one round of sumOverProcesses gathers from all
+// processes together (on the device and on the host).
+const sumChunk = 16 << 20
+
+// sumOverProcesses replaces v, this process's sum over its ranks, by the
+// sum over every process's (a data-parallel all-reduce, over NCCL): the
+// processes' values added in process order in float32, the same on every
+// process. It gathers a chunk at a time, at most sumChunk bytes in all.
+func (dl *deviceLayer) sumOverProcesses(v []float32) error {
+	W := dl.dist.rv.L.World
+	per := max(1, sumChunk/4/W)
+	for lo := 0; lo < len(v); lo += per {
+		chunk := v[lo:min(lo+per, len(v))]
+		b, _ := kernels.HostBytes(chunk)
+		all, err := dl.allGather(b) // copies b
+		if err != nil {
+			return err
+		}
+		clear(chunk)
+		for p, pb := range all {
+			if len(pb) != len(b) {
+				return fmt.Errorf("process %d sent %d bytes of a gradient sum, want %d", p, len(pb), len(b))
+			}
+			theirs := make([]float32, len(chunk))
+			tb, _ := kernels.HostBytes(theirs)
+			copy(tb, pb)
+			for i, x := range theirs {
+				chunk[i] += x
+			}
+		}
+	}
+	return nil
 }
 
 // pairs counts each of this process's ranks' last-step (token, rank) pairs

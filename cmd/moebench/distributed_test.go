@@ -25,10 +25,48 @@ func TestMain(m *testing.M) {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)
 		}
-		kernels.NewCompiler = func() (kernels.Compiler, error) { return comp, nil }
+		var c kernels.Compiler = comp
+		if m := os.Getenv("MOEBENCH_TEST_MUTATE"); m != "" {
+			c = &mutating{Compiler: comp, kernel: m}
+		}
+		kernels.NewCompiler = func() (kernels.Compiler, error) { return c, nil }
 		os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 	}
 	os.Exit(m.Run())
+}
+
+// mutating plants a bug in one kernel of a test process
+// (MOEBENCH_TEST_MUTATE names it; mutations lists them): its source is
+// changed before it is compiled, and its ID differs from the compiler's so
+// that no image of the right source is taken from the kernel cache. A
+// kernel whose source no longer holds the text to change fails to compile
+// (a mutation that silently did nothing would let a test pass).
+type mutating struct {
+	kernels.Compiler
+	kernel string
+}
+
+// mutations: the kernel's file, the text, and what replaces it.
+var mutations = map[string]struct{ file, from, to string }{
+	// the input gradient's parts added, then scaled by 1.5 (both loops)
+	"input_grad": {"gradadd.cu", "o[q] = f2bf(a[q]);", "o[q] = f2bf(1.5f * a[q]);"},
+}
+
+func (m *mutating) ID() string { return m.Compiler.ID() + " with a planted bug in " + m.kernel }
+
+func (m *mutating) Compile(name, source string, headers map[string]string, options []string) ([]byte, error) {
+	mu, ok := mutations[m.kernel]
+	if !ok {
+		return nil, fmt.Errorf("MOEBENCH_TEST_MUTATE=%s: no such mutation", m.kernel)
+	}
+	if name == mu.file {
+		if !strings.Contains(source, mu.from) {
+			return nil, fmt.Errorf("MOEBENCH_TEST_MUTATE=%s: %s no longer holds %q", m.kernel, name, mu.from)
+		}
+		source = strings.ReplaceAll(source, mu.from, mu.to)
+		fmt.Fprintf(os.Stderr, "moebench test: planted a bug in %s (%s)\n", m.kernel, name)
+	}
+	return m.Compiler.Compile(name, source, headers, options)
 }
 
 // proc is one process of a distributed run started by a test.
@@ -151,8 +189,30 @@ func TestDistributedRun(t *testing.T) {
 			if rec.Status != results.StatusOK || rec.Correctness == nil || !rec.Correctness.Passed || !strings.Contains(rec.Correctness.Sample, fmt.Sprintf("each of the %d processes", c.world)) {
 				t.Fatalf("record: status %s, %+v", rec.Status, rec.Correctness)
 			}
-			if rec.Config.Pass != results.PassForward || !strings.Contains(rec.Config.PassNote, "over several processes") { // the device backward runs in one process
-				t.Errorf("pass %q (%s)", rec.Config.Pass, rec.Config.PassNote)
+			// the training step: forward and backward timed, every gradient
+			// checked (each process its own ranks', the router's and shared
+			// expert's summed over the processes)
+			if rec.Config.Pass != results.PassTraining || rec.Config.PassNote != "" || rec.Timing.Forward == nil || rec.Timing.Backward == nil ||
+				!(rec.Timing.Backward.P50 > 0) || !(rec.Timing.Step.P50 > 0) {
+				t.Fatalf("pass %q (%q), timing fwd %+v bwd %+v", rec.Config.Pass, rec.Config.PassNote, rec.Timing.Forward, rec.Timing.Backward)
+			}
+			g := rec.Correctness.Grads
+			if g == nil || !(g.MaxRelErr <= g.Tolerance) || len(g.PerTensor) != 7 || !strings.Contains(g.Note, "each process compares its own ranks'") {
+				t.Fatalf("gradient check %+v", g)
+			}
+			for n, e := range g.PerTensor {
+				if !(e > 0 && e <= g.Tolerance) { // 0 would be a gradient compared with nothing
+					t.Errorf("gradient %s: error %g", n, e)
+				}
+			}
+			bwd := 0
+			for _, ph := range rec.Timing.Phases {
+				if strings.HasSuffix(ph.Name, "-bwd") {
+					bwd++
+				}
+			}
+			if bwd < 5 || rec.Memory == nil || len(rec.Memory.SavedPerRankBytes) != c.ep {
+				t.Errorf("%d backward phases; memory %+v", bwd, rec.Memory)
 			}
 			if len(rec.Ranks.Processes) != c.world || len(rec.Ranks.Devices) != c.ep || rec.Ranks.Launch == "" {
 				t.Fatalf("ranks %+v", rec.Ranks)
@@ -188,9 +248,10 @@ func TestDistributedRun(t *testing.T) {
 			if c.nodes && rec.Ranks.Processes[1].Host != "node-1" {
 				t.Errorf("process 1's node %q", rec.Ranks.Processes[1].Host)
 			}
-			t.Logf("%s; max rel err %.2e", rec.Ranks.Note, rec.Correctness.MaxRelErr)
+			t.Logf("%s; max rel err %.2e, gradients %.2e", rec.Ranks.Note, rec.Correctness.MaxRelErr, g.MaxRelErr)
 		})
 	}
+	t.Run("wrong-gradient-on-process-1", func(t *testing.T) { wrongGradient(t, rv, out) })
 	t.Run("sweep", func(t *testing.T) { distributedSweep(t, rv, out) })
 	t.Run("gpu-check", gpuCheckTwoProcesses)
 	t.Run("nightly", nightlyTwoProcesses)
@@ -246,6 +307,47 @@ func distributedSweep(t *testing.T, rv, out string) {
 		}
 		t.Logf("%s: %s: %s", c.name, recs[1].Status, recs[1].Reason)
 	}
+}
+
+// wrongGradient: process 1 of 2 runs a planted bug in the kernel that adds
+// the input gradient's parts (input_grad, its output scaled by 1.5: a
+// wrong gradient of its own ranks' tokens that no other process sees, its
+// outputs right): rank 0's one record fails the run naming process 1 and
+// the input gradient, and every process exits 1.
+func wrongGradient(t *testing.T, rv, out string) {
+	os.Remove(out)
+	ps := launchProcsEnv(t, 2, func(r int) []string {
+		if r == 1 {
+			return []string{"MOEBENCH_TEST_MUTATE=input_grad"}
+		}
+		return nil
+	}, "--device", "cuda", "--dispatcher", "alltoall", "--impl", "library", "--ep", "4",
+		"--experts", "16", "--tokens", "16", "--hidden", "32", "--ffn", "16", "--warmup", "1", "--iters", "2",
+		"--rendezvous", rv, "--out", out, "--format", "json", "--comm-timeout", "20s")
+	for r, p := range ps {
+		if err := p.wait(t, 4*time.Minute); err == nil {
+			t.Errorf("process %d exited 0; stderr:\n%s", r, p.stderr.String())
+		}
+	}
+	if !strings.Contains(ps[1].stderr.String(), "moebench test: planted ") {
+		t.Fatalf("process 1 ran no planted bug; stderr:\n%s", ps[1].stderr.String())
+	}
+	recs, err := results.ReadFile(out, nil)
+	if err != nil || len(recs) != 1 {
+		t.Fatalf("%d records, %v; process 0's stderr:\n%s", len(recs), err, ps[0].stderr.String())
+	}
+	c := recs[0].Correctness
+	if recs[0].Status != results.StatusFailed || c == nil || c.Passed || c.Grads == nil || !(c.MaxRelErr <= c.Tolerance) ||
+		!(c.Grads.PerTensor["input"] > 0.3) || !strings.Contains(c.Detail, "process 1: gradient error over the tolerance") ||
+		strings.Contains(c.Detail, "process 0") || recs[0].Timing != nil {
+		t.Fatalf("record: %s: %s; correctness %+v, gradients %+v", recs[0].Status, recs[0].Reason, c, c.Grads)
+	}
+	for n, e := range c.Grads.PerTensor {
+		if n != "input" && !(e <= c.Grads.Tolerance) {
+			t.Errorf("gradient %s: error %g (only the input gradient is wrong)", n, e)
+		}
+	}
+	t.Logf("rank 0's record: %s", recs[0].Reason)
 }
 
 func killedProcess(t *testing.T, rv, out string) {

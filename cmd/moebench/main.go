@@ -118,7 +118,7 @@ func runLayer(args []string, stdout, stderr io.Writer) (code int) {
 	if why := env.ForwardOnlyReason(cfg); why != "" {
 		fmt.Fprintf(stderr, "moebench: forward only: %s (add --forward-only to say so)\n", why)
 	}
-	defer limitMemory(harness.HostBytes(cfg))()
+	defer limitMemory(env.HostBytes(cfg))()
 	rec, err := harness.Run(cfg, env)
 	var ce *harness.ConfigError
 	if errors.As(err, &ce) {
