@@ -128,8 +128,8 @@ func (d *dist) open(th *kernels.Threads, devs []kernels.Device, streams []kernel
 		var err error
 		id, err = d.rv.ID(func() ([128]byte, error) { return newID() })
 		if err == nil {
-			d.watch = d.rv.Watch(id, d.description)
-			d.watch.Stage("NCCL's communicator setup (ncclCommInitRank)")
+			d.watch = d.rv.Watch(id, d.description, d.per)
+			d.watch.Meeting("NCCL's communicator setup (ncclCommInitRank)")
 		}
 		return id, err
 	}}
@@ -138,6 +138,14 @@ func (d *dist) open(th *kernels.Threads, devs []kernels.Device, streams []kernel
 	var no *kernels.NoCommError
 	if errors.As(err, &no) {
 		return &dispatchers.UnavailableError{Name: "alltoall", Impl: dispatchers.ImplLibrary, Reason: "NCCL: " + no.Reason}
+	}
+	if err != nil && d.watch != nil { // NCCL's setup gave up (its own bootstrap timeout): what is known of the others
+		if why := d.watch.Unmet(); why != "" {
+			err = fmt.Errorf("%s: %w; %s", d.description, err, why)
+		}
+	}
+	if err == nil { // every process's ranks met: the meeting is over
+		d.local("binding the dispatcher to the communicator")
 	}
 	return err
 }

@@ -3,9 +3,11 @@ package main
 import (
 	"bytes"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -30,7 +32,11 @@ func TestMain(m *testing.M) {
 			c = &mutating{Compiler: comp, kernel: m}
 		}
 		kernels.NewCompiler = func() (kernels.Compiler, error) { return c, nil }
-		os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+		args := os.Args[1:]
+		if os.Getenv("MOEBENCH_TEST_BAD_ARG") == "1" { // a process launched with other flags than the rest
+			args = append(args, "--iters", "many")
+		}
+		os.Exit(run(args, os.Stdout, os.Stderr))
 	}
 	os.Exit(m.Run())
 }
@@ -348,6 +354,88 @@ func wrongGradient(t *testing.T, rv, out string) {
 		}
 	}
 	t.Logf("rank 0's record: %s", recs[0].Reason)
+}
+
+// TestDistributedCommIDUnarrived: with NCCL_COMM_ID alone (no
+// --rendezvous, nothing shared but NCCL), a process that never reaches
+// NCCL's communicator setup (launched with a bad argument, it exits at
+// once) makes the others exit 1 within --comm-timeout of their own
+// arrival — not the fake NCCL's 120 s, where NCCL would hang — saying
+// what they know: their own ranks joined, and which other processes' did
+// not: named where it is the only other process, else every candidate,
+// with --rendezvous suggested. When NCCL's own bootstrap gives up first
+// (the fake's timeout under --comm-timeout), its error says the same.
+func TestDistributedCommIDUnarrived(t *testing.T) {
+	distributedSetup(t)
+	for _, c := range []struct {
+		name        string
+		world, bad  int    // processes, and the one launched with a bad argument
+		fakeTimeout string // FAKENCCL_TIMEOUT_S: NCCL's bootstrap timeout
+		commTimeout string
+		want        []string // in every other process's stderr
+		wantOf      map[int][]string
+		most        time.Duration // a survivor's whole run at most
+		notWant     string
+	}{
+		{name: "two-processes", world: 2, bad: 1, fakeTimeout: "120", commTimeout: "8s",
+			want: []string{"ranks 0–1 (process 0 of 2 on", "waited 8s in NCCL's communicator setup", "this process's ranks joined NCCL's communicator setup at NCCL_COMM_ID=127.0.0.1:",
+				"process 1 (ranks 2–3), the run's only other process, never joined it", "--rendezvous FILE"},
+			most: 40 * time.Second},
+		{name: "rank-0-missing", world: 2, bad: 0, fakeTimeout: "120", commTimeout: "8s",
+			want: []string{"ranks 2–3 (process 1 of 2 on", "waited 8s in NCCL's communicator setup", "process 0 (ranks 0–1), the run's only other process, never joined it"},
+			most: 40 * time.Second},
+		{name: "three-processes", world: 3, bad: 1, fakeTimeout: "120", commTimeout: "8s",
+			want: []string{"waited 8s in NCCL's communicator setup", "one or more never joined it", "NCCL's bootstrap does not say which", "--rendezvous FILE (a path every node sees) makes every process name it"},
+			wantOf: map[int][]string{0: {"ranks 0–1 (process 0 of 3", "of process 1 (ranks 2–3), process 2 (ranks 4–5), one or more"},
+				2: {"ranks 4–5 (process 2 of 3", "of process 0 (ranks 0–1), process 1 (ranks 2–3), one or more"}},
+			most: 40 * time.Second},
+		{name: "nccls-own-timeout", world: 2, bad: 1, fakeTimeout: "4", commTimeout: "5m",
+			want: []string{"ranks 0–1 (process 0 of 2 on", "ncclCommInitRank: rank 0 waited 4 s for the other ranks of 4 (2 joined)",
+				"process 1 (ranks 2–3), the run's only other process, never joined it"},
+			most: 35 * time.Second, notWant: "waited 5m"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			l, err := net.Listen("tcp", "127.0.0.1:0") // a free port for NCCL's bootstrap root
+			if err != nil {
+				t.Fatal(err)
+			}
+			port := l.Addr().(*net.TCPAddr).Port
+			l.Close()
+			ep := 2 * c.world
+			start := time.Now()
+			ps := launchProcsEnv(t, c.world, func(r int) []string {
+				env := []string{fmt.Sprintf("NCCL_COMM_ID=127.0.0.1:%d", port), "FAKENCCL_TIMEOUT_S=" + c.fakeTimeout}
+				if r == c.bad {
+					env = append(env, "MOEBENCH_TEST_BAD_ARG=1")
+				}
+				return env
+			}, "--device", "cuda", "--dispatcher", "alltoall", "--impl", "library", "--ep", fmt.Sprint(ep),
+				"--experts", fmt.Sprint(4*ep), "--tokens", "16", "--hidden", "32", "--ffn", "16", "--warmup", "1", "--iters", "2", "--comm-timeout", c.commTimeout)
+			for r, p := range ps {
+				err := p.wait(t, 3*time.Minute)
+				took := time.Since(start)
+				msg := p.stderr.String()
+				if r == c.bad {
+					if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 2 || !strings.Contains(msg, "--iters") {
+						t.Errorf("process %d (bad argument): %v; stderr:\n%s", r, err, msg)
+					}
+					continue
+				}
+				if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 1 || took > c.most {
+					t.Errorf("process %d: %v after %v; stderr:\n%s", r, err, took, msg)
+				}
+				for _, w := range append(slices.Clone(c.want), c.wantOf[r]...) {
+					if !strings.Contains(msg, w) {
+						t.Errorf("process %d's stderr lacks %q:\n%s", r, w, msg)
+					}
+				}
+				if c.notWant != "" && strings.Contains(msg, c.notWant) {
+					t.Errorf("process %d's stderr holds %q:\n%s", r, c.notWant, msg)
+				}
+				t.Logf("process %d after %v: %s", r, took.Round(time.Millisecond), msg)
+			}
+		})
+	}
 }
 
 func killedProcess(t *testing.T, rv, out string) {
