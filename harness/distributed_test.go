@@ -1,12 +1,14 @@
 package harness
 
 import (
+	"encoding/json"
 	"math"
 	"strings"
 	"testing"
 
 	"github.com/moebench/moebench/dispatchers"
 	"github.com/moebench/moebench/internal/launch"
+	"github.com/moebench/moebench/results"
 )
 
 // TestNodeBytes: a token goes to a rank once however many of its experts
@@ -73,5 +75,86 @@ func TestNotAcrossProcesses(t *testing.T) {
 	cfg.Dispatcher, cfg.Impl, cfg.EP = "alltoall", "library", 4
 	if _, err := newDist(cfg, rv); err != nil {
 		t.Errorf("alltoall library: %v", err)
+	}
+}
+
+// TestMergeChecks: the run's verdict over the processes' checks, as the
+// gather carries them (JSON): every process must pass; each gradient's
+// error is the largest process's, an infinite one (a NaN gradient)
+// included; a process that checked no gradients while this one did fails
+// the run; the details name their processes.
+func TestMergeChecks(t *testing.T) {
+	check := func(passed bool, out float64, grads map[string]float64, detail string) *results.Correctness {
+		c := &results.Correctness{Checked: true, Passed: passed, MaxRelErr: out, Tolerance: 0.02, Sample: "all 64 tokens", Detail: detail}
+		if grads != nil {
+			c.Grads = &results.GradCheck{Tolerance: 0.02, PerTensor: grads}
+			for _, e := range grads {
+				c.Grads.MaxRelErr = max(c.Grads.MaxRelErr, e)
+			}
+		}
+		return c
+	}
+	carried := func(p int, c *results.Correctness) part { // through JSON, as gatherParts sends it
+		b, err := json.Marshal(part{Process: p, Correct: finiteErrs(c)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var back part
+		if err := json.Unmarshal(b, &back); err != nil {
+			t.Fatal(err)
+		}
+		return back
+	}
+	mine := check(true, 0.005, map[string]float64{"input": 0.004, "router weight": 0.003}, "")
+	theirs := check(false, 0.006, map[string]float64{"input": math.Inf(1), "router weight": 0.003}, "gradient error over the tolerance 0.02: input +Inf")
+	got := mergeChecks(mine, []part{carried(0, mine), carried(1, theirs)})
+	if got.Passed || got.MaxRelErr != 0.006 || !math.IsInf(got.Grads.PerTensor["input"], 1) || got.Grads.PerTensor["router weight"] != 0.003 ||
+		!math.IsInf(got.Grads.MaxRelErr, 1) || got.Detail != "process 1: gradient error over the tolerance 0.02: input +Inf" ||
+		!strings.HasSuffix(got.Sample, "(each of the 2 processes checks its own ranks)") {
+		t.Errorf("merged %+v, gradients %+v", got, got.Grads)
+	}
+	if mine.Grads.PerTensor["input"] != 0.004 || !mine.Passed { // its own check is left as it was
+		t.Errorf("this process's check changed: %+v", mine.Grads)
+	}
+	if got := mergeChecks(mine, []part{carried(0, mine), carried(1, mine)}); !got.Passed || got.Grads.MaxRelErr != 0.004 || got.Detail != "" {
+		t.Errorf("all passing: %+v, gradients %+v", got, got.Grads)
+	}
+	unchecked := check(true, 0.005, nil, "")
+	if got := mergeChecks(mine, []part{carried(0, mine), carried(1, unchecked)}); got.Passed || !strings.Contains(got.Detail, "process 1: no gradient check") {
+		t.Errorf("a process without gradients: %+v", got)
+	}
+}
+
+// TestHostBytesShare: a process's estimate of its share of a training step
+// over several processes counts the gradient check's gathers (every rank's
+// routing, the all-reduce's rounds), and its own ranks' output reference
+// only; a run of one process counts no gathers.
+func TestHostBytesShare(t *testing.T) {
+	c := DefaultConfig()
+	c.Device, c.Dispatcher, c.Impl, c.EP = "cuda", "alltoall", "library", 8
+	env := Env{Rendezvous: &launch.Rendezvous{L: launch.Launch{Rank: 1, World: 4}}}
+	parts := func(c Config) map[string]float64 {
+		m := map[string]float64{}
+		for _, p := range memParts(c, c.hostExperts()) {
+			m[p.name] = p.bytes
+		}
+		return m
+	}
+	one, share := parts(c), parts(env.share(c))
+	const gathers = "gradient check's gathers over NCCL"
+	if _, ok := one[gathers]; ok {
+		t.Errorf("one process counts %s", gathers)
+	}
+	if got, want := share[gathers], float64(24*c.EP*c.Tokens*c.TopK+2*sumChunk); got != want {
+		t.Errorf("%s: %.0f bytes, want %.0f", gathers, got, want)
+	}
+	// the output reference's per-token buffers: a quarter of the ranks'
+	T, h, k := float64(c.Tokens), float64(c.Hidden), float64(c.TopK)
+	if d, want := one["float64 reference"]-share["float64 reference"], 0.75*float64(c.EP)*T*(k*(24+8*h)+8*h); math.Abs(d-want) > 1 {
+		t.Errorf("float64 reference: a share of four is %.0f bytes less than one process's, want %.0f", d, want)
+	}
+	if env.HostBytes(c) <= HostBytes(c) || share["float64 gradient reference"] != one["float64 gradient reference"] {
+		t.Errorf("HostBytes: one process %d, a share of four %d; gradient reference %.0f and %.0f", HostBytes(c), env.HostBytes(c),
+			one["float64 gradient reference"], share["float64 gradient reference"])
 	}
 }

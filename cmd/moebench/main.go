@@ -165,6 +165,9 @@ func rendezvous(o options, cfg harness.Config) (*launch.Rendezvous, error) {
 	if cfg.Device != "cuda" {
 		return nil, fmt.Errorf("--device=%s: a run over %d processes (%s) needs the cuda device (the host device runs every rank in one process)", cfg.Device, l.World, l.Via)
 	}
+	if o.dump != "" {
+		return nil, fmt.Errorf("--dump=%s: does not apply to a run over %d processes (%s): each process holds only its own ranks' tensors and gradients; dump a run of one process", o.dump, l.World, l.Via)
+	}
 	timeout := cfg.CommTimeout
 	if timeout == 0 {
 		timeout = dispatchers.DefaultCommTimeout
