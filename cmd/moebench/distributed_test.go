@@ -558,3 +558,20 @@ func nightlyTwoProcesses(t *testing.T) {
 		}
 	}
 }
+
+// TestDistributedDumpRefused: --dump in a run over several processes is a
+// usage error naming the flag and the launch, before anything runs or is
+// written (each process holds only its own ranks' tensors).
+func TestDistributedDumpRefused(t *testing.T) {
+	t.Setenv("MOEBENCH_RANK", "1")
+	t.Setenv("MOEBENCH_WORLD", "2")
+	t.Setenv("NCCL_COMM_ID", "127.0.0.1:1")
+	dump := filepath.Join(t.TempDir(), "dump")
+	code, out, e := cli("--device", "cuda", "--dispatcher", "alltoall", "--impl", "library", "--ep", "4", "--dump", dump)
+	if code != exitUsage || out != "" || !strings.Contains(e, "--dump="+dump+": does not apply to a run over 2 processes (MOEBENCH_RANK/MOEBENCH_WORLD") {
+		t.Errorf("exit %d; stdout %q; stderr %q", code, out, e)
+	}
+	if _, err := os.Stat(dump); err == nil {
+		t.Errorf("--dump %s was created", dump)
+	}
+}
