@@ -526,14 +526,20 @@ func (dl *deviceLayer) checkGrads(cr *results.Correctness, sampled bool) error {
 		}
 		return w
 	}
-	g.PerTensor = cmp.finish()
+	accs := cmp.finishAcc()
 	if failed != nil {
 		return failed
 	}
-	for _, e := range g.PerTensor {
-		g.MaxRelErr = math.Max(g.MaxRelErr, e)
+	g.PerTensor = map[string]float64{}
+	for n, a := range accs {
+		g.PerTensor[n] = a.err()
+		g.MaxRelErr = math.Max(g.MaxRelErr, a.err())
 	}
 	cr.Grads = g
+	if dl.dist != nil { // the verdict is the run's, from every process's maxima (agreeCheck)
+		dl.gradAcc = accs
+		return nil
+	}
 	if why := gradDetail(g); why != "" {
 		cr.Passed = false
 		cr.Detail = strings.TrimPrefix(cr.Detail+"; "+why, "; ")
@@ -544,7 +550,7 @@ func (dl *deviceLayer) checkGrads(cr *results.Correctness, sampled bool) error {
 // distGradNote says how a run over several processes checks its gradients.
 const distGradNote = "over several processes: each process compares its own ranks' input and probability gradients and its own experts' weight gradients " +
 	"(their reference takes every rank's tokens, with the other processes' routing gathered over NCCL), and the router's and shared expert's main_grad " +
-	"summed over every process's ranks over NCCL; the record's errors are the largest of the processes'"
+	"summed over every process's ranks over NCCL; each gradient's error is then the run's, max|g − ref| and max|ref| taken over every process's, as one process's check takes them"
 
 // dump writes --dump's files of the last step: with a training step's
 // gradients, every expert's weight gradients downloaded from its owner.

@@ -13,6 +13,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"slices"
 	"strings"
@@ -293,6 +294,9 @@ type part struct {
 	Mem            []int64                `json:",omitempty"`
 	Issue, Wait    []float64              `json:",omitempty"`
 	Pairs          [][]int64              `json:",omitempty"` // [its rank][destination rank] the last step's (token, rank) pairs
+	// its gradient check's maxima: [gradient] max|g − ref| (−1: infinite)
+	// and max|ref| over what it compared
+	GradAcc map[string][2]float64 `json:",omitempty"`
 }
 
 // gatherParts all-gathers every process's part.
@@ -319,10 +323,22 @@ func gatherJSON[T any](dl *deviceLayer, v T, what string) ([]T, error) {
 }
 
 // agreeCheck gives every process the run's verdict: each process's check
-// of its own ranks, the worst error and every failure's detail, and with a
-// training step's gradients each gradient's worst error.
+// of its own ranks' outputs, the worst error and every failure's detail;
+// with a training step's gradients, each gradient's error over every
+// process's maxima, as one process's check computes it, and its verdict.
 func (dl *deviceLayer) agreeCheck(c *results.Correctness) (*results.Correctness, error) {
-	parts, err := dl.gatherParts(part{Process: dl.dist.rv.L.Rank, Correct: finiteErrs(c)})
+	p := part{Process: dl.dist.rv.L.Rank, Correct: finiteErrs(c)}
+	if dl.gradAcc != nil {
+		p.GradAcc = map[string][2]float64{}
+		for n, a := range dl.gradAcc {
+			d := a.diff
+			if math.IsInf(d, 0) || math.IsNaN(d) {
+				d = -1
+			}
+			p.GradAcc[n] = [2]float64{d, a.ref}
+		}
+	}
+	parts, err := dl.gatherParts(p)
 	if err != nil {
 		return nil, err
 	}
@@ -330,15 +346,14 @@ func (dl *deviceLayer) agreeCheck(c *results.Correctness) (*results.Correctness,
 }
 
 // mergeChecks is the run's verdict from every process's part (their
-// checks, as finiteErrs sent them), with mine's settings.
+// checks as finiteErrs sent them, and their gradient maxima), with mine's
+// settings. A gradient's error is max|g − ref| over every process's over
+// max|ref| over every process's (what one process checking every rank
+// computes); over the tolerance, the detail names the processes whose own
+// differences are.
 func mergeChecks(mine *results.Correctness, parts []part) *results.Correctness {
 	out := *mine
 	out.MaxRelErr, out.RoutingDiffs, out.Passed = 0, 0, true
-	if mine.Grads != nil {
-		g := *mine.Grads
-		g.MaxRelErr, g.PerTensor = 0, map[string]float64{}
-		out.Grads = &g
-	}
 	var details []string
 	for _, p := range parts {
 		pc := infiniteErrs(p.Correct)
@@ -348,23 +363,57 @@ func mergeChecks(mine *results.Correctness, parts []part) *results.Correctness {
 		if pc.Detail != "" {
 			details = append(details, fmt.Sprintf("process %d: %s", p.Process, pc.Detail))
 		}
-		switch {
-		case out.Grads == nil:
-		case pc.Grads == nil: // it did not check its gradients while this one did
-			out.Passed = false
-			details = append(details, fmt.Sprintf("process %d: no gradient check", p.Process))
-		default:
-			for n, e := range pc.Grads.PerTensor {
-				if old, ok := out.Grads.PerTensor[n]; !ok || !(e <= old) { // NaN stays
-					out.Grads.PerTensor[n] = e
-				}
+	}
+	if mine.Grads != nil {
+		acc := map[string]errAcc{}
+		for _, p := range parts {
+			if p.GradAcc == nil { // it did not check its gradients while this one did
+				out.Passed = false
+				details = append(details, fmt.Sprintf("process %d: no gradient check", p.Process))
 			}
-			out.Grads.MaxRelErr = max(out.Grads.MaxRelErr, pc.Grads.MaxRelErr)
+			for n, v := range p.GradAcc {
+				acc[n] = mergeAcc(acc[n], v)
+			}
+		}
+		g := *mine.Grads
+		g.MaxRelErr, g.PerTensor = 0, map[string]float64{}
+		for n, a := range acc {
+			g.PerTensor[n] = a.err()
+			g.MaxRelErr = max(g.MaxRelErr, a.err())
+		}
+		out.Grads = &g
+		if why := gradDetail(&g); why != "" {
+			out.Passed = false
+			var in []string // the processes whose own differences are over the tolerance, by gradient
+			for _, n := range slices.Sorted(maps.Keys(acc)) {
+				if g.PerTensor[n] <= g.Tolerance {
+					continue
+				}
+				var ps []string
+				for _, p := range parts {
+					if v, ok := p.GradAcc[n]; ok && !((errAcc{diff: mergeAcc(errAcc{}, v).diff, ref: acc[n].ref}).err() <= g.Tolerance) {
+						ps = append(ps, fmt.Sprint(p.Process))
+					}
+				}
+				in = append(in, fmt.Sprintf("%s in process(es) %s", n, strings.Join(ps, ", ")))
+			}
+			details = append(details, fmt.Sprintf("%s (%s)", why, strings.Join(in, "; ")))
 		}
 	}
 	out.Detail = strings.Join(details, "; ")
 	out.Sample += fmt.Sprintf(" (each of the %d processes checks its own ranks)", len(parts))
 	return &out
+}
+
+// mergeAcc adds a process's gradient maxima (max|g − ref|, −1 for an
+// infinite one; max|ref|) to a.
+func mergeAcc(a errAcc, v [2]float64) errAcc {
+	d := v[0]
+	if d < 0 {
+		d = math.Inf(1)
+	}
+	a.merge(errAcc{diff: d, ref: v[1]})
+	return a
 }
 
 // finiteErrs is c as JSON carries it: an infinite error (a NaN output or
