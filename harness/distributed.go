@@ -391,13 +391,19 @@ func mergeChecks(mine *results.Correctness, parts []part) *results.Correctness {
 				}
 				var ps []string
 				for _, p := range parts {
-					if v, ok := p.GradAcc[n]; ok && !((errAcc{diff: mergeAcc(errAcc{}, v).diff, ref: acc[n].ref}).err() <= g.Tolerance) {
+					v, ok := p.GradAcc[n]
+					own := mergeAcc(errAcc{}, v) // its own differences, against the run's reference
+					own.ref = acc[n].ref
+					if ok && !(own.err() <= g.Tolerance) {
 						ps = append(ps, fmt.Sprint(p.Process))
 					}
 				}
 				in = append(in, fmt.Sprintf("%s in process(es) %s", n, strings.Join(ps, ", ")))
 			}
-			details = append(details, fmt.Sprintf("%s (%s)", why, strings.Join(in, "; ")))
+			if in != nil {
+				why += " (" + strings.Join(in, "; ") + ")"
+			}
+			details = append(details, why)
 		}
 	}
 	out.Detail = strings.Join(details, "; ")
