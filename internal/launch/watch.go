@@ -84,19 +84,16 @@ func (w *Watch) Stage(s string) { w.StageFor(s, w.timeout) }
 
 // StageFor is Stage for a stage that may take up to d (the timeout, or
 // longer).
-func (w *Watch) StageFor(s string, d time.Duration) {
-	w.mu.Lock()
-	w.stage, w.deadline, w.meeting = s, time.Now().Add(max(d, w.timeout)), false
-	w.stages++
-	w.mu.Unlock()
-}
+func (w *Watch) StageFor(s string, d time.Duration) { w.enter(s, d, false) }
 
 // Meeting is Stage for the processes' first meeting, NCCL's communicator
 // setup, which ends once every process's ranks joined it.
-func (w *Watch) Meeting(s string) {
-	w.Stage(s)
+func (w *Watch) Meeting(s string) { w.enter(s, w.timeout, true) }
+
+func (w *Watch) enter(s string, d time.Duration, meeting bool) {
 	w.mu.Lock()
-	w.meeting = true
+	w.stage, w.deadline, w.meeting = s, time.Now().Add(max(d, w.timeout)), meeting
+	w.stages++
 	w.mu.Unlock()
 }
 
