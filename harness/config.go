@@ -109,6 +109,10 @@ type Config struct {
 	// HostExperts is how the host device holds the experts' weights and
 	// fp32 weight gradients (HostExpertsModes; "" is HostExpertsAuto)
 	HostExperts string
+	// processes is how many processes a cuda run spans (0 or 1: this one
+	// alone), for the host memory estimate of this process's share (set
+	// by runDevice and Env.HostBytes)
+	processes int
 }
 
 // How the host device holds the experts' weights and their fp32 weight

@@ -3,6 +3,7 @@ package harness
 import (
 	"fmt"
 	"math"
+	"runtime"
 	"strings"
 	"sync"
 
@@ -71,14 +72,21 @@ func trains(c Config, d dispatchers.DeviceDispatcher) bool {
 	return !c.ForwardOnly && dispatchers.HasBackward(d)
 }
 
-// newDeviceBackward draws the upstream gradient and allocates and uploads
-// what rank r's backward needs; wrf32 is its device's fp32 router weight.
+// drawDOuts draws every rank's upstream gradient into the host twin (in
+// a run over several processes the other processes' ranks' too: the
+// gradient reference of this process's experts takes every token).
+func drawDOuts(l *Layer) {
+	l.DOut = make([][]float32, l.Cfg.EP)
+	parallel(l.Cfg.EP, runtime.GOMAXPROCS(0), func(_, r int) { l.DOut[r] = drawDOut(l.Cfg, r) })
+}
+
+// newDeviceBackward allocates what rank r's backward needs and uploads its
+// upstream gradient (drawDOuts drew it).
 func (dl *deviceLayer) newDeviceBackward(r int) error {
 	l, rk, g := dl.l, dl.ranks[r], &dl.rr[r].g
 	c := l.Cfg
 	T, h, f, E := c.Tokens, c.Hidden, c.FFN, c.Experts
 	fs, L := f*c.SharedExperts, l.Shape.LocalExperts()
-	l.DOut = append(l.DOut, drawDOut(c, r))
 	bufs := []kernels.Buf{{P: &rk.DY, PerRow: int64(2 * T * h)}, {P: &rk.DFC1, PerRow: int64(4 * L * 2 * f * h)}, {P: &rk.DFC2, PerRow: int64(4 * L * h * f)},
 		{P: &g.dx, PerRow: int64(2 * T * h)}}
 	if l.routerGrad() {
@@ -394,9 +402,12 @@ func (dl *deviceLayer) poisonGrads(r int) error {
 }
 
 // downloadGrads copies the last step's gradients into the host twin, as
-// the gradient check reads them: each rank's input gradient and probability
-// gradients, and the router's and shared expert's main_grad summed over
-// the ranks in rank order (as the host layer's replicas sum them).
+// the gradient check reads them: each of this process's ranks' input
+// gradient and probability gradients, and the router's and shared
+// expert's main_grad summed over its ranks in rank order (as the host
+// layer's replicas sum them); in a run over several processes those sums
+// are then summed over the processes (sumOverProcesses, a data-parallel
+// all-reduce over NCCL), so that every process holds the whole run's.
 func (dl *deviceLayer) downloadGrads() error {
 	l, c := dl.l, dl.l.Cfg
 	T, h, E, fs := c.Tokens, c.Hidden, c.Experts, c.FFN*c.SharedExperts
@@ -417,6 +428,9 @@ func (dl *deviceLayer) downloadGrads() error {
 		return nil
 	}
 	for r, rk := range dl.ranks {
+		if !dl.local(r) {
+			continue
+		}
 		g, hr := &dl.rr[r].g, l.Ranks[r]
 		if err := rk.Dev.Download(dx, g.dx, rk.Stream); err != nil {
 			return err
@@ -438,6 +452,18 @@ func (dl *deviceLayer) downloadGrads() error {
 			if err := add(l.replica.shared.FC2, g.sfc2Grad, rk); err != nil {
 				return err
 			}
+		}
+	}
+	if dl.dist == nil {
+		return nil
+	}
+	sums := [][]float32{l.replica.shared.FC1, l.replica.shared.FC2}
+	if l.routerGrad() {
+		sums = append(sums, l.replica.router)
+	}
+	for _, v := range sums {
+		if err := dl.sumOverProcesses(v); err != nil {
+			return err
 		}
 	}
 	return nil
@@ -462,19 +488,35 @@ const deviceRoundTrip = "not run on the device: the gradient check covers the di
 // checkGrads compares the gradients of the step check ran with the float64
 // reference and fills cr.Grads, or says in cr.Sample why they were not
 // compared: the reference of every token's gradients is beyond the
-// check's budget when the forward's check samples tokens (sampled).
+// check's budget when the forward's check samples tokens (sampled). In a
+// run over several processes each process compares its own ranks' input
+// and probability gradients and its own experts' weight gradients, whose
+// reference takes every rank's tokens (gatherRouting brings the other
+// processes' routing), and the router's and shared expert's main_grad
+// summed over every process (downloadGrads); agreeCheck then gives every
+// process every verdict.
 func (dl *deviceLayer) checkGrads(cr *results.Correctness, sampled bool) error {
 	if sampled {
 		cr.Sample += "; gradients not checked: their float64 reference (every token: the weight gradients sum over all of them) exceeds the check's budget at this shape"
 		return nil
 	}
+	if dl.dist != nil {
+		if err := dl.gatherRouting(); err != nil {
+			return err
+		}
+	}
 	if err := dl.downloadGrads(); err != nil {
 		return err
 	}
+	dl.dist.local("computing the float64 gradient reference")
 	var mu sync.Mutex
 	var failed error
 	g := &results.GradCheck{Tolerance: kernels.GradTolerance, Metric: kernels.GradErrMetric, Note: gradNote, RoundTrip: deviceRoundTrip}
 	cmp := newGradCompare(dl.l)
+	if dl.dist != nil {
+		cmp.local = dl.local
+		g.Note += "; " + distGradNote
+	}
 	cmp.expertGrads = func(e int) dispatchers.ExpertWeights {
 		mu.Lock() // one download at a time
 		defer mu.Unlock()
@@ -484,20 +526,31 @@ func (dl *deviceLayer) checkGrads(cr *results.Correctness, sampled bool) error {
 		}
 		return w
 	}
-	g.PerTensor = cmp.finish()
+	accs := cmp.finishAcc()
 	if failed != nil {
 		return failed
 	}
-	for _, e := range g.PerTensor {
-		g.MaxRelErr = math.Max(g.MaxRelErr, e)
+	g.PerTensor = map[string]float64{}
+	for n, a := range accs {
+		g.PerTensor[n] = a.err()
+		g.MaxRelErr = math.Max(g.MaxRelErr, a.err())
 	}
 	cr.Grads = g
+	if dl.dist != nil { // the verdict is the run's, from every process's maxima (agreeCheck)
+		dl.gradAcc = accs
+		return nil
+	}
 	if why := gradDetail(g); why != "" {
 		cr.Passed = false
 		cr.Detail = strings.TrimPrefix(cr.Detail+"; "+why, "; ")
 	}
 	return nil
 }
+
+// distGradNote says how a run over several processes checks its gradients.
+const distGradNote = "over several processes: each process compares its own ranks' input and probability gradients and its own experts' weight gradients " +
+	"(their reference takes every rank's tokens, with the other processes' routing gathered over NCCL), and the router's and shared expert's main_grad " +
+	"summed over every process's ranks over NCCL; each gradient's error is then the run's, max|g − ref| and max|ref| taken over every process's, as one process's check takes them"
 
 // dump writes --dump's files of the last step: with a training step's
 // gradients, every expert's weight gradients downloaded from its owner.

@@ -45,6 +45,7 @@ type deviceLayer struct {
 	train      bool                       // a step is a training step: forward, then backward (devbackward.go)
 	forward    int                        // the forward's phases: the first of steps
 	dist       *dist                      // a run over several processes (distributed.go); nil: one
+	gradAcc    map[string]errAcc          // a run over several processes: this process's part of the gradient check (checkGrads)
 }
 
 // local: rank r runs in this process (in a run over several, the others'
@@ -180,6 +181,9 @@ func newDeviceLayer(l *Layer, devs []kernels.Device, th *kernels.Threads, d disp
 				return nil, err
 			}
 		}
+	}
+	if dl.train {
+		drawDOuts(l)
 	}
 	for r := range c.EP {
 		if !dl.local(r) {
@@ -1076,7 +1080,11 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 			return nil, err // a *ConfigError
 		}
 	}
-	if err := checkHostMemory(cfg); err != nil { // the host twin and the reference
+	if ds != nil && env.Dump != "" { // before anything is written
+		return nil, &ConfigError{"dump", env.Dump, fmt.Sprintf("does not apply to a run that spans processes (%s): each process holds only its own ranks' tensors and gradients; dump a run of one process", env.Rendezvous.L.Via)}
+	}
+	cfg = env.share(cfg)
+	if err := checkHostMemory(cfg); err != nil { // the host twin and the reference (this process's share)
 		return fail(results.StatusUnavailable, err)
 	}
 	d, err := dispatchers.NewDevice(cfg.Dispatcher, cfg.Impl, cfg.dispatcherEnv())

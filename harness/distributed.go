@@ -13,6 +13,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"slices"
 	"strings"
@@ -128,8 +129,8 @@ func (d *dist) open(th *kernels.Threads, devs []kernels.Device, streams []kernel
 		var err error
 		id, err = d.rv.ID(func() ([128]byte, error) { return newID() })
 		if err == nil {
-			d.watch = d.rv.Watch(id, d.description)
-			d.watch.Stage("NCCL's communicator setup (ncclCommInitRank)")
+			d.watch = d.rv.Watch(id, d.description, d.per)
+			d.watch.Meeting("NCCL's communicator setup (ncclCommInitRank)")
 		}
 		return id, err
 	}}
@@ -138,6 +139,14 @@ func (d *dist) open(th *kernels.Threads, devs []kernels.Device, streams []kernel
 	var no *kernels.NoCommError
 	if errors.As(err, &no) {
 		return &dispatchers.UnavailableError{Name: "alltoall", Impl: dispatchers.ImplLibrary, Reason: "NCCL: " + no.Reason}
+	}
+	if err != nil && d.watch != nil { // NCCL's setup gave up (its own bootstrap timeout): what is known of the others
+		if why := d.watch.Unmet(); why != "" {
+			err = fmt.Errorf("%s: %w; %s", d.description, err, why)
+		}
+	}
+	if err == nil { // every process's ranks met: the meeting is over
+		d.local("binding the dispatcher to the communicator")
 	}
 	return err
 }
@@ -285,6 +294,9 @@ type part struct {
 	Mem            []int64                `json:",omitempty"`
 	Issue, Wait    []float64              `json:",omitempty"`
 	Pairs          [][]int64              `json:",omitempty"` // [its rank][destination rank] the last step's (token, rank) pairs
+	// its gradient check's maxima: [gradient] max|g − ref| (−1: infinite)
+	// and max|ref| over what it compared
+	GradAcc map[string][2]float64 `json:",omitempty"`
 }
 
 // gatherParts all-gathers every process's part.
@@ -311,17 +323,40 @@ func gatherJSON[T any](dl *deviceLayer, v T, what string) ([]T, error) {
 }
 
 // agreeCheck gives every process the run's verdict: each process's check
-// of its own ranks, the worst error and every failure's detail.
+// of its own ranks' outputs, the worst error and every failure's detail;
+// with a training step's gradients, each gradient's error over every
+// process's maxima, as one process's check computes it, and its verdict.
 func (dl *deviceLayer) agreeCheck(c *results.Correctness) (*results.Correctness, error) {
-	parts, err := dl.gatherParts(part{Process: dl.dist.rv.L.Rank, Correct: c})
+	p := part{Process: dl.dist.rv.L.Rank, Correct: finiteErrs(c)}
+	if dl.gradAcc != nil {
+		p.GradAcc = map[string][2]float64{}
+		for n, a := range dl.gradAcc {
+			d := a.diff
+			if math.IsInf(d, 0) || math.IsNaN(d) {
+				d = -1
+			}
+			p.GradAcc[n] = [2]float64{d, a.ref}
+		}
+	}
+	parts, err := dl.gatherParts(p)
 	if err != nil {
 		return nil, err
 	}
-	out := *c
+	return mergeChecks(c, parts), nil
+}
+
+// mergeChecks is the run's verdict from every process's part (their
+// checks as finiteErrs sent them, and their gradient maxima), with mine's
+// settings. A gradient's error is max|g − ref| over every process's over
+// max|ref| over every process's (what one process checking every rank
+// computes); over the tolerance, the detail names the processes whose own
+// differences are.
+func mergeChecks(mine *results.Correctness, parts []part) *results.Correctness {
+	out := *mine
 	out.MaxRelErr, out.RoutingDiffs, out.Passed = 0, 0, true
 	var details []string
 	for _, p := range parts {
-		pc := p.Correct
+		pc := infiniteErrs(p.Correct)
 		out.MaxRelErr = max(out.MaxRelErr, pc.MaxRelErr)
 		out.RoutingDiffs += pc.RoutingDiffs
 		out.Passed = out.Passed && pc.Passed
@@ -329,9 +364,169 @@ func (dl *deviceLayer) agreeCheck(c *results.Correctness) (*results.Correctness,
 			details = append(details, fmt.Sprintf("process %d: %s", p.Process, pc.Detail))
 		}
 	}
+	if mine.Grads != nil {
+		acc := map[string]errAcc{}
+		for _, p := range parts {
+			if p.GradAcc == nil { // it did not check its gradients while this one did
+				out.Passed = false
+				details = append(details, fmt.Sprintf("process %d: no gradient check", p.Process))
+			}
+			for n, v := range p.GradAcc {
+				acc[n] = mergeAcc(acc[n], v)
+			}
+		}
+		g := *mine.Grads
+		g.MaxRelErr, g.PerTensor = 0, map[string]float64{}
+		for n, a := range acc {
+			g.PerTensor[n] = a.err()
+			g.MaxRelErr = max(g.MaxRelErr, a.err())
+		}
+		out.Grads = &g
+		if why := gradDetail(&g); why != "" {
+			out.Passed = false
+			var in []string // the processes whose own differences are over the tolerance, by gradient
+			for _, n := range slices.Sorted(maps.Keys(acc)) {
+				if g.PerTensor[n] <= g.Tolerance {
+					continue
+				}
+				var ps []string
+				for _, p := range parts {
+					v, ok := p.GradAcc[n]
+					own := mergeAcc(errAcc{}, v) // its own differences, against the run's reference
+					own.ref = acc[n].ref
+					if ok && !(own.err() <= g.Tolerance) {
+						ps = append(ps, fmt.Sprint(p.Process))
+					}
+				}
+				in = append(in, fmt.Sprintf("%s in process(es) %s", n, strings.Join(ps, ", ")))
+			}
+			if in != nil {
+				why += " (" + strings.Join(in, "; ") + ")"
+			}
+			details = append(details, why)
+		}
+	}
 	out.Detail = strings.Join(details, "; ")
 	out.Sample += fmt.Sprintf(" (each of the %d processes checks its own ranks)", len(parts))
-	return &out, nil
+	return &out
+}
+
+// mergeAcc adds a process's gradient maxima (max|g − ref|, −1 for an
+// infinite one; max|ref|) to a.
+func mergeAcc(a errAcc, v [2]float64) errAcc {
+	d := v[0]
+	if d < 0 {
+		d = math.Inf(1)
+	}
+	a.merge(errAcc{diff: d, ref: v[1]})
+	return a
+}
+
+// finiteErrs is c as JSON carries it: an infinite error (a NaN output or
+// gradient) as −1, which no error is; infiniteErrs undoes it.
+func finiteErrs(c *results.Correctness) *results.Correctness {
+	return mapErrs(c, func(e float64) float64 {
+		if math.IsInf(e, 0) || math.IsNaN(e) {
+			return -1
+		}
+		return e
+	})
+}
+
+func infiniteErrs(c *results.Correctness) *results.Correctness {
+	return mapErrs(c, func(e float64) float64 {
+		if e < 0 {
+			return math.Inf(1)
+		}
+		return e
+	})
+}
+
+// mapErrs is a copy of c with f applied to its errors.
+func mapErrs(c *results.Correctness, f func(float64) float64) *results.Correctness {
+	out := *c
+	out.MaxRelErr = f(c.MaxRelErr)
+	if c.Grads != nil {
+		g := *c.Grads
+		g.MaxRelErr, g.PerTensor = f(g.MaxRelErr), map[string]float64{}
+		for n, e := range c.Grads.PerTensor {
+			g.PerTensor[n] = f(e)
+		}
+		out.Grads = &g
+	}
+	return &out
+}
+
+// gatherRouting gives the host twin every other process's ranks' routing
+// of the last step (their experts and probabilities), which the gradient
+// reference of this process's experts needs: an expert's weight gradients
+// sum over every rank's tokens that chose it. This process's ranks'
+// routing is the host twin's already (download).
+func (dl *deviceLayer) gatherRouting() error {
+	d, c := dl.dist, dl.l.Cfg
+	n := c.Tokens * c.TopK
+	mine := make([]byte, 0, 8*n*d.per)
+	for r := d.first; r < d.first+d.per; r++ {
+		hr := dl.l.Ranks[r]
+		idx, _ := kernels.HostBytes(hr.Idx)
+		probs, _ := kernels.HostBytes(hr.Probs)
+		mine = append(append(mine, idx...), probs...)
+	}
+	all, err := dl.allGather(mine)
+	if err != nil {
+		return err
+	}
+	for p, b := range all {
+		if len(b) != 8*n*d.per {
+			return fmt.Errorf("process %d sent %d bytes of routing, want %d (%d ranks × %d tokens × top-%d, experts and probabilities)", p, len(b), 8*n*d.per, d.per, c.Tokens, c.TopK)
+		}
+		if p == d.rv.L.Rank {
+			continue
+		}
+		for i := range d.per {
+			hr := dl.l.Ranks[d.rep(p)+i]
+			at := b[8*n*i:]
+			idx, _ := kernels.HostBytes(hr.Idx)
+			probs, _ := kernels.HostBytes(hr.Probs)
+			copy(idx, at[:4*n])
+			copy(probs, at[4*n:8*n])
+		}
+	}
+	return nil
+}
+
+// sumChunk bounds the bytes one round of sumOverProcesses gathers from all
+// processes together (on the device and on the host).
+const sumChunk = 16 << 20
+
+// sumOverProcesses replaces v, this process's sum over its ranks, by the
+// sum over every process's (a data-parallel all-reduce, over NCCL): the
+// processes' values added in process order in float32, the same on every
+// process. It gathers a chunk at a time, at most sumChunk bytes in all.
+func (dl *deviceLayer) sumOverProcesses(v []float32) error {
+	W := dl.dist.rv.L.World
+	per := max(1, sumChunk/4/W)
+	for lo := 0; lo < len(v); lo += per {
+		chunk := v[lo:min(lo+per, len(v))]
+		b, _ := kernels.HostBytes(chunk)
+		all, err := dl.allGather(b) // copies b
+		if err != nil {
+			return err
+		}
+		clear(chunk)
+		for p, pb := range all {
+			if len(pb) != len(b) {
+				return fmt.Errorf("process %d sent %d bytes of a gradient sum, want %d", p, len(pb), len(b))
+			}
+			theirs := make([]float32, len(chunk))
+			tb, _ := kernels.HostBytes(theirs)
+			copy(tb, pb)
+			for i, x := range theirs {
+				chunk[i] += x
+			}
+		}
+	}
+	return nil
 }
 
 // pairs counts each of this process's ranks' last-step (token, rank) pairs

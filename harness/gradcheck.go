@@ -191,7 +191,14 @@ type gradCompare struct {
 	// expertGrads, when set, gives expert e's weight gradients (a device
 	// run's, downloaded one expert at a time); else its rank's ExpertGrads
 	expertGrads func(e int) dispatchers.ExpertWeights
+	// local, when set, says which ranks are this process's (a run over
+	// several processes): only their input and probability gradients and
+	// their experts' weight gradients are compared
+	local func(r int) bool
 }
+
+// mine: rank r's gradients are compared here.
+func (c *gradCompare) mine(r int) bool { return c.local == nil || c.local(r) }
 
 func newGradCompare(l *Layer) *gradCompare {
 	ep, L := l.Cfg.EP, l.Shape.LocalExperts()
@@ -227,6 +234,9 @@ func (c *gradCompare) expert(e int, fc1, fc2 []float64) {
 	select {
 	case <-c.ready[r]:
 	case <-c.stop:
+		return
+	}
+	if !c.mine(r) { // another process compares it
 		return
 	}
 	var g dispatchers.ExpertWeights
@@ -275,6 +285,16 @@ func (c *gradCompare) abort() {
 // weight gradients when the layer holds them all — and returns each
 // gradient's error by name.
 func (c *gradCompare) finish() map[string]float64 {
+	errs := map[string]float64{}
+	for n, a := range c.finishAcc() {
+		errs[n] = a.err()
+	}
+	return errs
+}
+
+// finishAcc is finish's comparison, each gradient's maxima (of a run over
+// several processes, this process's part: mergeChecks makes the run's).
+func (c *gradCompare) finishAcc() map[string]errAcc {
 	l := c.l
 	for r := range c.ready {
 		c.publish(r)
@@ -287,18 +307,20 @@ func (c *gradCompare) finish() map[string]float64 {
 	ref := c.ref
 	var x, wr, probs, sfc1, sfc2 errAcc
 	for r, rk := range l.Ranks {
+		if !c.mine(r) {
+			continue
+		}
 		x.add(l.grads[r].dx, ref.X[r*T*h:(r+1)*T*h])
 		probs.add(rk.DProbs, ref.Probs[r*T*cf.TopK:(r+1)*T*cf.TopK])
 	}
-	wr.add(l.replica.router, ref.Wr[0][:E*h]) // every rank's tokens
-	errs := map[string]float64{"input": x.err(), "router weight": wr.err(), "probs": probs.err(),
-		"expert fc1": c.fc1.err(), "expert fc2": c.fc2.err()}
+	wr.add(l.replica.router, ref.Wr[0][:E*h]) // every rank's tokens (in a run over several processes, every process's: downloadGrads)
+	accs := map[string]errAcc{"input": x, "router weight": wr, "probs": probs, "expert fc1": c.fc1, "expert fc2": c.fc2}
 	if l.SharedFC1 != nil {
 		sfc1.add(l.replica.shared.FC1, ref.SharedFC1)
 		sfc2.add(l.replica.shared.FC2, ref.SharedFC2)
-		errs["shared fc1"], errs["shared fc2"] = sfc1.err(), sfc2.err()
+		accs["shared fc1"], accs["shared fc2"] = sfc1, sfc2
 	}
-	return errs
+	return accs
 }
 
 // gradDetail names the gradients over the tolerance, worst first.

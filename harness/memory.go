@@ -55,11 +55,15 @@ func memParts(c Config, mode string) []memPart {
 	layer := ep * (4*T*h + 8*T*E + 8*T*k + 4*T*h + 4*T*h + 4*T*3*fs)
 	layer += 4*E*h + 4*E + 4*3*h*fs // router weight and bias, shared expert
 	var parts []memPart
+	procs := float64(max(c.processes, 1))
 	train := host && !c.ForwardOnly // the host's own backward buffers
 	// the float64 gradient reference: the host's training step, and the
 	// cuda device's where its check covers every token (else it checks no
 	// gradient); a cuda dispatcher that runs forward-only is counted too
 	refGrads := !c.ForwardOnly && (host || sampledTokens(c) == c.Tokens)
+	if !host && !c.ForwardOnly { // the cuda device's host twin: every rank's upstream gradient (the reference takes them all)
+		layer += ep * 4 * T * h
+	}
 	if host && mode == HostExpertsDrawn {
 		parts = append(parts, memPart{"expert weights drawn on demand (float32, a group at a time)", float64(drawGroup(c)) * expert})
 	} else if host {
@@ -117,9 +121,11 @@ func memParts(c Config, mode string) []memPart {
 		if !host {
 			Ts = float64(sampledTokens(c))
 		}
-		ref := ep*T*k*8 + ep*Ts*(k*(24+8*h)+8*h) + 8*E*h // probabilities, copies by expert and their outputs, the output; router weight
-		ref += w * (12*3*h*f + refBlock*(8*h+8+8*3*f))   // each worker's expert weights (drawn and widened) and a block of rows
-		ref += 8*3*h*fs + Ts*(16*h+8*3*fs)               // the shared expert, one rank at a time
+		// a process of a run over several computes its own ranks' outputs
+		mine := ep / procs
+		ref := ep*T*k*8 + mine*Ts*(k*(24+8*h)+8*h) + 8*E*h // probabilities, copies by expert and their outputs, the output; router weight
+		ref += w * (12*3*h*f + refBlock*(8*h+8+8*3*f))     // each worker's expert weights (drawn and widened) and a block of rows
+		ref += 8*3*h*fs + Ts*(16*h+8*3*fs)                 // the shared expert, one rank at a time
 		parts = append(parts, memPart{"float64 reference", ref})
 		if refGrads { // ReferenceGradsEach: x, dout and dx; logits and probabilities with their gradients; router weight and its gradient; shared expert and its gradients
 			g := ep*T*(24*h+16*E+24*k) + 16*E*h + 8*3*2*h*fs
@@ -128,6 +134,9 @@ func memParts(c Config, mode string) []memPart {
 				g += w * 4 * 3 * h * f
 			}
 			parts = append(parts, memPart{"float64 gradient reference", g})
+			if procs > 1 { // gatherRouting's every rank's experts and probabilities (sent, received, copied), sumOverProcesses' rounds
+				parts = append(parts, memPart{"gradient check's gathers over NCCL", 24*ep*T*k + 2*sumChunk})
+			}
 		}
 	}
 	// the router's and the reference's per-token buffers of expert scores
@@ -141,6 +150,18 @@ func memParts(c Config, mode string) []memPart {
 // HostBytes is the host memory a run of c holds at its peak (estimated),
 // holding its experts as c.HostExperts says (auto: as it will).
 func HostBytes(c Config) int64 { return hostBytes(c, c.hostExperts()) }
+
+// HostBytes is HostBytes(c) for this process's share of a run in env (one
+// of several processes, when env's launch spans them).
+func (env Env) HostBytes(c Config) int64 { return HostBytes(env.share(c)) }
+
+// share is c as this process's share of a run in env.
+func (env Env) share(c Config) Config {
+	if env.Rendezvous != nil && c.Device != "host" {
+		c.processes = env.Rendezvous.L.World
+	}
+	return c
+}
 
 // hostBytes is HostBytes with the experts held as mode says.
 func hostBytes(c Config, mode string) int64 {

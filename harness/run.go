@@ -232,15 +232,12 @@ func ForwardOnlyReason(cfg Config) string {
 	return fmt.Sprintf("%s (%s) has no backward on the cuda device in this build; the host device runs its forward and backward", cfg.Dispatcher, cfg.Impl)
 }
 
-// ForwardOnlyReason is ForwardOnlyReason(cfg) for a run in env: a run on
-// the cuda device over several processes times the forward only too.
-func (env Env) ForwardOnlyReason(cfg Config) string {
-	if why := ForwardOnlyReason(cfg); why != "" || cfg.ForwardOnly || cfg.Device == "host" || env.Rendezvous == nil || !env.Rendezvous.L.Distributed() {
-		return why
-	}
-	return "a run over several processes times the forward only in this build: the device backward's gradient check reads every rank's gradients " +
-		"in one process (they are not gathered over NCCL); a run of one process runs forward and backward"
-}
+// ForwardOnlyReason is ForwardOnlyReason(cfg) for a run in env. A run over
+// several processes trains as one process does: the one design that runs
+// across them (alltoall --impl library) has a backward, and each process
+// checks its own ranks' gradients (devbackward.go's checkGrads); the
+// others are refused across processes (newDist) whatever their pass.
+func (env Env) ForwardOnlyReason(cfg Config) string { return ForwardOnlyReason(cfg) }
 
 // stepStage is the progress stage of step i (negative: warm-up).
 func stepStage(i int, cfg Config) string {

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"syscall"
 )
 
@@ -165,13 +166,13 @@ func parseErr(line []byte) error {
 // first Append will cut off (0 for none).
 func CheckAppend(path string) (torn int64, err error) {
 	st, err := os.Stat(path)
-	if err != nil { // a new file: create it, then remove it
-		f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o644)
+	if err != nil { // a new file: one of its own beside it must be creatable (not path itself, which another process of the run may be checking too)
+		f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".check-*")
 		if err != nil {
 			return 0, fmt.Errorf("cannot create it: %w", err)
 		}
 		f.Close()
-		return 0, os.Remove(path)
+		return 0, os.Remove(f.Name())
 	}
 	if st.IsDir() {
 		return 0, errors.New("is a directory; give a file to append records to")

@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -124,6 +125,29 @@ func TestCheckAppend(t *testing.T) {
 	}
 	if torn, err := CheckAppend(file("good", string(good)+string(good[:9]))); err != nil || torn != 9 {
 		t.Errorf("good file with a torn tail: %d, %v", torn, err)
+	}
+	// the processes of a run over several check the same new --out at once
+	var wg sync.WaitGroup
+	errs := make(chan error, 64)
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 200 {
+				if _, err := CheckAppend(filepath.Join(dir, "shared.jsonl")); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Errorf("a new file checked by several at once: %v", err)
+	}
+	if left, _ := filepath.Glob(filepath.Join(dir, "*shared.jsonl*")); len(left) > 0 {
+		t.Errorf("CheckAppend left %v behind", left)
 	}
 }
 

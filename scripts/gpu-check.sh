@@ -28,7 +28,8 @@
 # 2 GPUs or more a run over two processes (MOEBENCH_RANK/MOEBENCH_WORLD, as
 # srun or mpirun launch one per node: alltoall --impl library at EP = the GPU
 # count, each process driving half the GPUs, NCCL's communicator made through
-# --rendezvous in a temporary folder, rank 0 writing the one record), and
+# --rendezvous in a temporary folder, a training step, forward and backward,
+# rank 0 writing the one record), and
 # last compute-sanitizer over the kernels' tests
 # (the cross-rank kernels included).
 #
@@ -151,8 +152,9 @@ if [ "$mode" != sanitize ]; then
 # a run over two processes on this node, as a launcher starts one per node
 # (README: runs over several nodes): alltoall through NCCL at EP = the GPU
 # count (even), each process driving half the GPUs from its MOEBENCH_LOCAL_RANK
-# on, NCCL's unique id through --rendezvous in a temporary folder; rank 0
-# appends the run's one record, the other process writes none
+# on, NCCL's unique id through --rendezvous in a temporary folder, a training
+# step (the backward's gradients exchanged over NCCL too); rank 0 appends
+# the run's one record, the other process writes none
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
 if [ "$gpus" -ge 2 ]; then
   ep=$((gpus - gpus % 2))

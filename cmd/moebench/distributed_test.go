@@ -3,9 +3,12 @@ package main
 import (
 	"bytes"
 	"fmt"
+	"math"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -25,10 +28,52 @@ func TestMain(m *testing.M) {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)
 		}
-		kernels.NewCompiler = func() (kernels.Compiler, error) { return comp, nil }
-		os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+		var c kernels.Compiler = comp
+		if m := os.Getenv("MOEBENCH_TEST_MUTATE"); m != "" {
+			c = &mutating{Compiler: comp, kernel: m}
+		}
+		kernels.NewCompiler = func() (kernels.Compiler, error) { return c, nil }
+		args := os.Args[1:]
+		if os.Getenv("MOEBENCH_TEST_BAD_ARG") == "1" { // a process launched with other flags than the rest
+			args = append(args, "--iters", "many")
+		}
+		os.Exit(run(args, os.Stdout, os.Stderr))
 	}
 	os.Exit(m.Run())
+}
+
+// mutating plants a bug in one kernel of a test process
+// (MOEBENCH_TEST_MUTATE names it; mutations lists them): its source is
+// changed before it is compiled, and its ID differs from the compiler's so
+// that no image of the right source is taken from the kernel cache. A
+// kernel whose source no longer holds the text to change fails to compile
+// (a mutation that silently did nothing would let a test pass).
+type mutating struct {
+	kernels.Compiler
+	kernel string
+}
+
+// mutations: the kernel's file, the text, and what replaces it.
+var mutations = map[string]struct{ file, from, to string }{
+	// the input gradient's parts added, then scaled by 1.5 (both loops)
+	"input_grad": {"gradadd.cu", "o[q] = f2bf(a[q]);", "o[q] = f2bf(1.5f * a[q]);"},
+}
+
+func (m *mutating) ID() string { return m.Compiler.ID() + " with a planted bug in " + m.kernel }
+
+func (m *mutating) Compile(name, source string, headers map[string]string, options []string) ([]byte, error) {
+	mu, ok := mutations[m.kernel]
+	if !ok {
+		return nil, fmt.Errorf("MOEBENCH_TEST_MUTATE=%s: no such mutation", m.kernel)
+	}
+	if name == mu.file {
+		if !strings.Contains(source, mu.from) {
+			return nil, fmt.Errorf("MOEBENCH_TEST_MUTATE=%s: %s no longer holds %q", m.kernel, name, mu.from)
+		}
+		source = strings.ReplaceAll(source, mu.from, mu.to)
+		fmt.Fprintf(os.Stderr, "moebench test: planted a bug in %s (%s)\n", m.kernel, name)
+	}
+	return m.Compiler.Compile(name, source, headers, options)
 }
 
 // proc is one process of a distributed run started by a test.
@@ -151,8 +196,30 @@ func TestDistributedRun(t *testing.T) {
 			if rec.Status != results.StatusOK || rec.Correctness == nil || !rec.Correctness.Passed || !strings.Contains(rec.Correctness.Sample, fmt.Sprintf("each of the %d processes", c.world)) {
 				t.Fatalf("record: status %s, %+v", rec.Status, rec.Correctness)
 			}
-			if rec.Config.Pass != results.PassForward || !strings.Contains(rec.Config.PassNote, "over several processes") { // the device backward runs in one process
-				t.Errorf("pass %q (%s)", rec.Config.Pass, rec.Config.PassNote)
+			// the training step: forward and backward timed, every gradient
+			// checked (each process its own ranks', the router's and shared
+			// expert's summed over the processes)
+			if rec.Config.Pass != results.PassTraining || rec.Config.PassNote != "" || rec.Timing.Forward == nil || rec.Timing.Backward == nil ||
+				!(rec.Timing.Backward.P50 > 0) || !(rec.Timing.Step.P50 > 0) {
+				t.Fatalf("pass %q (%q), timing fwd %+v bwd %+v", rec.Config.Pass, rec.Config.PassNote, rec.Timing.Forward, rec.Timing.Backward)
+			}
+			g := rec.Correctness.Grads
+			if g == nil || !(g.MaxRelErr <= g.Tolerance) || len(g.PerTensor) != 7 || !strings.Contains(g.Note, "each process compares its own ranks'") {
+				t.Fatalf("gradient check %+v", g)
+			}
+			for n, e := range g.PerTensor {
+				if !(e > 0 && e <= g.Tolerance) { // 0 would be a gradient compared with nothing
+					t.Errorf("gradient %s: error %g", n, e)
+				}
+			}
+			bwd := 0
+			for _, ph := range rec.Timing.Phases {
+				if strings.HasSuffix(ph.Name, "-bwd") {
+					bwd++
+				}
+			}
+			if bwd < 5 || rec.Memory == nil || len(rec.Memory.SavedPerRankBytes) != c.ep {
+				t.Errorf("%d backward phases; memory %+v", bwd, rec.Memory)
 			}
 			if len(rec.Ranks.Processes) != c.world || len(rec.Ranks.Devices) != c.ep || rec.Ranks.Launch == "" {
 				t.Fatalf("ranks %+v", rec.Ranks)
@@ -188,9 +255,11 @@ func TestDistributedRun(t *testing.T) {
 			if c.nodes && rec.Ranks.Processes[1].Host != "node-1" {
 				t.Errorf("process 1's node %q", rec.Ranks.Processes[1].Host)
 			}
-			t.Logf("%s; max rel err %.2e", rec.Ranks.Note, rec.Correctness.MaxRelErr)
+			t.Logf("%s; max rel err %.2e, gradients %.2e", rec.Ranks.Note, rec.Correctness.MaxRelErr, g.MaxRelErr)
 		})
 	}
+	t.Run("wrong-gradient-on-process-1", func(t *testing.T) { wrongGradient(t, rv, out) })
+	t.Run("same-as-one-process", func(t *testing.T) { sameAsOneProcess(t, rv, out) })
 	t.Run("sweep", func(t *testing.T) { distributedSweep(t, rv, out) })
 	t.Run("gpu-check", gpuCheckTwoProcesses)
 	t.Run("nightly", nightlyTwoProcesses)
@@ -237,14 +306,185 @@ func distributedSweep(t *testing.T, rv, out string) {
 			if rec.Status != c.status || rec.Config.Routing != []string{"balanced", "uniform"}[i] {
 				t.Errorf("%s: record %d: %s %s: %s", c.name, i, rec.Config.Routing, rec.Status, rec.Reason)
 			}
-			if c.status == results.StatusOK && len(rec.Ranks.Processes) != 2 {
-				t.Errorf("%s: record %d: processes %+v", c.name, i, rec.Ranks.Processes)
+			if c.status == results.StatusOK && (len(rec.Ranks.Processes) != 2 || rec.Config.Pass != results.PassTraining || rec.Correctness.Grads == nil || !rec.Correctness.Passed) {
+				t.Errorf("%s: record %d: pass %s, processes %+v, correctness %+v", c.name, i, rec.Config.Pass, rec.Ranks.Processes, rec.Correctness)
 			}
 			if c.status != results.StatusOK && !strings.Contains(rec.Reason, "ranks 2–3 (process 1 of 2") {
 				t.Errorf("%s: record %d's reason does not name process 1: %s", c.name, i, rec.Reason)
 			}
 		}
 		t.Logf("%s: %s: %s", c.name, recs[1].Status, recs[1].Reason)
+	}
+}
+
+// sameAsOneProcess: the same layer at EP 2 on the fake node's two GPUs,
+// run by one process and by two (one rank each), checks the same: the
+// output's error and every gradient's are the same numbers (each process
+// checks its own rank, the router's and shared expert's sums come from
+// both over NCCL, and the run's errors are taken over both processes'
+// maxima as one process takes them over its ranks').
+func sameAsOneProcess(t *testing.T, rv, out string) {
+	args := []string{"--device", "cuda", "--dispatcher", "alltoall", "--impl", "library", "--ep", "2",
+		"--experts", "16", "--tokens", "16", "--hidden", "32", "--ffn", "16", "--warmup", "1", "--iters", "2", "--format", "json", "--comm-timeout", "20s"}
+	one := filepath.Join(t.TempDir(), "one.jsonl")
+	cmd := exec.Command(os.Args[0], append(slices.Clone(args), "--out", one)...)
+	cmd.Env = append(os.Environ(), "MOEBENCH_TEST_PROCESS=1", "FAKENCCL_TIMEOUT_S=120")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("one process: %v\n%s", err, b)
+	}
+	os.Remove(out)
+	ps := launchProcs(t, 2, append(slices.Clone(args), "--rendezvous", rv, "--out", out)...)
+	for r, p := range ps {
+		if err := p.wait(t, 4*time.Minute); err != nil {
+			t.Fatalf("process %d: %v; stderr:\n%s", r, err, p.stderr.String())
+		}
+	}
+	var recs [2]results.Record
+	for i, f := range []string{one, out} {
+		rs, err := results.ReadFile(f, nil)
+		if err != nil || len(rs) != 1 || rs[0].Status != results.StatusOK || rs[0].Correctness.Grads == nil {
+			t.Fatalf("%s: %d records, %v", f, len(rs), err)
+		}
+		recs[i] = rs[0]
+	}
+	if len(recs[0].Ranks.Processes) != 0 || len(recs[1].Ranks.Processes) != 2 {
+		t.Fatalf("processes: one %+v, two %+v", recs[0].Ranks.Processes, recs[1].Ranks.Processes)
+	}
+	same := func(a, b float64) bool { return a > 0 && math.Abs(a-b) <= 1e-9*a } // the float64 reference adds experts' parts in the order they finish
+	c1, c2 := recs[0].Correctness, recs[1].Correctness
+	if !same(c1.MaxRelErr, c2.MaxRelErr) || len(c1.Grads.PerTensor) != 7 || len(c2.Grads.PerTensor) != 7 {
+		t.Errorf("outputs: one process %g, two %g; gradients %v and %v", c1.MaxRelErr, c2.MaxRelErr, c1.Grads.PerTensor, c2.Grads.PerTensor)
+	}
+	for n, e := range c1.Grads.PerTensor {
+		if !same(e, c2.Grads.PerTensor[n]) {
+			t.Errorf("%s: one process %.17g, two %.17g", n, e, c2.Grads.PerTensor[n])
+		}
+	}
+	t.Logf("one process and two: outputs %.3e, gradients %v", c1.MaxRelErr, c1.Grads.PerTensor)
+}
+
+// wrongGradient: process 1 of 2 runs a planted bug in the kernel that adds
+// the input gradient's parts (input_grad, its output scaled by 1.5: a
+// wrong gradient of its own ranks' tokens that no other process sees, its
+// outputs right): rank 0's one record fails the run naming process 1 and
+// the input gradient, and every process exits 1.
+func wrongGradient(t *testing.T, rv, out string) {
+	os.Remove(out)
+	ps := launchProcsEnv(t, 2, func(r int) []string {
+		if r == 1 {
+			return []string{"MOEBENCH_TEST_MUTATE=input_grad"}
+		}
+		return nil
+	}, "--device", "cuda", "--dispatcher", "alltoall", "--impl", "library", "--ep", "4",
+		"--experts", "16", "--tokens", "16", "--hidden", "32", "--ffn", "16", "--warmup", "1", "--iters", "2",
+		"--rendezvous", rv, "--out", out, "--format", "json", "--comm-timeout", "20s")
+	for r, p := range ps {
+		if err := p.wait(t, 4*time.Minute); err == nil {
+			t.Errorf("process %d exited 0; stderr:\n%s", r, p.stderr.String())
+		}
+	}
+	if !strings.Contains(ps[1].stderr.String(), "moebench test: planted ") {
+		t.Fatalf("process 1 ran no planted bug; stderr:\n%s", ps[1].stderr.String())
+	}
+	recs, err := results.ReadFile(out, nil)
+	if err != nil || len(recs) != 1 {
+		t.Fatalf("%d records, %v; process 0's stderr:\n%s", len(recs), err, ps[0].stderr.String())
+	}
+	c := recs[0].Correctness
+	if recs[0].Status != results.StatusFailed || c == nil || c.Passed || c.Grads == nil || !(c.MaxRelErr <= c.Tolerance) ||
+		!(c.Grads.PerTensor["input"] > 0.3) || !strings.HasPrefix(c.Detail, "gradient error over the tolerance 0.02: input ") ||
+		!strings.HasSuffix(c.Detail, "(input in process(es) 1)") || recs[0].Timing != nil {
+		t.Fatalf("record: %s: %s; correctness %+v, gradients %+v", recs[0].Status, recs[0].Reason, c, c.Grads)
+	}
+	for n, e := range c.Grads.PerTensor {
+		if n != "input" && !(e <= c.Grads.Tolerance) {
+			t.Errorf("gradient %s: error %g (only the input gradient is wrong)", n, e)
+		}
+	}
+	t.Logf("rank 0's record: %s", recs[0].Reason)
+}
+
+// TestDistributedCommIDUnarrived: with NCCL_COMM_ID alone (no
+// --rendezvous, nothing shared but NCCL), a process that never reaches
+// NCCL's communicator setup (launched with a bad argument, it exits at
+// once) makes the others exit 1 within --comm-timeout of their own
+// arrival — not the fake NCCL's 120 s, where NCCL would hang — saying
+// what they know: their own ranks joined, and which other processes' did
+// not: named where it is the only other process, else every candidate,
+// with --rendezvous suggested. When NCCL's own bootstrap gives up first
+// (the fake's timeout under --comm-timeout), its error says the same.
+func TestDistributedCommIDUnarrived(t *testing.T) {
+	distributedSetup(t)
+	for _, c := range []struct {
+		name        string
+		world, bad  int    // processes, and the one launched with a bad argument
+		fakeTimeout string // FAKENCCL_TIMEOUT_S: NCCL's bootstrap timeout
+		commTimeout string
+		want        []string // in every other process's stderr
+		wantOf      map[int][]string
+		most        time.Duration // a survivor's whole run at most
+		notWant     string
+	}{
+		{name: "two-processes", world: 2, bad: 1, fakeTimeout: "120", commTimeout: "8s",
+			want: []string{"ranks 0–1 (process 0 of 2 on", "waited 8s in NCCL's communicator setup", "this process's ranks joined NCCL's communicator setup at NCCL_COMM_ID=127.0.0.1:",
+				"process 1 (ranks 2–3), the run's only other process, never joined it", "--rendezvous FILE"},
+			most: 40 * time.Second},
+		{name: "rank-0-missing", world: 2, bad: 0, fakeTimeout: "120", commTimeout: "8s",
+			want: []string{"ranks 2–3 (process 1 of 2 on", "waited 8s in NCCL's communicator setup", "process 0 (ranks 0–1), the run's only other process, never joined it"},
+			most: 40 * time.Second},
+		{name: "three-processes", world: 3, bad: 1, fakeTimeout: "120", commTimeout: "8s",
+			// process 2 stops by its watch too, or by NCCL's error once process 0 (the root) left
+			want: []string{"this process's ranks joined NCCL's communicator setup at NCCL_COMM_ID=127.0.0.1:", "one or more never joined it", "NCCL's bootstrap does not say which",
+				"--rendezvous FILE (a path every node sees) makes every process name it"},
+			wantOf: map[int][]string{0: {"ranks 0–1 (process 0 of 3", "waited 8s in NCCL's communicator setup", "of process 1 (ranks 2–3), process 2 (ranks 4–5), one or more"},
+				2: {"ranks 4–5 (process 2 of 3", "of process 0 (ranks 0–1), process 1 (ranks 2–3), one or more"}},
+			most: 40 * time.Second},
+		{name: "nccls-own-timeout", world: 2, bad: 1, fakeTimeout: "4", commTimeout: "5m",
+			want: []string{"ranks 0–1 (process 0 of 2 on", "ncclCommInitRank: rank 0 waited 4 s for the other ranks of 4 (2 joined)",
+				"process 1 (ranks 2–3), the run's only other process, never joined it"},
+			most: 35 * time.Second, notWant: "waited 5m"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			l, err := net.Listen("tcp", "127.0.0.1:0") // a free port for NCCL's bootstrap root
+			if err != nil {
+				t.Fatal(err)
+			}
+			port := l.Addr().(*net.TCPAddr).Port
+			l.Close()
+			ep := 2 * c.world
+			start := time.Now()
+			ps := launchProcsEnv(t, c.world, func(r int) []string {
+				env := []string{fmt.Sprintf("NCCL_COMM_ID=127.0.0.1:%d", port), "FAKENCCL_TIMEOUT_S=" + c.fakeTimeout}
+				if r == c.bad {
+					env = append(env, "MOEBENCH_TEST_BAD_ARG=1")
+				}
+				return env
+			}, "--device", "cuda", "--dispatcher", "alltoall", "--impl", "library", "--ep", fmt.Sprint(ep),
+				"--experts", fmt.Sprint(4*ep), "--tokens", "16", "--hidden", "32", "--ffn", "16", "--warmup", "1", "--iters", "2", "--comm-timeout", c.commTimeout)
+			for r, p := range ps {
+				err := p.wait(t, 3*time.Minute)
+				took := time.Since(start)
+				msg := p.stderr.String()
+				if r == c.bad {
+					if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 2 || !strings.Contains(msg, "--iters") {
+						t.Errorf("process %d (bad argument): %v; stderr:\n%s", r, err, msg)
+					}
+					continue
+				}
+				if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 1 || took > c.most {
+					t.Errorf("process %d: %v after %v; stderr:\n%s", r, err, took, msg)
+				}
+				for _, w := range append(slices.Clone(c.want), c.wantOf[r]...) {
+					if !strings.Contains(msg, w) {
+						t.Errorf("process %d's stderr lacks %q:\n%s", r, w, msg)
+					}
+				}
+				if c.notWant != "" && strings.Contains(msg, c.notWant) {
+					t.Errorf("process %d's stderr holds %q:\n%s", r, c.notWant, msg)
+				}
+				t.Logf("process %d after %v: %s", r, took.Round(time.Millisecond), msg)
+			}
+		})
 	}
 }
 
@@ -366,5 +606,22 @@ func nightlyTwoProcesses(t *testing.T) {
 		if recs, err := results.ReadFile(f, nil); err != nil || len(recs) != 2 || recs[0].Status != results.StatusOK || len(recs[1].Ranks.Processes) != 2 {
 			t.Errorf("%s: %d records, %v", f, len(recs), err)
 		}
+	}
+}
+
+// TestDistributedDumpRefused: --dump in a run over several processes is a
+// usage error naming the flag and the launch, before anything runs or is
+// written (each process holds only its own ranks' tensors).
+func TestDistributedDumpRefused(t *testing.T) {
+	t.Setenv("MOEBENCH_RANK", "1")
+	t.Setenv("MOEBENCH_WORLD", "2")
+	t.Setenv("NCCL_COMM_ID", "127.0.0.1:1")
+	dump := filepath.Join(t.TempDir(), "dump")
+	code, out, e := cli("--device", "cuda", "--dispatcher", "alltoall", "--impl", "library", "--ep", "4", "--dump", dump)
+	if code != exitUsage || out != "" || !strings.Contains(e, "--dump="+dump+": does not apply to a run over 2 processes (MOEBENCH_RANK/MOEBENCH_WORLD") {
+		t.Errorf("exit %d; stdout %q; stderr %q", code, out, e)
+	}
+	if _, err := os.Stat(dump); err == nil {
+		t.Errorf("--dump %s was created", dump)
 	}
 }

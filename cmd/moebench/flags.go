@@ -51,7 +51,7 @@ func newFlags(o *options) *pflag.FlagSet {
 	fs.BoolVar(&o.cudaGraph, "cuda-graph", d.CUDAGraph, "cuda: issue each step as CUDA graphs (stream capture), cut at the dispatcher's host wait, each part replayed while its shapes repeat (alltoall native)")
 	fs.StringVar(&o.out, "out", "", "append the JSON result record to this file (one line per run)")
 	fs.StringVar(&o.format, "format", "table", "output format: "+strings.Join(results.Formats, "|"))
-	fs.StringVar(&o.dump, "dump", "", "write the layer's tensors as .npy files with an index.json to this new directory")
+	fs.StringVar(&o.dump, "dump", "", "write the layer's tensors as .npy files with an index.json to this new directory (a run of one process)")
 	return fs
 }
 
@@ -90,7 +90,7 @@ func addControlFlags(fs *pflag.FlagSet, o *options) {
 	fs.BoolVar(&o.forwardOnly, "forward-only", d.ForwardOnly, "time the forward pass alone (default: every iteration is a training step, forward then backward, and the check covers every gradient; on the cuda device the NCCL EP library implementations time the forward only in this build, and the record says why)")
 	fs.BoolVar(&o.check, "check", d.Check, "check the output (and in a training step every gradient) against the float64 reference (--check=false to skip)")
 	fs.DurationVar(&o.commTimeout, "comm-timeout", d.CommTimeout, "SM-driven dispatchers: the longest a cross-rank wait may take before the run fails naming the rank, phase and wait (NCCL EP: its timeout_ns); a run over several processes: the longest any process waits for the others while none moves on; a call on a GPU's thread after the first step may take 6 times it, at least 30s (0 = 5s)")
-	fs.StringVar(&o.rendezvous, "rendezvous", "", "a run over several processes (srun, mpirun, torchrun, MOEBENCH_RANK/MOEBENCH_WORLD): a file on a filesystem every node sees, where rank 0 writes NCCL's unique id and the processes watch each other; not needed with NCCL_COMM_ID=host:port, but without it a failing process cannot be named")
+	fs.StringVar(&o.rendezvous, "rendezvous", "", "a run over several processes (srun, mpirun, torchrun, MOEBENCH_RANK/MOEBENCH_WORLD): a file on a filesystem every node sees, where rank 0 writes NCCL's unique id and the processes watch each other; not needed with NCCL_COMM_ID=host:port, but without it a process that fails or never arrives is named only in a run of two processes")
 	fs.StringVar(&o.device, "device", d.Device, "device: auto (cuda if a driver and GPU are found, else host) | host | cuda")
 	addLibFlag(fs, &o.cudaLibs)
 }

@@ -118,7 +118,7 @@ func runLayer(args []string, stdout, stderr io.Writer) (code int) {
 	if why := env.ForwardOnlyReason(cfg); why != "" {
 		fmt.Fprintf(stderr, "moebench: forward only: %s (add --forward-only to say so)\n", why)
 	}
-	defer limitMemory(harness.HostBytes(cfg))()
+	defer limitMemory(env.HostBytes(cfg))()
 	rec, err := harness.Run(cfg, env)
 	var ce *harness.ConfigError
 	if errors.As(err, &ce) {
@@ -164,6 +164,9 @@ func rendezvous(o options, cfg harness.Config) (*launch.Rendezvous, error) {
 	}
 	if cfg.Device != "cuda" {
 		return nil, fmt.Errorf("--device=%s: a run over %d processes (%s) needs the cuda device (the host device runs every rank in one process)", cfg.Device, l.World, l.Via)
+	}
+	if o.dump != "" {
+		return nil, fmt.Errorf("--dump=%s: does not apply to a run over %d processes (%s): each process holds only its own ranks' tensors and gradients; dump a run of one process", o.dump, l.World, l.Via)
 	}
 	timeout := cfg.CommTimeout
 	if timeout == 0 {

@@ -203,12 +203,13 @@ func sweep(args []string, stdout, stderr io.Writer) int {
 		}
 		fmt.Fprintln(stderr, line)
 	}
+	env := harness.Env{Version: version(), DeviceNote: note, Progress: stderr, Rendezvous: rv}
 	var most int64
 	for _, p := range points {
-		most = max(most, harness.HostBytes(p))
+		most = max(most, env.HostBytes(p))
 	}
 	defer limitMemory(most)()
-	done, err := harness.Sweep(points, harness.Env{Version: version(), DeviceNote: note, Progress: stderr, Rendezvous: rv}, stop, record, progress)
+	done, err := harness.Sweep(points, env, stop, record, progress)
 	fmt.Fprintf(stderr, "moebench sweep: %d of %d points: %d ok, %d unavailable, %d failed %s\n", done, len(points),
 		counts[results.StatusOK], counts[results.StatusUnavailable], counts[results.StatusFailed], writes)
 	var stopped *harness.SweepStopped

@@ -55,8 +55,8 @@ func (a *Device) CombineBackward(r int) error {
 			lo, rows := int64(s.sendOff[d]), int64(s.sendOff[d+1]-s.sendOff[d])
 			s.sends = append(s.sends, kernels.Transfer{Peer: d, Buf: s.permY + kernels.Ptr(2*lo*h), Bytes: 2 * rows * h})
 		}
-		for src := range sh.EP {
-			rows := int64(a.st[src].sendOff[r+1] - a.st[src].sendOff[r])
+		for src := range sh.EP { // rows src sent r in the forward, from r's counts (src may be another process's rank)
+			rows := s.fromRows(src)
 			s.recvs = append(s.recvs, kernels.Transfer{Peer: src, Buf: s.recvY + kernels.Ptr(2*int64(s.recvOff[src][0])*h), Bytes: 2 * rows * h})
 		}
 		if err := a.comm.Exchange(r, s.sends, s.recvs); err != nil {
@@ -96,7 +96,7 @@ func (a *Device) DispatchBackward(r int) error {
 	if a.library {
 		s.sends, s.recvs = s.sends[:0], s.recvs[:0]
 		for src := range sh.EP {
-			rows, at := int64(a.st[src].sendOff[r+1]-a.st[src].sendOff[r]), int64(s.recvOff[src][0])
+			rows, at := s.fromRows(src), int64(s.recvOff[src][0])
 			s.sends = append(s.sends, kernels.Transfer{Peer: src, Buf: s.recvX + kernels.Ptr(2*at*h), Bytes: 2 * rows * h},
 				kernels.Transfer{Peer: src, Buf: s.recvP + kernels.Ptr(4*at), Bytes: 4 * rows})
 		}

@@ -30,7 +30,8 @@ var AgreeWait = 10 * time.Minute
 // file an earlier run left is never read as this one's (session). Without
 // File (NCCL_COMM_ID alone) there is nothing to meet through: mine alone
 // comes back, and a process that fails before meeting is found by the
-// others' timeout instead.
+// others' timeout in NCCL's setup instead, which names it only where it is
+// the one other process (Watch.Unmet).
 func (r *Rendezvous) Agree(mine Verdict) ([]Verdict, error) {
 	if r.File == "" {
 		return []Verdict{mine}, nil

@@ -20,12 +20,17 @@ import (
 // another stage or worked on its own (a hang: it then names the processes
 // that are silent, or in another stage) — every process exits naming the
 // failing one, none hangs in a collective call that will never return.
-// Without a rendezvous file (NCCL_COMM_ID) only the timeout stops a
-// process, and the failing one cannot be named.
+// Without a rendezvous file (NCCL_COMM_ID alone) the processes share
+// nothing but NCCL, so only the timeout stops a process, and it says what
+// it knows (unmet): in NCCL's communicator setup, that its own ranks
+// joined and which other processes' did not — named where there is one
+// other process, else all the candidates (NCCL's bootstrap does not say
+// which of them is missing) — and that --rendezvous FILE names it.
 type Watch struct {
 	r       *Rendezvous
 	tag     string // the run's communicator: notes and statuses of other runs are ignored
 	ranks   string // this process's ranks, e.g. "ranks 2–3 (process 1 of 2 on node-b)"
+	per     int    // ranks per process (process p's are p·per …)
 	timeout time.Duration
 	// Exit stops the process with a message (default: print it to stderr
 	// and exit with status 1).
@@ -33,6 +38,7 @@ type Watch struct {
 
 	mu       sync.Mutex
 	stage    string
+	meeting  bool      // the stage is the processes' first meeting (NCCL's communicator setup): no other process is known to be there
 	deadline time.Time // zero: work of its own
 	stages   int       // stages entered
 	count    int
@@ -53,9 +59,9 @@ func (w *Watch) staleAfter() time.Duration {
 }
 
 // Watch starts watching a run whose communicator id is id; ranks describes
-// this process's ranks.
-func (r *Rendezvous) Watch(id [128]byte, ranks string) *Watch {
-	w := &Watch{r: r, tag: fmt.Sprintf("%x.%d", id[:12], r.seq), ranks: ranks, timeout: r.Timeout, done: make(chan struct{}),
+// this process's ranks, per ranks each process drives.
+func (r *Rendezvous) Watch(id [128]byte, ranks string, per int) *Watch {
+	w := &Watch{r: r, tag: fmt.Sprintf("%x.%d", id[:12], r.seq), ranks: ranks, per: per, timeout: r.Timeout, done: make(chan struct{}),
 		heard: map[int]heard{}, stage: "setting up", deadline: time.Now().Add(r.Timeout)}
 	w.Exit = func(msg string) {
 		fmt.Fprintf(os.Stderr, "moebench: %s\n", msg)
@@ -78,18 +84,80 @@ func (w *Watch) Stage(s string) { w.StageFor(s, w.timeout) }
 
 // StageFor is Stage for a stage that may take up to d (the timeout, or
 // longer).
-func (w *Watch) StageFor(s string, d time.Duration) {
+func (w *Watch) StageFor(s string, d time.Duration) { w.enter(s, d, false) }
+
+// Meeting is Stage for the processes' first meeting, NCCL's communicator
+// setup, which ends once every process's ranks joined it.
+func (w *Watch) Meeting(s string) { w.enter(s, w.timeout, true) }
+
+func (w *Watch) enter(s string, d time.Duration, meeting bool) {
 	w.mu.Lock()
-	w.stage, w.deadline = s, time.Now().Add(max(d, w.timeout))
+	w.stage, w.deadline, w.meeting = s, time.Now().Add(max(d, w.timeout)), meeting
 	w.stages++
 	w.mu.Unlock()
+}
+
+// Unmet says what this process knows of the others in its meeting (an
+// error of NCCL's setup adds it to its own), without a rendezvous file:
+// that its ranks joined, and which other processes' did not; "" with a
+// rendezvous file (the watch names them) or outside the meeting.
+func (w *Watch) Unmet() string {
+	w.mu.Lock()
+	meeting := w.meeting
+	w.mu.Unlock()
+	if w.r.File != "" || !meeting {
+		return ""
+	}
+	return w.unnamed(true)
+}
+
+// unnamed is what a process without a rendezvous file knows of the others
+// when it waited too long: in the meeting (NCCL's setup), which processes'
+// ranks did not join it; after, which may have failed.
+func (w *Watch) unnamed(meeting bool) string {
+	l := w.r.L
+	var others []string
+	for p := range l.World {
+		if p != l.Rank {
+			others = append(others, w.process(p))
+		}
+	}
+	root := ""
+	if id := os.Getenv("NCCL_COMM_ID"); id != "" {
+		root = fmt.Sprintf(" at NCCL_COMM_ID=%s (rank 0's process hosts NCCL's bootstrap root there)", id)
+	}
+	launcher := "their own output, or the launcher's, says which and why"
+	switch {
+	case meeting && len(others) == 1:
+		return fmt.Sprintf("this process's ranks joined NCCL's communicator setup%s; %s, the run's only other process, never joined it: it failed or was killed before meeting, "+
+			"was launched with other flags, cannot reach NCCL_COMM_ID, or is still setting up (raise --comm-timeout if it is only slow); its own output, or the launcher's, says why. "+
+			"With --rendezvous FILE the processes agree before they meet, and a process that cannot run says why in every process's error",
+			root, others[0])
+	case meeting:
+		return fmt.Sprintf("this process's ranks joined NCCL's communicator setup%s; of %s, one or more never joined it (failed or killed before meeting, launched with other flags, "+
+			"unable to reach NCCL_COMM_ID, or still setting up): NCCL's bootstrap does not say which, and with NCCL_COMM_ID alone the processes share nothing else, so %s; "+
+			"--rendezvous FILE (a path every node sees) makes every process name it",
+			root, strings.Join(others, ", "), launcher)
+	case len(others) == 1:
+		return fmt.Sprintf("%s, the run's only other process, failed, was killed or hangs (its own output says which); with --rendezvous FILE every process names it and its stage", others[0])
+	}
+	return fmt.Sprintf("one of %s failed, was killed or hangs: with NCCL_COMM_ID alone the processes share nothing but NCCL, so %s; "+
+		"--rendezvous FILE (a path every node sees) makes every process name it and its stage", strings.Join(others, ", "), launcher)
+}
+
+// process names process p by its ranks.
+func (w *Watch) process(p int) string {
+	if w.per <= 1 {
+		return fmt.Sprintf("process %d (rank %d)", p, p*max(w.per, 1))
+	}
+	return fmt.Sprintf("process %d (ranks %d–%d)", p, p*w.per, (p+1)*w.per-1)
 }
 
 // Local says that the process does work of its own in stage s (it waits
 // on no other process): no timeout until the next Stage.
 func (w *Watch) Local(s string) {
 	w.mu.Lock()
-	w.stage, w.deadline = s, time.Time{}
+	w.stage, w.deadline, w.meeting = s, time.Time{}, false
 	w.stages++
 	w.mu.Unlock()
 }
@@ -162,12 +230,12 @@ func (w *Watch) loop() {
 func (w *Watch) check() string {
 	w.mu.Lock()
 	w.count++
-	stage, deadline, count, stages := w.stage, w.deadline, w.count, w.stages
+	stage, deadline, count, stages, meeting := w.stage, w.deadline, w.count, w.stages, w.meeting
 	w.mu.Unlock()
 	now := time.Now()
 	if w.r.File == "" {
 		if !deadline.IsZero() && now.After(deadline) {
-			return fmt.Sprintf("%s waited %v in %s for the other processes (--comm-timeout): one failed or hangs; without --rendezvous FILE it cannot be named", w.ranks, w.timeout, stage)
+			return fmt.Sprintf("%s waited %v in %s for the other processes (--comm-timeout): %s", w.ranks, w.timeout, stage, w.unnamed(meeting))
 		}
 		return ""
 	}
