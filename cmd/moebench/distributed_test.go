@@ -379,6 +379,9 @@ func nightlyTwoProcesses(t *testing.T) {
 // forward with the mode's reason, says where the data moved (inter-node
 // bytes: each process is a node) and which library moved it.
 //
+// gpu-check (a subtest): scripts/gpu-check.sh's two-process step, on a
+// node where doctor finds NCCL EP, runs its two modes as it runs alltoall.
+//
 // killed (a subtest): a process killed during the steps makes the other
 // exit naming it within --comm-timeout, where NCCL EP (the fake's transport
 // waits 120 s) would hang.
@@ -450,6 +453,7 @@ func TestDistributedNCCLEP(t *testing.T) {
 			t.Logf("%s; max rel err %.2e; inter-node %d B, intra-node %d B", rec.Ranks.Note, rec.Correctness.MaxRelErr, tr.InterNodeBytes, tr.IntraNodeBytes)
 		})
 	}
+	t.Run("gpu-check", gpuCheckNCCLEP)
 	t.Run("killed", func(t *testing.T) {
 		os.Remove(out)
 		ps := launchProcs(t, 2, append([]string{"--device", "cuda", "--dispatcher", "hybridep", "--impl", "library", "--ep", "4", "--warmup", "0", "--iters", "100000",
@@ -479,4 +483,39 @@ func TestDistributedNCCLEP(t *testing.T) {
 		}
 		t.Logf("process 0 stopped %v after the kill: %s", took.Round(time.Millisecond), strings.TrimSpace(msg[strings.LastIndex(strings.TrimSpace(msg), "\n")+1:]))
 	})
+}
+
+// gpuCheckNCCLEP: scripts/gpu-check.sh's run over two processes on a node
+// of two (fake) GPUs where doctor finds NCCL EP (the fake): alltoall
+// through NCCL, then hybridep and deepep through NCCL EP, each at EP 2 over
+// two processes, each passing with one record appended by rank 0.
+func gpuCheckNCCLEP(t *testing.T) {
+	dir := t.TempDir()
+	smi := filepath.Join(dir, "path", "nvidia-smi")
+	os.MkdirAll(filepath.Dir(smi), 0o755)
+	os.WriteFile(smi, []byte("#!/bin/sh\necho 'GPU 0: Fake GPU 0 (UUID: a)'\necho 'GPU 1: Fake GPU 1 (UUID: b)'\n"), 0o755)
+	out := filepath.Join(dir, "out")
+	os.MkdirAll(out, 0o755)
+	os.Symlink(os.Getenv("MOEBENCH_CACHE"), filepath.Join(out, "kernel-cache")) // the kernels the runs before compiled
+	cmd := exec.Command("bash", "../../scripts/gpu-check.sh", "twoproc", out)
+	cmd.Env = append(os.Environ(), "MOEBENCH_TEST_PROCESS=1", "MOEBENCH_BIN="+os.Args[0], "PATH="+filepath.Dir(smi)+":"+os.Getenv("PATH"),
+		"TWOPROC_FLAGS=--experts 16 --tokens 16 --hidden 128 --ffn 16 --warmup 1 --iters 2 --comm-timeout 20s", "FAKENCCL_TIMEOUT_S=120")
+	b, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("%v:\n%s", err, b)
+	}
+	for _, name := range []string{"twoproc-alltoall-nccl-ep2", "twoproc-ncclep-ht-ep2", "twoproc-ncclep-ll-ep2"} {
+		if !strings.Contains(string(b), name+" ") {
+			t.Errorf("no %s in the output:\n%s", name, b)
+		}
+	}
+	recs, err := results.ReadFile(filepath.Join(out, "records.jsonl"), nil)
+	if err != nil || len(recs) != 3 {
+		t.Fatalf("%d records, %v; output:\n%s", len(recs), err, b)
+	}
+	for i, d := range []string{"alltoall", "hybridep", "deepep"} {
+		if rec := recs[i]; rec.Config.Dispatcher != d || rec.Status != results.StatusOK || len(rec.Ranks.Processes) != 2 {
+			t.Errorf("record %d: %s %s: %s", i, rec.Config.Dispatcher, rec.Status, rec.Reason)
+		}
+	}
 }
