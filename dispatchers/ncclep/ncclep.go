@@ -480,7 +480,8 @@ func (d *Device) Traffic() dispatchers.Traffic {
 	}
 	return dispatchers.Traffic{DispatchOffRank: off * (row + w), DispatchLogical: all * (row + w), CombineOffRank: off * row, CombineLogical: all * row,
 		Formula: fmt.Sprintf("dispatch = copies × (hidden×2 B bf16%s); combine = copies × hidden×2 B; a copy is one (token, expert) pair "+
-			"(the expert-major layout's slot); off-rank excludes copies to the token's own rank; moved by %s", map[bool]string{true: " + 4 B fp32 routing weight", false: ""}[w > 0], d.Transport()),
+			"(the expert-major layout's slot); off-rank excludes copies to the token's own rank%s; moved by %s", map[bool]string{true: " + 4 B fp32 routing weight", false: ""}[w > 0],
+			map[bool]string{true: "; every process counts its own ranks' copies, summed over the run's communicator", false: ""}[d.world != nil], d.Transport()),
 		DispatchAlgorithm: all * row, CombineAlgorithm: all * row,
 		AlgorithmFormula: "rows received × hidden × 2 B, a rank's rows to itself included (DeepEP's convention; ep_bench counts the low-latency mode so)"}
 }

@@ -32,9 +32,12 @@
 // another GPU, a buffer another GPU owns.
 //
 // It also answers ncclCommCount, ncclCommUserRank and ncclCommCuDevice
-// (which libraries built on NCCL call: fakencclep.c) and
-// fakenccl_clique, the fake's own: which ranks make one communicator (NULL
-// for one spanning processes).
+// (which libraries built on NCCL call: fakencclep.c) and, the fake's own,
+// fakenccl_clique: which ranks make one communicator (NULL for one
+// spanning processes), and fakenccl_wait: the wait of the calling thread's
+// next groups (fakencclep.c bounds its exchanges by NCCL EP's timeout).
+// $FAKENCCL_NET makes every communicator one that spans processes, each
+// rank as if in a process of its own (tests of that path in one process).
 #define MB_ABI_DECLARE // moebench's prototypes: a definition here that differs does not compile
 #include "abi.h"
 #define _GNU_SOURCE

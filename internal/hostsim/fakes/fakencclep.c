@@ -35,7 +35,8 @@
 // it return at once without taking part (as a rank that never called).
 //
 // What it implements: the expert-major layout of both modes (no padding),
-// moving rows on the host: a rank's received slots grouped by local
+// moving rows on the host (on a communicator that spans processes, through
+// the fake NCCL's send/recv: "across processes" at the end): a rank's received slots grouped by local
 // expert, in (source rank, token) order; high-throughput combine sums a
 // token's slots of each rank (rounded to bf16, the rank's pre-reduction)
 // then the ranks' sums in float, into bf16; low-latency combine sums the
