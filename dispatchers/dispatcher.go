@@ -248,6 +248,10 @@ type Env struct {
 	// flags, queue heads and tails, counters the host polls); 0 means
 	// DefaultCommTimeout.
 	CommTimeout time.Duration
+	// NodeRanks, in a run that spans processes, is the EP ranks on this
+	// process's node (its ranks times the processes the launcher puts on
+	// the node); 0 in a run of one process, whose ranks are all on its node.
+	NodeRanks int
 }
 
 // DefaultCommTimeout is how long a cross-rank wait may take before the

@@ -1087,7 +1087,11 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 	if err := checkHostMemory(cfg); err != nil { // the host twin and the reference (this process's share)
 		return fail(results.StatusUnavailable, err)
 	}
-	d, err := dispatchers.NewDevice(cfg.Dispatcher, cfg.Impl, cfg.dispatcherEnv())
+	denv := cfg.dispatcherEnv()
+	if ds != nil { // the ranks of this process's node (NCCL EP's limit is per node)
+		denv.NodeRanks = ds.per * max(1, ds.rv.L.LocalWorld)
+	}
+	d, err := dispatchers.NewDevice(cfg.Dispatcher, cfg.Impl, denv)
 	if err != nil {
 		ds.fail(err, cfg)
 		return dispatcherError(rec, cfg, err)

@@ -40,14 +40,15 @@ type dist struct {
 func newDist(cfg Config, rv *launch.Rendezvous) (*dist, error) {
 	l := rv.L
 	switch {
-	case cfg.Dispatcher != "alltoall" || cfg.Impl != dispatchers.ImplLibrary:
+	case cfg.Impl != dispatchers.ImplLibrary: // the library implementations: alltoall's (NCCL), hybridep's and deepep's (NCCL EP)
 		return nil, &dispatchers.UnavailableError{Name: cfg.Dispatcher, Impl: cfg.Impl, Reason: fmt.Sprintf(
-			"this run spans %d processes (%s): %s; across processes run alltoall --impl library (NCCL's send/recv over every process's ranks)",
+			"this run spans %d processes (%s): %s; across processes run alltoall --impl library (NCCL's send/recv over every process's ranks), "+
+				"or hybridep or deepep --impl library (NCCL EP's group over every process's ranks)",
 			l.World, l.Via, notAcross(cfg))}
 	case cfg.EP%l.World != 0:
 		return nil, &ConfigError{"ep", cfg.EP, fmt.Sprintf("must be a multiple of the %d processes of the run (%s): each process drives as many ranks, one GPU each", l.World, l.Via)}
 	case cfg.CUDAGraph:
-		return nil, &ConfigError{"cuda-graph", true, "does not apply to a run that spans processes (alltoall's library implementation is not captured)"}
+		return nil, &ConfigError{"cuda-graph", true, "does not apply to a run that spans processes (the library implementations that cross them are not captured)"}
 	case cfg.MaxSeconds > 0:
 		return nil, &ConfigError{"max-seconds", cfg.MaxSeconds, "does not apply to a run that spans processes: every rank must run the same steps (use --iters)"}
 	}
@@ -101,9 +102,6 @@ func (d *dist) agree(err error, cfg Config) error {
 // in this build.
 func notAcross(cfg Config) string {
 	switch {
-	case cfg.Impl == dispatchers.ImplLibrary:
-		return "NCCL EP's group is created over one process's communicator here (ncclEpCreateGroup on this process's GPUs); " +
-			"a group over the world communicator, with its handles on every process, is not built"
 	case cfg.Dispatcher == "hybridep":
 		return "hybridep's intra-domain path moves data through peer memory (a domain's ranks must be in one process), and its inter-domain path, " +
 			"though NCCL send/recv, sizes each transfer from the other domains' counts read in this process's memory: " +

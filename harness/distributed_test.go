@@ -53,16 +53,17 @@ func TestSlowestOf(t *testing.T) {
 	}
 }
 
-// TestNotAcrossProcesses: a dispatcher other than alltoall --impl library,
-// asked to span processes, is unavailable saying what does not cross them,
-// why, and what runs instead.
+// TestNotAcrossProcesses: a native implementation (moebench's peer-memory
+// designs, feplb), asked to span processes, is unavailable saying what does
+// not cross them, why, and what runs instead; the library implementations
+// (alltoall's NCCL, hybridep's and deepep's NCCL EP) are placed.
 func TestNotAcrossProcesses(t *testing.T) {
 	rv := &launch.Rendezvous{L: launch.Launch{Rank: 0, World: 2, Via: "test"}}
 	for _, c := range []struct{ dispatcher, impl, want string }{
 		{"hybridep", "native", "inter-domain path, though NCCL send/recv, sizes each transfer from the other domains' counts"},
-		{"hybridep", "library", "NCCL EP's group is created over one process's communicator"},
 		{"deepep", "native", "internode mode (NVSHMEM) is not modelled"},
 		{"alltoall", "native", "peer memory"},
+		{"feplb", "native", "FEPLB's phase 2 copies experts' weights"},
 	} {
 		cfg := DefaultConfig()
 		cfg.Dispatcher, cfg.Impl, cfg.EP, cfg.Domain = c.dispatcher, c.impl, 4, 2
@@ -71,10 +72,12 @@ func TestNotAcrossProcesses(t *testing.T) {
 			t.Errorf("%s/%s: %v", c.dispatcher, c.impl, err)
 		}
 	}
-	cfg := DefaultConfig()
-	cfg.Dispatcher, cfg.Impl, cfg.EP = "alltoall", "library", 4
-	if _, err := newDist(cfg, rv); err != nil {
-		t.Errorf("alltoall library: %v", err)
+	for _, d := range []string{"alltoall", "hybridep", "deepep"} { // NCCL's send/recv; NCCL EP's two modes
+		cfg := DefaultConfig()
+		cfg.Dispatcher, cfg.Impl, cfg.EP = d, "library", 4
+		if _, err := newDist(cfg, rv); err != nil {
+			t.Errorf("%s library: %v", d, err)
+		}
 	}
 }
 

@@ -154,10 +154,21 @@ func TestNCCLEPUnavailable(t *testing.T) {
 // NCCL's result and the rank; a rank that does not take part in a
 // collective makes the others' kernels give up after --comm-timeout (the
 // group's timeout_ns), and the run fails naming the rank and the call
-// after which its GPU failed, instead of hanging.
+// after which its GPU failed, instead of hanging — in one process and on
+// the path of a communicator that spans processes (FAKENCCL_NET: every
+// byte through the fake NCCL's send/recv).
 func TestNCCLEPFailures(t *testing.T) {
-	useHostSimLayer(t)
-	useFakeNCCLEP(t)
+	for _, net := range []string{"", "1"} {
+		t.Run(map[string]string{"": "one-process", "1": "across-processes"}[net], func(t *testing.T) {
+			useHostSimLayer(t) // fresh fakes: a GPU the last run failed stays failed in its fake driver
+			useFakeNCCLEP(t)
+			t.Setenv("FAKENCCL_NET", net)
+			ncclepFailures(t)
+		})
+	}
+}
+
+func ncclepFailures(t *testing.T) {
 	for _, c := range []struct {
 		name, dispatcher, hook, value string
 		want                          []string
@@ -183,5 +194,27 @@ func TestNCCLEPFailures(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestNCCLEPNodeLimit: in a run that spans processes NCCL EP's limit of 8
+// ranks is per node — the ranks of this process's node (its ranks times
+// the launcher's processes on the node), not the run's, which may be 64.
+func TestNCCLEPNodeLimit(t *testing.T) {
+	useHostSimLayer(t)
+	useFakeNCCLEP(t)
+	for _, c := range []struct {
+		nodeRanks int
+		want      string // "": available
+	}{{0, ""}, {8, ""}, {12, "12 ranks on this process's node: NCCL EP supports at most 8 per node"}} {
+		for _, d := range []string{"hybridep", "deepep"} {
+			dd, err := dispatchers.NewDevice(d, dispatchers.ImplLibrary, dispatchers.Env{Device: "cuda", NodeRanks: c.nodeRanks})
+			if c.want == "" && err != nil || c.want != "" && (!dispatchers.IsUnavailable(err) || !strings.Contains(err.Error(), c.want)) {
+				t.Errorf("%s with %d ranks on the node: %v", d, c.nodeRanks, err)
+			}
+			if dd != nil {
+				dd.Close()
+			}
+		}
 	}
 }

@@ -182,6 +182,21 @@ type ncclComm struct {
 
 func (n *ncclComm) Name() string { return "NCCL " + n.lib.Version + " (grouped ncclSend/ncclRecv)" }
 
+// NCCLComms is a Comm made of NCCL communicators, one per rank of this
+// process: what a library built on NCCL (NCCL EP) creates its own state
+// over.
+type NCCLComms interface {
+	// NCCLComm is rank's communicator (nil: a rank of another process).
+	NCCLComm(rank int) cuda.Comm
+}
+
+func (n *ncclComm) NCCLComm(rank int) cuda.Comm {
+	if rank < 0 || rank >= len(n.comms) {
+		return nil
+	}
+	return n.comms[rank]
+}
+
 func (n *ncclComm) Exchange(rank int, sends, recvs []Transfer) error {
 	if err := checkPeers(rank, sends, recvs, len(n.comms)); err != nil {
 		return err

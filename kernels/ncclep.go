@@ -15,16 +15,30 @@ import (
 // destroyed from the rank's GPU thread (Threads) — NCCL EP's group
 // creation, high-throughput handle update, dispatch and combine are
 // collective: every rank calls them at once, each from its own thread.
+// In a run that spans processes the communicators are the run's (World
+// EP): each process creates its own ranks' groups over them, and the
+// groups span every process's ranks. Its slices are indexed by rank of
+// the run (nil for another process's).
 type EP struct {
-	Lib     *cuda.NCCLEP
-	Config  cuda.EPGroupConfig
-	th      *Threads
-	rankOf  []int // each thread's rank (−1: none)
-	gpus    []*CUDA
-	streams []Stream
-	comms   []cuda.Comm
-	groups  []cuda.EPGroup
-	handles []cuda.EPHandle
+	Lib      *cuda.NCCLEP
+	Config   cuda.EPGroupConfig
+	th       *Threads
+	rankOf   []int // each thread's rank (−1: none)
+	gpus     []*CUDA
+	streams  []Stream
+	comms    []cuda.Comm
+	ownComms bool // made by OpenEP (else the run's, which its owner closes)
+	groups   []cuda.EPGroup
+	handles  []cuda.EPHandle
+}
+
+// WorldEP places a process's ranks in a run that spans processes: they
+// are ranks First… of Ranks, each with its communicator in Comm (the run's
+// communicator over every rank, NCCL's: NCCLComms), which NCCL EP's
+// groups are created over. The zero WorldEP is a run of one process.
+type WorldEP struct {
+	Ranks, First int
+	Comm         Comm
 }
 
 // EPProbe says why NCCL EP cannot run here, without GPUs: its library (and
@@ -56,8 +70,12 @@ func EPProbe() (lib *cuda.NCCLEP, why []string) {
 // kernels use Hopper's bulk copies.
 const EPMinCC = 90
 
-// EPMaxRanks is the most ranks of one node NCCL EP supports.
-const EPMaxRanks = 8
+// EPMaxRanks is the most ranks of one node NCCL EP supports, EPMaxWorld
+// the most of a run (its RELEASE.md: 8 nodes, 64 GPUs).
+const (
+	EPMaxRanks = 8
+	EPMaxWorld = 64
+)
 
 // EPUnavailable says why NCCL EP cannot run on these devices (an
 // environment limitation).
@@ -66,11 +84,20 @@ type EPUnavailable struct{ Reason string }
 func (e *EPUnavailable) Error() string { return e.Reason }
 
 // OpenEP makes rank r's communicator, group (c) and handle (top-k routing)
-// on devs[r], its work on streams[r], each rank from its thread of th.
-func OpenEP(th *Threads, lib *cuda.NCCLEP, devs []Device, streams []Stream, c cuda.EPGroupConfig, topk int) (*EP, error) {
+// on devs[r], its work on streams[r], each rank from its thread of th. In
+// a run that spans processes (w not zero) devs and streams are this
+// process's ranks', w.First… of w.Ranks, and their communicators w.Comm's.
+func OpenEP(th *Threads, lib *cuda.NCCLEP, devs []Device, streams []Stream, c cuda.EPGroupConfig, topk int, w WorldEP) (*EP, error) {
 	var why []string
-	gpus := make([]*CUDA, len(devs))
-	for r, d := range devs {
+	if w.Ranks == 0 {
+		w = WorldEP{Ranks: len(devs)}
+	}
+	if w.First < 0 || w.First+len(devs) > w.Ranks || len(streams) != len(devs) {
+		return nil, fmt.Errorf("NCCL EP over ranks %d… of %d with %d devices and %d streams", w.First, w.Ranks, len(devs), len(streams))
+	}
+	gpus := make([]*CUDA, w.Ranks)
+	for i, d := range devs {
+		r := w.First + i
 		g, ok := d.(*CUDA)
 		if !ok {
 			return nil, &EPUnavailable{fmt.Sprintf("rank %d's device is %s: NCCL EP runs on GPUs", r, d.Name())}
@@ -79,8 +106,8 @@ func OpenEP(th *Threads, lib *cuda.NCCLEP, devs []Device, streams []Stream, c cu
 		if cc := g.CC(); cc < EPMinCC {
 			why = append(why, fmt.Sprintf("GPU %d is sm_%d and NCCL EP needs sm_%d or later (Hopper's bulk copies)", g.Ordinal, cc, EPMinCC))
 		}
-		if q := slices.Index(devs, d); q < r && slices.Index(devs[q+1:], d)+q+1 == r { // r is the GPU's second rank
-			why = append(why, fmt.Sprintf("ranks %d and %d share GPU %d: NCCL EP needs one GPU per rank (NCCL refuses a GPU twice; emulated EP cannot run it)", q, r, g.Ordinal))
+		if q := slices.Index(devs, d); q < i && slices.Index(devs[q+1:], d)+q+1 == i { // r is the GPU's second rank
+			why = append(why, fmt.Sprintf("ranks %d and %d share GPU %d: NCCL EP needs one GPU per rank (NCCL refuses a GPU twice; emulated EP cannot run it)", w.First+q, r, g.Ordinal))
 		}
 		if c.MaxSMs > g.SMs {
 			why = append(why, fmt.Sprintf("--sms %d exceeds GPU %d's %d SMs (NCCL EP's max_num_sms must not)", c.MaxSMs, g.Ordinal, g.SMs))
@@ -89,6 +116,18 @@ func OpenEP(th *Threads, lib *cuda.NCCLEP, devs []Device, streams []Stream, c cu
 	if len(devs) > EPMaxRanks {
 		why = append(why, fmt.Sprintf("%d ranks on one node: NCCL EP supports at most %d per node", len(devs), EPMaxRanks))
 	}
+	if w.Ranks > EPMaxWorld {
+		why = append(why, fmt.Sprintf("%d ranks: NCCL EP supports at most %d (8 nodes of 8 GPUs)", w.Ranks, EPMaxWorld))
+	}
+	var world NCCLComms
+	if w.Comm != nil {
+		var ok bool
+		if world, ok = w.Comm.(NCCLComms); !ok {
+			why = append(why, fmt.Sprintf("the run's communicator is %s, and NCCL EP's groups are created over NCCL's", w.Comm.Name()))
+		}
+	} else if w.Ranks != len(devs) {
+		return nil, fmt.Errorf("NCCL EP over ranks %d… of %d: a run that spans processes gives the run's communicator", w.First, w.Ranks)
+	}
 	if why != nil {
 		return nil, &EPUnavailable{strings.Join(dedupe(why), "; ")}
 	}
@@ -96,21 +135,37 @@ func OpenEP(th *Threads, lib *cuda.NCCLEP, devs []Device, streams []Stream, c cu
 	if err != nil {
 		return nil, err
 	}
-	e := &EP{Lib: lib, Config: c, th: th, rankOf: rankOf, gpus: gpus, streams: streams, comms: make([]cuda.Comm, len(devs)),
-		groups: make([]cuda.EPGroup, len(devs)), handles: make([]cuda.EPHandle, len(devs))}
-	id, err := lib.NCCL.UniqueID()
-	if err != nil {
-		return nil, err
+	for i, r := range rankOf {
+		if r >= 0 {
+			rankOf[i] = w.First + r
+		}
+	}
+	all := make([]Stream, w.Ranks)
+	copy(all[w.First:], streams)
+	e := &EP{Lib: lib, Config: c, th: th, rankOf: rankOf, gpus: gpus, streams: all, comms: make([]cuda.Comm, w.Ranks), ownComms: world == nil,
+		groups: make([]cuda.EPGroup, w.Ranks), handles: make([]cuda.EPHandle, w.Ranks)}
+	var id cuda.UniqueID
+	if world == nil {
+		if id, err = lib.NCCL.UniqueID(); err != nil {
+			return nil, err
+		}
 	}
 	err = e.each(func(r int, g *CUDA) error {
-		var err error
-		if e.comms[r], err = lib.NCCL.InitRank(len(devs), id, r); err != nil {
-			return err
+		if world != nil { // the run's communicator: NCCL EP's group spans every process's ranks
+			if e.comms[r] = world.NCCLComm(r); e.comms[r] == nil {
+				return fmt.Errorf("the run's communicator has no rank %d in this process", r)
+			}
+		} else {
+			var err error
+			if e.comms[r], err = lib.NCCL.InitRank(w.Ranks, id, r); err != nil {
+				return err
+			}
 		}
 		g.Drv.ContextChanged()
 		if err := g.use(); err != nil {
 			return err
 		}
+		var err error
 		if e.groups[r], err = lib.CreateGroup(e.comms[r], c); err != nil {
 			return err
 		}
@@ -253,10 +308,10 @@ func (e *EP) Close() error {
 			keep(e.Lib.DestroyGroup(e.groups[r]))
 			e.groups[r] = nil
 		}
-		if e.comms[r] != nil {
+		if e.comms[r] != nil && e.ownComms {
 			keep(e.Lib.NCCL.Destroy(e.comms[r]))
-			e.comms[r] = nil
 		}
+		e.comms[r] = nil
 		g.Drv.ContextChanged()
 		return first
 	})

@@ -29,7 +29,8 @@
 # srun or mpirun launch one per node: alltoall --impl library at EP = the GPU
 # count, each process driving half the GPUs, NCCL's communicator made through
 # --rendezvous in a temporary folder, a training step, forward and backward,
-# rank 0 writing the one record), and
+# rank 0 writing the one record; and hybridep and deepep through NCCL EP the
+# same way where it is installed, forward only), and
 # last compute-sanitizer over the kernels' tests
 # (the cross-rank kernels included).
 #
@@ -155,24 +156,38 @@ if [ "$mode" != sanitize ]; then
 # on, NCCL's unique id through --rendezvous in a temporary folder, a training
 # step (the backward's gradients exchanged over NCCL too); rank 0 appends
 # the run's one record, the other process writes none
+# (NCCL EP's two modes likewise where doctor found the library: its groups
+# over the run's communicator, each process creating its own ranks')
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
 if [ "$gpus" -ge 2 ]; then
   ep=$((gpus - gpus % 2))
-  name=twoproc-alltoall-nccl-ep$ep
-  rv=$(mktemp -d)
+  twoproc() { # name, then moebench flags
+    local name=$1 rv
+    shift
+    rv=$(mktemp -d)
+    step "$name" 180 bash -c '
+      mb=$1 out=$2 name=$3 rv=$4 rec=$5; shift 5
+      for r in 0 1; do
+        MOEBENCH_RANK=$r MOEBENCH_WORLD=2 MOEBENCH_LOCAL_RANK=$r timeout 170 "$mb" --device cuda "$@" \
+          --rendezvous "$rv/id" --out "$rec" > "$out/$name.p$r.log" 2>&1 &
+        pid[r]=$!
+      done
+      rc=0
+      for r in 0 1; do wait "${pid[r]}" || rc=1; done
+      for r in 0 1; do echo "== process $r"; tail -n 20 "$out/$name.p$r.log"; done
+      exit $rc' _ "$mb" "$OUT" "$name" "$rv" "$records" "$@"
+    rm -rf "$rv"
+  }
   # shellcheck disable=SC2086 # TWOPROC_FLAGS is a list of flags
-  step "$name" 180 bash -c '
-    mb=$1 out=$2 name=$3 rv=$4 rec=$5; shift 5
-    for r in 0 1; do
-      MOEBENCH_RANK=$r MOEBENCH_WORLD=2 MOEBENCH_LOCAL_RANK=$r timeout 170 "$mb" --device cuda "$@" \
-        --rendezvous "$rv/id" --out "$rec" > "$out/$name.p$r.log" 2>&1 &
-      pid[r]=$!
-    done
-    rc=0
-    for r in 0 1; do wait "${pid[r]}" || rc=1; done
-    for r in 0 1; do echo "== process $r"; tail -n 20 "$out/$name.p$r.log"; done
-    exit $rc' _ "$mb" "$OUT" "$name" "$rv" "$records" ${TWOPROC_FLAGS:---preset qwen3-30b-a3b} --ep "$ep" --dispatcher alltoall --impl library
-  rm -rf "$rv"
+  twoproc "twoproc-alltoall-nccl-ep$ep" ${TWOPROC_FLAGS:---preset qwen3-30b-a3b} --ep "$ep" --dispatcher alltoall --impl library
+  if grep -q '^NCCL EP  *found' "$OUT/doctor.txt"; then
+    # shellcheck disable=SC2086
+    twoproc "twoproc-ncclep-ht-ep$ep" ${TWOPROC_FLAGS:---preset qwen3-30b-a3b} --ep "$ep" --dispatcher hybridep --impl library
+    # shellcheck disable=SC2086
+    twoproc "twoproc-ncclep-ll-ep$ep" ${TWOPROC_FLAGS:---preset qwen3-30b-a3b --tokens 128} --ep "$ep" --dispatcher deepep --impl library
+  else
+    result[twoproc-ncclep]="n/a (NCCL EP not found: doctor.txt says why)"
+  fi
 else
   result[twoproc]="n/a (nvidia-smi lists $gpus GPU(s): a run over two processes needs one GPU per rank, at least 2)"
 fi

@@ -625,3 +625,154 @@ func TestDistributedDumpRefused(t *testing.T) {
 		t.Errorf("--dump %s was created", dump)
 	}
 }
+
+// TestDistributedNCCLEP: NCCL EP's two modes — hybridep --impl library
+// (high throughput) and deepep --impl library (low latency) — at EP 4 over
+// 2 processes, each process on a fake node of two fake GPUs: NCCL EP's
+// group is created over the run's communicator (each process its own
+// ranks'), and the fake libnccl_ep moves every row between the processes
+// through the fake NCCL's loopback send/recv. Every process exits 0, rank
+// 0 alone writes one record, which passes the float64 check, times the
+// forward with the mode's reason, says where the data moved (inter-node
+// bytes: each process is a node) and which library moved it.
+//
+// gpu-check (a subtest): scripts/gpu-check.sh's two-process step, on a
+// node where doctor finds NCCL EP, runs its two modes as it runs alltoall.
+//
+// killed (a subtest): a process killed during the steps makes the other
+// exit naming it within --comm-timeout, where NCCL EP (the fake's transport
+// waits 120 s) would hang.
+func TestDistributedNCCLEP(t *testing.T) {
+	rv, out := distributedSetup(t)
+	ep, err := hostsim.BuildFake("fakencclep", t.TempDir(), "libnccl_ep.so.0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("MOEBENCH_NCCL_EP", ep)
+	t.Setenv("FAKENCCL_VERSION", "23007") // NCCL with the Device API
+	hostsim.FakeNCCLEPRuntime(t)
+	shape := []string{"--experts", "16", "--tokens", "16", "--hidden", "128", "--ffn", "16"} // the low-latency combine takes 128-multiples
+	for _, c := range []struct{ dispatcher, design, pass string }{
+		{"hybridep", "HybridEP's design via NCCL EP", "NCCL EP's high-throughput mode has a backward"},
+		{"deepep", "DeepEP low-latency design via NCCL EP", "NCCL EP's low-latency mode has no backward pass"},
+	} {
+		t.Run(c.dispatcher, func(t *testing.T) {
+			os.Remove(out)
+			ps := launchProcsEnv(t, 2, func(r int) []string { return []string{fmt.Sprintf("MOEBENCH_NODE=node-%d", r)} },
+				append([]string{"--device", "cuda", "--dispatcher", c.dispatcher, "--impl", "library", "--ep", "4", "--warmup", "1", "--iters", "2",
+					"--rendezvous", rv, "--out", out, "--format", "json", "--comm-timeout", "20s"}, shape...)...)
+			for r, p := range ps {
+				if err := p.wait(t, 4*time.Minute); err != nil {
+					for q := range ps {
+						t.Logf("process %d's stderr:\n%s", q, ps[q].stderr.String())
+					}
+					t.Fatalf("process %d: %v", r, err)
+				}
+				if r > 0 && (p.stdout.Len() > 0 || !strings.Contains(p.stderr.String(), "rank 0 writes the record")) {
+					t.Errorf("process %d wrote %q; stderr %q", r, p.stdout.String(), p.stderr.String())
+				}
+			}
+			recs, err := results.ReadFile(out, nil)
+			if err != nil || len(recs) != 1 {
+				t.Fatalf("%d records, %v", len(recs), err)
+			}
+			rec := recs[0]
+			if rec.Status != results.StatusOK || rec.Correctness == nil || !rec.Correctness.Passed || !strings.Contains(rec.Correctness.Sample, "each of the 2 processes") {
+				t.Fatalf("record: status %s, %+v", rec.Status, rec.Correctness)
+			}
+			if rec.Config.Pass != results.PassForward || !strings.Contains(rec.Config.PassNote, c.pass) {
+				t.Errorf("pass %q (%s)", rec.Config.Pass, rec.Config.PassNote)
+			}
+			if lib := rec.Library; lib == nil || !strings.HasPrefix(lib.Design, c.design) || !strings.Contains(lib.Detail, "over 2 processes (2 each)") ||
+				!strings.Contains(rec.Ranks.Note, "through NCCL EP 0.1.0") {
+				t.Errorf("library %+v; ranks %q", lib, rec.Ranks.Note)
+			}
+			if len(rec.Ranks.Processes) != 2 || len(rec.Ranks.Devices) != 4 || rec.Ranks.Processes[1].Host != "node-1" {
+				t.Fatalf("ranks %+v", rec.Ranks)
+			}
+			for _, ph := range rec.Timing.Phases {
+				for r, v := range ph.PerRank {
+					if !(v > 0) {
+						t.Errorf("%s: rank %d's time %v", ph.Name, r, v)
+					}
+				}
+			}
+			tr := rec.Traffic
+			if tr == nil || tr.DispatchOffRank == 0 || tr.DispatchLogical < tr.DispatchOffRank || tr.InterNodeBytes == 0 || tr.IntraNodeBytes == 0 ||
+				!(tr.DispatchInterNodeGBps > 0) || !strings.Contains(tr.Formula, "NCCL EP") {
+				t.Fatalf("traffic %+v", tr)
+			}
+			// every rank's copies counted, the other process's included:
+			// 4 ranks × 16 tokens × top-k
+			if row := int64(2*128 + map[string]int64{"hybridep": 4, "deepep": 0}[c.dispatcher]); tr.DispatchLogical != 4*16*int64(rec.Config.TopK)*row {
+				t.Errorf("dispatch logical %d bytes: want every rank's %d copies of %d B", tr.DispatchLogical, 4*16*rec.Config.TopK, row)
+			}
+			t.Logf("%s; max rel err %.2e; inter-node %d B, intra-node %d B", rec.Ranks.Note, rec.Correctness.MaxRelErr, tr.InterNodeBytes, tr.IntraNodeBytes)
+		})
+	}
+	t.Run("gpu-check", gpuCheckNCCLEP)
+	t.Run("killed", func(t *testing.T) {
+		os.Remove(out)
+		ps := launchProcs(t, 2, append([]string{"--device", "cuda", "--dispatcher", "hybridep", "--impl", "library", "--ep", "4", "--warmup", "0", "--iters", "100000",
+			"--rendezvous", rv, "--out", out, "--comm-timeout", "10s"}, shape...)...)
+		status := rv + ".p1.status"
+		deadline := time.Now().Add(3 * time.Minute)
+		for { // until process 1 is in its steps
+			b, _ := os.ReadFile(status)
+			if strings.Contains(string(b), "dispatch") {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("process 1 never reached a step; stderr:\n%s\n%s", ps[0].stderr.String(), ps[1].stderr.String())
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		ps[1].cmd.Process.Kill()
+		killed := time.Now()
+		err := ps[0].wait(t, time.Minute)
+		took := time.Since(killed)
+		msg := ps[0].stderr.String()
+		if err == nil || !strings.Contains(msg, "ranks 2–3 (process 1 of 2") || took > 12*time.Second {
+			t.Fatalf("after %v: %v; stderr:\n%s", took, err, msg)
+		}
+		if _, err := os.Stat(out); err == nil {
+			t.Error("a record was written for a run that failed")
+		}
+		t.Logf("process 0 stopped %v after the kill: %s", took.Round(time.Millisecond), strings.TrimSpace(msg[strings.LastIndex(strings.TrimSpace(msg), "\n")+1:]))
+	})
+}
+
+// gpuCheckNCCLEP: scripts/gpu-check.sh's run over two processes on a node
+// of two (fake) GPUs where doctor finds NCCL EP (the fake): alltoall
+// through NCCL, then hybridep and deepep through NCCL EP, each at EP 2 over
+// two processes, each passing with one record appended by rank 0.
+func gpuCheckNCCLEP(t *testing.T) {
+	dir := t.TempDir()
+	smi := filepath.Join(dir, "path", "nvidia-smi")
+	os.MkdirAll(filepath.Dir(smi), 0o755)
+	os.WriteFile(smi, []byte("#!/bin/sh\necho 'GPU 0: Fake GPU 0 (UUID: a)'\necho 'GPU 1: Fake GPU 1 (UUID: b)'\n"), 0o755)
+	out := filepath.Join(dir, "out")
+	os.MkdirAll(out, 0o755)
+	os.Symlink(os.Getenv("MOEBENCH_CACHE"), filepath.Join(out, "kernel-cache")) // the kernels the runs before compiled
+	cmd := exec.Command("bash", "../../scripts/gpu-check.sh", "twoproc", out)
+	cmd.Env = append(os.Environ(), "MOEBENCH_TEST_PROCESS=1", "MOEBENCH_BIN="+os.Args[0], "PATH="+filepath.Dir(smi)+":"+os.Getenv("PATH"),
+		"TWOPROC_FLAGS=--experts 16 --tokens 16 --hidden 128 --ffn 16 --warmup 1 --iters 2 --comm-timeout 20s", "FAKENCCL_TIMEOUT_S=120")
+	b, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("%v:\n%s", err, b)
+	}
+	for _, name := range []string{"twoproc-alltoall-nccl-ep2", "twoproc-ncclep-ht-ep2", "twoproc-ncclep-ll-ep2"} {
+		if !strings.Contains(string(b), name+" ") {
+			t.Errorf("no %s in the output:\n%s", name, b)
+		}
+	}
+	recs, err := results.ReadFile(filepath.Join(out, "records.jsonl"), nil)
+	if err != nil || len(recs) != 3 {
+		t.Fatalf("%d records, %v; output:\n%s", len(recs), err, b)
+	}
+	for i, d := range []string{"alltoall", "hybridep", "deepep"} {
+		if rec := recs[i]; rec.Config.Dispatcher != d || rec.Status != results.StatusOK || len(rec.Ranks.Processes) != 2 {
+			t.Errorf("record %d: %s %s: %s", i, rec.Config.Dispatcher, rec.Status, rec.Reason)
+		}
+	}
+}

@@ -10,7 +10,10 @@
 //
 // Every rank has its own NCCL communicator and NCCL EP group, made and
 // driven from its GPU's thread: NCCL EP's calls are collective, each rank
-// calls from its own thread. Both use the expert-major layout without
+// calls from its own thread. In a run that spans processes the
+// communicators are the run's, over every rank (DeviceRank.Comm): each
+// process creates its own ranks' groups over them, as NCCL EP's own tests
+// do with one process per GPU, and the groups span every process's ranks. Both use the expert-major layout without
 // padding, so that a rank's received rows are grouped by local expert as
 // moebench's experts compute them. --sms is the group's max_num_sms (0:
 // the library's default); the environment overrides NCCL EP reads are
@@ -73,6 +76,9 @@ func newDevice(m mode, env dispatchers.Env) (dispatchers.DeviceDispatcher, error
 	if env.Device == "host" {
 		why = append([]string{"it runs on GPUs, and this run is on the host device"}, why...)
 	}
+	if env.NodeRanks > kernels.EPMaxRanks {
+		why = append(why, fmt.Sprintf("%d ranks on this process's node: NCCL EP supports at most %d per node", env.NodeRanks, kernels.EPMaxRanks))
+	}
 	if why != nil {
 		return nil, unavailable(m, "NCCL EP cannot run here: %s", strings.Join(why, "; "))
 	}
@@ -99,6 +105,10 @@ type Device struct {
 	st      []devRank
 	slots   int // low latency: rows of each expert's zone (EP × tokens)
 	rows    int // high throughput: rows a rank may receive, at most
+	// in a run that spans processes: the run's communicator, and this
+	// process's ranks first… first+local−1 (the others' have no Dev)
+	world        kernels.Comm
+	first, local int
 }
 
 // devRank is one rank's buffers and the last step's host calls.
@@ -139,13 +149,31 @@ func (d *Device) Bind(shape dispatchers.Shape, ranks []*dispatchers.DeviceRank) 
 	if d.m.algorithm == cuda.EPHighThroughput {
 		cfg.MaxRecv = d.rows // a fixed budget: every (token, local expert) slot of every rank
 	}
-	devs, streams := make([]kernels.Device, len(ranks)), make([]kernels.Stream, len(ranks))
+	var devs []kernels.Device
+	var streams []kernels.Stream
+	d.first = -1
 	for r, rk := range ranks {
-		devs[r], streams[r] = rk.Dev, rk.Stream
+		if rk.Dev == nil { // another process's rank
+			continue
+		}
+		if d.first < 0 {
+			d.first = r
+		}
+		if rk.Comm != nil {
+			d.world = rk.Comm
+		}
+		devs, streams = append(devs, rk.Dev), append(streams, rk.Stream)
+	}
+	if d.local = len(devs); d.first < 0 || d.first+d.local > shape.EP || ranks[d.first+d.local-1].Dev == nil {
+		return fmt.Errorf("%s: this process's ranks are not one block of the %d (first %d, %d of them)", d.m.dispatcher, shape.EP, d.first, d.local)
+	}
+	var w kernels.WorldEP
+	if d.world != nil {
+		w = kernels.WorldEP{Ranks: shape.EP, First: d.first, Comm: d.world}
 	}
 	var err error
 	var no *kernels.EPUnavailable
-	if d.ep, err = kernels.OpenEP(ranks[0].Threads, d.lib, devs, streams, cfg, k); errors.As(err, &no) {
+	if d.ep, err = kernels.OpenEP(ranks[0].Threads, d.lib, devs, streams, cfg, k, w); errors.As(err, &no) {
 		return unavailable(d.m, "%s", no.Reason)
 	} else if err != nil {
 		return err
@@ -153,6 +181,9 @@ func (d *Device) Bind(shape dispatchers.Shape, ranks []*dispatchers.DeviceRank) 
 	d.st = make([]devRank, shape.EP)
 	for r, rk := range ranks {
 		s, dev := &d.st[r], rk.Dev
+		if dev == nil {
+			continue
+		}
 		bufs := []kernels.Buf{{P: &s.counts, PerRow: 4 * int64(L+1)}}
 		if d.m.algorithm == cuda.EPHighThroughput {
 			bufs = append(bufs, kernels.Buf{P: &s.recvX, PerRow: 2 * int64(d.rows) * int64(h)}, kernels.Buf{P: &s.recvW, PerRow: 4 * int64(d.rows)})
@@ -388,8 +419,12 @@ func (d *Device) Library() dispatchers.LibraryInfo {
 	if v := os.Getenv(timeoutEnv); v != "" && v != "0" {
 		waits = fmt.Sprintf("%s=%s, which overrides --comm-timeout %v (timeout_ns)", timeoutEnv, v, d.timeout)
 	}
-	detail := fmt.Sprintf("%s mode, expert-major layout without padding, %d ranks one per GPU each with its own NCCL communicator; over NCCL %s (%s); waits bounded by %s",
-		modeName(d.m), d.shape.EP, d.lib.NCCL.Version, d.lib.NCCL.Path, waits)
+	comms := "each with its own NCCL communicator"
+	if d.world != nil {
+		comms = fmt.Sprintf("over %d processes (%d each), every rank's group created over the run's NCCL communicator by its own process", d.shape.EP/d.local, d.local)
+	}
+	detail := fmt.Sprintf("%s mode, expert-major layout without padding, %d ranks one per GPU %s; over NCCL %s (%s); waits bounded by %s",
+		modeName(d.m), d.shape.EP, comms, d.lib.NCCL.Version, d.lib.NCCL.Path, waits)
 	if d.m.algorithm == cuda.EPHighThroughput {
 		detail += fmt.Sprintf("; max_recv_tokens_per_rank %d (every token's slot for each local expert)", d.rows)
 	} else {
@@ -411,12 +446,18 @@ func (d *Device) Transport() string {
 // Traffic counts the last step's copies — one row per (token, expert)
 // pair, as the expert-major layout receives them — from every rank's
 // routing, read back: dispatch moves the row and (high throughput) its
-// fp32 routing weight, combine the output row.
+// fp32 routing weight, combine the output row. In a run that spans
+// processes each process counts its own ranks' and the counts are summed
+// over the run's communicator: every process calls Traffic after its
+// steps, as the layer does.
 func (d *Device) Traffic() dispatchers.Traffic {
 	sh := d.shape
 	var off, all int64
 	idx := make([]int32, sh.Tokens*sh.TopK)
 	for r, rk := range d.ranks {
+		if rk.Dev == nil {
+			continue
+		}
 		if err := rk.Dev.Download(idx, rk.Idx, rk.Stream); err != nil {
 			return dispatchers.Traffic{Formula: "not counted: " + err.Error()}
 		}
@@ -427,15 +468,68 @@ func (d *Device) Traffic() dispatchers.Traffic {
 			}
 		}
 	}
+	if d.world != nil {
+		var err error
+		if off, all, err = d.sumOverProcesses(off, all); err != nil {
+			return dispatchers.Traffic{Formula: "not counted: summing every process's copies: " + err.Error()}
+		}
+	}
 	row, w := 2*int64(sh.Hidden), int64(0)
 	if d.m.algorithm == cuda.EPHighThroughput {
 		w = 4
 	}
 	return dispatchers.Traffic{DispatchOffRank: off * (row + w), DispatchLogical: all * (row + w), CombineOffRank: off * row, CombineLogical: all * row,
 		Formula: fmt.Sprintf("dispatch = copies × (hidden×2 B bf16%s); combine = copies × hidden×2 B; a copy is one (token, expert) pair "+
-			"(the expert-major layout's slot); off-rank excludes copies to the token's own rank; moved by %s", map[bool]string{true: " + 4 B fp32 routing weight", false: ""}[w > 0], d.Transport()),
+			"(the expert-major layout's slot); off-rank excludes copies to the token's own rank%s; moved by %s", map[bool]string{true: " + 4 B fp32 routing weight", false: ""}[w > 0],
+			map[bool]string{true: "; every process counts its own ranks' copies, summed over the run's communicator", false: ""}[d.world != nil], d.Transport()),
 		DispatchAlgorithm: all * row, CombineAlgorithm: all * row,
 		AlgorithmFormula: "rows received × hidden × 2 B, a rank's rows to itself included (DeepEP's convention; ep_bench counts the low-latency mode so)"}
+}
+
+// sumOverProcesses sums this process's counts with every other's: its
+// first rank sends them to each process's first rank (the processes hold
+// equal blocks of ranks) and receives theirs, over the run's communicator,
+// from its GPU's thread.
+func (d *Device) sumOverProcesses(off, all int64) (int64, int64, error) {
+	rk := d.ranks[d.first]
+	procs := d.shape.EP / d.local
+	var sum [2]int64
+	err := rk.Threads.Each(func(dev int) error {
+		if dev != rk.Threads.Of(rk.Dev) {
+			return nil
+		}
+		src, err := rk.Dev.Alloc(16)
+		if err != nil {
+			return err
+		}
+		defer rk.Dev.Free(src)
+		dst, err := rk.Dev.Alloc(16 * int64(procs))
+		if err != nil {
+			return err
+		}
+		defer rk.Dev.Free(dst)
+		if err := rk.Dev.Upload(src, []uint64{uint64(off), uint64(all)}, rk.Stream); err != nil {
+			return err
+		}
+		var sends, recvs []kernels.Transfer
+		for p := range procs {
+			sends = append(sends, kernels.Transfer{Peer: p * d.local, Buf: src, Bytes: 16})
+			recvs = append(recvs, kernels.Transfer{Peer: p * d.local, Buf: dst + kernels.Ptr(16*p), Bytes: 16})
+		}
+		if err := d.world.Exchange(d.first, sends, recvs); err != nil {
+			return err
+		}
+		got := make([]uint64, 2*procs)
+		if err := rk.Dev.Download(got, dst, rk.Stream); err != nil {
+			return err
+		}
+		for p := range procs {
+			sum[0] += int64(got[2*p])
+			sum[1] += int64(got[2*p+1])
+		}
+		return nil
+	})
+	return sum[0], sum[1], err
 }
 
 // Footprint is the bytes of rank r's buffers (not the library's own).
@@ -456,6 +550,9 @@ func (d *Device) Close() error {
 	}
 	for r := range d.st {
 		s, rk := &d.st[r], d.ranks[r]
+		if rk.Dev == nil {
+			continue
+		}
 		if rk.ExpertX == s.recvX {
 			rk.ExpertX, rk.ExpertProbs = 0, 0
 		}

@@ -67,7 +67,7 @@ func probeNCCL() Component {
 		c.Detail = err.Error()
 		return c
 	}
-	c.Found, c.Path, c.Version, c.Detail = true, n.Path, n.Version, "alltoall --impl library: grouped send/recv between GPUs, one rank per GPU"
+	c.Found, c.Path, c.Version, c.Detail = true, n.Path, n.Version, "alltoall --impl library: grouped send/recv between GPUs, one rank per GPU, in one process or across processes"
 	return c
 }
 
@@ -83,7 +83,9 @@ func probeNCCLEP() Component {
 		return c
 	}
 	c.Found, c.Path, c.Version = true, e.Path, e.Version
-	c.Detail = "hybridep --impl library (its high-throughput mode), deepep --impl library (its low-latency mode); " +
+	c.Detail = "hybridep --impl library (its high-throughput mode), deepep --impl library (its low-latency mode), " +
+		"in one process or across processes (one per node or per GPU, each creating its ranks' groups over the run's NCCL communicator; " +
+		"at most 8 ranks per node, 64 in all); " +
 		fmt.Sprintf("release %s (ncclEpGetVersion; the library states no API version): the append-only API of nccl_ep.h's version %d "+
 			"(it has ncclEpInitHandle and ncclEpUpdateHandle), so moebench sends its structs at their frozen V%d sizes, which it accepts; over NCCL %s",
 			e.Version, EPAPIVersion, EPStructVersion, e.NCCL.Version)

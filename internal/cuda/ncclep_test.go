@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -169,6 +170,121 @@ func TestNCCLEPCollectiveRule(t *testing.T) {
 			t.Errorf("a dispatch with a fixed budget blocked its thread %v: it queues and returns", blocked[0])
 		}
 	}
+}
+
+// TestNCCLEPAcrossProcesses: the fake's path for a communicator that
+// spans processes (FAKENCCL_NET: each rank as if in a process of its own,
+// every byte through the fake NCCL's loopback send/recv) keeps the
+// collective rule: the collective-rule test passes on it; a rank that does
+// not create its group, or does not dispatch, is named by the other after
+// the group's timeout (the transport's own wait is 120 s); a rank that
+// calls another collective is named with both calls; and an update and a
+// dispatch that every rank calls succeed, each rank's received rows
+// counted from both ranks' routing.
+func TestNCCLEPAcrossProcesses(t *testing.T) {
+	t.Setenv("FAKENCCL_NET", "1")
+	t.Setenv("FAKENCCL_TIMEOUT_S", "120")
+	t.Run("collective-rule", TestNCCLEPCollectiveRule)
+	for _, c := range []struct {
+		name string
+		skip func(g int, call string) bool // rank g does not make call
+		want string
+	}{
+		{"no-group", func(g int, call string) bool { return g == 1 && call == "create" },
+			"rank 0: timeout in ncclEpCreateGroup after 300 ms: nothing from rank 1, which did not take part"},
+		{"no-dispatch", func(g int, call string) bool { return g == 1 && call == "dispatch" },
+			"rank 0: timeout in ncclEpDispatch after 300 ms: nothing from rank 1, which did not take part"},
+		{"another-call", func(g int, call string) bool { return g == 1 && call == "dispatch-as-combine" },
+			"rank 1 called ncclEpCombine (its collective call 3 of the group) while rank 0 called ncclEpDispatch (call 3)"},
+		{"all-call", func(int, string) bool { return false }, ""},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			r := newEPRig(t)
+			var errs [2]error
+			took := time.Now()
+			stderr := captureStderr(t, func() {
+				errs = r.ranks(func(g int) error {
+					if c.skip(g, "create") {
+						return nil
+					}
+					grp, err := r.e.CreateGroup(r.comm[g], r.config(2*epTokens*epTopK))
+					if err != nil {
+						return err
+					}
+					h, err := r.e.InitHandle(grp, epTopK)
+					if err != nil {
+						return err
+					}
+					b, rows := r.buf[g], 2*epTokens*epTopK
+					counts := EPTensor{b.counts, NCCLInt32, []int{epExperts / 2}}
+					total := EPTensor{b.counts + DevicePtr(4*epExperts/2), NCCLInt32, []int{1}}
+					if err := r.e.UpdateHandle(h, EPTensor{b.idx, NCCLInt32, []int{epTokens, epTopK}}, counts, total, r.s[g]); err != nil {
+						return err
+					}
+					tok, w := EPTensor{b.x, NCCLBfloat16, []int{epTokens, epHidden}}, EPTensor{b.w, NCCLFloat32, []int{epTokens, epTopK}}
+					out, outW := EPTensor{b.out, NCCLBfloat16, []int{rows, epHidden}}, EPTensor{b.outW, NCCLFloat32, []int{rows}}
+					switch {
+					case c.skip(g, "dispatch"):
+					case c.skip(g, "dispatch-as-combine"):
+						err = r.e.Combine(h, out, tok, EPTensor{}, r.s[g])
+					default:
+						err = r.e.Dispatch(h, tok, w, out, outW, EPTensor{}, r.s[g])
+					}
+					if err != nil || c.want != "" {
+						return errors.Join(err, r.d.SyncStream(r.s[g]))
+					}
+					// both ranks route token t to experts 2t and 2t+1, of rank
+					// t/2: each rank counts two rows per local expert, eight in
+					// all, half of them the other process's
+					got := make([]int32, epExperts/2+1)
+					if err := CopyFromDevice(r.d, got, b.counts, r.s[g]); err != nil {
+						return err
+					}
+					if fmt.Sprint(got) != "[2 2 2 2 8]" {
+						return fmt.Errorf("received counts %v, want [2 2 2 2 8]", got)
+					}
+					return nil
+				})
+			})
+			if c.want == "" {
+				for g, err := range errs {
+					if err != nil {
+						t.Errorf("rank %d: %v\n%s", g, err, stderr)
+					}
+				}
+				return
+			}
+			if errs[0] == nil || !strings.Contains(stderr, c.want) || time.Since(took) > 30*time.Second {
+				t.Errorf("after %v: rank 0: %v; stderr:\n%s", time.Since(took), errs[0], stderr)
+			}
+			t.Logf("rank 0: %v (%v)", errs[0], time.Since(took).Round(time.Millisecond))
+		})
+	}
+}
+
+// captureStderr runs f with file descriptor 2 (the C libraries' stderr)
+// sent to a file, and returns what was written.
+func captureStderr(t *testing.T, f func()) string {
+	t.Helper()
+	tmp, err := os.CreateTemp(t.TempDir(), "stderr")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tmp.Close()
+	saved, err := syscall.Dup(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Dup3(int(tmp.Fd()), 2, 0); err != nil {
+		t.Fatal(err)
+	}
+	func() {
+		defer syscall.Dup3(saved, 2, 0)
+		f()
+	}()
+	syscall.Close(saved)
+	b, _ := os.ReadFile(tmp.Name())
+	return string(b)
 }
 
 func maxRecvOr(n int) int {

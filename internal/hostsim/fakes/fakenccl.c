@@ -32,9 +32,12 @@
 // another GPU, a buffer another GPU owns.
 //
 // It also answers ncclCommCount, ncclCommUserRank and ncclCommCuDevice
-// (which libraries built on NCCL call: fakencclep.c) and
-// fakenccl_clique, the fake's own: which ranks make one communicator (NULL
-// for one spanning processes).
+// (which libraries built on NCCL call: fakencclep.c) and, the fake's own,
+// fakenccl_clique: which ranks make one communicator (NULL for one
+// spanning processes), and fakenccl_wait: the wait of the calling thread's
+// next groups (fakencclep.c bounds its exchanges by NCCL EP's timeout).
+// $FAKENCCL_NET makes every communicator one that spans processes, each
+// rank as if in a process of its own (tests of that path in one process).
 #define MB_ABI_DECLARE // moebench's prototypes: a definition here that differs does not compile
 #include "abi.h"
 #define _GNU_SOURCE
@@ -94,10 +97,13 @@ static void gpu_failed(int dev) {
     if (f) f(CTX(dev));
 }
 
-// deadline is now + $FAKENCCL_TIMEOUT_S.
-static struct timespec deadline(void) {
+// deadline is now + $FAKENCCL_TIMEOUT_S; deadline_in now + s seconds (0:
+// $FAKENCCL_TIMEOUT_S).
+static struct timespec deadline_in(double s);
+static struct timespec deadline(void) { return deadline_in(0); }
+static struct timespec deadline_in(double s) {
     const char *e = getenv("FAKENCCL_TIMEOUT_S");
-    double s = e && atof(e) > 0 ? atof(e) : 10;
+    if (s <= 0) s = e && atof(e) > 0 ? atof(e) : 10;
     struct timespec t;
     clock_gettime(CLOCK_REALTIME, &t);
     t.tv_sec += (time_t)s;
@@ -352,7 +358,7 @@ ncclResult_t ncclCommInitRank(void **comm, int nranks, mb_nccl_id id, int rank) 
         snprintf(a->why, sizeof a->why, "ncclCommInitRank: rank %d: no answer from the bootstrap root at %s:%d before the timeout", rank, host, port);
     }
     if (fd >= 0) close(fd);
-    int local = 1;
+    int local = !getenv("FAKENCCL_NET"); // the tests' switch: every rank as if in a process of its own
     for (int r = 0; r < nranks && !a->status; r++) local &= a->p[r].pid == (int)getpid();
     if (a->status || local) { // fails, or stays in this process
         if (n->lfd >= 0) close(n->lfd);
@@ -466,6 +472,13 @@ ncclResult_t ncclCommWindowRegister(void *comm, void *buf, size_t size, void **w
 typedef struct { fcomm *c; int peer, send; unsigned long seq; CUdeviceptr buf; size_t bytes; void *stream; } op;
 static __thread op *ops;
 static __thread int nops, capops, depth;
+static __thread double group_wait; // the calling thread's groups' wait (0: $FAKENCCL_TIMEOUT_S)
+
+// fakenccl_wait is the fake's own, for a library built on NCCL that bounds
+// its waits itself (fakencclep.c: NCCL EP's timeout_ns): the parts of the
+// calling thread's groups ended from now on give up after s seconds (0:
+// $FAKENCCL_TIMEOUT_S).
+void fakenccl_wait(double s) { group_wait = s; }
 
 ncclResult_t ncclGroupStart(void) { depth++; return ok; }
 
@@ -494,7 +507,7 @@ ncclResult_t ncclRecv(void *buf, size_t count, int type, int peer, void *c, void
 }
 
 // A rank's part of a group, run on its stream.
-typedef struct { fcomm *c; int n; op x[]; } part;
+typedef struct { fcomm *c; double wait; int n; op x[]; } part;
 static void part_fail(part *p, const char *why) {
     fprintf(stderr, "fakenccl: rank %d (GPU %d): %s\n", p->c->rank, p->c->dev, why);
     gpu_failed(p->c->dev);
@@ -505,7 +518,7 @@ static void part_fail(part *p, const char *why) {
 static void run_net(part *p) {
     net *n = p->c->n;
     int me = p->c->rank;
-    struct timespec t = deadline();
+    struct timespec t = deadline_in(p->wait);
     char why[200] = "";
     for (int i = 0; i < p->n && !why[0]; i++) {
         op *x = &p->x[i];
@@ -555,7 +568,7 @@ static void run_part(void *arg) {
     }
     clique *c = p->c->c;
     int me = p->c->rank;
-    struct timespec t = deadline();
+    struct timespec t = deadline_in(p->wait);
     char why[200] = "";
     pthread_mutex_lock(&c->mu);
     mail *mine[p->n];
@@ -619,7 +632,7 @@ ncclResult_t ncclGroupEnd(void) {
         for (int j = 0; j < i; j++) seen |= ops[j].c == ops[i].c;
         if (seen) continue;
         part *p = malloc(sizeof *p + nops * sizeof(op));
-        p->c = ops[i].c, p->n = 0;
+        p->c = ops[i].c, p->n = 0, p->wait = group_wait;
         for (int j = i; j < nops; j++)
             if (ops[j].c == ops[i].c && ops[j].bytes > 0) p->x[p->n++] = ops[j];
         if (q(ops[i].stream, run_part, p)) {

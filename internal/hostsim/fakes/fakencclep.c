@@ -35,7 +35,8 @@
 // it return at once without taking part (as a rank that never called).
 //
 // What it implements: the expert-major layout of both modes (no padding),
-// moving rows on the host: a rank's received slots grouped by local
+// moving rows on the host (on a communicator that spans processes, through
+// the fake NCCL's send/recv: "across processes" at the end): a rank's received slots grouped by local
 // expert, in (source rank, token) order; high-throughput combine sums a
 // token's slots of each rank (rounded to bf16, the rank's pre-reduction)
 // then the ranks' sums in float, into bf16; low-latency combine sums the
@@ -148,10 +149,13 @@ static ncclResult_t tensor(const mb_ep_tensor *t, const char *what, int ndim, in
 typedef struct world world;
 typedef struct {
     unsigned magic; // GROUP_MAGIC while alive
-    world *w;
+    world *w;       // its ranks' shared state (NULL: a communicator spanning processes, net below)
     int rank, nranks, dev, local, sms;
     mb_ep_group_config cfg;
     long long timeout_ns;
+    void *comm;          // its NCCL communicator (net: every exchange goes through it)
+    void *stream;        // net: the stream of its host-side exchanges (group creation, handle initialization)
+    unsigned long calls; // net: the collective calls issued so far (each exchange's sequence number)
 } group;
 #define GROUP_MAGIC 0x67727075u
 
@@ -165,6 +169,12 @@ typedef struct handle {
     struct handle **all; // every rank's handle (the world's, by rank)
     int *slot;          // this rank's slots: [source rank][token][j] → slot (−1: not here)
     int slots;
+    // net: the exchange's blocks, one per rank, each blk bytes (send: to
+    // that rank; recv: from it), on the rank's GPU; the sources' token
+    // counts at the last dispatch
+    unsigned long long send, recv;
+    size_t blk;
+    int *ntok;
 } handle;
 #define HANDLE_MAGIC 0x68616e64u
 
@@ -229,6 +239,9 @@ static ncclResult_t meet(world *w, const char *op, int rank, long long timeout_n
     return msg[0] ? bad(internalError, msg) : ok;
 }
 
+static ncclResult_t net_create_group(group *g, void **out);
+static ncclResult_t net_init_handle(struct handle *h);
+
 ncclResult_t ncclEpCreateGroup(void **out, void *comm, const mb_ep_group_config *in) {
     if (!out || !comm) return bad(invalidArgument, "ncclEpCreateGroup: NULL group or communicator");
     ncclResult_t r = VALID(in, MB_NCCL_EP_GROUP_CONFIG_V1_SIZE);
@@ -261,7 +274,9 @@ ncclResult_t ncclEpCreateGroup(void **out, void *comm, const mb_ep_group_config 
     }
     g->local = c->num_experts / g->nranks;
     g->timeout_ns = timeout_of(c);
+    g->comm = comm;
     void *clique = fakenccl_clique(comm);
+    if (!clique) return net_create_group(g, out);
     pthread_mutex_lock(&worldsmu);
     world *w = 0;
     for (int i = 0; i < nworlds && !w; i++)
@@ -294,6 +309,11 @@ ncclResult_t ncclEpGroupDestroy(void *p) {
     if (!p) return ok;
     if (!g) return bad(invalidUsage, "ncclEpGroupDestroy: not a live group (destroyed twice?)");
     g->magic = 0; // kept: a use after destruction is refused, not a crash
+    if (g->stream) {
+        int (*destroy)(void *) = (int (*)(void *))fakecuda_sym("cuStreamDestroy_v2");
+        if (destroy) destroy(g->stream);
+        g->stream = 0;
+    }
     return ok;
 }
 
@@ -311,7 +331,14 @@ ncclResult_t ncclEpInitHandle(void **out, void *gp, int layout, const mb_ep_hand
     if (topk <= 0 || topk > MAX_TOPK || topk > (int)g->cfg.num_experts) return bad(invalidArgument, "ncclEpInitHandle: top-k must be in [1, min(num_experts, 32)]");
     if (mem) return bad(invalidUsage, "ncclEpInitHandle: the fake allocates the handle's memory itself");
     handle *h = calloc(1, sizeof *h);
-    h->magic = HANDLE_MAGIC, h->g = g, h->topk = topk, h->all = g->w->h;
+    h->magic = HANDLE_MAGIC, h->g = g, h->topk = topk;
+    if (!g->w) { // net: the exchange's buffers; low latency: a collective
+        ncclResult_t r = net_init_handle(h);
+        if (r) return free(h), r;
+        *out = h;
+        return ok;
+    }
+    h->all = g->w->h;
     g->w->h[g->rank] = h;
     if (g->cfg.algorithm == MB_NCCL_EP_ALGO_LOW_LATENCY) { // AUTO rdma buffer: may be collective (sized now)
         ncclResult_t r = meet(g->w, "ncclEpInitHandle", g->rank, g->timeout_ns);
@@ -326,6 +353,9 @@ ncclResult_t ncclEpHandleDestroy(void *p) {
     if (!h) return ok;
     if (h->magic != HANDLE_MAGIC) return bad(invalidUsage, "ncclEpHandleDestroy: not a live handle (destroyed twice?)");
     h->magic = 0;
+    int (*memfree)(unsigned long long) = (int (*)(unsigned long long))fakecuda_sym("cuMemFree_v2");
+    if (memfree && h->send) memfree(h->send), memfree(h->recv);
+    h->send = h->recv = 0;
     return ok;
 }
 
@@ -341,6 +371,7 @@ typedef struct part {
     uint16_t *out;
     float *outw;
     long rows;
+    unsigned long seq; // net: the call's place in the group's sequence
 } part;
 
 static uint16_t tobf(float f) { uint32_t u; memcpy(&u, &f, 4); u += 0x7fff + ((u >> 16) & 1); return (uint16_t)(u >> 16); }
@@ -418,6 +449,8 @@ static void run_part(void *arg) {
     free(p);
 }
 
+static ncclResult_t net_queue(part *p, void *stream);
+
 // hooked applies the tests' hooks to rank's call: 1 when it fails, 2 when
 // it is skipped, 0 otherwise.
 static int hooked(const char *call, int rank) {
@@ -440,6 +473,7 @@ static ncclResult_t queue(part *p, void *stream) {
         free(p);
         return bad(invalidArgument, "a stream of another GPU");
     }
+    if (!p->h->g->w) return net_queue(p, stream);
     if (!q || q(stream, run_part, p)) {
         free(p);
         return bad(invalidUsage, "the stream refused the call (a capture?)");
@@ -573,4 +607,291 @@ ncclResult_t ncclEpCombine(void *hp, const mb_ep_combine_inputs *inp, const mb_e
     if ((r = tensor(out.tokens, "outputs->tokens", 2, MB_ncclBfloat16, h->tokens, hidden, -1, g->dev))) return free(p), r;
     p->x = in.tokens->data, p->out = out.tokens->data, p->rows = hidden;
     return queue(p, stream);
+}
+
+// ---- across processes: every collective an exchange over NCCL
+//
+// A communicator that spans processes (the fake NCCL's clique is NULL)
+// has no memory its ranks share, so each collective call is one exchange
+// over NCCL's send/recv: a block of fixed size (the same on every rank, set
+// by the group's configuration and the handle's top-k) to and from every
+// rank, itself included, issued on the call's stream between a pack part,
+// which writes this rank's blocks, and an unpack part, which reads the
+// others'. Each block starts with a header naming the call and its place
+// in the group's sequence of calls: a rank whose block did not come (it did
+// not call; the transport gave up after the group's timeout, which bounds
+// these exchanges' waits) or came from another call is named, and the GPU's
+// context fails as in one process. What each block carries:
+//   - update (high throughput): the rank's routing, every rank's counted;
+//   - dispatch: the rank's routing and routing weights, and to each rank
+//     only the rows of the tokens routed to that rank's experts (the rest
+//     of the block zero); the receiver places them as in one process;
+//   - combine: to each token's rank, the outputs of that token's (token, j)
+//     slots held here, with a byte saying which are; the token's rank sums
+//     them in the one-process order and roundings.
+// Group creation and the low-latency handle's initialization exchange
+// headers only (on a stream of the group's own), and check that every
+// rank configured the group alike.
+
+enum { K_UPDATE, K_DISPATCH, K_COMBINE, K_CREATE, K_INIT, K_CALLS };
+static const char *call_names[K_CALLS] = {"ncclEpUpdateHandle", "ncclEpDispatch", "ncclEpCombine", "ncclEpCreateGroup", "ncclEpInitHandle"};
+#define XMAGIC 0x78636867u
+typedef struct {
+    uint32_t magic, kind;
+    uint64_t seq;
+    int32_t rank, tokens, algorithm, topk;
+    uint32_t recv, experts, token_bytes, max_tokens;
+} xhdr;
+#define XHDR 48
+#define ALIGN16(n) (((n) + 15) / 16 * 16)
+
+typedef int (*memalloc_fn)(unsigned long long *, size_t);
+typedef int (*memfree_fn)(unsigned long long);
+
+// on makes g's GPU current on the calling thread, as the real library does
+// (cudaSetDevice(ncclCommCuDevice(comm))).
+static void on(group *g) {
+    int (*set)(void *) = (int (*)(void *))fakecuda_sym("cuCtxSetCurrent");
+    if (set) set(CTX(g->dev));
+}
+
+// xchg issues the exchange of g's blocks on stream: send and recv hold
+// one block of blk bytes per rank, to and from it.
+static ncclResult_t xchg(group *g, unsigned long long send, unsigned long long recv, size_t blk, void *stream) {
+    void (*wait)(double) = (void (*)(double))dlsym(RTLD_DEFAULT, "fakenccl_wait");
+    if (wait) wait((double)g->timeout_ns / 1e9);
+    ncclResult_t r = ncclGroupStart();
+    for (int p = 0; p < g->nranks && !r; p++) {
+        r = ncclSend((void *)(send + p * blk), blk, 1 /* ncclUint8 */, p, g->comm, stream);
+        if (!r) r = ncclRecv((void *)(recv + p * blk), blk, 1, p, g->comm, stream);
+    }
+    ncclResult_t e = ncclGroupEnd();
+    if (wait) wait(0);
+    if (r || e) return bad(internalError, "NCCL refused an exchange of NCCL EP's (its message above)");
+    return ok;
+}
+
+// header fills x for call kind, number seq, of rank g's handle h (NULL:
+// none yet).
+static void header(xhdr *x, group *g, handle *h, int kind, uint64_t seq) {
+    memset(x, 0, sizeof *x);
+    x->magic = XMAGIC, x->kind = (uint32_t)kind, x->seq = seq, x->rank = g->rank;
+    x->tokens = h ? h->tokens : 0, x->topk = h ? h->topk : 0, x->algorithm = g->cfg.algorithm;
+    x->recv = g->cfg.max_recv_tokens_per_rank, x->experts = g->cfg.num_experts;
+    x->token_bytes = g->cfg.max_token_bytes, x->max_tokens = g->cfg.max_dispatch_tokens_per_rank;
+}
+
+// heard checks every rank's block in recv (blk bytes each) against call
+// kind, number seq: ok, or the error naming the first rank that did not
+// take part or took part in another call.
+static ncclResult_t heard(group *g, const char *recv, size_t blk, int kind, uint64_t seq) {
+    char msg[320];
+    for (int p = 0; p < g->nranks; p++) {
+        const xhdr *x = (const xhdr *)(recv + p * blk);
+        if (x->magic != XMAGIC)
+            snprintf(msg, sizeof msg, "rank %d: timeout in %s after %lld ms: nothing from rank %d, which did not take part "
+                     "(the real library hangs or traps here)", g->rank, call_names[kind], g->timeout_ns / 1000000, p);
+        else if (x->kind >= K_CALLS || x->kind != (uint32_t)kind || x->seq != seq)
+            snprintf(msg, sizeof msg, "rank %d called %s (its collective call %llu of the group) while rank %d called %s (call %llu): "
+                     "collectives must be called by every rank in the same order", p, x->kind < K_CALLS ? call_names[x->kind] : "an unknown call",
+                     (unsigned long long)x->seq, g->rank, call_names[kind], (unsigned long long)seq);
+        else continue;
+        return bad(internalError, msg);
+    }
+    return ok;
+}
+
+// host_xchg is a host call's exchange of headers (group creation, handle
+// initialization), waited for on the group's stream; all receives every
+// rank's header.
+static ncclResult_t host_xchg(group *g, handle *h, int kind, xhdr *all) {
+    memalloc_fn alloc = (memalloc_fn)fakecuda_sym("cuMemAlloc_v2");
+    memfree_fn memfree = (memfree_fn)fakecuda_sym("cuMemFree_v2");
+    int (*sync)(void *) = (int (*)(void *))fakecuda_sym("cuStreamSynchronize");
+    unsigned long long send = 0, recv = 0;
+    size_t n = (size_t)g->nranks * XHDR;
+    on(g);
+    if (!alloc || !memfree || !sync || alloc(&send, n) || alloc(&recv, n)) {
+        if (send) memfree(send);
+        return bad(internalError, "no memory for NCCL EP's exchange on the communicator's GPU");
+    }
+    uint64_t seq = ++g->calls;
+    for (int p = 0; p < g->nranks; p++) header((xhdr *)(send + p * XHDR), g, h, kind, seq);
+    memset((void *)recv, 0, n);
+    ncclResult_t r = xchg(g, send, recv, XHDR, g->stream);
+    int failed = !r && sync(g->stream);
+    if (!r) r = heard(g, (const char *)recv, XHDR, kind, seq);
+    if (!r && failed) r = bad(internalError, "NCCL EP's exchange failed on the communicator's GPU");
+    memcpy(all, (void *)recv, n);
+    memfree(send), memfree(recv);
+    return r;
+}
+
+static ncclResult_t net_create_group(group *g, void **out) {
+    int (*mk)(void **, unsigned, int) = (int (*)(void **, unsigned, int))fakecuda_sym("cuStreamCreateWithPriority");
+    on(g);
+    if (!mk || mk(&g->stream, 1, 0)) {
+        free(g);
+        return bad(internalError, "ncclEpCreateGroup: no stream on the communicator's GPU");
+    }
+    xhdr *all = calloc(g->nranks, sizeof *all);
+    ncclResult_t r = host_xchg(g, 0, K_CREATE, all); // the real one all-gathers hosts and budgets
+    for (int p = 0; p < g->nranks && !r; p++)
+        if (all[p].recv != g->cfg.max_recv_tokens_per_rank || all[p].algorithm != g->cfg.algorithm)
+            r = bad(invalidUsage, "ncclEpCreateGroup: max_recv_tokens_per_rank and algorithm must be identical across ranks");
+    free(all);
+    if (r) { // the stream is kept: its part may still run
+        g->magic = 0;
+        return r;
+    }
+    g->magic = GROUP_MAGIC;
+    *out = g;
+    return ok;
+}
+
+static ncclResult_t net_init_handle(handle *h) {
+    group *g = h->g;
+    size_t T = g->cfg.max_dispatch_tokens_per_rank, k = (size_t)h->topk, H = g->cfg.max_token_bytes / 2;
+    size_t update = XHDR + T * k * 4, dispatch = XHDR + T * k * 8 + T * H * 2, combine = XHDR + ALIGN16(T * k) + T * k * H * 2;
+    h->blk = ALIGN16(update > dispatch ? (update > combine ? update : combine) : (dispatch > combine ? dispatch : combine));
+    memalloc_fn alloc = (memalloc_fn)fakecuda_sym("cuMemAlloc_v2");
+    on(g);
+    if (!alloc || alloc(&h->send, g->nranks * h->blk) || alloc(&h->recv, g->nranks * h->blk))
+        return bad(internalError, "ncclEpInitHandle: no memory for the handle's exchanges on the communicator's GPU");
+    h->ntok = calloc(g->nranks, sizeof(int));
+    if (g->cfg.algorithm == MB_NCCL_EP_ALGO_LOW_LATENCY) { // AUTO rdma buffer: may be collective (sized now)
+        xhdr *all = calloc(g->nranks, sizeof *all);
+        ncclResult_t r = host_xchg(g, h, K_INIT, all);
+        free(all);
+        if (r) return r;
+    }
+    h->magic = HANDLE_MAGIC;
+    return ok;
+}
+
+// the parts of a block: routing [T×k] int32, weights [T×k] fp32 and rows
+// [T, H] bf16 (dispatch); which slots came [T×k] bytes and their rows
+// [T×k, H] (combine)
+static int32_t *blk_idx(char *b) { return (int32_t *)(b + XHDR); }
+static float *blk_w(char *b, size_t T, size_t k) { return (float *)(b + XHDR + T * k * 4); }
+static uint16_t *blk_rows(char *b, size_t T, size_t k) { return (uint16_t *)(b + XHDR + T * k * 8); }
+static uint8_t *blk_has(char *b) { return (uint8_t *)(b + XHDR); }
+static uint16_t *blk_out(char *b, size_t T, size_t k) { return (uint16_t *)(b + XHDR + ALIGN16(T * k)); }
+
+static void net_pack(void *arg) {
+    part *p = arg;
+    handle *h = p->h;
+    group *g = h->g;
+    int me = g->rank, R = g->nranks, L = g->local, k = h->topk, T = h->tokens, kind = p->kind;
+    size_t Tm = g->cfg.max_dispatch_tokens_per_rank, hidden = (size_t)p->rows;
+    memset((void *)h->recv, 0, R * h->blk);
+    for (int d = 0; d < R; d++) {
+        char *b = (char *)(h->send + d * h->blk);
+        memset(b, 0, h->blk);
+        header((xhdr *)b, g, h, kind, p->seq);
+        if (kind == K_UPDATE || kind == K_DISPATCH) memcpy(blk_idx(b), h->idx, sizeof(int32_t) * T * k);
+        if (kind == K_DISPATCH) {
+            if (p->w) memcpy(blk_w(b, Tm, k), p->w, sizeof(float) * T * k);
+            for (int t = 0; t < T; t++) {
+                int to = 0;
+                for (int j = 0; j < k; j++) to |= h->idx[t * k + j] / L == d;
+                if (to) memcpy(blk_rows(b, Tm, k) + t * hidden, p->x + t * hidden, 2 * hidden);
+            }
+        } else if (kind == K_COMBINE) {
+            for (int t = 0; t < h->ntok[d]; t++)
+                for (int j = 0; j < k; j++) {
+                    int at = h->slot[(d * (long)Tm + t) * k + j];
+                    if (at < 0) continue;
+                    blk_has(b)[t * k + j] = 1;
+                    memcpy(blk_out(b, Tm, k) + ((size_t)t * k + j) * hidden, p->x + (size_t)at * hidden, 2 * hidden);
+                }
+        }
+    }
+    (void)me;
+}
+
+static void net_unpack(void *arg) {
+    part *p = arg;
+    handle *h = p->h;
+    group *g = h->g;
+    int me = g->rank, R = g->nranks, L = g->local, k = h->topk, T = h->tokens, kind = p->kind;
+    int ll = g->cfg.algorithm == MB_NCCL_EP_ALGO_LOW_LATENCY;
+    size_t Tm = g->cfg.max_dispatch_tokens_per_rank, hidden = (size_t)p->rows;
+    char *recv = (char *)h->recv;
+#define BLK(s) (recv + (size_t)(s) * h->blk)
+#define NTOK(s) (((xhdr *)BLK(s))->tokens)
+    if (heard(g, recv, h->blk, kind, p->seq)) {
+        gpu_failed(g->dev);
+        free(p);
+        return;
+    }
+    if (kind == K_UPDATE) { // this rank's counts per local expert over every rank's routing
+        long total = 0;
+        for (int l = 0; l < L; l++) {
+            int n = 0;
+            for (int s = 0; s < R; s++)
+                for (int i = 0; i < NTOK(s) * k; i++) n += blk_idx(BLK(s))[i] == me * L + l;
+            if (p->counters) p->counters[l] = n;
+            total += n;
+        }
+        if (p->total) *p->total = (int32_t)total;
+    } else if (kind == K_DISPATCH) { // rows and weights into this rank's slots, by local expert, then (source, token)
+        int slot = 0;
+        for (int s = 0; s < R; s++) h->ntok[s] = NTOK(s);
+        for (int l = 0; l < L; l++) {
+            int first = slot;
+            for (int s = 0; s < R; s++) {
+                const int32_t *idx = blk_idx(BLK(s));
+                for (int t = 0; t < NTOK(s); t++)
+                    for (int j = 0; j < k; j++) {
+                        if (idx[t * k + j] != me * L + l) continue;
+                        long at = ll ? (long)l * R * Tm + (slot - first) : slot;
+                        memcpy(p->out + at * hidden, blk_rows(BLK(s), Tm, k) + t * hidden, 2 * hidden);
+                        if (p->outw) p->outw[at] = blk_w(BLK(s), Tm, k)[t * k + j];
+                        h->slot[(s * (long)Tm + t) * k + j] = (int)at;
+                        slot++;
+                    }
+            }
+            if (ll && p->counters) p->counters[l] = slot - first;
+        }
+        h->rows = slot;
+    } else if (kind == K_COMBINE) { // this rank's tokens: their slots' outputs from every rank
+        float *acc = malloc(sizeof(float) * hidden), *sum = malloc(sizeof(float) * hidden);
+        for (int t = 0; t < T; t++) {
+            memset(acc, 0, sizeof(float) * hidden);
+            for (int d = 0; d < R; d++) {
+                memset(sum, 0, sizeof(float) * hidden);
+                int any = 0;
+                for (int j = 0; j < k; j++) {
+                    if (!blk_has(BLK(d))[t * k + j]) continue;
+                    const uint16_t *y = blk_out(BLK(d), Tm, k) + ((size_t)t * k + j) * hidden;
+                    float wt = ll ? p->w[t * k + j] : 1;
+                    for (size_t c = 0; c < hidden; c++) sum[c] += wt * bf(y[c]);
+                    any = 1;
+                }
+                for (size_t c = 0; any && c < hidden; c++) acc[c] += ll ? sum[c] : bf(tobf(sum[c])); // HT: the rank's pre-reduction in bf16
+            }
+            for (size_t c = 0; c < hidden; c++) p->out[(size_t)t * hidden + c] = tobf(acc[c]);
+        }
+        free(acc);
+        free(sum);
+    }
+#undef BLK
+#undef NTOK
+    free(p);
+}
+
+// net_queue issues p's call: pack, the exchange, unpack, on stream.
+static ncclResult_t net_queue(part *p, void *stream) {
+    handle *h = p->h;
+    group *g = h->g;
+    enqueue_fn q = (enqueue_fn)fakecuda_sym("fakecuda_enqueue");
+    p->seq = ++g->calls;
+    if (!q || q(stream, net_pack, p)) {
+        free(p);
+        return bad(invalidUsage, "the stream refused the call (a capture?)");
+    }
+    ncclResult_t r = xchg(g, h->send, h->recv, h->blk, stream);
+    if (q(stream, net_unpack, p)) return bad(invalidUsage, "the stream refused the call (a capture?)"); // p stays with the pack queued before
+    return r;
 }
