@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -260,6 +261,7 @@ func TestDistributedRun(t *testing.T) {
 	}
 	t.Run("wrong-gradient-on-process-1", func(t *testing.T) { wrongGradient(t, rv, out) })
 	t.Run("same-as-one-process", func(t *testing.T) { sameAsOneProcess(t, rv, out) })
+	t.Run("trace-routing", func(t *testing.T) { traceRouting(t, rv, out) })
 	t.Run("sweep", func(t *testing.T) { distributedSweep(t, rv, out) })
 	t.Run("gpu-check", gpuCheckTwoProcesses)
 	t.Run("nightly", nightlyTwoProcesses)
@@ -361,6 +363,40 @@ func sameAsOneProcess(t *testing.T, rv, out string) {
 		}
 	}
 	t.Logf("one process and two: outputs %.3e, gradients %v", c1.MaxRelErr, c1.Grads.PerTensor)
+}
+
+// traceRouting: a trace's routing and probabilities (no router gradient)
+// over 2 processes: each process's experts' reference takes the other
+// process's routing and given probabilities (gathered over NCCL), and the
+// run passes its gradient check with the router weight's gradient zero.
+func traceRouting(t *testing.T, rv, out string) {
+	trace := filepath.Join(t.TempDir(), "trace.txt")
+	var b strings.Builder
+	g := rand.New(rand.NewPCG(1, 2))
+	for range 64 { // top-4 of 16 experts, drawn per token
+		e := g.Perm(16)
+		fmt.Fprintf(&b, "%d:0.4 %d:0.3 %d:0.2 %d:0.1\n", e[0], e[1], e[2], e[3])
+	}
+	if err := os.WriteFile(trace, []byte(b.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	os.Remove(out)
+	ps := launchProcs(t, 2, "--device", "cuda", "--dispatcher", "alltoall", "--impl", "library", "--ep", "4", "--routing", "trace:"+trace,
+		"--experts", "16", "--tokens", "16", "--hidden", "32", "--ffn", "16", "--warmup", "1", "--iters", "2",
+		"--rendezvous", rv, "--out", out, "--format", "json", "--comm-timeout", "20s")
+	for r, p := range ps {
+		if err := p.wait(t, 4*time.Minute); err != nil {
+			t.Fatalf("process %d: %v; stderr:\n%s", r, err, p.stderr.String())
+		}
+	}
+	recs, err := results.ReadFile(out, nil)
+	if err != nil || len(recs) != 1 {
+		t.Fatalf("%d records, %v", len(recs), err)
+	}
+	c := recs[0].Correctness
+	if recs[0].Status != results.StatusOK || c.Grads == nil || !c.Passed || c.Grads.PerTensor["router weight"] != 0 || !(c.Grads.PerTensor["expert fc1"] > 0) {
+		t.Fatalf("record %s: %+v, gradients %+v", recs[0].Status, c, c.Grads)
+	}
 }
 
 // wrongGradient: process 1 of 2 runs a planted bug in the kernel that adds
