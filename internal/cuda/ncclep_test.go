@@ -262,6 +262,29 @@ func TestNCCLEPAcrossProcesses(t *testing.T) {
 	}
 }
 
+// TestNCCLEPGroupAlike: ranks that configure a group differently (here
+// max_dispatch_tokens_per_rank, which nccl_ep.h says must be the same on
+// every rank) are refused with ncclInvalidUsage on every rank — in one
+// process and across processes (FAKENCCL_NET).
+func TestNCCLEPGroupAlike(t *testing.T) {
+	for _, net := range []string{"", "1"} {
+		t.Setenv("FAKENCCL_NET", net)
+		r := newEPRig(t)
+		errs := r.ranks(func(g int) error {
+			c := r.config(2 * epTokens * epTopK)
+			c.MaxTokens += g
+			_, err := r.e.CreateGroup(r.comm[g], c)
+			return err
+		})
+		for g, err := range errs {
+			var ne *NCCLError
+			if !errors.As(err, &ne) || ne.Call != "ncclEpCreateGroup" || ne.Name != "ncclInvalidUsage" {
+				t.Errorf("net %q: rank %d: %v", net, g, err)
+			}
+		}
+	}
+}
+
 // captureStderr runs f with file descriptor 2 (the C libraries' stderr)
 // sent to a file, and returns what was written.
 func captureStderr(t *testing.T, f func()) string {

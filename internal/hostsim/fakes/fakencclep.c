@@ -242,6 +242,16 @@ static ncclResult_t meet(world *w, const char *op, int rank, long long timeout_n
 static ncclResult_t net_create_group(group *g, void **out);
 static ncclResult_t net_init_handle(struct handle *h);
 
+// alike: what every rank of a group must configure alike (the header:
+// max_dispatch_tokens_per_rank "must be the same across all ranks"; the
+// library: the algorithm and max_recv_tokens_per_rank; the experts they
+// share).
+#define SAME_CONFIG "ncclEpCreateGroup: algorithm, num_experts, max_dispatch_tokens_per_rank and max_recv_tokens_per_rank must be identical across ranks"
+static int alike(const mb_ep_group_config *a, const mb_ep_group_config *b) {
+    return a->algorithm == b->algorithm && a->num_experts == b->num_experts && a->max_dispatch_tokens_per_rank == b->max_dispatch_tokens_per_rank &&
+           a->max_recv_tokens_per_rank == b->max_recv_tokens_per_rank;
+}
+
 ncclResult_t ncclEpCreateGroup(void **out, void *comm, const mb_ep_group_config *in) {
     if (!out || !comm) return bad(invalidArgument, "ncclEpCreateGroup: NULL group or communicator");
     ncclResult_t r = VALID(in, MB_NCCL_EP_GROUP_CONFIG_V1_SIZE);
@@ -294,8 +304,7 @@ ncclResult_t ncclEpCreateGroup(void **out, void *comm, const mb_ep_group_config 
     g->w = w;
     if ((r = meet(w, "ncclEpCreateGroup", g->rank, g->timeout_ns))) return r; // collective: the real one all-gathers hosts and budgets
     for (int i = 0; i < g->nranks; i++)
-        if (w->g[i]->cfg.max_recv_tokens_per_rank != c->max_recv_tokens_per_rank || w->g[i]->cfg.algorithm != c->algorithm)
-            return bad(invalidUsage, "ncclEpCreateGroup: max_recv_tokens_per_rank and algorithm must be identical across ranks");
+        if (!alike(&w->g[i]->cfg, c)) return bad(invalidUsage, SAME_CONFIG);
     g->magic = GROUP_MAGIC;
     *out = g;
     return ok;
@@ -736,9 +745,11 @@ static ncclResult_t net_create_group(group *g, void **out) {
     }
     xhdr *all = calloc(g->nranks, sizeof *all);
     ncclResult_t r = host_xchg(g, 0, K_CREATE, all); // the real one all-gathers hosts and budgets
-    for (int p = 0; p < g->nranks && !r; p++)
-        if (all[p].recv != g->cfg.max_recv_tokens_per_rank || all[p].algorithm != g->cfg.algorithm)
-            r = bad(invalidUsage, "ncclEpCreateGroup: max_recv_tokens_per_rank and algorithm must be identical across ranks");
+    for (int p = 0; p < g->nranks && !r; p++) {
+        mb_ep_group_config c = g->cfg;
+        c.algorithm = all[p].algorithm, c.num_experts = all[p].experts, c.max_dispatch_tokens_per_rank = all[p].max_tokens, c.max_recv_tokens_per_rank = all[p].recv;
+        if (!alike(&c, &g->cfg)) r = bad(invalidUsage, SAME_CONFIG);
+    }
     free(all);
     if (r) { // the stream is kept: its part may still run
         g->magic = 0;
