@@ -13,7 +13,10 @@
 //   - handles and groups live from their creation to their destruction: a
 //     use after destruction, an update before the handle exists, a
 //     dispatch before an update or a combine before a dispatch is
-//     ncclInvalidUsage;
+//     ncclInvalidUsage; so is a call, or a group's or handle's
+//     destruction, after the NCCL communicator the group was created over
+//     was destroyed (the library works, and releases its windows, through
+//     it);
 //   - the collective rule: group creation, the low-latency handle's
 //     initialization, and every rank's high-throughput update, dispatch
 //     and combine meet the other ranks' (the stream-ordered ones on the
@@ -311,19 +314,33 @@ ncclResult_t ncclEpCreateGroup(void **out, void *comm, const mb_ep_group_config 
 }
 
 static group *live_group(void *p) { return p && ((group *)p)->magic == GROUP_MAGIC ? p : 0; }
+
+// comm_gone says, naming call, that g's communicator was destroyed before
+// it: the library reaches its peers (and, ending, releases its windows and
+// device communicator) through the communicator, which must outlive the
+// group and its handles. 0 while the communicator lives (or the NCCL loaded
+// cannot tell).
+static ncclResult_t comm_gone(group *g, const char *call) {
+    int (*live)(void *) = (int (*)(void *))dlsym(RTLD_DEFAULT, "fakenccl_live");
+    char msg[200];
+    if (!live || live(g->comm)) return ok;
+    snprintf(msg, sizeof msg, "%s: rank %d's NCCL communicator was destroyed before its group (the communicator must outlive the group and its handles)", call, g->rank);
+    return bad(invalidUsage, msg);
+}
 static handle *live_handle(void *p) { return p && ((handle *)p)->magic == HANDLE_MAGIC && live_group(((handle *)p)->g) ? p : 0; }
 
 ncclResult_t ncclEpGroupDestroy(void *p) {
     group *g = live_group(p);
     if (!p) return ok;
     if (!g) return bad(invalidUsage, "ncclEpGroupDestroy: not a live group (destroyed twice?)");
+    ncclResult_t r = comm_gone(g, "ncclEpGroupDestroy");
     g->magic = 0; // kept: a use after destruction is refused, not a crash
     if (g->stream) {
         int (*destroy)(void *) = (int (*)(void *))fakecuda_sym("cuStreamDestroy_v2");
         if (destroy) destroy(g->stream);
         g->stream = 0;
     }
-    return ok;
+    return r;
 }
 
 ncclResult_t ncclEpInitHandle(void **out, void *gp, int layout, const mb_ep_handle_config *config, int topk, const mb_ep_tensor *mem) {
@@ -361,11 +378,12 @@ ncclResult_t ncclEpHandleDestroy(void *p) {
     handle *h = p;
     if (!h) return ok;
     if (h->magic != HANDLE_MAGIC) return bad(invalidUsage, "ncclEpHandleDestroy: not a live handle (destroyed twice?)");
+    ncclResult_t r = comm_gone(h->g, "ncclEpHandleDestroy");
     h->magic = 0;
     int (*memfree)(unsigned long long) = (int (*)(unsigned long long))fakecuda_sym("cuMemFree_v2");
     if (memfree && h->send) memfree(h->send), memfree(h->recv);
     h->send = h->recv = 0;
-    return ok;
+    return r;
 }
 
 // ---- the stream parts of the collective calls
@@ -477,6 +495,8 @@ static ncclResult_t queue(part *p, void *stream) {
     case 1: free(p); return bad(internalError, "a failure the test asked for ($FAKENCCLEP_FAIL)");
     case 2: free(p); return ok;
     }
+    ncclResult_t gone = comm_gone(p->h->g, names[p->kind]);
+    if (gone) return free(p), gone;
     enqueue_fn q = (enqueue_fn)fakecuda_sym("fakecuda_enqueue");
     if (!stream || *(void **)stream != CTX(p->h->g->dev)) {
         free(p);
