@@ -1107,10 +1107,10 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 	th := kernels.NewThreads(devs)
 	defer th.Close()
 	limitThreads(th, cfg, ds)
-	defer d.Close() // before the threads end: a library's ranks are closed on them
 	if ds != nil {
-		defer ds.close()
+		defer ds.close() // after the dispatcher's: a library's state over the communicator (NCCL EP's groups) goes first
 	}
+	defer d.Close() // before the threads end: a library's ranks are closed on them
 	dev := devs[0]
 	tuneGEMMs(devs, true) // until the timed steps
 	rec.Ranks.Devices = rankDevices(cfg.EP, len(devs))

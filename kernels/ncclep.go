@@ -290,8 +290,8 @@ func (e *EP) CombineLL(r int, y Ptr, local, slots, hidden int, out, w Ptr, token
 	})
 }
 
-// Close destroys every rank's handle, group and communicator on its
-// thread.
+// Close destroys every rank's handle, group and communicator (the run's
+// communicators are left to their owner) on its thread.
 func (e *EP) Close() error {
 	return e.each(func(r int, g *CUDA) error {
 		var first error

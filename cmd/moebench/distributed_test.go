@@ -707,6 +707,9 @@ func TestDistributedNCCLEP(t *testing.T) {
 				if r > 0 && (p.stdout.Len() > 0 || !strings.Contains(p.stderr.String(), "rank 0 writes the record")) {
 					t.Errorf("process %d wrote %q; stderr %q", r, p.stdout.String(), p.stderr.String())
 				}
+				if strings.Contains(p.stderr.String(), "NCCL EP: ") { // the fake's complaint: a broken contract, even in the teardown
+					t.Errorf("process %d: the fake NCCL EP refused a call:\n%s", r, p.stderr.String())
+				}
 			}
 			recs, err := results.ReadFile(out, nil)
 			if err != nil || len(recs) != 1 {

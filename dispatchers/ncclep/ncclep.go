@@ -13,9 +13,10 @@
 // calls from its own thread. In a run that spans processes the
 // communicators are the run's, over every rank (DeviceRank.Comm): each
 // process creates its own ranks' groups over them, as NCCL EP's own tests
-// do with one process per GPU, and the groups span every process's ranks. Both use the expert-major layout without
-// padding, so that a rank's received rows are grouped by local expert as
-// moebench's experts compute them. --sms is the group's max_num_sms (0:
+// do with one process per GPU, and the groups span every process's ranks.
+// Both use the expert-major layout without padding, so that a rank's
+// received rows are grouped by local expert as moebench's experts compute
+// them. --sms is the group's max_num_sms (0:
 // the library's default); the environment overrides NCCL EP reads are
 // recorded with the run's NCCL_* variables.
 package ncclep

@@ -262,6 +262,59 @@ func TestNCCLEPAcrossProcesses(t *testing.T) {
 	}
 }
 
+// TestNCCLEPGroupAlike: ranks that configure a group differently (here
+// max_dispatch_tokens_per_rank, which nccl_ep.h says must be the same on
+// every rank) are refused with ncclInvalidUsage on every rank — in one
+// process and across processes (FAKENCCL_NET).
+func TestNCCLEPGroupAlike(t *testing.T) {
+	for _, net := range []string{"", "1"} {
+		t.Setenv("FAKENCCL_NET", net)
+		r := newEPRig(t)
+		errs := r.ranks(func(g int) error {
+			c := r.config(2 * epTokens * epTopK)
+			c.MaxTokens += g
+			_, err := r.e.CreateGroup(r.comm[g], c)
+			return err
+		})
+		for g, err := range errs {
+			var ne *NCCLError
+			if !errors.As(err, &ne) || ne.Call != "ncclEpCreateGroup" || ne.Name != "ncclInvalidUsage" {
+				t.Errorf("net %q: rank %d: %v", net, g, err)
+			}
+		}
+	}
+}
+
+// TestNCCLEPCommOutlivesGroup: the NCCL communicator a group was created
+// over must outlive the group and its handles (the library works, and
+// releases its windows, through it): a handle or group destroyed after it
+// is ncclInvalidUsage, in one process and across processes.
+func TestNCCLEPCommOutlivesGroup(t *testing.T) {
+	for _, net := range []string{"", "1"} {
+		t.Setenv("FAKENCCL_NET", net)
+		r := newEPRig(t)
+		errs := r.ranks(func(g int) error {
+			grp, err := r.e.CreateGroup(r.comm[g], r.config(2*epTokens*epTopK))
+			if err != nil {
+				return err
+			}
+			h, err := r.e.InitHandle(grp, epTopK)
+			if err != nil {
+				return err
+			}
+			if err := r.e.NCCL.Destroy(r.comm[g]); err != nil {
+				return err
+			}
+			return errors.Join(r.e.DestroyHandle(h), r.e.DestroyGroup(grp))
+		})
+		for g, err := range errs {
+			if err == nil || !strings.Contains(err.Error(), "ncclEpHandleDestroy: ncclInvalidUsage") || !strings.Contains(err.Error(), "ncclEpGroupDestroy: ncclInvalidUsage") {
+				t.Errorf("net %q: rank %d: %v", net, g, err)
+			}
+		}
+	}
+}
+
 // captureStderr runs f with file descriptor 2 (the C libraries' stderr)
 // sent to a file, and returns what was written.
 func captureStderr(t *testing.T, f func()) string {

@@ -34,8 +34,9 @@
 // It also answers ncclCommCount, ncclCommUserRank and ncclCommCuDevice
 // (which libraries built on NCCL call: fakencclep.c) and, the fake's own,
 // fakenccl_clique: which ranks make one communicator (NULL for one
-// spanning processes), and fakenccl_wait: the wait of the calling thread's
-// next groups (fakencclep.c bounds its exchanges by NCCL EP's timeout).
+// spanning processes), fakenccl_wait: the wait of the calling thread's
+// next groups (fakencclep.c bounds its exchanges by NCCL EP's timeout),
+// and fakenccl_live: whether a communicator is not yet destroyed.
 // $FAKENCCL_NET makes every communicator one that spans processes, each
 // rank as if in a process of its own (tests of that path in one process).
 #define MB_ABI_DECLARE // moebench's prototypes: a definition here that differs does not compile
@@ -143,11 +144,18 @@ typedef struct {
     pthread_mutex_t mu;
     pthread_cond_t cv;
 } net;
-typedef struct { int rank, nranks, dev; clique *c; net *n; } fcomm;
+typedef struct { int rank, nranks, dev; clique *c; net *n; unsigned live; } fcomm;
+#define COMM_LIVE 0x6c697665u
 
 static pthread_mutex_t gmu = PTHREAD_MUTEX_INITIALIZER;
 static clique *cliques[256];
 static int ncliques, ids;
+
+// fakenccl_live is the fake's own: whether comm is a communicator not yet
+// destroyed (a library built on NCCL must not outlive its communicator). A
+// destroyed communicator's own struct is kept, marked, so that the
+// question has an answer (and a use after destruction is not a crash).
+int fakenccl_live(void *comm) { return comm && ((fcomm *)comm)->live == COMM_LIVE; }
 
 static int past(struct timespec t) {
     struct timespec now;
@@ -383,7 +391,7 @@ ncclResult_t ncclCommInitRank(void **comm, int nranks, mb_nccl_id id, int rank) 
     }
     free(a);
     fcomm *fc = malloc(sizeof *fc);
-    *fc = (fcomm){rank, nranks, dev, 0, n};
+    *fc = (fcomm){rank, nranks, dev, 0, n, COMM_LIVE};
     *comm = fc;
     if (r) {
         ncclCommDestroy(fc);
@@ -430,12 +438,13 @@ static ncclResult_t join_clique(void **comm, int nranks, mb_nccl_id id, int rank
     pthread_mutex_unlock(&c->mu);
     if (r) return fail(r, why);
     fcomm *fc = malloc(sizeof *fc);
-    *fc = (fcomm){rank, nranks, dev, c, 0};
+    *fc = (fcomm){rank, nranks, dev, c, 0, COMM_LIVE};
     *comm = fc;
     return ok;
 }
 ncclResult_t ncclCommDestroy(void *c) {
     if (!c) return fail(invalidArgument, "ncclCommDestroy: null communicator");
+    if (!fakenccl_live(c)) return fail(invalidUsage, "ncclCommDestroy: not a live communicator (destroyed twice?)");
     net *n = ((fcomm *)c)->n;
     if (n) { // end the connections, then the threads that read them
         shutdown(n->lfd, SHUT_RDWR);
@@ -450,7 +459,7 @@ ncclResult_t ncclCommDestroy(void *c) {
         free(n->out), free(n->inbox), free(n->closed), free(n->sent), free(n->recvd), free(n->rx), free(n->rxfd);
         free(n);
     }
-    free(c);
+    ((fcomm *)c)->live = 0; // kept: fakenccl_live answers for it
     return ok;
 }
 ncclResult_t ncclCommCount(void *c, int *n) { *n = ((fcomm *)c)->nranks; return ok; }

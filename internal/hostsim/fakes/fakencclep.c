@@ -13,7 +13,10 @@
 //   - handles and groups live from their creation to their destruction: a
 //     use after destruction, an update before the handle exists, a
 //     dispatch before an update or a combine before a dispatch is
-//     ncclInvalidUsage;
+//     ncclInvalidUsage; so is a call, or a group's or handle's
+//     destruction, after the NCCL communicator the group was created over
+//     was destroyed (the library works, and releases its windows, through
+//     it);
 //   - the collective rule: group creation, the low-latency handle's
 //     initialization, and every rank's high-throughput update, dispatch
 //     and combine meet the other ranks' (the stream-ordered ones on the
@@ -242,6 +245,16 @@ static ncclResult_t meet(world *w, const char *op, int rank, long long timeout_n
 static ncclResult_t net_create_group(group *g, void **out);
 static ncclResult_t net_init_handle(struct handle *h);
 
+// alike: what every rank of a group must configure alike (the header:
+// max_dispatch_tokens_per_rank "must be the same across all ranks"; the
+// library: the algorithm and max_recv_tokens_per_rank; the experts they
+// share).
+#define SAME_CONFIG "ncclEpCreateGroup: algorithm, num_experts, max_dispatch_tokens_per_rank and max_recv_tokens_per_rank must be identical across ranks"
+static int alike(const mb_ep_group_config *a, const mb_ep_group_config *b) {
+    return a->algorithm == b->algorithm && a->num_experts == b->num_experts && a->max_dispatch_tokens_per_rank == b->max_dispatch_tokens_per_rank &&
+           a->max_recv_tokens_per_rank == b->max_recv_tokens_per_rank;
+}
+
 ncclResult_t ncclEpCreateGroup(void **out, void *comm, const mb_ep_group_config *in) {
     if (!out || !comm) return bad(invalidArgument, "ncclEpCreateGroup: NULL group or communicator");
     ncclResult_t r = VALID(in, MB_NCCL_EP_GROUP_CONFIG_V1_SIZE);
@@ -294,27 +307,40 @@ ncclResult_t ncclEpCreateGroup(void **out, void *comm, const mb_ep_group_config 
     g->w = w;
     if ((r = meet(w, "ncclEpCreateGroup", g->rank, g->timeout_ns))) return r; // collective: the real one all-gathers hosts and budgets
     for (int i = 0; i < g->nranks; i++)
-        if (w->g[i]->cfg.max_recv_tokens_per_rank != c->max_recv_tokens_per_rank || w->g[i]->cfg.algorithm != c->algorithm)
-            return bad(invalidUsage, "ncclEpCreateGroup: max_recv_tokens_per_rank and algorithm must be identical across ranks");
+        if (!alike(&w->g[i]->cfg, c)) return bad(invalidUsage, SAME_CONFIG);
     g->magic = GROUP_MAGIC;
     *out = g;
     return ok;
 }
 
 static group *live_group(void *p) { return p && ((group *)p)->magic == GROUP_MAGIC ? p : 0; }
+
+// comm_gone says, naming call, that g's communicator was destroyed before
+// it: the library reaches its peers (and, ending, releases its windows and
+// device communicator) through the communicator, which must outlive the
+// group and its handles. 0 while the communicator lives (or the NCCL loaded
+// cannot tell).
+static ncclResult_t comm_gone(group *g, const char *call) {
+    int (*live)(void *) = (int (*)(void *))dlsym(RTLD_DEFAULT, "fakenccl_live");
+    char msg[200];
+    if (!live || live(g->comm)) return ok;
+    snprintf(msg, sizeof msg, "%s: rank %d's NCCL communicator was destroyed before its group (the communicator must outlive the group and its handles)", call, g->rank);
+    return bad(invalidUsage, msg);
+}
 static handle *live_handle(void *p) { return p && ((handle *)p)->magic == HANDLE_MAGIC && live_group(((handle *)p)->g) ? p : 0; }
 
 ncclResult_t ncclEpGroupDestroy(void *p) {
     group *g = live_group(p);
     if (!p) return ok;
     if (!g) return bad(invalidUsage, "ncclEpGroupDestroy: not a live group (destroyed twice?)");
+    ncclResult_t r = comm_gone(g, "ncclEpGroupDestroy");
     g->magic = 0; // kept: a use after destruction is refused, not a crash
     if (g->stream) {
         int (*destroy)(void *) = (int (*)(void *))fakecuda_sym("cuStreamDestroy_v2");
         if (destroy) destroy(g->stream);
         g->stream = 0;
     }
-    return ok;
+    return r;
 }
 
 ncclResult_t ncclEpInitHandle(void **out, void *gp, int layout, const mb_ep_handle_config *config, int topk, const mb_ep_tensor *mem) {
@@ -352,11 +378,12 @@ ncclResult_t ncclEpHandleDestroy(void *p) {
     handle *h = p;
     if (!h) return ok;
     if (h->magic != HANDLE_MAGIC) return bad(invalidUsage, "ncclEpHandleDestroy: not a live handle (destroyed twice?)");
+    ncclResult_t r = comm_gone(h->g, "ncclEpHandleDestroy");
     h->magic = 0;
     int (*memfree)(unsigned long long) = (int (*)(unsigned long long))fakecuda_sym("cuMemFree_v2");
     if (memfree && h->send) memfree(h->send), memfree(h->recv);
     h->send = h->recv = 0;
-    return ok;
+    return r;
 }
 
 // ---- the stream parts of the collective calls
@@ -468,6 +495,8 @@ static ncclResult_t queue(part *p, void *stream) {
     case 1: free(p); return bad(internalError, "a failure the test asked for ($FAKENCCLEP_FAIL)");
     case 2: free(p); return ok;
     }
+    ncclResult_t gone = comm_gone(p->h->g, names[p->kind]);
+    if (gone) return free(p), gone;
     enqueue_fn q = (enqueue_fn)fakecuda_sym("fakecuda_enqueue");
     if (!stream || *(void **)stream != CTX(p->h->g->dev)) {
         free(p);
@@ -736,9 +765,11 @@ static ncclResult_t net_create_group(group *g, void **out) {
     }
     xhdr *all = calloc(g->nranks, sizeof *all);
     ncclResult_t r = host_xchg(g, 0, K_CREATE, all); // the real one all-gathers hosts and budgets
-    for (int p = 0; p < g->nranks && !r; p++)
-        if (all[p].recv != g->cfg.max_recv_tokens_per_rank || all[p].algorithm != g->cfg.algorithm)
-            r = bad(invalidUsage, "ncclEpCreateGroup: max_recv_tokens_per_rank and algorithm must be identical across ranks");
+    for (int p = 0; p < g->nranks && !r; p++) {
+        mb_ep_group_config c = g->cfg;
+        c.algorithm = all[p].algorithm, c.num_experts = all[p].experts, c.max_dispatch_tokens_per_rank = all[p].max_tokens, c.max_recv_tokens_per_rank = all[p].recv;
+        if (!alike(&c, &g->cfg)) r = bad(invalidUsage, SAME_CONFIG);
+    }
     free(all);
     if (r) { // the stream is kept: its part may still run
         g->magic = 0;
