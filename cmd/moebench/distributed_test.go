@@ -796,7 +796,8 @@ func gpuCheckNCCLEP(t *testing.T) {
 // and rank 0 alone writes one record: the training step, whose outputs and
 // gradients pass the float64 check (each process its own ranks'), with
 // inter-node bytes counted and NCCL named as what moves data between the
-// domains.
+// domains. With --domain 1 each process holds two domains: the
+// inter-domain path runs both inside a process and between them.
 //
 // domain-over-processes (a subtest): --domain 4 and --domain 0 put one
 // domain over both processes: refused on both, naming the flag, its value
@@ -815,67 +816,12 @@ func TestDistributedHybridEP(t *testing.T) {
 			"--ffn", "16", "--sms", "2", "--warmup", "1", "--iters", "2", "--rendezvous", rv, "--out", out, "--format", "json", "--comm-timeout", "20s"}, more...)
 	}
 	nodes := func(r int) []string { return []string{fmt.Sprintf("MOEBENCH_NODE=node-%d", r)} }
-	t.Run("domain-2", func(t *testing.T) {
-		os.Remove(out)
-		ps := launchProcsEnv(t, 2, nodes, flags("--domain", "2")...)
-		for r, p := range ps {
-			if err := p.wait(t, 4*time.Minute); err != nil {
-				for q := range ps {
-					t.Logf("process %d's stderr:\n%s", q, ps[q].stderr.String())
-				}
-				t.Fatalf("process %d: %v", r, err)
-			}
-			if r > 0 && (p.stdout.Len() > 0 || !strings.Contains(p.stderr.String(), "rank 0 writes the record")) {
-				t.Errorf("process %d wrote %q; stderr %q", r, p.stdout.String(), p.stderr.String())
-			}
-		}
-		recs, err := results.ReadFile(out, nil)
-		if err != nil || len(recs) != 1 {
-			t.Fatalf("%d records, %v", len(recs), err)
-		}
-		rec := recs[0]
-		c := rec.Correctness
-		if rec.Status != results.StatusOK || c == nil || !c.Passed || !strings.Contains(c.Sample, "each of the 2 processes") {
-			t.Fatalf("record: status %s (%s), %+v", rec.Status, rec.Reason, c)
-		}
-		if rec.Config.Pass != results.PassTraining || rec.Timing.Backward == nil || !(rec.Timing.Backward.P50 > 0) {
-			t.Fatalf("pass %q (%q), backward %+v", rec.Config.Pass, rec.Config.PassNote, rec.Timing.Backward)
-		}
-		g := c.Grads
-		if g == nil || !(g.MaxRelErr <= g.Tolerance) || len(g.PerTensor) == 0 || !strings.Contains(g.Note, "each process compares its own ranks'") {
-			t.Fatalf("gradient check %+v", g)
-		}
-		for n, e := range g.PerTensor {
-			if !(e > 0 && e <= g.Tolerance) { // 0 would be a gradient compared with nothing
-				t.Errorf("gradient %s: error %g", n, e)
-			}
-		}
-		if len(rec.Ranks.Processes) != 2 || len(rec.Ranks.Devices) != 4 || rec.Ranks.Processes[1].Host != "node-1" ||
-			!strings.Contains(rec.Ranks.Note, "NCCL") {
-			t.Fatalf("ranks %+v", rec.Ranks)
-		}
-		names := map[string]bool{}
-		for _, ph := range rec.Timing.Phases {
-			names[ph.Name] = true
-			for r, v := range ph.PerRank {
-				if !(v > 0) {
-					t.Errorf("%s: rank %d's time %v", ph.Name, r, v)
-				}
-			}
-		}
-		for _, ph := range []string{"allgather", "preprocess", "dispatch", "combine", "combine-bwd", "dispatch-bwd"} {
-			if !names[ph] {
-				t.Errorf("no phase %s among %v", ph, names)
-			}
-		}
-		tr := rec.Traffic
-		if tr == nil || tr.DispatchOffRank == 0 || tr.InterNodeBytes == 0 || tr.IntraNodeBytes == 0 || !(tr.DispatchInterNodeGBps > 0) ||
-			tr.DispatchInterDomain == 0 || !strings.Contains(tr.Formula, "inter-domain path moved by NCCL") || !strings.Contains(tr.Formula, "the run spans processes") {
-			t.Fatalf("traffic %+v", tr)
-		}
-		t.Logf("%s; max rel err %.2e, gradients %.2e; inter-node %d B, intra-node %d B, inter-domain %d B", rec.Ranks.Note, c.MaxRelErr, g.MaxRelErr,
-			tr.InterNodeBytes, tr.IntraNodeBytes, tr.DispatchInterDomain)
-	})
+	for _, domain := range []string{"2", "1"} {
+		t.Run("domain-"+domain, func(t *testing.T) {
+			os.Remove(out)
+			hybridepAcross(t, out, launchProcsEnv(t, 2, nodes, flags("--domain", domain)...))
+		})
+	}
 	t.Run("domain-over-processes", func(t *testing.T) {
 		for _, c := range []struct{ domain, says string }{
 			{"4", "--domain 4 puts a domain over several of the 2 processes, which drive 2 ranks each (--ep 4)"},
@@ -927,4 +873,68 @@ func TestDistributedHybridEP(t *testing.T) {
 	t.Run("killed", func(t *testing.T) {
 		killedProcessOf(t, rv, out, "--dispatcher", "hybridep", "--domain", "2", "--sms", "2")
 	})
+}
+
+// hybridepAcross waits for ps, hybridep's processes at EP 4 over 2 (each
+// on a node of its own), and checks the run's one record: the training
+// step passed, every phase timed on every rank, the bytes between nodes
+// and between domains counted, NCCL named.
+func hybridepAcross(t *testing.T, out string, ps []*proc) {
+	for r, p := range ps {
+		if err := p.wait(t, 4*time.Minute); err != nil {
+			for q := range ps {
+				t.Logf("process %d's stderr:\n%s", q, ps[q].stderr.String())
+			}
+			t.Fatalf("process %d: %v", r, err)
+		}
+		if r > 0 && (p.stdout.Len() > 0 || !strings.Contains(p.stderr.String(), "rank 0 writes the record")) {
+			t.Errorf("process %d wrote %q; stderr %q", r, p.stdout.String(), p.stderr.String())
+		}
+	}
+	recs, err := results.ReadFile(out, nil)
+	if err != nil || len(recs) != 1 {
+		t.Fatalf("%d records, %v", len(recs), err)
+	}
+	rec := recs[0]
+	c := rec.Correctness
+	if rec.Status != results.StatusOK || c == nil || !c.Passed || !strings.Contains(c.Sample, "each of the 2 processes") {
+		t.Fatalf("record: status %s (%s), %+v", rec.Status, rec.Reason, c)
+	}
+	if rec.Config.Pass != results.PassTraining || rec.Timing.Backward == nil || !(rec.Timing.Backward.P50 > 0) {
+		t.Fatalf("pass %q (%q), backward %+v", rec.Config.Pass, rec.Config.PassNote, rec.Timing.Backward)
+	}
+	g := c.Grads
+	if g == nil || !(g.MaxRelErr <= g.Tolerance) || len(g.PerTensor) == 0 || !strings.Contains(g.Note, "each process compares its own ranks'") {
+		t.Fatalf("gradient check %+v", g)
+	}
+	for n, e := range g.PerTensor {
+		if !(e > 0 && e <= g.Tolerance) { // 0 would be a gradient compared with nothing
+			t.Errorf("gradient %s: error %g", n, e)
+		}
+	}
+	if len(rec.Ranks.Processes) != 2 || len(rec.Ranks.Devices) != 4 || rec.Ranks.Processes[1].Host != "node-1" ||
+		!strings.Contains(rec.Ranks.Note, "NCCL") {
+		t.Fatalf("ranks %+v", rec.Ranks)
+	}
+	names := map[string]bool{}
+	for _, ph := range rec.Timing.Phases {
+		names[ph.Name] = true
+		for r, v := range ph.PerRank {
+			if !(v > 0) {
+				t.Errorf("%s: rank %d's time %v", ph.Name, r, v)
+			}
+		}
+	}
+	for _, ph := range []string{"allgather", "preprocess", "dispatch", "combine", "combine-bwd", "dispatch-bwd"} {
+		if !names[ph] {
+			t.Errorf("no phase %s among %v", ph, names)
+		}
+	}
+	tr := rec.Traffic
+	if tr == nil || tr.DispatchOffRank == 0 || tr.InterNodeBytes == 0 || tr.IntraNodeBytes == 0 || !(tr.DispatchInterNodeGBps > 0) ||
+		tr.DispatchInterDomain == 0 || !strings.Contains(tr.Formula, "inter-domain path moved by NCCL") || !strings.Contains(tr.Formula, "the run spans processes") {
+		t.Fatalf("traffic %+v", tr)
+	}
+	t.Logf("%s; max rel err %.2e, gradients %.2e; inter-node %d B, intra-node %d B, inter-domain %d B", rec.Ranks.Note, c.MaxRelErr, g.MaxRelErr,
+		tr.InterNodeBytes, tr.IntraNodeBytes, tr.DispatchInterDomain)
 }
