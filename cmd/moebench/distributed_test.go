@@ -530,9 +530,10 @@ func killedProcessOf(t *testing.T, rv, out string, dispatcher ...string) {
 
 // gpuCheckTwoProcesses: scripts/gpu-check.sh's run over two processes, on
 // a node whose nvidia-smi lists two GPUs (a fake one, and this test binary
-// as moebench on the fake driver): EP 2, each process driving one GPU; the
-// step passes, each process's log is kept beside the step's, and rank 0
-// appended the run's one record to the check's records.
+// as moebench on the fake driver): EP 2, each process driving one GPU,
+// alltoall through NCCL, then hybridep natively with each process one
+// domain; each step passes, each process's log is kept beside the step's,
+// and rank 0 appended each run's one record to the check's records.
 func gpuCheckTwoProcesses(t *testing.T) {
 	dir := t.TempDir()
 	smi := filepath.Join(dir, "path", "nvidia-smi")
@@ -543,20 +544,31 @@ func gpuCheckTwoProcesses(t *testing.T) {
 	os.Symlink(os.Getenv("MOEBENCH_CACHE"), filepath.Join(out, "kernel-cache")) // the kernels the runs before compiled
 	cmd := exec.Command("bash", "../../scripts/gpu-check.sh", "twoproc", out)
 	cmd.Env = append(os.Environ(), "MOEBENCH_TEST_PROCESS=1", "MOEBENCH_BIN="+os.Args[0], "PATH="+filepath.Dir(smi)+":"+os.Getenv("PATH"),
-		"TWOPROC_FLAGS=--experts 16 --tokens 16 --hidden 32 --ffn 16 --warmup 1 --iters 2 --comm-timeout 20s", "FAKENCCL_TIMEOUT_S=120")
+		"TWOPROC_FLAGS=--experts 16 --tokens 16 --hidden 32 --ffn 16 --warmup 1 --iters 2 --comm-timeout 20s", "TWOPROC_HYBRIDEP_FLAGS=--sms 2",
+		"FAKENCCL_TIMEOUT_S=120")
 	b, err := cmd.CombinedOutput()
-	name := "twoproc-alltoall-nccl-ep2"
-	if err != nil || !strings.Contains(string(b), name+" ") || !strings.Contains(string(b), "exit 0") {
+	names := []string{"twoproc-alltoall-nccl-ep2", "twoproc-hybridep-ep2-d1"}
+	if err != nil || !strings.Contains(string(b), "exit 0") {
 		t.Fatalf("%v:\n%s", err, b)
 	}
-	for _, f := range []string{name + ".log", name + ".p0.log", name + ".p1.log"} {
-		if _, err := os.Stat(filepath.Join(out, f)); err != nil {
-			t.Error(err)
+	for _, name := range names {
+		if !strings.Contains(string(b), name+" ") {
+			t.Errorf("no %s in the output:\n%s", name, b)
+		}
+		for _, f := range []string{name + ".log", name + ".p0.log", name + ".p1.log"} {
+			if _, err := os.Stat(filepath.Join(out, f)); err != nil {
+				t.Error(err)
+			}
 		}
 	}
 	recs, err := results.ReadFile(filepath.Join(out, "records.jsonl"), nil)
-	if err != nil || len(recs) != 1 || recs[0].Status != results.StatusOK || recs[0].Config.EP != 2 || len(recs[0].Ranks.Processes) != 2 {
+	if err != nil || len(recs) != 2 {
 		t.Fatalf("%d records, %v; output:\n%s", len(recs), err, b)
+	}
+	for i, d := range []string{"alltoall", "hybridep"} {
+		if rec := recs[i]; rec.Config.Dispatcher != d || rec.Status != results.StatusOK || rec.Config.EP != 2 || len(rec.Ranks.Processes) != 2 {
+			t.Errorf("record %d: %s %s: %s", i, rec.Config.Dispatcher, rec.Status, rec.Reason)
+		}
 	}
 }
 
@@ -753,8 +765,9 @@ func TestDistributedNCCLEP(t *testing.T) {
 
 // gpuCheckNCCLEP: scripts/gpu-check.sh's run over two processes on a node
 // of two (fake) GPUs where doctor finds NCCL EP (the fake): alltoall
-// through NCCL, then hybridep and deepep through NCCL EP, each at EP 2 over
-// two processes, each passing with one record appended by rank 0.
+// through NCCL, hybridep natively (a domain a process), then hybridep and
+// deepep through NCCL EP, each at EP 2 over two processes, each passing
+// with one record appended by rank 0.
 func gpuCheckNCCLEP(t *testing.T) {
 	dir := t.TempDir()
 	smi := filepath.Join(dir, "path", "nvidia-smi")
@@ -765,21 +778,22 @@ func gpuCheckNCCLEP(t *testing.T) {
 	os.Symlink(os.Getenv("MOEBENCH_CACHE"), filepath.Join(out, "kernel-cache")) // the kernels the runs before compiled
 	cmd := exec.Command("bash", "../../scripts/gpu-check.sh", "twoproc", out)
 	cmd.Env = append(os.Environ(), "MOEBENCH_TEST_PROCESS=1", "MOEBENCH_BIN="+os.Args[0], "PATH="+filepath.Dir(smi)+":"+os.Getenv("PATH"),
-		"TWOPROC_FLAGS=--experts 16 --tokens 16 --hidden 128 --ffn 16 --warmup 1 --iters 2 --comm-timeout 20s", "FAKENCCL_TIMEOUT_S=120")
+		"TWOPROC_FLAGS=--experts 16 --tokens 16 --hidden 128 --ffn 16 --warmup 1 --iters 2 --comm-timeout 20s", "TWOPROC_HYBRIDEP_FLAGS=--sms 2",
+		"FAKENCCL_TIMEOUT_S=120")
 	b, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("%v:\n%s", err, b)
 	}
-	for _, name := range []string{"twoproc-alltoall-nccl-ep2", "twoproc-ncclep-ht-ep2", "twoproc-ncclep-ll-ep2"} {
+	for _, name := range []string{"twoproc-alltoall-nccl-ep2", "twoproc-hybridep-ep2-d1", "twoproc-ncclep-ht-ep2", "twoproc-ncclep-ll-ep2"} {
 		if !strings.Contains(string(b), name+" ") {
 			t.Errorf("no %s in the output:\n%s", name, b)
 		}
 	}
 	recs, err := results.ReadFile(filepath.Join(out, "records.jsonl"), nil)
-	if err != nil || len(recs) != 3 {
+	if err != nil || len(recs) != 4 {
 		t.Fatalf("%d records, %v; output:\n%s", len(recs), err, b)
 	}
-	for i, d := range []string{"alltoall", "hybridep", "deepep"} {
+	for i, d := range []string{"alltoall", "hybridep", "hybridep", "deepep"} {
 		if rec := recs[i]; rec.Config.Dispatcher != d || rec.Status != results.StatusOK || len(rec.Ranks.Processes) != 2 {
 			t.Errorf("record %d: %s %s: %s", i, rec.Config.Dispatcher, rec.Status, rec.Reason)
 		}
