@@ -811,7 +811,9 @@ func gpuCheckNCCLEP(t *testing.T) {
 // gradients pass the float64 check (each process its own ranks'), with
 // inter-node bytes counted and NCCL named as what moves data between the
 // domains. With --domain 1 each process holds two domains: the
-// inter-domain path runs both inside a process and between them.
+// inter-domain path runs both inside a process and between them. EP 8
+// over 4 processes with --domain 2: four domains, each rank's map rows and
+// inter-domain rows going to three other processes.
 //
 // domain-over-processes (a subtest): --domain 4 and --domain 0 put one
 // domain over both processes: refused on both, naming the flag, its value
@@ -825,15 +827,16 @@ func gpuCheckNCCLEP(t *testing.T) {
 // it within --comm-timeout.
 func TestDistributedHybridEP(t *testing.T) {
 	rv, out := distributedSetup(t)
-	flags := func(more ...string) []string {
-		return append([]string{"--device", "cuda", "--dispatcher", "hybridep", "--ep", "4", "--experts", "16", "--tokens", "16", "--hidden", "32",
+	flagsEP := func(ep int, more ...string) []string {
+		return append([]string{"--device", "cuda", "--dispatcher", "hybridep", "--ep", fmt.Sprint(ep), "--experts", "16", "--tokens", "16", "--hidden", "32",
 			"--ffn", "16", "--sms", "2", "--warmup", "1", "--iters", "2", "--rendezvous", rv, "--out", out, "--format", "json", "--comm-timeout", "20s"}, more...)
 	}
+	flags := func(more ...string) []string { return flagsEP(4, more...) }
 	nodes := func(r int) []string { return []string{fmt.Sprintf("MOEBENCH_NODE=node-%d", r)} }
-	for _, domain := range []string{"2", "1"} {
-		t.Run("domain-"+domain, func(t *testing.T) {
+	for _, c := range []struct{ ep, world, domain int }{{4, 2, 2}, {4, 2, 1}, {8, 4, 2}} {
+		t.Run(fmt.Sprintf("ep%d-over-%d-domain-%d", c.ep, c.world, c.domain), func(t *testing.T) {
 			os.Remove(out)
-			hybridepAcross(t, out, launchProcsEnv(t, 2, nodes, flags("--domain", domain)...))
+			hybridepAcross(t, out, c.ep, launchProcsEnv(t, c.world, nodes, flagsEP(c.ep, "--domain", fmt.Sprint(c.domain))...))
 		})
 	}
 	t.Run("domain-over-processes", func(t *testing.T) {
@@ -889,11 +892,11 @@ func TestDistributedHybridEP(t *testing.T) {
 	})
 }
 
-// hybridepAcross waits for ps, hybridep's processes at EP 4 over 2 (each
-// on a node of its own), and checks the run's one record: the training
-// step passed, every phase timed on every rank, the bytes between nodes
-// and between domains counted, NCCL named.
-func hybridepAcross(t *testing.T, out string, ps []*proc) {
+// hybridepAcross waits for ps, hybridep's processes at EP ep (each on a
+// node of its own), and checks the run's one record: the training step
+// passed, every phase timed on every rank, the bytes between nodes and
+// between domains counted, NCCL named.
+func hybridepAcross(t *testing.T, out string, ep int, ps []*proc) {
 	for r, p := range ps {
 		if err := p.wait(t, 4*time.Minute); err != nil {
 			for q := range ps {
@@ -911,7 +914,7 @@ func hybridepAcross(t *testing.T, out string, ps []*proc) {
 	}
 	rec := recs[0]
 	c := rec.Correctness
-	if rec.Status != results.StatusOK || c == nil || !c.Passed || !strings.Contains(c.Sample, "each of the 2 processes") {
+	if rec.Status != results.StatusOK || c == nil || !c.Passed || !strings.Contains(c.Sample, fmt.Sprintf("each of the %d processes", len(ps))) {
 		t.Fatalf("record: status %s (%s), %+v", rec.Status, rec.Reason, c)
 	}
 	if rec.Config.Pass != results.PassTraining || rec.Timing.Backward == nil || !(rec.Timing.Backward.P50 > 0) {
@@ -926,7 +929,7 @@ func hybridepAcross(t *testing.T, out string, ps []*proc) {
 			t.Errorf("gradient %s: error %g", n, e)
 		}
 	}
-	if len(rec.Ranks.Processes) != 2 || len(rec.Ranks.Devices) != 4 || rec.Ranks.Processes[1].Host != "node-1" ||
+	if len(rec.Ranks.Processes) != len(ps) || len(rec.Ranks.Devices) != ep || rec.Ranks.Processes[1].Host != "node-1" ||
 		!strings.Contains(rec.Ranks.Note, "NCCL") {
 		t.Fatalf("ranks %+v", rec.Ranks)
 	}
