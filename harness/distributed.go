@@ -309,6 +309,7 @@ type part struct {
 	Mem            []int64                `json:",omitempty"`
 	Issue, Wait    []float64              `json:",omitempty"`
 	Pairs          [][]int64              `json:",omitempty"` // [its rank][destination rank] the last step's (token, rank) pairs
+	Buffers        [][]int64              `json:",omitempty"` // [buffer][its rank] the dispatcher's buffers, as its Buffers lists them
 	// its gradient check's maxima: [gradient] max|g − ref| (−1: infinite)
 	// and max|ref| over what it compared
 	GradAcc map[string][2]float64 `json:",omitempty"`
@@ -626,6 +627,9 @@ func (dl *deviceLayer) mine(m *measured, stack results.Stack) part {
 	for _, rows := range m.recvSteps {
 		p.RecvSteps = append(p.RecvSteps, rows[d.first:d.first+d.per])
 	}
+	for _, b := range m.buffers {
+		p.Buffers = append(p.Buffers, b.PerRankBytes[d.first:d.first+d.per])
+	}
 	return p
 }
 
@@ -662,6 +666,11 @@ func (dl *deviceLayer) merge(m *measured, parts []part, rec *results.Record) {
 		}
 		for s, rows := range p.RecvSteps {
 			copy(m.recvSteps[s][p.First:], rows)
+		}
+		for i, b := range p.Buffers { // each process sizes its own ranks' (another's, such as the rows sized each step, it does not know)
+			if i < len(m.buffers) {
+				copy(m.buffers[i].PerRankBytes[p.First:], b)
+			}
 		}
 		for s := range p.Issue {
 			m.issue[s] = max(m.issue[s], p.Issue[s])

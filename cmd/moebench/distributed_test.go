@@ -933,6 +933,16 @@ func hybridepAcross(t *testing.T, out string, ep int, ps []*proc) {
 		!strings.Contains(rec.Ranks.Note, "NCCL") {
 		t.Fatalf("ranks %+v", rec.Ranks)
 	}
+	// every rank's buffers as its own process sized them (the expert-major
+	// rows each step's preprocessing sizes among them)
+	if rec.Memory == nil || len(rec.Memory.Buffers) == 0 {
+		t.Fatalf("memory %+v", rec.Memory)
+	}
+	for _, b := range rec.Memory.Buffers {
+		if len(b.PerRankBytes) != ep || slices.Contains(b.PerRankBytes, 0) {
+			t.Errorf("buffer %s: %v bytes per rank", b.Name, b.PerRankBytes)
+		}
+	}
 	names := map[string]bool{}
 	for _, ph := range rec.Timing.Phases {
 		names[ph.Name] = true
