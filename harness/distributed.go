@@ -40,15 +40,18 @@ type dist struct {
 func newDist(cfg Config, rv *launch.Rendezvous) (*dist, error) {
 	l := rv.L
 	switch {
-	case cfg.Impl != dispatchers.ImplLibrary: // the library implementations: alltoall's (NCCL), hybridep's and deepep's (NCCL EP)
+	// the library implementations: alltoall's (NCCL), hybridep's and
+	// deepep's (NCCL EP); hybridep's native one when each NVLink domain
+	// lies inside one process (its inter-domain path is NCCL's)
+	case cfg.Impl != dispatchers.ImplLibrary && !hybridepAcross(cfg, l.World):
 		return nil, &dispatchers.UnavailableError{Name: cfg.Dispatcher, Impl: cfg.Impl, Reason: fmt.Sprintf(
 			"this run spans %d processes (%s): %s; across processes run alltoall --impl library (NCCL's send/recv over every process's ranks), "+
-				"or hybridep or deepep --impl library (NCCL EP's group over every process's ranks)",
-			l.World, l.Via, notAcross(cfg))}
+				"hybridep or deepep --impl library (NCCL EP's group over every process's ranks), or hybridep --impl native with a --domain that divides the ranks each process drives",
+			l.World, l.Via, notAcross(cfg, l.World))}
 	case cfg.EP%l.World != 0:
 		return nil, &ConfigError{"ep", cfg.EP, fmt.Sprintf("must be a multiple of the %d processes of the run (%s): each process drives as many ranks, one GPU each", l.World, l.Via)}
 	case cfg.CUDAGraph:
-		return nil, &ConfigError{"cuda-graph", true, "does not apply to a run that spans processes (the library implementations that cross them are not captured)"}
+		return nil, &ConfigError{"cuda-graph", true, "does not apply to a run that spans processes (the implementations that cross them are not captured)"}
 	case cfg.MaxSeconds > 0:
 		return nil, &ConfigError{"max-seconds", cfg.MaxSeconds, "does not apply to a run that spans processes: every rank must run the same steps (use --iters)"}
 	}
@@ -98,14 +101,28 @@ func (d *dist) agree(err error, cfg Config) error {
 	return nil
 }
 
-// notAcross says why cfg's dispatcher does not run over several processes
+// hybridepAcross: cfg is hybridep's native implementation with every
+// NVLink domain (--domain ranks) inside one of world processes (EP/world
+// ranks each).
+func hybridepAcross(cfg Config, world int) bool {
+	return cfg.Dispatcher == "hybridep" && cfg.Impl == dispatchers.ImplNative && cfg.EP%world == 0 && cfg.Domain > 0 && (cfg.EP/world)%cfg.Domain == 0
+}
+
+// notAcross says why cfg's dispatcher does not run over world processes
 // in this build.
-func notAcross(cfg Config) string {
+func notAcross(cfg Config, world int) string {
 	switch {
 	case cfg.Dispatcher == "hybridep":
-		return "hybridep's intra-domain path moves data through peer memory (a domain's ranks must be in one process), and its inter-domain path, " +
-			"though NCCL send/recv, sizes each transfer from the other domains' counts read in this process's memory: " +
-			"gathering them over NCCL every step (as alltoall's library implementation does) is not built"
+		if cfg.EP%world != 0 {
+			return fmt.Sprintf("hybridep's NVLink domains must each lie inside one process, and --ep %d does not split into %d processes' equal blocks", cfg.EP, world)
+		}
+		domain := fmt.Sprintf("--domain %d", cfg.Domain)
+		if cfg.Domain == 0 {
+			domain = fmt.Sprintf("--domain 0 (one domain of all %d ranks)", cfg.EP)
+		}
+		return fmt.Sprintf("hybridep's intra-domain path moves data through peer memory, so an NVLink domain's ranks must be in one process, "+
+			"and %s puts a domain over several of the %d processes, which drive %d ranks each (--ep %d); its inter-domain path goes over NCCL: "+
+			"a --domain that divides %d runs", domain, world, cfg.EP/world, cfg.EP, cfg.EP/world)
 	case cfg.Dispatcher == "deepep":
 		return "DeepEP's intranode design moves data through peer memory, which stays inside one process (its NVLink domain); " +
 			"its internode mode (NVSHMEM) is not modelled"
@@ -292,6 +309,7 @@ type part struct {
 	Mem            []int64                `json:",omitempty"`
 	Issue, Wait    []float64              `json:",omitempty"`
 	Pairs          [][]int64              `json:",omitempty"` // [its rank][destination rank] the last step's (token, rank) pairs
+	Buffers        [][]int64              `json:",omitempty"` // [buffer][its rank] the dispatcher's buffers, as its Buffers lists them
 	// its gradient check's maxima: [gradient] max|g − ref| (−1: infinite)
 	// and max|ref| over what it compared
 	GradAcc map[string][2]float64 `json:",omitempty"`
@@ -609,6 +627,9 @@ func (dl *deviceLayer) mine(m *measured, stack results.Stack) part {
 	for _, rows := range m.recvSteps {
 		p.RecvSteps = append(p.RecvSteps, rows[d.first:d.first+d.per])
 	}
+	for _, b := range m.buffers {
+		p.Buffers = append(p.Buffers, b.PerRankBytes[d.first:d.first+d.per])
+	}
 	return p
 }
 
@@ -645,6 +666,11 @@ func (dl *deviceLayer) merge(m *measured, parts []part, rec *results.Record) {
 		}
 		for s, rows := range p.RecvSteps {
 			copy(m.recvSteps[s][p.First:], rows)
+		}
+		for i, b := range p.Buffers { // each process sizes its own ranks' (another's, such as the rows sized each step, it does not know)
+			if i < len(m.buffers) {
+				copy(m.buffers[i].PerRankBytes[p.First:], b)
+			}
 		}
 		for s := range p.Issue {
 			m.issue[s] = max(m.issue[s], p.Issue[s])

@@ -54,19 +54,28 @@ func TestSlowestOf(t *testing.T) {
 }
 
 // TestNotAcrossProcesses: a native implementation (moebench's peer-memory
-// designs, feplb), asked to span processes, is unavailable saying what does
-// not cross them, why, and what runs instead; the library implementations
-// (alltoall's NCCL, hybridep's and deepep's NCCL EP) are placed.
+// designs, feplb; hybridep's with an NVLink domain over several processes),
+// asked to span processes, is unavailable saying what does not cross them,
+// why, and what runs instead; the library implementations (alltoall's NCCL,
+// hybridep's and deepep's NCCL EP) and hybridep's native one with every
+// domain inside a process are placed.
 func TestNotAcrossProcesses(t *testing.T) {
 	rv := &launch.Rendezvous{L: launch.Launch{Rank: 0, World: 2, Via: "test"}}
-	for _, c := range []struct{ dispatcher, impl, want string }{
-		{"hybridep", "native", "inter-domain path, though NCCL send/recv, sizes each transfer from the other domains' counts"},
-		{"deepep", "native", "internode mode (NVSHMEM) is not modelled"},
-		{"alltoall", "native", "peer memory"},
-		{"feplb", "native", "FEPLB's phase 2 copies experts' weights"},
+	for _, c := range []struct {
+		dispatcher, impl string
+		ep, domain       int
+		want             string
+	}{
+		{"hybridep", "native", 4, 4, "--domain 4 puts a domain over several of the 2 processes, which drive 2 ranks each (--ep 4); its inter-domain path goes over NCCL: a --domain that divides 2 runs"},
+		{"hybridep", "native", 8, 0, "--domain 0 (one domain of all 8 ranks) puts a domain over several of the 2 processes, which drive 4 ranks each (--ep 8)"},
+		{"hybridep", "native", 12, 4, "--domain 4 puts a domain over several of the 2 processes, which drive 6 ranks each (--ep 12); its inter-domain path goes over NCCL: a --domain that divides 6 runs"},
+		{"hybridep", "native", 5, 1, "--ep 5 does not split into 2 processes' equal blocks"},
+		{"deepep", "native", 4, 2, "internode mode (NVSHMEM) is not modelled"},
+		{"alltoall", "native", 4, 2, "peer memory"},
+		{"feplb", "native", 4, 2, "FEPLB's phase 2 copies experts' weights"},
 	} {
 		cfg := DefaultConfig()
-		cfg.Dispatcher, cfg.Impl, cfg.EP, cfg.Domain = c.dispatcher, c.impl, 4, 2
+		cfg.Dispatcher, cfg.Impl, cfg.EP, cfg.Domain = c.dispatcher, c.impl, c.ep, c.domain
 		_, err := newDist(cfg, rv)
 		if !dispatchers.IsUnavailable(err) || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), "across processes run alltoall --impl library") {
 			t.Errorf("%s/%s: %v", c.dispatcher, c.impl, err)
@@ -77,6 +86,13 @@ func TestNotAcrossProcesses(t *testing.T) {
 		cfg.Dispatcher, cfg.Impl, cfg.EP = d, "library", 4
 		if _, err := newDist(cfg, rv); err != nil {
 			t.Errorf("%s library: %v", d, err)
+		}
+	}
+	for _, c := range [][2]int{{4, 2}, {4, 1}, {8, 2}, {8, 4}} { // hybridep native: one domain a process, or several
+		cfg := DefaultConfig()
+		cfg.Dispatcher, cfg.Impl, cfg.EP, cfg.Domain = "hybridep", "native", c[0], c[1]
+		if _, err := newDist(cfg, rv); err != nil {
+			t.Errorf("hybridep native, --ep %d --domain %d: %v", c[0], c[1], err)
 		}
 	}
 }

@@ -233,10 +233,11 @@ func ForwardOnlyReason(cfg Config) string {
 }
 
 // ForwardOnlyReason is ForwardOnlyReason(cfg) for a run in env. A run over
-// several processes trains as one process does: the one design that runs
-// across them (alltoall --impl library) has a backward, and each process
-// checks its own ranks' gradients (devbackward.go's checkGrads); the
-// others are refused across processes (newDist) whatever their pass.
+// several processes trains as one process does: of the designs that run
+// across them, alltoall --impl library and hybridep's native kernels have
+// a backward (NCCL EP's modes say why not, as in one process), and each
+// process checks its own ranks' gradients (devbackward.go's checkGrads);
+// the others are refused across processes (newDist) whatever their pass.
 func (env Env) ForwardOnlyReason(cfg Config) string { return ForwardOnlyReason(cfg) }
 
 // stepStage is the progress stage of step i (negative: warm-up).

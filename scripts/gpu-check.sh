@@ -29,8 +29,10 @@
 # srun or mpirun launch one per node: alltoall --impl library at EP = the GPU
 # count, each process driving half the GPUs, NCCL's communicator made through
 # --rendezvous in a temporary folder, a training step, forward and backward,
-# rank 0 writing the one record; and hybridep and deepep through NCCL EP the
-# same way where it is installed, forward only), and
+# rank 0 writing the one record; hybridep natively, each process one NVLink
+# domain (--domain = half the GPUs), its inter-domain path over NCCL; and
+# hybridep and deepep through NCCL EP the same way where it is installed,
+# forward only), and
 # last compute-sanitizer over the kernels' tests
 # (the cross-rank kernels included).
 #
@@ -155,7 +157,10 @@ if [ "$mode" != sanitize ]; then
 # count (even), each process driving half the GPUs from its MOEBENCH_LOCAL_RANK
 # on, NCCL's unique id through --rendezvous in a temporary folder, a training
 # step (the backward's gradients exchanged over NCCL too); rank 0 appends
-# the run's one record, the other process writes none
+# the run's one record, the other process writes none; then hybridep's
+# native kernels with each process one NVLink domain (its peer stores inside
+# it, the inter-domain path and the routing map's rows over NCCL; extra
+# flags in TWOPROC_HYBRIDEP_FLAGS, e.g. an --sms the GPUs hold)
 # (NCCL EP's two modes likewise where doctor found the library: its groups
 # over the run's communicator, each process creating its own ranks')
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
@@ -180,6 +185,9 @@ if [ "$gpus" -ge 2 ]; then
   }
   # shellcheck disable=SC2086 # TWOPROC_FLAGS is a list of flags
   twoproc "twoproc-alltoall-nccl-ep$ep" ${TWOPROC_FLAGS:---preset qwen3-30b-a3b} --ep "$ep" --dispatcher alltoall --impl library
+  # shellcheck disable=SC2086 # TWOPROC_HYBRIDEP_FLAGS too
+  twoproc "twoproc-hybridep-ep$ep-d$((ep / 2))" ${TWOPROC_FLAGS:---preset qwen3-30b-a3b} ${TWOPROC_HYBRIDEP_FLAGS:-} --ep "$ep" \
+    --dispatcher hybridep --domain $((ep / 2))
   if grep -q '^NCCL EP  *found' "$OUT/doctor.txt"; then
     # shellcheck disable=SC2086
     twoproc "twoproc-ncclep-ht-ep$ep" ${TWOPROC_FLAGS:---preset qwen3-30b-a3b} --ep "$ep" --dispatcher hybridep --impl library

@@ -58,6 +58,10 @@ type mutating struct {
 var mutations = map[string]struct{ file, from, to string }{
 	// the input gradient's parts added, then scaled by 1.5 (both loops)
 	"input_grad": {"gradadd.cu", "o[q] = f2bf(a[q]);", "o[q] = f2bf(1.5f * a[q]);"},
+	// hybridep's inter-domain path: each row packed for another domain
+	// (forward: the input's, backward: the output gradient's) at its
+	// neighbour's slot, so that it reaches the other domain as another token
+	"hybridep_pack_slot": {"hybridep.cu", "he_copy_row(me.send_x + at * H,", "he_copy_row(me.send_x + (at ^ 1) * H,"},
 }
 
 func (m *mutating) ID() string { return m.Compiler.ID() + " with a planted bug in " + m.kernel }
@@ -525,10 +529,15 @@ func TestDistributedCommIDUnarrived(t *testing.T) {
 }
 
 func killedProcess(t *testing.T, rv, out string) {
+	killedProcessOf(t, rv, out, "--dispatcher", "alltoall", "--impl", "library")
+}
+
+// killedProcessOf is killedProcess with the dispatcher's flags.
+func killedProcessOf(t *testing.T, rv, out string, dispatcher ...string) {
 	os.Remove(out)
-	ps := launchProcs(t, 2, "--device", "cuda", "--dispatcher", "alltoall", "--impl", "library", "--ep", "4",
+	ps := launchProcs(t, 2, append(append([]string{"--device", "cuda"}, dispatcher...), "--ep", "4",
 		"--experts", "16", "--tokens", "16", "--hidden", "32", "--ffn", "16", "--warmup", "0", "--iters", "100000",
-		"--rendezvous", rv, "--out", out, "--comm-timeout", "10s")
+		"--rendezvous", rv, "--out", out, "--comm-timeout", "10s")...)
 	status := rv + ".p1.status"
 	deadline := time.Now().Add(3 * time.Minute)
 	for { // until process 1 is in its steps
@@ -557,9 +566,10 @@ func killedProcess(t *testing.T, rv, out string) {
 
 // gpuCheckTwoProcesses: scripts/gpu-check.sh's run over two processes, on
 // a node whose nvidia-smi lists two GPUs (a fake one, and this test binary
-// as moebench on the fake driver): EP 2, each process driving one GPU; the
-// step passes, each process's log is kept beside the step's, and rank 0
-// appended the run's one record to the check's records.
+// as moebench on the fake driver): EP 2, each process driving one GPU,
+// alltoall through NCCL, then hybridep natively with each process one
+// domain; each step passes, each process's log is kept beside the step's,
+// and rank 0 appended each run's one record to the check's records.
 func gpuCheckTwoProcesses(t *testing.T) {
 	dir := t.TempDir()
 	smi := filepath.Join(dir, "path", "nvidia-smi")
@@ -570,20 +580,31 @@ func gpuCheckTwoProcesses(t *testing.T) {
 	os.Symlink(os.Getenv("MOEBENCH_CACHE"), filepath.Join(out, "kernel-cache")) // the kernels the runs before compiled
 	cmd := exec.Command("bash", "../../scripts/gpu-check.sh", "twoproc", out)
 	cmd.Env = append(os.Environ(), "MOEBENCH_TEST_PROCESS=1", "MOEBENCH_BIN="+os.Args[0], "PATH="+filepath.Dir(smi)+":"+os.Getenv("PATH"),
-		"TWOPROC_FLAGS=--experts 16 --tokens 16 --hidden 32 --ffn 16 --warmup 1 --iters 2 --comm-timeout 20s", "FAKENCCL_TIMEOUT_S=120")
+		"TWOPROC_FLAGS=--experts 16 --tokens 16 --hidden 32 --ffn 16 --warmup 1 --iters 2 --comm-timeout 20s", "TWOPROC_HYBRIDEP_FLAGS=--sms 2",
+		"FAKENCCL_TIMEOUT_S=120")
 	b, err := cmd.CombinedOutput()
-	name := "twoproc-alltoall-nccl-ep2"
-	if err != nil || !strings.Contains(string(b), name+" ") || !strings.Contains(string(b), "exit 0") {
+	names := []string{"twoproc-alltoall-nccl-ep2", "twoproc-hybridep-ep2-d1"}
+	if err != nil || !strings.Contains(string(b), "exit 0") {
 		t.Fatalf("%v:\n%s", err, b)
 	}
-	for _, f := range []string{name + ".log", name + ".p0.log", name + ".p1.log"} {
-		if _, err := os.Stat(filepath.Join(out, f)); err != nil {
-			t.Error(err)
+	for _, name := range names {
+		if !strings.Contains(string(b), name+" ") {
+			t.Errorf("no %s in the output:\n%s", name, b)
+		}
+		for _, f := range []string{name + ".log", name + ".p0.log", name + ".p1.log"} {
+			if _, err := os.Stat(filepath.Join(out, f)); err != nil {
+				t.Error(err)
+			}
 		}
 	}
 	recs, err := results.ReadFile(filepath.Join(out, "records.jsonl"), nil)
-	if err != nil || len(recs) != 1 || recs[0].Status != results.StatusOK || recs[0].Config.EP != 2 || len(recs[0].Ranks.Processes) != 2 {
+	if err != nil || len(recs) != 2 {
 		t.Fatalf("%d records, %v; output:\n%s", len(recs), err, b)
+	}
+	for i, d := range []string{"alltoall", "hybridep"} {
+		if rec := recs[i]; rec.Config.Dispatcher != d || rec.Status != results.StatusOK || rec.Config.EP != 2 || len(rec.Ranks.Processes) != 2 {
+			t.Errorf("record %d: %s %s: %s", i, rec.Config.Dispatcher, rec.Status, rec.Reason)
+		}
 	}
 }
 
@@ -783,8 +804,9 @@ func TestDistributedNCCLEP(t *testing.T) {
 
 // gpuCheckNCCLEP: scripts/gpu-check.sh's run over two processes on a node
 // of two (fake) GPUs where doctor finds NCCL EP (the fake): alltoall
-// through NCCL, then hybridep and deepep through NCCL EP, each at EP 2 over
-// two processes, each passing with one record appended by rank 0.
+// through NCCL, hybridep natively (a domain a process), then hybridep and
+// deepep through NCCL EP, each at EP 2 over two processes, each passing
+// with one record appended by rank 0.
 func gpuCheckNCCLEP(t *testing.T) {
 	dir := t.TempDir()
 	smi := filepath.Join(dir, "path", "nvidia-smi")
@@ -795,23 +817,190 @@ func gpuCheckNCCLEP(t *testing.T) {
 	os.Symlink(os.Getenv("MOEBENCH_CACHE"), filepath.Join(out, "kernel-cache")) // the kernels the runs before compiled
 	cmd := exec.Command("bash", "../../scripts/gpu-check.sh", "twoproc", out)
 	cmd.Env = append(os.Environ(), "MOEBENCH_TEST_PROCESS=1", "MOEBENCH_BIN="+os.Args[0], "PATH="+filepath.Dir(smi)+":"+os.Getenv("PATH"),
-		"TWOPROC_FLAGS=--experts 16 --tokens 16 --hidden 128 --ffn 16 --warmup 1 --iters 2 --comm-timeout 20s", "FAKENCCL_TIMEOUT_S=120")
+		"TWOPROC_FLAGS=--experts 16 --tokens 16 --hidden 128 --ffn 16 --warmup 1 --iters 2 --comm-timeout 20s", "TWOPROC_HYBRIDEP_FLAGS=--sms 2",
+		"FAKENCCL_TIMEOUT_S=120")
 	b, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("%v:\n%s", err, b)
 	}
-	for _, name := range []string{"twoproc-alltoall-nccl-ep2", "twoproc-ncclep-ht-ep2", "twoproc-ncclep-ll-ep2"} {
+	for _, name := range []string{"twoproc-alltoall-nccl-ep2", "twoproc-hybridep-ep2-d1", "twoproc-ncclep-ht-ep2", "twoproc-ncclep-ll-ep2"} {
 		if !strings.Contains(string(b), name+" ") {
 			t.Errorf("no %s in the output:\n%s", name, b)
 		}
 	}
 	recs, err := results.ReadFile(filepath.Join(out, "records.jsonl"), nil)
-	if err != nil || len(recs) != 3 {
+	if err != nil || len(recs) != 4 {
 		t.Fatalf("%d records, %v; output:\n%s", len(recs), err, b)
 	}
-	for i, d := range []string{"alltoall", "hybridep", "deepep"} {
+	for i, d := range []string{"alltoall", "hybridep", "hybridep", "deepep"} {
 		if rec := recs[i]; rec.Config.Dispatcher != d || rec.Status != results.StatusOK || len(rec.Ranks.Processes) != 2 {
 			t.Errorf("record %d: %s %s: %s", i, rec.Config.Dispatcher, rec.Status, rec.Reason)
 		}
 	}
+}
+
+// TestDistributedHybridEP: hybridep's native implementation at EP 4 over 2
+// processes with --domain 2, each process one NVLink domain of two fake
+// GPUs on a node of its own: inside a domain the kernels store into the
+// peer GPU's memory, between the domains the routing map's rows and the
+// inter-domain path (the rows and probabilities out, the pre-reduced sums
+// back; the gradients the same way in the backward) go over the run's
+// NCCL communicator (the fake's loopback send/recv). Every process exits 0
+// and rank 0 alone writes one record: the training step, whose outputs and
+// gradients pass the float64 check (each process its own ranks'), with
+// inter-node bytes counted and NCCL named as what moves data between the
+// domains. With --domain 1 each process holds two domains: the
+// inter-domain path runs both inside a process and between them. EP 8
+// over 4 processes with --domain 2: four domains, each rank's map rows and
+// inter-domain rows going to three other processes.
+//
+// domain-over-processes (a subtest): --domain 4 and --domain 0 put one
+// domain over both processes: refused on both, naming the flag, its value
+// and the ranks each process drives, before they meet in NCCL.
+//
+// wrong-slot-on-process-1: process 1's kernels pack each row for the other
+// domain at its neighbour's slot (MOEBENCH_TEST_MUTATE): the run fails the
+// check and rank 0 records it.
+//
+// killed: a process killed during the steps makes the other exit naming
+// it within --comm-timeout.
+func TestDistributedHybridEP(t *testing.T) {
+	rv, out := distributedSetup(t)
+	flagsEP := func(ep int, more ...string) []string {
+		return append([]string{"--device", "cuda", "--dispatcher", "hybridep", "--ep", fmt.Sprint(ep), "--experts", "16", "--tokens", "16", "--hidden", "32",
+			"--ffn", "16", "--sms", "2", "--warmup", "1", "--iters", "2", "--rendezvous", rv, "--out", out, "--format", "json", "--comm-timeout", "20s"}, more...)
+	}
+	flags := func(more ...string) []string { return flagsEP(4, more...) }
+	nodes := func(r int) []string { return []string{fmt.Sprintf("MOEBENCH_NODE=node-%d", r)} }
+	for _, c := range []struct{ ep, world, domain int }{{4, 2, 2}, {4, 2, 1}, {8, 4, 2}} {
+		t.Run(fmt.Sprintf("ep%d-over-%d-domain-%d", c.ep, c.world, c.domain), func(t *testing.T) {
+			os.Remove(out)
+			hybridepAcross(t, out, c.ep, launchProcsEnv(t, c.world, nodes, flagsEP(c.ep, "--domain", fmt.Sprint(c.domain))...))
+		})
+	}
+	t.Run("domain-over-processes", func(t *testing.T) {
+		for _, c := range []struct{ domain, says string }{
+			{"4", "--domain 4 puts a domain over several of the 2 processes, which drive 2 ranks each (--ep 4)"},
+			{"0", "--domain 0 (one domain of all 4 ranks) puts a domain over several of the 2 processes, which drive 2 ranks each (--ep 4)"},
+		} {
+			os.Remove(out)
+			ps := launchProcs(t, 2, flags("--domain", c.domain)...)
+			for r, p := range ps {
+				err := p.wait(t, time.Minute)
+				msg := p.stdout.String() + p.stderr.String()
+				if err == nil || !strings.Contains(msg, c.says) || !strings.Contains(msg, "a --domain that divides 2 runs") {
+					t.Errorf("--domain %s, process %d: %v; output:\n%s", c.domain, r, err, msg)
+				}
+				if strings.Contains(p.stderr.String(), "ncclCommInitRank") {
+					t.Errorf("process %d met in NCCL for a run it refuses:\n%s", r, p.stderr.String())
+				}
+			}
+			if recs, _ := results.ReadFile(out, nil); len(recs) > 1 || len(recs) == 1 && recs[0].Status != results.StatusUnavailable {
+				t.Errorf("--domain %s: %d records; %+v", c.domain, len(recs), recs)
+			}
+		}
+	})
+	t.Run("wrong-slot-on-process-1", func(t *testing.T) {
+		os.Remove(out)
+		ps := launchProcsEnv(t, 2, func(r int) []string {
+			if r == 1 {
+				return []string{"MOEBENCH_TEST_MUTATE=hybridep_pack_slot"}
+			}
+			return nil
+		}, flags("--domain", "2")...)
+		for r, p := range ps {
+			if err := p.wait(t, 4*time.Minute); err == nil {
+				t.Errorf("process %d exited 0; stderr:\n%s", r, p.stderr.String())
+			}
+		}
+		if !strings.Contains(ps[1].stderr.String(), "moebench test: planted a bug in hybridep_pack_slot") {
+			t.Fatalf("process 1 ran no planted bug; stderr:\n%s", ps[1].stderr.String())
+		}
+		recs, err := results.ReadFile(out, nil)
+		if err != nil || len(recs) != 1 {
+			t.Fatalf("%d records, %v; process 0's stderr:\n%s", len(recs), err, ps[0].stderr.String())
+		}
+		if c := recs[0].Correctness; recs[0].Status != results.StatusFailed || c == nil || c.Passed || recs[0].Timing != nil ||
+			!strings.Contains(recs[0].Reason, "process 1: max relative error") {
+			t.Fatalf("record: %s: %s; correctness %+v", recs[0].Status, recs[0].Reason, c)
+		}
+		t.Logf("rank 0's record: %s", recs[0].Reason)
+	})
+	t.Run("killed", func(t *testing.T) {
+		killedProcessOf(t, rv, out, "--dispatcher", "hybridep", "--domain", "2", "--sms", "2")
+	})
+}
+
+// hybridepAcross waits for ps, hybridep's processes at EP ep (each on a
+// node of its own), and checks the run's one record: the training step
+// passed, every phase timed on every rank, the bytes between nodes and
+// between domains counted, NCCL named.
+func hybridepAcross(t *testing.T, out string, ep int, ps []*proc) {
+	for r, p := range ps {
+		if err := p.wait(t, 4*time.Minute); err != nil {
+			for q := range ps {
+				t.Logf("process %d's stderr:\n%s", q, ps[q].stderr.String())
+			}
+			t.Fatalf("process %d: %v", r, err)
+		}
+		if r > 0 && (p.stdout.Len() > 0 || !strings.Contains(p.stderr.String(), "rank 0 writes the record")) {
+			t.Errorf("process %d wrote %q; stderr %q", r, p.stdout.String(), p.stderr.String())
+		}
+	}
+	recs, err := results.ReadFile(out, nil)
+	if err != nil || len(recs) != 1 {
+		t.Fatalf("%d records, %v", len(recs), err)
+	}
+	rec := recs[0]
+	c := rec.Correctness
+	if rec.Status != results.StatusOK || c == nil || !c.Passed || !strings.Contains(c.Sample, fmt.Sprintf("each of the %d processes", len(ps))) {
+		t.Fatalf("record: status %s (%s), %+v", rec.Status, rec.Reason, c)
+	}
+	if rec.Config.Pass != results.PassTraining || rec.Timing.Backward == nil || !(rec.Timing.Backward.P50 > 0) {
+		t.Fatalf("pass %q (%q), backward %+v", rec.Config.Pass, rec.Config.PassNote, rec.Timing.Backward)
+	}
+	g := c.Grads
+	if g == nil || !(g.MaxRelErr <= g.Tolerance) || len(g.PerTensor) == 0 || !strings.Contains(g.Note, "each process compares its own ranks'") {
+		t.Fatalf("gradient check %+v", g)
+	}
+	for n, e := range g.PerTensor {
+		if !(e > 0 && e <= g.Tolerance) { // 0 would be a gradient compared with nothing
+			t.Errorf("gradient %s: error %g", n, e)
+		}
+	}
+	if len(rec.Ranks.Processes) != len(ps) || len(rec.Ranks.Devices) != ep || rec.Ranks.Processes[1].Host != "node-1" ||
+		!strings.Contains(rec.Ranks.Note, "NCCL") {
+		t.Fatalf("ranks %+v", rec.Ranks)
+	}
+	// every rank's buffers as its own process sized them (the expert-major
+	// rows each step's preprocessing sizes among them)
+	if rec.Memory == nil || len(rec.Memory.Buffers) == 0 {
+		t.Fatalf("memory %+v", rec.Memory)
+	}
+	for _, b := range rec.Memory.Buffers {
+		if len(b.PerRankBytes) != ep || slices.Contains(b.PerRankBytes, 0) {
+			t.Errorf("buffer %s: %v bytes per rank", b.Name, b.PerRankBytes)
+		}
+	}
+	names := map[string]bool{}
+	for _, ph := range rec.Timing.Phases {
+		names[ph.Name] = true
+		for r, v := range ph.PerRank {
+			if !(v > 0) {
+				t.Errorf("%s: rank %d's time %v", ph.Name, r, v)
+			}
+		}
+	}
+	for _, ph := range []string{"allgather", "preprocess", "dispatch", "combine", "combine-bwd", "dispatch-bwd"} {
+		if !names[ph] {
+			t.Errorf("no phase %s among %v", ph, names)
+		}
+	}
+	tr := rec.Traffic
+	if tr == nil || tr.DispatchOffRank == 0 || tr.InterNodeBytes == 0 || tr.IntraNodeBytes == 0 || !(tr.DispatchInterNodeGBps > 0) ||
+		tr.DispatchInterDomain == 0 || !strings.Contains(tr.Formula, "inter-domain path moved by NCCL") || !strings.Contains(tr.Formula, "the run spans processes") {
+		t.Fatalf("traffic %+v", tr)
+	}
+	t.Logf("%s; max rel err %.2e, gradients %.2e; inter-node %d B, intra-node %d B, inter-domain %d B", rec.Ranks.Note, c.MaxRelErr, g.MaxRelErr,
+		tr.InterNodeBytes, tr.IntraNodeBytes, tr.DispatchInterDomain)
 }

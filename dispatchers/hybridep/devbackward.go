@@ -46,7 +46,7 @@ func (d *Device) combineBackward(p *part) error {
 			return err
 		}
 	}
-	if p.first == 0 { // one part's thread writes it (allgather resets it on the same)
+	if p == &d.parts[0] { // one part's thread writes it (allgather resets it on the same)
 		d.backward = true
 	}
 	return d.dispatchOf(p, true)

@@ -3,6 +3,7 @@ package hybridep
 import (
 	"errors"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/moebench/moebench/dispatchers"
@@ -16,6 +17,22 @@ import (
 // launches go out at once. Every cross-rank wait of the kernels has the
 // run's --comm-timeout; a wait that gives up is reported after the step
 // (StepError) with the rank, phase and wait.
+//
+// In a run that spans processes (DeviceRank.Comm set, another process's
+// ranks without a Dev) every NVLink domain lies inside one process: its
+// ranks keep storing into each other's memory, and between domains the
+// inter-domain path goes over the run's NCCL communicator. The routing map
+// is all-gathered in two parts: the kernel's peer stores into this
+// process's ranks, then NCCL send/recv of each rank's rows with every rank
+// of the other processes, so that each rank's preprocessing — and the
+// sizes of its inter-domain transfers, its own receive counts among them
+// — comes from the whole map without reading another process's memory.
+// Nothing is allocated, launched or read for another process's ranks: in
+// the he_rank and barrier-flag tables their entries name this device's
+// first rank's buffers (the kernels' stores for them land where that
+// rank's own stores already put the same bytes), and each rank's barrier
+// flags for them are set passed once (they meet through NCCL's order on
+// the streams instead).
 
 // NewDevice returns the cuda implementation.
 func NewDevice(impl string, env dispatchers.Env) (dispatchers.DeviceDispatcher, error) {
@@ -44,12 +61,13 @@ type Device struct {
 	parts   []part // one per device, its ranks contiguous
 	st      []devRank
 	sig     *kernels.Signals
-	flags   []kernels.Ptr // per rank: its barrier-flag table (kernels.PeerTables)
-	free    func() error  // the flag tables'
-	comm    kernels.Comm  // the inter-domain path (several domains)
-	progs   programs
-	bug     int32 // tests: breaks the kernels' protocol (hybridep.cu's BUG_*)
-	moved   moved // the last step's, from the routing map
+	comm    kernels.Comm // the inter-domain path (several domains)
+	// world: the run spans processes; comm is the run's communicator (not
+	// closed here) and ranks without a Dev are another process's
+	world bool
+	progs programs
+	bug   int32 // tests: breaks the kernels' protocol (hybridep.cu's BUG_*)
+	moved moved // the last step's, from the routing map
 	// backward: the last step ran the backward (Traffic counts its bytes);
 	// set by the first part's thread, reset in its allgather
 	backward bool
@@ -62,6 +80,7 @@ type part struct {
 	first, count int
 	stream       kernels.Stream
 	table        kernels.Ptr
+	flags        kernels.Ptr // every rank's barrier flags (hybridep.cu's flags)
 	uploaded     []uint64
 	epoch        int32 // device barriers passed (every part counts alike)
 	sends, recvs []kernels.Transfer
@@ -114,9 +133,19 @@ func (d *Device) Bind(shape dispatchers.Shape, ranks []*dispatchers.DeviceRank) 
 	unavailable := func(format string, a ...any) error {
 		return &dispatchers.UnavailableError{Name: Name, Impl: dispatchers.ImplNative, Reason: fmt.Sprintf(format, a...)}
 	}
-	devs, streams := make([]kernels.Device, len(ranks)), make([]kernels.Stream, len(ranks))
+	devs := make([]kernels.Device, len(ranks)) // nil: another process's rank
+	var local []kernels.Device                 // this process's ranks', in rank order
+	var streams []kernels.Stream
 	for r, rk := range ranks {
-		devs[r], streams[r] = rk.Dev, rk.Stream
+		if rk.Dev == nil {
+			d.world = true
+			continue
+		}
+		devs[r] = rk.Dev
+		local, streams = append(local, rk.Dev), append(streams, rk.Stream)
+		if len(d.parts) > 0 && d.parts[len(d.parts)-1].first+d.parts[len(d.parts)-1].count != r {
+			return fmt.Errorf("hybridep: this process's ranks must be contiguous (rank %d)", r)
+		}
 		if r > 0 && rk.Dev != ranks[r-1].Dev {
 			for _, p := range d.parts {
 				if p.dev == rk.Dev {
@@ -129,9 +158,19 @@ func (d *Device) Bind(shape dispatchers.Shape, ranks []*dispatchers.DeviceRank) 
 		}
 		d.parts[len(d.parts)-1].count++
 	}
+	if len(d.parts) == 0 {
+		return fmt.Errorf("hybridep: none of the %d ranks is this process's", len(ranks))
+	}
 	for a := range ranks {
 		for b := range ranks {
-			if a/D == b/D && !devs[a].Reaches(devs[b]) {
+			switch {
+			case a/D != b/D:
+			case devs[a] != nil && devs[b] == nil:
+				return unavailable("ranks %d and %d share an NVLink domain (--domain %d) but rank %d is this process's and rank %d another process's: "+
+					"a domain's ranks store into each other's memory, so a domain must lie inside one process; give a --domain that divides the %d ranks each process drives",
+					min(a, b), max(a, b), D, a, b, len(local))
+			case devs[a] == nil:
+			case devs[a] != nil && !devs[a].Reaches(devs[b]):
 				return unavailable("ranks %d and %d share an NVLink domain (--domain %d) but rank %d's GPU has no peer access to rank %d's: their stores could not reach it", a, b, D, a, b)
 			}
 		}
@@ -141,16 +180,20 @@ func (d *Device) Bind(shape dispatchers.Shape, ranks []*dispatchers.DeviceRank) 
 			return unavailable("--sms %d: a rank's budget above the %d SMs of %s", d.cfg.SMs, sms, p.dev.Name())
 		}
 	}
-	if d.g.M > 1 {
+	if d.world { // the run's communicator, over every process's ranks
+		if d.comm = ranks[d.parts[0].first].Comm; d.comm == nil {
+			return fmt.Errorf("hybridep: rank %d of a run that spans processes has no communicator", d.parts[0].first)
+		}
+	} else if d.g.M > 1 {
 		var err error
 		var no *kernels.NoCommError
-		if d.comm, err = kernels.OpenComm(ranks[0].Threads, devs, streams); errors.As(err, &no) {
+		if d.comm, err = kernels.OpenComm(ranks[0].Threads, local, streams); errors.As(err, &no) {
 			return unavailable("the inter-domain path (NCCL send/recv between the same local ranks of different domains, --domain %d of EP %d): %s", D, shape.EP, no.Reason)
 		} else if err != nil {
 			return err
 		}
 	}
-	if err := d.alloc(devs, streams); err != nil {
+	if err := d.alloc(local, streams); err != nil {
 		d.Close()
 		return err
 	}
@@ -166,7 +209,8 @@ func (d *Device) Bind(shape dispatchers.Shape, ranks []*dispatchers.DeviceRank) 
 }
 
 // alloc allocates every rank's fixed buffers (worst case), events, flag
-// tables and signals, and the devices' he_rank tables.
+// tables and signals, and the devices' he_rank tables: this process's
+// ranks' (devs, in rank order, and their streams).
 func (d *Device) alloc(devs []kernels.Device, streams []kernels.Stream) error {
 	g, h := d.g, int64(d.shape.Hidden)
 	N, T, M := int64(g.N), int64(g.T), int64(g.M)
@@ -174,8 +218,18 @@ func (d *Device) alloc(devs []kernels.Device, streams []kernels.Stream) error {
 	_, _, counts, _, _, _, metaInts := g.metaInts()
 	other := max(M-1, 1)
 	d.st = make([]devRank, g.N)
-	var flagBufs []kernels.Ptr
+	// each rank's barrier flags: zero, and passed for another process's
+	// ranks (mb_barrier waits for each rank's flag ≥ the epoch)
+	flags0 := make([]int32, N)
 	for r, rk := range d.ranks {
+		if rk.Dev == nil {
+			flags0[r] = math.MaxInt32
+		}
+	}
+	for r, rk := range d.ranks {
+		if rk.Dev == nil {
+			continue
+		}
 		s := &d.st[r]
 		var err error
 		// the map in whole 16-byte units (Traffic reads it back as 16-bit words)
@@ -192,7 +246,7 @@ func (d *Device) alloc(devs []kernels.Device, streams []kernels.Stream) error {
 		if err := rk.Dev.Fill16(s.sync, 0, 4, rk.Stream); err != nil {
 			return err
 		}
-		if err := rk.Dev.Fill16(s.flags, 0, 2*N, rk.Stream); err != nil {
+		if err := rk.Dev.Upload(s.flags, flags0, rk.Stream); err != nil {
 			return err
 		}
 		if err := rk.Dev.Fill16(s.meta, 0, 2*int64(metaInts), rk.Stream); err != nil {
@@ -205,16 +259,16 @@ func (d *Device) alloc(devs []kernels.Device, streams []kernels.Stream) error {
 		if s.done, err = rk.Dev.NewEvent(); err != nil {
 			return err
 		}
-		flagBufs = append(flagBufs, s.flags)
+	}
+	for a, rk := range d.ranks {
+		for b, rb := range d.ranks {
+			if rk.Dev != nil && rb.Dev != nil && !rk.Dev.Reaches(rb.Dev) {
+				return &dispatchers.UnavailableError{Name: Name, Impl: dispatchers.ImplNative, Reason: fmt.Sprintf(
+					"the routing map's all-gather and the device barriers store into the memory of every rank of this process: %v", &kernels.NoPeerError{From: a, To: b})}
+			}
+		}
 	}
 	var err error
-	var np *kernels.NoPeerError
-	if d.flags, d.free, err = kernels.PeerTables(devs, flagBufs, streams); errors.As(err, &np) {
-		return &dispatchers.UnavailableError{Name: Name, Impl: dispatchers.ImplNative, Reason: fmt.Sprintf(
-			"the routing map's all-gather and the device barriers store into every rank's memory: %v", np)}
-	} else if err != nil {
-		return err
-	}
 	if d.sig, err = kernels.NewSignals(devs, 0); err != nil {
 		return err
 	}
@@ -222,6 +276,19 @@ func (d *Device) alloc(devs []kernels.Device, streams []kernels.Stream) error {
 	for i := range d.parts {
 		p := &d.parts[i]
 		if p.table, err = p.dev.Alloc(8 * heRankFields * N); err != nil {
+			return err
+		}
+		if p.flags, err = p.dev.Alloc(8 * N); err != nil {
+			return err
+		}
+		t := make([]uint64, N)
+		for r, rk := range d.ranks {
+			t[r] = uint64(d.st[r].flags)
+			if rk.Dev == nil {
+				t[r] = uint64(d.st[p.first].flags)
+			}
+		}
+		if err := p.dev.Upload(p.flags, t, p.stream); err != nil {
 			return err
 		}
 	}
@@ -249,6 +316,10 @@ func (d *Device) table(p *part) []uint64 {
 	t := make([]uint64, heRankFields*len(d.ranks))
 	for r, rk := range d.ranks {
 		s, f := &d.st[r], t[r*heRankFields:(r+1)*heRankFields]
+		if rk.Dev == nil { // another process's: the all-gather's stores land in p's first rank's map, where they already go
+			f[fieldGmap] = uint64(d.st[p.first].gmap)
+			continue
+		}
 		if r < p.first || r >= p.first+p.count {
 			f[fieldGmap], f[fieldRecvX], f[fieldRecvP] = uint64(s.gmap), uint64(s.recvX), uint64(s.recvP)
 			continue
@@ -384,16 +455,43 @@ func (d *Device) resident() error {
 
 // collective is the argument list of the kernels with device barriers.
 func (d *Device) collective(p *part, epoch int32, extra ...any) []any {
-	return append([]any{d.sig.Comm(p.dev, d.timeout), int32(p.first), int32(d.cfg.SMs), epoch, p.table, d.flags[p.first]}, extra...)
+	return append([]any{d.sig.Comm(p.dev, d.timeout), int32(p.first), int32(d.cfg.SMs), epoch, p.table, p.flags}, extra...)
 }
 
 func (d *Device) allgather(p *part) error {
-	if p.first == 0 {
+	if p == &d.parts[0] {
 		d.backward = false
 	}
 	err := d.launch(p, "allgather", true, d.budget(p), d.collective(p, p.epoch+1)...)
 	p.epoch++
-	return err
+	if err != nil || !d.world {
+		return err
+	}
+	return d.gatherMap(p)
+}
+
+// gatherMap, in a run that spans processes, completes the all-gather of
+// the routing map for p's ranks over the run's communicator: each sends
+// its own rows (T·E bytes, stored by the kernel) to every rank of the
+// other processes and receives theirs into its map, on its stream after
+// the kernel.
+func (d *Device) gatherMap(p *part) error {
+	rows := int64(d.g.T * d.g.E)
+	for x := p.first; x < p.first+p.count; x++ {
+		gmap := d.st[x].gmap
+		p.sends, p.recvs = p.sends[:0], p.recvs[:0]
+		for y, ry := range d.ranks {
+			if ry.Dev != nil {
+				continue
+			}
+			p.sends = append(p.sends, kernels.Transfer{Peer: y, Buf: gmap + kernels.Ptr(int64(x)*rows), Bytes: rows})
+			p.recvs = append(p.recvs, kernels.Transfer{Peer: y, Buf: gmap + kernels.Ptr(int64(y)*rows), Bytes: rows})
+		}
+		if err := d.comm.Exchange(x, p.sends, p.recvs); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // preprocess runs the scan on p's ranks and reads their counts (HybridEP's
@@ -445,9 +543,12 @@ func (d *Device) exchange(p *part, combine, bwd bool) error {
 				continue
 			}
 			// x's tile of domain ny, in its send and its receive buffers;
-			// out: x's tokens domain ny needs, in: y's tokens domain nx needs
+			// out: x's tokens domain ny needs, in: y's tokens domain nx
+			// needs — both from x's own preprocessing of the whole map
+			// (its sends to ny, its receives from ny: y's sends to nx), so
+			// that y may be another process's rank
 			at := int64(tile(ny, nx)) * T
-			out, in := int64(d.st[x].counts[g.L+1+ny]), int64(d.st[y].counts[g.L+1+nx])
+			out, in := int64(s.counts[g.L+1+ny]), int64(s.counts[g.L+1+g.M+ny])
 			// probabilities with the dispatch's rows in the forward, with the
 			// combine's in the backward
 			probs := combine == bwd
@@ -527,12 +628,14 @@ func (d *Device) combineOf(p *part, bwd bool) error {
 }
 
 // Traffic counts as the host implementation does, from the last step's
-// routing map (rank 0's copy, read back).
+// routing map (this process's first rank's copy, read back: the whole
+// map, every process's ranks' rows, so every process counts the run's).
 func (d *Device) Traffic() dispatchers.Traffic {
 	g := d.g
 	b := make([]uint16, (g.N*g.T*g.E+1)/2)
-	rk := d.ranks[0]
-	if err := rk.Dev.Download(b, d.st[0].gmap, rk.Stream); err != nil {
+	first := d.parts[0].first
+	rk := d.ranks[first]
+	if err := rk.Dev.Download(b, d.st[first].gmap, rk.Stream); err != nil {
 		return dispatchers.Traffic{Formula: "not counted: " + err.Error()}
 	}
 	gmap := make([]bool, g.N*g.T*g.E)
@@ -546,6 +649,9 @@ func (d *Device) Traffic() dispatchers.Traffic {
 	}
 	if d.comm != nil {
 		t.Formula += "; inter-domain path moved by " + d.comm.Name()
+	}
+	if d.world {
+		t.Formula += "; the run spans processes: each rank's routing-map rows (tokens × experts bytes) also go over it to every rank of the other processes, not counted above"
 	}
 	return t
 }
@@ -579,25 +685,24 @@ func (d *Device) Close() error {
 	}
 	for r := range d.st {
 		s, rk := &d.st[r], d.ranks[r]
+		if rk.Dev == nil { // another process's
+			continue
+		}
 		keep(kernels.Free(rk.Dev, &s.gmap, &s.dprobs, &s.meta, &s.todom, &s.recvX, &s.recvP, &s.idX, &s.idP, &s.sendX, &s.sendP,
 			&s.sync, &s.flags, &rk.ExpertX, &rk.ExpertProbs, &rk.ExpertDY, &rk.DX, &rk.DProbs))
 		s.fixed, s.out, s.grads, s.gradsFixed = 0, kernels.Sized{}, kernels.Sized{}, 0
 	}
 	for i := range d.parts {
-		keep(kernels.Free(d.parts[i].dev, &d.parts[i].table))
-	}
-	if d.free != nil {
-		keep(d.free())
-		d.free = nil
+		keep(kernels.Free(d.parts[i].dev, &d.parts[i].table, &d.parts[i].flags))
 	}
 	if d.sig != nil {
 		keep(d.sig.Free())
 		d.sig = nil
 	}
-	if d.comm != nil {
+	if d.comm != nil && !d.world { // the run's is the layer's
 		keep(d.comm.Close())
-		d.comm = nil
 	}
+	d.comm = nil
 	return first
 }
 

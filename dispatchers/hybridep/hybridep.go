@@ -31,7 +31,10 @@
 //	            map [T, E] and fp32 probabilities [T, E] (HybridEP's
 //	            conversion of topk_idx and topk_weights), and writes its map
 //	            rows into every rank's copy of the global map [N·T, E] (peer
-//	            writes); the probabilities stay home and travel with tokens
+//	            writes; on the cuda device in a run over several processes,
+//	            peer writes to its own process's ranks and NCCL send/recv to
+//	            the others', each domain inside one process); the
+//	            probabilities stay home and travel with tokens
 //	preprocess  each rank, from the global map alone (below): where every
 //	            token it forwards lands in each rank of its domain, where
 //	            each token it receives goes among its expert-major rows, and

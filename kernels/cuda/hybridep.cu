@@ -85,7 +85,10 @@
 // he_rank: one rank's buffers, 8-byte pointers (dispatchers/hybridep
 // uploads a table of every rank's to each GPU: its own ranks' in full, of
 // the other ranks only the buffers a kernel reaches across ranks, gmap,
-// recv_x and recv_p; the rest are null there).
+// recv_x and recv_p; the rest are null there. A rank of another process,
+// in a run that spans processes, has only gmap, the GPU's first rank's:
+// he_allgather's stores for it land where that rank's own already go, and
+// no kernel reaches its other buffers, its domain being in its process).
 typedef struct {
     const bf16 *x;        // [T, H] input
     const int *idx;       // [T, k] experts
