@@ -428,10 +428,11 @@ static void run_part(void *arg) {
     world *w = g->w;
     int me = g->rank, R = g->nranks, L = g->local, k = h->topk, T = h->tokens;
     int hidden = (int)g->cfg.max_token_bytes / 2, ll = g->cfg.algorithm == MB_NCCL_EP_ALGO_LOW_LATENCY;
-    static const char *names[] = {"ncclEpUpdateHandle", "ncclEpDispatch", "ncclEpCombine"};
+    static const char *names[] = {"ncclEpUpdateHandle", "ncclEpDispatch", "ncclEpCombine", "", "ncclEpDispatch (BWD)", "ncclEpCombine (BWD)"};
+    const char *op = names[p->kind + 3 * p->bwd]; // a rank in the backward's call meets only ranks in it
     hidden = p->kind ? (int)p->rows : hidden;
     w->pub[me].x = p->x, w->pub[me].w = p->w, w->pub[me].y = p->x;
-    ncclResult_t r = meet(w, names[p->kind], me, g->timeout_ns);
+    ncclResult_t r = meet(w, op, me, g->timeout_ns);
     if (!r && p->kind == 0) { // this rank's counts per local expert over every rank's routing
         long total = 0;
         for (int l = 0; l < L; l++) {
@@ -492,7 +493,7 @@ static void run_part(void *arg) {
         free(acc);
         free(part);
     }
-    if (!r) r = meet(w, names[p->kind], me, g->timeout_ns);
+    if (!r) r = meet(w, op, me, g->timeout_ns);
     if (r) gpu_failed(g->dev);
     free(p);
 }
@@ -721,8 +722,10 @@ typedef struct {
     uint64_t seq;
     int32_t rank, tokens, algorithm, topk;
     uint32_t recv, experts, token_bytes, max_tokens;
+    int32_t pass, pad[3]; // the call's pass_direction
 } xhdr;
-#define XHDR 48
+#define XHDR 64
+_Static_assert(sizeof(xhdr) == XHDR, "the exchange header's size");
 #define ALIGN16(n) (((n) + 15) / 16 * 16)
 
 typedef int (*memalloc_fn)(unsigned long long *, size_t);
@@ -764,17 +767,18 @@ static void header(xhdr *x, group *g, handle *h, int kind, uint64_t seq) {
 // heard checks every rank's block in recv (blk bytes each) against call
 // kind, number seq: ok, or the error naming the first rank that did not
 // take part or took part in another call.
-static ncclResult_t heard(group *g, const char *recv, size_t blk, int kind, uint64_t seq) {
+static ncclResult_t heard(group *g, const char *recv, size_t blk, int kind, uint64_t seq, int pass) {
     char msg[320];
+    static const char *dir[] = {"", " (BWD)"};
     for (int p = 0; p < g->nranks; p++) {
         const xhdr *x = (const xhdr *)(recv + p * blk);
         if (x->magic != XMAGIC)
             snprintf(msg, sizeof msg, "rank %d: timeout in %s after %lld ms: nothing from rank %d, which did not take part "
                      "(the real library hangs or traps here)", g->rank, call_names[kind], g->timeout_ns / 1000000, p);
-        else if (x->kind >= K_CALLS || x->kind != (uint32_t)kind || x->seq != seq)
-            snprintf(msg, sizeof msg, "rank %d called %s (its collective call %llu of the group) while rank %d called %s (call %llu): "
+        else if (x->kind >= K_CALLS || x->kind != (uint32_t)kind || x->seq != seq || x->pass != pass)
+            snprintf(msg, sizeof msg, "rank %d called %s%s (its collective call %llu of the group) while rank %d called %s%s (call %llu): "
                      "collectives must be called by every rank in the same order", p, x->kind < K_CALLS ? call_names[x->kind] : "an unknown call",
-                     (unsigned long long)x->seq, g->rank, call_names[kind], (unsigned long long)seq);
+                     dir[x->pass == 1], (unsigned long long)x->seq, g->rank, call_names[kind], dir[pass == 1], (unsigned long long)seq);
         else continue;
         return bad(internalError, msg);
     }
@@ -800,7 +804,7 @@ static ncclResult_t host_xchg(group *g, handle *h, int kind, xhdr *all) {
     memset((void *)recv, 0, n);
     ncclResult_t r = xchg(g, send, recv, XHDR, g->stream);
     int failed = !r && sync(g->stream);
-    if (!r) r = heard(g, (const char *)recv, XHDR, kind, seq);
+    if (!r) r = heard(g, (const char *)recv, XHDR, kind, seq, 0);
     if (!r && failed) r = bad(internalError, "NCCL EP's exchange failed on the communicator's GPU");
     memcpy(all, (void *)recv, n);
     memfree(send), memfree(recv);
@@ -872,6 +876,7 @@ static void net_pack(void *arg) {
         char *b = (char *)(h->send + d * h->blk);
         memset(b, 0, h->blk);
         header((xhdr *)b, g, h, kind, p->seq);
+        ((xhdr *)b)->pass = p->bwd;
         if (kind == K_UPDATE || kind == K_DISPATCH) memcpy(blk_idx(b), h->idx, sizeof(int32_t) * T * k);
         if (kind == K_DISPATCH) {
             if (p->w) memcpy(blk_w(b, Tm, k), p->w, sizeof(float) * T * k);
@@ -904,7 +909,7 @@ static void net_unpack(void *arg) {
     char *recv = (char *)h->recv;
 #define BLK(s) (recv + (size_t)(s) * h->blk)
 #define NTOK(s) (((xhdr *)BLK(s))->tokens)
-    if (heard(g, recv, h->blk, kind, p->seq)) {
+    if (heard(g, recv, h->blk, kind, p->seq, p->bwd)) {
         gpu_failed(g->dev);
         free(p);
         return;
