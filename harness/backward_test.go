@@ -242,8 +242,9 @@ func TestTrainingRecord(t *testing.T) {
 // TestCUDADeviceTrainingStep: on the cuda device (here Emu) a run times
 // forward and backward and checks every gradient against the float64
 // reference; deepep's and hybridep's own kernels have their backward too,
-// so neither needs a reason to run forward-only (NCCL EP's library
-// implementations, forward-only with the mode's reason: ncclep_test.go).
+// so neither needs a reason to run forward-only (NCCL EP's: its
+// high-throughput mode trains through the library's backward, its
+// low-latency mode is forward-only with its reason: ncclep_test.go).
 func TestCUDADeviceTrainingStep(t *testing.T) {
 	t.Setenv("MOEBENCH_NVML", "/nonexistent")
 	c := small()

@@ -483,7 +483,7 @@ func (dl *deviceLayer) expertGrads(e int) (dispatchers.ExpertWeights, error) {
 
 // deviceRoundTrip is the device check's backward round trip verdict: not
 // run (the gradient check covers the dispatcher's backward).
-const deviceRoundTrip = "not run on the device: the gradient check covers the dispatcher's backward"
+const deviceRoundTrip = results.RoundTripNotRun + " on the device: the gradient check covers the dispatcher's backward"
 
 // checkGrads compares the gradients of the step check ran with the float64
 // reference and fills cr.Grads, or says in cr.Sample why they were not

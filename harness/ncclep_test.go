@@ -32,20 +32,26 @@ func useFakeNCCLEP(t *testing.T) {
 // each, every rank's calls from its GPU's thread), passes the check
 // against the float64 reference; the record says which design, library
 // and version ran, how it spent SMs, and each library phase's host-call
-// time beside its event time.
+// time beside its event time. The high-throughput mode runs a training
+// step — its backward through the library's pass_direction BWD dispatch
+// and combine — whose every gradient passes the gradient check; the
+// low-latency mode, which has no backward, times the forward alone and
+// says why.
 func TestNCCLEPLayerOnHostSim(t *testing.T) {
 	useHostSimLayer(t)
 	useFakeNCCLEP(t)
 	t.Setenv("NCCL_EP_SHUFFLE_SMS", "3")
 	for _, c := range []struct {
 		dispatcher, design, timeoutMS string
-		phases                        []string
+		phases, calls                 []string
 		detail                        []string
+		train                         bool
 	}{
-		{"hybridep", "HybridEP's design via NCCL EP", "", []string{"shared", "router", "update", "dispatch", "experts", "combine"},
-			[]string{"waits bounded by timeout_ns = --comm-timeout 5s", "forward only: NCCL EP's high-throughput mode has a backward (dispatch and combine with pass_direction BWD"}},
-		{"deepep", "DeepEP low-latency design via NCCL EP", "60000", []string{"shared", "router", "dispatch", "experts", "combine"},
-			[]string{"waits bounded by NCCL_EP_TIMEOUT_MS=60000, which overrides --comm-timeout 5s", "forward only: NCCL EP's low-latency mode has no backward pass"}},
+		{"hybridep", "HybridEP's design via NCCL EP", "", []string{"shared", "router", "update", "dispatch", "experts", "combine",
+			"combine-bwd", "experts-bwd", "dispatch-bwd", "router-bwd", "shared-bwd"}, []string{"update", "dispatch", "combine", "combine-bwd", "dispatch-bwd"},
+			[]string{"waits bounded by timeout_ns = --comm-timeout 5s", "backward: ncclEpDispatch and ncclEpCombine with pass_direction BWD over the forward's handle"}, true},
+		{"deepep", "DeepEP low-latency design via NCCL EP", "60000", []string{"shared", "router", "dispatch", "experts", "combine"}, []string{"dispatch", "combine"},
+			[]string{"waits bounded by NCCL_EP_TIMEOUT_MS=60000, which overrides --comm-timeout 5s", "forward only: NCCL EP's low-latency mode has no backward pass"}, false},
 	} {
 		t.Run(c.dispatcher, func(t *testing.T) {
 			t.Setenv("NCCL_EP_TIMEOUT_MS", c.timeoutMS)
@@ -58,7 +64,7 @@ func TestNCCLEPLayerOnHostSim(t *testing.T) {
 			var names []string
 			for _, p := range rec.Timing.Phases {
 				names = append(names, p.Name)
-				if lib := slices.Contains([]string{"update", "dispatch", "combine"}, p.Name); lib != (p.HostCall != nil) {
+				if lib := slices.Contains(c.calls, p.Name); lib != (p.HostCall != nil) {
 					t.Errorf("phase %s: host call %+v", p.Name, p.HostCall)
 				}
 			}
@@ -76,7 +82,16 @@ func TestNCCLEPLayerOnHostSim(t *testing.T) {
 					t.Errorf("library detail %q: want %q in it", lib.Detail, w)
 				}
 			}
-			if rec.Config.Pass != results.PassForward || !strings.HasPrefix(rec.Config.PassNote, "NCCL EP's") { // never a training step's label on the forward alone; the mode's own reason
+			if g := rec.Correctness.Grads; c.train {
+				// every gradient (input, probability → router, experts' fc1 and fc2, shared) checked against the reference
+				if rec.Config.Pass != results.PassTraining || rec.Config.PassNote != "" || rec.Timing.Backward == nil || g == nil || len(g.PerTensor) < 5 ||
+					!(g.MaxRelErr <= g.Tolerance) || rec.Traffic.CombineBackwardLogical != rec.Traffic.CombineLogical ||
+					rec.Traffic.DispatchBackwardLogical != rec.Traffic.DispatchLogical || !strings.Contains(rec.Traffic.BackwardFormula, "pass_direction BWD") {
+					t.Errorf("pass %q, note %q, gradients %+v, traffic %+v", rec.Config.Pass, rec.Config.PassNote, g, rec.Traffic)
+				} else {
+					t.Logf("gradients: %v", g.PerTensor)
+				}
+			} else if rec.Config.Pass != results.PassForward || !strings.HasPrefix(rec.Config.PassNote, "NCCL EP's") || g != nil { // never a training step's label on the forward alone; the mode's own reason
 				t.Errorf("pass %q, note %q", rec.Config.Pass, rec.Config.PassNote)
 			}
 			var table strings.Builder

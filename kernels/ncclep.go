@@ -290,6 +290,25 @@ func (e *EP) CombineLL(r int, y Ptr, local, slots, hidden int, out, w Ptr, token
 	})
 }
 
+// DispatchHTBackward sends rank r's output gradients dy [tokens, hidden]
+// into the slots the forward's dispatch filled over the handle's routing:
+// r's own into out [rows, hidden] (high throughput's backward dispatch).
+func (e *EP) DispatchHTBackward(r int, dy Ptr, tokens, hidden int, out Ptr, rows int) error {
+	return e.call(r, func() error {
+		return e.Lib.DispatchBackward(e.handles[r], epBF16(dy, tokens, hidden), epBF16(out, rows, hidden), e.streams[r])
+	})
+}
+
+// CombineHTBackward returns rank r's slots' input gradients dx [rows,
+// hidden] and probability gradients dp [rows] to their tokens' ranks: r's
+// tokens' summed into out [tokens, hidden], their k probability gradients
+// into outP [tokens, topk] (high throughput's backward combine).
+func (e *EP) CombineHTBackward(r int, dx, dp Ptr, rows, hidden int, out, outP Ptr, tokens, topk int) error {
+	return e.call(r, func() error {
+		return e.Lib.CombineBackward(e.handles[r], epBF16(dx, rows, hidden), epF32(dp, rows), epBF16(out, tokens, hidden), epF32(outP, tokens, topk), e.streams[r])
+	})
+}
+
 // Close destroys every rank's handle, group and communicator (the run's
 // communicators are left to their owner) on its thread.
 func (e *EP) Close() error {

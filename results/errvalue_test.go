@@ -44,3 +44,30 @@ func TestNonFiniteErrors(t *testing.T) {
 		}
 	}
 }
+
+// TestGradVerdictWithoutRoundTrip: the table's gradient verdict is PASS for
+// gradients under the tolerance whose backward round trip was not run (the
+// cuda device's), FAIL for one over it or a round trip that differed.
+func TestGradVerdictWithoutRoundTrip(t *testing.T) {
+	for _, c := range []struct {
+		err       float64
+		roundTrip string
+		want      string
+	}{
+		{0.005, RoundTripNotRun + " on the device: the gradient check covers the dispatcher's backward", "PASS"},
+		{0.005, "exact", "PASS"},
+		{0.005, "input differs at token 3", "FAIL"},
+		{0.5, RoundTripNotRun + " on the device", "FAIL"},
+	} {
+		r := sample(StatusOK)
+		r.Correctness = &Correctness{Checked: true, Passed: true, MaxRelErr: 0.001, Tolerance: 0.02, RoundTrip: "exact",
+			Grads: &GradCheck{MaxRelErr: c.err, Tolerance: 0.02, PerTensor: map[string]float64{"input": c.err}, RoundTrip: c.roundTrip}}
+		var b strings.Builder
+		if err := WriteTable(&b, r); err != nil {
+			t.Fatal(err)
+		}
+		if want := "# gradients              " + c.want + " ·"; !strings.Contains(b.String(), want) {
+			t.Errorf("error %g, round trip %q: want %q in\n%s", c.err, c.roundTrip, want, b.String())
+		}
+	}
+}

@@ -485,10 +485,16 @@ type GradCheck struct {
 	PerTensor map[string]float64 `json:"per_tensor"`
 	// RoundTrip is the dispatcher's backward alone, with experts that
 	// multiply each row by its probability: "exact" when every gradient
-	// came back bit for bit, else the first difference.
+	// came back bit for bit, else the first difference; "not run…"
+	// (RoundTripNotRun) where it was not run (the cuda device, whose
+	// gradient check covers the dispatcher's backward).
 	RoundTrip string `json:"round_trip"`
 	Note      string `json:"note"` // how the upstream gradient was drawn, and where the weight gradients' sums come from
 }
+
+// RoundTripNotRun starts a GradCheck's RoundTrip that was not run: no
+// failure.
+const RoundTripNotRun = "not run"
 
 // StatusLine is "STATUS: REASON" for a failed or unavailable record, its
 // reason without the "DISPATCHER (IMPL): STATUS: " prefix an error of the

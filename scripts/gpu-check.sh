@@ -148,6 +148,8 @@ step sweep-hybridep 300 "$mb" sweep --device cuda --presets qwen3-30b-a3b --ep 8
 # a one-GPU node EP 1 (a single rank, untested upstream). Where the library,
 # NCCL's Device API, nvcc or its headers are missing the runs are recorded
 # unavailable, with the reason (doctor.txt says what was found where).
+# hybridep's is a training step: its backward is the library's own
+# (pass_direction BWD), its gradients checked; deepep's times the forward.
 layer ncclep-ht-qwen3-30b-ep1 --preset qwen3-30b-a3b --ep 1 --dispatcher hybridep --impl library
 layer ncclep-ll-qwen3-30b-ep1 --preset qwen3-30b-a3b --ep 1 --dispatcher deepep --impl library --tokens 128
 fi

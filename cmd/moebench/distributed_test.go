@@ -689,9 +689,12 @@ func TestDistributedDumpRefused(t *testing.T) {
 // group is created over the run's communicator (each process its own
 // ranks'), and the fake libnccl_ep moves every row between the processes
 // through the fake NCCL's loopback send/recv. Every process exits 0, rank
-// 0 alone writes one record, which passes the float64 check, times the
-// forward with the mode's reason, says where the data moved (inter-node
-// bytes: each process is a node) and which library moved it.
+// 0 alone writes one record, which passes the float64 check, says where
+// the data moved (inter-node bytes: each process is a node) and which
+// library moved it. The high-throughput mode runs a training step across
+// the processes (its backward: the library's pass_direction BWD dispatch
+// and combine), whose gradients pass the gradient check; the low-latency
+// mode times the forward with its reason.
 //
 // gpu-check (a subtest): scripts/gpu-check.sh's two-process step, on a
 // node where doctor finds NCCL EP, runs its two modes as it runs alltoall.
@@ -710,7 +713,7 @@ func TestDistributedNCCLEP(t *testing.T) {
 	hostsim.FakeNCCLEPRuntime(t)
 	shape := []string{"--experts", "16", "--tokens", "16", "--hidden", "128", "--ffn", "16"} // the low-latency combine takes 128-multiples
 	for _, c := range []struct{ dispatcher, design, pass string }{
-		{"hybridep", "HybridEP's design via NCCL EP", "NCCL EP's high-throughput mode has a backward"},
+		{"hybridep", "HybridEP's design via NCCL EP", ""}, // a training step
 		{"deepep", "DeepEP low-latency design via NCCL EP", "NCCL EP's low-latency mode has no backward pass"},
 	} {
 		t.Run(c.dispatcher, func(t *testing.T) {
@@ -740,7 +743,12 @@ func TestDistributedNCCLEP(t *testing.T) {
 			if rec.Status != results.StatusOK || rec.Correctness == nil || !rec.Correctness.Passed || !strings.Contains(rec.Correctness.Sample, "each of the 2 processes") {
 				t.Fatalf("record: status %s, %+v", rec.Status, rec.Correctness)
 			}
-			if rec.Config.Pass != results.PassForward || !strings.Contains(rec.Config.PassNote, c.pass) {
+			if g := rec.Correctness.Grads; c.pass == "" {
+				if rec.Config.Pass != results.PassTraining || rec.Config.PassNote != "" || g == nil || len(g.PerTensor) < 5 || !(g.MaxRelErr <= g.Tolerance) ||
+					rec.Traffic == nil || rec.Traffic.DispatchBackwardLogical != rec.Traffic.DispatchLogical {
+					t.Errorf("pass %q (%s); gradients %+v; traffic %+v", rec.Config.Pass, rec.Config.PassNote, g, rec.Traffic)
+				}
+			} else if rec.Config.Pass != results.PassForward || !strings.Contains(rec.Config.PassNote, c.pass) || g != nil {
 				t.Errorf("pass %q (%s)", rec.Config.Pass, rec.Config.PassNote)
 			}
 			if lib := rec.Library; lib == nil || !strings.HasPrefix(lib.Design, c.design) || !strings.Contains(lib.Detail, "over 2 processes (2 each)") ||

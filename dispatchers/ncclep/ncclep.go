@@ -16,7 +16,9 @@
 // do with one process per GPU, and the groups span every process's ranks.
 // Both use the expert-major layout without padding, so that a rank's
 // received rows are grouped by local expert as moebench's experts compute
-// them. --sms is the group's max_num_sms (0:
+// them. The high-throughput mode has a backward, the library's own
+// (Trainable, backward.go); the low-latency mode has none and runs
+// forward-only (its noBackward). --sms is the group's max_num_sms (0:
 // the library's default); the environment overrides NCCL EP reads are
 // recorded with the run's NCCL_* variables.
 package ncclep
@@ -49,15 +51,13 @@ type mode struct {
 	phases             []string // the dispatcher's own, the experts' excluded
 	defaultSMs         string   // what max_num_sms AUTO means
 	maxTokens          int      // tokens per rank the mode takes, at most (0: no limit stated)
-	noBackward         string   // why its training step's backward does not run through it
+	noBackward         string   // why its training step's backward does not run through it ("": it has one, backward.go)
 }
 
 var (
 	highThroughput = mode{dispatcher: "hybridep", design: "HybridEP's design via NCCL EP (its high-throughput mode: HybridEP's kernels)",
 		algorithm: cuda.EPHighThroughput, phases: []string{"update", "dispatch", "combine"},
-		defaultSMs: "16 SMs for the communication kernels, every SM for the scan and the permute", maxTokens: 8192,
-		noBackward: "NCCL EP's high-throughput mode has a backward (dispatch and combine with pass_direction BWD: the combine's and the dispatch's duals), " +
-			"not driven by moebench in this build, so the step times the forward alone"}
+		defaultSMs: "16 SMs for the communication kernels, every SM for the scan and the permute", maxTokens: 8192}
 	lowLatency = mode{dispatcher: "deepep", design: "DeepEP low-latency design via NCCL EP (its low-latency mode; not DeepEP's normal mode)",
 		algorithm: cuda.EPLowLatency, phases: []string{"dispatch", "combine"}, defaultSMs: "every SM",
 		noBackward: "NCCL EP's low-latency mode has no backward pass (pass_direction is high-throughput only), and its combine applies the routing weights, " +
@@ -87,7 +87,11 @@ func newDevice(m mode, env dispatchers.Env) (dispatchers.DeviceDispatcher, error
 	if timeout <= 0 {
 		timeout = dispatchers.DefaultCommTimeout
 	}
-	return &Device{m: m, lib: lib, sms: env.SMs, timeout: timeout}, nil
+	d := &Device{m: m, lib: lib, sms: env.SMs, timeout: timeout}
+	if m.noBackward == "" {
+		return &Trainable{d}, nil
+	}
+	return d, nil
 }
 
 func unavailable(m mode, format string, a ...any) error {
@@ -114,18 +118,20 @@ type Device struct {
 
 // devRank is one rank's buffers and the last step's host calls.
 type devRank struct {
-	counts   kernels.Ptr    // int32 [L+1]: rows per local expert (and, high throughput, their total)
-	mapped   kernels.Mapped // the counts on the host
-	host     []int32
-	recvX    kernels.Ptr // the received rows: HT [rows, h]; LL [L, slots, h]
-	recvW    kernels.Ptr // HT: their routing weights [rows] fp32
-	recvY    kernels.Ptr // LL: the experts' outputs [L, slots, h]
-	sum      kernels.Ptr // combine's output before the shared expert is added [T, h] (0: combine writes Y)
-	identity kernels.Ptr // [T] int32 0…T−1: the shared expert's add as an unpermute of one row a token
-	work     []dispatchers.DeviceWork
-	callMS   map[string]float64 // the last step's library calls, wall time per phase
-	last     string             // the last library call (for errors)
-	bytes    int64
+	counts    kernels.Ptr    // int32 [L+1]: rows per local expert (and, high throughput, their total)
+	mapped    kernels.Mapped // the counts on the host
+	host      []int32
+	recvX     kernels.Ptr // the received rows: HT [rows, h]; LL [L, slots, h]
+	recvW     kernels.Ptr // HT: their routing weights [rows] fp32
+	recvY     kernels.Ptr // LL: the experts' outputs [L, slots, h]
+	sum       kernels.Ptr // combine's output before the shared expert is added [T, h] (0: combine writes Y)
+	identity  kernels.Ptr // [T] int32 0…T−1: the shared expert's add as an unpermute of one row a token
+	work      []dispatchers.DeviceWork
+	callMS    map[string]float64 // the last step's library calls, wall time per phase
+	last      string             // the last library call (for errors)
+	bytes     int64
+	backward  bool  // the last step ran the backward (high throughput)
+	gradBytes int64 // the backward's buffers: DX, DProbs, ExpertDY
 }
 
 func (d *Device) Name() string { return d.m.dispatcher }
@@ -287,6 +293,7 @@ func (d *Device) timed(r int, phase, call string, f func() error) error {
 func (d *Device) update(r int) error {
 	s, rk, sh := &d.st[r], d.ranks[r], d.shape
 	clear(s.callMS)
+	s.backward = false
 	L := sh.LocalExperts()
 	if err := d.timed(r, "update", "ncclEpUpdateHandle", func() error {
 		return d.ep.Update(r, rk.Idx, sh.Tokens, sh.TopK, s.counts, L)
@@ -431,7 +438,11 @@ func (d *Device) Library() dispatchers.LibraryInfo {
 	} else {
 		detail += "; the routing weights are applied in the combine, not before the expert's second GEMM (DeepEP's low-latency contract)"
 	}
-	detail += "; forward only: " + d.m.noBackward
+	if d.m.noBackward != "" {
+		detail += "; forward only: " + d.m.noBackward
+	} else {
+		detail += "; " + backwardDetail
+	}
 	return dispatchers.LibraryInfo{Design: d.m.design, Name: "NCCL EP", Version: d.lib.Version, Path: d.lib.Path, Detail: detail, SMs: sms}
 }
 
@@ -479,12 +490,19 @@ func (d *Device) Traffic() dispatchers.Traffic {
 	if d.m.algorithm == cuda.EPHighThroughput {
 		w = 4
 	}
-	return dispatchers.Traffic{DispatchOffRank: off * (row + w), DispatchLogical: all * (row + w), CombineOffRank: off * row, CombineLogical: all * row,
+	tr := dispatchers.Traffic{DispatchOffRank: off * (row + w), DispatchLogical: all * (row + w), CombineOffRank: off * row, CombineLogical: all * row,
 		Formula: fmt.Sprintf("dispatch = copies × (hidden×2 B bf16%s); combine = copies × hidden×2 B; a copy is one (token, expert) pair "+
 			"(the expert-major layout's slot); off-rank excludes copies to the token's own rank%s; moved by %s", map[bool]string{true: " + 4 B fp32 routing weight", false: ""}[w > 0],
 			map[bool]string{true: "; every process counts its own ranks' copies, summed over the run's communicator", false: ""}[d.world != nil], d.Transport()),
 		DispatchAlgorithm: all * row, CombineAlgorithm: all * row,
 		AlgorithmFormula: "rows received × hidden × 2 B, a rank's rows to itself included (DeepEP's convention; ep_bench counts the low-latency mode so)"}
+	if d.ranBackward() { // the same copies the other way
+		tr.CombineBackwardOffRank, tr.CombineBackwardLogical = off*row, all*row
+		tr.DispatchBackwardOffRank, tr.DispatchBackwardLogical = off*(row+4), all*(row+4)
+		tr.BackwardFormula = "as the forward's copies: combine-bwd (ncclEpDispatch, pass_direction BWD) = copies × hidden×2 B bf16 output gradient; " +
+			"dispatch-bwd (ncclEpCombine, pass_direction BWD) = copies × (hidden×2 B bf16 input gradient + 4 B fp32 probability gradient)"
+	}
+	return tr
 }
 
 // sumOverProcesses sums this process's counts with every other's: its
@@ -534,7 +552,7 @@ func (d *Device) sumOverProcesses(off, all int64) (int64, int64, error) {
 }
 
 // Footprint is the bytes of rank r's buffers (not the library's own).
-func (d *Device) Footprint(r int) int64 { return d.st[r].bytes }
+func (d *Device) Footprint(r int) int64 { return d.st[r].bytes + d.st[r].gradBytes }
 
 // Close destroys the handles, groups and communicators, then frees the
 // buffers.
@@ -559,6 +577,10 @@ func (d *Device) Close() error {
 		}
 		rk.Work = nil
 		keep(kernels.Free(rk.Dev, &s.counts, &s.recvX, &s.recvW, &s.recvY, &s.sum, &s.identity))
+		if s.gradBytes > 0 { // the backward's, made by combineBackward
+			keep(kernels.Free(rk.Dev, &rk.DX, &rk.DProbs, &rk.ExpertDY))
+			s.gradBytes = 0
+		}
 		if s.mapped.Host != nil {
 			keep(rk.Dev.FreeMapped(s.mapped))
 			s.mapped = kernels.Mapped{}

@@ -66,7 +66,7 @@ static int ep_update(void *f, void *h, ep_arg *idx, ep_arg *counters, ep_arg *to
 	return mbcall_ncclEpUpdateHandle(f, h, ep_tensor(&ti, idx), ep_layout(&li, ep_tensor(&tc, counters), ep_tensor(&tt, total)), stream);
 }
 
-static int ep_dispatch(void *f, void *h, ep_arg *x, ep_arg *w, ep_arg *out, ep_arg *outW, ep_arg *counters, void *stream) {
+static int ep_dispatch(void *f, void *h, ep_arg *x, ep_arg *w, ep_arg *out, ep_arg *outW, ep_arg *counters, int bwd, void *stream) {
 	mb_ep_tensor tx, tw, to, tow, tc;
 	mb_ep_dispatch_inputs in;
 	mb_ep_dispatch_outputs o;
@@ -79,12 +79,13 @@ static int ep_dispatch(void *f, void *h, ep_arg *x, ep_arg *w, ep_arg *out, ep_a
 	in.tokens = ep_tensor(&tx, x), in.topk_weights = ep_tensor(&tw, w);
 	o.size = MB_NCCL_EP_DISPATCH_OUTPUTS_V1_SIZE, o.magic = MB_NCCL_EP_MAGIC;
 	o.tokens = ep_tensor(&to, out), o.topk_weights = ep_tensor(&tow, outW);
-	c.size = MB_NCCL_EP_DISPATCH_CONFIG_V1_SIZE, c.magic = MB_NCCL_EP_MAGIC; // forward, not staged
+	c.size = MB_NCCL_EP_DISPATCH_CONFIG_V1_SIZE, c.magic = MB_NCCL_EP_MAGIC; // not staged
+	c.pass_direction = bwd; // NCCL_EP_FWD_PASS 0, NCCL_EP_BWD_PASS 1
 	return mbcall_ncclEpDispatch(f, h, &in, &o, ep_layout(&li, ep_tensor(&tc, counters), 0), &c, stream);
 }
 
-static int ep_combine(void *f, void *h, ep_arg *x, ep_arg *out, ep_arg *outW, void *stream) {
-	mb_ep_tensor tx, to, tow;
+static int ep_combine(void *f, void *h, ep_arg *x, ep_arg *w, ep_arg *out, ep_arg *outW, int bwd, void *stream) {
+	mb_ep_tensor tx, tw, to, tow;
 	mb_ep_combine_inputs in;
 	mb_ep_combine_outputs o;
 	mb_ep_combine_config c;
@@ -92,10 +93,11 @@ static int ep_combine(void *f, void *h, ep_arg *x, ep_arg *out, ep_arg *outW, vo
 	memset(&o, 0, sizeof o);
 	memset(&c, 0, sizeof c);
 	in.size = MB_NCCL_EP_COMBINE_INPUTS_V1_SIZE, in.magic = MB_NCCL_EP_MAGIC;
-	in.tokens = ep_tensor(&tx, x);
+	in.tokens = ep_tensor(&tx, x), in.topk_weights = ep_tensor(&tw, w);
 	o.size = MB_NCCL_EP_COMBINE_OUTPUTS_V1_SIZE, o.magic = MB_NCCL_EP_MAGIC;
 	o.tokens = ep_tensor(&to, out), o.topk_weights = ep_tensor(&tow, outW);
 	c.size = MB_NCCL_EP_COMBINE_CONFIG_V1_SIZE, c.magic = MB_NCCL_EP_MAGIC;
+	c.pass_direction = bwd;
 	return mbcall_ncclEpCombine(f, h, &in, &o, &c, stream);
 }
 */
@@ -290,14 +292,32 @@ func (e *NCCLEP) UpdateHandle(h EPHandle, idx, counters, total EPTensor, s Strea
 // experts' ranks into out (with outW); in low-latency mode counters [L]
 // receives each local expert's rows (ncclEpDispatch, forward, collective).
 func (e *NCCLEP) Dispatch(h EPHandle, x, w, out, outW, counters EPTensor, s Stream) error {
-	return e.check("ncclEpDispatch", C.ep_dispatch(e.fn["ncclEpDispatch"], unsafe.Pointer(h), x.arg(), w.arg(), out.arg(), outW.arg(), counters.arg(), unsafe.Pointer(s)))
+	return e.check("ncclEpDispatch", C.ep_dispatch(e.fn["ncclEpDispatch"], unsafe.Pointer(h), x.arg(), w.arg(), out.arg(), outW.arg(), counters.arg(), 0, unsafe.Pointer(s)))
+}
+
+// DispatchBackward sends x [tokens, hidden] (the output gradients) to the
+// slots the forward's dispatch filled, over h's routing, into out (high
+// throughput only: ncclEpDispatch with pass_direction NCCL_EP_BWD_PASS,
+// no routing weights in or out; collective).
+func (e *NCCLEP) DispatchBackward(h EPHandle, x, out EPTensor, s Stream) error {
+	return e.check("ncclEpDispatch", C.ep_dispatch(e.fn["ncclEpDispatch"], unsafe.Pointer(h), x.arg(), EPTensor{}.arg(), out.arg(), EPTensor{}.arg(), EPTensor{}.arg(), 1, unsafe.Pointer(s)))
 }
 
 // Combine returns the expert outputs x to their tokens' ranks, summed per
 // token into out (in low-latency mode weighted by outW [tokens, topk])
 // (ncclEpCombine, forward, collective).
 func (e *NCCLEP) Combine(h EPHandle, x, out, outW EPTensor, s Stream) error {
-	return e.check("ncclEpCombine", C.ep_combine(e.fn["ncclEpCombine"], unsafe.Pointer(h), x.arg(), out.arg(), outW.arg(), unsafe.Pointer(s)))
+	return e.check("ncclEpCombine", C.ep_combine(e.fn["ncclEpCombine"], unsafe.Pointer(h), x.arg(), EPTensor{}.arg(), out.arg(), outW.arg(), 0, unsafe.Pointer(s)))
+}
+
+// CombineBackward returns the slots' input gradients x [rows, hidden] and
+// their weight gradients w (expert-major: [rows], one a slot) to their
+// tokens' ranks: each token's rows summed into out [tokens, hidden], its
+// k weight gradients into outW [tokens, topk] in the forward's k order
+// (high throughput only: ncclEpCombine with pass_direction
+// NCCL_EP_BWD_PASS; collective).
+func (e *NCCLEP) CombineBackward(h EPHandle, x, w, out, outW EPTensor, s Stream) error {
+	return e.check("ncclEpCombine", C.ep_combine(e.fn["ncclEpCombine"], unsafe.Pointer(h), x.arg(), w.arg(), out.arg(), outW.arg(), 1, unsafe.Pointer(s)))
 }
 
 // EPRuntime is where NCCL EP's run-time compile finds its tools, as the

@@ -392,3 +392,197 @@ func TestNCCLEPDoctor(t *testing.T) {
 		t.Errorf("another library: %+v", c)
 	}
 }
+
+// TestNCCLEPBackward: the high-throughput backward of NCCL EP's contract
+// (pass_direction NCCL_EP_BWD_PASS over the forward's handle), on the fake,
+// in one process and across processes (FAKENCCL_NET), as nccl_ep's own
+// test_ht_bwd.cu checks it: a backward combine of the forward dispatch's
+// outputs returns each token's routing weights in its k order and its rows
+// summed; a backward dispatch of new rows fills the slots the forward
+// filled; a backward combine without its topk_weights is refused; a rank
+// in the backward combine while the other is in the forward's fails the
+// collective rule; the low-latency mode refuses BWD (ncclInvalidUsage).
+func TestNCCLEPBackward(t *testing.T) {
+	for _, net := range []bool{false, true} {
+		t.Run(map[bool]string{false: "one-process", true: "across-processes"}[net], func(t *testing.T) {
+			if net {
+				t.Setenv("FAKENCCL_NET", "1")
+				t.Setenv("FAKENCCL_TIMEOUT_S", "120")
+			}
+			testEPBackward(t)
+		})
+	}
+}
+
+func testEPBackward(t *testing.T) {
+	r := newEPRig(t)
+	const rows = 2 * epTokens * epTopK
+	weight := func(g, tk, j int) float32 { return 0.125 * float32((g+1)*100+(tk+1)*10+j) }
+	var mixed [2]bool // each rank reached the last round (rank 1 calls the forward's combine)
+	errs := r.ranks(func(g int) error {
+		grp, err := r.e.CreateGroup(r.comm[g], r.config(rows))
+		if err != nil {
+			return err
+		}
+		defer r.e.DestroyGroup(grp)
+		h, err := r.e.InitHandle(grp, epTopK)
+		if err != nil {
+			return err
+		}
+		defer r.e.DestroyHandle(h)
+		b := r.buf[g]
+		x, w := make([]uint16, epTokens*epHidden), make([]float32, epTokens*epTopK)
+		for tk := range epTokens {
+			for c := range epHidden {
+				x[tk*epHidden+c] = bf16(float32(g*10 + tk + 1))
+			}
+			for j := range epTopK {
+				w[tk*epTopK+j] = weight(g, tk, j)
+			}
+		}
+		if err := CopyToDevice(r.d, b.x, x, r.s[g]); err != nil {
+			return err
+		}
+		if err := CopyToDevice(r.d, b.w, w, r.s[g]); err != nil {
+			return err
+		}
+		counts := EPTensor{b.counts, NCCLInt32, []int{epExperts / 2}}
+		total := EPTensor{b.counts + DevicePtr(4*epExperts/2), NCCLInt32, []int{1}}
+		if err := r.e.UpdateHandle(h, EPTensor{b.idx, NCCLInt32, []int{epTokens, epTopK}}, counts, total, r.s[g]); err != nil {
+			return err
+		}
+		tok, tw := EPTensor{b.x, NCCLBfloat16, []int{epTokens, epHidden}}, EPTensor{b.w, NCCLFloat32, []int{epTokens, epTopK}}
+		out, outW := EPTensor{b.out, NCCLBfloat16, []int{rows, epHidden}}, EPTensor{b.outW, NCCLFloat32, []int{rows}}
+		if err := r.e.Dispatch(h, tok, tw, out, outW, EPTensor{}, r.s[g]); err != nil {
+			return err
+		}
+		got := make([]int32, epExperts/2+1)
+		if err := CopyFromDevice(r.d, got, b.counts, r.s[g]); err != nil {
+			return err
+		}
+		n := int(got[epExperts/2]) // the received rows: 2 tokens × 2 experts from each rank
+		if n != 8 {
+			return fmt.Errorf("received %d rows, want 8", n)
+		}
+		recv := make([]uint16, n*epHidden)
+		if err := CopyFromDevice(r.d, recv, b.out, r.s[g]); err != nil {
+			return err
+		}
+		// the backward's combine of the forward's outputs, into new buffers
+		dx, err := r.d.Alloc(2 * epTokens * epHidden)
+		if err != nil {
+			return err
+		}
+		defer r.d.Free(dx)
+		dp, err := r.d.Alloc(4 * epTokens * epTopK)
+		if err != nil {
+			return err
+		}
+		defer r.d.Free(dp)
+		in, inW := EPTensor{b.out, NCCLBfloat16, []int{n, epHidden}}, EPTensor{b.outW, NCCLFloat32, []int{n}}
+		gx, gp := EPTensor{dx, NCCLBfloat16, []int{epTokens, epHidden}}, EPTensor{dp, NCCLFloat32, []int{epTokens, epTopK}}
+		if err := r.e.CombineBackward(h, in, EPTensor{}, gx, gp, r.s[g]); err == nil || !strings.Contains(err.Error(), "ncclInvalidArgument") {
+			return fmt.Errorf("a backward combine without inputs->topk_weights: %v", err)
+		}
+		if err := r.e.CombineBackward(h, in, EPTensor{b.outW, NCCLFloat32, []int{n, 1}}, gx, gp, r.s[g]); err == nil || !strings.Contains(err.Error(), "ncclInvalidArgument") {
+			return fmt.Errorf("a backward combine with 2D expert-major topk_weights: %v", err)
+		}
+		if err := r.e.CombineBackward(h, in, inW, gx, gp, r.s[g]); err != nil {
+			return err
+		}
+		sum, probs := make([]uint16, epTokens*epHidden), make([]float32, epTokens*epTopK)
+		if err := CopyFromDevice(r.d, sum, dx, r.s[g]); err != nil {
+			return err
+		}
+		if err := CopyFromDevice(r.d, probs, dp, r.s[g]); err != nil {
+			return err
+		}
+		for tk := range epTokens {
+			for j := range epTopK {
+				if probs[tk*epTopK+j] != w[tk*epTopK+j] {
+					return fmt.Errorf("backward combine: token %d's weight %d came back %v, want %v", tk, j, probs[tk*epTopK+j], w[tk*epTopK+j])
+				}
+			}
+			if v, want := unbf16(sum[tk*epHidden]), 2*float32(g*10+tk+1); v != want { // its 2 copies, both on one rank
+				return fmt.Errorf("backward combine: token %d's row summed to %v, want %v", tk, v, want)
+			}
+		}
+		// the backward's dispatch of new rows: the forward's slots
+		for i := range x {
+			x[i] = bf16(unbf16(x[i]) + 100)
+		}
+		if err := CopyToDevice(r.d, b.x, x, r.s[g]); err != nil {
+			return err
+		}
+		if err := r.e.DispatchBackward(h, tok, out, r.s[g]); err != nil {
+			return err
+		}
+		again := make([]uint16, n*epHidden)
+		if err := CopyFromDevice(r.d, again, b.out, r.s[g]); err != nil {
+			return err
+		}
+		for s := range n {
+			if v, want := unbf16(again[s*epHidden]), unbf16(recv[s*epHidden])+100; v != want {
+				return fmt.Errorf("backward dispatch: slot %d holds %v, want %v (the forward's row there + 100)", s, v, want)
+			}
+		}
+		// the collective rule: one rank in the backward's combine, the other in the forward's
+		mixed[g] = true
+		if g == 1 {
+			err = r.e.Combine(h, in, gx, EPTensor{}, r.s[g])
+		} else {
+			err = r.e.CombineBackward(h, in, inW, gx, gp, r.s[g])
+		}
+		if err == nil {
+			err = r.d.SyncStream(r.s[g])
+		}
+		if err == nil || !strings.Contains(err.Error(), "CUDA_ERROR_LAUNCH_FAILED") {
+			return fmt.Errorf("a backward combine beside another rank's forward combine: %v (want the GPU failed)", err)
+		}
+		return nil
+	})
+	for g, err := range errs {
+		if err != nil {
+			t.Errorf("rank %d: %v", g, err)
+		}
+	}
+	if !mixed[0] || !mixed[1] {
+		t.Fatalf("the collective rule's round ran on ranks %v", mixed)
+	}
+
+	// the low-latency mode: no backward
+	r = newEPRig(t)
+	errs = r.ranks(func(g int) error {
+		c := r.config(0)
+		c.Algorithm = EPLowLatency
+		grp, err := r.e.CreateGroup(r.comm[g], c)
+		if err != nil {
+			return err
+		}
+		defer r.e.DestroyGroup(grp)
+		h, err := r.e.InitHandle(grp, epTopK)
+		if err != nil {
+			return err
+		}
+		defer r.e.DestroyHandle(h)
+		b := r.buf[g]
+		if err := r.e.UpdateHandle(h, EPTensor{b.idx, NCCLInt32, []int{epTokens, epTopK}}, EPTensor{}, EPTensor{}, r.s[g]); err != nil {
+			return err
+		}
+		tok := EPTensor{b.x, NCCLBfloat16, []int{epTokens, epHidden}}
+		if err := r.e.DispatchBackward(h, tok, EPTensor{b.out, NCCLBfloat16, []int{epExperts / 2, 2 * epTokens, epHidden}}, r.s[g]); err == nil ||
+			!strings.Contains(err.Error(), "ncclEpDispatch: ncclInvalidUsage") {
+			return fmt.Errorf("a low-latency backward dispatch: %v", err)
+		}
+		if err := r.e.CombineBackward(h, EPTensor{b.out, NCCLBfloat16, []int{epExperts / 2, 2 * epTokens, epHidden}}, EPTensor{b.outW, NCCLFloat32, []int{8}},
+			tok, EPTensor{b.w, NCCLFloat32, []int{epTokens, epTopK}}, r.s[g]); err == nil || !strings.Contains(err.Error(), "ncclEpCombine: ncclInvalidUsage") {
+			return fmt.Errorf("a low-latency backward combine: %v", err)
+		}
+		return nil
+	})
+	for g, err := range errs {
+		if err != nil {
+			t.Errorf("low latency, rank %d: %v", g, err)
+		}
+	}
+}

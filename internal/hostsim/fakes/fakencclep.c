@@ -32,7 +32,13 @@
 //     bf16 tokens, int32 routing, fp32 weights, rows of 16-byte multiples
 //     (high throughput), a hidden size of 128-multiples (low-latency
 //     combine), max_num_sms within the GPU's SMs, the low-latency mode's
-//     warp groups (ceil(experts / SMs) at most 14), sm_90 or later.
+//     warp groups (ceil(experts / SMs) at most 14), sm_90 or later;
+//   - pass_direction (the header's ncclEpPassDir_t: FWD 0, BWD 1, any
+//     other value ncclInvalidArgument) is high-throughput only: BWD in
+//     low-latency mode is ncclInvalidUsage, as the library returns. A BWD
+//     dispatch takes no routing weights in or out (ncclInvalidArgument if
+//     given); a BWD combine requires inputs->topk_weights (expert-major: 1D
+//     [received rows]) and outputs->topk_weights [tokens, topk] fp32.
 // Two hooks for the tests: $FAKENCCLEP_FAIL names a call that returns
 // ncclInternalError; $FAKENCCLEP_SKIP="call rank" makes that rank's call of
 // it return at once without taking part (as a rank that never called).
@@ -43,7 +49,14 @@
 // expert, in (source rank, token) order; high-throughput combine sums a
 // token's slots of each rank (rounded to bf16, the rank's pre-reduction)
 // then the ranks' sums in float, into bf16; low-latency combine sums the
-// slots times their routing weights in float, into bf16.
+// slots times their routing weights in float, into bf16. The
+// high-throughput backward over the same handle: a BWD dispatch places
+// each token's row (the output gradient) in the slots the forward's did,
+// from the routing the handle was updated with; a BWD combine sums rows as
+// the forward's does and returns each (token, j) slot's weight (the
+// probability gradient) into outputs->topk_weights[token][j], the forward's
+// k order (the library scatters its dense per-expert sums back through
+// the handle's topk_idx).
 #define _GNU_SOURCE // RTLD_DEFAULT
 #define MB_ABI_DECLARE // moebench's prototypes: a definition here that differs does not compile
 #include "abi.h"
@@ -398,6 +411,7 @@ typedef struct part {
     uint16_t *out;
     float *outw;
     long rows;
+    int bwd; // pass_direction BWD (high throughput): dispatch without weights; combine with them (w in, outw [tokens, topk] out)
     unsigned long seq; // net: the call's place in the group's sequence
 } part;
 
@@ -414,10 +428,11 @@ static void run_part(void *arg) {
     world *w = g->w;
     int me = g->rank, R = g->nranks, L = g->local, k = h->topk, T = h->tokens;
     int hidden = (int)g->cfg.max_token_bytes / 2, ll = g->cfg.algorithm == MB_NCCL_EP_ALGO_LOW_LATENCY;
-    static const char *names[] = {"ncclEpUpdateHandle", "ncclEpDispatch", "ncclEpCombine"};
+    static const char *names[] = {"ncclEpUpdateHandle", "ncclEpDispatch", "ncclEpCombine", "", "ncclEpDispatch (BWD)", "ncclEpCombine (BWD)"};
+    const char *op = names[p->kind + 3 * p->bwd]; // a rank in the backward's call meets only ranks in it
     hidden = p->kind ? (int)p->rows : hidden;
     w->pub[me].x = p->x, w->pub[me].w = p->w, w->pub[me].y = p->x;
-    ncclResult_t r = meet(w, names[p->kind], me, g->timeout_ns);
+    ncclResult_t r = meet(w, op, me, g->timeout_ns);
     if (!r && p->kind == 0) { // this rank's counts per local expert over every rank's routing
         long total = 0;
         for (int l = 0; l < L; l++) {
@@ -467,11 +482,18 @@ static void run_part(void *arg) {
                 for (int c = 0; any && c < hidden; c++) acc[c] += ll ? part[c] : bf(tobf(part[c])); // HT: the rank's pre-reduction in bf16
             }
             for (int c = 0; c < hidden; c++) p->out[(long)t * hidden + c] = tobf(acc[c]);
+            for (int j = 0; p->bwd && j < k; j++) { // the (t, j) slot's weight, from the rank that holds it, in the forward's k order
+                p->outw[t * k + j] = 0;
+                for (int d = 0; d < R; d++) {
+                    int at = h->all[d]->slot[(me * (long)g->cfg.max_dispatch_tokens_per_rank + t) * k + j];
+                    if (at >= 0) p->outw[t * k + j] += w->pub[d].w[at];
+                }
+            }
         }
         free(acc);
         free(part);
     }
-    if (!r) r = meet(w, names[p->kind], me, g->timeout_ns);
+    if (!r) r = meet(w, op, me, g->timeout_ns);
     if (r) gpu_failed(g->dev);
     free(p);
 }
@@ -546,6 +568,23 @@ ncclResult_t ncclEpUpdateHandle(void *hp, const mb_ep_tensor *idx, const mb_ep_l
     return queue(p, stream); // HT: the routing map's all-gather and the scan
 }
 
+// direction reads a config's pass_direction into *bwd: NCCL_EP_FWD_PASS (0)
+// or NCCL_EP_BWD_PASS (1), the latter high throughput only (the library
+// refuses it in low-latency mode with ncclInvalidUsage).
+static ncclResult_t direction(int pass, int ll, const char *call, int *bwd) {
+    char msg[160];
+    *bwd = pass == 1;
+    if (pass != 0 && pass != 1) {
+        snprintf(msg, sizeof msg, "%s: pass_direction %d (NCCL_EP_FWD_PASS 0 or NCCL_EP_BWD_PASS 1)", call, pass);
+        return bad(invalidArgument, msg);
+    }
+    if (ll && *bwd) {
+        snprintf(msg, sizeof msg, "%s: backward pass (pass_direction=%d) is not supported in LL mode", call, pass);
+        return bad(invalidUsage, msg);
+    }
+    return ok;
+}
+
 // worst is the high-throughput expert-major slots a rank may receive.
 static long worst(group *g, int topk) {
     if (g->cfg.max_recv_tokens_per_rank) return g->cfg.max_recv_tokens_per_rank;
@@ -570,14 +609,15 @@ ncclResult_t ncclEpDispatch(void *hp, const mb_ep_dispatch_inputs *inp, const mb
     decode(&out, sizeof out, outp);
     if (cfg) decode(&c, sizeof c, cfg);
     if (li) decode(&info, sizeof info, li);
-    if (c.send_only || c.pass_direction || c.quant_recipe) return bad(invalidUsage, "the fake dispatches forward, unstaged and unquantized only");
-    int ll = g->cfg.algorithm == MB_NCCL_EP_ALGO_LOW_LATENCY;
+    if (c.send_only || c.quant_recipe) return bad(invalidUsage, "the fake dispatches unstaged and unquantized only");
+    int ll = g->cfg.algorithm == MB_NCCL_EP_ALGO_LOW_LATENCY, bwd;
+    if ((r = direction(c.pass_direction, ll, "ncclEpDispatch", &bwd))) return r;
     if ((r = tensor(in.tokens, "inputs->tokens", 2, MB_ncclBfloat16, h->tokens, -1, -1, g->dev))) return r;
     long hidden = (long)in.tokens->sizes[1];
     if (2 * hidden > g->cfg.max_token_bytes) return bad(invalidArgument, "token bytes exceed the group's max_token_bytes");
     if ((2 * hidden) % 16) return bad(invalidArgument, "token bytes per token must be 16-byte aligned");
     part *p = calloc(1, sizeof *p);
-    p->h = h, p->kind = 1, p->x = in.tokens->data, p->rows = hidden;
+    p->h = h, p->kind = 1, p->x = in.tokens->data, p->rows = hidden, p->bwd = bwd;
     if (ll) {
         long slots = (long)g->nranks * g->cfg.max_dispatch_tokens_per_rank;
         if (in.topk_weights || out.topk_weights || out.topk_idx) return free(p), bad(invalidArgument, "LL expert-major: no top-k weights or indices in or out");
@@ -588,13 +628,16 @@ ncclResult_t ncclEpDispatch(void *hp, const mb_ep_dispatch_inputs *inp, const mb
     }
     if (li) return free(p), bad(invalidArgument, "HT: layout_info must be NULL in ncclEpDispatch (the counts come with the handle's update)");
     if ((g->local * g->nranks * 4) % 16) return free(p), bad(invalidArgument, "HT dispatch requires experts_per_lsa_team to be a multiple of 4");
-    if ((r = tensor(in.topk_weights, "inputs->topk_weights", 2, MB_ncclFloat32, h->tokens, h->topk, -1, g->dev))) return free(p), r;
+    if (bwd && (in.topk_weights || out.topk_weights || out.topk_idx))
+        return free(p), bad(invalidArgument, "HT backward dispatch: inputs->topk_weights, outputs->topk_weights and outputs->topk_idx must be absent (the routing is the handle's)");
+    if (!bwd && (r = tensor(in.topk_weights, "inputs->topk_weights", 2, MB_ncclFloat32, h->tokens, h->topk, -1, g->dev))) return free(p), r;
     if ((r = tensor(out.tokens, "outputs->tokens", 2, MB_ncclBfloat16, -1, hidden, -1, g->dev))) return free(p), r;
     long rows = (long)out.tokens->sizes[0];
     int eager = !g->cfg.max_recv_tokens_per_rank;
     if (!eager && rows < worst(g, h->topk)) return free(p), bad(invalidArgument, "HT: outputs->tokens must cover max_recv_tokens_per_rank");
-    if ((r = tensor(out.topk_weights, "outputs->topk_weights", 1, MB_ncclFloat32, rows, -1, -1, g->dev))) return free(p), r;
-    p->w = in.topk_weights->data, p->out = out.tokens->data, p->outw = out.topk_weights->data;
+    if (!bwd && (r = tensor(out.topk_weights, "outputs->topk_weights", 1, MB_ncclFloat32, rows, -1, -1, g->dev))) return free(p), r;
+    p->out = out.tokens->data;
+    if (!bwd) p->w = in.topk_weights->data, p->outw = out.topk_weights->data;
     if ((r = queue(p, stream))) return r;
     if (eager) { // the received count read back: a host synchronization (which a part that never meets its peers fails)
         int (*sync)(void *) = (int (*)(void *))fakecuda_sym("cuStreamSynchronize");
@@ -617,9 +660,10 @@ ncclResult_t ncclEpCombine(void *hp, const mb_ep_combine_inputs *inp, const mb_e
     decode(&in, sizeof in, inp);
     decode(&out, sizeof out, outp);
     if (cfg) decode(&c, sizeof c, cfg);
-    if (c.send_only || c.pass_direction || c.quant_recipe) return bad(invalidUsage, "the fake combines forward, unstaged and unquantized only");
-    if (in.topk_weights) return bad(invalidArgument, "forward combine: no input top-k weights");
-    int ll = g->cfg.algorithm == MB_NCCL_EP_ALGO_LOW_LATENCY;
+    if (c.send_only || c.quant_recipe) return bad(invalidUsage, "the fake combines unstaged and unquantized only");
+    int ll = g->cfg.algorithm == MB_NCCL_EP_ALGO_LOW_LATENCY, bwd;
+    if ((r = direction(c.pass_direction, ll, "ncclEpCombine", &bwd))) return r;
+    if (!bwd && in.topk_weights) return bad(invalidArgument, "forward combine: no input top-k weights");
     part *p = calloc(1, sizeof *p);
     p->h = h, p->kind = 2;
     long hidden;
@@ -632,6 +676,14 @@ ncclResult_t ncclEpCombine(void *hp, const mb_ep_combine_inputs *inp, const mb_e
     } else {
         if ((r = tensor(in.tokens, "inputs->tokens", 2, MB_ncclBfloat16, -1, -1, -1, g->dev))) return free(p), r;
         hidden = (long)in.tokens->sizes[1];
+        if (bwd) { // the slots' weight gradients in (expert-major: 1D, a slot's one), each token's k out
+            if (!in.topk_weights || !out.topk_weights)
+                return free(p), bad(invalidArgument, "HT backward combine: inputs->topk_weights and outputs->topk_weights are required");
+            if ((r = tensor(in.topk_weights, "inputs->topk_weights (expert-major: 1D [num_recv_tokens])", 1, MB_ncclFloat32, (long)in.tokens->sizes[0], -1, -1, g->dev)))
+                return free(p), r;
+            if ((r = tensor(out.topk_weights, "outputs->topk_weights", 2, MB_ncclFloat32, h->tokens, h->topk, -1, g->dev))) return free(p), r;
+            p->w = in.topk_weights->data, p->outw = out.topk_weights->data, p->bwd = 1;
+        }
     }
     if ((r = tensor(out.tokens, "outputs->tokens", 2, MB_ncclBfloat16, h->tokens, hidden, -1, g->dev))) return free(p), r;
     p->x = in.tokens->data, p->out = out.tokens->data, p->rows = hidden;
@@ -670,8 +722,10 @@ typedef struct {
     uint64_t seq;
     int32_t rank, tokens, algorithm, topk;
     uint32_t recv, experts, token_bytes, max_tokens;
+    int32_t pass, pad[3]; // the call's pass_direction
 } xhdr;
-#define XHDR 48
+#define XHDR 64
+_Static_assert(sizeof(xhdr) == XHDR, "the exchange header's size");
 #define ALIGN16(n) (((n) + 15) / 16 * 16)
 
 typedef int (*memalloc_fn)(unsigned long long *, size_t);
@@ -713,17 +767,18 @@ static void header(xhdr *x, group *g, handle *h, int kind, uint64_t seq) {
 // heard checks every rank's block in recv (blk bytes each) against call
 // kind, number seq: ok, or the error naming the first rank that did not
 // take part or took part in another call.
-static ncclResult_t heard(group *g, const char *recv, size_t blk, int kind, uint64_t seq) {
+static ncclResult_t heard(group *g, const char *recv, size_t blk, int kind, uint64_t seq, int pass) {
     char msg[320];
+    static const char *dir[] = {"", " (BWD)"};
     for (int p = 0; p < g->nranks; p++) {
         const xhdr *x = (const xhdr *)(recv + p * blk);
         if (x->magic != XMAGIC)
             snprintf(msg, sizeof msg, "rank %d: timeout in %s after %lld ms: nothing from rank %d, which did not take part "
                      "(the real library hangs or traps here)", g->rank, call_names[kind], g->timeout_ns / 1000000, p);
-        else if (x->kind >= K_CALLS || x->kind != (uint32_t)kind || x->seq != seq)
-            snprintf(msg, sizeof msg, "rank %d called %s (its collective call %llu of the group) while rank %d called %s (call %llu): "
+        else if (x->kind >= K_CALLS || x->kind != (uint32_t)kind || x->seq != seq || x->pass != pass)
+            snprintf(msg, sizeof msg, "rank %d called %s%s (its collective call %llu of the group) while rank %d called %s%s (call %llu): "
                      "collectives must be called by every rank in the same order", p, x->kind < K_CALLS ? call_names[x->kind] : "an unknown call",
-                     (unsigned long long)x->seq, g->rank, call_names[kind], (unsigned long long)seq);
+                     dir[x->pass == 1], (unsigned long long)x->seq, g->rank, call_names[kind], dir[pass == 1], (unsigned long long)seq);
         else continue;
         return bad(internalError, msg);
     }
@@ -749,7 +804,7 @@ static ncclResult_t host_xchg(group *g, handle *h, int kind, xhdr *all) {
     memset((void *)recv, 0, n);
     ncclResult_t r = xchg(g, send, recv, XHDR, g->stream);
     int failed = !r && sync(g->stream);
-    if (!r) r = heard(g, (const char *)recv, XHDR, kind, seq);
+    if (!r) r = heard(g, (const char *)recv, XHDR, kind, seq, 0);
     if (!r && failed) r = bad(internalError, "NCCL EP's exchange failed on the communicator's GPU");
     memcpy(all, (void *)recv, n);
     memfree(send), memfree(recv);
@@ -783,7 +838,7 @@ static ncclResult_t net_create_group(group *g, void **out) {
 static ncclResult_t net_init_handle(handle *h) {
     group *g = h->g;
     size_t T = g->cfg.max_dispatch_tokens_per_rank, k = (size_t)h->topk, H = g->cfg.max_token_bytes / 2;
-    size_t update = XHDR + T * k * 4, dispatch = XHDR + T * k * 8 + T * H * 2, combine = XHDR + ALIGN16(T * k) + T * k * H * 2;
+    size_t update = XHDR + T * k * 4, dispatch = XHDR + T * k * 8 + T * H * 2, combine = XHDR + ALIGN16(T * k) + T * k * H * 2 + T * k * 4;
     h->blk = ALIGN16(update > dispatch ? (update > combine ? update : combine) : (dispatch > combine ? dispatch : combine));
     memalloc_fn alloc = (memalloc_fn)fakecuda_sym("cuMemAlloc_v2");
     on(g);
@@ -808,18 +863,20 @@ static float *blk_w(char *b, size_t T, size_t k) { return (float *)(b + XHDR + T
 static uint16_t *blk_rows(char *b, size_t T, size_t k) { return (uint16_t *)(b + XHDR + T * k * 8); }
 static uint8_t *blk_has(char *b) { return (uint8_t *)(b + XHDR); }
 static uint16_t *blk_out(char *b, size_t T, size_t k) { return (uint16_t *)(b + XHDR + ALIGN16(T * k)); }
+static float *blk_cw(char *b, size_t T, size_t k, size_t H) { return (float *)(b + XHDR + ALIGN16(T * k) + T * k * H * 2); } // backward combine: the slots' weights
 
 static void net_pack(void *arg) {
     part *p = arg;
     handle *h = p->h;
     group *g = h->g;
     int me = g->rank, R = g->nranks, L = g->local, k = h->topk, T = h->tokens, kind = p->kind;
-    size_t Tm = g->cfg.max_dispatch_tokens_per_rank, hidden = (size_t)p->rows;
+    size_t Tm = g->cfg.max_dispatch_tokens_per_rank, hidden = (size_t)p->rows, Hm = g->cfg.max_token_bytes / 2;
     memset((void *)h->recv, 0, R * h->blk);
     for (int d = 0; d < R; d++) {
         char *b = (char *)(h->send + d * h->blk);
         memset(b, 0, h->blk);
         header((xhdr *)b, g, h, kind, p->seq);
+        ((xhdr *)b)->pass = p->bwd;
         if (kind == K_UPDATE || kind == K_DISPATCH) memcpy(blk_idx(b), h->idx, sizeof(int32_t) * T * k);
         if (kind == K_DISPATCH) {
             if (p->w) memcpy(blk_w(b, Tm, k), p->w, sizeof(float) * T * k);
@@ -835,6 +892,7 @@ static void net_pack(void *arg) {
                     if (at < 0) continue;
                     blk_has(b)[t * k + j] = 1;
                     memcpy(blk_out(b, Tm, k) + ((size_t)t * k + j) * hidden, p->x + (size_t)at * hidden, 2 * hidden);
+                    if (p->bwd) blk_cw(b, Tm, k, Hm)[t * k + j] = p->w[at];
                 }
         }
     }
@@ -847,11 +905,11 @@ static void net_unpack(void *arg) {
     group *g = h->g;
     int me = g->rank, R = g->nranks, L = g->local, k = h->topk, T = h->tokens, kind = p->kind;
     int ll = g->cfg.algorithm == MB_NCCL_EP_ALGO_LOW_LATENCY;
-    size_t Tm = g->cfg.max_dispatch_tokens_per_rank, hidden = (size_t)p->rows;
+    size_t Tm = g->cfg.max_dispatch_tokens_per_rank, hidden = (size_t)p->rows, Hm = g->cfg.max_token_bytes / 2;
     char *recv = (char *)h->recv;
 #define BLK(s) (recv + (size_t)(s) * h->blk)
 #define NTOK(s) (((xhdr *)BLK(s))->tokens)
-    if (heard(g, recv, h->blk, kind, p->seq)) {
+    if (heard(g, recv, h->blk, kind, p->seq, p->bwd)) {
         gpu_failed(g->dev);
         free(p);
         return;
@@ -903,6 +961,11 @@ static void net_unpack(void *arg) {
                 for (size_t c = 0; any && c < hidden; c++) acc[c] += ll ? sum[c] : bf(tobf(sum[c])); // HT: the rank's pre-reduction in bf16
             }
             for (size_t c = 0; c < hidden; c++) p->out[(size_t)t * hidden + c] = tobf(acc[c]);
+            for (int j = 0; p->bwd && j < k; j++) { // the (t, j) slot's weight, from the rank that holds it
+                p->outw[t * k + j] = 0;
+                for (int d = 0; d < R; d++)
+                    if (blk_has(BLK(d))[t * k + j]) p->outw[t * k + j] += blk_cw(BLK(d), Tm, k, Hm)[t * k + j];
+            }
         }
         free(acc);
         free(sum);
