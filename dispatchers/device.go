@@ -123,6 +123,22 @@ func (r *DeviceRank) Rows() int {
 	return n
 }
 
+// HoldGrads holds rank r's backward buffers where the design moves the
+// gradients itself: its input and probability gradients (DX [T, h] bf16,
+// DProbs [T, k] fp32) once, their bytes in *fixed, and its expert rows'
+// output gradients (ExpertDY [r.Rows(), h] bf16) in rows, grown to the
+// step's rows.
+func (r *DeviceRank) HoldGrads(sh Shape, fixed *int64, rows *kernels.Sized) error {
+	T, k, h := int64(sh.Tokens), int64(sh.TopK), int64(sh.Hidden)
+	if r.DX == 0 {
+		held, err := kernels.Resize(r.Dev, 1, kernels.Buf{P: &r.DX, PerRow: 2 * T * h}, kernels.Buf{P: &r.DProbs, PerRow: 4 * T * k})
+		if *fixed = held; err != nil {
+			return err
+		}
+	}
+	return rows.Ensure(r.Dev, r.Stream, r.Rows(), kernels.Buf{P: &r.ExpertDY, PerRow: 2 * h})
+}
+
 // DeviceDispatcher moves token copies between EP ranks on a device. It is
 // also a Phaser or Phased (NewDevice checks).
 type DeviceDispatcher interface {

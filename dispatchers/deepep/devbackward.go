@@ -1,9 +1,6 @@
 package deepep
 
-import (
-	"github.com/moebench/moebench/dispatchers"
-	"github.com/moebench/moebench/kernels"
-)
+import "github.com/moebench/moebench/dispatchers"
 
 // The backward on device ranks: the host backward's duals (backward.go)
 // with the forward's kernels over the forward's handle (send_head, the
@@ -38,17 +35,8 @@ func (d *Device) CombineBackward(r int) error {
 	if g == nil {
 		return nil
 	}
-	sh := d.shape
-	T, k, h := int64(sh.Tokens), int64(sh.TopK), int64(sh.Hidden)
 	for q := g.first; q < g.first+g.n; q++ {
-		s, rk := &d.st[q], d.ranks[q]
-		if rk.DX == 0 {
-			held, err := kernels.Resize(rk.Dev, 1, kernels.Buf{P: &rk.DX, PerRow: 2 * T * h}, kernels.Buf{P: &rk.DProbs, PerRow: 4 * T * k})
-			if s.gradsFixed = held; err != nil {
-				return err
-			}
-		}
-		if err := s.grads.Ensure(rk.Dev, rk.Stream, rk.Rows(), kernels.Buf{P: &rk.ExpertDY, PerRow: 2 * h}); err != nil {
+		if err := d.ranks[q].HoldGrads(d.shape, &d.st[q].gradsFixed, &d.st[q].grads); err != nil {
 			return err
 		}
 	}
@@ -72,7 +60,7 @@ func (d *Device) CombineBackward(r int) error {
 		if s.tokens == 0 || rk.Rows() == 0 {
 			continue
 		}
-		if err := rk.Dev.GatherRows(rk.ExpertDY, s.recvX, s.order, sh.TopK, rk.Rows(), sh.Hidden, rk.Stream); err != nil {
+		if err := rk.Dev.GatherRows(rk.ExpertDY, s.recvX, s.order, d.shape.TopK, rk.Rows(), d.shape.Hidden, rk.Stream); err != nil {
 			return err
 		}
 	}

@@ -1,9 +1,6 @@
 package hybridep
 
-import (
-	"github.com/moebench/moebench/dispatchers"
-	"github.com/moebench/moebench/kernels"
-)
+import "github.com/moebench/moebench/dispatchers"
 
 // The backward on device ranks: the host backward's duals (backward.go)
 // as the forward's kernels in their backward forms (hybridep.cu's *_bwd
@@ -32,17 +29,8 @@ func (d *Device) BackwardPhases(experts func(rank int) error) []dispatchers.Step
 // once, ExpertDY to the forward's rows) and dispatches the output
 // gradients.
 func (d *Device) combineBackward(p *part) error {
-	sh := d.shape
-	T, k, h := int64(sh.Tokens), int64(sh.TopK), int64(sh.Hidden)
 	for r := p.first; r < p.first+p.count; r++ {
-		s, rk := &d.st[r], d.ranks[r]
-		if rk.DX == 0 {
-			held, err := kernels.Resize(rk.Dev, 1, kernels.Buf{P: &rk.DX, PerRow: 2 * T * h}, kernels.Buf{P: &rk.DProbs, PerRow: 4 * T * k})
-			if s.gradsFixed = held; err != nil {
-				return err
-			}
-		}
-		if err := s.grads.Ensure(rk.Dev, rk.Stream, rk.Rows(), kernels.Buf{P: &rk.ExpertDY, PerRow: 2 * h}); err != nil {
+		if err := d.ranks[r].HoldGrads(d.shape, &d.st[r].gradsFixed, &d.st[r].grads); err != nil {
 			return err
 		}
 	}
