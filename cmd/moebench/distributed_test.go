@@ -532,12 +532,13 @@ func killedProcess(t *testing.T, rv, out string) {
 	killedProcessOf(t, rv, out, "--dispatcher", "alltoall", "--impl", "library")
 }
 
-// killedProcessOf is killedProcess with the dispatcher's flags.
+// killedProcessOf is killedProcess with the dispatcher's flags (after the
+// default shape's: a shape flag among them replaces its default).
 func killedProcessOf(t *testing.T, rv, out string, dispatcher ...string) {
 	os.Remove(out)
-	ps := launchProcs(t, 2, append(append([]string{"--device", "cuda"}, dispatcher...), "--ep", "4",
+	ps := launchProcs(t, 2, append([]string{"--device", "cuda", "--ep", "4",
 		"--experts", "16", "--tokens", "16", "--hidden", "32", "--ffn", "16", "--warmup", "0", "--iters", "100000",
-		"--rendezvous", rv, "--out", out, "--comm-timeout", "10s")...)
+		"--rendezvous", rv, "--out", out, "--comm-timeout", "10s"}, dispatcher...)...)
 	status := rv + ".p1.status"
 	deadline := time.Now().Add(3 * time.Minute)
 	for { // until process 1 is in its steps
@@ -564,6 +565,30 @@ func killedProcessOf(t *testing.T, rv, out string, dispatcher ...string) {
 	t.Logf("process 0 stopped %v after the kill: %s", took.Round(time.Millisecond), strings.TrimSpace(msg[strings.LastIndex(strings.TrimSpace(msg), "\n")+1:]))
 }
 
+// gpuCheckTwoproc runs scripts/gpu-check.sh's run over two processes (its
+// step twoproc) on a node whose nvidia-smi lists two GPUs (a fake one, and
+// this test binary as moebench on the fake driver), a small layer of the
+// hidden size in hidden ("--hidden N"); it returns the check's folder and
+// its output, and fails the test when the script does.
+func gpuCheckTwoproc(t *testing.T, hidden string) (out string, b []byte) {
+	dir := t.TempDir()
+	smi := filepath.Join(dir, "path", "nvidia-smi")
+	os.MkdirAll(filepath.Dir(smi), 0o755)
+	os.WriteFile(smi, []byte("#!/bin/sh\necho 'GPU 0: Fake GPU 0 (UUID: a)'\necho 'GPU 1: Fake GPU 1 (UUID: b)'\n"), 0o755)
+	out = filepath.Join(dir, "out")
+	os.MkdirAll(out, 0o755)
+	os.Symlink(os.Getenv("MOEBENCH_CACHE"), filepath.Join(out, "kernel-cache")) // the kernels the runs before compiled
+	cmd := exec.Command("bash", "../../scripts/gpu-check.sh", "twoproc", out)
+	cmd.Env = append(os.Environ(), "MOEBENCH_TEST_PROCESS=1", "MOEBENCH_BIN="+os.Args[0], "PATH="+filepath.Dir(smi)+":"+os.Getenv("PATH"),
+		"TWOPROC_FLAGS=--experts 16 --tokens 16 "+hidden+" --ffn 16 --warmup 1 --iters 2 --comm-timeout 20s", "TWOPROC_HYBRIDEP_FLAGS=--sms 2",
+		"FAKENCCL_TIMEOUT_S=120")
+	b, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("%v:\n%s", err, b)
+	}
+	return out, b
+}
+
 // gpuCheckTwoProcesses: scripts/gpu-check.sh's run over two processes, on
 // a node whose nvidia-smi lists two GPUs (a fake one, and this test binary
 // as moebench on the fake driver): EP 2, each process driving one GPU,
@@ -571,21 +596,10 @@ func killedProcessOf(t *testing.T, rv, out string, dispatcher ...string) {
 // domain; each step passes, each process's log is kept beside the step's,
 // and rank 0 appended each run's one record to the check's records.
 func gpuCheckTwoProcesses(t *testing.T) {
-	dir := t.TempDir()
-	smi := filepath.Join(dir, "path", "nvidia-smi")
-	os.MkdirAll(filepath.Dir(smi), 0o755)
-	os.WriteFile(smi, []byte("#!/bin/sh\necho 'GPU 0: Fake GPU 0 (UUID: a)'\necho 'GPU 1: Fake GPU 1 (UUID: b)'\n"), 0o755)
-	out := filepath.Join(dir, "out")
-	os.MkdirAll(out, 0o755)
-	os.Symlink(os.Getenv("MOEBENCH_CACHE"), filepath.Join(out, "kernel-cache")) // the kernels the runs before compiled
-	cmd := exec.Command("bash", "../../scripts/gpu-check.sh", "twoproc", out)
-	cmd.Env = append(os.Environ(), "MOEBENCH_TEST_PROCESS=1", "MOEBENCH_BIN="+os.Args[0], "PATH="+filepath.Dir(smi)+":"+os.Getenv("PATH"),
-		"TWOPROC_FLAGS=--experts 16 --tokens 16 --hidden 32 --ffn 16 --warmup 1 --iters 2 --comm-timeout 20s", "TWOPROC_HYBRIDEP_FLAGS=--sms 2",
-		"FAKENCCL_TIMEOUT_S=120")
-	b, err := cmd.CombinedOutput()
+	out, b := gpuCheckTwoproc(t, "--hidden 32")
 	names := []string{"twoproc-alltoall-nccl-ep2", "twoproc-hybridep-ep2-d1"}
-	if err != nil || !strings.Contains(string(b), "exit 0") {
-		t.Fatalf("%v:\n%s", err, b)
+	if !strings.Contains(string(b), "exit 0") {
+		t.Fatalf("no exit 0:\n%s", b)
 	}
 	for _, name := range names {
 		if !strings.Contains(string(b), name+" ") {
@@ -780,33 +794,7 @@ func TestDistributedNCCLEP(t *testing.T) {
 	}
 	t.Run("gpu-check", gpuCheckNCCLEP)
 	t.Run("killed", func(t *testing.T) {
-		os.Remove(out)
-		ps := launchProcs(t, 2, append([]string{"--device", "cuda", "--dispatcher", "hybridep", "--impl", "library", "--ep", "4", "--warmup", "0", "--iters", "100000",
-			"--rendezvous", rv, "--out", out, "--comm-timeout", "10s"}, shape...)...)
-		status := rv + ".p1.status"
-		deadline := time.Now().Add(3 * time.Minute)
-		for { // until process 1 is in its steps
-			b, _ := os.ReadFile(status)
-			if strings.Contains(string(b), "dispatch") {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("process 1 never reached a step; stderr:\n%s\n%s", ps[0].stderr.String(), ps[1].stderr.String())
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
-		ps[1].cmd.Process.Kill()
-		killed := time.Now()
-		err := ps[0].wait(t, time.Minute)
-		took := time.Since(killed)
-		msg := ps[0].stderr.String()
-		if err == nil || !strings.Contains(msg, "ranks 2–3 (process 1 of 2") || took > 12*time.Second {
-			t.Fatalf("after %v: %v; stderr:\n%s", took, err, msg)
-		}
-		if _, err := os.Stat(out); err == nil {
-			t.Error("a record was written for a run that failed")
-		}
-		t.Logf("process 0 stopped %v after the kill: %s", took.Round(time.Millisecond), strings.TrimSpace(msg[strings.LastIndex(strings.TrimSpace(msg), "\n")+1:]))
+		killedProcessOf(t, rv, out, append([]string{"--dispatcher", "hybridep", "--impl", "library"}, shape...)...)
 	})
 }
 
@@ -816,21 +804,7 @@ func TestDistributedNCCLEP(t *testing.T) {
 // deepep through NCCL EP, each at EP 2 over two processes, each passing
 // with one record appended by rank 0.
 func gpuCheckNCCLEP(t *testing.T) {
-	dir := t.TempDir()
-	smi := filepath.Join(dir, "path", "nvidia-smi")
-	os.MkdirAll(filepath.Dir(smi), 0o755)
-	os.WriteFile(smi, []byte("#!/bin/sh\necho 'GPU 0: Fake GPU 0 (UUID: a)'\necho 'GPU 1: Fake GPU 1 (UUID: b)'\n"), 0o755)
-	out := filepath.Join(dir, "out")
-	os.MkdirAll(out, 0o755)
-	os.Symlink(os.Getenv("MOEBENCH_CACHE"), filepath.Join(out, "kernel-cache")) // the kernels the runs before compiled
-	cmd := exec.Command("bash", "../../scripts/gpu-check.sh", "twoproc", out)
-	cmd.Env = append(os.Environ(), "MOEBENCH_TEST_PROCESS=1", "MOEBENCH_BIN="+os.Args[0], "PATH="+filepath.Dir(smi)+":"+os.Getenv("PATH"),
-		"TWOPROC_FLAGS=--experts 16 --tokens 16 --hidden 128 --ffn 16 --warmup 1 --iters 2 --comm-timeout 20s", "TWOPROC_HYBRIDEP_FLAGS=--sms 2",
-		"FAKENCCL_TIMEOUT_S=120")
-	b, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("%v:\n%s", err, b)
-	}
+	out, b := gpuCheckTwoproc(t, "--hidden 128")
 	for _, name := range []string{"twoproc-alltoall-nccl-ep2", "twoproc-hybridep-ep2-d1", "twoproc-ncclep-ht-ep2", "twoproc-ncclep-ll-ep2"} {
 		if !strings.Contains(string(b), name+" ") {
 			t.Errorf("no %s in the output:\n%s", name, b)
