@@ -3,7 +3,6 @@ package deepep
 import (
 	"errors"
 	"fmt"
-	"os"
 	"reflect"
 	"slices"
 	"strings"
@@ -365,35 +364,16 @@ func emus(n int) []kernels.Device {
 // TestDeviceOnEmu: the device pipeline through the kernels' twins.
 func TestDeviceOnEmu(t *testing.T) { checkDevices(t, emus(2)) }
 
-// fakeGPUs opens n GPUs of the host simulation (hostsim.Setup: the fake
-// driver, the kernels compiled for the CPU).
-func fakeGPUs(t *testing.T, n int) []kernels.Device {
-	comp := hostsim.Setup(t)
-	old := kernels.NewCompiler
-	kernels.NewCompiler = func() (kernels.Compiler, error) { return comp, nil }
-	t.Cleanup(func() { kernels.NewCompiler = old })
-	gs, err := kernels.OpenGPUs(n, n, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	devs := make([]kernels.Device, n)
-	for i, g := range gs {
-		devs[i] = g
-		t.Cleanup(func() { g.Close() })
-	}
-	return devs
-}
-
 // TestDeviceOnHostSim: deepep.cu's kernels on the host simulation, ranks
 // on one fake GPU and on two.
-func TestDeviceOnHostSim(t *testing.T) { checkDevices(t, fakeGPUs(t, 2)) }
+func TestDeviceOnHostSim(t *testing.T) { checkDevices(t, dt.FakeGPUs(t, 2)) }
 
 // TestBrokenProtocolTimesOut: a dispatch whose senders never publish their
 // tail, and a notify barrier one rank never reaches, end by the kernels'
 // timeout with the rank, phase and wait named; a counter the host waits for
 // and no kernel writes ends by the host's deadline, naming it; none hangs
 // (ranks on two fake GPUs).
-func TestBrokenProtocolTimesOut(t *testing.T) { checkBroken(t, fakeGPUs(t, 2)) }
+func TestBrokenProtocolTimesOut(t *testing.T) { checkBroken(t, dt.FakeGPUs(t, 2)) }
 
 // checkBroken breaks the protocol on purpose (deepep.cu's MB_DE_BUG) with
 // two ranks on devs.
@@ -443,18 +423,7 @@ func checkBroken(t *testing.T, devs []kernels.Device) {
 // against the host design bit for bit, broken protocols ending by the
 // timeout, and a budget above the GPU's SMs unavailable.
 func TestGPUDeepEP(t *testing.T) {
-	gs, err := kernels.OpenGPUs(0, 2, t.TempDir())
-	if err != nil {
-		if os.Getenv("MOEBENCH_REQUIRE_GPU") == "1" {
-			t.Fatalf("GPU required: %v", err)
-		}
-		t.Skipf("no GPU: %v", err)
-	}
-	devs := make([]kernels.Device, len(gs))
-	for i, g := range gs {
-		devs[i] = g
-		defer g.Close()
-	}
+	devs := dt.GPUs(t, 2)
 	checkDevices(t, devs)
 	checkBroken(t, devs)
 	sh := dispatchers.Shape{Tokens: 16, Hidden: 8, Experts: 16, TopK: 2, EP: 2}
@@ -470,7 +439,7 @@ func TestGPUDeepEP(t *testing.T) {
 // reason (the fake GPUs have 4 SMs).
 func TestDeviceBudgetUnavailable(t *testing.T) {
 	sh := dispatchers.Shape{Tokens: 16, Hidden: 8, Experts: 16, TopK: 2, EP: 8}
-	devs := fakeGPUs(t, 1)
+	devs := dt.FakeGPUs(t, 1)
 	for _, tc := range []struct {
 		sms  int
 		want string

@@ -3,7 +3,6 @@ package hybridep
 import (
 	"errors"
 	"math/rand/v2"
-	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -311,29 +310,16 @@ func emuDevs(n int) []kernels.Device {
 // domains).
 func TestDeviceOnEmu(t *testing.T) { checkDevices(t, emuDevs) }
 
-// fakeGPUs opens two GPUs of the host simulation (the fake driver and
-// NCCL, the kernels compiled for the CPU).
+// fakeGPUs opens two GPUs of the host simulation with the fake NCCL (the
+// inter-domain path) and 8 SMs each.
 func fakeGPUs(t *testing.T) []kernels.Device {
-	comp := hostsim.Setup(t)
 	nccl, err := hostsim.BuildFake("fakenccl", t.TempDir(), "libnccl.so.2")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Setenv("MOEBENCH_NCCL", nccl)
-	old := kernels.NewCompiler
-	kernels.NewCompiler = func() (kernels.Compiler, error) { return comp, nil }
-	t.Cleanup(func() { kernels.NewCompiler = old })
 	t.Setenv("FAKECUDA_SMS", "8")
-	gs, err := kernels.OpenGPUs(2, 2, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	devs := make([]kernels.Device, len(gs))
-	for i, g := range gs {
-		devs[i] = g
-		t.Cleanup(func() { g.Close() })
-	}
-	return devs
+	return dt.FakeGPUs(t, 2)
 }
 
 // TestDeviceOnHostSim: hybridep.cu's kernels, forward and backward, on the
@@ -380,18 +366,7 @@ func TestBrokenBackwardTimesOut(t *testing.T) {
 // forward and backward (the bulk-copy path where the GPU is sm_90 and its
 // NVRTC ≥ 12).
 func TestGPUHybridEPDevice(t *testing.T) {
-	gs, err := kernels.OpenGPUs(0, 2, t.TempDir())
-	if err != nil {
-		if os.Getenv("MOEBENCH_REQUIRE_GPU") == "1" {
-			t.Fatalf("GPU required: %v", err)
-		}
-		t.Skipf("no GPU: %v", err)
-	}
-	devs := make([]kernels.Device, len(gs))
-	for i, g := range gs {
-		devs[i] = g
-		defer g.Close()
-	}
+	devs := dt.GPUs(t, 2)
 	checkDevices(t, func(n int) []kernels.Device {
 		if n > len(devs) {
 			return nil

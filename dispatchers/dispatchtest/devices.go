@@ -1,0 +1,50 @@
+package dispatchtest
+
+// The devices a dispatcher's device tests run on: real GPUs where the
+// machine has them, the host simulation's otherwise.
+
+import (
+	"os"
+	"testing"
+
+	"github.com/moebench/moebench/internal/hostsim"
+	"github.com/moebench/moebench/kernels"
+)
+
+// GPUs opens up to n of the machine's GPUs, closed with the test; without
+// one the test is skipped (failed with MOEBENCH_REQUIRE_GPU=1).
+func GPUs(t *testing.T, n int) []kernels.Device {
+	t.Helper()
+	gs, err := kernels.OpenGPUs(0, n, t.TempDir())
+	if err != nil {
+		if os.Getenv("MOEBENCH_REQUIRE_GPU") == "1" {
+			t.Fatalf("GPU required: %v", err)
+		}
+		t.Skipf("no GPU: %v", err)
+	}
+	return devices(t, gs)
+}
+
+// FakeGPUs opens n GPUs of the host simulation (hostsim.Setup: the fake
+// driver, the kernels compiled for the CPU), closed with the test.
+func FakeGPUs(t *testing.T, n int) []kernels.Device {
+	t.Helper()
+	comp := hostsim.Setup(t)
+	old := kernels.NewCompiler
+	kernels.NewCompiler = func() (kernels.Compiler, error) { return comp, nil }
+	t.Cleanup(func() { kernels.NewCompiler = old })
+	gs, err := kernels.OpenGPUs(n, n, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return devices(t, gs)
+}
+
+func devices(t *testing.T, gs []*kernels.CUDA) []kernels.Device {
+	devs := make([]kernels.Device, len(gs))
+	for i, g := range gs {
+		devs[i] = g
+		t.Cleanup(func() { g.Close() })
+	}
+	return devs
+}
