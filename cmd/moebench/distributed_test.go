@@ -139,6 +139,39 @@ func (p *proc) wait(t *testing.T, d time.Duration) error {
 	}
 }
 
+// runRecord waits for ps, the processes of one run appending to out, and
+// returns the run's one record: every process exits 0 (else the others
+// are stopped, every stderr logged and the test stops), the processes
+// other than rank 0 print nothing and say that rank 0 writes the record,
+// and the record passed its check, done by each of the processes.
+func runRecord(t *testing.T, out string, ps []*proc) results.Record {
+	t.Helper()
+	for r, p := range ps {
+		if err := p.wait(t, 4*time.Minute); err != nil {
+			for _, q := range ps {
+				q.cmd.Process.Kill()
+				<-q.done
+			}
+			for q := range ps {
+				t.Logf("process %d's stderr:\n%s", q, ps[q].stderr.String())
+			}
+			t.Fatalf("process %d: %v", r, err)
+		}
+		if r > 0 && (p.stdout.Len() > 0 || !strings.Contains(p.stderr.String(), "rank 0 writes the record")) {
+			t.Errorf("process %d wrote %q; stderr %q", r, p.stdout.String(), p.stderr.String())
+		}
+	}
+	recs, err := results.ReadFile(out, nil)
+	if err != nil || len(recs) != 1 {
+		t.Fatalf("%d records, %v", len(recs), err)
+	}
+	rec := recs[0]
+	if c := rec.Correctness; rec.Status != results.StatusOK || c == nil || !c.Passed || !strings.Contains(c.Sample, fmt.Sprintf("each of the %d processes", len(ps))) {
+		t.Fatalf("record: status %s (%s), %+v", rec.Status, rec.Reason, c)
+	}
+	return rec
+}
+
 // distributedSetup prepares the fakes and returns the run's files.
 func distributedSetup(t *testing.T) (rv, out string) {
 	hostsim.Setup(t)
@@ -178,29 +211,7 @@ func TestDistributedRun(t *testing.T) {
 			ps := launchProcsEnv(t, c.world, env, "--device", "cuda", "--dispatcher", "alltoall", "--impl", "library", "--ep", fmt.Sprint(c.ep),
 				"--experts", "16", "--tokens", "16", "--hidden", "32", "--ffn", "16", "--warmup", "1", "--iters", "2",
 				"--rendezvous", rv, "--out", out, "--format", "json", "--comm-timeout", "20s")
-			for r, p := range ps {
-				if err := p.wait(t, 4*time.Minute); err != nil {
-					for _, q := range ps {
-						q.cmd.Process.Kill()
-						<-q.done
-					}
-					for q := range ps {
-						t.Logf("process %d's stderr:\n%s", q, ps[q].stderr.String())
-					}
-					t.Fatalf("process %d: %v", r, err)
-				}
-				if r > 0 && (p.stdout.Len() > 0 || !strings.Contains(p.stderr.String(), "rank 0 writes the record")) {
-					t.Errorf("process %d wrote %q; stderr %q", r, p.stdout.String(), p.stderr.String())
-				}
-			}
-			recs, err := results.ReadFile(out, nil)
-			if err != nil || len(recs) != 1 {
-				t.Fatalf("%d records, %v", len(recs), err)
-			}
-			rec := recs[0]
-			if rec.Status != results.StatusOK || rec.Correctness == nil || !rec.Correctness.Passed || !strings.Contains(rec.Correctness.Sample, fmt.Sprintf("each of the %d processes", c.world)) {
-				t.Fatalf("record: status %s, %+v", rec.Status, rec.Correctness)
-			}
+			rec := runRecord(t, out, ps)
 			// the training step: forward and backward timed, every gradient
 			// checked (each process its own ranks', the router's and shared
 			// expert's summed over the processes)
@@ -735,27 +746,11 @@ func TestDistributedNCCLEP(t *testing.T) {
 			ps := launchProcsEnv(t, 2, func(r int) []string { return []string{fmt.Sprintf("MOEBENCH_NODE=node-%d", r)} },
 				append([]string{"--device", "cuda", "--dispatcher", c.dispatcher, "--impl", "library", "--ep", "4", "--warmup", "1", "--iters", "2",
 					"--rendezvous", rv, "--out", out, "--format", "json", "--comm-timeout", "20s"}, shape...)...)
+			rec := runRecord(t, out, ps)
 			for r, p := range ps {
-				if err := p.wait(t, 4*time.Minute); err != nil {
-					for q := range ps {
-						t.Logf("process %d's stderr:\n%s", q, ps[q].stderr.String())
-					}
-					t.Fatalf("process %d: %v", r, err)
-				}
-				if r > 0 && (p.stdout.Len() > 0 || !strings.Contains(p.stderr.String(), "rank 0 writes the record")) {
-					t.Errorf("process %d wrote %q; stderr %q", r, p.stdout.String(), p.stderr.String())
-				}
 				if strings.Contains(p.stderr.String(), "NCCL EP: ") { // the fake's complaint: a broken contract, even in the teardown
 					t.Errorf("process %d: the fake NCCL EP refused a call:\n%s", r, p.stderr.String())
 				}
-			}
-			recs, err := results.ReadFile(out, nil)
-			if err != nil || len(recs) != 1 {
-				t.Fatalf("%d records, %v", len(recs), err)
-			}
-			rec := recs[0]
-			if rec.Status != results.StatusOK || rec.Correctness == nil || !rec.Correctness.Passed || !strings.Contains(rec.Correctness.Sample, "each of the 2 processes") {
-				t.Fatalf("record: status %s, %+v", rec.Status, rec.Correctness)
 			}
 			if g := rec.Correctness.Grads; c.pass == "" {
 				if rec.Config.Pass != results.PassTraining || rec.Config.PassNote != "" || g == nil || len(g.PerTensor) < 5 || !(g.MaxRelErr <= g.Tolerance) ||
@@ -918,26 +913,8 @@ func TestDistributedHybridEP(t *testing.T) {
 // passed, every phase timed on every rank, the bytes between nodes and
 // between domains counted, NCCL named.
 func hybridepAcross(t *testing.T, out string, ep int, ps []*proc) {
-	for r, p := range ps {
-		if err := p.wait(t, 4*time.Minute); err != nil {
-			for q := range ps {
-				t.Logf("process %d's stderr:\n%s", q, ps[q].stderr.String())
-			}
-			t.Fatalf("process %d: %v", r, err)
-		}
-		if r > 0 && (p.stdout.Len() > 0 || !strings.Contains(p.stderr.String(), "rank 0 writes the record")) {
-			t.Errorf("process %d wrote %q; stderr %q", r, p.stdout.String(), p.stderr.String())
-		}
-	}
-	recs, err := results.ReadFile(out, nil)
-	if err != nil || len(recs) != 1 {
-		t.Fatalf("%d records, %v", len(recs), err)
-	}
-	rec := recs[0]
+	rec := runRecord(t, out, ps)
 	c := rec.Correctness
-	if rec.Status != results.StatusOK || c == nil || !c.Passed || !strings.Contains(c.Sample, fmt.Sprintf("each of the %d processes", len(ps))) {
-		t.Fatalf("record: status %s (%s), %+v", rec.Status, rec.Reason, c)
-	}
 	if rec.Config.Pass != results.PassTraining || rec.Timing.Backward == nil || !(rec.Timing.Backward.P50 > 0) {
 		t.Fatalf("pass %q (%q), backward %+v", rec.Config.Pass, rec.Config.PassNote, rec.Timing.Backward)
 	}
