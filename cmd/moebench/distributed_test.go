@@ -552,12 +552,16 @@ func killedProcessOf(t *testing.T, rv, out string, dispatcher ...string) {
 		"--rendezvous", rv, "--out", out, "--comm-timeout", "10s"}, dispatcher...)...)
 	status := rv + ".p1.status"
 	deadline := time.Now().Add(3 * time.Minute)
-	for { // until process 1 is in its steps
+	for { // until process 1 is in its steps: its status names one of the layer's phases (sampled twice a second)
 		b, _ := os.ReadFile(status)
-		if strings.Contains(string(b), "dispatch") {
+		if strings.Contains(string(b), "dispatch") || strings.Contains(string(b), "experts") {
 			break
 		}
 		if time.Now().After(deadline) {
+			for _, p := range ps { // stopped before their output is read
+				p.cmd.Process.Kill()
+				<-p.done
+			}
 			t.Fatalf("process 1 never reached a step; stderr:\n%s\n%s", ps[0].stderr.String(), ps[1].stderr.String())
 		}
 		time.Sleep(100 * time.Millisecond)
