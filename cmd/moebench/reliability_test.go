@@ -81,3 +81,26 @@ func TestBenchDispatchListsChecked(t *testing.T) {
 		}
 	}
 }
+// TestCommTimeoutZeroIsDefault: --comm-timeout 0 means the default (5s), as
+// the help says, for a run and for bench dispatch; a negative one is
+// refused with the range.
+func TestCommTimeoutZeroIsDefault(t *testing.T) {
+	_, help, _ := cli("--help")
+	if !strings.Contains(help, "(0 = 5s)") {
+		t.Fatal("--help no longer says what --comm-timeout 0 means")
+	}
+	out := filepath.Join(t.TempDir(), "r.jsonl")
+	if code, _, e := cli(append(quick, "--dispatcher", "deepep", "--comm-timeout", "0", "--out", out)...); code != exitOK {
+		t.Fatalf("--comm-timeout 0: exit %d: %s", code, e)
+	}
+	recs, err := results.ReadFile(out, nil)
+	if err != nil || len(recs) != 1 || recs[0].Config.CommTimeoutS != 5 {
+		t.Errorf("--comm-timeout 0 recorded %v, want 5 s (%v)", recs, err)
+	}
+	if code, _, e := cli(append(benchSmall, "--dispatcher", "deepep", "--sms", "8", "--comm-timeout", "0")...); code != exitOK {
+		t.Errorf("bench dispatch --comm-timeout 0: exit %d: %s", code, e)
+	}
+	if code, _, e := cli(append(quick, "--comm-timeout", "-1s")...); code != exitUsage || !strings.Contains(e, "--comm-timeout=-1s: must be in [1ms, 1h] (0 = the default, 5s)") {
+		t.Errorf("--comm-timeout -1s: exit %d, %s", code, e)
+	}
+}
