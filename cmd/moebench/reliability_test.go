@@ -81,6 +81,7 @@ func TestBenchDispatchListsChecked(t *testing.T) {
 		}
 	}
 }
+
 // TestCommTimeoutZeroIsDefault: --comm-timeout 0 means the default (5s), as
 // the help says, for a run and for bench dispatch; a negative one is
 // refused with the range.
