@@ -52,18 +52,7 @@ func bench(args []string, stdout, stderr io.Writer) int {
 	}
 	var o options
 	var format, out string
-	d := harness.DefaultConfig()
-	fs := pflag.NewFlagSet("moebench bench kernels", pflag.ContinueOnError)
-	fs.SortFlags = false
-	fs.StringVar(&o.preset, "preset", "qwen3-30b-a3b", "layer shape preset; the shape flags override it")
-	fs.IntVar(&o.ep, "ep", 8, "expert-parallel ranks: rank 0 holds --experts/--ep experts")
-	addShapeFlags(fs, &o)
-	fs.IntVar(&o.iters, "iters", 20, "timed calls of each kernel")
-	fs.IntVar(&o.warmup, "warmup", 3, "untimed calls first")
-	fs.Uint64Var(&o.seed, "seed", d.Seed, "seed of the random inputs")
-	fs.StringVar(&format, "format", "table", "output: table | json")
-	fs.StringVar(&out, "out", "", benchOutHelp(harness.BenchSchema))
-	addLibFlag(fs, &o.cudaLibs)
+	fs := benchKernelsFlags(&o, &format, &out)
 	if code, ok := parseFlags(fs, args[1:], benchHelp, stdout, stderr); !ok {
 		return code
 	}
@@ -77,6 +66,7 @@ func bench(args []string, stdout, stderr io.Writer) int {
 	if err := checkBenchOut(out, harness.BenchSchema); err != nil {
 		return usageError(stderr, err)
 	}
+	d := harness.DefaultConfig()
 	o.dispatcher, o.impl, o.routing, o.device, o.check, o.feplbBase, o.feplbDyn, o.feplbPolicy, o.commTimeout = d.Dispatcher, d.Impl, "balanced", "cuda", true, d.FeplbBase, d.FeplbDyn, d.FeplbPolicy, d.CommTimeout
 	cfg, err := o.config(fs)
 	if err != nil {
@@ -89,6 +79,23 @@ func bench(args []string, stdout, stderr io.Writer) int {
 	}
 	kb, err := harness.BenchKernels(cfg, harness.Env{Version: version(), DeviceNote: note}, harness.DefaultBenchSizes)
 	return benchResult(stdout, stderr, "kernels", kb, kb != nil, err, format, out, func() { writeBench(stdout, kb) })
+}
+
+// benchKernelsFlags defines bench kernels' flags.
+func benchKernelsFlags(o *options, format, out *string) *pflag.FlagSet {
+	d := harness.DefaultConfig()
+	fs := pflag.NewFlagSet("moebench bench kernels", pflag.ContinueOnError)
+	fs.SortFlags = false
+	fs.StringVar(&o.preset, "preset", "qwen3-30b-a3b", "layer shape preset; the shape flags override it")
+	fs.IntVar(&o.ep, "ep", 8, "expert-parallel ranks: rank 0 holds --experts/--ep experts")
+	addShapeFlags(fs, o)
+	fs.IntVar(&o.iters, "iters", 20, "timed calls of each kernel")
+	fs.IntVar(&o.warmup, "warmup", 3, "untimed calls first")
+	fs.Uint64Var(&o.seed, "seed", d.Seed, "seed of the random inputs")
+	fs.StringVar(format, "format", "table", "output: table | json")
+	fs.StringVar(out, "out", "", benchOutHelp(harness.BenchSchema))
+	addLibFlag(fs, &o.cudaLibs)
+	return fs
 }
 
 // benchResult ends a bench command: a *harness.ConfigError is a usage

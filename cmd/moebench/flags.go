@@ -111,6 +111,9 @@ func useLibDirs(dirs string) {
 // flags given explicitly.
 func (o *options) config(fs *pflag.FlagSet) (harness.Config, error) {
 	c := harness.DefaultConfig()
+	if err := checkBounds(fs, flagBounds); err != nil {
+		return c, err
+	}
 	p, ok := harness.LookupPreset(o.preset)
 	if !ok {
 		return c, &harness.ConfigError{Flag: "preset", Value: o.preset, Allowed: "allowed: " + strings.Join(harness.PresetNames(), ", ")}
@@ -159,6 +162,9 @@ func (o *options) config(fs *pflag.FlagSet) (harness.Config, error) {
 		c.CommTimeout = dispatchers.DefaultCommTimeout
 	}
 	if err := c.Validate(); err != nil {
+		return c, err
+	}
+	if err := configBounds(fs, c); err != nil {
 		return c, err
 	}
 	if r.Kind == harness.RoutingTrace {
