@@ -1,6 +1,7 @@
 package main
 
 import (
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
@@ -103,5 +104,44 @@ func TestCommTimeoutZeroIsDefault(t *testing.T) {
 	}
 	if code, _, e := cli(append(quick, "--comm-timeout", "-1s")...); code != exitUsage || !strings.Contains(e, "--comm-timeout=-1s: must be in [1ms, 1h] (0 = the default, 5s)") {
 		t.Errorf("--comm-timeout -1s: exit %d, %s", code, e)
+	}
+}
+
+// TestReportRefusesInconsistentRecord: report refuses (exit 2) an ok record
+// with a negative p50, or one that passed its check with a NaN error,
+// naming the file, the line and the field.
+func TestReportRefusesInconsistentRecord(t *testing.T) {
+	dir := t.TempDir()
+	good := filepath.Join(dir, "good.jsonl")
+	if code, _, e := cli(append(quick, "--out", good)...); code != exitOK {
+		t.Fatalf("run: exit %d: %s", code, e)
+	}
+	recs, err := results.ReadFile(good, nil)
+	if err != nil || len(recs) != 1 {
+		t.Fatal(recs, err)
+	}
+	for _, c := range []struct {
+		name string
+		edit func(r *results.Record)
+		want string
+	}{
+		{"negative p50", func(r *results.Record) { r.Timing.Step.P50 = -1 }, "bad.jsonl:2: an inconsistent ok record: timing.step.p50 = -1: must be finite and ≥ 0"},
+		{"passed with NaN", func(r *results.Record) { r.Correctness.MaxRelErr = math.NaN() }, "bad.jsonl:2: an inconsistent ok record: correctness.max_rel_err = NaN"},
+	} {
+		bad := filepath.Join(dir, "bad.jsonl")
+		os.Remove(bad)
+		r := recs[0]
+		tm, cr := *r.Timing, *r.Correctness
+		r.Timing, r.Correctness = &tm, &cr
+		c.edit(&r)
+		for _, rec := range []*results.Record{&recs[0], &r} {
+			if _, err := results.Append(bad, rec); err != nil {
+				t.Fatal(err)
+			}
+		}
+		code, out, e := cli("report", bad)
+		if code != exitUsage || !strings.Contains(e, c.want) || out != "" {
+			t.Errorf("%s: exit %d, stderr %q; want exit 2 and %q", c.name, code, e, c.want)
+		}
 	}
 }
