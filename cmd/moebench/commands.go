@@ -121,6 +121,7 @@ const maxSharedExperts = 1024
 var flagBounds = map[string]bound{
 	"sms":            {0, dispatchers.MaxSMBudget, "0 = the dispatcher's default"},
 	"shared-experts": {0, maxSharedExperts, ""},
+	"ep":             {1, 1 << 20, ""}, // as Validate's; sweep's list is checked before its points are made
 }
 
 // checkBounds refuses a value of an integer flag of fs (each value of a

@@ -106,14 +106,6 @@ func straggler(args []string, stdout, stderr io.Writer) int {
 		return def
 	}
 	experts, topk, hidden, ffn, tokens = pick(experts, p.Experts), pick(topk, p.TopK), pick(hidden, p.Hidden), pick(ffn, p.FFN), pick(tokens, p.Tokens)
-	for _, c := range []struct {
-		flag string
-		v    int
-	}{{"ep", ep}, {"domain", domain}, {"experts", experts}, {"topk", topk}, {"hidden", hidden}, {"ffn", ffn}, {"tokens", tokens}, {"steps", steps}} {
-		if c.v < 1 {
-			return usageError(stderr, fmt.Errorf("--%s=%d: must be ≥ 1", c.flag, c.v))
-		}
-	}
 	if err := stragglerBounds(ep, experts, tokens, hidden, ffn, steps); err != nil {
 		return usageError(stderr, err)
 	}
@@ -124,10 +116,10 @@ func straggler(args []string, stdout, stderr io.Writer) int {
 	switch {
 	case experts%ep != 0:
 		return usageError(stderr, fmt.Errorf("--ep=%d: must divide --experts (%d)", ep, experts))
-	case ep%domain != 0:
-		return usageError(stderr, fmt.Errorf("--domain=%d: must divide --ep (%d)", domain, ep))
-	case topk > experts:
-		return usageError(stderr, fmt.Errorf("--topk=%d: must be ≤ --experts (%d)", topk, experts))
+	case domain < 1 || domain > ep || ep%domain != 0:
+		return usageError(stderr, fmt.Errorf("--domain=%d: must be in [1, --ep=%d] and divide it", domain, ep))
+	case topk < 1 || topk > experts:
+		return usageError(stderr, fmt.Errorf("--topk=%d: must be in [1, --experts=%d]", topk, experts))
 	case !(drift >= 0) || drift > 10:
 		return usageError(stderr, fmt.Errorf("--drift=%g: must be in [0, 10]", drift))
 	case format != "table" && format != "markdown":
@@ -237,20 +229,28 @@ func straggler(args []string, stdout, stderr io.Writer) int {
 	return exitOK
 }
 
-// stragglerBounds refuses sizes the simulation cannot hold in memory (the
-// steps' expert loads, per-rank tables of the experts) or count in int.
+// stragglerBounds refuses sizes out of their range: below 1, or more than
+// the simulation can hold in memory (the steps' expert loads, per-rank
+// tables of the experts) or count in int.
 func stragglerBounds(ep, experts, tokens, hidden, ffn, steps int) error {
 	const maxDim, maxSteps, maxCells = 1 << 20, 1_000_000, 1 << 26
 	for _, c := range []struct {
 		flag   string
 		v, max int
+	}{{"ep", ep, 1 << 16}, {"experts", experts, maxDim}, {"tokens", tokens, maxDim}, {"hidden", hidden, maxDim},
+		{"ffn", ffn, maxDim}, {"steps", steps, maxSteps}} {
+		if c.v < 1 || c.v > c.max {
+			return fmt.Errorf("--%s=%d: must be in [1, %d]", c.flag, c.v, c.max)
+		}
+	}
+	for _, c := range []struct {
+		flag   string
+		v, max int
 		why    string
-	}{{"ep", ep, 1 << 16, ""}, {"experts", experts, maxDim, ""}, {"tokens", tokens, maxDim, ""}, {"hidden", hidden, maxDim, ""},
-		{"ffn", ffn, maxDim, ""}, {"steps", steps, maxSteps, ""},
-		{"experts", experts, maxCells / ep, fmt.Sprintf(" with --ep %d (experts × ranks ≤ %d)", ep, maxCells)},
-		{"steps", steps, maxCells / experts, fmt.Sprintf(" with %d experts (steps × experts ≤ %d: each step's loads are kept)", experts, maxCells)}} {
+	}{{"experts", experts, maxCells / ep, fmt.Sprintf("with --ep %d (experts × ranks ≤ %d)", ep, maxCells)},
+		{"steps", steps, maxCells / experts, fmt.Sprintf("with %d experts (steps × experts ≤ %d: each step's loads are kept)", experts, maxCells)}} {
 		if c.v > c.max {
-			return fmt.Errorf("--%s=%d: must be ≤ %d%s", c.flag, c.v, c.max, c.why)
+			return fmt.Errorf("--%s=%d: must be ≤ %d %s", c.flag, c.v, c.max, c.why)
 		}
 	}
 	return nil
