@@ -231,7 +231,7 @@ func (c Config) Validate() error {
 	case c.SMs < 0:
 		return &ConfigError{"sms", c.SMs, "must be ≥ 0 (0 = the dispatcher's default)"}
 	case c.CommTimeout < time.Millisecond || c.CommTimeout > time.Hour:
-		return &ConfigError{"comm-timeout", c.CommTimeout, "must be in [1ms, 1h]"}
+		return &ConfigError{"comm-timeout", c.CommTimeout, fmt.Sprintf("must be in [1ms, 1h] (0 = the default, %s)", dispatchers.DefaultCommTimeout)}
 	case c.Warmup < 0:
 		return &ConfigError{"warmup", c.Warmup, "must be ≥ 0"}
 	case !(c.MaxSeconds >= 0 && c.MaxSeconds <= MaxSeconds):

@@ -16,7 +16,7 @@ func sample(status string) *Record {
 			Impl: "native", Routing: "balanced", Seed: 3, Iters: 1, Device: "host"},
 		Stack: Stack{Device: "host", GoVersion: "go", Version: "test"}, Ranks: Ranks{EP: 2, Devices: []int{-1, -1}}}
 	if status == StatusOK {
-		ph := Phase{Name: "step", Stat: Stat{P50: 1}, PerRank: []float64{1, 1}, Samples: []float64{1}}
+		ph := Phase{Name: "step", Stat: Stat{P50: 1, P90: 1, P99: 1, Mean: 1}, PerRank: []float64{1, 1}, Samples: []float64{1}}
 		r.Timing = &Timing{Unit: "ms", Iters: 1, Phases: []Phase{ph}, Step: ph}
 		r.Tokens = &Tokens{Received: []int{8, 8}}
 		r.GEMM = &GEMM{}

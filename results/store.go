@@ -217,6 +217,12 @@ func Read(r io.Reader, name string, warn func(string)) ([]Record, error) {
 	var out []Record
 	err := scan(r, name, func(ln int, line []byte, last bool) error {
 		rec, err := parseLine(line)
+		if err == nil {
+			err = Validate(&rec)
+			if err != nil {
+				return fmt.Errorf("%s:%d: %v", name, ln, err)
+			}
+		}
 		switch {
 		case err == nil:
 			out = append(out, rec)

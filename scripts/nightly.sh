@@ -23,7 +23,8 @@
 # as the kernel's patch level only add a note) or what each iteration times
 # (forward only, or forward and backward), 5 undecided points with
 # --fail-on-undecided, 1 the sweep, the report or the comparison could not
-# run, 2 bad sweep file, 130 interrupted.
+# run (MOEBENCH_BIN not an executable file among the reasons), 2 bad sweep
+# file or more than one argument, 130 interrupted.
 #
 # cron, every night at 02:30:
 #   30 2 * * * cd /path/to/moebench && scripts/nightly.sh >> "$HOME/moebench-nightly/cron.log" 2>&1
@@ -42,8 +43,26 @@
 # moebench reads it (internal/launch: MOEBENCH_RANK, Open MPI's, PMI's,
 # torchrun's, srun's variables, in that order).
 set -uo pipefail
+case ${1:-} in
+  -h | --help)
+    sed -n '2,/^set -uo pipefail/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'
+    exit 0 ;;
+  -*) set -- "" "$1" ;; # no flags: report it as the unexpected argument
+esac
+if [ $# -gt 1 ]; then
+  echo "nightly: unexpected argument \"$2\" (usage: scripts/nightly.sh [SWEEP_FILE]; compare's flags go in MOEBENCH_COMPARE_ARGS)" >&2
+  exit 2
+fi
 root=$(cd "$(dirname "$0")/.." && pwd)
 sweep=${1:-$root/scripts/nightly-sweep.json}
+bin=${MOEBENCH_BIN:-}
+if [ -n "$bin" ]; then
+  [[ $bin == */* ]] || bin=$(type -P -- "$bin") || bin=$MOEBENCH_BIN # a name: found on PATH
+  if [ ! -f "$bin" ] || [ ! -x "$bin" ]; then
+    echo "nightly: MOEBENCH_BIN=$MOEBENCH_BIN: not an executable file" >&2
+    exit 1
+  fi
+fi
 dir=${MOEBENCH_NIGHTLY_DIR:-$HOME/moebench-nightly}
 mkdir -p "$dir/runs" "$dir/reports" || exit 1
 
@@ -62,7 +81,6 @@ if [ "$world" -gt 1 ]; then
   distributed=(--rendezvous "${MOEBENCH_NIGHTLY_RENDEZVOUS:-$dir/rendezvous}")
 fi
 
-bin=${MOEBENCH_BIN:-}
 if [ -z "$bin" ]; then
   bin=$dir/bin/moebench
   [ "$world" -gt 1 ] && bin=$dir/bin/moebench.$host.$rank # the processes build at once

@@ -1,11 +1,15 @@
 package main
 
 import (
+	"bufio"
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
+	"syscall"
 	"text/tabwriter"
 
 	"github.com/spf13/pflag"
@@ -48,18 +52,7 @@ func bench(args []string, stdout, stderr io.Writer) int {
 	}
 	var o options
 	var format, out string
-	d := harness.DefaultConfig()
-	fs := pflag.NewFlagSet("moebench bench kernels", pflag.ContinueOnError)
-	fs.SortFlags = false
-	fs.StringVar(&o.preset, "preset", "qwen3-30b-a3b", "layer shape preset; the shape flags override it")
-	fs.IntVar(&o.ep, "ep", 8, "expert-parallel ranks: rank 0 holds --experts/--ep experts")
-	addShapeFlags(fs, &o)
-	fs.IntVar(&o.iters, "iters", 20, "timed calls of each kernel")
-	fs.IntVar(&o.warmup, "warmup", 3, "untimed calls first")
-	fs.Uint64Var(&o.seed, "seed", d.Seed, "seed of the random inputs")
-	fs.StringVar(&format, "format", "table", "output: table | json")
-	fs.StringVar(&out, "out", "", "also write the JSON result to this file")
-	addLibFlag(fs, &o.cudaLibs)
+	fs := benchKernelsFlags(&o, &format, &out)
 	if code, ok := parseFlags(fs, args[1:], benchHelp, stdout, stderr); !ok {
 		return code
 	}
@@ -70,6 +63,10 @@ func bench(args []string, stdout, stderr io.Writer) int {
 	if format != "table" && format != "json" {
 		return usageError(stderr, &harness.ConfigError{Flag: "format", Value: format, Allowed: "allowed: table, json"})
 	}
+	if err := checkBenchOut(out, harness.BenchSchema); err != nil {
+		return usageError(stderr, err)
+	}
+	d := harness.DefaultConfig()
 	o.dispatcher, o.impl, o.routing, o.device, o.check, o.feplbBase, o.feplbDyn, o.feplbPolicy, o.commTimeout = d.Dispatcher, d.Impl, "balanced", "cuda", true, d.FeplbBase, d.FeplbDyn, d.FeplbPolicy, d.CommTimeout
 	cfg, err := o.config(fs)
 	if err != nil {
@@ -84,10 +81,28 @@ func bench(args []string, stdout, stderr io.Writer) int {
 	return benchResult(stdout, stderr, "kernels", kb, kb != nil, err, format, out, func() { writeBench(stdout, kb) })
 }
 
+// benchKernelsFlags defines bench kernels' flags.
+func benchKernelsFlags(o *options, format, out *string) *pflag.FlagSet {
+	d := harness.DefaultConfig()
+	fs := pflag.NewFlagSet("moebench bench kernels", pflag.ContinueOnError)
+	fs.SortFlags = false
+	fs.StringVar(&o.preset, "preset", "qwen3-30b-a3b", "layer shape preset; the shape flags override it")
+	fs.IntVar(&o.ep, "ep", 8, "expert-parallel ranks: rank 0 holds --experts/--ep experts")
+	addShapeFlags(fs, o)
+	fs.IntVar(&o.iters, "iters", 20, "timed calls of each kernel")
+	fs.IntVar(&o.warmup, "warmup", 3, "untimed calls first")
+	fs.Uint64Var(&o.seed, "seed", d.Seed, "seed of the random inputs")
+	fs.StringVar(format, "format", "table", "output: table | json")
+	fs.StringVar(out, "out", "", benchOutHelp(harness.BenchSchema))
+	addLibFlag(fs, &o.cudaLibs)
+	return fs
+}
+
 // benchResult ends a bench command: a *harness.ConfigError is a usage
 // error; another error is reported (exit 1) with the result that came, if
 // any (have); the result goes to stdout as JSON or, for format table, by
-// table, and as JSON to the file out when given.
+// table, and as one JSON line appended to the file out when given
+// (checkBenchOut checked it before the benchmark ran).
 func benchResult(stdout, stderr io.Writer, what string, result any, have bool, err error, format, out string, table func()) int {
 	var ce *harness.ConfigError
 	if errors.As(err, &ce) {
@@ -109,13 +124,105 @@ func benchResult(stdout, stderr io.Writer, what string, result any, have bool, e
 		table()
 	}
 	if out != "" {
-		b, _ := json.Marshal(result)
-		if err := os.WriteFile(out, append(b, '\n'), 0o644); err != nil {
+		if err := appendBench(out, result); err != nil {
 			fmt.Fprintf(stderr, "moebench: --out: %v\n", err)
 			code = exitRuntime
 		}
 	}
 	return code
+}
+
+// benchOutHelp is the help of a bench command's --out.
+func benchOutHelp(schema string) string {
+	return "append the JSON result to this file, one line per run (" + schema + "); a new file, or one that holds only such lines (any other is refused before the benchmark runs)"
+}
+
+// checkBenchOut tells, before a benchmark runs, whether its result can be
+// appended to the file path (none when path is empty): a new file must be
+// creatable; an existing one must be a writable regular file whose every
+// line is a result of schema, so that a results file of another kind (run
+// records, the other benchmark's) is never written to. The error is a
+// *harness.ConfigError naming --out and the first line that is not one.
+func checkBenchOut(path, schema string) error {
+	if path == "" {
+		return nil
+	}
+	bad := func(format string, a ...any) error {
+		return &harness.ConfigError{Flag: "out", Value: path, Allowed: fmt.Sprintf(format, a...)}
+	}
+	st, err := os.Stat(path)
+	if err != nil {
+		f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".check-*")
+		if err != nil {
+			return bad("cannot create it: %v", err)
+		}
+		f.Close()
+		os.Remove(f.Name())
+		return nil
+	}
+	if !st.Mode().IsRegular() {
+		return bad("not a regular file; give a file to append %s results to", schema)
+	}
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_APPEND, 0)
+	if err != nil {
+		return bad("cannot write it: %v", err)
+	}
+	defer f.Close()
+	br := bufio.NewReader(f)
+	for ln := 1; ; ln++ {
+		line, err := br.ReadBytes('\n')
+		if len(line) == 0 && err == io.EOF {
+			return nil
+		}
+		if err != nil && err != io.EOF {
+			return bad("%s:%d: %v", path, ln, err)
+		}
+		if err == io.EOF {
+			return bad("%s:%d: the last line is unfinished (no newline); not appending to this file", path, ln)
+		}
+		var head struct {
+			Schema string `json:"schema"`
+		}
+		if jerr := json.Unmarshal(bytes.TrimSpace(line), &head); jerr != nil || head.Schema != schema {
+			what := fmt.Sprintf("schema %q", head.Schema)
+			if jerr != nil {
+				what = "not a JSON object"
+			}
+			return bad("%s:%d: not a %s result (%s); give a new file or one of earlier %s results", path, ln, schema, what, schema)
+		}
+	}
+}
+
+// appendBench appends result as one JSON line to the file path, whole or
+// not at all: the file is locked, and a failed write is cut back.
+func appendBench(path string, result any) (err error) {
+	line, err := json.Marshal(result)
+	if err != nil {
+		return err
+	}
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+	}()
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+		return fmt.Errorf("lock %s: %w", path, err)
+	}
+	st, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	if _, err := f.Write(append(line, '\n')); err != nil {
+		if terr := f.Truncate(st.Size()); terr != nil {
+			return fmt.Errorf("write %s: %v; and cutting back the partial line failed: %v", path, err, terr)
+		}
+		return fmt.Errorf("write %s: %w", path, err)
+	}
+	return f.Sync()
 }
 
 // writeBench prints the kernel benchmark as a table.

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"text/tabwriter"
 
@@ -40,25 +41,7 @@ func benchDispatch(args []string, stdout, stderr io.Writer) int {
 	var names []string
 	var sms []int
 	var format, out string
-	d := harness.DefaultConfig()
-	fs := pflag.NewFlagSet("moebench bench dispatch", pflag.ContinueOnError)
-	fs.SortFlags = false
-	fs.StringSliceVar(&names, "dispatcher", []string{"alltoall", "deepep", "hybridep"}, "dispatchers, comma-separated: "+strings.Join(dispatchers.Names(), ","))
-	fs.IntSliceVar(&sms, "sms", []int{8, 16, 24, 32}, "SM budgets of SM-driven dispatchers (0 = the dispatcher's default)")
-	fs.IntVar(&o.ep, "ep", d.EP, "expert-parallel ranks")
-	fs.IntVar(&o.domain, "domain", d.Domain, "ranks per NVLink domain (hybridep links domains through its inter-domain path); 0 = all ranks")
-	fs.StringVar(&o.preset, "preset", d.Preset, "layer shape preset; the shape flags override it")
-	addShapeFlags(fs, &o)
-	fs.StringVar(&o.routing, "routing", d.Routing.String(), "routing: balanced|uniform|skewed:ALPHA|trace:FILE|natural")
-	fs.Uint64Var(&o.seed, "seed", d.Seed, "seed of the inputs and routing")
-	fs.IntVar(&o.warmup, "warmup", d.Warmup, "untimed iterations first")
-	fs.IntVar(&o.iters, "iters", d.Iters, "timed iterations")
-	fs.DurationVar(&o.commTimeout, "comm-timeout", d.CommTimeout, "the longest a cross-rank wait may take")
-	fs.StringVar(&o.device, "device", d.Device, "device: auto (cuda if a driver and GPU are found, else host) | host | cuda")
-	fs.IntVar(&o.gpus, "gpus", d.GPUs, "cuda: GPUs the ranks are spread over; 0 = every GPU, at most one per rank")
-	addLibFlag(fs, &o.cudaLibs)
-	fs.StringVar(&format, "format", "table", "output: table | json")
-	fs.StringVar(&out, "out", "", "also write the JSON result to this file")
+	fs := benchDispatchFlags(&o, &names, &sms, &format, &out)
 	if code, ok := parseFlags(fs, args, benchDispatchHelp, stdout, stderr); !ok {
 		return code
 	}
@@ -69,6 +52,13 @@ func benchDispatch(args []string, stdout, stderr io.Writer) int {
 	if format != "table" && format != "json" {
 		return usageError(stderr, &harness.ConfigError{Flag: "format", Value: format, Allowed: "allowed: table, json"})
 	}
+	if err := checkDispatchers(names); err != nil {
+		return usageError(stderr, err)
+	}
+	if err := checkBenchOut(out, harness.DispatchBenchSchema); err != nil {
+		return usageError(stderr, err)
+	}
+	d := harness.DefaultConfig()
 	o.dispatcher, o.impl, o.check, o.feplbBase, o.feplbDyn, o.feplbPolicy = d.Dispatcher, d.Impl, true, d.FeplbBase, d.FeplbDyn, d.FeplbPolicy
 	cfg, err := o.config(fs)
 	if err != nil {
@@ -91,6 +81,45 @@ func benchDispatch(args []string, stdout, stderr io.Writer) int {
 	}
 	b, err := harness.BenchDispatch(cfg, names, sms, harness.Env{Version: version(), DeviceNote: note})
 	return benchResult(stdout, stderr, "dispatch", b, b != nil, err, format, out, func() { writeDispatchBench(stdout, b) })
+}
+
+// benchDispatchFlags defines bench dispatch's flags.
+func benchDispatchFlags(o *options, names *[]string, sms *[]int, format, out *string) *pflag.FlagSet {
+	d := harness.DefaultConfig()
+	fs := pflag.NewFlagSet("moebench bench dispatch", pflag.ContinueOnError)
+	fs.SortFlags = false
+	fs.StringSliceVar(names, "dispatcher", []string{"alltoall", "deepep", "hybridep"}, "dispatchers, comma-separated: "+strings.Join(dispatchers.Names(), ","))
+	fs.IntSliceVar(sms, "sms", []int{8, 16, 24, 32}, "SM budgets of SM-driven dispatchers (0 = the dispatcher's default)")
+	fs.IntVar(&o.ep, "ep", d.EP, "expert-parallel ranks")
+	fs.IntVar(&o.domain, "domain", d.Domain, "ranks per NVLink domain (hybridep links domains through its inter-domain path); 0 = all ranks")
+	fs.StringVar(&o.preset, "preset", d.Preset, "layer shape preset; the shape flags override it")
+	addShapeFlags(fs, o)
+	fs.StringVar(&o.routing, "routing", d.Routing.String(), "routing: balanced|uniform|skewed:ALPHA|trace:FILE|natural")
+	fs.Uint64Var(&o.seed, "seed", d.Seed, "seed of the inputs and routing")
+	fs.IntVar(&o.warmup, "warmup", d.Warmup, "untimed iterations first")
+	fs.IntVar(&o.iters, "iters", d.Iters, "timed iterations")
+	fs.DurationVar(&o.commTimeout, "comm-timeout", d.CommTimeout, "the longest a cross-rank wait may take (0 = 5s)")
+	fs.StringVar(&o.device, "device", d.Device, "device: auto (cuda if a driver and GPU are found, else host) | host | cuda")
+	fs.IntVar(&o.gpus, "gpus", d.GPUs, "cuda: GPUs the ranks are spread over; 0 = every GPU, at most one per rank")
+	addLibFlag(fs, &o.cudaLibs)
+	fs.StringVar(format, "format", "table", "output: table | json")
+	fs.StringVar(out, "out", "", benchOutHelp(harness.DispatchBenchSchema))
+	return fs
+}
+
+// checkDispatchers refuses an empty --dispatcher list (no point would run)
+// and a dispatcher that does not exist.
+func checkDispatchers(names []string) error {
+	known := dispatchers.Names()
+	if len(names) == 0 {
+		return &harness.ConfigError{Flag: "dispatcher", Value: `""`, Allowed: "empty list; give one or more of: " + strings.Join(known, ", ")}
+	}
+	for _, n := range names {
+		if !slices.Contains(known, n) {
+			return &harness.ConfigError{Flag: "dispatcher", Value: n, Allowed: "allowed: " + strings.Join(known, ", ")}
+		}
+	}
+	return nil
 }
 
 // writeDispatchBench prints the dispatch benchmark as a table.

@@ -3,9 +3,14 @@ package main
 import (
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"strings"
 
 	"github.com/spf13/pflag"
+
+	"github.com/moebench/moebench/dispatchers"
+	"github.com/moebench/moebench/harness"
 )
 
 // command is a subcommand of moebench: what it does, in one line for the
@@ -96,4 +101,69 @@ func helpCmd(args []string, stdout, stderr io.Writer) int {
 		return usageError(stderr, fmt.Errorf("help: unknown command %q (commands: %s)", args[0], strings.Join(commandNames(), ", ")))
 	}
 	return commands[args[0]].run(append(append([]string(nil), args[1:]...), "--help"), stdout, stderr)
+}
+
+// bound is the range [lo, hi] of an integer flag's values; about says what
+// a value means where that helps ("0 = ...").
+type bound struct {
+	lo, hi int
+	about  string
+}
+
+// maxSharedExperts bounds --shared-experts: far more than any model has
+// (DeepSeek-V3 has 1, Qwen2-MoE 4 of its FFN size).
+const maxSharedExperts = 1024
+
+// flagBounds are the ranges of the integer flags of a layer (run, sweep,
+// bench) that no other setting decides; harness.Config.Validate checks the
+// others (and these flags' finer rules, e.g. an SM-driven dispatcher's
+// budget).
+var flagBounds = map[string]bound{
+	"sms":            {0, dispatchers.MaxSMBudget, "0 = the dispatcher's default"},
+	"shared-experts": {0, maxSharedExperts, ""},
+	"ep":             {1, 1 << 20, ""}, // as Validate's; sweep's list is checked before its points are made
+}
+
+// checkBounds refuses a value of an integer flag of fs (each value of a
+// list flag) given outside its range in bounds, as a *harness.ConfigError
+// naming the flag, the value and the range.
+func checkBounds(fs *pflag.FlagSet, bounds map[string]bound) error {
+	for _, name := range slices.Sorted(maps.Keys(bounds)) {
+		f := fs.Lookup(name)
+		if f == nil || !f.Changed {
+			continue
+		}
+		var vals []int
+		switch f.Value.Type() {
+		case "int":
+			v, _ := fs.GetInt(name)
+			vals = []int{v}
+		case "intSlice":
+			vals, _ = fs.GetIntSlice(name)
+		default:
+			panic("checkBounds: --" + name + " is a " + f.Value.Type())
+		}
+		b := bounds[name]
+		for _, v := range vals {
+			if v < b.lo || v > b.hi {
+				allowed := fmt.Sprintf("must be in [%d, %d]", b.lo, b.hi)
+				if b.about != "" {
+					allowed += " (" + b.about + ")"
+				}
+				return &harness.ConfigError{Flag: name, Value: v, Allowed: allowed}
+			}
+		}
+	}
+	return nil
+}
+
+// configBounds refuses what Validate lets through of the counts given in
+// fs, bounded by other settings of c: feplb's dynamic experts per rank
+// beyond the experts (the default, capped to a rank's experts less one,
+// stays valid for small layers).
+func configBounds(fs *pflag.FlagSet, c harness.Config) error {
+	if fs.Changed("feplb-dynamic") && c.FeplbDyn > c.Experts {
+		return &harness.ConfigError{Flag: "feplb-dynamic", Value: c.FeplbDyn, Allowed: fmt.Sprintf("must be in [1, --experts=%d]", c.Experts)}
+	}
+	return nil
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/spf13/pflag"
 
+	"github.com/moebench/moebench/harness"
 	"github.com/moebench/moebench/results"
 )
 
@@ -42,17 +43,33 @@ Usage:
 Exit status: 0 no regression, 3 regression, 4 the stacks or the passes differ (a
 new baseline is needed), 5 undecided points with --fail-on-undecided, 2 bad input.`
 
-func compare(args []string, stdout, stderr io.Writer) int {
-	o := results.DefaultCompareOptions
+// compareArgs are compare's flags; the percentages are percent.
+type compareArgs struct {
+	o                            results.CompareOptions
+	pct, noise, gross, hostGross float64
+	failUndecided, allow         bool
+}
+
+// compareFlags defines compare's flags on a.
+func compareFlags(a *compareArgs) *pflag.FlagSet {
+	a.o = results.DefaultCompareOptions
+	o := &a.o
 	fs := pflag.NewFlagSet("moebench compare", pflag.ContinueOnError)
-	pct := fs.Float64("threshold-pct", 100*o.Threshold, "slowdown of the step time, in percent, that counts as a regression")
+	fs.Float64Var(&a.pct, "threshold-pct", 100*o.Threshold, "slowdown of the step time, in percent, that counts as a regression")
 	fs.Float64Var(&o.Confidence, "confidence", o.Confidence, "confidence of the interval that must exclude no change")
 	fs.IntVar(&o.MinSamples, "min-samples", o.MinSamples, "fewer timed iterations on either side: no decision")
-	noise := fs.Float64("max-noise-pct", 100*o.MaxNoise, "robust CV (1.4826·MAD/median, percent) above which a side is too noisy to decide")
-	gross := fs.Float64("gross-pct", 100*o.Gross, "slowdown, in percent, that is a regression even when the samples are too noisy to decide (its whole interval must lie above it)")
-	hostGross := fs.Float64("host-gross-pct", 100*o.HostGross, "the same for host-device points, which are otherwise never decided")
-	failUndecided := fs.Bool("fail-on-undecided", false, "exit 5 when a point could not be decided (noisy, host timing or too few samples)")
-	allow := fs.Bool("allow-stack-change", false, "compare records from different stacks (and list what differs)")
+	fs.Float64Var(&a.noise, "max-noise-pct", 100*o.MaxNoise, "robust CV (1.4826·MAD/median, percent) above which a side is too noisy to decide")
+	fs.Float64Var(&a.gross, "gross-pct", 100*o.Gross, "slowdown, in percent, that is a regression even when the samples are too noisy to decide (its whole interval must lie above it)")
+	fs.Float64Var(&a.hostGross, "host-gross-pct", 100*o.HostGross, "the same for host-device points, which are otherwise never decided")
+	fs.BoolVar(&a.failUndecided, "fail-on-undecided", false, "exit 5 when a point could not be decided (noisy, host timing or too few samples)")
+	fs.BoolVar(&a.allow, "allow-stack-change", false, "compare records from different stacks (and list what differs)")
+	return fs
+}
+
+func compare(args []string, stdout, stderr io.Writer) int {
+	var a compareArgs
+	fs := compareFlags(&a)
+	o, pct, noise, gross, hostGross, failUndecided, allow := &a.o, &a.pct, &a.noise, &a.gross, &a.hostGross, &a.failUndecided, &a.allow
 	if code, ok := parseFlags(fs, args, compareHelp, stdout, stderr); !ok {
 		return code
 	}
@@ -63,10 +80,10 @@ func compare(args []string, stdout, stderr io.Writer) int {
 		return usageError(stderr, fmt.Errorf("--threshold-pct=%g: must be in (0, 1000)", *pct))
 	case !(o.Confidence > 0.5 && o.Confidence < 1):
 		return usageError(stderr, fmt.Errorf("--confidence=%g: must be in (0.5, 1)", o.Confidence))
-	case !(*noise > 0):
-		return usageError(stderr, fmt.Errorf("--max-noise-pct=%g: must be > 0", *noise))
-	case o.MinSamples < 2:
-		return usageError(stderr, fmt.Errorf("--min-samples=%d: must be ≥ 2", o.MinSamples))
+	case !(*noise > 0 && *noise < 1e6):
+		return usageError(stderr, fmt.Errorf("--max-noise-pct=%g: must be in (0, 1e6)", *noise))
+	case o.MinSamples < 2 || o.MinSamples > harness.MaxIters:
+		return usageError(stderr, fmt.Errorf("--min-samples=%d: must be in [2, %d] (a record has at most %d timed iterations)", o.MinSamples, harness.MaxIters, harness.MaxIters))
 	case !(*gross > *pct && *gross < 1e6):
 		return usageError(stderr, fmt.Errorf("--gross-pct=%g: must be above --threshold-pct (%g) and below 1e6", *gross, *pct))
 	case !(*hostGross > *pct && *hostGross < 1e6):
@@ -81,7 +98,7 @@ func compare(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return usageError(stderr, err)
 	}
-	c, err := results.Compare(base, new, o, *allow)
+	c, err := results.Compare(base, new, *o, *allow)
 	var sc *results.StackChangeError
 	var pc *results.PassChangeError
 	if errors.As(err, &sc) || errors.As(err, &pc) {

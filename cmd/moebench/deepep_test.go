@@ -49,7 +49,7 @@ func TestDeepEPRun(t *testing.T) {
 	}
 	for _, c := range []struct{ args []string }{
 		{[]string{"--dispatcher", "deepep", "--sms", "23"}},
-		{[]string{"--dispatcher", "deepep", "--comm-timeout", "0s"}},
+		{[]string{"--dispatcher", "deepep", "--comm-timeout", "-1s"}},
 	} {
 		code, _, e := cli(append(quick, c.args...)...)
 		if code != exitUsage || !strings.Contains(e, c.args[2]+"="+c.args[3]) {

@@ -111,6 +111,9 @@ func useLibDirs(dirs string) {
 // flags given explicitly.
 func (o *options) config(fs *pflag.FlagSet) (harness.Config, error) {
 	c := harness.DefaultConfig()
+	if err := checkBounds(fs, flagBounds); err != nil {
+		return c, err
+	}
 	p, ok := harness.LookupPreset(o.preset)
 	if !ok {
 		return c, &harness.ConfigError{Flag: "preset", Value: o.preset, Allowed: "allowed: " + strings.Join(harness.PresetNames(), ", ")}
@@ -155,7 +158,13 @@ func (o *options) config(fs *pflag.FlagSet) (harness.Config, error) {
 	c.Domain, c.FeplbBase, c.FeplbDyn, c.FeplbPolicy, c.CommTimeout = o.domain, o.feplbBase, o.feplbDyn, o.feplbPolicy, o.commTimeout
 	c.Routing, c.RoutingFixed, c.Seed, c.Warmup, c.Iters, c.Check, c.Device = r, o.routingFixed, o.seed, o.warmup, o.iters, o.check, o.device
 	c.MaxSeconds, c.CUDAGraph, c.ForwardOnly, c.HostExperts = o.maxSeconds, o.cudaGraph, o.forwardOnly, o.hostExperts
+	if c.CommTimeout == 0 { // as the help says: 0 = the default
+		c.CommTimeout = dispatchers.DefaultCommTimeout
+	}
 	if err := c.Validate(); err != nil {
+		return c, err
+	}
+	if err := configBounds(fs, c); err != nil {
 		return c, err
 	}
 	if r.Kind == harness.RoutingTrace {

@@ -98,3 +98,40 @@ func TestStragglerTableInSync(t *testing.T) {
 		t.Error("results/straggler/README.md is out of date: run scripts/straggler-table.sh")
 	}
 }
+
+// TestNightlyScriptUsage: scripts/nightly.sh refuses extra arguments (exit
+// 2, naming them) and a MOEBENCH_BIN that is not an executable file (exit
+// 1, as documented for a sweep that cannot run), before any work.
+func TestNightlyScriptUsage(t *testing.T) {
+	dir := t.TempDir()
+	night := filepath.Join(dir, "nightly")
+	for _, c := range []struct {
+		args []string
+		bin  string
+		code int
+		want string
+	}{
+		{[]string{"a.json", "b.json"}, "/bin/true", 2, `nightly: unexpected argument "b.json"`},
+		{[]string{"a.json", "--threshold-pct", "3"}, "/bin/true", 2, `nightly: unexpected argument "--threshold-pct"`},
+		{nil, filepath.Join(dir, "no-such-moebench"), 1, "nightly: MOEBENCH_BIN=" + filepath.Join(dir, "no-such-moebench") + ": not an executable file"},
+		{nil, dir, 1, "nightly: MOEBENCH_BIN=" + dir + ": not an executable file"},
+		{[]string{"--bogus"}, "/bin/true", 2, `nightly: unexpected argument "--bogus"`},
+		{[]string{"--help"}, "/bin/true", 0, "Nightly regression run for this node"},
+	} {
+		cmd := exec.Command("bash", append([]string{"../../scripts/nightly.sh"}, c.args...)...)
+		cmd.Env = append(os.Environ(), "MOEBENCH_BIN="+c.bin, "MOEBENCH_NIGHTLY_DIR="+night)
+		out, err := cmd.CombinedOutput()
+		code := 0
+		if ee, ok := err.(*exec.ExitError); ok {
+			code = ee.ExitCode()
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		if code != c.code || !strings.Contains(string(out), c.want) {
+			t.Errorf("%v, MOEBENCH_BIN=%s: exit %d, want %d and %q\n%s", c.args, c.bin, code, c.code, c.want, out)
+		}
+	}
+	if runs, _ := filepath.Glob(filepath.Join(night, "runs", "*")); len(runs) > 0 {
+		t.Errorf("a refused night left runs: %v", runs)
+	}
+}

@@ -18,10 +18,18 @@ workload. Unavailable and failed points appear as such, never as numbers.
 Usage:
   moebench report [--format table|markdown|csv|html] FILE...`
 
-func report(args []string, stdout, stderr io.Writer) int {
+// reportFlags defines report's flags.
+func reportFlags(format, title *string) *pflag.FlagSet {
 	fs := pflag.NewFlagSet("moebench report", pflag.ContinueOnError)
-	format := fs.String("format", "table", "output format: "+strings.Join(results.ReportFormats, "|"))
-	title := fs.String("title", "", "title of markdown and html output (default: the command that made it)")
+	fs.StringVar(format, "format", "table", "output format: "+strings.Join(results.ReportFormats, "|"))
+	fs.StringVar(title, "title", "", "title of markdown and html output (default: the command that made it)")
+	return fs
+}
+
+func report(args []string, stdout, stderr io.Writer) int {
+	var f, tl string
+	fs := reportFlags(&f, &tl)
+	format, title := &f, &tl
 	if code, ok := parseFlags(fs, args, reportHelp, stdout, stderr); !ok {
 		return code
 	}

@@ -30,35 +30,40 @@ Per-step plans (fastermoe, feplb*) are known --counts-us + --sched-us after phas
 Usage:
   moebench straggler [flags]`
 
-func straggler(args []string, stdout, stderr io.Writer) int {
-	var (
-		preset, routing, rateFile, explain string
-		ep, experts, topk, tokens, domain  int
-		hidden, ffn, steps                 int
-		drift                              float64
-		seed                               uint64
-		policies                           []string
-		format                             string
-		schedUS                            string
-		countsUS, ceShare, tflops          float64
-		backward                           bool
-	)
-	o := balance.DefaultOptions
+// stragglerArgs are straggler's flags.
+type stragglerArgs struct {
+	preset, routing, rateFile, explain string
+	ep, experts, topk, tokens, domain  int
+	hidden, ffn, steps                 int
+	drift                              float64
+	seed                               uint64
+	policies                           []string
+	format                             string
+	schedUS                            string
+	countsUS, ceShare, tflops          float64
+	backward                           bool
+	o                                  balance.Options
+}
+
+// stragglerFlags defines straggler's flags on a.
+func stragglerFlags(a *stragglerArgs) *pflag.FlagSet {
+	a.o = balance.DefaultOptions
+	o := &a.o
 	fs := pflag.NewFlagSet("moebench straggler", pflag.ContinueOnError)
 	fs.SortFlags = false
-	fs.StringSliceVar(&policies, "policies", balance.PolicyNames, "balancing policies: "+strings.Join(balance.PolicyNames, ","))
-	fs.StringVar(&preset, "preset", "qwen3-30b-a3b", "layer shape preset; the flags below override it")
-	fs.IntVar(&ep, "ep", 8, "EP ranks (8 to 256 and more)")
-	fs.IntVar(&domain, "domain", 8, "ranks per NVLink domain (copy-engine moves stay inside one)")
-	fs.IntVar(&experts, "experts", 0, "routed experts (default: the preset's)")
-	fs.IntVar(&topk, "topk", 0, "experts per token (default: the preset's)")
-	fs.IntVar(&hidden, "hidden", 0, "hidden size (default: the preset's)")
-	fs.IntVar(&ffn, "ffn", 0, "per-expert intermediate size (default: the preset's)")
-	fs.IntVar(&tokens, "tokens", 0, "tokens per rank per step (default: the preset's)")
-	fs.StringVar(&routing, "routing", "skewed:0.8", "skewed:ALPHA (Zipf popularity with drift) | balanced | trace:FILE (steps of ep×tokens lines)")
-	fs.Float64Var(&drift, "drift", 0.3, "step-to-step popularity drift of skewed routing: stationary std of log popularity (balanced routing is i.i.d. each step)")
-	fs.IntVar(&steps, "steps", 1000, "simulated steps (micro-batches)")
-	fs.Uint64Var(&seed, "seed", 1, "seed of the routing draws")
+	fs.StringSliceVar(&a.policies, "policies", balance.PolicyNames, "balancing policies: "+strings.Join(balance.PolicyNames, ","))
+	fs.StringVar(&a.preset, "preset", "qwen3-30b-a3b", "layer shape preset; the flags below override it")
+	fs.IntVar(&a.ep, "ep", 8, "EP ranks (8 to 256 and more)")
+	fs.IntVar(&a.domain, "domain", 8, "ranks per NVLink domain (copy-engine moves stay inside one)")
+	fs.IntVar(&a.experts, "experts", 0, "routed experts (default: the preset's)")
+	fs.IntVar(&a.topk, "topk", 0, "experts per token (default: the preset's)")
+	fs.IntVar(&a.hidden, "hidden", 0, "hidden size (default: the preset's)")
+	fs.IntVar(&a.ffn, "ffn", 0, "per-expert intermediate size (default: the preset's)")
+	fs.IntVar(&a.tokens, "tokens", 0, "tokens per rank per step (default: the preset's)")
+	fs.StringVar(&a.routing, "routing", "skewed:0.8", "skewed:ALPHA (Zipf popularity with drift) | balanced | trace:FILE (steps of ep×tokens lines)")
+	fs.Float64Var(&a.drift, "drift", 0.3, "step-to-step popularity drift of skewed routing: stationary std of log popularity (balanced routing is i.i.d. each step)")
+	fs.IntVar(&a.steps, "steps", 1000, "simulated steps (micro-batches)")
+	fs.Uint64Var(&a.seed, "seed", 1, "seed of the routing draws")
 	fs.IntVar(&o.RedundantPerRank, "eplb-redundant", o.RedundantPerRank, "eplb: redundant expert slots per rank")
 	fs.IntVar(&o.ReplanEvery, "eplb-interval", o.ReplanEvery, "eplb, feplb+place: steps between placements")
 	fs.IntVar(&o.DynamicPerRank, "feplb-dynamic", o.DynamicPerRank, "feplb*: dynamic experts per rank (its most loaded; the paper's dyn)")
@@ -66,20 +71,30 @@ func straggler(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&o.Tau, "feplb-min-chunk", o.Tau, "")
 	_ = fs.MarkDeprecated("feplb-min-chunk", "use --feplb-tau")
 	fs.IntVar(&o.MaxDyn, "feplb-max-dyn", o.MaxDyn, "feplb*: moved experts' weights a helper's buffer holds (the paper's max_num_dyn)")
-	fs.StringVar(&schedUS, "sched-us", "measured", "the CPU scheduler's time per step charged to per-step plans, µs, or 'measured' (its wall time here; not deterministic)")
-	fs.Float64Var(&countsUS, "counts-us", 10, "µs after phase 1 until the step's counts are on the CPU (a small all-gather and a device-to-host copy; assumed)")
-	fs.Float64Var(&ceShare, "nvlink-ce-share", 1, "share of NVLink bandwidth the copy-engine copies get while EP traffic shares the link (1: the link to themselves)")
-	fs.BoolVar(&backward, "backward", false, "also model the backward pass: gradients back to owners (FEPLB: 6·hidden·ffn bytes of weight gradient per (expert, helper)), their time and exposure")
-	fs.StringVar(&rateFile, "gemm-rate-from", "", "results file: model GEMM time with the best measured expert-GEMM rate in it (default: H100 roofline)")
-	fs.Float64Var(&tflops, "gemm-tflops", 0, "expert-GEMM rate of the model, TFLOP/s (default: the H100 roofline, 989)")
-	fs.StringVar(&explain, "explain", "", "print the plan of one step (e.g. 0) for each policy, then the summary")
-	fs.StringVar(&format, "format", "table", "output: table | markdown (without the scheduler's wall time: deterministic with a fixed --sched-us)")
+	fs.StringVar(&a.schedUS, "sched-us", "measured", "the CPU scheduler's time per step charged to per-step plans, µs, or 'measured' (its wall time here; not deterministic)")
+	fs.Float64Var(&a.countsUS, "counts-us", 10, "µs after phase 1 until the step's counts are on the CPU (a small all-gather and a device-to-host copy; assumed)")
+	fs.Float64Var(&a.ceShare, "nvlink-ce-share", 1, "share of NVLink bandwidth the copy-engine copies get while EP traffic shares the link (1: the link to themselves)")
+	fs.BoolVar(&a.backward, "backward", false, "also model the backward pass: gradients back to owners (FEPLB: 6·hidden·ffn bytes of weight gradient per (expert, helper)), their time and exposure")
+	fs.StringVar(&a.rateFile, "gemm-rate-from", "", "results file: model GEMM time with the best measured expert-GEMM rate in it (default: H100 roofline)")
+	fs.Float64Var(&a.tflops, "gemm-tflops", 0, "expert-GEMM rate of the model, TFLOP/s (default: the H100 roofline, 989)")
+	fs.StringVar(&a.explain, "explain", "", "print the plan of one step (e.g. 0) for each policy, then the summary")
+	fs.StringVar(&a.format, "format", "table", "output: table | markdown (without the scheduler's wall time: deterministic with a fixed --sched-us)")
+	return fs
+}
+
+func straggler(args []string, stdout, stderr io.Writer) int {
+	var a stragglerArgs
+	fs := stragglerFlags(&a)
 	if code, ok := parseFlags(fs, args, stragglerHelp, stdout, stderr); !ok {
 		return code
 	}
 	if fs.NArg() > 0 {
 		return usageError(stderr, fmt.Errorf("unexpected argument %q", fs.Arg(0)))
 	}
+	preset, routing, rateFile, explain := a.preset, a.routing, a.rateFile, a.explain
+	ep, experts, topk, tokens, domain, hidden, ffn, steps := a.ep, a.experts, a.topk, a.tokens, a.domain, a.hidden, a.ffn, a.steps
+	drift, seed, policies, format, schedUS := a.drift, a.seed, a.policies, a.format, a.schedUS
+	countsUS, ceShare, tflops, backward, o := a.countsUS, a.ceShare, a.tflops, a.backward, a.o
 	p, ok := harness.LookupPreset(preset)
 	if !ok {
 		return usageError(stderr, fmt.Errorf("--preset=%s: allowed: %s", preset, strings.Join(harness.PresetNames(), ", ")))
@@ -91,25 +106,20 @@ func straggler(args []string, stdout, stderr io.Writer) int {
 		return def
 	}
 	experts, topk, hidden, ffn, tokens = pick(experts, p.Experts), pick(topk, p.TopK), pick(hidden, p.Hidden), pick(ffn, p.FFN), pick(tokens, p.Tokens)
-	for _, c := range []struct {
-		flag string
-		v    int
-	}{{"ep", ep}, {"domain", domain}, {"experts", experts}, {"topk", topk}, {"hidden", hidden}, {"ffn", ffn}, {"tokens", tokens}, {"steps", steps}} {
-		if c.v < 1 {
-			return usageError(stderr, fmt.Errorf("--%s=%d: must be ≥ 1", c.flag, c.v))
-		}
-	}
 	if err := stragglerBounds(ep, experts, tokens, hidden, ffn, steps); err != nil {
+		return usageError(stderr, err)
+	}
+	if err := checkBounds(fs, policyBounds(ep, experts)); err != nil {
 		return usageError(stderr, err)
 	}
 	t := balance.Topology{Ranks: ep, Experts: experts, Domain: domain}
 	switch {
 	case experts%ep != 0:
 		return usageError(stderr, fmt.Errorf("--ep=%d: must divide --experts (%d)", ep, experts))
-	case ep%domain != 0:
-		return usageError(stderr, fmt.Errorf("--domain=%d: must divide --ep (%d)", domain, ep))
-	case topk > experts:
-		return usageError(stderr, fmt.Errorf("--topk=%d: must be ≤ --experts (%d)", topk, experts))
+	case domain < 1 || domain > ep || ep%domain != 0:
+		return usageError(stderr, fmt.Errorf("--domain=%d: must be in [1, --ep=%d] and divide it", domain, ep))
+	case topk < 1 || topk > experts:
+		return usageError(stderr, fmt.Errorf("--topk=%d: must be in [1, --experts=%d]", topk, experts))
 	case !(drift >= 0) || drift > 10:
 		return usageError(stderr, fmt.Errorf("--drift=%g: must be in [0, 10]", drift))
 	case format != "table" && format != "markdown":
@@ -219,23 +229,48 @@ func straggler(args []string, stdout, stderr io.Writer) int {
 	return exitOK
 }
 
-// stragglerBounds refuses sizes the simulation cannot hold in memory (the
-// steps' expert loads, per-rank tables of the experts) or count in int.
+// stragglerBounds refuses sizes out of their range: below 1, or more than
+// the simulation can hold in memory (the steps' expert loads, per-rank
+// tables of the experts) or count in int.
 func stragglerBounds(ep, experts, tokens, hidden, ffn, steps int) error {
 	const maxDim, maxSteps, maxCells = 1 << 20, 1_000_000, 1 << 26
 	for _, c := range []struct {
 		flag   string
 		v, max int
+	}{{"ep", ep, 1 << 16}, {"experts", experts, maxDim}, {"tokens", tokens, maxDim}, {"hidden", hidden, maxDim},
+		{"ffn", ffn, maxDim}, {"steps", steps, maxSteps}} {
+		if c.v < 1 || c.v > c.max {
+			return fmt.Errorf("--%s=%d: must be in [1, %d]", c.flag, c.v, c.max)
+		}
+	}
+	for _, c := range []struct {
+		flag   string
+		v, max int
 		why    string
-	}{{"ep", ep, 1 << 16, ""}, {"experts", experts, maxDim, ""}, {"tokens", tokens, maxDim, ""}, {"hidden", hidden, maxDim, ""},
-		{"ffn", ffn, maxDim, ""}, {"steps", steps, maxSteps, ""},
-		{"experts", experts, maxCells / ep, fmt.Sprintf(" with --ep %d (experts × ranks ≤ %d)", ep, maxCells)},
-		{"steps", steps, maxCells / experts, fmt.Sprintf(" with %d experts (steps × experts ≤ %d: each step's loads are kept)", experts, maxCells)}} {
+	}{{"experts", experts, maxCells / ep, fmt.Sprintf("with --ep %d (experts × ranks ≤ %d)", ep, maxCells)},
+		{"steps", steps, maxCells / experts, fmt.Sprintf("with %d experts (steps × experts ≤ %d: each step's loads are kept)", experts, maxCells)}} {
 		if c.v > c.max {
-			return fmt.Errorf("--%s=%d: must be ≤ %d%s", c.flag, c.v, c.max, c.why)
+			return fmt.Errorf("--%s=%d: must be ≤ %d %s", c.flag, c.v, c.max, c.why)
 		}
 	}
 	return nil
+}
+
+// policyBounds are the ranges of the balancing policies' flags at ep ranks
+// and experts experts: replicas and moved experts up to the experts (as
+// many as there are, and EPLB's slots within the simulation's table
+// bound), intervals up to the most steps, τ up to 2^30 tokens.
+func policyBounds(ep, experts int) map[string]bound {
+	const maxSteps, maxCells, maxTau = 1_000_000, 1 << 26, 1 << 30
+	tau := bound{1, maxTau, "the fewest tokens worth moving"}
+	return map[string]bound{
+		"eplb-redundant":  {0, min(experts, maxCells/ep), fmt.Sprintf("at most --experts, and slots × --ep ≤ %d", maxCells)},
+		"eplb-interval":   {1, maxSteps, "steps"},
+		"feplb-dynamic":   {0, experts, "at most --experts; a rank keeps one static expert"},
+		"feplb-tau":       tau,
+		"feplb-min-chunk": tau,
+		"feplb-max-dyn":   {1, experts, "at most --experts"},
+	}
 }
 
 // measuredRate is the best expert-GEMM rate among a file's ok records.

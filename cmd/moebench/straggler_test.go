@@ -21,17 +21,17 @@ func TestStragglerCLI(t *testing.T) {
 		}
 	}
 	bad := map[string][]string{
-		"--ep=6: must divide --experts (64)":     {"--ep", "6", "--experts", "64"},
-		"--domain=3: must divide --ep (8)":       {"--domain", "3"},
-		`unknown policy "magic"`:                 {"--policies", "none,magic"},
-		"--explain=99: want a step in [0, 10)":   {"--steps", "10", "--explain", "99"},
-		"--routing=uniform: allowed: skewed":     {"--routing", "uniform"},
-		"--drift=-1: must be in [0, 10]":         {"--drift", "-1"},
-		"--gemm-rate-from=/none":                 {"--gemm-rate-from", "/none"},
-		"--sched-us=soon: want 'measured'":       {"--sched-us", "soon"},
-		"--nvlink-ce-share=0: must be in (0, 1]": {"--nvlink-ce-share", "0"},
-		"--counts-us=-1: must be in [0, 1e6]":    {"--counts-us", "-1"},
-		"give one of them":                       {"--gemm-tflops", "400", "--gemm-rate-from", "x.jsonl"},
+		"--ep=6: must divide --experts (64)":               {"--ep", "6", "--experts", "64"},
+		"--domain=3: must be in [1, --ep=8] and divide it": {"--domain", "3"},
+		`unknown policy "magic"`:                           {"--policies", "none,magic"},
+		"--explain=99: want a step in [0, 10)":             {"--steps", "10", "--explain", "99"},
+		"--routing=uniform: allowed: skewed":               {"--routing", "uniform"},
+		"--drift=-1: must be in [0, 10]":                   {"--drift", "-1"},
+		"--gemm-rate-from=/none":                           {"--gemm-rate-from", "/none"},
+		"--sched-us=soon: want 'measured'":                 {"--sched-us", "soon"},
+		"--nvlink-ce-share=0: must be in (0, 1]":           {"--nvlink-ce-share", "0"},
+		"--counts-us=-1: must be in [0, 1e6]":              {"--counts-us", "-1"},
+		"give one of them":                                 {"--gemm-tflops", "400", "--gemm-rate-from", "x.jsonl"},
 	}
 	for want, args := range bad {
 		code, _, e := cli(append([]string{"straggler"}, args...)...)
@@ -64,11 +64,11 @@ func TestStragglerBounds(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"--experts", "2000000000"}, "--experts=2000000000: must be ≤ 1048576"},
-		{[]string{"--steps", "2000000000"}, "--steps=2000000000: must be ≤ 1000000"},
-		{[]string{"--tokens", "4611686018427387904"}, "--tokens=4611686018427387904: must be ≤ 1048576"},
-		{[]string{"--tokens", "9223372036854775807"}, "--tokens=9223372036854775807: must be ≤ 1048576"},
-		{[]string{"--ep", "131072", "--experts", "131072"}, "--ep=131072: must be ≤ 65536"},
+		{[]string{"--experts", "2000000000"}, "--experts=2000000000: must be in [1, 1048576]"},
+		{[]string{"--steps", "2000000000"}, "--steps=2000000000: must be in [1, 1000000]"},
+		{[]string{"--tokens", "4611686018427387904"}, "--tokens=4611686018427387904: must be in [1, 1048576]"},
+		{[]string{"--tokens", "9223372036854775807"}, "--tokens=9223372036854775807: must be in [1, 1048576]"},
+		{[]string{"--ep", "131072", "--experts", "131072"}, "--ep=131072: must be in [1, 65536]"},
 		{[]string{"--ep", "16384", "--experts", "16384"}, "--experts=16384: must be ≤ 4096 with --ep 16384"},
 		{[]string{"--experts", "1048576", "--steps", "1000"}, "--steps=1000: must be ≤ 64 with 1048576 experts"},
 	} {

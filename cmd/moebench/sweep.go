@@ -104,6 +104,9 @@ func sweep(args []string, stdout, stderr io.Writer) int {
 	if err := so.checkLists(); err != nil {
 		return usageError(stderr, err)
 	}
+	if err := checkBounds(fs, flagBounds); err != nil { // the lists' values, before points are made of them
+		return usageError(stderr, err)
+	}
 	if err := feplbOnly(fs, so.dispatchers); err != nil {
 		return usageError(stderr, err)
 	}
