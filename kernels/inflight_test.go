@@ -29,11 +29,12 @@ import (
 // of them (a store of the row, or the arithmetic of a sum) or writes one
 // takes the load out. The most loads in flight at once is what a lane
 // keeps in flight; predicated loads and both sides of a forward branch
-// count, so that it is an upper bound of what the code can issue. Bulk
-// copies (UBLKCP.S.G, global → shared FIFO) are grouped into items (the
-// copies between two mbarrier operations), each copy's bytes read from
-// the uniform register its size comes from (UMOV URn, imm: 16-byte
-// units); a block keeps the FIFO's stages of items in flight.
+// count, so that it is an upper bound of what the code can issue (a read
+// on a side not taken counts as consuming too, though). Bulk copies
+// (UBLKCP.S.G, global → shared FIFO) are grouped into items (the copies
+// between two mbarrier operations), each copy's bytes read from the
+// uniform register its size comes from (UMOV URn, imm: 16-byte units); a
+// block keeps the FIFO's stages of items in flight.
 
 // sassInstr is one SASS instruction.
 type sassInstr struct {
@@ -351,6 +352,11 @@ func heSlot(d map[string]string) int {
 }
 func heChunk(d map[string]string) int { return min(2*atoi(d["MB_HE_HIDDEN"]), 2048) }
 
+// heStages is the FIFO stages dispatchers/hybridep gives a slot of this
+// many bytes (its stages, programs.go: 3 to 9, what fits 200 KiB of shared
+// memory); keep the two in step.
+func heStages(slot int) int { return 3 * max(1, min(3, (200<<10)/(slot+16)/3)) }
+
 var inflightSpecs = map[string]inflightSpec{
 	"deepep_dispatch":    {-1, 0, "hbm", "", 0.5, nil},
 	"deepep_combine":     {-1, 0, "hbm", "", 0.5, nil},
@@ -382,7 +388,7 @@ var belowTarget = map[string]bool{
 	"he_pack 16-byte":         true,
 	"he_pack_bwd 16-byte":     true,
 	// issue 32: the permute after the bulk dispatch copies one load at a time;
-	// the combine's FIFO holds 6 stages of 2 KiB column chunks
+	// the combine's FIFO holds 9 stages of 2 KiB column chunks (18 KiB)
 	"he_dispatch bulk":     true,
 	"he_dispatch_bwd bulk": true,
 	"he_combine bulk":      true,
@@ -586,15 +592,28 @@ func TestInflightTable(t *testing.T) {
 	table := &InflightTable{
 		Note: "Predicted ceilings from the machine code, not measurements: Little's law, bytes in flight per SM ÷ load latency. " +
 			"Written by kernels' TestInflightTable (MOEBENCH_UPDATE_INFLIGHT=1); see kernels/inflight.go.",
-		Source:    fmt.Sprintf("sm_90 cubins of NVRTC %d.%d, preset %s (hidden %d), EP 8, deepep MB_WARPS 16, hybridep stages 6", n.Major, n.Minor, preset, shapes[preset].hidden),
+		Source: fmt.Sprintf("sm_90 cubins of NVRTC %d.%d, preset %s (hidden %d), EP 8, one block per SM, deepep MB_WARPS %s, hybridep FIFO stages %d (dispatch) and %d (combine)",
+			n.Major, n.Minor, preset, shapes[preset].hidden, defines(preset)["MB_WARPS"], heStages(heSlot(defines(preset))), heStages(heChunk(defines(preset)))),
 		LatencyNs: map[string]float64{"hbm": LatencyHBM, "nvlink": LatencyNVLink},
 		Latency:   LatencySources,
 	}
-	for _, c := range []struct{ file, noBulk, path string }{
-		{"deepep.cu", "0", "16-byte"}, {"hybridep.cu", "1", "16-byte"}, {"hybridep.cu", "0", "bulk"},
+	// hybridep's FIFO stages as dispatchers/hybridep sets them: the
+	// dispatch kernels' from its slot, the combine's from its column chunk
+	d0 := defines(preset)
+	sd, sc := heStages(heSlot(d0)), heStages(heChunk(d0))
+	for _, c := range []struct {
+		file, noBulk, path, only string
+		stages                   int
+	}{
+		{"deepep.cu", "0", "16-byte", "deepep_", 0},
+		{"hybridep.cu", "1", "16-byte", "he_dispatch he_pack", sd}, {"hybridep.cu", "1", "16-byte", "he_combine", sc},
+		{"hybridep.cu", "0", "bulk", "he_dispatch he_pack", sd}, {"hybridep.cu", "0", "bulk", "he_combine", sc},
 	} {
 		d := defines(preset)
 		d["MB_NO_BULK"] = c.noBulk
+		if c.stages > 0 {
+			d["MB_HE_STAGES"] = fmt.Sprint(c.stages)
+		}
 		cubin, err := j.Compile(c.file, "sm_90", d)
 		if err != nil {
 			t.Fatalf("%s: %v", c.file, err)
@@ -607,7 +626,11 @@ func TestInflightTable(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s MB_NO_BULK=%s: %v", c.file, c.noBulk, err)
 		}
-		table.Kernels = append(table.Kernels, ks...)
+		for _, k := range ks {
+			if slices.ContainsFunc(strings.Fields(c.only), func(p string) bool { return strings.HasPrefix(k.Kernel, p) }) {
+				table.Kernels = append(table.Kernels, k)
+			}
+		}
 	}
 	table.sortKernels()
 	seen := map[string]bool{}
