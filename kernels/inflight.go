@@ -61,6 +61,9 @@ type InflightLoop struct {
 	BytesPerSM   int     `json:"bytes_per_sm"`
 	Memory       string  `json:"memory"` // hbm or nvlink: what its loads read
 	GBpsPerSM    float64 `json:"gbps_per_sm"`
+	// TailOf: the unrolled loop (its addresses) whose left-over
+	// iterations this loop runs; it is neither checked nor in the ceiling
+	TailOf string `json:"tail_of,omitempty"`
 }
 
 // InflightKernel is one kernel on one path (16-byte or bulk).
@@ -141,6 +144,9 @@ func (k *InflightKernel) finish() {
 		l := &k.Loops[i]
 		l.BytesPerSM = l.LoadsPerLane * 16 * 32 * l.Warps
 		l.GBpsPerSM = littleGBps(l.BytesPerSM, latencyOf(l.Memory))
+		if l.TailOf != "" {
+			continue
+		}
 		ceiling = min(ceiling, l.GBpsPerSM*k.Share)
 		if l.LoadsPerLane < InflightLoadsTarget {
 			below = append(below, fmt.Sprintf("loop %s keeps %d 16-byte load(s) in flight per lane (target %d)", l.At, l.LoadsPerLane, InflightLoadsTarget))

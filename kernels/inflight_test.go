@@ -200,6 +200,8 @@ type sassRowLoop struct {
 	at    string
 	into  string // "global" or "shared"
 	loads int    // 16-byte loads in flight per lane, at most
+	// tailOf: the loop whose remainder this one is (its addresses), or ""
+	tailOf string
 }
 
 // rowLoops finds fn's smallest data-moving loops and counts their loads
@@ -227,11 +229,39 @@ func rowLoops(fn []sassInstr) []sassRowLoop {
 			continue
 		}
 		into, _ := moving(l)
-		out = append(out, sassRowLoop{l, fmt.Sprintf("%#x-%#x", fn[l.from].addr, fn[l.to].addr), into, inflightLoads(fn[l.from : l.to+1])})
+		out = append(out, sassRowLoop{l, fmt.Sprintf("%#x-%#x", fn[l.from].addr, fn[l.to].addr), into, inflightLoads(fn[l.from : l.to+1]), ""})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].loop.from < out[j].loop.from })
+	// a remainder loop: right before or after another into the same
+	// memory (at most tailGap instructions between them), with fewer
+	// 16-byte loads in its body and fewer in flight: the iterations an
+	// unrolled loop leaves over (ptxas peels them before or after it)
+	loadsIn := func(l sassLoop) int {
+		n := 0
+		for _, in := range fn[l.from : l.to+1] {
+			if in.load16() {
+				n++
+			}
+		}
+		return n
+	}
+	for i := range out {
+		for _, j := range []int{i - 1, i + 1} {
+			if j < 0 || j >= len(out) || out[j].into != out[i].into || out[j].loads <= out[i].loads || loadsIn(out[j].loop) <= loadsIn(out[i].loop) {
+				continue
+			}
+			a, b := out[min(i, j)].loop, out[max(i, j)].loop
+			if b.from-a.to <= tailGap {
+				out[i].tailOf = out[j].at
+			}
+		}
+	}
 	return out
 }
+
+// tailGap is the most instructions between an unrolled loop and its
+// remainder loop.
+const tailGap = 32
 
 // inflightLoads walks body twice and returns the most 16-byte loads in
 // flight at once.
@@ -419,7 +449,7 @@ func inflightKernels(sass string, d map[string]string, path string) ([]InflightK
 			if w <= 0 {
 				return nil, fmt.Errorf("%s: loop %s loads rows into %s memory, which no warp of inflightSpecs does", name, l.at, l.into)
 			}
-			k.Loops = append(k.Loops, InflightLoop{At: l.at, Into: l.into, LoadsPerLane: l.loads, Warps: w, Memory: mem})
+			k.Loops = append(k.Loops, InflightLoop{At: l.at, Into: l.into, LoadsPerLane: l.loads, Warps: w, Memory: mem, TailOf: l.tailOf})
 		}
 		if path == "bulk" {
 			slot := -1
@@ -552,10 +582,101 @@ func TestInflightAnalysis(t *testing.T) {
 	if k.Loops[0].GBpsPerSM != 17.7 || k.BulkGBpsPerSM != 31.7 || k.CeilingGBpsPerSM != 17.7 {
 		t.Errorf("GB/s per SM: loop %v, bulk %v, ceiling %v", k.Loops[0].GBpsPerSM, k.BulkGBpsPerSM, k.CeilingGBpsPerSM)
 	}
-	k = InflightKernel{Kernel: "k", Path: "16-byte", Share: 0.5, Loops: []InflightLoop{{At: "a", LoadsPerLane: 4, Warps: 16, Memory: "hbm"}}}
+	k = InflightKernel{Kernel: "k", Path: "16-byte", Share: 0.5, Loops: []InflightLoop{{At: "a", LoadsPerLane: 4, Warps: 16, Memory: "hbm"},
+		{At: "b", LoadsPerLane: 1, Warps: 16, Memory: "hbm", TailOf: "a"}}}
 	k.finish()
 	if k.BelowTarget != "" || k.CeilingGBpsPerSM != 47.1 {
-		t.Errorf("4 loads a lane, 16 warps, half the SMs: %q, %v GB/s per SM", k.BelowTarget, k.CeilingGBpsPerSM)
+		t.Errorf("4 loads a lane, 16 warps, half the SMs, and a remainder loop: %q, %v GB/s per SM", k.BelowTarget, k.CeilingGBpsPerSM)
+	}
+	// a remainder loop next to its unrolled loop, not one far from it
+	near := fn(`
+        /*0100*/                   LDG.E.128 R4, [R2.64] ;
+        /*0110*/                   STG.E.128 [R20.64], R4 ;
+        /*0120*/               @P0 BRA 0x100 ;
+        /*0130*/                   LDG.E.128 R4, [R2.64] ;
+        /*0140*/                   LDG.E.128 R8, [R2.64+0x200] ;
+        /*0150*/                   STG.E.128 [R20.64], R4 ;
+        /*0160*/                   STG.E.128 [R20.64+0x200], R8 ;
+        /*0170*/               @P0 BRA 0x130 ;`)
+	if ls := rowLoops(near); len(ls) != 2 || ls[0].tailOf != "0x130-0x170" || ls[1].tailOf != "" {
+		t.Errorf("remainder loop before its loop: %+v", ls)
+	}
+	far := strings.Replace(`
+        /*0100*/                   LDG.E.128 R4, [R2.64] ;
+        /*0110*/                   STG.E.128 [R20.64], R4 ;
+        /*0120*/               @P0 BRA 0x100 ;
+GAP        /*0530*/                   LDG.E.128 R4, [R2.64] ;
+        /*0540*/                   LDG.E.128 R8, [R2.64+0x200] ;
+        /*0550*/                   STG.E.128 [R20.64], R4 ;
+        /*0560*/                   STG.E.128 [R20.64+0x200], R8 ;
+        /*0570*/               @P0 BRA 0x530 ;`, "GAP", strings.Repeat("        /*0200*/                   NOP ;\n", 40), 1)
+	if ls := rowLoops(fn(far)); len(ls) != 2 || ls[0].tailOf != "" {
+		t.Errorf("a loop 40 instructions before another taken for its remainder: %+v", ls)
+	}
+}
+
+// TestInflightCompiled checks the analysis on what ptxas makes of small
+// copies (sm_90, this NVRTC): one vector at a time through pointers that
+// may alias, four loaded before they are stored, eight summed, and an
+// unknown trip count unrolled by 4 with its remainder loop.
+func TestInflightCompiled(t *testing.T) {
+	tool := cuobjdump(t)
+	if tool == "" {
+		t.Skip("no cuobjdump")
+	}
+	n := nvrtc(t)
+	cases := []struct {
+		name, src string
+		want      []int // loads in flight of its loops that are not remainders
+		tails     int
+	}{
+		{"aliasing copy", `extern "C" __global__ void k(uint4 *d, const uint4 *s, int n) {
+			#pragma unroll 4
+			for (int v = threadIdx.x % 32; v < n; v += 32) d[v] = s[v]; }`, []int{1, 1}, 0},
+		{"four loaded, then stored", `extern "C" __global__ void k(uint4 *d, const uint4 *s, int n) {
+			for (int v0 = threadIdx.x % 32; v0 < n; v0 += 128) {
+				uint4 r[4];
+				#pragma unroll
+				for (int u = 0; u < 4; u++) if (v0 + 32 * u < n) r[u] = s[v0 + 32 * u];
+				#pragma unroll
+				for (int u = 0; u < 4; u++) if (v0 + 32 * u < n) d[v0 + 32 * u] = r[u];
+			} }`, []int{4}, 0},
+		{"eight summed", `extern "C" __global__ void k(uint4 *d, const uint4 *s, int n, long stride) {
+			for (int v = threadIdx.x % 32; v < n; v += 32) {
+				uint4 r[8];
+				#pragma unroll
+				for (int u = 0; u < 8; u++) r[u] = s[v + u * stride];
+				uint4 a = r[0];
+				#pragma unroll
+				for (int u = 1; u < 8; u++) { a.x += r[u].x; a.y += r[u].y; a.z += r[u].z; a.w += r[u].w; }
+				d[v] = a;
+			} }`, []int{8}, 0},
+		{"restrict, unrolled by 4", `extern "C" __global__ void k(uint4 *__restrict__ d, const uint4 *__restrict__ s, int n) {
+			#pragma unroll 4
+			for (int v = threadIdx.x % 32; v < n; v += 32) d[v] = s[v]; }`, []int{4}, 1},
+	}
+	for _, c := range cases {
+		cubin, err := n.Compile("k.cu", c.src, nil, []string{"--gpu-architecture=sm_90"})
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		sass, err := sassText(tool, cubin)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []int
+		tails := 0
+		ls := rowLoops(parseSASS(sass)["k"])
+		for _, l := range ls {
+			if l.tailOf != "" {
+				tails++
+				continue
+			}
+			got = append(got, l.loads)
+		}
+		if !slices.Equal(got, c.want) || tails != c.tails {
+			t.Errorf("%s: loops %+v, want %v loads in flight and %d remainder loop(s)", c.name, ls, c.want, c.tails)
+		}
 	}
 }
 
