@@ -64,6 +64,9 @@ type InflightLoop struct {
 	// TailOf: the unrolled loop (its addresses) whose left-over
 	// iterations this loop runs; it is neither checked nor in the ceiling
 	TailOf string `json:"tail_of,omitempty"`
+	// Unread: instructions of its body the disassembler printed no text
+	// for (skipped by the analysis)
+	Unread int `json:"unread,omitempty"`
 }
 
 // InflightKernel is one kernel on one path (16-byte or bulk).
