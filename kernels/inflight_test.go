@@ -737,6 +737,7 @@ func TestInflightTable(t *testing.T) {
 	// dispatch kernels' from its slot, the combine's from its column chunk
 	d0 := defines(preset)
 	sd, sc := heStages(heSlot(d0)), heStages(heChunk(d0))
+	compiled := map[string]string{} // SASS by file, path and stages
 	for _, c := range []struct {
 		file, noBulk, path, only string
 		stages                   int
@@ -750,13 +751,17 @@ func TestInflightTable(t *testing.T) {
 		if c.stages > 0 {
 			d["MB_HE_STAGES"] = fmt.Sprint(c.stages)
 		}
-		cubin, err := j.Compile(c.file, "sm_90", d)
-		if err != nil {
-			t.Fatalf("%s: %v", c.file, err)
-		}
-		sass, err := sassText(tool, cubin)
-		if err != nil {
-			t.Fatal(err)
+		key := fmt.Sprint(c.file, c.noBulk, c.stages)
+		sass, ok := compiled[key]
+		if !ok {
+			cubin, err := j.Compile(c.file, "sm_90", d)
+			if err != nil {
+				t.Fatalf("%s: %v", c.file, err)
+			}
+			if sass, err = sassText(tool, cubin); err != nil {
+				t.Fatal(err)
+			}
+			compiled[key] = sass
 		}
 		ks, err := inflightKernels(sass, d, c.path)
 		if err != nil {
@@ -803,6 +808,41 @@ func TestInflightTable(t *testing.T) {
 	}
 	if !bytes.Equal(got, inflightJSON) {
 		t.Errorf("kernels/inflight.json is not what the cubins give: regenerate it with\n  MOEBENCH_UPDATE_INFLIGHT=1 go test -run '^TestInflightTable$' ./kernels\n(MOEBENCH_NVRTC12 naming an NVRTC ≥ 12, as CI's /tmp/ci-env.sh sets); it gives:\n%s", got)
+	}
+}
+
+// TestInflightREADME: the README's tables of predicted ceilings (DeepEP
+// and HybridEP sections) give the committed table's ceilings.
+func TestInflightREADME(t *testing.T) {
+	tab, err := Inflight()
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows := map[string]string{"deepep_dispatch": "16-byte", "deepep_combine": "16-byte", "he_dispatch": "bulk", "he_combine": "bulk"}
+	for name, path := range rows {
+		k, ok := tab.Kernel(name, path)
+		if !ok {
+			t.Errorf("inflight.json has no %s %s", name, path)
+			continue
+		}
+		found := false
+		for _, l := range strings.Split(string(raw), "\n") {
+			cells := strings.Split(l, " | ")
+			if !strings.HasPrefix(l, "| `"+name+"` |") || len(cells) < 3 {
+				continue
+			}
+			found = true
+			if want := fmt.Sprintf("%.1f", k.CeilingGBpsPerSM); strings.TrimSpace(cells[2]) != want {
+				t.Errorf("README: %s's predicted GB/s per SM is %s; kernels/inflight.json says %s (update the README's table, ratios too)", name, cells[2], want)
+			}
+		}
+		if !found {
+			t.Errorf("README: no row for %s in the predicted ceilings' tables", name)
+		}
 	}
 }
 
