@@ -389,7 +389,17 @@ func heSlot(d map[string]string) int {
 	ld := atoi(d["MB_HE_EXPERTS"]) / atoi(d["MB_HE_EP"]) * atoi(d["MB_HE_DOMAIN"])
 	return 2*atoi(d["MB_HE_HIDDEN"]) + 4*((ld+3)/4*4)
 }
-func heChunk(d map[string]string) int { return min(2*atoi(d["MB_HE_HIDDEN"]), 2048) }
+func heChunk(d map[string]string) int { return min(2*atoi(d["MB_HE_HIDDEN"]), heCols()) }
+
+// heCols is hybridep.cu's COLS, read from the source.
+func heCols() int {
+	src, err := sources.ReadFile("cuda/hybridep.cu")
+	m := regexp.MustCompile(`(?m)^#define COLS (\d+)`).FindSubmatch(src)
+	if err != nil || m == nil {
+		panic(fmt.Sprintf("hybridep.cu: no #define COLS (the combine's column chunk) for the throughput model: %v", err))
+	}
+	return atoi(string(m[1]))
+}
 
 // heStages is the FIFO stages dispatchers/hybridep gives a slot of this
 // many bytes (its stages, programs.go: 3 to 9, what fits 200 KiB of shared
