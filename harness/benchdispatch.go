@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/moebench/moebench/dispatchers"
+	"github.com/moebench/moebench/kernels"
 	"github.com/moebench/moebench/results"
 )
 
@@ -44,6 +45,40 @@ type DispatchPoint struct {
 	// p50 of each phase (the slowest rank per iteration), ms
 	Phases  []results.Phase  `json:"phases,omitempty"`
 	Traffic *results.Traffic `json:"traffic,omitempty"` // bytes and GB/s (per SM)
+	// Predicted: the ceiling the machine code of the kernels the cuda
+	// device runs predicts (SM-driven native dispatchers), on any device
+	Predicted *Prediction `json:"predicted_ceiling,omitempty"`
+}
+
+// Prediction is a dispatcher's ceiling in GB/s per SM predicted from the
+// machine code (kernels/inflight.json, Little's law: bytes in flight per
+// SM ÷ load latency): not a measurement.
+type Prediction struct {
+	DispatchGBpsPerSM float64 `json:"dispatch_gbps_per_sm"`
+	CombineGBpsPerSM  float64 `json:"combine_gbps_per_sm"`
+	Kernels           string  `json:"kernels"` // the kernels and their path
+	Source            string  `json:"source"`  // the cubins the table was read from
+}
+
+// predicted returns the prediction for a dispatcher and implementation,
+// or nil: only moebench's own kernels of deepep and hybridep are in the
+// table.
+func predicted(dispatcher, impl string) *Prediction {
+	d, c, path, ok := kernels.DispatcherKernels(dispatcher)
+	if !ok || impl != "native" {
+		return nil
+	}
+	t, err := kernels.Inflight()
+	if err != nil {
+		return nil
+	}
+	kd, ok1 := t.Kernel(d, path)
+	kc, ok2 := t.Kernel(c, path)
+	if !ok1 || !ok2 {
+		return nil
+	}
+	return &Prediction{DispatchGBpsPerSM: kd.CeilingGBpsPerSM, CombineGBpsPerSM: kc.CeilingGBpsPerSM,
+		Kernels: fmt.Sprintf("%s, %s (%s path)", d, c, path), Source: t.Source}
 }
 
 // BenchDispatch runs the dispatch benchmark of cfg's workload for each
@@ -122,7 +157,7 @@ func (b *DispatchBench) points(cfg Config, names []string, sms []int, point func
 		for _, n := range budgets {
 			c := cfg
 			c.Dispatcher, c.SMs = name, n
-			p := DispatchPoint{Dispatcher: c.Dispatcher, Impl: c.Impl, SMs: c.SMs, Status: results.StatusFailed}
+			p := DispatchPoint{Dispatcher: c.Dispatcher, Impl: c.Impl, SMs: c.SMs, Status: results.StatusFailed, Predicted: predicted(c.Dispatcher, c.Impl)}
 			var err error
 			if bg, ok := dispatchers.SMBudgetOf(c.Dispatcher, c.Impl); ok {
 				if err = bg.Check(c.SMs); err != nil {

@@ -122,6 +122,18 @@ func checkDispatchers(names []string) error {
 	return nil
 }
 
+// pred is a point's predicted ceiling (GB/s per SM, from the machine
+// code) of dispatch or combine, or "—".
+func pred(p harness.DispatchPoint, dispatch bool) string {
+	switch {
+	case p.Predicted == nil:
+		return "—"
+	case dispatch:
+		return fmt.Sprintf("%.1f", p.Predicted.DispatchGBpsPerSM)
+	}
+	return fmt.Sprintf("%.1f", p.Predicted.CombineGBpsPerSM)
+}
+
 // writeDispatchBench prints the dispatch benchmark as a table.
 func writeDispatchBench(w io.Writer, b *harness.DispatchBench) {
 	c := b.Config
@@ -132,14 +144,14 @@ func writeDispatchBench(w io.Writer, b *harness.DispatchBench) {
 		fmt.Fprintf(w, "# ranks: %s\n", b.Ranks)
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "dispatcher\tsms\tdispatch ms\tGB/s\tGB/s/SM\tcombine ms\tGB/s\tGB/s/SM\tcheck\t")
+	fmt.Fprintln(tw, "dispatcher\tsms\tdispatch ms\tGB/s\tGB/s/SM\tpred/SM\tcombine ms\tGB/s\tGB/s/SM\tpred/SM\tcheck\t")
 	for _, p := range b.Points {
 		sms := "—"
 		if p.Budget > 0 {
 			sms = fmt.Sprint(p.Budget)
 		}
 		if p.Status != results.StatusOK {
-			fmt.Fprintf(tw, "%s\t%s\t—\t—\t—\t—\t—\t—\t%s\t\n", p.Dispatcher, sms, results.StatusLine(p.Status, p.Dispatcher, p.Impl, p.Reason))
+			fmt.Fprintf(tw, "%s\t%s\t—\t—\t—\t%s\t—\t—\t—\t%s\t%s\t\n", p.Dispatcher, sms, pred(p, true), pred(p, false), results.StatusLine(p.Status, p.Dispatcher, p.Impl, p.Reason))
 			continue
 		}
 		var dms, cms float64
@@ -158,10 +170,18 @@ func writeDispatchBench(w io.Writer, b *harness.DispatchBench) {
 			return fmt.Sprintf("%.4f", v)
 		}
 		tr := p.Traffic
-		fmt.Fprintf(tw, "%s\t%s\t%.3f\t%.3f\t%s\t%.3f\t%.3f\t%s\tround trip %s\t\n", p.Dispatcher, sms, dms, tr.DispatchGBps, perSM(tr.DispatchGBpsPerSM),
-			cms, tr.CombineGBps, perSM(tr.CombineGBpsPerSM), p.RoundTrip)
+		fmt.Fprintf(tw, "%s\t%s\t%.3f\t%.3f\t%s\t%s\t%.3f\t%.3f\t%s\t%s\tround trip %s\t\n", p.Dispatcher, sms, dms, tr.DispatchGBps, perSM(tr.DispatchGBpsPerSM),
+			pred(p, true), cms, tr.CombineGBps, perSM(tr.CombineGBpsPerSM), pred(p, false), p.RoundTrip)
 	}
 	tw.Flush()
+	said := map[string]bool{}
+	for _, p := range b.Points {
+		if q := p.Predicted; q != nil && !said[p.Dispatcher] {
+			said[p.Dispatcher] = true
+			fmt.Fprintf(w, "# pred/SM of %s: predicted ceiling (from machine code, not measured): %.1f GB/s per SM dispatch, %.1f combine; %s, %s (kernels/inflight.json, the cuda device's kernels, whatever device ran)\n",
+				p.Dispatcher, q.DispatchGBpsPerSM, q.CombineGBpsPerSM, q.Kernels, q.Source)
+		}
+	}
 	for _, p := range b.Points {
 		if p.SMUse != "" && p.Status == results.StatusOK {
 			at := ""

@@ -1,0 +1,39 @@
+package harness
+
+import (
+	"testing"
+
+	"github.com/moebench/moebench/kernels"
+)
+
+// TestBenchDispatchPredicts: on the host device too, deepep's and
+// hybridep's points carry the ceiling the committed table
+// (kernels/inflight.json) predicts for the kernels the cuda device runs;
+// alltoall's, and a library implementation's, none.
+func TestBenchDispatchPredicts(t *testing.T) {
+	tab, err := kernels.Inflight()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := small()
+	c.Warmup, c.Iters = 0, 1
+	b, err := BenchDispatch(c, []string{"alltoall", "deepep", "hybridep"}, []int{4}, Env{Version: "test"})
+	if err != nil || len(b.Points) != 3 {
+		t.Fatalf("err %v, points %+v", err, b)
+	}
+	if b.Points[0].Predicted != nil {
+		t.Errorf("alltoall: predicted %+v", b.Points[0].Predicted)
+	}
+	for _, p := range b.Points[1:] {
+		d, cb, path, _ := kernels.DispatcherKernels(p.Dispatcher)
+		kd, _ := tab.Kernel(d, path)
+		kc, _ := tab.Kernel(cb, path)
+		q := p.Predicted
+		if q == nil || q.DispatchGBpsPerSM != kd.CeilingGBpsPerSM || q.CombineGBpsPerSM != kc.CeilingGBpsPerSM || q.DispatchGBpsPerSM <= 0 || q.Source != tab.Source {
+			t.Errorf("%s: predicted %+v, want %s's %v and %s's %v GB/s per SM", p.Dispatcher, q, d, kd.CeilingGBpsPerSM, cb, kc.CeilingGBpsPerSM)
+		}
+	}
+	if q := predicted("hybridep", "library"); q != nil {
+		t.Errorf("hybridep library: predicted %+v", q)
+	}
+}
