@@ -152,9 +152,11 @@ type Config struct {
 	CUDAGraph     bool    `json:"cuda_graph,omitempty"`     // --cuda-graph: steps issued as CUDA graphs (whether they were: Timing.CUDAGraph)
 	Routing       string  `json:"routing"`
 	// RoutingPerStep: each iteration had its own routing, drawn from the
-	// seed and the step (older records, and --routing-fixed: one routing
-	// replayed every iteration)
-	RoutingPerStep bool    `json:"routing_per_step,omitempty"`
+	// seed and the step; false: one routing replayed every iteration
+	// (--routing-fixed), or the router's own (natural routing, the same
+	// every step). Always written; records from before routing was drawn
+	// per step lack it, and replayed theirs.
+	RoutingPerStep bool    `json:"routing_per_step"`
 	Seed           uint64  `json:"seed"`
 	Warmup         int     `json:"warmup"`
 	Iters          int     `json:"iters"`
