@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"math"
 	"math/bits"
+	"math/rand/v2"
+	"slices"
 	"strings"
 	"sync"
 
@@ -42,10 +44,12 @@ func Check(l *Layer, d dispatchers.Dispatcher, fresh func() (dispatchers.Dispatc
 	if err := l.Step(d, untimed); err != nil {
 		return nil, err
 	}
-	compareReference(c, l, nil)
+	sample, which := checkSample(l.Cfg)
+	c.Sample = which
+	compareReference(c, l, sample)
 	backward := l.grads != nil
 	if backward {
-		if err := checkGrads(c, l, d); err != nil {
+		if err := checkGrads(c, l, d, sample); err != nil {
 			return nil, err
 		}
 	}
@@ -67,6 +71,27 @@ func Check(l *Layer, d dispatchers.Dispatcher, fresh func() (dispatchers.Dispatc
 		}
 	}
 	return c, nil
+}
+
+// checkSample picks the tokens the check compares: all of them with
+// --check all or where their reference is within the budget
+// (sampledTokens), else the same number of seeded random tokens per rank
+// (at least 16). It also says which, for the record.
+func checkSample(c Config) ([][]int, string) {
+	total, n := c.EP*c.Tokens, sampledTokens(c)
+	if c.CheckAll {
+		return nil, fmt.Sprintf("all %d tokens (--check all)", total)
+	}
+	if n == c.Tokens {
+		return nil, fmt.Sprintf("all %d tokens", total)
+	}
+	g := rand.New(rand.NewPCG(c.Seed, 0x5a3b1e))
+	s := make([][]int, c.EP)
+	for r := range s {
+		s[r] = g.Perm(c.Tokens)[:n]
+		slices.Sort(s[r])
+	}
+	return s, fmt.Sprintf("%d of %d tokens (%d per rank, drawn with the run's seed; --check all compares every token)", n*c.EP, total, n)
 }
 
 func poison(s []float32) {

@@ -99,7 +99,11 @@ type Config struct {
 	Iters        int
 	MaxSeconds   float64 // time budget of the warm-up and timed iterations; 0 = none
 	Check        bool
-	Device       string // host | cuda | auto (resolved before a run)
+	// CheckAll: the check compares every token (--check all); else a
+	// seeded sample of them where every token's reference exceeds the
+	// budget (sampledTokens)
+	CheckAll bool
+	Device   string // host | cuda | auto (resolved before a run)
 	// ForwardOnly times the forward pass alone: no backward, no tape, no
 	// gradient check (otherwise every iteration is a training step, forward
 	// and backward)
@@ -271,6 +275,12 @@ func (c Config) Record() results.Config {
 	}
 	if c.ForwardOnly {
 		r.Pass = results.PassForward
+	}
+	if c.Check {
+		r.CheckTokens = results.CheckSample
+		if c.CheckAll {
+			r.CheckTokens = results.CheckAll
+		}
 	}
 	if c.Dispatcher == "feplb" {
 		r.FeplbBase, r.FeplbDynamic, r.FeplbPolicy = c.FeplbBase, c.FeplbDyn, c.FeplbPolicy

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"math/rand/v2"
 	"runtime"
 	"slices"
 	"strings"
@@ -944,6 +943,9 @@ var refFLOPBudget = 4e9
 // sampledTokens is how many tokens per rank the device check compares (see
 // sample).
 func sampledTokens(c Config) int {
+	if c.CheckAll {
+		return c.Tokens
+	}
 	perToken := 6 * float64(c.Hidden) * float64(c.FFN) * float64(c.TopK+c.SharedExperts)
 	if float64(c.EP*c.Tokens)*perToken <= refFLOPBudget {
 		return c.Tokens
@@ -951,23 +953,8 @@ func sampledTokens(c Config) int {
 	return min(c.Tokens, max(16, int(refFLOPBudget/perToken)/c.EP))
 }
 
-// sample picks the tokens the check compares: all of them when the
-// reference is affordable, else the same number of seeded random tokens per
-// rank (at least 16). It also says which, for the record.
-func (dl *deviceLayer) sample() ([][]int, string) {
-	c := dl.l.Cfg
-	total, n := c.EP*c.Tokens, sampledTokens(c)
-	if n == c.Tokens {
-		return nil, fmt.Sprintf("all %d tokens", total)
-	}
-	g := rand.New(rand.NewPCG(c.Seed, 0x5a3b1e))
-	s := make([][]int, c.EP)
-	for r := range s {
-		s[r] = g.Perm(c.Tokens)[:n]
-		slices.Sort(s[r])
-	}
-	return s, fmt.Sprintf("%d of %d tokens (%d per rank, drawn with the run's seed)", n*c.EP, total, n)
-}
+// sample picks the tokens the check compares (checkSample).
+func (dl *deviceLayer) sample() ([][]int, string) { return checkSample(dl.l.Cfg) }
 
 // check runs one step with poisoned outputs and compares the output with the
 // float64 reference (on a sample of tokens for large layers).

@@ -162,7 +162,11 @@ type Config struct {
 	Iters          int     `json:"iters"`
 	MaxSeconds     float64 `json:"max_seconds,omitempty"` // time budget of the iterations (Timing.Stopped says if it cut them)
 	Check          bool    `json:"check"`
-	Device         string  `json:"device"`
+	// CheckTokens is which tokens the check compares: CheckSample or
+	// CheckAll (--check); absent when not checked, and in older records
+	// (CheckName says what those did)
+	CheckTokens string `json:"check_tokens,omitempty"`
+	Device      string `json:"device"`
 	// Pass is what each iteration timed: PassForward or PassTraining;
 	// records without it (older ones) timed the forward only. PassNote says
 	// why a run that was not asked to be forward-only was (the device has
@@ -182,6 +186,28 @@ const (
 	PassForward  = "fwd"     // the forward pass alone (--forward-only; every record before the backward)
 	PassTraining = "fwd+bwd" // a training step: the forward, then the backward
 )
+
+// Which tokens a check compares (Config.CheckTokens).
+const (
+	CheckSample = "sample" // a seeded sample of tokens per rank where every token's reference is beyond the check's budget (correctness.sample says which)
+	CheckAll    = "all"    // every token
+	CheckOff    = "off"    // no check
+)
+
+// CheckName is c's check: CheckOff, CheckAll or CheckSample; for records
+// without check_tokens (older) what their device did then: the host
+// compared every token, the cuda device a sample.
+func (c Config) CheckName() string {
+	switch {
+	case !c.Check:
+		return CheckOff
+	case c.CheckTokens != "":
+		return c.CheckTokens
+	case c.Device == "host":
+		return CheckAll
+	}
+	return CheckSample
+}
 
 // PassName is c's pass, PassForward for records that predate the field.
 func (c Config) PassName() string {

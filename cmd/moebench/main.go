@@ -103,8 +103,8 @@ func runLayer(args []string, stdout, stderr io.Writer) (code int) {
 			cfg.GPUs = 0
 		}
 		fmt.Fprintf(stderr, "moebench: %s; host timings are not comparable with GPU timings\n", line)
-		if fl := harness.HostFLOPs(cfg); fl > 50e9 {
-			fmt.Fprintf(stderr, "moebench: note: %.0f GFLOP of expert GEMMs per step on the host device; expect minutes (reduce --tokens or --iters, or add --forward-only)\n", fl/1e9)
+		if a := hostAdvice(cfg); a != "" {
+			fmt.Fprintf(stderr, "moebench: note: %s\n", a)
 		}
 	}
 	rv, err := rendezvous(o, cfg)
@@ -150,6 +150,16 @@ func runLayer(args []string, stdout, stderr io.Writer) (code int) {
 		}
 	}
 	return code
+}
+
+// hostAdvice is the advice for a layer slow on the host device, or "".
+func hostAdvice(cfg harness.Config) string {
+	fl := harness.HostFLOPs(cfg)
+	if fl <= 50e9 {
+		return ""
+	}
+	return fmt.Sprintf("%.0f GFLOP of expert GEMMs per step on the host device; expect minutes (reduce --tokens or --iters, add --forward-only, "+
+		"or --check off to skip the check's untimed step and its float64 reference)", fl/1e9)
 }
 
 // rendezvous is the meeting of a run launched over several processes

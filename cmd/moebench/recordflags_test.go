@@ -1,10 +1,14 @@
 package main
 
 import (
+	"path/filepath"
 	"reflect"
+	"strings"
 	"testing"
 
 	"github.com/spf13/pflag"
+
+	"github.com/moebench/moebench/results"
 )
 
 // runFlagChange is a flag of 'moebench run' that changes what a run
@@ -100,5 +104,47 @@ func TestRunFlagsReachTheRecord(t *testing.T) {
 		if point == basePoint {
 			t.Errorf("--%s=%s does not change the point compare matches records by: %s", name, ch.value, point)
 		}
+	}
+}
+
+// TestCheckFlag: --check takes sample, all or off (true and false, its
+// older values, are sample and off), the record says which, a bad value
+// is a usage error naming the allowed ones, and the advice for a slow
+// host layer names --check.
+func TestCheckFlag(t *testing.T) {
+	for arg, want := range map[string][2]bool{"": {true, false}, "sample": {true, false}, "true": {true, false},
+		"all": {true, true}, "off": {false, false}, "false": {false, false}} {
+		var o options
+		fs := newFlags(&o)
+		args := []string{}
+		if arg != "" {
+			args = append(args, "--check="+arg)
+		}
+		if err := fs.Parse(args); err != nil {
+			t.Fatalf("--check=%s: %v", arg, err)
+		}
+		c, err := o.config(fs)
+		if err != nil || c.Check != want[0] || c.CheckAll != want[1] {
+			t.Errorf("--check=%s: check %v, all %v (%v); want %v", arg, c.Check, c.CheckAll, err, want)
+		}
+	}
+	code, _, e := cli(append(quick, "--check", "most")...)
+	if code != exitUsage || !strings.Contains(e, "allowed: sample, all, off") {
+		t.Errorf("--check most: exit %d, %s", code, e)
+	}
+	out := filepath.Join(t.TempDir(), "r.jsonl")
+	if code, _, e := cli(append(quick, "--check", "all", "--out", out)...); code != exitOK {
+		t.Fatalf("--check all: exit %d, %s", code, e)
+	}
+	recs, err := results.ReadFile(out, nil)
+	if err != nil || len(recs) != 1 || recs[0].Config.CheckTokens != results.CheckAll || !strings.HasPrefix(recs[0].Correctness.Sample, "all 64 tokens") {
+		t.Errorf("--check all: %v, %+v", err, recs)
+	}
+	var o options
+	fs := newFlags(&o)
+	fs.Parse([]string{"--device", "host", "--preset", "qwen3-30b-a3b", "--tokens", "256", "--dispatcher", "hybridep", "--sms", "32"})
+	c, _ := o.config(fs)
+	if a := hostAdvice(c); !strings.Contains(a, "--check off") || !strings.Contains(a, "--forward-only") {
+		t.Errorf("the advice for a slow host layer: %q", a)
 	}
 }
