@@ -32,6 +32,16 @@ const ErrMetric = "max_i |out_i − ref_i| / max_i |ref_i| over all ranks' outpu
 // near-ties that fp32 logits order differently, and nothing larger.
 const routingSlack = 1e-3
 
+// The check's stages, as progress reports them.
+const (
+	checkStep      = checking + ": the layer's step, its outputs poisoned (phases of ranks)"
+	checkRef       = checking + ": the float64 reference (experts)"
+	checkBackward  = checking + ": the layer's backward, its gradients poisoned (phases of ranks)"
+	checkAlongside = checking + ": the layer's backward, the float64 gradient reference alongside (experts)"
+	checkGradRef   = checking + ": the float64 gradient reference (experts)"
+	checkRoundTrip = checking + ": the dispatcher's round trip"
+)
+
 // Check runs one untimed step with poisoned outputs and compares the layer's
 // output with the float64 reference; it also runs the dispatcher's round trip.
 func Check(l *Layer, d dispatchers.Dispatcher, fresh func() (dispatchers.Dispatcher, error)) (*results.Correctness, error) {
@@ -40,12 +50,18 @@ func Check(l *Layer, d dispatchers.Dispatcher, fresh func() (dispatchers.Dispatc
 		poison(rk.Y)
 		poison(rk.ExpertY)
 	}
-	untimed := func(_ string, _ int, fn func() error) error { return fn() }
-	if err := l.Step(d, untimed); err != nil {
+	prog := l.Cfg.prog
+	counted := func(_ string, _ int, fn func() error) error {
+		defer prog.add(1)
+		return fn()
+	}
+	prog.work(checkStep, len(l.steps(d))*len(l.Ranks))
+	if err := l.Step(d, counted); err != nil {
 		return nil, err
 	}
 	sample, which := checkSample(l.Cfg)
 	c.Sample = which
+	prog.work(checkRef, l.Cfg.Experts)
 	compareReference(c, l, sample)
 	backward := l.grads != nil
 	if backward {
@@ -53,6 +69,7 @@ func Check(l *Layer, d dispatchers.Dispatcher, fresh func() (dispatchers.Dispatc
 			return nil, err
 		}
 	}
+	prog.set(checkRoundTrip)
 	rd, err := fresh()
 	if err != nil {
 		return nil, err
@@ -202,6 +219,7 @@ func Reference(l *Layer, sample [][]int) (out [][]float64, diffs int, err error)
 	workers := refWorkers(c)
 	bufs := make([]buffers, workers)
 	parallel(E, workers, func(w, e int) {
+		defer l.Cfg.prog.add(1)
 		copies := byExpert[e]
 		n := len(copies)
 		if n == 0 {

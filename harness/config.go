@@ -113,6 +113,9 @@ type Config struct {
 	// HostExperts is how the host device holds the experts' weights and
 	// fp32 weight gradients (HostExpertsModes; "" is HostExpertsAuto)
 	HostExperts string
+	// prog, when set, counts the work of the stages that report it: the
+	// experts' weights drawn, the check's phases and references (Run)
+	prog *progress
 	// processes is how many processes a cuda run spans (0 or 1: this one
 	// alone), for the host memory estimate of this process's share (set
 	// by runDevice and Env.HostBytes)

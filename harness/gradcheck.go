@@ -38,7 +38,11 @@ const sampleGradNote = "on the check's sample of tokens: the check's upstream gr
 // the drawn one again afterwards.
 func checkGrads(c *results.Correctness, l *Layer, d dispatchers.Dispatcher, sample [][]int) error {
 	poisonGrads(l)
-	untimed := func(_ string, _ int, fn func() error) error { return fn() }
+	prog := l.Cfg.prog
+	timer := func(_ string, _ int, fn func() error) error {
+		defer prog.add(1)
+		return fn()
+	}
 	if sample != nil {
 		drawn := l.DOut
 		defer func() { l.DOut = drawn }()
@@ -46,14 +50,21 @@ func checkGrads(c *results.Correctness, l *Layer, d dispatchers.Dispatcher, samp
 	}
 	cmp := newGradCompare(l)
 	cmp.sample = sample
-	if l.hold != HostExpertsHeld {
+	if l.hold != HostExpertsHeld { // count the reference's experts
+		prog.work(checkAlongside, l.Cfg.Experts)
+		timer = func(_ string, _ int, fn func() error) error { return fn() }
 		cmp.start()
 		l.gradsDone = cmp.rankDone
 		defer func() { l.gradsDone = nil }()
+	} else if steps, err := l.backwardSteps(d); err == nil {
+		prog.work(checkBackward, len(steps)*len(l.Ranks))
 	}
-	if err := l.Backward(d, untimed); err != nil {
+	if err := l.Backward(d, timer); err != nil {
 		cmp.abort()
 		return err
+	}
+	if !cmp.started {
+		prog.work(checkGradRef, l.Cfg.Experts)
 	}
 	g := &results.GradCheck{Tolerance: kernels.GradTolerance, Metric: kernels.GradErrMetric, Note: gradNote}
 	if sample != nil {
@@ -295,6 +306,7 @@ func (c *gradCompare) start() {
 	go func() {
 		defer close(c.done)
 		c.ref = kernels.ReferenceGradsEach(p, refWorkers(l.Cfg), func(e int, fc1, fc2 []float64) {
+			defer l.Cfg.prog.add(1)
 			defer w.done(e)
 			c.expert(e, fc1, fc2)
 		})

@@ -24,6 +24,12 @@ type progress struct {
 	done       int // steps finished (warm-up, paused and timed)
 	total      int // steps to run
 	stepsStart time.Time
+	// a stage of counted work (work): its units done of total, since
+	// workStart; total 0: the stage is not counted
+	workDone, workTotal int
+	workStart           time.Time
+	// stages are the counted stages ended, each "STAGE: DONE/TOTAL" (tests)
+	stages []string
 
 	stop chan struct{}
 	wg   sync.WaitGroup
@@ -68,8 +74,48 @@ func (p *progress) set(stage string) {
 		return
 	}
 	p.mu.Lock()
-	p.stage = stage
+	p.endWork()
+	p.stage, p.workTotal, p.workDone = stage, 0, 0
 	p.mu.Unlock()
+}
+
+// work names what the run does now and how many units of work it is
+// (experts drawn, phases run, experts' references computed), which add
+// counts as they finish: the line then says the share done and the time
+// left at the stage's rate so far.
+func (p *progress) work(stage string, total int) {
+	if p == nil {
+		return
+	}
+	p.mu.Lock()
+	p.endWork()
+	p.stage, p.workTotal, p.workDone, p.workStart = stage, total, 0, p.now()
+	p.mu.Unlock()
+}
+
+// endWork notes the counted stage that ends (p.mu held).
+func (p *progress) endWork() {
+	if p.workTotal > 0 {
+		p.stages = append(p.stages, fmt.Sprintf("%s: %d/%d", p.stage, p.workDone, p.workTotal))
+	}
+}
+
+// add counts n units of the stage's work done; safe from any goroutine.
+func (p *progress) add(n int) {
+	if p == nil {
+		return
+	}
+	p.mu.Lock()
+	p.workDone += n
+	p.mu.Unlock()
+}
+
+// tick is add(1) as a function, nil for a nil *progress.
+func (p *progress) tick() func() {
+	if p == nil {
+		return nil
+	}
+	return func() { p.add(1) }
 }
 
 // stepDone counts a finished step.
@@ -109,11 +155,19 @@ func (p *progress) line() string {
 	defer p.mu.Unlock()
 	now := p.now()
 	s := p.stage
+	counted := p.workTotal > 0
+	if counted {
+		s += fmt.Sprintf(" · %d%%", percent(p.workDone, p.workTotal))
+	}
 	if !p.stepsStart.IsZero() {
-		s += fmt.Sprintf(" · %d of %d steps done", p.done, p.total)
+		s += fmt.Sprintf(" · %d of %d steps done (%d%%)", p.done, p.total, percent(p.done, p.total))
 	}
 	s += fmt.Sprintf(" · %s elapsed", roundDuration(now.Sub(p.start)))
-	if p.done > 0 && !p.stepsStart.IsZero() {
+	switch {
+	case counted && p.workDone > 0:
+		per := now.Sub(p.workStart) / time.Duration(p.workDone)
+		s += fmt.Sprintf(" · about %s left in this stage", roundDuration(per*time.Duration(max(0, p.workTotal-p.workDone))))
+	case !counted && p.done > 0 && !p.stepsStart.IsZero():
 		per := now.Sub(p.stepsStart) / time.Duration(p.done)
 		s += fmt.Sprintf(" · about %s left", roundDuration(per*time.Duration(p.total-p.done)))
 	}
@@ -127,4 +181,12 @@ func roundDuration(d time.Duration) time.Duration {
 		return d.Round(100 * time.Millisecond)
 	}
 	return d.Round(time.Second)
+}
+
+// percent is done of total in whole percent, at most 100.
+func percent(done, total int) int {
+	if total <= 0 {
+		return 0
+	}
+	return min(100, 100*done/total)
 }

@@ -3,6 +3,8 @@ package harness
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -25,12 +27,28 @@ func TestProgressLine(t *testing.T) {
 	}
 	p.set("timed step 2 of 8")
 	now = t0.Add(10 * time.Second) // 4 steps in 8 s: 6 left take 12 s
-	if got, want := p.line(), "timed step 2 of 8 · 4 of 10 steps done · 10s elapsed · about 12s left"; got != want {
+	if got, want := p.line(), "timed step 2 of 8 · 4 of 10 steps done (40%) · 10s elapsed · about 12s left"; got != want {
 		t.Errorf("line %q, want %q", got, want)
 	}
 	now = t0.Add(1234 * time.Millisecond)
 	if got := roundDuration(now.Sub(t0)); got != 1200*time.Millisecond {
 		t.Errorf("rounded %v", got)
+	}
+	// a counted stage: its share done and the time left at its own rate
+	q := &progress{now: func() time.Time { return now }, start: t0, stage: "building the layer"}
+	now = t0.Add(20 * time.Second)
+	q.work("building the layer", 128)
+	if got, want := q.line(), "building the layer · 0% · 20s elapsed"; got != want {
+		t.Errorf("line %q, want %q", got, want)
+	}
+	now = t0.Add(30 * time.Second) // 32 experts in 10 s: 96 left take 30 s
+	q.add(32)
+	if got, want := q.line(), "building the layer · 25% · 30s elapsed · about 30s left in this stage"; got != want {
+		t.Errorf("line %q, want %q", got, want)
+	}
+	q.set("checking")
+	if got, want := q.line(), "checking · 30s elapsed"; got != want {
+		t.Errorf("an uncounted stage after a counted one: %q, want %q", got, want)
 	}
 }
 
@@ -81,5 +99,36 @@ func TestRunProgress(t *testing.T) {
 	var quiet lockedBuffer
 	if _, err := Run(small(), Env{Version: "test", Progress: &quiet}); err != nil || quiet.String() != "" {
 		t.Errorf("a short run reported progress: %v %q", err, quiet.String())
+	}
+}
+
+// TestStagesCountTheirWork: building the layer counts the experts drawn,
+// and the check counts its step's phases, its references' experts and
+// its backward's phases, each stage to its total, so that the progress
+// line's share and time left are those of the work; with the experts'
+// weights drawn when used, the gradient reference's experts are counted
+// while the backward runs.
+func TestStagesCountTheirWork(t *testing.T) {
+	for _, hold := range []string{HostExpertsHeld, HostExpertsDrawn} {
+		c := small()
+		c.HostExperts = hold
+		p := &progress{now: time.Now}
+		c.prog = p
+		if hold == HostExpertsHeld { // drawn: no weights drawn before the check (Run)
+			p.work(buildExperts, c.Experts)
+		}
+		trained(t, c)
+		p.set("done")
+		fwd, bwd := 7*c.EP, 7*c.EP // the forward's phases (a shared expert), the backward's
+		want := []string{fmt.Sprintf("%s: %d/%d", checkStep, fwd, fwd), fmt.Sprintf("%s: %d/%d", checkRef, c.Experts, c.Experts)}
+		if hold == HostExpertsHeld {
+			want = append([]string{fmt.Sprintf("%s: %d/%d", buildExperts, c.Experts, c.Experts)}, want...)
+			want = append(want, fmt.Sprintf("%s: %d/%d", checkBackward, bwd, bwd), fmt.Sprintf("%s: %d/%d", checkGradRef, c.Experts, c.Experts))
+		} else {
+			want = append(want, fmt.Sprintf("%s: %d/%d", checkAlongside, c.Experts, c.Experts))
+		}
+		if !slices.Equal(p.stages, want) {
+			t.Errorf("%s: stages\n%s\nwant\n%s", hold, strings.Join(p.stages, "\n"), strings.Join(want, "\n"))
+		}
 	}
 }

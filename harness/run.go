@@ -51,6 +51,9 @@ func steps(cfg Config, d any) int {
 	return n
 }
 
+// buildExperts is the progress stage of drawing the experts' weights.
+const buildExperts = "building the layer: drawing the experts' weights (experts)"
+
 // checking is the progress stage of the correctness check.
 const checking = "checking the output against the float64 reference"
 
@@ -93,6 +96,7 @@ func Run(cfg Config, env Env) (*results.Record, error) {
 	}
 	prog := startProgress(env.Progress, env.ProgressEvery, steps(cfg, d))
 	defer prog.finish()
+	cfg.prog = prog
 	if err := checkHostMemory(cfg); err != nil {
 		return fail(results.StatusUnavailable, err)
 	}
@@ -102,6 +106,9 @@ func Run(cfg Config, env Env) (*results.Record, error) {
 	note := hostExpertsNote(cfg.HostExperts, forced)
 	if note != "" && env.Progress != nil {
 		fmt.Fprintf(env.Progress, "moebench: %s\n", note)
+	}
+	if cfg.HostExperts != HostExpertsDrawn {
+		prog.work(buildExperts, cfg.Experts)
 	}
 	l, err := NewLayer(cfg)
 	if err != nil {
