@@ -222,7 +222,7 @@ func Reference(l *Layer, sample [][]int) (out [][]float64, diffs int, err error)
 		defer l.Cfg.prog.add(1)
 		copies := byExpert[e]
 		n := len(copies)
-		if n == 0 {
+		if n == 0 || l.Cfg.intr.Why() != "" {
 			return
 		}
 		b := &bufs[w]
@@ -243,6 +243,9 @@ func Reference(l *Layer, sample [][]int) (out [][]float64, diffs int, err error)
 		}
 		ys[e] = y
 	})
+	if err := l.Cfg.intr.interrupted("while computing the float64 reference"); err != nil {
+		return nil, diffs, err
+	}
 	out = make([][]float64, c.EP)
 	for r := range out {
 		out[r] = make([]float64, len(sample[r])*h)

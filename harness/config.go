@@ -116,6 +116,9 @@ type Config struct {
 	// prog, when set, counts the work of the stages that report it: the
 	// experts' weights drawn, the check's phases and references (Run)
 	prog *progress
+	// intr, when set, is the run's Interrupt: the check's reference stops
+	// at its next expert once it fires (Run)
+	intr *Interrupt
 	// processes is how many processes a cuda run spans (0 or 1: this one
 	// alone), for the host memory estimate of this process's share (set
 	// by runDevice and Env.HostBytes)

@@ -39,6 +39,10 @@ type Env struct {
 	// (internal/launch), meets them and watches them; nil or one process:
 	// a run of this process alone.
 	Rendezvous *launch.Rendezvous
+	// Interrupt, if set, stops the run early when it fires (a signal): the
+	// record holds what was measured and is marked interrupted (host
+	// device runs).
+	Interrupt *Interrupt
 }
 
 // steps is how many steps a run of cfg with d takes: warm-up and timed,
@@ -96,7 +100,7 @@ func Run(cfg Config, env Env) (*results.Record, error) {
 	}
 	prog := startProgress(env.Progress, env.ProgressEvery, steps(cfg, d))
 	defer prog.finish()
-	cfg.prog = prog
+	cfg.prog, cfg.intr = prog, env.Interrupt
 	if err := checkHostMemory(cfg); err != nil {
 		return fail(results.StatusUnavailable, err)
 	}
@@ -123,9 +127,18 @@ func Run(cfg Config, env Env) (*results.Record, error) {
 	} else if err != nil {
 		return fail(results.StatusFailed, err)
 	}
+	if err := env.Interrupt.interrupted("while building the layer"); err != nil {
+		return interruptedRecord(rec, err)
+	}
 	if cfg.Check {
 		prog.set(checking)
 		c, err := Check(l, d, fresh)
+		if ierr := env.Interrupt.interrupted("while checking the output against the float64 reference"); ierr != nil {
+			if err == nil && c.Passed { // it ended before the interrupt
+				rec.Correctness = c
+			}
+			return interruptedRecord(rec, ierr)
+		}
 		if err != nil {
 			return fail(results.StatusFailed, err)
 		}
@@ -173,6 +186,9 @@ func Run(cfg Config, env Env) (*results.Record, error) {
 		samples = m.paused
 		rb.Pause(true)
 		if _, err := iterate(cfg.Warmup, cfg.Iters, pausedEnd, func(i int) error {
+			if err := env.Interrupt.interrupted("before the paused " + stepStage(i, cfg)); err != nil {
+				return err
+			}
 			iter = i
 			l.SetRouting(cfg.Warmup + i + 1) // the same routing as the timed step i
 			if err := l.Iteration(d, timed); err != nil {
@@ -180,13 +196,18 @@ func Run(cfg Config, env Env) (*results.Record, error) {
 			}
 			prog.stepDone()
 			return nil
-		}); err != nil {
+		}); IsInterrupted(err) {
+			return interruptedRecord(rec, err)
+		} else if err != nil {
 			return fail(results.StatusFailed, err)
 		}
 		rb.Pause(false)
 		samples = m.samples
 	}
 	done, err := iterate(cfg.Warmup, cfg.Iters, end, func(i int) error {
+		if err := env.Interrupt.interrupted("before " + stepStage(i, cfg)); err != nil {
+			return err
+		}
 		iter = i
 		prog.set(stepStage(i, cfg))
 		l.SetRouting(cfg.Warmup + i + 1)
@@ -203,10 +224,19 @@ func Run(cfg Config, env Env) (*results.Record, error) {
 		m.recvSteps = append(m.recvSteps, segmentRows(l.Ranks))
 		return nil
 	})
-	if err != nil {
+	var stopped string // why the timed steps stopped early
+	switch {
+	case IsInterrupted(err) && done > 0:
+		stopped = interruptedSteps(rec, err, done, cfg.Iters)
+	case IsInterrupted(err):
+		return interruptedRecord(rec, err)
+	case err != nil:
 		return fail(results.StatusFailed, err)
 	}
 	cfg.Iters, m.stopped = done, cfg.stopped(done)
+	if stopped != "" {
+		m.stopped = stopped
+	}
 	rec.Status = results.StatusOK
 	m.traffic = d.Traffic() // after the steps: it counts the last one
 	m.buffers = buffers(d, cfg.EP)
@@ -217,6 +247,9 @@ func Run(cfg Config, env Env) (*results.Record, error) {
 
 	m.phase2SMs = "not measured on the host device"
 	fillMeasurements(rec, cfg, m)
+	if rec.Interrupted != "" { // stop now: no dump
+		return rec, nil
+	}
 	return rec, dump(env, l, rec)
 }
 

@@ -24,6 +24,10 @@ type Record struct {
 	Time   string `json:"time"` // RFC 3339, UTC
 	Status string `json:"status"`
 	Reason string `json:"reason,omitempty"` // why failed or unavailable
+	// Interrupted: a signal (SIGINT, SIGTERM) stopped the run early, and
+	// where; an ok record holds the timed steps run before it (Timing.Stopped
+	// says how many), a failed one says in Reason that nothing was timed
+	Interrupted string `json:"interrupted,omitempty"`
 
 	Config Config `json:"config"`
 	Stack  Stack  `json:"stack"`
