@@ -1085,6 +1085,7 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 	}
 	prog := startProgress(env.Progress, env.ProgressEvery, steps(cfg, d))
 	defer prog.finish()
+	cfg.prog, cfg.intr = prog, env.Interrupt
 	devs, err := env.devices(cfg.GPUs, cfg.EP, ds)
 	if err != nil {
 		d.Close()
@@ -1123,9 +1124,18 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 	if t, ok := d.(dispatchers.Transporter); ok && t.Transport() != "" {
 		rec.Ranks.Note = ranksNote(cfg.EP, devs, t.Transport())
 	}
+	if err := env.Interrupt.interrupted("while building the layer"); err != nil {
+		return interruptedRecord(rec, err)
+	}
 	if cfg.Check {
 		prog.set(checking)
 		c, err := dl.check()
+		if ierr := env.Interrupt.interrupted("while checking the output against the float64 reference"); ierr != nil {
+			if err == nil && c.Passed { // it ended before the interrupt
+				rec.Correctness = c
+			}
+			return interruptedRecord(rec, ierr)
+		}
 		if err != nil {
 			return fail(deviceStatus(err), err)
 		}
@@ -1178,6 +1188,9 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 		steps := make([][]float64, cfg.EP) // not kept
 		rb.Pause(true)
 		if _, err := iterate(cfg.Warmup, cfg.Iters, pausedEnd, func(i int) error {
+			if err := env.Interrupt.interrupted("before the paused " + stepStage(i, cfg)); err != nil {
+				return err
+			}
 			if err := dl.setRouting(cfg.Warmup + i + 1); err != nil { // the same routing as the timed step i
 				return err
 			}
@@ -1190,13 +1203,18 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 				return nil
 			}
 			return dl.times(m.paused, steps)
-		}); err != nil {
+		}); IsInterrupted(err) {
+			return interruptedRecord(rec, err)
+		} else if err != nil {
 			return fail(deviceStatus(err), err)
 		}
 		rb.Pause(false)
 	}
 	var tm *telemetry
 	done, err := iterate(cfg.Warmup, cfg.Iters, end, func(i int) error {
+		if err := env.Interrupt.interrupted("before " + stepStage(i, cfg)); err != nil {
+			return err
+		}
 		if i == 0 {
 			tuneGEMMs(devs, false)
 			var why string
@@ -1238,11 +1256,21 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 		m.recvSteps = append(m.recvSteps, rows)
 		return nil
 	})
+	var stopped string // why the timed steps stopped early
+	if IsInterrupted(err) && done > 0 {
+		stopped, err = interruptedSteps(rec, err, done, cfg.Iters), nil
+	}
 	if err != nil {
 		tm.finish()
+		if IsInterrupted(err) {
+			return interruptedRecord(rec, err)
+		}
 		return fail(deviceStatus(err), err)
 	}
 	cfg.Iters, m.stopped = done, cfg.stopped(done)
+	if stopped != "" {
+		m.stopped = stopped
+	}
 	m.traffic = d.Traffic() // after the steps: it counts the last one
 	m.buffers = buffers(d, cfg.EP)
 	for r, rk := range dl.ranks {
@@ -1289,7 +1317,7 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 	if g, ok := dev.(*kernels.CUDA); ok {
 		rec.GEMM.Method += "; " + g.GEMMAlgorithms()
 	}
-	if env.Dump == "" {
+	if env.Dump == "" || rec.Interrupted != "" {
 		return rec, nil
 	}
 	if err := dl.download(); err != nil { // the last timed step

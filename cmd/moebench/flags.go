@@ -298,8 +298,8 @@ unavailable dispatcher/device or too little host memory (recorded with its
 reason, never timed); 2 bad command line or input, found before any work
 (a Go runtime crash, "fatal error:" on stderr, also exits 2: report it);
 3 regression found, 4 stacks differ (compare); 130 interrupted (SIGINT,
-SIGTERM) on the host device: the record of the steps timed so far is
-written, marked interrupted (a second signal quits without one).
+SIGTERM): the record of the steps timed so far is written, marked
+interrupted (a second signal quits without one).
 `)
 }
 

@@ -120,7 +120,9 @@ func runLayer(args []string, stdout, stderr io.Writer) (code int) {
 	}
 	env := harness.Env{Version: version(), DeviceNote: note, Dump: o.dump, Progress: stderr, Rendezvous: rv}
 	var writing atomic.Bool // the record is being written: a second signal waits for it
-	if rv == nil && cfg.Device == "host" {
+	// a run over several processes keeps the signals' default: its ranks
+	// must agree on the steps they run
+	if rv == nil {
 		env.Interrupt = &harness.Interrupt{}
 		defer catchSignals(env.Interrupt, &writing, stderr)()
 	}
