@@ -1004,6 +1004,7 @@ func (dl *deviceLayer) check() (*results.Correctness, error) {
 	}
 	if cr.Detail == "" {
 		dl.dist.local("computing the float64 reference of its ranks")
+		dl.l.Cfg.prog.work(checkRef, dl.l.Cfg.Experts)
 		compareReference(cr, dl.l, dl.localSample(sample))
 	}
 	cr.Passed = cr.Detail == "" && cr.MaxRelErr <= Tolerance

@@ -9,6 +9,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/moebench/moebench/kernels"
 )
 
 // TestProgressLine: the line says the stage, then once steps run how many
@@ -130,5 +132,22 @@ func TestStagesCountTheirWork(t *testing.T) {
 		if !slices.Equal(p.stages, want) {
 			t.Errorf("%s: stages\n%s\nwant\n%s", hold, strings.Join(p.stages, "\n"), strings.Join(want, "\n"))
 		}
+	}
+}
+
+// TestDeviceStagesCountTheirWork: the device check's float64 references,
+// computed on the host, count their experts as the host's do.
+func TestDeviceStagesCountTheirWork(t *testing.T) {
+	c := deviceCases()["softmax-natural"]
+	p := &progress{now: time.Now}
+	c.prog = p
+	dl := deviceRun(t, c, &kernels.Emu{})
+	if _, err := dl.check(); err != nil {
+		t.Fatal(err)
+	}
+	p.set("done")
+	want := []string{fmt.Sprintf("%s: %d/%d", checkRef, c.Experts, c.Experts), fmt.Sprintf("%s: %d/%d", checkGradRef, c.Experts, c.Experts)}
+	if !slices.Equal(p.stages, want) {
+		t.Errorf("stages\n%s\nwant\n%s", strings.Join(p.stages, "\n"), strings.Join(want, "\n"))
 	}
 }
