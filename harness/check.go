@@ -34,13 +34,44 @@ const routingSlack = 1e-3
 
 // The check's stages, as progress reports them.
 const (
-	checkStep      = checking + ": the layer's step, its outputs poisoned (phases of ranks)"
+	checkStep      = checking + ": the layer's step, its outputs poisoned"
 	checkRef       = checking + ": the float64 reference (experts)"
-	checkBackward  = checking + ": the layer's backward, its gradients poisoned (phases of ranks)"
+	checkBackward  = checking + ": the layer's backward, its gradients poisoned"
 	checkAlongside = checking + ": the layer's backward, the float64 gradient reference alongside (experts)"
 	checkGradRef   = checking + ": the float64 gradient reference (experts)"
 	checkRoundTrip = checking + ": the dispatcher's round trip"
 )
+
+// phaseWork is a rough measure of a rank's work in the phase called name,
+// for the progress line's share of a step: the FLOPs of its GEMMs (the
+// backward's twice the forward's), a token row's worth for each copy the
+// other phases move.
+func phaseWork(c Config, name string) float64 {
+	T, h, f, k := float64(c.Tokens), float64(c.Hidden), float64(c.FFN), float64(c.TopK)
+	fwd, times := strings.CutSuffix(name, dispatchers.BackwardName(""))
+	n := 1.0
+	if times {
+		n = 2
+	}
+	switch {
+	case slices.Contains(dispatchers.ExpertPhases, fwd):
+		return n * T * k * 6 * h * f
+	case fwd == "shared":
+		return n * T * 6 * h * f * float64(c.SharedExperts)
+	case fwd == "router":
+		return n * T * 2 * h * float64(c.Experts)
+	}
+	return T * k * h
+}
+
+// stepsWork is phaseWork summed over steps and ranks.
+func stepsWork(c Config, steps []dispatchers.Step, ranks int) float64 {
+	w := 0.0
+	for _, s := range steps {
+		w += phaseWork(c, s.Name) * float64(ranks)
+	}
+	return w
+}
 
 // Check runs one untimed step with poisoned outputs and compares the layer's
 // output with the float64 reference; it also runs the dispatcher's round trip.
@@ -51,17 +82,17 @@ func Check(l *Layer, d dispatchers.Dispatcher, fresh func() (dispatchers.Dispatc
 		poison(rk.ExpertY)
 	}
 	prog := l.Cfg.prog
-	counted := func(_ string, _ int, fn func() error) error {
-		defer prog.add(1)
+	counted := func(name string, _ int, fn func() error) error {
+		defer prog.add(phaseWork(l.Cfg, name))
 		return fn()
 	}
-	prog.work(checkStep, len(l.steps(d))*len(l.Ranks))
+	prog.work(checkStep, stepsWork(l.Cfg, l.steps(d), len(l.Ranks)))
 	if err := l.Step(d, counted); err != nil {
 		return nil, err
 	}
 	sample, which := checkSample(l.Cfg)
 	c.Sample = which
-	prog.work(checkRef, l.Cfg.Experts)
+	prog.work(checkRef, float64(l.Cfg.Experts))
 	compareReference(c, l, sample)
 	backward := l.grads != nil
 	if backward {

@@ -1004,7 +1004,7 @@ func (dl *deviceLayer) check() (*results.Correctness, error) {
 	}
 	if cr.Detail == "" {
 		dl.dist.local("computing the float64 reference of its ranks")
-		dl.l.Cfg.prog.work(checkRef, dl.l.Cfg.Experts)
+		dl.l.Cfg.prog.work(checkRef, float64(dl.l.Cfg.Experts))
 		compareReference(cr, dl.l, dl.localSample(sample))
 	}
 	cr.Passed = cr.Detail == "" && cr.MaxRelErr <= Tolerance
@@ -1146,7 +1146,7 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 			return rec, errors.Join(errors.New(rec.Reason), dl.dump(env, rec))
 		}
 	} else {
-		rec.Correctness = &results.Correctness{Checked: false, Detail: "check disabled by --check=false"}
+		rec.Correctness = &results.Correctness{Checked: false, Detail: "check disabled by --check off"}
 	}
 	excluded := "cuBLASLt workspaces and the CUDA context"
 	if cfg.Impl == dispatchers.ImplLibrary {

@@ -39,8 +39,8 @@ const sampleGradNote = "on the check's sample of tokens: the check's upstream gr
 func checkGrads(c *results.Correctness, l *Layer, d dispatchers.Dispatcher, sample [][]int) error {
 	poisonGrads(l)
 	prog := l.Cfg.prog
-	timer := func(_ string, _ int, fn func() error) error {
-		defer prog.add(1)
+	timer := func(name string, _ int, fn func() error) error {
+		defer prog.add(phaseWork(l.Cfg, name))
 		return fn()
 	}
 	if sample != nil {
@@ -51,20 +51,20 @@ func checkGrads(c *results.Correctness, l *Layer, d dispatchers.Dispatcher, samp
 	cmp := newGradCompare(l)
 	cmp.sample = sample
 	if l.hold != HostExpertsHeld { // count the reference's experts
-		prog.work(checkAlongside, l.Cfg.Experts)
+		prog.work(checkAlongside, float64(l.Cfg.Experts))
 		timer = func(_ string, _ int, fn func() error) error { return fn() }
 		cmp.start()
 		l.gradsDone = cmp.rankDone
 		defer func() { l.gradsDone = nil }()
 	} else if steps, err := l.backwardSteps(d); err == nil {
-		prog.work(checkBackward, len(steps)*len(l.Ranks))
+		prog.work(checkBackward, stepsWork(l.Cfg, steps, len(l.Ranks)))
 	}
 	if err := l.Backward(d, timer); err != nil {
 		cmp.abort()
 		return err
 	}
 	if !cmp.started {
-		prog.work(checkGradRef, l.Cfg.Experts)
+		prog.work(checkGradRef, float64(l.Cfg.Experts))
 	}
 	g := &results.GradCheck{Tolerance: kernels.GradTolerance, Metric: kernels.GradErrMetric, Note: gradNote}
 	if sample != nil {

@@ -26,7 +26,7 @@ type progress struct {
 	stepsStart time.Time
 	// a stage of counted work (work): its units done of total, since
 	// workStart; total 0: the stage is not counted
-	workDone, workTotal int
+	workDone, workTotal float64
 	workStart           time.Time
 	// stages are the counted stages ended, each "STAGE: DONE/TOTAL" (tests)
 	stages []string
@@ -83,7 +83,7 @@ func (p *progress) set(stage string) {
 // (experts drawn, phases run, experts' references computed), which add
 // counts as they finish: the line then says the share done and the time
 // left at the stage's rate so far.
-func (p *progress) work(stage string, total int) {
+func (p *progress) work(stage string, total float64) {
 	if p == nil {
 		return
 	}
@@ -96,12 +96,12 @@ func (p *progress) work(stage string, total int) {
 // endWork notes the counted stage that ends (p.mu held).
 func (p *progress) endWork() {
 	if p.workTotal > 0 {
-		p.stages = append(p.stages, fmt.Sprintf("%s: %d/%d", p.stage, p.workDone, p.workTotal))
+		p.stages = append(p.stages, fmt.Sprintf("%s: %g/%g", p.stage, p.workDone, p.workTotal))
 	}
 }
 
 // add counts n units of the stage's work done; safe from any goroutine.
-func (p *progress) add(n int) {
+func (p *progress) add(n float64) {
 	if p == nil {
 		return
 	}
@@ -160,13 +160,13 @@ func (p *progress) line() string {
 		s += fmt.Sprintf(" · %d%%", percent(p.workDone, p.workTotal))
 	}
 	if !p.stepsStart.IsZero() {
-		s += fmt.Sprintf(" · %d of %d steps done (%d%%)", p.done, p.total, percent(p.done, p.total))
+		s += fmt.Sprintf(" · %d of %d steps done (%d%%)", p.done, p.total, percent(float64(p.done), float64(p.total)))
 	}
 	s += fmt.Sprintf(" · %s elapsed", roundDuration(now.Sub(p.start)))
 	switch {
 	case counted && p.workDone > 0:
-		per := now.Sub(p.workStart) / time.Duration(p.workDone)
-		s += fmt.Sprintf(" · about %s left in this stage", roundDuration(per*time.Duration(max(0, p.workTotal-p.workDone))))
+		left := float64(now.Sub(p.workStart)) / p.workDone * max(0, p.workTotal-p.workDone)
+		s += fmt.Sprintf(" · about %s left in this stage", roundDuration(time.Duration(left)))
 	case !counted && p.done > 0 && !p.stepsStart.IsZero():
 		per := now.Sub(p.stepsStart) / time.Duration(p.done)
 		s += fmt.Sprintf(" · about %s left", roundDuration(per*time.Duration(p.total-p.done)))
@@ -184,9 +184,9 @@ func roundDuration(d time.Duration) time.Duration {
 }
 
 // percent is done of total in whole percent, at most 100.
-func percent(done, total int) int {
+func percent(done, total float64) int {
 	if total <= 0 {
 		return 0
 	}
-	return min(100, 100*done/total)
+	return int(min(100, 100*done/total))
 }

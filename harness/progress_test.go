@@ -105,11 +105,11 @@ func TestRunProgress(t *testing.T) {
 }
 
 // TestStagesCountTheirWork: building the layer counts the experts drawn,
-// and the check counts its step's phases, its references' experts and
-// its backward's phases, each stage to its total, so that the progress
-// line's share and time left are those of the work; with the experts'
-// weights drawn when used, the gradient reference's experts are counted
-// while the backward runs.
+// and the check counts its step's phases (each by its work: the expert
+// GEMMs weigh most), its references' experts and its backward's phases,
+// each stage to its total, so that the progress line's share and time
+// left are those of the work; with the experts' weights drawn when used,
+// the gradient reference's experts are counted while the backward runs.
 func TestStagesCountTheirWork(t *testing.T) {
 	for _, hold := range []string{HostExpertsHeld, HostExpertsDrawn} {
 		c := small()
@@ -117,21 +117,32 @@ func TestStagesCountTheirWork(t *testing.T) {
 		p := &progress{now: time.Now}
 		c.prog = p
 		if hold == HostExpertsHeld { // drawn: no weights drawn before the check (Run)
-			p.work(buildExperts, c.Experts)
+			p.work(buildExperts, float64(c.Experts))
 		}
-		trained(t, c)
+		l, d, _ := trained(t, c)
 		p.set("done")
-		fwd, bwd := 7*c.EP, 7*c.EP // the forward's phases (a shared expert), the backward's
-		want := []string{fmt.Sprintf("%s: %d/%d", checkStep, fwd, fwd), fmt.Sprintf("%s: %d/%d", checkRef, c.Experts, c.Experts)}
+		bsteps, err := l.backwardSteps(d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fwd, bwd := stepsWork(c, l.steps(d), c.EP), stepsWork(c, bsteps, c.EP)
+		done := func(stage string, w float64) string { return fmt.Sprintf("%s: %g/%g", stage, w, w) }
+		want := []string{done(checkStep, fwd), done(checkRef, float64(c.Experts))}
 		if hold == HostExpertsHeld {
-			want = append([]string{fmt.Sprintf("%s: %d/%d", buildExperts, c.Experts, c.Experts)}, want...)
-			want = append(want, fmt.Sprintf("%s: %d/%d", checkBackward, bwd, bwd), fmt.Sprintf("%s: %d/%d", checkGradRef, c.Experts, c.Experts))
+			want = append([]string{done(buildExperts, float64(c.Experts))}, want...)
+			want = append(want, done(checkBackward, bwd), done(checkGradRef, float64(c.Experts)))
 		} else {
-			want = append(want, fmt.Sprintf("%s: %d/%d", checkAlongside, c.Experts, c.Experts))
+			want = append(want, done(checkAlongside, float64(c.Experts)))
 		}
 		if !slices.Equal(p.stages, want) {
 			t.Errorf("%s: stages\n%s\nwant\n%s", hold, strings.Join(p.stages, "\n"), strings.Join(want, "\n"))
 		}
+	}
+	q, _ := LookupPreset("qwen3-30b-a3b")
+	c := small()
+	c.Shape = q.Shape
+	if e, m := phaseWork(c, "experts"), phaseWork(c, "dispatch"); e < 100*m || phaseWork(c, "experts-bwd") != 2*e {
+		t.Errorf("qwen3-30b-a3b: experts %g, experts-bwd %g, dispatch %g: the expert GEMMs must weigh most", e, phaseWork(c, "experts-bwd"), m)
 	}
 }
 

@@ -40,8 +40,9 @@ type Env struct {
 	// a run of this process alone.
 	Rendezvous *launch.Rendezvous
 	// Interrupt, if set, stops the run early when it fires (a signal): the
-	// record holds what was measured and is marked interrupted (host
-	// device runs).
+	// record holds what was measured and is marked interrupted. A run over
+	// several processes must not be given one (its ranks would stop at
+	// different steps).
 	Interrupt *Interrupt
 }
 
@@ -112,7 +113,7 @@ func Run(cfg Config, env Env) (*results.Record, error) {
 		fmt.Fprintf(env.Progress, "moebench: %s\n", note)
 	}
 	if cfg.HostExperts != HostExpertsDrawn {
-		prog.work(buildExperts, cfg.Experts)
+		prog.work(buildExperts, float64(cfg.Experts))
 	}
 	l, err := NewLayer(cfg)
 	if err != nil {
@@ -148,7 +149,7 @@ func Run(cfg Config, env Env) (*results.Record, error) {
 			return rec, errors.Join(errors.New(rec.Reason), dump(env, l, rec))
 		}
 	} else {
-		rec.Correctness = &results.Correctness{Checked: false, Detail: "check disabled by --check=false"}
+		rec.Correctness = &results.Correctness{Checked: false, Detail: "check disabled by --check off"}
 	}
 
 	m := measured{
