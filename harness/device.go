@@ -1181,7 +1181,7 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 		defer gs.free()
 	}
 	rb, rebalances := d.(dispatchers.Rebalancer)
-	prog.stepping()
+	prog.stepping(0) // the phases run on the devices at once: counted by step
 	pausedEnd, end := cfg.deadlines(rebalances)
 	if rebalances { // the paused steps (see measured.paused)
 		prog.set("steps with phase 2 paused (the straggler before rebalancing)")

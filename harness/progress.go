@@ -24,6 +24,8 @@ type progress struct {
 	done       int // steps finished (warm-up, paused and timed)
 	total      int // steps to run
 	stepsStart time.Time
+	// a step's work (0: not counted) and the current step's work done
+	stepWork, inStep float64
 	// a stage of counted work (work): its units done of total, since
 	// workStart; total 0: the stage is not counted
 	workDone, workTotal float64
@@ -110,14 +112,6 @@ func (p *progress) add(n float64) {
 	p.mu.Unlock()
 }
 
-// tick is add(1) as a function, nil for a nil *progress.
-func (p *progress) tick() func() {
-	if p == nil {
-		return nil
-	}
-	return func() { p.add(1) }
-}
-
 // stepDone counts a finished step.
 func (p *progress) stepDone() {
 	if p == nil {
@@ -125,11 +119,14 @@ func (p *progress) stepDone() {
 	}
 	p.mu.Lock()
 	p.done++
+	p.inStep = 0
 	p.mu.Unlock()
 }
 
-// stepping marks the start of the steps, for the estimate.
-func (p *progress) stepping() {
+// stepping marks the start of the steps, for the estimate; work, when
+// not 0, is a step's work, which stepAdd counts as its phases end, so
+// that the share done and the estimate move within a long step.
+func (p *progress) stepping(work float64) {
 	if p == nil {
 		return
 	}
@@ -137,6 +134,17 @@ func (p *progress) stepping() {
 	if p.stepsStart.IsZero() {
 		p.stepsStart = p.now()
 	}
+	p.stepWork = work
+	p.mu.Unlock()
+}
+
+// stepAdd counts n units of the current step's work done.
+func (p *progress) stepAdd(n float64) {
+	if p == nil {
+		return
+	}
+	p.mu.Lock()
+	p.inStep += n
 	p.mu.Unlock()
 }
 
@@ -159,17 +167,21 @@ func (p *progress) line() string {
 	if counted {
 		s += fmt.Sprintf(" · %d%%", percent(p.workDone, p.workTotal))
 	}
+	done := float64(p.done) // and the share of the current step done
+	if p.stepWork > 0 {
+		done += min(1, p.inStep/p.stepWork)
+	}
 	if !p.stepsStart.IsZero() {
-		s += fmt.Sprintf(" · %d of %d steps done (%d%%)", p.done, p.total, percent(float64(p.done), float64(p.total)))
+		s += fmt.Sprintf(" · %d of %d steps done (%d%%)", p.done, p.total, percent(done, float64(p.total)))
 	}
 	s += fmt.Sprintf(" · %s elapsed", roundDuration(now.Sub(p.start)))
 	switch {
 	case counted && p.workDone > 0:
 		left := float64(now.Sub(p.workStart)) / p.workDone * max(0, p.workTotal-p.workDone)
 		s += fmt.Sprintf(" · about %s left in this stage", roundDuration(time.Duration(left)))
-	case !counted && p.done > 0 && !p.stepsStart.IsZero():
-		per := now.Sub(p.stepsStart) / time.Duration(p.done)
-		s += fmt.Sprintf(" · about %s left", roundDuration(per*time.Duration(p.total-p.done)))
+	case !counted && done > 0 && !p.stepsStart.IsZero():
+		left := float64(now.Sub(p.stepsStart)) / done * max(0, float64(p.total)-done)
+		s += fmt.Sprintf(" · about %s left", roundDuration(time.Duration(left)))
 	}
 	return s
 }

@@ -23,7 +23,7 @@ func TestProgressLine(t *testing.T) {
 		t.Errorf("before the steps: %q", got)
 	}
 	now = t0.Add(2 * time.Second)
-	p.stepping()
+	p.stepping(0)
 	for range 4 {
 		p.stepDone()
 	}
@@ -48,8 +48,23 @@ func TestProgressLine(t *testing.T) {
 	if got, want := q.line(), "building the layer · 25% · 30s elapsed · about 30s left in this stage"; got != want {
 		t.Errorf("line %q, want %q", got, want)
 	}
+	// within a long step: the share of its work done moves the estimate
+	q.set("timed step 1 of 10")
+	now = t0.Add(40 * time.Second)
+	q.total = 10
+	q.stepping(200)
+	now = t0.Add(44 * time.Second)
+	q.stepAdd(50) // a quarter of the first step in 4 s: 9.75 steps left take 156 s
+	if got, want := q.line(), "timed step 1 of 10 · 0 of 10 steps done (2%) · 44s elapsed · about 2m36s left"; got != want {
+		t.Errorf("line %q, want %q", got, want)
+	}
+	q.stepDone()
+	q.stepAdd(100) // the second step half done, at 44 s: 1.5 steps in 4 s
+	if got, want := q.line(), "timed step 1 of 10 · 1 of 10 steps done (15%) · 44s elapsed · about 23s left"; got != want {
+		t.Errorf("line %q, want %q", got, want)
+	}
 	q.set("checking")
-	if got, want := q.line(), "checking · 30s elapsed"; got != want {
+	if got, want := q.line(), "checking · 1 of 10 steps done (15%) · 44s elapsed · about 23s left"; got != want {
 		t.Errorf("an uncounted stage after a counted one: %q, want %q", got, want)
 	}
 }

@@ -176,10 +176,15 @@ func Run(cfg Config, env Env) (*results.Record, error) {
 		if iter >= 0 {
 			samples[ph][r] = append(samples[ph][r], float64(time.Since(t0).Nanoseconds())/1e6)
 		}
+		prog.stepAdd(phaseWork(cfg, ph))
 		return err
 	}
 	rb, rebalances := d.(dispatchers.Rebalancer)
-	prog.stepping()
+	stepWork := 0.0
+	for _, ph := range m.phases {
+		stepWork += phaseWork(cfg, ph) * float64(cfg.EP)
+	}
+	prog.stepping(stepWork)
 	pausedEnd, end := cfg.deadlines(rebalances)
 	if rebalances { // after the warm-up, the paused steps (see measured.paused)
 		prog.set("steps with phase 2 paused (the straggler before rebalancing)")
