@@ -313,3 +313,23 @@ func TestCompareSettingsThatChangeTheMeasurement(t *testing.T) {
 		t.Errorf("an older record without routing_per_step: %v %+v", err, recs)
 	}
 }
+
+// TestCheckNameOfOlderRecords: a record without check_tokens (older) reads
+// as what its device's check did then: every token on the host, a sample
+// on the cuda device; one with it says which.
+func TestCheckNameOfOlderRecords(t *testing.T) {
+	for _, c := range []struct {
+		cfg  Config
+		want string
+	}{
+		{Config{Check: true, Device: "host"}, CheckAll},
+		{Config{Check: true, Device: "cuda"}, CheckSample},
+		{Config{Check: false, Device: "host"}, CheckOff},
+		{Config{Check: true, Device: "host", CheckTokens: CheckSample}, CheckSample},
+		{Config{Check: true, Device: "cuda", CheckTokens: CheckAll}, CheckAll},
+	} {
+		if got := c.cfg.CheckName(); got != c.want {
+			t.Errorf("%+v: %s, want %s", c.cfg, got, c.want)
+		}
+	}
+}
