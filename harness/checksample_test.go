@@ -25,7 +25,7 @@ func TestHostSampledCheck(t *testing.T) {
 	}
 	cc := rec.Correctness
 	if !strings.Contains(cc.Sample, "64 of 128 tokens (16 per rank") || cc.Grads == nil || len(cc.Grads.PerTensor) != 7 || rec.Config.CheckTokens != "sample" {
-		t.Errorf("sampled check: config %+v, correctness %+v, grads %+v", rec.Config, cc, cc.Grads)
+		t.Fatalf("sampled check: config %+v, correctness %+v, grads %+v", rec.Config, cc, cc.Grads)
 	}
 	if cc.Grads != nil && !strings.Contains(cc.Grads.Note, "zero outside the sampled tokens") {
 		t.Errorf("the gradient note does not say the sample bounds it: %q", cc.Grads.Note)
@@ -41,6 +41,12 @@ func TestHostSampledCheck(t *testing.T) {
 	if rec, err := Run(b, Env{Version: "test"}); err == nil || rec.Status != results.StatusFailed || rec.Correctness.Grads == nil ||
 		!strings.Contains(rec.Correctness.Detail, "gradient error over the tolerance") {
 		t.Errorf("broken backward with a sampled check: %v, %+v", err, rec.Correctness)
+	}
+	d := c
+	d.HostExperts = HostExpertsDrawn // the gradient reference alongside the backward, on the sample
+	if rec, err := Run(d, Env{Version: "test"}); err != nil || rec.Status != results.StatusOK || rec.Correctness.Grads == nil ||
+		rec.Correctness.Grads.MaxRelErr != cc.Grads.MaxRelErr {
+		t.Errorf("drawn weights, sampled check: %v, %+v (held: %+v)", err, rec.Correctness, cc.Grads)
 	}
 	c.CheckAll = true
 	rec, err = Run(c, Env{Version: "test"})
