@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"math"
 	"math/bits"
+	"math/rand/v2"
+	"slices"
 	"strings"
 	"sync"
 
@@ -30,6 +32,47 @@ const ErrMetric = "max_i |out_i − ref_i| / max_i |ref_i| over all ranks' outpu
 // near-ties that fp32 logits order differently, and nothing larger.
 const routingSlack = 1e-3
 
+// The check's stages, as progress reports them.
+const (
+	checkStep      = checking + ": the layer's step, its outputs poisoned"
+	checkRef       = checking + ": the float64 reference (experts)"
+	checkBackward  = checking + ": the layer's backward, its gradients poisoned"
+	checkAlongside = checking + ": the layer's backward, the float64 gradient reference alongside (experts)"
+	checkGradRef   = checking + ": the float64 gradient reference (experts)"
+	checkRoundTrip = checking + ": the dispatcher's round trip"
+)
+
+// phaseWork is a rough measure of a rank's work in the phase called name,
+// for the progress line's share of a step: the FLOPs of its GEMMs (the
+// backward's twice the forward's), a token row's worth for each copy the
+// other phases move.
+func phaseWork(c Config, name string) float64 {
+	T, h, f, k := float64(c.Tokens), float64(c.Hidden), float64(c.FFN), float64(c.TopK)
+	fwd, times := strings.CutSuffix(name, dispatchers.BackwardName(""))
+	n := 1.0
+	if times {
+		n = 2
+	}
+	switch {
+	case slices.Contains(dispatchers.ExpertPhases, fwd):
+		return n * T * k * 6 * h * f
+	case fwd == "shared":
+		return n * T * 6 * h * f * float64(c.SharedExperts)
+	case fwd == "router":
+		return n * T * 2 * h * float64(c.Experts)
+	}
+	return T * k * h
+}
+
+// stepsWork is phaseWork summed over steps and ranks.
+func stepsWork(c Config, steps []dispatchers.Step, ranks int) float64 {
+	w := 0.0
+	for _, s := range steps {
+		w += phaseWork(c, s.Name) * float64(ranks)
+	}
+	return w
+}
+
 // Check runs one untimed step with poisoned outputs and compares the layer's
 // output with the float64 reference; it also runs the dispatcher's round trip.
 func Check(l *Layer, d dispatchers.Dispatcher, fresh func() (dispatchers.Dispatcher, error)) (*results.Correctness, error) {
@@ -38,17 +81,26 @@ func Check(l *Layer, d dispatchers.Dispatcher, fresh func() (dispatchers.Dispatc
 		poison(rk.Y)
 		poison(rk.ExpertY)
 	}
-	untimed := func(_ string, _ int, fn func() error) error { return fn() }
-	if err := l.Step(d, untimed); err != nil {
+	prog := l.Cfg.prog
+	counted := func(name string, _ int, fn func() error) error {
+		defer prog.add(phaseWork(l.Cfg, name))
+		return fn()
+	}
+	prog.work(checkStep, stepsWork(l.Cfg, l.steps(d), len(l.Ranks)))
+	if err := l.Step(d, counted); err != nil {
 		return nil, err
 	}
-	compareReference(c, l, nil)
+	sample, which := checkSample(l.Cfg)
+	c.Sample = which
+	prog.work(checkRef, float64(l.Cfg.Experts))
+	compareReference(c, l, sample)
 	backward := l.grads != nil
 	if backward {
-		if err := checkGrads(c, l, d); err != nil {
+		if err := checkGrads(c, l, d, sample); err != nil {
 			return nil, err
 		}
 	}
+	prog.set(checkRoundTrip)
 	rd, err := fresh()
 	if err != nil {
 		return nil, err
@@ -67,6 +119,27 @@ func Check(l *Layer, d dispatchers.Dispatcher, fresh func() (dispatchers.Dispatc
 		}
 	}
 	return c, nil
+}
+
+// checkSample picks the tokens the check compares: all of them with
+// --check all or where their reference is within the budget
+// (sampledTokens), else the same number of seeded random tokens per rank
+// (at least 16). It also says which, for the record.
+func checkSample(c Config) ([][]int, string) {
+	total, n := c.EP*c.Tokens, sampledTokens(c)
+	if c.CheckAll {
+		return nil, fmt.Sprintf("all %d tokens (--check all)", total)
+	}
+	if n == c.Tokens {
+		return nil, fmt.Sprintf("all %d tokens", total)
+	}
+	g := rand.New(rand.NewPCG(c.Seed, 0x5a3b1e))
+	s := make([][]int, c.EP)
+	for r := range s {
+		s[r] = g.Perm(c.Tokens)[:n]
+		slices.Sort(s[r])
+	}
+	return s, fmt.Sprintf("%d of %d tokens (%d per rank, drawn with the run's seed; --check all compares every token)", n*c.EP, total, n)
 }
 
 func poison(s []float32) {
@@ -177,9 +250,10 @@ func Reference(l *Layer, sample [][]int) (out [][]float64, diffs int, err error)
 	workers := refWorkers(c)
 	bufs := make([]buffers, workers)
 	parallel(E, workers, func(w, e int) {
+		defer l.Cfg.prog.add(1)
 		copies := byExpert[e]
 		n := len(copies)
-		if n == 0 {
+		if n == 0 || l.Cfg.intr.Why() != "" {
 			return
 		}
 		b := &bufs[w]
@@ -200,6 +274,9 @@ func Reference(l *Layer, sample [][]int) (out [][]float64, diffs int, err error)
 		}
 		ys[e] = y
 	})
+	if err := l.Cfg.intr.interrupted("while computing the float64 reference"); err != nil {
+		return nil, diffs, err
+	}
 	out = make([][]float64, c.EP)
 	for r := range out {
 		out[r] = make([]float64, len(sample[r])*h)

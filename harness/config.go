@@ -99,7 +99,11 @@ type Config struct {
 	Iters        int
 	MaxSeconds   float64 // time budget of the warm-up and timed iterations; 0 = none
 	Check        bool
-	Device       string // host | cuda | auto (resolved before a run)
+	// CheckAll: the check compares every token (--check all); else a
+	// seeded sample of them where every token's reference exceeds the
+	// budget (sampledTokens)
+	CheckAll bool
+	Device   string // host | cuda | auto (resolved before a run)
 	// ForwardOnly times the forward pass alone: no backward, no tape, no
 	// gradient check (otherwise every iteration is a training step, forward
 	// and backward)
@@ -109,6 +113,12 @@ type Config struct {
 	// HostExperts is how the host device holds the experts' weights and
 	// fp32 weight gradients (HostExpertsModes; "" is HostExpertsAuto)
 	HostExperts string
+	// prog, when set, counts the work of the stages that report it: the
+	// experts' weights drawn, the check's phases and references (Run)
+	prog *progress
+	// intr, when set, is the run's Interrupt: the check's reference stops
+	// at its next expert once it fires (Run)
+	intr *Interrupt
 	// processes is how many processes a cuda run spans (0 or 1: this one
 	// alone), for the host memory estimate of this process's share (set
 	// by runDevice and Env.HostBytes)
@@ -271,6 +281,12 @@ func (c Config) Record() results.Config {
 	}
 	if c.ForwardOnly {
 		r.Pass = results.PassForward
+	}
+	if c.Check {
+		r.CheckTokens = results.CheckSample
+		if c.CheckAll {
+			r.CheckTokens = results.CheckAll
+		}
 	}
 	if c.Dispatcher == "feplb" {
 		r.FeplbBase, r.FeplbDynamic, r.FeplbPolicy = c.FeplbBase, c.FeplbDyn, c.FeplbPolicy

@@ -509,6 +509,7 @@ func (dl *deviceLayer) checkGrads(cr *results.Correctness, sampled bool) error {
 		return err
 	}
 	dl.dist.local("computing the float64 gradient reference")
+	dl.l.Cfg.prog.work(checkGradRef, float64(dl.l.Cfg.Experts))
 	var mu sync.Mutex
 	var failed error
 	g := &results.GradCheck{Tolerance: kernels.GradTolerance, Metric: kernels.GradErrMetric, Note: gradNote, RoundTrip: deviceRoundTrip}

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"math/rand/v2"
 	"runtime"
 	"slices"
 	"strings"
@@ -944,6 +943,9 @@ var refFLOPBudget = 4e9
 // sampledTokens is how many tokens per rank the device check compares (see
 // sample).
 func sampledTokens(c Config) int {
+	if c.CheckAll {
+		return c.Tokens
+	}
 	perToken := 6 * float64(c.Hidden) * float64(c.FFN) * float64(c.TopK+c.SharedExperts)
 	if float64(c.EP*c.Tokens)*perToken <= refFLOPBudget {
 		return c.Tokens
@@ -951,23 +953,8 @@ func sampledTokens(c Config) int {
 	return min(c.Tokens, max(16, int(refFLOPBudget/perToken)/c.EP))
 }
 
-// sample picks the tokens the check compares: all of them when the
-// reference is affordable, else the same number of seeded random tokens per
-// rank (at least 16). It also says which, for the record.
-func (dl *deviceLayer) sample() ([][]int, string) {
-	c := dl.l.Cfg
-	total, n := c.EP*c.Tokens, sampledTokens(c)
-	if n == c.Tokens {
-		return nil, fmt.Sprintf("all %d tokens", total)
-	}
-	g := rand.New(rand.NewPCG(c.Seed, 0x5a3b1e))
-	s := make([][]int, c.EP)
-	for r := range s {
-		s[r] = g.Perm(c.Tokens)[:n]
-		slices.Sort(s[r])
-	}
-	return s, fmt.Sprintf("%d of %d tokens (%d per rank, drawn with the run's seed)", n*c.EP, total, n)
-}
+// sample picks the tokens the check compares (checkSample).
+func (dl *deviceLayer) sample() ([][]int, string) { return checkSample(dl.l.Cfg) }
 
 // check runs one step with poisoned outputs and compares the output with the
 // float64 reference (on a sample of tokens for large layers).
@@ -1017,6 +1004,7 @@ func (dl *deviceLayer) check() (*results.Correctness, error) {
 	}
 	if cr.Detail == "" {
 		dl.dist.local("computing the float64 reference of its ranks")
+		dl.l.Cfg.prog.work(checkRef, float64(dl.l.Cfg.Experts))
 		compareReference(cr, dl.l, dl.localSample(sample))
 	}
 	cr.Passed = cr.Detail == "" && cr.MaxRelErr <= Tolerance
@@ -1098,6 +1086,7 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 	}
 	prog := startProgress(env.Progress, env.ProgressEvery, steps(cfg, d))
 	defer prog.finish()
+	cfg.prog, cfg.intr = prog, env.Interrupt
 	devs, err := env.devices(cfg.GPUs, cfg.EP, ds)
 	if err != nil {
 		d.Close()
@@ -1136,9 +1125,18 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 	if t, ok := d.(dispatchers.Transporter); ok && t.Transport() != "" {
 		rec.Ranks.Note = ranksNote(cfg.EP, devs, t.Transport())
 	}
+	if err := env.Interrupt.interrupted("while building the layer"); err != nil {
+		return interruptedRecord(rec, err)
+	}
 	if cfg.Check {
 		prog.set(checking)
 		c, err := dl.check()
+		if ierr := env.Interrupt.interrupted("while checking the output against the float64 reference"); ierr != nil {
+			if err == nil && c.Passed { // it ended before the interrupt
+				rec.Correctness = c
+			}
+			return interruptedRecord(rec, ierr)
+		}
 		if err != nil {
 			return fail(deviceStatus(err), err)
 		}
@@ -1148,7 +1146,7 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 			return rec, errors.Join(errors.New(rec.Reason), dl.dump(env, rec))
 		}
 	} else {
-		rec.Correctness = &results.Correctness{Checked: false, Detail: "check disabled by --check=false"}
+		rec.Correctness = &results.Correctness{Checked: false, Detail: "check disabled by --check off"}
 	}
 	excluded := "cuBLASLt workspaces and the CUDA context"
 	if cfg.Impl == dispatchers.ImplLibrary {
@@ -1183,7 +1181,7 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 		defer gs.free()
 	}
 	rb, rebalances := d.(dispatchers.Rebalancer)
-	prog.stepping()
+	prog.stepping(0) // the phases run on the devices at once: counted by step
 	pausedEnd, end := cfg.deadlines(rebalances)
 	if rebalances { // the paused steps (see measured.paused)
 		prog.set("steps with phase 2 paused (the straggler before rebalancing)")
@@ -1191,6 +1189,9 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 		steps := make([][]float64, cfg.EP) // not kept
 		rb.Pause(true)
 		if _, err := iterate(cfg.Warmup, cfg.Iters, pausedEnd, func(i int) error {
+			if err := env.Interrupt.interrupted("before the paused " + stepStage(i, cfg)); err != nil {
+				return err
+			}
 			if err := dl.setRouting(cfg.Warmup + i + 1); err != nil { // the same routing as the timed step i
 				return err
 			}
@@ -1203,13 +1204,18 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 				return nil
 			}
 			return dl.times(m.paused, steps)
-		}); err != nil {
+		}); IsInterrupted(err) {
+			return interruptedRecord(rec, err)
+		} else if err != nil {
 			return fail(deviceStatus(err), err)
 		}
 		rb.Pause(false)
 	}
 	var tm *telemetry
 	done, err := iterate(cfg.Warmup, cfg.Iters, end, func(i int) error {
+		if err := env.Interrupt.interrupted("before " + stepStage(i, cfg)); err != nil {
+			return err
+		}
 		if i == 0 {
 			tuneGEMMs(devs, false)
 			var why string
@@ -1251,11 +1257,21 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 		m.recvSteps = append(m.recvSteps, rows)
 		return nil
 	})
+	var stopped string // why the timed steps stopped early
+	if IsInterrupted(err) && done > 0 {
+		stopped, err = interruptedSteps(rec, err, done, cfg.Iters), nil
+	}
 	if err != nil {
 		tm.finish()
+		if IsInterrupted(err) {
+			return interruptedRecord(rec, err)
+		}
 		return fail(deviceStatus(err), err)
 	}
 	cfg.Iters, m.stopped = done, cfg.stopped(done)
+	if stopped != "" {
+		m.stopped = stopped
+	}
 	m.traffic = d.Traffic() // after the steps: it counts the last one
 	m.buffers = buffers(d, cfg.EP)
 	for r, rk := range dl.ranks {
@@ -1302,7 +1318,7 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 	if g, ok := dev.(*kernels.CUDA); ok {
 		rec.GEMM.Method += "; " + g.GEMMAlgorithms()
 	}
-	if env.Dump == "" {
+	if env.Dump == "" || rec.Interrupted != "" {
 		return rec, nil
 	}
 	if err := dl.download(); err != nil { // the last timed step

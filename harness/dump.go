@@ -113,7 +113,7 @@ func Dump(dir string, l *Layer, rec *results.Record) error {
 			return fmt.Errorf("--dump %s: %w", dir, err)
 		}
 	}
-	meta := map[string]any{"config": rec.Config, "status": rec.Status, "files": index, "notes": notes}
+	meta := map[string]any{"config": rec.Config, "status": rec.Status, "files": index, "notes": notes, "routing": dumpRouting(l)}
 	b, err := json.MarshalIndent(meta, "", "  ")
 	if err == nil {
 		err = os.WriteFile(filepath.Join(tmp, "index.json"), append(b, '\n'), 0o644)
@@ -125,6 +125,27 @@ func Dump(dir string, l *Layer, rec *results.Record) error {
 		return fmt.Errorf("--dump %s: %w", dir, err)
 	}
 	return nil
+}
+
+// dumpRouting says whose step's routing a dump holds: per_step (drawn per
+// step, or one replayed), the step, and how to get it back.
+func dumpRouting(l *Layer) map[string]any {
+	c := l.Cfg
+	about := "one routing every step (step 0's): "
+	switch {
+	case c.Routing.Kind == RoutingNatural:
+		about += "the router's own choice on the input, the same every step"
+	case c.RoutingFixed:
+		about += "--routing-fixed replays the first step's routing"
+	}
+	if c.perStepRouting() {
+		about = fmt.Sprintf("drawn per step from the seed and the step; the files hold step %d's (the last step run: warm-up steps 1..%d, then the timed ones; 0 is the check's)",
+			l.step, c.Warmup)
+	}
+	if c.Routing.Kind == RoutingTrace && c.perStepRouting() {
+		about += "; a trace's routing continues where the step before ended"
+	}
+	return map[string]any{"per_step": c.perStepRouting(), "step": l.step, "about": about}
 }
 
 // dumpGrads are the steps that write a training step's upstream gradient

@@ -24,24 +24,52 @@ import (
 const gradNote = "upstream gradient: N(0,1) per rank drawn from the seed, as bf16; the weight gradients are fp32 main_grad: the experts' their owners', " +
 	"the router's and the shared expert's summed over every rank's tokens (each rank's router part rounded to bf16 first, B7), as a data-parallel all-reduce sums them"
 
+// sampleGradNote says how a sampled check bounds the gradient check.
+const sampleGradNote = "on the check's sample of tokens: the check's upstream gradient is zero outside the sampled tokens, so every gradient, " +
+	"the weight gradients' sums included, is the sampled tokens' and its reference takes those tokens alone; every other token's input " +
+	"and probability gradients must be zero"
+
 // checkGrads runs the backward of the step Check ran and compares its
 // gradients with the reference; it fills c.Grads. A layer that releases
 // each rank's expert weight gradients after its expert backward has them
 // compared there: the reference runs alongside the backward (gradCompare).
-func checkGrads(c *results.Correctness, l *Layer, d dispatchers.Dispatcher) error {
+// With a sample of tokens (nil: all), the backward's upstream gradient is
+// the drawn one on the sampled tokens and zero elsewhere (sampleGradNote),
+// the drawn one again afterwards.
+func checkGrads(c *results.Correctness, l *Layer, d dispatchers.Dispatcher, sample [][]int) error {
 	poisonGrads(l)
-	untimed := func(_ string, _ int, fn func() error) error { return fn() }
+	prog := l.Cfg.prog
+	timer := func(name string, _ int, fn func() error) error {
+		defer prog.add(phaseWork(l.Cfg, name))
+		return fn()
+	}
+	if sample != nil {
+		drawn := l.DOut
+		defer func() { l.DOut = drawn }()
+		l.DOut = maskRows(drawn, sample, l.Cfg.Hidden)
+	}
 	cmp := newGradCompare(l)
-	if l.hold != HostExpertsHeld {
+	cmp.sample = sample
+	if l.hold != HostExpertsHeld { // count the reference's experts
+		prog.work(checkAlongside, float64(l.Cfg.Experts))
+		timer = func(_ string, _ int, fn func() error) error { return fn() }
 		cmp.start()
 		l.gradsDone = cmp.rankDone
 		defer func() { l.gradsDone = nil }()
+	} else if steps, err := l.backwardSteps(d); err == nil {
+		prog.work(checkBackward, stepsWork(l.Cfg, steps, len(l.Ranks)))
 	}
-	if err := l.Backward(d, untimed); err != nil {
+	if err := l.Backward(d, timer); err != nil {
 		cmp.abort()
 		return err
 	}
+	if !cmp.started {
+		prog.work(checkGradRef, float64(l.Cfg.Experts))
+	}
 	g := &results.GradCheck{Tolerance: kernels.GradTolerance, Metric: kernels.GradErrMetric, Note: gradNote}
+	if sample != nil {
+		g.Note += "; " + sampleGradNote
+	}
 	g.PerTensor = cmp.finish()
 	for _, e := range g.PerTensor {
 		g.MaxRelErr = math.Max(g.MaxRelErr, e)
@@ -74,12 +102,65 @@ func poisonGrads(l *Layer) {
 	}
 }
 
-// gradProblem is the layer's last step as ReferenceGradsEach takes it;
-// each expert's weights are widened into buffers of w, which done(e) gives
-// back once the reference is through with expert e.
-func (l *Layer) gradProblem(w *widened) kernels.GradProblem {
+// maskRows is rows ([rank][tokens·width]) with every row outside sample
+// (per rank, increasing) zero.
+func maskRows(rows [][]float32, sample [][]int, width int) [][]float32 {
+	out := make([][]float32, len(rows))
+	for r, v := range rows {
+		out[r] = make([]float32, len(v))
+		for _, t := range sample[r] {
+			copy(out[r][t*width:(t+1)*width], v[t*width:(t+1)*width])
+		}
+	}
+	return out
+}
+
+// pick is the rows of v ([tokens·width]) in sample (nil: all of them).
+func pick[T any](v []T, sample []int, width int) []T {
+	if sample == nil {
+		return v
+	}
+	out := make([]T, 0, len(sample)*width)
+	for _, t := range sample {
+		out = append(out, v[t*width:(t+1)*width]...)
+	}
+	return out
+}
+
+// spread is pick's inverse: ref's rows (those of sample, in its order) at
+// their tokens' places among tokens rows of width, zeros elsewhere; ref
+// itself when sample is nil.
+func spread(ref []float64, sample []int, tokens, width int) []float64 {
+	if sample == nil {
+		return ref
+	}
+	out := make([]float64, tokens*width)
+	for i, t := range sample {
+		copy(out[t*width:(t+1)*width], ref[i*width:(i+1)*width])
+	}
+	return out
+}
+
+// gradProblem is the layer's last step as ReferenceGradsEach takes it, on
+// the tokens of sample (nil: all; per rank, the same number each); each
+// expert's weights are widened into buffers of w, which done(e) gives back
+// once the reference is through with expert e.
+func (l *Layer) gradProblem(w *widened, sample [][]int) kernels.GradProblem {
 	c := l.Cfg
-	p := kernels.GradProblem{Router: l.Router, Tokens: c.EP * c.Tokens, Hidden: c.Hidden, FFN: c.FFN,
+	tokens := c.EP * c.Tokens
+	if sample != nil {
+		tokens = 0
+		for _, s := range sample {
+			tokens += len(s)
+		}
+	}
+	rows := func(r int) []int {
+		if sample == nil {
+			return nil
+		}
+		return sample[r]
+	}
+	p := kernels.GradProblem{Router: l.Router, Tokens: tokens, Hidden: c.Hidden, FFN: c.FFN,
 		SharedFFN: c.FFN * c.SharedExperts, Wr: widen(l.Wr),
 		Expert: func(e int) ([]float64, []float64) {
 			fc1, fc2 := l.ExpertWeights(e)
@@ -88,11 +169,13 @@ func (l *Layer) gradProblem(w *widened) kernels.GradProblem {
 			return b.fc1, b.fc2
 		}}
 	var probs []float32
+	h, k := c.Hidden, c.TopK
 	for r, rk := range l.Ranks {
-		p.X, p.DOut = append(p.X, widen(l.X[r])...), append(p.DOut, widen(l.DOut[r])...)
-		p.Idx, probs = append(p.Idx, rk.Idx...), append(probs, rk.Probs...)
+		s := rows(r)
+		p.X, p.DOut = append(p.X, widen(pick(l.X[r], s, h))...), append(p.DOut, widen(pick(l.DOut[r], s, h))...)
+		p.Idx, probs = append(p.Idx, pick(rk.Idx, s, k)...), append(probs, pick(rk.Probs, s, k)...)
 		if l.Override[r] != nil {
-			p.Override = append(p.Override, widen(l.Override[r])...)
+			p.Override = append(p.Override, widen(pick(l.Override[r], s, c.Experts))...)
 		}
 	}
 	if !l.routerGrad() { // the trace's probabilities
@@ -195,6 +278,9 @@ type gradCompare struct {
 	// several processes): only their input and probability gradients and
 	// their experts' weight gradients are compared
 	local func(r int) bool
+	// sample, when set, is the tokens whose upstream gradient is not zero
+	// (checkGrads): the reference takes them alone
+	sample [][]int
 }
 
 // mine: rank r's gradients are compared here.
@@ -216,10 +302,11 @@ func (c *gradCompare) start() {
 	c.started = true
 	l := c.l
 	w := &widened{held: make([]*expertBuf, l.Cfg.Experts)}
-	p := l.gradProblem(w)
+	p := l.gradProblem(w, c.sample)
 	go func() {
 		defer close(c.done)
 		c.ref = kernels.ReferenceGradsEach(p, refWorkers(l.Cfg), func(e int, fc1, fc2 []float64) {
+			defer l.Cfg.prog.add(1)
 			defer w.done(e)
 			c.expert(e, fc1, fc2)
 		})
@@ -306,12 +393,18 @@ func (c *gradCompare) finishAcc() map[string]errAcc {
 	cf, T, h, E := l.Cfg, l.Cfg.Tokens, l.Cfg.Hidden, l.Cfg.Experts
 	ref := c.ref
 	var x, wr, probs, sfc1, sfc2 errAcc
+	at := 0 // rank r's first row in the reference
 	for r, rk := range l.Ranks {
-		if !c.mine(r) {
-			continue
+		var s []int
+		n := T
+		if c.sample != nil {
+			s, n = c.sample[r], len(c.sample[r])
 		}
-		x.add(l.grads[r].dx, ref.X[r*T*h:(r+1)*T*h])
-		probs.add(rk.DProbs, ref.Probs[r*T*cf.TopK:(r+1)*T*cf.TopK])
+		if c.mine(r) {
+			x.add(l.grads[r].dx, spread(ref.X[at*h:(at+n)*h], s, T, h))
+			probs.add(rk.DProbs, spread(ref.Probs[at*cf.TopK:(at+n)*cf.TopK], s, T, cf.TopK))
+		}
+		at += n
 	}
 	wr.add(l.replica.router, ref.Wr[0][:E*h]) // every rank's tokens (in a run over several processes, every process's: downloadGrads)
 	accs := map[string]errAcc{"input": x, "router weight": wr, "probs": probs, "expert fc1": c.fc1, "expert fc2": c.fc2}

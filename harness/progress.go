@@ -24,6 +24,14 @@ type progress struct {
 	done       int // steps finished (warm-up, paused and timed)
 	total      int // steps to run
 	stepsStart time.Time
+	// a step's work (0: not counted) and the current step's work done
+	stepWork, inStep float64
+	// a stage of counted work (work): its units done of total, since
+	// workStart; total 0: the stage is not counted
+	workDone, workTotal float64
+	workStart           time.Time
+	// stages are the counted stages ended, each "STAGE: DONE/TOTAL" (tests)
+	stages []string
 
 	stop chan struct{}
 	wg   sync.WaitGroup
@@ -68,7 +76,39 @@ func (p *progress) set(stage string) {
 		return
 	}
 	p.mu.Lock()
-	p.stage = stage
+	p.endWork()
+	p.stage, p.workTotal, p.workDone = stage, 0, 0
+	p.mu.Unlock()
+}
+
+// work names what the run does now and how many units of work it is
+// (experts drawn, phases run, experts' references computed), which add
+// counts as they finish: the line then says the share done and the time
+// left at the stage's rate so far.
+func (p *progress) work(stage string, total float64) {
+	if p == nil {
+		return
+	}
+	p.mu.Lock()
+	p.endWork()
+	p.stage, p.workTotal, p.workDone, p.workStart = stage, total, 0, p.now()
+	p.mu.Unlock()
+}
+
+// endWork notes the counted stage that ends (p.mu held).
+func (p *progress) endWork() {
+	if p.workTotal > 0 {
+		p.stages = append(p.stages, fmt.Sprintf("%s: %g/%g", p.stage, p.workDone, p.workTotal))
+	}
+}
+
+// add counts n units of the stage's work done; safe from any goroutine.
+func (p *progress) add(n float64) {
+	if p == nil {
+		return
+	}
+	p.mu.Lock()
+	p.workDone += n
 	p.mu.Unlock()
 }
 
@@ -79,11 +119,14 @@ func (p *progress) stepDone() {
 	}
 	p.mu.Lock()
 	p.done++
+	p.inStep = 0
 	p.mu.Unlock()
 }
 
-// stepping marks the start of the steps, for the estimate.
-func (p *progress) stepping() {
+// stepping marks the start of the steps, for the estimate; work, when
+// not 0, is a step's work, which stepAdd counts as its phases end, so
+// that the share done and the estimate move within a long step.
+func (p *progress) stepping(work float64) {
 	if p == nil {
 		return
 	}
@@ -91,6 +134,17 @@ func (p *progress) stepping() {
 	if p.stepsStart.IsZero() {
 		p.stepsStart = p.now()
 	}
+	p.stepWork = work
+	p.mu.Unlock()
+}
+
+// stepAdd counts n units of the current step's work done.
+func (p *progress) stepAdd(n float64) {
+	if p == nil {
+		return
+	}
+	p.mu.Lock()
+	p.inStep += n
 	p.mu.Unlock()
 }
 
@@ -109,13 +163,25 @@ func (p *progress) line() string {
 	defer p.mu.Unlock()
 	now := p.now()
 	s := p.stage
+	counted := p.workTotal > 0
+	if counted {
+		s += fmt.Sprintf(" · %d%%", percent(p.workDone, p.workTotal))
+	}
+	done := float64(p.done) // and the share of the current step done
+	if p.stepWork > 0 {
+		done += min(1, p.inStep/p.stepWork)
+	}
 	if !p.stepsStart.IsZero() {
-		s += fmt.Sprintf(" · %d of %d steps done", p.done, p.total)
+		s += fmt.Sprintf(" · %d of %d steps done (%d%%)", p.done, p.total, percent(done, float64(p.total)))
 	}
 	s += fmt.Sprintf(" · %s elapsed", roundDuration(now.Sub(p.start)))
-	if p.done > 0 && !p.stepsStart.IsZero() {
-		per := now.Sub(p.stepsStart) / time.Duration(p.done)
-		s += fmt.Sprintf(" · about %s left", roundDuration(per*time.Duration(p.total-p.done)))
+	switch {
+	case counted && p.workDone > 0:
+		left := float64(now.Sub(p.workStart)) / p.workDone * max(0, p.workTotal-p.workDone)
+		s += fmt.Sprintf(" · about %s left in this stage", roundDuration(time.Duration(left)))
+	case !counted && done > 0 && !p.stepsStart.IsZero():
+		left := float64(now.Sub(p.stepsStart)) / done * max(0, float64(p.total)-done)
+		s += fmt.Sprintf(" · about %s left", roundDuration(time.Duration(left)))
 	}
 	return s
 }
@@ -127,4 +193,12 @@ func roundDuration(d time.Duration) time.Duration {
 		return d.Round(100 * time.Millisecond)
 	}
 	return d.Round(time.Second)
+}
+
+// percent is done of total in whole percent, at most 100.
+func percent(done, total float64) int {
+	if total <= 0 {
+		return 0
+	}
+	return int(min(100, 100*done/total))
 }

@@ -39,6 +39,11 @@ type Env struct {
 	// (internal/launch), meets them and watches them; nil or one process:
 	// a run of this process alone.
 	Rendezvous *launch.Rendezvous
+	// Interrupt, if set, stops the run early when it fires (a signal): the
+	// record holds what was measured and is marked interrupted. A run over
+	// several processes must not be given one (its ranks would stop at
+	// different steps).
+	Interrupt *Interrupt
 }
 
 // steps is how many steps a run of cfg with d takes: warm-up and timed,
@@ -50,6 +55,9 @@ func steps(cfg Config, d any) int {
 	}
 	return n
 }
+
+// buildExperts is the progress stage of drawing the experts' weights.
+const buildExperts = "building the layer: drawing the experts' weights (experts)"
 
 // checking is the progress stage of the correctness check.
 const checking = "checking the output against the float64 reference"
@@ -93,6 +101,7 @@ func Run(cfg Config, env Env) (*results.Record, error) {
 	}
 	prog := startProgress(env.Progress, env.ProgressEvery, steps(cfg, d))
 	defer prog.finish()
+	cfg.prog, cfg.intr = prog, env.Interrupt
 	if err := checkHostMemory(cfg); err != nil {
 		return fail(results.StatusUnavailable, err)
 	}
@@ -102,6 +111,9 @@ func Run(cfg Config, env Env) (*results.Record, error) {
 	note := hostExpertsNote(cfg.HostExperts, forced)
 	if note != "" && env.Progress != nil {
 		fmt.Fprintf(env.Progress, "moebench: %s\n", note)
+	}
+	if cfg.HostExperts != HostExpertsDrawn {
+		prog.work(buildExperts, float64(cfg.Experts))
 	}
 	l, err := NewLayer(cfg)
 	if err != nil {
@@ -116,9 +128,18 @@ func Run(cfg Config, env Env) (*results.Record, error) {
 	} else if err != nil {
 		return fail(results.StatusFailed, err)
 	}
+	if err := env.Interrupt.interrupted("while building the layer"); err != nil {
+		return interruptedRecord(rec, err)
+	}
 	if cfg.Check {
 		prog.set(checking)
 		c, err := Check(l, d, fresh)
+		if ierr := env.Interrupt.interrupted("while checking the output against the float64 reference"); ierr != nil {
+			if err == nil && c.Passed { // it ended before the interrupt
+				rec.Correctness = c
+			}
+			return interruptedRecord(rec, ierr)
+		}
 		if err != nil {
 			return fail(results.StatusFailed, err)
 		}
@@ -128,7 +149,7 @@ func Run(cfg Config, env Env) (*results.Record, error) {
 			return rec, errors.Join(errors.New(rec.Reason), dump(env, l, rec))
 		}
 	} else {
-		rec.Correctness = &results.Correctness{Checked: false, Detail: "check disabled by --check=false"}
+		rec.Correctness = &results.Correctness{Checked: false, Detail: "check disabled by --check off"}
 	}
 
 	m := measured{
@@ -155,10 +176,15 @@ func Run(cfg Config, env Env) (*results.Record, error) {
 		if iter >= 0 {
 			samples[ph][r] = append(samples[ph][r], float64(time.Since(t0).Nanoseconds())/1e6)
 		}
+		prog.stepAdd(phaseWork(cfg, ph))
 		return err
 	}
 	rb, rebalances := d.(dispatchers.Rebalancer)
-	prog.stepping()
+	stepWork := 0.0
+	for _, ph := range m.phases {
+		stepWork += phaseWork(cfg, ph) * float64(cfg.EP)
+	}
+	prog.stepping(stepWork)
 	pausedEnd, end := cfg.deadlines(rebalances)
 	if rebalances { // after the warm-up, the paused steps (see measured.paused)
 		prog.set("steps with phase 2 paused (the straggler before rebalancing)")
@@ -166,6 +192,9 @@ func Run(cfg Config, env Env) (*results.Record, error) {
 		samples = m.paused
 		rb.Pause(true)
 		if _, err := iterate(cfg.Warmup, cfg.Iters, pausedEnd, func(i int) error {
+			if err := env.Interrupt.interrupted("before the paused " + stepStage(i, cfg)); err != nil {
+				return err
+			}
 			iter = i
 			l.SetRouting(cfg.Warmup + i + 1) // the same routing as the timed step i
 			if err := l.Iteration(d, timed); err != nil {
@@ -173,13 +202,18 @@ func Run(cfg Config, env Env) (*results.Record, error) {
 			}
 			prog.stepDone()
 			return nil
-		}); err != nil {
+		}); IsInterrupted(err) {
+			return interruptedRecord(rec, err)
+		} else if err != nil {
 			return fail(results.StatusFailed, err)
 		}
 		rb.Pause(false)
 		samples = m.samples
 	}
 	done, err := iterate(cfg.Warmup, cfg.Iters, end, func(i int) error {
+		if err := env.Interrupt.interrupted("before " + stepStage(i, cfg)); err != nil {
+			return err
+		}
 		iter = i
 		prog.set(stepStage(i, cfg))
 		l.SetRouting(cfg.Warmup + i + 1)
@@ -196,10 +230,19 @@ func Run(cfg Config, env Env) (*results.Record, error) {
 		m.recvSteps = append(m.recvSteps, segmentRows(l.Ranks))
 		return nil
 	})
-	if err != nil {
+	var stopped string // why the timed steps stopped early
+	switch {
+	case IsInterrupted(err) && done > 0:
+		stopped = interruptedSteps(rec, err, done, cfg.Iters)
+	case IsInterrupted(err):
+		return interruptedRecord(rec, err)
+	case err != nil:
 		return fail(results.StatusFailed, err)
 	}
 	cfg.Iters, m.stopped = done, cfg.stopped(done)
+	if stopped != "" {
+		m.stopped = stopped
+	}
 	rec.Status = results.StatusOK
 	m.traffic = d.Traffic() // after the steps: it counts the last one
 	m.buffers = buffers(d, cfg.EP)
@@ -210,6 +253,9 @@ func Run(cfg Config, env Env) (*results.Record, error) {
 
 	m.phase2SMs = "not measured on the host device"
 	fillMeasurements(rec, cfg, m)
+	if rec.Interrupted != "" { // stop now: no dump
+		return rec, nil
+	}
 	return rec, dump(env, l, rec)
 }
 

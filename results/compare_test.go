@@ -1,6 +1,7 @@
 package results
 
 import (
+	"encoding/json"
 	"errors"
 	"math"
 	"math/rand/v2"
@@ -275,5 +276,60 @@ func TestComparePasses(t *testing.T) {
 	}
 	if old.Config.PassName() != PassForward || old.Config.Workload() != fwd.Config.Workload() {
 		t.Errorf("a record without the pass field is not forward-only: %q", old.Config.Workload())
+	}
+}
+
+// TestCompareSettingsThatChangeTheMeasurement: records that differ only in
+// a setting that changes what was measured — the routing drawn per step
+// or replayed (--routing-fixed), CUDA graphs, how the host held the
+// experts — are different points: compare never matches them, and a
+// record written without such a field (older) reads as the setting its
+// absence meant then.
+func TestCompareSettingsThatChangeTheMeasurement(t *testing.T) {
+	for name, mut := range map[string]func(*Config){
+		"routing_per_step": func(c *Config) { c.RoutingPerStep = !c.RoutingPerStep },
+		"cuda_graph":       func(c *Config) { c.CUDAGraph = true },
+		"host_experts":     func(c *Config) { c.HostExperts = "drawn" },
+	} {
+		base := okRecord("alltoall", []float64{1, 1, 1, 1, 1})
+		base.Config.RoutingPerStep = true
+		other := base
+		mut(&other.Config)
+		c, err := Compare([]Record{base}, []Record{other}, DefaultCompareOptions, false)
+		if err == nil || len(c.Changes) != 2 {
+			t.Errorf("%s: records that differ in it were matched: %v, %+v", name, err, c)
+		}
+	}
+	// routing_per_step is written whatever its value; without it (a record
+	// from before routing was drawn per step) the routing was replayed
+	fixed := okRecord("alltoall", []float64{1})
+	b, _ := json.Marshal(fixed)
+	if !strings.Contains(string(b), `"routing_per_step":false`) {
+		t.Errorf("a record with routing replayed does not say so: %s", b)
+	}
+	old := strings.Replace(string(b), `"routing_per_step":false,`, "", 1)
+	recs, err := Read(strings.NewReader(old+"\n"), "old.jsonl", nil)
+	if err != nil || len(recs) != 1 || recs[0].Config.RoutingPerStep || recs[0].Config.Workload() != fixed.Config.Workload() {
+		t.Errorf("an older record without routing_per_step: %v %+v", err, recs)
+	}
+}
+
+// TestCheckNameOfOlderRecords: a record without check_tokens (older) reads
+// as what its device's check did then: every token on the host, a sample
+// on the cuda device; one with it says which.
+func TestCheckNameOfOlderRecords(t *testing.T) {
+	for _, c := range []struct {
+		cfg  Config
+		want string
+	}{
+		{Config{Check: true, Device: "host"}, CheckAll},
+		{Config{Check: true, Device: "cuda"}, CheckSample},
+		{Config{Check: false, Device: "host"}, CheckOff},
+		{Config{Check: true, Device: "host", CheckTokens: CheckSample}, CheckSample},
+		{Config{Check: true, Device: "cuda", CheckTokens: CheckAll}, CheckAll},
+	} {
+		if got := c.cfg.CheckName(); got != c.want {
+			t.Errorf("%+v: %s, want %s", c.cfg, got, c.want)
+		}
 	}
 }

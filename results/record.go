@@ -24,6 +24,10 @@ type Record struct {
 	Time   string `json:"time"` // RFC 3339, UTC
 	Status string `json:"status"`
 	Reason string `json:"reason,omitempty"` // why failed or unavailable
+	// Interrupted: a signal (SIGINT, SIGTERM) stopped the run early, and
+	// where; an ok record holds the timed steps run before it (Timing.Stopped
+	// says how many), a failed one says in Reason that nothing was timed
+	Interrupted string `json:"interrupted,omitempty"`
 
 	Config Config `json:"config"`
 	Stack  Stack  `json:"stack"`
@@ -152,15 +156,21 @@ type Config struct {
 	CUDAGraph     bool    `json:"cuda_graph,omitempty"`     // --cuda-graph: steps issued as CUDA graphs (whether they were: Timing.CUDAGraph)
 	Routing       string  `json:"routing"`
 	// RoutingPerStep: each iteration had its own routing, drawn from the
-	// seed and the step (older records, and --routing-fixed: one routing
-	// replayed every iteration)
-	RoutingPerStep bool    `json:"routing_per_step,omitempty"`
+	// seed and the step; false: one routing replayed every iteration
+	// (--routing-fixed), or the router's own (natural routing, the same
+	// every step). Always written; records from before routing was drawn
+	// per step lack it, and replayed theirs.
+	RoutingPerStep bool    `json:"routing_per_step"`
 	Seed           uint64  `json:"seed"`
 	Warmup         int     `json:"warmup"`
 	Iters          int     `json:"iters"`
 	MaxSeconds     float64 `json:"max_seconds,omitempty"` // time budget of the iterations (Timing.Stopped says if it cut them)
 	Check          bool    `json:"check"`
-	Device         string  `json:"device"`
+	// CheckTokens is which tokens the check compares: CheckSample or
+	// CheckAll (--check); absent when not checked, and in older records
+	// (CheckName says what those did)
+	CheckTokens string `json:"check_tokens,omitempty"`
+	Device      string `json:"device"`
 	// Pass is what each iteration timed: PassForward or PassTraining;
 	// records without it (older ones) timed the forward only. PassNote says
 	// why a run that was not asked to be forward-only was (the device has
@@ -180,6 +190,28 @@ const (
 	PassForward  = "fwd"     // the forward pass alone (--forward-only; every record before the backward)
 	PassTraining = "fwd+bwd" // a training step: the forward, then the backward
 )
+
+// Which tokens a check compares (Config.CheckTokens).
+const (
+	CheckSample = "sample" // a seeded sample of tokens per rank where every token's reference is beyond the check's budget (correctness.sample says which)
+	CheckAll    = "all"    // every token
+	CheckOff    = "off"    // no check
+)
+
+// CheckName is c's check: CheckOff, CheckAll or CheckSample; for records
+// without check_tokens (older) what their device did then: the host
+// compared every token, the cuda device a sample.
+func (c Config) CheckName() string {
+	switch {
+	case !c.Check:
+		return CheckOff
+	case c.CheckTokens != "":
+		return c.CheckTokens
+	case c.Device == "host":
+		return CheckAll
+	}
+	return CheckSample
+}
 
 // PassName is c's pass, PassForward for records that predate the field.
 func (c Config) PassName() string {

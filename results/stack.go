@@ -169,6 +169,9 @@ func (c Config) Workload() string {
 	if c.GPUs > 0 {
 		w += fmt.Sprintf(" gpus=%d", c.GPUs)
 	}
+	if c.HostExperts != "" { // how the host held the experts: "drawn" times drawing them too
+		w += " host-experts=" + c.HostExperts
+	}
 	return w
 }
 
@@ -182,7 +185,8 @@ func (c Config) ScoreName() string {
 }
 
 // Settings is what is varied within a workload: the dispatcher, its
-// implementation and its SM budget.
+// implementation, its SM budget, and whether the steps were issued as
+// CUDA graphs.
 func (c Config) Settings() string {
 	s := fmt.Sprintf("%s/%s sms=%d", c.Dispatcher, c.Impl, c.SMs)
 	if c.FeplbBase != "" {
@@ -190,6 +194,9 @@ func (c Config) Settings() string {
 	}
 	if c.FeplbPolicy != "" {
 		s += " policy=" + c.FeplbPolicy
+	}
+	if c.CUDAGraph {
+		s += " cuda-graph"
 	}
 	return s
 }

@@ -29,7 +29,42 @@ type options struct {
 	commTimeout                                                         time.Duration
 	seed                                                                uint64
 	check, preSoftmax, routingFixed, cudaGraph, forwardOnly             bool
+	checkAll                                                            bool // --check all
 }
+
+// checkValue is --check: sample | all | off (true and false, the flag's
+// older values, are sample and off). It sets the check and whether it
+// compares every token.
+type checkValue struct{ on, all *bool }
+
+// checkValues are --check's values.
+var checkValues = []string{"sample", "all", "off"}
+
+func (v checkValue) String() string {
+	switch {
+	case v.on == nil || !*v.on:
+		return "off"
+	case *v.all:
+		return "all"
+	}
+	return "sample"
+}
+
+func (v checkValue) Set(s string) error {
+	switch s {
+	case "sample", "true":
+		*v.on, *v.all = true, false
+	case "all":
+		*v.on, *v.all = true, true
+	case "off", "false":
+		*v.on, *v.all = false, false
+	default:
+		return fmt.Errorf("allowed: %s (true and false: sample and off)", strings.Join(checkValues, ", "))
+	}
+	return nil
+}
+
+func (checkValue) Type() string { return "string" }
 
 func newFlags(o *options) *pflag.FlagSet {
 	d := harness.DefaultConfig()
@@ -88,7 +123,9 @@ func addControlFlags(fs *pflag.FlagSet, o *options) {
 	fs.IntVar(&o.iters, "iters", d.Iters, fmt.Sprintf("timed iterations (at most %d)", harness.MaxIters))
 	fs.Float64Var(&o.maxSeconds, "max-seconds", 0, "time budget of the warm-up and timed iterations: past it the run stops after the current iteration and records what it timed (at least one iteration); 0 = none")
 	fs.BoolVar(&o.forwardOnly, "forward-only", d.ForwardOnly, "time the forward pass alone (default: every iteration is a training step, forward then backward, and the check covers every gradient; on the cuda device NCCL EP's low-latency mode, deepep --impl library, has no backward and times the forward only, and the record says why)")
-	fs.BoolVar(&o.check, "check", d.Check, "check the output (and in a training step every gradient) against the float64 reference (--check=false to skip)")
+	o.check, o.checkAll = d.Check, d.CheckAll
+	fs.Var(checkValue{&o.check, &o.checkAll}, "check", "check the output (and in a training step every gradient) against the float64 reference before the timed steps: "+
+		"sample (where every token's reference is beyond the check's budget, a seeded sample of tokens per rank, the record says which) | all (every token) | off")
 	fs.DurationVar(&o.commTimeout, "comm-timeout", d.CommTimeout, "SM-driven dispatchers: the longest a cross-rank wait may take before the run fails naming the rank, phase and wait (NCCL EP: its timeout_ns); a run over several processes: the longest any process waits for the others while none moves on; a call on a GPU's thread after the first step may take 6 times it, at least 30s (0 = 5s)")
 	fs.StringVar(&o.rendezvous, "rendezvous", "", "a run over several processes (srun, mpirun, torchrun, MOEBENCH_RANK/MOEBENCH_WORLD): a file on a filesystem every node sees, where rank 0 writes NCCL's unique id and the processes watch each other; not needed with NCCL_COMM_ID=host:port, but without it a process that fails or never arrives is named only in a run of two processes")
 	fs.StringVar(&o.device, "device", d.Device, "device: auto (cuda if a driver and GPU are found, else host) | host | cuda")
@@ -157,6 +194,7 @@ func (o *options) config(fs *pflag.FlagSet) (harness.Config, error) {
 	c.Dispatcher, c.Impl, c.SMs, c.EP, c.GPUs = o.dispatcher, o.impl, o.sms, o.ep, o.gpus
 	c.Domain, c.FeplbBase, c.FeplbDyn, c.FeplbPolicy, c.CommTimeout = o.domain, o.feplbBase, o.feplbDyn, o.feplbPolicy, o.commTimeout
 	c.Routing, c.RoutingFixed, c.Seed, c.Warmup, c.Iters, c.Check, c.Device = r, o.routingFixed, o.seed, o.warmup, o.iters, o.check, o.device
+	c.CheckAll = o.check && o.checkAll
 	c.MaxSeconds, c.CUDAGraph, c.ForwardOnly, c.HostExperts = o.maxSeconds, o.cudaGraph, o.forwardOnly, o.hostExperts
 	if c.CommTimeout == 0 { // as the help says: 0 = the default
 		c.CommTimeout = dispatchers.DefaultCommTimeout
@@ -259,7 +297,9 @@ Exit status: 0 success; 1 runtime failure, failed correctness check, or
 unavailable dispatcher/device or too little host memory (recorded with its
 reason, never timed); 2 bad command line or input, found before any work
 (a Go runtime crash, "fatal error:" on stderr, also exits 2: report it);
-3 regression found, 4 stacks differ (compare).
+3 regression found, 4 stacks differ (compare); 130 interrupted (SIGINT,
+SIGTERM): the record of the steps timed so far is written, marked
+interrupted (a second signal quits without one).
 `)
 }
 

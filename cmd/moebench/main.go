@@ -8,8 +8,11 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/signal"
 	"runtime/debug"
 	"strings"
+	"sync/atomic"
+	"syscall"
 	"text/tabwriter"
 
 	"github.com/spf13/pflag"
@@ -29,6 +32,7 @@ const (
 	exitRuntime = 1 // runtime failure, failed check, unavailable dispatcher/device
 	exitUsage   = 2 // bad command line or unreadable input files
 	// exitRegression (3) is moebench compare's "regression found"
+	exitInterrupted = 130 // SIGINT or SIGTERM stopped the run (128 + SIGINT's 2, as a shell reports it)
 )
 
 const baseVersion = "0.1.0-dev"
@@ -103,8 +107,8 @@ func runLayer(args []string, stdout, stderr io.Writer) (code int) {
 			cfg.GPUs = 0
 		}
 		fmt.Fprintf(stderr, "moebench: %s; host timings are not comparable with GPU timings\n", line)
-		if fl := harness.HostFLOPs(cfg); fl > 50e9 {
-			fmt.Fprintf(stderr, "moebench: note: %.0f GFLOP of expert GEMMs per step on the host device; expect minutes (reduce --tokens or --iters, or add --forward-only)\n", fl/1e9)
+		if a := hostAdvice(cfg); a != "" {
+			fmt.Fprintf(stderr, "moebench: note: %s\n", a)
 		}
 	}
 	rv, err := rendezvous(o, cfg)
@@ -115,6 +119,13 @@ func runLayer(args []string, stdout, stderr io.Writer) (code int) {
 		defer rv.Close()
 	}
 	env := harness.Env{Version: version(), DeviceNote: note, Dump: o.dump, Progress: stderr, Rendezvous: rv}
+	var writing atomic.Bool // the record is being written: a second signal waits for it
+	// a run over several processes keeps the signals' default: its ranks
+	// must agree on the steps they run
+	if rv == nil {
+		env.Interrupt = &harness.Interrupt{}
+		defer catchSignals(env.Interrupt, &writing, stderr)()
+	}
 	if why := env.ForwardOnlyReason(cfg); why != "" {
 		fmt.Fprintf(stderr, "moebench: forward only: %s (add --forward-only to say so)\n", why)
 	}
@@ -132,6 +143,10 @@ func runLayer(args []string, stdout, stderr io.Writer) (code int) {
 	if rec == nil {
 		return exitRuntime
 	}
+	writing.Store(true)
+	if rec.Interrupted != "" || harness.IsInterrupted(err) {
+		code = exitInterrupted
+	}
 	if rv != nil && rv.L.Rank != 0 { // rank 0 writes the run's one record
 		fmt.Fprintf(stderr, "moebench: process %d of %d (%s): %s; rank 0 writes the record\n", rv.L.Rank, rv.L.World, rv.L.Host, rec.Status)
 		return code
@@ -146,10 +161,66 @@ func runLayer(args []string, stdout, stderr io.Writer) (code int) {
 	if o.out != "" {
 		if aerr := appendRecord(o.out, rec, stderr); aerr != nil {
 			fmt.Fprintf(stderr, "moebench: --out: %v\n", aerr)
-			code = exitRuntime
+			if code != exitInterrupted {
+				code = exitRuntime
+			}
 		}
 	}
 	return code
+}
+
+// catchSignals makes SIGINT and SIGTERM stop the run through intr: it
+// ends after the step it is in and its record, marked interrupted, is
+// printed and appended. A second signal quits at once (exit 130, no
+// record) unless the record is being written. It returns what restores
+// the signals' default.
+func catchSignals(intr *harness.Interrupt, writing *atomic.Bool, stderr io.Writer) func() {
+	ch := make(chan os.Signal, 2)
+	signal.Notify(ch, syscall.SIGINT, syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() {
+		for n := 0; ; n++ {
+			var sig os.Signal
+			select {
+			case sig = <-ch:
+			case <-done:
+				return
+			}
+			name := signalName(sig)
+			switch {
+			case n == 0:
+				intr.Stop(name)
+				fmt.Fprintf(stderr, "moebench: %s: stopping after the current step to record what was measured (%s again to quit without a record)\n", name, name)
+			case writing.Load():
+				fmt.Fprintf(stderr, "moebench: %s: writing the record; it ends in a moment\n", name)
+			default:
+				fmt.Fprintf(stderr, "moebench: %s again: quitting without a record\n", name)
+				os.Exit(exitInterrupted)
+			}
+		}
+	}()
+	return func() {
+		signal.Stop(ch)
+		close(done)
+	}
+}
+
+// signalName is SIGINT or SIGTERM.
+func signalName(sig os.Signal) string {
+	if sig == syscall.SIGTERM {
+		return "SIGTERM"
+	}
+	return "SIGINT"
+}
+
+// hostAdvice is the advice for a layer slow on the host device, or "".
+func hostAdvice(cfg harness.Config) string {
+	fl := harness.HostFLOPs(cfg)
+	if fl <= 50e9 {
+		return ""
+	}
+	return fmt.Sprintf("%.0f GFLOP of expert GEMMs per step on the host device; expect minutes (reduce --tokens or --iters, add --forward-only, "+
+		"or --check off to skip the check's untimed step and its float64 reference)", fl/1e9)
 }
 
 // rendezvous is the meeting of a run launched over several processes

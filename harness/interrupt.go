@@ -1,0 +1,76 @@
+package harness
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/moebench/moebench/results"
+)
+
+// Interrupt asks a run to stop early (a signal): the run stops at the next
+// step it would start, or where its check or reference next looks, and
+// returns a record of what it measured, marked interrupted. A nil
+// *Interrupt never fires.
+type Interrupt struct {
+	mu  sync.Mutex
+	why string
+}
+
+// Stop fires i, saying why (e.g. "SIGINT"); later calls change nothing.
+func (i *Interrupt) Stop(why string) {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	if i.why == "" {
+		i.why = why
+	}
+}
+
+// Why is why i fired, "" while it has not.
+func (i *Interrupt) Why() string {
+	if i == nil {
+		return ""
+	}
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	return i.why
+}
+
+// InterruptedError is a run stopped by its Interrupt: why, and while doing
+// what.
+type InterruptedError struct{ Why, While string }
+
+func (e *InterruptedError) Error() string { return fmt.Sprintf("interrupted by %s %s", e.Why, e.While) }
+
+// IsInterrupted reports whether err is (or wraps) an InterruptedError.
+func IsInterrupted(err error) bool {
+	var ie *InterruptedError
+	return errors.As(err, &ie)
+}
+
+// interrupted is an InterruptedError while doing while, once i has fired;
+// nil before.
+func (i *Interrupt) interrupted(while string) error {
+	if why := i.Why(); why != "" {
+		return &InterruptedError{why, while}
+	}
+	return nil
+}
+
+// interruptedRecord marks rec interrupted by err: failed, nothing timed.
+func interruptedRecord(rec *results.Record, err error) (*results.Record, error) {
+	var ie *InterruptedError
+	errors.As(err, &ie)
+	rec.Interrupted = ie.Why + " " + ie.While
+	rec.Timing = nil
+	return failed(rec, results.StatusFailed, fmt.Errorf("%w: nothing was timed", err))
+}
+
+// interruptedSteps marks rec, whose timed steps the interrupt err cut
+// after done of iters, interrupted: its timings are those done steps'.
+func interruptedSteps(rec *results.Record, err error, done, iters int) string {
+	var ie *InterruptedError
+	errors.As(err, &ie)
+	rec.Interrupted = ie.Why + " " + ie.While
+	return fmt.Sprintf("interrupted by %s after %d of %d timed iterations", ie.Why, done, iters)
+}
