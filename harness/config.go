@@ -168,40 +168,26 @@ func (e *ConfigError) Error() string {
 
 // Validate checks c and returns a *ConfigError for the first bad setting.
 func (c Config) Validate() error {
-	pos := []struct {
-		flag string
-		v    int
-	}{{"tokens", c.Tokens}, {"hidden", c.Hidden}, {"ffn", c.FFN}, {"experts", c.Experts},
-		{"topk", c.TopK}, {"ep", c.EP}, {"iters", c.Iters}}
-	for _, p := range pos {
-		if p.v < 1 {
-			return &ConfigError{p.flag, p.v, "must be ≥ 1"}
-		}
-	}
 	const maxDim = 1 << 20
-	for _, p := range pos[:4] {
-		if p.v > maxDim {
-			return &ConfigError{p.flag, p.v, fmt.Sprintf("must be ≤ %d", maxDim)}
-		}
-	}
-	if c.EP > maxDim {
-		return &ConfigError{"ep", c.EP, fmt.Sprintf("must be ≤ %d", maxDim)}
-	}
 	for _, p := range []struct {
-		flag string
-		v    int
-	}{{"iters", c.Iters}, {"warmup", c.Warmup}} {
-		if p.v > MaxIters {
-			return &ConfigError{p.flag, p.v, fmt.Sprintf("must be ≤ %d (use --max-seconds to bound a run by time)", MaxIters)}
+		flag   string
+		v, min int
+		max    int
+		about  string
+	}{{"tokens", c.Tokens, 1, maxDim, ""}, {"hidden", c.Hidden, 1, maxDim, ""}, {"ffn", c.FFN, 1, maxDim, ""},
+		{"experts", c.Experts, 1, maxDim, ""}, {"ep", c.EP, 1, maxDim, ""},
+		{"iters", c.Iters, 1, MaxIters, " (use --max-seconds to bound a run by time)"},
+		{"warmup", c.Warmup, 0, MaxIters, ""}, {"shared-experts", c.SharedExperts, 0, 1024, ""}} {
+		if p.v < p.min || p.v > p.max {
+			return &ConfigError{p.flag, p.v, fmt.Sprintf("must be in [%d, %d]%s", p.min, p.max, p.about)}
 		}
+	}
+	if c.TopK < 1 || c.TopK > c.Experts {
+		return &ConfigError{"topk", c.TopK, fmt.Sprintf("must be in [1, --experts=%d]", c.Experts)}
 	}
 	switch {
-	case c.TopK > c.Experts:
-		return &ConfigError{"topk", c.TopK, fmt.Sprintf("must be ≤ --experts (%d)", c.Experts)}
 	case c.Experts%c.EP != 0:
 		return &ConfigError{"ep", c.EP, fmt.Sprintf("must divide --experts (%d); allowed: %s", c.Experts, divisors(c.Experts))}
-	case c.SharedExperts < 0:
-		return &ConfigError{"shared-experts", c.SharedExperts, "must be ≥ 0"}
 	case c.Score != kernels.ScoreSoftmax && c.Score != kernels.ScoreSigmoid:
 		return &ConfigError{"score", c.Score, "allowed: softmax, sigmoid"}
 	case c.PreSoftmax && c.Score != kernels.ScoreSoftmax:
@@ -225,8 +211,8 @@ func (c Config) Validate() error {
 		return &ConfigError{"topk-scale", c.TopKScale, "must be in (0, 1e6]"}
 	case c.Domain < 0 || (c.Domain > 0 && c.EP%c.Domain != 0):
 		return &ConfigError{"domain", c.Domain, fmt.Sprintf("must divide --ep (%d); 0 = all ranks in one domain", c.EP)}
-	case c.FeplbDyn < 1:
-		return &ConfigError{"feplb-dynamic", c.FeplbDyn, "must be ≥ 1"}
+	case c.FeplbDyn < 1 || c.FeplbDyn > maxDim:
+		return &ConfigError{"feplb-dynamic", c.FeplbDyn, fmt.Sprintf("must be in [1, %d]", maxDim)}
 	case c.FeplbBase == "feplb" || !slices.Contains(dispatchers.Names(), c.FeplbBase):
 		others := slices.DeleteFunc(dispatchers.Names(), func(n string) bool { return n == "feplb" })
 		return &ConfigError{"feplb-base", c.FeplbBase, "the dispatcher of feplb's phase 1; allowed: " + strings.Join(others, ", ")}
@@ -238,12 +224,10 @@ func (c Config) Validate() error {
 		return &ConfigError{"cuda-graph", c.CUDAGraph, "applies to the cuda device; the host device issues no graphs"}
 	case c.GPUs > 0 && c.Device == "host":
 		return &ConfigError{"gpus", c.GPUs, "applies to the cuda device; the host device has no GPUs"}
-	case c.SMs < 0:
-		return &ConfigError{"sms", c.SMs, "must be ≥ 0 (0 = the dispatcher's default)"}
+	case c.SMs < 0 || c.SMs > dispatchers.MaxSMBudget:
+		return &ConfigError{"sms", c.SMs, fmt.Sprintf("must be in [0, %d] (0 = the dispatcher's default)", dispatchers.MaxSMBudget)}
 	case c.CommTimeout < time.Millisecond || c.CommTimeout > time.Hour:
 		return &ConfigError{"comm-timeout", c.CommTimeout, fmt.Sprintf("must be in [1ms, 1h] (0 = the default, %s)", dispatchers.DefaultCommTimeout)}
-	case c.Warmup < 0:
-		return &ConfigError{"warmup", c.Warmup, "must be ≥ 0"}
 	case !(c.MaxSeconds >= 0 && c.MaxSeconds <= MaxSeconds):
 		return &ConfigError{"max-seconds", c.MaxSeconds, fmt.Sprintf("must be in [0, %d] (0 = no limit)", MaxSeconds)}
 	case c.Device != "host" && c.Device != "cuda" && c.Device != "auto":

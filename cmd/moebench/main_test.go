@@ -29,11 +29,11 @@ func TestUsageErrors(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"--topk", "20"}, "--topk=20: must be ≤ --experts (16)"},
+		{[]string{"--topk", "20"}, "--topk=20: must be in [1, --experts=16]"},
 		{[]string{"--ep", "3"}, "--ep=3: must divide --experts (16); allowed: 1, 2, 4, 8, 16"},
 		{[]string{"--groups", "3", "--topk-groups", "1"}, "--groups=3: must divide --experts (16)"},
-		{[]string{"--hidden", "0"}, "--hidden=0: must be ≥ 1"},
-		{[]string{"--tokens", "-5"}, "--tokens=-5: must be ≥ 1"},
+		{[]string{"--hidden", "0"}, "--hidden=0: must be in [1, 1048576]"},
+		{[]string{"--tokens", "-5"}, "--tokens=-5: must be in [1, 1048576]"},
 		{[]string{"--preset", "gpt-5"}, "--preset=gpt-5: allowed: tiny, deepseek-v3"},
 		{[]string{"--dispatcher", "nccl"}, "--dispatcher=nccl: allowed: alltoall, deepep, "},
 		{[]string{"--routing", "zipf:2"}, "--routing=zipf:2: allowed: balanced"},
@@ -42,8 +42,8 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"--score", "relu"}, "--score=relu: allowed: softmax, sigmoid"},
 		{[]string{"--impl", "fast"}, "--impl=fast: allowed: native, library"},
 		{[]string{"--iters", "x"}, `invalid argument "x" for "--iters"`},
-		{[]string{"--iters", "2000000000"}, "--iters=2000000000: must be ≤ 1000000 (use --max-seconds to bound a run by time)"},
-		{[]string{"--warmup", "2000000000"}, "--warmup=2000000000: must be ≤ 1000000"},
+		{[]string{"--iters", "2000000000"}, "--iters=2000000000: must be in [1, 1000000] (use --max-seconds to bound a run by time)"},
+		{[]string{"--warmup", "2000000000"}, "--warmup=2000000000: must be in [0, 1000000]"},
 		{[]string{"--max-seconds", "-1"}, "--max-seconds=-1: must be in [0, 604800] (0 = no limit)"},
 		{[]string{"--max-seconds", "nan"}, "--max-seconds=NaN: must be in [0, 604800]"},
 		{[]string{"--topk", "1"}, "--topk=1: with --score softmax, top-1 takes the softmax over the chosen logit alone, which is 1 for every token"},

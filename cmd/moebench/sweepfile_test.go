@@ -169,11 +169,11 @@ func TestSweepFileValidation(t *testing.T) {
 		flag []string // the same value on the command line ("" when none)
 		want string
 	}{
-		{`{"tokens": 0}`, []string{"--tokens", "0"}, "--tokens=0: must be ≥ 1"},
+		{`{"tokens": 0}`, []string{"--tokens", "0"}, "--tokens=0: must be in [1, 1048576]"},
 		{`{"topk-scale": "nan"}`, []string{"--topk-scale", "nan"}, "--topk-scale=NaN: must be in (0, 1e6]"},
 		{`{"score": "relu"}`, []string{"--score", "relu"}, "--score=relu: allowed: softmax, sigmoid"},
 		{`{"topk": 1}`, []string{"--topk", "1"}, "--topk=1: with --score softmax, top-1"},
-		{`{"iters": 2000000000}`, []string{"--iters", "2000000000"}, "--iters=2000000000: must be ≤ 1000000"},
+		{`{"iters": 2000000000}`, []string{"--iters", "2000000000"}, "--iters=2000000000: must be in [1, 1000000]"},
 		{`{"feplb-base": "deepep"}`, []string{"--feplb-base", "deepep"}, "--feplb-base=deepep: applies only to --dispatcher feplb"},
 		{`{"presets": []}`, []string{"--presets", ""}, "empty list"},
 		{`{"presets": ["tiny", "gpt-5"]}`, []string{"--presets", "tiny,gpt-5"}, "--preset=gpt-5: allowed: tiny"},
