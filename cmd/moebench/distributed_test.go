@@ -1164,3 +1164,22 @@ func TestSettingFlags(t *testing.T) {
 		}
 	}
 }
+
+// TestDistributedRendezvousIsOut: --rendezvous naming the --out file (a
+// new one: the rendezvous would write it, and remove it with the record
+// at the end) is a usage error on every process, before anything runs or
+// is written.
+func TestDistributedRendezvousIsOut(t *testing.T) {
+	t.Setenv("MOEBENCH_RANK", "1")
+	t.Setenv("MOEBENCH_WORLD", "2")
+	dir := t.TempDir()
+	out := filepath.Join(dir, "runs.jsonl")
+	code, _, e := cli("--device", "cuda", "--dispatcher", "alltoall", "--impl", "library", "--ep", "4",
+		"--rendezvous", out, "--rendezvous-timeout", "1s", "--out", dir+"/x/../runs.jsonl", "--check=false")
+	if code != exitUsage || !strings.Contains(e, "--rendezvous="+out+": is the --out file") {
+		t.Errorf("exit %d; stderr %q", code, e)
+	}
+	if left, _ := os.ReadDir(dir); len(left) > 0 {
+		t.Errorf("left %v", left)
+	}
+}

@@ -191,6 +191,11 @@ func (o *options) checkOutputs(stderr io.Writer) error {
 	if !slices.Contains(results.Formats, o.format) {
 		return &harness.ConfigError{Flag: "format", Value: o.format, Allowed: "allowed: " + strings.Join(results.Formats, ", ")}
 	}
+	if o.rendezvous != "" && o.out != "" {
+		if rv, out := absPath(o.rendezvous), absPath(o.out); rv == out {
+			return &harness.ConfigError{Flag: "rendezvous", Value: o.rendezvous, Allowed: "is the --out file: the rendezvous writes its own files there and removes them when the run ends; name another path"}
+		}
+	}
 	if o.out != "" && writesRecords() {
 		torn, err := results.CheckAppend(o.out)
 		if err != nil {
@@ -214,6 +219,14 @@ func (o *options) checkOutputs(stderr io.Writer) error {
 		}
 	}
 	return nil
+}
+
+// absPath is path made absolute (as given where it cannot be).
+func absPath(path string) string {
+	if p, err := filepath.Abs(path); err == nil {
+		return p
+	}
+	return path
 }
 
 func usage(w io.Writer, fs *pflag.FlagSet) {
