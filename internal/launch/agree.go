@@ -156,7 +156,7 @@ func (r *Rendezvous) exchange(mine string, wait time.Duration, waiting func(miss
 		for _, e := range es {
 			if n, ok := strings.CutPrefix(e.Name(), prefix); ok {
 				if _, err := strconv.Atoi(n); err == nil {
-					drop(filepath.Join(filepath.Dir(r.File), e.Name()))
+					r.drop(filepath.Join(filepath.Dir(r.File), e.Name()))
 				}
 			}
 		}
@@ -169,7 +169,7 @@ func (r *Rendezvous) exchange(mine string, wait time.Duration, waiting func(miss
 		return nil, nil, err
 	}
 	if r.agreed > 2 { // every process has read it: each read it before writing its next one
-		drop(r.agreeFile(r.L.Rank, r.agreed-2))
+		r.drop(r.agreeFile(r.L.Rank, r.agreed-2))
 	}
 	all = make([]string, r.L.World)
 	have := make([]bool, r.L.World)

@@ -21,7 +21,7 @@ func TestAgree(t *testing.T) {
 		old := "run 0123 world 2 job \"\""
 		os.WriteFile(file+".run", []byte(marker+" tag\n"+old+"\n"), 0o644)
 		os.WriteFile(file+".p1.agree1", []byte(marker+" agreement\n"+old+"\nunavailable\tstale\n"), 0o644)
-		os.WriteFile(file+".p0.agree1", []byte(marker+" agreement\n"+old+"\nfailed\tstale\n"), 0o644)
+		os.WriteFile(file+".p0.agree1", []byte(old+"\nfailed\tstale\n"), 0o644) // as an older moebench left it
 		verdicts := [][]Verdict{{{}, {"unavailable", "no NCCL"}}, {{}, {}}}
 		type got struct {
 			p   int
@@ -136,6 +136,7 @@ func TestNotOurs(t *testing.T) {
 		{"notes", "my notes\n", `not a rendezvous file (it is a file of 9 bytes that begins "my notes")`},
 		{"empty", "", "(it is an empty file)"},
 		{"old", marker + " id\njob \"\"\n", ""},
+		{"old.p1.agree3", "run 0a1b world 2 job \"\"\n\t\n", "not a rendezvous file (it is"}, // FILE itself never in an older side file's form
 	} {
 		f := filepath.Join(dir, c.name)
 		os.WriteFile(f, []byte(c.text), 0o644)

@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 )
 
@@ -15,36 +16,56 @@ import (
 // is never replaced or removed (a user's results file named by mistake).
 const marker = "moebench rendezvous 1"
 
-// ours says whether path is free for the rendezvous to write: it does not
-// exist, or it is a file a rendezvous wrote (its first line is marker's);
+// Files beside FILE as moebench before the marker wrote them: their names
+// (side) and their first lines (legacy: FILE.run's and an agreement's tag,
+// a hello, a status's or note's watch tag).
+var (
+	side   = regexp.MustCompile(`^\.(run|p[0-9]+\.(hello|agree[0-9]+|status|failed))$`)
+	legacy = regexp.MustCompile(`^(run [0-9a-f]+ world [0-9]+ job ".*"|[0-9a-f]+|[0-9a-f]+\.[0-9]+)$`)
+)
+
+// mine says whether path is free for r to write: it does not exist, or
+// it is a file a rendezvous wrote (its first line is marker's) — or,
+// beside FILE, one an older moebench wrote without the marker (a
+// successful run left FILE.pN.agree1), known by its name and first line;
 // else what it is.
-func ours(path string) (bool, string) {
-	st, err := os.Lstat(path)
-	if os.IsNotExist(err) {
+func (r *Rendezvous) mine(path string) (bool, string) {
+	ok, what, head := inspect(path)
+	if !ok && r.File != "" && strings.HasPrefix(path, r.File) && side.MatchString(path[len(r.File):]) && legacy.MatchString(head) {
 		return true, ""
 	}
+	return ok, what
+}
+
+// inspect says whether path does not exist or begins with marker's line;
+// else what it is, and its first line (without its line break).
+func inspect(path string) (bool, string, string) {
+	st, err := os.Lstat(path)
+	if os.IsNotExist(err) {
+		return true, "", ""
+	}
 	if err != nil {
-		return false, err.Error()
+		return false, err.Error(), ""
 	}
 	if st.IsDir() {
-		return false, "a directory"
+		return false, "a directory", ""
 	}
 	if !st.Mode().IsRegular() {
-		return false, fmt.Sprintf("not a regular file (%s)", st.Mode().Type())
+		return false, fmt.Sprintf("not a regular file (%s)", st.Mode().Type()), ""
 	}
 	f, err := os.Open(path)
 	if err != nil {
-		return false, err.Error()
+		return false, err.Error(), ""
 	}
 	defer f.Close()
 	head, _ := bufio.NewReader(io.LimitReader(f, 4096)).ReadString('\n')
 	if head == marker+"\n" || strings.HasPrefix(head, marker+" ") {
-		return true, ""
+		return true, "", head
 	}
-	return false, describe(head, st.Size())
+	return false, describe(head, st.Size()), strings.TrimSuffix(head, "\n")
 }
 
-// describe says what a file that is not ours is, from its first line.
+// describe says what a file that is not a rendezvous's is, from its first line.
 func describe(head string, size int64) string {
 	line := strings.TrimRight(head, "\r\n")
 	var obj map[string]any
@@ -78,7 +99,7 @@ func notOurs(file, path, what string) error {
 // temporary file beside it, so that a reader sees all of it or nothing;
 // a path that holds something not ours is never replaced.
 func (r *Rendezvous) put(path, kind, text string) error {
-	if ok, what := ours(path); !ok {
+	if ok, what := r.mine(path); !ok {
 		return notOurs(r.File, path, what)
 	}
 	f, err := os.CreateTemp(filepath.Dir(path), filepath.Base(path)+".tmp*")
@@ -113,8 +134,8 @@ func get(path string) (string, bool) {
 }
 
 // drop removes path when it is a file of ours.
-func drop(path string) {
-	if ok, _ := ours(path); ok {
+func (r *Rendezvous) drop(path string) {
+	if ok, _ := r.mine(path); ok {
 		os.Remove(path)
 	}
 }

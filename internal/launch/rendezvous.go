@@ -64,7 +64,7 @@ func NewRendezvous(l Launch, file string, timeout, wait time.Duration) (*Rendezv
 			mine = append(mine, file+".run")
 		}
 		for _, p := range mine {
-			if ok, what := ours(p); !ok {
+			if ok, what := r.mine(p); !ok {
 				return nil, notOurs(file, p, what)
 			}
 		}
@@ -138,13 +138,13 @@ func (r *Rendezvous) Close() {
 		return
 	}
 	if r.run == "" || r.gaveUp { // the others never met: nothing of this process's is read
-		drop(r.helloFile(r.L.Rank))
+		r.drop(r.helloFile(r.L.Rank))
 		for n := max(1, r.agreed-1); n <= r.agreed; n++ {
-			drop(r.agreeFile(r.L.Rank, n))
+			r.drop(r.agreeFile(r.L.Rank, n))
 		}
 		if r.L.Rank == 0 {
-			drop(r.File + ".run")
-			drop(r.File)
+			r.drop(r.File + ".run")
+			r.drop(r.File)
 		}
 		return
 	}
@@ -162,15 +162,15 @@ func (r *Rendezvous) Close() {
 	}
 	for p := range world {
 		for n := max(1, r.agreed-1); n <= r.agreed; n++ {
-			drop(r.agreeFile(p, n))
+			r.drop(r.agreeFile(p, n))
 		}
-		drop(r.helloFile(p))
-		drop(fmt.Sprintf("%s.p%d.status", r.File, p))
+		r.drop(r.helloFile(p))
+		r.drop(fmt.Sprintf("%s.p%d.status", r.File, p))
 	}
-	drop(r.File)
-	drop(r.File + ".run")
+	r.drop(r.File)
+	r.drop(r.File + ".run")
 	for p := range world {
-		drop(r.doneFile(p))
+		r.drop(r.doneFile(p))
 	}
 }
 

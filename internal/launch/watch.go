@@ -68,7 +68,7 @@ func (r *Rendezvous) Watch(id [128]byte, ranks string, per int) *Watch {
 		os.Exit(1)
 	}
 	if r.File != "" {
-		drop(w.note(r.L.Rank))
+		w.r.drop(w.note(r.L.Rank))
 	}
 	w.wg.Add(1)
 	go w.loop()
@@ -197,7 +197,7 @@ func (w *Watch) Stop() {
 	close(w.done)
 	w.wg.Wait()
 	if w.r.File != "" {
-		drop(w.status(w.r.L.Rank))
+		w.r.drop(w.status(w.r.L.Rank))
 	}
 }
 
