@@ -43,10 +43,9 @@ type dist struct {
 // the run goes on only where all are the same; else it is refused on every
 // process as a usage error naming each setting that differs with each
 // process's value. A process that never arrives is named within
-// --rendezvous-timeout.
-// Without a rendezvous file (NCCL_COMM_ID alone) the same settings are
-// compared over NCCL once the processes met there (agreeSettings). It
-// returns the settings.
+// --rendezvous-timeout. Without a rendezvous file (NCCL_COMM_ID alone)
+// the same settings, which it returns, are compared over NCCL once the
+// processes met there (agreeSettings).
 func meetProcesses(cfg Config, env Env) ([]launch.Setting, error) {
 	s := settingsOf(cfg, env.Version)
 	return s, asSettingsError(env.Rendezvous.Meet(s, env.Progress))
