@@ -250,6 +250,9 @@ func newDeviceLayer(l *Layer, devs []kernels.Device, th *kernels.Threads, d disp
 		for _, rk := range dl.ranks {
 			rk.Comm = ds.comm
 		}
+		if err := dl.agreeSettings(); err != nil {
+			return nil, err
+		}
 	}
 	if err := d.Bind(l.Shape, dl.ranks); err != nil {
 		return nil, err
@@ -1061,12 +1064,16 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 		return failed(rec, status, err)
 	}
 	if env.Rendezvous != nil && env.Rendezvous.L.Distributed() {
-		var err error
+		settings, err := meetProcesses(cfg, env) // the same settings on every process, before any work
+		if err != nil {
+			return nil, err
+		}
 		if ds, err = newDist(cfg, env.Rendezvous); dispatchers.IsUnavailable(err) {
 			return dispatcherError(rec, cfg, err)
 		} else if err != nil {
 			return nil, err // a *ConfigError
 		}
+		ds.settings = settings
 	}
 	if ds != nil && env.Dump != "" { // before anything is written
 		return nil, &ConfigError{"dump", env.Dump, fmt.Sprintf("does not apply to a run that spans processes (%s): each process holds only its own ranks' tensors and gradients; dump a run of one process", env.Rendezvous.L.Via)}
@@ -1087,6 +1094,7 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 	prog := startProgress(env.Progress, env.ProgressEvery, steps(cfg, d))
 	defer prog.finish()
 	cfg.prog, cfg.intr = prog, env.Interrupt
+	ds.setProgress(prog)
 	devs, err := env.devices(cfg.GPUs, cfg.EP, ds)
 	if err != nil {
 		d.Close()

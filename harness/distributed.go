@@ -32,8 +32,46 @@ type dist struct {
 	first, per  int // its ranks: first … first+per−1, one GPU each
 	firstGPU    int // the GPU ordinal of its first rank on its node
 	comm        kernels.Comm
-	description string // its ranks, process and node, as messages name them
-	agreed      bool   // the processes agreed that every one is ready (or not) to meet
+	description string           // its ranks, process and node, as messages name them
+	agreed      bool             // the processes agreed that every one is ready (or not) to meet
+	prog        *progress        // the run's progress line, which says whom an agreement waits for
+	settings    []launch.Setting // what every process must share (settingsOf)
+}
+
+// meetProcesses is the meeting of a run's processes before any builds its
+// layer: each gives the others every setting of the run (settingsOf) and
+// the run goes on only where all are the same; else it is refused on every
+// process as a usage error naming each setting that differs with each
+// process's value. A process that never arrives is named within
+// --rendezvous-timeout. Without a rendezvous file (NCCL_COMM_ID alone)
+// the same settings, which it returns, are compared over NCCL once the
+// processes met there (agreeSettings).
+func meetProcesses(cfg Config, env Env) ([]launch.Setting, error) {
+	s := settingsOf(cfg, env.Version)
+	return s, asSettingsError(env.Rendezvous.Meet(s, env.Progress))
+}
+
+// agreeSettings compares every process's settings over the communicator
+// where the processes had no files to meet through (NCCL_COMM_ID alone),
+// right after they met in NCCL and before the dispatcher binds to it: a
+// usage error on every process where one differs, as meetProcesses's.
+func (dl *deviceLayer) agreeSettings() error {
+	d := dl.dist
+	if d == nil || d.rv.File != "" { // compared at the rendezvous already
+		return nil
+	}
+	all, err := gatherJSON(dl, d.settings, "settings")
+	if err != nil {
+		return err
+	}
+	return asSettingsError(launch.Compare(all))
+}
+
+// setProgress gives d the run's progress line.
+func (d *dist) setProgress(p *progress) {
+	if d != nil {
+		d.prog = p
+	}
 }
 
 // newDist checks that cfg can run over rv's processes and places this one.
@@ -82,7 +120,12 @@ func (d *dist) agree(err error, cfg Config) error {
 		}
 		mine.Reason = d.description + " cannot run it: " + strings.TrimPrefix(err.Error(), fmt.Sprintf("%s (%s): %s: ", cfg.Dispatcher, cfg.Impl, mine.Status))
 	}
-	all, aerr := d.rv.Agree(mine)
+	all, aerr := d.rv.Agree(mine, func(s string) {
+		if s == "" {
+			s = "meeting the other processes in NCCL (the communicator's setup)"
+		}
+		d.prog.set(s)
+	})
 	if err != nil {
 		return err
 	}

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/moebench/moebench/harness"
 	"github.com/moebench/moebench/internal/hostsim"
 	"github.com/moebench/moebench/kernels"
 	"github.com/moebench/moebench/results"
@@ -37,6 +38,9 @@ func TestMain(m *testing.M) {
 		args := os.Args[1:]
 		if os.Getenv("MOEBENCH_TEST_BAD_ARG") == "1" { // a process launched with other flags than the rest
 			args = append(args, "--iters", "many")
+		}
+		if more := os.Getenv("MOEBENCH_TEST_ARGS"); more != "" { // flags of this process alone (a later one wins)
+			args = append(args, strings.Fields(more)...)
 		}
 		os.Exit(run(args, os.Stdout, os.Stderr))
 	}
@@ -966,4 +970,216 @@ func hybridepAcross(t *testing.T, out string, ep int, ps []*proc) {
 	}
 	t.Logf("%s; max rel err %.2e, gradients %.2e; inter-node %d B, intra-node %d B, inter-domain %d B", rec.Ranks.Note, c.MaxRelErr, g.MaxRelErr,
 		tr.InterNodeBytes, tr.IntraNodeBytes, tr.DispatchInterDomain)
+}
+
+// exitCode is err's exit status (0: none; -1: not an exit).
+func exitCode(err error) int {
+	if err == nil {
+		return 0
+	}
+	if ee, ok := err.(*exec.ExitError); ok {
+		return ee.ExitCode()
+	}
+	return -1
+}
+
+// TestDistributedRendezvous: what --rendezvous FILE does with the files
+// around it and with processes that do not belong together.
+//
+// existing-results-file: --rendezvous naming a file that is not a
+// rendezvous file of moebench's (a results file) is refused on every
+// process, exit 2, saying what the file is; the file is intact.
+//
+// nothing-left: a successful run leaves nothing beside FILE (no id, tag,
+// hello, agreement or status file), FILE included.
+//
+// differ/*: processes launched with different settings (the seed with the
+// check off, the iterations, the tokens, the dispatcher, the world size)
+// are refused on every process with exit 2 before they build the layer,
+// naming each differing flag with each process's value; no record.
+//
+// differ-over-nccl: with NCCL_COMM_ID alone (no files to meet through)
+// the settings are compared over NCCL once the processes met there: a
+// different seed is refused the same way.
+//
+// never-started: process 1 of 2 never starts: process 0 exits within
+// --rendezvous-timeout, naming it; meanwhile its progress line says whom
+// it waits for.
+//
+// rank-without-world: MOEBENCH_RANK without MOEBENCH_WORLD is refused
+// (exit 2), naming both, not run as one process.
+func TestDistributedRendezvous(t *testing.T) {
+	_, out := distributedSetup(t)
+	small := []string{"--device", "cuda", "--dispatcher", "alltoall", "--impl", "library", "--ep", "4",
+		"--experts", "16", "--tokens", "16", "--hidden", "32", "--ffn", "16", "--warmup", "1", "--iters", "2", "--comm-timeout", "20s"}
+	args := func(rv string, more ...string) []string {
+		return append(append(slices.Clone(small), "--rendezvous", rv, "--out", out, "--format", "json"), more...)
+	}
+	t.Run("existing-results-file", func(t *testing.T) {
+		os.Remove(out)
+		old := filepath.Join(t.TempDir(), "old.jsonl") // a results file of an earlier run
+		if _, err := results.Append(old, &results.Record{Schema: results.Schema, Status: results.StatusOK}); err != nil {
+			t.Fatal(err)
+		}
+		before, _ := os.ReadFile(old)
+		ps := launchProcs(t, 2, args(old)...)
+		for r, p := range ps {
+			err := p.wait(t, 2*time.Minute)
+			if msg := p.stderr.String(); exitCode(err) != 2 || !strings.Contains(msg, "--rendezvous="+old+": ") || !strings.Contains(msg, "is not a rendezvous file") ||
+				!strings.Contains(msg, "a moebench results file (JSON lines") {
+				t.Errorf("process %d: %v; stderr:\n%s", r, err, msg)
+			}
+		}
+		if b, err := os.ReadFile(old); err != nil || len(before) == 0 || string(b) != string(before) {
+			t.Errorf("%s after the run: %q, %v (before: %q)", old, b, err, before)
+		}
+		if left, _ := filepath.Glob(old + ".*"); len(left) > 0 {
+			t.Errorf("left beside %s: %v", old, left)
+		}
+		if _, err := os.Stat(out); err == nil {
+			t.Error("a record was written")
+		}
+	})
+	t.Run("nothing-left", func(t *testing.T) {
+		os.Remove(out)
+		dir := t.TempDir()
+		ps := launchProcs(t, 2, args(filepath.Join(dir, "rv"))...)
+		runRecord(t, out, ps)
+		if left, _ := os.ReadDir(dir); len(left) > 0 {
+			var names []string
+			for _, e := range left {
+				names = append(names, e.Name())
+			}
+			t.Errorf("a successful run left %v in the rendezvous folder", names)
+		}
+	})
+	for _, c := range []struct {
+		name  string
+		one   []string // process 1's flags (process 0 runs the defaults)
+		world string   // process 1's MOEBENCH_WORLD, when not 2
+		want  []string
+	}{
+		{name: "seed", one: []string{"--seed", "7", "--check=false"}, want: []string{"--seed differs: process 0 has 1, process 1 has 7", "--check differs: process 0 has true, process 1 has false"}},
+		{name: "iters", one: []string{"--iters", "3"}, want: []string{"--iters differs: process 0 has 2, process 1 has 3"}},
+		{name: "tokens", one: []string{"--tokens", "32"}, want: []string{"--tokens differs: process 0 has 16, process 1 has 32"}},
+		{name: "dispatcher", one: []string{"--dispatcher", "hybridep", "--impl", "native", "--domain", "2", "--sms", "2"},
+			want: []string{"--dispatcher differs: process 0 has alltoall, process 1 has hybridep", "--impl differs: process 0 has library, process 1 has native",
+				"--domain differs: process 0 has 0, process 1 has 2", "--sms differs: process 0 has 0, process 1 has 2"}},
+		{name: "world", world: "4", want: []string{"MOEBENCH_WORLD differs: process 0 has 2, process 1 has 4"}},
+	} {
+		t.Run("differ/"+c.name, func(t *testing.T) {
+			os.Remove(out)
+			rv := filepath.Join(t.TempDir(), "rv")
+			start := time.Now()
+			ps := launchProcsEnv(t, 2, func(r int) []string {
+				if r == 0 {
+					return nil
+				}
+				env := []string{"MOEBENCH_TEST_ARGS=" + strings.Join(c.one, " ")}
+				if c.world != "" {
+					env = append(env, "MOEBENCH_WORLD="+c.world)
+				}
+				return env
+			}, args(rv)...)
+			for r, p := range ps {
+				err := p.wait(t, time.Minute)
+				msg := p.stderr.String()
+				if exitCode(err) != 2 || strings.Contains(msg, "ncclCommInitRank") {
+					t.Errorf("process %d: %v after %v; stderr:\n%s", r, err, time.Since(start), msg)
+				}
+				for _, w := range c.want {
+					if !strings.Contains(msg, w) {
+						t.Errorf("process %d's stderr lacks %q:\n%s", r, w, msg)
+					}
+				}
+			}
+			if _, err := os.Stat(out); err == nil {
+				t.Error("a record was written for processes that disagree")
+			}
+			t.Logf("after %v: %s", time.Since(start).Round(time.Millisecond), strings.TrimSpace(ps[0].stderr.String()))
+		})
+	}
+	t.Run("differ-over-nccl", func(t *testing.T) { // NCCL_COMM_ID alone: compared over the communicator
+		os.Remove(out)
+		l, err := net.Listen("tcp", "127.0.0.1:0") // a free port for NCCL's bootstrap root
+		if err != nil {
+			t.Fatal(err)
+		}
+		port := l.Addr().(*net.TCPAddr).Port
+		l.Close()
+		ps := launchProcsEnv(t, 2, func(r int) []string {
+			env := []string{fmt.Sprintf("NCCL_COMM_ID=127.0.0.1:%d", port)}
+			if r == 1 {
+				env = append(env, "MOEBENCH_TEST_ARGS=--seed 7 --check=false")
+			}
+			return env
+		}, append(slices.Clone(small), "--out", out)...)
+		for r, p := range ps {
+			err := p.wait(t, 2*time.Minute)
+			msg := p.stderr.String()
+			if exitCode(err) != 2 || !strings.Contains(msg, "--seed differs: process 0 has 1, process 1 has 7") ||
+				!strings.Contains(msg, "--check differs: process 0 has true, process 1 has false") {
+				t.Errorf("process %d: %v; stderr:\n%s", r, err, msg)
+			}
+		}
+		if _, err := os.Stat(out); err == nil {
+			t.Error("a record was written for processes that disagree")
+		}
+		t.Logf("%s", ps[0].stderr.String())
+	})
+	t.Run("never-started", func(t *testing.T) {
+		os.Remove(out)
+		rv := filepath.Join(t.TempDir(), "rv")
+		start := time.Now()
+		p := launchProcsEnv(t, 1, func(int) []string { return []string{"MOEBENCH_WORLD=2"} }, args(rv, "--rendezvous-timeout", "12s")...)[0]
+		err := p.wait(t, time.Minute)
+		took, msg := time.Since(start), p.stderr.String()
+		if exitCode(err) != 1 || took > 30*time.Second || !strings.Contains(msg, "process 1 of 2") || !strings.Contains(msg, "--rendezvous-timeout") ||
+			!strings.Contains(msg, "waiting for process 1 of 2") {
+			t.Errorf("%v after %v; stderr:\n%s", err, took, msg)
+		}
+		t.Logf("after %v: %s", took.Round(time.Millisecond), msg)
+	})
+	t.Run("rank-without-world", func(t *testing.T) {
+		os.Remove(out)
+		cmd := exec.Command(os.Args[0], append(slices.Clone(small), "--out", out)...)
+		cmd.Env = append(os.Environ(), "MOEBENCH_TEST_PROCESS=1", "MOEBENCH_RANK=1", "FAKENCCL_TIMEOUT_S=120")
+		b, err := cmd.CombinedOutput()
+		if exitCode(err) != 2 || !strings.Contains(string(b), "MOEBENCH_RANK=1 without MOEBENCH_WORLD") {
+			t.Errorf("%v; output:\n%s", err, b)
+		}
+		if _, err := os.Stat(out); err == nil {
+			t.Error("a record was written")
+		}
+	})
+}
+
+// TestSettingFlags: every setting the processes of a run compare is named
+// by a flag of the run's command line.
+func TestSettingFlags(t *testing.T) {
+	fs := newFlags(&options{})
+	for _, f := range harness.SettingFlags() {
+		if fs.Lookup(f) == nil {
+			t.Errorf("--%s: not a flag of moebench run", f)
+		}
+	}
+}
+
+// TestDistributedRendezvousIsOut: --rendezvous naming the --out file (a
+// new one: the rendezvous would write it, and remove it with the record
+// at the end) is a usage error on every process, before anything runs or
+// is written.
+func TestDistributedRendezvousIsOut(t *testing.T) {
+	t.Setenv("MOEBENCH_RANK", "1")
+	t.Setenv("MOEBENCH_WORLD", "2")
+	dir := t.TempDir()
+	out := filepath.Join(dir, "runs.jsonl")
+	code, _, e := cli("--device", "cuda", "--dispatcher", "alltoall", "--impl", "library", "--ep", "4",
+		"--rendezvous", out, "--rendezvous-timeout", "1s", "--out", dir+"/x/../runs.jsonl", "--check=false")
+	if code != exitUsage || !strings.Contains(e, "--rendezvous="+out+": is the --out file") {
+		t.Errorf("exit %d; stderr %q", code, e)
+	}
+	if left, _ := os.ReadDir(dir); len(left) > 0 {
+		t.Errorf("left %v", left)
+	}
 }

@@ -26,7 +26,7 @@ type options struct {
 	tokens, hidden, ffn, experts, topk, shared, groups, groupTopK       int
 	sms, ep, gpus, warmup, iters                                        int
 	topkScale, maxSeconds                                               float64
-	commTimeout                                                         time.Duration
+	commTimeout, rendezvousTimeout                                      time.Duration
 	seed                                                                uint64
 	check, preSoftmax, routingFixed, cudaGraph, forwardOnly             bool
 	checkAll                                                            bool // --check all
@@ -128,6 +128,7 @@ func addControlFlags(fs *pflag.FlagSet, o *options) {
 		"sample (where every token's reference is beyond the check's budget, a seeded sample of tokens per rank, the record says which) | all (every token) | off")
 	fs.DurationVar(&o.commTimeout, "comm-timeout", d.CommTimeout, "SM-driven dispatchers: the longest a cross-rank wait may take before the run fails naming the rank, phase and wait (NCCL EP: its timeout_ns); a run over several processes: the longest any process waits for the others while none moves on; a call on a GPU's thread after the first step may take 6 times it, at least 30s (0 = 5s)")
 	fs.StringVar(&o.rendezvous, "rendezvous", "", "a run over several processes (srun, mpirun, torchrun, MOEBENCH_RANK/MOEBENCH_WORLD): a file on a filesystem every node sees, where rank 0 writes NCCL's unique id and the processes watch each other; not needed with NCCL_COMM_ID=host:port, but without it a process that fails or never arrives is named only in a run of two processes")
+	fs.DurationVar(&o.rendezvousTimeout, "rendezvous-timeout", launch.DefaultWait, "a run over several processes with --rendezvous: the longest time `dt` (a duration, 1s to 1h) a process waits at the start for the others to arrive, each giving the others its settings, which must be the same; one that never arrives is named")
 	fs.StringVar(&o.device, "device", d.Device, "device: auto (cuda if a driver and GPU are found, else host) | host | cuda")
 	addLibFlag(fs, &o.cudaLibs)
 }
@@ -199,6 +200,9 @@ func (o *options) config(fs *pflag.FlagSet) (harness.Config, error) {
 	if c.CommTimeout == 0 { // as the help says: 0 = the default
 		c.CommTimeout = dispatchers.DefaultCommTimeout
 	}
+	if t := o.rendezvousTimeout; t != 0 && (t < time.Second || t > time.Hour) {
+		return c, &harness.ConfigError{Flag: "rendezvous-timeout", Value: t, Allowed: fmt.Sprintf("must be in [1s, 1h] (0 = the default, %v)", launch.DefaultWait)}
+	}
 	if err := c.Validate(); err != nil {
 		return c, err
 	}
@@ -237,6 +241,11 @@ func (o *options) checkOutputs(stderr io.Writer) error {
 	if !slices.Contains(results.Formats, o.format) {
 		return &harness.ConfigError{Flag: "format", Value: o.format, Allowed: "allowed: " + strings.Join(results.Formats, ", ")}
 	}
+	if o.rendezvous != "" && o.out != "" {
+		if rv, out := absPath(o.rendezvous), absPath(o.out); rv == out {
+			return &harness.ConfigError{Flag: "rendezvous", Value: o.rendezvous, Allowed: "is the --out file: the rendezvous writes its own files there and removes them when the run ends; name another path"}
+		}
+	}
 	if o.out != "" && writesRecords() {
 		torn, err := results.CheckAppend(o.out)
 		if err != nil {
@@ -260,6 +269,14 @@ func (o *options) checkOutputs(stderr io.Writer) error {
 		}
 	}
 	return nil
+}
+
+// absPath is path made absolute (as given where it cannot be).
+func absPath(path string) string {
+	if p, err := filepath.Abs(path); err == nil {
+		return p
+	}
+	return path
 }
 
 func usage(w io.Writer, fs *pflag.FlagSet) {

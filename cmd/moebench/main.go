@@ -243,7 +243,7 @@ func rendezvous(o options, cfg harness.Config) (*launch.Rendezvous, error) {
 	if timeout == 0 {
 		timeout = dispatchers.DefaultCommTimeout
 	}
-	return launch.NewRendezvous(l, o.rendezvous, timeout)
+	return launch.NewRendezvous(l, o.rendezvous, timeout, o.rendezvousTimeout)
 }
 
 // appendRecord appends rec to the results file at path and tells stderr

@@ -62,11 +62,12 @@ var notMeasuring = map[string]string{
 	"check":       "the check is one untimed step before the warm-up; recorded (config.check, config.check_tokens, correctness)",
 	"comm-timeout": "a bound on each cross-rank wait: a run that reaches it fails, one that does not is not changed by it; " +
 		"recorded for SM-driven dispatchers (config.comm_timeout_s)",
-	"rendezvous": "where the processes of a run over several meet (a file); the run is the same (ranks.processes records them)",
-	"cuda-libs":  "which CUDA libraries load: the stack records their versions, and compare refuses different stacks (StackDiff)",
-	"out":        "where the record goes",
-	"format":     "how the result is printed",
-	"dump":       "writes the layer's tensors after the run",
+	"rendezvous":         "where the processes of a run over several meet (a file); the run is the same (ranks.processes records them)",
+	"rendezvous-timeout": "a bound on the processes' first meeting: a run that reaches it fails before any work, one that does not is not changed by it",
+	"cuda-libs":          "which CUDA libraries load: the stack records their versions, and compare refuses different stacks (StackDiff)",
+	"out":                "where the record goes",
+	"format":             "how the result is printed",
+	"dump":               "writes the layer's tensors after the run",
 }
 
 // TestRunFlagsReachTheRecord walks every flag of 'moebench run': each that

@@ -23,6 +23,7 @@ type Launch struct {
 	Via         string // the launcher and the variables read, e.g. "srun (SLURM_PROCID=1, SLURM_STEP_NUM_TASKS=2)"
 	Job         string // the launcher's job id ("" when it gives none): scopes the rendezvous file
 	Host        string // the node's name: MOEBENCH_NODE, else its hostname
+	WorldVar    string // the launcher's variable that gives World, e.g. "MOEBENCH_WORLD"
 }
 
 // Distributed: more than one process.
@@ -54,12 +55,20 @@ func Detect(getenv func(string) string) (Launch, error) {
 	if n := getenv("MOEBENCH_NODE"); n != "" { // where hostnames do not tell nodes apart
 		host = n
 	}
-	for _, k := range launchers {
+	for i, k := range launchers {
 		rs, ws := getenv(k.rank), getenv(k.world)
+		if i == 0 && (rs == "") != (ws == "") { // moebench's own: one without the other is a mistake, not one process
+			set, unset := k.rank+"="+rs, k.world
+			if rs == "" {
+				set, unset = k.world+"="+ws, k.rank
+			}
+			return Launch{}, fmt.Errorf("%s without %s: a run over several processes sets both on every process (%s: this process's place, from 0; %s: the run's number of processes); a run of one process sets neither",
+				set, unset, k.rank, k.world)
+		}
 		if rs == "" || ws == "" {
 			continue
 		}
-		l := Launch{Host: host, LocalWorld: 1}
+		l := Launch{Host: host, LocalWorld: 1, WorldVar: k.world}
 		var err error
 		if l.World, err = number(k.world, ws, 1); err != nil {
 			return Launch{}, err
@@ -96,6 +105,20 @@ func Detect(getenv func(string) string) (Launch, error) {
 		return l, nil
 	}
 	return Launch{World: 1, LocalWorld: 1, Host: host}, nil
+}
+
+// worldName names what gives the run's number of processes.
+func (l Launch) worldName() string {
+	if l.WorldVar != "" {
+		return l.WorldVar
+	}
+	return "the number of processes"
+}
+
+// worldSetting is the run's number of processes as a setting every
+// process must share.
+func (l Launch) worldSetting() Setting {
+	return Setting{l.worldName(), strconv.Itoa(l.World)}
 }
 
 // number parses variable name's value v, at least lo.

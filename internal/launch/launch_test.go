@@ -25,6 +25,8 @@ func TestDetect(t *testing.T) {
 		{env: map[string]string{"MOEBENCH_RANK": "1", "MOEBENCH_WORLD": "2", "RANK": "7", "WORLD_SIZE": "9"}, rank: 1, world: 2, lw: 1, via: "MOEBENCH_RANK/MOEBENCH_WORLD"},
 		{env: map[string]string{"PMI_RANK": "2", "PMI_SIZE": "2"}, err: "PMI_RANK=2: must be < PMI_SIZE (2)"},
 		{env: map[string]string{"MOEBENCH_RANK": "x", "MOEBENCH_WORLD": "2"}, err: `MOEBENCH_RANK="x": must be an integer ≥ 0`},
+		{env: map[string]string{"MOEBENCH_RANK": "1"}, err: "MOEBENCH_RANK=1 without MOEBENCH_WORLD: "},
+		{env: map[string]string{"MOEBENCH_WORLD": "2", "SLURM_PROCID": "0", "SLURM_STEP_NUM_TASKS": "2"}, err: "MOEBENCH_WORLD=2 without MOEBENCH_RANK: "},
 	}
 	for i, c := range cases {
 		l, err := Detect(func(k string) string { return c.env[k] })

@@ -1,7 +1,6 @@
 package launch
 
 import (
-	"bufio"
 	"encoding/hex"
 	"fmt"
 	"os"
@@ -17,19 +16,41 @@ type Rendezvous struct {
 	L       Launch
 	File    string        // --rendezvous: where rank 0 writes the id ("" with NCCL_COMM_ID)
 	Timeout time.Duration // --comm-timeout: how long the others wait for it
-	seq     int
+	// Wait (--rendezvous-timeout) bounds the processes' first meeting,
+	// where each gives the others its settings (Meet): a process that
+	// never starts is named within it
+	Wait time.Duration
+	seq  int
 	// agree.go's: agreements made, the run's tag, this process's hello,
 	// and (rank 0) the FILE.run it last wrote
 	agreed                int
 	run, hello, announced string
+	runWorld              int   // the processes the tag names (rank 0's world)
+	gaveUp                bool  // an agreement ended without every process
+	unmet                 error // why the processes did not meet (Meet's), which a sweep's later points repeat
 }
 
+// DefaultWait is --rendezvous-timeout's default: long enough for a
+// launcher to start every process, short enough that one that never
+// starts is named soon.
+const DefaultWait = time.Minute
+
 // NewRendezvous checks that the run can meet: NCCL_COMM_ID is set, or file
-// names a path in an existing folder (on a filesystem every node sees).
-func NewRendezvous(l Launch, file string, timeout time.Duration) (*Rendezvous, error) {
+// names a path in an existing folder (on a filesystem every node sees)
+// that holds nothing, or a rendezvous file (an earlier run's); the files
+// beside it this process writes (FILE.pN.*, rank 0's FILE.run) likewise.
+// wait is --rendezvous-timeout (0: DefaultWait).
+func NewRendezvous(l Launch, file string, timeout, wait time.Duration) (*Rendezvous, error) {
 	if file == "" && os.Getenv("NCCL_COMM_ID") == "" {
 		return nil, fmt.Errorf("a run over %d processes (%s) needs --rendezvous FILE (a path on a filesystem every node sees, where rank 0 writes NCCL's unique id) or NCCL_COMM_ID=host:port (NCCL's own bootstrap)", l.World, l.Via)
 	}
+	if wait == 0 {
+		wait = DefaultWait
+	}
+	if wait < time.Second || wait > time.Hour {
+		return nil, fmt.Errorf("--rendezvous-timeout=%v: must be in [1s, 1h]", wait)
+	}
+	r := &Rendezvous{L: l, File: file, Timeout: timeout, Wait: wait}
 	if file != "" {
 		dir := file[:strings.LastIndex("/"+file, "/")]
 		if dir == "" {
@@ -38,8 +59,17 @@ func NewRendezvous(l Launch, file string, timeout time.Duration) (*Rendezvous, e
 		if st, err := os.Stat(dir); err != nil || !st.IsDir() {
 			return nil, fmt.Errorf("--rendezvous=%s: its folder %s does not exist", file, dir)
 		}
+		mine := []string{file, r.helloFile(l.Rank), r.doneFile(l.Rank), fmt.Sprintf("%s.p%d.status", file, l.Rank), fmt.Sprintf("%s.p%d.failed", file, l.Rank)}
+		if l.Rank == 0 {
+			mine = append(mine, file+".run")
+		}
+		for _, p := range mine {
+			if ok, what := r.mine(p); !ok {
+				return nil, notOurs(file, p, what)
+			}
+		}
 	}
-	return &Rendezvous{L: l, File: file, Timeout: timeout}, nil
+	return r, nil
 }
 
 // ID is the next communicator's unique id on every process: with
@@ -57,15 +87,7 @@ func (r *Rendezvous) ID(newID func() ([128]byte, error)) ([128]byte, error) {
 		if err != nil {
 			return id, err
 		}
-		tmp := fmt.Sprintf("%s.tmp%d", r.File, os.Getpid())
-		if err := os.WriteFile(tmp, []byte(want+"id "+hex.EncodeToString(id[:])+"\n"), 0o644); err != nil {
-			return id, fmt.Errorf("--rendezvous: %w", err)
-		}
-		if err := os.Rename(tmp, r.File); err != nil {
-			os.Remove(tmp)
-			return id, fmt.Errorf("--rendezvous: %w", err)
-		}
-		return id, nil
+		return id, r.put(r.File, "id", want+"id "+hex.EncodeToString(id[:])+"\n")
 	}
 	end := time.Now().Add(r.Timeout)
 	for {
@@ -84,41 +106,73 @@ func (r *Rendezvous) ID(newID func() ([128]byte, error)) ([128]byte, error) {
 // the communicator's number, so that a file an earlier run left is not
 // read as this one's.
 func (r *Rendezvous) header() string {
-	return fmt.Sprintf("moebench rendezvous 1\njob %q\nworld %d\nseq %d\n%s\n", r.L.Job, r.L.World, r.seq, r.run)
+	return fmt.Sprintf("job %q\nworld %d\nseq %d\n%s\n", r.L.Job, r.L.World, r.seq, r.run)
 }
 
 // read is the id in File when its header is want.
 func (r *Rendezvous) read(want string) ([128]byte, bool) {
 	var id [128]byte
-	f, err := os.Open(r.File)
-	if err != nil {
+	text, ok := get(r.File)
+	if !ok {
 		return id, false
 	}
-	defer f.Close()
-	var head strings.Builder
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		line := sc.Text()
-		if h, ok := strings.CutPrefix(line, "id "); ok {
-			b, err := hex.DecodeString(h)
-			if err != nil || len(b) != len(id) || head.String() != want {
-				return id, false
-			}
-			copy(id[:], b)
-			return id, true
-		}
-		head.WriteString(line + "\n")
+	at := strings.LastIndex(text, "\nid ")
+	if at < 0 {
+		return id, false
 	}
-	return id, false
+	b, err := hex.DecodeString(strings.TrimSuffix(text[at+len("\nid "):], "\n"))
+	if text[:at+1] != want || err != nil || len(b) != len(id) {
+		return id, false
+	}
+	copy(id[:], b)
+	return id, true
 }
 
-// Close removes the id file (rank 0, once the run is over).
+// Close ends this process's part in the rendezvous: it says it is done
+// (FILE.pN.done), and the last process of the run to say so — every other
+// has read all it reads — removes the run's files, FILE among them: a run
+// that ends leaves nothing. A process that never met the others removes
+// its own.
 func (r *Rendezvous) Close() {
-	if r.File != "" && r.L.Rank == 0 {
-		os.Remove(r.File)
-		os.Remove(r.File + ".run")
+	if r.File == "" {
+		return
 	}
-	if r.File != "" {
-		os.Remove(fmt.Sprintf("%s.p%d.hello", r.File, r.L.Rank))
+	if r.run == "" || r.gaveUp { // the others never met: nothing of this process's is read
+		r.drop(r.helloFile(r.L.Rank))
+		for n := max(1, r.agreed-1); n <= r.agreed; n++ {
+			r.drop(r.agreeFile(r.L.Rank, n))
+		}
+		if r.L.Rank == 0 {
+			r.drop(r.File + ".run")
+			r.drop(r.File)
+		}
+		return
+	}
+	world := r.runWorld // another world than rank 0's was refused: rank 0's processes are the run's
+	if world <= 0 || world > r.L.World {
+		world = r.L.World
+	}
+	if r.put(r.doneFile(r.L.Rank), "done", r.run+"\n") != nil {
+		return
+	}
+	for p := range world {
+		if t, ok := get(r.doneFile(p)); !ok || t != r.run+"\n" {
+			return // another process goes on: the last one removes the files
+		}
+	}
+	for p := range world {
+		for n := max(1, r.agreed-1); n <= r.agreed; n++ {
+			r.drop(r.agreeFile(p, n))
+		}
+		r.drop(r.helloFile(p))
+		r.drop(fmt.Sprintf("%s.p%d.status", r.File, p))
+	}
+	r.drop(r.File)
+	r.drop(r.File + ".run")
+	for p := range world {
+		r.drop(r.doneFile(p))
 	}
 }
+
+func (r *Rendezvous) helloFile(p int) string { return fmt.Sprintf("%s.p%d.hello", r.File, p) }
+func (r *Rendezvous) doneFile(p int) string  { return fmt.Sprintf("%s.p%d.done", r.File, p) }

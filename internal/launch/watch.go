@@ -68,7 +68,7 @@ func (r *Rendezvous) Watch(id [128]byte, ranks string, per int) *Watch {
 		os.Exit(1)
 	}
 	if r.File != "" {
-		os.Remove(w.note(r.L.Rank))
+		w.r.drop(w.note(r.L.Rank))
 	}
 	w.wg.Add(1)
 	go w.loop()
@@ -184,9 +184,7 @@ func (w *Watch) writeNote(text string) {
 	if w.r.File == "" {
 		return
 	}
-	p := w.note(w.r.L.Rank)
-	os.WriteFile(p+".tmp", []byte(w.tag+"\n"+text+"\n"), 0o644)
-	os.Rename(p+".tmp", p)
+	w.r.put(w.note(w.r.L.Rank), "note", w.tag+"\n"+text+"\n")
 }
 
 // Stop ends the watch (the run is over on this process).
@@ -199,7 +197,7 @@ func (w *Watch) Stop() {
 	close(w.done)
 	w.wg.Wait()
 	if w.r.File != "" {
-		os.Remove(w.status(w.r.L.Rank))
+		w.r.drop(w.status(w.r.L.Rank))
 	}
 }
 
@@ -240,9 +238,7 @@ func (w *Watch) check() string {
 		return ""
 	}
 	if count%2 == 0 {
-		p := w.status(w.r.L.Rank)
-		os.WriteFile(p+".tmp", []byte(fmt.Sprintf("%s\n%d\n%s\n%s\n%d %t\n", w.tag, count, w.ranks, stage, stages, deadline.IsZero())), 0o644)
-		os.Rename(p+".tmp", p)
+		w.r.put(w.status(w.r.L.Rank), "status", fmt.Sprintf("%s\n%d\n%s\n%s\n%d %t\n", w.tag, count, w.ranks, stage, stages, deadline.IsZero()))
 	}
 	var silent, elsewhere []string
 	moving := false // another process moved on, or works on its own, within the timeout
@@ -250,14 +246,14 @@ func (w *Watch) check() string {
 		if p == w.r.L.Rank {
 			continue
 		}
-		if b, err := os.ReadFile(w.note(p)); err == nil {
-			if tag, text, _ := strings.Cut(string(b), "\n"); tag == w.tag {
+		if b, ok := get(w.note(p)); ok {
+			if tag, text, _ := strings.Cut(b, "\n"); tag == w.tag {
 				return "stopping: " + strings.TrimSpace(text)
 			}
 		}
-		b, err := os.ReadFile(w.status(p))
-		f := strings.Split(string(b), "\n")
-		if err != nil || len(f) < 5 || f[0] != w.tag {
+		b, ok := get(w.status(p))
+		f := strings.Split(b, "\n")
+		if !ok || len(f) < 5 || f[0] != w.tag {
 			continue // not there yet, or done
 		}
 		h, ok := w.heard[p]
