@@ -13,6 +13,7 @@ import (
 	"slices"
 
 	"github.com/moebench/moebench/internal/launch"
+	"github.com/moebench/moebench/results"
 )
 
 // settingFlags names the flag of each field of Config (Shape's fields
@@ -63,6 +64,15 @@ func settingsOf(cfg Config, version string) []launch.Setting {
 			val := fmt.Sprint(v.Field(i).Interface())
 			if r, ok := v.Field(i).Interface().(Routing); ok {
 				val = r.String()
+			}
+			switch f.Name { // --check sets both: compared once, as the flag's word
+			case "CheckAll":
+				continue
+			case "Check":
+				val = results.CheckOff
+				if cfg.Check {
+					val = map[bool]string{false: results.CheckSample, true: results.CheckAll}[cfg.CheckAll]
+				}
 			}
 			out = append(out, launch.Setting{Name: "--" + flag, Value: val})
 		}

@@ -1,6 +1,7 @@
 package harness
 
 import (
+	"errors"
 	"fmt"
 	"time"
 
@@ -36,6 +37,10 @@ func Sweep(points []Config, env Env, stop <-chan struct{}, record func(*results.
 		default:
 		}
 		rec, err := Run(cfg, env)
+		var ce *ConfigError
+		if rec == nil && errors.As(err, &ce) { // e.g. processes launched with different settings: every process refuses
+			return i, err
+		}
 		if rec != nil {
 			if rerr := record(rec); rerr != nil {
 				return i, rerr

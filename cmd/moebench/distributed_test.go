@@ -1059,7 +1059,7 @@ func TestDistributedRendezvous(t *testing.T) {
 		world string   // process 1's MOEBENCH_WORLD, when not 2
 		want  []string
 	}{
-		{name: "seed", one: []string{"--seed", "7", "--check=false"}, want: []string{"--seed differs: process 0 has 1, process 1 has 7", "--check differs: process 0 has true, process 1 has false"}},
+		{name: "seed", one: []string{"--seed", "7", "--check=false"}, want: []string{"--seed differs: process 0 has 1, process 1 has 7", "--check differs: process 0 has sample, process 1 has off"}},
 		{name: "iters", one: []string{"--iters", "3"}, want: []string{"--iters differs: process 0 has 2, process 1 has 3"}},
 		{name: "tokens", one: []string{"--tokens", "32"}, want: []string{"--tokens differs: process 0 has 16, process 1 has 32"}},
 		{name: "dispatcher", one: []string{"--dispatcher", "hybridep", "--impl", "native", "--domain", "2", "--sms", "2"},
@@ -1099,6 +1099,26 @@ func TestDistributedRendezvous(t *testing.T) {
 			t.Logf("after %v: %s", time.Since(start).Round(time.Millisecond), strings.TrimSpace(ps[0].stderr.String()))
 		})
 	}
+	t.Run("differ/sweep", func(t *testing.T) { // a sweep refuses the same way, exit 2, before its first point
+		os.Remove(out)
+		rv := filepath.Join(t.TempDir(), "rv")
+		sweep := append([]string{"sweep"}, slices.Clone(small)...)
+		ps := launchProcsEnv(t, 2, func(r int) []string {
+			if r == 0 {
+				return nil
+			}
+			return []string{"MOEBENCH_TEST_ARGS=--seed 7"}
+		}, append(sweep, "--rendezvous", rv, "--out", out)...)
+		for r, p := range ps {
+			err := p.wait(t, time.Minute)
+			if msg := p.stderr.String(); exitCode(err) != 2 || !strings.Contains(msg, "--seed differs: process 0 has 1, process 1 has 7") {
+				t.Errorf("process %d: %v; stderr:\n%s", r, err, msg)
+			}
+		}
+		if _, err := os.Stat(out); err == nil {
+			t.Error("a record was written for processes that disagree")
+		}
+	})
 	t.Run("differ-over-nccl", func(t *testing.T) { // NCCL_COMM_ID alone: compared over the communicator
 		os.Remove(out)
 		l, err := net.Listen("tcp", "127.0.0.1:0") // a free port for NCCL's bootstrap root
@@ -1118,7 +1138,7 @@ func TestDistributedRendezvous(t *testing.T) {
 			err := p.wait(t, 2*time.Minute)
 			msg := p.stderr.String()
 			if exitCode(err) != 2 || !strings.Contains(msg, "--seed differs: process 0 has 1, process 1 has 7") ||
-				!strings.Contains(msg, "--check differs: process 0 has true, process 1 has false") {
+				!strings.Contains(msg, "--check differs: process 0 has sample, process 1 has off") {
 				t.Errorf("process %d: %v; stderr:\n%s", r, err, msg)
 			}
 		}

@@ -216,7 +216,10 @@ func sweep(args []string, stdout, stderr io.Writer) int {
 	fmt.Fprintf(stderr, "moebench sweep: %d of %d points: %d ok, %d unavailable, %d failed %s\n", done, len(points),
 		counts[results.StatusOK], counts[results.StatusUnavailable], counts[results.StatusFailed], writes)
 	var stopped *harness.SweepStopped
+	var ce *harness.ConfigError
 	switch {
+	case errors.As(err, &ce):
+		return usageError(stderr, err)
 	case errors.As(err, &stopped):
 		fmt.Fprintf(stderr, "moebench sweep: %v\n", err)
 		return exitRuntime
