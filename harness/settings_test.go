@@ -18,7 +18,7 @@ func TestSettingsOf(t *testing.T) {
 	fields := 0
 	for _, typ := range []reflect.Type{reflect.TypeOf(c), reflect.TypeOf(c.Shape)} {
 		for i := range typ.NumField() {
-			if f := typ.Field(i); f.IsExported() && !f.Anonymous {
+			if f := typ.Field(i); f.IsExported() && !f.Anonymous && f.Name != "CheckAll" { // CheckAll: in --check's word
 				fields++
 			}
 		}
@@ -39,5 +39,10 @@ func TestSettingsOf(t *testing.T) {
 		!strings.Contains(err.Error(), "--routing differs: process 0 has balanced, process 1 has skewed:1.2; --seed differs: process 0 has 1, process 1 has 7") ||
 		strings.Count(err.Error(), " differs: ") != 2 {
 		t.Errorf("%v", err)
+	}
+	all := DefaultConfig()
+	all.CheckAll = true
+	if err := launch.Compare([][]launch.Setting{a, settingsOf(all, "v1")}); err == nil || !strings.Contains(err.Error(), "--check differs: process 0 has sample, process 1 has all") {
+		t.Errorf("--check all against sample: %v", err)
 	}
 }
