@@ -630,3 +630,23 @@ func BenchmarkSimulateEP64(b *testing.B) {
 		})
 	}
 }
+
+// TestFEPLBFallback: when the busiest rank's busiest dynamic expert cannot
+// move usefully (here it would make its helper the new straggler), the
+// default reading (Options.BusiestOnly false, --feplb-fallback next) tries
+// the rank's next dynamic expert; the strict reading of the paper's text
+// ("pick its busiest dynamic expert"; BusiestOnly, --feplb-fallback stop)
+// stops there and moves nothing.
+func TestFEPLBFallback(t *testing.T) {
+	tp := Topology{Ranks: 4, Experts: 16, Domain: 4}
+	counts := []int{20000, 5000, 500, 500, 3000, 3000, 3000, 3000, 3000, 3000, 3000, 3000, 3000, 3000, 3000, 3000}
+	st := Step{Counts: counts, Ready: 60e-6}
+	o := Options{DynamicPerRank: 2, Tau: 32, MaxDyn: 8, ReplanEvery: 50}
+	if e, _ := movedExpert(t, mustPlan(t, "feplb", tp, st, o)); e != 1 {
+		t.Errorf("fallback next: moved expert %d, want 1 (rank 0's next dynamic expert)", e)
+	}
+	o.BusiestOnly = true
+	if pl := mustPlan(t, "feplb", tp, st, o); pl.Moved() != 0 {
+		t.Errorf("fallback stop: %d moves (%s), want none (expert 0 cannot move usefully)", pl.Moved(), pl.Note)
+	}
+}
