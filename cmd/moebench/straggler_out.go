@@ -73,6 +73,16 @@ func writeStraggler(w io.Writer, format string, runs [][]balance.SimResult, titl
 				eq = append(eq, r.Policy)
 			}
 		}
+		var worse []string
+		for _, r := range res {
+			if v := r.Effective.Abs; r.Policy != "none" && !tied(v, none.Effective.Abs) && v > none.Effective.Abs {
+				worse = append(worse, fmt.Sprintf("%s (+%.0f%%)", r.Policy, 100*(v/none.Effective.Abs-1)))
+			}
+		}
+		if len(worse) > 0 {
+			notes = append(notes, "worse than none (effective straggler): "+strings.Join(worse, ", ")+
+				"; fastermoe decides by fastmoe's own latency model, eplb and feplb+place from the load history, not by this step's timeline")
+		}
 		if len(eq) > 0 {
 			notes = append(notes, fmt.Sprintf("= none: %s within %.1f%% of none's effective straggler (tie rule: ranked with none, not by the difference)",
 				strings.Join(eq, ", "), 100*tieWithNone))

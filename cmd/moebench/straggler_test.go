@@ -132,6 +132,9 @@ func TestStragglerTieWithNone(t *testing.T) {
 	if !slices.Equal(got, want) {
 		t.Errorf("rows (policy, eff_reduction) %q, want %q:\n%s", got, want, b.String())
 	}
+	if !strings.Contains(b.String(), "worse than none (effective straggler): feplb-split (+2%)") {
+		t.Errorf("no note naming the policy worse than none:\n%s", b.String())
+	}
 	if !strings.Contains(b.String(), "= none: eplb, fastermoe within 0.5%") {
 		t.Errorf("no note naming the tied policies:\n%s", b.String())
 	}
