@@ -173,7 +173,10 @@ var columns = []column{
 	{head: "fwd_p50", okOnly: true, ms: func(r Row) (float64, bool) { return p50Of(passOf(r.Rec, PassForward)) }},
 	{head: "bwd_p50", okOnly: true, ms: func(r Row) (float64, bool) { return p50Of(passOf(r.Rec, "bwd")) }},
 	{head: "speedup_vs_alltoall", okOnly: true, val: func(r Row) string {
-		if r.Speedup == 0 {
+		switch {
+		case r.Rec.Config.Device == "host":
+			return HostRatio
+		case r.Speedup == 0:
 			return noValue
 		}
 		return fmt.Sprintf("%.2fx", r.Speedup)
@@ -226,6 +229,11 @@ func interNode(g Group) bool {
 
 // textColumns are the report's left-aligned columns (dispatcher, impl, sms, status).
 const textColumns = 4
+
+// HostRatio stands in for a ratio of host-device times: the wall clock of
+// Go code running every rank one after another is not a measurement, and
+// a ratio of two such times is no number to read.
+const HostRatio = "host: not a measurement"
 
 // hostMark marks the speedup of host groups; the key says why.
 const hostMark = "†"
