@@ -346,7 +346,11 @@ func (g Group) rebalanceCells() [][]string {
 		case !exposedMeasured(rb):
 			exposed = notMeasured
 		}
-		out = append(out, []string{r.Rec.Config.Settings(), pct(rb.TokenBefore), pct(rb.TokenAfter), pct(rb.GEMMBefore), pct(r.Rec.GEMM.Straggler),
+		tokenAfter, gemmAfter := pct(rb.TokenAfter), pct(r.Rec.GEMM.Straggler)
+		if noMove(rb) {
+			tokenAfter, gemmAfter = NoMoveUnchanged, NoMoveUnchanged
+		}
+		out = append(out, []string{r.Rec.Config.Settings(), pct(rb.TokenBefore), tokenAfter, pct(rb.GEMMBefore), gemmAfter,
 			strconv.Itoa(rb.Moves), fmt.Sprintf("%.2f", float64(rb.CopyBytes)/(1<<20)), pr(rb.CopyMS), exposed, pr(rb.SchedulerMS), pr(rb.SchedulerWaitMS)})
 	}
 	return out

@@ -205,3 +205,52 @@ func TestReportHostRatiosNotNumbers(t *testing.T) {
 		}
 	}
 }
+
+// TestRebalanceNoMove: a feplb run that moved nothing in any timed step
+// (the harness warns "moved nothing", or a setting made it a no-op: "moves
+// nothing") has no before/after: its GEMM straggler before (phase 2
+// paused) and after differ by noise alone. The run's table and the
+// report's rebalancing table say "no move: unchanged" instead of an after
+// value; a run that moved keeps its before → after.
+func TestRebalanceNoMove(t *testing.T) {
+	mk := func(seed uint64, moves int, warn string) Record {
+		r := reportRecords()[1]
+		r.Config.Dispatcher, r.Config.FeplbBase, r.Config.FeplbDynamic, r.Config.Seed = "feplb", "alltoall", 2, seed
+		r.GEMM = &GEMM{Straggler: Straggler{PerRank: []float64{1, 1.026}, Abs: 0.026, Rel: 0.026}} // after
+		r.Rebalance = &Rebalance{Policy: "feplb", TokenBefore: Straggler{PerRank: []float64{2, 3}, Abs: 0.5, Rel: 0.2}, TokenAfter: Straggler{PerRank: []float64{2, 3}, Abs: 0.5, Rel: 0.2},
+			GEMMBefore: Straggler{PerRank: []float64{1, 1.065}, Abs: 0.065, Rel: 0.065}, GEMMAfter: Straggler{PerRank: []float64{1, 1.026}, Abs: 0.026, Rel: 0.026},
+			Moves: moves, ExposedNote: "not measured: host"}
+		if warn != "" {
+			r.Rebalance.Warnings = []string{warn}
+		}
+		return r
+	}
+	still := mk(3, 0, "feplb moved nothing in 20 timed steps: the run equals its base dispatcher's (x)")
+	noop := mk(4, 0, "feplb moves nothing, every step is the base dispatcher's alone: 0 dynamic experts per rank")
+	moved := mk(5, 2, "")
+	for _, c := range []struct {
+		rec  Record
+		want bool
+	}{{still, true}, {noop, true}, {moved, false}} {
+		var b bytes.Buffer
+		if err := Write(&b, &c.rec, "table"); err != nil {
+			t.Fatal(err)
+		}
+		out := b.String()
+		if got := strings.Contains(out, "no move: unchanged"); got != c.want {
+			t.Errorf("warnings %q: says no move %v, want %v:\n%s", c.rec.Rebalance.Warnings, got, c.want, out)
+		}
+		if shown := strings.Contains(out, "+6.5%) → +0.026 ms (+2.6%)"); shown == c.want {
+			t.Errorf("warnings %q: GEMM straggler before → after shown: %v, want %v:\n%s", c.rec.Rebalance.Warnings, shown, !c.want, out)
+		}
+	}
+	for _, f := range []string{"table", "markdown", "html"} {
+		var b bytes.Buffer
+		if err := WriteReport(&b, BuildReport([]Record{still, moved}), f, "t"); err != nil {
+			t.Fatal(err)
+		}
+		if n := strings.Count(b.String(), "no move: unchanged"); n != 2 { // token and GEMM straggler after, the run that did not move
+			t.Errorf("%s: %d cells say \"no move: unchanged\", want 2:\n%s", f, n, b.String())
+		}
+	}
+}
