@@ -339,6 +339,11 @@ func holders(owner []int) [][]int {
 	return h
 }
 
+// DefaultDynamic is FEPLB's dynamic experts per rank where none are asked
+// for, fitted to a rank's local experts: the paper's 4 where a rank has
+// more than 4, else all of its experts but one (so no "asked, used" cap).
+func DefaultDynamic(local int) int { return min(DefaultOptions.DynamicPerRank, max(1, local-1)) }
+
 // dynamicPerRank is how many experts of a rank FEPLB may treat as dynamic:
 // at most L−1, so that every rank keeps static work to hide the copies behind.
 func dynamicPerRank(t Topology, want int) int { return max(0, min(want, t.Local()-1)) }
