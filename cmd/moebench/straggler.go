@@ -25,7 +25,9 @@ of that lands after the slowest rank's GEMMs (back_exposed_us), the extra bytes 
 the busiest NVLink direction as a share of the EP dispatch/combine bytes there
 (ep_overhead_%), and with --backward the backward pass's traffic and exposure.
 Per-step plans (fastermoe, feplb*) are known --counts-us + --sched-us after phase
-1; their copies and broadcasts start then.
+1; their copies and broadcasts start then. A policy within 0.5% of none's
+effective straggler prints "= none" and ranks with none; a note names any policy
+worse than none. --seeds N prints means over N seeds with [min, max] over them.
 
 Usage:
   moebench straggler [flags]`
