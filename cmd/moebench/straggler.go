@@ -71,7 +71,7 @@ func stragglerFlags(a *stragglerArgs) *pflag.FlagSet {
 	fs.IntVar(&a.seeds, "seeds", 1, "run seeds --seed … --seed+N−1 and print means over them, with [min, max] of the stragglers and ratios")
 	fs.IntVar(&o.RedundantPerRank, "eplb-redundant", o.RedundantPerRank, "eplb: redundant expert slots per rank")
 	fs.IntVar(&o.ReplanEvery, "eplb-interval", o.ReplanEvery, "eplb, feplb+place: steps between placements")
-	fs.IntVar(&o.DynamicPerRank, "feplb-dynamic", o.DynamicPerRank, "feplb*: dynamic experts per rank (its most loaded; the paper's dyn)")
+	fs.IntVar(&o.DynamicPerRank, "feplb-dynamic", 0, "feplb*: dynamic experts per rank (its most loaded; the paper's dyn); default: fitted to the layer, the paper's 4 or a rank's experts less one")
 	fs.IntVar(&o.Tau, "feplb-tau", o.Tau, "feplb*: τ, fewest tokens worth moving an expert's weights for (feplb: a whole expert; feplb-split: a chunk)")
 	fs.IntVar(&o.Tau, "feplb-min-chunk", o.Tau, "")
 	_ = fs.MarkDeprecated("feplb-min-chunk", "use --feplb-tau")
@@ -126,6 +126,9 @@ func straggler(args []string, stdout, stderr io.Writer) int {
 		return usageError(stderr, err)
 	}
 	t := balance.Topology{Ranks: ep, Experts: experts, Domain: domain}
+	if !fs.Changed("feplb-dynamic") && experts%ep == 0 {
+		o.DynamicPerRank = balance.DefaultDynamic(experts / ep)
+	}
 	switch {
 	case experts%ep != 0:
 		return usageError(stderr, fmt.Errorf("--ep=%d: must divide --experts (%d)", ep, experts))

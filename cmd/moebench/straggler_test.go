@@ -226,3 +226,18 @@ func TestStragglerFallbackFlag(t *testing.T) {
 		t.Errorf("--feplb-fallback maybe: exit %d, %q", code, e)
 	}
 }
+
+// TestStragglerDefaultDynamicFits: left at its default, --feplb-dynamic is
+// fitted to the layer (2 experts per rank: 1 dynamic, no "asked, used"
+// warning); asked for explicitly, more than fit are capped with a warning.
+func TestStragglerDefaultDynamicFits(t *testing.T) {
+	args := []string{"straggler", "--ep", "8", "--experts", "16", "--steps", "5", "--sched-us", "50", "--policies", "none,feplb"}
+	code, _, e := cli(args...)
+	if code != exitOK || strings.Contains(e, "asked") {
+		t.Errorf("default: exit %d, stderr %q; want no cap warning", code, e)
+	}
+	code, _, e = cli(append(args, "--feplb-dynamic", "4")...)
+	if code != exitOK || !strings.Contains(e, "4 dynamic experts per rank asked, 1 used") {
+		t.Errorf("--feplb-dynamic 4: exit %d, stderr %q; want the cap warning", code, e)
+	}
+}
