@@ -186,7 +186,8 @@ Each table below names any policy worse than `none` beyond the tie rule. Tie
 rule: a policy within 0.5% of `none`'s effective straggler prints "= none"
 and ranks with `none`, in the order given, not by the difference.
 
-Columns (means over steps): `eff_straggler` is what the step really loses: the
+Columns (means over steps, then over seeds 1–10; `*_range` columns give
+[min, max] over the seeds): `eff_straggler` is what the step really loses: the
 slowest rank's finish — its GEMMs, its waits for copies, its outputs' way back,
 FasterMoE's broadcasts, EPLB's re-placement traffic — minus the mean GEMM time
 with every expert home; tables are ranked by it. `token_straggler` (copies on
