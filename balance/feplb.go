@@ -18,7 +18,9 @@ import (
 // paper has no public code; shared/reference/anchors-2026-11.md §7): whole
 // dynamic experts move — weights and all their tokens, never split. A
 // greedy scheduler repeatedly takes the domain's most loaded rank, picks
-// its busiest dynamic expert not yet moved (stopping below τ tokens), and
+// its busiest dynamic expert not yet moved (stopping below τ tokens) —
+// and, when that one cannot move usefully, its next (inferred; the strict
+// reading, Options.BusiestOnly, stops there instead) — and
 // moves it to the domain's least loaded rank with a free buffer slot (a
 // helper holds at most MaxDyn moved experts' weights, the paper's
 // max_num_dyn), until no useful move remains. What moebench infers, as the
@@ -166,7 +168,8 @@ func (p *feplb) play(ready float64) {
 // greedy is the scheduler on one domain (see feplb): it leaves the moves
 // in p.best. Each round takes the domain's most loaded rank s and its
 // least loaded rank h with a free buffer slot, and tries s's dynamic
-// experts, busiest first: the paper's policy moves the whole expert;
+// experts, busiest first (with Options.BusiestOnly only the busiest one
+// left: the scheduler stops when it cannot move): the paper's policy moves the whole expert;
 // feplb-split moves a chunk sized to even out s and h, halved while the
 // move is not useful, down to τ rows, one chunk per (expert, helper).
 func (p *feplb) greedy(ready float64) {
@@ -213,6 +216,9 @@ func (p *feplb) round(ready float64) bool {
 			if !p.split {
 				break
 			}
+		}
+		if p.o.BusiestOnly { // the strict reading: only s's busiest dynamic expert
+			return false
 		}
 	}
 	return false
@@ -332,6 +338,11 @@ func holders(owner []int) [][]int {
 	}
 	return h
 }
+
+// DefaultDynamic is FEPLB's dynamic experts per rank where none are asked
+// for, fitted to a rank's local experts: the paper's 4 where a rank has
+// more than 4, else all of its experts but one (so no "asked, used" cap).
+func DefaultDynamic(local int) int { return min(DefaultOptions.DynamicPerRank, max(1, local-1)) }
 
 // dynamicPerRank is how many experts of a rank FEPLB may treat as dynamic:
 // at most L−1, so that every rank keeps static work to hide the copies behind.

@@ -35,6 +35,14 @@ type Options struct {
 	// MaxDyn is how many moved experts' weights a helper's buffer holds
 	// (the paper's max_num_dyn: the buffer is MaxDyn × one expert's weights)
 	MaxDyn int
+	// BusiestOnly is the strict reading of the paper's scheduler ("pick its
+	// busiest dynamic expert"): each round tries only the busiest rank's
+	// busiest dynamic expert left, and the scheduler stops when that one
+	// cannot move usefully. false (the default, --feplb-fallback next): it
+	// tries the rank's next dynamic experts, busiest first. The review of the
+	// paper's text leaves it open; it decides much of FEPLB's lead over
+	// FasterMoE at EP 8 (results/straggler).
+	BusiestOnly bool
 }
 
 // DefaultOptions: one redundant slot per rank, re-planned every 50 steps

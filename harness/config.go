@@ -85,7 +85,7 @@ type Config struct {
 	// CommTimeout bounds each cross-rank wait of SM-driven dispatchers
 	CommTimeout time.Duration
 	FeplbBase   string // feplb: phase-1 dispatcher
-	FeplbDyn    int    // feplb: dynamic experts per rank
+	FeplbDyn    int    // feplb: dynamic experts per rank; 0: fitted to the layer (FeplbDynamic)
 	FeplbPolicy string // feplb: the scheduler's policy (balance.FEPLBPolicies)
 	Routing     Routing
 	// RoutingFixed replays the first step's routing every iteration;
@@ -142,7 +142,7 @@ var HostExpertsModes = []string{HostExpertsAuto, HostExpertsHeld, HostExpertsByR
 func DefaultConfig() Config {
 	p, _ := LookupPreset("tiny")
 	return Config{Preset: p.Name, Shape: p.Shape, Dispatcher: "alltoall", Impl: "native",
-		EP: 8, CommTimeout: dispatchers.DefaultCommTimeout, FeplbBase: "alltoall", FeplbDyn: balance.DefaultOptions.DynamicPerRank, FeplbPolicy: "feplb",
+		EP: 8, CommTimeout: dispatchers.DefaultCommTimeout, FeplbBase: "alltoall", FeplbDyn: 0, FeplbPolicy: "feplb",
 		Routing: Routing{Kind: RoutingBalanced}, Seed: 1, Warmup: 3, Iters: 20,
 		Check: true, Device: "auto"}
 }
@@ -211,8 +211,8 @@ func (c Config) Validate() error {
 		return &ConfigError{"topk-scale", c.TopKScale, "must be in (0, 1e6]"}
 	case c.Domain < 0 || (c.Domain > 0 && c.EP%c.Domain != 0):
 		return &ConfigError{"domain", c.Domain, fmt.Sprintf("must divide --ep (%d); 0 = all ranks in one domain", c.EP)}
-	case c.FeplbDyn < 1 || c.FeplbDyn > maxDim:
-		return &ConfigError{"feplb-dynamic", c.FeplbDyn, fmt.Sprintf("must be in [1, %d]", maxDim)}
+	case c.FeplbDyn < 0 || c.FeplbDyn > maxDim:
+		return &ConfigError{"feplb-dynamic", c.FeplbDyn, fmt.Sprintf("must be in [0, %d] (0: fitted to the layer)", maxDim)}
 	case c.FeplbBase == "feplb" || !slices.Contains(dispatchers.Names(), c.FeplbBase):
 		others := slices.DeleteFunc(dispatchers.Names(), func(n string) bool { return n == "feplb" })
 		return &ConfigError{"feplb-base", c.FeplbBase, "the dispatcher of feplb's phase 1; allowed: " + strings.Join(others, ", ")}
@@ -273,7 +273,7 @@ func (c Config) Record() results.Config {
 		}
 	}
 	if c.Dispatcher == "feplb" {
-		r.FeplbBase, r.FeplbDynamic, r.FeplbPolicy = c.FeplbBase, c.FeplbDyn, c.FeplbPolicy
+		r.FeplbBase, r.FeplbDynamic, r.FeplbPolicy = c.FeplbBase, c.FeplbDynamic(), c.FeplbPolicy
 	}
 	if _, ok := dispatchers.SMBudgetOf(c.Dispatcher, c.Impl); ok {
 		r.CommTimeoutS = c.CommTimeout.Seconds()
@@ -282,6 +282,15 @@ func (c Config) Record() results.Config {
 }
 
 // perStepRouting says whether each step draws its own routing.
+// FeplbDynamic is feplb's dynamic experts per rank: FeplbDyn, or where it
+// is 0 (the default) one fitted to the layer (balance.DefaultDynamic).
+func (c Config) FeplbDynamic() int {
+	if c.FeplbDyn > 0 {
+		return c.FeplbDyn
+	}
+	return balance.DefaultDynamic(c.Experts / max(c.EP, 1))
+}
+
 func (c Config) perStepRouting() bool { return !c.RoutingFixed && c.Routing.Kind != RoutingNatural }
 
 // RouterConfig is the kernels' view of the router settings; bias is the

@@ -309,7 +309,7 @@ func TestDeviceFEPLBSplitsOverHelpers(t *testing.T) {
 	// the premise: the policy splits expert 0 over two helpers
 	tp := balance.Topology{Ranks: c.EP, Experts: c.Experts, Domain: c.Domain}
 	o := balance.DefaultOptions
-	o.DynamicPerRank = c.FeplbDyn
+	o.DynamicPerRank = c.FeplbDynamic()
 	pol, err := balance.New(c.FeplbPolicy, tp, feplb.HostModel(c.Hidden, c.FFN), o) // an emulated device's first plan
 	if err != nil {
 		t.Fatal(err)

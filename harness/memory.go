@@ -89,7 +89,7 @@ func memParts(c Config, mode string) []memPart {
 			}
 			// each dynamic expert's chunks go to other ranks of its domain,
 			// each chunk at least balance's MinChunk (32) copies
-			chunks := min(ep*float64(c.FeplbDyn)*(domain-1), copies/32)
+			chunks := min(ep*float64(c.FeplbDynamic())*(domain-1), copies/32)
 			disp += chunks*4*3*h*f + copies*(4*h+4)
 			if train { // and their weight gradients
 				disp += chunks * 4 * 3 * h * f

@@ -173,7 +173,10 @@ var columns = []column{
 	{head: "fwd_p50", okOnly: true, ms: func(r Row) (float64, bool) { return p50Of(passOf(r.Rec, PassForward)) }},
 	{head: "bwd_p50", okOnly: true, ms: func(r Row) (float64, bool) { return p50Of(passOf(r.Rec, "bwd")) }},
 	{head: "speedup_vs_alltoall", okOnly: true, val: func(r Row) string {
-		if r.Speedup == 0 {
+		switch {
+		case r.Rec.Config.Device == "host":
+			return HostRatio
+		case r.Speedup == 0:
 			return noValue
 		}
 		return fmt.Sprintf("%.2fx", r.Speedup)
@@ -226,6 +229,11 @@ func interNode(g Group) bool {
 
 // textColumns are the report's left-aligned columns (dispatcher, impl, sms, status).
 const textColumns = 4
+
+// HostRatio stands in for a ratio of host-device times: the wall clock of
+// Go code running every rank one after another is not a measurement, and
+// a ratio of two such times is no number to read.
+const HostRatio = "host: not a measurement"
 
 // hostMark marks the speedup of host groups; the key says why.
 const hostMark = "†"
@@ -338,7 +346,11 @@ func (g Group) rebalanceCells() [][]string {
 		case !exposedMeasured(rb):
 			exposed = notMeasured
 		}
-		out = append(out, []string{r.Rec.Config.Settings(), pct(rb.TokenBefore), pct(rb.TokenAfter), pct(rb.GEMMBefore), pct(r.Rec.GEMM.Straggler),
+		tokenAfter, gemmAfter := pct(rb.TokenAfter), pct(r.Rec.GEMM.Straggler)
+		if noMove(rb) {
+			tokenAfter, gemmAfter = NoMoveUnchanged, NoMoveUnchanged
+		}
+		out = append(out, []string{r.Rec.Config.Settings(), pct(rb.TokenBefore), tokenAfter, pct(rb.GEMMBefore), gemmAfter,
 			strconv.Itoa(rb.Moves), fmt.Sprintf("%.2f", float64(rb.CopyBytes)/(1<<20)), pr(rb.CopyMS), exposed, pr(rb.SchedulerMS), pr(rb.SchedulerWaitMS)})
 	}
 	return out

@@ -79,8 +79,8 @@ func TestReportCSV(t *testing.T) {
 		if rebalancing && (r["rebalance_copies_exposed_ms_p50"] != "" || !strings.HasPrefix(r["rebalance_copies_exposed_note"], "not measured")) {
 			t.Errorf("an exposed time not measured is a number, or lacks its note: %v", r)
 		}
-		if r["dispatcher"] == "alltoall" && r["speedup_vs_alltoall"] != "1" {
-			t.Errorf("alltoall's speedup %q", r["speedup_vs_alltoall"])
+		if r["dispatcher"] == "alltoall" && r["speedup_vs_alltoall"] != "" { // host records: no ratio (TestReportHostRatiosNotNumbers)
+			t.Errorf("alltoall's speedup on the host %q, want none", r["speedup_vs_alltoall"])
 		}
 	}
 	var one bytes.Buffer

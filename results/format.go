@@ -121,12 +121,19 @@ func WriteTable(w io.Writer, rec *Record) error {
 				"host call", ph.Name, hc.P50, ph.Name)
 		}
 	}
-	if rb := rec.Rebalance; rb != nil {
+	if rb := rec.Rebalance; rb != nil && noMove(rb) {
+		p.f("# %-22s %s: %s (nothing moved in any timed step) · token straggler +%.0f (+%.1f%%) · copies %.3f ms, scheduler %.3f ms\n",
+			"rebalance", rb.Policy, NoMoveUnchanged, rb.TokenAfter.Abs, 100*rb.TokenAfter.Rel, rb.CopyMS, rb.SchedulerMS)
+		p.f("# %-22s %s · straggler +%.3f ms (+%.1f%%), measured (the paused steps' differs from it by noise alone)\n",
+			"rebalance GEMMs", NoMoveUnchanged, rb.GEMMAfter.Abs, 100*rb.GEMMAfter.Rel)
+	} else if rb != nil {
 		p.f("# %-22s %s: token straggler +%.0f (+%.1f%%) → +%.0f (+%.1f%%) · %d moves, %s · copies %.3f ms, scheduler %.3f ms\n",
 			"rebalance", rb.Policy, rb.TokenBefore.Abs, 100*rb.TokenBefore.Rel, rb.TokenAfter.Abs, 100*rb.TokenAfter.Rel,
 			rb.Moves, bytesStr(rb.CopyBytes), rb.CopyMS, rb.SchedulerMS)
 		p.f("# %-22s straggler +%.3f ms (+%.1f%%) → +%.3f ms (+%.1f%%), measured (before: the same steps with phase 2 paused) · modelled +%.3f → +%.3f ms\n",
 			"rebalance GEMMs", rb.GEMMBefore.Abs, 100*rb.GEMMBefore.Rel, rb.GEMMAfter.Abs, 100*rb.GEMMAfter.Rel, 1e3*rb.ModelledBefore, 1e3*rb.ModelledAfter)
+	}
+	if rb := rec.Rebalance; rb != nil {
 		p.f("# %-22s %s · scheduler exposed %.3f ms · copies exposed %.3f ms (%s)\n", "rebalance copies", rb.CopyMethod, rb.SchedulerWaitMS, rb.ExposedMS, rb.ExposedNote)
 		if rb.BackwardCopyBytes > 0 {
 			p.f("# %-22s %s moved, of them %s of fp32 weight gradients back to the owners · copies %.3f ms\n", "rebalance backward",
@@ -366,4 +373,24 @@ func (p *printer) f(format string, a ...any) {
 	if p.err == nil {
 		_, p.err = fmt.Fprintf(p.w, format, a...)
 	}
+}
+
+// NoMoveUnchanged stands in for the "after" of a rebalance that moved
+// nothing: its before (phase 2 paused) and after differ by noise alone.
+const NoMoveUnchanged = "no move: unchanged"
+
+// noMove says whether a rebalance moved nothing in any timed step: the
+// harness then warns that the policy "moved nothing in N timed steps"
+// (harness/run.go), or the dispatcher that its setting makes it a no-op
+// that "moves nothing" (dispatchers/feplb).
+func noMove(rb *Rebalance) bool {
+	if rb.Moves != 0 {
+		return false
+	}
+	for _, w := range rb.Warnings {
+		if strings.Contains(w, "moved nothing") || strings.Contains(w, "moves nothing") {
+			return true
+		}
+	}
+	return false
 }

@@ -3,6 +3,7 @@ package results
 import (
 	"bytes"
 	"encoding/csv"
+	"fmt"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -67,7 +68,7 @@ func TestReportFormats(t *testing.T) {
 		out[f] = b.String()
 	}
 	tab := out["table"]
-	for _, want := range []string{"# stack #1: host", "speedup_vs_alltoall" + hostMark, "2.00x", "unavailable", "needs <the> cuda device", "# key:"} {
+	for _, want := range []string{"# stack #1: host", "speedup_vs_alltoall" + hostMark, HostRatio, "unavailable", "needs <the> cuda device", "# key:"} {
 		if !strings.Contains(tab, want) {
 			t.Errorf("table lacks %q:\n%s", want, tab)
 		}
@@ -148,6 +149,108 @@ func TestReportRebalance(t *testing.T) {
 		}
 		if !strings.Contains(out, "n/m in copies_exposed: not measured: the host device") || !strings.Contains(out, "copy_p50_us") {
 			t.Errorf("%s: no key for n/m, or no µs unit:\n%s", f, out)
+		}
+	}
+}
+
+// TestReportHostRatiosNotNumbers: on the host device the speedup over
+// alltoall is a ratio of host wall clocks, not a measurement: text,
+// markdown and HTML say "host: not a measurement" in its place and the CSV
+// leaves it empty (its timing_note says why); a GPU group's ratios are
+// printed.
+func TestReportHostRatiosNotNumbers(t *testing.T) {
+	host := browserRecords()[:2] // alltoall, deepep 8
+	gpu := onCUDA(browserRecords()[:2]...)
+	for i := range gpu {
+		gpu[i].Config.Seed = 9
+		tm := *gpu[i].Timing
+		tm.Step, tm.StepIs = *tm.SlowestRank, StepSlowestRank
+		tm.Step.P50 *= 1 + float64(i) // deepep twice as slow on the GPU: a ratio unlike the host's
+		gpu[i].Timing = &tm
+	}
+	groups := BuildReport(append(host, gpu...))
+	if len(groups) != 2 || groups[0].Workload.Device != "host" {
+		t.Fatalf("%d groups, the first on %q", len(groups), groups[0].Workload.Device)
+	}
+	hostRatio := fmt.Sprintf("%.2fx", groups[0].Rows[1].Speedup)
+	gpuRatio := fmt.Sprintf("%.2fx", groups[1].Rows[1].Speedup)
+	for _, f := range []string{"table", "markdown", "html"} {
+		var b bytes.Buffer
+		if err := WriteReport(&b, groups, f, "t"); err != nil {
+			t.Fatal(err)
+		}
+		out := b.String()
+		if n := strings.Count(out, "host: not a measurement"); n != 2 {
+			t.Errorf("%s: %d host speedups say \"host: not a measurement\", want 2 (alltoall and deepep)", f, n)
+		}
+		if hostRatio == gpuRatio {
+			t.Fatalf("the host and GPU ratios are both %s: the test cannot tell them apart", hostRatio)
+		}
+		if strings.Contains(out, hostRatio) {
+			t.Errorf("%s prints the host ratio %s", f, hostRatio)
+		}
+		if !strings.Contains(out, gpuRatio) {
+			t.Errorf("%s lacks the GPU ratio %s", f, gpuRatio)
+		}
+	}
+	var b bytes.Buffer
+	if err := WriteReport(&b, groups, "csv", ""); err != nil {
+		t.Fatal(err)
+	}
+	_, rows := readCSV(t, b.String())
+	for _, r := range rows {
+		host := r["timing_note"] != ""
+		if host && r["speedup_vs_alltoall"] != "" || !host && r["speedup_vs_alltoall"] == "" {
+			t.Errorf("csv %s (timing note %q): speedup %q; want empty on the host, a number on a GPU", r["dispatcher"], r["timing_note"], r["speedup_vs_alltoall"])
+		}
+	}
+}
+
+// TestRebalanceNoMove: a feplb run that moved nothing in any timed step
+// (the harness warns "moved nothing", or a setting made it a no-op: "moves
+// nothing") has no before/after: its GEMM straggler before (phase 2
+// paused) and after differ by noise alone. The run's table and the
+// report's rebalancing table say "no move: unchanged" instead of an after
+// value; a run that moved keeps its before → after.
+func TestRebalanceNoMove(t *testing.T) {
+	mk := func(seed uint64, moves int, warn string) Record {
+		r := reportRecords()[1]
+		r.Config.Dispatcher, r.Config.FeplbBase, r.Config.FeplbDynamic, r.Config.Seed = "feplb", "alltoall", 2, seed
+		r.GEMM = &GEMM{Straggler: Straggler{PerRank: []float64{1, 1.026}, Abs: 0.026, Rel: 0.026}} // after
+		r.Rebalance = &Rebalance{Policy: "feplb", TokenBefore: Straggler{PerRank: []float64{2, 3}, Abs: 0.5, Rel: 0.2}, TokenAfter: Straggler{PerRank: []float64{2, 3}, Abs: 0.5, Rel: 0.2},
+			GEMMBefore: Straggler{PerRank: []float64{1, 1.065}, Abs: 0.065, Rel: 0.065}, GEMMAfter: Straggler{PerRank: []float64{1, 1.026}, Abs: 0.026, Rel: 0.026},
+			Moves: moves, ExposedNote: "not measured: host"}
+		if warn != "" {
+			r.Rebalance.Warnings = []string{warn}
+		}
+		return r
+	}
+	still := mk(3, 0, "feplb moved nothing in 20 timed steps: the run equals its base dispatcher's (x)")
+	noop := mk(4, 0, "feplb moves nothing, every step is the base dispatcher's alone: 0 dynamic experts per rank")
+	moved := mk(5, 2, "")
+	for _, c := range []struct {
+		rec  Record
+		want bool
+	}{{still, true}, {noop, true}, {moved, false}} {
+		var b bytes.Buffer
+		if err := Write(&b, &c.rec, "table"); err != nil {
+			t.Fatal(err)
+		}
+		out := b.String()
+		if got := strings.Contains(out, "no move: unchanged"); got != c.want {
+			t.Errorf("warnings %q: says no move %v, want %v:\n%s", c.rec.Rebalance.Warnings, got, c.want, out)
+		}
+		if shown := strings.Contains(out, "+6.5%) → +0.026 ms (+2.6%)"); shown == c.want {
+			t.Errorf("warnings %q: GEMM straggler before → after shown: %v, want %v:\n%s", c.rec.Rebalance.Warnings, shown, !c.want, out)
+		}
+	}
+	for _, f := range []string{"table", "markdown", "html"} {
+		var b bytes.Buffer
+		if err := WriteReport(&b, BuildReport([]Record{still, moved}), f, "t"); err != nil {
+			t.Fatal(err)
+		}
+		if n := strings.Count(b.String(), "no move: unchanged"); n != 2 { // token and GEMM straggler after, the run that did not move
+			t.Errorf("%s: %d cells say \"no move: unchanged\", want 2:\n%s", f, n, b.String())
 		}
 	}
 }

@@ -163,7 +163,7 @@ func checkBounds(fs *pflag.FlagSet, bounds map[string]bound) error {
 // stays valid for small layers).
 func configBounds(fs *pflag.FlagSet, c harness.Config) error {
 	if fs.Changed("feplb-dynamic") && c.FeplbDyn > c.Experts {
-		return &harness.ConfigError{Flag: "feplb-dynamic", Value: c.FeplbDyn, Allowed: fmt.Sprintf("must be in [1, --experts=%d]", c.Experts)}
+		return &harness.ConfigError{Flag: "feplb-dynamic", Value: c.FeplbDyn, Allowed: fmt.Sprintf("must be in [0, --experts=%d] (0: fitted to the layer)", c.Experts)}
 	}
 	return nil
 }

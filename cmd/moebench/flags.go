@@ -95,7 +95,7 @@ func addFeplbFlags(fs *pflag.FlagSet, o *options) {
 	d := harness.DefaultConfig()
 	fs.IntVar(&o.domain, "domain", d.Domain, "ranks per NVLink domain: feplb moves work only inside one, hybridep links them through its inter-domain path (NCCL; across processes each domain lies in one); 0 = all ranks")
 	fs.StringVar(&o.feplbBase, "feplb-base", d.FeplbBase, "feplb: the dispatcher of phase 1")
-	fs.IntVar(&o.feplbDyn, "feplb-dynamic", d.FeplbDyn, "feplb: dynamic experts per rank (its most loaded; the paper's dyn)")
+	fs.IntVar(&o.feplbDyn, "feplb-dynamic", d.FeplbDyn, "feplb: dynamic experts per rank (its most loaded; the paper's dyn); 0: fitted to the layer, the paper's 4 or a rank's experts less one")
 	fs.StringVar(&o.feplbPolicy, "feplb-policy", d.FeplbPolicy, "feplb: the scheduler: feplb (the paper's: whole dynamic experts move) | feplb-split (moebench's: chunks of them)")
 }
 

@@ -25,7 +25,9 @@ of that lands after the slowest rank's GEMMs (back_exposed_us), the extra bytes 
 the busiest NVLink direction as a share of the EP dispatch/combine bytes there
 (ep_overhead_%), and with --backward the backward pass's traffic and exposure.
 Per-step plans (fastermoe, feplb*) are known --counts-us + --sched-us after phase
-1; their copies and broadcasts start then.
+1; their copies and broadcasts start then. A policy within 0.5% of none's
+effective straggler prints "= none" and ranks with none; a note names any policy
+worse than none. --seeds N prints means over N seeds with [min, max] over them.
 
 Usage:
   moebench straggler [flags]`
@@ -37,6 +39,8 @@ type stragglerArgs struct {
 	hidden, ffn, steps                 int
 	drift                              float64
 	seed                               uint64
+	seeds                              int
+	fallback                           string
 	policies                           []string
 	format                             string
 	schedUS                            string
@@ -64,13 +68,15 @@ func stragglerFlags(a *stragglerArgs) *pflag.FlagSet {
 	fs.Float64Var(&a.drift, "drift", 0.3, "step-to-step popularity drift of skewed routing: stationary std of log popularity (balanced routing is i.i.d. each step)")
 	fs.IntVar(&a.steps, "steps", 1000, "simulated steps (micro-batches)")
 	fs.Uint64Var(&a.seed, "seed", 1, "seed of the routing draws")
+	fs.IntVar(&a.seeds, "seeds", 1, "run seeds --seed … --seed+N−1 and print means over them, with [min, max] of the stragglers and ratios")
 	fs.IntVar(&o.RedundantPerRank, "eplb-redundant", o.RedundantPerRank, "eplb: redundant expert slots per rank")
 	fs.IntVar(&o.ReplanEvery, "eplb-interval", o.ReplanEvery, "eplb, feplb+place: steps between placements")
-	fs.IntVar(&o.DynamicPerRank, "feplb-dynamic", o.DynamicPerRank, "feplb*: dynamic experts per rank (its most loaded; the paper's dyn)")
+	fs.IntVar(&o.DynamicPerRank, "feplb-dynamic", 0, "feplb*: dynamic experts per rank (its most loaded; the paper's dyn); default: fitted to the layer, the paper's 4 or a rank's experts less one")
 	fs.IntVar(&o.Tau, "feplb-tau", o.Tau, "feplb*: τ, fewest tokens worth moving an expert's weights for (feplb: a whole expert; feplb-split: a chunk)")
 	fs.IntVar(&o.Tau, "feplb-min-chunk", o.Tau, "")
 	_ = fs.MarkDeprecated("feplb-min-chunk", "use --feplb-tau")
 	fs.IntVar(&o.MaxDyn, "feplb-max-dyn", o.MaxDyn, "feplb*: moved experts' weights a helper's buffer holds (the paper's max_num_dyn)")
+	fs.StringVar(&a.fallback, "feplb-fallback", "next", "feplb*: when the busiest rank's busiest dynamic expert cannot move usefully: next (try its next one) | stop (the strict reading of the paper: stop)")
 	fs.StringVar(&a.schedUS, "sched-us", "measured", "the CPU scheduler's time per step charged to per-step plans, µs, or 'measured' (its wall time here; not deterministic)")
 	fs.Float64Var(&a.countsUS, "counts-us", 10, "µs after phase 1 until the step's counts are on the CPU (a small all-gather and a device-to-host copy; assumed)")
 	fs.Float64Var(&a.ceShare, "nvlink-ce-share", 1, "share of NVLink bandwidth the copy-engine copies get while EP traffic shares the link (1: the link to themselves)")
@@ -95,6 +101,13 @@ func straggler(args []string, stdout, stderr io.Writer) int {
 	ep, experts, topk, tokens, domain, hidden, ffn, steps := a.ep, a.experts, a.topk, a.tokens, a.domain, a.hidden, a.ffn, a.steps
 	drift, seed, policies, format, schedUS := a.drift, a.seed, a.policies, a.format, a.schedUS
 	countsUS, ceShare, tflops, backward, o := a.countsUS, a.ceShare, a.tflops, a.backward, a.o
+	switch a.fallback {
+	case "next":
+	case "stop":
+		o.BusiestOnly = true
+	default:
+		return usageError(stderr, fmt.Errorf("--feplb-fallback=%s: allowed: next, stop", a.fallback))
+	}
 	p, ok := harness.LookupPreset(preset)
 	if !ok {
 		return usageError(stderr, fmt.Errorf("--preset=%s: allowed: %s", preset, strings.Join(harness.PresetNames(), ", ")))
@@ -113,6 +126,9 @@ func straggler(args []string, stdout, stderr io.Writer) int {
 		return usageError(stderr, err)
 	}
 	t := balance.Topology{Ranks: ep, Experts: experts, Domain: domain}
+	if !fs.Changed("feplb-dynamic") && experts%ep == 0 {
+		o.DynamicPerRank = balance.DefaultDynamic(experts / ep)
+	}
 	switch {
 	case experts%ep != 0:
 		return usageError(stderr, fmt.Errorf("--ep=%d: must divide --experts (%d)", ep, experts))
@@ -162,21 +178,27 @@ func straggler(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return usageError(stderr, err)
 	}
-	var src balance.Source
+	var source func(seed uint64) balance.Source
 	switch r.Kind {
 	case harness.RoutingSkewed:
-		src = balance.NewSkewed(t, topk, tokens, r.Alpha, drift, seed, steps)
+		source = func(seed uint64) balance.Source {
+			return balance.NewSkewed(t, topk, tokens, r.Alpha, drift, seed, steps)
+		}
 	case harness.RoutingBalanced: // fresh i.i.d. routing every step, as Megatron's force-balancing: no drift
-		src = balance.NewSkewed(t, topk, tokens, 0, 0, seed, steps)
+		source = func(seed uint64) balance.Source { return balance.NewSkewed(t, topk, tokens, 0, 0, seed, steps) }
 	case harness.RoutingTrace:
+		if a.seeds != 1 {
+			return usageError(stderr, fmt.Errorf("--seeds=%d: a trace has no seed; give 1 with --routing trace:FILE", a.seeds))
+		}
 		tr, err := harness.ReadTrace(r.File, experts, topk)
 		if err != nil {
 			return usageError(stderr, &harness.ConfigError{Flag: "routing", Value: routing, Allowed: err.Error()})
 		}
-		src = traceSource{tr, t, tokens}
+		source = func(uint64) balance.Source { return traceSource{tr, t, tokens} }
 	default:
 		return usageError(stderr, fmt.Errorf("--routing=%s: allowed: skewed:ALPHA, balanced, trace:FILE", routing))
 	}
+	src := source(seed)
 	if explain != "" {
 		var i int
 		if _, err := fmt.Sscan(explain, &i); err != nil || i < 0 || i >= steps {
@@ -197,14 +219,18 @@ func straggler(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stdout, "step %d, %s", i, pl.Explain(t))
 		}
 	}
-	cfg := balance.SimConfig{Topology: t, Model: m, Options: o, Source: src, Steps: steps, Policies: policies,
-		Tokens: tokens, TopK: topk, Counts: countsUS / 1e6, Sched: sched, Backward: backward}
-	res, err := balance.Simulate(cfg)
-	if err != nil {
-		fmt.Fprintf(stderr, "moebench straggler: %v\n", err)
-		return exitRuntime
+	var runs [][]balance.SimResult // per seed
+	for i := range a.seeds {
+		cfg := balance.SimConfig{Topology: t, Model: m, Options: o, Source: source(seed + uint64(i)), Steps: steps, Policies: policies,
+			Tokens: tokens, TopK: topk, Counts: countsUS / 1e6, Sched: sched, Backward: backward}
+		res, err := balance.Simulate(cfg)
+		if err != nil {
+			fmt.Fprintf(stderr, "moebench straggler: %v\n", err)
+			return exitRuntime
+		}
+		runs = append(runs, res)
 	}
-	for _, r := range res {
+	for _, r := range meanResults(runs) {
 		for _, w := range r.Warnings {
 			fmt.Fprintf(stderr, "moebench straggler: warning: %s\n", w)
 		}
@@ -224,8 +250,15 @@ func straggler(args []string, stdout, stderr io.Writer) int {
 	if ceShare < 1 {
 		share = fmt.Sprintf(" · copies get %g of NVLink", ceShare)
 	}
-	writeStraggler(stdout, format, res, fmt.Sprintf("EP %d (domains of %d) · %d experts top-%d · hidden %d ffn %d · %d tokens/rank · routing %s%s · %d steps · seed %d · GEMM model: %s · plan known %g µs (counts) + %s (scheduler) after phase 1%s",
-		ep, domain, experts, topk, hidden, ffn, tokens, routing, d, steps, seed, m.RateSource, countsUS, schedNote, share))
+	seedNote := fmt.Sprintf("seed %d", seed)
+	if a.seeds > 1 {
+		seedNote = fmt.Sprintf("seeds %d–%d (means; [min, max] over seeds)", seed, seed+uint64(a.seeds)-1)
+	}
+	if o.BusiestOnly {
+		share += " · feplb fallback: stop (only the busiest dynamic expert)"
+	}
+	writeStraggler(stdout, format, runs, fmt.Sprintf("EP %d (domains of %d) · %d experts top-%d · hidden %d ffn %d · %d tokens/rank · routing %s%s · %d steps · %s · GEMM model: %s · plan known %g µs (counts) + %s (scheduler) after phase 1%s",
+		ep, domain, experts, topk, hidden, ffn, tokens, routing, d, steps, seedNote, m.RateSource, countsUS, schedNote, share))
 	return exitOK
 }
 
@@ -270,6 +303,7 @@ func policyBounds(ep, experts int) map[string]bound {
 		"feplb-tau":       tau,
 		"feplb-min-chunk": tau,
 		"feplb-max-dyn":   {1, experts, "at most --experts"},
+		"seeds":           {1, 1000, "seeds run one after another"},
 	}
 }
 

@@ -11,22 +11,82 @@ import (
 	"github.com/moebench/moebench/results"
 )
 
-// writeStraggler prints the simulation's results, policies ranked by their
-// effective straggler, with the ratios against FEPLB and the warnings.
-func writeStraggler(w io.Writer, format string, res []balance.SimResult, title string) {
+// tieWithNone is the tie rule: a policy whose mean straggler is within
+// this share of none's (above or below) is "= none" — it moved nothing that
+// mattered, and the difference is floating-point or re-placement noise —
+// and it is ranked with none, in the order the policies were given, not by
+// the noise.
+const tieWithNone = 0.005
+
+// tied says whether v is within tieWithNone of none's base.
+func tied(v, base float64) bool { return math.Abs(v-base) <= tieWithNone*math.Abs(base) }
+
+// writeStraggler prints the simulation's results (one run per seed; means
+// over seeds, with [min, max] over seeds when there are several), policies
+// ranked by their effective straggler, with the ratios against FEPLB and
+// the warnings.
+func writeStraggler(w io.Writer, format string, runs [][]balance.SimResult, title string) {
+	res := meanResults(runs)
+	seeds := len(runs)
 	by := map[string]*balance.SimResult{}
 	for i := range res {
 		by[res[i].Policy] = &res[i]
 	}
 	none := by["none"]
+	// span is [min, max] over seeds of f's value for the policy at index i
+	span := func(i int, f func(r *balance.SimResult) float64) (lo, hi float64) {
+		lo, hi = math.Inf(1), math.Inf(-1)
+		for _, run := range runs {
+			v := f(&run[i])
+			lo, hi = min(lo, v), max(hi, v)
+		}
+		return lo, hi
+	}
+	index := map[string]int{}
+	for i, r := range res {
+		index[r.Policy] = i
+	}
 	var notes []string
 	for _, fe := range []string{"feplb", "feplb-split"} {
 		f, x := by["fastermoe"], by[fe]
 		if f == nil || x == nil || x.Token.Abs <= 0 || x.Effective.Abs <= 0 {
 			continue
 		}
-		notes = append(notes, fmt.Sprintf("fastermoe ÷ %s: token straggler %.2f, effective straggler %.2f (above 1: %s's is lower)",
-			fe, f.Token.Abs/x.Token.Abs, f.Effective.Abs/x.Effective.Abs, fe))
+		n := fmt.Sprintf("fastermoe ÷ %s: token straggler %.2f, effective straggler %.2f (above 1: %s's is lower)",
+			fe, f.Token.Abs/x.Token.Abs, f.Effective.Abs/x.Effective.Abs, fe)
+		if seeds > 1 {
+			fi, xi := index["fastermoe"], index[fe]
+			lo, hi := math.Inf(1), math.Inf(-1)
+			for _, run := range runs {
+				v := run[fi].Token.Abs / run[xi].Token.Abs
+				lo, hi = min(lo, v), max(hi, v)
+			}
+			n = fmt.Sprintf("fastermoe ÷ %s: token straggler %.2f (ratio of the means; per seed [%.2f, %.2f]), effective straggler %.2f (above 1: %s's is lower)",
+				fe, f.Token.Abs/x.Token.Abs, lo, hi, f.Effective.Abs/x.Effective.Abs, fe)
+		}
+		notes = append(notes, n)
+	}
+	if none != nil {
+		var eq []string
+		for _, r := range res {
+			if r.Policy != "none" && tied(r.Effective.Abs, none.Effective.Abs) {
+				eq = append(eq, r.Policy)
+			}
+		}
+		var worse []string
+		for _, r := range res {
+			if v := r.Effective.Abs; r.Policy != "none" && !tied(v, none.Effective.Abs) && v > none.Effective.Abs {
+				worse = append(worse, fmt.Sprintf("%s (+%.0f%%)", r.Policy, 100*(v/none.Effective.Abs-1)))
+			}
+		}
+		if len(worse) > 0 {
+			notes = append(notes, "worse than none (effective straggler): "+strings.Join(worse, ", ")+
+				"; fastermoe decides by fastmoe's own latency model, eplb and feplb+place from the load history, not by this step's timeline")
+		}
+		if len(eq) > 0 {
+			notes = append(notes, fmt.Sprintf("= none: %s within %.1f%% of none's effective straggler (tie rule: ranked with none, not by the difference)",
+				strings.Join(eq, ", "), 100*tieWithNone))
+		}
 	}
 	for _, r := range res {
 		for _, warn := range r.Warnings {
@@ -34,8 +94,11 @@ func writeStraggler(w io.Writer, format string, res []balance.SimResult, title s
 		}
 	}
 	red := func(v, base float64) string {
-		if none == nil || base == 0 {
+		switch {
+		case none == nil || base == 0:
 			return "—"
+		case tied(v, base):
+			return "= none"
 		}
 		return fmt.Sprintf("%.0f%%", 100*(1-v/base))
 	}
@@ -58,13 +121,22 @@ func writeStraggler(w io.Writer, format string, res []balance.SimResult, title s
 	if backward {
 		head = append(head, "bwd_eff_straggler_us", "bwd_MB/step", "bwd_ce_time_us", "bwd_exposed_us")
 	}
+	if seeds > 1 {
+		head = append(head, "eff_straggler_us_range", "token_straggler_range")
+	}
 	head = append(head, "sched_us")
 	order := make([]int, len(res))
 	for i := range order {
 		order[i] = i
 	}
+	key := func(i int) float64 { // ties with none rank with none
+		if v := res[i].Effective.Abs; none == nil || !tied(v, none.Effective.Abs) {
+			return v
+		}
+		return none.Effective.Abs
+	}
 	slices.SortStableFunc(order, func(a, b int) int {
-		switch ea, eb := res[a].Effective.Abs, res[b].Effective.Abs; {
+		switch ea, eb := key(a), key(b); {
 		case ea < eb:
 			return -1
 		case ea > eb:
@@ -80,11 +152,18 @@ func writeStraggler(w io.Writer, format string, res []balance.SimResult, title s
 			fmt.Sprintf("%.1f", 1e6*r.GEMM.Abs), fmt.Sprintf("%.1f", 100*r.GEMM.Rel), us(r.Exposed), fmt.Sprintf("%.1f", r.Moved),
 			fmt.Sprintf("%.1f", r.BytesPerStep[balance.LinkCE]/1e6), fmt.Sprintf("%.1f", r.BytesPerStep[balance.LinkNVLink]/1e6),
 			fmt.Sprintf("%.1f", r.BytesPerStep[balance.LinkNetwork]/1e6), us(r.CETimeMax), us(r.BackTimeMax), us(r.BackExposed), pct(r.EPOverhead)}
-		if none != nil {
+		if none != nil && r.Policy != "none" {
 			row[3], row[6] = red(r.Effective.Abs, none.Effective.Abs), red(r.Token.Abs, none.Token.Abs)
+		} else if none != nil {
+			row[3], row[6] = "0%", "0%"
 		}
 		if b := r.Backward; b != nil {
 			row = append(row, us(b.Effective.Abs), fmt.Sprintf("%.1f", b.Bytes/1e6), us(b.CETimeMax), us(b.Exposed))
+		}
+		if seeds > 1 {
+			elo, ehi := span(i, func(r *balance.SimResult) float64 { return r.Effective.Abs })
+			tlo, thi := span(i, func(r *balance.SimResult) float64 { return r.Token.Abs })
+			row = append(row, fmt.Sprintf("[%s, %s]", us(elo), us(ehi)), fmt.Sprintf("[%.0f, %.0f]", tlo, thi))
 		}
 		rows = append(rows, append(row, fmt.Sprintf("%.0f", r.SchedulerMicro)))
 	}
@@ -105,4 +184,50 @@ func writeStraggler(w io.Writer, format string, res []balance.SimResult, title s
 	for _, n := range notes {
 		fmt.Fprintf(w, "# %s\n", n)
 	}
+}
+
+// meanResults is each policy's results averaged over runs (one per seed,
+// the same policies in the same order); warnings are kept once each.
+func meanResults(runs [][]balance.SimResult) []balance.SimResult {
+	if len(runs) == 1 {
+		return runs[0]
+	}
+	n := float64(len(runs))
+	out := make([]balance.SimResult, len(runs[0]))
+	for i := range out {
+		m := &out[i]
+		*m = balance.SimResult{Policy: runs[0][i].Policy, Steps: runs[0][i].Steps, BytesPerStep: map[string]float64{}}
+		if runs[0][i].Backward != nil {
+			m.Backward = &balance.BackwardResult{}
+		}
+		stat := func(dst *balance.Stat, src balance.Stat) { dst.Abs += src.Abs / n; dst.Rel += src.Rel / n }
+		for _, run := range runs {
+			r := &run[i]
+			stat(&m.Token, r.Token)
+			stat(&m.GEMM, r.GEMM)
+			stat(&m.Effective, r.Effective)
+			for _, f := range []struct{ dst, src *float64 }{{&m.Exposed, &r.Exposed}, {&m.CETimeMax, &r.CETimeMax},
+				{&m.BackTimeMax, &r.BackTimeMax}, {&m.BackExposed, &r.BackExposed}, {&m.LinkLoad, &r.LinkLoad},
+				{&m.EPOverhead, &r.EPOverhead}, {&m.Moved, &r.Moved}, {&m.SchedulerMicro, &r.SchedulerMicro}, {&m.ReadyMicro, &r.ReadyMicro}} {
+				*f.dst += *f.src / n
+			}
+			for k, v := range r.BytesPerStep {
+				m.BytesPerStep[k] += v / n
+			}
+			if b := r.Backward; b != nil && m.Backward != nil {
+				mb := m.Backward
+				stat(&mb.GEMM, b.GEMM)
+				stat(&mb.Effective, b.Effective)
+				mb.Bytes += b.Bytes / n
+				mb.CETimeMax += b.CETimeMax / n
+				mb.Exposed += b.Exposed / n
+			}
+			for _, w := range r.Warnings {
+				if !slices.Contains(m.Warnings, w) {
+					m.Warnings = append(m.Warnings, w)
+				}
+			}
+		}
+	}
+	return out
 }

@@ -2,11 +2,15 @@ package main
 
 import (
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/moebench/moebench/balance"
 )
 
 func TestStragglerCLI(t *testing.T) {
@@ -104,5 +108,136 @@ func TestStragglerRankedAndWarned(t *testing.T) {
 	code, out, e = cli("straggler", "--ep", "8", "--experts", "8", "--topk", "2", "--steps", "5", "--policies", "none,feplb", "--format", "markdown")
 	if code != exitOK || !strings.Contains(e, "warning: feplb is a no-op") || !strings.Contains(out, "- warning: feplb is a no-op, identical to none: one expert per rank") {
 		t.Errorf("exit %d, stderr %q, output:\n%s", code, e, out)
+	}
+}
+
+// TestStragglerTieWithNone: a policy within 0.5% of none's effective
+// straggler (above or below) prints "= none", not "−0%" or "0%", and is
+// ranked with none in the order given, not by the difference; one just
+// outside the tie is ranked and given its reduction.
+func TestStragglerTieWithNone(t *testing.T) {
+	r := func(name string, eff float64) balance.SimResult {
+		return balance.SimResult{Policy: name, Effective: balance.Stat{Abs: eff}, Token: balance.Stat{Abs: 1e9 * eff}, BytesPerStep: map[string]float64{}}
+	}
+	res := []balance.SimResult{r("none", 640e-6), r("eplb", 641e-6), r("fastermoe", 639.9e-6), r("feplb", 600e-6), r("feplb-split", 650e-6)}
+	var b strings.Builder
+	writeStraggler(&b, "markdown", [][]balance.SimResult{res}, "t")
+	var got []string
+	for _, line := range strings.Split(b.String(), "\n") {
+		if f := strings.Split(line, "|"); len(f) > 4 && strings.HasPrefix(line, "| ") && !strings.HasPrefix(line, "| policy") {
+			got = append(got, strings.TrimSpace(f[1])+" "+strings.TrimSpace(f[4]))
+		}
+	}
+	want := []string{"feplb 6%", "none 0%", "eplb = none", "fastermoe = none", "feplb-split -2%"}
+	if !slices.Equal(got, want) {
+		t.Errorf("rows (policy, eff_reduction) %q, want %q:\n%s", got, want, b.String())
+	}
+	if !strings.Contains(b.String(), "worse than none (effective straggler): feplb-split (+2%)") {
+		t.Errorf("no note naming the policy worse than none:\n%s", b.String())
+	}
+	if !strings.Contains(b.String(), "= none: eplb, fastermoe within 0.5%") {
+		t.Errorf("no note naming the tied policies:\n%s", b.String())
+	}
+}
+
+// TestStragglerSeeds: --seeds N prints means over N seeds with their
+// [min, max]; the mean of identical runs is the run itself in every field
+// (so that no field is left out of the mean), warnings once each.
+func TestStragglerSeeds(t *testing.T) {
+	args := []string{"straggler", "--ep", "8", "--experts", "64", "--steps", "20", "--sched-us", "50", "--format", "markdown", "--policies", "none,fastermoe,feplb"}
+	code, one, e := cli(append(args, "--seed", "3")...)
+	if code != exitOK {
+		t.Fatalf("exit %d: %s", code, e)
+	}
+	code, three, e := cli(append(args, "--seed", "2", "--seeds", "3")...)
+	if code != exitOK {
+		t.Fatalf("exit %d: %s", code, e)
+	}
+	for _, want := range []string{"seeds 2–4 (means; [min, max] over seeds)", "eff_straggler_us_range", "token_straggler_range", "(ratio of the means; per seed ["} {
+		if !strings.Contains(three, want) {
+			t.Errorf("--seeds 3 output lacks %q:\n%s", want, three)
+		}
+	}
+	if strings.Contains(one, "_range") || one == three {
+		t.Errorf("one seed: want no range columns, and a table unlike the 3 seeds':\n%s", one)
+	}
+	code, _, e = cli("straggler", "--routing", "trace:x", "--seeds", "2")
+	if code != exitUsage || !strings.Contains(e, "--seeds=2: a trace has no seed") {
+		t.Errorf("--seeds 2 with a trace: exit %d, %q", code, e)
+	}
+	tp := balance.Topology{Ranks: 8, Experts: 64, Domain: 8}
+	res, err := balance.Simulate(balance.SimConfig{Topology: tp, Model: balance.H100(4096, 4096), Options: balance.DefaultOptions,
+		Source: balance.NewSkewed(tp, 8, 4096, 0.8, 0.3, 1, 10), Steps: 10, Policies: balance.PolicyNames, Tokens: 4096, TopK: 8,
+		Counts: 10e-6, Sched: 50e-6, Backward: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res[0].Warnings = []string{"w"}
+	mean := meanResults([][]balance.SimResult{res, res, res, res})
+	for i := range res {
+		if !near(reflect.ValueOf(res[i]), reflect.ValueOf(mean[i])) {
+			t.Errorf("mean of 4 identical runs of %s:\n%+v\nwant\n%+v", res[i].Policy, mean[i], res[i])
+		}
+	}
+}
+
+// near compares two values field by field, floats to 1e-9 relative (NaN
+// equal to NaN).
+func near(a, b reflect.Value) bool {
+	switch a.Kind() {
+	case reflect.Float64:
+		x, y := a.Float(), b.Float()
+		return x == y || math.IsNaN(x) && math.IsNaN(y) || math.Abs(x-y) <= 1e-9*math.Abs(x)
+	case reflect.Struct:
+		for i := range a.NumField() {
+			if !near(a.Field(i), b.Field(i)) {
+				return false
+			}
+		}
+		return true
+	case reflect.Pointer:
+		if a.IsNil() || b.IsNil() {
+			return a.IsNil() == b.IsNil()
+		}
+		return near(a.Elem(), b.Elem())
+	case reflect.Map:
+		if a.Len() != b.Len() {
+			return false
+		}
+		for _, k := range a.MapKeys() {
+			if !b.MapIndex(k).IsValid() || !near(a.MapIndex(k), b.MapIndex(k)) {
+				return false
+			}
+		}
+		return true
+	}
+	return reflect.DeepEqual(a.Interface(), b.Interface())
+}
+
+// TestStragglerFallbackFlag: --feplb-fallback stop is the strict reading,
+// named in the title; a value other than next or stop is refused.
+func TestStragglerFallbackFlag(t *testing.T) {
+	code, out, e := cli("straggler", "--ep", "8", "--experts", "64", "--steps", "10", "--sched-us", "50", "--policies", "none,feplb", "--feplb-fallback", "stop")
+	if code != exitOK || !strings.Contains(out, "feplb fallback: stop") {
+		t.Errorf("exit %d, %s:\n%s", code, e, out)
+	}
+	code, _, e = cli("straggler", "--feplb-fallback", "maybe")
+	if code != exitUsage || !strings.Contains(e, "--feplb-fallback=maybe: allowed: next, stop") {
+		t.Errorf("--feplb-fallback maybe: exit %d, %q", code, e)
+	}
+}
+
+// TestStragglerDefaultDynamicFits: left at its default, --feplb-dynamic is
+// fitted to the layer (2 experts per rank: 1 dynamic, no "asked, used"
+// warning); asked for explicitly, more than fit are capped with a warning.
+func TestStragglerDefaultDynamicFits(t *testing.T) {
+	args := []string{"straggler", "--ep", "8", "--experts", "16", "--steps", "5", "--sched-us", "50", "--policies", "none,feplb"}
+	code, _, e := cli(args...)
+	if code != exitOK || strings.Contains(e, "asked") {
+		t.Errorf("default: exit %d, stderr %q; want no cap warning", code, e)
+	}
+	code, _, e = cli(append(args, "--feplb-dynamic", "4")...)
+	if code != exitOK || !strings.Contains(e, "4 dynamic experts per rank asked, 1 used") {
+		t.Errorf("--feplb-dynamic 4: exit %d, stderr %q; want the cap warning", code, e)
 	}
 }

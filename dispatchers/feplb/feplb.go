@@ -115,6 +115,8 @@ func newCore(env dispatchers.Env, shape dispatchers.Shape, model balance.Model) 
 	o := balance.DefaultOptions
 	if env.Dynamic > 0 {
 		o.DynamicPerRank = env.Dynamic
+	} else { // the default fits the layer
+		o.DynamicPerRank = balance.DefaultDynamic(t.Local())
 	}
 	name := env.Policy
 	if name == "" {

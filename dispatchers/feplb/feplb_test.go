@@ -100,3 +100,32 @@ func TestBaseUnavailableReadsOnce(t *testing.T) {
 		t.Errorf("%v", err)
 	}
 }
+
+// TestDefaultDynamicFits: left at its default (Env.Dynamic 0), the
+// dynamic experts per rank are the paper's 4 where a rank has more than 4
+// experts, else all of a rank's experts but one, with no "asked, used"
+// note; asked for explicitly, more than fit are capped and the note says
+// so.
+func TestDefaultDynamicFits(t *testing.T) {
+	m := balance.H100(64, 64)
+	for _, c := range []struct {
+		experts, ep, dynamic, want int
+		capped                     string
+	}{
+		{8, 4, 0, 1, ""},  // 2 experts per rank: 1 dynamic
+		{64, 4, 0, 4, ""}, // 16 experts per rank: the paper's 4
+		{24, 4, 0, 4, ""}, // 6 experts per rank: the paper's 4
+		{16, 4, 0, 3, ""}, // 4 experts per rank: 3
+		{8, 4, 4, 4, "4 dynamic experts per rank asked, 1 used"}, // asked: 4, capped to 1 when used
+	} {
+		shape := dispatchers.Shape{Tokens: 8, Hidden: 64, Experts: c.experts, TopK: 2, EP: c.ep}
+		core, err := newCore(dispatchers.Env{Dynamic: c.dynamic}, shape, m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if core.perRank != c.want || (c.capped == "") != (core.capped == "") || !strings.Contains(core.capped, c.capped) {
+			t.Errorf("%d experts, EP %d, --feplb-dynamic %d: %d dynamic per rank, note %q; want %d, note %q",
+				c.experts, c.ep, c.dynamic, core.perRank, core.capped, c.want, c.capped)
+		}
+	}
+}
