@@ -187,6 +187,14 @@ gputest() {
 }
 
 if [ "$mode" = quick ]; then
+  # The limits (seconds) are estimates for an H100 on a fresh node, whose
+  # NVRTC compiles each kernel on first use (the disk cache starts empty):
+  # NVRTC 12.4 compiled every kernel file for sm_90 in 16 s on a loaded
+  # 2-core CPU (hybridep.cu 9.1 s, deepep.cu 3.2 s, each other file 0.2 to
+  # 0.7 s). test-deepep compiles deepep.cu for each of its cases (a broken
+  # one also waits out a 1.5 s timeout), test-hybridep hybridep.cu twice,
+  # the layers' weights are drawn on every CPU and checked on a sample of
+  # tokens, and a step of the layer takes milliseconds on the GPU.
   # shellcheck disable=SC2206 # QUICK_SHAPE is a list of flags
   shape=(${QUICK_SHAPE:---preset qwen3-30b-a3b --ep 8})
   iters=(--warmup "${QUICK_WARMUP:-2}" --iters "${QUICK_ITERS:-10}")
