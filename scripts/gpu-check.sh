@@ -158,6 +158,8 @@ step() {
     note "$name" "exit 0 (${took}s)"
   elif { [ $rc -eq 124 ] || [ $rc -eq 137 ]; } && [ "$took" -ge "$limit" ]; then
     note "$name" "FAIL (timed out after ${limit}s)"
+  elif grep -q '^panic: test timed out after' "$OUT/$name.log"; then
+    note "$name" "FAIL (timed out after ${took}s: the test binary's -test.timeout; the log names the test)"
   else
     note "$name" "FAIL (exit $rc after ${took}s)"
   fi

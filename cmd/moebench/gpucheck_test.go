@@ -106,14 +106,16 @@ head -c "$FAKE_GO_BYTES" /dev/zero > "$out"
 
 // fakeTests writes stand-ins for the GPU test binaries into a new folder:
 // each logs its name, arguments and MOEBENCH_REQUIRE_GPU to log and passes,
-// except those named in hang, which wait (a test that never ends).
-func fakeTests(t *testing.T, log string, hang ...string) string {
+// except those that how names: "hang" waits (a test that never ends),
+// "timeout" ends as a test binary past its -test.timeout does.
+func fakeTests(t *testing.T, log string, how map[string]string) string {
 	dir := t.TempDir()
 	for _, name := range []string{"kernels.test", "dispatchers_deepep.test", "dispatchers_hybridep.test"} {
-		body := "echo '=== RUN   TestGPUFake'; echo '--- PASS: TestGPUFake (0.00s)'; echo PASS\n"
-		if slices.Contains(hang, name) {
-			body = "exec sleep 600\n"
-		}
+		body := map[string]string{
+			"":        "echo '=== RUN   TestGPUFake'; echo '--- PASS: TestGPUFake (0.00s)'; echo PASS\n",
+			"hang":    "exec sleep 600\n",
+			"timeout": "echo '=== RUN   TestGPUFake'; echo 'panic: test timed out after 1s'; echo '\trunning tests:'; echo '\t\tTestGPUFake (1s)'; exit 2\n",
+		}[how[name]]
 		os.WriteFile(filepath.Join(dir, name), []byte("#!/bin/sh\necho \"$(basename \"$0\") $* MOEBENCH_REQUIRE_GPU=$MOEBENCH_REQUIRE_GPU\" >> "+log+"\n"+body), 0o755)
 	}
 	return dir
@@ -218,7 +220,7 @@ func TestGPUCheckQuick(t *testing.T) {
 	testsLog := filepath.Join(t.TempDir(), "tests.log")
 	const budget = 360 * time.Second
 	outdir, out, code, took := gpuCheckQuick(t, "MOEBENCH_TEST_PROCESS=1", "MOEBENCH_TEST_SMALL_BENCH=1", "MOEBENCH_BIN="+os.Args[0],
-		"BIN_DIR="+fakeTests(t, testsLog, "dispatchers_hybridep.test"), "LIMIT_test_hybridep=4",
+		"BIN_DIR="+fakeTests(t, testsLog, map[string]string{"dispatchers_hybridep.test": "hang"}), "LIMIT_test_hybridep=4",
 		"QUICK_SHAPE="+strings.Join(shape[:8], " "), "QUICK_LAYER_SMS=2", "QUICK_SMS=2,4", "QUICK_ITERS=2", "QUICK_WARMUP=1", "QUICK_GPUS=2",
 		fmt.Sprintf("QUICK_BUDGET=%.0f", budget.Seconds()))
 	t.Logf("gpu-check.sh quick on the simulation: %v (budget %v)", took.Round(time.Second), budget)
@@ -299,7 +301,8 @@ func TestGPUCheckQuick(t *testing.T) {
 // TestGPUCheckQuickDeadline: gpu-check.sh quick keeps to QUICK_BUDGET
 // whatever hangs. With a budget of 25 s (10 of them kept for the report
 // and the archive) and a moebench that never ends, deaf to SIGTERM: doctor
-// and the tests pass, the first layer is cut where the budget ends (12 s,
+// and two of the tests pass, deepep's is reported timed out by its own
+// -test.timeout (a Go test binary's panic), the first layer is cut where the budget ends (12 s,
 // its limit of 28 s shortened) and killed 3 s later, every later step is
 // skipped, saying why; the whole stays within the budget, and the archive,
 // with the summary, is written all the same.
@@ -307,13 +310,14 @@ func TestGPUCheckQuickDeadline(t *testing.T) {
 	dir := t.TempDir()
 	mb := filepath.Join(dir, "moebench")
 	os.WriteFile(mb, []byte("#!/bin/sh\n[ \"$1\" = doctor ] && { echo 'driver (libcuda)  found  a fake'; exit 0; }\ntrap '' TERM\nexec sleep 600\n"), 0o755)
-	outdir, out, code, took := gpuCheckQuick(t, "MOEBENCH_BIN="+mb, "BIN_DIR="+fakeTests(t, filepath.Join(dir, "tests.log")), "QUICK_BUDGET=25")
+	outdir, out, code, took := gpuCheckQuick(t, "MOEBENCH_BIN="+mb, "BIN_DIR="+fakeTests(t, filepath.Join(dir, "tests.log"), map[string]string{"dispatchers_deepep.test": "timeout"}), "QUICK_BUDGET=25")
 	i := strings.LastIndex(out, "== gpu-check quick summary ==")
 	if code != 1 || i < 0 || took > 25*time.Second {
 		t.Fatalf("exit %d after %v:\n%s", code, took, out)
 	}
 	summary := out[i:]
-	want := map[string]string{"doctor": "exit 0 (", "test-kernels": "exit 0 (", "test-deepep": "exit 0 (", "test-hybridep": "exit 0 (",
+	want := map[string]string{"doctor": "exit 0 (", "test-kernels": "exit 0 (", "test-hybridep": "exit 0 (",
+		"test-deepep":    "FAIL (timed out after 0s: the test binary's -test.timeout; the log names the test)",
 		"layer-alltoall": "FAIL (timed out after 12s)"}
 	for _, s := range []string{"layer-deepep", "layer-feplb", "layer-hybridep", "bench-dispatch", "bench-kernels"} {
 		want[s] = "skipped (the quick check's 25s would be spent)"
@@ -323,7 +327,7 @@ func TestGPUCheckQuickDeadline(t *testing.T) {
 			t.Errorf("%s: %q, want %q", s, st, w)
 		}
 	}
-	if !strings.Contains(summary, "failed, timed out or skipped: layer-alltoall layer-deepep layer-feplb layer-hybridep bench-dispatch bench-kernels\n") {
+	if !strings.Contains(summary, "failed, timed out or skipped: test-deepep layer-alltoall layer-deepep layer-feplb layer-hybridep bench-dispatch bench-kernels\n") {
 		t.Errorf("summary:\n%s", summary)
 	}
 	files := untar(t, filepath.Join(outdir, "gpu-check-quick.tgz"))
