@@ -2,20 +2,45 @@
 # moebench's GPU check: everything the project cannot prove without a GPU,
 # in one run on a GPU node.
 #
-#   scripts/gpu-check.sh [OUTDIR]            the whole check
+#   scripts/gpu-check.sh quick [OUTDIR]      the short check (at most 6 minutes)
+#   scripts/gpu-check.sh [OUTDIR]            the whole check (about 12 minutes)
 #   scripts/gpu-check.sh sanitize [OUTDIR]   only the compute-sanitizer steps
 #   scripts/gpu-check.sh twoproc [OUTDIR]    only the run over two processes
 #     (TWOPROC_FLAGS: its layer's flags, default --preset qwen3-30b-a3b;
-#     MOEBENCH_BIN: the moebench binary, default bin/moebench)
+#     MOEBENCH_BIN: the moebench binary, default bin/moebench; BIN_DIR: the
+#     folder of the binaries, default bin)
 #
 # Before: build the binaries on a machine with Go (the node needs no Go):
-#   scripts/build-gpu-bins.sh        (bin/moebench and bin/*.test)
+#   scripts/build-gpu-bins.sh        (bin/moebench and bin/*.test, stripped;
+#                                     it says their size, at most 48 MiB)
 # and copy the checkout with bin/ to the node. The node needs an NVIDIA
 # driver and the CUDA libraries (NVRTC, cuBLASLt; cuBLAS, NCCL and NVML when
 # present) from a CUDA toolkit or the Python wheels (nvidia-*-cu12/13); the
 # toolkit's cuobjdump and compute-sanitizer are used when found.
 #
-# What it runs, in this order: the layer at the reference configuration
+# quick: for a node lent for about 15 minutes (one command of at most 10).
+# doctor; the GPU tests of moebench's own kernels (kernels' TestGPU* but
+# NCCL's, deepep's TestGPUDeepEP, hybridep's TestGPUHybridEPDevice); one
+# layer per dispatcher (alltoall, deepep, feplb, hybridep) at qwen3-30b-a3b,
+# EP 8 packed on one GPU, a training step checked against the float64
+# reference; bench dispatch (alltoall, deepep, hybridep at 2 SM budgets,
+# 16 and 32); bench kernels (the kernels' ratios to the ceilings measured in
+# the same run: the copy engines' device copy, an SM copy kernel, a dense
+# GEMM). Each step has its own time limit (the sum, with each step's 3 s to
+# be killed, is 347 s); a step that would end past QUICK_BUDGET seconds
+# (default 360) runs shorter or is skipped, and says so. A failed or timed
+# out step is recorded and the next one runs. OUTDIR receives two files:
+# gpu-check-quick.tgz (every log, doctor.txt, records.jsonl,
+# bench-*.json, report.txt and summary.txt), rewritten after each step so
+# that a check cut short still leaves what it did, and summary.txt.
+# Shorter settings for a try elsewhere: QUICK_SHAPE (the shape and EP
+# flags, default --preset qwen3-30b-a3b --ep 8), QUICK_SMS (bench
+# dispatch's budgets), QUICK_LAYER_SMS (the deepep and hybridep layers'
+# --sms; default theirs), QUICK_WARMUP and QUICK_ITERS (2 and 10),
+# QUICK_GPUS (the layers' and bench dispatch's --gpus, default 1);
+# LIMIT_<step> (its name's dashes as _) changes a step's limit in any mode.
+#
+# The whole check, in this order: the layer at the reference configuration
 # (qwen3-30b-a3b at EP 8), every GPU test (each CUDA kernel against its host
 # function, the library bindings) with MOEBENCH_REQUIRE_GPU=1 so that a
 # missing GPU or library fails instead of skipping, the kernel benchmark
@@ -44,24 +69,39 @@
 # at the start) holds each step's log (the two-process run's: one per
 # process too, NAME.p0.log and NAME.p1.log), doctor.txt (what was found where),
 # records.jsonl (one moebench record per layer run), bench-*.json and
-# report.txt; a summary table is printed last. Exit status 0 when every step
-# passed, 1 otherwise.
+# report.txt; a summary table is printed last, each step's status and
+# seconds (a step cut by its limit: FAIL (timed out after N s)). Exit status
+# 0 when every step passed, 1 otherwise.
 #
-# What to send back: the whole OUTDIR (tar czf gpu-check.tgz -C OUTDIR .).
+# What to send back: the whole OUTDIR (tar czf gpu-check.tgz -C OUTDIR .);
+# quick's gpu-check-quick.tgz.
 # The records are published as they came: results/published/ in the
 # repository, never edited by hand.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 mode=all
-if [ "${1:-}" = sanitize ] || [ "${1:-}" = twoproc ]; then
+case ${1:-} in
+sanitize | twoproc | quick)
   mode=$1
   shift
-fi
-OUT=${1:-${OUT:-$(mktemp -d)}}
-mkdir -p "$OUT" || exit 2
-echo "gpu-check: writing to $OUT"
-mb=${MOEBENCH_BIN:-$PWD/bin/moebench}
+  ;;
+esac
+OUTDIR=${1:-${OUT:-$(mktemp -d)}}
+mkdir -p "$OUTDIR" || exit 2
+OUTDIR=$(cd "$OUTDIR" && pwd)
+BIN_DIR=$(cd "${BIN_DIR:-bin}" 2>/dev/null && pwd) || BIN_DIR=${BIN_DIR:-bin}
+mb=${MOEBENCH_BIN:-$BIN_DIR/moebench}
 [ -x "$mb" ] || { echo "$mb missing: run scripts/build-gpu-bins.sh on a machine with Go and copy bin/ here" >&2; exit 2; }
+if [ "$mode" = quick ]; then
+  # the logs in a folder of their own; OUTDIR receives the archive and the
+  # summary alone (a lent node sends back at most 8 files)
+  OUT=$(mktemp -d)
+  archive="$OUTDIR/gpu-check-quick.tgz"
+  echo "gpu-check quick: writing $archive and $OUTDIR/summary.txt (the logs in $OUT until then)"
+else
+  OUT=$OUTDIR
+  echo "gpu-check: writing to $OUT"
+fi
 
 # (moebench itself also searches these and the wheels of the python3 on the
 # path; the loader's path serves the libraries' own dependencies)
@@ -71,34 +111,139 @@ export LD_LIBRARY_PATH="${libdirs}${LD_LIBRARY_PATH:-}"
 # the toolkit's cuobjdump and nvdisasm, where present, let the kernels' compile
 # test audit the machine code of the GPU's own NVRTC (kernels/sass_test.go)
 export PATH="/usr/local/cuda/bin:$PATH"
-export MOEBENCH_REQUIRE_GPU=1 MOEBENCH_CACHE="$OUT/kernel-cache"
+# (a kernel cache named by the caller is kept: its images are keyed by the
+# compiler and the source)
+export MOEBENCH_REQUIRE_GPU=1 MOEBENCH_CACHE="${MOEBENCH_CACHE:-$OUT/kernel-cache}"
 
 BUDGET=${BUDGET:-720}
+QUICK_BUDGET=${QUICK_BUDGET:-360}
+# quick: a step may start while it can end, killed 3 s after its limit at
+# the latest, with 10 s left for the report and the archive
+quick_end=$((QUICK_BUDGET - 10))
+grace=3
 declare -A result
-# step NAME LIMIT CMD...: runs CMD under a time limit, its output in
-# $OUT/NAME.log, unless the budget is spent
+order=()
+# note NAME TEXT: a line of the summary (in the order first noted)
+note() {
+  [ -n "${result[$1]+set}" ] || order+=("$1")
+  result[$1]=$2
+}
+# limit_of NAME LIMIT: LIMIT_<NAME> (NAME's dashes as _) when set, else LIMIT
+limit_of() {
+  local var=LIMIT_${1//[^A-Za-z0-9_]/_}
+  echo "${!var:-$2}"
+}
+# step NAME LIMIT CMD...: runs CMD under a time limit (see limit_of), its
+# output in $OUT/NAME.log, unless the budget is spent; quick rewrites its
+# archive after each step
 step() {
-  local name=$1 limit=$2; shift 2
-  if [ "$SECONDS" -ge "$BUDGET" ]; then result[$name]="skipped (budget of ${BUDGET}s spent)"; return; fi
-  local left=$((BUDGET + 50 - SECONDS)) # the last step may run a little past the budget, not much more
-  [ "$left" -lt "$limit" ] && limit=$left
-  timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
-  local rc=$?
-  result[$name]="exit $rc"
-  [ $rc -eq 0 ] || result[$name]=FAIL
-  [ $rc -eq 124 ] && result[$name]="FAIL (timed out after ${limit}s)"
+  local name=$1 limit; shift
+  limit=$(limit_of "$name" "$1"); shift
+  if [ "$mode" = quick ]; then
+    local left=$((quick_end - grace - SECONDS))
+    if [ "$left" -lt 5 ]; then
+      note "$name" "skipped (the quick check's ${QUICK_BUDGET}s would be spent)"
+      return
+    fi
+    [ "$left" -lt "$limit" ] && limit=$left
+  else
+    if [ "$SECONDS" -ge "$BUDGET" ]; then note "$name" "skipped (budget of ${BUDGET}s spent)"; return; fi
+    local left=$((BUDGET + 50 - SECONDS)) # the last step may run a little past the budget, not much more
+    [ "$left" -lt "$limit" ] && limit=$left
+  fi
+  local start=$SECONDS
+  timeout -k "$grace" "$limit" "$@" > "$OUT/$name.log" 2>&1
+  local rc=$? took=$((SECONDS - start))
+  if [ $rc -eq 0 ]; then
+    note "$name" "exit 0 (${took}s)"
+  elif { [ $rc -eq 124 ] || [ $rc -eq 137 ]; } && [ "$took" -ge "$limit" ]; then
+    note "$name" "FAIL (timed out after ${limit}s)"
+  elif grep -q '^panic: test timed out after' "$OUT/$name.log"; then
+    note "$name" "FAIL (timed out after ${took}s: the test binary's -test.timeout; the log names the test)"
+  else
+    note "$name" "FAIL (exit $rc after ${took}s)"
+  fi
   tail -n 4 "$OUT/$name.log"
+  [ "$mode" != quick ] || pack
+}
+# pack: quick's archive of everything so far (the kernel cache left out),
+# replaced whole
+pack() {
+  tar czf "$archive.part" -C "$OUT" --exclude=./kernel-cache . && mv -f "$archive.part" "$archive"
 }
 records="$OUT/records.jsonl"
 layer() { # name, then moebench flags
   local name=$1; shift
   step "layer-$name" 120 "$mb" --device cuda "$@" --out "$records"
 }
+# gputest NAME BINARY LIMIT [ARGS]: a package's GPU tests (its test binary
+# from BIN_DIR), the test binary's own timeout 3 s inside the step's, so
+# that it names the test that was running
+gputest() {
+  local name=$1 bin=$BIN_DIR/$2 limit; limit=$(limit_of "$1" "$3"); shift 3
+  if [ ! -x "$bin" ]; then
+    note "$name" "FAIL ($bin missing: scripts/build-gpu-bins.sh builds it)"
+    return
+  fi
+  step "$name" "$limit" "$bin" -test.v -test.timeout "$((limit > 4 ? limit - 3 : 1))s" "$@"
+}
+
+if [ "$mode" = quick ]; then
+  # The limits (seconds) are estimates for an H100 on a fresh node, whose
+  # NVRTC compiles each kernel on first use (the disk cache starts empty):
+  # NVRTC 12.4 compiled every kernel file for sm_90 in 16 s on a loaded
+  # 2-core CPU (hybridep.cu 9.1 s, deepep.cu 3.2 s, each other file 0.2 to
+  # 0.7 s). test-deepep compiles deepep.cu for each of its cases (a broken
+  # one also waits out a 1.5 s timeout), test-hybridep hybridep.cu twice,
+  # the layers' weights are drawn on every CPU and checked on a sample of
+  # tokens, and a step of the layer takes milliseconds on the GPU.
+  # shellcheck disable=SC2206 # QUICK_SHAPE is a list of flags
+  shape=(${QUICK_SHAPE:---preset qwen3-30b-a3b --ep 8})
+  iters=(--warmup "${QUICK_WARMUP:-2}" --iters "${QUICK_ITERS:-10}")
+  step doctor 15 "$mb" doctor
+  cp "$OUT/doctor.log" "$OUT/doctor.txt" 2>/dev/null
+  # moebench's own kernels against their host functions, each test compiling
+  # its kernels with the node's NVRTC (NCCL's binding test left to the whole
+  # check)
+  gputest test-kernels kernels.test 50 -test.run '^TestGPU' -test.skip '^TestGPUNCCL$'
+  gputest test-deepep dispatchers_deepep.test 40 -test.run '^TestGPUDeepEP$'
+  gputest test-hybridep dispatchers_hybridep.test 35 -test.run '^TestGPUHybridEPDevice$'
+  # a training step per dispatcher, checked, every rank on GPU 0 (--gpus 1
+  # on any node); the first compiles the shared kernels (the disk cache
+  # serves the rest), deepep and hybridep their own
+  for d in alltoall deepep feplb hybridep; do
+    sms=()
+    if [ -n "${QUICK_LAYER_SMS:-}" ] && { [ $d = deepep ] || [ $d = hybridep ]; }; then sms=(--sms "$QUICK_LAYER_SMS"); fi
+    step "layer-$d" 28 "$mb" --device cuda --gpus "${QUICK_GPUS:-1}" "${shape[@]}" --dispatcher "$d" "${sms[@]}" "${iters[@]}" --max-seconds 8 --out "$records"
+  done
+  step bench-dispatch 40 "$mb" bench dispatch --device cuda --gpus "${QUICK_GPUS:-1}" "${shape[@]}" --dispatcher alltoall,deepep,hybridep \
+    --sms "${QUICK_SMS:-16,32}" "${iters[@]}" --out "$OUT/bench-dispatch.json"
+  step bench-kernels 25 "$mb" bench kernels "${shape[@]}" "${iters[@]}" --out "$OUT/bench-kernels.json"
+  [ -e "$records" ] && timeout -k 1 5 "$mb" report "$records" > "$OUT/report.txt" 2>&1
+  {
+    echo "== gpu-check quick summary =="
+    for k in "${order[@]}"; do printf '  %-36s %s\n' "$k" "${result[$k]}"; done
+    failed=()
+    for k in "${order[@]}"; do case "${result[$k]}" in FAIL* | skipped*) failed+=("$k") ;; esac; done
+    if [ ${#failed[@]} -eq 0 ]; then echo "  every step passed"; else echo "  failed, timed out or skipped: ${failed[*]}"; fi
+    grep -h -E '^(driver|NVRTC|cuBLASLt|NCCL|NVML)' "$OUT/doctor.txt" 2>/dev/null
+    echo "  (${SECONDS}s in all; the quick check's budget ${QUICK_BUDGET}s)"
+  } > "$OUT/summary.txt"
+  cp "$OUT/summary.txt" "$OUTDIR/summary.txt"
+  pack
+  cat "$OUT/report.txt" "$OUT/bench-dispatch.log" "$OUT/bench-kernels.log" 2>/dev/null
+  echo
+  cat "$OUT/summary.txt"
+  echo "  archive: $archive"
+  rm -rf "$OUT"
+  [ ${#failed[@]} -eq 0 ]
+  exit
+fi
 
 "$mb" doctor 2>&1 | tee "$OUT/doctor.txt"
 if [ "$mode" = all ]; then
 layer qwen3-30b-ep8 --preset qwen3-30b-a3b --ep 8
-for t in bin/*.test; do
+for t in "$BIN_DIR"/*.test; do
   step "test-$(basename "$t" .test)" 200 "$t" -test.v
 done
 for preset in qwen3-30b-a3b deepseek-v3; do
@@ -196,10 +341,10 @@ if [ "$gpus" -ge 2 ]; then
     # shellcheck disable=SC2086
     twoproc "twoproc-ncclep-ll-ep$ep" ${TWOPROC_FLAGS:---preset qwen3-30b-a3b --tokens 128} --ep "$ep" --dispatcher deepep --impl library
   else
-    result[twoproc-ncclep]="n/a (NCCL EP not found: doctor.txt says why)"
+    note "twoproc-ncclep" "n/a (NCCL EP not found: doctor.txt says why)"
   fi
 else
-  result[twoproc]="n/a (nvidia-smi lists $gpus GPU(s): a run over two processes needs one GPU per rank, at least 2)"
+  note "twoproc" "n/a (nvidia-smi lists $gpus GPU(s): a run over two processes needs one GPU per rank, at least 2)"
 fi
 fi
 # last, as the budget allows: compute-sanitizer over the GPU tests of
@@ -213,29 +358,29 @@ if [ "$mode" = twoproc ]; then
 elif [ -n "$san" ]; then
   for tool in memcheck racecheck synccheck initcheck; do
     step "sanitize-$tool" 150 "$san" --tool "$tool" --error-exitcode 3 \
-      bin/kernels.test -test.v -test.run '^TestGPU(Router|Permute|SortChunks|SwiGLUAndUnpermute)$'
+      "$BIN_DIR/kernels.test" -test.v -test.run '^TestGPU(Router|Permute|SortChunks|SwiGLUAndUnpermute)$'
     if grep -q -i "device not supported" "$OUT/sanitize-$tool.log" 2>/dev/null; then
-      result[sanitize-$tool]="n/a (compute-sanitizer: device not supported)"
+      note "sanitize-$tool" "n/a (compute-sanitizer: device not supported)"
     fi
   done
   # deepep's kernels: queues in peers' memory, named barriers (synccheck),
   # host-mapped counters
   for tool in memcheck synccheck; do
     step "sanitize-deepep-$tool" 150 "$san" --tool "$tool" --error-exitcode 3 \
-      bin/dispatchers_deepep.test -test.v -test.run '^TestGPUDeepEP$'
+      "$BIN_DIR/dispatchers_deepep.test" -test.v -test.run '^TestGPUDeepEP$'
     if grep -q -i "device not supported" "$OUT/sanitize-deepep-$tool.log" 2>/dev/null; then
-      result[sanitize-deepep-$tool]="n/a (compute-sanitizer: device not supported)"
+      note "sanitize-deepep-$tool" "n/a (compute-sanitizer: device not supported)"
     fi
   done
 else
-  result[sanitize]="n/a (no compute-sanitizer)"
+  note "sanitize" "n/a (no compute-sanitizer)"
 fi
 [ -e "$records" ] && "$mb" report "$records" > "$OUT/report.txt" 2>&1
 cat "$OUT/report.txt" 2>/dev/null
 
 echo
 echo "== gpu-check summary =="
-for k in $(printf '%s\n' "${!result[@]}" | sort); do printf '  %-36s %s\n' "$k" "${result[$k]}"; done
+for k in "${order[@]}"; do printf '  %-36s %s\n' "$k" "${result[$k]}"; done
 grep -h -E '^(driver|NVRTC|cuBLASLt|NCCL|NVML)' "$OUT/doctor.txt"
 echo "  (${SECONDS}s in all)"
 status=0

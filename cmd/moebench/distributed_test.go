@@ -35,6 +35,9 @@ func TestMain(m *testing.M) {
 			c = &mutating{Compiler: comp, kernel: m}
 		}
 		kernels.NewCompiler = func() (kernels.Compiler, error) { return c, nil }
+		if os.Getenv("MOEBENCH_TEST_SMALL_BENCH") == "1" { // bench kernels' ceilings at sizes the simulation computes in seconds
+			harness.DefaultBenchSizes = harness.BenchSizes{CopyBytes: 1 << 20, GEMMDim: 64, FlushBytes: 3 << 20}
+		}
 		args := os.Args[1:]
 		if os.Getenv("MOEBENCH_TEST_BAD_ARG") == "1" { // a process launched with other flags than the rest
 			args = append(args, "--iters", "many")
