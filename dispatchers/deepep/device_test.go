@@ -303,6 +303,9 @@ func checkDevices(t *testing.T, devs []kernels.Device) {
 		{"ep8-two-devices", dispatchers.Shape{Tokens: 29, Hidden: 24, Experts: 8, TopK: 4, EP: 8}, 1, 2, 4, false, dt.Cancelling},
 		// one token: an empty channel, and ranks that receive nothing
 		{"ep2-one-token", dispatchers.Shape{Tokens: 1, Hidden: 8, Experts: 8, TopK: 2, EP: 2}, 1, 2, 4, false, dt.Mild},
+		// rows of 296 vectors: the kernels' unrolled row loops (8 vectors
+		// a lane, 256 a round) run a whole round and then a partial one
+		{"ep2-wide-rows", dispatchers.Shape{Tokens: 5, Hidden: 2368, Experts: 4, TopK: 2, EP: 2}, 1, 2, 2, false, dt.Cancelling},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if tc.ndev > len(devs) {

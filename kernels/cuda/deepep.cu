@@ -122,11 +122,61 @@ __device__ __forceinline__ void de_channel(int c, int &lo, int &hi) {
     hi = min(lo + DE_PER, MB_TOKENS);
 }
 
-// de_copy_row: a warp copies a row of MB_HIDDEN bf16, reading through L2
-// when the source is a ring (written by another GPU or block)
-__device__ __forceinline__ void de_copy_row(uint4 *dst, const uint4 *src, bool ring, int lane) {
-#pragma unroll 4
-    for (int v = lane; v < DE_VECS; v += 32) dst[v] = ring ? mb_ld_cg(src + v) : src[v];
+// Row accesses. de_ld_nc: 16 bytes of the kernel's input (X, DY, the
+// experts' outputs: unchanged while it runs) through the non-coherent path,
+// not allocated in L1 (DeepEP's ld_nc_global); the 256-byte L2 prefetch
+// hint where the architecture has it (sm_80 and newer). de_st_na: 16 bytes
+// stored without allocating in L1 (a ring's slot, a received row: no reader
+// on this SM). On the host simulation both are plain accesses.
+__device__ __forceinline__ uint4 de_ld_nc(const uint4 *p) {
+#ifdef MB_HOST
+    return *p;
+#else
+    uint4 v;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+#else
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+#endif
+    return v;
+#endif
+}
+__device__ __forceinline__ void de_st_na(uint4 *p, uint4 v) {
+#ifdef MB_HOST
+    *p = v;
+#else
+    asm volatile("st.global.L1::no_allocate.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
+#endif
+}
+
+// de_copy_row: a warp copies a row of MB_HIDDEN bf16, DE_UNROLL 16-byte
+// loads per lane in flight before their stores (DeepEP's unrolled warp
+// copy), then the row's rest the same way with the lanes past its end
+// idle. RING: the source is a ring (written by another GPU or block: read
+// through L2, mb_ld_cg), else the kernel's input (de_ld_nc); the stores
+// are de_st_na.
+#ifndef DE_UNROLL
+#define DE_UNROLL 8
+#endif
+template <bool RING> __device__ __forceinline__ void de_copy_row(uint4 *dst, const uint4 *src, int lane) {
+    constexpr int stride = 32 * DE_UNROLL, whole = DE_VECS / stride * stride;
+    uint4 v[DE_UNROLL];
+#pragma unroll 1
+    for (int i = lane; i < whole; i += stride) {
+#pragma unroll
+        for (int u = 0; u < DE_UNROLL; u++) v[u] = RING ? mb_ld_cg(src + i + 32 * u) : de_ld_nc(src + i + 32 * u);
+#pragma unroll
+        for (int u = 0; u < DE_UNROLL; u++) de_st_na(dst + i + 32 * u, v[u]);
+    }
+    if (whole == DE_VECS) return;
+    const int i = whole + lane;
+#pragma unroll
+    for (int u = 0; u < DE_UNROLL; u++)
+        if (whole + 32 * u < DE_VECS && i + 32 * u < DE_VECS) v[u] = RING ? mb_ld_cg(src + i + 32 * u) : de_ld_nc(src + i + 32 * u);
+#pragma unroll
+    for (int u = 0; u < DE_UNROLL; u++)
+        if (whole + 32 * u < DE_VECS && i + 32 * u < DE_VECS) de_st_na(dst + i + 32 * u, v[u]);
 }
 
 // ---- layout: one thread per token (block 256). counts (per rank, then per
@@ -247,12 +297,6 @@ extern "C" __global__ void __launch_bounds__(DE_THREADS, MB_MINB) deepep_dispatc
         const int *chanEnd = de_at<int>(fixed, MB_F_CHAN_END) + peer * DE_C;
         int *sendHead = de_at<int>(fixed, MB_F_SEND_HEAD);
         int *head = de_dmeta(q, 2, ch, rank), *tail = de_dmeta(q, 3, ch, rank);
-        const uint4 *x = (const uint4 *)de_slot(desc, rank, bwd ? DE_DY : DE_X);
-        const int32 *idx = (const int32 *)de_slot(desc, rank, DE_IDX);
-        const float *probs = (const float *)de_slot(desc, rank, DE_PROBS);
-        uint4 *rows = de_at<uint4>(q, MB_Q_RINGS);
-        int *srcs = de_at<int>(q, MB_Q_RINGS + DE_DROWS), *topk = de_at<int>(q, MB_Q_RINGS + DE_DROWS + DE_DSRC);
-        float *weights = de_at<float>(q, MB_Q_RINGS + DE_DROWS + DE_DSRC + DE_DTOPK);
         if (lead) { // the channel's offsets among this rank's tokens to peer, as −v−1 (0 means not yet written)
             mb_st_relaxed_sys(de_dmeta(q, 0, ch, rank), -(ch > 0 ? chanEnd[ch - 1] : 0) - 1);
             mb_st_relaxed_sys(de_dmeta(q, 1, ch, rank), -chanEnd[ch] - 1);
@@ -270,15 +314,22 @@ extern "C" __global__ void __launch_bounds__(DE_THREADS, MB_MINB) deepep_dispatc
                 if (lead) sendHead[t * DE_N + peer] = in ? pos : -1;
                 if (!in) continue;
                 if (pos % DE_GROUP == gw) {
+                    // the slot's source and top-k, then its row; their
+                    // pointers are read from the descriptors here (loads
+                    // that hit L1), so that no more than the row's two
+                    // addresses stay live through the unrolled copy
+                    const u64 pq = de_slot(desc, peer, DE_QUEUES);
                     const long s = de_dslot(ch, rank, pos % MB_DRING);
-                    de_copy_row(rows + s * DE_VECS, x + (long)t * DE_VECS, false, lane);
-                    if (lane == 0) srcs[s] = t;
+                    if (lane == 0) de_at<int>(pq, MB_Q_RINGS + DE_DROWS)[s] = t;
                     if (lane < DE_K && !bwd) {
-                        const int e = idx[t * DE_K + lane];
+                        const int e = ((const int32 *)de_slot(desc, rank, DE_IDX))[t * DE_K + lane];
                         const bool mine = (unsigned)e < DE_N * MB_LOCAL && e / MB_LOCAL == peer;
-                        topk[s * DE_K + lane] = mine ? e - peer * MB_LOCAL : -1;
-                        weights[s * DE_K + lane] = mine ? probs[t * DE_K + lane] : 0.f;
+                        de_at<int>(pq, MB_Q_RINGS + DE_DROWS + DE_DSRC)[s * DE_K + lane] = mine ? e - peer * MB_LOCAL : -1;
+                        de_at<float>(pq, MB_Q_RINGS + DE_DROWS + DE_DSRC + DE_DTOPK)[s * DE_K + lane] =
+                            mine ? ((const float *)de_slot(desc, rank, DE_PROBS))[t * DE_K + lane] : 0.f;
                     }
+                    de_copy_row<false>(de_at<uint4>(pq, MB_Q_RINGS) + s * DE_VECS,
+                                       (const uint4 *)de_slot(desc, rank, bwd ? DE_DY : DE_X) + (long)t * DE_VECS, lane);
                 }
                 pos++, pushed++;
             }
@@ -303,12 +354,6 @@ extern "C" __global__ void __launch_bounds__(DE_THREADS, MB_MINB) deepep_dispatc
     if (!okOff[peer]) return;
     const int n = b[peer] - a[peer];
     const long at = (peer > 0 ? de_at<int>(fixed, MB_F_SRC_END)[peer - 1] : 0) + a[peer]; // the first row
-    uint4 *recvX = (uint4 *)de_slot(desc, rank, DE_RECV_X);
-    int *recvSrc = (int *)de_slot(desc, rank, DE_RECV_SRC), *recvIdx = (int *)de_slot(desc, rank, DE_RECV_IDX);
-    float *recvW = (float *)de_slot(desc, rank, DE_RECV_W);
-    const uint4 *rows = de_at<uint4>(q, MB_Q_RINGS);
-    const int *srcs = de_at<int>(q, MB_Q_RINGS + DE_DROWS), *topk = de_at<int>(q, MB_Q_RINGS + DE_DROWS + DE_DSRC);
-    const int *weights = de_at<int>(q, MB_Q_RINGS + DE_DROWS + DE_DSRC + DE_DTOPK);
     for (int got = 0; got < n;) {
         if (lead) {
             ok[peer] = mb_wait_ge(c, rank, ph, DE_W_DATA, tail, got + 1);
@@ -318,13 +363,17 @@ extern "C" __global__ void __launch_bounds__(DE_THREADS, MB_MINB) deepep_dispatc
         if (!ok[peer]) break;
         const int until = tl[peer];
         for (int i = got + gw; i < until; i += DE_GROUP) {
+            // the slot's source and top-k, then its row (the pointers
+            // read from the descriptors here, as the sender's)
             const long s = de_dslot(ch, peer, i % MB_DRING), r = at + i;
-            de_copy_row(recvX + r * DE_VECS, rows + s * DE_VECS, true, lane);
-            if (lane == 0) recvSrc[r] = mb_ld_volatile(srcs + s);
+            if (lane == 0) ((int *)de_slot(desc, rank, DE_RECV_SRC))[r] = mb_ld_volatile(de_at<int>(q, MB_Q_RINGS + DE_DROWS) + s);
             if (lane < DE_K && !bwd) {
-                recvIdx[r * DE_K + lane] = mb_ld_volatile(topk + s * DE_K + lane);
-                recvW[r * DE_K + lane] = __int_as_float(mb_ld_volatile(weights + s * DE_K + lane));
+                const long k = s * DE_K + lane;
+                ((int *)de_slot(desc, rank, DE_RECV_IDX))[r * DE_K + lane] = mb_ld_volatile(de_at<int>(q, MB_Q_RINGS + DE_DROWS + DE_DSRC) + k);
+                ((float *)de_slot(desc, rank, DE_RECV_W))[r * DE_K + lane] =
+                    __int_as_float(mb_ld_volatile(de_at<int>(q, MB_Q_RINGS + DE_DROWS + DE_DSRC + DE_DTOPK) + k));
             }
+            de_copy_row<true>((uint4 *)de_slot(desc, rank, DE_RECV_X) + r * DE_VECS, de_at<uint4>(q, MB_Q_RINGS) + s * DE_VECS, lane);
         }
         mb_bar_sync(1 + peer, DE_GROUP * 32); // the group's reads, then the head
         got = until;
@@ -450,14 +499,14 @@ template <bool BWD> __device__ __forceinline__ void de_combine(mb_comm c, int fi
 #pragma unroll
                     for (int u = 0; u < 8; u++) acc[u] = 0.f;
                     for (int o = 0; o < count; o++) {
-                        unpack8(y[(long)order[warp][o] * DE_VECS + v], f);
+                        unpack8(de_ld_nc(y + (long)order[warp][o] * DE_VECS + v), f);
 #pragma unroll
                         for (int u = 0; u < 8; u++) acc[u] += f[u];
                     }
                     bf16 out[8];
 #pragma unroll
                     for (int u = 0; u < 8; u++) out[u] = f2bf(acc[u]);
-                    rows[s * DE_VECS + v] = pack8(out);
+                    de_st_na(rows + s * DE_VECS + v, pack8(out));
                 }
                 __syncwarp(); // order[warp] is rewritten by the next token
             }
