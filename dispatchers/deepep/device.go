@@ -159,8 +159,6 @@ func (c Config) checkDevice(sh dispatchers.Shape) error {
 		return fmt.Errorf("%d warps per block: must be a multiple of the %d ranks, at most 32", c.Warps, sh.EP)
 	case c.MinBlocks < 1:
 		return fmt.Errorf("%d blocks per SM", c.MinBlocks)
-	case c.Warps+c.Combine.Chunk > c.Combine.Ring+1:
-		return fmt.Errorf("combine ring of %d slots: a receiving block's %d warps and a chunk of %d must fit in it", c.Combine.Ring, c.Warps, c.Combine.Chunk)
 	case sh.Hidden%8 != 0:
 		return fmt.Errorf("hidden %d: the kernels copy rows in 16-byte vectors, so it must be a multiple of 8", sh.Hidden)
 	case sh.TopK > 32:

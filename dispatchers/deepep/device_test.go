@@ -296,13 +296,21 @@ func checkDevices(t *testing.T, devs []kernels.Device) {
 		sms    int
 		shared bool
 		prob   func(int) float32
+		cring  int // the combine ring's slots (0: the warps and 2)
 	}{
-		{"ep2-one-device", dispatchers.Shape{Tokens: 37, Hidden: 16, Experts: 16, TopK: 6, EP: 2}, 2, 1, 4, false, dt.Cancelling}, // the order of each rank's sum matters
-		{"ep4-two-devices-shared", dispatchers.Shape{Tokens: 37, Hidden: 16, Experts: 16, TopK: 5, EP: 4}, 1, 2, 4, true, dt.Mild},
-		{"ep8-one-device", dispatchers.Shape{Tokens: 29, Hidden: 8, Experts: 16, TopK: 3, EP: 8}, 1, 1, 2, false, dt.Mild},
-		{"ep8-two-devices", dispatchers.Shape{Tokens: 29, Hidden: 24, Experts: 8, TopK: 4, EP: 8}, 1, 2, 4, false, dt.Cancelling},
+		{"ep2-one-device", dispatchers.Shape{Tokens: 37, Hidden: 16, Experts: 16, TopK: 6, EP: 2}, 2, 1, 4, false, dt.Cancelling, 0}, // the order of each rank's sum matters
+		{"ep4-two-devices-shared", dispatchers.Shape{Tokens: 37, Hidden: 16, Experts: 16, TopK: 5, EP: 4}, 1, 2, 4, true, dt.Mild, 0},
+		{"ep8-one-device", dispatchers.Shape{Tokens: 29, Hidden: 8, Experts: 16, TopK: 3, EP: 8}, 1, 1, 2, false, dt.Mild, 0},
+		{"ep8-two-devices", dispatchers.Shape{Tokens: 29, Hidden: 24, Experts: 8, TopK: 4, EP: 8}, 1, 2, 4, false, dt.Cancelling, 0},
 		// one token: an empty channel, and ranks that receive nothing
-		{"ep2-one-token", dispatchers.Shape{Tokens: 1, Hidden: 8, Experts: 8, TopK: 2, EP: 2}, 1, 2, 4, false, dt.Mild},
+		{"ep2-one-token", dispatchers.Shape{Tokens: 1, Hidden: 8, Experts: 8, TopK: 2, EP: 2}, 1, 2, 4, false, dt.Mild, 0},
+		// rows of 296 vectors: the kernels' unrolled row loops (8 vectors
+		// a lane, 256 a round) run a whole round and then a partial one
+		{"ep2-wide-rows", dispatchers.Shape{Tokens: 5, Hidden: 2368, Experts: 4, TopK: 2, EP: 2}, 1, 2, 2, false, dt.Cancelling, 0},
+		// a combine ring of 4 slots under 8 warps: the receiving block's
+		// reducers free slots as each finishes its token, not a round of
+		// the block's warps at a time
+		{"ep2-small-combine-ring", dispatchers.Shape{Tokens: 37, Hidden: 16, Experts: 8, TopK: 3, EP: 2}, 4, 1, 2, false, dt.Mild, 4},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if tc.ndev > len(devs) {
@@ -311,6 +319,9 @@ func checkDevices(t *testing.T, devs []kernels.Device) {
 			start := time.Now()
 			cfg := Config{SMs: tc.sms, Dispatch: Queue{Chunk: 2, Ring: 5}, Combine: Queue{Chunk: 3, Ring: tc.warps*tc.sh.EP + 2},
 				Warps: tc.warps * tc.sh.EP, MinBlocks: 4}
+			if tc.cring > 0 {
+				cfg.Combine.Ring = tc.cring
+			}
 			c := devCase{sh: tc.sh, cfg: cfg, devs: devs[:tc.ndev]}
 			if tc.shared {
 				c.shared = sharedOutputs(tc.sh)

@@ -89,8 +89,8 @@
 #define DE_W_TOKEN 5   // the token a combine row belongs to (a check)
 #define DE_W_FLAG 16   // + the rank: a barrier's flag
 
-#if MB_WARPS % MB_RANKS != 0 || MB_HIDDEN % 8 != 0 || MB_TOPK > 32 || MB_RANKS > 8
-#error "deepep.cu: MB_WARPS must be a multiple of MB_RANKS, MB_HIDDEN of 8; MB_TOPK ≤ 32, MB_RANKS ≤ 8"
+#if MB_WARPS % MB_RANKS != 0 || MB_WARPS < 2 || MB_HIDDEN % 8 != 0 || MB_TOPK > 32 || MB_RANKS > 8
+#error "deepep.cu: MB_WARPS must be a multiple of MB_RANKS and at least 2, MB_HIDDEN of 8; MB_TOPK ≤ 32, MB_RANKS ≤ 8"
 #endif
 
 typedef unsigned long long u64;
@@ -113,6 +113,7 @@ __device__ __forceinline__ int *de_cmeta(u64 q, int which, int c, int p) { retur
 #define DE_DTOPK ((long)DE_C * DE_N * MB_DRING * DE_K * 4)
 #define DE_CROWS ((long)DE_C * DE_N * MB_CRING * MB_HIDDEN * 2)
 #define DE_CSRC ((long)DE_C * DE_N * MB_CRING * 4)
+static_assert(DE_CROWS / 16 < (1L << 31), "deepep.cu: the combine rings' vectors must have int indices");
 __device__ __forceinline__ long de_dslot(int c, int p, int slot) { return ((long)c * DE_N + p) * MB_DRING + slot; }
 __device__ __forceinline__ long de_cslot(int c, int p, int slot) { return ((long)c * DE_N + p) * MB_CRING + slot; }
 
@@ -122,11 +123,82 @@ __device__ __forceinline__ void de_channel(int c, int &lo, int &hi) {
     hi = min(lo + DE_PER, MB_TOKENS);
 }
 
-// de_copy_row: a warp copies a row of MB_HIDDEN bf16, reading through L2
-// when the source is a ring (written by another GPU or block)
-__device__ __forceinline__ void de_copy_row(uint4 *dst, const uint4 *src, bool ring, int lane) {
-#pragma unroll 4
-    for (int v = lane; v < DE_VECS; v += 32) dst[v] = ring ? mb_ld_cg(src + v) : src[v];
+// Row accesses. de_ld_nc: 16 bytes of the kernel's input (X, DY, the
+// experts' outputs: unchanged while it runs) through the non-coherent path,
+// not allocated in L1 (DeepEP's ld_nc_global); the 256-byte L2 prefetch
+// hint where the architecture has it (sm_80 and newer). de_st_na: 16 bytes
+// stored without allocating in L1 (a ring's slot, a received row: no reader
+// on this SM). On the host simulation both are plain accesses.
+__device__ __forceinline__ uint4 de_ld_nc(const uint4 *p) {
+#ifdef MB_HOST
+    return *p;
+#else
+    uint4 v;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+#else
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+#endif
+    return v;
+#endif
+}
+__device__ __forceinline__ void de_st_na(uint4 *p, uint4 v) {
+#ifdef MB_HOST
+    *p = v;
+#else
+    asm volatile("st.global.L1::no_allocate.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
+#endif
+}
+
+// de_ld_acquire_cta / de_st_release_cta: an int another warp of the block
+// reads or writes (shared memory), with acquire / release at block scope;
+// a waiting loop may spin on de_ld_acquire_cta (on the host simulation it
+// lets the other threads run, as moebench.cuh's primitives).
+__device__ __forceinline__ int de_ld_acquire_cta(const int *p) {
+#ifdef MB_HOST
+    MB_LD(int, p, acquire);
+#else
+    int v;
+    asm volatile("ld.acquire.cta.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+#endif
+}
+__device__ __forceinline__ void de_st_release_cta(int *p, int v) {
+#ifdef MB_HOST
+    MB_ST(int, p, v, release);
+#else
+    asm volatile("st.release.cta.s32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+#endif
+}
+
+// de_copy_row: a warp copies a row of MB_HIDDEN bf16, DE_UNROLL 16-byte
+// loads per lane in flight before their stores (DeepEP's unrolled warp
+// copy), then the row's rest the same way with the lanes past its end
+// idle. RING: the source is a ring (written by another GPU or block: read
+// through L2, mb_ld_cg), else the kernel's input (de_ld_nc); the stores
+// are de_st_na.
+#ifndef DE_UNROLL
+#define DE_UNROLL 8
+#endif
+template <bool RING> __device__ __forceinline__ void de_copy_row(uint4 *dst, const uint4 *src, int lane) {
+    constexpr int stride = 32 * DE_UNROLL, whole = DE_VECS / stride * stride;
+    uint4 v[DE_UNROLL];
+#pragma unroll 1
+    for (int i = lane; i < whole; i += stride) {
+#pragma unroll
+        for (int u = 0; u < DE_UNROLL; u++) v[u] = RING ? mb_ld_cg(src + i + 32 * u) : de_ld_nc(src + i + 32 * u);
+#pragma unroll
+        for (int u = 0; u < DE_UNROLL; u++) de_st_na(dst + i + 32 * u, v[u]);
+    }
+    if (whole == DE_VECS) return;
+    const int i = whole + lane;
+#pragma unroll
+    for (int u = 0; u < DE_UNROLL; u++)
+        if (whole + 32 * u < DE_VECS && i + 32 * u < DE_VECS) v[u] = RING ? mb_ld_cg(src + i + 32 * u) : de_ld_nc(src + i + 32 * u);
+#pragma unroll
+    for (int u = 0; u < DE_UNROLL; u++)
+        if (whole + 32 * u < DE_VECS && i + 32 * u < DE_VECS) de_st_na(dst + i + 32 * u, v[u]);
 }
 
 // ---- layout: one thread per token (block 256). counts (per rank, then per
@@ -247,12 +319,6 @@ extern "C" __global__ void __launch_bounds__(DE_THREADS, MB_MINB) deepep_dispatc
         const int *chanEnd = de_at<int>(fixed, MB_F_CHAN_END) + peer * DE_C;
         int *sendHead = de_at<int>(fixed, MB_F_SEND_HEAD);
         int *head = de_dmeta(q, 2, ch, rank), *tail = de_dmeta(q, 3, ch, rank);
-        const uint4 *x = (const uint4 *)de_slot(desc, rank, bwd ? DE_DY : DE_X);
-        const int32 *idx = (const int32 *)de_slot(desc, rank, DE_IDX);
-        const float *probs = (const float *)de_slot(desc, rank, DE_PROBS);
-        uint4 *rows = de_at<uint4>(q, MB_Q_RINGS);
-        int *srcs = de_at<int>(q, MB_Q_RINGS + DE_DROWS), *topk = de_at<int>(q, MB_Q_RINGS + DE_DROWS + DE_DSRC);
-        float *weights = de_at<float>(q, MB_Q_RINGS + DE_DROWS + DE_DSRC + DE_DTOPK);
         if (lead) { // the channel's offsets among this rank's tokens to peer, as −v−1 (0 means not yet written)
             mb_st_relaxed_sys(de_dmeta(q, 0, ch, rank), -(ch > 0 ? chanEnd[ch - 1] : 0) - 1);
             mb_st_relaxed_sys(de_dmeta(q, 1, ch, rank), -chanEnd[ch] - 1);
@@ -270,15 +336,22 @@ extern "C" __global__ void __launch_bounds__(DE_THREADS, MB_MINB) deepep_dispatc
                 if (lead) sendHead[t * DE_N + peer] = in ? pos : -1;
                 if (!in) continue;
                 if (pos % DE_GROUP == gw) {
+                    // the slot's source and top-k, then its row; their
+                    // pointers are read from the descriptors here (loads
+                    // that hit L1), so that no more than the row's two
+                    // addresses stay live through the unrolled copy
+                    const u64 pq = de_slot(desc, peer, DE_QUEUES);
                     const long s = de_dslot(ch, rank, pos % MB_DRING);
-                    de_copy_row(rows + s * DE_VECS, x + (long)t * DE_VECS, false, lane);
-                    if (lane == 0) srcs[s] = t;
+                    if (lane == 0) de_at<int>(pq, MB_Q_RINGS + DE_DROWS)[s] = t;
                     if (lane < DE_K && !bwd) {
-                        const int e = idx[t * DE_K + lane];
+                        const int e = ((const int32 *)de_slot(desc, rank, DE_IDX))[t * DE_K + lane];
                         const bool mine = (unsigned)e < DE_N * MB_LOCAL && e / MB_LOCAL == peer;
-                        topk[s * DE_K + lane] = mine ? e - peer * MB_LOCAL : -1;
-                        weights[s * DE_K + lane] = mine ? probs[t * DE_K + lane] : 0.f;
+                        de_at<int>(pq, MB_Q_RINGS + DE_DROWS + DE_DSRC)[s * DE_K + lane] = mine ? e - peer * MB_LOCAL : -1;
+                        de_at<float>(pq, MB_Q_RINGS + DE_DROWS + DE_DSRC + DE_DTOPK)[s * DE_K + lane] =
+                            mine ? ((const float *)de_slot(desc, rank, DE_PROBS))[t * DE_K + lane] : 0.f;
                     }
+                    de_copy_row<false>(de_at<uint4>(pq, MB_Q_RINGS) + s * DE_VECS,
+                                       (const uint4 *)de_slot(desc, rank, bwd ? DE_DY : DE_X) + (long)t * DE_VECS, lane);
                 }
                 pos++, pushed++;
             }
@@ -303,12 +376,6 @@ extern "C" __global__ void __launch_bounds__(DE_THREADS, MB_MINB) deepep_dispatc
     if (!okOff[peer]) return;
     const int n = b[peer] - a[peer];
     const long at = (peer > 0 ? de_at<int>(fixed, MB_F_SRC_END)[peer - 1] : 0) + a[peer]; // the first row
-    uint4 *recvX = (uint4 *)de_slot(desc, rank, DE_RECV_X);
-    int *recvSrc = (int *)de_slot(desc, rank, DE_RECV_SRC), *recvIdx = (int *)de_slot(desc, rank, DE_RECV_IDX);
-    float *recvW = (float *)de_slot(desc, rank, DE_RECV_W);
-    const uint4 *rows = de_at<uint4>(q, MB_Q_RINGS);
-    const int *srcs = de_at<int>(q, MB_Q_RINGS + DE_DROWS), *topk = de_at<int>(q, MB_Q_RINGS + DE_DROWS + DE_DSRC);
-    const int *weights = de_at<int>(q, MB_Q_RINGS + DE_DROWS + DE_DSRC + DE_DTOPK);
     for (int got = 0; got < n;) {
         if (lead) {
             ok[peer] = mb_wait_ge(c, rank, ph, DE_W_DATA, tail, got + 1);
@@ -318,13 +385,17 @@ extern "C" __global__ void __launch_bounds__(DE_THREADS, MB_MINB) deepep_dispatc
         if (!ok[peer]) break;
         const int until = tl[peer];
         for (int i = got + gw; i < until; i += DE_GROUP) {
+            // the slot's source and top-k, then its row (the pointers
+            // read from the descriptors here, as the sender's)
             const long s = de_dslot(ch, peer, i % MB_DRING), r = at + i;
-            de_copy_row(recvX + r * DE_VECS, rows + s * DE_VECS, true, lane);
-            if (lane == 0) recvSrc[r] = mb_ld_volatile(srcs + s);
+            if (lane == 0) ((int *)de_slot(desc, rank, DE_RECV_SRC))[r] = mb_ld_volatile(de_at<int>(q, MB_Q_RINGS + DE_DROWS) + s);
             if (lane < DE_K && !bwd) {
-                recvIdx[r * DE_K + lane] = mb_ld_volatile(topk + s * DE_K + lane);
-                recvW[r * DE_K + lane] = __int_as_float(mb_ld_volatile(weights + s * DE_K + lane));
+                const long k = s * DE_K + lane;
+                ((int *)de_slot(desc, rank, DE_RECV_IDX))[r * DE_K + lane] = mb_ld_volatile(de_at<int>(q, MB_Q_RINGS + DE_DROWS + DE_DSRC) + k);
+                ((float *)de_slot(desc, rank, DE_RECV_W))[r * DE_K + lane] =
+                    __int_as_float(mb_ld_volatile(de_at<int>(q, MB_Q_RINGS + DE_DROWS + DE_DSRC + DE_DTOPK) + k));
             }
+            de_copy_row<true>((uint4 *)de_slot(desc, rank, DE_RECV_X) + r * DE_VECS, de_at<uint4>(q, MB_Q_RINGS) + s * DE_VECS, lane);
         }
         mb_bar_sync(1 + peer, DE_GROUP * 32); // the group's reads, then the head
         got = until;
@@ -371,12 +442,16 @@ extern "C" __global__ void __launch_bounds__(512) deepep_permute(const int32 *re
 // the tokens it received from home rank g through ch, in received order,
 // each as bf16(Σ its local experts' outputs in ascending expert order, fp32)
 // into queue (ch, rank) of g, a chunk per round once the ring has room for
-// it. Receiving block of channel ch on home rank `rank`: its warps take the
-// channel's tokens in turn, one per warp per round; for token t each lane d
-// < N waits for the row at sendHead[t][d] (when ≥ 0) of queue (ch, d); the
-// warp adds the rows in rank order in fp32, stores bf16 (then bf16 plus the
-// shared expert's output) in Y; after each round the heads advance past the
-// round's rows. Senders start after rank 0's first block has passed a barrier
+// it. Receiving block of channel ch on home rank `rank` (DeepEP's
+// structure): lanes d < N of warp 0 mirror the tails of queues (ch, d) into
+// shared memory and move their heads; the other warps (the reducers) take
+// the channel's tokens in turn, each at its own pace: for token t each lane
+// d < N waits for the mirrored tail to pass the row at sendHead[t][d] (when
+// ≥ 0) of queue (ch, d); the warp loads every rank's vector of the row
+// before it adds them in rank order in fp32, and stores bf16 (then bf16
+// plus the shared expert's output) in Y; it then posts the next token it
+// takes. Warp 0 moves queue d's head past the rows of every token before
+// the lowest posted one. Senders start after rank 0's first block has passed a barrier
 // that every rank reaches once its dispatch is done (the rings are the
 // dispatch's bytes). BWD (deepep_combine_bwd, the dispatch's backward): the rows are the
 // copies' input gradients ExpertDX, and each row also carries its token's K
@@ -388,7 +463,10 @@ template <bool BWD> __device__ __forceinline__ void de_combine(mb_comm c, int fi
     __shared__ int ok[DE_N], go;
     __shared__ int order[MB_WARPS][32];       // sending: a token's expert rows, ascending expert
     __shared__ int posOf[MB_WARPS][DE_N];     // receiving: a token's stream position in each rank's queue
-    __shared__ long rowOf[MB_WARPS][DE_N];    // and its row in the queue's ring (−1: none)
+    __shared__ int rowOf[MB_WARPS][DE_N];     // and its row's first vector in the rings (−1: none)
+    __shared__ int tails[DE_N];               // receiving: the queues' tails, mirrored by warp 0
+    __shared__ int next[MB_WARPS];            // a reducer's next token (it is done with the channel's before it)
+    __shared__ int stop;                      // a reducer gave up
     const int local = blockIdx.x / (2 * DE_C), rank = first + local, bb = blockIdx.x % (2 * DE_C), ch = bb / 2;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, peer = warp / DE_GROUP, gw = warp % DE_GROUP;
     const bool lead = threadIdx.x % (DE_GROUP * 32) == 0;
@@ -450,14 +528,14 @@ template <bool BWD> __device__ __forceinline__ void de_combine(mb_comm c, int fi
 #pragma unroll
                     for (int u = 0; u < 8; u++) acc[u] = 0.f;
                     for (int o = 0; o < count; o++) {
-                        unpack8(y[(long)order[warp][o] * DE_VECS + v], f);
+                        unpack8(de_ld_nc(y + (long)order[warp][o] * DE_VECS + v), f);
 #pragma unroll
                         for (int u = 0; u < 8; u++) acc[u] += f[u];
                     }
                     bf16 out[8];
 #pragma unroll
                     for (int u = 0; u < 8; u++) out[u] = f2bf(acc[u]);
-                    rows[s * DE_VECS + v] = pack8(out);
+                    de_st_na(rows + s * DE_VECS + v, pack8(out));
                 }
                 __syncwarp(); // order[warp] is rewritten by the next token
             }
@@ -467,72 +545,94 @@ template <bool BWD> __device__ __forceinline__ void de_combine(mb_comm c, int fi
         }
         return;
     }
-    // receive: tokens lo + round·MB_WARPS + warp
+    // receive
     const int *sendHead = de_at<int>(fixed, MB_F_SEND_HEAD);
-    const uint4 *rows = de_at<uint4>(own, MB_Q_RINGS);
-    const int *srcs = de_at<int>(own, MB_Q_RINGS + DE_CROWS);
-    const int *grads = de_at<int>(own, MB_Q_RINGS + DE_CROWS + DE_CSRC);
-    uint4 *out = (uint4 *)de_slot(desc, rank, BWD ? DE_DX : DE_Y);
-    const uint4 *shared = BWD ? nullptr : (const uint4 *)de_slot(desc, rank, DE_SHARED);
-    float *dprobs = (float *)de_slot(desc, rank, DE_DPROBS);
     int lo, hi;
     de_channel(ch, lo, hi);
-    if (threadIdx.x == 0) go = 1;
-    __syncthreads();
-    for (int t0 = lo; t0 < hi; t0 += MB_WARPS) {
-        const int t = t0 + warp;
+    if (threadIdx.x < DE_N) tails[threadIdx.x] = 0;
+    if (threadIdx.x < MB_WARPS) next[threadIdx.x] = lo + threadIdx.x - 1;
+    if (threadIdx.x == 0) stop = 0;
+    __syncthreads(); // the only one: the reducers run free from here
+    if (warp == 0) { // lane d: queue (ch, d)'s tail into tails[d]; its head past the done tokens' rows
+        if (lane >= DE_N) return;
+        const int *tail = de_cmeta(own, 1, ch, lane);
+        int *head = de_cmeta(own, 0, ch, lane);
+        for (int t = lo, h = 0;;) {
+            de_st_release_cta(tails + lane, mb_ld_acquire_sys(tail));
+            int done = hi; // the reducers are done with every token before it
+            for (int w = 1; w < MB_WARPS; w++) done = min(done, de_ld_acquire_cta(next + w));
+            const int was = h;
+            for (; t < done; t++) {
+                const int p = sendHead[t * DE_N + lane];
+                if (p >= 0) h = p + 1;
+            }
+            if (h != was) mb_st_release_sys(head, h);
+            if (t >= hi || de_ld_acquire_cta(&stop)) return;
+        }
+    }
+    const uint4 *rows = de_at<uint4>(own, MB_Q_RINGS);
+    const int *srcs = de_at<int>(own, MB_Q_RINGS + DE_CROWS);
+    for (int t = lo + warp - 1; t < hi; t += MB_WARPS - 1) {
         int pos = -1;
         bool fine = true;
-        if (t < hi && lane < DE_N) {
+        if (lane < DE_N) {
             pos = sendHead[t * DE_N + lane];
             if (pos >= 0) {
-                fine = go && mb_wait_ge(c, rank, ph, DE_W_DATA, de_cmeta(own, 1, ch, lane), pos + 1) &&
+                const int *mirror = tails + lane;
+                fine = mb_wait(c, rank, ph, DE_W_DATA, pos + 1, [mirror] { return (long long)de_ld_acquire_cta(mirror); },
+                               [pos](long long v) { return v > pos; }) &&
                        mb_check(c, rank, ph, DE_W_TOKEN, mb_ld_volatile(srcs + de_cslot(ch, lane, pos % MB_CRING)), t);
             }
+            posOf[warp][lane] = pos, rowOf[warp][lane] = pos < 0 ? -1 : (int)(de_cslot(ch, lane, pos % MB_CRING) * DE_VECS);
         }
-        if (lane < DE_N) posOf[warp][lane] = pos, rowOf[warp][lane] = pos < 0 ? -1 : de_cslot(ch, lane, pos % MB_CRING) * DE_VECS;
-        if (!__all_sync(MB_FULL_MASK, fine)) go = 0;
-        __syncwarp();
-        if (t < hi && go) {
-            if (BWD && lane < DE_K) { // the probability gradients, in rank order from 0
-                float acc = 0.f;
-                for (int d = 0; d < DE_N; d++) {
-                    const int p = posOf[warp][d];
-                    if (p >= 0) acc += __int_as_float(mb_ld_volatile(grads + de_cslot(ch, d, p % MB_CRING) * DE_K + lane));
-                }
-                dprobs[(long)t * DE_K + lane] = acc;
+        if (!__all_sync(MB_FULL_MASK, fine)) {
+            if (lane == 0) de_st_release_cta(&stop, 1);
+            return;
+        }
+        __syncwarp(); // posOf[warp] and rowOf[warp], written by lanes < N
+        const unsigned from = __ballot_sync(MB_FULL_MASK, pos >= 0); // the ranks with a row of t
+        if (BWD && lane < DE_K) { // the probability gradients, in rank order from 0
+            const int *grads = de_at<int>(own, MB_Q_RINGS + DE_CROWS + DE_CSRC);
+            float acc = 0.f;
+            for (int d = 0; d < DE_N; d++) {
+                const int p = posOf[warp][d];
+                if (p >= 0) acc += __int_as_float(mb_ld_volatile(grads + de_cslot(ch, d, p % MB_CRING) * DE_K + lane));
             }
-            for (int v = lane; v < DE_VECS; v += 32) {
-                float acc[8], f[8];
+            ((float *)de_slot(desc, rank, DE_DPROBS))[(long)t * DE_K + lane] = acc;
+        }
+        uint4 *out = (uint4 *)de_slot(desc, rank, BWD ? DE_DX : DE_Y);
+        const uint4 *shared = BWD ? nullptr : (const uint4 *)de_slot(desc, rank, DE_SHARED);
+        for (int v = lane; v < DE_VECS; v += 32) {
+            // every rank's vector, loaded before the sum (the rows' places
+            // read from shared memory each time: 8 64-bit addresses kept
+            // across the loop would not fit the registers)
+            const volatile int *at = rowOf[warp];
+            uint4 in[DE_N];
 #pragma unroll
-                for (int u = 0; u < 8; u++) acc[u] = 0.f;
+            for (int d = 0; d < DE_N; d++)
+                if (from >> d & 1) in[d] = mb_ld_cg(rows + at[d] + v);
+            float acc[8], f[8];
 #pragma unroll
-                for (int d = 0; d < DE_N; d++) {
-                    const long at = rowOf[warp][d];
-                    if (at < 0) continue;
-                    unpack8(mb_ld_cg(rows + at + v), f);
+            for (int u = 0; u < 8; u++) acc[u] = 0.f;
 #pragma unroll
-                    for (int u = 0; u < 8; u++) acc[u] += f[u];
-                }
-                bf16 o[8];
+            for (int d = 0; d < DE_N; d++) {
+                if (!(from >> d & 1)) continue;
+                unpack8(in[d], f);
 #pragma unroll
-                for (int u = 0; u < 8; u++) o[u] = f2bf(acc[u]);
-                if (shared) {
-                    unpack8(shared[(long)t * DE_VECS + v], f);
-#pragma unroll
-                    for (int u = 0; u < 8; u++) o[u] = f2bf(bf2f(o[u]) + f[u]);
-                }
-                out[(long)t * DE_VECS + v] = pack8(o);
+                for (int u = 0; u < 8; u++) acc[u] += f[u];
             }
+            bf16 o[8];
+#pragma unroll
+            for (int u = 0; u < 8; u++) o[u] = f2bf(acc[u]);
+            if (shared) {
+                unpack8(de_ld_nc(shared + (long)t * DE_VECS + v), f);
+#pragma unroll
+                for (int u = 0; u < 8; u++) o[u] = f2bf(bf2f(o[u]) + f[u]);
+            }
+            de_st_na(out + (long)t * DE_VECS + v, pack8(o));
         }
-        __syncthreads(); // the round's rows are read: the heads move past them
-        if (threadIdx.x < DE_N && go) {
-            int last = -1;
-            for (int w = 0; w < MB_WARPS; w++) last = max(last, posOf[w][threadIdx.x]);
-            if (last >= 0) mb_st_release_sys(de_cmeta(own, 0, ch, threadIdx.x), last + 1);
-        }
-        __syncthreads(); // posOf is rewritten next round
-        if (!go) break;
+        __syncwarp(); // the warp's reads of the rows, then its post (warp 0 then frees them)
+        if (lane == 0) de_st_release_cta(next + warp, t + MB_WARPS - 1);
     }
 }
 
