@@ -133,10 +133,15 @@ __device__ __forceinline__ int he_tile(int m, int n) { return m < n ? m : m - 1;
 // he_sync: a device barrier of every block of every rank: each block's
 // stores (peers' memory too) before it, every block waits for all. The
 // rank's last block to arrive meets the other ranks (mb_barrier on
-// flags, epoch) and tells its blocks. False when a wait gave up.
+// flags, epoch) and tells its blocks. Every thread fences the async
+// proxy on both sides: plain stores before it (combine's partial sums)
+// are read after it by bulk copies. (A thread's bulk stores are
+// published by its own release: it waits for them and fences first.)
+// False when a wait gave up.
 __device__ bool he_sync(const mb_comm &c, const he_rank *R, int *const *flags, int rank, int blocks, int phase, int epoch,
                         bool skip) {
     __shared__ int ok;
+    mb_fence_proxy_async();
     __syncthreads();
     if (threadIdx.x == 0) {
         int *s = R[rank].sync;
@@ -151,6 +156,7 @@ __device__ bool he_sync(const mb_comm &c, const he_rank *R, int *const *flags, i
         }
     }
     __syncthreads();
+    mb_fence_proxy_async();
     return ok;
 }
 
@@ -426,7 +432,10 @@ __device__ __forceinline__ void he_dispatch_body(mb_comm c, int first, int block
 #endif
         });
 #ifdef MB_BULK
-        if (lane == 0) mb_bulk_wait(); // the stores landed: the barrier publishes them
+        if (lane == 0) { // the stores landed, as this thread sees them: its own fence publishes them
+            mb_bulk_wait();
+            mb_fence_sys();
+        }
 #endif
     }
     if (!he_sync(c, R, flags, rank, blocks, ph, epoch + 1, buggy && (bug & 255) == BUG_NO_BARRIER)) return;
@@ -524,7 +533,7 @@ __device__ bool he_reduce(const mb_fifo &f, const mb_comm &c, int rank, int ph, 
 #pragma unroll
                         for (int x = 0; x < 8; x++) y[x] = f2bf(bf2f(y[x]) + a[x]);
                     }
-                    *(uint4 *)(out + at) = pack8(y);
+                    mb_stg16(out + at, pack8(y));
                 }
             }
         }
