@@ -22,8 +22,10 @@ const (
 )
 
 // stages is how many FIFO slots of slot bytes fit the shared-memory budget:
-// 3 to 9, a multiple of the kernels' 3 consumer warps (each slot has one).
-func stages(slot int) int { return 3 * max(1, min(3, fifoBudget/(slot+16)/3)) }
+// 3 to 12, a multiple of the kernels' 3 consumer warps (each slot has one).
+// A dispatch storer keeps all its slots but one reading (hybridep.cu's
+// S2G_INFLIGHT): up to 3 bulk-store groups each, 9 a block.
+func stages(slot int) int { return 3 * max(1, min(4, fifoBudget/(slot+16)/3)) }
 
 // programs makes the kernels' programs for shape, each covering parts
 // devices' launches; twins from d.

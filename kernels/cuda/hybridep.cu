@@ -338,6 +338,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) he_pack_bwd(int first, 
 #define SLOT (ROW + 4 * LDP) // a FIFO item: a token's row and its domain's probabilities
 #ifdef MB_BULK
 #define STORE_RELEASERS 1 // lane 0 stores with bulk copies
+// a storer's bulk-store groups left reading their slots while it goes on
+// (HybridEP keeps 8 in flight): all its slots but the one the loader
+// fills next, the oldest released as each new group is committed
+#define S2G_INFLIGHT (MB_HE_STAGES / (WARPS - 1) - 1)
 #else
 #define STORE_RELEASERS 32
 #endif
@@ -409,8 +413,10 @@ __device__ __forceinline__ void he_dispatch_body(mb_comm c, int first, int block
                         if (!BWD) mb_bulk_s2g(q.recv_p + (size_t)p * LDP, slot + ROW, 4 * LDP);
                     }
                     mb_bulk_commit();
-                    mb_bulk_wait_read();
-                    mb_fifo_release(f, it);
+                    // the group S2G_INFLIGHT items back has read its slot
+                    mb_bulk_wait_read_n<S2G_INFLIGHT>();
+                    const long long k = i / (WARPS - 1) - S2G_INFLIGHT;
+                    if (k >= 0) mb_fifo_release(f, mb_fifo_item(f, WARPS - 1, warp - 1, k));
                 }
             }
             return __shfl_sync(MB_FULL_MASK, ok, 0) != 0;
