@@ -227,7 +227,8 @@ func runDevice(t *testing.T, d *Device, sh dispatchers.Shape, devs []kernels.Dev
 
 // deviceCases are the layouts of the device tests: EP 2, 4 and 8, one
 // domain and several, ranks on one device and on several (across domains
-// on Emu one device per rank: the emulated NCCL needs it).
+// on Emu one device per rank: the emulated NCCL needs it), expert counts
+// that are multiples of 16, 8 and only 4.
 var deviceCases = []struct {
 	name   string
 	sh     dispatchers.Shape
@@ -238,6 +239,8 @@ var deviceCases = []struct {
 }{
 	{"ep2-one-device", dispatchers.Shape{Tokens: 37, Hidden: 16, Experts: 16, TopK: 6, EP: 2}, 0, 1, false, dt.Cancelling},
 	{"ep2-two-domains", dispatchers.Shape{Tokens: 37, Hidden: 16, Experts: 16, TopK: 6, EP: 2}, 1, 2, true, dt.Mild},
+	// 12 experts: the all-gather stores the map's rows 4 bytes at a time
+	{"ep2-twelve-experts", dispatchers.Shape{Tokens: 19, Hidden: 8, Experts: 12, TopK: 3, EP: 2}, 0, 1, false, dt.Mild},
 	{"ep4-two-devices-shared", dispatchers.Shape{Tokens: 29, Hidden: 24, Experts: 16, TopK: 5, EP: 4}, 0, 2, true, dt.Mild},
 	{"ep4-two-domains", dispatchers.Shape{Tokens: 29, Hidden: 8, Experts: 8, TopK: 3, EP: 4}, 2, 4, false, dt.Cancelling},
 	{"ep8-one-device", dispatchers.Shape{Tokens: 23, Hidden: 8, Experts: 16, TopK: 3, EP: 8}, 0, 1, false, dt.Mild},

@@ -6,8 +6,8 @@
 // (mb_wait):
 //   he_allgather   each rank's top-k as dense rows: its routing-map rows
 //                  stored into every rank's copy of the global map (peer
-//                  stores), its probabilities per domain; then a device
-//                  barrier
+//                  stores, up to 16 bytes of a row a thread), its
+//                  probabilities per domain; then a device barrier
 //   he_preprocess  from the global map alone, identically on every rank:
 //                  sparse_to_dense, dense_to_expert, the chunk layout, the
 //                  domains each token goes to and the inter-domain slots
@@ -162,21 +162,50 @@ __device__ bool he_sync(const mb_comm &c, const he_rank *R, int *const *flags, i
 
 // ---- allgather
 
+// MAPV: the bytes of a map row one thread builds and stores at once (the
+// widest vector, up to 16 bytes, that E is a multiple of: rows stay aligned)
+#define MAPV (E % 16 == 0 ? 16 : E % 8 == 0 ? 8 : E % 4 == 0 ? 4 : E % 2 == 0 ? 2 : 1)
+
+// he_store_map stores the first MAPV bytes of w (little-endian) at p
+__device__ __forceinline__ void he_store_map(unsigned char *p, const unsigned w[4]) {
+    if (MAPV == 16) {
+        uint4 v;
+        v.x = w[0], v.y = w[1], v.z = w[2], v.w = w[3];
+        *(uint4 *)p = v;
+    } else if (MAPV == 8) {
+        *(unsigned long long *)p = w[0] | (unsigned long long)w[1] << 32;
+    } else if (MAPV == 4) {
+        *(unsigned *)p = w[0];
+    } else if (MAPV == 2) {
+        *(unsigned short *)p = (unsigned short)w[0];
+    } else {
+        *p = (unsigned char)w[0];
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
     he_allgather(mb_comm c, int first, int blocks, int epoch, const he_rank *R, int *const *flags) {
     const int rank = first + blockIdx.x / blocks, b = blockIdx.x % blocks, lane = threadIdx.x % 32;
     const he_rank me = R[rank];
+    // the map: each thread MAPV bytes of a row (experts e0, e0 + 1, …) from
+    // the token's top-k, stored as one vector into every rank's copy
+    for (int x = b * THREADS + threadIdx.x; x < T * (E / MAPV); x += blocks * THREADS) {
+        const int t = x / (E / MAPV), e0 = x % (E / MAPV) * MAPV;
+        unsigned w[4] = {0, 0, 0, 0};
+#pragma unroll
+        for (int j = 0; j < MB_HE_TOPK; j++) {
+            const int e = me.idx[t * MB_HE_TOPK + j] - e0;
+            const bool in = e >= 0 && e < MAPV;
+#pragma unroll
+            for (int q = 0; q < 4; q++) w[q] |= in && e >> 2 == q ? 1u << 8 * (e & 3) : 0u;
+        }
+        for (int q = 0; q < N; q++) he_store_map(R[q].gmap + ((size_t)rank * T + t) * E + e0, w);
+    }
     for (int t = b * WARPS + threadIdx.x / 32; t < T; t += blocks * WARPS) {
         int e_of[MB_HE_TOPK];
         float p_of[MB_HE_TOPK];
 #pragma unroll
         for (int j = 0; j < MB_HE_TOPK; j++) e_of[j] = me.idx[t * MB_HE_TOPK + j], p_of[j] = me.probs[t * MB_HE_TOPK + j];
-        for (int e = lane; e < E; e += 32) {
-            unsigned char on = 0;
-#pragma unroll
-            for (int j = 0; j < MB_HE_TOPK; j++) on |= e_of[j] == e;
-            for (int q = 0; q < N; q++) R[q].gmap[((size_t)rank * T + t) * E + e] = on;
-        }
         for (int x = lane; x < M * LDP; x += 32) {
             const int m = x / LDP, e = m * LD + x % LDP;
             float p = 0.f;
