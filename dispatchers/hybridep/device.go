@@ -67,7 +67,10 @@ type Device struct {
 	world bool
 	progs programs
 	bug   int32 // tests: breaks the kernels' protocol (hybridep.cu's BUG_*)
-	moved moved // the last step's, from the routing map
+	// noBulk (tests): the kernels' 16-byte path where the bulk-copy path
+	// would be compiled (MB_NO_BULK; hostsim compiles the bulk path)
+	noBulk bool
+	moved  moved // the last step's, from the routing map
 	// backward: the last step ran the backward (Traffic counts its bytes);
 	// set by the first part's thread, reset in its allgather
 	backward bool

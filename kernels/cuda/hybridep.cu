@@ -25,8 +25,9 @@
 //                  domains' homes; stage 2: each home's sum of its domain's
 //                  partials and the pre-reduced sums (after the host's
 //                  inter-domain exchange), then a barrier. Sums go through
-//                  the FIFO in column chunks, float32 from 0 in the
-//                  design's order, rounded to bf16 where the design rounds.
+//                  two pipelines of whole-row FIFOs (a loader warp and two
+//                  reducer warps each), float32 from 0 in the design's
+//                  order, rounded to bf16 where the design rounds.
 // The backward (kernels/BACKWARD.md) runs the same kernels in their
 // backward forms, separate entry points of the same bodies (template
 // BWD), over the forward's routing map and preprocessing:
@@ -44,7 +45,8 @@
 //                    domain (fp32, to the send buffer's, then the
 //                    inter-domain path), and each home takes its token's
 //                    k from them into DProbs (a slot's one term, from 0).
-// The FIFOs' stages are a multiple of WARPS − 1 (one slot, one consumer).
+// Dispatch's FIFO stages are a multiple of WARPS − 1 (one slot, one
+// consumer); each combine pipeline has MB_HE_STAGES of its own.
 // Rows move with bulk copies on the bulk path (moebench.cuh, MB_BULK),
 // 16-byte accesses otherwise.
 #include "moebench.cuh"
@@ -61,9 +63,8 @@
 #define ROW (2 * H) // bytes
 #define CHUNK MB_HE_CHUNK
 #define CHUNKS ((T + CHUNK - 1) / CHUNK)
-#define WARPS 4 // dispatch and combine: a loader and three storers or reducers
+#define WARPS 4 // dispatch: a loader and three storers (combine: CWARPS)
 #define THREADS (32 * WARPS)
-#define COLS 2048 // bytes of a row summed per FIFO item
 #define PRE_THREADS 256
 
 // Phases and waits (dispatchers/hybridep names them)
@@ -495,84 +496,142 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     he_dispatch_body<true>(c, first, blocks, epoch, R, flags, bug);
 }
 
-// ---- combine: sums through the FIFO. The loader stages each output's
-// terms, column chunk by column chunk (COLS bytes); the output's reducer
-// warp adds them, float32 from 0 in order, and stores the bf16 sum (with
-// the shared expert's output added and rounded again, at home).
+// ---- combine: sums through FIFOs of whole rows (HybridEP's combine: 2
+// loader warps, 4 reducer warps). The block is two pipelines: loader warp
+// p stages every term of its outputs, a whole row an item, in FIFO p
+// (MB_HE_STAGES slots); reducer warps 2 + 2p and 3 + 2p (64 threads, a
+// 16-byte piece of the row in 64 per thread) add them, float32 from 0 in
+// order, and store the bf16 sum (with the shared expert's output added
+// and rounded again, at home): on the bulk path into one of the
+// pipeline's OUT_STAGES output rows in shared memory, which one thread
+// stores with a bulk copy (its previous one left reading); otherwise
+// with 16-byte stores.
 
-#define CHUNK_BYTES (ROW < COLS ? ROW : COLS)
-#define COL_CHUNKS ((ROW + COLS - 1) / COLS)
-#define PER_LANE (CHUNK_BYTES / 16 + 31) / 32 // 16-byte pieces of a chunk per lane
+#define CWARPS 6
+#define CTHREADS (32 * CWARPS)
+#define PIPES 2
+#define PIPE_THREADS 64                                   // a pipeline's reducers
+#define ACC ((ROW / 16 + PIPE_THREADS - 1) / PIPE_THREADS) // 16-byte pieces of a row per reducer
+#define CFIFO_BYTES (16 * MB_HE_STAGES + MB_HE_STAGES * ROW) // a pipeline's FIFO (kernels.FIFOBytes)
+#ifdef MB_BULK
+#define OUT_STAGES 2
+#else
+#define OUT_STAGES 1 // (unused)
+#endif
+
+// he_outs: the pipelines' output rows (after their FIFOs) and their
+// barriers: full, the pipeline's reducers' stores in; empty, the bulk
+// store's read of it done
+struct he_outs {
+    unsigned char *rows;
+    mb_mbar *full, *empty;
+    long long k, released; // the pipeline's outputs so far, the rows released (its storer's)
+};
 
 // he_reduce: the rank's block b sums outputs o = b, b + blocks, … < count
-// of S (terms(o), term(o, x), out(o), add(o)), its waits in phase ph; output o's reducer is
-// warp 1 + (its rank among the block's outputs) mod 3, whose items follow
-// each other in its FIFO slots (put: the loader's count of each reducer's
-// items, in shared memory; mine: this reducer's). False when a wait gave
-// up.
+// of S (terms(o), term(o, x), out(o), add(o)), its waits in phase ph; the
+// block's k-th output with terms goes to pipeline k mod 2. items counts
+// the thread's FIFO items (a loader's puts, a reducer's takes) from one
+// call to the next. False when a wait gave up.
 template <class S>
-__device__ bool he_reduce(const mb_fifo &f, const mb_comm &c, int rank, int ph, int b, int blocks, int count, const S &s,
-                          long long *put, long long &mine_k) {
+__device__ bool he_reduce(const mb_comm &c, int rank, int ph, int b, int blocks, int count, const S &s, long long &items,
+                          he_outs &os) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const bool loader = warp < PIPES;
+    const int pipe = loader ? warp : (warp - PIPES) / 2, pt = threadIdx.x - 32 * PIPES - PIPE_THREADS * pipe;
+    const mb_fifo f = mb_fifo_at(mb_dynamic_smem() + pipe * CFIFO_BYTES, MB_HE_STAGES, ROW);
     int ok = 1;
-    for (int o = b, k = 0; o < count && ok; o += blocks, k++) {
+    for (int o = b, k = 0; o < count && ok; o += blocks) {
         const int nt = s.terms(o);
         if (nt == 0) continue; // no output (a pre-reduction for a token this domain does not hold)
-        const int owner = k % (WARPS - 1);
-        const bool mine = warp == 1 + owner;
-        for (int cc = 0; cc < COL_CHUNKS && ok; cc++) {
-            const unsigned off = cc * COLS, bytes = min(COLS, ROW - (int)off);
-            float acc[PER_LANE][8];
-#pragma unroll
-            for (int p = 0; p < PER_LANE; p++)
-#pragma unroll
-                for (int x = 0; x < 8; x++) acc[p][x] = 0.f;
+        if (k++ % PIPES != pipe) continue;
+        if (loader) {
             for (int x = 0; x < nt && ok; x++) {
-                if (warp == 0) {
-                    const void *src[1] = {(const unsigned char *)s.term(o, x) + off};
-                    ok = mb_fifo_put(f, c, rank, ph, W_EMPTY, mb_fifo_item(f, WARPS - 1, owner, put[owner]), 1, src, &bytes);
-                    __syncwarp();
-                    if (lane == 0) put[owner]++;
-                    __syncwarp();
-                } else if (mine) {
-                    const mb_item it = mb_fifo_item(f, WARPS - 1, owner, mine_k++);
-                    unsigned char *slot = mb_fifo_wait(f, c, rank, ph, W_FULL, it);
-                    ok = __all_sync(MB_FULL_MASK, slot != nullptr);
-                    if (!ok) break;
+                const void *src[1] = {s.term(o, x)};
+                const unsigned bytes = ROW;
+                ok = mb_fifo_put(f, c, rank, ph, W_EMPTY, mb_fifo_item(f, 1, 0, items++), 1, src, &bytes);
+            }
+            continue;
+        }
+        float acc[ACC][8];
 #pragma unroll
-                    for (int p = 0; p < PER_LANE; p++) {
-                        const unsigned at = 16 * (p * 32 + lane);
-                        if (at < bytes) {
-                            float v[8];
-                            unpack8(mb_lds16(slot + at), v);
+        for (int p = 0; p < ACC; p++)
 #pragma unroll
-                            for (int y = 0; y < 8; y++) acc[p][y] += v[y];
-                        }
-                    }
-                    mb_fifo_release(f, it);
+            for (int x = 0; x < 8; x++) acc[p][x] = 0.f;
+        for (int x = 0; x < nt && ok; x++) {
+            const mb_item it = mb_fifo_item(f, 1, 0, items++);
+            unsigned char *slot = mb_fifo_wait(f, c, rank, ph, W_FULL, it);
+            ok = __all_sync(MB_FULL_MASK, slot != nullptr);
+            if (!ok) break;
+#pragma unroll
+            for (int p = 0; p < ACC; p++) {
+                const unsigned at = 16 * (p * PIPE_THREADS + pt);
+                if (at < ROW) {
+                    float v[8];
+                    unpack8(mb_lds16(slot + at), v);
+#pragma unroll
+                    for (int y = 0; y < 8; y++) acc[p][y] += v[y];
                 }
             }
-            if (mine && ok) {
-                unsigned char *out = (unsigned char *)s.out(o) + off;
-                const unsigned char *add = (const unsigned char *)s.add(o);
+            mb_fifo_release(f, it);
+        }
+        if (!ok) break;
+        const unsigned char *add = (const unsigned char *)s.add(o);
+#ifdef MB_BULK
+        // the output row: wait until its previous bulk store has read it
+        const int r = (int)(os.k % OUT_STAGES), round = (int)(os.k / OUT_STAGES);
+        unsigned char *row = os.rows + (pipe * OUT_STAGES + r) * ROW;
+        ok = __all_sync(MB_FULL_MASK, mb_mbar_wait(c, rank, ph, W_EMPTY, os.empty + pipe * OUT_STAGES + r, (round & 1) ^ 1));
+        if (!ok) break;
+#else
+        unsigned char *out = (unsigned char *)s.out(o);
+#endif
 #pragma unroll
-                for (int p = 0; p < PER_LANE; p++) {
-                    const unsigned at = 16 * (p * 32 + lane);
-                    if (at >= bytes) continue;
-                    bf16 y[8];
+        for (int p = 0; p < ACC; p++) {
+            const unsigned at = 16 * (p * PIPE_THREADS + pt);
+            if (at >= ROW) continue;
+            bf16 y[8];
 #pragma unroll
-                    for (int x = 0; x < 8; x++) y[x] = f2bf(acc[p][x]);
-                    if (add) {
-                        float a[8];
-                        unpack8(*(const uint4 *)(add + off + at), a);
+            for (int x = 0; x < 8; x++) y[x] = f2bf(acc[p][x]);
+            if (add) {
+                float a[8];
+                unpack8(*(const uint4 *)(add + at), a);
 #pragma unroll
-                        for (int x = 0; x < 8; x++) y[x] = f2bf(bf2f(y[x]) + a[x]);
-                    }
-                    mb_stg16(out + at, pack8(y));
-                }
+                for (int x = 0; x < 8; x++) y[x] = f2bf(bf2f(y[x]) + a[x]);
+            }
+#ifdef MB_BULK
+            mb_sts16(row + at, pack8(y));
+#else
+            mb_stg16(out + at, pack8(y));
+#endif
+        }
+#ifdef MB_BULK
+        // the reducers' stores, seen by the bulk copy (async proxy), in
+        mb_fence_proxy_async();
+        mb_mbar_arrive(os.full + pipe * OUT_STAGES + r);
+        if (pt == 0) { // the pipeline's storer
+            ok = mb_mbar_wait(c, rank, ph, W_FULL, os.full + pipe * OUT_STAGES + r, round & 1);
+            if (ok) {
+                mb_bulk_s2g(s.out(o), row, ROW);
+                mb_bulk_commit();
+                // release the rows whose stores have read them (all but the
+                // latest OUT_STAGES − 1)
+                mb_bulk_wait_read_n<OUT_STAGES - 1>();
+                for (; os.released <= os.k - (OUT_STAGES - 1); os.released++)
+                    mb_mbar_arrive(os.empty + pipe * OUT_STAGES + (int)(os.released % OUT_STAGES));
             }
         }
+        os.k++;
+        ok = __shfl_sync(MB_FULL_MASK, ok, 0);
+#endif
     }
+#ifdef MB_BULK
+    if (!loader && pt == 0) { // the sums landed: this thread's fence publishes them
+        mb_bulk_wait();
+        for (; os.released < os.k; os.released++) mb_mbar_arrive(os.empty + pipe * OUT_STAGES + (int)(os.released % OUT_STAGES));
+        mb_fence_sys();
+    }
+#endif
     __shared__ int all;
     __syncthreads();
     if (threadIdx.x == 0) all = 1;
@@ -683,7 +742,7 @@ template <bool BWD> struct he_home {
 // (LDP) places, its copies' ExpertDProbs at the rank's own, 0 elsewhere.
 __device__ __forceinline__ void he_dp_partials(const he_rank &me, int l, int b, int blocks) {
     const int received = me.meta[META_COUNTS + L];
-    for (int x = b * THREADS + threadIdx.x; x < received * LDP; x += blocks * THREADS) {
+    for (int x = b * CTHREADS + threadIdx.x; x < received * LDP; x += blocks * CTHREADS) {
         const int i = x / LDP, e = x % LDP - l * L;
         float v = 0.f;
         if (e >= 0 && e < L) {
@@ -709,7 +768,7 @@ __device__ __forceinline__ float he_dp_domain(const he_rank *R, int reader, int 
 // domains' homes, into its send buffer's probability rows (as he_prereduce).
 __device__ __forceinline__ void he_dp_prereduce(const he_rank *R, int rank, int b, int blocks) {
     const int m = rank / D;
-    for (int x = b * THREADS + threadIdx.x; x < (M - 1) * T * LDP; x += blocks * THREADS) {
+    for (int x = b * CTHREADS + threadIdx.x; x < (M - 1) * T * LDP; x += blocks * CTHREADS) {
         const int o = x / LDP, e = x % LDP, k = o / T, sn = k < m ? k : k + 1, t = o % T;
         const int s = R[rank].meta[META_RECV + sn * T + t];
         if (s < 0) continue;
@@ -723,7 +782,7 @@ __device__ __forceinline__ void he_dp_prereduce(const he_rank *R, int rank, int 
 __device__ __forceinline__ void he_dp_home(const he_rank *R, int rank, int b, int blocks) {
     const int n = rank / D;
     const he_rank &me = R[rank];
-    for (int x = b * THREADS + threadIdx.x; x < T * MB_HE_TOPK; x += blocks * THREADS) {
+    for (int x = b * CTHREADS + threadIdx.x; x < T * MB_HE_TOPK; x += blocks * CTHREADS) {
         const int t = x / MB_HE_TOPK, ex = me.idx[x], dm = ex / LD, e = ex % LD;
         float acc = 0.f;
         if (dm == n) acc = he_dp_domain(R, rank, n, t, e);
@@ -744,36 +803,36 @@ __device__ __forceinline__ void he_combine_body(mb_comm c, int first, int blocks
     const int ph = BWD ? PH_DISPATCH_BWD : PH_COMBINE;
     const bool stop = BWD && (bug >> 8) == rank && (bug & 255) == BUG_BWD_NO_BARRIER;
     const he_rank me = R[rank];
-    const mb_fifo f = mb_fifo_at(mb_dynamic_smem(), MB_HE_STAGES, CHUNK_BYTES);
-    __shared__ long long put[WARPS - 1]; // the loader's count of each reducer's items
+    __shared__ mb_mbar ofull[PIPES * OUT_STAGES], oempty[PIPES * OUT_STAGES];
     if (threadIdx.x == 0) {
-        mb_fifo_init(f, 32);
-        for (int w = 0; w < WARPS - 1; w++) put[w] = 0;
+        for (int p = 0; p < PIPES; p++) mb_fifo_init(mb_fifo_at(mb_dynamic_smem() + p * CFIFO_BYTES, MB_HE_STAGES, ROW), PIPE_THREADS);
+        for (int r = 0; r < PIPES * OUT_STAGES; r++) mb_mbar_init(ofull + r, PIPE_THREADS), mb_mbar_init(oempty + r, 1);
     }
     mb_mbar_init_fence();
     __syncthreads();
-    long long mine = 0; // a reducer's count of its items
+    long long items = 0; // the thread's FIFO items (a loader's, a reducer's)
+    he_outs os = {mb_dynamic_smem() + PIPES * CFIFO_BYTES, ofull, oempty, 0, 0};
     if (stage != 2) {
-        if (!he_reduce(f, c, rank, ph, b, blocks, me.meta[META_COUNTS + L], he_partials{me, BWD ? me.edx : me.ey}, put, mine)) return;
+        if (!he_reduce(c, rank, ph, b, blocks, me.meta[META_COUNTS + L], he_partials{me, BWD ? me.edx : me.ey}, items, os)) return;
         if (BWD) he_dp_partials(me, rank % D, b, blocks);
         if (stop || !he_sync(c, R, flags, rank, blocks, ph, epoch, false)) return;
-        if (M > 1 && !he_reduce(f, c, rank, ph, b, blocks, (M - 1) * T, he_prereduce{R, rank}, put, mine)) return;
+        if (M > 1 && !he_reduce(c, rank, ph, b, blocks, (M - 1) * T, he_prereduce{R, rank}, items, os)) return;
         if (BWD && M > 1) he_dp_prereduce(R, rank, b, blocks);
         epoch++;
     }
     if (stage != 1) {
-        if (!he_reduce(f, c, rank, ph, b, blocks, T, he_home<BWD>{R, rank}, put, mine)) return;
+        if (!he_reduce(c, rank, ph, b, blocks, T, he_home<BWD>{R, rank}, items, os)) return;
         if (BWD) he_dp_home(R, rank, b, blocks);
         he_sync(c, R, flags, rank, blocks, ph, epoch, false);
     }
 }
 
-extern "C" __global__ void __launch_bounds__(THREADS, 1)
+extern "C" __global__ void __launch_bounds__(CTHREADS, 1)
     he_combine(mb_comm c, int first, int blocks, int epoch, const he_rank *R, int *const *flags, int stage) {
     he_combine_body<false>(c, first, blocks, epoch, R, flags, stage, 0);
 }
 
-extern "C" __global__ void __launch_bounds__(THREADS, 1)
+extern "C" __global__ void __launch_bounds__(CTHREADS, 1)
     he_combine_bwd(mb_comm c, int first, int blocks, int epoch, const he_rank *R, int *const *flags, int stage, int bug) {
     he_combine_body<true>(c, first, blocks, epoch, R, flags, stage, bug);
 }
