@@ -18,6 +18,8 @@ const (
 	heThreads    = 128
 	hePreThreads = 256
 	heCThreads   = 192 // combine: 2 loader warps, 4 reducer warps (PIPES pipelines)
+	hePThreads   = 128 // permute: PWARPS warps
+	hePStages    = 3   // each permute warp's rows in shared memory (PSTAGES, the bulk path's)
 	hePipes      = 2
 	heOutStages  = 2 // a combine pipeline's output rows (OUT_STAGES, the bulk path's)
 	fifoBudget   = 200 << 10
@@ -50,16 +52,19 @@ func (g geom) programs(sh dispatchers.Shape, blocks int, d *Device) programs {
 			"MB_HE_CHUNK": fmt.Sprint(g.chunk), "MB_HE_STAGES": fmt.Sprint(st), "MB_NO_BULK": noBulk}
 	}
 	sd, sc := stages(slot), combineStages(row)
+	permuteShared := hePThreads / 32 * kernels.FIFOBytes(hePStages, row)
 	combineShared := hePipes*kernels.FIFOBytes(sc, row) + hePipes*heOutStages*row
 	ps := map[string]*kernels.Program{
 		"allgather":  {File: "hybridep.cu", Kernel: "he_allgather", Block: heThreads, Defs: defs(sd), Twin: d.allgatherTwin},
 		"preprocess": {File: "hybridep.cu", Kernel: "he_preprocess", Block: hePreThreads, Defs: defs(sd), Twin: d.preprocessTwin},
 		"pack":       {File: "hybridep.cu", Kernel: "he_pack", Block: heThreads, Defs: defs(sd), Twin: d.packTwin},
 		"dispatch":   {File: "hybridep.cu", Kernel: "he_dispatch", Block: heThreads, Defs: defs(sd), Shared: kernels.FIFOBytes(sd, slot), Twin: d.dispatchTwin},
+		"permute":    {File: "hybridep.cu", Kernel: "he_permute", Block: hePThreads, Defs: defs(sd), Shared: permuteShared, Twin: d.permuteTwin},
 		"combine":    {File: "hybridep.cu", Kernel: "he_combine", Block: heCThreads, Defs: defs(sc), Shared: combineShared, Twin: d.combineTwin},
 		// the backward's forms (devbackward.go)
 		"pack-bwd":     {File: "hybridep.cu", Kernel: "he_pack_bwd", Block: heThreads, Defs: defs(sd), Twin: d.packBwdTwin},
 		"dispatch-bwd": {File: "hybridep.cu", Kernel: "he_dispatch_bwd", Block: heThreads, Defs: defs(sd), Shared: kernels.FIFOBytes(sd, slot), Twin: d.dispatchBwdTwin},
+		"permute-bwd":  {File: "hybridep.cu", Kernel: "he_permute_bwd", Block: hePThreads, Defs: defs(sd), Shared: permuteShared, Twin: d.permuteBwdTwin},
 		"combine-bwd":  {File: "hybridep.cu", Kernel: "he_combine_bwd", Block: heCThreads, Defs: defs(sc), Shared: combineShared, Twin: d.combineBwdTwin},
 	}
 	p := programs{col: map[string]*kernels.Collective{}}

@@ -16,9 +16,9 @@
 //   he_dispatch    barrier; a loader warp stages each forwarded token (row
 //                  and its domain's probabilities) in a shared FIFO, storer
 //                  warps write it into every destination rank's receive
-//                  buffer at its final position (peer stores); barrier;
-//                  each rank places its received tokens at their experts'
-//                  rows (permute)
+//                  buffer at its final position (peer stores); barrier
+//   he_permute     (blocks of its own) each rank places its received
+//                  tokens at their experts' rows
 //   he_combine     stage 1: each rank's partial sums of its received tokens
 //                  (unpermute: its local experts' outputs), barrier, and
 //                  with several domains the pre-reduction for the other
@@ -336,9 +336,19 @@ extern "C" __global__ void __launch_bounds__(PRE_THREADS, 1) he_preprocess(int f
 // needs, at its slot of the send to that domain (the inter-domain path's
 // staging; the host then sends it with NCCL to the rank of the same local
 // index there).
+// he_copy_row: the warp copies a row, COPY_UNROLL 16-byte loads in
+// flight per lane before their stores
+#define COPY_UNROLL 4
 __device__ __forceinline__ void he_copy_row(void *dst, const void *src, unsigned bytes) {
-    for (unsigned b = 16 * (threadIdx.x % 32); b < bytes; b += 16 * 32)
-        *(uint4 *)((unsigned char *)dst + b) = *(const uint4 *)((const unsigned char *)src + b);
+    for (unsigned b0 = 16 * (threadIdx.x % 32); b0 < bytes; b0 += COPY_UNROLL * 16 * 32) {
+        uint4 v[COPY_UNROLL];
+#pragma unroll
+        for (int u = 0; u < COPY_UNROLL; u++)
+            if (b0 + u * 16 * 32 < bytes) v[u] = *(const uint4 *)((const unsigned char *)src + b0 + u * 16 * 32);
+#pragma unroll
+        for (int u = 0; u < COPY_UNROLL; u++)
+            if (b0 + u * 16 * 32 < bytes) *(uint4 *)((unsigned char *)dst + b0 + u * 16 * 32) = v[u];
+    }
 }
 
 // BWD: the output gradients, without probabilities.
@@ -406,7 +416,7 @@ template <class F> __device__ void he_forwarded(const he_rank &me, const bf16 *x
 template <bool BWD>
 __device__ __forceinline__ void he_dispatch_body(mb_comm c, int first, int blocks, int epoch, const he_rank *R, int *const *flags,
                                                  int bug) {
-    const int rank = first + blockIdx.x / blocks, b = blockIdx.x % blocks, n = rank / D, l = rank % D;
+    const int rank = first + blockIdx.x / blocks, b = blockIdx.x % blocks, n = rank / D;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int ph = BWD ? PH_COMBINE_BWD : PH_DISPATCH;
     const bool buggy = !BWD && (bug >> 8) == rank;
@@ -474,16 +484,8 @@ __device__ __forceinline__ void he_dispatch_body(mb_comm c, int first, int block
         }
 #endif
     }
-    if (!he_sync(c, R, flags, rank, blocks, ph, epoch + 1, buggy && (bug & 255) == BUG_NO_BARRIER)) return;
-    // permute: each received token to its local experts' rows
-    const int *d2e = me.meta + META_D2E, received = me.meta[META_COUNTS + L];
-    for (int i = b * WARPS + warp; i < received; i += blocks * WARPS)
-        for (int e = 0; e < L; e++) {
-            const int p = d2e[(size_t)i * L + e];
-            if (p < 0) continue;
-            he_copy_row((BWD ? me.edy : me.ex) + (size_t)p * H, me.recv_x + (size_t)i * H, ROW);
-            if (!BWD && lane == 0) me.ep[p] = me.recv_p[(size_t)i * LDP + l * L + e];
-        }
+    // every rank's receive buffer complete (he_permute follows on the stream)
+    he_sync(c, R, flags, rank, blocks, ph, epoch + 1, buggy && (bug & 255) == BUG_NO_BARRIER);
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
@@ -494,6 +496,79 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
     he_dispatch_bwd(mb_comm c, int first, int blocks, int epoch, const he_rank *R, int *const *flags, int bug) {
     he_dispatch_body<true>(c, first, blocks, epoch, R, flags, bug);
+}
+
+// ---- permute: HybridEP's permute kernel, blocks of its own after the
+// dispatch (the rank's received rows are all in): each received token's
+// row to its local experts' rows (BWD: ExpertDY's), its probability with
+// it. The rank's block b takes tokens b·PWARPS + warp, then every
+// blocks·PWARPS-th. On the bulk path each warp's lane 0 keeps a ring of
+// PSTAGES rows in shared memory (a FIFO whose producer and consumer are
+// itself): bulk loads of the next rows in flight while each loaded row
+// goes out to its experts' rows as bulk stores; otherwise the warp copies
+// with COPY_UNROLL 16-byte loads in flight per lane.
+#define PWARPS 4
+#define PTHREADS (32 * PWARPS)
+#define PSTAGES 3 // a warp's rows (kernels.FIFOBytes(PSTAGES, ROW) each)
+
+template <bool BWD> __device__ __forceinline__ void he_permute_body(int first, int blocks, const he_rank *R) {
+    const int rank = first + blockIdx.x / blocks, b = blockIdx.x % blocks, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int l = rank % D;
+    const he_rank me = R[rank];
+    const int *d2e = me.meta + META_D2E, received = me.meta[META_COUNTS + L];
+    bf16 *dst = BWD ? me.edy : me.ex;
+    const int i0 = b * PWARPS + warp, stride = blocks * PWARPS;
+#ifdef MB_BULK
+    const mb_fifo f = mb_fifo_at(mb_dynamic_smem() + warp * (16 * PSTAGES + PSTAGES * ROW), PSTAGES, ROW);
+    if (lane == 0) mb_fifo_init(f, 1);
+    mb_mbar_init_fence();
+    __syncthreads();
+    if (lane != 0) return;
+    const int n = i0 < received ? (received - 1 - i0) / stride + 1 : 0; // the warp's tokens
+    // load: the k-th token's row into its slot, once the slot's last
+    // stores have read it (released below)
+    auto load = [&](int k) {
+        const mb_item it = mb_fifo_item(f, 1, 0, k);
+        while (!mb_mbar_test(f.empty + it.slot, (it.round & 1) ^ 1)) {
+        }
+        mb_mbar_arrive_expect_tx(f.full + it.slot, ROW);
+        mb_bulk_g2s(mb_fifo_slot(f, it), me.recv_x + (size_t)(i0 + k * stride) * H, ROW, f.full + it.slot);
+    };
+    for (int k = 0; k < min(PSTAGES, n); k++) load(k);
+    for (int k = 0; k < n; k++) {
+        const int i = i0 + k * stride;
+        const mb_item it = mb_fifo_item(f, 1, 0, k);
+        while (!mb_mbar_test(f.full + it.slot, it.round & 1)) {
+        }
+        for (int e = 0; e < L; e++) {
+            const int p = d2e[(size_t)i * L + e];
+            if (p < 0) continue;
+            mb_bulk_s2g(dst + (size_t)p * H, mb_fifo_slot(f, it), ROW);
+            if (!BWD) me.ep[p] = me.recv_p[(size_t)i * LDP + l * L + e];
+        }
+        mb_bulk_commit();
+        mb_bulk_wait_read(); // the slot read (its writes go on)
+        mb_fifo_release(f, it);
+        if (k + PSTAGES < n) load(k + PSTAGES);
+    }
+    mb_bulk_wait();
+#else
+    for (int i = i0; i < received; i += stride)
+        for (int e = 0; e < L; e++) {
+            const int p = d2e[(size_t)i * L + e];
+            if (p < 0) continue;
+            he_copy_row(dst + (size_t)p * H, me.recv_x + (size_t)i * H, ROW);
+            if (!BWD && lane == 0) me.ep[p] = me.recv_p[(size_t)i * LDP + l * L + e];
+        }
+#endif
+}
+
+extern "C" __global__ void __launch_bounds__(PTHREADS, 1) he_permute(int first, int blocks, const he_rank *R) {
+    he_permute_body<false>(first, blocks, R);
+}
+
+extern "C" __global__ void __launch_bounds__(PTHREADS, 1) he_permute_bwd(int first, int blocks, const he_rank *R) {
+    he_permute_body<true>(first, blocks, R);
 }
 
 // ---- combine: sums through FIFOs of whole rows (HybridEP's combine: 2
