@@ -59,11 +59,13 @@ var kernelBlock = map[string]int{
 	"he_preprocess":      256,
 	"he_pack":            128,
 	"he_dispatch":        128,
-	"he_combine":         128,
+	"he_permute":         128,
+	"he_combine":         192,
 	// hybridep's backward forms (the same bodies, template BWD)
 	"he_pack_bwd":     128,
 	"he_dispatch_bwd": 128,
-	"he_combine_bwd":  128,
+	"he_permute_bwd":  128,
+	"he_combine_bwd":  192,
 }
 
 // bulkExpected, set in a compile's constants, says that the bulk-copy path

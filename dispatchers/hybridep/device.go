@@ -67,7 +67,10 @@ type Device struct {
 	world bool
 	progs programs
 	bug   int32 // tests: breaks the kernels' protocol (hybridep.cu's BUG_*)
-	moved moved // the last step's, from the routing map
+	// noBulk (tests): the kernels' 16-byte path where the bulk-copy path
+	// would be compiled (MB_NO_BULK; hostsim compiles the bulk path)
+	noBulk bool
+	moved  moved // the last step's, from the routing map
 	// backward: the last step ran the backward (Traffic counts its bytes);
 	// set by the first part's thread, reset in its allgather
 	backward bool
@@ -434,7 +437,7 @@ func (d *Device) resident() error {
 	}
 	for i := range d.parts {
 		p := &d.parts[i]
-		for _, k := range []string{"allgather", "dispatch", "combine", "dispatch-bwd", "combine-bwd"} {
+		for _, k := range []string{"allgather", "dispatch", "permute", "combine", "dispatch-bwd", "permute-bwd", "combine-bwd"} {
 			prog := d.progs.col[k].Prog
 			per := 1
 			if r, ok := p.dev.(residency); ok {
@@ -578,7 +581,8 @@ func (d *Device) exchange(p *part, combine, bwd bool) error {
 func (d *Device) dispatch(p *part) error { return d.dispatchOf(p, false) }
 
 // dispatchOf is the dispatch (bwd: of the output gradients, the combine's
-// backward): the inter-domain path first, then the fan-out and permute.
+// backward): the inter-domain path first, then the fan-out, then the
+// permute (its own kernel, the same SM budget).
 func (d *Device) dispatchOf(p *part, bwd bool) error {
 	pack, dispatch := "pack", "dispatch"
 	if bwd {
@@ -594,7 +598,14 @@ func (d *Device) dispatchOf(p *part, bwd bool) error {
 	}
 	err := d.launch(p, dispatch, true, d.budget(p), d.collective(p, p.epoch+1, d.bug)...)
 	p.epoch += 2
-	return err
+	if err != nil {
+		return err
+	}
+	permute := "permute"
+	if bwd {
+		permute = "permute-bwd"
+	}
+	return d.launch(p, permute, false, d.budget(p), int32(p.first), int32(d.cfg.SMs), p.table)
 }
 
 func (d *Device) combine(p *part) error { return d.combineOf(p, false) }

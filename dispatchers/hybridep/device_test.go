@@ -227,7 +227,8 @@ func runDevice(t *testing.T, d *Device, sh dispatchers.Shape, devs []kernels.Dev
 
 // deviceCases are the layouts of the device tests: EP 2, 4 and 8, one
 // domain and several, ranks on one device and on several (across domains
-// on Emu one device per rank: the emulated NCCL needs it).
+// on Emu one device per rank: the emulated NCCL needs it), expert counts
+// that are multiples of 16, 8 and only 4.
 var deviceCases = []struct {
 	name   string
 	sh     dispatchers.Shape
@@ -238,6 +239,8 @@ var deviceCases = []struct {
 }{
 	{"ep2-one-device", dispatchers.Shape{Tokens: 37, Hidden: 16, Experts: 16, TopK: 6, EP: 2}, 0, 1, false, dt.Cancelling},
 	{"ep2-two-domains", dispatchers.Shape{Tokens: 37, Hidden: 16, Experts: 16, TopK: 6, EP: 2}, 1, 2, true, dt.Mild},
+	// 12 experts: the all-gather stores the map's rows 4 bytes at a time
+	{"ep2-twelve-experts", dispatchers.Shape{Tokens: 19, Hidden: 8, Experts: 12, TopK: 3, EP: 2}, 0, 1, false, dt.Mild},
 	{"ep4-two-devices-shared", dispatchers.Shape{Tokens: 29, Hidden: 24, Experts: 16, TopK: 5, EP: 4}, 0, 2, true, dt.Mild},
 	{"ep4-two-domains", dispatchers.Shape{Tokens: 29, Hidden: 8, Experts: 8, TopK: 3, EP: 4}, 2, 4, false, dt.Cancelling},
 	{"ep8-one-device", dispatchers.Shape{Tokens: 23, Hidden: 8, Experts: 16, TopK: 3, EP: 8}, 0, 1, false, dt.Mild},
@@ -247,9 +250,13 @@ var deviceCases = []struct {
 }
 
 // checkDevices runs the device design against the host design for the
-// cases whose devices devs(n) gives (nil: skipped).
-func checkDevices(t *testing.T, devs func(n int) []kernels.Device) {
+// cases whose devices devs(n) gives (nil: skipped), or only the named
+// ones; noBulk compiles the kernels' 16-byte path.
+func checkDevices(t *testing.T, devs func(n int) []kernels.Device, noBulk bool, only ...string) {
 	for _, tc := range deviceCases {
+		if len(only) > 0 && !slices.Contains(only, tc.name) {
+			continue
+		}
 		t.Run(tc.name, func(t *testing.T) {
 			ds := devs(tc.ndev)
 			if ds == nil {
@@ -264,7 +271,7 @@ func checkDevices(t *testing.T, devs func(n int) []kernels.Device) {
 			want, ranks := hostDesign(t, cfg, tc.sh, shared, tc.prob)
 			var got stepResult
 			hostsim.Within(t, 2*time.Minute, func() {
-				got = runDevice(t, &Device{cfg: cfg, timeout: 10 * time.Second}, tc.sh, ds, ranks, shared, 2, true)
+				got = runDevice(t, &Device{cfg: cfg, timeout: 10 * time.Second, noBulk: noBulk}, tc.sh, ds, ranks, shared, 2, true)
 			})
 			if got.err != nil {
 				t.Fatal(got.err)
@@ -308,17 +315,18 @@ func emuDevs(n int) []kernels.Device {
 // TestDeviceOnEmu: the device pipeline, forward and backward, through the
 // kernels' twins (Emu's stream-order check, its emulated NCCL across
 // domains).
-func TestDeviceOnEmu(t *testing.T) { checkDevices(t, emuDevs) }
+func TestDeviceOnEmu(t *testing.T) { checkDevices(t, emuDevs, false) }
 
 // fakeGPUs opens two GPUs of the host simulation with the fake NCCL (the
-// inter-domain path) and 8 SMs each.
+// inter-domain path) and 16 SMs each: EP 8 on one GPU at 2 SMs a rank
+// holds 16 (the combine's block, 192 threads, takes an SM's registers).
 func fakeGPUs(t *testing.T) []kernels.Device {
 	nccl, err := hostsim.BuildFake("fakenccl", t.TempDir(), "libnccl.so.2")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Setenv("MOEBENCH_NCCL", nccl)
-	t.Setenv("FAKECUDA_SMS", "8")
+	t.Setenv("FAKECUDA_SMS", "16")
 	return dt.FakeGPUs(t, 2)
 }
 
@@ -333,7 +341,16 @@ func TestDeviceOnHostSim(t *testing.T) {
 			return nil
 		}
 		return gs[:n]
-	})
+	}, false)
+}
+
+// TestDeviceOnHostSim16Byte: the kernels' 16-byte path (sm_80's, or
+// NVRTC 11.8's) on the host simulation, where the bulk-copy path is
+// compiled otherwise: one domain on one GPU and on two (a shared expert),
+// and two domains.
+func TestDeviceOnHostSim16Byte(t *testing.T) {
+	gs := fakeGPUs(t)
+	checkDevices(t, func(n int) []kernels.Device { return gs[:n] }, true, "ep2-one-device", "ep2-two-domains", "ep4-two-devices-shared")
 }
 
 // TestBrokenBackwardTimesOut: a backward whose combine kernel (the
@@ -372,5 +389,5 @@ func TestGPUHybridEPDevice(t *testing.T) {
 			return nil
 		}
 		return devs[:n]
-	})
+	}, false)
 }

@@ -13,40 +13,59 @@ type programs struct {
 	col map[string]*kernels.Collective
 }
 
-// Block sizes of hybridep.cu (THREADS, PRE_THREADS).
+// Block sizes of hybridep.cu (THREADS, PRE_THREADS, CTHREADS).
 const (
 	heThreads    = 128
 	hePreThreads = 256
-	heColBytes   = 2048 // COLS: the bytes of a row a combine FIFO item holds
+	heCThreads   = 192 // combine: 2 loader warps, 4 reducer warps (PIPES pipelines)
+	hePThreads   = 128 // permute: PWARPS warps
+	hePStages    = 3   // each permute warp's rows in shared memory (PSTAGES, the bulk path's)
+	hePipes      = 2
+	heOutStages  = 2 // a combine pipeline's output rows (OUT_STAGES, the bulk path's)
 	fifoBudget   = 200 << 10
 )
 
-// stages is how many FIFO slots of slot bytes fit the shared-memory budget:
-// 3 to 9, a multiple of the kernels' 3 consumer warps (each slot has one).
-func stages(slot int) int { return 3 * max(1, min(3, fifoBudget/(slot+16)/3)) }
+// stages is how many dispatch FIFO slots of slot bytes fit the
+// shared-memory budget: 3 to 12, a multiple of its 3 storer warps (each
+// slot has one). A storer keeps all its slots but one reading
+// (hybridep.cu's S2G_INFLIGHT): up to 3 bulk-store groups each, 9 a block.
+func stages(slot int) int { return 3 * max(1, min(4, fifoBudget/(slot+16)/3)) }
+
+// combineStages is each combine pipeline's FIFO slots of whole rows: what
+// fits the budget beside the output rows, 2 to 8 (HybridEP: 10 a block).
+func combineStages(row int) int {
+	return max(2, min(8, (fifoBudget-hePipes*heOutStages*row)/(hePipes*(row+16))))
+}
 
 // programs makes the kernels' programs for shape, each covering parts
 // devices' launches; twins from d.
 func (g geom) programs(sh dispatchers.Shape, blocks int, d *Device) programs {
 	row := 2 * sh.Hidden
 	slot := row + 4*g.ldp()
-	chunk := min(row, heColBytes)
+	noBulk := "0"
+	if d.noBulk {
+		noBulk = "1"
+	}
 	defs := func(st int) map[string]string {
 		return map[string]string{"MB_HE_EP": fmt.Sprint(g.N), "MB_HE_DOMAIN": fmt.Sprint(g.D), "MB_HE_TOKENS": fmt.Sprint(g.T),
 			"MB_HE_EXPERTS": fmt.Sprint(g.E), "MB_HE_TOPK": fmt.Sprint(sh.TopK), "MB_HE_HIDDEN": fmt.Sprint(sh.Hidden),
-			"MB_HE_CHUNK": fmt.Sprint(g.chunk), "MB_HE_STAGES": fmt.Sprint(st), "MB_NO_BULK": "0"}
+			"MB_HE_CHUNK": fmt.Sprint(g.chunk), "MB_HE_STAGES": fmt.Sprint(st), "MB_NO_BULK": noBulk}
 	}
-	sd, sc := stages(slot), stages(chunk)
+	sd, sc := stages(slot), combineStages(row)
+	permuteShared := hePThreads / 32 * kernels.FIFOBytes(hePStages, row)
+	combineShared := hePipes*kernels.FIFOBytes(sc, row) + hePipes*heOutStages*row
 	ps := map[string]*kernels.Program{
 		"allgather":  {File: "hybridep.cu", Kernel: "he_allgather", Block: heThreads, Defs: defs(sd), Twin: d.allgatherTwin},
 		"preprocess": {File: "hybridep.cu", Kernel: "he_preprocess", Block: hePreThreads, Defs: defs(sd), Twin: d.preprocessTwin},
 		"pack":       {File: "hybridep.cu", Kernel: "he_pack", Block: heThreads, Defs: defs(sd), Twin: d.packTwin},
 		"dispatch":   {File: "hybridep.cu", Kernel: "he_dispatch", Block: heThreads, Defs: defs(sd), Shared: kernels.FIFOBytes(sd, slot), Twin: d.dispatchTwin},
-		"combine":    {File: "hybridep.cu", Kernel: "he_combine", Block: heThreads, Defs: defs(sc), Shared: kernels.FIFOBytes(sc, chunk), Twin: d.combineTwin},
+		"permute":    {File: "hybridep.cu", Kernel: "he_permute", Block: hePThreads, Defs: defs(sd), Shared: permuteShared, Twin: d.permuteTwin},
+		"combine":    {File: "hybridep.cu", Kernel: "he_combine", Block: heCThreads, Defs: defs(sc), Shared: combineShared, Twin: d.combineTwin},
 		// the backward's forms (devbackward.go)
 		"pack-bwd":     {File: "hybridep.cu", Kernel: "he_pack_bwd", Block: heThreads, Defs: defs(sd), Twin: d.packBwdTwin},
 		"dispatch-bwd": {File: "hybridep.cu", Kernel: "he_dispatch_bwd", Block: heThreads, Defs: defs(sd), Shared: kernels.FIFOBytes(sd, slot), Twin: d.dispatchBwdTwin},
-		"combine-bwd":  {File: "hybridep.cu", Kernel: "he_combine_bwd", Block: heThreads, Defs: defs(sc), Shared: kernels.FIFOBytes(sc, chunk), Twin: d.combineBwdTwin},
+		"permute-bwd":  {File: "hybridep.cu", Kernel: "he_permute_bwd", Block: hePThreads, Defs: defs(sd), Shared: permuteShared, Twin: d.permuteBwdTwin},
+		"combine-bwd":  {File: "hybridep.cu", Kernel: "he_combine_bwd", Block: heCThreads, Defs: defs(sc), Shared: combineShared, Twin: d.combineBwdTwin},
 	}
 	p := programs{col: map[string]*kernels.Collective{}}
 	for k, prog := range ps {

@@ -281,9 +281,8 @@ func (d *Device) dispatchBwdTwin(parts []kernels.TwinPart) error {
 	return d.dispatchTwinOf(parts, true)
 }
 
-// dispatchTwinOf: every forwarder's stores (design order), then every
-// rank's permute (after the barrier); bwd: the output gradients' rows
-// alone, into ExpertDY.
+// dispatchTwinOf: every forwarder's stores (design order); bwd: the
+// output gradients' rows alone.
 func (d *Device) dispatchTwinOf(parts []kernels.TwinPart, bwd bool) error {
 	g, h := d.g, d.shape.Hidden
 	ldp, rowB := g.ldp(), 2*h
@@ -327,23 +326,47 @@ func (d *Device) dispatchTwinOf(parts []kernels.TwinPart, bwd bool) error {
 			})
 		}
 	}
-	for r, io := range ios { // the permute
-		me, l := R[r], r%g.D
-		for i := range ms[r].recv {
-			for e, p := range ms[r].d2e[i*g.L : (i+1)*g.L] {
-				if p < 0 {
-					continue
+	return firstErr(ios)
+}
+
+func (d *Device) permuteTwin(parts []kernels.TwinPart) error    { return d.permuteTwinOf(parts, false) }
+func (d *Device) permuteBwdTwin(parts []kernels.TwinPart) error { return d.permuteTwinOf(parts, true) }
+
+// permuteTwinOf: he_permute, each rank's received rows to its experts'
+// rows with their probabilities; or (bwd) he_permute_bwd, the output
+// gradients' rows into ExpertDY.
+func (d *Device) permuteTwinOf(parts []kernels.TwinPart, bwd bool) error {
+	g, rowB := d.g, 2*d.shape.Hidden
+	ldp := g.ldp()
+	for _, t := range parts {
+		io := &twinIO{t: t}
+		R, err := d.twinRanks(t, t.Args[2].(kernels.Ptr))
+		if err != nil {
+			return err
+		}
+		first, count := int(t.Args[0].(int32)), t.Grid/d.cfg.SMs
+		for r := first; r < first+count; r++ {
+			me, l := R[r], r%g.D
+			m := d.readMeta(io, me.meta, me.todom)
+			for i := range m.recv {
+				for e, p := range m.d2e[i*g.L : (i+1)*g.L] {
+					if p < 0 {
+						continue
+					}
+					if bwd {
+						copy(io.write(me.edy+kernels.Ptr(int(p)*rowB), rowB), io.read(me.recvX+kernels.Ptr(i*rowB), rowB))
+						continue
+					}
+					copy(io.write(me.ex+kernels.Ptr(int(p)*rowB), rowB), io.read(me.recvX+kernels.Ptr(i*rowB), rowB))
+					copy(io.write(me.ep+kernels.Ptr(4*int(p)), 4), io.read(me.recvP+kernels.Ptr(4*(i*ldp+l*g.L+e)), 4))
 				}
-				if bwd {
-					copy(io.write(me.edy+kernels.Ptr(int(p)*rowB), rowB), io.read(me.recvX+kernels.Ptr(i*rowB), rowB))
-					continue
-				}
-				copy(io.write(me.ex+kernels.Ptr(int(p)*rowB), rowB), io.read(me.recvX+kernels.Ptr(i*rowB), rowB))
-				copy(io.write(me.ep+kernels.Ptr(4*int(p)), 4), io.read(me.recvP+kernels.Ptr(4*(i*ldp+l*g.L+e)), 4))
 			}
 		}
+		if io.err != nil {
+			return io.err
+		}
 	}
-	return firstErr(ios)
+	return nil
 }
 
 func (d *Device) combineTwin(parts []kernels.TwinPart) error    { return d.combineTwinOf(parts, false) }

@@ -40,6 +40,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <unordered_map>
 #include <cstdarg>
@@ -187,9 +188,19 @@ template <class T> T from(uint64_t u) {
 // move their bytes when issued (the worst case for a reader that does not
 // wait), and a global→shared copy performs its complete_tx at once; a
 // shared→global copy reads shared memory when issued but writes global
-// memory only at the issuer's cp.async.bulk.wait_group (not .read) or at the
-// end of the block, so a flag published before that wait announces data
-// not yet there.
+// memory only once the issuer has waited for its group (cp.async.bulk.
+// wait_group, not .read) and then released (a fence, or a release store or
+// atomic, of that same thread), or at the end of the block: a flag
+// published before that wait, or by another thread after a __syncthreads,
+// announces data not yet there. wait_group N (and .read N) leave the N
+// most recently committed groups of the thread in flight.
+//
+// The async proxy's fence: a 16-byte plain store to global memory that a
+// bulk copy may read (moebench.cuh's mb_stg16) is recorded, process-wide,
+// until the storing thread's fence.proxy.async (mb_fence_proxy_async) or
+// the end of its block; a global→shared bulk copy that reads a recorded
+// store breaks the rule below. (The reader's own fence after its acquire
+// is not modelled.)
 //
 // The dynamic shared memory is shadowed in 16-byte units, and every access
 // a FIFO makes goes through the stand-in (bulk copies, mb_lds16, mb_sts16).
@@ -209,11 +220,13 @@ template <class T> T from(uint64_t u) {
 //     (transaction count below zero): a wrong expected byte count;
 //   - a wait on an mbarrier never initialised; a copy not 16-byte aligned
 //     or sized, or outside the dynamic shared memory;
-//   - a block that ends with a bulk store whose read was never waited for.
+//   - a block that ends with a bulk store whose read was never waited for;
+//   - a global→shared copy of bytes some thread stored with mb_stg16 and
+//     did not follow with fence.proxy.async (the generic proxy's write not
+//     ordered before the async proxy's read).
 // A missing arrive, or fewer bytes copied than expected, leaves a phase
 // incomplete: the kernel's timed wait (mb_mbar_wait) gives up, naming the
-// rank, phase and wait. Not modelled: the async proxy's fence
-// (fence.proxy.async is a no-op here), clusters, multicast, tensor maps.
+// rank, phase and wait. Not modelled: clusters, multicast, tensor maps.
 struct mbar {
     uint64_t phase = 0; // phases completed
     int count = 0, pending = 0;
@@ -238,6 +251,8 @@ struct tshadow {
     std::unordered_map<const void *, uint64_t> seen; // barrier → phases seen complete
     std::vector<unsigned> wrote, read;              // units stored (unpublished), read (unreleased)
     std::vector<bulkop> ops;
+    std::vector<bulkop> landed; // waited for (wait_group), not yet released by this thread
+    std::vector<uintptr_t> plain; // its mb_stg16 stores not yet followed by fence.proxy.async
     unsigned groups = 0;
 };
 struct bulkstate {
@@ -254,6 +269,16 @@ struct bulkstate {
         threads.assign(nthreads, tshadow{});
     }
 };
+
+// plainStores: every block's mb_stg16 stores not yet followed by their
+// thread's fence.proxy.async, by 16-byte address (process-wide: a bulk
+// copy of one GPU's block may read another's stores)
+struct plainStore {
+    const tshadow *owner;
+    unsigned block, thread; // for the message
+};
+inline std::mutex plainMu;
+inline std::map<uintptr_t, plainStore> plainStores;
 
 inline void violation(const char *fmt, ...) {
     char msg[512];
@@ -396,6 +421,18 @@ inline void mbhost_bulk_g2s(void *dst, const void *src, unsigned bytes, void *ba
             ok = false;
         }
         if (ok) {
+            const uintptr_t a = reinterpret_cast<uintptr_t>(src);
+            std::lock_guard<std::mutex> l(mbhost::plainMu);
+            auto it = mbhost::plainStores.lower_bound(a >= 15 ? a - 15 : 0);
+            if (it != mbhost::plainStores.end() && it->first < a + bytes) {
+                mbhost::violation("cp.async.bulk (global to shared) reads %p, which block %u thread %u stored with a plain "
+                                  "store not followed by its fence.proxy.async (the generic proxy's write is not ordered "
+                                  "before the async proxy's read)",
+                                  reinterpret_cast<void *>(it->first), it->second.block, it->second.thread);
+                ok = false;
+            }
+        }
+        if (ok) {
             std::memcpy(dst, src, bytes);
             for (unsigned u = lo; u < hi; u++) mbhost::publish(u, bar, m->phase);
             m->tx -= bytes; // complete_tx
@@ -433,12 +470,13 @@ inline void mbhost_bulk_commit() {
     mbhost::yield();
 }
 // mbhost_bulk_wait: every committed bulk store's read is over (and, unless
-// readOnly, its write done)
-inline void mbhost_bulk_wait(bool readOnly) {
+// readOnly, its write done, to be published by this thread's next release)
+// but those of the keep most recently committed groups
+inline void mbhost_bulk_wait(bool readOnly, unsigned keep) {
     mbhost::tshadow &t = mbhost::me();
     std::vector<mbhost::bulkop> left;
     for (auto &o : t.ops) {
-        if (o.group == 0) {
+        if (o.group == 0 || o.group + keep > t.groups) {
             left.push_back(std::move(o));
             continue;
         }
@@ -450,9 +488,46 @@ inline void mbhost_bulk_wait(bool readOnly) {
             }
         }
         if (readOnly) left.push_back(std::move(o));
-        else std::memcpy(o.dst, o.data.data(), o.data.size());
+        else t.landed.push_back(std::move(o));
     }
     t.ops = std::move(left);
+    mbhost::yield();
+}
+// mbhost_release_point: this thread releases (a fence, or a release store
+// or atomic): the bulk stores it waited for become visible to others
+inline void mbhost_release_point() {
+    if (!mbhost::w.bulk || !mbhost::w.self) return;
+    mbhost::tshadow &t = mbhost::me();
+    for (auto &o : t.landed) std::memcpy(o.dst, o.data.data(), o.data.size());
+    t.landed.clear();
+}
+// mbhost_stg16: a plain 16-byte store to global memory that a bulk copy
+// may read, recorded until this thread's fence.proxy.async
+inline void mbhost_stg16(void *p, uint4 v) {
+    std::memcpy(p, &v, 16);
+    const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+    mbhost::tshadow &t = mbhost::me();
+    {
+        std::lock_guard<std::mutex> l(mbhost::plainMu);
+        const auto &b = mbhost::w.bid, &g = mbhost::w.gdim;
+        mbhost::plainStores[a] = {&t, b.x + g.x * (b.y + g.y * b.z), mbhost::w.self->linear};
+    }
+    t.plain.push_back(a);
+}
+namespace mbhost {
+// forgetPlain drops thread t's recorded plain stores
+inline void forgetPlain(tshadow &t) {
+    if (t.plain.empty()) return;
+    std::lock_guard<std::mutex> l(plainMu);
+    for (uintptr_t a : t.plain) {
+        auto it = plainStores.find(a);
+        if (it != plainStores.end() && it->second.owner == &t) plainStores.erase(it);
+    }
+    t.plain.clear();
+}
+} // namespace mbhost
+inline void mbhost_fence_proxy_async() {
+    mbhost::forgetPlain(mbhost::me());
     mbhost::yield();
 }
 // mbhost_bulk_end: at the end of a block, stores whose read was waited for
@@ -469,6 +544,8 @@ inline void mbhost_bulk_end() {
             std::memcpy(o.dst, o.data.data(), o.data.size());
         }
         t.ops.clear();
+        for (auto &o : t.landed) std::memcpy(o.dst, o.data.data(), o.data.size());
+        t.landed.clear();
     }
 }
 inline uint4 mbhost_lds16(const void *p) {
@@ -652,6 +729,8 @@ template <class... A> int run(void (*k)(A...), std::tuple<std::decay_t<A>...> *a
             mbhost_bulk_end();
             if (bulk.violated) status = 4;
         }
+        for (auto &t : bulk.threads) forgetPlain(t); // the block's plain stores are seen by every proxy after it
+
     }
     giveStacks(fs);
     w = worker{};
@@ -782,9 +861,18 @@ template <class T> T atomicMax(T *p, T v) {
         return o;
     });
 }
-inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
-inline void __threadfence_system() { std::atomic_thread_fence(std::memory_order_seq_cst); }
-inline void __threadfence_block() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+inline void __threadfence() {
+    mbhost_release_point();
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+}
+inline void __threadfence_system() {
+    mbhost_release_point();
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+}
+inline void __threadfence_block() {
+    mbhost_release_point();
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+}
 
 // The memory primitives of moebench.cuh (mb_*), which call these under
 // MB_HOST: PTX's volatile, relaxed, acquire and release accesses at gpu or
@@ -796,6 +884,7 @@ template <class T> T mbhost_load(const T *p, std::memory_order o) {
     return v;
 }
 template <class T> void mbhost_store(T *p, T v, std::memory_order o) {
+    if (o != std::memory_order_relaxed) mbhost_release_point();
     mbhost::at(p).store(v, o);
     mbhost::spin();
 }

@@ -6,8 +6,8 @@
 // (mb_wait):
 //   he_allgather   each rank's top-k as dense rows: its routing-map rows
 //                  stored into every rank's copy of the global map (peer
-//                  stores), its probabilities per domain; then a device
-//                  barrier
+//                  stores, up to 16 bytes of a row a thread), its
+//                  probabilities per domain; then a device barrier
 //   he_preprocess  from the global map alone, identically on every rank:
 //                  sparse_to_dense, dense_to_expert, the chunk layout, the
 //                  domains each token goes to and the inter-domain slots
@@ -16,17 +16,18 @@
 //   he_dispatch    barrier; a loader warp stages each forwarded token (row
 //                  and its domain's probabilities) in a shared FIFO, storer
 //                  warps write it into every destination rank's receive
-//                  buffer at its final position (peer stores); barrier;
-//                  each rank places its received tokens at their experts'
-//                  rows (permute)
+//                  buffer at its final position (peer stores); barrier
+//   he_permute     (blocks of its own) each rank places its received
+//                  tokens at their experts' rows
 //   he_combine     stage 1: each rank's partial sums of its received tokens
 //                  (unpermute: its local experts' outputs), barrier, and
 //                  with several domains the pre-reduction for the other
 //                  domains' homes; stage 2: each home's sum of its domain's
 //                  partials and the pre-reduced sums (after the host's
 //                  inter-domain exchange), then a barrier. Sums go through
-//                  the FIFO in column chunks, float32 from 0 in the
-//                  design's order, rounded to bf16 where the design rounds.
+//                  two pipelines of whole-row FIFOs (a loader warp and two
+//                  reducer warps each), float32 from 0 in the design's
+//                  order, rounded to bf16 where the design rounds.
 // The backward (kernels/BACKWARD.md) runs the same kernels in their
 // backward forms, separate entry points of the same bodies (template
 // BWD), over the forward's routing map and preprocessing:
@@ -44,7 +45,8 @@
 //                    domain (fp32, to the send buffer's, then the
 //                    inter-domain path), and each home takes its token's
 //                    k from them into DProbs (a slot's one term, from 0).
-// The FIFOs' stages are a multiple of WARPS − 1 (one slot, one consumer).
+// Dispatch's FIFO stages are a multiple of WARPS − 1 (one slot, one
+// consumer); each combine pipeline has MB_HE_STAGES of its own.
 // Rows move with bulk copies on the bulk path (moebench.cuh, MB_BULK),
 // 16-byte accesses otherwise.
 #include "moebench.cuh"
@@ -61,9 +63,8 @@
 #define ROW (2 * H) // bytes
 #define CHUNK MB_HE_CHUNK
 #define CHUNKS ((T + CHUNK - 1) / CHUNK)
-#define WARPS 4 // dispatch and combine: a loader and three storers or reducers
+#define WARPS 4 // dispatch: a loader and three storers (combine: CWARPS)
 #define THREADS (32 * WARPS)
-#define COLS 2048 // bytes of a row summed per FIFO item
 #define PRE_THREADS 256
 
 // Phases and waits (dispatchers/hybridep names them)
@@ -133,10 +134,15 @@ __device__ __forceinline__ int he_tile(int m, int n) { return m < n ? m : m - 1;
 // he_sync: a device barrier of every block of every rank: each block's
 // stores (peers' memory too) before it, every block waits for all. The
 // rank's last block to arrive meets the other ranks (mb_barrier on
-// flags, epoch) and tells its blocks. False when a wait gave up.
+// flags, epoch) and tells its blocks. Every thread fences the async
+// proxy on both sides: plain stores before it (combine's partial sums)
+// are read after it by bulk copies. (A thread's bulk stores are
+// published by its own release: it waits for them and fences first.)
+// False when a wait gave up.
 __device__ bool he_sync(const mb_comm &c, const he_rank *R, int *const *flags, int rank, int blocks, int phase, int epoch,
                         bool skip) {
     __shared__ int ok;
+    mb_fence_proxy_async();
     __syncthreads();
     if (threadIdx.x == 0) {
         int *s = R[rank].sync;
@@ -151,26 +157,56 @@ __device__ bool he_sync(const mb_comm &c, const he_rank *R, int *const *flags, i
         }
     }
     __syncthreads();
+    mb_fence_proxy_async();
     return ok;
 }
 
 // ---- allgather
 
+// MAPV: the bytes of a map row one thread builds and stores at once (the
+// widest vector, up to 16 bytes, that E is a multiple of: rows stay aligned)
+#define MAPV (E % 16 == 0 ? 16 : E % 8 == 0 ? 8 : E % 4 == 0 ? 4 : E % 2 == 0 ? 2 : 1)
+
+// he_store_map stores the first MAPV bytes of w (little-endian) at p
+__device__ __forceinline__ void he_store_map(unsigned char *p, const unsigned w[4]) {
+    if (MAPV == 16) {
+        uint4 v;
+        v.x = w[0], v.y = w[1], v.z = w[2], v.w = w[3];
+        *(uint4 *)p = v;
+    } else if (MAPV == 8) {
+        *(unsigned long long *)p = w[0] | (unsigned long long)w[1] << 32;
+    } else if (MAPV == 4) {
+        *(unsigned *)p = w[0];
+    } else if (MAPV == 2) {
+        *(unsigned short *)p = (unsigned short)w[0];
+    } else {
+        *p = (unsigned char)w[0];
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
     he_allgather(mb_comm c, int first, int blocks, int epoch, const he_rank *R, int *const *flags) {
     const int rank = first + blockIdx.x / blocks, b = blockIdx.x % blocks, lane = threadIdx.x % 32;
     const he_rank me = R[rank];
+    // the map: each thread MAPV bytes of a row (experts e0, e0 + 1, …) from
+    // the token's top-k, stored as one vector into every rank's copy
+    for (int x = b * THREADS + threadIdx.x; x < T * (E / MAPV); x += blocks * THREADS) {
+        const int t = x / (E / MAPV), e0 = x % (E / MAPV) * MAPV;
+        unsigned w[4] = {0, 0, 0, 0};
+#pragma unroll
+        for (int j = 0; j < MB_HE_TOPK; j++) {
+            const int e = me.idx[t * MB_HE_TOPK + j] - e0;
+            const bool in = e >= 0 && e < MAPV;
+#pragma unroll
+            for (int q = 0; q < 4; q++) w[q] |= in && e >> 2 == q ? 1u << 8 * (e & 3) : 0u;
+        }
+        for (int q = 0; q < N; q++) he_store_map(R[q].gmap + ((size_t)rank * T + t) * E + e0, w);
+    }
     for (int t = b * WARPS + threadIdx.x / 32; t < T; t += blocks * WARPS) {
         int e_of[MB_HE_TOPK];
         float p_of[MB_HE_TOPK];
 #pragma unroll
         for (int j = 0; j < MB_HE_TOPK; j++) e_of[j] = me.idx[t * MB_HE_TOPK + j], p_of[j] = me.probs[t * MB_HE_TOPK + j];
-        for (int e = lane; e < E; e += 32) {
-            unsigned char on = 0;
-#pragma unroll
-            for (int j = 0; j < MB_HE_TOPK; j++) on |= e_of[j] == e;
-            for (int q = 0; q < N; q++) R[q].gmap[((size_t)rank * T + t) * E + e] = on;
-        }
         for (int x = lane; x < M * LDP; x += 32) {
             const int m = x / LDP, e = m * LD + x % LDP;
             float p = 0.f;
@@ -300,9 +336,19 @@ extern "C" __global__ void __launch_bounds__(PRE_THREADS, 1) he_preprocess(int f
 // needs, at its slot of the send to that domain (the inter-domain path's
 // staging; the host then sends it with NCCL to the rank of the same local
 // index there).
+// he_copy_row: the warp copies a row, COPY_UNROLL 16-byte loads in
+// flight per lane before their stores
+#define COPY_UNROLL 4
 __device__ __forceinline__ void he_copy_row(void *dst, const void *src, unsigned bytes) {
-    for (unsigned b = 16 * (threadIdx.x % 32); b < bytes; b += 16 * 32)
-        *(uint4 *)((unsigned char *)dst + b) = *(const uint4 *)((const unsigned char *)src + b);
+    for (unsigned b0 = 16 * (threadIdx.x % 32); b0 < bytes; b0 += COPY_UNROLL * 16 * 32) {
+        uint4 v[COPY_UNROLL];
+#pragma unroll
+        for (int u = 0; u < COPY_UNROLL; u++)
+            if (b0 + u * 16 * 32 < bytes) v[u] = *(const uint4 *)((const unsigned char *)src + b0 + u * 16 * 32);
+#pragma unroll
+        for (int u = 0; u < COPY_UNROLL; u++)
+            if (b0 + u * 16 * 32 < bytes) *(uint4 *)((unsigned char *)dst + b0 + u * 16 * 32) = v[u];
+    }
 }
 
 // BWD: the output gradients, without probabilities.
@@ -332,6 +378,10 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) he_pack_bwd(int first, 
 #define SLOT (ROW + 4 * LDP) // a FIFO item: a token's row and its domain's probabilities
 #ifdef MB_BULK
 #define STORE_RELEASERS 1 // lane 0 stores with bulk copies
+// a storer's bulk-store groups left reading their slots while it goes on
+// (HybridEP keeps 8 in flight): all its slots but the one the loader
+// fills next, the oldest released as each new group is committed
+#define S2G_INFLIGHT (MB_HE_STAGES / (WARPS - 1) - 1)
 #else
 #define STORE_RELEASERS 32
 #endif
@@ -366,7 +416,7 @@ template <class F> __device__ void he_forwarded(const he_rank &me, const bf16 *x
 template <bool BWD>
 __device__ __forceinline__ void he_dispatch_body(mb_comm c, int first, int blocks, int epoch, const he_rank *R, int *const *flags,
                                                  int bug) {
-    const int rank = first + blockIdx.x / blocks, b = blockIdx.x % blocks, n = rank / D, l = rank % D;
+    const int rank = first + blockIdx.x / blocks, b = blockIdx.x % blocks, n = rank / D;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const int ph = BWD ? PH_COMBINE_BWD : PH_DISPATCH;
     const bool buggy = !BWD && (bug >> 8) == rank;
@@ -403,8 +453,10 @@ __device__ __forceinline__ void he_dispatch_body(mb_comm c, int first, int block
                         if (!BWD) mb_bulk_s2g(q.recv_p + (size_t)p * LDP, slot + ROW, 4 * LDP);
                     }
                     mb_bulk_commit();
-                    mb_bulk_wait_read();
-                    mb_fifo_release(f, it);
+                    // the group S2G_INFLIGHT items back has read its slot
+                    mb_bulk_wait_read_n<S2G_INFLIGHT>();
+                    const long long k = i / (WARPS - 1) - S2G_INFLIGHT;
+                    if (k >= 0) mb_fifo_release(f, mb_fifo_item(f, WARPS - 1, warp - 1, k));
                 }
             }
             return __shfl_sync(MB_FULL_MASK, ok, 0) != 0;
@@ -426,19 +478,14 @@ __device__ __forceinline__ void he_dispatch_body(mb_comm c, int first, int block
 #endif
         });
 #ifdef MB_BULK
-        if (lane == 0) mb_bulk_wait(); // the stores landed: the barrier publishes them
+        if (lane == 0) { // the stores landed, as this thread sees them: its own fence publishes them
+            mb_bulk_wait();
+            mb_fence_sys();
+        }
 #endif
     }
-    if (!he_sync(c, R, flags, rank, blocks, ph, epoch + 1, buggy && (bug & 255) == BUG_NO_BARRIER)) return;
-    // permute: each received token to its local experts' rows
-    const int *d2e = me.meta + META_D2E, received = me.meta[META_COUNTS + L];
-    for (int i = b * WARPS + warp; i < received; i += blocks * WARPS)
-        for (int e = 0; e < L; e++) {
-            const int p = d2e[(size_t)i * L + e];
-            if (p < 0) continue;
-            he_copy_row((BWD ? me.edy : me.ex) + (size_t)p * H, me.recv_x + (size_t)i * H, ROW);
-            if (!BWD && lane == 0) me.ep[p] = me.recv_p[(size_t)i * LDP + l * L + e];
-        }
+    // every rank's receive buffer complete (he_permute follows on the stream)
+    he_sync(c, R, flags, rank, blocks, ph, epoch + 1, buggy && (bug & 255) == BUG_NO_BARRIER);
 }
 
 extern "C" __global__ void __launch_bounds__(THREADS, 1)
@@ -451,84 +498,215 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     he_dispatch_body<true>(c, first, blocks, epoch, R, flags, bug);
 }
 
-// ---- combine: sums through the FIFO. The loader stages each output's
-// terms, column chunk by column chunk (COLS bytes); the output's reducer
-// warp adds them, float32 from 0 in order, and stores the bf16 sum (with
-// the shared expert's output added and rounded again, at home).
+// ---- permute: HybridEP's permute kernel, blocks of its own after the
+// dispatch (the rank's received rows are all in): each received token's
+// row to its local experts' rows (BWD: ExpertDY's), its probability with
+// it. The rank's block b takes tokens b·PWARPS + warp, then every
+// blocks·PWARPS-th. On the bulk path each warp's lane 0 keeps a ring of
+// PSTAGES rows in shared memory (a FIFO whose producer and consumer are
+// itself): bulk loads of the next rows in flight while each loaded row
+// goes out to its experts' rows as bulk stores; otherwise the warp copies
+// with COPY_UNROLL 16-byte loads in flight per lane.
+#define PWARPS 4
+#define PTHREADS (32 * PWARPS)
+#define PSTAGES 3 // a warp's rows (kernels.FIFOBytes(PSTAGES, ROW) each)
 
-#define CHUNK_BYTES (ROW < COLS ? ROW : COLS)
-#define COL_CHUNKS ((ROW + COLS - 1) / COLS)
-#define PER_LANE (CHUNK_BYTES / 16 + 31) / 32 // 16-byte pieces of a chunk per lane
+template <bool BWD> __device__ __forceinline__ void he_permute_body(int first, int blocks, const he_rank *R) {
+    const int rank = first + blockIdx.x / blocks, b = blockIdx.x % blocks, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int l = rank % D;
+    const he_rank me = R[rank];
+    const int *d2e = me.meta + META_D2E, received = me.meta[META_COUNTS + L];
+    bf16 *dst = BWD ? me.edy : me.ex;
+    const int i0 = b * PWARPS + warp, stride = blocks * PWARPS;
+#ifdef MB_BULK
+    const mb_fifo f = mb_fifo_at(mb_dynamic_smem() + warp * (16 * PSTAGES + PSTAGES * ROW), PSTAGES, ROW);
+    if (lane == 0) mb_fifo_init(f, 1);
+    mb_mbar_init_fence();
+    __syncthreads();
+    if (lane != 0) return;
+    const int n = i0 < received ? (received - 1 - i0) / stride + 1 : 0; // the warp's tokens
+    // load: the k-th token's row into its slot, once the slot's last
+    // stores have read it (released below)
+    auto load = [&](int k) {
+        const mb_item it = mb_fifo_item(f, 1, 0, k);
+        while (!mb_mbar_test(f.empty + it.slot, (it.round & 1) ^ 1)) {
+        }
+        mb_mbar_arrive_expect_tx(f.full + it.slot, ROW);
+        mb_bulk_g2s(mb_fifo_slot(f, it), me.recv_x + (size_t)(i0 + k * stride) * H, ROW, f.full + it.slot);
+    };
+    for (int k = 0; k < min(PSTAGES, n); k++) load(k);
+    for (int k = 0; k < n; k++) {
+        const int i = i0 + k * stride;
+        const mb_item it = mb_fifo_item(f, 1, 0, k);
+        while (!mb_mbar_test(f.full + it.slot, it.round & 1)) {
+        }
+        for (int e = 0; e < L; e++) {
+            const int p = d2e[(size_t)i * L + e];
+            if (p < 0) continue;
+            mb_bulk_s2g(dst + (size_t)p * H, mb_fifo_slot(f, it), ROW);
+            if (!BWD) me.ep[p] = me.recv_p[(size_t)i * LDP + l * L + e];
+        }
+        mb_bulk_commit();
+        mb_bulk_wait_read(); // the slot read (its writes go on)
+        mb_fifo_release(f, it);
+        if (k + PSTAGES < n) load(k + PSTAGES);
+    }
+    mb_bulk_wait();
+#else
+    for (int i = i0; i < received; i += stride)
+        for (int e = 0; e < L; e++) {
+            const int p = d2e[(size_t)i * L + e];
+            if (p < 0) continue;
+            he_copy_row(dst + (size_t)p * H, me.recv_x + (size_t)i * H, ROW);
+            if (!BWD && lane == 0) me.ep[p] = me.recv_p[(size_t)i * LDP + l * L + e];
+        }
+#endif
+}
+
+extern "C" __global__ void __launch_bounds__(PTHREADS, 1) he_permute(int first, int blocks, const he_rank *R) {
+    he_permute_body<false>(first, blocks, R);
+}
+
+extern "C" __global__ void __launch_bounds__(PTHREADS, 1) he_permute_bwd(int first, int blocks, const he_rank *R) {
+    he_permute_body<true>(first, blocks, R);
+}
+
+// ---- combine: sums through FIFOs of whole rows (HybridEP's combine: 2
+// loader warps, 4 reducer warps). The block is two pipelines: loader warp
+// p stages every term of its outputs, a whole row an item, in FIFO p
+// (MB_HE_STAGES slots); reducer warps 2 + 2p and 3 + 2p (64 threads, a
+// 16-byte piece of the row in 64 per thread) add them, float32 from 0 in
+// order, and store the bf16 sum (with the shared expert's output added
+// and rounded again, at home): on the bulk path into one of the
+// pipeline's OUT_STAGES output rows in shared memory, which one thread
+// stores with a bulk copy (its previous one left reading); otherwise
+// with 16-byte stores.
+
+#define CWARPS 6
+#define CTHREADS (32 * CWARPS)
+#define PIPES 2
+#define PIPE_THREADS 64                                   // a pipeline's reducers
+#define ACC ((ROW / 16 + PIPE_THREADS - 1) / PIPE_THREADS) // 16-byte pieces of a row per reducer
+#define CFIFO_BYTES (16 * MB_HE_STAGES + MB_HE_STAGES * ROW) // a pipeline's FIFO (kernels.FIFOBytes)
+#ifdef MB_BULK
+#define OUT_STAGES 2
+#else
+#define OUT_STAGES 1 // (unused)
+#endif
+
+// he_outs: the pipelines' output rows (after their FIFOs) and their
+// barriers: full, the pipeline's reducers' stores in; empty, the bulk
+// store's read of it done
+struct he_outs {
+    unsigned char *rows;
+    mb_mbar *full, *empty;
+    long long k, released; // the pipeline's outputs so far, the rows released (its storer's)
+};
 
 // he_reduce: the rank's block b sums outputs o = b, b + blocks, … < count
-// of S (terms(o), term(o, x), out(o), add(o)), its waits in phase ph; output o's reducer is
-// warp 1 + (its rank among the block's outputs) mod 3, whose items follow
-// each other in its FIFO slots (put: the loader's count of each reducer's
-// items, in shared memory; mine: this reducer's). False when a wait gave
-// up.
+// of S (terms(o), term(o, x), out(o), add(o)), its waits in phase ph; the
+// block's k-th output with terms goes to pipeline k mod 2. items counts
+// the thread's FIFO items (a loader's puts, a reducer's takes) from one
+// call to the next. False when a wait gave up.
 template <class S>
-__device__ bool he_reduce(const mb_fifo &f, const mb_comm &c, int rank, int ph, int b, int blocks, int count, const S &s,
-                          long long *put, long long &mine_k) {
+__device__ bool he_reduce(const mb_comm &c, int rank, int ph, int b, int blocks, int count, const S &s, long long &items,
+                          he_outs &os) {
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const bool loader = warp < PIPES;
+    const int pipe = loader ? warp : (warp - PIPES) / 2, pt = threadIdx.x - 32 * PIPES - PIPE_THREADS * pipe;
+    const mb_fifo f = mb_fifo_at(mb_dynamic_smem() + pipe * CFIFO_BYTES, MB_HE_STAGES, ROW);
     int ok = 1;
-    for (int o = b, k = 0; o < count && ok; o += blocks, k++) {
+    for (int o = b, k = 0; o < count && ok; o += blocks) {
         const int nt = s.terms(o);
         if (nt == 0) continue; // no output (a pre-reduction for a token this domain does not hold)
-        const int owner = k % (WARPS - 1);
-        const bool mine = warp == 1 + owner;
-        for (int cc = 0; cc < COL_CHUNKS && ok; cc++) {
-            const unsigned off = cc * COLS, bytes = min(COLS, ROW - (int)off);
-            float acc[PER_LANE][8];
-#pragma unroll
-            for (int p = 0; p < PER_LANE; p++)
-#pragma unroll
-                for (int x = 0; x < 8; x++) acc[p][x] = 0.f;
+        if (k++ % PIPES != pipe) continue;
+        if (loader) {
             for (int x = 0; x < nt && ok; x++) {
-                if (warp == 0) {
-                    const void *src[1] = {(const unsigned char *)s.term(o, x) + off};
-                    ok = mb_fifo_put(f, c, rank, ph, W_EMPTY, mb_fifo_item(f, WARPS - 1, owner, put[owner]), 1, src, &bytes);
-                    __syncwarp();
-                    if (lane == 0) put[owner]++;
-                    __syncwarp();
-                } else if (mine) {
-                    const mb_item it = mb_fifo_item(f, WARPS - 1, owner, mine_k++);
-                    unsigned char *slot = mb_fifo_wait(f, c, rank, ph, W_FULL, it);
-                    ok = __all_sync(MB_FULL_MASK, slot != nullptr);
-                    if (!ok) break;
+                const void *src[1] = {s.term(o, x)};
+                const unsigned bytes = ROW;
+                ok = mb_fifo_put(f, c, rank, ph, W_EMPTY, mb_fifo_item(f, 1, 0, items++), 1, src, &bytes);
+            }
+            continue;
+        }
+        float acc[ACC][8];
 #pragma unroll
-                    for (int p = 0; p < PER_LANE; p++) {
-                        const unsigned at = 16 * (p * 32 + lane);
-                        if (at < bytes) {
-                            float v[8];
-                            unpack8(mb_lds16(slot + at), v);
+        for (int p = 0; p < ACC; p++)
 #pragma unroll
-                            for (int y = 0; y < 8; y++) acc[p][y] += v[y];
-                        }
-                    }
-                    mb_fifo_release(f, it);
+            for (int x = 0; x < 8; x++) acc[p][x] = 0.f;
+        for (int x = 0; x < nt && ok; x++) {
+            const mb_item it = mb_fifo_item(f, 1, 0, items++);
+            unsigned char *slot = mb_fifo_wait(f, c, rank, ph, W_FULL, it);
+            ok = __all_sync(MB_FULL_MASK, slot != nullptr);
+            if (!ok) break;
+#pragma unroll
+            for (int p = 0; p < ACC; p++) {
+                const unsigned at = 16 * (p * PIPE_THREADS + pt);
+                if (at < ROW) {
+                    float v[8];
+                    unpack8(mb_lds16(slot + at), v);
+#pragma unroll
+                    for (int y = 0; y < 8; y++) acc[p][y] += v[y];
                 }
             }
-            if (mine && ok) {
-                unsigned char *out = (unsigned char *)s.out(o) + off;
-                const unsigned char *add = (const unsigned char *)s.add(o);
+            mb_fifo_release(f, it);
+        }
+        if (!ok) break;
+        const unsigned char *add = (const unsigned char *)s.add(o);
+#ifdef MB_BULK
+        // the output row: wait until its previous bulk store has read it
+        const int r = (int)(os.k % OUT_STAGES), round = (int)(os.k / OUT_STAGES);
+        unsigned char *row = os.rows + (pipe * OUT_STAGES + r) * ROW;
+        ok = __all_sync(MB_FULL_MASK, mb_mbar_wait(c, rank, ph, W_EMPTY, os.empty + pipe * OUT_STAGES + r, (round & 1) ^ 1));
+        if (!ok) break;
+#else
+        unsigned char *out = (unsigned char *)s.out(o);
+#endif
 #pragma unroll
-                for (int p = 0; p < PER_LANE; p++) {
-                    const unsigned at = 16 * (p * 32 + lane);
-                    if (at >= bytes) continue;
-                    bf16 y[8];
+        for (int p = 0; p < ACC; p++) {
+            const unsigned at = 16 * (p * PIPE_THREADS + pt);
+            if (at >= ROW) continue;
+            bf16 y[8];
 #pragma unroll
-                    for (int x = 0; x < 8; x++) y[x] = f2bf(acc[p][x]);
-                    if (add) {
-                        float a[8];
-                        unpack8(*(const uint4 *)(add + off + at), a);
+            for (int x = 0; x < 8; x++) y[x] = f2bf(acc[p][x]);
+            if (add) {
+                float a[8];
+                unpack8(*(const uint4 *)(add + at), a);
 #pragma unroll
-                        for (int x = 0; x < 8; x++) y[x] = f2bf(bf2f(y[x]) + a[x]);
-                    }
-                    *(uint4 *)(out + at) = pack8(y);
-                }
+                for (int x = 0; x < 8; x++) y[x] = f2bf(bf2f(y[x]) + a[x]);
+            }
+#ifdef MB_BULK
+            mb_sts16(row + at, pack8(y));
+#else
+            mb_stg16(out + at, pack8(y));
+#endif
+        }
+#ifdef MB_BULK
+        // the reducers' stores, seen by the bulk copy (async proxy), in
+        mb_fence_proxy_async();
+        mb_mbar_arrive(os.full + pipe * OUT_STAGES + r);
+        if (pt == 0) { // the pipeline's storer
+            ok = mb_mbar_wait(c, rank, ph, W_FULL, os.full + pipe * OUT_STAGES + r, round & 1);
+            if (ok) {
+                mb_bulk_s2g(s.out(o), row, ROW);
+                mb_bulk_commit();
+                // release the rows whose stores have read them (all but the
+                // latest OUT_STAGES − 1)
+                mb_bulk_wait_read_n<OUT_STAGES - 1>();
+                for (; os.released <= os.k - (OUT_STAGES - 1); os.released++)
+                    mb_mbar_arrive(os.empty + pipe * OUT_STAGES + (int)(os.released % OUT_STAGES));
             }
         }
+        os.k++;
+        ok = __shfl_sync(MB_FULL_MASK, ok, 0);
+#endif
     }
+#ifdef MB_BULK
+    if (!loader && pt == 0) { // the sums landed: this thread's fence publishes them
+        mb_bulk_wait();
+        for (; os.released < os.k; os.released++) mb_mbar_arrive(os.empty + pipe * OUT_STAGES + (int)(os.released % OUT_STAGES));
+        mb_fence_sys();
+    }
+#endif
     __shared__ int all;
     __syncthreads();
     if (threadIdx.x == 0) all = 1;
@@ -639,7 +817,7 @@ template <bool BWD> struct he_home {
 // (LDP) places, its copies' ExpertDProbs at the rank's own, 0 elsewhere.
 __device__ __forceinline__ void he_dp_partials(const he_rank &me, int l, int b, int blocks) {
     const int received = me.meta[META_COUNTS + L];
-    for (int x = b * THREADS + threadIdx.x; x < received * LDP; x += blocks * THREADS) {
+    for (int x = b * CTHREADS + threadIdx.x; x < received * LDP; x += blocks * CTHREADS) {
         const int i = x / LDP, e = x % LDP - l * L;
         float v = 0.f;
         if (e >= 0 && e < L) {
@@ -665,7 +843,7 @@ __device__ __forceinline__ float he_dp_domain(const he_rank *R, int reader, int 
 // domains' homes, into its send buffer's probability rows (as he_prereduce).
 __device__ __forceinline__ void he_dp_prereduce(const he_rank *R, int rank, int b, int blocks) {
     const int m = rank / D;
-    for (int x = b * THREADS + threadIdx.x; x < (M - 1) * T * LDP; x += blocks * THREADS) {
+    for (int x = b * CTHREADS + threadIdx.x; x < (M - 1) * T * LDP; x += blocks * CTHREADS) {
         const int o = x / LDP, e = x % LDP, k = o / T, sn = k < m ? k : k + 1, t = o % T;
         const int s = R[rank].meta[META_RECV + sn * T + t];
         if (s < 0) continue;
@@ -679,7 +857,7 @@ __device__ __forceinline__ void he_dp_prereduce(const he_rank *R, int rank, int 
 __device__ __forceinline__ void he_dp_home(const he_rank *R, int rank, int b, int blocks) {
     const int n = rank / D;
     const he_rank &me = R[rank];
-    for (int x = b * THREADS + threadIdx.x; x < T * MB_HE_TOPK; x += blocks * THREADS) {
+    for (int x = b * CTHREADS + threadIdx.x; x < T * MB_HE_TOPK; x += blocks * CTHREADS) {
         const int t = x / MB_HE_TOPK, ex = me.idx[x], dm = ex / LD, e = ex % LD;
         float acc = 0.f;
         if (dm == n) acc = he_dp_domain(R, rank, n, t, e);
@@ -700,36 +878,36 @@ __device__ __forceinline__ void he_combine_body(mb_comm c, int first, int blocks
     const int ph = BWD ? PH_DISPATCH_BWD : PH_COMBINE;
     const bool stop = BWD && (bug >> 8) == rank && (bug & 255) == BUG_BWD_NO_BARRIER;
     const he_rank me = R[rank];
-    const mb_fifo f = mb_fifo_at(mb_dynamic_smem(), MB_HE_STAGES, CHUNK_BYTES);
-    __shared__ long long put[WARPS - 1]; // the loader's count of each reducer's items
+    __shared__ mb_mbar ofull[PIPES * OUT_STAGES], oempty[PIPES * OUT_STAGES];
     if (threadIdx.x == 0) {
-        mb_fifo_init(f, 32);
-        for (int w = 0; w < WARPS - 1; w++) put[w] = 0;
+        for (int p = 0; p < PIPES; p++) mb_fifo_init(mb_fifo_at(mb_dynamic_smem() + p * CFIFO_BYTES, MB_HE_STAGES, ROW), PIPE_THREADS);
+        for (int r = 0; r < PIPES * OUT_STAGES; r++) mb_mbar_init(ofull + r, PIPE_THREADS), mb_mbar_init(oempty + r, 1);
     }
     mb_mbar_init_fence();
     __syncthreads();
-    long long mine = 0; // a reducer's count of its items
+    long long items = 0; // the thread's FIFO items (a loader's, a reducer's)
+    he_outs os = {mb_dynamic_smem() + PIPES * CFIFO_BYTES, ofull, oempty, 0, 0};
     if (stage != 2) {
-        if (!he_reduce(f, c, rank, ph, b, blocks, me.meta[META_COUNTS + L], he_partials{me, BWD ? me.edx : me.ey}, put, mine)) return;
+        if (!he_reduce(c, rank, ph, b, blocks, me.meta[META_COUNTS + L], he_partials{me, BWD ? me.edx : me.ey}, items, os)) return;
         if (BWD) he_dp_partials(me, rank % D, b, blocks);
         if (stop || !he_sync(c, R, flags, rank, blocks, ph, epoch, false)) return;
-        if (M > 1 && !he_reduce(f, c, rank, ph, b, blocks, (M - 1) * T, he_prereduce{R, rank}, put, mine)) return;
+        if (M > 1 && !he_reduce(c, rank, ph, b, blocks, (M - 1) * T, he_prereduce{R, rank}, items, os)) return;
         if (BWD && M > 1) he_dp_prereduce(R, rank, b, blocks);
         epoch++;
     }
     if (stage != 1) {
-        if (!he_reduce(f, c, rank, ph, b, blocks, T, he_home<BWD>{R, rank}, put, mine)) return;
+        if (!he_reduce(c, rank, ph, b, blocks, T, he_home<BWD>{R, rank}, items, os)) return;
         if (BWD) he_dp_home(R, rank, b, blocks);
         he_sync(c, R, flags, rank, blocks, ph, epoch, false);
     }
 }
 
-extern "C" __global__ void __launch_bounds__(THREADS, 1)
+extern "C" __global__ void __launch_bounds__(CTHREADS, 1)
     he_combine(mb_comm c, int first, int blocks, int epoch, const he_rank *R, int *const *flags, int stage) {
     he_combine_body<false>(c, first, blocks, epoch, R, flags, stage, 0);
 }
 
-extern "C" __global__ void __launch_bounds__(THREADS, 1)
+extern "C" __global__ void __launch_bounds__(CTHREADS, 1)
     he_combine_bwd(mb_comm c, int first, int blocks, int epoch, const he_rank *R, int *const *flags, int stage, int bug) {
     he_combine_body<true>(c, first, blocks, epoch, R, flags, stage, bug);
 }

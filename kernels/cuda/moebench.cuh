@@ -159,6 +159,7 @@ __device__ __forceinline__ int mb_atomic_add_sys(int *p, int v) {
 }
 __device__ __forceinline__ int mb_atomic_add_release_sys(int *p, int v) {
 #ifdef MB_HOST
+    mbhost_release_point();
     return mbhost::rmw(p, [&](std::atomic_ref<int> a) { return a.fetch_add(v, std::memory_order_release); });
 #else
     int old;
@@ -168,6 +169,7 @@ __device__ __forceinline__ int mb_atomic_add_release_sys(int *p, int v) {
 }
 __device__ __forceinline__ int mb_atomic_cas_sys(int *p, int cmp, int v) {
 #ifdef MB_HOST
+    mbhost_release_point();
     return mbhost::rmw(p, [&](std::atomic_ref<int> a) {
         a.compare_exchange_strong(cmp, v, std::memory_order_acq_rel, std::memory_order_acquire);
         return cmp;
@@ -511,19 +513,57 @@ __device__ __forceinline__ void mb_bulk_commit() {
 }
 __device__ __forceinline__ void mb_bulk_wait_read() {
 #ifdef MB_HOST
-    mbhost_bulk_wait(true);
+    mbhost_bulk_wait(true, 0);
 #else
     asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
 #endif
 }
+// mb_bulk_wait_read_n<P>: as mb_bulk_wait_read for all but the P most
+// recently committed groups (those may still be reading)
+template <int P> __device__ __forceinline__ void mb_bulk_wait_read_n() {
+#ifdef MB_HOST
+    mbhost_bulk_wait(true, P);
+#else
+    asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(P) : "memory");
+#endif
+}
+// mb_bulk_wait: the writes are done too, as seen by this thread: its own
+// release (a fence, or a release store or atomic) then publishes them to
+// other threads and ranks — not another thread's after a __syncthreads
 __device__ __forceinline__ void mb_bulk_wait() {
 #ifdef MB_HOST
-    mbhost_bulk_wait(false);
+    mbhost_bulk_wait(false, 0);
 #else
     asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
 #endif
 }
 #endif // MB_BULK
+
+// mb_fence_proxy_async: this thread's generic-proxy accesses (plain loads
+// and stores, global or shared) ordered with its async-proxy ones (bulk
+// copies): data stored with plain stores and then read by a bulk copy,
+// of any thread once a release/acquire orders them, needs it after the
+// stores (PTX's proxy rule), and a thread that acquired such data before
+// its own bulk copies read it needs it too. No-op on the 16-byte path.
+__device__ __forceinline__ void mb_fence_proxy_async() {
+#ifdef MB_BULK
+#ifdef MB_HOST
+    mbhost_fence_proxy_async();
+#else
+    asm volatile("fence.proxy.async;" ::: "memory");
+#endif
+#endif
+}
+// mb_stg16: a 16-byte plain store to global (or a peer's) memory that a
+// bulk copy may read later (the host simulation tracks it until the
+// storing thread's mb_fence_proxy_async)
+__device__ __forceinline__ void mb_stg16(void *p, uint4 v) {
+#ifdef MB_HOST
+    mbhost_stg16(p, v);
+#else
+    *(uint4 *)p = v;
+#endif
+}
 
 // mb_fifo: a ring of `stages` slots of `slot` bytes (16-byte multiples) in
 // dynamic shared memory, between one producer warp and C consumer warps.
