@@ -367,55 +367,105 @@ func isPredicate(a string) bool { return predicateArg.MatchString(a) }
 // files' role split: deepep's dispatch and combine run MB_WARPS warps a
 // block, all copying, even blocks sending and odd ones receiving (share
 // ½), their loads of local memory (the sender's x or expert outputs, the
-// receiver's own ring: peers write into it); hybridep's blocks have
-// WARPS = 4, one loader (into the FIFO: bulk copies or 16-byte loads) and
-// three storers or reducers (the reducers load the shared expert's rows,
-// local), its permute and pack copies run by all four; its combine's
-// loader reads the peers' partial sums over NVLink, its dispatch's loader
-// local rows.
+// receiver's own ring: peers write into it). hybridep.cu (its warp counts
+// checked against its #defines by heCheckWarps): the dispatch's WARPS = 4
+// are one loader (into the FIFO: bulk copies or 16-byte loads of local
+// rows) and three storers; its permute's PWARPS = 4 and its pack's
+// WARPS = 4 all copy local rows (the rank's receive buffer, x); its
+// combine's CWARPS = 6 are PIPES = 2 loaders, which read the peers'
+// partial sums (NVLink) into their FIFOs, and four reducers, whose global
+// loads are the shared expert's rows (local).
 type inflightSpec struct {
 	toGlobal, toShared   int    // warps; -1: MB_WARPS
 	memGlobal, memShared string // what the loads of each kind of loop read: hbm or nvlink
 	share                float64
-	// slot: the bytes of its FIFO's slot (hybridep.cu's SLOT, CHUNK_BYTES),
-	// an item's bytes where the SASS gives a bulk copy's size no constant
+	// slot: the bytes of its FIFO's slot (hybridep.cu's SLOT, ROW), an
+	// item's bytes where the SASS gives a bulk copy's size no constant
 	slot func(d map[string]string) int
+	// slots: the FIFO slots a block keeps loading on the bulk path (all
+	// its FIFOs); nil: MB_HE_STAGES, one FIFO
+	slots func(d map[string]string) int
+	// bulkToShared, bulkMemShared: on the bulk path, who runs the loops
+	// whose 16-byte loads go to shared memory, and what they read, where
+	// that differs (0: as on the 16-byte path). he_combine's loaders copy
+	// with bulk copies there; its loops into shared memory are the
+	// reducers' loads of the shared expert's row (add, local) summed into
+	// the output row in shared memory (read from the SASS: LD.E.128, its
+	// arithmetic, STS.128 [row + at]).
+	bulkToShared  int
+	bulkMemShared string
 }
 
 // heSlot is he_dispatch's FIFO slot: a row and its domain's
-// probabilities (SLOT); heChunk he_combine's: a column chunk of COLS
-// bytes at most (CHUNK_BYTES).
+// probabilities (SLOT); heRow he_combine's and he_permute's: a whole row
+// (ROW; the combine's items are whole rows since its restructuring).
 func heSlot(d map[string]string) int {
 	ld := atoi(d["MB_HE_EXPERTS"]) / atoi(d["MB_HE_EP"]) * atoi(d["MB_HE_DOMAIN"])
 	return 2*atoi(d["MB_HE_HIDDEN"]) + 4*((ld+3)/4*4)
 }
-func heChunk(d map[string]string) int { return min(2*atoi(d["MB_HE_HIDDEN"]), heCols()) }
+func heRow(d map[string]string) int { return 2 * atoi(d["MB_HE_HIDDEN"]) }
 
-// heCols is hybridep.cu's COLS, read from the source.
-func heCols() int {
+// heDefine is hybridep.cu's #define name, an integer, read from the source.
+func heDefine(name string) int {
 	src, err := sources.ReadFile("cuda/hybridep.cu")
-	m := regexp.MustCompile(`(?m)^#define COLS (\d+)`).FindSubmatch(src)
+	m := regexp.MustCompile(`(?m)^#define ` + name + ` (\d+)`).FindSubmatch(src)
 	if err != nil || m == nil {
-		panic(fmt.Sprintf("hybridep.cu: no #define COLS (the combine's column chunk) for the throughput model: %v", err))
+		panic(fmt.Sprintf("hybridep.cu: no #define %s (an integer) for the throughput model: %v", name, err))
 	}
 	return atoi(string(m[1]))
 }
 
-// heStages is the FIFO stages dispatchers/hybridep gives a slot of this
-// many bytes (its stages, programs.go: 3 to 9, what fits 200 KiB of shared
-// memory); keep the two in step.
-func heStages(slot int) int { return 3 * max(1, min(3, (200<<10)/(slot+16)/3)) }
+// heCheckWarps checks inflightSpecs' hybridep warp counts against
+// hybridep.cu's #defines.
+func heCheckWarps() error {
+	want := map[string][2]int{ // toGlobal, toShared
+		"he_dispatch": {heDefine("WARPS"), 1}, "he_pack": {heDefine("WARPS"), 0}, "he_permute": {heDefine("PWARPS"), 0},
+		"he_combine": {heDefine("CWARPS") - heDefine("PIPES"), heDefine("PIPES")},
+	}
+	for name, w := range want {
+		for _, k := range []string{name, name + "_bwd"} {
+			if s := inflightSpecs[k]; s.toGlobal != w[0] || s.toShared != w[1] || s.bulkToShared != 0 && s.bulkToShared != w[0] {
+				return fmt.Errorf("inflightSpecs[%q]: warps %d to global, %d to shared; hybridep.cu's #defines give %d and %d", k, s.toGlobal, s.toShared, w[0], w[1])
+			}
+		}
+	}
+	return nil
+}
+
+// heStages is the dispatch FIFO's stages dispatchers/hybridep gives a
+// slot of this many bytes (stages, programs.go: 3 to 12, a multiple of the
+// 3 storers, what fits 200 KiB of shared memory); heCombineStages a
+// combine pipeline's slots of a row (combineStages: 2 to 8, beside the
+// PIPES × OUT_STAGES output rows). Copies of its rules: keep them in step.
+func heStages(slot int) int { return 3 * max(1, min(4, (200<<10)/(slot+16)/3)) }
+func heCombineStages(row int) int {
+	pipes, out := heDefine("PIPES"), heDefine("OUT_STAGES")
+	return max(2, min(8, ((200<<10)-pipes*out*row)/(pipes*(row+16))))
+}
+
+// The slots a block keeps loading on the bulk path. Stated assumption:
+// every slot of the FIFO holds a load in flight (an upper bound: the
+// dispatch's storers hold up to S2G_INFLIGHT slots each still read by
+// their bulk stores, the combine's reducers the slot they sum, and a
+// permute warp's ring slot waits for its stores' read). The combine: its
+// PIPES pipelines' MB_HE_STAGES slots each; the permute: each of its
+// PWARPS warps' ring of PSTAGES rows (its MB_HE_STAGES is the dispatch's,
+// unused).
+func heCombineSlots(d map[string]string) int { return heDefine("PIPES") * atoi(d["MB_HE_STAGES"]) }
+func hePermuteSlots(map[string]string) int   { return heDefine("PWARPS") * heDefine("PSTAGES") }
 
 var inflightSpecs = map[string]inflightSpec{
-	"deepep_dispatch":    {-1, 0, "hbm", "", 0.5, nil},
-	"deepep_combine":     {-1, 0, "hbm", "", 0.5, nil},
-	"deepep_combine_bwd": {-1, 0, "hbm", "", 0.5, nil},
-	"he_pack":            {4, 0, "hbm", "", 1, nil},
-	"he_pack_bwd":        {4, 0, "hbm", "", 1, nil},
-	"he_dispatch":        {4, 1, "hbm", "hbm", 1, heSlot},
-	"he_dispatch_bwd":    {4, 1, "hbm", "hbm", 1, heSlot},
-	"he_combine":         {3, 1, "hbm", "nvlink", 1, heChunk},
-	"he_combine_bwd":     {3, 1, "hbm", "nvlink", 1, heChunk},
+	"deepep_dispatch":    {-1, 0, "hbm", "", 0.5, nil, nil, 0, ""},
+	"deepep_combine":     {-1, 0, "hbm", "", 0.5, nil, nil, 0, ""},
+	"deepep_combine_bwd": {-1, 0, "hbm", "", 0.5, nil, nil, 0, ""},
+	"he_pack":            {4, 0, "hbm", "", 1, nil, nil, 0, ""},
+	"he_pack_bwd":        {4, 0, "hbm", "", 1, nil, nil, 0, ""},
+	"he_dispatch":        {4, 1, "hbm", "hbm", 1, heSlot, nil, 0, ""},
+	"he_dispatch_bwd":    {4, 1, "hbm", "hbm", 1, heSlot, nil, 0, ""},
+	"he_permute":         {4, 0, "hbm", "hbm", 1, heRow, hePermuteSlots, 0, ""},
+	"he_permute_bwd":     {4, 0, "hbm", "hbm", 1, heRow, hePermuteSlots, 0, ""},
+	"he_combine":         {4, 2, "hbm", "nvlink", 1, heRow, heCombineSlots, 4, "hbm"},
+	"he_combine_bwd":     {4, 2, "hbm", "nvlink", 1, heRow, heCombineSlots, 4, "hbm"},
 }
 
 // belowTarget lists the kernels (and path) that miss the throughput
@@ -428,19 +478,18 @@ var belowTarget = map[string]bool{
 	// each vector in flight (its receiver keeps 8: DeepEP's structure)
 	"deepep_combine 16-byte":     true,
 	"deepep_combine_bwd 16-byte": true,
-	// issue 32: FIFO loader and permute/pack copies, one load at a time
+	// issue 32: on the 16-byte path (no bulk copies: NVRTC < 12, sm_80)
+	// the FIFO loaders copy into shared memory one 16-byte load per lane
+	// at a time (one loader warp in the dispatch, two in the combine)
 	"he_dispatch 16-byte":     true,
 	"he_dispatch_bwd 16-byte": true,
 	"he_combine 16-byte":      true,
 	"he_combine_bwd 16-byte":  true,
-	"he_pack 16-byte":         true,
-	"he_pack_bwd 16-byte":     true,
-	// issue 32: the permute after the bulk dispatch copies one load at a time;
-	// the combine's FIFO holds 9 stages of 2 KiB column chunks (18 KiB)
-	"he_dispatch bulk":     true,
-	"he_dispatch_bwd bulk": true,
-	"he_combine bulk":      true,
-	"he_combine_bwd bulk":  true,
+	// issue 32: the forward combine's home sum loads the shared expert's
+	// row (add) one 16-byte load per lane at a time, each summed and
+	// stored into the output row before the next is issued; its FIFOs
+	// (10 whole rows) meet the bulk target
+	"he_combine bulk": true,
 }
 
 // inflightKernels analyses the kernels of inflightSpecs in one cubin's
@@ -460,6 +509,9 @@ func inflightKernels(sass string, d map[string]string, path string) ([]InflightK
 			w, mem := spec.toGlobal, spec.memGlobal
 			if l.into == "shared" {
 				w, mem = spec.toShared, spec.memShared
+				if path == "bulk" && spec.bulkToShared > 0 {
+					w, mem = spec.bulkToShared, spec.bulkMemShared
+				}
 			}
 			if w < 0 {
 				w = atoi(d["MB_WARPS"])
@@ -481,7 +533,11 @@ func inflightKernels(sass string, d map[string]string, path string) ([]InflightK
 			if item == 0 { // the same code as on the 16-byte path (he_pack)
 				continue
 			}
-			k.BulkItemBytes, k.BulkStages, k.BulkMemory, k.BulkItemFrom = item, atoi(d["MB_HE_STAGES"]), spec.memShared, "SASS (UMOV of each copy's size)"
+			stages := atoi(d["MB_HE_STAGES"])
+			if spec.slots != nil {
+				stages = spec.slots(d)
+			}
+			k.BulkItemBytes, k.BulkStages, k.BulkMemory, k.BulkItemFrom = item, stages, spec.memShared, "SASS (UMOV of each copy's size)"
 			if slotUsed {
 				k.BulkItemFrom = "the FIFO's slot (a copy's size is not a constant in the SASS)"
 			}
@@ -737,23 +793,28 @@ func TestInflightTable(t *testing.T) {
 	table := &InflightTable{
 		Note: "Predicted ceilings from the machine code, not measurements: Little's law, bytes in flight per SM ÷ load latency. " +
 			"Written by kernels' TestInflightTable (MOEBENCH_UPDATE_INFLIGHT=1); see kernels/inflight.go.",
-		Source: fmt.Sprintf("sm_90 cubins of NVRTC %d.%d, preset %s (hidden %d), EP 8, one block per SM, deepep MB_WARPS %s, hybridep FIFO stages %d (dispatch) and %d (combine)",
-			n.Major, n.Minor, preset, shapes[preset].hidden, defines(preset)["MB_WARPS"], heStages(heSlot(defines(preset))), heStages(heChunk(defines(preset)))),
+		Source: fmt.Sprintf("sm_90 cubins of NVRTC %d.%d, preset %s (hidden %d), EP 8, one block per SM, deepep MB_WARPS %s, hybridep FIFO stages %d (dispatch), %d a pipeline × %d (combine), %d a warp × %d (permute)",
+			n.Major, n.Minor, preset, shapes[preset].hidden, defines(preset)["MB_WARPS"], heStages(heSlot(defines(preset))),
+			heCombineStages(heRow(defines(preset))), heDefine("PIPES"), heDefine("PSTAGES"), heDefine("PWARPS")),
 		LatencyNs: map[string]float64{"hbm": LatencyHBM, "nvlink": LatencyNVLink},
 		Latency:   LatencySources,
 	}
+	if err := heCheckWarps(); err != nil {
+		t.Fatal(err)
+	}
 	// hybridep's FIFO stages as dispatchers/hybridep sets them: the
-	// dispatch kernels' from its slot, the combine's from its column chunk
+	// dispatch kernels' (and the permute's, pack's: the same defines) from
+	// its slot, the combine's from a row
 	d0 := defines(preset)
-	sd, sc := heStages(heSlot(d0)), heStages(heChunk(d0))
+	sd, sc := heStages(heSlot(d0)), heCombineStages(heRow(d0))
 	compiled := map[string]string{} // SASS by file, path and stages
 	for _, c := range []struct {
 		file, noBulk, path, only string
 		stages                   int
 	}{
 		{"deepep.cu", "0", "16-byte", "deepep_", 0},
-		{"hybridep.cu", "1", "16-byte", "he_dispatch he_pack", sd}, {"hybridep.cu", "1", "16-byte", "he_combine", sc},
-		{"hybridep.cu", "0", "bulk", "he_dispatch he_pack", sd}, {"hybridep.cu", "0", "bulk", "he_combine", sc},
+		{"hybridep.cu", "1", "16-byte", "he_dispatch he_pack he_permute", sd}, {"hybridep.cu", "1", "16-byte", "he_combine", sc},
+		{"hybridep.cu", "0", "bulk", "he_dispatch he_pack he_permute", sd}, {"hybridep.cu", "0", "bulk", "he_combine", sc},
 	} {
 		d := defines(preset)
 		d["MB_NO_BULK"] = c.noBulk
@@ -831,7 +892,7 @@ func TestInflightREADME(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rows := map[string]string{"deepep_dispatch": "16-byte", "deepep_combine": "16-byte", "he_dispatch": "bulk", "he_combine": "bulk"}
+	rows := map[string]string{"deepep_dispatch": "16-byte", "deepep_combine": "16-byte", "he_dispatch": "bulk", "he_permute": "bulk", "he_combine": "bulk"}
 	for name, path := range rows {
 		k, ok := tab.Kernel(name, path)
 		if !ok {
