@@ -36,9 +36,13 @@ type DispatchPoint struct {
 	Impl       string `json:"impl"`
 	SMs        int    `json:"sms"`              // as asked; 0 for dispatchers that are not SM-driven
 	Budget     int    `json:"budget,omitempty"` // the blocks it ran with
-	Status     string `json:"status"`
-	Reason     string `json:"reason,omitempty"`
-	RoundTrip  string `json:"round_trip,omitempty"` // "exact" in every timed iteration, or the first difference
+	// Held: the SMs each rank held on a device (one block per SM), and how
+	// the ranks share a GPU's SMs (see results.SMs)
+	Held      int    `json:"sms_held,omitempty"`
+	HeldNote  string `json:"sms_held_note,omitempty"`
+	Status    string `json:"status"`
+	Reason    string `json:"reason,omitempty"`
+	RoundTrip string `json:"round_trip,omitempty"` // "exact" in every timed iteration, or the first difference
 	// SMUse is GPM's SM utilisation over the point's timed iterations
 	// (cuda), or why it was not measured
 	SMUse string `json:"sm_use,omitempty"`
@@ -163,7 +167,10 @@ func (b *DispatchBench) points(cfg Config, names []string, sms []int, point func
 				if err = bg.Check(c.SMs); err != nil {
 					err = &ConfigError{"sms", c.SMs, c.Dispatcher + ": " + err.Error()}
 				}
-				p.Budget = bg.Resolve(c.SMs)
+				p.Budget = bg.Resolve(c.SMs) // a device point fits it to its GPUs (fitSMs)
+				if c.Device == "host" {
+					p.HeldNote = HostHeldNote
+				}
 			}
 			if err == nil {
 				p, err = point(c, p)

@@ -303,7 +303,7 @@ func newRecord(cfg Config, env Env) *results.Record {
 		SMs:    results.SMs{Configured: cfg.SMs, Measured: "not measured on the host device"},
 	}
 	if b, ok := dispatchers.SMBudgetOf(cfg.Dispatcher, cfg.Impl); ok {
-		rec.SMs.Budget = b.Resolve(cfg.SMs)
+		rec.SMs.Budget, rec.SMs.HeldNote = b.Resolve(cfg.SMs), HostHeldNote // a device run fits it to its GPUs (fitSMs)
 	}
 	if cfg.Device == "host" {
 		for r := range rec.Ranks.Devices {

@@ -455,7 +455,13 @@ type SMs struct {
 	Note string `json:"note,omitempty"`
 	// Budget is the blocks an SM-driven dispatcher ran its transfers with
 	// (its default when Configured is 0); absent for the others.
-	Budget   int    `json:"budget,omitempty"`
+	Budget int `json:"budget,omitempty"`
+	// Held is the SMs each rank's transfer kernels held on a device: one
+	// block per SM (checked by occupancy), so the budget; HeldNote says
+	// how the ranks share each GPU's SMs, or why none are held (the host
+	// device). Absent for the other dispatchers and in older records.
+	Held     int    `json:"held,omitempty"`
+	HeldNote string `json:"held_note,omitempty"`
 	Measured string `json:"measured"` // or why it was not
 }
 
