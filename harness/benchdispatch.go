@@ -49,6 +49,11 @@ type DispatchPoint struct {
 	// p50 of each phase (the slowest rank per iteration), ms
 	Phases  []results.Phase  `json:"phases,omitempty"`
 	Traffic *results.Traffic `json:"traffic,omitempty"` // bytes and GB/s (per SM)
+
+	// DispatchAsDesigned: the dispatch as the design's test times it
+	// (its parts are phases above); Traffic's dispatch GB/s are its rate
+	DispatchAsDesigned *results.DesignPhase `json:"dispatch_as_designed,omitempty"`
+
 	// Predicted: the ceiling the machine code of the kernels the cuda
 	// device runs predicts (SM-driven native dispatchers), on any device
 	Predicted *Prediction `json:"predicted_ceiling,omitempty"`
@@ -142,7 +147,7 @@ func benchSetup(cfg Config, env Env) (*Layer, *DispatchBench, error) {
 	}
 	rec := newRecord(cfg, env)
 	b := &DispatchBench{Schema: DispatchBenchSchema, Time: rec.Time, Config: rec.Config, Stack: rec.Stack,
-		Bytes:   "each design's own convention (DeepEP's test_intranode and HybridEP's test_hybrid_ep: tokens received × hidden × 2 B, a rank's tokens to itself included; alltoall's rows are copies); GB/s = a rank's share / the phase's p50",
+		Bytes:   "each design's own convention (DeepEP's test_intranode and HybridEP's test_hybrid_ep: tokens received × hidden × 2 B, a rank's tokens to itself included; alltoall's rows are copies); GB/s = a rank's share / the phase's p50 (a design's dispatch: as its test times it, the parts summed)",
 		Routing: cfg.Routing.String()}
 	b.Config.Dispatcher, b.Config.SMs = "", 0
 	return l, b, nil
@@ -242,6 +247,7 @@ func benchPoint(c Config, l *Layer, p DispatchPoint) (DispatchPoint, error) {
 	}
 	p.Traffic = trafficRecord(d.Traffic())
 	bandwidth(p.Traffic, t, c.EP, p.Budget, results.CopyPayload(c.Record()))
+	p.asDesigned(c, steps, samples)
 	p.Phases, p.Status = t.Phases, results.StatusOK
 	return p, nil
 }

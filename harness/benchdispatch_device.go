@@ -210,6 +210,7 @@ func benchDevicePoint(c Config, l *Layer, devs []kernels.Device, p DispatchPoint
 	}
 	p.Traffic = trafficRecord(d.Traffic())
 	bandwidth(p.Traffic, t, c.EP, p.Budget, results.CopyPayload(c.Record()))
+	p.asDesigned(c, dl.seq, samples)
 	p.Phases, p.Status, p.RoundTrip = t.Phases, results.StatusOK, "exact"
 	return p, nil
 }

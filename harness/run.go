@@ -564,6 +564,7 @@ func fillMeasurements(rec *results.Record, cfg Config, m measured) {
 	}
 	rec.Traffic = trafficRecord(m.traffic)
 	bandwidth(rec.Traffic, t, cfg.EP, rec.SMs.Budget, results.CopyPayload(rec.Config))
+	t.DispatchAsDesigned = asDesigned(cfg.Dispatcher, m.phases, m.samples, rec.Traffic.DispatchAlgorithm, cfg.EP, rec.SMs.Budget) // designtiming.go
 	if m.nodes {
 		nodeBandwidth(rec.Traffic, t, cfg.EP, m.interNode, m.intraNode)
 	}

@@ -167,6 +167,7 @@ var columns = []column{
 	{head: "dispatcher", val: func(r Row) string { return r.Rec.Config.Dispatcher }},
 	{head: "impl", val: func(r Row) string { return r.Rec.Config.Impl }},
 	{head: "sms", val: smsCell},
+	{head: "sms_held", val: heldCell},
 	{head: "status", val: func(r Row) string { return r.Rec.Status }},
 	{head: "rank_step_p50", okOnly: true, ms: func(r Row) (float64, bool) { s, _ := twoSteps(r.Rec); return p50Of(s) }},
 	{head: "lockstep_p50", okOnly: true, ms: func(r Row) (float64, bool) { _, l := twoSteps(r.Rec); return p50Of(l) }},
@@ -177,6 +178,24 @@ var columns = []column{
 			return noValue
 		}
 		return fmt.Sprintf("%.2fx", r.Speedup)
+	}},
+	{head: "dispatch_as_designed_p50", okOnly: true, shown: asDesigned, ms: func(r Row) (float64, bool) {
+		if d := designOf(r.Rec); d != nil {
+			return d.P50, true
+		}
+		return 0, false
+	}},
+	{head: "dispatch_as_designed_algo_GBps", okOnly: true, shown: asDesigned, val: func(r Row) string {
+		if d := designOf(r.Rec); d != nil {
+			return sig3(d.GBps)
+		}
+		return noValue
+	}},
+	{head: "dispatch_as_designed_algo_GBps_per_SM", okOnly: true, shown: asDesigned, val: func(r Row) string {
+		if d := designOf(r.Rec); d != nil {
+			return sig3(d.GBpsPerSM)
+		}
+		return noValue
 	}},
 	{head: "dispatch_p50", okOnly: true, ms: phaseMS("dispatch")},
 	{head: "dispatch_copy_GBps", okOnly: true, val: func(r Row) string { return sig3(copyGBps(r.Rec, "dispatch")) }},
@@ -214,6 +233,31 @@ var columns = []column{
 	}},
 }
 
+// asDesigned: some row of g has its dispatch as its design's test times
+// it (Timing.DispatchAsDesigned); its parts are the phases' columns and
+// the run's phase table.
+func asDesigned(g Group) bool {
+	for _, r := range g.Rows {
+		if r.Rec.Status == StatusOK && r.Rec.Timing != nil && r.Rec.Timing.DispatchAsDesigned != nil {
+			return true
+		}
+	}
+	return false
+}
+
+// heldCell is the SMs each rank held (one block per SM), "n/a" where the
+// run held none (the host device), "—" for dispatchers without a budget
+// and older records.
+func heldCell(r Row) string {
+	switch s := r.Rec.SMs; {
+	case s.Held > 0:
+		return strconv.Itoa(s.Held)
+	case strings.HasPrefix(s.HeldNote, "n/a"):
+		return "n/a"
+	}
+	return noValue
+}
+
 // interNode: some row of g moved bytes between nodes.
 func interNode(g Group) bool {
 	for _, r := range g.Rows {
@@ -224,8 +268,8 @@ func interNode(g Group) bool {
 	return false
 }
 
-// textColumns are the report's left-aligned columns (dispatcher, impl, sms, status).
-const textColumns = 4
+// textColumns are the report's left-aligned columns (dispatcher, impl, sms, sms_held, status).
+const textColumns = 5
 
 // hostMark marks the speedup of host groups; the key says why.
 const hostMark = "†"
@@ -386,8 +430,13 @@ func reportKey(groups []Group) []string {
 		"GBps columns are GB/s (1e9 B/s) of a rank's share of a step's bytes over the phase's p50: copy = " + copyRows + ", the same bytes for every dispatcher; " +
 			"algo = the design's own convention (DeepEP's test_intranode: each (token, destination rank) pair once, its bf16 row: fewer bytes where a design sends a token once to a rank holding several of its experts); " +
 			"algo_GBps_per_SM = algo over the SM budget of an SM-driven dispatcher",
-		"sms: the SM budget (blocks) of an SM-driven dispatcher's transfers, '(default)' when --sms left it to the dispatcher; sm_util_%: measured SM utilisation (NVML GPM)",
+		"sms: the SM budget (blocks) of an SM-driven dispatcher's transfers, '(default)' when --sms left it to the dispatcher; " +
+			"sms_held: the SMs each rank held on a GPU (one block per SM; ranks packed on one GPU share its SMs, at most SMs ÷ ranks each), n/a on the host device; sm_util_%: measured SM utilisation (NVML GPM)",
 		noValue + ": no value (a failed or unavailable point, a record from before the column, or a quantity the dispatcher does not have)",
+	}
+	if slices.ContainsFunc(groups, asDesigned) {
+		key = append(key, "dispatch_as_designed_*: the dispatch as the design's own test times it, per iteration the sum of its parts' slowest ranks, p50 "+
+			"(deepep: notify + dispatch, as DeepEP's test_intranode; hybridep: allgather + preprocess + dispatch, as HybridEP's test_hybrid_ep); dispatch_p50 is the dispatch phase alone")
 	}
 	if host {
 		key = append(key, hostMark+" host device: the times are the wall clock of Go code running every rank on the CPU, one after another: "+
@@ -413,4 +462,12 @@ func whyNot(notes map[string]bool) string {
 		return "not measured"
 	}
 	return strings.Join(slices.Sorted(maps.Keys(notes)), "; ")
+}
+
+// designOf is r's dispatch as its design's test times it, or nil.
+func designOf(r *Record) *DesignPhase {
+	if r.Timing == nil {
+		return nil
+	}
+	return r.Timing.DispatchAsDesigned
 }
