@@ -167,8 +167,8 @@ var columns = []column{
 	{head: "dispatcher", val: func(r Row) string { return r.Rec.Config.Dispatcher }},
 	{head: "impl", val: func(r Row) string { return r.Rec.Config.Impl }},
 	{head: "sms", val: smsCell},
-	{head: "sms_held", val: heldCell},
 	{head: "status", val: func(r Row) string { return r.Rec.Status }},
+	{head: "sms_held", shown: held, val: heldCell},
 	{head: "rank_step_p50", okOnly: true, ms: func(r Row) (float64, bool) { s, _ := twoSteps(r.Rec); return p50Of(s) }},
 	{head: "lockstep_p50", okOnly: true, ms: func(r Row) (float64, bool) { _, l := twoSteps(r.Rec); return p50Of(l) }},
 	{head: "fwd_p50", okOnly: true, ms: func(r Row) (float64, bool) { return p50Of(passOf(r.Rec, PassForward)) }},
@@ -245,6 +245,12 @@ func asDesigned(g Group) bool {
 	return false
 }
 
+// held: some row of g says what SMs it held (records from before the
+// column say nothing).
+func held(g Group) bool {
+	return slices.ContainsFunc(g.Rows, func(r Row) bool { return r.Rec.SMs.Held > 0 || r.Rec.SMs.HeldNote != "" })
+}
+
 // heldCell is the SMs each rank held (one block per SM), "n/a" where the
 // run held none (the host device), "—" for dispatchers without a budget
 // and older records.
@@ -268,8 +274,8 @@ func interNode(g Group) bool {
 	return false
 }
 
-// textColumns are the report's left-aligned columns (dispatcher, impl, sms, sms_held, status).
-const textColumns = 5
+// textColumns are the report's left-aligned columns (dispatcher, impl, sms, status).
+const textColumns = 4
 
 // hostMark marks the speedup of host groups; the key says why.
 const hostMark = "†"
@@ -430,9 +436,11 @@ func reportKey(groups []Group) []string {
 		"GBps columns are GB/s (1e9 B/s) of a rank's share of a step's bytes over the phase's p50: copy = " + copyRows + ", the same bytes for every dispatcher; " +
 			"algo = the design's own convention (DeepEP's test_intranode: each (token, destination rank) pair once, its bf16 row: fewer bytes where a design sends a token once to a rank holding several of its experts); " +
 			"algo_GBps_per_SM = algo over the SM budget of an SM-driven dispatcher",
-		"sms: the SM budget (blocks) of an SM-driven dispatcher's transfers, '(default)' when --sms left it to the dispatcher; " +
-			"sms_held: the SMs each rank held on a GPU (one block per SM; ranks packed on one GPU share its SMs, at most SMs ÷ ranks each), n/a on the host device; sm_util_%: measured SM utilisation (NVML GPM)",
+		"sms: the SM budget (blocks) of an SM-driven dispatcher's transfers, '(default)' when --sms left it to the dispatcher; sm_util_%: measured SM utilisation (NVML GPM)",
 		noValue + ": no value (a failed or unavailable point, a record from before the column, or a quantity the dispatcher does not have)",
+	}
+	if slices.ContainsFunc(groups, held) {
+		key = append(key, "sms_held: the SMs each rank held on a GPU (one block per SM; ranks packed on one GPU share its SMs, at most SMs ÷ ranks each), n/a on the host device")
 	}
 	if slices.ContainsFunc(groups, asDesigned) {
 		key = append(key, "dispatch_as_designed_*: the dispatch as the design's own test times it, per iteration the sum of its parts' slowest ranks, p50 "+
