@@ -66,3 +66,37 @@ func (b SMBudget) Resolve(n int) int {
 	}
 	return n
 }
+
+// PerGPU is the most a rank's budget may be on a GPU of sms SMs shared by
+// ranks of the run's ranks: each block holds one SM (kernels'
+// LaunchResident) and all of the GPU's ranks' blocks are resident at once
+// (a collective launch), so budget × ranks ≤ SMs; even where b.Even.
+func (b SMBudget) PerGPU(sms, ranks int) int {
+	n := sms / max(1, ranks)
+	if b.Even {
+		n -= n % 2
+	}
+	return n
+}
+
+// Fit is the budget n (0: the default) means for the ranks of a GPU of
+// sms SMs shared by ranks ranks: n itself when it fits (PerGPU), and for
+// 0 the smaller of the default and what fits. An n above what fits, or a
+// GPU with too few SMs for any budget, is the reason the design is
+// unavailable there (naming --sms, its value, the SMs and the ranks).
+func (b SMBudget) Fit(n, sms, ranks int) (int, error) {
+	most, least := b.PerGPU(sms, ranks), 1
+	if b.Even {
+		least = 2
+	}
+	gpu := fmt.Sprintf("the GPU's %d SMs ÷ its %d rank(s), a block holding one SM and every rank's blocks resident at once", sms, ranks)
+	switch {
+	case most < least:
+		return 0, fmt.Errorf("--sms %d: no budget fits: %s leave %d per rank, below the least, %d", n, gpu, sms/max(1, ranks), least)
+	case n == 0:
+		return min(b.Default, most), nil
+	case n > most:
+		return 0, fmt.Errorf("--sms %d: a rank's budget is at most %d: %s", n, most, gpu)
+	}
+	return n, nil
+}

@@ -36,15 +36,24 @@ type DispatchPoint struct {
 	Impl       string `json:"impl"`
 	SMs        int    `json:"sms"`              // as asked; 0 for dispatchers that are not SM-driven
 	Budget     int    `json:"budget,omitempty"` // the blocks it ran with
-	Status     string `json:"status"`
-	Reason     string `json:"reason,omitempty"`
-	RoundTrip  string `json:"round_trip,omitempty"` // "exact" in every timed iteration, or the first difference
+	// Held: the SMs each rank held on a device (one block per SM), and how
+	// the ranks share a GPU's SMs (see results.SMs)
+	Held      int    `json:"sms_held,omitempty"`
+	HeldNote  string `json:"sms_held_note,omitempty"`
+	Status    string `json:"status"`
+	Reason    string `json:"reason,omitempty"`
+	RoundTrip string `json:"round_trip,omitempty"` // "exact" in every timed iteration, or the first difference
 	// SMUse is GPM's SM utilisation over the point's timed iterations
 	// (cuda), or why it was not measured
 	SMUse string `json:"sm_use,omitempty"`
 	// p50 of each phase (the slowest rank per iteration), ms
 	Phases  []results.Phase  `json:"phases,omitempty"`
 	Traffic *results.Traffic `json:"traffic,omitempty"` // bytes and GB/s (per SM)
+
+	// DispatchAsDesigned: the dispatch as the design's test times it
+	// (its parts are phases above); Traffic's dispatch GB/s are its rate
+	DispatchAsDesigned *results.DesignPhase `json:"dispatch_as_designed,omitempty"`
+
 	// Predicted: the ceiling the machine code of the kernels the cuda
 	// device runs predicts (SM-driven native dispatchers), on any device
 	Predicted *Prediction `json:"predicted_ceiling,omitempty"`
@@ -138,7 +147,7 @@ func benchSetup(cfg Config, env Env) (*Layer, *DispatchBench, error) {
 	}
 	rec := newRecord(cfg, env)
 	b := &DispatchBench{Schema: DispatchBenchSchema, Time: rec.Time, Config: rec.Config, Stack: rec.Stack,
-		Bytes:   "each design's own convention (DeepEP's test_intranode and HybridEP's test_hybrid_ep: tokens received × hidden × 2 B, a rank's tokens to itself included; alltoall's rows are copies); GB/s = a rank's share / the phase's p50",
+		Bytes:   "each design's own convention (DeepEP's test_intranode and HybridEP's test_hybrid_ep: tokens received × hidden × 2 B, a rank's tokens to itself included; alltoall's rows are copies); GB/s = a rank's share / the phase's p50 (a design's dispatch: as its test times it, the parts summed)",
 		Routing: cfg.Routing.String()}
 	b.Config.Dispatcher, b.Config.SMs = "", 0
 	return l, b, nil
@@ -163,7 +172,10 @@ func (b *DispatchBench) points(cfg Config, names []string, sms []int, point func
 				if err = bg.Check(c.SMs); err != nil {
 					err = &ConfigError{"sms", c.SMs, c.Dispatcher + ": " + err.Error()}
 				}
-				p.Budget = bg.Resolve(c.SMs)
+				p.Budget = bg.Resolve(c.SMs) // a device point fits it to its GPUs (fitSMs)
+				if c.Device == "host" {
+					p.HeldNote = HostHeldNote
+				}
 			}
 			if err == nil {
 				p, err = point(c, p)
@@ -235,6 +247,7 @@ func benchPoint(c Config, l *Layer, p DispatchPoint) (DispatchPoint, error) {
 	}
 	p.Traffic = trafficRecord(d.Traffic())
 	bandwidth(p.Traffic, t, c.EP, p.Budget, results.CopyPayload(c.Record()))
+	p.asDesigned(c, steps, samples)
 	p.Phases, p.Status = t.Phases, results.StatusOK
 	return p, nil
 }

@@ -141,6 +141,13 @@ func benchDevicePoint(c Config, l *Layer, devs []kernels.Device, p DispatchPoint
 		p.Reason = err.Error()
 		return p, err
 	}
+	budget, held, err := fitSMs(c, devs, nil)
+	if err != nil {
+		return fail(err)
+	}
+	if held != "" { // the budget that fits the GPUs, each block holding an SM
+		c.SMs, p.Budget, p.Held, p.HeldNote = budget, budget, budget, held
+	}
 	d, err := dispatchers.NewDevice(c.Dispatcher, c.Impl, c.dispatcherEnv())
 	if err != nil {
 		return fail(err)
@@ -203,6 +210,7 @@ func benchDevicePoint(c Config, l *Layer, devs []kernels.Device, p DispatchPoint
 	}
 	p.Traffic = trafficRecord(d.Traffic())
 	bandwidth(p.Traffic, t, c.EP, p.Budget, results.CopyPayload(c.Record()))
+	p.asDesigned(c, dl.seq, samples)
 	p.Phases, p.Status, p.RoundTrip = t.Phases, results.StatusOK, "exact"
 	return p, nil
 }

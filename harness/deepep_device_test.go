@@ -46,14 +46,14 @@ func TestDeepEPDeviceLayer(t *testing.T) {
 }
 
 // TestDeepEPLayerOnHostSim: deepep.cu's kernels in whole layers on the
-// host simulation, ranks on one fake GPU (8 SMs, so that 8 ranks' blocks
-// fit at once) and on two: each passes the check and gives the host
+// host simulation, ranks on one fake GPU (16 SMs, so that 8 ranks' blocks,
+// one per SM, fit at once) and on two: each passes the check and gives the host
 // deepep layer's output bit for bit (the router's and experts' kernels
 // compute as the host does there), training steps whose gradients pass
 // the check; one runs through Run, whose record has the design's forward
 // and backward phases and buffers.
 func TestDeepEPLayerOnHostSim(t *testing.T) {
-	t.Setenv("FAKECUDA_SMS", "8")
+	t.Setenv("FAKECUDA_SMS", "16")
 	comp := hostsim.Setup(t)
 	old := kernels.NewCompiler
 	kernels.NewCompiler = func() (kernels.Compiler, error) { return comp, nil }

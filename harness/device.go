@@ -1107,6 +1107,21 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 	if ds != nil {
 		defer ds.close() // after the dispatcher's: a library's state over the communicator (NCCL EP's groups) goes first
 	}
+	if budget, held, err := fitSMs(cfg, devs, ds); err != nil {
+		d.Close()
+		ds.fail(err, cfg)
+		return dispatcherError(rec, cfg, err)
+	} else if held != "" {
+		rec.SMs.Budget, rec.SMs.Held, rec.SMs.HeldNote = budget, budget, held
+		if budget != denv.SMs { // the dispatcher runs with the budget that fits
+			d.Close()
+			denv.SMs = budget
+			if d, err = dispatchers.NewDevice(cfg.Dispatcher, cfg.Impl, denv); err != nil {
+				ds.fail(err, cfg)
+				return dispatcherError(rec, cfg, err)
+			}
+		}
+	}
 	defer d.Close() // before the threads end: a library's ranks are closed on them
 	dev := devs[0]
 	tuneGEMMs(devs, true) // until the timed steps
@@ -1363,6 +1378,51 @@ func (env Env) devices(n, most int, ds *dist) ([]kernels.Device, error) {
 		devs[i] = g
 	}
 	return devs, err
+}
+
+// HostHeldNote is what a host run records for the SMs held: the host
+// device runs no blocks, so the budget is recorded as asked (or the
+// design's default) and no SMs are held.
+const HostHeldNote = "n/a: the host device runs no thread blocks; the budget is recorded as asked (or the design's default)"
+
+// fitSMs fits --sms to the GPUs of a device run of an SM-driven design's
+// native kernels: a block holds one SM (kernels' LaunchResident) and all
+// of a GPU's ranks' blocks are resident at once, so a rank's budget is at
+// most the GPU's SMs ÷ its ranks (dispatchers.SMBudget.Fit), and --sms 0
+// is the smaller of the design's default and that. It returns the budget
+// each rank runs with and the record's note on what the ranks hold (""
+// when --sms does not concern the run), or the *UnavailableError naming
+// --sms, its value, the SMs and the ranks.
+func fitSMs(cfg Config, devs []kernels.Device, ds *dist) (budget int, held string, err error) {
+	b, ok := dispatchers.SMBudgetOf(cfg.Dispatcher, cfg.Impl)
+	if !ok || cfg.Impl != dispatchers.ImplNative || len(devs) == 0 {
+		return 0, "", nil
+	}
+	ranks := cfg.EP
+	if ds != nil {
+		ranks = ds.per
+	}
+	perGPU := make([]int, len(devs))
+	for _, g := range rankDevices(ranks, len(devs)) {
+		perGPU[g]++
+	}
+	most, sms := slices.Max(perGPU), devs[0].SMCount()
+	for _, d := range devs {
+		sms = min(sms, d.SMCount())
+	}
+	if budget, err = b.Fit(cfg.SMs, sms, most); err != nil {
+		return 0, "", &dispatchers.UnavailableError{Name: cfg.Dispatcher, Impl: cfg.Impl, Reason: err.Error()}
+	}
+	held = fmt.Sprintf("each rank holds %d SMs (one block per SM)", budget)
+	if most > 1 {
+		held += fmt.Sprintf("; %d ranks packed on a GPU hold %d of its %d SMs", most, most*budget, sms)
+	} else {
+		held += fmt.Sprintf(" of its GPU's %d", sms)
+	}
+	if cfg.SMs == 0 {
+		held += fmt.Sprintf("; --sms 0: the smaller of the design's default (%d) and the %d that fit", b.Default, b.PerGPU(sms, most))
+	}
+	return budget, held, nil
 }
 
 // closeDevices closes the devices a run opened.

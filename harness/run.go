@@ -349,7 +349,7 @@ func newRecord(cfg Config, env Env) *results.Record {
 		SMs:    results.SMs{Configured: cfg.SMs, Measured: "not measured on the host device"},
 	}
 	if b, ok := dispatchers.SMBudgetOf(cfg.Dispatcher, cfg.Impl); ok {
-		rec.SMs.Budget = b.Resolve(cfg.SMs)
+		rec.SMs.Budget, rec.SMs.HeldNote = b.Resolve(cfg.SMs), HostHeldNote // a device run fits it to its GPUs (fitSMs)
 	}
 	if cfg.Device == "host" {
 		for r := range rec.Ranks.Devices {
@@ -610,6 +610,7 @@ func fillMeasurements(rec *results.Record, cfg Config, m measured) {
 	}
 	rec.Traffic = trafficRecord(m.traffic)
 	bandwidth(rec.Traffic, t, cfg.EP, rec.SMs.Budget, results.CopyPayload(rec.Config))
+	t.DispatchAsDesigned = asDesigned(cfg.Dispatcher, m.phases, m.samples, rec.Traffic.DispatchAlgorithm, cfg.EP, rec.SMs.Budget) // designtiming.go
 	if m.nodes {
 		nodeBandwidth(rec.Traffic, t, cfg.EP, m.interNode, m.intraNode)
 	}

@@ -233,6 +233,7 @@ func checkCommTest(t *testing.T, devs []Device) {
 // TestCommTestOnHostSim: comm_test's CUDA C on the host simulation over the
 // fake driver's two GPUs, each block of each launch on its own thread.
 func TestCommTestOnHostSim(t *testing.T) {
+	t.Setenv("FAKECUDA_SMS", "8") // a block holds an SM: two ranks' 2 channels × 2 blocks on one GPU
 	useHostSim(t)
 	gs, err := OpenGPUs(2, 2, t.TempDir())
 	if err != nil {

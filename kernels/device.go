@@ -111,10 +111,12 @@ type Device interface {
 	// SMCount is the device's SM count, the ceiling of an SM budget.
 	SMCount() int
 	// LaunchResident queues this device's part of collective c on s: grid
-	// blocks of c.Prog that are all resident at once, or a
-	// *ResidencyError when they cannot be (see Collective).
+	// blocks of c.Prog that are all resident at once, each holding one SM
+	// alone (so that an SM budget counts SMs), or a *ResidencyError when
+	// they cannot be (see Collective).
 	LaunchResident(c *Collective, grid int, s Stream, args ...any) error
-	// Residency is how many blocks of p one SM holds at once (Emu: one).
+	// Residency is how many blocks of a resident launch of p one SM holds
+	// at once: one (each holds an SM), or 0 when none fits.
 	Residency(p *Program) (int, error)
 	// LaunchProgram queues a plain launch of grid blocks of p on s, for
 	// kernels that wait on no other block (Emu runs p.Twin with this one

@@ -34,11 +34,15 @@ type CUDA struct {
 	Ctx      cuda.Context // the GPU's primary context
 	Arch     string       // sm_XY
 	SMs      int
-	cc       int          // compute capability ×10
-	peers    map[int]bool // GPUs (ordinals) whose memory this one reaches
+	// the SM's shared memory for blocks, the most a block may opt in to,
+	// and the driver's reserve per block (holdSM)
+	smShared, optinShared, reservedShared int
+	cc                                    int          // compute capability ×10
+	peers                                 map[int]bool // GPUs (ordinals) whose memory this one reaches
 
 	fns   map[kernelKey]cuda.Function
 	progs map[string]cuda.Function // Programs' kernels (resident.go), by Program.key
+	held  map[heldKey]int          // a resident launch's dynamic shared memory (holdSM)
 	mods  map[string]cuda.Module   // by file and constants
 	plans map[gemmKey]*cuda.GEMM
 	// TuneGEMMs lets a GEMM of a shape not seen before time each of the
@@ -200,7 +204,7 @@ func openGPU(drv *cuda.Driver, ordinal int, cacheDir string) (*CUDA, error) {
 			drv.ReleasePrimaryContext(ordinal)
 		}
 	}()
-	c := &CUDA{Drv: drv, Ordinal: ordinal, Ctx: ctx, fns: map[kernelKey]cuda.Function{}, progs: map[string]cuda.Function{}, mods: map[string]cuda.Module{}, plans: map[gemmKey]*cuda.GEMM{},
+	c := &CUDA{Drv: drv, Ordinal: ordinal, Ctx: ctx, fns: map[kernelKey]cuda.Function{}, progs: map[string]cuda.Function{}, held: map[heldKey]int{}, mods: map[string]cuda.Module{}, plans: map[gemmKey]*cuda.GEMM{},
 		ws: map[Stream]Ptr{}, allocs: map[Ptr]bool{}, peers: map[int]bool{}}
 	major, err := drv.Attribute(ordinal, cuda.AttrComputeCapabilityMajor)
 	if err != nil {
@@ -216,6 +220,14 @@ func openGPU(drv *cuda.Driver, ordinal int, cacheDir string) (*CUDA, error) {
 	}
 	if c.SMs, err = drv.Attribute(ordinal, cuda.AttrMultiprocessorCount); err != nil {
 		return nil, err
+	}
+	for _, a := range []struct {
+		v    *int
+		attr int
+	}{{&c.smShared, cuda.AttrMaxSharedPerSM}, {&c.optinShared, cuda.AttrMaxSharedPerBlockOptin}, {&c.reservedShared, cuda.AttrReservedSharedPerBlock}} {
+		if *a.v, err = drv.Attribute(ordinal, a.attr); err != nil {
+			return nil, err
+		}
 	}
 	comp, err := NewCompiler()
 	if err != nil {

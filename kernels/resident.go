@@ -166,8 +166,8 @@ func PeerTables(devs []Device, bufs []Ptr, streams []Stream) (tables []Ptr, free
 }
 
 // LaunchResident queues c's part on c: grid blocks of c.Prog, all resident
-// at once (cuLaunchCooperativeKernel), after checking that they can be
-// (cuOccupancyMaxActiveBlocksPerMultiprocessor × SMs; else a
+// at once (cuLaunchCooperativeKernel), each holding one SM (holdSM), after
+// checking that they can be (one block per SM × SMs; else a
 // *ResidencyError).
 func (c *CUDA) LaunchResident(col *Collective, grid int, s Stream, args ...any) error {
 	p := col.Prog
@@ -175,12 +175,12 @@ func (c *CUDA) LaunchResident(col *Collective, grid int, s Stream, args ...any) 
 	if err != nil {
 		return err
 	}
-	per, err := c.Drv.Occupancy(f, p.Block, p.Shared)
+	shared, per, err := c.holdSM(p, f)
 	if err != nil {
 		return err
 	}
 	if grid < 1 || grid > per*c.SMs {
-		return c.residency(p, f, grid, per)
+		return c.residency(p, f, grid, per, shared)
 	}
 	col.mu.Lock()
 	_, _, err = col.join(c, s)
@@ -188,14 +188,60 @@ func (c *CUDA) LaunchResident(col *Collective, grid int, s Stream, args ...any) 
 	if err != nil {
 		return err
 	}
-	err = c.Drv.LaunchCooperative(f, [3]uint32{uint32(grid), 1, 1}, [3]uint32{uint32(p.Block), 1, 1}, uint32(p.Shared), s, args...)
+	err = c.Drv.LaunchCooperative(f, [3]uint32{uint32(grid), 1, 1}, [3]uint32{uint32(p.Block), 1, 1}, uint32(shared), s, args...)
 	if ce, ok := err.(*cuda.Error); ok && ce.Code == cuda.ErrCooperativeTooLarge {
-		return c.residency(p, f, grid, per)
+		return c.residency(p, f, grid, per, shared)
 	}
 	if err != nil {
-		return fmt.Errorf("%s (grid %d, block %d, %d B shared): %w", p.Kernel, grid, p.Block, p.Shared, err)
+		return fmt.Errorf("%s (grid %d, block %d, %d B shared): %w", p.Kernel, grid, p.Block, shared, err)
 	}
 	return nil
+}
+
+// heldKey names a program's resident launch shape: its kernel, threads
+// and own dynamic shared memory.
+type heldKey struct {
+	key           string
+	block, shared int
+}
+
+// holdSM is the dynamic shared memory of a resident launch of p, and the
+// blocks of it an SM then holds (1, or 0 when none fits). A block of an
+// SM-driven design holds one SM, as DeepEP's 768-thread blocks with their
+// large shared memory do, so that --sms counts SMs: p.Shared (its own
+// dynamic shared memory, which counts towards it) is raised until two
+// blocks' shared memory — dynamic, static and the driver's reserve per
+// block — exceeds the SM's, and cuOccupancyMaxActiveBlocksPerMultiprocessor
+// must then say 1.
+func (c *CUDA) holdSM(p *Program, f cuda.Function) (shared, per int, err error) {
+	k := heldKey{p.key(), p.Block, p.Shared}
+	if s, ok := c.held[k]; ok {
+		return s, 1, nil
+	}
+	static, err := c.Drv.FuncAttribute(f, cuda.FuncAttrSharedBytes)
+	if err != nil {
+		return 0, 0, err
+	}
+	shared = max(p.Shared, c.smShared/2+1-static-c.reservedShared)
+	if shared+static > c.optinShared {
+		return 0, 0, fmt.Errorf("%s: %d B of dynamic shared memory (so that one block holds an SM) and %d B static exceed the %d B a block of GPU %d may have",
+			p.Kernel, shared, static, c.optinShared, c.Ordinal)
+	}
+	if shared > 48<<10 {
+		if err := c.Drv.SetMaxDynamicShared(f, shared); err != nil {
+			return 0, 0, fmt.Errorf("%s: %d B of dynamic shared memory: %w", p.Kernel, shared, err)
+		}
+	}
+	if per, err = c.Drv.Occupancy(f, p.Block, shared); err != nil {
+		return 0, 0, err
+	}
+	if per > 1 {
+		return 0, 0, fmt.Errorf("%s: %d blocks of %d threads with %d B of dynamic shared memory share an SM of GPU %d: a block must hold one SM", p.Kernel, per, p.Block, shared, c.Ordinal)
+	}
+	if per == 1 {
+		c.held[k] = shared
+	}
+	return shared, per, nil
 }
 
 // LaunchProgram: cuLaunchKernel of p (compiled on first use).
@@ -210,21 +256,23 @@ func (c *CUDA) LaunchProgram(p *Program, grid int, s Stream, args ...any) error 
 	return nil
 }
 
-// residency makes the *ResidencyError of a launch of f.
-func (c *CUDA) residency(p *Program, f cuda.Function, grid, per int) error {
-	e := &ResidencyError{Kernel: p.Kernel, Device: fmt.Sprintf("GPU %d", c.Ordinal), Grid: grid, Block: p.Block, Shared: p.Shared, PerSM: per, SMs: c.SMs}
+// residency makes the *ResidencyError of a resident launch of f.
+func (c *CUDA) residency(p *Program, f cuda.Function, grid, per, shared int) error {
+	e := &ResidencyError{Kernel: p.Kernel, Device: fmt.Sprintf("GPU %d", c.Ordinal), Grid: grid, Block: p.Block, Shared: shared, PerSM: per, SMs: c.SMs}
 	e.Regs, _ = c.Drv.FuncAttribute(f, cuda.FuncAttrNumRegs)
 	e.Static, _ = c.Drv.FuncAttribute(f, cuda.FuncAttrSharedBytes)
 	return e
 }
 
-// Residency is how many blocks of p one SM of c holds at once.
+// Residency is how many blocks of a resident launch of p one SM of c
+// holds at once: 1 (each holds an SM, holdSM), or 0 when none fits.
 func (c *CUDA) Residency(p *Program) (int, error) {
 	f, err := c.program(p)
 	if err != nil {
 		return 0, err
 	}
-	return c.Drv.Occupancy(f, p.Block, p.Shared)
+	_, per, err := c.holdSM(p, f)
+	return per, err
 }
 
 // program compiles and loads p (once), letting it use its dynamic shared

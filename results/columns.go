@@ -168,6 +168,7 @@ var columns = []column{
 	{head: "impl", val: func(r Row) string { return r.Rec.Config.Impl }},
 	{head: "sms", val: smsCell},
 	{head: "status", val: func(r Row) string { return r.Rec.Status }},
+	{head: "sms_held", shown: held, val: heldCell},
 	{head: "rank_step_p50", okOnly: true, ms: func(r Row) (float64, bool) { s, _ := twoSteps(r.Rec); return p50Of(s) }},
 	{head: "lockstep_p50", okOnly: true, ms: func(r Row) (float64, bool) { _, l := twoSteps(r.Rec); return p50Of(l) }},
 	{head: "fwd_p50", okOnly: true, ms: func(r Row) (float64, bool) { return p50Of(passOf(r.Rec, PassForward)) }},
@@ -180,6 +181,24 @@ var columns = []column{
 			return noValue
 		}
 		return fmt.Sprintf("%.2fx", r.Speedup)
+	}},
+	{head: "dispatch_as_designed_p50", okOnly: true, shown: asDesigned, ms: func(r Row) (float64, bool) {
+		if d := designOf(r.Rec); d != nil {
+			return d.P50, true
+		}
+		return 0, false
+	}},
+	{head: "dispatch_as_designed_algo_GBps", okOnly: true, shown: asDesigned, val: func(r Row) string {
+		if d := designOf(r.Rec); d != nil {
+			return sig3(d.GBps)
+		}
+		return noValue
+	}},
+	{head: "dispatch_as_designed_algo_GBps_per_SM", okOnly: true, shown: asDesigned, val: func(r Row) string {
+		if d := designOf(r.Rec); d != nil {
+			return sig3(d.GBpsPerSM)
+		}
+		return noValue
 	}},
 	{head: "dispatch_p50", okOnly: true, ms: phaseMS("dispatch")},
 	{head: "dispatch_copy_GBps", okOnly: true, val: func(r Row) string { return sig3(copyGBps(r.Rec, "dispatch")) }},
@@ -215,6 +234,37 @@ var columns = []column{
 		}
 		return fmt.Sprintf("%.1e", c.MaxRelErr)
 	}},
+}
+
+// asDesigned: some row of g has its dispatch as its design's test times
+// it (Timing.DispatchAsDesigned); its parts are the phases' columns and
+// the run's phase table.
+func asDesigned(g Group) bool {
+	for _, r := range g.Rows {
+		if r.Rec.Status == StatusOK && r.Rec.Timing != nil && r.Rec.Timing.DispatchAsDesigned != nil {
+			return true
+		}
+	}
+	return false
+}
+
+// held: some row of g says what SMs it held (records from before the
+// column say nothing).
+func held(g Group) bool {
+	return slices.ContainsFunc(g.Rows, func(r Row) bool { return r.Rec.SMs.Held > 0 || r.Rec.SMs.HeldNote != "" })
+}
+
+// heldCell is the SMs each rank held (one block per SM), "n/a" where the
+// run held none (the host device), "—" for dispatchers without a budget
+// and older records.
+func heldCell(r Row) string {
+	switch s := r.Rec.SMs; {
+	case s.Held > 0:
+		return strconv.Itoa(s.Held)
+	case strings.HasPrefix(s.HeldNote, "n/a"):
+		return "n/a"
+	}
+	return noValue
 }
 
 // interNode: some row of g moved bytes between nodes.
@@ -401,6 +451,13 @@ func reportKey(groups []Group) []string {
 		"sms: the SM budget (blocks) of an SM-driven dispatcher's transfers, '(default)' when --sms left it to the dispatcher; sm_util_%: measured SM utilisation (NVML GPM)",
 		noValue + ": no value (a failed or unavailable point, a record from before the column, or a quantity the dispatcher does not have)",
 	}
+	if slices.ContainsFunc(groups, held) {
+		key = append(key, "sms_held: the SMs each rank held on a GPU (one block per SM; ranks packed on one GPU share its SMs, at most SMs ÷ ranks each), n/a on the host device")
+	}
+	if slices.ContainsFunc(groups, asDesigned) {
+		key = append(key, "dispatch_as_designed_*: the dispatch as the design's own test times it, per iteration the sum of its parts' slowest ranks, p50 "+
+			"(deepep: notify + dispatch, as DeepEP's test_intranode; hybridep: allgather + preprocess + dispatch, as HybridEP's test_hybrid_ep); dispatch_p50 is the dispatch phase alone")
+	}
 	if host {
 		key = append(key, hostMark+" host device: the times are the wall clock of Go code running every rank on the CPU, one after another: "+
 			"not a performance measurement, and its speedups say nothing about the dispatchers on a GPU")
@@ -425,4 +482,12 @@ func whyNot(notes map[string]bool) string {
 		return "not measured"
 	}
 	return strings.Join(slices.Sorted(maps.Keys(notes)), "; ")
+}
+
+// designOf is r's dispatch as its design's test times it, or nil.
+func designOf(r *Record) *DesignPhase {
+	if r.Timing == nil {
+		return nil
+	}
+	return r.Timing.DispatchAsDesigned
 }

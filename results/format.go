@@ -95,6 +95,19 @@ func WriteTable(w io.Writer, rec *Record) error {
 	p.f("#\n")
 	writePhaseTable(p, t)
 	p.f("#\n")
+	if d := t.DispatchAsDesigned; d != nil {
+		p.f("# %-22s %s = %s, %s", "dispatch as designed", d.Name, strings.Join(d.Parts, " + "), d.About)
+		if d.GBps > 0 {
+			p.f(" · %.3f GB/s per rank", d.GBps)
+		}
+		if d.GBpsPerSM > 0 {
+			p.f(", %.4f per SM (%d SMs)", d.GBpsPerSM, rec.SMs.Budget)
+		}
+		p.f("\n")
+	}
+	if rec.SMs.HeldNote != "" {
+		p.f("# %-22s %s\n", "SMs held", rec.SMs.HeldNote)
+	}
 	if t.SlowestRank != nil && t.Lockstep != nil {
 		is := "rank_step"
 		if t.StepIs == StepLockstep {
@@ -245,6 +258,9 @@ func WriteTable(w io.Writer, rec *Record) error {
 // 0.0xx ms.
 func writePhaseTable(p *printer, t *Timing) {
 	rows := append([]Phase(nil), t.Phases...)
+	if d := t.DispatchAsDesigned; d != nil { // the dispatch as the design's test times it, after its parts
+		rows = append(rows, d.Phase)
+	}
 	if t.Forward != nil && t.Backward != nil { // a training step's two passes
 		rows = append(rows, *t.Forward, *t.Backward)
 	}

@@ -312,6 +312,18 @@ type Phase struct {
 	HostCall *Stat `json:"host_call_ms,omitempty"`
 }
 
+// DesignPhase is a sum of phases timed as a design's own test times one
+// operation: per iteration, the sum of each part's slowest rank (as a
+// pass is summed); GBps and GBpsPerSM are the algorithm bytes' rate over
+// its p50 (a rank's share, and per SM held).
+type DesignPhase struct {
+	Phase
+	Parts     []string `json:"parts"`
+	About     string   `json:"about"`
+	GBps      float64  `json:"algo_gbps,omitempty"`
+	GBpsPerSM float64  `json:"algo_gbps_per_sm,omitempty"`
+}
+
 // The values of Timing.StepIs.
 const (
 	StepLockstep    = "lockstep"
@@ -348,6 +360,10 @@ type Timing struct {
 	// lockstep step); absent when the iterations timed the forward only.
 	Forward  *Phase `json:"forward,omitempty"`
 	Backward *Phase `json:"backward,omitempty"`
+	// DispatchAsDesigned is the dispatch as the design's own test times it
+	// (deepep: notify + dispatch; hybridep: allgather + preprocess +
+	// dispatch), each part also a phase above; absent for the others.
+	DispatchAsDesigned *DesignPhase `json:"dispatch_as_designed,omitempty"`
 	// device runs: the host's wall time to issue one step, from its first
 	// call to its last call's return, before waiting for the streams, less
 	// HostWait. Close to the step time, the GPU may have waited for the
@@ -487,7 +503,13 @@ type SMs struct {
 	Note string `json:"note,omitempty"`
 	// Budget is the blocks an SM-driven dispatcher ran its transfers with
 	// (its default when Configured is 0); absent for the others.
-	Budget   int    `json:"budget,omitempty"`
+	Budget int `json:"budget,omitempty"`
+	// Held is the SMs each rank's transfer kernels held on a device: one
+	// block per SM (checked by occupancy), so the budget; HeldNote says
+	// how the ranks share each GPU's SMs, or why none are held (the host
+	// device). Absent for the other dispatchers and in older records.
+	Held     int    `json:"held,omitempty"`
+	HeldNote string `json:"held_note,omitempty"`
 	Measured string `json:"measured"` // or why it was not
 }
 

@@ -144,23 +144,35 @@ func writeDispatchBench(w io.Writer, b *harness.DispatchBench) {
 		fmt.Fprintf(w, "# ranks: %s\n", b.Ranks)
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "dispatcher\tsms\tdispatch ms\tGB/s\tGB/s/SM\tpred/SM\tcombine ms\tGB/s\tGB/s/SM\tpred/SM\tcheck\t")
+	fmt.Fprintln(tw, "dispatcher\tsms\tdispatch ms\tparts ms\tGB/s\tGB/s/SM\tpred/SM\tcombine ms\tGB/s\tGB/s/SM\tpred/SM\tcheck\t")
 	for _, p := range b.Points {
 		sms := "—"
 		if p.Budget > 0 {
 			sms = fmt.Sprint(p.Budget)
 		}
 		if p.Status != results.StatusOK {
-			fmt.Fprintf(tw, "%s\t%s\t—\t—\t—\t%s\t—\t—\t—\t%s\t%s\t\n", p.Dispatcher, sms, pred(p, true), pred(p, false), results.StatusLine(p.Status, p.Dispatcher, p.Impl, p.Reason))
+			fmt.Fprintf(tw, "%s\t%s\t—\t—\t—\t—\t%s\t—\t—\t—\t%s\t%s\t\n", p.Dispatcher, sms, pred(p, true), pred(p, false), results.StatusLine(p.Status, p.Dispatcher, p.Impl, p.Reason))
 			continue
 		}
 		var dms, cms float64
+		p50 := map[string]float64{}
 		for _, ph := range p.Phases {
+			p50[ph.Name] = ph.P50
 			switch ph.Name {
 			case "dispatch":
 				dms = ph.P50
 			case "combine":
 				cms = ph.P50
+			}
+		}
+		parts := "—" // the dispatch as the design's test times it: its parts
+		if d := p.DispatchAsDesigned; d != nil {
+			dms, parts = d.P50, ""
+			for i, n := range d.Parts {
+				if i > 0 {
+					parts += " + "
+				}
+				parts += fmt.Sprintf("%s %.3f", n, p50[n])
 			}
 		}
 		perSM := func(v float64) string {
@@ -170,7 +182,7 @@ func writeDispatchBench(w io.Writer, b *harness.DispatchBench) {
 			return fmt.Sprintf("%.4f", v)
 		}
 		tr := p.Traffic
-		fmt.Fprintf(tw, "%s\t%s\t%.3f\t%.3f\t%s\t%s\t%.3f\t%.3f\t%s\t%s\tround trip %s\t\n", p.Dispatcher, sms, dms, tr.DispatchGBps, perSM(tr.DispatchGBpsPerSM),
+		fmt.Fprintf(tw, "%s\t%s\t%.3f\t%s\t%.3f\t%s\t%s\t%.3f\t%.3f\t%s\t%s\tround trip %s\t\n", p.Dispatcher, sms, dms, parts, tr.DispatchGBps, perSM(tr.DispatchGBpsPerSM),
 			pred(p, true), cms, tr.CombineGBps, perSM(tr.CombineGBpsPerSM), pred(p, false), p.RoundTrip)
 	}
 	tw.Flush()
@@ -180,6 +192,15 @@ func writeDispatchBench(w io.Writer, b *harness.DispatchBench) {
 			said[p.Dispatcher] = true
 			fmt.Fprintf(w, "# pred/SM of %s: predicted ceiling (from machine code, not measured): %.1f GB/s per SM dispatch, %.1f combine; %s, %s (kernels/inflight.json, the cuda device's kernels, whatever device ran)\n",
 				p.Dispatcher, q.DispatchGBpsPerSM, q.CombineGBpsPerSM, q.Kernels, q.Source)
+		}
+	}
+	for _, p := range b.Points {
+		if d := p.DispatchAsDesigned; d != nil && !said["design "+p.Dispatcher] {
+			said["design "+p.Dispatcher] = true
+			fmt.Fprintf(w, "# dispatch ms of %s: %s, %s; its GB/s are over that time\n", p.Dispatcher, strings.Join(d.Parts, " + "), d.About)
+		}
+		if p.HeldNote != "" && p.Status == results.StatusOK {
+			fmt.Fprintf(w, "# SMs held by %s at %d: %s\n", p.Dispatcher, p.Budget, p.HeldNote)
 		}
 	}
 	for _, p := range b.Points {

@@ -144,7 +144,8 @@ func TestBenchDispatch(t *testing.T) {
 
 // TestDeepEPOnFakeGPUs: on the host simulation's fake GPUs (8 SMs each),
 // 'moebench --device cuda --dispatcher deepep' passes with its phases and a
-// budget above the GPU's SMs is unavailable with the reason; a sweep over
+// budget above the GPU's SMs ÷ its ranks (EP 4 on two GPUs: 4) is
+// unavailable with the reason; a sweep over
 // alltoall and deepep at three budgets records one alltoall point and a
 // deepep point per budget (the one above the SMs unavailable); the dispatch
 // benchmark times and checks each point on the GPUs (hybridep's too).
@@ -160,7 +161,7 @@ func TestDeepEPOnFakeGPUs(t *testing.T) {
 		t.Fatalf("run: exit %d\n%s%s", code, stdout, stderr)
 	}
 	code, stdout, _ = cli(append(gpu, "--dispatcher", "deepep", "--sms", "10", "--format", "json")...)
-	if code != exitRuntime || !strings.Contains(stdout, `"status":"unavailable"`) || !strings.Contains(stdout, "exceeds device 0's 8 SMs") {
+	if code != exitRuntime || !strings.Contains(stdout, `"status":"unavailable"`) || !strings.Contains(stdout, "--sms 10: a rank's budget is at most 4: the GPU's 8 SMs ÷ its 2 rank(s)") {
 		t.Errorf("--sms 10: exit %d\n%s", code, stdout)
 	}
 	out := filepath.Join(t.TempDir(), "s.jsonl")

@@ -72,7 +72,7 @@ func newFlags(o *options) *pflag.FlagSet {
 	fs.SortFlags = false
 	fs.StringVar(&o.dispatcher, "dispatcher", d.Dispatcher, "token dispatcher: "+strings.Join(dispatchers.Names(), "|"))
 	fs.StringVar(&o.impl, "impl", d.Impl, "implementation: native (moebench's own) | library (a real library on the node, one GPU per rank: alltoall through NCCL; hybridep and deepep through NCCL EP, its high-throughput and low-latency modes)")
-	fs.IntVar(&o.sms, "sms", d.SMs, "SM budget (thread blocks) of SM-driven dispatchers' transfer kernels: deepep (even; default 20), hybridep (default 16); with --impl library NCCL EP's max_num_sms; 0 = the dispatcher's (the library's) default")
+	fs.IntVar(&o.sms, "sms", d.SMs, "SMs per rank of SM-driven dispatchers' transfer kernels (one block holds one SM; at most the GPU's SMs ÷ its ranks): deepep (even; default 20), hybridep (default 16), each default lowered to fit; with --impl library NCCL EP's max_num_sms; 0 = the dispatcher's (the library's) default")
 	fs.IntVar(&o.ep, "ep", d.EP, "expert-parallel ranks; must divide --experts")
 	fs.IntVar(&o.gpus, "gpus", d.GPUs, "cuda: GPUs the ranks are spread over; 0 = every GPU, at most one per rank (more ranks than GPUs: packed, emulated EP)")
 	addFeplbFlags(fs, o)

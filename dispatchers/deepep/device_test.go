@@ -447,7 +447,7 @@ func TestGPUDeepEP(t *testing.T) {
 
 // TestDeviceBudgetUnavailable: a budget above the GPU's SMs, or more
 // blocks than the GPU holds at once for its ranks, is unavailable with the
-// reason (the fake GPUs have 4 SMs).
+// reason (the fake GPUs have 16 SMs, a block holding one).
 func TestDeviceBudgetUnavailable(t *testing.T) {
 	sh := dispatchers.Shape{Tokens: 16, Hidden: 8, Experts: 16, TopK: 2, EP: 8}
 	devs := dt.FakeGPUs(t, 1)
@@ -455,7 +455,7 @@ func TestDeviceBudgetUnavailable(t *testing.T) {
 		sms  int
 		want string
 	}{
-		{6, "an SM budget of 6 blocks per rank exceeds device 0's 4 SMs"},
+		{18, "an SM budget of 18 blocks per rank exceeds device 0's 16 SMs"},
 		{4, "8 rank(s) on device 0 × 4 blocks: deepep_dispatch: 32 blocks of 256 threads cannot all be resident at once"},
 	} {
 		cfg := DefaultConfig(sh.EP, tc.sms)

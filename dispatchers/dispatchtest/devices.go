@@ -26,9 +26,14 @@ func GPUs(t *testing.T, n int) []kernels.Device {
 }
 
 // FakeGPUs opens n GPUs of the host simulation (hostsim.Setup: the fake
-// driver, the kernels compiled for the CPU), closed with the test.
+// driver, the kernels compiled for the CPU), closed with the test; they
+// have $FAKECUDA_SMS SMs, 16 unless the test set it (a resident block
+// holds an SM: 8 ranks' notify blocks, or 4 ranks × 4 blocks, on one).
 func FakeGPUs(t *testing.T, n int) []kernels.Device {
 	t.Helper()
+	if os.Getenv("FAKECUDA_SMS") == "" {
+		t.Setenv("FAKECUDA_SMS", "16")
+	}
 	comp := hostsim.Setup(t)
 	old := kernels.NewCompiler
 	kernels.NewCompiler = func() (kernels.Compiler, error) { return comp, nil }

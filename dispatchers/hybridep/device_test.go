@@ -326,7 +326,7 @@ func fakeGPUs(t *testing.T) []kernels.Device {
 		t.Fatal(err)
 	}
 	t.Setenv("MOEBENCH_NCCL", nccl)
-	t.Setenv("FAKECUDA_SMS", "16")
+	t.Setenv("FAKECUDA_SMS", "16") // a block holds an SM: 8 ranks × 2 blocks on one
 	return dt.FakeGPUs(t, 2)
 }
 

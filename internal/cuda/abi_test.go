@@ -344,6 +344,10 @@ func abiValues() map[string]int {
 		"CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES":              prefMaxWorkspaceBytes,
 		"CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES":            prefMinAlignA,
 		"CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES":            prefMinAlignA + 3, // preference() sets A, B, C, D in a row
+
+		"CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR": AttrMaxSharedPerSM,
+		"CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK":     AttrReservedSharedPerBlock,
+
 		"ncclUint8":                        ncclUint8,
 		"ncclInt32":                        -1, // abi.h's MB_ macros of the same names
 		"ncclFloat32":                      -1,

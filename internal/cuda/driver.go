@@ -98,6 +98,8 @@ type (
 // Device attributes moebench reads (CUdevice_attribute values).
 const (
 	AttrMaxSharedPerBlockOptin = 97
+	AttrMaxSharedPerSM         = 81  // shared memory an SM gives its blocks
+	AttrReservedSharedPerBlock = 111 // shared memory the driver takes for each block
 	AttrMultiprocessorCount    = 16
 	AttrClockRateKHz           = 13
 	AttrMemoryClockRateKHz     = 36
