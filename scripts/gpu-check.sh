@@ -24,7 +24,7 @@
 # layer per dispatcher (alltoall, deepep, feplb, hybridep) at qwen3-30b-a3b,
 # EP 8 packed on one GPU, a training step checked against the float64
 # reference; bench dispatch (alltoall, deepep, hybridep at 2 SM budgets,
-# 16 and 32); bench kernels (the kernels' ratios to the ceilings measured in
+# 8 and 16: EP 8 on one GPU holds at most 16 SMs a rank); bench kernels (the kernels' ratios to the ceilings measured in
 # the same run: the copy engines' device copy, an SM copy kernel, a dense
 # GEMM). Each step has its own time limit (the sum, with each step's 3 s to
 # be killed, is 347 s); a step that would end past QUICK_BUDGET seconds
@@ -217,7 +217,7 @@ if [ "$mode" = quick ]; then
     step "layer-$d" 28 "$mb" --device cuda --gpus "${QUICK_GPUS:-1}" "${shape[@]}" --dispatcher "$d" "${sms[@]}" "${iters[@]}" --max-seconds 8 --out "$records"
   done
   step bench-dispatch 40 "$mb" bench dispatch --device cuda --gpus "${QUICK_GPUS:-1}" "${shape[@]}" --dispatcher alltoall,deepep,hybridep \
-    --sms "${QUICK_SMS:-16,32}" "${iters[@]}" --out "$OUT/bench-dispatch.json"
+    --sms "${QUICK_SMS:-8,16}" "${iters[@]}" --out "$OUT/bench-dispatch.json"
   step bench-kernels 25 "$mb" bench kernels "${shape[@]}" "${iters[@]}" --out "$OUT/bench-kernels.json"
   [ -e "$records" ] && timeout -k 1 5 "$mb" report "$records" > "$OUT/report.txt" 2>&1
   {
@@ -250,13 +250,18 @@ for preset in qwen3-30b-a3b deepseek-v3; do
   step "bench-$preset" 150 "$mb" bench kernels --preset "$preset" --ep 8 --out "$OUT/bench-$preset.json"
   cat "$OUT/bench-$preset.log" 2>/dev/null
 done
-# DeepEP's design (moebench's kernels): the reference layer at 24 SMs per rank
-# (8 ranks packed on one GPU: 192 blocks resident at once), then dispatch and
-# combine alone per budget, each point checked, next to alltoall
-layer deepep-qwen3-30b-ep8 --preset qwen3-30b-a3b --ep 8 --dispatcher deepep --sms 24
+# DeepEP's design (moebench's kernels): the reference layer at 16 SMs per rank
+# (8 ranks packed on one GPU, a block holding an SM: 128 of its SMs held at
+# once; more per rank does not fit), then dispatch and combine alone per
+# budget, each point checked, next to alltoall: EP 8 packed at 4, 8 and 16
+# SMs per rank and EP 2 packed at 8, 16, 24 and 32
+layer deepep-qwen3-30b-ep8 --preset qwen3-30b-a3b --ep 8 --dispatcher deepep --sms 16
 step bench-dispatch 150 "$mb" bench dispatch --device cuda --preset qwen3-30b-a3b --ep 8 \
-  --dispatcher alltoall,deepep --sms 8,16,24,32 --out "$OUT/bench-dispatch.json"
+  --dispatcher alltoall,deepep,hybridep --sms 4,8,16 --out "$OUT/bench-dispatch.json"
 cat "$OUT/bench-dispatch.log" 2>/dev/null
+step bench-dispatch-ep2 150 "$mb" bench dispatch --device cuda --preset qwen3-30b-a3b --ep 2 \
+  --dispatcher alltoall,deepep,hybridep --sms 8,16,24,32 --out "$OUT/bench-dispatch-ep2.json"
+cat "$OUT/bench-dispatch-ep2.log" 2>/dev/null
 layer tiny-ep8 --preset tiny --ep 8
 # --cuda-graph against the same layers without (host issue/step, host wait,
 # step): fixed routing, so that each captured part is replayed every step,
@@ -274,20 +279,22 @@ layer qwen3-30b-ep1-nccl --preset qwen3-30b-a3b --ep 1 --impl library
 layer qwen3-30b-ep8-skewed --preset qwen3-30b-a3b --ep 8 --routing skewed:1.2
 layer qwen3-30b-ep8-natural --preset qwen3-30b-a3b --ep 8 --routing natural
 layer deepseek-v3-ep8 --preset deepseek-v3 --ep 8
-layer deepep-qwen3-30b-ep8-skewed --preset qwen3-30b-a3b --ep 8 --routing skewed:1.2 --dispatcher deepep --sms 24
+layer deepep-qwen3-30b-ep8-skewed --preset qwen3-30b-a3b --ep 8 --routing skewed:1.2 --dispatcher deepep --sms 16
 # FEPLB over alltoall on skewed routing: the same layer as qwen3-30b-ep8-skewed,
 # so the two records compare side by side (one NVLink domain of 8, then 2 of 4)
 layer feplb-qwen3-30b-ep8-skewed --preset qwen3-30b-a3b --ep 8 --routing skewed:1.2 --dispatcher feplb
 layer feplb-qwen3-30b-ep8-skewed-d4 --preset qwen3-30b-a3b --ep 8 --routing skewed:1.2 --dispatcher feplb --domain 4
 # hybridep's CUDA kernels (bulk copies on sm_90 where the GPU's NVRTC is ≥ 12):
-# the reference layer at --sms 32, the command users type first; its budgets
-# 16, 24, 32 beside alltoall and deepep in one sweep (one table in the
+# the command users type first (--sms 32) at EP 8 on one GPU is
+# unavailable (16 SMs per rank fit), so the reference layer runs at 16; its
+# budgets 8 and 16 beside alltoall and deepep in one sweep (one table in the
 # report). Two domains need one GPU per rank (the inter-domain path is NCCL):
 # on a one-GPU node that run is recorded unavailable, with the reason.
 layer hybridep-qwen3-30b-ep8-sms32 --preset qwen3-30b-a3b --ep 8 --dispatcher hybridep --sms 32
+layer hybridep-qwen3-30b-ep8-sms16 --preset qwen3-30b-a3b --ep 8 --dispatcher hybridep --sms 16
 layer hybridep-qwen3-30b-ep8-d4 --preset qwen3-30b-a3b --ep 8 --dispatcher hybridep --sms 16 --domain 4
 step sweep-hybridep 300 "$mb" sweep --device cuda --presets qwen3-30b-a3b --ep 8 \
-  --dispatchers alltoall,deepep,hybridep --sms 16,24,32 --out "$records"
+  --dispatchers alltoall,deepep,hybridep --sms 8,16 --out "$records"
 # NCCL EP (--impl library): hybridep through its high-throughput mode, deepep
 # through its low-latency mode (128 tokens, its regime), one rank per GPU: on
 # a one-GPU node EP 1 (a single rank, untested upstream). Where the library,
