@@ -133,9 +133,10 @@ type Config struct {
 func (c Config) Channels() int { return c.SMs / 2 }
 
 // DefaultWarps is the warps of a device dispatch or combine block: 512
-// threads, two blocks to an SM (DeepEP's are 768 threads, one to an SM, which
-// would leave ranks packed on one GPU without room: 8 ranks × 24 blocks
-// exceed an H100's 132 SMs).
+// threads (DeepEP's are 768), each block holding one SM as DeepEP's do (the
+// launch asks for more than half an SM's shared memory), so that --sms
+// counts SMs held; 16 warps keep 64 registers a thread for 8 loads in
+// flight a lane (kernels/inflight.json).
 const DefaultWarps = 16
 
 // DefaultConfig is DeepEP's recommended intranode configuration for ep
