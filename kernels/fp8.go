@@ -1,6 +1,7 @@
 package kernels
 
 import (
+	"encoding/binary"
 	"fmt"
 	"math"
 )
@@ -272,4 +273,125 @@ func DotBound(a, w, ea, ew []float64) float64 {
 		t += ea[k]*math.Abs(w[k]) + math.Abs(a[k])*ew[k] + ea[k]*ew[k]
 	}
 	return t
+}
+
+// FP8 kernels (kernels/cuda/fp8.cu). Their flags: FP8UE8M0 makes the 1×128
+// scales powers of two; FP8Soft makes sm_89+ GPUs convert to e4m3 in
+// software too (below sm_89 and on the host simulation it always is), so
+// that a GPU check can hold the PTX conversion to the software one.
+const (
+	FP8UE8M0       = 1
+	FP8Soft        = 2
+	FP8KernelBlock = 256 // threads per block of every FP8 kernel
+)
+
+// FP8QuantProgram is quant_fp8_1x128: (x bf16, n int64 blocks of 128,
+// flags int32, q e4m3, scales fp32).
+func FP8QuantProgram() *Program {
+	return &Program{File: "fp8.cu", Kernel: "quant_fp8_1x128", Block: FP8KernelBlock, Twin: fp8Twin(false, false)}
+}
+
+// MXFP8QuantProgram is quant_mxfp8: (x bf16, n int64 blocks of 32, flags
+// int32, q e4m3, scales e8m0 bytes).
+func MXFP8QuantProgram() *Program {
+	return &Program{File: "fp8.cu", Kernel: "quant_mxfp8", Block: FP8KernelBlock, Twin: fp8Twin(true, false)}
+}
+
+// FP8DequantProgram is dequant_fp8_1x128: (q e4m3, scales fp32, n int64
+// blocks of 128, y bf16).
+func FP8DequantProgram() *Program {
+	return &Program{File: "fp8.cu", Kernel: "dequant_fp8_1x128", Block: FP8KernelBlock, Twin: fp8Twin(false, true)}
+}
+
+// FP8Grid is the grid that gives every warp of the quantization kernels
+// one step over n blocks of size elements (16 per lane), capped at cap.
+func FP8Grid(n int64, size, cap int) int {
+	perBlock := int64(FP8KernelBlock / 32 * 512 / size) // blocks per thread block a step
+	return int(max(1, min((n+perBlock-1)/perBlock, int64(cap))))
+}
+
+// fp8Twin is the FP8 kernels' semantics on Emu (the host device), through
+// the host functions: quantization (mx: MX blocks) or dequantization.
+func fp8Twin(mx, dequant bool) func([]TwinPart) error {
+	return func(parts []TwinPart) error {
+		for _, p := range parts {
+			if err := fp8TwinPart(p, mx, dequant); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+}
+
+func fp8TwinPart(p TwinPart, mx, dequant bool) error {
+	a := p.Args
+	if len(a) != 5 && !dequant || len(a) != 4 && dequant {
+		return fmt.Errorf("fp8: %d arguments", len(a))
+	}
+	size := int64(FP8Block)
+	if mx {
+		size = MXBlock
+	}
+	if dequant {
+		q, sp, n, y := a[0].(Ptr), a[1].(Ptr), a[2].(int64), a[3].(Ptr)
+		qb, err := p.Read(q, n*size)
+		if err != nil {
+			return err
+		}
+		sb, err := p.Read(sp, 4*n)
+		if err != nil {
+			return err
+		}
+		yb, err := p.Write(y, 2*n*size)
+		if err != nil {
+			return err
+		}
+		sc := make([]float32, n)
+		for i := range sc {
+			sc[i] = math.Float32frombits(binary.LittleEndian.Uint32(sb[4*i:]))
+		}
+		for i, v := range BF16Bits(DequantFP8Rows(qb, sc)) {
+			binary.LittleEndian.PutUint16(yb[2*i:], v)
+		}
+		return nil
+	}
+	x, n, flags, q, sp := a[0].(Ptr), a[1].(int64), a[2].(int32), a[3].(Ptr), a[4].(Ptr)
+	xb, err := p.Read(x, 2*n*size)
+	if err != nil {
+		return err
+	}
+	xs := make([]float32, n*size)
+	for i := range xs {
+		xs[i] = math.Float32frombits(uint32(binary.LittleEndian.Uint16(xb[2*i:])) << 16)
+	}
+	qb, err := p.Write(q, n*size)
+	if err != nil {
+		return err
+	}
+	if mx {
+		qs, es, err := QuantMXFP8(xs)
+		if err != nil {
+			return err
+		}
+		eb, err := p.Write(sp, n)
+		if err != nil {
+			return err
+		}
+		copy(qb, qs)
+		copy(eb, es)
+		return nil
+	}
+	qs, sc, err := QuantFP8Rows(xs, FP8Block, flags&FP8UE8M0 != 0)
+	if err != nil {
+		return err
+	}
+	sb, err := p.Write(sp, 4*n)
+	if err != nil {
+		return err
+	}
+	copy(qb, qs)
+	for i, v := range sc {
+		binary.LittleEndian.PutUint32(sb[4*i:], math.Float32bits(v))
+	}
+	return nil
 }
