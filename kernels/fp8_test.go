@@ -320,3 +320,35 @@ func TestMXFP8(t *testing.T) {
 		t.Error("33 values accepted")
 	}
 }
+
+// TestFP8WeightEdges: a weight whose sides are not multiples of 128 gets
+// ⌈n/128⌉×⌈k/128⌉ blocks, the partial ones scaled by their own amax (the
+// zero padding changes nothing), every element within FP8ElemBound.
+func TestFP8WeightEdges(t *testing.T) {
+	g := rand.New(rand.NewPCG(34, 6))
+	const n, k = 200, 300
+	w := fp8Rows(g, 1, 256*256, false)[:n*k]
+	q, sc, err := QuantFP8Weight(w, n, k, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(sc) != 2*3 {
+		t.Fatalf("%d scales, want 6", len(sc))
+	}
+	var amax float32 // the last block: rows 128…199, columns 256…299
+	for r := 128; r < n; r++ {
+		amax = max(amax, blockAmax(w[r*k+256:r*k+k]))
+	}
+	if _, inv := fp8Scales(amax, false); sc[5] != inv {
+		t.Errorf("last block's multiplier %g, want %g (amax %g)", sc[5], inv, amax)
+	}
+	d := DequantFP8Weight(q, sc, n, k)
+	for i, v := range w {
+		if e := math.Abs(float64(v) - float64(d[i])); e > FP8ElemBound(float64(v), float64(sc[i/k/FP8Block*3+i%k/FP8Block])) {
+			t.Fatalf("element %d = %g → %g", i, v, d[i])
+		}
+	}
+	if _, _, err := QuantFP8Weight(w, n, k+1, false); err == nil {
+		t.Error("a weight of the wrong size accepted")
+	}
+}
