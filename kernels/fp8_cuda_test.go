@@ -56,6 +56,11 @@ func TestFP8KernelsOnHostSim(t *testing.T) {
 	checkFP8Kernels(t, c)
 }
 
+// TestGPUFP8 runs the checks on a GPU: on sm_89 and later with flags 0
+// the e4m3 conversion is PTX's cvt.rn.satfinite.e4m3x2.f32, held here to
+// the host reference bit for bit (every finite bf16 value included).
+func TestGPUFP8(t *testing.T) { checkFP8Kernels(t, openPair(t).c) }
+
 // TestFP8Twins runs the same checks on Emu (the host device), whose
 // programs' twins call the host functions: the arguments' order and
 // layout as the CUDA kernels take them.
@@ -66,14 +71,27 @@ func checkFP8Kernels(t *testing.T, c Device) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// 111 blocks of 128 (4 a warp), 444 of 32 (16 a warp)
+	checkFP8KernelsOn(t, c, s, fp8KernelRows(rand.New(rand.NewPCG(34, 5)), 37, 384), 384)
+	// every finite bf16 value, in bit order (510 blocks of 128): with UE8M0
+	// scales each is scaled exactly, and ties to even meet every exponent
+	var all []float32
+	for b := range 1 << 16 {
+		if b>>7&0xff != 0xff {
+			all = append(all, math.Float32frombits(uint32(b)<<16))
+		}
+	}
+	checkFP8KernelsOn(t, c, s, all, FP8Block)
+}
+
+func checkFP8KernelsOn(t *testing.T, c Device, s Stream, x []float32, h int) {
 	ok := func(err error) {
 		t.Helper()
 		if err != nil {
 			t.Fatal(err)
 		}
 	}
-	const rows, h = 37, 384 // 111 blocks of 128 (4 a warp), 444 of 32 (16 a warp)
-	x := fp8KernelRows(rand.New(rand.NewPCG(34, 5)), rows, h)
+	rows := len(x) / h
 	xb := BF16Bits(x)
 	if !equalF32Bits(FromBF16Bits(xb), x) {
 		t.Fatal("the inputs are not bf16 values")
