@@ -201,13 +201,43 @@ func MXScale(amax float32) uint8 {
 	return uint8(x + 127)
 }
 
+// MXScaleRoundUp is the E8M0 scale as TransformerEngine's MXFP8 recipe
+// computes it (transformer_engine/common/utils.cuh float_to_e8m0 on
+// amax·fl(1/448), its software path): the exponent of v = amax·fl(1/448)
+// rounded up (+1 where v's mantissa is not zero, except at the exponent
+// 0xFE and for subnormal v ≤ 2^-127), 0 for v = 0. The block's largest
+// element then never exceeds 448 after scaling.
+func MXScaleRoundUp(amax float32) uint8 {
+	b := math.Float32bits(amax * float32(1.0/E4M3Max))
+	if b == 0 {
+		return 0
+	}
+	e, m := b>>23&0xff, b&0x7fffff
+	if m > 0 && e != 0xfe && !(e == 0 && m <= 0x400000) {
+		e++
+	}
+	return uint8(e)
+}
+
+// mxRecip is the multiplier TransformerEngine applies before the cast for
+// scale e8m0 (exp2f_rcp): 2^-(e8m0−127), but 1 for e8m0 = 0, where the
+// spec's rule multiplies by 2^127 (only blocks whose values all lie below
+// 2^-119 get the scale 0; under TE's rule they quantize to zeros).
+func mxRecip(e8m0 uint8) float32 {
+	if e8m0 == 0 {
+		return 1
+	}
+	return math.Float32frombits(uint32(254-int(e8m0)) << 23)
+}
+
 // mxPow2 is 2^(e8m0 − 127), the scale's value.
 func mxPow2(e8m0 uint8) float32 { return float32(math.Ldexp(1, int(e8m0)-127)) }
 
 // QuantMXFP8 quantizes x (a multiple of 32 finite values) in MX blocks of
-// 32: the E8M0 scale X of each block (MXScale) and its elements
-// e4m3(x / 2^X) with saturation (the division is exact: a power of two).
-func QuantMXFP8(x []float32) (q []uint8, scales []uint8, err error) {
+// 32: the E8M0 scale X of each block (MXScale, or MXScaleRoundUp with
+// roundUp) and its elements e4m3(x·mxRecip(X)) with saturation (the
+// scaling is exact: a power of two).
+func QuantMXFP8(x []float32, roundUp bool) (q []uint8, scales []uint8, err error) {
 	if len(x)%MXBlock != 0 {
 		return nil, nil, fmt.Errorf("fp8: %d values are not a multiple of the MX block %d", len(x), MXBlock)
 	}
@@ -217,6 +247,10 @@ func QuantMXFP8(x []float32) (q []uint8, scales []uint8, err error) {
 		blk := x[b*MXBlock : (b+1)*MXBlock]
 		s := MXScale(blockAmax(blk))
 		r := 1 / mxPow2(s) // 2^-X: a float32 normal for X in −127…120
+		if roundUp {
+			s = MXScaleRoundUp(blockAmax(blk))
+			r = mxRecip(s)
+		}
 		for i, v := range blk {
 			q[b*MXBlock+i] = E4M3FromFloat32(v * r)
 		}
@@ -282,6 +316,7 @@ func DotBound(a, w, ea, ew []float64) float64 {
 const (
 	FP8UE8M0       = 1
 	FP8Soft        = 2
+	FP8MXRoundUp   = 4   // quant_mxfp8: TransformerEngine's scale (MXScaleRoundUp)
 	FP8KernelBlock = 256 // threads per block of every FP8 kernel
 )
 
@@ -369,7 +404,7 @@ func fp8TwinPart(p TwinPart, mx, dequant bool) error {
 		return err
 	}
 	if mx {
-		qs, es, err := QuantMXFP8(xs)
+		qs, es, err := QuantMXFP8(xs, flags&FP8MXRoundUp != 0)
 		if err != nil {
 			return err
 		}

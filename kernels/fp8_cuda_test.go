@@ -112,7 +112,7 @@ func checkFP8KernelsOn(t *testing.T, c Device, s Stream, x []float32, h int) {
 	}
 	checked := 0
 	for _, grid := range []func(n int64, size int) int{func(int64, int) int { return 1 }, func(n int64, size int) int { return FP8Grid(n, size, 1024) }} {
-		for _, flags := range []int32{0, FP8UE8M0, FP8Soft, FP8UE8M0 | FP8Soft} {
+		for _, flags := range []int32{0, FP8UE8M0 | FP8MXRoundUp, FP8Soft | FP8MXRoundUp, FP8UE8M0 | FP8Soft} {
 			poison()
 			ok(c.LaunchProgram(FP8QuantProgram(), grid(n, FP8Block), s, px, n, flags, pq, ps))
 			ok(c.LaunchProgram(FP8DequantProgram(), grid(n, FP8Block), s, pq, ps, n, py))
@@ -143,7 +143,7 @@ func checkFP8KernelsOn(t *testing.T, c Device, s Stream, x []float32, h int) {
 			gotE := make([]uint16, nmx/2)
 			ok(c.Download(gotQ, pq, s))
 			ok(c.Download(gotE, pe, s))
-			wantQ, wantE, err := QuantMXFP8(x)
+			wantQ, wantE, err := QuantMXFP8(x, flags&FP8MXRoundUp != 0)
 			ok(err)
 			q, e := bytesOf(gotQ), bytesOf(gotE)
 			for i := range q {

@@ -1,6 +1,7 @@
 package kernels
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"testing"
@@ -276,26 +277,48 @@ func TestFP8DotBound(t *testing.T) {
 }
 
 // TestMXFP8 quantizes MX blocks (32 values, E8M0 scale): every element
-// within MXElemBound, the scales as §6.3 computes them, the block's
-// largest saturating where x/2^X passes 448, and a scale ×2 or no
-// dequantization breaking the bound.
+// within MXElemBound, the scales as §6.3 computes them (or
+// TransformerEngine's, rounded up), the block's largest saturating where
+// x/2^X passes 448 under the spec's rule and not under TE's, and a scale
+// ×2 or no dequantization breaking the bound.
 func TestMXFP8(t *testing.T) {
+	for _, tc := range []struct {
+		amax float32
+		b    uint8
+	}{{1, 127 - 8}, {0, 0}, {float32(math.Ldexp(1, -140)), 0}, {float32(math.Ldexp(1, -118)), 1}, {4 * 448 * 1.01, 127 + 3}} {
+		if got := MXScaleRoundUp(tc.amax); got != tc.b {
+			t.Errorf("TE's MX scale of amax %g: %d, want %d", tc.amax, got, tc.b)
+		}
+	}
+	if mxRecip(0) != 1 || mxRecip(127) != 1 || mxRecip(119) != 256 {
+		t.Errorf("mxRecip: %g %g %g", mxRecip(0), mxRecip(127), mxRecip(119))
+	}
+	for _, roundUp := range []bool{false, true} {
+		t.Run(fmt.Sprint("roundUp=", roundUp), func(t *testing.T) { checkMXFP8(t, roundUp) })
+	}
+}
+
+func checkMXFP8(t *testing.T, roundUp bool) {
 	g := rand.New(rand.NewPCG(34, 4))
 	x := fp8Rows(g, 8, 512, true)
 	for i := range MXBlock { // a block of amax 1.99: X = −8, 1.99·2^8 = 509.4 saturates to 448
 		x[FP8Block+i] = RoundBF16(0.5 + float32(i)/64)
 	}
 	x[FP8Block] = 1.99
-	q, sc, err := QuantMXFP8(x)
+	q, sc, err := QuantMXFP8(x, roundUp)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if q[FP8Block] != E4M3MaxBit {
-		t.Errorf("1.99 in a block of scale 2^%d: %#02x, want 448", int(sc[FP8Block/MXBlock])-127, q[FP8Block])
+	if sat := q[FP8Block] == E4M3MaxBit; sat == roundUp {
+		t.Errorf("1.99 in a block of scale 2^%d: %#02x (448 is %#02x)", int(sc[FP8Block/MXBlock])-127, q[FP8Block], E4M3MaxBit)
 	}
 	d := DequantMXFP8(q, sc)
 	for i, v := range x {
-		if want := MXScale(blockAmax(x[i/MXBlock*MXBlock : (i/MXBlock+1)*MXBlock])); sc[i/MXBlock] != want {
+		want := MXScale(blockAmax(x[i/MXBlock*MXBlock : (i/MXBlock+1)*MXBlock]))
+		if roundUp {
+			want = MXScaleRoundUp(blockAmax(x[i/MXBlock*MXBlock : (i/MXBlock+1)*MXBlock]))
+		}
+		if sc[i/MXBlock] != want {
 			t.Fatalf("block %d: scale %d, want %d", i/MXBlock, sc[i/MXBlock], want)
 		}
 		if e := math.Abs(float64(v) - d[i]); e > MXElemBound(float64(v), sc[i/MXBlock]) {
@@ -316,7 +339,7 @@ func TestMXFP8(t *testing.T) {
 			t.Errorf("%s stays within the bound", name)
 		}
 	}
-	if _, _, err := QuantMXFP8(x[:33]); err == nil {
+	if _, _, err := QuantMXFP8(x[:33], roundUp); err == nil {
 		t.Error("33 values accepted")
 	}
 }

@@ -6,7 +6,8 @@
 //   q = e4m3(x·fl(448/amax)), inv = amax·fl(1/448); flags bit 0 (UE8M0): both
 //   powers of two, inv = 2^⌈log2(amax/448)⌉).
 // quant_mxfp8: x [n·32] bf16 → q e4m3 and one E8M0 byte per 32-block (OCP MX
-//   v1.0 §6.3: X = ⌊log2 amax⌋ − 8 clamped to −127…127, q = e4m3(x·2^-X)).
+//   v1.0 §6.3: X = ⌊log2 amax⌋ − 8 clamped to −127…127, q = e4m3(x·2^-X);
+//   flags bit 2: TransformerEngine's X = ⌈log2(amax·fl(1/448))⌉ instead).
 // dequant_fp8_1x128: q and its fp32 multipliers → bf16 rows, fl32(q·inv)
 //   rounded to bf16 (the rows a bf16 GEMM takes).
 //
@@ -29,6 +30,7 @@
 
 #define MB_FP8_UE8M0 1 // flags: power-of-two scales (1×128)
 #define MB_FP8_SOFT 2  // flags: software e4m3 conversion on sm_89+ too
+#define MB_FP8_MX_ROUND_UP 4 // flags: TransformerEngine's MX scale (amax/448 rounded up to 2^k)
 
 // mb_e4m3: f rounded to e4m3 in software (kernels.E4M3FromFloat32).
 __device__ __forceinline__ unsigned mb_e4m3(float f) {
@@ -99,8 +101,15 @@ __device__ __forceinline__ void mb_fp8_quant(const bf16 *__restrict__ x, long n,
         float mul, inv = 0.f;
         int sx = 0;
         if (MX) {
-            sx = max((int)((__float_as_uint(amax) >> 23) & 0xffu) - 127 - 8, -127); // X
-            mul = __uint_as_float((unsigned)(127 - sx) << 23);                    // 2^-X
+            if (flags & MB_FP8_MX_ROUND_UP) { // TransformerEngine's float_to_e8m0(amax·fl(1/448)), exp2f_rcp
+                const unsigned s = __float_as_uint(amax * (1.0f / 448.0f)), e = s >> 23, m = s & 0x7fffffu;
+                const unsigned be = e + ((m > 0u && e != 0xfeu && !(e == 0u && m <= 0x400000u)) ? 1u : 0u);
+                sx = (int)be - 127;
+                mul = be == 0u ? 1.f : __uint_as_float((254u - be) << 23);
+            } else {
+                sx = max((int)((__float_as_uint(amax) >> 23) & 0xffu) - 127 - 8, -127); // X
+                mul = __uint_as_float((unsigned)(127 - sx) << 23);                    // 2^-X
+            }
         } else {
             const float am = fmaxf(amax, 1e-4f);
             if (flags & MB_FP8_UE8M0) {
