@@ -31,6 +31,7 @@ var CUDAKernels = map[string][]string{
 	"commtest.cu":   {"MB_CT_CHANNELS", "MB_CT_SLOTS"},
 	"copy.cu":       {},
 	"gradadd.cu":    {},
+	"fp8.cu":        {},
 	"deepep.cu": {"MB_HIDDEN", "MB_TOPK", "MB_RANKS", "MB_LOCAL", "MB_TOKENS", "MB_CHANNELS", "MB_DRING", "MB_DCHUNK", "MB_CRING", "MB_CCHUNK",
 		"MB_WARPS", "MB_MINB", "MB_DE_BUG", "MB_Q_ECNT", "MB_Q_FLAGS", "MB_Q_GO", "MB_Q_DMETA", "MB_Q_CMETA", "MB_Q_RINGS",
 		"MB_F_PER_RANK", "MB_F_PER_EXPERT", "MB_F_CHAN_END", "MB_F_SRC_END", "MB_F_RECV_CHAN", "MB_F_SEND_HEAD"},

@@ -66,6 +66,10 @@ var kernelBlock = map[string]int{
 	"he_dispatch_bwd": 128,
 	"he_permute_bwd":  128,
 	"he_combine_bwd":  192,
+	// fp8.cu's
+	"quant_fp8_1x128":   FP8KernelBlock,
+	"quant_mxfp8":       FP8KernelBlock,
+	"dequant_fp8_1x128": FP8KernelBlock,
 }
 
 // bulkExpected, set in a compile's constants, says that the bulk-copy path
@@ -234,7 +238,7 @@ func auditSASS(tool string, cubin []byte, d map[string]string, opcodes bool) (li
 			bad("no SASS read")
 		}
 		vec16 := name == "permute_rows" || name == "copy_u4" || name == "sort_chunks" || name == "unpermute_sum" ||
-			name == "input_grad" || name == "add_f32" || (name == "swiglu_prob" || name == "swiglu_prob_bwd") && atoi(d["MB_FFN"])%8 == 0
+			name == "input_grad" || name == "add_f32" || fp8Vec16[name] || (name == "swiglu_prob" || name == "swiglu_prob_bwd") && atoi(d["MB_FFN"])%8 == 0
 		if vec16 && (k.has("LDG.E", ".128") == 0 || k.has("STG.E", ".128") == 0) {
 			bad("no 16-byte global load or store (LDG/STG .128); it has %s", k.list("LDG", "STG"))
 		}

@@ -12,7 +12,7 @@ import (
 // the CUDA C ones; their hash goes into every record so that results name the
 // kernels they timed.
 //
-//go:embed bf16.go expert.go gemm.go permute.go router.go cuda/*.cu cuda/*.cuh
+//go:embed bf16.go expert.go fp8.go gemm.go permute.go router.go cuda/*.cu cuda/*.cuh
 var sources embed.FS
 
 // SourceHash is the sha256 of the kernel sources (file names and contents,

@@ -365,7 +365,7 @@ if [ "$mode" = twoproc ]; then
 elif [ -n "$san" ]; then
   for tool in memcheck racecheck synccheck initcheck; do
     step "sanitize-$tool" 150 "$san" --tool "$tool" --error-exitcode 3 \
-      "$BIN_DIR/kernels.test" -test.v -test.run '^TestGPU(Router|Permute|SortChunks|SwiGLUAndUnpermute)$'
+      "$BIN_DIR/kernels.test" -test.v -test.run '^TestGPU(Router|Permute|SortChunks|SwiGLUAndUnpermute|FP8)$'
     if grep -q -i "device not supported" "$OUT/sanitize-$tool.log" 2>/dev/null; then
       note "sanitize-$tool" "n/a (compute-sanitizer: device not supported)"
     fi

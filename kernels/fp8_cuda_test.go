@@ -1,0 +1,207 @@
+package kernels
+
+import (
+	"math"
+	"math/rand/v2"
+	"strings"
+	"testing"
+)
+
+// fp8Vec16 are fp8.cu's kernels, which move their rows as 16-byte global
+// loads and stores (the SASS audit holds them to it).
+var fp8Vec16 = map[string]bool{"quant_fp8_1x128": true, "quant_mxfp8": true, "dequant_fp8_1x128": true}
+
+// fp8KernelRows are fp8Rows with blocks of exact ties added: blocks whose
+// amax is 448·2^k (the quantization multiplier is then 2^-k, exact) made of
+// midpoints between neighbouring e4m3 values times 2^k, so that the
+// kernels' e4m3 rounding meets ties to even.
+func fp8KernelRows(g *rand.Rand, rows, h int) []float32 {
+	x := fp8Rows(g, rows, h, true)
+	for b := 1; b < len(x)/FP8Block; b += 3 {
+		k := g.IntN(21) - 10
+		blk := x[b*FP8Block : (b+1)*FP8Block]
+		for i := range blk {
+			c := uint8(g.IntN(E4M3MaxBit))
+			mid := (float64(E4M3ToFloat32(c)) + float64(E4M3ToFloat32(c+1))) / 2
+			blk[i] = float32(math.Ldexp(mid, k) * float64(1-2*g.IntN(2)))
+		}
+		blk[g.IntN(FP8Block)] = float32(math.Ldexp(E4M3Max, k))
+	}
+	return x
+}
+
+// bytesOf unpacks 16-bit words into their bytes (little-endian).
+func bytesOf(w []uint16) []uint8 {
+	b := make([]uint8, 2*len(w))
+	for i, v := range w {
+		b[2*i], b[2*i+1] = uint8(v), uint8(v>>8)
+	}
+	return b
+}
+
+// TestFP8KernelsOnHostSim runs fp8.cu's kernels on the host simulation on
+// rows spanning many binades (with a zero block, blocks of amax below the
+// 1e-4 clamp and blocks of exact ties) and holds them to the host
+// functions bit for bit: the e4m3 codes, the fp32 and E8M0 scales and the
+// dequantized bf16, with both scale kinds, both conversion flags, a grid
+// of one block (every warp loops) and a full one, and block counts that
+// leave warps partly idle.
+func TestFP8KernelsOnHostSim(t *testing.T) {
+	useHostSim(t)
+	c, err := OpenCUDA(0, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	checkFP8Kernels(t, c)
+}
+
+// TestGPUFP8 runs the checks on a GPU: on sm_89 and later with flags 0
+// the e4m3 conversion is PTX's cvt.rn.satfinite.e4m3x2.f32, held here to
+// the host reference bit for bit (every finite bf16 value included).
+func TestGPUFP8(t *testing.T) { checkFP8Kernels(t, openPair(t).c) }
+
+// TestFP8Twins runs the same checks on Emu (the host device), whose
+// programs' twins call the host functions: the arguments' order and
+// layout as the CUDA kernels take them.
+func TestFP8Twins(t *testing.T) { checkFP8Kernels(t, &Emu{}) }
+
+func checkFP8Kernels(t *testing.T, c Device) {
+	s, err := c.NewStream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 111 blocks of 128 (4 a warp), 444 of 32 (16 a warp)
+	checkFP8KernelsOn(t, c, s, fp8KernelRows(rand.New(rand.NewPCG(34, 5)), 37, 384), 384)
+	// every finite bf16 value, in bit order (510 blocks of 128): with UE8M0
+	// scales each is scaled exactly, and ties to even meet every exponent
+	var all []float32
+	for b := range 1 << 16 {
+		if b>>7&0xff != 0xff {
+			all = append(all, math.Float32frombits(uint32(b)<<16))
+		}
+	}
+	checkFP8KernelsOn(t, c, s, all, FP8Block)
+}
+
+func checkFP8KernelsOn(t *testing.T, c Device, s Stream, x []float32, h int) {
+	ok := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	rows := len(x) / h
+	xb := BF16Bits(x)
+	if !equalF32Bits(FromBF16Bits(xb), x) {
+		t.Fatal("the inputs are not bf16 values")
+	}
+	n := int64(rows * h / FP8Block)
+	nmx := int64(rows * h / MXBlock)
+	px, _ := c.Alloc(int64(2 * len(x)))
+	pq, _ := c.Alloc(int64(len(x)))
+	ps, _ := c.Alloc(4 * n)
+	pe, _ := c.Alloc(nmx)
+	py, _ := c.Alloc(int64(2 * len(x)))
+	ok(c.Upload(px, xb, s))
+	poison := func() {
+		ok(c.Fill16(pq, 0xA5A5, int64(len(x)/2), s))
+		ok(c.Fill16(ps, 0xFFFF, 2*n, s))
+		ok(c.Fill16(pe, 0xA5A5, nmx/2, s))
+		ok(c.Fill16(py, 0x7FC1, int64(len(x)), s))
+	}
+	checked := 0
+	for _, grid := range []func(n int64, size int) int{func(int64, int) int { return 1 }, func(n int64, size int) int { return FP8Grid(n, size, 1024) }} {
+		for _, flags := range []int32{0, FP8UE8M0 | FP8MXRoundUp, FP8Soft | FP8MXRoundUp, FP8UE8M0 | FP8Soft} {
+			poison()
+			ok(c.LaunchProgram(FP8QuantProgram(), grid(n, FP8Block), s, px, n, flags, pq, ps))
+			ok(c.LaunchProgram(FP8DequantProgram(), grid(n, FP8Block), s, pq, ps, n, py))
+			gotQ, gotS, gotY := make([]uint16, len(x)/2), make([]float32, n), make([]uint16, len(x))
+			ok(c.Download(gotQ, pq, s))
+			ok(c.Download(gotS, ps, s))
+			ok(c.Download(gotY, py, s))
+			wantQ, wantS, err := QuantFP8Rows(x, h, flags&FP8UE8M0 != 0)
+			ok(err)
+			q := bytesOf(gotQ)
+			for i := range q {
+				if q[i] != wantQ[i] {
+					t.Fatalf("flags %d grid %d: quant_fp8_1x128 element %d (%g, block amax %g): %#02x, want %#02x", flags, grid(n, FP8Block), i, x[i],
+						blockAmax(x[i/FP8Block*FP8Block:(i/FP8Block+1)*FP8Block]), q[i], wantQ[i])
+				}
+			}
+			if !equalF32Bits(gotS, wantS) {
+				t.Fatalf("flags %d: scales %v, want %v", flags, gotS[:8], wantS[:8])
+			}
+			wantY := BF16Bits(DequantFP8Rows(wantQ, wantS))
+			for i := range gotY {
+				if gotY[i] != wantY[i] {
+					t.Fatalf("flags %d: dequant_fp8_1x128 element %d: %#04x, want %#04x", flags, i, gotY[i], wantY[i])
+				}
+			}
+			poison()
+			ok(c.LaunchProgram(MXFP8QuantProgram(), grid(nmx, MXBlock), s, px, nmx, flags, pq, pe))
+			gotE := make([]uint16, nmx/2)
+			ok(c.Download(gotQ, pq, s))
+			ok(c.Download(gotE, pe, s))
+			wantQ, wantE, err := QuantMXFP8(x, flags&FP8MXRoundUp != 0)
+			ok(err)
+			q, e := bytesOf(gotQ), bytesOf(gotE)
+			for i := range q {
+				if q[i] != wantQ[i] {
+					t.Fatalf("flags %d: quant_mxfp8 element %d (%g): %#02x, want %#02x", flags, i, x[i], q[i], wantQ[i])
+				}
+			}
+			for i := range e {
+				if e[i] != wantE[i] {
+					t.Fatalf("flags %d: quant_mxfp8 scale %d: %d, want %d", flags, i, e[i], wantE[i])
+				}
+			}
+			checked++
+		}
+	}
+	t.Logf("%d runs of the three kernels: %d values each, bit for bit", checked, len(x))
+}
+
+func equalF32Bits(a, b []float32) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if math.Float32bits(a[i]) != math.Float32bits(b[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+// TestFP8SASS compiles fp8.cu for sm_80 and sm_90 and reads the e4m3
+// conversion in their machine code: sm_90 converts with the hardware
+// instruction (F2FP ... E4M3), sm_80 has none (the software conversion).
+func TestFP8SASS(t *testing.T) {
+	tool := cuobjdump(t)
+	if tool == "" {
+		t.Skip("no cuobjdump")
+	}
+	j := &JIT{Compiler: nvrtc(t)}
+	for _, arch := range []string{"sm_80", "sm_90"} {
+		cubin, err := j.Compile("fp8.cu", arch, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ks, err := readSASS(tool, cubin, true)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, name := range []string{"quant_fp8_1x128", "quant_mxfp8"} {
+			k := ks[name]
+			if k == nil {
+				t.Fatalf("%s: no %s in the cubin", arch, name)
+			}
+			n := k.has("F2FP", "E4M3")
+			if (arch == "sm_90") != (n > 0) {
+				t.Errorf("%s %s: %d e4m3 conversions (F2FP...E4M3); it has %s", arch, name, n, k.list("F2FP", "F2F", "I2F"))
+			}
+			t.Logf("%s %s: %s", arch, name, strings.Join(strings.Fields(k.list("F2FP")), " "))
+		}
+	}
+}
