@@ -317,7 +317,7 @@ func checkDevices(t *testing.T, devs []kernels.Device) {
 			}
 			want, ranks := hostRun(t, c, 7, tc.prob)
 			var got devResult
-			hostsim.Within(t, time.Minute, func() { got = runDevice(t, WithDeviceConfig(cfg), c, ranks, 2, true) })
+			hostsim.WithinNamed(t, time.Minute, "deepep's forward and backward on the fake GPUs", func() { got = runDevice(t, WithDeviceConfig(cfg), c, ranks, 2, true) })
 			if got.err != nil {
 				t.Fatal(got.err)
 			}
@@ -398,7 +398,7 @@ func checkBroken(t *testing.T, devs []kernels.Device) {
 			d.bug, d.timeout = tc.bug, 1500*time.Millisecond // long enough for every good wait on a loaded machine
 			start := time.Now()
 			var got devResult
-			hostsim.Within(t, time.Minute, func() { got = runDevice(t, d, c, ranks, 1, tc.bug == 4) })
+			hostsim.WithinNamed(t, time.Minute, "the broken step to end by a timeout", func() { got = runDevice(t, d, c, ranks, 1, tc.bug == 4) })
 			var ce *kernels.CommError
 			var he *kernels.HostWaitError
 			switch {

@@ -263,7 +263,7 @@ func checkDevices(t *testing.T, devs func(n int) []kernels.Device) {
 			}
 			want, ranks := hostDesign(t, cfg, tc.sh, shared, tc.prob)
 			var got stepResult
-			hostsim.Within(t, 2*time.Minute, func() {
+			hostsim.WithinNamed(t, 2*time.Minute, "hybridep's forward and backward on the fake GPUs", func() {
 				got = runDevice(t, &Device{cfg: cfg, timeout: 10 * time.Second}, tc.sh, ds, ranks, shared, 2, true)
 			})
 			if got.err != nil {
@@ -350,7 +350,7 @@ func TestBrokenBackwardTimesOut(t *testing.T) {
 	d.Break(BugBwdNoBarrier, 1)
 	start := time.Now()
 	var got stepResult
-	hostsim.Within(t, time.Minute, func() { got = runDevice(t, d, sh, gs, ranks, nil, 1, true) })
+	hostsim.WithinNamed(t, time.Minute, "the broken backward to end by a timeout", func() { got = runDevice(t, d, sh, gs, ranks, nil, 1, true) })
 	var ce *kernels.CommError
 	if !errors.As(got.err, &ce) || !ce.Records[0].TimedOut || ce.Records[0].Waited < d.timeout {
 		t.Fatalf("%v: want the kernels' timeout", got.err)
