@@ -1,6 +1,7 @@
 package balance
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"reflect"
@@ -575,21 +576,23 @@ func TestSamplers(t *testing.T) {
 		n int
 		p float64
 	}{{100, 0.05}, {100000, 0.3}, {50, 0.9}} {
-		sum, sq := 0.0, 0.0
-		const draws = 4000
-		for range draws {
-			x := float64(binomial(g, c.n, c.p))
-			if x < 0 || x > float64(c.n) {
-				t.Fatalf("binomial(%d, %g) = %v", c.n, c.p, x)
+		t.Run(fmt.Sprintf("n=%d,p=%g", c.n, c.p), func(t *testing.T) {
+			sum, sq := 0.0, 0.0
+			const draws = 4000
+			for range draws {
+				x := float64(binomial(g, c.n, c.p))
+				if x < 0 || x > float64(c.n) {
+					t.Fatalf("binomial(%d, %g) = %v", c.n, c.p, x)
+				}
+				sum += x
+				sq += x * x
 			}
-			sum += x
-			sq += x * x
-		}
-		mean, v := sum/draws, sq/draws-(sum/draws)*(sum/draws)
-		wantM, wantV := float64(c.n)*c.p, float64(c.n)*c.p*(1-c.p)
-		if math.Abs(mean-wantM) > 5*math.Sqrt(wantV/draws) || math.Abs(v/wantV-1) > 0.15 {
-			t.Errorf("binomial(%d, %g): mean %.2f var %.2f, want %.2f, %.2f", c.n, c.p, mean, v, wantM, wantV)
-		}
+			mean, v := sum/draws, sq/draws-(sum/draws)*(sum/draws)
+			wantM, wantV := float64(c.n)*c.p, float64(c.n)*c.p*(1-c.p)
+			if math.Abs(mean-wantM) > 5*math.Sqrt(wantV/draws) || math.Abs(v/wantV-1) > 0.15 {
+				t.Errorf("binomial(%d, %g): mean %.2f var %.2f, want %.2f, %.2f", c.n, c.p, mean, v, wantM, wantV)
+			}
+		})
 	}
 	p := []float64{0.5, 0.2, 0.1, 0.1, 0.05, 0.05}
 	pi := inclusion(p, 3)
