@@ -269,21 +269,23 @@ func TestPrimitivesCompile(t *testing.T) {
 	}
 	n := nvrtc(t)
 	for _, arch := range []string{"sm_80", "sm_90"} {
-		cubin, err := n.Compile("primitives.cu", primitivesSource, map[string]string{cudaHeader: header(t)}, []string{"--gpu-architecture=" + arch, "-std=c++17"})
-		if err != nil {
-			t.Errorf("%s: %v", arch, err)
-			continue
-		}
-		if tool := cuobjdump(t); tool != "" {
-			ks, err := readSASS(tool, cubin, true)
+		t.Run(arch, func(t *testing.T) {
+			cubin, err := n.Compile("primitives.cu", primitivesSource, map[string]string{cudaHeader: header(t)}, []string{"--gpu-architecture=" + arch, "-std=c++17"})
 			if err != nil {
-				t.Fatal(err)
+				t.Errorf("%s: %v", arch, err)
+				return
 			}
-			k := ks["primitives"]
-			if k == nil || k.has("NANOSLEEP") == 0 || k.has("ATOM") == 0 || k.has("MEMBAR") == 0 {
-				t.Errorf("%s: no NANOSLEEP, ATOM or MEMBAR in the SASS: %v", arch, k)
+			if tool := cuobjdump(t); tool != "" {
+				ks, err := readSASS(tool, cubin, true)
+				if err != nil {
+					t.Fatal(err)
+				}
+				k := ks["primitives"]
+				if k == nil || k.has("NANOSLEEP") == 0 || k.has("ATOM") == 0 || k.has("MEMBAR") == 0 {
+					t.Errorf("%s: no NANOSLEEP, ATOM or MEMBAR in the SASS: %v", arch, k)
+				}
 			}
-		}
+		})
 	}
 }
 
