@@ -305,32 +305,34 @@ func distributedSweep(t *testing.T, rv, out string) {
 			return nil
 		}, results.StatusUnavailable},
 	} {
-		os.Remove(out)
-		ps := launchProcsEnv(t, 2, c.env, args...)
-		for r, p := range ps {
-			if err := p.wait(t, 4*time.Minute); err != nil {
-				t.Fatalf("%s: process %d: %v; stderr:\n%s\nprocess 0's:\n%s", c.name, r, err, p.stderr.String(), ps[0].stderr.String())
+		t.Run(c.name, func(t *testing.T) {
+			os.Remove(out)
+			ps := launchProcsEnv(t, 2, c.env, args...)
+			for r, p := range ps {
+				if err := p.wait(t, 4*time.Minute); err != nil {
+					t.Fatalf("%s: process %d: %v; stderr:\n%s\nprocess 0's:\n%s", c.name, r, err, p.stderr.String(), ps[0].stderr.String())
+				}
 			}
-		}
-		if !strings.Contains(ps[1].stderr.String(), "rank 0 writes "+out) || strings.Count(ps[1].stderr.String(), "[") < 2 {
-			t.Errorf("%s: process 1's stderr:\n%s", c.name, ps[1].stderr.String())
-		}
-		recs, err := results.ReadFile(out, nil)
-		if err != nil || len(recs) != 2 {
-			t.Fatalf("%s: %d records, %v; stderr:\n%s", c.name, len(recs), err, ps[0].stderr.String())
-		}
-		for i, rec := range recs {
-			if rec.Status != c.status || rec.Config.Routing != []string{"balanced", "uniform"}[i] {
-				t.Errorf("%s: record %d: %s %s: %s", c.name, i, rec.Config.Routing, rec.Status, rec.Reason)
+			if !strings.Contains(ps[1].stderr.String(), "rank 0 writes "+out) || strings.Count(ps[1].stderr.String(), "[") < 2 {
+				t.Errorf("%s: process 1's stderr:\n%s", c.name, ps[1].stderr.String())
 			}
-			if c.status == results.StatusOK && (len(rec.Ranks.Processes) != 2 || rec.Config.Pass != results.PassTraining || rec.Correctness.Grads == nil || !rec.Correctness.Passed) {
-				t.Errorf("%s: record %d: pass %s, processes %+v, correctness %+v", c.name, i, rec.Config.Pass, rec.Ranks.Processes, rec.Correctness)
+			recs, err := results.ReadFile(out, nil)
+			if err != nil || len(recs) != 2 {
+				t.Fatalf("%s: %d records, %v; stderr:\n%s", c.name, len(recs), err, ps[0].stderr.String())
 			}
-			if c.status != results.StatusOK && !strings.Contains(rec.Reason, "ranks 2–3 (process 1 of 2") {
-				t.Errorf("%s: record %d's reason does not name process 1: %s", c.name, i, rec.Reason)
+			for i, rec := range recs {
+				if rec.Status != c.status || rec.Config.Routing != []string{"balanced", "uniform"}[i] {
+					t.Errorf("%s: record %d: %s %s: %s", c.name, i, rec.Config.Routing, rec.Status, rec.Reason)
+				}
+				if c.status == results.StatusOK && (len(rec.Ranks.Processes) != 2 || rec.Config.Pass != results.PassTraining || rec.Correctness.Grads == nil || !rec.Correctness.Passed) {
+					t.Errorf("%s: record %d: pass %s, processes %+v, correctness %+v", c.name, i, rec.Config.Pass, rec.Ranks.Processes, rec.Correctness)
+				}
+				if c.status != results.StatusOK && !strings.Contains(rec.Reason, "ranks 2–3 (process 1 of 2") {
+					t.Errorf("%s: record %d's reason does not name process 1: %s", c.name, i, rec.Reason)
+				}
 			}
-		}
-		t.Logf("%s: %s: %s", c.name, recs[1].Status, recs[1].Reason)
+			t.Logf("%s: %s: %s", c.name, recs[1].Status, recs[1].Reason)
+		})
 	}
 }
 
