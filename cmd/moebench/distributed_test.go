@@ -203,6 +203,9 @@ func TestDistributedRun(t *testing.T) {
 		nodes     bool // each process names its own node (MOEBENCH_NODE); else all are on this machine's
 	}{{4, 2, true}, {8, 4, false}} {
 		t.Run(fmt.Sprintf("ep%d-over-%d", c.ep, c.world), func(t *testing.T) {
+			if c.ep != 4 {
+				hostsim.SkipIfShort(t, "ep4-over-2")
+			}
 			os.Remove(out)
 			var env func(int) []string
 			if c.nodes {
@@ -274,11 +277,20 @@ func TestDistributedRun(t *testing.T) {
 			t.Logf("%s; max rel err %.2e, gradients %.2e", rec.Ranks.Note, rec.Correctness.MaxRelErr, g.MaxRelErr)
 		})
 	}
-	t.Run("wrong-gradient-on-process-1", func(t *testing.T) { wrongGradient(t, rv, out) })
-	t.Run("same-as-one-process", func(t *testing.T) { sameAsOneProcess(t, rv, out) })
+	t.Run("wrong-gradient-on-process-1", func(t *testing.T) {
+		hostsim.SkipIfShort(t, "TestDistributedHybridEP/wrong-slot-on-process-1 (a wrong result on process 1)")
+		wrongGradient(t, rv, out)
+	})
+	t.Run("same-as-one-process", func(t *testing.T) {
+		hostsim.SkipIfShort(t, "ep4-over-2 (its gradients checked)")
+		sameAsOneProcess(t, rv, out)
+	})
 	t.Run("trace-routing", func(t *testing.T) { traceRouting(t, rv, out) })
 	t.Run("sweep", func(t *testing.T) { distributedSweep(t, rv, out) })
-	t.Run("gpu-check", gpuCheckTwoProcesses)
+	t.Run("gpu-check", func(t *testing.T) {
+		hostsim.SkipIfShort(t, "nightly (a script over two processes)")
+		gpuCheckTwoProcesses(t)
+	})
 	t.Run("nightly", nightlyTwoProcesses)
 	t.Run("killed", func(t *testing.T) { killedProcess(t, rv, out) })
 }
@@ -498,6 +510,9 @@ func TestDistributedCommIDUnarrived(t *testing.T) {
 			most: 35 * time.Second, notWant: "waited 5m"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
+			if c.name == "rank-0-missing" || c.name == "three-processes" {
+				hostsim.SkipIfShort(t, "two-processes and nccls-own-timeout")
+			}
 			l, err := net.Listen("tcp", "127.0.0.1:0") // a free port for NCCL's bootstrap root
 			if err != nil {
 				t.Fatal(err)
@@ -748,6 +763,9 @@ func TestDistributedNCCLEP(t *testing.T) {
 		{"deepep", "DeepEP low-latency design via NCCL EP", "NCCL EP's low-latency mode has no backward pass"},
 	} {
 		t.Run(c.dispatcher, func(t *testing.T) {
+			if c.dispatcher == "hybridep" {
+				hostsim.SkipIfShort(t, "deepep (NCCL EP over two processes) and killed")
+			}
 			os.Remove(out)
 			ps := launchProcsEnv(t, 2, func(r int) []string { return []string{fmt.Sprintf("MOEBENCH_NODE=node-%d", r)} },
 				append([]string{"--device", "cuda", "--dispatcher", c.dispatcher, "--impl", "library", "--ep", "4", "--warmup", "1", "--iters", "2",
@@ -793,7 +811,10 @@ func TestDistributedNCCLEP(t *testing.T) {
 			t.Logf("%s; max rel err %.2e; inter-node %d B, intra-node %d B", rec.Ranks.Note, rec.Correctness.MaxRelErr, tr.InterNodeBytes, tr.IntraNodeBytes)
 		})
 	}
-	t.Run("gpu-check", gpuCheckNCCLEP)
+	t.Run("gpu-check", func(t *testing.T) {
+		hostsim.SkipIfShort(t, "TestDistributedRun/nightly (a script over two processes)")
+		gpuCheckNCCLEP(t)
+	})
 	t.Run("killed", func(t *testing.T) {
 		killedProcessOf(t, rv, out, append([]string{"--dispatcher", "hybridep", "--impl", "library"}, shape...)...)
 	})
@@ -857,6 +878,9 @@ func TestDistributedHybridEP(t *testing.T) {
 	nodes := func(r int) []string { return []string{fmt.Sprintf("MOEBENCH_NODE=node-%d", r)} }
 	for _, c := range []struct{ ep, world, domain int }{{4, 2, 2}, {4, 2, 1}, {8, 4, 2}} {
 		t.Run(fmt.Sprintf("ep%d-over-%d-domain-%d", c.ep, c.world, c.domain), func(t *testing.T) {
+			if c.ep != 4 || c.domain != 2 {
+				hostsim.SkipIfShort(t, "ep4-over-2-domain-2")
+			}
 			os.Remove(out)
 			hybridepAcross(t, out, c.ep, launchProcsEnv(t, c.world, nodes, flagsEP(c.ep, "--domain", fmt.Sprint(c.domain))...))
 		})
@@ -910,6 +934,7 @@ func TestDistributedHybridEP(t *testing.T) {
 		t.Logf("rank 0's record: %s", recs[0].Reason)
 	})
 	t.Run("killed", func(t *testing.T) {
+		hostsim.SkipIfShort(t, "TestDistributedRun/killed and TestDistributedNCCLEP/killed")
 		killedProcessOf(t, rv, out, "--dispatcher", "hybridep", "--domain", "2", "--sms", "2")
 	})
 }

@@ -255,6 +255,9 @@ func checkDevices(t *testing.T, devs func(n int) []kernels.Device) {
 			if ds == nil {
 				t.Skipf("no %d devices here", tc.ndev)
 			}
+			if _, emu := ds[0].(*kernels.Emu); !emu && tc.name != "ep2-one-device" && tc.name != "ep2-two-domains" {
+				hostsim.SkipIfShort(t, "ep2-one-device and ep2-two-domains")
+			}
 			start := time.Now()
 			cfg := Config{SMs: 2, Domain: tc.domain, Chunk: 4}
 			var shared [][]float32
@@ -342,6 +345,7 @@ func TestDeviceOnHostSim(t *testing.T) {
 // phase and the wait; the forward and the combine's backward ran (ranks
 // on the host simulation's two GPUs).
 func TestBrokenBackwardTimesOut(t *testing.T) {
+	hostsim.SkipIfShort(t, "deepep's TestBrokenProtocolTimesOut (a kernel's timeout named)")
 	gs := fakeGPUs(t)
 	sh := dispatchers.Shape{Tokens: 16, Hidden: 8, Experts: 8, TopK: 2, EP: 2}
 	cfg := Config{SMs: 1, Chunk: 4}

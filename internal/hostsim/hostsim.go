@@ -471,3 +471,13 @@ func goroutinesOf(id string) string {
 	}
 	return strings.Join(out, "\n\n")
 }
+
+// SkipIfShort skips t under go test -short (the edit loop's tier, see the
+// README): t is slow, and kept says which faster test or case of the same
+// kind still runs there. The full suite runs it.
+func SkipIfShort(t testing.TB, kept string) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("slow, skipped under -short; " + kept + " still runs")
+	}
+}
