@@ -187,11 +187,12 @@ func TestFIFOViolations(t *testing.T) {
 			}
 			go func() { done <- cmd.Wait() }()
 			var err error
+			patience := hostsim.Patience(t, 60*time.Second)
 			select {
 			case err = <-done:
-			case <-time.After(60 * time.Second):
+			case <-time.After(patience):
 				cmd.Process.Kill()
-				t.Fatalf("child still running after 60 s:\n%s", out.String())
+				t.Fatalf("child still running after %v:\n%s", patience, out.String())
 			}
 			rule := ""
 			for _, l := range strings.Split(out.String(), "\n") {

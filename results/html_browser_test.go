@@ -14,6 +14,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/moebench/moebench/internal/hostsim"
 )
 
 // The HTML report checked as a person sees it: laid out by a real browser
@@ -63,9 +65,9 @@ func browse(t *testing.T, bin, file string, w int, shot string) string {
 		if err != nil {
 			t.Fatalf("%s: %v\n%s", bin, err, stderr.String())
 		}
-	case <-time.After(60 * time.Second):
+	case <-time.After(hostsim.Patience(t, 60*time.Second)):
 		cmd.Process.Kill()
-		t.Fatalf("%s did not finish in 60 s\n%s", bin, stderr.String())
+		t.Fatalf("%s did not finish in %v\n%s", bin, hostsim.Patience(t, 60*time.Second), stderr.String())
 	}
 	return out.String()
 }

@@ -127,9 +127,11 @@ func launchProcsEnv(t *testing.T, world int, env func(r int) []string, args ...s
 	return ps
 }
 
-// wait waits for p at most d.
+// wait waits for p at most d on an idle machine (hostsim.Patience: more
+// on a loaded one).
 func (p *proc) wait(t *testing.T, d time.Duration) error {
 	t.Helper()
+	d = hostsim.Patience(t, d)
 	select {
 	case err := <-p.done:
 		return err

@@ -275,6 +275,21 @@ func Limits(d time.Duration, scale float64, deadline time.Time, hasDeadline bool
 	return soft, hard, why
 }
 
+// Patience is how long a test waits for what takes d on an idle machine
+// (a child process, a browser) before it fails: Within's soft limit, d ×
+// MOEBENCH_TEST_TIMEOUT_SCALE or a quarter of the time left before go
+// test's deadline when that is longer (see Limits).
+func Patience(t testing.TB, d time.Duration) time.Duration {
+	t.Helper()
+	scale, err := Scale()
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline, has := deadlineOf(t)
+	soft, _, _ := Limits(d, scale, deadline, has, time.Now())
+	return soft
+}
+
 // poison, once set, names the test whose f Within abandoned still running:
 // its kernels may still use the fake driver and its devices, so no later
 // test on the simulation can trust them (Setup and Within fail at once).
