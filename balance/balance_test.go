@@ -42,42 +42,44 @@ func TestPolicyInvariants(t *testing.T) {
 	o.ReplanEvery = 7 // exercise re-placements
 	src := NewSkewed(topo, 8, 4096, 1.1, 0.5, 3, 40)
 	for _, name := range PolicyNames {
-		p, err := New(name, topo, model, o)
-		if err != nil {
-			t.Fatal(err)
-		}
-		moves := 0
-		for i := range 40 {
-			st := src.Step(i)
-			st.Ready = 60e-6
-			pl := p.Plan(st)
-			if err := pl.Check(topo, st); err != nil {
-				t.Fatalf("%s step %d: %v", name, i, err)
+		t.Run(name, func(t *testing.T) {
+			p, err := New(name, topo, model, o)
+			if err != nil {
+				t.Fatal(err)
 			}
-			total := 0
-			for _, n := range st.Counts {
-				total += n
-			}
-			sum := 0
-			for _, l := range pl.Loads(topo.Ranks) {
-				sum += l
-			}
-			if sum != total {
-				t.Fatalf("%s step %d: ranks compute %d copies, %d routed", name, i, sum, total)
-			}
-			for _, m := range pl.Moves {
-				if m.Link == LinkCE && topo.DomainOf(m.From) != topo.DomainOf(m.To) {
-					t.Fatalf("%s: CE move leaves its domain: %+v", name, m)
+			moves := 0
+			for i := range 40 {
+				st := src.Step(i)
+				st.Ready = 60e-6
+				pl := p.Plan(st)
+				if err := pl.Check(topo, st); err != nil {
+					t.Fatalf("%s step %d: %v", name, i, err)
 				}
-				if m.From == m.To || m.Kind == "" {
-					t.Fatalf("%s: move to itself or of no kind: %+v", name, m)
+				total := 0
+				for _, n := range st.Counts {
+					total += n
 				}
+				sum := 0
+				for _, l := range pl.Loads(topo.Ranks) {
+					sum += l
+				}
+				if sum != total {
+					t.Fatalf("%s step %d: ranks compute %d copies, %d routed", name, i, sum, total)
+				}
+				for _, m := range pl.Moves {
+					if m.Link == LinkCE && topo.DomainOf(m.From) != topo.DomainOf(m.To) {
+						t.Fatalf("%s: CE move leaves its domain: %+v", name, m)
+					}
+					if m.From == m.To || m.Kind == "" {
+						t.Fatalf("%s: move to itself or of no kind: %+v", name, m)
+					}
+				}
+				moves += len(pl.Moves)
 			}
-			moves += len(pl.Moves)
-		}
-		if name != "none" && moves == 0 {
-			t.Errorf("%s moved nothing on skewed routing", name)
-		}
+			if name != "none" && moves == 0 {
+				t.Errorf("%s moved nothing on skewed routing", name)
+			}
+		})
 	}
 }
 

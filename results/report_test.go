@@ -60,11 +60,13 @@ func TestReportFormats(t *testing.T) {
 	groups := BuildReport(reportRecords())
 	out := map[string]string{}
 	for _, f := range ReportFormats {
-		var b bytes.Buffer
-		if err := WriteReport(&b, groups, f, "Title <x>"); err != nil {
-			t.Fatalf("%s: %v", f, err)
-		}
-		out[f] = b.String()
+		t.Run(f, func(t *testing.T) {
+			var b bytes.Buffer
+			if err := WriteReport(&b, groups, f, "Title <x>"); err != nil {
+				t.Fatalf("%s: %v", f, err)
+			}
+			out[f] = b.String()
+		})
 	}
 	tab := out["table"]
 	for _, want := range []string{"# stack #1: host", "speedup_vs_alltoall" + hostMark, "2.00x", "unavailable", "needs <the> cuda device", "# key:"} {
