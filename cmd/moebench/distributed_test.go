@@ -199,15 +199,13 @@ func distributedSetup(t *testing.T) (rv, out string) {
 // within --comm-timeout, naming the killed process's ranks, where NCCL (the
 // fake, which waits 120 s) would hang.
 func TestDistributedRun(t *testing.T) {
+	hostsim.SkipIfShort(t, "TestDistributedCommIDUnarrived (processes meeting in NCCL) and the harness's TestCUDALayerOnHostSim (the layer on the fake GPUs)")
 	rv, out := distributedSetup(t)
 	for _, c := range []struct {
 		ep, world int
 		nodes     bool // each process names its own node (MOEBENCH_NODE); else all are on this machine's
 	}{{4, 2, true}, {8, 4, false}} {
 		t.Run(fmt.Sprintf("ep%d-over-%d", c.ep, c.world), func(t *testing.T) {
-			if c.ep != 4 {
-				hostsim.SkipIfShort(t, "ep4-over-2")
-			}
 			os.Remove(out)
 			var env func(int) []string
 			if c.nodes {
@@ -279,20 +277,11 @@ func TestDistributedRun(t *testing.T) {
 			t.Logf("%s; max rel err %.2e, gradients %.2e", rec.Ranks.Note, rec.Correctness.MaxRelErr, g.MaxRelErr)
 		})
 	}
-	t.Run("wrong-gradient-on-process-1", func(t *testing.T) {
-		hostsim.SkipIfShort(t, "TestDistributedHybridEP/wrong-slot-on-process-1 (a wrong result on process 1)")
-		wrongGradient(t, rv, out)
-	})
-	t.Run("same-as-one-process", func(t *testing.T) {
-		hostsim.SkipIfShort(t, "ep4-over-2 (its gradients checked)")
-		sameAsOneProcess(t, rv, out)
-	})
+	t.Run("wrong-gradient-on-process-1", func(t *testing.T) { wrongGradient(t, rv, out) })
+	t.Run("same-as-one-process", func(t *testing.T) { sameAsOneProcess(t, rv, out) })
 	t.Run("trace-routing", func(t *testing.T) { traceRouting(t, rv, out) })
 	t.Run("sweep", func(t *testing.T) { distributedSweep(t, rv, out) })
-	t.Run("gpu-check", func(t *testing.T) {
-		hostsim.SkipIfShort(t, "nightly (a script over two processes)")
-		gpuCheckTwoProcesses(t)
-	})
+	t.Run("gpu-check", gpuCheckTwoProcesses)
 	t.Run("nightly", nightlyTwoProcesses)
 	t.Run("killed", func(t *testing.T) { killedProcess(t, rv, out) })
 }
@@ -751,6 +740,7 @@ func TestDistributedDumpRefused(t *testing.T) {
 // exit naming it within --comm-timeout, where NCCL EP (the fake's transport
 // waits 120 s) would hang.
 func TestDistributedNCCLEP(t *testing.T) {
+	hostsim.SkipIfShort(t, "TestDistributedCommIDUnarrived (processes meeting in NCCL) and the harness's TestCUDALayerOnHostSim (the layer on the fake GPUs)")
 	rv, out := distributedSetup(t)
 	ep, err := hostsim.BuildFake("fakencclep", t.TempDir(), "libnccl_ep.so.0")
 	if err != nil {
@@ -765,9 +755,6 @@ func TestDistributedNCCLEP(t *testing.T) {
 		{"deepep", "DeepEP low-latency design via NCCL EP", "NCCL EP's low-latency mode has no backward pass"},
 	} {
 		t.Run(c.dispatcher, func(t *testing.T) {
-			if c.dispatcher == "hybridep" {
-				hostsim.SkipIfShort(t, "deepep (NCCL EP over two processes) and killed")
-			}
 			os.Remove(out)
 			ps := launchProcsEnv(t, 2, func(r int) []string { return []string{fmt.Sprintf("MOEBENCH_NODE=node-%d", r)} },
 				append([]string{"--device", "cuda", "--dispatcher", c.dispatcher, "--impl", "library", "--ep", "4", "--warmup", "1", "--iters", "2",
@@ -813,10 +800,7 @@ func TestDistributedNCCLEP(t *testing.T) {
 			t.Logf("%s; max rel err %.2e; inter-node %d B, intra-node %d B", rec.Ranks.Note, rec.Correctness.MaxRelErr, tr.InterNodeBytes, tr.IntraNodeBytes)
 		})
 	}
-	t.Run("gpu-check", func(t *testing.T) {
-		hostsim.SkipIfShort(t, "TestDistributedRun/nightly (a script over two processes)")
-		gpuCheckNCCLEP(t)
-	})
+	t.Run("gpu-check", gpuCheckNCCLEP)
 	t.Run("killed", func(t *testing.T) {
 		killedProcessOf(t, rv, out, append([]string{"--dispatcher", "hybridep", "--impl", "library"}, shape...)...)
 	})
@@ -871,6 +855,7 @@ func gpuCheckNCCLEP(t *testing.T) {
 // killed: a process killed during the steps makes the other exit naming
 // it within --comm-timeout.
 func TestDistributedHybridEP(t *testing.T) {
+	hostsim.SkipIfShort(t, "TestDistributedCommIDUnarrived (processes meeting in NCCL) and the harness's TestCUDALayerOnHostSim (the layer on the fake GPUs)")
 	rv, out := distributedSetup(t)
 	flagsEP := func(ep int, more ...string) []string {
 		return append([]string{"--device", "cuda", "--dispatcher", "hybridep", "--ep", fmt.Sprint(ep), "--experts", "16", "--tokens", "16", "--hidden", "32",
@@ -880,9 +865,6 @@ func TestDistributedHybridEP(t *testing.T) {
 	nodes := func(r int) []string { return []string{fmt.Sprintf("MOEBENCH_NODE=node-%d", r)} }
 	for _, c := range []struct{ ep, world, domain int }{{4, 2, 2}, {4, 2, 1}, {8, 4, 2}} {
 		t.Run(fmt.Sprintf("ep%d-over-%d-domain-%d", c.ep, c.world, c.domain), func(t *testing.T) {
-			if c.ep != 4 || c.domain != 2 {
-				hostsim.SkipIfShort(t, "ep4-over-2-domain-2")
-			}
 			os.Remove(out)
 			hybridepAcross(t, out, c.ep, launchProcsEnv(t, c.world, nodes, flagsEP(c.ep, "--domain", fmt.Sprint(c.domain))...))
 		})
@@ -936,7 +918,6 @@ func TestDistributedHybridEP(t *testing.T) {
 		t.Logf("rank 0's record: %s", recs[0].Reason)
 	})
 	t.Run("killed", func(t *testing.T) {
-		hostsim.SkipIfShort(t, "TestDistributedRun/killed and TestDistributedNCCLEP/killed")
 		killedProcessOf(t, rv, out, "--dispatcher", "hybridep", "--domain", "2", "--sms", "2")
 	})
 }
