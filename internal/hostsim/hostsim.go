@@ -340,7 +340,9 @@ func Within(t testing.TB, d time.Duration, f func()) {
 // the simulation is poisoned so that every later Setup and Within fails
 // naming this test, and what f's goroutine panics with later (a t.Error
 // after its test ended) is recovered, not fatal. A panic in f fails the
-// test with f's stack instead of ending the binary.
+// test with f's stack instead of ending the binary. When f ends by
+// t.FailNow or t.SkipNow, so does the test (the caller does not go on to
+// check what f did not compute).
 func WithinNamed(t testing.TB, d time.Duration, what string, f func()) {
 	t.Helper()
 	if err := poisoned(); err != nil {
@@ -361,6 +363,7 @@ func WithinNamed(t testing.TB, d time.Duration, what string, f func()) {
 		id       = make(chan string, 1)
 		gaveUp   atomic.Bool
 		expired  bool
+		returned bool // f returned: it did not panic or end its goroutine (t.FailNow in f)
 		panicked any
 		pstack   []byte
 	)
@@ -384,6 +387,7 @@ func WithinNamed(t testing.TB, d time.Duration, what string, f func()) {
 			panicked, pstack = r, debug.Stack()
 		}()
 		f()
+		returned = true
 	}()
 	gid := <-id
 	report := func(after time.Duration, verdict string) string {
@@ -417,8 +421,13 @@ func WithinNamed(t testing.TB, d time.Duration, what string, f func()) {
 	if panicked != nil {
 		t.Fatalf("%s panicked: %v\n%s", what, panicked, pstack)
 	}
-	if expired {
-		t.FailNow() // past its limit: what f left is not for the caller to check
+	if !returned && t.Skipped() {
+		t.SkipNow() // f skipped the test
+	}
+	if expired || !returned {
+		// past its limit, or f ended by t.FailNow: what f left is not for
+		// the caller to check
+		t.FailNow()
 	}
 }
 

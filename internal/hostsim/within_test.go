@@ -81,7 +81,7 @@ const childEnv = "MOEBENCH_HOSTSIM_WITHIN_CHILD"
 // naming what it waited for with its goroutines' stacks, and the package's
 // later tests still run (the old Within panicked, ending them all): one
 // that returns after the limit ends its test when it returns, a panic
-// fails its test, and one that never returns is abandoned, poisons the
+// fails its test, a t.Fatal or t.Skip in f ends the test, and one that never returns is abandoned, poisons the
 // simulation for later tests, and its late t.Error does not end the binary.
 func TestWithinFailsOnlyItsTest(t *testing.T) {
 	if os.Getenv(childEnv) != "" {
@@ -102,6 +102,9 @@ func TestWithinFailsOnlyItsTest(t *testing.T) {
 		"--- FAIL: TestWithinChildSlow",
 		"the child's panicking function panicked: boom",
 		"--- FAIL: TestWithinChildPanics",
+		"f's own t.Fatal",
+		"--- FAIL: TestWithinChildFatal",
+		"--- SKIP: TestWithinChildSkip",
 		"TestWithinChildAbandoned: the child's hung wait still running after ",
 		"hostsim.hungWait(",
 		"abandoned (it leaks; later tests on the simulation fail)",
@@ -155,6 +158,18 @@ func TestWithinChildPanics(t *testing.T) {
 	child(t)
 	WithinNamed(t, time.Minute, "the child's panicking function", func() { panic("boom") })
 	fmt.Println("not reached: Within returned after a panic")
+}
+
+func TestWithinChildFatal(t *testing.T) {
+	child(t)
+	Within(t, time.Minute, func() { t.Fatal("f's own t.Fatal") })
+	fmt.Println("not reached: Within returned after f's t.Fatal")
+}
+
+func TestWithinChildSkip(t *testing.T) {
+	child(t)
+	Within(t, time.Minute, func() { t.Skip("f's own t.Skip") })
+	fmt.Println("not reached: Within returned after f's t.Skip")
 }
 
 var hold = make(chan struct{})
