@@ -30,6 +30,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -163,7 +164,8 @@ var fakes = []struct{ name, file, env string }{
 // Setup prepares a test to open cuda devices on the simulation: it builds
 // the fake driver, cuBLASLt and cuBLAS, points MOEBENCH_LIBCUDA,
 // MOEBENCH_CUBLASLT and MOEBENCH_CUBLAS at them, keeps telemetry off (no
-// NVML) and the kernel cache in a temporary folder, stops blocks that only
+// NVML) and the kernel cache in a temporary folder that the test binary's
+// tests share (see kernelCache), stops blocks that only
 // spin after 20 s × MOEBENCH_TEST_TIMEOUT_SCALE (MBHOST_SPIN_LIMIT_S,
 // unless set), and returns the
 // compiler the test installs as kernels.NewCompiler. It skips without a
@@ -202,7 +204,11 @@ func Setup(t testing.TB) *Compiler {
 		t.Setenv("MBHOST_SPIN_LIMIT_S", strconv.Itoa(int(math.Ceil(20*scale))))
 	}
 	t.Setenv("MOEBENCH_NVML", filepath.Join(dir, "no-nvml.so"))
-	t.Setenv("MOEBENCH_CACHE", filepath.Join(dir, "cache"))
+	cache, err := kernelCache()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("MOEBENCH_CACHE", cache)
 	return c
 }
 
@@ -505,3 +511,30 @@ func SkipIfShort(t testing.TB, kept string) {
 		t.Skip("slow, skipped under -short; " + kept + " still runs")
 	}
 }
+
+// kernelCache returns the kernel cache folder the tests of this process
+// share: kernels.JIT keys a kernel by its source, headers, options and
+// compiler, so a test finds there only what it would have compiled itself,
+// and the tests of a package compile a kernel once, not once per test (the
+// compiles are most of the host simulation's time). A folder that an
+// earlier test binary left (its process has ended) is removed.
+func kernelCache() (string, error) {
+	cacheOnce.Do(func() {
+		const prefix = "moebench-hostsim-kernels-"
+		old, _ := filepath.Glob(filepath.Join(os.TempDir(), prefix+"*"))
+		for _, d := range old {
+			pid, err := strconv.Atoi(strings.SplitN(strings.TrimPrefix(filepath.Base(d), prefix), "-", 2)[0])
+			if err == nil && pid != os.Getpid() && syscall.Kill(pid, 0) == syscall.ESRCH {
+				os.RemoveAll(d)
+			}
+		}
+		cacheDir, cacheErr = os.MkdirTemp("", fmt.Sprintf("%s%d-", prefix, os.Getpid()))
+	})
+	return cacheDir, cacheErr
+}
+
+var (
+	cacheOnce sync.Once
+	cacheDir  string
+	cacheErr  error
+)
