@@ -517,20 +517,30 @@ func SkipIfShort(t testing.TB, kept string) {
 // compiler, so a test finds there only what it would have compiled itself,
 // and the tests of a package compile a kernel once, not once per test (the
 // compiles are most of the host simulation's time). A folder that an
-// earlier test binary left (its process has ended) is removed.
+// earlier test binary left (its process has ended, an hour ago or more)
+// is removed.
 func kernelCache() (string, error) {
 	cacheOnce.Do(func() {
-		const prefix = "moebench-hostsim-kernels-"
-		old, _ := filepath.Glob(filepath.Join(os.TempDir(), prefix+"*"))
-		for _, d := range old {
-			pid, err := strconv.Atoi(strings.SplitN(strings.TrimPrefix(filepath.Base(d), prefix), "-", 2)[0])
-			if err == nil && pid != os.Getpid() && syscall.Kill(pid, 0) == syscall.ESRCH {
-				os.RemoveAll(d)
-			}
-		}
-		cacheDir, cacheErr = os.MkdirTemp("", fmt.Sprintf("%s%d-", prefix, os.Getpid()))
+		removeStaleCaches(os.TempDir())
+		cacheDir, cacheErr = os.MkdirTemp("", fmt.Sprintf("%s%d-", cachePrefix, os.Getpid()))
 	})
 	return cacheDir, cacheErr
+}
+
+const cachePrefix = "moebench-hostsim-kernels-"
+
+// removeStaleCaches removes the kernel cache folders in tmp whose process
+// has ended. A process of another PID namespace may look ended, so the
+// folder must also be an hour old (a test binary's life is its -timeout).
+func removeStaleCaches(tmp string) {
+	old, _ := filepath.Glob(filepath.Join(tmp, cachePrefix+"*"))
+	for _, d := range old {
+		pid, err := strconv.Atoi(strings.SplitN(strings.TrimPrefix(filepath.Base(d), cachePrefix), "-", 2)[0])
+		fi, serr := os.Stat(d)
+		if err == nil && serr == nil && pid != os.Getpid() && syscall.Kill(pid, 0) == syscall.ESRCH && time.Since(fi.ModTime()) > time.Hour {
+			os.RemoveAll(d)
+		}
+	}
 }
 
 var (

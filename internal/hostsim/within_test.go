@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"sync"
@@ -222,5 +223,38 @@ func TestWithinChildPoisoned(t *testing.T) {
 		}
 	default:
 		t.Error("the abandoned goroutine's late t.Error did not panic")
+	}
+}
+
+// TestRemoveStaleCaches: a kernel cache folder is removed only when its
+// process has ended and it is an hour old.
+func TestRemoveStaleCaches(t *testing.T) {
+	tmp := t.TempDir()
+	dead := exec.Command("true")
+	if err := dead.Run(); err != nil {
+		t.Fatal(err)
+	}
+	old := time.Now().Add(-2 * time.Hour)
+	dirs := map[string]bool{ // the folder: whether it stays
+		fmt.Sprintf("%s%d-1", cachePrefix, dead.Process.Pid): false,
+		fmt.Sprintf("%s%d-2", cachePrefix, os.Getpid()):      true, // this process
+		fmt.Sprintf("%s%d-3", cachePrefix, os.Getppid()):     true, // alive
+		fmt.Sprintf("%s%d-4", cachePrefix, dead.Process.Pid): true, // recent
+		"other-" + fmt.Sprintf("%d", dead.Process.Pid):       true,
+	}
+	for d := range dirs {
+		p := filepath.Join(tmp, d)
+		if err := os.Mkdir(p, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if !strings.HasSuffix(d, "-4") {
+			os.Chtimes(p, old, old)
+		}
+	}
+	removeStaleCaches(tmp)
+	for d, stays := range dirs {
+		if _, err := os.Stat(filepath.Join(tmp, d)); (err == nil) != stays {
+			t.Errorf("%s: stat %v; want it kept: %v", d, err, stays)
+		}
 	}
 }
