@@ -1,6 +1,7 @@
 package balance
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"reflect"
@@ -41,42 +42,44 @@ func TestPolicyInvariants(t *testing.T) {
 	o.ReplanEvery = 7 // exercise re-placements
 	src := NewSkewed(topo, 8, 4096, 1.1, 0.5, 3, 40)
 	for _, name := range PolicyNames {
-		p, err := New(name, topo, model, o)
-		if err != nil {
-			t.Fatal(err)
-		}
-		moves := 0
-		for i := range 40 {
-			st := src.Step(i)
-			st.Ready = 60e-6
-			pl := p.Plan(st)
-			if err := pl.Check(topo, st); err != nil {
-				t.Fatalf("%s step %d: %v", name, i, err)
+		t.Run(name, func(t *testing.T) {
+			p, err := New(name, topo, model, o)
+			if err != nil {
+				t.Fatal(err)
 			}
-			total := 0
-			for _, n := range st.Counts {
-				total += n
-			}
-			sum := 0
-			for _, l := range pl.Loads(topo.Ranks) {
-				sum += l
-			}
-			if sum != total {
-				t.Fatalf("%s step %d: ranks compute %d copies, %d routed", name, i, sum, total)
-			}
-			for _, m := range pl.Moves {
-				if m.Link == LinkCE && topo.DomainOf(m.From) != topo.DomainOf(m.To) {
-					t.Fatalf("%s: CE move leaves its domain: %+v", name, m)
+			moves := 0
+			for i := range 40 {
+				st := src.Step(i)
+				st.Ready = 60e-6
+				pl := p.Plan(st)
+				if err := pl.Check(topo, st); err != nil {
+					t.Fatalf("%s step %d: %v", name, i, err)
 				}
-				if m.From == m.To || m.Kind == "" {
-					t.Fatalf("%s: move to itself or of no kind: %+v", name, m)
+				total := 0
+				for _, n := range st.Counts {
+					total += n
 				}
+				sum := 0
+				for _, l := range pl.Loads(topo.Ranks) {
+					sum += l
+				}
+				if sum != total {
+					t.Fatalf("%s step %d: ranks compute %d copies, %d routed", name, i, sum, total)
+				}
+				for _, m := range pl.Moves {
+					if m.Link == LinkCE && topo.DomainOf(m.From) != topo.DomainOf(m.To) {
+						t.Fatalf("%s: CE move leaves its domain: %+v", name, m)
+					}
+					if m.From == m.To || m.Kind == "" {
+						t.Fatalf("%s: move to itself or of no kind: %+v", name, m)
+					}
+				}
+				moves += len(pl.Moves)
 			}
-			moves += len(pl.Moves)
-		}
-		if name != "none" && moves == 0 {
-			t.Errorf("%s moved nothing on skewed routing", name)
-		}
+			if name != "none" && moves == 0 {
+				t.Errorf("%s moved nothing on skewed routing", name)
+			}
+		})
 	}
 }
 
@@ -588,21 +591,23 @@ func TestSamplers(t *testing.T) {
 		n int
 		p float64
 	}{{100, 0.05}, {100000, 0.3}, {50, 0.9}} {
-		sum, sq := 0.0, 0.0
-		const draws = 4000
-		for range draws {
-			x := float64(binomial(g, c.n, c.p))
-			if x < 0 || x > float64(c.n) {
-				t.Fatalf("binomial(%d, %g) = %v", c.n, c.p, x)
+		t.Run(fmt.Sprintf("n=%d,p=%g", c.n, c.p), func(t *testing.T) {
+			sum, sq := 0.0, 0.0
+			const draws = 4000
+			for range draws {
+				x := float64(binomial(g, c.n, c.p))
+				if x < 0 || x > float64(c.n) {
+					t.Fatalf("binomial(%d, %g) = %v", c.n, c.p, x)
+				}
+				sum += x
+				sq += x * x
 			}
-			sum += x
-			sq += x * x
-		}
-		mean, v := sum/draws, sq/draws-(sum/draws)*(sum/draws)
-		wantM, wantV := float64(c.n)*c.p, float64(c.n)*c.p*(1-c.p)
-		if math.Abs(mean-wantM) > 5*math.Sqrt(wantV/draws) || math.Abs(v/wantV-1) > 0.15 {
-			t.Errorf("binomial(%d, %g): mean %.2f var %.2f, want %.2f, %.2f", c.n, c.p, mean, v, wantM, wantV)
-		}
+			mean, v := sum/draws, sq/draws-(sum/draws)*(sum/draws)
+			wantM, wantV := float64(c.n)*c.p, float64(c.n)*c.p*(1-c.p)
+			if math.Abs(mean-wantM) > 5*math.Sqrt(wantV/draws) || math.Abs(v/wantV-1) > 0.15 {
+				t.Errorf("binomial(%d, %g): mean %.2f var %.2f, want %.2f, %.2f", c.n, c.p, mean, v, wantM, wantV)
+			}
+		})
 	}
 	p := []float64{0.5, 0.2, 0.1, 0.1, 0.05, 0.05}
 	pi := inclusion(p, 3)

@@ -86,41 +86,44 @@ func TestTrainingStepDispatchersAgree(t *testing.T) {
 	skewed := small()
 	skewed.Routing, skewed.Score, skewed.TopKScale = Routing{Kind: RoutingSkewed, Alpha: 1.5}, kernels.ScoreSigmoid, 2.5
 	for name, base := range map[string]Config{"top-1 pre-softmax": top1, "top-4 sigmoid": skewed} {
-		base.Dispatcher = "alltoall"
-		la, _, cc := trained(t, base)
-		if !cc.Passed || cc.Grads == nil {
-			t.Fatalf("%s alltoall: %+v", name, cc)
-		}
-		want := layerGrads(la)
-		for _, d := range []struct{ dispatcher, policy string }{{"deepep", ""}, {"hybridep", ""}, {"feplb", "feplb"}, {"feplb", "feplb-split"}} {
-			c := base
-			c.Dispatcher, c.FeplbPolicy, c.SMs, c.Domain = d.dispatcher, orElse(d.policy, c.FeplbPolicy), 0, 0
-			if d.dispatcher == "hybridep" {
-				c.Domain = 2 // the inter-domain path too
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			base.Dispatcher = "alltoall"
+			la, _, cc := trained(t, base)
+			if !cc.Passed || cc.Grads == nil {
+				t.Fatalf("%s alltoall: %+v", name, cc)
 			}
-			at := name + " " + d.dispatcher + " " + d.policy
-			l, disp, cc := trained(t, c)
-			if !cc.Passed || cc.Grads == nil || cc.Grads.RoundTrip != "exact" || cc.Grads.MaxRelErr == 0 {
-				t.Fatalf("%s: correctness %+v, grads %+v", at, cc, cc.Grads)
-			}
-			moved := false
-			if rb, ok := disp.(dispatchers.Rebalancer); ok {
-				moved = rb.RebalanceStats().Moves > 0
-				if !moved {
-					t.Fatalf("%s: the checked step moved no work", at)
+			want := layerGrads(la)
+			for _, d := range []struct{ dispatcher, policy string }{{"deepep", ""}, {"hybridep", ""}, {"feplb", "feplb"}, {"feplb", "feplb-split"}} {
+				c := base
+				c.Dispatcher, c.FeplbPolicy, c.SMs, c.Domain = d.dispatcher, orElse(d.policy, c.FeplbPolicy), 0, 0
+				if d.dispatcher == "hybridep" {
+					c.Domain = 2 // the inter-domain path too
+				}
+				at := name + " " + d.dispatcher + " " + d.policy
+				l, disp, cc := trained(t, c)
+				if !cc.Passed || cc.Grads == nil || cc.Grads.RoundTrip != "exact" || cc.Grads.MaxRelErr == 0 {
+					t.Fatalf("%s: correctness %+v, grads %+v", at, cc, cc.Grads)
+				}
+				moved := false
+				if rb, ok := disp.(dispatchers.Rebalancer); ok {
+					moved = rb.RebalanceStats().Moves > 0
+					if !moved {
+						t.Fatalf("%s: the checked step moved no work", at)
+					}
+				}
+				got := layerGrads(l)
+				for tensor, w := range want {
+					inexact := (tensor == "input" && c.TopK > 1 && !moved) || (moved && strings.HasPrefix(tensor, "expert"))
+					switch e := relDiff(got[tensor], w); {
+					case !inexact && !slices.Equal(got[tensor], w):
+						t.Errorf("%s: %s gradient differs from alltoall's by %.3g; want it bit for bit", at, tensor, e)
+					case !(e <= kernels.GradTolerance):
+						t.Errorf("%s: %s gradient differs from alltoall's by %.3g > %g", at, tensor, e, kernels.GradTolerance)
+					}
 				}
 			}
-			got := layerGrads(l)
-			for tensor, w := range want {
-				inexact := (tensor == "input" && c.TopK > 1 && !moved) || (moved && strings.HasPrefix(tensor, "expert"))
-				switch e := relDiff(got[tensor], w); {
-				case !inexact && !slices.Equal(got[tensor], w):
-					t.Errorf("%s: %s gradient differs from alltoall's by %.3g; want it bit for bit", at, tensor, e)
-				case !(e <= kernels.GradTolerance):
-					t.Errorf("%s: %s gradient differs from alltoall's by %.3g > %g", at, tensor, e, kernels.GradTolerance)
-				}
-			}
-		}
+		})
 	}
 }
 

@@ -1,6 +1,7 @@
 package harness
 
 import (
+	"fmt"
 	"math"
 	"reflect"
 	"slices"
@@ -18,36 +19,41 @@ import (
 func TestDeepEPLayer(t *testing.T) {
 	trace := writeTrace(t, "1 7 12 3\n2 3 6 8\n15 14 13 0\n4 5 6 7\n")
 	for _, ep := range []int{2, 4, 8} {
-		for name, routing := range map[string]Routing{"balanced": {Kind: RoutingBalanced},
-			"skewed": {Kind: RoutingSkewed, Alpha: 1.5}, "trace": {Kind: RoutingTrace, File: trace}} {
-			c := small()
-			c.EP, c.Routing, c.Dispatcher, c.SMs = ep, routing, "deepep", 6
-			c.Warmup, c.Iters = 0, 1 // a training step each, its gradients checked
-			rec, err := Run(c, Env{Version: "test"})
-			if err != nil || rec.Status != results.StatusOK {
-				t.Fatalf("EP %d %s: %v, %+v", ep, name, err, rec)
+		t.Run(fmt.Sprintf("ep%d", ep), func(t *testing.T) {
+			t.Parallel()
+			for name, routing := range map[string]Routing{"balanced": {Kind: RoutingBalanced},
+				"skewed": {Kind: RoutingSkewed, Alpha: 1.5}, "trace": {Kind: RoutingTrace, File: trace}} {
+				t.Run(name, func(t *testing.T) {
+					c := small()
+					c.EP, c.Routing, c.Dispatcher, c.SMs = ep, routing, "deepep", 6
+					c.Warmup, c.Iters = 0, 1 // a training step each, its gradients checked
+					rec, err := Run(c, Env{Version: "test"})
+					if err != nil || rec.Status != results.StatusOK {
+						t.Fatalf("EP %d %s: %v, %+v", ep, name, err, rec)
+					}
+					if cc := rec.Correctness; !cc.Passed || cc.RoundTrip != "exact" || cc.Grads == nil || cc.Grads.RoundTrip != "exact" {
+						t.Errorf("EP %d %s: correctness %+v", ep, name, cc)
+					}
+					var phases []string
+					for _, p := range rec.Timing.Phases {
+						phases = append(phases, p.Name)
+					}
+					if want := []string{"shared", "router", "layout", "notify", "dispatch", "permute", "experts", "combine",
+						"combine-bwd", "experts-bwd", "dispatch-bwd", "router-bwd", "shared-bwd"}; !slices.Equal(phases, want) {
+						t.Errorf("EP %d %s: phases %v, want %v", ep, name, phases, want)
+					}
+					c.Dispatcher = "alltoall"
+					a2a, err := Run(c, Env{Version: "test"})
+					if err != nil {
+						t.Fatal(err)
+					}
+					if tr := rec.Traffic; tr.DispatchAlgorithm == 0 || tr.DispatchAlgorithm >= a2a.Traffic.DispatchAlgorithm ||
+						!slices.Equal(rec.Tokens.Received, a2a.Tokens.Received) {
+						t.Errorf("EP %d %s: deepep traffic %+v, tokens %v; alltoall %+v, %v", ep, name, tr, rec.Tokens.Received, a2a.Traffic, a2a.Tokens.Received)
+					}
+				})
 			}
-			if cc := rec.Correctness; !cc.Passed || cc.RoundTrip != "exact" || cc.Grads == nil || cc.Grads.RoundTrip != "exact" {
-				t.Errorf("EP %d %s: correctness %+v", ep, name, cc)
-			}
-			var phases []string
-			for _, p := range rec.Timing.Phases {
-				phases = append(phases, p.Name)
-			}
-			if want := []string{"shared", "router", "layout", "notify", "dispatch", "permute", "experts", "combine",
-				"combine-bwd", "experts-bwd", "dispatch-bwd", "router-bwd", "shared-bwd"}; !slices.Equal(phases, want) {
-				t.Errorf("EP %d %s: phases %v, want %v", ep, name, phases, want)
-			}
-			c.Dispatcher = "alltoall"
-			a2a, err := Run(c, Env{Version: "test"})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if tr := rec.Traffic; tr.DispatchAlgorithm == 0 || tr.DispatchAlgorithm >= a2a.Traffic.DispatchAlgorithm ||
-				!slices.Equal(rec.Tokens.Received, a2a.Tokens.Received) {
-				t.Errorf("EP %d %s: deepep traffic %+v, tokens %v; alltoall %+v, %v", ep, name, tr, rec.Tokens.Received, a2a.Traffic, a2a.Tokens.Received)
-			}
-		}
+		})
 	}
 }
 

@@ -762,40 +762,42 @@ func TestDeviceGroupedGEMMFailureLeftOut(t *testing.T) {
 func TestDeviceDump(t *testing.T) {
 	t.Setenv("MOEBENCH_NVML", "/nonexistent")
 	for name, c := range map[string]Config{"sigmoid": deviceCases()["sigmoid-groups-skewed-shared"], "feplb": feplbCase()} {
-		read := func(dir string) map[string][]byte {
-			ents, err := os.ReadDir(dir)
-			if err != nil {
+		t.Run(name, func(t *testing.T) {
+			read := func(dir string) map[string][]byte {
+				ents, err := os.ReadDir(dir)
+				if err != nil {
+					t.Fatal(err)
+				}
+				files := map[string][]byte{}
+				for _, e := range ents {
+					if e.Name() != "index.json" {
+						files[e.Name()], _ = os.ReadFile(filepath.Join(dir, e.Name()))
+					}
+				}
+				return files
+			}
+			host, dev := filepath.Join(t.TempDir(), "host"), filepath.Join(t.TempDir(), "dev")
+			c.Iters, c.Warmup = 1, 0 // the dump is the last step's
+			hc := c
+			hc.Device, hc.ForwardOnly = "host", ForwardOnlyReason(c) != "" // the same pass as the device's
+			if _, err := Run(hc, Env{Version: "test", Dump: host}); err != nil {
 				t.Fatal(err)
 			}
-			files := map[string][]byte{}
-			for _, e := range ents {
-				if e.Name() != "index.json" {
-					files[e.Name()], _ = os.ReadFile(filepath.Join(dir, e.Name()))
+			if _, err := Run(c, Env{Version: "test", Dump: dev, OpenDevices: emus(1)}); err != nil {
+				t.Fatal(err)
+			}
+			hf, df := read(host), read(dev)
+			if len(hf) < 7 || len(hf) != len(df) {
+				t.Fatalf("%s: host dumped %d files, device %d", name, len(hf), len(df))
+			}
+			for f, b := range hf {
+				// the gradients' float32 sums go in other orders on the
+				// device (the gradient check bounds their error): the same size
+				if grad := strings.HasPrefix(f, "grad_"); grad && len(b) != len(df[f]) || !grad && !bytes.Equal(b, df[f]) {
+					t.Errorf("%s: %s differs between the host and the device dump", name, f)
 				}
 			}
-			return files
-		}
-		host, dev := filepath.Join(t.TempDir(), "host"), filepath.Join(t.TempDir(), "dev")
-		c.Iters, c.Warmup = 1, 0 // the dump is the last step's
-		hc := c
-		hc.Device, hc.ForwardOnly = "host", ForwardOnlyReason(c) != "" // the same pass as the device's
-		if _, err := Run(hc, Env{Version: "test", Dump: host}); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := Run(c, Env{Version: "test", Dump: dev, OpenDevices: emus(1)}); err != nil {
-			t.Fatal(err)
-		}
-		hf, df := read(host), read(dev)
-		if len(hf) < 7 || len(hf) != len(df) {
-			t.Fatalf("%s: host dumped %d files, device %d", name, len(hf), len(df))
-		}
-		for f, b := range hf {
-			// the gradients' float32 sums go in other orders on the
-			// device (the gradient check bounds their error): the same size
-			if grad := strings.HasPrefix(f, "grad_"); grad && len(b) != len(df[f]) || !grad && !bytes.Equal(b, df[f]) {
-				t.Errorf("%s: %s differs between the host and the device dump", name, f)
-			}
-		}
+		})
 	}
 	// a check that fails still dumps what the device computed
 	c := deviceCases()["sigmoid-groups-skewed-shared"]
@@ -831,19 +833,21 @@ func TestDeviceRanksOnSeveralDevices(t *testing.T) {
 		{deviceCases()["softmax-natural"], 2, []int{0, 0, 1, 1}, true},
 		{feplbCase(), 0, []int{0, 1, 2, 3}, false},
 	} {
-		c := tc.c
-		c.GPUs, c.Iters, c.Warmup, c.ForwardOnly = tc.gpus, 2, 1, true // the placement is the subject (the backward over devices: TestDeviceFEPLB, TestDeviceLayerEqualsHostLayer)
-		rec, err := Run(c, Env{Version: "test", OpenDevices: emus(4)})
-		if err != nil || rec.Status != results.StatusOK || !rec.Correctness.Passed {
-			t.Fatalf("%s on %d devices: %v, %+v", c.Dispatcher, tc.gpus, err, rec)
-		}
-		if !slices.Equal(rec.Ranks.Devices, tc.devices) || rec.Ranks.Emulated != tc.emulated || !strings.Contains(rec.Ranks.Note, "peer copies") ||
-			rec.Config.GPUs != tc.gpus || len(rec.Timing.Step.Samples) != c.Iters {
-			t.Errorf("%s, --gpus %d: ranks %+v, config gpus %d", c.Dispatcher, tc.gpus, rec.Ranks, rec.Config.GPUs)
-		}
-		if rb := rec.Rebalance; rb != nil && (rb.Moves == 0 || !strings.Contains(rb.PhaseTwoSMs, "on 4 GPUs")) {
-			t.Errorf("feplb on 4 devices: %+v", rb)
-		}
+		t.Run(fmt.Sprintf("%s-gpus%d", tc.c.Dispatcher, tc.gpus), func(t *testing.T) {
+			c := tc.c
+			c.GPUs, c.Iters, c.Warmup, c.ForwardOnly = tc.gpus, 2, 1, true // the placement is the subject (the backward over devices: TestDeviceFEPLB, TestDeviceLayerEqualsHostLayer)
+			rec, err := Run(c, Env{Version: "test", OpenDevices: emus(4)})
+			if err != nil || rec.Status != results.StatusOK || !rec.Correctness.Passed {
+				t.Fatalf("%s on %d devices: %v, %+v", c.Dispatcher, tc.gpus, err, rec)
+			}
+			if !slices.Equal(rec.Ranks.Devices, tc.devices) || rec.Ranks.Emulated != tc.emulated || !strings.Contains(rec.Ranks.Note, "peer copies") ||
+				rec.Config.GPUs != tc.gpus || len(rec.Timing.Step.Samples) != c.Iters {
+				t.Errorf("%s, --gpus %d: ranks %+v, config gpus %d", c.Dispatcher, tc.gpus, rec.Ranks, rec.Config.GPUs)
+			}
+			if rb := rec.Rebalance; rb != nil && (rb.Moves == 0 || !strings.Contains(rb.PhaseTwoSMs, "on 4 GPUs")) {
+				t.Errorf("feplb on 4 devices: %+v", rb)
+			}
+		})
 	}
 	c := feplbCase()
 	c.ForwardOnly = true

@@ -2,6 +2,7 @@ package harness
 
 import (
 	"errors"
+	"fmt"
 	"maps"
 	"math"
 	"path/filepath"
@@ -137,33 +138,35 @@ func TestGradCompareByRank(t *testing.T) {
 	c := small()
 	c.HostExperts = HostExpertsByRank
 	for _, fault := range []string{"", "value", "released"} {
-		l, d := bound(t, c)
-		untimed := func(_ string, _ int, fn func() error) error { return fn() }
-		if err := l.Step(d, untimed); err != nil {
-			t.Fatal(err)
-		}
-		cmp := newGradCompare(l)
-		cmp.start()
-		l.gradsDone = func(r int) {
-			if r == 2 {
-				g := &l.Ranks[r].ExpertGrads[1]
-				switch fault {
-				case "value":
-					g.FC2[7] += 0.5
-				case "released":
-					*g = dispatchers.ExpertWeights{}
-				}
+		t.Run("fault="+fault, func(t *testing.T) {
+			l, d := bound(t, c)
+			untimed := func(_ string, _ int, fn func() error) error { return fn() }
+			if err := l.Step(d, untimed); err != nil {
+				t.Fatal(err)
 			}
-			cmp.rankDone(r)
-		}
-		if err := l.Backward(d, untimed); err != nil {
-			t.Fatal(err)
-		}
-		errs := cmp.finish()
-		bad := errs["expert fc1"] > kernels.GradTolerance || errs["expert fc2"] > kernels.GradTolerance
-		if bad != (fault != "") {
-			t.Errorf("fault %q: expert gradient errors %g, %g", fault, errs["expert fc1"], errs["expert fc2"])
-		}
+			cmp := newGradCompare(l)
+			cmp.start()
+			l.gradsDone = func(r int) {
+				if r == 2 {
+					g := &l.Ranks[r].ExpertGrads[1]
+					switch fault {
+					case "value":
+						g.FC2[7] += 0.5
+					case "released":
+						*g = dispatchers.ExpertWeights{}
+					}
+				}
+				cmp.rankDone(r)
+			}
+			if err := l.Backward(d, untimed); err != nil {
+				t.Fatal(err)
+			}
+			errs := cmp.finish()
+			bad := errs["expert fc1"] > kernels.GradTolerance || errs["expert fc2"] > kernels.GradTolerance
+			if bad != (fault != "") {
+				t.Errorf("fault %q: expert gradient errors %g, %g", fault, errs["expert fc1"], errs["expert fc2"])
+			}
+		})
 	}
 }
 
@@ -193,22 +196,24 @@ func TestHostExpertsAuto(t *testing.T) {
 		{c, byRank/0.9 - 1, HostExpertsDrawn, "drawn on demand (the experts' weights do not all fit"},
 		{fwd, float64(hostBytes(fwd, HostExpertsHeld))/0.9 - 1, HostExpertsDrawn, "host times include drawing them"},
 	} {
-		memAvailable = func() (float64, bool) { return tc.avail, true }
-		if got := tc.c.hostExperts(); got != tc.want {
-			t.Errorf("forward-only %v, %.0f available: %s, want %s", tc.c.ForwardOnly, tc.avail, got, tc.want)
-			continue
-		}
-		rec, err := Run(tc.c, Env{Version: "test"})
-		if err != nil || rec.Status != results.StatusOK || !rec.Correctness.Passed {
-			t.Fatalf("%s: %v, %v", tc.want, rec.Status, err)
-		}
-		recorded := tc.want // held is not recorded
-		if tc.want == HostExpertsHeld {
-			recorded = ""
-		}
-		if rec.Config.HostExperts != recorded || !strings.Contains(rec.Timing.Clock, tc.clock) {
-			t.Errorf("%s: recorded %q, clock %q", tc.want, rec.Config.HostExperts, rec.Timing.Clock)
-		}
+		t.Run(fmt.Sprintf("%s,forward-only=%v", tc.want, tc.c.ForwardOnly), func(t *testing.T) {
+			memAvailable = func() (float64, bool) { return tc.avail, true }
+			if got := tc.c.hostExperts(); got != tc.want {
+				t.Errorf("forward-only %v, %.0f available: %s, want %s", tc.c.ForwardOnly, tc.avail, got, tc.want)
+				return
+			}
+			rec, err := Run(tc.c, Env{Version: "test"})
+			if err != nil || rec.Status != results.StatusOK || !rec.Correctness.Passed {
+				t.Fatalf("%s: %v, %v", tc.want, rec.Status, err)
+			}
+			recorded := tc.want // held is not recorded
+			if tc.want == HostExpertsHeld {
+				recorded = ""
+			}
+			if rec.Config.HostExperts != recorded || !strings.Contains(rec.Timing.Clock, tc.clock) {
+				t.Errorf("%s: recorded %q, clock %q", tc.want, rec.Config.HostExperts, rec.Timing.Clock)
+			}
+		})
 	}
 	memAvailable = func() (float64, bool) { return drawn, true }
 	f := c

@@ -39,6 +39,9 @@ func TestCUDALayerOnHostSim(t *testing.T) {
 		c.Warmup, c.Iters = 0, 1
 		c.ForwardOnly = name == "balanced-ep8" || name == "pre-softmax-top1"
 		t.Run(name, func(t *testing.T) {
+			if name != "softmax-natural" && name != "balanced-ep8" {
+				hostsim.SkipIfShort(t, "softmax-natural and balanced-ep8")
+			}
 			rec, err := Run(c, Env{Version: "test"})
 			if err != nil || rec.Status != results.StatusOK || rec.Correctness == nil || !rec.Correctness.Passed {
 				t.Fatalf("%v; record %+v", err, rec)
@@ -92,6 +95,7 @@ func useHostSimLayer(t *testing.T) {
 // again whenever the counts change, or issued as plain launches when the
 // driver refuses its capture (a buffer that must grow), and still correct.
 func TestCUDAGraphOnHostSim(t *testing.T) {
+	hostsim.SkipIfShort(t, "internal/cuda's TestStreamCapture (the fake driver's capture)")
 	useHostSimLayer(t)
 	c := deviceCases()["softmax-natural"]
 	c.EP, c.Warmup, c.Iters, c.Routing, c.RoutingFixed = 4, 1, 3, Routing{Kind: RoutingBalanced}, true

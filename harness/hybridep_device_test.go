@@ -11,6 +11,7 @@ import (
 
 	"github.com/moebench/moebench/dispatchers"
 	"github.com/moebench/moebench/dispatchers/hybridep"
+	"github.com/moebench/moebench/internal/hostsim"
 	"github.com/moebench/moebench/kernels"
 	"github.com/moebench/moebench/results"
 )
@@ -181,6 +182,9 @@ func TestHybridEPOnHostSim(t *testing.T) {
 	two := []kernels.Device{gs[0], gs[1]}
 	for _, lay := range []struct{ ep, domain int }{{2, 0}, {4, 0}, {2, 1}} {
 		t.Run(fmt.Sprintf("ep%d-domain%d", lay.ep, lay.domain), func(t *testing.T) {
+			if lay.ep != 2 || lay.domain != 0 {
+				hostsim.SkipIfShort(t, "ep2-domain0")
+			}
 			c := hybridEPConfig(t, lay.ep, lay.domain, "skewed")
 			c.SMs = 1
 			equalsHostHybridEP(t, c, two...)
@@ -201,6 +205,9 @@ func TestHybridEPOnHostSim(t *testing.T) {
 		{"backward-barrier-not-reached", hybridep.BugBwdNoBarrier, 1, []string{"rank 0 timed out in phase dispatch-bwd (the combine kernel) at wait barrier flag of rank 1"}},
 	} {
 		t.Run(bug.name, func(t *testing.T) {
+			if bug.name != "barrier-not-reached" {
+				hostsim.SkipIfShort(t, "barrier-not-reached")
+			}
 			c := hybridEPConfig(t, 2, 0, "balanced")
 			c.SMs, c.CommTimeout = 1, 200*time.Millisecond
 			dl := deviceRun(t, c, two...)

@@ -175,6 +175,9 @@ func TestNCCLEPUnavailable(t *testing.T) {
 func TestNCCLEPFailures(t *testing.T) {
 	for _, net := range []string{"", "1"} {
 		t.Run(map[string]string{"": "one-process", "1": "across-processes"}[net], func(t *testing.T) {
+			if net != "" {
+				hostsim.SkipIfShort(t, "one-process")
+			}
 			useHostSimLayer(t) // fresh fakes: a GPU the last run failed stays failed in its fake driver
 			useFakeNCCLEP(t)
 			t.Setenv("FAKENCCL_NET", net)

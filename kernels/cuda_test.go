@@ -3,6 +3,7 @@ package kernels
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -443,11 +444,26 @@ var routerCases = map[string]RouterConfig{
 
 func TestGPURouter(t *testing.T) { checkRouter(openPair(t)) }
 
+// checkedRouterCases is routerCases, or under go test -short three of them
+// (softmax, sigmoid grouped, pre-softmax top-1: each score function), as
+// each is a kernel compile of its own on the host simulation.
+func checkedRouterCases(t testing.TB) map[string]RouterConfig {
+	if !testing.Short() {
+		return routerCases
+	}
+	some := map[string]RouterConfig{}
+	for _, name := range []string{"softmax", "sigmoid-grouped", "pre-softmax-k1"} {
+		some[name] = routerCases[name]
+	}
+	t.Logf("-short: the router cases %v of %d", slices.Sorted(maps.Keys(some)), len(routerCases))
+	return some
+}
+
 func checkRouter(p *gpuPair) {
 	t := p.t
 	g := rand.New(rand.NewPCG(6, 6))
 	const T = 1000
-	for name, rc := range routerCases {
+	for name, rc := range checkedRouterCases(t) {
 		E, k := rc.Experts, rc.TopK
 		logits := randF32(g, T*E)
 		if name == "softmax-ties" { // halves in [-2, 0], half of them ±0: exact ties go to the lower expert, −0 ties +0

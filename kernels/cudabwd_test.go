@@ -137,7 +137,7 @@ func checkScoreBackward(p *gpuPair) {
 	t := p.t
 	g := rand.New(rand.NewPCG(11, 11))
 	const T = 300
-	for name, rc := range routerCases {
+	for name, rc := range checkedRouterCases(t) {
 		E, k := rc.Experts, rc.TopK
 		logits, dprobs := randF32(g, T*E), randF32(g, T*k)
 		idx, probs := make([]int32, T*k), make([]float32, T*k)

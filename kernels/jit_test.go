@@ -132,8 +132,13 @@ func TestKernelsCompile(t *testing.T) {
 		}
 		whats = append(whats, what)
 	}
-	for _, arch := range []string{"sm_80", "sm_90"} {
-		for name := range shapes {
+	archs, presets := []string{"sm_80", "sm_90"}, slices.Collect(maps.Keys(shapes))
+	if testing.Short() { // the edit loop's tier: the largest preset where the opcode rules apply
+		archs, presets = []string{"sm_90"}, []string{"deepseek-v3"}
+		t.Logf("-short: %v only, for %v", presets, archs)
+	}
+	for _, arch := range archs {
+		for _, name := range presets {
 			for file, names := range CUDAKernels {
 				d := defines(name)
 				if !slices.Contains(names, "MB_NO_BULK") {
@@ -156,7 +161,7 @@ func TestKernelsCompile(t *testing.T) {
 				}
 			}
 		}
-		for name, rc := range routerCases {
+		for name, rc := range checkedRouterCases(t) {
 			compile("router "+name, "router.cu", arch, routerDefs(rc), false)
 		}
 	}
@@ -193,6 +198,7 @@ func TestKernelsCompileNVRTC12(t *testing.T) {
 	case os.Getenv("MOEBENCH_NVRTC") == lib:
 		t.Skip("the child itself")
 	}
+	hostsim.SkipIfShort(t, "TestKernelsCompile (NVRTC 11.8, the 16-byte path)")
 	cmd := exec.Command(os.Args[0], "-test.run", "^TestKernelsCompile$", "-test.count=1", "-test.v")
 	cmd.Env = append(os.Environ(), "MOEBENCH_NVRTC="+lib, "LD_LIBRARY_PATH="+filepath.Dir(lib)+":"+os.Getenv("LD_LIBRARY_PATH"))
 	out, err := cmd.CombinedOutput()
@@ -269,21 +275,23 @@ func TestPrimitivesCompile(t *testing.T) {
 	}
 	n := nvrtc(t)
 	for _, arch := range []string{"sm_80", "sm_90"} {
-		cubin, err := n.Compile("primitives.cu", primitivesSource, map[string]string{cudaHeader: header(t)}, []string{"--gpu-architecture=" + arch, "-std=c++17"})
-		if err != nil {
-			t.Errorf("%s: %v", arch, err)
-			continue
-		}
-		if tool := cuobjdump(t); tool != "" {
-			ks, err := readSASS(tool, cubin, true)
+		t.Run(arch, func(t *testing.T) {
+			cubin, err := n.Compile("primitives.cu", primitivesSource, map[string]string{cudaHeader: header(t)}, []string{"--gpu-architecture=" + arch, "-std=c++17"})
 			if err != nil {
-				t.Fatal(err)
+				t.Errorf("%s: %v", arch, err)
+				return
 			}
-			k := ks["primitives"]
-			if k == nil || k.has("NANOSLEEP") == 0 || k.has("ATOM") == 0 || k.has("MEMBAR") == 0 {
-				t.Errorf("%s: no NANOSLEEP, ATOM or MEMBAR in the SASS: %v", arch, k)
+			if tool := cuobjdump(t); tool != "" {
+				ks, err := readSASS(tool, cubin, true)
+				if err != nil {
+					t.Fatal(err)
+				}
+				k := ks["primitives"]
+				if k == nil || k.has("NANOSLEEP") == 0 || k.has("ATOM") == 0 || k.has("MEMBAR") == 0 {
+					t.Errorf("%s: no NANOSLEEP, ATOM or MEMBAR in the SASS: %v", arch, k)
+				}
 			}
-		}
+		})
 	}
 }
 

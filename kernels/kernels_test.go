@@ -1,6 +1,7 @@
 package kernels
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -43,22 +44,24 @@ func randSlice(g *rand.Rand, n int) []float64 {
 
 func TestMatMulNTMatchesNaive(t *testing.T) {
 	g := rand.New(rand.NewPCG(1, 2))
-	for _, sz := range [][3]int{{3, 5, 7}, {70, 65, 64}} { // the second takes the parallel path
-		m, n, k := sz[0], sz[1], sz[2]
-		a, b := randSlice(g, m*k), randSlice(g, n*k)
-		c := make([]float64, m*n)
-		MatMulNT(c, a, b, m, n, k)
-		for i := range m {
-			for j := range n {
-				want := 0.0
-				for p := range k {
-					want += a[i*k+p] * b[j*k+p]
-				}
-				if math.Abs(c[i*n+j]-want) > 1e-12 {
-					t.Fatalf("%v: c[%d,%d] = %v, want %v", sz, i, j, c[i*n+j], want)
+	for _, sz := range [][3]int{{3, 5, 7}, {70, 65, 64}} {
+		t.Run(fmt.Sprintf("%dx%dx%d", sz[0], sz[1], sz[2]), func(t *testing.T) { // the second takes the parallel path
+			m, n, k := sz[0], sz[1], sz[2]
+			a, b := randSlice(g, m*k), randSlice(g, n*k)
+			c := make([]float64, m*n)
+			MatMulNT(c, a, b, m, n, k)
+			for i := range m {
+				for j := range n {
+					want := 0.0
+					for p := range k {
+						want += a[i*k+p] * b[j*k+p]
+					}
+					if math.Abs(c[i*n+j]-want) > 1e-12 {
+						t.Fatalf("%v: c[%d,%d] = %v, want %v", sz, i, j, c[i*n+j], want)
+					}
 				}
 			}
-		}
+		})
 	}
 }
 
@@ -86,16 +89,19 @@ func TestRouterPreSoftmax(t *testing.T) {
 		sum += math.Exp(l)
 	}
 	for _, k := range []int{1, 2} {
-		c := RouterConfig{Experts: 6, TopK: k, Score: ScoreSoftmax, Scale: 2, PreSoftmax: true}
-		idx := c.Select(c.SelectionScores(logits))
-		if want := []int32{1, 5}[:k]; !slices.Equal(idx, want) {
-			t.Fatalf("k %d: selected %v, want %v", k, idx, want)
-		}
-		for i, p := range c.Probs(logits, idx) {
-			if want := 2 * math.Exp(logits[idx[i]]) / sum; math.Abs(p-want) > 1e-15 {
-				t.Errorf("k %d: prob of expert %d %v, want %v (softmax over all experts × scale)", k, idx[i], p, want)
+		t.Run(fmt.Sprintf("top%d", k), func(t *testing.T) {
+			t.Parallel()
+			c := RouterConfig{Experts: 6, TopK: k, Score: ScoreSoftmax, Scale: 2, PreSoftmax: true}
+			idx := c.Select(c.SelectionScores(logits))
+			if want := []int32{1, 5}[:k]; !slices.Equal(idx, want) {
+				t.Fatalf("k %d: selected %v, want %v", k, idx, want)
 			}
-		}
+			for i, p := range c.Probs(logits, idx) {
+				if want := 2 * math.Exp(logits[idx[i]]) / sum; math.Abs(p-want) > 1e-15 {
+					t.Errorf("k %d: prob of expert %d %v, want %v (softmax over all experts × scale)", k, idx[i], p, want)
+				}
+			}
+		})
 	}
 	// group scores sum softmax values, not logits: group 0 {3, -5} has the
 	// smaller logit sum (-2 < 2) but the larger softmax sum (e³ > 2e)

@@ -342,16 +342,18 @@ func TestSASSAuditCatches(t *testing.T) {
 	}
 	want := map[string]string{"permute_rows": "16-byte", "router_topk": "local memory", "permute_order": "exceed the SM"}
 	for name, src := range bad {
-		cubin, err := n.Compile(name+".cu", "typedef unsigned short bf16; typedef int int32;\n"+src, nil, []string{"--gpu-architecture=sm_90"})
-		if err != nil {
-			t.Fatalf("%s: %v", name, err)
-		}
-		lines, problems, err := auditSASS(tool, cubin, nil, true)
-		if err != nil {
-			t.Fatalf("%s: %v", name, err)
-		}
-		if !strings.Contains(strings.Join(problems, "\n"), want[name]) {
-			t.Errorf("%s (%v): audit said %q, want a failure about %q", name, lines, problems, want[name])
-		}
+		t.Run(name, func(t *testing.T) {
+			cubin, err := n.Compile(name+".cu", "typedef unsigned short bf16; typedef int int32;\n"+src, nil, []string{"--gpu-architecture=sm_90"})
+			if err != nil {
+				t.Fatalf("%s: %v", name, err)
+			}
+			lines, problems, err := auditSASS(tool, cubin, nil, true)
+			if err != nil {
+				t.Fatalf("%s: %v", name, err)
+			}
+			if !strings.Contains(strings.Join(problems, "\n"), want[name]) {
+				t.Errorf("%s (%v): audit said %q, want a failure about %q", name, lines, problems, want[name])
+			}
+		})
 	}
 }

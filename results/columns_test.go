@@ -150,24 +150,27 @@ func TestReportSteps(t *testing.T) {
 		t.Errorf("GPU speedup %v, want the slowest ranks' ratio %v", got, want)
 	}
 	for _, f := range []string{"table", "markdown", "html"} {
-		var b bytes.Buffer
-		if err := WriteReport(&b, groups, f, "t"); err != nil {
-			t.Fatal(err)
-		}
-		out := strings.ReplaceAll(b.String(), "<wbr>", "")
-		for _, w := range []string{"rank_step_p50_ms", "lockstep_p50_ms", "the step being lockstep on the host device", "rank_step on a GPU",
-			"speedup_vs_alltoall" + hostMark, "not a performance measurement", f3(host[0].Timing.SlowestRank.P50), f3(host[0].Timing.Lockstep.P50),
-			"n/m in sm_util_%: not measured on the host device"} {
-			if !strings.Contains(out, w) {
-				t.Errorf("%s lacks %q", f, w)
+		t.Run(f, func(t *testing.T) {
+			t.Parallel()
+			var b bytes.Buffer
+			if err := WriteReport(&b, groups, f, "t"); err != nil {
+				t.Fatal(err)
 			}
-		}
-		if n := strings.Count(out, "speedup_vs_alltoall"+hostMark); n != 1 && f != "html" {
-			t.Errorf("%s: %d speedup headers marked as host, want the host group's only", f, n)
-		}
-		if f == "html" && strings.Count(out, `class="caveat"`) != 1 {
-			t.Errorf("html: the host caveat heads %d groups, want 1", strings.Count(out, `class="caveat"`))
-		}
+			out := strings.ReplaceAll(b.String(), "<wbr>", "")
+			for _, w := range []string{"rank_step_p50_ms", "lockstep_p50_ms", "the step being lockstep on the host device", "rank_step on a GPU",
+				"speedup_vs_alltoall" + hostMark, "not a performance measurement", f3(host[0].Timing.SlowestRank.P50), f3(host[0].Timing.Lockstep.P50),
+				"n/m in sm_util_%: not measured on the host device"} {
+				if !strings.Contains(out, w) {
+					t.Errorf("%s lacks %q", f, w)
+				}
+			}
+			if n := strings.Count(out, "speedup_vs_alltoall"+hostMark); n != 1 && f != "html" {
+				t.Errorf("%s: %d speedup headers marked as host, want the host group's only", f, n)
+			}
+			if f == "html" && strings.Count(out, `class="caveat"`) != 1 {
+				t.Errorf("html: the host caveat heads %d groups, want 1", strings.Count(out, `class="caveat"`))
+			}
+		})
 	}
 	// a run's table: both steps, and which one is the record's
 	var b bytes.Buffer

@@ -2,6 +2,7 @@ package results
 
 import (
 	"encoding/json"
+	"fmt"
 	"math"
 	"path/filepath"
 	"strings"
@@ -59,15 +60,18 @@ func TestGradVerdictWithoutRoundTrip(t *testing.T) {
 		{0.005, "input differs at token 3", "FAIL"},
 		{0.5, RoundTripNotRun + " on the device", "FAIL"},
 	} {
-		r := sample(StatusOK)
-		r.Correctness = &Correctness{Checked: true, Passed: true, MaxRelErr: 0.001, Tolerance: 0.02, RoundTrip: "exact",
-			Grads: &GradCheck{MaxRelErr: c.err, Tolerance: 0.02, PerTensor: map[string]float64{"input": c.err}, RoundTrip: c.roundTrip}}
-		var b strings.Builder
-		if err := WriteTable(&b, r); err != nil {
-			t.Fatal(err)
-		}
-		if want := "# gradients              " + c.want + " ·"; !strings.Contains(b.String(), want) {
-			t.Errorf("error %g, round trip %q: want %q in\n%s", c.err, c.roundTrip, want, b.String())
-		}
+		t.Run(fmt.Sprintf("%g,%s", c.err, c.roundTrip), func(t *testing.T) {
+			t.Parallel()
+			r := sample(StatusOK)
+			r.Correctness = &Correctness{Checked: true, Passed: true, MaxRelErr: 0.001, Tolerance: 0.02, RoundTrip: "exact",
+				Grads: &GradCheck{MaxRelErr: c.err, Tolerance: 0.02, PerTensor: map[string]float64{"input": c.err}, RoundTrip: c.roundTrip}}
+			var b strings.Builder
+			if err := WriteTable(&b, r); err != nil {
+				t.Fatal(err)
+			}
+			if want := "# gradients              " + c.want + " ·"; !strings.Contains(b.String(), want) {
+				t.Errorf("error %g, round trip %q: want %q in\n%s", c.err, c.roundTrip, want, b.String())
+			}
+		})
 	}
 }

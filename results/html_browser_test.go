@@ -14,6 +14,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/moebench/moebench/internal/hostsim"
 )
 
 // The HTML report checked as a person sees it: laid out by a real browser
@@ -63,9 +65,9 @@ func browse(t *testing.T, bin, file string, w int, shot string) string {
 		if err != nil {
 			t.Fatalf("%s: %v\n%s", bin, err, stderr.String())
 		}
-	case <-time.After(60 * time.Second):
+	case <-time.After(hostsim.Patience(t, 60*time.Second)):
 		cmd.Process.Kill()
-		t.Fatalf("%s did not finish in 60 s\n%s", bin, stderr.String())
+		t.Fatalf("%s did not finish in %v\n%s", bin, hostsim.Patience(t, 60*time.Second), stderr.String())
 	}
 	return out.String()
 }
@@ -202,54 +204,56 @@ func TestHTMLInBrowser(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, w := range []int{1400, 700} {
-		dom := browse(t, bin, file, w, "")
-		m := regexp.MustCompile(`(?s)<pre id="probe">(.*?)</pre>`).FindStringSubmatch(dom)
-		if m == nil {
-			t.Fatalf("%d px: the probe wrote nothing; DOM:\n%.2000s", w, dom)
-		}
-		var p probed
-		if err := json.Unmarshal([]byte(html.UnescapeString(m[1])), &p); err != nil {
-			t.Fatal(err)
-		}
-		if p.PageWidth > p.Viewport {
-			t.Errorf("%d px: the page is %.0f px wide: it scrolls sideways", w, p.PageWidth)
-		}
-		classes := map[string]int{}
-		for _, tb := range p.Tables {
-			classes[tb.Cls]++
-			fits := tb.Right <= p.Viewport
-			scrolls := tb.Container != nil && (tb.Container.OverflowX == "auto" || tb.Container.OverflowX == "scroll") && tb.Container.Right <= p.Viewport
-			if !fits && !scrolls {
-				t.Errorf("%d px: table %q ends at %.0f px, past the window, and no container scrolls it", w, tb.Cls, tb.Right)
+		t.Run(fmt.Sprintf("%dpx", w), func(t *testing.T) {
+			dom := browse(t, bin, file, w, "")
+			m := regexp.MustCompile(`(?s)<pre id="probe">(.*?)</pre>`).FindStringSubmatch(dom)
+			if m == nil {
+				t.Fatalf("%d px: the probe wrote nothing; DOM:\n%.2000s", w, dom)
 			}
-		}
-		if classes["points"] != 1 || classes["rebalance"] != 1 {
-			t.Errorf("%d px: tables %v, want one of points and one rebalancing table", w, classes)
-		}
-		kinds := map[string]bool{}
-		for _, c := range p.Charts {
-			kinds[c.Kind] = true
-			if c.Width < 100 || c.Height < 60 || c.Shapes < 5 {
-				t.Errorf("%d px: chart %s is %.0f×%.0f px with %d shapes", w, c.Kind, c.Width, c.Height, c.Shapes)
+			var p probed
+			if err := json.Unmarshal([]byte(html.UnescapeString(m[1])), &p); err != nil {
+				t.Fatal(err)
 			}
-			if c.Right > p.Viewport+0.5 {
-				t.Errorf("%d px: chart %s ends at %.0f px, past the window", w, c.Kind, c.Right)
+			if p.PageWidth > p.Viewport {
+				t.Errorf("%d px: the page is %.0f px wide: it scrolls sideways", w, p.PageWidth)
 			}
-			if c.Kind == "phases" {
-				for _, ph := range []string{"shared", "router", "layout", "notify", "permute", "dispatch", "experts", "rebalance", "dynamic", "combine", "unpermute"} {
-					if !slices.Contains(c.Texts, ph) {
-						t.Errorf("%d px: the per-phase chart's legend lacks %q: %q", w, ph, c.Texts)
+			classes := map[string]int{}
+			for _, tb := range p.Tables {
+				classes[tb.Cls]++
+				fits := tb.Right <= p.Viewport
+				scrolls := tb.Container != nil && (tb.Container.OverflowX == "auto" || tb.Container.OverflowX == "scroll") && tb.Container.Right <= p.Viewport
+				if !fits && !scrolls {
+					t.Errorf("%d px: table %q ends at %.0f px, past the window, and no container scrolls it", w, tb.Cls, tb.Right)
+				}
+			}
+			if classes["points"] != 1 || classes["rebalance"] != 1 {
+				t.Errorf("%d px: tables %v, want one of points and one rebalancing table", w, classes)
+			}
+			kinds := map[string]bool{}
+			for _, c := range p.Charts {
+				kinds[c.Kind] = true
+				if c.Width < 100 || c.Height < 60 || c.Shapes < 5 {
+					t.Errorf("%d px: chart %s is %.0f×%.0f px with %d shapes", w, c.Kind, c.Width, c.Height, c.Shapes)
+				}
+				if c.Right > p.Viewport+0.5 {
+					t.Errorf("%d px: chart %s ends at %.0f px, past the window", w, c.Kind, c.Right)
+				}
+				if c.Kind == "phases" {
+					for _, ph := range []string{"shared", "router", "layout", "notify", "permute", "dispatch", "experts", "rebalance", "dynamic", "combine", "unpermute"} {
+						if !slices.Contains(c.Texts, ph) {
+							t.Errorf("%d px: the per-phase chart's legend lacks %q: %q", w, ph, c.Texts)
+						}
 					}
 				}
 			}
-		}
-		for _, k := range []string{"step", "phases", "transfer", "sms", "gbps_per_sm"} {
-			if !kinds[k] {
-				t.Errorf("%d px: no %s chart (charts: %v)", w, k, kinds)
+			for _, k := range []string{"step", "phases", "transfer", "sms", "gbps_per_sm"} {
+				if !kinds[k] {
+					t.Errorf("%d px: no %s chart (charts: %v)", w, k, kinds)
+				}
 			}
-		}
-		if dir := os.Getenv("MOEBENCH_SCREENSHOT_DIR"); dir != "" {
-			browse(t, bin, file, w, filepath.Join(dir, fmt.Sprintf("report-%d.png", w)))
-		}
+			if dir := os.Getenv("MOEBENCH_SCREENSHOT_DIR"); dir != "" {
+				browse(t, bin, file, w, filepath.Join(dir, fmt.Sprintf("report-%d.png", w)))
+			}
+		})
 	}
 }

@@ -61,11 +61,13 @@ func TestReportFormats(t *testing.T) {
 	groups := BuildReport(reportRecords())
 	out := map[string]string{}
 	for _, f := range ReportFormats {
-		var b bytes.Buffer
-		if err := WriteReport(&b, groups, f, "Title <x>"); err != nil {
-			t.Fatalf("%s: %v", f, err)
-		}
-		out[f] = b.String()
+		t.Run(f, func(t *testing.T) {
+			var b bytes.Buffer
+			if err := WriteReport(&b, groups, f, "Title <x>"); err != nil {
+				t.Fatalf("%s: %v", f, err)
+			}
+			out[f] = b.String()
+		})
 	}
 	tab := out["table"]
 	for _, want := range []string{"# stack #1: host", "speedup_vs_alltoall" + hostMark, HostRatio, "unavailable", "needs <the> cuda device", "# key:"} {
@@ -126,30 +128,32 @@ func TestReportRebalance(t *testing.T) {
 	host.Rebalance = &r3
 	host.Rebalance.ExposedNote = "not measured: the host device runs the copies in their own phase"
 	for _, f := range []string{"table", "markdown"} {
-		var b bytes.Buffer
-		if err := WriteReport(&b, BuildReport(append(recs, rb, old, host)), f, "t"); err != nil {
-			t.Fatal(err)
-		}
-		out := b.String()
-		if strings.Count(out, "token_strag_before_%") != 3 {
-			t.Errorf("%s: want a rebalancing table for each of the three feplb groups, none for the others:\n%s", f, out)
-		}
-		var lines []string
-		for _, l := range strings.Split(out, "\n") {
-			if strings.Contains(l, "base=alltoall dynamic=2") {
-				lines = append(lines, strings.Join(strings.Fields(strings.ReplaceAll(l, "|", " ")), " "))
+		t.Run(f, func(t *testing.T) {
+			var b bytes.Buffer
+			if err := WriteReport(&b, BuildReport(append(recs, rb, old, host)), f, "t"); err != nil {
+				t.Fatal(err)
 			}
-		}
-		// times in µs: the scheduler's 0.04 ms would print as 0.040
-		want := []string{"feplb/native sms=0 base=alltoall dynamic=2 50.0 0.0 33.3 4.8 3 3.00 250.0 125.0 40.0 0.0",
-			"feplb/native sms=0 base=alltoall dynamic=2 50.0 0.0 — 4.8 3 3.00 250.0 — 40.0 0.0",
-			"feplb/native sms=0 base=alltoall dynamic=2 50.0 0.0 33.3 4.8 3 3.00 250.0 n/m 40.0 0.0"}
-		if strings.Join(lines, "\n") != strings.Join(want, "\n") {
-			t.Errorf("%s rows:\n%s\nwant\n%s", f, strings.Join(lines, "\n"), strings.Join(want, "\n"))
-		}
-		if !strings.Contains(out, "n/m in copies_exposed: not measured: the host device") || !strings.Contains(out, "copy_p50_us") {
-			t.Errorf("%s: no key for n/m, or no µs unit:\n%s", f, out)
-		}
+			out := b.String()
+			if strings.Count(out, "token_strag_before_%") != 3 {
+				t.Errorf("%s: want a rebalancing table for each of the three feplb groups, none for the others:\n%s", f, out)
+			}
+			var lines []string
+			for _, l := range strings.Split(out, "\n") {
+				if strings.Contains(l, "base=alltoall dynamic=2") {
+					lines = append(lines, strings.Join(strings.Fields(strings.ReplaceAll(l, "|", " ")), " "))
+				}
+			}
+			// times in µs: the scheduler's 0.04 ms would print as 0.040
+			want := []string{"feplb/native sms=0 base=alltoall dynamic=2 50.0 0.0 33.3 4.8 3 3.00 250.0 125.0 40.0 0.0",
+				"feplb/native sms=0 base=alltoall dynamic=2 50.0 0.0 — 4.8 3 3.00 250.0 — 40.0 0.0",
+				"feplb/native sms=0 base=alltoall dynamic=2 50.0 0.0 33.3 4.8 3 3.00 250.0 n/m 40.0 0.0"}
+			if strings.Join(lines, "\n") != strings.Join(want, "\n") {
+				t.Errorf("%s rows:\n%s\nwant\n%s", f, strings.Join(lines, "\n"), strings.Join(want, "\n"))
+			}
+			if !strings.Contains(out, "n/m in copies_exposed: not measured: the host device") || !strings.Contains(out, "copy_p50_us") {
+				t.Errorf("%s: no key for n/m, or no µs unit:\n%s", f, out)
+			}
+		})
 	}
 }
 

@@ -62,25 +62,31 @@ func TestReadIsStrict(t *testing.T) {
 
 func TestWriteFormats(t *testing.T) {
 	for _, st := range []string{StatusOK, StatusUnavailable} {
-		for _, f := range Formats {
-			var b bytes.Buffer
-			if err := Write(&b, sample(st), f); err != nil {
-				t.Fatalf("%s/%s: %v", st, f, err)
+		t.Run(st, func(t *testing.T) {
+			t.Parallel()
+			for _, f := range Formats {
+				t.Run(f, func(t *testing.T) {
+					t.Parallel()
+					var b bytes.Buffer
+					if err := Write(&b, sample(st), f); err != nil {
+						t.Fatalf("%s/%s: %v", st, f, err)
+					}
+					out := b.String()
+					switch {
+					case f == "table" && st == StatusOK && !strings.Contains(out, "p50_ms"):
+						t.Errorf("table has no phase header:\n%s", out)
+					case f == "table" && st != StatusOK && (strings.Contains(out, "p50_ms") || !strings.Contains(out, "unavailable: because")):
+						t.Errorf("unavailable table shows timings or no reason:\n%s", out)
+					case f == "csv" && strings.Count(out, "\n") != 2:
+						t.Errorf("csv: want header and one row:\n%s", out)
+					case f == "json":
+						if _, err := Read(strings.NewReader(out), "json", nil); err != nil {
+							t.Errorf("json output does not read back: %v", err)
+						}
+					}
+				})
 			}
-			out := b.String()
-			switch {
-			case f == "table" && st == StatusOK && !strings.Contains(out, "p50_ms"):
-				t.Errorf("table has no phase header:\n%s", out)
-			case f == "table" && st != StatusOK && (strings.Contains(out, "p50_ms") || !strings.Contains(out, "unavailable: because")):
-				t.Errorf("unavailable table shows timings or no reason:\n%s", out)
-			case f == "csv" && strings.Count(out, "\n") != 2:
-				t.Errorf("csv: want header and one row:\n%s", out)
-			case f == "json":
-				if _, err := Read(strings.NewReader(out), "json", nil); err != nil {
-					t.Errorf("json output does not read back: %v", err)
-				}
-			}
-		}
+		})
 	}
 	if err := Write(&bytes.Buffer{}, sample(StatusOK), "xml"); err == nil {
 		t.Error("unknown format accepted")
@@ -90,16 +96,19 @@ func TestWriteFormats(t *testing.T) {
 		share   float64
 		flagged bool
 	}{{0.3, false}, {0.9, true}} {
-		rec := sample(StatusOK)
-		rec.Timing.HostIssue = &Stat{P50: c.share * rec.Timing.Step.P50}
-		var b bytes.Buffer
-		if err := Write(&b, rec, "table"); err != nil {
-			t.Fatal(err)
-		}
-		line := fmt.Sprintf("%.0f%% of the step's p50", 100*c.share)
-		if out := b.String(); !strings.Contains(out, line) || strings.Contains(out, "waited for the host") != c.flagged {
-			t.Errorf("host issue at %.0f%% of the step:\n%s", 100*c.share, out)
-		}
+		t.Run(fmt.Sprintf("share%g", c.share), func(t *testing.T) {
+			t.Parallel()
+			rec := sample(StatusOK)
+			rec.Timing.HostIssue = &Stat{P50: c.share * rec.Timing.Step.P50}
+			var b bytes.Buffer
+			if err := Write(&b, rec, "table"); err != nil {
+				t.Fatal(err)
+			}
+			line := fmt.Sprintf("%.0f%% of the step's p50", 100*c.share)
+			if out := b.String(); !strings.Contains(out, line) || strings.Contains(out, "waited for the host") != c.flagged {
+				t.Errorf("host issue at %.0f%% of the step:\n%s", 100*c.share, out)
+			}
+		})
 	}
 }
 

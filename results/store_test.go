@@ -3,6 +3,7 @@ package results
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -31,25 +32,28 @@ func collect(w *[]string) func(string) { return func(s string) { *w = append(*w,
 func TestAppendHealsTornTail(t *testing.T) {
 	whole := line(t, sample(StatusOK))
 	for _, cut := range []int{1, 5, len(recordStart) + 3, len(whole) / 2, len(whole) - 2} {
-		p := filepath.Join(t.TempDir(), "r.jsonl")
-		os.WriteFile(p, append(append([]byte{}, whole...), whole[:cut]...), 0o644)
-		var warns []string
-		recs, err := ReadFile(p, collect(&warns))
-		if err != nil || len(recs) != 1 || len(warns) != 1 || !strings.Contains(warns[0], "r.jsonl:2: skipped an unfinished record") {
-			t.Fatalf("cut %d: read %d records, err %v, warnings %q", cut, len(recs), err, warns)
-		}
-		if torn, err := CheckAppend(p); err != nil || torn != int64(cut) {
-			t.Fatalf("cut %d: CheckAppend says %d torn bytes, err %v", cut, torn, err)
-		}
-		dropped, err := Append(p, sample(StatusFailed))
-		if err != nil || dropped != int64(cut) {
-			t.Fatalf("cut %d: append dropped %d bytes, err %v", cut, dropped, err)
-		}
-		warns = nil
-		recs, err = ReadFile(p, collect(&warns))
-		if err != nil || len(recs) != 2 || recs[1].Status != StatusFailed || len(warns) != 0 {
-			t.Fatalf("cut %d: after the append, %d records, err %v, warnings %q", cut, len(recs), err, warns)
-		}
+		t.Run(fmt.Sprintf("cut%d", cut), func(t *testing.T) {
+			t.Parallel()
+			p := filepath.Join(t.TempDir(), "r.jsonl")
+			os.WriteFile(p, append(append([]byte{}, whole...), whole[:cut]...), 0o644)
+			var warns []string
+			recs, err := ReadFile(p, collect(&warns))
+			if err != nil || len(recs) != 1 || len(warns) != 1 || !strings.Contains(warns[0], "r.jsonl:2: skipped an unfinished record") {
+				t.Fatalf("cut %d: read %d records, err %v, warnings %q", cut, len(recs), err, warns)
+			}
+			if torn, err := CheckAppend(p); err != nil || torn != int64(cut) {
+				t.Fatalf("cut %d: CheckAppend says %d torn bytes, err %v", cut, torn, err)
+			}
+			dropped, err := Append(p, sample(StatusFailed))
+			if err != nil || dropped != int64(cut) {
+				t.Fatalf("cut %d: append dropped %d bytes, err %v", cut, dropped, err)
+			}
+			warns = nil
+			recs, err = ReadFile(p, collect(&warns))
+			if err != nil || len(recs) != 2 || recs[1].Status != StatusFailed || len(warns) != 0 {
+				t.Fatalf("cut %d: after the append, %d records, err %v, warnings %q", cut, len(recs), err, warns)
+			}
+		})
 	}
 }
 

@@ -150,6 +150,7 @@ func TestBenchDispatch(t *testing.T) {
 // deepep point per budget (the one above the SMs unavailable); the dispatch
 // benchmark times and checks each point on the GPUs (hybridep's too).
 func TestDeepEPOnFakeGPUs(t *testing.T) {
+	hostsim.SkipIfShort(t, "TestDistributedRun/ep4-over-2 (the command on the fake GPUs) and deepep's TestDeviceOnHostSim")
 	t.Setenv("FAKECUDA_SMS", "8")
 	comp := hostsim.Setup(t)
 	old := kernels.NewCompiler

@@ -134,9 +134,11 @@ func launchProcsEnv(t *testing.T, world int, env func(r int) []string, args ...s
 	return ps
 }
 
-// wait waits for p at most d.
+// wait waits for p at most d on an idle machine (hostsim.Patience: more
+// on a loaded one).
 func (p *proc) wait(t *testing.T, d time.Duration) error {
 	t.Helper()
+	d = hostsim.Patience(t, d)
 	select {
 	case err := <-p.done:
 		return err
@@ -204,6 +206,7 @@ func distributedSetup(t *testing.T) (rv, out string) {
 // within --comm-timeout, naming the killed process's ranks, where NCCL (the
 // fake, which waits 120 s) would hang.
 func TestDistributedRun(t *testing.T) {
+	hostsim.SkipIfShort(t, "TestDistributedCommIDUnarrived (processes meeting in NCCL) and the harness's TestCUDALayerOnHostSim (the layer on the fake GPUs)")
 	rv, out := distributedSetup(t)
 	for _, c := range []struct {
 		ep, world int
@@ -312,32 +315,34 @@ func distributedSweep(t *testing.T, rv, out string) {
 			return nil
 		}, results.StatusUnavailable},
 	} {
-		os.Remove(out)
-		ps := launchProcsEnv(t, 2, c.env, args...)
-		for r, p := range ps {
-			if err := p.wait(t, 4*time.Minute); err != nil {
-				t.Fatalf("%s: process %d: %v; stderr:\n%s\nprocess 0's:\n%s", c.name, r, err, p.stderr.String(), ps[0].stderr.String())
+		t.Run(c.name, func(t *testing.T) {
+			os.Remove(out)
+			ps := launchProcsEnv(t, 2, c.env, args...)
+			for r, p := range ps {
+				if err := p.wait(t, 4*time.Minute); err != nil {
+					t.Fatalf("%s: process %d: %v; stderr:\n%s\nprocess 0's:\n%s", c.name, r, err, p.stderr.String(), ps[0].stderr.String())
+				}
 			}
-		}
-		if !strings.Contains(ps[1].stderr.String(), "rank 0 writes "+out) || strings.Count(ps[1].stderr.String(), "[") < 2 {
-			t.Errorf("%s: process 1's stderr:\n%s", c.name, ps[1].stderr.String())
-		}
-		recs, err := results.ReadFile(out, nil)
-		if err != nil || len(recs) != 2 {
-			t.Fatalf("%s: %d records, %v; stderr:\n%s", c.name, len(recs), err, ps[0].stderr.String())
-		}
-		for i, rec := range recs {
-			if rec.Status != c.status || rec.Config.Routing != []string{"balanced", "uniform"}[i] {
-				t.Errorf("%s: record %d: %s %s: %s", c.name, i, rec.Config.Routing, rec.Status, rec.Reason)
+			if !strings.Contains(ps[1].stderr.String(), "rank 0 writes "+out) || strings.Count(ps[1].stderr.String(), "[") < 2 {
+				t.Errorf("%s: process 1's stderr:\n%s", c.name, ps[1].stderr.String())
 			}
-			if c.status == results.StatusOK && (len(rec.Ranks.Processes) != 2 || rec.Config.Pass != results.PassTraining || rec.Correctness.Grads == nil || !rec.Correctness.Passed) {
-				t.Errorf("%s: record %d: pass %s, processes %+v, correctness %+v", c.name, i, rec.Config.Pass, rec.Ranks.Processes, rec.Correctness)
+			recs, err := results.ReadFile(out, nil)
+			if err != nil || len(recs) != 2 {
+				t.Fatalf("%s: %d records, %v; stderr:\n%s", c.name, len(recs), err, ps[0].stderr.String())
 			}
-			if c.status != results.StatusOK && !strings.Contains(rec.Reason, "ranks 2–3 (process 1 of 2") {
-				t.Errorf("%s: record %d's reason does not name process 1: %s", c.name, i, rec.Reason)
+			for i, rec := range recs {
+				if rec.Status != c.status || rec.Config.Routing != []string{"balanced", "uniform"}[i] {
+					t.Errorf("%s: record %d: %s %s: %s", c.name, i, rec.Config.Routing, rec.Status, rec.Reason)
+				}
+				if c.status == results.StatusOK && (len(rec.Ranks.Processes) != 2 || rec.Config.Pass != results.PassTraining || rec.Correctness.Grads == nil || !rec.Correctness.Passed) {
+					t.Errorf("%s: record %d: pass %s, processes %+v, correctness %+v", c.name, i, rec.Config.Pass, rec.Ranks.Processes, rec.Correctness)
+				}
+				if c.status != results.StatusOK && !strings.Contains(rec.Reason, "ranks 2–3 (process 1 of 2") {
+					t.Errorf("%s: record %d's reason does not name process 1: %s", c.name, i, rec.Reason)
+				}
 			}
-		}
-		t.Logf("%s: %s: %s", c.name, recs[1].Status, recs[1].Reason)
+			t.Logf("%s: %s: %s", c.name, recs[1].Status, recs[1].Reason)
+		})
 	}
 }
 
@@ -503,6 +508,9 @@ func TestDistributedCommIDUnarrived(t *testing.T) {
 			most: 35 * time.Second, notWant: "waited 5m"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
+			if c.name == "rank-0-missing" || c.name == "three-processes" {
+				hostsim.SkipIfShort(t, "two-processes and nccls-own-timeout")
+			}
 			l, err := net.Listen("tcp", "127.0.0.1:0") // a free port for NCCL's bootstrap root
 			if err != nil {
 				t.Fatal(err)
@@ -739,6 +747,7 @@ func TestDistributedDumpRefused(t *testing.T) {
 // exit naming it within --comm-timeout, where NCCL EP (the fake's transport
 // waits 120 s) would hang.
 func TestDistributedNCCLEP(t *testing.T) {
+	hostsim.SkipIfShort(t, "TestDistributedCommIDUnarrived (processes meeting in NCCL) and the harness's TestCUDALayerOnHostSim (the layer on the fake GPUs)")
 	rv, out := distributedSetup(t)
 	ep, err := hostsim.BuildFake("fakencclep", t.TempDir(), "libnccl_ep.so.0")
 	if err != nil {
@@ -853,6 +862,7 @@ func gpuCheckNCCLEP(t *testing.T) {
 // killed: a process killed during the steps makes the other exit naming
 // it within --comm-timeout.
 func TestDistributedHybridEP(t *testing.T) {
+	hostsim.SkipIfShort(t, "TestDistributedCommIDUnarrived (processes meeting in NCCL) and the harness's TestCUDALayerOnHostSim (the layer on the fake GPUs)")
 	rv, out := distributedSetup(t)
 	flagsEP := func(ep int, more ...string) []string {
 		return append([]string{"--device", "cuda", "--dispatcher", "hybridep", "--ep", fmt.Sprint(ep), "--experts", "16", "--tokens", "16", "--hidden", "32",

@@ -32,25 +32,28 @@ func TestHostMemoryEstimate(t *testing.T) {
 		{"--ep", "4", "--experts", "32", "--hidden", "1024", "--ffn", "512", "--tokens", "16", "--host-experts", "grads-by-rank"},
 		{"--ep", "4", "--experts", "32", "--hidden", "1024", "--ffn", "512", "--tokens", "16", "--host-experts", "drawn"},
 	} {
-		args = append([]string{"--device", "host", "--tokens", "1", "--warmup", "0", "--iters", "2"}, args...)
-		var o options
-		fs := newFlags(&o)
-		if err := fs.Parse(args); err != nil {
-			t.Fatal(err)
-		}
-		cfg, err := o.config(fs)
-		if err != nil {
-			t.Fatal(err)
-		}
-		peak, out, err := peakRSS(exec.Command(bin, args...))
-		if err != nil || peak == 0 {
-			t.Fatalf("%v: peak RSS %d: %v\n%s", args, peak, err, out)
-		}
-		est := harness.HostBytes(cfg)
-		t.Logf("%v: peak RSS %.1f MiB, estimate %.1f MiB", args[8:], float64(peak)/(1<<20), float64(est)/(1<<20))
-		if int64(peak) > est {
-			t.Errorf("%v: peak RSS %d bytes is above the estimate, %d", args, peak, est)
-		}
+		t.Run(strings.Join(args, " "), func(t *testing.T) {
+			t.Parallel()
+			args = append([]string{"--device", "host", "--tokens", "1", "--warmup", "0", "--iters", "2"}, args...)
+			var o options
+			fs := newFlags(&o)
+			if err := fs.Parse(args); err != nil {
+				t.Fatal(err)
+			}
+			cfg, err := o.config(fs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			peak, out, err := peakRSS(exec.Command(bin, args...))
+			if err != nil || peak == 0 {
+				t.Fatalf("%v: peak RSS %d: %v\n%s", args, peak, err, out)
+			}
+			est := harness.HostBytes(cfg)
+			t.Logf("%v: peak RSS %.1f MiB, estimate %.1f MiB", args[8:], float64(peak)/(1<<20), float64(est)/(1<<20))
+			if int64(peak) > est {
+				t.Errorf("%v: peak RSS %d bytes is above the estimate, %d", args, peak, est)
+			}
+		})
 	}
 }
 

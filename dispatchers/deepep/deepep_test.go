@@ -2,6 +2,7 @@ package deepep
 
 import (
 	"errors"
+	"fmt"
 	"reflect"
 	"slices"
 	"strings"
@@ -123,35 +124,38 @@ func TestCombineEqualsAlltoall(t *testing.T) {
 		{Tokens: 29, Hidden: 16, Experts: 8, TopK: 3, EP: 8},
 		{Tokens: 29, Hidden: 16, Experts: 16, TopK: 6, EP: 2},
 	} {
-		a, _ := alltoall.New(dispatchers.ImplNative, dispatchers.Env{Device: "host"})
-		want, _ := dt.Outputs(t, a, sh, 2, dt.Mild)
-		d, _ := New(dispatchers.ImplNative, dispatchers.Env{Device: "host", SMs: 4})
-		got, _ := dt.Outputs(t, d, sh, 2, dt.Mild)
-		design, ranks := dt.Outputs(t, d, sh, 2, dt.Cancelling)
-		if !reflect.DeepEqual(design, designSum(sh, ranks, nil)) {
-			t.Errorf("EP %d: output differs from the design's rounding computed directly", sh.EP)
-		}
-		small, _ := dt.Outputs(t, WithConfig(Config{SMs: 4, Dispatch: Queue{Chunk: 1, Ring: 2}, Combine: Queue{Chunk: 2, Ring: 3}}), sh, 2, dt.Mild)
-		if !reflect.DeepEqual(got, small) {
-			t.Errorf("EP %d: output with small rings differs from DeepEP's default rings", sh.EP)
-		}
-		exact := sh.LocalExperts() == 1
-		if exact {
-			want, _ = dt.Outputs(t, a, sh, 2, dt.Cancelling)
-			got = design
-		}
-		worst := 0.0
-		for r := range want {
-			for i, v := range got[r] {
-				if exact && v != want[r][i] {
-					t.Fatalf("EP %d, one expert per rank: rank %d value %d: %v, alltoall %v", sh.EP, r, i, v, want[r][i])
-				}
-				worst = max(worst, float64(abs(v-want[r][i])/max(abs(want[r][i]), 1)))
+		t.Run(fmt.Sprintf("ep%d", sh.EP), func(t *testing.T) {
+			t.Parallel()
+			a, _ := alltoall.New(dispatchers.ImplNative, dispatchers.Env{Device: "host"})
+			want, _ := dt.Outputs(t, a, sh, 2, dt.Mild)
+			d, _ := New(dispatchers.ImplNative, dispatchers.Env{Device: "host", SMs: 4})
+			got, _ := dt.Outputs(t, d, sh, 2, dt.Mild)
+			design, ranks := dt.Outputs(t, d, sh, 2, dt.Cancelling)
+			if !reflect.DeepEqual(design, designSum(sh, ranks, nil)) {
+				t.Errorf("EP %d: output differs from the design's rounding computed directly", sh.EP)
 			}
-		}
-		if !exact && (worst == 0 || worst > float64(sh.TopK)/256) {
-			t.Errorf("EP %d: largest difference from alltoall %g; want some (bf16 partial sums), and within %d bf16 roundings", sh.EP, worst, sh.TopK)
-		}
+			small, _ := dt.Outputs(t, WithConfig(Config{SMs: 4, Dispatch: Queue{Chunk: 1, Ring: 2}, Combine: Queue{Chunk: 2, Ring: 3}}), sh, 2, dt.Mild)
+			if !reflect.DeepEqual(got, small) {
+				t.Errorf("EP %d: output with small rings differs from DeepEP's default rings", sh.EP)
+			}
+			exact := sh.LocalExperts() == 1
+			if exact {
+				want, _ = dt.Outputs(t, a, sh, 2, dt.Cancelling)
+				got = design
+			}
+			worst := 0.0
+			for r := range want {
+				for i, v := range got[r] {
+					if exact && v != want[r][i] {
+						t.Fatalf("EP %d, one expert per rank: rank %d value %d: %v, alltoall %v", sh.EP, r, i, v, want[r][i])
+					}
+					worst = max(worst, float64(abs(v-want[r][i])/max(abs(want[r][i]), 1)))
+				}
+			}
+			if !exact && (worst == 0 || worst > float64(sh.TopK)/256) {
+				t.Errorf("EP %d: largest difference from alltoall %g; want some (bf16 partial sums), and within %d bf16 roundings", sh.EP, worst, sh.TopK)
+			}
+		})
 	}
 }
 
@@ -254,25 +258,28 @@ func TestBackward(t *testing.T) {
 		{Tokens: 29, Hidden: 16, Experts: 8, TopK: 3, EP: 8},
 		{Tokens: 29, Hidden: 16, Experts: 16, TopK: 6, EP: 2},
 	} {
-		for _, d := range []*Host{{sms: 4}, WithConfig(Config{SMs: 4, Dispatch: Queue{Chunk: 1, Ring: 2}, Combine: Queue{Chunk: 2, Ring: 3}})} {
-			dx, dp, ranks := dt.Gradients(t, d, sh, 5, dt.Cancelling)
-			design := designSum(sh, ranks, func(rk *dispatchers.Rank, t, j, c int) float32 {
-				return kernels.RoundBF16(rk.DY[t*sh.Hidden+c] * rk.Probs[t*sh.TopK+j])
-			})
-			wx, wp := dt.WantGradients(ranks, sh)
-			for r := range ranks {
-				kernels.RoundBF16Slice(design[r])
-				if !reflect.DeepEqual(dx[r], design[r]) || !reflect.DeepEqual(dp[r], wp[r]) {
-					t.Fatalf("EP %d rings %+v: rank %d's gradients differ from the design's computed directly", sh.EP, d.cfg, r)
+		t.Run(fmt.Sprintf("ep%d", sh.EP), func(t *testing.T) {
+			t.Parallel()
+			for _, d := range []*Host{{sms: 4}, WithConfig(Config{SMs: 4, Dispatch: Queue{Chunk: 1, Ring: 2}, Combine: Queue{Chunk: 2, Ring: 3}})} {
+				dx, dp, ranks := dt.Gradients(t, d, sh, 5, dt.Cancelling)
+				design := designSum(sh, ranks, func(rk *dispatchers.Rank, t, j, c int) float32 {
+					return kernels.RoundBF16(rk.DY[t*sh.Hidden+c] * rk.Probs[t*sh.TopK+j])
+				})
+				wx, wp := dt.WantGradients(ranks, sh)
+				for r := range ranks {
+					kernels.RoundBF16Slice(design[r])
+					if !reflect.DeepEqual(dx[r], design[r]) || !reflect.DeepEqual(dp[r], wp[r]) {
+						t.Fatalf("EP %d rings %+v: rank %d's gradients differ from the design's computed directly", sh.EP, d.cfg, r)
+					}
+					if sh.LocalExperts() == 1 && !reflect.DeepEqual(dx[r], wx[r]) {
+						t.Fatalf("EP %d, one expert per rank: rank %d's input gradient differs from alltoall's", sh.EP, r)
+					}
 				}
-				if sh.LocalExperts() == 1 && !reflect.DeepEqual(dx[r], wx[r]) {
-					t.Fatalf("EP %d, one expert per rank: rank %d's input gradient differs from alltoall's", sh.EP, r)
+				tr := d.Traffic()
+				if tr.CombineBackwardLogical != tr.CombineLogical || tr.DispatchBackwardLogical <= tr.CombineLogical {
+					t.Errorf("EP %d: backward bytes %+v: the forward's tokens the other way, the probability gradients with them", sh.EP, tr)
 				}
 			}
-			tr := d.Traffic()
-			if tr.CombineBackwardLogical != tr.CombineLogical || tr.DispatchBackwardLogical <= tr.CombineLogical {
-				t.Errorf("EP %d: backward bytes %+v: the forward's tokens the other way, the probability gradients with them", sh.EP, tr)
-			}
-		}
+		})
 	}
 }

@@ -316,6 +316,9 @@ func checkDevices(t *testing.T, devs []kernels.Device) {
 			if tc.ndev > len(devs) {
 				t.Skipf("needs %d devices", tc.ndev)
 			}
+			if _, emu := devs[0].(*kernels.Emu); !emu && tc.name != "ep2-one-token" && tc.name != "ep4-two-devices-shared" {
+				hostsim.SkipIfShort(t, "ep2-one-token and ep4-two-devices-shared")
+			}
 			start := time.Now()
 			cfg := Config{SMs: tc.sms, Dispatch: Queue{Chunk: 2, Ring: 5}, Combine: Queue{Chunk: 3, Ring: tc.warps*tc.sh.EP + 2},
 				Warps: tc.warps * tc.sh.EP, MinBlocks: 4}
@@ -328,7 +331,7 @@ func checkDevices(t *testing.T, devs []kernels.Device) {
 			}
 			want, ranks := hostRun(t, c, 7, tc.prob)
 			var got devResult
-			hostsim.Within(t, time.Minute, func() { got = runDevice(t, WithDeviceConfig(cfg), c, ranks, 2, true) })
+			hostsim.WithinNamed(t, time.Minute, "deepep's forward and backward on the fake GPUs", func() { got = runDevice(t, WithDeviceConfig(cfg), c, ranks, 2, true) })
 			if got.err != nil {
 				t.Fatal(got.err)
 			}
@@ -403,13 +406,16 @@ func checkBroken(t *testing.T, devs []kernels.Device) {
 		{4, []string{"timed out in phase dispatch-bwd (the combine kernel) at wait "}},
 	} {
 		t.Run(fmt.Sprint("bug", tc.bug), func(t *testing.T) {
+			if tc.bug == 1 || tc.bug == 4 {
+				hostsim.SkipIfShort(t, "bug2 (a kernel's timeout) and bug3 (the host's)")
+			}
 			c := devCase{sh: sh, cfg: cfg, devs: devs}
 			_, ranks := hostRun(t, c, 8, dt.Mild)
 			d := WithDeviceConfig(cfg)
 			d.bug, d.timeout = tc.bug, 1500*time.Millisecond // long enough for every good wait on a loaded machine
 			start := time.Now()
 			var got devResult
-			hostsim.Within(t, time.Minute, func() { got = runDevice(t, d, c, ranks, 1, tc.bug == 4) })
+			hostsim.WithinNamed(t, time.Minute, "the broken step to end by a timeout", func() { got = runDevice(t, d, c, ranks, 1, tc.bug == 4) })
 			var ce *kernels.CommError
 			var he *kernels.HostWaitError
 			switch {

@@ -262,6 +262,9 @@ func checkDevices(t *testing.T, devs func(n int) []kernels.Device, noBulk bool, 
 			if ds == nil {
 				t.Skipf("no %d devices here", tc.ndev)
 			}
+			if _, emu := ds[0].(*kernels.Emu); !emu && tc.name != "ep2-one-device" && tc.name != "ep2-two-domains" {
+				hostsim.SkipIfShort(t, "ep2-one-device and ep2-two-domains")
+			}
 			start := time.Now()
 			cfg := Config{SMs: 2, Domain: tc.domain, Chunk: 4}
 			var shared [][]float32
@@ -270,7 +273,7 @@ func checkDevices(t *testing.T, devs func(n int) []kernels.Device, noBulk bool, 
 			}
 			want, ranks := hostDesign(t, cfg, tc.sh, shared, tc.prob)
 			var got stepResult
-			hostsim.Within(t, 2*time.Minute, func() {
+			hostsim.WithinNamed(t, 2*time.Minute, "hybridep's forward and backward on the fake GPUs", func() {
 				got = runDevice(t, &Device{cfg: cfg, timeout: 10 * time.Second, noBulk: noBulk}, tc.sh, ds, ranks, shared, 2, true)
 			})
 			if got.err != nil {
@@ -359,6 +362,7 @@ func TestDeviceOnHostSim16Byte(t *testing.T) {
 // phase and the wait; the forward and the combine's backward ran (ranks
 // on the host simulation's two GPUs).
 func TestBrokenBackwardTimesOut(t *testing.T) {
+	hostsim.SkipIfShort(t, "deepep's TestBrokenProtocolTimesOut (a kernel's timeout named)")
 	gs := fakeGPUs(t)
 	sh := dispatchers.Shape{Tokens: 16, Hidden: 8, Experts: 8, TopK: 2, EP: 2}
 	cfg := Config{SMs: 1, Chunk: 4}
@@ -367,7 +371,7 @@ func TestBrokenBackwardTimesOut(t *testing.T) {
 	d.Break(BugBwdNoBarrier, 1)
 	start := time.Now()
 	var got stepResult
-	hostsim.Within(t, time.Minute, func() { got = runDevice(t, d, sh, gs, ranks, nil, 1, true) })
+	hostsim.WithinNamed(t, time.Minute, "the broken backward to end by a timeout", func() { got = runDevice(t, d, sh, gs, ranks, nil, 1, true) })
 	var ce *kernels.CommError
 	if !errors.As(got.err, &ce) || !ce.Records[0].TimedOut || ce.Records[0].Waited < d.timeout {
 		t.Fatalf("%v: want the kernels' timeout", got.err)

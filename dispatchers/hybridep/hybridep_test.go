@@ -28,64 +28,67 @@ func small(domain int) Config { return Config{SMs: 2, Domain: domain, Chunk: 3} 
 // bit for bit, in alltoall's order.
 func TestPlacement(t *testing.T) {
 	for _, lay := range layouts {
-		sh := dispatchers.Shape{Tokens: 11, Hidden: 8, Experts: 16, TopK: 5, EP: lay.ep}
-		ranks := dt.Tagged(sh, uint64(lay.ep*10+lay.domain))
-		h := WithConfig(small(lay.domain))
-		dt.Bind(t, h, sh, ranks)
-		if err := dt.Run(h, ranks, nil, "dispatch"); err != nil {
-			t.Fatal(err)
-		}
-		N, k, L, hd, D := sh.EP, sh.TopK, sh.LocalExperts(), sh.Hidden, h.D
-		perm := make([][]float32, N)
-		permP := make([][]float32, N)
-		segs := make([][]dispatchers.Segment, N)
-		for r, rk := range ranks {
-			perm[r], permP[r], segs[r] = slices.Clone(rk.ExpertX), slices.Clone(rk.ExpertProbs), slices.Clone(rk.Segments)
-			s, i := &h.st[r], 0
-			dom := r / D
-			for src, sr := range ranks {
-				for tok := range sh.Tokens {
-					on := false
-					for _, e := range sr.Idx[tok*k : (tok+1)*k] {
-						on = on || sh.Owner(e) == r
-					}
-					if !on {
-						continue
-					}
-					if i >= s.recv {
-						t.Fatalf("EP %d domain %d: rank %d received %d tokens, more are expected", N, D, r, s.recv)
-					}
-					if !slices.Equal(s.recvX[i*hd:(i+1)*hd], sr.X[tok*hd:(tok+1)*hd]) {
-						t.Fatalf("EP %d domain %d: rank %d row %d is (rank %v, token %v), want rank %d token %d", N, D, r, i, s.recvX[i*hd], s.recvX[i*hd+1], src, tok)
-					}
-					for e := range L * D { // the domain's experts' probabilities
-						want := float32(0)
-						for j, x := range sr.Idx[tok*k : (tok+1)*k] {
-							if int(x) == dom*L*D+e {
-								want = sr.Probs[tok*k+j]
+		t.Run(fmt.Sprintf("ep%d-domain%d", lay.ep, lay.domain), func(t *testing.T) {
+			t.Parallel()
+			sh := dispatchers.Shape{Tokens: 11, Hidden: 8, Experts: 16, TopK: 5, EP: lay.ep}
+			ranks := dt.Tagged(sh, uint64(lay.ep*10+lay.domain))
+			h := WithConfig(small(lay.domain))
+			dt.Bind(t, h, sh, ranks)
+			if err := dt.Run(h, ranks, nil, "dispatch"); err != nil {
+				t.Fatal(err)
+			}
+			N, k, L, hd, D := sh.EP, sh.TopK, sh.LocalExperts(), sh.Hidden, h.D
+			perm := make([][]float32, N)
+			permP := make([][]float32, N)
+			segs := make([][]dispatchers.Segment, N)
+			for r, rk := range ranks {
+				perm[r], permP[r], segs[r] = slices.Clone(rk.ExpertX), slices.Clone(rk.ExpertProbs), slices.Clone(rk.Segments)
+				s, i := &h.st[r], 0
+				dom := r / D
+				for src, sr := range ranks {
+					for tok := range sh.Tokens {
+						on := false
+						for _, e := range sr.Idx[tok*k : (tok+1)*k] {
+							on = on || sh.Owner(e) == r
+						}
+						if !on {
+							continue
+						}
+						if i >= s.recv {
+							t.Fatalf("EP %d domain %d: rank %d received %d tokens, more are expected", N, D, r, s.recv)
+						}
+						if !slices.Equal(s.recvX[i*hd:(i+1)*hd], sr.X[tok*hd:(tok+1)*hd]) {
+							t.Fatalf("EP %d domain %d: rank %d row %d is (rank %v, token %v), want rank %d token %d", N, D, r, i, s.recvX[i*hd], s.recvX[i*hd+1], src, tok)
+						}
+						for e := range L * D { // the domain's experts' probabilities
+							want := float32(0)
+							for j, x := range sr.Idx[tok*k : (tok+1)*k] {
+								if int(x) == dom*L*D+e {
+									want = sr.Probs[tok*k+j]
+								}
+							}
+							if got := s.recvP[i*L*D+e]; got != want {
+								t.Fatalf("EP %d domain %d: rank %d row %d: probability of domain expert %d is %v, want %v", N, D, r, i, e, got, want)
 							}
 						}
-						if got := s.recvP[i*L*D+e]; got != want {
-							t.Fatalf("EP %d domain %d: rank %d row %d: probability of domain expert %d is %v, want %v", N, D, r, i, e, got, want)
-						}
+						i++
 					}
-					i++
+				}
+				if i != s.recv {
+					t.Fatalf("EP %d domain %d: rank %d received %d tokens, want %d", N, D, r, s.recv, i)
 				}
 			}
-			if i != s.recv {
-				t.Fatalf("EP %d domain %d: rank %d received %d tokens, want %d", N, D, r, s.recv, i)
+			a, _ := alltoall.New(dispatchers.ImplNative, dispatchers.Env{Device: "host"})
+			dt.Bind(t, a, sh, ranks)
+			if err := dt.Run(a, ranks, nil, "dispatch"); err != nil {
+				t.Fatal(err)
 			}
-		}
-		a, _ := alltoall.New(dispatchers.ImplNative, dispatchers.Env{Device: "host"})
-		dt.Bind(t, a, sh, ranks)
-		if err := dt.Run(a, ranks, nil, "dispatch"); err != nil {
-			t.Fatal(err)
-		}
-		for r, rk := range ranks {
-			if !slices.Equal(perm[r], rk.ExpertX) || !slices.Equal(permP[r], rk.ExpertProbs) || !reflect.DeepEqual(segs[r], rk.Segments) {
-				t.Errorf("EP %d domain %d: rank %d's expert-major rows, probabilities or segments differ from alltoall's", N, D, r)
+			for r, rk := range ranks {
+				if !slices.Equal(perm[r], rk.ExpertX) || !slices.Equal(permP[r], rk.ExpertProbs) || !reflect.DeepEqual(segs[r], rk.Segments) {
+					t.Errorf("EP %d domain %d: rank %d's expert-major rows, probabilities or segments differ from alltoall's", N, D, r)
+				}
 			}
-		}
+		})
 	}
 }
 
@@ -151,52 +154,57 @@ func designSum(sh dispatchers.Shape, D int, ranks []*dispatchers.Rank, val func(
 // differs within a few bf16 roundings.
 func TestCombine(t *testing.T) {
 	for _, lay := range layouts {
-		for _, sh := range []dispatchers.Shape{
-			{Tokens: 13, Hidden: 8, Experts: 16, TopK: 6, EP: lay.ep},         // several experts a rank
-			{Tokens: 13, Hidden: 8, Experts: lay.ep, TopK: 3, EP: lay.ep},     // one expert a rank
-			{Tokens: 13, Hidden: 8, Experts: 2 * lay.ep, TopK: 2, EP: lay.ep}, // top-2
-		} {
-			sh.TopK = min(sh.TopK, sh.Experts)
-			name := fmt.Sprintf("EP %d domain %d, %d experts top-%d", lay.ep, lay.domain, sh.Experts, sh.TopK)
-			h := WithConfig(small(lay.domain))
-			got, ranks := dt.Outputs(t, h, sh, 3, dt.Cancelling)
-			if !reflect.DeepEqual(got, designSum(sh, h.D, ranks, nil)) {
-				t.Errorf("%s: output differs from the design's rounding computed directly", name)
-			}
-			def, _ := New(dispatchers.ImplNative, dispatchers.Env{Device: "host", Domain: lay.domain})
-			if d, _ := dt.Outputs(t, def, sh, 3, dt.Cancelling); !reflect.DeepEqual(d, got) {
-				t.Errorf("%s: HybridEP's chunks and budget give another output than small ones", name)
-			}
-			a, _ := alltoall.New(dispatchers.ImplNative, dispatchers.Env{Device: "host"})
-			want, _ := dt.Outputs(t, a, sh, 3, dt.Cancelling)
-			exact := sh.LocalExperts() == 1 && lay.domain == lay.ep
-			differs := false
-			for r := range want {
-				for i, v := range got[r] {
-					switch w := want[r][i]; {
-					case exact && v != w:
-						t.Fatalf("%s: rank %d value %d: %v, alltoall %v", name, r, i, v, w)
-					case sh.TopK == 2 && kernels.RoundBF16(v) != kernels.RoundBF16(w):
-						t.Fatalf("%s: rank %d value %d: bf16 %v, alltoall's %v", name, r, i, kernels.RoundBF16(v), kernels.RoundBF16(w))
+		t.Run(fmt.Sprintf("ep%d-domain%d", lay.ep, lay.domain), func(t *testing.T) {
+			t.Parallel()
+			for _, sh := range []dispatchers.Shape{
+				{Tokens: 13, Hidden: 8, Experts: 16, TopK: 6, EP: lay.ep},         // several experts a rank
+				{Tokens: 13, Hidden: 8, Experts: lay.ep, TopK: 3, EP: lay.ep},     // one expert a rank
+				{Tokens: 13, Hidden: 8, Experts: 2 * lay.ep, TopK: 2, EP: lay.ep}, // top-2
+			} {
+				t.Run(fmt.Sprintf("e%d-top%d", sh.Experts, sh.TopK), func(t *testing.T) {
+					sh.TopK = min(sh.TopK, sh.Experts)
+					name := fmt.Sprintf("EP %d domain %d, %d experts top-%d", lay.ep, lay.domain, sh.Experts, sh.TopK)
+					h := WithConfig(small(lay.domain))
+					got, ranks := dt.Outputs(t, h, sh, 3, dt.Cancelling)
+					if !reflect.DeepEqual(got, designSum(sh, h.D, ranks, nil)) {
+						t.Errorf("%s: output differs from the design's rounding computed directly", name)
 					}
-					differs = differs || v != want[r][i]
-				}
+					def, _ := New(dispatchers.ImplNative, dispatchers.Env{Device: "host", Domain: lay.domain})
+					if d, _ := dt.Outputs(t, def, sh, 3, dt.Cancelling); !reflect.DeepEqual(d, got) {
+						t.Errorf("%s: HybridEP's chunks and budget give another output than small ones", name)
+					}
+					a, _ := alltoall.New(dispatchers.ImplNative, dispatchers.Env{Device: "host"})
+					want, _ := dt.Outputs(t, a, sh, 3, dt.Cancelling)
+					exact := sh.LocalExperts() == 1 && lay.domain == lay.ep
+					differs := false
+					for r := range want {
+						for i, v := range got[r] {
+							switch w := want[r][i]; {
+							case exact && v != w:
+								t.Fatalf("%s: rank %d value %d: %v, alltoall %v", name, r, i, v, w)
+							case sh.TopK == 2 && kernels.RoundBF16(v) != kernels.RoundBF16(w):
+								t.Fatalf("%s: rank %d value %d: bf16 %v, alltoall's %v", name, r, i, kernels.RoundBF16(v), kernels.RoundBF16(w))
+							}
+							differs = differs || v != want[r][i]
+						}
+					}
+					if sh.TopK == 6 && !differs {
+						t.Errorf("%s: no difference from alltoall; the cancelling probabilities should show the bf16 partial sums", name)
+					}
+					got, _ = dt.Outputs(t, h, sh, 3, dt.Mild)
+					want, _ = dt.Outputs(t, a, sh, 3, dt.Mild)
+					worst := 0.0
+					for r := range want {
+						for i, v := range got[r] {
+							worst = max(worst, float64(abs(v-want[r][i])/max(abs(want[r][i]), 1)))
+						}
+					}
+					if worst > float64(sh.TopK)/256 {
+						t.Errorf("%s: largest difference from alltoall %g; want within %d bf16 roundings", name, worst, sh.TopK)
+					}
+				})
 			}
-			if sh.TopK == 6 && !differs {
-				t.Errorf("%s: no difference from alltoall; the cancelling probabilities should show the bf16 partial sums", name)
-			}
-			got, _ = dt.Outputs(t, h, sh, 3, dt.Mild)
-			want, _ = dt.Outputs(t, a, sh, 3, dt.Mild)
-			worst := 0.0
-			for r := range want {
-				for i, v := range got[r] {
-					worst = max(worst, float64(abs(v-want[r][i])/max(abs(want[r][i]), 1)))
-				}
-			}
-			if worst > float64(sh.TopK)/256 {
-				t.Errorf("%s: largest difference from alltoall %g; want within %d bf16 roundings", name, worst, sh.TopK)
-			}
-		}
+		})
 	}
 }
 
@@ -447,33 +455,38 @@ func TestNextStepSeesNewData(t *testing.T) {
 // probability gradients come back exactly.
 func TestBackward(t *testing.T) {
 	for _, lay := range layouts {
-		for _, sh := range []dispatchers.Shape{
-			{Tokens: 13, Hidden: 8, Experts: 16, TopK: 6, EP: lay.ep},
-			{Tokens: 13, Hidden: 8, Experts: lay.ep, TopK: 3, EP: lay.ep},
-		} {
-			sh.TopK = min(sh.TopK, sh.Experts)
-			def, _ := New(dispatchers.ImplNative, dispatchers.Env{Device: "host", Domain: lay.domain})
-			for _, h := range []*Host{WithConfig(small(lay.domain)), def.(*Host)} {
-				name := fmt.Sprintf("EP %d domain %d, %d experts top-%d, %+v", lay.ep, lay.domain, sh.Experts, sh.TopK, h.cfg)
-				dx, dp, ranks := dt.Gradients(t, h, sh, 6, dt.Cancelling)
-				design := designSum(sh, h.D, ranks, func(rk *dispatchers.Rank, t, j, c int) float32 {
-					return kernels.RoundBF16(rk.DY[t*sh.Hidden+c] * rk.Probs[t*sh.TopK+j])
+		t.Run(fmt.Sprintf("ep%d-domain%d", lay.ep, lay.domain), func(t *testing.T) {
+			t.Parallel()
+			for _, sh := range []dispatchers.Shape{
+				{Tokens: 13, Hidden: 8, Experts: 16, TopK: 6, EP: lay.ep},
+				{Tokens: 13, Hidden: 8, Experts: lay.ep, TopK: 3, EP: lay.ep},
+			} {
+				t.Run(fmt.Sprintf("e%d-top%d", sh.Experts, sh.TopK), func(t *testing.T) {
+					sh.TopK = min(sh.TopK, sh.Experts)
+					def, _ := New(dispatchers.ImplNative, dispatchers.Env{Device: "host", Domain: lay.domain})
+					for _, h := range []*Host{WithConfig(small(lay.domain)), def.(*Host)} {
+						name := fmt.Sprintf("EP %d domain %d, %d experts top-%d, %+v", lay.ep, lay.domain, sh.Experts, sh.TopK, h.cfg)
+						dx, dp, ranks := dt.Gradients(t, h, sh, 6, dt.Cancelling)
+						design := designSum(sh, h.D, ranks, func(rk *dispatchers.Rank, t, j, c int) float32 {
+							return kernels.RoundBF16(rk.DY[t*sh.Hidden+c] * rk.Probs[t*sh.TopK+j])
+						})
+						wx, wp := dt.WantGradients(ranks, sh)
+						for r := range ranks {
+							kernels.RoundBF16Slice(design[r])
+							if !reflect.DeepEqual(dx[r], design[r]) || !reflect.DeepEqual(dp[r], wp[r]) {
+								t.Fatalf("%s: rank %d's gradients differ from the design's computed directly", name, r)
+							}
+							if sh.LocalExperts() == 1 && lay.domain == lay.ep && !reflect.DeepEqual(dx[r], wx[r]) {
+								t.Fatalf("%s: rank %d's input gradient differs from alltoall's", name, r)
+							}
+						}
+						tr := h.Traffic()
+						if tr.CombineBackwardLogical != tr.DispatchAlgorithm || tr.DispatchBackwardOffRank == 0 || (tr.CombineBackwardOffRank == 0) != (lay.ep == 1) {
+							t.Errorf("%s: backward bytes %+v", name, tr)
+						}
+					}
 				})
-				wx, wp := dt.WantGradients(ranks, sh)
-				for r := range ranks {
-					kernels.RoundBF16Slice(design[r])
-					if !reflect.DeepEqual(dx[r], design[r]) || !reflect.DeepEqual(dp[r], wp[r]) {
-						t.Fatalf("%s: rank %d's gradients differ from the design's computed directly", name, r)
-					}
-					if sh.LocalExperts() == 1 && lay.domain == lay.ep && !reflect.DeepEqual(dx[r], wx[r]) {
-						t.Fatalf("%s: rank %d's input gradient differs from alltoall's", name, r)
-					}
-				}
-				tr := h.Traffic()
-				if tr.CombineBackwardLogical != tr.DispatchAlgorithm || tr.DispatchBackwardOffRank == 0 || (tr.CombineBackwardOffRank == 0) != (lay.ep == 1) {
-					t.Errorf("%s: backward bytes %+v", name, tr)
-				}
 			}
-		}
+		})
 	}
 }

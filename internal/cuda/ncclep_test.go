@@ -184,7 +184,10 @@ func TestNCCLEPCollectiveRule(t *testing.T) {
 func TestNCCLEPAcrossProcesses(t *testing.T) {
 	t.Setenv("FAKENCCL_NET", "1")
 	t.Setenv("FAKENCCL_TIMEOUT_S", "120")
-	t.Run("collective-rule", TestNCCLEPCollectiveRule)
+	t.Run("collective-rule", func(t *testing.T) {
+		hostsim.SkipIfShort(t, "TestNCCLEPCollectiveRule in one process")
+		TestNCCLEPCollectiveRule(t)
+	})
 	for _, c := range []struct {
 		name string
 		skip func(g int, call string) bool // rank g does not make call
@@ -199,6 +202,9 @@ func TestNCCLEPAcrossProcesses(t *testing.T) {
 		{"all-call", func(int, string) bool { return false }, ""},
 	} {
 		t.Run(c.name, func(t *testing.T) {
+			if c.name == "no-group" || c.name == "no-dispatch" {
+				hostsim.SkipIfShort(t, "TestNCCLEPCollectiveRule's in one process, and another-call")
+			}
 			r := newEPRig(t)
 			var errs [2]error
 			took := time.Now()
@@ -268,20 +274,25 @@ func TestNCCLEPAcrossProcesses(t *testing.T) {
 // process and across processes (FAKENCCL_NET).
 func TestNCCLEPGroupAlike(t *testing.T) {
 	for _, net := range []string{"", "1"} {
-		t.Setenv("FAKENCCL_NET", net)
-		r := newEPRig(t)
-		errs := r.ranks(func(g int) error {
-			c := r.config(2 * epTokens * epTopK)
-			c.MaxTokens += g
-			_, err := r.e.CreateGroup(r.comm[g], c)
-			return err
-		})
-		for g, err := range errs {
-			var ne *NCCLError
-			if !errors.As(err, &ne) || ne.Call != "ncclEpCreateGroup" || ne.Name != "ncclInvalidUsage" {
-				t.Errorf("net %q: rank %d: %v", net, g, err)
+		t.Run(map[string]string{"": "one-process", "1": "across-processes"}[net], func(t *testing.T) {
+			if net != "" {
+				hostsim.SkipIfShort(t, "one-process, and TestNCCLEPAcrossProcesses/all-call")
 			}
-		}
+			t.Setenv("FAKENCCL_NET", net)
+			r := newEPRig(t)
+			errs := r.ranks(func(g int) error {
+				c := r.config(2 * epTokens * epTopK)
+				c.MaxTokens += g
+				_, err := r.e.CreateGroup(r.comm[g], c)
+				return err
+			})
+			for g, err := range errs {
+				var ne *NCCLError
+				if !errors.As(err, &ne) || ne.Call != "ncclEpCreateGroup" || ne.Name != "ncclInvalidUsage" {
+					t.Errorf("net %q: rank %d: %v", net, g, err)
+				}
+			}
+		})
 	}
 }
 
@@ -291,27 +302,32 @@ func TestNCCLEPGroupAlike(t *testing.T) {
 // is ncclInvalidUsage, in one process and across processes.
 func TestNCCLEPCommOutlivesGroup(t *testing.T) {
 	for _, net := range []string{"", "1"} {
-		t.Setenv("FAKENCCL_NET", net)
-		r := newEPRig(t)
-		errs := r.ranks(func(g int) error {
-			grp, err := r.e.CreateGroup(r.comm[g], r.config(2*epTokens*epTopK))
-			if err != nil {
-				return err
+		t.Run(map[string]string{"": "one-process", "1": "across-processes"}[net], func(t *testing.T) {
+			if net != "" {
+				hostsim.SkipIfShort(t, "one-process, and TestNCCLEPAcrossProcesses/all-call")
 			}
-			h, err := r.e.InitHandle(grp, epTopK)
-			if err != nil {
-				return err
+			t.Setenv("FAKENCCL_NET", net)
+			r := newEPRig(t)
+			errs := r.ranks(func(g int) error {
+				grp, err := r.e.CreateGroup(r.comm[g], r.config(2*epTokens*epTopK))
+				if err != nil {
+					return err
+				}
+				h, err := r.e.InitHandle(grp, epTopK)
+				if err != nil {
+					return err
+				}
+				if err := r.e.NCCL.Destroy(r.comm[g]); err != nil {
+					return err
+				}
+				return errors.Join(r.e.DestroyHandle(h), r.e.DestroyGroup(grp))
+			})
+			for g, err := range errs {
+				if err == nil || !strings.Contains(err.Error(), "ncclEpHandleDestroy: ncclInvalidUsage") || !strings.Contains(err.Error(), "ncclEpGroupDestroy: ncclInvalidUsage") {
+					t.Errorf("net %q: rank %d: %v", net, g, err)
+				}
 			}
-			if err := r.e.NCCL.Destroy(r.comm[g]); err != nil {
-				return err
-			}
-			return errors.Join(r.e.DestroyHandle(h), r.e.DestroyGroup(grp))
 		})
-		for g, err := range errs {
-			if err == nil || !strings.Contains(err.Error(), "ncclEpHandleDestroy: ncclInvalidUsage") || !strings.Contains(err.Error(), "ncclEpGroupDestroy: ncclInvalidUsage") {
-				t.Errorf("net %q: rank %d: %v", net, g, err)
-			}
-		}
 	}
 }
 
@@ -406,6 +422,7 @@ func TestNCCLEPBackward(t *testing.T) {
 	for _, net := range []bool{false, true} {
 		t.Run(map[bool]string{false: "one-process", true: "across-processes"}[net], func(t *testing.T) {
 			if net {
+				hostsim.SkipIfShort(t, "one-process, and TestNCCLEPAcrossProcesses/all-call")
 				t.Setenv("FAKENCCL_NET", "1")
 				t.Setenv("FAKENCCL_TIMEOUT_S", "120")
 			}
