@@ -766,6 +766,9 @@ func TestInflightCompiled(t *testing.T) {
 // checks the targets against belowTarget, and requires inflight.json to
 // be what the cubins give (MOEBENCH_UPDATE_INFLIGHT=1 rewrites it).
 func TestInflightTable(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow (the cubins compiled again), skipped under -short; TestInflightAnalysis and TestInflightREADME still run")
+	}
 	tool := cuobjdump(t)
 	if tool == "" {
 		t.Skip("no cuobjdump")

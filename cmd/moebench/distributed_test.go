@@ -1054,6 +1054,7 @@ func TestDistributedRendezvous(t *testing.T) {
 		}
 	})
 	t.Run("nothing-left", func(t *testing.T) {
+		hostsim.SkipIfShort(t, "TestDistributedRendezvous/existing-results-file, differ/seed and rank-without-world")
 		os.Remove(out)
 		dir := t.TempDir()
 		ps := launchProcs(t, 2, args(filepath.Join(dir, "rv"))...)
@@ -1081,6 +1082,9 @@ func TestDistributedRendezvous(t *testing.T) {
 		{name: "world", world: "4", want: []string{"MOEBENCH_WORLD differs: process 0 has 2, process 1 has 4"}},
 	} {
 		t.Run("differ/"+c.name, func(t *testing.T) {
+			if c.name != "seed" {
+				hostsim.SkipIfShort(t, "TestDistributedRendezvous/existing-results-file, differ/seed and rank-without-world")
+			}
 			os.Remove(out)
 			rv := filepath.Join(t.TempDir(), "rv")
 			start := time.Now()
@@ -1113,6 +1117,7 @@ func TestDistributedRendezvous(t *testing.T) {
 		})
 	}
 	t.Run("differ/sweep", func(t *testing.T) { // a sweep refuses the same way, exit 2, before its first point
+		hostsim.SkipIfShort(t, "TestDistributedRendezvous/existing-results-file, differ/seed and rank-without-world")
 		os.Remove(out)
 		rv := filepath.Join(t.TempDir(), "rv")
 		sweep := append([]string{"sweep"}, slices.Clone(small)...)
@@ -1133,6 +1138,7 @@ func TestDistributedRendezvous(t *testing.T) {
 		}
 	})
 	t.Run("differ-over-nccl", func(t *testing.T) { // NCCL_COMM_ID alone: compared over the communicator
+		hostsim.SkipIfShort(t, "TestDistributedRendezvous/existing-results-file, differ/seed and rank-without-world")
 		os.Remove(out)
 		l, err := net.Listen("tcp", "127.0.0.1:0") // a free port for NCCL's bootstrap root
 		if err != nil {
@@ -1161,6 +1167,7 @@ func TestDistributedRendezvous(t *testing.T) {
 		t.Logf("%s", ps[0].stderr.String())
 	})
 	t.Run("never-started", func(t *testing.T) {
+		hostsim.SkipIfShort(t, "TestDistributedRendezvous/existing-results-file, differ/seed and rank-without-world")
 		os.Remove(out)
 		rv := filepath.Join(t.TempDir(), "rv")
 		start := time.Now()

@@ -196,6 +196,7 @@ func summaryLine(out, name string) string {
 // checked), bench dispatch's and bench kernels' results (with their
 // ceilings), the report and the summary, and no kernel cache.
 func TestGPUCheckQuick(t *testing.T) {
+	hostsim.SkipIfShort(t, "TestGPUCheckQuickDeadline (quick's budget, with a step that hangs) and TestBuildGPUBins")
 	t.Setenv("FAKECUDA_SMS", "32")
 	comp := hostsim.Setup(t)
 	// the kernels compiled first, into the kernel cache the check's runs
@@ -307,6 +308,7 @@ func TestGPUCheckQuick(t *testing.T) {
 // skipped, saying why; the whole stays within the budget, and the archive,
 // with the summary, is written all the same.
 func TestGPUCheckQuickDeadline(t *testing.T) {
+	hostsim.SkipIfShort(t, "TestBuildGPUBins (the binaries quick carries)")
 	dir := t.TempDir()
 	mb := filepath.Join(dir, "moebench")
 	os.WriteFile(mb, []byte("#!/bin/sh\n[ \"$1\" = doctor ] && { echo 'driver (libcuda)  found  a fake'; exit 0; }\ntrap '' TERM\nexec sleep 600\n"), 0o755)

@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"errors"
+	"github.com/moebench/moebench/internal/hostsim"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -19,6 +20,7 @@ import (
 // record in --out marked interrupted that holds the steps timed so far;
 // the file still reads, and 'moebench report' reads it.
 func TestInterruptKeepsWhatWasMeasured(t *testing.T) {
+	hostsim.SkipIfShort(t, "the harness's TestDeviceInterrupt and TestInterruptBeforeTheSteps")
 	for _, sig := range []syscall.Signal{syscall.SIGINT, syscall.SIGTERM} {
 		out := filepath.Join(t.TempDir(), "r.jsonl")
 		const iters = 100000
