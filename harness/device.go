@@ -1212,7 +1212,7 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 		steps := make([][]float64, cfg.EP) // not kept
 		rb.Pause(true)
 		if _, err := iterate(cfg.Warmup, cfg.Iters, pausedEnd, func(i int) error {
-			if err := env.Interrupt.interrupted("before the paused " + stepStage(i, cfg)); err != nil {
+			if err := env.Interrupt.beforeStep("the paused ", i, cfg); err != nil {
 				return err
 			}
 			if err := dl.setRouting(cfg.Warmup + i + 1); err != nil { // the same routing as the timed step i
@@ -1236,7 +1236,7 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 	}
 	var tm *telemetry
 	done, err := iterate(cfg.Warmup, cfg.Iters, end, func(i int) error {
-		if err := env.Interrupt.interrupted("before " + stepStage(i, cfg)); err != nil {
+		if err := env.Interrupt.beforeStep("", i, cfg); err != nil {
 			return err
 		}
 		if i == 0 {

@@ -57,6 +57,16 @@ func (i *Interrupt) interrupted(while string) error {
 	return nil
 }
 
+// beforeStep is interrupted before step i of cfg's loop (kind: "" or
+// "the paused "), its stage named only once i has fired: the timed loop
+// builds no string per step.
+func (i *Interrupt) beforeStep(kind string, step int, cfg Config) error {
+	if i.Why() == "" {
+		return nil
+	}
+	return i.interrupted("before " + kind + stepStage(step, cfg))
+}
+
 // interruptedRecord marks rec interrupted by err: failed, nothing timed.
 func interruptedRecord(rec *results.Record, err error) (*results.Record, error) {
 	var ie *InterruptedError

@@ -192,7 +192,7 @@ func Run(cfg Config, env Env) (*results.Record, error) {
 		samples = m.paused
 		rb.Pause(true)
 		if _, err := iterate(cfg.Warmup, cfg.Iters, pausedEnd, func(i int) error {
-			if err := env.Interrupt.interrupted("before the paused " + stepStage(i, cfg)); err != nil {
+			if err := env.Interrupt.beforeStep("the paused ", i, cfg); err != nil {
 				return err
 			}
 			iter = i
@@ -211,7 +211,7 @@ func Run(cfg Config, env Env) (*results.Record, error) {
 		samples = m.samples
 	}
 	done, err := iterate(cfg.Warmup, cfg.Iters, end, func(i int) error {
-		if err := env.Interrupt.interrupted("before " + stepStage(i, cfg)); err != nil {
+		if err := env.Interrupt.beforeStep("", i, cfg); err != nil {
 			return err
 		}
 		iter = i
