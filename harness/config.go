@@ -211,8 +211,8 @@ func (c Config) Validate() error {
 		return &ConfigError{"topk-scale", c.TopKScale, "must be in (0, 1e6]"}
 	case c.Domain < 0 || (c.Domain > 0 && c.EP%c.Domain != 0):
 		return &ConfigError{"domain", c.Domain, fmt.Sprintf("must divide --ep (%d); 0 = all ranks in one domain", c.EP)}
-	case c.FeplbDyn < 0 || c.FeplbDyn > maxDim:
-		return &ConfigError{"feplb-dynamic", c.FeplbDyn, fmt.Sprintf("must be in [0, %d] (0: fitted to the layer)", maxDim)}
+	case c.FeplbDyn < 0 || c.FeplbDyn > c.Experts:
+		return &ConfigError{"feplb-dynamic", c.FeplbDyn, fmt.Sprintf("must be in [0, --experts=%d] (0: fitted to the layer)", c.Experts)}
 	case c.FeplbBase == "feplb" || !slices.Contains(dispatchers.Names(), c.FeplbBase):
 		others := slices.DeleteFunc(dispatchers.Names(), func(n string) bool { return n == "feplb" })
 		return &ConfigError{"feplb-base", c.FeplbBase, "the dispatcher of feplb's phase 1; allowed: " + strings.Join(others, ", ")}

@@ -62,9 +62,6 @@ func settingsOf(cfg Config, version string) []launch.Setting {
 				panic(fmt.Sprintf("harness: Config.%s has no flag in settingFlags: every setting is compared between a run's processes", f.Name))
 			}
 			val := fmt.Sprint(v.Field(i).Interface())
-			if r, ok := v.Field(i).Interface().(Routing); ok {
-				val = r.String()
-			}
 			switch f.Name { // --check sets both: compared once, as the flag's word
 			case "CheckAll":
 				continue

@@ -156,14 +156,3 @@ func checkBounds(fs *pflag.FlagSet, bounds map[string]bound) error {
 	}
 	return nil
 }
-
-// configBounds refuses what Validate lets through of the counts given in
-// fs, bounded by other settings of c: feplb's dynamic experts per rank
-// beyond the experts (the default, capped to a rank's experts less one,
-// stays valid for small layers).
-func configBounds(fs *pflag.FlagSet, c harness.Config) error {
-	if fs.Changed("feplb-dynamic") && c.FeplbDyn > c.Experts {
-		return &harness.ConfigError{Flag: "feplb-dynamic", Value: c.FeplbDyn, Allowed: fmt.Sprintf("must be in [0, --experts=%d] (0: fitted to the layer)", c.Experts)}
-	}
-	return nil
-}

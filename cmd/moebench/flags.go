@@ -206,9 +206,6 @@ func (o *options) config(fs *pflag.FlagSet) (harness.Config, error) {
 	if err := c.Validate(); err != nil {
 		return c, err
 	}
-	if err := configBounds(fs, c); err != nil {
-		return c, err
-	}
 	if r.Kind == harness.RoutingTrace {
 		if _, err := harness.ReadTrace(r.File, c.Experts, c.TopK); err != nil {
 			return c, &harness.ConfigError{Flag: "routing", Value: o.routing, Allowed: err.Error()}

@@ -50,6 +50,10 @@ type stragglerArgs struct {
 }
 
 // stragglerFlags defines straggler's flags on a.
+// maxSteps and maxCells bound straggler's simulated steps, and the cells
+// (experts × ranks, steps × experts, redundant slots × ranks) it keeps.
+const maxSteps, maxCells = 1_000_000, 1 << 26
+
 func stragglerFlags(a *stragglerArgs) *pflag.FlagSet {
 	a.o = balance.DefaultOptions
 	o := &a.o
@@ -266,7 +270,7 @@ func straggler(args []string, stdout, stderr io.Writer) int {
 // the simulation can hold in memory (the steps' expert loads, per-rank
 // tables of the experts) or count in int.
 func stragglerBounds(ep, experts, tokens, hidden, ffn, steps int) error {
-	const maxDim, maxSteps, maxCells = 1 << 20, 1_000_000, 1 << 26
+	const maxDim = 1 << 20
 	for _, c := range []struct {
 		flag   string
 		v, max int
@@ -294,7 +298,7 @@ func stragglerBounds(ep, experts, tokens, hidden, ffn, steps int) error {
 // many as there are, and EPLB's slots within the simulation's table
 // bound), intervals up to the most steps, τ up to 2^30 tokens.
 func policyBounds(ep, experts int) map[string]bound {
-	const maxSteps, maxCells, maxTau = 1_000_000, 1 << 26, 1 << 30
+	const maxTau = 1 << 30
 	tau := bound{1, maxTau, "the fewest tokens worth moving"}
 	return map[string]bound{
 		"eplb-redundant":  {0, min(experts, maxCells/ep), fmt.Sprintf("at most --experts, and slots × --ep ≤ %d", maxCells)},
