@@ -163,10 +163,11 @@ func (b *DispatchBench) points(cfg Config, names []string, sms []int, point func
 		if _, smDriven := dispatchers.SMBudgetOf(name, cfg.Impl); !smDriven {
 			budgets = []int{0}
 		}
+		pred := predicted(name, cfg.Impl) // the embedded table, read once a design
 		for _, n := range budgets {
 			c := cfg
 			c.Dispatcher, c.SMs = name, n
-			p := DispatchPoint{Dispatcher: c.Dispatcher, Impl: c.Impl, SMs: c.SMs, Status: results.StatusFailed, Predicted: predicted(c.Dispatcher, c.Impl)}
+			p := DispatchPoint{Dispatcher: c.Dispatcher, Impl: c.Impl, SMs: c.SMs, Status: results.StatusFailed, Predicted: pred}
 			var err error
 			if bg, ok := dispatchers.SMBudgetOf(c.Dispatcher, c.Impl); ok {
 				if err = bg.Check(c.SMs); err != nil {

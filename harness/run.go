@@ -170,20 +170,21 @@ func Run(cfg Config, env Env) (*results.Record, error) {
 	}
 	m.samples = m.newSamples(cfg.EP)
 	samples, iter := m.samples, -1 // samples[phase][rank][iter] in milliseconds
+	work, stepWork := map[string]float64{}, 0.0 // each phase's share of a step, for the progress line
+	for _, ph := range m.phases {
+		work[ph] = phaseWork(cfg, ph)
+		stepWork += work[ph] * float64(cfg.EP)
+	}
 	timed := func(ph string, r int, fn func() error) error {
 		t0 := time.Now()
 		err := fn()
 		if iter >= 0 {
 			samples[ph][r] = append(samples[ph][r], float64(time.Since(t0).Nanoseconds())/1e6)
 		}
-		prog.stepAdd(phaseWork(cfg, ph))
+		prog.stepAdd(work[ph])
 		return err
 	}
 	rb, rebalances := d.(dispatchers.Rebalancer)
-	stepWork := 0.0
-	for _, ph := range m.phases {
-		stepWork += phaseWork(cfg, ph) * float64(cfg.EP)
-	}
 	prog.stepping(stepWork)
 	pausedEnd, end := cfg.deadlines(rebalances)
 	if rebalances { // after the warm-up, the paused steps (see measured.paused)

@@ -198,10 +198,10 @@ func (c *CUDA) LaunchResident(col *Collective, grid int, s Stream, args ...any) 
 	return nil
 }
 
-// heldKey names a program's resident launch shape: its kernel, threads
-// and own dynamic shared memory.
+// heldKey names a program's resident launch shape: its loaded function
+// (one per kernel and compile), threads and own dynamic shared memory.
 type heldKey struct {
-	key           string
+	f             cuda.Function
 	block, shared int
 }
 
@@ -214,7 +214,7 @@ type heldKey struct {
 // block — exceeds the SM's, and cuOccupancyMaxActiveBlocksPerMultiprocessor
 // must then say 1.
 func (c *CUDA) holdSM(p *Program, f cuda.Function) (shared, per int, err error) {
-	k := heldKey{p.key(), p.Block, p.Shared}
+	k := heldKey{f, p.Block, p.Shared} // not p.key(): program(p) built it already, every launch
 	if s, ok := c.held[k]; ok {
 		return s, 1, nil
 	}
