@@ -64,6 +64,15 @@ func phaseWork(c Config, name string) float64 {
 	return T * k * h
 }
 
+// countedPhases runs an untimed step's phases, each adding its work to the
+// progress line (the check's step and backward).
+func (l *Layer) countedPhases() func(string, int, func() error) error {
+	return func(name string, _ int, fn func() error) error {
+		defer l.Cfg.prog.add(phaseWork(l.Cfg, name))
+		return fn()
+	}
+}
+
 // stepsWork is phaseWork summed over steps and ranks.
 func stepsWork(c Config, steps []dispatchers.Step, ranks int) float64 {
 	w := 0.0
@@ -82,10 +91,7 @@ func Check(l *Layer, d dispatchers.Dispatcher, fresh func() (dispatchers.Dispatc
 		poison(rk.ExpertY)
 	}
 	prog := l.Cfg.prog
-	counted := func(name string, _ int, fn func() error) error {
-		defer prog.add(phaseWork(l.Cfg, name))
-		return fn()
-	}
+	counted := l.countedPhases()
 	prog.work(checkStep, stepsWork(l.Cfg, l.steps(d), len(l.Ranks)))
 	if err := l.Step(d, counted); err != nil {
 		return nil, err

@@ -39,10 +39,7 @@ const sampleGradNote = "on the check's sample of tokens: the check's upstream gr
 func checkGrads(c *results.Correctness, l *Layer, d dispatchers.Dispatcher, sample [][]int) error {
 	poisonGrads(l)
 	prog := l.Cfg.prog
-	timer := func(name string, _ int, fn func() error) error {
-		defer prog.add(phaseWork(l.Cfg, name))
-		return fn()
-	}
+	timer := l.countedPhases()
 	if sample != nil {
 		drawn := l.DOut
 		defer func() { l.DOut = drawn }()

@@ -169,7 +169,7 @@ func Run(cfg Config, env Env) (*results.Record, error) {
 		m.model += "; fwd and bwd are the sums of their passes' phases, step = fwd + bwd"
 	}
 	m.samples = m.newSamples(cfg.EP)
-	samples, iter := m.samples, -1 // samples[phase][rank][iter] in milliseconds
+	samples, iter := m.samples, -1              // samples[phase][rank][iter] in milliseconds
 	work, stepWork := map[string]float64{}, 0.0 // each phase's share of a step, for the progress line
 	for _, ph := range m.phases {
 		work[ph] = phaseWork(cfg, ph)
