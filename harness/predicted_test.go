@@ -25,11 +25,14 @@ func TestBenchDispatchPredicts(t *testing.T) {
 		t.Errorf("alltoall: predicted %+v", b.Points[0].Predicted)
 	}
 	for _, p := range b.Points[1:] {
-		d, cb, path, _ := kernels.DispatcherKernels(p.Dispatcher)
-		kd, _ := tab.Kernel(d, path)
-		kc, _ := tab.Kernel(cb, path)
+		d, cb, path, ok := kernels.DispatcherKernels(p.Dispatcher)
+		kd, okd := tab.Kernel(d, path)
+		kc, okc := tab.Kernel(cb, path)
+		if !ok || !okd || !okc {
+			t.Fatalf("%s: its kernels (%s, %s, %s) are not all in the table", p.Dispatcher, d, cb, path)
+		}
 		q := p.Predicted
-		if q == nil || q.DispatchGBpsPerSM != kd.CeilingGBpsPerSM || q.CombineGBpsPerSM != kc.CeilingGBpsPerSM || q.DispatchGBpsPerSM <= 0 || q.Source != tab.Source {
+		if q == nil || q.DispatchGBpsPerSM != kd.CeilingGBpsPerSM || q.CombineGBpsPerSM != kc.CeilingGBpsPerSM || q.DispatchGBpsPerSM <= 0 || q.CombineGBpsPerSM <= 0 || q.Source != tab.Source {
 			t.Errorf("%s: predicted %+v, want %s's %v and %s's %v GB/s per SM", p.Dispatcher, q, d, kd.CeilingGBpsPerSM, cb, kc.CeilingGBpsPerSM)
 		}
 	}

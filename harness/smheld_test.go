@@ -27,12 +27,18 @@ func TestSMsHeldPacked(t *testing.T) {
 			}
 			for _, sms := range []int{16, 0} {
 				rec, err := Run(cfg(sms), Env{Version: "test", OpenDevices: emus(1)})
+				if rec == nil {
+					t.Fatalf("--sms %d: no record: %v", sms, err)
+				}
 				if err != nil || rec.Status != results.StatusOK || rec.SMs.Configured != sms || rec.SMs.Budget != 16 || rec.SMs.Held != 16 ||
 					!strings.Contains(rec.SMs.HeldNote, "8 ranks packed on a GPU hold 128 of its 132 SMs") {
 					t.Fatalf("--sms %d: %v; status %s (%s), SMs %+v", sms, err, rec.Status, rec.Reason, rec.SMs)
 				}
 			}
 			rec, err := Run(cfg(24), Env{Version: "test", OpenDevices: emus(1)})
+			if rec == nil {
+				t.Fatalf("--sms 24: no record: %v", err)
+			}
 			if want := "--sms 24: a rank's budget is at most 16: the GPU's 132 SMs ÷ its 8 rank(s)"; rec == nil || rec.Status != results.StatusUnavailable || !strings.Contains(rec.Reason, want) {
 				t.Errorf("--sms 24: %v; status %s (%s), want unavailable: %q", err, rec.Status, rec.Reason, want)
 			}
@@ -61,11 +67,16 @@ func TestSMsHeldOnHostSim(t *testing.T) {
 	c := deepepDevice(t, 8, "balanced")
 	c.GPUs, c.SMs, c.Iters, c.Warmup, c.ForwardOnly = 1, 0, 1, 0, true
 	rec, err := Run(c, Env{Version: "test"})
+	if rec == nil {
+		t.Fatalf("no record: %v", err)
+	}
 	if err != nil || rec.Status != results.StatusOK || !rec.Correctness.Passed || rec.SMs.Budget != 16 || rec.SMs.Held != 16 {
 		t.Fatalf("%v; status %s (%s), SMs %+v", err, rec.Status, rec.Reason, rec.SMs)
 	}
 	c.SMs = 24
-	if rec, err = Run(c, Env{Version: "test"}); rec == nil || rec.Status != results.StatusUnavailable || !strings.Contains(rec.Reason, "132 SMs ÷ its 8 rank(s)") {
+	if rec, err = Run(c, Env{Version: "test"}); rec == nil {
+		t.Fatalf("--sms 24: no record: %v", err)
+	} else if rec.Status != results.StatusUnavailable || !strings.Contains(rec.Reason, "132 SMs ÷ its 8 rank(s)") {
 		t.Errorf("--sms 24: %v; status %s (%s)", err, rec.Status, rec.Reason)
 	}
 }

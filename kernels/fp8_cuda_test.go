@@ -30,15 +30,6 @@ func fp8KernelRows(g *rand.Rand, rows, h int) []float32 {
 	return x
 }
 
-// bytesOf unpacks 16-bit words into their bytes (little-endian).
-func bytesOf(w []uint16) []uint8 {
-	b := make([]uint8, 2*len(w))
-	for i, v := range w {
-		b[2*i], b[2*i+1] = uint8(v), uint8(v>>8)
-	}
-	return b
-}
-
 // TestFP8KernelsOnHostSim runs fp8.cu's kernels on the host simulation on
 // rows spanning many binades (with a zero block, blocks of amax below the
 // 1e-4 clamp and blocks of exact ties) and holds them to the host
@@ -122,7 +113,7 @@ func checkFP8KernelsOn(t *testing.T, c Device, s Stream, x []float32, h int) {
 			ok(c.Download(gotY, py, s))
 			wantQ, wantS, err := QuantFP8Rows(x, h, flags&FP8UE8M0 != 0)
 			ok(err)
-			q := bytesOf(gotQ)
+			q, _ := HostBytes(gotQ)
 			for i := range q {
 				if q[i] != wantQ[i] {
 					t.Fatalf("flags %d grid %d: quant_fp8_1x128 element %d (%g, block amax %g): %#02x, want %#02x", flags, grid(n, FP8Block), i, x[i],
@@ -145,7 +136,8 @@ func checkFP8KernelsOn(t *testing.T, c Device, s Stream, x []float32, h int) {
 			ok(c.Download(gotE, pe, s))
 			wantQ, wantE, err := QuantMXFP8(x, flags&FP8MXRoundUp != 0)
 			ok(err)
-			q, e := bytesOf(gotQ), bytesOf(gotE)
+			q, _ = HostBytes(gotQ)
+			e, _ := HostBytes(gotE)
 			for i := range q {
 				if q[i] != wantQ[i] {
 					t.Fatalf("flags %d: quant_mxfp8 element %d (%g): %#02x, want %#02x", flags, i, x[i], q[i], wantQ[i])

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"maps"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -912,9 +913,50 @@ func TestInflightREADME(t *testing.T) {
 			if want := fmt.Sprintf("%.1f", k.CeilingGBpsPerSM); strings.TrimSpace(cells[2]) != want {
 				t.Errorf("README: %s's predicted GB/s per SM is %s; kernels/inflight.json says %s (update the README's table, ratios too)", name, cells[2], want)
 			}
+			if len(cells) >= 5 {
+				readmeRatios(t, name, k.CeilingGBpsPerSM, cells[3], strings.TrimSuffix(strings.TrimSpace(cells[4]), "|"))
+			}
 		}
 		if !found {
 			t.Errorf("README: no row for %s in the predicted ceilings' tables", name)
+		}
+	}
+}
+
+// readmeRatios checks a README row's published per-SM figures ("735 / 16
+// = 45.9", each GB/s over its SMs) and its ratios ("11.2", one per figure,
+// "·"-separated): the ceiling over each printed per-SM figure, both to the
+// precision printed. A row without published figures ("—") has no ratios.
+func readmeRatios(t *testing.T, name string, ceiling float64, published, ratios string) {
+	t.Helper()
+	figs := regexp.MustCompile(`(\d+) / (\d+) = ([\d.]+)`).FindAllStringSubmatch(published, -1)
+	rs := strings.Split(ratios, "·")
+	if len(figs) == 0 {
+		if strings.TrimSpace(ratios) != "—" {
+			t.Errorf("README: %s has ratios %q but no published figure", name, ratios)
+		}
+		return
+	}
+	if len(rs) != len(figs) {
+		t.Errorf("README: %s has %d published figures and %d ratios", name, len(figs), len(rs))
+		return
+	}
+	near := func(printed string, v float64) bool { // v rounds to printed
+		p, err := strconv.ParseFloat(printed, 64)
+		d := 0
+		if i := strings.IndexByte(printed, '.'); i >= 0 {
+			d = len(printed) - i - 1
+		}
+		return err == nil && math.Abs(p-v) <= 0.5*math.Pow(10, -float64(d))+1e-9
+	}
+	for i, f := range figs {
+		gbps, sms := atoi(f[1]), atoi(f[2])
+		if !near(f[3], float64(gbps)/float64(sms)) {
+			t.Errorf("README: %s: %s / %s is not %s", name, f[1], f[2], f[3])
+		}
+		perSM, _ := strconv.ParseFloat(f[3], 64)
+		if r := strings.TrimSpace(rs[i]); !near(r, ceiling/perSM) {
+			t.Errorf("README: %s's ratio %s to %s GB/s per SM is not %.1f / %s (update the README's ratios)", name, r, f[3], ceiling, f[3])
 		}
 	}
 }
