@@ -39,9 +39,38 @@ func Append(path string, rec *Record) (dropped int64, err error) {
 	if int64(len(line)) > maxLine {
 		return 0, fmt.Errorf("the record is %d bytes, more than a results line may hold (%d)", len(line), maxLine)
 	}
+	err = appendLocked(path, func(f *os.File, size int64) ([]byte, int64, error) {
+		start, tail, err := lastLine(f, size)
+		if err != nil {
+			return nil, 0, fmt.Errorf("%s: %w", path, err)
+		}
+		switch lineKind(tail) {
+		case lineRecord: // whole, only its newline is missing
+			return append([]byte{'\n'}, line...), size, nil
+		case lineTorn:
+			if err := f.Truncate(start); err != nil {
+				return nil, 0, fmt.Errorf("%s: cutting off an unfinished last record: %w", path, err)
+			}
+			dropped = size - start
+			return line, start, nil
+		case lineOther:
+			n, _ := countLines(f, start)
+			return nil, 0, fmt.Errorf("%s:%d: the last line is not a moebench record; not appending to this file", path, n+1)
+		}
+		return line, size, nil
+	})
+	return dropped, err
+}
+
+// appendLocked opens path for appending (creating it), locks it, and writes
+// the line that prepare returns, given the open file and its size; prepare
+// may cut the file back and returns the size the file has then. The line is
+// written whole or not at all: a failed or short write is cut back to that
+// size, and the data is synced before appendLocked returns.
+func appendLocked(path string, prepare func(f *os.File, size int64) (line []byte, size2 int64, err error)) (err error) {
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_APPEND, 0o644)
 	if err != nil {
-		return 0, err
+		return err
 	}
 	defer func() {
 		if cerr := f.Close(); err == nil && cerr != nil {
@@ -49,39 +78,97 @@ func Append(path string, rec *Record) (dropped int64, err error) {
 		}
 	}()
 	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
-		return 0, fmt.Errorf("lock %s: %w", path, err)
+		return fmt.Errorf("lock %s: %w", path, err)
 	}
 	st, err := f.Stat()
 	if err != nil {
-		return 0, err
+		return err
 	}
 	if !st.Mode().IsRegular() {
-		return 0, fmt.Errorf("%s is not a regular file", path)
+		return fmt.Errorf("%s is not a regular file", path)
 	}
-	size := st.Size()
-	start, tail, err := lastLine(f, size)
+	line, size, err := prepare(f, st.Size())
 	if err != nil {
-		return 0, fmt.Errorf("%s: %w", path, err)
-	}
-	switch lineKind(tail) {
-	case lineRecord: // whole, only its newline is missing
-		line = append([]byte{'\n'}, line...)
-	case lineTorn:
-		if err := f.Truncate(start); err != nil {
-			return 0, fmt.Errorf("%s: cutting off an unfinished last record: %w", path, err)
-		}
-		dropped, size = size-start, start
-	case lineOther:
-		n, _ := countLines(f, start)
-		return 0, fmt.Errorf("%s:%d: the last line is not a moebench record; not appending to this file", path, n+1)
+		return err
 	}
 	if _, err := f.Write(line); err != nil {
 		if terr := f.Truncate(size); terr != nil {
-			return dropped, fmt.Errorf("write %s: %v; and cutting back the partial line failed: %v", path, err, terr)
+			return fmt.Errorf("write %s: %v; and cutting back the partial line failed: %v", path, err, terr)
 		}
-		return dropped, fmt.Errorf("write %s: %w", path, err)
+		return fmt.Errorf("write %s: %w", path, err)
 	}
-	return dropped, f.Sync()
+	return f.Sync()
+}
+
+// AppendJSON adds v as one JSON line to the file at path, creating it if
+// needed, whole or not at all (locked, cut back on a failed write, synced).
+// It is for results files of another schema than Record's (the benchmarks'),
+// which CheckAppendJSON checked before the work.
+func AppendJSON(path string, v any) error {
+	line, err := json.Marshal(v)
+	if err != nil {
+		return fmt.Errorf("encode result: %w", err)
+	}
+	return appendLocked(path, func(_ *os.File, size int64) ([]byte, int64, error) {
+		return append(line, '\n'), size, nil
+	})
+}
+
+// CheckAppendJSON tells, before any work, whether AppendJSON of results of
+// schema to path can succeed: a new file must be creatable; an existing one
+// must be a writable regular file whose every line is a whole JSON object
+// of that schema, so that a results file of another kind (run records,
+// another benchmark's) is never written to. An unfinished last line is
+// refused, not cut off: such files are not records, which Append repairs.
+func CheckAppendJSON(path, schema string) error {
+	f, err := openToAppend(path, "results")
+	if f == nil || err != nil {
+		return err
+	}
+	defer f.Close()
+	return scan(f, path, func(ln int, line []byte, last bool) error {
+		if last {
+			return fmt.Errorf("%s:%d: the last line is unfinished (no newline); not appending to this file", path, ln)
+		}
+		var head struct {
+			Schema string `json:"schema"`
+		}
+		if jerr := json.Unmarshal(line, &head); jerr != nil || head.Schema != schema {
+			what := fmt.Sprintf("schema %q", head.Schema)
+			if jerr != nil {
+				what = "not a JSON object"
+			}
+			return fmt.Errorf("%s:%d: not a %s result (%s); give a new file or one of earlier %s results", path, ln, schema, what, schema)
+		}
+		return nil
+	})
+}
+
+// openToAppend opens the existing file path for reading before an append;
+// for a new file (nil, nil) it checks instead that a file can be created
+// beside it (not path itself, which another process of the run may be
+// checking too). what names the lines a directory was given for.
+func openToAppend(path, what string) (*os.File, error) {
+	st, err := os.Stat(path)
+	if err != nil {
+		f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".check-*")
+		if err != nil {
+			return nil, fmt.Errorf("cannot create it: %w", err)
+		}
+		f.Close()
+		return nil, os.Remove(f.Name())
+	}
+	if st.IsDir() {
+		return nil, fmt.Errorf("is a directory; give a file to append %s to", what)
+	}
+	if !st.Mode().IsRegular() {
+		return nil, errors.New("is not a regular file")
+	}
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_APPEND, 0)
+	if err != nil {
+		return nil, fmt.Errorf("cannot write it: %w", err)
+	}
+	return f, nil
 }
 
 // lastLine returns the start and the bytes of an unterminated last line of
@@ -165,24 +252,9 @@ func parseErr(line []byte) error {
 // is not one). It returns how many bytes of an unfinished last record the
 // first Append will cut off (0 for none).
 func CheckAppend(path string) (torn int64, err error) {
-	st, err := os.Stat(path)
-	if err != nil { // a new file: one of its own beside it must be creatable (not path itself, which another process of the run may be checking too)
-		f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".check-*")
-		if err != nil {
-			return 0, fmt.Errorf("cannot create it: %w", err)
-		}
-		f.Close()
-		return 0, os.Remove(f.Name())
-	}
-	if st.IsDir() {
-		return 0, errors.New("is a directory; give a file to append records to")
-	}
-	if !st.Mode().IsRegular() {
-		return 0, errors.New("is not a regular file")
-	}
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_APPEND, 0)
-	if err != nil {
-		return 0, fmt.Errorf("cannot write it: %w", err)
+	f, err := openToAppend(path, "records")
+	if f == nil || err != nil {
+		return 0, err
 	}
 	defer f.Close()
 	err = scan(f, path, func(ln int, line []byte, last bool) error {

@@ -259,3 +259,46 @@ func TestAppendSurvivesKill(t *testing.T) {
 	}
 	t.Skip("no kill landed inside a write in 10 tries (the torn-tail handling is tested directly by TestAppendHealsTornTail)")
 }
+
+// TestAppendJSON: results of another schema are appended whole, one a line,
+// to a new file or one of their own; a file holding anything else (run
+// records, another schema, an unfinished last line) is refused by the check
+// and left as it was.
+func TestAppendJSON(t *testing.T) {
+	dir := t.TempDir()
+	type result struct {
+		Schema string `json:"schema"`
+		N      int    `json:"n"`
+	}
+	path := filepath.Join(dir, "b.jsonl")
+	for n := 1; n <= 2; n++ {
+		if err := CheckAppendJSON(path, "x/v1"); err != nil {
+			t.Fatalf("check before result %d: %v", n, err)
+		}
+		if err := AppendJSON(path, result{"x/v1", n}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if b, _ := os.ReadFile(path); string(b) != "{\"schema\":\"x/v1\",\"n\":1}\n{\"schema\":\"x/v1\",\"n\":2}\n" {
+		t.Errorf("file after two appends: %q", b)
+	}
+	for name, c := range map[string]struct{ body, want string }{
+		"other":  {"{\"schema\":\"y/v1\"}\n", `b2.jsonl:1: not a x/v1 result (schema "y/v1")`},
+		"text":   {"{\"schema\":\"x/v1\"}\nhello\n", "b2.jsonl:2: not a x/v1 result (not a JSON object)"},
+		"torn":   {"{\"schema\":\"x/v1\"}\n{\"sch", "b2.jsonl:2: the last line is unfinished"},
+		"record": {`{"schema":"` + Schema + `"}` + "\n", `(schema "` + Schema + `")`},
+	} {
+		p := filepath.Join(dir, name, "b2.jsonl")
+		os.MkdirAll(filepath.Dir(p), 0o755)
+		os.WriteFile(p, []byte(c.body), 0o644)
+		if err := CheckAppendJSON(p, "x/v1"); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: %v, want %q", name, err, c.want)
+		}
+		if b, _ := os.ReadFile(p); string(b) != c.body {
+			t.Errorf("%s: the check changed the file: %q", name, b)
+		}
+	}
+	if err := CheckAppendJSON(dir, "x/v1"); err == nil || !strings.Contains(err.Error(), "is a directory") {
+		t.Errorf("a directory: %v", err)
+	}
+}

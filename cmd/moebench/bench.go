@@ -1,20 +1,16 @@
 package main
 
 import (
-	"bufio"
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"os"
-	"path/filepath"
-	"syscall"
 	"text/tabwriter"
 
 	"github.com/spf13/pflag"
 
 	"github.com/moebench/moebench/harness"
+	"github.com/moebench/moebench/results"
 )
 
 const benchHelp = `moebench bench kernels times each kernel of one rank's layer step alone on the
@@ -124,7 +120,7 @@ func benchResult(stdout, stderr io.Writer, what string, result any, have bool, e
 		table()
 	}
 	if out != "" {
-		if err := appendBench(out, result); err != nil {
+		if err := results.AppendJSON(out, result); err != nil {
 			fmt.Fprintf(stderr, "moebench: --out: %v\n", err)
 			code = exitRuntime
 		}
@@ -138,91 +134,16 @@ func benchOutHelp(schema string) string {
 }
 
 // checkBenchOut tells, before a benchmark runs, whether its result can be
-// appended to the file path (none when path is empty): a new file must be
-// creatable; an existing one must be a writable regular file whose every
-// line is a result of schema, so that a results file of another kind (run
-// records, the other benchmark's) is never written to. The error is a
-// *harness.ConfigError naming --out and the first line that is not one.
+// appended to the file path (none when path is empty): see
+// results.CheckAppendJSON. The error is a *harness.ConfigError naming --out.
 func checkBenchOut(path, schema string) error {
 	if path == "" {
 		return nil
 	}
-	bad := func(format string, a ...any) error {
-		return &harness.ConfigError{Flag: "out", Value: path, Allowed: fmt.Sprintf(format, a...)}
+	if err := results.CheckAppendJSON(path, schema); err != nil {
+		return &harness.ConfigError{Flag: "out", Value: path, Allowed: err.Error()}
 	}
-	st, err := os.Stat(path)
-	if err != nil {
-		f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".check-*")
-		if err != nil {
-			return bad("cannot create it: %v", err)
-		}
-		f.Close()
-		os.Remove(f.Name())
-		return nil
-	}
-	if !st.Mode().IsRegular() {
-		return bad("not a regular file; give a file to append %s results to", schema)
-	}
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_APPEND, 0)
-	if err != nil {
-		return bad("cannot write it: %v", err)
-	}
-	defer f.Close()
-	br := bufio.NewReader(f)
-	for ln := 1; ; ln++ {
-		line, err := br.ReadBytes('\n')
-		if len(line) == 0 && err == io.EOF {
-			return nil
-		}
-		if err != nil && err != io.EOF {
-			return bad("%s:%d: %v", path, ln, err)
-		}
-		if err == io.EOF {
-			return bad("%s:%d: the last line is unfinished (no newline); not appending to this file", path, ln)
-		}
-		var head struct {
-			Schema string `json:"schema"`
-		}
-		if jerr := json.Unmarshal(bytes.TrimSpace(line), &head); jerr != nil || head.Schema != schema {
-			what := fmt.Sprintf("schema %q", head.Schema)
-			if jerr != nil {
-				what = "not a JSON object"
-			}
-			return bad("%s:%d: not a %s result (%s); give a new file or one of earlier %s results", path, ln, schema, what, schema)
-		}
-	}
-}
-
-// appendBench appends result as one JSON line to the file path, whole or
-// not at all: the file is locked, and a failed write is cut back.
-func appendBench(path string, result any) (err error) {
-	line, err := json.Marshal(result)
-	if err != nil {
-		return err
-	}
-	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_APPEND, 0o644)
-	if err != nil {
-		return err
-	}
-	defer func() {
-		if cerr := f.Close(); err == nil {
-			err = cerr
-		}
-	}()
-	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
-		return fmt.Errorf("lock %s: %w", path, err)
-	}
-	st, err := f.Stat()
-	if err != nil {
-		return err
-	}
-	if _, err := f.Write(append(line, '\n')); err != nil {
-		if terr := f.Truncate(st.Size()); terr != nil {
-			return fmt.Errorf("write %s: %v; and cutting back the partial line failed: %v", path, err, terr)
-		}
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	return f.Sync()
+	return nil
 }
 
 // writeBench prints the kernel benchmark as a table.

@@ -33,7 +33,7 @@ func TestBenchOutChecked(t *testing.T) {
 		{recs, "runs.jsonl:1: not a " + harness.DispatchBenchSchema + ` result (schema "` + results.Schema + `")`},
 		{kernels, "kernels.jsonl:1: not a " + harness.DispatchBenchSchema + ` result (schema "` + harness.BenchSchema + `")`},
 		{filepath.Join(dir, "no-such-folder", "b.jsonl"), "cannot create it"},
-		{dir, "not a regular file"},
+		{dir, "is a directory"},
 	} {
 		before, _ := os.ReadFile(c.out)
 		code, out, e := cli(append(benchSmall, "--dispatcher", "alltoall", "--out", c.out)...)
