@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"fmt"
 	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
+	"unicode"
 )
 
 // cliDocPath is the generated command-line reference, relative to this
@@ -96,4 +98,117 @@ func firstDiff(a, b string) int {
 		}
 	}
 	return n
+}
+
+// docFiles are README.md and every Markdown file under docs/, relative to
+// the repository root.
+func docFiles(t *testing.T) []string {
+	t.Helper()
+	files := []string{"README.md"}
+	err := filepath.WalkDir("../../docs", func(p string, d os.DirEntry, err error) error {
+		if err == nil && !d.IsDir() && strings.HasSuffix(p, ".md") {
+			files = append(files, strings.TrimPrefix(p, "../../"))
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return files
+}
+
+var (
+	mdLink     = regexp.MustCompile(`\]\(([^)\s]+)\)`)
+	mdHeading  = regexp.MustCompile(`(?m)^#{1,6} (.+)$`)
+	fencedCode = regexp.MustCompile("(?ms)^```.*?^```")
+)
+
+// anchorOf is GitHub's anchor for a heading: lower case, punctuation
+// dropped but for '-' and '_', spaces as '-'.
+func anchorOf(heading string) string {
+	var b strings.Builder
+	for _, r := range strings.ToLower(strings.TrimSpace(heading)) {
+		switch {
+		case r == ' ':
+			b.WriteByte('-')
+		case r == '-' || r == '_' || unicode.IsLetter(r) || unicode.IsDigit(r):
+			b.WriteRune(r)
+		}
+	}
+	return b.String()
+}
+
+// anchors are the anchors of a Markdown file's headings.
+func anchors(md string) map[string]bool {
+	a := map[string]bool{}
+	for _, m := range mdHeading.FindAllStringSubmatch(fencedCode.ReplaceAllString(md, ""), -1) {
+		a[anchorOf(m[1])] = true
+	}
+	return a
+}
+
+// TestDocLinks: every relative link of README.md and docs/ names a file of
+// the repository, and a link to a heading (#anchor) a heading that file
+// has; nothing links outside the repository by a relative path.
+func TestDocLinks(t *testing.T) {
+	for _, f := range docFiles(t) {
+		raw, err := os.ReadFile(filepath.Join("../..", f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		text := fencedCode.ReplaceAllString(string(raw), "")
+		for _, m := range mdLink.FindAllStringSubmatch(text, -1) {
+			link := m[1]
+			if strings.Contains(link, "://") || strings.HasPrefix(link, "mailto:") {
+				continue
+			}
+			target, anchor, _ := strings.Cut(link, "#")
+			path := f
+			if target != "" {
+				path = filepath.Join(filepath.Dir(f), target)
+			}
+			if rel, err := filepath.Rel(".", path); err != nil || strings.HasPrefix(rel, "..") {
+				t.Errorf("%s: link %s leaves the repository", f, link)
+				continue
+			}
+			body, err := os.ReadFile(filepath.Join("../..", path))
+			if err != nil {
+				if st, serr := os.Stat(filepath.Join("../..", path)); serr == nil && st.IsDir() && anchor == "" {
+					continue
+				}
+				t.Errorf("%s: link %s: no such file %s", f, link, path)
+				continue
+			}
+			if anchor != "" && strings.HasSuffix(path, ".md") && !anchors(string(body))[anchor] {
+				t.Errorf("%s: link %s: %s has no heading with anchor #%s", f, link, path, anchor)
+			}
+		}
+	}
+}
+
+// TestREADME: the README stays short, its first screen holds the two
+// set-up commands, and its test command is the one .ci/run runs.
+func TestREADME(t *testing.T) {
+	raw, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(raw) >= 15000 {
+		t.Errorf("README.md has %d bytes; keep it under 15,000 (move the detail into docs/)", len(raw))
+	}
+	lines := strings.Split(string(raw), "\n")
+	first := strings.Join(lines[:min(40, len(lines))], "\n")
+	const runCmd, testCmd = "    go run ./cmd/moebench\n", "    go vet ./... && go test -race -timeout 30m ./...\n"
+	for _, c := range []string{runCmd, testCmd} {
+		if !strings.Contains(first+"\n", c) {
+			t.Errorf("README.md's first 40 lines lack the set-up command %q", strings.TrimSpace(c))
+		}
+	}
+	ci, err := os.ReadFile("../../.ci/run")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains("\n"+string(ci), "\n"+strings.TrimSpace(testCmd)+"\n") {
+		t.Errorf(".ci/run does not run the README's test command %q", strings.TrimSpace(testCmd))
+	}
 }
