@@ -7,6 +7,8 @@
 // scheduler and moebench's split-chunk variant (feplb.go). timeline.go plays
 // a plan out in time (the model every policy is judged by), sim.go runs the
 // policies over many simulated steps.
+//
+// The policies and the simulator: docs/load-balancing.md.
 package balance
 
 import (

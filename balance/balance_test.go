@@ -355,7 +355,7 @@ func TestNoPolicyWorseThanNone(t *testing.T) {
 			}
 		}
 		if eff := res["fastermoe"].Effective.Abs; strings.HasPrefix(f.name, "small experts") && eff < 1.1*none {
-			t.Errorf("%s: fastermoe's effective straggler %.1f µs, none's %.1f µs: the README says fastermoe can be worse than none here", f.name, 1e6*eff, 1e6*none)
+			t.Errorf("%s: fastermoe's effective straggler %.1f µs, none's %.1f µs: docs/load-balancing.md says fastermoe can be worse than none here", f.name, 1e6*eff, 1e6*none)
 		}
 	}
 }

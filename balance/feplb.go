@@ -15,7 +15,7 @@ import (
 // this type:
 //
 // feplb, the paper's policy as third-party reviews describe its text (the
-// paper has no public code; shared/reference/anchors-2026-11.md §7): whole
+// paper has no public code; docs/references.md, FEPLB): whole
 // dynamic experts move — weights and all their tokens, never split. A
 // greedy scheduler repeatedly takes the domain's most loaded rank, picks
 // its busiest dynamic expert not yet moved (stopping below τ tokens) —

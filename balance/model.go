@@ -18,7 +18,7 @@ type Model struct {
 	RateSource string // where GEMMRate came from
 }
 
-// H100 is the stated roofline of one H100 SXM (shared/reference/peers.md):
+// H100 is the stated roofline of one H100 SXM (docs/references.md):
 // dense BF16 989 TFLOP/s, HBM3 3.35 TB/s, NVLink 450 GB/s per direction,
 // copy-engine P2P 380 GB/s one way (measured by others), 50 GB/s network
 // (CX7 400 Gb/s).

@@ -35,6 +35,8 @@
 // ranks, which are independent objects, exchange data. An expert phase
 // writes only the rows its segments cover and leaves the other rows of
 // ExpertY as they are.
+//
+// The layer and its phases: docs/concepts.md; the design: docs/design.md.
 package dispatchers
 
 import (

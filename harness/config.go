@@ -37,7 +37,7 @@ type Preset struct {
 const DefaultTokens = 4096
 
 // Presets are the built-in layers, with the shapes of the published configs
-// (see shared/reference/megatron-moe.md §4).
+// (see docs/references.md, the layer and the presets).
 var Presets = []Preset{
 	{"tiny", "small layer for tests and the default run", Shape{128, 128, 64, 16, 4, 1, kernels.ScoreSoftmax, 0, 0, 1}},
 	{"deepseek-v3", "DeepSeek-V3 MoE layer", Shape{DefaultTokens, 7168, 2048, 256, 8, 1, kernels.ScoreSigmoid, 8, 4, 2.5}},

@@ -10,8 +10,8 @@ import (
 
 // probeCopies finds out what runs FEPLB's phase-2 copies (CopyBatch) on a
 // GPU. Same-device copies may run on the copy engines or on the SMs, and
-// the CUDA documentation does not say which (shared/reference/go-cuda.md
-// §4), so it measures: the slowdown of a compute-bound GEMM stream while
+// the CUDA documentation does not say which (docs/references.md, CUDA
+// bindings), so it measures: the slowdown of a compute-bound GEMM stream while
 // copies run on another stream, and the GPU's SM utilisation (GPM) while
 // only the copies run. Verdict: "copy engines" when the SMs stay under 10%
 // busy and the GEMM slows by under 15%; "SMs" from 50% or 30%; else

@@ -12,4 +12,6 @@
 // Tensors are row-major []float32 (or []float64 for the reference). Activations
 // stored between steps are bf16 values widened to float32 (see RoundBF16), as a
 // GPU layer would store them.
+//
+// The layer: docs/concepts.md; the design: docs/design.md.
 package kernels

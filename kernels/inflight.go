@@ -31,7 +31,7 @@ const (
 	// LatencyNVLink: a load of a peer GPU's memory over NVLink. No
 	// published microbenchmark of a Hopper peer load was found in the
 	// sources this project holds; 1 µs is the planning figure of
-	// shared/reference/deepep.md (Little's law section). Replace it with
+	// docs/references.md (DeepEP and HybridEP). Replace it with
 	// a measurement when one is published or taken.
 	LatencyNVLink = 1000.0
 )
@@ -39,7 +39,7 @@ const (
 // LatencySources cites each latency (printed with the table).
 var LatencySources = map[string]string{
 	"hbm":    "GH200 (H100 die, HBM3) main-memory load, 690 cycles by pointer chasing (github.com/markdewing/AI_kernels latency/README.md) at 1.98 GHz ≈ 348 ns",
-	"nvlink": "planning figure of about 1 µs for a peer access over NVLink (shared/reference/deepep.md); no published Hopper microbenchmark found: unverified",
+	"nvlink": "planning figure of about 1 µs for a peer access over NVLink (docs/references.md); no published Hopper microbenchmark found: unverified",
 }
 
 // Targets of the audit: a row-copy loop keeps at least InflightLoadsTarget

@@ -885,16 +885,23 @@ func TestInflightTable(t *testing.T) {
 	}
 }
 
-// TestInflightREADME: the README's tables of predicted ceilings (DeepEP
-// and HybridEP sections) give the committed table's ceilings.
+// inflightDocs are the pages with the tables of predicted ceilings.
+var inflightDocs = []string{"../docs/dispatchers/deepep.md", "../docs/dispatchers/hybridep.md"}
+
+// TestInflightREADME: the docs' tables of predicted ceilings (deepep's and
+// hybridep's pages) give the committed table's ceilings.
 func TestInflightREADME(t *testing.T) {
 	tab, err := Inflight()
 	if err != nil {
 		t.Fatal(err)
 	}
-	raw, err := os.ReadFile("../README.md")
-	if err != nil {
-		t.Fatal(err)
+	var raw []byte
+	for _, f := range inflightDocs {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		raw = append(append(raw, b...), '\n')
 	}
 	rows := map[string]string{"deepep_dispatch": "16-byte", "deepep_combine": "16-byte", "he_dispatch": "bulk", "he_permute": "bulk", "he_combine": "bulk"}
 	for name, path := range rows {
@@ -911,19 +918,19 @@ func TestInflightREADME(t *testing.T) {
 			}
 			found = true
 			if want := fmt.Sprintf("%.1f", k.CeilingGBpsPerSM); strings.TrimSpace(cells[2]) != want {
-				t.Errorf("README: %s's predicted GB/s per SM is %s; kernels/inflight.json says %s (update the README's table, ratios too)", name, cells[2], want)
+				t.Errorf("docs/dispatchers: %s's predicted GB/s per SM is %s; kernels/inflight.json says %s (update the docs' table, ratios too)", name, cells[2], want)
 			}
 			if len(cells) >= 5 {
 				readmeRatios(t, name, k.CeilingGBpsPerSM, cells[3], strings.TrimSuffix(strings.TrimSpace(cells[4]), "|"))
 			}
 		}
 		if !found {
-			t.Errorf("README: no row for %s in the predicted ceilings' tables", name)
+			t.Errorf("docs/dispatchers: no row for %s in the predicted ceilings' tables", name)
 		}
 	}
 }
 
-// readmeRatios checks a README row's published per-SM figures ("735 / 16
+// readmeRatios checks a docs table row's published per-SM figures ("735 / 16
 // = 45.9", each GB/s over its SMs) and its ratios ("11.2", one per figure,
 // "·"-separated): the ceiling over each printed per-SM figure, both to the
 // precision printed. A row without published figures ("—") has no ratios.
@@ -933,12 +940,12 @@ func readmeRatios(t *testing.T, name string, ceiling float64, published, ratios 
 	rs := strings.Split(ratios, "·")
 	if len(figs) == 0 {
 		if strings.TrimSpace(ratios) != "—" {
-			t.Errorf("README: %s has ratios %q but no published figure", name, ratios)
+			t.Errorf("docs/dispatchers: %s has ratios %q but no published figure", name, ratios)
 		}
 		return
 	}
 	if len(rs) != len(figs) {
-		t.Errorf("README: %s has %d published figures and %d ratios", name, len(figs), len(rs))
+		t.Errorf("docs/dispatchers: %s has %d published figures and %d ratios", name, len(figs), len(rs))
 		return
 	}
 	near := func(printed string, v float64) bool { // v rounds to printed
@@ -952,11 +959,11 @@ func readmeRatios(t *testing.T, name string, ceiling float64, published, ratios 
 	for i, f := range figs {
 		gbps, sms := atoi(f[1]), atoi(f[2])
 		if !near(f[3], float64(gbps)/float64(sms)) {
-			t.Errorf("README: %s: %s / %s is not %s", name, f[1], f[2], f[3])
+			t.Errorf("docs/dispatchers: %s: %s / %s is not %s", name, f[1], f[2], f[3])
 		}
 		perSM, _ := strconv.ParseFloat(f[3], 64)
 		if r := strings.TrimSpace(rs[i]); !near(r, ceiling/perSM) {
-			t.Errorf("README: %s's ratio %s to %s GB/s per SM is not %.1f / %s (update the README's ratios)", name, r, f[3], ceiling, f[3])
+			t.Errorf("docs/dispatchers: %s's ratio %s to %s GB/s per SM is not %.1f / %s (update the docs' ratios)", name, r, f[3], ceiling, f[3])
 		}
 	}
 }

@@ -47,7 +47,7 @@ type CompareOptions struct {
 // samples, 5% noise; gross slowdowns of 50% (a noisy GPU run) and 400% (5×,
 // the host device: of 270 pairs of identical host runs on a 2-core VM shared
 // with other builds, none had its interval above it, though one estimate
-// reached +418%; scripts/aa-compare.sh, see the README).
+// reached +418%; scripts/aa-compare.sh, see docs/results.md).
 var DefaultCompareOptions = CompareOptions{Threshold: 0.02, Confidence: 0.99, MinSamples: 5, MaxNoise: 0.05,
 	Gross: 0.5, HostGross: 4}
 

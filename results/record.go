@@ -1,6 +1,8 @@
 // Package results defines moebench's result record — one versioned JSON
 // object per run, one line per record in a JSONL file — and appends and reads
 // such files safely.
+//
+// The record, reports and compare: docs/results.md.
 package results
 
 import (

@@ -307,7 +307,7 @@ layer ncclep-ll-qwen3-30b-ep1 --preset qwen3-30b-a3b --ep 1 --dispatcher deepep 
 fi
 if [ "$mode" != sanitize ]; then
 # a run over two processes on this node, as a launcher starts one per node
-# (README: runs over several nodes): alltoall through NCCL at EP = the GPU
+# (docs/multinode.md): alltoall through NCCL at EP = the GPU
 # count (even), each process driving half the GPUs from its MOEBENCH_LOCAL_RANK
 # on, NCCL's unique id through --rendezvous in a temporary folder, a training
 # step (the backward's gradients exchanged over NCCL too); rank 0 appends

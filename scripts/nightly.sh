@@ -32,7 +32,7 @@
 #   sbatch --nodes=1 --exclusive --time=01:00:00 --output=nightly-%j.log \
 #          --wrap "cd /path/to/moebench && scripts/nightly.sh"
 #
-# Over several nodes (README: runs over several nodes), start it under the
+# Over several nodes (docs/multinode.md), start it under the
 # launcher, MOEBENCH_NIGHTLY_DIR on a filesystem every node sees:
 #   srun -N 2 --ntasks-per-node 1 scripts/nightly.sh
 # Every process runs the sweep (--rendezvous MOEBENCH_NIGHTLY_DIR/rendezvous,

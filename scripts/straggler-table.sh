@@ -16,7 +16,7 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
 # The paper's per-layer figures at PP/EP 4/2, 4/4, 2/8 (arXiv 2604.19654 §7.4
-# as quoted by the third-party review in shared/reference/anchors-2026-11.md):
+# as quoted by the third-party review cited in docs/references.md):
 # token straggler before / FasterMoE / FEPLB, GEMM straggler in ms likewise.
 paper_ep=(2 4 8)
 paper_tok=("2278 1014 1107" "4649 2471 1697" "6666 4036 2021")
@@ -115,8 +115,8 @@ The abstract of arXiv 2604.19654 (FEPLB) ends:
 
 Its per-layer figures (PP/EP 4/2, 4/4 and 2/8: the EP group is always inside one
 8-GPU NVLink domain, and "up to 16 GPUs" counts pipeline stages too) are quoted
-from a third-party review of the paper's text (`shared/reference/anchors-2026-11.md`
-§7.4); the paper itself has no public code, and its PDF was not read here.
+from a third-party review of the paper's text (`docs/references.md`,
+FEPLB); the paper itself has no public code, and its PDF was not read here.
 GLM-5 has 256 routed experts in its published config (preset `glm-5`); the paper
 ran a 128-expert variant, as here (`--experts 128`).
 

@@ -304,7 +304,7 @@ Routing:
   balanced       Megatron's force-load-balancing: logits ~ N(0,1) per token, per rank
   uniform        each token picks k distinct experts uniformly at random
   skewed:ALPHA   Zipf(ALPHA) expert popularity shared by all ranks (stragglers)
-  trace:FILE     replay recorded routing (format: see README)
+  trace:FILE     replay recorded routing (format: docs/concepts.md, Routing)
   natural        the router's own logits on the random input
 
 Exit status: 0 success; 1 runtime failure, failed correctness check, or

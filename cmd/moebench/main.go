@@ -1,6 +1,8 @@
 // Command moebench runs one Mixture-of-Experts layer and measures what the
 // token dispatcher does to it. This file parses and validates the command
 // line; the work is done by package harness and the output by package results.
+//
+// Every command and flag: docs/cli.md; the design: docs/design.md.
 package main
 
 import (

@@ -259,20 +259,6 @@ func checkNpy(t *testing.T, path string, shape []int) {
 	}
 }
 
-// TestReadmeFlagsInSync: the README's flag reference is what --help prints.
-func TestReadmeFlagsInSync(t *testing.T) {
-	_, help, _ := cli("--help")
-	help = strings.Replace(help, "failing|", "", 1) // registered by this package's tests only
-	flags := help[strings.Index(help, "Flags:\n")+len("Flags:\n") : strings.Index(help, "\nRouting:")]
-	readme, err := os.ReadFile("../../README.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !strings.Contains(string(readme), "## Flags\n\n```\n"+flags+"```") {
-		t.Error("README.md's Flags section differs from 'moebench --help'; paste the help's flag list into it")
-	}
-}
-
 // TestDeviceCUDAFingerprintWithFakeDriver: with a (fake) driver and GPUs but
 // no cuBLASLt, --device cuda records unavailable, naming the library, and
 // its stack carries the GPU fingerprint; auto falls back to the host.

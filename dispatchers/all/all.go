@@ -1,4 +1,6 @@
 // Package all registers every dispatcher; import it for its side effect.
+//
+// The dispatchers: docs/design.md.
 package all
 
 import (

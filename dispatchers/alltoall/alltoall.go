@@ -2,6 +2,8 @@
 // expert-major permute, an all-gather of per-expert counts (the one host sync),
 // a variable-split all-to-all of the token copies and their probabilities, and
 // a sort of the received chunks by local expert; combine is the exact inverse.
+//
+// The design notes: docs/dispatchers/alltoall.md.
 package alltoall
 
 import (

@@ -9,86 +9,20 @@
 // blocks of dispatch and combine: half send and half receive, one pair per
 // channel.
 //
-// # Phases
+// The contract the GPU kernels (kernels/cuda/deepep.cu) must match bit for
+// bit: the phases, the channels and queue protocol, the received order
+// (by source rank, then token: alltoall's rows in alltoall's order after the
+// permute) and the rounding points (each rank's partial sum of a token's
+// outputs rounded to bf16, then summed at home in ascending rank order).
+// docs/dispatchers/deepep.md states them in full, with what is faithful to
+// DeepEP and what differs.
 //
-//	layout    local: for each token t, the ranks d holding any of its experts
-//	          (inRank[t][d]: a token with several experts on d goes to d
-//	          once), the tokens sent to each rank and the copies to each expert
-//	notify    every rank's counts land in each peer's buffer; the receiver
-//	          sums them into prefix matrices and knows how many tokens it will
-//	          receive and how many copies each local expert gets: the counts
-//	          the host waits for (DeepEP's one CPU sync) to size the outputs
-//	dispatch  through the queues (below) into the receive buffer: each
-//	          received token's row, its index at its source, and its k expert
-//	          indices (local index, or −1 for experts on other ranks) and
-//	          probabilities (0 for those)
-//	permute   local (Megatron's flex dispatcher after DeepEP): the received
-//	          tokens' copies into expert-major rows for the grouped GEMM
-//	experts   the layer's, with the probability applied after SwiGLU
-//	combine   through the queues back to the home rank, which sums
-//
-// # Channels, queues and the received order (the GPU kernels must match it)
-//
-// With C = SMs/2 channels, channel c of a source holds its tokens
-// [c·⌈T/C⌉, min((c+1)·⌈T/C⌉, T)). Queue (c, s) lives in receiver r's buffer:
-// a ring of Ring slots, each a bf16 row plus what travels with it, with a
-// tail the sender s advances and a head the receiver advances (token
-// counts since the step began; slot = count mod Ring). The sender walks its
-// channel's tokens in order, skipping those not for r, and pushes up to
-// Chunk tokens per round once the ring has Chunk free slots, then publishes
-// the tail; the receiver copies [head, tail) out and publishes the head.
-// send_head[t][r] records the tail position at which token t entered queue
-// (its channel, r), −1 if it did not.
-//
-// Rank r's receive buffer holds its tokens sorted by (source rank, token
-// index): source s's tokens start at the sum of the counts of the sources
-// before s (rank_prefix_matrix), channel c's at the count of s's earlier
-// channels (channel_prefix_matrix), and each queue delivers in token order.
-// Its k indices keep the token's top-k slot order. The permute then gives
-// expert-major rows: local expert 0's copies first, each expert's in
-// received order — which is alltoall's order (expert, source, token), so the
-// expert GEMMs see the same rows as alltoall's.
-//
-// Combine uses the same channels: expert rank d sends, in queue (c, d) of
-// the home rank s, the tokens it received from s through channel c, in the
-// order it received them, so the row of token t lands at stream position
-// send_head[t][d]. For each received token, d first sums its local
-// experts' outputs in ascending expert order in float32 and rounds the
-// partial sum to bf16 (DeepEP's combine carries bf16; Megatron's separate
-// local unpermute is fused into the send). The home rank reads, for token t
-// and each rank d holding it in ascending rank order, the row at
-// send_head[t][d] mod Ring, checks that it is token t's, and adds it to a
-// float32 sum starting at 0; it advances each head past the token. The sum
-// is the layer output (stored as bf16, then the shared expert is added).
-//
-// # Rounding, against alltoall
-//
-// Expert rows and outputs equal alltoall's bit for bit. Alltoall adds a
-// token's k outputs in ascending expert order in float32; deepep adds the
-// same outputs in the same order but rounds each rank's partial sum to bf16
-// first. Where no token has two experts on one rank (top-1, or one expert
-// per rank) the outputs are equal bit for bit; otherwise each partial sum of
-// several outputs is rounded once more, within the layer tolerance.
-//
-// # On the host device
-//
-// The ranks are objects in one process and run a phase one after another,
-// so each phase is modelled from its receiver's side: rank r's dispatch
-// runs the rounds of every sender into r's queues (interleaved with r's
-// drains), and r's combine the rounds of every expert rank into r's. One
-// ring's storage per peer is reused channel after channel (the queues of a
-// channel are used together in combine); the memory the record gives is
-// what the design holds on a GPU. A queue that could make no progress is
-// an error naming the rank, phase, channel and queue.
-//
-// # On the cuda device
-//
-// Device (device.go) runs the design with kernels/cuda/deepep.cu's kernels:
-// the same channels, queue protocol, received order and rounding points, so
-// that its outputs are the host design's bit for bit (tested on the host
-// simulation); its backward (devbackward.go) runs the same kernels over the
-// forward's handle and gives the host backward's gradients bit for bit. Its twins (twin.go), kernels.Emu's form of the kernels, run
-// this package's host code on the device buffers.
+// On the host device the ranks run a phase one after another, each phase
+// modelled from its receiver's side; a queue that could make no progress is
+// an error naming the rank, phase, channel and queue. Device (device.go)
+// runs the design with deepep.cu's kernels, its backward (devbackward.go)
+// the same kernels over the forward's handle; the twins (twin.go) run this
+// package's host code on Emu's device buffers.
 package deepep
 
 import (

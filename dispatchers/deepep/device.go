@@ -11,7 +11,7 @@ import (
 )
 
 // The design on devices: kernels/cuda/deepep.cu's kernels, with the same
-// data movement and rounding as the host design (the package comment), so
+// data movement and rounding as the host design (docs/dispatchers/deepep.md), so
 // that the outputs are the host's bit for bit. Phases:
 //
 //	layout    per rank, deepep_layout on its stream

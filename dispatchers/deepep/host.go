@@ -7,7 +7,7 @@ import (
 	"github.com/moebench/moebench/kernels"
 )
 
-// Host is the design on host ranks (see the package comment).
+// Host is the design on host ranks (see docs/dispatchers/deepep.md).
 type Host struct {
 	cfg   Config
 	sms   int  // --sms as given (0: the default)

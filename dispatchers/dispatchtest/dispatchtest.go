@@ -2,6 +2,8 @@
 // ranks whose rows say where they came from, a step run through a
 // dispatcher's phases with a stand-in expert, and probabilities that make
 // the order of a sum show in its rounding.
+//
+// Testing without a GPU: docs/testing.md.
 package dispatchtest
 
 import (

@@ -15,6 +15,9 @@
 // device (memory copies, in their own phase) and device.go on a
 // kernels.Device (batched copies meant for the copy engines, on a copy stream
 // per rank, overlapped with the static experts).
+//
+// The design notes, what is faithful to the paper and what differs:
+// docs/dispatchers/feplb.md.
 package feplb
 
 import (

@@ -7,7 +7,7 @@ import (
 	"github.com/moebench/moebench/kernels"
 )
 
-// Host is the design on host ranks (see the package comment).
+// Host is the design on host ranks (see docs/dispatchers/hybridep.md).
 type Host struct {
 	cfg   Config
 	shape dispatchers.Shape
@@ -132,8 +132,8 @@ func (h *Host) Allgather(r int) error {
 	return nil
 }
 
-// Preprocess is rank r's scan of the global map (see the package comment
-// and preprocess).
+// Preprocess is rank r's scan of the global map (see
+// docs/dispatchers/hybridep.md and preprocess).
 func (h *Host) Preprocess(r int) error {
 	s := &h.st[r]
 	h.geom().preprocess(r, s.gmap, &s.meta)

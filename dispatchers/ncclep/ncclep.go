@@ -21,6 +21,8 @@
 // forward-only (its noBackward). --sms is the group's max_num_sms (0:
 // the library's default); the environment overrides NCCL EP reads are
 // recorded with the run's NCCL_* variables.
+//
+// The design notes: docs/dispatchers/ncclep.md.
 package ncclep
 
 import (

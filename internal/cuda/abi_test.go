@@ -176,7 +176,7 @@ func nvmlInclude(t *testing.T) string {
 // source; NCCL's come from nccl.h.
 var newerDecls = map[string]string{
 	// CUDA 12.8's cuda.h (NVIDIA/cuda-python's cydriver bindings of it;
-	// shared/reference/go-cuda.md §4.1): failIdx until 12.9
+	// docs/references.md, CUDA bindings): failIdx until 12.9
 	"cuMemcpyBatchAsync": "CUresult cuMemcpyBatchAsync(CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes, size_t count, " +
 		"CUmemcpyAttributes *attrs, size_t *attrsIdxs, size_t numAttrs, size_t *failIdx, CUstream hStream);",
 	// CUDA 13.0's cuda.h maps cuMemcpyBatchAsync to _v2, without failIdx
@@ -185,7 +185,7 @@ var newerDecls = map[string]string{
 	// CUDA 12.8+/13.0's cuda.h (NVIDIA/cuda-python cydriver: _cuEventElapsedTime_v2)
 	"cuEventElapsedTime_v2": "CUresult cuEventElapsedTime_v2(float *pMilliseconds, CUevent hStart, CUevent hEnd);",
 	// cuBLAS 12.5's cublas_api.h (NVIDIA's cuBLAS 12.5 documentation;
-	// shared/reference/go-cuda.md §5.2)
+	// docs/references.md, CUDA bindings)
 	"cublasGemmGroupedBatchedEx": "cublasStatus_t cublasGemmGroupedBatchedEx(cublasHandle_t handle, const cublasOperation_t transa_array[], " +
 		"const cublasOperation_t transb_array[], const int m_array[], const int n_array[], const int k_array[], const void *alpha_array, " +
 		"const void *const Aarray[], cudaDataType_t Atype, const int lda_array[], const void *const Barray[], cudaDataType_t Btype, " +
@@ -220,7 +220,7 @@ var newerDecls = map[string]string{
 
 // newerTypes are the types newerDecls use that 11.8 lacks, with their
 // sources: CUDA 12.8's CUmemcpyAttributes (NVIDIA/cuda-python cydriver;
-// shared/reference/go-cuda.md §4.1: 24 bytes), nccl.h's handles and enums
+// docs/references.md, CUDA bindings: 24 bytes), nccl.h's handles and enums
 // (ncclTypes) and NCCL EP's (ncclEPTypes).
 const newerTypes = cuNewerTypes + ncclTypes + ncclEPTypes
 

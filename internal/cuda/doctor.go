@@ -79,7 +79,7 @@ func probeNCCLEP() Component {
 	c := Component{Name: "NCCL EP"}
 	e, err := OpenNCCLEP()
 	if err != nil {
-		c.Detail = err.Error() + "; install: pip install nccl-extensions[cu13] (README: NCCL EP)"
+		c.Detail = err.Error() + "; install: pip install nccl-extensions[cu13] (docs/dispatchers/ncclep.md)"
 		return c
 	}
 	c.Found, c.Path, c.Version = true, e.Path, e.Version

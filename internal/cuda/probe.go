@@ -2,6 +2,9 @@
 // no toolkit at build time — through small cgo trampolines over moebench's
 // own prototypes: the driver, NVRTC, cuBLASLt, and NVML and NCCL probes. A
 // missing library is an ordinary error, never a crash.
+//
+// Where each library is looked for: docs/setup.md; why dlopen:
+// docs/design.md.
 package cuda
 
 // GPU is one device the driver reports.

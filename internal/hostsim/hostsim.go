@@ -14,6 +14,8 @@
 // host's x86 orders more than PTX promises), PTX itself (moebench.cuh's
 // inline PTX is replaced), real co-residency and the GPU's floating point
 // to the last bit (expf).
+//
+// How the tests use it: docs/testing.md.
 package hostsim
 
 import (
@@ -502,8 +504,8 @@ func goroutinesOf(id string) string {
 	return strings.Join(out, "\n\n")
 }
 
-// SkipIfShort skips t under go test -short (the edit loop's tier, see the
-// README): t is slow, and kept says which faster test or case of the same
+// SkipIfShort skips t under go test -short (the edit loop's tier, see
+// docs/testing.md): t is slow, and kept says which faster test or case of the same
 // kind still runs there. The full suite runs it.
 func SkipIfShort(t testing.TB, kept string) {
 	t.Helper()

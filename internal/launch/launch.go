@@ -6,6 +6,8 @@
 // watches the run so that a process that fails, is killed or hangs makes
 // every other one stop, naming it, instead of hanging. NCCL moves the
 // data; nothing here is a network layer.
+//
+// Runs over several processes and nodes: docs/multinode.md.
 package launch
 
 import (

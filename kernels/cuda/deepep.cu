@@ -1,8 +1,8 @@
-// deepep.cu: DeepEP's normal-mode intranode design (dispatchers/deepep; its
-// package comment gives the protocol, the received order and the rounding
-// points, which these kernels reproduce bit for bit). Read for semantics
-// from deepseek-ai/DeepEP's intranode.cu and layout.cu; the code is
-// moebench's.
+// deepep.cu: DeepEP's normal-mode intranode design (dispatchers/deepep;
+// docs/dispatchers/deepep.md gives the protocol, the received order and
+// the rounding points, which these kernels reproduce bit for bit). Read
+// for semantics from deepseek-ai/DeepEP's intranode.cu and layout.cu; the
+// code is moebench's.
 //
 //   deepep_layout   plain, per rank: the ranks each token goes to (once per
 //                   rank) and the tokens per rank and copies per expert

@@ -1,6 +1,6 @@
-// hybridep.cu: HybridEP's design on GPUs (dispatchers/hybridep, whose
-// package comment states the placement and summation order these kernels
-// reproduce). Every kernel is a persistent, co-resident launch per GPU
+// hybridep.cu: HybridEP's design on GPUs (dispatchers/hybridep;
+// docs/dispatchers/hybridep.md states the placement and summation order
+// these kernels reproduce). Every kernel is a persistent, co-resident launch per GPU
 // covering its ranks (rank first + blockIdx.x / blocks, block
 // blockIdx.x % blocks of the rank's budget), its cross-rank waits timed
 // (mb_wait):

@@ -5,6 +5,8 @@
 // internal/hostsim include it too (so a fake whose definition differs from
 // moebench's prototype does not compile), and internal/cuda's ABI test
 // checks every prototype and struct against the real headers.
+//
+// The ABI check: docs/testing.md.
 package abi
 
 import _ "embed"
