@@ -270,9 +270,9 @@ func Reference(l *Layer, sample [][]int) (out [][]float64, diffs int, err error)
 			m := min(refBlock, n-lo)
 			b.x, b.p, b.scratch = kernels.Grow(b.x, m*h), kernels.Grow(b.p, m), kernels.Grow(b.scratch, m*3*f)
 			for i, cp := range copies[lo : lo+m] {
-				tok := cp.slot / k
+				tok, xr := cp.slot/k, l.expertInput(cp.rank)
 				for j := range h {
-					b.x[i*h+j] = float64(l.X[cp.rank][tok*h+j])
+					b.x[i*h+j] = float64(xr[tok*h+j])
 				}
 				b.p[i] = probs[cp.rank][cp.slot]
 			}

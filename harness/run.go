@@ -601,6 +601,9 @@ func fillMeasurements(rec *results.Record, cfg Config, m measured) {
 	if ms > 0 {
 		rec.GEMM.TFLOPS = routed / (ms / 1e3) / 1e12
 	}
+	if cfg.isFP8() && cfg.Device == "host" {
+		rec.GEMM.Method = ExpertPathFP8
+	}
 	if m.forward > 0 {
 		backwardGEMM(rec.GEMM, m, cfg)
 		for _, rows := range m.recv {

@@ -1,0 +1,82 @@
+package harness
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/moebench/moebench/dispatchers"
+	"github.com/moebench/moebench/results"
+)
+
+// fp8Config is a small host layer at fp8 with two 1×128 blocks a row.
+func fp8Config(dispatcher string) Config {
+	c := small()
+	c.Hidden, c.Precision, c.Dispatcher, c.CheckAll = 256, PrecisionFP8, dispatcher, true
+	return c
+}
+
+// fp8Movers are the dispatchers whose host path moves FP8 rows.
+var fp8Movers = []string{"alltoall"}
+
+// TestFP8Host: each dispatcher that moves FP8 on the host runs a training
+// step at fp8 that passes the check (the output and every gradient against
+// the float64 reference on the same quantized inputs and weights, at the
+// bf16 pipeline's tolerance: the GEMMs are bf16 on dequantized rows and
+// weights), records its precision and expert path, and moves e4m3 rows
+// with their scales: the dispatch's algorithm bytes are bf16's times
+// (1 + 4/128)/2 (DeepEP's fp8 factor), the combine's bf16's.
+func TestFP8Host(t *testing.T) {
+	for _, name := range fp8Movers {
+		c := fp8Config(name)
+		rec, err := Run(c, Env{Version: "test"})
+		if err != nil || rec.Status != results.StatusOK || !rec.Correctness.Passed || rec.Correctness.Grads == nil {
+			t.Errorf("%s at fp8: %v, %+v", name, err, rec.Correctness)
+			continue
+		}
+		if rec.Config.Precision != PrecisionFP8 || rec.GEMM.Method != ExpertPathFP8 {
+			t.Errorf("%s: the record says precision %q, expert path %q", name, rec.Config.Precision, rec.GEMM.Method)
+		}
+		c.Precision = PrecisionBF16
+		bf, err := Run(c, Env{Version: "test"})
+		if err != nil || bf.Status != results.StatusOK {
+			t.Fatalf("%s at bf16: %v", name, err)
+		}
+		tr, tb := rec.Traffic, bf.Traffic
+		if tr.DispatchAlgorithm*2*128 != tb.DispatchAlgorithm*(128+4) || tr.CombineAlgorithm != tb.CombineAlgorithm || tr.DispatchAlgorithm == 0 {
+			t.Errorf("%s: dispatch algorithm bytes %d at fp8, %d at bf16 (want ×132/256); combine %d and %d", name,
+				tr.DispatchAlgorithm, tb.DispatchAlgorithm, tr.CombineAlgorithm, tb.CombineAlgorithm)
+		}
+		if !strings.Contains(tr.Formula, "e4m3") {
+			t.Errorf("%s: the formula does not count the fp8 row: %s", name, tr.Formula)
+		}
+	}
+}
+
+// TestFP8CheckCatchesBrokenDequantization: with the expert side's
+// dequantization broken on purpose — the multiplier doubled, the next
+// block's multiplier, none at all — the check fails.
+func TestFP8CheckCatchesBrokenDequantization(t *testing.T) {
+	defer func() { fp8Fault = "" }()
+	for _, fault := range []string{"scale", "block", "none"} {
+		fp8Fault = fault
+		c := fp8Config("alltoall")
+		c.ForwardOnly = true
+		rec, err := Run(c, Env{Version: "test"})
+		if err == nil || rec.Status != results.StatusFailed || rec.Correctness == nil || rec.Correctness.MaxRelErr <= Tolerance {
+			t.Errorf("dequantization broken (%s): %v, %+v", fault, err, rec.Correctness)
+		} else {
+			t.Logf("broken (%s): max rel err %.3g", fault, rec.Correctness.MaxRelErr)
+		}
+	}
+}
+
+// TestFP8Unavailable: a dispatcher without an FP8 path, and mxfp8, are
+// unavailable with the reason; never a bf16 run in disguise.
+func TestFP8Unavailable(t *testing.T) {
+	c := fp8Config("alltoall")
+	c.Precision = PrecisionMXFP8
+	rec, err := Run(c, Env{Version: "test"})
+	if !dispatchers.IsUnavailable(err) || rec.Status != results.StatusUnavailable || !strings.Contains(rec.Reason, "mxfp8 is not wired") {
+		t.Errorf("mxfp8: %v, %s %q", err, rec.Status, rec.Reason)
+	}
+}
