@@ -16,7 +16,7 @@ func fp8Config(dispatcher string) Config {
 }
 
 // fp8Movers are the dispatchers whose host path moves FP8 rows.
-var fp8Movers = []string{"alltoall"}
+var fp8Movers = []string{"alltoall", "deepep"}
 
 // TestFP8Host: each dispatcher that moves FP8 on the host runs a training
 // step at fp8 that passes the check (the output and every gradient against
