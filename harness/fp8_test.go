@@ -8,15 +8,20 @@ import (
 	"github.com/moebench/moebench/results"
 )
 
-// fp8Config is a small host layer at fp8 with two 1×128 blocks a row.
+// fp8Config is a small host layer at fp8 with four 1×128 blocks a row
+// (hybridep's FP8 needs hidden a multiple of 512).
 func fp8Config(dispatcher string) Config {
 	c := small()
-	c.Hidden, c.Precision, c.Dispatcher, c.CheckAll = 256, PrecisionFP8, dispatcher, true
+	c.Hidden, c.Precision, c.Dispatcher, c.CheckAll = 512, PrecisionFP8, dispatcher, true
 	return c
 }
 
-// fp8Movers are the dispatchers whose host path moves FP8 rows.
-var fp8Movers = []string{"alltoall", "deepep"}
+// fp8Movers are the dispatchers whose host path moves FP8 rows, each with
+// the NVLink domain size it runs with (hybridep's inter-domain path too).
+var fp8Movers = []struct {
+	name   string
+	domain int
+}{{"alltoall", 0}, {"deepep", 0}, {"hybridep", 0}, {"hybridep", 2}}
 
 // TestFP8Host: each dispatcher that moves FP8 on the host runs a training
 // step at fp8 that passes the check (the output and every gradient against
@@ -26,8 +31,9 @@ var fp8Movers = []string{"alltoall", "deepep"}
 // with their scales: the dispatch's algorithm bytes are bf16's times
 // (1 + 4/128)/2 (DeepEP's fp8 factor), the combine's bf16's.
 func TestFP8Host(t *testing.T) {
-	for _, name := range fp8Movers {
-		c := fp8Config(name)
+	for _, m := range fp8Movers {
+		name, c := m.name, fp8Config(m.name)
+		c.Domain = m.domain
 		rec, err := Run(c, Env{Version: "test"})
 		if err != nil || rec.Status != results.StatusOK || !rec.Correctness.Passed || rec.Correctness.Grads == nil {
 			t.Errorf("%s at fp8: %v, %+v", name, err, rec.Correctness)
@@ -42,6 +48,9 @@ func TestFP8Host(t *testing.T) {
 			t.Fatalf("%s at bf16: %v", name, err)
 		}
 		tr, tb := rec.Traffic, bf.Traffic
+		if name == "hybridep" && tr.InterDomainAlgorithm*2*128 != tb.InterDomainAlgorithm*(128+4) {
+			t.Errorf("hybridep: inter-domain algorithm bytes %d at fp8, %d at bf16", tr.InterDomainAlgorithm, tb.InterDomainAlgorithm)
+		}
 		if tr.DispatchAlgorithm*2*128 != tb.DispatchAlgorithm*(128+4) || tr.CombineAlgorithm != tb.CombineAlgorithm || tr.DispatchAlgorithm == 0 {
 			t.Errorf("%s: dispatch algorithm bytes %d at fp8, %d at bf16 (want ×132/256); combine %d and %d", name,
 				tr.DispatchAlgorithm, tb.DispatchAlgorithm, tr.CombineAlgorithm, tb.CombineAlgorithm)
@@ -78,5 +87,11 @@ func TestFP8Unavailable(t *testing.T) {
 	rec, err := Run(c, Env{Version: "test"})
 	if !dispatchers.IsUnavailable(err) || rec.Status != results.StatusUnavailable || !strings.Contains(rec.Reason, "mxfp8 is not wired") {
 		t.Errorf("mxfp8: %v, %s %q", err, rec.Status, rec.Reason)
+	}
+	c = fp8Config("hybridep")
+	c.Hidden = 384
+	rec, err = Run(c, Env{Version: "test"})
+	if !dispatchers.IsUnavailable(err) || rec.Status != results.StatusUnavailable || !strings.Contains(rec.Reason, "hidden a multiple of 512 (BufferConfig.is_valid); hidden is 384") {
+		t.Errorf("hybridep at hidden 384: %v, %s %q", err, rec.Status, rec.Reason)
 	}
 }
