@@ -21,7 +21,7 @@ func fp8Config(dispatcher string) Config {
 var fp8Movers = []struct {
 	name   string
 	domain int
-}{{"alltoall", 0}, {"deepep", 0}, {"hybridep", 0}, {"hybridep", 2}}
+}{{"alltoall", 0}, {"deepep", 0}, {"hybridep", 0}, {"hybridep", 2}, {"feplb", 2}}
 
 // TestFP8Host: each dispatcher that moves FP8 on the host runs a training
 // step at fp8 that passes the check (the output and every gradient against
@@ -34,10 +34,16 @@ func TestFP8Host(t *testing.T) {
 	for _, m := range fp8Movers {
 		name, c := m.name, fp8Config(m.name)
 		c.Domain = m.domain
+		if name == "feplb" { // skewed, so that phase 2 moves rows (and their scales)
+			c.Routing = Routing{Kind: RoutingSkewed, Alpha: 1.5}
+		}
 		rec, err := Run(c, Env{Version: "test"})
 		if err != nil || rec.Status != results.StatusOK || !rec.Correctness.Passed || rec.Correctness.Grads == nil {
 			t.Errorf("%s at fp8: %v, %+v", name, err, rec.Correctness)
 			continue
+		}
+		if name == "feplb" && (rec.Rebalance == nil || rec.Rebalance.Moves == 0) {
+			t.Errorf("feplb moved nothing: %+v", rec.Rebalance)
 		}
 		if rec.Config.Precision != PrecisionFP8 || rec.GEMM.Method != ExpertPathFP8 {
 			t.Errorf("%s: the record says precision %q, expert path %q", name, rec.Config.Precision, rec.GEMM.Method)
