@@ -36,8 +36,15 @@ func checkPrecision(name, impl string, d Dispatcher, env Env) error {
 			"(quant_mxfp8) and host reference exist, but no dispatcher moves MX blocks yet and no MX GEMM path exists (docs/fp8.md)"}
 	case PrecisionFP8:
 		m, ok := d.(FP8Mover)
-		if !ok {
-			return &UnavailableError{Name: name, Impl: impl, Reason: fmt.Sprintf("%s has no FP8 dispatch path in this build (%s device)", name, env.Device)}
+		switch {
+		case !ok && impl == ImplLibrary && name != "alltoall":
+			return &UnavailableError{Name: name, Impl: impl, Reason: "NCCL EP (contrib/nccl_ep v0.1.0) has no FP8 dispatch yet " +
+				"(its limits list no FP8; shared/reference/deepep.md §8), and moebench does not quantize around a library"}
+		case !ok && env.Device != "host":
+			return &UnavailableError{Name: name, Impl: impl, Reason: fmt.Sprintf("%s's %s implementation on the cuda device has no FP8 dispatch path in this build "+
+				"(the quantization kernels exist, kernels/cuda/fp8.cu; the host device runs fp8: --device host)", name, impl)}
+		case !ok:
+			return &UnavailableError{Name: name, Impl: impl, Reason: fmt.Sprintf("%s has no FP8 dispatch path in this build", name)}
 		}
 		if why := m.FP8Unavailable(env); why != "" {
 			return &UnavailableError{Name: name, Impl: impl, Reason: why}

@@ -1,8 +1,11 @@
 package main
 
 import (
+	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/moebench/moebench/results"
 )
 
 // TestPrecisionFlag: --precision takes bf16, fp8 or mxfp8; another value,
@@ -20,6 +23,30 @@ func TestPrecisionFlag(t *testing.T) {
 		code, _, e := cli(append(append([]string{}, quick...), c.args...)...)
 		if code != exitUsage || !strings.Contains(e, c.want) {
 			t.Errorf("%v: exit %d, %s; want exit %d and %q", c.args, code, e, exitUsage, c.want)
+		}
+	}
+}
+
+// TestSweepPrecisions: --precisions is a sweep axis (--precision its
+// singular spelling): each point runs at its precision and the records
+// say which; a hybridep point below its FP8 constraint is recorded
+// unavailable with the reason, and the sweep goes on.
+func TestSweepPrecisions(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "s.jsonl")
+	code, _, e := cli("sweep", "--out", out, "--device", "host", "--tokens", "16", "--hidden", "128", "--ffn", "16", "--ep", "2",
+		"--warmup", "0", "--iters", "2", "--dispatchers", "alltoall,hybridep", "--precision", "bf16,fp8")
+	recs, err := results.ReadFile(out, nil)
+	if code != exitOK || err != nil || len(recs) != 4 {
+		t.Fatalf("exit %d, %v, %d records: %s", code, err, len(recs), e)
+	}
+	got := map[string]string{}
+	for _, r := range recs {
+		got[r.Config.Dispatcher+"/"+r.Config.PrecisionName()] = r.Status + " " + r.Reason
+	}
+	for point, want := range map[string]string{"alltoall/bf16": "ok", "alltoall/fp8": "ok", "hybridep/bf16": "ok",
+		"hybridep/fp8": "unavailable hybridep (native): unavailable: HybridEP's FP8 dispatch needs hidden a multiple of 512"} {
+		if !strings.HasPrefix(got[point], want) {
+			t.Errorf("%s: %q, want %q", point, got[point], want)
 		}
 	}
 }
