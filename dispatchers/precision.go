@@ -27,7 +27,7 @@ type FP8Mover interface {
 
 // checkPrecision is New's gate: d runs at env's precision, or the
 // *UnavailableError that says why not.
-func checkPrecision(name, impl string, d Dispatcher, env Env) error {
+func checkPrecision(name, impl string, d any, env Env) error {
 	switch env.Precision {
 	case "", PrecisionBF16:
 		return nil
