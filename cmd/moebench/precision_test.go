@@ -2,6 +2,7 @@ package main
 
 import (
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -48,5 +49,18 @@ func TestSweepPrecisions(t *testing.T) {
 		if !strings.HasPrefix(got[point], want) {
 			t.Errorf("%s: %q, want %q", point, got[point], want)
 		}
+	}
+}
+
+// TestBenchDispatchPrecisions: bench dispatch --precision bf16,fp8 prints
+// each point at both precisions side by side; a bad value is a usage error.
+func TestBenchDispatchPrecisions(t *testing.T) {
+	args := []string{"bench", "dispatch", "--device", "host", "--ep", "2", "--tokens", "16", "--hidden", "128", "--iters", "2", "--warmup", "0", "--dispatcher", "alltoall"}
+	code, out, e := cli(append(args, "--precision", "bf16,fp8")...)
+	if code != exitOK || !regexp.MustCompile(`alltoall +bf16 .*round trip exact\n +alltoall +fp8 .*round trip exact`).MatchString(out) {
+		t.Errorf("exit %d:\n%s%s", code, out, e)
+	}
+	if code, _, e := cli(append(args, "--precision", "fp4")...); code != exitUsage || !strings.Contains(e, "--precision=fp4: allowed: bf16, fp8, mxfp8") {
+		t.Errorf("--precision fp4: exit %d, %s", code, e)
 	}
 }
