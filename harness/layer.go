@@ -453,7 +453,11 @@ func (l *Layer) finish(last dispatchers.Step, r int) error {
 func (l *Layer) Footprint(d dispatchers.Dispatcher, r int) int64 {
 	rk, run := l.Ranks[r], &l.run[r]
 	n := cap(rk.X) + cap(rk.Idx) + cap(rk.Probs) + cap(rk.ExpertX) + cap(rk.ExpertProbs) + cap(rk.ExpertY) + cap(rk.Y) +
-		cap(run.logits) + cap(run.scratch) + cap(run.shared) + len(l.Wr) + len(l.Bias) + len(l.SharedFC1) + len(l.SharedFC2)
+		cap(run.logits) + cap(run.scratch) + cap(run.shared) + len(l.Wr) + len(l.Bias) + len(l.SharedFC1) + len(l.SharedFC2) +
+		cap(rk.Scales) + cap(rk.ExpertScales) + cap(run.dq)/4
+	if l.Cfg.isFP8() { // Rank.X holds the e4m3 values (run.xq); the bf16 input is kept too
+		n += cap(l.X[r])
+	}
 	for _, w := range rk.Experts { // none in a drawn layer
 		n += len(w.FC1) + len(w.FC2)
 	}
