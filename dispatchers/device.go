@@ -282,7 +282,10 @@ func NewDevice(name, impl string, env Env) (DeviceDispatcher, error) {
 		if err != nil {
 			return nil, err
 		}
-		return d, declaresPhases(name, d)
+		if err := declaresPhases(name, d); err != nil {
+			return d, err
+		}
+		return d, checkPrecision(name, impl, d, env)
 	}
 	f, ok := deviceRegistry[name]
 	if !ok {
@@ -292,7 +295,10 @@ func NewDevice(name, impl string, env Env) (DeviceDispatcher, error) {
 	if err != nil {
 		return nil, err
 	}
-	return d, declaresPhases(name, d)
+	if err := declaresPhases(name, d); err != nil {
+		return d, err
+	}
+	return d, checkPrecision(name, impl, d, env)
 }
 
 // NewClassicDevice is NewDevice for a dispatcher that must have the classic

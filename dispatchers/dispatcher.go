@@ -80,6 +80,13 @@ type Rank struct {
 
 	Y []float32 // [Tokens, Hidden] sum of each token's k expert outputs (float32 sums)
 
+	// FP8 dispatch (precision.go): Scales [Tokens, Hidden/128] is the
+	// dequantization multiplier of each 1×128 block of X, whose values are
+	// then e4m3 values (set by the layer); ExpertScales [N, Hidden/128]
+	// are the delivered rows' (set by the dispatch, with ExpertX). Both
+	// nil in a bf16 step.
+	Scales, ExpertScales []float32
+
 	// The backward (see backward.go). Set by the layer: DY, the gradient of
 	// Y (bf16 values), and ExpertGrads, the fp32 weight gradients of the
 	// rank's own experts (main_grad: zeroed each step, added to).
@@ -250,6 +257,9 @@ type Env struct {
 	// flags, queue heads and tails, counters the host polls); 0 means
 	// DefaultCommTimeout.
 	CommTimeout time.Duration
+	// Precision is the dispatch precision (PrecisionBF16, "" too, or
+	// PrecisionFP8: see precision.go)
+	Precision string
 	// NodeRanks, in a run that spans processes, is the EP ranks on this
 	// process's node (its ranks times the processes the launcher puts on
 	// the node); 0 in a run of one process, whose ranks are all on its node.
@@ -325,7 +335,10 @@ func New(name, impl string, env Env) (Dispatcher, error) {
 	if err != nil {
 		return nil, err
 	}
-	return d, declaresPhases(name, d)
+	if err := declaresPhases(name, d); err != nil {
+		return d, err
+	}
+	return d, checkPrecision(name, impl, d, env)
 }
 
 // NewClassic is New for a dispatcher that must have the classic phases (a

@@ -264,7 +264,7 @@ func (l *Layer) routerBackward(r int) error {
 		return fmt.Errorf("the dispatcher's backward left %d probability gradients, want tokens × topk = %d", len(rk.DProbs), c.Tokens*c.TopK)
 	}
 	kernels.ScoreBackward(l.Router, g.dlogits, l.run[r].logits, rk.DProbs, rk.Idx, c.Tokens)
-	kernels.RouterBackward(g.dxRouter, l.replica.dwr, g.dlogits, rk.X, l.Wr, c.Tokens, c.Hidden, c.Experts, kernels.RoundBF16Slice)
+	kernels.RouterBackward(g.dxRouter, l.replica.dwr, g.dlogits, l.X[r], l.Wr, c.Tokens, c.Hidden, c.Experts, kernels.RoundBF16Slice)
 	for i, v := range l.replica.dwr {
 		l.replica.router[i] += v
 	}

@@ -34,8 +34,9 @@ type DispatchBench struct {
 type DispatchPoint struct {
 	Dispatcher string `json:"dispatcher"`
 	Impl       string `json:"impl"`
-	SMs        int    `json:"sms"`              // as asked; 0 for dispatchers that are not SM-driven
-	Budget     int    `json:"budget,omitempty"` // the blocks it ran with
+	Precision  string `json:"precision,omitempty"` // the dispatch's (--precision); absent: bf16
+	SMs        int    `json:"sms"`                 // as asked; 0 for dispatchers that are not SM-driven
+	Budget     int    `json:"budget,omitempty"`    // the blocks it ran with
 	// Held: the SMs each rank held on a device (one block per SM), and how
 	// the ranks share a GPU's SMs (see results.SMs)
 	Held      int    `json:"sms_held,omitempty"`
@@ -97,9 +98,22 @@ func predicted(dispatcher, impl string) *Prediction {
 // unavailable or fails is recorded as such and the others go on; the
 // error is the first such point's.
 func BenchDispatch(cfg Config, names []string, sms []int, env Env) (*DispatchBench, error) {
-	if err := cfg.Validate(); err != nil {
-		return nil, err
+	return BenchDispatchAt(cfg, names, sms, []string{cfg.precision()}, env)
+}
+
+// BenchDispatchAt is BenchDispatch with each point run at each precision
+// in precisions, side by side (bf16 and fp8 rows of one dispatcher and
+// budget next to each other). At fp8 the round trip's ranks send their
+// rows quantized (roundTrip.toFP8).
+func BenchDispatchAt(cfg Config, names []string, sms []int, precisions []string, env Env) (*DispatchBench, error) {
+	for _, p := range precisions {
+		c := cfg
+		c.Precision = p
+		if err := c.Validate(); err != nil {
+			return nil, err
+		}
 	}
+	cfg.precisions = precisions
 	if cfg.Device != "host" {
 		return benchDispatchDevice(cfg, names, sms, env)
 	}
@@ -147,7 +161,8 @@ func benchSetup(cfg Config, env Env) (*Layer, *DispatchBench, error) {
 	}
 	rec := newRecord(cfg, env)
 	b := &DispatchBench{Schema: DispatchBenchSchema, Time: rec.Time, Config: rec.Config, Stack: rec.Stack,
-		Bytes:   "each design's own convention (DeepEP's test_intranode and HybridEP's test_hybrid_ep: tokens received × hidden × 2 B, a rank's tokens to itself included; alltoall's rows are copies); GB/s = a rank's share / the phase's p50 (a design's dispatch: as its test times it, the parts summed)",
+		Bytes: "each design's own convention (DeepEP's test_intranode and HybridEP's test_hybrid_ep: tokens received × hidden × 2 B, a rank's tokens to itself included; alltoall's rows are copies; " +
+			"an fp8 dispatch times their fp8 factor (1 + 4/128)/2: hidden × 1 B e4m3 + hidden/128 × 4 B scales a token, combine bf16); GB/s = a rank's share / the phase's p50 (a design's dispatch: as its test times it, the parts summed)",
 		Routing: cfg.Routing.String()}
 	b.Config.Dispatcher, b.Config.SMs = "", 0
 	return l, b, nil
@@ -164,30 +179,45 @@ func (b *DispatchBench) points(cfg Config, names []string, sms []int, point func
 			budgets = []int{0}
 		}
 		pred := predicted(name, cfg.Impl) // the embedded table, read once a design
+		precisions := cfg.precisions
+		if len(precisions) == 0 {
+			precisions = []string{cfg.precision()}
+		}
 		for _, n := range budgets {
-			c := cfg
-			c.Dispatcher, c.SMs = name, n
-			p := DispatchPoint{Dispatcher: c.Dispatcher, Impl: c.Impl, SMs: c.SMs, Status: results.StatusFailed, Predicted: pred}
-			var err error
-			if bg, ok := dispatchers.SMBudgetOf(c.Dispatcher, c.Impl); ok {
-				if err = bg.Check(c.SMs); err != nil {
-					err = &ConfigError{"sms", c.SMs, c.Dispatcher + ": " + err.Error()}
-				}
-				p.Budget = bg.Resolve(c.SMs) // a device point fits it to its GPUs (fitSMs)
-				if c.Device == "host" {
-					p.HeldNote = HostHeldNote
-				}
+			for _, prec := range precisions {
+				c := cfg
+				c.Dispatcher, c.SMs, c.Precision = name, n, prec
+				b.Points = append(b.Points, b.point(c, pred, point, &first))
 			}
-			if err == nil {
-				p, err = point(c, p)
-			}
-			if err != nil && first == nil {
-				first = err
-			}
-			b.Points = append(b.Points, p)
 		}
 	}
 	return first
+}
+
+// point is one point of points: c's dispatcher at its budget and
+// precision; the first error goes to first.
+func (b *DispatchBench) point(c Config, pred *Prediction, point func(Config, DispatchPoint) (DispatchPoint, error), first *error) DispatchPoint {
+	p := DispatchPoint{Dispatcher: c.Dispatcher, Impl: c.Impl, SMs: c.SMs, Status: results.StatusFailed, Predicted: pred}
+	if c.precision() != PrecisionBF16 {
+		p.Precision = c.precision()
+	}
+	var err error
+	if bg, ok := dispatchers.SMBudgetOf(c.Dispatcher, c.Impl); ok {
+		if err = bg.Check(c.SMs); err != nil {
+			err = &ConfigError{"sms", c.SMs, c.Dispatcher + ": " + err.Error()}
+		}
+		p.Budget = bg.Resolve(c.SMs) // a device point fits it to its GPUs (fitSMs)
+		if c.Device == "host" {
+			p.HeldNote = HostHeldNote
+		}
+	}
+	if err == nil {
+		p, err = point(c, p)
+	}
+	if err != nil && *first == nil {
+		*first = err
+	}
+	return p
 }
 
 // benchBytes estimates the host memory of the benchmark: every rank's
@@ -211,6 +241,11 @@ func benchPoint(c Config, l *Layer, p DispatchPoint) (DispatchPoint, error) {
 		return fail(err)
 	}
 	rt := newRoundTrip(l.Shape, l.X, l.Ranks)
+	if c.isFP8() {
+		if err := rt.toFP8(); err != nil {
+			return fail(err)
+		}
+	}
 	if err := d.Bind(l.Shape, rt.ranks); err != nil {
 		return fail(err)
 	}

@@ -270,9 +270,9 @@ func Reference(l *Layer, sample [][]int) (out [][]float64, diffs int, err error)
 			m := min(refBlock, n-lo)
 			b.x, b.p, b.scratch = kernels.Grow(b.x, m*h), kernels.Grow(b.p, m), kernels.Grow(b.scratch, m*3*f)
 			for i, cp := range copies[lo : lo+m] {
-				tok := cp.slot / k
+				tok, xr := cp.slot/k, l.expertInput(cp.rank)
 				for j := range h {
-					b.x[i*h+j] = float64(l.X[cp.rank][tok*h+j])
+					b.x[i*h+j] = float64(xr[tok*h+j])
 				}
 				b.p[i] = probs[cp.rank][cp.slot]
 			}
@@ -415,10 +415,42 @@ func (rt *roundTrip) identity(r int) error {
 		rk.ExpertY = append(rk.ExpertY, make([]float32, len(rk.ExpertX)-n)...)
 		poison(rk.ExpertY[n:])
 	}
+	S := 0 // fp8 (toFP8): the rows are e4m3 values, dequantized first (exact: power-of-two scales)
+	if rk.ExpertScales != nil {
+		S = h / dispatchers.FP8Block
+	}
 	for _, sg := range rk.Segments {
 		for i := sg.Start * h; i < (sg.Start+sg.Len)*h; i++ {
-			rk.ExpertY[i] = rk.ExpertX[i] * rk.ExpertProbs[i/h]
+			x := rk.ExpertX[i]
+			if S > 0 {
+				x *= rk.ExpertScales[i/h*S+i%h/dispatchers.FP8Block]
+			}
+			rk.ExpertY[i] = x * rk.ExpertProbs[i/h]
 		}
+	}
+	return nil
+}
+
+// toFP8 makes the round trip's ranks send e4m3 rows, as the fp8 step
+// does: each rank's (coarsened) input quantized in 1×128 blocks, with
+// power-of-two (UE8M0) scales so that each dequantized value keeps at most
+// e4m3's 4 significant bits and every partial sum of its k copies (times
+// probabilities that are powers of two) stays exact in bf16 up to top-16;
+// each rank must get its dequantized input back.
+func (rt *roundTrip) toFP8() error {
+	if k := rt.shape.TopK; k > 16 {
+		return &dispatchers.UnavailableError{Name: "round trip", Impl: "fp8", Reason: fmt.Sprintf("the fp8 round trip is exact up to top-16 (4 significant bits + ⌈log2 k⌉ ≤ bf16's 8); top-%d", k)}
+	}
+	for r, rk := range rt.ranks {
+		q, s, err := kernels.QuantFP8Rows(rt.x[r], rt.shape.Hidden, true)
+		if err != nil {
+			return err
+		}
+		v := make([]float32, len(q))
+		for i, c := range q {
+			v[i] = e4m3Values[c]
+		}
+		rk.X, rk.Scales, rt.x[r] = v, s, kernels.DequantFP8Rows(q, s)
 	}
 	return nil
 }

@@ -113,12 +113,18 @@ type Config struct {
 	// HostExperts is how the host device holds the experts' weights and
 	// fp32 weight gradients (HostExpertsModes; "" is HostExpertsAuto)
 	HostExperts string
+	// Precision is the dispatch and expert-GEMM precision (Precisions;
+	// see precision.go): bf16, fp8 (Hopper's blockwise recipe) or mxfp8
+	Precision string
 	// prog, when set, counts the work of the stages that report it: the
 	// experts' weights drawn, the check's phases and references (Run)
 	prog *progress
 	// intr, when set, is the run's Interrupt: the check's reference stops
 	// at its next expert once it fires (Run)
 	intr *Interrupt
+	// precisions, in a dispatch benchmark, are the precisions each point
+	// runs at (BenchDispatchAt)
+	precisions []string
 	// processes is how many processes a cuda run spans (0 or 1: this one
 	// alone), for the host memory estimate of this process's share (set
 	// by runDevice and Env.HostBytes)
@@ -144,7 +150,7 @@ func DefaultConfig() Config {
 	return Config{Preset: p.Name, Shape: p.Shape, Dispatcher: "alltoall", Impl: "native",
 		EP: 8, CommTimeout: dispatchers.DefaultCommTimeout, FeplbBase: "alltoall", FeplbDyn: 0, FeplbPolicy: "feplb",
 		Routing: Routing{Kind: RoutingBalanced}, Seed: 1, Warmup: 3, Iters: 20,
-		Check: true, Device: "auto"}
+		Check: true, Device: "auto", Precision: PrecisionBF16}
 }
 
 // Bounds of the iteration settings: iterations are kept per rank in the
@@ -238,6 +244,11 @@ func (c Config) Validate() error {
 		return &ConfigError{"hidden", c.Hidden, "must be a multiple of 8 on the cuda device (rows move as 16-byte vectors)"}
 	case c.Impl != "native" && c.Impl != "library":
 		return &ConfigError{"impl", c.Impl, "allowed: native, library"}
+	case !slices.Contains(Precisions, c.precision()):
+		return &ConfigError{"precision", c.Precision, "allowed: " + strings.Join(Precisions, ", ")}
+	case c.precision() != PrecisionBF16 && c.Hidden%precisionBlock(c.precision()) != 0:
+		return &ConfigError{"precision", c.Precision, fmt.Sprintf("needs --hidden a multiple of %d (it quantizes rows in blocks of %d; --hidden is %d)",
+			precisionBlock(c.precision()), precisionBlock(c.precision()), c.Hidden)}
 	case c.HostExperts != "" && !slices.Contains(HostExpertsModes, c.HostExperts):
 		return &ConfigError{"host-experts", c.HostExperts, "allowed: " + strings.Join(HostExpertsModes, ", ")}
 	case c.HostExperts != "" && c.HostExperts != HostExpertsAuto && c.Device == "cuda":
@@ -260,6 +271,9 @@ func (c Config) Record() results.Config {
 		TopKScale: c.TopKScale, PreSoftmax: c.PreSoftmax, Dispatcher: c.Dispatcher, Impl: c.Impl, SMs: c.SMs, EP: c.EP, GPUs: c.GPUs, Domain: c.Domain,
 		Routing: c.Routing.String(), RoutingPerStep: c.perStepRouting(), Seed: c.Seed, Warmup: c.Warmup, Iters: c.Iters, MaxSeconds: c.MaxSeconds, Check: c.Check, Device: c.Device,
 		CUDAGraph: c.CUDAGraph, Pass: results.PassTraining}
+	if p := c.precision(); p != PrecisionBF16 { // absent: bf16, as every older record
+		r.Precision = p
+	}
 	if m := c.hostExperts(); c.Device == "host" && m != HostExpertsHeld {
 		r.HostExperts = m
 	}

@@ -170,6 +170,9 @@ func (l *Layer) gradProblem(w *widened, sample [][]int) kernels.GradProblem {
 	for r, rk := range l.Ranks {
 		s := rows(r)
 		p.X, p.DOut = append(p.X, widen(pick(l.X[r], s, h))...), append(p.DOut, widen(pick(l.DOut[r], s, h))...)
+		if l.Cfg.isFP8() {
+			p.XE = append(p.XE, widen(pick(l.expertInput(r), s, h))...)
+		}
 		p.Idx, probs = append(p.Idx, pick(rk.Idx, s, k)...), append(probs, pick(rk.Probs, s, k)...)
 		if l.Override[r] != nil {
 			p.Override = append(p.Override, widen(pick(l.Override[r], s, c.Experts))...)

@@ -53,6 +53,10 @@ type Layer struct {
 	drawn     []dispatchers.ExpertWeights
 	gradFree  []dispatchers.ExpertWeights
 	gradsDone func(r int)
+	// xe is each rank's expert input as the reference takes it at fp8
+	// (expertInput), made once
+	xe     [][]float32
+	xeOnce sync.Once
 }
 
 type rankRun struct {
@@ -65,6 +69,10 @@ type rankRun struct {
 	// (segs), and the shared expert's (sharedSaved [T, 3fs])
 	saved, sharedSaved []float32
 	segs               []dispatchers.Segment
+	// fp8 (precision.go): the e4m3 values of the rank's input (Rank.X
+	// during the step), and which rows of ExpertX this step dequantized
+	xq []float32
+	dq []bool
 }
 
 // NewLayer draws the layer's weights and inputs from cfg.Seed: inputs N(0,1),
@@ -83,6 +91,7 @@ func (l *Layer) ExpertWeights(e int) (fc1, fc2 []float32) {
 	h, f := l.Cfg.Hidden, l.Cfg.FFN
 	fc1, fc2 = make([]float32, 2*f*h), make([]float32, h*f)
 	l.drawExpert(e, fc1, fc2)
+	l.quantExpert(fc1, fc2)
 	return fc1, fc2
 }
 
@@ -185,7 +194,7 @@ type Timer func(phase string, rank int, fn func() error) error
 // every phase of every rank (rank by rank within a phase).
 func (l *Layer) Step(d dispatchers.Dispatcher, timed Timer) error {
 	for r := range l.run {
-		l.run[r].segs = l.run[r].segs[:0]
+		l.run[r].segs, l.run[r].dq = l.run[r].segs[:0], l.run[r].dq[:0]
 	}
 	return runPhases(l.steps(d), len(l.Ranks), timed)
 }
@@ -239,6 +248,9 @@ func (l *Layer) steps(d dispatchers.Dispatcher) []dispatchers.Step {
 		s = append(s, dispatchers.Step{Name: "shared", Run: l.sharedExpert})
 	}
 	s = append(s, dispatchers.Step{Name: "router", Run: l.route})
+	if l.Cfg.isFP8() {
+		s = append(s, dispatchers.Step{Name: "quantize", Run: l.quantize})
+	}
 	ph := dispatchers.Steps(d, l.experts)
 	last := ph[len(ph)-1]
 	ph[len(ph)-1].Run = func(r int) error { return l.finish(last, r) }
@@ -249,7 +261,7 @@ func (l *Layer) steps(d dispatchers.Dispatcher) []dispatchers.Step {
 // replaces them when the routing mode says so, and picks experts and probs.
 func (l *Layer) route(r int) error {
 	rk, run, c := l.Ranks[r], &l.run[r], l.Cfg
-	kernels.MatMulNT(run.logits, rk.X, l.Wr, c.Tokens, c.Experts, c.Hidden)
+	kernels.MatMulNT(run.logits, l.X[r], l.Wr, c.Tokens, c.Experts, c.Hidden) // the bf16 input (Rank.X holds e4m3 values at fp8)
 	if l.Override[r] != nil {
 		copy(run.logits, l.Override[r])
 	}
@@ -304,6 +316,11 @@ func (l *Layer) experts(r int) error {
 		}
 		if l.grads != nil {
 			run.segs = append(run.segs, dispatchers.Segment{Expert: sg.Expert, Start: sg.Start, Len: sg.Len})
+		}
+		if l.Cfg.isFP8() {
+			if err := l.dequantRows(r, sg.Start, sg.Start+sg.Len); err != nil {
+				return err
+			}
 		}
 	}
 	if n := rows * 3 * f; l.grads != nil && len(run.saved) < n { // keep what an earlier expert phase of the step saved
@@ -436,7 +453,11 @@ func (l *Layer) finish(last dispatchers.Step, r int) error {
 func (l *Layer) Footprint(d dispatchers.Dispatcher, r int) int64 {
 	rk, run := l.Ranks[r], &l.run[r]
 	n := cap(rk.X) + cap(rk.Idx) + cap(rk.Probs) + cap(rk.ExpertX) + cap(rk.ExpertProbs) + cap(rk.ExpertY) + cap(rk.Y) +
-		cap(run.logits) + cap(run.scratch) + cap(run.shared) + len(l.Wr) + len(l.Bias) + len(l.SharedFC1) + len(l.SharedFC2)
+		cap(run.logits) + cap(run.scratch) + cap(run.shared) + len(l.Wr) + len(l.Bias) + len(l.SharedFC1) + len(l.SharedFC2) +
+		cap(rk.Scales) + cap(rk.ExpertScales) + cap(run.dq)/4
+	if l.Cfg.isFP8() { // Rank.X holds the e4m3 values (run.xq); the bf16 input is kept too
+		n += cap(l.X[r])
+	}
 	for _, w := range rk.Experts { // none in a drawn layer
 		n += len(w.FC1) + len(w.FC2)
 	}

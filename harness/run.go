@@ -316,7 +316,7 @@ func failed(rec *results.Record, status string, err error) (*results.Record, err
 // dispatcherEnv is where cfg's dispatcher runs, with its options.
 func (c Config) dispatcherEnv() dispatchers.Env {
 	return dispatchers.Env{Device: c.Device, Base: c.FeplbBase, Domain: c.Domain, Dynamic: c.FeplbDyn, Policy: c.FeplbPolicy, Hidden: c.Hidden, FFN: c.FFN,
-		SMs: c.SMs, CommTimeout: c.CommTimeout}
+		SMs: c.SMs, CommTimeout: c.CommTimeout, Precision: c.precision()}
 }
 
 // dispatcherError is the outcome of a dispatcher that could not be built:
@@ -600,6 +600,9 @@ func fillMeasurements(rec *results.Record, cfg Config, m measured) {
 		Straggler: gs}
 	if ms > 0 {
 		rec.GEMM.TFLOPS = routed / (ms / 1e3) / 1e12
+	}
+	if cfg.isFP8() && cfg.Device == "host" {
+		rec.GEMM.Method = ExpertPathFP8
 	}
 	if m.forward > 0 {
 		backwardGEMM(rec.GEMM, m, cfg)

@@ -26,7 +26,11 @@ type GradProblem struct {
 	Tokens, RankTokens     int
 	Hidden, FFN, SharedFFN int // SharedFFN is FFN × shared experts; 0: none
 
-	X  []float64 // [T,h] the layer's input
+	X []float64 // [T,h] the layer's input
+	// XE, when not nil, is the routed experts' input [T,h] in place of X
+	// (fp8 dispatch: X quantized and dequantized); its gradient is added
+	// to X's unchanged (straight-through, as the FP8 recipes' backward)
+	XE []float64
 	Wr []float64 // [E,h] router weight
 	// Override, when not nil, holds logits [T,E] that replace x·Wrᵀ in the
 	// forward; their gradient flows to x·Wrᵀ unchanged (straight-through,
@@ -111,6 +115,10 @@ func ReferenceGradsEach(p GradProblem, workers int, each func(e int, fc1, fc2 []
 		byExpert[e] = append(byExpert[e], s)
 	}
 	var mu sync.Mutex // g.X
+	xe := p.X
+	if p.XE != nil {
+		xe = p.XE
+	}
 	type buffers struct{ dfc1, dfc2, dx []float64 }
 	bufs := make([]buffers, max(1, min(workers, E)))
 	parallelItems(E, len(bufs), func(w, e int) {
@@ -121,7 +129,7 @@ func ReferenceGradsEach(p GradProblem, workers int, each func(e int, fc1, fc2 []
 			b.dx = zeroed(b.dx, len(slots)*h)
 			for i, s := range slots {
 				tok := s / k
-				x, dy := p.X[tok*h:(tok+1)*h], p.DOut[tok*h:(tok+1)*h]
+				x, dy := xe[tok*h:(tok+1)*h], p.DOut[tok*h:(tok+1)*h]
 				g.Probs[s] = mlpTokenGrad(x, dy, probs[s], fc1, fc2, h, f, b.dx[i*h:(i+1)*h], b.dfc1, b.dfc2)
 			}
 			mu.Lock()

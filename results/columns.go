@@ -167,6 +167,7 @@ var columns = []column{
 	{head: "dispatcher", val: func(r Row) string { return r.Rec.Config.Dispatcher }},
 	{head: "impl", val: func(r Row) string { return r.Rec.Config.Impl }},
 	{head: "sms", val: smsCell},
+	{head: "precision", shown: anyFP8, val: func(r Row) string { return r.Rec.Config.PrecisionName() }},
 	{head: "status", val: func(r Row) string { return r.Rec.Status }},
 	{head: "sms_held", shown: held, val: heldCell},
 	{head: "rank_step_p50", okOnly: true, ms: func(r Row) (float64, bool) { s, _ := twoSteps(r.Rec); return p50Of(s) }},
@@ -250,6 +251,11 @@ func asDesigned(g Group) bool {
 
 // held: some row of g says what SMs it held (records from before the
 // column say nothing).
+// anyFP8: some row of g ran at a precision other than bf16 (--precision).
+func anyFP8(g Group) bool {
+	return slices.ContainsFunc(g.Rows, func(r Row) bool { return r.Rec.Config.PrecisionName() != "bf16" })
+}
+
 func held(g Group) bool {
 	return slices.ContainsFunc(g.Rows, func(r Row) bool { return r.Rec.SMs.Held > 0 || r.Rec.SMs.HeldNote != "" })
 }
@@ -453,6 +459,10 @@ func reportKey(groups []Group) []string {
 	}
 	if slices.ContainsFunc(groups, held) {
 		key = append(key, "sms_held: the SMs each rank held on a GPU (one block per SM; ranks packed on one GPU share its SMs, at most SMs ÷ ranks each), n/a on the host device")
+	}
+	if slices.ContainsFunc(groups, anyFP8) {
+		key = append(key, "precision: --precision; fp8 dispatches e4m3 rows with one fp32 scale per 1×128 block (bytes and algo GB/s count them: hidden + hidden/128 × 4 B a row), "+
+			"combine bf16, expert GEMMs as the record's gemm.method says (docs/fp8.md)")
 	}
 	if slices.ContainsFunc(groups, asDesigned) {
 		key = append(key, "dispatch_as_designed_*: the dispatch as the design's own test times it, per iteration the sum of its parts' slowest ranks, p50 "+

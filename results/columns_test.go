@@ -13,7 +13,7 @@ import (
 
 // csvText are the CSV columns that hold text; every other one holds a
 // number or nothing.
-var csvText = []string{"stack_summary", "preset", "score", "routing", "device", "dispatcher", "impl", "status", "reason", "timing_note", "stopped", "step_is", "pass",
+var csvText = []string{"stack_summary", "preset", "score", "routing", "device", "dispatcher", "impl", "precision", "status", "reason", "timing_note", "stopped", "step_is", "pass",
 	"sm_util_note", "checked", "check_passed", "rebalance_policy", "rebalance_copies_exposed_note"}
 
 func readCSV(t *testing.T, s string) (head []string, rows []map[string]string) {
@@ -90,6 +90,32 @@ func TestReportCSV(t *testing.T) {
 	h1, r1 := readCSV(t, one.String())
 	if len(r1) != 1 || r1[0]["speedup_vs_alltoall"] != "" || r1[0]["step_p50_ms"] == "" || !slices.Contains(h1, "rebalance_moves") {
 		t.Errorf("one record's CSV: %v %v", h1, r1)
+	}
+}
+
+// TestReportPrecision: records of one workload at bf16 and fp8 are rows
+// side by side (bf16 first) with a precision column and its key; a group
+// of bf16 rows alone has no such column; the CSV always has it.
+func TestReportPrecision(t *testing.T) {
+	bf, fp := okRecord("alltoall", []float64{2, 2, 2}), okRecord("alltoall", []float64{1, 1, 1})
+	fp.Config.Precision = "fp8"
+	var b bytes.Buffer
+	if err := WriteReport(&b, BuildReport([]Record{fp, bf}), "table", ""); err != nil {
+		t.Fatal(err)
+	}
+	if out := b.String(); !regexp.MustCompile(`precision[^\n]*\n[^\n]*alltoall[^\n]* bf16 [^\n]*\n[^\n]*alltoall[^\n]* fp8 `).MatchString(out) ||
+		!strings.Contains(out, "precision: --precision; fp8 dispatches e4m3 rows") {
+		t.Errorf("bf16 and fp8 rows:\n%s", out)
+	}
+	b.Reset()
+	WriteReport(&b, BuildReport([]Record{bf}), "table", "")
+	if strings.Contains(b.String(), "precision") {
+		t.Errorf("a bf16 group shows a precision column:\n%s", b.String())
+	}
+	b.Reset()
+	WriteReport(&b, BuildReport([]Record{bf}), "csv", "")
+	if head, rows := readCSV(t, b.String()); !slices.Contains(head, "precision") || rows[0]["precision"] != "bf16" {
+		t.Errorf("csv: %v %v", head, rows)
 	}
 }
 

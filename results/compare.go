@@ -184,6 +184,9 @@ func Compare(base, new []Record, o CompareOptions, allowStackChange bool) (*Comp
 	}
 	c := &Comparison{}
 	c.StackDiffs, c.StackNotes = StackDiff(bs, ns)
+	if d := PrecisionDiff(base, new); d != "" {
+		c.StackDiffs = append(c.StackDiffs, d)
+	}
 	if len(c.StackDiffs) > 0 && !allowStackChange {
 		return c, &StackChangeError{c.StackDiffs}
 	}
@@ -233,6 +236,29 @@ func Compare(base, new []Record, o CompareOptions, allowStackChange bool) (*Comp
 		return c, fmt.Errorf("no point of new matches a point of base (same workload and settings)")
 	}
 	return c, nil
+}
+
+// PrecisionDiff is "precision: A → B" when the records of base and new
+// were run at different precisions (--precision; each file's set of them),
+// else "". Compare counts it as a stack difference: the numbers of two
+// precisions are never a regression of one another.
+func PrecisionDiff(base, new []Record) string {
+	set := func(recs []Record) string {
+		m := map[string]bool{}
+		for _, r := range recs {
+			m[r.Config.PrecisionName()] = true
+		}
+		var s []string
+		for p := range m {
+			s = append(s, p)
+		}
+		sort.Strings(s)
+		return strings.Join(s, ",")
+	}
+	if a, b := set(base), set(new); a != b {
+		return fmt.Sprintf("precision: %s → %s", a, b)
+	}
+	return ""
 }
 
 // PassChangeError is Compare's refusal of files whose records time

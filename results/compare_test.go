@@ -314,6 +314,37 @@ func TestCompareSettingsThatChangeTheMeasurement(t *testing.T) {
 	}
 }
 
+// TestComparePrecisions: records of different precisions (--precision)
+// are refused as a stack change, with the precisions named, unless
+// allowed; a record without the field (older) reads as bf16 and keeps its
+// point; files of the same precisions compare.
+func TestComparePrecisions(t *testing.T) {
+	bf, fp := okRecord("alltoall", []float64{1, 1, 1, 1, 1}), okRecord("alltoall", []float64{1, 1, 1, 1, 1})
+	fp.Config.Precision = "fp8"
+	_, err := Compare([]Record{bf}, []Record{fp}, DefaultCompareOptions, false)
+	var sc *StackChangeError
+	if !errors.As(err, &sc) || !strings.Contains(err.Error(), "precision: bf16 → fp8") {
+		t.Fatalf("bf16 against fp8: %v", err)
+	}
+	if c, err := Compare([]Record{bf}, []Record{fp}, DefaultCompareOptions, true); err == nil || len(c.Changes) != 2 || len(c.StackDiffs) != 1 {
+		t.Errorf("bf16 against fp8, allowed: the points must stay apart: %v, %+v", err, c)
+	}
+	if c, err := Compare([]Record{bf, fp}, []Record{fp, bf}, DefaultCompareOptions, false); err != nil || len(c.Changes) != 2 || c.Regressions != 0 {
+		t.Errorf("the same precisions in both files: %v, %+v", err, c)
+	}
+	b, _ := json.Marshal(bf)
+	if strings.Contains(string(b), "precision") {
+		t.Errorf("a bf16 record writes its precision (older readers and points expect none): %s", b)
+	}
+	recs, err := Read(strings.NewReader(string(b)+"\n"), "old.jsonl", nil)
+	if err != nil || recs[0].Config.PrecisionName() != "bf16" || recs[0].Config.Settings() != bf.Config.Settings() {
+		t.Errorf("an older record: %v %+v", err, recs)
+	}
+	if fp.Config.Settings() == bf.Config.Settings() {
+		t.Errorf("fp8 and bf16 share a point: %s", fp.Config.Settings())
+	}
+}
+
 // TestCheckNameOfOlderRecords: a record without check_tokens (older) reads
 // as what its device's check did then: every token on the host, a sample
 // on the cuda device; one with it says which.

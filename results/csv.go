@@ -129,6 +129,7 @@ var csvHead = []csvField{
 	{"device", func(_ *Group, r Row) string { return r.Rec.Config.Device }},
 	{"dispatcher", func(_ *Group, r Row) string { return r.Rec.Config.Dispatcher }},
 	{"impl", func(_ *Group, r Row) string { return r.Rec.Config.Impl }},
+	{"precision", func(_ *Group, r Row) string { return r.Rec.Config.PrecisionName() }},
 	{"sms", func(_ *Group, r Row) string { return strconv.Itoa(r.Rec.Config.SMs) }}, // as given; 0 = the dispatcher's default
 	{"sm_budget", func(_ *Group, r Row) string { return nonZero(float64(smBudget(r.Rec))) }},
 	{"status", func(_ *Group, r Row) string { return r.Rec.Status }},

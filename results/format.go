@@ -71,6 +71,9 @@ func WriteTable(w io.Writer, rec *Record) error {
 	if c.Domain > 0 {
 		sms += fmt.Sprintf(" · domain %d", c.Domain)
 	}
+	if c.Precision != "" {
+		sms += " · precision " + c.Precision
+	}
 	p.f("# dispatcher %s (%s) · sms %s · routing %s · seed %d · warmup %d · iters %d · %s\n",
 		c.Dispatcher, c.Impl, sms, routing, c.Seed, c.Warmup, c.Iters, passLine(c))
 	if lib := rec.Library; lib != nil {

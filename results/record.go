@@ -185,6 +185,17 @@ type Config struct {
 	// released once checked) or "drawn" (weights drawn from the seed when
 	// used: the host times include drawing them)
 	HostExperts string `json:"host_experts,omitempty"`
+	// Precision is the dispatch and expert-GEMM precision (--precision):
+	// "fp8" or "mxfp8"; absent: bf16 (every record before the flag)
+	Precision string `json:"precision,omitempty"`
+}
+
+// PrecisionName is c's precision, "bf16" where the record has none.
+func (c Config) PrecisionName() string {
+	if c.Precision == "" {
+		return "bf16"
+	}
+	return c.Precision
 }
 
 // Passes an iteration can time.

@@ -64,7 +64,10 @@ func BuildReport(recs []Record) []Group {
 			if x.Impl != y.Impl {
 				return x.Impl > y.Impl // native first
 			}
-			return x.SMs < y.SMs
+			if x.SMs != y.SMs {
+				return x.SMs < y.SMs
+			}
+			return x.PrecisionName() < y.PrecisionName() // bf16 before fp8: side by side
 		})
 		var ref *Record
 		for _, row := range rows {

@@ -185,8 +185,9 @@ func (c Config) ScoreName() string {
 }
 
 // Settings is what is varied within a workload: the dispatcher, its
-// implementation, its SM budget, and whether the steps were issued as
-// CUDA graphs.
+// implementation, its SM budget, whether the steps were issued as CUDA
+// graphs, and the precision (compare refuses files whose precisions
+// differ: PrecisionDiff).
 func (c Config) Settings() string {
 	s := fmt.Sprintf("%s/%s sms=%d", c.Dispatcher, c.Impl, c.SMs)
 	if c.FeplbBase != "" {
@@ -197,6 +198,9 @@ func (c Config) Settings() string {
 	}
 	if c.CUDAGraph {
 		s += " cuda-graph"
+	}
+	if c.Precision != "" { // bf16 points keep their older spelling
+		s += " precision=" + c.Precision
 	}
 	return s
 }

@@ -42,6 +42,7 @@ func benchDispatch(args []string, stdout, stderr io.Writer) int {
 	var sms []int
 	var format, out string
 	fs := benchDispatchFlags(&o, &names, &sms, &format, &out)
+	precisions := fs.Lookup("precision").Value.(pflag.SliceValue)
 	if code, ok := parseFlags(fs, args, benchDispatchHelp, stdout, stderr); !ok {
 		return code
 	}
@@ -64,13 +65,19 @@ func benchDispatch(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return usageError(stderr, err)
 	}
+	precs := precisions.GetSlice()
+	if len(precs) == 0 {
+		return usageError(stderr, &harness.ConfigError{Flag: "precision", Value: `""`, Allowed: "empty list; give one or more of: " + strings.Join(harness.Precisions, ", ")})
+	}
 	for _, n := range names { // every point is valid before anything runs
 		c := cfg
 		c.Dispatcher = n
 		for _, s := range sms {
-			c.SMs = s
-			if err := c.Validate(); err != nil {
-				return usageError(stderr, err)
+			for _, p := range precs {
+				c.SMs, c.Precision = s, p
+				if err := c.Validate(); err != nil {
+					return usageError(stderr, err)
+				}
 			}
 		}
 	}
@@ -79,7 +86,7 @@ func benchDispatch(args []string, stdout, stderr io.Writer) int {
 	if dev == "host" {
 		fmt.Fprintf(stderr, "moebench: bench dispatch on the host device (%s): host wall-clock times, not GPU performance\n", note)
 	}
-	b, err := harness.BenchDispatch(cfg, names, sms, harness.Env{Version: version(), DeviceNote: note})
+	b, err := harness.BenchDispatchAt(cfg, names, sms, precs, harness.Env{Version: version(), DeviceNote: note})
 	return benchResult(stdout, stderr, "dispatch", b, b != nil, err, format, out, func() { writeDispatchBench(stdout, b) })
 }
 
@@ -90,6 +97,7 @@ func benchDispatchFlags(o *options, names *[]string, sms *[]int, format, out *st
 	fs.SortFlags = false
 	fs.StringSliceVar(names, "dispatcher", []string{"alltoall", "deepep", "hybridep"}, "dispatchers, comma-separated: "+strings.Join(dispatchers.Names(), ","))
 	fs.IntSliceVar(sms, "sms", []int{8, 16, 24, 32}, "SM budgets of SM-driven dispatchers (0 = the dispatcher's default)")
+	fs.StringSlice("precision", []string{harness.PrecisionBF16}, "precisions, comma-separated, each point run at each side by side: bf16 | fp8 (e4m3 rows with 1×128 fp32 scales; combine bf16) | mxfp8")
 	fs.IntVar(&o.ep, "ep", d.EP, "expert-parallel ranks")
 	fs.IntVar(&o.domain, "domain", d.Domain, "ranks per NVLink domain (hybridep links domains through its inter-domain path); 0 = all ranks")
 	fs.StringVar(&o.preset, "preset", d.Preset, "layer shape preset; the shape flags override it")
@@ -144,14 +152,18 @@ func writeDispatchBench(w io.Writer, b *harness.DispatchBench) {
 		fmt.Fprintf(w, "# ranks: %s\n", b.Ranks)
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "dispatcher\tsms\tdispatch ms\tparts ms\tGB/s\tGB/s/SM\tpred/SM\tcombine ms\tGB/s\tGB/s/SM\tpred/SM\tcheck\t")
+	fmt.Fprintln(tw, "dispatcher\tprec\tsms\tdispatch ms\tparts ms\tGB/s\tGB/s/SM\tpred/SM\tcombine ms\tGB/s\tGB/s/SM\tpred/SM\tcheck\t")
 	for _, p := range b.Points {
 		sms := "—"
 		if p.Budget > 0 {
 			sms = fmt.Sprint(p.Budget)
 		}
+		prec := harness.PrecisionBF16
+		if p.Precision != "" {
+			prec = p.Precision
+		}
 		if p.Status != results.StatusOK {
-			fmt.Fprintf(tw, "%s\t%s\t—\t—\t—\t—\t%s\t—\t—\t—\t%s\t%s\t\n", p.Dispatcher, sms, pred(p, true), pred(p, false), results.StatusLine(p.Status, p.Dispatcher, p.Impl, p.Reason))
+			fmt.Fprintf(tw, "%s\t%s\t%s\t—\t—\t—\t—\t%s\t—\t—\t—\t%s\t%s\t\n", p.Dispatcher, prec, sms, pred(p, true), pred(p, false), results.StatusLine(p.Status, p.Dispatcher, p.Impl, p.Reason))
 			continue
 		}
 		var dms, cms float64
@@ -182,7 +194,7 @@ func writeDispatchBench(w io.Writer, b *harness.DispatchBench) {
 			return fmt.Sprintf("%.4f", v)
 		}
 		tr := p.Traffic
-		fmt.Fprintf(tw, "%s\t%s\t%.3f\t%s\t%.3f\t%s\t%s\t%.3f\t%.3f\t%s\t%s\tround trip %s\t\n", p.Dispatcher, sms, dms, parts, tr.DispatchGBps, perSM(tr.DispatchGBpsPerSM),
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%.3f\t%s\t%.3f\t%s\t%s\t%.3f\t%.3f\t%s\t%s\tround trip %s\t\n", p.Dispatcher, prec, sms, dms, parts, tr.DispatchGBps, perSM(tr.DispatchGBpsPerSM),
 			pred(p, true), cms, tr.CombineGBps, perSM(tr.CombineGBpsPerSM), pred(p, false), p.RoundTrip)
 	}
 	tw.Flush()
@@ -199,7 +211,8 @@ func writeDispatchBench(w io.Writer, b *harness.DispatchBench) {
 			said["design "+p.Dispatcher] = true
 			fmt.Fprintf(w, "# dispatch ms of %s: %s, %s; its GB/s are over that time\n", p.Dispatcher, strings.Join(d.Parts, " + "), d.About)
 		}
-		if p.HeldNote != "" && p.Status == results.StatusOK {
+		if p.HeldNote != "" && p.Status == results.StatusOK && !said[fmt.Sprint("held ", p.Dispatcher, p.Budget)] {
+			said[fmt.Sprint("held ", p.Dispatcher, p.Budget)] = true
 			fmt.Fprintf(w, "# SMs held by %s at %d: %s\n", p.Dispatcher, p.Budget, p.HeldNote)
 		}
 	}

@@ -22,6 +22,7 @@ import (
 type options struct {
 	preset, dispatcher, impl, score, routing, device, out, format, dump string
 	feplbBase, feplbPolicy, cudaLibs, rendezvous, hostExperts           string
+	precision                                                           string
 	domain, feplbDyn                                                    int
 	tokens, hidden, ffn, experts, topk, shared, groups, groupTopK       int
 	sms, ep, gpus, warmup, iters                                        int
@@ -79,6 +80,7 @@ func newFlags(o *options) *pflag.FlagSet {
 	fs.StringVar(&o.preset, "preset", d.Preset, "layer shape preset (see 'moebench presets'); shape flags below override its fields")
 	addShapeFlags(fs, o)
 	fs.StringVar(&o.routing, "routing", d.Routing.String(), "routing: balanced|uniform|skewed:ALPHA|trace:FILE|natural")
+	addPrecisionFlag(fs, &o.precision)
 	addControlFlags(fs, o)
 	fs.StringVar(&o.hostExperts, "host-experts", harness.HostExpertsAuto, "host device: how the layer holds the experts' weights and fp32 weight gradients: "+
 		"auto (the first of the others that fits in the available memory) | held (all, the whole run) | grads-by-rank (all weights; each rank's weight gradients "+
@@ -88,6 +90,13 @@ func newFlags(o *options) *pflag.FlagSet {
 	fs.StringVar(&o.format, "format", "table", "output format: "+strings.Join(results.Formats, "|"))
 	fs.StringVar(&o.dump, "dump", "", "write the layer's tensors as .npy files with an index.json to this new directory (a run of one process)")
 	return fs
+}
+
+// addPrecisionFlag defines --precision.
+func addPrecisionFlag(fs *pflag.FlagSet, p *string) {
+	fs.StringVar(p, "precision", harness.PrecisionBF16, "dispatch and expert precision: bf16 | fp8 (Hopper's blockwise recipe: e4m3 rows with one fp32 scale "+
+		"per 1×128 block sent by the dispatch, expert weights in 128×128 blocks, combine bf16; --hidden a multiple of 128) | mxfp8 (e4m3, one e8m0 scale per 32; "+
+		"unavailable in this build); see docs/fp8.md")
 }
 
 // addFeplbFlags defines the NVLink domain and feplb's options.
@@ -197,6 +206,7 @@ func (o *options) config(fs *pflag.FlagSet) (harness.Config, error) {
 	c.Routing, c.RoutingFixed, c.Seed, c.Warmup, c.Iters, c.Check, c.Device = r, o.routingFixed, o.seed, o.warmup, o.iters, o.check, o.device
 	c.CheckAll = o.check && o.checkAll
 	c.MaxSeconds, c.CUDAGraph, c.ForwardOnly, c.HostExperts = o.maxSeconds, o.cudaGraph, o.forwardOnly, o.hostExperts
+	c.Precision = o.precision
 	if c.CommTimeout == 0 { // as the help says: 0 = the default
 		c.CommTimeout = dispatchers.DefaultCommTimeout
 	}

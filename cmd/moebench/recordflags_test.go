@@ -51,6 +51,7 @@ var measuringFlags = map[string]runFlagChange{
 	"device":         {nil, "host"},
 	"host-experts":   {[]string{"--device", "host"}, "drawn"},
 	"cuda-graph":     {[]string{"--device", "cuda"}, "true"},
+	"precision":      {nil, "fp8"},
 }
 
 // notMeasuring are the flags of 'moebench run' that do not change what a

@@ -25,6 +25,7 @@ import (
 // sweepOptions are the matrix axes of moebench sweep.
 type sweepOptions struct {
 	dispatchers, impls, presets, routings []string
+	precisions                            []string
 	sms, ep, gpus                         []int
 	file                                  string
 }
@@ -48,6 +49,7 @@ func sweepFlags(o *options, so *sweepOptions) *pflag.FlagSet {
 	fs.StringSliceVar(&so.presets, "presets", []string{d.Preset}, "layer presets")
 	addShapeFlags(fs, o)
 	fs.StringSliceVar(&so.routings, "routings", []string{d.Routing.String()}, "routings")
+	fs.StringSliceVar(&so.precisions, "precisions", []string{harness.PrecisionBF16}, "precisions: "+strings.Join(harness.Precisions, ","))
 	addControlFlags(fs, o)
 	fs.StringVar(&o.out, "out", "", "results file to append one record per point to (required)")
 	fs.StringVar(&so.file, "file", "", "sweep file: a JSON object whose keys are these flags' names; flags given on the command line win")
@@ -56,7 +58,7 @@ func sweepFlags(o *options, so *sweepOptions) *pflag.FlagSet {
 
 // sweepSingular are the run command's spellings of sweep's list flags, which
 // sweep accepts as the same flags.
-var sweepSingular = map[string]string{"dispatcher": "dispatchers", "impl": "impls", "preset": "presets", "routing": "routings"}
+var sweepSingular = map[string]string{"dispatcher": "dispatchers", "impl": "impls", "preset": "presets", "routing": "routings", "precision": "precisions"}
 
 // checkLists refuses an empty list of dispatchers, implementations, presets
 // or routings (as --presets "" gives), which would leave no point.
@@ -66,7 +68,8 @@ func (so sweepOptions) checkLists() error {
 		v       []string
 		allowed []string
 	}{{"dispatchers", so.dispatchers, dispatchers.Names()}, {"impls", so.impls, []string{"native", "library"}},
-		{"presets", so.presets, harness.PresetNames()}, {"routings", so.routings, []string{"balanced", "uniform", "skewed:ALPHA", "trace:FILE", "natural"}}} {
+		{"presets", so.presets, harness.PresetNames()}, {"routings", so.routings, []string{"balanced", "uniform", "skewed:ALPHA", "trace:FILE", "natural"}},
+		{"precisions", so.precisions, harness.Precisions}} {
 		if len(l.v) == 0 {
 			return &harness.ConfigError{Flag: l.flag, Value: `""`, Allowed: "empty list; give one or more of: " + strings.Join(l.allowed, ", ")}
 		}
@@ -75,7 +78,7 @@ func (so sweepOptions) checkLists() error {
 }
 
 const sweepHelp = `moebench sweep runs a matrix of dispatchers × implementations × --sms × EP sizes
-× GPU counts × presets × routings and appends one record per point to --out. A failing or
+× GPU counts × presets × routings × precisions and appends one record per point to --out. A failing or
 unavailable point is recorded with its reason and the sweep goes on; Ctrl-C stops
 after the current point (twice: at once), leaving the file valid.
 
@@ -190,6 +193,9 @@ func sweep(args []string, stdout, stderr io.Writer) int {
 		gpus := ""
 		if c.GPUs > 0 {
 			gpus = fmt.Sprintf(" gpus=%d", c.GPUs)
+		}
+		if c.Precision != "" && c.Precision != harness.PrecisionBF16 {
+			gpus += " precision=" + c.Precision
 		}
 		line := fmt.Sprintf("[%d/%d] %s/%s sms=%d ep=%d%s %s %s: %s", ev.Index, ev.Total, c.Dispatcher, c.Impl, c.SMs, c.EP, gpus,
 			c.Preset, c.Routing, status)
@@ -345,13 +351,15 @@ func expand(fs *pflag.FlagSet, base options, so sweepOptions) ([]harness.Config,
 								sms = []int{0}
 							}
 							for _, n := range sms {
-								o := base
-								o.preset, o.routing, o.ep, o.gpus, o.dispatcher, o.impl, o.sms = preset, routing, ep, g, d, impl, n
-								c, err := o.config(fs)
-								if err != nil {
-									return nil, fmt.Errorf("point preset=%s routing=%s ep=%d gpus=%d dispatcher=%s impl=%s sms=%d: %w", preset, routing, ep, g, d, impl, n, err)
+								for _, p := range so.precisions {
+									o := base
+									o.preset, o.routing, o.ep, o.gpus, o.dispatcher, o.impl, o.sms, o.precision = preset, routing, ep, g, d, impl, n, p
+									c, err := o.config(fs)
+									if err != nil {
+										return nil, fmt.Errorf("point preset=%s routing=%s ep=%d gpus=%d dispatcher=%s impl=%s sms=%d precision=%s: %w", preset, routing, ep, g, d, impl, n, p, err)
+									}
+									out = append(out, c)
 								}
-								out = append(out, c)
 							}
 						}
 					}

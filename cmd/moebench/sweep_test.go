@@ -187,6 +187,12 @@ func TestCompareCLI(t *testing.T) {
 	if code, out, _ := cli("compare", "--allow-stack-change", base, otherFile); code != exitRegression || !strings.Contains(out, "# stacks differ") {
 		t.Errorf("allowed stack change: exit %d\n%s", code, out)
 	}
+	// another precision: a new baseline is needed, as for a stack change
+	fp8 := slow
+	fp8.Config.Precision = "fp8"
+	if code, _, e := cli("compare", base, write("fp8.jsonl", fp8)); code != exitStackChange || !strings.Contains(e, "precision: bf16 → fp8") {
+		t.Errorf("bf16 base, fp8 new: exit %d, %s", code, e)
+	}
 	// a forward-only baseline against training steps: a new baseline is needed
 	fwdOnly := withSamples(1, "cuda")
 	fwdOnly.Config.Pass = results.PassForward

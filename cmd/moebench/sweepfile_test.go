@@ -44,6 +44,7 @@ var fileKeys = map[string]struct {
 	"topk-scale":     {1.5, func(r *results.Record) any { return r.Config.TopKScale }},
 	"pre-softmax":    {true, func(r *results.Record) any { return r.Config.PreSoftmax }},
 	"routings":       {[]any{"skewed:0.5"}, func(r *results.Record) any { return r.Config.Routing }},
+	"precisions":     {[]any{"bf16"}, func(r *results.Record) any { return r.Config.PrecisionName() }}, // fp8 needs --hidden a multiple of 128: TestSweepPrecisions
 	"routing-fixed":  {true, func(r *results.Record) any { return !r.Config.RoutingPerStep }},
 	"seed":           {7, func(r *results.Record) any { return r.Config.Seed }},
 	"warmup":         {1, func(r *results.Record) any { return r.Config.Warmup }},

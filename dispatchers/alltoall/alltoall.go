@@ -35,6 +35,7 @@ type A2A struct {
 	ranks    []*dispatchers.Rank
 	st       []state
 	backward bool // the last step ran the backward
+	fp8      bool // the last dispatch moved e4m3 rows with their scales (Rank.Scales set)
 }
 
 // state is one rank's private buffers.
@@ -44,11 +45,13 @@ type state struct {
 	sendOff []int     // [EP+1] first permuted row destined to each rank
 	permX   []float32 // [T·k, h] permuted copies
 	permP   []float32 // [T·k] their probabilities
+	permS   []float32 // [T·k, h/128] fp8: their scales
 	permY   []float32 // [T·k, h] expert outputs returned, permuted order
 
 	// receive side, filled by Dispatch
 	recvX []float32 // [N, h] received, ordered [source][local expert]
 	recvP []float32
+	recvS []float32 // fp8: the rows' scales
 	// chunk (local expert l, source s) lies at recvOff[s][l] in recvX and at
 	// expOff[l][s] in ExpertX; chunkN[s][l] rows.
 	recvOff, chunkN [][]int
@@ -84,11 +87,16 @@ func (a *A2A) Bind(shape dispatchers.Shape, ranks []*dispatchers.Rank) error {
 func (a *A2A) Permute(r int) error {
 	s, rk, sh := &a.st[r], a.ranks[r], a.shape
 	if r == 0 {
-		a.backward = false
+		a.backward, a.fp8 = false, rk.Scales != nil
 	}
 	s.slots, s.counts = kernels.PermuteOrder(rk.Idx, sh.Tokens, sh.TopK, sh.Experts, s.slots, s.counts)
 	kernels.GatherRows(s.permX, rk.X, s.slots, sh.TopK, sh.Hidden)
 	kernels.GatherRows(s.permP, rk.Probs, s.slots, 1, 1)
+	if a.fp8 { // the scales travel with their rows
+		S := dispatchers.ScaleWidth(sh.Hidden)
+		s.permS = kernels.Grow(s.permS, len(s.slots)*S)
+		kernels.GatherRows(s.permS, rk.Scales, s.slots, sh.TopK, S)
+	}
 	s.sendOff = kernels.Grow(s.sendOff, sh.EP+1)
 	L := sh.LocalExperts()
 	for d := range sh.EP {
@@ -122,6 +130,12 @@ func (a *A2A) Dispatch(r int) error {
 	rk.ExpertProbs = kernels.Grow(rk.ExpertProbs, total)
 	a.deliver(r, h, s.recvX, rk.ExpertX, func(ss *state) []float32 { return ss.permX })
 	a.deliver(r, 1, s.recvP, rk.ExpertProbs, func(ss *state) []float32 { return ss.permP })
+	if a.fp8 {
+		S := dispatchers.ScaleWidth(h)
+		s.recvS = kernels.Grow(s.recvS, total*S)
+		rk.ExpertScales = kernels.Grow(rk.ExpertScales, total*S)
+		a.deliver(r, S, s.recvS, rk.ExpertScales, func(ss *state) []float32 { return ss.permS })
+	}
 	rk.Segments = rk.Segments[:0]
 	at := 0
 	for l := range L {
@@ -220,7 +234,7 @@ func (a *A2A) Traffic() dispatchers.Traffic {
 	for r := range a.st {
 		sendOff[r] = a.st[r].sendOff
 	}
-	tr := traffic(a.shape, sendOff)
+	tr := traffic(a.shape, sendOff, a.fp8)
 	if a.backward {
 		backwardTraffic(&tr, a.shape.Hidden)
 	}
@@ -229,7 +243,7 @@ func (a *A2A) Traffic() dispatchers.Traffic {
 
 // traffic is the bytes of a step whose rank src sends rows
 // [sendOff[src][d], sendOff[src][d+1]) of its permuted copies to rank d.
-func traffic(sh dispatchers.Shape, sendOff [][]int) dispatchers.Traffic {
+func traffic(sh dispatchers.Shape, sendOff [][]int, fp8 bool) dispatchers.Traffic {
 	var off, all int64
 	for src, so := range sendOff {
 		for d := range sh.EP {
@@ -240,20 +254,30 @@ func traffic(sh dispatchers.Shape, sendOff [][]int) dispatchers.Traffic {
 			}
 		}
 	}
-	row := int64(sh.Hidden) * 2
+	row, in := int64(sh.Hidden)*2, dispatchers.RowBytes(fp8, sh.Hidden)
+	alg := "DeepEP's convention (rows received × hidden × 2 B, a rank's rows to itself included); alltoall's rows are copies"
+	if fp8 {
+		alg = "DeepEP's convention (rows received × its row: hidden × 2 B bf16, or at fp8 hidden × 1 B e4m3 + hidden/128 × 4 B scales, as test_intranode's fp8 factor; " +
+			"a rank's rows to itself included); alltoall's rows are copies; combine bf16"
+	}
 	return dispatchers.Traffic{
-		DispatchOffRank: off * (row + 4), DispatchLogical: all * (row + 4),
+		DispatchOffRank: off * (in + 4), DispatchLogical: all * (in + 4),
 		CombineOffRank: off * row, CombineLogical: all * row,
-		Formula: "dispatch = copies × (hidden×2 B bf16 + 4 B fp32 prob); combine = copies × hidden×2 B; " +
+		Formula: "dispatch = copies × (" + dispatchers.RowFormula(fp8) + " + 4 B fp32 prob); combine = copies × hidden×2 B; " +
 			"a copy is one (token, expert) pair, so a token routed to two experts of one rank is sent twice; off-rank excludes copies to the token's own rank",
-		DispatchAlgorithm: all * row, CombineAlgorithm: all * row,
-		AlgorithmFormula: "DeepEP's convention (rows received × hidden × 2 B, a rank's rows to itself included); alltoall's rows are copies",
+		DispatchAlgorithm: all * in, CombineAlgorithm: all * row,
+		AlgorithmFormula: alg,
 	}
 }
 
 // Footprint counts the rank's private buffers (float32 and int32 elements).
 func (a *A2A) Footprint(r int) int64 {
 	s := &a.st[r]
-	n := cap(s.permX) + cap(s.permP) + cap(s.permY) + cap(s.recvX) + cap(s.recvP) + cap(s.recvY) + cap(s.slots)
+	n := cap(s.permX) + cap(s.permP) + cap(s.permY) + cap(s.recvX) + cap(s.recvP) + cap(s.recvY) + cap(s.slots) + cap(s.permS) + cap(s.recvS)
 	return 4 * int64(n)
 }
+
+// FP8Unavailable: the host alltoall moves the e4m3 rows and their 1×128
+// scales through the same variable-split exchange (Megatron's alltoall
+// dispatcher with an FP8 payload); it can at every shape.
+func (a *A2A) FP8Unavailable(dispatchers.Env) string { return "" }

@@ -448,7 +448,7 @@ func (a *Device) Traffic() dispatchers.Traffic {
 			sendOff[src] = so
 		}
 	}
-	t := traffic(a.shape, sendOff)
+	t := traffic(a.shape, sendOff, false)
 	if len(a.st) > 0 && a.st[0].backward {
 		backwardTraffic(&t, a.shape.Hidden)
 	}

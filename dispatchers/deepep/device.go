@@ -519,7 +519,7 @@ func (d *Device) Traffic() dispatchers.Traffic {
 			per[r] = append(per[r], int(n))
 		}
 	}
-	return traffic(d.shape, per, d.backward)
+	return traffic(d.shape, per, d.backward, false)
 }
 
 // Buffers are rank r's buffers as allocated.

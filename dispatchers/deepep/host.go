@@ -20,6 +20,7 @@ type Host struct {
 	// backward: the last step ran the backward (its bytes and the combine
 	// queue's probability gradients count)
 	backward bool
+	fp8      bool // the last dispatch moved e4m3 rows with their scales (Rank.Scales set)
 }
 
 // WithConfig returns the host implementation with cfg instead of DeepEP's
@@ -52,6 +53,7 @@ type rankState struct {
 	recvSrc []int32   // [R] token index at its source
 	recvIdx []int32   // [R, k] local expert, or −1
 	recvW   []float32 // [R, k] probability, or 0
+	recvS   []float32 // [R, h/128] fp8: the rows' scales
 	// permute: permRow[i·k+j] is the expert-major row of received token i's
 	// slot j, or −1; counted the rows of each local expert
 	permRow []int32
@@ -171,6 +173,12 @@ func (h *Host) Notify(r int) error {
 	s.recvSrc = kernels.Grow(s.recvSrc, R)
 	s.recvIdx = kernels.Grow(s.recvIdx, R*k)
 	s.recvW = kernels.Grow(s.recvW, R*k)
+	if r == 0 {
+		h.fp8 = h.ranks[0].Scales != nil
+	}
+	if h.fp8 {
+		s.recvS = kernels.Grow(s.recvS, R*dispatchers.ScaleWidth(hd))
+	}
 	return nil
 }
 
@@ -192,18 +200,21 @@ func (h *Host) Dispatch(r int) error {
 func (h *Host) transfer(r int, phase string, rows func(src int) []float32, recv []float32, fresh bool) error {
 	s, sh := &h.st[r], h.shape
 	N, k, C, hd := sh.EP, sh.TopK, h.cfg.Channels(), sh.Hidden
-	meta := 0
+	meta, sw := 0, 0
 	if fresh {
 		meta = k
+		if h.fp8 { // the forward's dispatch of e4m3 rows: their scales in the same slots
+			sw = dispatchers.ScaleWidth(hd)
+		}
 	}
 	for src := range N {
-		ss, x, idx, probs := &h.st[src], rows(src), h.ranks[src].Idx, h.ranks[src].Probs
+		ss, x, idx, probs, scales := &h.st[src], rows(src), h.ranks[src].Idx, h.ranks[src].Probs, h.ranks[src].Scales
 		base := 0 // r's first row from src
 		if src > 0 {
 			base = s.srcEnd[src-1]
 		}
 		for c := range C {
-			q := h.q[src].reset(h.cfg.Dispatch.Ring, hd, meta)
+			q := h.q[src].reset(h.cfg.Dispatch.Ring, hd, meta).withScales(sw)
 			// the sender publishes the channel's offsets, the receiver reads them
 			q.start = 0
 			if c > 0 {
@@ -226,7 +237,7 @@ func (h *Host) transfer(r int, phase string, rows func(src int) []float32, recv 
 						if fresh {
 							ss.sendHead[next*N+r] = q.tail
 						}
-						q.push(x[next*hd:(next+1)*hd], int32(next), func(j int) (int32, float32) {
+						q.push(x[next*hd:(next+1)*hd], scales[next*sw:(next+1)*sw], int32(next), func(j int) (int32, float32) {
 							e := idx[next*k+j]
 							if sh.Owner(e) != r {
 								return -1, 0
@@ -240,11 +251,11 @@ func (h *Host) transfer(r int, phase string, rows func(src int) []float32, recv 
 				for i := range n {
 					row := recv[(at+i)*hd : (at+i+1)*hd]
 					if fresh {
-						q.pop(row, &s.recvSrc[at+i], s.recvIdx[(at+i)*k:(at+i+1)*k], s.recvW[(at+i)*k:(at+i+1)*k])
+						q.pop(row, s.recvS[(at+i)*sw:(at+i+1)*sw], &s.recvSrc[at+i], s.recvIdx[(at+i)*k:(at+i+1)*k], s.recvW[(at+i)*k:(at+i+1)*k])
 						continue
 					}
 					var tok int32
-					q.pop(row, &tok, nil, nil)
+					q.pop(row, nil, &tok, nil, nil)
 					if tok != s.recvSrc[at+i] {
 						return fmt.Errorf("deepep: %s on rank %d: channel %d from rank %d delivered token %d at receive row %d, where the forward put token %d", phase, r, c, src, tok, at+i, s.recvSrc[at+i])
 					}
@@ -276,6 +287,14 @@ func (h *Host) Permute(r int) error {
 		i := int(slot) / k
 		copy(rk.ExpertX[at*hd:(at+1)*hd], s.recvX[i*hd:(i+1)*hd])
 		rk.ExpertProbs[at] = s.recvW[slot]
+	}
+	if h.fp8 { // each copy's scales with its row (Megatron's permute after DeepEP's fp8 dispatch)
+		S := dispatchers.ScaleWidth(hd)
+		rk.ExpertScales = kernels.Grow(rk.ExpertScales, rows*S)
+		for at, slot := range h.slots {
+			i := int(slot) / k
+			copy(rk.ExpertScales[at*S:(at+1)*S], s.recvS[i*S:(i+1)*S])
+		}
 	}
 	rk.Segments = rk.Segments[:0]
 	at := 0
@@ -437,7 +456,7 @@ func (cs *combineSender) round(q *queue, chunk int) bool {
 			}
 		}
 		kernels.RoundBF16Slice(cs.sum)
-		q.push(cs.sum, ds.recvSrc[i], func(j int) (int32, float32) {
+		q.push(cs.sum, nil, ds.recvSrc[i], func(j int) (int32, float32) {
 			if e := ds.recvIdx[i*k+j]; e >= 0 {
 				return e, cs.probs[ds.permRow[i*k+j]]
 			}
@@ -458,4 +477,15 @@ type StallError struct {
 
 func (e *StallError) Error() string {
 	return fmt.Sprintf("deepep: %s on rank %d stalled: channel %d, queue of rank %d: %s", e.Phase, e.Rank, e.Channel, e.Peer, e.Wait)
+}
+
+// FP8Unavailable: DeepEP's normal mode dispatches FP8 as a tuple (x e4m3
+// [T, h], x_scales fp32 [T, h/128]), both in each token's queue slot, and
+// its combine is bf16; the host design does the same. DeepEP asserts
+// hidden % 128 == 0 for it (--precision fp8 needs that already).
+func (h *Host) FP8Unavailable(env dispatchers.Env) string {
+	if env.Hidden%dispatchers.FP8Block != 0 {
+		return fmt.Sprintf("DeepEP's FP8 dispatch needs hidden a multiple of 128 (hidden %d)", env.Hidden)
+	}
+	return ""
 }

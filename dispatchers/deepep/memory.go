@@ -17,12 +17,12 @@ func (h *Host) Traffic() dispatchers.Traffic {
 	for src := range h.st {
 		per[src] = h.st[src].perRank
 	}
-	return traffic(h.shape, per, h.backward)
+	return traffic(h.shape, per, h.backward, h.fp8)
 }
 
 // traffic counts the bytes of a step in which rank src sent perRank[src][d]
 // tokens to rank d, and when it ran the backward the backward's.
-func traffic(sh dispatchers.Shape, perRank [][]int, backward bool) dispatchers.Traffic {
+func traffic(sh dispatchers.Shape, perRank [][]int, backward, fp8 bool) dispatchers.Traffic {
 	var all, off int64
 	for src := range perRank {
 		for d, n := range perRank[src] {
@@ -32,14 +32,19 @@ func traffic(sh dispatchers.Shape, perRank [][]int, backward bool) dispatchers.T
 			}
 		}
 	}
-	row := 2 * int64(sh.Hidden)
+	row, in := 2*int64(sh.Hidden), dispatchers.RowBytes(fp8, sh.Hidden)
+	alg := "DeepEP's convention (test_intranode): tokens received × hidden × 2 B, a rank's tokens to itself included"
+	if fp8 {
+		alg = "DeepEP's convention (test_intranode): tokens received × hidden × 2 B, a rank's tokens to itself included; at fp8 the dispatch's times " +
+			"its fp8 factor (1 + 4/128)/2: tokens received × (hidden × 1 B e4m3 + hidden/128 × 4 B scales); combine bf16"
+	}
 	tr := dispatchers.Traffic{
-		DispatchOffRank: off * (row + dispatchMeta(sh.TopK)), DispatchLogical: all * (row + dispatchMeta(sh.TopK)),
+		DispatchOffRank: off * (in + dispatchMeta(sh.TopK)), DispatchLogical: all * (in + dispatchMeta(sh.TopK)),
 		CombineOffRank: off * (row + combineMeta), CombineLogical: all * (row + combineMeta),
-		Formula: "a token goes once to each rank holding any of its k experts (deduplicated); dispatch = tokens × (hidden×2 B bf16 + 4 B source index + k × (4 B expert + 4 B prob)); " +
-			"combine = tokens × (hidden×2 B bf16 partial sum + 4 B source index); off-rank excludes a rank's tokens to itself",
-		DispatchAlgorithm: all * row, CombineAlgorithm: all * row,
-		AlgorithmFormula: "DeepEP's convention (test_intranode): tokens received × hidden × 2 B, a rank's tokens to itself included",
+		Formula: "a token goes once to each rank holding any of its k experts (deduplicated); dispatch = tokens × (" + dispatchers.RowFormula(fp8) +
+			" + 4 B source index + k × (4 B expert + 4 B prob)); combine = tokens × (hidden×2 B bf16 partial sum + 4 B source index); off-rank excludes a rank's tokens to itself",
+		DispatchAlgorithm: all * in, CombineAlgorithm: all * row,
+		AlgorithmFormula: alg,
 	}
 	if backward { // the same tokens the other way
 		tr.CombineBackwardOffRank, tr.CombineBackwardLogical = off*(row+combineMeta), all*(row+combineMeta)
@@ -60,7 +65,7 @@ func (h *Host) Buffers(r int) []dispatchers.Buffer {
 	sh, s := h.shape, &h.st[r]
 	N, C, row := int64(sh.EP), int64(h.cfg.Channels()), 2*int64(sh.Hidden)
 	counts := 4 * (N*N + N*int64(sh.LocalExperts()))
-	disp := C * N * (4*4 + int64(h.cfg.Dispatch.Ring)*(row+dispatchMeta(sh.TopK)))
+	disp := C * N * (4*4 + int64(h.cfg.Dispatch.Ring)*(dispatchers.RowBytes(h.fp8, sh.Hidden)+dispatchMeta(sh.TopK)))
 	meta := int64(combineMeta)
 	if h.backward { // the training step's combine of input gradients carries the probability gradients
 		meta = backwardCombineMeta(sh.TopK)

@@ -13,6 +13,8 @@ type queue struct {
 	src            []int32   // [ring]
 	idx            []int32   // [ring, k]
 	w              []float32 // [ring, k]
+	sw             int       // fp8 dispatch: scales per row (hidden/128), else 0
+	sc             []float32 // [ring, sw] the rows' fp32 scales
 	head, tail     int
 	start, end     int // dispatch: the channel's offsets among the source's tokens for this receiver
 }
@@ -31,6 +33,18 @@ func (q *queue) reset(ring, width, k int) *queue {
 		q.src = make([]int32, ring)
 	}
 	q.x, q.src, q.idx, q.w = q.x[:ring*width], q.src[:ring], q.idx[:ring*k], q.w[:ring*k]
+	q.sw = 0
+	return q
+}
+
+// withScales gives q's slots sw fp32 scales each besides the row (fp8
+// dispatch: DeepEP's x_scales travel in the same slot as x).
+func (q *queue) withScales(sw int) *queue {
+	q.sw = sw
+	if cap(q.sc) < q.ring*sw {
+		q.sc = make([]float32, q.ring*sw)
+	}
+	q.sc = q.sc[:q.ring*sw]
 	return q
 }
 
@@ -40,9 +54,10 @@ func (q *queue) free() int { return q.ring - (q.tail - q.head) }
 // push writes a token at the tail and advances it; topk gives its slot j's
 // expert index and probability (nil in combine). The caller has checked
 // free.
-func (q *queue) push(row []float32, src int32, topk func(j int) (int32, float32)) {
+func (q *queue) push(row, scales []float32, src int32, topk func(j int) (int32, float32)) {
 	s := q.tail % q.ring
 	copy(q.x[s*q.width:(s+1)*q.width], row)
+	copy(q.sc[s*q.sw:(s+1)*q.sw], scales)
 	q.src[s] = src
 	for j := range q.k {
 		q.idx[s*q.k+j], q.w[s*q.k+j] = topk(j)
@@ -51,9 +66,10 @@ func (q *queue) push(row []float32, src int32, topk func(j int) (int32, float32)
 }
 
 // pop copies the token at the head out and advances the head.
-func (q *queue) pop(row []float32, src *int32, idx []int32, w []float32) {
+func (q *queue) pop(row, scales []float32, src *int32, idx []int32, w []float32) {
 	s := q.head % q.ring
 	copy(row, q.x[s*q.width:(s+1)*q.width])
+	copy(scales, q.sc[s*q.sw:(s+1)*q.sw])
 	*src = q.src[s]
 	copy(idx, q.idx[s*q.k:(s+1)*q.k])
 	copy(w, q.w[s*q.k:(s+1)*q.k])

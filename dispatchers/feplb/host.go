@@ -136,9 +136,17 @@ func (f *FEPLB) Rebalance(r int) error {
 		f.weights[r] = append(f.weights[r], dispatchers.ExpertWeights{})
 	}
 	rk.ExpertX, rk.ExpertProbs = rk.ExpertX[:f.own[r]*h], rk.ExpertProbs[:f.own[r]]
+	S := 0
+	if rk.ExpertScales != nil { // fp8: the e4m3 rows move with their scales (the owner has not dequantized them: its static experts' rows only)
+		S = dispatchers.ScaleWidth(h)
+		rk.ExpertScales = rk.ExpertScales[:f.own[r]*S]
+	}
 	for i, c := range in {
 		own := f.ranks[c.owner]
 		rk.ExpertX = append(rk.ExpertX, own.ExpertX[c.src*h:(c.src+c.n)*h]...)
+		if S > 0 {
+			rk.ExpertScales = append(rk.ExpertScales, own.ExpertScales[c.src*S:(c.src+c.n)*S]...)
+		}
 		rk.ExpertProbs = append(rk.ExpertProbs, own.ExpertProbs[c.src:c.src+c.n]...)
 		w, src := &f.weights[r][i], own.Experts[c.expert-c.owner*L]
 		w.FC1, w.FC2 = append(w.FC1[:0], src.FC1...), append(w.FC2[:0], src.FC2...)
@@ -169,6 +177,11 @@ func (f *FEPLB) RebalanceStats() dispatchers.RebalanceStats {
 	s.Exposed, s.ExposedNote = math.NaN(), "not measured: the host device runs the copies in their own phase, after the static experts"
 	return s
 }
+
+// FP8Unavailable: FEPLB moves what its base dispatcher delivered, e4m3
+// rows with their scales at fp8 (the base's own FP8 path was checked when
+// it was made); combine bf16.
+func (f *FEPLB) FP8Unavailable(dispatchers.Env) string { return "" }
 
 // Pause makes the following steps move nothing (or resumes moving).
 func (f *FEPLB) Pause(paused bool) { f.c.paused = paused }

@@ -654,7 +654,7 @@ func (d *Device) Traffic() dispatchers.Traffic {
 		gmap[i] = b[i/2]>>(8*(i%2))&0xff != 0
 	}
 	mv := g.countMoves(gmap)
-	t := mv.traffic(d.shape, g.D)
+	t := mv.traffic(d.shape, g.D, false)
 	if d.backward { // the backward moves the forward's rows (moved.backwardTraffic)
 		mv.backwardTraffic(&t, d.shape, g.D)
 	}

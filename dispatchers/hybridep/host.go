@@ -24,6 +24,7 @@ type Host struct {
 	// input and probability gradients.
 	pass     int
 	backward bool
+	fp8      bool // the last forward dispatched e4m3 rows with their scales (Rank.Scales set)
 }
 
 // WithConfig returns the host implementation with cfg (tests use small
@@ -44,7 +45,10 @@ type rankState struct {
 	recvP []float32 // [R, L·D] their probabilities
 	// the inter-domain buffer, [(M−1)·T] slots: tokens in (dispatch),
 	// pre-reduced sums back (combine)
-	idX, idP     []float32
+	idX, idP []float32
+	// fp8 dispatch: the scales of the receive buffer's rows and of the
+	// inter-domain slots (HybridEP's use_fp8 moves them with the rows)
+	recvS, idS   []float32
 	idIn, idBack []int // [(M−1)·chunks] chunk flags
 	partDone     []int // [N·chunks] combine: source chunks whose partial sums are made
 
@@ -117,7 +121,7 @@ func (h *Host) Allgather(r int) error {
 	T, E, k := sh.Tokens, sh.Experts, sh.TopK
 	if r == 0 {
 		h.pass++
-		h.backward = false
+		h.backward, h.fp8 = false, rk.Scales != nil
 	}
 	s.moved, s.movedBack = moved{}, moved{}
 	rows := s.gmap[r*T*E : (r+1)*T*E] // the rank's own rows, in its own copy first
@@ -195,6 +199,8 @@ func (h *Host) fanOut(q int) error {
 	n, j, LD := q/D, q%D, L*D
 	s.recvX = kernels.Grow(s.recvX, s.recv*hd)
 	s.recvP = kernels.Grow(s.recvP, s.recv*LD)
+	sw := h.scaleWidth()
+	s.recvS = kernels.Grow(s.recvS, s.recv*sw)
 	placed := 0
 	g := h.geom()
 	for fl := range D {
@@ -209,8 +215,9 @@ func (h *Host) fanOut(q int) error {
 				if p < 0 {
 					return
 				}
-				x, pr := h.forwarded(f, m, t)
+				x, pr, sc := h.forwarded(f, m, t)
 				copy(s.recvX[p*hd:(p+1)*hd], x)
+				copy(s.recvS[p*sw:(p+1)*sw], sc)
 				if !h.backward {
 					copy(s.recvP[p*LD:(p+1)*LD], pr)
 				}
@@ -229,15 +236,33 @@ func (h *Host) fanOut(q int) error {
 }
 
 // forwarded is token t of source (m, f's local rank) as forwarder f holds
-// it: its own row and its domain's probabilities, or its inter-domain slot.
-func (h *Host) forwarded(f, m, t int) (x, p []float32) {
+// it: its own row, its domain's probabilities and (fp8) its scales, or its
+// inter-domain slot's.
+func (h *Host) forwarded(f, m, t int) (x, p, sc []float32) {
 	sh, fs := h.shape, &h.st[f]
-	hd, LD, n := sh.Hidden, sh.LocalExperts()*h.D, f/h.D
+	hd, LD, n, sw := sh.Hidden, sh.LocalExperts()*h.D, f/h.D, h.scaleWidth()
 	if m == n {
-		return h.rows(f)[t*hd : (t+1)*hd], fs.probs[t*sh.Experts+n*LD : t*sh.Experts+(n+1)*LD]
+		return h.rows(f)[t*hd : (t+1)*hd], fs.probs[t*sh.Experts+n*LD : t*sh.Experts+(n+1)*LD], h.scales(f)[t*sw : (t+1)*sw]
 	}
 	slot := tile(m, n)*sh.Tokens + int(fs.recvIdx[m*sh.Tokens+t])
-	return fs.idX[slot*hd : (slot+1)*hd], fs.idP[slot*LD : (slot+1)*LD]
+	return fs.idX[slot*hd : (slot+1)*hd], fs.idP[slot*LD : (slot+1)*LD], fs.idS[slot*sw : (slot+1)*sw]
+}
+
+// scaleWidth is the scales a dispatched row carries: hidden/128 in the
+// forward's fp8 dispatch, else none.
+func (h *Host) scaleWidth() int {
+	if h.fp8 && !h.backward {
+		return dispatchers.ScaleWidth(h.shape.Hidden)
+	}
+	return 0
+}
+
+// scales are rank r's rows' scales in the forward's fp8 dispatch, else nil.
+func (h *Host) scales(r int) []float32 {
+	if h.scaleWidth() == 0 {
+		return nil
+	}
+	return h.ranks[r].Scales
 }
 
 // sendChunk is the inter-domain send of chunk c from source src to
@@ -259,6 +284,10 @@ func (h *Host) sendChunk(src, f, c, by int) {
 		}
 		slot := tile(m, n)*sh.Tokens + int(fs.recvIdx[m*sh.Tokens+t])
 		copy(fs.idX[slot*hd:(slot+1)*hd], h.rows(src)[t*hd:(t+1)*hd])
+		if sw := h.scaleWidth(); sw > 0 {
+			fs.idS = kernels.Grow(fs.idS, len(fs.idX)/hd*sw)
+			copy(fs.idS[slot*sw:(slot+1)*sw], h.scales(src)[t*sw:(t+1)*sw])
+		}
 		if !h.backward {
 			copy(fs.idP[slot*LD:(slot+1)*LD], ss.probs[t*sh.Experts+n*LD:t*sh.Experts+(n+1)*LD])
 		}
@@ -292,6 +321,16 @@ func (h *Host) permute(q int) error {
 	}
 	if copied != rows {
 		return fmt.Errorf("hybridep: dispatch on rank %d: the permute placed %d copies, its preprocessing counted %d", q, copied, rows)
+	}
+	if sw := h.scaleWidth(); sw > 0 { // each copy's scales with its row
+		rk.ExpertScales = kernels.Grow(rk.ExpertScales, rows*sw)
+		for i := range s.recv {
+			for _, p := range s.d2e[i*L : (i+1)*L] {
+				if p >= 0 {
+					copy(rk.ExpertScales[int(p)*sw:(int(p)+1)*sw], s.recvS[i*sw:(i+1)*sw])
+				}
+			}
+		}
 	}
 	rk.Segments = rk.Segments[:0]
 	at := 0
@@ -508,4 +547,14 @@ func partialSum(sum []float32, d2eRow []int32, y func(row int) []float32) {
 		}
 	}
 	kernels.RoundBF16Slice(sum)
+}
+
+// FP8Unavailable: HybridEP's dispatch has an FP8 path (use_fp8: e4m3 rows
+// with their 1×128 fp32 scales, combine bf16), which its BufferConfig
+// allows only for hidden a multiple of 512.
+func (h *Host) FP8Unavailable(env dispatchers.Env) string {
+	if env.Hidden%512 != 0 {
+		return fmt.Sprintf("HybridEP's FP8 dispatch needs hidden a multiple of 512 (BufferConfig.is_valid); hidden is %d", env.Hidden)
+	}
+	return ""
 }

@@ -24,7 +24,7 @@ func (h *Host) Traffic() dispatchers.Traffic {
 		return mv
 	}
 	mv, bw := sum(func(s *rankState) moved { return s.moved }), sum(func(s *rankState) moved { return s.movedBack })
-	tr := mv.traffic(h.shape, h.D)
+	tr := mv.traffic(h.shape, h.D, h.fp8)
 	if bw.deliveries > 0 {
 		bw.backwardTraffic(&tr, h.shape, h.D)
 	}
@@ -32,22 +32,26 @@ func (h *Host) Traffic() dispatchers.Traffic {
 }
 
 // traffic is the bytes of the rows mv counts (see Host.Traffic).
-func (mv moved) traffic(sh dispatchers.Shape, D int) dispatchers.Traffic {
-	row := 2 * int64(sh.Hidden)
-	disp := row + 4*int64(sh.LocalExperts()*D)
+func (mv moved) traffic(sh dispatchers.Shape, D int, fp8 bool) dispatchers.Traffic {
+	row, in := 2*int64(sh.Hidden), dispatchers.RowBytes(fp8, sh.Hidden)
+	disp := in + 4*int64(sh.LocalExperts()*D)
+	alg := "HybridEP's convention (test_hybrid_ep: nvl_recv_bytes = tokens received × hidden × 2 B, a rank's tokens to itself included; combine the same); " +
+		"inter-domain: rdma_send_bytes = tokens × the domains that need them (the token's own domain included) × hidden × 2 B"
+	if fp8 {
+		alg += "; at fp8 the dispatch's (and the inter-domain) times the fp8 factor (1 + 4/128)/2: hidden × 1 B e4m3 + hidden/128 × 4 B scales a token; combine bf16"
+	}
 	return dispatchers.Traffic{
 		DispatchLogical: int64(mv.deliveries) * disp, DispatchOffRank: int64(mv.fanOut+mv.interIn) * disp,
 		DispatchInterDomain: int64(mv.interIn) * disp,
 		CombineLogical:      int64(mv.partials) * row, CombineOffRank: int64(mv.partialsOff+mv.back) * row,
 		CombineInterDomain: int64(mv.back) * row,
-		Formula: "a token goes once to each rank that holds any of its k experts; dispatch = tokens received × (hidden×2 B bf16 + L·D × 4 B fp32 probabilities of the domain's experts), " +
+		Formula: "a token goes once to each rank that holds any of its k experts; dispatch = tokens received × (" + dispatchers.RowFormula(fp8) + " + L·D × 4 B fp32 probabilities of the domain's experts), " +
 			"off-rank = the stores into another rank's buffer plus the inter-domain sends (to the same local rank of the destination domain, one per token and domain); " +
 			"combine = partial sums × hidden×2 B, off-rank = those read from another rank plus the pre-reduced sums sent home across domains; " +
 			"inter-domain = the sends between domains; not counted: the allgather of the routing map (N·T·E bool bytes to every rank)",
-		DispatchAlgorithm: int64(mv.deliveries) * row, CombineAlgorithm: int64(mv.deliveries) * row,
-		AlgorithmFormula: "HybridEP's convention (test_hybrid_ep: nvl_recv_bytes = tokens received × hidden × 2 B, a rank's tokens to itself included; combine the same); " +
-			"inter-domain: rdma_send_bytes = tokens × the domains that need them (the token's own domain included) × hidden × 2 B",
-		InterDomainAlgorithm: int64(mv.interAlg) * row,
+		DispatchAlgorithm: int64(mv.deliveries) * in, CombineAlgorithm: int64(mv.deliveries) * row,
+		AlgorithmFormula:     alg,
+		InterDomainAlgorithm: int64(mv.interAlg) * in,
 	}
 }
 
@@ -68,7 +72,7 @@ func (h *Host) Buffers(r int) []dispatchers.Buffer {
 	sh, s := h.shape, &h.st[r]
 	N, T, E, L := int64(sh.EP), int64(sh.Tokens), int64(sh.Experts), int64(sh.LocalExperts())
 	D, M, C := int64(h.D), int64(h.M), int64(h.chunks)
-	row, LD := 2*int64(sh.Hidden), L*D
+	row, LD := dispatchers.RowBytes(h.fp8, sh.Hidden), L*D // fp8 (use_fp8): e4m3 rows with their scales
 	rows := int64(0)
 	for _, n := range s.perExpert {
 		rows += int64(n)
@@ -93,7 +97,7 @@ func (h *Host) Buffers(r int) []dispatchers.Buffer {
 // maps, int32 and int indices).
 func (h *Host) Footprint(r int) int64 {
 	s := &h.st[r]
-	n := 4 * int64(cap(s.probs)+cap(s.s2d)+cap(s.d2e)+cap(s.recvX)+cap(s.recvP)+cap(s.idX)+cap(s.idP)+cap(s.send)+cap(s.recvIdx))
+	n := 4 * int64(cap(s.probs)+cap(s.s2d)+cap(s.d2e)+cap(s.recvX)+cap(s.recvP)+cap(s.idX)+cap(s.idP)+cap(s.send)+cap(s.recvIdx)+cap(s.recvS)+cap(s.idS))
 	n += int64(cap(s.gmap) + cap(s.toDom))
 	return n + 8*int64(cap(s.perExpert)+cap(s.chunkAt)+cap(s.cnt)+cap(s.idIn)+cap(s.idBack)+cap(s.partDone)+cap(s.sends)+cap(s.recvs))
 }

@@ -1,0 +1,79 @@
+package dispatchers
+
+// FP8 dispatch (--precision fp8; issue 34, docs/fp8.md): the layer
+// quantizes each rank's rows before the dispatch (e4m3 values in Rank.X,
+// one fp32 dequantization multiplier per 1×128 block in Rank.Scales), a
+// dispatcher that moves FP8 delivers both (ExpertX and ExpertScales), and
+// the expert side dequantizes. The combine stays bf16.
+
+import "fmt"
+
+// Precisions of a run (Env.Precision).
+const (
+	PrecisionBF16  = "bf16"
+	PrecisionFP8   = "fp8"   // e4m3 rows with one fp32 scale per 1×128 block (Hopper's blockwise recipe)
+	PrecisionMXFP8 = "mxfp8" // e4m3 with one e8m0 scale per 32 elements (OCP MX; Blackwell)
+)
+
+// FP8Block is the elements of a row that share one scale in fp8 dispatch.
+const FP8Block = 128
+
+// FP8Mover is a dispatcher that moves FP8 rows as its design does:
+// FP8Unavailable says why it cannot for env ("" when it can). A
+// dispatcher that is no FP8Mover is unavailable at fp8 (New says so).
+type FP8Mover interface {
+	FP8Unavailable(env Env) string
+}
+
+// checkPrecision is New's gate: d runs at env's precision, or the
+// *UnavailableError that says why not.
+func checkPrecision(name, impl string, d any, env Env) error {
+	switch env.Precision {
+	case "", PrecisionBF16:
+		return nil
+	case PrecisionMXFP8:
+		return &UnavailableError{Name: name, Impl: impl, Reason: "--precision mxfp8 is not wired in this build: its quantization kernel " +
+			"(quant_mxfp8) and host reference exist, but no dispatcher moves MX blocks yet and no MX GEMM path exists (docs/fp8.md)"}
+	case PrecisionFP8:
+		m, ok := d.(FP8Mover)
+		switch {
+		case !ok && impl == ImplLibrary && name != "alltoall":
+			return &UnavailableError{Name: name, Impl: impl, Reason: "NCCL EP's dispatch has quantization settings (ncclEpDispatchConfig_t.quant_recipe, " +
+				"NCCL_EP_DISP_QUANT_FWD and NCCL_EP_DISP_QUANT_DS_FP8E3M4 in nccl_ep.h, API version 2) that moebench does not drive yet, " +
+				"and the simulated library dispatches unquantized only; moebench does not quantize around a library"}
+		case !ok && env.Device != "host":
+			return &UnavailableError{Name: name, Impl: impl, Reason: fmt.Sprintf("%s's %s implementation on the cuda device has no FP8 dispatch path in this build "+
+				"(the quantization kernels exist, kernels/cuda/fp8.cu; the host device runs fp8: --device host)", name, impl)}
+		case !ok:
+			return &UnavailableError{Name: name, Impl: impl, Reason: fmt.Sprintf("%s has no FP8 dispatch path in this build", name)}
+		}
+		if why := m.FP8Unavailable(env); why != "" {
+			return &UnavailableError{Name: name, Impl: impl, Reason: why}
+		}
+		return nil
+	}
+	return fmt.Errorf("unknown precision %q (known: bf16, fp8, mxfp8)", env.Precision)
+}
+
+// IsFP8 says whether env's rows move as fp8.
+func (e Env) IsFP8() bool { return e.Precision == PrecisionFP8 }
+
+// RowBytes is the bytes of one token row's payload in dispatch: hidden×2
+// (bf16), or hidden e4m3 bytes and hidden/128 fp32 scales (fp8).
+func RowBytes(fp8 bool, hidden int) int64 {
+	if fp8 {
+		return int64(hidden) + int64(hidden/FP8Block)*4
+	}
+	return 2 * int64(hidden)
+}
+
+// RowFormula says what RowBytes counts.
+func RowFormula(fp8 bool) string {
+	if fp8 {
+		return "hidden×1 B e4m3 + hidden/128 × 4 B fp32 scales"
+	}
+	return "hidden×2 B bf16"
+}
+
+// ScaleWidth is the scales of one fp8 row.
+func ScaleWidth(hidden int) int { return hidden / FP8Block }

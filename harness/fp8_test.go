@@ -1,0 +1,136 @@
+package harness
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/moebench/moebench/dispatchers"
+	"github.com/moebench/moebench/results"
+)
+
+// fp8Config is a small host layer at fp8 with four 1×128 blocks a row
+// (hybridep's FP8 needs hidden a multiple of 512).
+func fp8Config(dispatcher string) Config {
+	c := small()
+	c.Hidden, c.Precision, c.Dispatcher, c.CheckAll = 512, PrecisionFP8, dispatcher, true
+	return c
+}
+
+// fp8Movers are the dispatchers whose host path moves FP8 rows, each with
+// the NVLink domain size it runs with (hybridep's inter-domain path too).
+var fp8Movers = []struct {
+	name   string
+	domain int
+}{{"alltoall", 0}, {"deepep", 0}, {"hybridep", 0}, {"hybridep", 2}, {"feplb", 2}}
+
+// TestFP8Host: each dispatcher that moves FP8 on the host runs a training
+// step at fp8 that passes the check (the output and every gradient against
+// the float64 reference on the same quantized inputs and weights, at the
+// bf16 pipeline's tolerance: the GEMMs are bf16 on dequantized rows and
+// weights), records its precision and expert path, and moves e4m3 rows
+// with their scales: the dispatch's algorithm bytes are bf16's times
+// (1 + 4/128)/2 (DeepEP's fp8 factor), the combine's bf16's.
+func TestFP8Host(t *testing.T) {
+	for _, m := range fp8Movers {
+		name, c := m.name, fp8Config(m.name)
+		c.Domain = m.domain
+		if name == "feplb" { // skewed, so that phase 2 moves rows (and their scales)
+			c.Routing = Routing{Kind: RoutingSkewed, Alpha: 1.5}
+		}
+		rec, err := Run(c, Env{Version: "test"})
+		if err != nil || rec.Status != results.StatusOK || !rec.Correctness.Passed || rec.Correctness.Grads == nil {
+			t.Errorf("%s at fp8: %v, %+v", name, err, rec.Correctness)
+			continue
+		}
+		if name == "feplb" && (rec.Rebalance == nil || rec.Rebalance.Moves == 0) {
+			t.Errorf("feplb moved nothing: %+v", rec.Rebalance)
+		}
+		if rec.Config.Precision != PrecisionFP8 || rec.GEMM.Method != ExpertPathFP8 {
+			t.Errorf("%s: the record says precision %q, expert path %q", name, rec.Config.Precision, rec.GEMM.Method)
+		}
+		c.Precision = PrecisionBF16
+		bf, err := Run(c, Env{Version: "test"})
+		if err != nil || bf.Status != results.StatusOK {
+			t.Fatalf("%s at bf16: %v", name, err)
+		}
+		tr, tb := rec.Traffic, bf.Traffic
+		if name == "hybridep" && tr.InterDomainAlgorithm*2*128 != tb.InterDomainAlgorithm*(128+4) {
+			t.Errorf("hybridep: inter-domain algorithm bytes %d at fp8, %d at bf16", tr.InterDomainAlgorithm, tb.InterDomainAlgorithm)
+		}
+		if tr.DispatchAlgorithm*2*128 != tb.DispatchAlgorithm*(128+4) || tr.CombineAlgorithm != tb.CombineAlgorithm || tr.DispatchAlgorithm == 0 {
+			t.Errorf("%s: dispatch algorithm bytes %d at fp8, %d at bf16 (want ×132/256); combine %d and %d", name,
+				tr.DispatchAlgorithm, tb.DispatchAlgorithm, tr.CombineAlgorithm, tb.CombineAlgorithm)
+		}
+		if !strings.Contains(tr.Formula, "e4m3") {
+			t.Errorf("%s: the formula does not count the fp8 row: %s", name, tr.Formula)
+		}
+	}
+}
+
+// TestFP8CheckCatchesBrokenDequantization: with the expert side's
+// dequantization broken on purpose — the multiplier doubled, the next
+// block's multiplier, none at all — the check fails.
+func TestFP8CheckCatchesBrokenDequantization(t *testing.T) {
+	defer func() { fp8Fault = "" }()
+	for _, fault := range []string{"scale", "block", "none"} {
+		fp8Fault = fault
+		c := fp8Config("alltoall")
+		c.ForwardOnly = true
+		rec, err := Run(c, Env{Version: "test"})
+		if err == nil || rec.Status != results.StatusFailed || rec.Correctness == nil || rec.Correctness.MaxRelErr <= Tolerance {
+			t.Errorf("dequantization broken (%s): %v, %+v", fault, err, rec.Correctness)
+		} else {
+			t.Logf("broken (%s): max rel err %.3g", fault, rec.Correctness.MaxRelErr)
+		}
+	}
+}
+
+// TestFP8Unavailable: a dispatcher without an FP8 path, and mxfp8, are
+// unavailable with the reason; never a bf16 run in disguise.
+func TestFP8Unavailable(t *testing.T) {
+	c := fp8Config("alltoall")
+	c.Precision = PrecisionMXFP8
+	rec, err := Run(c, Env{Version: "test"})
+	if !dispatchers.IsUnavailable(err) || rec.Status != results.StatusUnavailable || !strings.Contains(rec.Reason, "mxfp8 is not wired") {
+		t.Errorf("mxfp8: %v, %s %q", err, rec.Status, rec.Reason)
+	}
+	for _, name := range []string{"alltoall", "deepep", "hybridep"} { // the cuda device (emulated): not wired yet, never a bf16 run
+		c = fp8Config(name)
+		c.Device = "cuda"
+		rec, err = Run(c, Env{Version: "test", OpenDevices: emus(1)})
+		if !dispatchers.IsUnavailable(err) || rec.Status != results.StatusUnavailable || !strings.Contains(rec.Reason, "on the cuda device has no FP8 dispatch path") {
+			t.Errorf("%s on the cuda device: %v, %s %q", name, err, rec.Status, rec.Reason)
+		}
+	}
+	c = fp8Config("hybridep")
+	c.Hidden = 384
+	rec, err = Run(c, Env{Version: "test"})
+	if !dispatchers.IsUnavailable(err) || rec.Status != results.StatusUnavailable || !strings.Contains(rec.Reason, "hidden a multiple of 512 (BufferConfig.is_valid); hidden is 384") {
+		t.Errorf("hybridep at hidden 384: %v, %s %q", err, rec.Status, rec.Reason)
+	}
+}
+
+// TestFP8BenchDispatch: bench dispatch runs each point at bf16 and fp8
+// side by side; the fp8 round trip (e4m3 rows with their scales, the
+// experts dequantizing) gives each rank its dequantized input back
+// exactly, and its dispatch moves bf16's algorithm bytes times
+// (1 + 4/128)/2, its combine the same as bf16's.
+func TestFP8BenchDispatch(t *testing.T) {
+	c := fp8Config("alltoall")
+	c.Tokens, c.Iters, c.Warmup = 16, 2, 0
+	b, err := BenchDispatchAt(c, []string{"alltoall", "deepep", "hybridep"}, []int{4}, []string{PrecisionBF16, PrecisionFP8}, Env{Version: "test"})
+	if err != nil || len(b.Points) != 6 {
+		t.Fatalf("%v, %d points", err, len(b.Points))
+	}
+	for i := 0; i < len(b.Points); i += 2 {
+		bf, fp := b.Points[i], b.Points[i+1]
+		if bf.Status != results.StatusOK || fp.Status != results.StatusOK || bf.Precision != "" || fp.Precision != PrecisionFP8 || fp.RoundTrip != "exact" {
+			t.Errorf("%s: bf16 %s %q, fp8 %s %q (%q)", bf.Dispatcher, bf.Status, bf.Reason, fp.Status, fp.Reason, fp.Precision)
+			continue
+		}
+		if fp.Traffic.DispatchAlgorithm*256 != bf.Traffic.DispatchAlgorithm*132 || fp.Traffic.CombineAlgorithm != bf.Traffic.CombineAlgorithm {
+			t.Errorf("%s: dispatch bytes %d (fp8) and %d (bf16), combine %d and %d", bf.Dispatcher, fp.Traffic.DispatchAlgorithm, bf.Traffic.DispatchAlgorithm,
+				fp.Traffic.CombineAlgorithm, bf.Traffic.CombineAlgorithm)
+		}
+	}
+}

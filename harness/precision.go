@@ -1,0 +1,178 @@
+package harness
+
+// The dispatch and expert precision of a run (--precision; issue 34, see
+// docs/fp8.md): bf16, or one of the two FP8 recipes.
+
+import (
+	"fmt"
+
+	"github.com/moebench/moebench/dispatchers"
+	"github.com/moebench/moebench/kernels"
+)
+
+// Precisions are Config.Precision's values.
+const (
+	PrecisionBF16  = dispatchers.PrecisionBF16
+	PrecisionFP8   = dispatchers.PrecisionFP8   // Hopper's blockwise recipe: e4m3 activations with one fp32 scale per 1×128 block, e4m3 weights in 128×128 blocks
+	PrecisionMXFP8 = dispatchers.PrecisionMXFP8 // Blackwell's: e4m3 with one e8m0 scale per 32 elements
+)
+
+// Precisions lists the values of --precision, the default first.
+var Precisions = []string{PrecisionBF16, PrecisionFP8, PrecisionMXFP8}
+
+// precision is c.Precision, bf16 where unset.
+func (c Config) precision() string {
+	if c.Precision == "" {
+		return PrecisionBF16
+	}
+	return c.Precision
+}
+
+// precisionBlock is the elements of a row that share one scale.
+func precisionBlock(p string) int {
+	if p == PrecisionMXFP8 {
+		return 32
+	}
+	return 128
+}
+
+// How the layer runs at fp8 (--precision fp8) on the host device:
+//
+//   - expert weights are quantized once, when drawn, in 128×128 blocks
+//     (kernels.QuantFP8Weight) and held dequantized as bf16 values
+//     (bf16(fl32(e4m3·inv))): what the bf16 GEMMs on dequantized weights
+//     read, and what the reference takes;
+//   - each step, after the router, the "quantize" phase casts each rank's
+//     input rows to e4m3 in 1×128 blocks (kernels.QuantFP8Rows, DeepEP's
+//     rule): Rank.X then holds the e4m3 values and Rank.Scales the
+//     dequantization multipliers, which the dispatcher moves together
+//     (dispatchers.FP8Mover); the router and the shared expert read the
+//     bf16 input (Layer.X);
+//   - the expert phase dequantizes its segments' rows of ExpertX in place
+//     with ExpertScales, bf16(fl32(e4m3·inv)) as dequant_fp8_1x128, then
+//     runs the bf16 expert GEMMs on them (ExpertPath); the combine is
+//     bf16;
+//   - the backward is bf16 on the dequantized rows and weights, the
+//     quantization straight-through (see docs/fp8.md for what differs from
+//     Megatron's FP8 recipe).
+//
+// The check's reference (Reference, the gradient reference) takes the same
+// quantized inputs and weights, computed here independently of the
+// dispatch (expertInput).
+
+// ExpertPathFP8 is what the record says of the fp8 expert GEMMs on the
+// host device.
+const ExpertPathFP8 = "bf16 GEMMs on dequantized rows and weights (activations e4m3 1×128, weights e4m3 128×128)"
+
+// fp8Fault, set by tests alone, breaks the expert side's dequantization on
+// purpose ("scale": the multiplier doubled; "block": the next block's
+// multiplier; "none": no dequantization), to see the check fail.
+var fp8Fault string
+
+// e4m3Values decodes every e4m3 code.
+var e4m3Values = func() (v [256]float32) {
+	for c := range v {
+		v[c] = kernels.E4M3ToFloat32(uint8(c))
+	}
+	return v
+}()
+
+// isFP8 says whether the layer runs at fp8.
+func (c Config) isFP8() bool { return c.precision() == PrecisionFP8 }
+
+// quantWeight replaces w ([n, k]) with its 128×128-block quantization,
+// dequantized and rounded to bf16.
+func quantWeight(w []float32, n, k int) {
+	q, s, err := kernels.QuantFP8Weight(w, n, k, false)
+	if err != nil {
+		panic(err) // n, k > 0 and len(w) = n·k by construction
+	}
+	for i, v := range kernels.DequantFP8Weight(q, s, n, k) {
+		w[i] = kernels.RoundBF16(v)
+	}
+}
+
+// quantExpert quantizes an expert's weights when the layer runs at fp8.
+func (l *Layer) quantExpert(fc1, fc2 []float32) {
+	if l.Cfg.isFP8() {
+		h, f := l.Cfg.Hidden, l.Cfg.FFN
+		quantWeight(fc1, 2*f, h)
+		quantWeight(fc2, h, f)
+	}
+}
+
+// quantize is the fp8 step's phase after the router: rank r's input rows
+// cast to e4m3 in 1×128 blocks, the values into Rank.X, the dequantization
+// multipliers into Rank.Scales (what the dispatch sends).
+func (l *Layer) quantize(r int) error {
+	rk, h := l.Ranks[r], l.Cfg.Hidden
+	q, s, err := kernels.QuantFP8Rows(l.X[r], h, false)
+	if err != nil {
+		return err
+	}
+	if len(l.run[r].xq) != len(q) {
+		l.run[r].xq = make([]float32, len(q))
+	}
+	for i, c := range q {
+		l.run[r].xq[i] = e4m3Values[c]
+	}
+	rk.X, rk.Scales = l.run[r].xq, s
+	return nil
+}
+
+// dequantRows dequantizes rows [lo, hi) of rank r's ExpertX in place from
+// its ExpertScales (once per step: done marks them).
+func (l *Layer) dequantRows(r, lo, hi int) error {
+	rk, run, h := l.Ranks[r], &l.run[r], l.Cfg.Hidden
+	S := h / dispatchers.FP8Block
+	if len(rk.ExpertScales) < hi*S {
+		return fmt.Errorf("fp8: the dispatch delivered scales for %d rows; the experts compute rows up to %d", len(rk.ExpertScales)/S, hi)
+	}
+	if len(run.dq) < hi {
+		run.dq = append(run.dq, make([]bool, hi-len(run.dq))...)
+	}
+	for i := lo; i < hi; i++ {
+		if run.dq[i] {
+			continue
+		}
+		run.dq[i] = true
+		if fp8Fault == "none" {
+			continue
+		}
+		row := rk.ExpertX[i*h : (i+1)*h]
+		for b := range S {
+			inv := rk.ExpertScales[i*S+b]
+			switch fp8Fault {
+			case "scale":
+				inv *= 2
+			case "block":
+				inv = rk.ExpertScales[(i*S+b+1)%len(rk.ExpertScales)]
+			}
+			for j := b * dispatchers.FP8Block; j < (b+1)*dispatchers.FP8Block; j++ {
+				row[j] = kernels.RoundBF16(row[j] * inv)
+			}
+		}
+	}
+	return nil
+}
+
+// expertInput is rank r's expert input as the reference takes it: the
+// bf16 input, or at fp8 its 1×128 quantization dequantized to bf16,
+// computed from Layer.X (not from what the dispatch delivered).
+func (l *Layer) expertInput(r int) []float32 {
+	if !l.Cfg.isFP8() {
+		return l.X[r]
+	}
+	l.xeOnce.Do(func() {
+		l.xe = make([][]float32, len(l.X))
+		for i, x := range l.X {
+			q, s, err := kernels.QuantFP8Rows(x, l.Cfg.Hidden, false)
+			if err != nil {
+				panic(err) // Validate checked --hidden
+			}
+			l.xe[i] = kernels.DequantFP8Rows(q, s)
+			kernels.RoundBF16Slice(l.xe[i])
+		}
+	})
+	return l.xe[r]
+}
