@@ -315,9 +315,12 @@ func timeUnit(vals []float64) (string, func(float64) string) {
 }
 
 // cells is the group's table: the header, then one row per dispatcher × settings.
-func (g Group) cells() [][]string {
+func (g Group) cells() [][]string { return g.cellsOf(columns) }
+
+// cellsOf is the group's table of the columns cols.
+func (g Group) cellsOf(cols []column) [][]string {
 	out := make([][]string, len(g.Rows)+1)
-	for _, col := range columns {
+	for _, col := range cols {
 		if col.shown != nil && !col.shown(g) {
 			continue
 		}
@@ -342,7 +345,7 @@ func (g Group) cells() [][]string {
 				}
 			}
 		default:
-			if col.head == "speedup_vs_alltoall" && g.Workload.Device == "host" {
+			if (col.head == "speedup_vs_alltoall" || col.head == "speedup") && g.Workload.Device == "host" {
 				head += hostMark
 			}
 			for _, r := range g.Rows {

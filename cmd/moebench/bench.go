@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"text/tabwriter"
 
 	"github.com/spf13/pflag"
@@ -48,7 +49,9 @@ func bench(args []string, stdout, stderr io.Writer) int {
 	}
 	var o options
 	var format, out string
+	var wide bool
 	fs := benchKernelsFlags(&o, &format, &out)
+	fs.BoolVar(&wide, "wide", false, wideHelp)
 	if code, ok := parseFlags(fs, args[1:], benchHelp, stdout, stderr); !ok {
 		return code
 	}
@@ -74,7 +77,7 @@ func bench(args []string, stdout, stderr io.Writer) int {
 		return exitRuntime
 	}
 	kb, err := harness.BenchKernels(cfg, harness.Env{Version: version(), DeviceNote: note}, harness.DefaultBenchSizes)
-	return benchResult(stdout, stderr, "kernels", kb, kb != nil, err, format, out, func() { writeBench(stdout, kb) })
+	return benchResult(stdout, stderr, "kernels", kb, kb != nil, err, format, out, func() { writeBenchWidth(stdout, kb, tableWidth(wide)) })
 }
 
 // benchKernelsFlags defines bench kernels' flags.
@@ -146,13 +149,22 @@ func checkBenchOut(path, schema string) error {
 	return nil
 }
 
-// writeBench prints the kernel benchmark as a table.
-func writeBench(w io.Writer, kb *harness.KernelBench) {
+// writeBench prints the kernel benchmark as a table, every column.
+func writeBench(w io.Writer, kb *harness.KernelBench) { writeBenchWidth(w, kb, 0) }
+
+// writeBenchWidth prints the kernel benchmark as a table fitted to width
+// columns (0: every column): the kernel, its time, rate and ratio to its
+// ceiling first, its shape last.
+func writeBenchWidth(w io.Writer, kb *harness.KernelBench, width int) {
+	if width > 0 {
+		fw, flush := results.FitWriter(w, width)
+		defer flush()
+		w = fw
+	}
 	c := kb.Config
 	fmt.Fprintf(w, "# bench kernels · %s · rank 0 of EP %d · %s · %s\n", c.Preset, c.EP, kb.Stack.Note, kb.Routing)
 	fmt.Fprintf(w, "# %s · %s\n", kb.Timing, kb.Peer)
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "kernel\tshape\tp50 µs\trate\tunit\tratio\tceiling\ttarget\t\t")
+	table := [][]string{{"kernel", "shape", "p50 µs", "rate", "unit", "ratio", "ceiling", "target", ""}}
 	for _, r := range kb.Rows {
 		ratio, target := "—", ""
 		if r.Ceiling != "" { // the ceilings themselves have none
@@ -161,7 +173,19 @@ func writeBench(w io.Writer, kb *harness.KernelBench) {
 		if r.Target > 0 {
 			target = fmt.Sprintf("≥ %.2f", r.Target)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%.1f\t%.1f\t%s\t%s\t%s\t%s\t%s\t\n", r.Kernel, r.Shape, r.P50us, r.Rate, r.Unit, ratio, r.Ceiling, target, r.Verdict())
+		table = append(table, []string{r.Kernel, r.Shape, fmt.Sprintf("%.1f", r.P50us), fmt.Sprintf("%.1f", r.Rate), r.Unit, ratio, r.Ceiling, target, r.Verdict()})
+	}
+	var left []string
+	if width > 0 {
+		for i, row := range table {
+			table[i] = append(append([]string{row[0]}, row[2:]...), row[1])
+		}
+		table, left = results.FitColumns(table, width, 1)
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	for _, row := range table {
+		fmt.Fprintf(tw, "%s\t\n", strings.Join(row, "\t"))
 	}
 	tw.Flush()
+	fmt.Fprint(w, results.LeftOut(left))
 }

@@ -12,7 +12,7 @@ import (
 // alltoall's has no parts; the host device holds no SMs (n/a).
 func TestBenchDispatchAsDesigned(t *testing.T) {
 	var out, errb bytes.Buffer
-	code := benchDispatch([]string{"--device", "host", "--preset", "tiny", "--ep", "2", "--dispatcher", "alltoall,deepep,hybridep", "--sms", "2",
+	code := benchDispatch([]string{"--wide", "--device", "host", "--preset", "tiny", "--ep", "2", "--dispatcher", "alltoall,deepep,hybridep", "--sms", "2",
 		"--warmup", "0", "--iters", "1"}, &out, &errb)
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errb.String())

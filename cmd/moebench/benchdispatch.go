@@ -41,8 +41,10 @@ func benchDispatch(args []string, stdout, stderr io.Writer) int {
 	var names []string
 	var sms []int
 	var format, out string
+	var wide bool
 	fs := benchDispatchFlags(&o, &names, &sms, &format, &out)
 	precisions := fs.Lookup("precision").Value.(pflag.SliceValue)
+	fs.BoolVar(&wide, "wide", false, wideHelp)
 	if code, ok := parseFlags(fs, args, benchDispatchHelp, stdout, stderr); !ok {
 		return code
 	}
@@ -87,7 +89,7 @@ func benchDispatch(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "moebench: bench dispatch on the host device (%s): host wall-clock times, not GPU performance\n", note)
 	}
 	b, err := harness.BenchDispatchAt(cfg, names, sms, precs, harness.Env{Version: version(), DeviceNote: note})
-	return benchResult(stdout, stderr, "dispatch", b, b != nil, err, format, out, func() { writeDispatchBench(stdout, b) })
+	return benchResult(stdout, stderr, "dispatch", b, b != nil, err, format, out, func() { writeDispatchBenchWidth(stdout, b, tableWidth(wide)) })
 }
 
 // benchDispatchFlags defines bench dispatch's flags.
@@ -142,8 +144,20 @@ func pred(p harness.DispatchPoint, dispatch bool) string {
 	return fmt.Sprintf("%.1f", p.Predicted.CombineGBpsPerSM)
 }
 
-// writeDispatchBench prints the dispatch benchmark as a table.
-func writeDispatchBench(w io.Writer, b *harness.DispatchBench) {
+// writeDispatchBench prints the dispatch benchmark as a table, every
+// column.
+func writeDispatchBench(w io.Writer, b *harness.DispatchBench) { writeDispatchBenchWidth(w, b, 0) }
+
+// writeDispatchBenchWidth prints the dispatch benchmark as a table fitted
+// to width columns (0: every column): the parts of a design's dispatch
+// move last, and a point that did not run says so in its check cell, its
+// reason below the table.
+func writeDispatchBenchWidth(w io.Writer, b *harness.DispatchBench, width int) {
+	if width > 0 {
+		fw, flush := results.FitWriter(w, width)
+		defer flush()
+		w = fw
+	}
 	c := b.Config
 	fmt.Fprintf(w, "# bench dispatch · %s: tokens/rank %d, hidden %d, experts %d, top-%d · EP %d · routing %s · device %s\n",
 		c.Preset, c.Tokens, c.Hidden, c.Experts, c.TopK, c.EP, b.Routing, c.Device)
@@ -151,8 +165,8 @@ func writeDispatchBench(w io.Writer, b *harness.DispatchBench) {
 	if b.Ranks != "" {
 		fmt.Fprintf(w, "# ranks: %s\n", b.Ranks)
 	}
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "dispatcher\tprec\tsms\tdispatch ms\tparts ms\tGB/s\tGB/s/SM\tpred/SM\tcombine ms\tGB/s\tGB/s/SM\tpred/SM\tcheck\t")
+	table := [][]string{{"dispatcher", "prec", "sms", "dispatch ms", "parts ms", "GB/s", "GB/s/SM", "pred/SM", "combine ms", "GB/s", "GB/s/SM", "pred/SM", "check"}}
+	var why []string // narrow: the reasons of the points that did not run
 	for _, p := range b.Points {
 		sms := "—"
 		if p.Budget > 0 {
@@ -163,7 +177,12 @@ func writeDispatchBench(w io.Writer, b *harness.DispatchBench) {
 			prec = p.Precision
 		}
 		if p.Status != results.StatusOK {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t—\t—\t—\t—\t%s\t—\t—\t—\t%s\t%s\t\n", p.Dispatcher, prec, sms, pred(p, true), pred(p, false), results.StatusLine(p.Status, p.Dispatcher, p.Impl, p.Reason))
+			check := results.StatusLine(p.Status, p.Dispatcher, p.Impl, p.Reason)
+			if width > 0 {
+				check = p.Status
+				why = append(why, fmt.Sprintf("# %s (%s) at %s SMs: %s\n", p.Dispatcher, prec, sms, results.StatusLine(p.Status, p.Dispatcher, p.Impl, p.Reason)))
+			}
+			table = append(table, []string{p.Dispatcher, prec, sms, "—", "—", "—", "—", pred(p, true), "—", "—", "—", pred(p, false), check})
 			continue
 		}
 		var dms, cms float64
@@ -194,10 +213,23 @@ func writeDispatchBench(w io.Writer, b *harness.DispatchBench) {
 			return fmt.Sprintf("%.4f", v)
 		}
 		tr := p.Traffic
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%.3f\t%s\t%.3f\t%s\t%s\t%.3f\t%.3f\t%s\t%s\tround trip %s\t\n", p.Dispatcher, prec, sms, dms, parts, tr.DispatchGBps, perSM(tr.DispatchGBpsPerSM),
-			pred(p, true), cms, tr.CombineGBps, perSM(tr.CombineGBpsPerSM), pred(p, false), p.RoundTrip)
+		table = append(table, []string{p.Dispatcher, prec, sms, fmt.Sprintf("%.3f", dms), parts, fmt.Sprintf("%.3f", tr.DispatchGBps), perSM(tr.DispatchGBpsPerSM),
+			pred(p, true), fmt.Sprintf("%.3f", cms), fmt.Sprintf("%.3f", tr.CombineGBps), perSM(tr.CombineGBpsPerSM), pred(p, false), "round trip " + p.RoundTrip})
+	}
+	var left []string
+	if width > 0 { // the parts last: the dispatch's own time and bandwidth first
+		for i, row := range table {
+			table[i] = append(append(append([]string(nil), row[:4]...), row[5:]...), row[4])
+		}
+		table, left = results.FitColumns(table, width, 2)
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
+	for _, row := range table {
+		fmt.Fprintf(tw, "%s\t\n", strings.Join(row, "\t"))
 	}
 	tw.Flush()
+	fmt.Fprint(w, results.LeftOut(left))
+	fmt.Fprint(w, strings.Join(why, ""))
 	said := map[string]bool{}
 	for _, p := range b.Points {
 		if q := p.Predicted; q != nil && !said[p.Dispatcher] {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/spf13/pflag"
 
@@ -47,7 +48,7 @@ new baseline is needed), 5 undecided points with --fail-on-undecided, 2 bad inpu
 type compareArgs struct {
 	o                            results.CompareOptions
 	pct, noise, gross, hostGross float64
-	failUndecided, allow         bool
+	failUndecided, allow, wide   bool
 }
 
 // compareFlags defines compare's flags on a.
@@ -63,6 +64,7 @@ func compareFlags(a *compareArgs) *pflag.FlagSet {
 	fs.Float64Var(&a.hostGross, "host-gross-pct", 100*o.HostGross, "the same for host-device points, which are otherwise never decided")
 	fs.BoolVar(&a.failUndecided, "fail-on-undecided", false, "exit 5 when a point could not be decided (noisy, host timing or too few samples)")
 	fs.BoolVar(&a.allow, "allow-stack-change", false, "compare records from different stacks (and list what differs)")
+	fs.BoolVar(&a.wide, "wide", false, wideHelp)
 	return fs
 }
 
@@ -108,33 +110,7 @@ func compare(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return usageError(stderr, err)
 	}
-	p := func(format string, a ...any) { fmt.Fprintf(stdout, format, a...) }
-	if len(c.StackDiffs) > 0 {
-		p("# stacks differ (allowed by --allow-stack-change):\n#   %s\n", strings.Join(c.StackDiffs, "\n#   "))
-	}
-	if len(c.StackNotes) > 0 {
-		p("# note: the stacks differ only in what does not change results:\n#   %s\n", strings.Join(c.StackNotes, "\n#   "))
-	}
-	p("# threshold %.1f%% · confidence %.0f%% · step time, per-iteration samples\n", 100*o.Threshold, 100*o.Confidence)
-	p("# %-12s %-22s %11s %11s %9s %20s  %s\n", "verdict", "settings", "base_p50_ms", "new_p50_ms", "change_%", "interval_%", "workload")
-	for _, ch := range c.Changes {
-		bp, np, chg, ci := "—", "—", "—", "—"
-		if ch.Base != nil && ch.Base.Timing != nil {
-			bp = fmt.Sprintf("%.3f", ch.Base.Timing.Step.P50)
-		}
-		if ch.New != nil && ch.New.Timing != nil {
-			np = fmt.Sprintf("%.3f", ch.New.Timing.Step.P50)
-		}
-		if s := ch.Shift; s.N > 0 && s.M > 0 {
-			chg = fmt.Sprintf("%+.1f", 100*s.Est)
-			ci = fmt.Sprintf("%+.1f…%+.1f", 100*s.Lo, 100*s.Hi)
-		}
-		p("  %-12s %-22s %11s %11s %9s %20s  %s\n", ch.Verdict, ch.Settings, bp, np, chg, ci, ch.Workload)
-		if ch.Why != "" && ch.Verdict != results.VerdictSame {
-			p("#   %s\n", ch.Why)
-		}
-	}
-	p("# %d points, %d regressions, %d undecided\n", len(c.Changes), c.Regressions, c.Undecided)
+	writeCompare(stdout, c, *o, a.wide)
 	if c.Undecided > 0 {
 		fmt.Fprintf(stderr, "moebench compare: warning: %d points could not be decided (noisy, host timing or too few samples); see the table\n", c.Undecided)
 	}
@@ -145,4 +121,78 @@ func compare(args []string, stdout, stderr io.Writer) int {
 		return exitUndecided
 	}
 	return exitOK
+}
+
+// writeCompare prints the comparison: with wide, one line per point with
+// its workload; else the points under their workload, in TermWidth
+// columns.
+func writeCompare(stdout io.Writer, c *results.Comparison, o results.CompareOptions, wide bool) {
+	w, flush := io.Writer(stdout), func() error { return nil }
+	if !wide {
+		w, flush = results.FitWriter(stdout, results.TermWidth)
+	}
+	defer flush()
+	p := func(format string, a ...any) { fmt.Fprintf(w, format, a...) }
+	if len(c.StackDiffs) > 0 {
+		p("# stacks differ (allowed by --allow-stack-change):\n#   %s\n", strings.Join(c.StackDiffs, "\n#   "))
+	}
+	if len(c.StackNotes) > 0 {
+		p("# note: the stacks differ only in what does not change results:\n#   %s\n", strings.Join(c.StackNotes, "\n#   "))
+	}
+	p("# threshold %.1f%% · confidence %.0f%% · step time, per-iteration samples\n", 100*o.Threshold, 100*o.Confidence)
+	if !wide {
+		writeCompareNarrow(p, c)
+		return
+	}
+	p("# %-12s %-22s %11s %11s %9s %20s  %s\n", "verdict", "settings", "base_p50_ms", "new_p50_ms", "change_%", "interval_%", "workload")
+	for _, ch := range c.Changes {
+		bp, np, chg, ci := compareCells(ch)
+		p("  %-12s %-22s %11s %11s %9s %20s  %s\n", ch.Verdict, ch.Settings, bp, np, chg, ci, ch.Workload)
+		if ch.Why != "" && ch.Verdict != results.VerdictSame {
+			p("#   %s\n", ch.Why)
+		}
+	}
+	p("# %d points, %d regressions, %d undecided\n", len(c.Changes), c.Regressions, c.Undecided)
+}
+
+// compareCells are a point's base and new step p50, its change and the
+// change's interval, "—" where there is none.
+func compareCells(ch results.Change) (bp, np, chg, ci string) {
+	bp, np, chg, ci = "—", "—", "—", "—"
+	if ch.Base != nil && ch.Base.Timing != nil {
+		bp = fmt.Sprintf("%.3f", ch.Base.Timing.Step.P50)
+	}
+	if ch.New != nil && ch.New.Timing != nil {
+		np = fmt.Sprintf("%.3f", ch.New.Timing.Step.P50)
+	}
+	if s := ch.Shift; s.N > 0 && s.M > 0 {
+		chg = fmt.Sprintf("%+.1f", 100*s.Est)
+		ci = fmt.Sprintf("%+.1f…%+.1f", 100*s.Lo, 100*s.Hi)
+	}
+	return bp, np, chg, ci
+}
+
+// writeCompareNarrow prints the points under a line naming their workload
+// (the wide table's last column), each point's settings cut to fit.
+func writeCompareNarrow(p func(string, ...any), c *results.Comparison) {
+	const fixed = 2 + 12 + 1 + 1 + 11 + 1 + 11 + 1 + 9 + 1 + 15 // every column but the settings
+	sw := 22
+	for _, ch := range c.Changes {
+		sw = max(sw, utf8.RuneCountInString(ch.Settings))
+	}
+	sw = min(sw, results.TermWidth-fixed)
+	p("# %-12s %-*s %11s %11s %9s %15s\n", "verdict", sw, "settings", "base_p50_ms", "new_p50_ms", "change_%", "interval_%")
+	workload := ""
+	for _, ch := range c.Changes {
+		if ch.Workload != workload {
+			workload = ch.Workload
+			p("# workload %s\n", workload)
+		}
+		bp, np, chg, ci := compareCells(ch)
+		p("  %-12s %-*s %11s %11s %9s %15s\n", ch.Verdict, sw, results.Truncate(ch.Settings, sw), bp, np, chg, ci)
+		if ch.Why != "" && ch.Verdict != results.VerdictSame {
+			p("#   %s\n", ch.Why)
+		}
+	}
+	p("# %d points, %d regressions, %d undecided\n", len(c.Changes), c.Regressions, c.Undecided)
 }

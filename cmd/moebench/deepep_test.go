@@ -18,7 +18,7 @@ import (
 // budgets and timeouts are usage errors naming the flag.
 func TestDeepEPRun(t *testing.T) {
 	out := filepath.Join(t.TempDir(), "r.jsonl")
-	code, stdout, stderr := cli(append(quick, "--dispatcher", "deepep", "--sms", "24", "--out", out)...)
+	code, stdout, stderr := cli(append(quick, "--wide", "--dispatcher", "deepep", "--sms", "24", "--out", out)...)
 	if code != exitOK {
 		t.Fatalf("exit %d: %s", code, stderr)
 	}
@@ -87,7 +87,7 @@ func TestSweepSMs(t *testing.T) {
 			t.Errorf("no ok point %s (all: %v)", s, seen)
 		}
 	}
-	code, report, _ := cli("report", out)
+	code, report, _ := cli("report", "--wide", out)
 	lines := 0
 	for _, l := range strings.Split(report, "\n") {
 		if strings.HasPrefix(l, "  deepep ") && strings.Contains(l, " ok ") {

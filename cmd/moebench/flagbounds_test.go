@@ -30,6 +30,7 @@ func walkedCommands(dir string) []commandFlags {
 	var sa stragglerArgs
 	var ca compareArgs
 	var s1, s2 string
+	var wide bool
 	var names []string
 	var sms []int
 	feplb := func(flag string) map[string][]string { // feplb's own flags apply to it alone
@@ -45,7 +46,7 @@ func walkedCommands(dir string) []commandFlags {
 		{"bench dispatch", []string{"bench", "dispatch", "--device", "host", "--ep", "2", "--tokens", "16", "--hidden", "32", "--iters", "2", "--warmup", "0"},
 			benchDispatchFlags(&options{}, &names, &sms, &s1, &s2), nil},
 		{"compare", []string{"compare", missing, missing}, compareFlags(&ca), nil},
-		{"report", []string{"report", missing}, reportFlags(&s1, &s2), nil},
+		{"report", []string{"report", missing}, reportFlags(&s1, &s2, &wide), nil},
 	}
 }
 

@@ -30,6 +30,7 @@ type options struct {
 	commTimeout, rendezvousTimeout                                      time.Duration
 	seed                                                                uint64
 	check, preSoftmax, routingFixed, cudaGraph, forwardOnly             bool
+	wide                                                                bool // --wide: every column of the table
 	checkAll                                                            bool // --check all
 }
 
@@ -88,6 +89,7 @@ func newFlags(o *options) *pflag.FlagSet {
 	fs.BoolVar(&o.cudaGraph, "cuda-graph", d.CUDAGraph, "cuda: issue each step as CUDA graphs (stream capture), cut at the dispatcher's host wait, each part replayed while its shapes repeat (alltoall native)")
 	fs.StringVar(&o.out, "out", "", "append the JSON result record to this file (one line per run)")
 	fs.StringVar(&o.format, "format", "table", "output format: "+strings.Join(results.Formats, "|"))
+	fs.BoolVar(&o.wide, "wide", false, wideHelp)
 	fs.StringVar(&o.dump, "dump", "", "write the layer's tensors as .npy files with an index.json to this new directory (a run of one process)")
 	return fs
 }

@@ -15,7 +15,7 @@ import (
 // divide EP is a usage error naming the flag.
 func TestHybridEPRun(t *testing.T) {
 	out := filepath.Join(t.TempDir(), "r.jsonl")
-	code, stdout, stderr := cli(append(quick, "--dispatcher", "hybridep", "--sms", "32", "--out", out)...)
+	code, stdout, stderr := cli(append(quick, "--wide", "--dispatcher", "hybridep", "--sms", "32", "--out", out)...)
 	if code != exitOK {
 		t.Fatalf("exit %d: %s", code, stderr)
 	}

@@ -156,7 +156,7 @@ func runLayer(args []string, stdout, stderr io.Writer) (code int) {
 	if rec.Timing != nil && rec.Timing.Stopped != "" {
 		fmt.Fprintf(stderr, "moebench: %s\n", rec.Timing.Stopped)
 	}
-	if werr := results.Write(stdout, rec, o.format); werr != nil {
+	if werr := results.WriteWidth(stdout, rec, o.format, tableWidth(o.wide)); werr != nil {
 		fmt.Fprintf(stderr, "moebench: writing output: %v\n", werr)
 		code = exitRuntime
 	}

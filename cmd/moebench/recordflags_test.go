@@ -68,6 +68,7 @@ var notMeasuring = map[string]string{
 	"cuda-libs":          "which CUDA libraries load: the stack records their versions, and compare refuses different stacks (StackDiff)",
 	"out":                "where the record goes",
 	"format":             "how the result is printed",
+	"wide":               "how the table is printed",
 	"dump":               "writes the layer's tensors after the run",
 }
 

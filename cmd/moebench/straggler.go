@@ -45,7 +45,7 @@ type stragglerArgs struct {
 	format                             string
 	schedUS                            string
 	countsUS, ceShare, tflops          float64
-	backward                           bool
+	backward, wide                     bool
 	o                                  balance.Options
 }
 
@@ -89,6 +89,7 @@ func stragglerFlags(a *stragglerArgs) *pflag.FlagSet {
 	fs.Float64Var(&a.tflops, "gemm-tflops", 0, "expert-GEMM rate of the model, TFLOP/s (default: the H100 roofline, 989)")
 	fs.StringVar(&a.explain, "explain", "", "print the plan of one step (e.g. 0) for each policy, then the summary")
 	fs.StringVar(&a.format, "format", "table", "output: table | markdown (without the scheduler's wall time: deterministic with a fixed --sched-us)")
+	fs.BoolVar(&a.wide, "wide", false, wideHelp)
 	return fs
 }
 
@@ -261,7 +262,7 @@ func straggler(args []string, stdout, stderr io.Writer) int {
 	if o.BusiestOnly {
 		share += " · feplb fallback: stop (only the busiest dynamic expert)"
 	}
-	writeStraggler(stdout, format, runs, fmt.Sprintf("EP %d (domains of %d) · %d experts top-%d · hidden %d ffn %d · %d tokens/rank · routing %s%s · %d steps · %s · GEMM model: %s · plan known %g µs (counts) + %s (scheduler) after phase 1%s",
+	writeStragglerWidth(stdout, format, tableWidth(a.wide), runs, fmt.Sprintf("EP %d (domains of %d) · %d experts top-%d · hidden %d ffn %d · %d tokens/rank · routing %s%s · %d steps · %s · GEMM model: %s · plan known %g µs (counts) + %s (scheduler) after phase 1%s",
 		ep, domain, experts, topk, hidden, ffn, tokens, routing, d, steps, seedNote, m.RateSource, countsUS, schedNote, share))
 	return exitOK
 }

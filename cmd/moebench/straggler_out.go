@@ -24,8 +24,22 @@ func tied(v, base float64) bool { return math.Abs(v-base) <= tieWithNone*math.Ab
 // writeStraggler prints the simulation's results (one run per seed; means
 // over seeds, with [min, max] over seeds when there are several), policies
 // ranked by their effective straggler, with the ratios against FEPLB and
-// the warnings.
+// the warnings; the table has every column.
 func writeStraggler(w io.Writer, format string, runs [][]balance.SimResult, title string) {
+	writeStragglerWidth(w, format, 0, runs, title)
+}
+
+// narrowStraggler are the terminal table's columns, most-read first: the
+// policy, its effective straggler (what a step waits for) and reduction,
+// the token straggler's, the GEMM straggler, then what the policy costs
+// (exposed time, moves, the EP overhead) and the rest in the wide table's
+// order.
+var narrowStraggler = []string{"policy", "eff_straggler_us", "eff_straggler_%", "eff_reduction", "token_straggler_%", "token_reduction",
+	"gemm_straggler_us", "exposed_us", "moved/step", "ep_overhead_%"}
+
+// writeStragglerWidth is writeStraggler with the terminal table fitted to
+// width columns (0: every column).
+func writeStragglerWidth(w io.Writer, format string, width int, runs [][]balance.SimResult, title string) {
 	res := meanResults(runs)
 	seeds := len(runs)
 	by := map[string]*balance.SimResult{}
@@ -179,11 +193,42 @@ func writeStraggler(w io.Writer, format string, runs [][]balance.SimResult, titl
 		}
 		return
 	}
+	var left []string
+	if width > 0 {
+		fw, flush := results.FitWriter(w, width)
+		defer flush()
+		w = fw
+		table, left = results.FitColumns(reorder(table, narrowStraggler), width, 1)
+	}
 	fmt.Fprintf(w, "# %s\n# means over steps, ranked by effective straggler; token straggler in copies, times modelled; reductions vs none\n", title)
 	results.WriteAligned(w, table, 1)
+	fmt.Fprint(w, results.LeftOut(left))
 	for _, n := range notes {
 		fmt.Fprintf(w, "# %s\n", n)
 	}
+}
+
+// reorder puts the columns of table headed first, in that order, before
+// the others (in theirs).
+func reorder(table [][]string, first []string) [][]string {
+	var order []int
+	for _, h := range first {
+		if j := slices.Index(table[0], h); j >= 0 {
+			order = append(order, j)
+		}
+	}
+	for j := range table[0] {
+		if !slices.Contains(order, j) {
+			order = append(order, j)
+		}
+	}
+	out := make([][]string, len(table))
+	for i, row := range table {
+		for _, j := range order {
+			out[i] = append(out[i], row[j])
+		}
+	}
+	return out
 }
 
 // meanResults is each policy's results averaged over runs (one per seed,

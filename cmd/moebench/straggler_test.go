@@ -14,7 +14,7 @@ import (
 )
 
 func TestStragglerCLI(t *testing.T) {
-	code, out, e := cli("straggler", "--ep", "8", "--experts", "64", "--steps", "50", "--explain", "3", "--routing", "skewed:1")
+	code, out, e := cli("straggler", "--wide", "--ep", "8", "--experts", "64", "--steps", "50", "--explain", "3", "--routing", "skewed:1")
 	if code != exitOK {
 		t.Fatalf("exit %d: %s", code, e)
 	}

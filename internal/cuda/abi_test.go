@@ -18,7 +18,8 @@ import (
 // moebench passes, and the size and offsets of every struct it builds,
 // against the real headers: CUDA 11.8's cuda.h, nvrtc.h, cublasLt.h and
 // cublas_api.h (Debian's non-free nvidia-cuda-dev; .ci/run unpacks them
-// and names the folder in MOEBENCH_CUDA_INCLUDE) and go-nvml's nvml.h.
+// and names the folder in MOEBENCH_CUDA_INCLUDE). NVML has no prototype
+// here: it goes through go-nvml.
 // What 11.8 lacks is checked against declarations transcribed from newer
 // headers (newerDecls, each with its source). NCCL EP's and NCCL's are
 // checked against their real headers where a node has them (an installed
@@ -41,9 +42,8 @@ func TestABIHeaders(t *testing.T) {
 		}
 		t.Skip(msg)
 	}
-	nvml := nvmlInclude(t)
 	epInc, ncclInc := headerDir(ncclEPIncludes(), "nccl_ep/nccl_ep.h", "nccl_ep/ep_enums.h"), headerDir(ncclIncludes(), "nccl.h")
-	src, err := abiCheckSource(nvml != "", epInc != "")
+	src, err := abiCheckSource(epInc != "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -64,7 +64,7 @@ func TestABIHeaders(t *testing.T) {
 		}
 	}
 	args := []string{"-std=c++17", "-fsyntax-only", "-Werror", "-I", dir, "-I", inc}
-	for _, d := range []string{nvml, epInc, ncclInc} {
+	for _, d := range []string{epInc, ncclInc} {
 		if d != "" {
 			args = append(args, "-I", d)
 		}
@@ -76,9 +76,6 @@ func TestABIHeaders(t *testing.T) {
 			msgs = append(msgs, m[1])
 		}
 		t.Fatalf("moebench's declarations differ from the headers in %s:\n  %s\n\ncompiler output:\n%s", inc, strings.Join(msgs, "\n  "), out)
-	}
-	if nvml == "" {
-		t.Log("NVML prototypes not checked: go-nvml's nvml.h not found (go list)")
 	}
 }
 
@@ -155,20 +152,6 @@ func cudaInclude() string {
 		}
 	}
 	return ""
-}
-
-// nvmlInclude is the folder of go-nvml's nvml.h (the module moebench
-// builds with), or "".
-func nvmlInclude(t *testing.T) string {
-	out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "github.com/NVIDIA/go-nvml").Output()
-	if err != nil {
-		return ""
-	}
-	d := filepath.Join(strings.TrimSpace(string(out)), "pkg", "nvml")
-	if _, err := os.Stat(filepath.Join(d, "nvml.h")); err != nil {
-		return ""
-	}
-	return d
 }
 
 // newerDecls are the entry points abi.h declares that CUDA 11.8's headers
@@ -369,9 +352,6 @@ func abiValues() map[string]int {
 		"NCCL_EP_COMBINE_INPUTS_V1_SIZE":   -1,
 		"NCCL_EP_COMBINE_OUTPUTS_V1_SIZE":  -1,
 		"NCCL_EP_COMBINE_CONFIG_V1_SIZE":   -1,
-		"NVML_ERROR_INVALID_ARGUMENT":      nvmlErrorInvalidArgument,
-		"NVML_ERROR_NOT_SUPPORTED":         nvmlErrorNotSupported,
-		"NVML_NVLINK_MAX_LINKS":            nvlinkMax,
 	}
 	for i, n := range ncclResultNames {
 		v[n] = i
@@ -387,7 +367,7 @@ var abiEntry = regexp.MustCompile(`\bF(0?)\(([^,]+), (\w+)(?:, \(([^()]*(?:\([^(
 // With realEP, NCCL's and NCCL EP's declarations are the real headers'
 // (nccl.h and nccl_ep/nccl_ep.h on the include path) instead of the
 // transcriptions.
-func abiCheckSource(withNVML, realEP bool) (string, error) {
+func abiCheckSource(realEP bool) (string, error) {
 	var b strings.Builder
 	b.WriteString(`#include <cstddef>
 #include <tuple>
@@ -397,9 +377,6 @@ func abiCheckSource(withNVML, realEP bool) (string, error) {
 #include <cublasLt.h>
 #include <cublas_api.h>
 `)
-	if withNVML {
-		b.WriteString("#include <nvml.h>\n")
-	}
 	transcribed := newerTypes
 	if realEP {
 		b.WriteString("#include <nccl.h>\n#include <nccl_ep/nccl_ep.h>\n")
@@ -413,23 +390,12 @@ namespace newer {
 			b.WriteString(d + "\n")
 		}
 	}
-	nvmlAbi := ""
-	if withNVML {
-		nvmlAbi = "template <> struct abi_of<nvmlDevice_t> { using type = struct nvmlDevice_st *; };"
-		static_ := "static_assert(sizeof(nvmlDevice_t) == sizeof(void *), \"go-nvml's nvmlDevice_t is no longer one pointer\");"
-		nvmlAbi += "\n" + static_
-	}
 	b.WriteString(`}
 using namespace newer;
 // complete: sizeof works (an opaque handle's struct does not)
 template <class T, class = void> struct complete : std::false_type {};
 template <class T> struct complete<T, decltype(void(sizeof(T)))> : std::true_type {};
-// abi_of: the type as the real ABI has it (go-nvml's nvml.h wraps NVIDIA's
-// typedef struct nvmlDevice_st *nvmlDevice_t in a struct of that one
-// pointer, for cgo: passed the same way)
-template <class T> struct abi_of { using type = T; };
-NVML_ABI_OF
-template <class T> using bare = std::remove_cv_t<typename abi_of<std::decay_t<T>>::type>;
+template <class T> using bare = std::remove_cv_t<std::decay_t<T>>;
 // same: moebench's type B passes what the header's type A does
 template <class A, class B> constexpr bool same() {
 	using a = bare<A>;
@@ -463,9 +429,6 @@ template <class Real, class Ours, std::size_t I> constexpr bool arg_ok() {
 	else return same<typename sig<Real>::template arg<I>, typename sig<Ours>::template arg<I>>();
 }
 `)
-	src := strings.Replace(b.String(), "NVML_ABI_OF", nvmlAbi, 1)
-	b.Reset()
-	b.WriteString(src)
 	seen := 0
 	for _, m := range abiEntry.FindAllStringSubmatch(abi.Header, -1) {
 		name, params := m[3], m[4]
@@ -475,9 +438,6 @@ template <class Real, class Ours, std::size_t I> constexpr bool arg_ok() {
 		real := "::" + name
 		if _, ok := newerDecls[name]; ok && !(realEP && strings.HasPrefix(name, "nccl")) {
 			real = "newer::" + name
-		}
-		if strings.HasPrefix(name, "nvml") && !withNVML {
-			continue
 		}
 		seen++
 		n := 0
@@ -495,9 +455,6 @@ template <class Real, class Ours, std::size_t I> constexpr bool arg_ok() {
 		return "", fmt.Errorf("only %d entry points found in abi.h: the list format changed", seen)
 	}
 	for name, v := range abiValues() {
-		if strings.HasPrefix(name, "NVML") && !withNVML {
-			continue
-		}
 		if v < 0 {
 			fmt.Fprintf(&b, "static_assert(MB_%s == %s, \"%s: abi.h's value differs\");\n", strings.TrimPrefix(name, "CU_"), name, name)
 			continue

@@ -1,122 +1,112 @@
 package cuda
 
-// NVML (libnvidia-ml.so.1) through dlopen: the driver version, the power
-// limit and the active NVLinks. Telemetry proper (memory, clocks, GPM) goes
-// through go-nvml.
-
-/*
-#cgo CFLAGS: -I${SRCDIR}/abi
-#include <stdlib.h>
-#include "abi.h"
-*/
-import "C"
+// NVML (libnvidia-ml.so.1) through go-nvml (github.com/NVIDIA/go-nvml),
+// moebench's one NVML binding: here the driver version, the power limit and
+// the active NVLinks; telemetry proper (memory, clocks, GPM) is the
+// harness's, through go-nvml too.
 
 import (
+	"errors"
 	"fmt"
-	"unsafe"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
 )
 
-// probeNVML loads NVML and reads the driver version (nvmlInit_v2,
-// nvmlSystemGetDriverVersion, nvmlShutdown).
-func probeNVML() Component {
-	c := Component{Name: "NVML"}
-	lib, err := openLibrary("MOEBENCH_NVML", "libnvidia-ml.so.1")
-	if err != nil {
-		c.Detail = err.Error() + "; telemetry would say \"not measured\""
-		return c
-	}
-	syms := map[string]unsafe.Pointer{}
-	for _, n := range []string{"nvmlInit_v2", "nvmlSystemGetDriverVersion", "nvmlShutdown"} {
-		if syms[n], err = lib.sym(n); err != nil {
-			c.Detail = err.Error()
-			return c
-		}
-	}
-	if st := C.mbcall_nvmlInit_v2(syms["nvmlInit_v2"]); st != 0 {
-		c.Detail = fmt.Sprintf("nvmlInit_v2: NVML error %d", int(st))
-		return c
-	}
-	defer C.mbcall_nvmlShutdown(syms["nvmlShutdown"])
-	buf := make([]byte, 96)
-	if st := C.mbcall_nvmlSystemGetDriverVersion(syms["nvmlSystemGetDriverVersion"], (*C.char)(unsafe.Pointer(&buf[0])), C.uint(len(buf))); st != 0 {
-		c.Detail = fmt.Sprintf("nvmlSystemGetDriverVersion: NVML error %d", int(st))
-		return c
-	}
-	c.Found, c.Path, c.Version = true, lib.path, C.GoString((*C.char)(unsafe.Pointer(&buf[0])))
-	c.Detail = "telemetry: memory, clocks, power"
-	return c
-}
+// nvmlMissing is NVML not loading (as against failing once loaded).
+type nvmlMissing struct{ error }
 
-// withNVML initializes NVML, resolves the entry points names (besides
-// init, shutdown and the PCI lookup) and calls fn with them and a lookup of
-// a GPU's handle by its PCI address; NVML is shut down after.
-func withNVML(names []string, fn func(sym map[string]unsafe.Pointer, byBus func(bus string) (unsafe.Pointer, error)) error) error {
-	lib, err := openLibrary("MOEBENCH_NVML", "libnvidia-ml.so.1")
+// withNVML finds libnvidia-ml.so.1 as every CUDA library is found
+// (MOEBENCH_NVML, the --cuda-libs folders, the loader's path, the usual
+// folders: openLibrary, whose error says what was tried; an nvmlMissing), checks that it has the entry points names besides
+// nvmlInit_v2 and nvmlShutdown (go-nvml binds them lazily: a missing one
+// would abort the process when called), initializes it through go-nvml and
+// calls fn with it and the path it was loaded from; NVML is shut down after.
+func withNVML(names []string, fn func(lib nvml.Interface, path string) error) error {
+	l, err := openLibrary("MOEBENCH_NVML", "libnvidia-ml.so.1")
 	if err != nil {
-		return err
+		return nvmlMissing{err}
 	}
-	sym := map[string]unsafe.Pointer{}
-	for _, n := range append([]string{"nvmlInit_v2", "nvmlShutdown", "nvmlDeviceGetHandleByPciBusId_v2"}, names...) {
-		if sym[n], err = lib.sym(n); err != nil {
+	for _, n := range append([]string{"nvmlInit_v2", "nvmlShutdown"}, names...) {
+		if _, err := l.sym(n); err != nil {
 			return err
 		}
 	}
-	if st := C.mbcall_nvmlInit_v2(sym["nvmlInit_v2"]); st != 0 {
-		return fmt.Errorf("nvmlInit_v2: NVML error %d", int(st))
+	lib := nvml.New(nvml.WithLibraryPath(l.path))
+	if ret := lib.Init(); ret != nvml.SUCCESS {
+		return fmt.Errorf("nvmlInit_v2: NVML error %d", int(ret))
 	}
-	defer C.mbcall_nvmlShutdown(sym["nvmlShutdown"])
-	return fn(sym, func(bus string) (unsafe.Pointer, error) {
-		var dev unsafe.Pointer
-		cbus := C.CString(bus)
-		defer C.free(unsafe.Pointer(cbus))
-		if st := C.mbcall_nvmlDeviceGetHandleByPciBusId_v2(sym["nvmlDeviceGetHandleByPciBusId_v2"], cbus, &dev); st != 0 {
-			return nil, fmt.Errorf("nvmlDeviceGetHandleByPciBusId_v2(%s): NVML error %d", bus, int(st))
+	defer lib.Shutdown()
+	return fn(lib, l.path)
+}
+
+// probeNVML loads NVML and reads the driver version.
+func probeNVML() Component {
+	c := Component{Name: "NVML"}
+	err := withNVML([]string{"nvmlSystemGetDriverVersion"}, func(lib nvml.Interface, path string) error {
+		v, ret := lib.SystemGetDriverVersion()
+		if ret != nvml.SUCCESS {
+			return fmt.Errorf("nvmlSystemGetDriverVersion: NVML error %d", int(ret))
 		}
-		return dev, nil
+		c.Found, c.Path, c.Version = true, path, v
+		return nil
 	})
+	switch {
+	case err == nil:
+		c.Detail = "telemetry: memory, clocks, power"
+	case errors.As(err, new(nvmlMissing)):
+		c.Detail = err.Error() + "; telemetry would say \"not measured\""
+	default:
+		c.Detail = err.Error()
+	}
+	return c
+}
+
+// byBus is the handle of the GPU at PCI address bus.
+func byBus(lib nvml.Interface, bus string) (nvml.Device, error) {
+	dev, ret := lib.DeviceGetHandleByPciBusId(bus)
+	if ret != nvml.SUCCESS {
+		return nil, fmt.Errorf("nvmlDeviceGetHandleByPciBusId_v2(%s): NVML error %d", bus, int(ret))
+	}
+	return dev, nil
 }
 
 // readPowerLimit reads the power limit of the GPU at PCI address bus
 // through NVML.
 func readPowerLimit(g *GPUInfo, bus string) error {
-	return withNVML([]string{"nvmlDeviceGetPowerManagementLimit"}, func(sym map[string]unsafe.Pointer, byBus func(string) (unsafe.Pointer, error)) error {
-		dev, err := byBus(bus)
+	return withNVML([]string{"nvmlDeviceGetHandleByPciBusId_v2", "nvmlDeviceGetPowerManagementLimit"}, func(lib nvml.Interface, _ string) error {
+		dev, err := byBus(lib, bus)
 		if err != nil {
 			return err
 		}
-		var mw C.uint
-		if st := C.mbcall_nvmlDeviceGetPowerManagementLimit(sym["nvmlDeviceGetPowerManagementLimit"], dev, &mw); st != 0 {
-			return fmt.Errorf("nvmlDeviceGetPowerManagementLimit: NVML error %d", int(st))
+		mw, ret := dev.GetPowerManagementLimit()
+		if ret != nvml.SUCCESS {
+			return fmt.Errorf("nvmlDeviceGetPowerManagementLimit: NVML error %d", int(ret))
 		}
 		g.PowerLimitW = float64(mw) / 1000
 		return nil
 	})
 }
 
-// nvlinkMax is NVML_NVLINK_MAX_LINKS: the most NVLinks NVML numbers.
-const nvlinkMax = 18
-
 // readNVLinks counts the active NVLinks of the GPU at each PCI address
-// (nvmlDeviceGetNvLinkState over the link numbers; a GPU without NVLink
-// has none).
+// (nvmlDeviceGetNvLinkState over the link numbers, up to
+// NVML_NVLINK_MAX_LINKS; a GPU without NVLink has none).
 func readNVLinks(buses []string) ([]int, error) {
 	links := make([]int, len(buses))
-	err := withNVML([]string{"nvmlDeviceGetNvLinkState"}, func(sym map[string]unsafe.Pointer, byBus func(string) (unsafe.Pointer, error)) error {
+	err := withNVML([]string{"nvmlDeviceGetHandleByPciBusId_v2", "nvmlDeviceGetNvLinkState"}, func(lib nvml.Interface, _ string) error {
 		for i, bus := range buses {
-			dev, err := byBus(bus)
+			dev, err := byBus(lib, bus)
 			if err != nil {
 				return err
 			}
-			for l := range nvlinkMax {
-				var on C.uint
-				st := C.mbcall_nvmlDeviceGetNvLinkState(sym["nvmlDeviceGetNvLinkState"], dev, C.uint(l), &on)
-				if st == nvmlErrorInvalidArgument || st == nvmlErrorNotSupported { // past the GPU's links, or none
+			for l := range nvml.NVLINK_MAX_LINKS {
+				on, ret := dev.GetNvLinkState(l)
+				if ret == nvml.ERROR_INVALID_ARGUMENT || ret == nvml.ERROR_NOT_SUPPORTED { // past the GPU's links, or none
 					break
 				}
-				if st != 0 {
-					return fmt.Errorf("nvmlDeviceGetNvLinkState(%s, link %d): NVML error %d", bus, l, int(st))
+				if ret != nvml.SUCCESS {
+					return fmt.Errorf("nvmlDeviceGetNvLinkState(%s, link %d): NVML error %d", bus, l, int(ret))
 				}
-				if on == nvmlFeatureEnabled {
+				if on == nvml.FEATURE_ENABLED {
 					links[i]++
 				}
 			}
@@ -125,10 +115,3 @@ func readNVLinks(buses []string) ([]int, error) {
 	})
 	return links, err
 }
-
-// NVML return codes the NVLink query tells apart, and a link's state.
-const (
-	nvmlErrorInvalidArgument = 2
-	nvmlErrorNotSupported    = 3
-	nvmlFeatureEnabled       = 1
-)

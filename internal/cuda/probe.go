@@ -1,7 +1,8 @@
 // Package cuda opens the CUDA libraries at run time with dlopen — no cuda.h,
 // no toolkit at build time — through small cgo trampolines over moebench's
-// own prototypes: the driver, NVRTC, cuBLASLt, and NVML and NCCL probes. A
-// missing library is an ordinary error, never a crash.
+// own prototypes: the driver, NVRTC, cuBLASLt, cuBLAS, NCCL and NCCL EP;
+// NVML (driver version, power limit, NVLinks) through go-nvml. A missing
+// library is an ordinary error, never a crash.
 //
 // Where each library is looked for: docs/setup.md; why dlopen:
 // docs/design.md.

@@ -1,5 +1,5 @@
 // abi.h: moebench's prototypes of the CUDA driver, NVRTC, cuBLASLt, cuBLAS,
-// NCCL, NCCL EP and NVML entry points it opens with dlopen — no CUDA header is needed
+// NCCL and NCCL EP entry points it opens with dlopen — no CUDA header is needed
 // to build moebench. Handles are void *, CUdevice and enums int, CUdeviceptr
 // unsigned long long (mb_dptr); every result is an int.
 //
@@ -13,10 +13,10 @@
 //     a fake library (internal/hostsim/fakes) whose definition differs does
 //     not compile.
 // internal/cuda's TestABIHeaders compiles every mb_NAME against the real
-// headers (CUDA 11.8's cuda.h, nvrtc.h, cublasLt.h, cublas_api.h, go-nvml's
-// nvml.h; for what 11.8 lacks, NCCL's and NCCL EP's, declarations of newer
-// headers transcribed with their source) and fails on any difference in argument count, size or
-// kind, and on any struct below whose size or offsets differ.
+// headers (CUDA 11.8's cuda.h, nvrtc.h, cublasLt.h, cublas_api.h; for what
+// 11.8 lacks, NCCL's and NCCL EP's, declarations of newer headers
+// transcribed with their source) and fails on any difference in argument
+// count, size or kind, and on any struct below whose size or offsets differ.
 #ifndef MOEBENCH_ABI_H
 #define MOEBENCH_ABI_H
 #include <stddef.h>
@@ -297,19 +297,9 @@ typedef struct { unsigned size, magic, send_only; int pass_direction, quant_reci
     F(int, ncclEpCombine, (void *handle, const mb_ep_combine_inputs *inputs, const mb_ep_combine_outputs *outputs, \
       const mb_ep_combine_config *config, void *stream), (handle, inputs, outputs, config, stream))
 
-// NVML (libnvidia-ml.so.1), the calls moebench makes itself (telemetry goes
-// through go-nvml).
-#define MB_NVML_API(F, F0) \
-    F0(int, nvmlInit_v2) \
-    F0(int, nvmlShutdown) \
-    F(int, nvmlSystemGetDriverVersion, (char *version, unsigned length), (version, length)) \
-    F(int, nvmlDeviceGetHandleByPciBusId_v2, (const char *bus, void **device), (bus, device)) \
-    F(int, nvmlDeviceGetPowerManagementLimit, (void *device, unsigned *mw), (device, mw)) \
-    F(int, nvmlDeviceGetNvLinkState, (void *device, unsigned link, unsigned *active), (device, link, active))
-
 #define MB_ALL_APIS(F, F0) \
     MB_DRIVER_API(F, F0) MB_NVRTC_API(F, F0) MB_CUBLASLT_API(F, F0) MB_CUBLAS_API(F, F0) MB_NCCL_API(F, F0) \
-    MB_NCCL_EP_API(F, F0) MB_NVML_API(F, F0)
+    MB_NCCL_EP_API(F, F0)
 
 #define MB_UNPAREN(...) __VA_ARGS__
 #define MB_TYPEDEF(R, name, params, args) typedef R (*mb_##name) params;

@@ -1,12 +1,10 @@
 /* A fake libnvidia-ml.so.1 for the tests: the calls moebench makes through
- * its own dlopen binding (internal/cuda/nvml.go) and through go-nvml
- * (harness/telemetry.go). It has two GPUs whose NVML order is not the fake
- * CUDA driver's: NVML index 0 is the GPU at 0000:2C:00.0 (CUDA device 1),
+ * go-nvml, its one NVML binding (internal/cuda/nvml.go: driver version,
+ * power limit, NVLinks; harness/telemetry.go: telemetry). It has two GPUs
+ * whose NVML order is not the fake CUDA driver's: NVML index 0 is the GPU at 0000:2C:00.0 (CUDA device 1),
  * index 1 the GPU at 0000:1B:00.0 (CUDA device 0). Each answers with its own
  * values (power limit, clocks, power, memory, GPM) so that a test sees which
  * GPU was read. GPM needs the struct versions go-nvml should set. */
-#define MB_ABI_DECLARE // moebench's prototypes: a definition here that differs does not compile
-#include "abi.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
