@@ -43,6 +43,11 @@ type Record struct {
 	Rebalance   *Rebalance   `json:"rebalance,omitempty"` // dispatchers with a rebalance phase (feplb)
 	Library     *Library     `json:"library,omitempty"`   // a library implementation's (--impl library) what ran
 	Telemetry   *Telemetry   `json:"telemetry,omitempty"` // cuda runs where NVML answered
+
+	// Mapped, set by the reader (never written), says that the record was
+	// written under an older name of its dispatcher and read under
+	// today's (names.go); empty for every other record.
+	Mapped string `json:"-"`
 }
 
 // Library is what a library implementation ran.

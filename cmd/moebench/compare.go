@@ -36,6 +36,8 @@ are refused; harmless differences (memory sizes within 2%, the kernel's patch
 level, where moebench keeps its files, the host name) are listed as a note.
 Forward-only records and training steps (config.pass) are never the same point;
 files that match only across passes are refused as a stack change is.
+A record written under an older name of its dispatcher (deepep --impl library,
+NCCL EP's low-latency mode, is now deepep-ll) is read under today's, with a note.
 
 Usage:
   moebench compare [flags] BASE NEW
@@ -114,6 +116,14 @@ func compare(args []string, stdout, stderr io.Writer) int {
 	}
 	if len(c.StackNotes) > 0 {
 		p("# note: the stacks differ only in what does not change results:\n#   %s\n", strings.Join(c.StackNotes, "\n#   "))
+	}
+	for _, side := range []struct {
+		name string
+		recs []results.Record
+	}{{"BASE", base}, {"NEW", new}} {
+		for _, n := range results.MappedNotes(side.recs) {
+			p("# note: %s: %s\n", side.name, n)
+		}
 	}
 	p("# threshold %.1f%% · confidence %.0f%% · step time, per-iteration samples\n", 100*o.Threshold, 100*o.Confidence)
 	p("# %-12s %-22s %11s %11s %9s %20s  %s\n", "verdict", "settings", "base_p50_ms", "new_p50_ms", "change_%", "interval_%", "workload")

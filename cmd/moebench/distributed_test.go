@@ -728,7 +728,7 @@ func TestDistributedDumpRefused(t *testing.T) {
 }
 
 // TestDistributedNCCLEP: NCCL EP's two modes — hybridep --impl library
-// (high throughput) and deepep --impl library (low latency) — at EP 4 over
+// (high throughput) and deepep-ll --impl library (low latency) — at EP 4 over
 // 2 processes, each process on a fake node of two fake GPUs: NCCL EP's
 // group is created over the run's communicator (each process its own
 // ranks'), and the fake libnccl_ep moves every row between the processes
@@ -759,7 +759,7 @@ func TestDistributedNCCLEP(t *testing.T) {
 	shape := []string{"--experts", "16", "--tokens", "16", "--hidden", "128", "--ffn", "16"} // the low-latency combine takes 128-multiples
 	for _, c := range []struct{ dispatcher, design, pass string }{
 		{"hybridep", "HybridEP's design via NCCL EP", ""}, // a training step
-		{"deepep", "DeepEP low-latency design via NCCL EP", "NCCL EP's low-latency mode has no backward pass"},
+		{"deepep-ll", "DeepEP low-latency design via NCCL EP", "NCCL EP's low-latency mode has no backward pass"},
 	} {
 		t.Run(c.dispatcher, func(t *testing.T) {
 			os.Remove(out)
@@ -801,7 +801,7 @@ func TestDistributedNCCLEP(t *testing.T) {
 			}
 			// every rank's copies counted, the other process's included:
 			// 4 ranks × 16 tokens × top-k
-			if row := int64(2*128 + map[string]int64{"hybridep": 4, "deepep": 0}[c.dispatcher]); tr.DispatchLogical != 4*16*int64(rec.Config.TopK)*row {
+			if row := int64(2*128 + map[string]int64{"hybridep": 4, "deepep-ll": 0}[c.dispatcher]); tr.DispatchLogical != 4*16*int64(rec.Config.TopK)*row {
 				t.Errorf("dispatch logical %d bytes: want every rank's %d copies of %d B", tr.DispatchLogical, 4*16*rec.Config.TopK, row)
 			}
 			t.Logf("%s; max rel err %.2e; inter-node %d B, intra-node %d B", rec.Ranks.Note, rec.Correctness.MaxRelErr, tr.InterNodeBytes, tr.IntraNodeBytes)
@@ -816,7 +816,7 @@ func TestDistributedNCCLEP(t *testing.T) {
 // gpuCheckNCCLEP: scripts/gpu-check.sh's run over two processes on a node
 // of two (fake) GPUs where doctor finds NCCL EP (the fake): alltoall
 // through NCCL, hybridep natively (a domain a process), then hybridep and
-// deepep through NCCL EP, each at EP 2 over two processes, each passing
+// deepep-ll through NCCL EP, each at EP 2 over two processes, each passing
 // with one record appended by rank 0.
 func gpuCheckNCCLEP(t *testing.T) {
 	out, b := gpuCheckTwoproc(t, "--hidden 128")
@@ -829,7 +829,7 @@ func gpuCheckNCCLEP(t *testing.T) {
 	if err != nil || len(recs) != 4 {
 		t.Fatalf("%d records, %v; output:\n%s", len(recs), err, b)
 	}
-	for i, d := range []string{"alltoall", "hybridep", "hybridep", "deepep"} {
+	for i, d := range []string{"alltoall", "hybridep", "hybridep", "deepep-ll"} {
 		if rec := recs[i]; rec.Config.Dispatcher != d || rec.Status != results.StatusOK || len(rec.Ranks.Processes) != 2 {
 			t.Errorf("record %d: %s %s: %s", i, rec.Config.Dispatcher, rec.Status, rec.Reason)
 		}

@@ -71,7 +71,7 @@ func newFlags(o *options) *pflag.FlagSet {
 	fs := pflag.NewFlagSet("moebench", pflag.ContinueOnError)
 	fs.SortFlags = false
 	fs.StringVar(&o.dispatcher, "dispatcher", d.Dispatcher, "token dispatcher: "+strings.Join(dispatchers.Names(), "|"))
-	fs.StringVar(&o.impl, "impl", d.Impl, "implementation: native (moebench's own) | library (a real library on the node, one GPU per rank: alltoall through NCCL; hybridep and deepep through NCCL EP, its high-throughput and low-latency modes)")
+	fs.StringVar(&o.impl, "impl", d.Impl, "implementation: native (moebench's own) | library (a real library on the node, one GPU per rank: alltoall through NCCL; hybridep and deepep-ll through NCCL EP, its high-throughput and low-latency modes; deepep, DeepEP's normal mode, has none reachable from Go)")
 	fs.IntVar(&o.sms, "sms", d.SMs, "SMs per rank of SM-driven dispatchers' transfer kernels (one block holds one SM; at most the GPU's SMs ÷ its ranks): deepep (even; default 20), hybridep (default 16), each default lowered to fit; with --impl library NCCL EP's max_num_sms; 0 = the dispatcher's (the library's) default")
 	fs.IntVar(&o.ep, "ep", d.EP, "expert-parallel ranks; must divide --experts")
 	fs.IntVar(&o.gpus, "gpus", d.GPUs, "cuda: GPUs the ranks are spread over; 0 = every GPU, at most one per rank (more ranks than GPUs: packed, emulated EP)")
@@ -122,7 +122,7 @@ func addControlFlags(fs *pflag.FlagSet, o *options) {
 	fs.IntVar(&o.warmup, "warmup", d.Warmup, "untimed iterations before timing")
 	fs.IntVar(&o.iters, "iters", d.Iters, fmt.Sprintf("timed iterations (at most %d)", harness.MaxIters))
 	fs.Float64Var(&o.maxSeconds, "max-seconds", 0, "time budget of the warm-up and timed iterations: past it the run stops after the current iteration and records what it timed (at least one iteration); 0 = none")
-	fs.BoolVar(&o.forwardOnly, "forward-only", d.ForwardOnly, "time the forward pass alone (default: every iteration is a training step, forward then backward, and the check covers every gradient; on the cuda device NCCL EP's low-latency mode, deepep --impl library, has no backward and times the forward only, and the record says why)")
+	fs.BoolVar(&o.forwardOnly, "forward-only", d.ForwardOnly, "time the forward pass alone (default: every iteration is a training step, forward then backward, and the check covers every gradient; on the cuda device NCCL EP's low-latency mode, deepep-ll --impl library, has no backward and times the forward only, and the record says why)")
 	o.check, o.checkAll = d.Check, d.CheckAll
 	fs.Var(checkValue{&o.check, &o.checkAll}, "check", "check the output (and in a training step every gradient) against the float64 reference before the timed steps: "+
 		"sample (where every token's reference is beyond the check's budget, a seeded sample of tokens per rank, the record says which) | all (every token) | off")

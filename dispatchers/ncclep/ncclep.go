@@ -5,8 +5,10 @@
 //   - hybridep: NCCL EP's high-throughput mode, HybridEP's kernels re-hosted
 //     on NCCL's Device API (the routing map all-gathered in the handle's
 //     update, bulk copies into peers' memory);
-//   - deepep: NCCL EP's low-latency mode, DeepEP's low-latency design (not
-//     DeepEP's normal mode, which no C API carries), labelled so.
+//   - deepep-ll: NCCL EP's low-latency mode, DeepEP's low-latency design
+//     (not DeepEP's normal mode, deepep, which no C API carries), labelled
+//     so. Records written before the name deepep-ll called it deepep
+//     --impl library; results reads them as deepep-ll, with a note.
 //
 // Every rank has its own NCCL communicator and NCCL EP group, made and
 // driven from its GPU's thread: NCCL EP's calls are collective, each rank
@@ -58,7 +60,7 @@ var (
 	highThroughput = mode{dispatcher: "hybridep", design: "HybridEP's design via NCCL EP (its high-throughput mode: HybridEP's kernels)",
 		algorithm: cuda.EPHighThroughput, phases: []string{"update", "dispatch", "combine"},
 		defaultSMs: "16 SMs for the communication kernels, every SM for the scan and the permute", maxTokens: 8192}
-	lowLatency = mode{dispatcher: "deepep", design: "DeepEP low-latency design via NCCL EP (its low-latency mode; not DeepEP's normal mode)",
+	lowLatency = mode{dispatcher: "deepep-ll", design: "DeepEP low-latency design via NCCL EP (its low-latency mode; not DeepEP's normal mode)",
 		algorithm: cuda.EPLowLatency, phases: []string{"dispatch", "combine"}, defaultSMs: "every SM",
 		noBackward: "NCCL EP's low-latency mode has no backward pass (pass_direction is high-throughput only), and its combine applies the routing weights, " +
 			"whose gradient it does not return, so the step times the forward alone"}
