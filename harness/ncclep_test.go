@@ -49,9 +49,9 @@ func TestNCCLEPLayerOnHostSim(t *testing.T) {
 	}{
 		{"hybridep", "HybridEP's design via NCCL EP", "", []string{"shared", "router", "update", "dispatch", "experts", "combine",
 			"combine-bwd", "experts-bwd", "dispatch-bwd", "router-bwd", "shared-bwd"}, []string{"update", "dispatch", "combine", "combine-bwd", "dispatch-bwd"},
-			[]string{"waits bounded by timeout_ns = --comm-timeout 5s", "backward: ncclEpDispatch and ncclEpCombine with pass_direction BWD over the forward's handle"}, true},
+			[]string{"waits bounded by timeout_ns = --ncclep-timeout 5s", "backward: ncclEpDispatch and ncclEpCombine with pass_direction BWD over the forward's handle"}, true},
 		{"deepep-ll", "DeepEP low-latency design via NCCL EP", "60000", []string{"shared", "router", "dispatch", "experts", "combine"}, []string{"dispatch", "combine"},
-			[]string{"waits bounded by NCCL_EP_TIMEOUT_MS=60000, which overrides --comm-timeout 5s", "forward only: NCCL EP's low-latency mode has no backward pass"}, false},
+			[]string{"waits bounded by NCCL_EP_TIMEOUT_MS=60000, which overrides --ncclep-timeout 5s", "forward only: NCCL EP's low-latency mode has no backward pass"}, false},
 	} {
 		t.Run(c.dispatcher, func(t *testing.T) {
 			t.Setenv("NCCL_EP_TIMEOUT_MS", c.timeoutMS)
@@ -167,11 +167,12 @@ func TestNCCLEPUnavailable(t *testing.T) {
 
 // TestNCCLEPFailures: a library call that fails is reported with its call,
 // NCCL's result and the rank; a rank that does not take part in a
-// collective makes the others' kernels give up after --comm-timeout (the
-// group's timeout_ns), and the run fails naming the rank and the call
-// after which its GPU failed, instead of hanging — in one process and on
-// the path of a communicator that spans processes (FAKENCCL_NET: every
-// byte through the fake NCCL's send/recv).
+// collective makes the others' kernels give up after --ncclep-timeout (the
+// group's timeout_ns; --comm-timeout, moebench's own waits, stays 5s),
+// and the run fails naming the rank and the call after which its GPU
+// failed, instead of hanging — in one process and on the path of a
+// communicator that spans processes (FAKENCCL_NET: every byte through the
+// fake NCCL's send/recv).
 func TestNCCLEPFailures(t *testing.T) {
 	for _, net := range []string{"", "1"} {
 		t.Run(map[string]string{"": "one-process", "1": "across-processes"}[net], func(t *testing.T) {
@@ -194,12 +195,12 @@ func ncclepFailures(t *testing.T) {
 		{"failing-call", "hybridep", "FAKENCCLEP_FAIL", "ncclEpCombine",
 			[]string{"combine on rank 0: ncclEpCombine: ncclInternalError (3, internal error", "combine on rank 1: ncclEpCombine: ncclInternalError"}},
 		{"rank-missing", "deepep-ll", "FAKENCCLEP_SKIP", "ncclEpDispatch 1",
-			[]string{"experts: host wait: rank 0: the GPU failed after NCCL EP's ncclEpDispatch (a collective that waits past --comm-timeout 300ms traps its kernels): cuStreamSynchronize: CUDA_ERROR_LAUNCH_FAILED"}},
+			[]string{"experts: host wait: rank 0: the GPU failed after NCCL EP's ncclEpDispatch (a collective that waits past --ncclep-timeout 300ms traps its kernels): cuStreamSynchronize: CUDA_ERROR_LAUNCH_FAILED"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Setenv(c.hook, c.value)
 			cfg := deviceCases()["softmax-natural"]
-			cfg.Dispatcher, cfg.Impl, cfg.EP, cfg.Hidden, cfg.CommTimeout = c.dispatcher, dispatchers.ImplLibrary, 2, 128, 300*time.Millisecond
+			cfg.Dispatcher, cfg.Impl, cfg.EP, cfg.Hidden, cfg.NCCLEPTimeout = c.dispatcher, dispatchers.ImplLibrary, 2, 128, 300*time.Millisecond
 			var rec *results.Record
 			var err error
 			hostsim.Within(t, time.Minute, func() { rec, err = Run(cfg, Env{Version: "test"}) })

@@ -564,7 +564,7 @@ func killedProcessOf(t *testing.T, rv, out string, dispatcher ...string) {
 	os.Remove(out)
 	ps := launchProcs(t, 2, append([]string{"--device", "cuda", "--ep", "4",
 		"--experts", "16", "--tokens", "16", "--hidden", "32", "--ffn", "16", "--warmup", "0", "--iters", "100000",
-		"--rendezvous", rv, "--out", out, "--comm-timeout", "10s"}, dispatcher...)...)
+		"--rendezvous", rv, "--out", out, "--comm-timeout", "10s", "--ncclep-timeout", "10s"}, dispatcher...)...)
 	status := rv + ".p1.status"
 	deadline := time.Now().Add(3 * time.Minute)
 	for { // until process 1 is in its steps: its status names one of the layer's phases (sampled twice a second)
@@ -610,7 +610,7 @@ func gpuCheckTwoproc(t *testing.T, hidden string) (out string, b []byte) {
 	os.Symlink(os.Getenv("MOEBENCH_CACHE"), filepath.Join(out, "kernel-cache")) // the kernels the runs before compiled
 	cmd := exec.Command("bash", "../../scripts/gpu-check.sh", "twoproc", out)
 	cmd.Env = append(os.Environ(), "MOEBENCH_TEST_PROCESS=1", "MOEBENCH_BIN="+os.Args[0], "PATH="+filepath.Dir(smi)+":"+os.Getenv("PATH"),
-		"TWOPROC_FLAGS=--experts 16 --tokens 16 "+hidden+" --ffn 16 --warmup 1 --iters 2 --comm-timeout 20s", "TWOPROC_HYBRIDEP_FLAGS=--sms 2",
+		"TWOPROC_FLAGS=--experts 16 --tokens 16 "+hidden+" --ffn 16 --warmup 1 --iters 2 --comm-timeout 20s --ncclep-timeout 20s", "TWOPROC_HYBRIDEP_FLAGS=--sms 2",
 		"FAKENCCL_TIMEOUT_S=120")
 	b, err := cmd.CombinedOutput()
 	if err != nil {
@@ -765,7 +765,7 @@ func TestDistributedNCCLEP(t *testing.T) {
 			os.Remove(out)
 			ps := launchProcsEnv(t, 2, func(r int) []string { return []string{fmt.Sprintf("MOEBENCH_NODE=node-%d", r)} },
 				append([]string{"--device", "cuda", "--dispatcher", c.dispatcher, "--impl", "library", "--ep", "4", "--warmup", "1", "--iters", "2",
-					"--rendezvous", rv, "--out", out, "--format", "json", "--comm-timeout", "20s"}, shape...)...)
+					"--rendezvous", rv, "--out", out, "--format", "json", "--comm-timeout", "20s", "--ncclep-timeout", "20s"}, shape...)...)
 			rec := runRecord(t, out, ps)
 			for r, p := range ps {
 				if strings.Contains(p.stderr.String(), "NCCL EP: ") { // the fake's complaint: a broken contract, even in the teardown

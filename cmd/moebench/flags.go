@@ -26,7 +26,7 @@ type options struct {
 	tokens, hidden, ffn, experts, topk, shared, groups, groupTopK       int
 	sms, ep, gpus, warmup, iters                                        int
 	topkScale, maxSeconds                                               float64
-	commTimeout, rendezvousTimeout                                      time.Duration
+	commTimeout, ncclepTimeout, watchdogTimeout, rendezvousTimeout      time.Duration
 	seed                                                                uint64
 	check, preSoftmax, routingFixed, cudaGraph, forwardOnly             bool
 	checkAll                                                            bool // --check all
@@ -126,7 +126,14 @@ func addControlFlags(fs *pflag.FlagSet, o *options) {
 	o.check, o.checkAll = d.Check, d.CheckAll
 	fs.Var(checkValue{&o.check, &o.checkAll}, "check", "check the output (and in a training step every gradient) against the float64 reference before the timed steps: "+
 		"sample (where every token's reference is beyond the check's budget, a seeded sample of tokens per rank, the record says which) | all (every token) | off")
-	fs.DurationVar(&o.commTimeout, "comm-timeout", d.CommTimeout, "SM-driven dispatchers: the longest a cross-rank wait may take before the run fails naming the rank, phase and wait (NCCL EP: its timeout_ns); a run over several processes: the longest any process waits for the others while none moves on; a call on a GPU's thread after the first step may take 6 times it, at least 30s (0 = 5s)")
+	fs.DurationVar(&o.commTimeout, "comm-timeout", d.CommTimeout, "the longest one of moebench's own waits for another rank may take before the run fails naming it, in [1ms, 1h]: "+
+		"a native SM-driven dispatcher's waits on the GPU (deepep, hybridep: a flag, a queue's head or tail, a counter the host polls; the error names the rank, phase and wait), "+
+		"and in a run over several processes a process's wait for the others while none moves on (0 = 5s)")
+	fs.DurationVar(&o.ncclepTimeout, "ncclep-timeout", d.NCCLEPTimeout, "--impl library of hybridep and deepep-ll: NCCL EP's timeout_ns, the library's bound on its kernels' waits for other ranks "+
+		"(past it they trap and the run fails naming the last library call), in [1ms, 1h]; NCCL_EP_TIMEOUT_MS, when set, overrides it (0 = 5s)")
+	fs.DurationVar(&o.watchdogTimeout, "watchdog-timeout", d.WatchdogTimeout, "cuda: the longest one call on a GPU's thread (a phase of a step, a library call) may take once the first step has run, "+
+		"past which the run stops naming the GPUs whose thread has not returned (before it, the setup and the first steps, which compile the kernels, may take 10m); "+
+		"0 = 6 × the longer of --comm-timeout and --ncclep-timeout, at least 30s; else in [1s, 24h] and above both")
 	fs.StringVar(&o.rendezvous, "rendezvous", "", "a run over several processes (srun, mpirun, torchrun, MOEBENCH_RANK/MOEBENCH_WORLD): a file on a filesystem every node sees, where rank 0 writes NCCL's unique id and the processes watch each other; not needed with NCCL_COMM_ID=host:port, but without it a process that fails or never arrives is named only in a run of two processes")
 	fs.DurationVar(&o.rendezvousTimeout, "rendezvous-timeout", launch.DefaultWait, "a run over several processes with --rendezvous: the longest time `dt` (a duration, 1s to 1h) a process waits at the start for the others to arrive, each giving the others its settings, which must be the same; one that never arrives is named")
 	fs.StringVar(&o.device, "device", d.Device, "device: auto (cuda if a driver and GPU are found, else host) | host | cuda")
@@ -197,8 +204,12 @@ func (o *options) config(fs *pflag.FlagSet) (harness.Config, error) {
 	c.Routing, c.RoutingFixed, c.Seed, c.Warmup, c.Iters, c.Check, c.Device = r, o.routingFixed, o.seed, o.warmup, o.iters, o.check, o.device
 	c.CheckAll = o.check && o.checkAll
 	c.MaxSeconds, c.CUDAGraph, c.ForwardOnly, c.HostExperts = o.maxSeconds, o.cudaGraph, o.forwardOnly, o.hostExperts
+	c.NCCLEPTimeout, c.WatchdogTimeout = o.ncclepTimeout, o.watchdogTimeout
 	if c.CommTimeout == 0 { // as the help says: 0 = the default
 		c.CommTimeout = dispatchers.DefaultCommTimeout
+	}
+	if c.NCCLEPTimeout == 0 {
+		c.NCCLEPTimeout = dispatchers.DefaultCommTimeout
 	}
 	if t := o.rendezvousTimeout; t != 0 && (t < time.Second || t > time.Hour) {
 		return c, &harness.ConfigError{Flag: "rendezvous-timeout", Value: t, Allowed: fmt.Sprintf("must be in [1s, 1h] (0 = the default, %v)", launch.DefaultWait)}

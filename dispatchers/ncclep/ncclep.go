@@ -85,7 +85,7 @@ func newDevice(m mode, env dispatchers.Env) (dispatchers.DeviceDispatcher, error
 	if why != nil {
 		return nil, unavailable(m, "NCCL EP cannot run here: %s", strings.Join(why, "; "))
 	}
-	timeout := env.CommTimeout
+	timeout := env.LibraryTimeout
 	if timeout <= 0 {
 		timeout = dispatchers.DefaultCommTimeout
 	}
@@ -323,7 +323,7 @@ func (d *Device) HostWait(phase string, r int) error {
 	}
 	s, rk := &d.st[r], d.ranks[r]
 	if err := rk.Dev.SyncStream(rk.Stream); err != nil {
-		return fmt.Errorf("the GPU failed after NCCL EP's %s (a collective that waits past --comm-timeout %v traps its kernels): %w", s.last, d.timeout, err)
+		return fmt.Errorf("the GPU failed after NCCL EP's %s (a collective that waits past --ncclep-timeout %v traps its kernels): %w", s.last, d.timeout, err)
 	}
 	L := d.shape.LocalExperts()
 	copy(s.host, unsafe.Slice((*int32)(s.mapped.Host), L+1))
@@ -425,9 +425,9 @@ func (d *Device) Library() dispatchers.LibraryInfo {
 	if set != nil {
 		sms += "; overridden by " + strings.Join(set, ", ")
 	}
-	waits := fmt.Sprintf("timeout_ns = --comm-timeout %v", d.timeout)
+	waits := fmt.Sprintf("timeout_ns = --ncclep-timeout %v", d.timeout)
 	if v := os.Getenv(timeoutEnv); v != "" && v != "0" {
-		waits = fmt.Sprintf("%s=%s, which overrides --comm-timeout %v (timeout_ns)", timeoutEnv, v, d.timeout)
+		waits = fmt.Sprintf("%s=%s, which overrides --ncclep-timeout %v (timeout_ns)", timeoutEnv, v, d.timeout)
 	}
 	comms := "each with its own NCCL communicator"
 	if d.world != nil {
