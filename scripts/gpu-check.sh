@@ -293,8 +293,8 @@ layer feplb-qwen3-30b-ep8-skewed-d4 --preset qwen3-30b-a3b --ep 8 --routing skew
 layer hybridep-qwen3-30b-ep8-sms32 --preset qwen3-30b-a3b --ep 8 --dispatcher hybridep --sms 32
 layer hybridep-qwen3-30b-ep8-sms16 --preset qwen3-30b-a3b --ep 8 --dispatcher hybridep --sms 16
 layer hybridep-qwen3-30b-ep8-d4 --preset qwen3-30b-a3b --ep 8 --dispatcher hybridep --sms 16 --domain 4
-step sweep-hybridep 300 "$mb" sweep --device cuda --presets qwen3-30b-a3b --ep 8 \
-  --dispatchers alltoall,deepep,hybridep --sms 8,16 --out "$records"
+step sweep-hybridep 300 "$mb" sweep --device cuda --preset qwen3-30b-a3b --ep 8 \
+  --dispatcher alltoall,deepep,hybridep --sms 8,16 --out "$records"
 # NCCL EP (--impl library): hybridep through its high-throughput mode, deepep-ll
 # (DeepEP's low-latency design) through its low-latency mode (128 tokens, its regime), one rank per GPU: on
 # a one-GPU node EP 1 (a single rank, untested upstream). Where the library,

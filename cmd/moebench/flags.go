@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -30,6 +31,9 @@ type options struct {
 	seed                                                                uint64
 	check, preSoftmax, routingFixed, cudaGraph, forwardOnly             bool
 	checkAll                                                            bool // --check all
+	// lists are the list flags' values (addPointFlags), nil where the
+	// command's flags are single values (bench) or a point's are set
+	lists *sweepOptions
 }
 
 // checkValue is --check: sample | all | off (true and false, the flag's
@@ -70,16 +74,7 @@ func newFlags(o *options) *pflag.FlagSet {
 	d := harness.DefaultConfig()
 	fs := pflag.NewFlagSet("moebench", pflag.ContinueOnError)
 	fs.SortFlags = false
-	fs.StringVar(&o.dispatcher, "dispatcher", d.Dispatcher, "token dispatcher: "+strings.Join(dispatchers.Names(), "|"))
-	fs.StringVar(&o.impl, "impl", d.Impl, "implementation: native (moebench's own) | library (a real library on the node, one GPU per rank: alltoall through NCCL; hybridep and deepep-ll through NCCL EP, its high-throughput and low-latency modes; deepep, DeepEP's normal mode, has none reachable from Go)")
-	fs.IntVar(&o.sms, "sms", d.SMs, "SMs per rank of SM-driven dispatchers' transfer kernels (one block holds one SM; at most the GPU's SMs ÷ its ranks): deepep (even; default 20), hybridep (default 16), each default lowered to fit; with --impl library NCCL EP's max_num_sms; 0 = the dispatcher's (the library's) default")
-	fs.IntVar(&o.ep, "ep", d.EP, "expert-parallel ranks; must divide --experts")
-	fs.IntVar(&o.gpus, "gpus", d.GPUs, "cuda: GPUs the ranks are spread over; 0 = every GPU, at most one per rank (more ranks than GPUs: packed, emulated EP)")
-	addFeplbFlags(fs, o)
-	fs.StringVar(&o.preset, "preset", d.Preset, "layer shape preset (see 'moebench presets'); shape flags below override its fields")
-	addShapeFlags(fs, o)
-	fs.StringVar(&o.routing, "routing", d.Routing.String(), "routing: balanced|uniform|skewed:ALPHA|trace:FILE|natural")
-	addControlFlags(fs, o)
+	addPointFlags(fs, o, &sweepOptions{})
 	fs.StringVar(&o.hostExperts, "host-experts", harness.HostExpertsAuto, "host device: how the layer holds the experts' weights and fp32 weight gradients: "+
 		"auto (the first of the others that fits in the available memory) | held (all, the whole run) | grads-by-rank (all weights; each rank's weight gradients "+
 		"until its expert backward ends, checked there, then released) | drawn (weights drawn from the seed each time an expert's rows are computed, slower; gradients by rank)")
@@ -88,6 +83,140 @@ func newFlags(o *options) *pflag.FlagSet {
 	fs.StringVar(&o.format, "format", "table", "output format: "+strings.Join(results.Formats, "|"))
 	fs.StringVar(&o.dump, "dump", "", "write the layer's tensors as .npy files with an index.json to this new directory (a run of one process)")
 	return fs
+}
+
+// addPointFlags defines the flags of a layer's points, the same for run
+// and sweep: the list flags, which make one point per combination of their
+// values (a run over more than one point is the sweep over them), with
+// sweep's older plural names as deprecated aliases; feplb's, the shape's
+// and the control flags.
+func addPointFlags(fs *pflag.FlagSet, o *options, so *sweepOptions) {
+	d := harness.DefaultConfig()
+	o.lists = so
+	fs.SetNormalizeFunc(func(_ *pflag.FlagSet, name string) pflag.NormalizedName {
+		if singular, ok := pluralAliases[name]; ok {
+			return pflag.NormalizedName(singular)
+		}
+		return pflag.NormalizedName(name)
+	})
+	so.dispatchers, so.impls, so.sms, so.ep, so.gpus = []string{d.Dispatcher}, []string{d.Impl}, []int{d.SMs}, []int{d.EP}, []int{d.GPUs}
+	so.presets, so.routings = []string{d.Preset}, []string{d.Routing.String()}
+	fs.Var(strList{&so.dispatchers}, "dispatcher", "token dispatchers, comma-separated: "+strings.Join(dispatchers.Names(), "|")+aliasNote("dispatcher"))
+	fs.Var(strList{&so.impls}, "impl", "implementations: native (moebench's own) | library (a real library on the node, one GPU per rank: alltoall through NCCL; "+
+		"hybridep and deepep-ll through NCCL EP, its high-throughput and low-latency modes; deepep, DeepEP's normal mode, has none reachable from Go)"+aliasNote("impl"))
+	fs.Var(intList{&so.sms}, "sms", "SMs per rank of SM-driven dispatchers' transfer kernels (one block holds one SM; at most the GPU's SMs ÷ its ranks): deepep (even; default 20), hybridep (default 16), "+
+		"each default lowered to fit; with --impl library NCCL EP's max_num_sms; 0 = the dispatcher's (the library's) default; the other dispatchers run once, with 0")
+	fs.Var(intList{&so.ep}, "ep", "expert-parallel ranks; each must divide --experts")
+	fs.Var(intList{&so.gpus}, "gpus", "cuda: GPUs the ranks are spread over; 0 = every GPU, at most one per rank (more ranks than GPUs: packed, emulated EP; a count above a point's EP size is left out)")
+	addFeplbFlags(fs, o)
+	fs.Var(strList{&so.presets}, "preset", "layer shape presets (see 'moebench presets'); shape flags below override their fields"+aliasNote("preset"))
+	addShapeFlags(fs, o)
+	fs.Var(strList{&so.routings}, "routing", "routings: balanced|uniform|skewed:ALPHA|trace:FILE|natural"+aliasNote("routing"))
+	addControlFlags(fs, o)
+}
+
+// strList and intList are list flags (comma-separated values, one point
+// each) whose every use sets the whole list, as a repeated single-valued
+// flag sets its value: --ep 4 --ep 16 is 16, --ep 4,16 both. Their types
+// are pflag's list types' names (checkBounds, the sweep file and --help
+// read them so).
+type (
+	strList struct{ v *[]string }
+	intList struct{ v *[]int }
+)
+
+func (l strList) Set(s string) error {
+	*l.v = nil
+	if s == "" {
+		return nil
+	}
+	*l.v = strings.Split(s, ",")
+	return nil
+}
+
+func (l strList) String() string { return "[" + strings.Join(*l.v, ",") + "]" }
+func (strList) Type() string     { return "stringSlice" }
+
+func (l intList) Set(s string) error {
+	var vals []int
+	if s == "" {
+		*l.v = nil
+		return nil
+	}
+	for _, f := range strings.Split(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil {
+			return err
+		}
+		vals = append(vals, n)
+	}
+	*l.v = vals
+	return nil
+}
+
+func (l intList) String() string {
+	parts := make([]string, len(*l.v))
+	for i, n := range *l.v {
+		parts[i] = strconv.Itoa(n)
+	}
+	return "[" + strings.Join(parts, ",") + "]"
+}
+func (intList) Type() string { return "intSlice" }
+
+// pluralAliases are sweep's older names of its list flags, aliases of the
+// singular names run and sweep share, deprecated: kept for one release.
+var pluralAliases = map[string]string{"dispatchers": "dispatcher", "impls": "impl", "presets": "preset", "routings": "routing"}
+
+// aliasNote is the help's note of flag's deprecated plural alias.
+func aliasNote(flag string) string {
+	return fmt.Sprintf("; --%ss: alias of --%s, kept for one release (deprecated)", flag, flag)
+}
+
+// warnAliases tells stderr of each deprecated plural alias in args.
+func warnAliases(args []string, stderr io.Writer) {
+	for _, a := range args {
+		if a == "--" {
+			return
+		}
+		name, _, _ := strings.Cut(strings.TrimPrefix(a, "--"), "=")
+		if singular, ok := pluralAliases[name]; ok && strings.HasPrefix(a, "--") {
+			fmt.Fprintf(stderr, "moebench: warning: %s\n", aliasWarning(name, singular))
+		}
+	}
+}
+
+// aliasWarning says that the alias plural of singular is deprecated.
+func aliasWarning(plural, singular string) string {
+	return fmt.Sprintf("--%s is deprecated: an alias of --%s, kept for one release", plural, singular)
+}
+
+// fromLists sets the single values of a run from its list flags, each of
+// which must then hold one value (a run over several points is a sweep).
+func (o *options) fromLists() error {
+	l := o.lists
+	strs := []struct {
+		flag string
+		v    []string
+		dst  *string
+	}{{"dispatcher", l.dispatchers, &o.dispatcher}, {"impl", l.impls, &o.impl}, {"preset", l.presets, &o.preset}, {"routing", l.routings, &o.routing}}
+	for _, s := range strs {
+		if len(s.v) != 1 {
+			return &harness.ConfigError{Flag: s.flag, Value: strings.Join(s.v, ","), Allowed: "one value here (a list of several is a sweep's)"}
+		}
+		*s.dst = s.v[0]
+	}
+	ints := []struct {
+		flag string
+		v    []int
+		dst  *int
+	}{{"sms", l.sms, &o.sms}, {"ep", l.ep, &o.ep}, {"gpus", l.gpus, &o.gpus}}
+	for _, s := range ints {
+		if len(s.v) != 1 {
+			return &harness.ConfigError{Flag: s.flag, Value: s.v, Allowed: "one value here (a list of several is a sweep's)"}
+		}
+		*s.dst = s.v[0]
+	}
+	return nil
 }
 
 // addFeplbFlags defines the NVLink domain and feplb's options.
@@ -158,6 +287,11 @@ func (o *options) config(fs *pflag.FlagSet) (harness.Config, error) {
 	c := harness.DefaultConfig()
 	if err := checkBounds(fs, flagBounds); err != nil {
 		return c, err
+	}
+	if o.lists != nil {
+		if err := o.fromLists(); err != nil {
+			return c, err
+		}
 	}
 	p, ok := harness.LookupPreset(o.preset)
 	if !ok {
@@ -305,6 +439,12 @@ and flags: 'moebench sweep --help', 'moebench bench kernels --help', ...
 With no flags, moebench runs the small 'tiny' layer on 8 EP ranks with the
 alltoall dispatcher and balanced routing. Without a GPU it runs on the host
 device (a Go implementation of every kernel) and says so.
+
+The flags that take lists (strings, ints: --dispatcher alltoall,deepep
+--sms 16,32) run one point per combination of their values: the sweep over
+them, as 'moebench sweep' runs it, each point's record appended to --out and
+the table of the points printed at the end. A flag given twice takes its
+last value, as every flag does.
 
 Flags:
 `)
