@@ -660,7 +660,7 @@ func gpuCheckTwoProcesses(t *testing.T) {
 func nightlyTwoProcesses(t *testing.T) {
 	dir := t.TempDir()
 	sweep := filepath.Join(dir, "sweep.json")
-	os.WriteFile(sweep, []byte(`{"dispatchers": ["alltoall"], "impls": ["library"], "ep": [2], "routings": ["balanced", "uniform"],
+	os.WriteFile(sweep, []byte(`{"dispatcher": ["alltoall"], "impl": ["library"], "ep": [2], "routing": ["balanced", "uniform"],
 		"experts": 16, "tokens": 16, "hidden": 32, "ffn": 16, "iters": 2, "warmup": 1, "device": "cuda", "comm-timeout": "20s"}`), 0o644)
 	night := filepath.Join(dir, "nightly")
 	type result struct {
