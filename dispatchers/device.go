@@ -254,6 +254,14 @@ func RegisterLibrary(name string, f LibraryFactory) {
 	libraryRegistry[name] = f
 }
 
+// IsLibrary reports whether impl of the dispatcher name is a registered
+// library implementation (RegisterLibrary: NCCL EP's modes), whose waits
+// Env.LibraryTimeout bounds.
+func IsLibrary(name, impl string) bool {
+	_, ok := libraryRegistry[name]
+	return ok && impl == ImplLibrary
+}
+
 // libraryOnHost is a library implementation's answer on the host device:
 // unavailable, with its factory's reason.
 func libraryOnHost(name string, env Env) (Dispatcher, bool, error) {

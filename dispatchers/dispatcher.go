@@ -253,13 +253,17 @@ type Env struct {
 	// SMs is the SM budget (thread blocks) of an SM-driven dispatcher's
 	// transfer kernels; 0 means its default (see SMBudget).
 	SMs int
-	// CommTimeout bounds every cross-rank wait of the dispatcher (device
-	// flags, queue heads and tails, counters the host polls); 0 means
-	// DefaultCommTimeout.
+	// CommTimeout bounds every cross-rank wait of moebench's own kernels
+	// (device flags, queue heads and tails, counters the host polls);
+	// 0 means DefaultCommTimeout.
 	CommTimeout time.Duration
 	// Precision is the dispatch precision (PrecisionBF16, "" too, or
 	// PrecisionFP8: see precision.go)
 	Precision string
+	// LibraryTimeout is a library implementation's own bound on its
+	// waits for other ranks (NCCL EP's timeout_ns: --ncclep-timeout);
+	// 0 means DefaultCommTimeout.
+	LibraryTimeout time.Duration
 	// NodeRanks, in a run that spans processes, is the EP ranks on this
 	// process's node (its ranks times the processes the launcher puts on
 	// the node); 0 in a run of one process, whose ranks are all on its node.

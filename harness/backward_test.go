@@ -247,7 +247,7 @@ func TestTrainingRecord(t *testing.T) {
 // reference; deepep's and hybridep's own kernels have their backward too,
 // so neither needs a reason to run forward-only (NCCL EP's: its
 // high-throughput mode trains through the library's backward, its
-// low-latency mode is forward-only with its reason: ncclep_test.go).
+// low-latency mode, deepep-ll's, is forward-only with its reason: ncclep_test.go).
 func TestCUDADeviceTrainingStep(t *testing.T) {
 	t.Setenv("MOEBENCH_NVML", "/nonexistent")
 	c := small()

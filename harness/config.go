@@ -82,12 +82,20 @@ type Config struct {
 	EP         int
 	GPUs       int // cuda: GPUs the ranks are spread over; 0 = every GPU, at most one per rank
 	Domain     int // ranks per NVLink domain; 0 = all ranks
-	// CommTimeout bounds each cross-rank wait of SM-driven dispatchers
+	// CommTimeout bounds each wait of moebench's own code for another
+	// rank: a native SM-driven dispatcher's waits on the GPU, and in a run
+	// over several processes a process's wait for the others
 	CommTimeout time.Duration
-	FeplbBase   string // feplb: phase-1 dispatcher
-	FeplbDyn    int    // feplb: dynamic experts per rank; 0: fitted to the layer (FeplbDynamic)
-	FeplbPolicy string // feplb: the scheduler's policy (balance.FEPLBPolicies)
-	Routing     Routing
+	// NCCLEPTimeout is NCCL EP's timeout_ns, the library's bound on its
+	// kernels' waits (--impl library of hybridep and deepep-ll)
+	NCCLEPTimeout time.Duration
+	// WatchdogTimeout bounds one call on a GPU's thread once the first
+	// step has run (hang.go); 0: derived from the two above (WatchdogLimit)
+	WatchdogTimeout time.Duration
+	FeplbBase       string // feplb: phase-1 dispatcher
+	FeplbDyn        int    // feplb: dynamic experts per rank; 0: fitted to the layer (FeplbDynamic)
+	FeplbPolicy     string // feplb: the scheduler's policy (balance.FEPLBPolicies)
+	Routing         Routing
 	// RoutingFixed replays the first step's routing every iteration;
 	// otherwise each iteration draws its own (seeded by the step), as
 	// Megatron's force-balancing draws fresh logits every forward. Routing
@@ -148,7 +156,7 @@ var HostExpertsModes = []string{HostExpertsAuto, HostExpertsHeld, HostExpertsByR
 func DefaultConfig() Config {
 	p, _ := LookupPreset("tiny")
 	return Config{Preset: p.Name, Shape: p.Shape, Dispatcher: "alltoall", Impl: "native",
-		EP: 8, CommTimeout: dispatchers.DefaultCommTimeout, FeplbBase: "alltoall", FeplbDyn: 0, FeplbPolicy: "feplb",
+		EP: 8, CommTimeout: dispatchers.DefaultCommTimeout, NCCLEPTimeout: dispatchers.DefaultCommTimeout, FeplbBase: "alltoall", FeplbDyn: 0, FeplbPolicy: "feplb",
 		Routing: Routing{Kind: RoutingBalanced}, Seed: 1, Warmup: 3, Iters: 20,
 		Check: true, Device: "auto", Precision: PrecisionBF16}
 }
@@ -234,6 +242,13 @@ func (c Config) Validate() error {
 		return &ConfigError{"sms", c.SMs, fmt.Sprintf("must be in [0, %d] (0 = the dispatcher's default)", dispatchers.MaxSMBudget)}
 	case c.CommTimeout < time.Millisecond || c.CommTimeout > time.Hour:
 		return &ConfigError{"comm-timeout", c.CommTimeout, fmt.Sprintf("must be in [1ms, 1h] (0 = the default, %s)", dispatchers.DefaultCommTimeout)}
+	case c.NCCLEPTimeout < time.Millisecond || c.NCCLEPTimeout > time.Hour:
+		return &ConfigError{"ncclep-timeout", c.NCCLEPTimeout, fmt.Sprintf("must be in [1ms, 1h] (0 = the default, %s)", dispatchers.DefaultCommTimeout)}
+	case c.WatchdogTimeout != 0 && (c.WatchdogTimeout < time.Second || c.WatchdogTimeout > MaxWatchdog):
+		return &ConfigError{"watchdog-timeout", c.WatchdogTimeout, fmt.Sprintf("must be 0 (%s) or in [1s, %s]", watchdogDerived, fmtHours(MaxWatchdog))}
+	case c.WatchdogTimeout != 0 && c.WatchdogTimeout <= max(c.CommTimeout, c.NCCLEPTimeout):
+		return &ConfigError{"watchdog-timeout", c.WatchdogTimeout, fmt.Sprintf("must be above --comm-timeout (%v) and --ncclep-timeout (%v), so that a wait's own timeout ends first and names the rank and the wait",
+			c.CommTimeout, c.NCCLEPTimeout)}
 	case !(c.MaxSeconds >= 0 && c.MaxSeconds <= MaxSeconds):
 		return &ConfigError{"max-seconds", c.MaxSeconds, fmt.Sprintf("must be in [0, %d] (0 = no limit)", MaxSeconds)}
 	case c.Device != "host" && c.Device != "cuda" && c.Device != "auto":
@@ -289,11 +304,41 @@ func (c Config) Record() results.Config {
 	if c.Dispatcher == "feplb" {
 		r.FeplbBase, r.FeplbDynamic, r.FeplbPolicy = c.FeplbBase, c.FeplbDynamic(), c.FeplbPolicy
 	}
-	if _, ok := dispatchers.SMBudgetOf(c.Dispatcher, c.Impl); ok {
+	switch _, smDriven := dispatchers.SMBudgetOf(c.Dispatcher, c.Impl); {
+	case dispatchers.IsLibrary(c.Dispatcher, c.Impl):
+		r.NCCLEPTimeoutS = c.NCCLEPTimeout.Seconds()
+	case smDriven:
 		r.CommTimeoutS = c.CommTimeout.Seconds()
+	}
+	if c.Device == "cuda" {
+		r.WatchdogTimeoutS = c.WatchdogLimit().Seconds()
 	}
 	return r
 }
+
+// MaxWatchdog bounds --watchdog-timeout.
+const MaxWatchdog = 24 * time.Hour
+
+// watchdogDerived says what --watchdog-timeout 0 means (WatchdogLimit).
+const watchdogDerived = "6 × the longer of --comm-timeout and --ncclep-timeout, at least 30s"
+
+// WatchdogLimit is the longest one call on a GPU's thread may take once
+// the first step has run: WatchdogTimeout, or where it is 0 six times the
+// longer of the cross-rank timeouts (a phase may wait several times), at
+// least stepWait.
+func (c Config) WatchdogLimit() time.Duration {
+	if c.WatchdogTimeout > 0 {
+		return c.WatchdogTimeout
+	}
+	longest := max(c.CommTimeout, c.NCCLEPTimeout)
+	if longest <= 0 {
+		longest = dispatchers.DefaultCommTimeout
+	}
+	return max(stepWait, 6*longest)
+}
+
+// fmtHours spells a whole number of hours as "24h".
+func fmtHours(d time.Duration) string { return fmt.Sprintf("%dh", int(d.Hours())) }
 
 // perStepRouting says whether each step draws its own routing.
 // FeplbDynamic is feplb's dynamic experts per rank: FeplbDyn, or where it

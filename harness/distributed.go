@@ -79,12 +79,12 @@ func newDist(cfg Config, rv *launch.Rendezvous) (*dist, error) {
 	l := rv.L
 	switch {
 	// the library implementations: alltoall's (NCCL), hybridep's and
-	// deepep's (NCCL EP); hybridep's native one when each NVLink domain
+	// deepep-ll's (NCCL EP); hybridep's native one when each NVLink domain
 	// lies inside one process (its inter-domain path is NCCL's)
 	case cfg.Impl != dispatchers.ImplLibrary && !hybridepAcross(cfg, l.World):
 		return nil, &dispatchers.UnavailableError{Name: cfg.Dispatcher, Impl: cfg.Impl, Reason: fmt.Sprintf(
 			"this run spans %d processes (%s): %s; across processes run alltoall --impl library (NCCL's send/recv over every process's ranks), "+
-				"hybridep or deepep --impl library (NCCL EP's group over every process's ranks), or hybridep --impl native with a --domain that divides the ranks each process drives",
+				"hybridep or deepep-ll --impl library (NCCL EP's group over every process's ranks), or hybridep --impl native with a --domain that divides the ranks each process drives",
 			l.World, l.Via, notAcross(cfg, l.World))}
 	case cfg.EP%l.World != 0:
 		return nil, &ConfigError{"ep", cfg.EP, fmt.Sprintf("must be a multiple of the %d processes of the run (%s): each process drives as many ranks, one GPU each", l.World, l.Via)}

@@ -57,7 +57,7 @@ func TestSlowestOf(t *testing.T) {
 // designs, feplb; hybridep's with an NVLink domain over several processes),
 // asked to span processes, is unavailable saying what does not cross them,
 // why, and what runs instead; the library implementations (alltoall's NCCL,
-// hybridep's and deepep's NCCL EP) and hybridep's native one with every
+// hybridep's and deepep-ll's NCCL EP) and hybridep's native one with every
 // domain inside a process are placed.
 func TestNotAcrossProcesses(t *testing.T) {
 	rv := &launch.Rendezvous{L: launch.Launch{Rank: 0, World: 2, Via: "test"}}
@@ -81,7 +81,7 @@ func TestNotAcrossProcesses(t *testing.T) {
 			t.Errorf("%s/%s: %v", c.dispatcher, c.impl, err)
 		}
 	}
-	for _, d := range []string{"alltoall", "hybridep", "deepep"} { // NCCL's send/recv; NCCL EP's two modes
+	for _, d := range []string{"alltoall", "hybridep", "deepep-ll"} { // NCCL's send/recv; NCCL EP's two modes
 		cfg := DefaultConfig()
 		cfg.Dispatcher, cfg.Impl, cfg.EP = d, "library", 4
 		if _, err := newDist(cfg, rv); err != nil {

@@ -12,7 +12,6 @@ import (
 	"os"
 	"time"
 
-	"github.com/moebench/moebench/dispatchers"
 	"github.com/moebench/moebench/kernels"
 )
 
@@ -21,20 +20,17 @@ import (
 // every GPU's kernels are compiled (NVRTC, or the tests' C++ compiler).
 const firstStepWait = 10 * time.Minute
 
-// stepWait is the least limit on a call after the first step: a phase of
-// a step; --comm-timeout × 6 when larger (SM-driven dispatchers' own waits
-// on the GPU end at --comm-timeout and report).
+// stepWait is the least derived limit on a call after the first step (a
+// phase of a step): --watchdog-timeout 0 means 6 × the longer of
+// --comm-timeout and --ncclep-timeout when larger (the dispatchers' own
+// waits on the GPU end at those and report; Config.WatchdogLimit).
 const stepWait = 30 * time.Second
 
 // limitThreads gives th's calls their limits (firstStepWait until a step
-// has run, then stepWait or 6 × --comm-timeout) and the message that names
-// a hung call's GPUs and ranks; in a run over several processes the others
-// are told first (ds's note).
+// has run, then cfg.WatchdogLimit) and the message that names a hung
+// call's GPUs and ranks; in a run over several processes the others are
+// told first (ds's note).
 func limitThreads(th *kernels.Threads, cfg Config, ds *dist) {
-	timeout := cfg.CommTimeout
-	if timeout <= 0 {
-		timeout = dispatchers.DefaultCommTimeout
-	}
 	on := rankDevices(cfg.EP, len(th.Devices()))
 	name := func(dev int) string {
 		first, last := -1, -1
@@ -54,7 +50,7 @@ func limitThreads(th *kernels.Threads, cfg Config, ds *dist) {
 		}
 		return fmt.Sprintf("GPU %d's thread (ranks %d–%d)", dev, first, last)
 	}
-	th.Limit(max(stepWait, 6*timeout), name, func(msg string) {
+	th.Limit(cfg.WatchdogLimit(), name, func(msg string) {
 		ds.fail(errors.New(msg), cfg)
 		fmt.Fprintf(os.Stderr, "moebench: %s\n", msg)
 		os.Exit(1)

@@ -27,7 +27,7 @@ func useFakeNCCLEP(t *testing.T) {
 }
 
 // TestNCCLEPLayerOnHostSim: the whole layer with --impl library — NCCL EP's
-// high-throughput mode for hybridep, its low-latency mode for deepep —
+// high-throughput mode for hybridep, its low-latency mode for deepep-ll —
 // through the fake libnccl_ep on the fake driver's two GPUs (one rank
 // each, every rank's calls from its GPU's thread), passes the check
 // against the float64 reference; the record says which design, library
@@ -49,9 +49,9 @@ func TestNCCLEPLayerOnHostSim(t *testing.T) {
 	}{
 		{"hybridep", "HybridEP's design via NCCL EP", "", []string{"shared", "router", "update", "dispatch", "experts", "combine",
 			"combine-bwd", "experts-bwd", "dispatch-bwd", "router-bwd", "shared-bwd"}, []string{"update", "dispatch", "combine", "combine-bwd", "dispatch-bwd"},
-			[]string{"waits bounded by timeout_ns = --comm-timeout 5s", "backward: ncclEpDispatch and ncclEpCombine with pass_direction BWD over the forward's handle"}, true},
-		{"deepep", "DeepEP low-latency design via NCCL EP", "60000", []string{"shared", "router", "dispatch", "experts", "combine"}, []string{"dispatch", "combine"},
-			[]string{"waits bounded by NCCL_EP_TIMEOUT_MS=60000, which overrides --comm-timeout 5s", "forward only: NCCL EP's low-latency mode has no backward pass"}, false},
+			[]string{"waits bounded by timeout_ns = --ncclep-timeout 5s", "backward: ncclEpDispatch and ncclEpCombine with pass_direction BWD over the forward's handle"}, true},
+		{"deepep-ll", "DeepEP low-latency design via NCCL EP", "60000", []string{"shared", "router", "dispatch", "experts", "combine"}, []string{"dispatch", "combine"},
+			[]string{"waits bounded by NCCL_EP_TIMEOUT_MS=60000, which overrides --ncclep-timeout 5s", "forward only: NCCL EP's low-latency mode has no backward pass"}, false},
 	} {
 		t.Run(c.dispatcher, func(t *testing.T) {
 			t.Setenv("NCCL_EP_TIMEOUT_MS", c.timeoutMS)
@@ -123,24 +123,24 @@ func TestNCCLEPUnavailable(t *testing.T) {
 			[]string{"NCCL EP cannot run here: MOEBENCH_NCCL_EP=/nonexistent/libnccl_ep.so.0 does not load"}},
 		{"another-api", "hybridep", map[string]string{"MOEBENCH_NCCL_EP": nccl}, nil, // a library without NCCL EP's entry points
 			[]string{"symbol ncclEpGetVersion missing", "not the API moebench speaks"}},
-		{"no-nccl", "deepep", map[string]string{"MOEBENCH_NCCL": "/nonexistent/libnccl.so.2"}, nil,
+		{"no-nccl", "deepep-ll", map[string]string{"MOEBENCH_NCCL": "/nonexistent/libnccl.so.2"}, nil,
 			[]string{"NCCL EP loads over NCCL, which is missing: MOEBENCH_NCCL=/nonexistent/libnccl.so.2 does not load"}},
 		{"nccl-without-device-api", "hybridep", map[string]string{"FAKENCCL_VERSION": "22803"}, nil,
 			[]string{"NCCL 2.28.3 has no Device API (NCCL EP needs 2.29 or later"}},
-		{"cuda-12-driver", "deepep", map[string]string{"FAKECUDA_DRIVER_VERSION": "12080"}, nil,
+		{"cuda-12-driver", "deepep-ll", map[string]string{"FAKECUDA_DRIVER_VERSION": "12080"}, nil,
 			[]string{"the CUDA driver supports CUDA 12.8, and NCCL EP needs CUDA 13"}},
 		{"no-nvcc", "hybridep", map[string]string{"NCCL_EP_JIT_NVCC": "/nonexistent/nvcc"}, nil,
 			[]string{"its run-time compile needs nvcc (/nonexistent/nvcc"}},
-		{"no-headers", "deepep", map[string]string{"NCCL_HOME": t.TempDir()}, nil,
+		{"no-headers", "deepep-ll", map[string]string{"NCCL_HOME": t.TempDir()}, nil,
 			[]string{"its run-time compile needs NCCL's device headers (NCCL_EP_JIT_BUILD_INCLUDE_DIR or NCCL_HOME): no nccl_device.h in"}},
 		{"sm80", "hybridep", map[string]string{"FAKECUDA_CC": "80"}, nil, []string{"GPU 0 is sm_80 and NCCL EP needs sm_90 or later", "GPU 1 is sm_80"}},
 		{"packed-and-too-many", "hybridep", nil, func(c *Config) { c.EP, c.Experts = 16, 32 },
 			[]string{"ranks 0 and 1 share GPU 0: NCCL EP needs one GPU per rank", "ranks 8 and 9 share GPU 1", "16 ranks on one node: NCCL EP supports at most 8 per node"}},
 		{"tokens", "hybridep", nil, func(c *Config) { c.Tokens = 8200 },
 			[]string{"NCCL EP's high-throughput mode cannot take this layer: 8200 tokens per rank, above its 8192"}},
-		{"hidden", "deepep", nil, func(c *Config) { c.Hidden = 64 },
+		{"hidden", "deepep-ll", nil, func(c *Config) { c.Hidden = 64 },
 			[]string{"NCCL EP's low-latency mode cannot take this layer: hidden 64: its low-latency combine needs a multiple of 128"}},
-		{"sms", "deepep", nil, func(c *Config) { c.SMs, c.Experts = 3, 64 },
+		{"sms", "deepep-ll", nil, func(c *Config) { c.SMs, c.Experts = 3, 64 },
 			[]string{"--sms 3: 64 experts need at least 5 SMs"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -167,11 +167,12 @@ func TestNCCLEPUnavailable(t *testing.T) {
 
 // TestNCCLEPFailures: a library call that fails is reported with its call,
 // NCCL's result and the rank; a rank that does not take part in a
-// collective makes the others' kernels give up after --comm-timeout (the
-// group's timeout_ns), and the run fails naming the rank and the call
-// after which its GPU failed, instead of hanging — in one process and on
-// the path of a communicator that spans processes (FAKENCCL_NET: every
-// byte through the fake NCCL's send/recv).
+// collective makes the others' kernels give up after --ncclep-timeout (the
+// group's timeout_ns; --comm-timeout, moebench's own waits, stays 5s),
+// and the run fails naming the rank and the call after which its GPU
+// failed, instead of hanging — in one process and on the path of a
+// communicator that spans processes (FAKENCCL_NET: every byte through the
+// fake NCCL's send/recv).
 func TestNCCLEPFailures(t *testing.T) {
 	for _, net := range []string{"", "1"} {
 		t.Run(map[string]string{"": "one-process", "1": "across-processes"}[net], func(t *testing.T) {
@@ -193,13 +194,13 @@ func ncclepFailures(t *testing.T) {
 	}{
 		{"failing-call", "hybridep", "FAKENCCLEP_FAIL", "ncclEpCombine",
 			[]string{"combine on rank 0: ncclEpCombine: ncclInternalError (3, internal error", "combine on rank 1: ncclEpCombine: ncclInternalError"}},
-		{"rank-missing", "deepep", "FAKENCCLEP_SKIP", "ncclEpDispatch 1",
-			[]string{"experts: host wait: rank 0: the GPU failed after NCCL EP's ncclEpDispatch (a collective that waits past --comm-timeout 300ms traps its kernels): cuStreamSynchronize: CUDA_ERROR_LAUNCH_FAILED"}},
+		{"rank-missing", "deepep-ll", "FAKENCCLEP_SKIP", "ncclEpDispatch 1",
+			[]string{"experts: host wait: rank 0: the GPU failed after NCCL EP's ncclEpDispatch (a collective that waits past --ncclep-timeout 300ms traps its kernels): cuStreamSynchronize: CUDA_ERROR_LAUNCH_FAILED"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Setenv(c.hook, c.value)
 			cfg := deviceCases()["softmax-natural"]
-			cfg.Dispatcher, cfg.Impl, cfg.EP, cfg.Hidden, cfg.CommTimeout = c.dispatcher, dispatchers.ImplLibrary, 2, 128, 300*time.Millisecond
+			cfg.Dispatcher, cfg.Impl, cfg.EP, cfg.Hidden, cfg.NCCLEPTimeout = c.dispatcher, dispatchers.ImplLibrary, 2, 128, 300*time.Millisecond
 			var rec *results.Record
 			var err error
 			hostsim.Within(t, time.Minute, func() { rec, err = Run(cfg, Env{Version: "test"}) })
@@ -225,7 +226,7 @@ func TestNCCLEPNodeLimit(t *testing.T) {
 		nodeRanks int
 		want      string // "": available
 	}{{0, ""}, {8, ""}, {12, "12 ranks on this process's node: NCCL EP supports at most 8 per node"}} {
-		for _, d := range []string{"hybridep", "deepep"} {
+		for _, d := range []string{"hybridep", "deepep-ll"} {
 			dd, err := dispatchers.NewDevice(d, dispatchers.ImplLibrary, dispatchers.Env{Device: "cuda", NodeRanks: c.nodeRanks})
 			if c.want == "" && err != nil || c.want != "" && (!dispatchers.IsUnavailable(err) || !strings.Contains(err.Error(), c.want)) {
 				t.Errorf("%s with %d ranks on the node: %v", d, c.nodeRanks, err)

@@ -24,7 +24,7 @@ var settingFlags = map[string]string{
 	"Preset": "preset", "Tokens": "tokens", "Hidden": "hidden", "FFN": "ffn", "Experts": "experts", "TopK": "topk",
 	"SharedExperts": "shared-experts", "Score": "score", "Groups": "groups", "GroupTopK": "topk-groups", "TopKScale": "topk-scale",
 	"PreSoftmax": "pre-softmax", "Dispatcher": "dispatcher", "Impl": "impl", "SMs": "sms", "EP": "ep", "GPUs": "gpus", "Domain": "domain",
-	"CommTimeout": "comm-timeout", "FeplbBase": "feplb-base", "FeplbDyn": "feplb-dynamic", "FeplbPolicy": "feplb-policy",
+	"CommTimeout": "comm-timeout", "NCCLEPTimeout": "ncclep-timeout", "WatchdogTimeout": "watchdog-timeout", "FeplbBase": "feplb-base", "FeplbDyn": "feplb-dynamic", "FeplbPolicy": "feplb-policy",
 	"Routing": "routing", "RoutingFixed": "routing-fixed", "Seed": "seed", "Warmup": "warmup", "Iters": "iters",
 	"MaxSeconds": "max-seconds", "Check": "check", "CheckAll": "check", "Device": "device", "ForwardOnly": "forward-only", "CUDAGraph": "cuda-graph",
 	"HostExperts": "host-experts", "Precision": "precision",

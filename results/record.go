@@ -45,6 +45,11 @@ type Record struct {
 	Rebalance   *Rebalance   `json:"rebalance,omitempty"` // dispatchers with a rebalance phase (feplb)
 	Library     *Library     `json:"library,omitempty"`   // a library implementation's (--impl library) what ran
 	Telemetry   *Telemetry   `json:"telemetry,omitempty"` // cuda runs where NVML answered
+
+	// Mapped, set by the reader (never written), says that the record was
+	// written under an older name of its dispatcher and read under
+	// today's (names.go); empty for every other record.
+	Mapped string `json:"-"`
 }
 
 // Library is what a library implementation ran.
@@ -149,14 +154,26 @@ type Config struct {
 	Impl          string  `json:"impl"`
 	SMs           int     `json:"sms"`
 	EP            int     `json:"ep"`
-	GPUs          int     `json:"gpus,omitempty"`           // cuda: GPUs asked for; 0 = every GPU, at most one per rank (where ranks ran: Ranks)
-	Domain        int     `json:"domain,omitempty"`         // ranks per NVLink domain; 0 = all
-	FeplbBase     string  `json:"feplb_base,omitempty"`     // feplb: phase-1 dispatcher
-	FeplbDynamic  int     `json:"feplb_dynamic,omitempty"`  // feplb: dynamic experts per rank
-	FeplbPolicy   string  `json:"feplb_policy,omitempty"`   // feplb: the scheduler's policy (feplb, feplb-split); older records: feplb-split's forerunner
-	CommTimeoutS  float64 `json:"comm_timeout_s,omitempty"` // SM-driven dispatchers: the bound of each cross-rank wait
-	CUDAGraph     bool    `json:"cuda_graph,omitempty"`     // --cuda-graph: steps issued as CUDA graphs (whether they were: Timing.CUDAGraph)
-	Routing       string  `json:"routing"`
+	GPUs          int     `json:"gpus,omitempty"`          // cuda: GPUs asked for; 0 = every GPU, at most one per rank (where ranks ran: Ranks)
+	Domain        int     `json:"domain,omitempty"`        // ranks per NVLink domain; 0 = all
+	FeplbBase     string  `json:"feplb_base,omitempty"`    // feplb: phase-1 dispatcher
+	FeplbDynamic  int     `json:"feplb_dynamic,omitempty"` // feplb: dynamic experts per rank
+	FeplbPolicy   string  `json:"feplb_policy,omitempty"`  // feplb: the scheduler's policy (feplb, feplb-split); older records: feplb-split's forerunner
+	// CommTimeoutS is --comm-timeout, for native SM-driven dispatchers:
+	// the bound of each of their kernels' cross-rank waits. (Records from
+	// before ncclep_timeout_s gave it for --impl library too, where it was
+	// NCCL EP's timeout_ns.)
+	CommTimeoutS float64 `json:"comm_timeout_s,omitempty"`
+	// NCCLEPTimeoutS is --ncclep-timeout, for NCCL EP's modes (--impl
+	// library of hybridep and deepep-ll): the group's timeout_ns
+	// (NCCL_EP_TIMEOUT_MS, recorded with the environment, overrides it).
+	NCCLEPTimeoutS float64 `json:"ncclep_timeout_s,omitempty"`
+	// WatchdogTimeoutS is the cuda device's bound on one call on a GPU's
+	// thread after the first step (--watchdog-timeout, or derived from
+	// the two timeouts when 0).
+	WatchdogTimeoutS float64 `json:"watchdog_timeout_s,omitempty"`
+	CUDAGraph        bool    `json:"cuda_graph,omitempty"` // --cuda-graph: steps issued as CUDA graphs (whether they were: Timing.CUDAGraph)
+	Routing          string  `json:"routing"`
 	// RoutingPerStep: each iteration had its own routing, drawn from the
 	// seed and the step; false: one routing replayed every iteration
 	// (--routing-fixed), or the router's own (natural routing, the same

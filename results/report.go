@@ -99,7 +99,7 @@ func (g Group) Title() string {
 }
 
 // notes are the reasons of failed and unavailable rows, of runs stopped
-// early, and repeated runs.
+// early, repeated runs, and rows read under a new name of their dispatcher.
 func (g Group) notes() []string {
 	var n []string
 	for _, r := range g.Rows {
@@ -112,6 +112,9 @@ func (g Group) notes() []string {
 		}
 		if r.Runs > 1 {
 			n = append(n, fmt.Sprintf("%s/%s sms=%d: %d records, the last shown", c.Dispatcher, c.Impl, c.SMs, r.Runs))
+		}
+		if r.Rec.Mapped != "" {
+			n = append(n, fmt.Sprintf("%s/%s sms=%d: %s", c.Dispatcher, c.Impl, c.SMs, r.Rec.Mapped))
 		}
 	}
 	return n

@@ -297,6 +297,7 @@ func Read(r io.Reader, name string, warn func(string)) ([]Record, error) {
 		}
 		switch {
 		case err == nil:
+			mapOldNames(&rec)
 			out = append(out, rec)
 		case last && lineKind(line) == lineTorn:
 			if warn != nil {

@@ -49,14 +49,14 @@
 # benchmark (its SM budgets side by side with alltoall), the layer for
 # several presets, EP sizes, routings and dispatchers (alltoall natively and
 # through NCCL, FEPLB, deepep, hybridep and a sweep of SM budgets; with and
-# without --cuda-graph; hybridep and deepep through NCCL EP), on a node with
+# without --cuda-graph; hybridep and deepep-ll through NCCL EP), on a node with
 # 2 GPUs or more a run over two processes (MOEBENCH_RANK/MOEBENCH_WORLD, as
 # srun or mpirun launch one per node: alltoall --impl library at EP = the GPU
 # count, each process driving half the GPUs, NCCL's communicator made through
 # --rendezvous in a temporary folder, a training step, forward and backward,
 # rank 0 writing the one record; hybridep natively, each process one NVLink
 # domain (--domain = half the GPUs), its inter-domain path over NCCL; and
-# hybridep and deepep through NCCL EP the same way where it is installed,
+# hybridep and deepep-ll through NCCL EP the same way where it is installed,
 # forward only), and
 # last compute-sanitizer over the kernels' tests
 # (the cross-rank kernels included).
@@ -293,17 +293,17 @@ layer feplb-qwen3-30b-ep8-skewed-d4 --preset qwen3-30b-a3b --ep 8 --routing skew
 layer hybridep-qwen3-30b-ep8-sms32 --preset qwen3-30b-a3b --ep 8 --dispatcher hybridep --sms 32
 layer hybridep-qwen3-30b-ep8-sms16 --preset qwen3-30b-a3b --ep 8 --dispatcher hybridep --sms 16
 layer hybridep-qwen3-30b-ep8-d4 --preset qwen3-30b-a3b --ep 8 --dispatcher hybridep --sms 16 --domain 4
-step sweep-hybridep 300 "$mb" sweep --device cuda --presets qwen3-30b-a3b --ep 8 \
-  --dispatchers alltoall,deepep,hybridep --sms 8,16 --out "$records"
-# NCCL EP (--impl library): hybridep through its high-throughput mode, deepep
-# through its low-latency mode (128 tokens, its regime), one rank per GPU: on
+step sweep-hybridep 300 "$mb" sweep --device cuda --preset qwen3-30b-a3b --ep 8 \
+  --dispatcher alltoall,deepep,hybridep --sms 8,16 --out "$records"
+# NCCL EP (--impl library): hybridep through its high-throughput mode, deepep-ll
+# (DeepEP's low-latency design) through its low-latency mode (128 tokens, its regime), one rank per GPU: on
 # a one-GPU node EP 1 (a single rank, untested upstream). Where the library,
 # NCCL's Device API, nvcc or its headers are missing the runs are recorded
 # unavailable, with the reason (doctor.txt says what was found where).
 # hybridep's is a training step: its backward is the library's own
-# (pass_direction BWD), its gradients checked; deepep's times the forward.
+# (pass_direction BWD), its gradients checked; deepep-ll's times the forward.
 layer ncclep-ht-qwen3-30b-ep1 --preset qwen3-30b-a3b --ep 1 --dispatcher hybridep --impl library
-layer ncclep-ll-qwen3-30b-ep1 --preset qwen3-30b-a3b --ep 1 --dispatcher deepep --impl library --tokens 128
+layer ncclep-ll-qwen3-30b-ep1 --preset qwen3-30b-a3b --ep 1 --dispatcher deepep-ll --impl library --tokens 128
 fi
 if [ "$mode" != sanitize ]; then
 # a run over two processes on this node, as a launcher starts one per node
@@ -346,7 +346,7 @@ if [ "$gpus" -ge 2 ]; then
     # shellcheck disable=SC2086
     twoproc "twoproc-ncclep-ht-ep$ep" ${TWOPROC_FLAGS:---preset qwen3-30b-a3b} --ep "$ep" --dispatcher hybridep --impl library
     # shellcheck disable=SC2086
-    twoproc "twoproc-ncclep-ll-ep$ep" ${TWOPROC_FLAGS:---preset qwen3-30b-a3b --tokens 128} --ep "$ep" --dispatcher deepep --impl library
+    twoproc "twoproc-ncclep-ll-ep$ep" ${TWOPROC_FLAGS:---preset qwen3-30b-a3b --tokens 128} --ep "$ep" --dispatcher deepep-ll --impl library
   else
     note "twoproc-ncclep" "n/a (NCCL EP not found: doctor.txt says why)"
   fi

@@ -108,7 +108,7 @@ func benchDispatchFlags(o *options, names *[]string, sms *[]int, format, out *st
 	fs.Uint64Var(&o.seed, "seed", d.Seed, "seed of the inputs and routing")
 	fs.IntVar(&o.warmup, "warmup", d.Warmup, "untimed iterations first")
 	fs.IntVar(&o.iters, "iters", d.Iters, "timed iterations")
-	fs.DurationVar(&o.commTimeout, "comm-timeout", d.CommTimeout, "the longest a cross-rank wait may take (0 = 5s)")
+	fs.DurationVar(&o.commTimeout, "comm-timeout", d.CommTimeout, "the longest one of the dispatchers' kernels' waits for another rank may take, in [1ms, 1h] (0 = 5s)")
 	fs.StringVar(&o.device, "device", d.Device, "device: auto (cuda if a driver and GPU are found, else host) | host | cuda")
 	fs.IntVar(&o.gpus, "gpus", d.GPUs, "cuda: GPUs the ranks are spread over; 0 = every GPU, at most one per rank")
 	addLibFlag(fs, &o.cudaLibs)

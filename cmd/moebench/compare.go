@@ -37,6 +37,8 @@ are refused; harmless differences (memory sizes within 2%, the kernel's patch
 level, where moebench keeps its files, the host name) are listed as a note.
 Forward-only records and training steps (config.pass) are never the same point;
 files that match only across passes are refused as a stack change is.
+A record written under an older name of its dispatcher (deepep --impl library,
+NCCL EP's low-latency mode, is now deepep-ll) is read under today's, with a note.
 
 Usage:
   moebench compare [flags] BASE NEW
@@ -110,7 +112,16 @@ func compare(args []string, stdout, stderr io.Writer) int {
 	if err != nil {
 		return usageError(stderr, err)
 	}
-	writeCompare(stdout, c, *o, a.wide)
+	var notes []string // records read under a name mapped from an older one
+	for _, side := range []struct {
+		name string
+		recs []results.Record
+	}{{"BASE", base}, {"NEW", new}} {
+		for _, n := range results.MappedNotes(side.recs) {
+			notes = append(notes, side.name+": "+n)
+		}
+	}
+	writeCompare(stdout, c, *o, a.wide, notes)
 	if c.Undecided > 0 {
 		fmt.Fprintf(stderr, "moebench compare: warning: %d points could not be decided (noisy, host timing or too few samples); see the table\n", c.Undecided)
 	}
@@ -126,7 +137,7 @@ func compare(args []string, stdout, stderr io.Writer) int {
 // writeCompare prints the comparison: with wide, one line per point with
 // its workload; else the points under their workload, in TermWidth
 // columns.
-func writeCompare(stdout io.Writer, c *results.Comparison, o results.CompareOptions, wide bool) {
+func writeCompare(stdout io.Writer, c *results.Comparison, o results.CompareOptions, wide bool, notes []string) {
 	w, flush := io.Writer(stdout), func() error { return nil }
 	if !wide {
 		w, flush = results.FitWriter(stdout, results.TermWidth)
@@ -138,6 +149,9 @@ func writeCompare(stdout io.Writer, c *results.Comparison, o results.CompareOpti
 	}
 	if len(c.StackNotes) > 0 {
 		p("# note: the stacks differ only in what does not change results:\n#   %s\n", strings.Join(c.StackNotes, "\n#   "))
+	}
+	for _, n := range notes {
+		p("# note: %s\n", n)
 	}
 	p("# threshold %.1f%% · confidence %.0f%% · step time, per-iteration samples\n", 100*o.Threshold, 100*o.Confidence)
 	if !wide {

@@ -564,7 +564,7 @@ func killedProcessOf(t *testing.T, rv, out string, dispatcher ...string) {
 	os.Remove(out)
 	ps := launchProcs(t, 2, append([]string{"--device", "cuda", "--ep", "4",
 		"--experts", "16", "--tokens", "16", "--hidden", "32", "--ffn", "16", "--warmup", "0", "--iters", "100000",
-		"--rendezvous", rv, "--out", out, "--comm-timeout", "10s"}, dispatcher...)...)
+		"--rendezvous", rv, "--out", out, "--comm-timeout", "10s", "--ncclep-timeout", "10s"}, dispatcher...)...)
 	status := rv + ".p1.status"
 	deadline := time.Now().Add(3 * time.Minute)
 	for { // until process 1 is in its steps: its status names one of the layer's phases (sampled twice a second)
@@ -610,7 +610,7 @@ func gpuCheckTwoproc(t *testing.T, hidden string) (out string, b []byte) {
 	os.Symlink(os.Getenv("MOEBENCH_CACHE"), filepath.Join(out, "kernel-cache")) // the kernels the runs before compiled
 	cmd := exec.Command("bash", "../../scripts/gpu-check.sh", "twoproc", out)
 	cmd.Env = append(os.Environ(), "MOEBENCH_TEST_PROCESS=1", "MOEBENCH_BIN="+os.Args[0], "PATH="+filepath.Dir(smi)+":"+os.Getenv("PATH"),
-		"TWOPROC_FLAGS=--experts 16 --tokens 16 "+hidden+" --ffn 16 --warmup 1 --iters 2 --comm-timeout 20s", "TWOPROC_HYBRIDEP_FLAGS=--sms 2",
+		"TWOPROC_FLAGS=--experts 16 --tokens 16 "+hidden+" --ffn 16 --warmup 1 --iters 2 --comm-timeout 20s --ncclep-timeout 20s", "TWOPROC_HYBRIDEP_FLAGS=--sms 2",
 		"FAKENCCL_TIMEOUT_S=120")
 	b, err := cmd.CombinedOutput()
 	if err != nil {
@@ -660,7 +660,7 @@ func gpuCheckTwoProcesses(t *testing.T) {
 func nightlyTwoProcesses(t *testing.T) {
 	dir := t.TempDir()
 	sweep := filepath.Join(dir, "sweep.json")
-	os.WriteFile(sweep, []byte(`{"dispatchers": ["alltoall"], "impls": ["library"], "ep": [2], "routings": ["balanced", "uniform"],
+	os.WriteFile(sweep, []byte(`{"dispatcher": ["alltoall"], "impl": ["library"], "ep": [2], "routing": ["balanced", "uniform"],
 		"experts": 16, "tokens": 16, "hidden": 32, "ffn": 16, "iters": 2, "warmup": 1, "device": "cuda", "comm-timeout": "20s"}`), 0o644)
 	night := filepath.Join(dir, "nightly")
 	type result struct {
@@ -728,7 +728,7 @@ func TestDistributedDumpRefused(t *testing.T) {
 }
 
 // TestDistributedNCCLEP: NCCL EP's two modes — hybridep --impl library
-// (high throughput) and deepep --impl library (low latency) — at EP 4 over
+// (high throughput) and deepep-ll --impl library (low latency) — at EP 4 over
 // 2 processes, each process on a fake node of two fake GPUs: NCCL EP's
 // group is created over the run's communicator (each process its own
 // ranks'), and the fake libnccl_ep moves every row between the processes
@@ -759,13 +759,13 @@ func TestDistributedNCCLEP(t *testing.T) {
 	shape := []string{"--experts", "16", "--tokens", "16", "--hidden", "128", "--ffn", "16"} // the low-latency combine takes 128-multiples
 	for _, c := range []struct{ dispatcher, design, pass string }{
 		{"hybridep", "HybridEP's design via NCCL EP", ""}, // a training step
-		{"deepep", "DeepEP low-latency design via NCCL EP", "NCCL EP's low-latency mode has no backward pass"},
+		{"deepep-ll", "DeepEP low-latency design via NCCL EP", "NCCL EP's low-latency mode has no backward pass"},
 	} {
 		t.Run(c.dispatcher, func(t *testing.T) {
 			os.Remove(out)
 			ps := launchProcsEnv(t, 2, func(r int) []string { return []string{fmt.Sprintf("MOEBENCH_NODE=node-%d", r)} },
 				append([]string{"--device", "cuda", "--dispatcher", c.dispatcher, "--impl", "library", "--ep", "4", "--warmup", "1", "--iters", "2",
-					"--rendezvous", rv, "--out", out, "--format", "json", "--comm-timeout", "20s"}, shape...)...)
+					"--rendezvous", rv, "--out", out, "--format", "json", "--comm-timeout", "20s", "--ncclep-timeout", "20s"}, shape...)...)
 			rec := runRecord(t, out, ps)
 			for r, p := range ps {
 				if strings.Contains(p.stderr.String(), "NCCL EP: ") { // the fake's complaint: a broken contract, even in the teardown
@@ -801,7 +801,7 @@ func TestDistributedNCCLEP(t *testing.T) {
 			}
 			// every rank's copies counted, the other process's included:
 			// 4 ranks × 16 tokens × top-k
-			if row := int64(2*128 + map[string]int64{"hybridep": 4, "deepep": 0}[c.dispatcher]); tr.DispatchLogical != 4*16*int64(rec.Config.TopK)*row {
+			if row := int64(2*128 + map[string]int64{"hybridep": 4, "deepep-ll": 0}[c.dispatcher]); tr.DispatchLogical != 4*16*int64(rec.Config.TopK)*row {
 				t.Errorf("dispatch logical %d bytes: want every rank's %d copies of %d B", tr.DispatchLogical, 4*16*rec.Config.TopK, row)
 			}
 			t.Logf("%s; max rel err %.2e; inter-node %d B, intra-node %d B", rec.Ranks.Note, rec.Correctness.MaxRelErr, tr.InterNodeBytes, tr.IntraNodeBytes)
@@ -816,7 +816,7 @@ func TestDistributedNCCLEP(t *testing.T) {
 // gpuCheckNCCLEP: scripts/gpu-check.sh's run over two processes on a node
 // of two (fake) GPUs where doctor finds NCCL EP (the fake): alltoall
 // through NCCL, hybridep natively (a domain a process), then hybridep and
-// deepep through NCCL EP, each at EP 2 over two processes, each passing
+// deepep-ll through NCCL EP, each at EP 2 over two processes, each passing
 // with one record appended by rank 0.
 func gpuCheckNCCLEP(t *testing.T) {
 	out, b := gpuCheckTwoproc(t, "--hidden 128")
@@ -829,7 +829,7 @@ func gpuCheckNCCLEP(t *testing.T) {
 	if err != nil || len(recs) != 4 {
 		t.Fatalf("%d records, %v; output:\n%s", len(recs), err, b)
 	}
-	for i, d := range []string{"alltoall", "hybridep", "hybridep", "deepep"} {
+	for i, d := range []string{"alltoall", "hybridep", "hybridep", "deepep-ll"} {
 		if rec := recs[i]; rec.Config.Dispatcher != d || rec.Status != results.StatusOK || len(rec.Ranks.Processes) != 2 {
 			t.Errorf("record %d: %s %s: %s", i, rec.Config.Dispatcher, rec.Status, rec.Reason)
 		}

@@ -40,7 +40,7 @@ func walkedCommands(dir string) []commandFlags {
 	missing := filepath.Join(dir, "missing.jsonl")
 	return []cf{
 		{"run", []string{"--device", "host"}, newFlags(&options{}), feplb("dispatcher")},
-		{"sweep", []string{"sweep", "--out", out, "--device", "host"}, sweepFlags(&options{}, &so), feplb("dispatchers")},
+		{"sweep", []string{"sweep", "--out", out, "--device", "host"}, sweepFlags(&options{}, &so), feplb("dispatcher")},
 		{"straggler", []string{"straggler", "--steps", "20", "--sched-us", "1"}, stragglerFlags(&sa), nil},
 		{"bench kernels", []string{"bench", "kernels"}, benchKernelsFlags(&o, &s1, &s2), nil},
 		{"bench dispatch", []string{"bench", "dispatch", "--device", "host", "--ep", "2", "--tokens", "16", "--hidden", "32", "--iters", "2", "--warmup", "0"},

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -27,11 +28,14 @@ type options struct {
 	tokens, hidden, ffn, experts, topk, shared, groups, groupTopK       int
 	sms, ep, gpus, warmup, iters                                        int
 	topkScale, maxSeconds                                               float64
-	commTimeout, rendezvousTimeout                                      time.Duration
+	commTimeout, ncclepTimeout, watchdogTimeout, rendezvousTimeout      time.Duration
 	seed                                                                uint64
 	check, preSoftmax, routingFixed, cudaGraph, forwardOnly             bool
 	wide                                                                bool // --wide: every column of the table
 	checkAll                                                            bool // --check all
+	// lists are the list flags' values (addPointFlags), nil where the
+	// command's flags are single values (bench) or a point's are set
+	lists *sweepOptions
 }
 
 // checkValue is --check: sample | all | off (true and false, the flag's
@@ -72,17 +76,7 @@ func newFlags(o *options) *pflag.FlagSet {
 	d := harness.DefaultConfig()
 	fs := pflag.NewFlagSet("moebench", pflag.ContinueOnError)
 	fs.SortFlags = false
-	fs.StringVar(&o.dispatcher, "dispatcher", d.Dispatcher, "token dispatcher: "+strings.Join(dispatchers.Names(), "|"))
-	fs.StringVar(&o.impl, "impl", d.Impl, "implementation: native (moebench's own) | library (a real library on the node, one GPU per rank: alltoall through NCCL; hybridep and deepep through NCCL EP, its high-throughput and low-latency modes)")
-	fs.IntVar(&o.sms, "sms", d.SMs, "SMs per rank of SM-driven dispatchers' transfer kernels (one block holds one SM; at most the GPU's SMs ÷ its ranks): deepep (even; default 20), hybridep (default 16), each default lowered to fit; with --impl library NCCL EP's max_num_sms; 0 = the dispatcher's (the library's) default")
-	fs.IntVar(&o.ep, "ep", d.EP, "expert-parallel ranks; must divide --experts")
-	fs.IntVar(&o.gpus, "gpus", d.GPUs, "cuda: GPUs the ranks are spread over; 0 = every GPU, at most one per rank (more ranks than GPUs: packed, emulated EP)")
-	addFeplbFlags(fs, o)
-	fs.StringVar(&o.preset, "preset", d.Preset, "layer shape preset (see 'moebench presets'); shape flags below override its fields")
-	addShapeFlags(fs, o)
-	fs.StringVar(&o.routing, "routing", d.Routing.String(), "routing: balanced|uniform|skewed:ALPHA|trace:FILE|natural")
-	addPrecisionFlag(fs, &o.precision)
-	addControlFlags(fs, o)
+	addPointFlags(fs, o, &sweepOptions{})
 	fs.StringVar(&o.hostExperts, "host-experts", harness.HostExpertsAuto, "host device: how the layer holds the experts' weights and fp32 weight gradients: "+
 		"auto (the first of the others that fits in the available memory) | held (all, the whole run) | grads-by-rank (all weights; each rank's weight gradients "+
 		"until its expert backward ends, checked there, then released) | drawn (weights drawn from the seed each time an expert's rows are computed, slower; gradients by rank)")
@@ -94,11 +88,145 @@ func newFlags(o *options) *pflag.FlagSet {
 	return fs
 }
 
-// addPrecisionFlag defines --precision.
-func addPrecisionFlag(fs *pflag.FlagSet, p *string) {
-	fs.StringVar(p, "precision", harness.PrecisionBF16, "dispatch and expert precision: bf16 | fp8 (Hopper's blockwise recipe: e4m3 rows with one fp32 scale "+
-		"per 1×128 block sent by the dispatch, expert weights in 128×128 blocks, combine bf16; --hidden a multiple of 128) | mxfp8 (e4m3, one e8m0 scale per 32; "+
-		"unavailable in this build); see docs/fp8.md")
+// addPointFlags defines the flags of a layer's points, the same for run
+// and sweep: the list flags, which make one point per combination of their
+// values (a run over more than one point is the sweep over them), with
+// sweep's older plural names as deprecated aliases; feplb's, the shape's
+// and the control flags.
+func addPointFlags(fs *pflag.FlagSet, o *options, so *sweepOptions) {
+	d := harness.DefaultConfig()
+	o.lists = so
+	fs.SetNormalizeFunc(func(_ *pflag.FlagSet, name string) pflag.NormalizedName {
+		if singular, ok := pluralAliases[name]; ok {
+			return pflag.NormalizedName(singular)
+		}
+		return pflag.NormalizedName(name)
+	})
+	so.dispatchers, so.impls, so.sms, so.ep, so.gpus = []string{d.Dispatcher}, []string{d.Impl}, []int{d.SMs}, []int{d.EP}, []int{d.GPUs}
+	so.presets, so.routings, so.precisions = []string{d.Preset}, []string{d.Routing.String()}, []string{d.Precision}
+	fs.Var(strList{&so.dispatchers}, "dispatcher", "token dispatchers, comma-separated: "+strings.Join(dispatchers.Names(), "|")+aliasNote("dispatcher"))
+	fs.Var(strList{&so.impls}, "impl", "implementations: native (moebench's own) | library (a real library on the node, one GPU per rank: alltoall through NCCL; "+
+		"hybridep and deepep-ll through NCCL EP, its high-throughput and low-latency modes; deepep, DeepEP's normal mode, has none reachable from Go)"+aliasNote("impl"))
+	fs.Var(intList{&so.sms}, "sms", "SMs per rank of SM-driven dispatchers' transfer kernels (one block holds one SM; at most the GPU's SMs ÷ its ranks): deepep (even; default 20), hybridep (default 16), "+
+		"each default lowered to fit; with --impl library NCCL EP's max_num_sms; 0 = the dispatcher's (the library's) default; the other dispatchers run once, with 0")
+	fs.Var(intList{&so.ep}, "ep", "expert-parallel ranks; each must divide --experts")
+	fs.Var(intList{&so.gpus}, "gpus", "cuda: GPUs the ranks are spread over; 0 = every GPU, at most one per rank (more ranks than GPUs: packed, emulated EP; a count above a point's EP size is left out)")
+	addFeplbFlags(fs, o)
+	fs.Var(strList{&so.presets}, "preset", "layer shape presets (see 'moebench presets'); shape flags below override their fields"+aliasNote("preset"))
+	addShapeFlags(fs, o)
+	fs.Var(strList{&so.routings}, "routing", "routings: balanced|uniform|skewed:ALPHA|trace:FILE|natural"+aliasNote("routing"))
+	fs.Var(strList{&so.precisions}, "precision", precisionHelp+aliasNote("precision"))
+	addControlFlags(fs, o)
+}
+
+// precisionHelp is --precision's help.
+const precisionHelp = "dispatch and expert precisions: bf16 | fp8 (Hopper's blockwise recipe: e4m3 rows with one fp32 scale " +
+	"per 1×128 block sent by the dispatch, expert weights in 128×128 blocks, combine bf16; --hidden a multiple of 128) | mxfp8 (e4m3, one e8m0 scale per 32; " +
+	"unavailable in this build); see docs/fp8.md"
+
+// strList and intList are list flags (comma-separated values, one point
+// each) whose every use sets the whole list, as a repeated single-valued
+// flag sets its value: --ep 4 --ep 16 is 16, --ep 4,16 both. Their types
+// are pflag's list types' names (checkBounds, the sweep file and --help
+// read them so).
+type (
+	strList struct{ v *[]string }
+	intList struct{ v *[]int }
+)
+
+func (l strList) Set(s string) error {
+	*l.v = nil
+	if s == "" {
+		return nil
+	}
+	*l.v = strings.Split(s, ",")
+	return nil
+}
+
+func (l strList) String() string { return "[" + strings.Join(*l.v, ",") + "]" }
+func (strList) Type() string     { return "stringSlice" }
+
+func (l intList) Set(s string) error {
+	var vals []int
+	if s == "" {
+		*l.v = nil
+		return nil
+	}
+	for _, f := range strings.Split(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil {
+			return err
+		}
+		vals = append(vals, n)
+	}
+	*l.v = vals
+	return nil
+}
+
+func (l intList) String() string {
+	parts := make([]string, len(*l.v))
+	for i, n := range *l.v {
+		parts[i] = strconv.Itoa(n)
+	}
+	return "[" + strings.Join(parts, ",") + "]"
+}
+func (intList) Type() string { return "intSlice" }
+
+// pluralAliases are sweep's older names of its list flags, aliases of the
+// singular names run and sweep share, deprecated: kept for one release.
+var pluralAliases = map[string]string{"dispatchers": "dispatcher", "impls": "impl", "presets": "preset", "routings": "routing", "precisions": "precision"}
+
+// aliasNote is the help's note of flag's deprecated plural alias.
+func aliasNote(flag string) string {
+	return fmt.Sprintf("; --%ss: alias of --%s, kept for one release (deprecated)", flag, flag)
+}
+
+// warnAliases tells stderr of each deprecated plural alias in args.
+func warnAliases(args []string, stderr io.Writer) {
+	for _, a := range args {
+		if a == "--" {
+			return
+		}
+		name, _, _ := strings.Cut(strings.TrimPrefix(a, "--"), "=")
+		if singular, ok := pluralAliases[name]; ok && strings.HasPrefix(a, "--") {
+			fmt.Fprintf(stderr, "moebench: warning: %s\n", aliasWarning(name, singular))
+		}
+	}
+}
+
+// aliasWarning says that the alias plural of singular is deprecated.
+func aliasWarning(plural, singular string) string {
+	return fmt.Sprintf("--%s is deprecated: an alias of --%s, kept for one release", plural, singular)
+}
+
+// fromLists sets the single values of a run from its list flags, each of
+// which must then hold one value (a run over several points is a sweep).
+func (o *options) fromLists() error {
+	l := o.lists
+	strs := []struct {
+		flag string
+		v    []string
+		dst  *string
+	}{{"dispatcher", l.dispatchers, &o.dispatcher}, {"impl", l.impls, &o.impl}, {"preset", l.presets, &o.preset}, {"routing", l.routings, &o.routing},
+		{"precision", l.precisions, &o.precision}}
+	for _, s := range strs {
+		if len(s.v) != 1 {
+			return &harness.ConfigError{Flag: s.flag, Value: strings.Join(s.v, ","), Allowed: "one value here (a list of several is a sweep's)"}
+		}
+		*s.dst = s.v[0]
+	}
+	ints := []struct {
+		flag string
+		v    []int
+		dst  *int
+	}{{"sms", l.sms, &o.sms}, {"ep", l.ep, &o.ep}, {"gpus", l.gpus, &o.gpus}}
+	for _, s := range ints {
+		if len(s.v) != 1 {
+			return &harness.ConfigError{Flag: s.flag, Value: s.v, Allowed: "one value here (a list of several is a sweep's)"}
+		}
+		*s.dst = s.v[0]
+	}
+	return nil
 }
 
 // addFeplbFlags defines the NVLink domain and feplb's options.
@@ -133,11 +261,18 @@ func addControlFlags(fs *pflag.FlagSet, o *options) {
 	fs.IntVar(&o.warmup, "warmup", d.Warmup, "untimed iterations before timing")
 	fs.IntVar(&o.iters, "iters", d.Iters, fmt.Sprintf("timed iterations (at most %d)", harness.MaxIters))
 	fs.Float64Var(&o.maxSeconds, "max-seconds", 0, "time budget of the warm-up and timed iterations: past it the run stops after the current iteration and records what it timed (at least one iteration); 0 = none")
-	fs.BoolVar(&o.forwardOnly, "forward-only", d.ForwardOnly, "time the forward pass alone (default: every iteration is a training step, forward then backward, and the check covers every gradient; on the cuda device NCCL EP's low-latency mode, deepep --impl library, has no backward and times the forward only, and the record says why)")
+	fs.BoolVar(&o.forwardOnly, "forward-only", d.ForwardOnly, "time the forward pass alone (default: every iteration is a training step, forward then backward, and the check covers every gradient; on the cuda device NCCL EP's low-latency mode, deepep-ll --impl library, has no backward and times the forward only, and the record says why)")
 	o.check, o.checkAll = d.Check, d.CheckAll
 	fs.Var(checkValue{&o.check, &o.checkAll}, "check", "check the output (and in a training step every gradient) against the float64 reference before the timed steps: "+
 		"sample (where every token's reference is beyond the check's budget, a seeded sample of tokens per rank, the record says which) | all (every token) | off")
-	fs.DurationVar(&o.commTimeout, "comm-timeout", d.CommTimeout, "SM-driven dispatchers: the longest a cross-rank wait may take before the run fails naming the rank, phase and wait (NCCL EP: its timeout_ns); a run over several processes: the longest any process waits for the others while none moves on; a call on a GPU's thread after the first step may take 6 times it, at least 30s (0 = 5s)")
+	fs.DurationVar(&o.commTimeout, "comm-timeout", d.CommTimeout, "the longest one of moebench's own waits for another rank may take before the run fails naming it, in [1ms, 1h]: "+
+		"a native SM-driven dispatcher's waits on the GPU (deepep, hybridep: a flag, a queue's head or tail, a counter the host polls; the error names the rank, phase and wait), "+
+		"and in a run over several processes a process's wait for the others while none moves on (0 = 5s)")
+	fs.DurationVar(&o.ncclepTimeout, "ncclep-timeout", d.NCCLEPTimeout, "--impl library of hybridep and deepep-ll: NCCL EP's timeout_ns, the library's bound on its kernels' waits for other ranks "+
+		"(past it they trap and the run fails naming the last library call), in [1ms, 1h]; NCCL_EP_TIMEOUT_MS, when set, overrides it (0 = 5s)")
+	fs.DurationVar(&o.watchdogTimeout, "watchdog-timeout", d.WatchdogTimeout, "cuda: the longest one call on a GPU's thread (a phase of a step, a library call) may take once the first step has run, "+
+		"past which the run stops naming the GPUs whose thread has not returned (before it, the setup and the first steps, which compile the kernels, may take 10m); "+
+		"0 = 6 × the longer of --comm-timeout and --ncclep-timeout, at least 30s; else in [1s, 24h] and above both")
 	fs.StringVar(&o.rendezvous, "rendezvous", "", "a run over several processes (srun, mpirun, torchrun, MOEBENCH_RANK/MOEBENCH_WORLD): a file on a filesystem every node sees, where rank 0 writes NCCL's unique id and the processes watch each other; not needed with NCCL_COMM_ID=host:port, but without it a process that fails or never arrives is named only in a run of two processes")
 	fs.DurationVar(&o.rendezvousTimeout, "rendezvous-timeout", launch.DefaultWait, "a run over several processes with --rendezvous: the longest time `dt` (a duration, 1s to 1h) a process waits at the start for the others to arrive, each giving the others its settings, which must be the same; one that never arrives is named")
 	fs.StringVar(&o.device, "device", d.Device, "device: auto (cuda if a driver and GPU are found, else host) | host | cuda")
@@ -162,6 +297,11 @@ func (o *options) config(fs *pflag.FlagSet) (harness.Config, error) {
 	c := harness.DefaultConfig()
 	if err := checkBounds(fs, flagBounds); err != nil {
 		return c, err
+	}
+	if o.lists != nil {
+		if err := o.fromLists(); err != nil {
+			return c, err
+		}
 	}
 	p, ok := harness.LookupPreset(o.preset)
 	if !ok {
@@ -208,9 +348,13 @@ func (o *options) config(fs *pflag.FlagSet) (harness.Config, error) {
 	c.Routing, c.RoutingFixed, c.Seed, c.Warmup, c.Iters, c.Check, c.Device = r, o.routingFixed, o.seed, o.warmup, o.iters, o.check, o.device
 	c.CheckAll = o.check && o.checkAll
 	c.MaxSeconds, c.CUDAGraph, c.ForwardOnly, c.HostExperts = o.maxSeconds, o.cudaGraph, o.forwardOnly, o.hostExperts
+	c.NCCLEPTimeout, c.WatchdogTimeout = o.ncclepTimeout, o.watchdogTimeout
 	c.Precision = o.precision
 	if c.CommTimeout == 0 { // as the help says: 0 = the default
 		c.CommTimeout = dispatchers.DefaultCommTimeout
+	}
+	if c.NCCLEPTimeout == 0 {
+		c.NCCLEPTimeout = dispatchers.DefaultCommTimeout
 	}
 	if t := o.rendezvousTimeout; t != 0 && (t < time.Second || t > time.Hour) {
 		return c, &harness.ConfigError{Flag: "rendezvous-timeout", Value: t, Allowed: fmt.Sprintf("must be in [1s, 1h] (0 = the default, %v)", launch.DefaultWait)}
@@ -306,6 +450,12 @@ and flags: 'moebench sweep --help', 'moebench bench kernels --help', ...
 With no flags, moebench runs the small 'tiny' layer on 8 EP ranks with the
 alltoall dispatcher and balanced routing. Without a GPU it runs on the host
 device (a Go implementation of every kernel) and says so.
+
+The flags that take lists (strings, ints: --dispatcher alltoall,deepep
+--sms 16,32) run one point per combination of their values: the sweep over
+them, as 'moebench sweep' runs it, each point's record appended to --out and
+the table of the points printed at the end. A flag given twice takes its
+last value, as every flag does.
 
 Flags:
 `)

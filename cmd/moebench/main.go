@@ -71,7 +71,9 @@ func run(args []string, stdout, stderr io.Writer) (code int) {
 	return runLayer(args, stdout, stderr)
 }
 
-// runLayer is 'moebench [run]': one layer, its results printed and recorded.
+// runLayer is 'moebench [run]': one layer, its results printed and
+// recorded; where a list flag holds several values, the sweep over them
+// (sweepPoints).
 func runLayer(args []string, stdout, stderr io.Writer) (code int) {
 	var o options
 	fs := newFlags(&o)
@@ -85,6 +87,10 @@ func runLayer(args []string, stdout, stderr io.Writer) (code int) {
 	}
 	if fs.NArg() > 0 {
 		return usageError(stderr, fmt.Errorf("unexpected argument %q", fs.Arg(0)))
+	}
+	warnAliases(args, stderr)
+	if !o.lists.single() { // several points: the sweep over them
+		return sweepPoints(fs, o, *o.lists, false, stdout, stderr)
 	}
 	useLibDirs(o.cudaLibs)
 	cfg, err := o.config(fs)

@@ -30,7 +30,7 @@ func buildBinary(t *testing.T) (bin, dir string) {
 func TestNightlyScript(t *testing.T) {
 	bin, dir := buildBinary(t)
 	sweep := filepath.Join(dir, "sweep.json")
-	os.WriteFile(sweep, []byte(`{"dispatchers": ["alltoall", "hybridep"], "sms": [16], "ep": [4], "tokens": 16,
+	os.WriteFile(sweep, []byte(`{"dispatcher": ["alltoall", "hybridep"], "sms": [16], "ep": [4], "tokens": 16,
 		"hidden": 32, "ffn": 16, "iters": 8, "warmup": 1, "device": "host"}`), 0o644)
 	night := filepath.Join(dir, "nightly")
 	run := func() (int, string) {

@@ -61,8 +61,12 @@ var notMeasuring = map[string]string{
 	"iters":       "how many samples of the same step are taken; recorded (config.iters, timing.iters), compare weighs the sample counts",
 	"max-seconds": "a bound on how many samples are taken; recorded (config.max_seconds, timing.stopped)",
 	"check":       "the check is one untimed step before the warm-up; recorded (config.check, config.check_tokens, correctness)",
-	"comm-timeout": "a bound on each cross-rank wait: a run that reaches it fails, one that does not is not changed by it; " +
-		"recorded for SM-driven dispatchers (config.comm_timeout_s)",
+	"comm-timeout": "a bound on each of moebench's own cross-rank waits: a run that reaches it fails, one that does not is not changed by it; " +
+		"recorded for native SM-driven dispatchers (config.comm_timeout_s)",
+	"ncclep-timeout": "NCCL EP's timeout_ns, a bound on the library's waits: a run that reaches it fails, one that does not is not changed by it; " +
+		"recorded for NCCL EP's modes (config.ncclep_timeout_s)",
+	"watchdog-timeout": "a bound on one call on a GPU's thread: a run that reaches it stops, one that does not is not changed by it; " +
+		"recorded on the cuda device (config.watchdog_timeout_s)",
 	"rendezvous":         "where the processes of a run over several meet (a file); the run is the same (ranks.processes records them)",
 	"rendezvous-timeout": "a bound on the processes' first meeting: a run that reaches it fails before any work, one that does not is not changed by it",
 	"cuda-libs":          "which CUDA libraries load: the stack records their versions, and compare refuses different stacks (StackDiff)",

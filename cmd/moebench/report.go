@@ -14,6 +14,8 @@ import (
 const reportHelp = `moebench report prints result records as tables grouped by workload, one row per
 dispatcher × settings, with the speedup against alltoall on the same stack and
 workload. Unavailable and failed points appear as such, never as numbers.
+A record written under an older name of its dispatcher (deepep --impl library,
+NCCL EP's low-latency mode, is now deepep-ll) is shown under today's, with a note.
 
 Usage:
   moebench report [--format table|markdown|csv|html] [--wide] FILE...

@@ -31,34 +31,23 @@ type sweepOptions struct {
 }
 
 func sweepFlags(o *options, so *sweepOptions) *pflag.FlagSet {
-	d := harness.DefaultConfig()
 	fs := pflag.NewFlagSet("moebench sweep", pflag.ContinueOnError)
 	fs.SortFlags = false
-	fs.SetNormalizeFunc(func(_ *pflag.FlagSet, name string) pflag.NormalizedName {
-		if list, ok := sweepSingular[name]; ok {
-			return pflag.NormalizedName(list)
-		}
-		return pflag.NormalizedName(name)
-	})
-	fs.StringSliceVar(&so.dispatchers, "dispatchers", []string{d.Dispatcher}, "dispatchers, comma-separated: "+strings.Join(dispatchers.Names(), ","))
-	fs.StringSliceVar(&so.impls, "impls", []string{d.Impl}, "implementations: native,library")
-	fs.IntSliceVar(&so.sms, "sms", []int{0}, "SM budgets; used only by SM-driven dispatchers (deepep, hybridep; others run once, with 0)")
-	fs.IntSliceVar(&so.ep, "ep", []int{d.EP}, "EP sizes")
-	fs.IntSliceVar(&so.gpus, "gpus", []int{d.GPUs}, "cuda: GPU counts the ranks are spread over; 0 = every GPU, at most one per rank (a count above a point's EP size is left out)")
-	addFeplbFlags(fs, o)
-	fs.StringSliceVar(&so.presets, "presets", []string{d.Preset}, "layer presets")
-	addShapeFlags(fs, o)
-	fs.StringSliceVar(&so.routings, "routings", []string{d.Routing.String()}, "routings")
-	fs.StringSliceVar(&so.precisions, "precisions", []string{harness.PrecisionBF16}, "precisions: "+strings.Join(harness.Precisions, ","))
-	addControlFlags(fs, o)
+	addPointFlags(fs, o, so)
 	fs.StringVar(&o.out, "out", "", "results file to append one record per point to (required)")
 	fs.StringVar(&so.file, "file", "", "sweep file: a JSON object whose keys are these flags' names; flags given on the command line win")
 	return fs
 }
 
-// sweepSingular are the run command's spellings of sweep's list flags, which
-// sweep accepts as the same flags.
-var sweepSingular = map[string]string{"dispatcher": "dispatchers", "impl": "impls", "preset": "presets", "routing": "routings", "precision": "precisions"}
+// single says whether the lists make one point.
+func (so sweepOptions) single() bool {
+	for _, n := range []int{len(so.dispatchers), len(so.impls), len(so.presets), len(so.routings), len(so.precisions), len(so.sms), len(so.ep), len(so.gpus)} {
+		if n != 1 {
+			return false
+		}
+	}
+	return true
+}
 
 // checkLists refuses an empty list of dispatchers, implementations, presets
 // or routings (as --presets "" gives), which would leave no point.
@@ -67,9 +56,9 @@ func (so sweepOptions) checkLists() error {
 		flag    string
 		v       []string
 		allowed []string
-	}{{"dispatchers", so.dispatchers, dispatchers.Names()}, {"impls", so.impls, []string{"native", "library"}},
-		{"presets", so.presets, harness.PresetNames()}, {"routings", so.routings, []string{"balanced", "uniform", "skewed:ALPHA", "trace:FILE", "natural"}},
-		{"precisions", so.precisions, harness.Precisions}} {
+	}{{"dispatcher", so.dispatchers, dispatchers.Names()}, {"impl", so.impls, []string{"native", "library"}},
+		{"preset", so.presets, harness.PresetNames()}, {"routing", so.routings, []string{"balanced", "uniform", "skewed:ALPHA", "trace:FILE", "natural"}},
+		{"precision", so.precisions, harness.Precisions}} {
 		if len(l.v) == 0 {
 			return &harness.ConfigError{Flag: l.flag, Value: `""`, Allowed: "empty list; give one or more of: " + strings.Join(l.allowed, ", ")}
 		}
@@ -82,9 +71,11 @@ const sweepHelp = `moebench sweep runs a matrix of dispatchers × implementation
 unavailable point is recorded with its reason and the sweep goes on; Ctrl-C stops
 after the current point (twice: at once), leaving the file valid.
 
-The list flags also take the run command's spellings (--dispatcher, --impl,
---preset, --routing), and a --file holds the same flags as JSON keys: each
-key acts exactly as the flag (validation included); the command line wins.
+The list flags are the run command's, which takes lists too (a run over more
+than one point is this sweep); sweep's older plural names (--dispatchers,
+--impls, --presets, --routings) are deprecated aliases, kept for one release.
+A --file holds the same flags as JSON keys: each key acts exactly as the flag
+(validation included); the command line wins.
 
 Usage:
   moebench sweep --out FILE [flags]`
@@ -99,11 +90,19 @@ func sweep(args []string, stdout, stderr io.Writer) int {
 	if fs.NArg() > 0 {
 		return usageError(stderr, fmt.Errorf("unexpected argument %q", fs.Arg(0)))
 	}
+	warnAliases(args, stderr)
 	if so.file != "" {
-		if err := applySweepFile(fs, so.file); err != nil {
+		if err := applySweepFile(fs, so.file, warnTo(stderr)); err != nil {
 			return usageError(stderr, err)
 		}
 	}
+	return sweepPoints(fs, o, so, true, stdout, stderr)
+}
+
+// sweepPoints runs the points of the list flags, one record each: sweep's
+// work, and run's where its lists make several points (then --out is not
+// required, and the report's table of the points is printed on stdout).
+func sweepPoints(fs *pflag.FlagSet, o options, so sweepOptions, isSweep bool, stdout, stderr io.Writer) int {
 	if err := so.checkLists(); err != nil {
 		return usageError(stderr, err)
 	}
@@ -114,8 +113,15 @@ func sweep(args []string, stdout, stderr io.Writer) int {
 		return usageError(stderr, err)
 	}
 	useLibDirs(o.cudaLibs)
-	if o.out == "" {
+	if isSweep && o.out == "" {
 		return usageError(stderr, errors.New("sweep: --out FILE is required"))
+	}
+	if !isSweep && o.dump != "" {
+		return usageError(stderr, &harness.ConfigError{Flag: "dump", Value: o.dump, Allowed: "dumps one layer's tensors: give each list flag one value"})
+	}
+	if !isSweep && o.format != "table" {
+		return usageError(stderr, &harness.ConfigError{Flag: "format", Value: o.format, Allowed: "a run over several points prints the report's table of them; " +
+			"each point's record goes to --out (moebench report --format csv prints them as CSV)"})
 	}
 	o.format = "table"
 	if err := o.checkOutputs(stderr); err != nil {
@@ -143,6 +149,9 @@ func sweep(args []string, stdout, stderr io.Writer) int {
 		return usageError(stderr, err)
 	}
 	writes := "→ " + o.out
+	if o.out == "" {
+		writes = "(no --out: the records are not kept)"
+	}
 	if rv != nil {
 		defer rv.Close()
 		if rv.L.Rank != 0 {
@@ -175,8 +184,13 @@ func sweep(args []string, stdout, stderr io.Writer) int {
 	}()
 
 	counts := map[string]int{}
+	var recs []results.Record // run's: the points' table
 	record := func(rec *results.Record) error {
 		if rv != nil && rv.L.Rank != 0 { // rank 0 writes the run's records
+			return nil
+		}
+		recs = append(recs, *rec)
+		if o.out == "" {
 			return nil
 		}
 		appendMu.Lock()
@@ -221,6 +235,11 @@ func sweep(args []string, stdout, stderr io.Writer) int {
 	done, err := harness.Sweep(points, env, stop, record, progress)
 	fmt.Fprintf(stderr, "moebench sweep: %d of %d points: %d ok, %d unavailable, %d failed %s\n", done, len(points),
 		counts[results.StatusOK], counts[results.StatusUnavailable], counts[results.StatusFailed], writes)
+	if !isSweep && len(recs) > 0 {
+		if werr := results.WriteReport(stdout, results.BuildReport(recs), "table", ""); werr != nil {
+			fmt.Fprintf(stderr, "moebench: writing output: %v\n", werr)
+		}
+	}
 	var stopped *harness.SweepStopped
 	var ce *harness.ConfigError
 	switch {
@@ -246,7 +265,7 @@ const maxSweepFile = 1 << 20
 // applySweepFile sets every flag named in the JSON file that the command line
 // did not set, exactly as if it had been given there: through the flag set
 // (so the same parsing, the same "given" mark, and the same validation).
-func applySweepFile(fs *pflag.FlagSet, path string) error {
+func applySweepFile(fs *pflag.FlagSet, path string, warn func(string)) error {
 	bad := func(format string, a ...any) error {
 		return &harness.ConfigError{Flag: "file", Value: path, Allowed: fmt.Sprintf(format, a...)}
 	}
@@ -292,6 +311,9 @@ func applySweepFile(fs *pflag.FlagSet, path string) error {
 			return bad("keys %q and %q both set --%s", other, k, fl.Name)
 		}
 		fromFile[fl.Name] = k
+		if singular, ok := pluralAliases[k]; ok {
+			warn(fmt.Sprintf("--file %s: key %q: %s", path, k, aliasWarning(k, singular)))
+		}
 		if fl.Changed { // given on the command line, which wins
 			continue
 		}
@@ -353,6 +375,7 @@ func expand(fs *pflag.FlagSet, base options, so sweepOptions) ([]harness.Config,
 							for _, n := range sms {
 								for _, p := range so.precisions {
 									o := base
+									o.lists = nil // the point's values, set here
 									o.preset, o.routing, o.ep, o.gpus, o.dispatcher, o.impl, o.sms, o.precision = preset, routing, ep, g, d, impl, n, p
 									c, err := o.config(fs)
 									if err != nil {

@@ -22,40 +22,42 @@ var fileKeys = map[string]struct {
 	v   any
 	got func(r *results.Record) any
 }{
-	"dispatchers":    {[]any{"alltoall", "feplb", "hybridep"}, func(r *results.Record) any { return r.Config.Dispatcher }},
-	"impls":          {[]any{"native"}, func(r *results.Record) any { return r.Config.Impl }},
-	"sms":            {[]any{16}, func(r *results.Record) any { return r.Config.SMs }}, // hybridep's point
-	"ep":             {[]any{4}, func(r *results.Record) any { return r.Config.EP }},
-	"gpus":           {[]any{0}, nil}, // the host device has none: tested by TestSweepGPUs
-	"domain":         {2, func(r *results.Record) any { return r.Config.Domain }},
-	"feplb-base":     {"deepep", func(r *results.Record) any { return r.Config.FeplbBase }}, // feplb's point
-	"feplb-dynamic":  {3, func(r *results.Record) any { return r.Config.FeplbDynamic }},
-	"feplb-policy":   {"feplb-split", func(r *results.Record) any { return r.Config.FeplbPolicy }},
-	"presets":        {[]any{"glm-4.5"}, func(r *results.Record) any { return r.Config.Preset }},
-	"tokens":         {8, func(r *results.Record) any { return r.Config.Tokens }},
-	"hidden":         {24, func(r *results.Record) any { return r.Config.Hidden }},
-	"ffn":            {8, func(r *results.Record) any { return r.Config.FFN }},
-	"experts":        {8, func(r *results.Record) any { return r.Config.Experts }},
-	"topk":           {2, func(r *results.Record) any { return r.Config.TopK }},
-	"shared-experts": {2, func(r *results.Record) any { return r.Config.SharedExperts }},
-	"score":          {"softmax", func(r *results.Record) any { return r.Config.Score }},
-	"groups":         {2, func(r *results.Record) any { return r.Config.Groups }},
-	"topk-groups":    {1, func(r *results.Record) any { return r.Config.GroupTopK }},
-	"topk-scale":     {1.5, func(r *results.Record) any { return r.Config.TopKScale }},
-	"pre-softmax":    {true, func(r *results.Record) any { return r.Config.PreSoftmax }},
-	"routings":       {[]any{"skewed:0.5"}, func(r *results.Record) any { return r.Config.Routing }},
-	"precisions":     {[]any{"bf16"}, func(r *results.Record) any { return r.Config.PrecisionName() }}, // fp8 needs --hidden a multiple of 128: TestSweepPrecisions
-	"routing-fixed":  {true, func(r *results.Record) any { return !r.Config.RoutingPerStep }},
-	"seed":           {7, func(r *results.Record) any { return r.Config.Seed }},
-	"warmup":         {1, func(r *results.Record) any { return r.Config.Warmup }},
-	"iters":          {2, func(r *results.Record) any { return r.Config.Iters }},
-	"max-seconds":    {60, func(r *results.Record) any { return r.Config.MaxSeconds }},
-	"check":          {false, func(r *results.Record) any { return r.Config.Check }},
-	"forward-only":   {true, func(r *results.Record) any { return r.Config.Pass == results.PassForward }},
-	"comm-timeout":   {"2s", func(r *results.Record) any { return r.Config.CommTimeoutS }}, // hybridep's point
-	"device":         {"host", func(r *results.Record) any { return r.Config.Device }},
-	"cuda-libs":      {"/nonexistent/cuda", func(r *results.Record) any { return r.Stack.Env["MOEBENCH_CUDA_LIBS"] }},
-	"out":            {"", nil}, // the file the records are in
+	"dispatcher":       {[]any{"alltoall", "feplb", "hybridep"}, func(r *results.Record) any { return r.Config.Dispatcher }},
+	"impl":             {[]any{"native"}, func(r *results.Record) any { return r.Config.Impl }},
+	"sms":              {[]any{16}, func(r *results.Record) any { return r.Config.SMs }}, // hybridep's point
+	"ep":               {[]any{4}, func(r *results.Record) any { return r.Config.EP }},
+	"gpus":             {[]any{0}, nil}, // the host device has none: tested by TestSweepGPUs
+	"domain":           {2, func(r *results.Record) any { return r.Config.Domain }},
+	"feplb-base":       {"deepep", func(r *results.Record) any { return r.Config.FeplbBase }}, // feplb's point
+	"feplb-dynamic":    {3, func(r *results.Record) any { return r.Config.FeplbDynamic }},
+	"feplb-policy":     {"feplb-split", func(r *results.Record) any { return r.Config.FeplbPolicy }},
+	"preset":           {[]any{"glm-4.5"}, func(r *results.Record) any { return r.Config.Preset }},
+	"tokens":           {8, func(r *results.Record) any { return r.Config.Tokens }},
+	"hidden":           {24, func(r *results.Record) any { return r.Config.Hidden }},
+	"ffn":              {8, func(r *results.Record) any { return r.Config.FFN }},
+	"experts":          {8, func(r *results.Record) any { return r.Config.Experts }},
+	"topk":             {2, func(r *results.Record) any { return r.Config.TopK }},
+	"shared-experts":   {2, func(r *results.Record) any { return r.Config.SharedExperts }},
+	"score":            {"softmax", func(r *results.Record) any { return r.Config.Score }},
+	"groups":           {2, func(r *results.Record) any { return r.Config.Groups }},
+	"topk-groups":      {1, func(r *results.Record) any { return r.Config.GroupTopK }},
+	"topk-scale":       {1.5, func(r *results.Record) any { return r.Config.TopKScale }},
+	"pre-softmax":      {true, func(r *results.Record) any { return r.Config.PreSoftmax }},
+	"routing":          {[]any{"skewed:0.5"}, func(r *results.Record) any { return r.Config.Routing }},
+	"precision":        {[]any{"bf16"}, func(r *results.Record) any { return r.Config.PrecisionName() }}, // fp8 needs --hidden a multiple of 128: TestSweepPrecisions
+	"routing-fixed":    {true, func(r *results.Record) any { return !r.Config.RoutingPerStep }},
+	"seed":             {7, func(r *results.Record) any { return r.Config.Seed }},
+	"warmup":           {1, func(r *results.Record) any { return r.Config.Warmup }},
+	"iters":            {2, func(r *results.Record) any { return r.Config.Iters }},
+	"max-seconds":      {60, func(r *results.Record) any { return r.Config.MaxSeconds }},
+	"check":            {false, func(r *results.Record) any { return r.Config.Check }},
+	"forward-only":     {true, func(r *results.Record) any { return r.Config.Pass == results.PassForward }},
+	"comm-timeout":     {"2s", func(r *results.Record) any { return r.Config.CommTimeoutS }}, // hybridep's point
+	"ncclep-timeout":   {"3s", nil},                                                          // recorded for NCCL EP's modes alone (cuda): TestTimeoutsOneMeaningEach
+	"watchdog-timeout": {"1m", nil},                                                          // recorded on the cuda device alone: TestTimeoutsOneMeaningEach
+	"device":           {"host", func(r *results.Record) any { return r.Config.Device }},
+	"cuda-libs":        {"/nonexistent/cuda", func(r *results.Record) any { return r.Stack.Env["MOEBENCH_CUDA_LIBS"] }},
+	"out":              {"", nil}, // the file the records are in
 }
 
 // flagArgs spells fileKeys as a command line.
@@ -136,7 +138,7 @@ func TestSweepFileKeysActAsFlags(t *testing.T) {
 		for _, r := range fromFile {
 			got := fk.got(&r)
 			switch k {
-			case "dispatchers":
+			case "dispatcher":
 				continue
 			case "sms", "comm-timeout":
 				if r.Config.Dispatcher != "hybridep" {
@@ -149,7 +151,7 @@ func TestSweepFileKeysActAsFlags(t *testing.T) {
 				if r.Config.Dispatcher != "feplb" {
 					continue
 				}
-			case "presets":
+			case "preset":
 				want = "glm-4.5+custom"
 			}
 			if fmt.Sprint(got) != fmt.Sprint(want) {
@@ -183,7 +185,7 @@ func TestSweepFileValidation(t *testing.T) {
 		{`{"tokens": 1} {}`, nil, "want one JSON object whose keys are flag names"},
 		{`{"tokens": [16, 32]}`, nil, `key "tokens": takes one value, not a list`},
 		{`{"tokens": {"a": 1}}`, nil, `key "tokens": want a string, number, boolean or a list of them`},
-		{`{"preset": "tiny", "presets": ["tiny"]}`, nil, `keys "preset" and "presets" both set --presets`},
+		{`{"preset": "tiny", "presets": ["tiny"]}`, nil, `keys "preset" and "presets" both set --preset`},
 		{`{"bogus": 1}`, nil, `unknown key "bogus"`},
 	} {
 		os.WriteFile(file, []byte(c.file), 0o644)

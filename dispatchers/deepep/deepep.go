@@ -109,11 +109,16 @@ func (c Config) check(ep int) error {
 	return nil
 }
 
+// NoLibrary is why --impl library is unavailable.
+const NoLibrary = "no library of DeepEP's normal mode is reachable from Go: DeepEP is a PyTorch extension, " +
+	"and no C API carries its normal-mode kernels; NCCL EP's low-latency mode, which carries DeepEP's low-latency design " +
+	"(a different algorithm), is deepep-ll --impl library"
+
 // New returns the host implementation (the design in Go, labelled host).
 func New(impl string, env dispatchers.Env) (dispatchers.Dispatcher, error) {
 	if impl != dispatchers.ImplNative {
 		return nil, &dispatchers.UnavailableError{Name: Name, Impl: impl,
-			Reason: "no library implementation registered in this build (dispatchers/ncclep registers NCCL EP's low-latency mode, DeepEP's low-latency design; DeepEP's normal mode has no C API)"}
+			Reason: NoLibrary}
 	}
 	if env.Device != "host" {
 		return nil, &dispatchers.UnavailableError{Name: Name, Impl: impl,

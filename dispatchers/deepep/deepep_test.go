@@ -243,7 +243,7 @@ func TestLimits(t *testing.T) {
 		t.Errorf("default config %+v", c)
 	}
 	if _, err := dispatchers.NewDevice(Name, dispatchers.ImplLibrary, dispatchers.Env{Device: "cuda"}); !dispatchers.IsUnavailable(err) ||
-		!strings.Contains(err.Error(), "no library implementation") {
+		!strings.Contains(err.Error(), "no library of DeepEP's normal mode") {
 		t.Errorf("cuda library: %v", err)
 	}
 }

@@ -136,7 +136,7 @@ func WithDeviceConfig(cfg Config) *Device {
 func NewDevice(impl string, env dispatchers.Env) (dispatchers.DeviceDispatcher, error) {
 	if impl != dispatchers.ImplNative {
 		return nil, &dispatchers.UnavailableError{Name: Name, Impl: impl,
-			Reason: "no library implementation registered in this build (dispatchers/ncclep registers NCCL EP's low-latency mode, DeepEP's low-latency design; DeepEP's normal mode has no C API)"}
+			Reason: NoLibrary}
 	}
 	d := &Device{sms: env.SMs, timeout: env.CommTimeout}
 	if d.timeout <= 0 {

@@ -5,8 +5,10 @@
 //   - hybridep: NCCL EP's high-throughput mode, HybridEP's kernels re-hosted
 //     on NCCL's Device API (the routing map all-gathered in the handle's
 //     update, bulk copies into peers' memory);
-//   - deepep: NCCL EP's low-latency mode, DeepEP's low-latency design (not
-//     DeepEP's normal mode, which no C API carries), labelled so.
+//   - deepep-ll: NCCL EP's low-latency mode, DeepEP's low-latency design
+//     (not DeepEP's normal mode, deepep, which no C API carries), labelled
+//     so. Records written before the name deepep-ll called it deepep
+//     --impl library; results reads them as deepep-ll, with a note.
 //
 // Every rank has its own NCCL communicator and NCCL EP group, made and
 // driven from its GPU's thread: NCCL EP's calls are collective, each rank
@@ -60,7 +62,7 @@ var (
 	highThroughput = mode{dispatcher: "hybridep", design: "HybridEP's design via NCCL EP (its high-throughput mode: HybridEP's kernels)",
 		algorithm: cuda.EPHighThroughput, phases: []string{"update", "dispatch", "combine"},
 		defaultSMs: "16 SMs for the communication kernels, every SM for the scan and the permute", maxTokens: 8192}
-	lowLatency = mode{dispatcher: "deepep", design: "DeepEP low-latency design via NCCL EP (its low-latency mode; not DeepEP's normal mode)",
+	lowLatency = mode{dispatcher: "deepep-ll", design: "DeepEP low-latency design via NCCL EP (its low-latency mode; not DeepEP's normal mode)",
 		algorithm: cuda.EPLowLatency, phases: []string{"dispatch", "combine"}, defaultSMs: "every SM",
 		noBackward: "NCCL EP's low-latency mode has no backward pass (pass_direction is high-throughput only), and its combine applies the routing weights, " +
 			"whose gradient it does not return, so the step times the forward alone"}
@@ -85,7 +87,7 @@ func newDevice(m mode, env dispatchers.Env) (dispatchers.DeviceDispatcher, error
 	if why != nil {
 		return nil, unavailable(m, "NCCL EP cannot run here: %s", strings.Join(why, "; "))
 	}
-	timeout := env.CommTimeout
+	timeout := env.LibraryTimeout
 	if timeout <= 0 {
 		timeout = dispatchers.DefaultCommTimeout
 	}
@@ -323,7 +325,7 @@ func (d *Device) HostWait(phase string, r int) error {
 	}
 	s, rk := &d.st[r], d.ranks[r]
 	if err := rk.Dev.SyncStream(rk.Stream); err != nil {
-		return fmt.Errorf("the GPU failed after NCCL EP's %s (a collective that waits past --comm-timeout %v traps its kernels): %w", s.last, d.timeout, err)
+		return fmt.Errorf("the GPU failed after NCCL EP's %s (a collective that waits past --ncclep-timeout %v traps its kernels): %w", s.last, d.timeout, err)
 	}
 	L := d.shape.LocalExperts()
 	copy(s.host, unsafe.Slice((*int32)(s.mapped.Host), L+1))
@@ -425,9 +427,9 @@ func (d *Device) Library() dispatchers.LibraryInfo {
 	if set != nil {
 		sms += "; overridden by " + strings.Join(set, ", ")
 	}
-	waits := fmt.Sprintf("timeout_ns = --comm-timeout %v", d.timeout)
+	waits := fmt.Sprintf("timeout_ns = --ncclep-timeout %v", d.timeout)
 	if v := os.Getenv(timeoutEnv); v != "" && v != "0" {
-		waits = fmt.Sprintf("%s=%s, which overrides --comm-timeout %v (timeout_ns)", timeoutEnv, v, d.timeout)
+		waits = fmt.Sprintf("%s=%s, which overrides --ncclep-timeout %v (timeout_ns)", timeoutEnv, v, d.timeout)
 	}
 	comms := "each with its own NCCL communicator"
 	if d.world != nil {

@@ -83,7 +83,7 @@ func probeNCCLEP() Component {
 		return c
 	}
 	c.Found, c.Path, c.Version = true, e.Path, e.Version
-	c.Detail = "hybridep --impl library (its high-throughput mode), deepep --impl library (its low-latency mode), " +
+	c.Detail = "hybridep --impl library (its high-throughput mode), deepep-ll --impl library (its low-latency mode), " +
 		"in one process or across processes (one per node or per GPU, each creating its ranks' groups over the run's NCCL communicator; " +
 		"at most 8 ranks per node, 64 in all); " +
 		fmt.Sprintf("release %s (ncclEpGetVersion; the library states no API version): the append-only API of nccl_ep.h's version %d "+

@@ -376,7 +376,7 @@ func TestNCCLEPDoctor(t *testing.T) {
 	if !c.Found || c.Version != "0.1.0" || c.Path != os.Getenv(NCCLEPEnv) {
 		t.Fatalf("%+v", c)
 	}
-	for _, w := range []string{"hybridep --impl library (its high-throughput mode)", "deepep --impl library (its low-latency mode)",
+	for _, w := range []string{"hybridep --impl library (its high-throughput mode)", "deepep-ll --impl library (its low-latency mode)",
 		"release 0.1.0 (ncclEpGetVersion", "frozen V1 sizes", "over NCCL 2.30.7", "NCCL's Device API and its run-time compile's needs found (nvcc "} {
 		if !strings.Contains(c.Detail, w) {
 			t.Errorf("detail %q: want %q in it", c.Detail, w)
