@@ -40,9 +40,9 @@ type Env struct {
 	// a run of this process alone.
 	Rendezvous *launch.Rendezvous
 	// Interrupt, if set, stops the run early when it fires (a signal): the
-	// record holds what was measured and is marked interrupted. A run over
-	// several processes must not be given one (its ranks would stop at
-	// different steps).
+	// record holds what was measured and is marked interrupted. In a run
+	// over several processes, every process is given one or none: they
+	// stop together, where all agree to (agreeStop).
 	Interrupt *Interrupt
 }
 
