@@ -1152,7 +1152,7 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 		rec.Ranks.Note = ranksNote(cfg.EP, devs, t.Transport())
 	}
 	// a run over several processes stops where all agree to (interruptedAt)
-	if err := dl.interruptedAt(env.Interrupt, "while building the layer"); IsInterrupted(err) {
+	if err := dl.interruptedAt(env.Interrupt, whileBuilding); IsInterrupted(err) {
 		return interruptedRecord(rec, err)
 	} else if err != nil {
 		return fail(results.StatusFailed, err)
@@ -1163,11 +1163,8 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 		if err != nil && ds != nil { // the others are told (fail), not asked whether to stop
 			return fail(deviceStatus(err), err)
 		}
-		if ierr := dl.interruptedAt(env.Interrupt, "while checking the output against the float64 reference"); IsInterrupted(ierr) {
-			if err == nil && c.Passed { // it ended before the interrupt
-				rec.Correctness = c
-			}
-			return interruptedRecord(rec, ierr)
+		if ierr := dl.interruptedAt(env.Interrupt, whileChecking); IsInterrupted(ierr) {
+			return checkInterrupted(rec, c, err, ierr)
 		} else if ierr != nil {
 			return fail(results.StatusFailed, ierr)
 		}

@@ -79,6 +79,24 @@ func interruptedRecord(rec *results.Record, err error) (*results.Record, error) 
 	return failed(rec, results.StatusFailed, fmt.Errorf("%w: nothing was timed", err))
 }
 
+// Where an interrupt before the timed steps stops a run, as its record
+// says.
+const (
+	whileBuilding = "while building the layer"
+	whileChecking = "while checking the output against the float64 reference"
+)
+
+// checkInterrupted is the record of a run whose check (c, err) the
+// interrupt ierr cut: interrupted, nothing timed, with the check's verdict
+// where it passed before the interrupt. Both pipelines' (run.go's and
+// device.go's).
+func checkInterrupted(rec *results.Record, c *results.Correctness, err, ierr error) (*results.Record, error) {
+	if err == nil && c.Passed { // it ended before the interrupt
+		rec.Correctness = c
+	}
+	return interruptedRecord(rec, ierr)
+}
+
 // interruptedSteps marks rec, whose timed steps the interrupt err cut
 // after done of iters, interrupted: its timings are those done steps'.
 func interruptedSteps(rec *results.Record, err error, done, iters int) string {
