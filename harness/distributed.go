@@ -841,6 +841,11 @@ func (dl *deviceLayer) localSample(sample [][]int) [][]int {
 	return out
 }
 
+// AgreeHook, when set (tests), is called at each agreement on whether to
+// stop, before its exchange: a slow network, which no step's times may
+// hold. nil in the program.
+var AgreeHook func()
+
 // agreeingStop is the watch's stage while the processes agree on whether
 // to stop.
 const agreeingStop = "agreeing with the other processes on whether to stop (an interrupt)"
@@ -864,6 +869,9 @@ func (dl *deviceLayer) newStops(dev kernels.Device) error {
 	d.stopWork = func(dev int) error {
 		if dev != 0 {
 			return nil
+		}
+		if AgreeHook != nil {
+			AgreeHook()
 		}
 		if err := rk.Dev.Upload(d.stopBuf, d.stopMine, rk.Stream); err != nil {
 			return err

@@ -252,3 +252,31 @@ func TestDistributedInterrupt(t *testing.T) {
 		})
 	}
 }
+
+// TestDistributedAgreementUntimed: the processes' agreement on whether to
+// stop is made between steps, off the clock: with each agreement made 2 s
+// slower (MOEBENCH_TEST_AGREE_DELAY, a slow network), every process makes
+// 6 (after the build, after the check, before the warm-up step and each of
+// the 3 timed steps), yet no step's host issue time holds one. (The fake
+// driver's event clock counts records, not time: the steps' event times
+// could not show a delay on the host; the host issue time runs from the
+// step's first call, right before its start events, to its last.)
+func TestDistributedAgreementUntimed(t *testing.T) {
+	hostsim.SkipIfShort(t, "TestDistributedInterrupt/process-1-SIGTERM-timed")
+	rv, out := distributedSetup(t)
+	const delay = 2 * time.Second
+	ps := launchProcsEnv(t, 2, func(int) []string { return []string{"MOEBENCH_TEST_AGREE_DELAY=" + delay.String()} },
+		"--device", "cuda", "--dispatcher", "alltoall", "--impl", "library", "--ep", "4",
+		"--experts", "16", "--tokens", "16", "--hidden", "32", "--ffn", "16", "--warmup", "1", "--iters", "3",
+		"--rendezvous", rv, "--out", out, "--format", "json", "--comm-timeout", "20s")
+	rec := runRecord(t, out, ps)
+	for r, p := range ps {
+		if want := fmt.Sprintf("6 agreements on whether to stop, each delayed %v", delay); !strings.Contains(p.stderr.String(), want) {
+			t.Errorf("process %d's stderr lacks %q:\n%s", r, want, p.stderr.String())
+		}
+	}
+	if s := rec.Timing.Step.Samples; len(s) != 3 || rec.Timing.HostIssue == nil || rec.Timing.HostIssue.P99 >= float64(delay.Milliseconds()) {
+		t.Errorf("step samples %v; host issue %+v ms: a step holds the agreement's %v", s, rec.Timing.HostIssue, delay)
+	}
+	t.Logf("host issue %+v ms", rec.Timing.HostIssue)
+}
