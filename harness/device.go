@@ -253,6 +253,9 @@ func newDeviceLayer(l *Layer, devs []kernels.Device, th *kernels.Threads, d disp
 		if err := dl.agreeSettings(); err != nil {
 			return nil, err
 		}
+		if err := dl.newStops(dl.ranks[ds.first].Dev); err != nil {
+			return nil, err
+		}
 	}
 	if err := d.Bind(l.Shape, dl.ranks); err != nil {
 		return nil, err
@@ -1148,17 +1151,22 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 	if t, ok := d.(dispatchers.Transporter); ok && t.Transport() != "" {
 		rec.Ranks.Note = ranksNote(cfg.EP, devs, t.Transport())
 	}
-	if err := env.Interrupt.interrupted("while building the layer"); err != nil {
+	// a run over several processes stops where all agree to (interruptedAt)
+	if err := dl.interruptedAt(env.Interrupt, whileBuilding); IsInterrupted(err) {
 		return interruptedRecord(rec, err)
+	} else if err != nil {
+		return fail(results.StatusFailed, err)
 	}
 	if cfg.Check {
 		prog.set(checking)
 		c, err := dl.check()
-		if ierr := env.Interrupt.interrupted("while checking the output against the float64 reference"); ierr != nil {
-			if err == nil && c.Passed { // it ended before the interrupt
-				rec.Correctness = c
-			}
-			return interruptedRecord(rec, ierr)
+		if err != nil && ds != nil { // the others are told (fail), not asked whether to stop
+			return fail(deviceStatus(err), err)
+		}
+		if ierr := dl.interruptedAt(env.Interrupt, whileChecking); IsInterrupted(ierr) {
+			return checkInterrupted(rec, c, err, ierr)
+		} else if ierr != nil {
+			return fail(results.StatusFailed, ierr)
 		}
 		if err != nil {
 			return fail(deviceStatus(err), err)
@@ -1212,7 +1220,7 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 		steps := make([][]float64, cfg.EP) // not kept
 		rb.Pause(true)
 		if _, err := iterate(cfg.Warmup, cfg.Iters, pausedEnd, func(i int) error {
-			if err := env.Interrupt.beforeStep("the paused ", i, cfg); err != nil {
+			if err := dl.beforeStep(env.Interrupt, "the paused ", i, cfg); err != nil {
 				return err
 			}
 			if err := dl.setRouting(cfg.Warmup + i + 1); err != nil { // the same routing as the timed step i
@@ -1236,7 +1244,7 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 	}
 	var tm *telemetry
 	done, err := iterate(cfg.Warmup, cfg.Iters, end, func(i int) error {
-		if err := env.Interrupt.beforeStep("", i, cfg); err != nil {
+		if err := dl.beforeStep(env.Interrupt, "", i, cfg); err != nil {
 			return err
 		}
 		if i == 0 {

@@ -36,6 +36,12 @@ type dist struct {
 	agreed      bool             // the processes agreed that every one is ready (or not) to meet
 	prog        *progress        // the run's progress line, which says whom an agreement waits for
 	settings    []launch.Setting // what every process must share (settingsOf)
+	// the agreement on whether to stop (agreeStop): on its first rank's
+	// GPU, this process's code then every process's (one word each), and
+	// the work of the GPU's thread, made once
+	stopBuf           kernels.Ptr
+	stopMine, stopAll []uint64
+	stopWork          func(dev int) error
 }
 
 // meetProcesses is the meeting of a run's processes before any builds its
@@ -833,4 +839,102 @@ func (dl *deviceLayer) localSample(sample [][]int) [][]int {
 		}
 	}
 	return out
+}
+
+// AgreeHook, when set (tests), is called at each agreement on whether to
+// stop, before its exchange: a slow network, which no step's times may
+// hold. nil in the program.
+var AgreeHook func()
+
+// agreeingStop is the watch's stage while the processes agree on whether
+// to stop.
+const agreeingStop = "agreeing with the other processes on whether to stop (an interrupt)"
+
+// newStops makes the agreement's buffer on rank d.first's GPU (dev) and
+// its work, before the first step: the agreement allocates nothing.
+func (dl *deviceLayer) newStops(dev kernels.Device) error {
+	d := dl.dist
+	W := d.rv.L.World
+	var err error
+	if d.stopBuf, err = dev.Alloc(8 * int64(1+W)); err != nil {
+		return err
+	}
+	d.stopMine, d.stopAll = make([]uint64, 1), make([]uint64, W)
+	rk := dl.ranks[d.first]
+	sends, recvs := make([]kernels.Transfer, W), make([]kernels.Transfer, W)
+	for p := range W {
+		sends[p] = kernels.Transfer{Peer: d.rep(p), Buf: d.stopBuf, Bytes: 8}
+		recvs[p] = kernels.Transfer{Peer: d.rep(p), Buf: d.stopBuf + kernels.Ptr(8*(1+p)), Bytes: 8}
+	}
+	d.stopWork = func(dev int) error {
+		if dev != 0 {
+			return nil
+		}
+		if AgreeHook != nil {
+			AgreeHook()
+		}
+		if err := rk.Dev.Upload(d.stopBuf, d.stopMine, rk.Stream); err != nil {
+			return err
+		}
+		if err := d.comm.Exchange(d.first, sends, recvs); err != nil {
+			return err
+		}
+		return rk.Dev.Download(d.stopAll, d.stopBuf+8, rk.Stream)
+	}
+	return nil
+}
+
+// agreeStop is the interrupt of a run over several processes, agreed by
+// all: every process gives every other whether its interrupt fired, and
+// why, between its first ranks over the communicator (one word each);
+// each process ends with the same answer, so that all stop at the same
+// point — a step none of them starts. "" while no process's fired. The
+// points where the processes agree are where each would stop alone: the
+// layer built, the check done, before each warm-up and timed step; a
+// signal that comes at another time is acted on at the next. The
+// agreement comes between steps, after the last step's streams ended and
+// before the next one's start events: no step's times hold it. It waits
+// as a gather does, under the watch (--comm-timeout).
+func (dl *deviceLayer) agreeStop(intr *Interrupt) (string, error) {
+	d := dl.dist
+	d.stage(agreeingStop, dl.warm)
+	dl.doing(agreeingStop)
+	d.stopMine[0] = stopCode(intr.Why())
+	if err := dl.th.Each(d.stopWork); err != nil {
+		return "", err
+	}
+	if d.stopAll[d.rv.L.Rank] != d.stopMine[0] {
+		return "", fmt.Errorf("the agreement on whether to stop: this process's own code came back as %d, sent %d", d.stopAll[d.rv.L.Rank], d.stopMine[0])
+	}
+	return agreedWhy(d.stopAll), nil
+}
+
+// interruptedAt is the run's interrupt (nil: none) at a point every
+// process reaches, while doing while (e.g. "while building the layer"):
+// an *InterruptedError once it fired — in a run over several processes,
+// once any process's fired (agreeStop) —; another error where the
+// processes could not agree.
+func (dl *deviceLayer) interruptedAt(intr *Interrupt, while string) error {
+	if dl.dist == nil || intr == nil {
+		return intr.interrupted(while)
+	}
+	why, err := dl.agreeStop(intr)
+	if err != nil || why == "" {
+		return err
+	}
+	return &InterruptedError{why, while}
+}
+
+// beforeStep is interrupted before step i of cfg's loop (kind: "" or
+// "the paused "), as interruptedAt: its stage is named only once the
+// interrupt fired, and a run of one process agrees with none.
+func (dl *deviceLayer) beforeStep(intr *Interrupt, kind string, step int, cfg Config) error {
+	if dl.dist == nil || intr == nil {
+		return intr.beforeStep(kind, step, cfg)
+	}
+	why, err := dl.agreeStop(intr)
+	if err != nil || why == "" {
+		return err
+	}
+	return &InterruptedError{why, "before " + kind + stepStage(step, cfg)}
 }

@@ -3,6 +3,8 @@ package harness
 import (
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 	"sync"
 
 	"github.com/moebench/moebench/results"
@@ -10,8 +12,9 @@ import (
 
 // Interrupt asks a run to stop early (a signal): the run stops at the next
 // step it would start, or where its check or reference next looks, and
-// returns a record of what it measured, marked interrupted. A nil
-// *Interrupt never fires.
+// returns a record of what it measured, marked interrupted. In a run over
+// several processes, every process stops where all agree to, after the
+// same step (agreeStop; docs/interrupts.md). A nil *Interrupt never fires.
 type Interrupt struct {
 	mu  sync.Mutex
 	why string
@@ -76,6 +79,24 @@ func interruptedRecord(rec *results.Record, err error) (*results.Record, error) 
 	return failed(rec, results.StatusFailed, fmt.Errorf("%w: nothing was timed", err))
 }
 
+// Where an interrupt before the timed steps stops a run, as its record
+// says.
+const (
+	whileBuilding = "while building the layer"
+	whileChecking = "while checking the output against the float64 reference"
+)
+
+// checkInterrupted is the record of a run whose check (c, err) the
+// interrupt ierr cut: interrupted, nothing timed, with the check's verdict
+// where it passed before the interrupt. Both pipelines' (run.go's and
+// device.go's).
+func checkInterrupted(rec *results.Record, c *results.Correctness, err, ierr error) (*results.Record, error) {
+	if err == nil && c.Passed { // it ended before the interrupt
+		rec.Correctness = c
+	}
+	return interruptedRecord(rec, ierr)
+}
+
 // interruptedSteps marks rec, whose timed steps the interrupt err cut
 // after done of iters, interrupted: its timings are those done steps'.
 func interruptedSteps(rec *results.Record, err error, done, iters int) string {
@@ -83,4 +104,52 @@ func interruptedSteps(rec *results.Record, err error, done, iters int) string {
 	errors.As(err, &ie)
 	rec.Interrupted = ie.Why + " " + ie.While
 	return fmt.Sprintf("interrupted by %s after %d of %d timed iterations", ie.Why, done, iters)
+}
+
+// stopSignals are the interrupts a run over several processes names in
+// its agreement (agreeStop), by their place + 1; any other reason is
+// stopOther.
+var stopSignals = []string{"SIGINT", "SIGTERM"}
+
+const stopOther = "an interrupt"
+
+// stopCode is why's code in the agreement: 0 while it has not fired.
+func stopCode(why string) uint64 {
+	if why == "" {
+		return 0
+	}
+	for i, s := range stopSignals {
+		if why == s {
+			return uint64(i + 1)
+		}
+	}
+	return uint64(len(stopSignals) + 1)
+}
+
+// agreedWhy names the interrupts of a run over several processes from
+// each process's code (in process order), e.g. "SIGTERM to process 1" or
+// "SIGINT to processes 0, 1"; "" when none fired.
+func agreedWhy(codes []uint64) string {
+	var parts []string
+	for code := uint64(1); code <= uint64(len(stopSignals)+1); code++ {
+		var ps []string
+		for p, c := range codes {
+			if c == code || code == uint64(len(stopSignals)+1) && c > code {
+				ps = append(ps, strconv.Itoa(p))
+			}
+		}
+		if ps == nil {
+			continue
+		}
+		name := stopOther
+		if int(code) <= len(stopSignals) {
+			name = stopSignals[code-1]
+		}
+		if len(ps) == 1 {
+			parts = append(parts, name+" to process "+ps[0])
+		} else {
+			parts = append(parts, name+" to processes "+strings.Join(ps, ", "))
+		}
+	}
+	return strings.Join(parts, ", ")
 }

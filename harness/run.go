@@ -40,9 +40,9 @@ type Env struct {
 	// a run of this process alone.
 	Rendezvous *launch.Rendezvous
 	// Interrupt, if set, stops the run early when it fires (a signal): the
-	// record holds what was measured and is marked interrupted. A run over
-	// several processes must not be given one (its ranks would stop at
-	// different steps).
+	// record holds what was measured and is marked interrupted. In a run
+	// over several processes, every process is given one or none: they
+	// stop together, where all agree to (agreeStop).
 	Interrupt *Interrupt
 }
 
@@ -128,17 +128,14 @@ func Run(cfg Config, env Env) (*results.Record, error) {
 	} else if err != nil {
 		return fail(results.StatusFailed, err)
 	}
-	if err := env.Interrupt.interrupted("while building the layer"); err != nil {
+	if err := env.Interrupt.interrupted(whileBuilding); err != nil {
 		return interruptedRecord(rec, err)
 	}
 	if cfg.Check {
 		prog.set(checking)
 		c, err := Check(l, d, fresh)
-		if ierr := env.Interrupt.interrupted("while checking the output against the float64 reference"); ierr != nil {
-			if err == nil && c.Passed { // it ended before the interrupt
-				rec.Correctness = c
-			}
-			return interruptedRecord(rec, ierr)
+		if ierr := env.Interrupt.interrupted(whileChecking); ierr != nil {
+			return checkInterrupted(rec, c, err, ierr)
 		}
 		if err != nil {
 			return fail(results.StatusFailed, err)

@@ -35,6 +35,11 @@ func TestMain(m *testing.M) {
 			c = &mutating{Compiler: comp, kernel: m}
 		}
 		kernels.NewCompiler = func() (kernels.Compiler, error) { return c, nil }
+		agreed := 0
+		d, err := time.ParseDuration(os.Getenv("MOEBENCH_TEST_AGREE_DELAY"))
+		if err == nil { // a slow agreement on whether to stop
+			harness.AgreeHook = func() { agreed++; time.Sleep(d) }
+		}
 		if os.Getenv("MOEBENCH_TEST_SMALL_BENCH") == "1" { // bench kernels' ceilings at sizes the simulation computes in seconds
 			harness.DefaultBenchSizes = harness.BenchSizes{CopyBytes: 1 << 20, GEMMDim: 64, FlushBytes: 3 << 20}
 		}
@@ -45,7 +50,11 @@ func TestMain(m *testing.M) {
 		if more := os.Getenv("MOEBENCH_TEST_ARGS"); more != "" { // flags of this process alone (a later one wins)
 			args = append(args, strings.Fields(more)...)
 		}
-		os.Exit(run(args, os.Stdout, os.Stderr))
+		code := run(args, os.Stdout, os.Stderr)
+		if harness.AgreeHook != nil {
+			fmt.Fprintf(os.Stderr, "moebench test: %d agreements on whether to stop, each delayed %v\n", agreed, d)
+		}
+		os.Exit(code)
 	}
 	os.Exit(m.Run())
 }

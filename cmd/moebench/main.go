@@ -128,12 +128,10 @@ func runLayer(args []string, stdout, stderr io.Writer) (code int) {
 	}
 	env := harness.Env{Version: version(), DeviceNote: note, Dump: o.dump, Progress: stderr, Rendezvous: rv}
 	var writing atomic.Bool // the record is being written: a second signal waits for it
-	// a run over several processes keeps the signals' default: its ranks
-	// must agree on the steps they run
-	if rv == nil {
-		env.Interrupt = &harness.Interrupt{}
-		defer catchSignals(env.Interrupt, &writing, stderr)()
-	}
+	// a run over several processes stops where every process agrees to
+	// (docs/interrupts.md): all after the same step
+	env.Interrupt = &harness.Interrupt{}
+	defer catchSignals(env.Interrupt, &writing, rv != nil, stderr)()
 	if why := env.ForwardOnlyReason(cfg); why != "" {
 		fmt.Fprintf(stderr, "moebench: forward only: %s (add --forward-only to say so)\n", why)
 	}
@@ -156,7 +154,11 @@ func runLayer(args []string, stdout, stderr io.Writer) (code int) {
 		code = exitInterrupted
 	}
 	if rv != nil && rv.L.Rank != 0 { // rank 0 writes the run's one record
-		fmt.Fprintf(stderr, "moebench: process %d of %d (%s): %s; rank 0 writes the record\n", rv.L.Rank, rv.L.World, rv.L.Host, rec.Status)
+		status := rec.Status
+		if rec.Interrupted != "" {
+			status += ", interrupted (" + rec.Interrupted + ")"
+		}
+		fmt.Fprintf(stderr, "moebench: process %d of %d (%s): %s; rank 0 writes the record\n", rv.L.Rank, rv.L.World, rv.L.Host, status)
 		return code
 	}
 	if rec.Timing != nil && rec.Timing.Stopped != "" {
@@ -179,10 +181,11 @@ func runLayer(args []string, stdout, stderr io.Writer) (code int) {
 
 // catchSignals makes SIGINT and SIGTERM stop the run through intr: it
 // ends after the step it is in and its record, marked interrupted, is
-// printed and appended. A second signal quits at once (exit 130, no
-// record) unless the record is being written. It returns what restores
-// the signals' default.
-func catchSignals(intr *harness.Interrupt, writing *atomic.Bool, stderr io.Writer) func() {
+// printed and appended — in a run over several processes (several), after
+// the step the processes agree on, and rank 0 writes the record. A second
+// signal quits at once (exit 130, no record) unless the record is being
+// written. It returns what restores the signals' default.
+func catchSignals(intr *harness.Interrupt, writing *atomic.Bool, several bool, stderr io.Writer) func() {
 	ch := make(chan os.Signal, 2)
 	signal.Notify(ch, syscall.SIGINT, syscall.SIGTERM)
 	done := make(chan struct{})
@@ -196,6 +199,9 @@ func catchSignals(intr *harness.Interrupt, writing *atomic.Bool, stderr io.Write
 			}
 			name := signalName(sig)
 			switch {
+			case n == 0 && several:
+				intr.Stop(name)
+				fmt.Fprintf(stderr, "moebench: %s: stopping, with every other process of the run, after the step they agree on, to record what was measured (%s again to quit this process without a record: the others then stop within --comm-timeout, exit 1)\n", name, name)
 			case n == 0:
 				intr.Stop(name)
 				fmt.Fprintf(stderr, "moebench: %s: stopping after the current step to record what was measured (%s again to quit without a record)\n", name, name)

@@ -275,8 +275,6 @@ func (r *Rendezvous) announce() error {
 	return r.put(r.File+".run", "tag", text)
 }
 
-func (r *Rendezvous) agreeFile(p, n int) string { return fmt.Sprintf("%s.p%d.agree%d", r.File, p, n) }
-
 // processes names processes ps ("process 1", "processes 1, 3").
 func (r *Rendezvous) processes(ps []int) string {
 	var s []string

@@ -4,6 +4,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -59,7 +60,7 @@ func NewRendezvous(l Launch, file string, timeout, wait time.Duration) (*Rendezv
 		if st, err := os.Stat(dir); err != nil || !st.IsDir() {
 			return nil, fmt.Errorf("--rendezvous=%s: its folder %s does not exist", file, dir)
 		}
-		mine := []string{file, r.helloFile(l.Rank), r.doneFile(l.Rank), fmt.Sprintf("%s.p%d.status", file, l.Rank), fmt.Sprintf("%s.p%d.failed", file, l.Rank)}
+		mine := []string{file, r.helloFile(l.Rank), r.doneFile(l.Rank), r.statusFile(l.Rank), r.noteFile(l.Rank)}
 		if l.Rank == 0 {
 			mine = append(mine, file+".run")
 		}
@@ -165,7 +166,7 @@ func (r *Rendezvous) Close() {
 			r.drop(r.agreeFile(p, n))
 		}
 		r.drop(r.helloFile(p))
-		r.drop(fmt.Sprintf("%s.p%d.status", r.File, p))
+		r.drop(r.statusFile(p))
 	}
 	r.drop(r.File)
 	r.drop(r.File + ".run")
@@ -174,5 +175,18 @@ func (r *Rendezvous) Close() {
 	}
 }
 
-func (r *Rendezvous) helloFile(p int) string { return fmt.Sprintf("%s.p%d.hello", r.File, p) }
-func (r *Rendezvous) doneFile(p int) string  { return fmt.Sprintf("%s.p%d.done", r.File, p) }
+// procFile is process p's file of a kind beside File, FILE.pN.KIND: the
+// one place that spells their names (files.go's side knows an older
+// moebench's).
+func (r *Rendezvous) procFile(p int, kind string) string {
+	return fmt.Sprintf("%s.p%d.%s", r.File, p, kind)
+}
+
+// A process's files: its hello (agree.go's session), that it is done
+// (Close), its n-th agreement (agree.go), its status and its note of a
+// failure (watch.go).
+func (r *Rendezvous) helloFile(p int) string    { return r.procFile(p, "hello") }
+func (r *Rendezvous) doneFile(p int) string     { return r.procFile(p, "done") }
+func (r *Rendezvous) agreeFile(p, n int) string { return r.procFile(p, "agree"+strconv.Itoa(n)) }
+func (r *Rendezvous) statusFile(p int) string   { return r.procFile(p, "status") }
+func (r *Rendezvous) noteFile(p int) string     { return r.procFile(p, "failed") }

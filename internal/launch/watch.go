@@ -75,8 +75,8 @@ func (r *Rendezvous) Watch(id [128]byte, ranks string, per int) *Watch {
 	return w
 }
 
-func (w *Watch) status(p int) string { return fmt.Sprintf("%s.p%d.status", w.r.File, p) }
-func (w *Watch) note(p int) string   { return fmt.Sprintf("%s.p%d.failed", w.r.File, p) }
+func (w *Watch) status(p int) string { return w.r.statusFile(p) }
+func (w *Watch) note(p int) string   { return w.r.noteFile(p) }
 
 // Stage says that the process enters stage s, which may wait on the other
 // processes: it must end within the timeout.
