@@ -85,6 +85,9 @@ func (a *Answer) finalCells() [][]string {
 	w := winnerP50(a)
 	rank := 0
 	for _, f := range ranked(a.Finalists) {
+		if f.Status == results.StatusUnavailable { // the gate's table says why
+			continue
+		}
 		r, p50, vs := "—", "—", "—"
 		if f.Status == results.StatusOK && len(f.Samples) > 0 {
 			rank++
