@@ -119,7 +119,8 @@ type Tuning struct {
 	Best       int       `json:"best"`      // the budget the finalist runs with (0: none worked)
 	// Smallest is the smallest budget whose dispatch + combine was within
 	// Within of the best budget's.
-	Smallest int `json:"smallest_within_2pct"`
+	Smallest int    `json:"smallest_within_2pct"`
+	Note     string `json:"note,omitempty"` // why the search stopped short
 }
 
 // SMPoint is one budget's measurement.
@@ -324,6 +325,9 @@ func Advise(o Options) (*Answer, error) {
 		if f := find(finals, t.Dispatcher, t.Impl); f != nil && f.Status == results.StatusOK {
 			a.Notes = append(a.Notes, smallestNote(t))
 		}
+	}
+	if !o.Base.Check {
+		a.Notes = append(a.Notes, "--check off: no finalist was checked against the float64 reference, so the answer is the fastest configuration, not the fastest correct one")
 	}
 	a.fill(o, p.stack)
 	if a.Decision.Winner == "" {

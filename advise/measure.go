@@ -158,6 +158,9 @@ func tune(o Options, p *pacer, steps Steps, d, im string, b dispatchers.SMBudget
 	c := o.Base
 	c.Dispatcher, c.Impl = d, im
 	c.Warmup, c.Iters = steps.BenchWarmup, steps.BenchIters
+	// the searches end by half the budget, so that the finalists' rounds
+	// keep the rest
+	late := func() bool { return p.stop() != "" || p.now().Sub(p.start) > p.o.Budget/2 }
 	measure := func(budgets []int) {
 		var todo []int
 		for _, n := range budgets {
@@ -165,7 +168,7 @@ func tune(o Options, p *pacer, steps Steps, d, im string, b dispatchers.SMBudget
 				todo = append(todo, n)
 			}
 		}
-		if len(todo) > 0 && p.stop() == "" {
+		if len(todo) > 0 && !late() {
 			t.Points = append(t.Points, p.bench(c, todo)...)
 		}
 	}
@@ -177,7 +180,8 @@ func tune(o Options, p *pacer, steps Steps, d, im string, b dispatchers.SMBudget
 	}
 	t.Smallest = Smallest(t.Points, Within)
 	for _, pt := range ranked[:min(2, len(ranked))] {
-		if p.stop() != "" {
+		if late() {
+			t.Note = "the budget left no time to confirm every budget with the full step"
 			break
 		}
 		s := o.Base
@@ -199,6 +203,8 @@ func tune(o Options, p *pacer, steps Steps, d, im string, b dispatchers.SMBudget
 	}
 	if ok := okPoints(t.Confirmed); len(ok) > 0 {
 		t.Best = ok[0].SMs
+	} else if len(t.Confirmed) == 0 { // none confirmed (budget): bench dispatch's best
+		t.Best = ranked[0].SMs
 	}
 	return t, nil
 }
@@ -275,6 +281,10 @@ func Smallest(pts []SMPoint, slack float64) int {
 // smallestNote says, for a tuned design, its best budget and the
 // smallest within Within of it.
 func smallestNote(t Tuning) string {
+	if t.Note != "" {
+		return fmt.Sprintf("%s/%s: budget %d SMs, bench dispatch's fastest (%s); the smallest budget within %.0f%% of the best dispatch + combine: %d SMs",
+			t.Dispatcher, t.Impl, t.Best, t.Note, 100*Within, t.Smallest)
+	}
 	return fmt.Sprintf("%s/%s: best budget %d SMs (the full step at the two fastest budgets of bench dispatch); the smallest budget within %.0f%% of the best dispatch + combine: %d SMs",
 		t.Dispatcher, t.Impl, t.Best, 100*Within, t.Smallest)
 }

@@ -6,9 +6,11 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/moebench/moebench/advise"
 	"github.com/moebench/moebench/harness"
+	"github.com/moebench/moebench/internal/hostsim"
 	"github.com/moebench/moebench/results"
 )
 
@@ -197,5 +199,28 @@ func TestAdviseUsage(t *testing.T) {
 	}
 	if code, out, _ := cli("advise", "--help"); code != exitOK || !strings.HasPrefix(out, "moebench advise answers") || !strings.Contains(out, "--budget dt") {
 		t.Errorf("help: exit %d\n%s", code, out)
+	}
+}
+
+// TestAdviseBudget: a budget too short for the whole plan ends the
+// measuring — the searches by half of it, the rounds at its end — and the
+// answer says so and still decides from what was measured.
+func TestAdviseBudget(t *testing.T) {
+	if testing.Short() {
+		t.Skip("slow; TestAdviseUsage checks --budget's range")
+	}
+	out := filepath.Join(t.TempDir(), "advice")
+	start := time.Now()
+	code, stdout, stderr := cli(append(adviseTiny, "--preset", "tiny", "--ep", "4", "--dispatchers", "alltoall,deepep,hybridep", "--budget", "10s", "--rounds", "100", "--out", out)...)
+	took := time.Since(start)
+	a := readAnswer(t, out)
+	if code != exitOK || !strings.Contains(a.Stopped, "the budget (10s) ended") || !strings.Contains(stdout, "stopped early: the budget (10s) ended") || a.Rounds >= 100 {
+		t.Fatalf("exit %d, stopped %q, %d rounds\n%s\n%s", code, a.Stopped, a.Rounds, stdout, stderr)
+	}
+	if a.Decision.Winner == "" {
+		t.Errorf("no decision from what was measured: %+v", a.Decision)
+	}
+	if took > 10*time.Second+hostsim.Patience(t, 20*time.Second) { // the budget, and the measurement under way when it ended
+		t.Errorf("a 10 s budget took %v", took)
 	}
 }
