@@ -330,6 +330,10 @@ func Advise(o Options) (*Answer, error) {
 		a.Notes = append(a.Notes, "--check off: no finalist was checked against the float64 reference, so the answer is the fastest configuration, not the fastest correct one")
 	}
 	a.fill(o, p.stack)
+	if a.Decision.Winner == "" && a.Stopped != "" {
+		a.Decision.Summary = "no answer: " + a.Stopped + " before any design finished a correct run"
+		return a, errors.New("advise: " + a.Decision.Summary)
+	}
 	if a.Decision.Winner == "" {
 		return a, errors.New("advise: no design ran correctly here; see the gate and the finalists")
 	}
@@ -351,6 +355,12 @@ func (f *Final) absorb(rec *results.Record, c harness.Config) {
 	}
 	if rec.Status != results.StatusOK {
 		f.Status, f.Reason = rec.Status, rec.Reason
+		return
+	}
+	if want := c.Record().PassName(); rec.Config.PassName() != want { // e.g. a library with no backward
+		f.Status = results.StatusUnavailable
+		f.Reason = fmt.Sprintf("%s/%s times %s, not %s as the others do, so it cannot be ranked with them: %s",
+			f.Dispatcher, f.Impl, rec.Config.PassName(), want, rec.Config.PassNote)
 		return
 	}
 	if cr := rec.Correctness; cr != nil && cr.Checked {

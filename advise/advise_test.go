@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	_ "github.com/moebench/moebench/dispatchers/all"
+	"github.com/moebench/moebench/harness"
 	"github.com/moebench/moebench/results"
 )
 
@@ -204,5 +205,35 @@ func TestHistoryWinnerChange(t *testing.T) {
 	}
 	if err := CheckHistory(filepath.Join(t.TempDir(), "no", "such", "dir")); err == nil {
 		t.Error("CheckHistory of a path that cannot be created passed")
+	}
+}
+
+// TestAbsorbRefusesAnotherPass: a finalist whose run timed the forward
+// pass alone (a library without a backward on the cuda device) while the
+// others time training steps is not ranked with them; one that failed
+// its check is failed; one that passed adds its samples.
+func TestAbsorbRefusesAnotherPass(t *testing.T) {
+	var c harness.Config = harness.DefaultConfig()
+	c.Dispatcher, c.Impl = "deepep", "library"
+	ok := func(pass string) *results.Record {
+		return &results.Record{Status: results.StatusOK, Config: results.Config{Pass: pass, PassNote: "NCCL EP's low-latency mode has no backward"},
+			Correctness: &results.Correctness{Checked: true, Passed: true}, Timing: &results.Timing{Step: results.Phase{Samples: []float64{1, 2, 3}}}}
+	}
+	f := &Final{Dispatcher: "deepep", Impl: "library", Status: results.StatusOK}
+	f.absorb(ok(results.PassForward), c)
+	if f.Status != results.StatusUnavailable || !strings.Contains(f.Reason, "cannot be ranked") || !strings.Contains(f.Reason, "no backward") || len(f.Samples) != 0 {
+		t.Errorf("forward only among training steps: %+v", f)
+	}
+	g := &Final{Dispatcher: "deepep", Impl: "library", Status: results.StatusOK}
+	g.absorb(ok(results.PassTraining), c)
+	if g.Status != results.StatusOK || g.Correct != "PASS" || len(g.Samples) != 3 || g.P50 != 2 {
+		t.Errorf("training step: %+v", g)
+	}
+	bad := ok(results.PassTraining)
+	bad.Correctness.Passed, bad.Correctness.Detail = false, "max rel err 1"
+	h := &Final{Dispatcher: "deepep", Impl: "library", Status: results.StatusOK}
+	h.absorb(bad, c)
+	if h.Status != results.StatusFailed || h.Correct != "FAIL" || len(h.Samples) != 0 {
+		t.Errorf("failed check: %+v", h)
 	}
 }

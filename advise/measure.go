@@ -182,6 +182,9 @@ func tune(o Options, p *pacer, steps Steps, d, im string, b dispatchers.SMBudget
 	for _, pt := range ranked[:min(2, len(ranked))] {
 		if late() {
 			t.Note = "the budget left no time to confirm every budget with the full step"
+			if why := p.stop(); why != "" {
+				t.Note = why + " before every budget was confirmed with the full step"
+			}
 			break
 		}
 		s := o.Base

@@ -1,10 +1,14 @@
 package main
 
 import (
+	"bufio"
 	"encoding/json"
+	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -222,5 +226,58 @@ func TestAdviseBudget(t *testing.T) {
 	}
 	if took > 10*time.Second+hostsim.Patience(t, 20*time.Second) { // the budget, and the measurement under way when it ended
 		t.Errorf("a 10 s budget took %v", took)
+	}
+}
+
+// TestAdviseInterrupt: SIGINT stops advise after the measurement under
+// way; it exits 130 and still writes the answer from what was measured,
+// which says it was interrupted.
+func TestAdviseInterrupt(t *testing.T) {
+	hostsim.SkipIfShort(t, "TestInterruptKeepsWhatWasMeasured's run (skipped too) and the advise package's tests")
+	out := filepath.Join(t.TempDir(), "advice")
+	cmd := exec.Command(os.Args[0], "advise", "--device", "host", "--preset", "qwen3-30b-a3b", "--ep", "8", "--dispatchers", "alltoall,deepep", "--out", out)
+	cmd.Env = append(os.Environ(), "MOEBENCH_TEST_PROCESS=1")
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var log strings.Builder
+	confirming := make(chan bool, 1)
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		sent := false
+		for sc.Scan() {
+			log.WriteString(sc.Text() + "\n")
+			if !sent && strings.Contains(sc.Text(), "confirming deepep/native") {
+				confirming <- true
+				sent = true
+			}
+		}
+		close(confirming)
+	}()
+	select {
+	case ok := <-confirming:
+		if !ok {
+			t.Fatalf("advise ended before confirming a budget:\n%s", log.String())
+		}
+	case <-time.After(hostsim.Patience(t, 2*time.Minute)):
+		cmd.Process.Kill()
+		t.Fatal("no confirmation started in time")
+	}
+	cmd.Process.Signal(syscall.SIGINT)
+	err = cmd.Wait()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != exitInterrupted {
+		t.Fatalf("exit %v, want 130:\n%s", err, log.String())
+	}
+	a := readAnswer(t, out)
+	if a.Stopped != "interrupted: SIGINT" || a.Rounds > 1 {
+		t.Errorf("answer: stopped %q after %d rounds", a.Stopped, a.Rounds)
+	}
+	if _, err := results.ReadFile(filepath.Join(out, "records.jsonl"), nil); err != nil {
+		t.Errorf("records: %v", err)
 	}
 }
