@@ -184,7 +184,7 @@ func TestAdviseUsage(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"--budget", "1s"}, "--budget=1s: must be in [10s, 24h0m0s]"},
+		{[]string{"--budget", "1s"}, "--budget=1s: must be in [10s, 24h]"},
 		{[]string{"--dispatchers", "nope"}, "--dispatcher=nope: allowed:"},
 		{[]string{"--format", "pdf"}, "--format=pdf: allowed: text, markdown, html, json"},
 		{[]string{"--out", full}, "--out=" + full + ": holds 1 entries"},
@@ -201,7 +201,7 @@ func TestAdviseUsage(t *testing.T) {
 	if b, _ := os.ReadFile(filepath.Join(full, "mine.txt")); string(b) != "the user's" {
 		t.Error("advise changed a file of the user's")
 	}
-	if code, out, _ := cli("advise", "--help"); code != exitOK || !strings.HasPrefix(out, "moebench advise answers") || !strings.Contains(out, "--budget dt") {
+	if code, out, _ := cli("advise", "--help"); code != exitOK || !strings.HasPrefix(out, "moebench advise answers") || !strings.Contains(out, "--budget duration") {
 		t.Errorf("help: exit %d\n%s", code, out)
 	}
 }
