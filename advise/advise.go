@@ -431,8 +431,13 @@ func decide(finals []*Final, o Options) Decision {
 		return d
 	}
 	w, r := ok[0], ok[1]
+	host := o.Base.Device == "host"
+	d.Shift, d.Verdict, d.Why = results.DecideSamples(w.Samples, r.Samples, host, o.Compare)
+	if d.Shift.Est < 0 { // the medians and compare's estimate (all pairs) disagree: the estimate decides
+		w, r = r, w
+		d.Shift, d.Verdict, d.Why = results.DecideSamples(w.Samples, r.Samples, host, o.Compare)
+	}
 	d.Winner, d.RunnerUp = w.Label(), r.Label()
-	d.Shift, d.Verdict, d.Why = results.DecideSamples(w.Samples, r.Samples, o.Base.Device == "host", o.Compare)
 	s := d.Shift
 	ci := fmt.Sprintf("%+.1f%% (%.0f%% CI %+.1f%%…%+.1f%%)", 100*s.Est, 100*o.Compare.Confidence, 100*s.Lo, 100*s.Hi)
 	if d.Verdict == results.VerdictRegression {
@@ -449,7 +454,7 @@ func decide(finals []*Final, o Options) Decision {
 	if why == "" {
 		why = fmt.Sprintf("the difference is within compare's %.0f%% threshold or its interval includes no change", 100*o.Compare.Threshold)
 	}
-	d.Summary = fmt.Sprintf("no significant difference between %s (fastest median) and %s: runner-up %s; %s", w.Label(), r.Label(), ci, why)
+	d.Summary = fmt.Sprintf("no significant difference between %s (the faster by compare's estimate) and %s: runner-up %s; %s", w.Label(), r.Label(), ci, why)
 	return d
 }
 

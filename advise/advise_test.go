@@ -80,6 +80,17 @@ func TestDecide(t *testing.T) {
 	if d = decide([]*Final{gross, fast}, o); !d.Separated || d.Winner != fast.Label() {
 		t.Errorf("host, 10×: %+v", d)
 	}
+	// skewed samples: the lower median is not the faster by compare's
+	// estimate over all pairs, which decides (the runner-up is never
+	// "faster" than the winner)
+	a := &Final{Dispatcher: "alltoall", Impl: "native", Status: "ok", Samples: []float64{1, 1, 1, 1, 3, 3, 3}}            // median 1
+	b := &Final{Dispatcher: "feplb", Impl: "native", Status: "ok", Samples: []float64{1.5, 1.5, 1.5, 1.5, 0.5, 0.5, 0.5}} // median 1.5; lower in 33 of 49 pairs
+	a.P50, b.P50 = medianOf(a.Samples), medianOf(b.Samples)
+	o.Base.Device = "cuda"
+	if d = decide([]*Final{a, b}, o); d.Winner != b.Label() || d.Shift.Est < 0 {
+		t.Errorf("skewed: %+v (medians %g and %g)", d, a.P50, b.P50)
+	}
+	o.Base.Device = "host"
 	// a finalist that failed its check is never the winner
 	bad := &Final{Dispatcher: "feplb", Impl: "native", Status: results.StatusFailed, Samples: samples(r, 10, 0.1, 0.02)}
 	bad.P50 = medianOf(bad.Samples)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"html/template"
 	"io"
+	"sort"
 	"strings"
 
 	"github.com/moebench/moebench/harness"
@@ -84,7 +85,7 @@ func (a *Answer) finalCells() [][]string {
 	rows := [][]string{{"rank", "dispatcher", "step_p50_ms", "samples", "vs_winner_%", "correctness", "mem_per_rank_MiB", "SMs_left_for_compute"}}
 	w := winnerP50(a)
 	rank := 0
-	for _, f := range ranked(a.Finalists) {
+	for _, f := range ranked(a.Finalists, a.Decision) {
 		if f.Status == results.StatusUnavailable { // the gate's table says why
 			continue
 		}
@@ -106,8 +107,18 @@ func (a *Answer) finalCells() [][]string {
 	return rows
 }
 
-// ranked is the finalists that ran, fastest first, then the others.
-func ranked(fs []*Final) []*Final {
+// ranked is the finalists that ran, the decision's winner and runner-up
+// first, the others by their median, then those that did not run.
+func ranked(fs []*Final, d Decision) []*Final {
+	key := func(f *Final) (int, float64) {
+		switch f.Label() {
+		case d.Winner:
+			return 0, 0
+		case d.RunnerUp:
+			return 1, 0
+		}
+		return 2, f.P50
+	}
 	var ok, rest []*Final
 	for _, f := range fs {
 		if f.Status == results.StatusOK && len(f.Samples) > 0 {
@@ -116,11 +127,11 @@ func ranked(fs []*Final) []*Final {
 			rest = append(rest, f)
 		}
 	}
-	for i := 1; i < len(ok); i++ {
-		for j := i; j > 0 && ok[j].P50 < ok[j-1].P50; j-- {
-			ok[j], ok[j-1] = ok[j-1], ok[j]
-		}
-	}
+	sort.SliceStable(ok, func(i, j int) bool {
+		ki, pi := key(ok[i])
+		kj, pj := key(ok[j])
+		return ki < kj || ki == kj && pi < pj
+	})
 	return append(ok, rest...)
 }
 
