@@ -23,7 +23,7 @@ func StaticGuide(device, gpu, preset string) Guide {
 	switch {
 	case device == "host" || gpu == "":
 		g.Hardware = "unknown hardware or first bring-up (the host device is not a GPU)"
-		g.Pick, g.Advice = "alltoall", "alltoall: the easiest path to correctness and debugging"
+		g.Pick, g.Advice = "alltoall", "alltoall: the easiest path to correctness and debugging (its model-family rows assume a known GPU)"
 	case strings.Contains(m, "GB200") || strings.Contains(m, "GB300"):
 		class = "gb200"
 		g.Hardware = "GB200 / GB300 NVL72"
@@ -38,7 +38,7 @@ func StaticGuide(device, gpu, preset string) Guide {
 		g.Pick, g.Advice = "deepep", "DeepEP where its runtime is installed: the strong default for EP on Hopper"
 	default:
 		g.Hardware = "unknown hardware (" + gpu + ") or first bring-up"
-		g.Pick, g.Advice = "alltoall", "alltoall: the easiest path to correctness and debugging"
+		g.Pick, g.Advice = "alltoall", "alltoall: the easiest path to correctness and debugging (its model-family rows assume a known GPU)"
 	}
 	base := strings.TrimSuffix(preset, "+custom")
 	switch {
