@@ -256,18 +256,17 @@ func Advise(o Options) (*Answer, error) {
 			if err != nil {
 				return a, err
 			}
-			if t.Best == 0 {
-				why := "no budget ran"
-				for _, pt := range append(t.Confirmed, t.Points...) {
-					if pt.Reason != "" {
-						why = pt.Reason
-						break
-					}
-				}
+			switch st, why := searchFailed(t); {
+			case len(t.Points) == 0: // the searches' half of the budget had passed
+				a.Tuning[len(a.Tuning)-1].Note = "not searched: the budget's half for the searches had passed; its default budget runs"
+			case st == results.StatusUnavailable: // at every budget tried
 				unavailable(g.Dispatcher, g.Impl, "tuning", why)
 				continue
+			case st != "":
+				f.Status, f.Reason = st, why
+			default:
+				f.SMs = t.Best
 			}
-			f.SMs = t.Best
 		}
 		finals = append(finals, f)
 	}
@@ -338,6 +337,25 @@ func Advise(o Options) (*Answer, error) {
 		return a, errors.New("advise: no design ran correctly here; see the gate and the finalists")
 	}
 	return a, nil
+}
+
+// searchFailed is, when no budget of a search ran, the status ("failed"
+// where any budget failed, else "unavailable") and the first reason; ""
+// when one ran or none was tried.
+func searchFailed(t *Tuning) (status, why string) {
+	if t.Best > 0 || len(t.Points) == 0 {
+		return "", ""
+	}
+	status = results.StatusUnavailable
+	for _, pt := range append(slices.Clone(t.Confirmed), t.Points...) {
+		if pt.Status == results.StatusFailed && status != results.StatusFailed {
+			status, why = results.StatusFailed, pt.Reason
+		}
+		if why == "" {
+			why = pt.Reason
+		}
+	}
+	return status, why
 }
 
 // record hands rec to o.Record.

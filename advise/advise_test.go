@@ -248,3 +248,22 @@ func TestAbsorbRefusesAnotherPass(t *testing.T) {
 		t.Errorf("failed check: %+v", h)
 	}
 }
+
+// TestSearchFailed: a search whose every budget was unavailable makes the
+// design unavailable; one where a budget failed makes it a failed
+// finalist; one that ran, or was never tried, neither.
+func TestSearchFailed(t *testing.T) {
+	for _, c := range []struct {
+		t            Tuning
+		status, want string
+	}{
+		{Tuning{Points: []SMPoint{{SMs: 8, Status: "unavailable", Reason: "does not fit"}}}, "unavailable", "does not fit"},
+		{Tuning{Points: []SMPoint{{SMs: 8, Status: "unavailable", Reason: "does not fit"}, {SMs: 16, Status: "failed", Reason: "round trip differs"}}}, "failed", "round trip differs"},
+		{Tuning{Points: []SMPoint{{SMs: 8, Status: "ok", Ms: 1}}, Best: 8}, "", ""},
+		{Tuning{}, "", ""},
+	} {
+		if st, why := searchFailed(&c.t); st != c.status || why != c.want {
+			t.Errorf("%+v: %q, %q; want %q, %q", c.t, st, why, c.status, c.want)
+		}
+	}
+}
