@@ -172,9 +172,19 @@ func Run(cfg Config, env Env) (*results.Record, error) {
 		work[ph] = phaseWork(cfg, ph)
 		stepWork += work[ph] * float64(cfg.EP)
 	}
+	plant, err := plantedDelay(cfg.Dispatcher) // a test-only hook (plant.go)
+	if err != nil {
+		return fail(results.StatusFailed, err)
+	}
+	if plant > 0 {
+		m.clock += "; " + plantNote(plant)
+	}
 	timed := func(ph string, r int, fn func() error) error {
 		t0 := time.Now()
 		err := fn()
+		if plant > 0 && iter >= 0 && r == 0 && ph == m.phases[0] {
+			time.Sleep(plant)
+		}
 		if iter >= 0 {
 			samples[ph][r] = append(samples[ph][r], float64(time.Since(t0).Nanoseconds())/1e6)
 		}

@@ -310,31 +310,40 @@ func decide(ch *Change, o CompareOptions) {
 		ch.Verdict, ch.Why = VerdictSame, "still "+n.Status
 		return
 	}
-	bx, nx := b.Timing.Step.Samples, n.Timing.Step.Samples
-	ch.Shift = EstimateShift(bx, nx, o.Confidence)
-	s := ch.Shift
+	ch.Shift, ch.Verdict, ch.Why = DecideSamples(b.Timing.Step.Samples, n.Timing.Step.Samples, b.Config.Device == "host", o)
+}
+
+// DecideSamples is compare's decision on two points' step samples (ms):
+// the shift of new against base (Hodges–Lehmann, on log times, with its
+// interval), its verdict (VerdictSame, VerdictRegression: new is slower,
+// VerdictFaster, or undecided: VerdictNoDecision, VerdictNoisy,
+// VerdictHost) and why. host: the samples are host-device times, on which
+// only a gross slowdown is decided (see the package comment).
+func DecideSamples(bx, nx []float64, host bool, o CompareOptions) (s Shift, verdict, why string) {
+	s = EstimateShift(bx, nx, o.Confidence)
 	change := fmt.Sprintf("step %+.1f%% (%.0f%% CI %+.1f%%…%+.1f%%)", 100*s.Est, 100*o.Confidence, 100*s.Lo, 100*s.Hi)
 	gross, fine := o.Gross, true
-	if b.Config.Device == "host" {
+	if host {
 		gross, fine = o.HostGross, false
 	}
 	switch {
 	case len(bx) < o.MinSamples || len(nx) < o.MinSamples:
-		ch.Verdict, ch.Why = VerdictNoDecision, fmt.Sprintf("too few samples (%d and %d; need %d)", len(bx), len(nx), o.MinSamples)
+		verdict, why = VerdictNoDecision, fmt.Sprintf("too few samples (%d and %d; need %d)", len(bx), len(nx), o.MinSamples)
 	case s.Lo > gross:
-		ch.Verdict, ch.Why = VerdictRegression, fmt.Sprintf("%s: gross slowdown, the whole interval above %+.0f%%", change, 100*gross)
+		verdict, why = VerdictRegression, fmt.Sprintf("%s: gross slowdown, the whole interval above %+.0f%%", change, 100*gross)
 	case !fine:
-		ch.Verdict, ch.Why = VerdictHost, fmt.Sprintf("%s: host times drift between identical runs by more than this, so only a slowdown above %+.0f%% is decided", change, 100*gross)
+		verdict, why = VerdictHost, fmt.Sprintf("%s: host times drift between identical runs by more than this, so only a slowdown above %+.0f%% is decided", change, 100*gross)
 	case max(RobustCV(bx), RobustCV(nx)) > o.MaxNoise:
-		ch.Verdict, ch.Why = VerdictNoisy, fmt.Sprintf("%s: samples too noisy to decide: robust CV %.1f%% and %.1f%% (limit %.1f%%); only a slowdown above %+.0f%% is decided",
+		verdict, why = VerdictNoisy, fmt.Sprintf("%s: samples too noisy to decide: robust CV %.1f%% and %.1f%% (limit %.1f%%); only a slowdown above %+.0f%% is decided",
 			change, 100*RobustCV(bx), 100*RobustCV(nx), 100*o.MaxNoise, 100*gross)
 	case s.Est > o.Threshold && s.Lo > 0:
-		ch.Verdict, ch.Why = VerdictRegression, fmt.Sprintf("%s > %.1f%%", change, 100*o.Threshold)
+		verdict, why = VerdictRegression, fmt.Sprintf("%s > %.1f%%", change, 100*o.Threshold)
 	case s.Est < -o.Threshold && s.Hi < 0:
-		ch.Verdict = VerdictFaster
+		verdict = VerdictFaster
 	default:
-		ch.Verdict = VerdictSame
+		verdict = VerdictSame
 	}
+	return s, verdict, why
 }
 
 func oneStack(recs []Record, which string) (Stack, error) {

@@ -28,7 +28,7 @@ const memorySlack = 0.02
 // harmlessEnv are recorded environment variables that say where files are,
 // not how a run behaves.
 var harmlessEnv = map[string]bool{"MOEBENCH_CACHE": true, "MOEBENCH_NIGHTLY_DIR": true, "MOEBENCH_BIN": true,
-	"MOEBENCH_COMPARE_ARGS": true, "MOEBENCH_DEBUG": true,
+	"MOEBENCH_COMPARE_ARGS": true, "MOEBENCH_NIGHTLY_ADVISE": true, "MOEBENCH_DEBUG": true,
 	"MOEBENCH_RANK": true, "MOEBENCH_LOCAL_RANK": true, "MOEBENCH_NODE": true} // a process's place in a run over several (the config has the run's size)
 
 // field is one stack field: its name, value and, for a field that does not

@@ -9,6 +9,10 @@
 #   MOEBENCH_BIN           moebench binary to use (default: built from this checkout)
 #   MOEBENCH_COMPARE_ARGS  extra flags for 'moebench compare', e.g. "--threshold-pct 3"
 #                          or "--fail-on-undecided"
+#   MOEBENCH_NIGHTLY_ADVISE  flags of 'moebench advise' to run after the sweep, e.g.
+#                          "--preset qwen3-30b-a3b --ep 8 --budget 20m" (unset: no advice);
+#                          its answer joins the advice history, and a winner that differs
+#                          from the last night's answer to the same question is reported
 #
 # Files under MOEBENCH_NIGHTLY_DIR:
 #   runs/HOST-STAMP.jsonl            tonight's records
@@ -16,6 +20,9 @@
 #   baseline-HOST.jsonl              what tonight is compared with; the first run
 #                                    becomes it; to accept a new baseline, copy a run over it
 #   reports/HOST-STAMP.html          report with charts; reports/HOST-STAMP-compare.txt
+#   advise/HOST-STAMP/               with MOEBENCH_NIGHTLY_ADVISE: the answer and its records;
+#                                    reports/HOST-STAMP-advise.txt its output
+#   advise-history.jsonl             every night's answer (moebench advise --history)
 #
 # Exit status: 0 no regression (or no baseline yet: this run became it),
 # 3 regression, 4 the stack changed in what changes results (new GPU, driver,
@@ -23,8 +30,10 @@
 # as the kernel's patch level only add a note) or what each iteration times
 # (forward only, or forward and backward), 5 undecided points with
 # --fail-on-undecided, 1 the sweep, the report or the comparison could not
-# run (MOEBENCH_BIN not an executable file among the reasons), 2 bad sweep
-# file or more than one argument, 130 interrupted.
+# run (MOEBENCH_BIN not an executable file among the reasons) or the advice
+# failed where nothing else did, 2 bad sweep file or more than one argument,
+# 130 interrupted. A change of the advice's winner is reported ("nightly:
+# advise: the winner changed ...") without changing the exit status.
 #
 # cron, every night at 02:30:
 #   30 2 * * * cd /path/to/moebench && scripts/nightly.sh >> "$HOME/moebench-nightly/cron.log" 2>&1
@@ -116,17 +125,40 @@ fi
 "$bin" report --format table "$run"
 cat "$run" >> "$dir/history.jsonl"
 
+# the advice, kept in its history: advise says when the winner changed
+advise_rc=0
+if [ -n "${MOEBENCH_NIGHTLY_ADVISE:-}" ]; then
+  mkdir -p "$dir/advise" || exit 1
+  # shellcheck disable=SC2086 # MOEBENCH_NIGHTLY_ADVISE is a list of flags
+  "$bin" advise $MOEBENCH_NIGHTLY_ADVISE --out "$dir/advise/$name" --history "$dir/advise-history.jsonl" 2>&1 | tee "$dir/reports/$name-advise.txt"
+  advise_rc=${PIPESTATUS[0]}
+  change=$(grep -m1 "^moebench advise: history: the winner changed" "$dir/reports/$name-advise.txt")
+  if [ -n "$change" ]; then
+    echo "nightly: advise: ${change#moebench advise: history: }"
+  fi
+  if [ "$advise_rc" -ne 0 ]; then
+    echo "nightly: advise failed (exit $advise_rc); see $dir/reports/$name-advise.txt" >&2
+  fi
+fi
+# finish exits with $1, or 1 where that is 0 and the advice failed
+finish() {
+  if [ "$1" -eq 0 ] && [ "$advise_rc" -ne 0 ]; then
+    exit 1
+  fi
+  exit "$1"
+}
+
 baseline=$dir/baseline-$host.jsonl
 if [ ! -f "$baseline" ]; then
   cp "$run" "$baseline"
   echo "nightly: no baseline for $host yet; this run is now $baseline"
-  exit 0
+  finish 0
 fi
 # shellcheck disable=SC2086 # MOEBENCH_COMPARE_ARGS is a list of flags
 "$bin" compare ${MOEBENCH_COMPARE_ARGS:-} "$baseline" "$run" 2>&1 | tee "$dir/reports/$name-compare.txt"
 rc=${PIPESTATUS[0]}
 case $rc in
-  0 | 3 | 5) exit "$rc" ;;
+  0 | 3 | 5) finish "$rc" ;;
   4)
     echo "nightly: the stack (or what each iteration times) changed: a new baseline is needed; to accept this run as it: cp '$run' '$baseline'" >&2
     exit 4 ;;

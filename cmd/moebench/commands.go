@@ -25,10 +25,11 @@ type command struct {
 var commands map[string]command
 
 // commandOrder is the order commands are listed in.
-var commandOrder = []string{"run", "sweep", "report", "compare", "straggler", "bench", "presets", "doctor", "version", "help"}
+var commandOrder = []string{"run", "advise", "sweep", "report", "compare", "straggler", "bench", "presets", "doctor", "version", "help"}
 
 func init() {
 	commands = map[string]command{
+		"advise":    {"advise --preset MODEL", "measure which dispatcher and SM budget is fastest here; answer with the evidence", adviseCmd},
 		"sweep":     {"sweep [flags]", "run a matrix of points, one record each", sweep},
 		"report":    {"report FILE...", "tables (terminal, Markdown, CSV) or an HTML page of result records", report},
 		"compare":   {"compare BASE NEW", "decide whether NEW regressed against BASE (exit 3)", compare},

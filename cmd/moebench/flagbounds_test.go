@@ -27,6 +27,7 @@ func walkedCommands(dir string) []commandFlags {
 	type cf = commandFlags
 	var o options
 	var so sweepOptions
+	var aa adviseArgs
 	var sa stragglerArgs
 	var ca compareArgs
 	var s1, s2 string
@@ -46,6 +47,7 @@ func walkedCommands(dir string) []commandFlags {
 		{"bench dispatch", []string{"bench", "dispatch", "--device", "host", "--ep", "2", "--tokens", "16", "--hidden", "32", "--iters", "2", "--warmup", "0"},
 			benchDispatchFlags(&options{}, &names, &sms, &s1, &s2), nil},
 		{"compare", []string{"compare", missing, missing}, compareFlags(&ca), nil},
+		{"advise", []string{"advise", "--device", "host", "--out", filepath.Join(dir, "advise")}, adviseFlags(&options{}, &aa), nil},
 		{"report", []string{"report", missing}, reportFlags(&s1, &s2, &wide), nil},
 	}
 }

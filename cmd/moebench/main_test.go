@@ -309,7 +309,7 @@ func TestBenchKernelsCLI(t *testing.T) {
 // named.
 func TestEveryCommandHelps(t *testing.T) {
 	for _, args := range [][]string{{"run"}, {"sweep"}, {"report"}, {"compare"}, {"straggler"}, {"bench"}, {"bench", "kernels"},
-		{"bench", "dispatch"}, {"presets"}, {"doctor"}, {"version"}, {"help"}} {
+		{"bench", "dispatch"}, {"advise"}, {"presets"}, {"doctor"}, {"version"}, {"help"}} {
 		code, out, errOut := cli(append(append([]string(nil), args...), "--help")...)
 		want := "moebench " + strings.Join(args, " ")
 		if args[0] == "run" {

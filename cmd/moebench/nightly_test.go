@@ -135,3 +135,49 @@ func TestNightlyScriptUsage(t *testing.T) {
 		t.Errorf("a refused night left runs: %v", runs)
 	}
 }
+
+// TestNightlyAdviseWinnerChange: with MOEBENCH_NIGHTLY_ADVISE the nightly
+// script runs advise after the sweep and keeps its answer in the advice
+// history; when the next night's winner differs (here: the test-only
+// planted delay moves from deepep to alltoall), the night says the winner
+// changed, and a night with the same winner does not.
+func TestNightlyAdviseWinnerChange(t *testing.T) {
+	bin, dir := buildBinary(t)
+	sweep := filepath.Join(dir, "sweep.json")
+	os.WriteFile(sweep, []byte(`{"dispatchers": ["hybridep"], "sms": [16], "ep": [4], "tokens": 16,
+		"hidden": 32, "ffn": 16, "iters": 5, "warmup": 1, "device": "host"}`), 0o644)
+	night := filepath.Join(dir, "nightly")
+	advice := "--device host --preset tiny --tokens 16 --hidden 32 --ffn 16 --ep 4 --dispatchers alltoall,deepep --rounds 2 --host-gross-pct 100 --budget 3m"
+	run := func(plant string) (int, string) {
+		cmd := exec.Command("bash", "../../scripts/nightly.sh", sweep)
+		cmd.Env = append(os.Environ(), "MOEBENCH_BIN="+bin, "MOEBENCH_NIGHTLY_DIR="+night, "MOEBENCH_NIGHTLY_ADVISE="+advice,
+			"MOEBENCH_TEST_PLANT_DELAY="+plant, "MOEBENCH_COMPARE_ARGS=--allow-stack-change") // the plant is part of the stack
+		out, err := cmd.CombinedOutput()
+		if ee, ok := err.(*exec.ExitError); ok {
+			return ee.ExitCode(), string(out)
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		return 0, string(out)
+	}
+	for i, c := range []struct {
+		plant, winner string
+		changed       bool
+	}{{"deepep=300ms", "alltoall/native", false}, {"deepep=300ms", "alltoall/native", false}, {"alltoall=300ms", "deepep/native", true}} {
+		code, out := run(c.plant)
+		if code != 0 || !strings.Contains(out, "ANSWER: "+c.winner) {
+			t.Fatalf("night %d (%s): exit %d, want 0 and the winner %s\n%s", i+1, c.plant, code, c.winner, out)
+		}
+		if got := strings.Contains(out, "nightly: advise: the winner changed since"); got != c.changed {
+			t.Errorf("night %d (%s): winner change reported: %v, want %v\n%s", i+1, c.plant, got, c.changed, out)
+		}
+	}
+	hist, err := os.ReadFile(filepath.Join(night, "advise-history.jsonl"))
+	if err != nil || strings.Count(string(hist), "\n") != 3 {
+		t.Errorf("advice history: %v\n%s", err, hist)
+	}
+	answers, _ := filepath.Glob(filepath.Join(night, "advise", "*", "answer.md"))
+	if len(answers) != 3 {
+		t.Errorf("answers: %v", answers)
+	}
+}

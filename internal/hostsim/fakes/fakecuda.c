@@ -795,6 +795,22 @@ static int skipped(const hostobj *k) {
     snprintf(want, sizeof want, ",%s,", k->name);
     return strstr(list, want) != 0;
 }
+// delay_us: $FAKECUDA_DELAY_KERNELS (read at each launch), a test-only
+// planted delay, "NAME=US[,NAME=US...]": each launch of kernel NAME ends
+// US microseconds later, its stream held meanwhile, as a slower kernel
+// would (a test makes one design clearly slower this way)
+static long delay_us(const hostobj *k) {
+    const char *v = getenv("FAKECUDA_DELAY_KERNELS");
+    if (!v || !k->name[0]) return 0;
+    size_t n = strlen(k->name);
+    for (const char *p = v; *p;) {
+        if (strncmp(p, k->name, n) == 0 && p[n] == '=') return atol(p + n + 1);
+        const char *c = strchr(p, ',');
+        if (!c) break;
+        p = c + 1;
+    }
+    return 0;
+}
 static hostobj add_kernel = {0, 0, 0, 0, 0, BLOCK_SMEM}; // the cubin's "add"
 #define ADD ((void *)&add_kernel)
 #define CUBIN_MODULE ((void *)0x3000)
@@ -1028,6 +1044,8 @@ static CUresult run_kernel(klaunch *l) {
     }
     for (int i = 0; i < n; i++) pthread_join(ws[i].th, 0);
     free(ws);
+    long us = delay_us(l->k);
+    if (us > 0) usleep((useconds_t)us);
     int st = atomic_load(&l->status);
     if (!l->keep) klaunch_free(l);
     if (st) {
