@@ -142,6 +142,26 @@ func TestGuide(t *testing.T) {
 	if !strings.Contains(h.Guide.Agreement, "guide's pick, alltoall, has the fastest median") {
 		t.Errorf("host: %q", h.Guide.Agreement)
 	}
+	// the winner and runner-up not separated, the guide's pick third: the
+	// measurement separated nothing, so it does not contradict the guide
+	r := rand.New(rand.NewPCG(5, 6))
+	u := answer("cuda", "NVIDIA H100 80GB HBM3")
+	tie := &Final{Dispatcher: "hybridep", Impl: "native", SMs: 16, Status: "ok", Correct: "PASS", Samples: samples(r, 30, 1, 0.3)}
+	tie.P50 = medianOf(tie.Samples)
+	u.Finalists = append(u.Finalists, tie)
+	for _, f := range u.Finalists {
+		if f.Dispatcher == "alltoall" {
+			f.Samples = samples(r, 30, 1, 0.3)
+			f.P50 = medianOf(f.Samples)
+		}
+	}
+	o := Options{Compare: results.DefaultCompareOptions}
+	o.Base.Device, o.Base.Preset = "cuda", "qwen3-30b-a3b"
+	u.Decision = decide(u.Finalists, o)
+	u.Guide.Agreement = agreement(u, "alltoall")
+	if u.Decision.Separated || strings.Contains(u.Decision.RunnerUp, "deepep") || !strings.Contains(u.Guide.Agreement, "separates no finalist here") {
+		t.Errorf("H100, no finalist separated, the guide's pick third: %+v; %q", u.Decision, u.Guide.Agreement)
+	}
 }
 
 // TestWriteFormats: every format carries the decision, the runner-up's

@@ -101,6 +101,9 @@ func agreement(a *Answer, winner string) string {
 		return fmt.Sprintf("The guide's pick, %s, has the fastest median here, but the measurement does not separate it from %s.", g.Pick, d.RunnerUp)
 	case pickFinal != nil && !d.Separated && pickFinal.Label() == d.RunnerUp:
 		return fmt.Sprintf("The guide picks %s; here %s and %s show no significant difference, so following the guide costs nothing measurable.", g.Pick, d.Winner, d.RunnerUp)
+	case pickFinal != nil && !d.Separated:
+		return fmt.Sprintf("The guide picks %s; the measurement separates no finalist here (%s leads by its median only; %s's median step %+.1f%% against it), so it does not contradict the guide.",
+			g.Pick, d.Winner, pickFinal.Label(), 100*(pickFinal.P50/winnerP50(a)-1))
 	case pickFinal != nil:
 		return fmt.Sprintf("The measurement disagrees with the guide: it picks %s, but %s was faster here (%s's median step %+.1f%% against the winner's).",
 			g.Pick, d.Winner, pickFinal.Label(), 100*(pickFinal.P50/winnerP50(a)-1))
