@@ -154,7 +154,7 @@ func TestDistributedInterrupt(t *testing.T) {
 			rv := filepath.Join(dir, "rv")
 			args := []string{"--device", "cuda", "--dispatcher", "alltoall", "--impl", "library", "--ep", "4",
 				"--experts", "16", "--tokens", "16", "--hidden", "32", "--ffn", "16", "--warmup", fmt.Sprint(c.warmup), "--iters", fmt.Sprint(iters),
-				"--out", out, "--format", "json", "--comm-timeout", "20s"}
+				"--out", out, "--format", "json", "--comm-timeout", commTimeout(t)}
 			var env func(int) []string
 			if c.commID {
 				l, err := net.Listen("tcp", "127.0.0.1:0") // a free port for NCCL's bootstrap root
@@ -268,7 +268,7 @@ func TestDistributedAgreementUntimed(t *testing.T) {
 	ps := launchProcsEnv(t, 2, func(int) []string { return []string{"MOEBENCH_TEST_AGREE_DELAY=" + delay.String()} },
 		"--device", "cuda", "--dispatcher", "alltoall", "--impl", "library", "--ep", "4",
 		"--experts", "16", "--tokens", "16", "--hidden", "32", "--ffn", "16", "--warmup", "1", "--iters", "3",
-		"--rendezvous", rv, "--out", out, "--format", "json", "--comm-timeout", "20s")
+		"--rendezvous", rv, "--out", out, "--format", "json", "--comm-timeout", commTimeout(t))
 	rec := runRecord(t, out, ps)
 	for r, p := range ps {
 		if want := fmt.Sprintf("6 agreements on whether to stop, each delayed %v", delay); !strings.Contains(p.stderr.String(), want) {

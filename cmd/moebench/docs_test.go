@@ -198,7 +198,7 @@ func TestREADME(t *testing.T) {
 	}
 	lines := strings.Split(string(raw), "\n")
 	first := strings.Join(lines[:min(40, len(lines))], "\n")
-	const runCmd, testCmd = "    go run ./cmd/moebench\n", "    go vet ./... && go test -race -timeout 30m ./...\n"
+	const runCmd, testCmd = "    go run ./cmd/moebench\n", "    go vet ./... && go test -race -timeout 60m ./...\n"
 	for _, c := range []string{runCmd, testCmd} {
 		if !strings.Contains(first+"\n", c) {
 			t.Errorf("README.md's first 40 lines lack the set-up command %q", strings.TrimSpace(c))
