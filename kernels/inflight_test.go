@@ -475,10 +475,6 @@ var inflightSpecs = map[string]inflightSpec{
 // and when a listed kernel meets them (remove it then): the list cannot
 // go stale.
 var belowTarget = map[string]bool{
-	// issue 32: the sender's sum over a token's experts keeps one load of
-	// each vector in flight (its receiver keeps 8: DeepEP's structure)
-	"deepep_combine 16-byte":     true,
-	"deepep_combine_bwd 16-byte": true,
 	// issue 32: on the 16-byte path (no bulk copies: NVRTC < 12, sm_80)
 	// the FIFO loaders copy into shared memory one 16-byte load per lane
 	// at a time (one loader warp in the dispatch, two in the combine)

@@ -103,6 +103,23 @@ __device__ __forceinline__ u64 de_slot(const u64 *desc, int rank, int slot) { re
 // channel c
 __device__ __forceinline__ int *de_dmeta(u64 q, int which, int c, int p) { return de_at<int>(q, MB_Q_DMETA) + (which * DE_C + c) * DE_N + p; }
 __device__ __forceinline__ int *de_cmeta(u64 q, int which, int c, int p) { return de_at<int>(q, MB_Q_CMETA) + (which * DE_C + c) * DE_N + p; }
+// de_ctaid: the block's index, read where it is used (volatile: the
+// compiler neither hoists it nor what is computed from it out of a loop,
+// where they would hold registers). de_cmeta_of: de_cmeta of the queue of
+// this block's channel and rank in home rank peer's buffer, so computed.
+__device__ __forceinline__ int de_ctaid() {
+#ifdef MB_HOST
+    return blockIdx.x;
+#else
+    int b;
+    asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(b));
+    return b;
+#endif
+}
+__device__ __forceinline__ int *de_cmeta_of(const u64 *desc, int first, int peer, int which) {
+    const int b = de_ctaid();
+    return de_cmeta(de_slot(desc, peer, DE_QUEUES), which, b % (2 * DE_C) / 2, first + b / (2 * DE_C));
+}
 // the rings: dispatch rows [C][N][DRING][H], then sources [C][N][DRING],
 // top-k indices and weights [C][N][DRING][K]; combine rows [C][N][CRING][H],
 // then sources [C][N][CRING] and, in the backward, probability gradients
@@ -151,16 +168,18 @@ __device__ __forceinline__ void de_st_na(uint4 *p, uint4 v) {
 #endif
 }
 
-// de_ld_acquire_cta / de_st_release_cta: an int another warp of the block
-// reads or writes (shared memory), with acquire / release at block scope;
-// a waiting loop may spin on de_ld_acquire_cta (on the host simulation it
-// lets the other threads run, as moebench.cuh's primitives).
+// de_ld_acquire_cta / de_st_release_cta: an int of the block's shared
+// memory that another warp reads or writes, with acquire / release at
+// block scope, through a 32-bit shared address (a generic one would hold
+// two registers); a waiting loop may spin on de_ld_acquire_cta (on the
+// host simulation it lets the other threads run, as moebench.cuh's
+// primitives).
 __device__ __forceinline__ int de_ld_acquire_cta(const int *p) {
 #ifdef MB_HOST
     MB_LD(int, p, acquire);
 #else
     int v;
-    asm volatile("ld.acquire.cta.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    asm volatile("ld.acquire.cta.shared.s32 %0, [%1];" : "=r"(v) : "r"(mb_smem(p)) : "memory");
     return v;
 #endif
 }
@@ -168,7 +187,7 @@ __device__ __forceinline__ void de_st_release_cta(int *p, int v) {
 #ifdef MB_HOST
     MB_ST(int, p, v, release);
 #else
-    asm volatile("st.release.cta.s32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+    asm volatile("st.release.cta.shared.s32 [%0], %1;" ::"r"(mb_smem(p)), "r"(v) : "memory");
 #endif
 }
 
@@ -199,6 +218,57 @@ template <bool RING> __device__ __forceinline__ void de_copy_row(uint4 *dst, con
 #pragma unroll
     for (int u = 0; u < DE_UNROLL; u++)
         if (whole + 32 * u < DE_VECS && i + 32 * u < DE_VECS) de_st_na(dst + i + 32 * u, v[u]);
+}
+
+// de_sum_row: a warp writes the bf16 row of the fp32 sums of count expert
+// rows of y (rows order[0..count), in that order: each element's additions
+// from 0.f, one row after the other, whatever V and E), V vectors a lane
+// at a time, the loads of E rows' V vectors (E·V a lane) in flight before
+// their additions. V · E = 4 keeps the fp32 sums (V · 8) and the loads in
+// the 64 registers of the combine's launch bounds (COUNT: count known, one
+// round of E rows, and the V sums need not stay live). A lane past the row's
+// end loads its last vector again (summed, never stored): every load
+// unconditional, which keeps the arrays in registers.
+template <int V, int E, int COUNT = 0> __device__ __forceinline__ void de_sum_row(uint4 *dst, const uint4 *y, const int *order, int count, int lane) {
+    if (COUNT) count = COUNT; // known: no loop over the rows to keep the sums live through
+#pragma unroll 1
+    for (int v = lane; v < DE_VECS; v += 32 * V) {
+        float acc[V][8];
+#pragma unroll
+        for (int w = 0; w < V; w++)
+#pragma unroll
+            for (int u = 0; u < 8; u++) acc[w][u] = 0.f;
+#pragma unroll 1
+        for (int o = 0; o < count; o += E) {
+            uint4 in[E][V];
+#pragma unroll
+            for (int e = 0; e < E; e++) {
+                if (o + e >= count) continue;
+                const uint4 *src = y + (long)order[o + e] * DE_VECS + v;
+#pragma unroll
+                for (int w = 0; w < V; w++) in[e][w] = de_ld_nc(src + min(32 * w, DE_VECS - 1 - v));
+            }
+#pragma unroll
+            for (int e = 0; e < E; e++) {
+                if (o + e >= count) continue;
+#pragma unroll
+                for (int w = 0; w < V; w++) {
+                    float f[8];
+                    unpack8(in[e][w], f);
+#pragma unroll
+                    for (int u = 0; u < 8; u++) acc[w][u] += f[u];
+                }
+            }
+        }
+#pragma unroll
+        for (int w = 0; w < V; w++) {
+            if (v + 32 * w >= DE_VECS) continue;
+            bf16 out[8];
+#pragma unroll
+            for (int u = 0; u < 8; u++) out[u] = f2bf(acc[w][u]);
+            de_st_na(dst + v + 32 * w, pack8(out));
+        }
+    }
 }
 
 // ---- layout: one thread per token (block 256). counts (per rank, then per
@@ -307,7 +377,7 @@ extern "C" __global__ void __launch_bounds__(DE_NOTIFY_THREADS) deepep_notify(mb
 // the rows are the output gradients DY, into the receive rows; no top-k
 // travels (the receive buffer keeps the forward's).
 extern "C" __global__ void __launch_bounds__(DE_THREADS, MB_MINB) deepep_dispatch(mb_comm c, int first, int bwd, const u64 *desc) {
-    __shared__ int ok[DE_N], okOff[DE_N], a[DE_N], b[DE_N], tl[DE_N];
+    __shared__ int ok[DE_N], okOff[DE_N], a[DE_N], b[DE_N], tl[DE_N], row0[DE_N];
     const int local = blockIdx.x / (2 * DE_C), rank = first + local, bb = blockIdx.x % (2 * DE_C), ch = bb / 2;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, peer = warp / DE_GROUP, gw = warp % DE_GROUP;
     const bool lead = threadIdx.x % (DE_GROUP * 32) == 0;
@@ -371,12 +441,13 @@ extern "C" __global__ void __launch_bounds__(DE_THREADS, MB_MINB) deepep_dispatc
         a[peer] = -mb_ld_volatile(start) - 1, b[peer] = -mb_ld_volatile(end) - 1;
         int *recvChan = de_at<int>(fixed, MB_F_RECV_CHAN) + (peer * DE_C + ch) * 2;
         recvChan[0] = a[peer], recvChan[1] = b[peer];
+        row0[peer] = (peer > 0 ? de_at<int>(fixed, MB_F_SRC_END)[peer - 1] : 0) + a[peer]; // the first row
     }
     mb_bar_sync(1 + peer, DE_GROUP * 32);
     if (!okOff[peer]) return;
-    const int n = b[peer] - a[peer];
-    const long at = (peer > 0 ? de_at<int>(fixed, MB_F_SRC_END)[peer - 1] : 0) + a[peer]; // the first row
-    for (int got = 0; got < n;) {
+    // the queue's tokens read from shared memory each round (no register
+    // held through the copies for them)
+    for (int got = 0; got < ((volatile int *)b)[peer] - ((volatile int *)a)[peer];) {
         if (lead) {
             ok[peer] = mb_wait_ge(c, rank, ph, DE_W_DATA, tail, got + 1);
             tl[peer] = mb_ld_acquire_sys(tail);
@@ -387,7 +458,7 @@ extern "C" __global__ void __launch_bounds__(DE_THREADS, MB_MINB) deepep_dispatc
         for (int i = got + gw; i < until; i += DE_GROUP) {
             // the slot's source and top-k, then its row (the pointers
             // read from the descriptors here, as the sender's)
-            const long s = de_dslot(ch, peer, i % MB_DRING), r = at + i;
+            const long s = de_dslot(ch, peer, i % MB_DRING), r = (long)((volatile int *)row0)[peer] + i; // (read where used: no register held through the copies)
             if (lane == 0) ((int *)de_slot(desc, rank, DE_RECV_SRC))[r] = mb_ld_volatile(de_at<int>(q, MB_Q_RINGS + DE_DROWS) + s);
             if (lane < DE_K && !bwd) {
                 const long k = s * DE_K + lane;
@@ -458,109 +529,115 @@ extern "C" __global__ void __launch_bounds__(512) deepep_permute(const int32 *re
 // probability gradients (ExpertDP of its copy on the sender, 0 at slots not
 // on it), which the home rank adds in rank order into DProbs; the rows'
 // sum goes to DX, with no shared expert.
-template <bool BWD> __device__ __forceinline__ void de_combine(mb_comm c, int first, int epoch, const u64 *desc) {
+// The sending and receiving blocks' parts are functions of their own that
+// each work out their block's place from its index: nothing computed
+// before the branch between them is live in both, so that the registers
+// one part needs at its peak never push the other's values to the stack.
+template <bool BWD> __device__ __forceinline__ void de_combine_send(mb_comm c, int first, int epoch, const u64 *desc) {
     __shared__ int *flags[DE_N];
     __shared__ int ok[DE_N], go;
-    __shared__ int order[MB_WARPS][32];       // sending: a token's expert rows, ascending expert
-    __shared__ int posOf[MB_WARPS][DE_N];     // receiving: a token's stream position in each rank's queue
-    __shared__ int rowOf[MB_WARPS][DE_N];     // and its row's first vector in the rings (−1: none)
-    __shared__ int tails[DE_N];               // receiving: the queues' tails, mirrored by warp 0
-    __shared__ int next[MB_WARPS];            // a reducer's next token (it is done with the channel's before it)
-    __shared__ int stop;                      // a reducer gave up
+    __shared__ int order[MB_WARPS][32]; // a token's expert rows, ascending expert
     const int local = blockIdx.x / (2 * DE_C), rank = first + local, bb = blockIdx.x % (2 * DE_C), ch = bb / 2;
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, peer = warp / DE_GROUP, gw = warp % DE_GROUP;
     const bool lead = threadIdx.x % (DE_GROUP * 32) == 0;
     constexpr int ph = BWD ? DE_PH_DISPATCH_BWD : DE_PH_COMBINE;
-    const u64 fixed = de_slot(desc, rank, DE_FIXED), own = de_slot(desc, rank, DE_QUEUES);
-    int *goFlag = de_at<int>(own, MB_Q_GO);
-    if (bb % 2 == 0) { // send to home rank peer
-        if (threadIdx.x < DE_N) flags[threadIdx.x] = de_at<int>(de_slot(desc, threadIdx.x, DE_QUEUES), MB_Q_FLAGS);
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            if (bb == 0 && mb_barrier(c, rank, DE_N, ph, DE_W_FLAG, flags, epoch)) mb_st_release_sys(goFlag, epoch);
-            go = mb_wait_ge(c, rank, ph, DE_W_START, goFlag, epoch);
-        }
-        __syncthreads();
-        if (!go) return;
-        const u64 q = de_slot(desc, peer, DE_QUEUES);
-        int *head = de_cmeta(q, 0, ch, rank), *tail = head + DE_C * DE_N; // = de_cmeta(q, 1, ch, rank), one add from head (fewer live registers)
-        uint4 *rows = de_at<uint4>(q, MB_Q_RINGS);
-        int *srcs = de_at<int>(q, MB_Q_RINGS + DE_CROWS);
-        const int *recvChan = de_at<int>(fixed, MB_F_RECV_CHAN) + (peer * DE_C + ch) * 2;
-        const int base = peer > 0 ? de_at<int>(fixed, MB_F_SRC_END)[peer - 1] : 0, end = base + recvChan[1];
-        const int *recvIdx = (const int *)de_slot(desc, rank, DE_RECV_IDX), *recvSrc = (const int *)de_slot(desc, rank, DE_RECV_SRC);
-        const int *permRow = (const int *)de_slot(desc, rank, DE_PERM_ROW);
-        const uint4 *y = (const uint4 *)de_slot(desc, rank, BWD ? DE_EXPERT_DX : DE_EXPERT_Y);
-        int pos = 0;
-        for (int i0 = base + recvChan[0]; i0 < end;) {
-            const int n = min(MB_CCHUNK, end - i0);
-            if (lead)
-                ok[peer] = mb_wait(c, rank, ph, DE_W_ROOM, pos + n - MB_CRING, [head] { return (long long)mb_ld_acquire_sys(head); },
-                                   [pos, n](long long h) { return MB_CRING - (pos - h) >= n; });
-            mb_bar_sync(1 + peer, DE_GROUP * 32);
-            if (!ok[peer]) break;
-            for (int k = gw; k < n; k += DE_GROUP) {
-                const int i = i0 + k;
-                // this token's local experts in ascending order: lane j's place among them
-                const int e = lane < DE_K ? recvIdx[i * DE_K + lane] : -1;
-                int place = 0, count = 0;
-                for (int j = 0; j < DE_K; j++) {
-                    const int ej = __shfl_sync(MB_FULL_MASK, e, j);
-                    place += ej >= 0 && ej < e;
-                    count += ej >= 0;
-                }
-                const long s = de_cslot(ch, rank, (pos + k) % MB_CRING);
-                // the slot's source and (BWD) probability gradients before the row:
-                // nothing of them stays live through the row's loop
-                float *grads = BWD ? de_at<float>(q, MB_Q_RINGS + DE_CROWS + DE_CSRC) + s * DE_K : nullptr;
-                if (e >= 0) {
-                    const int row = permRow[i * DE_K + lane];
-                    order[warp][place] = row;
-                    if (BWD) grads[lane] = ((const float *)de_slot(desc, rank, DE_EXPERT_DP))[row];
-                } else if (BWD && lane < DE_K) {
-                    grads[lane] = 0.f;
-                }
-                if (lane == 0) srcs[s] = recvSrc[i];
-                __syncwarp();
-#pragma unroll 1
-                for (int v = lane; v < DE_VECS; v += 32) {
-                    float acc[8], f[8];
-#pragma unroll
-                    for (int u = 0; u < 8; u++) acc[u] = 0.f;
-                    for (int o = 0; o < count; o++) {
-                        unpack8(de_ld_nc(y + (long)order[warp][o] * DE_VECS + v), f);
-#pragma unroll
-                        for (int u = 0; u < 8; u++) acc[u] += f[u];
-                    }
-                    bf16 out[8];
-#pragma unroll
-                    for (int u = 0; u < 8; u++) out[u] = f2bf(acc[u]);
-                    de_st_na(rows + s * DE_VECS + v, pack8(out));
-                }
-                __syncwarp(); // order[warp] is rewritten by the next token
-            }
-            mb_bar_sync(1 + peer, DE_GROUP * 32);
-            pos += n, i0 += n;
-            if (lead && !(MB_DE_BUG == 4 && BWD)) mb_st_release_sys(tail, pos);
-        }
-        return;
+    const u64 fixed = de_slot(desc, rank, DE_FIXED);
+    int *goFlag = de_at<int>(de_slot(desc, rank, DE_QUEUES), MB_Q_GO);
+    if (threadIdx.x < DE_N) flags[threadIdx.x] = de_at<int>(de_slot(desc, threadIdx.x, DE_QUEUES), MB_Q_FLAGS);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        if (bb == 0 && mb_barrier(c, rank, DE_N, ph, DE_W_FLAG, flags, epoch)) mb_st_release_sys(goFlag, epoch);
+        go = mb_wait_ge(c, rank, ph, DE_W_START, goFlag, epoch);
     }
-    // receive
-    const int *sendHead = de_at<int>(fixed, MB_F_SEND_HEAD);
+    __syncthreads();
+    if (!go) return;
+    // the queue's and the rank's arrays are read from the descriptors
+    // where they are used (loads that hit L1, which the compiler cannot
+    // hoist out of the loops): only the chunk's place stays live through
+    // a row's sum
+    const int *recvChan = de_at<int>(fixed, MB_F_RECV_CHAN) + (peer * DE_C + ch) * 2;
+    const int base = peer > 0 ? de_at<int>(fixed, MB_F_SRC_END)[peer - 1] : 0, end = base + recvChan[1];
+    int pos = 0;
+    for (int i0 = base + recvChan[0]; i0 < end;) {
+        const int n = min(MB_CCHUNK, end - i0);
+        if (lead) {
+            const int *head = de_cmeta_of(desc, first, peer, 0);
+            ok[peer] = mb_wait(c, rank, ph, DE_W_ROOM, pos + n - MB_CRING, [head] { return (long long)mb_ld_acquire_sys(head); },
+                               [pos, n](long long h) { return MB_CRING - (pos - h) >= n; });
+        }
+        mb_bar_sync(1 + peer, DE_GROUP * 32);
+        if (!ok[peer]) break;
+        for (int k = gw; k < n; k += DE_GROUP) {
+            const int i = i0 + k;
+            const u64 q = de_slot(desc, peer, DE_QUEUES);
+            // this token's local experts in ascending order: lane j's place among them
+            const int e = lane < DE_K ? ((const int *)de_slot(desc, rank, DE_RECV_IDX))[i * DE_K + lane] : -1;
+            int place = 0, count = 0;
+            for (int j = 0; j < DE_K; j++) {
+                const int ej = __shfl_sync(MB_FULL_MASK, e, j);
+                place += ej >= 0 && ej < e;
+                count += ej >= 0;
+            }
+            const long s = de_cslot(ch, rank, (pos + k) % MB_CRING);
+            // the slot's source and (BWD) probability gradients before the row:
+            // nothing of them stays live through the row's loop
+            float *grads = BWD ? de_at<float>(q, MB_Q_RINGS + DE_CROWS + DE_CSRC) + s * DE_K : nullptr;
+            if (e >= 0) {
+                const int row = ((const int *)de_slot(desc, rank, DE_PERM_ROW))[i * DE_K + lane];
+                order[warp][place] = row;
+                if (BWD) grads[lane] = ((const float *)de_slot(desc, rank, DE_EXPERT_DP))[row];
+            } else if (BWD && lane < DE_K) {
+                grads[lane] = 0.f;
+            }
+            if (lane == 0) de_at<int>(q, MB_Q_RINGS + DE_CROWS)[s] = ((const int *)de_slot(desc, rank, DE_RECV_SRC))[i];
+            __syncwarp();
+            uint4 *dst = de_at<uint4>(q, MB_Q_RINGS) + s * DE_VECS;
+            const uint4 *y = (const uint4 *)de_slot(desc, rank, BWD ? DE_EXPERT_DX : DE_EXPERT_Y);
+            if (count == 1) de_sum_row<4, 1, 1>(dst, y, order[warp], count, lane);
+            else if (count == 2) de_sum_row<2, 2, 2>(dst, y, order[warp], count, lane);
+            else de_sum_row<1, 4>(dst, y, order[warp], count, lane);
+            __syncwarp(); // order[warp] is rewritten by the next token
+        }
+        mb_bar_sync(1 + peer, DE_GROUP * 32);
+        pos += n, i0 += n;
+        if (lead && !(MB_DE_BUG == 4 && BWD)) mb_st_release_sys(de_cmeta_of(desc, first, peer, 1), pos);
+    }
+}
+
+template <bool BWD> __device__ __forceinline__ void de_combine_recv(mb_comm c, int first, const u64 *desc) {
+    // a reducer's token, in one place per warp (one base address live in
+    // its loop): its rows in the rings (unused where none), its output
+    // row and the shared expert's row added to it (none: nullptr), its
+    // stream position in each rank's queue (−1: none), and the next token
+    // the reducer takes (it is done with the channel's before it)
+    struct reducer {
+        const uint4 *row[DE_N];
+        uint4 *out;
+        const uint4 *add;
+        int pos[DE_N];
+        int next;
+    };
+    __shared__ reducer red[MB_WARPS];
+    __shared__ int tails[DE_N]; // the queues' tails, mirrored by warp 0
+    __shared__ int stop;        // a reducer gave up
+    const int local = blockIdx.x / (2 * DE_C), rank = first + local, ch = blockIdx.x % (2 * DE_C) / 2;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    constexpr int ph = BWD ? DE_PH_DISPATCH_BWD : DE_PH_COMBINE;
     int lo, hi;
     de_channel(ch, lo, hi);
     if (threadIdx.x < DE_N) tails[threadIdx.x] = 0;
-    if (threadIdx.x < MB_WARPS) next[threadIdx.x] = lo + threadIdx.x - 1;
+    if (threadIdx.x < MB_WARPS) red[threadIdx.x].next = lo + threadIdx.x - 1;
     if (threadIdx.x == 0) stop = 0;
     __syncthreads(); // the only one: the reducers run free from here
     if (warp == 0) { // lane d: queue (ch, d)'s tail into tails[d]; its head past the done tokens' rows
         if (lane >= DE_N) return;
-        const int *tail = de_cmeta(own, 1, ch, lane);
+        const u64 own = de_slot(desc, rank, DE_QUEUES);
+        const int *tail = de_cmeta(own, 1, ch, lane), *sendHead = de_at<int>(de_slot(desc, rank, DE_FIXED), MB_F_SEND_HEAD);
         int *head = de_cmeta(own, 0, ch, lane);
         for (int t = lo, h = 0;;) {
             de_st_release_cta(tails + lane, mb_ld_acquire_sys(tail));
             int done = hi; // the reducers are done with every token before it
-            for (int w = 1; w < MB_WARPS; w++) done = min(done, de_ld_acquire_cta(next + w));
+            for (int w = 1; w < MB_WARPS; w++) done = min(done, de_ld_acquire_cta(&red[w].next));
             const int was = h;
             for (; t < done; t++) {
                 const int p = sendHead[t * DE_N + lane];
@@ -570,47 +647,56 @@ template <bool BWD> __device__ __forceinline__ void de_combine(mb_comm c, int fi
             if (t >= hi || de_ld_acquire_cta(&stop)) return;
         }
     }
-    const uint4 *rows = de_at<uint4>(own, MB_Q_RINGS);
-    const int *srcs = de_at<int>(own, MB_Q_RINGS + DE_CROWS);
+    // the reducers read the rank's arrays from the descriptors per token
+    // (loads that hit L1): none of their addresses stays live through
+    // the loop, whose row sum keeps DE_N loads a lane in flight at the
+    // register bound
+    reducer &me = red[warp];
     for (int t = lo + warp - 1; t < hi; t += MB_WARPS - 1) {
         int pos = -1;
         bool fine = true;
         if (lane < DE_N) {
-            pos = sendHead[t * DE_N + lane];
+            pos = de_at<int>(de_slot(desc, rank, DE_FIXED), MB_F_SEND_HEAD)[t * DE_N + lane];
             if (pos >= 0) {
-                const int *mirror = tails + lane;
+                const int *mirror = tails + lane, *srcs = de_at<int>(de_slot(desc, rank, DE_QUEUES), MB_Q_RINGS + DE_CROWS);
                 fine = mb_wait(c, rank, ph, DE_W_DATA, pos + 1, [mirror] { return (long long)de_ld_acquire_cta(mirror); },
                                [pos](long long v) { return v > pos; }) &&
                        mb_check(c, rank, ph, DE_W_TOKEN, mb_ld_volatile(srcs + de_cslot(ch, lane, pos % MB_CRING)), t);
             }
-            posOf[warp][lane] = pos, rowOf[warp][lane] = pos < 0 ? -1 : (int)(de_cslot(ch, lane, pos % MB_CRING) * DE_VECS);
+            me.pos[lane] = pos;
+            if (pos >= 0) me.row[lane] = de_at<uint4>(de_slot(desc, rank, DE_QUEUES), MB_Q_RINGS) + de_cslot(ch, lane, pos % MB_CRING) * DE_VECS;
         }
         if (!__all_sync(MB_FULL_MASK, fine)) {
             if (lane == 0) de_st_release_cta(&stop, 1);
             return;
         }
-        __syncwarp(); // posOf[warp] and rowOf[warp], written by lanes < N
+        if (lane == 0) {
+            me.out = (uint4 *)de_slot(desc, rank, BWD ? DE_DX : DE_Y) + (long)t * DE_VECS;
+            const uint4 *add = BWD ? nullptr : (const uint4 *)de_slot(desc, rank, DE_SHARED); // none without a shared expert
+            me.add = add ? add + (long)t * DE_VECS : nullptr;
+        }
+        __syncwarp(); // me, written by lanes < N
         const unsigned from = __ballot_sync(MB_FULL_MASK, pos >= 0); // the ranks with a row of t
         if (BWD && lane < DE_K) { // the probability gradients, in rank order from 0
-            const int *grads = de_at<int>(own, MB_Q_RINGS + DE_CROWS + DE_CSRC);
+            const int *grads = de_at<int>(de_slot(desc, rank, DE_QUEUES), MB_Q_RINGS + DE_CROWS + DE_CSRC);
             float acc = 0.f;
             for (int d = 0; d < DE_N; d++) {
-                const int p = posOf[warp][d];
+                const int p = me.pos[d];
                 if (p >= 0) acc += __int_as_float(mb_ld_volatile(grads + de_cslot(ch, d, p % MB_CRING) * DE_K + lane));
             }
             ((float *)de_slot(desc, rank, DE_DPROBS))[(long)t * DE_K + lane] = acc;
         }
-        uint4 *out = (uint4 *)de_slot(desc, rank, BWD ? DE_DX : DE_Y);
-        const uint4 *shared = BWD ? nullptr : (const uint4 *)de_slot(desc, rank, DE_SHARED);
         for (int v = lane; v < DE_VECS; v += 32) {
-            // every rank's vector, loaded before the sum (the rows' places
-            // read from shared memory each time: 8 64-bit addresses kept
-            // across the loop would not fit the registers)
-            const volatile int *at = rowOf[warp];
+            // every rank's vector, loaded before the sum; the rows' and the
+            // output's addresses read from shared memory each time (8
+            // 64-bit addresses kept across the loop would not fit the
+            // registers, nor would those of the rings, the output and the
+            // shared expert's rows at the register bound)
+            const volatile reducer &at = me;
             uint4 in[DE_N];
 #pragma unroll
             for (int d = 0; d < DE_N; d++)
-                if (from >> d & 1) in[d] = mb_ld_cg(rows + at[d] + v);
+                if (from >> d & 1) in[d] = mb_ld_cg(at.row[d] + v);
             float acc[8], f[8];
 #pragma unroll
             for (int u = 0; u < 8; u++) acc[u] = 0.f;
@@ -624,16 +710,22 @@ template <bool BWD> __device__ __forceinline__ void de_combine(mb_comm c, int fi
             bf16 o[8];
 #pragma unroll
             for (int u = 0; u < 8; u++) o[u] = f2bf(acc[u]);
-            if (shared) {
-                unpack8(de_ld_nc(shared + (long)t * DE_VECS + v), f);
+            const uint4 *add = at.add;
+            if (add) {
+                unpack8(de_ld_nc(add + v), f);
 #pragma unroll
                 for (int u = 0; u < 8; u++) o[u] = f2bf(bf2f(o[u]) + f[u]);
             }
-            de_st_na(out + (long)t * DE_VECS + v, pack8(o));
+            de_st_na(at.out + v, pack8(o));
         }
         __syncwarp(); // the warp's reads of the rows, then its post (warp 0 then frees them)
-        if (lane == 0) de_st_release_cta(next + warp, t + MB_WARPS - 1);
+        if (lane == 0) de_st_release_cta(&me.next, t + MB_WARPS - 1);
     }
+}
+
+template <bool BWD> __device__ __forceinline__ void de_combine(mb_comm c, int first, int epoch, const u64 *desc) {
+    if (blockIdx.x % 2 == 0) de_combine_send<BWD>(c, first, epoch, desc); // even blocks send (2·DE_C a rank: even)
+    else de_combine_recv<BWD>(c, first, desc);
 }
 
 // The combine and its backward form are two entry points of one body, so

@@ -296,6 +296,33 @@ typedef struct {
     unsigned long long timeout_ns;
 } mb_comm;
 
+// mb_block_index, mb_thread_index: the block's index in the grid and the
+// thread's in its block, flattened. Read through volatile asm on the
+// device, so that the compiler cannot hoist them out of a loop around a
+// wait (they are only needed when it gives up): hoisted, they hold two
+// registers through the loop, which pushed other values of a kernel at its
+// register bound to the stack.
+__device__ __forceinline__ int mb_block_index() {
+#ifdef MB_HOST
+    return (int)(blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z));
+#else
+    unsigned x, y, z, nx, ny;
+    asm volatile("mov.u32 %0, %%ctaid.x;\n\tmov.u32 %1, %%ctaid.y;\n\tmov.u32 %2, %%ctaid.z;\n\tmov.u32 %3, %%nctaid.x;\n\tmov.u32 %4, %%nctaid.y;"
+                 : "=r"(x), "=r"(y), "=r"(z), "=r"(nx), "=r"(ny));
+    return (int)(x + nx * (y + ny * z));
+#endif
+}
+__device__ __forceinline__ int mb_thread_index() {
+#ifdef MB_HOST
+    return (int)(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z));
+#else
+    unsigned x, y, z, nx, ny;
+    asm volatile("mov.u32 %0, %%tid.x;\n\tmov.u32 %1, %%tid.y;\n\tmov.u32 %2, %%tid.z;\n\tmov.u32 %3, %%ntid.x;\n\tmov.u32 %4, %%ntid.y;"
+                 : "=r"(x), "=r"(y), "=r"(z), "=r"(nx), "=r"(ny));
+    return (int)(x + nx * (y + ny * z));
+#endif
+}
+
 // mb_give_up records why rank gives up (once per rank) and makes every
 // other wait of the communicator give up too.
 __device__ inline void mb_give_up(const mb_comm &c, int rank, int status, int phase, int wait, long long seen,
@@ -305,8 +332,8 @@ __device__ inline void mb_give_up(const mb_comm &c, int rank, int status, int ph
         mb_st_volatile(&e->rank, rank);
         mb_st_volatile(&e->phase, phase);
         mb_st_volatile(&e->wait, wait);
-        mb_st_volatile(&e->block, (int)(blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z)));
-        mb_st_volatile(&e->thread, (int)(threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z)));
+        mb_st_volatile(&e->block, mb_block_index());
+        mb_st_volatile(&e->thread, mb_thread_index());
         *(volatile long long *)&e->seen = seen;
         *(volatile long long *)&e->expected = expected;
         *(volatile unsigned long long *)&e->waited_ns = waited;
