@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"encoding/json"
 	"errors"
 	"os"
@@ -246,34 +245,19 @@ func TestAdviseInterrupt(t *testing.T) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	var log strings.Builder
-	confirming := make(chan bool, 1)
-	go func() {
-		sc := bufio.NewScanner(stderr)
-		sent := false
-		for sc.Scan() {
-			log.WriteString(sc.Text() + "\n")
-			if !sent && strings.Contains(sc.Text(), "confirming deepep/native") {
-				confirming <- true
-				sent = true
-			}
-		}
-		close(confirming)
-	}()
-	select {
-	case ok := <-confirming:
-		if !ok {
-			t.Fatalf("advise ended before confirming a budget:\n%s", log.String())
-		}
-	case <-time.After(hostsim.Patience(t, 2*time.Minute)):
+	lines := watchLines(stderr, "confirming deepep/native")
+	if found, late := lines.wait(hostsim.Patience(t, 2*time.Minute)); !found {
 		cmd.Process.Kill()
-		t.Fatal("no confirmation started in time")
+		if late {
+			t.Fatal("no confirmation started in time")
+		}
+		t.Fatalf("advise ended before confirming a budget:\n%s", lines.text())
 	}
 	cmd.Process.Signal(syscall.SIGINT)
 	err = cmd.Wait()
 	var ee *exec.ExitError
 	if !errors.As(err, &ee) || ee.ExitCode() != exitInterrupted {
-		t.Fatalf("exit %v, want 130:\n%s", err, log.String())
+		t.Fatalf("exit %v, want 130:\n%s", err, lines.text())
 	}
 	a := readAnswer(t, out)
 	if a.Stopped != "interrupted: SIGINT" || a.Rounds > 1 {

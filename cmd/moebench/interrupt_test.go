@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"errors"
 	"github.com/moebench/moebench/internal/hostsim"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -33,28 +34,13 @@ func TestInterruptKeepsWhatWasMeasured(t *testing.T) {
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
-		var log strings.Builder
-		timed := make(chan bool, 1)
-		go func() { // the progress line that names a timed step
-			sc := bufio.NewScanner(stderr)
-			sent := false
-			for sc.Scan() {
-				log.WriteString(sc.Text() + "\n")
-				if !sent && strings.Contains(sc.Text(), "timed step") {
-					timed <- true
-					sent = true
-				}
-			}
-			close(timed)
-		}()
-		select {
-		case ok := <-timed:
-			if !ok {
-				t.Fatalf("%v: the run ended before its timed steps: %s", sig, log.String())
-			}
-		case <-time.After(2 * time.Minute):
+		lines := watchLines(stderr, "timed step") // the progress line that names a timed step
+		if found, late := lines.wait(hostsim.Patience(t, 2*time.Minute)); !found {
 			cmd.Process.Kill()
-			t.Fatalf("%v: no timed step reported in 2 minutes", sig)
+			if late {
+				t.Fatalf("%v: no timed step reported in time", sig)
+			}
+			t.Fatalf("%v: the run ended before its timed steps: %s", sig, lines.text())
 		}
 		if err := cmd.Process.Signal(sig); err != nil {
 			t.Fatal(err)
@@ -62,7 +48,7 @@ func TestInterruptKeepsWhatWasMeasured(t *testing.T) {
 		err = cmd.Wait()
 		var ee *exec.ExitError
 		if !errors.As(err, &ee) || ee.ExitCode() != 130 {
-			t.Fatalf("%v: exit %v, want 130; stderr:\n%s", sig, err, log.String())
+			t.Fatalf("%v: exit %v, want 130; stderr:\n%s", sig, err, lines.text())
 		}
 		recs, err := results.ReadFile(out, func(w string) { t.Errorf("%v: reading --out: %s", sig, w) })
 		if err != nil || len(recs) != 1 {
@@ -77,4 +63,51 @@ func TestInterruptKeepsWhatWasMeasured(t *testing.T) {
 			t.Errorf("%v: report: exit %d: %s", sig, code, e)
 		}
 	}
+}
+
+// lineWatch reads a child's output as it comes, for a test that acts when
+// a line appears.
+type lineWatch struct {
+	found chan bool     // true when the line came; false when the stream ended without it
+	done  chan struct{} // closed when the stream has ended
+	log   strings.Builder
+}
+
+// watchLines starts reading r for a line that contains want.
+func watchLines(r io.Reader, want string) *lineWatch {
+	w := &lineWatch{found: make(chan bool, 1), done: make(chan struct{})}
+	go func() {
+		defer close(w.done)
+		sc := bufio.NewScanner(r)
+		sent := false
+		for sc.Scan() {
+			w.log.WriteString(sc.Text() + "\n")
+			if !sent && strings.Contains(sc.Text(), want) {
+				w.found <- true
+				sent = true
+			}
+		}
+		if !sent {
+			w.found <- false
+		}
+	}()
+	return w
+}
+
+// wait waits at most d for the line: found, or not and late when d
+// passed first.
+func (w *lineWatch) wait(d time.Duration) (found, late bool) {
+	select {
+	case ok := <-w.found:
+		return ok, false
+	case <-time.After(d):
+		return false, true
+	}
+}
+
+// text is everything read, once the stream has ended (after the child
+// exited or was killed).
+func (w *lineWatch) text() string {
+	<-w.done
+	return w.log.String()
 }
