@@ -1,0 +1,79 @@
+package harness
+
+import (
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/moebench/moebench/results"
+)
+
+// fp8DeviceCases are the dispatchers whose cuda device implementation
+// moves FP8 rows, in layers that exercise them: hidden 512 (4 blocks a
+// row, packed rows of 528 bytes) and 384 (3 blocks, 396 bytes padded to
+// 400), a shared expert, EP 1 (no exchange) and sigmoid routing.
+func fp8DeviceCases() map[string]Config {
+	base := fp8Config("alltoall")
+	base.Device = "cuda"
+	odd := base
+	odd.Hidden = 384
+	sig := base
+	sig.Score, sig.Groups, sig.GroupTopK, sig.TopKScale, sig.SharedExperts = "sigmoid", 4, 2, 2.5, 1
+	sig.Routing = Routing{Kind: RoutingSkewed, Alpha: 1.2}
+	one := base
+	one.EP = 1
+	return map[string]Config{"alltoall": base, "alltoall-h384": odd, "alltoall-sigmoid-shared": sig, "alltoall-ep1": one}
+}
+
+// TestFP8DeviceEqualsHost: at fp8 the cuda device (Emu; quant_fp8_rows
+// and dequant_fp8_rows through their twins, which are the host functions
+// the hostsim test holds the CUDA C to) runs training steps that pass the
+// check (the output and every gradient against the float64 reference on
+// the same quantized inputs and weights), and its output, rows and traffic
+// equal the host device's fp8 layer's bit for bit: the quantization, the
+// dequantized rows and the bf16 GEMMs round at the same points. On one
+// device and with the ranks on three.
+func TestFP8DeviceEqualsHost(t *testing.T) {
+	for name, c := range fp8DeviceCases() {
+		t.Run(name, func(t *testing.T) { equalsHost(t, c, 1) })
+		if c.EP > 1 {
+			t.Run(name+"-3devices", func(t *testing.T) { equalsHost(t, c, 3) })
+		}
+	}
+}
+
+// TestFP8DeviceRun: moebench's run on the emulated cuda device at fp8
+// passes its check, says fp8 in the record and times the quantize phase.
+func TestFP8DeviceRun(t *testing.T) {
+	c := fp8DeviceCases()["alltoall"]
+	rec, err := Run(c, Env{Version: "test", OpenDevices: emus(1)})
+	if err != nil || rec.Status != results.StatusOK || !rec.Correctness.Passed || rec.Correctness.Grads == nil {
+		t.Fatalf("%v, %s %q, %+v", err, rec.Status, rec.Reason, rec.Correctness)
+	}
+	if rec.Config.Precision != PrecisionFP8 || !strings.HasPrefix(rec.GEMM.Method, ExpertPathFP8+"; ") {
+		t.Errorf("record: precision %q, expert path %q", rec.Config.Precision, rec.GEMM.Method)
+	}
+	if !slices.ContainsFunc(rec.Timing.Phases, func(p results.Phase) bool { return p.Name == "quantize" }) {
+		t.Errorf("no quantize phase in the timings: %+v", rec.Timing.Phases)
+	}
+	t.Logf("output max rel err %.3g; expert path %q", rec.Correctness.MaxRelErr, rec.GEMM.Method)
+}
+
+// TestFP8DeviceCheckCatchesBrokenDequantization: with the device's
+// dequantization broken on purpose — each row dequantized from the next
+// packed row (its values and multipliers), or not at all — the check
+// fails.
+func TestFP8DeviceCheckCatchesBrokenDequantization(t *testing.T) {
+	defer func() { fp8DevFault = "" }()
+	for _, fault := range []string{"row", "none"} {
+		fp8DevFault = fault
+		c := fp8DeviceCases()["alltoall"]
+		c.ForwardOnly = true
+		rec, err := Run(c, Env{Version: "test", OpenDevices: emus(1)})
+		if err == nil || rec.Status != results.StatusFailed || rec.Correctness == nil || rec.Correctness.MaxRelErr <= Tolerance {
+			t.Errorf("dequantization broken (%s): %v, %+v", fault, err, rec.Correctness)
+		} else {
+			t.Logf("broken (%s): max rel err %.3g", fault, rec.Correctness.MaxRelErr)
+		}
+	}
+}
