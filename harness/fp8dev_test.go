@@ -1,10 +1,15 @@
 package harness
 
 import (
+	"bytes"
+	"encoding/binary"
+	"math"
 	"slices"
 	"strings"
 	"testing"
 
+	"github.com/moebench/moebench/internal/hostsim"
+	"github.com/moebench/moebench/kernels"
 	"github.com/moebench/moebench/results"
 )
 
@@ -75,5 +80,57 @@ func TestFP8DeviceCheckCatchesBrokenDequantization(t *testing.T) {
 		} else {
 			t.Logf("broken (%s): max rel err %.3g", fault, rec.Correctness.MaxRelErr)
 		}
+	}
+}
+
+// TestFP8CUDALayerOnHostSim runs the fp8 layers on the host simulation
+// (fp8.cu's kernels compiled for the CPU, the fake driver's two GPUs and
+// its cuBLASLt): training steps that pass the check, whose packed rows
+// equal the host's QuantFP8Rows bit for bit (codes and multipliers), and
+// whose outputs equal the host device's fp8 layer's bit for bit.
+func TestFP8CUDALayerOnHostSim(t *testing.T) {
+	useHostSimLayer(t)
+	for name, c := range fp8DeviceCases() {
+		c.Warmup, c.Iters = 0, 1
+		t.Run(name, func(t *testing.T) {
+			if name != "alltoall" {
+				hostsim.SkipIfShort(t, "alltoall")
+			}
+			rec, err := Run(c, Env{Version: "test"})
+			if err != nil || rec.Status != results.StatusOK || !rec.Correctness.Passed || rec.Correctness.Grads == nil {
+				t.Fatalf("%v, %s %q, %+v", err, rec.Status, rec.Reason, rec.Correctness)
+			}
+			t.Logf("max rel err %.2e, gradients %.2e", rec.Correctness.MaxRelErr, rec.Correctness.Grads.MaxRelErr)
+			devs, err := Env{}.devices(min(c.EP, 2), c.EP, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { closeDevices(devs) })
+			equalsHostOn(t, c, devs...)
+			dl := deviceRun(t, c, devs...)
+			if _, err := dl.check(); err != nil {
+				t.Fatal(err)
+			}
+			h, pitch := c.Hidden, kernels.FP8RowPitch(c.Hidden)
+			for r, rk := range dl.ranks {
+				words := make([]uint16, c.Tokens*pitch/2)
+				if err := rk.Dev.Download(words, rk.X, rk.Stream); err != nil {
+					t.Fatal(err)
+				}
+				got, _ := kernels.HostBytes(words)
+				q, s, _ := kernels.QuantFP8Rows(dl.l.X[r], h, false)
+				for i := range c.Tokens {
+					row := got[i*pitch:]
+					if !bytes.Equal(row[:h], q[i*h:(i+1)*h]) {
+						t.Fatalf("rank %d row %d: the packed e4m3 values differ from QuantFP8Rows's", r, i)
+					}
+					for b := range h / kernels.FP8Block {
+						if g := math.Float32frombits(binary.LittleEndian.Uint32(row[h+4*b:])); g != s[i*h/kernels.FP8Block+b] {
+							t.Fatalf("rank %d row %d block %d: multiplier %g, want %g", r, i, b, g, s[i*h/kernels.FP8Block+b])
+						}
+					}
+				}
+			}
+		})
 	}
 }
