@@ -27,7 +27,9 @@ func fp8DeviceCases() map[string]Config {
 	sig.Routing = Routing{Kind: RoutingSkewed, Alpha: 1.2}
 	one := base
 	one.EP = 1
-	return map[string]Config{"alltoall": base, "alltoall-h384": odd, "alltoall-sigmoid-shared": sig, "alltoall-ep1": one}
+	fe := base // skewed, so that phase 2 moves packed rows to helpers
+	fe.Dispatcher, fe.FeplbBase, fe.Domain, fe.Routing = "feplb", "alltoall", 2, Routing{Kind: RoutingSkewed, Alpha: 1.5}
+	return map[string]Config{"alltoall": base, "alltoall-h384": odd, "alltoall-sigmoid-shared": sig, "alltoall-ep1": one, "feplb": fe}
 }
 
 // TestFP8DeviceEqualsHost: at fp8 the cuda device (Emu; quant_fp8_rows
@@ -40,7 +42,15 @@ func fp8DeviceCases() map[string]Config {
 // device and with the ranks on three.
 func TestFP8DeviceEqualsHost(t *testing.T) {
 	for name, c := range fp8DeviceCases() {
-		t.Run(name, func(t *testing.T) { equalsHost(t, c, 1) })
+		t.Run(name, func(t *testing.T) {
+			equalsHost(t, c, 1)
+			if c.Dispatcher == "feplb" {
+				rec, err := Run(c, Env{Version: "test", OpenDevices: emus(1)})
+				if err != nil || rec.Status != results.StatusOK || rec.Rebalance == nil || rec.Rebalance.Moves == 0 {
+					t.Errorf("feplb at fp8 moved nothing: %v, %+v", err, rec.Rebalance)
+				}
+			}
+		})
 		if c.EP > 1 {
 			t.Run(name+"-3devices", func(t *testing.T) { equalsHost(t, c, 3) })
 		}
