@@ -54,6 +54,19 @@ type Shape struct {
 	Experts int // routed experts, all ranks together
 	TopK    int
 	EP      int // expert-parallel ranks; rank r owns experts [r·L, (r+1)·L)
+	// DispatchHidden is the bf16-sized elements of a row the dispatch
+	// moves on the cuda device where it differs from Hidden (0: Hidden):
+	// at fp8 a packed row, kernels.FP8RowPitch(Hidden)/2 (its e4m3 values
+	// and its fp32 multipliers); the combine's rows are Hidden bf16.
+	DispatchHidden int
+}
+
+// DispatchWidth is the bf16-sized elements of a dispatched row.
+func (s Shape) DispatchWidth() int {
+	if s.DispatchHidden > 0 {
+		return s.DispatchHidden
+	}
+	return s.Hidden
 }
 
 // LocalExperts is L, the number of experts each rank owns.

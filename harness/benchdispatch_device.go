@@ -148,6 +148,10 @@ func benchDevicePoint(c Config, l *Layer, devs []kernels.Device, p DispatchPoint
 	if held != "" { // the budget that fits the GPUs, each block holding an SM
 		c.SMs, p.Budget, p.Held, p.HeldNote = budget, budget, budget, held
 	}
+	if c.isFP8() { // never a bf16 round trip under an fp8 label
+		return fail(&dispatchers.UnavailableError{Name: c.Dispatcher, Impl: c.Impl, Reason: "bench dispatch at fp8 is not wired on the cuda device " +
+			"in this build (its round trip sends bf16 rows; moebench run --precision fp8 runs alltoall and feplb there)"})
+	}
 	d, err := dispatchers.NewDevice(c.Dispatcher, c.Impl, c.dispatcherEnv())
 	if err != nil {
 		return fail(err)

@@ -53,6 +53,7 @@ type devTape struct {
 
 type tapeArena struct {
 	h1, act kernels.Ptr // [rows, 2f], [rows, f] bf16
+	xd      kernels.Ptr // at fp8: [rows, h] bf16, the dequantized rows the forward's fc1 read
 	size    kernels.Sized
 }
 
@@ -64,6 +65,7 @@ type tapedSeg struct {
 	n             int
 	h1, act       kernels.Ptr
 	fc1, fc2      kernels.Ptr // the segment's weights (0: the rank's own)
+	xd            kernels.Ptr // at fp8: the segment's dequantized rows [n, h] (0: x's rows are bf16)
 }
 
 // trains says whether the device layer runs the backward: the layer is
@@ -152,19 +154,26 @@ func (dl *deviceLayer) zeroGrads(r int) error {
 // tapeRows gives the forward's block of rows [lo, hi) of work w its place
 // in the current expert phase's arena (beginTape sized it) and notes its
 // segments; it returns where the block's h1 and act rows go.
-func (dl *deviceLayer) tapeRows(r int, w *dispatchers.DeviceWork, lo, hi int) (h1, act kernels.Ptr) {
-	t, f := &dl.rr[r].g.tape, int64(dl.l.Cfg.FFN)
+func (dl *deviceLayer) tapeRows(r int, w *dispatchers.DeviceWork, lo, hi int) (h1, act, xd kernels.Ptr) {
+	t, f, h := &dl.rr[r].g.tape, int64(dl.l.Cfg.FFN), int64(dl.l.Cfg.Hidden)
 	a := &t.arenas[t.calls-1]
 	h1, act = a.h1+kernels.Ptr(4*f*int64(t.at)), a.act+kernels.Ptr(2*f*int64(t.at))
+	if a.xd != 0 {
+		xd = a.xd + kernels.Ptr(2*h*int64(t.at))
+	}
 	for _, sg := range w.Segments {
 		if sg.Len > 0 {
 			o := int64(sg.Start - lo)
-			t.segs = append(t.segs, tapedSeg{x: w.X, expert: sg.Expert, start: sg.Start, n: sg.Len, h1: h1 + kernels.Ptr(4*f*o), act: act + kernels.Ptr(2*f*o),
-				fc1: sg.FC1, fc2: sg.FC2})
+			ts := tapedSeg{x: w.X, expert: sg.Expert, start: sg.Start, n: sg.Len, h1: h1 + kernels.Ptr(4*f*o), act: act + kernels.Ptr(2*f*o),
+				fc1: sg.FC1, fc2: sg.FC2}
+			if xd != 0 {
+				ts.xd = xd + kernels.Ptr(2*h*o)
+			}
+			t.segs = append(t.segs, ts)
 		}
 	}
 	t.at += hi - lo
-	return h1, act
+	return h1, act, xd
 }
 
 // beginTape opens an arena for an expert phase of the forward that
@@ -182,7 +191,11 @@ func (dl *deviceLayer) beginTape(r int, work []dispatchers.DeviceWork) error {
 	a := &t.arenas[t.calls]
 	t.calls, t.at = t.calls+1, 0
 	f := int64(dl.l.Cfg.FFN)
-	return a.size.Ensure(rk.Dev, rk.Stream, rows, kernels.Buf{P: &a.h1, PerRow: 4 * f}, kernels.Buf{P: &a.act, PerRow: 2 * f})
+	bufs := []kernels.Buf{{P: &a.h1, PerRow: 4 * f}, {P: &a.act, PerRow: 2 * f}}
+	if dl.l.Cfg.isFP8() {
+		bufs = append(bufs, kernels.Buf{P: &a.xd, PerRow: 2 * int64(dl.l.Cfg.Hidden)})
+	}
+	return a.size.Ensure(rk.Dev, rk.Stream, rows, bufs...)
 }
 
 // span is the rows [lo, hi) from the first segment with rows to the end of
@@ -299,6 +312,9 @@ func (dl *deviceLayer) blockBackward(r int, w *dispatchers.DeviceWork) error {
 			dfc1, dfc2 = row(rk.DFC1, le, 2*f*h, 4), row(rk.DFC2, le, h*f, 4)
 		}
 		n, ydy, x := sg.Len, row(dy, sg.Start, h, 2), row(w.X, sg.Start, h, 2)
+		if tp.xd != 0 { // fp8: the dequantized rows the forward read
+			x = tp.xd
+		}
 		prob, dprob := kernels.Ptr(0), kernels.Ptr(0)
 		if w.Probs != 0 {
 			prob, dprob = row(w.Probs, sg.Start, 1, 4), row(dp, sg.Start, 1, 4)
@@ -354,12 +370,12 @@ func (dl *deviceLayer) routerBackward(r int) error {
 // is DY itself, its tape the forward's sh1 and sact.
 func (dl *deviceLayer) sharedBackward(r int) error {
 	c, rk, b, g, m := dl.l.Cfg, dl.ranks[r], &dl.rr[r], &dl.rr[r].g, &dl.dc[dl.on[r]]
-	T, h, fs := c.Tokens, c.Hidden, c.FFN*c.SharedExperts
+	T, h, fs, x := c.Tokens, c.Hidden, c.FFN*c.SharedExperts, dl.input(r)
 	for _, op := range []func() error{
 		func() error { return rk.Dev.MatMul(kernels.NN(g.sdact, rk.DY, m.sfc2, T, fs, h), rk.Stream) },
 		func() error { return rk.Dev.MatMul(kernels.TNAdd(g.sfc2Grad, rk.DY, b.sact, h, fs, T), rk.Stream) },
 		func() error { return rk.Dev.SwiGLUBackward(g.sdh1, 0, g.sdact, b.sh1, 0, T, fs, rk.Stream) },
-		func() error { return rk.Dev.MatMul(kernels.TNAdd(g.sfc1Grad, g.sdh1, rk.X, 2*fs, h, T), rk.Stream) },
+		func() error { return rk.Dev.MatMul(kernels.TNAdd(g.sfc1Grad, g.sdh1, x, 2*fs, h, T), rk.Stream) },
 		func() error { return rk.Dev.MatMul(kernels.NN(g.dxShared, g.sdh1, m.sfc1, T, h, 2*fs), rk.Stream) },
 	} {
 		if err := op(); err != nil {

@@ -115,6 +115,10 @@ type devRank struct {
 	groups               []kernels.Group  // scratch
 	whole                []dispatchers.DeviceWork
 	g                    devGrads // the backward's (training steps)
+	// at fp8 (fp8dev.go): the bf16 input (rk.X holds the packed rows the
+	// dispatch moves), and the expert block's dequantized rows
+	xin, xdq kernels.Ptr
+	dq       kernels.Sized
 }
 
 // newDeviceLayer uploads l's inputs and weights to devs (the ranks spread
@@ -196,7 +200,11 @@ func newDeviceLayer(l *Layer, devs []kernels.Device, th *kernels.Threads, d disp
 		if rk.Stream, err = dev.NewStream(); err != nil {
 			return nil, err
 		}
-		if err := up(dev, &rk.X, &b.bytes, kernels.BF16Bits(l.X[r]), rk.Stream); err != nil {
+		xin := &rk.X
+		if c.isFP8() { // the router and the shared expert read the bf16 input; rk.X is the packed rows (quantize)
+			xin = &b.xin
+		}
+		if err := up(dev, xin, &b.bytes, kernels.BF16Bits(l.X[r]), rk.Stream); err != nil {
 			return nil, err
 		}
 		if l.Override[r] != nil {
@@ -218,6 +226,9 @@ func newDeviceLayer(l *Layer, devs []kernels.Device, th *kernels.Threads, d disp
 		bufs := []kernels.Buf{{P: &rk.FC1, PerRow: int64(2 * L * 2 * f * h)}, {P: &rk.FC2, PerRow: int64(2 * L * h * f)},
 			{P: &b.logits, PerRow: int64(4 * T * E)}, {P: &rk.Idx, PerRow: int64(4 * T * k)}, {P: &rk.Probs, PerRow: int64(4 * T * k)},
 			{P: &rk.Y, PerRow: int64(2 * T * h)}}
+		if c.isFP8() {
+			bufs = append(bufs, kernels.Buf{P: &rk.X, PerRow: int64(T * kernels.FP8RowPitch(h))})
+		}
 		if fs > 0 {
 			bufs = append(bufs, kernels.Buf{P: &b.sh1, PerRow: int64(2 * T * 2 * fs)}, kernels.Buf{P: &b.sact, PerRow: int64(2 * T * fs)},
 				kernels.Buf{P: &rk.Shared, PerRow: int64(2 * T * h)})
@@ -257,7 +268,7 @@ func newDeviceLayer(l *Layer, devs []kernels.Device, th *kernels.Threads, d disp
 			return nil, err
 		}
 	}
-	if err := d.Bind(l.Shape, dl.ranks); err != nil {
+	if err := d.Bind(dl.shape(), dl.ranks); err != nil {
 		return nil, err
 	}
 	if err := dl.phaseEvents(); err != nil {
@@ -356,6 +367,9 @@ func (dl *deviceLayer) steps() []dispatchers.Step {
 		dl.seq = append(dl.seq, dispatchers.Step{Name: "shared", Run: dl.sharedExpert})
 	}
 	dl.seq = append(dl.seq, dispatchers.Step{Name: "router", Run: dl.route})
+	if dl.l.Cfg.isFP8() {
+		dl.seq = append(dl.seq, dispatchers.Step{Name: "quantize", Run: dl.quantize})
+	}
 	dl.seq = append(dl.seq, dispatchers.Steps(dl.d, dl.experts)...)
 	dl.forward = len(dl.seq)
 	if dl.train {
@@ -373,7 +387,7 @@ func (dl *deviceLayer) steps() []dispatchers.Step {
 func (dl *deviceLayer) sharedExpert(r int) error {
 	c, rk, b, m := dl.l.Cfg, dl.ranks[r], &dl.rr[r], &dl.dc[dl.on[r]]
 	T, h, fs := c.Tokens, c.Hidden, c.FFN*c.SharedExperts
-	if err := rk.Dev.GEMM(b.sh1, rk.X, m.sfc1, T, 2*fs, h, false, rk.Stream); err != nil {
+	if err := rk.Dev.GEMM(b.sh1, dl.input(r), m.sfc1, T, 2*fs, h, false, rk.Stream); err != nil {
 		return err
 	}
 	if err := rk.Dev.SwiGLU(b.sact, b.sh1, 0, T, fs, rk.Stream); err != nil {
@@ -388,7 +402,7 @@ func (dl *deviceLayer) sharedExpert(r int) error {
 func (dl *deviceLayer) route(r int) error {
 	c, rk, b, m := dl.l.Cfg, dl.ranks[r], &dl.rr[r], &dl.dc[dl.on[r]]
 	T, E, k := c.Tokens, c.Experts, c.TopK
-	if err := rk.Dev.GEMM(b.logits, rk.X, m.wr, T, E, c.Hidden, true, rk.Stream); err != nil {
+	if err := rk.Dev.GEMM(b.logits, dl.input(r), m.wr, T, E, c.Hidden, true, rk.Stream); err != nil {
 		return err
 	}
 	if b.override != 0 {
@@ -479,14 +493,22 @@ func (dl *deviceLayer) compute(r int, w *dispatchers.DeviceWork) error {
 			return err
 		}
 	}
-	var h1, act kernels.Ptr
+	var h1, act, xd kernels.Ptr
 	if dl.train { // kept for the backward
-		h1, act = dl.tapeRows(r, w, lo, hi)
+		h1, act, xd = dl.tapeRows(r, w, lo, hi)
 	} else {
 		if err := b.scratch.Ensure(rk.Dev, rk.Stream, hi-lo, kernels.Buf{P: &b.h1, PerRow: 4 * int64(f)}, kernels.Buf{P: &b.act, PerRow: 2 * int64(f)}); err != nil {
 			return err
 		}
 		h1, act = b.h1, b.act
+	}
+	x, xLo := w.X, 0 // the block's bf16 rows, and the row of w.X at x
+	if c.isFP8() {
+		var err error
+		if x, err = dl.dequant(r, w, lo, hi, xd); err != nil {
+			return err
+		}
+		xLo = lo
 	}
 	y := w.Y
 	if y == 0 {
@@ -514,7 +536,7 @@ func (dl *deviceLayer) compute(r int, w *dispatchers.DeviceWork) error {
 		}
 		return b.groups
 	}
-	if err := b.grouped.Run(rk.Dev, fc(h1, w.X, lo, 0, false, 2*f, h), 2*f, h, rk.Stream); err != nil {
+	if err := b.grouped.Run(rk.Dev, fc(h1, x, lo, xLo, false, 2*f, h), 2*f, h, rk.Stream); err != nil {
 		return err
 	}
 	probs := w.Probs // 0: no probabilities (the combine applies them)
@@ -1055,7 +1077,7 @@ func (dl *deviceLayer) download() error {
 // buffers and an equal share of the buffers the device's ranks share.
 func (dl *deviceLayer) footprint(r int) int64 {
 	b, m := &dl.rr[r], &dl.dc[dl.on[r]]
-	return b.bytes + b.out.Bytes + b.scratch.Bytes + dl.d.Footprint(r) + m.bytes/int64(m.ranks) + b.g.bytes()
+	return b.bytes + b.out.Bytes + b.scratch.Bytes + b.dq.Bytes + dl.d.Footprint(r) + m.bytes/int64(m.ranks) + b.g.bytes()
 }
 
 // runDevice is Run on the cuda device (or env.OpenDevice's): the same
@@ -1346,6 +1368,9 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 		rec.Timing.CUDAGraph = dl.graph.describe(cfg.Warmup + cfg.Iters)
 	}
 	rec.GEMM.Method = method
+	if cfg.isFP8() { // the expert GEMMs are bf16 on the rows dequant_fp8_rows wrote (fp8dev.go)
+		rec.GEMM.Method = ExpertPathFP8 + "; " + method
+	}
 	if g, ok := dev.(*kernels.CUDA); ok {
 		rec.GEMM.Method += "; " + g.GEMMAlgorithms()
 	}

@@ -1,6 +1,7 @@
 package kernels
 
 import (
+	"encoding/binary"
 	"math"
 	"math/rand/v2"
 	"strings"
@@ -9,7 +10,8 @@ import (
 
 // fp8Vec16 are fp8.cu's kernels, which move their rows as 16-byte global
 // loads and stores (the SASS audit holds them to it).
-var fp8Vec16 = map[string]bool{"quant_fp8_1x128": true, "quant_mxfp8": true, "dequant_fp8_1x128": true}
+var fp8Vec16 = map[string]bool{"quant_fp8_1x128": true, "quant_mxfp8": true, "dequant_fp8_1x128": true,
+	"quant_fp8_rows": true, "dequant_fp8_rows": true}
 
 // fp8KernelRows are fp8Rows with blocks of exact ties added: blocks whose
 // amax is 448·2^k (the quantization multiplier is then 2^-k, exact) made of
@@ -129,6 +131,7 @@ func checkFP8KernelsOn(t *testing.T, c Device, s Stream, x []float32, h int) {
 					t.Fatalf("flags %d: dequant_fp8_1x128 element %d: %#04x, want %#04x", flags, i, gotY[i], wantY[i])
 				}
 			}
+			checkFP8PackedRows(t, c, s, px, py, x, h, flags, grid(n, FP8Block), wantQ, wantS, wantY)
 			poison()
 			ok(c.LaunchProgram(MXFP8QuantProgram(), grid(nmx, MXBlock), s, px, nmx, flags, pq, pe))
 			gotE := make([]uint16, nmx/2)
@@ -152,6 +155,56 @@ func checkFP8KernelsOn(t *testing.T, c Device, s Stream, x []float32, h int) {
 		}
 	}
 	t.Logf("%d runs of the three kernels: %d values each, bit for bit", checked, len(x))
+}
+
+// checkFP8PackedRows runs quant_fp8_rows on the bf16 rows at px and
+// dequant_fp8_rows on its packed rows, and holds every row's e4m3 codes,
+// multipliers and dequantized values to the contiguous kernels' wanted
+// ones bit for bit (the pad bytes after each row's multipliers untouched).
+func checkFP8PackedRows(t *testing.T, c Device, s Stream, px, py Ptr, x []float32, h int, flags int32, grid int, wantQ []uint8, wantS []float32, wantY []uint16) {
+	t.Helper()
+	ok := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	rows, S, pitch := len(x)/h, h/FP8Block, FP8RowPitch(h)
+	n := int64(rows * S)
+	pp, err := c.Alloc(int64(rows * pitch))
+	ok(err)
+	defer c.Free(pp)
+	ok(c.Fill16(pp, 0xA5A5, int64(rows*pitch/2), s))
+	ok(c.Fill16(py, 0x7FC1, int64(len(x)), s))
+	ok(c.LaunchProgram(FP8QuantRowsProgram(), grid, s, px, n, flags, int32(S), int64(pitch), pp))
+	ok(c.LaunchProgram(FP8DequantRowsProgram(), grid, s, pp, n, int32(S), int64(pitch), py))
+	got, gotY := make([]uint16, rows*pitch/2), make([]uint16, len(x))
+	ok(c.Download(got, pp, s))
+	ok(c.Download(gotY, py, s))
+	b, _ := HostBytes(got)
+	for r := range rows {
+		row := b[r*pitch : (r+1)*pitch]
+		for i := range h {
+			if row[i] != wantQ[r*h+i] {
+				t.Fatalf("flags %d: quant_fp8_rows row %d element %d: %#02x, want %#02x", flags, r, i, row[i], wantQ[r*h+i])
+			}
+		}
+		for j := range S {
+			if g := math.Float32frombits(binary.LittleEndian.Uint32(row[h+4*j:])); math.Float32bits(g) != math.Float32bits(wantS[r*S+j]) {
+				t.Fatalf("flags %d: quant_fp8_rows row %d scale %d: %g, want %g", flags, r, j, g, wantS[r*S+j])
+			}
+		}
+		for i := h + 4*S; i < pitch; i++ {
+			if row[i] != 0xA5 {
+				t.Fatalf("quant_fp8_rows row %d wrote pad byte %d", r, i)
+			}
+		}
+	}
+	for i := range gotY {
+		if gotY[i] != wantY[i] {
+			t.Fatalf("flags %d: dequant_fp8_rows element %d: %#04x, want %#04x", flags, i, gotY[i], wantY[i])
+		}
+	}
 }
 
 func equalF32Bits(a, b []float32) bool {

@@ -70,6 +70,8 @@ var kernelBlock = map[string]int{
 	"quant_fp8_1x128":   FP8KernelBlock,
 	"quant_mxfp8":       FP8KernelBlock,
 	"dequant_fp8_1x128": FP8KernelBlock,
+	"quant_fp8_rows":    FP8KernelBlock,
+	"dequant_fp8_rows":  FP8KernelBlock,
 }
 
 // bulkExpected, set in a compile's constants, says that the bulk-copy path

@@ -21,7 +21,19 @@ func init() { dispatchers.RegisterDevice("alltoall", NewDevice) }
 // (all-gathered over NCCL before the host sync), so that it also runs over
 // ranks of several processes (DeviceRank.Comm).
 func NewDevice(impl string, env dispatchers.Env) (dispatchers.DeviceDispatcher, error) {
-	return &Device{library: impl == dispatchers.ImplLibrary}, nil
+	return &Device{library: impl == dispatchers.ImplLibrary, fp8: env.IsFP8()}, nil
+}
+
+// FP8Unavailable: at fp8 the native implementation moves packed rows (each
+// row's e4m3 values and its 1×128 fp32 multipliers, Shape.DispatchHidden
+// wide) through the same permute, copies and chunk sort; the combine's rows
+// stay bf16. The library implementation's NCCL exchange is not run at fp8
+// in this build.
+func (a *Device) FP8Unavailable(dispatchers.Env) string {
+	if a.library {
+		return "alltoall's library implementation (NCCL) is not wired for fp8 on the cuda device in this build (the native one is: --impl native)"
+	}
+	return ""
 }
 
 // Device is the alltoall dispatcher over device ranks.
@@ -30,6 +42,7 @@ type Device struct {
 	ranks   []*dispatchers.DeviceRank
 	st      []devState
 	library bool
+	fp8     bool         // --precision fp8: the dispatched rows are packed e4m3 rows with their scales
 	comm    kernels.Comm // the library implementation's
 	ownComm bool         // opened by Bind (else the layer's, spanning processes)
 }
@@ -99,6 +112,9 @@ func (a *Device) Bind(shape dispatchers.Shape, ranks []*dispatchers.DeviceRank) 
 	}
 	a.st = make([]devState, shape.EP)
 	n, h, L := int64(shape.Tokens*shape.TopK), int64(shape.Hidden), shape.LocalExperts()
+	// permX's rows: packed e4m3 rows and their scales at fp8, narrower than
+	// the bf16 input gradients the backward moves through it
+	w := max(int64(shape.DispatchWidth()), h)
 	for r := range a.st {
 		s, dev := &a.st[r], ranks[r].Dev
 		if dev == nil { // another process's rank
@@ -106,7 +122,7 @@ func (a *Device) Bind(shape dispatchers.Shape, ranks []*dispatchers.DeviceRank) 
 		}
 		var err error
 		if s.fixed, err = kernels.Resize(dev, 1, kernels.Buf{P: &s.rows, PerRow: 4 * n}, kernels.Buf{P: &s.pos, PerRow: 4 * n},
-			kernels.Buf{P: &s.counts, PerRow: 4 * int64(shape.Experts)}, kernels.Buf{P: &s.permX, PerRow: 2 * n * h},
+			kernels.Buf{P: &s.counts, PerRow: 4 * int64(shape.Experts)}, kernels.Buf{P: &s.permX, PerRow: 2 * n * w},
 			kernels.Buf{P: &s.permY, PerRow: 2 * n * h}, kernels.Buf{P: &s.permP, PerRow: 4 * n},
 			kernels.Buf{P: &s.recvCounts, PerRow: 4 * int64(shape.Experts)}); err != nil {
 			return err
@@ -171,7 +187,7 @@ func (a *Device) Permute(r int) error {
 	if err := rk.Dev.PermuteOrder(rk.Idx, n, sh.Experts, s.rows, s.pos, s.counts, rk.Stream); err != nil {
 		return err
 	}
-	if err := rk.Dev.GatherRows(s.permX, rk.X, s.rows, sh.TopK, n, sh.Hidden, rk.Stream); err != nil {
+	if err := rk.Dev.GatherRows(s.permX, rk.X, s.rows, sh.TopK, n, sh.DispatchWidth(), rk.Stream); err != nil {
 		return err
 	}
 	if err := rk.Dev.GatherF32(s.permP, rk.Probs, s.rows, 1, n, rk.Stream); err != nil {
@@ -268,7 +284,7 @@ func (a *Device) Dispatch(r int) error {
 	if !s.fresh {
 		return fmt.Errorf("alltoall: rank %d's dispatch before its counts reached the host (HostWait)", r)
 	}
-	L, h := sh.LocalExperts(), int64(sh.Hidden)
+	L, h := sh.LocalExperts(), int64(sh.DispatchWidth()) // the dispatched rows' width
 	total := 0
 	clear(rk.ExpertRows)
 	for src := range sh.EP {
@@ -343,7 +359,7 @@ func (s *devState) fromRows(src int) int64 {
 // receive buffers.
 func (a *Device) exchangeRows(r int) error {
 	s, sh := &a.st[r], a.shape
-	L, h := sh.LocalExperts(), int64(sh.Hidden)
+	L, h := sh.LocalExperts(), int64(sh.DispatchWidth())
 	s.sends, s.recvs = s.sends[:0], s.recvs[:0]
 	for d := range sh.EP {
 		lo, rows := int64(s.sendOff[d]), int64(s.sendOff[d+1]-s.sendOff[d])
@@ -363,14 +379,15 @@ func (a *Device) exchangeRows(r int) error {
 // sortChunks orders rank r's received chunks by local expert (ExpertX).
 func (a *Device) sortChunks(r int) error {
 	s, rk, sh := &a.st[r], a.ranks[r], a.shape
-	return rk.Dev.SortChunks(rk.ExpertX, rk.ExpertProbs, s.recvX, s.recvP, s.recvCounts, s.received, sh.EP, sh.LocalExperts(), sh.Hidden, false, rk.Stream)
+	return rk.Dev.SortChunks(rk.ExpertX, rk.ExpertProbs, s.recvX, s.recvP, s.recvCounts, s.received, sh.EP, sh.LocalExperts(), sh.DispatchWidth(), false, rk.Stream)
 }
 
 // grow makes rank r's receive and expert-input buffers hold rows rows.
 func (a *Device) grow(r, rows int) error {
-	s, rk, h := &a.st[r], a.ranks[r], int64(a.shape.Hidden)
-	return s.recv.Ensure(rk.Dev, rk.Stream, rows, kernels.Buf{P: &s.recvX, PerRow: 2 * h}, kernels.Buf{P: &s.recvP, PerRow: 4},
-		kernels.Buf{P: &s.recvY, PerRow: 2 * h}, kernels.Buf{P: &rk.ExpertX, PerRow: 2 * h}, kernels.Buf{P: &rk.ExpertProbs, PerRow: 4})
+	s, rk, h, w := &a.st[r], a.ranks[r], int64(a.shape.Hidden), int64(a.shape.DispatchWidth())
+	// recvX holds the dispatched rows (w wide), and in the backward bf16 rows
+	return s.recv.Ensure(rk.Dev, rk.Stream, rows, kernels.Buf{P: &s.recvX, PerRow: 2 * max(w, h)}, kernels.Buf{P: &s.recvP, PerRow: 4},
+		kernels.Buf{P: &s.recvY, PerRow: 2 * h}, kernels.Buf{P: &rk.ExpertX, PerRow: 2 * w}, kernels.Buf{P: &rk.ExpertProbs, PerRow: 4})
 }
 
 // Combine is rank r's send side on the way back: unsort its expert outputs
@@ -448,7 +465,7 @@ func (a *Device) Traffic() dispatchers.Traffic {
 			sendOff[src] = so
 		}
 	}
-	t := traffic(a.shape, sendOff, false)
+	t := traffic(a.shape, sendOff, a.fp8)
 	if len(a.st) > 0 && a.st[0].backward {
 		backwardTraffic(&t, a.shape.Hidden)
 	}

@@ -30,6 +30,17 @@ func NewDevice(impl string, env dispatchers.Env) (dispatchers.DeviceDispatcher, 
 	return &Device{ClassicDevice: b, env: env}, nil
 }
 
+// FP8Unavailable: phase 2 copies the owners' dispatched rows as its base
+// delivered them (at fp8 packed e4m3 rows with their 1×128 multipliers,
+// Shape.DispatchHidden wide) and the helpers' expert phase dequantizes
+// them; its base must move fp8 (NewDevice's gate checked it).
+func (f *Device) FP8Unavailable(env dispatchers.Env) string {
+	if m, ok := f.ClassicDevice.(dispatchers.FP8Mover); ok {
+		return m.FP8Unavailable(env)
+	}
+	return "feplb's base has no FP8 dispatch path on the cuda device"
+}
+
 // Device is FEPLB on a kernels.Device. Phase 2's copies go on a copy stream
 // per rank as kernels.Device.CopyBatch batches (on CUDA the batch copy with
 // the hint to use copy engines): a helper's copy stream pulls its chunks'
@@ -80,7 +91,7 @@ type devRank struct {
 	// backStart/backEnd: the outputs pulled back
 	dispatched, staticEnd, ceStart, ready, computed, ownEnd, backStart, backEnd kernels.Event
 
-	fx, fp, fy kernels.Ptr   // rows computed for others: [rows, h] bf16, [rows] fp32, [rows, h] bf16
+	fx, fp, fy kernels.Ptr   // rows computed for others: [rows, DispatchWidth] as dispatched, [rows] fp32, [rows, h] bf16
 	w1, w2     kernels.Ptr   // weights of the experts helped: [slots, 2f, h], [slots, h, f]
 	rows       kernels.Sized // fx, fp, fy
 	slots      kernels.Sized // w1, w2
@@ -213,6 +224,7 @@ func (f *Device) Rebalance(r int) error {
 		return nil
 	}
 	h, ff := int64(f.c.shape.Hidden), int64(f.env.FFN)
+	w := int64(f.c.shape.DispatchWidth()) // the owners' ExpertX rows: packed e4m3 rows with their scales at fp8
 	L := f.c.shape.LocalExperts()
 	for i, c := range in {
 		if i == 0 || c.owner != in[i-1].owner {
@@ -231,7 +243,7 @@ func (f *Device) Rebalance(r int) error {
 		le, slot := int64(c.expert-c.owner*L), int64(i)
 		w1, w2 := s.w1+kernels.Ptr(slot*4*ff*h), s.w2+kernels.Ptr(slot*2*h*ff)
 		s.ops = append(s.ops,
-			kernels.CopyOp{Dst: s.fx + kernels.Ptr(2*int64(c.dst)*h), Src: o.ExpertX + kernels.Ptr(2*int64(c.src)*h), Bytes: 2 * int64(c.n) * h, SrcDev: o.Dev},
+			kernels.CopyOp{Dst: s.fx + kernels.Ptr(2*int64(c.dst)*w), Src: o.ExpertX + kernels.Ptr(2*int64(c.src)*w), Bytes: 2 * int64(c.n) * w, SrcDev: o.Dev},
 			kernels.CopyOp{Dst: s.fp + kernels.Ptr(4*c.dst), Src: o.ExpertProbs + kernels.Ptr(4*c.src), Bytes: 4 * int64(c.n), SrcDev: o.Dev},
 			kernels.CopyOp{Dst: w1, Src: o.FC1 + kernels.Ptr(le*4*ff*h), Bytes: 4 * ff * h, SrcDev: o.Dev},
 			kernels.CopyOp{Dst: w2, Src: o.FC2 + kernels.Ptr(le*2*h*ff), Bytes: 2 * h * ff, SrcDev: o.Dev})
@@ -254,7 +266,8 @@ func (f *Device) Rebalance(r int) error {
 func (f *Device) grow(r, rows, slots int) error {
 	s, dev := &f.rs[r], f.ranks[r].Dev
 	h, ff := int64(f.c.shape.Hidden), int64(f.env.FFN)
-	if err := s.rows.Ensure(dev, s.ce, rows, kernels.Buf{P: &s.fx, PerRow: 2 * h}, kernels.Buf{P: &s.fp, PerRow: 4}, kernels.Buf{P: &s.fy, PerRow: 2 * h}); err != nil {
+	w := int64(f.c.shape.DispatchWidth())
+	if err := s.rows.Ensure(dev, s.ce, rows, kernels.Buf{P: &s.fx, PerRow: 2 * w}, kernels.Buf{P: &s.fp, PerRow: 4}, kernels.Buf{P: &s.fy, PerRow: 2 * h}); err != nil {
 		return err
 	}
 	return s.slots.Ensure(dev, s.ce, slots, kernels.Buf{P: &s.w1, PerRow: 4 * ff * h}, kernels.Buf{P: &s.w2, PerRow: 2 * h * ff})

@@ -10,6 +10,9 @@
 //   flags bit 2: TransformerEngine's X = ⌈log2(amax·fl(1/448))⌉ instead).
 // dequant_fp8_1x128: q and its fp32 multipliers → bf16 rows, fl32(q·inv)
 //   rounded to bf16 (the rows a bf16 GEMM takes).
+// quant_fp8_rows, dequant_fp8_rows: the same into / from packed rows (each
+//   row's e4m3 values then its fp32 multipliers, pitch bytes a row): the
+//   rows the cuda device's fp8 dispatch moves.
 //
 // Each lane owns 16 consecutive elements: two 16-byte loads of bf16 and one
 // 16-byte store of e4m3 (dequant: one load, two stores); a 1×128 block is
@@ -73,9 +76,13 @@ __device__ __forceinline__ float mb_e4m3_value(unsigned c) {
 
 // mb_fp8_quant: blocks of G lanes × 16 elements; each warp takes 32/G blocks
 // a step (every lane takes part in the shuffles, so the loop is the warp's).
+// pitch 0: q and scale are contiguous block arrays; else q holds packed rows
+// of pitch bytes, each S blocks' e4m3 values then their S fp32 multipliers
+// (quant_fp8_rows), and scale is unused.
 template <int G, bool MX>
 __device__ __forceinline__ void mb_fp8_quant(const bf16 *__restrict__ x, long n, int flags, unsigned char *__restrict__ q,
-                                             float *__restrict__ scale, unsigned char *__restrict__ e8m0) {
+                                             float *__restrict__ scale, unsigned char *__restrict__ e8m0, int S = 1,
+                                             long pitch = 0) {
     const int lane = threadIdx.x & 31;
     const long step = (long)gridDim.x * (blockDim.x >> 5) * (32 / G);
     for (long base = ((long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)) * (32 / G); base < n; base += step) {
@@ -128,6 +135,12 @@ __device__ __forceinline__ void mb_fp8_quant(const bf16 *__restrict__ x, long n,
             o[i] = mb_e4m3x2(v[4 * i] * mul, v[4 * i + 1] * mul, flags) | (mb_e4m3x2(v[4 * i + 2] * mul, v[4 * i + 3] * mul, flags) << 16);
         uint4 out;
         out.x = o[0], out.y = o[1], out.z = o[2], out.w = o[3];
+        if (pitch) { // packed rows: block g is block g % S of row g / S
+            unsigned char *row = q + (g / S) * pitch;
+            *(uint4 *)(row + (g % S) * 128 + (lane % G) * 16) = out;
+            if (lane % G == 0) ((float *)(row + (long)S * 128))[g % S] = inv;
+            continue;
+        }
         *(uint4 *)(q + off) = out;
         if (lane % G == 0) {
             if (MX) e8m0[g] = (unsigned char)(sx + 127);
@@ -146,13 +159,30 @@ extern "C" __global__ void quant_mxfp8(const bf16 *__restrict__ x, long n, int f
     mb_fp8_quant<2, true>(x, n, flags, q, nullptr, e8m0);
 }
 
-// dequant_fp8_1x128: n 128-blocks; each lane takes 16 elements a step.
-extern "C" __global__ void dequant_fp8_1x128(const unsigned char *__restrict__ q, const float *__restrict__ scale, long n,
-                                             bf16 *__restrict__ y) {
+// quant_fp8_rows: quant_fp8_1x128 into packed rows (the rows an fp8
+// dispatch moves): n 128-blocks, S a row, each row of out pitch bytes (a
+// multiple of 16): its S·128 e4m3 values, then its S fp32 multipliers.
+extern "C" __global__ void quant_fp8_rows(const bf16 *__restrict__ x, long n, int flags, int S, long pitch,
+                                          unsigned char *__restrict__ out) {
+    mb_fp8_quant<8, false>(x, n, flags, out, nullptr, nullptr, S, pitch);
+}
+// mb_fp8_dequant: n 128-blocks; each lane takes 16 elements a step. pitch
+// 0: q and scale contiguous; else packed rows as quant_fp8_rows writes.
+__device__ __forceinline__ void mb_fp8_dequant(const unsigned char *__restrict__ q, const float *__restrict__ scale, long n,
+                                               bf16 *__restrict__ y, int S, long pitch) {
     const long chunks = n * 8;
     for (long c = (long)blockIdx.x * blockDim.x + threadIdx.x; c < chunks; c += (long)gridDim.x * blockDim.x) {
-        const uint4 a = *(const uint4 *)(q + c * 16);
-        const float s = scale[c / 8];
+        const long g = c / 8;
+        const unsigned char *src = q + c * 16;
+        float s;
+        if (pitch) {
+            const unsigned char *row = q + (g / S) * pitch;
+            src = row + (g % S) * 128 + (c % 8) * 16;
+            s = ((const float *)(row + (long)S * 128))[g % S];
+        } else {
+            s = scale[g];
+        }
+        const uint4 a = *(const uint4 *)src;
         const unsigned w[4] = {a.x, a.y, a.z, a.w};
         unsigned o[8];
 #pragma unroll
@@ -166,4 +196,15 @@ extern "C" __global__ void dequant_fp8_1x128(const unsigned char *__restrict__ q
         *(uint4 *)(y + c * 16) = lo;
         *(uint4 *)(y + c * 16 + 8) = hi;
     }
+}
+// dequant_fp8_1x128: n 128-blocks of q with their multipliers → bf16.
+extern "C" __global__ void dequant_fp8_1x128(const unsigned char *__restrict__ q, const float *__restrict__ scale, long n,
+                                             bf16 *__restrict__ y) {
+    mb_fp8_dequant(q, scale, n, y, 1, 0);
+}
+// dequant_fp8_rows: packed rows (quant_fp8_rows's layout; S blocks a row,
+// pitch bytes) → contiguous bf16 rows [n/S, S·128].
+extern "C" __global__ void dequant_fp8_rows(const unsigned char *__restrict__ in, long n, int S, long pitch,
+                                            bf16 *__restrict__ y) {
+    mb_fp8_dequant(in, nullptr, n, y, S, pitch);
 }

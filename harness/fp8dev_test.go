@@ -1,0 +1,165 @@
+package harness
+
+import (
+	"bytes"
+	"encoding/binary"
+	"math"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/moebench/moebench/internal/hostsim"
+	"github.com/moebench/moebench/kernels"
+	"github.com/moebench/moebench/results"
+)
+
+// fp8DeviceCases are the dispatchers whose cuda device implementation
+// moves FP8 rows, in layers that exercise them: hidden 512 (4 blocks a
+// row, packed rows of 528 bytes) and 384 (3 blocks, 396 bytes padded to
+// 400), a shared expert, EP 1 (no exchange) and sigmoid routing.
+func fp8DeviceCases() map[string]Config {
+	base := fp8Config("alltoall")
+	base.Device = "cuda"
+	odd := base
+	odd.Hidden = 384
+	sig := base
+	sig.Score, sig.Groups, sig.GroupTopK, sig.TopKScale, sig.SharedExperts = "sigmoid", 4, 2, 2.5, 1
+	sig.Routing = Routing{Kind: RoutingSkewed, Alpha: 1.2}
+	one := base
+	one.EP = 1
+	fe := base // skewed, so that phase 2 moves packed rows to helpers
+	fe.Dispatcher, fe.FeplbBase, fe.Domain, fe.Routing = "feplb", "alltoall", 2, Routing{Kind: RoutingSkewed, Alpha: 1.5}
+	return map[string]Config{"alltoall": base, "alltoall-h384": odd, "alltoall-sigmoid-shared": sig, "alltoall-ep1": one, "feplb": fe}
+}
+
+// TestFP8DeviceEqualsHost: at fp8 the cuda device (Emu; quant_fp8_rows
+// and dequant_fp8_rows through their twins, which are the host functions
+// the hostsim test holds the CUDA C to) runs training steps that pass the
+// check (the output and every gradient against the float64 reference on
+// the same quantized inputs and weights), and its output, rows and traffic
+// equal the host device's fp8 layer's bit for bit: the quantization, the
+// dequantized rows and the bf16 GEMMs round at the same points. On one
+// device and with the ranks on three.
+func TestFP8DeviceEqualsHost(t *testing.T) {
+	for name, c := range fp8DeviceCases() {
+		t.Run(name, func(t *testing.T) {
+			equalsHost(t, c, 1)
+			if c.Dispatcher == "feplb" {
+				rec, err := Run(c, Env{Version: "test", OpenDevices: emus(1)})
+				if err != nil || rec.Status != results.StatusOK || rec.Rebalance == nil || rec.Rebalance.Moves == 0 {
+					t.Errorf("feplb at fp8 moved nothing: %v, %+v", err, rec.Rebalance)
+				}
+			}
+		})
+		if c.EP > 1 {
+			t.Run(name+"-3devices", func(t *testing.T) { equalsHost(t, c, 3) })
+		}
+	}
+}
+
+// TestFP8DeviceRun: moebench's run on the emulated cuda device at fp8
+// passes its check, says fp8 in the record and times the quantize phase.
+func TestFP8DeviceRun(t *testing.T) {
+	c := fp8DeviceCases()["alltoall"]
+	rec, err := Run(c, Env{Version: "test", OpenDevices: emus(1)})
+	if err != nil || rec.Status != results.StatusOK || !rec.Correctness.Passed || rec.Correctness.Grads == nil {
+		t.Fatalf("%v, %s %q, %+v", err, rec.Status, rec.Reason, rec.Correctness)
+	}
+	if rec.Config.Precision != PrecisionFP8 || !strings.HasPrefix(rec.GEMM.Method, ExpertPathFP8+"; ") {
+		t.Errorf("record: precision %q, expert path %q", rec.Config.Precision, rec.GEMM.Method)
+	}
+	if !slices.ContainsFunc(rec.Timing.Phases, func(p results.Phase) bool { return p.Name == "quantize" }) {
+		t.Errorf("no quantize phase in the timings: %+v", rec.Timing.Phases)
+	}
+	t.Logf("output max rel err %.3g; expert path %q", rec.Correctness.MaxRelErr, rec.GEMM.Method)
+}
+
+// TestFP8DeviceCheckCatchesBrokenDequantization: with the device's
+// dequantization broken on purpose — each row dequantized from the next
+// packed row (its values and multipliers), or not at all — the check
+// fails.
+func TestFP8DeviceCheckCatchesBrokenDequantization(t *testing.T) {
+	defer func() { fp8DevFault = "" }()
+	for _, fault := range []string{"row", "none"} {
+		fp8DevFault = fault
+		c := fp8DeviceCases()["alltoall"]
+		c.ForwardOnly = true
+		rec, err := Run(c, Env{Version: "test", OpenDevices: emus(1)})
+		if err == nil || rec.Status != results.StatusFailed || rec.Correctness == nil || rec.Correctness.MaxRelErr <= Tolerance {
+			t.Errorf("dequantization broken (%s): %v, %+v", fault, err, rec.Correctness)
+		} else {
+			t.Logf("broken (%s): max rel err %.3g", fault, rec.Correctness.MaxRelErr)
+		}
+	}
+}
+
+// TestFP8CUDALayerOnHostSim runs the fp8 layers on the host simulation
+// (fp8.cu's kernels compiled for the CPU, the fake driver's two GPUs and
+// its cuBLASLt): training steps that pass the check, whose packed rows
+// equal the host's QuantFP8Rows bit for bit (codes and multipliers), and
+// whose outputs equal the host device's fp8 layer's bit for bit.
+func TestFP8CUDALayerOnHostSim(t *testing.T) {
+	useHostSimLayer(t)
+	for name, c := range fp8DeviceCases() {
+		c.Warmup, c.Iters = 0, 1
+		t.Run(name, func(t *testing.T) {
+			if name != "alltoall" {
+				hostsim.SkipIfShort(t, "alltoall")
+			}
+			rec, err := Run(c, Env{Version: "test"})
+			if err != nil || rec.Status != results.StatusOK || !rec.Correctness.Passed || rec.Correctness.Grads == nil {
+				t.Fatalf("%v, %s %q, %+v", err, rec.Status, rec.Reason, rec.Correctness)
+			}
+			t.Logf("max rel err %.2e, gradients %.2e", rec.Correctness.MaxRelErr, rec.Correctness.Grads.MaxRelErr)
+			devs, err := Env{}.devices(min(c.EP, 2), c.EP, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { closeDevices(devs) })
+			equalsHostOn(t, c, devs...)
+			dl := deviceRun(t, c, devs...)
+			if _, err := dl.check(); err != nil {
+				t.Fatal(err)
+			}
+			h, pitch := c.Hidden, kernels.FP8RowPitch(c.Hidden)
+			for r, rk := range dl.ranks {
+				words := make([]uint16, c.Tokens*pitch/2)
+				if err := rk.Dev.Download(words, rk.X, rk.Stream); err != nil {
+					t.Fatal(err)
+				}
+				got, _ := kernels.HostBytes(words)
+				q, s, _ := kernels.QuantFP8Rows(dl.l.X[r], h, false)
+				for i := range c.Tokens {
+					row := got[i*pitch:]
+					if !bytes.Equal(row[:h], q[i*h:(i+1)*h]) {
+						t.Fatalf("rank %d row %d: the packed e4m3 values differ from QuantFP8Rows's", r, i)
+					}
+					for b := range h / kernels.FP8Block {
+						if g := math.Float32frombits(binary.LittleEndian.Uint32(row[h+4*b:])); g != s[i*h/kernels.FP8Block+b] {
+							t.Fatalf("rank %d row %d block %d: multiplier %g, want %g", r, i, b, g, s[i*h/kernels.FP8Block+b])
+						}
+					}
+				}
+			}
+		})
+	}
+}
+
+// TestFP8BenchDispatchOnDevice: bench dispatch at fp8 on the cuda device
+// (Emu), whose round trip is not wired for fp8, says so: the bf16 point
+// runs, the fp8 one is unavailable with the reason, never a bf16 round trip
+// labelled fp8.
+func TestFP8BenchDispatchOnDevice(t *testing.T) {
+	c := fp8DeviceCases()["alltoall"]
+	c.Warmup, c.Iters = 0, 1
+	b, err := BenchDispatchAt(c, []string{"alltoall"}, []int{4}, []string{PrecisionBF16, PrecisionFP8}, Env{Version: "test", OpenDevices: emus(1)})
+	if b == nil || len(b.Points) != 2 {
+		t.Fatalf("%v, %+v", err, b)
+	}
+	if p := b.Points[0]; p.Status != results.StatusOK {
+		t.Errorf("bf16: %s %q", p.Status, p.Reason)
+	}
+	if p := b.Points[1]; p.Status != results.StatusUnavailable || !strings.Contains(p.Reason, "bench dispatch at fp8 is not wired on the cuda device") {
+		t.Errorf("fp8: %s %q", p.Status, p.Reason)
+	}
+}
