@@ -3,10 +3,12 @@ package hybridep
 import (
 	"errors"
 	"math/rand/v2"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/moebench/moebench/dispatchers"
 	dt "github.com/moebench/moebench/dispatchers/dispatchtest"
@@ -394,4 +396,80 @@ func TestGPUHybridEPDevice(t *testing.T) {
 		}
 		return devs[:n]
 	}, false)
+}
+
+// TestPreprocessOnHostSim: hybridep.cu's preprocessing (its two launches,
+// several blocks a rank, maps of several tiles: tiles of 256 tokens, and
+// of 128 with more than 256 experts) gives every rank the host design's
+// metadata exactly: sparse_to_dense, dense_to_expert, counts, chunk
+// layout, attn_to_rdma and the inter-domain slots.
+func TestPreprocessOnHostSim(t *testing.T) {
+	gs := fakeGPUs(t)
+	for _, tc := range []struct {
+		name                string
+		sh                  dispatchers.Shape
+		domain, ndev, preSM int
+	}{
+		{"ep4-five-tiles", dispatchers.Shape{Tokens: 300, Hidden: 8, Experts: 16, TopK: 3, EP: 4}, 0, 1, 2},
+		{"ep2-two-domains", dispatchers.Shape{Tokens: 300, Hidden: 8, Experts: 16, TopK: 5, EP: 2}, 1, 2, 2},
+		{"ep2-320-experts", dispatchers.Shape{Tokens: 200, Hidden: 8, Experts: 320, TopK: 6, EP: 2}, 0, 1, 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			sh, T := tc.sh, tc.sh.Tokens
+			ranks := dt.Tagged(sh, 11)
+			d := &Device{cfg: Config{SMs: 1, Domain: tc.domain, Chunk: 64, PreprocessSMs: tc.preSM}, timeout: 10 * time.Second}
+			drs := make([]*dispatchers.DeviceRank, sh.EP)
+			for r, rk := range ranks {
+				dev := gs[r*tc.ndev/sh.EP]
+				dr := &dispatchers.DeviceRank{ID: r, Dev: dev}
+				var err error
+				if dr.Stream, err = dev.NewStream(); err != nil {
+					t.Fatal(err)
+				}
+				if _, err = kernels.Resize(dev, 1, kernels.Buf{P: &dr.X, PerRow: int64(2 * T * sh.Hidden)}, kernels.Buf{P: &dr.Idx, PerRow: int64(4 * T * sh.TopK)},
+					kernels.Buf{P: &dr.Probs, PerRow: int64(4 * T * sh.TopK)}, kernels.Buf{P: &dr.Y, PerRow: int64(2 * T * sh.Hidden)}); err != nil {
+					t.Fatal(err)
+				}
+				if err := errors.Join(dev.Upload(dr.Idx, rk.Idx, dr.Stream), dev.Upload(dr.Probs, rk.Probs, dr.Stream)); err != nil {
+					t.Fatal(err)
+				}
+				drs[r] = dr
+				t.Cleanup(func() { kernels.Free(dev, &dr.X, &dr.Idx, &dr.Probs, &dr.Y) })
+			}
+			th := dt.Threads(t, drs)
+			if err := d.Bind(sh, drs); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { d.Close() })
+			if d.preSMs != tc.preSM || d.g.preTiles() < 2 {
+				t.Fatalf("%d preprocessing blocks a rank, %d tiles: want %d blocks and several tiles", d.preSMs, d.g.preTiles(), tc.preSM)
+			}
+			hostsim.WithinNamed(t, 2*time.Minute, "hybridep's all-gather and preprocessing", func() {
+				if err := dt.IssuePhases(th, d, drs, d.Phases(nil)[:2]); err != nil {
+					t.Fatal(err)
+				}
+			})
+			g := d.g
+			gmap := make([]bool, g.N*T*g.E)
+			for src, rk := range ranks {
+				for x, e := range rk.Idx {
+					gmap[(src*T+x/sh.TopK)*g.E+int(e)] = true
+				}
+			}
+			_, _, _, _, _, _, total := g.metaInts()
+			for r, dr := range drs {
+				ints, todom := make([]int32, total), make([]uint16, T*g.M/2) // (T·M even here)
+				if err := errors.Join(dr.Dev.Download(ints, d.st[r].meta, dr.Stream), dr.Dev.Download(todom, d.st[r].todom, dr.Stream)); err != nil {
+					t.Fatal(err)
+				}
+				got, want := g.metaOf(ints, unsafe.Slice((*byte)(unsafe.Pointer(&todom[0])), 2*len(todom))), g.newMeta()
+				g.preprocess(r, gmap, &want)
+				want.d2e, got.d2e = want.d2e[:want.recv*g.L], got.d2e[:want.recv*g.L]
+				want.cnt, got.cnt = nil, nil
+				if !reflect.DeepEqual(got, want) {
+					t.Fatalf("rank %d: the kernels' metadata\n%+v\nthe host design's\n%+v", r, got, want)
+				}
+			}
+		})
+	}
 }

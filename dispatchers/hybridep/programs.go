@@ -25,6 +25,28 @@ const (
 	fifoBudget   = 200 << 10
 )
 
+// preTile is the tokens of the preprocessing's tiles (PRE_TILE: at most
+// 64 KiB of map rows), preTiles their count and preCols the columns of its
+// scan (PRE_TILES, PRE_COLS).
+func (g geom) preTile() int {
+	switch {
+	case g.E <= 256:
+		return 256
+	case g.E <= 512:
+		return 128
+	case g.E <= 1024:
+		return 64
+	}
+	return 32
+}
+func (g geom) preTiles() int { return (g.N*g.T + g.preTile() - 1) / g.preTile() }
+func (g geom) preCols() int  { return g.D + g.L + 2*g.M }
+
+// preScratch is the ints of the preprocessing's scratch after the meta
+// (META_TILECNT, META_BITS: a count and a word a warp of each column of
+// each tile).
+func (g geom) preScratch() int { return g.preTiles() * g.preCols() * (1 + hePreThreads/32) }
+
 // stages is how many dispatch FIFO slots of slot bytes fit the
 // shared-memory budget: 3 to 12, a multiple of its 3 storer warps (each
 // slot has one). A storer keeps all its slots but one reading
@@ -39,23 +61,25 @@ func combineStages(row int) int {
 
 // programs makes the kernels' programs for shape, each covering parts
 // devices' launches; twins from d.
-func (g geom) programs(sh dispatchers.Shape, blocks int, d *Device) programs {
+func (g geom) programs(sh dispatchers.Shape, d *Device) programs {
 	row := 2 * sh.Hidden
 	slot := row + 4*g.ldp()
 	noBulk := "0"
 	if d.noBulk {
 		noBulk = "1"
 	}
+	sd, sc := stages(slot), combineStages(row)
 	defs := func(st int) map[string]string {
 		return map[string]string{"MB_HE_EP": fmt.Sprint(g.N), "MB_HE_DOMAIN": fmt.Sprint(g.D), "MB_HE_TOKENS": fmt.Sprint(g.T),
 			"MB_HE_EXPERTS": fmt.Sprint(g.E), "MB_HE_TOPK": fmt.Sprint(sh.TopK), "MB_HE_HIDDEN": fmt.Sprint(sh.Hidden),
 			"MB_HE_CHUNK": fmt.Sprint(g.chunk), "MB_HE_STAGES": fmt.Sprint(st), "MB_NO_BULK": noBulk}
 	}
-	sd, sc := stages(slot), combineStages(row)
 	permuteShared := hePThreads / 32 * kernels.FIFOBytes(hePStages, row)
 	combineShared := hePipes*kernels.FIFOBytes(sc, row) + hePipes*heOutStages*row
 	ps := map[string]*kernels.Program{
-		"allgather":  {File: "hybridep.cu", Kernel: "he_allgather", Block: heThreads, Defs: defs(sd), Twin: d.allgatherTwin},
+		"allgather": {File: "hybridep.cu", Kernel: "he_allgather", Block: heThreads, Defs: defs(sd), Twin: d.allgatherTwin},
+		"preprocess-count": {File: "hybridep.cu", Kernel: "he_preprocess_count", Block: hePreThreads, Defs: defs(sd), Shared: g.preTile() * g.E,
+			Twin: func([]kernels.TwinPart) error { return nil }}, // (its scratch is he_preprocess's; preprocessTwin does both)
 		"preprocess": {File: "hybridep.cu", Kernel: "he_preprocess", Block: hePreThreads, Defs: defs(sd), Twin: d.preprocessTwin},
 		"pack":       {File: "hybridep.cu", Kernel: "he_pack", Block: heThreads, Defs: defs(sd), Twin: d.packTwin},
 		"dispatch":   {File: "hybridep.cu", Kernel: "he_dispatch", Block: heThreads, Defs: defs(sd), Shared: kernels.FIFOBytes(sd, slot), Twin: d.dispatchTwin},
