@@ -79,9 +79,12 @@ type Config struct {
 	Dispatcher string
 	Impl       string
 	SMs        int // SM budget of SM-driven dispatchers; 0 = dispatcher default
-	EP         int
-	GPUs       int // cuda: GPUs the ranks are spread over; 0 = every GPU, at most one per rank
-	Domain     int // ranks per NVLink domain; 0 = all ranks
+	// PreprocessSMs and PermuteSMs: hybridep's preprocessing and permute
+	// launches' own budgets (blocks per rank); 0 = its defaults
+	PreprocessSMs, PermuteSMs int
+	EP                        int
+	GPUs                      int // cuda: GPUs the ranks are spread over; 0 = every GPU, at most one per rank
+	Domain                    int // ranks per NVLink domain; 0 = all ranks
 	// CommTimeout bounds each cross-rank wait of SM-driven dispatchers
 	CommTimeout time.Duration
 	FeplbBase   string // feplb: phase-1 dispatcher
@@ -226,6 +229,10 @@ func (c Config) Validate() error {
 		return &ConfigError{"gpus", c.GPUs, "applies to the cuda device; the host device has no GPUs"}
 	case c.SMs < 0 || c.SMs > dispatchers.MaxSMBudget:
 		return &ConfigError{"sms", c.SMs, fmt.Sprintf("must be in [0, %d] (0 = the dispatcher's default)", dispatchers.MaxSMBudget)}
+	case c.PreprocessSMs < 0 || c.PreprocessSMs > dispatchers.MaxSMBudget:
+		return &ConfigError{"hybridep-preprocess-sms", c.PreprocessSMs, fmt.Sprintf("must be in [0, %d] (0 = the default)", dispatchers.MaxSMBudget)}
+	case c.PermuteSMs < 0 || c.PermuteSMs > dispatchers.MaxSMBudget:
+		return &ConfigError{"hybridep-permute-sms", c.PermuteSMs, fmt.Sprintf("must be in [0, %d] (0 = the default)", dispatchers.MaxSMBudget)}
 	case c.CommTimeout < time.Millisecond || c.CommTimeout > time.Hour:
 		return &ConfigError{"comm-timeout", c.CommTimeout, fmt.Sprintf("must be in [1ms, 1h] (0 = the default, %s)", dispatchers.DefaultCommTimeout)}
 	case !(c.MaxSeconds >= 0 && c.MaxSeconds <= MaxSeconds):
@@ -274,6 +281,9 @@ func (c Config) Record() results.Config {
 	}
 	if c.Dispatcher == "feplb" {
 		r.FeplbBase, r.FeplbDynamic, r.FeplbPolicy = c.FeplbBase, c.FeplbDynamic(), c.FeplbPolicy
+	}
+	if c.Dispatcher == "hybridep" {
+		r.PreprocessSMs, r.PermuteSMs = c.PreprocessSMs, c.PermuteSMs
 	}
 	if _, ok := dispatchers.SMBudgetOf(c.Dispatcher, c.Impl); ok {
 		r.CommTimeoutS = c.CommTimeout.Seconds()

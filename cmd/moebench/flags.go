@@ -25,6 +25,7 @@ type options struct {
 	domain, feplbDyn                                                    int
 	tokens, hidden, ffn, experts, topk, shared, groups, groupTopK       int
 	sms, ep, gpus, warmup, iters                                        int
+	preprocessSMs, permuteSMs                                           int
 	topkScale, maxSeconds                                               float64
 	commTimeout, rendezvousTimeout                                      time.Duration
 	seed                                                                uint64
@@ -73,6 +74,8 @@ func newFlags(o *options) *pflag.FlagSet {
 	fs.StringVar(&o.dispatcher, "dispatcher", d.Dispatcher, "token dispatcher: "+strings.Join(dispatchers.Names(), "|"))
 	fs.StringVar(&o.impl, "impl", d.Impl, "implementation: native (moebench's own) | library (a real library on the node, one GPU per rank: alltoall through NCCL; hybridep and deepep through NCCL EP, its high-throughput and low-latency modes)")
 	fs.IntVar(&o.sms, "sms", d.SMs, "SMs per rank of SM-driven dispatchers' transfer kernels (one block holds one SM; at most the GPU's SMs ÷ its ranks): deepep (even; default 20), hybridep (default 16), each default lowered to fit; with --impl library NCCL EP's max_num_sms; 0 = the dispatcher's (the library's) default")
+	fs.IntVar(&o.preprocessSMs, "hybridep-preprocess-sms", d.PreprocessSMs, "hybridep (cuda): blocks per rank of its preprocessing's own launches (HybridEP's num_sms_preprocessing_api); 0 = HybridEP's 108, lowered to the GPU's SMs ÷ its ranks")
+	fs.IntVar(&o.permuteSMs, "hybridep-permute-sms", d.PermuteSMs, "hybridep (cuda): blocks per rank of its permute's own launch (HybridEP's num_blocks_permute); 0 = the GPU's SMs ÷ its ranks")
 	fs.IntVar(&o.ep, "ep", d.EP, "expert-parallel ranks; must divide --experts")
 	fs.IntVar(&o.gpus, "gpus", d.GPUs, "cuda: GPUs the ranks are spread over; 0 = every GPU, at most one per rank (more ranks than GPUs: packed, emulated EP)")
 	addFeplbFlags(fs, o)
@@ -193,6 +196,7 @@ func (o *options) config(fs *pflag.FlagSet) (harness.Config, error) {
 		return c, err
 	}
 	c.Dispatcher, c.Impl, c.SMs, c.EP, c.GPUs = o.dispatcher, o.impl, o.sms, o.ep, o.gpus
+	c.PreprocessSMs, c.PermuteSMs = o.preprocessSMs, o.permuteSMs
 	c.Domain, c.FeplbBase, c.FeplbDyn, c.FeplbPolicy, c.CommTimeout = o.domain, o.feplbBase, o.feplbDyn, o.feplbPolicy, o.commTimeout
 	c.Routing, c.RoutingFixed, c.Seed, c.Warmup, c.Iters, c.Check, c.Device = r, o.routingFixed, o.seed, o.warmup, o.iters, o.check, o.device
 	c.CheckAll = o.check && o.checkAll
@@ -215,14 +219,21 @@ func (o *options) config(fs *pflag.FlagSet) (harness.Config, error) {
 }
 
 // feplbOnly refuses feplb's own flags given without the feplb dispatcher
-// among those that run (they would change nothing).
+// among those that run (they would change nothing), and hybridep's
+// without hybridep.
 func feplbOnly(fs *pflag.FlagSet, running []string) error {
-	if slices.Contains(running, "feplb") {
-		return nil
-	}
-	for _, name := range []string{"feplb-base", "feplb-dynamic", "feplb-policy"} {
-		if f := fs.Lookup(name); f.Changed {
-			return &harness.ConfigError{Flag: name, Value: f.Value, Allowed: "applies only to --dispatcher feplb"}
+	for _, own := range []struct {
+		design string
+		names  []string
+	}{{"feplb", []string{"feplb-base", "feplb-dynamic", "feplb-policy"}}, {"hybridep", []string{"hybridep-preprocess-sms", "hybridep-permute-sms"}}} {
+		design := own.design
+		if slices.Contains(running, design) {
+			continue
+		}
+		for _, name := range own.names {
+			if f := fs.Lookup(name); f != nil && f.Changed {
+				return &harness.ConfigError{Flag: name, Value: f.Value, Allowed: "applies only to --dispatcher " + design}
+			}
 		}
 	}
 	return nil

@@ -48,8 +48,13 @@ func NewDevice(impl string, env dispatchers.Env) (dispatchers.DeviceDispatcher, 
 	if sms == 0 {
 		sms = DefaultSMs
 	}
-	return &Device{cfg: Config{SMs: sms, Domain: env.Domain, Chunk: DefaultChunk}, timeout: timeout}, nil
+	cfg := Config{SMs: sms, Domain: env.Domain, Chunk: DefaultChunk, PreprocessSMs: env.PreprocessSMs, PermuteSMs: env.PermuteSMs}
+	return &Device{cfg: cfg, timeout: timeout}, nil
 }
+
+// LaunchBudgets are the blocks per rank of the preprocessing's and the
+// permute's launches (Config's, or their defaults, fitted in Bind).
+func (d *Device) LaunchBudgets() (preprocess, permute int) { return d.preSMs, d.permuteSMs }
 
 // Device is hybridep on device ranks.
 type Device struct {
