@@ -492,11 +492,6 @@ var belowTarget = map[string]bool{
 	"he_dispatch_bwd 16-byte": true,
 	"he_combine 16-byte":      true,
 	"he_combine_bwd 16-byte":  true,
-	// issue 32: the forward combine's home sum loads the shared expert's
-	// row (add) one 16-byte load per lane at a time, each summed and
-	// stored into the output row before the next is issued; its FIFOs
-	// (10 whole rows) meet the bulk target
-	"he_combine bulk": true,
 }
 
 // inflightKernels analyses the kernels of inflightSpecs in one cubin's

@@ -674,6 +674,7 @@ extern "C" __global__ void __launch_bounds__(PTHREADS, 1) he_permute_bwd(int fir
 #define PIPES 2
 #define PIPE_THREADS 64                                   // a pipeline's reducers
 #define ACC ((ROW / 16 + PIPE_THREADS - 1) / PIPE_THREADS) // 16-byte pieces of a row per reducer
+#define ADD_UNROLL 4                                       // a reducer's add loads in flight (home: the shared expert's row)
 #define CFIFO_BYTES (16 * MB_HE_STAGES + MB_HE_STAGES * ROW) // a pipeline's FIFO (kernels.FIFOBytes)
 #ifdef MB_BULK
 #define OUT_STAGES 2
@@ -748,24 +749,37 @@ __device__ bool he_reduce(const mb_comm &c, int rank, int ph, int b, int blocks,
 #else
         unsigned char *out = (unsigned char *)s.out(o);
 #endif
+        // the row's pieces ADD_UNROLL at a time: their add loads (the
+        // shared expert's row, at home) issued together, then each summed
+        // and stored in order
 #pragma unroll
-        for (int p = 0; p < ACC; p++) {
-            const unsigned at = 16 * (p * PIPE_THREADS + pt);
-            if (at >= ROW) continue;
-            bf16 y[8];
+        for (int p0 = 0; p0 < ACC; p0 += ADD_UNROLL) {
+            uint4 av[ADD_UNROLL];
 #pragma unroll
-            for (int x = 0; x < 8; x++) y[x] = f2bf(acc[p][x]);
-            if (add) {
-                float a[8];
-                unpack8(*(const uint4 *)(add + at), a);
-#pragma unroll
-                for (int x = 0; x < 8; x++) y[x] = f2bf(bf2f(y[x]) + a[x]);
+            for (int u = 0; u < ADD_UNROLL; u++) {
+                const unsigned at = 16 * ((p0 + u) * PIPE_THREADS + pt);
+                if (add && p0 + u < ACC && at < ROW) av[u] = *(const uint4 *)(add + at);
             }
+#pragma unroll
+            for (int u = 0; u < ADD_UNROLL; u++) {
+                const int p = p0 + u;
+                const unsigned at = 16 * (p * PIPE_THREADS + pt);
+                if (p >= ACC || at >= ROW) continue;
+                bf16 y[8];
+#pragma unroll
+                for (int x = 0; x < 8; x++) y[x] = f2bf(acc[p][x]);
+                if (add) {
+                    float a[8];
+                    unpack8(av[u], a);
+#pragma unroll
+                    for (int x = 0; x < 8; x++) y[x] = f2bf(bf2f(y[x]) + a[x]);
+                }
 #ifdef MB_BULK
-            mb_sts16(row + at, pack8(y));
+                mb_sts16(row + at, pack8(y));
 #else
-            mb_stg16(out + at, pack8(y));
+                mb_stg16(out + at, pack8(y));
 #endif
+            }
         }
 #ifdef MB_BULK
         // the reducers' stores, seen by the bulk copy (async proxy), in
