@@ -3,7 +3,9 @@ package hybridep
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"math"
+	"slices"
 	"time"
 
 	"github.com/moebench/moebench/dispatchers"
@@ -223,7 +225,17 @@ func (d *Device) Bind(shape dispatchers.Shape, ranks []*dispatchers.DeviceRank) 
 		d.Close()
 		return err
 	}
-	d.progs = d.g.programs(shape, d)
+	limit := 0 // the least shared memory a block of a device may have
+	for _, p := range d.parts {
+		if s, ok := p.dev.(interface{ SharedPerBlock() int }); ok && s.SharedPerBlock() > 0 && (limit == 0 || s.SharedPerBlock() < limit) {
+			limit = s.SharedPerBlock()
+		}
+	}
+	d.progs = d.g.programs(shape, limit, d)
+	if err := d.fits(limit); err != nil {
+		d.Close()
+		return err
+	}
 	if err := d.resident(); err != nil {
 		d.Close()
 		return err
@@ -481,6 +493,23 @@ func (d *Device) resident() error {
 					"%s %d for each of %d ranks on %s: %s", flag, budget, p.count, p.dev.Name(),
 					(&kernels.ResidencyError{Kernel: prog.Kernel, Device: p.dev.Name(), Grid: grid, Block: prog.Block, Shared: prog.Shared, PerSM: per, SMs: p.dev.SMCount()}).Error())}
 			}
+		}
+	}
+	return nil
+}
+
+// fits says why a kernel cannot run where a block may have limit bytes of
+// shared memory (0: none known), before anything is launched: its FIFOs at
+// their fewest stages and a bound of its static shared memory above it.
+func (d *Device) fits(limit int) error {
+	if limit <= 0 {
+		return nil
+	}
+	for _, k := range slices.Sorted(maps.Keys(d.progs.col)) {
+		if p := d.progs.col[k].Prog; p.Shared+staticShared > limit {
+			return &dispatchers.UnavailableError{Name: Name, Impl: dispatchers.ImplNative, Reason: fmt.Sprintf(
+				"hidden %d: %s needs %d B of shared memory a block (%d B of FIFOs at their fewest stages, and up to %d B static), above the %d B a block of %s may have (its opt-in limit)",
+				d.shape.Hidden, p.Kernel, p.Shared+staticShared, p.Shared, staticShared, limit, d.parts[0].dev.Name())}
 		}
 	}
 	return nil

@@ -2,6 +2,7 @@ package hybridep
 
 import (
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"reflect"
 	"slices"
@@ -471,5 +472,51 @@ func TestPreprocessOnHostSim(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestSharedMemoryLimit: at hidden 7168 the FIFOs HybridEP's stages ask
+// for (184–196 KiB a block) exceed an A100's 163 KiB opt-in limit: the
+// stages shrink to fit it (every kernel's dynamic shared memory and the
+// bound of its static below the limit); a limit that even the fewest
+// stages exceed makes the design unavailable before any launch, naming
+// the bytes and the limit. A GPU's limit is the driver's opt-in
+// attribute (the fake driver gives $FAKECUDA_SMEM_OPTIN).
+func TestSharedMemoryLimit(t *testing.T) {
+	sh := dispatchers.Shape{Tokens: 8, Hidden: 7168, Experts: 16, TopK: 2, EP: 2}
+	bind := func(dev kernels.Device) (*Device, error) {
+		d := &Device{cfg: Config{SMs: 2, Chunk: 4}, timeout: time.Second}
+		drs := make([]*dispatchers.DeviceRank, sh.EP)
+		for r := range drs {
+			s, err := dev.NewStream()
+			if err != nil {
+				t.Fatal(err)
+			}
+			drs[r] = &dispatchers.DeviceRank{ID: r, Dev: dev, Stream: s}
+		}
+		err := d.Bind(sh, drs)
+		if err == nil {
+			t.Cleanup(func() { d.Close() })
+		}
+		return d, err
+	}
+	const a100 = 166912
+	d, err := bind(&kernels.Emu{SMs: 16, Shared: a100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, c := range d.progs.col {
+		if c.Prog.Shared+staticShared > a100 {
+			t.Errorf("%s: %d B of dynamic shared memory (and up to %d static) above the limit, %d B", k, c.Prog.Shared, staticShared, a100)
+		}
+	}
+	if _, err := bind(&kernels.Emu{SMs: 16, Shared: 100000}); !dispatchers.IsUnavailable(err) ||
+		!strings.Contains(err.Error(), "he_combine needs 118848 B of shared memory a block") || !strings.Contains(err.Error(), "the 100000 B a block of") {
+		t.Errorf("a limit of 100000 B: %v; want unavailable, naming he_combine's 118848 B and the limit", err)
+	}
+	t.Setenv("FAKECUDA_SMEM_OPTIN", fmt.Sprint(a100))
+	g := dt.FakeGPUs(t, 1)[0]
+	if s, ok := g.(interface{ SharedPerBlock() int }); !ok || s.SharedPerBlock() != a100 {
+		t.Fatalf("the fake GPU's opt-in limit: %v, want %d (the driver's attribute)", s, a100)
 	}
 }

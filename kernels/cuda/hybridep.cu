@@ -596,7 +596,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 // with COPY_UNROLL 16-byte loads in flight per lane.
 #define PWARPS 4
 #define PTHREADS (32 * PWARPS)
+#ifdef MB_HE_PSTAGES
+#define PSTAGES MB_HE_PSTAGES // fewer where a block's shared memory is short (dispatchers/hybridep's permuteStages)
+#else
 #define PSTAGES 3 // a warp's rows (kernels.FIFOBytes(PSTAGES, ROW) each)
+#endif
 
 template <bool BWD> __device__ __forceinline__ void he_permute_body(int first, int blocks, const he_rank *R) {
     const int rank = first + blockIdx.x / blocks, b = blockIdx.x % blocks, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
