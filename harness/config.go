@@ -230,9 +230,9 @@ func (c Config) Validate() error {
 	case c.SMs < 0 || c.SMs > dispatchers.MaxSMBudget:
 		return &ConfigError{"sms", c.SMs, fmt.Sprintf("must be in [0, %d] (0 = the dispatcher's default)", dispatchers.MaxSMBudget)}
 	case c.PreprocessSMs < 0 || c.PreprocessSMs > dispatchers.MaxSMBudget:
-		return &ConfigError{"hybridep-preprocess-sms", c.PreprocessSMs, fmt.Sprintf("must be in [0, %d] (0 = the default)", dispatchers.MaxSMBudget)}
+		return &ConfigError{"preprocess-sms", c.PreprocessSMs, fmt.Sprintf("must be in [0, %d] (0 = the default)", dispatchers.MaxSMBudget)}
 	case c.PermuteSMs < 0 || c.PermuteSMs > dispatchers.MaxSMBudget:
-		return &ConfigError{"hybridep-permute-sms", c.PermuteSMs, fmt.Sprintf("must be in [0, %d] (0 = the default)", dispatchers.MaxSMBudget)}
+		return &ConfigError{"permute-sms", c.PermuteSMs, fmt.Sprintf("must be in [0, %d] (0 = the default)", dispatchers.MaxSMBudget)}
 	case c.CommTimeout < time.Millisecond || c.CommTimeout > time.Hour:
 		return &ConfigError{"comm-timeout", c.CommTimeout, fmt.Sprintf("must be in [1ms, 1h] (0 = the default, %s)", dispatchers.DefaultCommTimeout)}
 	case !(c.MaxSeconds >= 0 && c.MaxSeconds <= MaxSeconds):

@@ -101,7 +101,7 @@ func TestHybridEPDeviceOnEmu(t *testing.T) {
 	}
 	// the preprocessing's and the permute's own budgets as they ran: the
 	// default (HybridEP's 108, below an Emu's 132 SMs for its one rank) and
-	// --hybridep-permute-sms's, which the config records as given
+	// --permute-sms's, which the config records as given
 	if rec.SMs.Preprocess != 108 || rec.SMs.Permute != 3 || rec.Config.PermuteSMs != 3 || rec.Config.PreprocessSMs != 0 {
 		t.Errorf("budgets %+v, config's %d and %d: want preprocess 108 (the default), permute 3 as given", rec.SMs, rec.Config.PreprocessSMs, rec.Config.PermuteSMs)
 	}

@@ -152,8 +152,8 @@ type Config struct {
 	FeplbBase     string  `json:"feplb_base,omitempty"`     // feplb: phase-1 dispatcher
 	FeplbDynamic  int     `json:"feplb_dynamic,omitempty"`  // feplb: dynamic experts per rank
 	FeplbPolicy   string  `json:"feplb_policy,omitempty"`   // feplb: the scheduler's policy (feplb, feplb-split); older records: feplb-split's forerunner
-	PreprocessSMs int     `json:"preprocess_sms,omitempty"` // hybridep: --hybridep-preprocess-sms as given (0: the default; what ran: SMs.Preprocess)
-	PermuteSMs    int     `json:"permute_sms,omitempty"`    // hybridep: --hybridep-permute-sms as given (0: the default; what ran: SMs.Permute)
+	PreprocessSMs int     `json:"preprocess_sms,omitempty"` // hybridep: --preprocess-sms as given (0: the default; what ran: SMs.Preprocess)
+	PermuteSMs    int     `json:"permute_sms,omitempty"`    // hybridep: --permute-sms as given (0: the default; what ran: SMs.Permute)
 	CommTimeoutS  float64 `json:"comm_timeout_s,omitempty"` // SM-driven dispatchers: the bound of each cross-rank wait
 	CUDAGraph     bool    `json:"cuda_graph,omitempty"`     // --cuda-graph: steps issued as CUDA graphs (whether they were: Timing.CUDAGraph)
 	Routing       string  `json:"routing"`

@@ -119,11 +119,11 @@ const maxSharedExperts = 1024
 // others (and these flags' finer rules, e.g. an SM-driven dispatcher's
 // budget).
 var flagBounds = map[string]bound{
-	"sms":                     {0, dispatchers.MaxSMBudget, "0 = the dispatcher's default"},
-	"hybridep-preprocess-sms": {0, dispatchers.MaxSMBudget, "0 = the default"},
-	"hybridep-permute-sms":    {0, dispatchers.MaxSMBudget, "0 = the default"},
-	"shared-experts":          {0, maxSharedExperts, ""},
-	"ep":                      {1, 1 << 20, ""}, // as Validate's; sweep's list is checked before its points are made
+	"sms":            {0, dispatchers.MaxSMBudget, "0 = the dispatcher's default"},
+	"preprocess-sms": {0, dispatchers.MaxSMBudget, "0 = the default"},
+	"permute-sms":    {0, dispatchers.MaxSMBudget, "0 = the default"},
+	"shared-experts": {0, maxSharedExperts, ""},
+	"ep":             {1, 1 << 20, ""}, // as Validate's; sweep's list is checked before its points are made
 }
 
 // checkBounds refuses a value of an integer flag of fs (each value of a

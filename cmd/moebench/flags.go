@@ -74,8 +74,8 @@ func newFlags(o *options) *pflag.FlagSet {
 	fs.StringVar(&o.dispatcher, "dispatcher", d.Dispatcher, "token dispatcher: "+strings.Join(dispatchers.Names(), "|"))
 	fs.StringVar(&o.impl, "impl", d.Impl, "implementation: native (moebench's own) | library (a real library on the node, one GPU per rank: alltoall through NCCL; hybridep and deepep through NCCL EP, its high-throughput and low-latency modes)")
 	fs.IntVar(&o.sms, "sms", d.SMs, "SMs per rank of SM-driven dispatchers' transfer kernels (one block holds one SM; at most the GPU's SMs ÷ its ranks): deepep (even; default 20), hybridep (default 16), each default lowered to fit; with --impl library NCCL EP's max_num_sms; 0 = the dispatcher's (the library's) default")
-	fs.IntVar(&o.preprocessSMs, "hybridep-preprocess-sms", d.PreprocessSMs, "hybridep (cuda): blocks per rank of its preprocessing's own launches (HybridEP's num_sms_preprocessing_api); 0 = HybridEP's 108, lowered to the GPU's SMs ÷ its ranks")
-	fs.IntVar(&o.permuteSMs, "hybridep-permute-sms", d.PermuteSMs, "hybridep (cuda): blocks per rank of its permute's own launch (HybridEP's num_blocks_permute); 0 = the GPU's SMs ÷ its ranks")
+	fs.IntVar(&o.preprocessSMs, "preprocess-sms", d.PreprocessSMs, "hybridep (cuda): blocks per rank of its preprocessing's own launches (HybridEP's num_sms_preprocessing_api); 0 = HybridEP's 108, lowered to the GPU's SMs ÷ its ranks")
+	fs.IntVar(&o.permuteSMs, "permute-sms", d.PermuteSMs, "hybridep (cuda): blocks per rank of its permute's own launch (HybridEP's num_blocks_permute); 0 = the GPU's SMs ÷ its ranks")
 	fs.IntVar(&o.ep, "ep", d.EP, "expert-parallel ranks; must divide --experts")
 	fs.IntVar(&o.gpus, "gpus", d.GPUs, "cuda: GPUs the ranks are spread over; 0 = every GPU, at most one per rank (more ranks than GPUs: packed, emulated EP)")
 	addFeplbFlags(fs, o)
@@ -225,7 +225,7 @@ func feplbOnly(fs *pflag.FlagSet, running []string) error {
 	for _, own := range []struct {
 		design string
 		names  []string
-	}{{"feplb", []string{"feplb-base", "feplb-dynamic", "feplb-policy"}}, {"hybridep", []string{"hybridep-preprocess-sms", "hybridep-permute-sms"}}} {
+	}{{"feplb", []string{"feplb-base", "feplb-dynamic", "feplb-policy"}}, {"hybridep", []string{"preprocess-sms", "permute-sms"}}} {
 		design := own.design
 		if slices.Contains(running, design) {
 			continue

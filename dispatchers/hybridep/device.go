@@ -200,7 +200,7 @@ func (d *Device) Bind(shape dispatchers.Shape, ranks []*dispatchers.DeviceRank) 
 		flag string
 		n    int
 		to   *int
-	}{{"--hybridep-preprocess-sms", d.cfg.PreprocessSMs, &d.preSMs}, {"--hybridep-permute-sms", d.cfg.PermuteSMs, &d.permuteSMs}} {
+	}{{"--preprocess-sms", d.cfg.PreprocessSMs, &d.preSMs}, {"--permute-sms", d.cfg.PermuteSMs, &d.permuteSMs}} {
 		switch {
 		case b.n > fit:
 			return unavailable("%s %d: above the %d SMs a rank has to itself here (its GPU's SMs ÷ its ranks there)", b.flag, b.n, fit)
@@ -477,9 +477,9 @@ func (d *Device) resident() error {
 			prog, grid, flag, budget := d.progs.col[k].Prog, d.budget(p), "--sms", d.cfg.SMs
 			switch k {
 			case "preprocess-count", "preprocess":
-				grid, flag, budget = p.count*d.preSMs, "--hybridep-preprocess-sms", d.preSMs
+				grid, flag, budget = p.count*d.preSMs, "--preprocess-sms", d.preSMs
 			case "permute", "permute-bwd":
-				grid, flag, budget = p.count*d.permuteSMs, "--hybridep-permute-sms", d.permuteSMs
+				grid, flag, budget = p.count*d.permuteSMs, "--permute-sms", d.permuteSMs
 			}
 			per := 1
 			if r, ok := p.dev.(residency); ok {
@@ -644,7 +644,7 @@ func (d *Device) dispatch(p *part) error { return d.dispatchOf(p, false) }
 
 // dispatchOf is the dispatch (bwd: of the output gradients, the combine's
 // backward): the inter-domain path first, then the fan-out, then the
-// permute (its own kernel and budget, --hybridep-permute-sms).
+// permute (its own kernel and budget, --permute-sms).
 func (d *Device) dispatchOf(p *part, bwd bool) error {
 	pack, dispatch := "pack", "dispatch"
 	if bwd {
