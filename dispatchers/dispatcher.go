@@ -266,6 +266,10 @@ type Env struct {
 	// SMs is the SM budget (thread blocks) of an SM-driven dispatcher's
 	// transfer kernels; 0 means its default (see SMBudget).
 	SMs int
+	// PreprocessSMs and PermuteSMs are the blocks of hybridep's
+	// preprocessing and permute launches, their own budgets (HybridEP's
+	// num_sms_preprocessing_api and num_blocks_permute); 0: its defaults.
+	PreprocessSMs, PermuteSMs int
 	// CommTimeout bounds every cross-rank wait of moebench's own kernels
 	// (device flags, queue heads and tails, counters the host polls);
 	// 0 means DefaultCommTimeout.
@@ -281,6 +285,13 @@ type Env struct {
 	// process's node (its ranks times the processes the launcher puts on
 	// the node); 0 in a run of one process, whose ranks are all on its node.
 	NodeRanks int
+}
+
+// LaunchBudgets is a device dispatcher with launches of their own SM
+// budgets beside its --sms (hybridep's preprocessing and permute): their
+// blocks per rank as it runs them, once bound.
+type LaunchBudgets interface {
+	LaunchBudgets() (preprocess, permute int)
 }
 
 // DefaultCommTimeout is how long a cross-rank wait may take before the

@@ -79,9 +79,12 @@ type Config struct {
 	Dispatcher string
 	Impl       string
 	SMs        int // SM budget of SM-driven dispatchers; 0 = dispatcher default
-	EP         int
-	GPUs       int // cuda: GPUs the ranks are spread over; 0 = every GPU, at most one per rank
-	Domain     int // ranks per NVLink domain; 0 = all ranks
+	// PreprocessSMs and PermuteSMs: hybridep's preprocessing and permute
+	// launches' own budgets (blocks per rank); 0 = its defaults
+	PreprocessSMs, PermuteSMs int
+	EP                        int
+	GPUs                      int // cuda: GPUs the ranks are spread over; 0 = every GPU, at most one per rank
+	Domain                    int // ranks per NVLink domain; 0 = all ranks
 	// CommTimeout bounds each wait of moebench's own code for another
 	// rank: a native SM-driven dispatcher's waits on the GPU, and in a run
 	// over several processes a process's wait for the others
@@ -240,6 +243,10 @@ func (c Config) Validate() error {
 		return &ConfigError{"gpus", c.GPUs, "applies to the cuda device; the host device has no GPUs"}
 	case c.SMs < 0 || c.SMs > dispatchers.MaxSMBudget:
 		return &ConfigError{"sms", c.SMs, fmt.Sprintf("must be in [0, %d] (0 = the dispatcher's default)", dispatchers.MaxSMBudget)}
+	case c.PreprocessSMs < 0 || c.PreprocessSMs > dispatchers.MaxSMBudget:
+		return &ConfigError{"preprocess-sms", c.PreprocessSMs, fmt.Sprintf("must be in [0, %d] (0 = the default)", dispatchers.MaxSMBudget)}
+	case c.PermuteSMs < 0 || c.PermuteSMs > dispatchers.MaxSMBudget:
+		return &ConfigError{"permute-sms", c.PermuteSMs, fmt.Sprintf("must be in [0, %d] (0 = the default)", dispatchers.MaxSMBudget)}
 	case c.CommTimeout < time.Millisecond || c.CommTimeout > time.Hour:
 		return &ConfigError{"comm-timeout", c.CommTimeout, fmt.Sprintf("must be in [1ms, 1h] (0 = the default, %s)", dispatchers.DefaultCommTimeout)}
 	case c.NCCLEPTimeout < time.Millisecond || c.NCCLEPTimeout > time.Hour:
@@ -303,6 +310,9 @@ func (c Config) Record() results.Config {
 	}
 	if c.Dispatcher == "feplb" {
 		r.FeplbBase, r.FeplbDynamic, r.FeplbPolicy = c.FeplbBase, c.FeplbDynamic(), c.FeplbPolicy
+	}
+	if c.Dispatcher == "hybridep" {
+		r.PreprocessSMs, r.PermuteSMs = c.PreprocessSMs, c.PermuteSMs
 	}
 	switch _, smDriven := dispatchers.SMBudgetOf(c.Dispatcher, c.Impl); {
 	case dispatchers.IsLibrary(c.Dispatcher, c.Impl):

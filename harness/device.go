@@ -1165,6 +1165,9 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 	if err != nil {
 		return fail(deviceStatus(err), err)
 	}
+	if b, ok := d.(dispatchers.LaunchBudgets); ok {
+		rec.SMs.Preprocess, rec.SMs.Permute = b.LaunchBudgets()
+	}
 	if lib, ok := d.(dispatchers.Library); ok {
 		li := lib.Library()
 		rec.Library = &results.Library{Design: li.Design, Name: li.Name, Version: li.Version, Path: li.Path, Detail: li.Detail}

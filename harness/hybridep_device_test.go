@@ -94,9 +94,16 @@ func TestHybridEPDeviceOnEmu(t *testing.T) {
 		}
 	}
 	c := hybridEPConfig(t, 4, 2, "balanced")
+	c.PermuteSMs = 3
 	rec, err := Run(c, Env{Version: "test", OpenDevices: emus(4)})
 	if err != nil || rec.Status != results.StatusOK || !rec.Correctness.Passed {
 		t.Fatalf("%v; %+v", err, rec)
+	}
+	// the preprocessing's and the permute's own budgets as they ran: the
+	// default (HybridEP's 108, below an Emu's 132 SMs for its one rank) and
+	// --permute-sms's, which the config records as given
+	if rec.SMs.Preprocess != 108 || rec.SMs.Permute != 3 || rec.Config.PermuteSMs != 3 || rec.Config.PreprocessSMs != 0 {
+		t.Errorf("budgets %+v, config's %d and %d: want preprocess 108 (the default), permute 3 as given", rec.SMs, rec.Config.PreprocessSMs, rec.Config.PermuteSMs)
 	}
 	var phases []string
 	for _, p := range rec.Timing.Phases {

@@ -323,7 +323,7 @@ func failed(rec *results.Record, status string, err error) (*results.Record, err
 // dispatcherEnv is where cfg's dispatcher runs, with its options.
 func (c Config) dispatcherEnv() dispatchers.Env {
 	return dispatchers.Env{Device: c.Device, Base: c.FeplbBase, Domain: c.Domain, Dynamic: c.FeplbDyn, Policy: c.FeplbPolicy, Hidden: c.Hidden, FFN: c.FFN,
-		SMs: c.SMs, CommTimeout: c.CommTimeout, LibraryTimeout: c.NCCLEPTimeout, Precision: c.precision()}
+		SMs: c.SMs, PreprocessSMs: c.PreprocessSMs, PermuteSMs: c.PermuteSMs, CommTimeout: c.CommTimeout, LibraryTimeout: c.NCCLEPTimeout, Precision: c.precision()}
 }
 
 // dispatcherError is the outcome of a dispatcher that could not be built:

@@ -27,7 +27,7 @@ var settingFlags = map[string]string{
 	"CommTimeout": "comm-timeout", "NCCLEPTimeout": "ncclep-timeout", "WatchdogTimeout": "watchdog-timeout", "FeplbBase": "feplb-base", "FeplbDyn": "feplb-dynamic", "FeplbPolicy": "feplb-policy",
 	"Routing": "routing", "RoutingFixed": "routing-fixed", "Seed": "seed", "Warmup": "warmup", "Iters": "iters",
 	"MaxSeconds": "max-seconds", "Check": "check", "CheckAll": "check", "Device": "device", "ForwardOnly": "forward-only", "CUDAGraph": "cuda-graph",
-	"HostExperts": "host-experts", "Precision": "precision",
+	"HostExperts": "host-experts", "Precision": "precision", "PreprocessSMs": "preprocess-sms", "PermuteSMs": "permute-sms",
 }
 
 // SettingFlags are the flags of the settings every process of a run must

@@ -26,7 +26,10 @@ import (
 type Emu struct {
 	// SMs is the SM count it reports (SMCount; 0: 132, an H100's), the
 	// most blocks of a resident launch (resident.go).
-	SMs    int
+	SMs int
+	// Shared is the shared memory a block may have (SharedPerBlock; 0:
+	// none known), as a GPU's opt-in limit bounds it.
+	Shared int
 	mu     sync.Mutex // next and allocs
 	next   Ptr
 	allocs []*emuAlloc // sorted by base
@@ -617,3 +620,7 @@ func (e *Emu) UnpermuteSum(out, src, pos, shared Ptr, tokens, topk, hidden int, 
 }
 
 var _ Device = (*Emu)(nil)
+
+// SharedPerBlock is the shared memory a block may have (Shared; 0: none
+// known).
+func (e *Emu) SharedPerBlock() int { return e.Shared }

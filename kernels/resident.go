@@ -545,3 +545,9 @@ func (e *Emu) newSpace() {
 	emus.Unlock()
 	e.next = Ptr(space<<40 + 1<<20)
 }
+
+// SharedPerBlock is the shared memory, static and dynamic, a block of c
+// may have: the device's opt-in limit
+// (CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN; an A100's 163
+// KiB, an H100's 227 KiB).
+func (c *CUDA) SharedPerBlock() int { return c.optinShared }

@@ -154,11 +154,13 @@ type Config struct {
 	Impl          string  `json:"impl"`
 	SMs           int     `json:"sms"`
 	EP            int     `json:"ep"`
-	GPUs          int     `json:"gpus,omitempty"`          // cuda: GPUs asked for; 0 = every GPU, at most one per rank (where ranks ran: Ranks)
-	Domain        int     `json:"domain,omitempty"`        // ranks per NVLink domain; 0 = all
-	FeplbBase     string  `json:"feplb_base,omitempty"`    // feplb: phase-1 dispatcher
-	FeplbDynamic  int     `json:"feplb_dynamic,omitempty"` // feplb: dynamic experts per rank
-	FeplbPolicy   string  `json:"feplb_policy,omitempty"`  // feplb: the scheduler's policy (feplb, feplb-split); older records: feplb-split's forerunner
+	GPUs          int     `json:"gpus,omitempty"`           // cuda: GPUs asked for; 0 = every GPU, at most one per rank (where ranks ran: Ranks)
+	Domain        int     `json:"domain,omitempty"`         // ranks per NVLink domain; 0 = all
+	FeplbBase     string  `json:"feplb_base,omitempty"`     // feplb: phase-1 dispatcher
+	FeplbDynamic  int     `json:"feplb_dynamic,omitempty"`  // feplb: dynamic experts per rank
+	FeplbPolicy   string  `json:"feplb_policy,omitempty"`   // feplb: the scheduler's policy (feplb, feplb-split); older records: feplb-split's forerunner
+	PreprocessSMs int     `json:"preprocess_sms,omitempty"` // hybridep: --preprocess-sms as given (0: the default; what ran: SMs.Preprocess)
+	PermuteSMs    int     `json:"permute_sms,omitempty"`    // hybridep: --permute-sms as given (0: the default; what ran: SMs.Permute)
 	// CommTimeoutS is --comm-timeout, for native SM-driven dispatchers:
 	// the bound of each of their kernels' cross-rank waits. (Records from
 	// before ncclep_timeout_s gave it for --impl library too, where it was
@@ -540,7 +542,13 @@ type SMs struct {
 	// device). Absent for the other dispatchers and in older records.
 	Held     int    `json:"held,omitempty"`
 	HeldNote string `json:"held_note,omitempty"`
-	Measured string `json:"measured"` // or why it was not
+	// Preprocess and Permute are the blocks per rank of hybridep's
+	// preprocessing and permute launches, budgets of their own (its
+	// defaults where PreprocessSMs and PermuteSMs are 0); absent for the
+	// other dispatchers, on the host device and in older records.
+	Preprocess int    `json:"preprocess,omitempty"`
+	Permute    int    `json:"permute,omitempty"`
+	Measured   string `json:"measured"` // or why it was not
 }
 
 // Correctness is the outcome of the check against the float64 reference.

@@ -196,6 +196,9 @@ func (c Config) Settings() string {
 	if c.FeplbPolicy != "" {
 		s += " policy=" + c.FeplbPolicy
 	}
+	if c.PreprocessSMs != 0 || c.PermuteSMs != 0 {
+		s += fmt.Sprintf(" preprocess-sms=%d permute-sms=%d", c.PreprocessSMs, c.PermuteSMs)
+	}
 	if c.CUDAGraph {
 		s += " cuda-graph"
 	}

@@ -121,6 +121,8 @@ const maxSharedExperts = 1024
 // budget).
 var flagBounds = map[string]bound{
 	"sms":            {0, dispatchers.MaxSMBudget, "0 = the dispatcher's default"},
+	"preprocess-sms": {0, dispatchers.MaxSMBudget, "0 = the default"},
+	"permute-sms":    {0, dispatchers.MaxSMBudget, "0 = the default"},
 	"shared-experts": {0, maxSharedExperts, ""},
 	"ep":             {1, 1 << 20, ""}, // as Validate's; sweep's list is checked before its points are made
 }

@@ -27,6 +27,7 @@ type options struct {
 	domain, feplbDyn                                                    int
 	tokens, hidden, ffn, experts, topk, shared, groups, groupTopK       int
 	sms, ep, gpus, warmup, iters                                        int
+	preprocessSMs, permuteSMs                                           int
 	topkScale, maxSeconds                                               float64
 	commTimeout, ncclepTimeout, watchdogTimeout, rendezvousTimeout      time.Duration
 	seed                                                                uint64
@@ -109,6 +110,8 @@ func addPointFlags(fs *pflag.FlagSet, o *options, so *sweepOptions) {
 		"hybridep and deepep-ll through NCCL EP, its high-throughput and low-latency modes; deepep, DeepEP's normal mode, has none reachable from Go)"+aliasNote("impl"))
 	fs.Var(intList{&so.sms}, "sms", "SMs per rank of SM-driven dispatchers' transfer kernels (one block holds one SM; at most the GPU's SMs ÷ its ranks): deepep (even; default 20), hybridep (default 16), "+
 		"each default lowered to fit; with --impl library NCCL EP's max_num_sms; 0 = the dispatcher's (the library's) default; the other dispatchers run once, with 0")
+	fs.IntVar(&o.preprocessSMs, "preprocess-sms", d.PreprocessSMs, "hybridep (cuda): blocks per rank of its preprocessing's own launches (HybridEP's num_sms_preprocessing_api); 0 = HybridEP's 108, lowered to the GPU's SMs ÷ its ranks")
+	fs.IntVar(&o.permuteSMs, "permute-sms", d.PermuteSMs, "hybridep (cuda): blocks per rank of its permute's own launch (HybridEP's num_blocks_permute); 0 = the GPU's SMs ÷ its ranks")
 	fs.Var(intList{&so.ep}, "ep", "expert-parallel ranks; each must divide --experts")
 	fs.Var(intList{&so.gpus}, "gpus", "cuda: GPUs the ranks are spread over; 0 = every GPU, at most one per rank (more ranks than GPUs: packed, emulated EP; a count above a point's EP size is left out)")
 	addFeplbFlags(fs, o)
@@ -344,6 +347,7 @@ func (o *options) config(fs *pflag.FlagSet) (harness.Config, error) {
 		return c, err
 	}
 	c.Dispatcher, c.Impl, c.SMs, c.EP, c.GPUs = o.dispatcher, o.impl, o.sms, o.ep, o.gpus
+	c.PreprocessSMs, c.PermuteSMs = o.preprocessSMs, o.permuteSMs
 	c.Domain, c.FeplbBase, c.FeplbDyn, c.FeplbPolicy, c.CommTimeout = o.domain, o.feplbBase, o.feplbDyn, o.feplbPolicy, o.commTimeout
 	c.Routing, c.RoutingFixed, c.Seed, c.Warmup, c.Iters, c.Check, c.Device = r, o.routingFixed, o.seed, o.warmup, o.iters, o.check, o.device
 	c.CheckAll = o.check && o.checkAll
@@ -371,14 +375,21 @@ func (o *options) config(fs *pflag.FlagSet) (harness.Config, error) {
 }
 
 // feplbOnly refuses feplb's own flags given without the feplb dispatcher
-// among those that run (they would change nothing).
+// among those that run (they would change nothing), and hybridep's
+// without hybridep.
 func feplbOnly(fs *pflag.FlagSet, running []string) error {
-	if slices.Contains(running, "feplb") {
-		return nil
-	}
-	for _, name := range []string{"feplb-base", "feplb-dynamic", "feplb-policy"} {
-		if f := fs.Lookup(name); f.Changed {
-			return &harness.ConfigError{Flag: name, Value: f.Value, Allowed: "applies only to --dispatcher feplb"}
+	for _, own := range []struct {
+		design string
+		names  []string
+	}{{"feplb", []string{"feplb-base", "feplb-dynamic", "feplb-policy"}}, {"hybridep", []string{"preprocess-sms", "permute-sms"}}} {
+		design := own.design
+		if slices.Contains(running, design) {
+			continue
+		}
+		for _, name := range own.names {
+			if f := fs.Lookup(name); f != nil && f.Changed {
+				return &harness.ConfigError{Flag: name, Value: f.Value, Allowed: "applies only to --dispatcher " + design}
+			}
 		}
 	}
 	return nil

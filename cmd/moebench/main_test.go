@@ -51,6 +51,8 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"--dispatcher", "feplb", "--feplb-base", "bogus"}, "--feplb-base=bogus: the dispatcher of feplb's phase 1; allowed: alltoall, deepep, "},
 		{[]string{"--feplb-base", "deepep"}, "--feplb-base=deepep: applies only to --dispatcher feplb"},
 		{[]string{"--feplb-dynamic", "3"}, "--feplb-dynamic=3: applies only to --dispatcher feplb"},
+		{[]string{"--permute-sms", "4"}, "--permute-sms=4: applies only to --dispatcher hybridep"},
+		{[]string{"--dispatcher", "hybridep", "--preprocess-sms", "2000"}, "--preprocess-sms=2000: must be in [0, 1024] (0 = the default)"},
 		{[]string{"--bogus"}, "unknown flag: --bogus"},
 		{[]string{"frobnicate"}, `unknown command "frobnicate"`},
 	}

@@ -26,6 +26,8 @@ var measuringFlags = map[string]runFlagChange{
 	"dispatcher":     {nil, "deepep"},
 	"impl":           {nil, "library"},
 	"sms":            {[]string{"--dispatcher", "hybridep"}, "8"},
+	"preprocess-sms": {[]string{"--dispatcher", "hybridep"}, "8"},
+	"permute-sms":    {[]string{"--dispatcher", "hybridep"}, "8"},
 	"ep":             {nil, "4"},
 	"gpus":           {[]string{"--device", "cuda"}, "2"},
 	"domain":         {nil, "4"},

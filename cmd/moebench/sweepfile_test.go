@@ -24,7 +24,9 @@ var fileKeys = map[string]struct {
 }{
 	"dispatcher":       {[]any{"alltoall", "feplb", "hybridep"}, func(r *results.Record) any { return r.Config.Dispatcher }},
 	"impl":             {[]any{"native"}, func(r *results.Record) any { return r.Config.Impl }},
-	"sms":              {[]any{16}, func(r *results.Record) any { return r.Config.SMs }}, // hybridep's point
+	"sms":              {[]any{16}, func(r *results.Record) any { return r.Config.SMs }},   // hybridep's point
+	"preprocess-sms":   {3, func(r *results.Record) any { return r.Config.PreprocessSMs }}, // hybridep's point
+	"permute-sms":      {5, func(r *results.Record) any { return r.Config.PermuteSMs }},    // hybridep's point
 	"ep":               {[]any{4}, func(r *results.Record) any { return r.Config.EP }},
 	"gpus":             {[]any{0}, nil}, // the host device has none: tested by TestSweepGPUs
 	"domain":           {2, func(r *results.Record) any { return r.Config.Domain }},
@@ -140,7 +142,7 @@ func TestSweepFileKeysActAsFlags(t *testing.T) {
 			switch k {
 			case "dispatcher":
 				continue
-			case "sms", "comm-timeout":
+			case "sms", "comm-timeout", "preprocess-sms", "permute-sms":
 				if r.Config.Dispatcher != "hybridep" {
 					continue
 				}

@@ -3,7 +3,9 @@ package hybridep
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"math"
+	"slices"
 	"time"
 
 	"github.com/moebench/moebench/dispatchers"
@@ -48,8 +50,13 @@ func NewDevice(impl string, env dispatchers.Env) (dispatchers.DeviceDispatcher, 
 	if sms == 0 {
 		sms = DefaultSMs
 	}
-	return &Device{cfg: Config{SMs: sms, Domain: env.Domain, Chunk: DefaultChunk}, timeout: timeout}, nil
+	cfg := Config{SMs: sms, Domain: env.Domain, Chunk: DefaultChunk, PreprocessSMs: env.PreprocessSMs, PermuteSMs: env.PermuteSMs}
+	return &Device{cfg: cfg, timeout: timeout}, nil
 }
+
+// LaunchBudgets are the blocks per rank of the preprocessing's and the
+// permute's launches (Config's, or their defaults, fitted in Bind).
+func (d *Device) LaunchBudgets() (preprocess, permute int) { return d.preSMs, d.permuteSMs }
 
 // Device is hybridep on device ranks.
 type Device struct {
@@ -71,6 +78,9 @@ type Device struct {
 	// would be compiled (MB_NO_BULK; hostsim compiles the bulk path)
 	noBulk bool
 	moved  moved // the last step's, from the routing map
+	// preSMs, permuteSMs: the blocks of each rank's preprocessing and
+	// permute launches (Config's, fitted in Bind)
+	preSMs, permuteSMs int
 	// backward: the last step ran the backward (Traffic counts its bytes);
 	// set by the first part's thread, reset in its allgather
 	backward bool
@@ -178,9 +188,24 @@ func (d *Device) Bind(shape dispatchers.Shape, ranks []*dispatchers.DeviceRank) 
 			}
 		}
 	}
+	fit := dispatchers.MaxSMBudget // the fewest SMs a rank has to itself (its GPU's ÷ its ranks there)
 	for _, p := range d.parts {
 		if sms := p.dev.SMCount(); d.cfg.SMs > sms {
 			return unavailable("--sms %d: a rank's budget above the %d SMs of %s", d.cfg.SMs, sms, p.dev.Name())
+		}
+		fit = min(fit, max(1, p.dev.SMCount()/p.count))
+	}
+	d.preSMs, d.permuteSMs = min(DefaultPreprocessSMs, fit), fit
+	for _, b := range []struct {
+		flag string
+		n    int
+		to   *int
+	}{{"--preprocess-sms", d.cfg.PreprocessSMs, &d.preSMs}, {"--permute-sms", d.cfg.PermuteSMs, &d.permuteSMs}} {
+		switch {
+		case b.n > fit:
+			return unavailable("%s %d: above the %d SMs a rank has to itself here (its GPU's SMs ÷ its ranks there)", b.flag, b.n, fit)
+		case b.n > 0:
+			*b.to = b.n
 		}
 	}
 	if d.world { // the run's communicator, over every process's ranks
@@ -200,7 +225,17 @@ func (d *Device) Bind(shape dispatchers.Shape, ranks []*dispatchers.DeviceRank) 
 		d.Close()
 		return err
 	}
-	d.progs = d.g.programs(shape, d.cfg.SMs, d)
+	limit := 0 // the least shared memory a block of a device may have
+	for _, p := range d.parts {
+		if s, ok := p.dev.(interface{ SharedPerBlock() int }); ok && s.SharedPerBlock() > 0 && (limit == 0 || s.SharedPerBlock() < limit) {
+			limit = s.SharedPerBlock()
+		}
+	}
+	d.progs = d.g.programs(shape, limit, d)
+	if err := d.fits(limit); err != nil {
+		d.Close()
+		return err
+	}
 	if err := d.resident(); err != nil {
 		d.Close()
 		return err
@@ -219,6 +254,7 @@ func (d *Device) alloc(devs []kernels.Device, streams []kernels.Stream) error {
 	N, T, M := int64(g.N), int64(g.T), int64(g.M)
 	ldp := int64(g.ldp())
 	_, _, counts, _, _, _, metaInts := g.metaInts()
+	metaInts += g.preScratch() // the preprocessing's scratch after it
 	other := max(M-1, 1)
 	d.st = make([]devRank, g.N)
 	// each rank's barrier flags: zero, and passed for another process's
@@ -437,8 +473,14 @@ func (d *Device) resident() error {
 	}
 	for i := range d.parts {
 		p := &d.parts[i]
-		for _, k := range []string{"allgather", "dispatch", "permute", "combine", "dispatch-bwd", "permute-bwd", "combine-bwd"} {
-			prog := d.progs.col[k].Prog
+		for _, k := range []string{"allgather", "preprocess-count", "preprocess", "dispatch", "permute", "combine", "dispatch-bwd", "permute-bwd", "combine-bwd"} {
+			prog, grid, flag, budget := d.progs.col[k].Prog, d.budget(p), "--sms", d.cfg.SMs
+			switch k {
+			case "preprocess-count", "preprocess":
+				grid, flag, budget = p.count*d.preSMs, "--preprocess-sms", d.preSMs
+			case "permute", "permute-bwd":
+				grid, flag, budget = p.count*d.permuteSMs, "--permute-sms", d.permuteSMs
+			}
 			per := 1
 			if r, ok := p.dev.(residency); ok {
 				var err error
@@ -446,11 +488,28 @@ func (d *Device) resident() error {
 					return err
 				}
 			}
-			if grid := d.budget(p); grid > per*p.dev.SMCount() {
+			if grid > per*p.dev.SMCount() {
 				return &dispatchers.UnavailableError{Name: Name, Impl: dispatchers.ImplNative, Reason: fmt.Sprintf(
-					"--sms %d for each of %d ranks on %s: %s", d.cfg.SMs, p.count, p.dev.Name(),
+					"%s %d for each of %d ranks on %s: %s", flag, budget, p.count, p.dev.Name(),
 					(&kernels.ResidencyError{Kernel: prog.Kernel, Device: p.dev.Name(), Grid: grid, Block: prog.Block, Shared: prog.Shared, PerSM: per, SMs: p.dev.SMCount()}).Error())}
 			}
+		}
+	}
+	return nil
+}
+
+// fits says why a kernel cannot run where a block may have limit bytes of
+// shared memory (0: none known), before anything is launched: its FIFOs at
+// their fewest stages and a bound of its static shared memory above it.
+func (d *Device) fits(limit int) error {
+	if limit <= 0 {
+		return nil
+	}
+	for _, k := range slices.Sorted(maps.Keys(d.progs.col)) {
+		if p := d.progs.col[k].Prog; p.Shared+staticShared > limit {
+			return &dispatchers.UnavailableError{Name: Name, Impl: dispatchers.ImplNative, Reason: fmt.Sprintf(
+				"hidden %d: %s needs %d B of shared memory a block (%d B of FIFOs at their fewest stages, and up to %d B static), above the %d B a block of %s may have (its opt-in limit)",
+				d.shape.Hidden, p.Kernel, p.Shared+staticShared, p.Shared, staticShared, limit, d.parts[0].dev.Name())}
 		}
 	}
 	return nil
@@ -497,12 +556,15 @@ func (d *Device) gatherMap(p *part) error {
 	return nil
 }
 
-// preprocess runs the scan on p's ranks and reads their counts (HybridEP's
-// blocking mode: the host sizes the expert-major rows). Its table is the
-// all-gather's: the rows it sizes are other devices' too, in this phase.
+// preprocess runs the scan on p's ranks (its two launches, their own
+// budget) and reads their counts (HybridEP's blocking mode: the host sizes
+// the expert-major rows). Its table is the all-gather's: the rows it sizes
+// are other devices' too, in this phase.
 func (d *Device) preprocess(p *part) error {
-	if err := d.launch(p, "preprocess", false, p.count, int32(p.first), p.table); err != nil {
-		return err
+	for _, k := range []string{"preprocess-count", "preprocess"} {
+		if err := d.launch(p, k, false, p.count*d.preSMs, int32(p.first), int32(d.preSMs), p.table); err != nil {
+			return err
+		}
 	}
 	_, _, counts, _, _, _, _ := d.g.metaInts()
 	for r := p.first; r < p.first+p.count; r++ {
@@ -582,7 +644,7 @@ func (d *Device) dispatch(p *part) error { return d.dispatchOf(p, false) }
 
 // dispatchOf is the dispatch (bwd: of the output gradients, the combine's
 // backward): the inter-domain path first, then the fan-out, then the
-// permute (its own kernel, the same SM budget).
+// permute (its own kernel and budget, --permute-sms).
 func (d *Device) dispatchOf(p *part, bwd bool) error {
 	pack, dispatch := "pack", "dispatch"
 	if bwd {
@@ -605,7 +667,7 @@ func (d *Device) dispatchOf(p *part, bwd bool) error {
 	if bwd {
 		permute = "permute-bwd"
 	}
-	return d.launch(p, permute, false, d.budget(p), int32(p.first), int32(d.cfg.SMs), p.table)
+	return d.launch(p, permute, false, p.count*d.permuteSMs, int32(p.first), int32(d.permuteSMs), p.table)
 }
 
 func (d *Device) combine(p *part) error { return d.combineOf(p, false) }
@@ -742,6 +804,7 @@ func (d *Device) Buffers(r int) []dispatchers.Buffer {
 	N, T, E, M := int64(g.N), int64(g.T), int64(g.E), int64(g.M)
 	row, ldp := 2*int64(d.shape.Hidden), int64(g.ldp())
 	_, _, _, _, _, _, meta := g.metaInts()
+	meta += g.preScratch()
 	b := []dispatchers.Buffer{
 		{Name: "receive", Bytes: T * N * row, About: "worst case, every rank's every token (tokens per rank × ranks, HybridEP's preallocation): the rows dispatch stores, then combine's partial sums (one shared buffer)"},
 		{Name: "receive-probs", Bytes: T * N * ldp * 4, About: "worst case: each received token's fp32 probabilities for the L·D experts of the domain, padded to 16-byte rows"},
@@ -752,7 +815,7 @@ func (d *Device) Buffers(r int) []dispatchers.Buffer {
 	}
 	return append(b,
 		dispatchers.Buffer{Name: "routing-map", Bytes: N*T*E + T*M*ldp*4, About: "the all-gathered global routing map (bool [N·T, E]) and the rank's fp32 probabilities per domain [T, M, L·D padded]"},
-		dispatchers.Buffer{Name: "metadata", Bytes: 4*int64(meta) + T*M + 8 + 4*N, About: "sparse_to_dense, dense_to_expert (worst case), counts, chunk layout and inter-domain slots (int32), attn_to_rdma (bool [T, M]), the barrier's counters and flags"},
+		dispatchers.Buffer{Name: "metadata", Bytes: 4*int64(meta) + T*M + 8 + 4*N, About: "sparse_to_dense, dense_to_expert (worst case), counts, chunk layout and inter-domain slots (int32), the preprocessing's scratch (each map tile's column counts and bits), attn_to_rdma (bool [T, M]), the barrier's counters and flags"},
 		dispatchers.Buffer{Name: "permute", Bytes: s.out.Bytes, About: "the expert-major rows and probabilities the grouped GEMM reads (sized by the preprocessing's count; grown only)"},
 	)
 }

@@ -2,11 +2,14 @@ package hybridep
 
 import (
 	"errors"
+	"fmt"
 	"math/rand/v2"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/moebench/moebench/dispatchers"
 	dt "github.com/moebench/moebench/dispatchers/dispatchtest"
@@ -394,4 +397,126 @@ func TestGPUHybridEPDevice(t *testing.T) {
 		}
 		return devs[:n]
 	}, false)
+}
+
+// TestPreprocessOnHostSim: hybridep.cu's preprocessing (its two launches,
+// several blocks a rank, maps of several tiles: tiles of 256 tokens, and
+// of 128 with more than 256 experts) gives every rank the host design's
+// metadata exactly: sparse_to_dense, dense_to_expert, counts, chunk
+// layout, attn_to_rdma and the inter-domain slots.
+func TestPreprocessOnHostSim(t *testing.T) {
+	gs := fakeGPUs(t)
+	for _, tc := range []struct {
+		name                string
+		sh                  dispatchers.Shape
+		domain, ndev, preSM int
+	}{
+		{"ep4-five-tiles", dispatchers.Shape{Tokens: 300, Hidden: 8, Experts: 16, TopK: 3, EP: 4}, 0, 1, 2},
+		{"ep2-two-domains", dispatchers.Shape{Tokens: 300, Hidden: 8, Experts: 16, TopK: 5, EP: 2}, 1, 2, 2},
+		{"ep2-320-experts", dispatchers.Shape{Tokens: 200, Hidden: 8, Experts: 320, TopK: 6, EP: 2}, 0, 1, 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			sh, T := tc.sh, tc.sh.Tokens
+			ranks := dt.Tagged(sh, 11)
+			d := &Device{cfg: Config{SMs: 1, Domain: tc.domain, Chunk: 64, PreprocessSMs: tc.preSM}, timeout: 10 * time.Second}
+			drs := make([]*dispatchers.DeviceRank, sh.EP)
+			for r, rk := range ranks {
+				dev := gs[r*tc.ndev/sh.EP]
+				dr := &dispatchers.DeviceRank{ID: r, Dev: dev}
+				var err error
+				if dr.Stream, err = dev.NewStream(); err != nil {
+					t.Fatal(err)
+				}
+				if _, err = kernels.Resize(dev, 1, kernels.Buf{P: &dr.X, PerRow: int64(2 * T * sh.Hidden)}, kernels.Buf{P: &dr.Idx, PerRow: int64(4 * T * sh.TopK)},
+					kernels.Buf{P: &dr.Probs, PerRow: int64(4 * T * sh.TopK)}, kernels.Buf{P: &dr.Y, PerRow: int64(2 * T * sh.Hidden)}); err != nil {
+					t.Fatal(err)
+				}
+				if err := errors.Join(dev.Upload(dr.Idx, rk.Idx, dr.Stream), dev.Upload(dr.Probs, rk.Probs, dr.Stream)); err != nil {
+					t.Fatal(err)
+				}
+				drs[r] = dr
+				t.Cleanup(func() { kernels.Free(dev, &dr.X, &dr.Idx, &dr.Probs, &dr.Y) })
+			}
+			th := dt.Threads(t, drs)
+			if err := d.Bind(sh, drs); err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { d.Close() })
+			if d.preSMs != tc.preSM || d.g.preTiles() < 2 {
+				t.Fatalf("%d preprocessing blocks a rank, %d tiles: want %d blocks and several tiles", d.preSMs, d.g.preTiles(), tc.preSM)
+			}
+			hostsim.WithinNamed(t, 2*time.Minute, "hybridep's all-gather and preprocessing", func() {
+				if err := dt.IssuePhases(th, d, drs, d.Phases(nil)[:2]); err != nil {
+					t.Fatal(err)
+				}
+			})
+			g := d.g
+			gmap := make([]bool, g.N*T*g.E)
+			for src, rk := range ranks {
+				for x, e := range rk.Idx {
+					gmap[(src*T+x/sh.TopK)*g.E+int(e)] = true
+				}
+			}
+			_, _, _, _, _, _, total := g.metaInts()
+			for r, dr := range drs {
+				ints, todom := make([]int32, total), make([]uint16, T*g.M/2) // (T·M even here)
+				if err := errors.Join(dr.Dev.Download(ints, d.st[r].meta, dr.Stream), dr.Dev.Download(todom, d.st[r].todom, dr.Stream)); err != nil {
+					t.Fatal(err)
+				}
+				got, want := g.metaOf(ints, unsafe.Slice((*byte)(unsafe.Pointer(&todom[0])), 2*len(todom))), g.newMeta()
+				g.preprocess(r, gmap, &want)
+				want.d2e, got.d2e = want.d2e[:want.recv*g.L], got.d2e[:want.recv*g.L]
+				want.cnt, got.cnt = nil, nil
+				if !reflect.DeepEqual(got, want) {
+					t.Fatalf("rank %d: the kernels' metadata\n%+v\nthe host design's\n%+v", r, got, want)
+				}
+			}
+		})
+	}
+}
+
+// TestSharedMemoryLimit: at hidden 7168 the FIFOs HybridEP's stages ask
+// for (184–196 KiB a block) exceed an A100's 163 KiB opt-in limit: the
+// stages shrink to fit it (every kernel's dynamic shared memory and the
+// bound of its static below the limit); a limit that even the fewest
+// stages exceed makes the design unavailable before any launch, naming
+// the bytes and the limit. A GPU's limit is the driver's opt-in
+// attribute (the fake driver gives $FAKECUDA_SMEM_OPTIN).
+func TestSharedMemoryLimit(t *testing.T) {
+	sh := dispatchers.Shape{Tokens: 8, Hidden: 7168, Experts: 16, TopK: 2, EP: 2}
+	bind := func(dev kernels.Device) (*Device, error) {
+		d := &Device{cfg: Config{SMs: 2, Chunk: 4}, timeout: time.Second}
+		drs := make([]*dispatchers.DeviceRank, sh.EP)
+		for r := range drs {
+			s, err := dev.NewStream()
+			if err != nil {
+				t.Fatal(err)
+			}
+			drs[r] = &dispatchers.DeviceRank{ID: r, Dev: dev, Stream: s}
+		}
+		err := d.Bind(sh, drs)
+		if err == nil {
+			t.Cleanup(func() { d.Close() })
+		}
+		return d, err
+	}
+	const a100 = 166912
+	d, err := bind(&kernels.Emu{SMs: 16, Shared: a100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, c := range d.progs.col {
+		if c.Prog.Shared+staticShared > a100 {
+			t.Errorf("%s: %d B of dynamic shared memory (and up to %d static) above the limit, %d B", k, c.Prog.Shared, staticShared, a100)
+		}
+	}
+	if _, err := bind(&kernels.Emu{SMs: 16, Shared: 100000}); !dispatchers.IsUnavailable(err) ||
+		!strings.Contains(err.Error(), "he_combine needs 118848 B of shared memory a block") || !strings.Contains(err.Error(), "the 100000 B a block of") {
+		t.Errorf("a limit of 100000 B: %v; want unavailable, naming he_combine's 118848 B and the limit", err)
+	}
+	t.Setenv("FAKECUDA_SMEM_OPTIN", fmt.Sprint(a100))
+	g := dt.FakeGPUs(t, 1)[0]
+	if s, ok := g.(interface{ SharedPerBlock() int }); !ok || s.SharedPerBlock() != a100 {
+		t.Fatalf("the fake GPU's opt-in limit: %v, want %d (the driver's attribute)", s, a100)
+	}
 }

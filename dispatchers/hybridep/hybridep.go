@@ -60,7 +60,17 @@ type Config struct {
 	SMs    int // blocks of dispatch and combine
 	Domain int // ranks per NVLink domain; 0: all ranks
 	Chunk  int // tokens per chunk
+	// PreprocessSMs and PermuteSMs are the blocks of the preprocessing's
+	// and the permute's own launches (the cuda device's; HybridEP's
+	// num_sms_preprocessing_api and num_blocks_permute); 0: the defaults,
+	// DefaultPreprocessSMs and the GPU's SMs ÷ its ranks, each fitted to
+	// the GPU's SMs ÷ its ranks
+	PreprocessSMs, PermuteSMs int
 }
+
+// DefaultPreprocessSMs is HybridEP's preprocessing budget (its
+// Configurer's 108 blocks), fitted to a rank's share of its GPU.
+const DefaultPreprocessSMs = 108
 
 // check says what is wrong with c for shape: a plain error for a domain
 // that does not divide EP (a usage error the harness catches first), an
@@ -71,6 +81,10 @@ func (c Config) check(sh dispatchers.Shape) error {
 		return fmt.Errorf("hybridep: --domain %d must divide EP %d (0 = all ranks in one domain)", c.Domain, sh.EP)
 	case c.SMs < 1 || c.SMs > dispatchers.MaxSMBudget:
 		return fmt.Errorf("hybridep: SM budget %d: must be in [1, %d]", c.SMs, dispatchers.MaxSMBudget)
+	case c.PreprocessSMs < 0 || c.PreprocessSMs > dispatchers.MaxSMBudget:
+		return fmt.Errorf("hybridep: preprocessing budget %d: must be in [0, %d] (0: the default)", c.PreprocessSMs, dispatchers.MaxSMBudget)
+	case c.PermuteSMs < 0 || c.PermuteSMs > dispatchers.MaxSMBudget:
+		return fmt.Errorf("hybridep: permute budget %d: must be in [0, %d] (0: the default)", c.PermuteSMs, dispatchers.MaxSMBudget)
 	case c.Chunk < 1:
 		return fmt.Errorf("hybridep: chunk of %d tokens: must be ≥ 1", c.Chunk)
 	}

@@ -104,9 +104,13 @@ func (io *twinIO) rows(p kernels.Ptr, n, h int) []float32 {
 // meta reads rank r's preprocessing output into a meta (the layout of
 // hybridep.cu's META_*).
 func (d *Device) readMeta(io *twinIO, p kernels.Ptr, todom kernels.Ptr) meta {
-	g := d.g
+	_, _, _, _, _, _, total := d.g.metaInts()
+	return d.g.metaOf(view[int32](io.read(p, 4*total)), io.read(todom, d.g.T*d.g.M))
+}
+
+// metaOf is the meta of hybridep.cu's META_* ints and attn_to_rdma bytes.
+func (g geom) metaOf(ints []int32, todom []byte) meta {
 	s2d, d2e, counts, chunkAt, send, recv, total := g.metaInts()
-	ints := view[int32](io.read(p, 4*total))
 	m := g.newMeta()
 	copy(m.s2d, ints[s2d:d2e])
 	copy(m.d2e, ints[d2e:counts])
@@ -122,7 +126,7 @@ func (d *Device) readMeta(io *twinIO, p kernels.Ptr, todom kernels.Ptr) meta {
 	}
 	copy(m.send, ints[send:recv])
 	copy(m.recvIdx, ints[recv:total])
-	for i, b := range io.read(todom, g.T*g.M) {
+	for i, b := range todom {
 		m.toDom[i] = b != 0
 	}
 	return m
@@ -192,12 +196,12 @@ func (d *Device) preprocessTwin(parts []kernels.TwinPart) error {
 	g := d.g
 	for _, t := range parts {
 		io := &twinIO{t: t}
-		R, err := d.twinRanks(t, t.Args[1].(kernels.Ptr))
+		R, err := d.twinRanks(t, t.Args[2].(kernels.Ptr))
 		if err != nil {
 			return err
 		}
-		first := int(t.Args[0].(int32))
-		for r := first; r < first+t.Grid; r++ {
+		first, count := int(t.Args[0].(int32)), t.Grid/int(t.Args[1].(int32))
+		for r := first; r < first+count; r++ {
 			gmap := make([]bool, g.N*g.T*g.E)
 			for i, b := range io.read(R[r].gmap, len(gmap)) {
 				gmap[i] = b != 0
@@ -344,7 +348,7 @@ func (d *Device) permuteTwinOf(parts []kernels.TwinPart, bwd bool) error {
 		if err != nil {
 			return err
 		}
-		first, count := int(t.Args[0].(int32)), t.Grid/d.cfg.SMs
+		first, count := int(t.Args[0].(int32)), t.Grid/int(t.Args[1].(int32))
 		for r := first; r < first+count; r++ {
 			me, l := R[r], r%g.D
 			m := d.readMeta(io, me.meta, me.todom)

@@ -8,9 +8,11 @@
 //                  stored into every rank's copy of the global map (peer
 //                  stores, up to 16 bytes of a row a thread), its
 //                  probabilities per domain; then a device barrier
-//   he_preprocess  from the global map alone, identically on every rank:
-//                  sparse_to_dense, dense_to_expert, the chunk layout, the
-//                  domains each token goes to and the inter-domain slots
+//   he_preprocess_count, he_preprocess
+//                  (blocks of their own) from the global map alone,
+//                  identically on every rank: sparse_to_dense,
+//                  dense_to_expert, the chunk layout, the domains each
+//                  token goes to and the inter-domain slots
 //   he_pack        (several domains) the rows each other domain needs,
 //                  for the inter-domain send (NCCL, by the host)
 //   he_dispatch    barrier; a loader warp stages each forwarded token (row
@@ -126,7 +128,9 @@ typedef struct {
 #define META_CHUNK_AT (META_COUNTS + L + 1 + 2 * M) // [N·CHUNKS + 1]
 #define META_SEND (META_CHUNK_AT + N * CHUNKS + 1) // [M, T] a token's slot in the send to a domain, or −1
 #define META_RECV (META_SEND + M * T)              // [M, T] a forwarded token's slot in the inter-domain buffer, or −1
-#define META_INTS (META_RECV + M * T)
+#define META_TILECNT (META_RECV + M * T)                 // [PRE_TILES, PRE_COLS] the preprocessing's scratch: each tile's count per column,
+#define META_BITS (META_TILECNT + PRE_TILES * PRE_COLS)  // [PRE_TILES, PRE_COLS, PRE_WARPS] and its tokens' column bits
+#define META_INTS (META_BITS + PRE_TILES * PRE_COLS * PRE_WARPS)
 
 // tile: where domain m's rows lie in an inter-domain buffer of domain n ≠ m
 __device__ __forceinline__ int he_tile(int m, int n) { return m < n ? m : m - 1; }
@@ -220,75 +224,174 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
     he_sync(c, R, flags, rank, blocks, PH_ALLGATHER, epoch, false);
 }
 
-// ---- preprocess: one block per rank scans the global map, a source
-// rank at a time in tiles of PRE_THREADS tokens (a thread each). Each
-// column of the scan is a count in global token order, an exclusive
-// prefix by warp ballots: x < D, "rank (n, x) needs the token" (receive
-// positions); D + e, "a token this rank receives has its expert e"; with
-// the rank's own tokens D + L + m, "domain m needs it"; with tokens it
-// forwards from another domain, D + L + M, "this domain needs it". Pass 1
-// counts each column per warp, pass 2 writes the positions.
+// ---- preprocess: HybridEP's metadata_preprocessing, two launches of
+// the rank's own budget (blocks blockIdx.x % blocks, as the other
+// kernels'; no cross-block wait: the second follows the first on the
+// stream). Every column of the scan is a count in global token order (g
+// = source rank · T + t), an exclusive prefix: x < D, "rank (n, x) needs
+// the token" (receive positions); D + e, "a token this rank receives has
+// its expert e"; with the rank's own tokens D + L + m, "domain m needs
+// it"; with the tokens of source (m, l), m ≠ n (those it forwards from
+// another domain), D + L + M + m, "this domain needs it". The global map
+// is cut into tiles of PRE_TILE tokens, the rank's block b taking tiles
+// b, b + blocks, ….
+//   he_preprocess_count  stages each tile's map rows in shared memory
+//                        (16-byte loads, 4 in flight a lane), each warp
+//                        turns its PRE_TPW tokens' rows into a bit of
+//                        every column (a row's experts as ballots), and
+//                        the block stores the tile's column bits and
+//                        counts (META_BITS, META_TILECNT)
+//   he_preprocess        each tile's prefix (the counts of the tiles
+//                        before it) and its tokens' positions, a thread a
+//                        token: sparse_to_dense, dense_to_expert (from the
+//                        expert's first row: every tile's counts give
+//                        them), the chunk layout, attn_to_rdma and the
+//                        inter-domain slots; block 0 the counts
 #define PRE_WARPS (PRE_THREADS / 32)
-#define PRE_COLS (D + L + M + 1)
+#define PRE_TILE (E <= 256 ? 256 : E <= 512 ? 128 : E <= 1024 ? 64 : 32) // tokens a tile (≤ 64 KiB of map)
+#define PRE_TPW (PRE_TILE / PRE_WARPS)                                   // a warp's tokens of a tile: the bits of a word
+#define PRE_TILES ((N * T + PRE_TILE - 1) / PRE_TILE)
+#define PRE_COLS (D + L + 2 * M)
+#define PRE_COLW ((PRE_COLS + 31) / 32) // a lane's columns
+#define PRE_EW ((E + 31) / 32)          // words of a row's experts' bits
+#define PRE_UNROLL 4
 
-// he_need: does the token of map row `row` count in column x (rank r = (n, l))?
-__device__ __forceinline__ bool he_need(const unsigned char *row, int x, int n, int l) {
-    bool v = false;
-    if (x < D) {
-        for (int e = 0; e < L; e++) v |= row[n * LD + x * L + e] != 0;
-    } else if (x < D + L) {
-        bool mine = false;
-        for (int e = 0; e < L; e++) mine |= row[n * LD + l * L + e] != 0;
-        v = mine && row[n * LD + l * L + x - D] != 0;
-    } else {
-        const int dm = x < D + L + M ? x - D - L : n;
-        for (int e = 0; e < LD; e++) v |= row[dm * LD + e] != 0;
+// he_any: is a bit of m[a, a + len) set?
+__device__ __forceinline__ bool he_any(const unsigned *m, int a, int len) {
+    for (int b = a, end = a + len; b < end;) {
+        const int s = b % 32, k = min(32 - s, end - b);
+        if ((m[b / 32] >> s) & (k == 32 ? ~0u : (1u << k) - 1)) return true;
+        b += k;
     }
-    return v;
+    return false;
 }
 
-extern "C" __global__ void __launch_bounds__(PRE_THREADS, 1) he_preprocess(int first, const he_rank *R) {
-    const int rank = first + blockIdx.x, n = rank / D, l = rank % D, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+// he_col: does source rank src's token whose row has the expert bits m
+// count in column x of rank's scan?
+__device__ __forceinline__ bool he_col(const unsigned *m, int x, int src, int rank) {
+    const int n = rank / D, l = rank % D;
+    if (x < D) return he_any(m, n * LD + x * L, L);
+    if (x < D + L) {
+        const int e = n * LD + l * L + x - D;
+        return (m[e / 32] >> e % 32 & 1) != 0; // (its own expert: the rank needs it)
+    }
+    if (x < D + L + M) return src == rank && he_any(m, (x - D - L) * LD, LD);
+    return src % D == l && src / D != n && x - D - L - M == src / D && he_any(m, n * LD, LD);
+}
+
+extern "C" __global__ void __launch_bounds__(PRE_THREADS, 1) he_preprocess_count(int first, int blocks, const he_rank *R) {
+    const int rank = first + blockIdx.x / blocks, b = blockIdx.x % blocks, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const he_rank me = R[rank];
+    unsigned char *tile = mb_dynamic_smem(); // PRE_TILE map rows
+    __shared__ unsigned msk[PRE_WARPS][PRE_EW];
+    __shared__ unsigned sb[PRE_COLS][PRE_WARPS];
+    int *cnt = me.meta + META_TILECNT;
+    unsigned *bits = (unsigned *)(me.meta + META_BITS);
+    for (int k = b; k < PRE_TILES; k += blocks) {
+        const int g0 = k * PRE_TILE, ntok = min(PRE_TILE, N * T - g0);
+        // the tile's rows, whole 16-byte units (the map's allocation is)
+        const unsigned bytes = ((unsigned)ntok * E + 15) / 16 * 16;
+        const unsigned char *src = me.gmap + (size_t)g0 * E;
+        for (unsigned b0 = 16 * threadIdx.x; b0 < bytes; b0 += PRE_UNROLL * 16 * PRE_THREADS) {
+            uint4 v[PRE_UNROLL];
+#pragma unroll
+            for (int u = 0; u < PRE_UNROLL; u++)
+                if (b0 + u * 16 * PRE_THREADS < bytes) v[u] = *(const uint4 *)(src + b0 + u * 16 * PRE_THREADS);
+#pragma unroll
+            for (int u = 0; u < PRE_UNROLL; u++)
+                if (b0 + u * 16 * PRE_THREADS < bytes) *(uint4 *)(tile + b0 + u * 16 * PRE_THREADS) = v[u];
+        }
+        __syncthreads();
+        unsigned acc[PRE_COLW];
+#pragma unroll
+        for (int q = 0; q < PRE_COLW; q++) acc[q] = 0;
+        for (int j = 0; j < PRE_TPW; j++) {
+            const int tt = warp * PRE_TPW + j;
+            if (tt >= ntok) break;
+            const unsigned char *row = tile + (size_t)tt * E;
+            for (int c = 0; c < PRE_EW; c++) {
+                const int e = 32 * c + lane;
+                const unsigned ball = __ballot_sync(MB_FULL_MASK, e < E && row[e] != 0);
+                if (lane == 0) msk[warp][c] = ball;
+            }
+            __syncwarp();
+            const int s = (g0 + tt) / T;
+#pragma unroll
+            for (int q = 0; q < PRE_COLW; q++) {
+                const int x = lane + 32 * q;
+                if (x < PRE_COLS && he_col(msk[warp], x, s, rank)) acc[q] |= 1u << j;
+            }
+            __syncwarp();
+        }
+#pragma unroll
+        for (int q = 0; q < PRE_COLW; q++)
+            if (lane + 32 * q < PRE_COLS) sb[lane + 32 * q][warp] = acc[q];
+        __syncthreads();
+        for (int x = threadIdx.x; x < PRE_COLS; x += PRE_THREADS) {
+            int c = 0;
+            for (int w = 0; w < PRE_WARPS; w++) {
+                bits[((size_t)k * PRE_COLS + x) * PRE_WARPS + w] = sb[x][w];
+                c += __popc(sb[x][w]);
+            }
+            cnt[k * PRE_COLS + x] = c;
+        }
+        __syncthreads(); // the tile and sb read
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(PRE_THREADS, 1) he_preprocess(int first, int blocks, const he_rank *R) {
+    const int rank = first + blockIdx.x / blocks, b = blockIdx.x % blocks, n = rank / D, l = rank % D;
     const he_rank me = R[rank];
     int *s2d = me.meta + META_S2D, *d2e = me.meta + META_D2E, *counts = me.meta + META_COUNTS;
     int *chunk_at = me.meta + META_CHUNK_AT, *send = me.meta + META_SEND, *recv = me.meta + META_RECV;
-    __shared__ int part[PRE_WARPS][PRE_COLS]; // per tile: each warp's count, then their exclusive prefix
-    __shared__ int base[PRE_COLS];            // counts before the tile
-    __shared__ int total[PRE_COLS];           // the tile's
-    for (int x = threadIdx.x; x < PRE_COLS; x += PRE_THREADS) base[x] = 0;
-    for (int x = threadIdx.x; x < M * T; x += PRE_THREADS) send[x] = -1, recv[x] = -1;
-    for (int x = threadIdx.x; x < L + 1 + 2 * M; x += PRE_THREADS) counts[x] = 0;
+    const int *cnt = me.meta + META_TILECNT;
+    const unsigned *bits = (const unsigned *)(me.meta + META_BITS);
+    __shared__ int base[PRE_COLS];  // the counts before the tile
+    __shared__ int total[PRE_COLS]; // every tile's
+    __shared__ int start[L];        // each local expert's first row
+    __shared__ unsigned sb[PRE_COLS][PRE_WARPS];
+    __shared__ int wpre[PRE_COLS][PRE_WARPS]; // the counts before each warp's tokens
+    for (int x = threadIdx.x; x < PRE_COLS; x += PRE_THREADS) {
+        int s = 0, before = 0;
+        for (int k = 0; k < PRE_TILES; k++) {
+            if (k == b) before = s;
+            s += cnt[k * PRE_COLS + x];
+        }
+        total[x] = s, base[x] = before;
+    }
     __syncthreads();
-    for (int src = 0; src < N; src++) {
-        const int m = src / D, sl = src % D;
-        // the columns this source's tokens count in (the same for every thread)
-        const int cols = src == rank ? D + L + M : sl == l && m != n ? PRE_COLS : D + L;
-        for (int x = D + L + threadIdx.x; x < PRE_COLS; x += PRE_THREADS) base[x] = 0; // per source
-        for (int t0 = 0; t0 < T; t0 += PRE_THREADS) {
-            const int t = t0 + threadIdx.x;
-            const bool in = t < T;
-            const unsigned char *row = me.gmap + ((size_t)src * T + (in ? t : 0)) * E;
-            for (int x = 0; x < cols; x++) {
-                const unsigned ball = __ballot_sync(MB_FULL_MASK, in && he_need(row, x, n, l));
-                if (lane == 0) part[warp][x] = __popc(ball);
+    if (threadIdx.x == 0) {
+        for (int e = 0, s = 0; e < L; e++) start[e] = s, s += total[D + e];
+        if (b == 0) { // receive count and rows per local expert, sends and receives per domain
+            counts[L] = total[l];
+            for (int e = 0; e < L; e++) counts[e] = total[D + e];
+            for (int dm = 0; dm < M; dm++) {
+                counts[L + 1 + dm] = dm == n ? 0 : total[D + L + dm];
+                counts[L + 1 + M + dm] = dm == n ? 0 : total[D + L + M + dm];
             }
-            __syncthreads();
-            for (int x = threadIdx.x; x < cols; x += PRE_THREADS) {
-                int sum = 0;
-                for (int w = 0; w < PRE_WARPS; w++) {
-                    const int v = part[w][x];
-                    part[w][x] = sum;
-                    sum += v;
-                }
-                total[x] = sum;
+            chunk_at[N * CHUNKS] = total[l];
+        }
+    }
+    __syncthreads();
+    for (int k = b; k < PRE_TILES; k += blocks) {
+        const int g0 = k * PRE_TILE, ntok = min(PRE_TILE, N * T - g0);
+        for (int x = threadIdx.x; x < PRE_COLS; x += PRE_THREADS) {
+            int s = base[x];
+            for (int w = 0; w < PRE_WARPS; w++) {
+                const unsigned v = bits[((size_t)k * PRE_COLS + x) * PRE_WARPS + w];
+                sb[x][w] = v, wpre[x][w] = s;
+                s += __popc(v);
             }
-            __syncthreads();
+        }
+        __syncthreads();
+        const int tt = threadIdx.x;
+        if (tt < ntok) {
+            const int g = g0 + tt, src = g / T, t = g % T, m = src / D, sl = src % D, w = tt / PRE_TPW, j = tt % PRE_TPW;
             int i = -1; // the token's receive position, if this rank receives it
-            for (int x = 0; x < cols; x++) {
-                const bool v = in && he_need(row, x, n, l);
-                const unsigned ball = __ballot_sync(MB_FULL_MASK, v);
-                const int pos = base[x] + part[warp][x] + __popc(ball & ((1u << lane) - 1));
-                if (!in) continue;
+            for (int x = 0; x < PRE_COLS; x++) {
+                const unsigned word = sb[x][w];
+                const bool v = (word >> j & 1) != 0;
+                const int pos = wpre[x][w] + __popc(word & ((1u << j) - 1));
                 if (x < D) {
                     if (sl == l) s2d[((size_t)m * T + t) * D + x] = v ? pos : -1;
                     if (x == l) {
@@ -296,39 +399,23 @@ extern "C" __global__ void __launch_bounds__(PRE_THREADS, 1) he_preprocess(int f
                         if (t % CHUNK == 0) chunk_at[src * CHUNKS + t / CHUNK] = pos;
                     }
                 } else if (x < D + L) {
-                    if (i >= 0) d2e[(size_t)i * L + x - D] = v ? pos : -1;
+                    if (i >= 0) d2e[(size_t)i * L + x - D] = v ? pos + start[x - D] : -1;
                 } else if (x < D + L + M) {
-                    if (src == rank) { // (a forwarded source counts these columns too, unused)
+                    if (src == rank) {
                         me.todom[t * M + x - D - L] = v;
-                        if (x - D - L != n) send[(x - D - L) * T + t] = v ? pos : -1;
+                        send[(x - D - L) * T + t] = v && x - D - L != n ? pos : -1;
                     }
-                } else {
+                } else if (sl == l && m != n && x - D - L - M == m) {
                     recv[m * T + t] = v ? pos : -1;
                 }
             }
-            __syncthreads();
-            for (int x = threadIdx.x; x < cols; x += PRE_THREADS) base[x] += total[x];
-            __syncthreads();
-        }
-        if (threadIdx.x == 0) {
-            if (src == rank)
-                for (int dm = 0; dm < M; dm++) counts[L + 1 + dm] = dm == n ? 0 : base[D + L + dm];
-            if (cols == PRE_COLS) counts[L + 1 + M + m] = base[D + L + M];
+            if (src == rank) recv[n * T + t] = -1; // (no source of its own domain forwards to it)
         }
         __syncthreads();
-    }
-    // receive count and rows per local expert; dense_to_expert's rows
-    // from the expert's first (local experts in order)
-    const int received = base[l];
-    if (threadIdx.x == 0) {
-        counts[L] = received;
-        for (int e = 0; e < L; e++) counts[e] = base[D + e];
-        chunk_at[N * CHUNKS] = received;
-    }
-    for (int x = threadIdx.x; x < received * L; x += PRE_THREADS) {
-        int start = 0;
-        for (int e = 0; e < x % L; e++) start += base[D + e];
-        if (d2e[x] >= 0) d2e[x] += start;
+        // the tiles up to this block's next
+        for (int x = threadIdx.x; x < PRE_COLS; x += PRE_THREADS)
+            for (int k2 = k; k2 < min(k + blocks, PRE_TILES); k2++) base[x] += cnt[k2 * PRE_COLS + x];
+        __syncthreads();
     }
 }
 
@@ -509,7 +596,11 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 // with COPY_UNROLL 16-byte loads in flight per lane.
 #define PWARPS 4
 #define PTHREADS (32 * PWARPS)
+#ifdef MB_HE_PSTAGES
+#define PSTAGES MB_HE_PSTAGES // fewer where a block's shared memory is short (dispatchers/hybridep's permuteStages)
+#else
 #define PSTAGES 3 // a warp's rows (kernels.FIFOBytes(PSTAGES, ROW) each)
+#endif
 
 template <bool BWD> __device__ __forceinline__ void he_permute_body(int first, int blocks, const he_rank *R) {
     const int rank = first + blockIdx.x / blocks, b = blockIdx.x % blocks, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -587,6 +678,7 @@ extern "C" __global__ void __launch_bounds__(PTHREADS, 1) he_permute_bwd(int fir
 #define PIPES 2
 #define PIPE_THREADS 64                                   // a pipeline's reducers
 #define ACC ((ROW / 16 + PIPE_THREADS - 1) / PIPE_THREADS) // 16-byte pieces of a row per reducer
+#define ADD_UNROLL 4                                       // a reducer's add loads in flight (home: the shared expert's row)
 #define CFIFO_BYTES (16 * MB_HE_STAGES + MB_HE_STAGES * ROW) // a pipeline's FIFO (kernels.FIFOBytes)
 #ifdef MB_BULK
 #define OUT_STAGES 2
@@ -661,24 +753,37 @@ __device__ bool he_reduce(const mb_comm &c, int rank, int ph, int b, int blocks,
 #else
         unsigned char *out = (unsigned char *)s.out(o);
 #endif
+        // the row's pieces ADD_UNROLL at a time: their add loads (the
+        // shared expert's row, at home) issued together, then each summed
+        // and stored in order
 #pragma unroll
-        for (int p = 0; p < ACC; p++) {
-            const unsigned at = 16 * (p * PIPE_THREADS + pt);
-            if (at >= ROW) continue;
-            bf16 y[8];
+        for (int p0 = 0; p0 < ACC; p0 += ADD_UNROLL) {
+            uint4 av[ADD_UNROLL];
 #pragma unroll
-            for (int x = 0; x < 8; x++) y[x] = f2bf(acc[p][x]);
-            if (add) {
-                float a[8];
-                unpack8(*(const uint4 *)(add + at), a);
-#pragma unroll
-                for (int x = 0; x < 8; x++) y[x] = f2bf(bf2f(y[x]) + a[x]);
+            for (int u = 0; u < ADD_UNROLL; u++) {
+                const unsigned at = 16 * ((p0 + u) * PIPE_THREADS + pt);
+                if (add && p0 + u < ACC && at < ROW) av[u] = *(const uint4 *)(add + at);
             }
+#pragma unroll
+            for (int u = 0; u < ADD_UNROLL; u++) {
+                const int p = p0 + u;
+                const unsigned at = 16 * (p * PIPE_THREADS + pt);
+                if (p >= ACC || at >= ROW) continue;
+                bf16 y[8];
+#pragma unroll
+                for (int x = 0; x < 8; x++) y[x] = f2bf(acc[p][x]);
+                if (add) {
+                    float a[8];
+                    unpack8(av[u], a);
+#pragma unroll
+                    for (int x = 0; x < 8; x++) y[x] = f2bf(bf2f(y[x]) + a[x]);
+                }
 #ifdef MB_BULK
-            mb_sts16(row + at, pack8(y));
+                mb_sts16(row + at, pack8(y));
 #else
-            mb_stg16(out + at, pack8(y));
+                mb_stg16(out + at, pack8(y));
 #endif
+            }
         }
 #ifdef MB_BULK
         // the reducers' stores, seen by the bulk copy (async proxy), in

@@ -77,10 +77,15 @@ typedef struct {
 } fgpu;
 static fgpu gpu[NDEV];
 static int nsms = 4;
+// a block's opt-in shared memory limit: $FAKECUDA_SMEM_OPTIN (e.g. an
+// A100's 166912), else BLOCK_SMEM_OPTIN
+static int smem_optin = BLOCK_SMEM_OPTIN;
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static void init_gpus(void) {
     const char *e = getenv("FAKECUDA_SMS");
     if (e && atoi(e) > 0 && atoi(e) <= 1024) nsms = atoi(e);
+    e = getenv("FAKECUDA_SMEM_OPTIN");
+    if (e && atoi(e) >= BLOCK_SMEM && atoi(e) <= BLOCK_SMEM_OPTIN) smem_optin = atoi(e);
     for (int d = 0; d < NDEV; d++) {
         pthread_mutex_init(&gpu[d].mu, 0);
         pthread_cond_init(&gpu[d].cv, 0);
@@ -142,7 +147,7 @@ CUresult cuDeviceGetAttribute(int *v, int attr, int d) {
     case 76: *v = cc() % 10; break;            // COMPUTE_CAPABILITY_MINOR
     case 81: *v = SM_SMEM; break;              // MAX_SHARED_MEMORY_PER_MULTIPROCESSOR
     case 82: *v = SM_REGS; break;              // MAX_REGISTERS_PER_MULTIPROCESSOR
-    case 97: *v = BLOCK_SMEM_OPTIN; break;     // MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
+    case 97: *v = smem_optin; break;     // MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
     case 106: *v = SM_BLOCKS; break;           // MAX_BLOCKS_PER_MULTIPROCESSOR
     case 111: *v = SMEM_RESERVED; break;       // RESERVED_SHARED_MEMORY_PER_BLOCK
     case 10000: *v = max_connections; break;   // the fake's: CUDA_DEVICE_MAX_CONNECTIONS at cuInit
@@ -907,7 +912,7 @@ CUresult cuFuncGetAttribute(int *v, int attr, void *f) {
 CUresult cuFuncSetAttribute(void *f, int attr, int v) {
     hostobj *k = kernel(f);
     if (!k) return INVALID_HANDLE;
-    if (attr != 8 || v < 0 || v + k->static_smem > BLOCK_SMEM_OPTIN) return INVALID_VALUE;
+    if (attr != 8 || v < 0 || v + k->static_smem > smem_optin) return INVALID_VALUE;
     k->max_dyn = v;
     return OK;
 }
