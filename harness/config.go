@@ -8,6 +8,7 @@ import (
 
 	"github.com/moebench/moebench/balance"
 	"github.com/moebench/moebench/dispatchers"
+	"github.com/moebench/moebench/dispatchers/ncclep"
 	"github.com/moebench/moebench/kernels"
 	"github.com/moebench/moebench/results"
 )
@@ -253,9 +254,9 @@ func (c Config) Validate() error {
 		return &ConfigError{"ncclep-timeout", c.NCCLEPTimeout, fmt.Sprintf("must be in [1ms, 1h] (0 = the default, %s)", dispatchers.DefaultCommTimeout)}
 	case c.WatchdogTimeout != 0 && (c.WatchdogTimeout < time.Second || c.WatchdogTimeout > MaxWatchdog):
 		return &ConfigError{"watchdog-timeout", c.WatchdogTimeout, fmt.Sprintf("must be 0 (%s) or in [1s, %s]", watchdogDerived, fmtHours(MaxWatchdog))}
-	case c.WatchdogTimeout != 0 && c.WatchdogTimeout <= max(c.CommTimeout, c.NCCLEPTimeout):
-		return &ConfigError{"watchdog-timeout", c.WatchdogTimeout, fmt.Sprintf("must be above --comm-timeout (%v) and --ncclep-timeout (%v), so that a wait's own timeout ends first and names the rank and the wait",
-			c.CommTimeout, c.NCCLEPTimeout)}
+	case c.WatchdogTimeout != 0 && c.WatchdogTimeout <= max(c.CommTimeout, c.ncclepWait()):
+		return &ConfigError{"watchdog-timeout", c.WatchdogTimeout, fmt.Sprintf("must be above --comm-timeout (%v) and NCCL EP's timeout (%s), so that a wait's own timeout ends first and names the rank and the wait",
+			c.CommTimeout, c.ncclepWaitName())}
 	case !(c.MaxSeconds >= 0 && c.MaxSeconds <= MaxSeconds):
 		return &ConfigError{"max-seconds", c.MaxSeconds, fmt.Sprintf("must be in [0, %d] (0 = no limit)", MaxSeconds)}
 	case c.Device != "host" && c.Device != "cuda" && c.Device != "auto":
@@ -330,7 +331,7 @@ func (c Config) Record() results.Config {
 const MaxWatchdog = 24 * time.Hour
 
 // watchdogDerived says what --watchdog-timeout 0 means (WatchdogLimit).
-const watchdogDerived = "6 × the longer of --comm-timeout and --ncclep-timeout, at least 30s"
+const watchdogDerived = "6 × the longer of --comm-timeout and NCCL EP's timeout (--ncclep-timeout, or NCCL_EP_TIMEOUT_MS where set), at least 30s"
 
 // WatchdogLimit is the longest one call on a GPU's thread may take once
 // the first step has run: WatchdogTimeout, or where it is 0 six times the
@@ -340,11 +341,29 @@ func (c Config) WatchdogLimit() time.Duration {
 	if c.WatchdogTimeout > 0 {
 		return c.WatchdogTimeout
 	}
-	longest := max(c.CommTimeout, c.NCCLEPTimeout)
+	longest := max(c.CommTimeout, c.ncclepWait())
 	if longest <= 0 {
 		longest = dispatchers.DefaultCommTimeout
 	}
 	return max(stepWait, 6*longest)
+}
+
+// ncclepWait is how long NCCL EP's kernels wait for other ranks:
+// NCCL_EP_TIMEOUT_MS where set, which NCCL EP takes over the group's
+// timeout_ns, else --ncclep-timeout.
+func (c Config) ncclepWait() time.Duration {
+	if t := ncclep.TimeoutFromEnv(); t > 0 {
+		return t
+	}
+	return c.NCCLEPTimeout
+}
+
+// ncclepWaitName says where ncclepWait came from.
+func (c Config) ncclepWaitName() string {
+	if t := ncclep.TimeoutFromEnv(); t > 0 {
+		return fmt.Sprintf("NCCL_EP_TIMEOUT_MS: %v", t)
+	}
+	return fmt.Sprintf("--ncclep-timeout %v", c.NCCLEPTimeout)
 }
 
 // fmtHours spells a whole number of hours as "24h".

@@ -2,7 +2,9 @@ package results
 
 import (
 	"fmt"
+	"maps"
 	"math"
+	"slices"
 	"sort"
 	"strings"
 )
@@ -238,27 +240,28 @@ func Compare(base, new []Record, o CompareOptions, allowStackChange bool) (*Comp
 	return c, nil
 }
 
-// PrecisionDiff is "precision: A → B" when the records of base and new
-// were run at different precisions (--precision; each file's set of them),
-// else "". Compare counts it as a stack difference: the numbers of two
-// precisions are never a regression of one another.
+// PrecisionDiff is "precision: A → B" when base and new were run at
+// precisions none of which they share (--precision; each file's set of
+// them), else "". Compare counts it as a stack difference: the numbers of
+// two precisions are never a regression of one another. Files that share
+// a precision compare at it; a point of a precision only one file has is
+// listed as only in that file (a precision is part of a point's settings).
 func PrecisionDiff(base, new []Record) string {
-	set := func(recs []Record) string {
+	set := func(recs []Record) map[string]bool {
 		m := map[string]bool{}
 		for _, r := range recs {
 			m[r.Config.PrecisionName()] = true
 		}
-		var s []string
-		for p := range m {
-			s = append(s, p)
+		return m
+	}
+	a, b := set(base), set(new)
+	for p := range a {
+		if b[p] {
+			return ""
 		}
-		sort.Strings(s)
-		return strings.Join(s, ",")
 	}
-	if a, b := set(base), set(new); a != b {
-		return fmt.Sprintf("precision: %s → %s", a, b)
-	}
-	return ""
+	names := func(m map[string]bool) string { return strings.Join(slices.Sorted(maps.Keys(m)), ",") }
+	return fmt.Sprintf("precision: %s → %s", names(a), names(b))
 }
 
 // PassChangeError is Compare's refusal of files whose records time

@@ -314,9 +314,10 @@ func TestCompareSettingsThatChangeTheMeasurement(t *testing.T) {
 	}
 }
 
-// TestComparePrecisions: records of different precisions (--precision)
-// are refused as a stack change, with the precisions named, unless
-// allowed; a record without the field (older) reads as bf16 and keeps its
+// TestComparePrecisions: files of precisions none of which they share
+// (--precision) are refused as a stack change, with the precisions named,
+// unless allowed; a precision added beside the baseline's is new points; a
+// record without the field (older) reads as bf16 and keeps its
 // point; files of the same precisions compare.
 func TestComparePrecisions(t *testing.T) {
 	bf, fp := okRecord("alltoall", []float64{1, 1, 1, 1, 1}), okRecord("alltoall", []float64{1, 1, 1, 1, 1})
@@ -331,6 +332,11 @@ func TestComparePrecisions(t *testing.T) {
 	}
 	if c, err := Compare([]Record{bf, fp}, []Record{fp, bf}, DefaultCompareOptions, false); err != nil || len(c.Changes) != 2 || c.Regressions != 0 {
 		t.Errorf("the same precisions in both files: %v, %+v", err, c)
+	}
+	// a precision added beside the baseline's: its points are new, the
+	// shared precision's compare (no new baseline needed)
+	if c, err := Compare([]Record{bf}, []Record{bf, fp}, DefaultCompareOptions, false); err != nil || len(c.Changes) != 2 || len(c.StackDiffs) != 0 {
+		t.Errorf("fp8 points added beside bf16 ones: %v, %+v", err, c)
 	}
 	b, _ := json.Marshal(bf)
 	if strings.Contains(string(b), "precision") {

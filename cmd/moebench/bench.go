@@ -149,9 +149,6 @@ func checkBenchOut(path, schema string) error {
 	return nil
 }
 
-// writeBench prints the kernel benchmark as a table, every column.
-func writeBench(w io.Writer, kb *harness.KernelBench) { writeBenchWidth(w, kb, 0) }
-
 // writeBenchWidth prints the kernel benchmark as a table fitted to width
 // columns (0: every column): the kernel, its time, rate and ratio to its
 // ceiling first, its shape last.

@@ -144,10 +144,6 @@ func pred(p harness.DispatchPoint, dispatch bool) string {
 	return fmt.Sprintf("%.1f", p.Predicted.CombineGBpsPerSM)
 }
 
-// writeDispatchBench prints the dispatch benchmark as a table, every
-// column.
-func writeDispatchBench(w io.Writer, b *harness.DispatchBench) { writeDispatchBenchWidth(w, b, 0) }
-
 // writeDispatchBenchWidth prints the dispatch benchmark as a table fitted
 // to width columns (0: every column): the parts of a design's dispatch
 // move last, and a point that did not run says so in its check cell, its

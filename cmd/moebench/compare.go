@@ -203,10 +203,25 @@ func writeCompareNarrow(p func(string, ...any), c *results.Comparison) {
 			p("# workload %s\n", workload)
 		}
 		bp, np, chg, ci := compareCells(ch)
-		p("  %-12s %-*s %11s %11s %9s %15s\n", ch.Verdict, sw, results.Truncate(ch.Settings, sw), bp, np, chg, ci)
+		p("  %-12s %-*s %11s %11s %9s %15s\n", ch.Verdict, sw, settingsCell(ch.Settings, sw), bp, np, chg, ci)
 		if ch.Why != "" && ch.Verdict != results.VerdictSame {
 			p("#   %s\n", ch.Why)
 		}
 	}
 	p("# %d points, %d regressions, %d undecided\n", len(c.Changes), c.Regressions, c.Undecided)
+}
+
+// settingsCell fits a point's settings to width columns, cut on the right
+// but keeping a precision other than bf16 (" precision=fp8", the last
+// setting), which alone may tell two rows apart.
+func settingsCell(s string, width int) string {
+	i := strings.LastIndex(s, " precision=")
+	if i < 0 || utf8.RuneCountInString(s) <= width {
+		return results.Truncate(s, width)
+	}
+	p := s[i:]
+	if n := utf8.RuneCountInString(p); n < width {
+		return results.Truncate(s[:i], width-n) + p
+	}
+	return results.Truncate(s, width)
 }

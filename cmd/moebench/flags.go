@@ -143,6 +143,9 @@ func (l strList) Set(s string) error {
 		return nil
 	}
 	*l.v = strings.Split(s, ",")
+	for i, v := range *l.v {
+		(*l.v)[i] = strings.TrimSpace(v)
+	}
 	return nil
 }
 
@@ -347,6 +350,9 @@ func (o *options) config(fs *pflag.FlagSet) (harness.Config, error) {
 		return c, err
 	}
 	c.Dispatcher, c.Impl, c.SMs, c.EP, c.GPUs = o.dispatcher, o.impl, o.sms, o.ep, o.gpus
+	if _, smDriven := dispatchers.SMBudgetOf(c.Dispatcher, c.Impl); !smDriven {
+		c.SMs = 0 // as the help says, and as a sweep's point of such a dispatcher is
+	}
 	c.PreprocessSMs, c.PermuteSMs = o.preprocessSMs, o.permuteSMs
 	c.Domain, c.FeplbBase, c.FeplbDyn, c.FeplbPolicy, c.CommTimeout = o.domain, o.feplbBase, o.feplbDyn, o.feplbPolicy, o.commTimeout
 	c.Routing, c.RoutingFixed, c.Seed, c.Warmup, c.Iters, c.Check, c.Device = r, o.routingFixed, o.seed, o.warmup, o.iters, o.check, o.device
@@ -465,8 +471,9 @@ device (a Go implementation of every kernel) and says so.
 The flags that take lists (strings, ints: --dispatcher alltoall,deepep
 --sms 16,32) run one point per combination of their values: the sweep over
 them, as 'moebench sweep' runs it, each point's record appended to --out and
-the table of the points printed at the end. A flag given twice takes its
-last value, as every flag does.
+the table of the points printed at the end; it exits 1 when any point
+failed or was unavailable, and an interrupt stops it between points, as
+sweep does. A flag given twice takes its last value, as every flag does.
 
 Flags:
 `)

@@ -7,6 +7,7 @@ import (
 	"sort"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/moebench/moebench/results"
 )
@@ -29,8 +30,10 @@ func TestRunTakesLists(t *testing.T) {
 	if !regexp.MustCompile(`(?m)^\s+deepep\s+native\s+16\s+ok\s`).MatchString(stdout) {
 		t.Errorf("run with lists: no table of the points on stdout:\n%s", stdout)
 	}
-	if code, _, e := cli(append(append([]string{"sweep"}, sweepQuick...), append(points, "--out", viaSweep)...)...); code != exitOK {
-		t.Fatalf("sweep: exit %d\n%s", code, e)
+	for _, l := range strings.Split(stdout, "\n") {
+		if n := utf8.RuneCountInString(l); n > results.TermWidth {
+			t.Errorf("run with lists: a line of %d columns (more than %d without --wide): %q", n, results.TermWidth, l)
+		}
 	}
 	configs := func(path string) []results.Config {
 		recs, err := results.ReadFile(path, nil)
@@ -46,6 +49,21 @@ func TestRunTakesLists(t *testing.T) {
 		}
 		sort.Slice(c, func(i, j int) bool { return c[i].Settings()+c[i].Workload() < c[j].Settings()+c[j].Workload() })
 		return c
+	}
+	// --sms of a dispatcher without an SM budget: the same point alone and
+	// in a list (0, as the help says), so that compare matches them
+	one, two := filepath.Join(dir, "one.jsonl"), filepath.Join(dir, "two.jsonl")
+	cli(append(append([]string(nil), sweepQuick...), "--dispatcher", "alltoall", "--sms", "16", "--ep", "2", "--out", one)...)
+	cli(append(append([]string(nil), sweepQuick...), "--dispatcher", "alltoall,feplb", "--sms", "16", "--ep", "2", "--out", two)...)
+	if a, b := configs(one), configs(two); len(a) != 1 || len(b) != 2 || a[0].Settings() != b[0].Settings() || a[0].SMs != 0 {
+		t.Errorf("alltoall --sms 16 alone %+v, in a list %+v", a, b)
+	}
+	// a point unavailable: the run exits 1, as a run of that point alone does
+	if code, _, e := cli(append(append([]string(nil), sweepQuick...), "--dispatcher", "alltoall,deepep-ll", "--ep", "2", "--out", filepath.Join(dir, "ll.jsonl"))...); code != exitRuntime || !strings.Contains(e, "1 ok, 1 unavailable") {
+		t.Errorf("run with lists, one point unavailable: exit %d, want 1\n%s", code, e)
+	}
+	if code, _, e := cli(append(append([]string{"sweep"}, sweepQuick...), append(points, "--out", viaSweep)...)...); code != exitOK {
+		t.Fatalf("sweep: exit %d\n%s", code, e)
 	}
 	if a, b := configs(viaRun), configs(viaSweep); len(a) != 6 || !reflect.DeepEqual(a, b) {
 		t.Errorf("run's points %+v\nsweep's %+v", a, b)
@@ -72,7 +90,8 @@ func TestRunTakesLists(t *testing.T) {
 	for _, cmd := range [][]string{{"--help"}, {"sweep", "--help"}} {
 		_, help, _ := cli(cmd...)
 		for _, w := range []string{"--dispatcher strings", "--impl strings", "--sms ints", "--ep ints", "--preset strings", "--routing strings",
-			"--dispatchers: alias of --dispatcher, kept for one release", "--routings: alias of --routing, kept for one release"} {
+			"--dispatchers: alias of --dispatcher, kept for one release", "--routings: alias of --routing, kept for one release",
+			"--precisions: alias of --precision, kept for one release"} {
 			if !strings.Contains(help, w) {
 				t.Errorf("%v: help lacks %q", cmd, w)
 			}

@@ -73,7 +73,8 @@ after the current point (twice: at once), leaving the file valid.
 
 The list flags are the run command's, which takes lists too (a run over more
 than one point is this sweep); sweep's older plural names (--dispatchers,
---impls, --presets, --routings) are deprecated aliases, kept for one release.
+--impls, --presets, --routings, --precisions) are deprecated aliases, kept for
+one release.
 A --file holds the same flags as JSON keys: each key acts exactly as the flag
 (validation included); the command line wins.
 
@@ -236,7 +237,7 @@ func sweepPoints(fs *pflag.FlagSet, o options, so sweepOptions, isSweep bool, st
 	fmt.Fprintf(stderr, "moebench sweep: %d of %d points: %d ok, %d unavailable, %d failed %s\n", done, len(points),
 		counts[results.StatusOK], counts[results.StatusUnavailable], counts[results.StatusFailed], writes)
 	if !isSweep && len(recs) > 0 {
-		if werr := results.WriteReport(stdout, results.BuildReport(recs), "table", ""); werr != nil {
+		if werr := results.WriteReportWidth(stdout, results.BuildReport(recs), "table", "", tableWidth(o.wide)); werr != nil {
 			fmt.Fprintf(stderr, "moebench: writing output: %v\n", werr)
 		}
 	}
@@ -254,6 +255,8 @@ func sweepPoints(fs *pflag.FlagSet, o options, so sweepOptions, isSweep bool, st
 	case done < len(points):
 		return 130
 	case counts[results.StatusFailed] > 0:
+		return exitRuntime
+	case !isSweep && counts[results.StatusUnavailable] > 0: // as a run of one point that is unavailable
 		return exitRuntime
 	}
 	return exitOK

@@ -55,10 +55,10 @@ func TestTimeoutsOneMeaningEach(t *testing.T) {
 	for _, c := range []struct{ args, want string }{
 		{"--ncclep-timeout=-1s", "--ncclep-timeout=-1s: must be in [1ms, 1h] (0 = the default, 5s)"},
 		{"--ncclep-timeout=2h", "--ncclep-timeout=2h0m0s: must be in [1ms, 1h]"},
-		{"--watchdog-timeout=500ms", "--watchdog-timeout=500ms: must be 0 (6 × the longer of --comm-timeout and --ncclep-timeout, at least 30s) or in [1s, 24h]"},
+		{"--watchdog-timeout=500ms", "--watchdog-timeout=500ms: must be 0 (6 × the longer of --comm-timeout and NCCL EP's timeout (--ncclep-timeout, or NCCL_EP_TIMEOUT_MS where set), at least 30s) or in [1s, 24h]"},
 		{"--watchdog-timeout=25h", "--watchdog-timeout=25h0m0s: must be 0"},
-		{"--watchdog-timeout=10s --comm-timeout=20s", "--watchdog-timeout=10s: must be above --comm-timeout (20s) and --ncclep-timeout (5s)"},
-		{"--watchdog-timeout=10s --ncclep-timeout=10s", "--watchdog-timeout=10s: must be above --comm-timeout (5s) and --ncclep-timeout (10s)"},
+		{"--watchdog-timeout=10s --comm-timeout=20s", "--watchdog-timeout=10s: must be above --comm-timeout (20s) and NCCL EP's timeout (--ncclep-timeout 5s)"},
+		{"--watchdog-timeout=10s --ncclep-timeout=10s", "--watchdog-timeout=10s: must be above --comm-timeout (5s) and NCCL EP's timeout (--ncclep-timeout 10s)"},
 	} {
 		code, _, e := cli(append(quick, strings.Fields(c.args)...)...)
 		if code != exitUsage || !strings.Contains(e, c.want) {

@@ -31,6 +31,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 	"unsafe"
@@ -453,6 +454,17 @@ func (d *Device) Library() dispatchers.LibraryInfo {
 // timeoutEnv is NCCL EP's own timeout, which overrides the group's
 // timeout_ns when set above 0.
 const timeoutEnv = "NCCL_EP_TIMEOUT_MS"
+
+// TimeoutFromEnv is the timeout NCCL_EP_TIMEOUT_MS sets when it is a
+// number of milliseconds above 0 (NCCL EP then waits that long instead of
+// the group's timeout_ns), else 0.
+func TimeoutFromEnv() time.Duration {
+	ms, err := strconv.ParseInt(os.Getenv(timeoutEnv), 10, 64)
+	if err != nil || ms <= 0 {
+		return 0
+	}
+	return time.Duration(ms) * time.Millisecond
+}
 
 // Transport names what moves the data.
 func (d *Device) Transport() string {
