@@ -43,9 +43,10 @@ report' and 'moebench compare'.
 
 On the host device advise runs end to end but its times do not predict GPU
 performance (it says so first and last): unless --tokens, --hidden or --ffn are
-given, the layer is scaled down (64 tokens per rank, hidden and FFN ÷ 16, the
-experts and top-k kept) and each measurement runs few steps, so that it
-finishes in minutes on CPUs; and compare's test decides host times only on a
+given, the layer is scaled down (64 tokens per rank, hidden and FFN ÷ 16, at
+fp8 the hidden rounded up to a multiple of 512 as HybridEP's FP8 dispatch
+needs, the experts and top-k kept) and each measurement runs few steps, so that
+it finishes in minutes on CPUs; and compare's test decides host times only on a
 gross difference (above 400%).
 
 Usage:
@@ -115,6 +116,10 @@ func adviseFlags(o *options, a *adviseArgs) *pflag.FlagSet {
 	return fs
 }
 
+// fp8HostHidden: at a precision below bf16 the host's scaled hidden is a
+// multiple of it (HybridEP's FP8 dispatch: hidden % 512 == 0).
+const fp8HostHidden = 512
+
 // hostScale shrinks a real model's layer for the host device: tokens,
 // hidden and FFN (those not given on the command line), the experts, top-k
 // and routing kept. It returns the note the answer gives, "" when nothing
@@ -129,7 +134,14 @@ func hostScale(fs *pflag.FlagSet, c *harness.Config) string {
 		*v = to
 	}
 	scale("tokens", &c.Tokens, 64)
-	scale("hidden", &c.Hidden, max(32, c.Hidden/16/8*8))
+	hidden := max(32, c.Hidden/16/8*8)
+	if c.Precision != "" && c.Precision != harness.PrecisionBF16 {
+		// fp8 quantizes rows in blocks of 128 and HybridEP's FP8 dispatch
+		// needs hidden % 512 == 0: round up so that the scaled layer is
+		// valid and hybridep stays in (the user gave no --hidden to blame)
+		hidden = (hidden + fp8HostHidden - 1) / fp8HostHidden * fp8HostHidden
+	}
+	scale("hidden", &c.Hidden, hidden)
 	scale("ffn", &c.FFN, max(16, c.FFN/16/8*8))
 	if len(parts) == 0 {
 		return ""

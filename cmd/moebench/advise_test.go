@@ -267,3 +267,46 @@ func TestAdviseInterrupt(t *testing.T) {
 		t.Errorf("records: %v", err)
 	}
 }
+
+// TestAdviseHostScaleFP8: on the host device advise scales a real model's
+// hidden down; at fp8 it rounds it up to a multiple of 512, so that the
+// layer is valid at fp8 (whose blocks are 128 wide: deepseek-v3's and
+// glm-4.5's ÷ 16 are not) and hybridep's FP8 dispatch (hidden % 512) stays
+// in; bf16 scales as before.
+func TestAdviseHostScaleFP8(t *testing.T) {
+	for _, c := range []struct {
+		preset, precision string
+		hidden            int
+	}{
+		{"deepseek-v3", "fp8", 512}, {"glm-4.5", "fp8", 512}, {"qwen3-30b-a3b", "fp8", 512},
+		{"deepseek-v3", "bf16", 448}, {"glm-4.5", "bf16", 320}, {"qwen3-30b-a3b", "bf16", 128},
+	} {
+		var o options
+		var a adviseArgs
+		fs := adviseFlags(&o, &a)
+		if err := fs.Parse([]string{"--preset", c.preset, "--precision", c.precision, "--device", "host"}); err != nil {
+			t.Fatal(err)
+		}
+		d := harness.DefaultConfig()
+		o.dispatcher, o.impl, o.feplbBase, o.feplbDyn, o.feplbPolicy = d.Dispatcher, d.Impl, d.FeplbBase, d.FeplbDyn, d.FeplbPolicy
+		o.warmup, o.iters = d.Warmup, d.Iters
+		cfg, err := o.config(fs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.Device = "host"
+		hostScale(fs, &cfg)
+		if cfg.Hidden != c.hidden {
+			t.Errorf("%s at %s: hidden scaled to %d, want %d", c.preset, c.precision, cfg.Hidden, c.hidden)
+		}
+		if err := cfg.Validate(); err != nil {
+			t.Errorf("%s at %s: %v", c.preset, c.precision, err)
+		}
+		if c.precision == "fp8" {
+			cfg.Dispatcher = "hybridep"
+			if err := harness.Gate(cfg); err != nil {
+				t.Errorf("%s at fp8: hybridep unavailable on the host: %v", c.preset, err)
+			}
+		}
+	}
+}
