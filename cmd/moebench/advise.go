@@ -107,7 +107,7 @@ func adviseFlags(o *options, a *adviseArgs) *pflag.FlagSet {
 	fs.Float64Var(&a.hostGross, "host-gross-pct", 100*results.DefaultCompareOptions.HostGross, "host device: the difference, in percent, whose whole interval must lie above it to separate host times (compare's; above --threshold-pct, below 1e6)")
 	o.check, o.checkAll = d.Check, d.CheckAll
 	fs.Var(checkValue{&o.check, &o.checkAll}, "check", "check every finalist (and each confirmed budget) against the float64 reference before it is timed: sample | all | off (a design that fails is never the answer)")
-	fs.DurationVar(&o.commTimeout, "comm-timeout", d.CommTimeout, "SM-driven dispatchers: the longest a cross-rank wait may take (0 = 5s)")
+	addTimeoutFlags(fs, o) // advise runs the library implementations too
 	fs.StringVar(&o.device, "device", d.Device, "device: auto (cuda if a driver and GPU are found, else host) | host | cuda")
 	addLibFlag(fs, &o.cudaLibs)
 	fs.StringVar(&a.out, "out", "", "folder for the records and the answer: new, or empty (default: ./moebench-advise-STAMP, a new one)")

@@ -310,3 +310,21 @@ func TestAdviseHostScaleFP8(t *testing.T) {
 		}
 	}
 }
+
+// TestAdviseTimeoutFlags: advise runs the library implementations and
+// moebench's own SM-driven ones as run does, so its timeouts are run's:
+// the same flags with the same meaning, help and default.
+func TestAdviseTimeoutFlags(t *testing.T) {
+	var aa adviseArgs
+	run, adv := newFlags(&options{}), adviseFlags(&options{}, &aa)
+	for _, name := range []string{"comm-timeout", "ncclep-timeout", "watchdog-timeout"} {
+		r, a := run.Lookup(name), adv.Lookup(name)
+		if r == nil || a == nil {
+			t.Errorf("--%s: run has it %v, advise %v", name, r != nil, a != nil)
+			continue
+		}
+		if r.Usage != a.Usage || r.DefValue != a.DefValue {
+			t.Errorf("--%s: advise's help %q (default %s), not run's %q (default %s)", name, a.Usage, a.DefValue, r.Usage, r.DefValue)
+		}
+	}
+}
