@@ -216,7 +216,10 @@ func TestAdviseBudget(t *testing.T) {
 	}
 	out := filepath.Join(t.TempDir(), "advice")
 	start := time.Now()
-	code, stdout, stderr := cli(append(adviseTiny, "--preset", "tiny", "--ep", "4", "--dispatcher", "alltoall,deepep,hybridep", "--budget", "10s", "--rounds", "100", "--out", out)...)
+	// a layer large enough that 100 rounds of three finalists (1500 steps)
+	// cannot fit in 10 s on a fast, idle host (adviseTiny's 0.4 ms steps do)
+	code, stdout, stderr := cli(append(adviseTiny, "--preset", "tiny", "--tokens", "256", "--hidden", "128", "--ffn", "64", "--ep", "4",
+		"--dispatcher", "alltoall,deepep,hybridep", "--budget", "10s", "--rounds", "100", "--out", out)...)
 	took := time.Since(start)
 	a := readAnswer(t, out)
 	if code != exitOK || !strings.Contains(a.Stopped, "the budget (10s) ended") || !strings.Contains(stdout, "stopped early: the budget (10s) ended") || a.Rounds >= 100 {
