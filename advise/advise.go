@@ -87,6 +87,7 @@ type Answer struct {
 	GPU       string   `json:"gpu,omitempty"` // model, cuda device
 	Preset    string   `json:"preset"`
 	Workload  string   `json:"workload"`
+	Precision string   `json:"precision,omitempty"` // fp8, mxfp8; "" = bf16
 	Scaled    string   `json:"scaled,omitempty"`
 	BudgetS   float64  `json:"budget_s"`
 	ElapsedS  float64  `json:"elapsed_s"`
@@ -136,7 +137,8 @@ type SMPoint struct {
 type Final struct {
 	Dispatcher string    `json:"dispatcher"`
 	Impl       string    `json:"impl"`
-	SMs        int       `json:"sms"` // as run (0: the default, or not SM-driven)
+	SMs        int       `json:"sms"`                 // as run (0: the default, or not SM-driven)
+	Precision  string    `json:"precision,omitempty"` // fp8, mxfp8; "" = bf16
 	Status     string    `json:"status"`
 	Reason     string    `json:"reason,omitempty"`
 	Correct    string    `json:"correctness,omitempty"`
@@ -150,12 +152,38 @@ type Final struct {
 	cfg       harness.Config
 }
 
-// Label is "dispatcher/impl sms=N" (sms only for SM-driven designs).
+// Label is "dispatcher/impl sms=N" (sms only for SM-driven designs),
+// followed by the precision when it is not bf16.
 func (f *Final) Label() string {
+	l := f.Dispatcher + "/" + f.Impl
 	if _, ok := dispatchers.SMBudgetOf(f.Dispatcher, f.Impl); ok {
-		return fmt.Sprintf("%s/%s sms=%d", f.Dispatcher, f.Impl, f.SMs)
+		l = fmt.Sprintf("%s/%s sms=%d", f.Dispatcher, f.Impl, f.SMs)
 	}
-	return f.Dispatcher + "/" + f.Impl
+	if f.Precision != "" {
+		l += " " + f.Precision
+	}
+	return l
+}
+
+// precisionOf is c's precision, "" for bf16.
+func precisionOf(c harness.Config) string {
+	if c.Precision == harness.PrecisionBF16 {
+		return ""
+	}
+	return c.Precision
+}
+
+// setPrecision tells the workload's precision, when not bf16, in the
+// answer's workload and in its finalists' labels.
+func (a *Answer) setPrecision(o Options) {
+	p := precisionOf(o.Base)
+	a.Precision = p
+	if p != "" && !strings.Contains(a.Workload, " precision=") {
+		a.Workload += " precision=" + p
+	}
+	for _, f := range a.Finalists {
+		f.Precision = p
+	}
 }
 
 // Decision is the answer: the winner and the runner-up with compare's
@@ -203,6 +231,7 @@ func Advise(o Options) (*Answer, error) {
 	}
 	a := &Answer{Schema: Schema, Time: start.UTC().Format(time.RFC3339), Command: o.Command, Device: o.Base.Device,
 		Preset: o.Base.Preset, Workload: o.Base.Record().Workload(), Scaled: o.Scaled, BudgetS: o.Budget.Seconds()}
+	a.setPrecision(o)
 	p := &pacer{o: o, now: now, start: start}
 	defer func() { a.ElapsedS = now().Sub(start).Seconds() }()
 
@@ -248,7 +277,7 @@ func Advise(o Options) (*Answer, error) {
 	// b. each SM-driven design's budget
 	var finals []*Final
 	for _, g := range avail {
-		f := &Final{Dispatcher: g.Dispatcher, Impl: g.Impl, Status: results.StatusOK}
+		f := &Final{Dispatcher: g.Dispatcher, Impl: g.Impl, Status: results.StatusOK, Precision: precisionOf(o.Base)}
 		b, smDriven := dispatchers.SMBudgetOf(g.Dispatcher, g.Impl)
 		if smDriven {
 			t, err := tune(o, p, steps, g.Dispatcher, g.Impl, b)

@@ -287,3 +287,44 @@ func TestSearchFailed(t *testing.T) {
 		}
 	}
 }
+
+// TestPrecisionInAnswer: an fp8 answer reproduces at fp8 (and with
+// hybridep's own block budgets where they are not the default), says fp8
+// in its question, workload and winner, and is another question than the
+// bf16 one in the history; a bf16 command stays as it was.
+func TestPrecisionInAnswer(t *testing.T) {
+	c := harness.DefaultConfig()
+	c.Preset, c.Device, c.Dispatcher, c.Impl = "tiny", "host", "hybridep", "native"
+	bf16 := Reproduce(c)
+	if strings.Contains(bf16, "--precision") || strings.Contains(bf16, "-sms") {
+		t.Errorf("bf16: %s", bf16)
+	}
+	c.Precision, c.PreprocessSMs, c.PermuteSMs = harness.PrecisionFP8, 8, 12
+	if r := Reproduce(c); !strings.Contains(r, "--precision fp8") || !strings.Contains(r, "--preprocess-sms 8") || !strings.Contains(r, "--permute-sms 12") {
+		t.Errorf("fp8: %s", r)
+	}
+
+	path := filepath.Join(t.TempDir(), "history.jsonl")
+	a := answer("cuda", "NVIDIA H100")
+	if _, err := AppendHistory(path, a, "bf16"); err != nil {
+		t.Fatal(err)
+	}
+	o := Options{Compare: results.DefaultCompareOptions}
+	o.Base.Device, o.Base.Preset, o.Base.Precision = "cuda", "qwen3-30b-a3b", harness.PrecisionFP8
+	b := answer("cuda", "NVIDIA H100")
+	b.setPrecision(o)
+	b.Decision = decide(b.Finalists, o)
+	var buf strings.Builder
+	if err := Write(&buf, b, "text", nil); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"at EP 8 in fp8 on this node?", "precision=fp8", "ANSWER: alltoall/native fp8 is the fastest"} {
+		if !strings.Contains(buf.String(), want) {
+			t.Errorf("the fp8 answer does not say %q:\n%s", want, buf.String())
+		}
+	}
+	b.Decision.Winner = "deepep/native sms=24 fp8"
+	if ch, err := AppendHistory(path, b, "fp8"); err != nil || ch != "" {
+		t.Errorf("fp8 after bf16 is another question, not a changed winner: %q, %v", ch, err)
+	}
+}

@@ -26,13 +26,19 @@ type Entry struct {
 	Out       string `json:"out,omitempty"` // the folder of the answer and its records
 }
 
-// question is what makes two answers answers to the same question.
+// question is what makes two answers answers to the same question: the
+// workload, its precision (bf16 unsaid, as in older entries) and the
+// hardware.
 func (a *Answer) question() string {
 	hw := a.Device
 	if a.GPU != "" {
 		hw = a.GPU
 	}
-	return a.Workload + " on " + hw
+	w := a.Workload
+	if p := " precision=" + a.Precision; a.Precision != "" && !strings.Contains(w, p) {
+		w += p
+	}
+	return w + " on " + hw
 }
 
 // maxHistoryLine bounds a history line.

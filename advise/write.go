@@ -43,8 +43,17 @@ func Reproduce(c harness.Config) string {
 		args = append(args, "--pre-softmax")
 	}
 	args = append(args, fmt.Sprintf("--ep %d", c.EP), "--dispatcher "+c.Dispatcher, "--impl "+c.Impl)
+	if c.Precision != "" && c.Precision != harness.PrecisionBF16 { // bf16, the default, is unsaid
+		args = append(args, "--precision "+c.Precision)
+	}
 	if c.SMs > 0 {
 		args = append(args, fmt.Sprintf("--sms %d", c.SMs))
+	}
+	if c.PreprocessSMs > 0 {
+		args = append(args, fmt.Sprintf("--preprocess-sms %d", c.PreprocessSMs))
+	}
+	if c.PermuteSMs > 0 {
+		args = append(args, fmt.Sprintf("--permute-sms %d", c.PermuteSMs))
 	}
 	if c.Domain > 0 {
 		args = append(args, fmt.Sprintf("--domain %d", c.Domain))
@@ -170,7 +179,7 @@ func smPoint(p SMPoint) string {
 // header lines: the question and how it was measured.
 func (a *Answer) header() []string {
 	h := []string{
-		fmt.Sprintf("question: which dispatcher, and how many SMs, for %s at EP %s on this node?", a.Preset, epOf(a.Workload)),
+		fmt.Sprintf("question: which dispatcher, and how many SMs, for %s at EP %s%s on this node?", a.Preset, epOf(a.Workload), inPrecision(a.Precision)),
 		"workload: " + a.Workload,
 		fmt.Sprintf("device: %s · %s", a.Device, a.Stack),
 		fmt.Sprintf("measured in %.0f s of a %.0f s budget: %d round(s) of the finalists' training steps, interleaved", a.ElapsedS, a.BudgetS, a.Rounds),
@@ -182,6 +191,14 @@ func (a *Answer) header() []string {
 		h = append(h, "stopped early: "+a.Stopped)
 	}
 	return h
+}
+
+// inPrecision is " in fp8" (the precision when not bf16), or "".
+func inPrecision(p string) string {
+	if p == "" {
+		return ""
+	}
+	return " in " + p
 }
 
 func epOf(workload string) string {
@@ -276,7 +293,7 @@ func writeMarkdown(w io.Writer, a *Answer, records []results.Record) error {
 	if host {
 		p.f("> **%s**\n\n", HostWarning)
 	}
-	p.f("# moebench advise: %s at EP %s\n\n", a.Preset, epOf(a.Workload))
+	p.f("# moebench advise: %s at EP %s%s\n\n", a.Preset, epOf(a.Workload), inPrecision(a.Precision))
 	for _, h := range a.header() {
 		p.f("- %s\n", mdEscape(h))
 	}

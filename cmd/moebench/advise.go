@@ -43,9 +43,10 @@ report' and 'moebench compare'.
 
 On the host device advise runs end to end but its times do not predict GPU
 performance (it says so first and last): unless --tokens, --hidden or --ffn are
-given, the layer is scaled down (64 tokens per rank, hidden and FFN ÷ 16, the
-experts and top-k kept) and each measurement runs few steps, so that it
-finishes in minutes on CPUs; and compare's test decides host times only on a
+given, the layer is scaled down (64 tokens per rank, hidden and FFN ÷ 16, at
+fp8 the hidden rounded up to a multiple of 512 as HybridEP's FP8 dispatch
+needs, the experts and top-k kept) and each measurement runs few steps, so that
+it finishes in minutes on CPUs; and compare's test decides host times only on a
 gross difference (above 400%).
 
 Usage:
@@ -106,7 +107,7 @@ func adviseFlags(o *options, a *adviseArgs) *pflag.FlagSet {
 	fs.Float64Var(&a.hostGross, "host-gross-pct", 100*results.DefaultCompareOptions.HostGross, "host device: the difference, in percent, whose whole interval must lie above it to separate host times (compare's; above --threshold-pct, below 1e6)")
 	o.check, o.checkAll = d.Check, d.CheckAll
 	fs.Var(checkValue{&o.check, &o.checkAll}, "check", "check every finalist (and each confirmed budget) against the float64 reference before it is timed: sample | all | off (a design that fails is never the answer)")
-	fs.DurationVar(&o.commTimeout, "comm-timeout", d.CommTimeout, "SM-driven dispatchers: the longest a cross-rank wait may take (0 = 5s)")
+	addTimeoutFlags(fs, o) // advise runs the library implementations too
 	fs.StringVar(&o.device, "device", d.Device, "device: auto (cuda if a driver and GPU are found, else host) | host | cuda")
 	addLibFlag(fs, &o.cudaLibs)
 	fs.StringVar(&a.out, "out", "", "folder for the records and the answer: new, or empty (default: ./moebench-advise-STAMP, a new one)")
@@ -114,6 +115,10 @@ func adviseFlags(o *options, a *adviseArgs) *pflag.FlagSet {
 	fs.StringVar(&a.history, "history", "", "append the answer to this history file (JSON lines) and say when the winner differs from the last answer there to the same question (scripts/nightly.sh)")
 	return fs
 }
+
+// fp8HostHidden: at a precision below bf16 the host's scaled hidden is a
+// multiple of it (HybridEP's FP8 dispatch: hidden % 512 == 0).
+const fp8HostHidden = 512
 
 // hostScale shrinks a real model's layer for the host device: tokens,
 // hidden and FFN (those not given on the command line), the experts, top-k
@@ -129,7 +134,14 @@ func hostScale(fs *pflag.FlagSet, c *harness.Config) string {
 		*v = to
 	}
 	scale("tokens", &c.Tokens, 64)
-	scale("hidden", &c.Hidden, max(32, c.Hidden/16/8*8))
+	hidden := max(32, c.Hidden/16/8*8)
+	if c.Precision != "" && c.Precision != harness.PrecisionBF16 {
+		// fp8 quantizes rows in blocks of 128 and HybridEP's FP8 dispatch
+		// needs hidden % 512 == 0: round up so that the scaled layer is
+		// valid and hybridep stays in (the user gave no --hidden to blame)
+		hidden = (hidden + fp8HostHidden - 1) / fp8HostHidden * fp8HostHidden
+	}
+	scale("hidden", &c.Hidden, hidden)
 	scale("ffn", &c.FFN, max(16, c.FFN/16/8*8))
 	if len(parts) == 0 {
 		return ""

@@ -216,7 +216,10 @@ func TestAdviseBudget(t *testing.T) {
 	}
 	out := filepath.Join(t.TempDir(), "advice")
 	start := time.Now()
-	code, stdout, stderr := cli(append(adviseTiny, "--preset", "tiny", "--ep", "4", "--dispatcher", "alltoall,deepep,hybridep", "--budget", "10s", "--rounds", "100", "--out", out)...)
+	// a layer large enough that 100 rounds of three finalists (1500 steps)
+	// cannot fit in 10 s on a fast, idle host (adviseTiny's 0.4 ms steps do)
+	code, stdout, stderr := cli(append(adviseTiny, "--preset", "tiny", "--tokens", "256", "--hidden", "128", "--ffn", "64", "--ep", "4",
+		"--dispatcher", "alltoall,deepep,hybridep", "--budget", "10s", "--rounds", "100", "--out", out)...)
 	took := time.Since(start)
 	a := readAnswer(t, out)
 	if code != exitOK || !strings.Contains(a.Stopped, "the budget (10s) ended") || !strings.Contains(stdout, "stopped early: the budget (10s) ended") || a.Rounds >= 100 {
@@ -265,5 +268,66 @@ func TestAdviseInterrupt(t *testing.T) {
 	}
 	if _, err := results.ReadFile(filepath.Join(out, "records.jsonl"), nil); err != nil {
 		t.Errorf("records: %v", err)
+	}
+}
+
+// TestAdviseHostScaleFP8: on the host device advise scales a real model's
+// hidden down; at fp8 it rounds it up to a multiple of 512, so that the
+// layer is valid at fp8 (whose blocks are 128 wide: deepseek-v3's and
+// glm-4.5's ÷ 16 are not) and hybridep's FP8 dispatch (hidden % 512) stays
+// in; bf16 scales as before.
+func TestAdviseHostScaleFP8(t *testing.T) {
+	for _, c := range []struct {
+		preset, precision string
+		hidden            int
+	}{
+		{"deepseek-v3", "fp8", 512}, {"glm-4.5", "fp8", 512}, {"qwen3-30b-a3b", "fp8", 512},
+		{"deepseek-v3", "bf16", 448}, {"glm-4.5", "bf16", 320}, {"qwen3-30b-a3b", "bf16", 128},
+	} {
+		var o options
+		var a adviseArgs
+		fs := adviseFlags(&o, &a)
+		if err := fs.Parse([]string{"--preset", c.preset, "--precision", c.precision, "--device", "host"}); err != nil {
+			t.Fatal(err)
+		}
+		d := harness.DefaultConfig()
+		o.dispatcher, o.impl, o.feplbBase, o.feplbDyn, o.feplbPolicy = d.Dispatcher, d.Impl, d.FeplbBase, d.FeplbDyn, d.FeplbPolicy
+		o.warmup, o.iters = d.Warmup, d.Iters
+		cfg, err := o.config(fs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.Device = "host"
+		hostScale(fs, &cfg)
+		if cfg.Hidden != c.hidden {
+			t.Errorf("%s at %s: hidden scaled to %d, want %d", c.preset, c.precision, cfg.Hidden, c.hidden)
+		}
+		if err := cfg.Validate(); err != nil {
+			t.Errorf("%s at %s: %v", c.preset, c.precision, err)
+		}
+		if c.precision == "fp8" {
+			cfg.Dispatcher = "hybridep"
+			if err := harness.Gate(cfg); err != nil {
+				t.Errorf("%s at fp8: hybridep unavailable on the host: %v", c.preset, err)
+			}
+		}
+	}
+}
+
+// TestAdviseTimeoutFlags: advise runs the library implementations and
+// moebench's own SM-driven ones as run does, so its timeouts are run's:
+// the same flags with the same meaning, help and default.
+func TestAdviseTimeoutFlags(t *testing.T) {
+	var aa adviseArgs
+	run, adv := newFlags(&options{}), adviseFlags(&options{}, &aa)
+	for _, name := range []string{"comm-timeout", "ncclep-timeout", "watchdog-timeout"} {
+		r, a := run.Lookup(name), adv.Lookup(name)
+		if r == nil || a == nil {
+			t.Errorf("--%s: run has it %v, advise %v", name, r != nil, a != nil)
+			continue
+		}
+		if r.Usage != a.Usage || r.DefValue != a.DefValue {
+			t.Errorf("--%s: advise's help %q (default %s), not run's %q (default %s)", name, a.Usage, a.DefValue, r.Usage, r.DefValue)
+		}
 	}
 }

@@ -14,7 +14,11 @@ import (
 // driver, the kernels compiled for the CPU, two fake GPUs of 32 SMs, two
 // ranks each), with alltoall made clearly slower by a test-only delay in
 // the simulation (each launch of sort_chunks, alltoall's own kernel, ends
-// 100 ms later: FAKECUDA_DELAY_KERNELS). It gates the designs on the cuda
+// 100 ms later on the event clock that times the steps:
+// FAKECUDA_DELAY_KERNELS; a step's floor there, the fake cuBLASLt's GEMM
+// times and half a millisecond per event record of every rank, is ~200 ms,
+// and alltoall runs sort_chunks four times a step, so the delay adds at
+// least 400 ms to each of its steps). It gates the designs on the cuda
 // device (deepep's library needs NCCL, missing; alltoall's library is
 // found unavailable when it runs: two ranks share a GPU), finds the
 // budgets that do not fit two ranks' blocks on a 32-SM GPU unavailable,
@@ -43,6 +47,13 @@ func TestAdviseSimulatedCUDA(t *testing.T) {
 	}
 	if !d.Separated || !strings.HasPrefix(d.Winner, "deepep/native sms=") || d.RunnerUp != "alltoall/native" || d.Verdict != results.VerdictRegression {
 		t.Errorf("decision: %+v\n%s", d, stdout)
+	}
+	p50 := map[string]float64{}
+	for _, f := range a.Finalists {
+		p50[f.Dispatcher+"/"+f.Impl] = f.P50
+	}
+	if p50["alltoall/native"]-p50["deepep/native"] < 100 { // the planted delay dominates the step's floor
+		t.Errorf("alltoall's step p50 %.3f ms is not the planted 100 ms above deepep's %.3f ms", p50["alltoall/native"], p50["deepep/native"])
 	}
 	gate := map[string]string{}
 	for _, g := range a.Gate {

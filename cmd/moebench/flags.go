@@ -271,6 +271,17 @@ func addControlFlags(fs *pflag.FlagSet, o *options) {
 	o.check, o.checkAll = d.Check, d.CheckAll
 	fs.Var(checkValue{&o.check, &o.checkAll}, "check", "check the output (and in a training step every gradient) against the float64 reference before the timed steps: "+
 		"sample (where every token's reference is beyond the check's budget, a seeded sample of tokens per rank, the record says which) | all (every token) | off")
+	addTimeoutFlags(fs, o)
+	fs.StringVar(&o.rendezvous, "rendezvous", "", "a run over several processes (srun, mpirun, torchrun, MOEBENCH_RANK/MOEBENCH_WORLD): a file on a filesystem every node sees, where rank 0 writes NCCL's unique id and the processes watch each other; not needed with NCCL_COMM_ID=host:port, but without it a process that fails or never arrives is named only in a run of two processes")
+	fs.DurationVar(&o.rendezvousTimeout, "rendezvous-timeout", launch.DefaultWait, "a run over several processes with --rendezvous: the longest time `dt` (a duration, 1s to 1h) a process waits at the start for the others to arrive, each giving the others its settings, which must be the same; one that never arrives is named")
+	fs.StringVar(&o.device, "device", d.Device, "device: auto (cuda if a driver and GPU are found, else host) | host | cuda")
+	addLibFlag(fs, &o.cudaLibs)
+}
+
+// addTimeoutFlags defines the bounds of cross-rank waits: moebench's own,
+// NCCL EP's and the GPU threads' watchdog (run's, sweep's and advise's).
+func addTimeoutFlags(fs *pflag.FlagSet, o *options) {
+	d := harness.DefaultConfig()
 	fs.DurationVar(&o.commTimeout, "comm-timeout", d.CommTimeout, "the longest one of moebench's own waits for another rank may take before the run fails naming it, in [1ms, 1h]: "+
 		"a native SM-driven dispatcher's waits on the GPU (deepep, hybridep: a flag, a queue's head or tail, a counter the host polls; the error names the rank, phase and wait), "+
 		"and in a run over several processes a process's wait for the others while none moves on (0 = 5s)")
@@ -279,10 +290,6 @@ func addControlFlags(fs *pflag.FlagSet, o *options) {
 	fs.DurationVar(&o.watchdogTimeout, "watchdog-timeout", d.WatchdogTimeout, "cuda: the longest one call on a GPU's thread (a phase of a step, a library call) may take once the first step has run, "+
 		"past which the run stops naming the GPUs whose thread has not returned (before it, the setup and the first steps, which compile the kernels, may take 10m); "+
 		"0 = 6 × the longer of --comm-timeout and --ncclep-timeout, at least 30s; else in [1s, 24h] and above both")
-	fs.StringVar(&o.rendezvous, "rendezvous", "", "a run over several processes (srun, mpirun, torchrun, MOEBENCH_RANK/MOEBENCH_WORLD): a file on a filesystem every node sees, where rank 0 writes NCCL's unique id and the processes watch each other; not needed with NCCL_COMM_ID=host:port, but without it a process that fails or never arrives is named only in a run of two processes")
-	fs.DurationVar(&o.rendezvousTimeout, "rendezvous-timeout", launch.DefaultWait, "a run over several processes with --rendezvous: the longest time `dt` (a duration, 1s to 1h) a process waits at the start for the others to arrive, each giving the others its settings, which must be the same; one that never arrives is named")
-	fs.StringVar(&o.device, "device", d.Device, "device: auto (cuda if a driver and GPU are found, else host) | host | cuda")
-	addLibFlag(fs, &o.cudaLibs)
 }
 
 // addLibFlag defines --cuda-libs; useLibDirs applies it.

@@ -802,8 +802,10 @@ static int skipped(const hostobj *k) {
 }
 // delay_us: $FAKECUDA_DELAY_KERNELS (read at each launch), a test-only
 // planted delay, "NAME=US[,NAME=US...]": each launch of kernel NAME ends
-// US microseconds later, its stream held meanwhile, as a slower kernel
-// would (a test makes one design clearly slower this way)
+// US microseconds later, its stream held meanwhile, and the event clock
+// moves on by US, as a slower kernel would (a test makes one design
+// clearly slower this way; without the clock's share the events, which
+// time every step, would not see it)
 static long delay_us(const hostobj *k) {
     const char *v = getenv("FAKECUDA_DELAY_KERNELS");
     if (!v || !k->name[0]) return 0;
@@ -1050,7 +1052,10 @@ static CUresult run_kernel(klaunch *l) {
     for (int i = 0; i < n; i++) pthread_join(ws[i].th, 0);
     free(ws);
     long us = delay_us(l->k);
-    if (us > 0) usleep((useconds_t)us);
+    if (us > 0) { // held, and seen by the event clock (which wall time is not)
+        usleep((useconds_t)us);
+        fakecuda_advance(us / 1e3);
+    }
     int st = atomic_load(&l->status);
     if (!l->keep) klaunch_free(l);
     if (st) {
