@@ -94,7 +94,7 @@ func TestFP8Unavailable(t *testing.T) {
 	if !dispatchers.IsUnavailable(err) || rec.Status != results.StatusUnavailable || !strings.Contains(rec.Reason, "mxfp8 is not wired") {
 		t.Errorf("mxfp8: %v, %s %q", err, rec.Status, rec.Reason)
 	}
-	for _, name := range []string{"deepep", "hybridep"} { // the cuda device (emulated): not wired yet, never a bf16 run
+	for _, name := range []string{"deepep"} { // the cuda device (emulated): not wired yet, never a bf16 run
 		c = fp8Config(name)
 		c.Device = "cuda"
 		rec, err = Run(c, Env{Version: "test", OpenDevices: emus(1)})
@@ -102,11 +102,13 @@ func TestFP8Unavailable(t *testing.T) {
 			t.Errorf("%s on the cuda device: %v, %s %q", name, err, rec.Status, rec.Reason)
 		}
 	}
-	c = fp8Config("hybridep")
-	c.Hidden = 384
-	rec, err = Run(c, Env{Version: "test"})
-	if !dispatchers.IsUnavailable(err) || rec.Status != results.StatusUnavailable || !strings.Contains(rec.Reason, "hidden a multiple of 512 (BufferConfig.is_valid); hidden is 384") {
-		t.Errorf("hybridep at hidden 384: %v, %s %q", err, rec.Status, rec.Reason)
+	for _, device := range []string{"host", "cuda"} {
+		c = fp8Config("hybridep")
+		c.Hidden, c.Device = 384, device
+		rec, err = Run(c, Env{Version: "test", OpenDevices: emus(1)})
+		if !dispatchers.IsUnavailable(err) || rec.Status != results.StatusUnavailable || !strings.Contains(rec.Reason, "hidden a multiple of 512 (BufferConfig.is_valid); hidden is 384") {
+			t.Errorf("hybridep at hidden 384 on the %s device: %v, %s %q", device, err, rec.Status, rec.Reason)
+		}
 	}
 }
 

@@ -16,7 +16,8 @@ import (
 // fp8DeviceCases are the dispatchers whose cuda device implementation
 // moves FP8 rows, in layers that exercise them: hidden 512 (4 blocks a
 // row, packed rows of 528 bytes) and 384 (3 blocks, 396 bytes padded to
-// 400), a shared expert, EP 1 (no exchange) and sigmoid routing.
+// 400), a shared expert, EP 1 (no exchange) and sigmoid routing; hybridep
+// (hidden 512, its fp8 constraint) with one domain and with two.
 func fp8DeviceCases() map[string]Config {
 	base := fp8Config("alltoall")
 	base.Device = "cuda"
@@ -29,7 +30,12 @@ func fp8DeviceCases() map[string]Config {
 	one.EP = 1
 	fe := base // skewed, so that phase 2 moves packed rows to helpers
 	fe.Dispatcher, fe.FeplbBase, fe.Domain, fe.Routing = "feplb", "alltoall", 2, Routing{Kind: RoutingSkewed, Alpha: 1.5}
-	return map[string]Config{"alltoall": base, "alltoall-h384": odd, "alltoall-sigmoid-shared": sig, "alltoall-ep1": one, "feplb": fe}
+	he := base // hybridep: pack, dispatch and permute move the packed rows
+	he.Dispatcher, he.SMs = "hybridep", 16
+	he2 := he // two domains: the inter-domain path (pack, exchange) moves them too
+	he2.Domain = 2
+	return map[string]Config{"alltoall": base, "alltoall-h384": odd, "alltoall-sigmoid-shared": sig, "alltoall-ep1": one, "feplb": fe,
+		"hybridep": he, "hybridep-domain2": he2}
 }
 
 // TestFP8DeviceEqualsHost: at fp8 the cuda device (Emu; quant_fp8_rows
@@ -42,6 +48,10 @@ func fp8DeviceCases() map[string]Config {
 // device and with the ranks on three.
 func TestFP8DeviceEqualsHost(t *testing.T) {
 	for name, c := range fp8DeviceCases() {
+		if c.Dispatcher == "hybridep" && c.Domain > 1 { // its inter-domain path: a device per rank
+			t.Run(name+"-4devices", func(t *testing.T) { equalsHost(t, c, c.EP) })
+			continue
+		}
 		t.Run(name, func(t *testing.T) {
 			equalsHost(t, c, 1)
 			if c.Dispatcher == "feplb" {
@@ -59,19 +69,23 @@ func TestFP8DeviceEqualsHost(t *testing.T) {
 
 // TestFP8DeviceRun: moebench's run on the emulated cuda device at fp8
 // passes its check, says fp8 in the record and times the quantize phase.
+// hybridep: issue 34's command, --dispatcher hybridep --sms 16 --precision
+// fp8 --hidden 512.
 func TestFP8DeviceRun(t *testing.T) {
-	c := fp8DeviceCases()["alltoall"]
-	rec, err := Run(c, Env{Version: "test", OpenDevices: emus(1)})
-	if err != nil || rec.Status != results.StatusOK || !rec.Correctness.Passed || rec.Correctness.Grads == nil {
-		t.Fatalf("%v, %s %q, %+v", err, rec.Status, rec.Reason, rec.Correctness)
+	for _, name := range []string{"alltoall", "hybridep"} {
+		c := fp8DeviceCases()[name]
+		rec, err := Run(c, Env{Version: "test", OpenDevices: emus(1)})
+		if err != nil || rec.Status != results.StatusOK || !rec.Correctness.Passed || rec.Correctness.Grads == nil {
+			t.Fatalf("%s: %v, %s %q, %+v", name, err, rec.Status, rec.Reason, rec.Correctness)
+		}
+		if rec.Config.Precision != PrecisionFP8 || !strings.HasPrefix(rec.GEMM.Method, ExpertPathFP8+"; ") {
+			t.Errorf("%s: record: precision %q, expert path %q", name, rec.Config.Precision, rec.GEMM.Method)
+		}
+		if !slices.ContainsFunc(rec.Timing.Phases, func(p results.Phase) bool { return p.Name == "quantize" }) {
+			t.Errorf("%s: no quantize phase in the timings: %+v", name, rec.Timing.Phases)
+		}
+		t.Logf("%s: output max rel err %.3g, gradients %.3g; expert path %q", name, rec.Correctness.MaxRelErr, rec.Correctness.Grads.MaxRelErr, rec.GEMM.Method)
 	}
-	if rec.Config.Precision != PrecisionFP8 || !strings.HasPrefix(rec.GEMM.Method, ExpertPathFP8+"; ") {
-		t.Errorf("record: precision %q, expert path %q", rec.Config.Precision, rec.GEMM.Method)
-	}
-	if !slices.ContainsFunc(rec.Timing.Phases, func(p results.Phase) bool { return p.Name == "quantize" }) {
-		t.Errorf("no quantize phase in the timings: %+v", rec.Timing.Phases)
-	}
-	t.Logf("output max rel err %.3g; expert path %q", rec.Correctness.MaxRelErr, rec.GEMM.Method)
 }
 
 // TestFP8DeviceCheckCatchesBrokenDequantization: with the device's
@@ -102,6 +116,12 @@ func TestFP8CUDALayerOnHostSim(t *testing.T) {
 	useHostSimLayer(t)
 	for name, c := range fp8DeviceCases() {
 		c.Warmup, c.Iters = 0, 1
+		if c.Dispatcher == "hybridep" { // the fake driver's GPUs: two, of 4 SMs
+			c.SMs = 2
+			if c.Domain > 1 { // two domains of one rank
+				c.EP, c.Domain = 2, 1
+			}
+		}
 		t.Run(name, func(t *testing.T) {
 			if name != "alltoall" {
 				hostsim.SkipIfShort(t, "alltoall")

@@ -37,7 +37,7 @@ var CUDAKernels = map[string][]string{
 		"MB_F_PER_RANK", "MB_F_PER_EXPERT", "MB_F_CHAN_END", "MB_F_SRC_END", "MB_F_RECV_CHAN", "MB_F_SEND_HEAD"},
 	"fifotest.cu": {"MB_FT_HIDDEN", "MB_FT_STAGES", "MB_FT_WARPS", "MB_NO_BULK"},
 	"hybridep.cu": {"MB_HE_EP", "MB_HE_DOMAIN", "MB_HE_TOKENS", "MB_HE_EXPERTS", "MB_HE_TOPK", "MB_HE_HIDDEN",
-		"MB_HE_CHUNK", "MB_HE_STAGES", "MB_NO_BULK"},
+		"MB_HE_DHIDDEN", "MB_HE_CHUNK", "MB_HE_STAGES", "MB_NO_BULK"},
 }
 
 const cudaHeader = "moebench.cuh"

@@ -70,6 +70,7 @@ func defines(name string) map[string]string {
 	// hybridep: two domains of 4 (the inter-domain path compiled in)
 	d["MB_HE_EP"], d["MB_HE_DOMAIN"], d["MB_HE_TOKENS"], d["MB_HE_CHUNK"], d["MB_HE_STAGES"] = "8", "4", "4096", "64", "6"
 	d["MB_HE_EXPERTS"], d["MB_HE_TOPK"], d["MB_HE_HIDDEN"] = fmt.Sprint(s.rc.Experts), fmt.Sprint(s.rc.TopK), fmt.Sprint(s.hidden)
+	d["MB_HE_DHIDDEN"] = fmt.Sprint(s.hidden) // bf16 dispatch rows (TestKernelsCompileFP8 builds the packed fp8 ones)
 	return d
 }
 
@@ -158,6 +159,12 @@ func TestKernelsCompile(t *testing.T) {
 						d[bulkExpected] = "1"
 					}
 					compile(name+" MB_NO_BULK="+noBulk, file, arch, d, arch == "sm_90")
+					if h := shapes[name].hidden; file == "hybridep.cu" && h%512 == 0 {
+						// --precision fp8: the forward dispatch's packed rows
+						d := maps.Clone(d)
+						d["MB_HE_DHIDDEN"] = fmt.Sprint(FP8RowPitch(h) / 2)
+						compile(name+" fp8 MB_NO_BULK="+noBulk, file, arch, d, arch == "sm_90")
+					}
 				}
 			}
 		}

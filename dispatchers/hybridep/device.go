@@ -51,7 +51,7 @@ func NewDevice(impl string, env dispatchers.Env) (dispatchers.DeviceDispatcher, 
 		sms = DefaultSMs
 	}
 	cfg := Config{SMs: sms, Domain: env.Domain, Chunk: DefaultChunk, PreprocessSMs: env.PreprocessSMs, PermuteSMs: env.PermuteSMs}
-	return &Device{cfg: cfg, timeout: timeout}, nil
+	return &Device{cfg: cfg, timeout: timeout, fp8: env.IsFP8()}, nil
 }
 
 // LaunchBudgets are the blocks per rank of the preprocessing's and the
@@ -62,6 +62,7 @@ func (d *Device) LaunchBudgets() (preprocess, permute int) { return d.preSMs, d.
 type Device struct {
 	cfg     Config
 	timeout time.Duration
+	fp8     bool // --precision fp8: the forward dispatch moves packed e4m3 rows with their scales (Shape.DispatchHidden)
 	shape   dispatchers.Shape
 	ranks   []*dispatchers.DeviceRank
 	g       geom
@@ -576,14 +577,14 @@ func (d *Device) preprocess(p *part) error {
 	if err := d.sig.Err(); err != nil { // the all-gather's barrier
 		return err
 	}
-	h := int64(d.shape.Hidden)
+	w := int64(d.shape.DispatchWidth()) // ExpertX's rows: as dispatched (packed fp8 rows at fp8)
 	for r := p.first; r < p.first+p.count; r++ {
 		s, rk, rows := &d.st[r], d.ranks[r], 0
 		for e := range d.g.L {
 			rk.ExpertRows[e] = int(s.counts[e])
 			rows += int(s.counts[e])
 		}
-		if err := s.out.Ensure(rk.Dev, rk.Stream, rows, kernels.Buf{P: &rk.ExpertX, PerRow: 2 * h}, kernels.Buf{P: &rk.ExpertProbs, PerRow: 4}); err != nil {
+		if err := s.out.Ensure(rk.Dev, rk.Stream, rows, kernels.Buf{P: &rk.ExpertX, PerRow: 2 * w}, kernels.Buf{P: &rk.ExpertProbs, PerRow: 4}); err != nil {
 			return err
 		}
 	}
@@ -598,6 +599,9 @@ func (d *Device) preprocess(p *part) error {
 // gradients.
 func (d *Device) exchange(p *part, combine, bwd bool) error {
 	g, h := d.g, int64(d.shape.Hidden)
+	if !combine && !bwd { // the forward dispatch's rows (packed fp8 rows at fp8)
+		h = int64(d.shape.DispatchWidth())
+	}
 	T, ldp := int64(g.T), int64(g.ldp())
 	for x := p.first; x < p.first+p.count; x++ {
 		s, nx := &d.st[x], x/g.D
@@ -716,7 +720,7 @@ func (d *Device) Traffic() dispatchers.Traffic {
 		gmap[i] = b[i/2]>>(8*(i%2))&0xff != 0
 	}
 	mv := g.countMoves(gmap)
-	t := mv.traffic(d.shape, g.D, false)
+	t := mv.traffic(d.shape, g.D, d.fp8)
 	if d.backward { // the backward moves the forward's rows (moved.backwardTraffic)
 		mv.backwardTraffic(&t, d.shape, g.D)
 	}

@@ -110,6 +110,7 @@ func hostDesign(t *testing.T, cfg Config, sh dispatchers.Shape, shared [][]float
 func runDevice(t *testing.T, d *Device, sh dispatchers.Shape, devs []kernels.Device, ranks []*dispatchers.Rank, shared [][]float32, steps int, train bool) stepResult {
 	t.Helper()
 	T, k, hd := sh.Tokens, sh.TopK, sh.Hidden
+	w := sh.DispatchWidth() // X's and ExpertX's rows (narrower at fp8: rows of w in X's first T·w elements)
 	ok := func(err error) {
 		t.Helper()
 		if err != nil {
@@ -155,7 +156,7 @@ func runDevice(t *testing.T, d *Device, sh dispatchers.Shape, devs []kernels.Dev
 	experts := func(r int) error {
 		dr := drs[r]
 		n := dr.Rows()
-		x, p := make([]uint16, n*hd), make([]float32, n)
+		x, p := make([]uint16, n*w), make([]float32, n)
 		if n > 0 {
 			if err := dr.Dev.Download(x, dr.ExpertX, dr.Stream); err != nil {
 				return err
@@ -167,8 +168,8 @@ func runDevice(t *testing.T, d *Device, sh dispatchers.Shape, devs []kernels.Dev
 		xf := kernels.FromBF16Bits(x)
 		res.expertX[r], res.expertP[r] = xf, p // each rank from its device's thread
 		y := make([]float32, n*hd)
-		for i, v := range xf {
-			y[i] = dt.Expert(v, p[i/hd])
+		for i := range y { // (a narrow dispatch: each output row repeats its input row)
+			y[i] = dt.Expert(xf[i/hd*w+i%hd%w], p[i/hd])
 		}
 		if err := outs[r].Ensure(dr.Dev, dr.Stream, n, kernels.Buf{P: &dr.ExpertY, PerRow: int64(2 * hd)}); err != nil || n == 0 {
 			return err
@@ -348,6 +349,43 @@ func TestDeviceOnHostSim(t *testing.T) {
 		}
 		return gs[:n]
 	}, false)
+}
+
+// TestDeviceNarrowDispatch: a dispatch row narrower than the combine's
+// (Shape.DispatchHidden, the packed fp8 rows; hybridep.cu's MB_HE_DHIDDEN):
+// the forward's pack, dispatch, inter-domain path and permute move rows of
+// 8 elements while combine and the backward move 16. The bulk path on the
+// host simulation, its 16-byte path and the twins on Emu give the same
+// expert rows, outputs and gradients bit for bit (harness's fp8 tests hold
+// the bulk path and the twins to the host layer; this holds the 16-byte
+// path to them), in one domain and in two.
+func TestDeviceNarrowDispatch(t *testing.T) {
+	gs := fakeGPUs(t)
+	sh := dispatchers.Shape{Tokens: 37, Hidden: 16, DispatchHidden: 8, Experts: 16, TopK: 6, EP: 2}
+	for _, domain := range []int{1, 2} {
+		cfg := Config{SMs: 2, Domain: domain, Chunk: 4}
+		_, ranks := hostDesign(t, cfg, sh, nil, dt.Mild)
+		run := func(devs []kernels.Device, noBulk bool) stepResult {
+			var got stepResult
+			hostsim.WithinNamed(t, 2*time.Minute, "hybridep's narrow dispatch", func() {
+				got = runDevice(t, &Device{cfg: cfg, timeout: 10 * time.Second, noBulk: noBulk}, sh, devs, ranks, nil, 2, true)
+			})
+			if got.err != nil {
+				t.Fatal(got.err)
+			}
+			return got
+		}
+		ndev := 1
+		if domain == 1 { // two domains of one rank each
+			ndev = 2
+		}
+		bulk := run(gs[:ndev], false)
+		if len(bulk.expertX[0])+len(bulk.expertX[1]) == 0 {
+			t.Fatal("no rows dispatched")
+		}
+		compare(t, run(gs[:ndev], true), bulk)
+		compare(t, run(emuDevs(2), false), bulk)
+	}
 }
 
 // TestDeviceOnHostSim16Byte: the kernels' 16-byte path (sm_80's, or

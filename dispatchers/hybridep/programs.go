@@ -93,7 +93,9 @@ func (g geom) programs(sh dispatchers.Shape, limit int, d *Device) programs {
 	defs := func(st int) map[string]string {
 		return map[string]string{"MB_HE_EP": fmt.Sprint(g.N), "MB_HE_DOMAIN": fmt.Sprint(g.D), "MB_HE_TOKENS": fmt.Sprint(g.T),
 			"MB_HE_EXPERTS": fmt.Sprint(g.E), "MB_HE_TOPK": fmt.Sprint(sh.TopK), "MB_HE_HIDDEN": fmt.Sprint(sh.Hidden),
-			"MB_HE_CHUNK": fmt.Sprint(g.chunk), "MB_HE_STAGES": fmt.Sprint(st), "MB_NO_BULK": noBulk, "MB_HE_PSTAGES": fmt.Sprint(sp)}
+			"MB_HE_CHUNK": fmt.Sprint(g.chunk), "MB_HE_STAGES": fmt.Sprint(st), "MB_NO_BULK": noBulk, "MB_HE_PSTAGES": fmt.Sprint(sp),
+			// the forward dispatch's rows (packed fp8 rows at fp8)
+			"MB_HE_DHIDDEN": fmt.Sprint(sh.DispatchWidth())}
 	}
 	permuteShared := hePThreads / 32 * kernels.FIFOBytes(sp, row)
 	combineShared := hePipes*kernels.FIFOBytes(sc, row) + hePipes*heOutStages*row

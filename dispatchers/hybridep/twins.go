@@ -246,6 +246,9 @@ func (d *Device) packBwdTwin(parts []kernels.TwinPart) error { return d.packTwin
 // alone.
 func (d *Device) packTwinOf(parts []kernels.TwinPart, bwd bool) error {
 	g, h := d.g, d.shape.Hidden
+	if !bwd { // the forward dispatch's rows (packed fp8 rows at fp8)
+		h = d.shape.DispatchWidth()
+	}
 	ldp := g.ldp()
 	for _, t := range parts {
 		io := &twinIO{t: t}
@@ -289,6 +292,9 @@ func (d *Device) dispatchBwdTwin(parts []kernels.TwinPart) error {
 // output gradients' rows alone.
 func (d *Device) dispatchTwinOf(parts []kernels.TwinPart, bwd bool) error {
 	g, h := d.g, d.shape.Hidden
+	if !bwd { // the forward dispatch's rows (packed fp8 rows at fp8)
+		h = d.shape.DispatchWidth()
+	}
 	ldp, rowB := g.ldp(), 2*h
 	ios, R, ms, err := d.twinOpen(parts, true)
 	if err != nil {
@@ -341,6 +347,9 @@ func (d *Device) permuteBwdTwin(parts []kernels.TwinPart) error { return d.permu
 // gradients' rows into ExpertDY.
 func (d *Device) permuteTwinOf(parts []kernels.TwinPart, bwd bool) error {
 	g, rowB := d.g, 2*d.shape.Hidden
+	if !bwd { // the forward dispatch's rows (packed fp8 rows at fp8)
+		rowB = 2 * d.shape.DispatchWidth()
+	}
 	ldp := g.ldp()
 	for _, t := range parts {
 		io := &twinIO{t: t}

@@ -63,6 +63,19 @@
 #define LDP ((LD + 3) / 4 * 4) // probabilities per token and domain, padded to 16 bytes
 #define H MB_HE_HIDDEN
 #define ROW (2 * H) // bytes
+// the forward dispatch's rows (pack, dispatch, permute): bf16-sized
+// elements and bytes; at fp8 a packed row (Shape.DispatchHidden: its e4m3
+// values and 1×128 fp32 multipliers), narrower than the combine's and the
+// backward's bf16 rows (H, ROW), in the same buffers
+#ifdef MB_HE_DHIDDEN
+#define DH MB_HE_DHIDDEN
+#else
+#define DH H
+#endif
+#define DROW (2 * DH)
+// a kernel's rows: the forward dispatch's, or the backward's bf16 ones
+#define XH (BWD ? H : DH)
+#define XROW (BWD ? ROW : DROW)
 #define CHUNK MB_HE_CHUNK
 #define CHUNKS ((T + CHUNK - 1) / CHUNK)
 #define WARPS 4 // dispatch: a loader and three storers (combine: CWARPS)
@@ -447,7 +460,7 @@ template <bool BWD> __device__ __forceinline__ void he_pack_body(int first, int 
         const int dm = x / T, t = x % T, slot = send[x];
         if (dm == n || slot < 0) continue;
         const size_t at = (size_t)he_tile(dm, n) * T + slot;
-        he_copy_row(me.send_x + at * H, (BWD ? me.dy : me.x) + (size_t)t * H, ROW);
+        he_copy_row(me.send_x + at * XH, (BWD ? me.dy : me.x) + (size_t)t * XH, XROW);
         if (!BWD) he_copy_row(me.send_p + at * LDP, me.dprobs + ((size_t)t * M + dm) * LDP, 4 * LDP);
     }
 }
@@ -477,7 +490,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) he_pack_bwd(int first, 
 // block b, in the design's order: chunks b, b + blocks, …; in each, source
 // domains n, n − 1, …, n + 1; their tokens that domain n needs (its own
 // rows x, or those the inter-domain path brought).
-template <class F> __device__ void he_forwarded(const he_rank &me, const bf16 *x, int n, int b, int blocks, F fn) {
+template <bool BWD, class F> __device__ void he_forwarded(const he_rank &me, const bf16 *x, int n, int b, int blocks, F fn) {
     const int *recvi = me.meta + META_RECV;
     long long i = 0;
     for (int c = b; c < CHUNKS; c += blocks)
@@ -486,13 +499,13 @@ template <class F> __device__ void he_forwarded(const he_rank &me, const bf16 *x
             for (int t = c * CHUNK; t < min(T, (c + 1) * CHUNK); t++) {
                 if (m == n) {
                     if (!me.todom[t * M + n]) continue;
-                    if (!fn(i++, m, t, (const void *)(x + (size_t)t * H), (const void *)(me.dprobs + ((size_t)t * M + n) * LDP)))
+                    if (!fn(i++, m, t, (const void *)(x + (size_t)t * XH), (const void *)(me.dprobs + ((size_t)t * M + n) * LDP)))
                         return;
                 } else {
                     const int s = recvi[m * T + t];
                     if (s < 0) continue;
                     const size_t at = (size_t)he_tile(m, n) * T + s;
-                    if (!fn(i++, m, t, (const void *)(me.id_x + at * H), (const void *)(me.id_p + at * LDP))) return;
+                    if (!fn(i++, m, t, (const void *)(me.id_x + at * XH), (const void *)(me.id_p + at * LDP))) return;
                 }
             }
         }
@@ -514,16 +527,16 @@ __device__ __forceinline__ void he_dispatch_body(mb_comm c, int first, int block
     mb_mbar_init_fence();
     if (!he_sync(c, R, flags, rank, blocks, ph, epoch, false)) return;
     if (warp == 0) {
-        he_forwarded(me, x, n, b, blocks, [&](long long i, int, int, const void *row, const void *probs) {
+        he_forwarded<BWD>(me, x, n, b, blocks, [&](long long i, int, int, const void *row, const void *probs) {
             const void *src[2] = {row, probs};
-            const unsigned bytes[2] = {ROW, 4 * LDP};
+            const unsigned bytes[2] = {XROW, 4 * LDP};
             const mb_item it = mb_fifo_item(f, WARPS - 1, (int)(i % (WARPS - 1)), i / (WARPS - 1));
             return mb_fifo_put(f, c, rank, ph, W_EMPTY, it, BWD ? 1 : 2, src, bytes, 0, true,
                                !(buggy && (bug & 255) == BUG_NO_ARRIVE && i == 0));
         });
     } else {
         const int *s2d = me.meta + META_S2D;
-        he_forwarded(me, x, n, b, blocks, [&](long long i, int m, int t, const void *, const void *) {
+        he_forwarded<BWD>(me, x, n, b, blocks, [&](long long i, int m, int t, const void *, const void *) {
             if (i % (WARPS - 1) != warp - 1) return true;
             int ok = 1;
             const mb_item it = mb_fifo_item(f, WARPS - 1, warp - 1, i / (WARPS - 1));
@@ -536,8 +549,8 @@ __device__ __forceinline__ void he_dispatch_body(mb_comm c, int first, int block
                         const int p = s2d[((size_t)m * T + t) * D + j];
                         if (p < 0) continue;
                         const he_rank &q = R[n * D + j];
-                        mb_bulk_s2g(q.recv_x + (size_t)p * H, slot, ROW);
-                        if (!BWD) mb_bulk_s2g(q.recv_p + (size_t)p * LDP, slot + ROW, 4 * LDP);
+                        mb_bulk_s2g(q.recv_x + (size_t)p * XH, slot, XROW);
+                        if (!BWD) mb_bulk_s2g(q.recv_p + (size_t)p * LDP, slot + XROW, 4 * LDP);
                     }
                     mb_bulk_commit();
                     // the group S2G_INFLIGHT items back has read its slot
@@ -554,10 +567,10 @@ __device__ __forceinline__ void he_dispatch_body(mb_comm c, int first, int block
                 const int p = s2d[((size_t)m * T + t) * D + j];
                 if (p < 0) continue;
                 const he_rank &q = R[n * D + j];
-                for (unsigned o = 16 * lane; o < (BWD ? ROW : SLOT); o += 16 * 32) {
+                for (unsigned o = 16 * lane; o < (BWD ? ROW : DROW + 4 * LDP); o += 16 * 32) {
                     const uint4 v = mb_lds16(slot + o);
-                    if (o < ROW) *(uint4 *)((unsigned char *)(q.recv_x + (size_t)p * H) + o) = v;
-                    else *(uint4 *)((unsigned char *)(q.recv_p + (size_t)p * LDP) + o - ROW) = v;
+                    if (o < XROW) *(uint4 *)((unsigned char *)(q.recv_x + (size_t)p * XH) + o) = v;
+                    else *(uint4 *)((unsigned char *)(q.recv_p + (size_t)p * LDP) + o - XROW) = v;
                 }
             }
             mb_fifo_release(f, it);
@@ -622,8 +635,8 @@ template <bool BWD> __device__ __forceinline__ void he_permute_body(int first, i
         const mb_item it = mb_fifo_item(f, 1, 0, k);
         while (!mb_mbar_test(f.empty + it.slot, (it.round & 1) ^ 1)) {
         }
-        mb_mbar_arrive_expect_tx(f.full + it.slot, ROW);
-        mb_bulk_g2s(mb_fifo_slot(f, it), me.recv_x + (size_t)(i0 + k * stride) * H, ROW, f.full + it.slot);
+        mb_mbar_arrive_expect_tx(f.full + it.slot, XROW);
+        mb_bulk_g2s(mb_fifo_slot(f, it), me.recv_x + (size_t)(i0 + k * stride) * XH, XROW, f.full + it.slot);
     };
     for (int k = 0; k < min(PSTAGES, n); k++) load(k);
     for (int k = 0; k < n; k++) {
@@ -634,7 +647,7 @@ template <bool BWD> __device__ __forceinline__ void he_permute_body(int first, i
         for (int e = 0; e < L; e++) {
             const int p = d2e[(size_t)i * L + e];
             if (p < 0) continue;
-            mb_bulk_s2g(dst + (size_t)p * H, mb_fifo_slot(f, it), ROW);
+            mb_bulk_s2g(dst + (size_t)p * XH, mb_fifo_slot(f, it), XROW);
             if (!BWD) me.ep[p] = me.recv_p[(size_t)i * LDP + l * L + e];
         }
         mb_bulk_commit();
@@ -648,7 +661,7 @@ template <bool BWD> __device__ __forceinline__ void he_permute_body(int first, i
         for (int e = 0; e < L; e++) {
             const int p = d2e[(size_t)i * L + e];
             if (p < 0) continue;
-            he_copy_row(dst + (size_t)p * H, me.recv_x + (size_t)i * H, ROW);
+            he_copy_row(dst + (size_t)p * XH, me.recv_x + (size_t)i * XH, XROW);
             if (!BWD && lane == 0) me.ep[p] = me.recv_p[(size_t)i * LDP + l * L + e];
         }
 #endif
