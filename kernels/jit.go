@@ -40,6 +40,13 @@ var CUDAKernels = map[string][]string{
 		"MB_HE_DHIDDEN", "MB_HE_CHUNK", "MB_HE_STAGES", "MB_NO_BULK"},
 }
 
+// CUDAOptional are the constants a kernel source takes only when given
+// (each under #ifdef, with its default in the source); Compile passes them
+// on where the caller sets them.
+var CUDAOptional = map[string][]string{
+	"hybridep.cu": {"MB_HE_PSTAGES"}, // the permute's ring, fewer stages where shared memory is short
+}
+
 const cudaHeader = "moebench.cuh"
 
 // Compiler turns a CUDA C source into an image for cuModuleLoadData:
@@ -67,7 +74,7 @@ type JIT struct {
 // Compile returns the image of kernel file for arch (e.g. "sm_90" for a
 // cubin, "compute_90" for PTX the driver compiles at load) with the
 // constants in defines; only those the kernel takes are used, and all of them
-// must be given.
+// must be given (CUDAKernels) but the optional ones (CUDAOptional).
 func (j *JIT) Compile(file, arch string, defines map[string]string) ([]byte, error) {
 	names, ok := CUDAKernels[file]
 	if !ok {
@@ -84,6 +91,11 @@ func (j *JIT) Compile(file, arch string, defines map[string]string) ([]byte, err
 			return nil, fmt.Errorf("kernel %s needs -D%s", file, n)
 		}
 		used[n] = v
+	}
+	for _, n := range CUDAOptional[file] {
+		if v, ok := defines[n]; ok {
+			used[n] = v
+		}
 	}
 	return j.CompileSource(file, string(src), arch, used)
 }

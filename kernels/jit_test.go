@@ -309,3 +309,38 @@ func header(t *testing.T) string {
 	}
 	return string(b)
 }
+
+// recordingCompiler keeps the options of the last compilation.
+type recordingCompiler struct{ opts []string }
+
+func (r *recordingCompiler) Compile(_, _ string, _ map[string]string, opts []string) ([]byte, error) {
+	r.opts = opts
+	return []byte("image"), nil
+}
+func (r *recordingCompiler) ID() string { return "recording" }
+
+// TestCompilePassesOptionalDefines: a constant a source takes under #ifdef
+// (hybridep's MB_HE_PSTAGES, the permute's ring where shared memory is
+// short) reaches the compiler when given, and is not needed otherwise;
+// one the source does not take is still dropped.
+func TestCompilePassesOptionalDefines(t *testing.T) {
+	d := map[string]string{}
+	for _, n := range CUDAKernels["hybridep.cu"] {
+		d[n] = "1"
+	}
+	rc := &recordingCompiler{}
+	j := &JIT{Compiler: rc}
+	if _, err := j.Compile("hybridep.cu", "sm_90", d); err != nil {
+		t.Fatal(err)
+	}
+	if opts := strings.Join(rc.opts, " "); strings.Contains(opts, "MB_HE_PSTAGES") {
+		t.Errorf("not given, yet passed: %s", opts)
+	}
+	d["MB_HE_PSTAGES"], d["MB_NOT_TAKEN"] = "1", "1"
+	if _, err := j.Compile("hybridep.cu", "sm_90", d); err != nil {
+		t.Fatal(err)
+	}
+	if opts := strings.Join(rc.opts, " "); !strings.Contains(opts, "-DMB_HE_PSTAGES=1") || strings.Contains(opts, "MB_NOT_TAKEN") {
+		t.Errorf("options %s: want -DMB_HE_PSTAGES=1 and no MB_NOT_TAKEN", opts)
+	}
+}
