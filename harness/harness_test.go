@@ -291,13 +291,16 @@ func TestCheckCatchesWrongDispatch(t *testing.T) {
 }
 
 func TestUnavailableDispatcherRecordsNoTiming(t *testing.T) {
-	for _, name := range []string{"hybridep", "deepep"} {
+	for name, why := range map[string]string{
+		"hybridep":  "NCCL EP cannot run here: it runs on GPUs, and this run is on the host device",
+		"deepep-ll": "NCCL EP cannot run here: it runs on GPUs, and this run is on the host device",
+		"deepep":    "no library of DeepEP's normal mode is reachable from Go",
+	} {
 		c := small()
 		c.Dispatcher, c.Impl = name, "library"
 		rec, err := Run(c, Env{Version: "test"})
-		if !dispatchers.IsUnavailable(err) || rec.Status != results.StatusUnavailable || rec.Timing != nil ||
-			!strings.Contains(rec.Reason, "NCCL EP cannot run here: it runs on GPUs, and this run is on the host device") {
-			t.Errorf("%s: status %s, reason %q, err %v", name, rec.Status, rec.Reason, err)
+		if !dispatchers.IsUnavailable(err) || rec.Status != results.StatusUnavailable || rec.Timing != nil || !strings.Contains(rec.Reason, why) {
+			t.Errorf("%s: status %s, reason %q, err %v; want unavailable: %q", name, rec.Status, rec.Reason, err, why)
 		}
 	}
 }
