@@ -216,9 +216,13 @@ func TestAdviseBudget(t *testing.T) {
 	}
 	out := filepath.Join(t.TempDir(), "advice")
 	start := time.Now()
-	// a layer large enough that 100 rounds of three finalists (1500 steps)
-	// cannot fit in 10 s on a fast, idle host (adviseTiny's 0.4 ms steps do)
-	code, stdout, stderr := cli(append(adviseTiny, "--preset", "tiny", "--tokens", "256", "--hidden", "128", "--ffn", "64", "--ep", "4",
+	// each timed step planted 40 ms longer (the test-only hook), so that
+	// 100 rounds of three finalists cannot fit in 10 s however fast the
+	// host, while the tiny layer's own steps leave rounds to measure
+	// however loaded it is (a layer sized for an idle host either finished
+	// every round there or measured none under load)
+	t.Setenv(harness.PlantEnv, "alltoall=40ms,deepep=40ms,hybridep=40ms")
+	code, stdout, stderr := cli(append(adviseTiny, "--preset", "tiny", "--ep", "4",
 		"--dispatcher", "alltoall,deepep,hybridep", "--budget", "10s", "--rounds", "100", "--out", out)...)
 	took := time.Since(start)
 	a := readAnswer(t, out)

@@ -77,7 +77,7 @@ var mutations = map[string]struct{ file, from, to string }{
 	// hybridep's inter-domain path: each row packed for another domain
 	// (forward: the input's, backward: the output gradient's) at its
 	// neighbour's slot, so that it reaches the other domain as another token
-	"hybridep_pack_slot": {"hybridep.cu", "he_copy_row(me.send_x + at * H,", "he_copy_row(me.send_x + (at ^ 1) * H,"},
+	"hybridep_pack_slot": {"hybridep.cu", "he_copy_row(me.send_x + at * XH,", "he_copy_row(me.send_x + (at ^ 1) * XH,"},
 }
 
 func (m *mutating) ID() string { return m.Compiler.ID() + " with a planted bug in " + m.kernel }
