@@ -273,27 +273,21 @@ func TestNCCLEPAcrossProcesses(t *testing.T) {
 // every rank) are refused with ncclInvalidUsage on every rank — in one
 // process and across processes (FAKENCCL_NET).
 func TestNCCLEPGroupAlike(t *testing.T) {
-	for _, net := range []string{"", "1"} {
-		t.Run(map[string]string{"": "one-process", "1": "across-processes"}[net], func(t *testing.T) {
-			if net != "" {
-				hostsim.SkipIfShort(t, "one-process, and TestNCCLEPAcrossProcesses/all-call")
-			}
-			t.Setenv("FAKENCCL_NET", net)
-			r := newEPRig(t)
-			errs := r.ranks(func(g int) error {
-				c := r.config(2 * epTokens * epTopK)
-				c.MaxTokens += g
-				_, err := r.e.CreateGroup(r.comm[g], c)
-				return err
-			})
-			for g, err := range errs {
-				var ne *NCCLError
-				if !errors.As(err, &ne) || ne.Call != "ncclEpCreateGroup" || ne.Name != "ncclInvalidUsage" {
-					t.Errorf("net %q: rank %d: %v", net, g, err)
-				}
-			}
+	eachNet(t, func(t *testing.T, net string) {
+		r := newEPRig(t)
+		errs := r.ranks(func(g int) error {
+			c := r.config(2 * epTokens * epTopK)
+			c.MaxTokens += g
+			_, err := r.e.CreateGroup(r.comm[g], c)
+			return err
 		})
-	}
+		for g, err := range errs {
+			var ne *NCCLError
+			if !errors.As(err, &ne) || ne.Call != "ncclEpCreateGroup" || ne.Name != "ncclInvalidUsage" {
+				t.Errorf("net %q: rank %d: %v", net, g, err)
+			}
+		}
+	})
 }
 
 // TestNCCLEPCommOutlivesGroup: the NCCL communicator a group was created
@@ -301,32 +295,41 @@ func TestNCCLEPGroupAlike(t *testing.T) {
 // releases its windows, through it): a handle or group destroyed after it
 // is ncclInvalidUsage, in one process and across processes.
 func TestNCCLEPCommOutlivesGroup(t *testing.T) {
+	eachNet(t, func(t *testing.T, net string) {
+		r := newEPRig(t)
+		errs := r.ranks(func(g int) error {
+			grp, err := r.e.CreateGroup(r.comm[g], r.config(2*epTokens*epTopK))
+			if err != nil {
+				return err
+			}
+			h, err := r.e.InitHandle(grp, epTopK)
+			if err != nil {
+				return err
+			}
+			if err := r.e.NCCL.Destroy(r.comm[g]); err != nil {
+				return err
+			}
+			return errors.Join(r.e.DestroyHandle(h), r.e.DestroyGroup(grp))
+		})
+		for g, err := range errs {
+			if err == nil || !strings.Contains(err.Error(), "ncclEpHandleDestroy: ncclInvalidUsage") || !strings.Contains(err.Error(), "ncclEpGroupDestroy: ncclInvalidUsage") {
+				t.Errorf("net %q: rank %d: %v", net, g, err)
+			}
+		}
+	})
+}
+
+// eachNet runs fn as two subtests: the ranks in one process, and across
+// processes (FAKENCCL_NET=1, net "1"; skipped under -short, where the one
+// process and TestNCCLEPAcrossProcesses/all-call cover the rule).
+func eachNet(t *testing.T, fn func(t *testing.T, net string)) {
 	for _, net := range []string{"", "1"} {
 		t.Run(map[string]string{"": "one-process", "1": "across-processes"}[net], func(t *testing.T) {
 			if net != "" {
 				hostsim.SkipIfShort(t, "one-process, and TestNCCLEPAcrossProcesses/all-call")
 			}
 			t.Setenv("FAKENCCL_NET", net)
-			r := newEPRig(t)
-			errs := r.ranks(func(g int) error {
-				grp, err := r.e.CreateGroup(r.comm[g], r.config(2*epTokens*epTopK))
-				if err != nil {
-					return err
-				}
-				h, err := r.e.InitHandle(grp, epTopK)
-				if err != nil {
-					return err
-				}
-				if err := r.e.NCCL.Destroy(r.comm[g]); err != nil {
-					return err
-				}
-				return errors.Join(r.e.DestroyHandle(h), r.e.DestroyGroup(grp))
-			})
-			for g, err := range errs {
-				if err == nil || !strings.Contains(err.Error(), "ncclEpHandleDestroy: ncclInvalidUsage") || !strings.Contains(err.Error(), "ncclEpGroupDestroy: ncclInvalidUsage") {
-					t.Errorf("net %q: rank %d: %v", net, g, err)
-				}
-			}
+			fn(t, net)
 		})
 	}
 }
