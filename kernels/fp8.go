@@ -323,19 +323,19 @@ const (
 // FP8QuantProgram is quant_fp8_1x128: (x bf16, n int64 blocks of 128,
 // flags int32, q e4m3, scales fp32).
 func FP8QuantProgram() *Program {
-	return &Program{File: "fp8.cu", Kernel: "quant_fp8_1x128", Block: FP8KernelBlock, Twin: fp8Twin(false, false)}
+	return &Program{File: "fp8.cu", Kernel: "quant_fp8_1x128", Block: FP8KernelBlock}
 }
 
 // MXFP8QuantProgram is quant_mxfp8: (x bf16, n int64 blocks of 32, flags
 // int32, q e4m3, scales e8m0 bytes).
 func MXFP8QuantProgram() *Program {
-	return &Program{File: "fp8.cu", Kernel: "quant_mxfp8", Block: FP8KernelBlock, Twin: fp8Twin(true, false)}
+	return &Program{File: "fp8.cu", Kernel: "quant_mxfp8", Block: FP8KernelBlock}
 }
 
 // FP8DequantProgram is dequant_fp8_1x128: (q e4m3, scales fp32, n int64
 // blocks of 128, y bf16).
 func FP8DequantProgram() *Program {
-	return &Program{File: "fp8.cu", Kernel: "dequant_fp8_1x128", Block: FP8KernelBlock, Twin: fp8Twin(false, true)}
+	return &Program{File: "fp8.cu", Kernel: "dequant_fp8_1x128", Block: FP8KernelBlock}
 }
 
 // FP8RowPitch is the bytes of a packed fp8 row of h elements (h % 128 ==
@@ -438,90 +438,4 @@ func fp8RowsTwinPart(p TwinPart, dequant bool) error {
 func FP8Grid(n int64, size, cap int) int {
 	perBlock := int64(FP8KernelBlock / 32 * 512 / size) // blocks per thread block a step
 	return int(max(1, min((n+perBlock-1)/perBlock, int64(cap))))
-}
-
-// fp8Twin is the FP8 kernels' semantics on Emu (the host device), through
-// the host functions: quantization (mx: MX blocks) or dequantization.
-func fp8Twin(mx, dequant bool) func([]TwinPart) error {
-	return func(parts []TwinPart) error {
-		for _, p := range parts {
-			if err := fp8TwinPart(p, mx, dequant); err != nil {
-				return err
-			}
-		}
-		return nil
-	}
-}
-
-func fp8TwinPart(p TwinPart, mx, dequant bool) error {
-	a := p.Args
-	if len(a) != 5 && !dequant || len(a) != 4 && dequant {
-		return fmt.Errorf("fp8: %d arguments", len(a))
-	}
-	size := int64(FP8Block)
-	if mx {
-		size = MXBlock
-	}
-	if dequant {
-		q, sp, n, y := a[0].(Ptr), a[1].(Ptr), a[2].(int64), a[3].(Ptr)
-		qb, err := p.Read(q, n*size)
-		if err != nil {
-			return err
-		}
-		sb, err := p.Read(sp, 4*n)
-		if err != nil {
-			return err
-		}
-		yb, err := p.Write(y, 2*n*size)
-		if err != nil {
-			return err
-		}
-		sc := make([]float32, n)
-		for i := range sc {
-			sc[i] = math.Float32frombits(binary.LittleEndian.Uint32(sb[4*i:]))
-		}
-		for i, v := range BF16Bits(DequantFP8Rows(qb, sc)) {
-			binary.LittleEndian.PutUint16(yb[2*i:], v)
-		}
-		return nil
-	}
-	x, n, flags, q, sp := a[0].(Ptr), a[1].(int64), a[2].(int32), a[3].(Ptr), a[4].(Ptr)
-	xb, err := p.Read(x, 2*n*size)
-	if err != nil {
-		return err
-	}
-	xs := make([]float32, n*size)
-	for i := range xs {
-		xs[i] = math.Float32frombits(uint32(binary.LittleEndian.Uint16(xb[2*i:])) << 16)
-	}
-	qb, err := p.Write(q, n*size)
-	if err != nil {
-		return err
-	}
-	if mx {
-		qs, es, err := QuantMXFP8(xs, flags&FP8MXRoundUp != 0)
-		if err != nil {
-			return err
-		}
-		eb, err := p.Write(sp, n)
-		if err != nil {
-			return err
-		}
-		copy(qb, qs)
-		copy(eb, es)
-		return nil
-	}
-	qs, sc, err := QuantFP8Rows(xs, FP8Block, flags&FP8UE8M0 != 0)
-	if err != nil {
-		return err
-	}
-	sb, err := p.Write(sp, 4*n)
-	if err != nil {
-		return err
-	}
-	copy(qb, qs)
-	for i, v := range sc {
-		binary.LittleEndian.PutUint32(sb[4*i:], math.Float32bits(v))
-	}
-	return nil
 }

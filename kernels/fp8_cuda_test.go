@@ -54,11 +54,6 @@ func TestFP8KernelsOnHostSim(t *testing.T) {
 // the host reference bit for bit (every finite bf16 value included).
 func TestGPUFP8(t *testing.T) { checkFP8Kernels(t, openPair(t).c) }
 
-// TestFP8Twins runs the same checks on Emu (the host device), whose
-// programs' twins call the host functions: the arguments' order and
-// layout as the CUDA kernels take them.
-func TestFP8Twins(t *testing.T) { checkFP8Kernels(t, &Emu{}) }
-
 func checkFP8Kernels(t *testing.T, c Device) {
 	s, err := c.NewStream()
 	if err != nil {
