@@ -126,11 +126,23 @@ func blockAmax(x []float32) float32 {
 // per-token cast (tests/utils.py per_token_cast_to_fp8, and its kernels'
 // before dispatch).
 func QuantFP8Rows(x []float32, h int, ue8m0 bool) (q []uint8, scales []float32, err error) {
-	if h <= 0 || h%FP8Block != 0 || len(x)%h != 0 {
-		return nil, nil, fmt.Errorf("fp8: hidden %d must be a positive multiple of %d dividing %d values", h, FP8Block, len(x))
+	if err := fp8RowsShape(x, h); err != nil {
+		return nil, nil, err
 	}
-	q = make([]uint8, len(x))
-	scales = make([]float32, len(x)/FP8Block)
+	q, scales = make([]uint8, len(x)), make([]float32, len(x)/FP8Block)
+	return q, scales, QuantFP8RowsInto(q, scales, x, h, ue8m0)
+}
+
+// QuantFP8RowsInto is QuantFP8Rows into the caller's buffers, q of
+// len(x) codes and scales of len(x)/128 multipliers, which it overwrites
+// (a step's quantization without allocating).
+func QuantFP8RowsInto(q []uint8, scales, x []float32, h int, ue8m0 bool) error {
+	if err := fp8RowsShape(x, h); err != nil {
+		return err
+	}
+	if len(q) != len(x) || len(scales) != len(x)/FP8Block {
+		return fmt.Errorf("fp8: buffers of %d codes and %d scales for %d values (want %d and %d)", len(q), len(scales), len(x), len(x), len(x)/FP8Block)
+	}
 	for b := range scales {
 		blk := x[b*FP8Block : (b+1)*FP8Block]
 		s, inv := fp8Scales(blockAmax(blk), ue8m0)
@@ -139,7 +151,15 @@ func QuantFP8Rows(x []float32, h int, ue8m0 bool) (q []uint8, scales []float32, 
 		}
 		scales[b] = inv
 	}
-	return q, scales, nil
+	return nil
+}
+
+// fp8RowsShape refuses rows of h values that are not 1×128 blocks of x.
+func fp8RowsShape(x []float32, h int) error {
+	if h <= 0 || h%FP8Block != 0 || len(x)%h != 0 {
+		return fmt.Errorf("fp8: hidden %d must be a positive multiple of %d dividing %d values", h, FP8Block, len(x))
+	}
+	return nil
 }
 
 // DequantFP8Rows is QuantFP8Rows' inverse: fl32(e4m3 · inv) per element.
