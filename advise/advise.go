@@ -520,7 +520,9 @@ func find(finals []*Final, d, im string) *Final {
 func (a *Answer) fill(o Options, stk *results.Stack) {
 	for _, f := range a.Finalists {
 		if f.cfg.Dispatcher != "" {
-			f.Reproduce = Reproduce(f.cfg)
+			c := f.cfg
+			c.MaxSeconds = 0 // what was left of advise's budget, not a setting of the point
+			f.Reproduce = Reproduce(c)
 		}
 	}
 	gpu := ""

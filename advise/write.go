@@ -15,69 +15,59 @@ import (
 // Formats are the answer's formats.
 var Formats = []string{"text", "markdown", "html", "json"}
 
-// Reproduce is the one-line command that runs c again: its preset, the
-// shape flags where c differs from it, and the settings.
+// Reproduce is the one-line command that runs c again: its preset, then
+// every setting where c differs from what the preset and the defaults
+// give (harness.Settings: each Config field by its flag), with --ep,
+// --dispatcher, --impl and --device always said.
 func Reproduce(c harness.Config) string {
 	base := strings.TrimSuffix(c.Preset, "+custom")
-	args := []string{"moebench", "--preset", base}
-	p, ok := harness.LookupPreset(base)
-	if !ok {
-		p.Shape = harness.Shape{}
+	if c.HostExperts == "" { // "" is auto, as "" is bf16
+		c.HostExperts = harness.HostExpertsAuto
 	}
-	for _, f := range []struct {
-		flag string
-		v, d int
-	}{{"tokens", c.Tokens, p.Tokens}, {"hidden", c.Hidden, p.Hidden}, {"ffn", c.FFN, p.FFN}, {"experts", c.Experts, p.Experts},
-		{"topk", c.TopK, p.TopK}, {"shared-experts", c.SharedExperts, p.SharedExperts}, {"groups", c.Groups, p.Groups}, {"topk-groups", c.GroupTopK, p.GroupTopK}} {
-		if f.v != f.d {
-			args = append(args, fmt.Sprintf("--%s %d", f.flag, f.v))
+	if c.Precision == "" {
+		c.Precision = harness.PrecisionBF16
+	}
+	ref := harness.DefaultConfig()
+	ref.Shape, ref.HostExperts = harness.Shape{}, harness.HostExpertsAuto
+	if p, ok := harness.LookupPreset(base); ok {
+		ref.Shape = p.Shape
+	}
+	have, def := harness.Settings(c), harness.Settings(ref)
+	args := []string{"moebench", "--preset", shellWord(base)}
+	value := map[string]string{}
+	for _, s := range have {
+		value[s.Name] = s.Value
+	}
+	for i, s := range have {
+		switch s.Name {
+		case "--preset", "--ep", "--impl", "--device":
+			continue
+		case "--dispatcher": // after the layer, with the ranks and the implementation
+			args = append(args, "--ep", value["--ep"], "--dispatcher", shellWord(s.Value), "--impl", shellWord(value["--impl"]))
+			continue
+		}
+		if s.Value == def[i].Value {
+			continue
+		}
+		switch s.Value {
+		case "true":
+			args = append(args, s.Name)
+		case "false":
+			args = append(args, s.Name+"=false")
+		default:
+			args = append(args, s.Name, shellWord(s.Value))
 		}
 	}
-	if c.Score != p.Score {
-		args = append(args, "--score "+c.Score)
+	return strings.Join(append(args, "--device", shellWord(value["--device"])), " ")
+}
+
+// shellWord is v as one word of a shell's command line: as it is when it
+// has no character a shell reads, else single-quoted.
+func shellWord(v string) string {
+	if v != "" && strings.Trim(v, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_./:+,=@%-") == "" {
+		return v
 	}
-	if c.TopKScale != p.TopKScale {
-		args = append(args, fmt.Sprintf("--topk-scale %g", c.TopKScale))
-	}
-	if c.PreSoftmax {
-		args = append(args, "--pre-softmax")
-	}
-	args = append(args, fmt.Sprintf("--ep %d", c.EP), "--dispatcher "+c.Dispatcher, "--impl "+c.Impl)
-	if c.Precision != "" && c.Precision != harness.PrecisionBF16 { // bf16, the default, is unsaid
-		args = append(args, "--precision "+c.Precision)
-	}
-	if c.SMs > 0 {
-		args = append(args, fmt.Sprintf("--sms %d", c.SMs))
-	}
-	if c.PreprocessSMs > 0 {
-		args = append(args, fmt.Sprintf("--preprocess-sms %d", c.PreprocessSMs))
-	}
-	if c.PermuteSMs > 0 {
-		args = append(args, fmt.Sprintf("--permute-sms %d", c.PermuteSMs))
-	}
-	if c.Domain > 0 {
-		args = append(args, fmt.Sprintf("--domain %d", c.Domain))
-	}
-	if c.GPUs > 0 {
-		args = append(args, fmt.Sprintf("--gpus %d", c.GPUs))
-	}
-	if c.Dispatcher == "feplb" {
-		args = append(args, "--feplb-base "+c.FeplbBase, "--feplb-policy "+c.FeplbPolicy)
-		if c.FeplbDyn > 0 {
-			args = append(args, fmt.Sprintf("--feplb-dynamic %d", c.FeplbDyn))
-		}
-	}
-	if r := c.Routing.String(); r != "balanced" {
-		args = append(args, "--routing "+r)
-	}
-	if c.Seed != 1 {
-		args = append(args, fmt.Sprintf("--seed %d", c.Seed))
-	}
-	if c.ForwardOnly {
-		args = append(args, "--forward-only")
-	}
-	args = append(args, "--device "+c.Device)
-	return strings.Join(args, " ")
+	return "'" + strings.ReplaceAll(v, "'", `'\''`) + "'"
 }
 
 // mib is bytes as MiB.

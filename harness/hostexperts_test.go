@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/moebench/moebench/dispatchers"
+	"github.com/moebench/moebench/internal/testutil"
 	"github.com/moebench/moebench/kernels"
 	"github.com/moebench/moebench/results"
 )
@@ -101,7 +102,7 @@ func TestHostExpertsSameNumbers(t *testing.T) {
 			got := stepTensors(t, c)
 			for step := range got {
 				for tensor, w := range want[step] {
-					if g := got[step][tensor]; !bitsEqual(g, w) {
+					if g := got[step][tensor]; !testutil.SameBits(g, w) {
 						t.Errorf("%s, %s, step %d: %s differs from held mode's", name, mode, step, tensor)
 					}
 				}
@@ -116,18 +117,6 @@ func TestHostExpertsSameNumbers(t *testing.T) {
 			}
 		}
 	}
-}
-
-func bitsEqual(a, b []float32) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if math.Float32bits(a[i]) != math.Float32bits(b[i]) {
-			return false
-		}
-	}
-	return true
 }
 
 // TestGradCompareByRank: where each rank's weight gradients are compared

@@ -70,9 +70,11 @@ type rankRun struct {
 	saved, sharedSaved []float32
 	segs               []dispatchers.Segment
 	// fp8 (precision.go): the e4m3 values of the rank's input (Rank.X
-	// during the step), and which rows of ExpertX this step dequantized
-	xq []float32
-	dq []bool
+	// during the step), their codes and scales (Rank.Scales), and which
+	// rows of ExpertX this step dequantized
+	xq, xs []float32
+	q8     []uint8
+	dq     []bool
 }
 
 // NewLayer draws the layer's weights and inputs from cfg.Seed: inputs N(0,1),
@@ -454,7 +456,7 @@ func (l *Layer) Footprint(d dispatchers.Dispatcher, r int) int64 {
 	rk, run := l.Ranks[r], &l.run[r]
 	n := cap(rk.X) + cap(rk.Idx) + cap(rk.Probs) + cap(rk.ExpertX) + cap(rk.ExpertProbs) + cap(rk.ExpertY) + cap(rk.Y) +
 		cap(run.logits) + cap(run.scratch) + cap(run.shared) + len(l.Wr) + len(l.Bias) + len(l.SharedFC1) + len(l.SharedFC2) +
-		cap(rk.Scales) + cap(rk.ExpertScales) + cap(run.dq)/4
+		cap(rk.Scales) + cap(rk.ExpertScales) + cap(run.dq)/4 + cap(run.q8)/4
 	if l.Cfg.isFP8() { // Rank.X holds the e4m3 values (run.xq); the bf16 input is kept too
 		n += cap(l.X[r])
 	}

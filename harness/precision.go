@@ -105,18 +105,20 @@ func (l *Layer) quantExpert(fc1, fc2 []float32) {
 // cast to e4m3 in 1×128 blocks, the values into Rank.X, the dequantization
 // multipliers into Rank.Scales (what the dispatch sends).
 func (l *Layer) quantize(r int) error {
-	rk, h := l.Ranks[r], l.Cfg.Hidden
-	q, s, err := kernels.QuantFP8Rows(l.X[r], h, false)
-	if err != nil {
+	rk, run, x := l.Ranks[r], &l.run[r], l.X[r]
+	if len(run.q8) != len(x) { // the buffers are the rank's, reused each step
+		run.q8, run.xq = make([]uint8, len(x)), make([]float32, len(x))
+	}
+	if len(run.xs) != len(x)/kernels.FP8Block {
+		run.xs = make([]float32, len(x)/kernels.FP8Block)
+	}
+	if err := kernels.QuantFP8RowsInto(run.q8, run.xs, x, l.Cfg.Hidden, false); err != nil {
 		return err
 	}
-	if len(l.run[r].xq) != len(q) {
-		l.run[r].xq = make([]float32, len(q))
+	for i, c := range run.q8 {
+		run.xq[i] = e4m3Values[c]
 	}
-	for i, c := range q {
-		l.run[r].xq[i] = e4m3Values[c]
-	}
-	rk.X, rk.Scales = l.run[r].xq, s
+	rk.X, rk.Scales = run.xq, run.xs
 	return nil
 }
 

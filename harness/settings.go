@@ -41,6 +41,13 @@ func SettingFlags() []string {
 	return out
 }
 
+// Settings is every setting of cfg as its flag ("--name") and value, in
+// Config's order: what a command line spells to run cfg again.
+func Settings(cfg Config) []launch.Setting {
+	s := settingsOf(cfg, "")
+	return s[:len(s)-1]
+}
+
 // settingsOf is every setting of cfg as its flag and value, in Config's
 // order, then the binary's version.
 func settingsOf(cfg Config, version string) []launch.Setting {

@@ -1,17 +1,13 @@
 package kernels
 
-import (
-	"encoding/binary"
-	"fmt"
-
-	"github.com/moebench/moebench/internal/cuda"
-)
+import "fmt"
 
 // The proof of the SM-driven machinery (kernels/cuda/commtest.cu): ring
 // channels between ranks in the receiver's memory, a host-polled counter
-// and a flag barrier, with a Go twin for Emu. Its tests run it on the host
-// simulation across fake GPUs and on Emu, and break its protocol on
-// purpose; scripts/gpu-check.sh runs it on a GPU.
+// and a flag barrier. Its tests run it on the host simulation across fake
+// GPUs and break its protocol on purpose; scripts/gpu-check.sh runs it on a
+// GPU. It has no Go twin: Emu refuses it ("has no twin"), since a twin
+// would only test itself.
 
 // CommTestBlock is comm_test's block size (MB_CT_THREADS).
 const CommTestBlock = 128
@@ -28,8 +24,7 @@ const (
 // slots ints.
 func CommTestProgram(channels, slots int) *Program {
 	return &Program{File: "commtest.cu", Kernel: "comm_test", Block: CommTestBlock,
-		Defs: map[string]string{"MB_CT_CHANNELS": fmt.Sprint(channels), "MB_CT_SLOTS": fmt.Sprint(slots)},
-		Twin: func(parts []TwinPart) error { return commTestTwin(parts, channels) }}
+		Defs: map[string]string{"MB_CT_CHANNELS": fmt.Sprint(channels), "MB_CT_SLOTS": fmt.Sprint(slots)}}
 }
 
 // CommTestNames names comm_test's phases and waits (Signals.Names).
@@ -52,60 +47,4 @@ func PhaseNames(phases, waits map[int]string, flag string) func(phase, wait int)
 		}
 		return p, w
 	}
-}
-
-// commTestTwin: each rank's channels' items land in the next rank's
-// output and counters; with a bug, the ranks record what the kernel's
-// waits would (the receivers' tails; every rank but the last at the last
-// rank's flag).
-func commTestTwin(parts []TwinPart, channels int) error {
-	for _, t := range parts {
-		if len(t.Args) != 10 {
-			return fmt.Errorf("comm_test: %d arguments", len(t.Args))
-		}
-		comm, _ := t.Args[0].(cuda.Bytes)
-		first, ranks, items, bug, epoch := t.Args[1].(int32), int(t.Args[2].(int32)), int(t.Args[3].(int32)), t.Args[4].(int32), t.Args[5].(int32)
-		src, err := t.Ptrs(t.Args[7].(Ptr), ranks)
-		if err != nil {
-			return err
-		}
-		dst, err := t.Ptrs(t.Args[8].(Ptr), ranks)
-		if err != nil {
-			return err
-		}
-		sig := Ptr(binary.LittleEndian.Uint64(comm))
-		for l := range t.Grid / (2 * channels) {
-			rank := int(first) + l
-			to := (rank + 1) % ranks
-			switch {
-			case bug == CommTestNoTail:
-				if err := TwinGiveUp(t, comm, to, true, 2, 2, 0, 1); err != nil {
-					return err
-				}
-				continue
-			case bug == CommTestNoBarrier && rank != ranks-1:
-				if err := TwinGiveUp(t, comm, rank, true, 3, 16+ranks-1, int64(epoch-1), int64(epoch)); err != nil {
-					return err
-				}
-			}
-			n := int64(4 * channels * items)
-			in, err := t.Read(src[rank], n)
-			if err != nil {
-				return err
-			}
-			out, err := t.Write(dst[to], n)
-			if err != nil {
-				return err
-			}
-			copy(out, in)
-			counters, err := t.Signal(sig+Ptr(sigHeader+errorRecord*ranks+4*to*channels), int64(4*channels))
-			if err != nil {
-				return err
-			}
-			for ch := range channels {
-				binary.LittleEndian.PutUint32(counters[4*ch:], uint32(items))
-			}
-		}
-	}
-	return nil
 }

@@ -276,14 +276,15 @@ func TestCommTestOnHostSim(t *testing.T) {
 
 // resident is how many blocks of p dev holds at once.
 func resident(t *testing.T, dev Device, p *Program) int {
-	if g, ok := dev.(*CUDA); ok {
-		per, err := g.Residency(p)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return per * g.SMs
+	g, ok := dev.(*CUDA)
+	if !ok {
+		t.Fatalf("comm_test runs on the cuda device only, not on %T", dev)
 	}
-	return dev.SMCount() // Emu: one per SM
+	per, err := g.Residency(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return per * g.SMs
 }
 
 // TestGPUCommTest: comm_test on the GPUs (cases of two devices need two).
@@ -307,11 +308,6 @@ func closeAll(gs []*CUDA) {
 	for _, g := range gs {
 		g.Close()
 	}
-}
-
-// TestCommTestOnEmu: the same cases on two Emus, through comm_test's twin.
-func TestCommTestOnEmu(t *testing.T) {
-	checkCommTest(t, []Device{&Emu{SMs: 8}, &Emu{SMs: 8}})
 }
 
 // TestHostWaitTimesOut: the host's wait for a counter no kernel writes

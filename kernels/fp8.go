@@ -126,11 +126,23 @@ func blockAmax(x []float32) float32 {
 // per-token cast (tests/utils.py per_token_cast_to_fp8, and its kernels'
 // before dispatch).
 func QuantFP8Rows(x []float32, h int, ue8m0 bool) (q []uint8, scales []float32, err error) {
-	if h <= 0 || h%FP8Block != 0 || len(x)%h != 0 {
-		return nil, nil, fmt.Errorf("fp8: hidden %d must be a positive multiple of %d dividing %d values", h, FP8Block, len(x))
+	if err := fp8RowsShape(x, h); err != nil {
+		return nil, nil, err
 	}
-	q = make([]uint8, len(x))
-	scales = make([]float32, len(x)/FP8Block)
+	q, scales = make([]uint8, len(x)), make([]float32, len(x)/FP8Block)
+	return q, scales, QuantFP8RowsInto(q, scales, x, h, ue8m0)
+}
+
+// QuantFP8RowsInto is QuantFP8Rows into the caller's buffers, q of
+// len(x) codes and scales of len(x)/128 multipliers, which it overwrites
+// (a step's quantization without allocating).
+func QuantFP8RowsInto(q []uint8, scales, x []float32, h int, ue8m0 bool) error {
+	if err := fp8RowsShape(x, h); err != nil {
+		return err
+	}
+	if len(q) != len(x) || len(scales) != len(x)/FP8Block {
+		return fmt.Errorf("fp8: buffers of %d codes and %d scales for %d values (want %d and %d)", len(q), len(scales), len(x), len(x), len(x)/FP8Block)
+	}
 	for b := range scales {
 		blk := x[b*FP8Block : (b+1)*FP8Block]
 		s, inv := fp8Scales(blockAmax(blk), ue8m0)
@@ -139,7 +151,15 @@ func QuantFP8Rows(x []float32, h int, ue8m0 bool) (q []uint8, scales []float32, 
 		}
 		scales[b] = inv
 	}
-	return q, scales, nil
+	return nil
+}
+
+// fp8RowsShape refuses rows of h values that are not 1×128 blocks of x.
+func fp8RowsShape(x []float32, h int) error {
+	if h <= 0 || h%FP8Block != 0 || len(x)%h != 0 {
+		return fmt.Errorf("fp8: hidden %d must be a positive multiple of %d dividing %d values", h, FP8Block, len(x))
+	}
+	return nil
 }
 
 // DequantFP8Rows is QuantFP8Rows' inverse: fl32(e4m3 · inv) per element.
@@ -323,19 +343,19 @@ const (
 // FP8QuantProgram is quant_fp8_1x128: (x bf16, n int64 blocks of 128,
 // flags int32, q e4m3, scales fp32).
 func FP8QuantProgram() *Program {
-	return &Program{File: "fp8.cu", Kernel: "quant_fp8_1x128", Block: FP8KernelBlock, Twin: fp8Twin(false, false)}
+	return &Program{File: "fp8.cu", Kernel: "quant_fp8_1x128", Block: FP8KernelBlock}
 }
 
 // MXFP8QuantProgram is quant_mxfp8: (x bf16, n int64 blocks of 32, flags
 // int32, q e4m3, scales e8m0 bytes).
 func MXFP8QuantProgram() *Program {
-	return &Program{File: "fp8.cu", Kernel: "quant_mxfp8", Block: FP8KernelBlock, Twin: fp8Twin(true, false)}
+	return &Program{File: "fp8.cu", Kernel: "quant_mxfp8", Block: FP8KernelBlock}
 }
 
 // FP8DequantProgram is dequant_fp8_1x128: (q e4m3, scales fp32, n int64
 // blocks of 128, y bf16).
 func FP8DequantProgram() *Program {
-	return &Program{File: "fp8.cu", Kernel: "dequant_fp8_1x128", Block: FP8KernelBlock, Twin: fp8Twin(false, true)}
+	return &Program{File: "fp8.cu", Kernel: "dequant_fp8_1x128", Block: FP8KernelBlock}
 }
 
 // FP8RowPitch is the bytes of a packed fp8 row of h elements (h % 128 ==
@@ -438,90 +458,4 @@ func fp8RowsTwinPart(p TwinPart, dequant bool) error {
 func FP8Grid(n int64, size, cap int) int {
 	perBlock := int64(FP8KernelBlock / 32 * 512 / size) // blocks per thread block a step
 	return int(max(1, min((n+perBlock-1)/perBlock, int64(cap))))
-}
-
-// fp8Twin is the FP8 kernels' semantics on Emu (the host device), through
-// the host functions: quantization (mx: MX blocks) or dequantization.
-func fp8Twin(mx, dequant bool) func([]TwinPart) error {
-	return func(parts []TwinPart) error {
-		for _, p := range parts {
-			if err := fp8TwinPart(p, mx, dequant); err != nil {
-				return err
-			}
-		}
-		return nil
-	}
-}
-
-func fp8TwinPart(p TwinPart, mx, dequant bool) error {
-	a := p.Args
-	if len(a) != 5 && !dequant || len(a) != 4 && dequant {
-		return fmt.Errorf("fp8: %d arguments", len(a))
-	}
-	size := int64(FP8Block)
-	if mx {
-		size = MXBlock
-	}
-	if dequant {
-		q, sp, n, y := a[0].(Ptr), a[1].(Ptr), a[2].(int64), a[3].(Ptr)
-		qb, err := p.Read(q, n*size)
-		if err != nil {
-			return err
-		}
-		sb, err := p.Read(sp, 4*n)
-		if err != nil {
-			return err
-		}
-		yb, err := p.Write(y, 2*n*size)
-		if err != nil {
-			return err
-		}
-		sc := make([]float32, n)
-		for i := range sc {
-			sc[i] = math.Float32frombits(binary.LittleEndian.Uint32(sb[4*i:]))
-		}
-		for i, v := range BF16Bits(DequantFP8Rows(qb, sc)) {
-			binary.LittleEndian.PutUint16(yb[2*i:], v)
-		}
-		return nil
-	}
-	x, n, flags, q, sp := a[0].(Ptr), a[1].(int64), a[2].(int32), a[3].(Ptr), a[4].(Ptr)
-	xb, err := p.Read(x, 2*n*size)
-	if err != nil {
-		return err
-	}
-	xs := make([]float32, n*size)
-	for i := range xs {
-		xs[i] = math.Float32frombits(uint32(binary.LittleEndian.Uint16(xb[2*i:])) << 16)
-	}
-	qb, err := p.Write(q, n*size)
-	if err != nil {
-		return err
-	}
-	if mx {
-		qs, es, err := QuantMXFP8(xs, flags&FP8MXRoundUp != 0)
-		if err != nil {
-			return err
-		}
-		eb, err := p.Write(sp, n)
-		if err != nil {
-			return err
-		}
-		copy(qb, qs)
-		copy(eb, es)
-		return nil
-	}
-	qs, sc, err := QuantFP8Rows(xs, FP8Block, flags&FP8UE8M0 != 0)
-	if err != nil {
-		return err
-	}
-	sb, err := p.Write(sp, 4*n)
-	if err != nil {
-		return err
-	}
-	copy(qb, qs)
-	for i, v := range sc {
-		binary.LittleEndian.PutUint32(sb[4*i:], math.Float32bits(v))
-	}
-	return nil
 }

@@ -6,6 +6,8 @@ import (
 	"math/rand/v2"
 	"strings"
 	"testing"
+
+	"github.com/moebench/moebench/internal/testutil"
 )
 
 // fp8Vec16 are fp8.cu's kernels, which move their rows as 16-byte global
@@ -54,11 +56,6 @@ func TestFP8KernelsOnHostSim(t *testing.T) {
 // the host reference bit for bit (every finite bf16 value included).
 func TestGPUFP8(t *testing.T) { checkFP8Kernels(t, openPair(t).c) }
 
-// TestFP8Twins runs the same checks on Emu (the host device), whose
-// programs' twins call the host functions: the arguments' order and
-// layout as the CUDA kernels take them.
-func TestFP8Twins(t *testing.T) { checkFP8Kernels(t, &Emu{}) }
-
 func checkFP8Kernels(t *testing.T, c Device) {
 	s, err := c.NewStream()
 	if err != nil {
@@ -86,7 +83,7 @@ func checkFP8KernelsOn(t *testing.T, c Device, s Stream, x []float32, h int) {
 	}
 	rows := len(x) / h
 	xb := BF16Bits(x)
-	if !equalF32Bits(FromBF16Bits(xb), x) {
+	if !testutil.SameBits(FromBF16Bits(xb), x) {
 		t.Fatal("the inputs are not bf16 values")
 	}
 	n := int64(rows * h / FP8Block)
@@ -122,7 +119,7 @@ func checkFP8KernelsOn(t *testing.T, c Device, s Stream, x []float32, h int) {
 						blockAmax(x[i/FP8Block*FP8Block:(i/FP8Block+1)*FP8Block]), q[i], wantQ[i])
 				}
 			}
-			if !equalF32Bits(gotS, wantS) {
+			if !testutil.SameBits(gotS, wantS) {
 				t.Fatalf("flags %d: scales %v, want %v", flags, gotS[:8], wantS[:8])
 			}
 			wantY := BF16Bits(DequantFP8Rows(wantQ, wantS))
@@ -205,18 +202,6 @@ func checkFP8PackedRows(t *testing.T, c Device, s Stream, px, py Ptr, x []float3
 			t.Fatalf("flags %d: dequant_fp8_rows element %d: %#04x, want %#04x", flags, i, gotY[i], wantY[i])
 		}
 	}
-}
-
-func equalF32Bits(a, b []float32) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if math.Float32bits(a[i]) != math.Float32bits(b[i]) {
-			return false
-		}
-	}
-	return true
 }
 
 // TestFP8SASS compiles fp8.cu for sm_80 and sm_90 and reads the e4m3

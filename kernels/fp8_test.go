@@ -375,3 +375,50 @@ func TestFP8WeightEdges(t *testing.T) {
 		t.Error("a weight of the wrong size accepted")
 	}
 }
+
+// TestQuantFP8RowsInto: quantizing into buffers that hold another
+// input's results and garbage gives QuantFP8Rows' codes and scales bit for
+// bit (every byte and multiplier rewritten, zeros included), and buffers
+// of the wrong sizes are refused.
+func TestQuantFP8RowsInto(t *testing.T) {
+	g := rand.New(rand.NewPCG(34, 9))
+	const rows, h = 16, 512
+	a, b := fp8Rows(g, rows, h, true), make([]float32, rows*h)
+	copy(b[:h], a[h:2*h]) // b: one row of values, the rest zeros (codes 0)
+	for _, ue8m0 := range []bool{false, true} {
+		q, sc := make([]uint8, rows*h), make([]float32, rows*h/FP8Block)
+		for i := range q {
+			q[i] = 0xff
+		}
+		for i := range sc {
+			sc[i] = float32(math.NaN())
+		}
+		for _, x := range [][]float32{a, b} {
+			if err := QuantFP8RowsInto(q, sc, x, h, ue8m0); err != nil {
+				t.Fatal(err)
+			}
+			wq, ws, err := QuantFP8Rows(x, h, ue8m0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i := range wq {
+				if q[i] != wq[i] {
+					t.Fatalf("ue8m0 %v: code %d is %#02x, QuantFP8Rows gives %#02x", ue8m0, i, q[i], wq[i])
+				}
+			}
+			for i := range ws {
+				if math.Float32bits(sc[i]) != math.Float32bits(ws[i]) {
+					t.Fatalf("ue8m0 %v: scale %d is %g, QuantFP8Rows gives %g", ue8m0, i, sc[i], ws[i])
+				}
+			}
+		}
+	}
+	for _, c := range []struct{ q, s int }{{rows*h - 1, rows * h / FP8Block}, {rows * h, rows*h/FP8Block + 1}} {
+		if err := QuantFP8RowsInto(make([]uint8, c.q), make([]float32, c.s), a, h, false); err == nil {
+			t.Errorf("buffers of %d codes and %d scales accepted for %d values", c.q, c.s, len(a))
+		}
+	}
+	if err := QuantFP8RowsInto(make([]uint8, len(a)), make([]float32, len(a)/FP8Block), a, 100, false); err == nil {
+		t.Error("hidden 100 accepted")
+	}
+}

@@ -40,8 +40,43 @@ func Write(w io.Writer, rec *Record, format string) error {
 // WriteTable prints rec as a fixed-column table with units, nccl-tests style:
 // a header of '#' lines, one row per phase, then the derived quantities.
 func WriteTable(w io.Writer, rec *Record) error {
-	c := rec.Config
 	p := &printer{w: w}
+	writeTableHeader(p, rec)
+	if rec.Status != StatusOK {
+		p.f("# status: %s\n", StatusLine(rec.Status, rec.Config.Dispatcher, rec.Config.Impl, rec.Reason))
+		writeCorrectness(p, rec.Correctness)
+		return p.err
+	}
+	t := rec.Timing
+	p.f("# times: %s\n", t.Clock)
+	if t.Stopped != "" {
+		p.f("# %s\n", t.Stopped)
+	}
+	if rec.Stack.Device == "host" {
+		p.f("# host device: Go code runs every rank on the CPU, one after another: its times show the pipeline, they are not a performance measurement\n")
+	}
+	p.f("#\n")
+	writePhaseTable(p, t)
+	p.f("#\n")
+	writeStepNotes(p, rec)
+	writeRebalance(p, rec.Rebalance)
+	writeTokens(p, rec.Tokens)
+	writeGEMM(p, rec.GEMM)
+	if rec.Stack.Device != "host" {
+		p.f("# %-22s %s\n", "SMs measured", rec.SMs.Measured)
+	}
+	writeTelemetry(p, rec.Telemetry)
+	writeTraffic(p, rec.Traffic, rec.SMs.Budget)
+	writeMemory(p, rec.Memory)
+	writeCorrectness(p, rec.Correctness)
+	return p.err
+}
+
+// writeTableHeader prints the table's first lines: the version and
+// device, the layer, the dispatcher and the run's settings, the library
+// and the SM budget's note.
+func writeTableHeader(p *printer, rec *Record) {
+	c := rec.Config
 	dev := rec.Stack.Device
 	if note := rec.Stack.Note; note != "" { // its first clause: the whole reason is in the record (and on stderr)
 		if i := strings.IndexAny(note, ":("); i > 0 {
@@ -82,22 +117,13 @@ func WriteTable(w io.Writer, rec *Record) error {
 	if rec.SMs.Note != "" {
 		p.f("# sms: %s\n", rec.SMs.Note)
 	}
-	if rec.Status != StatusOK {
-		p.f("# status: %s\n", StatusLine(rec.Status, rec.Config.Dispatcher, rec.Config.Impl, rec.Reason))
-		writeCorrectness(p, rec.Correctness)
-		return p.err
-	}
+}
+
+// writeStepNotes prints what qualifies the phase table's times: the
+// dispatch as the design times it, the SMs held, which step the record
+// uses, the host's issue, wait and call times, CUDA graphs.
+func writeStepNotes(p *printer, rec *Record) {
 	t := rec.Timing
-	p.f("# times: %s\n", t.Clock)
-	if t.Stopped != "" {
-		p.f("# %s\n", t.Stopped)
-	}
-	if rec.Stack.Device == "host" {
-		p.f("# host device: Go code runs every rank on the CPU, one after another: its times show the pipeline, they are not a performance measurement\n")
-	}
-	p.f("#\n")
-	writePhaseTable(p, t)
-	p.f("#\n")
 	if d := t.DispatchAsDesigned; d != nil {
 		p.f("# %-22s %s = %s, %s", "dispatch as designed", d.Name, strings.Join(d.Parts, " + "), d.About)
 		if d.GBps > 0 {
@@ -137,123 +163,151 @@ func WriteTable(w io.Writer, rec *Record) error {
 				"host call", ph.Name, hc.P50, ph.Name)
 		}
 	}
-	if rb := rec.Rebalance; rb != nil && noMove(rb) {
+}
+
+// writeRebalance prints feplb's rebalance: the stragglers before and
+// after (or that nothing moved), its copies and warnings.
+func writeRebalance(p *printer, rb *Rebalance) {
+	if rb == nil {
+		return
+	}
+	if noMove(rb) {
 		p.f("# %-22s %s: %s (nothing moved in any timed step) · token straggler +%.0f (+%.1f%%) · copies %.3f ms, scheduler %.3f ms\n",
 			"rebalance", rb.Policy, NoMoveUnchanged, rb.TokenAfter.Abs, 100*rb.TokenAfter.Rel, rb.CopyMS, rb.SchedulerMS)
 		p.f("# %-22s %s · straggler +%.3f ms (+%.1f%%), measured (the paused steps' differs from it by noise alone)\n",
 			"rebalance GEMMs", NoMoveUnchanged, rb.GEMMAfter.Abs, 100*rb.GEMMAfter.Rel)
-	} else if rb != nil {
+	} else {
 		p.f("# %-22s %s: token straggler +%.0f (+%.1f%%) → +%.0f (+%.1f%%) · %d moves, %s · copies %.3f ms, scheduler %.3f ms\n",
 			"rebalance", rb.Policy, rb.TokenBefore.Abs, 100*rb.TokenBefore.Rel, rb.TokenAfter.Abs, 100*rb.TokenAfter.Rel,
 			rb.Moves, bytesStr(rb.CopyBytes), rb.CopyMS, rb.SchedulerMS)
 		p.f("# %-22s straggler +%.3f ms (+%.1f%%) → +%.3f ms (+%.1f%%), measured (before: the same steps with phase 2 paused) · modelled +%.3f → +%.3f ms\n",
 			"rebalance GEMMs", rb.GEMMBefore.Abs, 100*rb.GEMMBefore.Rel, rb.GEMMAfter.Abs, 100*rb.GEMMAfter.Rel, 1e3*rb.ModelledBefore, 1e3*rb.ModelledAfter)
 	}
-	if rb := rec.Rebalance; rb != nil {
-		p.f("# %-22s %s · scheduler exposed %.3f ms · copies exposed %.3f ms (%s)\n", "rebalance copies", rb.CopyMethod, rb.SchedulerWaitMS, rb.ExposedMS, rb.ExposedNote)
-		if rb.BackwardCopyBytes > 0 {
-			p.f("# %-22s %s moved, of them %s of fp32 weight gradients back to the owners · copies %.3f ms\n", "rebalance backward",
-				bytesStr(rb.BackwardCopyBytes), bytesStr(rb.WGradBytes), rb.BackwardCopyMS)
-		}
-		for _, w := range rb.Warnings {
-			p.f("# %-22s %s\n", "rebalance warning", w)
-		}
-		p.f("# %-22s %s\n", "phase-2 SMs", rb.PhaseTwoSMs)
+	p.f("# %-22s %s · scheduler exposed %.3f ms · copies exposed %.3f ms (%s)\n", "rebalance copies", rb.CopyMethod, rb.SchedulerWaitMS, rb.ExposedMS, rb.ExposedNote)
+	if rb.BackwardCopyBytes > 0 {
+		p.f("# %-22s %s moved, of them %s of fp32 weight gradients back to the owners · copies %.3f ms\n", "rebalance backward",
+			bytesStr(rb.BackwardCopyBytes), bytesStr(rb.WGradBytes), rb.BackwardCopyMS)
 	}
-	if tk := rec.Tokens; tk != nil && len(tk.Received) > 0 {
-		lo, hi := tk.Received[0], tk.Received[0]
-		for _, n := range tk.Received {
-			lo, hi = min(lo, n), max(hi, n)
-		}
-		steps := ""
-		if n := len(tk.StragglerPerStep); n > 1 {
-			v := slices.Sorted(slices.Values(tk.StragglerPerStep))
-			steps = fmt.Sprintf(" (last step) · median of %d steps +%.1f", n, (v[(n-1)/2]+v[n/2])/2)
-		}
-		p.f("# %-22s min %d, max %d · straggler +%.1f copies (+%.1f%%)%s\n", "tokens computed/rank", lo, hi, tk.Straggler.Abs, 100*tk.Straggler.Rel, steps)
+	for _, w := range rb.Warnings {
+		p.f("# %-22s %s\n", "rebalance warning", w)
 	}
-	if g := rec.GEMM; g != nil {
-		p.f("# %-22s %.3f GFLOP/step · %.4f TFLOP/s per rank · straggler +%.3f ms (+%.1f%%)\n", "expert GEMMs",
-			g.FLOPsPerIter/1e9, g.TFLOPS, g.Straggler.Abs, 100*g.Straggler.Rel)
-		if g.Method != "" {
-			p.f("# %-22s %s\n", "expert GEMM method", g.Method)
-		}
-		if bs := g.BackwardStraggler; bs != nil {
-			p.f("# %-22s %.3f GFLOP/step · %.4f TFLOP/s per rank · straggler +%.3f ms (+%.1f%%)\n", "expert GEMMs backward",
-				g.BackwardFLOPsPerIter/1e9, g.BackwardTFLOPS, bs.Abs, 100*bs.Rel)
-		}
+	p.f("# %-22s %s\n", "phase-2 SMs", rb.PhaseTwoSMs)
+}
+
+// writeTokens prints the tokens each rank computed and their straggler.
+func writeTokens(p *printer, tk *Tokens) {
+	if tk == nil || len(tk.Received) == 0 {
+		return
 	}
-	if rec.Stack.Device != "host" {
-		p.f("# %-22s %s\n", "SMs measured", rec.SMs.Measured)
+	lo, hi := tk.Received[0], tk.Received[0]
+	for _, n := range tk.Received {
+		lo, hi = min(lo, n), max(hi, n)
 	}
-	if tm := rec.Telemetry; tm != nil {
-		var mem int64
-		for _, b := range tm.MemoryUsedMax {
-			mem = max(mem, b)
-		}
-		p.f("# %-22s power %.0f W · SM clock %.0f MHz · memory clock %.0f MHz · GPU memory in use up to %s\n", "telemetry (NVML)",
-			tm.PowerW, tm.SMClockMHz, tm.MemClockMHz, bytesStr(mem))
+	steps := ""
+	if n := len(tk.StragglerPerStep); n > 1 {
+		v := slices.Sorted(slices.Values(tk.StragglerPerStep))
+		steps = fmt.Sprintf(" (last step) · median of %d steps +%.1f", n, (v[(n-1)/2]+v[n/2])/2)
 	}
-	if tr := rec.Traffic; tr != nil {
-		for _, d := range []struct {
-			name                   string
-			off, logical, interDom int64
-		}{{"dispatch", tr.DispatchOffRank, tr.DispatchLogical, tr.DispatchInterDomain}, {"combine", tr.CombineOffRank, tr.CombineLogical, tr.CombineInterDomain}} {
-			p.f("# %-22s off-rank %s, logical %s", d.name+" bytes/step", bytesStr(d.off), bytesStr(d.logical))
-			if d.interDom > 0 {
-				p.f(", inter-domain %s", bytesStr(d.interDom))
-			}
-			p.f("\n")
-		}
-		if tr.BackwardFormula != "" {
-			p.f("# %-22s combine-bwd off-rank %s, logical %s · dispatch-bwd off-rank %s, logical %s\n", "backward bytes/step",
-				bytesStr(tr.CombineBackwardOffRank), bytesStr(tr.CombineBackwardLogical), bytesStr(tr.DispatchBackwardOffRank), bytesStr(tr.DispatchBackwardLogical))
-		}
-		if tr.CopyBytes > 0 {
-			p.f("# %-22s %s (every (token, expert) copy's bf16 row) · dispatch %.3f, combine %.3f GB/s per rank\n", "copy bytes/step",
-				bytesStr(tr.CopyBytes), tr.DispatchCopyGBps, tr.CombineCopyGBps)
-		}
-		if tr.InterNodeBytes > 0 {
-			p.f("# %-22s inter-node %s, intra-node %s each way ((token, rank) rows) · dispatch %.3f and %.3f, combine %.3f and %.3f GB/s per rank (inter, intra)\n",
-				"node bytes/step", bytesStr(tr.InterNodeBytes), bytesStr(tr.IntraNodeBytes),
-				tr.DispatchInterNodeGBps, tr.DispatchIntraNodeGBps, tr.CombineInterNodeGBps, tr.CombineIntraNodeGBps)
-		}
-		if tr.DispatchAlgorithm > 0 {
-			p.f("# %-22s dispatch %s, combine %s · %.3f and %.3f GB/s per rank", "algorithm bytes/step",
-				bytesStr(tr.DispatchAlgorithm), bytesStr(tr.CombineAlgorithm), tr.DispatchGBps, tr.CombineGBps)
-			if tr.DispatchGBpsPerSM > 0 {
-				p.f(" · %.4f and %.4f GB/s per SM (%d SMs)", tr.DispatchGBpsPerSM, tr.CombineGBpsPerSM, rec.SMs.Budget)
-			}
-			if tr.InterDomainAlgorithm > 0 {
-				p.f(" · inter-domain %s each way", bytesStr(tr.InterDomainAlgorithm))
-			}
-			p.f("\n")
-		}
+	p.f("# %-22s min %d, max %d · straggler +%.1f copies (+%.1f%%)%s\n", "tokens computed/rank", lo, hi, tk.Straggler.Abs, 100*tk.Straggler.Rel, steps)
+}
+
+// writeGEMM prints the expert GEMMs' work, rate and straggler.
+func writeGEMM(p *printer, g *GEMM) {
+	if g == nil {
+		return
 	}
-	if m := rec.Memory; m != nil && len(m.PerRankBytes) > 0 {
-		var hi int64
-		for _, b := range m.PerRankBytes {
-			hi = max(hi, b)
-		}
-		p.f("# %-22s max %s (%s)", "memory/rank", bytesStr(hi), strings.SplitN(m.Method, ":", 2)[0])
-		if len(m.SavedPerRankBytes) > 0 {
-			p.f(" · kept for the backward: max %s per rank as a GPU keeps it", bytesStr(maxBytes(m.SavedPerRankBytes)))
+	p.f("# %-22s %.3f GFLOP/step · %.4f TFLOP/s per rank · straggler +%.3f ms (+%.1f%%)\n", "expert GEMMs",
+		g.FLOPsPerIter/1e9, g.TFLOPS, g.Straggler.Abs, 100*g.Straggler.Rel)
+	if g.Method != "" {
+		p.f("# %-22s %s\n", "expert GEMM method", g.Method)
+	}
+	if bs := g.BackwardStraggler; bs != nil {
+		p.f("# %-22s %.3f GFLOP/step · %.4f TFLOP/s per rank · straggler +%.3f ms (+%.1f%%)\n", "expert GEMMs backward",
+			g.BackwardFLOPsPerIter/1e9, g.BackwardTFLOPS, bs.Abs, 100*bs.Rel)
+	}
+}
+
+// writeTelemetry prints NVML's power, clocks and memory in use.
+func writeTelemetry(p *printer, tm *Telemetry) {
+	if tm == nil {
+		return
+	}
+	var mem int64
+	for _, b := range tm.MemoryUsedMax {
+		mem = max(mem, b)
+	}
+	p.f("# %-22s power %.0f W · SM clock %.0f MHz · memory clock %.0f MHz · GPU memory in use up to %s\n", "telemetry (NVML)",
+		tm.PowerW, tm.SMClockMHz, tm.MemClockMHz, bytesStr(mem))
+}
+
+// writeTraffic prints the bytes each step moves and their rates; budget
+// is the SMs the rates per SM are of.
+func writeTraffic(p *printer, tr *Traffic, budget int) {
+	if tr == nil {
+		return
+	}
+	for _, d := range []struct {
+		name                   string
+		off, logical, interDom int64
+	}{{"dispatch", tr.DispatchOffRank, tr.DispatchLogical, tr.DispatchInterDomain}, {"combine", tr.CombineOffRank, tr.CombineLogical, tr.CombineInterDomain}} {
+		p.f("# %-22s off-rank %s, logical %s", d.name+" bytes/step", bytesStr(d.off), bytesStr(d.logical))
+		if d.interDom > 0 {
+			p.f(", inter-domain %s", bytesStr(d.interDom))
 		}
 		p.f("\n")
-		var bufs []string
-		for _, b := range m.Buffers {
-			var hi int64
-			for _, n := range b.PerRankBytes {
-				hi = max(hi, n)
-			}
-			bufs = append(bufs, b.Name+" "+bytesStr(hi))
-		}
-		if bufs != nil {
-			p.f("# %-22s %s (max per rank, as a GPU holds them)\n", "dispatcher buffers", strings.Join(bufs, ", "))
-		}
 	}
-	writeCorrectness(p, rec.Correctness)
-	return p.err
+	if tr.BackwardFormula != "" {
+		p.f("# %-22s combine-bwd off-rank %s, logical %s · dispatch-bwd off-rank %s, logical %s\n", "backward bytes/step",
+			bytesStr(tr.CombineBackwardOffRank), bytesStr(tr.CombineBackwardLogical), bytesStr(tr.DispatchBackwardOffRank), bytesStr(tr.DispatchBackwardLogical))
+	}
+	if tr.CopyBytes > 0 {
+		p.f("# %-22s %s (every (token, expert) copy's bf16 row) · dispatch %.3f, combine %.3f GB/s per rank\n", "copy bytes/step",
+			bytesStr(tr.CopyBytes), tr.DispatchCopyGBps, tr.CombineCopyGBps)
+	}
+	if tr.InterNodeBytes > 0 {
+		p.f("# %-22s inter-node %s, intra-node %s each way ((token, rank) rows) · dispatch %.3f and %.3f, combine %.3f and %.3f GB/s per rank (inter, intra)\n",
+			"node bytes/step", bytesStr(tr.InterNodeBytes), bytesStr(tr.IntraNodeBytes),
+			tr.DispatchInterNodeGBps, tr.DispatchIntraNodeGBps, tr.CombineInterNodeGBps, tr.CombineIntraNodeGBps)
+	}
+	if tr.DispatchAlgorithm > 0 {
+		p.f("# %-22s dispatch %s, combine %s · %.3f and %.3f GB/s per rank", "algorithm bytes/step",
+			bytesStr(tr.DispatchAlgorithm), bytesStr(tr.CombineAlgorithm), tr.DispatchGBps, tr.CombineGBps)
+		if tr.DispatchGBpsPerSM > 0 {
+			p.f(" · %.4f and %.4f GB/s per SM (%d SMs)", tr.DispatchGBpsPerSM, tr.CombineGBpsPerSM, budget)
+		}
+		if tr.InterDomainAlgorithm > 0 {
+			p.f(" · inter-domain %s each way", bytesStr(tr.InterDomainAlgorithm))
+		}
+		p.f("\n")
+	}
+}
+
+// writeMemory prints the most memory a rank held and the dispatcher's
+// buffers.
+func writeMemory(p *printer, m *Memory) {
+	if m == nil || len(m.PerRankBytes) == 0 {
+		return
+	}
+	var hi int64
+	for _, b := range m.PerRankBytes {
+		hi = max(hi, b)
+	}
+	p.f("# %-22s max %s (%s)", "memory/rank", bytesStr(hi), strings.SplitN(m.Method, ":", 2)[0])
+	if len(m.SavedPerRankBytes) > 0 {
+		p.f(" · kept for the backward: max %s per rank as a GPU keeps it", bytesStr(maxBytes(m.SavedPerRankBytes)))
+	}
+	p.f("\n")
+	var bufs []string
+	for _, b := range m.Buffers {
+		var hi int64
+		for _, n := range b.PerRankBytes {
+			hi = max(hi, n)
+		}
+		bufs = append(bufs, b.Name+" "+bytesStr(hi))
+	}
+	if bufs != nil {
+		p.f("# %-22s %s (max per rank, as a GPU holds them)\n", "dispatcher buffers", strings.Join(bufs, ", "))
+	}
 }
 
 // writePhaseTable prints t's phases, then its two steps where the record

@@ -47,6 +47,7 @@ type stragglerArgs struct {
 	countsUS, ceShare, tflops          float64
 	backward, wide                     bool
 	o                                  balance.Options
+	sched                              float64 // resolved --sched-us, seconds; -1: measured
 }
 
 // stragglerFlags defines straggler's flags on a.
@@ -102,132 +103,27 @@ func straggler(args []string, stdout, stderr io.Writer) int {
 	if fs.NArg() > 0 {
 		return usageError(stderr, fmt.Errorf("unexpected argument %q", fs.Arg(0)))
 	}
-	preset, routing, rateFile, explain := a.preset, a.routing, a.rateFile, a.explain
-	ep, experts, topk, tokens, domain, hidden, ffn, steps := a.ep, a.experts, a.topk, a.tokens, a.domain, a.hidden, a.ffn, a.steps
-	drift, seed, policies, format, schedUS := a.drift, a.seed, a.policies, a.format, a.schedUS
-	countsUS, ceShare, tflops, backward, o := a.countsUS, a.ceShare, a.tflops, a.backward, a.o
-	switch a.fallback {
-	case "next":
-	case "stop":
-		o.BusiestOnly = true
-	default:
-		return usageError(stderr, fmt.Errorf("--feplb-fallback=%s: allowed: next, stop", a.fallback))
-	}
-	p, ok := harness.LookupPreset(preset)
-	if !ok {
-		return usageError(stderr, fmt.Errorf("--preset=%s: allowed: %s", preset, strings.Join(harness.PresetNames(), ", ")))
-	}
-	pick := func(v, def int) int {
-		if v != 0 {
-			return v
-		}
-		return def
-	}
-	experts, topk, hidden, ffn, tokens = pick(experts, p.Experts), pick(topk, p.TopK), pick(hidden, p.Hidden), pick(ffn, p.FFN), pick(tokens, p.Tokens)
-	if err := stragglerBounds(ep, experts, tokens, hidden, ffn, steps); err != nil {
+	if err := a.resolve(fs); err != nil {
 		return usageError(stderr, err)
 	}
-	if err := checkBounds(fs, policyBounds(ep, experts)); err != nil {
-		return usageError(stderr, err)
-	}
-	t := balance.Topology{Ranks: ep, Experts: experts, Domain: domain}
-	if !fs.Changed("feplb-dynamic") && experts%ep == 0 {
-		o.DynamicPerRank = balance.DefaultDynamic(experts / ep)
-	}
-	switch {
-	case experts%ep != 0:
-		return usageError(stderr, fmt.Errorf("--ep=%d: must divide --experts (%d)", ep, experts))
-	case domain < 1 || domain > ep || ep%domain != 0:
-		return usageError(stderr, fmt.Errorf("--domain=%d: must be in [1, --ep=%d] and divide it", domain, ep))
-	case topk < 1 || topk > experts:
-		return usageError(stderr, fmt.Errorf("--topk=%d: must be in [1, --experts=%d]", topk, experts))
-	case !(drift >= 0) || drift > 10:
-		return usageError(stderr, fmt.Errorf("--drift=%g: must be in [0, 10]", drift))
-	case format != "table" && format != "markdown":
-		return usageError(stderr, fmt.Errorf("--format=%s: allowed: table, markdown", format))
-	case !(countsUS >= 0) || countsUS > 1e6:
-		return usageError(stderr, fmt.Errorf("--counts-us=%g: must be in [0, 1e6]", countsUS))
-	case !(ceShare > 0) || ceShare > 1:
-		return usageError(stderr, fmt.Errorf("--nvlink-ce-share=%g: must be in (0, 1]", ceShare))
-	case !(tflops >= 0) || tflops > 1e5:
-		return usageError(stderr, fmt.Errorf("--gemm-tflops=%g: must be in (0, 1e5] (0: the H100 roofline)", tflops))
-	case tflops > 0 && rateFile != "":
-		return usageError(stderr, errors.New("--gemm-tflops and --gemm-rate-from: give one of them"))
-	}
-	sched := -1.0 // measured
-	if schedUS != "measured" {
-		v, err := strconv.ParseFloat(schedUS, 64)
-		if err != nil || !(v >= 0) || v > 1e6 {
-			return usageError(stderr, fmt.Errorf("--sched-us=%s: want 'measured' or a number of µs in [0, 1e6]", schedUS))
-		}
-		sched = v / 1e6
-	}
-	for _, pol := range policies {
-		if _, err := balance.New(pol, t, balance.H100(hidden, ffn), o); err != nil {
-			return usageError(stderr, fmt.Errorf("--policies: %v", err))
-		}
-	}
-	m := balance.H100(hidden, ffn)
-	m.CEShare = ceShare
-	if tflops > 0 {
-		m.GEMMRate, m.RateSource = tflops*1e12, fmt.Sprintf("%g TFLOP/s (--gemm-tflops), 3.35 TB/s HBM", tflops)
-	}
-	if rateFile != "" {
-		rate, src, err := measuredRate(rateFile, stderr)
-		if err != nil {
-			return usageError(stderr, fmt.Errorf("--gemm-rate-from=%s: %v", rateFile, err))
-		}
-		m.GEMMRate, m.RateSource = rate, src
-	}
-	r, err := harness.ParseRouting(routing)
+	t := a.topology()
+	m, err := a.model(stderr)
 	if err != nil {
 		return usageError(stderr, err)
 	}
-	var source func(seed uint64) balance.Source
-	switch r.Kind {
-	case harness.RoutingSkewed:
-		source = func(seed uint64) balance.Source {
-			return balance.NewSkewed(t, topk, tokens, r.Alpha, drift, seed, steps)
-		}
-	case harness.RoutingBalanced: // fresh i.i.d. routing every step, as Megatron's force-balancing: no drift
-		source = func(seed uint64) balance.Source { return balance.NewSkewed(t, topk, tokens, 0, 0, seed, steps) }
-	case harness.RoutingTrace:
-		if a.seeds != 1 {
-			return usageError(stderr, fmt.Errorf("--seeds=%d: a trace has no seed; give 1 with --routing trace:FILE", a.seeds))
-		}
-		tr, err := harness.ReadTrace(r.File, experts, topk)
-		if err != nil {
-			return usageError(stderr, &harness.ConfigError{Flag: "routing", Value: routing, Allowed: err.Error()})
-		}
-		source = func(uint64) balance.Source { return traceSource{tr, t, tokens} }
-	default:
-		return usageError(stderr, fmt.Errorf("--routing=%s: allowed: skewed:ALPHA, balanced, trace:FILE", routing))
+	source, err := a.source(t)
+	if err != nil {
+		return usageError(stderr, err)
 	}
-	src := source(seed)
-	if explain != "" {
-		var i int
-		if _, err := fmt.Sscan(explain, &i); err != nil || i < 0 || i >= steps {
-			return usageError(stderr, fmt.Errorf("--explain=%s: want a step in [0, %d)", explain, steps))
-		}
-		ready := countsUS/1e6 + max(sched, 0)
-		if sched < 0 {
-			ready = countsUS/1e6 + balance.PaperSchedSeconds
-		}
-		for _, name := range policies {
-			pol, _ := balance.New(name, t, m, o)
-			var pl balance.Plan
-			for s := 0; s <= i; s++ { // policies with history see the steps before
-				st := src.Step(s)
-				st.Ready = ready
-				pl = pol.Plan(st)
-			}
-			fmt.Fprintf(stdout, "step %d, %s", i, pl.Explain(t))
+	if a.explain != "" {
+		if err := a.explainStep(stdout, t, m, source(a.seed)); err != nil {
+			return usageError(stderr, err)
 		}
 	}
 	var runs [][]balance.SimResult // per seed
 	for i := range a.seeds {
-		cfg := balance.SimConfig{Topology: t, Model: m, Options: o, Source: source(seed + uint64(i)), Steps: steps, Policies: policies,
-			Tokens: tokens, TopK: topk, Counts: countsUS / 1e6, Sched: sched, Backward: backward}
+		cfg := balance.SimConfig{Topology: t, Model: m, Options: a.o, Source: source(a.seed + uint64(i)), Steps: a.steps, Policies: a.policies,
+			Tokens: a.tokens, TopK: a.topk, Counts: a.countsUS / 1e6, Sched: a.sched, Backward: a.backward}
 		res, err := balance.Simulate(cfg)
 		if err != nil {
 			fmt.Fprintf(stderr, "moebench straggler: %v\n", err)
@@ -240,31 +136,185 @@ func straggler(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintf(stderr, "moebench straggler: warning: %s\n", w)
 		}
 	}
-	if format == "markdown" && sched < 0 {
+	if a.format == "markdown" && a.sched < 0 {
 		fmt.Fprintln(stderr, "moebench straggler: warning: --sched-us=measured makes the table depend on this machine's timing")
 	}
-	d := fmt.Sprintf(" drift %g", drift)
-	if !strings.HasPrefix(routing, harness.RoutingSkewed) {
+	writeStragglerWidth(stdout, a.format, tableWidth(a.wide), runs, a.title(m))
+	return exitOK
+}
+
+// resolve checks a's flags, in the order their errors are reported, and
+// completes them: the preset's shape where a size is 0, the feplb fallback
+// and dynamic experts in a.o, the scheduler's time in a.sched.
+func (a *stragglerArgs) resolve(fs *pflag.FlagSet) error {
+	switch a.fallback {
+	case "next":
+	case "stop":
+		a.o.BusiestOnly = true
+	default:
+		return fmt.Errorf("--feplb-fallback=%s: allowed: next, stop", a.fallback)
+	}
+	p, ok := harness.LookupPreset(a.preset)
+	if !ok {
+		return fmt.Errorf("--preset=%s: allowed: %s", a.preset, strings.Join(harness.PresetNames(), ", "))
+	}
+	pick := func(v, def int) int {
+		if v != 0 {
+			return v
+		}
+		return def
+	}
+	a.experts, a.topk, a.hidden, a.ffn, a.tokens = pick(a.experts, p.Experts), pick(a.topk, p.TopK), pick(a.hidden, p.Hidden), pick(a.ffn, p.FFN), pick(a.tokens, p.Tokens)
+	if err := stragglerBounds(a.ep, a.experts, a.tokens, a.hidden, a.ffn, a.steps); err != nil {
+		return err
+	}
+	if err := checkBounds(fs, policyBounds(a.ep, a.experts)); err != nil {
+		return err
+	}
+	if !fs.Changed("feplb-dynamic") && a.experts%a.ep == 0 {
+		a.o.DynamicPerRank = balance.DefaultDynamic(a.experts / a.ep)
+	}
+	if err := a.checkLayout(); err != nil {
+		return err
+	}
+	a.sched = -1 // measured
+	if a.schedUS != "measured" {
+		v, err := strconv.ParseFloat(a.schedUS, 64)
+		if err != nil || !(v >= 0) || v > 1e6 {
+			return fmt.Errorf("--sched-us=%s: want 'measured' or a number of µs in [0, 1e6]", a.schedUS)
+		}
+		a.sched = v / 1e6
+	}
+	for _, pol := range a.policies {
+		if _, err := balance.New(pol, a.topology(), balance.H100(a.hidden, a.ffn), a.o); err != nil {
+			return fmt.Errorf("--policies: %v", err)
+		}
+	}
+	return nil
+}
+
+// checkLayout refuses a layout, routing drift, format or model setting out
+// of its range.
+func (a *stragglerArgs) checkLayout() error {
+	switch ep, experts, domain := a.ep, a.experts, a.domain; {
+	case experts%ep != 0:
+		return fmt.Errorf("--ep=%d: must divide --experts (%d)", ep, experts)
+	case domain < 1 || domain > ep || ep%domain != 0:
+		return fmt.Errorf("--domain=%d: must be in [1, --ep=%d] and divide it", domain, ep)
+	case a.topk < 1 || a.topk > experts:
+		return fmt.Errorf("--topk=%d: must be in [1, --experts=%d]", a.topk, experts)
+	case !(a.drift >= 0) || a.drift > 10:
+		return fmt.Errorf("--drift=%g: must be in [0, 10]", a.drift)
+	case a.format != "table" && a.format != "markdown":
+		return fmt.Errorf("--format=%s: allowed: table, markdown", a.format)
+	case !(a.countsUS >= 0) || a.countsUS > 1e6:
+		return fmt.Errorf("--counts-us=%g: must be in [0, 1e6]", a.countsUS)
+	case !(a.ceShare > 0) || a.ceShare > 1:
+		return fmt.Errorf("--nvlink-ce-share=%g: must be in (0, 1]", a.ceShare)
+	case !(a.tflops >= 0) || a.tflops > 1e5:
+		return fmt.Errorf("--gemm-tflops=%g: must be in (0, 1e5] (0: the H100 roofline)", a.tflops)
+	case a.tflops > 0 && a.rateFile != "":
+		return errors.New("--gemm-tflops and --gemm-rate-from: give one of them")
+	}
+	return nil
+}
+
+// topology is the simulated ranks, experts and NVLink domains.
+func (a *stragglerArgs) topology() balance.Topology {
+	return balance.Topology{Ranks: a.ep, Experts: a.experts, Domain: a.domain}
+}
+
+// model is the GEMM and copy model: the H100's, at the rate --gemm-tflops
+// or --gemm-rate-from gives.
+func (a *stragglerArgs) model(stderr io.Writer) (balance.Model, error) {
+	m := balance.H100(a.hidden, a.ffn)
+	m.CEShare = a.ceShare
+	if a.tflops > 0 {
+		m.GEMMRate, m.RateSource = a.tflops*1e12, fmt.Sprintf("%g TFLOP/s (--gemm-tflops), 3.35 TB/s HBM", a.tflops)
+	}
+	if a.rateFile != "" {
+		rate, src, err := measuredRate(a.rateFile, stderr)
+		if err != nil {
+			return m, fmt.Errorf("--gemm-rate-from=%s: %v", a.rateFile, err)
+		}
+		m.GEMMRate, m.RateSource = rate, src
+	}
+	return m, nil
+}
+
+// source is --routing's expert load per seed.
+func (a *stragglerArgs) source(t balance.Topology) (func(seed uint64) balance.Source, error) {
+	r, err := harness.ParseRouting(a.routing)
+	if err != nil {
+		return nil, err
+	}
+	switch r.Kind {
+	case harness.RoutingSkewed:
+		return func(seed uint64) balance.Source {
+			return balance.NewSkewed(t, a.topk, a.tokens, r.Alpha, a.drift, seed, a.steps)
+		}, nil
+	case harness.RoutingBalanced: // fresh i.i.d. routing every step, as Megatron's force-balancing: no drift
+		return func(seed uint64) balance.Source { return balance.NewSkewed(t, a.topk, a.tokens, 0, 0, seed, a.steps) }, nil
+	case harness.RoutingTrace:
+		if a.seeds != 1 {
+			return nil, fmt.Errorf("--seeds=%d: a trace has no seed; give 1 with --routing trace:FILE", a.seeds)
+		}
+		tr, err := harness.ReadTrace(r.File, a.experts, a.topk)
+		if err != nil {
+			return nil, &harness.ConfigError{Flag: "routing", Value: a.routing, Allowed: err.Error()}
+		}
+		return func(uint64) balance.Source { return traceSource{tr, t, a.tokens} }, nil
+	}
+	return nil, fmt.Errorf("--routing=%s: allowed: skewed:ALPHA, balanced, trace:FILE", a.routing)
+}
+
+// explainStep prints each policy's plan of step --explain of src.
+func (a *stragglerArgs) explainStep(stdout io.Writer, t balance.Topology, m balance.Model, src balance.Source) error {
+	var i int
+	if _, err := fmt.Sscan(a.explain, &i); err != nil || i < 0 || i >= a.steps {
+		return fmt.Errorf("--explain=%s: want a step in [0, %d)", a.explain, a.steps)
+	}
+	ready := a.countsUS/1e6 + max(a.sched, 0)
+	if a.sched < 0 {
+		ready = a.countsUS/1e6 + balance.PaperSchedSeconds
+	}
+	for _, name := range a.policies {
+		pol, _ := balance.New(name, t, m, a.o)
+		var pl balance.Plan
+		for s := 0; s <= i; s++ { // policies with history see the steps before
+			st := src.Step(s)
+			st.Ready = ready
+			pl = pol.Plan(st)
+		}
+		fmt.Fprintf(stdout, "step %d, %s", i, pl.Explain(t))
+	}
+	return nil
+}
+
+// title is the straggler table's heading: the layout, routing, seeds and
+// model.
+func (a *stragglerArgs) title(m balance.Model) string {
+	d := fmt.Sprintf(" drift %g", a.drift)
+	if !strings.HasPrefix(a.routing, harness.RoutingSkewed) {
 		d = ""
 	}
 	schedNote := "measured"
-	if sched >= 0 {
-		schedNote = fmt.Sprintf("%g µs", sched*1e6)
+	if a.sched >= 0 {
+		schedNote = fmt.Sprintf("%g µs", a.sched*1e6)
 	}
 	share := ""
-	if ceShare < 1 {
-		share = fmt.Sprintf(" · copies get %g of NVLink", ceShare)
+	if a.ceShare < 1 {
+		share = fmt.Sprintf(" · copies get %g of NVLink", a.ceShare)
 	}
-	seedNote := fmt.Sprintf("seed %d", seed)
+	seedNote := fmt.Sprintf("seed %d", a.seed)
 	if a.seeds > 1 {
-		seedNote = fmt.Sprintf("seeds %d–%d (means; [min, max] over seeds)", seed, seed+uint64(a.seeds)-1)
+		seedNote = fmt.Sprintf("seeds %d–%d (means; [min, max] over seeds)", a.seed, a.seed+uint64(a.seeds)-1)
 	}
-	if o.BusiestOnly {
+	if a.o.BusiestOnly {
 		share += " · feplb fallback: stop (only the busiest dynamic expert)"
 	}
-	writeStragglerWidth(stdout, format, tableWidth(a.wide), runs, fmt.Sprintf("EP %d (domains of %d) · %d experts top-%d · hidden %d ffn %d · %d tokens/rank · routing %s%s · %d steps · %s · GEMM model: %s · plan known %g µs (counts) + %s (scheduler) after phase 1%s",
-		ep, domain, experts, topk, hidden, ffn, tokens, routing, d, steps, seedNote, m.RateSource, countsUS, schedNote, share))
-	return exitOK
+	return fmt.Sprintf("EP %d (domains of %d) · %d experts top-%d · hidden %d ffn %d · %d tokens/rank · routing %s%s · %d steps · %s · GEMM model: %s · plan known %g µs (counts) + %s (scheduler) after phase 1%s",
+		a.ep, a.domain, a.experts, a.topk, a.hidden, a.ffn, a.tokens, a.routing, d, a.steps, seedNote, m.RateSource, a.countsUS, schedNote, share)
 }
 
 // stragglerBounds refuses sizes out of their range: below 1, or more than
