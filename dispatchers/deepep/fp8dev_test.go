@@ -242,6 +242,9 @@ func checkFP8(t *testing.T, devs []kernels.Device) {
 			if c.ndev > len(devs) {
 				t.Skipf("needs %d devices", c.ndev)
 			}
+			if _, emu := devs[0].(*kernels.Emu); !emu && c.ndev > 1 {
+				hostsim.SkipIfShort(t, "ep2-h256-one-device")
+			}
 			wantRows, wantP, wantY := hostFP8(t, c, fp8Ranks(t, c.sh, 11))
 			var (
 				rows  [][]uint16
@@ -249,14 +252,26 @@ func checkFP8(t *testing.T, devs []kernels.Device) {
 				y     [][]float32
 				err   error
 			)
+			d := WithDeviceConfig(c.cfg)
 			hostsim.WithinNamed(t, 2*time.Minute, "deepep's fp8 forward", func() {
-				rows, probs, y, err = runFP8(t, WithDeviceConfig(c.cfg), c, devs[:c.ndev], fp8Ranks(t, c.sh, 11))
+				rows, probs, y, err = runFP8(t, d, c, devs[:c.ndev], fp8Ranks(t, c.sh, 11))
 			})
 			if err != nil {
 				t.Fatal(err)
 			}
 			if err := sameFP8(c, rows, probs, y, wantRows, wantP, wantY); err != nil {
 				t.Fatal(err)
+			}
+			// DeepEP's convention at fp8: each received token's hidden e4m3
+			// bytes and hidden/128 fp32 scales; the combine bf16 rows
+			tokens := 0
+			for r := range d.st {
+				tokens += d.st[r].tokens
+			}
+			h := int64(c.sh.Hidden)
+			tr := d.Traffic()
+			if want := int64(tokens) * (h + h/dispatchers.FP8Block*4); tr.DispatchAlgorithm != want || tr.CombineAlgorithm != int64(tokens)*2*h {
+				t.Errorf("algorithm bytes: dispatch %d, combine %d; want %d (fp8 rows) and %d (bf16)", tr.DispatchAlgorithm, tr.CombineAlgorithm, want, int64(tokens)*2*h)
 			}
 		})
 	}
