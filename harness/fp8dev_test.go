@@ -17,7 +17,8 @@ import (
 // moves FP8 rows, in layers that exercise them: hidden 512 (4 blocks a
 // row, packed rows of 528 bytes) and 384 (3 blocks, 396 bytes padded to
 // 400), a shared expert, EP 1 (no exchange) and sigmoid routing; hybridep
-// (hidden 512, its fp8 constraint) with one domain and with two.
+// (hidden 512, its fp8 constraint) with one domain and with two; deepep
+// at hidden 512 and at 384 (skewed, a shared expert).
 func fp8DeviceCases() map[string]Config {
 	base := fp8Config("alltoall")
 	base.Device = "cuda"
@@ -34,8 +35,12 @@ func fp8DeviceCases() map[string]Config {
 	he.Dispatcher, he.SMs = "hybridep", 16
 	he2 := he // two domains: the inter-domain path (pack, exchange) moves them too
 	he2.Domain = 2
+	de := base // deepep: its dispatch's rings, receive rows and permute move the packed rows
+	de.Dispatcher, de.SMs = "deepep", 2
+	de384 := de // packed rows of 396 bytes padded to 400, skewed, a shared expert
+	de384.Hidden, de384.SharedExperts, de384.Routing = 384, 1, Routing{Kind: RoutingSkewed, Alpha: 1.2}
 	return map[string]Config{"alltoall": base, "alltoall-h384": odd, "alltoall-sigmoid-shared": sig, "alltoall-ep1": one, "feplb": fe,
-		"hybridep": he, "hybridep-domain2": he2}
+		"hybridep": he, "hybridep-domain2": he2, "deepep": de, "deepep-h384-shared": de384}
 }
 
 // TestFP8DeviceEqualsHost: at fp8 the cuda device (Emu; quant_fp8_rows
@@ -72,7 +77,7 @@ func TestFP8DeviceEqualsHost(t *testing.T) {
 // hybridep: issue 34's command, --dispatcher hybridep --sms 16 --precision
 // fp8 --hidden 512.
 func TestFP8DeviceRun(t *testing.T) {
-	for _, name := range []string{"alltoall", "hybridep"} {
+	for _, name := range []string{"alltoall", "hybridep", "deepep"} {
 		c := fp8DeviceCases()[name]
 		rec, err := Run(c, Env{Version: "test", OpenDevices: emus(1)})
 		if err != nil || rec.Status != results.StatusOK || !rec.Correctness.Passed || rec.Correctness.Grads == nil {

@@ -808,21 +808,26 @@ func TestInflightTable(t *testing.T) {
 	// its slot, the combine's from a row
 	d0 := defines(preset)
 	sd, sc := heStages(heSlot(d0)), heCombineStages(heRow(d0))
-	compiled := map[string]string{} // SASS by file, path and stages
+	compiled := map[string]string{} // SASS by file, path, stages and fp8
 	for _, c := range []struct {
 		file, noBulk, path, only string
 		stages                   int
+		fp8                      bool // deepep's --precision fp8 build: MB_DE_DHIDDEN, the packed rows
 	}{
-		{"deepep.cu", "0", "16-byte", "deepep_", 0},
-		{"hybridep.cu", "1", "16-byte", "he_dispatch he_pack he_permute he_preprocess_count", sd}, {"hybridep.cu", "1", "16-byte", "he_combine", sc},
-		{"hybridep.cu", "0", "bulk", "he_dispatch he_pack he_permute", sd}, {"hybridep.cu", "0", "bulk", "he_combine", sc},
+		{"deepep.cu", "0", "16-byte", "deepep_", 0, false},
+		{"deepep.cu", "0", "16-byte fp8", "deepep_dispatch", 0, true},
+		{"hybridep.cu", "1", "16-byte", "he_dispatch he_pack he_permute he_preprocess_count", sd, false}, {"hybridep.cu", "1", "16-byte", "he_combine", sc, false},
+		{"hybridep.cu", "0", "bulk", "he_dispatch he_pack he_permute", sd, false}, {"hybridep.cu", "0", "bulk", "he_combine", sc, false},
 	} {
 		d := defines(preset)
 		d["MB_NO_BULK"] = c.noBulk
 		if c.stages > 0 {
 			d["MB_HE_STAGES"] = fmt.Sprint(c.stages)
 		}
-		key := fmt.Sprint(c.file, c.noBulk, c.stages)
+		if c.fp8 {
+			d["MB_DE_DHIDDEN"] = fmt.Sprint(FP8RowPitch(shapes[preset].hidden) / 2)
+		}
+		key := fmt.Sprint(c.file, c.noBulk, c.stages, c.fp8)
 		sass, ok := compiled[key]
 		if !ok {
 			cubin, err := j.Compile(c.file, "sm_90", d)
@@ -900,8 +905,13 @@ func TestInflightREADME(t *testing.T) {
 		}
 		raw = append(append(raw, b...), '\n')
 	}
-	rows := map[string]string{"deepep_dispatch": "16-byte", "deepep_combine": "16-byte", "he_dispatch": "bulk", "he_permute": "bulk", "he_combine": "bulk"}
-	for name, path := range rows {
+	// a row names its kernel, and its path where it is not the kernel's
+	// usual one: "| `deepep_dispatch` fp8 |" is the 16-byte fp8 build's
+	rows := []struct{ name, path, cell string }{{"deepep_dispatch", "16-byte", "`deepep_dispatch`"},
+		{"deepep_dispatch", "16-byte fp8", "`deepep_dispatch` fp8"}, {"deepep_combine", "16-byte", "`deepep_combine`"},
+		{"he_dispatch", "bulk", "`he_dispatch`"}, {"he_permute", "bulk", "`he_permute`"}, {"he_combine", "bulk", "`he_combine`"}}
+	for _, row := range rows {
+		name, path := row.name, row.path
 		k, ok := tab.Kernel(name, path)
 		if !ok {
 			t.Errorf("inflight.json has no %s %s", name, path)
@@ -910,19 +920,19 @@ func TestInflightREADME(t *testing.T) {
 		found := false
 		for _, l := range strings.Split(string(raw), "\n") {
 			cells := strings.Split(l, " | ")
-			if !strings.HasPrefix(l, "| `"+name+"` |") || len(cells) < 3 {
+			if !strings.HasPrefix(l, "| "+row.cell+" |") || len(cells) < 3 {
 				continue
 			}
 			found = true
 			if want := fmt.Sprintf("%.1f", k.CeilingGBpsPerSM); strings.TrimSpace(cells[2]) != want {
-				t.Errorf("docs/dispatchers: %s's predicted GB/s per SM is %s; kernels/inflight.json says %s (update the docs' table, ratios too)", name, cells[2], want)
+				t.Errorf("docs/dispatchers: %s's predicted GB/s per SM is %s; kernels/inflight.json says %s (update the docs' table, ratios too)", row.cell, cells[2], want)
 			}
 			if len(cells) >= 5 {
 				readmeRatios(t, name, k.CeilingGBpsPerSM, cells[3], strings.TrimSuffix(strings.TrimSpace(cells[4]), "|"))
 			}
 		}
 		if !found {
-			t.Errorf("docs/dispatchers: no row for %s in the predicted ceilings' tables", name)
+			t.Errorf("docs/dispatchers: no row for %s in the predicted ceilings' tables", row.cell)
 		}
 	}
 }

@@ -144,6 +144,12 @@ func TestKernelsCompile(t *testing.T) {
 				d := defines(name)
 				if !slices.Contains(names, "MB_NO_BULK") {
 					compile(name, file, arch, d, arch == "sm_90")
+					if h := shapes[name].hidden; file == "deepep.cu" && h%FP8Block == 0 {
+						// --precision fp8: the forward dispatch's packed rows
+						d := maps.Clone(d)
+						d["MB_DE_DHIDDEN"] = fmt.Sprint(FP8RowPitch(h) / 2)
+						compile(name+" fp8", file, arch, d, arch == "sm_90")
+					}
 					continue
 				}
 				// the bulk-copy path where this NVRTC compiles it (sm_90,

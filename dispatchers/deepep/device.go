@@ -161,6 +161,9 @@ func (c Config) checkDevice(sh dispatchers.Shape) error {
 		return fmt.Errorf("%d blocks per SM", c.MinBlocks)
 	case sh.Hidden%8 != 0:
 		return fmt.Errorf("hidden %d: the kernels copy rows in 16-byte vectors, so it must be a multiple of 8", sh.Hidden)
+	case sh.DispatchWidth()%8 != 0 || sh.DispatchWidth() > sh.Hidden:
+		return fmt.Errorf("dispatch rows of %d bf16-sized elements: the kernels copy them in 16-byte vectors in the bf16 rows' buffers, "+
+			"so it must be a multiple of 8 and at most hidden %d", sh.DispatchWidth(), sh.Hidden)
 	case sh.TopK > 32:
 		return fmt.Errorf("top-%d: the kernels hold a token's experts in one warp's lanes (at most 32)", sh.TopK)
 	}
@@ -439,7 +442,11 @@ func (d *Device) Notify(r int) error {
 				return err
 			}
 		}
-		if err := s.expert.Ensure(rk.Dev, rk.Stream, rows, kernels.Buf{P: &rk.ExpertX, PerRow: 2 * h}, kernels.Buf{P: &rk.ExpertProbs, PerRow: 4}); err != nil {
+		// ExpertX's rows as dispatched (the packed fp8 rows at fp8); the
+		// receive rows keep the bf16 width, which the backward's dispatch
+		// of the output gradients needs
+		dw := int64(d.shape.DispatchWidth())
+		if err := s.expert.Ensure(rk.Dev, rk.Stream, rows, kernels.Buf{P: &rk.ExpertX, PerRow: 2 * dw}, kernels.Buf{P: &rk.ExpertProbs, PerRow: 4}); err != nil {
 			return err
 		}
 		// no local expert until the dispatch says so: a failed dispatch
@@ -476,7 +483,7 @@ func (d *Device) Permute(r int) error {
 	if err := rk.Dev.LaunchProgram(d.prog.permute, sh.LocalExperts(), rk.Stream, s.recvIdx, int32(s.tokens*k), s.order, s.permRow); err != nil {
 		return err
 	}
-	if err := rk.Dev.GatherRows(rk.ExpertX, s.recvX, s.order, k, rows, sh.Hidden, rk.Stream); err != nil {
+	if err := rk.Dev.GatherRows(rk.ExpertX, s.recvX, s.order, k, rows, sh.DispatchWidth(), rk.Stream); err != nil {
 		return err
 	}
 	return rk.Dev.GatherF32(rk.ExpertProbs, s.recvW, s.order, 1, rows, rk.Stream)
@@ -519,7 +526,7 @@ func (d *Device) Traffic() dispatchers.Traffic {
 			per[r] = append(per[r], int(n))
 		}
 	}
-	return traffic(d.shape, per, d.backward, false)
+	return traffic(d.shape, per, d.backward, d.fp8())
 }
 
 // Buffers are rank r's buffers as allocated.
@@ -540,6 +547,10 @@ func (d *Device) Footprint(r int) int64 {
 	s := &d.st[r]
 	return d.lay.queues + d.lay.fixed + s.recv.Bytes + s.expert.Bytes + s.grads.Bytes + s.gradsFixed + 8*slots*int64(d.shape.EP)/int64(d.groupOf(r).n)
 }
+
+// fp8 says whether the forward dispatch moves packed fp8 rows (the
+// device layer's Shape.DispatchHidden at --precision fp8).
+func (d *Device) fp8() bool { return d.shape.DispatchWidth() != d.shape.Hidden }
 
 func (d *Device) groupOf(r int) *group {
 	for i := range d.groups {

@@ -437,11 +437,13 @@ func checkBroken(t *testing.T, devs []kernels.Device) {
 }
 
 // TestGPUDeepEP: the kernels on the GPUs (cases of two devices need two)
-// against the host design bit for bit, broken protocols ending by the
-// timeout, and a budget above the GPU's SMs unavailable.
+// against the host design bit for bit, at bf16 and with the fp8 dispatch
+// (fp8dev_test.go), broken protocols ending by the timeout, and a budget
+// above the GPU's SMs unavailable.
 func TestGPUDeepEP(t *testing.T) {
 	devs := dt.GPUs(t, 2)
 	checkDevices(t, devs)
+	checkFP8(t, devs)
 	checkBroken(t, devs)
 	sh := dispatchers.Shape{Tokens: 16, Hidden: 8, Experts: 16, TopK: 2, EP: 2}
 	cfg := DefaultConfig(sh.EP, devs[0].SMCount()/2*2+2)

@@ -2,13 +2,12 @@ package deepep
 
 import "github.com/moebench/moebench/dispatchers"
 
-// FP8Unavailable: DeepEP's FP8 dispatch (its (x e4m3, x_scales) tuple) is
-// not wired on the cuda device in this build: deepep.cu's dispatch and
-// combine size their rows and ring slots with one MB_HIDDEN, and the
-// packed fp8 row the device layer dispatches (Shape.DispatchHidden) needs
-// the dispatch's own width, a kernel change left for later (docs/fp8.md).
-func (d *Device) FP8Unavailable(dispatchers.Env) string {
-	return "deepep's FP8 dispatch is not wired on the cuda device in this build: deepep.cu sizes the dispatch's and the combine's rows " +
-		"with one MB_HIDDEN, and the packed fp8 rows (hidden e4m3 bytes + hidden/128 fp32 scales) need a dispatch width of their own " +
-		"(docs/fp8.md); the host device runs it (--device host)"
-}
+// FP8Unavailable: at fp8 the caller (the device layer's quantize phase,
+// before the dispatch, as DeepEP's callers do) casts each rank's input into
+// packed rows — its hidden e4m3 bytes then its hidden/128 fp32 scales,
+// Shape.DispatchHidden bf16-sized elements — and the forward dispatch
+// moves them (deepep.cu's MB_DE_DHIDDEN: the ring slots, the receive rows
+// and the permute's gather at that width; DeepEP's (x, x_scales) in one
+// slot); the combine and the backward stay bf16. --precision fp8 already
+// requires hidden % 128 == 0, all this needs.
+func (d *Device) FP8Unavailable(dispatchers.Env) string { return "" }

@@ -68,5 +68,8 @@ func defines(sh dispatchers.Shape, cfg Config, l layout, bug int) map[string]str
 	} {
 		d[k] = fmt.Sprint(v)
 	}
+	if w := sh.DispatchWidth(); w != sh.Hidden { // --precision fp8: the forward dispatch's packed rows (bf16: not given, the bf16 build unchanged)
+		d["MB_DE_DHIDDEN"] = fmt.Sprint(w)
+	}
 	return d
 }

@@ -281,7 +281,10 @@ func (tw *twin) dispatch(parts []kernels.TwinPart) error {
 			}
 			continue
 		}
-		if rk.X, err = bf16(t, ds[slotX], T*hd); err != nil {
+		if tw.d.fp8() { // the packed fp8 rows move as bytes (rawRows); the mirror routes zero bf16 rows
+			rk.X = kernels.Grow(rk.X, T*hd)
+			clear(rk.X)
+		} else if rk.X, err = bf16(t, ds[slotX], T*hd); err != nil {
 			return err
 		}
 		if rk.Idx, err = mem[int32](t, ds[slotIdx], T*k, false); err != nil {
@@ -301,11 +304,17 @@ func (tw *twin) dispatch(parts []kernels.TwinPart) error {
 	}
 	for r := range part {
 		s, t, ds := &h.st[r], part[r], desc[r]
-		x, err := mem[uint16](t, ds[slotRecvX], s.recv*hd, true)
-		if err != nil {
-			return err
+		if tw.d.fp8() {
+			if err := tw.rawRows(part, desc, r); err != nil {
+				return err
+			}
+		} else {
+			x, err := mem[uint16](t, ds[slotRecvX], s.recv*hd, true)
+			if err != nil {
+				return err
+			}
+			copy(x, kernels.BF16Bits(s.recvX[:s.recv*hd]))
 		}
-		copy(x, kernels.BF16Bits(s.recvX[:s.recv*hd]))
 		if err := store(t, ds[slotRecvSrc], s.recvSrc[:s.recv]); err != nil {
 			return err
 		}
@@ -334,6 +343,31 @@ func (tw *twin) dispatch(parts []kernels.TwinPart) error {
 		if err := store(t, ds[slotFixed]+kernels.Ptr(lay.recvChan), chans); err != nil {
 			return err
 		}
+	}
+	return nil
+}
+
+// rawRows is the fp8 dispatch's rows on rank r: each received row (the
+// mirror's received order: source ranks in turn, recvSrc the source's
+// token) the source's packed row, its e4m3 bytes and scales as they are,
+// DispatchWidth bf16-sized elements at that stride in the receive buffer.
+func (tw *twin) rawRows(part []kernels.TwinPart, desc [][]kernels.Ptr, r int) error {
+	sh, s := tw.d.shape, &tw.h.st[r]
+	pitch := 2 * sh.DispatchWidth()
+	out, err := mem[uint8](part[r], desc[r][slotRecvX], s.recv*pitch, true)
+	if err != nil {
+		return err
+	}
+	src := 0
+	for i := range s.recv {
+		for src < sh.EP-1 && i >= s.srcEnd[src] {
+			src++
+		}
+		in, err := mem[uint8](part[src], desc[src][slotX]+kernels.Ptr(int64(s.recvSrc[i])*int64(pitch)), pitch, false)
+		if err != nil {
+			return err
+		}
+		copy(out[i*pitch:(i+1)*pitch], in)
 	}
 	return nil
 }

@@ -38,11 +38,18 @@
 // -D: MB_HIDDEN, MB_TOPK, MB_RANKS, MB_LOCAL, MB_TOKENS, MB_CHANNELS,
 //     MB_DRING, MB_DCHUNK, MB_CRING, MB_CCHUNK (queues: ring slots, chunk),
 //     MB_WARPS (warps of a dispatch or combine block, a multiple of
-//     MB_RANKS), MB_MINB (such blocks one SM must hold: the register bound),
+//     MB_RANKS), MB_DE_DHIDDEN (optional, MB_HIDDEN when not given: the
+//     bf16-sized elements of the forward dispatch's rows; at --precision fp8
+//     the packed rows, each its MB_HIDDEN e4m3 bytes then its MB_HIDDEN/128
+//     fp32 scales padded to 16 bytes, DeepEP's (x, x_scales) quantized by
+//     the caller before the dispatch), MB_MINB (such blocks one SM must hold: the register bound),
 //     MB_DE_BUG (tests only: 1, dispatch senders never publish their tail;
 //     2, the last rank never reaches notify's first barrier; 3, the last
 //     rank writes its counts over rank 0's; 4, the backward's combine
-//     senders never publish their tail), and the offsets MB_Q_*
+//     senders never publish their tail; with MB_DE_DHIDDEN < MB_HIDDEN:
+//     5, the fp8 dispatch's senders copy a row's e4m3 bytes and not its
+//     scales; 6, its receivers store the rows at the e4m3 bytes' stride,
+//     the scales left out of it), and the offsets MB_Q_*
 //     and MB_F_*.
 #include "moebench.cuh"
 
@@ -50,6 +57,14 @@
 #define DE_K MB_TOPK
 #define DE_C MB_CHANNELS
 #define DE_VECS (MB_HIDDEN / 8) // uint4 = 8 bf16
+#ifndef MB_DE_DHIDDEN
+#define MB_DE_DHIDDEN MB_HIDDEN
+#endif
+// the forward dispatch's vectors a row (the packed fp8 rows at fp8: the
+// ring slots, the input and the receive rows at this stride; the backward's
+// dispatch of bf16 rows and the combine keep DE_VECS, and every buffer keeps
+// its bf16 size, the larger)
+#define DE_DVECS (MB_DE_DHIDDEN / 8)
 #define DE_THREADS (MB_WARPS * 32)
 #define DE_GROUP (MB_WARPS / DE_N) // warps serving one peer in a sending or receiving block
 #define DE_PER ((MB_TOKENS + DE_C - 1) / DE_C) // tokens per channel
@@ -91,6 +106,9 @@
 
 #if MB_WARPS % MB_RANKS != 0 || MB_WARPS < 2 || MB_HIDDEN % 8 != 0 || MB_TOPK > 32 || MB_RANKS > 8
 #error "deepep.cu: MB_WARPS must be a multiple of MB_RANKS and at least 2, MB_HIDDEN of 8; MB_TOPK ≤ 32, MB_RANKS ≤ 8"
+#endif
+#if MB_DE_DHIDDEN % 8 != 0 || MB_DE_DHIDDEN > MB_HIDDEN || MB_DE_DHIDDEN < 8
+#error "deepep.cu: MB_DE_DHIDDEN must be a multiple of 8 in 8..MB_HIDDEN"
 #endif
 
 typedef unsigned long long u64;
@@ -191,7 +209,8 @@ __device__ __forceinline__ void de_st_release_cta(int *p, int v) {
 #endif
 }
 
-// de_copy_row: a warp copies a row of MB_HIDDEN bf16, DE_UNROLL 16-byte
+// de_copy_row: a warp copies a row of VECS 16-byte vectors (MB_HIDDEN
+// bf16, or the fp8 dispatch's DE_DVECS), DE_UNROLL 16-byte
 // loads per lane in flight before their stores (DeepEP's unrolled warp
 // copy), then the row's rest the same way with the lanes past its end
 // idle. RING: the source is a ring (written by another GPU or block: read
@@ -200,8 +219,8 @@ __device__ __forceinline__ void de_st_release_cta(int *p, int v) {
 #ifndef DE_UNROLL
 #define DE_UNROLL 8
 #endif
-template <bool RING> __device__ __forceinline__ void de_copy_row(uint4 *dst, const uint4 *src, int lane) {
-    constexpr int stride = 32 * DE_UNROLL, whole = DE_VECS / stride * stride;
+template <bool RING, int VECS = DE_VECS> __device__ __forceinline__ void de_copy_row(uint4 *dst, const uint4 *src, int lane) {
+    constexpr int stride = 32 * DE_UNROLL, whole = VECS / stride * stride;
     uint4 v[DE_UNROLL];
 #pragma unroll 1
     for (int i = lane; i < whole; i += stride) {
@@ -210,14 +229,14 @@ template <bool RING> __device__ __forceinline__ void de_copy_row(uint4 *dst, con
 #pragma unroll
         for (int u = 0; u < DE_UNROLL; u++) de_st_na(dst + i + 32 * u, v[u]);
     }
-    if (whole == DE_VECS) return;
+    if (whole == VECS) return;
     const int i = whole + lane;
 #pragma unroll
     for (int u = 0; u < DE_UNROLL; u++)
-        if (whole + 32 * u < DE_VECS && i + 32 * u < DE_VECS) v[u] = RING ? mb_ld_cg(src + i + 32 * u) : de_ld_nc(src + i + 32 * u);
+        if (whole + 32 * u < VECS && i + 32 * u < VECS) v[u] = RING ? mb_ld_cg(src + i + 32 * u) : de_ld_nc(src + i + 32 * u);
 #pragma unroll
     for (int u = 0; u < DE_UNROLL; u++)
-        if (whole + 32 * u < DE_VECS && i + 32 * u < DE_VECS) de_st_na(dst + i + 32 * u, v[u]);
+        if (whole + 32 * u < VECS && i + 32 * u < VECS) de_st_na(dst + i + 32 * u, v[u]);
 }
 
 // de_sum_row: a warp writes the bf16 row of the fp32 sums of count expert
@@ -420,6 +439,12 @@ extern "C" __global__ void __launch_bounds__(DE_THREADS, MB_MINB) deepep_dispatc
                         de_at<float>(pq, MB_Q_RINGS + DE_DROWS + DE_DSRC + DE_DTOPK)[s * DE_K + lane] =
                             mine ? ((const float *)de_slot(desc, rank, DE_PROBS))[t * DE_K + lane] : 0.f;
                     }
+#if DE_DVECS != DE_VECS
+                    if (!bwd) // the forward's packed fp8 rows (DeepEP's x and x_scales in one slot)
+                        de_copy_row<false, MB_DE_BUG == 5 ? MB_HIDDEN / 16 : DE_DVECS>(de_at<uint4>(pq, MB_Q_RINGS) + s * DE_DVECS,
+                                                     (const uint4 *)de_slot(desc, rank, DE_X) + (long)t * DE_DVECS, lane);
+                    else
+#endif
                     de_copy_row<false>(de_at<uint4>(pq, MB_Q_RINGS) + s * DE_VECS,
                                        (const uint4 *)de_slot(desc, rank, bwd ? DE_DY : DE_X) + (long)t * DE_VECS, lane);
                 }
@@ -466,6 +491,12 @@ extern "C" __global__ void __launch_bounds__(DE_THREADS, MB_MINB) deepep_dispatc
                 ((float *)de_slot(desc, rank, DE_RECV_W))[r * DE_K + lane] =
                     __int_as_float(mb_ld_volatile(de_at<int>(q, MB_Q_RINGS + DE_DROWS + DE_DSRC + DE_DTOPK) + k));
             }
+#if DE_DVECS != DE_VECS
+            if (!bwd)
+                de_copy_row<true, DE_DVECS>((uint4 *)de_slot(desc, rank, DE_RECV_X) + r * (MB_DE_BUG == 6 ? MB_HIDDEN / 16 : DE_DVECS),
+                                            de_at<uint4>(q, MB_Q_RINGS) + s * DE_DVECS, lane);
+            else
+#endif
             de_copy_row<true>((uint4 *)de_slot(desc, rank, DE_RECV_X) + r * DE_VECS, de_at<uint4>(q, MB_Q_RINGS) + s * DE_VECS, lane);
         }
         mb_bar_sync(1 + peer, DE_GROUP * 32); // the group's reads, then the head
