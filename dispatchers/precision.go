@@ -37,10 +37,9 @@ func checkPrecision(name, impl string, d any, env Env) error {
 	case PrecisionFP8:
 		m, ok := d.(FP8Mover)
 		switch {
-		case !ok && impl == ImplLibrary && name != "alltoall":
-			return &UnavailableError{Name: name, Impl: impl, Reason: "NCCL EP's dispatch has quantization settings (ncclEpDispatchConfig_t.quant_recipe, " +
-				"NCCL_EP_DISP_QUANT_FWD and NCCL_EP_DISP_QUANT_DS_FP8E3M4 in nccl_ep.h, API version 2) that moebench does not drive yet, " +
-				"and the simulated library dispatches unquantized only; moebench does not quantize around a library"}
+		case !ok && impl == ImplLibrary:
+			return &UnavailableError{Name: name, Impl: impl, Reason: fmt.Sprintf("%s's library implementation has no FP8 dispatch path in this build; "+
+				"moebench does not quantize around a library", name)}
 		case !ok && env.Device != "host":
 			return &UnavailableError{Name: name, Impl: impl, Reason: fmt.Sprintf("%s's %s implementation on the cuda device has no FP8 dispatch path in this build "+
 				"(the quantization kernels exist, kernels/cuda/fp8.cu; the host device runs fp8: --device host)", name, impl)}

@@ -33,7 +33,7 @@ func TestPrecisionGate(t *testing.T) {
 		{"test-mover", ImplNative, Env{Device: "host", Precision: PrecisionFP8, Hidden: 384}, "not at 384"},
 		{"test-classic", ImplNative, Env{Device: "host", Precision: PrecisionFP8}, "test-classic has no FP8 dispatch path"},
 		{"test-classic", ImplNative, Env{Device: "cuda", Precision: PrecisionFP8}, "on the cuda device has no FP8 dispatch path"},
-		{"test-classic", ImplLibrary, Env{Device: "cuda", Precision: PrecisionFP8}, "NCCL EP's dispatch has quantization settings"},
+		{"test-classic", ImplLibrary, Env{Device: "cuda", Precision: PrecisionFP8}, "library implementation has no FP8 dispatch path"},
 		{"test-mover", ImplNative, Env{Device: "host", Precision: PrecisionMXFP8}, "mxfp8 is not wired"},
 	} {
 		_, err := New(c.name, c.impl, c.env)

@@ -142,7 +142,7 @@ func benchDispatchDevice(cfg Config, names []string, sms []int, env Env) (*Dispa
 		return nil, err
 	}
 	b.Clock = "CUDA events on each rank's stream (" + devs[0].Name() + "), as the layer times its phases; each phase's slowest rank per iteration"
-	b.Check = "every iteration, outputs poisoned first: dispatch then combine, with experts that copy their rows, gives each rank k × its input exactly (inputs coarsened so that every partial sum is exact in bf16)"
+	b.Check = "every iteration, outputs poisoned first: dispatch then combine, with experts that copy their rows (at fp8: dequantize the packed rows), gives each rank k × its (dequantized) input exactly (inputs coarsened so that every partial sum is exact in bf16)"
 	b.Ranks = ranksNote(cfg.EP, devs, "")
 	return b, b.points(cfg, names, sms, func(c Config, p DispatchPoint) (DispatchPoint, error) { return benchDevicePoint(c, l, devs, p) })
 }

@@ -1,8 +1,10 @@
 package harness
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 
 	"github.com/moebench/moebench/dispatchers"
 	"github.com/moebench/moebench/kernels"
@@ -17,9 +19,16 @@ import (
 // k·x, exact in bf16 for the round trip's coarsened inputs, also as the
 // partial sums deepep's combine carries (see RoundTrip).
 
+// At fp8 each rank's X holds its packed rows (packFP8: the round trip's
+// e4m3 values and UE8M0 1×128 scales, as the host's round trip quantizes
+// them), the dispatcher moves them as the layer's fp8 dispatch does, and
+// the experts dequantize (dequant_fp8_rows) into their output rows: each
+// rank gets k times its dequantized input back.
+
 // benchLayer builds the device layer of one benchmark point: rt's ranks on
-// devs (spread as a run spreads them), d bound to them.
-func benchLayer(l *Layer, rt *roundTrip, devs []kernels.Device, th *kernels.Threads, d dispatchers.DeviceDispatcher) (*deviceLayer, error) {
+// devs (spread as a run spreads them), d bound to them; at fp8 packed holds
+// each rank's packed rows.
+func benchLayer(l *Layer, rt *roundTrip, packed [][]uint16, devs []kernels.Device, th *kernels.Threads, d dispatchers.DeviceDispatcher) (*deviceLayer, error) {
 	c := l.Cfg
 	T, h, k := c.Tokens, c.Hidden, c.TopK
 	dl := &deviceLayer{l: l, devs: devs, on: rankDevices(c.EP, len(devs)), d: d, rr: make([]devRank, c.EP), dc: make([]devCommon, len(devs)),
@@ -43,20 +52,25 @@ func benchLayer(l *Layer, rt *roundTrip, devs []kernels.Device, th *kernels.Thre
 		if rk.Stream, err = dev.NewStream(); err != nil {
 			return dl, err
 		}
-		if dl.rr[r].bytes, err = kernels.Resize(dev, 1, kernels.Buf{P: &rk.X, PerRow: int64(2 * T * h)}, kernels.Buf{P: &rk.Idx, PerRow: int64(4 * T * k)},
+		var x any = kernels.BF16Bits(rt.x[r])
+		xRow := int64(2 * h)
+		if packed != nil {
+			x, xRow = packed[r], int64(kernels.FP8RowPitch(h))
+		}
+		if dl.rr[r].bytes, err = kernels.Resize(dev, 1, kernels.Buf{P: &rk.X, PerRow: int64(T) * xRow}, kernels.Buf{P: &rk.Idx, PerRow: int64(4 * T * k)},
 			kernels.Buf{P: &rk.Probs, PerRow: int64(4 * T * k)}, kernels.Buf{P: &rk.Y, PerRow: int64(2 * T * h)}); err != nil {
 			return dl, err
 		}
 		for _, up := range []struct {
 			p   kernels.Ptr
 			val any
-		}{{rk.X, kernels.BF16Bits(rt.x[r])}, {rk.Idx, rt.ranks[r].Idx}, {rk.Probs, rt.ranks[r].Probs}} {
+		}{{rk.X, x}, {rk.Idx, rt.ranks[r].Idx}, {rk.Probs, rt.ranks[r].Probs}} {
 			if err := dev.Upload(up.p, up.val, rk.Stream); err != nil {
 				return dl, err
 			}
 		}
 	}
-	if err := d.Bind(l.Shape, dl.ranks); err != nil {
+	if err := d.Bind(dl.shape(), dl.ranks); err != nil { // at fp8 the dispatched rows are packed rows
 		return dl, err
 	}
 	dl.seq = dispatchers.Steps(d, dl.copyExperts)
@@ -91,6 +105,15 @@ func (dl *deviceLayer) copyExperts(r int) error {
 		}
 		for _, sg := range w.Segments {
 			at := kernels.Ptr(int64(sg.Start) * row)
+			if dl.l.Cfg.isFP8() { // the packed rows dequantized into the output rows
+				S, pitch := dl.l.Cfg.Hidden/kernels.FP8Block, int64(kernels.FP8RowPitch(dl.l.Cfg.Hidden))
+				n := int64(sg.Len * S)
+				if err := rk.Dev.LaunchProgram(kernels.FP8DequantRowsProgram(), fp8Grid(rk.Dev, n), rk.Stream,
+					w.X+kernels.Ptr(int64(sg.Start)*pitch), n, int32(S), pitch, y+at); err != nil {
+					return err
+				}
+				continue
+			}
 			if err := rk.Dev.Copy(y+at, w.X+at, int64(sg.Len)*row, rk.Stream); err != nil {
 				return err
 			}
@@ -102,6 +125,37 @@ func (dl *deviceLayer) copyExperts(r int) error {
 		}
 	}
 	return nil
+}
+
+// packFP8 quantizes the round trip's rows as toFP8 does (1×128 blocks,
+// UE8M0 scales) and returns each rank's packed rows: a row's e4m3 values,
+// its fp32 multipliers (little-endian), zeros to kernels.FP8RowPitch — as
+// 16-bit words for the upload.
+func (rt *roundTrip) packFP8() ([][]uint16, error) {
+	h := rt.shape.Hidden
+	S, pitch := h/kernels.FP8Block, kernels.FP8RowPitch(h)
+	packed := make([][]uint16, len(rt.x))
+	for r, x := range rt.x {
+		q, s, err := kernels.QuantFP8Rows(x, h, true)
+		if err != nil {
+			return nil, err
+		}
+		T := len(x) / h
+		b := make([]byte, T*pitch)
+		for i := range T {
+			row := b[i*pitch:]
+			copy(row, q[i*h:(i+1)*h])
+			for j := range S {
+				binary.LittleEndian.PutUint32(row[h+4*j:], math.Float32bits(s[i*S+j]))
+			}
+		}
+		w := make([]uint16, len(b)/2)
+		for i := range w {
+			w[i] = binary.LittleEndian.Uint16(b[2*i:])
+		}
+		packed[r] = w
+	}
+	return packed, rt.toFP8()
 }
 
 // close frees what benchLayer allocated (the dispatcher frees its own).
@@ -148,10 +202,6 @@ func benchDevicePoint(c Config, l *Layer, devs []kernels.Device, p DispatchPoint
 	if held != "" { // the budget that fits the GPUs, each block holding an SM
 		c.SMs, p.Budget, p.Held, p.HeldNote = budget, budget, budget, held
 	}
-	if c.isFP8() { // never a bf16 round trip under an fp8 label
-		return fail(&dispatchers.UnavailableError{Name: c.Dispatcher, Impl: c.Impl, Reason: "bench dispatch at fp8 is not wired on the cuda device " +
-			"in this build (its round trip sends bf16 rows; moebench run --precision fp8 runs alltoall and feplb there)"})
-	}
 	d, err := dispatchers.NewDevice(c.Dispatcher, c.Impl, c.dispatcherEnv())
 	if err != nil {
 		return fail(err)
@@ -160,7 +210,15 @@ func benchDevicePoint(c Config, l *Layer, devs []kernels.Device, p DispatchPoint
 	defer th.Close()
 	defer d.Close() // before the threads end
 	rt := newRoundTrip(l.Shape, l.X, l.Ranks)
-	dl, err := benchLayer(l, rt, devs, th, d)
+	var packed [][]uint16
+	if c.isFP8() { // the round trip's rows quantized, as the host's (never bf16 rows under an fp8 label)
+		if packed, err = rt.packFP8(); err != nil {
+			return fail(err)
+		}
+	}
+	defer func(p string) { l.Cfg.Precision = p }(l.Cfg.Precision)
+	l.Cfg.Precision = c.Precision // the point's (the device layer's shape and experts follow it); the points run one at a time
+	dl, err := benchLayer(l, rt, packed, devs, th, d)
 	defer dl.closeBench()
 	if err != nil {
 		return fail(err)

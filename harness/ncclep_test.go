@@ -237,3 +237,51 @@ func TestNCCLEPNodeLimit(t *testing.T) {
 		}
 	}
 }
+
+// TestNCCLEPFP8OnHostSim: --precision fp8 with --impl library — NCCL EP's
+// high-throughput mode (hybridep, a training step) and its low-latency
+// mode (deepep-ll) — dispatches e4m3 rows and their 1×128 scales through
+// the fake libnccl_ep's NCCL_EP_DISP_QUANT_FWD recipe and passes the check
+// (the reference on the same quantized inputs: a slot given another row's
+// scales fails it); the record says fp8, the recipe and the fp8 row bytes.
+// At hidden 384 (scale rows of 12 B) it is unavailable with the header's
+// reason.
+func TestNCCLEPFP8OnHostSim(t *testing.T) {
+	useHostSimLayer(t)
+	useFakeNCCLEP(t)
+	for _, c := range []struct {
+		dispatcher string
+		train      bool
+	}{{"hybridep", true}, {"deepep-ll", false}} {
+		t.Run(c.dispatcher, func(t *testing.T) {
+			cfg := deviceCases()["softmax-natural"]
+			cfg.Dispatcher, cfg.Impl, cfg.EP, cfg.Hidden, cfg.Precision = c.dispatcher, dispatchers.ImplLibrary, 2, 512, PrecisionFP8
+			rec, err := Run(cfg, Env{Version: "test"})
+			if err != nil || rec.Status != results.StatusOK || !rec.Correctness.Passed {
+				t.Fatalf("%v; %s %q %+v", err, rec.Status, rec.Reason, rec.Correctness)
+			}
+			if c.train && (rec.Correctness.Grads == nil || !(rec.Correctness.Grads.MaxRelErr <= rec.Correctness.Grads.Tolerance)) {
+				t.Errorf("gradients %+v", rec.Correctness.Grads)
+			}
+			if rec.Config.Precision != PrecisionFP8 || !strings.HasPrefix(rec.GEMM.Method, ExpertPathFP8+"; ") ||
+				rec.Library == nil || !strings.Contains(rec.Library.Detail, "quant_recipe NCCL_EP_DISP_QUANT_FWD") {
+				t.Errorf("precision %q, expert path %q, library %+v", rec.Config.Precision, rec.GEMM.Method, rec.Library)
+			}
+			tr, w := rec.Traffic, int64(0)
+			if c.train {
+				w = 4 // the routing weight
+			}
+			row := int64(512 + 512/128*4) // e4m3 values and fp32 scales
+			if copies := tr.CombineLogical / (2 * 512); tr.DispatchLogical != copies*(row+w) || tr.DispatchAlgorithm != copies*row || !strings.Contains(tr.Formula, "e4m3") {
+				t.Errorf("traffic %+v (copies %d, fp8 row %d B)", tr, copies, row)
+			}
+			t.Logf("max rel err %.2e", rec.Correctness.MaxRelErr)
+		})
+	}
+	cfg := deviceCases()["softmax-natural"]
+	cfg.Dispatcher, cfg.Impl, cfg.EP, cfg.Hidden, cfg.Precision = "hybridep", dispatchers.ImplLibrary, 2, 384, PrecisionFP8
+	rec, err := Run(cfg, Env{Version: "test"})
+	if !dispatchers.IsUnavailable(err) || rec.Status != results.StatusUnavailable || !strings.Contains(rec.Reason, "hidden must be a multiple of 512") {
+		t.Errorf("hidden 384: %v, %s %q", err, rec.Status, rec.Reason)
+	}
+}

@@ -272,6 +272,34 @@ func (e *EP) DispatchLL(r int, x Ptr, tokens, hidden int, out Ptr, local, slots 
 	})
 }
 
+// FP8 dispatch (--precision fp8) through NCCL EP's NCCL_EP_DISP_QUANT_FWD
+// recipe: the tokens are e4m3 [tokens, hidden] (ncclFloat8e4m3), their
+// scales fp32 [tokens, hidden/128], each forwarded as its bytes into the
+// slots the bf16 dispatch fills.
+func epE4M3(p Ptr, dims ...int) cuda.EPTensor {
+	return cuda.EPTensor{Data: p, Type: cuda.NCCLFloat8e4m3, Dims: dims}
+}
+
+// DispatchHTFP8 is DispatchHT of e4m3 tokens xq [tokens, hidden] with
+// their scales xs [tokens, scales] into outQ [rows, hidden] and outS
+// [rows, scales].
+func (e *EP) DispatchHTFP8(r int, xq, xs, w Ptr, tokens, hidden, scales, topk int, outQ, outS, outW Ptr, rows int) error {
+	return e.call(r, func() error {
+		return e.Lib.DispatchForward(e.handles[r], epE4M3(xq, tokens, hidden), epF32(xs, tokens, scales), epF32(w, tokens, topk),
+			epE4M3(outQ, rows, hidden), epF32(outS, rows, scales), epF32(outW, rows), cuda.EPTensor{}, e.streams[r])
+	})
+}
+
+// DispatchLLFP8 is DispatchLL of e4m3 tokens xq [tokens, hidden] with
+// their scales xs [tokens, scales] into outQ [local, slots, hidden] and
+// outS [local, slots, scales].
+func (e *EP) DispatchLLFP8(r int, xq, xs Ptr, tokens, hidden, scales int, outQ, outS Ptr, local, slots int, counts Ptr) error {
+	return e.call(r, func() error {
+		return e.Lib.DispatchForward(e.handles[r], epE4M3(xq, tokens, hidden), epF32(xs, tokens, scales), cuda.EPTensor{},
+			epE4M3(outQ, local, slots, hidden), epF32(outS, local, slots, scales), cuda.EPTensor{}, epI32(counts, local), e.streams[r])
+	})
+}
+
 // CombineHT returns rank r's expert outputs y [rows, hidden] to their
 // tokens' ranks and sums r's tokens' into out [tokens, hidden] (high
 // throughput: the outputs carry their routing weights already).

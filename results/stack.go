@@ -29,7 +29,8 @@ const memorySlack = 0.02
 // not how a run behaves.
 var harmlessEnv = map[string]bool{"MOEBENCH_CACHE": true, "MOEBENCH_NIGHTLY_DIR": true, "MOEBENCH_BIN": true,
 	"MOEBENCH_COMPARE_ARGS": true, "MOEBENCH_NIGHTLY_ADVISE": true, "MOEBENCH_DEBUG": true,
-	"MOEBENCH_RANK": true, "MOEBENCH_LOCAL_RANK": true, "MOEBENCH_NODE": true} // a process's place in a run over several (the config has the run's size)
+	"MOEBENCH_RANK": true, "MOEBENCH_LOCAL_RANK": true, "MOEBENCH_NODE": true, // a process's place in a run over several (the config has the run's size)
+	"MOEBENCH_NIGHTLY_PRECISION": true} // nightly.sh's --precision: the records' config.precision says what ran
 
 // field is one stack field: its name, value and, for a field that does not
 // change results when only some detail differs, the part that does (same

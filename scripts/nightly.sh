@@ -9,6 +9,10 @@
 #   MOEBENCH_BIN           moebench binary to use (default: built from this checkout)
 #   MOEBENCH_COMPARE_ARGS  extra flags for 'moebench compare', e.g. "--threshold-pct 3"
 #                          or "--fail-on-undecided"
+#   MOEBENCH_NIGHTLY_PRECISION  the precisions to sweep, comma-separated (e.g. "bf16" or
+#                          "bf16,fp8"), passed as the sweep's --precision, which wins over the
+#                          sweep file's "precision" axis (unset: the file's; the default file
+#                          sweeps bf16 and fp8 side by side, docs/fp8.md)
 #   MOEBENCH_NIGHTLY_ADVISE  flags of 'moebench advise' to run after the sweep, e.g.
 #                          "--preset qwen3-30b-a3b --ep 8 --budget 20m" (unset: no advice);
 #                          its answer joins the advice history, and a winner that differs
@@ -18,7 +22,10 @@
 #   runs/HOST-STAMP.jsonl            tonight's records
 #   history.jsonl                    every night's records, appended
 #   baseline-HOST.jsonl              what tonight is compared with; the first run
-#                                    becomes it; to accept a new baseline, copy a run over it
+#                                    becomes it; to accept a new baseline, copy a run over it.
+#                                    Points compare at their own precision: a precision the
+#                                    baseline lacks (fp8 beside a bf16 baseline) gives points
+#                                    "only in new", no regression and no new baseline needed
 #   reports/HOST-STAMP.html          report with charts; reports/HOST-STAMP-compare.txt
 #   advise/HOST-STAMP/               with MOEBENCH_NIGHTLY_ADVISE: the answer and its records;
 #                                    reports/HOST-STAMP-advise.txt its output
@@ -104,7 +111,11 @@ while [ -e "$dir/runs/$name.jsonl" ]; do # never append to an earlier run
 done
 run=$dir/runs/$name.jsonl
 
-"$bin" sweep --file "$sweep" --out "$run" "${distributed[@]}"
+precision=()
+if [ -n "${MOEBENCH_NIGHTLY_PRECISION:-}" ]; then
+  precision=(--precision "$MOEBENCH_NIGHTLY_PRECISION")
+fi
+"$bin" sweep --file "$sweep" --out "$run" "${precision[@]}" "${distributed[@]}"
 rc=$?
 if [ "$rank" != 0 ]; then # rank 0 writes the run and does the rest
   echo "nightly: process $rank of $world: sweep exit $rc; rank 0 writes the run"

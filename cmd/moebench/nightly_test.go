@@ -1,9 +1,12 @@
 package main
 
 import (
+	"encoding/json"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -179,5 +182,64 @@ func TestNightlyAdviseWinnerChange(t *testing.T) {
 	answers, _ := filepath.Glob(filepath.Join(night, "advise", "*", "answer.md"))
 	if len(answers) != 3 {
 		t.Errorf("answers: %v", answers)
+	}
+}
+
+// TestNightlyPrecisionAxis: the shipped nightly sweep has --precision as
+// an axis (bf16 and fp8); MOEBENCH_NIGHTLY_PRECISION overrides it. A node
+// whose baseline is bf16 only (an earlier night, MOEBENCH_NIGHTLY_PRECISION
+// =bf16) runs the file's bf16 and fp8 points the next night: the fp8
+// points are new (only in new), the bf16 ones compare, exit 0 and no new
+// baseline; hybridep's fp8 at hidden 128 is recorded unavailable with its
+// reason, never run at bf16.
+func TestNightlyPrecisionAxis(t *testing.T) {
+	var shipped struct {
+		Precision []string `json:"precision"`
+	}
+	if b, err := os.ReadFile("../../scripts/nightly-sweep.json"); err != nil || json.Unmarshal(b, &shipped) != nil ||
+		!slices.Equal(shipped.Precision, []string{"bf16", "fp8"}) {
+		t.Errorf("scripts/nightly-sweep.json: precision %v, want [bf16 fp8] (%v)", shipped.Precision, err)
+	}
+	bin, dir := buildBinary(t)
+	sweep := filepath.Join(dir, "sweep.json")
+	os.WriteFile(sweep, []byte(`{"dispatcher": ["alltoall", "hybridep"], "ep": [4], "tokens": 16, "hidden": 128, "ffn": 16,
+		"iters": 4, "warmup": 1, "device": "host", "precision": ["bf16", "fp8"]}`), 0o644)
+	night := filepath.Join(dir, "nightly")
+	run := func(env ...string) (int, string) {
+		cmd := exec.Command("bash", "../../scripts/nightly.sh", sweep)
+		cmd.Env = append(append(os.Environ(), "MOEBENCH_BIN="+bin, "MOEBENCH_NIGHTLY_DIR="+night), env...)
+		out, err := cmd.CombinedOutput()
+		if ee, ok := err.(*exec.ExitError); ok {
+			return ee.ExitCode(), string(out)
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		return 0, string(out)
+	}
+	if code, out := run("MOEBENCH_NIGHTLY_PRECISION=bf16"); code != 0 || !strings.Contains(out, "this run is now") {
+		t.Fatalf("first night (bf16): exit %d\n%s", code, out)
+	}
+	code, out := run()
+	if code != 0 || !strings.Contains(out, "only in new") {
+		t.Fatalf("second night (bf16 and fp8): exit %d\n%s", code, out)
+	}
+	hist, err := results.ReadFile(filepath.Join(night, "history.jsonl"), nil)
+	if err != nil || len(hist) != 6 {
+		t.Fatalf("history: %d records, %v", len(hist), err)
+	}
+	got := map[string]string{}
+	for _, r := range hist[2:] {
+		p := r.Config.Precision
+		if p == "" {
+			p = "bf16"
+		}
+		got[r.Config.Dispatcher+" "+p] = r.Status
+		if r.Config.Dispatcher == "hybridep" && p == "fp8" && !strings.Contains(r.Reason, "multiple of 512") {
+			t.Errorf("hybridep fp8 at hidden 128: %s %q", r.Status, r.Reason)
+		}
+	}
+	want := map[string]string{"alltoall bf16": results.StatusOK, "alltoall fp8": results.StatusOK, "hybridep bf16": results.StatusOK, "hybridep fp8": results.StatusUnavailable}
+	if !maps.Equal(got, want) {
+		t.Errorf("second night's points %v, want %v", got, want)
 	}
 }

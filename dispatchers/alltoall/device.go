@@ -24,17 +24,12 @@ func NewDevice(impl string, env dispatchers.Env) (dispatchers.DeviceDispatcher, 
 	return &Device{library: impl == dispatchers.ImplLibrary, fp8: env.IsFP8()}, nil
 }
 
-// FP8Unavailable: at fp8 the native implementation moves packed rows (each
+// FP8Unavailable: at fp8 both implementations move packed rows (each
 // row's e4m3 values and its 1×128 fp32 multipliers, Shape.DispatchHidden
-// wide) through the same permute, copies and chunk sort; the combine's rows
-// stay bf16. The library implementation's NCCL exchange is not run at fp8
-// in this build.
-func (a *Device) FP8Unavailable(dispatchers.Env) string {
-	if a.library {
-		return "alltoall's library implementation (NCCL) is not wired for fp8 on the cuda device in this build (the native one is: --impl native)"
-	}
-	return ""
-}
+// wide) through the same permute and chunk sort — the native one with its
+// copies, the library one through its NCCL group's sends and receives (as
+// bytes); the combine's rows stay bf16.
+func (a *Device) FP8Unavailable(dispatchers.Env) string { return "" }
 
 // Device is the alltoall dispatcher over device ranks.
 type Device struct {

@@ -92,7 +92,7 @@ func newDevice(m mode, env dispatchers.Env) (dispatchers.DeviceDispatcher, error
 	if timeout <= 0 {
 		timeout = dispatchers.DefaultCommTimeout
 	}
-	d := &Device{m: m, lib: lib, sms: env.SMs, timeout: timeout}
+	d := &Device{m: m, lib: lib, sms: env.SMs, timeout: timeout, fp8: env.IsFP8()}
 	if m.noBackward == "" {
 		return &Trainable{d}, nil
 	}
@@ -109,6 +109,7 @@ type Device struct {
 	lib     *cuda.NCCLEP
 	sms     int
 	timeout time.Duration
+	fp8     bool // --precision fp8: the dispatch forwards e4m3 rows and their scales (QUANT_FWD; fp8.go)
 	shape   dispatchers.Shape
 	ranks   []*dispatchers.DeviceRank
 	ep      *kernels.EP
@@ -137,7 +138,14 @@ type devRank struct {
 	bytes     int64
 	backward  bool  // the last step ran the backward (high throughput)
 	gradBytes int64 // the backward's buffers: DX, DProbs, ExpertDY
+	// fp8 (fp8.go): the split send rows, the received scales (recvX holds
+	// the received e4m3 values) and the packed rows the experts read
+	xq, xs, recvS, pk kernels.Ptr
+	ops               []kernels.CopyOp
 }
+
+// ht says whether d is the high-throughput mode.
+func (d *Device) ht() bool { return d.m.algorithm == cuda.EPHighThroughput }
 
 func (d *Device) Name() string { return d.m.dispatcher }
 func (d *Device) Impl() string { return dispatchers.ImplLibrary }
@@ -197,9 +205,14 @@ func (d *Device) Bind(shape dispatchers.Shape, ranks []*dispatchers.DeviceRank) 
 			continue
 		}
 		bufs := []kernels.Buf{{P: &s.counts, PerRow: 4 * int64(L+1)}}
-		if d.m.algorithm == cuda.EPHighThroughput {
+		switch {
+		case d.fp8 && d.ht():
+			bufs = append(append(bufs, d.fp8Buffers(s, d.rows)...), kernels.Buf{P: &s.recvW, PerRow: 4 * int64(d.rows)})
+		case d.fp8:
+			bufs = append(append(bufs, d.fp8Buffers(s, L*d.slots)...), kernels.Buf{P: &s.recvY, PerRow: 2 * int64(L*d.slots) * int64(h)})
+		case d.ht():
 			bufs = append(bufs, kernels.Buf{P: &s.recvX, PerRow: 2 * int64(d.rows) * int64(h)}, kernels.Buf{P: &s.recvW, PerRow: 4 * int64(d.rows)})
-		} else {
+		default:
 			bufs = append(bufs, kernels.Buf{P: &s.recvX, PerRow: 2 * int64(L*d.slots) * int64(h)}, kernels.Buf{P: &s.recvY, PerRow: 2 * int64(L*d.slots) * int64(h)})
 		}
 		if rk.Shared != 0 {
@@ -223,10 +236,14 @@ func (d *Device) Bind(shape dispatchers.Shape, ranks []*dispatchers.DeviceRank) 
 		s.host = make([]int32, L+1)
 		s.callMS = map[string]float64{}
 		rk.ExpertRows = make([]int, L)
+		x := s.recvX
+		if d.fp8 { // the experts dequantize packed rows
+			x = s.pk
+		}
 		if d.m.algorithm == cuda.EPHighThroughput {
-			rk.ExpertX, rk.ExpertProbs = s.recvX, s.recvW
+			rk.ExpertX, rk.ExpertProbs = x, s.recvW
 		} else {
-			rk.ExpertX = s.recvX
+			rk.ExpertX = x
 		}
 	}
 	return nil
@@ -276,6 +293,15 @@ func (d *Device) Phases(experts func(rank int) error) []dispatchers.Step {
 	var s []dispatchers.Step
 	if d.m.algorithm == cuda.EPHighThroughput {
 		s = append(s, dispatchers.Step{Name: "update", Run: d.update})
+	}
+	if d.fp8 { // the received slots' values and scales rejoined into packed rows first (fp8.go)
+		compute := experts
+		experts = func(r int) error {
+			if err := d.join(r); err != nil {
+				return err
+			}
+			return compute(r)
+		}
 	}
 	return append(s, dispatchers.Step{Name: "dispatch", Run: d.dispatch}, dispatchers.Step{Name: dispatchers.ExpertPhases[0], Run: experts},
 		dispatchers.Step{Name: "combine", Run: d.combine})
@@ -348,13 +374,17 @@ func (d *Device) HostWait(phase string, r int) error {
 	// low latency: each expert's rows lie in its own zone of the receive
 	// buffer; the expert applies no routing weight (the combine does)
 	h := int64(d.shape.Hidden)
+	x, xRow := s.recvX, 2*h
+	if d.fp8 { // the packed rows join fills
+		x, xRow = s.pk, int64(kernels.FP8RowPitch(d.shape.Hidden))
+	}
 	s.work = s.work[:0]
 	for l, n := range rk.ExpertRows {
 		if n == 0 {
 			continue
 		}
 		at := kernels.Ptr(2 * int64(l*d.slots) * h)
-		s.work = append(s.work, dispatchers.DeviceWork{X: s.recvX + at, Y: s.recvY + at,
+		s.work = append(s.work, dispatchers.DeviceWork{X: x + kernels.Ptr(int64(l*d.slots)*xRow), Y: s.recvY + at,
 			Segments: []dispatchers.DeviceSegment{{Expert: r*L + l, Start: 0, Len: n}}})
 	}
 	rk.Work = s.work
@@ -366,8 +396,17 @@ func (d *Device) HostWait(phase string, r int) error {
 func (d *Device) dispatch(r int) error {
 	s, rk, sh := &d.st[r], d.ranks[r], d.shape
 	T, h, k, L := sh.Tokens, sh.Hidden, sh.TopK, sh.LocalExperts()
+	S := h / dispatchers.FP8Block
+	if d.fp8 { // the packed rows into the library's two tensors (fp8.go)
+		if err := d.split(r); err != nil {
+			return err
+		}
+	}
 	if d.m.algorithm == cuda.EPHighThroughput {
 		return d.timed(r, "dispatch", "ncclEpDispatch", func() error {
+			if d.fp8 {
+				return d.ep.DispatchHTFP8(r, s.xq, s.xs, rk.Probs, T, h, S, k, s.recvX, s.recvS, s.recvW, d.rows)
+			}
 			return d.ep.DispatchHT(r, rk.X, rk.Probs, T, h, k, s.recvX, s.recvW, d.rows)
 		})
 	}
@@ -376,6 +415,9 @@ func (d *Device) dispatch(r int) error {
 		return err
 	}
 	if err := d.timed(r, "dispatch", "ncclEpDispatch", func() error {
+		if d.fp8 {
+			return d.ep.DispatchLLFP8(r, s.xq, s.xs, T, h, S, s.recvX, s.recvS, L, d.slots, s.counts)
+		}
 		return d.ep.DispatchLL(r, rk.X, T, h, s.recvX, L, d.slots, s.counts)
 	}); err != nil {
 		return err
@@ -443,6 +485,9 @@ func (d *Device) Library() dispatchers.LibraryInfo {
 	} else {
 		detail += "; the routing weights are applied in the combine, not before the expert's second GEMM (DeepEP's low-latency contract)"
 	}
+	if d.fp8 {
+		detail += "; " + fp8Detail
+	}
 	if d.m.noBackward != "" {
 		detail += "; forward only: " + d.m.noBackward
 	} else {
@@ -503,15 +548,21 @@ func (d *Device) Traffic() dispatchers.Traffic {
 		}
 	}
 	row, w := 2*int64(sh.Hidden), int64(0)
+	drow := dispatchers.RowBytes(d.fp8, sh.Hidden) // the dispatch's row: bf16, or e4m3 values and their fp32 scales
 	if d.m.algorithm == cuda.EPHighThroughput {
 		w = 4
 	}
-	tr := dispatchers.Traffic{DispatchOffRank: off * (row + w), DispatchLogical: all * (row + w), CombineOffRank: off * row, CombineLogical: all * row,
-		Formula: fmt.Sprintf("dispatch = copies × (hidden×2 B bf16%s); combine = copies × hidden×2 B; a copy is one (token, expert) pair "+
-			"(the expert-major layout's slot); off-rank excludes copies to the token's own rank%s; moved by %s", map[bool]string{true: " + 4 B fp32 routing weight", false: ""}[w > 0],
+	tr := dispatchers.Traffic{DispatchOffRank: off * (drow + w), DispatchLogical: all * (drow + w), CombineOffRank: off * row, CombineLogical: all * row,
+		Formula: fmt.Sprintf("dispatch = copies × (%s%s); combine = copies × hidden×2 B; a copy is one (token, expert) pair "+
+			"(the expert-major layout's slot); off-rank excludes copies to the token's own rank%s; moved by %s", dispatchers.RowFormula(d.fp8),
+			map[bool]string{true: " + 4 B fp32 routing weight", false: ""}[w > 0],
 			map[bool]string{true: "; every process counts its own ranks' copies, summed over the run's communicator", false: ""}[d.world != nil], d.Transport()),
-		DispatchAlgorithm: all * row, CombineAlgorithm: all * row,
+		DispatchAlgorithm: all * drow, CombineAlgorithm: all * row,
 		AlgorithmFormula: "rows received × hidden × 2 B, a rank's rows to itself included (DeepEP's convention; ep_bench counts the low-latency mode so)"}
+	if d.fp8 {
+		tr.AlgorithmFormula = "dispatch: rows received × (hidden × 1 B e4m3 + hidden/128 × 4 B fp32 scales); combine: rows received × hidden × 2 B; " +
+			"a rank's rows to itself included (DeepEP's convention)"
+	}
 	if d.ranBackward() { // the same copies the other way
 		tr.CombineBackwardOffRank, tr.CombineBackwardLogical = off*row, all*row
 		tr.DispatchBackwardOffRank, tr.DispatchBackwardLogical = off*(row+4), all*(row+4)
@@ -588,11 +639,11 @@ func (d *Device) Close() error {
 		if rk.Dev == nil {
 			continue
 		}
-		if rk.ExpertX == s.recvX {
+		if rk.ExpertX == s.recvX || d.fp8 && rk.ExpertX == s.pk {
 			rk.ExpertX, rk.ExpertProbs = 0, 0
 		}
 		rk.Work = nil
-		keep(kernels.Free(rk.Dev, &s.counts, &s.recvX, &s.recvW, &s.recvY, &s.sum, &s.identity))
+		keep(kernels.Free(rk.Dev, &s.counts, &s.recvX, &s.recvW, &s.recvY, &s.sum, &s.identity, &s.xq, &s.xs, &s.recvS, &s.pk))
 		if s.gradBytes > 0 { // the backward's, made by combineBackward
 			keep(kernels.Free(rk.Dev, &rk.DX, &rk.DProbs, &rk.ExpertDY))
 			s.gradBytes = 0

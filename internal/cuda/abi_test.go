@@ -222,7 +222,7 @@ typedef enum { ncclSuccess = 0, ncclUnhandledCudaError = 1, ncclSystemError = 2,
 	ncclNumResults = 9 } ncclResult_t;
 typedef enum { ncclInt8 = 0, ncclChar = 0, ncclUint8 = 1, ncclInt32 = 2, ncclInt = 2, ncclUint32 = 3, ncclInt64 = 4,
 	ncclUint64 = 5, ncclFloat16 = 6, ncclHalf = 6, ncclFloat32 = 7, ncclFloat = 7, ncclFloat64 = 8, ncclDouble = 8,
-	ncclBfloat16 = 9 } ncclDataType_t;
+	ncclBfloat16 = 9, ncclFloat8e4m3 = 10, ncclFloat8e5m2 = 11 } ncclDataType_t;
 typedef struct ncclWindow_vidmem *ncclWindow_t;
 `
 
@@ -286,6 +286,7 @@ typedef struct {
 	ncclEpDispQuant_t quant_recipe;
 } ncclEpDispatchConfig_t;
 #define NCCL_EP_DISPATCH_CONFIG_V1_SIZE 20u
+#define NCCL_EP_DISPATCH_CONFIG_V2_SIZE 24u
 typedef struct {
 	unsigned int size; unsigned int magic; unsigned int send_only; ncclEpPassDir_t pass_direction; ncclEpCombQuant_t quant_recipe;
 } ncclEpCombineConfig_t;
@@ -335,6 +336,11 @@ func abiValues() map[string]int {
 		"ncclInt32":                        -1, // abi.h's MB_ macros of the same names
 		"ncclFloat32":                      -1,
 		"ncclBfloat16":                     -1,
+		"ncclFloat8e4m3":                   -1,
+		"NCCL_EP_DISP_QUANT_NONE":          -1,
+		"NCCL_EP_DISP_QUANT_FWD":           -1,
+		"NCCL_EP_DISP_QUANT_DS_FP8E3M4":    -1,
+		"NCCL_EP_DISPATCH_CONFIG_V2_SIZE":  -1,
 		"NCCL_EP_MAGIC":                    -1,
 		"NCCL_EP_TENSOR_MAGIC":             -1,
 		"NCCL_EP_API_VERSION":              -1,
@@ -529,12 +535,17 @@ EP_V1_END(mb_ep_dispatch_inputs, scales, MB_NCCL_EP_DISPATCH_INPUTS_V1_SIZE);
 SAME_LAYOUT(mb_ep_dispatch_outputs, ncclEpDispatchOutputs_t);
 SAME_FIELD(mb_ep_dispatch_outputs, tokens, ncclEpDispatchOutputs_t, tokens);
 SAME_FIELD(mb_ep_dispatch_outputs, topk_weights, ncclEpDispatchOutputs_t, topk_weights);
+SAME_FIELD(mb_ep_dispatch_outputs, scales, ncclEpDispatchOutputs_t, scales);
 SAME_FIELD(mb_ep_dispatch_outputs, topk_idx, ncclEpDispatchOutputs_t, topk_idx);
 EP_V1_END(mb_ep_dispatch_outputs, topk_idx, MB_NCCL_EP_DISPATCH_OUTPUTS_V1_SIZE);
 SAME_LAYOUT(mb_ep_dispatch_config, ncclEpDispatchConfig_t);
 SAME_FIELD(mb_ep_dispatch_config, send_only, ncclEpDispatchConfig_t, send_only);
+SAME_FIELD(mb_ep_dispatch_config, round_scales, ncclEpDispatchConfig_t, round_scales);
 SAME_FIELD(mb_ep_dispatch_config, pass_direction, ncclEpDispatchConfig_t, pass_direction);
+SAME_FIELD(mb_ep_dispatch_config, quant_recipe, ncclEpDispatchConfig_t, quant_recipe);
 EP_V1_END(mb_ep_dispatch_config, pass_direction, MB_NCCL_EP_DISPATCH_CONFIG_V1_SIZE);
+EP_V1_END(mb_ep_dispatch_config, quant_recipe, MB_NCCL_EP_DISPATCH_CONFIG_V2_SIZE); // the V2 boundary: what an fp8 dispatch sends
+static_assert(sizeof(ncclEpDispQuant_t) == sizeof(int), "ncclEpDispQuant_t: abi.h passes an int");
 SAME_LAYOUT(mb_ep_combine_inputs, ncclEpCombineInputs_t);
 SAME_FIELD(mb_ep_combine_inputs, tokens, ncclEpCombineInputs_t, tokens);
 SAME_FIELD(mb_ep_combine_inputs, topk_weights, ncclEpCombineInputs_t, topk_weights);

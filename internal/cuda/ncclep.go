@@ -66,8 +66,9 @@ static int ep_update(void *f, void *h, ep_arg *idx, ep_arg *counters, ep_arg *to
 	return mbcall_ncclEpUpdateHandle(f, h, ep_tensor(&ti, idx), ep_layout(&li, ep_tensor(&tc, counters), ep_tensor(&tt, total)), stream);
 }
 
-static int ep_dispatch(void *f, void *h, ep_arg *x, ep_arg *w, ep_arg *out, ep_arg *outW, ep_arg *counters, int bwd, void *stream) {
-	mb_ep_tensor tx, tw, to, tow, tc;
+static int ep_dispatch(void *f, void *h, ep_arg *x, ep_arg *xs, ep_arg *w, ep_arg *out, ep_arg *outS, ep_arg *outW, ep_arg *counters,
+                       int bwd, int quant, void *stream) {
+	mb_ep_tensor tx, txs, tw, to, tos, tow, tc;
 	mb_ep_dispatch_inputs in;
 	mb_ep_dispatch_outputs o;
 	mb_ep_dispatch_config c;
@@ -76,11 +77,15 @@ static int ep_dispatch(void *f, void *h, ep_arg *x, ep_arg *w, ep_arg *out, ep_a
 	memset(&o, 0, sizeof o);
 	memset(&c, 0, sizeof c);
 	in.size = MB_NCCL_EP_DISPATCH_INPUTS_V1_SIZE, in.magic = MB_NCCL_EP_MAGIC;
-	in.tokens = ep_tensor(&tx, x), in.topk_weights = ep_tensor(&tw, w);
+	in.tokens = ep_tensor(&tx, x), in.topk_weights = ep_tensor(&tw, w), in.scales = ep_tensor(&txs, xs);
 	o.size = MB_NCCL_EP_DISPATCH_OUTPUTS_V1_SIZE, o.magic = MB_NCCL_EP_MAGIC;
-	o.tokens = ep_tensor(&to, out), o.topk_weights = ep_tensor(&tow, outW);
+	o.tokens = ep_tensor(&to, out), o.topk_weights = ep_tensor(&tow, outW), o.scales = ep_tensor(&tos, outS);
 	c.size = MB_NCCL_EP_DISPATCH_CONFIG_V1_SIZE, c.magic = MB_NCCL_EP_MAGIC; // not staged
 	c.pass_direction = bwd; // NCCL_EP_FWD_PASS 0, NCCL_EP_BWD_PASS 1
+	if (quant != MB_NCCL_EP_DISP_QUANT_NONE) { // a recipe: the V2 config (quant_recipe); round_scales 0
+		c.size = MB_NCCL_EP_DISPATCH_CONFIG_V2_SIZE;
+		c.quant_recipe = quant;
+	}
 	return mbcall_ncclEpDispatch(f, h, &in, &o, ep_layout(&li, ep_tensor(&tc, counters), 0), &c, stream);
 }
 
@@ -122,7 +127,9 @@ import (
 // which the API-1 contrib/nccl_ep, of exact struct sizes, lacks) and sends
 // every struct at its frozen V1 size with the group's version field 1,
 // which every library of this API accepts and reads field for field (a
-// newer one reads only what a struct's size covers). Group creation, the
+// newer one reads only what a struct's size covers) — except an fp8
+// dispatch's config, sent at its V2 size for its quant_recipe
+// (DispatchForward). Group creation, the
 // high-throughput handle update, dispatch and combine are collective:
 // every rank calls them, each from its own thread.
 //
@@ -152,6 +159,10 @@ const (
 	NCCLInt32        = C.MB_ncclInt32
 	NCCLFloat32      = C.MB_ncclFloat32
 	NCCLBfloat16     = C.MB_ncclBfloat16
+	NCCLFloat8e4m3   = C.MB_ncclFloat8e4m3
+	// EPQuantForward is NCCL_EP_DISP_QUANT_FWD: the dispatch forwards the
+	// caller's quantized tokens and their scales as they are.
+	EPQuantForward = C.MB_NCCL_EP_DISP_QUANT_FWD
 	// EPAPIVersion is the API version of the header moebench's prototypes
 	// follow (nccl-extensions' nccl_ep.h at 44d2de0d); EPStructVersion the
 	// version of the structs it sends (their V1 fields, V1 sizes).
@@ -292,7 +303,18 @@ func (e *NCCLEP) UpdateHandle(h EPHandle, idx, counters, total EPTensor, s Strea
 // experts' ranks into out (with outW); in low-latency mode counters [L]
 // receives each local expert's rows (ncclEpDispatch, forward, collective).
 func (e *NCCLEP) Dispatch(h EPHandle, x, w, out, outW, counters EPTensor, s Stream) error {
-	return e.check("ncclEpDispatch", C.ep_dispatch(e.fn["ncclEpDispatch"], unsafe.Pointer(h), x.arg(), w.arg(), out.arg(), outW.arg(), counters.arg(), 0, unsafe.Pointer(s)))
+	return e.check("ncclEpDispatch", C.ep_dispatch(e.fn["ncclEpDispatch"], unsafe.Pointer(h), x.arg(), EPTensor{}.arg(), w.arg(), out.arg(), EPTensor{}.arg(),
+		outW.arg(), counters.arg(), 0, C.MB_NCCL_EP_DISP_QUANT_NONE, unsafe.Pointer(s)))
+}
+
+// DispatchForward is Dispatch of quantized tokens x with their scales xs
+// [tokens, ·] into out and outS (ncclEpDispatch with quant_recipe
+// NCCL_EP_DISP_QUANT_FWD, the dispatch config sent at its V2 size: NCCL EP
+// forwards the tokens' and scales' bytes unconverted; the outputs' types
+// and row widths are the inputs', rows 16-byte aligned; round_scales 0).
+func (e *NCCLEP) DispatchForward(h EPHandle, x, xs, w, out, outS, outW, counters EPTensor, s Stream) error {
+	return e.check("ncclEpDispatch", C.ep_dispatch(e.fn["ncclEpDispatch"], unsafe.Pointer(h), x.arg(), xs.arg(), w.arg(), out.arg(), outS.arg(),
+		outW.arg(), counters.arg(), 0, C.MB_NCCL_EP_DISP_QUANT_FWD, unsafe.Pointer(s)))
 }
 
 // DispatchBackward sends x [tokens, hidden] (the output gradients) to the
@@ -300,7 +322,8 @@ func (e *NCCLEP) Dispatch(h EPHandle, x, w, out, outW, counters EPTensor, s Stre
 // throughput only: ncclEpDispatch with pass_direction NCCL_EP_BWD_PASS,
 // no routing weights in or out; collective).
 func (e *NCCLEP) DispatchBackward(h EPHandle, x, out EPTensor, s Stream) error {
-	return e.check("ncclEpDispatch", C.ep_dispatch(e.fn["ncclEpDispatch"], unsafe.Pointer(h), x.arg(), EPTensor{}.arg(), out.arg(), EPTensor{}.arg(), EPTensor{}.arg(), 1, unsafe.Pointer(s)))
+	return e.check("ncclEpDispatch", C.ep_dispatch(e.fn["ncclEpDispatch"], unsafe.Pointer(h), x.arg(), EPTensor{}.arg(), EPTensor{}.arg(), out.arg(), EPTensor{}.arg(),
+		EPTensor{}.arg(), EPTensor{}.arg(), 1, C.MB_NCCL_EP_DISP_QUANT_NONE, unsafe.Pointer(s)))
 }
 
 // Combine returns the expert outputs x to their tokens' ranks, summed per

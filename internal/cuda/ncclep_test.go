@@ -606,3 +606,98 @@ func testEPBackward(t *testing.T) {
 		}
 	}
 }
+
+// TestNCCLEPQuantForward: an fp8 dispatch through NCCL EP's
+// NCCL_EP_DISP_QUANT_FWD recipe (the dispatch config at its V2 size): e4m3
+// tokens [tokens, hidden] and their fp32 scales [tokens, hidden/128]-like
+// rows arrive as their bytes, each slot's scale row beside its token row
+// (the slots of the bf16 dispatch: by local expert, then source rank and
+// token), in one process and across processes; scale rows that are not
+// 16-byte multiples are refused, as the header's contract says.
+func TestNCCLEPQuantForward(t *testing.T) {
+	eachNet(t, func(t *testing.T, net string) {
+		if net != "" {
+			t.Setenv("FAKENCCL_TIMEOUT_S", "120")
+		}
+		r := newEPRig(t)
+		const S, rows = 4, 2 * epTokens * epTopK // 4 fp32 scales a token: 16 bytes
+		for g, err := range r.ranks(func(g int) error {
+			grp, err := r.e.CreateGroup(r.comm[g], r.config(rows))
+			if err != nil {
+				return err
+			}
+			h, err := r.e.InitHandle(grp, epTopK)
+			if err != nil {
+				return err
+			}
+			b := r.buf[g]
+			xq, xs := make([]uint8, epTokens*epHidden), make([]float32, epTokens*S)
+			for i := range xq {
+				xq[i] = uint8(0x40*g + 0x10*(i/epHidden) + i%epHidden)
+			}
+			for i := range xs {
+				xs[i] = float32(100*g + 10*(i/S) + i%S)
+			}
+			q, s := b.x, b.x+DevicePtr(len(xq))
+			if err := CopyToDevice(r.d, q, xq, r.s[g]); err != nil {
+				return err
+			}
+			if err := CopyToDevice(r.d, s, xs, r.s[g]); err != nil {
+				return err
+			}
+			counts := EPTensor{b.counts, NCCLInt32, []int{epExperts / 2}}
+			total := EPTensor{b.counts + DevicePtr(4*epExperts/2), NCCLInt32, []int{1}}
+			if err := r.e.UpdateHandle(h, EPTensor{b.idx, NCCLInt32, []int{epTokens, epTopK}}, counts, total, r.s[g]); err != nil {
+				return err
+			}
+			tok, w := EPTensor{q, NCCLFloat8e4m3, []int{epTokens, epHidden}}, EPTensor{b.w, NCCLFloat32, []int{epTokens, epTopK}}
+			oq, os := b.out, b.out+DevicePtr(rows*epHidden)
+			out, outS, outW := EPTensor{oq, NCCLFloat8e4m3, []int{rows, epHidden}}, EPTensor{os, NCCLFloat32, []int{rows, S}}, EPTensor{b.outW, NCCLFloat32, []int{rows}}
+			bad := EPTensor{s, NCCLFloat32, []int{epTokens, 2}} // 8-byte scale rows
+			if err := r.e.DispatchForward(h, tok, bad, w, out, EPTensor{os, NCCLFloat32, []int{rows, 2}}, outW, EPTensor{}, r.s[g]); err == nil ||
+				!strings.Contains(err.Error(), "ncclInvalidArgument") {
+				return fmt.Errorf("scale rows of 8 bytes: %v", err)
+			}
+			if err := r.e.DispatchForward(h, tok, EPTensor{s, NCCLFloat32, []int{epTokens, S}}, w, out, outS, outW, EPTensor{}, r.s[g]); err != nil {
+				return err
+			}
+			if err := r.d.SyncStream(r.s[g]); err != nil {
+				return err
+			}
+			gq, gs := make([]uint8, rows*epHidden), make([]float32, rows*S)
+			if err := CopyFromDevice(r.d, gq, oq, r.s[g]); err != nil {
+				return err
+			}
+			if err := CopyFromDevice(r.d, gs, os, r.s[g]); err != nil {
+				return err
+			}
+			// token t goes to experts 2t and 2t+1 on both ranks: rank g's
+			// local expert l receives token (4g+l)/2 of rank 0, then rank 1's
+			slot := 0
+			for l := range epExperts / 2 {
+				for src := range 2 {
+					tk := (4*g + l) / 2
+					for c := range epHidden {
+						if want := uint8(0x40*src + 0x10*tk + c); gq[slot*epHidden+c] != want {
+							return fmt.Errorf("slot %d token byte %d: %#x, want %#x (rank %d's token %d)", slot, c, gq[slot*epHidden+c], want, src, tk)
+						}
+					}
+					for c := range S {
+						if want := float32(100*src + 10*tk + c); gs[slot*S+c] != want {
+							return fmt.Errorf("slot %d scale %d: %v, want %v (rank %d's token %d)", slot, c, gs[slot*S+c], want, src, tk)
+						}
+					}
+					slot++
+				}
+			}
+			if err := r.e.DestroyHandle(h); err != nil {
+				return err
+			}
+			return r.e.DestroyGroup(grp)
+		}) {
+			if err != nil {
+				t.Errorf("rank %d: %v", g, err)
+			}
+		}
+	})
+}

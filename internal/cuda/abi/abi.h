@@ -209,7 +209,8 @@ typedef struct { char internal[128]; } mb_nccl_id;
 // reads only the bytes a struct's size covers, and accepts any size from
 // the frozen V1 boundary on. moebench lays the structs out whole (the ABI
 // check compares them with the header's) and sends the V1 sizes, which
-// every library of this API accepts; it needs no later field.
+// every library of this API accepts, except the dispatch config of an fp8
+// dispatch, sent at its V2 size for its quant_recipe.
 #define MB_NCCL_EP_MAGIC 0xC00FFFEEu
 #define MB_NCCL_EP_TENSOR_MAGIC 0xCAFECAFEu
 #define MB_NCCL_EP_API_VERSION 2
@@ -220,6 +221,7 @@ typedef struct { char internal[128]; } mb_nccl_id;
 #define MB_NCCL_EP_DISPATCH_INPUTS_V1_SIZE 32u
 #define MB_NCCL_EP_DISPATCH_OUTPUTS_V1_SIZE 40u
 #define MB_NCCL_EP_DISPATCH_CONFIG_V1_SIZE 20u
+#define MB_NCCL_EP_DISPATCH_CONFIG_V2_SIZE 24u // with quant_recipe: sent only with a recipe
 #define MB_NCCL_EP_COMBINE_INPUTS_V1_SIZE 24u
 #define MB_NCCL_EP_COMBINE_OUTPUTS_V1_SIZE 24u
 #define MB_NCCL_EP_COMBINE_CONFIG_V1_SIZE 16u
@@ -227,10 +229,15 @@ typedef struct { char internal[128]; } mb_nccl_id;
 #define MB_NCCL_EP_ALGO_HIGH_THROUGHPUT 1
 #define MB_NCCL_EP_LAYOUT_EXPERT_MAJOR 1
 #define MB_NCCL_EP_AUTO 0
+// ncclEpDispQuant_t (the dispatch config's quant_recipe, API version 2)
+#define MB_NCCL_EP_DISP_QUANT_NONE 0
+#define MB_NCCL_EP_DISP_QUANT_FWD 1
+#define MB_NCCL_EP_DISP_QUANT_DS_FP8E3M4 2
 // ncclDataType_t values moebench passes (nccl.h)
 #define MB_ncclInt32 2
 #define MB_ncclFloat32 7
 #define MB_ncclBfloat16 9
+#define MB_ncclFloat8e4m3 10
 
 // ncclEpTensor_t: a descriptor of caller-owned device memory (sizes too).
 typedef struct {
@@ -272,7 +279,7 @@ typedef struct { unsigned size, magic; size_t dispatch_output_per_expert_alignme
 typedef struct { unsigned size, magic; mb_ep_tensor *tokens, *topk_weights, *scales; } mb_ep_dispatch_inputs;
 typedef struct { unsigned size, magic; mb_ep_tensor *tokens, *topk_weights, *scales, *topk_idx; } mb_ep_dispatch_outputs;
 
-// ncclEpDispatchConfig_t (V1: up to pass_direction).
+// ncclEpDispatchConfig_t (V1: up to pass_direction; V2: quant_recipe).
 typedef struct { unsigned size, magic, send_only, round_scales; int pass_direction, quant_recipe; } mb_ep_dispatch_config;
 
 // ncclEpCombineInputs_t (V1: up to topk_weights), ncclEpCombineOutputs_t.

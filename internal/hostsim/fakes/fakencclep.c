@@ -28,6 +28,11 @@
 //   - a high-throughput dispatch in eager mode (max_recv_tokens_per_rank
 //     0) reads the received count back with a host synchronization, so a
 //     thread that issues every rank's dispatch blocks on the first;
+//   - the dispatch's quant_recipe (recipe below): NONE moves bf16 tokens;
+//     NCCL_EP_DISP_QUANT_FWD forwards the caller's quantized tokens and
+//     their scales [tokens, ·] as bytes, each slot's scale row beside its
+//     token row (across processes the two share the token's max_token_bytes
+//     in the exchange); DS_FP8E3M4 is refused (not implemented);
 //   - the shapes, data types and limits the header and the library state:
 //     bf16 tokens, int32 routing, fp32 weights, rows of 16-byte multiples
 //     (high throughput), a hidden size of 128-multiples (low-latency
@@ -208,7 +213,7 @@ struct world {
     const char *op;    // the call the current one is of
     int failed;        // a rank gave up: the others give up too
     // what a collective's ranks publish for the others
-    struct { const uint16_t *x; const float *w; const uint16_t *y; long rows; } pub[MAXR];
+    struct { const uint16_t *x; const float *w; const uint16_t *y; long rows; const char *xs; } pub[MAXR];
 };
 static pthread_mutex_t worldsmu = PTHREAD_MUTEX_INITIALIZER;
 static world *worlds[256];
@@ -412,6 +417,12 @@ typedef struct part {
     float *outw;
     long rows;
     int bwd; // pass_direction BWD (high throughput): dispatch without weights; combine with them (w in, outw [tokens, topk] out)
+    // dispatch: a row's token bytes and scale bytes (sb 0: no scales; with
+    // NCCL_EP_DISP_QUANT_FWD the scales xs [tokens, ·] go to outs as the
+    // tokens go to out: the same slot, bytes as they are)
+    long tb, sb;
+    const char *xs;
+    char *outs;
     unsigned long seq; // net: the call's place in the group's sequence
 } part;
 
@@ -431,7 +442,7 @@ static void run_part(void *arg) {
     static const char *names[] = {"ncclEpUpdateHandle", "ncclEpDispatch", "ncclEpCombine", "", "ncclEpDispatch (BWD)", "ncclEpCombine (BWD)"};
     const char *op = names[p->kind + 3 * p->bwd]; // a rank in the backward's call meets only ranks in it
     hidden = p->kind ? (int)p->rows : hidden;
-    w->pub[me].x = p->x, w->pub[me].w = p->w, w->pub[me].y = p->x;
+    w->pub[me].x = p->x, w->pub[me].w = p->w, w->pub[me].y = p->x, w->pub[me].xs = p->xs;
     ncclResult_t r = meet(w, op, me, g->timeout_ns);
     if (!r && p->kind == 0) { // this rank's counts per local expert over every rank's routing
         long total = 0;
@@ -455,7 +466,8 @@ static void run_part(void *arg) {
                     for (int j = 0; j < k; j++) {
                         if (o->idx[t * k + j] != me * L + l) continue;
                         long at = ll ? (long)l * R * g->cfg.max_dispatch_tokens_per_rank + (slot - first) : slot;
-                        memcpy(p->out + at * hidden, w->pub[s].x + (long)t * hidden, 2 * (size_t)hidden);
+                        memcpy((char *)p->out + at * p->tb, (const char *)w->pub[s].x + t * p->tb, (size_t)p->tb);
+                        if (p->sb) memcpy(p->outs + at * p->sb, w->pub[s].xs + t * p->sb, (size_t)p->sb);
                         if (p->outw) p->outw[at] = w->pub[s].w[t * k + j];
                         h->slot[(s * (long)g->cfg.max_dispatch_tokens_per_rank + t) * k + j] = (int)at;
                         slot++;
@@ -585,6 +597,59 @@ static ncclResult_t direction(int pass, int ll, const char *call, int *bwd) {
     return ok;
 }
 
+// type_bytes is the bytes of one element of an ncclDataType_t the
+// dispatch takes (ncclFloat4x2, 12: one byte holding two FP4 values).
+static long type_bytes(int t) {
+    switch (t) {
+    case MB_ncclFloat32: return 4;
+    case 6 /* ncclFloat16 */: case MB_ncclBfloat16: return 2;
+    default: return 1; // ncclUint8 (1), ncclFloat8e4m3 (10), ncclFloat8e5m2 (11), ncclFloat4x2 (12)
+    }
+}
+
+// recipe reads a dispatch config's quant_recipe (nccl_ep.h's "Dispatch
+// quantization contracts"; a V1-sized config has none: NONE):
+//   - NONE (0): the tokens move in their declared type (the fake: bf16);
+//     both scales tensors must be absent;
+//   - NCCL_EP_DISP_QUANT_FWD (1): tokens of FP32, FP16, BF16, FP8 (e4m3,
+//     e5m2) or ncclFloat4x2 and scales [tokens, ·] of those (FP4 excepted)
+//     or ncclUint8 are forwarded as their bytes: the outputs' types and row
+//     widths must be the inputs', round_scales zero, rows 16-byte aligned;
+//   - NCCL_EP_DISP_QUANT_DS_FP8E3M4 (2): low-latency only, the library
+//     quantizes BF16 tokens itself; the fake does not implement it
+//     (ncclInvalidUsage), and refuses it in high-throughput mode as the
+//     header's "LL-only" says;
+//   - any other value: ncclInvalidArgument.
+// *fwd says QUANT_FWD, *tt and *st the tokens' and scales' types.
+static ncclResult_t recipe(const mb_ep_dispatch_config *c, const mb_ep_dispatch_inputs *in, const mb_ep_dispatch_outputs *out, int *fwd, int *tt, int *st) {
+    char msg[200];
+    switch (c->quant_recipe) {
+    case MB_NCCL_EP_DISP_QUANT_NONE:
+        if (in->scales || out->scales) return bad(invalidArgument, "quant_recipe NONE: inputs->scales and outputs->scales must be absent");
+        return ok;
+    case MB_NCCL_EP_DISP_QUANT_DS_FP8E3M4:
+        return bad(invalidUsage, "quant_recipe DS_FP8E3M4: LL-only, and the fake does not implement its internal quantization");
+    case MB_NCCL_EP_DISP_QUANT_FWD:
+        break;
+    default:
+        snprintf(msg, sizeof msg, "unknown quant_recipe %d", c->quant_recipe);
+        return bad(invalidArgument, msg);
+    }
+    if (c->round_scales) return bad(invalidArgument, "QUANT_FWD: round_scales must be zero (the scales are forwarded as they are)");
+    if (!in->tokens || !in->scales || !out->tokens || !out->scales) return bad(invalidArgument, "QUANT_FWD: inputs and outputs need tokens and scales");
+    int t = in->tokens->datatype, s = in->scales->datatype;
+    if (t != MB_ncclFloat32 && t != 6 && t != MB_ncclBfloat16 && t != MB_ncclFloat8e4m3 && t != 11 && t != 12) {
+        snprintf(msg, sizeof msg, "QUANT_FWD: tokens of type %d (FP32, FP16, BF16, FP8 or ncclFloat4x2)", t);
+        return bad(invalidArgument, msg);
+    }
+    if (s != MB_ncclFloat32 && s != 6 && s != MB_ncclBfloat16 && s != MB_ncclFloat8e4m3 && s != 11 && s != 1) {
+        snprintf(msg, sizeof msg, "QUANT_FWD: scales of type %d (FP32, FP16, BF16, FP8 or ncclUint8)", s);
+        return bad(invalidArgument, msg);
+    }
+    *fwd = 1, *tt = t, *st = s;
+    return ok;
+}
+
 // worst is the high-throughput expert-major slots a rank may receive.
 static long worst(group *g, int topk) {
     if (g->cfg.max_recv_tokens_per_rank) return g->cfg.max_recv_tokens_per_rank;
@@ -609,19 +674,33 @@ ncclResult_t ncclEpDispatch(void *hp, const mb_ep_dispatch_inputs *inp, const mb
     decode(&out, sizeof out, outp);
     if (cfg) decode(&c, sizeof c, cfg);
     if (li) decode(&info, sizeof info, li);
-    if (c.send_only || c.quant_recipe) return bad(invalidUsage, "the fake dispatches unstaged and unquantized only");
+    if (c.send_only) return bad(invalidUsage, "the fake dispatches unstaged only");
     int ll = g->cfg.algorithm == MB_NCCL_EP_ALGO_LOW_LATENCY, bwd;
     if ((r = direction(c.pass_direction, ll, "ncclEpDispatch", &bwd))) return r;
-    if ((r = tensor(in.tokens, "inputs->tokens", 2, MB_ncclBfloat16, h->tokens, -1, -1, g->dev))) return r;
-    long hidden = (long)in.tokens->sizes[1];
-    if (2 * hidden > g->cfg.max_token_bytes) return bad(invalidArgument, "token bytes exceed the group's max_token_bytes");
-    if ((2 * hidden) % 16) return bad(invalidArgument, "token bytes per token must be 16-byte aligned");
+    int fwd = 0, tt = MB_ncclBfloat16, st = 0; // QUANT_FWD; the tokens' and the scales' data types
+    long S = 0;
+    if ((r = recipe(&c, &in, &out, &fwd, &tt, &st))) return r;
+    if ((r = tensor(in.tokens, "inputs->tokens", 2, tt, h->tokens, -1, -1, g->dev))) return r;
+    long hidden = (long)in.tokens->sizes[1], tb = hidden * type_bytes(tt), sb = 0;
+    if (fwd) {
+        if ((r = tensor(in.scales, "inputs->scales", 2, st, h->tokens, -1, -1, g->dev))) return r;
+        S = (long)in.scales->sizes[1], sb = S * type_bytes(st);
+        if (sb % 16 || (uintptr_t)in.tokens->data % 16 || (uintptr_t)in.scales->data % 16)
+            return bad(invalidArgument, "QUANT_FWD: token and scale rows and their storage must be 16-byte aligned");
+    }
+    if (tb + sb > g->cfg.max_token_bytes) return bad(invalidArgument, "token bytes (quantized: tokens and scales) exceed the group's max_token_bytes");
+    if (tb % 16) return bad(invalidArgument, "token bytes per token must be 16-byte aligned");
     part *p = calloc(1, sizeof *p);
-    p->h = h, p->kind = 1, p->x = in.tokens->data, p->rows = hidden, p->bwd = bwd;
+    p->h = h, p->kind = 1, p->x = in.tokens->data, p->rows = hidden, p->bwd = bwd, p->tb = tb, p->sb = sb;
+    if (fwd) p->xs = in.scales->data;
     if (ll) {
         long slots = (long)g->nranks * g->cfg.max_dispatch_tokens_per_rank;
         if (in.topk_weights || out.topk_weights || out.topk_idx) return free(p), bad(invalidArgument, "LL expert-major: no top-k weights or indices in or out");
-        if ((r = tensor(out.tokens, "outputs->tokens", 3, MB_ncclBfloat16, g->local, slots, hidden, g->dev))) return free(p), r;
+        if ((r = tensor(out.tokens, "outputs->tokens", 3, tt, g->local, slots, hidden, g->dev))) return free(p), r;
+        if (fwd && (r = tensor(out.scales, "outputs->scales", 3, st, g->local, slots, S, g->dev))) return free(p), r;
+        if (fwd && ((uintptr_t)out.tokens->data % 16 || (uintptr_t)out.scales->data % 16))
+            return free(p), bad(invalidArgument, "QUANT_FWD: the outputs' storage must be 16-byte aligned");
+        if (fwd) p->outs = out.scales->data;
         if ((r = tensor(info.expert_counters, "layout_info->expert_counters", 1, MB_ncclInt32, g->local, -1, -1, g->dev))) return free(p), r;
         p->out = out.tokens->data, p->counters = info.expert_counters->data;
         return queue(p, stream);
@@ -631,8 +710,12 @@ ncclResult_t ncclEpDispatch(void *hp, const mb_ep_dispatch_inputs *inp, const mb
     if (bwd && (in.topk_weights || out.topk_weights || out.topk_idx))
         return free(p), bad(invalidArgument, "HT backward dispatch: inputs->topk_weights, outputs->topk_weights and outputs->topk_idx must be absent (the routing is the handle's)");
     if (!bwd && (r = tensor(in.topk_weights, "inputs->topk_weights", 2, MB_ncclFloat32, h->tokens, h->topk, -1, g->dev))) return free(p), r;
-    if ((r = tensor(out.tokens, "outputs->tokens", 2, MB_ncclBfloat16, -1, hidden, -1, g->dev))) return free(p), r;
+    if ((r = tensor(out.tokens, "outputs->tokens", 2, tt, -1, hidden, -1, g->dev))) return free(p), r;
     long rows = (long)out.tokens->sizes[0];
+    if (fwd && (r = tensor(out.scales, "outputs->scales", 2, st, rows, S, -1, g->dev))) return free(p), r;
+    if (fwd && ((uintptr_t)out.tokens->data % 16 || (uintptr_t)out.scales->data % 16))
+        return free(p), bad(invalidArgument, "QUANT_FWD: the outputs' storage must be 16-byte aligned");
+    if (fwd) p->outs = out.scales->data;
     int eager = !g->cfg.max_recv_tokens_per_rank;
     if (!eager && rows < worst(g, h->topk)) return free(p), bad(invalidArgument, "HT: outputs->tokens must cover max_recv_tokens_per_rank");
     if (!bwd && (r = tensor(out.topk_weights, "outputs->topk_weights", 1, MB_ncclFloat32, rows, -1, -1, g->dev))) return free(p), r;
@@ -883,7 +966,9 @@ static void net_pack(void *arg) {
             for (int t = 0; t < T; t++) {
                 int to = 0;
                 for (int j = 0; j < k; j++) to |= h->idx[t * k + j] / L == d;
-                if (to) memcpy(blk_rows(b, Tm, k) + t * hidden, p->x + t * hidden, 2 * hidden);
+                char *row = (char *)blk_rows(b, Tm, k) + t * (size_t)g->cfg.max_token_bytes; // a token's bytes, then its scales
+                if (to) memcpy(row, (const char *)p->x + t * p->tb, (size_t)p->tb);
+                if (to && p->sb) memcpy(row + p->tb, p->xs + t * p->sb, (size_t)p->sb);
             }
         } else if (kind == K_COMBINE) {
             for (int t = 0; t < h->ntok[d]; t++)
@@ -935,7 +1020,9 @@ static void net_unpack(void *arg) {
                     for (int j = 0; j < k; j++) {
                         if (idx[t * k + j] != me * L + l) continue;
                         long at = ll ? (long)l * R * Tm + (slot - first) : slot;
-                        memcpy(p->out + at * hidden, blk_rows(BLK(s), Tm, k) + t * hidden, 2 * hidden);
+                        const char *row = (const char *)blk_rows(BLK(s), Tm, k) + t * (size_t)g->cfg.max_token_bytes;
+                        memcpy((char *)p->out + at * p->tb, row, (size_t)p->tb);
+                        if (p->sb) memcpy(p->outs + at * p->sb, row + p->tb, (size_t)p->sb);
                         if (p->outw) p->outw[at] = blk_w(BLK(s), Tm, k)[t * k + j];
                         h->slot[(s * (long)Tm + t) * k + j] = (int)at;
                         slot++;
