@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/moebench/moebench/dispatchers"
+	"github.com/moebench/moebench/kernels"
 	"github.com/moebench/moebench/results"
 )
 
@@ -45,7 +46,7 @@ func TestFP8Host(t *testing.T) {
 		if name == "feplb" && (rec.Rebalance == nil || rec.Rebalance.Moves == 0) {
 			t.Errorf("feplb moved nothing: %+v", rec.Rebalance)
 		}
-		if rec.Config.Precision != PrecisionFP8 || rec.GEMM.Method != ExpertPathFP8 {
+		if rec.Config.Precision != PrecisionFP8 || rec.GEMM.Method != ExpertPathFP8 || rec.GEMM.FP8Path != string(kernels.FP8GEMMDequant) {
 			t.Errorf("%s: the record says precision %q, expert path %q", name, rec.Config.Precision, rec.GEMM.Method)
 		}
 		c.Precision = PrecisionBF16

@@ -78,7 +78,7 @@ func TestFP8DeviceRun(t *testing.T) {
 		if err != nil || rec.Status != results.StatusOK || !rec.Correctness.Passed || rec.Correctness.Grads == nil {
 			t.Fatalf("%s: %v, %s %q, %+v", name, err, rec.Status, rec.Reason, rec.Correctness)
 		}
-		if rec.Config.Precision != PrecisionFP8 || !strings.HasPrefix(rec.GEMM.Method, ExpertPathFP8+"; ") {
+		if rec.Config.Precision != PrecisionFP8 || !strings.HasPrefix(rec.GEMM.Method, ExpertPathFP8+"; ") || rec.GEMM.FP8Path != string(kernels.FP8GEMMDequant) {
 			t.Errorf("%s: record: precision %q, expert path %q", name, rec.Config.Precision, rec.GEMM.Method)
 		}
 		if !slices.ContainsFunc(rec.Timing.Phases, func(p results.Phase) bool { return p.Name == "quantize" }) {
@@ -131,6 +131,11 @@ func TestFP8CUDALayerOnHostSim(t *testing.T) {
 				t.Fatalf("%v, %s %q, %+v", err, rec.Status, rec.Reason, rec.Correctness)
 			}
 			t.Logf("max rel err %.2e, gradients %.2e", rec.Correctness.MaxRelErr, rec.Correctness.Grads.MaxRelErr)
+			// the fake cuBLASLt is 13.0 on a GPU of sm_90: it offers block
+			// scaling, and the record says so beside the path that ran
+			if rec.GEMM.FP8Path != string(kernels.FP8GEMMDequant) || !strings.Contains(rec.GEMM.FP8PathReason, "offers "+string(kernels.FP8GEMMBlock)) {
+				t.Errorf("record: fp8 GEMM path %q (%s)", rec.GEMM.FP8Path, rec.GEMM.FP8PathReason)
+			}
 			devs, err := Env{}.devices(min(c.EP, 2), c.EP, nil)
 			if err != nil {
 				t.Fatal(err)

@@ -64,6 +64,11 @@ func precisionBlock(p string) int {
 // host device.
 const ExpertPathFP8 = "bf16 GEMMs on dequantized rows and weights (activations e4m3 1×128, weights e4m3 128×128)"
 
+// fp8GEMMHostReason is why the host device's record says
+// kernels.FP8GEMMDequant.
+const fp8GEMMHostReason = "the host device runs bf16 GEMMs on the dequantized rows and weights; kernels.FP8GEMM " +
+	"(cuBLASLt's FP8 GEMM emulated exactly) is not yet called by the layer (docs/fp8.md, FP8 GEMMs)"
+
 // fp8Fault, set by tests alone, breaks the expert side's dequantization on
 // purpose ("scale": the multiplier doubled; "block": the next block's
 // multiplier; "none": no dequantization), to see the check fail.

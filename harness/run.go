@@ -610,6 +610,7 @@ func fillMeasurements(rec *results.Record, cfg Config, m measured) {
 	}
 	if cfg.isFP8() && cfg.Device == "host" {
 		rec.GEMM.Method = ExpertPathFP8
+		rec.GEMM.FP8Path, rec.GEMM.FP8PathReason = string(kernels.FP8GEMMDequant), fp8GEMMHostReason
 	}
 	if m.forward > 0 {
 		backwardGEMM(rec.GEMM, m, cfg)

@@ -152,3 +152,13 @@ var e4m3Val = func() (v [256]float32) {
 	}
 	return v
 }()
+
+// FP8GEMMPath is the finest FP8 GEMM this GPU's cuBLASLt offers
+// (FP8GEMMPathFor with the library's version and the GPU's compute
+// capability).
+func (c *CUDA) FP8GEMMPath() (FP8GEMMPath, string) {
+	if c.Lt == nil {
+		return FP8GEMMDequant, "no cuBLASLt"
+	}
+	return FP8GEMMPathFor(c.Lt.Version, c.cc)
+}
