@@ -162,3 +162,11 @@ func (c *CUDA) FP8GEMMPath() (FP8GEMMPath, string) {
 	}
 	return FP8GEMMPathFor(c.Lt.Version, c.cc)
 }
+
+// ltRun runs plan g of mm into out (RunFP8 with mm's multipliers at FP8).
+func (c *CUDA) ltRun(g *cuda.GEMM, out Ptr, mm MatMul, ws Ptr, s Stream) error {
+	if mm.FP8 != cuda.FP8None {
+		return c.Lt.RunFP8(g, out, mm.A, mm.AScale, mm.B, mm.BScale, ws, s)
+	}
+	return c.Lt.Run(g, out, mm.A, mm.B, ws, s)
+}
