@@ -21,7 +21,7 @@ const (
 	// (VEC128_32F), weights 128×128 (BLK128x128_32F): cuBLASLt 12.9+ on sm_90.
 	FP8GEMMBlock FP8GEMMPath = "cublaslt-fp8-block"
 	// FP8GEMMTensor: cuBLASLt FP8 with one fp32 multiplier per operand
-	// (SCALAR_32F): cuBLASLt 11.8+ on sm_89 and later.
+	// (SCALAR_32F): cuBLASLt 11.11+ (CUDA 11.8) on sm_89 and later.
 	FP8GEMMTensor FP8GEMMPath = "cublaslt-fp8-tensor"
 	// FP8GEMMDequant: bf16 GEMMs on dequantized rows and weights.
 	FP8GEMMDequant FP8GEMMPath = "bf16-dequant"
@@ -31,8 +31,10 @@ const (
 // (cublasLtGetVersion) offers on a GPU of compute capability sm (e.g. 90):
 // block scaling on Hopper from 12.9 (cuBLAS 12.9's release added the
 // 1×128/128×128 modes for Hopper only; Blackwell's block modes are the MX
-// ones), per-tensor scaling on sm_89+ from 11.8, else none (bf16 on
-// dequantized values). The reason says why.
+// ones), per-tensor scaling on sm_89+ from cuBLAS 11.11, else none (bf16 on
+// dequantized values). ltVersion is cuBLAS's (major·10000 + minor·100 +
+// patch: CUDA 11.8's is 11.11, 111100; from CUDA 12 they match). The
+// reason says why.
 func FP8GEMMPathFor(ltVersion, sm int) (FP8GEMMPath, string) {
 	switch {
 	case sm == 90 && ltVersion >= cuda.BlockScalingVersion:

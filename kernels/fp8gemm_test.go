@@ -15,8 +15,8 @@ func TestFP8GEMMPathFor(t *testing.T) {
 		want  FP8GEMMPath
 	}{
 		{130000, 90, FP8GEMMBlock}, {120900, 90, FP8GEMMBlock}, {120800, 90, FP8GEMMTensor},
-		{130000, 100, FP8GEMMTensor}, {120900, 89, FP8GEMMTensor}, {110800, 89, FP8GEMMTensor},
-		{110702, 90, FP8GEMMDequant}, {130000, 80, FP8GEMMDequant},
+		{130000, 100, FP8GEMMTensor}, {120900, 89, FP8GEMMTensor}, {111100, 89, FP8GEMMTensor},
+		{110702, 90, FP8GEMMDequant}, {110800, 90, FP8GEMMDequant}, {130000, 80, FP8GEMMDequant},
 	} {
 		if got, why := FP8GEMMPathFor(c.v, c.sm); got != c.want {
 			t.Errorf("FP8GEMMPathFor(%d, sm_%d) = %s (%s), want %s", c.v, c.sm, got, why, c.want)

@@ -32,7 +32,7 @@ const (
 	prefMaxWorkspaceBytes = 1
 	prefMinAlignA         = 5 // then B, C, D: 6, 7, 8
 
-	// FP8 (cublasLt.h; CUDA_R_8F_E4M3 and the scale pointers since 11.8,
+	// FP8 (cublasLt.h; CUDA_R_8F_E4M3 and the scale pointers since CUDA 11.8,
 	// the scale modes since 12.8, VEC128/BLK128x128 usable since 12.9)
 	dataR8FE4M3       = 28
 	descAScalePointer = 17 // void *: device pointer to A's scale(s)
@@ -65,8 +65,9 @@ func (s FP8Scale) String() string {
 // VEC128_32F and BLK128x128_32F scale modes (CUDA 12.9, Hopper).
 const BlockScalingVersion = 120900
 
-// FP8TensorVersion is the first cuBLASLt with e4m3 operands (CUDA 11.8).
-const FP8TensorVersion = 110800
+// FP8TensorVersion is the first cuBLASLt with e4m3 operands: cuBLAS 11.11,
+// CUDA 11.8's (cublasLtGetVersion is major·10000 + minor·100 + patch).
+const FP8TensorVersion = 111100
 
 // CuBLASLt is cuBLASLt opened with dlopen. OpenCuBLASLt only loads the
 // library; Init creates the handle (on the current context).
