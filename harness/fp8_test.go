@@ -27,8 +27,9 @@ var fp8Movers = []struct {
 // TestFP8Host: each dispatcher that moves FP8 on the host runs a training
 // step at fp8 that passes the check (the output and every gradient against
 // the float64 reference on the same quantized inputs and weights, at the
-// bf16 pipeline's tolerance: the GEMMs are bf16 on dequantized rows and
-// weights), records its precision and expert path, and moves e4m3 rows
+// bf16 pipeline's tolerance: the expert GEMMs are cuBLASLt's block-scaled
+// FP8 GEMMs emulated, fp8gemm.go), records its precision and expert path
+// (gemm.fp8_path cublaslt-fp8-block), and moves e4m3 rows
 // with their scales: the dispatch's algorithm bytes are bf16's times
 // (1 + 4/128)/2 (DeepEP's fp8 factor), the combine's bf16's.
 func TestFP8Host(t *testing.T) {
@@ -46,9 +47,10 @@ func TestFP8Host(t *testing.T) {
 		if name == "feplb" && (rec.Rebalance == nil || rec.Rebalance.Moves == 0) {
 			t.Errorf("feplb moved nothing: %+v", rec.Rebalance)
 		}
-		if rec.Config.Precision != PrecisionFP8 || rec.GEMM.Method != ExpertPathFP8 || rec.GEMM.FP8Path != string(kernels.FP8GEMMDequant) {
-			t.Errorf("%s: the record says precision %q, expert path %q", name, rec.Config.Precision, rec.GEMM.Method)
+		if rec.Config.Precision != PrecisionFP8 || rec.GEMM.Method != ExpertPathFP8Host || rec.GEMM.FP8Path != string(kernels.FP8GEMMBlock) {
+			t.Errorf("%s: the record says precision %q, expert path %q (%s)", name, rec.Config.Precision, rec.GEMM.Method, rec.GEMM.FP8Path)
 		}
+		t.Logf("%s: max rel err %.3g, gradients %.3g", name, rec.Correctness.MaxRelErr, rec.Correctness.Grads.MaxRelErr)
 		c.Precision = PrecisionBF16
 		bf, err := Run(c, Env{Version: "test"})
 		if err != nil || bf.Status != results.StatusOK {
@@ -70,10 +72,12 @@ func TestFP8Host(t *testing.T) {
 
 // TestFP8CheckCatchesBrokenDequantization: with the expert side's
 // dequantization broken on purpose — the multiplier doubled, the next
-// block's multiplier, none at all — the check fails.
+// block's multiplier, none at all; on the FP8 GEMM path the activation
+// multipliers in the wrong (row-major) order, each weight block the next
+// block's multiplier, fc2's input not dequantized — the check fails.
 func TestFP8CheckCatchesBrokenDequantization(t *testing.T) {
 	defer func() { fp8Fault = "" }()
-	for _, fault := range []string{"scale", "block", "none"} {
+	for _, fault := range []string{"scale", "block", "none", "lt-order", "w-block", "fc2-none"} {
 		fp8Fault = fault
 		c := fp8Config("alltoall")
 		c.ForwardOnly = true

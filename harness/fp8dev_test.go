@@ -114,6 +114,7 @@ func TestFP8DeviceCheckCatchesBrokenDequantization(t *testing.T) {
 // whose outputs equal the host device's fp8 layer's bit for bit.
 func TestFP8CUDALayerOnHostSim(t *testing.T) {
 	useHostSimLayer(t)
+	hostRunsDevicePath(t)
 	for name, c := range fp8DeviceCases() {
 		c.Warmup, c.Iters = 0, 1
 		if c.Dispatcher == "hybridep" { // the fake driver's GPUs: two, of 4 SMs
@@ -187,4 +188,13 @@ func TestFP8BenchDispatchOnDevice(t *testing.T) {
 	if p := b.Points[1]; p.Status != results.StatusUnavailable || !strings.Contains(p.Reason, "bench dispatch at fp8 is not wired on the cuda device") {
 		t.Errorf("fp8: %s %q", p.Status, p.Reason)
 	}
+}
+
+// hostRunsDevicePath makes the host layer run the cuda device's fp8 expert
+// GEMM path (bf16 on dequantized rows) for t, so that the two are compared
+// bit for bit.
+func hostRunsDevicePath(t *testing.T) {
+	was := fp8GEMMHostPath
+	fp8GEMMHostPath = kernels.FP8GEMMDequant
+	t.Cleanup(func() { fp8GEMMHostPath = was })
 }

@@ -172,3 +172,25 @@ func (c *CUDA) ltRun(g *cuda.GEMM, out Ptr, mm MatMul, ws Ptr, s Stream) error {
 	}
 	return c.Lt.Run(g, out, mm.A, mm.B, ws, s)
 }
+
+// QuantFP8RowsK quantizes m rows of k values in 1×128 blocks along k as
+// QuantFP8Rows does (the same rule, scale = 448/amax, not a power of two),
+// k any positive length: the last block of a row holds k mod 128 values
+// when 128 does not divide k (cuBLASLt's VEC128_32F covers ⌈k/128⌉
+// blocks). Scales are [m, ⌈k/128⌉] row-major (FP8ActScalesLt reorders
+// them).
+func QuantFP8RowsK(x []float32, m, k int) (q []uint8, scales []float32) {
+	kb := (k + FP8Block - 1) / FP8Block
+	q, scales = make([]uint8, m*k), make([]float32, m*kb)
+	for i := range m {
+		for b := range kb {
+			lo, hi := i*k+b*FP8Block, i*k+min(k, (b+1)*FP8Block)
+			s, inv := fp8Scales(blockAmax(x[lo:hi]), false)
+			for j := lo; j < hi; j++ {
+				q[j] = E4M3FromFloat32(x[j] * s)
+			}
+			scales[i*kb+b] = inv
+		}
+	}
+	return q, scales
+}
