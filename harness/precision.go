@@ -49,16 +49,18 @@ func precisionBlock(p string) int {
 //     (dispatchers.FP8Mover); the router and the shared expert read the
 //     bf16 input (Layer.X);
 //   - the expert phase dequantizes its segments' rows of ExpertX in place
-//     with ExpertScales, bf16(fl32(e4m3·inv)) as dequant_fp8_1x128, then
-//     runs the bf16 expert GEMMs on them (ExpertPath); the combine is
-//     bf16;
+//     with ExpertScales, bf16(fl32(e4m3·inv)) as dequant_fp8_1x128 (the
+//     backward's operand), keeping their codes and multipliers, and runs
+//     the expert GEMMs as cuBLASLt's block-scaled FP8 GEMM emulated
+//     (fp8gemm.go; ExpertPathFP8Host); the combine is bf16;
 //   - the backward is bf16 on the dequantized rows and weights, the
 //     quantization straight-through (see docs/fp8.md for what differs from
 //     Megatron's FP8 recipe).
 //
 // The check's reference (Reference, the gradient reference) takes the same
 // quantized inputs and weights, computed here independently of the
-// dispatch (expertInput).
+// dispatch (expertInput; on the FP8 GEMM path fp8RefRow and
+// fp8RefWeights, exact in float64).
 
 // ExpertPathFP8 is what the record says of the fp8 expert GEMMs on the
 // host device.
