@@ -1,6 +1,7 @@
 package harness
 
 import (
+	"slices"
 	"strings"
 	"testing"
 
@@ -139,5 +140,41 @@ func TestFP8BenchDispatch(t *testing.T) {
 			t.Errorf("%s: dispatch bytes %d (fp8) and %d (bf16), combine %d and %d", bf.Dispatcher, fp.Traffic.DispatchAlgorithm, bf.Traffic.DispatchAlgorithm,
 				fp.Traffic.CombineAlgorithm, bf.Traffic.CombineAlgorithm)
 		}
+	}
+}
+
+// TestFP8HostExpertModes: the host's FP8 GEMM path computes the same
+// outputs whether the layer holds its experts or draws them (the e4m3
+// weights made from each draw, not kept), and both pass the check.
+func TestFP8HostExpertModes(t *testing.T) {
+	var outs [][]float32
+	for _, mode := range []string{HostExpertsHeld, HostExpertsDrawn} {
+		c := fp8Config("alltoall")
+		c.ForwardOnly, c.HostExperts = true, mode
+		l, err := NewLayer(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rec, err := Run(c, Env{Version: "test"})
+		if err != nil || rec.Status != results.StatusOK || !rec.Correctness.Passed || rec.GEMM.FP8Path != string(kernels.FP8GEMMBlock) {
+			t.Fatalf("%s: %v, %+v (%s)", mode, err, rec.Correctness, rec.GEMM.FP8Path)
+		}
+		d, err := dispatchers.New("alltoall", "native", c.dispatcherEnv())
+		if err == nil {
+			err = d.Bind(l.Shape, l.Ranks)
+		}
+		if err == nil {
+			err = l.Iteration(d, func(_ string, _ int, fn func() error) error { return fn() })
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if mode == HostExpertsDrawn && l.fp8w != nil {
+			t.Errorf("a drawn layer kept %d experts' e4m3 weights", len(l.fp8w))
+		}
+		outs = append(outs, l.Ranks[0].Y)
+	}
+	if !slices.Equal(outs[0], outs[1]) {
+		t.Errorf("held and drawn layers' outputs differ")
 	}
 }
