@@ -47,6 +47,7 @@ func fp8DeviceCases() map[string]Config {
 // dequantized rows and the bf16 GEMMs round at the same points. On one
 // device and with the ranks on three.
 func TestFP8DeviceEqualsHost(t *testing.T) {
+	hostRunsDevicePath(t)
 	for name, c := range fp8DeviceCases() {
 		if c.Dispatcher == "hybridep" && c.Domain > 1 { // its inter-domain path: a device per rank
 			t.Run(name+"-4devices", func(t *testing.T) { equalsHost(t, c, c.EP) })

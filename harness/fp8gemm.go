@@ -190,3 +190,20 @@ func fp8RefExpert(y, x, prob, fc1, fc2, scratch []float64, n, h, f int) {
 	}
 	kernels.MatMulNT(y[:n*h], act, fc2, n, h, f)
 }
+
+// fp8Footprint is the bytes of rank r's host buffers of the FP8 GEMM path:
+// its rows' codes and multipliers and its local experts' e4m3 weights
+// (held layers keep them; the layer's cache is shared out by expert).
+func (l *Layer) fp8Footprint(r int) int64 {
+	run := &l.run[r]
+	n := int64(cap(run.xc)) + 4*int64(cap(run.xs))
+	L := l.Shape.LocalExperts()
+	l.fp8wMu.Lock()
+	defer l.fp8wMu.Unlock()
+	for e, w := range l.fp8w {
+		if e/L == r {
+			n += int64(len(w.q1)+len(w.q2)) + 4*int64(len(w.s1)+len(w.s2)+len(w.lt1)+len(w.lt2))
+		}
+	}
+	return n
+}

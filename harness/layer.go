@@ -479,5 +479,5 @@ func (l *Layer) Footprint(d dispatchers.Dispatcher, r int) int64 {
 	for _, w := range rk.Experts { // none in a drawn layer
 		n += len(w.FC1) + len(w.FC2)
 	}
-	return 4*int64(n) + l.backwardFootprint(r) + d.Footprint(r)
+	return 4*int64(n) + l.backwardFootprint(r) + d.Footprint(r) + l.fp8Footprint(r)
 }
