@@ -263,18 +263,31 @@ func Reference(l *Layer, sample [][]int) (out [][]float64, diffs int, err error)
 			return
 		}
 		b := &bufs[w]
-		fc1, fc2 := l.ExpertWeights(e)
-		b.fc1, b.fc2 = widenInto(b.fc1, fc1), widenInto(b.fc2, fc2)
+		if l.fp8Lt() { // the FP8 GEMM path's exact operands (fp8gemm.go)
+			b.fc1, b.fc2 = l.fp8RefWeights(e, b.fc1, b.fc2)
+		} else {
+			fc1, fc2 := l.ExpertWeights(e)
+			b.fc1, b.fc2 = widenInto(b.fc1, fc1), widenInto(b.fc2, fc2)
+		}
 		y := make([]float64, n*h)
 		for lo := 0; lo < n; lo += refBlock { // a block of rows at a time
 			m := min(refBlock, n-lo)
 			b.x, b.p, b.scratch = kernels.Grow(b.x, m*h), kernels.Grow(b.p, m), kernels.Grow(b.scratch, m*3*f)
 			for i, cp := range copies[lo : lo+m] {
-				tok, xr := cp.slot/k, l.expertInput(cp.rank)
+				tok := cp.slot / k
+				b.p[i] = probs[cp.rank][cp.slot]
+				if l.fp8Lt() {
+					l.fp8RefRow(b.x[i*h:], cp.rank, tok)
+					continue
+				}
+				xr := l.expertInput(cp.rank)
 				for j := range h {
 					b.x[i*h+j] = float64(xr[tok*h+j])
 				}
-				b.p[i] = probs[cp.rank][cp.slot]
+			}
+			if l.fp8Lt() {
+				fp8RefExpert(y[lo*h:], b.x, b.p, b.fc1, b.fc2, b.scratch, m, h, f)
+				continue
 			}
 			kernels.ExpertForward(y[lo*h:], b.x, b.p, b.fc1, b.fc2, b.scratch, m, h, f, nil)
 		}

@@ -1373,6 +1373,8 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 	rec.GEMM.Method = method
 	if cfg.isFP8() { // the expert GEMMs are bf16 on the rows dequant_fp8_rows wrote (fp8dev.go)
 		rec.GEMM.Method = ExpertPathFP8 + "; " + method
+		path, why := fp8GEMMPath(dev)
+		rec.GEMM.FP8Path, rec.GEMM.FP8PathReason = string(path), why
 	}
 	if g, ok := dev.(*kernels.CUDA); ok {
 		rec.GEMM.Method += "; " + g.GEMMAlgorithms()

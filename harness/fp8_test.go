@@ -1,10 +1,12 @@
 package harness
 
 import (
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/moebench/moebench/dispatchers"
+	"github.com/moebench/moebench/kernels"
 	"github.com/moebench/moebench/results"
 )
 
@@ -26,8 +28,9 @@ var fp8Movers = []struct {
 // TestFP8Host: each dispatcher that moves FP8 on the host runs a training
 // step at fp8 that passes the check (the output and every gradient against
 // the float64 reference on the same quantized inputs and weights, at the
-// bf16 pipeline's tolerance: the GEMMs are bf16 on dequantized rows and
-// weights), records its precision and expert path, and moves e4m3 rows
+// bf16 pipeline's tolerance: the expert GEMMs are cuBLASLt's block-scaled
+// FP8 GEMMs emulated, fp8gemm.go), records its precision and expert path
+// (gemm.fp8_path cublaslt-fp8-block), and moves e4m3 rows
 // with their scales: the dispatch's algorithm bytes are bf16's times
 // (1 + 4/128)/2 (DeepEP's fp8 factor), the combine's bf16's.
 func TestFP8Host(t *testing.T) {
@@ -45,9 +48,10 @@ func TestFP8Host(t *testing.T) {
 		if name == "feplb" && (rec.Rebalance == nil || rec.Rebalance.Moves == 0) {
 			t.Errorf("feplb moved nothing: %+v", rec.Rebalance)
 		}
-		if rec.Config.Precision != PrecisionFP8 || rec.GEMM.Method != ExpertPathFP8 {
-			t.Errorf("%s: the record says precision %q, expert path %q", name, rec.Config.Precision, rec.GEMM.Method)
+		if rec.Config.Precision != PrecisionFP8 || rec.GEMM.Method != ExpertPathFP8Host || rec.GEMM.FP8Path != string(kernels.FP8GEMMBlock) {
+			t.Errorf("%s: the record says precision %q, expert path %q (%s)", name, rec.Config.Precision, rec.GEMM.Method, rec.GEMM.FP8Path)
 		}
+		t.Logf("%s: max rel err %.3g, gradients %.3g", name, rec.Correctness.MaxRelErr, rec.Correctness.Grads.MaxRelErr)
 		c.Precision = PrecisionBF16
 		bf, err := Run(c, Env{Version: "test"})
 		if err != nil || bf.Status != results.StatusOK {
@@ -69,10 +73,12 @@ func TestFP8Host(t *testing.T) {
 
 // TestFP8CheckCatchesBrokenDequantization: with the expert side's
 // dequantization broken on purpose — the multiplier doubled, the next
-// block's multiplier, none at all — the check fails.
+// block's multiplier, none at all; on the FP8 GEMM path the activation
+// multipliers in the wrong (row-major) order, each weight block the next
+// block's multiplier, fc2's input not dequantized — the check fails.
 func TestFP8CheckCatchesBrokenDequantization(t *testing.T) {
 	defer func() { fp8Fault = "" }()
-	for _, fault := range []string{"scale", "block", "none"} {
+	for _, fault := range []string{"scale", "block", "none", "lt-order", "w-block", "fc2-none"} {
 		fp8Fault = fault
 		c := fp8Config("alltoall")
 		c.ForwardOnly = true
@@ -126,5 +132,41 @@ func TestFP8BenchDispatch(t *testing.T) {
 			t.Errorf("%s: dispatch bytes %d (fp8) and %d (bf16), combine %d and %d", bf.Dispatcher, fp.Traffic.DispatchAlgorithm, bf.Traffic.DispatchAlgorithm,
 				fp.Traffic.CombineAlgorithm, bf.Traffic.CombineAlgorithm)
 		}
+	}
+}
+
+// TestFP8HostExpertModes: the host's FP8 GEMM path computes the same
+// outputs whether the layer holds its experts or draws them (the e4m3
+// weights made from each draw, not kept), and both pass the check.
+func TestFP8HostExpertModes(t *testing.T) {
+	var outs [][]float32
+	for _, mode := range []string{HostExpertsHeld, HostExpertsDrawn} {
+		c := fp8Config("alltoall")
+		c.ForwardOnly, c.HostExperts = true, mode
+		l, err := NewLayer(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rec, err := Run(c, Env{Version: "test"})
+		if err != nil || rec.Status != results.StatusOK || !rec.Correctness.Passed || rec.GEMM.FP8Path != string(kernels.FP8GEMMBlock) {
+			t.Fatalf("%s: %v, %+v (%s)", mode, err, rec.Correctness, rec.GEMM.FP8Path)
+		}
+		d, err := dispatchers.New("alltoall", "native", c.dispatcherEnv())
+		if err == nil {
+			err = d.Bind(l.Shape, l.Ranks)
+		}
+		if err == nil {
+			err = l.Iteration(d, func(_ string, _ int, fn func() error) error { return fn() })
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if mode == HostExpertsDrawn && l.fp8w != nil {
+			t.Errorf("a drawn layer kept %d experts' e4m3 weights", len(l.fp8w))
+		}
+		outs = append(outs, l.Ranks[0].Y)
+	}
+	if !slices.Equal(outs[0], outs[1]) {
+		t.Errorf("held and drawn layers' outputs differ")
 	}
 }

@@ -17,6 +17,20 @@ import (
 	"github.com/moebench/moebench/kernels"
 )
 
+// fp8GEMMPath is the expert GEMM path an fp8 run on dev runs, and why: the
+// bf16 GEMMs on dequantized rows, whatever the device's cuBLASLt offers
+// (kernels.FP8GEMMPathFor, said in the reason) — the cuda layer does not
+// run the FP8 GEMMs yet (docs/fp8.md, FP8 GEMMs; the host's does).
+func fp8GEMMPath(dev kernels.Device) (kernels.FP8GEMMPath, string) {
+	g, ok := dev.(*kernels.CUDA)
+	if !ok || g.Lt == nil {
+		return kernels.FP8GEMMDequant, "no cuBLASLt on this device (the Emu simulation): bf16 GEMMs on the dequantized rows and weights"
+	}
+	offered, why := g.FP8GEMMPath()
+	return kernels.FP8GEMMDequant, "bf16 GEMMs on the dequantized rows and weights: the cuda layer does not call the FP8 GEMM yet (the host device runs it, emulated); " +
+		"this device's cuBLASLt offers " + string(offered) + " (" + why + ")"
+}
+
 // shape is the dispatcher's shape: at fp8 its dispatched rows are packed
 // fp8 rows.
 func (dl *deviceLayer) shape() dispatchers.Shape {

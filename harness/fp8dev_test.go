@@ -52,6 +52,7 @@ func fp8DeviceCases() map[string]Config {
 // dequantized rows and the bf16 GEMMs round at the same points. On one
 // device and with the ranks on three.
 func TestFP8DeviceEqualsHost(t *testing.T) {
+	hostRunsDevicePath(t)
 	for name, c := range fp8DeviceCases() {
 		if c.Dispatcher == "hybridep" && c.Domain > 1 { // its inter-domain path: a device per rank
 			t.Run(name+"-4devices", func(t *testing.T) { equalsHost(t, c, c.EP) })
@@ -83,7 +84,7 @@ func TestFP8DeviceRun(t *testing.T) {
 		if err != nil || rec.Status != results.StatusOK || !rec.Correctness.Passed || rec.Correctness.Grads == nil {
 			t.Fatalf("%s: %v, %s %q, %+v", name, err, rec.Status, rec.Reason, rec.Correctness)
 		}
-		if rec.Config.Precision != PrecisionFP8 || !strings.HasPrefix(rec.GEMM.Method, ExpertPathFP8+"; ") {
+		if rec.Config.Precision != PrecisionFP8 || !strings.HasPrefix(rec.GEMM.Method, ExpertPathFP8+"; ") || rec.GEMM.FP8Path != string(kernels.FP8GEMMDequant) {
 			t.Errorf("%s: record: precision %q, expert path %q", name, rec.Config.Precision, rec.GEMM.Method)
 		}
 		if !slices.ContainsFunc(rec.Timing.Phases, func(p results.Phase) bool { return p.Name == "quantize" }) {
@@ -119,6 +120,7 @@ func TestFP8DeviceCheckCatchesBrokenDequantization(t *testing.T) {
 // whose outputs equal the host device's fp8 layer's bit for bit.
 func TestFP8CUDALayerOnHostSim(t *testing.T) {
 	useHostSimLayer(t)
+	hostRunsDevicePath(t)
 	for name, c := range fp8DeviceCases() {
 		c.Warmup, c.Iters = 0, 1
 		if c.Dispatcher == "hybridep" { // the fake driver's GPUs: two, of 4 SMs
@@ -136,6 +138,11 @@ func TestFP8CUDALayerOnHostSim(t *testing.T) {
 				t.Fatalf("%v, %s %q, %+v", err, rec.Status, rec.Reason, rec.Correctness)
 			}
 			t.Logf("max rel err %.2e, gradients %.2e", rec.Correctness.MaxRelErr, rec.Correctness.Grads.MaxRelErr)
+			// the fake cuBLASLt is 13.0 on a GPU of sm_90: it offers block
+			// scaling, and the record says so beside the path that ran
+			if rec.GEMM.FP8Path != string(kernels.FP8GEMMDequant) || !strings.Contains(rec.GEMM.FP8PathReason, "offers "+string(kernels.FP8GEMMBlock)) {
+				t.Errorf("record: fp8 GEMM path %q (%s)", rec.GEMM.FP8Path, rec.GEMM.FP8PathReason)
+			}
 			devs, err := Env{}.devices(min(c.EP, 2), c.EP, nil)
 			if err != nil {
 				t.Fatal(err)
@@ -207,4 +214,13 @@ func TestFP8BenchDispatchOnDevice(t *testing.T) {
 				fp.Traffic.CombineAlgorithm, bf.Traffic.CombineAlgorithm)
 		}
 	}
+}
+
+// hostRunsDevicePath makes the host layer run the cuda device's fp8 expert
+// GEMM path (bf16 on dequantized rows) for t, so that the two are compared
+// bit for bit.
+func hostRunsDevicePath(t *testing.T) {
+	was := fp8GEMMHostPath
+	fp8GEMMHostPath = kernels.FP8GEMMDequant
+	t.Cleanup(func() { fp8GEMMHostPath = was })
 }

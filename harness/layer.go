@@ -57,6 +57,11 @@ type Layer struct {
 	// (expertInput), made once
 	xe     [][]float32
 	xeOnce sync.Once
+	// fp8w: at fp8 on the host device, each expert's weights as e4m3 codes
+	// with their 128×128 multipliers (fp8gemm.go), made once (not kept by
+	// a drawn layer)
+	fp8w   map[int]*fp8Weights
+	fp8wMu sync.Mutex
 }
 
 type rankRun struct {
@@ -72,9 +77,14 @@ type rankRun struct {
 	// fp8 (precision.go): the e4m3 values of the rank's input (Rank.X
 	// during the step), their codes and scales (Rank.Scales), and which
 	// rows of ExpertX this step dequantized
-	xq, xs []float32
+	xq, qs []float32
 	q8     []uint8
 	dq     []bool
+	// at fp8 on the host device: each dequantized row's e4m3 codes (xc,
+	// [rows, h]) and the multipliers its dequantization applied (xs,
+	// [rows, h/128]): what the FP8 GEMM reads (fp8gemm.go)
+	xc []uint8
+	xs []float32
 }
 
 // NewLayer draws the layer's weights and inputs from cfg.Seed: inputs N(0,1),
@@ -357,12 +367,16 @@ func (l *Layer) expertBlocks(r int, segs []dispatchers.Segment, weights func(dis
 	type block struct {
 		w          *dispatchers.ExpertWeights
 		start, len int // rows
+		expert     int // at fp8 on the host device the expert (its e4m3 weights), else -1
 	}
 	var blocks []block
 	for _, sg := range segs {
-		w := weights(sg)
+		w, e := weights(sg), -1
+		if l.fp8Lt() {
+			e = sg.Expert
+		}
 		for lo := 0; lo < sg.Len; lo += expertBlock {
-			blocks = append(blocks, block{w, sg.Start + lo, min(expertBlock, sg.Len-lo)})
+			blocks = append(blocks, block{w, sg.Start + lo, min(expertBlock, sg.Len-lo), e})
 		}
 	}
 	most, mostSmall := 0, 0
@@ -377,6 +391,10 @@ func (l *Layer) expertBlocks(r int, segs []dispatchers.Segment, weights func(dis
 	forward := func(b block, scratch []float32) {
 		if l.grads != nil { // a training step keeps each block's fc1 output and activation: its place in the tape
 			scratch = run.saved[b.start*3*f : (b.start+b.len)*3*f]
+		}
+		if e := b.expert; e >= 0 { // fp8 on the host device: cuBLASLt's FP8 GEMMs, emulated (fp8gemm.go)
+			l.expertForwardFP8(r, e, b.start, b.len, scratch)
+			return
 		}
 		kernels.ExpertForward(rk.ExpertY[b.start*h:], rk.ExpertX[b.start*h:(b.start+b.len)*h], rk.ExpertProbs[b.start:b.start+b.len],
 			b.w.FC1, b.w.FC2, scratch, b.len, h, f, kernels.RoundBF16Slice)
@@ -463,5 +481,5 @@ func (l *Layer) Footprint(d dispatchers.Dispatcher, r int) int64 {
 	for _, w := range rk.Experts { // none in a drawn layer
 		n += len(w.FC1) + len(w.FC2)
 	}
-	return 4*int64(n) + l.backwardFootprint(r) + d.Footprint(r)
+	return 4*int64(n) + l.backwardFootprint(r) + d.Footprint(r) + l.fp8Footprint(r)
 }

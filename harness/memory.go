@@ -68,6 +68,9 @@ func memParts(c Config, mode string) []memPart {
 		parts = append(parts, memPart{"expert weights drawn on demand (float32, a group at a time)", float64(drawGroup(c)) * expert})
 	} else if host {
 		parts = append(parts, memPart{"expert weights (float32)", E * expert})
+		if c.isFP8() { // the FP8 GEMM path's e4m3 copies (fp8gemm.go)
+			parts = append(parts, memPart{"expert weights (e4m3, fp8 GEMMs)", E * expert / 4})
+		}
 	}
 	if host {
 		// each rank's expert input, output and probabilities, and the

@@ -49,24 +49,48 @@ func precisionBlock(p string) int {
 //     (dispatchers.FP8Mover); the router and the shared expert read the
 //     bf16 input (Layer.X);
 //   - the expert phase dequantizes its segments' rows of ExpertX in place
-//     with ExpertScales, bf16(fl32(e4m3·inv)) as dequant_fp8_1x128, then
-//     runs the bf16 expert GEMMs on them (ExpertPath); the combine is
-//     bf16;
+//     with ExpertScales, bf16(fl32(e4m3·inv)) as dequant_fp8_1x128 (the
+//     backward's operand), keeping their codes and multipliers, and runs
+//     the expert GEMMs as cuBLASLt's block-scaled FP8 GEMM emulated
+//     (fp8gemm.go; ExpertPathFP8Host); the combine is bf16;
 //   - the backward is bf16 on the dequantized rows and weights, the
 //     quantization straight-through (see docs/fp8.md for what differs from
 //     Megatron's FP8 recipe).
 //
 // The check's reference (Reference, the gradient reference) takes the same
 // quantized inputs and weights, computed here independently of the
-// dispatch (expertInput).
+// dispatch (expertInput; on the FP8 GEMM path fp8RefRow and
+// fp8RefWeights, exact in float64).
 
 // ExpertPathFP8 is what the record says of the fp8 expert GEMMs on the
 // host device.
 const ExpertPathFP8 = "bf16 GEMMs on dequantized rows and weights (activations e4m3 1×128, weights e4m3 128×128)"
 
+// ExpertPathFP8Host is what the record says of the fp8 expert GEMMs on
+// the host device (fp8gemm.go).
+const ExpertPathFP8Host = "FP8 GEMMs (cuBLASLt's block-scaled product emulated exactly: e4m3 activations 1×128, fc2's input quantized 1×128, weights e4m3 128×128, fp32 accumulation, bf16 out)"
+
+// fp8GEMMHostReason is why the host device's record says
+// fp8GEMMHostPath.
+const fp8GEMMHostReason = "the host device runs what a Hopper GPU with cuBLASLt 12.9+ runs: kernels.FP8GEMM emulates cuBLASLt's " +
+	"VEC128_32F×BLK128x128_32F FP8 GEMM exactly (the fake cuBLASLt's arithmetic bit for bit; a GPU's tensor cores accumulate differently)"
+
+// hostFP8Record is what a host run's record says of its fp8 expert GEMMs:
+// the method, gemm.fp8_path and why.
+func hostFP8Record() (method, path, why string) {
+	if fp8GEMMHostPath == kernels.FP8GEMMDequant {
+		return ExpertPathFP8, string(kernels.FP8GEMMDequant), "the host device runs the cuda device's path (bf16 GEMMs on the dequantized rows and weights), as set to compare the two"
+	}
+	return ExpertPathFP8Host, string(fp8GEMMHostPath), fp8GEMMHostReason
+}
+
 // fp8Fault, set by tests alone, breaks the expert side's dequantization on
 // purpose ("scale": the multiplier doubled; "block": the next block's
-// multiplier; "none": no dequantization), to see the check fail.
+// multiplier; "none": no dequantization; on the host's FP8 GEMM path
+// (fp8gemm.go) also "lt-order": the activation multipliers in row-major
+// order, not VEC128_32F's; "w-block": each weight block the
+// next block's multiplier; "fc2-none": fc2's input not dequantized), to
+// see the check fail.
 var fp8Fault string
 
 // e4m3Values decodes every e4m3 code.
@@ -109,16 +133,16 @@ func (l *Layer) quantize(r int) error {
 	if len(run.q8) != len(x) { // the buffers are the rank's, reused each step
 		run.q8, run.xq = make([]uint8, len(x)), make([]float32, len(x))
 	}
-	if len(run.xs) != len(x)/kernels.FP8Block {
-		run.xs = make([]float32, len(x)/kernels.FP8Block)
+	if len(run.qs) != len(x)/kernels.FP8Block {
+		run.qs = make([]float32, len(x)/kernels.FP8Block)
 	}
-	if err := kernels.QuantFP8RowsInto(run.q8, run.xs, x, l.Cfg.Hidden, false); err != nil {
+	if err := kernels.QuantFP8RowsInto(run.q8, run.qs, x, l.Cfg.Hidden, false); err != nil {
 		return err
 	}
 	for i, c := range run.q8 {
 		run.xq[i] = e4m3Values[c]
 	}
-	rk.X, rk.Scales = run.xq, run.xs
+	rk.X, rk.Scales = run.xq, run.qs
 	return nil
 }
 
@@ -133,15 +157,29 @@ func (l *Layer) dequantRows(r, lo, hi int) error {
 	if len(run.dq) < hi {
 		run.dq = append(run.dq, make([]bool, hi-len(run.dq))...)
 	}
+	lt := l.fp8Lt()
+	if lt && len(run.xc) < hi*h {
+		run.xc, run.xs = append(run.xc, make([]uint8, hi*h-len(run.xc))...), append(run.xs, make([]float32, hi*S-len(run.xs))...)
+	}
 	for i := lo; i < hi; i++ {
 		if run.dq[i] {
 			continue
 		}
 		run.dq[i] = true
+		row := rk.ExpertX[i*h : (i+1)*h]
+		if lt { // the FP8 GEMM's operand: the codes and the multipliers applied below
+			for j, v := range row {
+				run.xc[i*h+j] = kernels.E4M3FromFloat32(v) // exact: row holds e4m3 values
+			}
+		}
 		if fp8Fault == "none" {
+			if lt {
+				for b := range S {
+					run.xs[i*S+b] = 1
+				}
+			}
 			continue
 		}
-		row := rk.ExpertX[i*h : (i+1)*h]
 		for b := range S {
 			inv := rk.ExpertScales[i*S+b]
 			switch fp8Fault {
@@ -149,6 +187,9 @@ func (l *Layer) dequantRows(r, lo, hi int) error {
 				inv *= 2
 			case "block":
 				inv = rk.ExpertScales[(i*S+b+1)%len(rk.ExpertScales)]
+			}
+			if lt {
+				run.xs[i*S+b] = inv
 			}
 			for j := b * dispatchers.FP8Block; j < (b+1)*dispatchers.FP8Block; j++ {
 				row[j] = kernels.RoundBF16(row[j] * inv)

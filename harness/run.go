@@ -609,7 +609,7 @@ func fillMeasurements(rec *results.Record, cfg Config, m measured) {
 		rec.GEMM.TFLOPS = routed / (ms / 1e3) / 1e12
 	}
 	if cfg.isFP8() && cfg.Device == "host" {
-		rec.GEMM.Method = ExpertPathFP8
+		rec.GEMM.Method, rec.GEMM.FP8Path, rec.GEMM.FP8PathReason = hostFP8Record()
 	}
 	if m.forward > 0 {
 		backwardGEMM(rec.GEMM, m, cfg)

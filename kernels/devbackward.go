@@ -27,6 +27,10 @@ import (
 type MatMul struct {
 	C, A, B Ptr
 	cuda.MatMul
+	// AScale, BScale: at FP8 (cuda.MatMul.FP8) the fp32 multipliers of A
+	// and B (one each per tensor; FP8ActScalesLt's and FP8WeightScalesLt's
+	// orders for block scaling)
+	AScale, BScale Ptr
 }
 
 // NN is the dgrad product c[m,n] = a[m,k] · b[k,n] (bf16 in and out, as
@@ -50,8 +54,19 @@ func (mm MatMul) check() error {
 		return fmt.Errorf("matmul with fp32 operands (%v) or accumulation (%v) needs an fp32 output", mm.F32In, mm.Add)
 	case mm.TransA && mm.TransB:
 		return fmt.Errorf("matmul with both operands transposed: not a product of the layer")
+	case mm.FP8 != cuda.FP8None && (mm.TransA || !mm.TransB || mm.F32In || mm.Add || mm.AScale == 0 || mm.BScale == 0):
+		return fmt.Errorf("fp8 (%v) matmul %dx%dx%d: only c = a·wᵀ with both multipliers (TransA %v TransB %v Add %v)", mm.FP8, mm.M, mm.N, mm.K, mm.TransA, mm.TransB, mm.Add)
 	}
 	return nil
+}
+
+// scaleCounts are the multipliers an FP8 mm reads of A and of B.
+func (mm MatMul) scaleCounts() (a, b int) {
+	if mm.FP8 == cuda.FP8Block {
+		a, b, _ = cuda.FP8ScaleLayout(mm.M, mm.N, mm.K)
+		return a, b
+	}
+	return 1, 1
 }
 
 // bytes are the bytes mm reads of A and B and writes of C.
@@ -59,6 +74,9 @@ func (mm MatMul) bytes() (a, b, c int64) {
 	in, out := int64(2), int64(2)
 	if mm.F32In {
 		in = 4
+	}
+	if mm.FP8 != cuda.FP8None {
+		in = 1
 	}
 	if mm.F32Out {
 		out = 4
@@ -112,6 +130,9 @@ func (e *Emu) MatMul(mm MatMul, s Stream) error {
 	if mm.Add {
 		read = cb
 	}
+	if mm.FP8 != cuda.FP8None {
+		return e.matMulFP8(mm, ab, bb, cb, s)
+	}
 	if err := e.queue("MatMul", s, e.rd(mm.A, ab), e.rd(mm.B, bb), e.rd(mm.C, read), e.wr(mm.C, cb)); err != nil {
 		return err
 	}
@@ -132,6 +153,39 @@ func (e *Emu) MatMul(mm MatMul, s Stream) error {
 	}
 	c := make([]float32, mm.M*mm.N)
 	mm.host(c, a, b)
+	return e.storeBF16(mm.C, c)
+}
+
+// matMulFP8 is an FP8 MatMul on Emu: FP8GEMM (cuBLASLt's FP8 GEMM
+// emulated exactly) on the e4m3 codes and multipliers, stored fp32 or
+// bf16 (round to nearest even).
+func (e *Emu) matMulFP8(mm MatMul, ab, bb, cb int64, s Stream) error {
+	na, nb := mm.scaleCounts()
+	if err := e.queue("MatMulFP8", s, e.rd(mm.A, ab), e.rd(mm.B, bb), e.rd(mm.AScale, int64(4*na)), e.rd(mm.BScale, int64(4*nb)), e.wr(mm.C, cb)); err != nil {
+		return err
+	}
+	a, err := e.bytesAt(mm.A, ab)
+	if err != nil {
+		return err
+	}
+	b, err := e.bytesAt(mm.B, bb)
+	if err != nil {
+		return err
+	}
+	sa, err := view[float32](e, mm.AScale, na)
+	if err != nil {
+		return err
+	}
+	sb, err := view[float32](e, mm.BScale, nb)
+	if err != nil {
+		return err
+	}
+	c := FP8GEMM(mm.FP8, mm.M, mm.N, mm.K, a, sa, b, sb)
+	if mm.F32Out {
+		cv, err := view[float32](e, mm.C, mm.M*mm.N)
+		copy(cv, c)
+		return err
+	}
 	return e.storeBF16(mm.C, c)
 }
 

@@ -708,7 +708,7 @@ func (c *CUDA) MatMul(mm MatMul, s Stream) error {
 			return err
 		}
 	}
-	return c.Lt.Run(g, mm.C, mm.A, mm.B, ws, s)
+	return c.ltRun(g, mm.C, mm, ws, s)
 }
 
 // tuneGEMM times each of g's algorithms once on the call's own operands
@@ -767,7 +767,7 @@ func (c *CUDA) tuneGEMM(key gemmKey, g *cuda.GEMM, mm MatMul, ws Ptr, s Stream) 
 		if err := c.Drv.Record(c.tune[0], s); err != nil {
 			return err
 		}
-		if err := c.Lt.Run(g, out, mm.A, mm.B, ws, s); err != nil {
+		if err := c.ltRun(g, out, mm, ws, s); err != nil {
 			continue // an algorithm that refuses these operands is not a candidate
 		}
 		if err := c.Drv.Record(c.tune[1], s); err != nil {

@@ -1,12 +1,20 @@
 package kernels
 
-import "fmt"
+import (
+	"fmt"
+
+	"github.com/moebench/moebench/internal/cuda"
+)
 
 // Group is one GEMM of a grouped GEMM: C[M,n] = A[M,k] · W[n,k]ᵀ, with n and
 // k common to the group.
 type Group struct {
 	C, A, W Ptr
 	M       int
+	// AScale, WScale: a Grouped of FP8 groups' multipliers of A and W (one
+	// each per tensor; for block scaling A's M rows in FP8ActScalesLt's
+	// order, W's in FP8WeightScalesLt's)
+	AScale, WScale Ptr
 }
 
 // Grouped runs a group of GEMMs (one per expert) as separate GEMM calls,
@@ -18,8 +26,11 @@ type Group struct {
 type Grouped struct {
 	Side    []Stream
 	Batched string // the grouped call's name; "" for separate calls
-	fork    Event
-	join    []Event
+	// FP8: the groups are e4m3 with fp32 multipliers (cuBLASLt's FP8 GEMM,
+	// one call per group; the batched call has no FP8 types)
+	FP8  cuda.FP8Scale
+	fork Event
+	join []Event
 }
 
 // NewBatched makes a Grouped that runs each group as one grouped call, or
@@ -70,11 +81,14 @@ func (g *Grouped) Name() string {
 // Run queues the group on s.
 func (g *Grouped) Run(dev Device, groups []Group, n, k int, s Stream) error {
 	if g.Batched != "" {
+		if g.FP8 != cuda.FP8None {
+			return fmt.Errorf("fp8 (%v) groups: %s takes bf16/fp16/fp32 operands only; run them as per-expert calls (NewGrouped)", g.FP8, g.Batched)
+		}
 		return dev.GroupedGEMM(groups, n, k, s)
 	}
 	if len(g.Side) == 0 {
 		for _, gr := range groups {
-			if err := dev.GEMM(gr.C, gr.A, gr.W, gr.M, n, k, false, s); err != nil {
+			if err := g.gemm(dev, gr, n, k, s); err != nil {
 				return err
 			}
 		}
@@ -93,7 +107,7 @@ func (g *Grouped) Run(dev Device, groups []Group, n, k int, s Stream) error {
 		if j := i % (len(g.Side) + 1); j > 0 {
 			on = g.Side[j-1]
 		}
-		if err := dev.GEMM(gr.C, gr.A, gr.W, gr.M, n, k, false, on); err != nil {
+		if err := g.gemm(dev, gr, n, k, on); err != nil {
 			return err
 		}
 	}
@@ -106,4 +120,14 @@ func (g *Grouped) Run(dev Device, groups []Group, n, k int, s Stream) error {
 		}
 	}
 	return nil
+}
+
+// gemm runs one group on s: a bf16 GEMM, or at FP8 an FP8 MatMul with its
+// multipliers (bf16 out).
+func (g *Grouped) gemm(dev Device, gr Group, n, k int, s Stream) error {
+	if g.FP8 == cuda.FP8None {
+		return dev.GEMM(gr.C, gr.A, gr.W, gr.M, n, k, false, s)
+	}
+	return dev.MatMul(MatMul{C: gr.C, A: gr.A, B: gr.W, AScale: gr.AScale, BScale: gr.WScale,
+		MatMul: cuda.MatMul{M: gr.M, N: n, K: k, TransB: true, FP8: g.FP8}}, s)
 }

@@ -168,6 +168,7 @@ var columns = []column{
 	{head: "impl", val: func(r Row) string { return r.Rec.Config.Impl }},
 	{head: "sms", val: smsCell},
 	{head: "precision", shown: anyFP8, val: func(r Row) string { return r.Rec.Config.PrecisionName() }},
+	{head: "fp8_gemm", shown: anyFP8, val: fp8GEMMCell},
 	{head: "status", val: func(r Row) string { return r.Rec.Status }},
 	{head: "sms_held", shown: held, val: heldCell},
 	{head: "rank_step_p50", okOnly: true, ms: func(r Row) (float64, bool) { s, _ := twoSteps(r.Rec); return p50Of(s) }},
@@ -251,6 +252,14 @@ func asDesigned(g Group) bool {
 
 // held: some row of g says what SMs it held (records from before the
 // column say nothing).
+// fp8GEMMCell is the expert GEMM path an fp8 row ran (gemm.fp8_path).
+func fp8GEMMCell(r Row) string {
+	if r.Rec.GEMM == nil || r.Rec.GEMM.FP8Path == "" {
+		return noValue
+	}
+	return r.Rec.GEMM.FP8Path
+}
+
 // anyFP8: some row of g ran at a precision other than bf16 (--precision).
 func anyFP8(g Group) bool {
 	return slices.ContainsFunc(g.Rows, func(r Row) bool { return r.Rec.Config.PrecisionName() != "bf16" })
@@ -465,7 +474,8 @@ func reportKey(groups []Group) []string {
 	}
 	if slices.ContainsFunc(groups, anyFP8) {
 		key = append(key, "precision: --precision; fp8 dispatches e4m3 rows with one fp32 scale per 1×128 block (bytes and algo GB/s count them: hidden + hidden/128 × 4 B a row), "+
-			"combine bf16, expert GEMMs as the record's gemm.method says (docs/fp8.md)")
+			"combine bf16, expert GEMMs as the record's gemm.method says (docs/fp8.md); "+
+			"fp8_gemm: the expert GEMM path that ran (bf16-dequant: bf16 GEMMs on dequantized rows and weights; cublaslt-fp8-block / -tensor: cuBLASLt FP8 with 1×128/128×128 or per-tensor scales), why in gemm.fp8_path_reason")
 	}
 	if slices.ContainsFunc(groups, asDesigned) {
 		key = append(key, "dispatch_as_designed_*: the dispatch as the design's own test times it, per iteration the sum of its parts' slowest ranks, p50 "+

@@ -13,7 +13,7 @@ import (
 
 // csvText are the CSV columns that hold text; every other one holds a
 // number or nothing.
-var csvText = []string{"stack_summary", "preset", "score", "routing", "device", "dispatcher", "impl", "precision", "status", "reason", "timing_note", "stopped", "step_is", "pass",
+var csvText = []string{"stack_summary", "preset", "score", "routing", "device", "dispatcher", "impl", "precision", "fp8_gemm", "status", "reason", "timing_note", "stopped", "step_is", "pass",
 	"sm_util_note", "checked", "check_passed", "rebalance_policy", "rebalance_copies_exposed_note"}
 
 func readCSV(t *testing.T, s string) (head []string, rows []map[string]string) {
@@ -95,16 +95,18 @@ func TestReportCSV(t *testing.T) {
 
 // TestReportPrecision: records of one workload at bf16 and fp8 are rows
 // side by side (bf16 first) with a precision column and its key; a group
-// of bf16 rows alone has no such column; the CSV always has it.
+// of bf16 rows alone has no such column; the CSV always has it. The fp8
+// row's fp8_gemm column names the expert GEMM path it ran (gemm.fp8_path).
 func TestReportPrecision(t *testing.T) {
 	bf, fp := okRecord("alltoall", []float64{2, 2, 2}), okRecord("alltoall", []float64{1, 1, 1})
 	fp.Config.Precision = "fp8"
+	fp.GEMM = &GEMM{FP8Path: "cublaslt-fp8-block"}
 	var b bytes.Buffer
 	if err := WriteReport(&b, BuildReport([]Record{fp, bf}), "table", ""); err != nil {
 		t.Fatal(err)
 	}
-	if out := b.String(); !regexp.MustCompile(`precision[^\n]*\n[^\n]*alltoall[^\n]* bf16 [^\n]*\n[^\n]*alltoall[^\n]* fp8 `).MatchString(out) ||
-		!strings.Contains(out, "precision: --precision; fp8 dispatches e4m3 rows") {
+	if out := b.String(); !regexp.MustCompile(`precision +fp8_gemm[^\n]*\n[^\n]*alltoall[^\n]* bf16 +— [^\n]*\n[^\n]*alltoall[^\n]* fp8 +cublaslt-fp8-block `).MatchString(out) ||
+		!strings.Contains(out, "precision: --precision; fp8 dispatches e4m3 rows") || !strings.Contains(out, "fp8_gemm: the expert GEMM path that ran") {
 		t.Errorf("bf16 and fp8 rows:\n%s", out)
 	}
 	b.Reset()

@@ -435,6 +435,12 @@ type GEMM struct {
 	TFLOPS       float64   `json:"tflops"`           // FLOPs of the slowest rank / its median experts time
 	Straggler    Straggler `json:"straggler_ms"`     // over per-rank median experts time
 	Method       string    `json:"method,omitempty"` // how the expert GEMMs ran, and why (device runs)
+	// At fp8 (--precision fp8): which expert GEMM path ran — "bf16-dequant"
+	// (bf16 GEMMs on dequantized rows and weights), "cublaslt-fp8-block"
+	// or "cublaslt-fp8-tensor" (kernels.FP8GEMMPath) — and why that one
+	// (what the device's cuBLASLt and GPU offer). Absent at bf16.
+	FP8Path       string `json:"fp8_path,omitempty"`
+	FP8PathReason string `json:"fp8_path_reason,omitempty"`
 	// The backward's expert GEMMs (training steps): dgrad and wgrad of fc1
 	// and fc2, twice the forward's FLOPs (BackwardFormula); the rate as
 	// TFLOPS's, over the expert backward phases; their straggler over the

@@ -210,6 +210,21 @@ const newerTypes = cuNewerTypes + ncclTypes + ncclEPTypes
 const cuNewerTypes = `
 typedef struct { int srcAccessOrder; CUmemLocation srcLocHint, dstLocHint; unsigned int flags; } CUmemcpyAttributes;
 enum { CU_MEMCPY_SRC_ACCESS_ORDER_STREAM = 1, CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE = 1 };
+` + ltNewerTypes
+
+// ltNewerTypes are cublasLt.h's FP8 scale modes (12.8+; VEC128_32F and
+// BLK128x128_32F usable from 12.9), which 11.8 lacks: the attribute ids of
+// cublasLtMatmulDescAttributes_t as modular/modular's Mojo bindings of the
+// header (max/kernels/src/_cublas/cublaslt.mojo, docstrings carried from
+// the header) give them, and cublasLtMatmulMatrixScale_t's values as
+// NVIDIA's nvmath-python bindings (nvmath.bindings.cublasLt.MatmulMatrixScale,
+// generated from the header) list them.
+const ltNewerTypes = `
+enum { CUBLASLT_MATMUL_DESC_A_SCALE_MODE = 31, CUBLASLT_MATMUL_DESC_B_SCALE_MODE = 32 };
+typedef enum { CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F = 0, CUBLASLT_MATMUL_MATRIX_SCALE_VEC16_UE4M3 = 1,
+	CUBLASLT_MATMUL_MATRIX_SCALE_VEC32_UE8M0 = 2, CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F = 3,
+	CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F = 4, CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F = 5,
+	CUBLASLT_MATMUL_MATRIX_SCALE_PER_BATCH_SCALAR_32F = 6 } cublasLtMatmulMatrixScale_t;
 `
 
 // ncclTypes are nccl.h's handles and enums (NVIDIA/nccl src/nccl.h.in at
@@ -328,6 +343,14 @@ func abiValues() map[string]int {
 		"CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES":              prefMaxWorkspaceBytes,
 		"CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES":            prefMinAlignA,
 		"CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES":            prefMinAlignA + 3, // preference() sets A, B, C, D in a row
+		"CUDA_R_8F_E4M3":                                        dataR8FE4M3,
+		"CUBLASLT_MATMUL_DESC_A_SCALE_POINTER":                  descAScalePointer,
+		"CUBLASLT_MATMUL_DESC_B_SCALE_POINTER":                  descBScalePointer,
+		"CUBLASLT_MATMUL_DESC_A_SCALE_MODE":                     descAScaleMode, // transcribed (ltNewerTypes)
+		"CUBLASLT_MATMUL_DESC_B_SCALE_MODE":                     descBScaleMode,
+		"CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F":               scaleScalar32F,
+		"CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F":               scaleVec128F32,
+		"CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F":           scaleBlk128F32,
 
 		"CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR": AttrMaxSharedPerSM,
 		"CU_DEVICE_ATTRIBUTE_RESERVED_SHARED_MEMORY_PER_BLOCK":     AttrReservedSharedPerBlock,

@@ -31,7 +31,43 @@ const (
 	opN, opT              = 0, 1
 	prefMaxWorkspaceBytes = 1
 	prefMinAlignA         = 5 // then B, C, D: 6, 7, 8
+
+	// FP8 (cublasLt.h; CUDA_R_8F_E4M3 and the scale pointers since CUDA 11.8,
+	// the scale modes since 12.8, VEC128/BLK128x128 usable since 12.9)
+	dataR8FE4M3       = 28
+	descAScalePointer = 17 // void *: device pointer to A's scale(s)
+	descBScalePointer = 18
+	descAScaleMode    = 31 // int32_t cublasLtMatmulMatrixScale_t
+	descBScaleMode    = 32
+	scaleScalar32F    = 0 // CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F
+	scaleVec128F32    = 4 // CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F
+	scaleBlk128F32    = 5 // CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F
 )
+
+// FP8Scale is how an FP8 GEMM's operands are scaled (MatMul.FP8).
+type FP8Scale int
+
+const (
+	FP8None   FP8Scale = iota // bf16/fp32 operands
+	FP8Tensor                 // e4m3 operands, one fp32 multiplier each (SCALAR_32F)
+	// FP8Block: e4m3 operands; a (cuBLAS's B) one fp32 multiplier per 1×128
+	// block along k (VEC128_32F), w (cuBLAS's A) one per 128×128 block
+	// (BLK128x128_32F). Layouts: see FP8ScaleLayout.
+	FP8Block
+)
+
+// String names the scaling as the record does.
+func (s FP8Scale) String() string {
+	return [...]string{"none", "per-tensor", "block"}[s]
+}
+
+// BlockScalingVersion is the first cuBLASLt (cublasLtGetVersion) with the
+// VEC128_32F and BLK128x128_32F scale modes (CUDA 12.9, Hopper).
+const BlockScalingVersion = 120900
+
+// FP8TensorVersion is the first cuBLASLt with e4m3 operands: cuBLAS 11.11,
+// CUDA 11.8's (cublasLtGetVersion is major·10000 + minor·100 + patch).
+const FP8TensorVersion = 111100
 
 // CuBLASLt is cuBLASLt opened with dlopen. OpenCuBLASLt only loads the
 // library; Init creates the handle (on the current context).
@@ -101,6 +137,10 @@ type MatMul struct {
 	TransA, TransB bool
 	F32In, F32Out  bool
 	Add            bool
+	// FP8: a and w are e4m3 with fp32 multipliers (RunFP8 passes them);
+	// only the forward's TN form (TransB, not TransA: cuBLASLt's FP8
+	// kernels need op(A) = T and op(B) = N) with a bf16 or fp32 c, no Add.
+	FP8 FP8Scale
 }
 
 // GEMM is a planned MatMul. In cuBLAS's column-major terms the row-major
@@ -177,6 +217,14 @@ func (b *CuBLASLt) Plan(mm MatMul, al Align, maxWorkspace int64) (*GEMM, error) 
 	if mm.F32In && !mm.F32Out || mm.Add && !mm.F32Out {
 		return nil, fmt.Errorf("PlanGEMM: fp32 operands (%v) and accumulation (%v) need an fp32 output", mm.F32In, mm.Add)
 	}
+	if mm.FP8 != FP8None {
+		if mm.F32In || mm.Add || mm.TransA || !mm.TransB || mm.FP8 > FP8Block {
+			return nil, fmt.Errorf("PlanGEMM: fp8 (%v) runs the TN product c = a·wᵀ only (TransA %v TransB %v F32In %v Add %v)", mm.FP8, mm.TransA, mm.TransB, mm.F32In, mm.Add)
+		}
+		if mm.FP8 == FP8Block && b.Version < BlockScalingVersion {
+			return nil, fmt.Errorf("PlanGEMM: fp8 block scaling needs cuBLASLt %d or later, this is %d", BlockScalingVersion, b.Version)
+		}
+	}
 	g := &GEMM{MatMul: mm}
 	ok := false
 	defer func() {
@@ -245,6 +293,26 @@ func (b *CuBLASLt) describe(g *GEMM) error {
 	}
 	if g.F32In {
 		inType = dataR32F
+	}
+	if g.FP8 != FP8None {
+		inType = dataR8FE4M3
+		modeW, modeA := int32(scaleScalar32F), int32(scaleScalar32F)
+		if g.FP8 == FP8Block {
+			modeW, modeA = scaleBlk128F32, scaleVec128F32
+		}
+		// cuBLAS's A is w, B is a. The modes are set only when not the
+		// default, so that a library before 12.8 (no such attribute) runs
+		// per-tensor FP8.
+		for _, a := range [][2]int32{{descAScaleMode, modeW}, {descBScaleMode, modeA}} {
+			if a[1] == scaleScalar32F {
+				continue
+			}
+			v := C.int32_t(a[1])
+			if err := ltErr(fmt.Sprintf("cublasLtMatmulDescSetAttribute(scale mode %d = %d)", a[0], a[1]),
+				C.mbcall_cublasLtMatmulDescSetAttribute(b.fn["cublasLtMatmulDescSetAttribute"], g.desc, C.int(a[0]), unsafe.Pointer(&v), C.size_t(unsafe.Sizeof(v)))); err != nil {
+				return err
+			}
+		}
 	}
 	layouts := []struct {
 		dst                 *unsafe.Pointer
@@ -316,6 +384,36 @@ func (b *CuBLASLt) Run(g *GEMM, c, a, w, workspace DevicePtr, s Stream) error {
 		return nil
 	}
 	return ltErr(fmt.Sprintf("cublasLtMatmul(m=%d n=%d k=%d, algorithm %d of %d)", g.M, g.N, g.K, g.chosen+1, g.nalgos), st)
+}
+
+// RunFP8 computes c = a·wᵀ for an FP8 plan: a and w e4m3, aScale and
+// wScale their fp32 multipliers (one each for FP8Tensor; FP8ScaleLayout's
+// for FP8Block). The scale pointers are descriptor attributes, set here
+// before each run (the descriptor is read when cublasLtMatmul enqueues).
+func (b *CuBLASLt) RunFP8(g *GEMM, c, a, aScale, w, wScale, workspace DevicePtr, s Stream) error {
+	if g.FP8 == FP8None {
+		return fmt.Errorf("RunFP8: the plan (m=%d n=%d k=%d) is not fp8", g.M, g.N, g.K)
+	}
+	for _, p := range [][2]uint64{{descAScalePointer, uint64(wScale)}, {descBScalePointer, uint64(aScale)}} {
+		v := C.ulonglong(p[1]) // a device pointer, 8 bytes as void *
+		if st := C.mbcall_cublasLtMatmulDescSetAttribute(b.fn["cublasLtMatmulDescSetAttribute"], g.desc, C.int(p[0]), unsafe.Pointer(&v), C.size_t(unsafe.Sizeof(v))); st != 0 {
+			return ltErr(fmt.Sprintf("cublasLtMatmulDescSetAttribute(scale pointer %d)", p[0]), st)
+		}
+	}
+	return b.Run(g, c, a, w, workspace, s)
+}
+
+// FP8ScaleLayout is the number of fp32 multipliers FP8Block's operands
+// take and where block (row i or n, k-block kb) of each lies: a [m,k] (cuBLAS's
+// B, VEC128_32F) holds ceil(k/128)·m multipliers, m-contiguous: a[kb·m + i];
+// w [n,k] (cuBLAS's A, BLK128x128_32F) holds ceil(n/128)·ldW multipliers,
+// ldW = ceil(k/128) rounded up to 4: w[(i/128)·ldW + kb]. (Counts as
+// NVIDIA's cuBLASLt samples size them; the orders as cuBLAS's "scaling
+// factor layouts" describe them — not yet run on a GPU.)
+func FP8ScaleLayout(m, n, k int) (aCount, wCount, ldW int) {
+	kb := (k + 127) / 128
+	ldW = (kb + 3) / 4 * 4
+	return kb * m, (n + 127) / 128 * ldW, ldW
 }
 
 // Free releases a plan's descriptors.

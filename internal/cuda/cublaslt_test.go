@@ -4,10 +4,17 @@ import (
 	"math"
 	"math/rand/v2"
 	"testing"
+
+	"github.com/moebench/moebench/internal/hostsim"
 )
 
 func fakeCuBLASLt(t *testing.T) *CuBLASLt {
 	buildFake(t, "fakecublaslt", "MOEBENCH_CUBLASLT")
+	return fakeCuBLASLtOpen(t)
+}
+
+// fakeCuBLASLtOpen opens and initializes the library MOEBENCH_CUBLASLT names.
+func fakeCuBLASLtOpen(t *testing.T) *CuBLASLt {
 	b, err := OpenCuBLASLt()
 	if err != nil {
 		t.Fatal(err)
@@ -117,6 +124,90 @@ func TestCuBLASLtDescriptorsReal(t *testing.T) {
 	// the library does check: TRANSA with an 8-byte value is refused
 	if err := b.setAttr(g.desc, descTransA, make([]byte, 8)); err == nil {
 		t.Error("a wrongly sized attribute was accepted: this test could not catch a wrong constant")
+	}
+	if b.Version < FP8TensorVersion {
+		return
+	}
+	// FP8 (11.8+): the scale pointers are void *, 8 bytes; 4 are refused
+	for _, a := range []int{descAScalePointer, descBScalePointer} {
+		if err := b.setAttr(g.desc, a, make([]byte, 8)); err != nil {
+			t.Errorf("scale pointer %d: %v", a, err)
+		}
+		if err := b.setAttr(g.desc, a, make([]byte, 4)); err == nil {
+			t.Errorf("scale pointer %d of 4 bytes accepted", a)
+		}
+	}
+	if b.Version >= 120800 { // the scale modes: int32_t
+		if err := b.setAttr(g.desc, descAScaleMode, []byte{scaleBlk128F32, 0, 0, 0}); err != nil {
+			t.Errorf("A_SCALE_MODE: %v", err)
+		}
+	}
+}
+
+// TestCuBLASLtFP8Refusals: the fake refuses what cublasLt.h's contract
+// does not allow — an FP8 product without its scale pointers (Run instead
+// of RunFP8), a scale pointer of 4 bytes, the BLK128x128·BLK128x128 pair
+// (not in Hopper's table), a scale mode on bf16 operands, and on the
+// library of CUDA 12.0 (the fake .so.12) the scale-mode attributes (12.8+)
+// — and the binding refuses FP8 in any form but TN before asking.
+func TestCuBLASLtFP8Refusals(t *testing.T) {
+	d := fakeDriver(t)
+	b := fakeCuBLASLt(t)
+	s, _ := d.NewStream(0)
+	const m, n, k = 4, 8, 256
+	buf, _ := d.Alloc(1 << 16)
+	g, err := b.Plan(MatMul{M: m, N: n, K: k, TransB: true, FP8: FP8Block}, Align{}, 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Free(g)
+	ws, _ := d.Alloc(g.WorkspaceSize)
+	if err := b.Run(g, buf, buf, buf, ws, s); err == nil {
+		t.Error("an FP8 GEMM without scale pointers ran")
+	}
+	if err := b.RunFP8(g, buf, buf, buf+1024, buf, buf+2048, ws, s); err != nil {
+		t.Fatalf("RunFP8: %v", err)
+	}
+	if err := b.setAttr(g.desc, descAScalePointer, make([]byte, 4)); err == nil {
+		t.Error("a 4-byte scale pointer was accepted")
+	}
+	if err := b.setAttr(g.desc, descBScaleMode, []byte{scaleBlk128F32, 0, 0, 0}); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.RunFP8(g, buf, buf, buf+1024, buf, buf+2048, ws, s); err == nil {
+		t.Error("BLK128x128 for both operands ran")
+	}
+	bf, err := b.Plan(MatMul{M: m, N: n, K: k, TransB: true}, Align{}, 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Free(bf)
+	if err := b.setAttr(bf.desc, descAScaleMode, []byte{scaleVec128F32, 0, 0, 0}); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Run(bf, buf, buf, buf, ws, s); err == nil {
+		t.Error("a scale mode on bf16 operands ran")
+	}
+	for _, mm := range []MatMul{{M: m, N: n, K: k, FP8: FP8Tensor}, {M: m, N: n, K: k, TransB: true, Add: true, F32Out: true, FP8: FP8Tensor}} {
+		if _, err := b.Plan(mm, Align{}, 1<<20); err == nil {
+			t.Errorf("%+v planned", mm)
+		}
+	}
+	d.SyncStream(s)
+
+	so, err := hostsim.BuildFake("fakecublaslt", t.TempDir(), "libcublasLt.so.12")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("MOEBENCH_CUBLASLT", so)
+	old := fakeCuBLASLtOpen(t)
+	gt, err := old.Plan(MatMul{M: m, N: n, K: k, TransB: true, FP8: FP8Tensor}, Align{}, 1<<20)
+	if err != nil {
+		t.Fatalf("per-tensor FP8 on cuBLASLt %d: %v", old.Version, err)
+	}
+	defer old.Free(gt)
+	if err := old.setAttr(gt.desc, descAScaleMode, []byte{scaleScalar32F, 0, 0, 0}); err == nil {
+		t.Errorf("cuBLASLt %d accepted A_SCALE_MODE (12.8+)", old.Version)
 	}
 }
 
