@@ -45,6 +45,7 @@ type deviceLayer struct {
 	forward    int                        // the forward's phases: the first of steps
 	dist       *dist                      // a run over several processes (distributed.go); nil: one
 	gradAcc    map[string]errAcc          // a run over several processes: this process's part of the gradient check (checkGrads)
+	ov         *overlap                   // --overlap, --delay-wgrad (overlap.go); nil: none
 }
 
 // local: rank r runs in this process (in a run over several, the others'
