@@ -77,7 +77,7 @@ type wgradPhase struct {
 	ops       []kernels.MatMul
 	arena     kernels.Sized // the phase's dh1 rows, kept for its dFC1
 	dh1       kernels.Ptr
-	at        int // rows of arena given out
+	at        int           // rows of arena given out
 	ready     kernels.Event // on the rank's stream, after the dgrad
 	start     kernels.Event // on the wgrad stream, after its wait (timing)
 	done      kernels.Event // on the wgrad stream, after the products
