@@ -1378,6 +1378,11 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 	if g, ok := dev.(*kernels.CUDA); ok {
 		rec.GEMM.Method += "; " + g.GEMMAlgorithms()
 	}
+	if cfg.overlapping() && rec.Interrupted == "" { // overlap.go
+		if err := measureOverlap(dl, cfg, denv, rec); err != nil {
+			return fail(deviceStatus(err), err)
+		}
+	}
 	if env.Dump == "" || rec.Interrupted != "" {
 		return rec, nil
 	}

@@ -1,11 +1,13 @@
 package harness
 
 import (
+	"errors"
 	"strings"
 	"testing"
 
 	"github.com/moebench/moebench/dispatchers"
 	"github.com/moebench/moebench/kernels"
+	"github.com/moebench/moebench/results"
 )
 
 // overlapCase is a small training layer on the deepep design with a shared
@@ -126,5 +128,93 @@ func TestExposedOf(t *testing.T) {
 	comp := [][2]float64{{1, 6}, {8, 12}}
 	if got := exposedOf(comm, comp); got != 1+2 {
 		t.Fatalf("exposed %v, want 3", got)
+	}
+}
+
+func TestOverlapValidate(t *testing.T) {
+	for _, tc := range []struct {
+		overlap string
+		delay   bool
+		mut     func(*Config)
+		flag    string
+		want    string
+	}{
+		{"shared,a2a", false, nil, "overlap", "moe_shared_expert_overlap"},
+		{"bogus", false, nil, "overlap", "allowed: a comma-separated list of shared, a2a"},
+		{"a2a,a2a", false, nil, "overlap", "twice"},
+		{"a2a", false, func(c *Config) { c.ForwardOnly = true }, "overlap", "forward-only"},
+		{"", true, func(c *Config) { c.ForwardOnly = true }, "delay-wgrad", "forward-only"},
+		{"shared", false, func(c *Config) { c.SharedExperts = 0 }, "overlap", "shared-experts 0"},
+	} {
+		c := small()
+		c.Overlap, c.DelayWgrad = ParseOverlap(tc.overlap), tc.delay
+		if tc.mut != nil {
+			tc.mut(&c)
+		}
+		err := c.Validate()
+		var ce *ConfigError
+		if !errors.As(err, &ce) || ce.Flag != tc.flag || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("--overlap %q --delay-wgrad=%v: %v, want --%s naming %q", tc.overlap, tc.delay, err, tc.flag, tc.want)
+		}
+	}
+	c := small()
+	c.Overlap, c.DelayWgrad = ParseOverlap("a2a"), true
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if r := c.Record(); r.Overlap != "a2a" || !r.DelayWgrad || !strings.Contains(r.Settings(), "overlap=a2a delay-wgrad") {
+		t.Errorf("record %q %v, settings %q", r.Overlap, r.DelayWgrad, r.Settings())
+	}
+}
+
+// TestOverlapRunRecord: the run, deepep with 24 SMs, a2a and the
+// delayed wgrad, on the simulated cuda device records the overlapped step
+// beside the sequential one, their equality and the exposed communication;
+// on the host device the record says overlap only changes the order. Every
+// dispatcher takes part or says why it cannot.
+func TestOverlapRunRecord(t *testing.T) {
+	t.Setenv("MOEBENCH_NVML", "/nonexistent")
+	for _, dev := range []string{"cuda", "host"} {
+		c := small()
+		c.Device, c.Dispatcher, c.SMs, c.Overlap, c.DelayWgrad = dev, "deepep", 24, []string{OverlapA2A}, true
+		c.EP = 2
+		rec, err := Run(c, Env{Version: "test", OpenDevices: emus(1)})
+		if err != nil || rec.Status != results.StatusOK || !rec.Correctness.Passed {
+			t.Fatalf("%s: %v, %+v", dev, err, rec)
+		}
+		o := rec.Overlap
+		if o == nil || o.Forms != "a2a" || !o.DelayWgrad || o.MicroBatches != 2 || rec.Config.Overlap != "a2a" || !rec.Config.DelayWgrad {
+			t.Fatalf("%s: overlap record %+v", dev, o)
+		}
+		t.Logf("%s: %+v", dev, *o)
+		if dev == "host" {
+			if o.Step != nil || !strings.Contains(o.Note, "only their order") {
+				t.Errorf("host: %+v", o)
+			}
+			continue
+		}
+		if !o.Equal || o.Step == nil || o.Sequential == nil || o.Exposed == nil || o.Comm == nil || o.GEMMSMs <= 0 || o.GEMMSMsNote == "" || o.Ratio <= 0 {
+			t.Errorf("cuda: %+v", o)
+		}
+		if o.Exposed.P50 > o.Comm.P50+1e-9 {
+			t.Errorf("exposed %g above the communication %g", o.Exposed.P50, o.Comm.P50)
+		}
+	}
+}
+
+func TestOverlapEveryDispatcher(t *testing.T) {
+	t.Setenv("MOEBENCH_NVML", "/nonexistent")
+	for _, name := range []string{"alltoall", "deepep", "hybridep", "feplb"} {
+		c := small()
+		c.Device, c.Dispatcher, c.Overlap, c.EP, c.Iters, c.Warmup = "cuda", name, []string{OverlapA2A}, 2, 1, 0
+		rec, err := Run(c, Env{Version: "test", OpenDevices: emus(1)})
+		if err != nil || rec.Status != results.StatusOK || rec.Overlap == nil {
+			t.Errorf("%s: %v, %+v", name, err, rec)
+			continue
+		}
+		if o := rec.Overlap; !o.Equal && !strings.Contains(o.Note, "cannot overlap") {
+			t.Errorf("%s: neither equal nor a reason: %+v", name, o)
+		}
+		t.Logf("%s: equal %v, %s", name, rec.Overlap.Equal, rec.Overlap.Note)
 	}
 }

@@ -205,5 +205,11 @@ func (c Config) Settings() string {
 	if c.Precision != "" { // bf16 points keep their older spelling
 		s += " precision=" + c.Precision
 	}
+	if c.Overlap != "" || c.DelayWgrad { // overlap is part of the configuration compared
+		s += " overlap=" + c.Overlap
+		if c.DelayWgrad {
+			s += " delay-wgrad"
+		}
+	}
 	return s
 }
