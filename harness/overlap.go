@@ -396,8 +396,12 @@ func (dl *deviceLayer) ovPhase(r int) *wgradPhase {
 
 // microBatch is the layer of micro-batch i of c's step: c's weights and
 // routing mode, with inputs of its own (micro-batch 0's are c's).
-func microBatch(c Config, i int) (*Layer, error) {
-	l, err := newLayer(c, false)
+func microBatch(c Config, i int) (*Layer, error) { return microBatchOf(c, i, false) }
+
+// microBatchOf is microBatch, the host's layer (newLayer's host) or the
+// device's twin.
+func microBatchOf(c Config, i int, host bool) (*Layer, error) {
+	l, err := newLayer(c, host)
 	if err != nil || i == 0 {
 		return l, err
 	}
