@@ -105,6 +105,9 @@ func newOverlap(dl *deviceLayer, shared, a2a, delay bool, mb1 *Layer, d1 dispatc
 		for r := range dl1.rr { // the grouped GEMM way mb0 chose
 			dl1.rr[r].grouped = dl.rr[r].grouped
 		}
+		if dl1.attn != nil && dl.attn != nil { // one calibration for both
+			dl1.attn.reps = dl.attn.reps
+		}
 		if err := shareGrads(dl, dl1); err != nil {
 			return nil, err
 		}

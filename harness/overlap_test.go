@@ -218,3 +218,38 @@ func TestOverlapEveryDispatcher(t *testing.T) {
 		t.Logf("%s: equal %v, %s", name, rec.Overlap.Equal, rec.Overlap.Note)
 	}
 }
+
+// TestAttentionStandIn: --attention-ms adds the attention phases, leaves
+// the output and gradients as they are (the check passes, overlap's
+// equality holds), and is recorded; the host device refuses it.
+func TestAttentionStandIn(t *testing.T) {
+	t.Setenv("MOEBENCH_NVML", "/nonexistent")
+	c := small()
+	c.Device, c.Dispatcher, c.EP, c.Iters, c.Warmup = "cuda", "deepep", 2, 1, 0
+	c.Overlap, c.AttentionMS = []string{OverlapA2A}, 0.5
+	rec, err := Run(c, Env{Version: "test", OpenDevices: emus(1)})
+	if err != nil || rec.Status != results.StatusOK || !rec.Correctness.Passed {
+		t.Fatalf("%v, %+v", err, rec)
+	}
+	var names []string
+	for _, p := range rec.Timing.Phases {
+		names = append(names, p.Name)
+	}
+	if names[0] != "attention" || names[len(names)-1] != "attention-bwd" {
+		t.Errorf("phases %v: want attention first and attention-bwd last", names)
+	}
+	if !strings.Contains(rec.GEMM.Method, "attention stand-in (--attention-ms 0.5)") || rec.Config.AttentionMS != 0.5 || !rec.Overlap.Equal {
+		t.Errorf("gemm %q, config %v, overlap %+v", rec.GEMM.Method, rec.Config.AttentionMS, rec.Overlap)
+	}
+	for _, bad := range []struct {
+		ms  float64
+		dev string
+	}{{-1, "cuda"}, {MaxAttentionMS + 1, "cuda"}, {1, "host"}} {
+		c := small()
+		c.AttentionMS, c.Device = bad.ms, bad.dev
+		var ce *ConfigError
+		if err := c.Validate(); !errors.As(err, &ce) || ce.Flag != "attention-ms" {
+			t.Errorf("--attention-ms %g on %s: %v", bad.ms, bad.dev, err)
+		}
+	}
+}

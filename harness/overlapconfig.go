@@ -1,6 +1,7 @@
 package harness
 
 import (
+	"fmt"
 	"slices"
 	"strings"
 )
@@ -30,6 +31,10 @@ func (c Config) validateOverlap() error {
 		}
 	}
 	switch {
+	case !(c.AttentionMS >= 0 && c.AttentionMS <= MaxAttentionMS):
+		return &ConfigError{"attention-ms", c.AttentionMS, fmt.Sprintf("must be in [0, %d] (0 = no attention stand-in)", MaxAttentionMS)}
+	case c.AttentionMS > 0 && c.Device == "host":
+		return &ConfigError{"attention-ms", c.AttentionMS, "applies to the cuda device: the host device runs the phases one after another, so the stand-in would hide nothing"}
 	case c.overlaps(OverlapShared) && c.overlaps(OverlapA2A):
 		return &ConfigError{"overlap", v, "shared and a2a together are refused: " + sharedA2AConflict}
 	case (c.overlaps(OverlapA2A) || c.DelayWgrad) && c.ForwardOnly:

@@ -212,6 +212,9 @@ type Config struct {
 	// --delay-wgrad; absent: none (every record before the flags)
 	Overlap    string `json:"overlap,omitempty"`
 	DelayWgrad bool   `json:"delay_wgrad,omitempty"`
+	// AttentionMS is --attention-ms, the attention stand-in's time a pass
+	// (the record's GEMM method says what ran); absent: none
+	AttentionMS float64 `json:"attention_ms,omitempty"`
 }
 
 // PrecisionName is c's precision, "bf16" where the record has none.

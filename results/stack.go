@@ -211,5 +211,8 @@ func (c Config) Settings() string {
 			s += " delay-wgrad"
 		}
 	}
+	if c.AttentionMS > 0 {
+		s += fmt.Sprintf(" attention-ms=%g", c.AttentionMS)
+	}
 	return s
 }

@@ -24,8 +24,9 @@ type options struct {
 	preset, dispatcher, impl, score, routing, device, out, format, dump string
 	feplbBase, feplbPolicy, cudaLibs, rendezvous, hostExperts           string
 	precision                                                           string
-	overlap                                                             string // --overlap (overlap.go)
-	delayWgrad                                                          bool   // --delay-wgrad
+	overlap                                                             string  // --overlap (overlap.go)
+	delayWgrad                                                          bool    // --delay-wgrad
+	attentionMS                                                         float64 // --attention-ms
 	domain, feplbDyn                                                    int
 	tokens, hidden, ffn, experts, topk, shared, groups, groupTopK       int
 	sms, ep, gpus, warmup, iters                                        int
@@ -370,7 +371,7 @@ func (o *options) config(fs *pflag.FlagSet) (harness.Config, error) {
 	c.MaxSeconds, c.CUDAGraph, c.ForwardOnly, c.HostExperts = o.maxSeconds, o.cudaGraph, o.forwardOnly, o.hostExperts
 	c.NCCLEPTimeout, c.WatchdogTimeout = o.ncclepTimeout, o.watchdogTimeout
 	c.Precision = o.precision
-	c.Overlap, c.DelayWgrad = harness.ParseOverlap(o.overlap), o.delayWgrad
+	c.Overlap, c.DelayWgrad, c.AttentionMS = harness.ParseOverlap(o.overlap), o.delayWgrad, o.attentionMS
 	if c.CommTimeout == 0 { // as the help says: 0 = the default
 		c.CommTimeout = dispatchers.DefaultCommTimeout
 	}
