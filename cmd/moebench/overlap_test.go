@@ -1,0 +1,36 @@
+package main
+
+import (
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/moebench/moebench/results"
+)
+
+// TestOverlapCLI: the run on the host device runs both
+// micro-batches, passes the check and records overlap; --overlap
+// shared,a2a and a bad form are usage errors naming the flag.
+func TestOverlapCLI(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "results.jsonl")
+	code, stdout, stderr := cli(append(quick, "--dispatcher", "deepep", "--sms", "24", "--overlap", "a2a", "--delay-wgrad", "--out", out)...)
+	if code != exitOK {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	if !strings.Contains(stdout, "correctness            PASS") || !strings.Contains(stdout, "a2a, delay-wgrad, 2 micro-batch") {
+		t.Errorf("stdout %s", stdout)
+	}
+	recs, err := results.ReadFile(out, nil)
+	if err != nil || len(recs) != 1 || recs[0].Overlap == nil || recs[0].Config.Overlap != "a2a" || !recs[0].Config.DelayWgrad || !recs[0].Overlap.Equal {
+		t.Fatalf("record: %v %+v", err, recs)
+	}
+	for args, want := range map[string]string{
+		"shared,a2a": "--overlap=shared,a2a: shared and a2a together are refused: Megatron-Core refuses moe_shared_expert_overlap with overlap_moe_expert_parallel_comm",
+		"fast":       "--overlap=fast: allowed: a comma-separated list of shared, a2a (or none)",
+	} {
+		code, out, errOut := cli(append(quick, "--overlap", args)...)
+		if code != exitUsage || !strings.Contains(errOut, want) || out != "" {
+			t.Errorf("--overlap %s: exit %d, stderr %q; want exit 2 and %q", args, code, errOut, want)
+		}
+	}
+}
