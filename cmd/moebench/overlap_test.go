@@ -1,6 +1,7 @@
 package main
 
 import (
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -31,6 +32,27 @@ func TestOverlapCLI(t *testing.T) {
 		code, out, errOut := cli(append(quick, "--overlap", args)...)
 		if code != exitUsage || !strings.Contains(errOut, want) || out != "" {
 			t.Errorf("--overlap %s: exit %d, stderr %q; want exit 2 and %q", args, code, errOut, want)
+		}
+	}
+}
+
+// TestOverlapSweepAxis: sweep's --overlap, on the command line or as a
+// sweep file's list, makes one point per setting.
+func TestOverlapSweepAxis(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "sweep.json")
+	os.WriteFile(file, []byte(`{"dispatcher": ["deepep"], "overlap": ["none", "a2a"], "ep": [2],
+		"tokens": 16, "hidden": 32, "ffn": 16, "iters": 2, "warmup": 0, "device": "host"}`), 0o644)
+	for name, args := range map[string][]string{"file": {"sweep", "--file", file}, "flag": {"sweep", "--file", file, "--overlap", "none,shared"}} {
+		out := filepath.Join(dir, name+".jsonl")
+		code, _, stderr := cli(append(args, "--out", out)...)
+		recs, err := results.ReadFile(out, nil)
+		if code != exitOK || err != nil || len(recs) != 2 {
+			t.Fatalf("%s: exit %d, %d records, %v: %s", name, code, len(recs), err, stderr)
+		}
+		want := map[string][2]string{"file": {"", "a2a"}, "flag": {"", "shared"}}[name]
+		if recs[0].Config.Overlap != want[0] || recs[1].Config.Overlap != want[1] || recs[1].Overlap == nil {
+			t.Errorf("%s: overlap %q, %q", name, recs[0].Config.Overlap, recs[1].Config.Overlap)
 		}
 	}
 }
