@@ -75,7 +75,7 @@ func TestOverlapEqualsSequential(t *testing.T) {
 				if d := want.diff(got); d != "" {
 					t.Fatalf("step %d: overlapped differs from sequential: %s", rep, d)
 				}
-				if _, err := ov.times(); err != nil {
+				if _, err := ov.times(true); err != nil {
 					t.Fatal(err)
 				}
 			}

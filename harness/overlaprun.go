@@ -82,7 +82,7 @@ func measureOverlap(dl *deviceLayer, cfg Config, denv dispatchers.Env, rec *resu
 				return err
 			}
 		}
-		st, err := ov.times()
+		st, err := ov.times(false)
 		if err != nil {
 			return err
 		}
@@ -102,7 +102,7 @@ func measureOverlap(dl *deviceLayer, cfg Config, denv dispatchers.Env, rec *resu
 			}
 			o.Equal = true
 		}
-		if st, err = ov.times(); err != nil {
+		if st, err = ov.times(true); err != nil {
 			return err
 		}
 		if i >= 0 {

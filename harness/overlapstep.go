@@ -186,8 +186,11 @@ type ovTimes struct {
 	exposed []float64 // the part of comm no compute on another stream covers
 }
 
-// times reads the last step's events (the host has waited for them).
-func (ov *overlap) times() (ovTimes, error) {
+// times reads the last step's events (the host has waited for them); over
+// says whether it was the overlapped step, whose side streams' events it
+// also reads (the sequential step records none: CUDA refuses the elapsed
+// time of an event never recorded).
+func (ov *overlap) times(over bool) (ovTimes, error) {
 	l0 := ov.mb[0]
 	n := len(l0.ranks)
 	t := ovTimes{make([]float64, n), make([]float64, n), make([]float64, n)}
@@ -219,7 +222,7 @@ func (ov *overlap) times() (ovTimes, error) {
 				continue
 			}
 			for _, ph := range ov.plain[i] {
-				if ov.shared && ph.Name == "shared" { // on its side stream
+				if over && ov.shared && ph.Name == "shared" { // on its side stream
 					continue
 				}
 				if err := add(l.start[ph.Name][r], l.end[ph.Name][r], isComm(ph.Name)); err != nil {
@@ -227,6 +230,9 @@ func (ov *overlap) times() (ovTimes, error) {
 				}
 			}
 			o := &ov.ranks[i][r]
+			if !over {
+				continue
+			}
 			if ov.shared && l.dc[0].sfc1 != 0 {
 				if err := add(o.shStart, o.shEnd, false); err != nil {
 					return t, err
