@@ -378,9 +378,12 @@ func (dl *deviceLayer) wgradDH1(r, n int) kernels.Ptr {
 	return p
 }
 
-// wgrad queues a weight-gradient product of rank r, or defers it.
-func (dl *deviceLayer) wgrad(r int, mm kernels.MatMul) error {
-	if !dl.ovDeferring(r) {
+// wgrad queues a weight-gradient product of rank r, or defers it. The
+// gradients of a segment with weights of its own (moved: FEPLB's dynamic
+// experts) are queued now: the dispatcher's next phase sends them to their
+// owners.
+func (dl *deviceLayer) wgrad(r int, mm kernels.MatMul, moved bool) error {
+	if moved || !dl.ovDeferring(r) {
 		return dl.ranks[r].Dev.MatMul(mm, dl.ranks[r].Stream)
 	}
 	w := dl.ovPhase(r)

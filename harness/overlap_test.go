@@ -51,12 +51,19 @@ func newOverlapRun(t *testing.T, c Config, shared, a2a, delay bool, plant string
 // Emu's stream-order check passes it (every cross-stream access has its
 // event).
 func TestOverlapEqualsSequential(t *testing.T) {
+	fp8 := overlapCase()
+	fp8.Dispatcher, fp8.Hidden, fp8.Precision = "alltoall", 128, PrecisionFP8
+	fe := feplbCase()
+	fe.SharedExperts = 1
 	for _, tc := range []struct {
 		name               string
 		shared, a2a, delay bool
-	}{{"shared", true, false, false}, {"a2a", false, true, false}, {"a2a-delay-wgrad", false, true, true}, {"delay-wgrad", false, false, true}, {"shared-delay-wgrad", true, false, true}} {
+		c                  Config
+	}{{"shared", true, false, false, overlapCase()}, {"a2a", false, true, false, overlapCase()}, {"a2a-delay-wgrad", false, true, true, overlapCase()},
+		{"delay-wgrad", false, false, true, overlapCase()}, {"shared-delay-wgrad", true, false, true, overlapCase()},
+		{"fp8-a2a-delay-wgrad", false, true, true, fp8}, {"feplb-a2a-delay-wgrad", false, true, true, fe}, {"feplb-shared", true, false, false, fe}} {
 		t.Run(tc.name, func(t *testing.T) {
-			ov := newOverlapRun(t, overlapCase(), tc.shared, tc.a2a, tc.delay, "")
+			ov := newOverlapRun(t, tc.c, tc.shared, tc.a2a, tc.delay, "")
 			for rep := range 2 { // the second reuses every buffer
 				if err := ov.step(false); err != nil {
 					t.Fatal(err)
