@@ -213,7 +213,7 @@ func TestOverlapEveryDispatcher(t *testing.T) {
 	t.Setenv("MOEBENCH_NVML", "/nonexistent")
 	for _, name := range []string{"alltoall", "deepep", "hybridep", "feplb"} {
 		c := small()
-		c.Device, c.Dispatcher, c.Overlap, c.EP, c.Iters, c.Warmup = "cuda", name, []string{OverlapA2A}, 2, 1, 0
+		c.Device, c.Dispatcher, c.Overlap, c.DelayWgrad, c.EP, c.Iters, c.Warmup = "cuda", name, []string{OverlapA2A}, true, 2, 1, 0
 		rec, err := Run(c, Env{Version: "test", OpenDevices: emus(1)})
 		if err != nil || rec.Status != results.StatusOK || rec.Overlap == nil {
 			t.Errorf("%s: %v, %+v", name, err, rec)
