@@ -2,7 +2,10 @@ package harness
 
 import (
 	"errors"
+	"fmt"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/moebench/moebench/dispatchers"
@@ -259,4 +262,79 @@ func TestAttentionStandIn(t *testing.T) {
 			t.Errorf("--attention-ms %g on %s: %v", bad.ms, bad.dev, err)
 		}
 	}
+}
+
+// syncLog is an Emu that logs its Record and Wait calls, in order.
+type syncLog struct {
+	*kernels.Emu
+	mu  *sync.Mutex
+	log *[]string
+}
+
+func (d syncLog) add(s string) {
+	d.mu.Lock()
+	*d.log = append(*d.log, s)
+	d.mu.Unlock()
+}
+
+func (d syncLog) Record(e kernels.Event, s kernels.Stream) error {
+	d.add(fmt.Sprintf("record %p %p", e, s))
+	return d.Emu.Record(e, s)
+}
+
+func (d syncLog) Wait(s kernels.Stream, e kernels.Event) error {
+	d.add(fmt.Sprintf("wait %p %p", s, e))
+	return d.Emu.Wait(s, e)
+}
+
+// TestOverlapF1AfterF0: in the overlapped step micro-batch 1's forward
+// starts after micro-batch 0's, as in 1F1B: each rank's stream of
+// micro-batch 1 waits, between F0's end and F1's start, for an event
+// recorded on its stream of micro-batch 0 after F0.
+func TestOverlapF1AfterF0(t *testing.T) {
+	c := overlapCase()
+	c.EP = 2
+	var mu sync.Mutex
+	var log []string
+	dev := syncLog{&kernels.Emu{}, &mu, &log}
+	dl := deviceRun(t, c, dev)
+	l1, err := microBatch(c, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d1, err := dispatchers.NewDevice(c.Dispatcher, c.Impl, c.dispatcherEnv())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ov, err := newOverlap(dl, false, true, false, l1, d1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mark := func(i, at int, what string) {
+		run := ov.over[i][at].Run
+		ov.over[i][at].Run = func(r int) error { dev.add(what); return run(r) }
+	}
+	f0 := ov.mb[0].forward
+	run := ov.over[0][f0-1].Run
+	ov.over[0][f0-1].Run = func(r int) error { err := run(r); dev.add("F0 end"); return err }
+	mark(1, 0, "F1 start")
+	if err := ov.step(true); err != nil {
+		t.Fatal(err)
+	}
+	s0, s1 := fmt.Sprintf("%p", ov.mb[0].ranks[0].Stream), fmt.Sprintf("%p", ov.mb[1].ranks[0].Stream)
+	from, to := slices.Index(log, "F0 end"), slices.Index(log, "F1 start")
+	if from < 0 || to < from {
+		t.Fatalf("markers at %d, %d", from, to)
+	}
+	recorded := map[string]bool{}
+	for _, l := range log[from:to] {
+		f := strings.Fields(l)
+		if f[0] == "record" && f[2] == s0 {
+			recorded[f[1]] = true
+		}
+		if f[0] == "wait" && f[1] == s1 && recorded[f[2]] {
+			return
+		}
+	}
+	t.Fatalf("micro-batch 1's stream waits for no event of micro-batch 0's recorded after F0 before F1 starts: %v", log[from:to])
 }

@@ -66,6 +66,9 @@ func (ov *overlap) step(over bool) error {
 			if err := run(0, f0); err != nil {
 				return err
 			}
+			if err := ov.linkStreams(0); err != nil { // F1 after F0, as in 1F1B
+				return err
+			}
 			for k, slot := range mergeSlots(b0, f1) {
 				if k > 0 && ov.plant != "a2a" { // the slot's pair starts after the last slot's pair
 					if err := ov.linkStreams(0); err != nil {
