@@ -41,7 +41,7 @@ func TestOverlapCLI(t *testing.T) {
 func TestOverlapSweepAxis(t *testing.T) {
 	dir := t.TempDir()
 	file := filepath.Join(dir, "sweep.json")
-	os.WriteFile(file, []byte(`{"dispatcher": ["deepep"], "overlap": ["none", "a2a"], "ep": [2],
+	os.WriteFile(file, []byte(`{"dispatcher": ["deepep"], "overlap": ["none", "a2a"], "delay-wgrad": true, "ep": [2],
 		"tokens": 16, "hidden": 32, "ffn": 16, "iters": 2, "warmup": 0, "device": "host"}`), 0o644)
 	for name, args := range map[string][]string{"file": {"sweep", "--file", file}, "flag": {"sweep", "--file", file, "--overlap", "none,shared"}} {
 		out := filepath.Join(dir, name+".jsonl")
@@ -51,8 +51,13 @@ func TestOverlapSweepAxis(t *testing.T) {
 			t.Fatalf("%s: exit %d, %d records, %v: %s", name, code, len(recs), err, stderr)
 		}
 		want := map[string][2]string{"file": {"", "a2a"}, "flag": {"", "shared"}}[name]
-		if recs[0].Config.Overlap != want[0] || recs[1].Config.Overlap != want[1] || recs[1].Overlap == nil {
+		if recs[0].Config.Overlap != want[0] || recs[1].Config.Overlap != want[1] || recs[1].Overlap == nil || !recs[0].Config.DelayWgrad {
 			t.Errorf("%s: overlap %q, %q", name, recs[0].Config.Overlap, recs[1].Config.Overlap)
 		}
+	}
+	// --attention-ms from a file reaches the point's validation (the host device refuses it)
+	os.WriteFile(file, []byte(`{"attention-ms": 0.5, "device": "host"}`), 0o644)
+	if code, _, e := cli("sweep", "--file", file, "--out", filepath.Join(dir, "a.jsonl")); code != exitUsage || !strings.Contains(e, "--attention-ms=0.5: applies to the cuda device") {
+		t.Errorf("attention-ms from a file: exit %d, %s", code, e)
 	}
 }
