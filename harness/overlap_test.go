@@ -203,7 +203,7 @@ func TestOverlapRunRecord(t *testing.T) {
 			}
 			continue
 		}
-		if !o.Equal || o.Step == nil || o.Sequential == nil || o.Exposed == nil || o.Comm == nil || o.GEMMSMs <= 0 || o.GEMMSMsNote == "" || o.Ratio <= 0 {
+		if !o.Equal || o.Step == nil || o.Sequential == nil || o.Exposed == nil || o.Comm == nil || o.GEMMSMs != 132-2*24 || o.GEMMSMsNote == "" || o.Ratio <= 0 {
 			t.Errorf("cuda: %+v", o)
 		}
 		if o.Exposed.P50 > o.Comm.P50+1e-9 {

@@ -167,6 +167,7 @@ func overlapNote(dl *deviceLayer, ov *overlap) string {
 // the same weights) and is checked as the first was.
 func hostOverlap(cfg Config, fresh func() (dispatchers.Dispatcher, error)) (*results.Overlap, error) {
 	o := &results.Overlap{Forms: strings.Join(cfg.Overlap, ","), DelayWgrad: cfg.DelayWgrad, MicroBatches: 1}
+	o.GEMMSMsNote = "not measured: the host device has no SMs"
 	o.Note = "not measured: the host device runs the phases one after another, so overlap would change only their order, not the step's time " +
 		"(the timings above are micro-batch 0's, its phases in sequence); the overlapped schedule, its events and its equality with the sequential step are proven on the simulated cuda device"
 	if !cfg.overlaps(OverlapA2A) {

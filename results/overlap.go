@@ -31,7 +31,7 @@ type Overlap struct {
 	// GEMMSMs is how many SMs the GEMMs had beside the dispatcher's
 	// kernels (the device's, less the SMs they hold); GEMMSMsNote says how
 	// it was counted.
-	GEMMSMs     int    `json:"gemm_sms,omitempty"`
+	GEMMSMs     int    `json:"gemm_sms"` // 0 with a note: none left (or not measured: the note says)
 	GEMMSMsNote string `json:"gemm_sms_note,omitempty"`
 	// Equal says whether the overlapped step's output and every gradient
 	// equal the sequential step's, bit for bit.
@@ -77,7 +77,7 @@ var overlapColumns = []column{
 	}},
 	{head: "exposed_comm_p50", okOnly: true, shown: anyOverlap, ms: overlapMS(func(o *Overlap) *Stat { return o.Exposed })},
 	{head: "gemm_sms", okOnly: true, shown: anyOverlap, val: func(r Row) string {
-		if o := overlapOf(r); o != nil && o.GEMMSMs > 0 {
+		if o := overlapOf(r); o != nil && o.GEMMSMsNote != "" && o.Step != nil {
 			return fmt.Sprint(o.GEMMSMs)
 		}
 		return noValue
@@ -123,7 +123,7 @@ func overlapLines(p *printer, rec *Record) {
 	if o.Exposed != nil && o.Comm != nil {
 		p.f("; communication p50 %.3f ms, exposed %.3f ms", o.Comm.P50, o.Exposed.P50)
 	}
-	if o.GEMMSMs > 0 {
+	if o.GEMMSMsNote != "" && o.Step != nil {
 		p.f("; GEMMs had %d SMs (%s)", o.GEMMSMs, o.GEMMSMsNote)
 	}
 	if o.Step != nil {

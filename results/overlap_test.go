@@ -55,3 +55,17 @@ func TestOverlapShownInTableAndRecord(t *testing.T) {
 		}
 	}
 }
+
+// TestOverlapNoSMsLeftIsShown: a run whose dispatcher held every SM records
+// that the GEMMs had none, rather than leaving the count out.
+func TestOverlapNoSMsLeftIsShown(t *testing.T) {
+	rec := okRecord("deepep", []float64{2})
+	rec.Overlap = &Overlap{Forms: "a2a", MicroBatches: 2, Step: &Stat{P50: 2}, Sequential: &Stat{P50: 3}, GEMMSMs: 0, GEMMSMsNote: "the GPU's 4 SMs less 4", Equal: true}
+	var b bytes.Buffer
+	if err := WriteTable(&b, &rec); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(b.String(), "GEMMs had 0 SMs") {
+		t.Errorf("record text:\n%s", b.String())
+	}
+}
