@@ -128,6 +128,14 @@ type Config struct {
 	// Precision is the dispatch and expert-GEMM precision (Precisions;
 	// see precision.go): bf16, fp8 (Hopper's blockwise recipe) or mxfp8
 	Precision string
+	// Overlap is the MoE communication overlap forms (OverlapForms: shared,
+	// a2a; none by default) and DelayWgrad defers the expert GEMMs' weight
+	// gradients (overlap.go, docs/overlap.md)
+	Overlap    []string
+	DelayWgrad bool
+	// AttentionMS is the attention stand-in's time a pass (attention.go);
+	// 0: none
+	AttentionMS float64
 	// prog, when set, counts the work of the stages that report it: the
 	// experts' weights drawn, the check's phases and references (Run)
 	prog *progress
@@ -284,6 +292,9 @@ func (c Config) Validate() error {
 			return &ConfigError{"sms", c.SMs, c.Dispatcher + ": " + err.Error()}
 		}
 	}
+	if err := c.validateOverlap(); err != nil {
+		return err
+	}
 	return c.Routing.validate()
 }
 
@@ -294,6 +305,7 @@ func (c Config) Record() results.Config {
 		TopKScale: c.TopKScale, PreSoftmax: c.PreSoftmax, Dispatcher: c.Dispatcher, Impl: c.Impl, SMs: c.SMs, EP: c.EP, GPUs: c.GPUs, Domain: c.Domain,
 		Routing: c.Routing.String(), RoutingPerStep: c.perStepRouting(), Seed: c.Seed, Warmup: c.Warmup, Iters: c.Iters, MaxSeconds: c.MaxSeconds, Check: c.Check, Device: c.Device,
 		CUDAGraph: c.CUDAGraph, Pass: results.PassTraining}
+	r.Overlap, r.DelayWgrad, r.AttentionMS = strings.Join(c.Overlap, ","), c.DelayWgrad, c.AttentionMS
 	if p := c.precision(); p != PrecisionBF16 { // absent: bf16, as every older record
 		r.Precision = p
 	}

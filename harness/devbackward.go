@@ -319,13 +319,14 @@ func (dl *deviceLayer) blockBackward(r int, w *dispatchers.DeviceWork) error {
 		if w.Probs != 0 {
 			prob, dprob = row(w.Probs, sg.Start, 1, 4), row(dp, sg.Start, 1, 4)
 		}
+		dh1 := dl.wgradDH1(r, n) // g.dh1, or rows of their own when the wgrad is deferred (overlap.go)
 		for _, op := range []func() error{
 			func() error { return rk.Dev.MatMul(kernels.NN(g.dact, ydy, fc2, n, f, h), rk.Stream) },
-			func() error { return rk.Dev.MatMul(kernels.TNAdd(dfc2, ydy, tp.act, h, f, n), rk.Stream) },
-			func() error { return rk.Dev.SwiGLUBackward(g.dh1, dprob, g.dact, tp.h1, prob, n, f, rk.Stream) },
-			func() error { return rk.Dev.MatMul(kernels.TNAdd(dfc1, g.dh1, x, 2*f, h, n), rk.Stream) },
+			func() error { return dl.wgrad(r, kernels.TNAdd(dfc2, ydy, tp.act, h, f, n), sg.DFC1 != 0) },
+			func() error { return rk.Dev.SwiGLUBackward(dh1, dprob, g.dact, tp.h1, prob, n, f, rk.Stream) },
+			func() error { return dl.wgrad(r, kernels.TNAdd(dfc1, dh1, x, 2*f, h, n), sg.DFC1 != 0) },
 			func() error {
-				return rk.Dev.MatMul(kernels.NN(row(dx, sg.Start, h, 2), g.dh1, fc1, n, h, 2*f), rk.Stream)
+				return rk.Dev.MatMul(kernels.NN(row(dx, sg.Start, h, 2), dh1, fc1, n, h, 2*f), rk.Stream)
 			},
 		} {
 			if err := op(); err != nil {

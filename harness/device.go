@@ -45,6 +45,8 @@ type deviceLayer struct {
 	forward    int                        // the forward's phases: the first of steps
 	dist       *dist                      // a run over several processes (distributed.go); nil: one
 	gradAcc    map[string]errAcc          // a run over several processes: this process's part of the gradient check (checkGrads)
+	ov         *overlap                   // --overlap, --delay-wgrad (overlap.go); nil: none
+	attn       *attention                 // --attention-ms (attention.go); nil: none
 }
 
 // local: rank r runs in this process (in a run over several, the others'
@@ -271,6 +273,9 @@ func newDeviceLayer(l *Layer, devs []kernels.Device, th *kernels.Threads, d disp
 	if err := d.Bind(dl.shape(), dl.ranks); err != nil {
 		return nil, err
 	}
+	if err := dl.newAttention(); err != nil { // attention.go
+		return nil, err
+	}
 	if err := dl.phaseEvents(); err != nil {
 		return nil, err
 	}
@@ -363,6 +368,9 @@ func (dl *deviceLayer) steps() []dispatchers.Step {
 	if dl.seq != nil {
 		return dl.seq
 	}
+	if dl.attn != nil { // attention.go
+		dl.seq = append(dl.seq, dispatchers.Step{Name: "attention", Run: dl.attentionForward})
+	}
 	if dl.dc[0].sfc1 != 0 {
 		dl.seq = append(dl.seq, dispatchers.Step{Name: "shared", Run: dl.sharedExpert})
 	}
@@ -378,6 +386,9 @@ func (dl *deviceLayer) steps() []dispatchers.Step {
 			panic(err)
 		}
 		dl.seq = append(dl.seq, bwd...)
+		if dl.attn != nil {
+			dl.seq = append(dl.seq, dispatchers.Step{Name: dispatchers.BackwardName("attention"), Run: dl.attentionBackward})
+		}
 	}
 	return dl.seq
 }
@@ -1378,6 +1389,14 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 	}
 	if g, ok := dev.(*kernels.CUDA); ok {
 		rec.GEMM.Method += "; " + g.GEMMAlgorithms()
+	}
+	if dl.attn != nil { // attention.go
+		rec.GEMM.Method += "; " + dl.attn.describe(cfg)
+	}
+	if cfg.overlapping() && rec.Interrupted == "" { // overlap.go
+		if err := measureOverlap(dl, cfg, denv, rec); err != nil {
+			return fail(deviceStatus(err), err)
+		}
 	}
 	if env.Dump == "" || rec.Interrupted != "" {
 		return rec, nil

@@ -261,6 +261,11 @@ func Run(cfg Config, env Env) (*results.Record, error) {
 
 	m.phase2SMs = "not measured on the host device"
 	fillMeasurements(rec, cfg, m)
+	if cfg.overlapping() { // overlap.go: the host runs every phase in turn
+		if rec.Overlap, err = hostOverlap(cfg, fresh); err != nil {
+			return fail(results.StatusFailed, err)
+		}
+	}
 	if rec.Interrupted != "" { // stop now: no dump
 		return rec, nil
 	}

@@ -28,6 +28,7 @@ var settingFlags = map[string]string{
 	"Routing": "routing", "RoutingFixed": "routing-fixed", "Seed": "seed", "Warmup": "warmup", "Iters": "iters",
 	"MaxSeconds": "max-seconds", "Check": "check", "CheckAll": "check", "Device": "device", "ForwardOnly": "forward-only", "CUDAGraph": "cuda-graph",
 	"HostExperts": "host-experts", "Precision": "precision", "PreprocessSMs": "preprocess-sms", "PermuteSMs": "permute-sms",
+	"Overlap": "overlap", "DelayWgrad": "delay-wgrad", "AttentionMS": "attention-ms",
 }
 
 // SettingFlags are the flags of the settings every process of a run must

@@ -154,6 +154,7 @@ func writeStepNotes(p *printer, rec *Record) {
 	if t.CUDAGraph != "" {
 		p.f("# %-22s %s\n", "cuda graph", t.CUDAGraph)
 	}
+	overlapLines(p, rec) // overlap.go
 	if hw := t.HostWait; hw != nil {
 		p.f("# %-22s p50 %.3f ms (the dispatcher's wait for the device before a phase; in the step, in no phase)\n", "host wait/step", hw.P50)
 	}

@@ -45,6 +45,7 @@ type Record struct {
 	Rebalance   *Rebalance   `json:"rebalance,omitempty"` // dispatchers with a rebalance phase (feplb)
 	Library     *Library     `json:"library,omitempty"`   // a library implementation's (--impl library) what ran
 	Telemetry   *Telemetry   `json:"telemetry,omitempty"` // cuda runs where NVML answered
+	Overlap     *Overlap     `json:"overlap,omitempty"`   // --overlap, --delay-wgrad (overlap.go)
 
 	// Mapped, set by the reader (never written), says that the record was
 	// written under an older name of its dispatcher and read under
@@ -207,6 +208,13 @@ type Config struct {
 	// Precision is the dispatch and expert-GEMM precision (--precision):
 	// "fp8" or "mxfp8"; absent: bf16 (every record before the flag)
 	Precision string `json:"precision,omitempty"`
+	// Overlap is --overlap (comma-separated: shared, a2a), DelayWgrad
+	// --delay-wgrad; absent: none (every record before the flags)
+	Overlap    string `json:"overlap,omitempty"`
+	DelayWgrad bool   `json:"delay_wgrad,omitempty"`
+	// AttentionMS is --attention-ms, the attention stand-in's time a pass
+	// (the record's GEMM method says what ran); absent: none
+	AttentionMS float64 `json:"attention_ms,omitempty"`
 }
 
 // PrecisionName is c's precision, "bf16" where the record has none.

@@ -206,5 +206,14 @@ func (c Config) Settings() string {
 	if c.Precision != "" { // bf16 points keep their older spelling
 		s += " precision=" + c.Precision
 	}
+	if c.Overlap != "" || c.DelayWgrad { // overlap is part of the configuration compared
+		s += " overlap=" + c.Overlap
+		if c.DelayWgrad {
+			s += " delay-wgrad"
+		}
+	}
+	if c.AttentionMS > 0 {
+		s += fmt.Sprintf(" attention-ms=%g", c.AttentionMS)
+	}
 	return s
 }

@@ -3,6 +3,8 @@
 # history, write the report, and compare it with the node's stored baseline.
 #
 #   scripts/nightly.sh [SWEEP_FILE]        (default: scripts/nightly-sweep.json)
+#   (the sweep file's keys are sweep's flags: "overlap": ["none", "a2a"] makes overlap an
+#   axis, each setting a point compared with the same setting's baseline; docs/overlap.md)
 #
 # Environment:
 #   MOEBENCH_NIGHTLY_DIR   history, baselines, runs and reports (default: $HOME/moebench-nightly)

@@ -24,6 +24,9 @@ type options struct {
 	preset, dispatcher, impl, score, routing, device, out, format, dump string
 	feplbBase, feplbPolicy, cudaLibs, rendezvous, hostExperts           string
 	precision                                                           string
+	overlap                                                             string  // --overlap (overlap.go)
+	delayWgrad                                                          bool    // --delay-wgrad
+	attentionMS                                                         float64 // --attention-ms
 	domain, feplbDyn                                                    int
 	tokens, hidden, ffn, experts, topk, shared, groups, groupTopK       int
 	sms, ep, gpus, warmup, iters                                        int
@@ -276,6 +279,7 @@ func addControlFlags(fs *pflag.FlagSet, o *options) {
 	fs.DurationVar(&o.rendezvousTimeout, "rendezvous-timeout", launch.DefaultWait, "a run over several processes with --rendezvous: the longest time `dt` (a duration, 1s to 1h) a process waits at the start for the others to arrive, each giving the others its settings, which must be the same; one that never arrives is named")
 	fs.StringVar(&o.device, "device", d.Device, "device: auto (cuda if a driver and GPU are found, else host) | host | cuda")
 	addLibFlag(fs, &o.cudaLibs)
+	addOverlapFlags(fs, o)
 }
 
 // addTimeoutFlags defines the bounds of cross-rank waits: moebench's own,
@@ -367,6 +371,7 @@ func (o *options) config(fs *pflag.FlagSet) (harness.Config, error) {
 	c.MaxSeconds, c.CUDAGraph, c.ForwardOnly, c.HostExperts = o.maxSeconds, o.cudaGraph, o.forwardOnly, o.hostExperts
 	c.NCCLEPTimeout, c.WatchdogTimeout = o.ncclepTimeout, o.watchdogTimeout
 	c.Precision = o.precision
+	c.Overlap, c.DelayWgrad, c.AttentionMS = harness.ParseOverlap(o.overlap), o.delayWgrad, o.attentionMS
 	if c.CommTimeout == 0 { // as the help says: 0 = the default
 		c.CommTimeout = dispatchers.DefaultCommTimeout
 	}

@@ -54,6 +54,9 @@ var measuringFlags = map[string]runFlagChange{
 	"host-experts":   {[]string{"--device", "host"}, "drawn"},
 	"cuda-graph":     {[]string{"--device", "cuda"}, "true"},
 	"precision":      {nil, "fp8"},
+	"overlap":        {nil, "a2a"},
+	"delay-wgrad":    {nil, "true"},
+	"attention-ms":   {[]string{"--device", "cuda"}, "0.5"},
 }
 
 // notMeasuring are the flags of 'moebench run' that do not change what a

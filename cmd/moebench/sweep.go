@@ -34,6 +34,7 @@ func sweepFlags(o *options, so *sweepOptions) *pflag.FlagSet {
 	fs := pflag.NewFlagSet("moebench sweep", pflag.ContinueOnError)
 	fs.SortFlags = false
 	addPointFlags(fs, o, so)
+	overlapAxisFlag(fs, o) // overlapflags.go
 	fs.StringVar(&o.out, "out", "", "results file to append one record per point to (required)")
 	fs.StringVar(&so.file, "file", "", "sweep file: a JSON object whose keys are these flags' names; flags given on the command line win")
 	return fs
@@ -377,14 +378,17 @@ func expand(fs *pflag.FlagSet, base options, so sweepOptions) ([]harness.Config,
 							}
 							for _, n := range sms {
 								for _, p := range so.precisions {
-									o := base
-									o.lists = nil // the point's values, set here
-									o.preset, o.routing, o.ep, o.gpus, o.dispatcher, o.impl, o.sms, o.precision = preset, routing, ep, g, d, impl, n, p
-									c, err := o.config(fs)
-									if err != nil {
-										return nil, fmt.Errorf("point preset=%s routing=%s ep=%d gpus=%d dispatcher=%s impl=%s sms=%d precision=%s: %w", preset, routing, ep, g, d, impl, n, p, err)
+									for _, ov := range overlapPoints(base.overlap) { // overlapflags.go
+										o := base
+										o.lists = nil // the point's values, set here
+										o.preset, o.routing, o.ep, o.gpus, o.dispatcher, o.impl, o.sms, o.precision = preset, routing, ep, g, d, impl, n, p
+										o.overlap = ov
+										c, err := o.config(fs)
+										if err != nil {
+											return nil, fmt.Errorf("point preset=%s routing=%s ep=%d gpus=%d dispatcher=%s impl=%s sms=%d precision=%s overlap=%s: %w", preset, routing, ep, g, d, impl, n, p, ov, err)
+										}
+										out = append(out, c)
 									}
-									out = append(out, c)
 								}
 							}
 						}

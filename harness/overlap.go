@@ -1,0 +1,418 @@
+package harness
+
+import (
+	"fmt"
+	"slices"
+
+	"github.com/moebench/moebench/dispatchers"
+	"github.com/moebench/moebench/kernels"
+)
+
+// MoE communication overlap on the device layer (docs/overlap.md). Two
+// forms, as Megatron-Core has them:
+//
+//   - shared (moe_shared_expert_overlap): each rank's shared expert (fc1,
+//     SwiGLU, fc2) runs on a side stream of its own, from an event after the
+//     step's start, while the dispatcher's phases run on the rank's stream;
+//     the rank's stream waits for it before the forward's last phase, which
+//     adds rk.Shared.
+//   - a2a (overlap_moe_expert_parallel_comm): two micro-batches a step, each
+//     a deviceLayer of its own on the same devices (its own dispatcher,
+//     buffers and streams; the weight gradients, main_grad, are the first's,
+//     shared). The step is F0, then F1 merged with B0 as the combined 1F1B
+//     schedule merges them — the merged passes cut into alternating runs of
+//     compute and communication (the dispatcher's phases), each slot one
+//     micro-batch's communication beside the other's compute, on the two
+//     micro-batches' streams, events between the slots — then B1.
+//
+// With delayWgrad, the expert GEMMs' weight gradients (dFC1, dFC2) of each
+// expert backward phase are not queued with its dgrad: they run afterwards
+// on a side stream of the rank, after an event, beside the dispatcher's
+// backward communication that follows; the rank's stream waits for them
+// before the backward's last phase. The fp32 accumulations run in the same
+// order as without, so every gradient is the same bit for bit.
+//
+// Every cross-stream dependency is an event; Emu's stream-order check
+// (kernels/order.go) fails a step that misses one (see plant).
+
+// Overlap forms (Config.Overlap).
+const (
+	OverlapShared = "shared"
+	OverlapA2A    = "a2a"
+)
+
+// OverlapForms are the values --overlap takes.
+var OverlapForms = []string{OverlapShared, OverlapA2A}
+
+// overlap is a device layer's overlap engine: the side streams and events
+// of shared and delayed wgrad, and for a2a the second micro-batch.
+type overlap struct {
+	shared, a2a, delay bool
+	// plant leaves out one event on purpose (tests): "shared", "wgrad" or
+	// "a2a"; Emu's order check must fail the step.
+	plant string
+
+	mb    [2]*deviceLayer // the micro-batches (mb[1] nil without a2a)
+	plain [2][]dispatchers.Step
+	over  [2][]dispatchers.Step
+	ranks [2][]ovRank // per micro-batch, per rank
+
+	link        [2][]kernels.Event // per direction (0: mb0 → mb1), per rank
+	end         []kernels.Event    // per rank: the step's end on mb0's stream
+	deferring   [2][]string        // per micro-batch, per rank: the expert backward phase deferring its wgrad now, or ""
+	sharedMS    [][]float64        // per rank, the overlapped steps' shared expert times (side stream)
+	lastOrdered []string           // the last overlapped step's issue order, "mb:phase" (tests)
+}
+
+// ovRank is one rank's side streams and events in one micro-batch.
+type ovRank struct {
+	side, wside    kernels.Stream // the shared expert's; the deferred wgrad's
+	in, shDone     kernels.Event  // the shared expert's start (on the rank's stream) and end (on side)
+	shStart, shEnd kernels.Event  // timing events on side
+	wgrad          map[string]*wgradPhase
+}
+
+// wgradPhase is what one expert backward phase defers on one rank.
+type wgradPhase struct {
+	ops       []kernels.MatMul
+	arena     kernels.Sized // the phase's dh1 rows, kept for its dFC1
+	dh1       kernels.Ptr
+	at        int           // rows of arena given out
+	ready     kernels.Event // on the rank's stream, after the dgrad
+	start     kernels.Event // on the wgrad stream, after its wait (timing)
+	done      kernels.Event // on the wgrad stream, after the products
+	waitedFor bool
+}
+
+// newOverlap builds dl's overlap engine for the forms asked; with a2a it
+// builds the second micro-batch's layer from mb1 (a layer of the same
+// configuration and weights, with inputs of its own) and dispatcher d1.
+func newOverlap(dl *deviceLayer, shared, a2a, delay bool, mb1 *Layer, d1 dispatchers.DeviceDispatcher) (*overlap, error) {
+	if shared && a2a {
+		return nil, fmt.Errorf("overlap: shared and a2a together: %s", sharedA2AConflict)
+	}
+	if (a2a || delay) && !dl.train {
+		return nil, fmt.Errorf("overlap: a2a and --delay-wgrad overlap a training step's backward, and this layer is forward-only")
+	}
+	ov := &overlap{shared: shared, a2a: a2a, delay: delay}
+	ov.mb[0] = dl
+	if a2a {
+		dl1, err := newDeviceLayer(mb1, dl.devs, dl.th, d1, dl.dist)
+		if err != nil {
+			return nil, fmt.Errorf("overlap: micro-batch 1: %w", err)
+		}
+		dl1.rr = dl1.rr[:len(dl.rr)]
+		for r := range dl1.rr { // the grouped GEMM way mb0 chose
+			dl1.rr[r].grouped = dl.rr[r].grouped
+		}
+		if dl1.attn != nil && dl.attn != nil { // one calibration for both
+			dl1.attn.reps = dl.attn.reps
+		}
+		if err := shareGrads(dl, dl1); err != nil {
+			return nil, err
+		}
+		ov.mb[1] = dl1
+	}
+	for i, l := range ov.mb {
+		if l == nil {
+			continue
+		}
+		l.ov = ov
+		ov.ranks[i] = make([]ovRank, len(l.ranks))
+		ov.deferring[i] = make([]string, len(l.ranks))
+		for r, rk := range l.ranks {
+			if !l.local(r) {
+				continue
+			}
+			o := &ov.ranks[i][r]
+			o.wgrad = map[string]*wgradPhase{}
+			var err error
+			if o.side, err = rk.Dev.NewStream(); err != nil {
+				return nil, err
+			}
+			if o.wside, err = rk.Dev.NewStream(); err != nil {
+				return nil, err
+			}
+			for _, e := range []*kernels.Event{&o.in, &o.shDone, &o.shStart, &o.shEnd} {
+				if *e, err = rk.Dev.NewEvent(); err != nil {
+					return nil, err
+				}
+			}
+		}
+		ov.plain[i] = slices.Clone(l.steps())
+		ov.over[i] = ov.rewrite(i, ov.plain[i])
+	}
+	ov.end = make([]kernels.Event, len(dl.ranks))
+	ov.sharedMS = make([][]float64, len(dl.ranks))
+	for d := range ov.link {
+		ov.link[d] = make([]kernels.Event, len(dl.ranks))
+	}
+	for r, rk := range dl.ranks {
+		if !dl.local(r) {
+			continue
+		}
+		for _, e := range []*kernels.Event{&ov.end[r], &ov.link[0][r], &ov.link[1][r]} {
+			var err error
+			if *e, err = rk.Dev.NewEvent(); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return ov, nil
+}
+
+// sharedA2AConflict is why shared and a2a are refused together: Megatron's
+// guidance.
+const sharedA2AConflict = "Megatron-Core refuses moe_shared_expert_overlap with overlap_moe_expert_parallel_comm: the shared expert's side stream conflicts with the dispatch overlap, which already hides the dispatch and combine behind the other micro-batch's compute (use one or the other)"
+
+// shareGrads points mb1's weight gradients (main_grad) at mb0's, freeing
+// its own: the micro-batches accumulate into one gradient, as gradient
+// accumulation does.
+func shareGrads(dl0, dl1 *deviceLayer) error {
+	for r, rk := range dl1.ranks {
+		if !dl1.local(r) {
+			continue
+		}
+		g0, g1, rk0 := &dl0.rr[r].g, &dl1.rr[r].g, dl0.ranks[r]
+		for _, p := range []struct{ mine, theirs *kernels.Ptr }{{&rk.DFC1, &rk0.DFC1}, {&rk.DFC2, &rk0.DFC2},
+			{&g1.routerGrad, &g0.routerGrad}, {&g1.sfc1Grad, &g0.sfc1Grad}, {&g1.sfc2Grad, &g0.sfc2Grad}} {
+			if *p.mine == 0 {
+				continue
+			}
+			if err := rk.Dev.SyncStream(rk.Stream); err != nil {
+				return err
+			}
+			if err := rk.Dev.Free(*p.mine); err != nil {
+				return err
+			}
+			*p.mine = *p.theirs
+		}
+	}
+	return nil
+}
+
+// isExpert reports whether phase name is the layer's expert computation
+// (forward or backward).
+func isExpert(name string) bool {
+	return slices.Contains(dispatchers.ExpertPhases, name) || slices.Contains(dispatchers.ExpertBackwardPhases, name)
+}
+
+// layerPhases are the layer's own phases besides the experts: compute.
+var layerPhases = []string{"shared", "router", "quantize", "attention",
+	dispatchers.BackwardName("router"), dispatchers.BackwardName("shared"), dispatchers.BackwardName("attention")}
+
+// isComm reports whether phase name is communication: a dispatcher's phase
+// (its dispatch, combine and what they hold: layout, notify, permute…).
+func isComm(name string) bool { return !isExpert(name) && !slices.Contains(layerPhases, name) }
+
+// rewrite is micro-batch i's steps with the shared expert on its side
+// stream and the expert backward's wgrad deferred, as ov asks.
+func (ov *overlap) rewrite(i int, plain []dispatchers.Step) []dispatchers.Step {
+	dl := ov.mb[i]
+	s := slices.Clone(plain)
+	if ov.shared {
+		for j := range s {
+			if s[j].Name == "shared" {
+				s[j].Run = func(r int) error { return ov.sharedSide(i, r) }
+			}
+		}
+		if last := dl.forward - 1; last >= 0 && s[last].Name != "shared" {
+			run := s[last].Run
+			s[last].Run = func(r int) error {
+				if ov.plant != "shared" && dl.dc[0].sfc1 != 0 {
+					if err := dl.ranks[r].Dev.Wait(dl.ranks[r].Stream, ov.ranks[i][r].shDone); err != nil {
+						return err
+					}
+				}
+				return run(r)
+			}
+		}
+	}
+	if ov.delay && dl.train {
+		for j := dl.forward; j < len(s); j++ {
+			if name, run := s[j].Name, s[j].Run; slices.Contains(dispatchers.ExpertBackwardPhases, name) {
+				s[j].Run = func(r int) error { return ov.deferredExperts(i, name, r, run) }
+			}
+		}
+		last := len(s) - 1
+		run := s[last].Run
+		s[last].Run = func(r int) error {
+			if err := ov.waitWgrad(i, r); err != nil {
+				return err
+			}
+			return run(r)
+		}
+	}
+	return s
+}
+
+// sharedSide queues rank r's shared expert on its side stream after an
+// event on the rank's stream, and the event the forward's last phase waits
+// for.
+func (ov *overlap) sharedSide(i, r int) error {
+	dl, o := ov.mb[i], &ov.ranks[i][r]
+	rk := dl.ranks[r]
+	dev, main := rk.Dev, rk.Stream
+	if err := dev.Record(o.in, main); err != nil {
+		return err
+	}
+	if err := dev.Wait(o.side, o.in); err != nil {
+		return err
+	}
+	if err := dev.Record(o.shStart, o.side); err != nil {
+		return err
+	}
+	rk.Stream = o.side // sharedExpert queues on rk.Stream; the rank's calls are this thread's alone
+	err := dl.sharedExpert(r)
+	rk.Stream = main
+	if err != nil {
+		return err
+	}
+	if err := dev.Record(o.shEnd, o.side); err != nil {
+		return err
+	}
+	return dev.Record(o.shDone, o.side)
+}
+
+// deferredExperts runs expert backward phase name (run) of rank r with its
+// wgrad deferred (blockBackward asks wgradNow), then queues the deferred
+// products on the rank's wgrad stream after an event.
+func (ov *overlap) deferredExperts(i int, name string, r int, run func(int) error) error {
+	dl, o := ov.mb[i], &ov.ranks[i][r]
+	rk := dl.ranks[r]
+	w := o.wgrad[name]
+	if w == nil {
+		w = &wgradPhase{}
+		var err error
+		if w.ready, err = rk.Dev.NewEvent(); err != nil {
+			return err
+		}
+		if w.done, err = rk.Dev.NewEvent(); err != nil {
+			return err
+		}
+		if w.start, err = rk.Dev.NewEvent(); err != nil {
+			return err
+		}
+		o.wgrad[name] = w
+	}
+	rows := 0 // the dh1 rows every segment of the phase keeps
+	work := rk.Work
+	if work == nil {
+		work = dl.wholeWork(r)
+	}
+	for _, b := range work {
+		for _, sg := range b.Segments {
+			rows += sg.Len
+		}
+	}
+	f := int64(dl.l.Cfg.FFN)
+	if err := w.arena.Ensure(rk.Dev, rk.Stream, rows, kernels.Buf{P: &w.dh1, PerRow: 4 * f}); err != nil {
+		return err
+	}
+	w.ops, w.at = w.ops[:0], 0
+	ov.deferring[i][r] = name
+	err := run(r)
+	ov.deferring[i][r] = ""
+	if err != nil {
+		return err
+	}
+	if err := rk.Dev.Record(w.ready, rk.Stream); err != nil {
+		return err
+	}
+	if ov.plant != "wgrad" {
+		if err := rk.Dev.Wait(o.wside, w.ready); err != nil {
+			return err
+		}
+	}
+	if err := rk.Dev.Record(w.start, o.wside); err != nil {
+		return err
+	}
+	for _, mm := range w.ops {
+		if err := rk.Dev.MatMul(mm, o.wside); err != nil {
+			return err
+		}
+	}
+	w.waitedFor = false
+	return rk.Dev.Record(w.done, o.wside)
+}
+
+// waitWgrad makes rank r's stream wait for every deferred wgrad of the step.
+func (ov *overlap) waitWgrad(i, r int) error {
+	dl := ov.mb[i]
+	rk := dl.ranks[r]
+	for _, name := range dispatchers.ExpertBackwardPhases {
+		w := ov.ranks[i][r].wgrad[name]
+		if w == nil || w.waitedFor {
+			continue
+		}
+		if err := rk.Dev.Wait(rk.Stream, w.done); err != nil {
+			return err
+		}
+		w.waitedFor = true
+	}
+	return nil
+}
+
+// ovDeferring reports whether rank r's expert backward defers its wgrad
+// now (blockBackward).
+func (dl *deviceLayer) ovDeferring(r int) bool {
+	if dl.ov == nil {
+		return false
+	}
+	i := 0
+	if dl.ov.mb[1] == dl {
+		i = 1
+	}
+	return dl.ov.deferring[i][r] != ""
+}
+
+// wgradDH1 is where a segment of n rows keeps its dh1: the shared scratch,
+// or, when its wgrad is deferred, rows of the phase's arena of their own.
+func (dl *deviceLayer) wgradDH1(r, n int) kernels.Ptr {
+	if !dl.ovDeferring(r) {
+		return dl.rr[r].g.dh1
+	}
+	w := dl.ovPhase(r)
+	p := w.dh1 + kernels.Ptr(int64(w.at)*4*int64(dl.l.Cfg.FFN))
+	w.at += n
+	return p
+}
+
+// wgrad queues a weight-gradient product of rank r, or defers it. The
+// gradients of a segment with weights of its own (moved: FEPLB's dynamic
+// experts) are queued now: the dispatcher's next phase sends them to their
+// owners.
+func (dl *deviceLayer) wgrad(r int, mm kernels.MatMul, moved bool) error {
+	if moved || !dl.ovDeferring(r) {
+		return dl.ranks[r].Dev.MatMul(mm, dl.ranks[r].Stream)
+	}
+	w := dl.ovPhase(r)
+	w.ops = append(w.ops, mm)
+	return nil
+}
+
+// ovPhase is rank r's deferral of the expert backward phase running now.
+func (dl *deviceLayer) ovPhase(r int) *wgradPhase {
+	i := 0
+	if dl.ov.mb[1] == dl {
+		i = 1
+	}
+	return dl.ov.ranks[i][r].wgrad[dl.ov.deferring[i][r]]
+}
+
+// microBatch is the layer of micro-batch i of c's step: c's weights and
+// routing mode, with inputs of its own (micro-batch 0's are c's).
+func microBatch(c Config, i int) (*Layer, error) { return microBatchOf(c, i, false) }
+
+// microBatchOf is microBatch, the host's layer (newLayer's host) or the
+// device's twin.
+func microBatchOf(c Config, i int, host bool) (*Layer, error) {
+	l, err := newLayer(c, host)
+	if err != nil || i == 0 {
+		return l, err
+	}
+	for r := range l.X {
+		normalInto(l.X[r], c.Seed, fmt.Sprintf("x-micro-batch-%d", i), r, 1)
+	}
+	return l, nil
+}

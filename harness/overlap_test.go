@@ -1,0 +1,340 @@
+package harness
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/moebench/moebench/dispatchers"
+	"github.com/moebench/moebench/kernels"
+	"github.com/moebench/moebench/results"
+)
+
+// overlapCase is a small training layer on the deepep design with a shared
+// expert, its ranks on two Emus.
+func overlapCase() Config {
+	c := small()
+	c.Device, c.Dispatcher, c.SMs = "cuda", "deepep", 4
+	c.SharedExperts = 1
+	return c
+}
+
+// newOverlapRun builds c's device layer on Emus and its overlap engine.
+func newOverlapRun(t *testing.T, c Config, shared, a2a, delay bool, plant string) *overlap {
+	t.Helper()
+	devs, _ := emus(2)(2, c.EP)
+	dl := deviceRun(t, c, devs...)
+	var l1 *Layer
+	var d1 dispatchers.DeviceDispatcher
+	if a2a {
+		var err error
+		if l1, err = microBatch(c, 1); err != nil {
+			t.Fatal(err)
+		}
+		if d1, err = dispatchers.NewDevice(c.Dispatcher, c.Impl, c.dispatcherEnv()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for r := range dl.rr { // the grouped GEMM choice chooseGrouped makes
+		dl.rr[r].grouped, _ = kernels.NewGrouped(dl.ranks[r].Dev, 0)
+	}
+	ov, err := newOverlap(dl, shared, a2a, delay, l1, d1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ov.plant = plant
+	return ov
+}
+
+// TestOverlapEqualsSequential: every overlap form's step gives the outputs
+// and gradients of the same step run phase after phase, bit for bit, and
+// Emu's stream-order check passes it (every cross-stream access has its
+// event).
+func TestOverlapEqualsSequential(t *testing.T) {
+	fp8 := overlapCase()
+	fp8.Dispatcher, fp8.Hidden, fp8.Precision = "alltoall", 128, PrecisionFP8
+	fe := feplbCase()
+	fe.SharedExperts = 1
+	for _, tc := range []struct {
+		name               string
+		shared, a2a, delay bool
+		c                  Config
+	}{{"shared", true, false, false, overlapCase()}, {"a2a", false, true, false, overlapCase()}, {"a2a-delay-wgrad", false, true, true, overlapCase()},
+		{"delay-wgrad", false, false, true, overlapCase()}, {"shared-delay-wgrad", true, false, true, overlapCase()},
+		{"fp8-a2a-delay-wgrad", false, true, true, fp8}, {"feplb-a2a-delay-wgrad", false, true, true, fe}, {"feplb-shared", true, false, false, fe}} {
+		t.Run(tc.name, func(t *testing.T) {
+			ov := newOverlapRun(t, tc.c, tc.shared, tc.a2a, tc.delay, "")
+			for rep := range 2 { // the second reuses every buffer
+				if err := ov.step(false); err != nil {
+					t.Fatal(err)
+				}
+				want, err := ov.snapshot()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := ov.step(true); err != nil {
+					t.Fatalf("step %d, overlapped: %v", rep, err)
+				}
+				got, err := ov.snapshot()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if d := want.diff(got); d != "" {
+					t.Fatalf("step %d: overlapped differs from sequential: %s", rep, d)
+				}
+				if _, err := ov.times(true); err != nil {
+					t.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// TestOverlapPlantedMissingEventFails: leaving out one event of each form
+// on purpose makes Emu's stream-order check fail the overlapped step.
+func TestOverlapPlantedMissingEventFails(t *testing.T) {
+	for _, tc := range []struct {
+		plant              string
+		shared, a2a, delay bool
+	}{{"shared", true, false, false}, {"wgrad", false, false, true}, {"a2a", false, true, false}} {
+		t.Run(tc.plant, func(t *testing.T) {
+			ov := newOverlapRun(t, overlapCase(), tc.shared, tc.a2a, tc.delay, tc.plant)
+			err := ov.step(true)
+			if err == nil || !strings.Contains(err.Error(), "stream order") {
+				t.Fatalf("a step missing its %s event: %v, want Emu's stream-order failure", tc.plant, err)
+			}
+			t.Log(err)
+		})
+	}
+}
+
+// TestOverlapMergedOrder: the a2a step pairs each micro-batch's
+// communication with the other's compute, as the combined 1F1B schedule.
+func TestOverlapMergedOrder(t *testing.T) {
+	ov := newOverlapRun(t, overlapCase(), false, true, false, "")
+	if err := ov.step(true); err != nil {
+		t.Fatal(err)
+	}
+	got := strings.Join(ov.lastOrdered, " ")
+	t.Log(got)
+	for _, want := range []string{"0:combine-bwd", "1:router", "1:dispatch", "0:experts-bwd"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("order %q lacks %s", got, want)
+		}
+	}
+	slots := mergeSlots(ov.over[0][ov.mb[0].forward:], ov.over[1][:ov.mb[1].forward])
+	for k, s := range slots {
+		if len(s[0]) > 0 && len(s[1]) > 0 && isComm(s[0][0].Name) == isComm(s[1][0].Name) {
+			t.Errorf("slot %d pairs %s with %s: both communication or both compute", k, s[0][0].Name, s[1][0].Name)
+		}
+	}
+}
+
+func TestExposedOf(t *testing.T) {
+	comm := [][2]float64{{0, 2}, {5, 9}}
+	comp := [][2]float64{{1, 6}, {8, 12}}
+	if got := exposedOf(comm, comp); got != 1+2 {
+		t.Fatalf("exposed %v, want 3", got)
+	}
+}
+
+func TestOverlapValidate(t *testing.T) {
+	for _, tc := range []struct {
+		overlap string
+		delay   bool
+		mut     func(*Config)
+		flag    string
+		want    string
+	}{
+		{"shared,a2a", false, nil, "overlap", "moe_shared_expert_overlap"},
+		{"bogus", false, nil, "overlap", "allowed: a comma-separated list of shared, a2a"},
+		{"a2a,a2a", false, nil, "overlap", "twice"},
+		{"a2a", false, func(c *Config) { c.ForwardOnly = true }, "overlap", "forward-only"},
+		{"", true, func(c *Config) { c.ForwardOnly = true }, "delay-wgrad", "forward-only"},
+		{"shared", false, func(c *Config) { c.SharedExperts = 0 }, "overlap", "shared-experts 0"},
+	} {
+		c := small()
+		c.Overlap, c.DelayWgrad = ParseOverlap(tc.overlap), tc.delay
+		if tc.mut != nil {
+			tc.mut(&c)
+		}
+		err := c.Validate()
+		var ce *ConfigError
+		if !errors.As(err, &ce) || ce.Flag != tc.flag || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("--overlap %q --delay-wgrad=%v: %v, want --%s naming %q", tc.overlap, tc.delay, err, tc.flag, tc.want)
+		}
+	}
+	c := small()
+	c.Overlap, c.DelayWgrad = ParseOverlap("a2a"), true
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if r := c.Record(); r.Overlap != "a2a" || !r.DelayWgrad || !strings.Contains(r.Settings(), "overlap=a2a delay-wgrad") {
+		t.Errorf("record %q %v, settings %q", r.Overlap, r.DelayWgrad, r.Settings())
+	}
+}
+
+// TestOverlapRunRecord: the run, deepep with 24 SMs, a2a and the
+// delayed wgrad, on the simulated cuda device records the overlapped step
+// beside the sequential one, their equality and the exposed communication;
+// on the host device the record says overlap only changes the order. Every
+// dispatcher takes part or says why it cannot.
+func TestOverlapRunRecord(t *testing.T) {
+	t.Setenv("MOEBENCH_NVML", "/nonexistent")
+	for _, dev := range []string{"cuda", "host"} {
+		c := small()
+		c.Device, c.Dispatcher, c.SMs, c.Overlap, c.DelayWgrad = dev, "deepep", 24, []string{OverlapA2A}, true
+		c.EP = 2
+		rec, err := Run(c, Env{Version: "test", OpenDevices: emus(1)})
+		if err != nil || rec.Status != results.StatusOK || !rec.Correctness.Passed {
+			t.Fatalf("%s: %v, %+v", dev, err, rec)
+		}
+		o := rec.Overlap
+		if o == nil || o.Forms != "a2a" || !o.DelayWgrad || o.MicroBatches != 2 || rec.Config.Overlap != "a2a" || !rec.Config.DelayWgrad {
+			t.Fatalf("%s: overlap record %+v", dev, o)
+		}
+		t.Logf("%s: %+v", dev, *o)
+		if dev == "host" {
+			if o.Step != nil || !strings.Contains(o.Note, "only their order") || !strings.Contains(o.Note, "micro-batch 1's training step") || !o.Equal {
+				t.Errorf("host: %+v", o)
+			}
+			continue
+		}
+		if !o.Equal || o.Step == nil || o.Sequential == nil || o.Exposed == nil || o.Comm == nil || o.GEMMSMs != 132-2*24 || o.GEMMSMsNote == "" || o.Ratio <= 0 {
+			t.Errorf("cuda: %+v", o)
+		}
+		if o.Exposed.P50 > o.Comm.P50+1e-9 {
+			t.Errorf("exposed %g above the communication %g", o.Exposed.P50, o.Comm.P50)
+		}
+	}
+}
+
+func TestOverlapEveryDispatcher(t *testing.T) {
+	t.Setenv("MOEBENCH_NVML", "/nonexistent")
+	for _, name := range []string{"alltoall", "deepep", "hybridep", "feplb"} {
+		c := small()
+		c.Device, c.Dispatcher, c.Overlap, c.DelayWgrad, c.EP, c.Iters, c.Warmup = "cuda", name, []string{OverlapA2A}, true, 2, 1, 0
+		rec, err := Run(c, Env{Version: "test", OpenDevices: emus(1)})
+		if err != nil || rec.Status != results.StatusOK || rec.Overlap == nil {
+			t.Errorf("%s: %v, %+v", name, err, rec)
+			continue
+		}
+		if o := rec.Overlap; !o.Equal && !strings.Contains(o.Note, "cannot overlap") {
+			t.Errorf("%s: neither equal nor a reason: %+v", name, o)
+		}
+		t.Logf("%s: equal %v, %s", name, rec.Overlap.Equal, rec.Overlap.Note)
+	}
+}
+
+// TestAttentionStandIn: --attention-ms adds the attention phases, leaves
+// the output and gradients as they are (the check passes, overlap's
+// equality holds), and is recorded; the host device refuses it.
+func TestAttentionStandIn(t *testing.T) {
+	t.Setenv("MOEBENCH_NVML", "/nonexistent")
+	c := small()
+	c.Device, c.Dispatcher, c.EP, c.Iters, c.Warmup = "cuda", "deepep", 2, 1, 0
+	c.Overlap, c.AttentionMS = []string{OverlapA2A}, 0.5
+	rec, err := Run(c, Env{Version: "test", OpenDevices: emus(1)})
+	if err != nil || rec.Status != results.StatusOK || !rec.Correctness.Passed {
+		t.Fatalf("%v, %+v", err, rec)
+	}
+	var names []string
+	for _, p := range rec.Timing.Phases {
+		names = append(names, p.Name)
+	}
+	if names[0] != "attention" || names[len(names)-1] != "attention-bwd" {
+		t.Errorf("phases %v: want attention first and attention-bwd last", names)
+	}
+	if !strings.Contains(rec.GEMM.Method, "attention stand-in (--attention-ms 0.5)") || rec.Config.AttentionMS != 0.5 || !rec.Overlap.Equal {
+		t.Errorf("gemm %q, config %v, overlap %+v", rec.GEMM.Method, rec.Config.AttentionMS, rec.Overlap)
+	}
+	for _, bad := range []struct {
+		ms  float64
+		dev string
+	}{{-1, "cuda"}, {MaxAttentionMS + 1, "cuda"}, {1, "host"}} {
+		c := small()
+		c.AttentionMS, c.Device = bad.ms, bad.dev
+		var ce *ConfigError
+		if err := c.Validate(); !errors.As(err, &ce) || ce.Flag != "attention-ms" {
+			t.Errorf("--attention-ms %g on %s: %v", bad.ms, bad.dev, err)
+		}
+	}
+}
+
+// syncLog is an Emu that logs its Record and Wait calls, in order.
+type syncLog struct {
+	*kernels.Emu
+	mu  *sync.Mutex
+	log *[]string
+}
+
+func (d syncLog) add(s string) {
+	d.mu.Lock()
+	*d.log = append(*d.log, s)
+	d.mu.Unlock()
+}
+
+func (d syncLog) Record(e kernels.Event, s kernels.Stream) error {
+	d.add(fmt.Sprintf("record %p %p", e, s))
+	return d.Emu.Record(e, s)
+}
+
+func (d syncLog) Wait(s kernels.Stream, e kernels.Event) error {
+	d.add(fmt.Sprintf("wait %p %p", s, e))
+	return d.Emu.Wait(s, e)
+}
+
+// TestOverlapF1AfterF0: in the overlapped step micro-batch 1's forward
+// starts after micro-batch 0's, as in 1F1B: each rank's stream of
+// micro-batch 1 waits, between F0's end and F1's start, for an event
+// recorded on its stream of micro-batch 0 after F0.
+func TestOverlapF1AfterF0(t *testing.T) {
+	c := overlapCase()
+	c.EP = 2
+	var mu sync.Mutex
+	var log []string
+	dev := syncLog{&kernels.Emu{}, &mu, &log}
+	dl := deviceRun(t, c, dev)
+	l1, err := microBatch(c, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d1, err := dispatchers.NewDevice(c.Dispatcher, c.Impl, c.dispatcherEnv())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ov, err := newOverlap(dl, false, true, false, l1, d1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mark := func(i, at int, what string) {
+		run := ov.over[i][at].Run
+		ov.over[i][at].Run = func(r int) error { dev.add(what); return run(r) }
+	}
+	f0 := ov.mb[0].forward
+	run := ov.over[0][f0-1].Run
+	ov.over[0][f0-1].Run = func(r int) error { err := run(r); dev.add("F0 end"); return err }
+	mark(1, 0, "F1 start")
+	if err := ov.step(true); err != nil {
+		t.Fatal(err)
+	}
+	s0, s1 := fmt.Sprintf("%p", ov.mb[0].ranks[0].Stream), fmt.Sprintf("%p", ov.mb[1].ranks[0].Stream)
+	from, to := slices.Index(log, "F0 end"), slices.Index(log, "F1 start")
+	if from < 0 || to < from {
+		t.Fatalf("markers at %d, %d", from, to)
+	}
+	recorded := map[string]bool{}
+	for _, l := range log[from:to] {
+		f := strings.Fields(l)
+		if f[0] == "record" && f[2] == s0 {
+			recorded[f[1]] = true
+		}
+		if f[0] == "wait" && f[1] == s1 && recorded[f[2]] {
+			return
+		}
+	}
+	t.Fatalf("micro-batch 1's stream waits for no event of micro-batch 0's recorded after F0 before F1 starts: %v", log[from:to])
+}

@@ -1,0 +1,391 @@
+package harness
+
+import (
+	"fmt"
+	"math"
+	"slices"
+	"time"
+
+	"github.com/moebench/moebench/dispatchers"
+	"github.com/moebench/moebench/kernels"
+)
+
+// The overlap engine's steps (overlap.go): the overlapped step and the same
+// step's phases one after another, and what their events say.
+
+// step runs one training step of ov's micro-batches, overlapped (over) or
+// with every phase after the one before (the same phases, the same
+// rounding points; only the order and the streams differ).
+func (ov *overlap) step(over bool) error {
+	l0, l1 := ov.mb[0], ov.mb[1]
+	ov.lastOrdered = ov.lastOrdered[:0]
+	pick := func(i int) []dispatchers.Step {
+		if over {
+			return ov.over[i]
+		}
+		return ov.plain[i]
+	}
+	t0 := time.Now()
+	l0.waitMS = 0
+	if err := l0.begin(); err != nil { // mb0's begin events and zero_grad
+		return err
+	}
+	run := func(i int, phs []dispatchers.Step) error {
+		for _, ph := range phs {
+			ov.lastOrdered = append(ov.lastOrdered, fmt.Sprintf("%d:%s", i, ph.Name))
+		}
+		return ov.mb[i].phases(phs, false, true)
+	}
+	if l1 == nil {
+		if err := run(0, pick(0)); err != nil {
+			return err
+		}
+	} else {
+		if err := ov.linkStreams(0); err != nil { // mb1 after the start and zero_grad
+			return err
+		}
+		s0, s1 := pick(0), pick(1)
+		f0, b0 := s0[:l0.forward], s0[l0.forward:]
+		f1, b1 := s1[:l1.forward], s1[l1.forward:]
+		if !over {
+			for _, p := range []struct {
+				i   int
+				phs []dispatchers.Step
+			}{{0, f0}, {0, b0}} {
+				if err := run(p.i, p.phs); err != nil {
+					return err
+				}
+			}
+			if err := ov.linkStreams(0); err != nil {
+				return err
+			}
+			if err := run(1, f1); err != nil {
+				return err
+			}
+		} else {
+			if err := run(0, f0); err != nil {
+				return err
+			}
+			if err := ov.linkStreams(0); err != nil { // F1 after F0, as in 1F1B
+				return err
+			}
+			for k, slot := range mergeSlots(b0, f1) {
+				if k > 0 && ov.plant != "a2a" { // the slot's pair starts after the last slot's pair
+					if err := ov.linkStreams(0); err != nil {
+						return err
+					}
+					if err := ov.linkStreams(1); err != nil {
+						return err
+					}
+				}
+				if err := run(0, slot[0]); err != nil {
+					return err
+				}
+				if err := run(1, slot[1]); err != nil {
+					return err
+				}
+			}
+			if ov.plant != "a2a" { // B1 accumulates into the gradients B0 wrote
+				if err := ov.linkStreams(0); err != nil {
+					return err
+				}
+			}
+		}
+		if err := run(1, b1); err != nil {
+			return err
+		}
+		if err := ov.linkStreams(1); err != nil { // the step ends on mb0's stream
+			return err
+		}
+	}
+	if err := ov.each(func(r int) error { return l0.ranks[r].Dev.Record(ov.end[r], l0.ranks[r].Stream) }); err != nil {
+		return err
+	}
+	l0.issueMS = float64(time.Since(t0).Nanoseconds())/1e6 - l0.waitMS
+	for _, l := range ov.mb {
+		if l == nil {
+			continue
+		}
+		if err := l.finish(); err != nil {
+			return err
+		}
+		l.warm = true
+	}
+	return nil
+}
+
+// mergeSlots cuts b (a backward's phases) and f (the next micro-batch's
+// forward) into runs of communication and compute and pairs them slot by
+// slot, as the combined 1F1B schedule does: b's combine backward beside
+// f's router, f's dispatch beside b's expert backward, b's dispatch
+// backward beside f's experts, f's combine beside b's router and shared
+// backward. Each slot is [b's run, f's run]; either may be empty.
+func mergeSlots(b, f []dispatchers.Step) [][2][]dispatchers.Step {
+	rb, rf := runs(b), runs(f)
+	// b starts with communication, f with compute: slot k pairs rb[k] with
+	// rf[k] when their kinds differ; otherwise one side waits a slot
+	var slots [][2][]dispatchers.Step
+	i, j := 0, 0
+	for i < len(rb) || j < len(rf) {
+		var s [2][]dispatchers.Step
+		switch {
+		case i < len(rb) && j < len(rf) && isComm(rb[i][0].Name) != isComm(rf[j][0].Name):
+			s[0], s[1] = rb[i], rf[j]
+			i, j = i+1, j+1
+		case j >= len(rf) || (i < len(rb) && isComm(rb[i][0].Name)):
+			s[0] = rb[i]
+			i++
+		default:
+			s[1] = rf[j]
+			j++
+		}
+		slots = append(slots, s)
+	}
+	return slots
+}
+
+// runs cuts phs into maximal runs of communication or compute.
+func runs(phs []dispatchers.Step) [][]dispatchers.Step {
+	var out [][]dispatchers.Step
+	for k, ph := range phs {
+		if k == 0 || isComm(ph.Name) != isComm(phs[k-1].Name) {
+			out = append(out, nil)
+		}
+		out[len(out)-1] = append(out[len(out)-1], ph)
+	}
+	return out
+}
+
+// linkStreams makes each rank's stream of micro-batch 1-d wait for the work
+// queued so far on its stream of micro-batch d.
+func (ov *overlap) linkStreams(d int) error {
+	from, to := ov.mb[d], ov.mb[1-d]
+	return ov.each(func(r int) error {
+		dev := from.ranks[r].Dev
+		if err := dev.Record(ov.link[d][r], from.ranks[r].Stream); err != nil {
+			return err
+		}
+		return dev.Wait(to.ranks[r].Stream, ov.link[d][r])
+	})
+}
+
+// each runs f for every local rank, each device's ranks on its thread.
+func (ov *overlap) each(f func(r int) error) error {
+	dl := ov.mb[0]
+	return dl.th.Each(func(dev int) error {
+		for _, r := range dl.of[dev] {
+			if err := f(r); err != nil {
+				return fmt.Errorf("rank %d: %w", r, err)
+			}
+		}
+		return nil
+	})
+}
+
+// ovTimes is what one step's events say, per rank.
+type ovTimes struct {
+	step    []float64 // from the common start to the step's end
+	comm    []float64 // the dispatchers' phases' busy time (their union)
+	exposed []float64 // the part of comm no compute on another stream covers
+}
+
+// times reads the last step's events (the host has waited for them); over
+// says whether it was the overlapped step, whose side streams' events it
+// also reads (the sequential step records none: CUDA refuses the elapsed
+// time of an event never recorded).
+func (ov *overlap) times(over bool) (ovTimes, error) {
+	l0 := ov.mb[0]
+	n := len(l0.ranks)
+	t := ovTimes{make([]float64, n), make([]float64, n), make([]float64, n)}
+	for r, rk := range l0.ranks {
+		if !l0.local(r) {
+			continue
+		}
+		begin := l0.dc[l0.on[r]].begin
+		at := func(e kernels.Event) (float64, error) { return rk.Dev.Elapsed(begin, e) }
+		var comm, comp [][2]float64
+		add := func(a, b kernels.Event, isComm bool) error {
+			s, err := at(a)
+			if err != nil {
+				return err
+			}
+			e, err := at(b)
+			if err != nil {
+				return err
+			}
+			if isComm {
+				comm = append(comm, [2]float64{s, e})
+			} else {
+				comp = append(comp, [2]float64{s, e})
+			}
+			return nil
+		}
+		for i, l := range ov.mb {
+			if l == nil {
+				continue
+			}
+			for _, ph := range ov.plain[i] {
+				if over && ov.shared && ph.Name == "shared" { // on its side stream
+					continue
+				}
+				if err := add(l.start[ph.Name][r], l.end[ph.Name][r], isComm(ph.Name)); err != nil {
+					return t, fmt.Errorf("%s on rank %d: %w", ph.Name, r, err)
+				}
+			}
+			o := &ov.ranks[i][r]
+			if !over {
+				continue
+			}
+			if ov.shared && l.dc[0].sfc1 != 0 {
+				if err := add(o.shStart, o.shEnd, false); err != nil {
+					return t, err
+				}
+				s, _ := at(o.shStart)
+				e, _ := at(o.shEnd)
+				ov.sharedMS[r] = append(ov.sharedMS[r], e-s)
+			}
+			for _, name := range dispatchers.ExpertBackwardPhases {
+				if w := o.wgrad[name]; w != nil && len(w.ops) > 0 {
+					if err := add(w.start, w.done, false); err != nil {
+						return t, err
+					}
+				}
+			}
+		}
+		end, err := at(ov.end[r])
+		if err != nil {
+			return t, err
+		}
+		t.step[r] = end
+		t.comm[r] = length(union(comm))
+		t.exposed[r] = exposedOf(comm, comp)
+	}
+	return t, nil
+}
+
+// union merges intervals into disjoint ones, in order.
+func union(iv [][2]float64) [][2]float64 {
+	iv = slices.Clone(iv)
+	slices.SortFunc(iv, func(a, b [2]float64) int { return int(math.Copysign(1, a[0]-b[0])) })
+	var out [][2]float64
+	for _, x := range iv {
+		if x[1] <= x[0] {
+			continue
+		}
+		if n := len(out); n > 0 && x[0] <= out[n-1][1] {
+			out[n-1][1] = max(out[n-1][1], x[1])
+			continue
+		}
+		out = append(out, x)
+	}
+	return out
+}
+
+func length(iv [][2]float64) float64 {
+	s := 0.0
+	for _, x := range iv {
+		s += x[1] - x[0]
+	}
+	return s
+}
+
+// exposedOf is the time within comm's intervals that no interval of comp
+// covers.
+func exposedOf(comm, comp [][2]float64) float64 {
+	c, u := union(comm), union(comp)
+	hidden := 0.0
+	for _, a := range c {
+		for _, b := range u {
+			hidden += max(0, min(a[1], b[1])-max(a[0], b[0]))
+		}
+	}
+	return length(c) - hidden
+}
+
+// ovSnapshot is what a step leaves that overlap must not change: every
+// micro-batch's output and input gradient per rank, and the weight
+// gradients (main_grad), as bits.
+type ovSnapshot map[string][]uint32
+
+// snapshot downloads ov's outputs and gradients after a step.
+func (ov *overlap) snapshot() (ovSnapshot, error) {
+	out := ovSnapshot{}
+	c := ov.mb[0].l.Cfg
+	T, h, f, E := c.Tokens, c.Hidden, c.FFN, c.Experts
+	fs, L := f*c.SharedExperts, ov.mb[0].l.Shape.LocalExperts()
+	for i, l := range ov.mb {
+		if l == nil {
+			continue
+		}
+		for r, rk := range l.ranks {
+			if !l.local(r) {
+				continue
+			}
+			g := &l.rr[r].g
+			bf := []struct {
+				name string
+				p    kernels.Ptr
+				n    int
+			}{{"y", rk.Y, T * h}, {"dx", g.dx, T * h}}
+			f32 := []struct {
+				name string
+				p    kernels.Ptr
+				n    int
+			}{{"dfc1", rk.DFC1, L * 2 * f * h}, {"dfc2", rk.DFC2, L * h * f}, {"router", g.routerGrad, E * h},
+				{"shared-fc1", g.sfc1Grad, 2 * fs * h}, {"shared-fc2", g.sfc2Grad, h * fs}}
+			for _, b := range bf {
+				if b.p == 0 {
+					continue
+				}
+				v := make([]uint16, b.n)
+				if err := rk.Dev.Download(v, b.p, rk.Stream); err != nil {
+					return nil, err
+				}
+				w := make([]uint32, b.n)
+				for k, x := range v {
+					w[k] = uint32(x)
+				}
+				out[fmt.Sprintf("micro-batch %d rank %d %s", i, r, b.name)] = w
+			}
+			for _, b := range f32 {
+				if b.p == 0 || (i == 1 && ov.mb[1] != nil) { // mb1's are mb0's
+					continue
+				}
+				v := make([]float32, b.n)
+				if err := rk.Dev.Download(v, b.p, rk.Stream); err != nil {
+					return nil, err
+				}
+				w := make([]uint32, b.n)
+				for k, x := range v {
+					w[k] = math.Float32bits(x)
+				}
+				out[fmt.Sprintf("rank %d %s gradient", r, b.name)] = w
+			}
+		}
+	}
+	return out, nil
+}
+
+// diff names the first tensor and element where a and b differ, or "".
+func (a ovSnapshot) diff(b ovSnapshot) string {
+	keys := make([]string, 0, len(a))
+	for k := range a {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	for _, k := range keys {
+		x, y := a[k], b[k]
+		if len(x) != len(y) {
+			return fmt.Sprintf("%s: %d values, %d", k, len(x), len(y))
+		}
+		for j := range x {
+			if x[j] != y[j] {
+				return fmt.Sprintf("%s: element %d differs (%#x, %#x)", k, j, x[j], y[j])
+			}
+		}
+	}
+	if len(a) != len(b) {
+		return fmt.Sprintf("%d tensors, %d", len(a), len(b))
+	}
+	return ""
+}
