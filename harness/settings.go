@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"reflect"
 	"slices"
+	"strings"
 
 	"github.com/moebench/moebench/internal/launch"
 	"github.com/moebench/moebench/results"
@@ -70,6 +71,9 @@ func settingsOf(cfg Config, version string) []launch.Setting {
 				panic(fmt.Sprintf("harness: Config.%s has no flag in settingFlags: every setting is compared between a run's processes", f.Name))
 			}
 			val := fmt.Sprint(v.Field(i).Interface())
+			if l, ok := v.Field(i).Interface().([]string); ok { // a list flag's own spelling
+				val = strings.Join(l, ",")
+			}
 			switch f.Name { // --check sets both: compared once, as the flag's word
 			case "CheckAll":
 				continue
