@@ -59,7 +59,7 @@ func benchLayer(l *Layer, rt *roundTrip, devs []kernels.Device, th *kernels.Thre
 	if err := d.Bind(l.Shape, dl.ranks); err != nil {
 		return dl, err
 	}
-	dl.seq = dispatchers.Steps(d, dl.copyExperts)
+	dl.seq = d.Forward(dl.copyExperts)
 	if err := dl.phaseEvents(); err != nil {
 		return dl, err
 	}
