@@ -6,8 +6,8 @@ import (
 	"github.com/moebench/moebench/kernels"
 )
 
-// The device contract: phases declared as Dispatcher's are (Phaser, or the
-// classic Phased), on buffers of a kernels.Device; the phase before the
+// The device contract: Design's steps (DeviceDispatcher), on buffers of a
+// kernels.Device; the phase before the
 // first expert phase sets ExpertX, ExpertProbs and ExpertRows, the last
 // phase writes Y (bf16) with Shared added. A phase queues its work on the
 // rank's stream and returns; collective phases order themselves after
@@ -19,7 +19,7 @@ import (
 // layer's barrier between phases): a phase may use what any rank's earlier
 // phases set or recorded (buffers, events, host state), but not what
 // another device's calls of the same phase do. A phase that must wait on
-// the host for the device (alltoall's count exchange) is a HostWaiter's;
+// the host for the device (alltoall's count exchange) is declared in Capabilities.HostWait;
 // a wait inside a phase (DeepEP's notify waiting for its counts) waits for
 // the device's own ranks only. Collective libraries (NCCL, NCCL EP) are
 // called by every rank from its own thread in the same phase.
@@ -29,7 +29,7 @@ import (
 // events are on its own device (DeviceRank.Dev); work on another rank's
 // buffers goes through copies between devices (kernels.CopyOp's devices)
 // or a communicator (kernels.Comm). A phase may queue work for all of its
-// device's ranks from one rank's call (see Grouper).
+// device's ranks from one rank's call (see Capabilities.Grouped).
 
 // DeviceRank is one EP rank's buffers on the device. Tensors are row-major,
 // bf16 unless noted.
@@ -64,9 +64,9 @@ type DeviceRank struct {
 
 	// Work is what the next expert phase computes. Nil: every row of
 	// ExpertX, grouped by local expert as ExpertRows says, into ExpertY. A
-	// Rebalancer sets it in Dispatch (the static work) and in Rebalance (the
-	// dynamic work); in the backward, the phase before each expert backward
-	// phase sets it as backward.go says of Segments.
+	// rebalancing design sets it in Dispatch (the static work) and in
+	// Rebalance (the dynamic work); in the backward, the phase before each
+	// expert backward phase sets it as backward.go says of Segments.
 	Work []DeviceWork
 
 	// The backward (backward.go's contract, on device buffers; alltoall's
@@ -139,79 +139,41 @@ func (r *DeviceRank) HoldGrads(sh Shape, fixed *int64, rows *kernels.Sized) erro
 	return rows.Ensure(r.Dev, r.Stream, r.Rows(), kernels.Buf{P: &r.ExpertDY, PerRow: 2 * h})
 }
 
-// DeviceDispatcher moves token copies between EP ranks on a device. It is
-// also a Phaser or Phased (NewDevice checks).
-type DeviceDispatcher interface {
-	Name() string
-	Impl() string
-	// Bind attaches the dispatcher to the ranks of a run, each on its
-	// device; called once. It may return an *UnavailableError (e.g. ranks
-	// whose devices cannot reach each other's memory).
-	Bind(shape Shape, ranks []*DeviceRank) error
-	Traffic() Traffic
-	Footprint(rank int) int64 // bytes of its own device buffers on a rank
-	Close() error             // frees its buffers
+// HostWait is a device design one of whose steps must first wait on the
+// host for the device (alltoall's count exchange: the host needs every
+// rank's counts to size the copies). Wait(phase, rank) does rank's wait,
+// on its device's thread; the layer calls it for every rank, and waits for
+// all of them, before it records the step's start events, so that each
+// rank's step is timed from its own first GPU operation and may use what
+// every rank's wait brought to the host; it reports the waits' wall time
+// on its own. The step does not wait again. Before says before which steps
+// it waits.
+type HostWait struct {
+	Before func(phase string) bool
+	Wait   func(phase string, rank int) error
 }
 
-// ClassicDevice is a device dispatcher with the classic phases.
-type ClassicDevice interface {
-	DeviceDispatcher
-	Phased
-}
-
-// Grouper is a device dispatcher that issues some phases once per device,
-// from the call of the device's last rank, for all of the device's ranks
-// (one co-resident launch per GPU); Grouped says which (by phase name). The
-// layer times such a phase from start events recorded on the device's
-// ranks' streams before its first rank's call to end events after its last
-// rank's; other phases between events around each rank's own call.
-type Grouper interface{ Grouped(phase string) bool }
-
-// HostWaiter is a device dispatcher one of whose phases must first wait on
-// the host for the device (alltoall's count exchange: the host needs every
-// rank's counts to size the copies). HostWait(phase, rank) does rank's
-// wait, on its device's thread; the layer calls it for every rank, and
-// waits for all of them, before it records the phase's start events, so
-// that each rank's phase is timed from its own first GPU operation and may
-// use what every rank's wait brought to the host; it reports the waits'
-// wall time on its own. The phase does not wait again. WaitsBefore says
-// before which phases it waits.
-type HostWaiter interface {
-	WaitsBefore(phase string) bool
-	HostWait(phase string, rank int) error
-}
-
-// Graphable is a device dispatcher whose steps may be issued as CUDA
-// graphs (--cuda-graph): the layer captures the phases between its host
-// waits (WaitsBefore says where they are) and replays a capture while the
-// segment's GraphKey repeats — its GPU work depends on nothing else (for
+// Graph is how a device design's steps may be issued as CUDA graphs
+// (--cuda-graph): the layer captures the steps between its host waits
+// (HostWait.Before says where they are) and replays a capture while the
+// segment's Key repeats — its GPU work depends on nothing else (for
 // alltoall after the count exchange: every rank's counts; before it:
-// nothing). A replayed segment's phases are not called: the dispatcher's
-// host state after HostWait must not depend on them (alltoall's exchange
-// runs at every HostWait). NoGraph says why a configuration cannot be, or "".
-type Graphable interface {
-	HostWaiter
-	GraphKey(phase string) string
-	NoGraph() string
+// nothing). A replayed segment's steps are not called: the dispatcher's
+// host state after HostWait.Wait must not depend on them (alltoall's
+// exchange runs at every wait). No says why a configuration cannot be, or
+// "".
+type Graph struct {
+	Key func(phase string) string
+	No  func() string
 }
 
-// Checker is a device dispatcher whose kernels can fail without failing
-// their launch (an SM-driven design's cross-rank waits, which time out):
-// CheckStep, called once every stream of a step is synchronized, returns
-// what went wrong, naming the rank, phase and wait (kernels.CommError).
-type Checker interface{ CheckStep() error }
-
-// Transporter is a device dispatcher whose data may move through a
-// library (NCCL) rather than copies: Transport names it, or is "".
-type Transporter interface{ Transport() string }
-
-// Library is a library implementation that says what ran (Library, after
+// Library is a library implementation's account: what ran (Info, after
 // Bind) and how long each rank's library calls took on the host in the
 // last step's phase (HostCallMS: their wall time, the library's internal
 // synchronizations included; ok false for a phase without one).
-type Library interface {
-	Library() LibraryInfo
-	HostCallMS(phase string, rank int) (ms float64, ok bool)
+type Library struct {
+	Info       func() LibraryInfo
+	HostCallMS func(phase string, rank int) (ms float64, ok bool)
 }
 
 // LibraryInfo is what a library implementation ran.
@@ -290,10 +252,7 @@ func NewDevice(name, impl string, env Env) (DeviceDispatcher, error) {
 		if err != nil {
 			return nil, err
 		}
-		if err := declaresPhases(name, d); err != nil {
-			return d, err
-		}
-		return d, checkPrecision(name, impl, d, env)
+		return d, checkPrecision(name, impl, d.Capabilities(), env)
 	}
 	f, ok := deviceRegistry[name]
 	if !ok {
@@ -303,15 +262,5 @@ func NewDevice(name, impl string, env Env) (DeviceDispatcher, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := declaresPhases(name, d); err != nil {
-		return d, err
-	}
-	return d, checkPrecision(name, impl, d, env)
-}
-
-// NewClassicDevice is NewDevice for a dispatcher that must have the classic
-// phases (a two-phase dispatcher's base).
-func NewClassicDevice(name, impl string, env Env) (ClassicDevice, error) {
-	d, err := NewDevice(name, impl, env)
-	return asClassic[ClassicDevice](name, impl, d, err)
+	return d, checkPrecision(name, impl, d.Capabilities(), env)
 }

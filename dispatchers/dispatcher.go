@@ -3,36 +3,37 @@
 // dispatcher name and implementation to a constructor or to the reason it is
 // unavailable.
 //
-// A dispatcher declares the phases of a step, each called once per EP rank;
-// every rank finishes a phase before any rank starts the next. Its phases
-// surround one or more expert phases, which the layer runs: "experts"
-// computes each rank's segments (rows of Rank.ExpertX into the same rows of
-// Rank.ExpertY). A design with its own phases implements Phaser; the
-// classic designs implement the four methods of Phased, which Sequence
-// orders:
+// The contract is one interface, Design, whose type parameter is the rank it
+// binds to: Rank on the host device (Dispatcher), DeviceRank on a cuda
+// device (DeviceDispatcher). Host and device share every method; only Bind's
+// ranks differ (host slices against device buffers, streams and threads), so
+// the parameter is the one thing left per device kind. The harness runs what
+// Forward and Backward return: steps, each called once per EP rank, every
+// rank finishing a step before any rank starts the next. The steps surround
+// one or more expert steps the layer runs ("experts", "dynamic": each rank's
+// segments, rows of ExpertX into the same rows of ExpertY). The step before
+// the first expert step leaves ExpertX, ExpertProbs and Segments set, the
+// last leaves Rank.Y holding each token's sum of its k expert outputs
+// (float32 sums; the layer stores it as bf16 and adds the shared expert).
+// DeepEP, for example, returns layout, notify, dispatch, permute, experts
+// and combine, its combine summing the k outputs on the way home; a design
+// with Megatron's phases builds them with Sequence (permute, dispatch,
+// experts, combine, unpermute). Backward returns the duals in the reverse
+// order (backward.go), or nil when the design has none.
 //
-//	Permute   local: order the rank's token copies for sending
-//	Dispatch  collective: deliver each copy to the rank owning its expert,
-//	          grouped by expert (fills Rank.ExpertX, ExpertProbs, Segments)
-//	          — the layer then runs each segment's expert ("experts") and
-//	          fills those rows of Rank.ExpertY —
-//	Rebalance optional (Rebalancer): move work between ranks; it sets the
-//	          segments of a second expert phase ("dynamic")
-//	Combine   collective: return each expert output to its token's home rank
-//	Unpermute local: Rank.Y[t] = sum of token t's k expert outputs
+// Everything else a harness may use is in Capabilities, a struct the design
+// fills: a reason where it lacks something (no backward, no fp8 path), and
+// funcs where it must be called (rebalance stats, host waits, the check
+// after a step, library timings). A nil func means the design does not do
+// it, which is what an optional interface said before, but the harness reads
+// one struct instead of probing the dispatcher with type assertions, and a
+// wrapper (a test's broken dispatcher) overrides one field, not an interface
+// it must remember to forward. Funcs, not values, where the answer depends
+// on Bind (transport, launch budgets). What is decided before a dispatcher
+// exists (its SM budget, a library's timeout) stays in the registry.
 //
-// Whatever the phases, the one before the first expert phase leaves
-// ExpertX, ExpertProbs and Segments set, and the last phase leaves Rank.Y
-// holding each token's sum of its k expert outputs (float32 sums; the layer
-// then stores it as bf16 and adds the shared expert). DeepEP, for example,
-// declares layout, notify, dispatch, permute, experts and combine, its
-// combine summing the k outputs on the way home.
-//
-// The backward (backward.go) declares its phases the same way, in the
-// reverse order, each the dual of a forward phase.
-//
-// Collective phases may read or write other ranks' state; that is how the
-// ranks, which are independent objects, exchange data. An expert phase
+// Collective steps may read or write other ranks' state; that is how the
+// ranks, which are independent objects, exchange data. An expert step
 // writes only the rows its segments cover and leaves the other rows of
 // ExpertY as they are.
 //
@@ -43,7 +44,6 @@ import (
 	"errors"
 	"fmt"
 	"sort"
-	"strings"
 	"time"
 )
 
@@ -178,43 +178,97 @@ type Buffer struct {
 	Bytes       int64
 }
 
-// Buffered is a dispatcher that describes its buffers (e.g. receive and
-// queue memory), sized for the last step.
-type Buffered interface{ Buffers(rank int) []Buffer }
-
-// Dispatcher moves token copies between EP ranks. It is also a Phaser or
-// Phased (New checks): see the package comment for the phase contract.
-type Dispatcher interface {
+// Design is the dispatcher contract (see the package comment), over the
+// ranks R it binds to: Rank on the host device, DeviceRank on a cuda one.
+type Design[R Rank | DeviceRank] interface {
 	Name() string
 	Impl() string
-	// Bind attaches the dispatcher to the ranks of a run; called once.
-	Bind(shape Shape, ranks []*Rank) error
+	// Bind attaches the dispatcher to the ranks of a run; called once. On
+	// a device it may return an *UnavailableError (e.g. ranks whose
+	// devices cannot reach each other's memory).
+	Bind(shape Shape, ranks []*R) error
+	// Forward is the steps of one forward pass in order, with experts
+	// (the layer's expert computation of the ranks' current segments) in
+	// the expert steps, named as ExpertPhases says.
+	Forward(experts func(rank int) error) []Step
+	// Backward is the backward's steps (backward.go), with experts (the
+	// layer's expert backward) in the expert steps, named as
+	// ExpertBackwardPhases says; nil when Capabilities().NoBackward says
+	// why there is none.
+	Backward(experts func(rank int) error) []Step
 	// Traffic is what the last step moved.
 	Traffic() Traffic
 	// Footprint is the bytes of the dispatcher's own buffers on a rank.
 	Footprint(rank int) int64
+	// Capabilities is what else the design declares and does.
+	Capabilities() Capabilities
+	// Close frees its buffers (nothing to free on the host).
+	Close() error
 }
 
-// Classic is a host dispatcher with the classic phases (what a two-phase
-// dispatcher such as feplb runs its phase 1 with and wraps).
-type Classic interface {
-	Dispatcher
-	Phased
+// Dispatcher is a design on the host device.
+type Dispatcher = Design[Rank]
+
+// DeviceDispatcher is a design on a cuda device (or kernels.Emu).
+type DeviceDispatcher = Design[DeviceRank]
+
+// Capabilities is what a design declares besides its steps: a reason
+// where it lacks something, a func where the harness must call it (nil:
+// the design does not do that). Device-only fields are nil on the host.
+type Capabilities struct {
+	// NoBackward says why Backward returns no steps; "" when it does.
+	NoBackward string
+	// FP8 says why the dispatcher cannot move fp8 rows for env ("" when
+	// it can: e4m3 rows and their scales, as its design does); nil: it
+	// has no fp8 path (New says so at --precision fp8).
+	FP8 func(env Env) string
+	// Rebalance is a design that moves work between ranks after the
+	// dispatch (FEPLB's phase 2); nil for the others.
+	Rebalance *Rebalance
+	// Buffers describes the dispatcher's buffers on a rank (receive and
+	// queue memory), sized for the last step.
+	Buffers func(rank int) []Buffer
+
+	// Grouped says which steps the design issues once per device, from
+	// the call of the device's last rank, for all of its ranks (one
+	// co-resident launch per GPU). The layer times such a step from start
+	// events recorded on the device's ranks' streams before its first
+	// rank's call to end events after its last rank's; other steps
+	// between events around each rank's own call.
+	Grouped func(phase string) bool
+	// HostWait is a device design one of whose steps must first wait on
+	// the host for the device (see HostWait).
+	HostWait *HostWait
+	// Graph is a device design whose steps may be issued as CUDA graphs
+	// (--cuda-graph; see Graph). It has a HostWait.
+	Graph *Graph
+	// Check, called once every stream of a step is synchronized, returns
+	// what went wrong in kernels that can fail without failing their
+	// launch (an SM-driven design's cross-rank waits, which time out),
+	// naming the rank, phase and wait (kernels.CommError).
+	Check func() error
+	// Transport names the library the data moves through (NCCL) rather
+	// than copies, once bound; "" when none.
+	Transport func() string
+	// LaunchBudgets are the blocks per rank, once bound, of launches
+	// with SM budgets of their own beside --sms (hybridep's preprocessing
+	// and permute).
+	LaunchBudgets func() (preprocess, permute int)
+	// Library is a library implementation's account of what ran.
+	Library *Library
 }
 
-// Rebalancer is a dispatcher that moves work between ranks after dispatch
-// (FEPLB's phase 2). Its Dispatch leaves in Segments only the work that
-// needs no rebalancing (FEPLB's static experts), which the layer starts at
-// once; Rebalance, called for every rank after that, moves work and sets the
-// segments of the second expert phase.
-type Rebalancer interface {
-	Rebalance(rank int) error
-	// RebalanceStats describes what the last step's rebalance did.
-	RebalanceStats() RebalanceStats
+// Rebalance is how the harness drives a rebalancing design. Its dispatch
+// leaves in Segments only the work that needs no rebalancing (FEPLB's
+// static experts), which the layer starts at once; its "rebalance" step
+// moves work and sets the segments of the second expert step ("dynamic").
+type Rebalance struct {
+	// Stats describes what the last step's rebalance did.
+	Stats func() RebalanceStats
 	// Pause(true) makes the following steps move nothing, so that each
 	// rank computes what phase 1 delivered to it (the harness measures the
 	// GEMM straggler before rebalancing with it); Pause(false) resumes.
-	Pause(paused bool)
+	Pause func(paused bool)
 }
 
 // RebalanceStats is one step's rebalance.
@@ -287,13 +341,6 @@ type Env struct {
 	NodeRanks int
 }
 
-// LaunchBudgets is a device dispatcher with launches of their own SM
-// budgets beside its --sms (hybridep's preprocessing and permute): their
-// blocks per rank as it runs them, once bound.
-type LaunchBudgets interface {
-	LaunchBudgets() (preprocess, permute int)
-}
-
 // DefaultCommTimeout is how long a cross-rank wait may take before the
 // dispatcher reports which rank, phase and wait timed out.
 const DefaultCommTimeout = 5 * time.Second
@@ -363,50 +410,7 @@ func New(name, impl string, env Env) (Dispatcher, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := declaresPhases(name, d); err != nil {
-		return d, err
-	}
-	return d, checkPrecision(name, impl, d, env)
-}
-
-// NewClassic is New for a dispatcher that must have the classic phases (a
-// two-phase dispatcher's base); one that declares its own is unavailable.
-func NewClassic(name, impl string, env Env) (Classic, error) {
-	d, err := New(name, impl, env)
-	return asClassic[Classic](name, impl, d, err)
-}
-
-// asClassic is d as the classic interface C, or why it is not one.
-func asClassic[C any](name, impl string, d any, err error) (C, error) {
-	var zero C
-	if err != nil {
-		return zero, err
-	}
-	c, ok := d.(C)
-	if !ok {
-		return zero, notClassic(name, impl, d)
-	}
-	return c, nil
-}
-
-// declaresPhases checks that d is a Phaser or Phased.
-func declaresPhases(name string, d any) error {
-	_, own := d.(Phaser)
-	_, classic := d.(Phased)
-	if !own && !classic {
-		return fmt.Errorf("dispatcher %q declares no phases (neither Phases nor Permute/Dispatch/Combine/Unpermute)", name)
-	}
-	return nil
-}
-
-// notClassic says why a dispatcher with its own phases cannot be a base.
-func notClassic(name, impl string, d any) error {
-	var phases []string
-	for _, s := range Steps(d, nil) {
-		phases = append(phases, s.Name)
-	}
-	return &UnavailableError{Name: name, Impl: impl, Reason: fmt.Sprintf(
-		"it cannot be the base of a two-phase dispatcher: its phases are its own (%s), not permute, dispatch, combine and unpermute", strings.Join(phases, ", "))}
+	return d, checkPrecision(name, impl, d.Capabilities(), env)
 }
 
 // Pending is the factory of a dispatcher whose design is registered but not
@@ -428,48 +432,22 @@ type Step struct {
 	Run  func(rank int) error
 }
 
-// Phaser is a dispatcher, host or device, that declares its own phases: the
-// steps of one forward pass in order, with experts (the layer's expert
-// computation of the ranks' current segments) in their place, named as
-// ExpertPhases says.
-type Phaser interface {
-	Phases(experts func(rank int) error) []Step
-}
-
-// Steps are d's phases with experts in their place: its own (Phaser), else
-// the classic Sequence. d must be one or the other (New checks).
-func Steps(d any, experts func(rank int) error) []Step {
-	if p, ok := d.(Phaser); ok {
-		return p.Phases(experts)
-	}
-	if p, ok := d.(Phased); ok {
-		return Sequence(p, experts)
-	}
-	panic(fmt.Sprintf("dispatchers: %T declares no phases", d))
-}
-
-// Phased is what Sequence needs of a dispatcher, host or device: the
-// classic phases.
-type Phased interface {
-	Permute(rank int) error
-	Dispatch(rank int) error
-	Combine(rank int) error
-	Unpermute(rank int) error
-}
-
-// Sequence is the order of d's phases with experts (the layer's expert
-// computation of the rank's current segments) in its place: permute,
-// dispatch, experts, then for Rebalancers rebalance and experts again
-// ("dynamic"), combine, unpermute. Each phase runs for every rank before the
-// next.
-func Sequence(d Phased, experts func(rank int) error) []Step {
-	s := []Step{{"permute", d.Permute}, {"dispatch", d.Dispatch}, {ExpertPhases[0], experts}}
-	if rb, ok := d.(Rebalancer); ok {
-		s = append(s, Step{"rebalance", rb.Rebalance}, Step{ExpertPhases[1], experts})
-	}
-	return append(s, Step{"combine", d.Combine}, Step{"unpermute", d.Unpermute})
+// Sequence is the forward of a design with Megatron's phases, with experts
+// in its place: permute, dispatch, experts, combine, unpermute.
+func Sequence(experts, permute, dispatch, combine, unpermute func(rank int) error) []Step {
+	return []Step{{"permute", permute}, {"dispatch", dispatch}, {ExpertPhases[0], experts}, {"combine", combine}, {"unpermute", unpermute}}
 }
 
 // ExpertPhases are the names of the phases that run experts; a rank's
 // expert-GEMM time is the sum of them.
 var ExpertPhases = []string{"experts", "dynamic"}
+
+// Runs are steps' runs by name, for a design that wraps another's steps
+// (feplb its base's).
+func Runs(steps []Step) map[string]func(rank int) error {
+	m := make(map[string]func(rank int) error, len(steps))
+	for _, s := range steps {
+		m[s.Name] = s.Run
+	}
+	return m
+}

@@ -5,30 +5,44 @@ import (
 	"testing"
 )
 
-// classic has the four classic phases; own declares its own.
-type classic struct{ base }
-type own struct{ base }
-type none struct{ base }
+// classic has Megatron's phases and their backward; own declares its own
+// forward and no backward.
+type classic struct{}
+type own struct{}
 
-type base struct{}
+func (classic) Name() string              { return "x" }
+func (classic) Impl() string              { return ImplNative }
+func (classic) Bind(Shape, []*Rank) error { return nil }
+func (classic) Traffic() Traffic          { return Traffic{} }
+func (classic) Footprint(int) int64       { return 0 }
+func (classic) Close() error              { return nil }
+func (classic) Capabilities() Capabilities {
+	return Capabilities{}
+}
+func (classic) Forward(ex func(int) error) []Step {
+	return Sequence(ex, nil, nil, nil, nil)
+}
+func (classic) Backward(ex func(int) error) []Step {
+	return SequenceBackward(ex, nil, nil, nil, nil)
+}
 
-func (base) Name() string              { return "x" }
-func (base) Impl() string              { return ImplNative }
-func (base) Bind(Shape, []*Rank) error { return nil }
-func (base) Traffic() Traffic          { return Traffic{} }
-func (base) Footprint(int) int64       { return 0 }
-func (classic) Permute(int) error      { return nil }
-func (classic) Dispatch(int) error     { return nil }
-func (classic) Combine(int) error      { return nil }
-func (classic) Unpermute(int) error    { return nil }
-func (own) Phases(ex func(int) error) []Step {
+func (own) Name() string              { return "y" }
+func (own) Impl() string              { return ImplNative }
+func (own) Bind(Shape, []*Rank) error { return nil }
+func (own) Traffic() Traffic          { return Traffic{} }
+func (own) Footprint(int) int64       { return 0 }
+func (own) Close() error              { return nil }
+func (own) Capabilities() Capabilities {
+	return Capabilities{NoBackward: "not built"}
+}
+func (own) Forward(ex func(int) error) []Step {
 	return []Step{{"layout", nil}, {"dispatch", nil}, {ExpertPhases[0], ex}, {"combine", nil}}
 }
+func (own) Backward(func(int) error) []Step { return nil }
 
 func init() {
 	Register("test-classic", func(string, Env) (Dispatcher, error) { return classic{}, nil })
 	Register("test-own", func(string, Env) (Dispatcher, error) { return own{}, nil })
-	Register("test-none", func(string, Env) (Dispatcher, error) { return none{}, nil })
 }
 
 func names(s []Step) string {
@@ -39,24 +53,23 @@ func names(s []Step) string {
 	return strings.Join(n, ",")
 }
 
-// TestSteps: a Phaser's own phases, else the classic sequence; New refuses
-// a dispatcher that declares neither, and NewClassic one with its own.
+// TestSteps: Sequence is Megatron's phases, the experts in their place;
+// a design's own steps are its own, and Runs finds them by name.
 func TestSteps(t *testing.T) {
-	if got := names(Steps(classic{}, nil)); got != "permute,dispatch,experts,combine,unpermute" {
+	if got := names(classic{}.Forward(nil)); got != "permute,dispatch,experts,combine,unpermute" {
 		t.Errorf("classic phases %s", got)
 	}
-	if got := names(Steps(own{}, nil)); got != "layout,dispatch,experts,combine" {
+	d, err := New("test-own", ImplNative, Env{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := names(d.Forward(nil)); got != "layout,dispatch,experts,combine" {
 		t.Errorf("own phases %s", got)
 	}
-	if _, err := New("test-none", ImplNative, Env{}); err == nil || !strings.Contains(err.Error(), "declares no phases") {
-		t.Errorf("a dispatcher without phases: %v", err)
-	}
-	if _, err := NewClassic("test-classic", ImplNative, Env{}); err != nil {
-		t.Errorf("classic as a base: %v", err)
-	}
-	_, err := NewClassic("test-own", ImplNative, Env{})
-	if !IsUnavailable(err) || !strings.Contains(err.Error(), "layout, dispatch, experts, combine") {
-		t.Errorf("own phases as a base: %v", err)
+	called := 0
+	run := Runs(classic{}.Forward(func(int) error { called++; return nil }))
+	if err := run[ExpertPhases[0]](0); err != nil || called != 1 || len(run) != 5 {
+		t.Errorf("Runs: %d runs, experts called %d times (%v)", len(run), called, err)
 	}
 }
 
@@ -75,60 +88,32 @@ func TestSMBudget(t *testing.T) {
 	}
 }
 
-// The backward's contract: classicBack has the classic backward, ownBack
-// its own, rebalancing a rebalance without and with its backward.
-type classicBack struct{ classic }
-type ownBack struct{ own }
-type rebalancing struct{ classicBack }
-type rebalancingBack struct{ rebalancing }
-
-func (classicBack) UnpermuteBackward(int) error { return nil }
-func (classicBack) CombineBackward(int) error   { return nil }
-func (classicBack) DispatchBackward(int) error  { return nil }
-func (classicBack) PermuteBackward(int) error   { return nil }
-func (ownBack) BackwardPhases(ex func(int) error) []Step {
-	return []Step{{BackwardName("combine"), nil}, {ExpertBackwardPhases[0], ex}, {BackwardName("dispatch"), nil}}
-}
-func (rebalancing) Rebalance(int) error                  { return nil }
-func (rebalancing) RebalanceStats() RebalanceStats       { return RebalanceStats{} }
-func (rebalancing) Pause(bool)                           {}
-func (rebalancingBack) RebalanceBackward(rank int) error { return nil }
-
-// TestBackwardSteps: the classic backward is the forward's sequence
-// reversed, each phase its dual (a rebalancer's expert phases and
-// rebalance in reverse too); a design's own backward phases are its own; a
-// dispatcher without a backward, or a rebalancer without the rebalance's,
-// has none.
+// TestBackwardSteps: SequenceBackward is the forward's sequence reversed,
+// each phase its dual; FusedBackward a fused design's; a design without a
+// backward returns none and says why.
 func TestBackwardSteps(t *testing.T) {
 	for _, tc := range []struct {
-		d    any
-		want string
+		fwd, bwd []Step
+		want     string
 	}{
-		{classicBack{}, "unpermute-bwd,combine-bwd,experts-bwd,dispatch-bwd,permute-bwd"},
-		{rebalancingBack{}, "unpermute-bwd,combine-bwd,dynamic-bwd,rebalance-bwd,experts-bwd,dispatch-bwd,permute-bwd"},
-		{ownBack{}, "combine-bwd,experts-bwd,dispatch-bwd"},
+		{classic{}.Forward(nil), classic{}.Backward(nil), "unpermute-bwd,combine-bwd,experts-bwd,dispatch-bwd,permute-bwd"},
+		{own{}.Forward(nil), FusedBackward(nil, nil, nil), "combine-bwd,experts-bwd,dispatch-bwd"},
 	} {
-		s, err := BackwardSteps(tc.d, nil)
-		if got := names(s); err != nil || got != tc.want || !HasBackward(tc.d) {
-			t.Errorf("%T: backward %s (%v), want %s", tc.d, got, err, tc.want)
+		if got := names(tc.bwd); got != tc.want {
+			t.Errorf("backward %s, want %s", got, tc.want)
 		}
 		// each backward phase is the dual of a forward phase of the design
 		fwd := map[string]bool{}
-		for _, st := range Steps(tc.d, nil) {
+		for _, st := range tc.fwd {
 			fwd[st.Name] = true
 		}
-		for _, st := range s {
+		for _, st := range tc.bwd {
 			if name := strings.TrimSuffix(st.Name, "-bwd"); !fwd[name] {
-				t.Errorf("%T: backward phase %s has no forward phase %s", tc.d, st.Name, name)
+				t.Errorf("backward phase %s has no forward phase %s", st.Name, name)
 			}
 		}
 	}
-	if _, err := BackwardSteps(rebalancing{}, nil); err == nil || !strings.Contains(err.Error(), "no RebalanceBackward") {
-		t.Errorf("a rebalancer without the rebalance's backward: %v", err)
-	}
-	for _, d := range []any{classic{}, own{}} {
-		if _, err := BackwardSteps(d, nil); HasBackward(d) || err == nil {
-			t.Errorf("%T declares no backward, yet has one (%v)", d, err)
-		}
+	if d := (own{}); d.Backward(nil) != nil || d.Capabilities().NoBackward == "" {
+		t.Errorf("a design without a backward: %v, %q", d.Backward(nil), d.Capabilities().NoBackward)
 	}
 }

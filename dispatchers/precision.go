@@ -18,16 +18,9 @@ const (
 // FP8Block is the elements of a row that share one scale in fp8 dispatch.
 const FP8Block = 128
 
-// FP8Mover is a dispatcher that moves FP8 rows as its design does:
-// FP8Unavailable says why it cannot for env ("" when it can). A
-// dispatcher that is no FP8Mover is unavailable at fp8 (New says so).
-type FP8Mover interface {
-	FP8Unavailable(env Env) string
-}
-
-// checkPrecision is New's gate: d runs at env's precision, or the
-// *UnavailableError that says why not.
-func checkPrecision(name, impl string, d any, env Env) error {
+// checkPrecision is New's gate: a design of capabilities c runs at env's
+// precision (c.FP8 for fp8), or the *UnavailableError that says why not.
+func checkPrecision(name, impl string, c Capabilities, env Env) error {
 	switch env.Precision {
 	case "", PrecisionBF16:
 		return nil
@@ -35,7 +28,7 @@ func checkPrecision(name, impl string, d any, env Env) error {
 		return &UnavailableError{Name: name, Impl: impl, Reason: "--precision mxfp8 is not wired in this build: its quantization kernel " +
 			"(quant_mxfp8) and host reference exist, but no dispatcher moves MX blocks yet and no MX GEMM path exists (docs/fp8.md)"}
 	case PrecisionFP8:
-		m, ok := d.(FP8Mover)
+		ok := c.FP8 != nil
 		switch {
 		case !ok && impl == ImplLibrary:
 			return &UnavailableError{Name: name, Impl: impl, Reason: fmt.Sprintf("%s's library implementation has no FP8 dispatch path in this build; "+
@@ -46,7 +39,7 @@ func checkPrecision(name, impl string, d any, env Env) error {
 		case !ok:
 			return &UnavailableError{Name: name, Impl: impl, Reason: fmt.Sprintf("%s has no FP8 dispatch path in this build", name)}
 		}
-		if why := m.FP8Unavailable(env); why != "" {
+		if why := c.FP8(env); why != "" {
 			return &UnavailableError{Name: name, Impl: impl, Reason: why}
 		}
 		return nil

@@ -8,17 +8,19 @@ import (
 // mover moves FP8 rows except at hidden 384.
 type mover struct{ classic }
 
-func (mover) FP8Unavailable(env Env) string {
-	if env.Hidden == 384 {
-		return "not at 384"
-	}
-	return ""
+func (mover) Capabilities() Capabilities {
+	return Capabilities{FP8: func(env Env) string {
+		if env.Hidden == 384 {
+			return "not at 384"
+		}
+		return ""
+	}}
 }
 
 func init() { Register("test-mover", func(string, Env) (Dispatcher, error) { return mover{}, nil }) }
 
 // TestPrecisionGate: at fp8 New gives a dispatcher only when it moves FP8
-// rows (FP8Mover) and says it can here; else it is unavailable with the
+// rows (Capabilities.FP8) and says it can here; else it is unavailable with the
 // reason (a library through NCCL EP, the cuda device, or the design's own
 // constraint); mxfp8 is unavailable; bf16 is never gated.
 func TestPrecisionGate(t *testing.T) {

@@ -71,12 +71,12 @@ func (l *Layer) routerGrad() bool { return l.Trace == nil || l.Trace.Probs == ni
 // router's, then the shared expert's (first in the forward), the last
 // phase followed by the input gradient's sum (B8).
 func (l *Layer) backwardSteps(d dispatchers.Dispatcher) ([]dispatchers.Step, error) {
-	if !dispatchers.HasBackward(d) {
+	if d.Capabilities().NoBackward != "" {
 		return nil, fmt.Errorf("dispatcher %s (%s) has no backward in this build; run it with --forward-only", d.Name(), d.Impl())
 	}
 	experts := l.expertsBackward
 	if l.hold != HostExpertsHeld { // a rank's weight gradients are complete after its one expert backward phase
-		if _, ok := d.(dispatchers.Rebalancer); ok {
+		if d.Capabilities().Rebalance != nil {
 			return nil, fmt.Errorf("dispatcher %s moves experts' weight gradients between ranks: the layer must hold them all (--host-experts held), not %s", d.Name(), l.hold)
 		}
 		experts = func(r int) error {
@@ -87,10 +87,7 @@ func (l *Layer) backwardSteps(d dispatchers.Dispatcher) ([]dispatchers.Step, err
 			return nil
 		}
 	}
-	s, err := dispatchers.BackwardSteps(d, experts)
-	if err != nil {
-		return nil, err
-	}
+	s := d.Backward(experts)
 	if n := expertPhases(s); n != 1 && l.hold != HostExpertsHeld {
 		return nil, fmt.Errorf("dispatcher %s has %d expert backward phases: a layer that releases each rank's weight gradients after its expert backward needs one", d.Name(), n)
 	}

@@ -106,8 +106,8 @@ func TestTrainingStepDispatchersAgree(t *testing.T) {
 					t.Fatalf("%s: correctness %+v, grads %+v", at, cc, cc.Grads)
 				}
 				moved := false
-				if rb, ok := disp.(dispatchers.Rebalancer); ok {
-					moved = rb.RebalanceStats().Moves > 0
+				if rb := disp.Capabilities().Rebalance; rb != nil {
+					moved = rb.Stats().Moves > 0
 					if !moved {
 						t.Fatalf("%s: the checked step moved no work", at)
 					}
@@ -146,6 +146,11 @@ var brokenRanks []*dispatchers.Rank
 func (b brokenBackward) Bind(s dispatchers.Shape, ranks []*dispatchers.Rank) error {
 	brokenRanks = ranks
 	return b.A2A.Bind(s, ranks)
+}
+
+// Backward is alltoall's with CombineBackward in place of its combine-bwd.
+func (b brokenBackward) Backward(experts func(rank int) error) []dispatchers.Step {
+	return replace(b.A2A.Backward(experts), dispatchers.BackwardName("combine"), b.CombineBackward)
 }
 
 func (b brokenBackward) CombineBackward(r int) error {

@@ -249,7 +249,7 @@ func benchPoint(c Config, l *Layer, p DispatchPoint) (DispatchPoint, error) {
 	if err := d.Bind(l.Shape, rt.ranks); err != nil {
 		return fail(err)
 	}
-	steps := dispatchers.Steps(d, rt.identity)
+	steps := d.Forward(rt.identity)
 	samples := map[string][][]float64{}
 	for _, st := range steps {
 		samples[st.Name] = make([][]float64, c.EP)

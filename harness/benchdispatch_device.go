@@ -73,7 +73,7 @@ func benchLayer(l *Layer, rt *roundTrip, packed [][]uint16, devs []kernels.Devic
 	if err := d.Bind(dl.shape(), dl.ranks); err != nil { // at fp8 the dispatched rows are packed rows
 		return dl, err
 	}
-	dl.seq = dispatchers.Steps(d, dl.copyExperts)
+	dl.seq = d.Forward(dl.copyExperts)
 	if err := dl.phaseEvents(); err != nil {
 		return dl, err
 	}

@@ -384,7 +384,7 @@ func roundTrips(d dispatchers.Dispatcher, shape dispatchers.Shape, x [][]float32
 	if err := d.Bind(shape, rt.ranks); err != nil {
 		return err.Error(), ""
 	}
-	for _, step := range dispatchers.Steps(d, rt.identity) {
+	for _, step := range d.Forward(rt.identity) {
 		for r := range rt.ranks {
 			if err := step.Run(r); err != nil {
 				return err.Error(), ""

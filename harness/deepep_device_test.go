@@ -114,10 +114,10 @@ type checkFails struct {
 	err error
 }
 
-func (c checkFails) CheckStep() error { return c.err }
-func (c checkFails) Grouped(phase string) bool {
-	g, ok := c.DeviceDispatcher.(dispatchers.Grouper)
-	return ok && g.Grouped(phase)
+func (c checkFails) Capabilities() dispatchers.Capabilities {
+	caps := c.DeviceDispatcher.Capabilities()
+	caps.Check = func() error { return c.err }
+	return caps
 }
 
 // TestStepReportsKernelFailure: what a dispatcher's CheckStep returns after

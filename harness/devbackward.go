@@ -71,7 +71,7 @@ type tapedSeg struct {
 // trains says whether the device layer runs the backward: the layer is
 // not forward-only and the dispatcher's device implementation has one.
 func trains(c Config, d dispatchers.DeviceDispatcher) bool {
-	return !c.ForwardOnly && dispatchers.HasBackward(d)
+	return !c.ForwardOnly && d.Capabilities().NoBackward == ""
 }
 
 // drawDOuts draws every rank's upstream gradient into the host twin (in
@@ -119,10 +119,7 @@ func drawDOut(c Config, r int) []float32 { return normal(c.Seed, "dout", r, c.To
 // deviceBackwardSteps are the backward's phases, in autograd's order (see
 // Layer.backwardSteps), the last followed by the input gradient.
 func (dl *deviceLayer) deviceBackwardSteps() ([]dispatchers.Step, error) {
-	s, err := dispatchers.BackwardSteps(dl.d, dl.expertsBackward)
-	if err != nil {
-		return nil, err
-	}
+	s := dl.d.Backward(dl.expertsBackward)
 	var router, shared func(int) error
 	if dl.l.routerGrad() {
 		router = dl.routerBackward

@@ -38,7 +38,7 @@ type deviceLayer struct {
 	start, end map[string][]kernels.Event // per phase, per rank
 	issueMS    float64                    // the last step's host issue time (see step)
 	graph      *graphs                    // --cuda-graph: the captured segments (graph.go); nil: plain launches
-	waitMS     float64                    // the last step's host waits before phases (dispatchers.HostWaiter)
+	waitMS     float64                    // the last step's host waits before phases (Capabilities.HostWait)
 	job        job                        // what the devices' threads do next (see work)
 	work       func(dev int) error        // dl.issue, made once: issuing a step allocates nothing
 	train      bool                       // a step is a training step: forward, then backward (devbackward.go)
@@ -378,11 +378,11 @@ func (dl *deviceLayer) steps() []dispatchers.Step {
 	if dl.l.Cfg.isFP8() {
 		dl.seq = append(dl.seq, dispatchers.Step{Name: "quantize", Run: dl.quantize})
 	}
-	dl.seq = append(dl.seq, dispatchers.Steps(dl.d, dl.experts)...)
+	dl.seq = append(dl.seq, dl.d.Forward(dl.experts)...)
 	dl.forward = len(dl.seq)
 	if dl.train {
 		bwd, err := dl.deviceBackwardSteps()
-		if err != nil { // HasBackward said it has one
+		if err != nil { // its capabilities said it has one
 			panic(err)
 		}
 		dl.seq = append(dl.seq, bwd...)
@@ -679,11 +679,11 @@ func (dl *deviceLayer) chooseGrouped() (string, error) {
 // events on each rank's stream; then every stream is waited for. Every
 // rank starts from its device's begin event, which follows device 0's. A
 // phase's events bracket each rank's own call, except for a phase the
-// dispatcher issues once per device (dispatchers.Grouper): the device's
+// dispatcher issues once per device (Capabilities.Grouped): the device's
 // start events are all recorded before its first rank's call and its end
 // events after its last, so that each rank's time holds the work the
 // device's call queues on its stream. A dispatcher's host wait before a
-// phase (dispatchers.HostWaiter) comes before the phase's start events, so
+// phase (Capabilities.HostWait) comes before the phase's start events, so
 // that no rank's phase time holds it; waitMS is its wall time, every
 // device's wait included. issueMS is the host's wall time from the first
 // call to the last call's return, before waiting for the streams, less
@@ -754,9 +754,9 @@ func (dl *deviceLayer) issue(dev int) error {
 	case jobPhase:
 		return dl.issuePhase(dev, j.ph)
 	case jobHostWait:
-		hw := dl.d.(dispatchers.HostWaiter)
+		hw := dl.d.Capabilities().HostWait
 		for _, r := range ranks {
-			if err := hw.HostWait(j.ph.Name, r); err != nil {
+			if err := hw.Wait(j.ph.Name, r); err != nil {
 				return fmt.Errorf("rank %d: %w", r, err)
 			}
 		}
@@ -779,8 +779,8 @@ func (dl *deviceLayer) issue(dev int) error {
 // step).
 func (dl *deviceLayer) issuePhase(dev int, ph *dispatchers.Step) error {
 	ranks := dl.of[dev]
-	g, _ := dl.d.(dispatchers.Grouper)
-	together := g != nil && g.Grouped(ph.Name)
+	g := dl.d.Capabilities().Grouped
+	together := g != nil && g(ph.Name)
 	mark := func(evs []kernels.Event, rs []int) error {
 		for _, r := range rs {
 			if err := dl.ranks[r].Dev.Record(evs[r], dl.ranks[r].Stream); err != nil {
@@ -812,13 +812,13 @@ func (dl *deviceLayer) issuePhase(dev int, ph *dispatchers.Step) error {
 }
 
 // finish waits for every stream, then asks the dispatcher what its kernels
-// recorded (dispatchers.Checker: a cross-rank wait that gave up).
+// recorded (Capabilities.Check: a cross-rank wait that gave up).
 func (dl *deviceLayer) finish() error {
 	if err := dl.sync(); err != nil {
 		return err
 	}
-	if c, ok := dl.d.(dispatchers.Checker); ok {
-		return c.CheckStep()
+	if c := dl.d.Capabilities().Check; c != nil {
+		return c()
 	}
 	return nil
 }
@@ -866,10 +866,10 @@ func (dl *deviceLayer) begin() error {
 // begin the step's start (begin0 done) with the first; with hostWaits, the
 // dispatcher's host wait before a phase first (adding to waitMS).
 func (dl *deviceLayer) phases(phs []dispatchers.Step, begin, hostWaits bool) error {
-	hw, _ := dl.d.(dispatchers.HostWaiter)
+	hw := dl.d.Capabilities().HostWait
 	for i := range phs {
 		ph := &phs[i]
-		if hw != nil && hostWaits && hw.WaitsBefore(ph.Name) { // before the phase's start events: it is timed from its own first GPU operation
+		if hw != nil && hostWaits && hw.Before(ph.Name) { // before the phase's start events: it is timed from its own first GPU operation
 			t := time.Now()
 			if err := dl.each(jobHostWait, ph, begin); err != nil {
 				return fmt.Errorf("%s: host wait: %w", ph.Name, err)
@@ -948,10 +948,10 @@ func (dl *deviceLayer) times(samples map[string][][]float64, step [][]float64) e
 }
 
 // hostCalls adds the last step's library calls' wall time per phase and
-// rank (dispatchers.Library) to m.
+// rank (Capabilities.Library) to m.
 func (dl *deviceLayer) hostCalls(m *measured) {
-	lib, ok := dl.d.(dispatchers.Library)
-	if !ok {
+	lib := dl.d.Capabilities().Library
+	if lib == nil {
 		return
 	}
 	for _, ph := range dl.steps() {
@@ -1127,7 +1127,7 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 		ds.fail(err, cfg)
 		return dispatcherError(rec, cfg, err)
 	}
-	prog := startProgress(env.Progress, env.ProgressEvery, steps(cfg, d))
+	prog := startProgress(env.Progress, env.ProgressEvery, steps(cfg, d.Capabilities()))
 	defer prog.finish()
 	cfg.prog, cfg.intr = prog, env.Interrupt
 	ds.setProgress(prog)
@@ -1176,16 +1176,16 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 	if err != nil {
 		return fail(deviceStatus(err), err)
 	}
-	if b, ok := d.(dispatchers.LaunchBudgets); ok {
-		rec.SMs.Preprocess, rec.SMs.Permute = b.LaunchBudgets()
+	if b := d.Capabilities().LaunchBudgets; b != nil {
+		rec.SMs.Preprocess, rec.SMs.Permute = b()
 	}
-	if lib, ok := d.(dispatchers.Library); ok {
-		li := lib.Library()
+	if lib := d.Capabilities().Library; lib != nil {
+		li := lib.Info()
 		rec.Library = &results.Library{Design: li.Design, Name: li.Name, Version: li.Version, Path: li.Path, Detail: li.Detail}
 		rec.SMs.Note = li.SMs
 	}
-	if t, ok := d.(dispatchers.Transporter); ok && t.Transport() != "" {
-		rec.Ranks.Note = ranksNote(cfg.EP, devs, t.Transport())
+	if t := d.Capabilities().Transport; t != nil && t() != "" {
+		rec.Ranks.Note = ranksNote(cfg.EP, devs, t())
 	}
 	// a run over several processes stops where all agree to (interruptedAt)
 	if err := dl.interruptedAt(env.Interrupt, whileBuilding); IsInterrupted(err) {
@@ -1230,7 +1230,7 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 	}
 	for _, ph := range dl.steps() {
 		m.phases = append(m.phases, ph.Name)
-		if g, ok := d.(dispatchers.Grouper); ok && g.Grouped(ph.Name) {
+		if g := d.Capabilities().Grouped; g != nil && g(ph.Name) {
 			m.model += fmt.Sprintf(". %s is issued once per GPU by the GPU's last rank's call: each rank's %s time runs from before its GPU's first rank's call to after the last's", ph.Name, ph.Name)
 		}
 	}
@@ -1247,7 +1247,8 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 		dl.graph = gs
 		defer gs.free()
 	}
-	rb, rebalances := d.(dispatchers.Rebalancer)
+	rb := d.Capabilities().Rebalance
+	rebalances := rb != nil
 	prog.stepping(0) // the phases run on the devices at once: counted by step
 	pausedEnd, end := cfg.deadlines(rebalances)
 	if rebalances { // the paused steps (see measured.paused)
@@ -1265,7 +1266,7 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 			if err := dl.step(); err != nil {
 				return err
 			}
-			rb.RebalanceStats() // every synchronized step: its GEMM rate for the scheduler
+			rb.Stats() // every synchronized step: its GEMM rate for the scheduler
 			prog.stepDone()
 			if i < 0 {
 				return nil
@@ -1301,7 +1302,7 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 		prog.stepDone()
 		var rs dispatchers.RebalanceStats
 		if rebalances { // every synchronized step: its rates for the scheduler
-			rs = rb.RebalanceStats()
+			rs = rb.Stats()
 		}
 		if i < 0 {
 			return nil
@@ -1311,7 +1312,7 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 		}
 		m.issue = append(m.issue, dl.issueMS)
 		dl.hostCalls(&m)
-		if _, ok := d.(dispatchers.HostWaiter); ok {
+		if d.Capabilities().HostWait != nil {
 			m.hostWait = append(m.hostWait, dl.waitMS)
 		}
 		if rebalances {
@@ -1340,7 +1341,7 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 		m.stopped = stopped
 	}
 	m.traffic = d.Traffic() // after the steps: it counts the last one
-	m.buffers = buffers(d, cfg.EP)
+	m.buffers = buffers(d.Capabilities(), cfg.EP)
 	for r, rk := range dl.ranks {
 		m.recv = append(m.recv, rk.Rows())
 		var b int64

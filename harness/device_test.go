@@ -238,7 +238,7 @@ func TestDeviceFEPLB(t *testing.T) {
 	if cr, err := dl.check(); err != nil || !cr.Passed {
 		t.Fatalf("check: %v, %+v", err, cr)
 	}
-	rb := dl.d.(dispatchers.Rebalancer).RebalanceStats()
+	rb := dl.d.Capabilities().Rebalance.Stats()
 	before, after := slices.Max(rb.TokensBefore)-slices.Min(rb.TokensBefore), slices.Max(rb.TokensAfter)-slices.Min(rb.TokensAfter)
 	if rb.Moves == 0 || after >= before || rb.CopyBytes == 0 || rb.CopyMethod == "" {
 		t.Fatalf("rebalance %+v", rb)
@@ -249,11 +249,11 @@ func TestDeviceFEPLB(t *testing.T) {
 		t.Errorf("exposed %v s (%s): want the helpers' wait for their copies", rb.Exposed, rb.ExposedNote)
 	}
 	// paused, phase 2 moves nothing and the output is still right
-	dl.d.(dispatchers.Rebalancer).Pause(true)
+	dl.d.Capabilities().Rebalance.Pause(true)
 	if cr, err := dl.check(); err != nil || !cr.Passed {
 		t.Fatalf("paused check: %v, %+v", err, cr)
 	}
-	if p := dl.d.(dispatchers.Rebalancer).RebalanceStats(); p.Moves != 0 || !slices.Equal(p.TokensAfter, p.TokensBefore) || !math.IsNaN(p.Exposed) {
+	if p := dl.d.Capabilities().Rebalance.Stats(); p.Moves != 0 || !slices.Equal(p.TokensAfter, p.TokensBefore) || !math.IsNaN(p.Exposed) {
 		t.Fatalf("paused rebalance %+v", p)
 	}
 	// a step ends with the incoming chunks (4 copies each: rows,
@@ -327,7 +327,7 @@ func TestDeviceFEPLBSplitsOverHelpers(t *testing.T) {
 	if cr, err := dl.check(); err != nil || !cr.Passed {
 		t.Fatalf("check: %v, %+v", err, cr)
 	}
-	if rb := dl.d.(dispatchers.Rebalancer).RebalanceStats(); !slices.Equal(rb.TokensAfter, pl.Loads(c.EP)) || rb.Moves != len(pl.Moves)/2 {
+	if rb := dl.d.Capabilities().Rebalance.Stats(); !slices.Equal(rb.TokensAfter, pl.Loads(c.EP)) || rb.Moves != len(pl.Moves)/2 {
 		t.Fatalf("rebalance %+v; plan loads %v, %d moves", rb, pl.Loads(c.EP), len(pl.Moves)/2)
 	}
 	// the order the policy's model of the way back assumes: a helper
@@ -508,8 +508,8 @@ func TestGPULayer(t *testing.T) {
 				}
 				t.Logf("step %d: max rel err %.3g, %d routing differences, %s", i, cr.MaxRelErr, cr.RoutingDiffs, cr.Sample)
 			}
-			if rb, ok := dl.d.(dispatchers.Rebalancer); ok {
-				s := rb.RebalanceStats()
+			if rb := dl.d.Capabilities().Rebalance; rb != nil {
+				s := rb.Stats()
 				if s.Moves == 0 || !(s.Exposed >= 0) {
 					t.Errorf("rebalance %+v", s)
 				}

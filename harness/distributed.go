@@ -750,7 +750,7 @@ func (dl *deviceLayer) merge(m *measured, parts []part, rec *results.Record) {
 		hosts[p.Host] = true
 	}
 	rec.Ranks.Note = fmt.Sprintf("%d EP ranks over %d processes on %d node(s) (%s), %d rank(s) per process, one GPU each; data moves between ranks through %s",
-		len(rec.Ranks.Devices), len(parts), len(hosts), d.rv.L.Via, d.per, dl.d.(dispatchers.Transporter).Transport())
+		len(rec.Ranks.Devices), len(parts), len(hosts), d.rv.L.Via, d.per, dl.d.Capabilities().Transport())
 }
 
 // agreeBatched: the batched grouped GEMM (name) is compared only where

@@ -482,10 +482,10 @@ func rowDot(x, y []float32) float32 {
 // token's input gradient must come back as that row exactly (its copies'
 // probabilities sum to 1, every partial sum exact in bf16), and each
 // copy's probability gradient as x·dy, bit for bit.
-func (rt *roundTrip) backwardVerdict(d any) string {
-	steps, err := dispatchers.BackwardSteps(d, rt.identityBackward)
-	if err != nil {
-		return err.Error()
+func (rt *roundTrip) backwardVerdict(d dispatchers.Dispatcher) string {
+	steps := d.Backward(rt.identityBackward)
+	if steps == nil {
+		return fmt.Sprintf("%s declares no backward: %s", d.Name(), d.Capabilities().NoBackward)
 	}
 	for r, rk := range rt.ranks {
 		rk.DY = rt.x[r]

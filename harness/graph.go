@@ -17,13 +17,13 @@ import (
 // begin stream — every rank's stream joins the capture by waiting for an
 // event recorded in it and is joined back at its end — instantiated, and
 // launched with one call; it is replayed, not captured again, while its
-// key (dispatchers.Graphable.GraphKey: for alltoall's second segment, every
+// key (dispatchers.Graph.Key: for alltoall's second segment, every
 // rank's counts) stays the same from step to step (the dispatcher's host
 // state is then the one the capture left). A capture the driver refuses (a call that cannot
 // be captured, such as a buffer that has to grow) is dropped and its phases
 // are issued as plain launches; the record counts such steps.
 type graphs struct {
-	g         dispatchers.Graphable
+	g         dispatchers.Capabilities // with a Graph and a HostWait
 	capturer  kernels.Capturer
 	origin    kernels.Stream // device 0's begin stream
 	fork      kernels.Event  // recorded on origin: the ranks' streams wait for it
@@ -44,11 +44,11 @@ type keyed struct {
 
 // newGraphs prepares dl for --cuda-graph, or says why it cannot be.
 func newGraphs(dl *deviceLayer) (*graphs, error) {
-	g, ok := dl.d.(dispatchers.Graphable)
-	if !ok {
+	g := dl.d.Capabilities()
+	if g.Graph == nil || g.HostWait == nil {
 		return nil, fmt.Errorf("%s does not issue its steps as graphs in this build", dl.d.Name())
 	}
-	if why := g.NoGraph(); why != "" {
+	if why := g.Graph.No(); why != "" {
 		return nil, errors.New(why)
 	}
 	capt, ok := dl.devs[0].(kernels.Capturer)
@@ -85,7 +85,7 @@ func (gs *graphs) segments(phs []dispatchers.Step) [][]dispatchers.Step {
 	var out [][]dispatchers.Step
 	lo := 0
 	for i, ph := range phs {
-		if i > lo && gs.g.WaitsBefore(ph.Name) {
+		if i > lo && gs.g.HostWait.Before(ph.Name) {
 			out, lo = append(out, phs[lo:i]), i
 		}
 	}
@@ -99,14 +99,14 @@ func (dl *deviceLayer) stepGraph() error {
 	t0 := time.Now()
 	dl.waitMS = 0
 	for i, seg := range gs.segments(dl.steps()) {
-		if gs.g.WaitsBefore(seg[0].Name) {
+		if gs.g.HostWait.Before(seg[0].Name) {
 			t := time.Now()
 			if err := dl.each(jobHostWait, &seg[0], false); err != nil {
 				return fmt.Errorf("%s: host wait: %w", seg[0].Name, err)
 			}
 			dl.waitMS += float64(time.Since(t).Nanoseconds()) / 1e6
 		}
-		key := gs.g.GraphKey(seg[0].Name)
+		key := gs.g.Graph.Key(seg[0].Name)
 		c, ok := gs.cache[seg[0].Name]
 		graph := c.graph
 		if !ok || c.key != key {

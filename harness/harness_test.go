@@ -253,6 +253,21 @@ func (b *broken) Bind(s dispatchers.Shape, ranks []*dispatchers.Rank) error {
 	return b.A2A.Bind(s, ranks)
 }
 
+// Forward is alltoall's with Dispatch in place of its dispatch.
+func (b *broken) Forward(experts func(rank int) error) []dispatchers.Step {
+	return replace(b.A2A.Forward(experts), "dispatch", b.Dispatch)
+}
+
+// replace is steps with the step named name running run.
+func replace(steps []dispatchers.Step, name string, run func(rank int) error) []dispatchers.Step {
+	for i := range steps {
+		if steps[i].Name == name {
+			steps[i].Run = run
+		}
+	}
+	return steps
+}
+
 func (b *broken) Dispatch(r int) error {
 	if err := b.A2A.Dispatch(r); err != nil || r != 0 {
 		return err
@@ -427,7 +442,8 @@ func feplbEqualOutput(t *testing.T, c Config) dispatchers.RebalanceStats {
 		if err := d.Bind(l.Shape, l.Ranks); err != nil {
 			t.Fatal(err)
 		}
-		r, rebalances := d.(dispatchers.Rebalancer)
+		r := d.Capabilities().Rebalance
+		rebalances := r != nil
 		if run == "paused" {
 			r.Pause(true)
 		}
@@ -440,7 +456,7 @@ func feplbEqualOutput(t *testing.T, c Config) dispatchers.RebalanceStats {
 			out[run] = append(out[run], append([]float32(nil), rk.Y...))
 		}
 		if rebalances {
-			stats[run] = r.RebalanceStats()
+			stats[run] = r.Stats()
 		}
 	}
 	for _, run := range []string{"feplb", "paused"} {

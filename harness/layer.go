@@ -263,7 +263,7 @@ func (l *Layer) steps(d dispatchers.Dispatcher) []dispatchers.Step {
 	if l.Cfg.isFP8() {
 		s = append(s, dispatchers.Step{Name: "quantize", Run: l.quantize})
 	}
-	ph := dispatchers.Steps(d, l.experts)
+	ph := d.Forward(l.experts)
 	last := ph[len(ph)-1]
 	ph[len(ph)-1].Run = func(r int) error { return l.finish(last, r) }
 	return append(s, ph...)

@@ -32,8 +32,8 @@ func measureOverlap(dl *deviceLayer, cfg Config, denv dispatchers.Env, rec *resu
 		return cannot("a run over several processes (the second micro-batch's layer is built in one process only)")
 	case (a2a || cfg.DelayWgrad) && !dl.train:
 		why := "its device implementation has no backward in this build"
-		if fo, ok := dl.d.(dispatchers.ForwardOnly); ok {
-			why = fo.NoBackward()
+		if nb := dl.d.Capabilities().NoBackward; nb != "" {
+			why = nb
 		}
 		return cannot("a2a and --delay-wgrad overlap a training step's backward, and " + why)
 	}

@@ -46,7 +46,7 @@ func precisionBlock(p string) int {
 //     input rows to e4m3 in 1×128 blocks (kernels.QuantFP8Rows, DeepEP's
 //     rule): Rank.X then holds the e4m3 values and Rank.Scales the
 //     dequantization multipliers, which the dispatcher moves together
-//     (dispatchers.FP8Mover); the router and the shared expert read the
+//     (Capabilities.FP8); the router and the shared expert read the
 //     bf16 input (Layer.X);
 //   - the expert phase dequantizes its segments' rows of ExpertX in place
 //     with ExpertScales, bf16(fl32(e4m3·inv)) as dequant_fp8_1x128 (the

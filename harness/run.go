@@ -48,9 +48,9 @@ type Env struct {
 
 // steps is how many steps a run of cfg with d takes: warm-up and timed,
 // twice for a rebalancing dispatcher (its paused steps first).
-func steps(cfg Config, d any) int {
+func steps(cfg Config, c dispatchers.Capabilities) int {
 	n := cfg.Warmup + cfg.Iters
-	if _, ok := d.(dispatchers.Rebalancer); ok {
+	if c.Rebalance != nil {
 		n *= 2
 	}
 	return n
@@ -99,7 +99,7 @@ func Run(cfg Config, env Env) (*results.Record, error) {
 	if err != nil {
 		return dispatcherError(rec, cfg, err)
 	}
-	prog := startProgress(env.Progress, env.ProgressEvery, steps(cfg, d))
+	prog := startProgress(env.Progress, env.ProgressEvery, steps(cfg, d.Capabilities()))
 	defer prog.finish()
 	cfg.prog, cfg.intr = prog, env.Interrupt
 	if err := checkHostMemory(cfg); err != nil {
@@ -191,7 +191,8 @@ func Run(cfg Config, env Env) (*results.Record, error) {
 		prog.stepAdd(work[ph])
 		return err
 	}
-	rb, rebalances := d.(dispatchers.Rebalancer)
+	rb := d.Capabilities().Rebalance
+	rebalances := rb != nil
 	prog.stepping(stepWork)
 	pausedEnd, end := cfg.deadlines(rebalances)
 	if rebalances { // after the warm-up, the paused steps (see measured.paused)
@@ -233,7 +234,7 @@ func Run(cfg Config, env Env) (*results.Record, error) {
 			return nil
 		}
 		if rebalances {
-			m.rebalance = append(m.rebalance, rb.RebalanceStats())
+			m.rebalance = append(m.rebalance, rb.Stats())
 		}
 		m.recvSteps = append(m.recvSteps, segmentRows(l.Ranks))
 		return nil
@@ -253,7 +254,7 @@ func Run(cfg Config, env Env) (*results.Record, error) {
 	}
 	rec.Status = results.StatusOK
 	m.traffic = d.Traffic() // after the steps: it counts the last one
-	m.buffers = buffers(d, cfg.EP)
+	m.buffers = buffers(d.Capabilities(), cfg.EP)
 	m.recv = segmentRows(l.Ranks)
 	for r := range l.Ranks {
 		m.mem.PerRankBytes = append(m.mem.PerRankBytes, l.Footprint(d, r))
@@ -275,20 +276,17 @@ func Run(cfg Config, env Env) (*results.Record, error) {
 // ForwardOnlyReason says why a run of cfg that was not asked to be
 // forward-only must be: its dispatcher's implementation on the cuda device
 // has no backward in this build (in its own words where it gives them,
-// dispatchers.ForwardOnly); "" when its backward can run (or the
+// Capabilities.NoBackward); "" when its backward can run (or the
 // dispatcher cannot be built, which the run itself reports).
 func ForwardOnlyReason(cfg Config) string {
 	if cfg.ForwardOnly || cfg.Device == "host" {
 		return ""
 	}
 	d, err := dispatchers.NewDevice(cfg.Dispatcher, cfg.Impl, cfg.dispatcherEnv())
-	if err != nil || dispatchers.HasBackward(d) {
+	if err != nil {
 		return ""
 	}
-	if f, ok := d.(dispatchers.ForwardOnly); ok {
-		return f.NoBackward()
-	}
-	return fmt.Sprintf("%s (%s) has no backward on the cuda device in this build; the host device runs its forward and backward", cfg.Dispatcher, cfg.Impl)
+	return d.Capabilities().NoBackward
 }
 
 // ForwardOnlyReason is ForwardOnlyReason(cfg) for a run in env. A run over
@@ -389,7 +387,7 @@ type measured struct {
 	mem                  *results.Memory
 	clock                string // what measured the times
 	model                string // how phases make a step
-	// a Rebalancer's timed steps (nil for other dispatchers); the samples
+	// a rebalancing dispatcher's timed steps (nil for other dispatchers); the samples
 	// of as many steps, run before them (after their own warm-up) with its
 	// phase 2 paused, for the GEMM straggler before rebalancing; and what
 	// the SMs did during its copies
@@ -407,14 +405,13 @@ type measured struct {
 }
 
 // buffers are d's buffers on each of ep ranks, where it describes them.
-func buffers(d any, ep int) []results.Buffer {
-	bd, ok := d.(dispatchers.Buffered)
-	if !ok {
+func buffers(c dispatchers.Capabilities, ep int) []results.Buffer {
+	if c.Buffers == nil {
 		return nil
 	}
 	var out []results.Buffer
 	for r := range ep {
-		for i, b := range bd.Buffers(r) {
+		for i, b := range c.Buffers(r) {
 			if r == 0 {
 				out = append(out, results.Buffer{Name: b.Name, About: b.About})
 			}

@@ -18,15 +18,23 @@ import (
 )
 
 // failing is alltoall whose combine breaks: a point that fails at run time.
-type failing struct{ dispatchers.Classic }
+type failing struct{ dispatchers.Dispatcher }
 
-func (failing) Combine(int) error { return errors.New("combine: simulated failure") }
+// Forward is alltoall's with a combine that fails.
+func (f failing) Forward(experts func(rank int) error) []dispatchers.Step {
+	s := f.Dispatcher.Forward(experts)
+	for i := range s {
+		if s[i].Name == "combine" {
+			s[i].Run = func(int) error { return errors.New("combine: simulated failure") }
+		}
+	}
+	return s
+}
 
 func init() {
 	dispatchers.Register("failing", func(impl string, env dispatchers.Env) (dispatchers.Dispatcher, error) {
 		d, err := alltoall.New(impl, env)
-		c, _ := d.(dispatchers.Classic)
-		return failing{c}, err
+		return failing{d}, err
 	})
 }
 

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/moebench/moebench/dispatchers"
+	dt "github.com/moebench/moebench/dispatchers/dispatchtest"
 )
 
 // TestDeepEPNames: deepep is DeepEP's normal mode and deepep-ll its
@@ -58,5 +59,39 @@ func TestDeepEPNames(t *testing.T) {
 	}
 	if _, ok := dispatchers.SMBudgetOf("deepep-ll", dispatchers.ImplNative); ok {
 		t.Error("native deepep-ll, which does not exist, has an SM budget")
+	}
+}
+
+// TestContract: every registered dispatcher that can be made here, on the
+// host and on the cuda device (made, not bound), keeps the contract
+// (dispatchtest.Contract); feplb refuses a base whose phases are its own.
+func TestContract(t *testing.T) {
+	made := 0
+	for _, name := range dispatchers.Names() {
+		for _, impl := range []string{dispatchers.ImplNative, dispatchers.ImplLibrary} {
+			if d, err := dispatchers.New(name, impl, dispatchers.Env{Device: "host", Hidden: 512, FFN: 256}); err == nil {
+				dt.Contract(t, d)
+				made++
+			}
+			if d, err := dispatchers.NewDevice(name, impl, dispatchers.Env{Device: "cuda", Hidden: 512, FFN: 256}); err == nil {
+				dt.Contract(t, d)
+				made++
+			}
+		}
+	}
+	if made < 8 {
+		t.Errorf("%d dispatchers made, want the host's and device's of alltoall, deepep, hybridep and feplb", made)
+	}
+	for _, dev := range []string{"host", "cuda"} {
+		env := dispatchers.Env{Device: dev, Base: "deepep", Hidden: 512, FFN: 256}
+		var err error
+		if dev == "host" {
+			_, err = dispatchers.New("feplb", dispatchers.ImplNative, env)
+		} else {
+			_, err = dispatchers.NewDevice("feplb", dispatchers.ImplNative, env)
+		}
+		if !dispatchers.IsUnavailable(err) || !strings.Contains(err.Error(), "base dispatcher deepep (native): it cannot be the base of a two-phase dispatcher: its phases are its own (layout, notify, dispatch, permute, experts, combine)") {
+			t.Errorf("feplb over deepep on %s: %v", dev, err)
+		}
 	}
 }

@@ -20,8 +20,8 @@ import (
 // gradient is then rounded to bf16 once. Layout and notify have no
 // backward: their counts and the handle are the forward's.
 
-// BackwardPhases are the forward's duals in reverse order.
-func (h *Host) BackwardPhases(experts func(rank int) error) []dispatchers.Step {
+// Backward is the forward's steps' duals in reverse order.
+func (h *Host) Backward(experts func(rank int) error) []dispatchers.Step {
 	return dispatchers.FusedBackward(h.CombineBackward, experts, h.DispatchBackward)
 }
 

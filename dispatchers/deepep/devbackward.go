@@ -22,8 +22,8 @@ import "github.com/moebench/moebench/dispatchers"
 //	              rank), summed at home in rank order into DX (bf16) and
 //	              DProbs
 
-// BackwardPhases are the forward's duals in reverse order.
-func (d *Device) BackwardPhases(experts func(rank int) error) []dispatchers.Step {
+// Backward is the forward's steps' duals in reverse order.
+func (d *Device) Backward(experts func(rank int) error) []dispatchers.Step {
 	return dispatchers.FusedBackward(d.CombineBackward, experts, d.DispatchBackward)
 }
 

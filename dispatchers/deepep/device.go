@@ -27,7 +27,7 @@ import (
 // A collective launch is queued on the stream of the GPU's first rank
 // after that GPU's other ranks' streams (events), and they wait for it;
 // each GPU's is issued from its thread by its last rank's call
-// (dispatchers.Grouper), so the GPUs' launches go out at once.
+// (Capabilities.Grouped), so the GPUs' launches go out at once.
 // Its blocks are all resident (kernels.Collective): ranks packed on one
 // GPU need budget × ranks blocks at once, and Bind reports the design
 // unavailable, with the reason, when they do not fit, or when the budget
@@ -362,8 +362,8 @@ func (d *Device) lastOf(r int) *group {
 	return nil
 }
 
-// Phases are the host design's.
-func (d *Device) Phases(experts func(rank int) error) []dispatchers.Step {
+// Forward is the host design's.
+func (d *Device) Forward(experts func(rank int) error) []dispatchers.Step {
 	return []dispatchers.Step{{Name: "layout", Run: d.Layout}, {Name: "notify", Run: d.Notify},
 		{Name: "dispatch", Run: d.Dispatch}, {Name: "permute", Run: d.Permute},
 		{Name: dispatchers.ExpertPhases[0], Run: experts}, {Name: "combine", Run: d.Combine}}

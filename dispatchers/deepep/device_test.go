@@ -204,9 +204,9 @@ func runDevice(t *testing.T, d *Device, c devCase, ranks []*dispatchers.Rank, st
 	}
 	for range steps {
 		res.expertX, res.expertP = make([][]float32, sh.EP), make([][]float32, sh.EP)
-		phases := d.Phases(experts)
+		phases := d.Forward(experts)
 		if train {
-			phases = append(phases, d.BackwardPhases(expertsBwd)...)
+			phases = append(phases, d.Backward(expertsBwd)...)
 		}
 		if err := dt.IssuePhases(th, d, drs, phases); err != nil {
 			return devResult{err: err}

@@ -160,7 +160,7 @@ func runFP8(t *testing.T, d *Device, c fp8Case, devs []kernels.Device, ranks []*
 		}
 		return dr.Dev.Upload(dr.ExpertY, kernels.BF16Bits(ey), dr.Stream)
 	}
-	if err := dt.IssuePhases(th, d, drs, d.Phases(experts)); err != nil {
+	if err := dt.IssuePhases(th, d, drs, d.Forward(experts)); err != nil {
 		return nil, nil, nil, err
 	}
 	for _, dr := range drs {
@@ -214,7 +214,7 @@ func hostFP8(t *testing.T, c fp8Case, ranks []*dispatchers.Rank) (rows [][]uint1
 		}
 		return nil
 	}
-	for _, st := range dispatchers.Steps(h, experts) {
+	for _, st := range h.Forward(experts) {
 		for r := range ranks {
 			if err := st.Run(r); err != nil {
 				t.Fatal(err)

@@ -93,8 +93,8 @@ func (h *Host) Bind(shape dispatchers.Shape, ranks []*dispatchers.Rank) error {
 	return nil
 }
 
-// Phases are DeepEP's, with Megatron's permute before the experts.
-func (h *Host) Phases(experts func(rank int) error) []dispatchers.Step {
+// Forward is DeepEP's, with Megatron's permute before the experts.
+func (h *Host) Forward(experts func(rank int) error) []dispatchers.Step {
 	return []dispatchers.Step{{Name: "layout", Run: h.Layout}, {Name: "notify", Run: h.Notify},
 		{Name: "dispatch", Run: h.Dispatch}, {Name: "permute", Run: h.Permute},
 		{Name: dispatchers.ExpertPhases[0], Run: experts}, {Name: "combine", Run: h.Combine}}

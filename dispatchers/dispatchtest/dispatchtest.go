@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/moebench/moebench/dispatchers"
@@ -51,7 +52,7 @@ func Run(d dispatchers.Dispatcher, ranks []*dispatchers.Rank, f func(x, p float3
 		}
 		return nil
 	}
-	for _, st := range dispatchers.Steps(d, experts) {
+	for _, st := range d.Forward(experts) {
 		for r := range ranks {
 			if err := st.Run(r); err != nil {
 				return err
@@ -120,9 +121,9 @@ func SlotsByExpert(rk *dispatchers.Rank, k, t int) []int {
 // IssuePhases runs a device dispatcher's phases on drs as the layer issues
 // them (dispatchers' contract): each device's ranks, in rank order, from
 // its thread of th, all devices at once, a barrier between phases, and the
-// dispatcher's host waits (dispatchers.HostWaiter) before a phase.
-func IssuePhases(th *kernels.Threads, d any, drs []*dispatchers.DeviceRank, phases []dispatchers.Step) error {
-	hw, _ := d.(dispatchers.HostWaiter)
+// dispatcher's host waits (Capabilities.HostWait) before a phase.
+func IssuePhases(th *kernels.Threads, d dispatchers.DeviceDispatcher, drs []*dispatchers.DeviceRank, phases []dispatchers.Step) error {
+	hw := d.Capabilities().HostWait
 	devs := th.Devices()
 	each := func(f func(r int) error) error {
 		return th.Each(func(dev int) error {
@@ -137,8 +138,8 @@ func IssuePhases(th *kernels.Threads, d any, drs []*dispatchers.DeviceRank, phas
 		})
 	}
 	for _, st := range phases {
-		if hw != nil && hw.WaitsBefore(st.Name) {
-			if err := each(func(r int) error { return hw.HostWait(st.Name, r) }); err != nil {
+		if hw != nil && hw.Before(st.Name) {
+			if err := each(func(r int) error { return hw.Wait(st.Name, r) }); err != nil {
 				return fmt.Errorf("%s: host wait: %w", st.Name, err)
 			}
 		}
@@ -199,12 +200,12 @@ func Gradients(t testing.TB, d dispatchers.Dispatcher, sh dispatchers.Shape, see
 			rk.DY[i] = kernels.RoundBF16(float32(g.NormFloat64()))
 		}
 	}
-	steps, err := dispatchers.BackwardSteps(d, func(r int) error {
+	steps := d.Backward(func(r int) error {
 		ExpertBackward(ranks[r], sh.Hidden)
 		return nil
 	})
-	if err != nil {
-		t.Fatal(err)
+	if steps == nil {
+		t.Fatalf("%s declares no backward: %s", d.Name(), d.Capabilities().NoBackward)
 	}
 	for _, st := range steps {
 		for r := range ranks {
@@ -240,4 +241,33 @@ func WantGradients(ranks []*dispatchers.Rank, sh dispatchers.Shape) (dx, dprobs 
 		dx, dprobs = append(dx, x), append(dprobs, p)
 	}
 	return dx, dprobs
+}
+
+// Contract checks what the dispatcher contract asks of d beyond its
+// methods' types: Backward returns steps exactly when
+// Capabilities().NoBackward gives no reason why not, each backward step is
+// the dual of a forward step, the design rebalances (Capabilities.Rebalance)
+// exactly when its forward has a "rebalance" step, and a design whose
+// steps may be graphed has the host waits that cut them.
+func Contract[R dispatchers.Rank | dispatchers.DeviceRank](t testing.TB, d dispatchers.Design[R]) {
+	t.Helper()
+	c, what := d.Capabilities(), d.Name()+" ("+d.Impl()+")"
+	fwd, bwd := map[string]bool{}, d.Backward(nil)
+	for _, s := range d.Forward(nil) {
+		fwd[s.Name] = true
+	}
+	if (bwd == nil) == (c.NoBackward == "") {
+		t.Errorf("%s: %d backward steps, and its reason for none is %q: want steps or a reason, not both", what, len(bwd), c.NoBackward)
+	}
+	for _, s := range bwd {
+		if name, ok := strings.CutSuffix(s.Name, "-bwd"); !ok || !fwd[name] {
+			t.Errorf("%s: backward step %s is the dual of no forward step", what, s.Name)
+		}
+	}
+	if (c.Rebalance != nil) != fwd["rebalance"] {
+		t.Errorf("%s: Capabilities.Rebalance set %v, a rebalance step %v", what, c.Rebalance != nil, fwd["rebalance"])
+	}
+	if c.Graph != nil && c.HostWait == nil {
+		t.Errorf("%s: its steps may be graphed, but it declares no host waits to cut them at", what)
+	}
 }

@@ -9,7 +9,7 @@ import (
 )
 
 // The backward on the host device: phase 1's is the base dispatcher's;
-// phase 2 runs in reverse around the expert backward (SequenceBackward's
+// phase 2 runs in reverse around the expert backward (Backward's
 // order): the combine's backward sends each helper the output gradients of
 // the rows it computed (the dual of the outputs' way back), dynamic-bwd
 // runs each rank's backward of the work it computed in the forward's
@@ -23,13 +23,12 @@ import (
 // forward's; whether the returns hide behind the owner's own expert
 // backward is a device matter.
 
-// bases returns the base dispatcher's backward, or why it has none.
-func (f *FEPLB) base() (dispatchers.PhasedBackward, error) {
-	b, ok := f.Classic.(dispatchers.PhasedBackward)
-	if !ok {
-		return nil, fmt.Errorf("feplb: base dispatcher %s has no backward", f.Classic.Name())
+// base returns the base dispatcher's backward, or why it has none.
+func (f *FEPLB) base() (classic, error) {
+	if !f.ph.hasBackward {
+		return classic{}, fmt.Errorf("feplb: base dispatcher %s has no backward", f.Dispatcher.Name())
 	}
-	return b, nil
+	return f.ph, nil
 }
 
 // UnpermuteBackward is the base's.

@@ -48,12 +48,11 @@ type devBack struct {
 
 // baseBackward is the base device dispatcher's backward, or why it has
 // none.
-func (f *Device) baseBackward() (dispatchers.PhasedBackward, error) {
-	b, ok := f.ClassicDevice.(dispatchers.PhasedBackward)
-	if !ok {
-		return nil, fmt.Errorf("feplb: base dispatcher %s has no backward on the device", f.ClassicDevice.Name())
+func (f *Device) baseBackward() (classic, error) {
+	if !f.ph.hasBackward {
+		return classic{}, fmt.Errorf("feplb: base dispatcher %s has no backward on the device", f.DeviceDispatcher.Name())
 	}
-	return b, nil
+	return f.ph, nil
 }
 
 // UnpermuteBackward is the base's.

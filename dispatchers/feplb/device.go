@@ -23,11 +23,15 @@ func NewDevice(impl string, env dispatchers.Env) (dispatchers.DeviceDispatcher, 
 	if env.Hidden <= 0 || env.FFN <= 0 {
 		return nil, fmt.Errorf("feplb: hidden %d and ffn %d must be given (the helpers receive expert weights)", env.Hidden, env.FFN)
 	}
-	b, err := dispatchers.NewClassicDevice(base, impl, env)
+	b, err := dispatchers.NewDevice(base, impl, env)
 	if err != nil {
 		return nil, baseUnavailable(impl, err)
 	}
-	return &Device{ClassicDevice: b, env: env}, nil
+	ph, err := classicOf(base, impl, b.Forward(nil), b.Backward(nil))
+	if err != nil {
+		return nil, baseUnavailable(impl, err)
+	}
+	return &Device{DeviceDispatcher: b, ph: ph, env: env}, nil
 }
 
 // FP8Unavailable: phase 2 copies the owners' dispatched rows as its base
@@ -35,8 +39,8 @@ func NewDevice(impl string, env dispatchers.Env) (dispatchers.DeviceDispatcher, 
 // Shape.DispatchHidden wide) and the helpers' expert phase dequantizes
 // them; its base must move fp8 (NewDevice's gate checked it).
 func (f *Device) FP8Unavailable(env dispatchers.Env) string {
-	if m, ok := f.ClassicDevice.(dispatchers.FP8Mover); ok {
-		return m.FP8Unavailable(env)
+	if m := f.DeviceDispatcher.Capabilities().FP8; m != nil {
+		return m(env)
 	}
 	return "feplb's base has no FP8 dispatch path on the cuda device"
 }
@@ -64,14 +68,15 @@ func (f *Device) FP8Unavailable(env dispatchers.Env) string {
 // Proven on kernels.Emu (the output equals the host layer's, also with the
 // ranks on several emulated devices); on a GPU nothing here has run yet.
 type Device struct {
-	dispatchers.ClassicDevice
-	env    dispatchers.Env
-	c      *core
-	ranks  []*dispatchers.DeviceRank
-	rs     []devRank
-	rates  rates
-	packed string    // which ranks of a domain share a device, or ""
-	bk     []devBack // the backward's, per rank (devbackward.go)
+	dispatchers.DeviceDispatcher         // the base
+	ph                           classic // its phases
+	env                          dispatchers.Env
+	c                            *core
+	ranks                        []*dispatchers.DeviceRank
+	rs                           []devRank
+	rates                        rates
+	packed                       string    // which ranks of a domain share a device, or ""
+	bk                           []devBack // the backward's, per rank (devbackward.go)
 }
 
 // rates sums what the run has measured: the static experts' FLOPs and
@@ -138,7 +143,7 @@ func (f *Device) Bind(shape dispatchers.Shape, ranks []*dispatchers.DeviceRank) 
 			}
 		}
 	}
-	return f.ClassicDevice.Bind(shape, ranks)
+	return f.DeviceDispatcher.Bind(shape, ranks)
 }
 
 // Permute starts a step (on its first rank) and the rank's clock.
@@ -149,20 +154,20 @@ func (f *Device) Permute(r int) error {
 	if err := f.ranks[r].Dev.Record(f.rs[r].origin, f.ranks[r].Stream); err != nil {
 		return err
 	}
-	return f.ClassicDevice.Permute(r)
+	return f.ph.Permute(r)
 }
 
 // WaitsBefore: where the base dispatcher waits (alltoall: before dispatch).
 func (f *Device) WaitsBefore(phase string) bool {
-	hw, ok := f.ClassicDevice.(dispatchers.HostWaiter)
-	return ok && hw.WaitsBefore(phase)
+	hw := f.DeviceDispatcher.Capabilities().HostWait
+	return hw != nil && hw.Before(phase)
 }
 
 // HostWait is the base dispatcher's (alltoall's count exchange), if it has
 // one.
 func (f *Device) HostWait(phase string, r int) error {
-	if hw, ok := f.ClassicDevice.(dispatchers.HostWaiter); ok {
-		return hw.HostWait(phase, r)
+	if hw := f.DeviceDispatcher.Capabilities().HostWait; hw != nil {
+		return hw.Wait(phase, r)
 	}
 	return nil
 }
@@ -170,7 +175,7 @@ func (f *Device) HostWait(phase string, r int) error {
 // Dispatch runs phase 1; after the last rank, every rank's work is its
 // static experts, which the layer starts while the scheduler plans.
 func (f *Device) Dispatch(r int) error {
-	if err := f.ClassicDevice.Dispatch(r); err != nil {
+	if err := f.ph.Dispatch(r); err != nil {
 		return err
 	}
 	rk := f.ranks[r]
@@ -307,7 +312,7 @@ func (f *Device) Combine(r int) error {
 			return err
 		}
 	}
-	return f.ClassicDevice.Combine(r)
+	return f.ph.Combine(r)
 }
 
 // RebalanceStats is the last step's rebalance, its times read from the
@@ -470,7 +475,7 @@ func (f *Device) Pause(paused bool) { f.c.paused = paused }
 // Footprint adds the rank's phase-2 buffers to the base's.
 func (f *Device) Footprint(r int) int64 {
 	bk := &f.bk[r]
-	return f.rs[r].rows.Bytes + f.rs[r].slots.Bytes + bk.rows.Bytes + bk.slots.Bytes + bk.back.Bytes + f.ClassicDevice.Footprint(r)
+	return f.rs[r].rows.Bytes + f.rs[r].slots.Bytes + bk.rows.Bytes + bk.slots.Bytes + bk.back.Bytes + f.DeviceDispatcher.Footprint(r)
 }
 
 // Close frees the phase-2 buffers and the base's.
@@ -485,8 +490,26 @@ func (f *Device) Close() error {
 		s.rows, s.slots = kernels.Sized{}, kernels.Sized{}
 		bk.rows, bk.slots, bk.back = kernels.Sized{}, kernels.Sized{}, kernels.Sized{}
 	}
-	if err := f.ClassicDevice.Close(); first == nil {
+	if err := f.DeviceDispatcher.Close(); first == nil {
 		first = err
 	}
 	return first
+}
+
+// Forward is the base's steps with phase 2 after the static experts, as
+// the host's.
+func (f *Device) Forward(experts func(rank int) error) []dispatchers.Step {
+	return forward(experts, f.Permute, f.Dispatch, f.Rebalance, f.Combine, f.ph.Unpermute)
+}
+
+// Backward is their duals in the reverse order (devbackward.go).
+func (f *Device) Backward(experts func(rank int) error) []dispatchers.Step {
+	return backward(experts, f.UnpermuteBackward, f.CombineBackward, f.RebalanceBackward, f.DispatchBackward, f.PermuteBackward)
+}
+
+// Capabilities: fp8 as its base moves it, the rebalance, and its base's
+// host waits (none where the base has none).
+func (f *Device) Capabilities() dispatchers.Capabilities {
+	return dispatchers.Capabilities{FP8: f.FP8Unavailable, Rebalance: &dispatchers.Rebalance{Stats: f.RebalanceStats, Pause: f.Pause},
+		HostWait: &dispatchers.HostWait{Before: f.WaitsBefore, Wait: f.HostWait}}
 }

@@ -57,6 +57,57 @@ func options(impl string, env dispatchers.Env) (base string, err error) {
 	return base, nil
 }
 
+// classic is a base dispatcher's phases, which FEPLB wraps: Megatron's
+// (dispatchers.Sequence) and, where the base has a backward, their duals
+// (dispatchers.SequenceBackward), by name.
+type classic struct {
+	Permute, Dispatch, Combine, Unpermute                                 func(rank int) error
+	UnpermuteBackward, CombineBackward, DispatchBackward, PermuteBackward func(rank int) error
+	hasBackward                                                           bool
+}
+
+// classicOrder are the forward steps FEPLB can wrap.
+var classicOrder = []string{"permute", "dispatch", dispatchers.ExpertPhases[0], "combine", "unpermute"}
+
+// classicOf is the phases of base dispatcher name (impl) from its forward
+// and backward steps (nil: none), or why it cannot be FEPLB's base.
+func classicOf(name, impl string, fwd, bwd []dispatchers.Step) (classic, error) {
+	if phases := names(fwd); !slices.Equal(phases, classicOrder) {
+		return classic{}, &dispatchers.UnavailableError{Name: name, Impl: impl, Reason: fmt.Sprintf(
+			"it cannot be the base of a two-phase dispatcher: its phases are its own (%s), not permute, dispatch, combine and unpermute", strings.Join(phases, ", "))}
+	}
+	f := dispatchers.Runs(fwd)
+	c := classic{Permute: f["permute"], Dispatch: f["dispatch"], Combine: f["combine"], Unpermute: f["unpermute"]}
+	if c.hasBackward = slices.Equal(names(bwd), names(dispatchers.SequenceBackward(nil, nil, nil, nil, nil))); c.hasBackward {
+		b, bn := dispatchers.Runs(bwd), dispatchers.BackwardName
+		c.UnpermuteBackward, c.CombineBackward, c.DispatchBackward, c.PermuteBackward = b[bn("unpermute")], b[bn("combine")], b[bn("dispatch")], b[bn("permute")]
+	}
+	return c, nil
+}
+
+// names are steps' names in order.
+func names(steps []dispatchers.Step) []string {
+	var n []string
+	for _, s := range steps {
+		n = append(n, s.Name)
+	}
+	return n
+}
+
+// forward is FEPLB's forward: its base's with the rebalance and the
+// second expert step after the first expert step.
+func forward(experts, permute, dispatch, rebalance, combine, unpermute func(rank int) error) []dispatchers.Step {
+	return []dispatchers.Step{{Name: "permute", Run: permute}, {Name: "dispatch", Run: dispatch}, {Name: dispatchers.ExpertPhases[0], Run: experts},
+		{Name: "rebalance", Run: rebalance}, {Name: dispatchers.ExpertPhases[1], Run: experts}, {Name: "combine", Run: combine}, {Name: "unpermute", Run: unpermute}}
+}
+
+// backward is forward's duals in the reverse order.
+func backward(experts, unpermute, combine, rebalance, dispatch, permute func(rank int) error) []dispatchers.Step {
+	bn := dispatchers.BackwardName
+	return []dispatchers.Step{{Name: bn("unpermute"), Run: unpermute}, {Name: bn("combine"), Run: combine}, {Name: dispatchers.ExpertBackwardPhases[1], Run: experts},
+		{Name: bn("rebalance"), Run: rebalance}, {Name: dispatchers.ExpertBackwardPhases[0], Run: experts}, {Name: bn("dispatch"), Run: dispatch}, {Name: bn("permute"), Run: permute}}
+}
+
 // baseUnavailable says FEPLB is unavailable because its base is.
 func baseUnavailable(impl string, err error) error {
 	var u *dispatchers.UnavailableError

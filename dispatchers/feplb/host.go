@@ -23,24 +23,29 @@ func New(impl string, env dispatchers.Env) (dispatchers.Dispatcher, error) {
 	if env.Device != "host" {
 		return nil, &dispatchers.UnavailableError{Name: "feplb", Impl: impl, Reason: "the host implementation runs on the host device only"}
 	}
-	b, err := dispatchers.NewClassic(base, impl, env)
+	b, err := dispatchers.New(base, impl, env)
 	if err != nil {
 		return nil, baseUnavailable(impl, err)
 	}
-	return &FEPLB{Classic: b, env: env}, nil
+	ph, err := classicOf(base, impl, b.Forward(nil), b.Backward(nil))
+	if err != nil {
+		return nil, baseUnavailable(impl, err)
+	}
+	return &FEPLB{Dispatcher: b, ph: ph, env: env}, nil
 }
 
 // FEPLB wraps the base dispatcher on the host; Permute's bookkeeping aside,
 // Permute and Unpermute are the base's.
 type FEPLB struct {
-	dispatchers.Classic
-	env     dispatchers.Env
-	c       *core
-	ranks   []*dispatchers.Rank
-	own     []int // rows each rank's phase 1 delivered
-	weights [][]dispatchers.ExpertWeights
-	copied  float64 // seconds of copies this step
-	rows    []int   // scratch: a rank's rows per local expert
+	dispatchers.Dispatcher         // the base
+	ph                     classic // its phases
+	env                    dispatchers.Env
+	c                      *core
+	ranks                  []*dispatchers.Rank
+	own                    []int // rows each rank's phase 1 delivered
+	weights                [][]dispatchers.ExpertWeights
+	copied                 float64 // seconds of copies this step
+	rows                   []int   // scratch: a rank's rows per local expert
 	// the backward: each rank's static segments (the first expert phase's),
 	// the weight gradients of the chunks it computes for others, and what
 	// the step's backward moved
@@ -61,7 +66,7 @@ func (f *FEPLB) Bind(shape dispatchers.Shape, ranks []*dispatchers.Rank) error {
 	f.own = make([]int, shape.EP)
 	f.weights = make([][]dispatchers.ExpertWeights, shape.EP)
 	f.static, f.grads = make([][]dispatchers.Segment, shape.EP), make([][]dispatchers.ExpertWeights, shape.EP)
-	return f.Classic.Bind(shape, ranks)
+	return f.Dispatcher.Bind(shape, ranks)
 }
 
 // HostModel is the plan's cost model on the host device, and before any
@@ -80,14 +85,14 @@ func (f *FEPLB) Permute(r int) error {
 		f.c.begin()
 		f.copied, f.back = 0, backStats{}
 	}
-	return f.Classic.Permute(r)
+	return f.ph.Permute(r)
 }
 
 // Dispatch runs phase 1; after the last rank it leaves every rank's static
 // experts in its segments (the layer computes them next) while the scheduler
 // plans.
 func (f *FEPLB) Dispatch(r int) error {
-	if err := f.Classic.Dispatch(r); err != nil {
+	if err := f.ph.Dispatch(r); err != nil {
 		return err
 	}
 	rk, L := f.ranks[r], f.c.shape.LocalExperts()
@@ -97,7 +102,7 @@ func (f *FEPLB) Dispatch(r int) error {
 	at := 0
 	for i, sg := range rk.Segments {
 		if sg.Expert != r*L+i || sg.Start != at || sg.Weights != nil || i >= L {
-			return fmt.Errorf("feplb: base dispatcher %s: segment %d of rank %d is expert %d at row %d; want one run per local expert in order", f.Classic.Name(), i, r, sg.Expert, sg.Start)
+			return fmt.Errorf("feplb: base dispatcher %s: segment %d of rank %d is expert %d at row %d; want one run per local expert in order", f.Dispatcher.Name(), i, r, sg.Expert, sg.Start)
 		}
 		rows[i], at = sg.Len, at+sg.Len
 	}
@@ -166,7 +171,7 @@ func (f *FEPLB) Combine(r int) error {
 		copy(rk.ExpertY[c.src*h:(c.src+c.n)*h], f.ranks[c.helper].ExpertY[at*h:(at+c.n)*h])
 	}
 	f.copied += time.Since(t0).Seconds()
-	return f.Classic.Combine(r)
+	return f.ph.Combine(r)
 }
 
 // RebalanceStats is the last step's rebalance.
@@ -192,5 +197,21 @@ func (f *FEPLB) Footprint(r int) int64 {
 	for _, w := range append(f.weights[r], f.grads[r]...) {
 		n += 4 * int64(cap(w.FC1)+cap(w.FC2))
 	}
-	return n + f.Classic.Footprint(r)
+	return n + f.Dispatcher.Footprint(r)
+}
+
+// Forward is the base's steps with phase 2 after the static experts:
+// permute, dispatch, experts, rebalance, dynamic, combine, unpermute.
+func (f *FEPLB) Forward(experts func(rank int) error) []dispatchers.Step {
+	return forward(experts, f.Permute, f.Dispatch, f.Rebalance, f.Combine, f.ph.Unpermute)
+}
+
+// Backward is their duals in the reverse order (backward.go).
+func (f *FEPLB) Backward(experts func(rank int) error) []dispatchers.Step {
+	return backward(experts, f.UnpermuteBackward, f.CombineBackward, f.RebalanceBackward, f.DispatchBackward, f.PermuteBackward)
+}
+
+// Capabilities: fp8 as its base moves it, and the rebalance.
+func (f *FEPLB) Capabilities() dispatchers.Capabilities {
+	return dispatchers.Capabilities{FP8: f.FP8Unavailable, Rebalance: &dispatchers.Rebalance{Stats: f.RebalanceStats, Pause: f.Pause}}
 }

@@ -21,9 +21,9 @@ import (
 // L·D probability gradients as the forward's dispatch carried the
 // probabilities; the home's input gradient is rounded to bf16 once.
 
-// BackwardPhases are the forward's duals in reverse order; allgather and
+// Backward is the forward's steps' duals in reverse order; allgather and
 // preprocess have none (their maps are the forward's).
-func (h *Host) BackwardPhases(experts func(rank int) error) []dispatchers.Step {
+func (h *Host) Backward(experts func(rank int) error) []dispatchers.Step {
 	return dispatchers.FusedBackward(h.CombineBackward, experts, h.DispatchBackward)
 }
 

@@ -19,9 +19,9 @@ import "github.com/moebench/moebench/dispatchers"
 //	              forward combine's rounding points and order into DX,
 //	              ExpertDProbs carried home (fp32) into DProbs
 
-// BackwardPhases are the forward's duals in reverse order; allgather and
+// Backward is the forward's steps' duals in reverse order; allgather and
 // preprocess have none.
-func (d *Device) BackwardPhases(experts func(rank int) error) []dispatchers.Step {
+func (d *Device) Backward(experts func(rank int) error) []dispatchers.Step {
 	return dispatchers.FusedBackward(d.last(d.combineBackward), experts, d.last(d.dispatchBackward))
 }
 

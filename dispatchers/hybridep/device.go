@@ -15,7 +15,7 @@ import (
 // The cuda implementation: the design's kernels (kernels/cuda/hybridep.cu)
 // as co-resident launches, one per device covering its ranks, each of the
 // dispatcher's phases issued for the device's ranks from the call of its
-// last rank, on the device's thread (dispatchers.Grouper): the devices'
+// last rank, on the device's thread (Capabilities.Grouped): the devices'
 // launches go out at once. Every cross-rank wait of the kernels has the
 // run's --comm-timeout; a wait that gives up is reported after the step
 // (StepError) with the rank, phase and wait.
@@ -410,9 +410,9 @@ func (d *Device) last(f func(p *part) error) func(int) error {
 	}
 }
 
-// Phases: HybridEP's, every one but the experts issued once per device
+// Forward: HybridEP's, every one but the experts issued once per device
 // (Grouped), by the call of its last rank.
-func (d *Device) Phases(experts func(rank int) error) []dispatchers.Step {
+func (d *Device) Forward(experts func(rank int) error) []dispatchers.Step {
 	last := d.last
 	return []dispatchers.Step{{Name: "allgather", Run: last(d.allgather)}, {Name: "preprocess", Run: last(d.preprocess)},
 		{Name: "dispatch", Run: last(d.dispatch)}, {Name: dispatchers.ExpertPhases[0], Run: experts}, {Name: "combine", Run: last(d.combine)}}

@@ -188,7 +188,7 @@ func runDevice(t *testing.T, d *Device, sh dispatchers.Shape, devs []kernels.Dev
 		return dr.Dev.Upload(dr.ExpertDProbs, grads(r, gradExpertDP, n, false), dr.Stream)
 	}
 	for step := range steps {
-		phases := d.Phases(experts)
+		phases := d.Forward(experts)
 		if train {
 			if step > 0 { // the backward's outputs poisoned (NaN) once its first combine-bwd has sized them
 				for _, dr := range drs {
@@ -199,7 +199,7 @@ func runDevice(t *testing.T, d *Device, sh dispatchers.Shape, devs []kernels.Dev
 					}
 				}
 			}
-			phases = append(phases, d.BackwardPhases(expertsBwd)...)
+			phases = append(phases, d.Backward(expertsBwd)...)
 		}
 		if err := dt.IssuePhases(th, d, drs, phases); err != nil {
 			return stepResult{err: err}
@@ -484,7 +484,7 @@ func TestPreprocessOnHostSim(t *testing.T) {
 				t.Fatalf("%d preprocessing blocks a rank, %d tiles: want %d blocks and several tiles", d.preSMs, d.g.preTiles(), tc.preSM)
 			}
 			hostsim.WithinNamed(t, 2*time.Minute, "hybridep's all-gather and preprocessing", func() {
-				if err := dt.IssuePhases(th, d, drs, d.Phases(nil)[:2]); err != nil {
+				if err := dt.IssuePhases(th, d, drs, d.Forward(nil)[:2]); err != nil {
 					t.Fatal(err)
 				}
 			})

@@ -92,9 +92,9 @@ func (h *Host) Bind(shape dispatchers.Shape, ranks []*dispatchers.Rank) error {
 	return nil
 }
 
-// Phases are HybridEP's, with the permute fused into dispatch and the
+// Forward is HybridEP's, with the permute fused into dispatch and the
 // unpermute into combine.
-func (h *Host) Phases(experts func(rank int) error) []dispatchers.Step {
+func (h *Host) Forward(experts func(rank int) error) []dispatchers.Step {
 	return []dispatchers.Step{{Name: "allgather", Run: h.Allgather}, {Name: "preprocess", Run: h.Preprocess},
 		{Name: "dispatch", Run: h.Dispatch}, {Name: dispatchers.ExpertPhases[0], Run: experts}, {Name: "combine", Run: h.Combine}}
 }

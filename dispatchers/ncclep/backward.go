@@ -32,19 +32,20 @@ import (
 const backwardDetail = "backward: ncclEpDispatch and ncclEpCombine with pass_direction BWD over the forward's handle " +
 	"(the output gradients to the forward's slots; the input gradients and, as the combine's topk_weights, the probability gradients back to the tokens)"
 
-// Trainable is a mode of NCCL EP with a backward (the high-throughput
-// one): Device, and its backward phases.
-type Trainable struct{ *Device }
-
-// BackwardPhases are the forward's duals in reverse order.
-func (d *Trainable) BackwardPhases(experts func(rank int) error) []dispatchers.Step {
+// Backward is the forward's steps' duals in reverse order, in the mode
+// that has a backward (the high-throughput one); nil in the other, whose
+// Capabilities say why.
+func (d *Device) Backward(experts func(rank int) error) []dispatchers.Step {
+	if d.m.noBackward != "" {
+		return nil
+	}
 	return dispatchers.FusedBackward(d.combineBackward, experts, d.dispatchBackward)
 }
 
 // combineBackward: rank r's gradient buffers (DX, DProbs and ExpertDY, the
 // last at the receive buffer's size, as the forward's dispatch output),
 // then ncclEpDispatch BWD of its output gradients.
-func (d *Trainable) combineBackward(r int) error {
+func (d *Device) combineBackward(r int) error {
 	s, rk, sh := &d.st[r], d.ranks[r], d.shape
 	T, h, k := int64(sh.Tokens), int64(sh.Hidden), int64(sh.TopK)
 	if rk.DY == 0 {
@@ -66,7 +67,7 @@ func (d *Trainable) combineBackward(r int) error {
 
 // dispatchBackward: ncclEpCombine BWD of rank r's slots' input and
 // probability gradients into DX and DProbs.
-func (d *Trainable) dispatchBackward(r int) error {
+func (d *Device) dispatchBackward(r int) error {
 	rk, sh := d.ranks[r], d.shape
 	return d.timed(r, dispatchers.BackwardName("dispatch"), "ncclEpCombine (BWD)", func() error {
 		return d.ep.CombineHTBackward(r, rk.ExpertDX, rk.ExpertDProbs, rk.Rows(), sh.Hidden, rk.DX, rk.DProbs, sh.Tokens, sh.TopK)

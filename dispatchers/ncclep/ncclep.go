@@ -19,7 +19,7 @@
 // Both use the expert-major layout without padding, so that a rank's
 // received rows are grouped by local expert as moebench's experts compute
 // them. The high-throughput mode has a backward, the library's own
-// (Trainable, backward.go); the low-latency mode has none and runs
+// (backward.go); the low-latency mode has none and runs
 // forward-only (its noBackward). --sms is the group's max_num_sms (0:
 // the library's default); the environment overrides NCCL EP reads are
 // recorded with the run's NCCL_* variables.
@@ -92,11 +92,7 @@ func newDevice(m mode, env dispatchers.Env) (dispatchers.DeviceDispatcher, error
 	if timeout <= 0 {
 		timeout = dispatchers.DefaultCommTimeout
 	}
-	d := &Device{m: m, lib: lib, sms: env.SMs, timeout: timeout, fp8: env.IsFP8()}
-	if m.noBackward == "" {
-		return &Trainable{d}, nil
-	}
-	return d, nil
+	return &Device{m: m, lib: lib, sms: env.SMs, timeout: timeout, fp8: env.IsFP8()}, nil
 }
 
 func unavailable(m mode, format string, a ...any) error {
@@ -150,8 +146,18 @@ func (d *Device) ht() bool { return d.m.algorithm == cuda.EPHighThroughput }
 func (d *Device) Name() string { return d.m.dispatcher }
 func (d *Device) Impl() string { return dispatchers.ImplLibrary }
 
-// NoBackward: the mode's reason (dispatchers.ForwardOnly).
-func (d *Device) NoBackward() string { return d.m.noBackward }
+// Capabilities: the mode's reason where it has no backward, a host wait
+// for the counts, what the library ran and how long its calls took, and
+// its transport; at fp8, QUANT_FWD's constraint (fp8.go).
+func (d *Device) Capabilities() dispatchers.Capabilities {
+	return dispatchers.Capabilities{
+		NoBackward: d.m.noBackward,
+		FP8:        d.FP8Unavailable,
+		HostWait:   &dispatchers.HostWait{Before: d.WaitsBefore, Wait: d.HostWait},
+		Library:    &dispatchers.Library{Info: d.Library, HostCallMS: d.HostCallMS},
+		Transport:  d.Transport,
+	}
+}
 
 // Bind checks the shape against NCCL EP's limits, then makes every rank's
 // communicator, group and handle on its GPU's thread and its buffers.
@@ -288,8 +294,8 @@ func (d *Device) limits(sh dispatchers.Shape) []string {
 	return why
 }
 
-// Phases: the mode's calls, the experts between dispatch and combine.
-func (d *Device) Phases(experts func(rank int) error) []dispatchers.Step {
+// Forward: the mode's calls, the experts between dispatch and combine.
+func (d *Device) Forward(experts func(rank int) error) []dispatchers.Step {
 	var s []dispatchers.Step
 	if d.m.algorithm == cuda.EPHighThroughput {
 		s = append(s, dispatchers.Step{Name: "update", Run: d.update})
