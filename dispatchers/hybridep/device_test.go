@@ -397,6 +397,41 @@ func TestDeviceOnHostSim16Byte(t *testing.T) {
 	checkDevices(t, func(n int) []kernels.Device { return gs[:n] }, true, "ep2-one-device", "ep2-two-domains", "ep4-two-devices-shared")
 }
 
+// TestDeviceWideRowsOnHostSim: rows of 2,560 bytes (hidden 1280), wide
+// enough that a FIFO loader's lane fills a slot with all 4 of the 16-byte
+// loads it keeps in flight on the 16-byte path (mb_fifo_put's
+// MB_FIFO_UNROLL: a group of 4 × 512 bytes a warp, then a partial one),
+// which the other cases' rows of at most 48 bytes never reach: both paths
+// on the host simulation equal the host design bit for bit, forward and
+// backward, in one domain (a shared expert) and in two.
+func TestDeviceWideRowsOnHostSim(t *testing.T) {
+	gs := fakeGPUs(t)
+	sh := dispatchers.Shape{Tokens: 13, Hidden: 1280, Experts: 16, TopK: 4, EP: 2}
+	for _, c := range []struct {
+		domain, ndev int
+		shared       bool
+	}{{0, 1, true}, {1, 2, false}} {
+		for _, noBulk := range []bool{true, false} {
+			t.Run(fmt.Sprintf("domain%d-noBulk=%v", c.domain, noBulk), func(t *testing.T) {
+				cfg := Config{SMs: 2, Domain: c.domain, Chunk: 4}
+				var shared [][]float32
+				if c.shared {
+					shared = sharedOf(sh)
+				}
+				want, ranks := hostDesign(t, cfg, sh, shared, dt.Mild)
+				var got stepResult
+				hostsim.WithinNamed(t, 3*time.Minute, "hybridep's wide rows on the fake GPUs", func() {
+					got = runDevice(t, &Device{cfg: cfg, timeout: 20 * time.Second, noBulk: noBulk}, sh, gs[:c.ndev], ranks, shared, 1, true)
+				})
+				if got.err != nil {
+					t.Fatal(got.err)
+				}
+				compare(t, got, want)
+			})
+		}
+	}
+}
+
 // TestBrokenBackwardTimesOut: a backward whose combine kernel (the
 // dispatch's backward) has a rank that never meets the others at its
 // barrier ends by the kernels' timeout, naming the rank, the backward's

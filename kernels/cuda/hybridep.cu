@@ -50,7 +50,8 @@
 // Dispatch's FIFO stages are a multiple of WARPS − 1 (one slot, one
 // consumer); each combine pipeline has MB_HE_STAGES of its own.
 // Rows move with bulk copies on the bulk path (moebench.cuh, MB_BULK),
-// 16-byte accesses otherwise.
+// 16-byte accesses otherwise (a FIFO loader's lane keeps MB_FIFO_UNROLL
+// loads in flight: mb_fifo_put).
 #include "moebench.cuh"
 
 #define N MB_HE_EP

@@ -608,6 +608,7 @@ __device__ __forceinline__ void mb_stg16(void *p, uint4 v) {
 #define MB_FIFO_PRODUCERS 1 // lane 0 arrives, expecting the copies' bytes
 #else
 #define MB_FIFO_PRODUCERS 32 // every lane arrives after its stores
+#define MB_FIFO_UNROLL 4     // a lane's 16-byte loads in flight as it fills a slot
 #endif
 typedef struct {
     unsigned char *data;
@@ -674,9 +675,21 @@ __device__ inline bool mb_fifo_put(const mb_fifo &f, const mb_comm &c, int rank,
     (void)expect;
     int ok = wait_empty ? mb_mbar_wait(c, rank, phase, wait, f.empty + it.slot, parity) : 1;
     if (!__all_sync(MB_FULL_MASK, ok)) return false;
-    for (int k = 0, off = 0; k < parts; off += bytes[k], k++)
-        for (unsigned b = 16 * lane; b < bytes[k]; b += 16 * 32)
-            mb_sts16(dst + off + b, *(const uint4 *)((const unsigned char *)src[k] + b));
+    // each lane's MB_FIFO_UNROLL 16-byte loads issued together, then
+    // stored into the slot (issue 32: one at a time kept a lane's loads
+    // waiting on each other); the arrival, after every store, as before
+    for (int k = 0, off = 0; k < parts; off += bytes[k], k++) {
+        const unsigned char *s = (const unsigned char *)src[k];
+        for (unsigned b0 = 16 * lane; b0 < bytes[k]; b0 += MB_FIFO_UNROLL * 16 * 32) {
+            uint4 v[MB_FIFO_UNROLL];
+#pragma unroll
+            for (int u = 0; u < MB_FIFO_UNROLL; u++)
+                if (b0 + u * 16 * 32 < bytes[k]) v[u] = *(const uint4 *)(s + b0 + u * 16 * 32);
+#pragma unroll
+            for (int u = 0; u < MB_FIFO_UNROLL; u++)
+                if (b0 + u * 16 * 32 < bytes[k]) mb_sts16(dst + off + b0 + u * 16 * 32, v[u]);
+        }
+    }
     if (arrive) mb_mbar_arrive(f.full + it.slot);
     return true;
 #endif
