@@ -81,3 +81,8 @@ func TestDispatchProxyFenceChild(t *testing.T) {
 	}
 	t.Log(got.err)
 }
+
+// TestDeviceNoBulkOnHostSim: the dispatch's 16-byte receivers (sm_80 and
+// NVRTC 11.8's path, MB_NO_BULK=1 here) against the host design bit for
+// bit, as TestDeviceOnHostSim checks the bulk path.
+func TestDeviceNoBulkOnHostSim(t *testing.T) { checkDevicesPath(t, dt.FakeGPUs(t, 2), true) }

@@ -90,6 +90,7 @@ type Device struct {
 	sms     int
 	fixed   bool // cfg was given (WithDeviceConfig)
 	bug     int  // tests: deepep.cu's MB_DE_BUG
+	noBulk  bool // tests: MB_NO_BULK=1, the dispatch's 16-byte receivers where the bulk path would compile
 	timeout time.Duration
 	shape   dispatchers.Shape
 	ranks   []*dispatchers.DeviceRank
@@ -206,6 +207,9 @@ func (d *Device) Bind(shape dispatchers.Shape, ranks []*dispatchers.DeviceRank) 
 	}
 	d.tw = &twin{d: d}
 	defs := defines(shape, d.cfg, d.lay, d.bug)
+	if d.noBulk {
+		defs["MB_NO_BULK"] = "1"
+	}
 	prog := func(kernel string, block int, tw func([]kernels.TwinPart) error) *kernels.Program {
 		return &kernels.Program{File: "deepep.cu", Kernel: kernel, Defs: defs, Block: block, Twin: d.tw.locked(tw)}
 	}
