@@ -155,7 +155,7 @@ func (k *InflightKernel) finish() {
 			below = append(below, fmt.Sprintf("loop %s keeps %d 16-byte load(s) in flight per lane (target %d)", l.At, l.LoadsPerLane, InflightLoadsTarget))
 		}
 	}
-	if k.Path == "bulk" {
+	if strings.HasPrefix(k.Path, "bulk") {
 		k.BulkBytesPerSM = k.BulkItemBytes * k.BulkStages
 		k.BulkGBpsPerSM = littleGBps(k.BulkBytesPerSM, latencyOf(k.BulkMemory))
 		ceiling = min(ceiling, k.BulkGBpsPerSM*k.Share)

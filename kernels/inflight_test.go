@@ -458,8 +458,27 @@ func heCombineStages(row int) int {
 func heCombineSlots(d map[string]string) int { return heDefine("PIPES") * atoi(d["MB_HE_STAGES"]) }
 func hePermuteSlots(map[string]string) int   { return heDefine("PWARPS") * heDefine("PSTAGES") }
 
+// deStagePiece is a piece of deepep.cu's receiver on the bulk path
+// (DE_STAGE / 2 bytes: its copies' sizes are not constants in the SASS)
+// and deStages the pieces a receiving block keeps loading: each of its
+// MB_WARPS warps' lane 0 has up to two (the next piece comes in while it
+// waits for the current one). Copies of deepep.cu's rules (DE_STAGE is
+// dispatchers/deepep's dispatchStage): keep them in step.
+func deStagePiece(map[string]string) int { return deDefine("DE_STAGE") / 2 }
+func deStages(d map[string]string) int   { return 2 * atoi(d["MB_WARPS"]) }
+
+// deDefine is deepep.cu's #define name, an integer, read from the source.
+func deDefine(name string) int {
+	src, err := sources.ReadFile("cuda/deepep.cu")
+	m := regexp.MustCompile(`(?m)^#define ` + name + ` (\d+)`).FindSubmatch(src)
+	if err != nil || m == nil {
+		panic(fmt.Sprintf("deepep.cu: no #define %s (an integer) for the throughput model: %v", name, err))
+	}
+	return atoi(string(m[1]))
+}
+
 var inflightSpecs = map[string]inflightSpec{
-	"deepep_dispatch":    {-1, 0, "hbm", "", 0.5, nil, nil, 0, ""},
+	"deepep_dispatch":    {-1, 0, "hbm", "hbm", 0.5, deStagePiece, deStages, 0, ""},
 	"deepep_combine":     {-1, 0, "hbm", "", 0.5, nil, nil, 0, ""},
 	"deepep_combine_bwd": {-1, 0, "hbm", "", 0.5, nil, nil, 0, ""},
 	"he_pack":            {4, 0, "hbm", "", 1, nil, nil, 0, ""},
@@ -499,7 +518,7 @@ func inflightKernels(sass string, d map[string]string, path string) ([]InflightK
 			w, mem := spec.toGlobal, spec.memGlobal
 			if l.into == "shared" {
 				w, mem = spec.toShared, spec.memShared
-				if path == "bulk" && spec.bulkToShared > 0 {
+				if strings.HasPrefix(path, "bulk") && spec.bulkToShared > 0 {
 					w, mem = spec.bulkToShared, spec.bulkMemShared
 				}
 			}
@@ -511,7 +530,7 @@ func inflightKernels(sass string, d map[string]string, path string) ([]InflightK
 			}
 			k.Loops = append(k.Loops, InflightLoop{At: l.at, Into: l.into, LoadsPerLane: l.loads, Warps: w, Memory: mem, TailOf: l.tailOf, Unread: l.unread})
 		}
-		if path == "bulk" {
+		if strings.HasPrefix(path, "bulk") {
 			slot := -1
 			if spec.slot != nil {
 				slot = spec.slot(d)
@@ -806,8 +825,10 @@ func TestInflightTable(t *testing.T) {
 		stages                   int
 		fp8                      bool // deepep's --precision fp8 build: MB_DE_DHIDDEN, the packed rows
 	}{
-		{"deepep.cu", "0", "16-byte", "deepep_", 0, false},
-		{"deepep.cu", "0", "16-byte fp8", "deepep_dispatch", 0, true},
+		{"deepep.cu", "1", "16-byte", "deepep_", 0, false},
+		{"deepep.cu", "1", "16-byte fp8", "deepep_dispatch", 0, true},
+		{"deepep.cu", "0", "bulk", "deepep_dispatch", 0, false},
+		{"deepep.cu", "0", "bulk fp8", "deepep_dispatch", 0, true},
 		{"hybridep.cu", "1", "16-byte", "he_dispatch he_pack he_permute he_preprocess_count", sd, false}, {"hybridep.cu", "1", "16-byte", "he_combine", sc, false},
 		{"hybridep.cu", "0", "bulk", "he_dispatch he_pack he_permute", sd, false}, {"hybridep.cu", "0", "bulk", "he_combine", sc, false},
 	} {
@@ -902,6 +923,7 @@ func TestInflightREADME(t *testing.T) {
 	// "| `he_dispatch` (16-byte) |" hybridep's 16-byte path
 	rows := []struct{ name, path, cell string }{{"deepep_dispatch", "16-byte", "`deepep_dispatch`"},
 		{"deepep_dispatch", "16-byte fp8", "`deepep_dispatch` fp8"}, {"deepep_combine", "16-byte", "`deepep_combine`"},
+		{"deepep_dispatch", "bulk", "`deepep_dispatch` bulk"}, {"deepep_dispatch", "bulk fp8", "`deepep_dispatch` bulk fp8"},
 		{"he_dispatch", "bulk", "`he_dispatch`"}, {"he_permute", "bulk", "`he_permute`"}, {"he_combine", "bulk", "`he_combine`"},
 		{"he_dispatch", "16-byte", "`he_dispatch` (16-byte)"}, {"he_combine", "16-byte", "`he_combine` (16-byte)"},
 		{"he_permute", "16-byte", "`he_permute` (16-byte)"}}

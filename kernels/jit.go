@@ -45,7 +45,9 @@ var CUDAKernels = map[string][]string{
 // on where the caller sets them.
 var CUDAOptional = map[string][]string{
 	"hybridep.cu": {"MB_HE_PSTAGES"}, // the permute's ring, fewer stages where shared memory is short
-	"deepep.cu":   {"MB_DE_DHIDDEN"}, // the forward dispatch's rows at fp8 (packed e4m3 rows with their scales)
+	// deepep: the forward dispatch's rows at fp8 (packed e4m3 rows with
+	// their scales); the 16-byte receivers where the bulk path would compile
+	"deepep.cu": {"MB_DE_DHIDDEN", "MB_NO_BULK"},
 }
 
 const cudaHeader = "moebench.cuh"

@@ -90,6 +90,7 @@ type Device struct {
 	sms     int
 	fixed   bool // cfg was given (WithDeviceConfig)
 	bug     int  // tests: deepep.cu's MB_DE_BUG
+	noBulk  bool // tests: MB_NO_BULK=1, the dispatch's 16-byte receivers where the bulk path would compile
 	timeout time.Duration
 	shape   dispatchers.Shape
 	ranks   []*dispatchers.DeviceRank
@@ -206,11 +207,15 @@ func (d *Device) Bind(shape dispatchers.Shape, ranks []*dispatchers.DeviceRank) 
 	}
 	d.tw = &twin{d: d}
 	defs := defines(shape, d.cfg, d.lay, d.bug)
+	if d.noBulk {
+		defs["MB_NO_BULK"] = "1"
+	}
 	prog := func(kernel string, block int, tw func([]kernels.TwinPart) error) *kernels.Program {
 		return &kernels.Program{File: "deepep.cu", Kernel: kernel, Defs: defs, Block: block, Twin: d.tw.locked(tw)}
 	}
 	d.prog.layout, d.prog.notify = prog("deepep_layout", layoutBlock, d.tw.layout), prog("deepep_notify", 128, d.tw.notify)
 	d.prog.dispatch = prog("deepep_dispatch", 32*d.cfg.Warps, d.tw.dispatch)
+	d.prog.dispatch.Shared = dispatchShared(d.cfg.Warps)
 	d.prog.permute, d.prog.combine = prog("deepep_permute", 512, d.tw.permute), prog("deepep_combine", 32*d.cfg.Warps, d.tw.combine)
 	d.prog.combineBwd = prog("deepep_combine_bwd", 32*d.cfg.Warps, d.tw.combineBwd)
 	if err := d.fits(); err != nil {
@@ -584,3 +589,13 @@ func (d *Device) Close() error {
 	}
 	return first
 }
+
+// dispatchStage is deepep.cu's DE_STAGE: the bytes of shared memory each
+// warp of a receiving dispatch block stages its rows' bulk copies through
+// (two halves, one piece coming in while the other goes out).
+const dispatchStage = 4096
+
+// dispatchShared is the dispatch's dynamic shared memory for blocks of
+// warps warps: each warp's two mbarriers (16 bytes) and its stage. The
+// 16-byte path (sm_80, NVRTC 11.8) leaves it unused.
+func dispatchShared(warps int) int { return warps * (16 + dispatchStage) }

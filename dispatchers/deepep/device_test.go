@@ -287,7 +287,11 @@ func hostRun(t *testing.T, c devCase, seed uint64, prob func(int) float32) (devR
 
 // checkDevices runs the device design against the host design, ranks on
 // the first of devs or on both.
-func checkDevices(t *testing.T, devs []kernels.Device) {
+func checkDevices(t *testing.T, devs []kernels.Device) { checkDevicesPath(t, devs, false) }
+
+// checkDevicesPath is checkDevices, with noBulk the dispatch's receivers
+// on the 16-byte path where the bulk path would be compiled (MB_NO_BULK).
+func checkDevicesPath(t *testing.T, devs []kernels.Device, noBulk bool) {
 	for _, tc := range []struct {
 		name   string
 		sh     dispatchers.Shape
@@ -331,7 +335,11 @@ func checkDevices(t *testing.T, devs []kernels.Device) {
 			}
 			want, ranks := hostRun(t, c, 7, tc.prob)
 			var got devResult
-			hostsim.WithinNamed(t, time.Minute, "deepep's forward and backward on the fake GPUs", func() { got = runDevice(t, WithDeviceConfig(cfg), c, ranks, 2, true) })
+			hostsim.WithinNamed(t, time.Minute, "deepep's forward and backward on the fake GPUs", func() {
+				d := WithDeviceConfig(cfg)
+				d.noBulk = noBulk
+				got = runDevice(t, d, c, ranks, 2, true)
+			})
 			if got.err != nil {
 				t.Fatal(got.err)
 			}

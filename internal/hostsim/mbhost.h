@@ -33,6 +33,7 @@
 // (x86 orders more than PTX requires), warps' lock-step execution, clusters'
 // distributed shared memory.
 #pragma once
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <csetjmp>
@@ -212,9 +213,11 @@ template <class T> T from(uint64_t u) {
 //   - a read needs the unit published in a phase the reader has seen
 //     complete (a consumer that does not wait for the full barrier);
 //   - a write needs the unit never written, or released in a phase the
-//     writer has seen complete, and no bulk store still reading it (a FIFO
-//     slot reused before its consumer released it, or without waiting for
-//     the empty barrier);
+//     writer has seen complete, or read since it was published only by
+//     the writer's own bulk store, whose read the writer waited for
+//     (wait_group.read: a thread staging rows through its own buffer),
+//     and no bulk store still reading it (a FIFO slot reused before its
+//     consumer released it, or without waiting for the empty barrier);
 //   - an arrival on a phase with no pending arrival left, or a phase whose
 //     arrivals are in but whose copies brought more bytes than expected
 //     (transaction count below zero): a wrong expected byte count;
@@ -326,6 +329,17 @@ inline bool canWrite(unsigned u, const char *what) {
         return false;
     }
     if (x.state == 0 || (x.state == 1 && x.writer == w.self->linear)) return true;
+    // a unit whose only read since it was published is this thread's own
+    // bulk store, waited for (wait_group.read) and not yet released by an
+    // arrive: the thread may refill it (its copy's read is over, in its
+    // program order); the unit is no longer this thread's to release
+    if (x.state == 2 && !x.released) {
+        auto &rd = me().read;
+        if (auto it = std::find(rd.begin(), rd.end(), u); it != rd.end()) {
+            rd.erase(it);
+            return true;
+        }
+    }
     if (x.state == 1 || !x.released) {
         violation("%s writes shared offset %u, which holds data not yet released by its consumer (a FIFO slot reused "
                   "before the consumer's arrive on the empty barrier)", what, 16 * u);

@@ -49,7 +49,9 @@
 //     senders never publish their tail; with MB_DE_DHIDDEN < MB_HIDDEN:
 //     5, the fp8 dispatch's senders copy a row's e4m3 bytes and not its
 //     scales; 6, its receivers store the rows at the e4m3 bytes' stride,
-//     the scales left out of it), and the offsets MB_Q_*
+//     the scales left out of it; 7, the dispatch's senders skip the
+//     proxy fence after their ring stores (the bulk path's receivers then
+//     read them through the async proxy unordered)), and the offsets MB_Q_*
 //     and MB_F_*.
 #include "moebench.cuh"
 
@@ -186,6 +188,17 @@ __device__ __forceinline__ void de_st_na(uint4 *p, uint4 v) {
 #endif
 }
 
+// de_st_ring: de_st_na into a ring slot, which on the bulk path the
+// receiver reads with bulk copies (the async proxy): the host simulation
+// records the store (mb_stg16) until the storing thread's proxy fence.
+__device__ __forceinline__ void de_st_ring(uint4 *p, uint4 v) {
+#if defined(MB_HOST) && defined(MB_BULK)
+    mb_stg16(p, v);
+#else
+    de_st_na(p, v);
+#endif
+}
+
 // de_ld_acquire_cta / de_st_release_cta: an int of the block's shared
 // memory that another warp reads or writes, with acquire / release at
 // block scope, through a 32-bit shared address (a generic one would hold
@@ -227,7 +240,7 @@ template <bool RING, int VECS = DE_VECS> __device__ __forceinline__ void de_copy
 #pragma unroll
         for (int u = 0; u < DE_UNROLL; u++) v[u] = RING ? mb_ld_cg(src + i + 32 * u) : de_ld_nc(src + i + 32 * u);
 #pragma unroll
-        for (int u = 0; u < DE_UNROLL; u++) de_st_na(dst + i + 32 * u, v[u]);
+        for (int u = 0; u < DE_UNROLL; u++) RING ? de_st_na(dst + i + 32 * u, v[u]) : de_st_ring(dst + i + 32 * u, v[u]);
     }
     if (whole == VECS) return;
     const int i = whole + lane;
@@ -236,8 +249,83 @@ template <bool RING, int VECS = DE_VECS> __device__ __forceinline__ void de_copy
         if (whole + 32 * u < VECS && i + 32 * u < VECS) v[u] = RING ? mb_ld_cg(src + i + 32 * u) : de_ld_nc(src + i + 32 * u);
 #pragma unroll
     for (int u = 0; u < DE_UNROLL; u++)
-        if (whole + 32 * u < VECS && i + 32 * u < VECS) de_st_na(dst + i + 32 * u, v[u]);
+        if (whole + 32 * u < VECS && i + 32 * u < VECS) RING ? de_st_na(dst + i + 32 * u, v[u]) : de_st_ring(dst + i + 32 * u, v[u]);
 }
+
+// The receiver's rows through bulk copies (MB_BULK: sm_90 compiled by
+// NVRTC ≥ 12, and the host simulation; otherwise de_copy_row<true>).
+// PTX's cp.async.bulk has no global→global form (its forms are
+// global→shared::cluster, shared::cta→global and shared::cta→
+// shared::cluster), so lane 0 of a receiving warp stages a row in pieces
+// through its DE_STAGE bytes of the dynamic shared memory: two halves, each
+// with an mbarrier; piece k+1 comes in (global→shared, complete_tx on its
+// half's barrier) while piece k goes out (shared→global, a bulk group),
+// and a half is refilled only once its previous bulk store has read it
+// (cp.async.bulk.wait_group.read). A piece's copy is issued before its
+// barrier's arrive.expect_tx (PTX lets complete_tx precede expect_tx in
+// a phase: the phase cannot complete before the arrival, and the
+// transaction count may go below zero meanwhile). The rings are written by generic
+// stores (the senders' de_st_ring) and read here by the async proxy: each
+// sending thread issues fence.proxy.async after its stores and before
+// the barrier that precedes the tail's release (PTX's memory model: a
+// generic-proxy write is ordered before an async-proxy read only through
+// a proxy fence), and lane 0 fences again after acquiring the tail and
+// after its reads of the ring, before the head frees the slots for the
+// senders' next generic stores. The launch's dynamic shared memory is
+// MB_WARPS · (16 + DE_STAGE) bytes (deepep.dispatchShared): the warps'
+// barrier pairs, then their stages.
+#ifndef DE_STAGE
+#define DE_STAGE 4096
+#endif
+#define DE_PIECE (DE_STAGE / 2)
+static_assert(DE_PIECE % 16 == 0, "deepep.cu: DE_STAGE must be a multiple of 32");
+#ifdef MB_BULK
+#define DE_BULK 1
+// de_stage: a warp's staging state (lane 0's): its barriers and halves,
+// and the pieces it has moved (piece k in half k % 2, barrier phase k / 2)
+struct de_stage {
+    mb_mbar *bar;
+    unsigned char *buf;
+    unsigned k;
+};
+__device__ __forceinline__ de_stage de_stage_at(int warp) {
+    unsigned char *smem = mb_dynamic_smem();
+    de_stage st;
+    st.bar = (mb_mbar *)(smem + 16 * warp);
+    st.buf = smem + 16 * MB_WARPS + (long)DE_STAGE * warp;
+    st.k = 0;
+    return st;
+}
+// de_bulk_row: lane 0 moves bytes from the ring slot src into the
+// receive row dst; false when a barrier wait gave up (mb_wait's timeout)
+__device__ __forceinline__ bool de_bulk_row(de_stage &st, const mb_comm &c, int rank, int ph, unsigned char *dst,
+                                            const unsigned char *src, int bytes) {
+    const int pieces = (bytes + DE_PIECE - 1) / DE_PIECE;
+    // piece 0 in: its half's last bulk store (two pieces ago; the last
+    // one, in the other half, may go on reading) has read it
+    mb_bulk_wait_read_n<1>();
+    unsigned k = st.k;
+    mb_bulk_g2s(st.buf + (k % 2) * DE_PIECE, src, min(DE_PIECE, bytes), st.bar + k % 2);
+    mb_mbar_arrive_expect_tx(st.bar + k % 2, min(DE_PIECE, bytes));
+    for (int p = 0; p < pieces; p++, k++) {
+        const int off = p * DE_PIECE;
+        if (p + 1 < pieces) { // the next piece into the other half, once its last store read it
+            const int o = off + DE_PIECE, m = min(DE_PIECE, bytes - o);
+            mb_bulk_wait_read();
+            mb_bulk_g2s(st.buf + ((k + 1) % 2) * DE_PIECE, src + o, m, st.bar + (k + 1) % 2);
+            mb_mbar_arrive_expect_tx(st.bar + (k + 1) % 2, m);
+        }
+        if (!mb_mbar_wait(c, rank, ph, DE_W_DATA, st.bar + k % 2, (k / 2) & 1)) {
+            st.k = k;
+            return false;
+        }
+        mb_bulk_s2g(dst + off, st.buf + (k % 2) * DE_PIECE, min(DE_PIECE, bytes - off));
+        mb_bulk_commit();
+    }
+    st.k = k;
+    return true;
+}
+#endif
 
 // de_sum_row: a warp writes the bf16 row of the fp32 sums of count expert
 // rows of y (rows order[0..count), in that order: each element's additions
@@ -450,12 +538,23 @@ extern "C" __global__ void __launch_bounds__(DE_THREADS, MB_MINB) deepep_dispatc
                 }
                 pos++, pushed++;
             }
+            // the round's generic stores into the ring ordered before the
+            // receiver's bulk copies read them (no-op on the 16-byte path)
+            if (MB_DE_BUG != 7) mb_fence_proxy_async();
             mb_bar_sync(1 + peer, DE_GROUP * 32); // the group's copies, then the tail (release: cumulative)
             if (lead && MB_DE_BUG != 1) mb_st_release_sys(tail, pos);
         }
         return;
     }
     // receive from peer
+#ifdef DE_BULK
+    de_stage st = de_stage_at(warp);
+    if (lane == 0) {
+        mb_mbar_init(st.bar, 1), mb_mbar_init(st.bar + 1, 1);
+        mb_mbar_init_fence();
+    }
+    bool bulkOk = true;
+#endif
     const u64 q = de_slot(desc, rank, DE_QUEUES);
     int *head = de_dmeta(q, 2, ch, peer), *tail = de_dmeta(q, 3, ch, peer);
     if (lead) {
@@ -480,6 +579,9 @@ extern "C" __global__ void __launch_bounds__(DE_THREADS, MB_MINB) deepep_dispatc
         mb_bar_sync(1 + peer, DE_GROUP * 32);
         if (!ok[peer]) break;
         const int until = tl[peer];
+#ifdef DE_BULK
+        if (lane == 0) mb_fence_proxy_async(); // the acquired ring rows, then the async proxy's reads
+#endif
         for (int i = got + gw; i < until; i += DE_GROUP) {
             // the slot's source and top-k, then its row (the pointers
             // read from the descriptors here, as the sender's)
@@ -491,6 +593,14 @@ extern "C" __global__ void __launch_bounds__(DE_THREADS, MB_MINB) deepep_dispatc
                 ((float *)de_slot(desc, rank, DE_RECV_W))[r * DE_K + lane] =
                     __int_as_float(mb_ld_volatile(de_at<int>(q, MB_Q_RINGS + DE_DROWS + DE_DSRC + DE_DTOPK) + k));
             }
+#ifdef DE_BULK
+            if (lane == 0 && bulkOk) {
+                const int vecs = bwd ? DE_VECS : DE_DVECS, pitch = bwd ? DE_VECS : MB_DE_BUG == 6 ? MB_HIDDEN / 16 : DE_DVECS;
+                bulkOk = de_bulk_row(st, c, rank, ph, (unsigned char *)((uint4 *)de_slot(desc, rank, DE_RECV_X) + r * pitch),
+                                     (const unsigned char *)(de_at<uint4>(q, MB_Q_RINGS) + s * vecs), 16u * vecs);
+            }
+            continue;
+#endif
 #if DE_DVECS != DE_VECS
             if (!bwd)
                 de_copy_row<true, DE_DVECS>((uint4 *)de_slot(desc, rank, DE_RECV_X) + r * (MB_DE_BUG == 6 ? MB_HIDDEN / 16 : DE_DVECS),
@@ -499,10 +609,16 @@ extern "C" __global__ void __launch_bounds__(DE_THREADS, MB_MINB) deepep_dispatc
 #endif
             de_copy_row<true>((uint4 *)de_slot(desc, rank, DE_RECV_X) + r * DE_VECS, de_at<uint4>(q, MB_Q_RINGS) + s * DE_VECS, lane);
         }
+#ifdef DE_BULK
+        if (lane == 0) mb_fence_proxy_async(); // the async proxy's reads of the slots, then the head frees them
+#endif
         mb_bar_sync(1 + peer, DE_GROUP * 32); // the group's reads, then the head
         got = until;
         if (lead) mb_st_release_sys(head, got);
     }
+#ifdef DE_BULK
+    if (lane == 0) mb_bulk_wait(); // the receive rows written (the kernel's end publishes them)
+#endif
 }
 
 // ---- permute: one block (512 threads) per local expert l. The copies of l
