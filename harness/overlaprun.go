@@ -113,6 +113,12 @@ func measureOverlap(dl *deviceLayer, cfg Config, denv dispatchers.Env, rec *resu
 	}); err != nil {
 		return err
 	}
+	if rec.Memory != nil { // the overlapped step holds these too
+		for r := range rec.Memory.PerRankBytes {
+			rec.Memory.PerRankBytes[r] += ov.bytes(r)
+		}
+		rec.Memory.Method += "; " + overlapMemNote
+	}
 	stat := func(v []float64) *results.Stat { s := summarise(v); return &s }
 	o.Step, o.Sequential, o.Comm, o.Exposed, o.SequentialExposed = stat(over), stat(seq), stat(comm), stat(exposed), stat(seqExposed)
 	if o.Step.P50 > 0 {
@@ -122,6 +128,9 @@ func measureOverlap(dl *deviceLayer, cfg Config, denv dispatchers.Env, rec *resu
 	o.Note = overlapNote(dl, ov)
 	return nil
 }
+
+// overlapMemNote says what --overlap adds to the record's device bytes.
+const overlapMemNote = "with --overlap, also what the overlapped step holds besides: with a2a the second micro-batch's layer and dispatcher buffers (its inputs, activations, saved tape and gradients; the weight gradients are shared, counted once), with --delay-wgrad the deferred wgrad's dh1 arenas"
 
 // gemmSMs is how many SMs of a rank's GPU the GEMMs had beside the
 // dispatcher's kernels, and how it was counted.
