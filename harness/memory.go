@@ -118,6 +118,13 @@ func memParts(c Config, mode string) []memPart {
 		}
 	}
 	parts = append(parts, memPart{"layer inputs, routing and outputs", layer})
+	if c.overlaps(OverlapA2A) { // overlap.go's microBatch: a layer of its own, with its own weights, buffers and dispatcher
+		var mb1 float64
+		for _, p := range parts {
+			mb1 += p.bytes
+		}
+		parts = append(parts, memPart{"the second micro-batch's layer (--overlap a2a)", mb1})
+	}
 	if c.Check {
 		w := float64(refWorkers(c))
 		Ts := T // the tokens it computes: on the cuda device a sample

@@ -174,11 +174,17 @@ func shareGrads(dl0, dl1 *deviceLayer) error {
 			continue
 		}
 		g0, g1, rk0 := &dl0.rr[r].g, &dl1.rr[r].g, dl0.ranks[r]
-		for _, p := range []struct{ mine, theirs *kernels.Ptr }{{&rk.DFC1, &rk0.DFC1}, {&rk.DFC2, &rk0.DFC2},
-			{&g1.routerGrad, &g0.routerGrad}, {&g1.sfc1Grad, &g0.sfc1Grad}, {&g1.sfc2Grad, &g0.sfc2Grad}} {
+		c := dl1.l.Cfg
+		h, f, fs, L := int64(c.Hidden), int64(c.FFN), int64(c.FFN*c.SharedExperts), int64(dl1.l.Shape.LocalExperts())
+		for _, p := range []struct {
+			mine, theirs *kernels.Ptr
+			bytes        int64 // as newDeviceBackward allocated it
+		}{{&rk.DFC1, &rk0.DFC1, 4 * L * 2 * f * h}, {&rk.DFC2, &rk0.DFC2, 4 * L * h * f},
+			{&g1.routerGrad, &g0.routerGrad, 4 * int64(c.Experts) * h}, {&g1.sfc1Grad, &g0.sfc1Grad, 4 * 2 * fs * h}, {&g1.sfc2Grad, &g0.sfc2Grad, 4 * h * fs}} {
 			if *p.mine == 0 {
 				continue
 			}
+			g1.fixed -= p.bytes // held once, in mb0's footprint
 			if err := rk.Dev.SyncStream(rk.Stream); err != nil {
 				return err
 			}
@@ -415,4 +421,24 @@ func microBatchOf(c Config, i int, host bool) (*Layer, error) {
 		normalInto(l.X[r], c.Seed, fmt.Sprintf("x-micro-batch-%d", i), r, 1)
 	}
 	return l, nil
+}
+
+// bytes is what ov holds on rank r's device beyond micro-batch 0's layer
+// (its footprint, in the record already): with a2a the second micro-batch's
+// layer, activations, saved tape, gradients of its own and dispatcher
+// buffers (its weight gradients are mb0's, counted once); with
+// --delay-wgrad the deferred phases' dh1 arenas of both micro-batches.
+func (ov *overlap) bytes(r int) int64 {
+	var n int64
+	if l := ov.mb[1]; l != nil && l.local(r) {
+		n += l.footprint(r)
+	}
+	for i := range ov.ranks {
+		if r < len(ov.ranks[i]) {
+			for _, w := range ov.ranks[i][r].wgrad {
+				n += w.arena.Bytes
+			}
+		}
+	}
+	return n
 }

@@ -338,3 +338,67 @@ func TestOverlapF1AfterF0(t *testing.T) {
 	}
 	t.Fatalf("micro-batch 1's stream waits for no event of micro-batch 0's recorded after F0 before F1 starts: %v", log[from:to])
 }
+
+// TestOverlapMemoryCountsSecondMicroBatch: with a2a the step holds two
+// micro-batches' buffers, and the record's device bytes count both: at
+// least micro-batch 1's input, output and their gradients (bf16, T×h each)
+// more than the same run without overlap.
+func TestOverlapMemoryCountsSecondMicroBatch(t *testing.T) {
+	t.Setenv("MOEBENCH_NVML", "/nonexistent")
+	c := small()
+	c.Device, c.Dispatcher, c.SMs, c.EP, c.Iters, c.Warmup = "cuda", "deepep", 4, 2, 1, 0
+	base, err := Run(c, Env{Version: "test", OpenDevices: emus(1)})
+	if err != nil || base.Status != results.StatusOK {
+		t.Fatalf("%v, %+v", err, base)
+	}
+	c.Overlap, c.DelayWgrad = []string{OverlapA2A}, true
+	rec, err := Run(c, Env{Version: "test", OpenDevices: emus(1)})
+	if err != nil || rec.Status != results.StatusOK || rec.Overlap == nil || !rec.Overlap.Equal {
+		t.Fatalf("%v, %+v", err, rec)
+	}
+	mb1 := int64(4 * 2 * c.Tokens * c.Hidden)
+	for r, b := range rec.Memory.PerRankBytes {
+		if d := b - base.Memory.PerRankBytes[r]; d < mb1 {
+			t.Errorf("rank %d: %d bytes with a2a, %d without: %d more, want at least micro-batch 1's %d", r, b, base.Memory.PerRankBytes[r], d, mb1)
+		}
+	}
+	if !strings.Contains(rec.Memory.Method, "second micro-batch") {
+		t.Errorf("method %q says nothing of the second micro-batch", rec.Memory.Method)
+	}
+}
+
+// TestHostOverlapMemoryCountsSecondMicroBatch: on the host device a2a runs
+// a second layer; the record's bytes and the memory estimate count it.
+func TestHostOverlapMemoryCountsSecondMicroBatch(t *testing.T) {
+	c := small()
+	c.Dispatcher, c.EP, c.Iters, c.Warmup = "deepep", 2, 1, 0
+	base, err := Run(c, Env{Version: "test"})
+	if err != nil || base.Status != results.StatusOK {
+		t.Fatalf("%v, %+v", err, base)
+	}
+
+	c.Overlap = []string{OverlapA2A}
+	rec, err := Run(c, Env{Version: "test"})
+	if err != nil || rec.Status != results.StatusOK || rec.Overlap == nil || !rec.Overlap.Equal {
+		t.Fatalf("%v, %+v", err, rec)
+	}
+	mb1 := int64(4 * 2 * c.Tokens * c.Hidden) // its input, output and their gradients, float32
+	for r, b := range rec.Memory.PerRankBytes {
+		if d := b - base.Memory.PerRankBytes[r]; d < mb1 {
+			t.Errorf("rank %d: %d bytes with a2a, %d without: %d more, want at least %d", r, b, base.Memory.PerRankBytes[r], d, mb1)
+		}
+	}
+	if !strings.Contains(rec.Memory.Method, "second micro-batch") {
+		t.Errorf("method %q", rec.Memory.Method)
+	}
+	for _, dev := range []string{"host", "cuda"} {
+		c.Device = dev
+		c.Overlap = nil
+		n := HostBytes(c)
+		c.Overlap = []string{OverlapA2A}
+		if a := HostBytes(c); a-n < int64(c.EP)*mb1 {
+			t.Errorf("%s: estimate %d with a2a, %d without: want at least %d more", dev, a, n, int64(c.EP)*mb1)
+		}
+	}
+
+}

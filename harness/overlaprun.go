@@ -113,6 +113,12 @@ func measureOverlap(dl *deviceLayer, cfg Config, denv dispatchers.Env, rec *resu
 	}); err != nil {
 		return err
 	}
+	if rec.Memory != nil { // the overlapped step holds these too
+		for r := range rec.Memory.PerRankBytes {
+			rec.Memory.PerRankBytes[r] += ov.bytes(r)
+		}
+		rec.Memory.Method += "; " + overlapMemNote
+	}
 	stat := func(v []float64) *results.Stat { s := summarise(v); return &s }
 	o.Step, o.Sequential, o.Comm, o.Exposed, o.SequentialExposed = stat(over), stat(seq), stat(comm), stat(exposed), stat(seqExposed)
 	if o.Step.P50 > 0 {
@@ -122,6 +128,9 @@ func measureOverlap(dl *deviceLayer, cfg Config, denv dispatchers.Env, rec *resu
 	o.Note = overlapNote(dl, ov)
 	return nil
 }
+
+// overlapMemNote says what --overlap adds to the record's device bytes.
+const overlapMemNote = "with --overlap, also what the overlapped step holds besides: with a2a the second micro-batch's layer and dispatcher buffers (its inputs, activations, saved tape and gradients; the weight gradients are shared, counted once), with --delay-wgrad the deferred wgrad's dh1 arenas"
 
 // gemmSMs is how many SMs of a rank's GPU the GEMMs had beside the
 // dispatcher's kernels, and how it was counted.
@@ -164,8 +173,9 @@ func overlapNote(dl *deviceLayer, ov *overlap) string {
 // every call when it is made, one after another: overlap changes only the
 // order of the phases, never the step's time, so nothing is timed. With
 // a2a the second micro-batch's training step runs too (its own inputs,
-// the same weights) and is checked as the first was.
-func hostOverlap(cfg Config, fresh func() (dispatchers.Dispatcher, error)) (*results.Overlap, error) {
+// the same weights) and is checked as the first was; its layer's bytes are
+// added to mem's (the record's memory, micro-batch 0's so far).
+func hostOverlap(cfg Config, fresh func() (dispatchers.Dispatcher, error), mem *results.Memory) (*results.Overlap, error) {
 	o := &results.Overlap{Forms: strings.Join(cfg.Overlap, ","), DelayWgrad: cfg.DelayWgrad, MicroBatches: 1}
 	o.GEMMSMsNote = "not measured: the host device has no SMs"
 	o.Note = "not measured: the host device runs the phases one after another, so overlap would change only their order, not the step's time " +
@@ -195,6 +205,12 @@ func hostOverlap(cfg Config, fresh func() (dispatchers.Dispatcher, error)) (*res
 	}
 	if !c.Passed {
 		return nil, fmt.Errorf("overlap: micro-batch 1's correctness check failed: %s", c.Detail)
+	}
+	if mem != nil { // held beside micro-batch 0's layer, counted in already
+		for r := range mem.PerRankBytes {
+			mem.PerRankBytes[r] += l1.Footprint(d1, r)
+		}
+		mem.Method += "; with --overlap a2a, also the second micro-batch's layer (its own weights, inputs, activations, gradients and dispatcher buffers)"
 	}
 	o.Equal = true // the same phases in the same order: the host has no other
 	o.Note += fmt.Sprintf("; micro-batch 1's training step (its own inputs, the same weights) ran and passed the check: max relative error %.2g", c.MaxRelErr)

@@ -263,7 +263,7 @@ func Run(cfg Config, env Env) (*results.Record, error) {
 	m.phase2SMs = "not measured on the host device"
 	fillMeasurements(rec, cfg, m)
 	if cfg.overlapping() { // overlap.go: the host runs every phase in turn
-		if rec.Overlap, err = hostOverlap(cfg, fresh); err != nil {
+		if rec.Overlap, err = hostOverlap(cfg, fresh, rec.Memory); err != nil {
 			return fail(results.StatusFailed, err)
 		}
 	}

@@ -326,7 +326,7 @@ func (e *Emu) Elapsed(a, b Event) (float64, error) {
 	}
 	ta, tb := va.t, vb.t
 	if ta.IsZero() || tb.IsZero() {
-		return 0, fmt.Errorf("emu: elapsed time of an event that was never recorded")
+		return 0, fmt.Errorf("emu: elapsed time of an event that was never recorded (CUDA: CUDA_ERROR_INVALID_HANDLE)")
 	}
 	if !eventDone(va) || !eventDone(vb) {
 		return 0, fmt.Errorf("emu: stream order: elapsed time of an event the host has not waited for (CUDA: not ready)")

@@ -245,3 +245,38 @@ func TestStreamOrder(t *testing.T) {
 		})
 	}
 }
+
+// TestEmuElapsedAsTheDriver: Emu answers the elapsed time of events as the
+// driver does: an event never recorded is CUDA_ERROR_INVALID_HANDLE (either
+// end), one whose work the host has not waited for is not ready, and two
+// recorded and waited for give a time.
+func TestEmuElapsedAsTheDriver(t *testing.T) {
+	r := newOrderRig(t)
+	never, err := r.a.NewEvent()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.a.Record(r.ev0, r.a1); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.a.Fill16(r.pa, 2, 512, r.a1); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.a.Record(r.ev, r.a1); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.elapsed(); err == nil || !strings.Contains(err.Error(), "not ready") {
+		t.Errorf("before the host waited: %v, want not ready", err)
+	}
+	if err := r.a.SyncStream(r.a1); err != nil {
+		t.Fatal(err)
+	}
+	for name, p := range map[string][2]Event{"start": {never, r.ev}, "end": {r.ev0, never}} {
+		if _, err := r.a.Elapsed(p[0], p[1]); err == nil || !strings.Contains(err.Error(), "CUDA_ERROR_INVALID_HANDLE") {
+			t.Errorf("%s never recorded: %v, want CUDA_ERROR_INVALID_HANDLE", name, err)
+		}
+	}
+	if err := r.elapsed(); err != nil {
+		t.Errorf("both recorded and waited for: %v", err)
+	}
+}

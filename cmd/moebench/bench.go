@@ -65,6 +65,9 @@ func bench(args []string, stdout, stderr io.Writer) int {
 	if err := checkBenchOut(out, harness.BenchSchema); err != nil {
 		return usageError(stderr, err)
 	}
+	if err := checkNoOverlap(&o, benchKernelsNoOverlap); err != nil { // overlapflags.go
+		return usageError(stderr, err)
+	}
 	d := harness.DefaultConfig()
 	o.dispatcher, o.impl, o.routing, o.device, o.check, o.feplbBase, o.feplbDyn, o.feplbPolicy, o.commTimeout = d.Dispatcher, d.Impl, "balanced", "cuda", true, d.FeplbBase, d.FeplbDyn, d.FeplbPolicy, d.CommTimeout
 	cfg, err := o.config(fs)
@@ -94,6 +97,7 @@ func benchKernelsFlags(o *options, format, out *string) *pflag.FlagSet {
 	fs.StringVar(format, "format", "table", "output: table | json")
 	fs.StringVar(out, "out", "", benchOutHelp(harness.BenchSchema))
 	addLibFlag(fs, &o.cudaLibs)
+	noOverlapFlag(fs, o, benchKernelsNoOverlap)
 	return fs
 }
 

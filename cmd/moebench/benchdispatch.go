@@ -61,6 +61,9 @@ func benchDispatch(args []string, stdout, stderr io.Writer) int {
 	if err := checkBenchOut(out, harness.DispatchBenchSchema); err != nil {
 		return usageError(stderr, err)
 	}
+	if err := checkNoOverlap(&o, benchDispatchNoOverlap); err != nil { // overlapflags.go
+		return usageError(stderr, err)
+	}
 	d := harness.DefaultConfig()
 	o.dispatcher, o.impl, o.check, o.feplbBase, o.feplbDyn, o.feplbPolicy = d.Dispatcher, d.Impl, true, d.FeplbBase, d.FeplbDyn, d.FeplbPolicy
 	cfg, err := o.config(fs)
@@ -114,6 +117,7 @@ func benchDispatchFlags(o *options, names *[]string, sms *[]int, format, out *st
 	addLibFlag(fs, &o.cudaLibs)
 	fs.StringVar(format, "format", "table", "output: table | json")
 	fs.StringVar(out, "out", "", benchOutHelp(harness.DispatchBenchSchema))
+	noOverlapFlag(fs, o, benchDispatchNoOverlap)
 	return fs
 }
 

@@ -243,3 +243,31 @@ func TestNightlyPrecisionAxis(t *testing.T) {
 		t.Errorf("second night's points %v, want %v", got, want)
 	}
 }
+
+// TestNightlyOverlapAxis: a sweep file's "overlap" list reaches the
+// nightly's sweep: one point per setting, each recorded with its overlap.
+func TestNightlyOverlapAxis(t *testing.T) {
+	bin, dir := buildBinary(t)
+	sweep := filepath.Join(dir, "sweep.json")
+	os.WriteFile(sweep, []byte(`{"dispatcher": ["deepep"], "sms": [16], "ep": [2], "tokens": 16, "hidden": 32, "ffn": 16,
+		"iters": 2, "warmup": 0, "device": "host", "overlap": ["none", "a2a"], "delay-wgrad": true}`), 0o644)
+	cmd := exec.Command("bash", "../../scripts/nightly.sh", sweep)
+	cmd.Env = append(os.Environ(), "MOEBENCH_BIN="+bin, "MOEBENCH_NIGHTLY_DIR="+filepath.Join(dir, "nightly"))
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("nightly: %v\n%s", err, out)
+	}
+	hist, err := results.ReadFile(filepath.Join(dir, "nightly", "history.jsonl"), nil)
+	if err != nil || len(hist) != 2 {
+		t.Fatalf("history: %d records, %v", len(hist), err)
+	}
+	var got []string
+	for _, r := range hist {
+		got = append(got, r.Config.Overlap)
+		if r.Status != results.StatusOK || !r.Config.DelayWgrad || r.Overlap == nil || (r.Overlap.MicroBatches == 2) != (r.Config.Overlap == "a2a") {
+			t.Errorf("point overlap %q: %s %q, delay-wgrad %v, overlap record %v", r.Config.Overlap, r.Status, r.Reason, r.Config.DelayWgrad, r.Overlap != nil)
+		}
+	}
+	if !slices.Equal(got, []string{"", "a2a"}) {
+		t.Errorf("points' overlap %q, want none and a2a", got)
+	}
+}

@@ -61,3 +61,25 @@ func TestOverlapSweepAxis(t *testing.T) {
 		t.Errorf("attention-ms from a file: exit %d, %s", code, e)
 	}
 }
+
+// TestBenchRefusesOverlap: the bench commands time one part alone, with
+// nothing to overlap: --overlap other than none is a usage error saying
+// why, before anything runs; none runs.
+func TestBenchRefusesOverlap(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		why  string
+	}{
+		{[]string{"bench", "kernels"}, benchKernelsNoOverlap},
+		{[]string{"bench", "dispatch", "--device", "host"}, benchDispatchNoOverlap},
+	} {
+		code, out, errOut := cli(append(c.args, "--overlap", "a2a")...)
+		if want := "--overlap=a2a: allowed: none only: " + c.why; code != exitUsage || !strings.Contains(errOut, want) || out != "" {
+			t.Errorf("%v --overlap a2a: exit %d, stdout %q, stderr %q; want exit 2 and %q", c.args, code, out, errOut, want)
+		}
+	}
+	code, out, errOut := cli("bench", "dispatch", "--device", "host", "--dispatcher", "deepep", "--sms", "4", "--ep", "2", "--tokens", "16", "--hidden", "32", "--iters", "1", "--warmup", "0", "--overlap", "none")
+	if code != exitOK || !strings.Contains(out, "deepep") {
+		t.Errorf("bench dispatch --overlap none: exit %d, stdout %q, stderr %q", code, out, errOut)
+	}
+}

@@ -4,6 +4,8 @@ import (
 	"strings"
 
 	"github.com/spf13/pflag"
+
+	"github.com/moebench/moebench/harness"
 )
 
 // addOverlapFlags defines MoE communication overlap's flags (docs/overlap.md).
@@ -36,4 +38,26 @@ func overlapPoints(s string) []string {
 		return []string{"none"}
 	}
 	return strings.Split(s, ",")
+}
+
+// Why the bench commands have no overlap axis: each times one part alone,
+// and overlap needs the step's communication beside its compute.
+const (
+	benchKernelsNoOverlap  = "bench kernels times each kernel alone on one stream: there is no communication to hide"
+	benchDispatchNoOverlap = "bench dispatch times the dispatcher's dispatch and combine alone, a round trip with no expert GEMMs, no backward and no second micro-batch: there is no compute to hide the communication behind"
+)
+
+// noOverlapFlag gives a bench with nothing to overlap an --overlap that
+// takes none only (checkNoOverlap), so that the flag is refused with why.
+func noOverlapFlag(fs *pflag.FlagSet, o *options, why string) {
+	fs.StringVar(&o.overlap, "overlap", "none", "none only: "+why+"; overlap is measured by moebench run and sweep's --overlap (docs/overlap.md)")
+}
+
+// checkNoOverlap refuses --overlap other than none where why says there is
+// nothing to overlap.
+func checkNoOverlap(o *options, why string) error {
+	if o.overlap == "" || o.overlap == "none" {
+		return nil
+	}
+	return &harness.ConfigError{Flag: "overlap", Value: o.overlap, Allowed: "allowed: none only: " + why + "; measure overlap with moebench run or sweep --overlap (docs/overlap.md)"}
 }
