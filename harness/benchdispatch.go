@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/moebench/moebench/dispatchers"
+	"github.com/moebench/moebench/harness/summary"
 	"github.com/moebench/moebench/kernels"
 	"github.com/moebench/moebench/results"
 )
@@ -220,6 +221,23 @@ func (b *DispatchBench) point(c Config, pred *Prediction, point func(Config, Dis
 	return p
 }
 
+// asDesigned sets p's dispatch as its design's test times it, from the
+// steps' samples, and makes the traffic's dispatch GB/s (and per SM) its
+// rate, as the designs' tests report theirs.
+func (p *DispatchPoint) asDesigned(c Config, steps []dispatchers.Step, samples map[string][][]float64) {
+	var names []string
+	for _, st := range steps {
+		names = append(names, st.Name)
+	}
+	algo := int64(0)
+	if p.Traffic != nil {
+		algo = p.Traffic.DispatchAlgorithm
+	}
+	if p.DispatchAsDesigned = summary.AsDesigned(c.Dispatcher, names, samples, algo, c.EP, p.Budget); p.DispatchAsDesigned != nil && algo > 0 {
+		p.Traffic.DispatchGBps, p.Traffic.DispatchGBpsPerSM = p.DispatchAsDesigned.GBps, p.DispatchAsDesigned.GBpsPerSM
+	}
+}
+
 // benchBytes estimates the host memory of the benchmark: every rank's
 // inputs and the copies the dispatchers keep (up to top-k rows per token in
 // four buffers).
@@ -277,12 +295,12 @@ func benchPoint(c Config, l *Layer, p DispatchPoint) (DispatchPoint, error) {
 	}
 	t := &results.Timing{}
 	for _, st := range steps {
-		ph := phaseStats(st.Name, samples[st.Name])
+		ph := summary.Phase(st.Name, samples[st.Name])
 		ph.Samples = nil
 		t.Phases = append(t.Phases, ph)
 	}
-	p.Traffic = trafficRecord(d.Traffic())
-	bandwidth(p.Traffic, t, c.EP, p.Budget, results.CopyPayload(c.Record()))
+	p.Traffic = summary.Traffic(d.Traffic())
+	summary.Bandwidth(p.Traffic, t, c.EP, p.Budget, results.CopyPayload(c.Record()))
 	p.asDesigned(c, steps, samples)
 	p.Phases, p.Status = t.Phases, results.StatusOK
 	return p, nil

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/moebench/moebench/dispatchers"
+	"github.com/moebench/moebench/harness/summary"
 	"github.com/moebench/moebench/kernels"
 	"github.com/moebench/moebench/results"
 )
@@ -208,12 +209,12 @@ func benchDevicePoint(c Config, l *Layer, devs []kernels.Device, p DispatchPoint
 	}
 	t := &results.Timing{}
 	for _, st := range dl.seq {
-		ph := phaseStats(st.Name, samples[st.Name])
+		ph := summary.Phase(st.Name, samples[st.Name])
 		ph.Samples = nil
 		t.Phases = append(t.Phases, ph)
 	}
-	p.Traffic = trafficRecord(d.Traffic())
-	bandwidth(p.Traffic, t, c.EP, p.Budget, results.CopyPayload(c.Record()))
+	p.Traffic = summary.Traffic(d.Traffic())
+	summary.Bandwidth(p.Traffic, t, c.EP, p.Budget, results.CopyPayload(c.Record()))
 	p.asDesigned(c, dl.seq, samples)
 	p.Phases, p.Status, p.RoundTrip = t.Phases, results.StatusOK, "exact"
 	return p, nil
