@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/moebench/moebench/dispatchers"
+	"github.com/moebench/moebench/harness/roundtrip"
 	"github.com/moebench/moebench/harness/summary"
 	"github.com/moebench/moebench/kernels"
 	"github.com/moebench/moebench/results"
@@ -105,7 +106,7 @@ func BenchDispatch(cfg Config, names []string, sms []int, env Env) (*DispatchBen
 // BenchDispatchAt is BenchDispatch with each point run at each precision
 // in precisions, side by side (bf16 and fp8 rows of one dispatcher and
 // budget next to each other). At fp8 the round trip's ranks send their
-// rows quantized (roundTrip.toFP8).
+// rows quantized (roundtrip.Trip.ToFP8).
 func BenchDispatchAt(cfg Config, names []string, sms []int, precisions []string, env Env) (*DispatchBench, error) {
 	for _, p := range precisions {
 		c := cfg
@@ -258,27 +259,27 @@ func benchPoint(c Config, l *Layer, p DispatchPoint) (DispatchPoint, error) {
 	if err != nil {
 		return fail(err)
 	}
-	rt := newRoundTrip(l.Shape, l.X, l.Ranks)
+	rt := roundtrip.New(l.Shape, l.X, l.Ranks)
 	if c.isFP8() {
-		if err := rt.toFP8(); err != nil {
+		if err := rt.ToFP8(); err != nil {
 			return fail(err)
 		}
 	}
-	if err := d.Bind(l.Shape, rt.ranks); err != nil {
+	if err := d.Bind(l.Shape, rt.Ranks); err != nil {
 		return fail(err)
 	}
-	steps := dispatchers.Steps(d, rt.identity)
+	steps := dispatchers.Steps(d, rt.Identity)
 	samples := map[string][][]float64{}
 	for _, st := range steps {
 		samples[st.Name] = make([][]float64, c.EP)
 	}
 	p.RoundTrip = "exact"
 	for i := -c.Warmup; i < c.Iters; i++ {
-		for _, rk := range rt.ranks {
-			poison(rk.Y)
+		for _, rk := range rt.Ranks {
+			roundtrip.Poison(rk.Y)
 		}
 		for _, st := range steps {
-			for r := range rt.ranks {
+			for r := range rt.Ranks {
 				t0 := time.Now()
 				if err := st.Run(r); err != nil {
 					return fail(fmt.Errorf("%s on rank %d: %w", st.Name, r, err))
@@ -288,7 +289,7 @@ func benchPoint(c Config, l *Layer, p DispatchPoint) (DispatchPoint, error) {
 				}
 			}
 		}
-		if v := rt.verdict(); v != "exact" {
+		if v := rt.Verdict(); v != "exact" {
 			p.RoundTrip = v
 			return fail(errors.New("round trip: " + v))
 		}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/moebench/moebench/dispatchers"
+	"github.com/moebench/moebench/harness/roundtrip"
 	"github.com/moebench/moebench/harness/summary"
 	"github.com/moebench/moebench/kernels"
 	"github.com/moebench/moebench/results"
@@ -20,7 +21,7 @@ import (
 
 // benchLayer builds the device layer of one benchmark point: rt's ranks on
 // devs (spread as a run spreads them), d bound to them.
-func benchLayer(l *Layer, rt *roundTrip, devs []kernels.Device, th *kernels.Threads, d dispatchers.DeviceDispatcher) (*deviceLayer, error) {
+func benchLayer(l *Layer, rt *roundtrip.Trip, devs []kernels.Device, th *kernels.Threads, d dispatchers.DeviceDispatcher) (*deviceLayer, error) {
 	c := l.Cfg
 	T, h, k := c.Tokens, c.Hidden, c.TopK
 	dl := &deviceLayer{l: l, devs: devs, on: rankDevices(c.EP, len(devs)), d: d, rr: make([]devRank, c.EP), dc: make([]devCommon, len(devs)),
@@ -51,7 +52,7 @@ func benchLayer(l *Layer, rt *roundTrip, devs []kernels.Device, th *kernels.Thre
 		for _, up := range []struct {
 			p   kernels.Ptr
 			val any
-		}{{rk.X, kernels.BF16Bits(rt.x[r])}, {rk.Idx, rt.ranks[r].Idx}, {rk.Probs, rt.ranks[r].Probs}} {
+		}{{rk.X, kernels.BF16Bits(rt.X[r])}, {rk.Idx, rt.Ranks[r].Idx}, {rk.Probs, rt.Ranks[r].Probs}} {
 			if err := dev.Upload(up.p, up.val, rk.Stream); err != nil {
 				return dl, err
 			}
@@ -115,7 +116,7 @@ func (dl *deviceLayer) closeBench() {
 
 // roundTripVerdict is "exact" when every rank's Y is k times its input,
 // else the first difference.
-func (dl *deviceLayer) roundTripVerdict(rt *roundTrip) (string, error) {
+func (dl *deviceLayer) roundTripVerdict(rt *roundtrip.Trip) (string, error) {
 	c := dl.l.Cfg
 	y := make([]uint16, c.Tokens*c.Hidden)
 	for r, rk := range dl.ranks {
@@ -123,7 +124,7 @@ func (dl *deviceLayer) roundTripVerdict(rt *roundTrip) (string, error) {
 			return "", err
 		}
 		for i, v := range kernels.FromBF16Bits(y) {
-			if want := float32(c.TopK) * rt.x[r][i]; v != want {
+			if want := float32(c.TopK) * rt.X[r][i]; v != want {
 				return fmt.Sprintf("rank %d token %d element %d: %g back, want %d × input = %g", r, i/c.Hidden, i%c.Hidden, v, c.TopK, want), nil
 			}
 		}
@@ -160,7 +161,7 @@ func benchDevicePoint(c Config, l *Layer, devs []kernels.Device, p DispatchPoint
 	th := kernels.NewThreads(devs)
 	defer th.Close()
 	defer d.Close() // before the threads end
-	rt := newRoundTrip(l.Shape, l.X, l.Ranks)
+	rt := roundtrip.New(l.Shape, l.X, l.Ranks)
 	dl, err := benchLayer(l, rt, devs, th, d)
 	defer dl.closeBench()
 	if err != nil {

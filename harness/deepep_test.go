@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/moebench/moebench/dispatchers"
+	"github.com/moebench/moebench/harness/roundtrip"
 	"github.com/moebench/moebench/results"
 )
 
@@ -71,7 +72,7 @@ func TestRoundTripExactWithPartialSums(t *testing.T) {
 		}
 	}
 	for k := 1; k <= 40; k++ {
-		p, keep := roundTripProbs(k)
+		p, keep := roundtrip.Probs(k)
 		sum := 0.0
 		for _, v := range p {
 			if f, e := math.Frexp(float64(v)); f != 0.5 || e > 1 {
