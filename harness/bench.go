@@ -321,31 +321,56 @@ func (b *bencher) row(r BenchRow, scale float64, ceilingName string, ceiling flo
 	return r, err
 }
 
-func (b *bencher) run(cfg Config, sizes BenchSizes) ([]BenchRow, error) {
-	var rows []BenchRow
-	add := func(r BenchRow, err error) error {
-		if err == nil {
-			rows = append(rows, r)
-		}
-		return err
+// rowList collects the rows a benchmark timed.
+type rowList []BenchRow
+
+// add keeps r when it timed (err is nil) and returns err.
+func (l *rowList) add(r BenchRow, err error) error {
+	if err == nil {
+		*l = append(*l, r)
 	}
+	return err
+}
+
+// run times the ceilings, then the kernels of one rank's step; on an
+// error it returns the rows timed before it.
+func (b *bencher) run(cfg Config, sizes BenchSizes) ([]BenchRow, error) {
+	var rows rowList
+	if err := b.ceilings(&rows, sizes); err != nil {
+		return rows, err
+	}
+	st, err := b.stepBuffers(cfg)
+	if err != nil {
+		return rows, err
+	}
+	for _, part := range []func(*rowList, *stepBufs) error{b.routerRows, b.permuteRows, b.expertRows, b.unpermuteRows} {
+		if err := part(&rows, st); err != nil {
+			return rows, err
+		}
+	}
+	return rows, nil
+}
+
+// ceilings times the device copy, the SM copy kernel and a dense GEMM, the
+// ceilings the other rows are held against.
+func (b *bencher) ceilings(rows *rowList, sizes BenchSizes) error {
 	dev, s := b.dev, b.s
 	// ceilings
 	cb := sizes.CopyBytes / 2 * 2
 	src, dst := b.buf(int(cb/2)), b.buf(int(cb/2))
 	if b.err != nil {
-		return rows, b.err
+		return b.err
 	}
 	r, err := b.memRow("CE copy (ceiling)", fmt.Sprintf("%d MiB", cb>>20), 2*float64(cb), 0, "bytes read + written, cuMemcpyDtoDAsync",
 		func() error { return dev.Copy(dst, src, cb, s) })
-	if err := add(r, err); err != nil {
-		return rows, err
+	if err := rows.add(r, err); err != nil {
+		return err
 	}
 	b.copyGBs = r.Rate
 	r, err = b.memRow("SM copy kernel (ceiling)", fmt.Sprintf("%d MiB", cb>>20), 2*float64(cb), 0, "bytes read + written, 16-byte vectors",
 		func() error { return dev.CopySM(dst, src, cb, s) })
-	if err := add(r, err); err != nil {
-		return rows, err
+	if err := rows.add(r, err); err != nil {
+		return err
 	}
 	b.smCopyGBs = r.Rate
 	dev.Free(src)
@@ -353,48 +378,74 @@ func (b *bencher) run(cfg Config, sizes BenchSizes) ([]BenchRow, error) {
 	g := sizes.GEMMDim
 	ga, gc := b.buf(g*g), b.buf(g*g)
 	if b.err != nil {
-		return rows, b.err
+		return b.err
 	}
 	r, err = b.gemmRow("dense bf16 GEMM (ceiling)", fmt.Sprintf("%d×%d×%d", g, g, g), 2*float64(g)*float64(g)*float64(g), 0, "2·m·n·k",
 		func() error { return dev.GEMM(gc, ga, ga, g, g, g, false, s) })
-	if err := add(r, err); err != nil {
-		return rows, err
+	if err := rows.add(r, err); err != nil {
+		return err
 	}
 	b.gemmTFLOPS = r.Rate
 	dev.Free(ga)
 	dev.Free(gc)
 
-	// one rank's step
+	return nil
+}
+
+// stepBufs are the buffers of one rank's step (balanced routing), with
+// its sizes: T tokens, h hidden, f ffn, E experts, k top-k, L local
+// experts, n = T·k copies.
+type stepBufs struct {
+	cfg                                    Config
+	T, h, f, E, k, L, n                    int
+	x, wr, logits, idx, probs              kernels.Ptr
+	order, pos, counts, px, pp, cc, ex, ep kernels.Ptr
+	fc1, fc2, h1, act, ey, y, bias, shared kernels.Ptr
+	rc                                     kernels.RouterConfig
+}
+
+// stepBuffers allocates the step's buffers, in the order (and so with the
+// random values) the bench has always drawn them.
+func (b *bencher) stepBuffers(cfg Config) (*stepBufs, error) {
 	T, h, f, E, k := cfg.Tokens, cfg.Hidden, cfg.FFN, cfg.Experts, cfg.TopK
 	L, n := cfg.Experts/cfg.EP, cfg.Tokens*cfg.TopK
-	x, wr, logits := b.buf(T*h), b.buf(E*h), b.buf(2*T*E) // logits: fp32
-	idx, probs := b.raw(4*n), b.buf(2*n)
-	order, pos, counts := b.raw(4*n), b.raw(4*n), b.raw(4*E)
-	px, pp, cc := b.raw(2*n*h), b.raw(4*n), b.raw(4*cfg.EP*L)
-	ex, ep := b.raw(2*n*h), b.raw(4*n)
-	fc1, fc2 := b.buf(L*2*f*h), b.buf(L*h*f)
-	h1, act, ey, y := b.raw(2*n*2*f), b.raw(2*n*f), b.raw(2*n*h), b.raw(2*T*h)
-	var bias, shared kernels.Ptr
-	rc := cfg.RouterConfig(nil)
-	if rc.Score == kernels.ScoreSigmoid {
-		bias = b.buf(2 * E)
+	st := &stepBufs{cfg: cfg, T: T, h: h, f: f, E: E, k: k, L: L, n: n}
+	st.x, st.wr, st.logits = b.buf(T*h), b.buf(E*h), b.buf(2*T*E) // logits: fp32
+	st.idx, st.probs = b.raw(4*n), b.buf(2*n)
+	st.order, st.pos, st.counts = b.raw(4*n), b.raw(4*n), b.raw(4*E)
+	st.px, st.pp, st.cc = b.raw(2*n*h), b.raw(4*n), b.raw(4*cfg.EP*L)
+	st.ex, st.ep = b.raw(2*n*h), b.raw(4*n)
+	st.fc1, st.fc2 = b.buf(L*2*f*h), b.buf(L*h*f)
+	st.h1, st.act, st.ey, st.y = b.raw(2*n*2*f), b.raw(2*n*f), b.raw(2*n*h), b.raw(2*T*h)
+	st.rc = cfg.RouterConfig(nil)
+	if st.rc.Score == kernels.ScoreSigmoid {
+		st.bias = b.buf(2 * E)
 	}
 	if cfg.SharedExperts > 0 {
-		shared = b.buf(T * h)
+		st.shared = b.buf(T * h)
 	}
 	if b.err != nil {
-		return rows, b.err
+		return nil, b.err
 	}
-	r, err = b.gemmRow("router logits GEMM", fmt.Sprintf("%d×%d×%d → fp32", T, E, h), 2*float64(T*E*h), 0, "2·tokens·experts·hidden",
+	return st, nil
+}
+
+// routerRows times the router's logits GEMM and its top-k (also on every
+// rank's tokens at once).
+func (b *bencher) routerRows(rows *rowList, st *stepBufs) error {
+	cfg, dev, s := st.cfg, b.dev, b.s
+	T, h, E, k, n := st.T, st.h, st.E, st.k, st.n
+	x, wr, logits, idx, probs, bias, rc := st.x, st.wr, st.logits, st.idx, st.probs, st.bias, st.rc
+	r, err := b.gemmRow("router logits GEMM", fmt.Sprintf("%d×%d×%d → fp32", T, E, h), 2*float64(T*E*h), 0, "2·tokens·experts·hidden",
 		func() error { return dev.GEMM(logits, x, wr, T, E, h, true, s) })
-	if err := add(r, err); err != nil {
-		return rows, err
+	if err := rows.add(r, err); err != nil {
+		return err
 	}
 	r, err = b.memRow("router top-k", fmt.Sprintf("%d tokens × %d experts, k=%d", T, E, k), float64(4*T*E+8*n), 0.6,
 		"fp32 logits read + (int32 index, fp32 prob) per copy written",
 		func() error { return dev.RouterTopK(rc, logits, bias, T, idx, probs, s) })
-	if err := add(r, err); err != nil {
-		return rows, err
+	if err := rows.add(r, err); err != nil {
+		return err
 	}
 	if cfg.EP > 1 {
 		// one rank's logits may be too few bytes for a bandwidth rate (a
@@ -403,29 +454,39 @@ func (b *bencher) run(cfg Config, sizes BenchSizes) ([]BenchRow, error) {
 		TE := T * cfg.EP
 		lg, ix, pr := b.buf(2*TE*E), b.raw(4*TE*k), b.raw(4*TE*k)
 		if b.err != nil {
-			return rows, b.err
+			return b.err
 		}
 		r, err = b.memRow("router top-k (all ranks' tokens)", fmt.Sprintf("%d tokens (%d ranks') × %d experts, k=%d", TE, cfg.EP, E, k),
 			float64(4*TE*E+8*TE*k), 0.6, "fp32 logits read + (int32 index, fp32 prob) per copy written",
 			func() error { return dev.RouterTopK(rc, lg, bias, TE, ix, pr, s) })
-		if err := add(r, err); err != nil {
-			return rows, err
+		if err := rows.add(r, err); err != nil {
+			return err
 		}
 		kernels.Free(dev, &lg, &ix, &pr)
 	}
+	return nil
+}
+
+// permuteRows times the permutation of uniformly random routing and the
+// alltoall's chunk sort of balanced chunks.
+func (b *bencher) permuteRows(rows *rowList, st *stepBufs) error {
+	cfg, dev, s := st.cfg, b.dev, b.s
+	h, E, k, L, n := st.h, st.E, st.k, st.L, st.n
+	idx, probs, x, order, pos, counts := st.idx, st.probs, st.x, st.order, st.pos, st.counts
+	px, pp, cc, ex, ep := st.px, st.pp, st.cc, st.ex, st.ep
 	// permute with uniformly random experts
 	ri := make([]int32, n)
 	for i := range ri {
 		ri[i] = int32(b.rng.IntN(E))
 	}
 	if err := dev.Upload(idx, ri, s); err != nil {
-		return rows, err
+		return err
 	}
-	r, err = b.memRow("permute order", fmt.Sprintf("%d copies, %d experts", n, E), float64(12*n+4*E), 0,
+	r, err := b.memRow("permute order", fmt.Sprintf("%d copies, %d experts", n, E), float64(12*n+4*E), 0,
 		"int32 expert per copy read + (row, position) per copy written + counts",
 		func() error { return dev.PermuteOrder(idx, n, E, order, pos, counts, s) })
-	if err := add(r, err); err != nil {
-		return rows, err
+	if err := rows.add(r, err); err != nil {
+		return err
 	}
 	r, err = b.memRow("permute", fmt.Sprintf("%d copies × %d", n, h), float64(4*n*h+12*n), 0.8,
 		"bf16 row read + written per copy, + row index and fp32 prob",
@@ -435,8 +496,8 @@ func (b *bencher) run(cfg Config, sizes BenchSizes) ([]BenchRow, error) {
 			}
 			return dev.GatherF32(pp, probs, order, 1, n, s)
 		})
-	if err := add(r, err); err != nil {
-		return rows, err
+	if err := rows.add(r, err); err != nil {
+		return err
 	}
 	// balanced chunks for the alltoall sort: [source][local]
 	cnt := make([]int32, cfg.EP*L)
@@ -447,14 +508,23 @@ func (b *bencher) run(cfg Config, sizes BenchSizes) ([]BenchRow, error) {
 		cnt[i]++
 	}
 	if err := dev.Upload(cc, cnt, s); err != nil {
-		return rows, err
+		return err
 	}
 	r, err = b.memRow("alltoall chunk sort", fmt.Sprintf("%d rows × %d, %d×%d chunks", n, h, cfg.EP, L), float64(4*n*h+8*n), 0,
 		"bf16 row + fp32 prob read and written",
 		func() error { return dev.SortChunks(ex, ep, px, pp, cc, n, cfg.EP, L, h, false, s) })
-	if err := add(r, err); err != nil {
-		return rows, err
+	if err := rows.add(r, err); err != nil {
+		return err
 	}
+	return nil
+}
+
+// expertRows times the experts' GEMMs, each grouped GEMM the device has,
+// with balanced rows per local expert.
+func (b *bencher) expertRows(rows *rowList, st *stepBufs) error {
+	dev, s := b.dev, b.s
+	h, f, L, n := st.h, st.f, st.L, st.n
+	h1, ex, fc1, ey, act, fc2 := st.h1, st.ex, st.fc1, st.ey, st.act, st.fc2
 	// experts: balanced rows per local expert
 	per := make([]int, L)
 	for i := range per {
@@ -477,7 +547,7 @@ func (b *bencher) run(cfg Config, sizes BenchSizes) ([]BenchRow, error) {
 	for _, side := range groupedSides {
 		gr, err := kernels.NewGrouped(dev, side)
 		if err != nil {
-			return rows, err
+			return err
 		}
 		ways = append(ways, gr)
 	}
@@ -485,7 +555,7 @@ func (b *bencher) run(cfg Config, sizes BenchSizes) ([]BenchRow, error) {
 		ways = append(ways, gr)
 	}
 	for _, gr := range ways {
-		r, err = b.gemmRow("expert GEMMs ("+gr.Name()+")", fmt.Sprintf("%d experts × %d rows, fc1 %d→%d, fc2 %d→%d", L, n/L, h, 2*f, f, h),
+		r, err := b.gemmRow("expert GEMMs ("+gr.Name()+")", fmt.Sprintf("%d experts × %d rows, fc1 %d→%d, fc2 %d→%d", L, n/L, h, 2*f, f, h),
 			6*float64(n)*float64(h)*float64(f), 0.7, "6·hidden·ffn per row (fc1 and fc2)",
 			func() error {
 				if err := gr.Run(dev, g1, 2*f, h, s); err != nil {
@@ -493,15 +563,24 @@ func (b *bencher) run(cfg Config, sizes BenchSizes) ([]BenchRow, error) {
 				}
 				return gr.Run(dev, g2, h, f, s)
 			})
-		if err := add(r, err); err != nil {
-			return rows, err
+		if err := rows.add(r, err); err != nil {
+			return err
 		}
 	}
-	r, err = b.memRow("SwiGLU × prob", fmt.Sprintf("%d rows × %d", n, f), float64(6*n*f+4*n), 0,
+	return nil
+}
+
+// unpermuteRows times SwiGLU and the unpermute (the sum of k) of a random
+// assignment of rows to token slots.
+func (b *bencher) unpermuteRows(rows *rowList, st *stepBufs) error {
+	dev, s := b.dev, b.s
+	T, h, f, k, n := st.T, st.h, st.f, st.k, st.n
+	act, h1, ep, pos, y, ey, shared := st.act, st.h1, st.ep, st.pos, st.y, st.ey, st.shared
+	r, err := b.memRow("SwiGLU × prob", fmt.Sprintf("%d rows × %d", n, f), float64(6*n*f+4*n), 0,
 		"bf16 gate and up read, bf16 activation written, fp32 prob",
 		func() error { return dev.SwiGLU(act, h1, ep, n, f, s) })
-	if err := add(r, err); err != nil {
-		return rows, err
+	if err := rows.add(r, err); err != nil {
+		return err
 	}
 	// unpermute: a random assignment of rows to token slots
 	perm := make([]int32, n)
@@ -509,7 +588,7 @@ func (b *bencher) run(cfg Config, sizes BenchSizes) ([]BenchRow, error) {
 		perm[i] = int32(v)
 	}
 	if err := dev.Upload(pos, perm, s); err != nil {
-		return rows, err
+		return err
 	}
 	bytes := float64(2*n*h + 2*T*h + 4*n)
 	if shared != 0 {
@@ -518,5 +597,5 @@ func (b *bencher) run(cfg Config, sizes BenchSizes) ([]BenchRow, error) {
 	r, err = b.memRow("unpermute (sum of k)", fmt.Sprintf("%d tokens × %d, k=%d", T, h, k), bytes, 0.8,
 		"bf16 row read per copy + bf16 output row written (+ shared-expert row read) + int32 positions",
 		func() error { return dev.UnpermuteSum(y, ey, pos, shared, T, k, h, s) })
-	return rows, add(r, err)
+	return rows.add(r, err)
 }
