@@ -6,9 +6,7 @@ import (
 
 	"github.com/moebench/moebench/dispatchers"
 	"github.com/moebench/moebench/harness/roundtrip"
-	"github.com/moebench/moebench/harness/summary"
 	"github.com/moebench/moebench/kernels"
-	"github.com/moebench/moebench/results"
 )
 
 // The dispatch benchmark on the cuda device: each point is a deviceLayer
@@ -132,31 +130,45 @@ func (dl *deviceLayer) roundTripVerdict(rt *roundtrip.Trip) (string, error) {
 	return "exact", nil
 }
 
-// benchDevicePoint times one dispatcher at one budget on devs: warm-up and
-// timed steps of its phases, the outputs poisoned before and checked after
-// each, and GPM's SM utilisation over the timed steps where NVML has it.
-func benchDevicePoint(c Config, l *Layer, devs []kernels.Device, p DispatchPoint) (DispatchPoint, error) {
-	fail := func(err error) (DispatchPoint, error) {
-		if dispatchers.IsUnavailable(err) {
-			p.Status = results.StatusUnavailable
-		}
-		p.Reason = err.Error()
-		return p, err
-	}
+// DeviceRoundTrip is one dispatcher's round trip timed on the cuda device
+// (TimeRoundTrip): what the dispatch benchmark makes a point of. On an
+// error it holds what was found before it.
+type DeviceRoundTrip struct {
+	// Budget is the SM budget fitted to the GPUs, each block holding an
+	// SM, and HeldNote how the ranks share a GPU's SMs; HeldNote "": the
+	// budget was not fitted (the dispatcher is not SM-driven)
+	Budget   int
+	HeldNote string
+	// SMUse is GPM's SM utilisation over the timed steps, or why it was
+	// not measured; "" before the steps ran
+	SMUse string
+	// Mismatch is the round trip's first difference, where it was not exact
+	Mismatch string
+	Steps    []dispatchers.Step     // the phases, in order
+	Samples  map[string][][]float64 // [phase][rank][iter] ms
+	Traffic  dispatchers.Traffic
+}
+
+// TimeRoundTrip times one dispatcher at c's budget on devs with l's
+// routing: warm-up and timed steps of its phases, the outputs poisoned
+// before and checked after each, and GPM's SM utilisation over the timed
+// steps where NVML has it.
+func TimeRoundTrip(c Config, l *Layer, devs []kernels.Device) (DeviceRoundTrip, error) {
+	var p DeviceRoundTrip
 	budget, held, err := fitSMs(c, devs, nil)
 	if err != nil {
-		return fail(err)
+		return p, err
 	}
 	if held != "" { // the budget that fits the GPUs, each block holding an SM
-		c.SMs, p.Budget, p.Held, p.HeldNote = budget, budget, budget, held
+		c.SMs, p.Budget, p.HeldNote = budget, budget, held
 	}
 	if c.isFP8() { // never a bf16 round trip under an fp8 label
-		return fail(&dispatchers.UnavailableError{Name: c.Dispatcher, Impl: c.Impl, Reason: "bench dispatch at fp8 is not wired on the cuda device " +
-			"in this build (its round trip sends bf16 rows; moebench run --precision fp8 runs alltoall and feplb there)"})
+		return p, &dispatchers.UnavailableError{Name: c.Dispatcher, Impl: c.Impl, Reason: "bench dispatch at fp8 is not wired on the cuda device " +
+			"in this build (its round trip sends bf16 rows; moebench run --precision fp8 runs alltoall and feplb there)"}
 	}
 	d, err := dispatchers.NewDevice(c.Dispatcher, c.Impl, c.dispatcherEnv())
 	if err != nil {
-		return fail(err)
+		return p, err
 	}
 	th := kernels.NewThreads(devs)
 	defer th.Close()
@@ -165,7 +177,7 @@ func benchDevicePoint(c Config, l *Layer, devs []kernels.Device, p DispatchPoint
 	dl, err := benchLayer(l, rt, devs, th, d)
 	defer dl.closeBench()
 	if err != nil {
-		return fail(err)
+		return p, err
 	}
 	samples, steps := map[string][][]float64{}, make([][]float64, c.EP)
 	for _, st := range dl.seq {
@@ -183,23 +195,23 @@ func benchDevicePoint(c Config, l *Layer, devs []kernels.Device, p DispatchPoint
 		for _, rk := range dl.ranks {
 			if err := rk.Dev.Fill16(rk.Y, 0x7fc0, int64(c.Tokens*c.Hidden), rk.Stream); err != nil { // NaN
 				tm.finish()
-				return fail(err)
+				return p, err
 			}
 		}
 		if err := dl.step(); err != nil {
 			tm.finish()
-			return fail(err)
+			return p, err
 		}
 		v, err := dl.roundTripVerdict(rt)
 		if err == nil && v != "exact" {
-			p.RoundTrip, err = v, errors.New("round trip: "+v)
+			p.Mismatch, err = v, errors.New("round trip: "+v)
 		}
 		if err == nil && i >= 0 {
 			err = dl.times(samples, steps)
 		}
 		if err != nil {
 			tm.finish()
-			return fail(err)
+			return p, err
 		}
 	}
 	if tm != nil {
@@ -208,15 +220,6 @@ func benchDevicePoint(c Config, l *Layer, devs []kernels.Device, p DispatchPoint
 			p.SMUse += " (GPU 0's; the others' are not sampled)"
 		}
 	}
-	t := &results.Timing{}
-	for _, st := range dl.seq {
-		ph := summary.Phase(st.Name, samples[st.Name])
-		ph.Samples = nil
-		t.Phases = append(t.Phases, ph)
-	}
-	p.Traffic = summary.Traffic(d.Traffic())
-	summary.Bandwidth(p.Traffic, t, c.EP, p.Budget, results.CopyPayload(c.Record()))
-	p.asDesigned(c, dl.seq, samples)
-	p.Phases, p.Status, p.RoundTrip = t.Phases, results.StatusOK, "exact"
+	p.Steps, p.Samples, p.Traffic = dl.seq, samples, d.Traffic()
 	return p, nil
 }

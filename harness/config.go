@@ -134,9 +134,6 @@ type Config struct {
 	// intr, when set, is the run's Interrupt: the check's reference stops
 	// at its next expert once it fires (Run)
 	intr *Interrupt
-	// precisions, in a dispatch benchmark, are the precisions each point
-	// runs at (BenchDispatchAt)
-	precisions []string
 	// processes is how many processes a cuda run spans (0 or 1: this one
 	// alone), for the host memory estimate of this process's share (set
 	// by runDevice and Env.HostBytes)

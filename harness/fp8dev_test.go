@@ -164,22 +164,3 @@ func TestFP8CUDALayerOnHostSim(t *testing.T) {
 		})
 	}
 }
-
-// TestFP8BenchDispatchOnDevice: bench dispatch at fp8 on the cuda device
-// (Emu), whose round trip is not wired for fp8, says so: the bf16 point
-// runs, the fp8 one is unavailable with the reason, never a bf16 round trip
-// labelled fp8.
-func TestFP8BenchDispatchOnDevice(t *testing.T) {
-	c := fp8DeviceCases()["alltoall"]
-	c.Warmup, c.Iters = 0, 1
-	b, err := BenchDispatchAt(c, []string{"alltoall"}, []int{4}, []string{PrecisionBF16, PrecisionFP8}, Env{Version: "test", OpenDevices: emus(1)})
-	if b == nil || len(b.Points) != 2 {
-		t.Fatalf("%v, %+v", err, b)
-	}
-	if p := b.Points[0]; p.Status != results.StatusOK {
-		t.Errorf("bf16: %s %q", p.Status, p.Reason)
-	}
-	if p := b.Points[1]; p.Status != results.StatusUnavailable || !strings.Contains(p.Reason, "bench dispatch at fp8 is not wired on the cuda device") {
-		t.Errorf("fp8: %s %q", p.Status, p.Reason)
-	}
-}

@@ -569,7 +569,7 @@ func fillMeasurements(rec *results.Record, cfg Config, m measured) {
 	}
 	rec.Traffic = summary.Traffic(m.traffic)
 	summary.Bandwidth(rec.Traffic, t, cfg.EP, rec.SMs.Budget, results.CopyPayload(rec.Config))
-	t.DispatchAsDesigned = summary.AsDesigned(cfg.Dispatcher, m.phases, m.samples, rec.Traffic.DispatchAlgorithm, cfg.EP, rec.SMs.Budget) // designtiming.go
+	t.DispatchAsDesigned = summary.AsDesigned(cfg.Dispatcher, m.phases, m.samples, rec.Traffic.DispatchAlgorithm, cfg.EP, rec.SMs.Budget) // harness/summary
 	if m.nodes {
 		summary.NodeBandwidth(rec.Traffic, t, cfg.EP, m.interNode, m.intraNode)
 	}

@@ -1,16 +1,26 @@
-package harness
+// Package bench is moebench's benchmarks of parts of the layer alone:
+// 'moebench bench kernels' (Kernels: each kernel of one rank's step timed
+// on the device against ceilings measured in the same run) and 'moebench
+// bench dispatch' (Dispatch: dispatch and combine alone per dispatcher,
+// SM budget and precision, each point checked by the exact round trip of
+// harness/roundtrip). It builds its layers and devices through package
+// harness, as a run does, and its statistics with harness/summary; its
+// results are versioned JSON (KernelSchema, DispatchSchema) that cmd
+// writes and tables.
+package bench
 
 import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
 
+	"github.com/moebench/moebench/harness"
 	"github.com/moebench/moebench/kernels"
 	"github.com/moebench/moebench/results"
 )
 
-// BenchSchema names the kernel benchmark's output version.
-const BenchSchema = "moebench.bench/v1"
+// KernelSchema names the kernel benchmark's output version.
+const KernelSchema = "moebench.bench/v1"
 
 // KernelBench is `moebench bench kernels`: each kernel of one rank's layer
 // step timed alone on the device (CUDA events, median), with its achieved
@@ -26,14 +36,14 @@ type KernelBench struct {
 	Config  results.Config `json:"config"`
 	Stack   results.Stack  `json:"stack"`
 	Iters   int            `json:"iters"`
-	Rows    []BenchRow     `json:"rows"`
+	Rows    []Row          `json:"rows"`
 	Routing string         `json:"routing_note"`
 	Timing  string         `json:"timing_note"` // what each timed call follows (the L2 flush)
 	Peer    string         `json:"peer_note"`   // which GPUs the peer rows copy between, or why there are none
 }
 
-// BenchRow is one kernel's measurement.
-type BenchRow struct {
+// Row is one kernel's measurement.
+type Row struct {
 	Kernel  string  `json:"kernel"`
 	Shape   string  `json:"shape"`
 	P50us   float64 `json:"p50_us"`
@@ -50,7 +60,7 @@ type BenchRow struct {
 }
 
 // Verdict says whether a row meets its target.
-func (r BenchRow) Verdict() string {
+func (r Row) Verdict() string {
 	switch {
 	case r.Target == 0:
 		return ""
@@ -60,40 +70,40 @@ func (r BenchRow) Verdict() string {
 	return "below"
 }
 
-// BenchSizes are the ceilings' sizes (the copy's bytes and the dense GEMM's
+// Sizes are the ceilings' sizes (the copy's bytes and the dense GEMM's
 // m = n = k) and the L2 flush's: before each timed call the stream copies
 // FlushBytes/2 bytes to another FlushBytes/2, so that no call finds its
 // inputs in the L2 left there by the call before (the ceilings are far
 // larger than any L2, so the kernels' rates compare with them), and the GPU
 // is still busy with the flush while the host queues the call and its
 // events, so that the time holds no launch gap. 0: no flush.
-type BenchSizes struct {
+type Sizes struct {
 	CopyBytes  int64
 	GEMMDim    int
 	FlushBytes int64
 }
 
-// DefaultBenchSizes are large enough to reach a GPU's steady rates; the
+// DefaultSizes are large enough to reach a GPU's steady rates; the
 // flush is over twice the L2 of an H100 or H200 (50 MB) and a B200 (126 MB).
-var DefaultBenchSizes = BenchSizes{CopyBytes: 1 << 30, GEMMDim: 8192, FlushBytes: 256 << 20}
+var DefaultSizes = Sizes{CopyBytes: 1 << 30, GEMMDim: 8192, FlushBytes: 256 << 20}
 
-// BenchKernels times the kernels of rank 0 of cfg's layer on the device with
+// Kernels times the kernels of rank 0 of cfg's layer on the device with
 // balanced routing (each local expert gets tokens·topk/local rows). Inputs
 // are random and never zero; the kernels' correctness is the GPU tests'
 // business (kernels/cuda_test.go).
-func BenchKernels(cfg Config, env Env, sizes BenchSizes) (*KernelBench, error) {
+func Kernels(cfg harness.Config, env harness.Env, sizes Sizes) (*KernelBench, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	devs, err := env.devices(0, 2, nil)
+	devs, err := env.Devices(0, 2)
 	if err != nil {
 		return nil, fmt.Errorf("device %s: %w", cfg.Device, err)
 	}
-	defer closeDevices(devs)
+	defer harness.CloseDevices(devs)
 	dev := devs[0]
-	tuneGEMMs(devs, true) // each call's shape is timed in its warm-up
-	rec := newRecord(cfg, env)
-	kb := &KernelBench{Schema: BenchSchema, Time: rec.Time, Config: rec.Config, Stack: rec.Stack, Iters: cfg.Iters,
+	harness.TuneGEMMs(devs, true) // each call's shape is timed in its warm-up
+	rec := harness.NewRecord(cfg, env)
+	kb := &KernelBench{Schema: KernelSchema, Time: rec.Time, Config: rec.Config, Stack: rec.Stack, Iters: cfg.Iters,
 		Routing: "balanced: each of rank 0's local experts computes tokens·topk/local rows; permute indices uniform at random"}
 	b := &bencher{dev: dev, iters: cfg.Iters, warmup: max(cfg.Warmup, 1), rng: rand.New(rand.NewPCG(cfg.Seed, 0xbe7c4))}
 	if b.s, err = dev.NewStream(); err != nil {
@@ -138,8 +148,8 @@ func BenchKernels(cfg Config, env Env, sizes BenchSizes) (*KernelBench, error) {
 // routing, as the native alltoall sends it when every other rank is on peer:
 // per destination rank a copy of its rows, one of their probabilities and
 // one of the counts.
-func (b *bencher) peerRows(peer kernels.Device, cfg Config, sizes BenchSizes) ([]BenchRow, error) {
-	var rows []BenchRow
+func (b *bencher) peerRows(peer kernels.Device, cfg harness.Config, sizes Sizes) ([]Row, error) {
+	var rows []Row
 	cb := sizes.CopyBytes
 	src := b.buf(int(cb / 2))
 	if b.err != nil {
@@ -151,7 +161,7 @@ func (b *bencher) peerRows(peer kernels.Device, cfg Config, sizes BenchSizes) ([
 		return nil, err
 	}
 	defer peer.Free(dst)
-	r, err := b.row(BenchRow{Kernel: "peer copy (ceiling)", Shape: fmt.Sprintf("%d MiB", cb>>20), Work: float64(cb), Unit: "GB/s",
+	r, err := b.row(Row{Kernel: "peer copy (ceiling)", Shape: fmt.Sprintf("%d MiB", cb>>20), Work: float64(cb), Unit: "GB/s",
 		Formula: "bytes sent one way"}, 1e3, "", 0,
 		func() error { return b.dev.CopyPeer(kernels.CopyOp{Dst: dst, Src: src, Bytes: cb, DstDev: peer}, b.s) })
 	if err != nil {
@@ -175,7 +185,7 @@ func (b *bencher) peerRows(peer kernels.Device, cfg Config, sizes BenchSizes) ([
 			bytes += c[1]
 		}
 	}
-	r, err = b.row(BenchRow{Kernel: "alltoall dispatch (peer copies)", Shape: fmt.Sprintf("%d chunks × %d rows × %d", cfg.EP-1, per, h), Work: float64(bytes),
+	r, err = b.row(Row{Kernel: "alltoall dispatch (peer copies)", Shape: fmt.Sprintf("%d chunks × %d rows × %d", cfg.EP-1, per, h), Work: float64(bytes),
 		Unit: "GB/s", Formula: "rank 0's off-rank rows (bf16), probabilities (fp32) and counts, one copy each per destination"}, 1e3, "peer copy", ceiling,
 		func() error {
 			for _, op := range ops {
@@ -197,7 +207,7 @@ type bencher struct {
 	e0, e1             kernels.Event
 	iters, warmup      int
 	rng                *rand.Rand
-	flushSrc, flushDst kernels.Ptr // the L2 flush (BenchSizes): flushBytes copied before each timed call
+	flushSrc, flushDst kernels.Ptr // the L2 flush (Sizes): flushBytes copied before each timed call
 	flushBytes         int64
 	copyGBs, smCopyGBs float64 // ceilings, once measured: the copy engines' device copy, the SM copy kernel
 	gemmTFLOPS         float64
@@ -289,8 +299,8 @@ func (b *bencher) time(fn func() error) (float64, error) {
 
 // memRow times a memory-bound kernel moving bytes per call, against the
 // SM copy kernel's ceiling (once measured), and the copy engines'.
-func (b *bencher) memRow(kernel, shape string, bytes, target float64, formula string, fn func() error) (BenchRow, error) {
-	r, err := b.row(BenchRow{Kernel: kernel, Shape: shape, Work: bytes, Unit: "GB/s", Target: target, Formula: formula}, 1e3, "SM copy", b.smCopyGBs, fn)
+func (b *bencher) memRow(kernel, shape string, bytes, target float64, formula string, fn func() error) (Row, error) {
+	r, err := b.row(Row{Kernel: kernel, Shape: shape, Work: bytes, Unit: "GB/s", Target: target, Formula: formula}, 1e3, "SM copy", b.smCopyGBs, fn)
 	if b.copyGBs > 0 {
 		r.CopyEngineRatio = r.Rate / b.copyGBs
 		if r.Ceiling != "" {
@@ -303,13 +313,13 @@ func (b *bencher) memRow(kernel, shape string, bytes, target float64, formula st
 }
 
 // gemmRow times GEMM work of flops per call, against the dense GEMM ceiling.
-func (b *bencher) gemmRow(kernel, shape string, flops, target float64, formula string, fn func() error) (BenchRow, error) {
-	return b.row(BenchRow{Kernel: kernel, Shape: shape, Work: flops, Unit: "TFLOP/s", Target: target, Formula: formula}, 1e6, "dense GEMM", b.gemmTFLOPS, fn)
+func (b *bencher) gemmRow(kernel, shape string, flops, target float64, formula string, fn func() error) (Row, error) {
+	return b.row(Row{Kernel: kernel, Shape: shape, Work: flops, Unit: "TFLOP/s", Target: target, Formula: formula}, 1e6, "dense GEMM", b.gemmTFLOPS, fn)
 }
 
 // row times fn and fills r's time, its rate (work per µs / scale) and the
 // ratio to ceiling (once measured).
-func (b *bencher) row(r BenchRow, scale float64, ceilingName string, ceiling float64, fn func() error) (BenchRow, error) {
+func (b *bencher) row(r Row, scale float64, ceilingName string, ceiling float64, fn func() error) (Row, error) {
 	us, err := b.time(fn)
 	r.P50us = us
 	if us > 0 {
@@ -322,10 +332,10 @@ func (b *bencher) row(r BenchRow, scale float64, ceilingName string, ceiling flo
 }
 
 // rowList collects the rows a benchmark timed.
-type rowList []BenchRow
+type rowList []Row
 
 // add keeps r when it timed (err is nil) and returns err.
-func (l *rowList) add(r BenchRow, err error) error {
+func (l *rowList) add(r Row, err error) error {
 	if err == nil {
 		*l = append(*l, r)
 	}
@@ -334,7 +344,7 @@ func (l *rowList) add(r BenchRow, err error) error {
 
 // run times the ceilings, then the kernels of one rank's step; on an
 // error it returns the rows timed before it.
-func (b *bencher) run(cfg Config, sizes BenchSizes) ([]BenchRow, error) {
+func (b *bencher) run(cfg harness.Config, sizes Sizes) ([]Row, error) {
 	var rows rowList
 	if err := b.ceilings(&rows, sizes); err != nil {
 		return rows, err
@@ -353,7 +363,7 @@ func (b *bencher) run(cfg Config, sizes BenchSizes) ([]BenchRow, error) {
 
 // ceilings times the device copy, the SM copy kernel and a dense GEMM, the
 // ceilings the other rows are held against.
-func (b *bencher) ceilings(rows *rowList, sizes BenchSizes) error {
+func (b *bencher) ceilings(rows *rowList, sizes Sizes) error {
 	dev, s := b.dev, b.s
 	// ceilings
 	cb := sizes.CopyBytes / 2 * 2
@@ -396,7 +406,7 @@ func (b *bencher) ceilings(rows *rowList, sizes BenchSizes) error {
 // its sizes: T tokens, h hidden, f ffn, E experts, k top-k, L local
 // experts, n = T·k copies.
 type stepBufs struct {
-	cfg                                    Config
+	cfg                                    harness.Config
 	T, h, f, E, k, L, n                    int
 	x, wr, logits, idx, probs              kernels.Ptr
 	order, pos, counts, px, pp, cc, ex, ep kernels.Ptr
@@ -406,7 +416,7 @@ type stepBufs struct {
 
 // stepBuffers allocates the step's buffers, in the order (and so with the
 // random values) the bench has always drawn them.
-func (b *bencher) stepBuffers(cfg Config) (*stepBufs, error) {
+func (b *bencher) stepBuffers(cfg harness.Config) (*stepBufs, error) {
 	T, h, f, E, k := cfg.Tokens, cfg.Hidden, cfg.FFN, cfg.Experts, cfg.TopK
 	L, n := cfg.Experts/cfg.EP, cfg.Tokens*cfg.TopK
 	st := &stepBufs{cfg: cfg, T: T, h: h, f: f, E: E, k: k, L: L, n: n}
@@ -544,7 +554,7 @@ func (b *bencher) expertRows(rows *rowList, st *stepBufs) error {
 	}
 	g1, g2 := groups(h1, ex, fc1, 2*f, h), groups(ey, act, fc2, h, f)
 	ways := []*kernels.Grouped{}
-	for _, side := range groupedSides {
+	for _, side := range harness.GroupedSides() {
 		gr, err := kernels.NewGrouped(dev, side)
 		if err != nil {
 			return err
