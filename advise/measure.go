@@ -9,6 +9,7 @@ import (
 
 	"github.com/moebench/moebench/dispatchers"
 	"github.com/moebench/moebench/harness"
+	"github.com/moebench/moebench/harness/bench"
 	"github.com/moebench/moebench/results"
 )
 
@@ -94,12 +95,12 @@ func (p *pacer) run(c harness.Config, what string) (*results.Record, error) {
 	return rec, err
 }
 
-// bench is harness.BenchDispatch of one design at budgets, paced and
+// bench is bench.Dispatch of one design at budgets, paced and
 // reported: each budget's dispatch + combine p50 (ms).
 func (p *pacer) bench(c harness.Config, budgets []int) []SMPoint {
 	p.line("SM budget", fmt.Sprintf("%s/%s bench dispatch at --sms %v", c.Dispatcher, c.Impl, budgets))
 	t0 := p.now()
-	b, err := harness.BenchDispatch(c, []string{c.Dispatcher}, budgets, p.o.Env)
+	b, err := bench.Dispatch(c, []string{c.Dispatcher}, budgets, p.o.Env)
 	dt := p.now().Sub(t0)
 	p.doneBench += len(budgets) // a bench of n budgets is n planned measurements
 	p.spentBench += dt
@@ -123,7 +124,7 @@ func (p *pacer) bench(c harness.Config, budgets []int) []SMPoint {
 
 // roundTripMs is a bench point's dispatch (as its design's test times it)
 // plus combine p50, as bench dispatch's table shows them.
-func roundTripMs(bp harness.DispatchPoint) float64 {
+func roundTripMs(bp bench.DispatchPoint) float64 {
 	var d, c float64
 	p50 := map[string]float64{}
 	for _, ph := range bp.Phases {

@@ -7,8 +7,8 @@ import (
 	"math"
 
 	"github.com/moebench/moebench/dispatchers"
+	"github.com/moebench/moebench/harness/roundtrip"
 	"github.com/moebench/moebench/kernels"
-	"github.com/moebench/moebench/results"
 )
 
 // The dispatch benchmark on the cuda device: each point is a deviceLayer
@@ -28,7 +28,7 @@ import (
 // benchLayer builds the device layer of one benchmark point: rt's ranks on
 // devs (spread as a run spreads them), d bound to them; at fp8 packed holds
 // each rank's packed rows.
-func benchLayer(l *Layer, rt *roundTrip, packed [][]uint16, devs []kernels.Device, th *kernels.Threads, d dispatchers.DeviceDispatcher) (*deviceLayer, error) {
+func benchLayer(l *Layer, rt *roundtrip.Trip, packed [][]uint16, devs []kernels.Device, th *kernels.Threads, d dispatchers.DeviceDispatcher) (*deviceLayer, error) {
 	c := l.Cfg
 	T, h, k := c.Tokens, c.Hidden, c.TopK
 	dl := &deviceLayer{l: l, devs: devs, on: rankDevices(c.EP, len(devs)), d: d, rr: make([]devRank, c.EP), dc: make([]devCommon, len(devs)),
@@ -52,7 +52,7 @@ func benchLayer(l *Layer, rt *roundTrip, packed [][]uint16, devs []kernels.Devic
 		if rk.Stream, err = dev.NewStream(); err != nil {
 			return dl, err
 		}
-		var x any = kernels.BF16Bits(rt.x[r])
+		var x any = kernels.BF16Bits(rt.X[r])
 		xRow := int64(2 * h)
 		if packed != nil {
 			x, xRow = packed[r], int64(kernels.FP8RowPitch(h))
@@ -64,7 +64,7 @@ func benchLayer(l *Layer, rt *roundTrip, packed [][]uint16, devs []kernels.Devic
 		for _, up := range []struct {
 			p   kernels.Ptr
 			val any
-		}{{rk.X, x}, {rk.Idx, rt.ranks[r].Idx}, {rk.Probs, rt.ranks[r].Probs}} {
+		}{{rk.X, x}, {rk.Idx, rt.Ranks[r].Idx}, {rk.Probs, rt.Ranks[r].Probs}} {
 			if err := dev.Upload(up.p, up.val, rk.Stream); err != nil {
 				return dl, err
 			}
@@ -127,15 +127,15 @@ func (dl *deviceLayer) copyExperts(r int) error {
 	return nil
 }
 
-// packFP8 quantizes the round trip's rows as toFP8 does (1×128 blocks,
+// packFP8 quantizes the round trip's rows as its ToFP8 does (1×128 blocks,
 // UE8M0 scales) and returns each rank's packed rows: a row's e4m3 values,
 // its fp32 multipliers (little-endian), zeros to kernels.FP8RowPitch — as
 // 16-bit words for the upload.
-func (rt *roundTrip) packFP8() ([][]uint16, error) {
-	h := rt.shape.Hidden
+func packFP8(rt *roundtrip.Trip) ([][]uint16, error) {
+	h := rt.Shape.Hidden
 	S, pitch := h/kernels.FP8Block, kernels.FP8RowPitch(h)
-	packed := make([][]uint16, len(rt.x))
-	for r, x := range rt.x {
+	packed := make([][]uint16, len(rt.X))
+	for r, x := range rt.X {
 		q, s, err := kernels.QuantFP8Rows(x, h, true)
 		if err != nil {
 			return nil, err
@@ -155,7 +155,7 @@ func (rt *roundTrip) packFP8() ([][]uint16, error) {
 		}
 		packed[r] = w
 	}
-	return packed, rt.toFP8()
+	return packed, rt.ToFP8()
 }
 
 // close frees what benchLayer allocated (the dispatcher frees its own).
@@ -168,7 +168,7 @@ func (dl *deviceLayer) closeBench() {
 
 // roundTripVerdict is "exact" when every rank's Y is k times its input,
 // else the first difference.
-func (dl *deviceLayer) roundTripVerdict(rt *roundTrip) (string, error) {
+func (dl *deviceLayer) roundTripVerdict(rt *roundtrip.Trip) (string, error) {
 	c := dl.l.Cfg
 	y := make([]uint16, c.Tokens*c.Hidden)
 	for r, rk := range dl.ranks {
@@ -176,7 +176,7 @@ func (dl *deviceLayer) roundTripVerdict(rt *roundTrip) (string, error) {
 			return "", err
 		}
 		for i, v := range kernels.FromBF16Bits(y) {
-			if want := float32(c.TopK) * rt.x[r][i]; v != want {
+			if want := float32(c.TopK) * rt.X[r][i]; v != want {
 				return fmt.Sprintf("rank %d token %d element %d: %g back, want %d × input = %g", r, i/c.Hidden, i%c.Hidden, v, c.TopK, want), nil
 			}
 		}
@@ -184,36 +184,50 @@ func (dl *deviceLayer) roundTripVerdict(rt *roundTrip) (string, error) {
 	return "exact", nil
 }
 
-// benchDevicePoint times one dispatcher at one budget on devs: warm-up and
-// timed steps of its phases, the outputs poisoned before and checked after
-// each, and GPM's SM utilisation over the timed steps where NVML has it.
-func benchDevicePoint(c Config, l *Layer, devs []kernels.Device, p DispatchPoint) (DispatchPoint, error) {
-	fail := func(err error) (DispatchPoint, error) {
-		if dispatchers.IsUnavailable(err) {
-			p.Status = results.StatusUnavailable
-		}
-		p.Reason = err.Error()
-		return p, err
-	}
+// DeviceRoundTrip is one dispatcher's round trip timed on the cuda device
+// (TimeRoundTrip): what the dispatch benchmark makes a point of. On an
+// error it holds what was found before it.
+type DeviceRoundTrip struct {
+	// Budget is the SM budget fitted to the GPUs, each block holding an
+	// SM, and HeldNote how the ranks share a GPU's SMs; HeldNote "": the
+	// budget was not fitted (the dispatcher is not SM-driven)
+	Budget   int
+	HeldNote string
+	// SMUse is GPM's SM utilisation over the timed steps, or why it was
+	// not measured; "" before the steps ran
+	SMUse string
+	// Mismatch is the round trip's first difference, where it was not exact
+	Mismatch string
+	Steps    []dispatchers.Step     // the phases, in order
+	Samples  map[string][][]float64 // [phase][rank][iter] ms
+	Traffic  dispatchers.Traffic
+}
+
+// TimeRoundTrip times one dispatcher at c's budget on devs with l's
+// routing: warm-up and timed steps of its phases, the outputs poisoned
+// before and checked after each, and GPM's SM utilisation over the timed
+// steps where NVML has it.
+func TimeRoundTrip(c Config, l *Layer, devs []kernels.Device) (DeviceRoundTrip, error) {
+	var p DeviceRoundTrip
 	budget, held, err := fitSMs(c, devs, nil)
 	if err != nil {
-		return fail(err)
+		return p, err
 	}
 	if held != "" { // the budget that fits the GPUs, each block holding an SM
-		c.SMs, p.Budget, p.Held, p.HeldNote = budget, budget, budget, held
+		c.SMs, p.Budget, p.HeldNote = budget, budget, held
 	}
 	d, err := dispatchers.NewDevice(c.Dispatcher, c.Impl, c.dispatcherEnv())
 	if err != nil {
-		return fail(err)
+		return p, err
 	}
 	th := kernels.NewThreads(devs)
 	defer th.Close()
 	defer d.Close() // before the threads end
-	rt := newRoundTrip(l.Shape, l.X, l.Ranks)
+	rt := roundtrip.New(l.Shape, l.X, l.Ranks)
 	var packed [][]uint16
 	if c.isFP8() { // the round trip's rows quantized, as the host's (never bf16 rows under an fp8 label)
-		if packed, err = rt.packFP8(); err != nil {
-			return fail(err)
+		if packed, err = packFP8(rt); err != nil {
+			return p, err
 		}
 	}
 	defer func(p string) { l.Cfg.Precision = p }(l.Cfg.Precision)
@@ -221,7 +235,7 @@ func benchDevicePoint(c Config, l *Layer, devs []kernels.Device, p DispatchPoint
 	dl, err := benchLayer(l, rt, packed, devs, th, d)
 	defer dl.closeBench()
 	if err != nil {
-		return fail(err)
+		return p, err
 	}
 	samples, steps := map[string][][]float64{}, make([][]float64, c.EP)
 	for _, st := range dl.seq {
@@ -239,23 +253,23 @@ func benchDevicePoint(c Config, l *Layer, devs []kernels.Device, p DispatchPoint
 		for _, rk := range dl.ranks {
 			if err := rk.Dev.Fill16(rk.Y, 0x7fc0, int64(c.Tokens*c.Hidden), rk.Stream); err != nil { // NaN
 				tm.finish()
-				return fail(err)
+				return p, err
 			}
 		}
 		if err := dl.step(); err != nil {
 			tm.finish()
-			return fail(err)
+			return p, err
 		}
 		v, err := dl.roundTripVerdict(rt)
 		if err == nil && v != "exact" {
-			p.RoundTrip, err = v, errors.New("round trip: "+v)
+			p.Mismatch, err = v, errors.New("round trip: "+v)
 		}
 		if err == nil && i >= 0 {
 			err = dl.times(samples, steps)
 		}
 		if err != nil {
 			tm.finish()
-			return fail(err)
+			return p, err
 		}
 	}
 	if tm != nil {
@@ -264,15 +278,6 @@ func benchDevicePoint(c Config, l *Layer, devs []kernels.Device, p DispatchPoint
 			p.SMUse += " (GPU 0's; the others' are not sampled)"
 		}
 	}
-	t := &results.Timing{}
-	for _, st := range dl.seq {
-		ph := phaseStats(st.Name, samples[st.Name])
-		ph.Samples = nil
-		t.Phases = append(t.Phases, ph)
-	}
-	p.Traffic = trafficRecord(d.Traffic())
-	bandwidth(p.Traffic, t, c.EP, p.Budget, results.CopyPayload(c.Record()))
-	p.asDesigned(c, dl.seq, samples)
-	p.Phases, p.Status, p.RoundTrip = t.Phases, results.StatusOK, "exact"
+	p.Steps, p.Samples, p.Traffic = dl.seq, samples, d.Traffic()
 	return p, nil
 }

@@ -3,13 +3,13 @@ package harness
 import (
 	"fmt"
 	"math"
-	"math/bits"
 	"math/rand/v2"
 	"slices"
 	"strings"
 	"sync"
 
 	"github.com/moebench/moebench/dispatchers"
+	"github.com/moebench/moebench/harness/roundtrip"
 	"github.com/moebench/moebench/kernels"
 	"github.com/moebench/moebench/results"
 )
@@ -87,8 +87,8 @@ func stepsWork(c Config, steps []dispatchers.Step, ranks int) float64 {
 func Check(l *Layer, d dispatchers.Dispatcher, fresh func() (dispatchers.Dispatcher, error)) (*results.Correctness, error) {
 	c := &results.Correctness{Checked: true, Tolerance: Tolerance, Metric: ErrMetric}
 	for _, rk := range l.Ranks {
-		poison(rk.Y)
-		poison(rk.ExpertY)
+		roundtrip.Poison(rk.Y)
+		roundtrip.Poison(rk.ExpertY)
 	}
 	prog := l.Cfg.prog
 	counted := l.countedPhases()
@@ -112,7 +112,7 @@ func Check(l *Layer, d dispatchers.Dispatcher, fresh func() (dispatchers.Dispatc
 		return nil, err
 	}
 	var back string
-	c.RoundTrip, back = roundTrips(rd, l.Shape, l.X, l.Ranks, backward)
+	c.RoundTrip, back = roundtrip.Verdicts(rd, l.Shape, l.X, l.Ranks, backward)
 	c.Passed = c.Detail == "" && c.MaxRelErr <= Tolerance && c.RoundTrip == "exact"
 	if !c.Passed && c.Detail == "" {
 		c.Detail = fmt.Sprintf("max relative error %.3g (tolerance %g); round trip %s", c.MaxRelErr, Tolerance, c.RoundTrip)
@@ -146,12 +146,6 @@ func checkSample(c Config) ([][]int, string) {
 		slices.Sort(s[r])
 	}
 	return s, fmt.Sprintf("%d of %d tokens (%d per rank, drawn with the run's seed; --check all compares every token)", n*c.EP, total, n)
-}
-
-func poison(s []float32) {
-	for i := range s {
-		s[i] = float32(math.NaN())
-	}
 }
 
 // compareReference computes the reference on sample (nil: every token) and
@@ -358,163 +352,6 @@ func parallel(n, workers int, fn func(w, i int)) {
 	}
 	close(next)
 	wg.Wait()
-}
-
-// RoundTrip checks d alone: with probabilities that are powers of two
-// summing to 1 (roundTripProbs) and experts that multiply their input by its
-// probability (on the rows their segments own; other rows stay NaN),
-// dispatch then combine must give back each rank's input exactly (after
-// bf16 rounding). The inputs are x with their significands cut to as few
-// bits as keep every partial sum of a token's copies exact in bf16, so that
-// a design that adds some of a token's outputs before the others and
-// carries the partial sum as bf16 (DeepEP's combine) is exact too. It
-// returns "exact" or a description of the first difference. The ranks'
-// routing is reused.
-func RoundTrip(d dispatchers.Dispatcher, shape dispatchers.Shape, x [][]float32, routed []*dispatchers.Rank) string {
-	fwd, _ := roundTrips(d, shape, x, routed, false)
-	return fwd
-}
-
-// roundTrips is RoundTrip, followed when backward is set by the
-// dispatcher's backward on the same ranks (backwardVerdict), whose verdict
-// it also returns. The ranks share routed's expert weight gradients, which
-// a rebalancing dispatcher adds its helpers' (zero) gradients to.
-func roundTrips(d dispatchers.Dispatcher, shape dispatchers.Shape, x [][]float32, routed []*dispatchers.Rank, backward bool) (fwd, bwd string) {
-	rt := newRoundTrip(shape, x, routed)
-	if err := d.Bind(shape, rt.ranks); err != nil {
-		return err.Error(), ""
-	}
-	for _, step := range d.Forward(rt.identity) {
-		for r := range rt.ranks {
-			if err := step.Run(r); err != nil {
-				return err.Error(), ""
-			}
-		}
-	}
-	if fwd = rt.verdict(); !backward {
-		return fwd, ""
-	} else if fwd != "exact" {
-		return fwd, "not run: the forward round trip failed"
-	}
-	return fwd, rt.backwardVerdict(d)
-}
-
-// roundTrip is the round trip's ranks: coarsened inputs, power-of-two
-// probabilities, the routing reused.
-type roundTrip struct {
-	shape dispatchers.Shape
-	x     [][]float32
-	ranks []*dispatchers.Rank
-}
-
-func newRoundTrip(shape dispatchers.Shape, x [][]float32, routed []*dispatchers.Rank) *roundTrip {
-	probs, keep := roundTripProbs(shape.TopK)
-	rt := &roundTrip{shape: shape, x: coarsen(x, keep), ranks: make([]*dispatchers.Rank, shape.EP)}
-	for r := range rt.ranks {
-		p := make([]float32, shape.Tokens*shape.TopK)
-		for i := range p {
-			p[i] = probs[i%shape.TopK]
-		}
-		rt.ranks[r] = &dispatchers.Rank{ID: r, X: rt.x[r], Idx: routed[r].Idx, Probs: p, Experts: routed[r].Experts, ExpertGrads: routed[r].ExpertGrads}
-	}
-	return rt
-}
-
-// identity is the round trip's experts: each returns x·p on the rows its
-// segments own.
-func (rt *roundTrip) identity(r int) error {
-	rk, h := rt.ranks[r], rt.shape.Hidden
-	if n := len(rk.ExpertY); n < len(rk.ExpertX) { // rows an earlier expert phase left stay
-		rk.ExpertY = append(rk.ExpertY, make([]float32, len(rk.ExpertX)-n)...)
-		poison(rk.ExpertY[n:])
-	}
-	S := 0 // fp8 (toFP8): the rows are e4m3 values, dequantized first (exact: power-of-two scales)
-	if rk.ExpertScales != nil {
-		S = h / dispatchers.FP8Block
-	}
-	for _, sg := range rk.Segments {
-		for i := sg.Start * h; i < (sg.Start+sg.Len)*h; i++ {
-			x := rk.ExpertX[i]
-			if S > 0 {
-				x *= rk.ExpertScales[i/h*S+i%h/dispatchers.FP8Block]
-			}
-			rk.ExpertY[i] = x * rk.ExpertProbs[i/h]
-		}
-	}
-	return nil
-}
-
-// toFP8 makes the round trip's ranks send e4m3 rows, as the fp8 step
-// does: each rank's (coarsened) input quantized in 1×128 blocks, with
-// power-of-two (UE8M0) scales so that each dequantized value keeps at most
-// e4m3's 4 significant bits and every partial sum of its k copies (times
-// probabilities that are powers of two) stays exact in bf16 up to top-16;
-// each rank must get its dequantized input back.
-func (rt *roundTrip) toFP8() error {
-	if k := rt.shape.TopK; k > 16 {
-		return &dispatchers.UnavailableError{Name: "round trip", Impl: "fp8", Reason: fmt.Sprintf("the fp8 round trip is exact up to top-16 (4 significant bits + ⌈log2 k⌉ ≤ bf16's 8); top-%d", k)}
-	}
-	for r, rk := range rt.ranks {
-		q, s, err := kernels.QuantFP8Rows(rt.x[r], rt.shape.Hidden, true)
-		if err != nil {
-			return err
-		}
-		v := make([]float32, len(q))
-		for i, c := range q {
-			v[i] = e4m3Values[c]
-		}
-		rk.X, rk.Scales, rt.x[r] = v, s, kernels.DequantFP8Rows(q, s)
-	}
-	return nil
-}
-
-// verdict is "exact" when every rank got its input back, else the first
-// difference.
-func (rt *roundTrip) verdict() string {
-	h := rt.shape.Hidden
-	for r, rk := range rt.ranks {
-		if len(rk.Y) != len(rt.x[r]) {
-			return fmt.Sprintf("rank %d: %d values back, want %d", r, len(rk.Y), len(rt.x[r]))
-		}
-		for i, v := range rk.Y {
-			if kernels.RoundBF16(v) != rt.x[r][i] {
-				return fmt.Sprintf("rank %d token %d element %d: %g back, input %g", r, i/h, i%h, v, rt.x[r][i])
-			}
-		}
-	}
-	return "exact"
-}
-
-// roundTripProbs are k probabilities that are powers of two summing to 1
-// (the leaves of a complete binary tree: 1/k each when k is a power of two),
-// so that the sum of any of them is a multiple of 2⁻ᵈ, d = ⌈log₂ k⌉; keep
-// is the significand bits an input may have for every such sum times it to
-// be exact in bf16 (8 bits): 8 − d, at least 1 (exact up to top-128).
-func roundTripProbs(k int) (p []float32, keep int) {
-	d := bits.Len(uint(k - 1))
-	deep := 2*k - 1<<d // leaves at depth d; the others at depth d − 1
-	p = make([]float32, k)
-	for j := range p {
-		p[j] = 1 / float32(int(1)<<d)
-		if j >= deep {
-			p[j] *= 2
-		}
-	}
-	return p, max(1, 8-d)
-}
-
-// coarsen returns copies of x with each value's significand cut to keep
-// bits (toward zero).
-func coarsen(x [][]float32, keep int) [][]float32 {
-	mask := ^uint32(0) << (24 - keep) // float32 holds 24 significand bits
-	out := make([][]float32, len(x))
-	for r, v := range x {
-		out[r] = make([]float32, len(v))
-		for i, f := range v {
-			out[r][i] = math.Float32frombits(math.Float32bits(f) & mask)
-		}
-	}
-	return out
 }
 
 func widen(s []float32) []float64 { return widenInto(nil, s) }

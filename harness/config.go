@@ -142,9 +142,6 @@ type Config struct {
 	// intr, when set, is the run's Interrupt: the check's reference stops
 	// at its next expert once it fires (Run)
 	intr *Interrupt
-	// precisions, in a dispatch benchmark, are the precisions each point
-	// runs at (BenchDispatchAt)
-	precisions []string
 	// processes is how many processes a cuda run spans (0 or 1: this one
 	// alone), for the host memory estimate of this process's share (set
 	// by runDevice and Env.HostBytes)
@@ -192,8 +189,20 @@ func (e *ConfigError) Error() string {
 	return fmt.Sprintf("--%s=%v: %s", e.Flag, e.Value, e.Allowed)
 }
 
-// Validate checks c and returns a *ConfigError for the first bad setting.
+// Validate checks c and returns a *ConfigError for the first bad setting,
+// in this order: sizes, router, dispatcher, timeouts, device and
+// precision, the dispatcher's SM budget, routing.
 func (c Config) Validate() error {
+	for _, check := range []func() error{c.validateSizes, c.validateRouter, c.validateDispatcher, c.validateTimeouts, c.validateDevice, c.validateBudget, c.validateOverlap, c.Routing.validate} {
+		if err := check(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// validateSizes checks the layer's sizes and the iteration counts.
+func (c Config) validateSizes() error {
 	const maxDim = 1 << 20
 	for _, p := range []struct {
 		flag   string
@@ -214,6 +223,13 @@ func (c Config) Validate() error {
 	switch {
 	case c.Experts%c.EP != 0:
 		return &ConfigError{"ep", c.EP, fmt.Sprintf("must divide --experts (%d); allowed: %s", c.Experts, divisors(c.Experts))}
+	}
+	return nil
+}
+
+// validateRouter checks the router's settings.
+func (c Config) validateRouter() error {
+	switch {
 	case c.Score != kernels.ScoreSoftmax && c.Score != kernels.ScoreSigmoid:
 		return &ConfigError{"score", c.Score, "allowed: softmax, sigmoid"}
 	case c.PreSoftmax && c.Score != kernels.ScoreSoftmax:
@@ -235,6 +251,14 @@ func (c Config) Validate() error {
 		return &ConfigError{"topk-groups", c.GroupTopK, "needs --groups > 1"}
 	case !(c.TopKScale > 0) || c.TopKScale > 1e6:
 		return &ConfigError{"topk-scale", c.TopKScale, "must be in (0, 1e6]"}
+	}
+	return nil
+}
+
+// validateDispatcher checks the dispatcher's options, the GPUs and the SM
+// budgets.
+func (c Config) validateDispatcher() error {
+	switch {
 	case c.Domain < 0 || (c.Domain > 0 && c.EP%c.Domain != 0):
 		return &ConfigError{"domain", c.Domain, fmt.Sprintf("must divide --ep (%d); 0 = all ranks in one domain", c.EP)}
 	case c.FeplbDyn < 0 || c.FeplbDyn > c.Experts:
@@ -256,6 +280,14 @@ func (c Config) Validate() error {
 		return &ConfigError{"preprocess-sms", c.PreprocessSMs, fmt.Sprintf("must be in [0, %d] (0 = the default)", dispatchers.MaxSMBudget)}
 	case c.PermuteSMs < 0 || c.PermuteSMs > dispatchers.MaxSMBudget:
 		return &ConfigError{"permute-sms", c.PermuteSMs, fmt.Sprintf("must be in [0, %d] (0 = the default)", dispatchers.MaxSMBudget)}
+	}
+	return nil
+}
+
+// validateTimeouts checks the communication timeouts, the watchdog and
+// --max-seconds.
+func (c Config) validateTimeouts() error {
+	switch {
 	case c.CommTimeout < time.Millisecond || c.CommTimeout > time.Hour:
 		return &ConfigError{"comm-timeout", c.CommTimeout, fmt.Sprintf("must be in [1ms, 1h] (0 = the default, %s)", dispatchers.DefaultCommTimeout)}
 	case c.NCCLEPTimeout < time.Millisecond || c.NCCLEPTimeout > time.Hour:
@@ -267,6 +299,14 @@ func (c Config) Validate() error {
 			c.CommTimeout, c.ncclepWaitName())}
 	case !(c.MaxSeconds >= 0 && c.MaxSeconds <= MaxSeconds):
 		return &ConfigError{"max-seconds", c.MaxSeconds, fmt.Sprintf("must be in [0, %d] (0 = no limit)", MaxSeconds)}
+	}
+	return nil
+}
+
+// validateDevice checks the device, what it allows, the implementation,
+// the precision and --host-experts.
+func (c Config) validateDevice() error {
+	switch {
 	case c.Device != "host" && c.Device != "cuda" && c.Device != "auto":
 		return &ConfigError{"device", c.Device, "allowed: host, cuda, auto"}
 	case c.Device == "cuda" && c.TopK > 32:
@@ -287,15 +327,17 @@ func (c Config) Validate() error {
 	case c.HostExperts != "" && c.HostExperts != HostExpertsAuto && c.HostExperts != HostExpertsHeld && movesWeights(c):
 		return &ConfigError{"host-experts", c.HostExperts, c.Dispatcher + " moves whole experts' weights and weight gradients between ranks, so the layer holds them all: allowed: auto, held"}
 	}
+	return nil
+}
+
+// validateBudget checks --sms against the dispatcher's SM budget.
+func (c Config) validateBudget() error {
 	if b, ok := dispatchers.SMBudgetOf(c.Dispatcher, c.Impl); ok {
 		if err := b.Check(c.SMs); err != nil {
 			return &ConfigError{"sms", c.SMs, c.Dispatcher + ": " + err.Error()}
 		}
 	}
-	if err := c.validateOverlap(); err != nil {
-		return err
-	}
-	return c.Routing.validate()
+	return nil
 }
 
 // Record is c as the result record holds it.

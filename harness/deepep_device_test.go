@@ -3,7 +3,6 @@ package harness
 import (
 	"fmt"
 	"slices"
-	"strings"
 	"testing"
 	"time"
 
@@ -131,33 +130,5 @@ func TestStepReportsKernelFailure(t *testing.T) {
 	}
 	if _, err := dl.check(); err != want {
 		t.Fatalf("check: %v", err)
-	}
-}
-
-// TestBenchDispatchOnDevice: the dispatch benchmark on the device pipeline
-// (Emu): alltoall once, deepep per budget, each point timed by events and
-// checked; a lost copy fails alltoall's point by its round trip.
-func TestBenchDispatchOnDevice(t *testing.T) {
-	c := deepepDevice(t, 4, "skewed")
-	c.Warmup, c.Iters = 1, 2
-	b, err := BenchDispatch(c, []string{"alltoall", "deepep"}, []int{2, 4}, Env{Version: "test", OpenDevices: emus(2)})
-	if err != nil || len(b.Points) != 3 {
-		t.Fatalf("%v, %+v", err, b)
-	}
-	for i, p := range b.Points {
-		if p.Status != results.StatusOK || p.RoundTrip != "exact" || p.Traffic == nil || p.Traffic.DispatchGBps <= 0 || len(p.Phases) == 0 {
-			t.Errorf("point %d: %+v", i, p)
-		}
-	}
-	if p := b.Points[2]; p.Budget != 4 || p.Phases[2].Name != "dispatch" || p.Traffic.DispatchGBpsPerSM != p.Traffic.DispatchGBps/4 {
-		t.Errorf("deepep at 4 SMs: %+v", p)
-	}
-	if !strings.Contains(b.Clock, "CUDA events") || !strings.Contains(b.Ranks, "4 EP ranks on 2 GPUs") {
-		t.Errorf("clock %q, ranks %q", b.Clock, b.Ranks)
-	}
-	lose := func(n, most int) ([]kernels.Device, error) { return []kernels.Device{&dropCopy{drop: 1}}, nil }
-	b, err = BenchDispatch(c, []string{"alltoall"}, nil, Env{Version: "test", OpenDevices: lose})
-	if err == nil || b.Points[0].Status != results.StatusFailed || !strings.HasPrefix(b.Points[0].RoundTrip, "rank ") {
-		t.Errorf("a lost copy: %v, %+v", err, b.Points)
 	}
 }

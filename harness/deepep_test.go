@@ -5,10 +5,10 @@ import (
 	"math"
 	"reflect"
 	"slices"
-	"strings"
 	"testing"
 
 	"github.com/moebench/moebench/dispatchers"
+	"github.com/moebench/moebench/harness/roundtrip"
 	"github.com/moebench/moebench/results"
 )
 
@@ -71,7 +71,7 @@ func TestRoundTripExactWithPartialSums(t *testing.T) {
 		}
 	}
 	for k := 1; k <= 40; k++ {
-		p, keep := roundTripProbs(k)
+		p, keep := roundtrip.Probs(k)
 		sum := 0.0
 		for _, v := range p {
 			if f, e := math.Frexp(float64(v)); f != 0.5 || e > 1 {
@@ -124,24 +124,5 @@ func TestDeepEPEqualsAlltoall(t *testing.T) {
 	c.EP, c.Routing = 2, Routing{Kind: RoutingSkewed, Alpha: 1}
 	if diff, ref := largestDiff(layerOutput(t, c, "deepep"), layerOutput(t, c, "alltoall")); diff == 0 || diff/ref > Tolerance {
 		t.Errorf("EP 2, 8 experts a rank: largest difference %g of %g; want some, within %g", diff, ref, Tolerance)
-	}
-}
-
-// TestBenchDispatchChecksEachPoint: a dispatcher that delivers a wrong row
-// fails its point by the round trip; the others are timed.
-func TestBenchDispatchChecksEachPoint(t *testing.T) {
-	c := small()
-	c.Warmup, c.Iters = 0, 2
-	b, err := BenchDispatch(c, []string{"broken", "deepep"}, []int{4, 8}, Env{Version: "test"})
-	if err == nil || len(b.Points) != 3 {
-		t.Fatalf("err %v, points %+v", err, b)
-	}
-	if p := b.Points[0]; p.Status != results.StatusFailed || p.Traffic != nil || !strings.HasPrefix(p.RoundTrip, "rank 0") {
-		t.Errorf("broken: %+v", p)
-	}
-	for _, p := range b.Points[1:] {
-		if p.Status != results.StatusOK || p.RoundTrip != "exact" || p.Budget != p.SMs || len(p.Phases) != 6 || p.Phases[2].Name != "dispatch" {
-			t.Errorf("deepep: %+v", p)
-		}
 	}
 }

@@ -110,31 +110,6 @@ func TestFP8Unavailable(t *testing.T) {
 	}
 }
 
-// TestFP8BenchDispatch: bench dispatch runs each point at bf16 and fp8
-// side by side; the fp8 round trip (e4m3 rows with their scales, the
-// experts dequantizing) gives each rank its dequantized input back
-// exactly, and its dispatch moves bf16's algorithm bytes times
-// (1 + 4/128)/2, its combine the same as bf16's.
-func TestFP8BenchDispatch(t *testing.T) {
-	c := fp8Config("alltoall")
-	c.Tokens, c.Iters, c.Warmup = 16, 2, 0
-	b, err := BenchDispatchAt(c, []string{"alltoall", "deepep", "hybridep"}, []int{4}, []string{PrecisionBF16, PrecisionFP8}, Env{Version: "test"})
-	if err != nil || len(b.Points) != 6 {
-		t.Fatalf("%v, %d points", err, len(b.Points))
-	}
-	for i := 0; i < len(b.Points); i += 2 {
-		bf, fp := b.Points[i], b.Points[i+1]
-		if bf.Status != results.StatusOK || fp.Status != results.StatusOK || bf.Precision != "" || fp.Precision != PrecisionFP8 || fp.RoundTrip != "exact" {
-			t.Errorf("%s: bf16 %s %q, fp8 %s %q (%q)", bf.Dispatcher, bf.Status, bf.Reason, fp.Status, fp.Reason, fp.Precision)
-			continue
-		}
-		if fp.Traffic.DispatchAlgorithm*256 != bf.Traffic.DispatchAlgorithm*132 || fp.Traffic.CombineAlgorithm != bf.Traffic.CombineAlgorithm {
-			t.Errorf("%s: dispatch bytes %d (fp8) and %d (bf16), combine %d and %d", bf.Dispatcher, fp.Traffic.DispatchAlgorithm, bf.Traffic.DispatchAlgorithm,
-				fp.Traffic.CombineAlgorithm, bf.Traffic.CombineAlgorithm)
-		}
-	}
-}
-
 // TestFP8HostExpertModes: the host's FP8 GEMM path computes the same
 // outputs whether the layer holds its experts or draws them (the e4m3
 // weights made from each draw, not kept), and both pass the check.

@@ -177,38 +177,6 @@ func TestFP8CUDALayerOnHostSim(t *testing.T) {
 	}
 }
 
-// TestFP8BenchDispatchOnDevice: bench dispatch at fp8 on the cuda device
-// (Emu) runs each point at bf16 and fp8 side by side: the fp8 round trip
-// sends the packed rows (e4m3 values, UE8M0 1×128 scales), the experts
-// dequantize them (dequant_fp8_rows) and every rank gets k times its
-// dequantized input back exactly; the dispatch bytes are the fp8 rows'
-// (×132/256), the combine's bf16's, for every design (deepep's in
-// DeepEP's convention comes to the same ratio).
-func TestFP8BenchDispatchOnDevice(t *testing.T) {
-	c := fp8DeviceCases()["alltoall"]
-	c.Warmup, c.Iters = 0, 1
-	b, err := BenchDispatchAt(c, []string{"alltoall", "hybridep", "deepep"}, []int{4}, []string{PrecisionBF16, PrecisionFP8},
-		Env{Version: "test", OpenDevices: emus(1)})
-	if b == nil || len(b.Points) != 6 {
-		t.Fatalf("%v, %+v", err, b)
-	}
-	for i := 0; i < len(b.Points); i += 2 {
-		bf, fp := b.Points[i], b.Points[i+1]
-		if bf.Status != results.StatusOK || bf.Precision != "" || fp.Precision != PrecisionFP8 {
-			t.Errorf("%s: bf16 %s %q; fp8 labelled %q", bf.Dispatcher, bf.Status, bf.Reason, fp.Precision)
-			continue
-		}
-		if fp.Status != results.StatusOK || fp.RoundTrip != "exact" {
-			t.Errorf("%s fp8: %s %q, round trip %q", fp.Dispatcher, fp.Status, fp.Reason, fp.RoundTrip)
-			continue
-		}
-		if fp.Traffic.DispatchAlgorithm*256 != bf.Traffic.DispatchAlgorithm*132 || fp.Traffic.CombineAlgorithm != bf.Traffic.CombineAlgorithm {
-			t.Errorf("%s: dispatch bytes %d (fp8) and %d (bf16), combine %d and %d", bf.Dispatcher, fp.Traffic.DispatchAlgorithm, bf.Traffic.DispatchAlgorithm,
-				fp.Traffic.CombineAlgorithm, bf.Traffic.CombineAlgorithm)
-		}
-	}
-}
-
 // hostRunsDevicePath makes the host layer run the cuda device's fp8 expert
 // GEMM path (bf16 on dequantized rows) for t, so that the two are compared
 // bit for bit.

@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 
 	"github.com/moebench/moebench/dispatchers"
+	"github.com/moebench/moebench/harness/roundtrip"
 	"github.com/moebench/moebench/kernels"
 	"github.com/moebench/moebench/results"
 )
@@ -89,11 +90,11 @@ func poisonGrads(l *Layer) {
 		rk.DX, rk.DProbs = kernels.Grow(rk.DX, c.Tokens*c.Hidden), kernels.Grow(rk.DProbs, c.Tokens*c.TopK)
 		g := &l.grads[r]
 		for _, b := range [][]float32{rk.ExpertDY, rk.ExpertDX, rk.ExpertDProbs, rk.DX, rk.DProbs, g.dxShared, g.dx} {
-			poison(b)
+			roundtrip.Poison(b)
 		}
 		if l.routerGrad() { // else the router's gradients stay zero
 			for _, b := range [][]float32{g.dlogits, g.dxRouter, l.replica.dwr} {
-				poison(b)
+				roundtrip.Poison(b)
 			}
 		}
 	}
@@ -440,83 +441,4 @@ func gradDetail(g *results.GradCheck) string {
 		s += "backward round trip " + g.RoundTrip
 	}
 	return s
-}
-
-// identityBackward is the round trip's experts' backward (y = x·p):
-// dx = dy·p and dp = Σ x·dy (a float32 sum in column order), on the rows
-// of the rank's segments.
-func (rt *roundTrip) identityBackward(r int) error {
-	rk, h := rt.ranks[r], rt.shape.Hidden
-	rows := len(rk.ExpertProbs)
-	if n := rows * h; len(rk.ExpertDX) < n { // rows an earlier expert phase left stay
-		at := len(rk.ExpertDX)
-		rk.ExpertDX = append(rk.ExpertDX, make([]float32, n-at)...)
-		poison(rk.ExpertDX[at:])
-	}
-	if n := len(rk.ExpertDProbs); n < rows {
-		rk.ExpertDProbs = append(rk.ExpertDProbs, make([]float32, rows-n)...)
-		poison(rk.ExpertDProbs[n:])
-	}
-	for _, sg := range rk.Segments {
-		for i := sg.Start; i < sg.Start+sg.Len; i++ {
-			x, dy := rk.ExpertX[i*h:(i+1)*h], rk.ExpertDY[i*h:(i+1)*h]
-			rk.ExpertDProbs[i] = rowDot(x, dy)
-			for c, v := range dy {
-				rk.ExpertDX[i*h+c] = v * rk.ExpertProbs[i]
-			}
-		}
-	}
-	return nil
-}
-
-func rowDot(x, y []float32) float32 {
-	var s float32
-	for c, v := range x {
-		s += v * y[c]
-	}
-	return s
-}
-
-// backwardVerdict runs d's backward on the round trip's ranks, after its
-// forward, with the upstream gradient equal to the coarsened input: each
-// token's input gradient must come back as that row exactly (its copies'
-// probabilities sum to 1, every partial sum exact in bf16), and each
-// copy's probability gradient as x·dy, bit for bit.
-func (rt *roundTrip) backwardVerdict(d dispatchers.Dispatcher) string {
-	steps := d.Backward(rt.identityBackward)
-	if steps == nil {
-		return fmt.Sprintf("%s declares no backward: %s", d.Name(), d.Capabilities().NoBackward)
-	}
-	for r, rk := range rt.ranks {
-		rk.DY = rt.x[r]
-		for _, b := range []*[]float32{&rk.ExpertDY, &rk.ExpertDX, &rk.ExpertDProbs, &rk.DX, &rk.DProbs} {
-			poison(*b)
-		}
-	}
-	for _, step := range steps {
-		for r := range rt.ranks {
-			if err := step.Run(r); err != nil {
-				return err.Error()
-			}
-		}
-	}
-	h, k := rt.shape.Hidden, rt.shape.TopK
-	for r, rk := range rt.ranks {
-		x := rt.x[r]
-		if len(rk.DX) != len(x) || len(rk.DProbs) != len(rk.Probs) {
-			return fmt.Sprintf("rank %d: %d input-gradient and %d probability-gradient values back, want %d and %d", r, len(rk.DX), len(rk.DProbs), len(x), len(rk.Probs))
-		}
-		for i, v := range rk.DX {
-			if v != x[i] {
-				return fmt.Sprintf("rank %d token %d element %d: input gradient %g, want %g", r, i/h, i%h, v, x[i])
-			}
-		}
-		for s, v := range rk.DProbs {
-			t := s / k
-			if want := rowDot(x[t*h:(t+1)*h], x[t*h:(t+1)*h]); v != want {
-				return fmt.Sprintf("rank %d token %d slot %d: probability gradient %g, want %g", r, t, s%k, v, want)
-			}
-		}
-	}
-	return "exact"
 }

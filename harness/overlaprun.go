@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/moebench/moebench/dispatchers"
+	"github.com/moebench/moebench/harness/summary"
 	"github.com/moebench/moebench/results"
 )
 
@@ -119,7 +120,7 @@ func measureOverlap(dl *deviceLayer, cfg Config, denv dispatchers.Env, rec *resu
 		}
 		rec.Memory.Method += "; " + overlapMemNote
 	}
-	stat := func(v []float64) *results.Stat { s := summarise(v); return &s }
+	stat := func(v []float64) *results.Stat { s := summary.Stat(v); return &s }
 	o.Step, o.Sequential, o.Comm, o.Exposed, o.SequentialExposed = stat(over), stat(seq), stat(comm), stat(exposed), stat(seqExposed)
 	if o.Step.P50 > 0 {
 		o.Ratio = o.Sequential.P50 / o.Step.P50

@@ -10,6 +10,7 @@ import (
 	"github.com/montanaflynn/stats"
 
 	"github.com/moebench/moebench/dispatchers"
+	"github.com/moebench/moebench/harness/summary"
 	"github.com/moebench/moebench/internal/cuda"
 	"github.com/moebench/moebench/internal/launch"
 	"github.com/moebench/moebench/kernels"
@@ -421,59 +422,6 @@ func buffers(c dispatchers.Capabilities, ep int) []results.Buffer {
 	return out
 }
 
-// trafficRecord is a dispatcher's traffic as the record holds it.
-func trafficRecord(tr dispatchers.Traffic) *results.Traffic {
-	return &results.Traffic{DispatchOffRank: tr.DispatchOffRank, DispatchLogical: tr.DispatchLogical,
-		CombineOffRank: tr.CombineOffRank, CombineLogical: tr.CombineLogical, Formula: tr.Formula,
-		DispatchAlgorithm: tr.DispatchAlgorithm, CombineAlgorithm: tr.CombineAlgorithm, AlgorithmFormula: tr.AlgorithmFormula,
-		DispatchInterDomain: tr.DispatchInterDomain, CombineInterDomain: tr.CombineInterDomain, InterDomainAlgorithm: tr.InterDomainAlgorithm,
-		CombineBackwardOffRank: tr.CombineBackwardOffRank, CombineBackwardLogical: tr.CombineBackwardLogical,
-		DispatchBackwardOffRank: tr.DispatchBackwardOffRank, DispatchBackwardLogical: tr.DispatchBackwardLogical, BackwardFormula: tr.BackwardFormula}
-}
-
-// bandwidth fills t's GB/s from the phase p50s of timing: in moebench's
-// per-copy convention (copies bytes), and in the design's own from its
-// algorithm bytes, per SM of budget when the dispatcher is SM-driven
-// (budget > 0).
-func bandwidth(t *results.Traffic, timing *results.Timing, ep, budget int, copies int64) {
-	p50 := map[string]float64{}
-	for _, p := range timing.Phases {
-		p50[p.Name] = p.P50
-	}
-	t.CopyBytes, t.CopyFormula = copies, results.CopyFormula
-	t.DispatchCopyGBps, t.CombineCopyGBps = results.GBps(copies, ep, p50["dispatch"]), results.GBps(copies, ep, p50["combine"])
-	if t.DispatchAlgorithm == 0 && t.CombineAlgorithm == 0 {
-		return
-	}
-	rate := func(bytes int64, phase string) (gbps, perSM float64) {
-		gbps = results.GBps(bytes, ep, p50[phase])
-		if budget > 0 {
-			perSM = gbps / float64(budget)
-		}
-		return gbps, perSM
-	}
-	t.DispatchGBps, t.DispatchGBpsPerSM = rate(t.DispatchAlgorithm, "dispatch")
-	t.CombineGBps, t.CombineGBpsPerSM = rate(t.CombineAlgorithm, "combine")
-	t.BandwidthFormula = "algorithm bytes / EP / the phase's p50 (each iteration's slowest rank): a rank's share over the dispatch (or combine) phase alone"
-	if budget > 0 {
-		t.BandwidthFormula += fmt.Sprintf("; per SM: divided by the budget, %d blocks", budget)
-	}
-}
-
-// nodeBandwidth fills t's inter- and intra-node bytes and the GB/s a
-// rank's share of each gives over the dispatch (combine) phase's p50.
-func nodeBandwidth(t *results.Traffic, timing *results.Timing, ep int, inter, intra int64) {
-	t.InterNodeBytes, t.IntraNodeBytes, t.NodeFormula = inter, intra, results.NodeFormula
-	for _, p := range timing.Phases {
-		switch p.Name {
-		case "dispatch":
-			t.DispatchInterNodeGBps, t.DispatchIntraNodeGBps = results.GBps(inter, ep, p.P50), results.GBps(intra, ep, p.P50)
-		case "combine":
-			t.CombineInterNodeGBps, t.CombineIntraNodeGBps = results.GBps(inter, ep, p.P50), results.GBps(intra, ep, p.P50)
-		}
-	}
-}
-
 // newSamples gives each phase an empty [rank][iter] sample.
 func (m *measured) newSamples(ranks int) map[string][][]float64 {
 	s := map[string][][]float64{}
@@ -513,9 +461,9 @@ func gemmStraggler(samples map[string][][]float64, ranks int, phases []string) (
 		for r := range t {
 			v[r] = t[r][i]
 		}
-		steps = append(steps, straggler(v).Abs)
+		steps = append(steps, summary.Straggler(v).Abs)
 	}
-	return straggler(med), steps
+	return summary.Straggler(med), steps
 }
 
 func fillMeasurements(rec *results.Record, cfg Config, m measured) {
@@ -534,9 +482,9 @@ func fillMeasurements(rec *results.Record, cfg Config, m measured) {
 	stepPerRank := make([][]float64, cfg.EP)
 	lockstep := make([]float64, cfg.Iters)
 	for _, name := range m.phases {
-		p := phaseStats(name, m.samples[name])
+		p := summary.Phase(name, m.samples[name])
 		if hc := m.hostCall[name]; hc != nil {
-			s := phaseStats(name, hc).Stat
+			s := summary.Phase(name, hc).Stat
 			p.HostCall = &s
 		}
 		for i, v := range p.Samples {
@@ -558,8 +506,8 @@ func fillMeasurements(rec *results.Record, cfg Config, m measured) {
 	if m.step != nil {
 		own = m.step
 	}
-	slowest := phaseStats("step_slowest_rank", own)
-	lock := results.Phase{Name: "step_lockstep", Stat: summarise(lockstep), Samples: lockstep}
+	slowest := summary.Phase("step_slowest_rank", own)
+	lock := results.Phase{Name: "step_lockstep", Stat: summary.Stat(lockstep), Samples: lockstep}
 	t.SlowestRank, t.Lockstep = &slowest, &lock
 	t.Step, t.StepIs = slowest, results.StepSlowestRank
 	if m.step == nil {
@@ -571,11 +519,11 @@ func fillMeasurements(rec *results.Record, cfg Config, m measured) {
 		t.Forward, t.Backward = &fwd, &bwd
 	}
 	if m.issue != nil {
-		s := summarise(m.issue)
+		s := summary.Stat(m.issue)
 		t.HostIssue = &s
 	}
 	if m.hostWait != nil {
-		s := summarise(m.hostWait)
+		s := summary.Stat(m.hostWait)
 		t.HostWait = &s
 	}
 	rec.Timing = t
@@ -586,7 +534,7 @@ func fillMeasurements(rec *results.Record, cfg Config, m measured) {
 		tok[r] = float64(n)
 		routed += tok[r] * 6 * float64(cfg.Hidden) * float64(cfg.FFN)
 	}
-	rec.Tokens = &results.Tokens{Received: m.recv, Straggler: straggler(tok)}
+	rec.Tokens = &results.Tokens{Received: m.recv, Straggler: summary.Straggler(tok)}
 	perStep := m.recvSteps
 	if len(m.rebalance) > 0 {
 		perStep = nil
@@ -596,7 +544,7 @@ func fillMeasurements(rec *results.Record, cfg Config, m measured) {
 	}
 	for _, rows := range perStep {
 		rec.Tokens.ReceivedPerStep = append(rec.Tokens.ReceivedPerStep, rows)
-		rec.Tokens.StragglerPerStep = append(rec.Tokens.StragglerPerStep, straggler(floats(rows)).Abs)
+		rec.Tokens.StragglerPerStep = append(rec.Tokens.StragglerPerStep, summary.Straggler(summary.Floats(rows)).Abs)
 	}
 
 	var ms float64
@@ -621,11 +569,11 @@ func fillMeasurements(rec *results.Record, cfg Config, m measured) {
 		}
 		m.mem.SavedFormula = savedFormula
 	}
-	rec.Traffic = trafficRecord(m.traffic)
-	bandwidth(rec.Traffic, t, cfg.EP, rec.SMs.Budget, results.CopyPayload(rec.Config))
-	t.DispatchAsDesigned = asDesigned(cfg.Dispatcher, m.phases, m.samples, rec.Traffic.DispatchAlgorithm, cfg.EP, rec.SMs.Budget) // designtiming.go
+	rec.Traffic = summary.Traffic(m.traffic)
+	summary.Bandwidth(rec.Traffic, t, cfg.EP, rec.SMs.Budget, results.CopyPayload(rec.Config))
+	t.DispatchAsDesigned = summary.AsDesigned(cfg.Dispatcher, m.phases, m.samples, rec.Traffic.DispatchAlgorithm, cfg.EP, rec.SMs.Budget) // harness/summary
 	if m.nodes {
-		nodeBandwidth(rec.Traffic, t, cfg.EP, m.interNode, m.intraNode)
+		summary.NodeBandwidth(rec.Traffic, t, cfg.EP, m.interNode, m.intraNode)
 	}
 	rec.Memory = m.mem
 	rec.Memory.Buffers = m.buffers
@@ -664,7 +612,7 @@ func (m *measured) sumPhases(name string, phases []string, cfg Config) results.P
 	perRank := make([][]float64, cfg.EP)
 	lockstep := make([]float64, cfg.Iters)
 	for _, ph := range phases {
-		for i, v := range phaseStats(ph, m.samples[ph]).Samples {
+		for i, v := range summary.Phase(ph, m.samples[ph]).Samples {
 			lockstep[i] += v
 		}
 		for r, rs := range m.samples[ph] {
@@ -674,8 +622,8 @@ func (m *measured) sumPhases(name string, phases []string, cfg Config) results.P
 			}
 		}
 	}
-	p := phaseStats(name, perRank)
-	p.Samples, p.Stat = lockstep, summarise(lockstep)
+	p := summary.Phase(name, perRank)
+	p.Samples, p.Stat = lockstep, summary.Stat(lockstep)
 	return p
 }
 
@@ -700,7 +648,7 @@ func rebalanceRecord(steps []dispatchers.RebalanceStats, sms string) *results.Re
 		backCopy = append(backCopy, 1e3*s.BackwardCopySeconds)
 	}
 	r := &results.Rebalance{Policy: last.Policy, Note: last.Note, TokensBefore: last.TokensBefore, TokensAfter: last.TokensAfter,
-		TokenBefore: straggler(floats(last.TokensBefore)), TokenAfter: straggler(floats(last.TokensAfter)),
+		TokenBefore: summary.Straggler(summary.Floats(last.TokensBefore)), TokenAfter: summary.Straggler(summary.Floats(last.TokensAfter)),
 		ModelledBefore: last.ModelledBefore, ModelledAfter: last.ModelledAfter, Moves: last.Moves, CopyBytes: last.CopyBytes,
 		CopyMethod: last.CopyMethod, ExposedNote: last.ExposedNote, PhaseTwoSMs: sms, PerStep: ps,
 		BackwardCopyBytes: last.BackwardCopyBytes, WGradBytes: last.WGradBytes}
@@ -721,63 +669,6 @@ func rebalanceRecord(steps []dispatchers.RebalanceStats, sms string) *results.Re
 	r.SchedulerMS, _ = stats.Median(ps.SchedulerMS)
 	r.SchedulerWaitMS, _ = stats.Median(ps.SchedulerWaitMS)
 	return r
-}
-
-// phaseStats summarises per-rank, per-iteration samples: the per-iteration
-// value is the slowest rank's.
-func phaseStats(name string, perRank [][]float64) results.Phase {
-	p := results.Phase{Name: name}
-	if len(perRank) == 0 || len(perRank[0]) == 0 {
-		return p
-	}
-	iters := len(perRank[0])
-	p.Samples = make([]float64, iters)
-	for _, rs := range perRank {
-		for i, v := range rs {
-			p.Samples[i] = max(p.Samples[i], v)
-		}
-		med, _ := stats.Median(rs)
-		p.PerRank = append(p.PerRank, med)
-	}
-	p.Stat = summarise(p.Samples)
-	p.RankMin, _ = stats.Min(p.PerRank)
-	p.RankMax, _ = stats.Max(p.PerRank)
-	return p
-}
-
-// summarise gives p50/p90/p99 (nearest-rank percentiles of montanaflynn/stats),
-// the mean and the sample standard deviation (0 for one sample).
-func summarise(x []float64) results.Stat {
-	var s results.Stat
-	s.P50, _ = stats.Median(x)
-	s.P90, _ = stats.Percentile(x, 90)
-	s.P99, _ = stats.Percentile(x, 99)
-	s.Mean, _ = stats.Mean(x)
-	if len(x) > 1 {
-		s.Stdev, _ = stats.StandardDeviationSample(x)
-	}
-	return s
-}
-
-// floats converts counts.
-func floats(v []int) []float64 {
-	f := make([]float64, len(v))
-	for i, x := range v {
-		f[i] = float64(x)
-	}
-	return f
-}
-
-// straggler returns max−mean and max/mean−1 of v.
-func straggler(v []float64) results.Straggler {
-	s := results.Straggler{PerRank: v}
-	mean, _ := stats.Mean(v)
-	hi, _ := stats.Max(v)
-	s.Abs = hi - mean
-	if mean > 0 {
-		s.Rel = hi/mean - 1
-	}
-	return s
 }
 
 // HostFLOPs is the expert GEMM work of one step (all ranks), for warnings:

@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/moebench/moebench/harness"
+	"github.com/moebench/moebench/harness/bench"
 	"github.com/moebench/moebench/results"
 )
 
@@ -32,9 +33,9 @@ Usage:
   moebench bench kernels [flags]
   moebench bench dispatch [flags]   dispatch and combine alone per SM budget (see bench dispatch --help)`
 
-// bench runs 'moebench bench kernels'. It needs the cuda device; without
+// benchCmd runs 'moebench bench kernels'. It needs the cuda device; without
 // one it exits 1 and says why.
-func bench(args []string, stdout, stderr io.Writer) int {
+func benchCmd(args []string, stdout, stderr io.Writer) int {
 	if len(args) > 0 && args[0] == "dispatch" {
 		return benchDispatch(args[1:], stdout, stderr)
 	}
@@ -62,7 +63,7 @@ func bench(args []string, stdout, stderr io.Writer) int {
 	if format != "table" && format != "json" {
 		return usageError(stderr, &harness.ConfigError{Flag: "format", Value: format, Allowed: "allowed: table, json"})
 	}
-	if err := checkBenchOut(out, harness.BenchSchema); err != nil {
+	if err := checkBenchOut(out, bench.KernelSchema); err != nil {
 		return usageError(stderr, err)
 	}
 	if err := checkNoOverlap(&o, benchKernelsNoOverlap); err != nil { // overlapflags.go
@@ -79,7 +80,7 @@ func bench(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "moebench: bench kernels needs the cuda device: %s\n", note)
 		return exitRuntime
 	}
-	kb, err := harness.BenchKernels(cfg, harness.Env{Version: version(), DeviceNote: note}, harness.DefaultBenchSizes)
+	kb, err := bench.Kernels(cfg, harness.Env{Version: version(), DeviceNote: note}, bench.DefaultSizes)
 	return benchResult(stdout, stderr, "kernels", kb, kb != nil, err, format, out, func() { writeBenchWidth(stdout, kb, tableWidth(wide)) })
 }
 
@@ -95,7 +96,7 @@ func benchKernelsFlags(o *options, format, out *string) *pflag.FlagSet {
 	fs.IntVar(&o.warmup, "warmup", 3, "untimed calls first")
 	fs.Uint64Var(&o.seed, "seed", d.Seed, "seed of the random inputs")
 	fs.StringVar(format, "format", "table", "output: table | json")
-	fs.StringVar(out, "out", "", benchOutHelp(harness.BenchSchema))
+	fs.StringVar(out, "out", "", benchOutHelp(bench.KernelSchema))
 	addLibFlag(fs, &o.cudaLibs)
 	noOverlapFlag(fs, o, benchKernelsNoOverlap)
 	return fs
@@ -156,7 +157,7 @@ func checkBenchOut(path, schema string) error {
 // writeBenchWidth prints the kernel benchmark as a table fitted to width
 // columns (0: every column): the kernel, its time, rate and ratio to its
 // ceiling first, its shape last.
-func writeBenchWidth(w io.Writer, kb *harness.KernelBench, width int) {
+func writeBenchWidth(w io.Writer, kb *bench.KernelBench, width int) {
 	if width > 0 {
 		fw, flush := results.FitWriter(w, width)
 		defer flush()

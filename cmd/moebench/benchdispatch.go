@@ -11,6 +11,7 @@ import (
 
 	"github.com/moebench/moebench/dispatchers"
 	"github.com/moebench/moebench/harness"
+	"github.com/moebench/moebench/harness/bench"
 	"github.com/moebench/moebench/results"
 )
 
@@ -58,7 +59,7 @@ func benchDispatch(args []string, stdout, stderr io.Writer) int {
 	if err := checkDispatchers(names); err != nil {
 		return usageError(stderr, err)
 	}
-	if err := checkBenchOut(out, harness.DispatchBenchSchema); err != nil {
+	if err := checkBenchOut(out, bench.DispatchSchema); err != nil {
 		return usageError(stderr, err)
 	}
 	if err := checkNoOverlap(&o, benchDispatchNoOverlap); err != nil { // overlapflags.go
@@ -91,7 +92,7 @@ func benchDispatch(args []string, stdout, stderr io.Writer) int {
 	if dev == "host" {
 		fmt.Fprintf(stderr, "moebench: bench dispatch on the host device (%s): host wall-clock times, not GPU performance\n", note)
 	}
-	b, err := harness.BenchDispatchAt(cfg, names, sms, precs, harness.Env{Version: version(), DeviceNote: note})
+	b, err := bench.DispatchAt(cfg, names, sms, precs, harness.Env{Version: version(), DeviceNote: note})
 	return benchResult(stdout, stderr, "dispatch", b, b != nil, err, format, out, func() { writeDispatchBenchWidth(stdout, b, tableWidth(wide)) })
 }
 
@@ -116,7 +117,7 @@ func benchDispatchFlags(o *options, names *[]string, sms *[]int, format, out *st
 	fs.IntVar(&o.gpus, "gpus", d.GPUs, "cuda: GPUs the ranks are spread over; 0 = every GPU, at most one per rank")
 	addLibFlag(fs, &o.cudaLibs)
 	fs.StringVar(format, "format", "table", "output: table | json")
-	fs.StringVar(out, "out", "", benchOutHelp(harness.DispatchBenchSchema))
+	fs.StringVar(out, "out", "", benchOutHelp(bench.DispatchSchema))
 	noOverlapFlag(fs, o, benchDispatchNoOverlap)
 	return fs
 }
@@ -138,7 +139,7 @@ func checkDispatchers(names []string) error {
 
 // pred is a point's predicted ceiling (GB/s per SM, from the machine
 // code) of dispatch or combine, or "—".
-func pred(p harness.DispatchPoint, dispatch bool) string {
+func pred(p bench.DispatchPoint, dispatch bool) string {
 	switch {
 	case p.Predicted == nil:
 		return "—"
@@ -152,7 +153,7 @@ func pred(p harness.DispatchPoint, dispatch bool) string {
 // to width columns (0: every column): the parts of a design's dispatch
 // move last, and a point that did not run says so in its check cell, its
 // reason below the table.
-func writeDispatchBenchWidth(w io.Writer, b *harness.DispatchBench, width int) {
+func writeDispatchBenchWidth(w io.Writer, b *bench.DispatchBench, width int) {
 	if width > 0 {
 		fw, flush := results.FitWriter(w, width)
 		defer flush()

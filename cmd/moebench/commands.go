@@ -34,7 +34,7 @@ func init() {
 		"report":    {"report FILE...", "tables (terminal, Markdown, CSV) or an HTML page of result records", report},
 		"compare":   {"compare BASE NEW", "decide whether NEW regressed against BASE (exit 3)", compare},
 		"straggler": {"straggler [flags]", "simulate load-balancing policies over many steps", straggler},
-		"bench":     {"bench kernels|dispatch", "time each kernel alone, or dispatch and combine alone", bench},
+		"bench":     {"bench kernels|dispatch", "time each kernel alone, or dispatch and combine alone", benchCmd},
 		"presets":   {"presets", "list the built-in layer shapes", presetsCmd},
 		"doctor":    {"doctor", "which CUDA libraries and GPUs are here, and their versions", doctor},
 		"version":   {"version", "print the version (also --version)", versionCmd},

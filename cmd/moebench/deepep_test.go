@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/moebench/moebench/harness"
+	"github.com/moebench/moebench/harness/bench"
 	"github.com/moebench/moebench/internal/hostsim"
 	"github.com/moebench/moebench/kernels"
 	"github.com/moebench/moebench/results"
@@ -118,7 +118,7 @@ func TestBenchDispatch(t *testing.T) {
 	if rows != 3 {
 		t.Errorf("%d checked rows, want alltoall once and deepep at 8 and 24:\n%s", rows, stdout)
 	}
-	var b harness.DispatchBench
+	var b bench.DispatchBench
 	if raw, err := os.ReadFile(out); err != nil || json.Unmarshal(raw, &b) != nil || len(b.Points) != 3 {
 		t.Fatalf("--out: %v, %+v", err, b)
 	}

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/moebench/moebench/harness"
+	"github.com/moebench/moebench/harness/bench"
 	"github.com/moebench/moebench/internal/hostsim"
 	"github.com/moebench/moebench/kernels"
 	"github.com/moebench/moebench/results"
@@ -41,7 +42,7 @@ func TestMain(m *testing.M) {
 			harness.AgreeHook = func() { agreed++; time.Sleep(d) }
 		}
 		if os.Getenv("MOEBENCH_TEST_SMALL_BENCH") == "1" { // bench kernels' ceilings at sizes the simulation computes in seconds
-			harness.DefaultBenchSizes = harness.BenchSizes{CopyBytes: 1 << 20, GEMMDim: 64, FlushBytes: 3 << 20}
+			bench.DefaultSizes = bench.Sizes{CopyBytes: 1 << 20, GEMMDim: 64, FlushBytes: 3 << 20}
 		}
 		args := os.Args[1:]
 		if os.Getenv("MOEBENCH_TEST_BAD_ARG") == "1" { // a process launched with other flags than the rest

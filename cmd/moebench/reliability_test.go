@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/moebench/moebench/harness"
+	"github.com/moebench/moebench/harness/bench"
 	"github.com/moebench/moebench/results"
 )
 
@@ -28,10 +28,10 @@ func TestBenchOutChecked(t *testing.T) {
 		t.Fatalf("run: exit %d: %s", code, e)
 	}
 	kernels := filepath.Join(dir, "kernels.jsonl")
-	os.WriteFile(kernels, []byte(`{"schema":"`+harness.BenchSchema+`","rows":[]}`+"\n"), 0o644)
+	os.WriteFile(kernels, []byte(`{"schema":"`+bench.KernelSchema+`","rows":[]}`+"\n"), 0o644)
 	for _, c := range []struct{ out, want string }{
-		{recs, "runs.jsonl:1: not a " + harness.DispatchBenchSchema + ` result (schema "` + results.Schema + `")`},
-		{kernels, "kernels.jsonl:1: not a " + harness.DispatchBenchSchema + ` result (schema "` + harness.BenchSchema + `")`},
+		{recs, "runs.jsonl:1: not a " + bench.DispatchSchema + ` result (schema "` + results.Schema + `")`},
+		{kernels, "kernels.jsonl:1: not a " + bench.DispatchSchema + ` result (schema "` + bench.KernelSchema + `")`},
 		{filepath.Join(dir, "no-such-folder", "b.jsonl"), "cannot create it"},
 		{dir, "is a directory"},
 	} {
@@ -55,7 +55,7 @@ func TestBenchOutChecked(t *testing.T) {
 	}
 	b, _ := os.ReadFile(out)
 	lines := strings.Split(strings.TrimSuffix(string(b), "\n"), "\n")
-	if len(lines) != 2 || !strings.HasPrefix(lines[0], `{"schema":"`+harness.DispatchBenchSchema+`"`) || !strings.HasPrefix(lines[1], `{"schema":"`+harness.DispatchBenchSchema+`"`) {
+	if len(lines) != 2 || !strings.HasPrefix(lines[0], `{"schema":"`+bench.DispatchSchema+`"`) || !strings.HasPrefix(lines[1], `{"schema":"`+bench.DispatchSchema+`"`) {
 		t.Fatalf("two runs appended %d lines:\n%.300s", len(lines), b)
 	}
 	torn := filepath.Join(dir, "torn.jsonl")

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"unicode/utf8"
 
-	"github.com/moebench/moebench/harness"
+	"github.com/moebench/moebench/harness/bench"
 	"github.com/moebench/moebench/results"
 )
 
@@ -188,13 +188,13 @@ var longReason = "DeepEP's intranode mode runs 2, 4 or 8 ranks (the GPUs of one 
 
 // kernelBenchFixture is a kernel benchmark with long kernel names, shapes
 // and ceilings (as on a GPU).
-func kernelBenchFixture() *harness.KernelBench {
-	kb := &harness.KernelBench{Config: results.Config{Preset: "qwen3-30b-a3b", EP: 8},
+func kernelBenchFixture() *bench.KernelBench {
+	kb := &bench.KernelBench{Config: results.Config{Preset: "qwen3-30b-a3b", EP: 8},
 		Routing: "balanced routing: rank 0 receives 4096 tokens × 8 experts from each of 8 ranks, the experts of rank 0 get 512 rows each",
 		Timing:  "each timed call follows an L2 flush (256 MiB copied on the stream), so no call finds its inputs in the L2",
 		Peer:    "peer rows copy from GPU 0 to GPU 1 (NVLink, peer access on)"}
 	kb.Stack.Note = "cuda: NVIDIA H100 80GB HBM3 (132 SMs), driver 580.65, CUDA 13.0"
-	kb.Rows = []harness.BenchRow{
+	kb.Rows = []bench.Row{
 		{Kernel: "peer copy (ceiling)", Shape: "256 MiB", P50us: 812.5, Rate: 330.4, Unit: "GB/s"},
 		{Kernel: "alltoall dispatch (peer copies)", Shape: "7 chunks × 4096 rows × 2048", P50us: 123.4, Rate: 290.1, Unit: "GB/s", Ceiling: "peer copy", Ratio: 0.88},
 		{Kernel: "deepep dispatch (16-byte path, 20 SMs)", Shape: "4096 tokens × top-8 × 2048", P50us: 98.7, Rate: 2512.3, Unit: "GB/s", Ceiling: "SM copy (0.85 of the CE copy)", Ratio: 0.71, Target: 0.6},
@@ -206,14 +206,14 @@ func kernelBenchFixture() *harness.KernelBench {
 // dispatchBenchFixture is a dispatch benchmark with ok points (one whose
 // design times its dispatch in parts), an unavailable one with a long
 // reason and a failed one.
-func dispatchBenchFixture() *harness.DispatchBench {
-	b := &harness.DispatchBench{Config: results.Config{Preset: "tiny", Tokens: 128, Hidden: 128, Experts: 16, TopK: 4, EP: 8, Device: "cuda"},
+func dispatchBenchFixture() *bench.DispatchBench {
+	b := &bench.DispatchBench{Config: results.Config{Preset: "tiny", Tokens: 128, Hidden: 128, Experts: 16, TopK: 4, EP: 8, Device: "cuda"},
 		Routing: "balanced", Clock: "CUDA events around each phase, its slowest rank per iteration",
 		Bytes: "each design's own convention (DeepEP's test_intranode and HybridEP's test_hybrid_ep: tokens received × hidden × 2 B, a rank's tokens to itself included)",
 		Check: "every iteration: dispatch then combine gives each rank's input back exactly", Ranks: "8 ranks on 8 GPUs (one per GPU)"}
 	tr := &results.Traffic{DispatchGBps: 123.456, CombineGBps: 98.765, DispatchGBpsPerSM: 6.1728, CombineGBpsPerSM: 4.9383}
 	ph := []results.Phase{{Name: "notify", Stat: results.Stat{P50: 0.012}}, {Name: "dispatch", Stat: results.Stat{P50: 0.345}}, {Name: "combine", Stat: results.Stat{P50: 0.456}}}
-	b.Points = []harness.DispatchPoint{
+	b.Points = []bench.DispatchPoint{
 		{Dispatcher: "alltoall", Impl: "native", Status: results.StatusOK, RoundTrip: "exact", Phases: ph[1:], Traffic: &results.Traffic{DispatchGBps: 50.5, CombineGBps: 40.25}},
 		{Dispatcher: "deepep", Impl: "native", SMs: 20, Budget: 20, Status: results.StatusOK, RoundTrip: "exact", Phases: ph, Traffic: tr,
 			DispatchAsDesigned: &results.DesignPhase{Parts: []string{"notify", "dispatch"}, About: "as DeepEP's test_intranode.py times buffer.dispatch", Phase: results.Phase{Name: "notify+dispatch", Stat: results.Stat{P50: 0.357}}},

@@ -1,10 +1,9 @@
-package harness
+package summary
 
 import (
 	"slices"
 	"strings"
 
-	"github.com/moebench/moebench/dispatchers"
 	"github.com/moebench/moebench/results"
 )
 
@@ -22,11 +21,11 @@ var designDispatch = map[string]struct {
 		"the metadata preprocessing and the dispatch kernel"},
 }
 
-// asDesigned sums the phases of name's design dispatch out of samples
+// AsDesigned sums the phases of name's design dispatch out of samples
 // ([phase][rank][iter], ms), with the algorithm bytes' rate over its p50
 // for ep ranks and budget SMs; nil when the dispatcher has none or ran
 // other phases (a library implementation).
-func asDesigned(name string, phases []string, samples map[string][][]float64, algo int64, ep, budget int) *results.DesignPhase {
+func AsDesigned(name string, phases []string, samples map[string][][]float64, algo int64, ep, budget int) *results.DesignPhase {
 	dd, ok := designDispatch[name]
 	if !ok {
 		return nil
@@ -42,7 +41,7 @@ func asDesigned(name string, phases []string, samples map[string][][]float64, al
 		perRank[r] = make([]float64, len(first[r]))
 	}
 	for _, ph := range dd.parts {
-		for i, v := range phaseStats(ph, samples[ph]).Samples {
+		for i, v := range Phase(ph, samples[ph]).Samples {
 			if i < len(lockstep) {
 				lockstep[i] += v
 			}
@@ -55,8 +54,8 @@ func asDesigned(name string, phases []string, samples map[string][][]float64, al
 			}
 		}
 	}
-	p := phaseStats(strings.Join(dd.parts, "+"), perRank)
-	p.Stat, p.Samples = summarise(lockstep), lockstep
+	p := Phase(strings.Join(dd.parts, "+"), perRank)
+	p.Stat, p.Samples = Stat(lockstep), lockstep
 	d := &results.DesignPhase{Phase: p, Parts: dd.parts, About: dd.about}
 	if algo > 0 {
 		d.GBps = results.GBps(algo, ep, p.P50)
@@ -65,21 +64,4 @@ func asDesigned(name string, phases []string, samples map[string][][]float64, al
 		}
 	}
 	return d
-}
-
-// asDesigned sets p's dispatch as its design's test times it, from the
-// steps' samples, and makes the traffic's dispatch GB/s (and per SM) its
-// rate, as the designs' tests report theirs.
-func (p *DispatchPoint) asDesigned(c Config, steps []dispatchers.Step, samples map[string][][]float64) {
-	var names []string
-	for _, st := range steps {
-		names = append(names, st.Name)
-	}
-	algo := int64(0)
-	if p.Traffic != nil {
-		algo = p.Traffic.DispatchAlgorithm
-	}
-	if p.DispatchAsDesigned = asDesigned(c.Dispatcher, names, samples, algo, c.EP, p.Budget); p.DispatchAsDesigned != nil && algo > 0 {
-		p.Traffic.DispatchGBps, p.Traffic.DispatchGBpsPerSM = p.DispatchAsDesigned.GBps, p.DispatchAsDesigned.GBpsPerSM
-	}
 }

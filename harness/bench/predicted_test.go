@@ -1,6 +1,7 @@
-package harness
+package bench
 
 import (
+	"github.com/moebench/moebench/harness"
 	"testing"
 
 	"github.com/moebench/moebench/kernels"
@@ -17,7 +18,7 @@ func TestBenchDispatchPredicts(t *testing.T) {
 	}
 	c := small()
 	c.Warmup, c.Iters = 0, 1
-	b, err := BenchDispatch(c, []string{"alltoall", "deepep", "hybridep"}, []int{4}, Env{Version: "test"})
+	b, err := Dispatch(c, []string{"alltoall", "deepep", "hybridep"}, []int{4}, harness.Env{Version: "test"})
 	if err != nil || len(b.Points) != 3 {
 		t.Fatalf("err %v, points %+v", err, b)
 	}

@@ -1,16 +1,26 @@
-package harness
+// Package bench is moebench's benchmarks of parts of the layer alone:
+// 'moebench bench kernels' (Kernels: each kernel of one rank's step timed
+// on the device against ceilings measured in the same run) and 'moebench
+// bench dispatch' (Dispatch: dispatch and combine alone per dispatcher,
+// SM budget and precision, each point checked by the exact round trip of
+// harness/roundtrip). It builds its layers and devices through package
+// harness, as a run does, and its statistics with harness/summary; its
+// results are versioned JSON (KernelSchema, DispatchSchema) that cmd
+// writes and tables.
+package bench
 
 import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
 
+	"github.com/moebench/moebench/harness"
 	"github.com/moebench/moebench/kernels"
 	"github.com/moebench/moebench/results"
 )
 
-// BenchSchema names the kernel benchmark's output version.
-const BenchSchema = "moebench.bench/v1"
+// KernelSchema names the kernel benchmark's output version.
+const KernelSchema = "moebench.bench/v1"
 
 // KernelBench is `moebench bench kernels`: each kernel of one rank's layer
 // step timed alone on the device (CUDA events, median), with its achieved
@@ -26,14 +36,14 @@ type KernelBench struct {
 	Config  results.Config `json:"config"`
 	Stack   results.Stack  `json:"stack"`
 	Iters   int            `json:"iters"`
-	Rows    []BenchRow     `json:"rows"`
+	Rows    []Row          `json:"rows"`
 	Routing string         `json:"routing_note"`
 	Timing  string         `json:"timing_note"` // what each timed call follows (the L2 flush)
 	Peer    string         `json:"peer_note"`   // which GPUs the peer rows copy between, or why there are none
 }
 
-// BenchRow is one kernel's measurement.
-type BenchRow struct {
+// Row is one kernel's measurement.
+type Row struct {
 	Kernel  string  `json:"kernel"`
 	Shape   string  `json:"shape"`
 	P50us   float64 `json:"p50_us"`
@@ -50,7 +60,7 @@ type BenchRow struct {
 }
 
 // Verdict says whether a row meets its target.
-func (r BenchRow) Verdict() string {
+func (r Row) Verdict() string {
 	switch {
 	case r.Target == 0:
 		return ""
@@ -60,40 +70,40 @@ func (r BenchRow) Verdict() string {
 	return "below"
 }
 
-// BenchSizes are the ceilings' sizes (the copy's bytes and the dense GEMM's
+// Sizes are the ceilings' sizes (the copy's bytes and the dense GEMM's
 // m = n = k) and the L2 flush's: before each timed call the stream copies
 // FlushBytes/2 bytes to another FlushBytes/2, so that no call finds its
 // inputs in the L2 left there by the call before (the ceilings are far
 // larger than any L2, so the kernels' rates compare with them), and the GPU
 // is still busy with the flush while the host queues the call and its
 // events, so that the time holds no launch gap. 0: no flush.
-type BenchSizes struct {
+type Sizes struct {
 	CopyBytes  int64
 	GEMMDim    int
 	FlushBytes int64
 }
 
-// DefaultBenchSizes are large enough to reach a GPU's steady rates; the
+// DefaultSizes are large enough to reach a GPU's steady rates; the
 // flush is over twice the L2 of an H100 or H200 (50 MB) and a B200 (126 MB).
-var DefaultBenchSizes = BenchSizes{CopyBytes: 1 << 30, GEMMDim: 8192, FlushBytes: 256 << 20}
+var DefaultSizes = Sizes{CopyBytes: 1 << 30, GEMMDim: 8192, FlushBytes: 256 << 20}
 
-// BenchKernels times the kernels of rank 0 of cfg's layer on the device with
+// Kernels times the kernels of rank 0 of cfg's layer on the device with
 // balanced routing (each local expert gets tokens·topk/local rows). Inputs
 // are random and never zero; the kernels' correctness is the GPU tests'
 // business (kernels/cuda_test.go).
-func BenchKernels(cfg Config, env Env, sizes BenchSizes) (*KernelBench, error) {
+func Kernels(cfg harness.Config, env harness.Env, sizes Sizes) (*KernelBench, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	devs, err := env.devices(0, 2, nil)
+	devs, err := env.Devices(0, 2)
 	if err != nil {
 		return nil, fmt.Errorf("device %s: %w", cfg.Device, err)
 	}
-	defer closeDevices(devs)
+	defer harness.CloseDevices(devs)
 	dev := devs[0]
-	tuneGEMMs(devs, true) // each call's shape is timed in its warm-up
-	rec := newRecord(cfg, env)
-	kb := &KernelBench{Schema: BenchSchema, Time: rec.Time, Config: rec.Config, Stack: rec.Stack, Iters: cfg.Iters,
+	harness.TuneGEMMs(devs, true) // each call's shape is timed in its warm-up
+	rec := harness.NewRecord(cfg, env)
+	kb := &KernelBench{Schema: KernelSchema, Time: rec.Time, Config: rec.Config, Stack: rec.Stack, Iters: cfg.Iters,
 		Routing: "balanced: each of rank 0's local experts computes tokens·topk/local rows; permute indices uniform at random"}
 	b := &bencher{dev: dev, iters: cfg.Iters, warmup: max(cfg.Warmup, 1), rng: rand.New(rand.NewPCG(cfg.Seed, 0xbe7c4))}
 	if b.s, err = dev.NewStream(); err != nil {
@@ -138,8 +148,8 @@ func BenchKernels(cfg Config, env Env, sizes BenchSizes) (*KernelBench, error) {
 // routing, as the native alltoall sends it when every other rank is on peer:
 // per destination rank a copy of its rows, one of their probabilities and
 // one of the counts.
-func (b *bencher) peerRows(peer kernels.Device, cfg Config, sizes BenchSizes) ([]BenchRow, error) {
-	var rows []BenchRow
+func (b *bencher) peerRows(peer kernels.Device, cfg harness.Config, sizes Sizes) ([]Row, error) {
+	var rows []Row
 	cb := sizes.CopyBytes
 	src := b.buf(int(cb / 2))
 	if b.err != nil {
@@ -151,7 +161,7 @@ func (b *bencher) peerRows(peer kernels.Device, cfg Config, sizes BenchSizes) ([
 		return nil, err
 	}
 	defer peer.Free(dst)
-	r, err := b.row(BenchRow{Kernel: "peer copy (ceiling)", Shape: fmt.Sprintf("%d MiB", cb>>20), Work: float64(cb), Unit: "GB/s",
+	r, err := b.row(Row{Kernel: "peer copy (ceiling)", Shape: fmt.Sprintf("%d MiB", cb>>20), Work: float64(cb), Unit: "GB/s",
 		Formula: "bytes sent one way"}, 1e3, "", 0,
 		func() error { return b.dev.CopyPeer(kernels.CopyOp{Dst: dst, Src: src, Bytes: cb, DstDev: peer}, b.s) })
 	if err != nil {
@@ -175,7 +185,7 @@ func (b *bencher) peerRows(peer kernels.Device, cfg Config, sizes BenchSizes) ([
 			bytes += c[1]
 		}
 	}
-	r, err = b.row(BenchRow{Kernel: "alltoall dispatch (peer copies)", Shape: fmt.Sprintf("%d chunks × %d rows × %d", cfg.EP-1, per, h), Work: float64(bytes),
+	r, err = b.row(Row{Kernel: "alltoall dispatch (peer copies)", Shape: fmt.Sprintf("%d chunks × %d rows × %d", cfg.EP-1, per, h), Work: float64(bytes),
 		Unit: "GB/s", Formula: "rank 0's off-rank rows (bf16), probabilities (fp32) and counts, one copy each per destination"}, 1e3, "peer copy", ceiling,
 		func() error {
 			for _, op := range ops {
@@ -197,7 +207,7 @@ type bencher struct {
 	e0, e1             kernels.Event
 	iters, warmup      int
 	rng                *rand.Rand
-	flushSrc, flushDst kernels.Ptr // the L2 flush (BenchSizes): flushBytes copied before each timed call
+	flushSrc, flushDst kernels.Ptr // the L2 flush (Sizes): flushBytes copied before each timed call
 	flushBytes         int64
 	copyGBs, smCopyGBs float64 // ceilings, once measured: the copy engines' device copy, the SM copy kernel
 	gemmTFLOPS         float64
@@ -289,8 +299,8 @@ func (b *bencher) time(fn func() error) (float64, error) {
 
 // memRow times a memory-bound kernel moving bytes per call, against the
 // SM copy kernel's ceiling (once measured), and the copy engines'.
-func (b *bencher) memRow(kernel, shape string, bytes, target float64, formula string, fn func() error) (BenchRow, error) {
-	r, err := b.row(BenchRow{Kernel: kernel, Shape: shape, Work: bytes, Unit: "GB/s", Target: target, Formula: formula}, 1e3, "SM copy", b.smCopyGBs, fn)
+func (b *bencher) memRow(kernel, shape string, bytes, target float64, formula string, fn func() error) (Row, error) {
+	r, err := b.row(Row{Kernel: kernel, Shape: shape, Work: bytes, Unit: "GB/s", Target: target, Formula: formula}, 1e3, "SM copy", b.smCopyGBs, fn)
 	if b.copyGBs > 0 {
 		r.CopyEngineRatio = r.Rate / b.copyGBs
 		if r.Ceiling != "" {
@@ -303,13 +313,13 @@ func (b *bencher) memRow(kernel, shape string, bytes, target float64, formula st
 }
 
 // gemmRow times GEMM work of flops per call, against the dense GEMM ceiling.
-func (b *bencher) gemmRow(kernel, shape string, flops, target float64, formula string, fn func() error) (BenchRow, error) {
-	return b.row(BenchRow{Kernel: kernel, Shape: shape, Work: flops, Unit: "TFLOP/s", Target: target, Formula: formula}, 1e6, "dense GEMM", b.gemmTFLOPS, fn)
+func (b *bencher) gemmRow(kernel, shape string, flops, target float64, formula string, fn func() error) (Row, error) {
+	return b.row(Row{Kernel: kernel, Shape: shape, Work: flops, Unit: "TFLOP/s", Target: target, Formula: formula}, 1e6, "dense GEMM", b.gemmTFLOPS, fn)
 }
 
 // row times fn and fills r's time, its rate (work per µs / scale) and the
 // ratio to ceiling (once measured).
-func (b *bencher) row(r BenchRow, scale float64, ceilingName string, ceiling float64, fn func() error) (BenchRow, error) {
+func (b *bencher) row(r Row, scale float64, ceilingName string, ceiling float64, fn func() error) (Row, error) {
 	us, err := b.time(fn)
 	r.P50us = us
 	if us > 0 {
@@ -321,31 +331,56 @@ func (b *bencher) row(r BenchRow, scale float64, ceilingName string, ceiling flo
 	return r, err
 }
 
-func (b *bencher) run(cfg Config, sizes BenchSizes) ([]BenchRow, error) {
-	var rows []BenchRow
-	add := func(r BenchRow, err error) error {
-		if err == nil {
-			rows = append(rows, r)
-		}
-		return err
+// rowList collects the rows a benchmark timed.
+type rowList []Row
+
+// add keeps r when it timed (err is nil) and returns err.
+func (l *rowList) add(r Row, err error) error {
+	if err == nil {
+		*l = append(*l, r)
 	}
+	return err
+}
+
+// run times the ceilings, then the kernels of one rank's step; on an
+// error it returns the rows timed before it.
+func (b *bencher) run(cfg harness.Config, sizes Sizes) ([]Row, error) {
+	var rows rowList
+	if err := b.ceilings(&rows, sizes); err != nil {
+		return rows, err
+	}
+	st, err := b.stepBuffers(cfg)
+	if err != nil {
+		return rows, err
+	}
+	for _, part := range []func(*rowList, *stepBufs) error{b.routerRows, b.permuteRows, b.expertRows, b.unpermuteRows} {
+		if err := part(&rows, st); err != nil {
+			return rows, err
+		}
+	}
+	return rows, nil
+}
+
+// ceilings times the device copy, the SM copy kernel and a dense GEMM, the
+// ceilings the other rows are held against.
+func (b *bencher) ceilings(rows *rowList, sizes Sizes) error {
 	dev, s := b.dev, b.s
 	// ceilings
 	cb := sizes.CopyBytes / 2 * 2
 	src, dst := b.buf(int(cb/2)), b.buf(int(cb/2))
 	if b.err != nil {
-		return rows, b.err
+		return b.err
 	}
 	r, err := b.memRow("CE copy (ceiling)", fmt.Sprintf("%d MiB", cb>>20), 2*float64(cb), 0, "bytes read + written, cuMemcpyDtoDAsync",
 		func() error { return dev.Copy(dst, src, cb, s) })
-	if err := add(r, err); err != nil {
-		return rows, err
+	if err := rows.add(r, err); err != nil {
+		return err
 	}
 	b.copyGBs = r.Rate
 	r, err = b.memRow("SM copy kernel (ceiling)", fmt.Sprintf("%d MiB", cb>>20), 2*float64(cb), 0, "bytes read + written, 16-byte vectors",
 		func() error { return dev.CopySM(dst, src, cb, s) })
-	if err := add(r, err); err != nil {
-		return rows, err
+	if err := rows.add(r, err); err != nil {
+		return err
 	}
 	b.smCopyGBs = r.Rate
 	dev.Free(src)
@@ -353,48 +388,74 @@ func (b *bencher) run(cfg Config, sizes BenchSizes) ([]BenchRow, error) {
 	g := sizes.GEMMDim
 	ga, gc := b.buf(g*g), b.buf(g*g)
 	if b.err != nil {
-		return rows, b.err
+		return b.err
 	}
 	r, err = b.gemmRow("dense bf16 GEMM (ceiling)", fmt.Sprintf("%d×%d×%d", g, g, g), 2*float64(g)*float64(g)*float64(g), 0, "2·m·n·k",
 		func() error { return dev.GEMM(gc, ga, ga, g, g, g, false, s) })
-	if err := add(r, err); err != nil {
-		return rows, err
+	if err := rows.add(r, err); err != nil {
+		return err
 	}
 	b.gemmTFLOPS = r.Rate
 	dev.Free(ga)
 	dev.Free(gc)
 
-	// one rank's step
+	return nil
+}
+
+// stepBufs are the buffers of one rank's step (balanced routing), with
+// its sizes: T tokens, h hidden, f ffn, E experts, k top-k, L local
+// experts, n = T·k copies.
+type stepBufs struct {
+	cfg                                    harness.Config
+	T, h, f, E, k, L, n                    int
+	x, wr, logits, idx, probs              kernels.Ptr
+	order, pos, counts, px, pp, cc, ex, ep kernels.Ptr
+	fc1, fc2, h1, act, ey, y, bias, shared kernels.Ptr
+	rc                                     kernels.RouterConfig
+}
+
+// stepBuffers allocates the step's buffers, in the order (and so with the
+// random values) the bench has always drawn them.
+func (b *bencher) stepBuffers(cfg harness.Config) (*stepBufs, error) {
 	T, h, f, E, k := cfg.Tokens, cfg.Hidden, cfg.FFN, cfg.Experts, cfg.TopK
 	L, n := cfg.Experts/cfg.EP, cfg.Tokens*cfg.TopK
-	x, wr, logits := b.buf(T*h), b.buf(E*h), b.buf(2*T*E) // logits: fp32
-	idx, probs := b.raw(4*n), b.buf(2*n)
-	order, pos, counts := b.raw(4*n), b.raw(4*n), b.raw(4*E)
-	px, pp, cc := b.raw(2*n*h), b.raw(4*n), b.raw(4*cfg.EP*L)
-	ex, ep := b.raw(2*n*h), b.raw(4*n)
-	fc1, fc2 := b.buf(L*2*f*h), b.buf(L*h*f)
-	h1, act, ey, y := b.raw(2*n*2*f), b.raw(2*n*f), b.raw(2*n*h), b.raw(2*T*h)
-	var bias, shared kernels.Ptr
-	rc := cfg.RouterConfig(nil)
-	if rc.Score == kernels.ScoreSigmoid {
-		bias = b.buf(2 * E)
+	st := &stepBufs{cfg: cfg, T: T, h: h, f: f, E: E, k: k, L: L, n: n}
+	st.x, st.wr, st.logits = b.buf(T*h), b.buf(E*h), b.buf(2*T*E) // logits: fp32
+	st.idx, st.probs = b.raw(4*n), b.buf(2*n)
+	st.order, st.pos, st.counts = b.raw(4*n), b.raw(4*n), b.raw(4*E)
+	st.px, st.pp, st.cc = b.raw(2*n*h), b.raw(4*n), b.raw(4*cfg.EP*L)
+	st.ex, st.ep = b.raw(2*n*h), b.raw(4*n)
+	st.fc1, st.fc2 = b.buf(L*2*f*h), b.buf(L*h*f)
+	st.h1, st.act, st.ey, st.y = b.raw(2*n*2*f), b.raw(2*n*f), b.raw(2*n*h), b.raw(2*T*h)
+	st.rc = cfg.RouterConfig(nil)
+	if st.rc.Score == kernels.ScoreSigmoid {
+		st.bias = b.buf(2 * E)
 	}
 	if cfg.SharedExperts > 0 {
-		shared = b.buf(T * h)
+		st.shared = b.buf(T * h)
 	}
 	if b.err != nil {
-		return rows, b.err
+		return nil, b.err
 	}
-	r, err = b.gemmRow("router logits GEMM", fmt.Sprintf("%d×%d×%d → fp32", T, E, h), 2*float64(T*E*h), 0, "2·tokens·experts·hidden",
+	return st, nil
+}
+
+// routerRows times the router's logits GEMM and its top-k (also on every
+// rank's tokens at once).
+func (b *bencher) routerRows(rows *rowList, st *stepBufs) error {
+	cfg, dev, s := st.cfg, b.dev, b.s
+	T, h, E, k, n := st.T, st.h, st.E, st.k, st.n
+	x, wr, logits, idx, probs, bias, rc := st.x, st.wr, st.logits, st.idx, st.probs, st.bias, st.rc
+	r, err := b.gemmRow("router logits GEMM", fmt.Sprintf("%d×%d×%d → fp32", T, E, h), 2*float64(T*E*h), 0, "2·tokens·experts·hidden",
 		func() error { return dev.GEMM(logits, x, wr, T, E, h, true, s) })
-	if err := add(r, err); err != nil {
-		return rows, err
+	if err := rows.add(r, err); err != nil {
+		return err
 	}
 	r, err = b.memRow("router top-k", fmt.Sprintf("%d tokens × %d experts, k=%d", T, E, k), float64(4*T*E+8*n), 0.6,
 		"fp32 logits read + (int32 index, fp32 prob) per copy written",
 		func() error { return dev.RouterTopK(rc, logits, bias, T, idx, probs, s) })
-	if err := add(r, err); err != nil {
-		return rows, err
+	if err := rows.add(r, err); err != nil {
+		return err
 	}
 	if cfg.EP > 1 {
 		// one rank's logits may be too few bytes for a bandwidth rate (a
@@ -403,29 +464,39 @@ func (b *bencher) run(cfg Config, sizes BenchSizes) ([]BenchRow, error) {
 		TE := T * cfg.EP
 		lg, ix, pr := b.buf(2*TE*E), b.raw(4*TE*k), b.raw(4*TE*k)
 		if b.err != nil {
-			return rows, b.err
+			return b.err
 		}
 		r, err = b.memRow("router top-k (all ranks' tokens)", fmt.Sprintf("%d tokens (%d ranks') × %d experts, k=%d", TE, cfg.EP, E, k),
 			float64(4*TE*E+8*TE*k), 0.6, "fp32 logits read + (int32 index, fp32 prob) per copy written",
 			func() error { return dev.RouterTopK(rc, lg, bias, TE, ix, pr, s) })
-		if err := add(r, err); err != nil {
-			return rows, err
+		if err := rows.add(r, err); err != nil {
+			return err
 		}
 		kernels.Free(dev, &lg, &ix, &pr)
 	}
+	return nil
+}
+
+// permuteRows times the permutation of uniformly random routing and the
+// alltoall's chunk sort of balanced chunks.
+func (b *bencher) permuteRows(rows *rowList, st *stepBufs) error {
+	cfg, dev, s := st.cfg, b.dev, b.s
+	h, E, k, L, n := st.h, st.E, st.k, st.L, st.n
+	idx, probs, x, order, pos, counts := st.idx, st.probs, st.x, st.order, st.pos, st.counts
+	px, pp, cc, ex, ep := st.px, st.pp, st.cc, st.ex, st.ep
 	// permute with uniformly random experts
 	ri := make([]int32, n)
 	for i := range ri {
 		ri[i] = int32(b.rng.IntN(E))
 	}
 	if err := dev.Upload(idx, ri, s); err != nil {
-		return rows, err
+		return err
 	}
-	r, err = b.memRow("permute order", fmt.Sprintf("%d copies, %d experts", n, E), float64(12*n+4*E), 0,
+	r, err := b.memRow("permute order", fmt.Sprintf("%d copies, %d experts", n, E), float64(12*n+4*E), 0,
 		"int32 expert per copy read + (row, position) per copy written + counts",
 		func() error { return dev.PermuteOrder(idx, n, E, order, pos, counts, s) })
-	if err := add(r, err); err != nil {
-		return rows, err
+	if err := rows.add(r, err); err != nil {
+		return err
 	}
 	r, err = b.memRow("permute", fmt.Sprintf("%d copies × %d", n, h), float64(4*n*h+12*n), 0.8,
 		"bf16 row read + written per copy, + row index and fp32 prob",
@@ -435,8 +506,8 @@ func (b *bencher) run(cfg Config, sizes BenchSizes) ([]BenchRow, error) {
 			}
 			return dev.GatherF32(pp, probs, order, 1, n, s)
 		})
-	if err := add(r, err); err != nil {
-		return rows, err
+	if err := rows.add(r, err); err != nil {
+		return err
 	}
 	// balanced chunks for the alltoall sort: [source][local]
 	cnt := make([]int32, cfg.EP*L)
@@ -447,14 +518,23 @@ func (b *bencher) run(cfg Config, sizes BenchSizes) ([]BenchRow, error) {
 		cnt[i]++
 	}
 	if err := dev.Upload(cc, cnt, s); err != nil {
-		return rows, err
+		return err
 	}
 	r, err = b.memRow("alltoall chunk sort", fmt.Sprintf("%d rows × %d, %d×%d chunks", n, h, cfg.EP, L), float64(4*n*h+8*n), 0,
 		"bf16 row + fp32 prob read and written",
 		func() error { return dev.SortChunks(ex, ep, px, pp, cc, n, cfg.EP, L, h, false, s) })
-	if err := add(r, err); err != nil {
-		return rows, err
+	if err := rows.add(r, err); err != nil {
+		return err
 	}
+	return nil
+}
+
+// expertRows times the experts' GEMMs, each grouped GEMM the device has,
+// with balanced rows per local expert.
+func (b *bencher) expertRows(rows *rowList, st *stepBufs) error {
+	dev, s := b.dev, b.s
+	h, f, L, n := st.h, st.f, st.L, st.n
+	h1, ex, fc1, ey, act, fc2 := st.h1, st.ex, st.fc1, st.ey, st.act, st.fc2
 	// experts: balanced rows per local expert
 	per := make([]int, L)
 	for i := range per {
@@ -474,10 +554,10 @@ func (b *bencher) run(cfg Config, sizes BenchSizes) ([]BenchRow, error) {
 	}
 	g1, g2 := groups(h1, ex, fc1, 2*f, h), groups(ey, act, fc2, h, f)
 	ways := []*kernels.Grouped{}
-	for _, side := range groupedSides {
+	for _, side := range harness.GroupedSides() {
 		gr, err := kernels.NewGrouped(dev, side)
 		if err != nil {
-			return rows, err
+			return err
 		}
 		ways = append(ways, gr)
 	}
@@ -485,7 +565,7 @@ func (b *bencher) run(cfg Config, sizes BenchSizes) ([]BenchRow, error) {
 		ways = append(ways, gr)
 	}
 	for _, gr := range ways {
-		r, err = b.gemmRow("expert GEMMs ("+gr.Name()+")", fmt.Sprintf("%d experts × %d rows, fc1 %d→%d, fc2 %d→%d", L, n/L, h, 2*f, f, h),
+		r, err := b.gemmRow("expert GEMMs ("+gr.Name()+")", fmt.Sprintf("%d experts × %d rows, fc1 %d→%d, fc2 %d→%d", L, n/L, h, 2*f, f, h),
 			6*float64(n)*float64(h)*float64(f), 0.7, "6·hidden·ffn per row (fc1 and fc2)",
 			func() error {
 				if err := gr.Run(dev, g1, 2*f, h, s); err != nil {
@@ -493,15 +573,24 @@ func (b *bencher) run(cfg Config, sizes BenchSizes) ([]BenchRow, error) {
 				}
 				return gr.Run(dev, g2, h, f, s)
 			})
-		if err := add(r, err); err != nil {
-			return rows, err
+		if err := rows.add(r, err); err != nil {
+			return err
 		}
 	}
-	r, err = b.memRow("SwiGLU × prob", fmt.Sprintf("%d rows × %d", n, f), float64(6*n*f+4*n), 0,
+	return nil
+}
+
+// unpermuteRows times SwiGLU and the unpermute (the sum of k) of a random
+// assignment of rows to token slots.
+func (b *bencher) unpermuteRows(rows *rowList, st *stepBufs) error {
+	dev, s := b.dev, b.s
+	T, h, f, k, n := st.T, st.h, st.f, st.k, st.n
+	act, h1, ep, pos, y, ey, shared := st.act, st.h1, st.ep, st.pos, st.y, st.ey, st.shared
+	r, err := b.memRow("SwiGLU × prob", fmt.Sprintf("%d rows × %d", n, f), float64(6*n*f+4*n), 0,
 		"bf16 gate and up read, bf16 activation written, fp32 prob",
 		func() error { return dev.SwiGLU(act, h1, ep, n, f, s) })
-	if err := add(r, err); err != nil {
-		return rows, err
+	if err := rows.add(r, err); err != nil {
+		return err
 	}
 	// unpermute: a random assignment of rows to token slots
 	perm := make([]int32, n)
@@ -509,7 +598,7 @@ func (b *bencher) run(cfg Config, sizes BenchSizes) ([]BenchRow, error) {
 		perm[i] = int32(v)
 	}
 	if err := dev.Upload(pos, perm, s); err != nil {
-		return rows, err
+		return err
 	}
 	bytes := float64(2*n*h + 2*T*h + 4*n)
 	if shared != 0 {
@@ -518,5 +607,5 @@ func (b *bencher) run(cfg Config, sizes BenchSizes) ([]BenchRow, error) {
 	r, err = b.memRow("unpermute (sum of k)", fmt.Sprintf("%d tokens × %d, k=%d", T, h, k), bytes, 0.8,
 		"bf16 row read per copy + bf16 output row written (+ shared-expert row read) + int32 positions",
 		func() error { return dev.UnpermuteSum(y, ey, pos, shared, T, k, h, s) })
-	return rows, add(r, err)
+	return rows.add(r, err)
 }

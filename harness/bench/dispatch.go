@@ -1,4 +1,4 @@
-package harness
+package bench
 
 import (
 	"errors"
@@ -6,12 +6,15 @@ import (
 	"time"
 
 	"github.com/moebench/moebench/dispatchers"
+	"github.com/moebench/moebench/harness"
+	"github.com/moebench/moebench/harness/roundtrip"
+	"github.com/moebench/moebench/harness/summary"
 	"github.com/moebench/moebench/kernels"
 	"github.com/moebench/moebench/results"
 )
 
-// DispatchBenchSchema names the JSON of 'moebench bench dispatch'.
-const DispatchBenchSchema = "moebench.bench-dispatch/v1"
+// DispatchSchema names the JSON of 'moebench bench dispatch'.
+const DispatchSchema = "moebench.bench-dispatch/v1"
 
 // DispatchBench is dispatch and combine alone, as DeepEP's test_intranode
 // measures them, for each dispatcher and SM budget: the round trip's ranks
@@ -91,21 +94,21 @@ func predicted(dispatcher, impl string) *Prediction {
 		Kernels: fmt.Sprintf("%s, %s (%s path)", d, c, path), Source: t.Source}
 }
 
-// BenchDispatch runs the dispatch benchmark of cfg's workload for each
+// Dispatch runs the dispatch benchmark of cfg's workload for each
 // dispatcher in names at each budget in sms (a dispatcher that is not
 // SM-driven runs once), on the host device or the cuda device (env's
-// devices, cfg.GPUs of them; see benchDevicePoint). A point that is
+// devices, cfg.GPUs of them; see devicePoint). A point that is
 // unavailable or fails is recorded as such and the others go on; the
 // error is the first such point's.
-func BenchDispatch(cfg Config, names []string, sms []int, env Env) (*DispatchBench, error) {
-	return BenchDispatchAt(cfg, names, sms, []string{cfg.precision()}, env)
+func Dispatch(cfg harness.Config, names []string, sms []int, env harness.Env) (*DispatchBench, error) {
+	return DispatchAt(cfg, names, sms, []string{cfg.ResolvedPrecision()}, env)
 }
 
-// BenchDispatchAt is BenchDispatch with each point run at each precision
+// DispatchAt is Dispatch with each point run at each precision
 // in precisions, side by side (bf16 and fp8 rows of one dispatcher and
 // budget next to each other). At fp8 the round trip's ranks send their
-// rows quantized (roundTrip.toFP8).
-func BenchDispatchAt(cfg Config, names []string, sms []int, precisions []string, env Env) (*DispatchBench, error) {
+// rows quantized (roundtrip.Trip.ToFP8).
+func DispatchAt(cfg harness.Config, names []string, sms []int, precisions []string, env harness.Env) (*DispatchBench, error) {
 	for _, p := range precisions {
 		c := cfg
 		c.Precision = p
@@ -113,11 +116,10 @@ func BenchDispatchAt(cfg Config, names []string, sms []int, precisions []string,
 			return nil, err
 		}
 	}
-	cfg.precisions = precisions
 	if cfg.Device != "host" {
-		return benchDispatchDevice(cfg, names, sms, env)
+		return benchDispatchDevice(cfg, names, sms, precisions, env)
 	}
-	if avail, ok := memAvailable(); ok && benchBytes(cfg) > 0.8*avail {
+	if avail, ok := harness.MemAvailable(); ok && benchBytes(cfg) > 0.8*avail {
 		return nil, fmt.Errorf("bench dispatch: about %.1f GiB of host memory needed, %.1f GiB available; use a smaller --tokens, --hidden or --ep",
 			benchBytes(cfg)/(1<<30), avail/(1<<30))
 	}
@@ -127,40 +129,35 @@ func BenchDispatchAt(cfg Config, names []string, sms []int, precisions []string,
 	}
 	b.Clock = "host wall clock (Go time.Now), each phase's slowest rank per iteration: host times are not GPU performance"
 	b.Check = "every iteration: dispatch then combine, with experts that multiply each row by its probability (powers of two summing to 1), gives each rank's input back exactly"
-	return b, b.points(cfg, names, sms, func(c Config, p DispatchPoint) (DispatchPoint, error) { return benchPoint(c, l, p) })
+	return b, b.points(cfg, names, sms, precisions, func(c harness.Config, p DispatchPoint) (DispatchPoint, error) { return benchPoint(c, l, p) })
 }
 
-// benchDispatchDevice is BenchDispatch on the cuda device.
-func benchDispatchDevice(cfg Config, names []string, sms []int, env Env) (*DispatchBench, error) {
-	devs, err := env.devices(cfg.GPUs, cfg.EP, nil)
+// benchDispatchDevice is Dispatch on the cuda device.
+func benchDispatchDevice(cfg harness.Config, names []string, sms []int, precisions []string, env harness.Env) (*DispatchBench, error) {
+	devs, err := env.Devices(cfg.GPUs, cfg.EP)
 	if err != nil {
 		return nil, fmt.Errorf("bench dispatch: device %s: %w", cfg.Device, err)
 	}
-	defer closeDevices(devs)
+	defer harness.CloseDevices(devs)
 	l, b, err := benchSetup(cfg, env)
 	if err != nil {
 		return nil, err
 	}
 	b.Clock = "CUDA events on each rank's stream (" + devs[0].Name() + "), as the layer times its phases; each phase's slowest rank per iteration"
 	b.Check = "every iteration, outputs poisoned first: dispatch then combine, with experts that copy their rows (at fp8: dequantize the packed rows), gives each rank k × its (dequantized) input exactly (inputs coarsened so that every partial sum is exact in bf16)"
-	b.Ranks = ranksNote(cfg.EP, devs, "")
-	return b, b.points(cfg, names, sms, func(c Config, p DispatchPoint) (DispatchPoint, error) { return benchDevicePoint(c, l, devs, p) })
+	b.Ranks = harness.RanksNote(cfg.EP, devs)
+	return b, b.points(cfg, names, sms, precisions, func(c harness.Config, p DispatchPoint) (DispatchPoint, error) { return devicePoint(c, l, devs, p) })
 }
 
 // benchSetup makes the benchmark's layer (its routing drawn on the host)
 // and the result without points.
-func benchSetup(cfg Config, env Env) (*Layer, *DispatchBench, error) {
-	l, err := newLayer(cfg, false)
+func benchSetup(cfg harness.Config, env harness.Env) (*harness.Layer, *DispatchBench, error) {
+	l, err := harness.RoutedLayer(cfg)
 	if err != nil {
 		return nil, nil, err
 	}
-	for r := range l.Ranks {
-		if err := l.route(r); err != nil {
-			return nil, nil, err
-		}
-	}
-	rec := newRecord(cfg, env)
-	b := &DispatchBench{Schema: DispatchBenchSchema, Time: rec.Time, Config: rec.Config, Stack: rec.Stack,
+	rec := harness.NewRecord(cfg, env)
+	b := &DispatchBench{Schema: DispatchSchema, Time: rec.Time, Config: rec.Config, Stack: rec.Stack,
 		Bytes: "each design's own convention (DeepEP's test_intranode and HybridEP's test_hybrid_ep: tokens received × hidden × 2 B, a rank's tokens to itself included; alltoall's rows are copies; " +
 			"an fp8 dispatch times their fp8 factor (1 + 4/128)/2: hidden × 1 B e4m3 + hidden/128 × 4 B scales a token, combine bf16); GB/s = a rank's share / the phase's p50 (a design's dispatch: as its test times it, the parts summed)",
 		Routing: cfg.Routing.String()}
@@ -169,9 +166,10 @@ func benchSetup(cfg Config, env Env) (*Layer, *DispatchBench, error) {
 }
 
 // points runs point for each dispatcher in names at each budget in sms
-// (once for a dispatcher that is not SM-driven), each as configured and
-// validated, and returns the first point's error.
-func (b *DispatchBench) points(cfg Config, names []string, sms []int, point func(Config, DispatchPoint) (DispatchPoint, error)) error {
+// (once for a dispatcher that is not SM-driven) and each precision in
+// precisions (none: cfg's), each as configured and validated, and returns
+// the first point's error.
+func (b *DispatchBench) points(cfg harness.Config, names []string, sms []int, precisions []string, point func(harness.Config, DispatchPoint) (DispatchPoint, error)) error {
 	var first error
 	for _, name := range names {
 		budgets := sms
@@ -179,12 +177,12 @@ func (b *DispatchBench) points(cfg Config, names []string, sms []int, point func
 			budgets = []int{0}
 		}
 		pred := predicted(name, cfg.Impl) // the embedded table, read once a design
-		precisions := cfg.precisions
-		if len(precisions) == 0 {
-			precisions = []string{cfg.precision()}
+		precs := precisions
+		if len(precs) == 0 {
+			precs = []string{cfg.ResolvedPrecision()}
 		}
 		for _, n := range budgets {
-			for _, prec := range precisions {
+			for _, prec := range precs {
 				c := cfg
 				c.Dispatcher, c.SMs, c.Precision = name, n, prec
 				b.Points = append(b.Points, b.point(c, pred, point, &first))
@@ -196,19 +194,19 @@ func (b *DispatchBench) points(cfg Config, names []string, sms []int, point func
 
 // point is one point of points: c's dispatcher at its budget and
 // precision; the first error goes to first.
-func (b *DispatchBench) point(c Config, pred *Prediction, point func(Config, DispatchPoint) (DispatchPoint, error), first *error) DispatchPoint {
+func (b *DispatchBench) point(c harness.Config, pred *Prediction, point func(harness.Config, DispatchPoint) (DispatchPoint, error), first *error) DispatchPoint {
 	p := DispatchPoint{Dispatcher: c.Dispatcher, Impl: c.Impl, SMs: c.SMs, Status: results.StatusFailed, Predicted: pred}
-	if c.precision() != PrecisionBF16 {
-		p.Precision = c.precision()
+	if c.ResolvedPrecision() != harness.PrecisionBF16 {
+		p.Precision = c.ResolvedPrecision()
 	}
 	var err error
 	if bg, ok := dispatchers.SMBudgetOf(c.Dispatcher, c.Impl); ok {
 		if err = bg.Check(c.SMs); err != nil {
-			err = &ConfigError{"sms", c.SMs, c.Dispatcher + ": " + err.Error()}
+			err = &harness.ConfigError{Flag: "sms", Value: c.SMs, Allowed: c.Dispatcher + ": " + err.Error()}
 		}
 		p.Budget = bg.Resolve(c.SMs) // a device point fits it to its GPUs (fitSMs)
 		if c.Device == "host" {
-			p.HeldNote = HostHeldNote
+			p.HeldNote = harness.HostHeldNote
 		}
 	}
 	if err == nil {
@@ -220,15 +218,32 @@ func (b *DispatchBench) point(c Config, pred *Prediction, point func(Config, Dis
 	return p
 }
 
+// asDesigned sets p's dispatch as its design's test times it, from the
+// steps' samples, and makes the traffic's dispatch GB/s (and per SM) its
+// rate, as the designs' tests report theirs.
+func (p *DispatchPoint) asDesigned(c harness.Config, steps []dispatchers.Step, samples map[string][][]float64) {
+	var names []string
+	for _, st := range steps {
+		names = append(names, st.Name)
+	}
+	algo := int64(0)
+	if p.Traffic != nil {
+		algo = p.Traffic.DispatchAlgorithm
+	}
+	if p.DispatchAsDesigned = summary.AsDesigned(c.Dispatcher, names, samples, algo, c.EP, p.Budget); p.DispatchAsDesigned != nil && algo > 0 {
+		p.Traffic.DispatchGBps, p.Traffic.DispatchGBpsPerSM = p.DispatchAsDesigned.GBps, p.DispatchAsDesigned.GBpsPerSM
+	}
+}
+
 // benchBytes estimates the host memory of the benchmark: every rank's
 // inputs and the copies the dispatchers keep (up to top-k rows per token in
 // four buffers).
-func benchBytes(cfg Config) float64 {
+func benchBytes(cfg harness.Config) float64 {
 	return float64(cfg.EP) * float64(cfg.Tokens) * float64(cfg.Hidden) * 4 * float64(3+4*cfg.TopK)
 }
 
 // benchPoint times one dispatcher at one budget (p) on l's routing.
-func benchPoint(c Config, l *Layer, p DispatchPoint) (DispatchPoint, error) {
+func benchPoint(c harness.Config, l *harness.Layer, p DispatchPoint) (DispatchPoint, error) {
 	fail := func(err error) (DispatchPoint, error) {
 		if dispatchers.IsUnavailable(err) {
 			p.Status = results.StatusUnavailable
@@ -236,31 +251,31 @@ func benchPoint(c Config, l *Layer, p DispatchPoint) (DispatchPoint, error) {
 		p.Reason = err.Error()
 		return p, err
 	}
-	d, err := dispatchers.New(c.Dispatcher, c.Impl, c.dispatcherEnv())
+	d, err := dispatchers.New(c.Dispatcher, c.Impl, c.DispatcherEnv())
 	if err != nil {
 		return fail(err)
 	}
-	rt := newRoundTrip(l.Shape, l.X, l.Ranks)
-	if c.isFP8() {
-		if err := rt.toFP8(); err != nil {
+	rt := roundtrip.New(l.Shape, l.X, l.Ranks)
+	if c.ResolvedPrecision() == harness.PrecisionFP8 {
+		if err := rt.ToFP8(); err != nil {
 			return fail(err)
 		}
 	}
-	if err := d.Bind(l.Shape, rt.ranks); err != nil {
+	if err := d.Bind(l.Shape, rt.Ranks); err != nil {
 		return fail(err)
 	}
-	steps := d.Forward(rt.identity)
+	steps := d.Forward(rt.Identity)
 	samples := map[string][][]float64{}
 	for _, st := range steps {
 		samples[st.Name] = make([][]float64, c.EP)
 	}
 	p.RoundTrip = "exact"
 	for i := -c.Warmup; i < c.Iters; i++ {
-		for _, rk := range rt.ranks {
-			poison(rk.Y)
+		for _, rk := range rt.Ranks {
+			roundtrip.Poison(rk.Y)
 		}
 		for _, st := range steps {
-			for r := range rt.ranks {
+			for r := range rt.Ranks {
 				t0 := time.Now()
 				if err := st.Run(r); err != nil {
 					return fail(fmt.Errorf("%s on rank %d: %w", st.Name, r, err))
@@ -270,20 +285,48 @@ func benchPoint(c Config, l *Layer, p DispatchPoint) (DispatchPoint, error) {
 				}
 			}
 		}
-		if v := rt.verdict(); v != "exact" {
+		if v := rt.Verdict(); v != "exact" {
 			p.RoundTrip = v
 			return fail(errors.New("round trip: " + v))
 		}
 	}
 	t := &results.Timing{}
 	for _, st := range steps {
-		ph := phaseStats(st.Name, samples[st.Name])
+		ph := summary.Phase(st.Name, samples[st.Name])
 		ph.Samples = nil
 		t.Phases = append(t.Phases, ph)
 	}
-	p.Traffic = trafficRecord(d.Traffic())
-	bandwidth(p.Traffic, t, c.EP, p.Budget, results.CopyPayload(c.Record()))
+	p.Traffic = summary.Traffic(d.Traffic())
+	summary.Bandwidth(p.Traffic, t, c.EP, p.Budget, results.CopyPayload(c.Record()))
 	p.asDesigned(c, steps, samples)
 	p.Phases, p.Status = t.Phases, results.StatusOK
+	return p, nil
+}
+
+// devicePoint times one dispatcher at one budget (p) on devs with l's
+// routing (harness.TimeRoundTrip) and makes the point of it.
+func devicePoint(c harness.Config, l *harness.Layer, devs []kernels.Device, p DispatchPoint) (DispatchPoint, error) {
+	t, err := harness.TimeRoundTrip(c, l, devs)
+	if t.HeldNote != "" { // the budget that fits the GPUs, each block holding an SM
+		c.SMs, p.Budget, p.Held, p.HeldNote = t.Budget, t.Budget, t.Budget, t.HeldNote
+	}
+	p.SMUse, p.RoundTrip = t.SMUse, t.Mismatch
+	if err != nil {
+		if dispatchers.IsUnavailable(err) {
+			p.Status = results.StatusUnavailable
+		}
+		p.Reason = err.Error()
+		return p, err
+	}
+	tm := &results.Timing{}
+	for _, st := range t.Steps {
+		ph := summary.Phase(st.Name, t.Samples[st.Name])
+		ph.Samples = nil
+		tm.Phases = append(tm.Phases, ph)
+	}
+	p.Traffic = summary.Traffic(t.Traffic)
+	summary.Bandwidth(p.Traffic, tm, c.EP, p.Budget, results.CopyPayload(c.Record()))
+	p.asDesigned(c, t.Steps, t.Samples)
+	p.Phases, p.Status, p.RoundTrip = tm.Phases, results.StatusOK, "exact"
 	return p, nil
 }
