@@ -98,6 +98,17 @@ func (b *broken) Bind(s dispatchers.Shape, ranks []*dispatchers.Rank) error {
 	return b.A2A.Bind(s, ranks)
 }
 
+// Forward is alltoall's with Dispatch in place of its dispatch.
+func (b *broken) Forward(experts func(rank int) error) []dispatchers.Step {
+	steps := b.A2A.Forward(experts)
+	for i := range steps {
+		if steps[i].Name == "dispatch" {
+			steps[i].Run = b.Dispatch
+		}
+	}
+	return steps
+}
+
 func (b *broken) Dispatch(r int) error {
 	if err := b.A2A.Dispatch(r); err != nil || r != 0 {
 		return err
