@@ -3,11 +3,12 @@ package dispatchers
 import (
 	"fmt"
 
-	"github.com/moebench/moebench/kernels"
+	"github.com/moebench/moebench/kernels/comm"
+	"github.com/moebench/moebench/kernels/device"
 )
 
 // The device contract: Design's steps (DeviceDispatcher), on buffers of a
-// kernels.Device; the phase before the
+// device.Device; the phase before the
 // first expert phase sets ExpertX, ExpertProbs and ExpertRows, the last
 // phase writes Y (bf16) with Shared added. A phase queues its work on the
 // rank's stream and returns; collective phases order themselves after
@@ -27,40 +28,40 @@ import (
 // The layer synchronizes every stream between steps, so a phase may assume
 // that the previous step's work is done. Each rank's buffers, streams and
 // events are on its own device (DeviceRank.Dev); work on another rank's
-// buffers goes through copies between devices (kernels.CopyOp's devices)
-// or a communicator (kernels.Comm). A phase may queue work for all of its
+// buffers goes through copies between devices (device.CopyOp's devices)
+// or a communicator (comm.Comm). A phase may queue work for all of its
 // device's ranks from one rank's call (see Capabilities.Grouped).
 
 // DeviceRank is one EP rank's buffers on the device. Tensors are row-major,
 // bf16 unless noted.
 type DeviceRank struct {
 	ID      int
-	Dev     kernels.Device   // the rank's device (ranks may share one)
-	Stream  kernels.Stream   // a stream of Dev
-	Threads *kernels.Threads // every device's issuing thread (Dev's among them): what collective setup in Bind runs on
+	Dev     device.Device   // the rank's device (ranks may share one)
+	Stream  device.Stream   // a stream of Dev
+	Threads *device.Threads // every device's issuing thread (Dev's among them): what collective setup in Bind runs on
 	// Comm, in a run that spans processes, is the run's communicator over
 	// every rank (set by the layer on every rank; nil in a run of one
 	// process). There a rank of another process has no Dev: a dispatcher
 	// allocates and issues nothing for it.
-	Comm   kernels.Comm
-	X      kernels.Ptr // [Tokens, Hidden] input, set by the layer
-	Idx    kernels.Ptr // [Tokens, TopK] int32 global experts, set by the layer
-	Probs  kernels.Ptr // [Tokens, TopK] fp32 routing probabilities, set by the layer
-	Shared kernels.Ptr // [Tokens, Hidden] shared-expert output the last phase adds; 0: none
+	Comm   comm.Comm
+	X      device.Addr // [Tokens, Hidden] input, set by the layer
+	Idx    device.Addr // [Tokens, TopK] int32 global experts, set by the layer
+	Probs  device.Addr // [Tokens, TopK] fp32 routing probabilities, set by the layer
+	Shared device.Addr // [Tokens, Hidden] shared-expert output the last phase adds; 0: none
 
 	// Set by the phase before the experts (Dispatch of the classic phases):
 	// the rows this rank's experts compute, grouped by local expert, and how
 	// many rows each local expert has (read on the host).
-	ExpertX     kernels.Ptr // [N, Hidden]
-	ExpertProbs kernels.Ptr // [N] fp32
+	ExpertX     device.Addr // [N, Hidden]
+	ExpertProbs device.Addr // [N] fp32
 	ExpertRows  []int       // [LocalExperts]
 
-	ExpertY kernels.Ptr // [N, Hidden] expert outputs, set by the layer before Combine
-	Y       kernels.Ptr // [Tokens, Hidden] output, allocated by the layer, written by the last phase
+	ExpertY device.Addr // [N, Hidden] expert outputs, set by the layer before Combine
+	Y       device.Addr // [Tokens, Hidden] output, allocated by the layer, written by the last phase
 
 	// FC1 and FC2 are the rank's own experts' weights, [L, 2f, h] and
 	// [L, h, f], set by the layer.
-	FC1, FC2 kernels.Ptr
+	FC1, FC2 device.Addr
 
 	// Work is what the next expert phase computes. Nil: every row of
 	// ExpertX, grouped by local expert as ExpertRows says, into ExpertY. A
@@ -79,9 +80,9 @@ type DeviceRank struct {
 	// and DProbs [Tokens, TopK] fp32 are written by the last backward
 	// phase. The layer allocates DY, DFC1, DFC2, ExpertDX and ExpertDProbs,
 	// the dispatcher ExpertDY, DX and DProbs (as it does ExpertX).
-	DY, DFC1, DFC2                   kernels.Ptr
-	ExpertDY, ExpertDX, ExpertDProbs kernels.Ptr
-	DX, DProbs                       kernels.Ptr
+	DY, DFC1, DFC2                   device.Addr
+	ExpertDY, ExpertDX, ExpertDProbs device.Addr
+	DX, DProbs                       device.Addr
 }
 
 // DeviceWork is a block of rows an expert phase computes on a rank: rows of
@@ -89,17 +90,17 @@ type DeviceRank struct {
 // Y, each segment with its expert's weights. Rows no segment covers are not
 // written.
 type DeviceWork struct {
-	X, Probs, Y kernels.Ptr // Probs 0: none (a combine applies them); Y 0: the rank's ExpertY
+	X, Probs, Y device.Addr // Probs 0: none (a combine applies them); Y 0: the rank's ExpertY
 	Segments    []DeviceSegment
 	// After, when not nil, is an event the rank's stream waits for before the
 	// block (e.g. the arrival of copied rows and weights); Done, when not
 	// nil, is recorded on it after the block (e.g. for the rows' owners to
 	// take their outputs back).
-	After, Done kernels.Event
+	After, Done device.Event
 	// In the backward: the rows' output gradients DY [·, Hidden] and where
 	// their input and probability gradients go, DX [·, Hidden] and DProbs
 	// [·] fp32; 0: the rank's ExpertDY, ExpertDX, ExpertDProbs.
-	DY, DX, DProbs kernels.Ptr
+	DY, DX, DProbs device.Addr
 }
 
 // DeviceSegment is rows [Start, Start+Len) of a block, computed by expert
@@ -107,11 +108,11 @@ type DeviceWork struct {
 // (the expert must be local).
 type DeviceSegment struct {
 	Expert, Start, Len int
-	FC1, FC2           kernels.Ptr
+	FC1, FC2           device.Addr
 	// DFC1, DFC2 are where the backward adds the segment's weight
 	// gradients (fp32 [2f, h], [h, f]); 0 means the rank's own DFC1, DFC2
 	// (the expert must be local).
-	DFC1, DFC2 kernels.Ptr
+	DFC1, DFC2 device.Addr
 }
 
 // Rows is N, the rows this rank's experts compute.
@@ -128,15 +129,15 @@ func (r *DeviceRank) Rows() int {
 // DProbs [T, k] fp32) once, their bytes in *fixed, and its expert rows'
 // output gradients (ExpertDY [r.Rows(), h] bf16) in rows, grown to the
 // step's rows.
-func (r *DeviceRank) HoldGrads(sh Shape, fixed *int64, rows *kernels.Sized) error {
+func (r *DeviceRank) HoldGrads(sh Shape, fixed *int64, rows *device.RowCapacity) error {
 	T, k, h := int64(sh.Tokens), int64(sh.TopK), int64(sh.Hidden)
 	if r.DX == 0 {
-		held, err := kernels.Resize(r.Dev, 1, kernels.Buf{P: &r.DX, PerRow: 2 * T * h}, kernels.Buf{P: &r.DProbs, PerRow: 4 * T * k})
+		held, err := device.Resize(r.Dev, 1, device.RowBuffer{P: &r.DX, PerRow: 2 * T * h}, device.RowBuffer{P: &r.DProbs, PerRow: 4 * T * k})
 		if *fixed = held; err != nil {
 			return err
 		}
 	}
-	return rows.Ensure(r.Dev, r.Stream, r.Rows(), kernels.Buf{P: &r.ExpertDY, PerRow: 2 * h})
+	return rows.Ensure(r.Dev, r.Stream, r.Rows(), device.RowBuffer{P: &r.ExpertDY, PerRow: 2 * h})
 }
 
 // HostWait is a device design one of whose steps must first wait on the

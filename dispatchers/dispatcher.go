@@ -209,7 +209,7 @@ type Design[R Rank | DeviceRank] interface {
 // Dispatcher is a design on the host device.
 type Dispatcher = Design[Rank]
 
-// DeviceDispatcher is a design on a cuda device (or kernels.Emu).
+// DeviceDispatcher is a design on a cuda device (or device.Emu).
 type DeviceDispatcher = Design[DeviceRank]
 
 // Capabilities is what a design declares besides its steps: a reason
@@ -245,7 +245,7 @@ type Capabilities struct {
 	// Check, called once every stream of a step is synchronized, returns
 	// what went wrong in kernels that can fail without failing their
 	// launch (an SM-driven design's cross-rank waits, which time out),
-	// naming the rank, phase and wait (kernels.CommError).
+	// naming the rank, phase and wait (comm.CommError).
 	Check func() error
 	// Transport names the library the data moves through (NCCL) rather
 	// than copies, once bound; "" when none.

@@ -5,6 +5,7 @@ import (
 	"math"
 
 	"github.com/moebench/moebench/kernels"
+	"github.com/moebench/moebench/kernels/device"
 )
 
 // The attention stand-in (--attention-ms): work for overlap to hide
@@ -21,7 +22,7 @@ const MaxAttentionMS = 10_000
 
 // attention is the stand-in's state on a device layer.
 type attention struct {
-	w, out []kernels.Ptr // per rank: the weight [h, h] bf16, the scratch [T, h] bf16
+	w, out []device.Addr // per rank: the weight [h, h] bf16, the scratch [T, h] bf16
 	reps   int           // GEMMs a pass
 	gemmMS float64       // one GEMM's calibrated time
 }
@@ -35,7 +36,7 @@ func (dl *deviceLayer) newAttention() error {
 		return nil
 	}
 	T, h := c.Tokens, c.Hidden
-	a := &attention{w: make([]kernels.Ptr, len(dl.ranks)), out: make([]kernels.Ptr, len(dl.ranks)), reps: 1}
+	a := &attention{w: make([]device.Addr, len(dl.ranks)), out: make([]device.Addr, len(dl.ranks)), reps: 1}
 	wt := kernels.BF16Bits(normal(c.Seed, "attention", 0, h*h, 1/math.Sqrt(float64(h))))
 	first := -1
 	for r, rk := range dl.ranks {
@@ -105,7 +106,7 @@ func (dl *deviceLayer) newAttention() error {
 }
 
 // attentionPass queues the stand-in's chain on rank r from in [T, h].
-func (dl *deviceLayer) attentionPass(r int, in kernels.Ptr) error {
+func (dl *deviceLayer) attentionPass(r int, in device.Addr) error {
 	c, rk, a := dl.l.Cfg, dl.ranks[r], dl.attn
 	for range a.reps {
 		if err := rk.Dev.GEMM(a.out[r], in, a.w[r], c.Tokens, c.Hidden, c.Hidden, false, rk.Stream); err != nil {

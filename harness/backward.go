@@ -221,7 +221,7 @@ func (l *Layer) expertsBackward(r int) error {
 			w := weights(j.sg)
 			for lo := j.sg.Start; lo < j.sg.Start+j.sg.Len; lo += expertBlock {
 				hi := min(lo+expertBlock, j.sg.Start+j.sg.Len)
-				g.scratch[wk] = kernels.Grow(g.scratch[wk], (hi-lo)*3*f)
+				g.scratch[wk] = kernels.Reslice(g.scratch[wk], (hi-lo)*3*f)
 				tape := kernels.ExpertTape[float32]{X: rk.ExpertX[lo*h : hi*h], Prob: rk.ExpertProbs[lo:hi], Saved: run.saved[lo*3*f : hi*3*f]}
 				grads := kernels.ExpertGrads[float32]{DX: rk.ExpertDX[lo*h : hi*h], DProb: rk.ExpertDProbs[lo:hi], DFC1: j.gr.FC1, DFC2: j.gr.FC2}
 				kernels.ExpertBackward(grads, rk.ExpertDY[lo*h:hi*h], tape, w.FC1, w.FC2, g.scratch[wk], hi-lo, h, f, kernels.RoundBF16Slice)
@@ -276,7 +276,7 @@ func (l *Layer) sharedBackward(r int) error {
 	if len(g.scratch) == 0 {
 		g.scratch = append(g.scratch, nil)
 	}
-	g.scratch[0] = kernels.Grow(g.scratch[0], c.Tokens*3*fs)
+	g.scratch[0] = kernels.Reslice(g.scratch[0], c.Tokens*3*fs)
 	tape := kernels.ExpertTape[float32]{X: l.X[r], Saved: l.run[r].sharedSaved}
 	grads := kernels.ExpertGrads[float32]{DX: g.dxShared, DFC1: l.replica.shared.FC1, DFC2: l.replica.shared.FC2}
 	kernels.ExpertBackward(grads, l.DOut[r], tape, l.SharedFC1, l.SharedFC2, g.scratch[0], c.Tokens, c.Hidden, fs, kernels.RoundBF16Slice)

@@ -9,6 +9,7 @@ import (
 	"github.com/moebench/moebench/dispatchers"
 	"github.com/moebench/moebench/harness/roundtrip"
 	"github.com/moebench/moebench/kernels"
+	"github.com/moebench/moebench/kernels/device"
 )
 
 // The dispatch benchmark on the cuda device: each point is a deviceLayer
@@ -28,11 +29,11 @@ import (
 // benchLayer builds the device layer of one benchmark point: rt's ranks on
 // devs (spread as a run spreads them), d bound to them; at fp8 packed holds
 // each rank's packed rows.
-func benchLayer(l *Layer, rt *roundtrip.Trip, packed [][]uint16, devs []kernels.Device, th *kernels.Threads, d dispatchers.DeviceDispatcher) (*deviceLayer, error) {
+func benchLayer(l *Layer, rt *roundtrip.Trip, packed [][]uint16, devs []device.Device, th *device.Threads, d dispatchers.DeviceDispatcher) (*deviceLayer, error) {
 	c := l.Cfg
 	T, h, k := c.Tokens, c.Hidden, c.TopK
 	dl := &deviceLayer{l: l, devs: devs, on: rankDevices(c.EP, len(devs)), d: d, rr: make([]devRank, c.EP), dc: make([]devCommon, len(devs)),
-		start: map[string][]kernels.Event{}, end: map[string][]kernels.Event{}}
+		start: map[string][]device.Event{}, end: map[string][]device.Event{}}
 	dl.newThreads(th)
 	for i, dev := range devs {
 		var err error
@@ -57,12 +58,12 @@ func benchLayer(l *Layer, rt *roundtrip.Trip, packed [][]uint16, devs []kernels.
 		if packed != nil {
 			x, xRow = packed[r], int64(kernels.FP8RowPitch(h))
 		}
-		if dl.rr[r].bytes, err = kernels.Resize(dev, 1, kernels.Buf{P: &rk.X, PerRow: int64(T) * xRow}, kernels.Buf{P: &rk.Idx, PerRow: int64(4 * T * k)},
-			kernels.Buf{P: &rk.Probs, PerRow: int64(4 * T * k)}, kernels.Buf{P: &rk.Y, PerRow: int64(2 * T * h)}); err != nil {
+		if dl.rr[r].bytes, err = device.Resize(dev, 1, device.RowBuffer{P: &rk.X, PerRow: int64(T) * xRow}, device.RowBuffer{P: &rk.Idx, PerRow: int64(4 * T * k)},
+			device.RowBuffer{P: &rk.Probs, PerRow: int64(4 * T * k)}, device.RowBuffer{P: &rk.Y, PerRow: int64(2 * T * h)}); err != nil {
 			return dl, err
 		}
 		for _, up := range []struct {
-			p   kernels.Ptr
+			p   device.Addr
 			val any
 		}{{rk.X, x}, {rk.Idx, rt.Ranks[r].Idx}, {rk.Probs, rt.Ranks[r].Probs}} {
 			if err := dev.Upload(up.p, up.val, rk.Stream); err != nil {
@@ -86,7 +87,7 @@ func benchLayer(l *Layer, rt *roundtrip.Trip, packed [][]uint16, devs []kernels.
 func (dl *deviceLayer) copyExperts(r int) error {
 	rk, b := dl.ranks[r], &dl.rr[r]
 	row := 2 * int64(dl.l.Cfg.Hidden)
-	if err := b.out.Ensure(rk.Dev, rk.Stream, rk.Rows(), kernels.Buf{P: &rk.ExpertY, PerRow: row}); err != nil {
+	if err := b.out.Ensure(rk.Dev, rk.Stream, rk.Rows(), device.RowBuffer{P: &rk.ExpertY, PerRow: row}); err != nil {
 		return err
 	}
 	work := rk.Work
@@ -104,12 +105,12 @@ func (dl *deviceLayer) copyExperts(r int) error {
 			y = rk.ExpertY
 		}
 		for _, sg := range w.Segments {
-			at := kernels.Ptr(int64(sg.Start) * row)
+			at := device.Addr(int64(sg.Start) * row)
 			if dl.l.Cfg.isFP8() { // the packed rows dequantized into the output rows
 				S, pitch := dl.l.Cfg.Hidden/kernels.FP8Block, int64(kernels.FP8RowPitch(dl.l.Cfg.Hidden))
 				n := int64(sg.Len * S)
-				if err := rk.Dev.LaunchProgram(kernels.FP8DequantRowsProgram(), fp8Grid(rk.Dev, n), rk.Stream,
-					w.X+kernels.Ptr(int64(sg.Start)*pitch), n, int32(S), pitch, y+at); err != nil {
+				if err := rk.Dev.LaunchProgram(device.FP8DequantRowsProgram(), fp8Grid(rk.Dev, n), rk.Stream,
+					w.X+device.Addr(int64(sg.Start)*pitch), n, int32(S), pitch, y+at); err != nil {
 					return err
 				}
 				continue
@@ -161,7 +162,7 @@ func packFP8(rt *roundtrip.Trip) ([][]uint16, error) {
 // close frees what benchLayer allocated (the dispatcher frees its own).
 func (dl *deviceLayer) closeBench() {
 	for r, rk := range dl.ranks {
-		kernels.Free(rk.Dev, &rk.X, &rk.Idx, &rk.Probs, &rk.Y, &rk.ExpertY)
+		device.Free(rk.Dev, &rk.X, &rk.Idx, &rk.Probs, &rk.Y, &rk.ExpertY)
 		dl.rr[r] = devRank{}
 	}
 }
@@ -207,7 +208,7 @@ type DeviceRoundTrip struct {
 // routing: warm-up and timed steps of its phases, the outputs poisoned
 // before and checked after each, and GPM's SM utilisation over the timed
 // steps where NVML has it.
-func TimeRoundTrip(c Config, l *Layer, devs []kernels.Device) (DeviceRoundTrip, error) {
+func TimeRoundTrip(c Config, l *Layer, devs []device.Device) (DeviceRoundTrip, error) {
 	var p DeviceRoundTrip
 	budget, held, err := fitSMs(c, devs, nil)
 	if err != nil {
@@ -220,7 +221,7 @@ func TimeRoundTrip(c Config, l *Layer, devs []kernels.Device) (DeviceRoundTrip, 
 	if err != nil {
 		return p, err
 	}
-	th := kernels.NewThreads(devs)
+	th := device.NewThreads(devs)
 	defer th.Close()
 	defer d.Close() // before the threads end
 	rt := roundtrip.New(l.Shape, l.X, l.Ranks)

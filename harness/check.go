@@ -266,7 +266,7 @@ func Reference(l *Layer, sample [][]int) (out [][]float64, diffs int, err error)
 		y := make([]float64, n*h)
 		for lo := 0; lo < n; lo += refBlock { // a block of rows at a time
 			m := min(refBlock, n-lo)
-			b.x, b.p, b.scratch = kernels.Grow(b.x, m*h), kernels.Grow(b.p, m), kernels.Grow(b.scratch, m*3*f)
+			b.x, b.p, b.scratch = kernels.Reslice(b.x, m*h), kernels.Reslice(b.p, m), kernels.Reslice(b.scratch, m*3*f)
 			for i, cp := range copies[lo : lo+m] {
 				tok := cp.slot / k
 				b.p[i] = probs[cp.rank][cp.slot]
@@ -358,7 +358,7 @@ func widen(s []float32) []float64 { return widenInto(nil, s) }
 
 // widenInto is s in float64, in dst's memory when it is large enough.
 func widenInto(dst []float64, s []float32) []float64 {
-	dst = kernels.Grow(dst, len(s))
+	dst = kernels.Reslice(dst, len(s))
 	for i, v := range s {
 		dst[i] = float64(v)
 	}

@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 
 	"github.com/moebench/moebench/kernels"
+	"github.com/moebench/moebench/kernels/device"
 )
 
 // probeCopies finds out what runs FEPLB's phase-2 copies (CopyBatch) on a
@@ -16,12 +17,12 @@ import (
 // only the copies run. Verdict: "copy engines" when the SMs stay under 10%
 // busy and the GEMM slows by under 15%; "SMs" from 50% or 30%; else
 // "unclear". It returns the verdict with its numbers.
-func probeCopies(dev kernels.Device, seed uint64) (string, error) {
+func probeCopies(dev device.Device, seed uint64) (string, error) {
 	const n, copyBytes, gemms = 4096, 256 << 20, 50
-	var a, w, c, src, dst kernels.Ptr
-	defer kernels.Free(dev, &a, &w, &c, &src, &dst)
-	if _, err := kernels.Resize(dev, 1, kernels.Buf{P: &a, PerRow: 2 * n * n}, kernels.Buf{P: &w, PerRow: 2 * n * n},
-		kernels.Buf{P: &c, PerRow: 2 * n * n}, kernels.Buf{P: &src, PerRow: copyBytes}, kernels.Buf{P: &dst, PerRow: copyBytes}); err != nil {
+	var a, w, c, src, dst device.Addr
+	defer device.Free(dev, &a, &w, &c, &src, &dst)
+	if _, err := device.Resize(dev, 1, device.RowBuffer{P: &a, PerRow: 2 * n * n}, device.RowBuffer{P: &w, PerRow: 2 * n * n},
+		device.RowBuffer{P: &c, PerRow: 2 * n * n}, device.RowBuffer{P: &src, PerRow: copyBytes}, device.RowBuffer{P: &dst, PerRow: copyBytes}); err != nil {
 		return "", err
 	}
 	sg, err := dev.NewStream()
@@ -32,7 +33,7 @@ func probeCopies(dev kernels.Device, seed uint64) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	var ev [4]kernels.Event
+	var ev [4]device.Event
 	for i := range ev {
 		if ev[i], err = dev.NewEvent(); err != nil {
 			return "", err
@@ -40,7 +41,7 @@ func probeCopies(dev kernels.Device, seed uint64) (string, error) {
 	}
 	g := rand.New(rand.NewPCG(seed, 0xce))
 	host := make([]float32, n*n)
-	for _, p := range []kernels.Ptr{a, w} { // never time on zeros
+	for _, p := range []device.Addr{a, w} { // never time on zeros
 		for i := range host {
 			host[i] = float32(g.NormFloat64())
 		}
@@ -51,8 +52,8 @@ func probeCopies(dev kernels.Device, seed uint64) (string, error) {
 	if err := dev.Copy(src, a, 2*n*n, sg); err != nil {
 		return "", err
 	}
-	ops := []kernels.CopyOp{{Dst: dst, Src: src, Bytes: copyBytes}}
-	run := func(reps int, s kernels.Stream, gemm bool) error {
+	ops := []device.CopyOp{{Dst: dst, Src: src, Bytes: copyBytes}}
+	run := func(reps int, s device.Stream, gemm bool) error {
 		for range reps {
 			var err error
 			if gemm {
@@ -66,7 +67,7 @@ func probeCopies(dev kernels.Device, seed uint64) (string, error) {
 		}
 		return nil
 	}
-	timed := func(s kernels.Stream, fn func() error) (float64, error) {
+	timed := func(s device.Stream, fn func() error) (float64, error) {
 		if err := dev.Record(ev[0], s); err != nil {
 			return 0, err
 		}

@@ -8,7 +8,8 @@ import (
 
 	"github.com/moebench/moebench/dispatchers"
 	"github.com/moebench/moebench/internal/hostsim"
-	"github.com/moebench/moebench/kernels"
+	"github.com/moebench/moebench/kernels/comm"
+	"github.com/moebench/moebench/kernels/device"
 	"github.com/moebench/moebench/results"
 )
 
@@ -54,10 +55,10 @@ func TestDeepEPDeviceLayer(t *testing.T) {
 func TestDeepEPLayerOnHostSim(t *testing.T) {
 	t.Setenv("FAKECUDA_SMS", "16")
 	comp := hostsim.Setup(t)
-	old := kernels.NewCompiler
-	kernels.NewCompiler = func() (kernels.Compiler, error) { return comp, nil }
-	t.Cleanup(func() { kernels.NewCompiler = old })
-	gs, err := kernels.OpenGPUs(2, 2, "")
+	old := device.NewCompiler
+	device.NewCompiler = func() (device.Compiler, error) { return comp, nil }
+	t.Cleanup(func() { device.NewCompiler = old })
+	gs, err := device.OpenGPUs(2, 2, "")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,7 +76,7 @@ func TestDeepEPLayerOnHostSim(t *testing.T) {
 				hostsim.SkipIfShort(t, "ep2-1gpu-balanced")
 			}
 			start := time.Now()
-			devs := []kernels.Device{gs[0], gs[1]}
+			devs := []device.Device{gs[0], gs[1]}
 			equalsHostOn(t, deepepDevice(t, tc.ep, tc.routing), devs[:tc.gpus]...)
 			t.Logf("%.1f s", time.Since(start).Seconds())
 		})
@@ -122,8 +123,8 @@ func (c checkFails) Capabilities() dispatchers.Capabilities {
 // TestStepReportsKernelFailure: what a dispatcher's CheckStep returns after
 // the step's synchronization fails the step (and so the run), as it is.
 func TestStepReportsKernelFailure(t *testing.T) {
-	dl := deviceRun(t, deepepDevice(t, 2, "balanced"), &kernels.Emu{})
-	want := &kernels.CommError{Records: []kernels.CommRecord{{Rank: 1, PhaseName: "dispatch", WaitName: "tail", TimedOut: true}}}
+	dl := deviceRun(t, deepepDevice(t, 2, "balanced"), &device.Emu{})
+	want := &comm.CommError{Records: []comm.CommRecord{{Rank: 1, PhaseName: "dispatch", WaitName: "tail", TimedOut: true}}}
 	dl.d = checkFails{dl.d, want}
 	if err := dl.step(); err != want {
 		t.Fatalf("step: %v, want the dispatcher's %v", err, want)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/moebench/moebench/dispatchers"
 	"github.com/moebench/moebench/kernels"
+	"github.com/moebench/moebench/kernels/device"
 	"github.com/moebench/moebench/results"
 )
 
@@ -25,19 +26,19 @@ import (
 
 // devGrads are one rank's backward buffers (besides the DeviceRank's).
 type devGrads struct {
-	xf32               kernels.Ptr // [T, h] fp32 copy of the input: the fp32 router's backward operand
-	dlogits            kernels.Ptr // [T, E] fp32
-	dxRouter           kernels.Ptr // [T, h] fp32 (B6 rounds it in the input gradient's add)
-	dwr, routerGrad    kernels.Ptr // [E, h] fp32: the step's router weight gradient; the rank's main_grad of it
-	sdact, sdh1        kernels.Ptr // shared expert: [T, fs], [T, 2fs] bf16
-	sfc1Grad, sfc2Grad kernels.Ptr // shared expert main_grad [2fs, h], [h, fs] fp32
-	dxShared           kernels.Ptr // [T, h] bf16
-	dx                 kernels.Ptr // [T, h] bf16: the input gradient
+	xf32               device.Addr // [T, h] fp32 copy of the input: the fp32 router's backward operand
+	dlogits            device.Addr // [T, E] fp32
+	dxRouter           device.Addr // [T, h] fp32 (B6 rounds it in the input gradient's add)
+	dwr, routerGrad    device.Addr // [E, h] fp32: the step's router weight gradient; the rank's main_grad of it
+	sdact, sdh1        device.Addr // shared expert: [T, fs], [T, 2fs] bf16
+	sfc1Grad, sfc2Grad device.Addr // shared expert main_grad [2fs, h], [h, fs] fp32
+	dxShared           device.Addr // [T, h] bf16
+	dx                 device.Addr // [T, h] bf16: the input gradient
 	fixed              int64       // bytes of the buffers above, DY, DFC1 and DFC2
 
-	dact, dh1 kernels.Ptr   // expert backward scratch: [rows, f], [rows, 2f] bf16
-	scratch   kernels.Sized // dact, dh1
-	expert    kernels.Sized // the DeviceRank's ExpertDX, ExpertDProbs
+	dact, dh1 device.Addr        // expert backward scratch: [rows, f], [rows, 2f] bf16
+	scratch   device.RowCapacity // dact, dh1
+	expert    device.RowCapacity // the DeviceRank's ExpertDX, ExpertDProbs
 	tape      devTape
 }
 
@@ -52,20 +53,20 @@ type devTape struct {
 }
 
 type tapeArena struct {
-	h1, act kernels.Ptr // [rows, 2f], [rows, f] bf16
-	xd      kernels.Ptr // at fp8: [rows, h] bf16, the dequantized rows the forward's fc1 read
-	size    kernels.Sized
+	h1, act device.Addr // [rows, 2f], [rows, f] bf16
+	xd      device.Addr // at fp8: [rows, h] bf16, the dequantized rows the forward's fc1 read
+	size    device.RowCapacity
 }
 
 // tapedSeg is a computed segment: rows [start, start+n) of the block whose
 // inputs are at x, by expert, its h1 and act rows at h1 and act.
 type tapedSeg struct {
-	x             kernels.Ptr
+	x             device.Addr
 	expert, start int
 	n             int
-	h1, act       kernels.Ptr
-	fc1, fc2      kernels.Ptr // the segment's weights (0: the rank's own)
-	xd            kernels.Ptr // at fp8: the segment's dequantized rows [n, h] (0: x's rows are bf16)
+	h1, act       device.Addr
+	fc1, fc2      device.Addr // the segment's weights (0: the rank's own)
+	xd            device.Addr // at fp8: the segment's dequantized rows [n, h] (0: x's rows are bf16)
 }
 
 // trains says whether the device layer runs the backward: the layer is
@@ -89,17 +90,17 @@ func (dl *deviceLayer) newDeviceBackward(r int) error {
 	c := l.Cfg
 	T, h, f, E := c.Tokens, c.Hidden, c.FFN, c.Experts
 	fs, L := f*c.SharedExperts, l.Shape.LocalExperts()
-	bufs := []kernels.Buf{{P: &rk.DY, PerRow: int64(2 * T * h)}, {P: &rk.DFC1, PerRow: int64(4 * L * 2 * f * h)}, {P: &rk.DFC2, PerRow: int64(4 * L * h * f)},
+	bufs := []device.RowBuffer{{P: &rk.DY, PerRow: int64(2 * T * h)}, {P: &rk.DFC1, PerRow: int64(4 * L * 2 * f * h)}, {P: &rk.DFC2, PerRow: int64(4 * L * h * f)},
 		{P: &g.dx, PerRow: int64(2 * T * h)}}
 	if l.routerGrad() {
-		bufs = append(bufs, kernels.Buf{P: &g.xf32, PerRow: int64(4 * T * h)}, kernels.Buf{P: &g.dlogits, PerRow: int64(4 * T * E)},
-			kernels.Buf{P: &g.dxRouter, PerRow: int64(4 * T * h)}, kernels.Buf{P: &g.dwr, PerRow: int64(4 * E * h)}, kernels.Buf{P: &g.routerGrad, PerRow: int64(4 * E * h)})
+		bufs = append(bufs, device.RowBuffer{P: &g.xf32, PerRow: int64(4 * T * h)}, device.RowBuffer{P: &g.dlogits, PerRow: int64(4 * T * E)},
+			device.RowBuffer{P: &g.dxRouter, PerRow: int64(4 * T * h)}, device.RowBuffer{P: &g.dwr, PerRow: int64(4 * E * h)}, device.RowBuffer{P: &g.routerGrad, PerRow: int64(4 * E * h)})
 	}
 	if fs > 0 {
-		bufs = append(bufs, kernels.Buf{P: &g.sdact, PerRow: int64(2 * T * fs)}, kernels.Buf{P: &g.sdh1, PerRow: int64(4 * T * fs)},
-			kernels.Buf{P: &g.sfc1Grad, PerRow: int64(4 * 2 * fs * h)}, kernels.Buf{P: &g.sfc2Grad, PerRow: int64(4 * h * fs)}, kernels.Buf{P: &g.dxShared, PerRow: int64(2 * T * h)})
+		bufs = append(bufs, device.RowBuffer{P: &g.sdact, PerRow: int64(2 * T * fs)}, device.RowBuffer{P: &g.sdh1, PerRow: int64(4 * T * fs)},
+			device.RowBuffer{P: &g.sfc1Grad, PerRow: int64(4 * 2 * fs * h)}, device.RowBuffer{P: &g.sfc2Grad, PerRow: int64(4 * h * fs)}, device.RowBuffer{P: &g.dxShared, PerRow: int64(2 * T * h)})
 	}
-	held, err := kernels.Resize(rk.Dev, 1, bufs...)
+	held, err := device.Resize(rk.Dev, 1, bufs...)
 	if g.fixed = held; err != nil {
 		return err
 	}
@@ -136,7 +137,7 @@ func (dl *deviceLayer) zeroGrads(r int) error {
 	h, f, E, L := c.Hidden, c.FFN, c.Experts, dl.l.Shape.LocalExperts()
 	fs := f * c.SharedExperts
 	for _, b := range []struct {
-		p     kernels.Ptr
+		p     device.Addr
 		words int
 	}{{rk.DFC1, 2 * L * 2 * f * h}, {rk.DFC2, 2 * L * h * f}, {g.routerGrad, 2 * E * h}, {g.sfc1Grad, 2 * 2 * fs * h}, {g.sfc2Grad, 2 * h * fs}} {
 		if b.p != 0 {
@@ -151,20 +152,20 @@ func (dl *deviceLayer) zeroGrads(r int) error {
 // tapeRows gives the forward's block of rows [lo, hi) of work w its place
 // in the current expert phase's arena (beginTape sized it) and notes its
 // segments; it returns where the block's h1 and act rows go.
-func (dl *deviceLayer) tapeRows(r int, w *dispatchers.DeviceWork, lo, hi int) (h1, act, xd kernels.Ptr) {
+func (dl *deviceLayer) tapeRows(r int, w *dispatchers.DeviceWork, lo, hi int) (h1, act, xd device.Addr) {
 	t, f, h := &dl.rr[r].g.tape, int64(dl.l.Cfg.FFN), int64(dl.l.Cfg.Hidden)
 	a := &t.arenas[t.calls-1]
-	h1, act = a.h1+kernels.Ptr(4*f*int64(t.at)), a.act+kernels.Ptr(2*f*int64(t.at))
+	h1, act = a.h1+device.Addr(4*f*int64(t.at)), a.act+device.Addr(2*f*int64(t.at))
 	if a.xd != 0 {
-		xd = a.xd + kernels.Ptr(2*h*int64(t.at))
+		xd = a.xd + device.Addr(2*h*int64(t.at))
 	}
 	for _, sg := range w.Segments {
 		if sg.Len > 0 {
 			o := int64(sg.Start - lo)
-			ts := tapedSeg{x: w.X, expert: sg.Expert, start: sg.Start, n: sg.Len, h1: h1 + kernels.Ptr(4*f*o), act: act + kernels.Ptr(2*f*o),
+			ts := tapedSeg{x: w.X, expert: sg.Expert, start: sg.Start, n: sg.Len, h1: h1 + device.Addr(4*f*o), act: act + device.Addr(2*f*o),
 				fc1: sg.FC1, fc2: sg.FC2}
 			if xd != 0 {
-				ts.xd = xd + kernels.Ptr(2*h*o)
+				ts.xd = xd + device.Addr(2*h*o)
 			}
 			t.segs = append(t.segs, ts)
 		}
@@ -188,9 +189,9 @@ func (dl *deviceLayer) beginTape(r int, work []dispatchers.DeviceWork) error {
 	a := &t.arenas[t.calls]
 	t.calls, t.at = t.calls+1, 0
 	f := int64(dl.l.Cfg.FFN)
-	bufs := []kernels.Buf{{P: &a.h1, PerRow: 4 * f}, {P: &a.act, PerRow: 2 * f}}
+	bufs := []device.RowBuffer{{P: &a.h1, PerRow: 4 * f}, {P: &a.act, PerRow: 2 * f}}
 	if dl.l.Cfg.isFP8() {
-		bufs = append(bufs, kernels.Buf{P: &a.xd, PerRow: 2 * int64(dl.l.Cfg.Hidden)})
+		bufs = append(bufs, device.RowBuffer{P: &a.xd, PerRow: 2 * int64(dl.l.Cfg.Hidden)})
 	}
 	return a.size.Ensure(rk.Dev, rk.Stream, rows, bufs...)
 }
@@ -214,7 +215,7 @@ func (dl *deviceLayer) endTape(r int) {
 }
 
 // taped is the forward's record of segment sg of the block at x.
-func (t *devTape) taped(x kernels.Ptr, sg dispatchers.DeviceSegment) (tapedSeg, bool) {
+func (t *devTape) taped(x device.Addr, sg dispatchers.DeviceSegment) (tapedSeg, bool) {
 	for _, s := range t.segs {
 		if s.x == x && s.expert == sg.Expert && s.start == sg.Start && s.n == sg.Len {
 			return s, true
@@ -240,7 +241,7 @@ func (t *devTape) bytes() int64 {
 // tape its forward kept.
 func (dl *deviceLayer) expertsBackward(r int) error {
 	rk, g, h := dl.ranks[r], &dl.rr[r].g, int64(dl.l.Cfg.Hidden)
-	if err := g.expert.Ensure(rk.Dev, rk.Stream, rk.Rows(), kernels.Buf{P: &rk.ExpertDX, PerRow: 2 * h}, kernels.Buf{P: &rk.ExpertDProbs, PerRow: 4}); err != nil {
+	if err := g.expert.Ensure(rk.Dev, rk.Stream, rk.Rows(), device.RowBuffer{P: &rk.ExpertDX, PerRow: 2 * h}, device.RowBuffer{P: &rk.ExpertDProbs, PerRow: 4}); err != nil {
 		return err
 	}
 	work := rk.Work
@@ -282,11 +283,11 @@ func (dl *deviceLayer) blockBackward(r int, w *dispatchers.DeviceWork) error {
 			return err
 		}
 	}
-	if err := g.scratch.Ensure(rk.Dev, rk.Stream, most, kernels.Buf{P: &g.dact, PerRow: 2 * int64(f)}, kernels.Buf{P: &g.dh1, PerRow: 4 * int64(f)}); err != nil {
+	if err := g.scratch.Ensure(rk.Dev, rk.Stream, most, device.RowBuffer{P: &g.dact, PerRow: 2 * int64(f)}, device.RowBuffer{P: &g.dh1, PerRow: 4 * int64(f)}); err != nil {
 		return err
 	}
-	row := func(p kernels.Ptr, at, width, size int) kernels.Ptr {
-		return p + kernels.Ptr(int64(at)*int64(width)*int64(size))
+	row := func(p device.Addr, at, width, size int) device.Addr {
+		return p + device.Addr(int64(at)*int64(width)*int64(size))
 	}
 	for _, sg := range w.Segments {
 		if sg.Len == 0 {
@@ -312,18 +313,18 @@ func (dl *deviceLayer) blockBackward(r int, w *dispatchers.DeviceWork) error {
 		if tp.xd != 0 { // fp8: the dequantized rows the forward read
 			x = tp.xd
 		}
-		prob, dprob := kernels.Ptr(0), kernels.Ptr(0)
+		prob, dprob := device.Addr(0), device.Addr(0)
 		if w.Probs != 0 {
 			prob, dprob = row(w.Probs, sg.Start, 1, 4), row(dp, sg.Start, 1, 4)
 		}
 		dh1 := dl.wgradDH1(r, n) // g.dh1, or rows of their own when the wgrad is deferred (overlap.go)
 		for _, op := range []func() error{
-			func() error { return rk.Dev.MatMul(kernels.NN(g.dact, ydy, fc2, n, f, h), rk.Stream) },
-			func() error { return dl.wgrad(r, kernels.TNAdd(dfc2, ydy, tp.act, h, f, n), sg.DFC1 != 0) },
+			func() error { return rk.Dev.MatMul(device.NN(g.dact, ydy, fc2, n, f, h), rk.Stream) },
+			func() error { return dl.wgrad(r, device.TNAdd(dfc2, ydy, tp.act, h, f, n), sg.DFC1 != 0) },
 			func() error { return rk.Dev.SwiGLUBackward(dh1, dprob, g.dact, tp.h1, prob, n, f, rk.Stream) },
-			func() error { return dl.wgrad(r, kernels.TNAdd(dfc1, dh1, x, 2*f, h, n), sg.DFC1 != 0) },
+			func() error { return dl.wgrad(r, device.TNAdd(dfc1, dh1, x, 2*f, h, n), sg.DFC1 != 0) },
 			func() error {
-				return rk.Dev.MatMul(kernels.NN(row(dx, sg.Start, h, 2), dh1, fc1, n, h, 2*f), rk.Stream)
+				return rk.Dev.MatMul(device.NN(row(dx, sg.Start, h, 2), dh1, fc1, n, h, 2*f), rk.Stream)
 			},
 		} {
 			if err := op(); err != nil {
@@ -335,7 +336,7 @@ func (dl *deviceLayer) blockBackward(r int, w *dispatchers.DeviceWork) error {
 }
 
 // or is p, or def when p is 0.
-func or(p, def kernels.Ptr) kernels.Ptr {
+func or(p, def device.Addr) device.Addr {
 	if p == 0 {
 		return def
 	}
@@ -352,11 +353,11 @@ func (dl *deviceLayer) routerBackward(r int) error {
 		return err
 	}
 	wr := dl.dc[dl.on[r]].wrf32
-	dx := kernels.MatMul{C: g.dxRouter, A: g.dlogits, B: wr}
+	dx := device.MatMul{C: g.dxRouter, A: g.dlogits, B: wr}
 	dx.M, dx.N, dx.K, dx.F32In, dx.F32Out = T, h, E, true, true
-	dw := kernels.MatMul{C: g.dwr, A: g.dlogits, B: g.xf32}
+	dw := device.MatMul{C: g.dwr, A: g.dlogits, B: g.xf32}
 	dw.M, dw.N, dw.K, dw.TransA, dw.F32In, dw.F32Out = E, h, T, true, true, true
-	for _, mm := range []kernels.MatMul{dx, dw} {
+	for _, mm := range []device.MatMul{dx, dw} {
 		if err := rk.Dev.MatMul(mm, rk.Stream); err != nil {
 			return err
 		}
@@ -370,11 +371,11 @@ func (dl *deviceLayer) sharedBackward(r int) error {
 	c, rk, b, g, m := dl.l.Cfg, dl.ranks[r], &dl.rr[r], &dl.rr[r].g, &dl.dc[dl.on[r]]
 	T, h, fs, x := c.Tokens, c.Hidden, c.FFN*c.SharedExperts, dl.input(r)
 	for _, op := range []func() error{
-		func() error { return rk.Dev.MatMul(kernels.NN(g.sdact, rk.DY, m.sfc2, T, fs, h), rk.Stream) },
-		func() error { return rk.Dev.MatMul(kernels.TNAdd(g.sfc2Grad, rk.DY, b.sact, h, fs, T), rk.Stream) },
+		func() error { return rk.Dev.MatMul(device.NN(g.sdact, rk.DY, m.sfc2, T, fs, h), rk.Stream) },
+		func() error { return rk.Dev.MatMul(device.TNAdd(g.sfc2Grad, rk.DY, b.sact, h, fs, T), rk.Stream) },
 		func() error { return rk.Dev.SwiGLUBackward(g.sdh1, 0, g.sdact, b.sh1, 0, T, fs, rk.Stream) },
-		func() error { return rk.Dev.MatMul(kernels.TNAdd(g.sfc1Grad, g.sdh1, x, 2*fs, h, T), rk.Stream) },
-		func() error { return rk.Dev.MatMul(kernels.NN(g.dxShared, g.sdh1, m.sfc1, T, h, 2*fs), rk.Stream) },
+		func() error { return rk.Dev.MatMul(device.TNAdd(g.sfc1Grad, g.sdh1, x, 2*fs, h, T), rk.Stream) },
+		func() error { return rk.Dev.MatMul(device.NN(g.dxShared, g.sdh1, m.sfc1, T, h, 2*fs), rk.Stream) },
 	} {
 		if err := op(); err != nil {
 			return err
@@ -387,7 +388,7 @@ func (dl *deviceLayer) sharedBackward(r int) error {
 func (dl *deviceLayer) inputGrad(r int) error {
 	c, rk, g := dl.l.Cfg, dl.ranks[r], &dl.rr[r].g
 	defer dl.endTape(r)
-	router := kernels.Ptr(0)
+	router := device.Addr(0)
 	if dl.l.routerGrad() {
 		router = g.dxRouter
 	}
@@ -402,7 +403,7 @@ func (dl *deviceLayer) poisonGrads(r int) error {
 	T, h, E, k := c.Tokens, c.Hidden, c.Experts, c.TopK
 	n := rk.Rows()
 	for _, b := range []struct {
-		p     kernels.Ptr
+		p     device.Addr
 		words int
 	}{{g.dx, T * h}, {g.dxShared, T * h}, {g.dxRouter, 2 * T * h}, {g.dlogits, 2 * T * E}, {g.dwr, 2 * E * h},
 		{rk.DX, T * h}, {rk.DProbs, 2 * T * k}, {rk.ExpertDY, n * h}, {rk.ExpertDX, n * h}, {rk.ExpertDProbs, 2 * n}} {
@@ -431,7 +432,7 @@ func (dl *deviceLayer) downloadGrads() error {
 		l.replica.shared = dispatchers.ExpertWeights{FC1: make([]float32, 2*fs*h), FC2: make([]float32, h*fs)}
 	}
 	dx := make([]uint16, T*h)
-	add := func(dst []float32, src kernels.Ptr, rk *dispatchers.DeviceRank) error {
+	add := func(dst []float32, src device.Addr, rk *dispatchers.DeviceRank) error {
 		v := make([]float32, len(dst))
 		if err := rk.Dev.Download(v, src, rk.Stream); err != nil {
 			return err
@@ -489,10 +490,10 @@ func (dl *deviceLayer) expertGrads(e int) (dispatchers.ExpertWeights, error) {
 	h, f, L := c.Hidden, c.FFN, dl.l.Shape.LocalExperts()
 	rk, le := dl.ranks[e/L], int64(e%L)
 	g := dispatchers.ExpertWeights{FC1: make([]float32, 2*f*h), FC2: make([]float32, h*f)}
-	if err := rk.Dev.Download(g.FC1, rk.DFC1+kernels.Ptr(le*4*int64(2*f*h)), rk.Stream); err != nil {
+	if err := rk.Dev.Download(g.FC1, rk.DFC1+device.Addr(le*4*int64(2*f*h)), rk.Stream); err != nil {
 		return g, err
 	}
-	return g, rk.Dev.Download(g.FC2, rk.DFC2+kernels.Ptr(le*4*int64(h*f)), rk.Stream)
+	return g, rk.Dev.Download(g.FC2, rk.DFC2+device.Addr(le*4*int64(h*f)), rk.Stream)
 }
 
 // deviceRoundTrip is the device check's backward round trip verdict: not

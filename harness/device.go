@@ -13,6 +13,7 @@ import (
 	"github.com/moebench/moebench/dispatchers"
 	"github.com/moebench/moebench/internal/cuda"
 	"github.com/moebench/moebench/kernels"
+	"github.com/moebench/moebench/kernels/device"
 	"github.com/moebench/moebench/results"
 )
 
@@ -25,28 +26,28 @@ import (
 type deviceLayer struct {
 	warm  bool // a step has run: its kernels are compiled
 	l     *Layer
-	devs  []kernels.Device
+	devs  []device.Device
 	on    []int // device index of each rank
-	th    *kernels.Threads
+	th    *device.Threads
 	of    [][]int // the ranks of each device
 	d     dispatchers.DeviceDispatcher
 	ranks []*dispatchers.DeviceRank
 	rr    []devRank
 	dc    []devCommon // per device
 
-	seq        []dispatchers.Step         // see steps
-	start, end map[string][]kernels.Event // per phase, per rank
-	issueMS    float64                    // the last step's host issue time (see step)
-	graph      *graphs                    // --cuda-graph: the captured segments (graph.go); nil: plain launches
-	waitMS     float64                    // the last step's host waits before phases (Capabilities.HostWait)
-	job        job                        // what the devices' threads do next (see work)
-	work       func(dev int) error        // dl.issue, made once: issuing a step allocates nothing
-	train      bool                       // a step is a training step: forward, then backward (devbackward.go)
-	forward    int                        // the forward's phases: the first of steps
-	dist       *dist                      // a run over several processes (distributed.go); nil: one
-	gradAcc    map[string]errAcc          // a run over several processes: this process's part of the gradient check (checkGrads)
-	ov         *overlap                   // --overlap, --delay-wgrad (overlap.go); nil: none
-	attn       *attention                 // --attention-ms (attention.go); nil: none
+	seq        []dispatchers.Step        // see steps
+	start, end map[string][]device.Event // per phase, per rank
+	issueMS    float64                   // the last step's host issue time (see step)
+	graph      *graphs                   // --cuda-graph: the captured segments (graph.go); nil: plain launches
+	waitMS     float64                   // the last step's host waits before phases (Capabilities.HostWait)
+	job        job                       // what the devices' threads do next (see work)
+	work       func(dev int) error       // dl.issue, made once: issuing a step allocates nothing
+	train      bool                      // a step is a training step: forward, then backward (devbackward.go)
+	forward    int                       // the forward's phases: the first of steps
+	dist       *dist                     // a run over several processes (distributed.go); nil: one
+	gradAcc    map[string]errAcc         // a run over several processes: this process's part of the gradient check (checkGrads)
+	ov         *overlap                  // --overlap, --delay-wgrad (overlap.go); nil: none
+	attn       *attention                // --attention-ms (attention.go); nil: none
 }
 
 // local: rank r runs in this process (in a run over several, the others'
@@ -72,7 +73,7 @@ const (
 
 // newThreads makes the issuing threads of dl's devices and the devices'
 // rank lists (see deviceLayer).
-func (dl *deviceLayer) newThreads(th *kernels.Threads) {
+func (dl *deviceLayer) newThreads(th *device.Threads) {
 	dl.th, dl.work = th, dl.issue
 	dl.of = make([][]int, len(dl.devs))
 	for r, d := range dl.on {
@@ -84,15 +85,15 @@ func (dl *deviceLayer) newThreads(th *kernels.Threads) {
 
 // devCommon is what the ranks of one device share.
 type devCommon struct {
-	wr, bias   kernels.Ptr // router weight [E, h] bf16; selection bias [E] fp32 or 0
-	wrf32      kernels.Ptr // the router weight as fp32 [E, h], the fp32 router's backward operand; 0 in a forward-only layer
-	sfc1, sfc2 kernels.Ptr // shared expert [2fs, h], [h, fs] or 0
+	wr, bias   device.Addr // router weight [E, h] bf16; selection bias [E] fp32 or 0
+	wrf32      device.Addr // the router weight as fp32 [E, h], the fp32 router's backward operand; 0 in a forward-only layer
+	sfc1, sfc2 device.Addr // shared expert [2fs, h], [h, fs] or 0
 	bytes      int64       // bytes of the buffers above
 	ranks      int         // ranks on the device
 	// begin is recorded at the start of a step on beginS (after device 0's
 	// begin, on the other devices); the device's ranks wait for it
-	begin  kernels.Event
-	beginS kernels.Stream
+	begin  device.Event
+	beginS device.Stream
 }
 
 // rankDevices maps ep ranks onto n devices in contiguous blocks: rank r
@@ -107,31 +108,31 @@ func rankDevices(ep, n int) []int {
 
 // devRank is one rank's layer buffers (the dispatcher has its own).
 type devRank struct {
-	logits, override     kernels.Ptr      // [T, E] fp32; override 0 unless the routing mode replaces the logits
-	traceIdx, traceProbs kernels.Ptr      // routing from a trace, or 0
-	sh1, sact            kernels.Ptr      // shared expert intermediates [T, 2fs], [T, fs]
-	h1, act              kernels.Ptr      // expert intermediates [scratch.Rows, 2f], [scratch.Rows, f]
-	out, scratch         kernels.Sized    // ExpertY; h1 and act
-	bytes                int64            // bytes of the fixed buffers
-	grouped              *kernels.Grouped // how the expert GEMMs run
-	groups               []kernels.Group  // scratch
+	logits, override     device.Addr        // [T, E] fp32; override 0 unless the routing mode replaces the logits
+	traceIdx, traceProbs device.Addr        // routing from a trace, or 0
+	sh1, sact            device.Addr        // shared expert intermediates [T, 2fs], [T, fs]
+	h1, act              device.Addr        // expert intermediates [scratch.Rows, 2f], [scratch.Rows, f]
+	out, scratch         device.RowCapacity // ExpertY; h1 and act
+	bytes                int64              // bytes of the fixed buffers
+	grouped              *device.Grouped    // how the expert GEMMs run
+	groups               []device.Group     // scratch
 	whole                []dispatchers.DeviceWork
 	g                    devGrads // the backward's (training steps)
 	// at fp8 (fp8dev.go): the bf16 input (rk.X holds the packed rows the
 	// dispatch moves), and the expert block's dequantized rows
-	xin, xdq kernels.Ptr
-	dq       kernels.Sized
+	xin, xdq device.Addr
+	dq       device.RowCapacity
 }
 
 // newDeviceLayer uploads l's inputs and weights to devs (the ranks spread
 // over them; in a run over several processes, ds's ranks one per device)
 // and binds d; th are devs' issuing threads (one each).
-func newDeviceLayer(l *Layer, devs []kernels.Device, th *kernels.Threads, d dispatchers.DeviceDispatcher, ds *dist) (*deviceLayer, error) {
+func newDeviceLayer(l *Layer, devs []device.Device, th *device.Threads, d dispatchers.DeviceDispatcher, ds *dist) (*deviceLayer, error) {
 	c := l.Cfg
 	T, h, f, E, k := c.Tokens, c.Hidden, c.FFN, c.Experts, c.TopK
 	fs, L := c.FFN*c.SharedExperts, l.Shape.LocalExperts()
 	dl := &deviceLayer{l: l, devs: devs, on: rankDevices(c.EP, len(devs)), d: d, rr: make([]devRank, c.EP), dc: make([]devCommon, len(devs)),
-		start: map[string][]kernels.Event{}, end: map[string][]kernels.Event{}, dist: ds, train: trains(c, d)}
+		start: map[string][]device.Event{}, end: map[string][]device.Event{}, dist: ds, train: trains(c, d)}
 	if ds != nil {
 		for r := range dl.on {
 			dl.on[r] = r - ds.first
@@ -141,8 +142,8 @@ func newDeviceLayer(l *Layer, devs []kernels.Device, th *kernels.Threads, d disp
 		}
 	}
 	dl.newThreads(th)
-	up := func(dev kernels.Device, p *kernels.Ptr, counter *int64, host any, s kernels.Stream) error {
-		b, err := kernels.HostBytes(host)
+	up := func(dev device.Device, p *device.Addr, counter *int64, host any, s device.Stream) error {
+		b, err := device.HostBytes(host)
 		if err != nil {
 			return err
 		}
@@ -225,21 +226,21 @@ func newDeviceLayer(l *Layer, devs []kernels.Device, th *kernels.Threads, d disp
 				return nil, err
 			}
 		}
-		bufs := []kernels.Buf{{P: &rk.FC1, PerRow: int64(2 * L * 2 * f * h)}, {P: &rk.FC2, PerRow: int64(2 * L * h * f)},
+		bufs := []device.RowBuffer{{P: &rk.FC1, PerRow: int64(2 * L * 2 * f * h)}, {P: &rk.FC2, PerRow: int64(2 * L * h * f)},
 			{P: &b.logits, PerRow: int64(4 * T * E)}, {P: &rk.Idx, PerRow: int64(4 * T * k)}, {P: &rk.Probs, PerRow: int64(4 * T * k)},
 			{P: &rk.Y, PerRow: int64(2 * T * h)}}
 		if c.isFP8() {
-			bufs = append(bufs, kernels.Buf{P: &rk.X, PerRow: int64(T * kernels.FP8RowPitch(h))})
+			bufs = append(bufs, device.RowBuffer{P: &rk.X, PerRow: int64(T * kernels.FP8RowPitch(h))})
 		}
 		if fs > 0 {
-			bufs = append(bufs, kernels.Buf{P: &b.sh1, PerRow: int64(2 * T * 2 * fs)}, kernels.Buf{P: &b.sact, PerRow: int64(2 * T * fs)},
-				kernels.Buf{P: &rk.Shared, PerRow: int64(2 * T * h)})
+			bufs = append(bufs, device.RowBuffer{P: &b.sh1, PerRow: int64(2 * T * 2 * fs)}, device.RowBuffer{P: &b.sact, PerRow: int64(2 * T * fs)},
+				device.RowBuffer{P: &rk.Shared, PerRow: int64(2 * T * h)})
 		}
-		held, err := kernels.Resize(dev, 1, bufs...)
+		held, err := device.Resize(dev, 1, bufs...)
 		if b.bytes += held; err != nil {
 			return nil, err
 		}
-		if b.grouped, err = kernels.NewGrouped(dev, 0); err != nil {
+		if b.grouped, err = device.NewGrouped(dev, 0); err != nil {
 			return nil, err
 		}
 		dl.ranks = append(dl.ranks, rk)
@@ -253,7 +254,7 @@ func newDeviceLayer(l *Layer, devs []kernels.Device, th *kernels.Threads, d disp
 		return nil, err
 	}
 	if ds != nil { // the communicator over every process's ranks, before the dispatcher takes it
-		var streams []kernels.Stream
+		var streams []device.Stream
 		for r := ds.first; r < ds.first+ds.per; r++ {
 			streams = append(streams, dl.ranks[r].Stream)
 		}
@@ -286,7 +287,7 @@ func newDeviceLayer(l *Layer, devs []kernels.Device, th *kernels.Threads, d disp
 func (dl *deviceLayer) phaseEvents() error {
 	for _, ph := range dl.steps() {
 		for r, rk := range dl.ranks {
-			for _, m := range []map[string][]kernels.Event{dl.start, dl.end} {
+			for _, m := range []map[string][]device.Event{dl.start, dl.end} {
 				if !dl.local(r) {
 					m[ph.Name] = append(m[ph.Name], nil)
 					continue
@@ -353,10 +354,10 @@ func (dl *deviceLayer) uploadExperts() error {
 	for w := range ch {
 		r, i := w.e/L, w.e%L
 		rk := dl.ranks[r]
-		if err := rk.Dev.Upload(rk.FC1+kernels.Ptr(2*i*2*f*h), w.fc1, rk.Stream); err != nil {
+		if err := rk.Dev.Upload(rk.FC1+device.Addr(2*i*2*f*h), w.fc1, rk.Stream); err != nil {
 			return err
 		}
-		if err := rk.Dev.Upload(rk.FC2+kernels.Ptr(2*i*h*f), w.fc2, rk.Stream); err != nil {
+		if err := rk.Dev.Upload(rk.FC2+device.Addr(2*i*h*f), w.fc2, rk.Stream); err != nil {
 			return err
 		}
 	}
@@ -434,7 +435,7 @@ func (dl *deviceLayer) route(r int) error {
 // rows with its own experts), block by block.
 func (dl *deviceLayer) experts(r int) error {
 	rk, b := dl.ranks[r], &dl.rr[r]
-	if err := b.out.Ensure(rk.Dev, rk.Stream, rk.Rows(), kernels.Buf{P: &rk.ExpertY, PerRow: 2 * int64(dl.l.Cfg.Hidden)}); err != nil {
+	if err := b.out.Ensure(rk.Dev, rk.Stream, rk.Rows(), device.RowBuffer{P: &rk.ExpertY, PerRow: 2 * int64(dl.l.Cfg.Hidden)}); err != nil {
 		return err
 	}
 	work := rk.Work
@@ -483,7 +484,7 @@ func (dl *deviceLayer) block(r int, w *dispatchers.DeviceWork) error {
 
 // compute queues one block of work: fc1 per segment, one SwiGLU×prob over
 // the block's rows from its first segment's to its last's, fc2 per segment
-// (cuBLASLt calls, see kernels.Grouped).
+// (cuBLASLt calls, see device.Grouped).
 func (dl *deviceLayer) compute(r int, w *dispatchers.DeviceWork) error {
 	c, rk, b := dl.l.Cfg, dl.ranks[r], &dl.rr[r]
 	h, f, L := c.Hidden, c.FFN, dl.l.Shape.LocalExperts()
@@ -504,11 +505,11 @@ func (dl *deviceLayer) compute(r int, w *dispatchers.DeviceWork) error {
 			return err
 		}
 	}
-	var h1, act, xd kernels.Ptr
+	var h1, act, xd device.Addr
 	if dl.train { // kept for the backward
 		h1, act, xd = dl.tapeRows(r, w, lo, hi)
 	} else {
-		if err := b.scratch.Ensure(rk.Dev, rk.Stream, hi-lo, kernels.Buf{P: &b.h1, PerRow: 4 * int64(f)}, kernels.Buf{P: &b.act, PerRow: 2 * int64(f)}); err != nil {
+		if err := b.scratch.Ensure(rk.Dev, rk.Stream, hi-lo, device.RowBuffer{P: &b.h1, PerRow: 4 * int64(f)}, device.RowBuffer{P: &b.act, PerRow: 2 * int64(f)}); err != nil {
 			return err
 		}
 		h1, act = b.h1, b.act
@@ -525,7 +526,7 @@ func (dl *deviceLayer) compute(r int, w *dispatchers.DeviceWork) error {
 	if y == 0 {
 		y = rk.ExpertY
 	}
-	fc := func(out, in kernels.Ptr, outLo, inLo int, second bool, outCols, inCols int) []kernels.Group {
+	fc := func(out, in device.Addr, outLo, inLo int, second bool, outCols, inCols int) []device.Group {
 		b.groups = b.groups[:0]
 		for _, sg := range w.Segments {
 			if sg.Len == 0 {
@@ -540,10 +541,10 @@ func (dl *deviceLayer) compute(r int, w *dispatchers.DeviceWork) error {
 				if second {
 					own = rk.FC2
 				}
-				wt = own + kernels.Ptr(2*(sg.Expert-r*L)*outCols*inCols)
+				wt = own + device.Addr(2*(sg.Expert-r*L)*outCols*inCols)
 			}
-			b.groups = append(b.groups, kernels.Group{C: out + kernels.Ptr(2*(sg.Start-outLo)*outCols),
-				A: in + kernels.Ptr(2*(sg.Start-inLo)*inCols), W: wt, M: sg.Len})
+			b.groups = append(b.groups, device.Group{C: out + device.Addr(2*(sg.Start-outLo)*outCols),
+				A: in + device.Addr(2*(sg.Start-inLo)*inCols), W: wt, M: sg.Len})
 		}
 		return b.groups
 	}
@@ -552,7 +553,7 @@ func (dl *deviceLayer) compute(r int, w *dispatchers.DeviceWork) error {
 	}
 	probs := w.Probs // 0: no probabilities (the combine applies them)
 	if probs != 0 {
-		probs += kernels.Ptr(4 * lo)
+		probs += device.Addr(4 * lo)
 	}
 	if err := rk.Dev.SwiGLU(act, h1, probs, hi-lo, f, rk.Stream); err != nil {
 		return err
@@ -584,19 +585,19 @@ func (dl *deviceLayer) chooseGrouped() (string, error) {
 		ways++
 	}
 	meds := make([]float64, ways) // each way's median; +Inf: left out
-	options := make([][]*kernels.Grouped, ways)
+	options := make([][]*device.Grouped, ways)
 	for i := range ways {
 		for r, rk := range dl.ranks {
 			if !dl.local(r) {
 				options[i] = append(options[i], nil)
 				continue
 			}
-			var g *kernels.Grouped
+			var g *device.Grouped
 			var err error
 			if i < len(groupedSides) {
-				g, err = kernels.NewGrouped(rk.Dev, groupedSides[i])
+				g, err = device.NewGrouped(rk.Dev, groupedSides[i])
 			} else {
-				g, err = kernels.NewBatched(rk.Dev)
+				g, err = device.NewBatched(rk.Dev)
 			}
 			if err != nil {
 				return "", err
@@ -781,7 +782,7 @@ func (dl *deviceLayer) issuePhase(dev int, ph *dispatchers.Step) error {
 	ranks := dl.of[dev]
 	g := dl.d.Capabilities().Grouped
 	together := g != nil && g(ph.Name)
-	mark := func(evs []kernels.Event, rs []int) error {
+	mark := func(evs []device.Event, rs []int) error {
 		for _, r := range rs {
 			if err := dl.ranks[r].Dev.Record(evs[r], dl.ranks[r].Stream); err != nil {
 				return err
@@ -824,7 +825,7 @@ func (dl *deviceLayer) finish() error {
 }
 
 // begin0 records device 0's begin event, on the calling goroutine: device
-// 0's thread (kernels.Threads), before the other devices' threads wait for
+// 0's thread (device.Threads), before the other devices' threads wait for
 // it (beginDevice).
 func (dl *deviceLayer) begin0() error { return dl.devs[0].Record(dl.dc[0].begin, dl.dc[0].beginS) }
 
@@ -1006,7 +1007,7 @@ func (dl *deviceLayer) check() (*results.Correctness, error) {
 			continue
 		}
 		for _, p := range []struct {
-			ptr   kernels.Ptr
+			ptr   device.Addr
 			words int
 		}{{rk.Y, T * h}, {rk.Probs, 2 * T * k}, {dl.rr[r].logits, 2 * T * E}, {rk.ExpertY, dl.rr[r].out.Rows * h}} {
 			if p.ptr != 0 {
@@ -1137,7 +1138,7 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 		return fail(results.StatusUnavailable, fmt.Errorf("device %s: %w", cfg.Device, err))
 	}
 	defer closeDevices(devs)
-	th := kernels.NewThreads(devs)
+	th := device.NewThreads(devs)
 	defer th.Close()
 	limitThreads(th, cfg, ds)
 	if ds != nil {
@@ -1388,7 +1389,7 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 		path, why := fp8GEMMPath(dev)
 		rec.GEMM.FP8Path, rec.GEMM.FP8PathReason = string(path), why
 	}
-	if g, ok := dev.(*kernels.CUDA); ok {
+	if g, ok := dev.(*device.CUDA); ok {
 		rec.GEMM.Method += "; " + g.GEMMAlgorithms()
 	}
 	if dl.attn != nil { // attention.go
@@ -1409,20 +1410,20 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 }
 
 // tuneGEMMs lets the GPUs among devs time each new GEMM shape's cuBLASLt
-// algorithms (kernels.CUDA.TuneGEMMs), or stops them: a timing waits for
+// algorithms (device.CUDA.TuneGEMMs), or stops them: a timing waits for
 // the stream, which no timed step may do.
-func tuneGEMMs(devs []kernels.Device, on bool) {
+func tuneGEMMs(devs []device.Device, on bool) {
 	for _, d := range devs {
-		if g, ok := d.(*kernels.CUDA); ok {
+		if g, ok := d.(*device.CUDA); ok {
 			g.TuneGEMMs = on
 		}
 	}
 }
 
 // devices opens the devices of a cuda run (env.OpenDevices, else
-// kernels.OpenGPUs): n of them, or when n is 0 every GPU up to most; in a
+// device.OpenGPUs): n of them, or when n is 0 every GPU up to most; in a
 // run over several processes (ds) the GPUs of this process's ranks.
-func (env Env) devices(n, most int, ds *dist) ([]kernels.Device, error) {
+func (env Env) devices(n, most int, ds *dist) ([]device.Device, error) {
 	first := 0
 	if ds != nil {
 		n, first = ds.per, ds.firstGPU
@@ -1430,8 +1431,8 @@ func (env Env) devices(n, most int, ds *dist) ([]kernels.Device, error) {
 	if env.OpenDevices != nil && ds == nil {
 		return env.OpenDevices(n, most)
 	}
-	gs, err := kernels.OpenGPUsFrom(first, n, most, "")
-	devs := make([]kernels.Device, len(gs))
+	gs, err := device.OpenGPUsFrom(first, n, most, "")
+	devs := make([]device.Device, len(gs))
 	for i, g := range gs {
 		devs[i] = g
 	}
@@ -1451,7 +1452,7 @@ const HostHeldNote = "n/a: the host device runs no thread blocks; the budget is 
 // each rank runs with and the record's note on what the ranks hold (""
 // when --sms does not concern the run), or the *UnavailableError naming
 // --sms, its value, the SMs and the ranks.
-func fitSMs(cfg Config, devs []kernels.Device, ds *dist) (budget int, held string, err error) {
+func fitSMs(cfg Config, devs []device.Device, ds *dist) (budget int, held string, err error) {
 	b, ok := dispatchers.SMBudgetOf(cfg.Dispatcher, cfg.Impl)
 	if !ok || cfg.Impl != dispatchers.ImplNative || len(devs) == 0 {
 		return 0, "", nil
@@ -1484,7 +1485,7 @@ func fitSMs(cfg Config, devs []kernels.Device, ds *dist) (budget int, held strin
 }
 
 // closeDevices closes the devices a run opened.
-func closeDevices(devs []kernels.Device) {
+func closeDevices(devs []device.Device) {
 	for _, d := range devs {
 		d.Close()
 	}
@@ -1492,7 +1493,7 @@ func closeDevices(devs []kernels.Device) {
 
 // ranksNote says where a device run's ranks are and how data moves between
 // them: through the library via names, else with copies.
-func ranksNote(ep int, devs []kernels.Device, via string) string {
+func ranksNote(ep int, devs []device.Device, via string) string {
 	var note string
 	switch {
 	case len(devs) == 1 && via != "":

@@ -19,14 +19,15 @@ import (
 	"github.com/moebench/moebench/internal/cuda"
 	"github.com/moebench/moebench/internal/hostsim"
 	"github.com/moebench/moebench/kernels"
+	"github.com/moebench/moebench/kernels/device"
 	"github.com/moebench/moebench/results"
 )
 
-// The device pipeline on kernels.Emu: the same bookkeeping the GPU runs
+// The device pipeline on device.Emu: the same bookkeeping the GPU runs
 // (buffers, offsets, copies between ranks, chunk sorts, rounding points),
 // executed by the host functions. It must give the host layer's output bit
 // for bit, pass the check, and fail it when a copy goes wrong. This proves
-// nothing about the CUDA kernels themselves (kernels/cuda_test.go does,
+// nothing about the CUDA kernels themselves (kernels/comm/cuda_test.go does,
 // on a GPU).
 
 func deviceCases() map[string]Config {
@@ -45,29 +46,29 @@ func deviceCases() map[string]Config {
 }
 
 // emus opens k Emus as a run's devices, or fewer when the run wants fewer.
-func emus(k int) func(n, most int) ([]kernels.Device, error) {
-	return func(n, most int) ([]kernels.Device, error) {
+func emus(k int) func(n, most int) ([]device.Device, error) {
+	return func(n, most int) ([]device.Device, error) {
 		if n == 0 {
 			n = min(k, most)
 		}
 		if n > k {
 			return nil, fmt.Errorf("%d devices wanted, %d emulated", n, k)
 		}
-		devs := make([]kernels.Device, n)
+		devs := make([]device.Device, n)
 		for i := range devs {
-			devs[i] = &kernels.Emu{}
+			devs[i] = &device.Emu{}
 		}
 		return devs, nil
 	}
 }
 
 // one opens dev as a run's only device.
-func one(dev kernels.Device) func(n, most int) ([]kernels.Device, error) {
-	return func(int, int) ([]kernels.Device, error) { return []kernels.Device{dev}, nil }
+func one(dev device.Device) func(n, most int) ([]device.Device, error) {
+	return func(int, int) ([]device.Device, error) { return []device.Device{dev}, nil }
 }
 
 // deviceRun builds c's device layer with its ranks spread over devs.
-func deviceRun(t testing.TB, c Config, devs ...kernels.Device) *deviceLayer {
+func deviceRun(t testing.TB, c Config, devs ...device.Device) *deviceLayer {
 	t.Helper()
 	l, err := newLayer(c, false)
 	if err != nil {
@@ -77,7 +78,7 @@ func deviceRun(t testing.TB, c Config, devs ...kernels.Device) *deviceLayer {
 	if err != nil {
 		t.Fatal(err)
 	}
-	th := kernels.NewThreads(devs)
+	th := device.NewThreads(devs)
 	t.Cleanup(th.Close)
 	dl, err := newDeviceLayer(l, devs, th, d, nil)
 	if err != nil {
@@ -112,7 +113,7 @@ func equalsHost(t *testing.T, c Config, n int) {
 // equalsHostOn is equalsHost with the ranks on devs. At fp8 the host runs
 // the cuda device's expert GEMM path (hostRunsDevicePath), so that the two
 // compare bit for bit.
-func equalsHostOn(t *testing.T, c Config, devs ...kernels.Device) {
+func equalsHostOn(t *testing.T, c Config, devs ...device.Device) {
 	t.Helper()
 	if c.isFP8() {
 		hostRunsDevicePath(t)
@@ -121,7 +122,7 @@ func equalsHostOn(t *testing.T, c Config, devs ...kernels.Device) {
 	for i := range 2 { // the second step reuses every buffer
 		if i == 1 {
 			for r, rk := range dl.ranks {
-				dl.rr[r].grouped, _ = kernels.NewGrouped(rk.Dev, 3)
+				dl.rr[r].grouped, _ = device.NewGrouped(rk.Dev, 3)
 			}
 		}
 		cr, err := dl.check()
@@ -188,12 +189,12 @@ func hostStep(t *testing.T, c Config, name string) (*Layer, dispatchers.Dispatch
 // dropCopy is Emu with one device-to-device copy lost, or, with garble,
 // delivering all-ones bytes (NaN in bf16 and fp32) instead of its source.
 type dropCopy struct {
-	kernels.Emu
+	device.Emu
 	n, drop int
 	garble  bool
 }
 
-func (d *dropCopy) CopyPeer(op kernels.CopyOp, s kernels.Stream) error {
+func (d *dropCopy) CopyPeer(op device.CopyOp, s device.Stream) error {
 	d.n++
 	if d.n == d.drop {
 		if d.garble {
@@ -205,11 +206,11 @@ func (d *dropCopy) CopyPeer(op kernels.CopyOp, s kernels.Stream) error {
 }
 
 // Copy and CopyBatch lose copies the way CopyPeer does.
-func (d *dropCopy) Copy(dst, src kernels.Ptr, bytes int64, s kernels.Stream) error {
-	return d.CopyPeer(kernels.CopyOp{Dst: dst, Src: src, Bytes: bytes}, s)
+func (d *dropCopy) Copy(dst, src device.Addr, bytes int64, s device.Stream) error {
+	return d.CopyPeer(device.CopyOp{Dst: dst, Src: src, Bytes: bytes}, s)
 }
 
-func (d *dropCopy) CopyBatch(ops []kernels.CopyOp, s kernels.Stream) error {
+func (d *dropCopy) CopyBatch(ops []device.CopyOp, s device.Stream) error {
 	for _, o := range ops {
 		if err := d.CopyPeer(o, s); err != nil {
 			return err
@@ -239,7 +240,7 @@ func TestDeviceFEPLB(t *testing.T) {
 	equalsHost(t, c, 1)  // training steps: the backward's phase 2 too
 	equalsHost(t, c, 4)  // one device per rank: every phase-2 copy goes between devices
 	c.ForwardOnly = true // from here on the forward's phase 2 is the subject
-	dl := deviceRun(t, c, &kernels.Emu{})
+	dl := deviceRun(t, c, &device.Emu{})
 	if cr, err := dl.check(); err != nil || !cr.Passed {
 		t.Fatalf("check: %v, %+v", err, cr)
 	}
@@ -345,7 +346,7 @@ func TestDeviceFEPLBSplitsOverHelpers(t *testing.T) {
 		}
 	}
 	owner := dl.ranks[0]
-	y, bytes := owner.ExpertY, kernels.Ptr(2*owner.Rows()*c.Hidden)
+	y, bytes := owner.ExpertY, device.Addr(2*owner.Rows()*c.Hidden)
 	back := 0
 	for _, b := range lg.batches {
 		if b.dst >= y && b.dst < y+bytes {
@@ -362,16 +363,16 @@ func TestDeviceFEPLBSplitsOverHelpers(t *testing.T) {
 
 // batchLog is Emu that logs each copy batch's stream and first destination.
 type batchLog struct {
-	kernels.Emu
+	device.Emu
 	batches []loggedBatch
 }
 
 type loggedBatch struct {
-	s   kernels.Stream
-	dst kernels.Ptr
+	s   device.Stream
+	dst device.Addr
 }
 
-func (b *batchLog) CopyBatch(ops []kernels.CopyOp, s kernels.Stream) error {
+func (b *batchLog) CopyBatch(ops []device.CopyOp, s device.Stream) error {
 	if len(ops) > 0 {
 		b.batches = append(b.batches, loggedBatch{s, ops[0].Dst})
 	}
@@ -525,9 +526,9 @@ func TestGPULayer(t *testing.T) {
 }
 
 // openGPU opens GPU 0, or skips (fails under MOEBENCH_REQUIRE_GPU=1).
-func openGPU(t *testing.T) *kernels.CUDA {
+func openGPU(t *testing.T) *device.CUDA {
 	t.Helper()
-	dev, err := kernels.OpenCUDA(0, "")
+	dev, err := device.OpenCUDA(0, "")
 	if err != nil {
 		if os.Getenv("MOEBENCH_REQUIRE_GPU") == "1" {
 			t.Fatalf("GPU required: %v", err)
@@ -636,7 +637,7 @@ func TestDeviceSampledCheck(t *testing.T) {
 	defer func(b float64) { refFLOPBudget = b }(refFLOPBudget)
 	refFLOPBudget = 1
 	c := deviceCases()["softmax-natural"]
-	dl := deviceRun(t, c, &kernels.Emu{})
+	dl := deviceRun(t, c, &device.Emu{})
 	cr, err := dl.check()
 	if err != nil || !cr.Passed || !strings.Contains(cr.Sample, "64 of 128 tokens (16 per rank") {
 		t.Fatalf("sampled check: %v, %+v", err, cr)
@@ -650,9 +651,9 @@ func TestDeviceSampledCheck(t *testing.T) {
 }
 
 // failGrouped is Emu whose grouped GEMM fails.
-type failGrouped struct{ kernels.Emu }
+type failGrouped struct{ device.Emu }
 
-func (*failGrouped) GroupedGEMM([]kernels.Group, int, int, kernels.Stream) error {
+func (*failGrouped) GroupedGEMM([]device.Group, int, int, device.Stream) error {
 	return errors.New("grouped GEMM refused")
 }
 
@@ -727,9 +728,9 @@ func TestDeviceDump(t *testing.T) {
 }
 
 // island is an Emu that reaches no other device (GPUs without peer access).
-type island struct{ kernels.Emu }
+type island struct{ device.Emu }
 
-func (i *island) Reaches(d kernels.Device) bool { return d == kernels.Device(i) }
+func (i *island) Reaches(d device.Device) bool { return d == device.Device(i) }
 
 // TestDeviceRanksOnSeveralDevices: with the ranks spread over devices (one
 // per rank, or packed), runs time every rank on its own device's clock and
@@ -765,8 +766,8 @@ func TestDeviceRanksOnSeveralDevices(t *testing.T) {
 	}
 	c := feplbCase()
 	c.ForwardOnly = true
-	islands := func(n, most int) ([]kernels.Device, error) {
-		return []kernels.Device{&island{}, &island{}, &island{}, &island{}}, nil
+	islands := func(n, most int) ([]device.Device, error) {
+		return []device.Device{&island{}, &island{}, &island{}, &island{}}, nil
 	}
 	rec, err := Run(c, Env{Version: "test", OpenDevices: islands})
 	if !dispatchers.IsUnavailable(err) || rec.Status != results.StatusUnavailable || !strings.Contains(rec.Reason, "no peer access") || rec.Timing != nil {
@@ -864,16 +865,16 @@ func TestRoutingPerStep(t *testing.T) {
 
 // countingEmu counts the chunk sorts and copies between ranks it runs.
 type countingEmu struct {
-	kernels.Emu
+	device.Emu
 	sorts, peerCopies int
 }
 
-func (c *countingEmu) SortChunks(dst, probsOut, src, probsIn, counts kernels.Ptr, rows, ep, local, hidden int, inverse bool, s kernels.Stream) error {
+func (c *countingEmu) SortChunks(dst, probsOut, src, probsIn, counts device.Addr, rows, ep, local, hidden int, inverse bool, s device.Stream) error {
 	c.sorts++
 	return c.Emu.SortChunks(dst, probsOut, src, probsIn, counts, rows, ep, local, hidden, inverse, s)
 }
 
-func (c *countingEmu) CopyPeer(op kernels.CopyOp, s kernels.Stream) error {
+func (c *countingEmu) CopyPeer(op device.CopyOp, s device.Stream) error {
 	c.peerCopies++
 	return c.Emu.CopyPeer(op, s)
 }
@@ -896,22 +897,22 @@ func TestAlltoallEP1MovesNothing(t *testing.T) {
 // waitingEmu counts the host's blocking downloads and the asynchronous
 // ones, and makes every wait for a stream take a while, as a GPU's would.
 type waitingEmu struct {
-	kernels.Emu
+	device.Emu
 	downloads, async int
 	wait             time.Duration
 }
 
-func (w *waitingEmu) Download(dst any, src kernels.Ptr, s kernels.Stream) error {
+func (w *waitingEmu) Download(dst any, src device.Addr, s device.Stream) error {
 	w.downloads++
 	return w.Emu.Download(dst, src, s)
 }
 
-func (w *waitingEmu) DownloadAsync(dst kernels.Mapped, src kernels.Ptr, bytes int64, s kernels.Stream) error {
+func (w *waitingEmu) DownloadAsync(dst device.MappedHost, src device.Addr, bytes int64, s device.Stream) error {
 	w.async++
 	return w.Emu.DownloadAsync(dst, src, bytes, s)
 }
 
-func (w *waitingEmu) SyncStream(s kernels.Stream) error {
+func (w *waitingEmu) SyncStream(s device.Stream) error {
 	time.Sleep(w.wait)
 	return w.Emu.SyncStream(s)
 }

@@ -21,7 +21,8 @@ import (
 	"github.com/moebench/moebench/dispatchers"
 	"github.com/moebench/moebench/internal/cuda"
 	"github.com/moebench/moebench/internal/launch"
-	"github.com/moebench/moebench/kernels"
+	"github.com/moebench/moebench/kernels/comm"
+	"github.com/moebench/moebench/kernels/device"
 	"github.com/moebench/moebench/results"
 )
 
@@ -31,7 +32,7 @@ type dist struct {
 	watch       *launch.Watch
 	first, per  int // its ranks: first … first+per−1, one GPU each
 	firstGPU    int // the GPU ordinal of its first rank on its node
-	comm        kernels.Comm
+	comm        comm.Comm
 	description string           // its ranks, process and node, as messages name them
 	agreed      bool             // the processes agreed that every one is ready (or not) to meet
 	prog        *progress        // the run's progress line, which says whom an agreement waits for
@@ -39,7 +40,7 @@ type dist struct {
 	// the agreement on whether to stop (agreeStop): on its first rank's
 	// GPU, this process's code then every process's (one word each), and
 	// the work of the GPU's thread, made once
-	stopBuf           kernels.Ptr
+	stopBuf           device.Addr
 	stopMine, stopAll []uint64
 	stopWork          func(dev int) error
 }
@@ -184,9 +185,9 @@ func notAcross(cfg Config, world int) string {
 // open makes the communicator over every rank (this process's on devs
 // with their streams) and starts the watch, once every process is ready
 // (NCCL loaded: the last of what a process decides alone).
-func (d *dist) open(th *kernels.Threads, devs []kernels.Device, streams []kernels.Stream, cfg Config) error {
+func (d *dist) open(th *device.Threads, devs []device.Device, streams []device.Stream, cfg Config) error {
 	var id cuda.UniqueID
-	w := kernels.World{Ranks: d.per * d.rv.L.World, First: d.first, ID: func(newID func() (cuda.UniqueID, error)) (cuda.UniqueID, error) {
+	w := comm.ProcessRanks{Ranks: d.per * d.rv.L.World, First: d.first, ID: func(newID func() (cuda.UniqueID, error)) (cuda.UniqueID, error) {
 		if err := d.agree(nil, cfg); err != nil {
 			return id, err
 		}
@@ -199,8 +200,8 @@ func (d *dist) open(th *kernels.Threads, devs []kernels.Device, streams []kernel
 		return id, err
 	}}
 	var err error
-	d.comm, err = kernels.OpenWorldComm(th, devs, streams, w)
-	var no *kernels.NoCommError
+	d.comm, err = comm.OpenWorldComm(th, devs, streams, w)
+	var no *comm.NoCommError
 	if errors.As(err, &no) {
 		return &dispatchers.UnavailableError{Name: "alltoall", Impl: dispatchers.ImplLibrary, Reason: "NCCL: " + no.Reason}
 	}
@@ -303,7 +304,7 @@ func (dl *deviceLayer) exchange(rk *dispatchers.DeviceRank, mine []uint64, n fun
 	for p := range W {
 		total += n(p)
 	}
-	var src, dst kernels.Ptr
+	var src, dst device.Addr
 	var err error
 	if src, err = rk.Dev.Alloc(8 * int64(max(len(mine), 1))); err != nil {
 		return nil, err
@@ -318,11 +319,11 @@ func (dl *deviceLayer) exchange(rk *dispatchers.DeviceRank, mine []uint64, n fun
 			return nil, err
 		}
 	}
-	var sends, recvs []kernels.Transfer
+	var sends, recvs []comm.PeerTransfer
 	at := 0
 	for p := range W {
-		sends = append(sends, kernels.Transfer{Peer: d.rep(p), Buf: src, Bytes: 8 * int64(len(mine))})
-		recvs = append(recvs, kernels.Transfer{Peer: d.rep(p), Buf: dst + kernels.Ptr(8*at), Bytes: 8 * int64(n(p))})
+		sends = append(sends, comm.PeerTransfer{Peer: d.rep(p), Buf: src, Bytes: 8 * int64(len(mine))})
+		recvs = append(recvs, comm.PeerTransfer{Peer: d.rep(p), Buf: dst + device.Addr(8*at), Bytes: 8 * int64(n(p))})
 		at += n(p)
 	}
 	if err := d.comm.Exchange(d.first, sends, recvs); err != nil {
@@ -533,8 +534,8 @@ func (dl *deviceLayer) gatherRouting() error {
 	mine := make([]byte, 0, 8*n*d.per)
 	for r := d.first; r < d.first+d.per; r++ {
 		hr := dl.l.Ranks[r]
-		idx, _ := kernels.HostBytes(hr.Idx)
-		probs, _ := kernels.HostBytes(hr.Probs)
+		idx, _ := device.HostBytes(hr.Idx)
+		probs, _ := device.HostBytes(hr.Probs)
 		mine = append(append(mine, idx...), probs...)
 	}
 	all, err := dl.allGather(mine)
@@ -551,8 +552,8 @@ func (dl *deviceLayer) gatherRouting() error {
 		for i := range d.per {
 			hr := dl.l.Ranks[d.rep(p)+i]
 			at := b[8*n*i:]
-			idx, _ := kernels.HostBytes(hr.Idx)
-			probs, _ := kernels.HostBytes(hr.Probs)
+			idx, _ := device.HostBytes(hr.Idx)
+			probs, _ := device.HostBytes(hr.Probs)
 			copy(idx, at[:4*n])
 			copy(probs, at[4*n:8*n])
 		}
@@ -573,7 +574,7 @@ func (dl *deviceLayer) sumOverProcesses(v []float32) error {
 	per := max(1, sumChunk/4/W)
 	for lo := 0; lo < len(v); lo += per {
 		chunk := v[lo:min(lo+per, len(v))]
-		b, _ := kernels.HostBytes(chunk)
+		b, _ := device.HostBytes(chunk)
 		all, err := dl.allGather(b) // copies b
 		if err != nil {
 			return err
@@ -584,7 +585,7 @@ func (dl *deviceLayer) sumOverProcesses(v []float32) error {
 				return fmt.Errorf("process %d sent %d bytes of a gradient sum, want %d", p, len(pb), len(b))
 			}
 			theirs := make([]float32, len(chunk))
-			tb, _ := kernels.HostBytes(theirs)
+			tb, _ := device.HostBytes(theirs)
 			copy(tb, pb)
 			for i, x := range theirs {
 				chunk[i] += x
@@ -819,7 +820,7 @@ func slowestOf(all [][]float64, n int) ([]float64, error) {
 
 // unsafeBytes views words as bytes.
 func unsafeBytes(w []uint64) []byte {
-	b, _ := kernels.HostBytes(w)
+	b, _ := device.HostBytes(w)
 	return b
 }
 
@@ -852,7 +853,7 @@ const agreeingStop = "agreeing with the other processes on whether to stop (an i
 
 // newStops makes the agreement's buffer on rank d.first's GPU (dev) and
 // its work, before the first step: the agreement allocates nothing.
-func (dl *deviceLayer) newStops(dev kernels.Device) error {
+func (dl *deviceLayer) newStops(dev device.Device) error {
 	d := dl.dist
 	W := d.rv.L.World
 	var err error
@@ -861,10 +862,10 @@ func (dl *deviceLayer) newStops(dev kernels.Device) error {
 	}
 	d.stopMine, d.stopAll = make([]uint64, 1), make([]uint64, W)
 	rk := dl.ranks[d.first]
-	sends, recvs := make([]kernels.Transfer, W), make([]kernels.Transfer, W)
+	sends, recvs := make([]comm.PeerTransfer, W), make([]comm.PeerTransfer, W)
 	for p := range W {
-		sends[p] = kernels.Transfer{Peer: d.rep(p), Buf: d.stopBuf, Bytes: 8}
-		recvs[p] = kernels.Transfer{Peer: d.rep(p), Buf: d.stopBuf + kernels.Ptr(8*(1+p)), Bytes: 8}
+		sends[p] = comm.PeerTransfer{Peer: d.rep(p), Buf: d.stopBuf, Bytes: 8}
+		recvs[p] = comm.PeerTransfer{Peer: d.rep(p), Buf: d.stopBuf + device.Addr(8*(1+p)), Bytes: 8}
 	}
 	d.stopWork = func(dev int) error {
 		if dev != 0 {

@@ -4,7 +4,7 @@ import (
 	"slices"
 
 	"github.com/moebench/moebench/dispatchers"
-	"github.com/moebench/moebench/kernels"
+	"github.com/moebench/moebench/kernels/device"
 	"github.com/moebench/moebench/results"
 )
 
@@ -15,14 +15,14 @@ import (
 // Devices opens the devices of a cuda run in this process as Run does
 // (env.OpenDevices, else the GPUs): n of them, or when n is 0 every one up
 // to most. CloseDevices closes them.
-func (env Env) Devices(n, most int) ([]kernels.Device, error) { return env.devices(n, most, nil) }
+func (env Env) Devices(n, most int) ([]device.Device, error) { return env.devices(n, most, nil) }
 
 // CloseDevices closes the devices Devices opened.
-func CloseDevices(devs []kernels.Device) { closeDevices(devs) }
+func CloseDevices(devs []device.Device) { closeDevices(devs) }
 
 // TuneGEMMs lets the GPUs among devs time each new GEMM shape's cuBLASLt
 // algorithms, or stops them (a timing waits for the stream).
-func TuneGEMMs(devs []kernels.Device, on bool) { tuneGEMMs(devs, on) }
+func TuneGEMMs(devs []device.Device, on bool) { tuneGEMMs(devs, on) }
 
 // GroupedSides are the numbers of extra streams per rank the layer tries
 // for its expert GEMMs.
@@ -43,7 +43,7 @@ func MemAvailable() (float64, bool) { return memAvailable() }
 
 // RanksNote says where a device run's ranks on devs are and how data moves
 // between them.
-func RanksNote(ep int, devs []kernels.Device) string { return ranksNote(ep, devs, "") }
+func RanksNote(ep int, devs []device.Device) string { return ranksNote(ep, devs, "") }
 
 // RoutedLayer is cfg's layer without its experts' weights, every rank's
 // routing drawn on the host.

@@ -15,14 +15,15 @@ package harness
 import (
 	"github.com/moebench/moebench/dispatchers"
 	"github.com/moebench/moebench/kernels"
+	"github.com/moebench/moebench/kernels/device"
 )
 
 // fp8GEMMPath is the expert GEMM path an fp8 run on dev runs, and why: the
 // bf16 GEMMs on dequantized rows, whatever the device's cuBLASLt offers
 // (kernels.FP8GEMMPathFor, said in the reason) — the cuda layer does not
 // run the FP8 GEMMs yet (docs/fp8.md, FP8 GEMMs; the host's does).
-func fp8GEMMPath(dev kernels.Device) (kernels.FP8GEMMPath, string) {
-	g, ok := dev.(*kernels.CUDA)
+func fp8GEMMPath(dev device.Device) (kernels.FP8GEMMPath, string) {
+	g, ok := dev.(*device.CUDA)
 	if !ok || g.Lt == nil {
 		return kernels.FP8GEMMDequant, "no cuBLASLt on this device (the Emu simulation): bf16 GEMMs on the dequantized rows and weights"
 	}
@@ -43,7 +44,7 @@ func (dl *deviceLayer) shape() dispatchers.Shape {
 
 // input is rank r's bf16 input rows [T, h] (the router's and the shared
 // expert's).
-func (dl *deviceLayer) input(r int) kernels.Ptr {
+func (dl *deviceLayer) input(r int) device.Addr {
 	if x := dl.rr[r].xin; x != 0 {
 		return x
 	}
@@ -51,7 +52,7 @@ func (dl *deviceLayer) input(r int) kernels.Ptr {
 }
 
 // fp8Grid caps the FP8 kernels' grids.
-func fp8Grid(dev kernels.Device, blocks int64) int {
+func fp8Grid(dev device.Device, blocks int64) int {
 	return kernels.FP8Grid(blocks, kernels.FP8Block, 4*max(dev.SMCount(), 1))
 }
 
@@ -61,31 +62,31 @@ func (dl *deviceLayer) quantize(r int) error {
 	c, rk := dl.l.Cfg, dl.ranks[r]
 	S := c.Hidden / kernels.FP8Block
 	n := int64(c.Tokens * S)
-	return rk.Dev.LaunchProgram(kernels.FP8QuantRowsProgram(), fp8Grid(rk.Dev, n), rk.Stream,
+	return rk.Dev.LaunchProgram(device.FP8QuantRowsProgram(), fp8Grid(rk.Dev, n), rk.Stream,
 		dl.rr[r].xin, n, int32(0), int32(S), int64(kernels.FP8RowPitch(c.Hidden)), rk.X)
 }
 
 // dequant dequantizes rows [lo, hi) of work w's packed rows into bf16 rows
 // (into xd, the tape's, when not 0; else the rank's scratch) and returns
 // where they are (row lo first).
-func (dl *deviceLayer) dequant(r int, w *dispatchers.DeviceWork, lo, hi int, xd kernels.Ptr) (kernels.Ptr, error) {
+func (dl *deviceLayer) dequant(r int, w *dispatchers.DeviceWork, lo, hi int, xd device.Addr) (device.Addr, error) {
 	c, rk, b := dl.l.Cfg, dl.ranks[r], &dl.rr[r]
 	if xd == 0 {
-		if err := b.dq.Ensure(rk.Dev, rk.Stream, hi-lo, kernels.Buf{P: &b.xdq, PerRow: 2 * int64(c.Hidden)}); err != nil {
+		if err := b.dq.Ensure(rk.Dev, rk.Stream, hi-lo, device.RowBuffer{P: &b.xdq, PerRow: 2 * int64(c.Hidden)}); err != nil {
 			return 0, err
 		}
 		xd = b.xdq
 	}
 	S, pitch := c.Hidden/kernels.FP8Block, int64(kernels.FP8RowPitch(c.Hidden))
-	src := w.X + kernels.Ptr(int64(lo)*pitch)
+	src := w.X + device.Addr(int64(lo)*pitch)
 	n := int64((hi - lo) * S)
 	if fp8DevFault == "row" && n > int64(S) { // tests: each row from the next packed row (its values and multipliers)
-		src, n = src+kernels.Ptr(pitch), n-int64(S)
+		src, n = src+device.Addr(pitch), n-int64(S)
 	}
 	if fp8DevFault == "none" { // tests: no dequantization (xd holds whatever it held)
 		return xd, nil
 	}
-	return xd, rk.Dev.LaunchProgram(kernels.FP8DequantRowsProgram(), fp8Grid(rk.Dev, n), rk.Stream, src, n, int32(S), pitch, xd)
+	return xd, rk.Dev.LaunchProgram(device.FP8DequantRowsProgram(), fp8Grid(rk.Dev, n), rk.Stream, src, n, int32(S), pitch, xd)
 }
 
 // fp8DevFault, set by tests alone, breaks the device's dequantization on

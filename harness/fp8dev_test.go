@@ -10,6 +10,7 @@ import (
 
 	"github.com/moebench/moebench/internal/hostsim"
 	"github.com/moebench/moebench/kernels"
+	"github.com/moebench/moebench/kernels/device"
 	"github.com/moebench/moebench/results"
 )
 
@@ -159,7 +160,7 @@ func TestFP8CUDALayerOnHostSim(t *testing.T) {
 				if err := rk.Dev.Download(words, rk.X, rk.Stream); err != nil {
 					t.Fatal(err)
 				}
-				got, _ := kernels.HostBytes(words)
+				got, _ := device.HostBytes(words)
 				q, s, _ := kernels.QuantFP8Rows(dl.l.X[r], h, false)
 				for i := range c.Tokens {
 					row := got[i*pitch:]

@@ -140,7 +140,7 @@ func (l *Layer) fp8RefWeights(e int, fc1, fc2 []float64) ([]float64, []float64) 
 // ⌈k/128⌉]; a row of 1×128 multipliers when n is 1) dequantized exactly
 // in float64 into dst.
 func dequant64(dst []float64, q []uint8, s []float32, n, k int) []float64 {
-	dst = kernels.Grow(dst, n*k)
+	dst = kernels.Reslice(dst, n*k)
 	kb := (k + kernels.FP8Block - 1) / kernels.FP8Block
 	for i := range n {
 		for j := range k {

@@ -84,10 +84,10 @@ func poisonGrads(l *Layer) {
 	for r, rk := range l.Ranks {
 		rows := len(rk.ExpertProbs)
 		for _, b := range []*[]float32{&rk.ExpertDY, &rk.ExpertDX} {
-			*b = kernels.Grow(*b, rows*c.Hidden)
+			*b = kernels.Reslice(*b, rows*c.Hidden)
 		}
-		rk.ExpertDProbs = kernels.Grow(rk.ExpertDProbs, rows)
-		rk.DX, rk.DProbs = kernels.Grow(rk.DX, c.Tokens*c.Hidden), kernels.Grow(rk.DProbs, c.Tokens*c.TopK)
+		rk.ExpertDProbs = kernels.Reslice(rk.ExpertDProbs, rows)
+		rk.DX, rk.DProbs = kernels.Reslice(rk.DX, c.Tokens*c.Hidden), kernels.Reslice(rk.DProbs, c.Tokens*c.TopK)
 		g := &l.grads[r]
 		for _, b := range [][]float32{rk.ExpertDY, rk.ExpertDX, rk.ExpertDProbs, rk.DX, rk.DProbs, g.dxShared, g.dx} {
 			roundtrip.Poison(b)

@@ -7,7 +7,7 @@ import (
 
 	"github.com/moebench/moebench/dispatchers"
 	"github.com/moebench/moebench/internal/cuda"
-	"github.com/moebench/moebench/kernels"
+	"github.com/moebench/moebench/kernels/device"
 )
 
 // --cuda-graph: the step issued as CUDA graphs (stream capture), as
@@ -24,11 +24,11 @@ import (
 // are issued as plain launches; the record counts such steps.
 type graphs struct {
 	g         dispatchers.Capabilities // with a Graph and a HostWait
-	capturer  kernels.Capturer
-	origin    kernels.Stream // device 0's begin stream
-	fork      kernels.Event  // recorded on origin: the ranks' streams wait for it
-	join      []kernels.Event
-	joinDev   []kernels.Event  // devices' begin streams but device 0's
+	capturer  device.Capturer
+	origin    device.Stream // device 0's begin stream
+	fork      device.Event  // recorded on origin: the ranks' streams wait for it
+	join      []device.Event
+	joinDev   []device.Event   // devices' begin streams but device 0's
 	cache     map[string]keyed // by segment (its first phase)
 	launches  int
 	captures  int
@@ -39,7 +39,7 @@ type graphs struct {
 // keyed is a segment's graph and the key it was captured under.
 type keyed struct {
 	key   string
-	graph *kernels.Graph
+	graph *device.Graph
 }
 
 // newGraphs prepares dl for --cuda-graph, or says why it cannot be.
@@ -51,11 +51,11 @@ func newGraphs(dl *deviceLayer) (*graphs, error) {
 	if why := g.Graph.No(); why != "" {
 		return nil, errors.New(why)
 	}
-	capt, ok := dl.devs[0].(kernels.Capturer)
+	capt, ok := dl.devs[0].(device.Capturer)
 	if !ok {
 		return nil, fmt.Errorf("the %s device captures no graphs", dl.devs[0].Name())
 	}
-	if c, ok := dl.devs[0].(*kernels.CUDA); ok && !c.Drv.HasGraphs() {
+	if c, ok := dl.devs[0].(*device.CUDA); ok && !c.Drv.HasGraphs() {
 		return nil, fmt.Errorf("this driver has no stream capture and graphs (CUDA 11.4 or later has them)")
 	}
 	gs := &graphs{g: g, capturer: capt, origin: dl.dc[0].beginS, cache: map[string]keyed{}}
@@ -161,7 +161,7 @@ func (dl *deviceLayer) plain(seg []dispatchers.Step, first bool) error {
 // device 0's thread; every device's thread issues its ranks' work into it.
 // A refused call ends the capture and returns the driver's error; nothing
 // of the segment has run then.
-func (dl *deviceLayer) capture(seg []dispatchers.Step, first bool) (*kernels.Graph, error) {
+func (dl *deviceLayer) capture(seg []dispatchers.Step, first bool) (*device.Graph, error) {
 	gs := dl.graph
 	if err := dl.onDevice0(func() error { return gs.capturer.BeginCapture(gs.origin) }); err != nil {
 		return nil, err
@@ -179,7 +179,7 @@ func (dl *deviceLayer) capture(seg []dispatchers.Step, first bool) (*kernels.Gra
 		}
 		return dl.joinBack(first)
 	}()
-	var graph *kernels.Graph
+	var graph *device.Graph
 	var endErr error
 	dl.onDevice0(func() error {
 		graph, endErr = gs.capturer.EndCapture(gs.origin)

@@ -12,7 +12,7 @@ import (
 	"os"
 	"time"
 
-	"github.com/moebench/moebench/kernels"
+	"github.com/moebench/moebench/kernels/device"
 )
 
 // firstStepWait bounds a call before the first step has run: the setup
@@ -30,7 +30,7 @@ const stepWait = 30 * time.Second
 // has run, then cfg.WatchdogLimit) and the message that names a hung
 // call's GPUs and ranks; in a run over several processes the others are
 // told first (ds's note).
-func limitThreads(th *kernels.Threads, cfg Config, ds *dist) {
+func limitThreads(th *device.Threads, cfg Config, ds *dist) {
 	on := rankDevices(cfg.EP, len(th.Devices()))
 	name := func(dev int) string {
 		first, last := -1, -1

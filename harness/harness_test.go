@@ -18,6 +18,7 @@ import (
 	_ "github.com/moebench/moebench/dispatchers/all"
 	"github.com/moebench/moebench/dispatchers/alltoall"
 	"github.com/moebench/moebench/kernels"
+	"github.com/moebench/moebench/kernels/device"
 	"github.com/moebench/moebench/results"
 )
 
@@ -375,7 +376,7 @@ func TestHostMemoryGuardParts(t *testing.T) {
 	memAvailable = func() (float64, bool) { return 256 << 20, true }
 	c := small()
 	c.Experts, c.Hidden, c.FFN, c.Tokens = 64, 1024, 1024, 8 // 0.75 GiB of float32 expert weights
-	noDevices := func(int, int) ([]kernels.Device, error) { return nil, errors.New("the guard let the run in") }
+	noDevices := func(int, int) ([]device.Device, error) { return nil, errors.New("the guard let the run in") }
 	for _, dev := range []string{"host", "cuda"} {
 		c.Device, c.HostExperts = dev, HostExpertsHeld
 		if dev == "cuda" {

@@ -10,12 +10,12 @@ import (
 	"testing"
 
 	"github.com/moebench/moebench/internal/hostsim"
-	"github.com/moebench/moebench/kernels"
+	"github.com/moebench/moebench/kernels/device"
 	"github.com/moebench/moebench/results"
 )
 
 // TestCUDALayerOnHostSim runs whole cuda-device layers through Run — the
-// CUDA kernels (compiled for the CPU by internal/hostsim), kernels.CUDA's
+// CUDA kernels (compiled for the CPU by internal/hostsim), device.CUDA's
 // launches, GEMM plans, streams, events and peer copies — on internal/cuda's
 // fake driver (two GPUs, device memory in host memory), cuBLASLt and cuBLAS,
 // and checks that each passes the check against the float64 reference with
@@ -75,9 +75,9 @@ func useHostSimLayer(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Setenv("MOEBENCH_NCCL", nccl)
-	old := kernels.NewCompiler
-	kernels.NewCompiler = func() (kernels.Compiler, error) { return comp, nil }
-	t.Cleanup(func() { kernels.NewCompiler = old })
+	old := device.NewCompiler
+	device.NewCompiler = func() (device.Compiler, error) { return comp, nil }
+	t.Cleanup(func() { device.NewCompiler = old })
 }
 
 // TestCUDAGraphOnHostSim: with --cuda-graph the timed steps are issued as

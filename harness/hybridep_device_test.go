@@ -12,7 +12,8 @@ import (
 	"github.com/moebench/moebench/dispatchers"
 	"github.com/moebench/moebench/dispatchers/hybridep"
 	"github.com/moebench/moebench/internal/hostsim"
-	"github.com/moebench/moebench/kernels"
+	"github.com/moebench/moebench/kernels/comm"
+	"github.com/moebench/moebench/kernels/device"
 	"github.com/moebench/moebench/results"
 )
 
@@ -40,7 +41,7 @@ func hybridEPConfig(t *testing.T, ep, domain int, kind string) Config {
 // against the float64 reference) and the host layer with hybridep's host
 // implementation, and wants the same output bit for bit, the same rows per
 // rank and the same traffic, the backward's bytes included.
-func equalsHostHybridEP(t *testing.T, c Config, devs ...kernels.Device) {
+func equalsHostHybridEP(t *testing.T, c Config, devs ...device.Device) {
 	t.Helper()
 	dl := deviceRun(t, c, devs...)
 	defer dl.d.Close()
@@ -137,13 +138,13 @@ func TestHybridEPDeviceUnavailable(t *testing.T) {
 		name   string
 		ep, sm int
 		domain int
-		devs   []kernels.Device
+		devs   []device.Device
 		want   string
 	}{
-		{"budget", 2, 3, 0, []kernels.Device{&kernels.Emu{SMs: 4}}, "--sms 3 for each of 2 ranks on emu: he_allgather: 6 blocks of 128 threads cannot all be resident at once on emu: it holds 1 per SM × 4 SMs = 4"},
-		{"budget-above-sms", 2, 5, 0, []kernels.Device{&kernels.Emu{SMs: 4}, &kernels.Emu{SMs: 4}}, "--sms 5: a rank's budget above the 4 SMs of emu"},
-		{"peer", 2, 1, 0, []kernels.Device{&island{}, &island{}}, "share an NVLink domain (--domain 2) but rank 0's GPU has no peer access to rank 1's"},
-		{"nccl", 4, 1, 2, []kernels.Device{&kernels.Emu{}, &kernels.Emu{}}, "the inter-domain path (NCCL send/recv"},
+		{"budget", 2, 3, 0, []device.Device{&device.Emu{SMs: 4}}, "--sms 3 for each of 2 ranks on emu: he_allgather: 6 blocks of 128 threads cannot all be resident at once on emu: it holds 1 per SM × 4 SMs = 4"},
+		{"budget-above-sms", 2, 5, 0, []device.Device{&device.Emu{SMs: 4}, &device.Emu{SMs: 4}}, "--sms 5: a rank's budget above the 4 SMs of emu"},
+		{"peer", 2, 1, 0, []device.Device{&island{}, &island{}}, "share an NVLink domain (--domain 2) but rank 0's GPU has no peer access to rank 1's"},
+		{"nccl", 4, 1, 2, []device.Device{&device.Emu{}, &device.Emu{}}, "the inter-domain path (NCCL send/recv"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			cfg := hybridEPConfig(t, c.ep, c.domain, "balanced")
@@ -156,7 +157,7 @@ func TestHybridEPDeviceUnavailable(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			th := kernels.NewThreads(c.devs)
+			th := device.NewThreads(c.devs)
 			defer th.Close()
 			_, err = newDeviceLayer(l, c.devs, th, d, nil)
 			if !dispatchers.IsUnavailable(err) || !strings.Contains(err.Error(), c.want) {
@@ -177,7 +178,7 @@ func TestHybridEPDeviceUnavailable(t *testing.T) {
 // wait.
 func TestHybridEPOnHostSim(t *testing.T) {
 	useHostSimLayer(t)
-	gs, err := kernels.OpenGPUs(2, 2, t.TempDir())
+	gs, err := device.OpenGPUs(2, 2, t.TempDir())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -186,7 +187,7 @@ func TestHybridEPOnHostSim(t *testing.T) {
 			g.Close()
 		}
 	}()
-	two := []kernels.Device{gs[0], gs[1]}
+	two := []device.Device{gs[0], gs[1]}
 	for _, lay := range []struct{ ep, domain int }{{2, 0}, {4, 0}, {2, 1}} {
 		t.Run(fmt.Sprintf("ep%d-domain%d", lay.ep, lay.domain), func(t *testing.T) {
 			if lay.ep != 2 || lay.domain != 0 {
@@ -222,7 +223,7 @@ func TestHybridEPOnHostSim(t *testing.T) {
 			dl.d.(*hybridep.Device).Break(bug.kind, bug.rank)
 			start := time.Now()
 			err := dl.step()
-			var ce *kernels.CommError
+			var ce *comm.CommError
 			if !errors.As(err, &ce) || !slices.ContainsFunc(bug.want, func(w string) bool { return strings.Contains(err.Error(), w) }) {
 				t.Fatalf("%v: want the kernels' timeout, one of %q", err, bug.want)
 			}
@@ -241,8 +242,8 @@ func TestHybridEPOnHostSim(t *testing.T) {
 }
 
 // one2 opens devs as a run's devices.
-func one2(devs []kernels.Device) func(n, most int) ([]kernels.Device, error) {
-	return func(int, int) ([]kernels.Device, error) { return devs, nil }
+func one2(devs []device.Device) func(n, most int) ([]device.Device, error) {
+	return func(int, int) ([]device.Device, error) { return devs, nil }
 }
 
 // TestGPUHybridEP: hybridep's kernels on a GPU give the host

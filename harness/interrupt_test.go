@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/moebench/moebench/kernels"
+	"github.com/moebench/moebench/kernels/device"
 	"github.com/moebench/moebench/results"
 )
 
@@ -47,7 +47,7 @@ func TestDeviceInterrupt(t *testing.T) {
 	c := deviceCases()["softmax-natural"]
 	c.Warmup, c.Iters = 1, 2000
 	intr := &Interrupt{}
-	rec, err := Run(c, Env{Version: "test", Interrupt: intr, OpenDevices: one(&kernels.Emu{}), Progress: interrupter{intr}, ProgressEvery: time.Millisecond})
+	rec, err := Run(c, Env{Version: "test", Interrupt: intr, OpenDevices: one(&device.Emu{}), Progress: interrupter{intr}, ProgressEvery: time.Millisecond})
 	if err != nil || rec == nil || rec.Timing == nil {
 		t.Fatalf("interrupted device run: %v, %+v", err, rec)
 	}

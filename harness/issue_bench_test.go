@@ -5,7 +5,7 @@ import (
 	"testing"
 
 	"github.com/moebench/moebench/internal/hostsim"
-	"github.com/moebench/moebench/kernels"
+	"github.com/moebench/moebench/kernels/device"
 )
 
 // BenchmarkStepIssue is the host's cost of issuing one step of the cuda
@@ -32,9 +32,9 @@ import (
 //	go test -run '^$' -bench StepIssue -benchtime 200x ./harness
 func BenchmarkStepIssue(b *testing.B) {
 	comp := hostsim.Setup(b)
-	old := kernels.NewCompiler
-	kernels.NewCompiler = func() (kernels.Compiler, error) { return comp, nil }
-	b.Cleanup(func() { kernels.NewCompiler = old })
+	old := device.NewCompiler
+	device.NewCompiler = func() (device.Compiler, error) { return comp, nil }
+	b.Cleanup(func() { device.NewCompiler = old })
 	b.Setenv("FAKECUDA_SKIP_KERNELS", "router_topk,permute_rows,gather_f32,sort_chunks,swiglu_prob,unpermute_sum")
 	b.Setenv("FAKECUBLASLT_SKIP", "1")
 	tiny := DefaultConfig()
@@ -51,11 +51,11 @@ func BenchmarkStepIssue(b *testing.B) {
 		b.Run(c.name, func(b *testing.B) {
 			cfg := c.cfg
 			cfg.Device, cfg.EP, cfg.Check, cfg.RoutingFixed = "cuda", 8, false, true
-			gs, err := kernels.OpenGPUs(0, 2, b.TempDir())
+			gs, err := device.OpenGPUs(0, 2, b.TempDir())
 			if err != nil {
 				b.Fatal(err)
 			}
-			devs := make([]kernels.Device, len(gs))
+			devs := make([]device.Device, len(gs))
 			for i, g := range gs {
 				devs[i] = g
 			}

@@ -387,7 +387,7 @@ func (l *Layer) expertBlocks(r int, segs []dispatchers.Segment, weights func(dis
 			small, mostSmall = append(small, b), max(mostSmall, b.len)
 		}
 	}
-	run.scratch = kernels.Grow(run.scratch, most*3*f)
+	run.scratch = kernels.Reslice(run.scratch, most*3*f)
 	forward := func(b block, scratch []float32) {
 		if l.grads != nil { // a training step keeps each block's fc1 output and activation: its place in the tape
 			scratch = run.saved[b.start*3*f : (b.start+b.len)*3*f]
@@ -416,7 +416,7 @@ func (l *Layer) expertBlocks(r int, segs []dispatchers.Segment, weights func(dis
 		if len(l.scratch) < w {
 			l.scratch = append(l.scratch, nil)
 		}
-		l.scratch[w-1] = kernels.Grow(l.scratch[w-1], mostSmall*3*f)
+		l.scratch[w-1] = kernels.Reslice(l.scratch[w-1], mostSmall*3*f)
 		scratch = append(scratch, l.scratch[w-1])
 	}
 	parallel(len(small), workers, func(w, i int) { forward(small[i], scratch[w]) })
@@ -438,12 +438,12 @@ func disjoint(segs []dispatchers.Segment) bool {
 func (l *Layer) sharedExpert(r int) error {
 	run, c := &l.run[r], l.Cfg
 	fs := c.FFN * c.SharedExperts
-	run.shared = kernels.Grow(run.shared, c.Tokens*c.Hidden)
+	run.shared = kernels.Reslice(run.shared, c.Tokens*c.Hidden)
 	scratch := &run.scratch
 	if l.grads != nil {
 		scratch = &run.sharedSaved
 	}
-	*scratch = kernels.Grow(*scratch, c.Tokens*3*fs)
+	*scratch = kernels.Reslice(*scratch, c.Tokens*3*fs)
 	kernels.ExpertForward(run.shared, l.X[r], nil, l.SharedFC1, l.SharedFC2, *scratch, c.Tokens, c.Hidden, fs, kernels.RoundBF16Slice)
 	return nil
 }

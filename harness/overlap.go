@@ -5,7 +5,7 @@ import (
 	"slices"
 
 	"github.com/moebench/moebench/dispatchers"
-	"github.com/moebench/moebench/kernels"
+	"github.com/moebench/moebench/kernels/device"
 )
 
 // MoE communication overlap on the device layer (docs/overlap.md). Two
@@ -33,7 +33,7 @@ import (
 // order as without, so every gradient is the same bit for bit.
 //
 // Every cross-stream dependency is an event; Emu's stream-order check
-// (kernels/order.go) fails a step that misses one (see plant).
+// (kernels/device/order.go) fails a step that misses one (see plant).
 
 // Overlap forms (Config.Overlap).
 const (
@@ -57,30 +57,30 @@ type overlap struct {
 	over  [2][]dispatchers.Step
 	ranks [2][]ovRank // per micro-batch, per rank
 
-	link        [2][]kernels.Event // per direction (0: mb0 → mb1), per rank
-	end         []kernels.Event    // per rank: the step's end on mb0's stream
-	deferring   [2][]string        // per micro-batch, per rank: the expert backward phase deferring its wgrad now, or ""
-	sharedMS    [][]float64        // per rank, the overlapped steps' shared expert times (side stream)
-	lastOrdered []string           // the last overlapped step's issue order, "mb:phase" (tests)
+	link        [2][]device.Event // per direction (0: mb0 → mb1), per rank
+	end         []device.Event    // per rank: the step's end on mb0's stream
+	deferring   [2][]string       // per micro-batch, per rank: the expert backward phase deferring its wgrad now, or ""
+	sharedMS    [][]float64       // per rank, the overlapped steps' shared expert times (side stream)
+	lastOrdered []string          // the last overlapped step's issue order, "mb:phase" (tests)
 }
 
 // ovRank is one rank's side streams and events in one micro-batch.
 type ovRank struct {
-	side, wside    kernels.Stream // the shared expert's; the deferred wgrad's
-	in, shDone     kernels.Event  // the shared expert's start (on the rank's stream) and end (on side)
-	shStart, shEnd kernels.Event  // timing events on side
+	side, wside    device.Stream // the shared expert's; the deferred wgrad's
+	in, shDone     device.Event  // the shared expert's start (on the rank's stream) and end (on side)
+	shStart, shEnd device.Event  // timing events on side
 	wgrad          map[string]*wgradPhase
 }
 
 // wgradPhase is what one expert backward phase defers on one rank.
 type wgradPhase struct {
-	ops       []kernels.MatMul
-	arena     kernels.Sized // the phase's dh1 rows, kept for its dFC1
-	dh1       kernels.Ptr
-	at        int           // rows of arena given out
-	ready     kernels.Event // on the rank's stream, after the dgrad
-	start     kernels.Event // on the wgrad stream, after its wait (timing)
-	done      kernels.Event // on the wgrad stream, after the products
+	ops       []device.MatMul
+	arena     device.RowCapacity // the phase's dh1 rows, kept for its dFC1
+	dh1       device.Addr
+	at        int          // rows of arena given out
+	ready     device.Event // on the rank's stream, after the dgrad
+	start     device.Event // on the wgrad stream, after its wait (timing)
+	done      device.Event // on the wgrad stream, after the products
 	waitedFor bool
 }
 
@@ -133,7 +133,7 @@ func newOverlap(dl *deviceLayer, shared, a2a, delay bool, mb1 *Layer, d1 dispatc
 			if o.wside, err = rk.Dev.NewStream(); err != nil {
 				return nil, err
 			}
-			for _, e := range []*kernels.Event{&o.in, &o.shDone, &o.shStart, &o.shEnd} {
+			for _, e := range []*device.Event{&o.in, &o.shDone, &o.shStart, &o.shEnd} {
 				if *e, err = rk.Dev.NewEvent(); err != nil {
 					return nil, err
 				}
@@ -142,16 +142,16 @@ func newOverlap(dl *deviceLayer, shared, a2a, delay bool, mb1 *Layer, d1 dispatc
 		ov.plain[i] = slices.Clone(l.steps())
 		ov.over[i] = ov.rewrite(i, ov.plain[i])
 	}
-	ov.end = make([]kernels.Event, len(dl.ranks))
+	ov.end = make([]device.Event, len(dl.ranks))
 	ov.sharedMS = make([][]float64, len(dl.ranks))
 	for d := range ov.link {
-		ov.link[d] = make([]kernels.Event, len(dl.ranks))
+		ov.link[d] = make([]device.Event, len(dl.ranks))
 	}
 	for r, rk := range dl.ranks {
 		if !dl.local(r) {
 			continue
 		}
-		for _, e := range []*kernels.Event{&ov.end[r], &ov.link[0][r], &ov.link[1][r]} {
+		for _, e := range []*device.Event{&ov.end[r], &ov.link[0][r], &ov.link[1][r]} {
 			var err error
 			if *e, err = rk.Dev.NewEvent(); err != nil {
 				return nil, err
@@ -177,7 +177,7 @@ func shareGrads(dl0, dl1 *deviceLayer) error {
 		c := dl1.l.Cfg
 		h, f, fs, L := int64(c.Hidden), int64(c.FFN), int64(c.FFN*c.SharedExperts), int64(dl1.l.Shape.LocalExperts())
 		for _, p := range []struct {
-			mine, theirs *kernels.Ptr
+			mine, theirs *device.Addr
 			bytes        int64 // as newDeviceBackward allocated it
 		}{{&rk.DFC1, &rk0.DFC1, 4 * L * 2 * f * h}, {&rk.DFC2, &rk0.DFC2, 4 * L * h * f},
 			{&g1.routerGrad, &g0.routerGrad, 4 * int64(c.Experts) * h}, {&g1.sfc1Grad, &g0.sfc1Grad, 4 * 2 * fs * h}, {&g1.sfc2Grad, &g0.sfc2Grad, 4 * h * fs}} {
@@ -312,7 +312,7 @@ func (ov *overlap) deferredExperts(i int, name string, r int, run func(int) erro
 		}
 	}
 	f := int64(dl.l.Cfg.FFN)
-	if err := w.arena.Ensure(rk.Dev, rk.Stream, rows, kernels.Buf{P: &w.dh1, PerRow: 4 * f}); err != nil {
+	if err := w.arena.Ensure(rk.Dev, rk.Stream, rows, device.RowBuffer{P: &w.dh1, PerRow: 4 * f}); err != nil {
 		return err
 	}
 	w.ops, w.at = w.ops[:0], 0
@@ -374,12 +374,12 @@ func (dl *deviceLayer) ovDeferring(r int) bool {
 
 // wgradDH1 is where a segment of n rows keeps its dh1: the shared scratch,
 // or, when its wgrad is deferred, rows of the phase's arena of their own.
-func (dl *deviceLayer) wgradDH1(r, n int) kernels.Ptr {
+func (dl *deviceLayer) wgradDH1(r, n int) device.Addr {
 	if !dl.ovDeferring(r) {
 		return dl.rr[r].g.dh1
 	}
 	w := dl.ovPhase(r)
-	p := w.dh1 + kernels.Ptr(int64(w.at)*4*int64(dl.l.Cfg.FFN))
+	p := w.dh1 + device.Addr(int64(w.at)*4*int64(dl.l.Cfg.FFN))
 	w.at += n
 	return p
 }
@@ -388,7 +388,7 @@ func (dl *deviceLayer) wgradDH1(r, n int) kernels.Ptr {
 // gradients of a segment with weights of its own (moved: FEPLB's dynamic
 // experts) are queued now: the dispatcher's next phase sends them to their
 // owners.
-func (dl *deviceLayer) wgrad(r int, mm kernels.MatMul, moved bool) error {
+func (dl *deviceLayer) wgrad(r int, mm device.MatMul, moved bool) error {
 	if moved || !dl.ovDeferring(r) {
 		return dl.ranks[r].Dev.MatMul(mm, dl.ranks[r].Stream)
 	}

@@ -9,7 +9,7 @@ import (
 	"testing"
 
 	"github.com/moebench/moebench/dispatchers"
-	"github.com/moebench/moebench/kernels"
+	"github.com/moebench/moebench/kernels/device"
 	"github.com/moebench/moebench/results"
 )
 
@@ -39,7 +39,7 @@ func newOverlapRun(t *testing.T, c Config, shared, a2a, delay bool, plant string
 		}
 	}
 	for r := range dl.rr { // the grouped GEMM choice chooseGrouped makes
-		dl.rr[r].grouped, _ = kernels.NewGrouped(dl.ranks[r].Dev, 0)
+		dl.rr[r].grouped, _ = device.NewGrouped(dl.ranks[r].Dev, 0)
 	}
 	ov, err := newOverlap(dl, shared, a2a, delay, l1, d1)
 	if err != nil {
@@ -266,7 +266,7 @@ func TestAttentionStandIn(t *testing.T) {
 
 // syncLog is an Emu that logs its Record and Wait calls, in order.
 type syncLog struct {
-	*kernels.Emu
+	*device.Emu
 	mu  *sync.Mutex
 	log *[]string
 }
@@ -277,12 +277,12 @@ func (d syncLog) add(s string) {
 	d.mu.Unlock()
 }
 
-func (d syncLog) Record(e kernels.Event, s kernels.Stream) error {
+func (d syncLog) Record(e device.Event, s device.Stream) error {
 	d.add(fmt.Sprintf("record %p %p", e, s))
 	return d.Emu.Record(e, s)
 }
 
-func (d syncLog) Wait(s kernels.Stream, e kernels.Event) error {
+func (d syncLog) Wait(s device.Stream, e device.Event) error {
 	d.add(fmt.Sprintf("wait %p %p", s, e))
 	return d.Emu.Wait(s, e)
 }
@@ -296,7 +296,7 @@ func TestOverlapF1AfterF0(t *testing.T) {
 	c.EP = 2
 	var mu sync.Mutex
 	var log []string
-	dev := syncLog{&kernels.Emu{}, &mu, &log}
+	dev := syncLog{&device.Emu{}, &mu, &log}
 	dl := deviceRun(t, c, dev)
 	l1, err := microBatch(c, 1)
 	if err != nil {

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/moebench/moebench/dispatchers"
-	"github.com/moebench/moebench/kernels"
+	"github.com/moebench/moebench/kernels/device"
 )
 
 // The overlap engine's steps (overlap.go): the overlapped step and the same
@@ -202,9 +202,9 @@ func (ov *overlap) times(over bool) (ovTimes, error) {
 			continue
 		}
 		begin := l0.dc[l0.on[r]].begin
-		at := func(e kernels.Event) (float64, error) { return rk.Dev.Elapsed(begin, e) }
+		at := func(e device.Event) (float64, error) { return rk.Dev.Elapsed(begin, e) }
 		var comm, comp [][2]float64
-		add := func(a, b kernels.Event, isComm bool) error {
+		add := func(a, b device.Event, isComm bool) error {
 			s, err := at(a)
 			if err != nil {
 				return err
@@ -324,12 +324,12 @@ func (ov *overlap) snapshot() (ovSnapshot, error) {
 			g := &l.rr[r].g
 			bf := []struct {
 				name string
-				p    kernels.Ptr
+				p    device.Addr
 				n    int
 			}{{"y", rk.Y, T * h}, {"dx", g.dx, T * h}}
 			f32 := []struct {
 				name string
-				p    kernels.Ptr
+				p    device.Addr
 				n    int
 			}{{"dfc1", rk.DFC1, L * 2 * f * h}, {"dfc2", rk.DFC2, L * h * f}, {"router", g.routerGrad, E * h},
 				{"shared-fc1", g.sfc1Grad, 2 * fs * h}, {"shared-fc2", g.sfc2Grad, h * fs}}

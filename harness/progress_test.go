@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/moebench/moebench/kernels"
+	"github.com/moebench/moebench/kernels/device"
 )
 
 // TestProgressLine: the line says the stage, then once steps run how many
@@ -167,7 +167,7 @@ func TestDeviceStagesCountTheirWork(t *testing.T) {
 	c := deviceCases()["softmax-natural"]
 	p := &progress{now: time.Now}
 	c.prog = p
-	dl := deviceRun(t, c, &kernels.Emu{})
+	dl := deviceRun(t, c, &device.Emu{})
 	if _, err := dl.check(); err != nil {
 		t.Fatal(err)
 	}

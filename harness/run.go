@@ -14,6 +14,7 @@ import (
 	"github.com/moebench/moebench/internal/cuda"
 	"github.com/moebench/moebench/internal/launch"
 	"github.com/moebench/moebench/kernels"
+	"github.com/moebench/moebench/kernels/device"
 	"github.com/moebench/moebench/results"
 )
 
@@ -28,8 +29,8 @@ type Env struct {
 	Dump string
 	// OpenDevices opens the devices of a cuda run: n of them, or when n is
 	// 0 as many as there are up to most (one per rank). Nil opens GPUs
-	// (kernels.OpenGPUs); tests pass kernels.Emus.
-	OpenDevices func(n, most int) ([]kernels.Device, error)
+	// (device.OpenGPUs); tests pass kernels.Emus.
+	OpenDevices func(n, most int) ([]device.Device, error)
 	// Progress, if set, gets a line every ProgressEvery (default
 	// DefaultProgressEvery) once a run has taken that long: what it is
 	// doing, the steps done and the time left. Nothing of it goes into the
@@ -437,7 +438,7 @@ func expertTimes(samples map[string][][]float64, ranks int, phases []string) [][
 	t := make([][]float64, ranks)
 	for _, name := range phases {
 		for r, rs := range samples[name] {
-			t[r] = kernels.Grow(t[r], len(rs))
+			t[r] = kernels.Reslice(t[r], len(rs))
 			for i, v := range rs {
 				t[r][i] += v
 			}
@@ -491,7 +492,7 @@ func fillMeasurements(rec *results.Record, cfg Config, m measured) {
 			lockstep[i] += v
 		}
 		for r, rs := range m.samples[name] {
-			stepPerRank[r] = kernels.Grow(stepPerRank[r], cfg.Iters)
+			stepPerRank[r] = kernels.Reslice(stepPerRank[r], cfg.Iters)
 			for i, v := range rs {
 				stepPerRank[r][i] += v
 			}
@@ -616,7 +617,7 @@ func (m *measured) sumPhases(name string, phases []string, cfg Config) results.P
 			lockstep[i] += v
 		}
 		for r, rs := range m.samples[ph] {
-			perRank[r] = kernels.Grow(perRank[r], cfg.Iters)
+			perRank[r] = kernels.Reslice(perRank[r], cfg.Iters)
 			for i, v := range rs {
 				perRank[r][i] += v
 			}

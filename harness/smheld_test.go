@@ -5,7 +5,7 @@ import (
 	"testing"
 
 	"github.com/moebench/moebench/internal/hostsim"
-	"github.com/moebench/moebench/kernels"
+	"github.com/moebench/moebench/kernels/device"
 	"github.com/moebench/moebench/results"
 )
 
@@ -61,9 +61,9 @@ func TestSMsHeldPacked(t *testing.T) {
 func TestSMsHeldOnHostSim(t *testing.T) {
 	t.Setenv("FAKECUDA_SMS", "132")
 	comp := hostsim.Setup(t)
-	old := kernels.NewCompiler
-	kernels.NewCompiler = func() (kernels.Compiler, error) { return comp, nil }
-	t.Cleanup(func() { kernels.NewCompiler = old })
+	old := device.NewCompiler
+	device.NewCompiler = func() (device.Compiler, error) { return comp, nil }
+	t.Cleanup(func() { device.NewCompiler = old })
 	c := deepepDevice(t, 8, "balanced")
 	c.GPUs, c.SMs, c.Iters, c.Warmup, c.ForwardOnly = 1, 0, 1, 0, true
 	rec, err := Run(c, Env{Version: "test"})

@@ -9,7 +9,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
 	"github.com/moebench/moebench/internal/cuda"
-	"github.com/moebench/moebench/kernels"
+	"github.com/moebench/moebench/kernels/device"
 	"github.com/moebench/moebench/results"
 )
 
@@ -213,8 +213,8 @@ func (tm *telemetry) finish() (*results.Telemetry, string) {
 
 // gpuBusID is the PCI address of dev's GPU, for NVML to find it; "" when
 // dev is not a GPU or the driver does not say.
-func gpuBusID(dev kernels.Device) string {
-	c, ok := dev.(*kernels.CUDA)
+func gpuBusID(dev device.Device) string {
+	c, ok := dev.(*device.CUDA)
 	if !ok {
 		return ""
 	}

@@ -43,7 +43,7 @@ const GradTolerance = 2e-2
 const GradErrMetric = "max_i |g_i − ref_i| / max_i |ref_i| per gradient tensor (input, router weight, all experts' fc1, all experts' fc2, shared fc1, shared fc2); ref from ReferenceGrads in float64 on the same bf16 inputs, weights and upstream gradient"
 
 // ExpertTape is what one expert's forward over n rows keeps for its backward.
-type ExpertTape[F Float] struct {
+type ExpertTape[F Float32Or64] struct {
 	X    []F // [n,h] the rows' inputs
 	Prob []F // [n] their routing probabilities; nil means 1 (the shared expert)
 	// Saved is ExpertForward's scratch after the call: the fc1 output h1
@@ -52,7 +52,7 @@ type ExpertTape[F Float] struct {
 }
 
 // ExpertGrads receives one expert's gradients over n rows.
-type ExpertGrads[F Float] struct {
+type ExpertGrads[F Float32Or64] struct {
 	DX    []F // [n,h] written: the rows' input gradient (B4)
 	DProb []F // [n] written: the probabilities' gradient; nil when the tape has no Prob
 	DFC1  []F // [2f,h] added to: fc1's weight gradient
@@ -69,7 +69,7 @@ type ExpertGrads[F Float] struct {
 //	dx    = dh1 · fc1                  [n,h]   (B4)
 //
 // scratch must hold n·3f elements.
-func ExpertBackward[F Float](g ExpertGrads[F], dy []F, tape ExpertTape[F], fc1, fc2, scratch []F, n, h, f int, round func([]F)) {
+func ExpertBackward[F Float32Or64](g ExpertGrads[F], dy []F, tape ExpertTape[F], fc1, fc2, scratch []F, n, h, f int, round func([]F)) {
 	if n == 0 {
 		return
 	}
@@ -101,7 +101,7 @@ func ExpertBackward[F Float](g ExpertGrads[F], dy []F, tape ExpertTape[F], fc1, 
 // silu is recomputed from h1 (as Megatron's fused weighted_swiglu_back does;
 // act holds p·silu(g)·u rounded, which cannot give the unweighted value
 // back). prob nil means 1, and then dprob is not written (it may be nil).
-func SwiGLUProbBackward[F Float](dh1, dprob, dact, h1, prob []F, n, f int) {
+func SwiGLUProbBackward[F Float32Or64](dh1, dprob, dact, h1, prob []F, n, f int) {
 	for i := range n {
 		p := F(1)
 		if prob != nil {
@@ -129,14 +129,14 @@ func SwiGLUProbBackward[F Float](dh1, dprob, dact, h1, prob []F, n, f int) {
 // the sum of its k copies' outputs): each copy's output gradient is its
 // token's, dcopies[i,:] = dout[slots[i]/k,:] for the permuted rows of
 // PermuteOrder. The shared expert's output gradient is dout itself.
-func UnpermuteBackward[F Float](dcopies, dout []F, slots []int32, k, h int) {
+func UnpermuteBackward[F Float32Or64](dcopies, dout []F, slots []int32, k, h int) {
 	GatherRows(dcopies, dout, slots, k, h)
 }
 
 // PermuteBackward is the backward of the permute (each copy is its token's
 // input row): dx[t,:] = Σ of token t's copies' input gradients, summed in F
 // and rounded once (B5). dx has one row per token.
-func PermuteBackward[F Float](dx, dcopies []F, slots []int32, k, h int, round func([]F)) {
+func PermuteBackward[F Float32Or64](dx, dcopies []F, slots []int32, k, h int, round func([]F)) {
 	clear(dx)
 	ScatterAddRows(dx, dcopies, slots, k, h)
 	if round != nil {
@@ -147,7 +147,7 @@ func PermuteBackward[F Float](dx, dcopies []F, slots []int32, k, h int, round fu
 // InputGrad writes the layer's input gradient, dx = (dperm + drouter) +
 // dshared, each sum rounded (B8); drouter or dshared nil is left out (a
 // router without gradient, a layer without shared expert).
-func InputGrad[F Float](dx, dperm, drouter, dshared []F, round func([]F)) {
+func InputGrad[F Float32Or64](dx, dperm, drouter, dshared []F, round func([]F)) {
 	copy(dx, dperm)
 	for _, part := range [][]F{drouter, dshared} {
 		if part == nil {

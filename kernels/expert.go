@@ -8,7 +8,7 @@ import "math"
 
 // SwiGLUProb computes act[i,j] = silu(g[i,j]) · u[i,j] · prob[i] for the rows
 // of h1 [n, 2f] = [g | u]; prob nil means 1 (the shared expert).
-func SwiGLUProb[F Float](act, h1, prob []F, n, f int) {
+func SwiGLUProb[F Float32Or64](act, h1, prob []F, n, f int) {
 	for i := range n {
 		p := F(1)
 		if prob != nil {
@@ -27,7 +27,7 @@ func SwiGLUProb[F Float](act, h1, prob []F, n, f int) {
 // SwiGLU(fc1 · x)), Megatron's order. round, if not nil, is applied to each
 // stored intermediate (fc1 output, activation, output), as bf16 storage does.
 // scratch must hold n·3f elements.
-func ExpertForward[F Float](y, x, prob, fc1, fc2, scratch []F, n, h, f int, round func([]F)) {
+func ExpertForward[F Float32Or64](y, x, prob, fc1, fc2, scratch []F, n, h, f int, round func([]F)) {
 	if n == 0 {
 		return
 	}

@@ -1,7 +1,6 @@
 package kernels
 
 import (
-	"encoding/binary"
 	"fmt"
 	"math"
 )
@@ -91,13 +90,13 @@ func E4M3ToFloat32(c uint8) float32 {
 	return v
 }
 
-// fp8Scales are a block's quantization multiplier (scale, applied before
+// FP8Scales are a block's quantization multiplier (scale, applied before
 // the cast) and its dequantization multiplier (inv), as DeepEP's kernels
 // compute them (csrc/kernels/utils.cuh, calculate_fp8_scales) from the
 // block's amax clamped to FP8Margin: inv = amax·fl(1/448), scale =
 // fl(448/amax); with ue8m0 both are powers of two, inv = 2^⌈log2(amax/448)⌉
 // (the exponent read from fl(amax·fl(1/448))'s bits) and scale = 1/inv.
-func fp8Scales(amax float32, ue8m0 bool) (scale, inv float32) {
+func FP8Scales(amax float32, ue8m0 bool) (scale, inv float32) {
 	amax = max(amax, FP8Margin)
 	inv448 := float32(1.0 / E4M3Max)
 	if ue8m0 {
@@ -111,8 +110,8 @@ func fp8Scales(amax float32, ue8m0 bool) (scale, inv float32) {
 	return float32(E4M3Max / amax), amax * inv448
 }
 
-// blockAmax is the largest magnitude of x's elements.
-func blockAmax(x []float32) float32 {
+// BlockAmax is the largest magnitude of x's elements.
+func BlockAmax(x []float32) float32 {
 	var a float32
 	for _, v := range x {
 		a = max(a, float32(math.Abs(float64(v))))
@@ -145,7 +144,7 @@ func QuantFP8RowsInto(q []uint8, scales, x []float32, h int, ue8m0 bool) error {
 	}
 	for b := range scales {
 		blk := x[b*FP8Block : (b+1)*FP8Block]
-		s, inv := fp8Scales(blockAmax(blk), ue8m0)
+		s, inv := FP8Scales(BlockAmax(blk), ue8m0)
 		for i, v := range blk {
 			q[b*FP8Block+i] = E4M3FromFloat32(v * s)
 		}
@@ -185,9 +184,9 @@ func QuantFP8Weight(w []float32, n, k int, ue8m0 bool) (q []uint8, scales []floa
 		for j := range bk {
 			var amax float32
 			for r := i * FP8Block; r < min(n, (i+1)*FP8Block); r++ {
-				amax = max(amax, blockAmax(w[r*k+j*FP8Block:r*k+min(k, (j+1)*FP8Block)]))
+				amax = max(amax, BlockAmax(w[r*k+j*FP8Block:r*k+min(k, (j+1)*FP8Block)]))
 			}
-			s, inv := fp8Scales(amax, ue8m0)
+			s, inv := FP8Scales(amax, ue8m0)
 			for r := i * FP8Block; r < min(n, (i+1)*FP8Block); r++ {
 				for c := j * FP8Block; c < min(k, (j+1)*FP8Block); c++ {
 					q[r*k+c] = E4M3FromFloat32(w[r*k+c] * s)
@@ -239,11 +238,11 @@ func MXScaleRoundUp(amax float32) uint8 {
 	return uint8(e)
 }
 
-// mxRecip is the multiplier TransformerEngine applies before the cast for
+// MXRecip is the multiplier TransformerEngine applies before the cast for
 // scale e8m0 (exp2f_rcp): 2^-(e8m0−127), but 1 for e8m0 = 0, where the
 // spec's rule multiplies by 2^127 (only blocks whose values all lie below
 // 2^-119 get the scale 0; under TE's rule they quantize to zeros).
-func mxRecip(e8m0 uint8) float32 {
+func MXRecip(e8m0 uint8) float32 {
 	if e8m0 == 0 {
 		return 1
 	}
@@ -265,11 +264,11 @@ func QuantMXFP8(x []float32, roundUp bool) (q []uint8, scales []uint8, err error
 	scales = make([]uint8, len(x)/MXBlock)
 	for b := range scales {
 		blk := x[b*MXBlock : (b+1)*MXBlock]
-		s := MXScale(blockAmax(blk))
+		s := MXScale(BlockAmax(blk))
 		r := 1 / mxPow2(s) // 2^-X: a float32 normal for X in −127…120
 		if roundUp {
-			s = MXScaleRoundUp(blockAmax(blk))
-			r = mxRecip(s)
+			s = MXScaleRoundUp(BlockAmax(blk))
+			r = MXRecip(s)
 		}
 		for i, v := range blk {
 			q[b*MXBlock+i] = E4M3FromFloat32(v * r)
@@ -340,118 +339,11 @@ const (
 	FP8KernelBlock = 256 // threads per block of every FP8 kernel
 )
 
-// FP8QuantProgram is quant_fp8_1x128: (x bf16, n int64 blocks of 128,
-// flags int32, q e4m3, scales fp32).
-func FP8QuantProgram() *Program {
-	return &Program{File: "fp8.cu", Kernel: "quant_fp8_1x128", Block: FP8KernelBlock}
-}
-
-// MXFP8QuantProgram is quant_mxfp8: (x bf16, n int64 blocks of 32, flags
-// int32, q e4m3, scales e8m0 bytes).
-func MXFP8QuantProgram() *Program {
-	return &Program{File: "fp8.cu", Kernel: "quant_mxfp8", Block: FP8KernelBlock}
-}
-
-// FP8DequantProgram is dequant_fp8_1x128: (q e4m3, scales fp32, n int64
-// blocks of 128, y bf16).
-func FP8DequantProgram() *Program {
-	return &Program{File: "fp8.cu", Kernel: "dequant_fp8_1x128", Block: FP8KernelBlock}
-}
-
 // FP8RowPitch is the bytes of a packed fp8 row of h elements (h % 128 ==
 // 0): its e4m3 values, then its h/128 fp32 multipliers, padded to 16
 // bytes (quant_fp8_rows's layout: the rows the cuda device's fp8 dispatch
 // moves).
 func FP8RowPitch(h int) int { return (h + h/FP8Block*4 + 15) / 16 * 16 }
-
-// FP8QuantRowsProgram is quant_fp8_rows: (x bf16, n int64 blocks of 128,
-// flags int32, S int32 blocks a row, pitch int64 bytes a row, out packed
-// rows): quant_fp8_1x128 into packed rows (FP8RowPitch).
-func FP8QuantRowsProgram() *Program {
-	return &Program{File: "fp8.cu", Kernel: "quant_fp8_rows", Block: FP8KernelBlock, Twin: fp8RowsTwin(false)}
-}
-
-// FP8DequantRowsProgram is dequant_fp8_rows: (in packed rows, n int64
-// blocks of 128, S int32, pitch int64, y bf16 [n/S, S·128]).
-func FP8DequantRowsProgram() *Program {
-	return &Program{File: "fp8.cu", Kernel: "dequant_fp8_rows", Block: FP8KernelBlock, Twin: fp8RowsTwin(true)}
-}
-
-// fp8RowsTwin is the packed-row kernels on Emu, through the host
-// functions.
-func fp8RowsTwin(dequant bool) func([]TwinPart) error {
-	return func(parts []TwinPart) error {
-		for _, p := range parts {
-			if err := fp8RowsTwinPart(p, dequant); err != nil {
-				return err
-			}
-		}
-		return nil
-	}
-}
-
-func fp8RowsTwinPart(p TwinPart, dequant bool) error {
-	a := p.Args
-	if len(a) != 6 && !dequant || len(a) != 5 && dequant {
-		return fmt.Errorf("fp8 rows: %d arguments", len(a))
-	}
-	at := 0
-	if !dequant {
-		at = 1
-	}
-	in, n, S, pitch, out := a[0].(Ptr), a[1].(int64), int64(a[2+at].(int32)), a[3+at].(int64), a[4+at].(Ptr)
-	if S <= 0 || n%S != 0 || pitch < S*(FP8Block+4) {
-		return fmt.Errorf("fp8 rows: %d blocks of %d a row, pitch %d", n, S, pitch)
-	}
-	rows, h := n/S, S*FP8Block
-	if dequant {
-		pb, err := p.Read(in, rows*pitch)
-		if err != nil {
-			return err
-		}
-		yb, err := p.Write(out, 2*n*FP8Block)
-		if err != nil {
-			return err
-		}
-		q, sc := make([]uint8, n*FP8Block), make([]float32, n)
-		for r := range rows {
-			row := pb[r*pitch:]
-			copy(q[r*h:(r+1)*h], row[:h])
-			for b := range S {
-				sc[r*S+b] = math.Float32frombits(binary.LittleEndian.Uint32(row[h+4*b:]))
-			}
-		}
-		for i, v := range BF16Bits(DequantFP8Rows(q, sc)) {
-			binary.LittleEndian.PutUint16(yb[2*i:], v)
-		}
-		return nil
-	}
-	flags := a[2].(int32)
-	xb, err := p.Read(in, 2*n*FP8Block)
-	if err != nil {
-		return err
-	}
-	xs := make([]float32, n*FP8Block)
-	for i := range xs {
-		xs[i] = math.Float32frombits(uint32(binary.LittleEndian.Uint16(xb[2*i:])) << 16)
-	}
-	q, sc, err := QuantFP8Rows(xs, int(h), flags&FP8UE8M0 != 0)
-	if err != nil {
-		return err
-	}
-	ob, err := p.Write(out, rows*pitch)
-	if err != nil {
-		return err
-	}
-	for r := range rows {
-		row := ob[r*pitch:]
-		copy(row[:h], q[r*h:(r+1)*h])
-		for b := range S {
-			binary.LittleEndian.PutUint32(row[h+4*b:], math.Float32bits(sc[r*S+b]))
-		}
-	}
-	return nil
-}
 
 // FP8Grid is the grid that gives every warp of the quantization kernels
 // one step over n blocks of size elements (16 per lane), capped at cap.

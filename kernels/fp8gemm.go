@@ -155,24 +155,6 @@ var e4m3Val = func() (v [256]float32) {
 	return v
 }()
 
-// FP8GEMMPath is the finest FP8 GEMM this GPU's cuBLASLt offers
-// (FP8GEMMPathFor with the library's version and the GPU's compute
-// capability).
-func (c *CUDA) FP8GEMMPath() (FP8GEMMPath, string) {
-	if c.Lt == nil {
-		return FP8GEMMDequant, "no cuBLASLt"
-	}
-	return FP8GEMMPathFor(c.Lt.Version, c.cc)
-}
-
-// ltRun runs plan g of mm into out (RunFP8 with mm's multipliers at FP8).
-func (c *CUDA) ltRun(g *cuda.GEMM, out Ptr, mm MatMul, ws Ptr, s Stream) error {
-	if mm.FP8 != cuda.FP8None {
-		return c.Lt.RunFP8(g, out, mm.A, mm.AScale, mm.B, mm.BScale, ws, s)
-	}
-	return c.Lt.Run(g, out, mm.A, mm.B, ws, s)
-}
-
 // QuantFP8RowsK quantizes m rows of k values in 1×128 blocks along k as
 // QuantFP8Rows does (the same rule, scale = 448/amax, not a power of two),
 // k any positive length: the last block of a row holds k mod 128 values
@@ -185,7 +167,7 @@ func QuantFP8RowsK(x []float32, m, k int) (q []uint8, scales []float32) {
 	for i := range m {
 		for b := range kb {
 			lo, hi := i*k+b*FP8Block, i*k+min(k, (b+1)*FP8Block)
-			s, inv := fp8Scales(blockAmax(x[lo:hi]), false)
+			s, inv := FP8Scales(BlockAmax(x[lo:hi]), false)
 			for j := lo; j < hi; j++ {
 				q[j] = E4M3FromFloat32(x[j] * s)
 			}

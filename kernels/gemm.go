@@ -5,14 +5,14 @@ import (
 	"sync"
 )
 
-// Float is the element type of host tensors: float32 for the host device,
+// Float32Or64 is the element type of host tensors: float32 for the host device,
 // float64 for the reference.
-type Float interface{ ~float32 | ~float64 }
+type Float32Or64 interface{ ~float32 | ~float64 }
 
 // MatMulNT computes c[m,n] = a[m,k] · b[n,k]ᵀ (both operands row-major, b in
 // the [out,in] layout of a linear layer's weight), accumulating in F. Rows of c
 // are split across GOMAXPROCS goroutines when the product is large.
-func MatMulNT[F Float](c, a, b []F, m, n, k int) {
+func MatMulNT[F Float32Or64](c, a, b []F, m, n, k int) {
 	if len(a) < m*k || len(b) < n*k || len(c) < m*n {
 		panic("kernels.MatMulNT: operand shorter than its shape")
 	}
@@ -49,7 +49,7 @@ func parallelRows(m, work int, fn func(lo, hi int)) {
 	wg.Wait()
 }
 
-func matMulRows[F Float](c, a, b []F, lo, hi, n, k int) {
+func matMulRows[F Float32Or64](c, a, b []F, lo, hi, n, k int) {
 	for i := lo; i < hi; i++ {
 		ar := a[i*k : i*k+k]
 		cr := c[i*n : i*n+n]

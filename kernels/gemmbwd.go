@@ -8,7 +8,7 @@ package kernels
 // MatMulNN computes c[m,n] = a[m,k] · b[k,n] (both row-major), accumulating
 // each element in F in order of k. Rows of c are split across GOMAXPROCS
 // goroutines when the product is large.
-func MatMulNN[F Float](c, a, b []F, m, n, k int) {
+func MatMulNN[F Float32Or64](c, a, b []F, m, n, k int) {
 	if len(a) < m*k || len(b) < k*n || len(c) < m*n {
 		panic("kernels.MatMulNN: operand shorter than its shape")
 	}
@@ -29,7 +29,7 @@ func MatMulNN[F Float](c, a, b []F, m, n, k int) {
 // of c accumulates its k products in F, in order of k, on top of what it
 // held. Rows of c are split across GOMAXPROCS goroutines when the product is
 // large.
-func MatMulTNAdd[F Float](c, a, b []F, m, n, k int) {
+func MatMulTNAdd[F Float32Or64](c, a, b []F, m, n, k int) {
 	if len(a) < k*m || len(b) < k*n || len(c) < m*n {
 		panic("kernels.MatMulTNAdd: operand shorter than its shape")
 	}

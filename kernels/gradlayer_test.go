@@ -92,7 +92,7 @@ func (l *gradLayer) problem() GradProblem {
 
 func f32(s []float64) []float32 { return conv[float32](s) }
 
-func conv[F, G Float](s []G) []F {
+func conv[F, G Float32Or64](s []G) []F {
 	if s == nil {
 		return nil
 	}
@@ -118,7 +118,7 @@ const (
 // hostGrads runs the layer forward and backward with the host functions in
 // F, rounding with round (nil: none), and returns the gradients widened to
 // float64 in Grads' layout.
-func hostGrads[F Float](l *gradLayer, round func([]F), mut mutation) Grads {
+func hostGrads[F Float32Or64](l *gradLayer, round func([]F), mut mutation) Grads {
 	c := l.rc
 	T, h, f, fs, E, k := l.T, l.h, l.f, l.fs, c.Experts, c.TopK
 	x, wr, dout := conv[F](l.x), conv[F](l.wr), conv[F](l.dout)
@@ -222,7 +222,7 @@ func hostGrads[F Float](l *gradLayer, round func([]F), mut mutation) Grads {
 	return out
 }
 
-func poisoned[F Float](n int) []F {
+func poisoned[F Float32Or64](n int) []F {
 	s := make([]F, n)
 	for i := range s {
 		s[i] = F(math.NaN())

@@ -174,7 +174,7 @@ func ReferenceGradsEach(p GradProblem, workers int, each func(e int, fc1, fc2 []
 // zeroed is a zeroed slice of n elements, in b's memory when it is large
 // enough.
 func zeroed(b []float64, n int) []float64 {
-	b = Grow(b, n)
+	b = Reslice(b, n)
 	clear(b)
 	return b
 }
@@ -238,7 +238,7 @@ func probJacobian(c RouterConfig, z []float64, sel []int32) [][]float64 {
 	for i := range jac {
 		jac[i] = make([]float64, E)
 	}
-	if c.preSoftmax() { // p_i = scale·P_sel_i, P = softmax(z) over all E
+	if c.UsesPreSoftmax() { // p_i = scale·P_sel_i, P = softmax(z) over all E
 		P := softmax(z)
 		for i, s := range sel {
 			for e := range E {

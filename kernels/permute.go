@@ -6,7 +6,7 @@ package kernels
 // t*k+j it came from, and the number of rows per expert, reusing the storage
 // of slots and counts (which may be nil) when it is large enough.
 func PermuteOrder(idx []int32, tokens, k, experts int, slots []int32, counts []int) ([]int32, []int) {
-	counts = Grow(counts, 2*experts) // counts, then the next free row of each expert
+	counts = Reslice(counts, 2*experts) // counts, then the next free row of each expert
 	clear(counts)
 	counts, next := counts[:experts], counts[experts:]
 	for _, e := range idx[:tokens*k] {
@@ -15,7 +15,7 @@ func PermuteOrder(idx []int32, tokens, k, experts int, slots []int32, counts []i
 	for e := 1; e < experts; e++ {
 		next[e] = next[e-1] + counts[e-1]
 	}
-	slots = Grow(slots, tokens*k)
+	slots = Reslice(slots, tokens*k)
 	for s, e := range idx[:tokens*k] {
 		slots[next[e]] = int32(s)
 		next[e]++
@@ -25,7 +25,7 @@ func PermuteOrder(idx []int32, tokens, k, experts int, slots []int32, counts []i
 
 // GatherRows copies dst[i,:] = src[rows[i]/div, :] for every i; div is k when
 // rows are slots t*k+j and the source is indexed by token, else 1.
-func GatherRows[F Float](dst, src []F, rows []int32, div, cols int) {
+func GatherRows[F Float32Or64](dst, src []F, rows []int32, div, cols int) {
 	for i, r := range rows {
 		s := int(r) / div
 		copy(dst[i*cols:(i+1)*cols], src[s*cols:(s+1)*cols])
@@ -34,7 +34,7 @@ func GatherRows[F Float](dst, src []F, rows []int32, div, cols int) {
 
 // ScatterAddRows adds src[i,:] into dst[rows[i]/div, :] for every i, in order
 // of i: the unpermute step, a plain sum of each token's k expert outputs.
-func ScatterAddRows[F Float](dst, src []F, rows []int32, div, cols int) {
+func ScatterAddRows[F Float32Or64](dst, src []F, rows []int32, div, cols int) {
 	for i, r := range rows {
 		d := int(r) / div
 		dr := dst[d*cols : (d+1)*cols]
@@ -44,9 +44,9 @@ func ScatterAddRows[F Float](dst, src []F, rows []int32, div, cols int) {
 	}
 }
 
-// Grow returns s resized to n elements, reusing its storage when it is large
+// Reslice returns s resized to n elements, reusing its storage when it is large
 // enough (the contents are not cleared).
-func Grow[T any](s []T, n int) []T {
+func Reslice[T any](s []T, n int) []T {
 	if cap(s) >= n {
 		return s[:n]
 	}

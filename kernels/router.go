@@ -32,7 +32,7 @@ func (c RouterConfig) grouped() bool { return c.Groups > 1 }
 // on: the logits for softmax (with PreSoftmax the softmax over all experts),
 // sigmoid(logit)+bias for sigmoid.
 func (c RouterConfig) SelectionScores(logits []float64) []float64 {
-	if c.preSoftmax() {
+	if c.UsesPreSoftmax() {
 		return softmax(logits)
 	}
 	s := make([]float64, len(logits))
@@ -76,7 +76,7 @@ func (c RouterConfig) Select(sel []float64) []int32 {
 	return topIdx(sel, eligible, c.TopK)
 }
 
-func (c RouterConfig) preSoftmax() bool { return c.PreSoftmax && c.Score == ScoreSoftmax }
+func (c RouterConfig) UsesPreSoftmax() bool { return c.PreSoftmax && c.Score == ScoreSoftmax }
 
 // softmax is the softmax of v.
 func softmax(v []float64) []float64 {
@@ -102,7 +102,7 @@ func (c RouterConfig) Probs(logits []float64, idx []int32) []float64 {
 	if scale == 0 {
 		scale = 1
 	}
-	if c.preSoftmax() {
+	if c.UsesPreSoftmax() {
 		all := softmax(logits)
 		for i, e := range idx {
 			p[i] = all[e] * scale
@@ -167,7 +167,7 @@ func (c RouterConfig) Feasible(idx []int32) error {
 // Route runs the top-k step on logits [T,E] and writes the chosen experts to
 // idx [T,k] and their probabilities to probs [T,k] (float32, as the layer
 // keeps them). Scores are computed in float64 whatever F is.
-func Route[F Float](c RouterConfig, logits []F, tokens int, idx []int32, probs []float32) {
+func Route[F Float32Or64](c RouterConfig, logits []F, tokens int, idx []int32, probs []float32) {
 	E, k := c.Experts, c.TopK
 	row := make([]float64, E)
 	for t := range tokens {

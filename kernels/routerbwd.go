@@ -25,7 +25,7 @@ import "math"
 // With an override of the logits (force-balanced routing) the gradient is
 // that of the override's values, passed on to the router GEMM unchanged
 // (Megatron's straight-through RandomSTE).
-func ScoreBackward[F Float](c RouterConfig, dlogits, logits, dprobs []F, idx []int32, tokens int) {
+func ScoreBackward[F Float32Or64](c RouterConfig, dlogits, logits, dprobs []F, idx []int32, tokens int) {
 	E, k := c.Experts, c.TopK
 	scale := F(c.Scale)
 	if c.Scale == 0 {
@@ -39,7 +39,7 @@ func ScoreBackward[F Float](c RouterConfig, dlogits, logits, dprobs []F, idx []i
 		for i := range g {
 			g[i] = scale * dprobs[t*k+i]
 		}
-		if c.preSoftmax() {
+		if c.UsesPreSoftmax() {
 			preSoftmaxBackward(dz, z, g, sel)
 			continue
 		}
@@ -81,7 +81,7 @@ func ScoreBackward[F Float](c RouterConfig, dlogits, logits, dprobs []F, idx []i
 // preSoftmaxBackward writes one token's dz [E] from its logits z [E] and
 // the scaled probability gradients g [k] of its chosen experts sel: the
 // backward of p_i = P_sel_i with P the softmax over all experts.
-func preSoftmaxBackward[F Float](dz, z, g []F, sel []int32) {
+func preSoftmaxBackward[F Float32Or64](dz, z, g []F, sel []int32) {
 	m := math.Inf(-1)
 	for _, v := range z {
 		m = math.Max(m, float64(v))
@@ -116,7 +116,7 @@ func preSoftmaxBackward[F Float](dz, z, g []F, sel []int32) {
 // computes both in the fp32 router dtype and casts them back). dWr is
 // written, not added to: it is the step's parameter gradient, which the
 // optimizer's fp32 main_grad then accumulates.
-func RouterBackward[F Float](dx, dwr, dlogits, x, wr []F, tokens, hidden, experts int, round func([]F)) {
+func RouterBackward[F Float32Or64](dx, dwr, dlogits, x, wr []F, tokens, hidden, experts int, round func([]F)) {
 	MatMulNN(dx, dlogits, wr, tokens, hidden, experts)
 	clear(dwr[:experts*hidden])
 	MatMulTNAdd(dwr, dlogits, x, experts, hidden, tokens)

@@ -8,18 +8,18 @@ import (
 	"sort"
 )
 
-// sources are the kernel implementations in this binary — the host ones and
+// Sources are the kernel implementations in this binary — the host ones and
 // the CUDA C ones; their hash goes into every record so that results name the
 // kernels they timed.
 //
 //go:embed bf16.go expert.go fp8.go gemm.go permute.go router.go cuda/*.cu cuda/*.cuh
-var sources embed.FS
+var Sources embed.FS
 
 // SourceHash is the sha256 of the kernel sources (file names and contents,
 // in name order), hex encoded.
 func SourceHash() string {
 	var names []string
-	fs.WalkDir(sources, ".", func(p string, d fs.DirEntry, err error) error {
+	fs.WalkDir(Sources, ".", func(p string, d fs.DirEntry, err error) error {
 		if err == nil && !d.IsDir() {
 			names = append(names, p)
 		}
@@ -28,7 +28,7 @@ func SourceHash() string {
 	sort.Strings(names)
 	h := sha256.New()
 	for _, n := range names {
-		b, _ := sources.ReadFile(n) // embedded: cannot fail
+		b, _ := Sources.ReadFile(n) // embedded: cannot fail
 		h.Write([]byte(n))
 		h.Write([]byte{0})
 		h.Write(b)

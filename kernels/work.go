@@ -1,14 +1,16 @@
 package kernels
 
-// Work is what one step of the layer computes and the bytes it must move
+// FLOPsBytes is what one step of the layer computes and the bytes it must move
 // through memory at the least (each operand read once, each result written
 // once; a wgrad GEMM reads and writes its fp32 main_grad).
-type Work struct {
+type FLOPsBytes struct {
 	FLOPs float64
 	Bytes float64
 }
 
-func (w Work) plus(o Work) Work { return Work{w.FLOPs + o.FLOPs, w.Bytes + o.Bytes} }
+func (w FLOPsBytes) plus(o FLOPsBytes) FLOPsBytes {
+	return FLOPsBytes{w.FLOPs + o.FLOPs, w.Bytes + o.Bytes}
+}
 
 // Storage sizes, bytes.
 const (
@@ -21,9 +23,9 @@ const (
 // only (Megatron's convention: element-wise work is not counted); Bytes
 // count every step's traffic, element-wise ones included.
 type ExpertWork struct {
-	FC1, SwiGLU, FC2                   Work // forward
-	FC2DGrad, FC2WGrad, SwiGLUBackward Work // backward, in order
-	FC1WGrad, FC1DGrad                 Work
+	FC1, SwiGLU, FC2                   FLOPsBytes // forward
+	FC2DGrad, FC2WGrad, SwiGLUBackward FLOPsBytes // backward, in order
+	FC1WGrad, FC1DGrad                 FLOPsBytes
 }
 
 // ExpertGEMMWork is the work of one expert over rows token copies (sum it
@@ -35,31 +37,31 @@ func ExpertGEMMWork(rows, h, f int) ExpertWork {
 	act := func(cols float64) float64 { return n * cols * bf16Bytes } // rows×cols bf16
 	w1, w2 := 2*F*H*bf16Bytes, H*F*bf16Bytes                          // fc1 [2f,h], fc2 [h,f]
 	return ExpertWork{
-		FC1:    Work{2 * n * H * 2 * F, act(H) + w1 + act(2*F)},
-		SwiGLU: Work{0, act(2*F) + n*fp32Bytes + act(F)},
-		FC2:    Work{2 * n * F * H, act(F) + w2 + act(H)},
+		FC1:    FLOPsBytes{2 * n * H * 2 * F, act(H) + w1 + act(2*F)},
+		SwiGLU: FLOPsBytes{0, act(2*F) + n*fp32Bytes + act(F)},
+		FC2:    FLOPsBytes{2 * n * F * H, act(F) + w2 + act(H)},
 		// dact = dy·fc2; dFC2 += dyᵀ·act
-		FC2DGrad: Work{2 * n * H * F, act(H) + w2 + act(F)},
-		FC2WGrad: Work{2 * n * H * F, act(H) + act(F) + 2*H*F*fp32Bytes},
+		FC2DGrad: FLOPsBytes{2 * n * H * F, act(H) + w2 + act(F)},
+		FC2WGrad: FLOPsBytes{2 * n * H * F, act(H) + act(F) + 2*H*F*fp32Bytes},
 		// dh1, dprob from dact, h1, prob
-		SwiGLUBackward: Work{0, act(F) + act(2*F) + n*fp32Bytes + act(2*F) + n*fp32Bytes},
+		SwiGLUBackward: FLOPsBytes{0, act(F) + act(2*F) + n*fp32Bytes + act(2*F) + n*fp32Bytes},
 		// dFC1 += dh1ᵀ·x; dx = dh1·fc1
-		FC1WGrad: Work{2 * n * 2 * F * H, act(2*F) + act(H) + 2*2*F*H*fp32Bytes},
-		FC1DGrad: Work{2 * n * 2 * F * H, act(2*F) + w1 + act(H)},
+		FC1WGrad: FLOPsBytes{2 * n * 2 * F * H, act(2*F) + act(H) + 2*2*F*H*fp32Bytes},
+		FC1DGrad: FLOPsBytes{2 * n * 2 * F * H, act(2*F) + w1 + act(H)},
 	}
 }
 
 // Forward is the forward's total.
-func (w ExpertWork) Forward() Work { return w.FC1.plus(w.SwiGLU).plus(w.FC2) }
+func (w ExpertWork) Forward() FLOPsBytes { return w.FC1.plus(w.SwiGLU).plus(w.FC2) }
 
 // Backward is the backward's total.
-func (w ExpertWork) Backward() Work {
+func (w ExpertWork) Backward() FLOPsBytes {
 	return w.FC2DGrad.plus(w.FC2WGrad).plus(w.SwiGLUBackward).plus(w.FC1WGrad).plus(w.FC1DGrad)
 }
 
 // DGrad and WGrad are the backward's two GEMM halves.
-func (w ExpertWork) DGrad() Work { return w.FC2DGrad.plus(w.FC1DGrad) }
-func (w ExpertWork) WGrad() Work { return w.FC2WGrad.plus(w.FC1WGrad) }
+func (w ExpertWork) DGrad() FLOPsBytes { return w.FC2DGrad.plus(w.FC1DGrad) }
+func (w ExpertWork) WGrad() FLOPsBytes { return w.FC2WGrad.plus(w.FC1WGrad) }
 
 // LayerGEMMFLOPs is the expert GEMM work of one step of the layer, forward
 // and backward, for copies routed token copies and tokens tokens (all ranks
@@ -81,11 +83,11 @@ const GEMMFormula = "expert GEMMs only, 2·m·n·k each: forward 6·hidden·ffn 
 // RouterGEMMWork is the router GEMM's work over tokens tokens: the forward
 // logits = x·Wrᵀ (bf16 x and Wr, fp32 logits) and its backward dgrad and
 // wgrad (fp32 dlogits; bf16 results).
-func RouterGEMMWork(tokens, h, experts int) (forward, backward Work) {
+func RouterGEMMWork(tokens, h, experts int) (forward, backward FLOPsBytes) {
 	T, H, E := float64(tokens), float64(h), float64(experts)
 	x, wr, logits := T*H*bf16Bytes, E*H*bf16Bytes, T*E*fp32Bytes
-	forward = Work{2 * T * E * H, x + wr + logits}
-	backward = Work{4 * T * E * H, (logits + wr + x) + (logits + x + wr)}
+	forward = FLOPsBytes{2 * T * E * H, x + wr + logits}
+	backward = FLOPsBytes{4 * T * E * H, (logits + wr + x) + (logits + x + wr)}
 	return forward, backward
 }
 
@@ -122,7 +124,7 @@ func SavedBytes(copies, tokens, h, f, fs, scores int) int64 {
 // backward reads: its k chosen experts', or every expert's when the softmax
 // over all of them comes first (PreSoftmax).
 func (c RouterConfig) SavedScores() int {
-	if c.preSoftmax() {
+	if c.UsesPreSoftmax() {
 		return c.Experts
 	}
 	return c.TopK

@@ -19,10 +19,10 @@ case $MAX_MIB in '' | *[!0-9]*)
   exit 2
   ;;
 esac
-pkgs="internal/cuda kernels dispatchers/deepep dispatchers/hybridep harness"
+pkgs="internal/cuda kernels/comm dispatchers/deepep dispatchers/hybridep harness"
 case ${1:-} in
 '') ;;
-quick) pkgs="kernels dispatchers/deepep dispatchers/hybridep" ;;
+quick) pkgs="kernels/comm dispatchers/deepep dispatchers/hybridep" ;;
 *)
   echo "build-gpu-bins.sh: unknown argument '$1' (known: quick)" >&2
   exit 2

@@ -205,7 +205,7 @@ if [ "$mode" = quick ]; then
   # moebench's own kernels against their host functions, each test compiling
   # its kernels with the node's NVRTC (NCCL's binding test left to the whole
   # check)
-  gputest test-kernels kernels.test 50 -test.run '^TestGPU' -test.skip '^TestGPUNCCL$'
+  gputest test-kernels kernels_comm.test 50 -test.run '^TestGPU' -test.skip '^TestGPUNCCL$'
   gputest test-deepep dispatchers_deepep.test 40 -test.run '^TestGPUDeepEP$'
   gputest test-hybridep dispatchers_hybridep.test 35 -test.run '^TestGPUHybridEPDevice$'
   # a training step per dispatcher, checked, every rank on GPU 0 (--gpus 1
@@ -365,7 +365,7 @@ if [ "$mode" = twoproc ]; then
 elif [ -n "$san" ]; then
   for tool in memcheck racecheck synccheck initcheck; do
     step "sanitize-$tool" 150 "$san" --tool "$tool" --error-exitcode 3 \
-      "$BIN_DIR/kernels.test" -test.v -test.run '^TestGPU(Router|Permute|SortChunks|SwiGLUAndUnpermute|FP8)$'
+      "$BIN_DIR/kernels_comm.test" -test.v -test.run '^TestGPU(Router|Permute|SortChunks|SwiGLUAndUnpermute|FP8)$'
     if grep -q -i "device not supported" "$OUT/sanitize-$tool.log" 2>/dev/null; then
       note "sanitize-$tool" "n/a (compute-sanitizer: device not supported)"
     fi

@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"github.com/moebench/moebench/internal/hostsim"
-	"github.com/moebench/moebench/kernels"
+	"github.com/moebench/moebench/kernels/device"
 	"github.com/moebench/moebench/results"
 )
 
@@ -29,9 +29,9 @@ func TestAdviseSimulatedCUDA(t *testing.T) {
 	hostsim.SkipIfShort(t, "TestAdvisePlantedDelay's host runs (skipped too) and the advise package's tests")
 	t.Setenv("FAKECUDA_SMS", "32")
 	comp := hostsim.Setup(t)
-	old := kernels.NewCompiler
-	kernels.NewCompiler = func() (kernels.Compiler, error) { return comp, nil }
-	t.Cleanup(func() { kernels.NewCompiler = old })
+	old := device.NewCompiler
+	device.NewCompiler = func() (device.Compiler, error) { return comp, nil }
+	t.Cleanup(func() { device.NewCompiler = old })
 	t.Setenv("MOEBENCH_NCCL", filepath.Join(t.TempDir(), "no-libnccl.so.2"))
 	t.Setenv("FAKECUDA_DELAY_KERNELS", "sort_chunks=100000")
 	out := filepath.Join(t.TempDir(), "advice")

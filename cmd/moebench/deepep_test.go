@@ -9,7 +9,7 @@ import (
 
 	"github.com/moebench/moebench/harness/bench"
 	"github.com/moebench/moebench/internal/hostsim"
-	"github.com/moebench/moebench/kernels"
+	"github.com/moebench/moebench/kernels/device"
 	"github.com/moebench/moebench/results"
 )
 
@@ -153,9 +153,9 @@ func TestDeepEPOnFakeGPUs(t *testing.T) {
 	hostsim.SkipIfShort(t, "TestDistributedRun/ep4-over-2 (the command on the fake GPUs) and deepep's TestDeviceOnHostSim")
 	t.Setenv("FAKECUDA_SMS", "8")
 	comp := hostsim.Setup(t)
-	old := kernels.NewCompiler
-	kernels.NewCompiler = func() (kernels.Compiler, error) { return comp, nil }
-	t.Cleanup(func() { kernels.NewCompiler = old })
+	old := device.NewCompiler
+	device.NewCompiler = func() (device.Compiler, error) { return comp, nil }
+	t.Cleanup(func() { device.NewCompiler = old })
 	gpu := []string{"--device", "cuda", "--tokens", "16", "--hidden", "32", "--ffn", "16", "--ep", "4", "--warmup", "0", "--iters", "2"}
 	code, stdout, stderr := cli(append(gpu, "--dispatcher", "deepep", "--sms", "2")...)
 	if code != exitOK || !strings.Contains(stdout, "correctness            PASS") || !strings.Contains(stdout, "\n  notify ") {

@@ -17,7 +17,7 @@ import (
 	"github.com/moebench/moebench/harness"
 	"github.com/moebench/moebench/harness/bench"
 	"github.com/moebench/moebench/internal/hostsim"
-	"github.com/moebench/moebench/kernels"
+	"github.com/moebench/moebench/kernels/device"
 	"github.com/moebench/moebench/results"
 )
 
@@ -31,11 +31,11 @@ func TestMain(m *testing.M) {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)
 		}
-		var c kernels.Compiler = comp
+		var c device.Compiler = comp
 		if m := os.Getenv("MOEBENCH_TEST_MUTATE"); m != "" {
 			c = &mutating{Compiler: comp, kernel: m}
 		}
-		kernels.NewCompiler = func() (kernels.Compiler, error) { return c, nil }
+		device.NewCompiler = func() (device.Compiler, error) { return c, nil }
 		agreed := 0
 		d, err := time.ParseDuration(os.Getenv("MOEBENCH_TEST_AGREE_DELAY"))
 		if err == nil { // a slow agreement on whether to stop
@@ -67,7 +67,7 @@ func TestMain(m *testing.M) {
 // kernel whose source no longer holds the text to change fails to compile
 // (a mutation that silently did nothing would let a test pass).
 type mutating struct {
-	kernels.Compiler
+	device.Compiler
 	kernel string
 }
 

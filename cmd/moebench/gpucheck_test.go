@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"github.com/moebench/moebench/internal/hostsim"
-	"github.com/moebench/moebench/kernels"
+	"github.com/moebench/moebench/kernels/device"
 	"github.com/moebench/moebench/results"
 )
 
@@ -55,7 +55,7 @@ head -c "$FAKE_GO_BYTES" /dev/zero > "$out"
 		}
 		return code, string(b), string(l), bins
 	}
-	all := []string{"dispatchers_deepep.test", "dispatchers_hybridep.test", "harness.test", "internal_cuda.test", "kernels.test", "moebench"}
+	all := []string{"dispatchers_deepep.test", "dispatchers_hybridep.test", "harness.test", "internal_cuda.test", "kernels_comm.test", "moebench"}
 	t.Run("within", func(t *testing.T) {
 		code, out, log, bins := build(t, mib, "")
 		if code != 0 || strings.Join(bins, " ") != strings.Join(all, " ") {
@@ -90,7 +90,7 @@ head -c "$FAKE_GO_BYTES" /dev/zero > "$out"
 	})
 	t.Run("quick", func(t *testing.T) {
 		code, out, _, bins := build(t, mib, "", "quick")
-		if want := "dispatchers_deepep.test dispatchers_hybridep.test kernels.test moebench"; code != 0 || strings.Join(bins, " ") != want {
+		if want := "dispatchers_deepep.test dispatchers_hybridep.test kernels_comm.test moebench"; code != 0 || strings.Join(bins, " ") != want {
 			t.Errorf("exit %d, built %v, want %s:\n%s", code, bins, want, out)
 		}
 	})
@@ -110,7 +110,7 @@ head -c "$FAKE_GO_BYTES" /dev/zero > "$out"
 // "timeout" ends as a test binary past its -test.timeout does.
 func fakeTests(t *testing.T, log string, how map[string]string) string {
 	dir := t.TempDir()
-	for _, name := range []string{"kernels.test", "dispatchers_deepep.test", "dispatchers_hybridep.test"} {
+	for _, name := range []string{"kernels_comm.test", "dispatchers_deepep.test", "dispatchers_hybridep.test"} {
 		body := map[string]string{
 			"":        "echo '=== RUN   TestGPUFake'; echo '--- PASS: TestGPUFake (0.00s)'; echo PASS\n",
 			"hang":    "exec sleep 600\n",
@@ -203,9 +203,9 @@ func TestGPUCheckQuick(t *testing.T) {
 	// share (MOEBENCH_CACHE): the C++ compiler takes minutes for what the
 	// GPU's NVRTC compiles in about 16 s (every kernel file for sm_90,
 	// measured with NVRTC 12.4 on a loaded CPU)
-	old := kernels.NewCompiler
-	kernels.NewCompiler = func() (kernels.Compiler, error) { return comp, nil }
-	t.Cleanup(func() { kernels.NewCompiler = old })
+	old := device.NewCompiler
+	device.NewCompiler = func() (device.Compiler, error) { return comp, nil }
+	t.Cleanup(func() { device.NewCompiler = old })
 	shape := []string{"--preset", "tiny", "--tokens", "16", "--ffn", "16", "--ep", "8", "--warmup", "0", "--iters", "1"}
 	start := time.Now()
 	for _, args := range [][]string{{"--dispatcher", "alltoall"}, {"--dispatcher", "deepep", "--sms", "2"}, {"--dispatcher", "feplb"},
@@ -241,7 +241,7 @@ func TestGPUCheckQuick(t *testing.T) {
 		}
 	}
 	tests, _ := os.ReadFile(testsLog)
-	for _, want := range []string{"kernels.test -test.v -test.timeout 47s -test.run ^TestGPU -test.skip ^TestGPUNCCL$ MOEBENCH_REQUIRE_GPU=1",
+	for _, want := range []string{"kernels_comm.test -test.v -test.timeout 47s -test.run ^TestGPU -test.skip ^TestGPUNCCL$ MOEBENCH_REQUIRE_GPU=1",
 		"dispatchers_deepep.test -test.v -test.timeout 37s -test.run ^TestGPUDeepEP$ MOEBENCH_REQUIRE_GPU=1",
 		"dispatchers_hybridep.test -test.v -test.timeout 1s -test.run ^TestGPUHybridEPDevice$ MOEBENCH_REQUIRE_GPU=1"} {
 		if !strings.Contains(string(tests), want+"\n") {

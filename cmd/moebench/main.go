@@ -24,7 +24,7 @@ import (
 	"github.com/moebench/moebench/harness"
 	"github.com/moebench/moebench/internal/cuda"
 	"github.com/moebench/moebench/internal/launch"
-	"github.com/moebench/moebench/kernels"
+	kdevice "github.com/moebench/moebench/kernels/device"
 	"github.com/moebench/moebench/results"
 )
 
@@ -288,7 +288,7 @@ func limitMemory(estimate int64) func() {
 }
 
 // resolveDevice turns auto into cuda or host and says why: cuda when the
-// driver reports a GPU and the cuda device opens (kernels.ProbeCUDA), else
+// driver reports a GPU and the cuda device opens (device.ProbeCUDA), else
 // host.
 func resolveDevice(want string) (device, note string) {
 	if want == "host" {
@@ -310,7 +310,7 @@ func resolveDevice(want string) (device, note string) {
 	if len(gpus) == 0 {
 		return "host", found
 	}
-	if err := kernels.ProbeCUDA(); err != nil {
+	if err := kdevice.ProbeCUDA(); err != nil {
 		return "host", found + "; but the cuda device does not open: " + err.Error()
 	}
 	return "cuda", found

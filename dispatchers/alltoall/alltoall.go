@@ -94,10 +94,10 @@ func (a *A2A) Permute(r int) error {
 	kernels.GatherRows(s.permP, rk.Probs, s.slots, 1, 1)
 	if a.fp8 { // the scales travel with their rows
 		S := dispatchers.ScaleWidth(sh.Hidden)
-		s.permS = kernels.Grow(s.permS, len(s.slots)*S)
+		s.permS = kernels.Reslice(s.permS, len(s.slots)*S)
 		kernels.GatherRows(s.permS, rk.Scales, s.slots, sh.TopK, S)
 	}
-	s.sendOff = kernels.Grow(s.sendOff, sh.EP+1)
+	s.sendOff = kernels.Reslice(s.sendOff, sh.EP+1)
 	L := sh.LocalExperts()
 	for d := range sh.EP {
 		n := 0
@@ -124,16 +124,16 @@ func (a *A2A) Dispatch(r int) error {
 			total += c
 		}
 	}
-	s.recvX = kernels.Grow(s.recvX, total*h)
-	s.recvP = kernels.Grow(s.recvP, total)
-	rk.ExpertX = kernels.Grow(rk.ExpertX, total*h)
-	rk.ExpertProbs = kernels.Grow(rk.ExpertProbs, total)
+	s.recvX = kernels.Reslice(s.recvX, total*h)
+	s.recvP = kernels.Reslice(s.recvP, total)
+	rk.ExpertX = kernels.Reslice(rk.ExpertX, total*h)
+	rk.ExpertProbs = kernels.Reslice(rk.ExpertProbs, total)
 	a.deliver(r, h, s.recvX, rk.ExpertX, func(ss *state) []float32 { return ss.permX })
 	a.deliver(r, 1, s.recvP, rk.ExpertProbs, func(ss *state) []float32 { return ss.permP })
 	if a.fp8 {
 		S := dispatchers.ScaleWidth(h)
-		s.recvS = kernels.Grow(s.recvS, total*S)
-		rk.ExpertScales = kernels.Grow(rk.ExpertScales, total*S)
+		s.recvS = kernels.Reslice(s.recvS, total*S)
+		rk.ExpertScales = kernels.Reslice(rk.ExpertScales, total*S)
 		a.deliver(r, S, s.recvS, rk.ExpertScales, func(ss *state) []float32 { return ss.permS })
 	}
 	rk.Segments = rk.Segments[:0]
@@ -192,7 +192,7 @@ func (a *A2A) Combine(r int) error {
 	if len(rk.ExpertY) < n*h {
 		return fmt.Errorf("alltoall: rank %d: expert output has %d values, want %d", r, len(rk.ExpertY), n*h)
 	}
-	s.recvY = kernels.Grow(s.recvY, n*h)
+	s.recvY = kernels.Reslice(s.recvY, n*h)
 	a.giveBack(r, h, rk.ExpertY, s.recvY, func(ss *state) []float32 { return ss.permY })
 	return nil
 }
@@ -221,7 +221,7 @@ func (a *A2A) giveBack(r, width int, src, recv []float32, to func(ss *state) []f
 // Unpermute sums each token's k returned outputs into Rank.Y.
 func (a *A2A) Unpermute(r int) error {
 	s, rk, sh := &a.st[r], a.ranks[r], a.shape
-	rk.Y = kernels.Grow(rk.Y, sh.Tokens*sh.Hidden)
+	rk.Y = kernels.Reslice(rk.Y, sh.Tokens*sh.Hidden)
 	clear(rk.Y)
 	kernels.ScatterAddRows(rk.Y, s.permY, s.slots, sh.TopK, sh.Hidden)
 	return nil

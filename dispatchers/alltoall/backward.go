@@ -30,8 +30,8 @@ func (a *A2A) UnpermuteBackward(r int) error {
 func (a *A2A) CombineBackward(r int) error {
 	s, rk := &a.st[r], a.ranks[r]
 	n, h := a.received(r), a.shape.Hidden
-	s.recvY = kernels.Grow(s.recvY, n*h)
-	rk.ExpertDY = kernels.Grow(rk.ExpertDY, n*h)
+	s.recvY = kernels.Reslice(s.recvY, n*h)
+	rk.ExpertDY = kernels.Reslice(rk.ExpertDY, n*h)
 	a.deliver(r, h, s.recvY, rk.ExpertDY, func(ss *state) []float32 { return ss.permY })
 	a.backward = true
 	return nil
@@ -48,7 +48,7 @@ func (a *A2A) DispatchBackward(r int) error {
 	if len(rk.ExpertDX) < n*h || len(rk.ExpertDProbs) < n {
 		return fmt.Errorf("alltoall: rank %d: expert input gradients hold %d values and %d probabilities, want %d rows", r, len(rk.ExpertDX), len(rk.ExpertDProbs), n)
 	}
-	s.recvX, s.recvP = kernels.Grow(s.recvX, n*h), kernels.Grow(s.recvP, n)
+	s.recvX, s.recvP = kernels.Reslice(s.recvX, n*h), kernels.Reslice(s.recvP, n)
 	a.giveBack(r, h, rk.ExpertDX, s.recvX, func(ss *state) []float32 { return ss.permX })
 	a.giveBack(r, 1, rk.ExpertDProbs, s.recvP, func(ss *state) []float32 { return ss.permP })
 	return nil
@@ -59,8 +59,8 @@ func (a *A2A) DispatchBackward(r int) error {
 // gradient at its slot of DProbs.
 func (a *A2A) PermuteBackward(r int) error {
 	s, rk, sh := &a.st[r], a.ranks[r], a.shape
-	rk.DX = kernels.Grow(rk.DX, sh.Tokens*sh.Hidden)
-	rk.DProbs = kernels.Grow(rk.DProbs, sh.Tokens*sh.TopK)
+	rk.DX = kernels.Reslice(rk.DX, sh.Tokens*sh.Hidden)
+	rk.DProbs = kernels.Reslice(rk.DProbs, sh.Tokens*sh.TopK)
 	kernels.PermuteBackward(rk.DX, s.permX, s.slots, sh.TopK, sh.Hidden, kernels.RoundBF16Slice)
 	kernels.PermuteBackward(rk.DProbs, s.permP, s.slots, 1, 1, nil)
 	return nil

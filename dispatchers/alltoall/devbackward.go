@@ -1,6 +1,9 @@
 package alltoall
 
-import "github.com/moebench/moebench/kernels"
+import (
+	"github.com/moebench/moebench/kernels/comm"
+	"github.com/moebench/moebench/kernels/device"
+)
 
 // The backward on device ranks: the host backward's phases (backward.go)
 // with the forward's device kernels and copies, over the forward's counts,
@@ -18,7 +21,7 @@ func (a *Device) UnpermuteBackward(r int) error {
 	s, rk, sh := &a.st[r], a.ranks[r], a.shape
 	n := sh.Tokens * sh.TopK
 	if rk.DX == 0 { // the first backward: the dispatcher's outputs
-		held, err := kernels.Resize(rk.Dev, 1, kernels.Buf{P: &rk.DX, PerRow: int64(2 * sh.Tokens * sh.Hidden)}, kernels.Buf{P: &rk.DProbs, PerRow: int64(4 * n)})
+		held, err := device.Resize(rk.Dev, 1, device.RowBuffer{P: &rk.DX, PerRow: int64(2 * sh.Tokens * sh.Hidden)}, device.RowBuffer{P: &rk.DProbs, PerRow: int64(4 * n)})
 		if s.bwdFixed = held; err != nil {
 			return err
 		}
@@ -46,18 +49,18 @@ func (a *Device) CombineBackward(r int) error {
 		return nil
 	}
 	h := int64(sh.Hidden)
-	if err := s.bwd.Ensure(rk.Dev, rk.Stream, s.received, kernels.Buf{P: &rk.ExpertDY, PerRow: 2 * h}); err != nil {
+	if err := s.bwd.Ensure(rk.Dev, rk.Stream, s.received, device.RowBuffer{P: &rk.ExpertDY, PerRow: 2 * h}); err != nil {
 		return err
 	}
 	if a.library {
 		s.sends, s.recvs = s.sends[:0], s.recvs[:0]
 		for d := range sh.EP {
 			lo, rows := int64(s.sendOff[d]), int64(s.sendOff[d+1]-s.sendOff[d])
-			s.sends = append(s.sends, kernels.Transfer{Peer: d, Buf: s.permY + kernels.Ptr(2*lo*h), Bytes: 2 * rows * h})
+			s.sends = append(s.sends, comm.PeerTransfer{Peer: d, Buf: s.permY + device.Addr(2*lo*h), Bytes: 2 * rows * h})
 		}
 		for src := range sh.EP { // rows src sent r in the forward, from r's counts (src may be another process's rank)
 			rows := s.fromRows(src)
-			s.recvs = append(s.recvs, kernels.Transfer{Peer: src, Buf: s.recvY + kernels.Ptr(2*int64(s.recvOff[src][0])*h), Bytes: 2 * rows * h})
+			s.recvs = append(s.recvs, comm.PeerTransfer{Peer: src, Buf: s.recvY + device.Addr(2*int64(s.recvOff[src][0])*h), Bytes: 2 * rows * h})
 		}
 		if err := a.comm.Exchange(r, s.sends, s.recvs); err != nil {
 			return err
@@ -66,7 +69,7 @@ func (a *Device) CombineBackward(r int) error {
 		for src := range sh.EP {
 			ss := &a.st[src]
 			lo, rows := int64(ss.sendOff[r]), int64(ss.sendOff[r+1]-ss.sendOff[r])
-			op := kernels.CopyOp{Dst: s.recvY + kernels.Ptr(2*int64(s.recvOff[src][0])*h), Src: ss.permY + kernels.Ptr(2*lo*h), Bytes: 2 * rows * h, SrcDev: a.ranks[src].Dev}
+			op := device.CopyOp{Dst: s.recvY + device.Addr(2*int64(s.recvOff[src][0])*h), Src: ss.permY + device.Addr(2*lo*h), Bytes: 2 * rows * h, SrcDev: a.ranks[src].Dev}
 			if err := rk.Dev.Wait(rk.Stream, ss.unpermuted); err != nil {
 				return err
 			}
@@ -97,13 +100,13 @@ func (a *Device) DispatchBackward(r int) error {
 		s.sends, s.recvs = s.sends[:0], s.recvs[:0]
 		for src := range sh.EP {
 			rows, at := s.fromRows(src), int64(s.recvOff[src][0])
-			s.sends = append(s.sends, kernels.Transfer{Peer: src, Buf: s.recvX + kernels.Ptr(2*at*h), Bytes: 2 * rows * h},
-				kernels.Transfer{Peer: src, Buf: s.recvP + kernels.Ptr(4*at), Bytes: 4 * rows})
+			s.sends = append(s.sends, comm.PeerTransfer{Peer: src, Buf: s.recvX + device.Addr(2*at*h), Bytes: 2 * rows * h},
+				comm.PeerTransfer{Peer: src, Buf: s.recvP + device.Addr(4*at), Bytes: 4 * rows})
 		}
 		for d := range sh.EP {
 			lo, rows := int64(s.sendOff[d]), int64(s.sendOff[d+1]-s.sendOff[d])
-			s.recvs = append(s.recvs, kernels.Transfer{Peer: d, Buf: s.permX + kernels.Ptr(2*lo*h), Bytes: 2 * rows * h},
-				kernels.Transfer{Peer: d, Buf: s.permP + kernels.Ptr(4*lo), Bytes: 4 * rows})
+			s.recvs = append(s.recvs, comm.PeerTransfer{Peer: d, Buf: s.permX + device.Addr(2*lo*h), Bytes: 2 * rows * h},
+				comm.PeerTransfer{Peer: d, Buf: s.permP + device.Addr(4*lo), Bytes: 4 * rows})
 		}
 		return a.comm.Exchange(r, s.sends, s.recvs)
 	}
@@ -111,9 +114,9 @@ func (a *Device) DispatchBackward(r int) error {
 		ss, to := &a.st[src], a.ranks[src].Dev
 		lo, rows := int64(ss.sendOff[r]), int64(ss.sendOff[r+1]-ss.sendOff[r])
 		at := int64(s.recvOff[src][0])
-		ops := [2]kernels.CopyOp{
-			{Dst: ss.permX + kernels.Ptr(2*lo*h), Src: s.recvX + kernels.Ptr(2*at*h), Bytes: 2 * rows * h, DstDev: to},
-			{Dst: ss.permP + kernels.Ptr(4*lo), Src: s.recvP + kernels.Ptr(4*at), Bytes: 4 * rows, DstDev: to},
+		ops := [2]device.CopyOp{
+			{Dst: ss.permX + device.Addr(2*lo*h), Src: s.recvX + device.Addr(2*at*h), Bytes: 2 * rows * h, DstDev: to},
+			{Dst: ss.permP + device.Addr(4*lo), Src: s.recvP + device.Addr(4*at), Bytes: 4 * rows, DstDev: to},
 		}
 		for _, op := range ops {
 			if err := rk.Dev.CopyPeer(op, rk.Stream); err != nil {

@@ -7,7 +7,8 @@ import (
 	"unsafe"
 
 	"github.com/moebench/moebench/dispatchers"
-	"github.com/moebench/moebench/kernels"
+	"github.com/moebench/moebench/kernels/comm"
+	"github.com/moebench/moebench/kernels/device"
 )
 
 func init() { dispatchers.RegisterDevice("alltoall", NewDevice) }
@@ -37,40 +38,40 @@ type Device struct {
 	ranks   []*dispatchers.DeviceRank
 	st      []devState
 	library bool
-	fp8     bool         // --precision fp8: the dispatched rows are packed e4m3 rows with their scales
-	comm    kernels.Comm // the library implementation's
-	ownComm bool         // opened by Bind (else the layer's, spanning processes)
+	fp8     bool      // --precision fp8: the dispatched rows are packed e4m3 rows with their scales
+	comm    comm.Comm // the library implementation's
+	ownComm bool      // opened by Bind (else the layer's, spanning processes)
 }
 
 // devState is one rank's buffers. Row counts are known on the host after the
 // count exchange, as in Megatron (its one host sync).
 type devState struct {
-	rows, pos, counts kernels.Ptr // [n] permuted row → slot, [n] slot → row, [Experts] int32
-	permX, permY      kernels.Ptr // [n, h] copies to send, outputs returned (permuted order)
-	permP             kernels.Ptr // [n] fp32
+	rows, pos, counts device.Addr // [n] permuted row → slot, [n] slot → row, [Experts] int32
+	permX, permY      device.Addr // [n, h] copies to send, outputs returned (permuted order)
+	permP             device.Addr // [n] fp32
 	// counts as the host reads them: page-locked memory the permute's
 	// asynchronous copy fills (hostCounts views it)
-	mapped     kernels.Mapped
+	mapped     device.MappedHost
 	hostCounts []int32 // [Experts]
 	sendOff    []int   // [EP+1] first permuted row for each destination rank
 	fresh      bool    // hostCounts and sendOff are this step's (HostWait)
 	// the library implementation's side of the exchange being queued
-	sends, recvs []kernels.Transfer
+	sends, recvs []comm.PeerTransfer
 	// the library implementation's count all-gather: every rank's
 	// per-expert counts [EP, Experts] int32 on the device and on the host
-	allCounts kernels.Ptr
+	allCounts device.Addr
 	peer      []int32
 
 	// receive side: chunk (source s, local expert l) has chunkN[s][l] rows at
 	// recvOff[s][l] of the [source][local] receive buffer
 	chunkN, recvOff [][]int
-	recvCounts      kernels.Ptr // [EP·L] int32 chunkN on the device, for the chunk sort
-	recvX, recvP    kernels.Ptr // [cap, h], [cap]
-	recvY           kernels.Ptr // [cap, h]
+	recvCounts      device.Addr // [EP·L] int32 chunkN on the device, for the chunk sort
+	recvX, recvP    device.Addr // [cap, h], [cap]
+	recvY           device.Addr // [cap, h]
 	received        int
-	recv            kernels.Sized // recvX, recvP, recvY, ExpertX, ExpertProbs
+	recv            device.RowCapacity // recvX, recvP, recvY, ExpertX, ExpertProbs
 
-	combined kernels.Event
+	combined device.Event
 	fixed    int64 // bytes of the buffers Bind allocated
 
 	// the backward's (devbackward.go): unpermuted and returned are
@@ -78,8 +79,8 @@ type devState struct {
 	// after its input gradients are pushed back; bwd sizes ExpertDY;
 	// bwdFixed is the bytes of DX and DProbs; backward: a backward ran
 	// (its bytes count in Traffic)
-	unpermuted, returned kernels.Event
-	bwd                  kernels.Sized
+	unpermuted, returned device.Event
+	bwd                  device.RowCapacity
 	bwdFixed             int64
 	backward             bool
 }
@@ -116,14 +117,14 @@ func (a *Device) Bind(shape dispatchers.Shape, ranks []*dispatchers.DeviceRank) 
 			continue
 		}
 		var err error
-		if s.fixed, err = kernels.Resize(dev, 1, kernels.Buf{P: &s.rows, PerRow: 4 * n}, kernels.Buf{P: &s.pos, PerRow: 4 * n},
-			kernels.Buf{P: &s.counts, PerRow: 4 * int64(shape.Experts)}, kernels.Buf{P: &s.permX, PerRow: 2 * n * w},
-			kernels.Buf{P: &s.permY, PerRow: 2 * n * h}, kernels.Buf{P: &s.permP, PerRow: 4 * n},
-			kernels.Buf{P: &s.recvCounts, PerRow: 4 * int64(shape.Experts)}); err != nil {
+		if s.fixed, err = device.Resize(dev, 1, device.RowBuffer{P: &s.rows, PerRow: 4 * n}, device.RowBuffer{P: &s.pos, PerRow: 4 * n},
+			device.RowBuffer{P: &s.counts, PerRow: 4 * int64(shape.Experts)}, device.RowBuffer{P: &s.permX, PerRow: 2 * n * w},
+			device.RowBuffer{P: &s.permY, PerRow: 2 * n * h}, device.RowBuffer{P: &s.permP, PerRow: 4 * n},
+			device.RowBuffer{P: &s.recvCounts, PerRow: 4 * int64(shape.Experts)}); err != nil {
 			return err
 		}
 		if a.library {
-			held, err := kernels.Resize(dev, 1, kernels.Buf{P: &s.allCounts, PerRow: 4 * int64(shape.EP*shape.Experts)})
+			held, err := device.Resize(dev, 1, device.RowBuffer{P: &s.allCounts, PerRow: 4 * int64(shape.EP*shape.Experts)})
 			if s.fixed += held; err != nil {
 				return err
 			}
@@ -138,7 +139,7 @@ func (a *Device) Bind(shape dispatchers.Shape, ranks []*dispatchers.DeviceRank) 
 		for src := range shape.EP {
 			s.chunkN[src], s.recvOff[src] = make([]int, L), make([]int, L)
 		}
-		for _, e := range []*kernels.Event{&s.combined, &s.unpermuted, &s.returned} {
+		for _, e := range []*device.Event{&s.combined, &s.unpermuted, &s.returned} {
 			if *e, err = dev.NewEvent(); err != nil {
 				return err
 			}
@@ -158,13 +159,13 @@ func (a *Device) openComm() error {
 			return nil
 		}
 	}
-	devs, streams := make([]kernels.Device, len(a.ranks)), make([]kernels.Stream, len(a.ranks))
+	devs, streams := make([]device.Device, len(a.ranks)), make([]device.Stream, len(a.ranks))
 	for r, rk := range a.ranks {
 		devs[r], streams[r] = rk.Dev, rk.Stream
 	}
 	var err error
-	var no *kernels.NoCommError
-	if a.comm, err = kernels.OpenComm(a.ranks[0].Threads, devs, streams); errors.As(err, &no) {
+	var no *comm.NoCommError
+	if a.comm, err = comm.OpenComm(a.ranks[0].Threads, devs, streams); errors.As(err, &no) {
 		return &dispatchers.UnavailableError{Name: "alltoall", Impl: dispatchers.ImplLibrary, Reason: "NCCL: " + no.Reason}
 	}
 	a.ownComm = err == nil
@@ -239,8 +240,8 @@ func (a *Device) exchangeCounts(src int) error {
 		E := int64(sh.Experts)
 		s.sends, s.recvs = s.sends[:0], s.recvs[:0]
 		for d := range sh.EP {
-			s.sends = append(s.sends, kernels.Transfer{Peer: d, Buf: s.counts, Bytes: 4 * E})
-			s.recvs = append(s.recvs, kernels.Transfer{Peer: d, Buf: s.allCounts + kernels.Ptr(4*E*int64(d)), Bytes: 4 * E})
+			s.sends = append(s.sends, comm.PeerTransfer{Peer: d, Buf: s.counts, Bytes: 4 * E})
+			s.recvs = append(s.recvs, comm.PeerTransfer{Peer: d, Buf: s.allCounts + device.Addr(4*E*int64(d)), Bytes: 4 * E})
 		}
 		if err := a.comm.Exchange(src, s.sends, s.recvs); err != nil {
 			return err
@@ -314,10 +315,10 @@ func (a *Device) Dispatch(r int) error {
 		// waited for every rank's stream on the host (and a CUDA graph
 		// capture of the dispatch may not wait for an event recorded before
 		// it)
-		ops := [3]kernels.CopyOp{
-			{Dst: s.recvX + kernels.Ptr(2*at*h), Src: ss.permX + kernels.Ptr(2*lo*h), Bytes: 2 * rows * h, SrcDev: from},
-			{Dst: s.recvP + kernels.Ptr(4*at), Src: ss.permP + kernels.Ptr(4*lo), Bytes: 4 * rows, SrcDev: from},
-			{Dst: s.recvCounts + kernels.Ptr(4*src*L), Src: ss.counts + kernels.Ptr(4*r*L), Bytes: int64(4 * L), SrcDev: from},
+		ops := [3]device.CopyOp{
+			{Dst: s.recvX + device.Addr(2*at*h), Src: ss.permX + device.Addr(2*lo*h), Bytes: 2 * rows * h, SrcDev: from},
+			{Dst: s.recvP + device.Addr(4*at), Src: ss.permP + device.Addr(4*lo), Bytes: 4 * rows, SrcDev: from},
+			{Dst: s.recvCounts + device.Addr(4*src*L), Src: ss.counts + device.Addr(4*r*L), Bytes: int64(4 * L), SrcDev: from},
 		}
 		for _, op := range ops {
 			if err := rk.Dev.CopyPeer(op, rk.Stream); err != nil {
@@ -358,15 +359,15 @@ func (a *Device) exchangeRows(r int) error {
 	s.sends, s.recvs = s.sends[:0], s.recvs[:0]
 	for d := range sh.EP {
 		lo, rows := int64(s.sendOff[d]), int64(s.sendOff[d+1]-s.sendOff[d])
-		s.sends = append(s.sends, kernels.Transfer{Peer: d, Buf: s.permX + kernels.Ptr(2*lo*h), Bytes: 2 * rows * h},
-			kernels.Transfer{Peer: d, Buf: s.permP + kernels.Ptr(4*lo), Bytes: 4 * rows},
-			kernels.Transfer{Peer: d, Buf: s.counts + kernels.Ptr(4*d*L), Bytes: int64(4 * L)})
+		s.sends = append(s.sends, comm.PeerTransfer{Peer: d, Buf: s.permX + device.Addr(2*lo*h), Bytes: 2 * rows * h},
+			comm.PeerTransfer{Peer: d, Buf: s.permP + device.Addr(4*lo), Bytes: 4 * rows},
+			comm.PeerTransfer{Peer: d, Buf: s.counts + device.Addr(4*d*L), Bytes: int64(4 * L)})
 	}
 	for src := range sh.EP {
 		rows, at := s.fromRows(src), int64(s.recvOff[src][0])
-		s.recvs = append(s.recvs, kernels.Transfer{Peer: src, Buf: s.recvX + kernels.Ptr(2*at*h), Bytes: 2 * rows * h},
-			kernels.Transfer{Peer: src, Buf: s.recvP + kernels.Ptr(4*at), Bytes: 4 * rows},
-			kernels.Transfer{Peer: src, Buf: s.recvCounts + kernels.Ptr(4*src*L), Bytes: int64(4 * L)})
+		s.recvs = append(s.recvs, comm.PeerTransfer{Peer: src, Buf: s.recvX + device.Addr(2*at*h), Bytes: 2 * rows * h},
+			comm.PeerTransfer{Peer: src, Buf: s.recvP + device.Addr(4*at), Bytes: 4 * rows},
+			comm.PeerTransfer{Peer: src, Buf: s.recvCounts + device.Addr(4*src*L), Bytes: int64(4 * L)})
 	}
 	return a.comm.Exchange(r, s.sends, s.recvs)
 }
@@ -381,8 +382,8 @@ func (a *Device) sortChunks(r int) error {
 func (a *Device) grow(r, rows int) error {
 	s, rk, h, w := &a.st[r], a.ranks[r], int64(a.shape.Hidden), int64(a.shape.DispatchWidth())
 	// recvX holds the dispatched rows (w wide), and in the backward bf16 rows
-	return s.recv.Ensure(rk.Dev, rk.Stream, rows, kernels.Buf{P: &s.recvX, PerRow: 2 * max(w, h)}, kernels.Buf{P: &s.recvP, PerRow: 4},
-		kernels.Buf{P: &s.recvY, PerRow: 2 * h}, kernels.Buf{P: &rk.ExpertX, PerRow: 2 * w}, kernels.Buf{P: &rk.ExpertProbs, PerRow: 4})
+	return s.recv.Ensure(rk.Dev, rk.Stream, rows, device.RowBuffer{P: &s.recvX, PerRow: 2 * max(w, h)}, device.RowBuffer{P: &s.recvP, PerRow: 4},
+		device.RowBuffer{P: &s.recvY, PerRow: 2 * h}, device.RowBuffer{P: &rk.ExpertX, PerRow: 2 * w}, device.RowBuffer{P: &rk.ExpertProbs, PerRow: 4})
 }
 
 // Combine is rank r's send side on the way back: unsort its expert outputs
@@ -402,11 +403,11 @@ func (a *Device) Combine(r int) error {
 		s.sends, s.recvs = s.sends[:0], s.recvs[:0]
 		for src := range sh.EP {
 			rows, from := s.fromRows(src), int64(s.recvOff[src][0])
-			s.sends = append(s.sends, kernels.Transfer{Peer: src, Buf: s.recvY + kernels.Ptr(2*from*h), Bytes: 2 * rows * h})
+			s.sends = append(s.sends, comm.PeerTransfer{Peer: src, Buf: s.recvY + device.Addr(2*from*h), Bytes: 2 * rows * h})
 		}
 		for d := range sh.EP {
 			lo, rows := int64(s.sendOff[d]), int64(s.sendOff[d+1]-s.sendOff[d])
-			s.recvs = append(s.recvs, kernels.Transfer{Peer: d, Buf: s.permY + kernels.Ptr(2*lo*h), Bytes: 2 * rows * h})
+			s.recvs = append(s.recvs, comm.PeerTransfer{Peer: d, Buf: s.permY + device.Addr(2*lo*h), Bytes: 2 * rows * h})
 		}
 		return a.comm.Exchange(r, s.sends, s.recvs)
 	}
@@ -414,7 +415,7 @@ func (a *Device) Combine(r int) error {
 		ss := &a.st[src]
 		lo, rows := int64(ss.sendOff[r]), int64(ss.sendOff[r+1]-ss.sendOff[r])
 		from := int64(s.recvOff[src][0])
-		op := kernels.CopyOp{Dst: ss.permY + kernels.Ptr(2*lo*h), Src: s.recvY + kernels.Ptr(2*from*h), Bytes: 2 * rows * h, DstDev: a.ranks[src].Dev}
+		op := device.CopyOp{Dst: ss.permY + device.Addr(2*lo*h), Src: s.recvY + device.Addr(2*from*h), Bytes: 2 * rows * h, DstDev: a.ranks[src].Dev}
 		if err := rk.Dev.CopyPeer(op, rk.Stream); err != nil {
 			return err
 		}
@@ -499,16 +500,16 @@ func (a *Device) Close() error {
 		if rk.ExpertDY == s.permY { // EP 1: shared, see UnpermuteBackward
 			rk.ExpertDY = 0
 		}
-		if err := kernels.Free(rk.Dev, &s.rows, &s.pos, &s.counts, &s.permX, &s.permY, &s.permP, &s.recvCounts, &s.allCounts,
+		if err := device.Free(rk.Dev, &s.rows, &s.pos, &s.counts, &s.permX, &s.permY, &s.permP, &s.recvCounts, &s.allCounts,
 			&s.recvX, &s.recvP, &s.recvY, &rk.ExpertX, &rk.ExpertProbs, &rk.ExpertDY, &rk.DX, &rk.DProbs); first == nil {
 			first = err
 		}
-		s.fixed, s.recv, s.bwd, s.bwdFixed = 0, kernels.Sized{}, kernels.Sized{}, 0
+		s.fixed, s.recv, s.bwd, s.bwdFixed = 0, device.RowCapacity{}, device.RowCapacity{}, 0
 		if s.mapped.Host != nil {
 			if err := rk.Dev.FreeMapped(s.mapped); first == nil {
 				first = err
 			}
-			s.mapped, s.hostCounts = kernels.Mapped{}, nil
+			s.mapped, s.hostCounts = device.MappedHost{}, nil
 		}
 	}
 	if a.comm != nil && a.ownComm {

@@ -38,7 +38,7 @@ func (h *Host) CombineBackward(r int) error {
 	if err := h.transfer(r, "combine-bwd", func(src int) []float32 { return h.ranks[src].DY }, s.recvX, false); err != nil {
 		return err
 	}
-	rk.ExpertDY = kernels.Grow(rk.ExpertDY, len(rk.ExpertProbs)*hd)
+	rk.ExpertDY = kernels.Reslice(rk.ExpertDY, len(rk.ExpertProbs)*hd)
 	for i := range s.recv {
 		for _, p := range s.permRow[i*k : (i+1)*k] {
 			if p >= 0 {
@@ -57,8 +57,8 @@ func (h *Host) DispatchBackward(r int) error {
 	if err := dispatchers.CheckExpertGrads(Name, r, sh, h.ranks); err != nil {
 		return err
 	}
-	rk.DX = kernels.Grow(rk.DX, sh.Tokens*sh.Hidden)
-	rk.DProbs = kernels.Grow(rk.DProbs, sh.Tokens*sh.TopK)
+	rk.DX = kernels.Reslice(rk.DX, sh.Tokens*sh.Hidden)
+	rk.DProbs = kernels.Reslice(rk.DProbs, sh.Tokens*sh.TopK)
 	err := h.reduce(r, "dispatch-bwd", func(d int) []float32 { return h.ranks[d].ExpertDX },
 		func(d int) []float32 { return h.ranks[d].ExpertDProbs }, rk.DX, rk.DProbs)
 	kernels.RoundBF16Slice(rk.DX)

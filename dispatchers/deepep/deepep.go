@@ -70,7 +70,7 @@ func (c Config) Channels() int { return c.SMs / 2 }
 // threads (DeepEP's are 768), each block holding one SM as DeepEP's do (the
 // launch asks for more than half an SM's shared memory), so that --sms
 // counts SMs held; 16 warps keep 64 registers a thread for 8 loads in
-// flight a lane (kernels/inflight.json).
+// flight a lane (kernels/comm/inflight.json).
 const DefaultWarps = 16
 
 // DefaultConfig is DeepEP's recommended intranode configuration for ep

@@ -7,7 +7,8 @@ import (
 	"time"
 
 	"github.com/moebench/moebench/dispatchers"
-	"github.com/moebench/moebench/kernels"
+	"github.com/moebench/moebench/kernels/comm"
+	"github.com/moebench/moebench/kernels/device"
 )
 
 // The design on devices: kernels/cuda/deepep.cu's kernels, with the same
@@ -28,12 +29,12 @@ import (
 // after that GPU's other ranks' streams (events), and they wait for it;
 // each GPU's is issued from its thread by its last rank's call
 // (Capabilities.Grouped), so the GPUs' launches go out at once.
-// Its blocks are all resident (kernels.Collective): ranks packed on one
+// Its blocks are all resident (device.Collective): ranks packed on one
 // GPU need budget × ranks blocks at once, and Bind reports the design
 // unavailable, with the reason, when they do not fit, or when the budget
 // exceeds the GPU's SMs. A cross-rank wait that times out (or a wrong
 // value in a queue) ends the kernels; the host's wait returns it at once,
-// and CheckStep after the step's synchronization (kernels.CommError names
+// and CheckStep after the step's synchronization (comm.CommError names
 // rank, phase and wait).
 
 // Descriptor slots (deepep.cu's DE_*): a rank's buffer addresses.
@@ -97,9 +98,9 @@ type Device struct {
 	lay     layout
 	groups  []group
 	st      []devRank
-	sig     *kernels.Signals
-	prog    struct{ layout, notify, dispatch, permute, combine, combineBwd *kernels.Program }
-	col     struct{ notify, dispatch, combine, combineBwd *kernels.Collective }
+	sig     *comm.Signals
+	prog    struct{ layout, notify, dispatch, permute, combine, combineBwd *device.Program }
+	col     struct{ notify, dispatch, combine, combineBwd *device.Collective }
 	tw      *twin // Emu's
 	// backward: the last step ran the backward (Traffic counts its bytes)
 	backward bool
@@ -107,24 +108,24 @@ type Device struct {
 
 // group is one device and its ranks [first, first+n).
 type group struct {
-	dev      kernels.Device
+	dev      device.Device
 	first, n int
-	desc     kernels.Ptr // the descriptor table on dev: slots per rank
+	desc     device.Addr // the descriptor table on dev: slots per rank
 	sent     []uint64    // its content as last uploaded
-	done     kernels.Event
+	done     device.Event
 	epoch    int32 // the next barrier use (every group counts alike)
 }
 
 // devRank is one rank's buffers.
 type devRank struct {
-	queues, fixed                  kernels.Ptr
-	recvX, recvSrc, recvIdx, recvW kernels.Ptr // the receive buffer
-	permRow, order                 kernels.Ptr // [R·k] slot → row, row → slot
-	recv, expert                   kernels.Sized
-	grads                          kernels.Sized // ExpertDY's rows
-	gradsFixed                     int64         // DX and DProbs
-	tokens                         int           // received in the last notify
-	ready                          kernels.Event
+	queues, fixed                  device.Addr
+	recvX, recvSrc, recvIdx, recvW device.Addr // the receive buffer
+	permRow, order                 device.Addr // [R·k] slot → row, row → slot
+	recv, expert                   device.RowCapacity
+	grads                          device.RowCapacity // ExpertDY's rows
+	gradsFixed                     int64              // DX and DProbs
+	tokens                         int                // received in the last notify
+	ready                          device.Event
 }
 
 // WithDeviceConfig returns the device implementation with cfg instead of
@@ -201,7 +202,7 @@ func (d *Device) Bind(shape dispatchers.Shape, ranks []*dispatchers.DeviceRank) 
 	for a, ra := range ranks {
 		for b, rb := range ranks {
 			if !ra.Dev.Reaches(rb.Dev) {
-				return d.unavailable("its kernels write into peers' memory: %v", &kernels.NoPeerError{From: a, To: b})
+				return d.unavailable("its kernels write into peers' memory: %v", &device.NoPeerError{From: a, To: b})
 			}
 		}
 	}
@@ -210,8 +211,8 @@ func (d *Device) Bind(shape dispatchers.Shape, ranks []*dispatchers.DeviceRank) 
 	if d.noBulk {
 		defs["MB_NO_BULK"] = "1"
 	}
-	prog := func(kernel string, block int, tw func([]kernels.TwinPart) error) *kernels.Program {
-		return &kernels.Program{File: "deepep.cu", Kernel: kernel, Defs: defs, Block: block, Twin: d.tw.locked(tw)}
+	prog := func(kernel string, block int, tw func([]device.TwinPart) error) *device.Program {
+		return &device.Program{File: "deepep.cu", Kernel: kernel, Defs: defs, Block: block, Twin: d.tw.locked(tw)}
 	}
 	d.prog.layout, d.prog.notify = prog("deepep_layout", layoutBlock, d.tw.layout), prog("deepep_notify", 128, d.tw.notify)
 	d.prog.dispatch = prog("deepep_dispatch", 32*d.cfg.Warps, d.tw.dispatch)
@@ -222,21 +223,21 @@ func (d *Device) Bind(shape dispatchers.Shape, ranks []*dispatchers.DeviceRank) 
 		return err
 	}
 	n := len(d.groups)
-	d.col.notify, d.col.dispatch, d.col.combine = kernels.NewCollective(d.prog.notify, n), kernels.NewCollective(d.prog.dispatch, n), kernels.NewCollective(d.prog.combine, n)
-	d.col.combineBwd = kernels.NewCollective(d.prog.combineBwd, n)
-	devs := make([]kernels.Device, len(ranks))
+	d.col.notify, d.col.dispatch, d.col.combine = device.NewCollective(d.prog.notify, n), device.NewCollective(d.prog.dispatch, n), device.NewCollective(d.prog.combine, n)
+	d.col.combineBwd = device.NewCollective(d.prog.combineBwd, n)
+	devs := make([]device.Device, len(ranks))
 	for r, rk := range ranks {
 		devs[r] = rk.Dev
 	}
 	var err error
-	if d.sig, err = kernels.NewSignals(devs, shape.EP*(1+shape.LocalExperts())); err != nil {
+	if d.sig, err = comm.NewSignals(devs, shape.EP*(1+shape.LocalExperts())); err != nil {
 		return err
 	}
 	d.sig.Names = names
 	d.st = make([]devRank, shape.EP)
 	for r, rk := range ranks {
 		s := &d.st[r]
-		if _, err := kernels.Resize(rk.Dev, 1, kernels.Buf{P: &s.queues, PerRow: d.lay.queues}, kernels.Buf{P: &s.fixed, PerRow: d.lay.fixed}); err != nil {
+		if _, err := device.Resize(rk.Dev, 1, device.RowBuffer{P: &s.queues, PerRow: d.lay.queues}, device.RowBuffer{P: &s.fixed, PerRow: d.lay.fixed}); err != nil {
 			return err
 		}
 		if err := rk.Dev.Fill16(s.queues, 0, d.lay.queues/2, rk.Stream); err != nil { // counts, flags, metadata: zero
@@ -280,7 +281,7 @@ func (d *Device) fits() error {
 			return d.unavailable("an SM budget of %d blocks per rank exceeds device %d's %d SMs", d.cfg.SMs, i, sms)
 		}
 		for _, c := range []struct {
-			p    *kernels.Program
+			p    *device.Program
 			grid int
 		}{{d.prog.notify, g.n}, {d.prog.dispatch, g.n * d.cfg.SMs}, {d.prog.combine, g.n * d.cfg.SMs}, {d.prog.combineBwd, g.n * d.cfg.SMs}} {
 			per, err := g.dev.Residency(c.p)
@@ -288,7 +289,7 @@ func (d *Device) fits() error {
 				return err
 			}
 			if c.grid > per*g.dev.SMCount() {
-				return d.unavailable("%d rank(s) on device %d × %d blocks: %v", g.n, i, c.grid/g.n, &kernels.ResidencyError{Kernel: c.p.Kernel,
+				return d.unavailable("%d rank(s) on device %d × %d blocks: %v", g.n, i, c.grid/g.n, &device.ResidencyError{Kernel: c.p.Kernel,
 					Device: fmt.Sprintf("device %d (%s)", i, g.dev.Name()), Grid: c.grid, Block: c.p.Block, PerSM: per, SMs: g.dev.SMCount()})
 			}
 		}
@@ -311,7 +312,7 @@ func (d *Device) describe(g *group) error {
 			tab[r*slots+slotQueues] = uint64(s.queues)
 			continue
 		}
-		for i, p := range [slots]kernels.Ptr{rk.X, rk.Idx, rk.Probs, rk.Y, rk.Shared, rk.ExpertY, s.fixed, s.queues,
+		for i, p := range [slots]device.Addr{rk.X, rk.Idx, rk.Probs, rk.Y, rk.Shared, rk.ExpertY, s.fixed, s.queues,
 			s.recvX, s.recvSrc, s.recvIdx, s.recvW, s.permRow, rk.DY, rk.ExpertDX, rk.ExpertDProbs, rk.DX, rk.DProbs} {
 			tab[r*slots+i] = uint64(p)
 		}
@@ -329,7 +330,7 @@ func (d *Device) describe(g *group) error {
 // collective queues g's part of c's launch (grid blocks, args) on its
 // first rank's stream after its other ranks' work, and makes those ranks'
 // streams wait for it.
-func (d *Device) collective(g *group, c *kernels.Collective, grid int, args ...any) error {
+func (d *Device) collective(g *group, c *device.Collective, grid int, args ...any) error {
 	first := d.ranks[g.first]
 	for r := g.first + 1; r < g.first+g.n; r++ {
 		if err := d.ranks[r].Dev.Record(d.st[r].ready, d.ranks[r].Stream); err != nil {
@@ -340,7 +341,7 @@ func (d *Device) collective(g *group, c *kernels.Collective, grid int, args ...a
 		}
 	}
 	err := g.dev.LaunchResident(c, grid, first.Stream, args...)
-	var re *kernels.ResidencyError
+	var re *device.ResidencyError
 	if errors.As(err, &re) {
 		return d.unavailable("%v", re)
 	}
@@ -394,7 +395,7 @@ func (d *Device) Layout(r int) error {
 	for i := range 1 + sh.LocalExperts() {
 		d.sig.SetCounter(d.counter(r, i), -1)
 	}
-	if err := rk.Dev.Fill16(s.fixed+kernels.Ptr(d.lay.perRank), 0, (d.lay.chanEnd-d.lay.perRank)/2, rk.Stream); err != nil {
+	if err := rk.Dev.Fill16(s.fixed+device.Addr(d.lay.perRank), 0, (d.lay.chanEnd-d.lay.perRank)/2, rk.Stream); err != nil {
 		return err
 	}
 	return rk.Dev.LaunchProgram(d.prog.layout, (sh.Tokens+layoutBlock-1)/layoutBlock, rk.Stream, rk.Idx, s.fixed)
@@ -437,9 +438,9 @@ func (d *Device) Notify(r int) error {
 			rows += int(v)
 		}
 		grown := s.recv.Rows
-		if err := s.recv.Ensure(rk.Dev, rk.Stream, s.tokens, kernels.Buf{P: &s.recvX, PerRow: 2 * h}, kernels.Buf{P: &s.recvSrc, PerRow: 4},
-			kernels.Buf{P: &s.recvIdx, PerRow: 4 * int64(k)}, kernels.Buf{P: &s.recvW, PerRow: 4 * int64(k)},
-			kernels.Buf{P: &s.permRow, PerRow: 4 * int64(k)}, kernels.Buf{P: &s.order, PerRow: 4 * int64(k)}); err != nil {
+		if err := s.recv.Ensure(rk.Dev, rk.Stream, s.tokens, device.RowBuffer{P: &s.recvX, PerRow: 2 * h}, device.RowBuffer{P: &s.recvSrc, PerRow: 4},
+			device.RowBuffer{P: &s.recvIdx, PerRow: 4 * int64(k)}, device.RowBuffer{P: &s.recvW, PerRow: 4 * int64(k)},
+			device.RowBuffer{P: &s.permRow, PerRow: 4 * int64(k)}, device.RowBuffer{P: &s.order, PerRow: 4 * int64(k)}); err != nil {
 			return err
 		}
 		if s.recv.Rows != grown { // a fresh order: rows a failed dispatch leaves unordered stay in the buffer
@@ -451,7 +452,7 @@ func (d *Device) Notify(r int) error {
 		// receive rows keep the bf16 width, which the backward's dispatch
 		// of the output gradients needs
 		dw := int64(d.shape.DispatchWidth())
-		if err := s.expert.Ensure(rk.Dev, rk.Stream, rows, kernels.Buf{P: &rk.ExpertX, PerRow: 2 * dw}, kernels.Buf{P: &rk.ExpertProbs, PerRow: 4}); err != nil {
+		if err := s.expert.Ensure(rk.Dev, rk.Stream, rows, device.RowBuffer{P: &rk.ExpertX, PerRow: 2 * dw}, device.RowBuffer{P: &rk.ExpertProbs, PerRow: 4}); err != nil {
 			return err
 		}
 		// no local expert until the dispatch says so: a failed dispatch
@@ -501,7 +502,7 @@ func (d *Device) Combine(r int) error { return d.combine(r, d.col.combine) }
 
 // combine is Combine, or with col.combineBwd its backward form
 // (DispatchBackward).
-func (d *Device) combine(r int, col *kernels.Collective) error {
+func (d *Device) combine(r int, col *device.Collective) error {
 	g := d.lastOf(r)
 	if g == nil {
 		return nil
@@ -515,7 +516,7 @@ func (d *Device) combine(r int, col *kernels.Collective) error {
 }
 
 // CheckStep returns what the kernels recorded in the step: a
-// *kernels.CommError naming the ranks, phases and waits that gave up.
+// *comm.CommError naming the ranks, phases and waits that gave up.
 func (d *Device) CheckStep() error { return d.sig.Err() }
 
 // Traffic counts the last step's tokens, as the host's: each rank's tokens
@@ -524,7 +525,7 @@ func (d *Device) Traffic() dispatchers.Traffic {
 	per := make([][]int, len(d.ranks))
 	buf := make([]int32, d.shape.EP)
 	for r, rk := range d.ranks {
-		if err := rk.Dev.Download(buf, d.st[r].fixed+kernels.Ptr(d.lay.perRank), rk.Stream); err != nil {
+		if err := rk.Dev.Download(buf, d.st[r].fixed+device.Addr(d.lay.perRank), rk.Stream); err != nil {
 			return dispatchers.Traffic{Formula: "not counted: " + err.Error()}
 		}
 		for _, n := range buf {
@@ -576,12 +577,12 @@ func (d *Device) Close() error {
 	}
 	for r := range d.st {
 		s, rk := &d.st[r], d.ranks[r]
-		keep(kernels.Free(rk.Dev, &s.queues, &s.fixed, &s.recvX, &s.recvSrc, &s.recvIdx, &s.recvW, &s.permRow, &s.order, &rk.ExpertX, &rk.ExpertProbs,
+		keep(device.Free(rk.Dev, &s.queues, &s.fixed, &s.recvX, &s.recvSrc, &s.recvIdx, &s.recvW, &s.permRow, &s.order, &rk.ExpertX, &rk.ExpertProbs,
 			&rk.ExpertDY, &rk.DX, &rk.DProbs))
-		s.recv, s.expert, s.grads, s.gradsFixed = kernels.Sized{}, kernels.Sized{}, kernels.Sized{}, 0
+		s.recv, s.expert, s.grads, s.gradsFixed = device.RowCapacity{}, device.RowCapacity{}, device.RowCapacity{}, 0
 	}
 	for i := range d.groups {
-		keep(kernels.Free(d.groups[i].dev, &d.groups[i].desc))
+		keep(device.Free(d.groups[i].dev, &d.groups[i].desc))
 	}
 	if d.sig != nil {
 		keep(d.sig.Free())

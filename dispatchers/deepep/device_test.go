@@ -13,6 +13,8 @@ import (
 	dt "github.com/moebench/moebench/dispatchers/dispatchtest"
 	"github.com/moebench/moebench/internal/hostsim"
 	"github.com/moebench/moebench/kernels"
+	"github.com/moebench/moebench/kernels/comm"
+	"github.com/moebench/moebench/kernels/device"
 	"math/rand/v2"
 )
 
@@ -27,7 +29,7 @@ import (
 type devCase struct {
 	sh     dispatchers.Shape
 	cfg    Config
-	devs   []kernels.Device
+	devs   []device.Device
 	shared [][]float32
 }
 
@@ -103,8 +105,8 @@ func (d *Device) download(t *testing.T, r int) received {
 	x, src, idx, w, sendHead := make([]uint16, n*sh.Hidden), make([]int32, n), make([]int32, n*k), make([]float32, n*k), make([]int32, sh.Tokens*sh.EP)
 	for _, c := range []struct {
 		to any
-		p  kernels.Ptr
-	}{{x, s.recvX}, {src, s.recvSrc}, {idx, s.recvIdx}, {w, s.recvW}, {sendHead, s.fixed + kernels.Ptr(d.lay.sendHead)}} {
+		p  device.Addr
+	}{{x, s.recvX}, {src, s.recvSrc}, {idx, s.recvIdx}, {w, s.recvW}, {sendHead, s.fixed + device.Addr(d.lay.sendHead)}} {
 		if err := rk.Dev.Download(c.to, c.p, rk.Stream); err != nil {
 			t.Fatal(err)
 		}
@@ -137,8 +139,8 @@ func runDevice(t *testing.T, d *Device, c devCase, ranks []*dispatchers.Rank, st
 		var err error
 		dr.Stream, err = dev.NewStream()
 		ok(err)
-		_, err = kernels.Resize(dev, 1, kernels.Buf{P: &dr.X, PerRow: int64(2 * T * hd)}, kernels.Buf{P: &dr.Idx, PerRow: int64(4 * T * k)},
-			kernels.Buf{P: &dr.Probs, PerRow: int64(4 * T * k)}, kernels.Buf{P: &dr.Y, PerRow: int64(2 * T * hd)})
+		_, err = device.Resize(dev, 1, device.RowBuffer{P: &dr.X, PerRow: int64(2 * T * hd)}, device.RowBuffer{P: &dr.Idx, PerRow: int64(4 * T * k)},
+			device.RowBuffer{P: &dr.Probs, PerRow: int64(4 * T * k)}, device.RowBuffer{P: &dr.Y, PerRow: int64(2 * T * hd)})
 		ok(err)
 		ok(dev.Upload(dr.X, kernels.BF16Bits(rk.X), dr.Stream))
 		ok(dev.Upload(dr.Idx, rk.Idx, dr.Stream))
@@ -156,7 +158,7 @@ func runDevice(t *testing.T, d *Device, c devCase, ranks []*dispatchers.Rank, st
 		}
 		drs[r] = dr
 		t.Cleanup(func() {
-			kernels.Free(dev, &dr.X, &dr.Idx, &dr.Probs, &dr.Y, &dr.ExpertY, &dr.Shared, &dr.DY, &dr.ExpertDX, &dr.ExpertDProbs)
+			device.Free(dev, &dr.X, &dr.Idx, &dr.Probs, &dr.Y, &dr.ExpertY, &dr.Shared, &dr.DY, &dr.ExpertDX, &dr.ExpertDProbs)
 		})
 	}
 	th := dt.Threads(t, drs)
@@ -165,7 +167,7 @@ func runDevice(t *testing.T, d *Device, c devCase, ranks []*dispatchers.Rank, st
 	}
 	t.Cleanup(func() { d.Close() })
 	var res devResult
-	outs := make([]kernels.Sized, sh.EP)
+	outs := make([]device.RowCapacity, sh.EP)
 	experts := func(r int) error {
 		dr := drs[r]
 		n := dr.Rows()
@@ -182,16 +184,16 @@ func runDevice(t *testing.T, d *Device, c devCase, ranks []*dispatchers.Rank, st
 		for i, v := range xf {
 			y[i] = dt.Expert(v, p[i/hd])
 		}
-		if err := outs[r].Ensure(dr.Dev, dr.Stream, n, kernels.Buf{P: &dr.ExpertY, PerRow: int64(2 * hd)}); err != nil {
+		if err := outs[r].Ensure(dr.Dev, dr.Stream, n, device.RowBuffer{P: &dr.ExpertY, PerRow: int64(2 * hd)}); err != nil {
 			return err
 		}
 		return dr.Dev.Upload(dr.ExpertY, kernels.BF16Bits(y), dr.Stream)
 	}
-	dgrads := make([]kernels.Sized, sh.EP)
+	dgrads := make([]device.RowCapacity, sh.EP)
 	expertsBwd := func(r int) error { // the layer's: ExpertDX and ExpertDProbs of every row
 		dr := drs[r]
 		n := dr.Rows()
-		if err := dgrads[r].Ensure(dr.Dev, dr.Stream, n, kernels.Buf{P: &dr.ExpertDX, PerRow: int64(2 * hd)}, kernels.Buf{P: &dr.ExpertDProbs, PerRow: 4}); err != nil {
+		if err := dgrads[r].Ensure(dr.Dev, dr.Stream, n, device.RowBuffer{P: &dr.ExpertDX, PerRow: int64(2 * hd)}, device.RowBuffer{P: &dr.ExpertDProbs, PerRow: 4}); err != nil {
 			return err
 		}
 		if n == 0 {
@@ -287,11 +289,11 @@ func hostRun(t *testing.T, c devCase, seed uint64, prob func(int) float32) (devR
 
 // checkDevices runs the device design against the host design, ranks on
 // the first of devs or on both.
-func checkDevices(t *testing.T, devs []kernels.Device) { checkDevicesPath(t, devs, false) }
+func checkDevices(t *testing.T, devs []device.Device) { checkDevicesPath(t, devs, false) }
 
 // checkDevicesPath is checkDevices, with noBulk the dispatch's receivers
 // on the 16-byte path where the bulk path would be compiled (MB_NO_BULK).
-func checkDevicesPath(t *testing.T, devs []kernels.Device, noBulk bool) {
+func checkDevicesPath(t *testing.T, devs []device.Device, noBulk bool) {
 	for _, tc := range []struct {
 		name   string
 		sh     dispatchers.Shape
@@ -320,7 +322,7 @@ func checkDevicesPath(t *testing.T, devs []kernels.Device, noBulk bool) {
 			if tc.ndev > len(devs) {
 				t.Skipf("needs %d devices", tc.ndev)
 			}
-			if _, emu := devs[0].(*kernels.Emu); !emu && tc.name != "ep2-one-token" && tc.name != "ep4-two-devices-shared" {
+			if _, emu := devs[0].(*device.Emu); !emu && tc.name != "ep2-one-token" && tc.name != "ep4-two-devices-shared" {
 				hostsim.SkipIfShort(t, "ep2-one-token and ep4-two-devices-shared")
 			}
 			start := time.Now()
@@ -375,10 +377,10 @@ func checkDevicesPath(t *testing.T, devs []kernels.Device, noBulk bool) {
 	}
 }
 
-func emus(n int) []kernels.Device {
-	devs := make([]kernels.Device, n)
+func emus(n int) []device.Device {
+	devs := make([]device.Device, n)
 	for i := range devs {
-		devs[i] = &kernels.Emu{SMs: 16}
+		devs[i] = &device.Emu{SMs: 16}
 	}
 	return devs
 }
@@ -399,7 +401,7 @@ func TestBrokenProtocolTimesOut(t *testing.T) { checkBroken(t, dt.FakeGPUs(t, 2)
 
 // checkBroken breaks the protocol on purpose (deepep.cu's MB_DE_BUG) with
 // two ranks on devs.
-func checkBroken(t *testing.T, devs []kernels.Device) {
+func checkBroken(t *testing.T, devs []device.Device) {
 	sh := dispatchers.Shape{Tokens: 16, Hidden: 8, Experts: 8, TopK: 2, EP: 2}
 	cfg := Config{SMs: 2, Dispatch: Queue{Chunk: 2, Ring: 4}, Combine: Queue{Chunk: 2, Ring: 4}, Warps: 2, MinBlocks: 4}
 	for _, tc := range []struct {
@@ -424,8 +426,8 @@ func checkBroken(t *testing.T, devs []kernels.Device) {
 			start := time.Now()
 			var got devResult
 			hostsim.WithinNamed(t, time.Minute, "the broken step to end by a timeout", func() { got = runDevice(t, d, c, ranks, 1, tc.bug == 4) })
-			var ce *kernels.CommError
-			var he *kernels.HostWaitError
+			var ce *comm.CommError
+			var he *comm.HostWaitError
 			switch {
 			case tc.bug == 3:
 				if !errors.As(got.err, &he) || he.Waited < d.timeout {

@@ -13,6 +13,7 @@ import (
 	dt "github.com/moebench/moebench/dispatchers/dispatchtest"
 	"github.com/moebench/moebench/internal/hostsim"
 	"github.com/moebench/moebench/kernels"
+	"github.com/moebench/moebench/kernels/device"
 )
 
 // The fp8 dispatch on devices (deepep.cu with MB_DE_DHIDDEN): each rank's
@@ -103,7 +104,7 @@ func fp8Cases() []fp8Case {
 // uploaded, the experts computing bf16(dequant(x)·p + 1) on the host from
 // the rows they got; it returns each rank's permuted packed rows and
 // probabilities, its output, or the error.
-func runFP8(t *testing.T, d *Device, c fp8Case, devs []kernels.Device, ranks []*dispatchers.Rank) (rows [][]uint16, probs, y [][]float32, err error) {
+func runFP8(t *testing.T, d *Device, c fp8Case, devs []device.Device, ranks []*dispatchers.Rank) (rows [][]uint16, probs, y [][]float32, err error) {
 	t.Helper()
 	sh := c.sh
 	T, k, hd, dw := sh.Tokens, sh.TopK, sh.Hidden, sh.DispatchWidth()
@@ -120,15 +121,15 @@ func runFP8(t *testing.T, d *Device, c fp8Case, devs []kernels.Device, ranks []*
 		var err error
 		dr.Stream, err = dev.NewStream()
 		ok(err)
-		_, err = kernels.Resize(dev, 1, kernels.Buf{P: &dr.X, PerRow: int64(2 * T * dw)}, kernels.Buf{P: &dr.Idx, PerRow: int64(4 * T * k)},
-			kernels.Buf{P: &dr.Probs, PerRow: int64(4 * T * k)}, kernels.Buf{P: &dr.Y, PerRow: int64(2 * T * hd)})
+		_, err = device.Resize(dev, 1, device.RowBuffer{P: &dr.X, PerRow: int64(2 * T * dw)}, device.RowBuffer{P: &dr.Idx, PerRow: int64(4 * T * k)},
+			device.RowBuffer{P: &dr.Probs, PerRow: int64(4 * T * k)}, device.RowBuffer{P: &dr.Y, PerRow: int64(2 * T * hd)})
 		ok(err)
 		ok(dev.Upload(dr.X, packRows(rk.X, rk.Scales, hd, 2*dw), dr.Stream))
 		ok(dev.Upload(dr.Idx, rk.Idx, dr.Stream))
 		ok(dev.Upload(dr.Probs, rk.Probs, dr.Stream))
 		ok(dev.Fill16(dr.Y, 0x7fc0, int64(T*hd), dr.Stream)) // NaN: every value must be written
 		drs[r] = dr
-		t.Cleanup(func() { kernels.Free(dev, &dr.X, &dr.Idx, &dr.Probs, &dr.Y, &dr.ExpertY) })
+		t.Cleanup(func() { device.Free(dev, &dr.X, &dr.Idx, &dr.Probs, &dr.Y, &dr.ExpertY) })
 	}
 	th := dt.Threads(t, drs)
 	if err := d.Bind(sh, drs); err != nil {
@@ -136,7 +137,7 @@ func runFP8(t *testing.T, d *Device, c fp8Case, devs []kernels.Device, ranks []*
 	}
 	t.Cleanup(func() { d.Close() })
 	rows, probs = make([][]uint16, sh.EP), make([][]float32, sh.EP)
-	outs := make([]kernels.Sized, sh.EP)
+	outs := make([]device.RowCapacity, sh.EP)
 	experts := func(r int) error {
 		dr := drs[r]
 		n := dr.Rows()
@@ -155,7 +156,7 @@ func runFP8(t *testing.T, d *Device, c fp8Case, devs []kernels.Device, ranks []*
 				ey[i*hd+j] = dt.Expert(fp8Dequant(v[j], s[j/dispatchers.FP8Block]), p[i])
 			}
 		}
-		if err := outs[r].Ensure(dr.Dev, dr.Stream, n, kernels.Buf{P: &dr.ExpertY, PerRow: int64(2 * hd)}); err != nil {
+		if err := outs[r].Ensure(dr.Dev, dr.Stream, n, device.RowBuffer{P: &dr.ExpertY, PerRow: int64(2 * hd)}); err != nil {
 			return err
 		}
 		return dr.Dev.Upload(dr.ExpertY, kernels.BF16Bits(ey), dr.Stream)
@@ -208,7 +209,7 @@ func hostFP8(t *testing.T, c fp8Case, ranks []*dispatchers.Rank) (rows [][]uint1
 	experts := func(r int) error {
 		rk := ranks[r]
 		n := len(rk.ExpertProbs)
-		rk.ExpertY = kernels.Grow(rk.ExpertY, n*hd)
+		rk.ExpertY = kernels.Reslice(rk.ExpertY, n*hd)
 		for i := range n * hd {
 			rk.ExpertY[i] = dt.Expert(fp8Dequant(rk.ExpertX[i], rk.ExpertScales[i/dispatchers.FP8Block]), rk.ExpertProbs[i/hd])
 		}
@@ -236,13 +237,13 @@ func hostFP8(t *testing.T, c fp8Case, ranks []*dispatchers.Rank) (rows [][]uint1
 }
 
 // checkFP8 runs the fp8 cases on devs against the host design.
-func checkFP8(t *testing.T, devs []kernels.Device) {
+func checkFP8(t *testing.T, devs []device.Device) {
 	for _, c := range fp8Cases() {
 		t.Run(c.name, func(t *testing.T) {
 			if c.ndev > len(devs) {
 				t.Skipf("needs %d devices", c.ndev)
 			}
-			if _, emu := devs[0].(*kernels.Emu); !emu && c.ndev > 1 {
+			if _, emu := devs[0].(*device.Emu); !emu && c.ndev > 1 {
 				hostsim.SkipIfShort(t, "ep2-h256-one-device")
 			}
 			wantRows, wantP, wantY := hostFP8(t, c, fp8Ranks(t, c.sh, 11))

@@ -169,15 +169,15 @@ func (h *Host) Notify(r int) error {
 		}
 	}
 	R, hd, k := s.recv, sh.Hidden, sh.TopK
-	s.recvX = kernels.Grow(s.recvX, R*hd)
-	s.recvSrc = kernels.Grow(s.recvSrc, R)
-	s.recvIdx = kernels.Grow(s.recvIdx, R*k)
-	s.recvW = kernels.Grow(s.recvW, R*k)
+	s.recvX = kernels.Reslice(s.recvX, R*hd)
+	s.recvSrc = kernels.Reslice(s.recvSrc, R)
+	s.recvIdx = kernels.Reslice(s.recvIdx, R*k)
+	s.recvW = kernels.Reslice(s.recvW, R*k)
 	if r == 0 {
 		h.fp8 = h.ranks[0].Scales != nil
 	}
 	if h.fp8 {
-		s.recvS = kernels.Grow(s.recvS, R*dispatchers.ScaleWidth(hd))
+		s.recvS = kernels.Reslice(s.recvS, R*dispatchers.ScaleWidth(hd))
 	}
 	return nil
 }
@@ -281,8 +281,8 @@ func (h *Host) Permute(r int) error {
 	L, k, hd := sh.LocalExperts(), sh.TopK, sh.Hidden
 	h.slots = s.order(L, k, h.slots)
 	rows := len(h.slots)
-	rk.ExpertX = kernels.Grow(rk.ExpertX, rows*hd)
-	rk.ExpertProbs = kernels.Grow(rk.ExpertProbs, rows)
+	rk.ExpertX = kernels.Reslice(rk.ExpertX, rows*hd)
+	rk.ExpertProbs = kernels.Reslice(rk.ExpertProbs, rows)
 	for at, slot := range h.slots {
 		i := int(slot) / k
 		copy(rk.ExpertX[at*hd:(at+1)*hd], s.recvX[i*hd:(i+1)*hd])
@@ -290,7 +290,7 @@ func (h *Host) Permute(r int) error {
 	}
 	if h.fp8 { // each copy's scales with its row (Megatron's permute after DeepEP's fp8 dispatch)
 		S := dispatchers.ScaleWidth(hd)
-		rk.ExpertScales = kernels.Grow(rk.ExpertScales, rows*S)
+		rk.ExpertScales = kernels.Reslice(rk.ExpertScales, rows*S)
 		for at, slot := range h.slots {
 			i := int(slot) / k
 			copy(rk.ExpertScales[at*S:(at+1)*S], s.recvS[i*S:(i+1)*S])
@@ -314,8 +314,8 @@ func (h *Host) Permute(r int) error {
 // received order; it returns the slots in row order (reusing slots) and
 // counts each expert's rows in s.counted.
 func (s *rankState) order(L, k int, slots []int32) []int32 {
-	s.permRow = kernels.Grow(s.permRow, s.recv*k)
-	s.counted = kernels.Grow(s.counted, L)
+	s.permRow = kernels.Reslice(s.permRow, s.recv*k)
+	s.counted = kernels.Reslice(s.counted, L)
 	clear(s.counted)
 	for i := range s.permRow {
 		s.permRow[i] = -1
@@ -338,7 +338,7 @@ func (s *rankState) order(L, k int, slots []int32) []int32 {
 // token's rows in ascending rank order into Rank.Y.
 func (h *Host) Combine(r int) error {
 	rk, sh := h.ranks[r], h.shape
-	rk.Y = kernels.Grow(rk.Y, sh.Tokens*sh.Hidden)
+	rk.Y = kernels.Reslice(rk.Y, sh.Tokens*sh.Hidden)
 	return h.reduce(r, "combine", func(d int) []float32 { return h.ranks[d].ExpertY }, nil, rk.Y, nil)
 }
 
@@ -439,7 +439,7 @@ func (cs *combineSender) round(q *queue, chunk int) bool {
 	}
 	ds, sh := &cs.h.st[cs.d], cs.h.shape
 	k, hd := sh.TopK, sh.Hidden
-	cs.sum = kernels.Grow(cs.sum, hd)
+	cs.sum = kernels.Reslice(cs.sum, hd)
 	for range n {
 		i := cs.next
 		clear(cs.sum)

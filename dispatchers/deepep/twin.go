@@ -7,9 +7,10 @@ import (
 
 	"github.com/moebench/moebench/dispatchers"
 	"github.com/moebench/moebench/kernels"
+	"github.com/moebench/moebench/kernels/device"
 )
 
-// twin is the kernels' Go form for kernels.Emu (kernels.Program.Twin): each
+// twin is the kernels' Go form for device.Emu (device.Program.Twin): each
 // kernel's twin loads what the kernel reads from device memory — through
 // the descriptor tables the kernels get, for the collectives — into a
 // Host that mirrors the ranks, runs the host design's phase, and stores
@@ -23,8 +24,8 @@ type twin struct {
 }
 
 // locked is f run under tw.mu.
-func (tw *twin) locked(f func([]kernels.TwinPart) error) func([]kernels.TwinPart) error {
-	return func(parts []kernels.TwinPart) error {
+func (tw *twin) locked(f func([]device.TwinPart) error) func([]device.TwinPart) error {
+	return func(parts []device.TwinPart) error {
 		tw.mu.Lock()
 		defer tw.mu.Unlock()
 		return f(parts)
@@ -47,7 +48,7 @@ func (tw *twin) host() (*Host, error) {
 
 // mem is a typed view of n elements of device memory at p, read (or
 // written when write) by part t.
-func mem[T int32 | uint16 | float32 | uint8](t kernels.TwinPart, p kernels.Ptr, n int, write bool) ([]T, error) {
+func mem[T int32 | uint16 | float32 | uint8](t device.TwinPart, p device.Addr, n int, write bool) ([]T, error) {
 	var zero T
 	bytes := int64(n) * int64(unsafe.Sizeof(zero))
 	if n == 0 {
@@ -68,7 +69,7 @@ func mem[T int32 | uint16 | float32 | uint8](t kernels.TwinPart, p kernels.Ptr, 
 
 // begin is a collective's twin's start: the mirror, and each rank's part
 // and descriptor (ranksOf).
-func (tw *twin) begin(parts []kernels.TwinPart) (*Host, []kernels.TwinPart, [][]kernels.Ptr, error) {
+func (tw *twin) begin(parts []device.TwinPart) (*Host, []device.TwinPart, [][]device.Addr, error) {
 	h, err := tw.host()
 	if err != nil {
 		return nil, nil, nil, err
@@ -80,12 +81,12 @@ func (tw *twin) begin(parts []kernels.TwinPart) (*Host, []kernels.TwinPart, [][]
 // ranksOf maps every rank to the part that covers it (a collective's
 // parts: argument 1 is the part's first rank) and reads the descriptor
 // table each part got (its last argument).
-func (tw *twin) ranksOf(parts []kernels.TwinPart) (part []kernels.TwinPart, desc [][]kernels.Ptr, err error) {
+func (tw *twin) ranksOf(parts []device.TwinPart) (part []device.TwinPart, desc [][]device.Addr, err error) {
 	N := tw.d.shape.EP
-	part, desc = make([]kernels.TwinPart, N), make([][]kernels.Ptr, N)
+	part, desc = make([]device.TwinPart, N), make([][]device.Addr, N)
 	for _, t := range parts {
 		first := int(t.Args[1].(int32))
-		tab, err := t.Ptrs(t.Args[len(t.Args)-1].(kernels.Ptr), slots*N)
+		tab, err := t.Ptrs(t.Args[len(t.Args)-1].(device.Addr), slots*N)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -102,7 +103,7 @@ func (tw *twin) ranksOf(parts []kernels.TwinPart) (part []kernels.TwinPart, desc
 }
 
 // loadLayout reads rank r's layout results into the mirror.
-func (tw *twin) loadLayout(t kernels.TwinPart, fixed kernels.Ptr, r int) error {
+func (tw *twin) loadLayout(t device.TwinPart, fixed device.Addr, r int) error {
 	s, lay, sh := &tw.h.st[r], tw.d.lay, tw.d.shape
 	in, err := mem[uint8](t, fixed, sh.Tokens*sh.EP, false)
 	if err != nil {
@@ -115,7 +116,7 @@ func (tw *twin) loadLayout(t kernels.TwinPart, fixed kernels.Ptr, r int) error {
 		off int64
 		to  []int
 	}{{lay.perRank, s.perRank}, {lay.perExpert, s.perExpert}} {
-		v, err := mem[int32](t, fixed+kernels.Ptr(a.off), len(a.to), false)
+		v, err := mem[int32](t, fixed+device.Addr(a.off), len(a.to), false)
 		if err != nil {
 			return err
 		}
@@ -128,14 +129,14 @@ func (tw *twin) loadLayout(t kernels.TwinPart, fixed kernels.Ptr, r int) error {
 
 // loadPrefixes reads rank r's notify results (channel and received
 // prefixes) into the mirror, and sizes its receive buffer.
-func (tw *twin) loadPrefixes(t kernels.TwinPart, fixed kernels.Ptr, r int) error {
+func (tw *twin) loadPrefixes(t device.TwinPart, fixed device.Addr, r int) error {
 	s, lay, sh := &tw.h.st[r], tw.d.lay, tw.d.shape
 	N, C := sh.EP, tw.d.cfg.Channels()
-	ce, err := mem[int32](t, fixed+kernels.Ptr(lay.chanEnd), N*C, false)
+	ce, err := mem[int32](t, fixed+device.Addr(lay.chanEnd), N*C, false)
 	if err != nil {
 		return err
 	}
-	se, err := mem[int32](t, fixed+kernels.Ptr(lay.srcEnd), N, false)
+	se, err := mem[int32](t, fixed+device.Addr(lay.srcEnd), N, false)
 	if err != nil {
 		return err
 	}
@@ -146,13 +147,13 @@ func (tw *twin) loadPrefixes(t kernels.TwinPart, fixed kernels.Ptr, r int) error
 		s.srcEnd[d] = int(se[d])
 	}
 	s.recv = s.srcEnd[N-1]
-	s.recvX, s.recvSrc = kernels.Grow(s.recvX, s.recv*sh.Hidden), kernels.Grow(s.recvSrc, s.recv)
-	s.recvIdx, s.recvW = kernels.Grow(s.recvIdx, s.recv*sh.TopK), kernels.Grow(s.recvW, s.recv*sh.TopK)
+	s.recvX, s.recvSrc = kernels.Reslice(s.recvX, s.recv*sh.Hidden), kernels.Reslice(s.recvSrc, s.recv)
+	s.recvIdx, s.recvW = kernels.Reslice(s.recvIdx, s.recv*sh.TopK), kernels.Reslice(s.recvW, s.recv*sh.TopK)
 	return nil
 }
 
 // store copies ints into device memory at p (as int32).
-func store[T int | int32](t kernels.TwinPart, p kernels.Ptr, v []T) error {
+func store[T int | int32](t device.TwinPart, p device.Addr, v []T) error {
 	out, err := mem[int32](t, p, len(v), true)
 	for i, x := range v {
 		out[i] = int32(x)
@@ -161,19 +162,19 @@ func store[T int | int32](t kernels.TwinPart, p kernels.Ptr, v []T) error {
 }
 
 // bf16 reads n bf16 values at p as float32.
-func bf16(t kernels.TwinPart, p kernels.Ptr, n int) ([]float32, error) {
+func bf16(t device.TwinPart, p device.Addr, n int) ([]float32, error) {
 	b, err := mem[uint16](t, p, n, false)
 	return kernels.FromBF16Bits(b), err
 }
 
 // layout: deepep_layout(idx, fixed).
-func (tw *twin) layout(parts []kernels.TwinPart) error {
+func (tw *twin) layout(parts []device.TwinPart) error {
 	t, sh := parts[0], tw.d.shape
 	h, err := tw.host()
 	if err != nil {
 		return err
 	}
-	idxPtr, fixed := t.Args[0].(kernels.Ptr), t.Args[1].(kernels.Ptr)
+	idxPtr, fixed := t.Args[0].(device.Addr), t.Args[1].(device.Addr)
 	r := -1
 	for i := range tw.d.st {
 		if tw.d.st[i].fixed == fixed {
@@ -202,17 +203,17 @@ func (tw *twin) layout(parts []kernels.TwinPart) error {
 			in[i] = 1
 		}
 	}
-	if err := store(t, fixed+kernels.Ptr(lay.perRank), s.perRank); err != nil {
+	if err := store(t, fixed+device.Addr(lay.perRank), s.perRank); err != nil {
 		return err
 	}
-	return store(t, fixed+kernels.Ptr(lay.perExpert), s.perExpert)
+	return store(t, fixed+device.Addr(lay.perExpert), s.perExpert)
 }
 
 // notify: deepep_notify(comm, first, epoch, cached, desc): the mirror's
 // Notify on every rank's layout, its prefixes stored and the counters set;
 // cached (the backward's), nothing: the counts are the forward's, and the
 // queues' metadata the kernels clear is theirs alone.
-func (tw *twin) notify(parts []kernels.TwinPart) error {
+func (tw *twin) notify(parts []device.TwinPart) error {
 	if parts[0].Args[3].(int32) != 0 {
 		return nil
 	}
@@ -236,10 +237,10 @@ func (tw *twin) notify(parts []kernels.TwinPart) error {
 		for _, e := range s.chanEnd {
 			ends = append(ends, e...)
 		}
-		if err := store(t, fixed+kernels.Ptr(lay.chanEnd), ends); err != nil {
+		if err := store(t, fixed+device.Addr(lay.chanEnd), ends); err != nil {
 			return err
 		}
-		if err := store(t, fixed+kernels.Ptr(lay.srcEnd), s.srcEnd); err != nil {
+		if err := store(t, fixed+device.Addr(lay.srcEnd), s.srcEnd); err != nil {
 			return err
 		}
 	}
@@ -256,7 +257,7 @@ func (tw *twin) notify(parts []kernels.TwinPart) error {
 // on every rank's inputs and notify results; the receive buffers, send_head
 // and the received channel offsets stored. bwd: the mirror's transfer of
 // the output gradients over the forward's handle, the receive rows stored.
-func (tw *twin) dispatch(parts []kernels.TwinPart) error {
+func (tw *twin) dispatch(parts []device.TwinPart) error {
 	h, part, desc, err := tw.begin(parts)
 	if err != nil {
 		return err
@@ -282,7 +283,7 @@ func (tw *twin) dispatch(parts []kernels.TwinPart) error {
 			continue
 		}
 		if tw.d.fp8() { // the packed fp8 rows move as bytes (rawRows); the mirror routes zero bf16 rows
-			rk.X = kernels.Grow(rk.X, T*hd)
+			rk.X = kernels.Reslice(rk.X, T*hd)
 			clear(rk.X)
 		} else if rk.X, err = bf16(t, ds[slotX], T*hd); err != nil {
 			return err
@@ -326,7 +327,7 @@ func (tw *twin) dispatch(parts []kernels.TwinPart) error {
 			return err
 		}
 		copy(w, s.recvW[:s.recv*k])
-		if err := store(t, ds[slotFixed]+kernels.Ptr(lay.sendHead), s.sendHead); err != nil {
+		if err := store(t, ds[slotFixed]+device.Addr(lay.sendHead), s.sendHead); err != nil {
 			return err
 		}
 		chans := make([]int, 0, 2*N*C) // (source, channel): start, end among the source's tokens to r
@@ -340,7 +341,7 @@ func (tw *twin) dispatch(parts []kernels.TwinPart) error {
 				chans = append(chans, start, end)
 			}
 		}
-		if err := store(t, ds[slotFixed]+kernels.Ptr(lay.recvChan), chans); err != nil {
+		if err := store(t, ds[slotFixed]+device.Addr(lay.recvChan), chans); err != nil {
 			return err
 		}
 	}
@@ -351,7 +352,7 @@ func (tw *twin) dispatch(parts []kernels.TwinPart) error {
 // mirror's received order: source ranks in turn, recvSrc the source's
 // token) the source's packed row, its e4m3 bytes and scales as they are,
 // DispatchWidth bf16-sized elements at that stride in the receive buffer.
-func (tw *twin) rawRows(part []kernels.TwinPart, desc [][]kernels.Ptr, r int) error {
+func (tw *twin) rawRows(part []device.TwinPart, desc [][]device.Addr, r int) error {
 	sh, s := tw.d.shape, &tw.h.st[r]
 	pitch := 2 * sh.DispatchWidth()
 	out, err := mem[uint8](part[r], desc[r][slotRecvX], s.recv*pitch, true)
@@ -363,7 +364,7 @@ func (tw *twin) rawRows(part []kernels.TwinPart, desc [][]kernels.Ptr, r int) er
 		for src < sh.EP-1 && i >= s.srcEnd[src] {
 			src++
 		}
-		in, err := mem[uint8](part[src], desc[src][slotX]+kernels.Ptr(int64(s.recvSrc[i])*int64(pitch)), pitch, false)
+		in, err := mem[uint8](part[src], desc[src][slotX]+device.Addr(int64(s.recvSrc[i])*int64(pitch)), pitch, false)
 		if err != nil {
 			return err
 		}
@@ -374,7 +375,7 @@ func (tw *twin) rawRows(part []kernels.TwinPart, desc [][]kernels.Ptr, r int) er
 
 // dispatchGrads is the backward dispatch's twin after the loads: each
 // rank's receive rows from its sources' output gradients.
-func (tw *twin) dispatchGrads(h *Host, part []kernels.TwinPart, desc [][]kernels.Ptr) error {
+func (tw *twin) dispatchGrads(h *Host, part []device.TwinPart, desc [][]device.Addr) error {
 	hd := tw.d.shape.Hidden
 	for r := range part {
 		if err := h.transfer(r, "combine-bwd", func(src int) []float32 { return tw.rk[src].DY }, h.st[r].recvX, false); err != nil {
@@ -393,9 +394,9 @@ func (tw *twin) dispatchGrads(h *Host, part []kernels.TwinPart, desc [][]kernels
 }
 
 // loadSendHead reads rank r's send_head into the mirror.
-func (tw *twin) loadSendHead(t kernels.TwinPart, fixed kernels.Ptr, r int) error {
+func (tw *twin) loadSendHead(t device.TwinPart, fixed device.Addr, r int) error {
 	sh := tw.d.shape
-	v, err := mem[int32](t, fixed+kernels.Ptr(tw.d.lay.sendHead), sh.Tokens*sh.EP, false)
+	v, err := mem[int32](t, fixed+device.Addr(tw.d.lay.sendHead), sh.Tokens*sh.EP, false)
 	for i, x := range v {
 		tw.h.st[r].sendHead[i] = int(x)
 	}
@@ -403,13 +404,13 @@ func (tw *twin) loadSendHead(t kernels.TwinPart, fixed kernels.Ptr, r int) error
 }
 
 // permute: deepep_permute(recvIdx, slots, order, permRow).
-func (tw *twin) permute(parts []kernels.TwinPart) error {
+func (tw *twin) permute(parts []device.TwinPart) error {
 	t, sh := parts[0], tw.d.shape
 	h, err := tw.host()
 	if err != nil {
 		return err
 	}
-	recvIdx, n := t.Args[0].(kernels.Ptr), int(t.Args[1].(int32))
+	recvIdx, n := t.Args[0].(device.Addr), int(t.Args[1].(int32))
 	r := -1
 	for i := range tw.d.st {
 		if tw.d.st[i].recvIdx == recvIdx {
@@ -426,24 +427,24 @@ func (tw *twin) permute(parts []kernels.TwinPart) error {
 	}
 	s.recv, s.recvIdx = n/sh.TopK, append(s.recvIdx[:0], idx...)
 	h.slots = s.order(sh.LocalExperts(), sh.TopK, h.slots)
-	if err := store(t, t.Args[2].(kernels.Ptr), h.slots); err != nil {
+	if err := store(t, t.Args[2].(device.Addr), h.slots); err != nil {
 		return err
 	}
-	return store(t, t.Args[3].(kernels.Ptr), s.permRow)
+	return store(t, t.Args[3].(device.Addr), s.permRow)
 }
 
 // combine: deepep_combine(comm, first, epoch, desc): the mirror's
 // Combine on every rank's expert outputs and maps; Y stored as bf16, with
 // the shared expert's output added as the layer does.
-func (tw *twin) combine(parts []kernels.TwinPart) error { return tw.combineOf(parts, false) }
+func (tw *twin) combine(parts []device.TwinPart) error { return tw.combineOf(parts, false) }
 
 // combineBwd: deepep_combine_bwd(comm, first, epoch, desc): the mirror's
 // reduce of the expert rows' input and probability gradients into DX
 // (bf16) and DProbs.
-func (tw *twin) combineBwd(parts []kernels.TwinPart) error { return tw.combineOf(parts, true) }
+func (tw *twin) combineBwd(parts []device.TwinPart) error { return tw.combineOf(parts, true) }
 
 // combineOf is the twin of the combine kernel's forward or backward form.
-func (tw *twin) combineOf(parts []kernels.TwinPart, bwd bool) error {
+func (tw *twin) combineOf(parts []device.TwinPart, bwd bool) error {
 	h, part, desc, err := tw.begin(parts)
 	if err != nil {
 		return err
@@ -456,7 +457,7 @@ func (tw *twin) combineOf(parts []kernels.TwinPart, bwd bool) error {
 			return err
 		}
 		for _, a := range []struct {
-			p  kernels.Ptr
+			p  device.Addr
 			to []int32
 		}{{ds[slotRecvSrc], s.recvSrc[:s.recv]}, {ds[slotRecvIdx], s.recvIdx[:s.recv*k]}} {
 			v, err := mem[int32](t, a.p, len(a.to), false)
@@ -518,12 +519,12 @@ func (tw *twin) combineOf(parts []kernels.TwinPart, bwd bool) error {
 }
 
 // combineGrads is the backward combine's twin after the loads.
-func (tw *twin) combineGrads(h *Host, part []kernels.TwinPart, desc [][]kernels.Ptr) error {
+func (tw *twin) combineGrads(h *Host, part []device.TwinPart, desc [][]device.Addr) error {
 	sh := tw.d.shape
 	T, k, hd := sh.Tokens, sh.TopK, sh.Hidden
 	for r := range part {
 		rk := tw.rk[r]
-		rk.DX, rk.DProbs = kernels.Grow(rk.DX, T*hd), kernels.Grow(rk.DProbs, T*k)
+		rk.DX, rk.DProbs = kernels.Reslice(rk.DX, T*hd), kernels.Reslice(rk.DProbs, T*k)
 		if err := h.reduce(r, "dispatch-bwd", func(d int) []float32 { return tw.rk[d].ExpertDX },
 			func(d int) []float32 { return tw.rk[d].ExpertDProbs }, rk.DX, rk.DProbs); err != nil {
 			return err

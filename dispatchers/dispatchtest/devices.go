@@ -8,14 +8,14 @@ import (
 	"testing"
 
 	"github.com/moebench/moebench/internal/hostsim"
-	"github.com/moebench/moebench/kernels"
+	"github.com/moebench/moebench/kernels/device"
 )
 
 // GPUs opens up to n of the machine's GPUs, closed with the test; without
 // one the test is skipped (failed with MOEBENCH_REQUIRE_GPU=1).
-func GPUs(t *testing.T, n int) []kernels.Device {
+func GPUs(t *testing.T, n int) []device.Device {
 	t.Helper()
-	gs, err := kernels.OpenGPUs(0, n, t.TempDir())
+	gs, err := device.OpenGPUs(0, n, t.TempDir())
 	if err != nil {
 		if os.Getenv("MOEBENCH_REQUIRE_GPU") == "1" {
 			t.Fatalf("GPU required: %v", err)
@@ -29,24 +29,24 @@ func GPUs(t *testing.T, n int) []kernels.Device {
 // driver, the kernels compiled for the CPU), closed with the test; they
 // have $FAKECUDA_SMS SMs, 16 unless the test set it (a resident block
 // holds an SM: 8 ranks' notify blocks, or 4 ranks × 4 blocks, on one).
-func FakeGPUs(t *testing.T, n int) []kernels.Device {
+func FakeGPUs(t *testing.T, n int) []device.Device {
 	t.Helper()
 	if os.Getenv("FAKECUDA_SMS") == "" {
 		t.Setenv("FAKECUDA_SMS", "16")
 	}
 	comp := hostsim.Setup(t)
-	old := kernels.NewCompiler
-	kernels.NewCompiler = func() (kernels.Compiler, error) { return comp, nil }
-	t.Cleanup(func() { kernels.NewCompiler = old })
-	gs, err := kernels.OpenGPUs(n, n, "")
+	old := device.NewCompiler
+	device.NewCompiler = func() (device.Compiler, error) { return comp, nil }
+	t.Cleanup(func() { device.NewCompiler = old })
+	gs, err := device.OpenGPUs(n, n, "")
 	if err != nil {
 		t.Fatal(err)
 	}
 	return devices(t, gs)
 }
 
-func devices(t *testing.T, gs []*kernels.CUDA) []kernels.Device {
-	devs := make([]kernels.Device, len(gs))
+func devices(t *testing.T, gs []*device.CUDA) []device.Device {
+	devs := make([]device.Device, len(gs))
 	for i, g := range gs {
 		devs[i] = g
 		t.Cleanup(func() { g.Close() })

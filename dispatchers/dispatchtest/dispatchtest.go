@@ -15,6 +15,7 @@ import (
 
 	"github.com/moebench/moebench/dispatchers"
 	"github.com/moebench/moebench/kernels"
+	"github.com/moebench/moebench/kernels/device"
 )
 
 // Tagged makes EP ranks whose rows encode (rank, token) in their first two
@@ -46,7 +47,7 @@ func Tagged(sh dispatchers.Shape, seed uint64) []*dispatchers.Rank {
 func Run(d dispatchers.Dispatcher, ranks []*dispatchers.Rank, f func(x, p float32) float32, stop string) error {
 	experts := func(r int) error {
 		rk := ranks[r]
-		rk.ExpertY = kernels.Grow(rk.ExpertY, len(rk.ExpertX))
+		rk.ExpertY = kernels.Reslice(rk.ExpertY, len(rk.ExpertX))
 		for i, v := range rk.ExpertX {
 			rk.ExpertY[i] = f(v, rk.ExpertProbs[i/(len(rk.ExpertX)/len(rk.ExpertProbs))])
 		}
@@ -122,7 +123,7 @@ func SlotsByExpert(rk *dispatchers.Rank, k, t int) []int {
 // them (dispatchers' contract): each device's ranks, in rank order, from
 // its thread of th, all devices at once, a barrier between phases, and the
 // dispatcher's host waits (Capabilities.HostWait) before a phase.
-func IssuePhases(th *kernels.Threads, d dispatchers.DeviceDispatcher, drs []*dispatchers.DeviceRank, phases []dispatchers.Step) error {
+func IssuePhases(th *device.Threads, d dispatchers.DeviceDispatcher, drs []*dispatchers.DeviceRank, phases []dispatchers.Step) error {
 	hw := d.Capabilities().HostWait
 	devs := th.Devices()
 	each := func(f func(r int) error) error {
@@ -152,14 +153,14 @@ func IssuePhases(th *kernels.Threads, d dispatchers.DeviceDispatcher, drs []*dis
 
 // Threads makes the issuing threads of drs' devices (each device once, in
 // order of first use) and sets every rank's Threads; the test closes them.
-func Threads(t testing.TB, drs []*dispatchers.DeviceRank) *kernels.Threads {
-	var devs []kernels.Device
+func Threads(t testing.TB, drs []*dispatchers.DeviceRank) *device.Threads {
+	var devs []device.Device
 	for _, dr := range drs {
 		if !slices.Contains(devs, dr.Dev) {
 			devs = append(devs, dr.Dev)
 		}
 	}
-	th := kernels.NewThreads(devs)
+	th := device.NewThreads(devs)
 	t.Cleanup(th.Close)
 	for _, dr := range drs {
 		dr.Threads = th
@@ -172,8 +173,8 @@ func Threads(t testing.TB, drs []*dispatchers.DeviceRank) *kernels.Threads {
 // column order).
 func ExpertBackward(rk *dispatchers.Rank, h int) {
 	rows := len(rk.ExpertProbs)
-	rk.ExpertDX = kernels.Grow(rk.ExpertDX, rows*h)
-	rk.ExpertDProbs = kernels.Grow(rk.ExpertDProbs, rows)
+	rk.ExpertDX = kernels.Reslice(rk.ExpertDX, rows*h)
+	rk.ExpertDProbs = kernels.Reslice(rk.ExpertDProbs, rows)
 	for _, sg := range rk.Segments {
 		for i := sg.Start; i < sg.Start+sg.Len; i++ {
 			var dp float32

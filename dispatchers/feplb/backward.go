@@ -102,7 +102,7 @@ func (f *FEPLB) dynamicGrads(r int) error {
 	for i, c := range in {
 		src := f.ranks[c.owner].Experts[c.expert-c.owner*L]
 		g := &f.grads[r][i]
-		g.FC1, g.FC2 = kernels.Grow(g.FC1, len(src.FC1)), kernels.Grow(g.FC2, len(src.FC2))
+		g.FC1, g.FC2 = kernels.Reslice(g.FC1, len(src.FC1)), kernels.Reslice(g.FC2, len(src.FC2))
 		clear(g.FC1)
 		clear(g.FC2)
 		rk.Segments = append(rk.Segments, dispatchers.Segment{Expert: c.expert, Start: f.own[r] + c.dst, Len: c.n, Weights: &f.weights[r][i], Grads: g})

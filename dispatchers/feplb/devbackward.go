@@ -5,6 +5,7 @@ import (
 
 	"github.com/moebench/moebench/dispatchers"
 	"github.com/moebench/moebench/kernels"
+	"github.com/moebench/moebench/kernels/device"
 )
 
 // The backward on device ranks (the host's, backward.go, with phase 2's
@@ -32,18 +33,18 @@ type devBack struct {
 	// dyStart, dyIn: its pushes of its moved chunks' output gradients;
 	// computed: a helper's chunks' backward done; retStart, returned: the
 	// owner's pulls of input, probability and weight gradients
-	dyReady, dyStart, dyIn, computed, retStart, returned kernels.Event
+	dyReady, dyStart, dyIn, computed, retStart, returned device.Event
 
-	dx, dp kernels.Ptr   // the chunks' input and probability gradients (helper): [rows, h] bf16, [rows] fp32
-	g1, g2 kernels.Ptr   // their weight gradients (helper): [slots, 2f, h], [slots, h, f] fp32
-	w1, w2 kernels.Ptr   // the helpers' weight gradients returned (owner): [chunks, 2f, h], [chunks, h, f] fp32
-	rows   kernels.Sized // dx, dp
-	slots  kernels.Sized // g1, g2
-	back   kernels.Sized // w1, w2
-	ran    bool          // a backward ran on the rank
+	dx, dp device.Addr        // the chunks' input and probability gradients (helper): [rows, h] bf16, [rows] fp32
+	g1, g2 device.Addr        // their weight gradients (helper): [slots, 2f, h], [slots, h, f] fp32
+	w1, w2 device.Addr        // the helpers' weight gradients returned (owner): [chunks, 2f, h], [chunks, h, f] fp32
+	rows   device.RowCapacity // dx, dp
+	slots  device.RowCapacity // g1, g2
+	back   device.RowCapacity // w1, w2
+	ran    bool               // a backward ran on the rank
 	segs   []dispatchers.DeviceSegment
 	work   []dispatchers.DeviceWork
-	ops    []kernels.CopyOp
+	ops    []device.CopyOp
 }
 
 // baseBackward is the base device dispatcher's backward, or why it has
@@ -89,10 +90,10 @@ func (f *Device) CombineBackward(r int) error {
 	own := dispatchers.DeviceWork{X: rk.ExpertX, Probs: rk.ExpertProbs, Segments: s.segs[1]}
 	bk.work, bk.segs = bk.work[:0], bk.segs[:0]
 	if len(in) > 0 {
-		if err := bk.rows.Ensure(rk.Dev, rk.Stream, f.c.lay.foreign[r], kernels.Buf{P: &bk.dx, PerRow: 2 * h}, kernels.Buf{P: &bk.dp, PerRow: 4}); err != nil {
+		if err := bk.rows.Ensure(rk.Dev, rk.Stream, f.c.lay.foreign[r], device.RowBuffer{P: &bk.dx, PerRow: 2 * h}, device.RowBuffer{P: &bk.dp, PerRow: 4}); err != nil {
 			return err
 		}
-		if err := bk.slots.Ensure(rk.Dev, rk.Stream, len(in), kernels.Buf{P: &bk.g1, PerRow: 8 * ff * h}, kernels.Buf{P: &bk.g2, PerRow: 4 * h * ff}); err != nil {
+		if err := bk.slots.Ensure(rk.Dev, rk.Stream, len(in), device.RowBuffer{P: &bk.g1, PerRow: 8 * ff * h}, device.RowBuffer{P: &bk.g2, PerRow: 4 * h * ff}); err != nil {
 			return err
 		}
 		if err := rk.Dev.Fill16(bk.g1, 0, int64(len(in))*4*ff*h, rk.Stream); err != nil {
@@ -103,7 +104,7 @@ func (f *Device) CombineBackward(r int) error {
 		}
 		for i := range in {
 			fg := s.segs[2][i]
-			fg.DFC1, fg.DFC2 = bk.g1+kernels.Ptr(int64(i)*8*ff*h), bk.g2+kernels.Ptr(int64(i)*4*h*ff)
+			fg.DFC1, fg.DFC2 = bk.g1+device.Addr(int64(i)*8*ff*h), bk.g2+device.Addr(int64(i)*4*h*ff)
 			bk.segs = append(bk.segs, fg)
 		}
 		for i, first := range in { // a block per run of one owner's chunks
@@ -145,7 +146,7 @@ func (f *Device) pushGradients(r int) error {
 	}
 	bk.ops = bk.ops[:0]
 	for _, c := range out {
-		bk.ops = append(bk.ops, kernels.CopyOp{Dst: f.rs[c.helper].fy + kernels.Ptr(2*int64(c.dst)*h), Src: rk.ExpertDY + kernels.Ptr(2*int64(c.src)*h),
+		bk.ops = append(bk.ops, device.CopyOp{Dst: f.rs[c.helper].fy + device.Addr(2*int64(c.dst)*h), Src: rk.ExpertDY + device.Addr(2*int64(c.src)*h),
 			Bytes: 2 * int64(c.n) * h, DstDev: f.ranks[c.helper].Dev})
 	}
 	if err := rk.Dev.CopyBatch(bk.ops, s.ce); err != nil {
@@ -168,7 +169,7 @@ func (f *Device) RebalanceBackward(r int) error {
 	}
 	sh, ff := f.c.shape, int64(f.env.FFN)
 	h := int64(sh.Hidden)
-	if err := bk.back.Ensure(rk.Dev, s.ce, len(out), kernels.Buf{P: &bk.w1, PerRow: 8 * ff * h}, kernels.Buf{P: &bk.w2, PerRow: 4 * h * ff}); err != nil {
+	if err := bk.back.Ensure(rk.Dev, s.ce, len(out), device.RowBuffer{P: &bk.w1, PerRow: 8 * ff * h}, device.RowBuffer{P: &bk.w2, PerRow: 4 * h * ff}); err != nil {
 		return err
 	}
 	for i, c := range out {
@@ -190,10 +191,10 @@ func (f *Device) RebalanceBackward(r int) error {
 		}
 		from := f.ranks[c.helper].Dev
 		bk.ops = append(bk.ops,
-			kernels.CopyOp{Dst: rk.ExpertDX + kernels.Ptr(2*int64(c.src)*h), Src: hb.dx + kernels.Ptr(2*int64(c.dst)*h), Bytes: 2 * int64(c.n) * h, SrcDev: from},
-			kernels.CopyOp{Dst: rk.ExpertDProbs + kernels.Ptr(4*int64(c.src)), Src: hb.dp + kernels.Ptr(4*int64(c.dst)), Bytes: 4 * int64(c.n), SrcDev: from},
-			kernels.CopyOp{Dst: bk.w1 + kernels.Ptr(int64(i)*8*ff*h), Src: hb.g1 + kernels.Ptr(int64(j)*8*ff*h), Bytes: 8 * ff * h, SrcDev: from},
-			kernels.CopyOp{Dst: bk.w2 + kernels.Ptr(int64(i)*4*h*ff), Src: hb.g2 + kernels.Ptr(int64(j)*4*h*ff), Bytes: 4 * h * ff, SrcDev: from})
+			device.CopyOp{Dst: rk.ExpertDX + device.Addr(2*int64(c.src)*h), Src: hb.dx + device.Addr(2*int64(c.dst)*h), Bytes: 2 * int64(c.n) * h, SrcDev: from},
+			device.CopyOp{Dst: rk.ExpertDProbs + device.Addr(4*int64(c.src)), Src: hb.dp + device.Addr(4*int64(c.dst)), Bytes: 4 * int64(c.n), SrcDev: from},
+			device.CopyOp{Dst: bk.w1 + device.Addr(int64(i)*8*ff*h), Src: hb.g1 + device.Addr(int64(j)*8*ff*h), Bytes: 8 * ff * h, SrcDev: from},
+			device.CopyOp{Dst: bk.w2 + device.Addr(int64(i)*4*h*ff), Src: hb.g2 + device.Addr(int64(j)*4*h*ff), Bytes: 4 * h * ff, SrcDev: from})
 	}
 	if err := rk.Dev.CopyBatch(bk.ops, s.ce); err != nil {
 		return fmt.Errorf("feplb: rank %d's gradients back: %w", r, err)
@@ -216,10 +217,10 @@ func (f *Device) DispatchBackward(r int) error {
 		h, ff, L := int64(f.c.shape.Hidden), int64(f.env.FFN), f.c.shape.LocalExperts()
 		for i, c := range out {
 			le := int64(c.expert - r*L)
-			if err := rk.Dev.AddF32(rk.DFC1+kernels.Ptr(le*8*ff*h), bk.w1+kernels.Ptr(int64(i)*8*ff*h), int(2*ff*h), false, rk.Stream); err != nil {
+			if err := rk.Dev.AddF32(rk.DFC1+device.Addr(le*8*ff*h), bk.w1+device.Addr(int64(i)*8*ff*h), int(2*ff*h), false, rk.Stream); err != nil {
 				return err
 			}
-			if err := rk.Dev.AddF32(rk.DFC2+kernels.Ptr(le*4*h*ff), bk.w2+kernels.Ptr(int64(i)*4*h*ff), int(h*ff), false, rk.Stream); err != nil {
+			if err := rk.Dev.AddF32(rk.DFC2+device.Addr(le*4*h*ff), bk.w2+device.Addr(int64(i)*4*h*ff), int(h*ff), false, rk.Stream); err != nil {
 				return err
 			}
 		}
@@ -257,7 +258,7 @@ func (f *Device) backCopySeconds() (float64, error) {
 	most := 0.0
 	for r := range f.bk {
 		bk, dev, t := &f.bk[r], f.ranks[r].Dev, 0.0
-		span := func(a, b kernels.Event) error {
+		span := func(a, b device.Event) error {
 			ms, err := dev.Elapsed(a, b)
 			t += ms / 1e3
 			return err

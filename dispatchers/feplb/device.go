@@ -8,10 +8,10 @@ import (
 
 	"github.com/moebench/moebench/balance"
 	"github.com/moebench/moebench/dispatchers"
-	"github.com/moebench/moebench/kernels"
+	"github.com/moebench/moebench/kernels/device"
 )
 
-// NewDevice returns FEPLB on a kernels.Device over the base dispatcher's
+// NewDevice returns FEPLB on a device.Device over the base dispatcher's
 // device implementation, or why it is unavailable. Availability: the base
 // must be available, and the devices of a domain's ranks must reach each
 // other's memory (peer access, or one GPU: emulated EP), which Bind checks.
@@ -45,8 +45,8 @@ func (f *Device) FP8Unavailable(env dispatchers.Env) string {
 	return "feplb's base has no FP8 dispatch path on the cuda device"
 }
 
-// Device is FEPLB on a kernels.Device. Phase 2's copies go on a copy stream
-// per rank as kernels.Device.CopyBatch batches (on CUDA the batch copy with
+// Device is FEPLB on a device.Device. Phase 2's copies go on a copy stream
+// per rank as device.Device.CopyBatch batches (on CUDA the batch copy with
 // the hint to use copy engines): a helper's copy stream pulls its chunks'
 // rows, probabilities and expert weights from the owners after their phase
 // 1, while its own stream computes its static experts. Its dynamic work is
@@ -65,7 +65,7 @@ func (f *Device) FP8Unavailable(env dispatchers.Env) string {
 // until a step has measured them, the H100 roofline stands in on a GPU and
 // HostModel's rates on an emulated device.
 //
-// Proven on kernels.Emu (the output equals the host layer's, also with the
+// Proven on device.Emu (the output equals the host layer's, also with the
 // ranks on several emulated devices); on a GPU nothing here has run yet.
 type Device struct {
 	dispatchers.DeviceDispatcher         // the base
@@ -88,21 +88,21 @@ type rates struct {
 
 // devRank is one rank's phase-2 state.
 type devRank struct {
-	ce     kernels.Stream // copy stream: incoming chunks
-	origin kernels.Event  // recorded at the rank's permute; its times are read from it
+	ce     device.Stream // copy stream: incoming chunks
+	origin device.Event  // recorded at the rank's permute; its times are read from it
 	// dispatched: phase 1 done (the static experts start); staticEnd: the
 	// static experts done; ceStart/ready: the incoming copies; computed: the
 	// chunks for others computed; ownEnd: all the rank's own work done;
 	// backStart/backEnd: the outputs pulled back
-	dispatched, staticEnd, ceStart, ready, computed, ownEnd, backStart, backEnd kernels.Event
+	dispatched, staticEnd, ceStart, ready, computed, ownEnd, backStart, backEnd device.Event
 
-	fx, fp, fy kernels.Ptr   // rows computed for others: [rows, DispatchWidth] as dispatched, [rows] fp32, [rows, h] bf16
-	w1, w2     kernels.Ptr   // weights of the experts helped: [slots, 2f, h], [slots, h, f]
-	rows       kernels.Sized // fx, fp, fy
-	slots      kernels.Sized // w1, w2
+	fx, fp, fy device.Addr        // rows computed for others: [rows, DispatchWidth] as dispatched, [rows] fp32, [rows, h] bf16
+	w1, w2     device.Addr        // weights of the experts helped: [slots, 2f, h], [slots, h, f]
+	rows       device.RowCapacity // fx, fp, fy
+	slots      device.RowCapacity // w1, w2
 	work       []dispatchers.DeviceWork
 	segs       [3][]dispatchers.DeviceSegment // static, own dynamic, foreign
-	ops        []kernels.CopyOp               // scratch of the rank's copies
+	ops        []device.CopyOp                // scratch of the rank's copies
 }
 
 func (f *Device) Name() string { return "feplb" }
@@ -136,7 +136,7 @@ func (f *Device) Bind(shape dispatchers.Shape, ranks []*dispatchers.DeviceRank) 
 		if s.ce, err = dev.NewStream(); err != nil {
 			return err
 		}
-		for _, e := range []*kernels.Event{&s.origin, &s.dispatched, &s.staticEnd, &s.ceStart, &s.ready, &s.computed, &s.ownEnd, &s.backStart, &s.backEnd,
+		for _, e := range []*device.Event{&s.origin, &s.dispatched, &s.staticEnd, &s.ceStart, &s.ready, &s.computed, &s.ownEnd, &s.backStart, &s.backEnd,
 			&bk.dyReady, &bk.dyStart, &bk.dyIn, &bk.computed, &bk.retStart, &bk.returned} {
 			if *e, err = dev.NewEvent(); err != nil {
 				return err
@@ -246,12 +246,12 @@ func (f *Device) Rebalance(r int) error {
 	for i, c := range in {
 		o := f.ranks[c.owner]
 		le, slot := int64(c.expert-c.owner*L), int64(i)
-		w1, w2 := s.w1+kernels.Ptr(slot*4*ff*h), s.w2+kernels.Ptr(slot*2*h*ff)
+		w1, w2 := s.w1+device.Addr(slot*4*ff*h), s.w2+device.Addr(slot*2*h*ff)
 		s.ops = append(s.ops,
-			kernels.CopyOp{Dst: s.fx + kernels.Ptr(2*int64(c.dst)*w), Src: o.ExpertX + kernels.Ptr(2*int64(c.src)*w), Bytes: 2 * int64(c.n) * w, SrcDev: o.Dev},
-			kernels.CopyOp{Dst: s.fp + kernels.Ptr(4*c.dst), Src: o.ExpertProbs + kernels.Ptr(4*c.src), Bytes: 4 * int64(c.n), SrcDev: o.Dev},
-			kernels.CopyOp{Dst: w1, Src: o.FC1 + kernels.Ptr(le*4*ff*h), Bytes: 4 * ff * h, SrcDev: o.Dev},
-			kernels.CopyOp{Dst: w2, Src: o.FC2 + kernels.Ptr(le*2*h*ff), Bytes: 2 * h * ff, SrcDev: o.Dev})
+			device.CopyOp{Dst: s.fx + device.Addr(2*int64(c.dst)*w), Src: o.ExpertX + device.Addr(2*int64(c.src)*w), Bytes: 2 * int64(c.n) * w, SrcDev: o.Dev},
+			device.CopyOp{Dst: s.fp + device.Addr(4*c.dst), Src: o.ExpertProbs + device.Addr(4*c.src), Bytes: 4 * int64(c.n), SrcDev: o.Dev},
+			device.CopyOp{Dst: w1, Src: o.FC1 + device.Addr(le*4*ff*h), Bytes: 4 * ff * h, SrcDev: o.Dev},
+			device.CopyOp{Dst: w2, Src: o.FC2 + device.Addr(le*2*h*ff), Bytes: 2 * h * ff, SrcDev: o.Dev})
 		foreign = append(foreign, dispatchers.DeviceSegment{Expert: c.expert, Start: c.dst, Len: c.n, FC1: w1, FC2: w2})
 	}
 	if err := rk.Dev.CopyBatch(s.ops, s.ce); err != nil {
@@ -272,10 +272,10 @@ func (f *Device) grow(r, rows, slots int) error {
 	s, dev := &f.rs[r], f.ranks[r].Dev
 	h, ff := int64(f.c.shape.Hidden), int64(f.env.FFN)
 	w := int64(f.c.shape.DispatchWidth())
-	if err := s.rows.Ensure(dev, s.ce, rows, kernels.Buf{P: &s.fx, PerRow: 2 * w}, kernels.Buf{P: &s.fp, PerRow: 4}, kernels.Buf{P: &s.fy, PerRow: 2 * h}); err != nil {
+	if err := s.rows.Ensure(dev, s.ce, rows, device.RowBuffer{P: &s.fx, PerRow: 2 * w}, device.RowBuffer{P: &s.fp, PerRow: 4}, device.RowBuffer{P: &s.fy, PerRow: 2 * h}); err != nil {
 		return err
 	}
-	return s.slots.Ensure(dev, s.ce, slots, kernels.Buf{P: &s.w1, PerRow: 4 * ff * h}, kernels.Buf{P: &s.w2, PerRow: 2 * h * ff})
+	return s.slots.Ensure(dev, s.ce, slots, device.RowBuffer{P: &s.w1, PerRow: 4 * ff * h}, device.RowBuffer{P: &s.w2, PerRow: 2 * h * ff})
 }
 
 // Combine pulls the outputs of rank r's moved chunks back from their helpers
@@ -293,7 +293,7 @@ func (f *Device) Combine(r int) error {
 					return err
 				}
 			}
-			s.ops = append(s.ops, kernels.CopyOp{Dst: rk.ExpertY + kernels.Ptr(2*int64(c.src)*h), Src: f.rs[c.helper].fy + kernels.Ptr(2*int64(c.dst)*h),
+			s.ops = append(s.ops, device.CopyOp{Dst: rk.ExpertY + device.Addr(2*int64(c.src)*h), Src: f.rs[c.helper].fy + device.Addr(2*int64(c.dst)*h),
 				Bytes: 2 * int64(c.n) * h, SrcDev: f.ranks[c.helper].Dev})
 		}
 		if err := rk.Dev.Record(s.backStart, s.ce); err != nil {
@@ -368,7 +368,7 @@ func (f *Device) stepTimes() (stepTimes, error) {
 	h, ff := float64(f.c.shape.Hidden), float64(f.env.FFN)
 	for r := range f.rs {
 		d, dev := &f.rs[r], f.ranks[r].Dev
-		at := func(es ...kernels.Event) ([]float64, error) { // seconds from the rank's origin
+		at := func(es ...device.Event) ([]float64, error) { // seconds from the rank's origin
 			t := make([]float64, len(es))
 			for i, e := range es {
 				ms, err := dev.Elapsed(d.origin, e)
@@ -484,11 +484,11 @@ func (f *Device) Close() error {
 	for r := range f.rs {
 		s := &f.rs[r]
 		bk := &f.bk[r]
-		if err := kernels.Free(f.ranks[r].Dev, &s.fx, &s.fp, &s.fy, &s.w1, &s.w2, &bk.dx, &bk.dp, &bk.g1, &bk.g2, &bk.w1, &bk.w2); first == nil {
+		if err := device.Free(f.ranks[r].Dev, &s.fx, &s.fp, &s.fy, &s.w1, &s.w2, &bk.dx, &bk.dp, &bk.g1, &bk.g2, &bk.w1, &bk.w2); first == nil {
 			first = err
 		}
-		s.rows, s.slots = kernels.Sized{}, kernels.Sized{}
-		bk.rows, bk.slots, bk.back = kernels.Sized{}, kernels.Sized{}, kernels.Sized{}
+		s.rows, s.slots = device.RowCapacity{}, device.RowCapacity{}
+		bk.rows, bk.slots, bk.back = device.RowCapacity{}, device.RowCapacity{}, device.RowCapacity{}
 	}
 	if err := f.DeviceDispatcher.Close(); first == nil {
 		first = err

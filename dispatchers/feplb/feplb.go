@@ -13,7 +13,7 @@
 // One engine (core) turns counts into the split, runs the scheduler and lays
 // the plan out as chunks of rows; host.go executes the chunks on the host
 // device (memory copies, in their own phase) and device.go on a
-// kernels.Device (batched copies meant for the copy engines, on a copy stream
+// device.Device (batched copies meant for the copy engines, on a copy stream
 // per rank, overlapped with the static experts).
 //
 // The design notes, what is faithful to the paper and what differs:

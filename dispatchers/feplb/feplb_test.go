@@ -6,7 +6,7 @@ import (
 
 	"github.com/moebench/moebench/balance"
 	"github.com/moebench/moebench/dispatchers"
-	"github.com/moebench/moebench/kernels"
+	"github.com/moebench/moebench/kernels/device"
 )
 
 // layoutCase: 4 ranks of 2 experts in 2-rank domains; expert 0 (rank 0,
@@ -72,8 +72,8 @@ func TestLayoutRefusesBadPlans(t *testing.T) {
 // group of them once; ranks on devices of their own, or packed across a
 // domain's edge only, are not.
 func TestPacked(t *testing.T) {
-	a, b, c := &kernels.Emu{}, &kernels.Emu{}, &kernels.Emu{}
-	ranks := func(devs ...kernels.Device) []*dispatchers.DeviceRank {
+	a, b, c := &device.Emu{}, &device.Emu{}, &device.Emu{}
+	ranks := func(devs ...device.Device) []*dispatchers.DeviceRank {
 		var rs []*dispatchers.DeviceRank
 		for _, d := range devs {
 			rs = append(rs, &dispatchers.DeviceRank{Dev: d})

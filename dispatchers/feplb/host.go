@@ -70,7 +70,7 @@ func (f *FEPLB) Bind(shape dispatchers.Shape, ranks []*dispatchers.Rank) error {
 }
 
 // HostModel is the plan's cost model on the host device, and before any
-// measurement on an emulated one (kernels.Emu): fixed, stated rates of about
+// measurement on an emulated one (device.Emu): fixed, stated rates of about
 // one CPU core (10 GFLOP/s GEMMs, 10 GB/s copies), so that a configuration
 // always gets the same plan.
 func HostModel(hidden, ffn int) balance.Model {
@@ -96,7 +96,7 @@ func (f *FEPLB) Dispatch(r int) error {
 		return err
 	}
 	rk, L := f.ranks[r], f.c.shape.LocalExperts()
-	rows := kernels.Grow(f.rows, L)
+	rows := kernels.Reslice(f.rows, L)
 	f.rows = rows
 	clear(rows)
 	at := 0

@@ -43,7 +43,7 @@ func (h *Host) CombineBackward(q int) error {
 	if err := h.fanOut(q); err != nil {
 		return err
 	}
-	rk.ExpertDY = kernels.Grow(rk.ExpertDY, len(rk.ExpertProbs)*hd)
+	rk.ExpertDY = kernels.Reslice(rk.ExpertDY, len(rk.ExpertProbs)*hd)
 	for i := range s.recv {
 		for _, p := range s.d2e[i*L : (i+1)*L] {
 			if p >= 0 {
@@ -64,8 +64,8 @@ func (h *Host) DispatchBackward(r int) error {
 	if err := dispatchers.CheckExpertGrads(Name, r, sh, h.ranks); err != nil {
 		return err
 	}
-	rk.DX = kernels.Grow(rk.DX, sh.Tokens*sh.Hidden)
-	rk.DProbs = kernels.Grow(rk.DProbs, sh.Tokens*sh.TopK)
+	rk.DX = kernels.Reslice(rk.DX, sh.Tokens*sh.Hidden)
+	rk.DProbs = kernels.Reslice(rk.DProbs, sh.Tokens*sh.TopK)
 	err := h.gather(r, rk.DX, rk.DProbs)
 	kernels.RoundBF16Slice(rk.DX)
 	return err

@@ -9,7 +9,8 @@ import (
 	"time"
 
 	"github.com/moebench/moebench/dispatchers"
-	"github.com/moebench/moebench/kernels"
+	"github.com/moebench/moebench/kernels/comm"
+	"github.com/moebench/moebench/kernels/device"
 )
 
 // The cuda implementation: the design's kernels (kernels/cuda/hybridep.cu)
@@ -68,8 +69,8 @@ type Device struct {
 	g       geom
 	parts   []part // one per device, its ranks contiguous
 	st      []devRank
-	sig     *kernels.Signals
-	comm    kernels.Comm // the inter-domain path (several domains)
+	sig     *comm.Signals
+	comm    comm.Comm // the inter-domain path (several domains)
 	// world: the run spans processes; comm is the run's communicator (not
 	// closed here) and ranks without a Dev are another process's
 	world bool
@@ -90,25 +91,25 @@ type Device struct {
 // part is one device's share: its ranks [first, first+count), the
 // stream its launches go on (its first rank's) and its he_rank table.
 type part struct {
-	dev          kernels.Device
+	dev          device.Device
 	first, count int
-	stream       kernels.Stream
-	table        kernels.Ptr
-	flags        kernels.Ptr // every rank's barrier flags (hybridep.cu's flags)
+	stream       device.Stream
+	table        device.Addr
+	flags        device.Addr // every rank's barrier flags (hybridep.cu's flags)
 	uploaded     []uint64
 	epoch        int32 // device barriers passed (every part counts alike)
-	sends, recvs []kernels.Transfer
+	sends, recvs []comm.PeerTransfer
 }
 
 // devRank is one rank's buffers (device memory of its device).
 type devRank struct {
-	gmap, dprobs, meta, todom, recvX, recvP, idX, idP, sendX, sendP, sync, flags kernels.Ptr
+	gmap, dprobs, meta, todom, recvX, recvP, idX, idP, sendX, sendP, sync, flags device.Addr
 	counts                                                                       []int32 // META_COUNTS, read after the preprocessing
-	out                                                                          kernels.Sized
+	out                                                                          device.RowCapacity
 	fixed                                                                        int64
-	grads                                                                        kernels.Sized // the backward's ExpertDY
-	gradsFixed                                                                   int64         // DX and DProbs
-	ready, done                                                                  kernels.Event // its stream before a launch; the launch, for its stream
+	grads                                                                        device.RowCapacity // the backward's ExpertDY
+	gradsFixed                                                                   int64              // DX and DProbs
+	ready, done                                                                  device.Event       // its stream before a launch; the launch, for its stream
 }
 
 func (d *Device) Name() string { return Name }
@@ -147,9 +148,9 @@ func (d *Device) Bind(shape dispatchers.Shape, ranks []*dispatchers.DeviceRank) 
 	unavailable := func(format string, a ...any) error {
 		return &dispatchers.UnavailableError{Name: Name, Impl: dispatchers.ImplNative, Reason: fmt.Sprintf(format, a...)}
 	}
-	devs := make([]kernels.Device, len(ranks)) // nil: another process's rank
-	var local []kernels.Device                 // this process's ranks', in rank order
-	var streams []kernels.Stream
+	devs := make([]device.Device, len(ranks)) // nil: another process's rank
+	var local []device.Device                 // this process's ranks', in rank order
+	var streams []device.Stream
 	for r, rk := range ranks {
 		if rk.Dev == nil {
 			d.world = true
@@ -215,8 +216,8 @@ func (d *Device) Bind(shape dispatchers.Shape, ranks []*dispatchers.DeviceRank) 
 		}
 	} else if d.g.M > 1 {
 		var err error
-		var no *kernels.NoCommError
-		if d.comm, err = kernels.OpenComm(ranks[0].Threads, local, streams); errors.As(err, &no) {
+		var no *comm.NoCommError
+		if d.comm, err = comm.OpenComm(ranks[0].Threads, local, streams); errors.As(err, &no) {
 			return unavailable("the inter-domain path (NCCL send/recv between the same local ranks of different domains, --domain %d of EP %d): %s", D, shape.EP, no.Reason)
 		} else if err != nil {
 			return err
@@ -250,7 +251,7 @@ func (d *Device) Bind(shape dispatchers.Shape, ranks []*dispatchers.DeviceRank) 
 // alloc allocates every rank's fixed buffers (worst case), events, flag
 // tables and signals, and the devices' he_rank tables: this process's
 // ranks' (devs, in rank order, and their streams).
-func (d *Device) alloc(devs []kernels.Device, streams []kernels.Stream) error {
+func (d *Device) alloc(devs []device.Device, streams []device.Stream) error {
 	g, h := d.g, int64(d.shape.Hidden)
 	N, T, M := int64(g.N), int64(g.T), int64(g.M)
 	ldp := int64(g.ldp())
@@ -273,13 +274,13 @@ func (d *Device) alloc(devs []kernels.Device, streams []kernels.Stream) error {
 		s := &d.st[r]
 		var err error
 		// the map in whole 16-byte units (Traffic reads it back as 16-bit words)
-		bufs := []kernels.Buf{{P: &s.gmap, PerRow: (N*T*int64(g.E) + 15) / 16 * 16}, {P: &s.dprobs, PerRow: 4 * T * M * ldp},
+		bufs := []device.RowBuffer{{P: &s.gmap, PerRow: (N*T*int64(g.E) + 15) / 16 * 16}, {P: &s.dprobs, PerRow: 4 * T * M * ldp},
 			{P: &s.meta, PerRow: 4 * int64(metaInts)}, {P: &s.todom, PerRow: T * M},
 			{P: &s.recvX, PerRow: 2 * N * T * h}, {P: &s.recvP, PerRow: 4 * N * T * ldp},
 			{P: &s.idX, PerRow: 2 * other * T * h}, {P: &s.idP, PerRow: 4 * other * T * ldp},
 			{P: &s.sendX, PerRow: 2 * other * T * h}, {P: &s.sendP, PerRow: 4 * other * T * ldp},
 			{P: &s.sync, PerRow: 8}, {P: &s.flags, PerRow: 4 * N}}
-		if s.fixed, err = kernels.Resize(rk.Dev, 1, bufs...); err != nil {
+		if s.fixed, err = device.Resize(rk.Dev, 1, bufs...); err != nil {
 			return err
 		}
 		// the barriers count from zero; the metadata starts defined
@@ -304,12 +305,12 @@ func (d *Device) alloc(devs []kernels.Device, streams []kernels.Stream) error {
 		for b, rb := range d.ranks {
 			if rk.Dev != nil && rb.Dev != nil && !rk.Dev.Reaches(rb.Dev) {
 				return &dispatchers.UnavailableError{Name: Name, Impl: dispatchers.ImplNative, Reason: fmt.Sprintf(
-					"the routing map's all-gather and the device barriers store into the memory of every rank of this process: %v", &kernels.NoPeerError{From: a, To: b})}
+					"the routing map's all-gather and the device barriers store into the memory of every rank of this process: %v", &device.NoPeerError{From: a, To: b})}
 			}
 		}
 	}
 	var err error
-	if d.sig, err = kernels.NewSignals(devs, 0); err != nil {
+	if d.sig, err = comm.NewSignals(devs, 0); err != nil {
 		return err
 	}
 	d.sig.Names = phaseNames
@@ -364,7 +365,7 @@ func (d *Device) table(p *part) []uint64 {
 			f[fieldGmap], f[fieldRecvX], f[fieldRecvP] = uint64(s.gmap), uint64(s.recvX), uint64(s.recvP)
 			continue
 		}
-		for i, ptr := range [heRankFields]kernels.Ptr{rk.X, rk.Idx, rk.Probs, s.gmap, s.dprobs, s.meta, s.todom, s.recvX, s.recvP,
+		for i, ptr := range [heRankFields]device.Addr{rk.X, rk.Idx, rk.Probs, s.gmap, s.dprobs, s.meta, s.todom, s.recvX, s.recvP,
 			s.idX, s.idP, s.sendX, s.sendP, rk.ExpertX, rk.ExpertProbs, rk.ExpertY, rk.Y, rk.Shared, s.sync,
 			rk.DY, rk.ExpertDY, rk.ExpertDX, rk.ExpertDProbs, rk.DX, rk.DProbs} {
 			f[i] = uint64(ptr)
@@ -443,7 +444,7 @@ func (d *Device) launch(p *part, k string, table bool, grid int, args ...any) er
 		}
 	}
 	err := p.dev.LaunchResident(d.progs.col[k], grid, p.stream, args...)
-	var re *kernels.ResidencyError
+	var re *device.ResidencyError
 	if errors.As(err, &re) {
 		return &dispatchers.UnavailableError{Name: Name, Impl: dispatchers.ImplNative, Reason: re.Error()}
 	}
@@ -470,7 +471,7 @@ func (d *Device) budget(p *part) int { return p.count * d.cfg.SMs }
 // which compiles the kernels now; one block per SM on Emu).
 func (d *Device) resident() error {
 	type residency interface {
-		Residency(p *kernels.Program) (int, error)
+		Residency(p *device.Program) (int, error)
 	}
 	for i := range d.parts {
 		p := &d.parts[i]
@@ -492,7 +493,7 @@ func (d *Device) resident() error {
 			if grid > per*p.dev.SMCount() {
 				return &dispatchers.UnavailableError{Name: Name, Impl: dispatchers.ImplNative, Reason: fmt.Sprintf(
 					"%s %d for each of %d ranks on %s: %s", flag, budget, p.count, p.dev.Name(),
-					(&kernels.ResidencyError{Kernel: prog.Kernel, Device: p.dev.Name(), Grid: grid, Block: prog.Block, Shared: prog.Shared, PerSM: per, SMs: p.dev.SMCount()}).Error())}
+					(&device.ResidencyError{Kernel: prog.Kernel, Device: p.dev.Name(), Grid: grid, Block: prog.Block, Shared: prog.Shared, PerSM: per, SMs: p.dev.SMCount()}).Error())}
 			}
 		}
 	}
@@ -547,8 +548,8 @@ func (d *Device) gatherMap(p *part) error {
 			if ry.Dev != nil {
 				continue
 			}
-			p.sends = append(p.sends, kernels.Transfer{Peer: y, Buf: gmap + kernels.Ptr(int64(x)*rows), Bytes: rows})
-			p.recvs = append(p.recvs, kernels.Transfer{Peer: y, Buf: gmap + kernels.Ptr(int64(y)*rows), Bytes: rows})
+			p.sends = append(p.sends, comm.PeerTransfer{Peer: y, Buf: gmap + device.Addr(int64(x)*rows), Bytes: rows})
+			p.recvs = append(p.recvs, comm.PeerTransfer{Peer: y, Buf: gmap + device.Addr(int64(y)*rows), Bytes: rows})
 		}
 		if err := d.comm.Exchange(x, p.sends, p.recvs); err != nil {
 			return err
@@ -570,7 +571,7 @@ func (d *Device) preprocess(p *part) error {
 	_, _, counts, _, _, _, _ := d.g.metaInts()
 	for r := p.first; r < p.first+p.count; r++ {
 		s, rk := &d.st[r], d.ranks[r]
-		if err := rk.Dev.Download(s.counts, s.meta+kernels.Ptr(4*counts), rk.Stream); err != nil {
+		if err := rk.Dev.Download(s.counts, s.meta+device.Addr(4*counts), rk.Stream); err != nil {
 			return err
 		}
 	}
@@ -584,7 +585,7 @@ func (d *Device) preprocess(p *part) error {
 			rk.ExpertRows[e] = int(s.counts[e])
 			rows += int(s.counts[e])
 		}
-		if err := s.out.Ensure(rk.Dev, rk.Stream, rows, kernels.Buf{P: &rk.ExpertX, PerRow: 2 * w}, kernels.Buf{P: &rk.ExpertProbs, PerRow: 4}); err != nil {
+		if err := s.out.Ensure(rk.Dev, rk.Stream, rows, device.RowBuffer{P: &rk.ExpertX, PerRow: 2 * w}, device.RowBuffer{P: &rk.ExpertProbs, PerRow: 4}); err != nil {
 			return err
 		}
 	}
@@ -622,18 +623,18 @@ func (d *Device) exchange(p *part, combine, bwd bool) error {
 			// combine's in the backward
 			probs := combine == bwd
 			if !combine { // x's tokens to y, y's to x
-				p.sends = append(p.sends, kernels.Transfer{Peer: y, Buf: s.sendX + kernels.Ptr(at*2*h), Bytes: out * 2 * h})
-				p.recvs = append(p.recvs, kernels.Transfer{Peer: y, Buf: s.idX + kernels.Ptr(at*2*h), Bytes: in * 2 * h})
+				p.sends = append(p.sends, comm.PeerTransfer{Peer: y, Buf: s.sendX + device.Addr(at*2*h), Bytes: out * 2 * h})
+				p.recvs = append(p.recvs, comm.PeerTransfer{Peer: y, Buf: s.idX + device.Addr(at*2*h), Bytes: in * 2 * h})
 				if probs {
-					p.sends = append(p.sends, kernels.Transfer{Peer: y, Buf: s.sendP + kernels.Ptr(at*4*ldp), Bytes: out * 4 * ldp})
-					p.recvs = append(p.recvs, kernels.Transfer{Peer: y, Buf: s.idP + kernels.Ptr(at*4*ldp), Bytes: in * 4 * ldp})
+					p.sends = append(p.sends, comm.PeerTransfer{Peer: y, Buf: s.sendP + device.Addr(at*4*ldp), Bytes: out * 4 * ldp})
+					p.recvs = append(p.recvs, comm.PeerTransfer{Peer: y, Buf: s.idP + device.Addr(at*4*ldp), Bytes: in * 4 * ldp})
 				}
 			} else { // the pre-reduced sums back: of y's tokens to y, of x's from y
-				p.sends = append(p.sends, kernels.Transfer{Peer: y, Buf: s.sendX + kernels.Ptr(at*2*h), Bytes: in * 2 * h})
-				p.recvs = append(p.recvs, kernels.Transfer{Peer: y, Buf: s.idX + kernels.Ptr(at*2*h), Bytes: out * 2 * h})
+				p.sends = append(p.sends, comm.PeerTransfer{Peer: y, Buf: s.sendX + device.Addr(at*2*h), Bytes: in * 2 * h})
+				p.recvs = append(p.recvs, comm.PeerTransfer{Peer: y, Buf: s.idX + device.Addr(at*2*h), Bytes: out * 2 * h})
 				if probs {
-					p.sends = append(p.sends, kernels.Transfer{Peer: y, Buf: s.sendP + kernels.Ptr(at*4*ldp), Bytes: in * 4 * ldp})
-					p.recvs = append(p.recvs, kernels.Transfer{Peer: y, Buf: s.idP + kernels.Ptr(at*4*ldp), Bytes: out * 4 * ldp})
+					p.sends = append(p.sends, comm.PeerTransfer{Peer: y, Buf: s.sendP + device.Addr(at*4*ldp), Bytes: in * 4 * ldp})
+					p.recvs = append(p.recvs, comm.PeerTransfer{Peer: y, Buf: s.idP + device.Addr(at*4*ldp), Bytes: out * 4 * ldp})
 				}
 			}
 		}
@@ -765,12 +766,12 @@ func (d *Device) Close() error {
 		if rk.Dev == nil { // another process's
 			continue
 		}
-		keep(kernels.Free(rk.Dev, &s.gmap, &s.dprobs, &s.meta, &s.todom, &s.recvX, &s.recvP, &s.idX, &s.idP, &s.sendX, &s.sendP,
+		keep(device.Free(rk.Dev, &s.gmap, &s.dprobs, &s.meta, &s.todom, &s.recvX, &s.recvP, &s.idX, &s.idP, &s.sendX, &s.sendP,
 			&s.sync, &s.flags, &rk.ExpertX, &rk.ExpertProbs, &rk.ExpertDY, &rk.DX, &rk.DProbs))
-		s.fixed, s.out, s.grads, s.gradsFixed = 0, kernels.Sized{}, kernels.Sized{}, 0
+		s.fixed, s.out, s.grads, s.gradsFixed = 0, device.RowCapacity{}, device.RowCapacity{}, 0
 	}
 	for i := range d.parts {
-		keep(kernels.Free(d.parts[i].dev, &d.parts[i].table, &d.parts[i].flags))
+		keep(device.Free(d.parts[i].dev, &d.parts[i].table, &d.parts[i].flags))
 	}
 	if d.sig != nil {
 		keep(d.sig.Free())
@@ -784,7 +785,7 @@ func (d *Device) Close() error {
 }
 
 // phaseNames names hybridep.cu's phases and waits.
-var phaseNames = kernels.PhaseNames(map[int]string{1: "allgather", 2: "dispatch", 3: "combine",
+var phaseNames = comm.PhaseNames(map[int]string{1: "allgather", 2: "dispatch", 3: "combine",
 	4: "combine-bwd (the dispatch kernel)", 5: "dispatch-bwd (the combine kernel)"},
 	map[int]string{1: "its blocks' barrier", 2: "FIFO slot empty", 3: "FIFO slot full"}, "barrier flag")
 

@@ -15,6 +15,8 @@ import (
 	dt "github.com/moebench/moebench/dispatchers/dispatchtest"
 	"github.com/moebench/moebench/internal/hostsim"
 	"github.com/moebench/moebench/kernels"
+	"github.com/moebench/moebench/kernels/comm"
+	"github.com/moebench/moebench/kernels/device"
 )
 
 // The device design (hybridep.cu's kernels, or their twins on Emu) against
@@ -107,7 +109,7 @@ func hostDesign(t *testing.T, cfg Config, sh dispatchers.Shape, shared [][]float
 // runs steps steps with dt.Expert computed on the host from the downloaded
 // rows and, when train, the backward with grads' gradients; it returns the
 // last step's results.
-func runDevice(t *testing.T, d *Device, sh dispatchers.Shape, devs []kernels.Device, ranks []*dispatchers.Rank, shared [][]float32, steps int, train bool) stepResult {
+func runDevice(t *testing.T, d *Device, sh dispatchers.Shape, devs []device.Device, ranks []*dispatchers.Rank, shared [][]float32, steps int, train bool) stepResult {
 	t.Helper()
 	T, k, hd := sh.Tokens, sh.TopK, sh.Hidden
 	w := sh.DispatchWidth() // X's and ExpertX's rows (narrower at fp8: rows of w in X's first T·w elements)
@@ -124,8 +126,8 @@ func runDevice(t *testing.T, d *Device, sh dispatchers.Shape, devs []kernels.Dev
 		var err error
 		dr.Stream, err = dev.NewStream()
 		ok(err)
-		_, err = kernels.Resize(dev, 1, kernels.Buf{P: &dr.X, PerRow: int64(2 * T * hd)}, kernels.Buf{P: &dr.Idx, PerRow: int64(4 * T * k)},
-			kernels.Buf{P: &dr.Probs, PerRow: int64(4 * T * k)}, kernels.Buf{P: &dr.Y, PerRow: int64(2 * T * hd)})
+		_, err = device.Resize(dev, 1, device.RowBuffer{P: &dr.X, PerRow: int64(2 * T * hd)}, device.RowBuffer{P: &dr.Idx, PerRow: int64(4 * T * k)},
+			device.RowBuffer{P: &dr.Probs, PerRow: int64(4 * T * k)}, device.RowBuffer{P: &dr.Y, PerRow: int64(2 * T * hd)})
 		ok(err)
 		ok(dev.Upload(dr.X, kernels.BF16Bits(rk.X), dr.Stream))
 		ok(dev.Upload(dr.Idx, rk.Idx, dr.Stream))
@@ -143,7 +145,7 @@ func runDevice(t *testing.T, d *Device, sh dispatchers.Shape, devs []kernels.Dev
 		}
 		drs[r] = dr
 		t.Cleanup(func() {
-			kernels.Free(dev, &dr.X, &dr.Idx, &dr.Probs, &dr.Y, &dr.ExpertY, &dr.Shared, &dr.DY, &dr.ExpertDX, &dr.ExpertDProbs)
+			device.Free(dev, &dr.X, &dr.Idx, &dr.Probs, &dr.Y, &dr.ExpertY, &dr.Shared, &dr.DY, &dr.ExpertDX, &dr.ExpertDProbs)
 		})
 	}
 	th := dt.Threads(t, drs)
@@ -152,7 +154,7 @@ func runDevice(t *testing.T, d *Device, sh dispatchers.Shape, devs []kernels.Dev
 	}
 	t.Cleanup(func() { d.Close() })
 	res := stepResult{expertX: make([][]float32, sh.EP), expertP: make([][]float32, sh.EP)}
-	outs, dgrads := make([]kernels.Sized, sh.EP), make([]kernels.Sized, sh.EP)
+	outs, dgrads := make([]device.RowCapacity, sh.EP), make([]device.RowCapacity, sh.EP)
 	experts := func(r int) error {
 		dr := drs[r]
 		n := dr.Rows()
@@ -171,7 +173,7 @@ func runDevice(t *testing.T, d *Device, sh dispatchers.Shape, devs []kernels.Dev
 		for i := range y { // (a narrow dispatch: each output row repeats its input row)
 			y[i] = dt.Expert(xf[i/hd*w+i%hd%w], p[i/hd])
 		}
-		if err := outs[r].Ensure(dr.Dev, dr.Stream, n, kernels.Buf{P: &dr.ExpertY, PerRow: int64(2 * hd)}); err != nil || n == 0 {
+		if err := outs[r].Ensure(dr.Dev, dr.Stream, n, device.RowBuffer{P: &dr.ExpertY, PerRow: int64(2 * hd)}); err != nil || n == 0 {
 			return err
 		}
 		return dr.Dev.Upload(dr.ExpertY, kernels.BF16Bits(y), dr.Stream)
@@ -179,7 +181,7 @@ func runDevice(t *testing.T, d *Device, sh dispatchers.Shape, devs []kernels.Dev
 	expertsBwd := func(r int) error { // the layer's: ExpertDX and ExpertDProbs of every row
 		dr := drs[r]
 		n := dr.Rows()
-		if err := dgrads[r].Ensure(dr.Dev, dr.Stream, n, kernels.Buf{P: &dr.ExpertDX, PerRow: int64(2 * hd)}, kernels.Buf{P: &dr.ExpertDProbs, PerRow: 4}); err != nil || n == 0 {
+		if err := dgrads[r].Ensure(dr.Dev, dr.Stream, n, device.RowBuffer{P: &dr.ExpertDX, PerRow: int64(2 * hd)}, device.RowBuffer{P: &dr.ExpertDProbs, PerRow: 4}); err != nil || n == 0 {
 			return err
 		}
 		if err := dr.Dev.Upload(dr.ExpertDX, kernels.BF16Bits(grads(r, gradExpertDX, n*hd, true)), dr.Stream); err != nil {
@@ -256,7 +258,7 @@ var deviceCases = []struct {
 // checkDevices runs the device design against the host design for the
 // cases whose devices devs(n) gives (nil: skipped), or only the named
 // ones; noBulk compiles the kernels' 16-byte path.
-func checkDevices(t *testing.T, devs func(n int) []kernels.Device, noBulk bool, only ...string) {
+func checkDevices(t *testing.T, devs func(n int) []device.Device, noBulk bool, only ...string) {
 	for _, tc := range deviceCases {
 		if len(only) > 0 && !slices.Contains(only, tc.name) {
 			continue
@@ -266,7 +268,7 @@ func checkDevices(t *testing.T, devs func(n int) []kernels.Device, noBulk bool, 
 			if ds == nil {
 				t.Skipf("no %d devices here", tc.ndev)
 			}
-			if _, emu := ds[0].(*kernels.Emu); !emu && tc.name != "ep2-one-device" && tc.name != "ep2-two-domains" {
+			if _, emu := ds[0].(*device.Emu); !emu && tc.name != "ep2-one-device" && tc.name != "ep2-two-domains" {
 				hostsim.SkipIfShort(t, "ep2-one-device and ep2-two-domains")
 			}
 			start := time.Now()
@@ -311,10 +313,10 @@ func compare(t *testing.T, got, want stepResult) {
 }
 
 // emuDevs are n Emus.
-func emuDevs(n int) []kernels.Device {
-	devs := make([]kernels.Device, n)
+func emuDevs(n int) []device.Device {
+	devs := make([]device.Device, n)
 	for i := range devs {
-		devs[i] = &kernels.Emu{SMs: 16}
+		devs[i] = &device.Emu{SMs: 16}
 	}
 	return devs
 }
@@ -327,7 +329,7 @@ func TestDeviceOnEmu(t *testing.T) { checkDevices(t, emuDevs, false) }
 // fakeGPUs opens two GPUs of the host simulation with the fake NCCL (the
 // inter-domain path) and 16 SMs each: EP 8 on one GPU at 2 SMs a rank
 // holds 16 (the combine's block, 192 threads, takes an SM's registers).
-func fakeGPUs(t *testing.T) []kernels.Device {
+func fakeGPUs(t *testing.T) []device.Device {
 	nccl, err := hostsim.BuildFake("fakenccl", t.TempDir(), "libnccl.so.2")
 	if err != nil {
 		t.Fatal(err)
@@ -343,7 +345,7 @@ func fakeGPUs(t *testing.T) []kernels.Device {
 // NCCL).
 func TestDeviceOnHostSim(t *testing.T) {
 	gs := fakeGPUs(t)
-	checkDevices(t, func(n int) []kernels.Device {
+	checkDevices(t, func(n int) []device.Device {
 		if n > len(gs) {
 			return nil
 		}
@@ -365,7 +367,7 @@ func TestDeviceNarrowDispatch(t *testing.T) {
 	for _, domain := range []int{1, 2} {
 		cfg := Config{SMs: 2, Domain: domain, Chunk: 4}
 		_, ranks := hostDesign(t, cfg, sh, nil, dt.Mild)
-		run := func(devs []kernels.Device, noBulk bool) stepResult {
+		run := func(devs []device.Device, noBulk bool) stepResult {
 			var got stepResult
 			hostsim.WithinNamed(t, 2*time.Minute, "hybridep's narrow dispatch", func() {
 				got = runDevice(t, &Device{cfg: cfg, timeout: 10 * time.Second, noBulk: noBulk}, sh, devs, ranks, nil, 2, true)
@@ -394,7 +396,7 @@ func TestDeviceNarrowDispatch(t *testing.T) {
 // and two domains.
 func TestDeviceOnHostSim16Byte(t *testing.T) {
 	gs := fakeGPUs(t)
-	checkDevices(t, func(n int) []kernels.Device { return gs[:n] }, true, "ep2-one-device", "ep2-two-domains", "ep4-two-devices-shared")
+	checkDevices(t, func(n int) []device.Device { return gs[:n] }, true, "ep2-one-device", "ep2-two-domains", "ep4-two-devices-shared")
 }
 
 // TestDeviceWideRowsOnHostSim: rows of 2,560 bytes (hidden 1280), wide
@@ -448,7 +450,7 @@ func TestBrokenBackwardTimesOut(t *testing.T) {
 	start := time.Now()
 	var got stepResult
 	hostsim.WithinNamed(t, time.Minute, "the broken backward to end by a timeout", func() { got = runDevice(t, d, sh, gs, ranks, nil, 1, true) })
-	var ce *kernels.CommError
+	var ce *comm.CommError
 	if !errors.As(got.err, &ce) || !ce.Records[0].TimedOut || ce.Records[0].Waited < d.timeout {
 		t.Fatalf("%v: want the kernels' timeout", got.err)
 	}
@@ -464,7 +466,7 @@ func TestBrokenBackwardTimesOut(t *testing.T) {
 // NVRTC ≥ 12).
 func TestGPUHybridEPDevice(t *testing.T) {
 	devs := dt.GPUs(t, 2)
-	checkDevices(t, func(n int) []kernels.Device {
+	checkDevices(t, func(n int) []device.Device {
 		if n > len(devs) {
 			return nil
 		}
@@ -500,15 +502,15 @@ func TestPreprocessOnHostSim(t *testing.T) {
 				if dr.Stream, err = dev.NewStream(); err != nil {
 					t.Fatal(err)
 				}
-				if _, err = kernels.Resize(dev, 1, kernels.Buf{P: &dr.X, PerRow: int64(2 * T * sh.Hidden)}, kernels.Buf{P: &dr.Idx, PerRow: int64(4 * T * sh.TopK)},
-					kernels.Buf{P: &dr.Probs, PerRow: int64(4 * T * sh.TopK)}, kernels.Buf{P: &dr.Y, PerRow: int64(2 * T * sh.Hidden)}); err != nil {
+				if _, err = device.Resize(dev, 1, device.RowBuffer{P: &dr.X, PerRow: int64(2 * T * sh.Hidden)}, device.RowBuffer{P: &dr.Idx, PerRow: int64(4 * T * sh.TopK)},
+					device.RowBuffer{P: &dr.Probs, PerRow: int64(4 * T * sh.TopK)}, device.RowBuffer{P: &dr.Y, PerRow: int64(2 * T * sh.Hidden)}); err != nil {
 					t.Fatal(err)
 				}
 				if err := errors.Join(dev.Upload(dr.Idx, rk.Idx, dr.Stream), dev.Upload(dr.Probs, rk.Probs, dr.Stream)); err != nil {
 					t.Fatal(err)
 				}
 				drs[r] = dr
-				t.Cleanup(func() { kernels.Free(dev, &dr.X, &dr.Idx, &dr.Probs, &dr.Y) })
+				t.Cleanup(func() { device.Free(dev, &dr.X, &dr.Idx, &dr.Probs, &dr.Y) })
 			}
 			th := dt.Threads(t, drs)
 			if err := d.Bind(sh, drs); err != nil {
@@ -557,7 +559,7 @@ func TestPreprocessOnHostSim(t *testing.T) {
 // attribute (the fake driver gives $FAKECUDA_SMEM_OPTIN).
 func TestSharedMemoryLimit(t *testing.T) {
 	sh := dispatchers.Shape{Tokens: 8, Hidden: 7168, Experts: 16, TopK: 2, EP: 2}
-	bind := func(dev kernels.Device) (*Device, error) {
+	bind := func(dev device.Device) (*Device, error) {
 		d := &Device{cfg: Config{SMs: 2, Chunk: 4}, timeout: time.Second}
 		drs := make([]*dispatchers.DeviceRank, sh.EP)
 		for r := range drs {
@@ -574,7 +576,7 @@ func TestSharedMemoryLimit(t *testing.T) {
 		return d, err
 	}
 	const a100 = 166912
-	d, err := bind(&kernels.Emu{SMs: 16, Shared: a100})
+	d, err := bind(&device.Emu{SMs: 16, Shared: a100})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -583,7 +585,7 @@ func TestSharedMemoryLimit(t *testing.T) {
 			t.Errorf("%s: %d B of dynamic shared memory (and up to %d static) above the limit, %d B", k, c.Prog.Shared, staticShared, a100)
 		}
 	}
-	if _, err := bind(&kernels.Emu{SMs: 16, Shared: 100000}); !dispatchers.IsUnavailable(err) ||
+	if _, err := bind(&device.Emu{SMs: 16, Shared: 100000}); !dispatchers.IsUnavailable(err) ||
 		!strings.Contains(err.Error(), "he_combine needs 118848 B of shared memory a block") || !strings.Contains(err.Error(), "the 100000 B a block of") {
 		t.Errorf("a limit of 100000 B: %v; want unavailable, naming he_combine's 118848 B and the limit", err)
 	}

@@ -197,10 +197,10 @@ func (h *Host) fanOut(q int) error {
 	s, sh := &h.st[q], h.shape
 	T, hd, L, D := sh.Tokens, sh.Hidden, sh.LocalExperts(), h.D
 	n, j, LD := q/D, q%D, L*D
-	s.recvX = kernels.Grow(s.recvX, s.recv*hd)
-	s.recvP = kernels.Grow(s.recvP, s.recv*LD)
+	s.recvX = kernels.Reslice(s.recvX, s.recv*hd)
+	s.recvP = kernels.Reslice(s.recvP, s.recv*LD)
 	sw := h.scaleWidth()
-	s.recvS = kernels.Grow(s.recvS, s.recv*sw)
+	s.recvS = kernels.Reslice(s.recvS, s.recv*sw)
 	placed := 0
 	g := h.geom()
 	for fl := range D {
@@ -285,7 +285,7 @@ func (h *Host) sendChunk(src, f, c, by int) {
 		slot := tile(m, n)*sh.Tokens + int(fs.recvIdx[m*sh.Tokens+t])
 		copy(fs.idX[slot*hd:(slot+1)*hd], h.rows(src)[t*hd:(t+1)*hd])
 		if sw := h.scaleWidth(); sw > 0 {
-			fs.idS = kernels.Grow(fs.idS, len(fs.idX)/hd*sw)
+			fs.idS = kernels.Reslice(fs.idS, len(fs.idX)/hd*sw)
 			copy(fs.idS[slot*sw:(slot+1)*sw], h.scales(src)[t*sw:(t+1)*sw])
 		}
 		if !h.backward {
@@ -306,8 +306,8 @@ func (h *Host) permute(q int) error {
 	for _, c := range s.perExpert {
 		rows += c
 	}
-	rk.ExpertX = kernels.Grow(rk.ExpertX, rows*hd)
-	rk.ExpertProbs = kernels.Grow(rk.ExpertProbs, rows)
+	rk.ExpertX = kernels.Reslice(rk.ExpertX, rows*hd)
+	rk.ExpertProbs = kernels.Reslice(rk.ExpertProbs, rows)
 	copied := 0
 	for i := range s.recv {
 		for e, p := range s.d2e[i*L : (i+1)*L] {
@@ -323,7 +323,7 @@ func (h *Host) permute(q int) error {
 		return fmt.Errorf("hybridep: dispatch on rank %d: the permute placed %d copies, its preprocessing counted %d", q, copied, rows)
 	}
 	if sw := h.scaleWidth(); sw > 0 { // each copy's scales with its row
-		rk.ExpertScales = kernels.Grow(rk.ExpertScales, rows*sw)
+		rk.ExpertScales = kernels.Reslice(rk.ExpertScales, rows*sw)
 		for i := range s.recv {
 			for _, p := range s.d2e[i*L : (i+1)*L] {
 				if p >= 0 {
@@ -346,7 +346,7 @@ func (h *Host) permute(q int) error {
 // pre-reduced sums in the order n−1, n−2, …, n+1, into Rank.Y.
 func (h *Host) Combine(r int) error {
 	rk := h.ranks[r]
-	rk.Y = kernels.Grow(rk.Y, h.shape.Tokens*h.shape.Hidden)
+	rk.Y = kernels.Reslice(rk.Y, h.shape.Tokens*h.shape.Hidden)
 	return h.gather(r, rk.Y, nil)
 }
 
@@ -483,10 +483,10 @@ func (h *Host) preReduce(f, r, c int) error {
 	if *flag == h.pass {
 		return nil
 	}
-	h.acc = kernels.Grow(h.acc, hd)
+	h.acc = kernels.Reslice(h.acc, hd)
 	var accP []float32
 	if h.backward {
-		h.accP = kernels.Grow(h.accP, LD)
+		h.accP = kernels.Reslice(h.accP, LD)
 		accP = h.accP
 	}
 	lo, hi := h.chunk(c)

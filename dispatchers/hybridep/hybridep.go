@@ -24,7 +24,7 @@
 // On the host device dispatch is modelled from the receiver's side and
 // combine from the home's, each once per step. Device (device.go) runs
 // hybridep.cu: per GPU one co-resident launch covering its ranks for each
-// phase, the inter-domain path over NCCL (kernels.Comm), every cross-rank
+// phase, the inter-domain path over NCCL (comm.Comm), every cross-rank
 // wait bounded by --comm-timeout; its backward (devbackward.go) runs the
 // kernels' backward forms with the host backward's (backward.go) placement,
 // orders and roundings; the twins (twins.go) run on Emu.

@@ -4,13 +4,14 @@ import (
 	"fmt"
 
 	"github.com/moebench/moebench/dispatchers"
-	"github.com/moebench/moebench/kernels"
+	"github.com/moebench/moebench/kernels/comm"
+	"github.com/moebench/moebench/kernels/device"
 )
 
 // programs are the kernels of a run (kernels/cuda/hybridep.cu, its shape
 // compiled in) and their collectives.
 type programs struct {
-	col map[string]*kernels.Collective
+	col map[string]*device.Collective
 }
 
 // Block sizes of hybridep.cu (THREADS, PRE_THREADS, CTHREADS).
@@ -97,26 +98,26 @@ func (g geom) programs(sh dispatchers.Shape, limit int, d *Device) programs {
 			// the forward dispatch's rows (packed fp8 rows at fp8)
 			"MB_HE_DHIDDEN": fmt.Sprint(sh.DispatchWidth())}
 	}
-	permuteShared := hePThreads / 32 * kernels.FIFOBytes(sp, row)
-	combineShared := hePipes*kernels.FIFOBytes(sc, row) + hePipes*heOutStages*row
-	ps := map[string]*kernels.Program{
+	permuteShared := hePThreads / 32 * comm.FIFOBytes(sp, row)
+	combineShared := hePipes*comm.FIFOBytes(sc, row) + hePipes*heOutStages*row
+	ps := map[string]*device.Program{
 		"allgather": {File: "hybridep.cu", Kernel: "he_allgather", Block: heThreads, Defs: defs(sd), Twin: d.allgatherTwin},
 		"preprocess-count": {File: "hybridep.cu", Kernel: "he_preprocess_count", Block: hePreThreads, Defs: defs(sd), Shared: g.preTile() * g.E,
-			Twin: func([]kernels.TwinPart) error { return nil }}, // (its scratch is he_preprocess's; preprocessTwin does both)
+			Twin: func([]device.TwinPart) error { return nil }}, // (its scratch is he_preprocess's; preprocessTwin does both)
 		"preprocess": {File: "hybridep.cu", Kernel: "he_preprocess", Block: hePreThreads, Defs: defs(sd), Twin: d.preprocessTwin},
 		"pack":       {File: "hybridep.cu", Kernel: "he_pack", Block: heThreads, Defs: defs(sd), Twin: d.packTwin},
-		"dispatch":   {File: "hybridep.cu", Kernel: "he_dispatch", Block: heThreads, Defs: defs(sd), Shared: kernels.FIFOBytes(sd, slot), Twin: d.dispatchTwin},
+		"dispatch":   {File: "hybridep.cu", Kernel: "he_dispatch", Block: heThreads, Defs: defs(sd), Shared: comm.FIFOBytes(sd, slot), Twin: d.dispatchTwin},
 		"permute":    {File: "hybridep.cu", Kernel: "he_permute", Block: hePThreads, Defs: defs(sd), Shared: permuteShared, Twin: d.permuteTwin},
 		"combine":    {File: "hybridep.cu", Kernel: "he_combine", Block: heCThreads, Defs: defs(sc), Shared: combineShared, Twin: d.combineTwin},
 		// the backward's forms (devbackward.go)
 		"pack-bwd":     {File: "hybridep.cu", Kernel: "he_pack_bwd", Block: heThreads, Defs: defs(sd), Twin: d.packBwdTwin},
-		"dispatch-bwd": {File: "hybridep.cu", Kernel: "he_dispatch_bwd", Block: heThreads, Defs: defs(sd), Shared: kernels.FIFOBytes(sd, slot), Twin: d.dispatchBwdTwin},
+		"dispatch-bwd": {File: "hybridep.cu", Kernel: "he_dispatch_bwd", Block: heThreads, Defs: defs(sd), Shared: comm.FIFOBytes(sd, slot), Twin: d.dispatchBwdTwin},
 		"permute-bwd":  {File: "hybridep.cu", Kernel: "he_permute_bwd", Block: hePThreads, Defs: defs(sd), Shared: permuteShared, Twin: d.permuteBwdTwin},
 		"combine-bwd":  {File: "hybridep.cu", Kernel: "he_combine_bwd", Block: heCThreads, Defs: defs(sc), Shared: combineShared, Twin: d.combineBwdTwin},
 	}
-	p := programs{col: map[string]*kernels.Collective{}}
+	p := programs{col: map[string]*device.Collective{}}
 	for k, prog := range ps {
-		p.col[k] = kernels.NewCollective(prog, len(d.parts))
+		p.col[k] = device.NewCollective(prog, len(d.parts))
 	}
 	return p
 }

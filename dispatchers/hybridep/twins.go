@@ -5,20 +5,21 @@ import (
 	"unsafe"
 
 	"github.com/moebench/moebench/kernels"
+	"github.com/moebench/moebench/kernels/device"
 )
 
-// The kernels' Go twins (kernels.Program.Twin), which kernels.Emu runs in
+// The kernels' Go twins (device.Program.Twin), which device.Emu runs in
 // their place: the same data movement on the device buffers, through the
 // host implementation's preprocessing, orders and sums.
 
 // twinRank is one rank's he_rank as a twin sees it.
 type twinRank struct {
-	x, idx, probs, gmap, dprobs, meta, todom, recvX, recvP, idX, idP, sendX, sendP, ex, ep, ey, y, shared, sync kernels.Ptr
-	dy, edy, edx, edp, dx, dp                                                                                   kernels.Ptr // the backward's
+	x, idx, probs, gmap, dprobs, meta, todom, recvX, recvP, idX, idP, sendX, sendP, ex, ep, ey, y, shared, sync device.Addr
+	dy, edy, edx, edp, dx, dp                                                                                   device.Addr // the backward's
 }
 
 // twinRanks reads the he_rank table at p.
-func (d *Device) twinRanks(t kernels.TwinPart, p kernels.Ptr) ([]twinRank, error) {
+func (d *Device) twinRanks(t device.TwinPart, p device.Addr) ([]twinRank, error) {
 	ps, err := t.Ptrs(p, heRankFields*d.g.N)
 	if err != nil {
 		return nil, err
@@ -44,16 +45,16 @@ func view[T any](b []byte) []T {
 // twinIO is a twin's access to device memory: reads and writes (recorded
 // for Emu's stream-order check), the first error kept.
 type twinIO struct {
-	t   kernels.TwinPart
+	t   device.TwinPart
 	err error
 }
 
-func (io *twinIO) read(p kernels.Ptr, n int) []byte  { return io.access(p, n, io.t.Read) }
-func (io *twinIO) write(p kernels.Ptr, n int) []byte { return io.access(p, n, io.t.Write) }
+func (io *twinIO) read(p device.Addr, n int) []byte  { return io.access(p, n, io.t.Read) }
+func (io *twinIO) write(p device.Addr, n int) []byte { return io.access(p, n, io.t.Write) }
 
 // access is n bytes at p through f (the part's Read or Write), or zeros
 // once an access failed.
-func (io *twinIO) access(p kernels.Ptr, n int, f func(kernels.Ptr, int64) ([]byte, error)) []byte {
+func (io *twinIO) access(p device.Addr, n int, f func(device.Addr, int64) ([]byte, error)) []byte {
 	if io.err != nil {
 		return make([]byte, n)
 	}
@@ -68,7 +69,7 @@ func (io *twinIO) access(p kernels.Ptr, n int, f func(kernels.Ptr, int64) ([]byt
 // kernel's accesses of a rank's memory, peers' stores and loads included,
 // are recorded on that rank's stream: the kernel's own barriers order
 // them, and Emu orders the parts around the whole launch).
-func rankIO(parts []kernels.TwinPart, perRank func(t kernels.TwinPart) (first, count int)) []*twinIO {
+func rankIO(parts []device.TwinPart, perRank func(t device.TwinPart) (first, count int)) []*twinIO {
 	var ios []*twinIO
 	for _, t := range parts {
 		io := &twinIO{t: t}
@@ -92,18 +93,18 @@ func firstErr(ios []*twinIO) error {
 
 // parts' ranks: first and count of each part (a kernel's args[1], the grid
 // and the blocks per rank).
-func partRanks(t kernels.TwinPart, perRank int) (first, count int) {
+func partRanks(t device.TwinPart, perRank int) (first, count int) {
 	return int(t.Args[1].(int32)), t.Grid / perRank
 }
 
 // rows reads n bf16 rows of h at p as float32.
-func (io *twinIO) rows(p kernels.Ptr, n, h int) []float32 {
+func (io *twinIO) rows(p device.Addr, n, h int) []float32 {
 	return kernels.FromBF16Bits(view[uint16](io.read(p, 2*n*h)))
 }
 
 // meta reads rank r's preprocessing output into a meta (the layout of
 // hybridep.cu's META_*).
-func (d *Device) readMeta(io *twinIO, p kernels.Ptr, todom kernels.Ptr) meta {
+func (d *Device) readMeta(io *twinIO, p device.Addr, todom device.Addr) meta {
 	_, _, _, _, _, _, total := d.g.metaInts()
 	return d.g.metaOf(view[int32](io.read(p, 4*total)), io.read(todom, d.g.T*d.g.M))
 }
@@ -132,16 +133,16 @@ func (g geom) metaOf(ints []int32, todom []byte) meta {
 	return m
 }
 
-func (d *Device) collParts(t kernels.TwinPart) (int, int) { return partRanks(t, d.cfg.SMs) }
+func (d *Device) collParts(t device.TwinPart) (int, int) { return partRanks(t, d.cfg.SMs) }
 
 // twinOpen opens a collective launch's twin: every rank's memory, the
 // he_rank tables (the launch's fifth argument: each part's holds its own
 // ranks' buffers) and, with metas, every rank's routing metadata.
-func (d *Device) twinOpen(parts []kernels.TwinPart, metas bool) ([]*twinIO, []twinRank, []meta, error) {
+func (d *Device) twinOpen(parts []device.TwinPart, metas bool) ([]*twinIO, []twinRank, []meta, error) {
 	ios := rankIO(parts, d.collParts)
 	R := make([]twinRank, d.g.N)
 	for _, t := range parts {
-		tab, err := d.twinRanks(t, t.Args[4].(kernels.Ptr))
+		tab, err := d.twinRanks(t, t.Args[4].(device.Addr))
 		if err != nil {
 			return nil, nil, nil, err
 		}
@@ -158,7 +159,7 @@ func (d *Device) twinOpen(parts []kernels.TwinPart, metas bool) ([]*twinIO, []tw
 	return ios, R, ms, nil
 }
 
-func (d *Device) allgatherTwin(parts []kernels.TwinPart) error {
+func (d *Device) allgatherTwin(parts []device.TwinPart) error {
 	g := d.g
 	T, E, k, M, LD, ldp := g.T, g.E, d.shape.TopK, g.M, g.L*g.D, g.ldp()
 	ios, R, _, err := d.twinOpen(parts, false)
@@ -173,7 +174,7 @@ func (d *Device) allgatherTwin(parts []kernels.TwinPart) error {
 			return fmt.Errorf("rank %d: %w", r, err)
 		}
 		for q := range R {
-			b := ios[q].write(R[q].gmap+kernels.Ptr(r*T*E), T*E)
+			b := ios[q].write(R[q].gmap+device.Addr(r*T*E), T*E)
 			for i, on := range rows {
 				b[i] = 0
 				if on {
@@ -192,11 +193,11 @@ func (d *Device) allgatherTwin(parts []kernels.TwinPart) error {
 	return firstErr(ios)
 }
 
-func (d *Device) preprocessTwin(parts []kernels.TwinPart) error {
+func (d *Device) preprocessTwin(parts []device.TwinPart) error {
 	g := d.g
 	for _, t := range parts {
 		io := &twinIO{t: t}
-		R, err := d.twinRanks(t, t.Args[2].(kernels.Ptr))
+		R, err := d.twinRanks(t, t.Args[2].(device.Addr))
 		if err != nil {
 			return err
 		}
@@ -239,12 +240,12 @@ func (d *Device) preprocessTwin(parts []kernels.TwinPart) error {
 	return nil
 }
 
-func (d *Device) packTwin(parts []kernels.TwinPart) error    { return d.packTwinOf(parts, false) }
-func (d *Device) packBwdTwin(parts []kernels.TwinPart) error { return d.packTwinOf(parts, true) }
+func (d *Device) packTwin(parts []device.TwinPart) error    { return d.packTwinOf(parts, false) }
+func (d *Device) packBwdTwin(parts []device.TwinPart) error { return d.packTwinOf(parts, true) }
 
 // packTwinOf: he_pack, or (bwd) he_pack_bwd: the output gradients' rows
 // alone.
-func (d *Device) packTwinOf(parts []kernels.TwinPart, bwd bool) error {
+func (d *Device) packTwinOf(parts []device.TwinPart, bwd bool) error {
 	g, h := d.g, d.shape.Hidden
 	if !bwd { // the forward dispatch's rows (packed fp8 rows at fp8)
 		h = d.shape.DispatchWidth()
@@ -252,7 +253,7 @@ func (d *Device) packTwinOf(parts []kernels.TwinPart, bwd bool) error {
 	ldp := g.ldp()
 	for _, t := range parts {
 		io := &twinIO{t: t}
-		R, err := d.twinRanks(t, t.Args[2].(kernels.Ptr))
+		R, err := d.twinRanks(t, t.Args[2].(device.Addr))
 		if err != nil {
 			return err
 		}
@@ -268,11 +269,11 @@ func (d *Device) packTwinOf(parts []kernels.TwinPart, bwd bool) error {
 					}
 					at := tile(dm, n)*g.T + int(c)
 					if bwd {
-						copy(io.write(R[r].sendX+kernels.Ptr(2*at*h), 2*h), io.read(R[r].dy+kernels.Ptr(2*tk*h), 2*h))
+						copy(io.write(R[r].sendX+device.Addr(2*at*h), 2*h), io.read(R[r].dy+device.Addr(2*tk*h), 2*h))
 						continue
 					}
-					copy(io.write(R[r].sendX+kernels.Ptr(2*at*h), 2*h), io.read(R[r].x+kernels.Ptr(2*tk*h), 2*h))
-					copy(io.write(R[r].sendP+kernels.Ptr(4*at*ldp), 4*ldp), io.read(R[r].dprobs+kernels.Ptr(4*(tk*g.M+dm)*ldp), 4*ldp))
+					copy(io.write(R[r].sendX+device.Addr(2*at*h), 2*h), io.read(R[r].x+device.Addr(2*tk*h), 2*h))
+					copy(io.write(R[r].sendP+device.Addr(4*at*ldp), 4*ldp), io.read(R[r].dprobs+device.Addr(4*(tk*g.M+dm)*ldp), 4*ldp))
 				}
 			}
 		}
@@ -283,14 +284,14 @@ func (d *Device) packTwinOf(parts []kernels.TwinPart, bwd bool) error {
 	return nil
 }
 
-func (d *Device) dispatchTwin(parts []kernels.TwinPart) error { return d.dispatchTwinOf(parts, false) }
-func (d *Device) dispatchBwdTwin(parts []kernels.TwinPart) error {
+func (d *Device) dispatchTwin(parts []device.TwinPart) error { return d.dispatchTwinOf(parts, false) }
+func (d *Device) dispatchBwdTwin(parts []device.TwinPart) error {
 	return d.dispatchTwinOf(parts, true)
 }
 
 // dispatchTwinOf: every forwarder's stores (design order); bwd: the
 // output gradients' rows alone.
-func (d *Device) dispatchTwinOf(parts []kernels.TwinPart, bwd bool) error {
+func (d *Device) dispatchTwinOf(parts []device.TwinPart, bwd bool) error {
 	g, h := d.g, d.shape.Hidden
 	if !bwd { // the forward dispatch's rows (packed fp8 rows at fp8)
 		h = d.shape.DispatchWidth()
@@ -304,14 +305,14 @@ func (d *Device) dispatchTwinOf(parts []kernels.TwinPart, bwd bool) error {
 		n := f / g.D
 		for b := range d.cfg.SMs {
 			g.forwardOrder(n, b, d.cfg.SMs, func(m, t int) {
-				var row, pr kernels.Ptr
+				var row, pr device.Addr
 				if m == n {
 					if !ms[f].toDom[t*g.M+n] {
 						return
 					}
-					row, pr = R[f].x+kernels.Ptr(t*rowB), R[f].dprobs+kernels.Ptr(4*(t*g.M+n)*ldp)
+					row, pr = R[f].x+device.Addr(t*rowB), R[f].dprobs+device.Addr(4*(t*g.M+n)*ldp)
 					if bwd {
-						row = R[f].dy + kernels.Ptr(t*rowB)
+						row = R[f].dy + device.Addr(t*rowB)
 					}
 				} else {
 					c := ms[f].recvIdx[m*g.T+t]
@@ -319,7 +320,7 @@ func (d *Device) dispatchTwinOf(parts []kernels.TwinPart, bwd bool) error {
 						return
 					}
 					at := tile(m, n)*g.T + int(c)
-					row, pr = R[f].idX+kernels.Ptr(at*rowB), R[f].idP+kernels.Ptr(4*at*ldp)
+					row, pr = R[f].idX+device.Addr(at*rowB), R[f].idP+device.Addr(4*at*ldp)
 				}
 				x := io.read(row, rowB)
 				var p []byte
@@ -328,9 +329,9 @@ func (d *Device) dispatchTwinOf(parts []kernels.TwinPart, bwd bool) error {
 				}
 				eachDomainTerm(ms[f].s2d[(m*g.T+t)*g.D:(m*g.T+t+1)*g.D], func(j, pos int) {
 					q := n*g.D + j
-					copy(ios[q].write(R[q].recvX+kernels.Ptr(pos*rowB), rowB), x)
+					copy(ios[q].write(R[q].recvX+device.Addr(pos*rowB), rowB), x)
 					if !bwd {
-						copy(ios[q].write(R[q].recvP+kernels.Ptr(4*pos*ldp), 4*ldp), p)
+						copy(ios[q].write(R[q].recvP+device.Addr(4*pos*ldp), 4*ldp), p)
 					}
 				})
 			})
@@ -339,13 +340,13 @@ func (d *Device) dispatchTwinOf(parts []kernels.TwinPart, bwd bool) error {
 	return firstErr(ios)
 }
 
-func (d *Device) permuteTwin(parts []kernels.TwinPart) error    { return d.permuteTwinOf(parts, false) }
-func (d *Device) permuteBwdTwin(parts []kernels.TwinPart) error { return d.permuteTwinOf(parts, true) }
+func (d *Device) permuteTwin(parts []device.TwinPart) error    { return d.permuteTwinOf(parts, false) }
+func (d *Device) permuteBwdTwin(parts []device.TwinPart) error { return d.permuteTwinOf(parts, true) }
 
 // permuteTwinOf: he_permute, each rank's received rows to its experts'
 // rows with their probabilities; or (bwd) he_permute_bwd, the output
 // gradients' rows into ExpertDY.
-func (d *Device) permuteTwinOf(parts []kernels.TwinPart, bwd bool) error {
+func (d *Device) permuteTwinOf(parts []device.TwinPart, bwd bool) error {
 	g, rowB := d.g, 2*d.shape.Hidden
 	if !bwd { // the forward dispatch's rows (packed fp8 rows at fp8)
 		rowB = 2 * d.shape.DispatchWidth()
@@ -353,7 +354,7 @@ func (d *Device) permuteTwinOf(parts []kernels.TwinPart, bwd bool) error {
 	ldp := g.ldp()
 	for _, t := range parts {
 		io := &twinIO{t: t}
-		R, err := d.twinRanks(t, t.Args[2].(kernels.Ptr))
+		R, err := d.twinRanks(t, t.Args[2].(device.Addr))
 		if err != nil {
 			return err
 		}
@@ -367,11 +368,11 @@ func (d *Device) permuteTwinOf(parts []kernels.TwinPart, bwd bool) error {
 						continue
 					}
 					if bwd {
-						copy(io.write(me.edy+kernels.Ptr(int(p)*rowB), rowB), io.read(me.recvX+kernels.Ptr(i*rowB), rowB))
+						copy(io.write(me.edy+device.Addr(int(p)*rowB), rowB), io.read(me.recvX+device.Addr(i*rowB), rowB))
 						continue
 					}
-					copy(io.write(me.ex+kernels.Ptr(int(p)*rowB), rowB), io.read(me.recvX+kernels.Ptr(i*rowB), rowB))
-					copy(io.write(me.ep+kernels.Ptr(4*int(p)), 4), io.read(me.recvP+kernels.Ptr(4*(i*ldp+l*g.L+e)), 4))
+					copy(io.write(me.ex+device.Addr(int(p)*rowB), rowB), io.read(me.recvX+device.Addr(i*rowB), rowB))
+					copy(io.write(me.ep+device.Addr(4*int(p)), 4), io.read(me.recvP+device.Addr(4*(i*ldp+l*g.L+e)), 4))
 				}
 			}
 		}
@@ -382,15 +383,15 @@ func (d *Device) permuteTwinOf(parts []kernels.TwinPart, bwd bool) error {
 	return nil
 }
 
-func (d *Device) combineTwin(parts []kernels.TwinPart) error    { return d.combineTwinOf(parts, false) }
-func (d *Device) combineBwdTwin(parts []kernels.TwinPart) error { return d.combineTwinOf(parts, true) }
+func (d *Device) combineTwin(parts []device.TwinPart) error    { return d.combineTwinOf(parts, false) }
+func (d *Device) combineBwdTwin(parts []device.TwinPart) error { return d.combineTwinOf(parts, true) }
 
 // combineTwinOf: stage 1 (or 0), every rank's partial sums, then the
 // pre-reductions; stage 2 (or 0), every home's sum. bwd: the input
 // gradients into DX (no shared expert), and the probability gradients as
 // he_combine_bwd carries them (he_dp_*: each received row's L·D places,
 // their float32 sums from 0 per domain, each slot's at home).
-func (d *Device) combineTwinOf(parts []kernels.TwinPart, bwd bool) error {
+func (d *Device) combineTwinOf(parts []device.TwinPart, bwd bool) error {
 	g, h := d.g, d.shape.Hidden
 	rowB, ldp, LD, k := 2*h, g.ldp(), g.L*g.D, d.shape.TopK
 	ios, R, ms, err := d.twinOpen(parts, true)
@@ -398,17 +399,17 @@ func (d *Device) combineTwinOf(parts []kernels.TwinPart, bwd bool) error {
 		return err
 	}
 	stage := parts[0].Args[6].(int32)
-	put := func(io *twinIO, p kernels.Ptr, v []float32) {
+	put := func(io *twinIO, p device.Addr, v []float32) {
 		copy(view[uint16](io.write(p, 2*len(v))), kernels.BF16Bits(v))
 	}
-	partial := func(q, p int) []float32 { return ios[q].rows(R[q].recvX+kernels.Ptr(p*rowB), 1, h) }
+	partial := func(q, p int) []float32 { return ios[q].rows(R[q].recvX+device.Addr(p*rowB), 1, h) }
 	// domainP is the float32 sum from 0 of the probability gradients at
 	// place e of reader's domain's rows of source (sn, ·)'s token t
 	domainP := func(reader, sn, t, e int) float32 {
 		acc, m := float32(0), reader/g.D
 		eachDomainTerm(ms[reader].s2d[(sn*g.T+t)*g.D:(sn*g.T+t+1)*g.D], func(j, p int) {
 			q := m*g.D + j
-			acc += view[float32](ios[q].read(R[q].recvP+kernels.Ptr(4*(p*ldp+e)), 4))[0]
+			acc += view[float32](ios[q].read(R[q].recvP+device.Addr(4*(p*ldp+e)), 4))[0]
 		})
 		return acc
 	}
@@ -420,8 +421,8 @@ func (d *Device) combineTwinOf(parts []kernels.TwinPart, bwd bool) error {
 				ey = R[r].edx
 			}
 			for i := range ms[r].recv {
-				partialSum(sum, ms[r].d2e[i*g.L:(i+1)*g.L], func(row int) []float32 { return io.rows(ey+kernels.Ptr(row*rowB), 1, h) })
-				put(io, R[r].recvX+kernels.Ptr(i*rowB), sum)
+				partialSum(sum, ms[r].d2e[i*g.L:(i+1)*g.L], func(row int) []float32 { return io.rows(ey+device.Addr(row*rowB), 1, h) })
+				put(io, R[r].recvX+device.Addr(i*rowB), sum)
 			}
 			if !bwd {
 				continue
@@ -433,7 +434,7 @@ func (d *Device) combineTwinOf(parts []kernels.TwinPart, bwd bool) error {
 				clear(row)
 				for e, p := range ms[r].d2e[i*g.L : (i+1)*g.L] {
 					if p >= 0 {
-						row[l*g.L+e] = view[float32](io.read(R[r].edp+kernels.Ptr(4*int(p)), 4))[0]
+						row[l*g.L+e] = view[float32](io.read(R[r].edp+device.Addr(4*int(p)), 4))[0]
 					}
 				}
 			}
@@ -450,9 +451,9 @@ func (d *Device) combineTwinOf(parts []kernels.TwinPart, bwd bool) error {
 					eachDomainTerm(ms[f].s2d[(sn*g.T+t)*g.D:(sn*g.T+t+1)*g.D], func(j, p int) { add(sum, partial(m*g.D+j, p)) })
 					kernels.RoundBF16Slice(sum)
 					at := tile(sn, m)*g.T + int(c)
-					put(io, R[f].sendX+kernels.Ptr(at*rowB), sum)
+					put(io, R[f].sendX+device.Addr(at*rowB), sum)
 					if bwd {
-						pr := view[float32](io.write(R[f].sendP+kernels.Ptr(4*at*ldp), 4*ldp))
+						pr := view[float32](io.write(R[f].sendP+device.Addr(4*at*ldp), 4*ldp))
 						for e := range pr {
 							pr[e] = 0
 							if e < LD {
@@ -476,16 +477,16 @@ func (d *Device) combineTwinOf(parts []kernels.TwinPart, bwd bool) error {
 				eachDomainTerm(ms[r].s2d[(n*g.T+t)*g.D:(n*g.T+t+1)*g.D], func(j, p int) { add(sum, partial(n*g.D+j, p)) })
 				g.otherDomains(n, func(dm int) {
 					if ms[r].toDom[t*g.M+dm] {
-						add(sum, io.rows(me.idX+kernels.Ptr((tile(dm, n)*g.T+int(ms[r].send[dm*g.T+t]))*rowB), 1, h))
+						add(sum, io.rows(me.idX+device.Addr((tile(dm, n)*g.T+int(ms[r].send[dm*g.T+t]))*rowB), 1, h))
 					}
 				})
 				kernels.RoundBF16Slice(sum)
 				if shared != 0 {
-					for i, v := range io.rows(shared+kernels.Ptr(t*rowB), 1, h) {
+					for i, v := range io.rows(shared+device.Addr(t*rowB), 1, h) {
 						sum[i] = kernels.RoundBF16(sum[i] + v)
 					}
 				}
-				put(io, out+kernels.Ptr(t*rowB), sum)
+				put(io, out+device.Addr(t*rowB), sum)
 			}
 			if !bwd {
 				continue
@@ -499,7 +500,7 @@ func (d *Device) combineTwinOf(parts []kernels.TwinPart, bwd bool) error {
 					continue
 				}
 				acc := float32(0)
-				acc += view[float32](io.read(me.idP+kernels.Ptr(4*((tile(dm, n)*g.T+int(ms[r].send[dm*g.T+t]))*ldp+e)), 4))[0]
+				acc += view[float32](io.read(me.idP+device.Addr(4*((tile(dm, n)*g.T+int(ms[r].send[dm*g.T+t]))*ldp+e)), 4))[0]
 				dp[x] = acc
 			}
 		}

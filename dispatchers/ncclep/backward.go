@@ -4,7 +4,7 @@ import (
 	"fmt"
 
 	"github.com/moebench/moebench/dispatchers"
-	"github.com/moebench/moebench/kernels"
+	"github.com/moebench/moebench/kernels/device"
 )
 
 // The high-throughput mode's backward: NCCL EP's own, each call the dual
@@ -52,8 +52,8 @@ func (d *Device) combineBackward(r int) error {
 		return fmt.Errorf("%s: combine-bwd on rank %d: no output gradient DY (the layer sets it before the backward)", d.m.dispatcher, r)
 	}
 	if rk.DX == 0 {
-		n, err := kernels.Resize(rk.Dev, 1, kernels.Buf{P: &rk.DX, PerRow: 2 * T * h}, kernels.Buf{P: &rk.DProbs, PerRow: 4 * T * k},
-			kernels.Buf{P: &rk.ExpertDY, PerRow: 2 * int64(d.rows) * h})
+		n, err := device.Resize(rk.Dev, 1, device.RowBuffer{P: &rk.DX, PerRow: 2 * T * h}, device.RowBuffer{P: &rk.DProbs, PerRow: 4 * T * k},
+			device.RowBuffer{P: &rk.ExpertDY, PerRow: 2 * int64(d.rows) * h})
 		if err != nil {
 			return err
 		}

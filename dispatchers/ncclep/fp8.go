@@ -5,6 +5,7 @@ import (
 
 	"github.com/moebench/moebench/dispatchers"
 	"github.com/moebench/moebench/kernels"
+	"github.com/moebench/moebench/kernels/device"
 )
 
 // FP8 dispatch (--precision fp8; docs/fp8.md "NCCL EP") through NCCL EP's
@@ -47,10 +48,10 @@ const fp8Detail = "fp8: ncclEpDispatch with quant_recipe NCCL_EP_DISP_QUANT_FWD 
 // fp8Buffers are rank r's fp8 buffers: the split send rows (xq, xs), the
 // received scales (recvS; recvX holds the received e4m3 values) and the
 // packed rows the experts read (pk), for n received slots at most.
-func (d *Device) fp8Buffers(s *devRank, n int) []kernels.Buf {
+func (d *Device) fp8Buffers(s *devRank, n int) []device.RowBuffer {
 	T, h, S := int64(d.shape.Tokens), int64(d.shape.Hidden), int64(d.shape.Hidden/dispatchers.FP8Block)
 	pitch := int64(kernels.FP8RowPitch(d.shape.Hidden))
-	return []kernels.Buf{{P: &s.xq, PerRow: T * h}, {P: &s.xs, PerRow: 4 * T * S}, {P: &s.recvX, PerRow: int64(n) * h},
+	return []device.RowBuffer{{P: &s.xq, PerRow: T * h}, {P: &s.xs, PerRow: 4 * T * S}, {P: &s.recvX, PerRow: int64(n) * h},
 		{P: &s.recvS, PerRow: 4 * int64(n) * S}, {P: &s.pk, PerRow: int64(n) * pitch}}
 }
 
@@ -62,9 +63,9 @@ func (d *Device) split(r int) error {
 	pitch := int64(kernels.FP8RowPitch(d.shape.Hidden))
 	s.ops = s.ops[:0]
 	for t := range int64(T) {
-		row := rk.X + kernels.Ptr(t*pitch)
-		s.ops = append(s.ops, kernels.CopyOp{Dst: s.xq + kernels.Ptr(t*h), Src: row, Bytes: h},
-			kernels.CopyOp{Dst: s.xs + kernels.Ptr(t*sb), Src: row + kernels.Ptr(h), Bytes: sb})
+		row := rk.X + device.Addr(t*pitch)
+		s.ops = append(s.ops, device.CopyOp{Dst: s.xq + device.Addr(t*h), Src: row, Bytes: h},
+			device.CopyOp{Dst: s.xs + device.Addr(t*sb), Src: row + device.Addr(h), Bytes: sb})
 	}
 	return rk.Dev.CopyBatch(s.ops, rk.Stream)
 }
@@ -78,8 +79,8 @@ func (d *Device) join(r int) error {
 	pitch := int64(kernels.FP8RowPitch(d.shape.Hidden))
 	s.ops = s.ops[:0]
 	add := func(slot int64) {
-		s.ops = append(s.ops, kernels.CopyOp{Dst: s.pk + kernels.Ptr(slot*pitch), Src: s.recvX + kernels.Ptr(slot*h), Bytes: h},
-			kernels.CopyOp{Dst: s.pk + kernels.Ptr(slot*pitch+h), Src: s.recvS + kernels.Ptr(slot*sb), Bytes: sb})
+		s.ops = append(s.ops, device.CopyOp{Dst: s.pk + device.Addr(slot*pitch), Src: s.recvX + device.Addr(slot*h), Bytes: h},
+			device.CopyOp{Dst: s.pk + device.Addr(slot*pitch+h), Src: s.recvS + device.Addr(slot*sb), Bytes: sb})
 	}
 	for l, n := range rk.ExpertRows {
 		first := int64(0)

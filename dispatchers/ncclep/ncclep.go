@@ -39,6 +39,8 @@ import (
 	"github.com/moebench/moebench/dispatchers"
 	"github.com/moebench/moebench/internal/cuda"
 	"github.com/moebench/moebench/kernels"
+	"github.com/moebench/moebench/kernels/comm"
+	"github.com/moebench/moebench/kernels/device"
 )
 
 func init() {
@@ -78,12 +80,12 @@ var smEnv = []string{"NCCL_EP_COMM_SMS", "NCCL_EP_SHUFFLE_SMS", "NCCL_EP_PREPROC
 // API, a CUDA 13 driver, NCCL EP's run-time compile; on the host device,
 // that it needs the cuda device), then the shape's limits.
 func newDevice(m mode, env dispatchers.Env) (dispatchers.DeviceDispatcher, error) {
-	lib, why := kernels.EPProbe()
+	lib, why := comm.EPProbe()
 	if env.Device == "host" {
 		why = append([]string{"it runs on GPUs, and this run is on the host device"}, why...)
 	}
-	if env.NodeRanks > kernels.EPMaxRanks {
-		why = append(why, fmt.Sprintf("%d ranks on this process's node: NCCL EP supports at most %d per node", env.NodeRanks, kernels.EPMaxRanks))
+	if env.NodeRanks > comm.EPMaxRanks {
+		why = append(why, fmt.Sprintf("%d ranks on this process's node: NCCL EP supports at most %d per node", env.NodeRanks, comm.EPMaxRanks))
 	}
 	if why != nil {
 		return nil, unavailable(m, "NCCL EP cannot run here: %s", strings.Join(why, "; "))
@@ -108,26 +110,26 @@ type Device struct {
 	fp8     bool // --precision fp8: the dispatch forwards e4m3 rows and their scales (QUANT_FWD; fp8.go)
 	shape   dispatchers.Shape
 	ranks   []*dispatchers.DeviceRank
-	ep      *kernels.EP
+	ep      *comm.EP
 	st      []devRank
 	slots   int // low latency: rows of each expert's zone (EP × tokens)
 	rows    int // high throughput: rows a rank may receive, at most
 	// in a run that spans processes: the run's communicator, and this
 	// process's ranks first… first+local−1 (the others' have no Dev)
-	world        kernels.Comm
+	world        comm.Comm
 	first, local int
 }
 
 // devRank is one rank's buffers and the last step's host calls.
 type devRank struct {
-	counts    kernels.Ptr    // int32 [L+1]: rows per local expert (and, high throughput, their total)
-	mapped    kernels.Mapped // the counts on the host
+	counts    device.Addr       // int32 [L+1]: rows per local expert (and, high throughput, their total)
+	mapped    device.MappedHost // the counts on the host
 	host      []int32
-	recvX     kernels.Ptr // the received rows: HT [rows, h]; LL [L, slots, h]
-	recvW     kernels.Ptr // HT: their routing weights [rows] fp32
-	recvY     kernels.Ptr // LL: the experts' outputs [L, slots, h]
-	sum       kernels.Ptr // combine's output before the shared expert is added [T, h] (0: combine writes Y)
-	identity  kernels.Ptr // [T] int32 0…T−1: the shared expert's add as an unpermute of one row a token
+	recvX     device.Addr // the received rows: HT [rows, h]; LL [L, slots, h]
+	recvW     device.Addr // HT: their routing weights [rows] fp32
+	recvY     device.Addr // LL: the experts' outputs [L, slots, h]
+	sum       device.Addr // combine's output before the shared expert is added [T, h] (0: combine writes Y)
+	identity  device.Addr // [T] int32 0…T−1: the shared expert's add as an unpermute of one row a token
 	work      []dispatchers.DeviceWork
 	callMS    map[string]float64 // the last step's library calls, wall time per phase
 	last      string             // the last library call (for errors)
@@ -136,8 +138,8 @@ type devRank struct {
 	gradBytes int64 // the backward's buffers: DX, DProbs, ExpertDY
 	// fp8 (fp8.go): the split send rows, the received scales (recvX holds
 	// the received e4m3 values) and the packed rows the experts read
-	xq, xs, recvS, pk kernels.Ptr
-	ops               []kernels.CopyOp
+	xq, xs, recvS, pk device.Addr
+	ops               []device.CopyOp
 }
 
 // ht says whether d is the high-throughput mode.
@@ -175,8 +177,8 @@ func (d *Device) Bind(shape dispatchers.Shape, ranks []*dispatchers.DeviceRank) 
 	if d.m.algorithm == cuda.EPHighThroughput {
 		cfg.MaxRecv = d.rows // a fixed budget: every (token, local expert) slot of every rank
 	}
-	var devs []kernels.Device
-	var streams []kernels.Stream
+	var devs []device.Device
+	var streams []device.Stream
 	d.first = -1
 	for r, rk := range ranks {
 		if rk.Dev == nil { // another process's rank
@@ -193,13 +195,13 @@ func (d *Device) Bind(shape dispatchers.Shape, ranks []*dispatchers.DeviceRank) 
 	if d.local = len(devs); d.first < 0 || d.first+d.local > shape.EP || ranks[d.first+d.local-1].Dev == nil {
 		return fmt.Errorf("%s: this process's ranks are not one block of the %d (first %d, %d of them)", d.m.dispatcher, shape.EP, d.first, d.local)
 	}
-	var w kernels.WorldEP
+	var w comm.EPProcessRanks
 	if d.world != nil {
-		w = kernels.WorldEP{Ranks: shape.EP, First: d.first, Comm: d.world}
+		w = comm.EPProcessRanks{Ranks: shape.EP, First: d.first, Comm: d.world}
 	}
 	var err error
-	var no *kernels.EPUnavailable
-	if d.ep, err = kernels.OpenEP(ranks[0].Threads, d.lib, devs, streams, cfg, k, w); errors.As(err, &no) {
+	var no *comm.EPUnavailable
+	if d.ep, err = comm.OpenEP(ranks[0].Threads, d.lib, devs, streams, cfg, k, w); errors.As(err, &no) {
 		return unavailable(d.m, "%s", no.Reason)
 	} else if err != nil {
 		return err
@@ -210,21 +212,21 @@ func (d *Device) Bind(shape dispatchers.Shape, ranks []*dispatchers.DeviceRank) 
 		if dev == nil {
 			continue
 		}
-		bufs := []kernels.Buf{{P: &s.counts, PerRow: 4 * int64(L+1)}}
+		bufs := []device.RowBuffer{{P: &s.counts, PerRow: 4 * int64(L+1)}}
 		switch {
 		case d.fp8 && d.ht():
-			bufs = append(append(bufs, d.fp8Buffers(s, d.rows)...), kernels.Buf{P: &s.recvW, PerRow: 4 * int64(d.rows)})
+			bufs = append(append(bufs, d.fp8Buffers(s, d.rows)...), device.RowBuffer{P: &s.recvW, PerRow: 4 * int64(d.rows)})
 		case d.fp8:
-			bufs = append(append(bufs, d.fp8Buffers(s, L*d.slots)...), kernels.Buf{P: &s.recvY, PerRow: 2 * int64(L*d.slots) * int64(h)})
+			bufs = append(append(bufs, d.fp8Buffers(s, L*d.slots)...), device.RowBuffer{P: &s.recvY, PerRow: 2 * int64(L*d.slots) * int64(h)})
 		case d.ht():
-			bufs = append(bufs, kernels.Buf{P: &s.recvX, PerRow: 2 * int64(d.rows) * int64(h)}, kernels.Buf{P: &s.recvW, PerRow: 4 * int64(d.rows)})
+			bufs = append(bufs, device.RowBuffer{P: &s.recvX, PerRow: 2 * int64(d.rows) * int64(h)}, device.RowBuffer{P: &s.recvW, PerRow: 4 * int64(d.rows)})
 		default:
-			bufs = append(bufs, kernels.Buf{P: &s.recvX, PerRow: 2 * int64(L*d.slots) * int64(h)}, kernels.Buf{P: &s.recvY, PerRow: 2 * int64(L*d.slots) * int64(h)})
+			bufs = append(bufs, device.RowBuffer{P: &s.recvX, PerRow: 2 * int64(L*d.slots) * int64(h)}, device.RowBuffer{P: &s.recvY, PerRow: 2 * int64(L*d.slots) * int64(h)})
 		}
 		if rk.Shared != 0 {
-			bufs = append(bufs, kernels.Buf{P: &s.sum, PerRow: 2 * int64(T) * int64(h)}, kernels.Buf{P: &s.identity, PerRow: 4 * int64(T)})
+			bufs = append(bufs, device.RowBuffer{P: &s.sum, PerRow: 2 * int64(T) * int64(h)}, device.RowBuffer{P: &s.identity, PerRow: 4 * int64(T)})
 		}
-		if s.bytes, err = kernels.Resize(dev, 1, bufs...); err != nil {
+		if s.bytes, err = device.Resize(dev, 1, bufs...); err != nil {
 			return err
 		}
 		if s.identity != 0 {
@@ -389,8 +391,8 @@ func (d *Device) HostWait(phase string, r int) error {
 		if n == 0 {
 			continue
 		}
-		at := kernels.Ptr(2 * int64(l*d.slots) * h)
-		s.work = append(s.work, dispatchers.DeviceWork{X: x + kernels.Ptr(int64(l*d.slots)*xRow), Y: s.recvY + at,
+		at := device.Addr(2 * int64(l*d.slots) * h)
+		s.work = append(s.work, dispatchers.DeviceWork{X: x + device.Addr(int64(l*d.slots)*xRow), Y: s.recvY + at,
 			Segments: []dispatchers.DeviceSegment{{Expert: r*L + l, Start: 0, Len: n}}})
 	}
 	rk.Work = s.work
@@ -603,10 +605,10 @@ func (d *Device) sumOverProcesses(off, all int64) (int64, int64, error) {
 		if err := rk.Dev.Upload(src, []uint64{uint64(off), uint64(all)}, rk.Stream); err != nil {
 			return err
 		}
-		var sends, recvs []kernels.Transfer
+		var sends, recvs []comm.PeerTransfer
 		for p := range procs {
-			sends = append(sends, kernels.Transfer{Peer: p * d.local, Buf: src, Bytes: 16})
-			recvs = append(recvs, kernels.Transfer{Peer: p * d.local, Buf: dst + kernels.Ptr(16*p), Bytes: 16})
+			sends = append(sends, comm.PeerTransfer{Peer: p * d.local, Buf: src, Bytes: 16})
+			recvs = append(recvs, comm.PeerTransfer{Peer: p * d.local, Buf: dst + device.Addr(16*p), Bytes: 16})
 		}
 		if err := d.world.Exchange(d.first, sends, recvs); err != nil {
 			return err
@@ -649,14 +651,14 @@ func (d *Device) Close() error {
 			rk.ExpertX, rk.ExpertProbs = 0, 0
 		}
 		rk.Work = nil
-		keep(kernels.Free(rk.Dev, &s.counts, &s.recvX, &s.recvW, &s.recvY, &s.sum, &s.identity, &s.xq, &s.xs, &s.recvS, &s.pk))
+		keep(device.Free(rk.Dev, &s.counts, &s.recvX, &s.recvW, &s.recvY, &s.sum, &s.identity, &s.xq, &s.xs, &s.recvS, &s.pk))
 		if s.gradBytes > 0 { // the backward's, made by combineBackward
-			keep(kernels.Free(rk.Dev, &rk.DX, &rk.DProbs, &rk.ExpertDY))
+			keep(device.Free(rk.Dev, &rk.DX, &rk.DProbs, &rk.ExpertDY))
 			s.gradBytes = 0
 		}
 		if s.mapped.Host != nil {
 			keep(rk.Dev.FreeMapped(s.mapped))
-			s.mapped = kernels.Mapped{}
+			s.mapped = device.MappedHost{}
 		}
 	}
 	return first

@@ -16,6 +16,7 @@ import (
 
 	"github.com/moebench/moebench/harness"
 	"github.com/moebench/moebench/kernels"
+	"github.com/moebench/moebench/kernels/device"
 	"github.com/moebench/moebench/results"
 )
 
@@ -90,7 +91,7 @@ var DefaultSizes = Sizes{CopyBytes: 1 << 30, GEMMDim: 8192, FlushBytes: 256 << 2
 // Kernels times the kernels of rank 0 of cfg's layer on the device with
 // balanced routing (each local expert gets tokens·topk/local rows). Inputs
 // are random and never zero; the kernels' correctness is the GPU tests'
-// business (kernels/cuda_test.go).
+// business (kernels/comm/cuda_test.go).
 func Kernels(cfg harness.Config, env harness.Env, sizes Sizes) (*KernelBench, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -148,7 +149,7 @@ func Kernels(cfg harness.Config, env harness.Env, sizes Sizes) (*KernelBench, er
 // routing, as the native alltoall sends it when every other rank is on peer:
 // per destination rank a copy of its rows, one of their probabilities and
 // one of the counts.
-func (b *bencher) peerRows(peer kernels.Device, cfg harness.Config, sizes Sizes) ([]Row, error) {
+func (b *bencher) peerRows(peer device.Device, cfg harness.Config, sizes Sizes) ([]Row, error) {
 	var rows []Row
 	cb := sizes.CopyBytes
 	src := b.buf(int(cb / 2))
@@ -163,7 +164,7 @@ func (b *bencher) peerRows(peer kernels.Device, cfg harness.Config, sizes Sizes)
 	defer peer.Free(dst)
 	r, err := b.row(Row{Kernel: "peer copy (ceiling)", Shape: fmt.Sprintf("%d MiB", cb>>20), Work: float64(cb), Unit: "GB/s",
 		Formula: "bytes sent one way"}, 1e3, "", 0,
-		func() error { return b.dev.CopyPeer(kernels.CopyOp{Dst: dst, Src: src, Bytes: cb, DstDev: peer}, b.s) })
+		func() error { return b.dev.CopyPeer(device.CopyOp{Dst: dst, Src: src, Bytes: cb, DstDev: peer}, b.s) })
 	if err != nil {
 		return rows, err
 	}
@@ -177,11 +178,11 @@ func (b *bencher) peerRows(peer kernels.Device, cfg harness.Config, sizes Sizes)
 		return rows, nil // nothing leaves the rank
 	}
 	per := n / int64(cfg.EP)
-	var ops []kernels.CopyOp
+	var ops []device.CopyOp
 	var bytes int64
 	for d := int64(1); d < int64(cfg.EP); d++ { // destination rank d's chunk, laid out as in a [source] receive buffer
 		for _, c := range [][3]int64{{2 * d * per * h, 2 * per * h}, {2*n*h + 4*d*per, 4 * per}, {2*n*h + 4*n + 4*d*L, 4 * L}} {
-			ops = append(ops, kernels.CopyOp{Dst: dst + kernels.Ptr(c[0]), Src: src + kernels.Ptr(c[0]), Bytes: c[1], DstDev: peer})
+			ops = append(ops, device.CopyOp{Dst: dst + device.Addr(c[0]), Src: src + device.Addr(c[0]), Bytes: c[1], DstDev: peer})
 			bytes += c[1]
 		}
 	}
@@ -202,12 +203,12 @@ func (b *bencher) peerRows(peer kernels.Device, cfg harness.Config, sizes Sizes)
 }
 
 type bencher struct {
-	dev                kernels.Device
-	s                  kernels.Stream
-	e0, e1             kernels.Event
+	dev                device.Device
+	s                  device.Stream
+	e0, e1             device.Event
 	iters, warmup      int
 	rng                *rand.Rand
-	flushSrc, flushDst kernels.Ptr // the L2 flush (Sizes): flushBytes copied before each timed call
+	flushSrc, flushDst device.Addr // the L2 flush (Sizes): flushBytes copied before each timed call
 	flushBytes         int64
 	copyGBs, smCopyGBs float64 // ceilings, once measured: the copy engines' device copy, the SM copy kernel
 	gemmTFLOPS         float64
@@ -216,7 +217,7 @@ type bencher struct {
 
 // raw allocates bytes, keeping the first error in b.err (later calls then
 // do nothing and return 0).
-func (b *bencher) raw(bytes int) kernels.Ptr {
+func (b *bencher) raw(bytes int) device.Addr {
 	if b.err != nil {
 		return 0
 	}
@@ -227,7 +228,7 @@ func (b *bencher) raw(bytes int) kernels.Ptr {
 
 // buf allocates words 16-bit words of random non-zero bf16 values (a random
 // block tiled over the buffer), keeping the first error in b.err.
-func (b *bencher) buf(words int) kernels.Ptr {
+func (b *bencher) buf(words int) device.Addr {
 	if b.err != nil {
 		return 0
 	}
@@ -236,7 +237,7 @@ func (b *bencher) buf(words int) kernels.Ptr {
 	return p
 }
 
-func (b *bencher) fill(words int64) (kernels.Ptr, error) {
+func (b *bencher) fill(words int64) (device.Addr, error) {
 	p, err := b.dev.Alloc(2 * words)
 	if err != nil {
 		return 0, err
@@ -253,7 +254,7 @@ func (b *bencher) fill(words int64) (kernels.Ptr, error) {
 	}
 	for done := block; done < words; done *= 2 { // double the filled prefix
 		n := min(done, words-done)
-		if err := b.dev.Copy(p+kernels.Ptr(2*done), p, 2*n, b.s); err != nil {
+		if err := b.dev.Copy(p+device.Addr(2*done), p, 2*n, b.s); err != nil {
 			return 0, err
 		}
 	}
@@ -408,9 +409,9 @@ func (b *bencher) ceilings(rows *rowList, sizes Sizes) error {
 type stepBufs struct {
 	cfg                                    harness.Config
 	T, h, f, E, k, L, n                    int
-	x, wr, logits, idx, probs              kernels.Ptr
-	order, pos, counts, px, pp, cc, ex, ep kernels.Ptr
-	fc1, fc2, h1, act, ey, y, bias, shared kernels.Ptr
+	x, wr, logits, idx, probs              device.Addr
+	order, pos, counts, px, pp, cc, ex, ep device.Addr
+	fc1, fc2, h1, act, ey, y, bias, shared device.Addr
 	rc                                     kernels.RouterConfig
 }
 
@@ -472,7 +473,7 @@ func (b *bencher) routerRows(rows *rowList, st *stepBufs) error {
 		if err := rows.add(r, err); err != nil {
 			return err
 		}
-		kernels.Free(dev, &lg, &ix, &pr)
+		device.Free(dev, &lg, &ix, &pr)
 	}
 	return nil
 }
@@ -543,25 +544,25 @@ func (b *bencher) expertRows(rows *rowList, st *stepBufs) error {
 			per[i]++
 		}
 	}
-	groups := func(out, in, w kernels.Ptr, outCols, inCols int) []kernels.Group {
-		var gs []kernels.Group
+	groups := func(out, in, w device.Addr, outCols, inCols int) []device.Group {
+		var gs []device.Group
 		at := 0
 		for l, m := range per {
-			gs = append(gs, kernels.Group{C: out + kernels.Ptr(2*at*outCols), A: in + kernels.Ptr(2*at*inCols), W: w + kernels.Ptr(2*l*outCols*inCols), M: m})
+			gs = append(gs, device.Group{C: out + device.Addr(2*at*outCols), A: in + device.Addr(2*at*inCols), W: w + device.Addr(2*l*outCols*inCols), M: m})
 			at += m
 		}
 		return gs
 	}
 	g1, g2 := groups(h1, ex, fc1, 2*f, h), groups(ey, act, fc2, h, f)
-	ways := []*kernels.Grouped{}
+	ways := []*device.Grouped{}
 	for _, side := range harness.GroupedSides() {
-		gr, err := kernels.NewGrouped(dev, side)
+		gr, err := device.NewGrouped(dev, side)
 		if err != nil {
 			return err
 		}
 		ways = append(ways, gr)
 	}
-	if gr, err := kernels.NewBatched(dev); err == nil { // where the device has a grouped GEMM
+	if gr, err := device.NewBatched(dev); err == nil { // where the device has a grouped GEMM
 		ways = append(ways, gr)
 	}
 	for _, gr := range ways {

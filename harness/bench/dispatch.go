@@ -9,7 +9,8 @@ import (
 	"github.com/moebench/moebench/harness"
 	"github.com/moebench/moebench/harness/roundtrip"
 	"github.com/moebench/moebench/harness/summary"
-	"github.com/moebench/moebench/kernels"
+	"github.com/moebench/moebench/kernels/comm"
+	"github.com/moebench/moebench/kernels/device"
 	"github.com/moebench/moebench/results"
 )
 
@@ -64,7 +65,7 @@ type DispatchPoint struct {
 }
 
 // Prediction is a dispatcher's ceiling in GB/s per SM predicted from the
-// machine code (kernels/inflight.json, Little's law: bytes in flight per
+// machine code (kernels/comm/inflight.json, Little's law: bytes in flight per
 // SM ÷ load latency): not a measurement.
 type Prediction struct {
 	DispatchGBpsPerSM float64 `json:"dispatch_gbps_per_sm"`
@@ -77,11 +78,11 @@ type Prediction struct {
 // or nil: only moebench's own kernels of deepep and hybridep are in the
 // table.
 func predicted(dispatcher, impl string) *Prediction {
-	d, c, path, ok := kernels.DispatcherKernels(dispatcher)
+	d, c, path, ok := comm.DispatcherKernels(dispatcher)
 	if !ok || impl != "native" {
 		return nil
 	}
-	t, err := kernels.Inflight()
+	t, err := comm.Inflight()
 	if err != nil {
 		return nil
 	}
@@ -305,7 +306,7 @@ func benchPoint(c harness.Config, l *harness.Layer, p DispatchPoint) (DispatchPo
 
 // devicePoint times one dispatcher at one budget (p) on devs with l's
 // routing (harness.TimeRoundTrip) and makes the point of it.
-func devicePoint(c harness.Config, l *harness.Layer, devs []kernels.Device, p DispatchPoint) (DispatchPoint, error) {
+func devicePoint(c harness.Config, l *harness.Layer, devs []device.Device, p DispatchPoint) (DispatchPoint, error) {
 	t, err := harness.TimeRoundTrip(c, l, devs)
 	if t.HeldNote != "" { // the budget that fits the GPUs, each block holding an SM
 		c.SMs, p.Budget, p.Held, p.HeldNote = t.Budget, t.Budget, t.Budget, t.HeldNote

@@ -5,7 +5,7 @@ import (
 	"testing"
 
 	"github.com/moebench/moebench/harness"
-	"github.com/moebench/moebench/kernels"
+	"github.com/moebench/moebench/kernels/device"
 	"github.com/moebench/moebench/results"
 )
 
@@ -68,7 +68,7 @@ func TestBenchDispatchOnDevice(t *testing.T) {
 	if !strings.Contains(b.Clock, "CUDA events") || !strings.Contains(b.Ranks, "4 EP ranks on 2 GPUs") {
 		t.Errorf("clock %q, ranks %q", b.Clock, b.Ranks)
 	}
-	lose := func(n, most int) ([]kernels.Device, error) { return []kernels.Device{&dropCopy{drop: 1}}, nil }
+	lose := func(n, most int) ([]device.Device, error) { return []device.Device{&dropCopy{drop: 1}}, nil }
 	b, err = Dispatch(c, []string{"alltoall"}, nil, harness.Env{Version: "test", OpenDevices: lose})
 	if err == nil || b.Points[0].Status != results.StatusFailed || !strings.HasPrefix(b.Points[0].RoundTrip, "rank ") {
 		t.Errorf("a lost copy: %v, %+v", err, b.Points)

@@ -7,7 +7,7 @@ import (
 	_ "github.com/moebench/moebench/dispatchers/all"
 	"github.com/moebench/moebench/dispatchers/alltoall"
 	"github.com/moebench/moebench/harness"
-	"github.com/moebench/moebench/kernels"
+	"github.com/moebench/moebench/kernels/device"
 )
 
 // The layers the benchmarks' tests run, and the devices they run them on
@@ -39,17 +39,17 @@ func fp8Config(dispatcher string) harness.Config {
 }
 
 // emus opens k Emus as a run's devices, or fewer when the run wants fewer.
-func emus(k int) func(n, most int) ([]kernels.Device, error) {
-	return func(n, most int) ([]kernels.Device, error) {
+func emus(k int) func(n, most int) ([]device.Device, error) {
+	return func(n, most int) ([]device.Device, error) {
 		if n == 0 {
 			n = min(k, most)
 		}
 		if n > k {
 			return nil, fmt.Errorf("%d devices wanted, %d emulated", n, k)
 		}
-		devs := make([]kernels.Device, n)
+		devs := make([]device.Device, n)
 		for i := range devs {
-			devs[i] = &kernels.Emu{}
+			devs[i] = &device.Emu{}
 		}
 		return devs, nil
 	}
@@ -57,11 +57,11 @@ func emus(k int) func(n, most int) ([]kernels.Device, error) {
 
 // dropCopy is Emu with one device-to-device copy lost.
 type dropCopy struct {
-	kernels.Emu
+	device.Emu
 	n, drop int
 }
 
-func (d *dropCopy) CopyPeer(op kernels.CopyOp, s kernels.Stream) error {
+func (d *dropCopy) CopyPeer(op device.CopyOp, s device.Stream) error {
 	if d.n++; d.n == d.drop {
 		return nil
 	}
@@ -69,11 +69,11 @@ func (d *dropCopy) CopyPeer(op kernels.CopyOp, s kernels.Stream) error {
 }
 
 // Copy and CopyBatch lose copies the way CopyPeer does.
-func (d *dropCopy) Copy(dst, src kernels.Ptr, bytes int64, s kernels.Stream) error {
-	return d.CopyPeer(kernels.CopyOp{Dst: dst, Src: src, Bytes: bytes}, s)
+func (d *dropCopy) Copy(dst, src device.Addr, bytes int64, s device.Stream) error {
+	return d.CopyPeer(device.CopyOp{Dst: dst, Src: src, Bytes: bytes}, s)
 }
 
-func (d *dropCopy) CopyBatch(ops []kernels.CopyOp, s kernels.Stream) error {
+func (d *dropCopy) CopyBatch(ops []device.CopyOp, s device.Stream) error {
 	for _, o := range ops {
 		if err := d.CopyPeer(o, s); err != nil {
 			return err

@@ -7,21 +7,21 @@ import (
 
 	"github.com/moebench/moebench/harness"
 	"github.com/moebench/moebench/internal/hostsim"
-	"github.com/moebench/moebench/kernels"
+	"github.com/moebench/moebench/kernels/device"
 )
 
 // flushWatch is Emu noting, at each record of the first two events made
 // (the bench's start and end events), whether the last thing queued before
 // it was a copy of flush bytes.
 type flushWatch struct {
-	kernels.Emu
+	device.Emu
 	flush     int64
 	lastFlush bool
-	timing    []kernels.Event
+	timing    []device.Event
 	records   []bool
 }
 
-func (f *flushWatch) NewEvent() (kernels.Event, error) {
+func (f *flushWatch) NewEvent() (device.Event, error) {
 	e, err := f.Emu.NewEvent()
 	if len(f.timing) < 2 {
 		f.timing = append(f.timing, e)
@@ -29,12 +29,12 @@ func (f *flushWatch) NewEvent() (kernels.Event, error) {
 	return e, err
 }
 
-func (f *flushWatch) Copy(dst, src kernels.Ptr, bytes int64, s kernels.Stream) error {
+func (f *flushWatch) Copy(dst, src device.Addr, bytes int64, s device.Stream) error {
 	f.lastFlush = bytes == f.flush
 	return f.Emu.Copy(dst, src, bytes, s)
 }
 
-func (f *flushWatch) Record(e kernels.Event, s kernels.Stream) error {
+func (f *flushWatch) Record(e device.Event, s device.Stream) error {
 	if slices.Contains(f.timing, e) {
 		f.records = append(f.records, f.lastFlush)
 	}
@@ -52,7 +52,7 @@ func TestBenchKernelsOnEmu(t *testing.T) {
 	c := sigmoidCase()
 	c.Iters, c.Warmup = 2, 1
 	watch := &flushWatch{flush: 3 << 19}
-	kb, err := Kernels(c, harness.Env{Version: "test", OpenDevices: func(n, most int) ([]kernels.Device, error) { return []kernels.Device{watch}, nil }},
+	kb, err := Kernels(c, harness.Env{Version: "test", OpenDevices: func(n, most int) ([]device.Device, error) { return []device.Device{watch}, nil }},
 		Sizes{CopyBytes: 1 << 20, GEMMDim: 64, FlushBytes: 3 << 20})
 	if err != nil {
 		t.Fatal(err)
@@ -108,9 +108,9 @@ func TestBenchKernelsOnEmu(t *testing.T) {
 // over the two GPUs.
 func TestBenchKernelsOnHostSim(t *testing.T) {
 	comp := hostsim.Setup(t)
-	old := kernels.NewCompiler
-	kernels.NewCompiler = func() (kernels.Compiler, error) { return comp, nil }
-	t.Cleanup(func() { kernels.NewCompiler = old })
+	old := device.NewCompiler
+	device.NewCompiler = func() (device.Compiler, error) { return comp, nil }
+	t.Cleanup(func() { device.NewCompiler = old })
 	c := small()
 	c.Device = "cuda"
 	kb, err := Kernels(c, harness.Env{Version: "test"}, Sizes{CopyBytes: 1 << 20, GEMMDim: 64})

@@ -4,15 +4,15 @@ import (
 	"github.com/moebench/moebench/harness"
 	"testing"
 
-	"github.com/moebench/moebench/kernels"
+	"github.com/moebench/moebench/kernels/comm"
 )
 
 // TestBenchDispatchPredicts: on the host device too, deepep's and
 // hybridep's points carry the ceiling the committed table
-// (kernels/inflight.json) predicts for the kernels the cuda device runs;
+// (kernels/comm/inflight.json) predicts for the kernels the cuda device runs;
 // alltoall's, and a library implementation's, none.
 func TestBenchDispatchPredicts(t *testing.T) {
-	tab, err := kernels.Inflight()
+	tab, err := comm.Inflight()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -26,7 +26,7 @@ func TestBenchDispatchPredicts(t *testing.T) {
 		t.Errorf("alltoall: predicted %+v", b.Points[0].Predicted)
 	}
 	for _, p := range b.Points[1:] {
-		d, cb, path, ok := kernels.DispatcherKernels(p.Dispatcher)
+		d, cb, path, ok := comm.DispatcherKernels(p.Dispatcher)
 		kd, okd := tab.Kernel(d, path)
 		kc, okc := tab.Kernel(cb, path)
 		if !ok || !okd || !okc {

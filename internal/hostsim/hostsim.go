@@ -43,7 +43,7 @@ import (
 var header string
 
 // Compiler compiles kernel sources for the CPU with a C++20 compiler; it
-// satisfies kernels.Compiler.
+// satisfies device.Compiler.
 type Compiler struct {
 	CXX string // the compiler's path
 }
@@ -61,7 +61,7 @@ func New() (*Compiler, error) {
 	return &Compiler{CXX: p}, nil
 }
 
-// ID names the compiler (kernels.JIT's cache key).
+// ID names the compiler (device.JIT's cache key).
 func (c *Compiler) ID() string { return "hostsim " + c.CXX }
 
 // kernelDecl finds kernels and their __launch_bounds__ (before or after void).
@@ -170,7 +170,7 @@ var fakes = []struct{ name, file, env string }{
 // tests share (see kernelCache), stops blocks that only
 // spin after 20 s × MOEBENCH_TEST_TIMEOUT_SCALE (MBHOST_SPIN_LIMIT_S,
 // unless set), and returns the
-// compiler the test installs as kernels.NewCompiler. It skips without a
+// compiler the test installs as device.NewCompiler. It skips without a
 // C++ compiler, and fails instead under MOEBENCH_REQUIRE_NVRTC=1 (CI); it
 // skips under MOEBENCH_REQUIRE_GPU=1, where the GPU check runs the kernels
 // on the GPU itself.
@@ -515,7 +515,7 @@ func SkipIfShort(t testing.TB, kept string) {
 }
 
 // kernelCache returns the kernel cache folder the tests of this process
-// share: kernels.JIT keys a kernel by its source, headers, options and
+// share: device.JIT keys a kernel by its source, headers, options and
 // compiler, so a test finds there only what it would have compiled itself,
 // and the tests of a package compile a kernel once, not once per test (the
 // compiles are most of the host simulation's time). A folder that an
