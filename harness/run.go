@@ -88,6 +88,10 @@ func Run(cfg Config, env Env) (*results.Record, error) {
 		}
 		noDump = errors.New("--dump: " + why)
 	}
+	if env.Dump != "" && cfg.overlaps(OverlapA2A) {
+		return nil, &ConfigError{"dump", env.Dump, "with --overlap a2a the weight gradients are the sum of two micro-batches' while a dump holds " +
+			"micro-batch 0's inputs only, so its backward could not be recomputed from it; dump a run without --overlap a2a"}
+	}
 	rec := newRecord(cfg, env)
 	rec.Config.PassNote = why
 	if cfg.Device != "host" {
