@@ -13,7 +13,7 @@ import (
 	"github.com/moebench/moebench/results"
 )
 
-// The layer's backward on kernels.Devices (the device form of backward.go,
+// The layer's backward on device.Device values (the device form of backward.go,
 // kernels/BACKWARD.md): the device dispatcher's backward phases around the
 // experts' backward (dgrad and wgrad through Device.MatMul, the SwiGLU×prob
 // backward kernel), then the router's (score backward, the fp32 router's

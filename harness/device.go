@@ -17,7 +17,7 @@ import (
 	"github.com/moebench/moebench/results"
 )
 
-// deviceLayer is the layer on kernels.Devices (GPUs). Every EP rank has its
+// deviceLayer is the layer on device.Device values (GPUs). Every EP rank has its
 // own stream on its device; the ranks are spread over the devices in
 // contiguous blocks (see rankDevices), several ranks to a device when there
 // are more ranks than devices (emulated EP). The host twin l holds the

@@ -29,7 +29,7 @@ type Env struct {
 	Dump string
 	// OpenDevices opens the devices of a cuda run: n of them, or when n is
 	// 0 as many as there are up to most (one per rank). Nil opens GPUs
-	// (device.OpenGPUs); tests pass kernels.Emus.
+	// (device.OpenGPUs); tests pass Emus (device.Emu).
 	OpenDevices func(n, most int) ([]device.Device, error)
 	// Progress, if set, gets a line every ProgressEvery (default
 	// DefaultProgressEvery) once a run has taken that long: what it is

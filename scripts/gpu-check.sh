@@ -109,7 +109,7 @@ libdirs=$(ls -d /usr/local/cuda/lib64 /usr/local/cuda-*/lib64 /usr/local/lib/pyt
   /usr/lib/python3/dist-packages/nvidia/*/lib /usr/local/lib/python3*/site-packages/nvidia/*/lib 2>/dev/null | tr '\n' ':')
 export LD_LIBRARY_PATH="${libdirs}${LD_LIBRARY_PATH:-}"
 # the toolkit's cuobjdump and nvdisasm, where present, let the kernels' compile
-# test audit the machine code of the GPU's own NVRTC (kernels/sass_test.go)
+# test audit the machine code of the GPU's own NVRTC (kernels/comm/sass_test.go)
 export PATH="/usr/local/cuda/bin:$PATH"
 # (a kernel cache named by the caller is kept: its images are keyed by the
 # compiler and the source)

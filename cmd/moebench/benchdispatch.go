@@ -235,7 +235,7 @@ func writeDispatchBenchWidth(w io.Writer, b *bench.DispatchBench, width int) {
 	for _, p := range b.Points {
 		if q := p.Predicted; q != nil && !said[p.Dispatcher] {
 			said[p.Dispatcher] = true
-			fmt.Fprintf(w, "# pred/SM of %s: predicted ceiling (from machine code, not measured): %.1f GB/s per SM dispatch, %.1f combine; %s, %s (kernels/inflight.json, the cuda device's kernels, whatever device ran)\n",
+			fmt.Fprintf(w, "# pred/SM of %s: predicted ceiling (from machine code, not measured): %.1f GB/s per SM dispatch, %.1f combine; %s, %s (kernels/comm/inflight.json, the cuda device's kernels, whatever device ran)\n",
 				p.Dispatcher, q.DispatchGBpsPerSM, q.CombineGBpsPerSM, q.Kernels, q.Source)
 		}
 	}

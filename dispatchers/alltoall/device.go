@@ -13,7 +13,7 @@ import (
 
 func init() { dispatchers.RegisterDevice("alltoall", NewDevice) }
 
-// NewDevice returns the alltoall dispatcher on kernels.Devices: the same
+// NewDevice returns the alltoall dispatcher on device.Device values: the same
 // algorithm as A2A with device kernels. The variable-split exchange is done
 // natively with copies (within a GPU when ranks share one, emulated EP; peer
 // copies between GPUs), or by the library implementation with NCCL's grouped

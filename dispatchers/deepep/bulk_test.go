@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"os"
 	"os/exec"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -11,6 +13,7 @@ import (
 	"github.com/moebench/moebench/dispatchers"
 	dt "github.com/moebench/moebench/dispatchers/dispatchtest"
 	"github.com/moebench/moebench/internal/hostsim"
+	"github.com/moebench/moebench/kernels"
 )
 
 const proxyChildEnv = "MOEBENCH_DE_PROXY_CHILD"
@@ -86,3 +89,20 @@ func TestDispatchProxyFenceChild(t *testing.T) {
 // NVRTC 11.8's path, MB_NO_BULK=1 here) against the host design bit for
 // bit, as TestDeviceOnHostSim checks the bulk path.
 func TestDeviceNoBulkOnHostSim(t *testing.T) { checkDevicesPath(t, dt.FakeGPUs(t, 2), true) }
+
+// TestDispatchStageMatchesSource: the launch sizes the dispatch's dynamic
+// shared memory from dispatchStage, which must be deepep.cu's DE_STAGE
+// (the warps' staging halves are laid out from it there).
+func TestDispatchStageMatchesSource(t *testing.T) {
+	src, err := kernels.Sources.ReadFile("cuda/deepep.cu")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`(?m)^#define DE_STAGE (\d+)`).FindSubmatch(src)
+	if m == nil {
+		t.Fatal("deepep.cu defines no DE_STAGE")
+	}
+	if got, _ := strconv.Atoi(string(m[1])); got != dispatchStage {
+		t.Errorf("deepep.cu's DE_STAGE is %d; dispatchStage (the launch's shared memory) is %d", got, dispatchStage)
+	}
+}

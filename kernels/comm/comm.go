@@ -154,7 +154,7 @@ func OpenWorldComm(th *device.Threads, devs []device.Device, streams []device.St
 // rank); every rank's device must have a thread.
 func threadRanks(th *device.Threads, devs []device.Device) ([]int, error) {
 	if th == nil {
-		return nil, fmt.Errorf("a communicator needs its devices' threads (kernels.Threads)")
+		return nil, fmt.Errorf("a communicator needs its devices' threads (device.Threads)")
 	}
 	rankOf := make([]int, len(th.Devices()))
 	for i := range rankOf {

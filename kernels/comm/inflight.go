@@ -108,7 +108,7 @@ var inflightJSON []byte
 func Inflight() (*InflightTable, error) {
 	var t InflightTable
 	if err := json.Unmarshal(inflightJSON, &t); err != nil {
-		return nil, fmt.Errorf("kernels/inflight.json: %v", err)
+		return nil, fmt.Errorf("kernels/comm/inflight.json: %v", err)
 	}
 	return &t, nil
 }

@@ -807,7 +807,7 @@ func TestInflightTable(t *testing.T) {
 	j := &device.JIT{Compiler: n}
 	table := &InflightTable{
 		Note: "Predicted ceilings from the machine code, not measurements: Little's law, bytes in flight per SM ÷ load latency. " +
-			"Written by kernels' TestInflightTable (MOEBENCH_UPDATE_INFLIGHT=1); see kernels/inflight.go.",
+			"Written by kernels/comm's TestInflightTable (MOEBENCH_UPDATE_INFLIGHT=1); see kernels/comm/inflight.go.",
 		Source: fmt.Sprintf("sm_90 cubins of NVRTC %d.%d, preset %s (hidden %d), EP 8, one block per SM, deepep MB_WARPS %s, hybridep FIFO stages %d (dispatch), %d a pipeline × %d (combine), %d a warp × %d (permute)",
 			n.Major, n.Minor, preset, shapes[preset].hidden, defines(preset)["MB_WARPS"], heStages(heSlot(defines(preset))),
 			heCombineStages(heRow(defines(preset))), heDefine("PIPES"), heDefine("PSTAGES"), heDefine("PWARPS")),
@@ -899,7 +899,7 @@ func TestInflightTable(t *testing.T) {
 		return
 	}
 	if !bytes.Equal(got, inflightJSON) {
-		t.Errorf("kernels/inflight.json is not what the cubins give: regenerate it with\n  MOEBENCH_UPDATE_INFLIGHT=1 go test -run '^TestInflightTable$' ./kernels/comm\n(MOEBENCH_NVRTC12 naming an NVRTC ≥ 12, as CI's /tmp/ci-env.sh sets); it gives:\n%s", got)
+		t.Errorf("kernels/comm/inflight.json is not what the cubins give: regenerate it with\n  MOEBENCH_UPDATE_INFLIGHT=1 go test -run '^TestInflightTable$' ./kernels/comm\n(MOEBENCH_NVRTC12 naming an NVRTC ≥ 12, as CI's /tmp/ci-env.sh sets); it gives:\n%s", got)
 	}
 }
 
@@ -945,7 +945,7 @@ func TestInflightREADME(t *testing.T) {
 			}
 			found = true
 			if want := fmt.Sprintf("%.1f", k.CeilingGBpsPerSM); strings.TrimSuffix(strings.TrimSpace(cells[2]), " |") != want {
-				t.Errorf("docs/dispatchers: %s's predicted GB/s per SM is %s; kernels/inflight.json says %s (update the docs' table, ratios too)", row.cell, cells[2], want)
+				t.Errorf("docs/dispatchers: %s's predicted GB/s per SM is %s; kernels/comm/inflight.json says %s (update the docs' table, ratios too)", row.cell, cells[2], want)
 			}
 			if len(cells) >= 5 {
 				readmeRatios(t, name, k.CeilingGBpsPerSM, cells[3], strings.TrimSuffix(strings.TrimSpace(cells[4]), "|"))

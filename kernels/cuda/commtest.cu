@@ -1,4 +1,4 @@
-// commtest.cu: the SM-driven machinery's proof kernel (kernels.CommTest):
+// commtest.cu: the SM-driven machinery's proof kernel (comm.CommTestProgram):
 // ring-buffer channels between ranks in the receiver's memory and a flag
 // barrier, DeepEP's queue protocol in miniature. Each rank r sends
 // MB_CT_CHANNELS × items ints to rank (r+1) mod ranks. One launch covers the
@@ -17,7 +17,7 @@
 #define MB_CT_THREADS 128
 #define MB_CT_HEADER 32 // ints before a ring's slots: head at 0, tail at 16 (apart)
 #define MB_CT_RING (MB_CT_HEADER + MB_CT_SLOTS)
-// phases and waits (kernels.CommTestNames)
+// phases and waits (comm.CommTestNames)
 #define MB_CT_SEND 1
 #define MB_CT_RECV 2
 #define MB_CT_BARRIER 3

@@ -611,6 +611,7 @@ extern "C" __global__ void __launch_bounds__(DE_THREADS, MB_MINB) deepep_dispatc
         }
 #ifdef DE_BULK
         if (lane == 0) mb_fence_proxy_async(); // the async proxy's reads of the slots, then the head frees them
+        __syncwarp(); // lane 0 alone copied: the warp reconverges before the aligned barrier
 #endif
         mb_bar_sync(1 + peer, DE_GROUP * 32); // the group's reads, then the head
         got = until;

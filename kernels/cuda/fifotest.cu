@@ -1,5 +1,5 @@
 // fifotest.cu: the proof kernel of moebench.cuh's shared-memory FIFO
-// (kernels.FIFOTest), the pipeline HybridEP's kernels move rows through:
+// (comm.FIFOTestProgram), the pipeline HybridEP's kernels move rows through:
 // in each block warp 0 produces, the other MB_FT_WARPS − 1 warps consume.
 // Block b moves its share of rows rows of MB_FT_HIDDEN bf16 from in to out
 // through a FIFO of MB_FT_STAGES slots (a multiple of warps − 1), item i

@@ -613,7 +613,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1)
 #ifdef MB_HE_PSTAGES
 #define PSTAGES MB_HE_PSTAGES // fewer where a block's shared memory is short (dispatchers/hybridep's permuteStages)
 #else
-#define PSTAGES 3 // a warp's rows (kernels.FIFOBytes(PSTAGES, ROW) each)
+#define PSTAGES 3 // a warp's rows (comm.FIFOBytes(PSTAGES, ROW) each)
 #endif
 
 template <bool BWD> __device__ __forceinline__ void he_permute_body(int first, int blocks, const he_rank *R) {
@@ -693,7 +693,7 @@ extern "C" __global__ void __launch_bounds__(PTHREADS, 1) he_permute_bwd(int fir
 #define PIPE_THREADS 64                                   // a pipeline's reducers
 #define ACC ((ROW / 16 + PIPE_THREADS - 1) / PIPE_THREADS) // 16-byte pieces of a row per reducer
 #define ADD_UNROLL 4                                       // a reducer's add loads in flight (home: the shared expert's row)
-#define CFIFO_BYTES (16 * MB_HE_STAGES + MB_HE_STAGES * ROW) // a pipeline's FIFO (kernels.FIFOBytes)
+#define CFIFO_BYTES (16 * MB_HE_STAGES + MB_HE_STAGES * ROW) // a pipeline's FIFO (comm.FIFOBytes)
 #ifdef MB_BULK
 #define OUT_STAGES 2
 #else

@@ -255,7 +255,7 @@ __device__ __forceinline__ unsigned char *mb_dynamic_smem() {
 #endif
 }
 
-// ---- Cross-rank waits with a timeout (kernels.Signals on the host).
+// ---- Cross-rank waits with a timeout (comm.Signals on the host).
 // Every wait on another rank (a flag, a queue's head or tail, a barrier)
 // goes through mb_wait: it gives up after the communicator's timeout, or
 // at once when any rank (or the host) has given up, records why in the
@@ -268,7 +268,7 @@ __device__ __forceinline__ unsigned char *mb_dynamic_smem() {
 #define MB_ERR_ABORTED 2 // it gave up because another rank (or the host) did
 #define MB_ERR_CHECK 3   // a value it read was not the one the protocol promised (mb_check)
 
-// mb_error: a rank's error record (kernels.CommError), 48 bytes
+// mb_error: a rank's error record (comm.CommError), 48 bytes
 typedef struct {
     int status; // 0, MB_ERR_TIMEOUT, MB_ERR_ABORTED or MB_ERR_CHECK
     int rank, phase, wait;
@@ -287,7 +287,7 @@ __device__ __forceinline__ mb_error *mb_error_of(mb_signals *s, int rank) { retu
 __device__ __forceinline__ int *mb_counter(mb_signals *s, int ranks, int i) { return (int *)((mb_error *)(s + 1) + ranks) + i; }
 
 // mb_comm: what a kernel needs to wait across ranks (a kernel argument,
-// kernels.Signals.Comm): the signals, one claim word per rank in the
+// comm.Signals.Comm): the signals, one claim word per rank in the
 // launch's GPU memory (zero before the launch; it elects the one thread
 // of a rank that writes its record) and the timeout of each wait
 typedef struct {
@@ -618,7 +618,7 @@ typedef struct {
 } mb_fifo;
 
 // mb_fifo_at lays a FIFO out at smem (every thread): the barriers in
-// 16·stages bytes, then the slots (kernels.FIFOBytes); mb_fifo_init
+// 16·stages bytes, then the slots (comm.FIFOBytes); mb_fifo_init
 // initialises its barriers (one thread, then mb_mbar_init_fence and a
 // __syncthreads): consumers is the arrivals that release a slot.
 __device__ __forceinline__ mb_fifo mb_fifo_at(unsigned char *smem, int stages, unsigned slot) {
