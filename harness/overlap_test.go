@@ -380,7 +380,7 @@ func TestHostOverlapMemoryCountsSecondMicroBatch(t *testing.T) {
 
 	c.Overlap = []string{OverlapA2A}
 	rec, err := Run(c, Env{Version: "test"})
-	if err != nil || rec.Status != results.StatusOK || rec.Overlap == nil || !rec.Overlap.Equal {
+	if err != nil || rec.Status != results.StatusOK || rec.Overlap == nil {
 		t.Fatalf("%v, %+v", err, rec)
 	}
 	mb1 := int64(4 * 2 * c.Tokens * c.Hidden) // its input, output and their gradients, float32
