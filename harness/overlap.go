@@ -61,7 +61,7 @@ type overlap struct {
 	end         []device.Event    // per rank: the step's end on mb0's stream
 	deferring   [2][]string       // per micro-batch, per rank: the expert backward phase deferring its wgrad now, or ""
 	sharedMS    [][]float64       // per rank, the overlapped steps' shared expert times (side stream)
-	lastOrdered []string          // the last overlapped step's issue order, "mb:phase" (tests)
+	lastOrdered []orderedPhase    // the last overlapped step's issue order (tests: order)
 }
 
 // ovRank is one rank's side streams and events in one micro-batch.
@@ -441,4 +441,19 @@ func (ov *overlap) bytes(r int) int64 {
 		}
 	}
 	return n
+}
+
+// orderedPhase is a phase as the step issued it: its micro-batch and name.
+type orderedPhase struct {
+	mb   int
+	name string
+}
+
+// order is the last step's issue order as "mb:phase" (tests).
+func (ov *overlap) order() []string {
+	out := make([]string, len(ov.lastOrdered))
+	for i, p := range ov.lastOrdered {
+		out[i] = fmt.Sprintf("%d:%s", p.mb, p.name)
+	}
+	return out
 }

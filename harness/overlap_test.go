@@ -122,11 +122,12 @@ func TestOverlapMergedOrder(t *testing.T) {
 	if err := ov.step(true); err != nil {
 		t.Fatal(err)
 	}
-	got := strings.Join(ov.lastOrdered, " ")
+	order := ov.order()
+	got := strings.Join(order, " ")
 	t.Log(got)
 	at := 0
 	for _, want := range []string{"0:combine-bwd", "1:router", "0:experts-bwd", "1:dispatch", "0:dispatch-bwd", "1:experts", "0:router-bwd", "1:combine"} {
-		i := slices.Index(ov.lastOrdered[at:], want)
+		i := slices.Index(order[at:], want)
 		if i < 0 {
 			t.Fatalf("order %q: no %s after position %d", got, want, at)
 		}

@@ -32,7 +32,7 @@ func (ov *overlap) step(over bool) error {
 	}
 	run := func(i int, phs []dispatchers.Step) error {
 		for _, ph := range phs {
-			ov.lastOrdered = append(ov.lastOrdered, fmt.Sprintf("%d:%s", i, ph.Name))
+			ov.lastOrdered = append(ov.lastOrdered, orderedPhase{i, ph.Name})
 		}
 		return ov.mb[i].phases(phs, false, true)
 	}

@@ -143,14 +143,20 @@ func QuantFP8RowsInto(q []uint8, scales, x []float32, h int, ue8m0 bool) error {
 		return fmt.Errorf("fp8: buffers of %d codes and %d scales for %d values (want %d and %d)", len(q), len(scales), len(x), len(x), len(x)/FP8Block)
 	}
 	for b := range scales {
-		blk := x[b*FP8Block : (b+1)*FP8Block]
-		s, inv := FP8Scales(BlockAmax(blk), ue8m0)
-		for i, v := range blk {
-			q[b*FP8Block+i] = E4M3FromFloat32(v * s)
-		}
-		scales[b] = inv
+		scales[b] = quantBlock(q[b*FP8Block:(b+1)*FP8Block], x[b*FP8Block:(b+1)*FP8Block], ue8m0)
 	}
 	return nil
+}
+
+// quantBlock casts one block of x (at most 128 values) into q by the 1×128
+// rule — q = e4m3(fl(x·scale)), scale from the block's amax — and returns
+// the block's dequantization multiplier.
+func quantBlock(q []uint8, x []float32, ue8m0 bool) float32 {
+	s, inv := FP8Scales(BlockAmax(x), ue8m0)
+	for i, v := range x {
+		q[i] = E4M3FromFloat32(v * s)
+	}
+	return inv
 }
 
 // fp8RowsShape refuses rows of h values that are not 1×128 blocks of x.

@@ -167,11 +167,7 @@ func QuantFP8RowsK(x []float32, m, k int) (q []uint8, scales []float32) {
 	for i := range m {
 		for b := range kb {
 			lo, hi := i*k+b*FP8Block, i*k+min(k, (b+1)*FP8Block)
-			s, inv := FP8Scales(BlockAmax(x[lo:hi]), false)
-			for j := lo; j < hi; j++ {
-				q[j] = E4M3FromFloat32(x[j] * s)
-			}
-			scales[i*kb+b] = inv
+			scales[i*kb+b] = quantBlock(q[lo:hi], x[lo:hi], false)
 		}
 	}
 	return q, scales
