@@ -2,6 +2,7 @@ package comm
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"strings"
 	"sync/atomic"
@@ -58,6 +59,21 @@ func NewSignals(devs []device.Device, counters int) (*Signals, error) {
 			return nil, err
 		}
 		s.claims[d] = p
+		// zeroed before any launch: a new allocation holds whatever the
+		// memory held (on a GPU, a freed buffer's bytes), and a claim word
+		// not zero keeps a rank that gives up from writing its record
+		// (seen on an H200: planted timeouts ended with no error)
+		st, err := d.NewStream()
+		if err == nil {
+			err = d.Fill16(p, 0, int64(2*len(devs)), st)
+		}
+		if err == nil {
+			err = d.SyncStream(st)
+		}
+		if err != nil {
+			s.Free()
+			return nil, err
+		}
 	}
 	s.clear()
 	return s, nil
@@ -202,6 +218,10 @@ func (r CommRecord) String() string {
 		r.Rank, what, r.PhaseName, r.WaitName, r.Waited.Round(time.Microsecond), r.Seen, r.Expected, r.Block, r.Thread)
 }
 
+// ErrAbortedNoRecord: the communicator's abort word is set, and no rank
+// recorded why (the host aborted the kernels, or a record was lost).
+var ErrAbortedNoRecord = errors.New("cross-rank wait failed: the kernels were aborted and no rank recorded why (the host gave up on them, or a record was lost)")
+
 // CommError is a collective whose kernels gave up on a cross-rank wait:
 // every rank's record, those that timed out or failed a check first.
 type CommError struct{ Records []CommRecord }
@@ -216,7 +236,9 @@ func (e *CommError) Error() string {
 
 // Err returns the ranks' records as a *CommError, or nil when no kernel
 // gave up. Read it after synchronizing with the kernels (or while polling:
-// a record is whole once its status is set).
+// a record is whole once its status is set). An abort word set with no
+// record (the host aborted, or a record was lost) is an error too: the
+// kernels' output is not whole.
 func (s *Signals) Err() error {
 	var timed, gave []CommRecord
 	for r := range s.ranks {
@@ -241,6 +263,9 @@ func (s *Signals) Err() error {
 		}
 	}
 	if len(timed)+len(gave) == 0 {
+		if atomic.LoadInt32(s.mem.Int32At(0)) != 0 {
+			return ErrAbortedNoRecord
+		}
 		return nil
 	}
 	return &CommError{Records: append(timed, gave...)}
