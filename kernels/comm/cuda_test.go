@@ -140,6 +140,35 @@ func sameULP(t *testing.T, what string, gpu, host []uint16) {
 	}
 }
 
+// nearGEMM compares bf16 GEMM outputs (rows of n) whose sums may run in
+// another order or split k (cuBLAS's grouped call on an H200 was 4 ULP off
+// on an element near cancellation, 2026-11-27): every element within 1 ULP
+// or within 2⁻⁸ of its row's largest magnitude, and ‖gpu − host‖/‖host‖ at
+// most 2e-3 (bf16 products land between 1e-3 and 1e-2 against a float64
+// reference; against an fp32 one, far under).
+func nearGEMM(t *testing.T, what string, gpu, host []uint16, n int) {
+	t.Helper()
+	g, h := kernels.FromBF16Bits(gpu), kernels.FromBF16Bits(host)
+	var num, den float64
+	for r := 0; r < len(h)/n; r++ {
+		big := 0.0
+		for _, v := range h[r*n : (r+1)*n] {
+			big = max(big, math.Abs(float64(v)))
+		}
+		for i := r * n; i < (r+1)*n; i++ {
+			d := float64(g[i]) - float64(h[i])
+			num, den = num+d*d, den+float64(h[i])*float64(h[i])
+			ulp := int(gpu[i]) - int(host[i])
+			if math.IsNaN(float64(g[i])) || math.IsInf(float64(g[i]), 0) || (ulp < -1 || ulp > 1) && math.Abs(d) > big/256 {
+				t.Fatalf("%s[%d] = %v, host %v (row's largest %v)", what, i, g[i], h[i], big)
+			}
+		}
+	}
+	if rel := math.Sqrt(num / den); rel > 2e-3 {
+		t.Fatalf("%s: ‖gpu − host‖/‖host‖ = %.2e, above 2e-3", what, rel)
+	}
+}
+
 func same[T comparable](t *testing.T, what string, gpu, host []T) {
 	t.Helper()
 	if !slices.Equal(gpu, host) {
@@ -238,7 +267,7 @@ func checkGroupedGEMM(p *gpuPair) {
 	p.ok(p.e.GroupedGEMM(groups(ec, ea, ew), n, k, p.es))
 	gpu, host := get[uint16](p, cc+device.Addr(2*n), ec+device.Addr(2*n), (rows-1)*n)
 	name, _ := p.c.GroupedGEMMName()
-	sameULP(t, name, gpu, host)
+	nearGEMM(t, name, gpu, host, n)
 	// groups that change every call (routing drawn per step): the pointer
 	// arrays' slots stay as many as ptrSlotCount, and once they are made
 	// no call allocates
