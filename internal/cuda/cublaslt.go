@@ -224,7 +224,21 @@ func (b *CuBLASLt) Plan(mm MatMul, al Align, maxWorkspace int64) (*GEMM, error) 
 		if mm.FP8 == FP8Block && b.Version < BlockScalingVersion {
 			return nil, fmt.Errorf("PlanGEMM: fp8 block scaling needs cuBLASLt %d or later, this is %d", BlockScalingVersion, b.Version)
 		}
+		// cuBLAS's "Scaling factors layouts" (§3.1.4.5.1,
+		// https://docs.nvidia.com/cuda/cublas/#scaling-factors-layouts):
+		// with VEC128_32F / BLK128x128_32F scales, M and N must be
+		// multiples of 4; cuBLAS's M is our n, its N our m. The heuristic
+		// refuses others with CUBLAS_STATUS_INVALID_VALUE (seen on an H200,
+		// cuBLASLt 13.1, m = 130). A caller pads m (CUDA.MatMul does).
+		if mm.FP8 == FP8Block && (m%BlockScalingRows != 0 || n%BlockScalingRows != 0) {
+			return nil, fmt.Errorf("PlanGEMM: fp8 block scaling needs m=%d and n=%d (cuBLAS's N and M) multiples of %d", m, n, BlockScalingRows)
+		}
 	}
+	return b.plan(mm, al, maxWorkspace)
+}
+
+// plan is Plan past its own checks: describe, then ask the heuristic.
+func (b *CuBLASLt) plan(mm MatMul, al Align, maxWorkspace int64) (*GEMM, error) {
 	g := &GEMM{MatMul: mm}
 	ok := false
 	defer func() {
@@ -244,15 +258,53 @@ func (b *CuBLASLt) Plan(mm MatMul, al Align, maxWorkspace int64) (*GEMM, error) 
 	var got C.int
 	if err := ltErr("cublasLtMatmulAlgoGetHeuristic", C.mbcall_cublasLtMatmulAlgoGetHeuristic(b.fn["cublasLtMatmulAlgoGetHeuristic"], b.handle, g.desc,
 		g.la, g.lb, g.lc, g.lc, pref, MaxAlgorithms, g.algos, &got)); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%w (%s; alignments %+v, cuBLASLt %d)", err, g.describeString(), al, b.Version)
 	}
 	if got < 1 {
-		return nil, fmt.Errorf("cublasLtMatmulAlgoGetHeuristic: no algorithm for m=%d n=%d k=%d within %d bytes of workspace", m, n, k, maxWorkspace)
+		return nil, fmt.Errorf("cublasLtMatmulAlgoGetHeuristic: no algorithm within %d bytes of workspace (%s; alignments %+v, cuBLASLt %d)", maxWorkspace, g.describeString(), al, b.Version)
 	}
 	g.nalgos = int(min(got, MaxAlgorithms))
 	g.Choose(0)
 	ok = true
 	return g, nil
+}
+
+// BlockScalingRows: with block scaling, cuBLAS's M and N (our n and m)
+// must be multiples of it (see Plan).
+const BlockScalingRows = 4
+
+// describeString says, in cuBLAS's column-major terms, what describe set:
+// for an error that the next GPU run can be read from.
+func (g *GEMM) describeString() string {
+	op := func(t bool) string {
+		if t {
+			return "T"
+		}
+		return "N"
+	}
+	typ := func(f32, fp8 bool) string {
+		switch {
+		case fp8:
+			return "e4m3"
+		case f32:
+			return "fp32"
+		}
+		return "bf16"
+	}
+	in := typ(g.F32In, g.FP8 != FP8None)
+	modeA, modeB := "scalar", "scalar"
+	if g.FP8 == FP8Block {
+		modeA, modeB = "BLK128x128_32F", "VEC128_32F"
+	}
+	bRows, aRows := g.N, g.K
+	if g.TransB {
+		bRows = g.K
+	}
+	if g.TransA {
+		aRows = g.M
+	}
+	return fmt.Sprintf("cuBLAS M=%d N=%d K=%d, transa=%s transb=%s, A %s ld %d scale %s, B %s ld %d scale %s, C=D %s ld %d, compute 32F scale 32F",
+		g.N, g.M, g.K, op(g.TransB), op(g.TransA), in, bRows, modeA, in, aRows, modeB, typ(g.F32Out, false), g.N)
 }
 
 // describe creates the operation descriptor (fp32 compute and scale; TRANSA
@@ -383,7 +435,7 @@ func (b *CuBLASLt) Run(g *GEMM, c, a, w, workspace DevicePtr, s Stream) error {
 	if st == 0 {
 		return nil
 	}
-	return ltErr(fmt.Sprintf("cublasLtMatmul(m=%d n=%d k=%d, algorithm %d of %d)", g.M, g.N, g.K, g.chosen+1, g.nalgos), st)
+	return ltErr(fmt.Sprintf("cublasLtMatmul(m=%d n=%d k=%d, algorithm %d of %d; %s)", g.M, g.N, g.K, g.chosen+1, g.nalgos, g.describeString()), st)
 }
 
 // RunFP8 computes c = a·wᵀ for an FP8 plan: a and w e4m3, aScale and
@@ -393,6 +445,11 @@ func (b *CuBLASLt) Run(g *GEMM, c, a, w, workspace DevicePtr, s Stream) error {
 func (b *CuBLASLt) RunFP8(g *GEMM, c, a, aScale, w, wScale, workspace DevicePtr, s Stream) error {
 	if g.FP8 == FP8None {
 		return fmt.Errorf("RunFP8: the plan (m=%d n=%d k=%d) is not fp8", g.M, g.N, g.K)
+	}
+	// block scales must start 16-byte aligned (cuBLAS, "Scaling factors
+	// layouts", https://docs.nvidia.com/cuda/cublas/#scaling-factors-layouts)
+	if g.FP8 == FP8Block && (aScale%16 != 0 || wScale%16 != 0) {
+		return fmt.Errorf("RunFP8: block scales at %#x (a) and %#x (w) must be 16-byte aligned", uint64(aScale), uint64(wScale))
 	}
 	for _, p := range [][2]uint64{{descAScalePointer, uint64(wScale)}, {descBScalePointer, uint64(aScale)}} {
 		v := C.ulonglong(p[1]) // a device pointer, 8 bytes as void *
