@@ -210,6 +210,16 @@ func (b *CuBLASLt) PlanGEMM(m, n, k int, f32Out bool, al Align, maxWorkspace int
 // alignments al (Align.A of a, W of b, C of c); Run uses the first until
 // Choose picks another.
 func (b *CuBLASLt) Plan(mm MatMul, al Align, maxWorkspace int64) (*GEMM, error) {
+	return b.PlanScaled(mm, al, maxWorkspace, 0, 0)
+}
+
+// PlanScaled is Plan with an FP8 product's multipliers (RunFP8's aScale and
+// wScale; 0: none) set on the descriptor before the heuristic is asked, as
+// NVIDIA's cuBLASLt FP8 samples do (e.g. CUDALibrarySamples'
+// LtBlk128x128Fp8Matmul): whether the heuristic takes block scale modes
+// with no scale pointers set is not documented. RunFP8 sets them again
+// for each run.
+func (b *CuBLASLt) PlanScaled(mm MatMul, al Align, maxWorkspace int64, aScale, wScale DevicePtr) (*GEMM, error) {
 	m, n, k := mm.M, mm.N, mm.K
 	if m < 1 || n < 1 || k < 1 {
 		return nil, fmt.Errorf("PlanGEMM: m=%d n=%d k=%d must all be ≥ 1", m, n, k)
@@ -234,11 +244,11 @@ func (b *CuBLASLt) Plan(mm MatMul, al Align, maxWorkspace int64) (*GEMM, error) 
 			return nil, fmt.Errorf("PlanGEMM: fp8 block scaling needs m=%d and n=%d (cuBLAS's N and M) multiples of %d", m, n, BlockScalingRows)
 		}
 	}
-	return b.plan(mm, al, maxWorkspace)
+	return b.plan(mm, al, maxWorkspace, aScale, wScale)
 }
 
-// plan is Plan past its own checks: describe, then ask the heuristic.
-func (b *CuBLASLt) plan(mm MatMul, al Align, maxWorkspace int64) (*GEMM, error) {
+// plan is PlanScaled past its own checks: describe, then ask the heuristic.
+func (b *CuBLASLt) plan(mm MatMul, al Align, maxWorkspace int64, aScale, wScale DevicePtr) (*GEMM, error) {
 	g := &GEMM{MatMul: mm}
 	ok := false
 	defer func() {
@@ -248,6 +258,11 @@ func (b *CuBLASLt) plan(mm MatMul, al Align, maxWorkspace int64) (*GEMM, error) 
 	}()
 	if err := b.describe(g); err != nil {
 		return nil, err
+	}
+	if mm.FP8 != FP8None && (aScale != 0 || wScale != 0) {
+		if err := b.setScales(g, aScale, wScale); err != nil {
+			return nil, err
+		}
 	}
 	pref, err := b.preference(maxWorkspace, al)
 	if err != nil {
@@ -451,13 +466,21 @@ func (b *CuBLASLt) RunFP8(g *GEMM, c, a, aScale, w, wScale, workspace DevicePtr,
 	if g.FP8 == FP8Block && (aScale%16 != 0 || wScale%16 != 0) {
 		return fmt.Errorf("RunFP8: block scales at %#x (a) and %#x (w) must be 16-byte aligned", uint64(aScale), uint64(wScale))
 	}
+	if err := b.setScales(g, aScale, wScale); err != nil {
+		return err
+	}
+	return b.Run(g, c, a, w, workspace, s)
+}
+
+// setScales sets g's scale pointers: cuBLAS's A is w, its B a.
+func (b *CuBLASLt) setScales(g *GEMM, aScale, wScale DevicePtr) error {
 	for _, p := range [][2]uint64{{descAScalePointer, uint64(wScale)}, {descBScalePointer, uint64(aScale)}} {
 		v := C.ulonglong(p[1]) // a device pointer, 8 bytes as void *
 		if st := C.mbcall_cublasLtMatmulDescSetAttribute(b.fn["cublasLtMatmulDescSetAttribute"], g.desc, C.int(p[0]), unsafe.Pointer(&v), C.size_t(unsafe.Sizeof(v))); st != 0 {
 			return ltErr(fmt.Sprintf("cublasLtMatmulDescSetAttribute(scale pointer %d)", p[0]), st)
 		}
 	}
-	return b.Run(g, c, a, w, workspace, s)
+	return nil
 }
 
 // FP8ScaleLayout is the number of fp32 multipliers FP8Block's operands

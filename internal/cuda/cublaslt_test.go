@@ -225,7 +225,7 @@ func TestCuBLASLtFP8BlockShapes(t *testing.T) {
 	b := fakeCuBLASLt(t)
 	s, _ := d.NewStream(0)
 	const n, k = 192, 256
-	_, err := b.plan(MatMul{M: 130, N: n, K: k, TransB: true, FP8: FP8Block}, Align{}, 1<<20)
+	_, err := b.plan(MatMul{M: 130, N: n, K: k, TransB: true, FP8: FP8Block}, Align{}, 1<<20, 0, 0)
 	if err == nil || !strings.Contains(err.Error(), "cuBLAS status 7") || !strings.Contains(err.Error(), "cuBLAS M=192 N=130 K=256, transa=T transb=N, A e4m3 ld 256 scale BLK128x128_32F, B e4m3 ld 256 scale VEC128_32F") {
 		t.Errorf("the fake's heuristic on m=130: %v", err)
 	}
@@ -272,6 +272,16 @@ func TestCuBLASLtFP8BlockShapes(t *testing.T) {
 	}
 	if err := b.RunFP8(g, buf, buf, buf+1024, buf, buf+2048, ws, s); err != nil {
 		t.Errorf("aligned scales: %v", err)
+	}
+	// PlanScaled sets the scale pointers before the heuristic: Run (which
+	// sets none) finds them there
+	gs, err := b.PlanScaled(MatMul{M: 132, N: n, K: k, TransB: true, FP8: FP8Block}, Align{}, 1<<20, buf+1024, buf+2048)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Free(gs)
+	if err := b.Run(gs, buf, buf, buf, ws, s); err != nil {
+		t.Errorf("a PlanScaled plan without its scales: %v", err)
 	}
 	d.SyncStream(s)
 }

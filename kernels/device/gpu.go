@@ -705,7 +705,7 @@ func (c *CUDA) MatMul(mm MatMul, s Stream) error {
 		return err
 	}
 	if !ok {
-		if g, err = c.Lt.Plan(mm.MatMul, key.align, GEMMWorkspace); err != nil {
+		if g, err = c.Lt.PlanScaled(mm.MatMul, key.align, GEMMWorkspace, mm.AScale, mm.BScale); err != nil {
 			return err
 		}
 		c.Plans[key] = g
