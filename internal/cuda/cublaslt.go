@@ -243,6 +243,18 @@ func (b *CuBLASLt) PlanScaled(mm MatMul, al Align, maxWorkspace int64, aScale, w
 		if mm.FP8 == FP8Block && (m%BlockScalingRows != 0 || n%BlockScalingRows != 0) {
 			return nil, fmt.Errorf("PlanGEMM: fp8 block scaling needs m=%d and n=%d (cuBLAS's N and M) multiples of %d", m, n, BlockScalingRows)
 		}
+		// FP8 needs cuBLAS's "Tensor Core Usage" conditions
+		// (https://docs.nvidia.com/cuda/cublas/#tensor-core-usage), which
+		// for TN are k·1, lda·1, ldb·1 (= k), and M·sizeof(C), ldc·sizeof(C)
+		// (= n·sizeof(C)) multiples of 16 bytes; the pointers' 16 bytes
+		// RunFP8 checks.
+		cBytes := 2
+		if mm.F32Out {
+			cBytes = 4
+		}
+		if k%16 != 0 || n*cBytes%16 != 0 {
+			return nil, fmt.Errorf("PlanGEMM: fp8 needs k=%d a multiple of 16 and n=%d a multiple of %d (cuBLAS's tensor-core conditions: 16-byte rows)", k, n, 16/cBytes)
+		}
 	}
 	return b.plan(mm, al, maxWorkspace, aScale, wScale)
 }
@@ -465,6 +477,10 @@ func (b *CuBLASLt) RunFP8(g *GEMM, c, a, aScale, w, wScale, workspace DevicePtr,
 	// layouts", https://docs.nvidia.com/cuda/cublas/#scaling-factors-layouts)
 	if g.FP8 == FP8Block && (aScale%16 != 0 || wScale%16 != 0) {
 		return fmt.Errorf("RunFP8: block scales at %#x (a) and %#x (w) must be 16-byte aligned", uint64(aScale), uint64(wScale))
+	}
+	// and the operands too (https://docs.nvidia.com/cuda/cublas/#tensor-core-usage)
+	if (a|w|c)%16 != 0 {
+		return fmt.Errorf("RunFP8: a at %#x, w at %#x and c at %#x must be 16-byte aligned", uint64(a), uint64(w), uint64(c))
 	}
 	if err := b.setScales(g, aScale, wScale); err != nil {
 		return err

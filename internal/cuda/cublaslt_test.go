@@ -234,13 +234,27 @@ func TestCuBLASLtFP8BlockShapes(t *testing.T) {
 		if _, err := b.Plan(mm, Align{}, 1<<20); err == nil || !strings.Contains(err.Error(), "multiples of 4") {
 			t.Errorf("m=%d n=%d: %v", mm.M, mm.N, err)
 		}
-		mm.FP8 = FP8Tensor // per-tensor scales have no such rule
-		g, err := b.Plan(mm, Align{}, 1<<20)
-		if err != nil {
-			t.Errorf("per-tensor m=%d n=%d: %v", mm.M, mm.N, err)
-		} else {
-			b.Free(g)
+	}
+	if g, err := b.Plan(MatMul{M: 130, N: n, K: k, TransB: true, FP8: FP8Tensor}, Align{}, 1<<20); err != nil { // per-tensor scales: no such rule
+		t.Errorf("per-tensor m=130: %v", err)
+	} else {
+		b.Free(g)
+	}
+	// the tensor-core conditions (16-byte k and rows of c): Plan refuses, the
+	// fake's heuristic offers nothing
+	for _, mm := range []MatMul{{M: 128, N: n, K: 264}, {M: 128, N: 196, K: k}, {M: 128, N: 194, K: k, F32Out: true}} {
+		mm.TransB, mm.FP8 = true, FP8Tensor
+		if _, err := b.Plan(mm, Align{}, 1<<20); err == nil || !strings.Contains(err.Error(), "multiple of 16") {
+			t.Errorf("%+v: %v", mm, err)
 		}
+		if _, err := b.plan(mm, Align{}, 1<<20, 0, 0); err == nil || !strings.Contains(err.Error(), "status 15") {
+			t.Errorf("the fake's heuristic on %+v: %v", mm, err)
+		}
+	}
+	if g, err := b.Plan(MatMul{M: 128, N: 196, K: k, TransB: true, F32Out: true, FP8: FP8Tensor}, Align{}, 1<<20); err != nil { // 784-byte rows of fp32
+		t.Errorf("fp32 c of 196 columns: %v", err)
+	} else {
+		b.Free(g)
 	}
 	g, err := b.Plan(MatMul{M: 132, N: n, K: k, TransB: true, FP8: FP8Block}, Align{}, 1<<20)
 	if err != nil {
@@ -251,6 +265,9 @@ func TestCuBLASLtFP8BlockShapes(t *testing.T) {
 	ws, _ := d.Alloc(g.WorkspaceSize)
 	if err := b.RunFP8(g, buf, buf, buf+4, buf, buf+2048, ws, s); err == nil || !strings.Contains(err.Error(), "16-byte aligned") {
 		t.Errorf("misaligned activation scales: %v", err)
+	}
+	if err := b.RunFP8(g, buf, buf+8, buf+1024, buf, buf+2048, ws, s); err == nil || !strings.Contains(err.Error(), "16-byte aligned") {
+		t.Errorf("misaligned activations: %v", err)
 	}
 	ptr := func(p DevicePtr) []byte {
 		v := make([]byte, 8)

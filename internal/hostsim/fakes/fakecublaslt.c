@@ -28,7 +28,11 @@
 // heuristic and cublasLtMatmul refuse others with
 // CUBLAS_STATUS_INVALID_VALUE (7), the status the real cuBLASLt 13.1 gave
 // on an H200 for N = 130 — and the scale pointers must be 16-byte
-// aligned (cublasLtMatmul: 7). Arithmetic
+// aligned (cublasLtMatmul: 7). Any FP8 product needs the "Tensor Core
+// Usage" conditions (https://docs.nvidia.com/cuda/cublas/#tensor-core-usage):
+// lda, ldb, and M and ldc in bytes, multiples of 16 (for TN these include
+// k); the heuristic offers no algorithm otherwise (CUBLAS_STATUS_NOT_SUPPORTED,
+// 15). Arithmetic
 // (moebench's kernels.FP8GEMM emulates it bit for bit): products of e4m3
 // values are exact in fp32; per-tensor: D = fl(fl(sA·sB)·Σ) with Σ the
 // fp32 sum in k order; block: for each 128-long k block p = its fp32 sum in
@@ -114,6 +118,8 @@ static int fp8ok(const desc_t *d, const layout_t *la, const layout_t *lb, const 
     if ((la->type == 28) != (lb->type == 28)) return 15; // e4m3 beside bf16/fp32: CUBLAS_STATUS_NOT_SUPPORTED
     if (la->type != 28) return d->modeA || d->modeB ? 15 : 0; // a scale mode without fp8 operands
     if (d->transa != 1 || d->transb != 0 || ld->type == 28) return 15; // TN only, bf16/fp32 D
+    uint64_t cs = ld->type == 0 ? 4 : 2; // the tensor-core conditions: 16-byte leading dimensions and rows
+    if (la->ld % 16 || lb->ld % 16 || (la->rows % 16) || (ld->rows * cs) % 16 || ((uint64_t)ld->ld * cs) % 16) return 15;
     int a = d->modeA, b = d->modeB;
     if ((a == 4 || a == 5 || b == 4 || b == 5) && major() * 10000 < 120900) return 15;
     if (a == 0 && b == 0) return 0;
