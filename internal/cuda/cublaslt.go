@@ -139,7 +139,9 @@ type MatMul struct {
 	Add            bool
 	// FP8: a and w are e4m3 with fp32 multipliers (RunFP8 passes them);
 	// only the forward's TN form (TransB, not TransA: cuBLASLt's FP8
-	// kernels need op(A) = T and op(B) = N) with a bf16 or fp32 c, no Add.
+	// kernels need op(A) = T and op(B) = N) with a bf16 or fp32 c, no Add;
+	// k a multiple of 16, n·sizeof(c) of 16 bytes, and at FP8Block m and n
+	// multiples of 4 (see Plan).
 	FP8 FP8Scale
 }
 
@@ -504,8 +506,11 @@ func (b *CuBLASLt) setScales(g *GEMM, aScale, wScale DevicePtr) error {
 // B, VEC128_32F) holds ceil(k/128)·m multipliers, m-contiguous: a[kb·m + i];
 // w [n,k] (cuBLAS's A, BLK128x128_32F) holds ceil(n/128)·ldW multipliers,
 // ldW = ceil(k/128) rounded up to 4: w[(i/128)·ldW + kb]. (Counts as
-// NVIDIA's cuBLASLt samples size them; the orders as cuBLAS's "scaling
-// factor layouts" describe them — not yet run on a GPU.)
+// NVIDIA's cuBLASLt samples size them; the orders as cuBLAS's "Scaling
+// factors layouts" describe them,
+// https://docs.nvidia.com/cuda/cublas/#scaling-factors-layouts: VEC128
+// "N-major for B with shape N × L", BLK128x128 "K-major" with a column
+// stride that is a multiple of 4 — not yet run on a GPU.)
 func FP8ScaleLayout(m, n, k int) (aCount, wCount, ldW int) {
 	kb := (k + 127) / 128
 	ldW = (kb + 3) / 4 * 4
