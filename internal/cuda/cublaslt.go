@@ -139,7 +139,9 @@ type MatMul struct {
 	Add            bool
 	// FP8: a and w are e4m3 with fp32 multipliers (RunFP8 passes them);
 	// only the forward's TN form (TransB, not TransA: cuBLASLt's FP8
-	// kernels need op(A) = T and op(B) = N) with a bf16 or fp32 c, no Add.
+	// kernels need op(A) = T and op(B) = N) with a bf16 or fp32 c, no Add;
+	// k a multiple of 16, n·sizeof(c) of 16 bytes, and at FP8Block m and n
+	// multiples of 4 (see Plan).
 	FP8 FP8Scale
 }
 
@@ -210,6 +212,16 @@ func (b *CuBLASLt) PlanGEMM(m, n, k int, f32Out bool, al Align, maxWorkspace int
 // alignments al (Align.A of a, W of b, C of c); Run uses the first until
 // Choose picks another.
 func (b *CuBLASLt) Plan(mm MatMul, al Align, maxWorkspace int64) (*GEMM, error) {
+	return b.PlanScaled(mm, al, maxWorkspace, 0, 0)
+}
+
+// PlanScaled is Plan with an FP8 product's multipliers (RunFP8's aScale and
+// wScale; 0: none) set on the descriptor before the heuristic is asked, as
+// NVIDIA's cuBLASLt FP8 samples do (e.g. CUDALibrarySamples'
+// LtBlk128x128Fp8Matmul): whether the heuristic takes block scale modes
+// with no scale pointers set is not documented. RunFP8 sets them again
+// for each run.
+func (b *CuBLASLt) PlanScaled(mm MatMul, al Align, maxWorkspace int64, aScale, wScale DevicePtr) (*GEMM, error) {
 	m, n, k := mm.M, mm.N, mm.K
 	if m < 1 || n < 1 || k < 1 {
 		return nil, fmt.Errorf("PlanGEMM: m=%d n=%d k=%d must all be ≥ 1", m, n, k)
@@ -224,7 +236,33 @@ func (b *CuBLASLt) Plan(mm MatMul, al Align, maxWorkspace int64) (*GEMM, error) 
 		if mm.FP8 == FP8Block && b.Version < BlockScalingVersion {
 			return nil, fmt.Errorf("PlanGEMM: fp8 block scaling needs cuBLASLt %d or later, this is %d", BlockScalingVersion, b.Version)
 		}
+		// cuBLAS's "Scaling factors layouts" (§3.1.4.5.1,
+		// https://docs.nvidia.com/cuda/cublas/#scaling-factors-layouts):
+		// with VEC128_32F / BLK128x128_32F scales, M and N must be
+		// multiples of 4; cuBLAS's M is our n, its N our m. The heuristic
+		// refuses others with CUBLAS_STATUS_INVALID_VALUE (seen on an H200,
+		// cuBLASLt 13.1, m = 130). A caller pads m (CUDA.MatMul does).
+		if mm.FP8 == FP8Block && (m%BlockScalingRows != 0 || n%BlockScalingRows != 0) {
+			return nil, fmt.Errorf("PlanGEMM: fp8 block scaling needs m=%d and n=%d (cuBLAS's N and M) multiples of %d", m, n, BlockScalingRows)
+		}
+		// FP8 needs cuBLAS's "Tensor Core Usage" conditions
+		// (https://docs.nvidia.com/cuda/cublas/#tensor-core-usage), which
+		// for TN are k·1, lda·1, ldb·1 (= k), and M·sizeof(C), ldc·sizeof(C)
+		// (= n·sizeof(C)) multiples of 16 bytes; the pointers' 16 bytes
+		// RunFP8 checks.
+		cBytes := 2
+		if mm.F32Out {
+			cBytes = 4
+		}
+		if k%16 != 0 || n*cBytes%16 != 0 {
+			return nil, fmt.Errorf("PlanGEMM: fp8 needs k=%d a multiple of 16 and n=%d a multiple of %d (cuBLAS's tensor-core conditions: 16-byte rows)", k, n, 16/cBytes)
+		}
 	}
+	return b.plan(mm, al, maxWorkspace, aScale, wScale)
+}
+
+// plan is PlanScaled past its own checks: describe, then ask the heuristic.
+func (b *CuBLASLt) plan(mm MatMul, al Align, maxWorkspace int64, aScale, wScale DevicePtr) (*GEMM, error) {
 	g := &GEMM{MatMul: mm}
 	ok := false
 	defer func() {
@@ -235,6 +273,11 @@ func (b *CuBLASLt) Plan(mm MatMul, al Align, maxWorkspace int64) (*GEMM, error) 
 	if err := b.describe(g); err != nil {
 		return nil, err
 	}
+	if mm.FP8 != FP8None && (aScale != 0 || wScale != 0) {
+		if err := b.setScales(g, aScale, wScale); err != nil {
+			return nil, err
+		}
+	}
 	pref, err := b.preference(maxWorkspace, al)
 	if err != nil {
 		return nil, err
@@ -244,15 +287,53 @@ func (b *CuBLASLt) Plan(mm MatMul, al Align, maxWorkspace int64) (*GEMM, error) 
 	var got C.int
 	if err := ltErr("cublasLtMatmulAlgoGetHeuristic", C.mbcall_cublasLtMatmulAlgoGetHeuristic(b.fn["cublasLtMatmulAlgoGetHeuristic"], b.handle, g.desc,
 		g.la, g.lb, g.lc, g.lc, pref, MaxAlgorithms, g.algos, &got)); err != nil {
-		return nil, err
+		return nil, fmt.Errorf("%w (%s; alignments %+v, cuBLASLt %d)", err, g.describeString(), al, b.Version)
 	}
 	if got < 1 {
-		return nil, fmt.Errorf("cublasLtMatmulAlgoGetHeuristic: no algorithm for m=%d n=%d k=%d within %d bytes of workspace", m, n, k, maxWorkspace)
+		return nil, fmt.Errorf("cublasLtMatmulAlgoGetHeuristic: no algorithm within %d bytes of workspace (%s; alignments %+v, cuBLASLt %d)", maxWorkspace, g.describeString(), al, b.Version)
 	}
 	g.nalgos = int(min(got, MaxAlgorithms))
 	g.Choose(0)
 	ok = true
 	return g, nil
+}
+
+// BlockScalingRows: with block scaling, cuBLAS's M and N (our n and m)
+// must be multiples of it (see Plan).
+const BlockScalingRows = 4
+
+// describeString says, in cuBLAS's column-major terms, what describe set:
+// for an error that the next GPU run can be read from.
+func (g *GEMM) describeString() string {
+	op := func(t bool) string {
+		if t {
+			return "T"
+		}
+		return "N"
+	}
+	typ := func(f32, fp8 bool) string {
+		switch {
+		case fp8:
+			return "e4m3"
+		case f32:
+			return "fp32"
+		}
+		return "bf16"
+	}
+	in := typ(g.F32In, g.FP8 != FP8None)
+	modeA, modeB := "scalar", "scalar"
+	if g.FP8 == FP8Block {
+		modeA, modeB = "BLK128x128_32F", "VEC128_32F"
+	}
+	bRows, aRows := g.N, g.K
+	if g.TransB {
+		bRows = g.K
+	}
+	if g.TransA {
+		aRows = g.M
+	}
+	return fmt.Sprintf("cuBLAS M=%d N=%d K=%d, transa=%s transb=%s, A %s ld %d scale %s, B %s ld %d scale %s, C=D %s ld %d, compute 32F scale 32F",
+		g.N, g.M, g.K, op(g.TransB), op(g.TransA), in, bRows, modeA, in, aRows, modeB, typ(g.F32Out, false), g.N)
 }
 
 // describe creates the operation descriptor (fp32 compute and scale; TRANSA
@@ -383,7 +464,7 @@ func (b *CuBLASLt) Run(g *GEMM, c, a, w, workspace DevicePtr, s Stream) error {
 	if st == 0 {
 		return nil
 	}
-	return ltErr(fmt.Sprintf("cublasLtMatmul(m=%d n=%d k=%d, algorithm %d of %d)", g.M, g.N, g.K, g.chosen+1, g.nalgos), st)
+	return ltErr(fmt.Sprintf("cublasLtMatmul(m=%d n=%d k=%d, algorithm %d of %d; %s)", g.M, g.N, g.K, g.chosen+1, g.nalgos, g.describeString()), st)
 }
 
 // RunFP8 computes c = a·wᵀ for an FP8 plan: a and w e4m3, aScale and
@@ -394,13 +475,30 @@ func (b *CuBLASLt) RunFP8(g *GEMM, c, a, aScale, w, wScale, workspace DevicePtr,
 	if g.FP8 == FP8None {
 		return fmt.Errorf("RunFP8: the plan (m=%d n=%d k=%d) is not fp8", g.M, g.N, g.K)
 	}
+	// block scales must start 16-byte aligned (cuBLAS, "Scaling factors
+	// layouts", https://docs.nvidia.com/cuda/cublas/#scaling-factors-layouts)
+	if g.FP8 == FP8Block && (aScale%16 != 0 || wScale%16 != 0) {
+		return fmt.Errorf("RunFP8: block scales at %#x (a) and %#x (w) must be 16-byte aligned", uint64(aScale), uint64(wScale))
+	}
+	// and the operands too (https://docs.nvidia.com/cuda/cublas/#tensor-core-usage)
+	if (a|w|c)%16 != 0 {
+		return fmt.Errorf("RunFP8: a at %#x, w at %#x and c at %#x must be 16-byte aligned", uint64(a), uint64(w), uint64(c))
+	}
+	if err := b.setScales(g, aScale, wScale); err != nil {
+		return err
+	}
+	return b.Run(g, c, a, w, workspace, s)
+}
+
+// setScales sets g's scale pointers: cuBLAS's A is w, its B a.
+func (b *CuBLASLt) setScales(g *GEMM, aScale, wScale DevicePtr) error {
 	for _, p := range [][2]uint64{{descAScalePointer, uint64(wScale)}, {descBScalePointer, uint64(aScale)}} {
 		v := C.ulonglong(p[1]) // a device pointer, 8 bytes as void *
 		if st := C.mbcall_cublasLtMatmulDescSetAttribute(b.fn["cublasLtMatmulDescSetAttribute"], g.desc, C.int(p[0]), unsafe.Pointer(&v), C.size_t(unsafe.Sizeof(v))); st != 0 {
 			return ltErr(fmt.Sprintf("cublasLtMatmulDescSetAttribute(scale pointer %d)", p[0]), st)
 		}
 	}
-	return b.Run(g, c, a, w, workspace, s)
+	return nil
 }
 
 // FP8ScaleLayout is the number of fp32 multipliers FP8Block's operands
@@ -408,8 +506,11 @@ func (b *CuBLASLt) RunFP8(g *GEMM, c, a, aScale, w, wScale, workspace DevicePtr,
 // B, VEC128_32F) holds ceil(k/128)·m multipliers, m-contiguous: a[kb·m + i];
 // w [n,k] (cuBLAS's A, BLK128x128_32F) holds ceil(n/128)·ldW multipliers,
 // ldW = ceil(k/128) rounded up to 4: w[(i/128)·ldW + kb]. (Counts as
-// NVIDIA's cuBLASLt samples size them; the orders as cuBLAS's "scaling
-// factor layouts" describe them — not yet run on a GPU.)
+// NVIDIA's cuBLASLt samples size them; the orders as cuBLAS's "Scaling
+// factors layouts" describe them,
+// https://docs.nvidia.com/cuda/cublas/#scaling-factors-layouts: VEC128
+// "N-major for B with shape N × L", BLK128x128 "K-major" with a column
+// stride that is a multiple of 4 — not yet run on a GPU.)
 func FP8ScaleLayout(m, n, k int) (aCount, wCount, ldW int) {
 	kb := (k + 127) / 128
 	ldW = (kb + 3) / 4 * 4

@@ -3,6 +3,7 @@ package cuda
 import (
 	"math"
 	"math/rand/v2"
+	"strings"
 	"testing"
 
 	"github.com/moebench/moebench/internal/hostsim"
@@ -209,6 +210,97 @@ func TestCuBLASLtFP8Refusals(t *testing.T) {
 	if err := old.setAttr(gt.desc, descAScaleMode, []byte{scaleScalar32F, 0, 0, 0}); err == nil {
 		t.Errorf("cuBLASLt %d accepted A_SCALE_MODE (12.8+)", old.Version)
 	}
+}
+
+// TestCuBLASLtFP8BlockShapes: cuBLAS's documented contract for VEC128 /
+// BLK128x128 scales ("Scaling factors layouts",
+// https://docs.nvidia.com/cuda/cublas/#scaling-factors-layouts): M and N
+// multiples of 4 and 16-byte aligned scales. The fake's heuristic refuses
+// m = 130 (cuBLAS's N) with CUBLAS_STATUS_INVALID_VALUE, as cuBLASLt 13.1
+// did on an H200, and the error says what was asked; Plan refuses m or n
+// not a multiple of 4 before asking; RunFP8 refuses misaligned scales, and
+// the fake refuses them when set past the binding's check.
+func TestCuBLASLtFP8BlockShapes(t *testing.T) {
+	d := fakeDriver(t)
+	b := fakeCuBLASLt(t)
+	s, _ := d.NewStream(0)
+	const n, k = 192, 256
+	_, err := b.plan(MatMul{M: 130, N: n, K: k, TransB: true, FP8: FP8Block}, Align{}, 1<<20, 0, 0)
+	if err == nil || !strings.Contains(err.Error(), "cuBLAS status 7") || !strings.Contains(err.Error(), "cuBLAS M=192 N=130 K=256, transa=T transb=N, A e4m3 ld 256 scale BLK128x128_32F, B e4m3 ld 256 scale VEC128_32F") {
+		t.Errorf("the fake's heuristic on m=130: %v", err)
+	}
+	for _, mm := range []MatMul{{M: 130, N: n, K: k}, {M: 128, N: 130, K: k}} {
+		mm.TransB, mm.FP8 = true, FP8Block
+		if _, err := b.Plan(mm, Align{}, 1<<20); err == nil || !strings.Contains(err.Error(), "multiples of 4") {
+			t.Errorf("m=%d n=%d: %v", mm.M, mm.N, err)
+		}
+	}
+	if g, err := b.Plan(MatMul{M: 130, N: n, K: k, TransB: true, FP8: FP8Tensor}, Align{}, 1<<20); err != nil { // per-tensor scales: no such rule
+		t.Errorf("per-tensor m=130: %v", err)
+	} else {
+		b.Free(g)
+	}
+	// the tensor-core conditions (16-byte k and rows of c): Plan refuses, the
+	// fake's heuristic offers nothing
+	for _, mm := range []MatMul{{M: 128, N: n, K: 264}, {M: 128, N: 196, K: k}, {M: 128, N: 194, K: k, F32Out: true}} {
+		mm.TransB, mm.FP8 = true, FP8Tensor
+		if _, err := b.Plan(mm, Align{}, 1<<20); err == nil || !strings.Contains(err.Error(), "multiple of 16") {
+			t.Errorf("%+v: %v", mm, err)
+		}
+		if _, err := b.plan(mm, Align{}, 1<<20, 0, 0); err == nil || !strings.Contains(err.Error(), "status 15") {
+			t.Errorf("the fake's heuristic on %+v: %v", mm, err)
+		}
+	}
+	if g, err := b.Plan(MatMul{M: 128, N: 196, K: k, TransB: true, F32Out: true, FP8: FP8Tensor}, Align{}, 1<<20); err != nil { // 784-byte rows of fp32
+		t.Errorf("fp32 c of 196 columns: %v", err)
+	} else {
+		b.Free(g)
+	}
+	g, err := b.Plan(MatMul{M: 132, N: n, K: k, TransB: true, FP8: FP8Block}, Align{}, 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Free(g)
+	buf, _ := d.Alloc(1 << 20)
+	ws, _ := d.Alloc(g.WorkspaceSize)
+	if err := b.RunFP8(g, buf, buf, buf+4, buf, buf+2048, ws, s); err == nil || !strings.Contains(err.Error(), "16-byte aligned") {
+		t.Errorf("misaligned activation scales: %v", err)
+	}
+	if err := b.RunFP8(g, buf, buf+8, buf+1024, buf, buf+2048, ws, s); err == nil || !strings.Contains(err.Error(), "16-byte aligned") {
+		t.Errorf("misaligned activations: %v", err)
+	}
+	ptr := func(p DevicePtr) []byte {
+		v := make([]byte, 8)
+		for i := range v {
+			v[i] = byte(uint64(p) >> (8 * i))
+		}
+		return v
+	}
+	for _, sc := range [][2]DevicePtr{{buf + 2048, buf + 4}, {buf + 2056, buf + 1024}} { // w's, a's
+		if err := b.setAttr(g.desc, descAScalePointer, ptr(sc[0])); err != nil {
+			t.Fatal(err)
+		}
+		if err := b.setAttr(g.desc, descBScalePointer, ptr(sc[1])); err != nil {
+			t.Fatal(err)
+		}
+		if err := b.Run(g, buf, buf, buf, ws, s); err == nil || !strings.Contains(err.Error(), "status 7") {
+			t.Errorf("scales at %#x (w) %#x (a) past the binding: %v", uint64(sc[0]-buf), uint64(sc[1]-buf), err)
+		}
+	}
+	if err := b.RunFP8(g, buf, buf, buf+1024, buf, buf+2048, ws, s); err != nil {
+		t.Errorf("aligned scales: %v", err)
+	}
+	// PlanScaled sets the scale pointers before the heuristic: Run (which
+	// sets none) finds them there
+	gs, err := b.PlanScaled(MatMul{M: 132, N: n, K: k, TransB: true, FP8: FP8Block}, Align{}, 1<<20, buf+1024, buf+2048)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Free(gs)
+	if err := b.Run(gs, buf, buf, buf, ws, s); err != nil {
+		t.Errorf("a PlanScaled plan without its scales: %v", err)
+	}
+	d.SyncStream(s)
 }
 
 // TestCuBLASLtBackwardShapes: through the fake, Plan and Run compute the

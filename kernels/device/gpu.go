@@ -57,6 +57,7 @@ type CUDA struct {
 	tuned                   map[gemmKey]bool
 	tune                    [2]cuda.Event
 	ws                      map[Stream]Addr // cuBLASLt workspace of each stream
+	fp8pad                  map[Stream]*fp8Pad
 	streams                 []Stream
 	events                  []Event
 	Allocs                  map[Addr]bool
@@ -691,6 +692,9 @@ func (c *CUDA) MatMul(mm MatMul, s Stream) error {
 	if err := mm.check(); err != nil || mm.M == 0 {
 		return err
 	}
+	if mm.FP8 == cuda.FP8Block && mm.M%cuda.BlockScalingRows != 0 {
+		return c.padFP8Rows(mm, s)
+	}
 	if err := c.MakeCurrent(); err != nil {
 		return err
 	}
@@ -701,7 +705,7 @@ func (c *CUDA) MatMul(mm MatMul, s Stream) error {
 		return err
 	}
 	if !ok {
-		if g, err = c.Lt.Plan(mm.MatMul, key.align, GEMMWorkspace); err != nil {
+		if g, err = c.Lt.PlanScaled(mm.MatMul, key.align, GEMMWorkspace, mm.AScale, mm.BScale); err != nil {
 			return err
 		}
 		c.Plans[key] = g
@@ -710,6 +714,70 @@ func (c *CUDA) MatMul(mm MatMul, s Stream) error {
 		}
 	}
 	return c.ltRun(g, mm.C, mm, ws, s)
+}
+
+// fp8Pad is a stream's scratch for padFP8Rows: a's rows, a's multipliers
+// and c's rows, for up to rows rows of k and n.
+type fp8Pad struct {
+	a, scale, c Addr
+	aBytes      int64
+	sBytes      int64
+	cBytes      int64
+}
+
+// padFP8Rows runs a block-scaled FP8 mm whose m is not a multiple of
+// cuda.BlockScalingRows (cuBLASLt refuses it: see cuda.Plan) as one of m
+// rounded up, on s's scratch: a's m rows and its multipliers (VEC128's
+// m-contiguous blocks, re-strided to the padded m) are copied in, the
+// product of the padded m runs into scratch, and its first m rows are
+// copied to mm.C. An output row depends only on its own row of a and its
+// own multipliers, so the padding rows (never cleared) touch none of the
+// rows kept.
+func (c *CUDA) padFP8Rows(mm MatMul, s Stream) error {
+	m := mm.M
+	m4 := (m + cuda.BlockScalingRows - 1) / cuda.BlockScalingRows * cuda.BlockScalingRows
+	kb := (mm.K + kernels.FP8Block - 1) / kernels.FP8Block
+	out := int64(2)
+	if mm.F32Out {
+		out = 4
+	}
+	need := fp8Pad{aBytes: int64(m4) * int64(mm.K), sBytes: 4 * int64(m4) * int64(kb), cBytes: out * int64(m4) * int64(mm.N)}
+	if c.fp8pad == nil {
+		c.fp8pad = map[Stream]*fp8Pad{}
+	}
+	p := c.fp8pad[s]
+	if p == nil || p.aBytes < need.aBytes || p.sBytes < need.sBytes || p.cBytes < need.cBytes {
+		// a larger scratch; a smaller one stays allocated (Close frees it)
+		// since freeing would wait for the work queued on it
+		if p != nil {
+			need.aBytes, need.sBytes, need.cBytes = max(need.aBytes, p.aBytes), max(need.sBytes, p.sBytes), max(need.cBytes, p.cBytes)
+		}
+		var err error
+		for _, b := range []struct {
+			dst   *Addr
+			bytes int64
+		}{{&need.a, need.aBytes}, {&need.scale, need.sBytes}, {&need.c, need.cBytes}} {
+			if *b.dst, err = c.Alloc(b.bytes); err != nil {
+				return err
+			}
+		}
+		p = &need
+		c.fp8pad[s] = p
+	}
+	if err := c.Copy(p.a, mm.A, int64(m)*int64(mm.K), s); err != nil {
+		return err
+	}
+	for b := range kb {
+		if err := c.Copy(p.scale+Addr(4*b*m4), mm.AScale+Addr(4*b*m), 4*int64(m), s); err != nil {
+			return err
+		}
+	}
+	pad := mm
+	pad.M, pad.A, pad.AScale, pad.C = m4, p.a, p.scale, p.c
+	if err := c.MatMul(pad, s); err != nil {
+		return err
+	}
+	return c.Copy(mm.C, p.c, out*int64(m)*int64(mm.N), s)
 }
 
 // tuneGEMM times each of g's algorithms once on the call's own operands

@@ -20,7 +20,19 @@
 // the pairs are those of the Hopper table: VEC128·VEC128, BLK·VEC128,
 // VEC128·BLK (BLK·BLK and a scalar beside a block mode are refused). Scale
 // layouts: VEC128 a[(k/128)·outer + o] (outer-contiguous), BLK128x128
-// a[(o/128)·ld + k/128] with ld = ceil(K/128) rounded up to 4. Arithmetic
+// a[(o/128)·ld + k/128] with ld = ceil(K/128) rounded up to 4. With a
+// VEC128 or BLK128x128 mode, as the cuBLAS documentation's "Scaling
+// factors layouts" (§3.1.4.5.1,
+// https://docs.nvidia.com/cuda/cublas/#scaling-factors-layouts) requires,
+// cuBLAS's M and N (D's rows and columns) must be multiples of 4 — the
+// heuristic and cublasLtMatmul refuse others with
+// CUBLAS_STATUS_INVALID_VALUE (7), the status the real cuBLASLt 13.1 gave
+// on an H200 for N = 130 — and the scale pointers must be 16-byte
+// aligned (cublasLtMatmul: 7). Any FP8 product needs the "Tensor Core
+// Usage" conditions (https://docs.nvidia.com/cuda/cublas/#tensor-core-usage):
+// lda, ldb, and M and ldc in bytes, multiples of 16 (for TN these include
+// k); the heuristic offers no algorithm otherwise (CUBLAS_STATUS_NOT_SUPPORTED,
+// 15). Arithmetic
 // (moebench's kernels.FP8GEMM emulates it bit for bit): products of e4m3
 // values are exact in fp32; per-tensor: D = fl(fl(sA·sB)·Σ) with Σ the
 // fp32 sum in k order; block: for each 128-long k block p = its fp32 sum in
@@ -106,15 +118,24 @@ static int fp8ok(const desc_t *d, const layout_t *la, const layout_t *lb, const 
     if ((la->type == 28) != (lb->type == 28)) return 15; // e4m3 beside bf16/fp32: CUBLAS_STATUS_NOT_SUPPORTED
     if (la->type != 28) return d->modeA || d->modeB ? 15 : 0; // a scale mode without fp8 operands
     if (d->transa != 1 || d->transb != 0 || ld->type == 28) return 15; // TN only, bf16/fp32 D
+    uint64_t cs = ld->type == 0 ? 4 : 2; // the tensor-core conditions: 16-byte leading dimensions and rows
+    if (la->ld % 16 || lb->ld % 16 || (la->rows % 16) || (ld->rows * cs) % 16 || ((uint64_t)ld->ld * cs) % 16) return 15;
     int a = d->modeA, b = d->modeB;
     if ((a == 4 || a == 5 || b == 4 || b == 5) && major() * 10000 < 120900) return 15;
     if (a == 0 && b == 0) return 0;
     if ((a == 4 && b == 4) || (a == 5 && b == 4) || (a == 4 && b == 5)) return 0;
     return 15;
 }
+// blockdims says whether a block-scaled product's shape is one the real
+// library takes (0): M and N multiples of 4 (see the top), else 7.
+static int blockdims(const desc_t *d, const layout_t *ld) {
+    int block = d->modeA == 4 || d->modeA == 5 || d->modeB == 4 || d->modeB == 5;
+    return block && (ld->rows % 4 != 0 || ld->cols % 4 != 0) ? 7 : 0;
+}
 int cublasLtMatmulAlgoGetHeuristic(void *h, void *op, void *A, void *B, void *C, void *D, void *pref, int req, mb_lt_heuristic *res, int *got) {
     if (h == 0 || req < 1) return 7;
     if (fp8ok(op, A, B, D)) { *got = 0; return 15; }
+    if (blockdims(op, D)) { *got = 0; return 7; }
     int n = req < NALGOS ? req : NALGOS;
     memset(res, 0, sizeof *res * n);
     for (int i = 0; i < n; i++) {
@@ -204,6 +225,9 @@ int cublasLtMatmul(void *h, void *desc, const void *alpha, const void *A, void *
     if (la->type != lb->type || (la->type == 0 && ld->type != 0)) return 7; // bf16 operands, or fp32 ones with an fp32 C
     if (fp8ok(d, la, lb, ld)) return 15;
     if (la->type == 28 && (b != 0.f || !d->sa || !d->sb)) return 7; // fp8: beta 0, both scale pointers set
+    if (blockdims(d, ld)) return 7;
+    if ((d->modeA == 4 || d->modeA == 5) && (uintptr_t)d->sa % 16) return 7; // block scales: 16-byte aligned
+    if ((d->modeB == 4 || d->modeB == 5) && (uintptr_t)d->sb % 16) return 7;
     if (getenv("FAKECUBLASLT_SKIP")) return 0; // a benchmark of the host's issue cost alone: checked, not computed
     gemm_t *g = malloc(sizeof *g); // the descriptors may be destroyed once the call returns
     *g = (gemm_t){*d, *la, *lb, *ld, A, B, D, b, algoMs[ai]};
