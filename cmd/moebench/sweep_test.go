@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -264,6 +265,29 @@ func TestPublishedReadmeInSync(t *testing.T) {
 	want, err := os.ReadFile("results/published/README.md")
 	if err != nil || string(want) != out {
 		t.Errorf("results/published/README.md is out of date; regenerate it with\n  go run ./cmd/moebench report --format markdown results/published/*.jsonl > results/published/README.md")
+	}
+}
+
+// TestPublishedRunReportsInSync: each GPU run's report.md under
+// results/published/DATE/RUN/ must be exactly what `moebench report
+// --format markdown RUN/*/*.jsonl` prints, run from DATE's folder.
+func TestPublishedRunReportsInSync(t *testing.T) {
+	reports, _ := filepath.Glob("../../results/published/*/*/report.md")
+	for _, rep := range reports {
+		run := filepath.Dir(rep)
+		date, name := filepath.Dir(run), filepath.Base(run)
+		t.Run(filepath.Base(date)+"/"+name, func(t *testing.T) {
+			t.Chdir(date)
+			files, _ := filepath.Glob(filepath.Join(name, "*", "*.jsonl"))
+			slices.Sort(files)
+			code, out, e := cli(append([]string{"report", "--format", "markdown"}, files...)...)
+			if code != exitOK {
+				t.Fatal(e)
+			}
+			if want, err := os.ReadFile(filepath.Join(name, "report.md")); err != nil || string(want) != out {
+				t.Errorf("%s is out of date; regenerate it in %s with\n  moebench report --format markdown %s > %s/report.md", rep, date, strings.Join(files, " "), name)
+			}
+		})
 	}
 }
 
