@@ -30,11 +30,11 @@ quick) pkgs="kernels/comm dispatchers/deepep dispatchers/hybridep" ;;
 esac
 mkdir -p "$BIN_DIR"
 rm -f "$BIN_DIR/moebench" "$BIN_DIR"/*.test # a package no longer built leaves no stale binary behind
-# -buildvcs=true: the binaries carry the commit they were built from (a
+# -buildvcs=auto: the binaries carry the commit they were built from (a
 # GOFLAGS of -buildvcs=false would leave moebench to read the node's checkout)
-go build -buildvcs=true -ldflags='-s -w' -o "$BIN_DIR/moebench" ./cmd/moebench
+go build -buildvcs=auto -ldflags='-s -w' -o "$BIN_DIR/moebench" ./cmd/moebench
 for pkg in $pkgs; do
-  go test -c -buildvcs=true -ldflags='-s -w' -o "$BIN_DIR/$(echo "$pkg" | tr / _).test" "./$pkg"
+  go test -c -buildvcs=auto -ldflags='-s -w' -o "$BIN_DIR/$(echo "$pkg" | tr / _).test" "./$pkg"
 done
 total=0
 for f in "$BIN_DIR/moebench" "$BIN_DIR"/*.test; do

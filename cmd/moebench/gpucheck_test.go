@@ -21,7 +21,7 @@ import (
 
 // TestBuildGPUBins: scripts/build-gpu-bins.sh, with a stand-in go that
 // writes a file of FAKE_GO_BYTES where -o names it, builds every binary
-// stripped (-ldflags=-s -w), says each file's size and the total, and fails
+// stripped (-ldflags=-s -w) and stamped with its commit, says each file's size and the total, and fails
 // (exit 1, naming the limit) above MAX_MIB (48 MiB unless set); quick builds
 // what gpu-check.sh quick runs alone; a MAX_MIB that is no number or an
 // unknown argument is a usage error.
@@ -76,6 +76,9 @@ head -c "$FAKE_GO_BYTES" /dev/zero > "$out"
 		for _, l := range lines {
 			if !strings.Contains(l, "-ldflags=-s -w ") {
 				t.Errorf("not stripped: go %s", l)
+			}
+			if !strings.Contains(l, "-buildvcs=auto ") { // the binary's own commit in its records, whatever GOFLAGS says
+				t.Errorf("no VCS stamp asked for: go %s", l)
 			}
 		}
 	})
