@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"runtime"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -162,9 +163,16 @@ func (s *Signals) Abort() { atomic.StoreInt32(s.mem.Int32At(0), 1) }
 // value. It gives up early when a rank recorded an error (that error), and
 // after timeout, when it aborts the kernels and returns a *HostWaitError
 // naming what it waited for.
+//
+// It polls as DeepEP's host does, closely: 64 polls a yield apart, then a
+// poll every pollFast for the first pollFastFor of the wait, and only then
+// pauses doubling up to 1 ms (a simulated GPU, a stalled kernel). Doubling
+// pauses from the start let the host see a count up to twice its wait
+// late, and the step waited with it.
 func (s *Signals) WaitCounter(i int, what string, done func(int32) bool, timeout time.Duration) (int32, error) {
 	start := time.Now()
-	for pause := time.Microsecond; ; pause = min(2*pause, time.Millisecond) {
+	pause := pollFast
+	for n := 0; ; n++ {
 		v := s.Counter(i)
 		if done(v) {
 			return v, nil
@@ -172,13 +180,28 @@ func (s *Signals) WaitCounter(i int, what string, done func(int32) bool, timeout
 		if err := s.Err(); err != nil {
 			return v, err
 		}
-		if waited := time.Since(start); waited > timeout {
+		waited := time.Since(start)
+		if waited > timeout {
 			s.Abort()
 			return v, &HostWaitError{What: what, Counter: i, Seen: v, Waited: waited}
 		}
-		time.Sleep(pause)
+		switch {
+		case n < 64:
+			runtime.Gosched()
+		case waited < pollFastFor:
+			time.Sleep(pollFast)
+		default:
+			time.Sleep(pause)
+			pause = min(2*pause, time.Millisecond)
+		}
 	}
 }
+
+// WaitCounter's close polling: its period and for how long.
+const (
+	pollFast    = 10 * time.Microsecond
+	pollFastFor = 20 * time.Millisecond
+)
 
 // HostWaitError is the host's wait for a counter the kernels write that
 // expired.
