@@ -225,12 +225,12 @@ func (d *Device) Bind(shape dispatchers.Shape, ranks []*dispatchers.DeviceRank) 
 	n := len(d.groups)
 	d.col.notify, d.col.dispatch, d.col.combine = device.NewCollective(d.prog.notify, n), device.NewCollective(d.prog.dispatch, n), device.NewCollective(d.prog.combine, n)
 	d.col.combineBwd = device.NewCollective(d.prog.combineBwd, n)
-	devs := make([]device.Device, len(ranks))
+	devs, streams := make([]device.Device, len(ranks)), make([]device.Stream, len(ranks))
 	for r, rk := range ranks {
-		devs[r] = rk.Dev
+		devs[r], streams[r] = rk.Dev, rk.Stream
 	}
 	var err error
-	if d.sig, err = comm.NewSignals(devs, shape.EP*(1+shape.LocalExperts())); err != nil {
+	if d.sig, err = comm.NewSignals(devs, streams, shape.EP*(1+shape.LocalExperts())); err != nil {
 		return err
 	}
 	d.sig.Names = names

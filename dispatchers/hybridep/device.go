@@ -310,7 +310,7 @@ func (d *Device) alloc(devs []device.Device, streams []device.Stream) error {
 		}
 	}
 	var err error
-	if d.sig, err = comm.NewSignals(devs, 0); err != nil {
+	if d.sig, err = comm.NewSignals(devs, streams, 0); err != nil {
 		return err
 	}
 	d.sig.Names = phaseNames
@@ -575,7 +575,7 @@ func (d *Device) preprocess(p *part) error {
 			return err
 		}
 	}
-	if err := d.sig.Err(); err != nil { // the all-gather's barrier
+	if err := d.sig.Recorded(); err != nil { // the all-gather's barrier (other devices' kernels may still run)
 		return err
 	}
 	w := int64(d.shape.DispatchWidth()) // ExpertX's rows: as dispatched (packed fp8 rows at fp8)

@@ -22,6 +22,7 @@ type commCase struct {
 	channels, slots, items int
 	bug                    int32
 	timeout                time.Duration
+	hostWait               time.Duration // the host's wait for the counters (0: the timeout and a second)
 }
 
 // commResult is what a run gave: the launch's error (a residency refusal),
@@ -87,7 +88,7 @@ func runCommTest(t *testing.T, devs []device.Device, c commCase) commResult {
 		t.Cleanup(func() { free() })
 		tables[i] = tab
 	}
-	sig, err := NewSignals(rdev, ranks*c.channels)
+	sig, err := NewSignals(rdev, rs, ranks*c.channels)
 	ok(err)
 	sig.Names = CommTestNames
 	for _, s := range streams { // buffers ready before any part starts
@@ -109,8 +110,12 @@ func runCommTest(t *testing.T, devs []device.Device, c commCase) commResult {
 		}
 		first += count
 	}
+	hostWait := c.timeout + time.Second
+	if c.hostWait > 0 {
+		hostWait = c.hostWait
+	}
 	for i := range ranks * c.channels {
-		if _, err := sig.WaitCounter(i, "items received", func(v int32) bool { return int(v) == c.items }, c.timeout+time.Second); err != nil {
+		if _, err := sig.WaitCounter(i, "items received", func(v int32) bool { return int(v) == c.items }, hostWait); err != nil {
 			res.host = err
 			break
 		}
@@ -193,6 +198,30 @@ func checkCommTest(t *testing.T, devs []device.Device) {
 		broken(t, commCase{place: []int{0, 1}, channels: 2, slots: 32, items: 12, bug: CommTestNoBarrier, timeout: 200 * time.Millisecond}, false,
 			"rank 0 timed out in phase barrier at wait flag of rank 1", "read 0, waiting for 1")
 	})
+	// the host gives up first: its abort reaches every waiting kernel,
+	// which records that it gave up (not a timeout of its own) long before
+	// its own timeout (the abort word is read every 100 µs of a wait)
+	t.Run("host-abort", func(t *testing.T) {
+		c := commCase{place: []int{0, 1}, channels: 2, slots: 32, items: 12, bug: CommTestNoTail, timeout: 20 * time.Second, hostWait: 100 * time.Millisecond}
+		fits(t, c)
+		var r commResult
+		start := time.Now()
+		hostsim.Within(t, 30*time.Second, func() { r = runCommTest(t, devs, c) })
+		var he *HostWaitError
+		var ce *CommError
+		if r.launch != nil || !errors.As(r.host, &he) || !errors.As(r.kernel, &ce) {
+			t.Fatalf("launch %v; host %v; kernels %v: want the host's timeout, then the kernels' records", r.launch, r.host, r.kernel)
+		}
+		for _, rec := range ce.Records {
+			if rec.TimedOut || rec.Check {
+				t.Errorf("record %+v: want a rank that gave up after the host", rec)
+			}
+		}
+		if took := time.Since(start); took > 10*time.Second {
+			t.Errorf("the kernels ended after %v: the host's abort did not reach them before their own %v timeout", took, c.timeout)
+		}
+		t.Logf("%v (%.2f s)", r.kernel, time.Since(start).Seconds())
+	})
 	t.Run("too-many-blocks", func(t *testing.T) {
 		// one rank more than the device holds (4 blocks each)
 		ranks := resident(t, devs[0], CommTestProgram(2, 32))/4 + 1
@@ -210,7 +239,7 @@ func checkCommTest(t *testing.T, devs []device.Device) {
 		col := device.NewCollective(CommTestProgram(2, 32), 2)
 		s1, _ := devs[0].NewStream()
 		s2, _ := devs[0].NewStream()
-		sig, err := NewSignals([]device.Device{devs[0], devs[0]}, 2)
+		sig, err := NewSignals([]device.Device{devs[0], devs[0]}, []device.Stream{s1, s2}, 2)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -257,7 +286,7 @@ func TestCommTestOnHostSim(t *testing.T) {
 		t.Fatalf("occupancy %d, %d registers, %v: want 2 blocks per SM (255 registers × 128 threads)", per, regs, err)
 	}
 	s, _ := g.NewStream()
-	sig, err := NewSignals([]device.Device{g, g}, 2)
+	sig, err := NewSignals([]device.Device{g, g}, []device.Stream{s, s}, 2)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -317,7 +346,11 @@ func closeAll(gs []*device.CUDA) {
 // ends after its timeout, names the counter, and aborts the kernels.
 func TestHostWaitTimesOut(t *testing.T) {
 	e := &device.Emu{}
-	sig, err := NewSignals([]device.Device{e, e}, 3)
+	st, err := e.NewStream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sig, err := NewSignals([]device.Device{e, e}, []device.Stream{st, st}, 3)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -329,5 +362,38 @@ func TestHostWaitTimesOut(t *testing.T) {
 	}
 	if *sig.mem.Int32At(0) != 1 {
 		t.Error("the host's timeout did not abort the kernels")
+	}
+}
+
+// TestSignalsAbortWithNoRecord: an abort word set with no record is an
+// error after the kernels (Err), and none while they may still be writing
+// the record (Recorded); new signals have neither, and their claim words
+// are zero whatever the memory held.
+func TestSignalsAbortWithNoRecord(t *testing.T) {
+	e := &device.Emu{}
+	st, err := e.NewStream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sig, err := NewSignals([]device.Device{e, e}, []device.Stream{st, st}, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.SyncStream(st); err != nil {
+		t.Fatal(err)
+	}
+	claims := make([]int32, 2)
+	if err := e.Download(claims, sig.claims[e], st); err != nil || claims[0] != 0 || claims[1] != 0 {
+		t.Fatalf("claim words %v (%v): want zero", claims, err)
+	}
+	if sig.Err() != nil || sig.Recorded() != nil {
+		t.Fatalf("new signals: %v, %v", sig.Err(), sig.Recorded())
+	}
+	sig.Abort()
+	if err := sig.Err(); !errors.Is(err, ErrAbortedNoRecord) {
+		t.Errorf("Err after an abort with no record: %v", err)
+	}
+	if err := sig.Recorded(); err != nil {
+		t.Errorf("Recorded after an abort with no record: %v", err)
 	}
 }

@@ -58,7 +58,7 @@ func runFIFOTest(t *testing.T, dev device.Device, c fifoCase) (got, want []uint1
 	ok(err)
 	ok(dev.Upload(pin, in, s))
 	ok(dev.Fill16(pout, 0x7fc0, int64(n), s))
-	sig, err := NewSignals([]device.Device{dev}, 0)
+	sig, err := NewSignals([]device.Device{dev}, []device.Stream{s}, 0)
 	ok(err)
 	sig.Names = FIFOTestNames
 	ok(dev.SyncStream(s))

@@ -40,10 +40,16 @@ const (
 
 // NewSignals allocates the signals of a communicator whose rank r runs on
 // devs[r] (ranks sharing a device share its claim words), with counters
-// host-polled counters, all zero.
-func NewSignals(devs []device.Device, counters int) (*Signals, error) {
-	if len(devs) == 0 || counters < 0 {
-		return nil, fmt.Errorf("signals for %d ranks and %d counters", len(devs), counters)
+// host-polled counters, all zero. The claim words are zeroed on
+// streams[r] of each device's first rank (queued): the kernels that use
+// them must come after it (launched there, or after a sync). A new
+// allocation holds whatever the memory held (on a GPU, a freed buffer's
+// bytes), and a claim word not zero keeps a rank that gives up from
+// writing its record (seen on an H200: planted timeouts ended with no
+// error).
+func NewSignals(devs []device.Device, streams []device.Stream, counters int) (*Signals, error) {
+	if len(devs) == 0 || counters < 0 || len(streams) != len(devs) {
+		return nil, fmt.Errorf("signals for %d ranks (%d streams) and %d counters", len(devs), len(streams), counters)
 	}
 	s := &Signals{ranks: len(devs), counters: counters, owner: devs[0], devs: devs, claims: map[device.Device]device.Addr{}}
 	var err error
@@ -60,23 +66,12 @@ func NewSignals(devs []device.Device, counters int) (*Signals, error) {
 			return nil, err
 		}
 		s.claims[d] = p
-		// zeroed before any launch: a new allocation holds whatever the
-		// memory held (on a GPU, a freed buffer's bytes), and a claim word
-		// not zero keeps a rank that gives up from writing its record
-		// (seen on an H200: planted timeouts ended with no error)
-		st, err := d.NewStream()
-		if err == nil {
-			err = d.Fill16(p, 0, int64(2*len(devs)), st)
-		}
-		if err == nil {
-			err = d.SyncStream(st)
-		}
-		if err != nil {
-			s.Free()
-			return nil, err
-		}
 	}
 	s.clear()
+	if err := s.zeroClaims(streams); err != nil {
+		s.Free()
+		return nil, err
+	}
 	return s, nil
 }
 
@@ -98,6 +93,12 @@ func (s *Signals) Reset(streams []device.Stream) error {
 		return fmt.Errorf("signals reset with %d streams for %d ranks", len(streams), s.ranks)
 	}
 	s.clear()
+	return s.zeroClaims(streams)
+}
+
+// zeroClaims queues the zeroing of each device's claim words on the
+// stream of its first rank.
+func (s *Signals) zeroClaims(streams []device.Stream) error {
 	done := map[device.Device]bool{}
 	for r, d := range s.devs {
 		if done[d] {
@@ -164,20 +165,21 @@ func (s *Signals) Abort() { atomic.StoreInt32(s.mem.Int32At(0), 1) }
 // after timeout, when it aborts the kernels and returns a *HostWaitError
 // naming what it waited for.
 //
-// It polls as DeepEP's host does, closely: 64 polls a yield apart, then a
-// poll every pollFast for the first pollFastFor of the wait, and only then
-// pauses doubling up to 1 ms (a simulated GPU, a stalled kernel). Doubling
-// pauses from the start let the host see a count up to twice its wait
-// late, and the step waited with it.
+// For the first pollSpin of the wait it spins, yielding between polls, as
+// DeepEP's host spins on its mapped counter; only a longer wait (a
+// simulated GPU, a stalled kernel) sleeps, doubling to 1 ms. Sleeping from
+// the start let the host see a count up to a millisecond late, and every
+// later phase waited with it (Go rounds a sleep under 1 ms up to about
+// 1 ms when no other thread wakes it: golang/go#44343).
 func (s *Signals) WaitCounter(i int, what string, done func(int32) bool, timeout time.Duration) (int32, error) {
 	start := time.Now()
-	pause := pollFast
-	for n := 0; ; n++ {
+	pause := 50 * time.Microsecond
+	for {
 		v := s.Counter(i)
 		if done(v) {
 			return v, nil
 		}
-		if err := s.Err(); err != nil {
+		if err := s.Recorded(); err != nil {
 			return v, err
 		}
 		waited := time.Since(start)
@@ -185,23 +187,19 @@ func (s *Signals) WaitCounter(i int, what string, done func(int32) bool, timeout
 			s.Abort()
 			return v, &HostWaitError{What: what, Counter: i, Seen: v, Waited: waited}
 		}
-		switch {
-		case n < 64:
+		if waited < pollSpin {
 			runtime.Gosched()
-		case waited < pollFastFor:
-			time.Sleep(pollFast)
-		default:
-			time.Sleep(pause)
-			pause = min(2*pause, time.Millisecond)
+			continue
 		}
+		time.Sleep(pause)
+		pause = min(2*pause, time.Millisecond)
 	}
 }
 
-// WaitCounter's close polling: its period and for how long.
-const (
-	pollFast    = 10 * time.Microsecond
-	pollFastFor = 20 * time.Millisecond
-)
+// pollSpin: how long WaitCounter spins before it sleeps (a count on a GPU
+// comes within it; a simulated GPU's takes longer, and spinning longer
+// would take a CPU from it).
+const pollSpin = 2 * time.Millisecond
 
 // HostWaitError is the host's wait for a counter the kernels write that
 // expired.
@@ -258,11 +256,25 @@ func (e *CommError) Error() string {
 }
 
 // Err returns the ranks' records as a *CommError, or nil when no kernel
-// gave up. Read it after synchronizing with the kernels (or while polling:
-// a record is whole once its status is set). An abort word set with no
-// record (the host aborted, or a record was lost) is an error too: the
-// kernels' output is not whole.
+// gave up, after synchronizing with the kernels: an abort word set with no
+// record (the host aborted, or a record was lost) is an error too,
+// ErrAbortedNoRecord, for the kernels' output is not whole. While kernels
+// may still run, read Recorded instead.
 func (s *Signals) Err() error {
+	if err := s.Recorded(); err != nil {
+		return err
+	}
+	if atomic.LoadInt32(s.mem.Int32At(0)) != 0 {
+		return ErrAbortedNoRecord
+	}
+	return nil
+}
+
+// Recorded returns the records the ranks have written so far as a
+// *CommError, or nil: safe while the kernels run (a record is whole once
+// its status is set; the abort word may be seen before the record that
+// goes with it).
+func (s *Signals) Recorded() error {
 	var timed, gave []CommRecord
 	for r := range s.ranks {
 		off := int64(sigHeader + errorRecord*r)
@@ -286,9 +298,6 @@ func (s *Signals) Err() error {
 		}
 	}
 	if len(timed)+len(gave) == 0 {
-		if atomic.LoadInt32(s.mem.Int32At(0)) != 0 {
-			return ErrAbortedNoRecord
-		}
 		return nil
 	}
 	return &CommError{Records: append(timed, gave...)}
