@@ -784,8 +784,8 @@ func (dl *deviceLayer) issuePhase(dev int, ph *dispatchers.Step) error {
 	together := g != nil && g(ph.Name)
 	mark := func(evs []device.Event, rs []int) error {
 		for _, r := range rs {
-			if err := dl.ranks[r].Dev.Record(evs[r], dl.ranks[r].Stream); err != nil {
-				return err
+			if err := dl.timing(dl.ranks[r].Dev, evs[r], dl.ranks[r].Stream); err != nil { // graph.go
+				return fmt.Errorf("%s on rank %d: %w", ph.Name, r, err)
 			}
 		}
 		return nil
@@ -827,7 +827,12 @@ func (dl *deviceLayer) finish() error {
 // begin0 records device 0's begin event, on the calling goroutine: device
 // 0's thread (device.Threads), before the other devices' threads wait for
 // it (beginDevice).
-func (dl *deviceLayer) begin0() error { return dl.devs[0].Record(dl.dc[0].begin, dl.dc[0].beginS) }
+func (dl *deviceLayer) begin0() error {
+	if err := dl.devs[0].Record(dl.dc[0].begin, dl.dc[0].beginS); err != nil {
+		return err
+	}
+	return dl.timeBegin(0) // graph.go
+}
 
 // beginDevice, on device dev's thread after begin0: its begin event (after
 // device 0's), and its ranks' streams after it.
@@ -838,6 +843,9 @@ func (dl *deviceLayer) beginDevice(dev int) error {
 			return err
 		}
 		if err := dl.devs[dev].Record(m.begin, m.beginS); err != nil {
+			return err
+		}
+		if err := dl.timeBegin(dev); err != nil {
 			return err
 		}
 	}
@@ -928,6 +936,10 @@ func (dl *deviceLayer) sync() error { return dl.each(jobSync, nil, false) }
 func (dl *deviceLayer) times(samples map[string][][]float64, step [][]float64) error {
 	steps := dl.steps()
 	last := steps[len(steps)-1].Name
+	how := "" // how the events were recorded, for an error
+	if dl.graph != nil {
+		how = " (with --cuda-graph: event record nodes of the captured graphs, or plain records where a capture was refused)"
+	}
 	for r, rk := range dl.ranks {
 		if !dl.local(r) {
 			continue
@@ -935,13 +947,13 @@ func (dl *deviceLayer) times(samples map[string][][]float64, step [][]float64) e
 		for _, ph := range steps {
 			ms, err := rk.Dev.Elapsed(dl.start[ph.Name][r], dl.end[ph.Name][r])
 			if err != nil {
-				return fmt.Errorf("%s on rank %d: %w", ph.Name, r, err)
+				return fmt.Errorf("%s on rank %d: the time from its start event to its end event%s: %w", ph.Name, r, how, err)
 			}
 			samples[ph.Name][r] = append(samples[ph.Name][r], ms)
 		}
-		ms, err := rk.Dev.Elapsed(dl.dc[dl.on[r]].begin, dl.end[last][r])
+		ms, err := rk.Dev.Elapsed(dl.stepBegin(r), dl.end[last][r]) // graph.go
 		if err != nil {
-			return err
+			return fmt.Errorf("the step on rank %d: the time from GPU %d's begin event to %s's end event%s: %w", r, dl.on[r], last, how, err)
 		}
 		step[r] = append(step[r], ms)
 	}

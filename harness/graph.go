@@ -22,6 +22,18 @@ import (
 // state is then the one the capture left). A capture the driver refuses (a call that cannot
 // be captured, such as a buffer that has to grow) is dropped and its phases
 // are issued as plain launches; the record counts such steps.
+//
+// Phase times under graphs: an event recorded with a plain cuEventRecord
+// during a capture only orders the captured work — no launch records it,
+// and cuEventElapsedTime on it fails with CUDA_ERROR_INVALID_VALUE, as it
+// did on an H200 (driver 580) for every phase. So while a segment is
+// captured, the events that time phases (each phase's start and end per
+// rank, and each device's step start, begin) are recorded as event record
+// nodes (device.Capturer.RecordNode: cuEventRecordWithFlags with
+// CU_EVENT_RECORD_EXTERNAL), which each launch records; the events that
+// fork and join streams stay plain records, and the step start that the
+// ranks wait for (devCommon.begin) has a timing twin here. See
+// cuda.Driver.RecordNode for the driver's documentation.
 type graphs struct {
 	g         dispatchers.Capabilities // with a Graph and a HostWait
 	capturer  device.Capturer
@@ -29,6 +41,8 @@ type graphs struct {
 	fork      device.Event  // recorded on origin: the ranks' streams wait for it
 	join      []device.Event
 	joinDev   []device.Event   // devices' begin streams but device 0's
+	begin     []device.Event   // per device: the step's start for timing (see timing), recorded beside devCommon.begin
+	capturing bool             // a segment is being captured: timing events are event record nodes
 	cache     map[string]keyed // by segment (its first phase)
 	launches  int
 	captures  int
@@ -77,7 +91,49 @@ func newGraphs(dl *deviceLayer) (*graphs, error) {
 		}
 		gs.joinDev = append(gs.joinDev, e)
 	}
+	for i, dev := range dl.devs {
+		if _, ok := dev.(device.Capturer); !ok {
+			return nil, fmt.Errorf("the %s device (GPU %d) captures no graphs", dev.Name(), i)
+		}
+		e, err := dev.NewEvent()
+		if err != nil {
+			return nil, err
+		}
+		gs.begin = append(gs.begin, e)
+	}
 	return gs, nil
+}
+
+// timing records e, an event that times (a phase's start or end, a step's
+// start), on dev's stream s: while a segment is being captured as an event
+// record node, which each launch of the graph records (a plain record
+// there would time nothing: see graphs), otherwise as a plain record.
+func (dl *deviceLayer) timing(dev device.Device, e device.Event, s device.Stream) error {
+	if dl.graph == nil || !dl.graph.capturing {
+		return dev.Record(e, s)
+	}
+	if err := dev.(device.Capturer).RecordNode(e, s); err != nil { // newGraphs checked every device
+		return fmt.Errorf("recording a timing event as an event record node of the graph (cuEventRecordWithFlags, CU_EVENT_RECORD_EXTERNAL): %w", err)
+	}
+	return nil
+}
+
+// timeBegin records device dev's timing twin of its begin event (see
+// graphs), after begin, with --cuda-graph.
+func (dl *deviceLayer) timeBegin(dev int) error {
+	if dl.graph == nil {
+		return nil
+	}
+	return dl.timing(dl.devs[dev], dl.graph.begin[dev], dl.dc[dev].beginS)
+}
+
+// stepBegin is the event a rank's step time runs from: its device's begin
+// event, or with --cuda-graph that event's timing twin.
+func (dl *deviceLayer) stepBegin(r int) device.Event {
+	if dl.graph != nil {
+		return dl.graph.begin[dl.on[r]]
+	}
+	return dl.dc[dl.on[r]].begin
 }
 
 // segments cuts the step's phases before each host wait.
@@ -166,6 +222,7 @@ func (dl *deviceLayer) capture(seg []dispatchers.Step, first bool) (*device.Grap
 	if err := dl.onDevice0(func() error { return gs.capturer.BeginCapture(gs.origin) }); err != nil {
 		return nil, err
 	}
+	gs.capturing = true
 	err := func() error {
 		if first {
 			if err := dl.begin(); err != nil {
@@ -179,6 +236,7 @@ func (dl *deviceLayer) capture(seg []dispatchers.Step, first bool) (*device.Grap
 		}
 		return dl.joinBack(first)
 	}()
+	gs.capturing = false
 	var graph *device.Graph
 	var endErr error
 	dl.onDevice0(func() error {
@@ -270,7 +328,7 @@ func (gs *graphs) free() {
 
 // describe says how the steps were issued, for the record.
 func (gs *graphs) describe(steps int) string {
-	s := fmt.Sprintf("used: %d graph launches over %d steps (segments cut at the host waits, each replayed while its key stays the same), %d captures",
+	s := fmt.Sprintf("used: %d graph launches over %d steps (segments cut at the host waits, each replayed while its key stays the same), %d captures; phases timed by event record nodes inside the graphs (cuEventRecordWithFlags, CU_EVENT_RECORD_EXTERNAL)",
 		gs.launches, steps, gs.captures)
 	if gs.fallbacks > 0 {
 		s += fmt.Sprintf("; %d segments issued as plain launches when the driver refused their capture (first: %s)", gs.fallbacks, gs.why)

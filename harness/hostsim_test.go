@@ -88,6 +88,8 @@ func useHostSimLayer(t *testing.T) {
 // deterministic); with routing drawn per step, the second part is captured
 // again whenever the counts change, or issued as plain launches when the
 // driver refuses its capture (a buffer that must grow), and still correct.
+// Every phase is timed, as without graphs (see graphs: the timing events
+// are event record nodes).
 func TestCUDAGraphOnHostSim(t *testing.T) {
 	hostsim.SkipIfShort(t, "internal/cuda's TestStreamCapture (the fake driver's capture)")
 	useHostSimLayer(t)
@@ -116,6 +118,18 @@ func TestCUDAGraphOnHostSim(t *testing.T) {
 	if d := fmt.Sprintf("used: %d graph launches over %d steps", 2*steps, steps); !strings.Contains(rec.Timing.CUDAGraph, d) ||
 		!strings.Contains(rec.Timing.CUDAGraph, ", 2 captures") || !rec.Config.CUDAGraph || plain.Timing.CUDAGraph != "not used (--cuda-graph off)" {
 		t.Errorf("graphs: %q (want %q, 2 captures); without: %q", rec.Timing.CUDAGraph, d, plain.Timing.CUDAGraph)
+	}
+	// every phase timed as without graphs, each iteration: the fake driver,
+	// as the real one, times no event whose last record was a plain record
+	// inside a capture (the phase events are event record nodes)
+	if len(rec.Timing.Phases) != len(plain.Timing.Phases) || len(rec.Timing.Step.Samples) != c.Iters ||
+		!strings.Contains(rec.Timing.CUDAGraph, "event record nodes") {
+		t.Errorf("graphs: phases %d (without: %d), step samples %d, %q", len(rec.Timing.Phases), len(plain.Timing.Phases), len(rec.Timing.Step.Samples), rec.Timing.CUDAGraph)
+	}
+	for i, ph := range rec.Timing.Phases {
+		if ph.Name != plain.Timing.Phases[i].Name || len(ph.Samples) != c.Iters || ph.P50 <= 0 {
+			t.Errorf("graphs: phase %+v", ph)
+		}
 	}
 	c.RoutingFixed = false
 	if rec, _ := run(c); !strings.Contains(rec.Timing.CUDAGraph, "used:") {

@@ -329,6 +329,7 @@ func abiValues() map[string]int {
 		"CU_STREAM_NON_BLOCKING":                                streamNonBlocking,
 		"CU_MEMCPY_FLAG_PREFER_OVERLAP_WITH_COMPUTE":            memcpyPreferOverlap,
 		"CU_STREAM_CAPTURE_MODE_THREAD_LOCAL":                   captureModeThreadLocal,
+		"CU_EVENT_RECORD_EXTERNAL":                              eventRecordExternal,
 		"CU_LAUNCH_ATTRIBUTE_COOPERATIVE":                       -1, // abi.h's MB_ macro of the same name
 		"CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION":                 -1,
 		"CU_MEMCPY_SRC_ACCESS_ORDER_STREAM":                     -1,

@@ -25,9 +25,13 @@ type (
 // thread's calls that are unsafe during a capture are refused.
 const captureModeThreadLocal = 1
 
-// graphSymbols are the entry points of graphs (CUDA 11.4 and later).
+// eventRecordExternal is CU_EVENT_RECORD_EXTERNAL (CUevent_record_flags).
+const eventRecordExternal = 1
+
+// graphSymbols are the entry points of graphs (CUDA 11.4 and later;
+// cuEventRecordWithFlags: 11.1).
 var graphSymbols = []string{"cuStreamBeginCapture_v2", "cuStreamEndCapture", "cuGraphInstantiateWithFlags", "cuGraphLaunch",
-	"cuGraphExecDestroy", "cuGraphDestroy"}
+	"cuGraphExecDestroy", "cuGraphDestroy", "cuEventRecordWithFlags"}
 
 // HasGraphs reports whether the driver has stream capture and graphs.
 func (d *Driver) HasGraphs() bool {
@@ -74,6 +78,37 @@ func (d *Driver) Instantiate(g Graph) (GraphExec, error) {
 	var x unsafe.Pointer
 	err := d.check("cuGraphInstantiateWithFlags", C.mbcall_cuGraphInstantiateWithFlags(d.fn["cuGraphInstantiateWithFlags"], &x, unsafe.Pointer(g), 0))
 	return GraphExec(x), err
+}
+
+// RecordNode records e on s, which is being captured, as an event record
+// node (cuEventRecordWithFlags with CU_EVENT_RECORD_EXTERNAL): each launch
+// of the graph records e, so that e can time part of a graph.
+//
+// A plain Record during a capture does not: it only orders the capture's
+// work (a fork or a join: "Stream capture can handle cross-stream
+// dependencies expressed with cudaEventRecord() and cudaStreamWaitEvent(),
+// provided the event being waited upon was recorded into the same capture
+// graph",
+// https://docs.nvidia.com/cuda/cuda-c-programming-guide/index.html#cross-stream-dependencies-and-events),
+// no launch records the event, and cuEventElapsedTime on it fails with
+// CUDA_ERROR_INVALID_VALUE (seen on an H200, driver 580.159.04; also
+// https://forums.developer.nvidia.com/t/cuda-graphs-error-with-cudaeventelapsedtime-cudaeventinvalidvalue/205299,
+// https://github.com/NVIDIA/warp/issues/556). CU_EVENT_RECORD_EXTERNAL:
+// "When using stream capture, create an event record node instead of the
+// default behavior. This flag is invalid when used outside of capture"
+// (https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__TYPES.html);
+// an event record node: "Each launch of the graph will record event to
+// capture execution of the node's dependencies" (cuGraphAddEventRecordNode,
+// https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html).
+// PyTorch times parts of graphs with such events
+// (https://github.com/pytorch/pytorch/pull/155372). Such an event is no
+// dependency inside the capture: a stream of the capture must not wait for
+// it (use a plain Record for that).
+func (d *Driver) RecordNode(e Event, s Stream) error {
+	if err := d.graphs("cuEventRecordWithFlags"); err != nil {
+		return err
+	}
+	return d.check("cuEventRecordWithFlags", C.mbcall_cuEventRecordWithFlags(d.fn["cuEventRecordWithFlags"], unsafe.Pointer(e), unsafe.Pointer(s), eventRecordExternal))
 }
 
 // LaunchGraph queues the whole of x on s.

@@ -11,7 +11,11 @@ import (
 // call (see cuda.Driver's graph entry points). A capture begins on one
 // stream; other streams join it by waiting for an event recorded in it, and
 // must be joined back (an event recorded after their last work, which the
-// first stream waits for) before it ends.
+// first stream waits for) before it ends. Such a Record inside a capture
+// only orders the captured work: no launch records the event, and Elapsed
+// on it fails (CUDA_ERROR_INVALID_VALUE); an event that times part of a
+// graph is recorded with RecordNode instead (cuda.Driver.RecordNode says
+// why, with the driver's documentation).
 
 // Graph is a captured, instantiated graph.
 type Graph struct {
@@ -27,6 +31,11 @@ type Capturer interface {
 	EndCapture(s Stream) (*Graph, error)
 	LaunchGraph(g *Graph, s Stream) error
 	FreeGraph(g *Graph) error
+	// RecordNode records e on s, which is being captured, as an event
+	// record node: each launch of the graph records e, so that Elapsed
+	// times from or to it. It is no dependency inside the capture (a
+	// stream of the capture must not Wait for it).
+	RecordNode(e Event, s Stream) error
 }
 
 func (c *CUDA) BeginCapture(s Stream) error {
@@ -57,6 +66,13 @@ func (c *CUDA) LaunchGraph(g *Graph, s Stream) error {
 		return err
 	}
 	return c.Drv.LaunchGraph(g.x, s)
+}
+
+func (c *CUDA) RecordNode(e Event, s Stream) error {
+	if err := c.MakeCurrent(); err != nil {
+		return err
+	}
+	return c.Drv.RecordNode(e, s)
 }
 
 func (c *CUDA) FreeGraph(g *Graph) error {

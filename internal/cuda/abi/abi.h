@@ -133,6 +133,7 @@ typedef struct {
     F(int, cuGraphLaunch, (void *exec, void *stream), (exec, stream)) \
     F(int, cuGraphExecDestroy, (void *exec), (exec)) \
     F(int, cuGraphDestroy, (void *graph), (graph)) \
+    F(int, cuEventRecordWithFlags, (void *event, void *stream, unsigned flags), (event, stream, flags)) \
     F(int, cuGetErrorName, (int error, const char **name), (error, name))
 
 // NVRTC (libnvrtc.so.*).

@@ -215,12 +215,15 @@ typedef struct fstream {
     struct capture *cap; // the stream capture it is part of, or 0
 } fstream;
 
-typedef struct {
+typedef struct fevent {
     void *ctx;
     fstream *s;      // the stream of its last record (0: never recorded)
     uint64_t ticket; // that stream's work count at the record
     double t;        // the clock when the record ran
     struct capture *cap; // the capture its last record was captured in (0: a real record)
+    struct fevent *node; // that capture-internal record's own event (see cuEventRecord)
+    int internal;    // its last record was capture-internal: it holds no time
+    unsigned flags;  // cuEventCreate's
 } fevent;
 
 static pthread_mutex_t regmu = PTHREAD_MUTEX_INITIALIZER; // streams, clock, events' fields
@@ -360,8 +363,15 @@ static void *sctx(void *h) { return h ? ((fstream *)h)->ctx : cur; }
 // stream than the one that began it, or while a joined stream was not
 // joined back (an event recorded after its last work that the origin
 // waited for), fails as the driver's does.
-enum { C_OP, C_RECORD, C_WAIT };
-typedef struct { int kind; fstream *s; op *o; fevent *e; } centry;
+// An event recorded in a capture with cuEventRecord is capture-internal:
+// it only orders the capture's work (a fork or a join), the event itself
+// is never recorded by a launch and cuEventElapsedTime refuses it; one
+// recorded with cuEventRecordWithFlags(CU_EVENT_RECORD_EXTERNAL) is an
+// event record node, recorded by each launch (see cuEventRecordWithFlags).
+enum { C_OP, C_RECORD, C_WAIT, C_NODE };
+// e: C_RECORD's and C_WAIT's capture-internal event (the record's own),
+// C_NODE's the caller's; ev: C_RECORD's caller's event
+typedef struct { int kind; fstream *s; op *o; fevent *e, *ev; } centry;
 typedef struct capture {
     fstream *origin;
     centry *v;
@@ -372,9 +382,9 @@ typedef struct capture {
 } capture;
 typedef struct { capture *c; } fgraph;
 static int active_captures; // regmu
-static void cap_add(capture *c, int kind, fstream *s, op *o, fevent *e) {
+static void cap_add(capture *c, int kind, fstream *s, op *o, fevent *e, fevent *ev) {
     if (c->n == c->cap) c->cap = c->cap ? 2 * c->cap : 64, c->v = realloc(c->v, c->cap * sizeof *c->v);
-    c->v[c->n++] = (centry){kind, s, o, e};
+    c->v[c->n++] = (centry){kind, s, o, e, ev};
 }
 // refuse: a call a capture cannot take, on s (0: whatever is capturing)
 static CUresult refuse(fstream *s) {
@@ -399,7 +409,7 @@ static uint64_t enqueue(fstream *s, op *o) {
     if (s->cap) { // threads issuing to several joined streams share the capture
         if (o->kind == OP_KERNEL) klaunch_keep(o->k); // the graph owns it
         pthread_mutex_lock(&regmu);
-        cap_add(s->cap, C_OP, s, o, 0);
+        cap_add(s->cap, C_OP, s, o, 0, 0);
         pthread_mutex_unlock(&regmu);
         return 0;
     }
@@ -502,7 +512,7 @@ CUresult cuCtxSynchronize(void) {
 
 CUresult cuEventCreate(void **e, unsigned flags) {
     if (!cur) return INVALID_CONTEXT;
-    fevent *f = calloc(1, sizeof *f); f->ctx = cur; *e = f; return OK;
+    fevent *f = calloc(1, sizeof *f); f->ctx = cur, f->flags = flags; *e = f; return OK;
 }
 CUresult cuEventDestroy_v2(void *e) { return e ? OK : INVALID_HANDLE; } // kept: a record may still be queued
 static void record_on(fevent *e, fstream *s);
@@ -510,14 +520,39 @@ CUresult cuEventRecord(void *h, void *sh) {
     fevent *e = h;
     fstream *s = stream(sh);
     if (!s || e->ctx != s->ctx) return INVALID_HANDLE;
-    if (capturing(s)) { // a record node; the event is not recorded until a launch
+    if (capturing(s)) { // capture-internal: a launch records the record's own event, never e
+        fevent *n = calloc(1, sizeof *n);
+        n->ctx = e->ctx;
         pthread_mutex_lock(&regmu);
-        cap_add(s->cap, C_RECORD, s, 0, e);
-        e->cap = s->cap, e->s = 0, e->ticket = 0;
+        cap_add(s->cap, C_RECORD, s, 0, n, e);
+        e->cap = s->cap, e->node = n, e->s = 0, e->ticket = 0, e->internal = 1;
         pthread_mutex_unlock(&regmu);
         return OK;
     }
     record_on(e, s);
+    return OK;
+}
+// CU_EVENT_RECORD_EXTERNAL (CUevent_record_flags): "When using stream
+// capture, create an event record node instead of the default behavior.
+// This flag is invalid when used outside of capture."
+// (https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__TYPES.html,
+// https://nvidia.github.io/cuda-python/pr-preview/pr-3095/cuda-bindings/latest/module/generated/driver_v2/cuda.bindings._v2.driver.EventRecordFlags.html);
+// "Each launch of the graph will record event to capture execution of the
+// node's dependencies" (cuGraphAddEventRecordNode,
+// https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__GRAPH.html), so
+// it times as a plain record does.
+#define RECORD_EXTERNAL 1
+CUresult cuEventRecordWithFlags(void *h, void *sh, unsigned flags) {
+    fevent *e = h;
+    fstream *s = stream(sh);
+    if (!s || !e || e->ctx != s->ctx) return INVALID_HANDLE;
+    if (flags & ~RECORD_EXTERNAL) return INVALID_VALUE;
+    if (!flags) return cuEventRecord(h, sh);
+    if (!capturing(s)) return INVALID_VALUE;
+    pthread_mutex_lock(&regmu);
+    cap_add(s->cap, C_NODE, s, 0, e, 0);
+    e->cap = 0, e->internal = 0; // no dependency inside the capture: the fake refuses a wait for it there, as for any event not recorded in it (the driver's documentation does not say)
+    pthread_mutex_unlock(&regmu);
     return OK;
 }
 static void record_on(fevent *e, fstream *s) {
@@ -527,7 +562,7 @@ static void record_on(fevent *e, fstream *s) {
     pthread_mutex_lock(&s->mu);
     uint64_t t = s->queued + 1;
     pthread_mutex_unlock(&s->mu);
-    e->s = s, e->ticket = t, e->t = 0, e->cap = 0;
+    e->s = s, e->ticket = t, e->t = 0, e->cap = 0, e->internal = 0;
     o->rec.ticket = t;
     enqueue(s, o);
     pthread_mutex_unlock(&regmu);
@@ -548,7 +583,7 @@ CUresult cuStreamWaitEvent(void *sh, void *eh, unsigned flags) {
     capture *ec = e->cap && e->cap->active ? e->cap : 0;
     if (ec && (!s->cap || s->cap == ec)) { // a dependency in the capture; s joins it
         if (!s->cap) s->cap = ec, ec->joined[ec->njoined++] = s;
-        cap_add(ec, C_WAIT, s, 0, e);
+        cap_add(ec, C_WAIT, s, 0, e->node, 0);
         pthread_mutex_unlock(&regmu);
         return OK;
     }
@@ -574,11 +609,28 @@ CUresult cuEventSynchronize(void *eh) {
     wait_done(s, t);
     return sticky(s->ctx);
 }
+// cuEventElapsedTime: "If either event was created with the
+// CU_EVENT_DISABLE_TIMING flag, then this function will return
+// CUDA_ERROR_INVALID_HANDLE"; never recorded: CUDA_ERROR_INVALID_HANDLE; not
+// complete: CUDA_ERROR_NOT_READY
+// (https://docs.nvidia.com/cuda/cuda-driver-api/group__CUDA__EVENT.html).
+// An event whose last record was capture-internal (cuEventRecord during a
+// stream capture, without CU_EVENT_RECORD_EXTERNAL) holds no time however
+// often the graph ran: CUDA_ERROR_INVALID_VALUE, as an H200 with driver
+// 580.159.04 returned for moebench's phase events (and as
+// https://forums.developer.nvidia.com/t/cuda-graphs-error-with-cudaeventelapsedtime-cudaeventinvalidvalue/205299
+// and https://github.com/NVIDIA/warp/issues/556 report).
+#define DISABLE_TIMING 2
 CUresult cuEventElapsedTime_v2(float *ms, void *ah, void *bh) {
     fevent *a = ah, *b = bh;
     fstream *as, *bs;
     uint64_t at, bt;
-    if (a->ctx != b->ctx) return INVALID_HANDLE;
+    if (!a || !b || a->ctx != b->ctx) return INVALID_HANDLE;
+    if ((a->flags | b->flags) & DISABLE_TIMING) return INVALID_HANDLE;
+    pthread_mutex_lock(&regmu);
+    int internal = a->internal || b->internal;
+    pthread_mutex_unlock(&regmu);
+    if (internal) return INVALID_VALUE;
     event_at(a, &as, &at);
     event_at(b, &bs, &bt);
     if (!as || !bs) return INVALID_HANDLE;
@@ -1159,10 +1211,11 @@ CUresult cuStreamBeginCapture_v2(void *h, int mode) {
 static void free_capture(capture *c) {
     drain(0);
     for (int i = 0; i < c->n; i++) {
-        fevent *e = c->v[i].e;
+        fevent *ev = c->v[i].ev;
         pthread_mutex_lock(&regmu);
-        if (c->v[i].kind == C_RECORD && e->cap == c) e->cap = 0; // a record that never ran
+        if (c->v[i].kind == C_RECORD && ev->cap == c) ev->cap = 0, ev->node = 0; // still capture-internal (ev->internal)
         pthread_mutex_unlock(&regmu);
+        if (c->v[i].kind == C_RECORD) free(c->v[i].e); // the record's own event: the launches' work is done
         op *o = c->v[i].o;
         if (!o) continue;
         switch (o->kind) {
@@ -1244,7 +1297,7 @@ CUresult cuGraphLaunch(void *exec, void *h) {
         }
     for (int i = 0; i < c->n; i++) {
         centry *e = &c->v[i];
-        if (e->kind == C_RECORD) record_on(e->e, e->s);
+        if (e->kind == C_RECORD || e->kind == C_NODE) record_on(e->e, e->s); // C_RECORD: the record's own event
         else if (e->kind == C_WAIT) cuStreamWaitEvent(e->s, e->e, 0);
         else {
             op *o = malloc(sizeof *o);
