@@ -23,11 +23,12 @@
 # NCCL's, deepep's TestGPUDeepEP, hybridep's TestGPUHybridEPDevice); one
 # layer per dispatcher (alltoall, deepep, feplb, hybridep) at qwen3-30b-a3b,
 # EP 8 packed on one GPU, a training step checked against the float64
-# reference; bench dispatch (alltoall, deepep, hybridep at 2 SM budgets,
+# reference, and alltoall's again replayed from CUDA graphs (--cuda-graph
+# --routing-fixed); bench dispatch (alltoall, deepep, hybridep at 2 SM budgets,
 # 8 and 16: EP 8 on one GPU holds at most 16 SMs a rank); bench kernels (the kernels' ratios to the ceilings measured in
 # the same run: the copy engines' device copy, an SM copy kernel, a dense
 # GEMM). Each step has its own time limit (the sum, with each step's 3 s to
-# be killed, is 347 s); a step that would end past QUICK_BUDGET seconds
+# be killed, is 344 s); a step that would end past QUICK_BUDGET seconds
 # (default 360) runs shorter or is skipped, and says so. A failed or timed
 # out step is recorded and the next one runs. OUTDIR receives two files:
 # gpu-check-quick.tgz (every log, doctor.txt, records.jsonl,
@@ -200,7 +201,7 @@ if [ "$mode" = quick ]; then
   # shellcheck disable=SC2206 # QUICK_SHAPE is a list of flags
   shape=(${QUICK_SHAPE:---preset qwen3-30b-a3b --ep 8})
   iters=(--warmup "${QUICK_WARMUP:-2}" --iters "${QUICK_ITERS:-10}")
-  step doctor 15 "$mb" doctor
+  step doctor 10 "$mb" doctor
   cp "$OUT/doctor.log" "$OUT/doctor.txt" 2>/dev/null
   # moebench's own kernels against their host functions, each test compiling
   # its kernels with the node's NVRTC (NCCL's binding test left to the whole
@@ -214,11 +215,15 @@ if [ "$mode" = quick ]; then
   for d in alltoall deepep feplb hybridep; do
     sms=()
     if [ -n "${QUICK_LAYER_SMS:-}" ] && { [ $d = deepep ] || [ $d = hybridep ]; }; then sms=(--sms "$QUICK_LAYER_SMS"); fi
-    step "layer-$d" 28 "$mb" --device cuda --gpus "${QUICK_GPUS:-1}" "${shape[@]}" --dispatcher "$d" "${sms[@]}" "${iters[@]}" --max-seconds 8 --out "$records"
+    step "layer-$d" 24 "$mb" --device cuda --gpus "${QUICK_GPUS:-1}" "${shape[@]}" --dispatcher "$d" "${sms[@]}" "${iters[@]}" --max-seconds 8 --out "$records"
   done
-  step bench-dispatch 40 "$mb" bench dispatch --device cuda --gpus "${QUICK_GPUS:-1}" "${shape[@]}" --dispatcher alltoall,deepep,hybridep \
+  # the same alltoall layer replayed from CUDA graphs (fixed routing, so
+  # that every captured part is replayed), its phases timed inside them
+  step layer-alltoall-graph 24 "$mb" --device cuda --gpus "${QUICK_GPUS:-1}" "${shape[@]}" --dispatcher alltoall --cuda-graph --routing-fixed \
+    "${iters[@]}" --max-seconds 8 --out "$records"
+  step bench-dispatch 34 "$mb" bench dispatch --device cuda --gpus "${QUICK_GPUS:-1}" "${shape[@]}" --dispatcher alltoall,deepep,hybridep \
     --sms "${QUICK_SMS:-8,16}" "${iters[@]}" --out "$OUT/bench-dispatch.json"
-  step bench-kernels 25 "$mb" bench kernels "${shape[@]}" "${iters[@]}" --out "$OUT/bench-kernels.json"
+  step bench-kernels 22 "$mb" bench kernels "${shape[@]}" "${iters[@]}" --out "$OUT/bench-kernels.json"
   [ -e "$records" ] && timeout -k 1 5 "$mb" report "$records" > "$OUT/report.txt" 2>&1
   {
     echo "== gpu-check quick summary =="

@@ -195,8 +195,8 @@ func summaryLine(out, name string) string {
 // limit (LIMIT_test_hybridep=4) and the check goes on; every other step
 // passes; the summary, printed last, names the step that timed out; OUTDIR
 // holds the archive and summary.txt alone; the archive holds every step's
-// log, doctor.txt, the four layers' records (one per dispatcher, each
-// checked), bench dispatch's and bench kernels' results (with their
+// log, doctor.txt, the five layers' records (one per dispatcher, each
+// checked, and alltoall's under --cuda-graph), bench dispatch's and bench kernels' results (with their
 // ceilings), the report and the summary, and no kernel cache.
 func TestGPUCheckQuick(t *testing.T) {
 	hostsim.SkipIfShort(t, "TestGPUCheckQuickDeadline (quick's budget, with a step that hangs) and TestBuildGPUBins")
@@ -237,7 +237,7 @@ func TestGPUCheckQuick(t *testing.T) {
 		!strings.Contains(summary, "failed, timed out or skipped: test-hybridep\n") {
 		t.Errorf("exit %d after %v:\n%s", code, took, summary)
 	}
-	steps := []string{"doctor", "test-kernels", "test-deepep", "layer-alltoall", "layer-deepep", "layer-feplb", "layer-hybridep", "bench-dispatch", "bench-kernels"}
+	steps := []string{"doctor", "test-kernels", "test-deepep", "layer-alltoall", "layer-deepep", "layer-feplb", "layer-hybridep", "layer-alltoall-graph", "bench-dispatch", "bench-kernels"}
 	for _, s := range steps {
 		if st := summaryLine(summary, s); !strings.HasPrefix(st, "exit 0 (") {
 			t.Errorf("%s: %q", s, st)
@@ -288,10 +288,13 @@ func TestGPUCheckQuick(t *testing.T) {
 		}
 	}
 	recs, err := results.Read(strings.NewReader(files["records.jsonl"]), "records.jsonl", nil)
-	if err != nil || len(recs) != 4 {
+	if err != nil || len(recs) != 5 {
 		t.Fatalf("%d records, %v", len(recs), err)
 	}
-	for i, d := range []string{"alltoall", "deepep", "feplb", "hybridep"} {
+	if r := recs[4]; !r.Config.CUDAGraph {
+		t.Errorf("record 4: %s without --cuda-graph", r.Config.Dispatcher)
+	}
+	for i, d := range []string{"alltoall", "deepep", "feplb", "hybridep", "alltoall"} {
 		if r := recs[i]; r.Config.Dispatcher != d || r.Status != results.StatusOK || r.Config.EP != 8 || r.Config.Device != "cuda" ||
 			r.Correctness == nil || !r.Correctness.Passed || len(r.Ranks.Devices) != 8 || slices.Max(r.Ranks.Devices) != 1 || !r.Ranks.Emulated {
 			t.Errorf("record %d: %s on %s at EP %d: %s (%s); ranks %+v", i, r.Config.Dispatcher, r.Config.Device, r.Config.EP, r.Status, r.Reason, r.Ranks)
@@ -307,7 +310,7 @@ func TestGPUCheckQuick(t *testing.T) {
 // and the archive) and a moebench that never ends, deaf to SIGTERM: doctor
 // and two of the tests pass, deepep's is reported timed out by its own
 // -test.timeout (a Go test binary's panic), the first layer is cut where the budget ends (12 s,
-// its limit of 28 s shortened) and killed 3 s later, every later step is
+// its limit of 24 s shortened) and killed 3 s later, every later step is
 // skipped, saying why; the whole stays within the budget, and the archive,
 // with the summary, is written all the same.
 func TestGPUCheckQuickDeadline(t *testing.T) {
@@ -331,7 +334,7 @@ func TestGPUCheckQuickDeadline(t *testing.T) {
 	if _, err := fmt.Sscanf(summaryLine(summary, "layer-alltoall"), "FAIL (timed out after %ds)", &limit); err != nil || limit < 5 || limit > 12 {
 		t.Errorf("layer-alltoall: %q, want a limit in [5, 12] s", summaryLine(summary, "layer-alltoall"))
 	}
-	for _, s := range []string{"layer-deepep", "layer-feplb", "layer-hybridep", "bench-dispatch", "bench-kernels"} {
+	for _, s := range []string{"layer-deepep", "layer-feplb", "layer-hybridep", "layer-alltoall-graph", "bench-dispatch", "bench-kernels"} {
 		want[s] = "skipped (the quick check's 25s would be spent)"
 	}
 	for s, w := range want {
@@ -339,7 +342,7 @@ func TestGPUCheckQuickDeadline(t *testing.T) {
 			t.Errorf("%s: %q, want %q", s, st, w)
 		}
 	}
-	if !strings.Contains(summary, "failed, timed out or skipped: test-deepep layer-alltoall layer-deepep layer-feplb layer-hybridep bench-dispatch bench-kernels\n") {
+	if !strings.Contains(summary, "failed, timed out or skipped: test-deepep layer-alltoall layer-deepep layer-feplb layer-hybridep layer-alltoall-graph bench-dispatch bench-kernels\n") {
 		t.Errorf("summary:\n%s", summary)
 	}
 	files := untar(t, filepath.Join(outdir, "gpu-check-quick.tgz"))
