@@ -4,6 +4,8 @@ import (
 	"math"
 	"testing"
 	"unsafe"
+
+	"github.com/moebench/moebench/internal/hostsim"
 )
 
 // TestFakeAllocPoisoned: the fake driver's cuMemAlloc and cuMemHostAlloc
@@ -69,5 +71,72 @@ func TestFakeAllocPoisoned(t *testing.T) {
 		}
 		check("cuMemHostAlloc", unsafe.Slice((*uint16)(h), n))
 		d.FreeHost(h)
+	}
+}
+
+// peekSource is a kernel that copies out the shared memory its block starts
+// with (16 words of static __shared__, then 16 of dynamic) and then
+// overwrites both, so that a later block on the same SM would see zeros
+// unless poisoned again.
+const peekSource = `extern "C" __global__ void peek(unsigned short *out) {
+    __shared__ unsigned short s[32];
+    unsigned short *d = (unsigned short *)mbhost_dynamic_smem();
+    out[blockIdx.x * 64 + threadIdx.x] = s[threadIdx.x];
+    out[blockIdx.x * 64 + 32 + threadIdx.x] = d[threadIdx.x];
+    __syncthreads();
+    s[threadIdx.x] = 0;
+    d[threadIdx.x] = 0;
+}`
+
+// TestHostSimSharedPoisoned: on the host simulation every block starts with
+// its static and dynamic shared memory filled with the poison 0x7FFF, as a
+// GPU's block finds there what the SM's last block left, not zeros.
+func TestHostSimSharedPoisoned(t *testing.T) {
+	c, err := hostsim.New()
+	if err != nil {
+		t.Skip(err)
+	}
+	so, err := c.Compile("peek.cu", peekSource, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := fakeDriver(t)
+	s, err := d.NewStream(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.DestroyStream(s)
+	m, err := d.LoadModule(so)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.UnloadModule(m)
+	f, err := d.Function(m, "peek")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const blocks = 16 // more than the fake's 4 SMs hold at once: later blocks reuse their storage
+	out, err := d.Alloc(2 * 64 * blocks)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Free(out)
+	got := make([]uint16, 64*blocks)
+	for range 2 {
+		if err := d.Launch(f, [3]uint32{blocks, 1, 1}, [3]uint32{32, 1, 1}, 64, s, out); err != nil {
+			t.Fatal(err)
+		}
+		if err := CopyFromDevice(d, got, out, s); err != nil {
+			t.Fatal(err)
+		}
+		for i, w := range got {
+			if w != 0x7FFF {
+				what := "static __shared__"
+				if i%64 >= 32 {
+					what = "dynamic shared"
+				}
+				t.Fatalf("block %d: %s word %d starts as %#04x, want the poison 0x7FFF", i/64, what, i%32, w)
+			}
+		}
 	}
 }
