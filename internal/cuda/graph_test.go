@@ -20,6 +20,19 @@ func TestGraphEventTiming(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// the graph adds to it: zeroed first (new memory holds anything), and
+	// waited for, as the graph runs on other streams
+	s, err := d.NewStream(0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.DestroyStream(s)
+	if err := CopyToDevice(d, p, []float32{0, 0}, s); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.SyncStream(s); err != nil {
+		t.Fatal(err)
+	}
 	m, _ := d.LoadModule([]byte("\x7fELF fake cubin"))
 	f, _ := d.Function(m, "add")
 	graphEventTiming(t, d, func(s Stream) error {

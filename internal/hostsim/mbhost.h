@@ -41,6 +41,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <link.h>
 #include <map>
 #include <mutex>
 #include <unordered_map>
@@ -684,6 +685,48 @@ inline int block(std::vector<fiber> &fs) {
     return 0;
 }
 
+// ---- Poison. On a GPU a block's shared memory, static and dynamic, holds
+// at the block's start whatever the SM's previous block left there. Here
+// each block starts with both filled with the 16-bit word 0x7FFF (bytes
+// FF 7F), as the fake libcuda fills every allocation: a kernel that reads
+// shared memory it never wrote sees NaN (bf16, fp32) and huge counts, not
+// the zeros that thread-local storage starts with.
+inline void poison(unsigned char *p, unsigned char *end) {
+    for (; p < end; p++) *p = (reinterpret_cast<uintptr_t>(p) & 1) ? 0x7F : 0xFF;
+}
+namespace {
+void anchor() {} // an address in this module's image
+} // namespace
+// staticShared finds this module's thread-local storage on the calling
+// thread (its __shared__ variables, and w): [*lo, *hi), or false.
+inline bool staticShared(unsigned char **lo, unsigned char **hi) {
+    struct find {
+        uintptr_t at;
+        unsigned char *tls;
+        size_t n;
+    } f{reinterpret_cast<uintptr_t>(&anchor), nullptr, 0};
+    dl_iterate_phdr(
+        [](dl_phdr_info *i, size_t, void *arg) {
+            auto *f = static_cast<find *>(arg);
+            bool mine = false;
+            size_t n = 0;
+            for (int k = 0; k < i->dlpi_phnum; k++) {
+                const auto &ph = i->dlpi_phdr[k];
+                const uintptr_t a = i->dlpi_addr + ph.p_vaddr;
+                if (ph.p_type == PT_LOAD && f->at >= a && f->at < a + ph.p_memsz) mine = true;
+                if (ph.p_type == PT_TLS) n = ph.p_memsz;
+            }
+            if (!mine) return 0;
+            f->tls = static_cast<unsigned char *>(i->dlpi_tls_data), f->n = n;
+            return 1;
+        },
+        &f);
+    auto *me = reinterpret_cast<unsigned char *>(&w);
+    if (!f.tls || me < f.tls || me + sizeof w > f.tls + f.n) return false;
+    *lo = f.tls, *hi = f.tls + f.n;
+    return true;
+}
+
 // run runs blocks of kernel K (arguments args) until next says there are
 // no more (see mbhost_kernel.run).
 template <class... A> int run(void (*k)(A...), std::tuple<std::decay_t<A>...> *args, const mbhost_geom *g,
@@ -705,6 +748,12 @@ template <class... A> int run(void (*k)(A...), std::tuple<std::decay_t<A>...> *a
     w.cdim = {g->cx ? g->cx : 1, g->cy ? g->cy : 1, g->cz ? g->cz : 1};
     std::vector<unsigned char> dyn(g->smem + 16);
     w.dsmem = dyn.data();
+    unsigned char *tlsLo, *tlsHi;
+    if (!staticShared(&tlsLo, &tlsHi)) {
+        std::fprintf(stderr, "mbhost: this module's thread-local storage (its __shared__ variables) was not found: "
+                             "they cannot be poisoned\n");
+        return 1;
+    }
     barrier sync{threads};
     std::vector<warp> ws(threads / 32);
     std::vector<barrier> named(16);
@@ -737,6 +786,9 @@ template <class... A> int run(void (*k)(A...), std::tuple<std::decay_t<A>...> *a
         for (auto &x : ws) x.bar = barrier{32};
         for (auto &x : named) x = barrier{};
         sync = barrier{threads};
+        poison(w.dsmem, w.dsmem + dyn.size()); // the SM's last block's bytes
+        poison(tlsLo, reinterpret_cast<unsigned char *>(&w));
+        poison(reinterpret_cast<unsigned char *>(&w + 1), tlsHi);
         bulk.reset(w.dsmem, g->smem, threads);
         status = block(fs);
         if (status == 0) {

@@ -107,8 +107,27 @@ func (e *Emu) Alloc(bytes int64) (Addr, error) {
 	}
 	base := e.next
 	e.next += Addr(bytes+256+255) &^ 255 // a gap after each allocation: overruns do not land in a neighbour
-	e.allocs = append(e.allocs, &emuAlloc{base: base, mem: make([]byte, bytes)})
+	mem := make([]byte, bytes)
+	Poison(mem)
+	e.allocs = append(e.allocs, &emuAlloc{base: base, mem: mem})
 	return base, nil
+}
+
+// Poison16 is the 16-bit word every simulated allocation (Emu's, and the fake
+// libcuda's cuMemAlloc and cuMemHostAlloc) starts filled with. cuMemAlloc's
+// memory is not cleared — a GPU hands back what a freed buffer held — so
+// code that reads memory it never wrote must fail on the CPU too: bf16, fp16,
+// fp32 and fp8 read it as NaN, an int32 counter, flag or epoch as 2147450879,
+// an int64 as a huge count, a pointer as a non-canonical address. What must
+// start at zero is zeroed on its stream (Fill16) before its first use.
+const Poison16 uint16 = 0x7FFF
+
+// Poison fills b with Poison16 (little-endian; an odd last byte gets its low
+// half).
+func Poison(b []byte) {
+	for i := range b {
+		b[i] = byte(Poison16 >> (8 * (i & 1)))
+	}
 }
 
 func (e *Emu) Free(p Addr) error {

@@ -671,6 +671,15 @@ static int pinned(const void *p) {
     pthread_mutex_unlock(&allocmu);
     return h;
 }
+// Poison: cuMemAlloc's memory "is not cleared" and cuMemHostAlloc promises
+// nothing of its contents either; a real GPU hands back what a freed buffer
+// held. Every allocation here is filled with the 16-bit word 0x7FFF (bytes
+// FF 7F), so that code reading memory it never wrote fails loudly rather
+// than finding the zeros anonymous pages hold: bf16, fp16, fp32 and fp64 read
+// it as NaN, fp8 (e4m3, e5m2) too, int32 as 2147450879 and int64 as a huge
+// positive count, a pointer as a non-canonical address. Zero what must start
+// at zero (cuMemsetD16Async) before its first use.
+#define POISON16 0x7FFFu
 // fakecuda_owner is owner for fakenccl.c.
 void *fakecuda_owner(CUdeviceptr p) { return owner(p); }
 static CUresult map(CUdeviceptr *p, size_t n, int host, unsigned flags) {
@@ -679,6 +688,7 @@ static CUresult map(CUdeviceptr *p, size_t n, int host, unsigned flags) {
     char *m = mmap(0, body + PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (m == MAP_FAILED) return OUT_OF_MEMORY;
     if (mprotect(m + body, PAGE, PROT_NONE)) { munmap(m, body + PAGE); return OUT_OF_MEMORY; }
+    for (uint16_t *w = (uint16_t *)m, *e = (uint16_t *)(m + body); w < e; w++) *w = POISON16;
     pthread_mutex_lock(&allocmu);
     for (int i = 0; i < MAXA; i++) {
         if (allocs[i].p) continue;
