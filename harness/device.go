@@ -1122,7 +1122,11 @@ func (dl *deviceLayer) download() error {
 // buffers and an equal share of the buffers the device's ranks share.
 func (dl *deviceLayer) footprint(r int) int64 {
 	b, m := &dl.rr[r], &dl.dc[dl.on[r]]
-	return b.bytes + b.out.Bytes + b.scratch.Bytes + b.dq.Bytes + dl.d.Footprint(r) + m.bytes/int64(m.ranks) + b.g.bytes()
+	n := b.bytes + b.out.Bytes + b.scratch.Bytes + b.dq.Bytes + dl.d.Footprint(r) + m.bytes/int64(m.ranks) + b.g.bytes()
+	if b.fp8 != nil { // the FP8 GEMMs' operands (the weights are in b.bytes)
+		n += b.fp8.ops.Bytes
+	}
+	return n
 }
 
 // runDevice is Run on the cuda device (or env.OpenDevice's): the same
