@@ -43,6 +43,7 @@ type deviceLayer struct {
 	job        job                       // what the devices' threads do next (see work)
 	work       func(dev int) error       // dl.issue, made once: issuing a step allocates nothing
 	train      bool                      // a step is a training step: forward, then backward (devbackward.go)
+	fp8lt      bool                      // at fp8 the expert GEMMs are cuBLASLt's block-scaled FP8 GEMM (fp8dev.go)
 	forward    int                       // the forward's phases: the first of steps
 	dist       *dist                     // a run over several processes (distributed.go); nil: one
 	gradAcc    map[string]errAcc         // a run over several processes: this process's part of the gradient check (checkGrads)
@@ -122,6 +123,7 @@ type devRank struct {
 	// dispatch moves), and the expert block's dequantized rows
 	xin, xdq device.Addr
 	dq       device.RowCapacity
+	fp8      *devFP8 // the FP8 GEMM path's weights and operands
 }
 
 // newDeviceLayer uploads l's inputs and weights to devs (the ranks spread
@@ -142,6 +144,11 @@ func newDeviceLayer(l *Layer, devs []device.Device, th *device.Threads, d dispat
 		}
 	}
 	dl.newThreads(th)
+	if c.isFP8() {
+		path, _ := fp8GEMMPath(devs, c)
+		dl.fp8lt = path == kernels.FP8GEMMBlock
+		l.fp8DevLt = dl.fp8lt // the reference takes the path's operands
+	}
 	up := func(dev device.Device, p *device.Addr, counter *int64, host any, s device.Stream) error {
 		b, err := device.HostBytes(host)
 		if err != nil {
@@ -244,6 +251,11 @@ func newDeviceLayer(l *Layer, devs []device.Device, th *device.Threads, d dispat
 			return nil, err
 		}
 		dl.ranks = append(dl.ranks, rk)
+		if dl.fp8lt {
+			if err := dl.allocFP8(r); err != nil {
+				return nil, err
+			}
+		}
 		if dl.train {
 			if err := dl.newDeviceBackward(r); err != nil {
 				return nil, err
@@ -312,6 +324,7 @@ func (dl *deviceLayer) uploadExperts() error {
 	type drawn struct {
 		e        int
 		fc1, fc2 []uint16
+		fp8      *fp8Weights // on the FP8 GEMM path
 	}
 	ch := make(chan drawn, runtime.GOMAXPROCS(0))
 	stop := make(chan struct{})
@@ -325,8 +338,12 @@ func (dl *deviceLayer) uploadExperts() error {
 				defer wg.Done()
 				for e := range next {
 					fc1, fc2 := dl.l.ExpertWeights(e)
+					var w8 *fp8Weights
+					if dl.fp8lt {
+						w8 = dl.l.fp8Weights(e)
+					}
 					select {
-					case ch <- drawn{e, kernels.BF16Bits(fc1), kernels.BF16Bits(fc2)}:
+					case ch <- drawn{e, kernels.BF16Bits(fc1), kernels.BF16Bits(fc2), w8}:
 					case <-stop:
 					}
 				}
@@ -359,6 +376,11 @@ func (dl *deviceLayer) uploadExperts() error {
 		}
 		if err := rk.Dev.Upload(rk.FC2+device.Addr(2*i*h*f), w.fc2, rk.Stream); err != nil {
 			return err
+		}
+		if w.fp8 != nil {
+			if err := dl.uploadFP8(w.e, w.fp8); err != nil {
+				return err
+			}
 		}
 	}
 	return nil
@@ -514,6 +536,18 @@ func (dl *deviceLayer) compute(r int, w *dispatchers.DeviceWork) error {
 		}
 		h1, act = b.h1, b.act
 	}
+	y := w.Y
+	if y == 0 {
+		y = rk.ExpertY
+	}
+	if dl.fp8lt { // the FP8 GEMMs (fp8dev.go); the backward's tape keeps the dequantized rows
+		if dl.train {
+			if _, err := dl.dequant(r, w, lo, hi, xd); err != nil {
+				return err
+			}
+		}
+		return dl.computeFP8(r, w, lo, hi, h1, act, y)
+	}
 	x, xLo := w.X, 0 // the block's bf16 rows, and the row of w.X at x
 	if c.isFP8() {
 		var err error
@@ -521,10 +555,6 @@ func (dl *deviceLayer) compute(r int, w *dispatchers.DeviceWork) error {
 			return err
 		}
 		xLo = lo
-	}
-	y := w.Y
-	if y == 0 {
-		y = rk.ExpertY
 	}
 	fc := func(out, in device.Addr, outLo, inLo int, second bool, outCols, inCols int) []device.Group {
 		b.groups = b.groups[:0]
@@ -575,6 +605,9 @@ func (dl *deviceLayer) chooseGrouped() (string, error) {
 	best, bestMS, desc := -1, math.Inf(1), ""
 	ways := len(groupedSides)
 	batched, ok := dl.devs[0].GroupedGEMMName()
+	if ok && dl.fp8lt {
+		ok, batched = false, batched+" takes no FP8 operands (the FP8 GEMMs are per-expert calls)"
+	}
 	if dl.dist != nil { // every process times the same ways: each step moves data between them
 		var err error
 		if ok, batched, err = dl.agreeBatched(ok, batched); err != nil {
@@ -1101,7 +1134,11 @@ func (dl *deviceLayer) download() error {
 // buffers and an equal share of the buffers the device's ranks share.
 func (dl *deviceLayer) footprint(r int) int64 {
 	b, m := &dl.rr[r], &dl.dc[dl.on[r]]
-	return b.bytes + b.out.Bytes + b.scratch.Bytes + b.dq.Bytes + dl.d.Footprint(r) + m.bytes/int64(m.ranks) + b.g.bytes()
+	n := b.bytes + b.out.Bytes + b.scratch.Bytes + b.dq.Bytes + dl.d.Footprint(r) + m.bytes/int64(m.ranks) + b.g.bytes()
+	if b.fp8 != nil { // the FP8 GEMMs' operands (the weights are in b.bytes)
+		n += b.fp8.ops.Bytes
+	}
+	return n
 }
 
 // runDevice is Run on the cuda device (or env.OpenDevice's): the same
@@ -1396,9 +1433,12 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 		rec.Timing.CUDAGraph = dl.graph.describe(cfg.Warmup + cfg.Iters)
 	}
 	rec.GEMM.Method = method
-	if cfg.isFP8() { // the expert GEMMs are bf16 on the rows dequant_fp8_rows wrote (fp8dev.go)
+	if cfg.isFP8() { // the FP8 GEMMs, or bf16 ones on the rows dequant_fp8_rows wrote (fp8dev.go)
+		path, why := fp8GEMMPath(devs, cfg)
 		rec.GEMM.Method = ExpertPathFP8 + "; " + method
-		path, why := fp8GEMMPath(dev)
+		if path == kernels.FP8GEMMBlock {
+			rec.GEMM.Method = ExpertPathFP8Dev + "; " + method
+		}
 		rec.GEMM.FP8Path, rec.GEMM.FP8PathReason = string(path), why
 	}
 	if g, ok := dev.(*device.CUDA); ok {

@@ -111,11 +111,12 @@ func equalsHost(t *testing.T, c Config, n int) {
 }
 
 // equalsHostOn is equalsHost with the ranks on devs. At fp8 the host runs
-// the cuda device's expert GEMM path (hostRunsDevicePath), so that the two
-// compare bit for bit.
+// the cuda device's expert GEMM path, so that the two compare bit for bit:
+// its own FP8 GEMM path where the device runs the FP8 GEMMs, else the bf16
+// GEMMs on dequantized rows (hostRunsDevicePath).
 func equalsHostOn(t *testing.T, c Config, devs ...device.Device) {
 	t.Helper()
-	if c.isFP8() {
+	if path, _ := fp8GEMMPath(devs, c); c.isFP8() && path == kernels.FP8GEMMDequant {
 		hostRunsDevicePath(t)
 	}
 	dl := deviceRun(t, c, devs...)

@@ -6,13 +6,15 @@ package harness
 // arithmetic emulated exactly, the fake cuBLASLt's bit for bit):
 //
 //	h1  = bf16(FP8GEMM(x codes · 1×128 multipliers, fc1 codes · 128×128))
-//	act = SwiGLU(h1) × prob                                  (fp32)
+//	act = bf16(SwiGLU(h1) × prob)
 //	y   = bf16(FP8GEMM(e4m3(act) · 1×128, fc2 codes · 128×128))
 //
 // x's codes and multipliers are those the dispatch delivered (dequantRows
 // keeps them); fc2's input is quantized 1×128 along ffn as Megatron's
 // blockwise recipe quantizes every GEMM input (kernels.QuantFP8RowsK, the
-// dispatch's rule). The backward stays bf16 on the dequantized rows and
+// dispatch's rule) from the bf16 activation the layer stores (Megatron's
+// fc2 casts its bf16 input; the cuda layer's quant_fp8_lt does the same).
+// The backward stays bf16 on the dequantized rows and
 // weights and on the unquantized activation (docs/fp8.md, "The backward").
 //
 // The check's reference (fp8ref in Reference) takes the same quantized
@@ -27,11 +29,17 @@ import (
 )
 
 // fp8Lt says whether the layer runs its expert GEMMs through the FP8 GEMM
-// (the host device at fp8, fp8GEMMHostPath block). The cuda device's layer
-// runs bf16 GEMMs on dequantized rows (fp8GEMMPath) and its reference is
-// the bf16 one.
+// (the host device at fp8, fp8GEMMHostPath block; the cuda device's layer
+// where fp8GEMMPath chose block scaling), and so whether its reference
+// takes the FP8 GEMM's exact operands.
 func (l *Layer) fp8Lt() bool {
-	return l.Cfg.isFP8() && l.Cfg.Device != "cuda" && fp8GEMMHostPath == kernels.FP8GEMMBlock
+	if !l.Cfg.isFP8() {
+		return false
+	}
+	if l.Cfg.Device == "cuda" {
+		return l.fp8DevLt
+	}
+	return fp8GEMMHostPath == kernels.FP8GEMMBlock
 }
 
 // fp8GEMMHostPath is the host device's expert GEMM path at fp8: block, or
@@ -118,8 +126,8 @@ func (l *Layer) expertForwardFP8(r, e, start, n int, scratch []float32) {
 	h1, act := scratch[:n*2*f], scratch[n*2*f:n*3*f]
 	fp8GEMMRows(h1, n, 2*f, h, run.xc[start*h:(start+n)*h], run.xs[start*S:(start+n)*S], w.q1, w.lt1)
 	kernels.SwiGLUProb(act, h1, rk.ExpertProbs[start:start+n], n, f)
-	q, s := kernels.QuantFP8RowsK(act, n, f) // from the fp32 activation, as TE's fused activation-quantize kernels
-	kernels.RoundBF16Slice(act)              // the tape's (the bf16 backward's)
+	kernels.RoundBF16Slice(act)              // the stored bf16 activation (the tape's, the bf16 backward's)
+	q, s := kernels.QuantFP8RowsK(act, n, f) // from the bf16 activation, as the cuda layer's quant_fp8_lt
 	if fp8Fault == "fc2-none" {              // tests: fc2's input not dequantized
 		for i := range s {
 			s[i] = 1
@@ -162,8 +170,9 @@ func (l *Layer) fp8RefRow(dst []float64, r, tok int) {
 // fp8RefExpert is the reference's expert on the FP8 GEMM path, in
 // float64 on the exact dequantized operands: fc1, its output rounded to
 // bf16 as the layer stores it, SwiGLU × prob, fc2's input quantized 1×128
-// with the layer's rule (from its float64 value, rounded to fp32 to take
-// the rule) and dequantized exactly, fc2. Why fc1's output is rounded:
+// with the layer's rule (from its float64 value rounded to bf16, as the
+// layer stores the activation before quantizing it) and dequantized
+// exactly, fc2. Why fc1's output is rounded:
 // the e4m3 quantization of fc2's input that follows is a step function,
 // and a float64 h1 a bf16 rounding away from the layer's moves about 1% of
 // fc2's input codes by a whole e4m3 step (2⁻³ relative) — measured, the
@@ -180,8 +189,8 @@ func fp8RefExpert(y, x, prob, fc1, fc2, scratch []float64, n, h, f int) {
 	}
 	kernels.SwiGLUProb(act, h1, prob, n, f)
 	a32 := make([]float32, n*f)
-	for i, v := range act {
-		a32[i] = float32(v)
+	for i, v := range act { // the activation as the layer stores it (bf16), then quantized
+		a32[i] = kernels.RoundBF16(float32(v))
 	}
 	q, s := kernels.QuantFP8RowsK(a32, n, f)
 	kb := (f + kernels.FP8Block - 1) / kernels.FP8Block

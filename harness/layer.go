@@ -62,6 +62,9 @@ type Layer struct {
 	// a drawn layer)
 	fp8w   map[int]*fp8Weights
 	fp8wMu sync.Mutex
+	// fp8DevLt: at fp8 on the cuda device, the layer's expert GEMMs are
+	// cuBLASLt's block-scaled FP8 GEMM (fp8dev.go), and so is the reference
+	fp8DevLt bool
 }
 
 type rankRun struct {

@@ -263,7 +263,7 @@ func TestNCCLEPFP8OnHostSim(t *testing.T) {
 			if c.train && (rec.Correctness.Grads == nil || !(rec.Correctness.Grads.MaxRelErr <= rec.Correctness.Grads.Tolerance)) {
 				t.Errorf("gradients %+v", rec.Correctness.Grads)
 			}
-			if rec.Config.Precision != PrecisionFP8 || !strings.HasPrefix(rec.GEMM.Method, ExpertPathFP8+"; ") ||
+			if rec.Config.Precision != PrecisionFP8 || !strings.HasPrefix(rec.GEMM.Method, ExpertPathFP8Dev+"; ") || rec.GEMM.FP8Path != "cublaslt-fp8-block" ||
 				rec.Library == nil || !strings.Contains(rec.Library.Detail, "quant_recipe NCCL_EP_DISP_QUANT_FWD") {
 				t.Errorf("precision %q, expert path %q, library %+v", rec.Config.Precision, rec.GEMM.Method, rec.Library)
 			}

@@ -62,9 +62,13 @@ func precisionBlock(p string) int {
 // dispatch (expertInput; on the FP8 GEMM path fp8RefRow and
 // fp8RefWeights, exact in float64).
 
-// ExpertPathFP8 is what the record says of the fp8 expert GEMMs on the
-// host device.
+// ExpertPathFP8 is what the record says of fp8 expert GEMMs run as bf16
+// GEMMs on dequantized operands (gemm.fp8_path bf16-dequant).
 const ExpertPathFP8 = "bf16 GEMMs on dequantized rows and weights (activations e4m3 1×128, weights e4m3 128×128)"
+
+// ExpertPathFP8Dev is what the record says of the fp8 expert GEMMs on the
+// cuda device's FP8 GEMM path (fp8dev.go).
+const ExpertPathFP8Dev = "FP8 GEMMs (cuBLASLt's block-scaled FP8 GEMM: e4m3 activations 1×128 as dispatched, fc2's bf16 input quantized 1×128 on the device, weights e4m3 128×128, bf16 out)"
 
 // ExpertPathFP8Host is what the record says of the fp8 expert GEMMs on
 // the host device (fp8gemm.go).

@@ -57,7 +57,7 @@ func TestDistributedFP8(t *testing.T) {
 			}
 			g := rec.Correctness.Grads
 			if rec.Config.Precision != "fp8" || rec.Config.Pass != results.PassTraining || g == nil || !(g.MaxRelErr <= g.Tolerance) ||
-				!strings.Contains(g.Note, "each process compares its own ranks'") || !strings.HasPrefix(rec.GEMM.Method, harness.ExpertPathFP8) {
+				!strings.Contains(g.Note, "each process compares its own ranks'") || !strings.HasPrefix(rec.GEMM.Method, harness.ExpertPathFP8Dev) || rec.GEMM.FP8Path != "cublaslt-fp8-block" {
 				t.Fatalf("precision %q, pass %q (%q), expert path %q, gradients %+v", rec.Config.Precision, rec.Config.Pass, rec.Config.PassNote, rec.GEMM.Method, g)
 			}
 			if !rec.Correctness.Passed {

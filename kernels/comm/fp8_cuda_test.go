@@ -15,7 +15,7 @@ import (
 // fp8Vec16 are fp8.cu's kernels, which move their rows as 16-byte global
 // loads and stores (the SASS audit holds them to it).
 var fp8Vec16 = map[string]bool{"quant_fp8_1x128": true, "quant_mxfp8": true, "dequant_fp8_1x128": true,
-	"quant_fp8_rows": true, "dequant_fp8_rows": true}
+	"quant_fp8_rows": true, "dequant_fp8_rows": true, "fp8_rows_lt": true}
 
 // fp8KernelRows are fp8Rows with blocks of exact ties added: blocks whose
 // amax is 448·2^k (the quantization multiplier is then 2^-k, exact) made of
@@ -224,7 +224,7 @@ func TestFP8SASS(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, name := range []string{"quant_fp8_1x128", "quant_mxfp8"} {
+		for _, name := range []string{"quant_fp8_1x128", "quant_mxfp8", "quant_fp8_lt"} {
 			k := ks[name]
 			if k == nil {
 				t.Fatalf("%s: no %s in the cubin", arch, name)

@@ -76,6 +76,8 @@ var kernelBlock = map[string]int{
 	"dequant_fp8_1x128": kernels.FP8KernelBlock,
 	"quant_fp8_rows":    kernels.FP8KernelBlock,
 	"dequant_fp8_rows":  kernels.FP8KernelBlock,
+	"fp8_rows_lt":       kernels.FP8KernelBlock,
+	"quant_fp8_lt":      kernels.FP8KernelBlock,
 }
 
 // bulkExpected, set in a compile's constants, says that the bulk-copy path

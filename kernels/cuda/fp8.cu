@@ -13,6 +13,10 @@
 // quant_fp8_rows, dequant_fp8_rows: the same into / from packed rows (each
 //   row's e4m3 values then its fp32 multipliers, pitch bytes a row): the
 //   rows the cuda device's fp8 dispatch moves.
+// fp8_rows_lt, quant_fp8_lt: the operands of cuBLASLt's block-scaled FP8
+//   GEMM (the cuda layer's expert GEMMs): packed rows, or bf16 rows
+//   quantized 1×128 (any k, kernels.QuantFP8RowsK), into contiguous e4m3
+//   rows and VEC128_32F-ordered multipliers (kernels.FP8ActScalesLt).
 //
 // Each lane owns 16 consecutive elements: two 16-byte loads of bf16 and one
 // 16-byte store of e4m3 (dequant: one load, two stores); a 1×128 block is
@@ -207,4 +211,58 @@ extern "C" __global__ void dequant_fp8_1x128(const unsigned char *__restrict__ q
 extern "C" __global__ void dequant_fp8_rows(const unsigned char *__restrict__ in, long n, int S, long pitch,
                                             bf16 *__restrict__ y) {
     mb_fp8_dequant(in, nullptr, n, y, S, pitch);
+}
+
+// The operands of cuBLASLt's block-scaled FP8 GEMM (the cuda layer's
+// expert GEMMs, harness/fp8dev.go): e4m3 rows [m, k] contiguous and their
+// 1×128 multipliers in VEC128_32F's order, k-block major with the GEMM's m
+// rows contiguous (s[b·m + i]; kernels.FP8ActScalesLt).
+//
+// fp8_rows_lt: m packed rows (quant_fp8_rows's layout: S blocks a row,
+//   pitch bytes a row, 16-byte aligned) → codes q [m, S·128] and
+//   multipliers s [S][m]. Each thread moves 16 bytes a step (one load, one
+//   store); the first lane of a block's 8 moves its multiplier.
+extern "C" __global__ void fp8_rows_lt(const unsigned char *__restrict__ in, int m, int S, long pitch,
+                                       unsigned char *__restrict__ q, float *__restrict__ s) {
+    const long chunks = (long)m * S * 8;
+    for (long c = (long)blockIdx.x * blockDim.x + threadIdx.x; c < chunks; c += (long)gridDim.x * blockDim.x) {
+        const long g = c / 8, row = g / S, b = g % S;
+        const unsigned char *src = in + row * pitch;
+        *(uint4 *)(q + c * 16) = *(const uint4 *)(src + b * 128 + (c % 8) * 16);
+        if (c % 8 == 0) s[b * m + row] = ((const float *)(src + (long)S * 128))[b];
+    }
+}
+
+// quant_fp8_lt: m bf16 rows of k values (contiguous) quantized in 1×128
+//   blocks along k by quant_fp8_1x128's rule (kernels.QuantFP8RowsK: the
+//   last block of a row holds k mod 128 values when 128 does not divide
+//   k) into codes q [m, k] and multipliers s [⌈k/128⌉][m]. One warp a
+//   block, 4 elements a lane, the amax reduced with shuffles; scalar loads
+//   and stores (k is any multiple of 16: fc2's input, ffn wide). flags as
+//   quant_fp8_1x128's (bit 1: software e4m3 conversion).
+extern "C" __global__ void quant_fp8_lt(const bf16 *__restrict__ x, int m, int k, int flags, unsigned char *__restrict__ q,
+                                        float *__restrict__ s) {
+    const int lane = threadIdx.x & 31, kb = (k + 127) / 128;
+    const long blocks = (long)m * kb, step = (long)gridDim.x * (blockDim.x >> 5);
+    for (long g = (long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5); g < blocks; g += step) {
+        const long row = g / kb;
+        const int b = (int)(g % kb), j0 = b * 128 + lane * 4;
+        float v[4];
+        float amax = 0.f;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            v[i] = j0 + i < k ? bf2f(x[row * k + j0 + i]) : 0.f;
+            amax = fmaxf(amax, fabsf(v[i]));
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(MB_FULL_MASK, amax, o));
+        const float am = fmaxf(amax, 1e-4f), mul = 448.0f / am;
+        const unsigned lo = mb_e4m3x2(v[0] * mul, v[1] * mul, flags), hi = mb_e4m3x2(v[2] * mul, v[3] * mul, flags);
+        const unsigned char c[4] = {(unsigned char)(lo & 0xffu), (unsigned char)(lo >> 8), (unsigned char)(hi & 0xffu),
+                                    (unsigned char)(hi >> 8)};
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            if (j0 + i < k) q[row * k + j0 + i] = c[i];
+        if (lane == 0) s[(long)b * m + row] = am * (1.0f / 448.0f);
+    }
 }

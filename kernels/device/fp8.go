@@ -114,3 +114,89 @@ func fp8RowsTwinPart(p TwinPart, dequant bool) error {
 	}
 	return nil
 }
+
+// FP8RowsLtProgram is fp8_rows_lt: (in packed rows, m int32 rows, S int32
+// blocks a row, pitch int64 bytes a row, q e4m3 [m, S·128], s fp32
+// [S][m]): packed rows into the operand of cuBLASLt's block-scaled FP8
+// GEMM, the multipliers in VEC128_32F's order (kernels.FP8ActScalesLt).
+func FP8RowsLtProgram() *Program {
+	return &Program{File: "fp8.cu", Kernel: "fp8_rows_lt", Block: kernels.FP8KernelBlock, Twin: fp8LtTwin(false)}
+}
+
+// FP8QuantLtProgram is quant_fp8_lt: (x bf16 [m, k], m int32, k int32,
+// flags int32, q e4m3 [m, k], s fp32 [⌈k/128⌉][m]): kernels.QuantFP8RowsK
+// on bf16 rows, the multipliers in VEC128_32F's order.
+func FP8QuantLtProgram() *Program {
+	return &Program{File: "fp8.cu", Kernel: "quant_fp8_lt", Block: kernels.FP8KernelBlock, Twin: fp8LtTwin(true)}
+}
+
+// fp8LtTwin is fp8_rows_lt (quant false) or quant_fp8_lt on Emu, through
+// the host functions.
+func fp8LtTwin(quant bool) func([]TwinPart) error {
+	return func(parts []TwinPart) error {
+		for _, p := range parts {
+			if err := fp8LtTwinPart(p, quant); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+}
+
+func fp8LtTwinPart(p TwinPart, quant bool) error {
+	a := p.Args
+	if len(a) != 6 {
+		return fmt.Errorf("fp8 lt: %d arguments", len(a))
+	}
+	in, m, outQ, outS := a[0].(Addr), int(a[1].(int32)), a[4].(Addr), a[5].(Addr)
+	var q []uint8
+	var s []float32
+	var k int
+	if quant {
+		k = int(a[2].(int32))
+		if m < 0 || k <= 0 {
+			return fmt.Errorf("quant_fp8_lt: %d rows of %d", m, k)
+		}
+		xb, err := p.Read(in, int64(2*m*k))
+		if err != nil {
+			return err
+		}
+		x := make([]float32, m*k)
+		for i := range x {
+			x[i] = math.Float32frombits(uint32(binary.LittleEndian.Uint16(xb[2*i:])) << 16)
+		}
+		q, s = kernels.QuantFP8RowsK(x, m, k)
+	} else {
+		S, pitch := int(a[2].(int32)), int(a[3].(int64))
+		k = S * kernels.FP8Block
+		if m < 0 || S <= 0 || pitch < S*(kernels.FP8Block+4) {
+			return fmt.Errorf("fp8_rows_lt: %d rows of %d blocks, pitch %d", m, S, pitch)
+		}
+		pb, err := p.Read(in, int64(m*pitch))
+		if err != nil {
+			return err
+		}
+		q, s = make([]uint8, m*k), make([]float32, m*S)
+		for r := range m {
+			row := pb[r*pitch:]
+			copy(q[r*k:(r+1)*k], row[:k])
+			for b := range S {
+				s[r*S+b] = math.Float32frombits(binary.LittleEndian.Uint32(row[k+4*b:]))
+			}
+		}
+	}
+	s = kernels.FP8ActScalesLt(s, m, k)
+	qb, err := p.Write(outQ, int64(len(q)))
+	if err != nil {
+		return err
+	}
+	copy(qb, q)
+	sb, err := p.Write(outS, int64(4*len(s)))
+	if err != nil {
+		return err
+	}
+	for i, v := range s {
+		binary.LittleEndian.PutUint32(sb[4*i:], math.Float32bits(v))
+	}
+	return nil
+}
