@@ -44,12 +44,7 @@ func fp8KernelRows(g *rand.Rand, rows, h int) []float32 {
 // of one block (every warp loops) and a full one, and block counts that
 // leave warps partly idle.
 func TestFP8KernelsOnHostSim(t *testing.T) {
-	useHostSim(t)
-	c, err := device.OpenCUDA(0, t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := hostSimCUDA(t)
 	checkFP8Kernels(t, c)
 }
 

@@ -14,12 +14,7 @@ import (
 // (fp8_rows_lt, quant_fp8_lt) on the host simulation and holds them to the
 // host functions bit for bit (checkFP8LtKernels).
 func TestFP8LtKernelsOnHostSim(t *testing.T) {
-	useHostSim(t)
-	c, err := device.OpenCUDA(0, t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := hostSimCUDA(t)
 	checkFP8LtKernels(t, c)
 }
 

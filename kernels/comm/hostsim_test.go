@@ -21,6 +21,18 @@ func useHostSim(t *testing.T) {
 	t.Cleanup(func() { device.NewCompiler = old })
 }
 
+// hostSimCUDA opens the cuda device on the host simulation (useHostSim),
+// closed when the test ends.
+func hostSimCUDA(t *testing.T) *device.CUDA {
+	useHostSim(t)
+	c, err := device.OpenCUDA(0, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
 // TestKernelsOnHostSim runs the GPU tests' checks — the CUDA device
 // against Emu on the same random inputs, with the same tolerances — on
 // the host simulation (see useHostSim): the kernels' CUDA C, the launches
@@ -99,12 +111,7 @@ func TestArchitectureChoice(t *testing.T) {
 // it is not (a timed step), the shape takes the nearest timed shape's
 // algorithm, which the heuristic offers for it too, and is counted.
 func TestGEMMAlgorithmsTimed(t *testing.T) {
-	useHostSim(t)
-	c, err := device.OpenCUDA(0, t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	c := hostSimCUDA(t)
 	s, err := c.NewStream()
 	if err != nil {
 		t.Fatal(err)
