@@ -360,30 +360,30 @@ __device__ inline bool mb_check(const mb_comm &c, int rank, int phase, int wait,
 // returns false. phase and wait name the wait in the record (the
 // dispatcher's numbering); expected is the value waited for, for it.
 // The clock is read every 64 loads; the abort word, in host memory (a
-// read crosses PCIe), only once the wait has lasted MB_ABORT_POLL_NS and
-// then every MB_ABORT_POLL_NS: thousands of warps spinning on shared
-// memory and reading it every 64 loads flooded the GPU's path to host
-// memory on an H200 (deepep's combine and hybridep's kernels ran 40 to 200
-// times slower, gpu-check 2026-11-27); a healthy wait ends before its
-// first read.
-#ifndef MB_ABORT_POLL_NS
-#define MB_ABORT_POLL_NS 100000ull
+// read crosses PCIe), only once the wait has lasted MB_ABORT_AFTER_NS, and
+// then every MB_ABORT_POLL_LOADS loads: thousands of warps spinning on
+// shared memory and reading it every 64 loads flooded the GPU's path to
+// host memory on an H200 (deepep's combine and hybridep's kernels ran 40
+// to 200 times slower, gpu-check 2026-11-27); a healthy wait ends before
+// its first read. (The load count, not a time, spaces the reads: a second
+// 64-bit value live through the loop put deepep_combine_bwd on the stack.)
+#ifndef MB_ABORT_AFTER_NS
+#define MB_ABORT_AFTER_NS 100000ull
+#endif
+#ifndef MB_ABORT_POLL_LOADS
+#define MB_ABORT_POLL_LOADS 4096u
 #endif
 template <class Load, class Done>
 __device__ inline bool mb_wait(const mb_comm &c, int rank, int phase, int wait, long long expected, Load load, Done done) {
     const unsigned long long start = mb_globaltimer();
-    unsigned long long poll = MB_ABORT_POLL_NS; // the wait's length at which the abort word is read next
     for (unsigned i = 1;; i++) {
         const long long v = load();
         if (done(v)) return true;
         if (i % 64 == 0) {
             const unsigned long long waited = mb_globaltimer() - start;
-            if (waited >= poll) {
-                poll = waited + MB_ABORT_POLL_NS;
-                if (mb_aborted(c)) {
-                    mb_give_up(c, rank, MB_ERR_ABORTED, phase, wait, v, expected, waited);
-                    return false;
-                }
+            if (i % MB_ABORT_POLL_LOADS == 0 && waited >= MB_ABORT_AFTER_NS && mb_aborted(c)) {
+                mb_give_up(c, rank, MB_ERR_ABORTED, phase, wait, v, expected, waited);
+                return false;
             }
             if (waited > c.timeout_ns) {
                 mb_give_up(c, rank, MB_ERR_TIMEOUT, phase, wait, v, expected, waited);
