@@ -200,8 +200,7 @@ func checkCommTest(t *testing.T, devs []device.Device) {
 	})
 	// the host gives up first: its abort reaches every waiting kernel,
 	// which records that it gave up (not a timeout of its own) long before
-	// its own timeout (the abort word is read every 4096 loads of a wait
-	// once it has lasted 100 µs)
+	// its own timeout (the abort word is read every 4096 loads of a wait)
 	t.Run("host-abort", func(t *testing.T) {
 		c := commCase{place: []int{0, 1}, channels: 2, slots: 32, items: 12, bug: CommTestNoTail, timeout: 20 * time.Second, hostWait: 100 * time.Millisecond}
 		fits(t, c)

@@ -360,16 +360,13 @@ __device__ inline bool mb_check(const mb_comm &c, int rank, int phase, int wait,
 // returns false. phase and wait name the wait in the record (the
 // dispatcher's numbering); expected is the value waited for, for it.
 // The clock is read every 64 loads; the abort word, in host memory (a
-// read crosses PCIe), only once the wait has lasted MB_ABORT_AFTER_NS, and
-// then every MB_ABORT_POLL_LOADS loads: thousands of warps spinning on
+// read crosses PCIe), only every MB_ABORT_POLL_LOADS loads: thousands of warps spinning on
 // shared memory and reading it every 64 loads flooded the GPU's path to
 // host memory on an H200 (deepep's combine and hybridep's kernels ran 40
 // to 200 times slower, gpu-check 2026-11-27); a healthy wait ends before
-// its first read. (The load count, not a time, spaces the reads: a second
-// 64-bit value live through the loop put deepep_combine_bwd on the stack.)
-#ifndef MB_ABORT_AFTER_NS
-#define MB_ABORT_AFTER_NS 100000ull
-#endif
+// its first read (4096 loads: about 100 µs of spinning on shared memory).
+// (The load count alone spaces the reads: a time kept through the loop, or
+// compared there, put deepep's kernels on the stack.)
 #ifndef MB_ABORT_POLL_LOADS
 #define MB_ABORT_POLL_LOADS 4096u
 #endif
@@ -381,7 +378,7 @@ __device__ inline bool mb_wait(const mb_comm &c, int rank, int phase, int wait, 
         if (done(v)) return true;
         if (i % 64 == 0) {
             const unsigned long long waited = mb_globaltimer() - start;
-            if (i % MB_ABORT_POLL_LOADS == 0 && waited >= MB_ABORT_AFTER_NS && mb_aborted(c)) {
+            if (i % MB_ABORT_POLL_LOADS == 0 && mb_aborted(c)) {
                 mb_give_up(c, rank, MB_ERR_ABORTED, phase, wait, v, expected, waited);
                 return false;
             }
