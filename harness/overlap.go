@@ -97,6 +97,7 @@ func newOverlap(dl *deviceLayer, shared, a2a, delay bool, mb1 *Layer, d1 dispatc
 	ov := &overlap{shared: shared, a2a: a2a, delay: delay}
 	ov.mb[0] = dl
 	if a2a {
+		dl.l.micros = 2 // its trace tokens, then micro-batch 1's, each step
 		dl1, err := newDeviceLayer(mb1, dl.devs, dl.th, d1, dl.dist)
 		if err != nil {
 			return nil, fmt.Errorf("overlap: micro-batch 1: %w", err)
@@ -407,7 +408,10 @@ func (dl *deviceLayer) ovPhase(r int) *wgradPhase {
 }
 
 // microBatch is the layer of micro-batch i of c's step: c's weights and
-// routing mode, with inputs of its own (micro-batch 0's are c's).
+// routing mode, with inputs and routing of its own (micro-batch 0's are
+// c's): a random routing's logit overrides drawn from the same
+// distribution, from a stream of the micro-batch's own; a trace's tokens
+// the ones after micro-batch 0's (see Layer.traceToken).
 func microBatch(c Config, i int) (*Layer, error) { return microBatchOf(c, i, false) }
 
 // microBatchOf is microBatch, the host's layer (newLayer's host) or the
@@ -417,8 +421,12 @@ func microBatchOf(c Config, i int, host bool) (*Layer, error) {
 	if err != nil || i == 0 {
 		return l, err
 	}
+	l.micro, l.micros = i, 2
 	for r := range l.X {
 		normalInto(l.X[r], c.Seed, fmt.Sprintf("x-micro-batch-%d", i), r, 1)
+		if o := l.Override[r]; o != nil { // step 0's (SetRouting draws the others)
+			c.Routing.fillLogits(o, c.Seed, r, c.Experts, 0, i)
+		}
 	}
 	return l, nil
 }
