@@ -475,3 +475,25 @@ func TestOverlapMicroBatchOwnRouting(t *testing.T) {
 		})
 	}
 }
+
+// TestOverlapCUDAGraphRefusals: --cuda-graph with --overlap is valid
+// configuration; a run it cannot capture is unavailable with the reason,
+// as without --overlap: a design that does not issue its steps as graphs
+// (deepep, and feplb, whose rebalance waits on the host inside the step),
+// a device that captures nothing (Emu).
+func TestOverlapCUDAGraphRefusals(t *testing.T) {
+	t.Setenv("MOEBENCH_NVML", "/nonexistent")
+	for _, tc := range []struct{ dispatcher, want string }{
+		{"deepep", "deepep does not issue its steps as graphs"}, {"feplb", "feplb does not issue its steps as graphs"},
+		{"alltoall", "the emu device captures no graphs"}} {
+		c := small()
+		c.Device, c.Dispatcher, c.Overlap, c.DelayWgrad, c.CUDAGraph, c.EP = "cuda", tc.dispatcher, []string{OverlapA2A}, true, true, 2
+		if err := c.Validate(); err != nil {
+			t.Fatalf("%s: %v", tc.dispatcher, err)
+		}
+		rec, err := Run(c, Env{Version: "test", OpenDevices: emus(1)})
+		if rec == nil || rec.Status != results.StatusUnavailable || !strings.Contains(rec.Reason+fmt.Sprint(err), tc.want) {
+			t.Errorf("%s: %v, %+v; want unavailable: %q", tc.dispatcher, err, rec, tc.want)
+		}
+	}
+}
