@@ -48,7 +48,18 @@ type ovGraphs struct {
 	// reason).
 	launches, captures, fallbacks int
 	why                           string
-	segs                          int // segments issued so far (overlap.seg)
+	segs                          int    // segments issued so far (overlap.seg)
+	compared                      string // how the step compared bit for bit was issued (compare)
+}
+
+// compare says how the step issued since og was before ran: replayed
+// from graphs captured earlier, captured, or partly as plain launches.
+func (og *ovGraphs) compare(before ovGraphs) string {
+	n, c, f := og.launches-before.launches, og.captures-before.captures, og.fallbacks-before.fallbacks
+	if c == 0 && f == 0 {
+		return fmt.Sprintf("the compared step was replayed from graphs captured before (%d launches)", n)
+	}
+	return fmt.Sprintf("the compared step: %d graph launches, %d of them captured at that step, %d segments as plain launches", n, c, f)
 }
 
 // ovJoin is one stream of the overlapped step and its join event.
@@ -292,6 +303,10 @@ func (ov *overlap) capture(seg []ovItem, first bool) (*device.Graph, error) {
 	}
 	gs.capturing = true
 	n := len(ov.lastOrdered)
+	if ov.plant == "graph-drop" { // the graph leaves out micro-batch 0's last forward phase (tests)
+		last := ov.plain[0][l0.forward-1].Name
+		seg = slices.DeleteFunc(slices.Clone(seg), func(it ovItem) bool { return it.mb == 0 && it.ph != nil && it.ph.Name == last })
+	}
 	err := func() error {
 		if first {
 			if err := l0.begin(); err != nil {
@@ -340,6 +355,9 @@ func (og *ovGraphs) describe(steps int) string {
 		og.launches, steps, og.captures)
 	if og.fallbacks > 0 {
 		s += fmt.Sprintf("; %d segments issued as plain launches when the driver refused their capture (first: %s)", og.fallbacks, og.why)
+	}
+	if og.compared != "" {
+		s += "; " + og.compared
 	}
 	return s
 }

@@ -99,6 +99,9 @@ func measureOverlap(dl *deviceLayer, cfg Config, denv dispatchers.Env, rec *resu
 			seq, seqExposed = append(seq, slowest(st.step)), append(seqExposed, slowest(st.exposed))
 		}
 		if i == 0 && ov.graph != nil { // the eager overlapped step too: the graphs' reference
+			if err := ov.poison(); err != nil {
+				return err
+			}
 			ov.eager = true
 			err := ov.step(true)
 			ov.eager = false
@@ -113,8 +116,20 @@ func measureOverlap(dl *deviceLayer, cfg Config, denv dispatchers.Env, rec *resu
 				return fmt.Errorf("overlap: the overlapped step's output or gradients (plain launches) differ from the sequential step's: %s", d)
 			}
 		}
+		var before ovGraphs
+		if ov.graph != nil {
+			before = *ov.graph
+		}
+		if i == 0 { // what the step writes holds no earlier step's values
+			if err := ov.poison(); err != nil {
+				return err
+			}
+		}
 		if err := ov.step(true); err != nil {
 			return fmt.Errorf("overlap: the overlapped step: %w", err)
+		}
+		if i == 0 && ov.graph != nil {
+			ov.graph.compared = ov.graph.compare(before)
 		}
 		if i == 0 {
 			got, err := ov.snapshot()

@@ -314,6 +314,34 @@ func exposedOf(comm, comp [][2]float64) float64 {
 	return length(c) - hidden
 }
 
+// poison fills with NaN every micro-batch's output and the gradient
+// buffers its backward writes rather than adds to (poisonGrads), so that a
+// step compared bit for bit cannot pass on an earlier step's values.
+func (ov *overlap) poison() error {
+	for _, l := range ov.mb {
+		if l == nil {
+			continue
+		}
+		c := l.l.Cfg
+		if err := ov.each(func(r int) error {
+			rk := l.ranks[r]
+			if err := rk.Dev.Fill16(rk.Y, 0x7fc0, int64(c.Tokens*c.Hidden), rk.Stream); err != nil {
+				return err
+			}
+			if l.train {
+				return l.poisonGrads(r)
+			}
+			return nil
+		}); err != nil {
+			return err
+		}
+		if err := l.sync(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // ovSnapshot is what a step leaves that overlap must not change: every
 // micro-batch's output and input gradient per rank, and the weight
 // gradients (main_grad), as bits.
