@@ -31,6 +31,9 @@ type Layer struct {
 	Override [][]float32 // per rank router-logit override [T, E] of the current step, nil when routing is natural or a trace
 	Trace    *Trace
 	step     int // the step whose routing Override and Trace give (SetRouting)
+	// micro is the layer's micro-batch in a step of micros (--overlap a2a:
+	// 2; 0 means 1): each draws its own routing (microBatchOf).
+	micro, micros int
 
 	Ranks []*dispatchers.Rank
 	run   []rankRun
@@ -176,16 +179,17 @@ func (l *Layer) SetRouting(step int) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				l.Cfg.Routing.fillLogits(o, l.Cfg.Seed, r, l.Cfg.Experts, step)
+				l.Cfg.Routing.fillLogits(o, l.Cfg.Seed, r, l.Cfg.Experts, step, l.micro)
 			}()
 		}
 	}
 	wg.Wait()
 }
 
-// traceToken is the trace's routing of rank r's token t this step.
+// traceToken is the trace's routing of rank r's token t this step (of
+// micro-batch micro: a step's micro-batches take consecutive tokens).
 func (l *Layer) traceToken(r, t int) ([]int32, []float32) {
-	return l.Trace.Token((l.step*l.Cfg.EP+r)*l.Cfg.Tokens + t)
+	return l.Trace.Token(((l.step*max(l.micros, 1)+l.micro)*l.Cfg.EP+r)*l.Cfg.Tokens + t)
 }
 
 // normal draws n bf16-rounded N(0, std²) values for one purpose and index.

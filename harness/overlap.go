@@ -51,6 +51,15 @@ type overlap struct {
 	// plant leaves out one event on purpose (tests): "shared", "wgrad" or
 	// "a2a"; Emu's order check must fail the step.
 	plant string
+	// graph issues the overlapped step as CUDA graphs (--cuda-graph;
+	// overlapgraph.go), nil: plain launches; eager issues it as plain
+	// launches all the same (the equality check's reference).
+	graph *ovGraphs
+	eager bool
+	// seg is the segment of the overlapped step being issued as a graph
+	// (or, refused, as plain launches), numbered across steps from 1; 0:
+	// the step is issued as plain launches (see crossWait).
+	seg int
 
 	mb    [2]*deviceLayer // the micro-batches (mb[1] nil without a2a)
 	plain [2][]dispatchers.Step
@@ -68,6 +77,7 @@ type overlap struct {
 type ovRank struct {
 	side, wside    device.Stream // the shared expert's; the deferred wgrad's
 	in, shDone     device.Event  // the shared expert's start (on the rank's stream) and end (on side)
+	shDoneSeg      int           // the graph segment shDone was recorded in (crossWait)
 	shStart, shEnd device.Event  // timing events on side
 	wgrad          map[string]*wgradPhase
 }
@@ -80,8 +90,10 @@ type wgradPhase struct {
 	at        int          // rows of arena given out
 	ready     device.Event // on the rank's stream, after the dgrad
 	start     device.Event // on the wgrad stream, after its wait (timing)
-	done      device.Event // on the wgrad stream, after the products
+	done      device.Event // on the wgrad stream, after the products (the backward's last phase waits for it)
+	end       device.Event // on the wgrad stream, after done: the products' end (timing)
 	waitedFor bool
+	doneSeg   int // the graph segment done was recorded in (crossWait)
 }
 
 // newOverlap builds dl's overlap engine for the forms asked; with a2a it
@@ -97,6 +109,7 @@ func newOverlap(dl *deviceLayer, shared, a2a, delay bool, mb1 *Layer, d1 dispatc
 	ov := &overlap{shared: shared, a2a: a2a, delay: delay}
 	ov.mb[0] = dl
 	if a2a {
+		dl.l.micros = 2 // its trace tokens, then micro-batch 1's, each step
 		dl1, err := newDeviceLayer(mb1, dl.devs, dl.th, d1, dl.dist)
 		if err != nil {
 			return nil, fmt.Errorf("overlap: micro-batch 1: %w", err)
@@ -226,7 +239,7 @@ func (ov *overlap) rewrite(i int, plain []dispatchers.Step) []dispatchers.Step {
 			run := s[last].Run
 			s[last].Run = func(r int) error {
 				if ov.plant != "shared" && dl.dc[0].sfc1 != 0 {
-					if err := dl.ranks[r].Dev.Wait(dl.ranks[r].Stream, ov.ranks[i][r].shDone); err != nil {
+					if err := ov.crossWait(dl.ranks[r].Dev, dl.ranks[r].Stream, ov.ranks[i][r].shDone, ov.ranks[i][r].shDoneSeg); err != nil {
 						return err
 					}
 				}
@@ -265,7 +278,7 @@ func (ov *overlap) sharedSide(i, r int) error {
 	if err := dev.Wait(o.side, o.in); err != nil {
 		return err
 	}
-	if err := dev.Record(o.shStart, o.side); err != nil {
+	if err := dl.timing(dev, o.shStart, o.side); err != nil { // graph.go
 		return err
 	}
 	rk.Stream = o.side // sharedExpert queues on rk.Stream; the rank's calls are this thread's alone
@@ -274,10 +287,25 @@ func (ov *overlap) sharedSide(i, r int) error {
 	if err != nil {
 		return err
 	}
-	if err := dev.Record(o.shEnd, o.side); err != nil {
+	if err := dl.timing(dev, o.shEnd, o.side); err != nil {
 		return err
 	}
+	o.shDoneSeg = ov.seg
 	return dev.Record(o.shDone, o.side)
+}
+
+// crossWait makes stream s wait for event e, recorded in graph segment at
+// (ov.seg then). While the overlapped step is issued as graphs, an event
+// recorded in another segment is left out: it is ordered already, since
+// every segment joins every stream back into the origin, on which the next
+// segment's graph is launched, every stream forked after it (stepGraph);
+// and a captured wait for an event of another capture is refused
+// (CUDA_ERROR_STREAM_CAPTURE_ISOLATION).
+func (ov *overlap) crossWait(dev device.Device, s device.Stream, e device.Event, at int) error {
+	if ov.seg != 0 && at != ov.seg {
+		return nil
+	}
+	return dev.Wait(s, e)
 }
 
 // deferredExperts runs expert backward phase name (run) of rank r with its
@@ -297,6 +325,9 @@ func (ov *overlap) deferredExperts(i int, name string, r int, run func(int) erro
 			return err
 		}
 		if w.start, err = rk.Dev.NewEvent(); err != nil {
+			return err
+		}
+		if w.end, err = rk.Dev.NewEvent(); err != nil {
 			return err
 		}
 		o.wgrad[name] = w
@@ -330,7 +361,7 @@ func (ov *overlap) deferredExperts(i int, name string, r int, run func(int) erro
 			return err
 		}
 	}
-	if err := rk.Dev.Record(w.start, o.wside); err != nil {
+	if err := dl.timing(rk.Dev, w.start, o.wside); err != nil { // graph.go: an event record node inside a capture
 		return err
 	}
 	for _, mm := range w.ops {
@@ -338,8 +369,11 @@ func (ov *overlap) deferredExperts(i int, name string, r int, run func(int) erro
 			return err
 		}
 	}
-	w.waitedFor = false
-	return rk.Dev.Record(w.done, o.wside)
+	w.waitedFor, w.doneSeg = false, ov.seg
+	if err := rk.Dev.Record(w.done, o.wside); err != nil {
+		return err
+	}
+	return dl.timing(rk.Dev, w.end, o.wside)
 }
 
 // waitWgrad makes rank r's stream wait for every deferred wgrad of the step.
@@ -351,7 +385,7 @@ func (ov *overlap) waitWgrad(i, r int) error {
 		if w == nil || w.waitedFor {
 			continue
 		}
-		if err := rk.Dev.Wait(rk.Stream, w.done); err != nil {
+		if err := ov.crossWait(rk.Dev, rk.Stream, w.done, w.doneSeg); err != nil {
 			return err
 		}
 		w.waitedFor = true
@@ -407,7 +441,10 @@ func (dl *deviceLayer) ovPhase(r int) *wgradPhase {
 }
 
 // microBatch is the layer of micro-batch i of c's step: c's weights and
-// routing mode, with inputs of its own (micro-batch 0's are c's).
+// routing mode, with inputs and routing of its own (micro-batch 0's are
+// c's): a random routing's logit overrides drawn from the same
+// distribution, from a stream of the micro-batch's own; a trace's tokens
+// the ones after micro-batch 0's (see Layer.traceToken).
 func microBatch(c Config, i int) (*Layer, error) { return microBatchOf(c, i, false) }
 
 // microBatchOf is microBatch, the host's layer (newLayer's host) or the
@@ -417,8 +454,12 @@ func microBatchOf(c Config, i int, host bool) (*Layer, error) {
 	if err != nil || i == 0 {
 		return l, err
 	}
+	l.micro, l.micros = i, 2
 	for r := range l.X {
 		normalInto(l.X[r], c.Seed, fmt.Sprintf("x-micro-batch-%d", i), r, 1)
+		if o := l.Override[r]; o != nil { // step 0's (SetRouting draws the others)
+			c.Routing.fillLogits(o, c.Seed, r, c.Experts, 0, i)
+		}
 	}
 	return l, nil
 }

@@ -1,8 +1,12 @@
 package harness
 
 import (
+	"regexp"
+	"strconv"
+	"strings"
 	"testing"
 
+	"github.com/moebench/moebench/internal/hostsim"
 	"github.com/moebench/moebench/results"
 )
 
@@ -33,6 +37,68 @@ func TestOverlapOnHostSim(t *testing.T) {
 				t.Fatalf("overlap %+v", o)
 			}
 			t.Logf("%s: step %.3g ms, sequential %.3g ms, exposed %.3g of %.3g ms; %s", name, o.Step.P50, o.Sequential.P50, o.Exposed.P50, o.Comm.P50, o.GEMMSMsNote)
+		})
+	}
+}
+
+// TestOverlapCUDAGraphOnHostSim: with --cuda-graph the overlapped step is
+// captured on the fake driver's stream capture (segments cut at alltoall's
+// count exchanges, every stream forked from the origin and joined back) and
+// replayed: each form's replayed step gives the outputs and gradients of
+// the same step as plain launches and of the sequential step, bit for bit
+// (the record's equal; measureOverlap compares all three), its phases timed
+// by the graphs' event record nodes. A planted missing join fails the
+// capture with CUDA_ERROR_STREAM_CAPTURE_UNJOINED, a planted missing fork
+// with CUDA_ERROR_STREAM_CAPTURE_ISOLATION, and graphs that leave out
+// micro-batch 0's last forward phase fail the bit-for-bit comparison.
+func TestOverlapCUDAGraphOnHostSim(t *testing.T) {
+	hostsim.SkipIfShort(t, "internal/cuda's TestStreamCapture (the fake driver's capture)")
+	useHostSimLayer(t)
+	base := deviceCases()["softmax-natural"]
+	base.Warmup, base.Iters, base.EP, base.CUDAGraph, base.SharedExperts = 2, 2, 2, true, 1
+	base.RoutingFixed = true // the counts repeat: the graphs are replayed
+	launches := regexp.MustCompile(`(\d+) graph launches over \d+ steps .*, (\d+) captures`)
+	for _, tc := range []struct {
+		name  string
+		forms []string
+		delay bool
+	}{{"a2a", []string{OverlapA2A}, false}, {"a2a-delay-wgrad", []string{OverlapA2A}, true},
+		{"shared", []string{OverlapShared}, false}, {"shared-delay-wgrad", []string{OverlapShared}, true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := base
+			c.Overlap, c.DelayWgrad = tc.forms, tc.delay
+			rec, err := Run(c, Env{Version: "test"})
+			if err != nil || rec.Status != results.StatusOK || !rec.Correctness.Passed {
+				t.Fatalf("%v; record %+v", err, rec)
+			}
+			o := rec.Overlap
+			if o == nil || !o.Equal || o.Comm == nil || o.Comm.P50 <= 0 || o.Exposed == nil {
+				t.Fatalf("overlap %+v", o)
+			}
+			m := launches.FindStringSubmatch(o.Note)
+			if m == nil {
+				t.Fatalf("no graph launches in the note: %q", o.Note)
+			}
+			n, _ := strconv.Atoi(m[1])
+			k, _ := strconv.Atoi(m[2])
+			if n <= k || k == 0 || !strings.Contains(o.Note, "event record nodes") || !strings.Contains(o.Note, "the compared step was replayed from graphs captured before") {
+				t.Errorf("%d launches, %d captures: want replays; %q", n, k, o.Note)
+			}
+			t.Logf("step %.3g ms, sequential %.3g ms, exposed %.3g of %.3g ms; %s", o.Step.P50, o.Sequential.P50, o.Exposed.P50, o.Comm.P50, m[0])
+		})
+	}
+	for plant, want := range map[string]string{"graph-join": "CUDA_ERROR_STREAM_CAPTURE_UNJOINED", "graph-fork": "CUDA_ERROR_STREAM_CAPTURE_ISOLATION",
+		"graph-drop": "(replayed from CUDA graphs; the same step as plain launches equals it) differ from the sequential step's"} {
+		t.Run(plant, func(t *testing.T) {
+			overlapPlant = plant
+			t.Cleanup(func() { overlapPlant = "" })
+			c := base
+			c.Overlap, c.DelayWgrad = []string{OverlapA2A}, true
+			rec, err := Run(c, Env{Version: "test"})
+			if err == nil || !strings.Contains(err.Error(), want) {
+				t.Fatalf("planted %s: %v (record %+v), want %s", plant, err, rec, want)
+			}
+			t.Log(err)
 		})
 	}
 }

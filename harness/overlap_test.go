@@ -3,6 +3,7 @@ package harness
 import (
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -417,6 +418,82 @@ func TestOverlapRefusesDump(t *testing.T) {
 		var ce *ConfigError
 		if !errors.As(err, &ce) || ce.Flag != "dump" || !strings.Contains(err.Error(), "a2a") || rec != nil {
 			t.Errorf("%s: %v, %+v; want a --dump usage error", dev, err, rec)
+		}
+	}
+}
+
+// TestOverlapMicroBatchOwnRouting: with a2a, micro-batch 1 routes tokens of
+// its own, as the routing mode draws them — a random routing's overrides
+// from a stream of its own (step 0's and a later step's), a trace's tokens
+// after micro-batch 0's — not micro-batch 0's overrides again: the two
+// micro-batches' routing as uploaded to the device differs on every rank.
+func TestOverlapMicroBatchOwnRouting(t *testing.T) {
+	base := overlapCase()
+	g := rand.New(rand.NewPCG(1, 2))
+	var tr strings.Builder
+	for range 3*base.EP*base.Tokens + 1 {
+		for j, e := range g.Perm(base.Experts)[:base.TopK] {
+			if j > 0 {
+				tr.WriteString(" ")
+			}
+			fmt.Fprint(&tr, e)
+		}
+		tr.WriteString("\n")
+	}
+	for _, rt := range []Routing{{Kind: RoutingUniform}, {Kind: RoutingBalanced}, {Kind: RoutingSkewed, Alpha: 1.2}, {Kind: RoutingTrace, File: writeTrace(t, tr.String())}} {
+		t.Run(rt.Kind, func(t *testing.T) {
+			c := base
+			c.Routing = rt
+			ov := newOverlapRun(t, c, false, true, false, "")
+			for _, step := range []int{0, 3} {
+				var got [2][][]float32 // per micro-batch, per rank: the override, or the trace's experts
+				for i, dl := range ov.mb {
+					if err := dl.setRouting(step); err != nil {
+						t.Fatal(err)
+					}
+					for r, rk := range dl.ranks {
+						if rt.Kind == RoutingTrace {
+							got[i] = append(got[i], []float32{}) // the routed experts, as floats
+							for _, e := range dl.l.Ranks[r].Idx {
+								got[i][r] = append(got[i][r], float32(e))
+							}
+							continue
+						}
+						v := make([]float32, c.Tokens*c.Experts)
+						if err := rk.Dev.Download(v, dl.rr[r].override, rk.Stream); err != nil {
+							t.Fatal(err)
+						}
+						got[i] = append(got[i], v)
+					}
+				}
+				for r := range got[0] {
+					if slices.Equal(got[0][r], got[1][r]) {
+						t.Errorf("step %d, rank %d: micro-batch 1's routing is micro-batch 0's", step, r)
+					}
+				}
+			}
+		})
+	}
+}
+
+// TestOverlapCUDAGraphRefusals: --cuda-graph with --overlap is valid
+// configuration; a run it cannot capture is unavailable with the reason,
+// as without --overlap: a design that does not issue its steps as graphs
+// (deepep, and feplb, whose rebalance waits on the host inside the step),
+// a device that captures nothing (Emu).
+func TestOverlapCUDAGraphRefusals(t *testing.T) {
+	t.Setenv("MOEBENCH_NVML", "/nonexistent")
+	for _, tc := range []struct{ dispatcher, want string }{
+		{"deepep", "deepep does not issue its steps as graphs"}, {"feplb", "feplb does not issue its steps as graphs"},
+		{"alltoall", "the emu device captures no graphs"}} {
+		c := small()
+		c.Device, c.Dispatcher, c.Overlap, c.DelayWgrad, c.CUDAGraph, c.EP = "cuda", tc.dispatcher, []string{OverlapA2A}, true, true, 2
+		if err := c.Validate(); err != nil {
+			t.Fatalf("%s: %v", tc.dispatcher, err)
+		}
+		rec, err := Run(c, Env{Version: "test", OpenDevices: emus(1)})
+		if rec == nil || rec.Status != results.StatusUnavailable || !strings.Contains(rec.Reason+fmt.Sprint(err), tc.want) {
+			t.Errorf("%s: %v, %+v; want unavailable: %q", tc.dispatcher, err, rec, tc.want)
 		}
 	}
 }

@@ -45,8 +45,6 @@ func (c Config) validateOverlap() error {
 		return &ConfigError{flag, val, "overlaps a training step's backward; --forward-only has none"}
 	case c.overlaps(OverlapShared) && c.SharedExperts == 0:
 		return &ConfigError{"overlap", v, "shared overlaps the shared expert, and the layer has none (--shared-experts 0)"}
-	case c.overlapping() && c.CUDAGraph:
-		return &ConfigError{"overlap", v, "is not captured as CUDA graphs in this build (--cuda-graph): run one or the other"}
 	}
 	return nil
 }

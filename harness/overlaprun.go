@@ -58,6 +58,13 @@ func measureOverlap(dl *deviceLayer, cfg Config, denv dispatchers.Env, rec *resu
 		return err
 	}
 	defer func() { dl.ov = nil }()
+	ov.plant = overlapPlant
+	if dl.graph != nil { // --cuda-graph: runDevice's newGraphs refused the designs that cannot be captured
+		if ov.graph, err = newOvGraphs(ov); err != nil {
+			return err
+		}
+		defer ov.graph.free()
+	}
 	cfg.prog.set("overlap: the sequential and the overlapped step, in turn")
 	var seq, over, comm, exposed, seqExposed []float64
 	slowest := func(v []float64) float64 { return slices.Max(v) }
@@ -91,8 +98,38 @@ func measureOverlap(dl *deviceLayer, cfg Config, denv dispatchers.Env, rec *resu
 		if i >= 0 {
 			seq, seqExposed = append(seq, slowest(st.step)), append(seqExposed, slowest(st.exposed))
 		}
+		if i == 0 && ov.graph != nil { // the eager overlapped step too: the graphs' reference
+			if err := ov.poison(); err != nil {
+				return err
+			}
+			ov.eager = true
+			err := ov.step(true)
+			ov.eager = false
+			if err != nil {
+				return fmt.Errorf("overlap: the overlapped step, as plain launches: %w", err)
+			}
+			got, err := ov.snapshot()
+			if err != nil {
+				return err
+			}
+			if d := want.diff(got); d != "" {
+				return fmt.Errorf("overlap: the overlapped step's output or gradients (plain launches) differ from the sequential step's: %s", d)
+			}
+		}
+		var before ovGraphs
+		if ov.graph != nil {
+			before = *ov.graph
+		}
+		if i == 0 { // what the step writes holds no earlier step's values
+			if err := ov.poison(); err != nil {
+				return err
+			}
+		}
 		if err := ov.step(true); err != nil {
 			return fmt.Errorf("overlap: the overlapped step: %w", err)
+		}
+		if i == 0 && ov.graph != nil {
+			ov.graph.compared = ov.graph.compare(before)
 		}
 		if i == 0 {
 			got, err := ov.snapshot()
@@ -100,7 +137,11 @@ func measureOverlap(dl *deviceLayer, cfg Config, denv dispatchers.Env, rec *resu
 				return err
 			}
 			if d := want.diff(got); d != "" {
-				return fmt.Errorf("overlap: the overlapped step's output or gradients differ from the sequential step's: %s", d)
+				how := ""
+				if ov.graph != nil {
+					how = " (replayed from CUDA graphs; the same step as plain launches equals it)"
+				}
+				return fmt.Errorf("overlap: the overlapped step's output or gradients%s differ from the sequential step's: %s", how, d)
 			}
 			o.Equal = true
 		}
@@ -127,8 +168,14 @@ func measureOverlap(dl *deviceLayer, cfg Config, denv dispatchers.Env, rec *resu
 	}
 	o.GEMMSMs, o.GEMMSMsNote = gemmSMs(dl, cfg, rec)
 	o.Note = overlapNote(dl, ov)
+	if ov.graph != nil {
+		o.Note += "; " + ov.graph.describe(cfg.Warmup+cfg.Iters)
+	}
 	return nil
 }
+
+// overlapPlant, when set (tests), is the overlap's plant (overlap.plant).
+var overlapPlant string
 
 // overlapMemNote says what --overlap adds to the record's device bytes.
 const overlapMemNote = "with --overlap, also what the overlapped step holds besides: with a2a the second micro-batch's layer and dispatcher buffers (its inputs, activations, saved tape and gradients; the weight gradients are shared, counted once), with --delay-wgrad the deferred wgrad's dh1 arenas"

@@ -15,86 +15,24 @@ import (
 
 // step runs one training step of ov's micro-batches, overlapped (over) or
 // with every phase after the one before (the same phases, the same
-// rounding points; only the order and the streams differ).
+// rounding points; only the order and the streams differ). With
+// --cuda-graph (ov.graph) the overlapped step is issued as CUDA graphs
+// (overlapgraph.go) unless ov.eager.
 func (ov *overlap) step(over bool) error {
-	l0, l1 := ov.mb[0], ov.mb[1]
+	l0 := ov.mb[0]
 	ov.lastOrdered = ov.lastOrdered[:0]
-	pick := func(i int) []dispatchers.Step {
-		if over {
-			return ov.over[i]
-		}
-		return ov.plain[i]
-	}
+	plan := ov.plan(over)
 	t0 := time.Now()
 	l0.waitMS = 0
-	if err := l0.begin(); err != nil { // mb0's begin events and zero_grad
-		return err
-	}
-	run := func(i int, phs []dispatchers.Step) error {
-		for _, ph := range phs {
-			ov.lastOrdered = append(ov.lastOrdered, orderedPhase{i, ph.Name})
-		}
-		return ov.mb[i].phases(phs, false, true)
-	}
-	if l1 == nil {
-		if err := run(0, pick(0)); err != nil {
+	if over && ov.graph != nil && !ov.eager {
+		if err := ov.stepGraph(plan); err != nil {
 			return err
 		}
 	} else {
-		if err := ov.linkStreams(0); err != nil { // mb1 after the start and zero_grad
+		if err := l0.begin(); err != nil { // mb0's begin events and zero_grad
 			return err
 		}
-		s0, s1 := pick(0), pick(1)
-		f0, b0 := s0[:l0.forward], s0[l0.forward:]
-		f1, b1 := s1[:l1.forward], s1[l1.forward:]
-		if !over {
-			for _, p := range []struct {
-				i   int
-				phs []dispatchers.Step
-			}{{0, f0}, {0, b0}} {
-				if err := run(p.i, p.phs); err != nil {
-					return err
-				}
-			}
-			if err := ov.linkStreams(0); err != nil {
-				return err
-			}
-			if err := run(1, f1); err != nil {
-				return err
-			}
-		} else {
-			if err := run(0, f0); err != nil {
-				return err
-			}
-			if err := ov.linkStreams(0); err != nil { // F1 after F0, as in 1F1B
-				return err
-			}
-			for k, slot := range mergeSlots(b0, f1) {
-				if k > 0 && ov.plant != "a2a" { // the slot's pair starts after the last slot's pair
-					if err := ov.linkStreams(0); err != nil {
-						return err
-					}
-					if err := ov.linkStreams(1); err != nil {
-						return err
-					}
-				}
-				if err := run(0, slot[0]); err != nil {
-					return err
-				}
-				if err := run(1, slot[1]); err != nil {
-					return err
-				}
-			}
-			if ov.plant != "a2a" { // B1 accumulates into the gradients B0 wrote
-				if err := ov.linkStreams(0); err != nil {
-					return err
-				}
-			}
-		}
-		if err := run(1, b1); err != nil {
-			return err
-		}
-		if err := ov.linkStreams(1); err != nil { // the step ends on mb0's stream
+		if err := ov.issue(plan, true); err != nil {
 			return err
 		}
 	}
@@ -110,6 +48,80 @@ func (ov *overlap) step(over bool) error {
 			return err
 		}
 		l.warm = true
+	}
+	return nil
+}
+
+// ovItem is one action of an overlap step after its begin: a phase of
+// micro-batch mb, or (ph nil) linkStreams(link).
+type ovItem struct {
+	mb, link int
+	ph       *dispatchers.Step
+}
+
+// plan is the step's actions in issue order, overlapped (over) or not.
+func (ov *overlap) plan(over bool) []ovItem {
+	l0, l1 := ov.mb[0], ov.mb[1]
+	var p []ovItem
+	run := func(i int, phs []dispatchers.Step) {
+		for k := range phs {
+			p = append(p, ovItem{mb: i, ph: &phs[k]})
+		}
+	}
+	link := func(d int) { p = append(p, ovItem{link: d}) }
+	pick := func(i int) []dispatchers.Step {
+		if over {
+			return ov.over[i]
+		}
+		return ov.plain[i]
+	}
+	if l1 == nil {
+		run(0, pick(0))
+		return p
+	}
+	link(0) // mb1 after the start and zero_grad
+	s0, s1 := pick(0), pick(1)
+	f0, b0 := s0[:l0.forward], s0[l0.forward:]
+	f1, b1 := s1[:l1.forward], s1[l1.forward:]
+	if !over {
+		run(0, f0)
+		run(0, b0)
+		link(0)
+		run(1, f1)
+	} else {
+		run(0, f0)
+		link(0) // F1 after F0, as in 1F1B
+		for k, slot := range mergeSlots(b0, f1) {
+			if k > 0 && ov.plant != "a2a" { // the slot's pair starts after the last slot's pair
+				link(0)
+				link(1)
+			}
+			run(0, slot[0])
+			run(1, slot[1])
+		}
+		if ov.plant != "a2a" { // B1 accumulates into the gradients B0 wrote
+			link(0)
+		}
+	}
+	run(1, b1)
+	link(1) // the step ends on mb0's stream
+	return p
+}
+
+// issue queues items as plain launches; with hostWaits, each phase's host
+// wait (Capabilities.HostWait) first.
+func (ov *overlap) issue(items []ovItem, hostWaits bool) error {
+	for _, it := range items {
+		if it.ph == nil {
+			if err := ov.linkStreams(it.link); err != nil {
+				return err
+			}
+			continue
+		}
+		ov.lastOrdered = append(ov.lastOrdered, orderedPhase{it.mb, it.ph.Name})
+		if err := ov.mb[it.mb].phases([]dispatchers.Step{*it.ph}, false, hostWaits); err != nil {
+			return err
+		}
 	}
 	return nil
 }
@@ -201,7 +213,7 @@ func (ov *overlap) times(over bool) (ovTimes, error) {
 		if !l0.local(r) {
 			continue
 		}
-		begin := l0.dc[l0.on[r]].begin
+		begin := l0.stepBegin(r) // graph.go: with --cuda-graph, the begin event's timing twin
 		at := func(e device.Event) (float64, error) { return rk.Dev.Elapsed(begin, e) }
 		var comm, comp [][2]float64
 		add := func(a, b device.Event, isComm bool) error {
@@ -246,7 +258,7 @@ func (ov *overlap) times(over bool) (ovTimes, error) {
 			}
 			for _, name := range dispatchers.ExpertBackwardPhases {
 				if w := o.wgrad[name]; w != nil && len(w.ops) > 0 {
-					if err := add(w.start, w.done, false); err != nil {
+					if err := add(w.start, w.end, false); err != nil {
 						return t, err
 					}
 				}
@@ -300,6 +312,34 @@ func exposedOf(comm, comp [][2]float64) float64 {
 		}
 	}
 	return length(c) - hidden
+}
+
+// poison fills with NaN every micro-batch's output and the gradient
+// buffers its backward writes rather than adds to (poisonGrads), so that a
+// step compared bit for bit cannot pass on an earlier step's values.
+func (ov *overlap) poison() error {
+	for _, l := range ov.mb {
+		if l == nil {
+			continue
+		}
+		c := l.l.Cfg
+		if err := ov.each(func(r int) error {
+			rk := l.ranks[r]
+			if err := rk.Dev.Fill16(rk.Y, 0x7fc0, int64(c.Tokens*c.Hidden), rk.Stream); err != nil {
+				return err
+			}
+			if l.train {
+				return l.poisonGrads(r)
+			}
+			return nil
+		}); err != nil {
+			return err
+		}
+		if err := l.sync(); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // ovSnapshot is what a step leaves that overlap must not change: every

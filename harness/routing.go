@@ -111,7 +111,7 @@ func (r Routing) Logits(seed uint64, rank, tokens, experts int) []float32 {
 	switch r.Kind {
 	case RoutingBalanced, RoutingUniform, RoutingSkewed:
 		out := make([]float32, tokens*experts)
-		r.fillLogits(out, seed, rank, experts, 0)
+		r.fillLogits(out, seed, rank, experts, 0, 0)
 		return out
 	}
 	return nil
@@ -120,10 +120,13 @@ func (r Routing) Logits(seed uint64, rank, tokens, experts int) []float32 {
 // fillLogits draws rank r's override of one step into out ([tokens,
 // experts]): from the seed, the rank and the step, so that each step has its
 // own routing (step 0's draws are the ones every step had before routing
-// was drawn per step).
-func (r Routing) fillLogits(out []float32, seed uint64, rank, experts, step int) {
+// was drawn per step), and from the micro-batch: --overlap a2a's second
+// micro-batch draws from the same distribution, its own stream.
+func (r Routing) fillLogits(out []float32, seed uint64, rank, experts, step, micro int) {
 	purpose := "logits"
-	if step > 0 {
+	if micro > 0 {
+		purpose = fmt.Sprintf("logits-micro-batch-%d@%d", micro, step)
+	} else if step > 0 {
 		purpose = fmt.Sprintf("logits@%d", step)
 	}
 	g := rng(seed, purpose, rank)
