@@ -66,7 +66,7 @@ func phaseWork(c Config, name string) float64 {
 
 // countedPhases runs an untimed step's phases, each adding its work to the
 // progress line (the check's step and backward).
-func (l *Layer) countedPhases() func(string, int, func() error) error {
+func countedPhases(l *Layer) func(string, int, func() error) error {
 	return func(name string, _ int, fn func() error) error {
 		defer l.Cfg.prog.add(phaseWork(l.Cfg, name))
 		return fn()
@@ -91,7 +91,7 @@ func Check(l *Layer, d dispatchers.Dispatcher, fresh func() (dispatchers.Dispatc
 		roundtrip.Poison(rk.ExpertY)
 	}
 	prog := l.Cfg.prog
-	counted := l.countedPhases()
+	counted := countedPhases(l)
 	prog.work(checkStep, stepsWork(l.Cfg, l.steps(d), len(l.Ranks)))
 	if err := l.Step(d, counted); err != nil {
 		return nil, err

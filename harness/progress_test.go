@@ -168,7 +168,7 @@ func TestDeviceStagesCountTheirWork(t *testing.T) {
 	p := &progress{now: time.Now}
 	c.prog = p
 	dl := deviceRun(t, c, &device.Emu{})
-	if _, err := dl.check(); err != nil {
+	if _, err := checkDevice(dl); err != nil {
 		t.Fatal(err)
 	}
 	p.set("done")
