@@ -524,7 +524,7 @@ func checkDeviceGrads(dl *deviceLayer, cr *results.Correctness, sampled bool) er
 		return err
 	}
 	dl.dist.local("computing the float64 gradient reference")
-	dl.l.Cfg.prog.work(checkGradRef, float64(dl.l.Cfg.Experts))
+	dl.l.Cfg.progressLine().work(checkGradRef, float64(dl.l.Cfg.Experts))
 	var mu sync.Mutex
 	var failed error
 	g := &results.GradCheck{Tolerance: kernels.GradTolerance, Metric: kernels.GradErrMetric, Note: gradNote, RoundTrip: deviceRoundTrip}

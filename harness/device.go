@@ -1115,7 +1115,7 @@ func checkDevice(dl *deviceLayer) (*results.Correctness, error) {
 	}
 	if cr.Detail == "" {
 		dl.dist.local("computing the float64 reference of its ranks")
-		dl.l.Cfg.prog.work(checkRef, float64(dl.l.Cfg.Experts))
+		dl.l.Cfg.progressLine().work(checkRef, float64(dl.l.Cfg.Experts))
 		compareReference(cr, dl.l, localSample(dl, sample))
 	}
 	cr.Passed = cr.Detail == "" && cr.MaxRelErr <= Tolerance
@@ -1191,7 +1191,7 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 	}
 	r.prog = startProgress(env.Progress, env.ProgressEvery, steps(r.cfg, d.Capabilities()))
 	defer r.prog.finish()
-	r.cfg.prog, r.cfg.intr = r.prog, env.Interrupt
+	r.cfg.carry(r.prog, env.Interrupt)
 	r.ds.setProgress(r.prog)
 	devs, err := OpenDevices(env, r.cfg.GPUs, r.cfg.EP, r.ds)
 	if err != nil {

@@ -39,7 +39,7 @@ const sampleGradNote = "on the check's sample of tokens: the check's upstream gr
 // the drawn one again afterwards.
 func checkGrads(c *results.Correctness, l *Layer, d dispatchers.Dispatcher, sample [][]int) error {
 	poisonGrads(l)
-	prog := l.Cfg.prog
+	prog := l.Cfg.progressLine()
 	timer := countedPhases(l)
 	if sample != nil {
 		drawn := l.DOut
@@ -307,7 +307,7 @@ func (c *gradCompare) start() {
 	go func() {
 		defer close(c.done)
 		c.ref = kernels.ReferenceGradsEach(p, refWorkers(l.Cfg), func(e int, fc1, fc2 []float64) {
-			defer l.Cfg.prog.add(1)
+			defer l.Cfg.progressLine().add(1)
 			defer w.done(e)
 			c.expert(e, fc1, fc2)
 		})

@@ -141,7 +141,7 @@ func runHost(cfg Config, env Env, rec *results.Record, forced bool, noDump error
 	h.d = d
 	h.prog = startProgress(env.Progress, env.ProgressEvery, steps(h.cfg, d.Capabilities()))
 	defer h.prog.finish()
-	h.cfg.prog, h.cfg.intr = h.prog, env.Interrupt
+	h.cfg.carry(h.prog, env.Interrupt)
 	if err := checkHostMemory(h.cfg); err != nil {
 		return failed(rec, results.StatusUnavailable, err)
 	}
