@@ -66,9 +66,9 @@ func phaseWork(c Config, name string) float64 {
 
 // countedPhases runs an untimed step's phases, each adding its work to the
 // progress line (the check's step and backward).
-func (l *Layer) countedPhases() func(string, int, func() error) error {
+func countedPhases(l *Layer) func(string, int, func() error) error {
 	return func(name string, _ int, fn func() error) error {
-		defer l.Cfg.prog.add(phaseWork(l.Cfg, name))
+		defer l.Cfg.progressLine().add(phaseWork(l.Cfg, name))
 		return fn()
 	}
 }
@@ -90,8 +90,8 @@ func Check(l *Layer, d dispatchers.Dispatcher, fresh func() (dispatchers.Dispatc
 		roundtrip.Poison(rk.Y)
 		roundtrip.Poison(rk.ExpertY)
 	}
-	prog := l.Cfg.prog
-	counted := l.countedPhases()
+	prog := l.Cfg.progressLine()
+	counted := countedPhases(l)
 	prog.work(checkStep, stepsWork(l.Cfg, l.steps(d), len(l.Ranks)))
 	if err := l.Step(d, counted); err != nil {
 		return nil, err
@@ -250,10 +250,10 @@ func Reference(l *Layer, sample [][]int) (out [][]float64, diffs int, err error)
 	workers := refWorkers(c)
 	bufs := make([]buffers, workers)
 	parallel(E, workers, func(w, e int) {
-		defer l.Cfg.prog.add(1)
+		defer l.Cfg.progressLine().add(1)
 		copies := byExpert[e]
 		n := len(copies)
-		if n == 0 || l.Cfg.intr.Why() != "" {
+		if n == 0 || l.Cfg.interrupt().Why() != "" {
 			return
 		}
 		b := &bufs[w]
@@ -287,7 +287,7 @@ func Reference(l *Layer, sample [][]int) (out [][]float64, diffs int, err error)
 		}
 		ys[e] = y
 	})
-	if err := l.Cfg.intr.interrupted("while computing the float64 reference"); err != nil {
+	if err := l.Cfg.interrupt().interrupted("while computing the float64 reference"); err != nil {
 		return nil, diffs, err
 	}
 	out = make([][]float64, c.EP)

@@ -148,6 +148,17 @@ type Config struct {
 	processes int
 }
 
+// carry makes c carry the run's progress line p and its interrupt in to
+// the layers (nil: none).
+func (c *Config) carry(p *progress, in *Interrupt) { c.prog, c.intr = p, in }
+
+// progressLine is the progress line c carries (nil: none; a nil line
+// ignores every call).
+func (c Config) progressLine() *progress { return c.prog }
+
+// interrupt is the interrupt c carries (nil: none).
+func (c Config) interrupt() *Interrupt { return c.intr }
+
 // How the host device holds the experts' weights and their fp32 weight
 // gradients (Config.HostExperts; see hostexperts.go). Every mode computes
 // the same numbers.

@@ -18,127 +18,51 @@ import (
 // busy and the GEMM slows by under 15%; "SMs" from 50% or 30%; else
 // "unclear". It returns the verdict with its numbers.
 func probeCopies(dev device.Device, seed uint64) (string, error) {
-	const n, copyBytes, gemms = 4096, 256 << 20, 50
-	var a, w, c, src, dst device.Addr
-	defer device.Free(dev, &a, &w, &c, &src, &dst)
-	if _, err := device.Resize(dev, 1, device.RowBuffer{P: &a, PerRow: 2 * n * n}, device.RowBuffer{P: &w, PerRow: 2 * n * n},
-		device.RowBuffer{P: &c, PerRow: 2 * n * n}, device.RowBuffer{P: &src, PerRow: copyBytes}, device.RowBuffer{P: &dst, PerRow: copyBytes}); err != nil {
+	p := &copyProbe{dev: dev}
+	defer device.Free(dev, &p.a, &p.w, &p.c, &p.src, &p.dst)
+	if err := p.setUp(seed); err != nil {
 		return "", err
 	}
-	sg, err := dev.NewStream()
+	if err := p.run(3, p.sg, true); err != nil { // warm-up
+		return "", err
+	}
+	if err := p.run(3, p.sc, false); err != nil {
+		return "", err
+	}
+	if err := dev.SyncStream(p.sc); err != nil {
+		return "", err
+	}
+	alone, err := p.timed(p.sg, func() error { return p.run(probeGEMMs, p.sg, true) })
 	if err != nil {
 		return "", err
 	}
-	sc, err := dev.NewStream()
-	if err != nil {
-		return "", err
-	}
-	var ev [4]device.Event
-	for i := range ev {
-		if ev[i], err = dev.NewEvent(); err != nil {
-			return "", err
-		}
-	}
-	g := rand.New(rand.NewPCG(seed, 0xce))
-	host := make([]float32, n*n)
-	for _, p := range []device.Addr{a, w} { // never time on zeros
-		for i := range host {
-			host[i] = float32(g.NormFloat64())
-		}
-		if err := dev.Upload(p, kernels.BF16Bits(host), sg); err != nil {
-			return "", err
-		}
-	}
-	if err := dev.Copy(src, a, 2*n*n, sg); err != nil {
-		return "", err
-	}
-	ops := []device.CopyOp{{Dst: dst, Src: src, Bytes: copyBytes}}
-	run := func(reps int, s device.Stream, gemm bool) error {
-		for range reps {
-			var err error
-			if gemm {
-				err = dev.GEMM(c, a, w, n, n, n, false, s)
-			} else {
-				err = dev.CopyBatch(ops, s)
-			}
-			if err != nil {
-				return err
-			}
-		}
-		return nil
-	}
-	timed := func(s device.Stream, fn func() error) (float64, error) {
-		if err := dev.Record(ev[0], s); err != nil {
-			return 0, err
-		}
-		if err := fn(); err != nil {
-			return 0, err
-		}
-		if err := dev.Record(ev[1], s); err != nil {
-			return 0, err
-		}
-		if err := dev.SyncStream(s); err != nil {
-			return 0, err
-		}
-		return dev.Elapsed(ev[0], ev[1])
-	}
-	if err := run(3, sg, true); err != nil { // warm-up
-		return "", err
-	}
-	if err := run(3, sc, false); err != nil {
-		return "", err
-	}
-	if err := dev.SyncStream(sc); err != nil {
-		return "", err
-	}
-	alone, err := timed(sg, func() error { return run(gemms, sg, true) })
-	if err != nil {
-		return "", err
-	}
-	perCopy, err := timed(sc, func() error { return run(8, sc, false) })
+	perCopy, err := p.timed(p.sc, func() error { return p.run(8, p.sc, false) })
 	if err != nil {
 		return "", err
 	}
 	perCopy /= 8
 	cover := int(math.Ceil(alone/max(perCopy, 1e-3))) + 1
-	beside, err := timed(sg, func() error { // the copies start with the GEMMs and outlast them
-		if err := dev.Record(ev[2], sg); err != nil {
+	beside, err := p.timed(p.sg, func() error { // the copies start with the GEMMs and outlast them
+		if err := dev.Record(p.ev[2], p.sg); err != nil {
 			return err
 		}
-		if err := dev.Wait(sc, ev[2]); err != nil {
+		if err := dev.Wait(p.sc, p.ev[2]); err != nil {
 			return err
 		}
-		if err := run(cover, sc, false); err != nil {
+		if err := p.run(cover, p.sc, false); err != nil {
 			return err
 		}
-		return run(gemms, sg, true)
+		return p.run(probeGEMMs, p.sg, true)
 	})
 	if err != nil {
 		return "", err
 	}
-	if err := dev.SyncStream(sc); err != nil {
+	if err := dev.SyncStream(p.sc); err != nil {
 		return "", err
 	}
-	util := "SM utilisation not measured: "
-	busy := math.NaN()
-	tm, why := startTelemetry(gpuBusID(dev))
-	if tm != nil {
-		err := run(int(math.Ceil(300/max(perCopy, 1e-3))), sc, false) // ≥ 300 ms of copies alone
-		if err == nil {
-			err = dev.SyncStream(sc)
-		}
-		t, _ := tm.finish()
-		if err != nil {
-			return "", err
-		}
-		if t.GPM {
-			busy = t.SMUtilPct
-			util = fmt.Sprintf("SM utilisation %.1f%% while only the copies ran (GPM, whole GPU, ≥ 300 ms)", busy)
-		} else {
-			util += fmt.Sprint(t.Unread)
-		}
-	} else {
-		util += why
+	busy, util, err := p.smUtil(perCopy)
+	if err != nil {
+		return "", err
 	}
 	slow := beside/alone - 1
 	verdict := "unclear which engine runs the copies"
@@ -149,5 +73,115 @@ func probeCopies(dev device.Device, seed uint64) (string, error) {
 		verdict = "the SMs run the copies"
 	}
 	return fmt.Sprintf("%s, by measurement: %s; %d GEMMs of %d³ bf16 took %.2f ms alone and %.2f ms beside the copies (%+.0f%%); copies alone %.0f GB/s (read + write) [%s]",
-		verdict, util, gemms, n, alone, beside, 100*slow, 2*copyBytes/perCopy/1e6, dev.BatchMethod()), nil
+		verdict, util, probeGEMMs, probeN, alone, beside, 100*slow, 2*probeCopyBytes/perCopy/1e6, dev.BatchMethod()), nil
+}
+
+// The copy probe's sizes: n×n GEMMs, copies of copyBytes, the GEMMs timed.
+const probeN, probeCopyBytes, probeGEMMs = 4096, 256 << 20, 50
+
+// copyProbe is probeCopies' buffers, streams (sg the GEMMs', sc the
+// copies') and events.
+type copyProbe struct {
+	dev               device.Device
+	a, w, c, src, dst device.Addr
+	sg, sc            device.Stream
+	ev                [4]device.Event
+	ops               []device.CopyOp
+}
+
+// setUp allocates the buffers, makes the streams and events and fills the
+// GEMMs' operands (never time on zeros) and the copies' source.
+func (p *copyProbe) setUp(seed uint64) error {
+	const n = probeN
+	dev := p.dev
+	if _, err := device.Resize(dev, 1, device.RowBuffer{P: &p.a, PerRow: 2 * n * n}, device.RowBuffer{P: &p.w, PerRow: 2 * n * n},
+		device.RowBuffer{P: &p.c, PerRow: 2 * n * n}, device.RowBuffer{P: &p.src, PerRow: probeCopyBytes}, device.RowBuffer{P: &p.dst, PerRow: probeCopyBytes}); err != nil {
+		return err
+	}
+	var err error
+	if p.sg, err = dev.NewStream(); err != nil {
+		return err
+	}
+	if p.sc, err = dev.NewStream(); err != nil {
+		return err
+	}
+	for i := range p.ev {
+		if p.ev[i], err = dev.NewEvent(); err != nil {
+			return err
+		}
+	}
+	g := rand.New(rand.NewPCG(seed, 0xce))
+	host := make([]float32, n*n)
+	for _, a := range []device.Addr{p.a, p.w} { // never time on zeros
+		for i := range host {
+			host[i] = float32(g.NormFloat64())
+		}
+		if err := dev.Upload(a, kernels.BF16Bits(host), p.sg); err != nil {
+			return err
+		}
+	}
+	if err := dev.Copy(p.src, p.a, 2*n*n, p.sg); err != nil {
+		return err
+	}
+	p.ops = []device.CopyOp{{Dst: p.dst, Src: p.src, Bytes: probeCopyBytes}}
+	return nil
+}
+
+// run issues reps GEMMs (gemm) or copy batches on s.
+func (p *copyProbe) run(reps int, s device.Stream, gemm bool) error {
+	for range reps {
+		var err error
+		if gemm {
+			err = p.dev.GEMM(p.c, p.a, p.w, probeN, probeN, probeN, false, s)
+		} else {
+			err = p.dev.CopyBatch(p.ops, s)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// timed is the milliseconds fn's work takes on s, by events.
+func (p *copyProbe) timed(s device.Stream, fn func() error) (float64, error) {
+	dev := p.dev
+	if err := dev.Record(p.ev[0], s); err != nil {
+		return 0, err
+	}
+	if err := fn(); err != nil {
+		return 0, err
+	}
+	if err := dev.Record(p.ev[1], s); err != nil {
+		return 0, err
+	}
+	if err := dev.SyncStream(s); err != nil {
+		return 0, err
+	}
+	return dev.Elapsed(p.ev[0], p.ev[1])
+}
+
+// smUtil is the GPU's SM utilisation (GPM) while only copies run, for at
+// least 300 ms (perCopy: one batch's milliseconds), NaN where not
+// measured, with what the verdict says of it.
+func (p *copyProbe) smUtil(perCopy float64) (busy float64, util string, err error) {
+	util = "SM utilisation not measured: "
+	busy = math.NaN()
+	tm, why := startTelemetry(gpuBusID(p.dev))
+	if tm == nil {
+		return busy, util + why, nil
+	}
+	err = p.run(int(math.Ceil(300/max(perCopy, 1e-3))), p.sc, false) // ≥ 300 ms of copies alone
+	if err == nil {
+		err = p.dev.SyncStream(p.sc)
+	}
+	t, _ := tm.finish()
+	if err != nil {
+		return 0, "", err
+	}
+	if t.GPM {
+		busy = t.SMUtilPct
+		return busy, fmt.Sprintf("SM utilisation %.1f%% while only the copies ran (GPM, whole GPU, ≥ 300 ms)", busy), nil
+	}
+	return busy, util + fmt.Sprint(t.Unread), nil
 }

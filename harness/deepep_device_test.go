@@ -129,7 +129,7 @@ func TestStepReportsKernelFailure(t *testing.T) {
 	if err := dl.step(); err != want {
 		t.Fatalf("step: %v, want the dispatcher's %v", err, want)
 	}
-	if _, err := dl.check(); err != want {
+	if _, err := checkDevice(dl); err != want {
 		t.Fatalf("check: %v", err)
 	}
 }

@@ -500,7 +500,7 @@ func (dl *deviceLayer) expertGrads(e int) (dispatchers.ExpertWeights, error) {
 // run (the gradient check covers the dispatcher's backward).
 const deviceRoundTrip = results.RoundTripNotRun + " on the device: the gradient check covers the dispatcher's backward"
 
-// checkGrads compares the gradients of the step check ran with the float64
+// checkDeviceGrads compares the gradients of the step check ran with the float64
 // reference and fills cr.Grads, or says in cr.Sample why they were not
 // compared: the reference of every token's gradients is beyond the
 // check's budget when the forward's check samples tokens (sampled). In a
@@ -510,7 +510,7 @@ const deviceRoundTrip = results.RoundTripNotRun + " on the device: the gradient 
 // processes' routing), and the router's and shared expert's main_grad
 // summed over every process (downloadGrads); agreeCheck then gives every
 // process every verdict.
-func (dl *deviceLayer) checkGrads(cr *results.Correctness, sampled bool) error {
+func checkDeviceGrads(dl *deviceLayer, cr *results.Correctness, sampled bool) error {
 	if sampled {
 		cr.Sample += "; gradients not checked: their float64 reference (every token: the weight gradients sum over all of them) exceeds the check's budget at this shape"
 		return nil
@@ -524,7 +524,7 @@ func (dl *deviceLayer) checkGrads(cr *results.Correctness, sampled bool) error {
 		return err
 	}
 	dl.dist.local("computing the float64 gradient reference")
-	dl.l.Cfg.prog.work(checkGradRef, float64(dl.l.Cfg.Experts))
+	dl.l.Cfg.progressLine().work(checkGradRef, float64(dl.l.Cfg.Experts))
 	var mu sync.Mutex
 	var failed error
 	g := &results.GradCheck{Tolerance: kernels.GradTolerance, Metric: kernels.GradErrMetric, Note: gradNote, RoundTrip: deviceRoundTrip}
@@ -568,9 +568,9 @@ const distGradNote = "over several processes: each process compares its own rank
 	"(their reference takes every rank's tokens, with the other processes' routing gathered over NCCL), and the router's and shared expert's main_grad " +
 	"summed over every process's ranks over NCCL; each gradient's error is then the run's, max|g − ref| and max|ref| taken over every process's, as one process's check takes them"
 
-// dump writes --dump's files of the last step: with a training step's
+// dumpDevice writes --dump's files of the last step: with a training step's
 // gradients, every expert's weight gradients downloaded from its owner.
-func (dl *deviceLayer) dump(env Env, rec *results.Record) error {
+func dumpDevice(dl *deviceLayer, env Env, rec *results.Record) error {
 	if env.Dump == "" {
 		return nil
 	}

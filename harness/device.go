@@ -46,7 +46,7 @@ type deviceLayer struct {
 	fp8lt      bool                      // at fp8 the expert GEMMs are cuBLASLt's block-scaled FP8 GEMM (fp8dev.go)
 	forward    int                       // the forward's phases: the first of steps
 	dist       *dist                     // a run over several processes (distributed.go); nil: one
-	gradAcc    map[string]errAcc         // a run over several processes: this process's part of the gradient check (checkGrads)
+	gradAcc    map[string]errAcc         // a run over several processes: this process's part of the gradient check (checkDeviceGrads)
 	ov         *overlap                  // --overlap, --delay-wgrad (overlap.go); nil: none
 	attn       *attention                // --attention-ms (attention.go); nil: none
 }
@@ -131,8 +131,6 @@ type devRank struct {
 // and binds d; th are devs' issuing threads (one each).
 func newDeviceLayer(l *Layer, devs []device.Device, th *device.Threads, d dispatchers.DeviceDispatcher, ds *dist) (*deviceLayer, error) {
 	c := l.Cfg
-	T, h, f, E, k := c.Tokens, c.Hidden, c.FFN, c.Experts, c.TopK
-	fs, L := c.FFN*c.SharedExperts, l.Shape.LocalExperts()
 	dl := &deviceLayer{l: l, devs: devs, on: rankDevices(c.EP, len(devs)), d: d, rr: make([]devRank, c.EP), dc: make([]devCommon, len(devs)),
 		start: map[string][]device.Event{}, end: map[string][]device.Event{}, dist: ds, train: trains(c, d)}
 	if ds != nil {
@@ -149,50 +147,9 @@ func newDeviceLayer(l *Layer, devs []device.Device, th *device.Threads, d dispat
 		dl.fp8lt = path == kernels.FP8GEMMBlock
 		l.fp8DevLt = dl.fp8lt // the reference takes the path's operands
 	}
-	up := func(dev device.Device, p *device.Addr, counter *int64, host any, s device.Stream) error {
-		b, err := device.HostBytes(host)
-		if err != nil {
-			return err
-		}
-		if *p, err = dev.Alloc(int64(len(b))); err != nil {
-			return err
-		}
-		*counter += int64(len(b))
-		return dev.Upload(*p, host, s)
-	}
-	wr, sfc1, sfc2 := kernels.BF16Bits(l.Wr), []uint16(nil), []uint16(nil)
-	if l.SharedFC1 != nil {
-		sfc1, sfc2 = kernels.BF16Bits(l.SharedFC1), kernels.BF16Bits(l.SharedFC2)
-	}
-	for i, dev := range devs {
-		m := &dl.dc[i]
-		var err error
-		if m.beginS, err = dev.NewStream(); err != nil {
+	for i := range devs {
+		if err := dl.newCommon(i); err != nil {
 			return nil, err
-		}
-		if m.begin, err = dev.NewEvent(); err != nil {
-			return nil, err
-		}
-		if err := up(dev, &m.wr, &m.bytes, wr, m.beginS); err != nil {
-			return nil, err
-		}
-		if dl.train && l.routerGrad() {
-			if err := up(dev, &m.wrf32, &m.bytes, l.Wr, m.beginS); err != nil {
-				return nil, err
-			}
-		}
-		if l.Bias != nil {
-			if err := up(dev, &m.bias, &m.bytes, l.Bias, m.beginS); err != nil {
-				return nil, err
-			}
-		}
-		if sfc1 != nil {
-			if err := up(dev, &m.sfc1, &m.bytes, sfc1, m.beginS); err != nil {
-				return nil, err
-			}
-			if err := up(dev, &m.sfc2, &m.bytes, sfc2, m.beginS); err != nil {
-				return nil, err
-			}
 		}
 	}
 	if dl.train {
@@ -203,83 +160,15 @@ func newDeviceLayer(l *Layer, devs []device.Device, th *device.Threads, d dispat
 			dl.ranks = append(dl.ranks, &dispatchers.DeviceRank{ID: r, Threads: th})
 			continue
 		}
-		b, dev := &dl.rr[r], devs[dl.on[r]]
-		dl.dc[dl.on[r]].ranks++
-		rk := &dispatchers.DeviceRank{ID: r, Dev: dev, Threads: th}
-		var err error
-		if rk.Stream, err = dev.NewStream(); err != nil {
+		if err := dl.newRank(r, th); err != nil {
 			return nil, err
-		}
-		xin := &rk.X
-		if c.isFP8() { // the router and the shared expert read the bf16 input; rk.X is the packed rows (quantize)
-			xin = &b.xin
-		}
-		if err := up(dev, xin, &b.bytes, kernels.BF16Bits(l.X[r]), rk.Stream); err != nil {
-			return nil, err
-		}
-		if l.Override[r] != nil {
-			if err := up(dev, &b.override, &b.bytes, l.Override[r], rk.Stream); err != nil {
-				return nil, err
-			}
-		}
-		if l.Trace != nil { // the trace's routing, as the host router takes it
-			if err := l.route(r); err != nil {
-				return nil, err
-			}
-			if err := up(dev, &b.traceIdx, &b.bytes, l.Ranks[r].Idx, rk.Stream); err != nil {
-				return nil, err
-			}
-			if err := up(dev, &b.traceProbs, &b.bytes, l.Ranks[r].Probs, rk.Stream); err != nil {
-				return nil, err
-			}
-		}
-		bufs := []device.RowBuffer{{P: &rk.FC1, PerRow: int64(2 * L * 2 * f * h)}, {P: &rk.FC2, PerRow: int64(2 * L * h * f)},
-			{P: &b.logits, PerRow: int64(4 * T * E)}, {P: &rk.Idx, PerRow: int64(4 * T * k)}, {P: &rk.Probs, PerRow: int64(4 * T * k)},
-			{P: &rk.Y, PerRow: int64(2 * T * h)}}
-		if c.isFP8() {
-			bufs = append(bufs, device.RowBuffer{P: &rk.X, PerRow: int64(T * kernels.FP8RowPitch(h))})
-		}
-		if fs > 0 {
-			bufs = append(bufs, device.RowBuffer{P: &b.sh1, PerRow: int64(2 * T * 2 * fs)}, device.RowBuffer{P: &b.sact, PerRow: int64(2 * T * fs)},
-				device.RowBuffer{P: &rk.Shared, PerRow: int64(2 * T * h)})
-		}
-		held, err := device.Resize(dev, 1, bufs...)
-		if b.bytes += held; err != nil {
-			return nil, err
-		}
-		if b.grouped, err = device.NewGrouped(dev, 0); err != nil {
-			return nil, err
-		}
-		dl.ranks = append(dl.ranks, rk)
-		if dl.fp8lt {
-			if err := dl.allocFP8(r); err != nil {
-				return nil, err
-			}
-		}
-		if dl.train {
-			if err := dl.newDeviceBackward(r); err != nil {
-				return nil, err
-			}
 		}
 	}
 	if err := dl.uploadExperts(); err != nil {
 		return nil, err
 	}
 	if ds != nil { // the communicator over every process's ranks, before the dispatcher takes it
-		var streams []device.Stream
-		for r := ds.first; r < ds.first+ds.per; r++ {
-			streams = append(streams, dl.ranks[r].Stream)
-		}
-		if err := ds.open(th, devs, streams, c); err != nil {
-			return nil, err
-		}
-		for _, rk := range dl.ranks {
-			rk.Comm = ds.comm
-		}
-		if err := dl.agreeSettings(); err != nil {
-			return nil, err
-		}
-		if err := dl.newStops(dl.ranks[ds.first].Dev); err != nil {
+		if err := dl.openComm(th); err != nil {
 			return nil, err
 		}
 	}
@@ -293,6 +182,143 @@ func newDeviceLayer(l *Layer, devs []device.Device, th *device.Threads, d dispat
 		return nil, err
 	}
 	return dl, dl.sync()
+}
+
+// upload allocates *p on dev, counts its bytes and uploads host to it on s.
+func upload(dev device.Device, p *device.Addr, counter *int64, host any, s device.Stream) error {
+	b, err := device.HostBytes(host)
+	if err != nil {
+		return err
+	}
+	if *p, err = dev.Alloc(int64(len(b))); err != nil {
+		return err
+	}
+	*counter += int64(len(b))
+	return dev.Upload(*p, host, s)
+}
+
+// newCommon makes device i's begin stream and event and uploads what its
+// ranks share: the router's weights (fp32 too where the router's gradient
+// is taken), its bias and the shared expert's weights.
+func (dl *deviceLayer) newCommon(i int) error {
+	l, dev, m := dl.l, dl.devs[i], &dl.dc[i]
+	var err error
+	if m.beginS, err = dev.NewStream(); err != nil {
+		return err
+	}
+	if m.begin, err = dev.NewEvent(); err != nil {
+		return err
+	}
+	if err := upload(dev, &m.wr, &m.bytes, kernels.BF16Bits(l.Wr), m.beginS); err != nil {
+		return err
+	}
+	if dl.train && l.routerGrad() {
+		if err := upload(dev, &m.wrf32, &m.bytes, l.Wr, m.beginS); err != nil {
+			return err
+		}
+	}
+	if l.Bias != nil {
+		if err := upload(dev, &m.bias, &m.bytes, l.Bias, m.beginS); err != nil {
+			return err
+		}
+	}
+	if l.SharedFC1 != nil {
+		if err := upload(dev, &m.sfc1, &m.bytes, kernels.BF16Bits(l.SharedFC1), m.beginS); err != nil {
+			return err
+		}
+		if err := upload(dev, &m.sfc2, &m.bytes, kernels.BF16Bits(l.SharedFC2), m.beginS); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// newRank makes local rank r's stream and buffers on its device, uploads
+// its input (and its routing override or trace) and appends it to
+// dl.ranks.
+func (dl *deviceLayer) newRank(r int, th *device.Threads) error {
+	l, c := dl.l, dl.l.Cfg
+	T, h, f, E, k := c.Tokens, c.Hidden, c.FFN, c.Experts, c.TopK
+	fs, L := c.FFN*c.SharedExperts, l.Shape.LocalExperts()
+	b, dev := &dl.rr[r], dl.devs[dl.on[r]]
+	dl.dc[dl.on[r]].ranks++
+	rk := &dispatchers.DeviceRank{ID: r, Dev: dev, Threads: th}
+	var err error
+	if rk.Stream, err = dev.NewStream(); err != nil {
+		return err
+	}
+	xin := &rk.X
+	if c.isFP8() { // the router and the shared expert read the bf16 input; rk.X is the packed rows (quantize)
+		xin = &b.xin
+	}
+	if err := upload(dev, xin, &b.bytes, kernels.BF16Bits(l.X[r]), rk.Stream); err != nil {
+		return err
+	}
+	if l.Override[r] != nil {
+		if err := upload(dev, &b.override, &b.bytes, l.Override[r], rk.Stream); err != nil {
+			return err
+		}
+	}
+	if l.Trace != nil { // the trace's routing, as the host router takes it
+		if err := l.route(r); err != nil {
+			return err
+		}
+		if err := upload(dev, &b.traceIdx, &b.bytes, l.Ranks[r].Idx, rk.Stream); err != nil {
+			return err
+		}
+		if err := upload(dev, &b.traceProbs, &b.bytes, l.Ranks[r].Probs, rk.Stream); err != nil {
+			return err
+		}
+	}
+	bufs := []device.RowBuffer{{P: &rk.FC1, PerRow: int64(2 * L * 2 * f * h)}, {P: &rk.FC2, PerRow: int64(2 * L * h * f)},
+		{P: &b.logits, PerRow: int64(4 * T * E)}, {P: &rk.Idx, PerRow: int64(4 * T * k)}, {P: &rk.Probs, PerRow: int64(4 * T * k)},
+		{P: &rk.Y, PerRow: int64(2 * T * h)}}
+	if c.isFP8() {
+		bufs = append(bufs, device.RowBuffer{P: &rk.X, PerRow: int64(T * kernels.FP8RowPitch(h))})
+	}
+	if fs > 0 {
+		bufs = append(bufs, device.RowBuffer{P: &b.sh1, PerRow: int64(2 * T * 2 * fs)}, device.RowBuffer{P: &b.sact, PerRow: int64(2 * T * fs)},
+			device.RowBuffer{P: &rk.Shared, PerRow: int64(2 * T * h)})
+	}
+	held, err := device.Resize(dev, 1, bufs...)
+	if b.bytes += held; err != nil {
+		return err
+	}
+	if b.grouped, err = device.NewGrouped(dev, 0); err != nil {
+		return err
+	}
+	dl.ranks = append(dl.ranks, rk)
+	if dl.fp8lt {
+		if err := dl.allocFP8(r); err != nil {
+			return err
+		}
+	}
+	if dl.train {
+		if err := dl.newDeviceBackward(r); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// openComm opens the communicator over every process's ranks (dl.dist),
+// agrees the settings and makes the stops, before the dispatcher takes it.
+func (dl *deviceLayer) openComm(th *device.Threads) error {
+	ds := dl.dist
+	var streams []device.Stream
+	for r := ds.first; r < ds.first+ds.per; r++ {
+		streams = append(streams, dl.ranks[r].Stream)
+	}
+	if err := ds.open(th, dl.devs, streams, dl.l.Cfg); err != nil {
+		return err
+	}
+	for _, rk := range dl.ranks {
+		rk.Comm = ds.comm
+	}
+	if err := dl.agreeSettings(); err != nil {
+		return err
+	}
+	return dl.newStops(dl.ranks[ds.first].Dev)
 }
 
 // phaseEvents makes each step's start and end events on every rank.
@@ -1038,12 +1064,12 @@ func sampledTokens(c Config) int {
 	return min(c.Tokens, max(16, int(refFLOPBudget/perToken)/c.EP))
 }
 
-// sample picks the tokens the check compares (checkSample).
-func (dl *deviceLayer) sample() ([][]int, string) { return checkSample(dl.l.Cfg) }
+// checkedTokens picks the tokens the check of dl compares (checkSample).
+func checkedTokens(dl *deviceLayer) ([][]int, string) { return checkSample(dl.l.Cfg) }
 
-// check runs one step with poisoned outputs and compares the output with the
+// checkDevice runs one step with poisoned outputs and compares the output with the
 // float64 reference (on a sample of tokens for large layers).
-func (dl *deviceLayer) check() (*results.Correctness, error) {
+func checkDevice(dl *deviceLayer) (*results.Correctness, error) {
 	c := dl.l.Cfg
 	T, h, k, E := c.Tokens, c.Hidden, c.TopK, c.Experts
 	const nan = 0x7fc0 // a bf16 NaN; as two 16-bit words, an fp32 NaN too
@@ -1078,7 +1104,7 @@ func (dl *deviceLayer) check() (*results.Correctness, error) {
 	}
 	cr := &results.Correctness{Checked: true, Tolerance: Tolerance, Metric: ErrMetric,
 		RoundTrip: "not run on the device: the layer check covers dispatch and combine"}
-	sample, which := dl.sample()
+	sample, which := checkedTokens(dl)
 	cr.Sample = which
 	for r := range dl.ranks {
 		for _, e := range dl.l.Ranks[r].Idx {
@@ -1089,20 +1115,20 @@ func (dl *deviceLayer) check() (*results.Correctness, error) {
 	}
 	if cr.Detail == "" {
 		dl.dist.local("computing the float64 reference of its ranks")
-		dl.l.Cfg.prog.work(checkRef, float64(dl.l.Cfg.Experts))
-		compareReference(cr, dl.l, dl.localSample(sample))
+		dl.l.Cfg.progressLine().work(checkRef, float64(dl.l.Cfg.Experts))
+		compareReference(cr, dl.l, localSample(dl, sample))
 	}
 	cr.Passed = cr.Detail == "" && cr.MaxRelErr <= Tolerance
 	if !cr.Passed && cr.Detail == "" {
 		cr.Detail = fmt.Sprintf("max relative error %.3g (tolerance %g)", cr.MaxRelErr, Tolerance)
 	}
 	if dl.train {
-		if err := dl.checkGrads(cr, sample != nil); err != nil {
+		if err := checkDeviceGrads(dl, cr, sample != nil); err != nil {
 			return nil, err
 		}
 	}
 	if dl.dist != nil { // every process's verdict, the same on all
-		return dl.agreeCheck(cr)
+		return agreeCheck(dl, cr)
 	}
 	return cr, nil
 }
@@ -1142,89 +1168,182 @@ func (dl *deviceLayer) footprint(r int) int64 {
 }
 
 // runDevice is Run on the cuda device (or env.OpenDevice's): the same
-// check-then-time loop as the host, with CUDA-event timings.
+// check-then-time loop as the host, with CUDA-event timings. Its steps are
+// devRun's methods; each that returns a record or an error ends the run
+// with them.
 func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error) {
-	var ds *dist
-	fail := func(status string, err error) (*results.Record, error) {
-		ds.fail(err, cfg) // the other processes stop too, naming this one
-		return failed(rec, status, err)
+	r := &devRun{cfg: cfg, env: env, rec: rec}
+	if out, err := r.joinProcesses(); out != nil || err != nil {
+		return out, err
 	}
+	r.cfg = env.share(r.cfg)
+	if err := checkHostMemory(r.cfg); err != nil { // the host twin and the reference (this process's share)
+		return r.fail(results.StatusUnavailable, err)
+	}
+	r.denv = r.cfg.dispatcherEnv()
+	if r.ds != nil { // the ranks of this process's node (NCCL EP's limit is per node)
+		r.denv.NodeRanks = r.ds.per * max(1, r.ds.rv.L.LocalWorld)
+	}
+	d, err := dispatchers.NewDevice(r.cfg.Dispatcher, r.cfg.Impl, r.denv)
+	if err != nil {
+		r.ds.fail(err, r.cfg)
+		return dispatcherError(rec, r.cfg, err)
+	}
+	r.prog = startProgress(env.Progress, env.ProgressEvery, steps(r.cfg, d.Capabilities()))
+	defer r.prog.finish()
+	r.cfg.carry(r.prog, env.Interrupt)
+	r.ds.setProgress(r.prog)
+	devs, err := OpenDevices(env, r.cfg.GPUs, r.cfg.EP, r.ds)
+	if err != nil {
+		d.Close()
+		return r.fail(results.StatusUnavailable, fmt.Errorf("device %s: %w", r.cfg.Device, err))
+	}
+	defer closeDevices(devs)
+	th := device.NewThreads(devs)
+	defer th.Close()
+	limitThreads(th, r.cfg, r.ds)
+	if r.ds != nil {
+		defer r.ds.close() // after the dispatcher's: a library's state over the communicator (NCCL EP's groups) goes first
+	}
+	if d, err = r.fitBudget(d, devs); err != nil {
+		return dispatcherError(rec, r.cfg, err)
+	}
+	defer d.Close() // before the threads end: a library's ranks are closed on them
+	r.d, r.devs = d, devs
+	tuneGEMMs(devs, true) // until the timed steps
+	rec.Ranks.Devices = rankDevices(r.cfg.EP, len(devs))
+	rec.Ranks.Emulated, rec.Ranks.Note = r.cfg.EP > len(devs), ranksNote(r.cfg.EP, devs, "")
+	if out, err := r.buildLayer(th); out != nil || err != nil {
+		return out, err
+	}
+	if out, err := r.check(); out != nil || err != nil {
+		return out, err
+	}
+	m := r.newMeasured()
+	method, err := r.dl.chooseGrouped()
+	if err != nil {
+		return r.fail(deviceStatus(err), err)
+	}
+	if r.cfg.CUDAGraph { // from the warm-up on: plans, buffers and the GEMM choice are made
+		gs, err := newGraphs(r.dl)
+		if err != nil {
+			return r.fail(results.StatusUnavailable, fmt.Errorf("--cuda-graph: %w", err))
+		}
+		r.dl.graph = gs
+		defer gs.free()
+	}
+	if out, err := r.timeSteps(&m); out != nil || err != nil {
+		return out, err
+	}
+	if err := r.collect(&m); err != nil {
+		return r.fail(results.StatusFailed, err)
+	}
+	rec.Status = results.StatusOK
+	fillMeasurements(rec, r.cfg, m)
+	rec.Timing.CUDAGraph = "not used (--cuda-graph off)"
+	if r.dl.graph != nil {
+		rec.Timing.CUDAGraph = r.dl.graph.describe(r.cfg.Warmup + r.cfg.Iters)
+	}
+	r.describeGEMM(method)
+	if r.cfg.overlapping() && rec.Interrupted == "" { // overlap.go
+		if err := measureOverlap(r.dl, r.cfg, r.denv, rec); err != nil {
+			return r.fail(deviceStatus(err), err)
+		}
+	}
+	if env.Dump == "" || rec.Interrupted != "" {
+		return rec, nil
+	}
+	if err := r.dl.download(); err != nil { // the last timed step
+		return rec, fmt.Errorf("--dump: %w", err)
+	}
+	return rec, dumpDevice(r.dl, env, rec)
+}
+
+// devRun is what runDevice's steps share.
+type devRun struct {
+	cfg  Config
+	env  Env
+	rec  *results.Record
+	ds   *dist // nil: a run of one process
+	denv dispatchers.Env
+	d    dispatchers.DeviceDispatcher
+	devs []device.Device
+	dl   *deviceLayer
+	prog *progress
+	tm   *telemetry // from the first timed step
+}
+
+// fail ends the run with status; the other processes stop too, naming
+// this one.
+func (r *devRun) fail(status string, err error) (*results.Record, error) {
+	r.ds.fail(err, r.cfg)
+	return failed(r.rec, status, err)
+}
+
+// joinProcesses meets the other processes of a run that spans several,
+// with the same settings on every one, before any work.
+func (r *devRun) joinProcesses() (*results.Record, error) {
+	cfg, env := r.cfg, r.env
 	if env.Rendezvous != nil && env.Rendezvous.L.Distributed() {
 		settings, err := meetProcesses(cfg, env) // the same settings on every process, before any work
 		if err != nil {
 			return nil, err
 		}
-		if ds, err = newDist(cfg, env.Rendezvous); dispatchers.IsUnavailable(err) {
-			return dispatcherError(rec, cfg, err)
+		if r.ds, err = newDist(cfg, env.Rendezvous); dispatchers.IsUnavailable(err) {
+			return dispatcherError(r.rec, cfg, err)
 		} else if err != nil {
 			return nil, err // a *ConfigError
 		}
-		ds.settings = settings
+		r.ds.settings = settings
 	}
-	if ds != nil && env.Dump != "" { // before anything is written
+	if r.ds != nil && env.Dump != "" { // before anything is written
 		return nil, &ConfigError{"dump", env.Dump, fmt.Sprintf("does not apply to a run that spans processes (%s): each process holds only its own ranks' tensors and gradients; dump a run of one process", env.Rendezvous.L.Via)}
 	}
-	cfg = env.share(cfg)
-	if err := checkHostMemory(cfg); err != nil { // the host twin and the reference (this process's share)
-		return fail(results.StatusUnavailable, err)
-	}
-	denv := cfg.dispatcherEnv()
-	if ds != nil { // the ranks of this process's node (NCCL EP's limit is per node)
-		denv.NodeRanks = ds.per * max(1, ds.rv.L.LocalWorld)
-	}
-	d, err := dispatchers.NewDevice(cfg.Dispatcher, cfg.Impl, denv)
-	if err != nil {
-		ds.fail(err, cfg)
-		return dispatcherError(rec, cfg, err)
-	}
-	prog := startProgress(env.Progress, env.ProgressEvery, steps(cfg, d.Capabilities()))
-	defer prog.finish()
-	cfg.prog, cfg.intr = prog, env.Interrupt
-	ds.setProgress(prog)
-	devs, err := env.devices(cfg.GPUs, cfg.EP, ds)
+	return nil, nil
+}
+
+// fitBudget is d, or d made again with the SM budget that fits devs
+// beside the SMs held. On an error d is closed and the other processes
+// told.
+func (r *devRun) fitBudget(d dispatchers.DeviceDispatcher, devs []device.Device) (dispatchers.DeviceDispatcher, error) {
+	budget, held, err := fitSMs(r.cfg, devs, r.ds)
 	if err != nil {
 		d.Close()
-		return fail(results.StatusUnavailable, fmt.Errorf("device %s: %w", cfg.Device, err))
+		r.ds.fail(err, r.cfg)
+		return nil, err
 	}
-	defer closeDevices(devs)
-	th := device.NewThreads(devs)
-	defer th.Close()
-	limitThreads(th, cfg, ds)
-	if ds != nil {
-		defer ds.close() // after the dispatcher's: a library's state over the communicator (NCCL EP's groups) goes first
+	if held == "" {
+		return d, nil
 	}
-	if budget, held, err := fitSMs(cfg, devs, ds); err != nil {
-		d.Close()
-		ds.fail(err, cfg)
-		return dispatcherError(rec, cfg, err)
-	} else if held != "" {
-		rec.SMs.Budget, rec.SMs.Held, rec.SMs.HeldNote = budget, budget, held
-		if budget != denv.SMs { // the dispatcher runs with the budget that fits
-			d.Close()
-			denv.SMs = budget
-			if d, err = dispatchers.NewDevice(cfg.Dispatcher, cfg.Impl, denv); err != nil {
-				ds.fail(err, cfg)
-				return dispatcherError(rec, cfg, err)
-			}
-		}
+	r.rec.SMs.Budget, r.rec.SMs.Held, r.rec.SMs.HeldNote = budget, budget, held
+	if budget == r.denv.SMs {
+		return d, nil
 	}
-	defer d.Close() // before the threads end: a library's ranks are closed on them
-	dev := devs[0]
-	tuneGEMMs(devs, true) // until the timed steps
-	rec.Ranks.Devices = rankDevices(cfg.EP, len(devs))
-	rec.Ranks.Emulated, rec.Ranks.Note = cfg.EP > len(devs), ranksNote(cfg.EP, devs, "")
+	d.Close() // the dispatcher runs with the budget that fits
+	r.denv.SMs = budget
+	if d, err = dispatchers.NewDevice(r.cfg.Dispatcher, r.cfg.Impl, r.denv); err != nil {
+		r.ds.fail(err, r.cfg)
+		return nil, err
+	}
+	return d, nil
+}
+
+// buildLayer makes the layer on the devices and records what the
+// dispatcher says of itself.
+func (r *devRun) buildLayer(th *device.Threads) (*results.Record, error) {
+	cfg, rec, d := r.cfg, r.rec, r.d
 	l, err := newLayer(cfg, false)
 	if err != nil {
-		ds.fail(err, cfg)
+		r.ds.fail(err, cfg)
 		return nil, err // only a trace can fail here: a *ConfigError
 	}
-	dl, err := newDeviceLayer(l, devs, th, d, ds)
+	r.dl, err = newDeviceLayer(l, r.devs, th, d, r.ds)
 	if dispatchers.IsUnavailable(err) { // the dispatcher's gate on these devices (or another process's)
-		ds.fail(err, cfg)
+		r.ds.fail(err, cfg)
 		return dispatcherError(rec, cfg, err)
 	}
 	if err != nil {
-		return fail(deviceStatus(err), err)
+		return r.fail(deviceStatus(err), err)
 	}
 	if b := d.Capabilities().LaunchBudgets; b != nil {
 		rec.SMs.Preprocess, rec.SMs.Permute = b()
@@ -1235,42 +1354,56 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 		rec.SMs.Note = li.SMs
 	}
 	if t := d.Capabilities().Transport; t != nil && t() != "" {
-		rec.Ranks.Note = ranksNote(cfg.EP, devs, t())
+		rec.Ranks.Note = ranksNote(cfg.EP, r.devs, t())
 	}
 	// a run over several processes stops where all agree to (interruptedAt)
-	if err := dl.interruptedAt(env.Interrupt, whileBuilding); IsInterrupted(err) {
+	if err := r.dl.interruptedAt(r.env.Interrupt, whileBuilding); IsInterrupted(err) {
 		return interruptedRecord(rec, err)
 	} else if err != nil {
-		return fail(results.StatusFailed, err)
+		return r.fail(results.StatusFailed, err)
 	}
-	if cfg.Check {
-		prog.set(checking)
-		c, err := dl.check()
-		if err != nil && ds != nil { // the others are told (fail), not asked whether to stop
-			return fail(deviceStatus(err), err)
-		}
-		if ierr := dl.interruptedAt(env.Interrupt, whileChecking); IsInterrupted(ierr) {
-			return checkInterrupted(rec, c, err, ierr)
-		} else if ierr != nil {
-			return fail(results.StatusFailed, ierr)
-		}
-		if err != nil {
-			return fail(deviceStatus(err), err)
-		}
-		rec.Correctness = c
-		if !c.Passed { // the check's step is what the dump holds
-			rec.Status, rec.Reason = results.StatusFailed, "correctness check failed: "+c.Detail
-			return rec, errors.Join(errors.New(rec.Reason), dl.dump(env, rec))
-		}
-	} else {
+	return nil, nil
+}
+
+// check runs the layer's check (cfg.Check) and records it; a failed check
+// ends the run with the check's step dumped.
+func (r *devRun) check() (*results.Record, error) {
+	rec := r.rec
+	if !r.cfg.Check {
 		rec.Correctness = &results.Correctness{Checked: false, Detail: "check disabled by --check off"}
+		return nil, nil
 	}
+	r.prog.set(checking)
+	c, err := checkDevice(r.dl)
+	if err != nil && r.ds != nil { // the others are told (fail), not asked whether to stop
+		return r.fail(deviceStatus(err), err)
+	}
+	if ierr := r.dl.interruptedAt(r.env.Interrupt, whileChecking); IsInterrupted(ierr) {
+		return checkInterrupted(rec, c, err, ierr)
+	} else if ierr != nil {
+		return r.fail(results.StatusFailed, ierr)
+	}
+	if err != nil {
+		return r.fail(deviceStatus(err), err)
+	}
+	rec.Correctness = c
+	if !c.Passed { // the check's step is what the dump holds
+		rec.Status, rec.Reason = results.StatusFailed, "correctness check failed: "+c.Detail
+		return rec, errors.Join(errors.New(rec.Reason), dumpDevice(r.dl, r.env, rec))
+	}
+	return nil, nil
+}
+
+// newMeasured is the timed steps' samples, empty, with the clock, the
+// timing model and the memory method they are read by.
+func (r *devRun) newMeasured() measured {
+	cfg, dl, d := r.cfg, r.dl, r.d
 	excluded := "cuBLASLt workspaces and the CUDA context"
 	if cfg.Impl == dispatchers.ImplLibrary {
 		excluded = "cuBLASLt workspaces, the CUDA context and the library's own buffers (NCCL's, NCCL EP's)"
 	}
 	m := measured{samples: map[string][][]float64{}, step: make([][]float64, cfg.EP),
-		clock: "CUDA events on each rank's stream (" + dev.Name() + ")",
+		clock: "CUDA events on each rank's stream (" + r.devs[0].Name() + ")",
 		model: "each phase's sample is its slowest rank's event-timed duration; a rank's step runs from a start event every rank waits for (one per GPU, each after GPU 0's) to the rank's last event, the step sample is the slowest rank's. " +
 			"Ranks run concurrently, so phases overlap and do not add up to the step. Each GPU's ranks are issued from the GPU's own thread, the GPUs at once, every GPU finishing a phase's calls before any starts the next. Each phase is timed from its own first GPU operation: a dispatcher's host wait before a phase (alltoall's count exchange) is outside every phase and reported as host_wait_ms; the step's time, from the common start, holds it",
 		mem: &results.Memory{Method: "device buffers, accounted: the bytes moebench allocated for the rank (layer and dispatcher buffers, its share of the router and shared-expert weights), excluding " + excluded}}
@@ -1285,63 +1418,88 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 		}
 	}
 	m.samples = m.newSamples(cfg.EP)
-	method, err := dl.chooseGrouped()
-	if err != nil {
-		return fail(deviceStatus(err), err)
-	}
-	if cfg.CUDAGraph { // from the warm-up on: plans, buffers and the GEMM choice are made
-		gs, err := newGraphs(dl)
-		if err != nil {
-			return fail(results.StatusUnavailable, fmt.Errorf("--cuda-graph: %w", err))
-		}
-		dl.graph = gs
-		defer gs.free()
-	}
-	rb := d.Capabilities().Rebalance
-	rebalances := rb != nil
-	prog.stepping(0) // the phases run on the devices at once: counted by step
-	pausedEnd, end := cfg.deadlines(rebalances)
-	if rebalances { // the paused steps (see measured.paused)
-		prog.set("steps with phase 2 paused (the straggler before rebalancing)")
-		m.paused = m.newSamples(cfg.EP)
-		steps := make([][]float64, cfg.EP) // not kept
-		rb.Pause(true)
-		if _, err := iterate(cfg.Warmup, cfg.Iters, pausedEnd, func(i int) error {
-			if err := dl.beforeStep(env.Interrupt, "the paused ", i, cfg); err != nil {
-				return err
-			}
-			if err := dl.setRouting(cfg.Warmup + i + 1); err != nil { // the same routing as the timed step i
-				return err
-			}
-			if err := dl.step(); err != nil {
-				return err
-			}
-			rb.Stats() // every synchronized step: its GEMM rate for the scheduler
-			prog.stepDone()
-			if i < 0 {
-				return nil
-			}
-			return dl.times(m.paused, steps)
-		}); IsInterrupted(err) {
-			return interruptedRecord(rec, err)
+	return m
+}
+
+// timeSteps runs the paused steps (a dispatcher that rebalances) and the
+// timed ones into m; cfg.Iters becomes the steps done.
+func (r *devRun) timeSteps(m *measured) (*results.Record, error) {
+	rb := r.d.Capabilities().Rebalance
+	r.prog.stepping(0) // the phases run on the devices at once: counted by step
+	pausedEnd, end := r.cfg.deadlines(rb != nil)
+	if rb != nil { // the paused steps (see measured.paused)
+		if err := r.pausedSteps(m, rb, pausedEnd); IsInterrupted(err) {
+			return interruptedRecord(r.rec, err)
 		} else if err != nil {
-			return fail(deviceStatus(err), err)
+			return r.fail(deviceStatus(err), err)
 		}
-		rb.Pause(false)
 	}
-	var tm *telemetry
-	done, err := iterate(cfg.Warmup, cfg.Iters, end, func(i int) error {
-		if err := dl.beforeStep(env.Interrupt, "", i, cfg); err != nil {
+	done, err := r.timedSteps(m, rb, end)
+	var stopped string // why the timed steps stopped early
+	if IsInterrupted(err) && done > 0 {
+		stopped, err = interruptedSteps(r.rec, err, done, r.cfg.Iters), nil
+	}
+	if err != nil {
+		r.tm.finish()
+		if IsInterrupted(err) {
+			return interruptedRecord(r.rec, err)
+		}
+		return r.fail(deviceStatus(err), err)
+	}
+	r.cfg.Iters, m.stopped = done, r.cfg.stopped(done)
+	if stopped != "" {
+		m.stopped = stopped
+	}
+	return nil, nil
+}
+
+// pausedSteps runs the steps with phase 2 paused: the straggler before
+// rebalancing (measured.paused).
+func (r *devRun) pausedSteps(m *measured, rb *dispatchers.Rebalance, deadline time.Time) error {
+	cfg, dl := r.cfg, r.dl
+	r.prog.set("steps with phase 2 paused (the straggler before rebalancing)")
+	m.paused = m.newSamples(cfg.EP)
+	steps := make([][]float64, cfg.EP) // not kept
+	rb.Pause(true)
+	if _, err := iterate(cfg.Warmup, cfg.Iters, deadline, func(i int) error {
+		if err := dl.beforeStep(r.env.Interrupt, "the paused ", i, cfg); err != nil {
+			return err
+		}
+		if err := dl.setRouting(cfg.Warmup + i + 1); err != nil { // the same routing as the timed step i
+			return err
+		}
+		if err := dl.step(); err != nil {
+			return err
+		}
+		rb.Stats() // every synchronized step: its GEMM rate for the scheduler
+		r.prog.stepDone()
+		if i < 0 {
+			return nil
+		}
+		return dl.times(m.paused, steps)
+	}); err != nil {
+		return err
+	}
+	rb.Pause(false)
+	return nil
+}
+
+// timedSteps runs the warm-up and the timed steps into m (rb: nil, or the
+// dispatcher's rebalancing), the telemetry from the first timed step on.
+func (r *devRun) timedSteps(m *measured, rb *dispatchers.Rebalance, deadline time.Time) (int, error) {
+	cfg, dl := r.cfg, r.dl
+	return iterate(cfg.Warmup, cfg.Iters, deadline, func(i int) error {
+		if err := dl.beforeStep(r.env.Interrupt, "", i, cfg); err != nil {
 			return err
 		}
 		if i == 0 {
-			tuneGEMMs(devs, false)
+			tuneGEMMs(r.devs, false)
 			var why string
-			if tm, why = startTelemetry(gpuBusID(dev)); tm == nil {
-				rec.SMs.Measured = "not measured: " + why
+			if r.tm, why = startTelemetry(gpuBusID(r.devs[0])); r.tm == nil {
+				r.rec.SMs.Measured = "not measured: " + why
 			}
 		}
-		prog.set(stepStage(i, cfg))
+		r.prog.set(stepStage(i, cfg))
 		err := dl.setRouting(cfg.Warmup + i + 1)
 		if err == nil {
 			err = dl.step()
@@ -1349,9 +1507,9 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 		if err != nil {
 			return err
 		}
-		prog.stepDone()
+		r.prog.stepDone()
 		var rs dispatchers.RebalanceStats
-		if rebalances { // every synchronized step: its rates for the scheduler
+		if rb != nil { // every synchronized step: its rates for the scheduler
 			rs = rb.Stats()
 		}
 		if i < 0 {
@@ -1361,11 +1519,11 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 			return err
 		}
 		m.issue = append(m.issue, dl.issueMS)
-		dl.hostCalls(&m)
-		if d.Capabilities().HostWait != nil {
+		dl.hostCalls(m)
+		if r.d.Capabilities().HostWait != nil {
 			m.hostWait = append(m.hostWait, dl.waitMS)
 		}
-		if rebalances {
+		if rb != nil {
 			m.rebalance = append(m.rebalance, rs)
 		}
 		var rows []int
@@ -1375,90 +1533,72 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 		m.recvSteps = append(m.recvSteps, rows)
 		return nil
 	})
-	var stopped string // why the timed steps stopped early
-	if IsInterrupted(err) && done > 0 {
-		stopped, err = interruptedSteps(rec, err, done, cfg.Iters), nil
-	}
-	if err != nil {
-		tm.finish()
-		if IsInterrupted(err) {
-			return interruptedRecord(rec, err)
-		}
-		return fail(deviceStatus(err), err)
-	}
-	cfg.Iters, m.stopped = done, cfg.stopped(done)
-	if stopped != "" {
-		m.stopped = stopped
-	}
-	m.traffic = d.Traffic() // after the steps: it counts the last one
-	m.buffers = buffers(d.Capabilities(), cfg.EP)
-	for r, rk := range dl.ranks {
-		m.recv = append(m.recv, rk.Rows())
+}
+
+// collect adds to m what the steps leave: the traffic, the rows received,
+// the memory, every process's ranks (to rank 0's record), the telemetry
+// and the copy probe.
+func (r *devRun) collect(m *measured) error {
+	dl, rec, dev := r.dl, r.rec, r.devs[0]
+	m.traffic = r.d.Traffic() // after the steps: it counts the last one
+	m.buffers = buffers(r.d.Capabilities(), r.cfg.EP)
+	for rk, x := range dl.ranks {
+		m.recv = append(m.recv, x.Rows())
 		var b int64
-		if dl.local(r) {
-			b = dl.footprint(r)
+		if dl.local(rk) {
+			b = dl.footprint(rk)
 		}
 		m.mem.PerRankBytes = append(m.mem.PerRankBytes, b)
 	}
-	if ds != nil { // every process's ranks, for rank 0's record
-		mine := dl.mine(&m, rec.Stack)
+	if r.ds != nil { // every process's ranks, for rank 0's record
+		mine := dl.mine(m, rec.Stack)
+		var err error
 		if mine.Pairs, err = dl.pairs(); err != nil {
-			return fail(results.StatusFailed, err)
+			return err
 		}
 		parts, err := dl.gatherParts(mine)
 		if err != nil {
-			return fail(results.StatusFailed, err)
+			return err
 		}
-		dl.merge(&m, parts, rec)
+		dl.merge(m, parts, rec)
 	}
-	if tm != nil {
-		rec.Telemetry, rec.SMs.Measured = tm.finish()
-		if len(devs) > 1 {
-			rec.Telemetry.GPU += fmt.Sprintf("; that is rank 0's GPU: the clocks, power and GPM of the other %d GPUs are not sampled", len(devs)-1)
+	if r.tm != nil {
+		rec.Telemetry, rec.SMs.Measured = r.tm.finish()
+		if len(r.devs) > 1 {
+			rec.Telemetry.GPU += fmt.Sprintf("; that is rank 0's GPU: the clocks, power and GPM of the other %d GPUs are not sampled", len(r.devs)-1)
 		}
 	}
 	m.phase2SMs = "not measured: the " + dev.Name() + " device has no copy engines"
-	if len(devs) > 1 {
-		m.phase2SMs = "not measured: the copy probe covers copies within one GPU, and this run's ranks are on " + fmt.Sprint(len(devs)) + " GPUs"
-	} else if rebalances && dev.Name() == "cuda" {
-		if m.phase2SMs, err = probeCopies(dev, cfg.Seed); err != nil {
+	if len(r.devs) > 1 {
+		m.phase2SMs = "not measured: the copy probe covers copies within one GPU, and this run's ranks are on " + fmt.Sprint(len(r.devs)) + " GPUs"
+	} else if r.d.Capabilities().Rebalance != nil && dev.Name() == "cuda" {
+		var err error
+		if m.phase2SMs, err = probeCopies(dev, r.cfg.Seed); err != nil {
 			m.phase2SMs = "not measured: the copy probe failed: " + err.Error()
 		}
 	}
+	return nil
+}
 
-	rec.Status = results.StatusOK
-	fillMeasurements(rec, cfg, m)
-	rec.Timing.CUDAGraph = "not used (--cuda-graph off)"
-	if dl.graph != nil {
-		rec.Timing.CUDAGraph = dl.graph.describe(cfg.Warmup + cfg.Iters)
-	}
+// describeGEMM records how the expert GEMMs ran: method (chooseGrouped's),
+// the FP8 path, cuBLASLt's algorithms and the attention stand-in.
+func (r *devRun) describeGEMM(method string) {
+	rec, cfg := r.rec, r.cfg
 	rec.GEMM.Method = method
 	if cfg.isFP8() { // the FP8 GEMMs, or bf16 ones on the rows dequant_fp8_rows wrote (fp8dev.go)
-		path, why := fp8GEMMPath(devs, cfg)
+		path, why := fp8GEMMPath(r.devs, cfg)
 		rec.GEMM.Method = ExpertPathFP8 + "; " + method
 		if path == kernels.FP8GEMMBlock {
 			rec.GEMM.Method = ExpertPathFP8Dev + "; " + method
 		}
 		rec.GEMM.FP8Path, rec.GEMM.FP8PathReason = string(path), why
 	}
-	if g, ok := dev.(*device.CUDA); ok {
+	if g, ok := r.devs[0].(*device.CUDA); ok {
 		rec.GEMM.Method += "; " + g.GEMMAlgorithms()
 	}
-	if dl.attn != nil { // attention.go
-		rec.GEMM.Method += "; " + dl.attn.describe(cfg)
+	if r.dl.attn != nil { // attention.go
+		rec.GEMM.Method += "; " + r.dl.attn.describe(cfg)
 	}
-	if cfg.overlapping() && rec.Interrupted == "" { // overlap.go
-		if err := measureOverlap(dl, cfg, denv, rec); err != nil {
-			return fail(deviceStatus(err), err)
-		}
-	}
-	if env.Dump == "" || rec.Interrupted != "" {
-		return rec, nil
-	}
-	if err := dl.download(); err != nil { // the last timed step
-		return rec, fmt.Errorf("--dump: %w", err)
-	}
-	return rec, dl.dump(env, rec)
 }
 
 // tuneGEMMs lets the GPUs among devs time each new GEMM shape's cuBLASLt
@@ -1472,10 +1612,10 @@ func tuneGEMMs(devs []device.Device, on bool) {
 	}
 }
 
-// devices opens the devices of a cuda run (env.OpenDevices, else
+// OpenDevices opens the devices of a cuda run (env.OpenDevices, else
 // device.OpenGPUs): n of them, or when n is 0 every GPU up to most; in a
 // run over several processes (ds) the GPUs of this process's ranks.
-func (env Env) devices(n, most int, ds *dist) ([]device.Device, error) {
+func OpenDevices(env Env, n, most int, ds *dist) ([]device.Device, error) {
 	first := 0
 	if ds != nil {
 		n, first = ds.per, ds.firstGPU

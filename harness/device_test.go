@@ -126,7 +126,7 @@ func equalsHostOn(t *testing.T, c Config, devs ...device.Device) {
 				dl.rr[r].grouped, _ = device.NewGrouped(rk.Dev, 3)
 			}
 		}
-		cr, err := dl.check()
+		cr, err := checkDevice(dl)
 		if err != nil || !cr.Passed {
 			t.Fatalf("check: %v, %+v", err, cr)
 		}
@@ -242,7 +242,7 @@ func TestDeviceFEPLB(t *testing.T) {
 	equalsHost(t, c, 4)  // one device per rank: every phase-2 copy goes between devices
 	c.ForwardOnly = true // from here on the forward's phase 2 is the subject
 	dl := deviceRun(t, c, &device.Emu{})
-	if cr, err := dl.check(); err != nil || !cr.Passed {
+	if cr, err := checkDevice(dl); err != nil || !cr.Passed {
 		t.Fatalf("check: %v, %+v", err, cr)
 	}
 	rb := dl.d.Capabilities().Rebalance.Stats()
@@ -257,7 +257,7 @@ func TestDeviceFEPLB(t *testing.T) {
 	}
 	// paused, phase 2 moves nothing and the output is still right
 	dl.d.Capabilities().Rebalance.Pause(true)
-	if cr, err := dl.check(); err != nil || !cr.Passed {
+	if cr, err := checkDevice(dl); err != nil || !cr.Passed {
 		t.Fatalf("paused check: %v, %+v", err, cr)
 	}
 	if p := dl.d.Capabilities().Rebalance.Stats(); p.Moves != 0 || !slices.Equal(p.TokensAfter, p.TokensBefore) || !math.IsNaN(p.Exposed) {
@@ -270,7 +270,7 @@ func TestDeviceFEPLB(t *testing.T) {
 	probe := &dropCopy{}
 	dl = deviceRun(t, c, probe)
 	probe.n = 0
-	if _, err := dl.check(); err != nil {
+	if _, err := checkDevice(dl); err != nil {
 		t.Fatal(err)
 	}
 	if rb.TokensAfter[0] >= rb.TokensBefore[0] {
@@ -281,7 +281,7 @@ func TestDeviceFEPLB(t *testing.T) {
 	for _, drop := range []int{in, in + 1, in + 2, in + 3, in + 4*rb.Moves} {
 		// garbled, not lost: the buffers still hold the last step's rows
 		probe.n, probe.drop, probe.garble = 0, drop, true
-		if cr, err := dl.check(); err == nil && cr.Passed {
+		if cr, err := checkDevice(dl); err == nil && cr.Passed {
 			t.Errorf("copy %d of %d lost, check passed", drop, copies)
 		}
 	}
@@ -331,7 +331,7 @@ func TestDeviceFEPLBSplitsOverHelpers(t *testing.T) {
 	equalsHost(t, c, 4)
 	lg := &batchLog{}
 	dl := deviceRun(t, c, lg)
-	if cr, err := dl.check(); err != nil || !cr.Passed {
+	if cr, err := checkDevice(dl); err != nil || !cr.Passed {
 		t.Fatalf("check: %v, %+v", err, cr)
 	}
 	if rb := dl.d.Capabilities().Rebalance.Stats(); !slices.Equal(rb.TokensAfter, pl.Loads(c.EP)) || rb.Moves != len(pl.Moves)/2 {
@@ -431,7 +431,7 @@ func TestDeviceCheckCatchesLostCopy(t *testing.T) {
 	probe := &dropCopy{}
 	dl := deviceRun(t, c, probe)
 	probe.n = 0
-	if cr, err := dl.check(); err != nil || !cr.Passed {
+	if cr, err := checkDevice(dl); err != nil || !cr.Passed {
 		t.Fatalf("clean run: %v %+v", err, cr)
 	}
 	copies := probe.n
@@ -441,7 +441,7 @@ func TestDeviceCheckCatchesLostCopy(t *testing.T) {
 		dev.n, dev.drop = 0, drop
 		// a lost copy fails the check, or Emu refuses the step (counts that
 		// do not add up)
-		if cr, err := dl.check(); err == nil && cr.Passed {
+		if cr, err := checkDevice(dl); err == nil && cr.Passed {
 			t.Errorf("copy %d of %d lost, check passed (max rel err %g)", drop, copies, cr.MaxRelErr)
 		}
 	}
@@ -509,7 +509,7 @@ func TestGPULayer(t *testing.T) {
 			dl := deviceRun(t, c, dev)
 			defer dl.d.Close()
 			for i := range 2 {
-				cr, err := dl.check()
+				cr, err := checkDevice(dl)
 				if err != nil || !cr.Passed {
 					t.Fatalf("step %d: %v, %+v", i, err, cr)
 				}
@@ -639,14 +639,14 @@ func TestDeviceSampledCheck(t *testing.T) {
 	refFLOPBudget = 1
 	c := deviceCases()["softmax-natural"]
 	dl := deviceRun(t, c, &device.Emu{})
-	cr, err := dl.check()
+	cr, err := checkDevice(dl)
 	if err != nil || !cr.Passed || !strings.Contains(cr.Sample, "64 of 128 tokens (16 per rank") {
 		t.Fatalf("sampled check: %v, %+v", err, cr)
 	}
 	dev := &dropCopy{}
 	dl = deviceRun(t, c, dev)
 	dev.n, dev.drop = 0, 2 // the first rank's dispatch loses a source's rows
-	if cr, err := dl.check(); err != nil || cr.Passed {
+	if cr, err := checkDevice(dl); err != nil || cr.Passed {
 		t.Errorf("lost copy with a sampled check: %v, %+v", err, cr)
 	}
 }

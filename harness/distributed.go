@@ -392,7 +392,7 @@ func gatherJSON[T any](dl *deviceLayer, v T, what string) ([]T, error) {
 // of its own ranks' outputs, the worst error and every failure's detail;
 // with a training step's gradients, each gradient's error over every
 // process's maxima, as one process's check computes it, and its verdict.
-func (dl *deviceLayer) agreeCheck(c *results.Correctness) (*results.Correctness, error) {
+func agreeCheck(dl *deviceLayer, c *results.Correctness) (*results.Correctness, error) {
 	p := part{Process: dl.dist.rv.L.Rank, Correct: finiteErrs(c)}
 	if dl.gradAcc != nil {
 		p.GradAcc = map[string][2]float64{}
@@ -826,7 +826,7 @@ func unsafeBytes(w []uint64) []byte {
 
 // localSample is sample (nil: every token) with other processes' ranks
 // left out: a process checks its own ranks.
-func (dl *deviceLayer) localSample(sample [][]int) [][]int {
+func localSample(dl *deviceLayer, sample [][]int) [][]int {
 	if dl.dist == nil {
 		return sample
 	}

@@ -103,7 +103,7 @@ func Dump(dir string, l *Layer, rec *results.Record) error {
 		"per copy: y = fc2 · (p · silu(fc1_gate · x) ⊙ (fc1_up · x)); output row = Σ over the token's k copies (+ shared expert, which has no p)",
 	}
 	if l.grads != nil {
-		steps = append(steps, l.dumpGrads(add)...)
+		steps = append(steps, dumpGrads(l, add)...)
 		notes = append(notes, "training step: the grad_*.npy files are the gradients of Σ dout · output (dout.npy, drawn from the seed) with respect to each input, "+
 			"as the layer computed them: bf16 where Megatron's bf16 training stores them (input, router weight), fp32 where it keeps fp32 (probabilities, "+
 			"the experts' and shared expert's weight gradients: main_grad); rounding points B1–B8 of kernels/BACKWARD.md")
@@ -150,7 +150,7 @@ func dumpRouting(l *Layer) map[string]any {
 
 // dumpGrads are the steps that write a training step's upstream gradient
 // and every gradient the layer computed.
-func (l *Layer) dumpGrads(add func(name string, shape []int, data any, about string) error) []func() error {
+func dumpGrads(l *Layer, add func(name string, shape []int, data any, about string) error) []func() error {
 	c := l.Cfg
 	n, h, f, E, k := c.EP*c.Tokens, c.Hidden, c.FFN, c.Experts, c.TopK
 	var dx, dprobs, fc1, fc2 []float32

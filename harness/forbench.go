@@ -12,12 +12,7 @@ import (
 // Run uses it. These name parts of the device and host layers, which move
 // out of this package later (docs/design.md, Packages).
 
-// Devices opens the devices of a cuda run in this process as Run does
-// (env.OpenDevices, else the GPUs): n of them, or when n is 0 every one up
-// to most. CloseDevices closes them.
-func (env Env) Devices(n, most int) ([]device.Device, error) { return env.devices(n, most, nil) }
-
-// CloseDevices closes the devices Devices opened.
+// CloseDevices closes the devices OpenDevices opened.
 func CloseDevices(devs []device.Device) { closeDevices(devs) }
 
 // TuneGEMMs lets the GPUs among devs time each new GEMM shape's cuBLASLt

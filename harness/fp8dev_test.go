@@ -168,14 +168,14 @@ func TestFP8CUDALayerOnHostSim(t *testing.T) {
 			if rec.GEMM.FP8Path != string(path) || !strings.Contains(rec.GEMM.FP8PathReason, why) {
 				t.Errorf("record: fp8 GEMM path %q (%s)", rec.GEMM.FP8Path, rec.GEMM.FP8PathReason)
 			}
-			devs, err := Env{}.devices(min(c.EP, 2), c.EP, nil)
+			devs, err := OpenDevices(Env{}, min(c.EP, 2), c.EP, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { closeDevices(devs) })
 			equalsHostOn(t, c, devs...)
 			dl := deviceRun(t, c, devs...)
-			if _, err := dl.check(); err != nil {
+			if _, err := checkDevice(dl); err != nil {
 				t.Fatal(err)
 			}
 			h, pitch := c.Hidden, kernels.FP8RowPitch(c.Hidden)

@@ -33,7 +33,7 @@ func TestFP8AlltoallLibraryOnHostSim(t *testing.T) {
 				t.Errorf("record: precision %q, impl %q, traffic %q", rec.Config.Precision, rec.Config.Impl, rec.Traffic.Formula)
 			}
 			t.Logf("max rel err %.2e, gradients %.2e", rec.Correctness.MaxRelErr, rec.Correctness.Grads.MaxRelErr)
-			devs, err := Env{}.devices(2, 2, nil)
+			devs, err := OpenDevices(Env{}, 2, 2, nil)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -39,8 +39,8 @@ const sampleGradNote = "on the check's sample of tokens: the check's upstream gr
 // the drawn one again afterwards.
 func checkGrads(c *results.Correctness, l *Layer, d dispatchers.Dispatcher, sample [][]int) error {
 	poisonGrads(l)
-	prog := l.Cfg.prog
-	timer := l.countedPhases()
+	prog := l.Cfg.progressLine()
+	timer := countedPhases(l)
 	if sample != nil {
 		drawn := l.DOut
 		defer func() { l.DOut = drawn }()
@@ -143,7 +143,7 @@ func spread(ref []float64, sample []int, tokens, width int) []float64 {
 // the tokens of sample (nil: all; per rank, the same number each); each
 // expert's weights are widened into buffers of w, which done(e) gives back
 // once the reference is through with expert e.
-func (l *Layer) gradProblem(w *widened, sample [][]int) kernels.GradProblem {
+func gradProblem(l *Layer, w *widened, sample [][]int) kernels.GradProblem {
 	c := l.Cfg
 	tokens := c.EP * c.Tokens
 	if sample != nil {
@@ -303,11 +303,11 @@ func (c *gradCompare) start() {
 	c.started = true
 	l := c.l
 	w := &widened{held: make([]*expertBuf, l.Cfg.Experts)}
-	p := l.gradProblem(w, c.sample)
+	p := gradProblem(l, w, c.sample)
 	go func() {
 		defer close(c.done)
 		c.ref = kernels.ReferenceGradsEach(p, refWorkers(l.Cfg), func(e int, fc1, fc2 []float64) {
-			defer l.Cfg.prog.add(1)
+			defer l.Cfg.progressLine().add(1)
 			defer w.done(e)
 			c.expert(e, fc1, fc2)
 		})

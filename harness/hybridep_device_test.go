@@ -49,7 +49,7 @@ func equalsHostHybridEP(t *testing.T, c Config, devs ...device.Device) {
 		t.Fatal("hybridep's device layer runs no backward")
 	}
 	for range 2 { // the second step reuses every buffer
-		cr, err := dl.check()
+		cr, err := checkDevice(dl)
 		if err != nil || !cr.Passed {
 			t.Fatalf("check: %v, %+v", err, cr)
 		}

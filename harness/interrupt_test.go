@@ -23,7 +23,7 @@ func TestInterruptBeforeTheSteps(t *testing.T) {
 		t.Fatalf("interrupted run: %v, %+v", err, rec)
 	}
 	l, _, _ := trained(t, small())
-	l.Cfg.intr = intr
+	l.Cfg.carry(l.Cfg.progressLine(), intr)
 	if _, _, err := Reference(l, nil); !IsInterrupted(err) {
 		t.Errorf("reference after the interrupt: %v", err)
 	}

@@ -136,7 +136,7 @@ func newLayer(cfg Config, experts bool) (*Layer, error) {
 	l.Router = cfg.RouterConfig(l.Bias)
 	if experts && l.hold != HostExpertsDrawn { // each expert its own stream of draws: drawn in parallel, the same values
 		fc1, fc2 := make([][]float32, E), make([][]float32, E)
-		parallel(E, runtime.GOMAXPROCS(0), func(_, e int) { fc1[e], fc2[e] = l.ExpertWeights(e); cfg.prog.add(1) })
+		parallel(E, runtime.GOMAXPROCS(0), func(_, e int) { fc1[e], fc2[e] = l.ExpertWeights(e); cfg.progressLine().add(1) })
 		l.FC1, l.FC2 = fc1, fc2
 	}
 	if fs := f * cfg.SharedExperts; fs > 0 {

@@ -65,7 +65,7 @@ func measureOverlap(dl *deviceLayer, cfg Config, denv dispatchers.Env, rec *resu
 		}
 		defer ov.graph.free()
 	}
-	cfg.prog.set("overlap: the sequential and the overlapped step, in turn")
+	cfg.progressLine().set("overlap: the sequential and the overlapped step, in turn")
 	var seq, over, comm, exposed, seqExposed []float64
 	slowest := func(v []float64) float64 { return slices.Max(v) }
 	routing := func(step int) error {

@@ -130,7 +130,7 @@ func TestStagesCountTheirWork(t *testing.T) {
 		c := small()
 		c.HostExperts = hold
 		p := &progress{now: time.Now}
-		c.prog = p
+		c.carry(p, c.interrupt())
 		if hold == HostExpertsHeld { // drawn: no weights drawn before the check (Run)
 			p.work(buildExperts, float64(c.Experts))
 		}
@@ -166,9 +166,9 @@ func TestStagesCountTheirWork(t *testing.T) {
 func TestDeviceStagesCountTheirWork(t *testing.T) {
 	c := deviceCases()["softmax-natural"]
 	p := &progress{now: time.Now}
-	c.prog = p
+	c.carry(p, c.interrupt())
 	dl := deviceRun(t, c, &device.Emu{})
-	if _, err := dl.check(); err != nil {
+	if _, err := checkDevice(dl); err != nil {
 		t.Fatal(err)
 	}
 	p.set("done")

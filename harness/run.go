@@ -79,7 +79,24 @@ func Run(cfg Config, env Env) (*results.Record, error) {
 	if cfg.Device == "host" {
 		cfg.HostExperts = cfg.hostExperts() // decided once, before the record says it
 	}
-	var noDump error // a training step's dump needs every weight gradient held
+	noDump, err := dumpRefusal(cfg, env, forced)
+	if err != nil {
+		return nil, err
+	}
+	rec := newRecord(cfg, env)
+	rec.Config.PassNote = why
+	if cfg.Device != "host" {
+		return runDevice(cfg, env, rec)
+	}
+	return runHost(cfg, env, rec, forced, noDump)
+}
+
+// dumpRefusal is why env.Dump cannot be written for cfg: a *ConfigError
+// (err) where the configuration asks for what a dump cannot hold, else
+// noDump, the reason the run ends unavailable before any step (a training
+// step's dump on the host needs every weight gradient held; forced: the
+// user chose --host-experts).
+func dumpRefusal(cfg Config, env Env, forced bool) (noDump, err error) {
 	if cfg.Device == "host" && env.Dump != "" && !cfg.ForwardOnly && cfg.HostExperts != HostExpertsHeld {
 		why := fmt.Sprintf("a training step's dump writes every expert's weight gradients, which this layer does not hold (--host-experts %s); "+
 			"add --forward-only, or use a layer whose experts' weights and weight gradients fit in memory", cfg.HostExperts)
@@ -92,34 +109,88 @@ func Run(cfg Config, env Env) (*results.Record, error) {
 		return nil, &ConfigError{"dump", env.Dump, "with --overlap a2a the weight gradients are the sum of two micro-batches' while a dump holds " +
 			"micro-batch 0's inputs only, so its backward could not be recomputed from it; dump a run without --overlap a2a"}
 	}
-	rec := newRecord(cfg, env)
-	rec.Config.PassNote = why
-	if cfg.Device != "host" {
-		return runDevice(cfg, env, rec)
-	}
-	fail := func(status string, err error) (*results.Record, error) { return failed(rec, status, err) }
+	return noDump, nil
+}
+
+// hostRun is what runHost's steps share.
+type hostRun struct {
+	cfg     Config
+	env     Env
+	rec     *results.Record
+	d       dispatchers.Dispatcher
+	l       *Layer
+	prog    *progress
+	m       measured
+	samples map[string][][]float64 // where timed records: samples[phase][rank][iter] in milliseconds
+	iter    int                    // the step being run (< 0: a warm-up step, not recorded)
+	work    map[string]float64     // each phase's share of a step, for the progress line
+	plant   time.Duration          // plant.go's test-only delay, or 0
+}
+
+// runHost is Run on the host device. Its steps are hostRun's methods;
+// each that returns a record or an error ends the run with them.
+func runHost(cfg Config, env Env, rec *results.Record, forced bool, noDump error) (*results.Record, error) {
+	h := &hostRun{cfg: cfg, env: env, rec: rec, iter: -1}
 	fresh := func() (dispatchers.Dispatcher, error) {
-		return dispatchers.New(cfg.Dispatcher, cfg.Impl, cfg.dispatcherEnv())
+		return dispatchers.New(h.cfg.Dispatcher, h.cfg.Impl, h.cfg.dispatcherEnv())
 	}
 	d, err := fresh()
 	if err != nil {
-		return dispatcherError(rec, cfg, err)
+		return dispatcherError(rec, h.cfg, err)
 	}
-	prog := startProgress(env.Progress, env.ProgressEvery, steps(cfg, d.Capabilities()))
-	defer prog.finish()
-	cfg.prog, cfg.intr = prog, env.Interrupt
-	if err := checkHostMemory(cfg); err != nil {
-		return fail(results.StatusUnavailable, err)
+	h.d = d
+	h.prog = startProgress(env.Progress, env.ProgressEvery, steps(h.cfg, d.Capabilities()))
+	defer h.prog.finish()
+	h.cfg.carry(h.prog, env.Interrupt)
+	if err := checkHostMemory(h.cfg); err != nil {
+		return failed(rec, results.StatusUnavailable, err)
 	}
 	if noDump != nil {
-		return fail(results.StatusUnavailable, noDump)
+		return failed(rec, results.StatusUnavailable, noDump)
 	}
-	note := hostExpertsNote(cfg.HostExperts, forced)
+	note := hostExpertsNote(h.cfg.HostExperts, forced)
 	if note != "" && env.Progress != nil {
 		fmt.Fprintf(env.Progress, "moebench: %s\n", note)
 	}
+	if out, err := h.buildLayer(); out != nil || err != nil {
+		return out, err
+	}
+	if out, err := h.check(fresh); out != nil || err != nil {
+		return out, err
+	}
+	if status, err := h.newMeasured(note); err != nil {
+		return failed(rec, status, err)
+	}
+	if out, err := h.timeSteps(); out != nil || err != nil {
+		return out, err
+	}
+	rec.Status = results.StatusOK
+	m, l := &h.m, h.l
+	m.traffic = d.Traffic() // after the steps: it counts the last one
+	m.buffers = buffers(d.Capabilities(), h.cfg.EP)
+	m.recv = segmentRows(l.Ranks)
+	for r := range l.Ranks {
+		m.mem.PerRankBytes = append(m.mem.PerRankBytes, l.Footprint(d, r))
+	}
+
+	m.phase2SMs = "not measured on the host device"
+	fillMeasurements(rec, h.cfg, *m)
+	if h.cfg.overlapping() { // overlap.go: the host runs every phase in turn
+		if rec.Overlap, err = hostOverlap(h.cfg, fresh, rec.Memory); err != nil {
+			return failed(rec, results.StatusFailed, err)
+		}
+	}
+	if rec.Interrupted != "" { // stop now: no dump
+		return rec, nil
+	}
+	return rec, dump(env, l, rec)
+}
+
+// buildLayer draws the layer and binds the dispatcher to it.
+func (h *hostRun) buildLayer() (*results.Record, error) {
+	cfg, rec := h.cfg, h.rec
 	if cfg.HostExperts != HostExpertsDrawn {
-		prog.work(buildExperts, float64(cfg.Experts))
+		h.prog.work(buildExperts, float64(cfg.Experts))
 	}
 	l, err := NewLayer(cfg)
 	if err != nil {
@@ -127,35 +198,53 @@ func Run(cfg Config, env Env) (*results.Record, error) {
 		if errors.As(err, &ce) {
 			return nil, err
 		}
-		return fail(results.StatusFailed, err)
+		return failed(rec, results.StatusFailed, err)
 	}
-	if err := d.Bind(l.Shape, l.Ranks); dispatchers.IsUnavailable(err) { // the design's limits on this shape
+	h.l = l
+	if err := h.d.Bind(l.Shape, l.Ranks); dispatchers.IsUnavailable(err) { // the design's limits on this shape
 		return dispatcherError(rec, cfg, err)
 	} else if err != nil {
-		return fail(results.StatusFailed, err)
+		return failed(rec, results.StatusFailed, err)
 	}
-	if err := env.Interrupt.interrupted(whileBuilding); err != nil {
+	if err := h.env.Interrupt.interrupted(whileBuilding); err != nil {
 		return interruptedRecord(rec, err)
 	}
-	if cfg.Check {
-		prog.set(checking)
-		c, err := Check(l, d, fresh)
-		if ierr := env.Interrupt.interrupted(whileChecking); ierr != nil {
-			return checkInterrupted(rec, c, err, ierr)
-		}
-		if err != nil {
-			return fail(results.StatusFailed, err)
-		}
-		rec.Correctness = c
-		if !c.Passed {
-			rec.Status, rec.Reason = results.StatusFailed, "correctness check failed: "+c.Detail
-			return rec, errors.Join(errors.New(rec.Reason), dump(env, l, rec))
-		}
-	} else {
-		rec.Correctness = &results.Correctness{Checked: false, Detail: "check disabled by --check off"}
-	}
+	return nil, nil
+}
 
-	m := measured{
+// check runs the layer's check (cfg.Check; fresh makes the reference's
+// dispatchers) and records it; a failed check ends the run with the
+// check's step dumped.
+func (h *hostRun) check(fresh func() (dispatchers.Dispatcher, error)) (*results.Record, error) {
+	rec := h.rec
+	if !h.cfg.Check {
+		rec.Correctness = &results.Correctness{Checked: false, Detail: "check disabled by --check off"}
+		return nil, nil
+	}
+	h.prog.set(checking)
+	c, err := Check(h.l, h.d, fresh)
+	if ierr := h.env.Interrupt.interrupted(whileChecking); ierr != nil {
+		return checkInterrupted(rec, c, err, ierr)
+	}
+	if err != nil {
+		return failed(rec, results.StatusFailed, err)
+	}
+	rec.Correctness = c
+	if !c.Passed {
+		rec.Status, rec.Reason = results.StatusFailed, "correctness check failed: "+c.Detail
+		return rec, errors.Join(errors.New(rec.Reason), dump(h.env, h.l, rec))
+	}
+	return nil, nil
+}
+
+// newMeasured makes the timed steps' samples, empty, with the clock, the
+// timing model and the memory method they are read by (note: the host
+// experts' note, or ""), each phase's share of a step and the planted
+// delay; on an error, the status the run ends with.
+func (h *hostRun) newMeasured(note string) (string, error) {
+	cfg := h.cfg
+	m := &h.m
+	*m = measured{
 		clock: "host wall clock (Go time.Now); not comparable with GPU timings",
 		model: "each phase's sample is its slowest rank in that iteration; step = sum of the phase samples (ranks in lockstep, a barrier between phases)",
 		mem: &results.Memory{Method: "host buffers, accounted: the rank's host buffers after the run, float32 storage (its share of expert weights, shared/router weights, activations, " +
@@ -164,82 +253,77 @@ func Run(cfg Config, env Env) (*results.Record, error) {
 		m.clock += "; " + note
 		m.mem.Method += "; " + hostExpertsHeldNote(cfg.HostExperts)
 	}
-	if m.phases, err = l.Phases(d); err != nil {
-		return fail(results.StatusUnavailable, err)
+	var err error
+	if m.phases, err = h.l.Phases(h.d); err != nil {
+		return results.StatusUnavailable, err
 	}
 	if !cfg.ForwardOnly {
-		m.forward = len(l.steps(d))
+		m.forward = len(h.l.steps(h.d))
 		m.model += "; fwd and bwd are the sums of their passes' phases, step = fwd + bwd"
 	}
 	m.samples = m.newSamples(cfg.EP)
-	samples, iter := m.samples, -1              // samples[phase][rank][iter] in milliseconds
-	work, stepWork := map[string]float64{}, 0.0 // each phase's share of a step, for the progress line
+	h.samples = m.samples
+	h.work = map[string]float64{}
 	for _, ph := range m.phases {
-		work[ph] = phaseWork(cfg, ph)
-		stepWork += work[ph] * float64(cfg.EP)
+		h.work[ph] = phaseWork(cfg, ph)
 	}
-	plant, err := plantedDelay(cfg.Dispatcher) // a test-only hook (plant.go)
-	if err != nil {
-		return fail(results.StatusFailed, err)
+	if h.plant, err = plantedDelay(cfg.Dispatcher); err != nil { // a test-only hook (plant.go)
+		return results.StatusFailed, err
 	}
-	if plant > 0 {
-		m.clock += "; " + plantNote(plant)
+	if h.plant > 0 {
+		m.clock += "; " + plantNote(h.plant)
 	}
-	timed := func(ph string, r int, fn func() error) error {
-		t0 := time.Now()
-		err := fn()
-		if plant > 0 && iter >= 0 && r == 0 && ph == m.phases[0] {
-			time.Sleep(plant)
-		}
-		if iter >= 0 {
-			samples[ph][r] = append(samples[ph][r], float64(time.Since(t0).Nanoseconds())/1e6)
-		}
-		prog.stepAdd(work[ph])
-		return err
+	return "", nil
+}
+
+// timed runs rank r's phase ph (fn) and records its time in h.samples
+// once the warm-up is over.
+func (h *hostRun) timed(ph string, r int, fn func() error) error {
+	t0 := time.Now()
+	err := fn()
+	if h.plant > 0 && h.iter >= 0 && r == 0 && ph == h.m.phases[0] {
+		time.Sleep(h.plant)
+	}
+	if h.iter >= 0 {
+		h.samples[ph][r] = append(h.samples[ph][r], float64(time.Since(t0).Nanoseconds())/1e6)
+	}
+	h.prog.stepAdd(h.work[ph])
+	return err
+}
+
+// timeSteps runs the paused steps (a dispatcher that rebalances) and the
+// timed ones; cfg.Iters becomes the steps done.
+func (h *hostRun) timeSteps() (*results.Record, error) {
+	cfg, env, l, d, m := h.cfg, h.env, h.l, h.d, &h.m
+	stepWork := 0.0
+	for _, ph := range m.phases {
+		stepWork += h.work[ph] * float64(cfg.EP)
 	}
 	rb := d.Capabilities().Rebalance
-	rebalances := rb != nil
-	prog.stepping(stepWork)
-	pausedEnd, end := cfg.deadlines(rebalances)
-	if rebalances { // after the warm-up, the paused steps (see measured.paused)
-		prog.set("steps with phase 2 paused (the straggler before rebalancing)")
-		m.paused = m.newSamples(cfg.EP)
-		samples = m.paused
-		rb.Pause(true)
-		if _, err := iterate(cfg.Warmup, cfg.Iters, pausedEnd, func(i int) error {
-			if err := env.Interrupt.beforeStep("the paused ", i, cfg); err != nil {
-				return err
-			}
-			iter = i
-			l.SetRouting(cfg.Warmup + i + 1) // the same routing as the timed step i
-			if err := l.Iteration(d, timed); err != nil {
-				return err
-			}
-			prog.stepDone()
-			return nil
-		}); IsInterrupted(err) {
-			return interruptedRecord(rec, err)
+	h.prog.stepping(stepWork)
+	pausedEnd, end := cfg.deadlines(rb != nil)
+	if rb != nil { // after the warm-up, the paused steps (see measured.paused)
+		if err := h.pausedSteps(rb, pausedEnd); IsInterrupted(err) {
+			return interruptedRecord(h.rec, err)
 		} else if err != nil {
-			return fail(results.StatusFailed, err)
+			return failed(h.rec, results.StatusFailed, err)
 		}
-		rb.Pause(false)
-		samples = m.samples
 	}
 	done, err := iterate(cfg.Warmup, cfg.Iters, end, func(i int) error {
 		if err := env.Interrupt.beforeStep("", i, cfg); err != nil {
 			return err
 		}
-		iter = i
-		prog.set(stepStage(i, cfg))
+		h.iter = i
+		h.prog.set(stepStage(i, cfg))
 		l.SetRouting(cfg.Warmup + i + 1)
-		if err := l.Iteration(d, timed); err != nil {
+		if err := l.Iteration(d, h.timed); err != nil {
 			return err
 		}
-		prog.stepDone()
+		h.prog.stepDone()
 		if i < 0 {
 			return nil
 		}
-		if rebalances {
+		if rb != nil {
 			m.rebalance = append(m.rebalance, rb.Stats())
 		}
 		m.recvSteps = append(m.recvSteps, segmentRows(l.Ranks))
@@ -248,35 +332,44 @@ func Run(cfg Config, env Env) (*results.Record, error) {
 	var stopped string // why the timed steps stopped early
 	switch {
 	case IsInterrupted(err) && done > 0:
-		stopped = interruptedSteps(rec, err, done, cfg.Iters)
+		stopped = interruptedSteps(h.rec, err, done, cfg.Iters)
 	case IsInterrupted(err):
-		return interruptedRecord(rec, err)
+		return interruptedRecord(h.rec, err)
 	case err != nil:
-		return fail(results.StatusFailed, err)
+		return failed(h.rec, results.StatusFailed, err)
 	}
-	cfg.Iters, m.stopped = done, cfg.stopped(done)
+	h.cfg.Iters, m.stopped = done, cfg.stopped(done)
 	if stopped != "" {
 		m.stopped = stopped
 	}
-	rec.Status = results.StatusOK
-	m.traffic = d.Traffic() // after the steps: it counts the last one
-	m.buffers = buffers(d.Capabilities(), cfg.EP)
-	m.recv = segmentRows(l.Ranks)
-	for r := range l.Ranks {
-		m.mem.PerRankBytes = append(m.mem.PerRankBytes, l.Footprint(d, r))
-	}
+	return nil, nil
+}
 
-	m.phase2SMs = "not measured on the host device"
-	fillMeasurements(rec, cfg, m)
-	if cfg.overlapping() { // overlap.go: the host runs every phase in turn
-		if rec.Overlap, err = hostOverlap(cfg, fresh, rec.Memory); err != nil {
-			return fail(results.StatusFailed, err)
+// pausedSteps runs the steps with phase 2 paused: the straggler before
+// rebalancing (measured.paused).
+func (h *hostRun) pausedSteps(rb *dispatchers.Rebalance, deadline time.Time) error {
+	cfg, env, m := h.cfg, h.env, &h.m
+	h.prog.set("steps with phase 2 paused (the straggler before rebalancing)")
+	m.paused = m.newSamples(cfg.EP)
+	h.samples = m.paused
+	rb.Pause(true)
+	if _, err := iterate(cfg.Warmup, cfg.Iters, deadline, func(i int) error {
+		if err := env.Interrupt.beforeStep("the paused ", i, cfg); err != nil {
+			return err
 		}
+		h.iter = i
+		h.l.SetRouting(cfg.Warmup + i + 1) // the same routing as the timed step i
+		if err := h.l.Iteration(h.d, h.timed); err != nil {
+			return err
+		}
+		h.prog.stepDone()
+		return nil
+	}); err != nil {
+		return err
 	}
-	if rec.Interrupted != "" { // stop now: no dump
-		return rec, nil
-	}
-	return rec, dump(env, l, rec)
+	rb.Pause(false)
+	h.samples = m.samples
+	return nil
 }
 
 // ForwardOnlyReason says why a run of cfg that was not asked to be

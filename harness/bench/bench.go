@@ -96,7 +96,7 @@ func Kernels(cfg harness.Config, env harness.Env, sizes Sizes) (*KernelBench, er
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	devs, err := env.Devices(0, 2)
+	devs, err := harness.OpenDevices(env, 0, 2, nil)
 	if err != nil {
 		return nil, fmt.Errorf("device %s: %w", cfg.Device, err)
 	}

@@ -135,7 +135,7 @@ func DispatchAt(cfg harness.Config, names []string, sms []int, precisions []stri
 
 // benchDispatchDevice is Dispatch on the cuda device.
 func benchDispatchDevice(cfg harness.Config, names []string, sms []int, precisions []string, env harness.Env) (*DispatchBench, error) {
-	devs, err := env.Devices(cfg.GPUs, cfg.EP)
+	devs, err := harness.OpenDevices(env, cfg.GPUs, cfg.EP, nil)
 	if err != nil {
 		return nil, fmt.Errorf("bench dispatch: device %s: %w", cfg.Device, err)
 	}
