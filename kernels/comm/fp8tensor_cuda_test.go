@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"testing"
 
+	"github.com/moebench/moebench/internal/cuda"
 	"github.com/moebench/moebench/kernels"
 	"github.com/moebench/moebench/kernels/device"
 )
@@ -107,4 +108,108 @@ func checkFP8TensorKernels(t *testing.T, c device.Device) {
 		}
 	}
 	t.Logf("%d runs of amax_fp8_tensor + quant_fp8_tensor, bit for bit", runs)
+}
+
+// TestFP8TensorChainOnHostSim: the per-tensor FP8 GEMM as a device runs it
+// end to end — bf16 activations quantized per tensor on the device
+// (amax_fp8_tensor, quant_fp8_tensor), weights quantized per tensor on the
+// host (QuantFP8Tensor), cuBLASLt's per-tensor FP8 GEMM (SCALAR_32F: the
+// two multipliers through A_SCALE_POINTER and B_SCALE_POINTER) through
+// Grouped with FP8Tensor, bf16 out — on the cuda device over the host
+// simulation's fake cuBLASLt and on Emu: both equal the host design
+// (QuantFP8Tensor, FP8GEMM) bit for bit and the float64 product of the
+// same quantized operands within FP8GEMMBound. Broken on purpose (the
+// GEMM given the weights' multiplier for the activations', or the
+// activations' multiplier doubled) the bound is exceeded.
+func TestFP8TensorChainOnHostSim(t *testing.T) {
+	useHostSim(t)
+	checkFP8TensorChain(openPair(t), true)
+}
+
+func checkFP8TensorChain(p *gpuPair, exact bool) {
+	t := p.t
+	const m, n, k = 77, 192, 256
+	g := rand.New(rand.NewPCG(34, 12))
+	draw := func(rows int) []float32 {
+		x := make([]float32, rows*k)
+		for i := range x { // magnitudes 2^-3…2^3 from row to row
+			x[i] = kernels.RoundBF16(float32(g.NormFloat64() * math.Ldexp(1, (i/k)%7-3)))
+		}
+		return x
+	}
+	a, w := draw(m), draw(n)
+	qa, sa := kernels.QuantFP8Tensor(a)
+	qw, sw := kernels.QuantFP8Tensor(w)
+	want := kernels.BF16Bits(kernels.FP8GEMM(cuda.FP8Tensor, m, n, k, qa, []float32{sa}, qw, []float32{sw}))
+	var xa, dq, ds, dam, dw, dsw, dbad, c [2]device.Addr
+	xa[0], xa[1] = p.put(kernels.BF16Bits(a))
+	dq[0], dq[1] = p.out((m*k + 1) / 2)
+	ds[0], ds[1] = p.out(2)
+	dam[0], dam[1] = p.out(2)
+	dw[0], dw[1] = p.put(packBytes(qw))
+	dsw[0], dsw[1] = p.put([]float32{sw})
+	dbad[0], dbad[1] = p.put([]float32{2 * sa})
+	ref := func(got []uint16) (worst float64, over int) {
+		for i := range m {
+			for j := range n {
+				var r, abs float64
+				for q := range k {
+					v := float64(kernels.E4M3ToFloat32(qa[i*k+q])) * float64(sa) * float64(kernels.E4M3ToFloat32(qw[j*k+q])) * float64(sw)
+					r += v
+					abs += math.Abs(v)
+				}
+				e := math.Abs(float64(math.Float32frombits(uint32(got[i*n+j])<<16)) - r)
+				b := kernels.FP8GEMMBound(cuda.FP8Tensor, k, abs, true, r)
+				worst = max(worst, e/b)
+				if e > b {
+					over++
+				}
+			}
+		}
+		return worst, over
+	}
+	for _, tc := range []struct {
+		name   string
+		aScale func(d int) device.Addr
+		broken bool
+	}{
+		{"the activations' multiplier", func(d int) device.Addr { return ds[d] }, false},
+		{"the weights' multiplier for the activations'", func(d int) device.Addr { return dsw[d] }, true},
+		{"the activations' multiplier doubled", func(d int) device.Addr { return dbad[d] }, true},
+	} {
+		for d, dev := range []device.Device{p.c, p.e} {
+			s := []device.Stream{p.cs, p.es}[d]
+			if d == 0 {
+				c[0], c[1] = p.out(m * n)
+			}
+			p.ok(dev.Fill16(dam[d], 0, 2, s))
+			p.ok(dev.LaunchProgram(device.FP8AmaxTensorProgram(), 8, s, xa[d], int64(m*k), dam[d]))
+			p.ok(dev.LaunchProgram(device.FP8QuantTensorProgram(), 8, s, xa[d], int64(m*k), int32(0), dam[d], dq[d], ds[d]))
+			gr, err := device.NewGrouped(dev, 0)
+			p.ok(err)
+			gr.FP8 = cuda.FP8Tensor
+			p.ok(gr.Run(dev, []device.Group{{C: c[d], A: dq[d], W: dw[d], M: m, AScale: tc.aScale(d), WScale: dsw[d]}}, n, k, s))
+		}
+		p.ok(p.c.SyncStream(p.cs))
+		gpu, host := get[uint16](p, c[0], c[1], m*n)
+		worst, over := ref(gpu)
+		t.Logf("%s: %d of %d outputs beyond the bound (worst ×%.3g)", tc.name, over, m*n, worst)
+		if tc.broken {
+			if over == 0 {
+				t.Errorf("%s: the check passed", tc.name)
+			}
+			continue
+		}
+		if over > 0 {
+			t.Errorf("%d outputs beyond the bound (×%.3g)", over, worst)
+		}
+		for j := range want {
+			if host[j] != want[j] {
+				t.Fatalf("Emu c[%d] = %#x, the host design %#x", j, host[j], want[j])
+			}
+			if exact && gpu[j] != host[j] {
+				t.Fatalf("cuda device c[%d] = %#x, Emu %#x", j, gpu[j], host[j])
+			}
+		}
+	}
 }
