@@ -607,11 +607,7 @@ func (dl *deviceLayer) compute(r int, w *dispatchers.DeviceWork) error {
 	if err := b.grouped.Run(rk.Dev, fc(h1, x, lo, xLo, false, 2*f, h), 2*f, h, rk.Stream); err != nil {
 		return err
 	}
-	probs := w.Probs // 0: no probabilities (the combine applies them)
-	if probs != 0 {
-		probs += device.Addr(4 * lo)
-	}
-	if err := rk.Dev.SwiGLU(act, h1, probs, hi-lo, f, rk.Stream); err != nil {
+	if err := dl.swiGLUProbs(r, w, lo, hi, act, h1); err != nil {
 		return err
 	}
 	return b.grouped.Run(rk.Dev, fc(y, act, 0, lo, true, h, f), h, f, rk.Stream)

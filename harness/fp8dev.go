@@ -249,11 +249,7 @@ func (dl *deviceLayer) computeFP8(r int, w *dispatchers.DeviceWork, lo, hi int, 
 	if err := b.grouped.Run(rk.Dev, g1, 2*f, h, rk.Stream); err != nil {
 		return err
 	}
-	probs := w.Probs // 0: no probabilities (the combine applies them)
-	if probs != 0 {
-		probs += device.Addr(4 * lo)
-	}
-	if err := rk.Dev.SwiGLU(act, h1, probs, hi-lo, f, rk.Stream); err != nil {
+	if err := dl.swiGLUProbs(r, w, lo, hi, act, h1); err != nil {
 		return err
 	}
 	g2, err := groups(true)
@@ -261,6 +257,17 @@ func (dl *deviceLayer) computeFP8(r int, w *dispatchers.DeviceWork, lo, hi int, 
 		return err
 	}
 	return b.grouped.Run(rk.Dev, g2, h, f, rk.Stream)
+}
+
+// swiGLUProbs queues act = SwiGLU(h1) × prob over rows [lo, hi) of work w
+// (bf16 [hi-lo, f] from [hi-lo, 2f]; w.Probs 0: no probabilities, the
+// combine applies them): the step between fc1 and fc2 on every path.
+func (dl *deviceLayer) swiGLUProbs(r int, w *dispatchers.DeviceWork, lo, hi int, act, h1 device.Addr) error {
+	rk, probs := dl.ranks[r], w.Probs
+	if probs != 0 {
+		probs += device.Addr(4 * lo)
+	}
+	return rk.Dev.SwiGLU(act, h1, probs, hi-lo, dl.l.Cfg.FFN, rk.Stream)
 }
 
 // fp8Operand writes fc1's operand of m packed rows at src: their e4m3

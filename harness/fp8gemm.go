@@ -23,6 +23,7 @@ package harness
 
 import (
 	"runtime"
+	"sync"
 
 	"github.com/moebench/moebench/internal/cuda"
 	"github.com/moebench/moebench/kernels"
@@ -92,26 +93,45 @@ func (l *Layer) fp8Weights(e int) *fp8Weights {
 	return w
 }
 
+// fp8Scratch is one worker's buffers of the FP8 GEMM path: fc2's input
+// codes and multipliers (q, s), a chunk's multipliers in VEC128_32F's
+// order (lt) and its fp32 product (out). fp8Scratches lends them, so that
+// a step allocates nothing once each worker's are large enough.
+type fp8Scratch struct {
+	q          []uint8
+	s, lt, out []float32
+}
+
+// fp8Scratches lends fp8Scratch to the goroutines computing expert blocks
+// and their chunks (each holds one while it runs).
+var fp8Scratches = sync.Pool{New: func() any { return new(fp8Scratch) }}
+
 // fp8GEMMRows is c[m,n] = FP8GEMM(a, w) (block scaling) stored bf16, with
 // a's multipliers aS in QuantFP8Rows' row-major order; its rows are
 // computed in parallel chunks when the product is large.
 func fp8GEMMRows(c []float32, m, n, k int, a []uint8, aS []float32, w []uint8, wS []float32) {
-	kb := (k + kernels.FP8Block - 1) / kernels.FP8Block
-	chunks := 1
-	if m*n*k >= kernels.SplitWork {
-		chunks = min(m, runtime.GOMAXPROCS(0))
+	if m*n*k < kernels.SplitWork {
+		fp8GEMMChunk(c, 0, m, n, k, a, aS, w, wS)
+		return
 	}
-	parallel(chunks, chunks, func(_, i int) {
-		lo, hi := i*m/chunks, (i+1)*m/chunks
-		s := aS[lo*kb : hi*kb]
-		if fp8Fault != "lt-order" { // tests: row-major multipliers (a wrong block)
-			s = kernels.FP8ActScalesLt(s, hi-lo, k)
-		}
-		out := kernels.FP8GEMM(cuda.FP8Block, hi-lo, n, k, a[lo*k:hi*k], s, w, wS)
-		for j, v := range out {
-			c[lo*n+j] = kernels.RoundBF16(v)
-		}
-	})
+	chunks := min(m, runtime.GOMAXPROCS(0))
+	parallel(chunks, chunks, func(_, i int) { fp8GEMMChunk(c, i*m/chunks, (i+1)*m/chunks, n, k, a, aS, w, wS) })
+}
+
+// fp8GEMMChunk is rows [lo, hi) of fp8GEMMRows, in a lent fp8Scratch.
+func fp8GEMMChunk(c []float32, lo, hi, n, k int, a []uint8, aS []float32, w []uint8, wS []float32) {
+	kb := (k + kernels.FP8Block - 1) / kernels.FP8Block
+	sc := fp8Scratches.Get().(*fp8Scratch)
+	defer fp8Scratches.Put(sc)
+	s := aS[lo*kb : hi*kb]
+	if fp8Fault != "lt-order" { // tests: row-major multipliers (a wrong block)
+		sc.lt = kernels.FP8ActScalesLtInto(sc.lt, s, hi-lo, k)
+		s = sc.lt
+	}
+	sc.out = kernels.FP8GEMMInto(sc.out, cuda.FP8Block, hi-lo, n, k, a[lo*k:hi*k], s, w, wS)
+	for j, v := range sc.out {
+		c[lo*n+j] = kernels.RoundBF16(v)
+	}
 }
 
 // expertForwardFP8 computes rows [start, start+n) of rank r's ExpertY with
@@ -126,14 +146,16 @@ func (l *Layer) expertForwardFP8(r, e, start, n int, scratch []float32) {
 	h1, act := scratch[:n*2*f], scratch[n*2*f:n*3*f]
 	fp8GEMMRows(h1, n, 2*f, h, run.xc[start*h:(start+n)*h], run.xs[start*S:(start+n)*S], w.q1, w.lt1)
 	kernels.SwiGLUProb(act, h1, rk.ExpertProbs[start:start+n], n, f)
-	kernels.RoundBF16Slice(act)              // the stored bf16 activation (the tape's, the bf16 backward's)
-	q, s := kernels.QuantFP8RowsK(act, n, f) // from the bf16 activation, as the cuda layer's quant_fp8_lt
-	if fp8Fault == "fc2-none" {              // tests: fc2's input not dequantized
-		for i := range s {
-			s[i] = 1
+	kernels.RoundBF16Slice(act) // the stored bf16 activation (the tape's, the bf16 backward's)
+	sc := fp8Scratches.Get().(*fp8Scratch)
+	defer fp8Scratches.Put(sc)
+	sc.q, sc.s = kernels.QuantFP8RowsKInto(sc.q, sc.s, act, n, f) // from the bf16 activation, as the cuda layer's quant_fp8_lt
+	if fp8Fault == "fc2-none" {                                   // tests: fc2's input not dequantized
+		for i := range sc.s {
+			sc.s[i] = 1
 		}
 	}
-	fp8GEMMRows(rk.ExpertY[start*h:(start+n)*h], n, h, f, q, s, w.q2, w.lt2)
+	fp8GEMMRows(rk.ExpertY[start*h:(start+n)*h], n, h, f, sc.q, sc.s, w.q2, w.lt2)
 }
 
 // fp8RefWeights are expert e's weights as the reference takes them on the

@@ -60,8 +60,14 @@ func (p FP8GEMMPath) Scale() cuda.FP8Scale {
 // FP8ActScalesLt reorders QuantFP8Rows' multipliers ([m, k/128] row-major)
 // into VEC128_32F's order (k-block major, m contiguous: s[kb·m + i]).
 func FP8ActScalesLt(s []float32, m, k int) []float32 {
+	return FP8ActScalesLtInto(nil, s, m, k)
+}
+
+// FP8ActScalesLtInto is FP8ActScalesLt into out's memory when it is large
+// enough (else a new slice); it returns the ⌈k/128⌉·m multipliers.
+func FP8ActScalesLtInto(out, s []float32, m, k int) []float32 {
 	kb := (k + FP8Block - 1) / FP8Block
-	out := make([]float32, kb*m)
+	out = Reslice(out, kb*m)
 	for i := range m {
 		for b := range kb {
 			out[b*m+i] = s[i*kb+b]
@@ -92,7 +98,13 @@ func FP8WeightScalesLt(s []float32, n, k int) []float32 {
 // fl(fl(sw·sa)·p)), blocks in k order. The result is fp32 (a bf16 c is
 // its round to nearest even).
 func FP8GEMM(mode cuda.FP8Scale, m, n, k int, a []uint8, aScale []float32, w []uint8, wScale []float32) []float32 {
-	c := make([]float32, m*n)
+	return FP8GEMMInto(nil, mode, m, n, k, a, aScale, w, wScale)
+}
+
+// FP8GEMMInto is FP8GEMM into c's memory when it is large enough (else a
+// new slice); it returns the m·n outputs.
+func FP8GEMMInto(c []float32, mode cuda.FP8Scale, m, n, k int, a []uint8, aScale []float32, w []uint8, wScale []float32) []float32 {
+	c = Reslice(c, m*n)
 	ld := 0
 	if mode == cuda.FP8Block {
 		_, _, ld = cuda.FP8ScaleLayout(m, n, k)
@@ -162,8 +174,14 @@ var e4m3Val = func() (v [256]float32) {
 // blocks). Scales are [m, ⌈k/128⌉] row-major (FP8ActScalesLt reorders
 // them).
 func QuantFP8RowsK(x []float32, m, k int) (q []uint8, scales []float32) {
+	return QuantFP8RowsKInto(nil, nil, x, m, k)
+}
+
+// QuantFP8RowsKInto is QuantFP8RowsK into q's and scales' memory when
+// they are large enough (else new slices).
+func QuantFP8RowsKInto(q []uint8, scales, x []float32, m, k int) ([]uint8, []float32) {
 	kb := (k + FP8Block - 1) / FP8Block
-	q, scales = make([]uint8, m*k), make([]float32, m*kb)
+	q, scales = Reslice(q, m*k), Reslice(scales, m*kb)
 	for i := range m {
 		for b := range kb {
 			lo, hi := i*k+b*FP8Block, i*k+min(k, (b+1)*FP8Block)
@@ -171,4 +189,21 @@ func QuantFP8RowsK(x []float32, m, k int) (q []uint8, scales []float32) {
 		}
 	}
 	return q, scales
+}
+
+// QuantFP8Tensor quantizes x (any length) with one multiplier for the
+// whole tensor: per-tensor current scaling, the operand of cuBLASLt's
+// per-tensor FP8 GEMM (FP8GEMMTensor). The rule is the 1×128 blocks' over
+// the whole tensor (amax clamped below at FP8Margin, q = e4m3(fl(x ·
+// fl(448/amax))), inv = fl(amax · fl(1/448))), so that the project keeps
+// one quantization rule; what the cuda layer's amax_fp8_tensor and
+// quant_fp8_tensor compute bit for bit.
+func QuantFP8Tensor(x []float32) (q []uint8, inv float32) {
+	q = make([]uint8, len(x))
+	return q, QuantFP8TensorInto(q, x)
+}
+
+// QuantFP8TensorInto is QuantFP8Tensor into q (len(x) codes).
+func QuantFP8TensorInto(q []uint8, x []float32) float32 {
+	return quantBlock(q[:len(x)], x, false)
 }

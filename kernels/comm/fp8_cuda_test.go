@@ -219,7 +219,7 @@ func TestFP8SASS(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, name := range []string{"quant_fp8_1x128", "quant_mxfp8", "quant_fp8_lt"} {
+		for _, name := range []string{"quant_fp8_1x128", "quant_mxfp8", "quant_fp8_lt", "quant_fp8_tensor"} {
 			k := ks[name]
 			if k == nil {
 				t.Fatalf("%s: no %s in the cubin", arch, name)

@@ -78,6 +78,8 @@ var kernelBlock = map[string]int{
 	"dequant_fp8_rows":  kernels.FP8KernelBlock,
 	"fp8_rows_lt":       kernels.FP8KernelBlock,
 	"quant_fp8_lt":      kernels.FP8KernelBlock,
+	"amax_fp8_tensor":   kernels.FP8KernelBlock,
+	"quant_fp8_tensor":  kernels.FP8KernelBlock,
 }
 
 // bulkExpected, set in a compile's constants, says that the bulk-copy path

@@ -266,3 +266,38 @@ extern "C" __global__ void quant_fp8_lt(const bf16 *__restrict__ x, int m, int k
         if (lane == 0) s[(long)b * m + row] = am * (1.0f / 448.0f);
     }
 }
+
+// Per-tensor current scaling (cuBLASLt's per-tensor FP8 GEMM, SCALAR_32F:
+// one fp32 multiplier for a whole operand; kernels.QuantFP8Tensor): the
+// 1×128 rule over the whole tensor, amax = max |x| over n bf16 values,
+// clamped below at 1e-4, q = e4m3(x · 448/amax), multiplier amax · (1/448).
+//
+// amax_fp8_tensor: n values of x; each warp's max |x| into *amax by
+//   atomicMax on its bits (non-negative floats order as unsigned ints; the
+//   max is the same in any order). The caller zeroes *amax first; several
+//   launches onto one word take the max of all their values.
+// quant_fp8_tensor: n values of x with *amax's multiplier into codes q
+//   [n] and the multiplier s[0]. amax and s must not overlap (every thread
+//   reads amax; the first writes s). flags as quant_fp8_1x128's. Scalar
+//   loads and stores, two values a step (not tuned: the path of GPUs whose
+//   cuBLASLt has no block scaling).
+extern "C" __global__ void amax_fp8_tensor(const bf16 *__restrict__ x, long n, unsigned *__restrict__ amax) {
+    float a = 0.f;
+    for (long i = (long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long)gridDim.x * blockDim.x)
+        a = fmaxf(a, fabsf(bf2f(x[i])));
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) a = fmaxf(a, __shfl_xor_sync(MB_FULL_MASK, a, o));
+    if ((threadIdx.x & 31) == 0 && a > 0.f) atomicMax(amax, __float_as_uint(a));
+}
+
+extern "C" __global__ void quant_fp8_tensor(const bf16 *__restrict__ x, long n, int flags, const unsigned *__restrict__ amax,
+                                            unsigned char *__restrict__ q, float *__restrict__ s) {
+    const float am = fmaxf(__uint_as_float(*amax), 1e-4f), mul = 448.0f / am;
+    for (long i = 2 * ((long)blockIdx.x * blockDim.x + threadIdx.x); i < n; i += 2L * gridDim.x * blockDim.x) {
+        const bool two = i + 1 < n;
+        const unsigned c = mb_e4m3x2(bf2f(x[i]) * mul, two ? bf2f(x[i + 1]) * mul : 0.f, flags);
+        q[i] = (unsigned char)(c & 0xffu);
+        if (two) q[i + 1] = (unsigned char)(c >> 8);
+    }
+    if (blockIdx.x == 0 && threadIdx.x == 0) s[0] = am * (1.0f / 448.0f);
+}

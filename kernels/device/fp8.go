@@ -200,3 +200,84 @@ func fp8LtTwinPart(p TwinPart, quant bool) error {
 	}
 	return nil
 }
+
+// FP8AmaxTensorProgram is amax_fp8_tensor: (x bf16, n int64 values, amax
+// uint32 word): the max |x| of n values into *amax (atomicMax on the
+// float's bits; the caller zeroes it first).
+func FP8AmaxTensorProgram() *Program {
+	return &Program{File: "fp8.cu", Kernel: "amax_fp8_tensor", Block: kernels.FP8KernelBlock, Twin: fp8TensorTwin(false)}
+}
+
+// FP8QuantTensorProgram is quant_fp8_tensor: (x bf16, n int64 values,
+// flags int32, amax uint32 word, q e4m3 [n], s fp32 [1]): n values
+// quantized with one multiplier from *amax (kernels.QuantFP8Tensor when
+// *amax is their max |x|).
+func FP8QuantTensorProgram() *Program {
+	return &Program{File: "fp8.cu", Kernel: "quant_fp8_tensor", Block: kernels.FP8KernelBlock, Twin: fp8TensorTwin(true)}
+}
+
+// fp8TensorTwin is amax_fp8_tensor (quant false) or quant_fp8_tensor on
+// Emu.
+func fp8TensorTwin(quant bool) func([]TwinPart) error {
+	return func(parts []TwinPart) error {
+		for _, p := range parts {
+			if err := fp8TensorTwinPart(p, quant); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+}
+
+func fp8TensorTwinPart(p TwinPart, quant bool) error {
+	a := p.Args
+	if !quant && len(a) != 3 || quant && len(a) != 6 {
+		return fmt.Errorf("fp8 tensor: %d arguments", len(a))
+	}
+	n := a[1].(int64)
+	if n < 0 {
+		return fmt.Errorf("fp8 tensor: %d values", n)
+	}
+	xb, err := p.Read(a[0].(Addr), 2*n)
+	if err != nil {
+		return err
+	}
+	x := make([]float32, n)
+	for i := range x {
+		x[i] = math.Float32frombits(uint32(binary.LittleEndian.Uint16(xb[2*i:])) << 16)
+	}
+	var at Addr
+	if quant {
+		at = a[3].(Addr)
+	} else {
+		at = a[2].(Addr)
+	}
+	wb, err := p.Read(at, 4)
+	if err != nil {
+		return err
+	}
+	word := binary.LittleEndian.Uint32(wb)
+	if !quant { // atomicMax of the word and each value's bits (the values' max: order-free)
+		am := math.Float32bits(kernels.BlockAmax(x))
+		ob, err := p.Write(at, 4)
+		if err != nil {
+			return err
+		}
+		binary.LittleEndian.PutUint32(ob, max(word, am))
+		return nil
+	}
+	scale, inv := kernels.FP8Scales(math.Float32frombits(word), false)
+	qb, err := p.Write(a[4].(Addr), n)
+	if err != nil {
+		return err
+	}
+	for i, v := range x {
+		qb[i] = kernels.E4M3FromFloat32(v * scale)
+	}
+	sb, err := p.Write(a[5].(Addr), 4)
+	if err != nil {
+		return err
+	}
+	binary.LittleEndian.PutUint32(sb, math.Float32bits(inv))
+	return nil
+}
