@@ -214,6 +214,13 @@ func auditSASS(tool string, cubin []byte, d map[string]string, opcodes bool) (li
 	if err != nil {
 		return nil, nil, err
 	}
+	lines, problems = auditKernels(ks, d, opcodes)
+	return lines, problems, nil
+}
+
+// auditKernels is auditSASS on kernels already read (readSASS, with their
+// opcodes if opcodes is set).
+func auditKernels(ks map[string]*sassKernel, d map[string]string, opcodes bool) (lines, problems []string) {
 	names := make([]string, 0, len(ks))
 	for name := range ks {
 		names = append(names, name)
@@ -300,7 +307,7 @@ func auditSASS(tool string, cubin []byte, d map[string]string, opcodes bool) (li
 			bad("the warp reductions did not compile to REDUX; it has %s", k.list("REDUX", "SHFL", "VOTE"))
 		}
 	}
-	return lines, problems, nil
+	return lines, problems
 }
 
 // list names k's opcodes that start with one of prefixes, with their counts.
