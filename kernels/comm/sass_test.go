@@ -44,6 +44,7 @@ var kernelBlock = map[string]int{
 	"unpermute_sum": device.RowBlockMax,
 	"comm_test":     CommTestBlock,
 	"copy_u4":       device.FlatBlock,
+	"copy_rows_u32": device.FlatBlock,
 	// the backward's
 	"swiglu_prob_bwd": device.FlatBlock,
 	"score_backward":  32 * device.RouterWarps,
