@@ -239,10 +239,7 @@ func auditKernels(ks map[string]*sassKernel, d map[string]string, opcodes bool) 
 		if k.regs == 0 { // every kernel uses registers: the output was not understood
 			bad("no register count read (cuobjdump -res-usage)")
 		}
-		// deepep_notify alone may keep an 8-byte frame: a one-block-per-rank
-		// barrier and count exchange, not a data path, whose wait loop's
-		// abort read (mb_wait) NVRTC 12.4 compiles with it
-		if k.local != 0 || k.stack != 0 && !(name == "deepep_notify" && k.stack <= 8) {
+		if k.local != 0 || k.stack != 0 {
 			bad("local memory (%d B local, %d B stack): spills or arrays not kept in registers", k.local, k.stack)
 		}
 		// 64 Ki 32-bit registers per SM on sm_80 and sm_90, allocated in
