@@ -365,6 +365,63 @@ func TestHostWaitTimesOut(t *testing.T) {
 	}
 }
 
+// TestHostWaitSpinsOnlyOnGPU: WaitCounter spins (yields between polls)
+// for its first pollSpin only on a GPU; on a simulated one (Emu, the host
+// simulation's fake driver) it sleeps from the start, leaving the CPU to
+// the simulated kernels. Seen failing with the spin on every device.
+func TestHostWaitSpinsOnlyOnGPU(t *testing.T) {
+	e := &device.Emu{}
+	st, err := e.NewStream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := hostSimCUDA(t)
+	gs, err := g.NewStream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name string
+		dev  device.Device
+		st   device.Stream
+	}{{"emu", e, st}, {"hostsim", g, gs}} {
+		if device.Hardware(c.dev) {
+			t.Errorf("%s: device.Hardware says it is a GPU", c.name)
+		}
+		sig, err := NewSignals([]device.Device{c.dev}, []device.Stream{c.st}, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.dev.SyncStream(c.st); err != nil {
+			t.Fatal(err)
+		}
+		// a wait of 3 pollSpins that ends unmet: it would spin through the first
+		if _, err := sig.WaitCounter(0, "nothing", func(v int32) bool { return v > 0 }, 3*pollSpin); err == nil {
+			t.Fatalf("%s: the wait for a counter never written ended without an error", c.name)
+		}
+		if n := sig.spins.Load(); n != 0 {
+			t.Errorf("%s: the host's wait spun %d times on a simulated device", c.name, n)
+		}
+		// as on a GPU: it spins first
+		if err := sig.Reset([]device.Stream{c.st}); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.dev.SyncStream(c.st); err != nil {
+			t.Fatal(err)
+		}
+		sig.spin = true
+		if _, err := sig.WaitCounter(0, "nothing", func(v int32) bool { return v > 0 }, 3*pollSpin); err == nil {
+			t.Fatalf("%s: the wait for a counter never written ended without an error", c.name)
+		}
+		if n := sig.spins.Load(); n == 0 {
+			t.Errorf("%s: with spin set (a GPU) the host's wait did not spin", c.name)
+		}
+		if err := sig.Free(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // TestSignalsAbortWithNoRecord: an abort word set with no record is an
 // error after the kernels (Err), and none while they may still be writing
 // the record (Recorded); new signals have neither, and their claim words

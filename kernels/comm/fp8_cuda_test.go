@@ -201,9 +201,13 @@ func checkFP8PackedRows(t *testing.T, c device.Device, s device.Stream, px, py d
 	}
 }
 
-// TestFP8SASS compiles fp8.cu for sm_80 and sm_90 and reads the e4m3
-// conversion in their machine code: sm_90 converts with the hardware
-// instruction (F2FP ... E4M3), sm_80 has none (the software conversion).
+// TestFP8SASS compiles fp8.cu once for each of sm_80 and sm_90 and reads
+// the cubin's machine code twice over: every kernel (fp8_rows_lt and
+// quant_fp8_lt among them) is held to the SASS audit's rules (sass_test.go:
+// no local memory, registers for its block, 16-byte rows where fp8Vec16
+// says) without TestKernelsCompile's every preset; and the e4m3 conversion
+// is read: sm_90 converts with the hardware instruction (F2FP ... E4M3),
+// sm_80 has none (the software conversion).
 func TestFP8SASS(t *testing.T) {
 	tool := cuobjdump(t)
 	if tool == "" {
@@ -218,6 +222,13 @@ func TestFP8SASS(t *testing.T) {
 		ks, err := readSASS(tool, cubin, true)
 		if err != nil {
 			t.Fatal(err)
+		}
+		lines, problems := auditKernels(ks, nil, true)
+		for _, l := range lines {
+			t.Logf("%s: %s", arch, l)
+		}
+		for _, p := range problems {
+			t.Errorf("%s: %s", arch, p)
 		}
 		for _, name := range []string{"quant_fp8_1x128", "quant_mxfp8", "quant_fp8_lt", "quant_fp8_tensor"} {
 			k := ks[name]

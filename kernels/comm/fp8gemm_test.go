@@ -2,6 +2,7 @@ package comm
 
 import (
 	"math"
+	"math/bits"
 	"math/rand/v2"
 	"testing"
 
@@ -294,6 +295,57 @@ func TestFP8GEMMOnFakeCuBLASLt(t *testing.T) {
 func TestFP8GroupedOnHostSim(t *testing.T) {
 	useHostSim(t)
 	checkFP8Grouped(openPair(t), true)
+}
+
+// TestFP8PaddedOnHostSim: block-scaled FP8 GEMMs whose m is not a
+// multiple of 4 (CUDA.MatMul runs them padded), m growing a few rows at a
+// time on one stream, k of three 128-blocks (three rows of multipliers to
+// re-stride): each equals FP8GEMM bit for bit, and the padding's scratch
+// grows geometrically, a few allocations for the whole run rather than its
+// three buffers at every larger m (seen failing so: 30 allocations for 10
+// calls, with the scratch grown to the exact size).
+func TestFP8PaddedOnHostSim(t *testing.T) {
+	useHostSim(t)
+	p := openPair(t)
+	const n, k = 64, 384
+	allocs := 0
+	run := func(m int) {
+		t.Helper()
+		o := newFP8OperandsSeed(t, m, n, k, uint64(m))
+		a, _ := p.put(packBytes(append(o.qa, 0, 0)))
+		sa, _ := p.put(append(kernels.FP8ActScalesLt(o.sa, m, k), 0))
+		w, _ := p.put(packBytes(o.qw))
+		sw, _ := p.put(kernels.FP8WeightScalesLt(o.sw, n, k))
+		c, _ := p.out(m * n)
+		g, err := device.NewGrouped(p.c, 0)
+		p.ok(err)
+		g.FP8 = cuda.FP8Block
+		before := len(p.c.Allocs)
+		p.ok(g.Run(p.c, []device.Group{{C: c, A: a, W: w, M: m, AScale: sa, WScale: sw}}, n, k, p.cs))
+		allocs += len(p.c.Allocs) - before
+		got := make([]uint16, m*n)
+		p.ok(p.c.Download(got, c, p.cs))
+		want := kernels.BF16Bits(kernels.FP8GEMM(cuda.FP8Block, m, n, k, o.qa, kernels.FP8ActScalesLt(o.sa, m, k), o.qw, kernels.FP8WeightScalesLt(o.sw, n, k)))
+		for j := range want {
+			if got[j] != want[j] {
+				t.Fatalf("m %d: c[%d] = %#x, FP8GEMM %#x", m, j, got[j], want[j])
+			}
+		}
+	}
+	run(1) // the first padded call allocates the scratch (and cuBLASLt's workspace)
+	allocs = 0
+	const first, last = 5, 41 // padded to 8 … 44
+	calls := 0
+	for m := first; m <= last; m += 4 {
+		run(m)
+		calls++
+	}
+	// each of the three buffers at least doubles when it grows: from 4
+	// padded rows to 44, 4 times
+	if limit := 3 * bits.Len(uint(last+3)/4); allocs > limit {
+		t.Errorf("%d padded calls of m from %d to %d allocated %d times, want at most %d (geometric growth)", calls, first, last, allocs, limit)
+	}
+	t.Logf("%d padded calls, %d allocations", calls, allocs)
 }
 
 // TestGPUFP8Grouped is TestFP8GroupedOnHostSim on a GPU whose cuBLASLt has

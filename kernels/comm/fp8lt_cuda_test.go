@@ -113,31 +113,3 @@ func checkFP8LtKernels(t *testing.T, c device.Device) {
 	}
 	t.Logf("%d runs of fp8_rows_lt and quant_fp8_lt, bit for bit", runs)
 }
-
-// TestFP8SASSAudit holds fp8.cu's kernels, compiled for sm_80 and sm_90,
-// to the SASS audit's rules (sass_test.go: no local memory, registers for
-// their block, 16-byte rows where fp8Vec16 says), fp8_rows_lt and
-// quant_fp8_lt among them, without TestKernelsCompile's every preset.
-func TestFP8SASSAudit(t *testing.T) {
-	tool := cuobjdump(t)
-	if tool == "" {
-		t.Skip("no cuobjdump")
-	}
-	j := &device.JIT{Compiler: nvrtc(t)}
-	for _, arch := range []string{"sm_80", "sm_90"} {
-		cubin, err := j.Compile("fp8.cu", arch, nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		lines, problems, err := auditSASS(tool, cubin, nil, true)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, l := range lines {
-			t.Logf("%s: %s", arch, l)
-		}
-		for _, p := range problems {
-			t.Errorf("%s: %s", arch, p)
-		}
-	}
-}

@@ -44,6 +44,7 @@ var kernelBlock = map[string]int{
 	"unpermute_sum": device.RowBlockMax,
 	"comm_test":     CommTestBlock,
 	"copy_u4":       device.FlatBlock,
+	"copy_rows_u32": device.FlatBlock,
 	// the backward's
 	"swiglu_prob_bwd": device.FlatBlock,
 	"score_backward":  32 * device.RouterWarps,
@@ -216,6 +217,13 @@ func auditSASS(tool string, cubin []byte, d map[string]string, opcodes bool) (li
 	if err != nil {
 		return nil, nil, err
 	}
+	lines, problems = auditKernels(ks, d, opcodes)
+	return lines, problems, nil
+}
+
+// auditKernels is auditSASS on kernels already read (readSASS, with their
+// opcodes if opcodes is set).
+func auditKernels(ks map[string]*sassKernel, d map[string]string, opcodes bool) (lines, problems []string) {
 	names := make([]string, 0, len(ks))
 	for name := range ks {
 		names = append(names, name)
@@ -233,10 +241,7 @@ func auditSASS(tool string, cubin []byte, d map[string]string, opcodes bool) (li
 		if k.regs == 0 { // every kernel uses registers: the output was not understood
 			bad("no register count read (cuobjdump -res-usage)")
 		}
-		// deepep_notify alone may keep an 8-byte frame: a one-block-per-rank
-		// barrier and count exchange, not a data path, whose wait loop's
-		// abort read (mb_wait) NVRTC 12.4 compiles with it
-		if k.local != 0 || k.stack != 0 && !(name == "deepep_notify" && k.stack <= 8) {
+		if k.local != 0 || k.stack != 0 {
 			bad("local memory (%d B local, %d B stack): spills or arrays not kept in registers", k.local, k.stack)
 		}
 		// 64 Ki 32-bit registers per SM on sm_80 and sm_90, allocated in
@@ -302,7 +307,7 @@ func auditSASS(tool string, cubin []byte, d map[string]string, opcodes bool) (li
 			bad("the warp reductions did not compile to REDUX; it has %s", k.list("REDUX", "SHFL", "VOTE"))
 		}
 	}
-	return lines, problems, nil
+	return lines, problems
 }
 
 // list names k's opcodes that start with one of prefixes, with their counts.

@@ -30,6 +30,11 @@ type Signals struct {
 	// Names, when set, names a phase and a wait of the kernels' numbering
 	// (for errors); otherwise they are shown as numbers.
 	Names func(phase, wait int) (phaseName, waitName string)
+	// spin: WaitCounter spins first (a GPU: device.Hardware)
+	spin bool
+	// spins counts the polls WaitCounter spent spinning (yields, not
+	// sleeps), for the tests
+	spins atomic.Int64
 }
 
 // The layout of mb_signals and mb_error (moebench.cuh).
@@ -51,7 +56,8 @@ func NewSignals(devs []device.Device, streams []device.Stream, counters int) (*S
 	if len(devs) == 0 || counters < 0 || len(streams) != len(devs) {
 		return nil, fmt.Errorf("signals for %d ranks (%d streams) and %d counters", len(devs), len(streams), counters)
 	}
-	s := &Signals{ranks: len(devs), counters: counters, owner: devs[0], devs: devs, claims: map[device.Device]device.Addr{}}
+	s := &Signals{ranks: len(devs), counters: counters, owner: devs[0], devs: devs, claims: map[device.Device]device.Addr{},
+		spin: device.Hardware(devs[0])}
 	var err error
 	if s.mem, err = devs[0].AllocMapped(int64(sigHeader + errorRecord*len(devs) + 4*counters)); err != nil {
 		return nil, err
@@ -165,12 +171,14 @@ func (s *Signals) Abort() { atomic.StoreInt32(s.mem.Int32At(0), 1) }
 // after timeout, when it aborts the kernels and returns a *HostWaitError
 // naming what it waited for.
 //
-// For the first pollSpin of the wait it spins, yielding between polls, as
-// DeepEP's host spins on its mapped counter; only a longer wait (a
-// simulated GPU, a stalled kernel) sleeps, doubling to 1 ms. Sleeping from
-// the start let the host see a count up to a millisecond late, and every
-// later phase waited with it (Go rounds a sleep under 1 ms up to about
-// 1 ms when no other thread wakes it: golang/go#44343).
+// On a GPU, for the first pollSpin of the wait it spins, yielding between
+// polls, as DeepEP's host spins on its mapped counter; only a longer wait
+// (a stalled kernel) sleeps, doubling to 1 ms. Sleeping from the start let
+// the host see a count up to a millisecond late, and every later phase
+// waited with it (Go rounds a sleep under 1 ms up to about 1 ms when no
+// other thread wakes it: golang/go#44343). On a simulated device (Emu, the
+// host simulation: device.Hardware false) it sleeps from the start: the
+// spin only took a CPU from the simulated kernels.
 func (s *Signals) WaitCounter(i int, what string, done func(int32) bool, timeout time.Duration) (int32, error) {
 	start := time.Now()
 	pause := 50 * time.Microsecond
@@ -187,7 +195,8 @@ func (s *Signals) WaitCounter(i int, what string, done func(int32) bool, timeout
 			s.Abort()
 			return v, &HostWaitError{What: what, Counter: i, Seen: v, Waited: waited}
 		}
-		if waited < pollSpin {
+		if s.spin && waited < pollSpin {
+			s.spins.Add(1)
 			runtime.Gosched()
 			continue
 		}
@@ -196,9 +205,8 @@ func (s *Signals) WaitCounter(i int, what string, done func(int32) bool, timeout
 	}
 }
 
-// pollSpin: how long WaitCounter spins before it sleeps (a count on a GPU
-// comes within it; a simulated GPU's takes longer, and spinning longer
-// would take a CPU from it).
+// pollSpin: how long WaitCounter spins on a GPU before it sleeps (a count
+// comes within it).
 const pollSpin = 2 * time.Millisecond
 
 // HostWaitError is the host's wait for a counter the kernels write that

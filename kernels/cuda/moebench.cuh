@@ -366,28 +366,36 @@ __device__ inline bool mb_check(const mb_comm &c, int rank, int phase, int wait,
 // to 200 times slower, gpu-check 2026-11-27); a healthy wait ends before
 // its first read (4096 loads: about 100 µs of spinning on shared memory).
 // (The load count alone spaces the reads: a time kept through the loop, or
-// compared there, put deepep's kernels on the stack.)
+// compared there, put deepep's kernels on the stack.) The loop only leaves
+// with the status and values of its give-up, to one mb_give_up after it:
+// with one inlined in each of its two exits, NVRTC 12.4 kept 8 bytes of
+// deepep_notify's registers on the stack around the record's stores.
 #ifndef MB_ABORT_POLL_LOADS
 #define MB_ABORT_POLL_LOADS 4096u
 #endif
 template <class Load, class Done>
 __device__ inline bool mb_wait(const mb_comm &c, int rank, int phase, int wait, long long expected, Load load, Done done) {
     const unsigned long long start = mb_globaltimer();
+    long long v;
+    unsigned long long waited;
+    int status;
     for (unsigned i = 1;; i++) {
-        const long long v = load();
+        v = load();
         if (done(v)) return true;
         if (i % 64 == 0) {
-            const unsigned long long waited = mb_globaltimer() - start;
+            waited = mb_globaltimer() - start;
             if (i % MB_ABORT_POLL_LOADS == 0 && mb_aborted(c)) {
-                mb_give_up(c, rank, MB_ERR_ABORTED, phase, wait, v, expected, waited);
-                return false;
+                status = MB_ERR_ABORTED;
+                break;
             }
             if (waited > c.timeout_ns) {
-                mb_give_up(c, rank, MB_ERR_TIMEOUT, phase, wait, v, expected, waited);
-                return false;
+                status = MB_ERR_TIMEOUT;
+                break;
             }
         }
     }
+    mb_give_up(c, rank, status, phase, wait, v, expected, waited);
+    return false;
 }
 // mb_wait_ge: until *p ≥ want (acquire, system scope)
 __device__ __forceinline__ bool mb_wait_ge(const mb_comm &c, int rank, int phase, int wait, const int *p, int want) {

@@ -211,6 +211,19 @@ func Free(dev Device, ps ...*Addr) error {
 	return first
 }
 
+// Hardware reports whether d runs its kernels on a GPU: a CUDA device
+// whose kernels NVRTC compiles. Emu, and a CUDA device on a fake driver
+// whose kernels are compiled for the CPU (internal/hostsim), simulate one:
+// their kernels take the host's CPUs.
+func Hardware(d Device) bool {
+	c, ok := d.(*CUDA)
+	if !ok || c.JIT == nil {
+		return false
+	}
+	_, ok = c.JIT.Compiler.(*cuda.NVRTC)
+	return ok
+}
+
 // HostBytes is the memory of a host slice Upload and Download accept
 // ([]uint16, []float32, []int32 or []uint64 addresses), as bytes.
 func HostBytes(v any) ([]byte, error) {

@@ -463,6 +463,21 @@ func (c *CUDA) CopySM(dst, src Addr, bytes int64, s Stream) error {
 	return c.launch(kernelKey{file: "copy.cu", name: "copy_u4"}, grid, FlatBlock, s, cuda.P(src), cuda.I64(n), cuda.P(dst))
 }
 
+// copyRows32: copy.cu's copy_rows_u32, rows of width 32-bit words from
+// src (rows spitch words apart) to dst (dpitch apart), in one launch.
+func (c *CUDA) copyRows32(dst Addr, dpitch int, src Addr, spitch, width, rows int, s Stream) error {
+	n := int64(width) * int64(rows)
+	if n == 0 {
+		return nil
+	}
+	if width < 0 || rows < 0 || spitch < width || dpitch < width || n > 1<<30 {
+		return fmt.Errorf("2-D copy of %d rows of %d words (pitches %d and %d): rows·width must be at most 2³⁰ and each pitch at least the width", rows, width, spitch, dpitch)
+	}
+	grid := int(min((n+FlatBlock-1)/FlatBlock, int64(16*c.SMs)))
+	return c.launch(kernelKey{file: "copy.cu", name: "copy_rows_u32"}, grid, FlatBlock, s,
+		cuda.P(src), cuda.I32(int32(spitch)), cuda.P(dst), cuda.I32(int32(dpitch)), cuda.I32(int32(width)), cuda.I32(int32(n)))
+}
+
 // DownloadAsync: cuMemcpyDtoHAsync into page-locked memory, which does
 // not wait for the stream (into pageable memory it would).
 func (c *CUDA) DownloadAsync(dst MappedHost, src Addr, bytes int64, s Stream) error {
@@ -728,9 +743,9 @@ type fp8Pad struct {
 // padFP8Rows runs a block-scaled FP8 mm whose m is not a multiple of
 // cuda.BlockScalingRows (cuBLASLt refuses it: see cuda.Plan) as one of m
 // rounded up, on s's scratch: a's m rows and its multipliers (VEC128's
-// m-contiguous blocks, re-strided to the padded m) are copied in, the
-// product of the padded m runs into scratch, and its first m rows are
-// copied to mm.C. An output row depends only on its own row of a and its
+// m-contiguous blocks, re-strided to the padded m by one 2-D copy) are
+// copied in, the product of the padded m runs into scratch, and its first
+// m rows are copied to mm.C. An output row depends only on its own row of a and its
 // own multipliers, so the padding rows (never cleared) touch none of the
 // rows kept.
 func (c *CUDA) padFP8Rows(mm MatMul, s Stream) error {
@@ -746,31 +761,35 @@ func (c *CUDA) padFP8Rows(mm MatMul, s Stream) error {
 		c.fp8pad = map[Stream]*fp8Pad{}
 	}
 	p := c.fp8pad[s]
-	if p == nil || p.aBytes < need.aBytes || p.sBytes < need.sBytes || p.cBytes < need.cBytes {
-		// a larger scratch; a smaller one stays allocated (Close frees it)
-		// since freeing would wait for the work queued on it
-		if p != nil {
-			need.aBytes, need.sBytes, need.cBytes = max(need.aBytes, p.aBytes), max(need.sBytes, p.sBytes), max(need.cBytes, p.cBytes)
-		}
-		var err error
-		for _, b := range []struct {
-			dst   *Addr
-			bytes int64
-		}{{&need.a, need.aBytes}, {&need.scale, need.sBytes}, {&need.c, need.cBytes}} {
-			if *b.dst, err = c.Alloc(b.bytes); err != nil {
-				return err
-			}
-		}
-		p = &need
+	if p == nil {
+		p = &fp8Pad{}
 		c.fp8pad[s] = p
+	}
+	// a buffer too small is replaced by one of at least twice its size, so
+	// that m growing a few rows at a time (an expert's, from step to step)
+	// allocates O(log m) times; the smaller one stays allocated (Close
+	// frees it: freeing would wait for the work queued on it), under the
+	// size of the largest
+	for _, b := range []struct {
+		dst  *Addr
+		have *int64
+		need int64
+	}{{&p.a, &p.aBytes, need.aBytes}, {&p.scale, &p.sBytes, need.sBytes}, {&p.c, &p.cBytes, need.cBytes}} {
+		if *b.have >= b.need {
+			continue
+		}
+		bytes := max(b.need, 2**b.have)
+		a, err := c.Alloc(bytes)
+		if err != nil {
+			return err
+		}
+		*b.dst, *b.have = a, bytes
 	}
 	if err := c.Copy(p.a, mm.A, int64(m)*int64(mm.K), s); err != nil {
 		return err
 	}
-	for b := range kb {
-		if err := c.Copy(p.scale+Addr(4*b*m4), mm.AScale+Addr(4*b*m), 4*int64(m), s); err != nil {
-			return err
-		}
+	if err := c.copyRows32(p.scale, m4, mm.AScale, m, m, kb, s); err != nil {
+		return err
 	}
 	pad := mm
 	pad.M, pad.A, pad.AScale, pad.C = m4, p.a, p.scale, p.c
