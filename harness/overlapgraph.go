@@ -252,7 +252,14 @@ func (ov *overlap) stepGraph(plan []ovItem) error {
 				if err := ov.issue(seg, false); err != nil {
 					return err
 				}
-				if err := ov.joinAll(); err != nil { // the next segment's graph, launched on the origin, follows
+				// Joined into the origin and every stream forked from it again:
+				// the next segment (a graph launched on the origin, or plain
+				// launches again) follows, and crossWait leaves out its waits
+				// for this segment's events.
+				if err := ov.joinAll(); err != nil {
+					return err
+				}
+				if err := ov.forkAll(); err != nil {
 					return err
 				}
 				continue
