@@ -497,3 +497,48 @@ func TestOverlapCUDAGraphRefusals(t *testing.T) {
 		}
 	}
 }
+
+// traceOf is a routing trace of n lines for c, each line its own draw.
+func traceOf(t *testing.T, c Config, n int) string {
+	g := rand.New(rand.NewPCG(1, 2))
+	var tr strings.Builder
+	for range n {
+		for j, e := range g.Perm(c.Experts)[:c.TopK] {
+			if j > 0 {
+				tr.WriteString(" ")
+			}
+			fmt.Fprint(&tr, e)
+		}
+		tr.WriteString("\n")
+	}
+	return writeTrace(t, tr.String())
+}
+
+// TestOverlapA2AShortTraceRefused: with --overlap a2a a step takes
+// 2·EP·tokens trace lines (micro-batch 0's, then micro-batch 1's); a trace
+// shorter than that would wrap inside a step (with EP·tokens lines,
+// micro-batch 1 would route micro-batch 0's tokens), so it is a usage
+// error naming --routing, the trace's lines and the minimum; 2·EP·tokens
+// lines are taken.
+func TestOverlapA2AShortTraceRefused(t *testing.T) {
+	c := overlapCase()
+	c.Overlap = []string{OverlapA2A}
+	least := 2 * c.EP * c.Tokens
+	for _, n := range []int{c.EP * c.Tokens, least - 1} {
+		c.Routing = Routing{Kind: RoutingTrace, File: traceOf(t, c, n)}
+		_, err := newLayer(c, false)
+		var ce *ConfigError
+		if !errors.As(err, &ce) || ce.Flag != "routing" || !strings.Contains(err.Error(), fmt.Sprintf("%d lines", n)) || !strings.Contains(err.Error(), fmt.Sprint(least)) {
+			t.Errorf("a trace of %d lines with --overlap a2a: %v; want a --routing usage error naming %d lines and the minimum %d", n, err, n, least)
+		}
+	}
+	c.Routing = Routing{Kind: RoutingTrace, File: traceOf(t, c, least)}
+	if _, err := newLayer(c, false); err != nil {
+		t.Errorf("a trace of %d lines with --overlap a2a: %v", least, err)
+	}
+	c.Overlap = nil
+	c.Routing = Routing{Kind: RoutingTrace, File: traceOf(t, c, c.EP*c.Tokens)}
+	if _, err := newLayer(c, false); err != nil {
+		t.Errorf("a trace of EP·tokens lines without --overlap a2a: %v", err)
+	}
+}
