@@ -48,9 +48,13 @@ func TestOverlapOnHostSim(t *testing.T) {
 // the same step as plain launches and of the sequential step, bit for bit
 // (the record's equal; measureOverlap compares all three), its phases timed
 // by the graphs' event record nodes. A planted missing join fails the
-// capture with CUDA_ERROR_STREAM_CAPTURE_UNJOINED, a planted missing fork
-// with CUDA_ERROR_STREAM_CAPTURE_ISOLATION, and graphs that leave out
-// micro-batch 0's last forward phase fail the bit-for-bit comparison.
+// capture with CUDA_ERROR_STREAM_CAPTURE_UNJOINED; graphs that leave out
+// micro-batch 0's last forward phase fail the bit-for-bit comparison. The
+// planted missing fork (of micro-batch 0's first wgrad stream) fails with
+// CUDA_ERROR_STREAM_CAPTURE_ISOLATION only because that stream is idle in
+// the first segment, so nothing joins it to the capture and its join is a
+// plain record: it does not show that every missing fork is caught (a
+// stream whose first work waits for a captured event is joined by it).
 func TestOverlapCUDAGraphOnHostSim(t *testing.T) {
 	hostsim.SkipIfShort(t, "internal/cuda's TestStreamCapture (the fake driver's capture)")
 	useHostSimLayer(t)

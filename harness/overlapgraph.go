@@ -27,13 +27,15 @@ import (
 // between the streams stay plain records (they order the captured work);
 // the events that time phases (each phase's start and end, the shared
 // expert's, the deferred wgrad's, the step's start) are event record nodes
-// (deviceLayer.timing), which every launch records, so that the record's
-// comm_ms and exposed_comm_ms are measured from the replayed graphs. A
-// segment's graph is replayed while its key (every micro-batch's
-// dispatchers.Graph.Key) stays the same. A capture the driver refuses (a
-// call that cannot be captured, such as a buffer that has to grow) is
-// issued as plain launches; a capture that fails for a missing fork or
-// join fails the step.
+// (deviceLayer.timing), which every launch records, so that a launched
+// graph's phases are timed by its own nodes. A segment's graph is replayed
+// while its key (every micro-batch's dispatchers.Graph.Key) stays the same:
+// with per-step routing the keys change, so timed steps capture afresh (and
+// a step's time includes the GPU idle while the host captures). A capture
+// the driver refuses (captureRefused: a call that cannot be captured, such
+// as a buffer that has to grow) is issued as plain launches, with every
+// stream forked again after it; any other capture error (a missing fork or
+// join) fails the step.
 
 // ovGraphs is the overlap's graph state: its segments' graphs, and every
 // stream of the step with the event it joins the origin with.
