@@ -106,3 +106,34 @@ func TestOverlapCUDAGraphOnHostSim(t *testing.T) {
 		})
 	}
 }
+
+// TestOverlapCUDAGraphPerStepRoutingOnHostSim: with per-step routing
+// (skewed) the counts change from step to step, so the overlapped a2a
+// --delay-wgrad step is captured afresh each step, and segments whose
+// capture the fake driver refuses (a buffer that grows) run as plain
+// launches after their streams are forked again; the record is still equal
+// bit for bit to the sequential step, and the note counts the fallbacks.
+func TestOverlapCUDAGraphPerStepRoutingOnHostSim(t *testing.T) {
+	hostsim.SkipIfShort(t, "internal/cuda's TestStreamCapture (the fake driver's capture)")
+	useHostSimLayer(t)
+	c := deviceCases()["softmax-natural"]
+	c.Warmup, c.Iters, c.EP, c.CUDAGraph = 1, 2, 2, true
+	c.Routing = Routing{Kind: RoutingSkewed, Alpha: 1.2}
+	c.Overlap, c.DelayWgrad = []string{OverlapA2A}, true
+	rec, err := Run(c, Env{Version: "test"})
+	if err != nil || rec.Status != results.StatusOK || !rec.Correctness.Passed {
+		t.Fatalf("%v; record %+v", err, rec)
+	}
+	o := rec.Overlap
+	if o == nil || !o.Equal {
+		t.Fatalf("overlap %+v", o)
+	}
+	m := regexp.MustCompile(`(\d+) segments issued as plain launches when the driver refused their capture`).FindStringSubmatch(o.Note)
+	if m == nil {
+		t.Fatalf("no fallbacks in the note: %q", o.Note)
+	}
+	if n, _ := strconv.Atoi(m[1]); n == 0 {
+		t.Fatalf("0 fallbacks: %q", o.Note)
+	}
+	t.Log(o.Note)
+}
