@@ -126,6 +126,13 @@ func newLayer(cfg Config, experts bool) (*Layer, error) {
 		if err != nil {
 			return nil, &ConfigError{"routing", cfg.Routing.String(), err.Error()}
 		}
+		// --overlap a2a: a step takes micro-batch 0's EP·tokens lines, then
+		// micro-batch 1's (traceToken); with fewer than 2·EP·tokens lines the
+		// wrap (Trace.Token) would hand one micro-batch lines the other
+		// routes in the same step.
+		if least := 2 * cfg.EP * cfg.Tokens; cfg.overlaps(OverlapA2A) && tr.Lines() < least {
+			return nil, &ConfigError{"routing", cfg.Routing.String(), fmt.Sprintf("the trace has %d lines; --overlap a2a routes 2 micro-batches of EP·tokens a step from it, so it needs at least 2·%d·%d = %d lines (a shorter trace wraps within a step)", tr.Lines(), cfg.EP, cfg.Tokens, least)}
+		}
 		l.Trace = tr
 	}
 	h, f, E := cfg.Hidden, cfg.FFN, cfg.Experts

@@ -423,45 +423,59 @@ func TestOverlapRefusesDump(t *testing.T) {
 }
 
 // TestOverlapMicroBatchOwnRouting: with a2a, micro-batch 1 routes tokens of
-// its own, as the routing mode draws them — a random routing's overrides
-// from a stream of its own (step 0's and a later step's), a trace's tokens
-// after micro-batch 0's — not micro-batch 0's overrides again: the two
-// micro-batches' routing as uploaded to the device differs on every rank.
+// its own, as the routing mode draws them, not micro-batch 0's again. A
+// random routing: each micro-batch's override is its own draw for the step
+// (fillLogits of that step and micro-batch), so the two differ on every
+// rank and micro-batch 1's changes from step to step. A trace: step s's
+// micro-batch m routes rank r's token t by line (((2s+m)·EP + r)·tokens + t)
+// mod L of the trace's L lines (3·EP·tokens + 1 here, so that step 3 wraps).
 func TestOverlapMicroBatchOwnRouting(t *testing.T) {
 	base := overlapCase()
 	g := rand.New(rand.NewPCG(1, 2))
 	var tr strings.Builder
+	var lines [][]int32
 	for range 3*base.EP*base.Tokens + 1 {
+		var line []int32
 		for j, e := range g.Perm(base.Experts)[:base.TopK] {
 			if j > 0 {
 				tr.WriteString(" ")
 			}
 			fmt.Fprint(&tr, e)
+			line = append(line, int32(e))
 		}
 		tr.WriteString("\n")
+		lines = append(lines, line)
 	}
 	for _, rt := range []Routing{{Kind: RoutingUniform}, {Kind: RoutingBalanced}, {Kind: RoutingSkewed, Alpha: 1.2}, {Kind: RoutingTrace, File: writeTrace(t, tr.String())}} {
 		t.Run(rt.Kind, func(t *testing.T) {
 			c := base
 			c.Routing = rt
 			ov := newOverlapRun(t, c, false, true, false, "")
+			var prev [][]float32 // micro-batch 1's overrides at the step before
 			for _, step := range []int{0, 3} {
-				var got [2][][]float32 // per micro-batch, per rank: the override, or the trace's experts
+				var got [2][][]float32 // per micro-batch, per rank: the override
 				for i, dl := range ov.mb {
 					if err := dl.setRouting(step); err != nil {
 						t.Fatal(err)
 					}
 					for r, rk := range dl.ranks {
 						if rt.Kind == RoutingTrace {
-							got[i] = append(got[i], []float32{}) // the routed experts, as floats
-							for _, e := range dl.l.Ranks[r].Idx {
-								got[i][r] = append(got[i][r], float32(e))
+							for tok := range c.Tokens {
+								at := (((2*step+i)*c.EP+r)*c.Tokens + tok) % len(lines)
+								if g := dl.l.Ranks[r].Idx[tok*c.TopK : (tok+1)*c.TopK]; !slices.Equal(g, lines[at]) {
+									t.Fatalf("step %d, micro-batch %d, rank %d, token %d: experts %v, want trace line %d's %v", step, i, r, tok, g, at, lines[at])
+								}
 							}
 							continue
 						}
 						v := make([]float32, c.Tokens*c.Experts)
 						if err := rk.Dev.Download(v, dl.rr[r].override, rk.Stream); err != nil {
 							t.Fatal(err)
+						}
+						want := make([]float32, len(v))
+						c.Routing.fillLogits(want, c.Seed, r, c.Experts, step, i)
+						if !slices.Equal(v, want) {
+							t.Errorf("step %d, micro-batch %d, rank %d: the override is not the step's own draw for the micro-batch", step, i, r)
 						}
 						got[i] = append(got[i], v)
 					}
@@ -470,7 +484,11 @@ func TestOverlapMicroBatchOwnRouting(t *testing.T) {
 					if slices.Equal(got[0][r], got[1][r]) {
 						t.Errorf("step %d, rank %d: micro-batch 1's routing is micro-batch 0's", step, r)
 					}
+					if prev != nil && slices.Equal(prev[r], got[1][r]) {
+						t.Errorf("step %d, rank %d: micro-batch 1's routing is the step before's", step, r)
+					}
 				}
+				prev = got[1]
 			}
 		})
 	}
@@ -495,5 +513,50 @@ func TestOverlapCUDAGraphRefusals(t *testing.T) {
 		if rec == nil || rec.Status != results.StatusUnavailable || !strings.Contains(rec.Reason+fmt.Sprint(err), tc.want) {
 			t.Errorf("%s: %v, %+v; want unavailable: %q", tc.dispatcher, err, rec, tc.want)
 		}
+	}
+}
+
+// traceOf is a routing trace of n lines for c, each line its own draw.
+func traceOf(t *testing.T, c Config, n int) string {
+	g := rand.New(rand.NewPCG(1, 2))
+	var tr strings.Builder
+	for range n {
+		for j, e := range g.Perm(c.Experts)[:c.TopK] {
+			if j > 0 {
+				tr.WriteString(" ")
+			}
+			fmt.Fprint(&tr, e)
+		}
+		tr.WriteString("\n")
+	}
+	return writeTrace(t, tr.String())
+}
+
+// TestOverlapA2AShortTraceRefused: with --overlap a2a a step takes
+// 2·EP·tokens trace lines (micro-batch 0's, then micro-batch 1's); a trace
+// shorter than that would wrap inside a step (with EP·tokens lines,
+// micro-batch 1 would route micro-batch 0's tokens), so it is a usage
+// error naming --routing, the trace's lines and the minimum; 2·EP·tokens
+// lines are taken.
+func TestOverlapA2AShortTraceRefused(t *testing.T) {
+	c := overlapCase()
+	c.Overlap = []string{OverlapA2A}
+	least := 2 * c.EP * c.Tokens
+	for _, n := range []int{c.EP * c.Tokens, least - 1} {
+		c.Routing = Routing{Kind: RoutingTrace, File: traceOf(t, c, n)}
+		_, err := newLayer(c, false)
+		var ce *ConfigError
+		if !errors.As(err, &ce) || ce.Flag != "routing" || !strings.Contains(err.Error(), fmt.Sprintf("%d lines", n)) || !strings.Contains(err.Error(), fmt.Sprint(least)) {
+			t.Errorf("a trace of %d lines with --overlap a2a: %v; want a --routing usage error naming %d lines and the minimum %d", n, err, n, least)
+		}
+	}
+	c.Routing = Routing{Kind: RoutingTrace, File: traceOf(t, c, least)}
+	if _, err := newLayer(c, false); err != nil {
+		t.Errorf("a trace of %d lines with --overlap a2a: %v", least, err)
+	}
+	c.Overlap = nil
+	c.Routing = Routing{Kind: RoutingTrace, File: traceOf(t, c, c.EP*c.Tokens)}
+	if _, err := newLayer(c, false); err != nil {
+		t.Errorf("a trace of EP·tokens lines without --overlap a2a: %v", err)
 	}
 }

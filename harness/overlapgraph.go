@@ -1,7 +1,6 @@
 package harness
 
 import (
-	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -28,13 +27,15 @@ import (
 // between the streams stay plain records (they order the captured work);
 // the events that time phases (each phase's start and end, the shared
 // expert's, the deferred wgrad's, the step's start) are event record nodes
-// (deviceLayer.timing), which every launch records, so that the record's
-// comm_ms and exposed_comm_ms are measured from the replayed graphs. A
-// segment's graph is replayed while its key (every micro-batch's
-// dispatchers.Graph.Key) stays the same. A capture the driver refuses (a
-// call that cannot be captured, such as a buffer that has to grow) is
-// issued as plain launches; a capture that fails for a missing fork or
-// join fails the step.
+// (deviceLayer.timing), which every launch records, so that a launched
+// graph's phases are timed by its own nodes. A segment's graph is replayed
+// while its key (every micro-batch's dispatchers.Graph.Key) stays the same:
+// with per-step routing the keys change, so timed steps capture afresh (and
+// a step's time includes the GPU idle while the host captures). A capture
+// the driver refuses (captureRefused: a call that cannot be captured, such
+// as a buffer that has to grow) is issued as plain launches, with every
+// stream forked again after it; any other capture error (a missing fork or
+// join) fails the step.
 
 // ovGraphs is the overlap's graph state: its segments' graphs, and every
 // stream of the step with the event it joins the origin with.
@@ -252,7 +253,14 @@ func (ov *overlap) stepGraph(plan []ovItem) error {
 				if err := ov.issue(seg, false); err != nil {
 					return err
 				}
-				if err := ov.joinAll(); err != nil { // the next segment's graph, launched on the origin, follows
+				// Joined into the origin and every stream forked from it again:
+				// the next segment (a graph launched on the origin, or plain
+				// launches again) follows, and crossWait leaves out its waits
+				// for this segment's events.
+				if err := ov.joinAll(); err != nil {
+					return err
+				}
+				if err := ov.forkAll(); err != nil {
 					return err
 				}
 				continue
@@ -286,10 +294,46 @@ func (ov *overlap) replayed(seg []ovItem) {
 // captureRefused reports whether err is the driver's refusal of a call
 // that cannot be captured (the segment is then issued as plain launches),
 // not a fault of the capture's forks and joins (unjoined, isolation,
-// unmatched, merged), which fails the step.
+// unmatched, merged), which fails the step. err joins every device's
+// error (device.Threads.Each): it is a refusal only if every error in it
+// is the driver's, each CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED (900) or
+// CUDA_ERROR_STREAM_CAPTURE_INVALIDATED (901, the capture a 900 ended),
+// with at least one 900. A 901 beside any other error (an isolation on
+// another device, say) or alone, an implicit capture (906) or a captured
+// event (907) is a fault of the harness: the run fails.
 func captureRefused(err error) bool {
-	var ce *cuda.Error
-	return errors.As(err, &ce) && slices.Contains([]int{900, 901, 906, 907}, ce.Code) // UNSUPPORTED, INVALIDATED, IMPLICIT, CAPTURED_EVENT
+	var unsupported, other bool
+	var walk func(error)
+	walk = func(err error) {
+		if ce, ok := err.(*cuda.Error); ok {
+			switch ce.Code {
+			case 900:
+				unsupported = true
+			case 901:
+			default:
+				other = true
+			}
+			return
+		}
+		switch u := err.(type) {
+		case interface{ Unwrap() []error }:
+			for _, e := range u.Unwrap() {
+				walk(e)
+			}
+		case interface{ Unwrap() error }:
+			if e := u.Unwrap(); e != nil {
+				walk(e)
+				return
+			}
+			other = true
+		default:
+			other = true
+		}
+	}
+	if err != nil {
+		walk(err)
+	}
+	return unsupported && !other
 }
 
 // capture records seg as a graph: begun on the origin (with the step's

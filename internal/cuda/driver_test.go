@@ -390,6 +390,9 @@ func TestStreamCapture(t *testing.T) {
 	if err := d.SyncStream(s1); code(err) != 900 {
 		t.Errorf("a sync inside a capture: %v, want CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED", err)
 	}
+	if err := d.Record(e, s1); code(err) != 901 {
+		t.Errorf("a record into the capture the sync invalidated: %v, want CUDA_ERROR_STREAM_CAPTURE_INVALIDATED", err)
+	}
 	if _, err := d.EndCapture(s1); code(err) != 901 {
 		t.Errorf("ending the capture the sync invalidated: %v, want CUDA_ERROR_STREAM_CAPTURE_INVALIDATED", err)
 	}

@@ -395,6 +395,15 @@ static CUresult refuse(fstream *s) {
     return CAPTURE_UNSUPPORTED;
 }
 static int capturing(fstream *s) { return s && s->cap; }
+// invalidated: CUDA_ERROR_STREAM_CAPTURE_INVALIDATED for a call into a
+// capture that an earlier refused call invalidated (the driver's error for
+// a capture sequence invalidated by a previous error)
+static CUresult invalidated(fstream *s) {
+    pthread_mutex_lock(&regmu);
+    int bad = s && s->cap && s->cap->invalid;
+    pthread_mutex_unlock(&regmu);
+    return bad ? CAPTURE_INVALIDATED : OK;
+}
 static int any_capture(void) {
     pthread_mutex_lock(&regmu);
     int n = active_captures;
@@ -520,6 +529,7 @@ CUresult cuEventRecord(void *h, void *sh) {
     fevent *e = h;
     fstream *s = stream(sh);
     if (!s || e->ctx != s->ctx) return INVALID_HANDLE;
+    if (invalidated(s)) return CAPTURE_INVALIDATED;
     if (capturing(s)) { // capture-internal: a launch records the record's own event, never e
         fevent *n = calloc(1, sizeof *n);
         n->ctx = e->ctx;
@@ -549,6 +559,7 @@ CUresult cuEventRecordWithFlags(void *h, void *sh, unsigned flags) {
     if (flags & ~RECORD_EXTERNAL) return INVALID_VALUE;
     if (!flags) return cuEventRecord(h, sh);
     if (!capturing(s)) return INVALID_VALUE;
+    if (invalidated(s)) return CAPTURE_INVALIDATED;
     pthread_mutex_lock(&regmu);
     cap_add(s->cap, C_NODE, s, 0, e, 0);
     e->cap = 0, e->internal = 0; // no dependency inside the capture: the fake refuses a wait for it there, as for any event not recorded in it (the driver's documentation does not say)
@@ -579,6 +590,7 @@ CUresult cuStreamWaitEvent(void *sh, void *eh, unsigned flags) {
     uint64_t t;
     if (!s || !eh || flags) return INVALID_HANDLE;
     fevent *e = eh;
+    if (invalidated(s)) return CAPTURE_INVALIDATED;
     pthread_mutex_lock(&regmu);
     capture *ec = e->cap && e->cap->active ? e->cap : 0;
     if (ec && (!s->cap || s->cap == ec)) { // a dependency in the capture; s joins it
@@ -754,7 +766,7 @@ CUresult cuMemFreeHost(void *p) { return any_capture() ? refuse(0) : unmap((CUde
 CUresult cuMemGetInfo_v2(size_t *f, size_t *t) { *f = (size_t)1 << 30; *t = (size_t)2 << 30; return OK; }
 
 #define ON_STREAM(p, st) if (owner(p) != sctx(st)) return INVALID_VALUE
-#define STREAM_OR_FAIL(s, h) fstream *s = stream(h); if (!s) return INVALID_CONTEXT; if (sticky(s->ctx)) return sticky(s->ctx)
+#define STREAM_OR_FAIL(s, h) fstream *s = stream(h); if (!s) return INVALID_CONTEXT; if (sticky(s->ctx)) return sticky(s->ctx); if (invalidated(s)) return CAPTURE_INVALIDATED
 static void copy_op(fstream *s, void *dst, const void *src, size_t n, int stage) {
     op *o = newop(OP_COPY);
     o->copy.dst = dst, o->copy.src = src, o->copy.n = n;
