@@ -40,7 +40,7 @@ const DefaultTokens = 4096
 // Presets are the built-in layers, with the shapes of the published configs
 // (see docs/references.md, the layer and the presets).
 var Presets = []Preset{
-	{"tiny", "small layer for tests and the default run", Shape{128, 128, 64, 16, 4, 1, kernels.ScoreSoftmax, 0, 0, 1}},
+	{"tiny", "small layer for tests and the default run", Shape{128, 512, 64, 16, 4, 1, kernels.ScoreSoftmax, 0, 0, 1}},
 	{"deepseek-v3", "DeepSeek-V3 MoE layer", Shape{DefaultTokens, 7168, 2048, 256, 8, 1, kernels.ScoreSigmoid, 8, 4, 2.5}},
 	{"qwen3-30b-a3b", "Qwen3-30B-A3B", Shape{DefaultTokens, 2048, 768, 128, 8, 0, kernels.ScoreSoftmax, 0, 0, 1}},
 	{"qwen3-235b-a22b", "Qwen3-235B-A22B", Shape{DefaultTokens, 4096, 1536, 128, 8, 0, kernels.ScoreSoftmax, 0, 0, 1}},

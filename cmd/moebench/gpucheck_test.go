@@ -209,7 +209,8 @@ func TestGPUCheckQuick(t *testing.T) {
 	old := device.NewCompiler
 	device.NewCompiler = func() (device.Compiler, error) { return comp, nil }
 	t.Cleanup(func() { device.NewCompiler = old })
-	shape := []string{"--preset", "tiny", "--tokens", "16", "--ffn", "16", "--ep", "8", "--warmup", "0", "--iters", "1"}
+	// hidden 128 (tiny's before it became 512): the simulation's work this test's budget was sized for
+	shape := []string{"--preset", "tiny", "--tokens", "16", "--hidden", "128", "--ffn", "16", "--ep", "8", "--warmup", "0", "--iters", "1"}
 	start := time.Now()
 	for _, args := range [][]string{{"--dispatcher", "alltoall"}, {"--dispatcher", "deepep", "--sms", "2"}, {"--dispatcher", "feplb"},
 		{"--dispatcher", "hybridep", "--sms", "2"}, {"bench", "dispatch", "--dispatcher", "deepep,hybridep", "--sms", "2,4"}} {
@@ -225,7 +226,7 @@ func TestGPUCheckQuick(t *testing.T) {
 	const budget = 360 * time.Second
 	outdir, out, code, took := gpuCheckQuick(t, "MOEBENCH_TEST_PROCESS=1", "MOEBENCH_TEST_SMALL_BENCH=1", "MOEBENCH_BIN="+os.Args[0],
 		"BIN_DIR="+fakeTests(t, testsLog, map[string]string{"dispatchers_hybridep.test": "hang"}), "LIMIT_test_hybridep=4",
-		"QUICK_SHAPE="+strings.Join(shape[:8], " "), "QUICK_LAYER_SMS=2", "QUICK_SMS=2,4", "QUICK_ITERS=2", "QUICK_WARMUP=1", "QUICK_GPUS=2",
+		"QUICK_SHAPE="+strings.Join(shape[:10], " "), "QUICK_LAYER_SMS=2", "QUICK_SMS=2,4", "QUICK_ITERS=2", "QUICK_WARMUP=1", "QUICK_GPUS=2",
 		fmt.Sprintf("QUICK_BUDGET=%.0f", budget.Seconds()))
 	t.Logf("gpu-check.sh quick on the simulation: %v (budget %v)", took.Round(time.Second), budget)
 	i := strings.LastIndex(out, "== gpu-check quick summary ==")
