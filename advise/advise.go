@@ -20,7 +20,7 @@ import (
 	"time"
 
 	"github.com/moebench/moebench/dispatchers"
-	"github.com/moebench/moebench/harness"
+	"github.com/moebench/moebench/harness/setup"
 	"github.com/moebench/moebench/results"
 )
 
@@ -41,10 +41,10 @@ type Options struct {
 	// Base is the workload (shape, EP, routing, seed, device resolved to
 	// host or cuda); its dispatcher, implementation, SMs, iterations and
 	// check are set by each measurement.
-	Base harness.Config
+	Base setup.Config
 	// Env is every run's and benchmark's environment (its Interrupt, when
 	// set, stops Advise between measurements, and a run within its steps).
-	Env    harness.Env
+	Env    setup.Env
 	Budget time.Duration
 	// Rounds bounds the finalists' rounds; 0: DefaultRounds of the device.
 	Rounds int
@@ -149,7 +149,7 @@ type Final struct {
 	// SMs held per rank and what is left to the GEMMs, as words.
 	SMsLeft   string `json:"sms_left"`
 	Reproduce string `json:"reproduce"`
-	cfg       harness.Config
+	cfg       setup.Config
 }
 
 // Label is "dispatcher/impl sms=N" (sms only for SM-driven designs),
@@ -166,8 +166,8 @@ func (f *Final) Label() string {
 }
 
 // precisionOf is c's precision, "" for bf16.
-func precisionOf(c harness.Config) string {
-	if c.Precision == harness.PrecisionBF16 {
+func precisionOf(c setup.Config) string {
+	if c.Precision == setup.PrecisionBF16 {
 		return ""
 	}
 	return c.Precision
@@ -244,7 +244,7 @@ func Advise(o Options) (*Answer, error) {
 			g := Gate{Dispatcher: d, Impl: im, Available: true}
 			err := c.Validate()
 			if err == nil {
-				err = harness.Gate(c)
+				err = setup.Gate(c)
 			}
 			if err != nil {
 				g.Available, g.Reason, g.Stage = false, err.Error(), "gate"
@@ -333,7 +333,7 @@ func Advise(o Options) (*Answer, error) {
 			if f.Status == results.StatusUnavailable {
 				unavailable(f.Dispatcher, f.Impl, "steps", f.Reason)
 			}
-			if harness.IsInterrupted(err) {
+			if setup.IsInterrupted(err) {
 				a.Stopped = "interrupted: " + o.Env.Interrupt.Why()
 				break
 			}
@@ -396,7 +396,7 @@ func record(o Options, rec *results.Record) error {
 }
 
 // absorb adds a round's record to the finalist.
-func (f *Final) absorb(rec *results.Record, c harness.Config) {
+func (f *Final) absorb(rec *results.Record, c setup.Config) {
 	if f.cfg.Dispatcher == "" {
 		f.cfg = c
 	}

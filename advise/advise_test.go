@@ -10,7 +10,7 @@ import (
 	"testing"
 
 	_ "github.com/moebench/moebench/dispatchers/all"
-	"github.com/moebench/moebench/harness"
+	"github.com/moebench/moebench/harness/setup"
 	"github.com/moebench/moebench/results"
 )
 
@@ -244,7 +244,7 @@ func TestHistoryWinnerChange(t *testing.T) {
 // others time training steps is not ranked with them; one that failed
 // its check is failed; one that passed adds its samples.
 func TestAbsorbRefusesAnotherPass(t *testing.T) {
-	var c harness.Config = harness.DefaultConfig()
+	var c setup.Config = setup.DefaultConfig()
 	c.Dispatcher, c.Impl = "deepep", "library"
 	ok := func(pass string) *results.Record {
 		return &results.Record{Status: results.StatusOK, Config: results.Config{Pass: pass, PassNote: "NCCL EP's low-latency mode has no backward"},
@@ -293,13 +293,13 @@ func TestSearchFailed(t *testing.T) {
 // in its question, workload and winner, and is another question than the
 // bf16 one in the history; a bf16 command stays as it was.
 func TestPrecisionInAnswer(t *testing.T) {
-	c := harness.DefaultConfig()
+	c := setup.DefaultConfig()
 	c.Preset, c.Device, c.Dispatcher, c.Impl = "tiny", "host", "hybridep", "native"
 	bf16 := Reproduce(c)
 	if strings.Contains(bf16, "--precision") || strings.Contains(bf16, "-sms") {
 		t.Errorf("bf16: %s", bf16)
 	}
-	c.Precision, c.PreprocessSMs, c.PermuteSMs = harness.PrecisionFP8, 8, 12
+	c.Precision, c.PreprocessSMs, c.PermuteSMs = setup.PrecisionFP8, 8, 12
 	if r := Reproduce(c); !strings.Contains(r, "--precision fp8") || !strings.Contains(r, "--preprocess-sms 8") || !strings.Contains(r, "--permute-sms 12") {
 		t.Errorf("fp8: %s", r)
 	}
@@ -310,7 +310,7 @@ func TestPrecisionInAnswer(t *testing.T) {
 		t.Fatal(err)
 	}
 	o := Options{Compare: results.DefaultCompareOptions}
-	o.Base.Device, o.Base.Preset, o.Base.Precision = "cuda", "qwen3-30b-a3b", harness.PrecisionFP8
+	o.Base.Device, o.Base.Preset, o.Base.Precision = "cuda", "qwen3-30b-a3b", setup.PrecisionFP8
 	b := answer("cuda", "NVIDIA H100")
 	b.setPrecision(o)
 	b.Decision = decide(b.Finalists, o)

@@ -10,6 +10,7 @@ import (
 	"github.com/moebench/moebench/dispatchers"
 	"github.com/moebench/moebench/harness"
 	"github.com/moebench/moebench/harness/bench"
+	"github.com/moebench/moebench/harness/setup"
 	"github.com/moebench/moebench/results"
 )
 
@@ -80,7 +81,7 @@ func (p *pacer) line(stage, what string) {
 }
 
 // run is harness.Run of c, paced and reported.
-func (p *pacer) run(c harness.Config, what string) (*results.Record, error) {
+func (p *pacer) run(c setup.Config, what string) (*results.Record, error) {
 	p.line("steps", what)
 	t0 := p.now()
 	rec, err := harness.Run(c, p.o.Env)
@@ -97,7 +98,7 @@ func (p *pacer) run(c harness.Config, what string) (*results.Record, error) {
 
 // bench is bench.Dispatch of one design at budgets, paced and
 // reported: each budget's dispatch + combine p50 (ms).
-func (p *pacer) bench(c harness.Config, budgets []int) []SMPoint {
+func (p *pacer) bench(c setup.Config, budgets []int) []SMPoint {
 	p.line("SM budget", fmt.Sprintf("%s/%s bench dispatch at --sms %v", c.Dispatcher, c.Impl, budgets))
 	t0 := p.now()
 	b, err := bench.Dispatch(c, []string{c.Dispatcher}, budgets, p.o.Env)

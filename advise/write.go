@@ -8,7 +8,7 @@ import (
 	"sort"
 	"strings"
 
-	"github.com/moebench/moebench/harness"
+	"github.com/moebench/moebench/harness/setup"
 	"github.com/moebench/moebench/results"
 )
 
@@ -17,22 +17,22 @@ var Formats = []string{"text", "markdown", "html", "json"}
 
 // Reproduce is the one-line command that runs c again: its preset, then
 // every setting where c differs from what the preset and the defaults
-// give (harness.Settings: each Config field by its flag), with --ep,
+// give (setup.Settings: each Config field by its flag), with --ep,
 // --dispatcher, --impl and --device always said.
-func Reproduce(c harness.Config) string {
+func Reproduce(c setup.Config) string {
 	base := strings.TrimSuffix(c.Preset, "+custom")
 	if c.HostExperts == "" { // "" is auto, as "" is bf16
-		c.HostExperts = harness.HostExpertsAuto
+		c.HostExperts = setup.HostExpertsAuto
 	}
 	if c.Precision == "" {
-		c.Precision = harness.PrecisionBF16
+		c.Precision = setup.PrecisionBF16
 	}
-	ref := harness.DefaultConfig()
-	ref.Shape, ref.HostExperts = harness.Shape{}, harness.HostExpertsAuto
-	if p, ok := harness.LookupPreset(base); ok {
+	ref := setup.DefaultConfig()
+	ref.Shape, ref.HostExperts = setup.Shape{}, setup.HostExpertsAuto
+	if p, ok := setup.LookupPreset(base); ok {
 		ref.Shape = p.Shape
 	}
-	have, def := harness.Settings(c), harness.Settings(ref)
+	have, def := setup.Settings(c), setup.Settings(ref)
 	args := []string{"moebench", "--preset", shellWord(base)}
 	value := map[string]string{}
 	for _, s := range have {

@@ -1,7 +1,6 @@
 package harness
 
 import (
-	"encoding/binary"
 	"math"
 	"os"
 	"path/filepath"
@@ -11,18 +10,22 @@ import (
 
 	"github.com/moebench/moebench/dispatchers"
 	"github.com/moebench/moebench/dispatchers/alltoall"
+	"github.com/moebench/moebench/harness/check"
+	"github.com/moebench/moebench/harness/internal/harnesstest"
+	"github.com/moebench/moebench/harness/layer"
+	"github.com/moebench/moebench/harness/setup"
 	"github.com/moebench/moebench/kernels"
 	"github.com/moebench/moebench/results"
 )
 
 // bound builds c's host layer and its dispatcher, bound to it.
-func bound(t *testing.T, c Config) (*Layer, dispatchers.Dispatcher) {
+func bound(t *testing.T, c setup.Config) (*layer.Layer, dispatchers.Dispatcher) {
 	t.Helper()
-	d, err := dispatchers.New(c.Dispatcher, c.Impl, c.dispatcherEnv())
+	d, err := dispatchers.New(c.Dispatcher, c.Impl, c.DispatcherEnv())
 	if err != nil {
 		t.Fatal(err)
 	}
-	l, err := NewLayer(c)
+	l, err := layer.NewLayer(c)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -34,13 +37,13 @@ func bound(t *testing.T, c Config) (*Layer, dispatchers.Dispatcher) {
 
 // trained builds c's host layer and dispatcher and runs Check (a training
 // step with its gradients checked).
-func trained(t *testing.T, c Config) (*Layer, dispatchers.Dispatcher, *results.Correctness) {
+func trained(t *testing.T, c setup.Config) (*layer.Layer, dispatchers.Dispatcher, *results.Correctness) {
 	t.Helper()
 	fresh := func() (dispatchers.Dispatcher, error) {
-		return dispatchers.New(c.Dispatcher, c.Impl, c.dispatcherEnv())
+		return dispatchers.New(c.Dispatcher, c.Impl, c.DispatcherEnv())
 	}
 	l, d := bound(t, c)
-	cc, err := Check(l, d, fresh)
+	cc, err := check.Check(l, d, fresh)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -49,25 +52,16 @@ func trained(t *testing.T, c Config) (*Layer, dispatchers.Dispatcher, *results.C
 
 // layerGrads are a layer's gradients by name, each tensor flattened in a
 // fixed order (ranks, then experts).
-func layerGrads(l *Layer) map[string][]float32 {
-	g := map[string][]float32{"router weight": l.replica.router, "shared fc1": l.replica.shared.FC1, "shared fc2": l.replica.shared.FC2}
+func layerGrads(l *layer.Layer) map[string][]float32 {
+	g := map[string][]float32{"router weight": l.Replica.Router, "shared fc1": l.Replica.Shared.FC1, "shared fc2": l.Replica.Shared.FC2}
 	for r, rk := range l.Ranks {
-		g["input"] = append(g["input"], l.grads[r].dx...)
+		g["input"] = append(g["input"], l.Grads[r].Dx...)
 		g["probs"] = append(g["probs"], rk.DProbs...)
 		for _, w := range rk.ExpertGrads {
 			g["expert fc1"], g["expert fc2"] = append(g["expert fc1"], w.FC1...), append(g["expert fc2"], w.FC2...)
 		}
 	}
 	return g
-}
-
-// relDiff is max|a − b| / max|b|.
-func relDiff(a, b []float32) float64 {
-	var d, m float64
-	for i, v := range b {
-		d, m = math.Max(d, math.Abs(float64(a[i]-v))), math.Max(m, math.Abs(float64(v)))
-	}
-	return d / m
 }
 
 // TestTrainingStepDispatchersAgree: a training step of every dispatcher
@@ -81,11 +75,11 @@ func relDiff(a, b []float32) float64 {
 // sums are rounded to bf16), feplb's moved experts' weight gradients
 // within it (the helper's share summed apart) and the rest bit for bit.
 func TestTrainingStepDispatchersAgree(t *testing.T) {
-	top1 := small()
-	top1.TopK, top1.PreSoftmax, top1.Routing, top1.Tokens = 1, true, Routing{Kind: RoutingSkewed, Alpha: 1.5}, 128 // enough copies for feplb to move some
-	skewed := small()
-	skewed.Routing, skewed.Score, skewed.TopKScale = Routing{Kind: RoutingSkewed, Alpha: 1.5}, kernels.ScoreSigmoid, 2.5
-	for name, base := range map[string]Config{"top-1 pre-softmax": top1, "top-4 sigmoid": skewed} {
+	top1 := harnesstest.Small()
+	top1.TopK, top1.PreSoftmax, top1.Routing, top1.Tokens = 1, true, setup.Routing{Kind: setup.RoutingSkewed, Alpha: 1.5}, 128 // enough copies for feplb to move some
+	skewed := harnesstest.Small()
+	skewed.Routing, skewed.Score, skewed.TopKScale = setup.Routing{Kind: setup.RoutingSkewed, Alpha: 1.5}, kernels.ScoreSigmoid, 2.5
+	for name, base := range map[string]setup.Config{"top-1 pre-softmax": top1, "top-4 sigmoid": skewed} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			base.Dispatcher = "alltoall"
@@ -96,7 +90,7 @@ func TestTrainingStepDispatchersAgree(t *testing.T) {
 			want := layerGrads(la)
 			for _, d := range []struct{ dispatcher, policy string }{{"deepep", ""}, {"hybridep", ""}, {"feplb", "feplb"}, {"feplb", "feplb-split"}} {
 				c := base
-				c.Dispatcher, c.FeplbPolicy, c.SMs, c.Domain = d.dispatcher, orElse(d.policy, c.FeplbPolicy), 0, 0
+				c.Dispatcher, c.FeplbPolicy, c.SMs, c.Domain = d.dispatcher, harnesstest.OrElse(d.policy, c.FeplbPolicy), 0, 0
 				if d.dispatcher == "hybridep" {
 					c.Domain = 2 // the inter-domain path too
 				}
@@ -115,7 +109,7 @@ func TestTrainingStepDispatchersAgree(t *testing.T) {
 				got := layerGrads(l)
 				for tensor, w := range want {
 					inexact := (tensor == "input" && c.TopK > 1 && !moved) || (moved && strings.HasPrefix(tensor, "expert"))
-					switch e := relDiff(got[tensor], w); {
+					switch e := harnesstest.RelDiff(got[tensor], w); {
 					case !inexact && !slices.Equal(got[tensor], w):
 						t.Errorf("%s: %s gradient differs from alltoall's by %.3g; want it bit for bit", at, tensor, e)
 					case !(e <= kernels.GradTolerance):
@@ -127,51 +121,13 @@ func TestTrainingStepDispatchersAgree(t *testing.T) {
 	}
 }
 
-func orElse(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
-}
-
-// brokenBackward wraps alltoall and swaps two rows of rank 0's expert
-// output gradients (copies of different tokens) in the combine's backward:
-// a backward bug the gradient check must catch.
-type brokenBackward struct{ *alltoall.A2A }
-
-func (b brokenBackward) Name() string { return "broken-bwd" }
-
-var brokenRanks []*dispatchers.Rank
-
-func (b brokenBackward) Bind(s dispatchers.Shape, ranks []*dispatchers.Rank) error {
-	brokenRanks = ranks
-	return b.A2A.Bind(s, ranks)
-}
-
-// Backward is alltoall's with CombineBackward in place of its combine-bwd.
-func (b brokenBackward) Backward(experts func(rank int) error) []dispatchers.Step {
-	return replace(b.A2A.Backward(experts), dispatchers.BackwardName("combine"), b.CombineBackward)
-}
-
-func (b brokenBackward) CombineBackward(r int) error {
-	if err := b.A2A.CombineBackward(r); err != nil || r != 0 {
-		return err
-	}
-	dy := brokenRanks[0].ExpertDY
-	h := len(dy) / len(brokenRanks[0].ExpertProbs)
-	for j := range h {
-		dy[j], dy[len(dy)-h+j] = dy[len(dy)-h+j], dy[j]
-	}
-	return nil
-}
-
 func init() {
 	dispatchers.Register("broken-bwd", func(impl string, env dispatchers.Env) (dispatchers.Dispatcher, error) {
 		d, err := alltoall.New(impl, env)
 		if err != nil {
 			return nil, err
 		}
-		return brokenBackward{d.(*alltoall.A2A)}, nil
+		return harnesstest.BrokenBackward{A2A: d.(*alltoall.A2A)}, nil
 	})
 }
 
@@ -180,19 +136,19 @@ func init() {
 // gradients it touches are over the tolerance and the backward round trip
 // is not exact. Forward-only, the same dispatcher passes.
 func TestGradCheckCatchesBrokenBackward(t *testing.T) {
-	c := small()
+	c := harnesstest.Small()
 	c.Dispatcher = "broken-bwd"
-	rec, err := Run(c, Env{Version: "test"})
+	rec, err := Run(c, setup.Env{Version: "test"})
 	if err == nil || rec == nil || rec.Status != results.StatusFailed || rec.Timing != nil {
 		t.Fatalf("broken backward: err %v, record %+v; want failed without timings", err, rec)
 	}
 	cc := rec.Correctness
-	if g := cc.Grads; g == nil || cc.MaxRelErr > Tolerance || g.RoundTrip == "exact" ||
+	if g := cc.Grads; g == nil || cc.MaxRelErr > check.Tolerance || g.RoundTrip == "exact" ||
 		!(g.PerTensor["input"] > g.Tolerance) || !(g.PerTensor["expert fc2"] > g.Tolerance) || !strings.Contains(cc.Detail, "gradient error over the tolerance") {
 		t.Errorf("correctness %+v, grads %+v: want the forward passing and the gradients and backward round trip failing", cc, cc.Grads)
 	}
 	c.ForwardOnly = true
-	if rec, err := Run(c, Env{Version: "test"}); err != nil || rec.Status != results.StatusOK || rec.Correctness.Grads != nil {
+	if rec, err := Run(c, setup.Env{Version: "test"}); err != nil || rec.Status != results.StatusOK || rec.Correctness.Grads != nil {
 		t.Errorf("forward only: %v, %+v", err, rec)
 	}
 }
@@ -203,13 +159,13 @@ func TestGradCheckCatchesBrokenBackward(t *testing.T) {
 // straggler), the backward's bytes, what the forward keeps, and more host
 // memory than the forward alone; --forward-only has none of them.
 func TestTrainingRecord(t *testing.T) {
-	c := small()
-	train, err := Run(c, Env{Version: "test"})
+	c := harnesstest.Small()
+	train, err := Run(c, setup.Env{Version: "test"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	c.ForwardOnly = true
-	fwd, err := Run(c, Env{Version: "test"})
+	fwd, err := Run(c, setup.Env{Version: "test"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -255,9 +211,9 @@ func TestTrainingRecord(t *testing.T) {
 // low-latency mode, deepep-ll's, is forward-only with its reason: ncclep_test.go).
 func TestCUDADeviceTrainingStep(t *testing.T) {
 	t.Setenv("MOEBENCH_NVML", "/nonexistent")
-	c := small()
+	c := harnesstest.Small()
 	c.Device = "cuda"
-	rec, err := Run(c, Env{Version: "test", OpenDevices: emus(1)})
+	rec, err := Run(c, setup.Env{Version: "test", OpenDevices: harnesstest.Emus(1)})
 	if err != nil || rec.Status != results.StatusOK {
 		t.Fatalf("%v, %+v", err, rec)
 	}
@@ -270,35 +226,20 @@ func TestCUDADeviceTrainingStep(t *testing.T) {
 	}
 	for _, name := range []string{"deepep", "hybridep"} {
 		c.Dispatcher = name
-		if why := ForwardOnlyReason(c); why != "" {
+		if why := setup.ForwardOnlyReason(c); why != "" {
 			t.Errorf("%s: forward-only on the cuda device: %q", name, why)
 		}
 	}
-	if c.ForwardOnly = true; ForwardOnlyReason(c) != "" {
+	if c.ForwardOnly = true; setup.ForwardOnlyReason(c) != "" {
 		t.Error("a run asked to be forward-only needs no reason")
 	}
-}
-
-// readNpy returns a float32 NPY file's values.
-func readNpy(t *testing.T, path string) []float32 {
-	t.Helper()
-	b, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	data := b[10+int(binary.LittleEndian.Uint16(b[8:10])):]
-	v := make([]float32, len(data)/4)
-	for i := range v {
-		v[i] = math.Float32frombits(binary.LittleEndian.Uint32(data[4*i:]))
-	}
-	return v
 }
 
 // TestDumpGradients: a training step's dump holds the upstream gradient and
 // every gradient the layer computed, as computed, each listed in
 // index.json.
 func TestDumpGradients(t *testing.T) {
-	c := small()
+	c := harnesstest.Small()
 	l, _, _ := trained(t, c)
 	dir := filepath.Join(t.TempDir(), "dump")
 	if err := Dump(dir, l, &results.Record{Config: c.Record()}); err != nil {
@@ -315,7 +256,7 @@ func TestDumpGradients(t *testing.T) {
 		if !strings.Contains(string(index), `"file": "`+file+`"`) {
 			t.Errorf("index.json does not list %s", file)
 		}
-		if got := readNpy(t, filepath.Join(dir, file)); len(want) == 0 || !slices.Equal(got, want) {
+		if got := harnesstest.ReadNpy(t, filepath.Join(dir, file)); len(want) == 0 || !slices.Equal(got, want) {
 			t.Errorf("%s: %d values, not the layer's %d", file, len(got), len(want))
 		}
 	}

@@ -5,6 +5,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/moebench/moebench/harness/internal/harnesstest"
+	"github.com/moebench/moebench/harness/layer"
+	"github.com/moebench/moebench/harness/setup"
 	"github.com/moebench/moebench/results"
 )
 
@@ -16,10 +19,10 @@ import (
 // zero) and still catches a broken backward; the upstream gradient of the
 // timed steps is the drawn one. --check all compares every token.
 func TestHostSampledCheck(t *testing.T) {
-	defer func(b float64) { refFLOPBudget = b }(refFLOPBudget)
-	refFLOPBudget = 1
-	c := small()
-	rec, err := Run(c, Env{Version: "test"})
+	defer func(b float64) { setup.RefFLOPBudget = b }(setup.RefFLOPBudget)
+	setup.RefFLOPBudget = 1
+	c := harnesstest.Small()
+	rec, err := Run(c, setup.Env{Version: "test"})
 	if err != nil || rec.Status != results.StatusOK {
 		t.Fatalf("sampled check: %v, %+v", err, rec)
 	}
@@ -32,24 +35,24 @@ func TestHostSampledCheck(t *testing.T) {
 	}
 	l, _, _ := trained(t, c)
 	for r := range l.DOut {
-		if !slices.Equal(l.DOut[r], drawDOut(c, r)) {
+		if !slices.Equal(l.DOut[r], layer.DrawDOut(c, r)) {
 			t.Fatalf("rank %d: the upstream gradient after the check is not the drawn one", r)
 		}
 	}
 	b := c
 	b.Dispatcher = "broken-bwd"
-	if rec, err := Run(b, Env{Version: "test"}); err == nil || rec.Status != results.StatusFailed || rec.Correctness.Grads == nil ||
+	if rec, err := Run(b, setup.Env{Version: "test"}); err == nil || rec.Status != results.StatusFailed || rec.Correctness.Grads == nil ||
 		!strings.Contains(rec.Correctness.Detail, "gradient error over the tolerance") {
 		t.Errorf("broken backward with a sampled check: %v, %+v", err, rec.Correctness)
 	}
 	d := c
-	d.HostExperts = HostExpertsDrawn // the gradient reference alongside the backward, on the sample
-	if rec, err := Run(d, Env{Version: "test"}); err != nil || rec.Status != results.StatusOK || rec.Correctness.Grads == nil ||
+	d.HostExperts = setup.HostExpertsDrawn // the gradient reference alongside the backward, on the sample
+	if rec, err := Run(d, setup.Env{Version: "test"}); err != nil || rec.Status != results.StatusOK || rec.Correctness.Grads == nil ||
 		rec.Correctness.Grads.MaxRelErr != cc.Grads.MaxRelErr {
 		t.Errorf("drawn weights, sampled check: %v, %+v (held: %+v)", err, rec.Correctness, cc.Grads)
 	}
 	c.CheckAll = true
-	rec, err = Run(c, Env{Version: "test"})
+	rec, err = Run(c, setup.Env{Version: "test"})
 	if err != nil || rec.Correctness.Sample != "all 128 tokens (--check all)" || rec.Config.CheckTokens != "all" {
 		t.Errorf("--check all: %v, config %+v, correctness %+v", err, rec.Config, rec.Correctness)
 	}

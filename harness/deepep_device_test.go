@@ -6,29 +6,14 @@ import (
 	"testing"
 	"time"
 
-	"github.com/moebench/moebench/dispatchers"
+	"github.com/moebench/moebench/harness/check"
+	"github.com/moebench/moebench/harness/internal/harnesstest"
+	"github.com/moebench/moebench/harness/setup"
 	"github.com/moebench/moebench/internal/hostsim"
 	"github.com/moebench/moebench/kernels/comm"
 	"github.com/moebench/moebench/kernels/device"
 	"github.com/moebench/moebench/results"
 )
-
-// deepepDevice is a small deepep layer on the cuda device at EP ep with
-// routing (balanced, skewed or trace) and a shared expert.
-func deepepDevice(t *testing.T, ep int, routing string) Config {
-	c := small()
-	c.Device, c.Dispatcher, c.EP, c.SMs, c.SharedExperts = "cuda", "deepep", ep, 2, 1
-	c.Tokens, c.Hidden, c.FFN = 24, 32, 16
-	switch routing {
-	case "skewed":
-		c.Routing = Routing{Kind: RoutingSkewed, Alpha: 1.5}
-	case "trace":
-		c.Routing = Routing{Kind: RoutingTrace, File: writeTrace(t, "1 7 12 3\n2 3 6 8\n15 14 13 0\n4 5 6 7\n")}
-	default:
-		c.Routing = Routing{Kind: RoutingBalanced}
-	}
-	return c
-}
 
 // TestDeepEPDeviceLayer: the deepep device pipeline on Emu (the kernels'
 // twins, the dispatcher's buffers, descriptors, collective launches and
@@ -39,7 +24,7 @@ func TestDeepEPDeviceLayer(t *testing.T) {
 	for _, ep := range []int{2, 4, 8} {
 		for _, routing := range []string{"balanced", "skewed", "trace"} {
 			for _, n := range []int{1, 2} {
-				t.Run(fmt.Sprintf("ep%d-%s-%ddev", ep, routing, n), func(t *testing.T) { equalsHost(t, deepepDevice(t, ep, routing), n) })
+				t.Run(fmt.Sprintf("ep%d-%s-%ddev", ep, routing, n), func(t *testing.T) { equalsHost(t, harnesstest.DeepEPDevice(t, ep, routing), n) })
 			}
 		}
 	}
@@ -77,14 +62,14 @@ func TestDeepEPLayerOnHostSim(t *testing.T) {
 			}
 			start := time.Now()
 			devs := []device.Device{gs[0], gs[1]}
-			equalsHostOn(t, deepepDevice(t, tc.ep, tc.routing), devs[:tc.gpus]...)
+			equalsHostOn(t, harnesstest.DeepEPDevice(t, tc.ep, tc.routing), devs[:tc.gpus]...)
 			t.Logf("%.1f s", time.Since(start).Seconds())
 		})
 	}
 	hostsim.SkipIfShort(t, "ep2-1gpu-balanced") // the run below: a training step at EP 8
-	c := deepepDevice(t, 8, "skewed")
+	c := harnesstest.DeepEPDevice(t, 8, "skewed")
 	c.GPUs = 1
-	rec, err := Run(c, Env{Version: "test"})
+	rec, err := Run(c, setup.Env{Version: "test"})
 	if err != nil || rec.Status != results.StatusOK || !rec.Correctness.Passed {
 		t.Fatalf("%v; record %+v", err, rec)
 	}
@@ -107,29 +92,16 @@ func TestDeepEPLayerOnHostSim(t *testing.T) {
 	}
 }
 
-// checkFails is a device dispatcher whose kernels report err after every
-// step (as deepep's CheckStep does when a wait gave up).
-type checkFails struct {
-	dispatchers.DeviceDispatcher
-	err error
-}
-
-func (c checkFails) Capabilities() dispatchers.Capabilities {
-	caps := c.DeviceDispatcher.Capabilities()
-	caps.Check = func() error { return c.err }
-	return caps
-}
-
 // TestStepReportsKernelFailure: what a dispatcher's CheckStep returns after
 // the step's synchronization fails the step (and so the run), as it is.
 func TestStepReportsKernelFailure(t *testing.T) {
-	dl := deviceRun(t, deepepDevice(t, 2, "balanced"), &device.Emu{})
+	dl := deviceRun(t, harnesstest.DeepEPDevice(t, 2, "balanced"), &device.Emu{})
 	want := &comm.CommError{Records: []comm.CommRecord{{Rank: 1, PhaseName: "dispatch", WaitName: "tail", TimedOut: true}}}
-	dl.d = checkFails{dl.d, want}
-	if err := dl.step(); err != want {
+	dl.Dispatcher = harnesstest.CheckFails{DeviceDispatcher: dl.Dispatcher, Err: want}
+	if err := dl.Step(); err != want {
 		t.Fatalf("step: %v, want the dispatcher's %v", err, want)
 	}
-	if _, err := checkDevice(dl); err != want {
+	if _, err := check.CheckDevice(dl); err != want {
 		t.Fatalf("check: %v", err)
 	}
 }

@@ -3,12 +3,12 @@ package harness
 import (
 	"fmt"
 	"math"
-	"reflect"
 	"slices"
 	"testing"
 
-	"github.com/moebench/moebench/dispatchers"
+	"github.com/moebench/moebench/harness/internal/harnesstest"
 	"github.com/moebench/moebench/harness/roundtrip"
+	"github.com/moebench/moebench/harness/setup"
 	"github.com/moebench/moebench/results"
 )
 
@@ -17,17 +17,17 @@ import (
 // own phases, and moves fewer bytes than alltoall (a token goes once to
 // each rank).
 func TestDeepEPLayer(t *testing.T) {
-	trace := writeTrace(t, "1 7 12 3\n2 3 6 8\n15 14 13 0\n4 5 6 7\n")
+	trace := harnesstest.WriteTrace(t, "1 7 12 3\n2 3 6 8\n15 14 13 0\n4 5 6 7\n")
 	for _, ep := range []int{2, 4, 8} {
 		t.Run(fmt.Sprintf("ep%d", ep), func(t *testing.T) {
 			t.Parallel()
-			for name, routing := range map[string]Routing{"balanced": {Kind: RoutingBalanced},
-				"skewed": {Kind: RoutingSkewed, Alpha: 1.5}, "trace": {Kind: RoutingTrace, File: trace}} {
+			for name, routing := range map[string]setup.Routing{"balanced": {Kind: setup.RoutingBalanced},
+				"skewed": {Kind: setup.RoutingSkewed, Alpha: 1.5}, "trace": {Kind: setup.RoutingTrace, File: trace}} {
 				t.Run(name, func(t *testing.T) {
-					c := small()
+					c := harnesstest.Small()
 					c.EP, c.Routing, c.Dispatcher, c.SMs = ep, routing, "deepep", 6
 					c.Warmup, c.Iters = 0, 1 // a training step each, its gradients checked
-					rec, err := Run(c, Env{Version: "test"})
+					rec, err := Run(c, setup.Env{Version: "test"})
 					if err != nil || rec.Status != results.StatusOK {
 						t.Fatalf("EP %d %s: %v, %+v", ep, name, err, rec)
 					}
@@ -43,7 +43,7 @@ func TestDeepEPLayer(t *testing.T) {
 						t.Errorf("EP %d %s: phases %v, want %v", ep, name, phases, want)
 					}
 					c.Dispatcher = "alltoall"
-					a2a, err := Run(c, Env{Version: "test"})
+					a2a, err := Run(c, setup.Env{Version: "test"})
 					if err != nil {
 						t.Fatal(err)
 					}
@@ -63,9 +63,9 @@ func TestDeepEPLayer(t *testing.T) {
 // those partial sums inexact.
 func TestRoundTripExactWithPartialSums(t *testing.T) {
 	for _, k := range []int{3, 6} {
-		c := small()
+		c := harnesstest.Small()
 		c.EP, c.TopK, c.Dispatcher = 2, k, "deepep"
-		rec, err := Run(c, Env{Version: "test"})
+		rec, err := Run(c, setup.Env{Version: "test"})
 		if err != nil || rec.Correctness.RoundTrip != "exact" {
 			t.Errorf("top-%d: %v, round trip %q", k, err, rec.Correctness.RoundTrip)
 		}
@@ -82,47 +82,5 @@ func TestRoundTripExactWithPartialSums(t *testing.T) {
 		if sum != 1 || keep < 1 || keep > 8 {
 			t.Errorf("top-%d: probabilities sum to %v, %d bits kept", k, sum, keep)
 		}
-	}
-}
-
-// layerOutput runs one step of c with the named dispatcher and returns the
-// ranks' outputs.
-func layerOutput(t *testing.T, c Config, name string) [][]float32 {
-	t.Helper()
-	l, err := NewLayer(c)
-	if err != nil {
-		t.Fatal(err)
-	}
-	d, err := dispatchers.New(name, "native", c.dispatcherEnv())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := d.Bind(l.Shape, l.Ranks); err != nil {
-		t.Fatal(err)
-	}
-	if err := l.Step(d, func(_ string, _ int, fn func() error) error { return fn() }); err != nil {
-		t.Fatal(err)
-	}
-	var y [][]float32
-	for _, rk := range l.Ranks {
-		y = append(y, rk.Y)
-	}
-	return y
-}
-
-// TestDeepEPEqualsAlltoall: the layer's output with deepep equals
-// alltoall's bit for bit where no token has two experts on one rank (one
-// expert per rank), and within the check's tolerance otherwise (each
-// rank's partial sum is rounded to bf16 once more).
-func TestDeepEPEqualsAlltoall(t *testing.T) {
-	c := small()
-	c.EP, c.Experts, c.TopK = 8, 8, 3
-	if !reflect.DeepEqual(layerOutput(t, c, "deepep"), layerOutput(t, c, "alltoall")) {
-		t.Error("one expert per rank: deepep's output differs from alltoall's")
-	}
-	c = small()
-	c.EP, c.Routing = 2, Routing{Kind: RoutingSkewed, Alpha: 1}
-	if diff, ref := largestDiff(layerOutput(t, c, "deepep"), layerOutput(t, c, "alltoall")); diff == 0 || diff/ref > Tolerance {
-		t.Errorf("EP 2, 8 experts a rank: largest difference %g of %g; want some, within %g", diff, ref, Tolerance)
 	}
 }

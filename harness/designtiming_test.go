@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/moebench/moebench/harness/internal/harnesstest"
+	"github.com/moebench/moebench/harness/setup"
 	"github.com/moebench/moebench/results"
 )
 
@@ -20,9 +22,9 @@ func TestDispatchAsDesigned(t *testing.T) {
 		name  string
 		parts []string
 	}{{"deepep", []string{"notify", "dispatch"}}, {"hybridep", []string{"allgather", "preprocess", "dispatch"}}, {"alltoall", nil}} {
-		cfg := small()
+		cfg := harnesstest.Small()
 		cfg.Dispatcher, cfg.ForwardOnly = c.name, true
-		rec, err := Run(cfg, Env{Version: "test"})
+		rec, err := Run(cfg, setup.Env{Version: "test"})
 		if err != nil || rec.Status != results.StatusOK {
 			t.Fatalf("%s: %v", c.name, err)
 		}

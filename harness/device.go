@@ -3,1212 +3,63 @@ package harness
 import (
 	"errors"
 	"fmt"
-	"math"
-	"runtime"
-	"slices"
-	"strings"
-	"sync"
 	"time"
 
 	"github.com/moebench/moebench/dispatchers"
-	"github.com/moebench/moebench/internal/cuda"
+	"github.com/moebench/moebench/harness/check"
+	"github.com/moebench/moebench/harness/layer"
+	"github.com/moebench/moebench/harness/setup"
 	"github.com/moebench/moebench/kernels"
 	"github.com/moebench/moebench/kernels/device"
 	"github.com/moebench/moebench/results"
 )
 
-// deviceLayer is the layer on device.Device values (GPUs). Every EP rank has its
-// own stream on its device; the ranks are spread over the devices in
-// contiguous blocks (see rankDevices), several ranks to a device when there
-// are more ranks than devices (emulated EP). The host twin l holds the
-// inputs, the router's weights and the routing mode; expert weights are
-// drawn from the seed and uploaded without being kept.
-type deviceLayer struct {
-	warm  bool // a step has run: its kernels are compiled
-	l     *Layer
-	devs  []device.Device
-	on    []int // device index of each rank
-	th    *device.Threads
-	of    [][]int // the ranks of each device
-	d     dispatchers.DeviceDispatcher
-	ranks []*dispatchers.DeviceRank
-	rr    []devRank
-	dc    []devCommon // per device
-
-	seq        []dispatchers.Step        // see steps
-	start, end map[string][]device.Event // per phase, per rank
-	issueMS    float64                   // the last step's host issue time (see step)
-	graph      *graphs                   // --cuda-graph: the captured segments (graph.go); nil: plain launches
-	waitMS     float64                   // the last step's host waits before phases (Capabilities.HostWait)
-	job        job                       // what the devices' threads do next (see work)
-	work       func(dev int) error       // dl.issue, made once: issuing a step allocates nothing
-	train      bool                      // a step is a training step: forward, then backward (devbackward.go)
-	fp8lt      bool                      // at fp8 the expert GEMMs are cuBLASLt's block-scaled FP8 GEMM (fp8dev.go)
-	forward    int                       // the forward's phases: the first of steps
-	dist       *dist                     // a run over several processes (distributed.go); nil: one
-	gradAcc    map[string]errAcc         // a run over several processes: this process's part of the gradient check (checkDeviceGrads)
-	ov         *overlap                  // --overlap, --delay-wgrad (overlap.go); nil: none
-	attn       *attention                // --attention-ms (attention.go); nil: none
-}
-
-// local: rank r runs in this process (in a run over several, the others'
-// ranks have no device here).
-func (dl *deviceLayer) local(r int) bool { return dl.on[r] >= 0 }
-
-// job is one piece of a step for every device's thread (issue): a phase
-// (with begin, the step's start first), a host wait before one, the
-// step's start alone, or its end.
-type job struct {
-	kind  int
-	ph    *dispatchers.Step
-	begin bool
-}
-
-// Jobs of the devices' threads.
-const (
-	jobPhase    = iota // issue ph for the device's ranks between their events
-	jobHostWait        // the dispatcher's host wait before ph for the device's ranks
-	jobBegin           // the devices' begin events (after device 0's), their ranks' streams after them
-	jobSync            // wait for the device's streams
-)
-
-// newThreads makes the issuing threads of dl's devices and the devices'
-// rank lists (see deviceLayer).
-func (dl *deviceLayer) newThreads(th *device.Threads) {
-	dl.th, dl.work = th, dl.issue
-	dl.of = make([][]int, len(dl.devs))
-	for r, d := range dl.on {
-		if d >= 0 {
-			dl.of[d] = append(dl.of[d], r)
-		}
-	}
-}
-
-// devCommon is what the ranks of one device share.
-type devCommon struct {
-	wr, bias   device.Addr // router weight [E, h] bf16; selection bias [E] fp32 or 0
-	wrf32      device.Addr // the router weight as fp32 [E, h], the fp32 router's backward operand; 0 in a forward-only layer
-	sfc1, sfc2 device.Addr // shared expert [2fs, h], [h, fs] or 0
-	bytes      int64       // bytes of the buffers above
-	ranks      int         // ranks on the device
-	// begin is recorded at the start of a step on beginS (after device 0's
-	// begin, on the other devices); the device's ranks wait for it
-	begin  device.Event
-	beginS device.Stream
-}
-
-// rankDevices maps ep ranks onto n devices in contiguous blocks: rank r
-// runs on device r·n/ep.
-func rankDevices(ep, n int) []int {
-	on := make([]int, ep)
-	for r := range on {
-		on[r] = r * n / ep
-	}
-	return on
-}
-
-// devRank is one rank's layer buffers (the dispatcher has its own).
-type devRank struct {
-	logits, override     device.Addr        // [T, E] fp32; override 0 unless the routing mode replaces the logits
-	traceIdx, traceProbs device.Addr        // routing from a trace, or 0
-	sh1, sact            device.Addr        // shared expert intermediates [T, 2fs], [T, fs]
-	h1, act              device.Addr        // expert intermediates [scratch.Rows, 2f], [scratch.Rows, f]
-	out, scratch         device.RowCapacity // ExpertY; h1 and act
-	bytes                int64              // bytes of the fixed buffers
-	grouped              *device.Grouped    // how the expert GEMMs run
-	groups               []device.Group     // scratch
-	whole                []dispatchers.DeviceWork
-	g                    devGrads // the backward's (training steps)
-	// at fp8 (fp8dev.go): the bf16 input (rk.X holds the packed rows the
-	// dispatch moves), and the expert block's dequantized rows
-	xin, xdq device.Addr
-	dq       device.RowCapacity
-	fp8      *devFP8 // the FP8 GEMM path's weights and operands
-}
-
-// newDeviceLayer uploads l's inputs and weights to devs (the ranks spread
-// over them; in a run over several processes, ds's ranks one per device)
-// and binds d; th are devs' issuing threads (one each).
-func newDeviceLayer(l *Layer, devs []device.Device, th *device.Threads, d dispatchers.DeviceDispatcher, ds *dist) (*deviceLayer, error) {
-	c := l.Cfg
-	dl := &deviceLayer{l: l, devs: devs, on: rankDevices(c.EP, len(devs)), d: d, rr: make([]devRank, c.EP), dc: make([]devCommon, len(devs)),
-		start: map[string][]device.Event{}, end: map[string][]device.Event{}, dist: ds, train: trains(c, d)}
-	if ds != nil {
-		for r := range dl.on {
-			dl.on[r] = r - ds.first
-			if r < ds.first || r >= ds.first+ds.per {
-				dl.on[r] = -1
-			}
-		}
-	}
-	dl.newThreads(th)
-	if c.isFP8() {
-		path, _ := fp8GEMMPath(devs, c)
-		dl.fp8lt = path == kernels.FP8GEMMBlock
-		l.fp8DevLt = dl.fp8lt // the reference takes the path's operands
-	}
-	for i := range devs {
-		if err := dl.newCommon(i); err != nil {
-			return nil, err
-		}
-	}
-	if dl.train {
-		drawDOuts(l)
-	}
-	for r := range c.EP {
-		if !dl.local(r) {
-			dl.ranks = append(dl.ranks, &dispatchers.DeviceRank{ID: r, Threads: th})
-			continue
-		}
-		if err := dl.newRank(r, th); err != nil {
-			return nil, err
-		}
-	}
-	if err := dl.uploadExperts(); err != nil {
-		return nil, err
-	}
-	if ds != nil { // the communicator over every process's ranks, before the dispatcher takes it
-		if err := dl.openComm(th); err != nil {
-			return nil, err
-		}
-	}
-	if err := d.Bind(dl.shape(), dl.ranks); err != nil {
-		return nil, err
-	}
-	if err := dl.newAttention(); err != nil { // attention.go
-		return nil, err
-	}
-	if err := dl.phaseEvents(); err != nil {
-		return nil, err
-	}
-	return dl, dl.sync()
-}
-
-// upload allocates *p on dev, counts its bytes and uploads host to it on s.
-func upload(dev device.Device, p *device.Addr, counter *int64, host any, s device.Stream) error {
-	b, err := device.HostBytes(host)
-	if err != nil {
-		return err
-	}
-	if *p, err = dev.Alloc(int64(len(b))); err != nil {
-		return err
-	}
-	*counter += int64(len(b))
-	return dev.Upload(*p, host, s)
-}
-
-// newCommon makes device i's begin stream and event and uploads what its
-// ranks share: the router's weights (fp32 too where the router's gradient
-// is taken), its bias and the shared expert's weights.
-func (dl *deviceLayer) newCommon(i int) error {
-	l, dev, m := dl.l, dl.devs[i], &dl.dc[i]
-	var err error
-	if m.beginS, err = dev.NewStream(); err != nil {
-		return err
-	}
-	if m.begin, err = dev.NewEvent(); err != nil {
-		return err
-	}
-	if err := upload(dev, &m.wr, &m.bytes, kernels.BF16Bits(l.Wr), m.beginS); err != nil {
-		return err
-	}
-	if dl.train && l.routerGrad() {
-		if err := upload(dev, &m.wrf32, &m.bytes, l.Wr, m.beginS); err != nil {
-			return err
-		}
-	}
-	if l.Bias != nil {
-		if err := upload(dev, &m.bias, &m.bytes, l.Bias, m.beginS); err != nil {
-			return err
-		}
-	}
-	if l.SharedFC1 != nil {
-		if err := upload(dev, &m.sfc1, &m.bytes, kernels.BF16Bits(l.SharedFC1), m.beginS); err != nil {
-			return err
-		}
-		if err := upload(dev, &m.sfc2, &m.bytes, kernels.BF16Bits(l.SharedFC2), m.beginS); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// newRank makes local rank r's stream and buffers on its device, uploads
-// its input (and its routing override or trace) and appends it to
-// dl.ranks.
-func (dl *deviceLayer) newRank(r int, th *device.Threads) error {
-	l, c := dl.l, dl.l.Cfg
-	T, h, f, E, k := c.Tokens, c.Hidden, c.FFN, c.Experts, c.TopK
-	fs, L := c.FFN*c.SharedExperts, l.Shape.LocalExperts()
-	b, dev := &dl.rr[r], dl.devs[dl.on[r]]
-	dl.dc[dl.on[r]].ranks++
-	rk := &dispatchers.DeviceRank{ID: r, Dev: dev, Threads: th}
-	var err error
-	if rk.Stream, err = dev.NewStream(); err != nil {
-		return err
-	}
-	xin := &rk.X
-	if c.isFP8() { // the router and the shared expert read the bf16 input; rk.X is the packed rows (quantize)
-		xin = &b.xin
-	}
-	if err := upload(dev, xin, &b.bytes, kernels.BF16Bits(l.X[r]), rk.Stream); err != nil {
-		return err
-	}
-	if l.Override[r] != nil {
-		if err := upload(dev, &b.override, &b.bytes, l.Override[r], rk.Stream); err != nil {
-			return err
-		}
-	}
-	if l.Trace != nil { // the trace's routing, as the host router takes it
-		if err := l.route(r); err != nil {
-			return err
-		}
-		if err := upload(dev, &b.traceIdx, &b.bytes, l.Ranks[r].Idx, rk.Stream); err != nil {
-			return err
-		}
-		if err := upload(dev, &b.traceProbs, &b.bytes, l.Ranks[r].Probs, rk.Stream); err != nil {
-			return err
-		}
-	}
-	bufs := []device.RowBuffer{{P: &rk.FC1, PerRow: int64(2 * L * 2 * f * h)}, {P: &rk.FC2, PerRow: int64(2 * L * h * f)},
-		{P: &b.logits, PerRow: int64(4 * T * E)}, {P: &rk.Idx, PerRow: int64(4 * T * k)}, {P: &rk.Probs, PerRow: int64(4 * T * k)},
-		{P: &rk.Y, PerRow: int64(2 * T * h)}}
-	if c.isFP8() {
-		bufs = append(bufs, device.RowBuffer{P: &rk.X, PerRow: int64(T * kernels.FP8RowPitch(h))})
-	}
-	if fs > 0 {
-		bufs = append(bufs, device.RowBuffer{P: &b.sh1, PerRow: int64(2 * T * 2 * fs)}, device.RowBuffer{P: &b.sact, PerRow: int64(2 * T * fs)},
-			device.RowBuffer{P: &rk.Shared, PerRow: int64(2 * T * h)})
-	}
-	held, err := device.Resize(dev, 1, bufs...)
-	if b.bytes += held; err != nil {
-		return err
-	}
-	if b.grouped, err = device.NewGrouped(dev, 0); err != nil {
-		return err
-	}
-	dl.ranks = append(dl.ranks, rk)
-	if dl.fp8lt {
-		if err := dl.allocFP8(r); err != nil {
-			return err
-		}
-	}
-	if dl.train {
-		if err := dl.newDeviceBackward(r); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// openComm opens the communicator over every process's ranks (dl.dist),
-// agrees the settings and makes the stops, before the dispatcher takes it.
-func (dl *deviceLayer) openComm(th *device.Threads) error {
-	ds := dl.dist
-	var streams []device.Stream
-	for r := ds.first; r < ds.first+ds.per; r++ {
-		streams = append(streams, dl.ranks[r].Stream)
-	}
-	if err := ds.open(th, dl.devs, streams, dl.l.Cfg); err != nil {
-		return err
-	}
-	for _, rk := range dl.ranks {
-		rk.Comm = ds.comm
-	}
-	if err := dl.agreeSettings(); err != nil {
-		return err
-	}
-	return dl.newStops(dl.ranks[ds.first].Dev)
-}
-
-// phaseEvents makes each step's start and end events on every rank.
-func (dl *deviceLayer) phaseEvents() error {
-	for _, ph := range dl.steps() {
-		for r, rk := range dl.ranks {
-			for _, m := range []map[string][]device.Event{dl.start, dl.end} {
-				if !dl.local(r) {
-					m[ph.Name] = append(m[ph.Name], nil)
-					continue
-				}
-				e, err := rk.Dev.NewEvent()
-				if err != nil {
-					return err
-				}
-				m[ph.Name] = append(m[ph.Name], e)
-			}
-		}
-	}
-	return nil
-}
-
-// uploadExperts draws every expert's weights (in parallel, each expert from
-// its own stream of draws) and uploads them, as bf16, to their owner rank's
-// buffers. Only a few experts are held on the host at a time.
-func (dl *deviceLayer) uploadExperts() error {
-	c := dl.l.Cfg
-	h, f, L := c.Hidden, c.FFN, dl.l.Shape.LocalExperts()
-	type drawn struct {
-		e        int
-		fc1, fc2 []uint16
-		fp8      *fp8Weights // on the FP8 GEMM path
-	}
-	ch := make(chan drawn, runtime.GOMAXPROCS(0))
-	stop := make(chan struct{})
-	go func() {
-		defer close(ch)
-		var wg sync.WaitGroup
-		next := make(chan int)
-		for range runtime.GOMAXPROCS(0) {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for e := range next {
-					fc1, fc2 := dl.l.ExpertWeights(e)
-					var w8 *fp8Weights
-					if dl.fp8lt {
-						w8 = dl.l.fp8Weights(e)
-					}
-					select {
-					case ch <- drawn{e, kernels.BF16Bits(fc1), kernels.BF16Bits(fc2), w8}:
-					case <-stop:
-					}
-				}
-			}()
-		}
-	feed:
-		for e := range c.Experts {
-			if !dl.local(e / L) { // another process's expert
-				continue
-			}
-			select {
-			case next <- e:
-			case <-stop:
-				break feed
-			}
-		}
-		close(next)
-		wg.Wait()
-	}()
-	defer func() {
-		close(stop)
-		for range ch { // let the drawers finish
-		}
-	}()
-	for w := range ch {
-		r, i := w.e/L, w.e%L
-		rk := dl.ranks[r]
-		if err := rk.Dev.Upload(rk.FC1+device.Addr(2*i*2*f*h), w.fc1, rk.Stream); err != nil {
-			return err
-		}
-		if err := rk.Dev.Upload(rk.FC2+device.Addr(2*i*h*f), w.fc2, rk.Stream); err != nil {
-			return err
-		}
-		if w.fp8 != nil {
-			if err := dl.uploadFP8(w.e, w.fp8); err != nil {
-				return err
-			}
-		}
-	}
-	return nil
-}
-
-// steps are the phases of a step, in the host layer's order (built once).
-func (dl *deviceLayer) steps() []dispatchers.Step {
-	if dl.seq != nil {
-		return dl.seq
-	}
-	if dl.attn != nil { // attention.go
-		dl.seq = append(dl.seq, dispatchers.Step{Name: "attention", Run: dl.attentionForward})
-	}
-	if dl.dc[0].sfc1 != 0 {
-		dl.seq = append(dl.seq, dispatchers.Step{Name: "shared", Run: dl.sharedExpert})
-	}
-	dl.seq = append(dl.seq, dispatchers.Step{Name: "router", Run: dl.route})
-	if dl.l.Cfg.isFP8() {
-		dl.seq = append(dl.seq, dispatchers.Step{Name: "quantize", Run: dl.quantize})
-	}
-	dl.seq = append(dl.seq, dl.d.Forward(dl.experts)...)
-	dl.forward = len(dl.seq)
-	if dl.train {
-		bwd, err := dl.deviceBackwardSteps()
-		if err != nil { // its capabilities said it has one
-			panic(err)
-		}
-		dl.seq = append(dl.seq, bwd...)
-		if dl.attn != nil {
-			dl.seq = append(dl.seq, dispatchers.Step{Name: dispatchers.BackwardName("attention"), Run: dl.attentionBackward})
-		}
-	}
-	return dl.seq
-}
-
-// sharedExpert: fc1 → SwiGLU → fc2 on the rank's tokens into rk.Shared,
-// which the dispatcher's last phase adds.
-func (dl *deviceLayer) sharedExpert(r int) error {
-	c, rk, b, m := dl.l.Cfg, dl.ranks[r], &dl.rr[r], &dl.dc[dl.on[r]]
-	T, h, fs := c.Tokens, c.Hidden, c.FFN*c.SharedExperts
-	if err := rk.Dev.GEMM(b.sh1, dl.input(r), m.sfc1, T, 2*fs, h, false, rk.Stream); err != nil {
-		return err
-	}
-	if err := rk.Dev.SwiGLU(b.sact, b.sh1, 0, T, fs, rk.Stream); err != nil {
-		return err
-	}
-	return rk.Dev.GEMM(rk.Shared, b.sact, m.sfc2, T, h, fs, false, rk.Stream)
-}
-
-// route: the fp32 logits GEMM (bf16 operands, fp32 output), the routing
-// mode's replacement logits when it has them, then top-k; a trace's routing
-// replaces the top-k's output.
-func (dl *deviceLayer) route(r int) error {
-	c, rk, b, m := dl.l.Cfg, dl.ranks[r], &dl.rr[r], &dl.dc[dl.on[r]]
-	T, E, k := c.Tokens, c.Experts, c.TopK
-	if err := rk.Dev.GEMM(b.logits, dl.input(r), m.wr, T, E, c.Hidden, true, rk.Stream); err != nil {
-		return err
-	}
-	if b.override != 0 {
-		if err := rk.Dev.Copy(b.logits, b.override, int64(4*T*E), rk.Stream); err != nil {
-			return err
-		}
-	}
-	if b.traceIdx != 0 {
-		if err := rk.Dev.Copy(rk.Idx, b.traceIdx, int64(4*T*k), rk.Stream); err != nil {
-			return err
-		}
-		return rk.Dev.Copy(rk.Probs, b.traceProbs, int64(4*T*k), rk.Stream)
-	}
-	return rk.Dev.RouterTopK(dl.l.Router, b.logits, m.bias, T, rk.Idx, rk.Probs, rk.Stream)
-}
-
-// experts computes the rank's current work (DeviceRank.Work; nil: all its
-// rows with its own experts), block by block.
-func (dl *deviceLayer) experts(r int) error {
-	rk, b := dl.ranks[r], &dl.rr[r]
-	if err := b.out.Ensure(rk.Dev, rk.Stream, rk.Rows(), device.RowBuffer{P: &rk.ExpertY, PerRow: 2 * int64(dl.l.Cfg.Hidden)}); err != nil {
-		return err
-	}
-	work := rk.Work
-	if work == nil {
-		work = dl.wholeWork(r)
-	}
-	if dl.train {
-		if err := dl.beginTape(r, work); err != nil {
-			return err
-		}
-	}
-	for i := range work {
-		if err := dl.block(r, &work[i]); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// wholeWork is the default work: every row of ExpertX, one segment per
-// local expert with rows (rebuilt in place each call).
-func (dl *deviceLayer) wholeWork(r int) []dispatchers.DeviceWork {
-	rk, b := dl.ranks[r], &dl.rr[r]
-	if b.whole == nil {
-		b.whole = make([]dispatchers.DeviceWork, 1)
-	}
-	w := &b.whole[0]
-	w.X, w.Probs, w.Y, w.Segments = rk.ExpertX, rk.ExpertProbs, 0, w.Segments[:0]
-	at, L := 0, dl.l.Shape.LocalExperts()
-	for l, rows := range rk.ExpertRows {
-		if rows > 0 {
-			w.Segments = append(w.Segments, dispatchers.DeviceSegment{Expert: r*L + l, Start: at, Len: rows})
-		}
-		at += rows
-	}
-	return b.whole
-}
-
-// block computes one block of work (compute) and records its Done event.
-func (dl *deviceLayer) block(r int, w *dispatchers.DeviceWork) error {
-	if err := dl.compute(r, w); err != nil || w.Done == nil {
-		return err
-	}
-	return dl.ranks[r].Dev.Record(w.Done, dl.ranks[r].Stream)
-}
-
-// compute queues one block of work: fc1 per segment, one SwiGLU×prob over
-// the block's rows from its first segment's to its last's, fc2 per segment
-// (cuBLASLt calls, see device.Grouped).
-func (dl *deviceLayer) compute(r int, w *dispatchers.DeviceWork) error {
-	c, rk, b := dl.l.Cfg, dl.ranks[r], &dl.rr[r]
-	h, f, L := c.Hidden, c.FFN, dl.l.Shape.LocalExperts()
-	lo, hi := span(w.Segments)
-	for _, sg := range w.Segments {
-		if sg.Start < 0 || sg.Len < 0 {
-			return fmt.Errorf("segment of expert %d covers rows [%d, %d)", sg.Expert, sg.Start, sg.Start+sg.Len)
-		}
-		if (sg.FC1 == 0) != (sg.FC2 == 0) || (sg.FC1 == 0 && sg.Expert/L != r) {
-			return fmt.Errorf("segment of expert %d on rank %d: weights fc1 %#x, fc2 %#x (0 only for a local expert)", sg.Expert, r, sg.FC1, sg.FC2)
-		}
-	}
-	if hi == 0 {
-		return nil
-	}
-	if w.After != nil {
-		if err := rk.Dev.Wait(rk.Stream, w.After); err != nil {
-			return err
-		}
-	}
-	var h1, act, xd device.Addr
-	if dl.train { // kept for the backward
-		h1, act, xd = dl.tapeRows(r, w, lo, hi)
-	} else {
-		if err := b.scratch.Ensure(rk.Dev, rk.Stream, hi-lo, device.RowBuffer{P: &b.h1, PerRow: 4 * int64(f)}, device.RowBuffer{P: &b.act, PerRow: 2 * int64(f)}); err != nil {
-			return err
-		}
-		h1, act = b.h1, b.act
-	}
-	y := w.Y
-	if y == 0 {
-		y = rk.ExpertY
-	}
-	if dl.fp8lt { // the FP8 GEMMs (fp8dev.go); the backward's tape keeps the dequantized rows
-		if dl.train {
-			if _, err := dl.dequant(r, w, lo, hi, xd); err != nil {
-				return err
-			}
-		}
-		return dl.computeFP8(r, w, lo, hi, h1, act, y)
-	}
-	x, xLo := w.X, 0 // the block's bf16 rows, and the row of w.X at x
-	if c.isFP8() {
-		var err error
-		if x, err = dl.dequant(r, w, lo, hi, xd); err != nil {
-			return err
-		}
-		xLo = lo
-	}
-	fc := func(out, in device.Addr, outLo, inLo int, second bool, outCols, inCols int) []device.Group {
-		b.groups = b.groups[:0]
-		for _, sg := range w.Segments {
-			if sg.Len == 0 {
-				continue
-			}
-			wt := sg.FC1
-			if second {
-				wt = sg.FC2
-			}
-			if wt == 0 {
-				own := rk.FC1
-				if second {
-					own = rk.FC2
-				}
-				wt = own + device.Addr(2*(sg.Expert-r*L)*outCols*inCols)
-			}
-			b.groups = append(b.groups, device.Group{C: out + device.Addr(2*(sg.Start-outLo)*outCols),
-				A: in + device.Addr(2*(sg.Start-inLo)*inCols), W: wt, M: sg.Len})
-		}
-		return b.groups
-	}
-	if err := b.grouped.Run(rk.Dev, fc(h1, x, lo, xLo, false, 2*f, h), 2*f, h, rk.Stream); err != nil {
-		return err
-	}
-	if err := dl.swiGLUProbs(r, w, lo, hi, act, h1); err != nil {
-		return err
-	}
-	return b.grouped.Run(rk.Dev, fc(y, act, 0, lo, true, h, f), h, f, rk.Stream)
-}
-
-// groupedSides are the candidate numbers of extra streams per rank for the
-// expert GEMMs; chooseGrouped times each, and the device's grouped GEMM
-// where it has one, and keeps the fastest.
-var groupedSides = []int{0, 3}
-
-// chooseGrouped runs a few forward passes with each way of running the
-// expert GEMMs (the backward's products do not use it), keeps the one whose
-// expert phases (slowest rank, median) are fastest, and describes the
-// comparison.
-func (dl *deviceLayer) chooseGrouped() (string, error) {
-	const reps = 3
-	best, bestMS, desc := -1, math.Inf(1), ""
-	ways := len(groupedSides)
-	batched, ok := dl.devs[0].GroupedGEMMName()
-	if ok && dl.fp8lt {
-		ok, batched = false, batched+" takes no FP8 operands (the FP8 GEMMs are per-expert calls)"
-	}
-	if dl.dist != nil { // every process times the same ways: each step moves data between them
-		var err error
-		if ok, batched, err = dl.agreeBatched(ok, batched); err != nil {
-			return "", err
-		}
-	}
-	if ok {
-		ways++
-	}
-	meds := make([]float64, ways) // each way's median; +Inf: left out
-	options := make([][]*device.Grouped, ways)
-	for i := range ways {
-		for r, rk := range dl.ranks {
-			if !dl.local(r) {
-				options[i] = append(options[i], nil)
-				continue
-			}
-			var g *device.Grouped
-			var err error
-			if i < len(groupedSides) {
-				g, err = device.NewGrouped(rk.Dev, groupedSides[i])
-			} else {
-				g, err = device.NewBatched(rk.Dev)
-			}
-			if err != nil {
-				return "", err
-			}
-			options[i] = append(options[i], g)
-		}
-		for r := range dl.rr {
-			dl.rr[r].grouped = options[i][r]
-		}
-		var ms []float64
-		for range reps {
-			if err := dl.forwardStep(); err != nil {
-				if i < len(groupedSides) || dl.dist != nil { // the others run this way's steps: so must this process
-					return "", err
-				}
-				// the grouped call is optional: a failure leaves it out
-				desc += "; " + batched + " failed: " + err.Error()
-				ms = nil
-				break
-			}
-			slowest := 0.0
-			for r, rk := range dl.ranks {
-				if !dl.local(r) {
-					continue
-				}
-				t := 0.0
-				for _, ph := range dispatchers.ExpertPhases {
-					if dl.start[ph] == nil {
-						continue
-					}
-					ms, err := rk.Dev.Elapsed(dl.start[ph][r], dl.end[ph][r])
-					if err != nil {
-						return "", err
-					}
-					t += ms
-				}
-				slowest = math.Max(slowest, t)
-			}
-			ms = append(ms, slowest)
-		}
-		if ms == nil {
-			meds[i] = math.Inf(1)
-			if err := dl.sync(); err != nil {
-				return "", err
-			}
-			continue
-		}
-		slices.Sort(ms)
-		if desc != "" {
-			desc += "; "
-		}
-		desc += fmt.Sprintf("%s: expert phases %.3g ms", options[i][dl.of[0][0]].Name(), ms[reps/2])
-		meds[i] = ms[reps/2]
-	}
-	if dl.dist != nil { // one choice on every process: the way whose slowest process is fastest
-		var err error
-		if meds, err = dl.slowestProcess(meds); err != nil {
-			return "", err
-		}
-		desc += fmt.Sprintf("; chosen by the slowest of the %d processes' medians", dl.dist.rv.L.World)
-	}
-	for i, m := range meds {
-		if m < bestMS {
-			best, bestMS = i, m
-		}
-	}
-	for r := range dl.rr {
-		dl.rr[r].grouped = options[best][r]
-	}
-	if !ok {
-		desc += "; not compared: " + batched
-	}
-	return "chosen: " + options[best][dl.of[0][0]].Name() + " (median of " + fmt.Sprint(reps) + " steps each — " + desc + ")", nil
-}
-
-// step runs one step (the forward, then a training step's backward): every
-// phase for every rank, each device's
-// ranks issued from the device's own thread, all devices at once, a
-// barrier between phases (dispatchers' contract); each phase between two
-// events on each rank's stream; then every stream is waited for. Every
-// rank starts from its device's begin event, which follows device 0's. A
-// phase's events bracket each rank's own call, except for a phase the
-// dispatcher issues once per device (Capabilities.Grouped): the device's
-// start events are all recorded before its first rank's call and its end
-// events after its last, so that each rank's time holds the work the
-// device's call queues on its stream. A dispatcher's host wait before a
-// phase (Capabilities.HostWait) comes before the phase's start events, so
-// that no rank's phase time holds it; waitMS is its wall time, every
-// device's wait included. issueMS is the host's wall time from the first
-// call to the last call's return, before waiting for the streams, less
-// waitMS.
-func (dl *deviceLayer) step() error {
-	if dl.graph != nil {
-		return dl.stepGraph()
-	}
-	return dl.plainStep(dl.steps())
-}
-
-// plainStep is step's plain launches of phs.
-func (dl *deviceLayer) plainStep(phs []dispatchers.Step) error {
-	t0 := time.Now()
-	dl.waitMS = 0
-	if err := dl.begin0(); err != nil {
-		return err
-	}
-	if err := dl.phases(phs, true, true); err != nil {
-		return err
-	}
-	dl.issueMS = float64(time.Since(t0).Nanoseconds())/1e6 - dl.waitMS
-	err := dl.finish()
-	dl.warm = dl.warm || err == nil
-	return err
-}
-
-// forwardStep runs the forward pass alone, as plain launches; a training
-// layer drops the tape it kept.
-func (dl *deviceLayer) forwardStep() error {
-	steps := dl.steps()
-	if err := dl.plainStep(steps[:dl.forward]); err != nil {
-		return err
-	}
-	if dl.train {
-		for r := range dl.ranks {
-			dl.endTape(r)
-		}
-	}
-	return nil
-}
-
-// each runs one job on every device's thread (a barrier).
-func (dl *deviceLayer) each(kind int, ph *dispatchers.Step, begin bool) error {
-	st := "waiting for the GPUs"
-	if ph != nil {
-		st = ph.Name
-	}
-	dl.dist.stage(st, dl.warm) // a job may wait on other processes
-	dl.doing(st)
-	dl.job = job{kind, ph, begin}
-	return dl.th.Each(dl.work)
-}
-
-// issue is dl.job for device dev's ranks, on its thread.
-func (dl *deviceLayer) issue(dev int) error {
-	j := dl.job
-	ranks := dl.of[dev]
-	m := &dl.dc[dev]
-	if j.begin || j.kind == jobBegin {
-		if err := dl.beginDevice(dev); err != nil {
-			return err
-		}
-	}
-	switch j.kind {
-	case jobBegin:
-		return nil
-	case jobPhase:
-		return dl.issuePhase(dev, j.ph)
-	case jobHostWait:
-		hw := dl.d.Capabilities().HostWait
-		for _, r := range ranks {
-			if err := hw.Wait(j.ph.Name, r); err != nil {
-				return fmt.Errorf("rank %d: %w", r, err)
-			}
-		}
-		return nil
-	case jobSync:
-		if err := dl.devs[dev].SyncStream(m.beginS); err != nil {
-			return err
-		}
-		for _, r := range ranks {
-			if err := dl.ranks[r].Dev.SyncStream(dl.ranks[r].Stream); err != nil {
-				return err
-			}
-		}
-		return nil
-	}
-	return fmt.Errorf("harness: job %d", j.kind)
-}
-
-// issuePhase issues ph for device dev's ranks between their events (see
-// step).
-func (dl *deviceLayer) issuePhase(dev int, ph *dispatchers.Step) error {
-	ranks := dl.of[dev]
-	g := dl.d.Capabilities().Grouped
-	together := g != nil && g(ph.Name)
-	mark := func(evs []device.Event, rs []int) error {
-		for _, r := range rs {
-			if err := dl.timing(dl.ranks[r].Dev, evs[r], dl.ranks[r].Stream); err != nil { // graph.go
-				return fmt.Errorf("%s on rank %d: %w", ph.Name, r, err)
-			}
-		}
-		return nil
-	}
-	for i, r := range ranks {
-		bracket := ranks[i : i+1] // the ranks whose events bracket this call
-		if together {
-			bracket = ranks
-		}
-		if !together || i == 0 {
-			if err := mark(dl.start[ph.Name], bracket); err != nil {
-				return err
-			}
-		}
-		if err := ph.Run(r); err != nil {
-			return fmt.Errorf("%s on rank %d: %w", ph.Name, r, err)
-		}
-		if !together || i == len(ranks)-1 {
-			if err := mark(dl.end[ph.Name], bracket); err != nil {
-				return err
-			}
-		}
-	}
-	return nil
-}
-
-// finish waits for every stream, then asks the dispatcher what its kernels
-// recorded (Capabilities.Check: a cross-rank wait that gave up).
-func (dl *deviceLayer) finish() error {
-	if err := dl.sync(); err != nil {
-		return err
-	}
-	if c := dl.d.Capabilities().Check; c != nil {
-		return c()
-	}
-	return nil
-}
-
-// begin0 records device 0's begin event, on the calling goroutine: device
-// 0's thread (device.Threads), before the other devices' threads wait for
-// it (beginDevice).
-func (dl *deviceLayer) begin0() error {
-	if err := dl.devs[0].Record(dl.dc[0].begin, dl.dc[0].beginS); err != nil {
-		return err
-	}
-	return dl.timeBegin(0) // graph.go
-}
-
-// beginDevice, on device dev's thread after begin0: its begin event (after
-// device 0's), and its ranks' streams after it.
-func (dl *deviceLayer) beginDevice(dev int) error {
-	m := &dl.dc[dev]
-	if dev > 0 {
-		if err := dl.devs[dev].Wait(m.beginS, dl.dc[0].begin); err != nil {
-			return err
-		}
-		if err := dl.devs[dev].Record(m.begin, m.beginS); err != nil {
-			return err
-		}
-		if err := dl.timeBegin(dev); err != nil {
-			return err
-		}
-	}
-	for _, r := range dl.of[dev] {
-		if err := dl.ranks[r].Dev.Wait(dl.ranks[r].Stream, m.begin); err != nil {
-			return err
-		}
-		if dl.train { // zero_grad
-			if err := dl.zeroGrads(r); err != nil {
-				return err
-			}
-		}
-	}
-	return nil
-}
-
-// begin records each device's begin event (each after device 0's) and
-// makes every rank's stream wait for its device's.
-func (dl *deviceLayer) begin() error {
-	if err := dl.begin0(); err != nil {
-		return err
-	}
-	return dl.each(jobBegin, nil, false)
-}
-
-// phases issues phs for every rank between their events (see step), with
-// begin the step's start (begin0 done) with the first; with hostWaits, the
-// dispatcher's host wait before a phase first (adding to waitMS).
-func (dl *deviceLayer) phases(phs []dispatchers.Step, begin, hostWaits bool) error {
-	hw := dl.d.Capabilities().HostWait
-	for i := range phs {
-		ph := &phs[i]
-		if hw != nil && hostWaits && hw.Before(ph.Name) { // before the phase's start events: it is timed from its own first GPU operation
-			t := time.Now()
-			if err := dl.each(jobHostWait, ph, begin); err != nil {
-				return fmt.Errorf("%s: host wait: %w", ph.Name, err)
-			}
-			dl.waitMS += float64(time.Since(t).Nanoseconds()) / 1e6
-			begin = false
-		}
-		if err := dl.each(jobPhase, ph, begin); err != nil {
-			return err
-		}
-		begin = false
-	}
-	return nil
-}
-
-// setRouting gives the layer step's routing (Layer.SetRouting) and uploads
-// it — each rank's logit override, or a trace's routing — before the
-// step's clock starts.
-func (dl *deviceLayer) setRouting(step int) error {
-	l := dl.l
-	if !l.Cfg.perStepRouting() {
-		return nil
-	}
-	l.SetRouting(step)
-	for r, rk := range dl.ranks {
-		if !dl.local(r) {
-			continue
-		}
-		b := &dl.rr[r]
-		if l.Override[r] != nil {
-			if err := rk.Dev.Upload(b.override, l.Override[r], rk.Stream); err != nil {
-				return err
-			}
-		}
-		if l.Trace != nil {
-			if err := l.route(r); err != nil {
-				return err
-			}
-			if err := rk.Dev.Upload(b.traceIdx, l.Ranks[r].Idx, rk.Stream); err != nil {
-				return err
-			}
-			if err := rk.Dev.Upload(b.traceProbs, l.Ranks[r].Probs, rk.Stream); err != nil {
-				return err
-			}
-		}
-	}
-	return dl.sync()
-}
-
-// sync waits for every stream, each device's on its thread.
-func (dl *deviceLayer) sync() error { return dl.each(jobSync, nil, false) }
-
-// times reads the last step's events: each phase's time per rank, and each
-// rank's step (from the common start to the rank's last event), in ms.
-func (dl *deviceLayer) times(samples map[string][][]float64, step [][]float64) error {
-	steps := dl.steps()
-	last := steps[len(steps)-1].Name
-	how := "" // how the events were recorded, for an error
-	if dl.graph != nil {
-		how = " (with --cuda-graph: event record nodes of the captured graphs, or plain records where a capture was refused)"
-	}
-	for r, rk := range dl.ranks {
-		if !dl.local(r) {
-			continue
-		}
-		for _, ph := range steps {
-			ms, err := rk.Dev.Elapsed(dl.start[ph.Name][r], dl.end[ph.Name][r])
-			if err != nil {
-				return fmt.Errorf("%s on rank %d: the time from its start event to its end event%s: %w", ph.Name, r, how, err)
-			}
-			samples[ph.Name][r] = append(samples[ph.Name][r], ms)
-		}
-		ms, err := rk.Dev.Elapsed(dl.stepBegin(r), dl.end[last][r]) // graph.go
-		if err != nil {
-			return fmt.Errorf("the step on rank %d: the time from GPU %d's begin event to %s's end event%s: %w", r, dl.on[r], last, how, err)
-		}
-		step[r] = append(step[r], ms)
-	}
-	return nil
-}
-
-// hostCalls adds the last step's library calls' wall time per phase and
-// rank (Capabilities.Library) to m.
-func (dl *deviceLayer) hostCalls(m *measured) {
-	lib := dl.d.Capabilities().Library
-	if lib == nil {
-		return
-	}
-	for _, ph := range dl.steps() {
-		for r := range dl.ranks {
-			if !dl.local(r) {
-				continue
-			}
-			ms, ok := lib.HostCallMS(ph.Name, r)
-			if !ok {
-				continue
-			}
-			if m.hostCall == nil {
-				m.hostCall = map[string][][]float64{}
-			}
-			if m.hostCall[ph.Name] == nil {
-				m.hostCall[ph.Name] = make([][]float64, len(dl.ranks))
-			}
-			m.hostCall[ph.Name][r] = append(m.hostCall[ph.Name][r], ms)
-		}
-	}
-}
-
-// refFLOPBudget bounds the float64 reference's expert work (all experts'
-// rows, 6·h·f per row): beyond it the check compares a seeded sample of
-// tokens per rank.
-var refFLOPBudget = 4e9
-
-// sampledTokens is how many tokens per rank the device check compares (see
-// sample).
-func sampledTokens(c Config) int {
-	if c.CheckAll {
-		return c.Tokens
-	}
-	perToken := 6 * float64(c.Hidden) * float64(c.FFN) * float64(c.TopK+c.SharedExperts)
-	if float64(c.EP*c.Tokens)*perToken <= refFLOPBudget {
-		return c.Tokens
-	}
-	return min(c.Tokens, max(16, int(refFLOPBudget/perToken)/c.EP))
-}
-
-// checkedTokens picks the tokens the check of dl compares (checkSample).
-func checkedTokens(dl *deviceLayer) ([][]int, string) { return checkSample(dl.l.Cfg) }
-
-// checkDevice runs one step with poisoned outputs and compares the output with the
-// float64 reference (on a sample of tokens for large layers).
-func checkDevice(dl *deviceLayer) (*results.Correctness, error) {
-	c := dl.l.Cfg
-	T, h, k, E := c.Tokens, c.Hidden, c.TopK, c.Experts
-	const nan = 0x7fc0 // a bf16 NaN; as two 16-bit words, an fp32 NaN too
-	for r, rk := range dl.ranks {
-		if !dl.local(r) {
-			continue
-		}
-		for _, p := range []struct {
-			ptr   device.Addr
-			words int
-		}{{rk.Y, T * h}, {rk.Probs, 2 * T * k}, {dl.rr[r].logits, 2 * T * E}, {rk.ExpertY, dl.rr[r].out.Rows * h}} {
-			if p.ptr != 0 {
-				if err := rk.Dev.Fill16(p.ptr, nan, int64(p.words), rk.Stream); err != nil {
-					return nil, err
-				}
-			}
-		}
-		if err := rk.Dev.Fill16(rk.Idx, 0xffff, int64(2*T*k), rk.Stream); err != nil { // expert −1
-			return nil, err
-		}
-		if dl.train {
-			if err := dl.poisonGrads(r); err != nil {
-				return nil, err
-			}
-		}
-	}
-	if err := dl.step(); err != nil {
-		return nil, err
-	}
-	if err := dl.download(); err != nil {
-		return nil, err
-	}
-	cr := &results.Correctness{Checked: true, Tolerance: Tolerance, Metric: ErrMetric,
-		RoundTrip: "not run on the device: the layer check covers dispatch and combine"}
-	sample, which := checkedTokens(dl)
-	cr.Sample = which
-	for r := range dl.ranks {
-		for _, e := range dl.l.Ranks[r].Idx {
-			if dl.local(r) && (e < 0 || int(e) >= E) && cr.Detail == "" {
-				cr.MaxRelErr, cr.Detail = math.Inf(1), fmt.Sprintf("rank %d: the router left expert %d (of %d) in its output", r, e, E)
-			}
-		}
-	}
-	if cr.Detail == "" {
-		dl.dist.local("computing the float64 reference of its ranks")
-		dl.l.Cfg.progressLine().work(checkRef, float64(dl.l.Cfg.Experts))
-		compareReference(cr, dl.l, localSample(dl, sample))
-	}
-	cr.Passed = cr.Detail == "" && cr.MaxRelErr <= Tolerance
-	if !cr.Passed && cr.Detail == "" {
-		cr.Detail = fmt.Sprintf("max relative error %.3g (tolerance %g)", cr.MaxRelErr, Tolerance)
-	}
-	if dl.train {
-		if err := checkDeviceGrads(dl, cr, sample != nil); err != nil {
-			return nil, err
-		}
-	}
-	if dl.dist != nil { // every process's verdict, the same on all
-		return agreeCheck(dl, cr)
-	}
-	return cr, nil
-}
-
-// download copies the last step's routing (chosen experts and their
-// probabilities) and output of every rank into the host twin's ranks.
-func (dl *deviceLayer) download() error {
-	y := make([]uint16, dl.l.Cfg.Tokens*dl.l.Cfg.Hidden)
-	for r, rk := range dl.ranks {
-		if !dl.local(r) {
-			continue
-		}
-		hr := dl.l.Ranks[r]
-		if err := rk.Dev.Download(hr.Idx, rk.Idx, rk.Stream); err != nil {
-			return err
-		}
-		if err := rk.Dev.Download(hr.Probs, rk.Probs, rk.Stream); err != nil {
-			return err
-		}
-		if err := rk.Dev.Download(y, rk.Y, rk.Stream); err != nil {
-			return err
-		}
-		hr.Y = kernels.FromBF16Bits(y)
-	}
-	return nil
-}
-
-// footprint is rank r's bytes on its device: its layer and dispatcher
-// buffers and an equal share of the buffers the device's ranks share.
-func (dl *deviceLayer) footprint(r int) int64 {
-	b, m := &dl.rr[r], &dl.dc[dl.on[r]]
-	n := b.bytes + b.out.Bytes + b.scratch.Bytes + b.dq.Bytes + dl.d.Footprint(r) + m.bytes/int64(m.ranks) + b.g.bytes()
-	if b.fp8 != nil { // the FP8 GEMMs' operands (the weights are in b.bytes)
-		n += b.fp8.ops.Bytes
-	}
-	return n
-}
-
 // runDevice is Run on the cuda device (or env.OpenDevice's): the same
 // check-then-time loop as the host, with CUDA-event timings. Its steps are
 // devRun's methods; each that returns a record or an error ends the run
 // with them.
-func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error) {
+func runDevice(cfg setup.Config, env setup.Env, rec *results.Record) (*results.Record, error) {
 	r := &devRun{cfg: cfg, env: env, rec: rec}
 	if out, err := r.joinProcesses(); out != nil || err != nil {
 		return out, err
 	}
-	r.cfg = env.share(r.cfg)
+	r.cfg = env.Share(r.cfg)
 	if err := checkHostMemory(r.cfg); err != nil { // the host twin and the reference (this process's share)
-		return r.fail(results.StatusUnavailable, err)
+		return r.Fail(results.StatusUnavailable, err)
 	}
-	r.denv = r.cfg.dispatcherEnv()
+	r.denv = r.cfg.DispatcherEnv()
 	if r.ds != nil { // the ranks of this process's node (NCCL EP's limit is per node)
-		r.denv.NodeRanks = r.ds.per * max(1, r.ds.rv.L.LocalWorld)
+		r.denv.NodeRanks = r.ds.PerProcess * max(1, r.ds.Rendezvous.L.LocalWorld)
 	}
 	d, err := dispatchers.NewDevice(r.cfg.Dispatcher, r.cfg.Impl, r.denv)
 	if err != nil {
-		r.ds.fail(err, r.cfg)
+		r.ds.Fail(err, r.cfg)
 		return dispatcherError(rec, r.cfg, err)
 	}
-	r.prog = startProgress(env.Progress, env.ProgressEvery, steps(r.cfg, d.Capabilities()))
-	defer r.prog.finish()
-	r.cfg.carry(r.prog, env.Interrupt)
-	r.ds.setProgress(r.prog)
-	devs, err := OpenDevices(env, r.cfg.GPUs, r.cfg.EP, r.ds)
+	r.prog = setup.StartProgress(env.Progress, env.ProgressEvery, steps(r.cfg, d.Capabilities()))
+	defer r.prog.Finish()
+	r.cfg.Carry(r.prog, env.Interrupt)
+	r.ds.SetProgress(r.prog)
+	devs, err := layer.OpenDevices(env, r.cfg.GPUs, r.cfg.EP, r.ds)
 	if err != nil {
 		d.Close()
-		return r.fail(results.StatusUnavailable, fmt.Errorf("device %s: %w", r.cfg.Device, err))
+		return r.Fail(results.StatusUnavailable, fmt.Errorf("device %s: %w", r.cfg.Device, err))
 	}
-	defer closeDevices(devs)
+	defer layer.CloseDevices(devs)
 	th := device.NewThreads(devs)
 	defer th.Close()
-	limitThreads(th, r.cfg, r.ds)
+	layer.LimitThreads(th, r.cfg, r.ds)
 	if r.ds != nil {
-		defer r.ds.close() // after the dispatcher's: a library's state over the communicator (NCCL EP's groups) goes first
+		defer r.ds.Close() // after the dispatcher's: a library's state over the communicator (NCCL EP's groups) goes first
 	}
 	if d, err = r.fitBudget(d, devs); err != nil {
 		return dispatcherError(rec, r.cfg, err)
 	}
 	defer d.Close() // before the threads end: a library's ranks are closed on them
 	r.d, r.devs = d, devs
-	tuneGEMMs(devs, true) // until the timed steps
-	rec.Ranks.Devices = rankDevices(r.cfg.EP, len(devs))
-	rec.Ranks.Emulated, rec.Ranks.Note = r.cfg.EP > len(devs), ranksNote(r.cfg.EP, devs, "")
+	layer.TuneGEMMs(devs, true) // until the timed steps
+	rec.Ranks.Devices = layer.RankDevices(r.cfg.EP, len(devs))
+	rec.Ranks.Emulated, rec.Ranks.Note = r.cfg.EP > len(devs), layer.RanksNoteVia(r.cfg.EP, devs, "")
 	if out, err := r.buildLayer(th); out != nil || err != nil {
 		return out, err
 	}
@@ -1216,40 +67,40 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 		return out, err
 	}
 	m := r.newMeasured()
-	method, err := r.dl.chooseGrouped()
+	method, err := r.dl.ChooseGrouped()
 	if err != nil {
-		return r.fail(deviceStatus(err), err)
+		return r.Fail(layer.DeviceStatus(err), err)
 	}
 	if r.cfg.CUDAGraph { // from the warm-up on: plans, buffers and the GEMM choice are made
-		gs, err := newGraphs(r.dl)
+		gs, err := layer.NewGraphs(r.dl)
 		if err != nil {
-			return r.fail(results.StatusUnavailable, fmt.Errorf("--cuda-graph: %w", err))
+			return r.Fail(results.StatusUnavailable, fmt.Errorf("--cuda-graph: %w", err))
 		}
-		r.dl.graph = gs
-		defer gs.free()
+		r.dl.Graph = gs
+		defer gs.Free()
 	}
 	if out, err := r.timeSteps(&m); out != nil || err != nil {
 		return out, err
 	}
 	if err := r.collect(&m); err != nil {
-		return r.fail(results.StatusFailed, err)
+		return r.Fail(results.StatusFailed, err)
 	}
 	rec.Status = results.StatusOK
 	fillMeasurements(rec, r.cfg, m)
 	rec.Timing.CUDAGraph = "not used (--cuda-graph off)"
-	if r.dl.graph != nil {
-		rec.Timing.CUDAGraph = r.dl.graph.describe(r.cfg.Warmup + r.cfg.Iters)
+	if r.dl.Graph != nil {
+		rec.Timing.CUDAGraph = r.dl.Graph.Describe(r.cfg.Warmup + r.cfg.Iters)
 	}
 	r.describeGEMM(method)
-	if r.cfg.overlapping() && rec.Interrupted == "" { // overlap.go
-		if err := measureOverlap(r.dl, r.cfg, r.denv, rec); err != nil {
-			return r.fail(deviceStatus(err), err)
+	if r.cfg.Overlapping() && rec.Interrupted == "" { // overlap.go
+		if err := layer.MeasureOverlap(r.dl, r.cfg, r.denv, rec); err != nil {
+			return r.Fail(layer.DeviceStatus(err), err)
 		}
 	}
 	if env.Dump == "" || rec.Interrupted != "" {
 		return rec, nil
 	}
-	if err := r.dl.download(); err != nil { // the last timed step
+	if err := r.dl.Download(); err != nil { // the last timed step
 		return rec, fmt.Errorf("--dump: %w", err)
 	}
 	return rec, dumpDevice(r.dl, env, rec)
@@ -1257,22 +108,22 @@ func runDevice(cfg Config, env Env, rec *results.Record) (*results.Record, error
 
 // devRun is what runDevice's steps share.
 type devRun struct {
-	cfg  Config
-	env  Env
+	cfg  setup.Config
+	env  setup.Env
 	rec  *results.Record
-	ds   *dist // nil: a run of one process
+	ds   *layer.Distributed // nil: a run of one process
 	denv dispatchers.Env
 	d    dispatchers.DeviceDispatcher
 	devs []device.Device
-	dl   *deviceLayer
-	prog *progress
-	tm   *telemetry // from the first timed step
+	dl   *layer.DeviceLayer
+	prog *setup.Progress
+	tm   *layer.Telemetry // from the first timed step
 }
 
-// fail ends the run with status; the other processes stop too, naming
+// Fail ends the run with status; the other processes stop too, naming
 // this one.
-func (r *devRun) fail(status string, err error) (*results.Record, error) {
-	r.ds.fail(err, r.cfg)
+func (r *devRun) Fail(status string, err error) (*results.Record, error) {
+	r.ds.Fail(err, r.cfg)
 	return failed(r.rec, status, err)
 }
 
@@ -1281,19 +132,19 @@ func (r *devRun) fail(status string, err error) (*results.Record, error) {
 func (r *devRun) joinProcesses() (*results.Record, error) {
 	cfg, env := r.cfg, r.env
 	if env.Rendezvous != nil && env.Rendezvous.L.Distributed() {
-		settings, err := meetProcesses(cfg, env) // the same settings on every process, before any work
+		settings, err := layer.MeetProcesses(cfg, env) // the same settings on every process, before any work
 		if err != nil {
 			return nil, err
 		}
-		if r.ds, err = newDist(cfg, env.Rendezvous); dispatchers.IsUnavailable(err) {
+		if r.ds, err = layer.NewDist(cfg, env.Rendezvous); dispatchers.IsUnavailable(err) {
 			return dispatcherError(r.rec, cfg, err)
 		} else if err != nil {
 			return nil, err // a *ConfigError
 		}
-		r.ds.settings = settings
+		r.ds.Settings = settings
 	}
 	if r.ds != nil && env.Dump != "" { // before anything is written
-		return nil, &ConfigError{"dump", env.Dump, fmt.Sprintf("does not apply to a run that spans processes (%s): each process holds only its own ranks' tensors and gradients; dump a run of one process", env.Rendezvous.L.Via)}
+		return nil, &setup.ConfigError{Flag: "dump", Value: env.Dump, Allowed: fmt.Sprintf("does not apply to a run that spans processes (%s): each process holds only its own ranks' tensors and gradients; dump a run of one process", env.Rendezvous.L.Via)}
 	}
 	return nil, nil
 }
@@ -1302,10 +153,10 @@ func (r *devRun) joinProcesses() (*results.Record, error) {
 // beside the SMs held. On an error d is closed and the other processes
 // told.
 func (r *devRun) fitBudget(d dispatchers.DeviceDispatcher, devs []device.Device) (dispatchers.DeviceDispatcher, error) {
-	budget, held, err := fitSMs(r.cfg, devs, r.ds)
+	budget, held, err := layer.FitSMs(r.cfg, devs, r.ds)
 	if err != nil {
 		d.Close()
-		r.ds.fail(err, r.cfg)
+		r.ds.Fail(err, r.cfg)
 		return nil, err
 	}
 	if held == "" {
@@ -1318,7 +169,7 @@ func (r *devRun) fitBudget(d dispatchers.DeviceDispatcher, devs []device.Device)
 	d.Close() // the dispatcher runs with the budget that fits
 	r.denv.SMs = budget
 	if d, err = dispatchers.NewDevice(r.cfg.Dispatcher, r.cfg.Impl, r.denv); err != nil {
-		r.ds.fail(err, r.cfg)
+		r.ds.Fail(err, r.cfg)
 		return nil, err
 	}
 	return d, nil
@@ -1328,18 +179,18 @@ func (r *devRun) fitBudget(d dispatchers.DeviceDispatcher, devs []device.Device)
 // dispatcher says of itself.
 func (r *devRun) buildLayer(th *device.Threads) (*results.Record, error) {
 	cfg, rec, d := r.cfg, r.rec, r.d
-	l, err := newLayer(cfg, false)
+	l, err := layer.MakeLayer(cfg, false)
 	if err != nil {
-		r.ds.fail(err, cfg)
+		r.ds.Fail(err, cfg)
 		return nil, err // only a trace can fail here: a *ConfigError
 	}
-	r.dl, err = newDeviceLayer(l, r.devs, th, d, r.ds)
+	r.dl, err = layer.NewDeviceLayer(l, r.devs, th, d, r.ds)
 	if dispatchers.IsUnavailable(err) { // the dispatcher's gate on these devices (or another process's)
-		r.ds.fail(err, cfg)
+		r.ds.Fail(err, cfg)
 		return dispatcherError(rec, cfg, err)
 	}
 	if err != nil {
-		return r.fail(deviceStatus(err), err)
+		return r.Fail(layer.DeviceStatus(err), err)
 	}
 	if b := d.Capabilities().LaunchBudgets; b != nil {
 		rec.SMs.Preprocess, rec.SMs.Permute = b()
@@ -1350,13 +201,13 @@ func (r *devRun) buildLayer(th *device.Threads) (*results.Record, error) {
 		rec.SMs.Note = li.SMs
 	}
 	if t := d.Capabilities().Transport; t != nil && t() != "" {
-		rec.Ranks.Note = ranksNote(cfg.EP, r.devs, t())
+		rec.Ranks.Note = layer.RanksNoteVia(cfg.EP, r.devs, t())
 	}
 	// a run over several processes stops where all agree to (interruptedAt)
-	if err := r.dl.interruptedAt(r.env.Interrupt, whileBuilding); IsInterrupted(err) {
+	if err := r.dl.InterruptedAt(r.env.Interrupt, setup.WhileBuilding); setup.IsInterrupted(err) {
 		return interruptedRecord(rec, err)
 	} else if err != nil {
-		return r.fail(results.StatusFailed, err)
+		return r.Fail(results.StatusFailed, err)
 	}
 	return nil, nil
 }
@@ -1369,18 +220,18 @@ func (r *devRun) check() (*results.Record, error) {
 		rec.Correctness = &results.Correctness{Checked: false, Detail: "check disabled by --check off"}
 		return nil, nil
 	}
-	r.prog.set(checking)
-	c, err := checkDevice(r.dl)
+	r.prog.Set(setup.Checking)
+	c, err := check.CheckDevice(r.dl)
 	if err != nil && r.ds != nil { // the others are told (fail), not asked whether to stop
-		return r.fail(deviceStatus(err), err)
+		return r.Fail(layer.DeviceStatus(err), err)
 	}
-	if ierr := r.dl.interruptedAt(r.env.Interrupt, whileChecking); IsInterrupted(ierr) {
+	if ierr := r.dl.InterruptedAt(r.env.Interrupt, setup.WhileChecking); setup.IsInterrupted(ierr) {
 		return checkInterrupted(rec, c, err, ierr)
 	} else if ierr != nil {
-		return r.fail(results.StatusFailed, ierr)
+		return r.Fail(results.StatusFailed, ierr)
 	}
 	if err != nil {
-		return r.fail(deviceStatus(err), err)
+		return r.Fail(layer.DeviceStatus(err), err)
 	}
 	rec.Correctness = c
 	if !c.Passed { // the check's step is what the dump holds
@@ -1392,87 +243,87 @@ func (r *devRun) check() (*results.Record, error) {
 
 // newMeasured is the timed steps' samples, empty, with the clock, the
 // timing model and the memory method they are read by.
-func (r *devRun) newMeasured() measured {
+func (r *devRun) newMeasured() layer.Measured {
 	cfg, dl, d := r.cfg, r.dl, r.d
 	excluded := "cuBLASLt workspaces and the CUDA context"
 	if cfg.Impl == dispatchers.ImplLibrary {
 		excluded = "cuBLASLt workspaces, the CUDA context and the library's own buffers (NCCL's, NCCL EP's)"
 	}
-	m := measured{samples: map[string][][]float64{}, step: make([][]float64, cfg.EP),
-		clock: "CUDA events on each rank's stream (" + r.devs[0].Name() + ")",
-		model: "each phase's sample is its slowest rank's event-timed duration; a rank's step runs from a start event every rank waits for (one per GPU, each after GPU 0's) to the rank's last event, the step sample is the slowest rank's. " +
+	m := layer.Measured{Samples: map[string][][]float64{}, Step: make([][]float64, cfg.EP),
+		Clock: "CUDA events on each rank's stream (" + r.devs[0].Name() + ")",
+		Model: "each phase's sample is its slowest rank's event-timed duration; a rank's step runs from a start event every rank waits for (one per GPU, each after GPU 0's) to the rank's last event, the step sample is the slowest rank's. " +
 			"Ranks run concurrently, so phases overlap and do not add up to the step. Each GPU's ranks are issued from the GPU's own thread, the GPUs at once, every GPU finishing a phase's calls before any starts the next. Each phase is timed from its own first GPU operation: a dispatcher's host wait before a phase (alltoall's count exchange) is outside every phase and reported as host_wait_ms; the step's time, from the common start, holds it",
-		mem: &results.Memory{Method: "device buffers, accounted: the bytes moebench allocated for the rank (layer and dispatcher buffers, its share of the router and shared-expert weights), excluding " + excluded}}
-	if dl.train {
-		m.forward = dl.forward
-		m.model += "; fwd and bwd are the sums of their passes' phases (slowest rank each), the step runs from the common start to the backward's last event"
+		Mem: &results.Memory{Method: "device buffers, accounted: the bytes moebench allocated for the rank (layer and dispatcher buffers, its share of the router and shared-expert weights), excluding " + excluded}}
+	if dl.Train {
+		m.Forward = dl.Forward
+		m.Model += "; fwd and bwd are the sums of their passes' phases (slowest rank each), the step runs from the common start to the backward's last event"
 	}
-	for _, ph := range dl.steps() {
-		m.phases = append(m.phases, ph.Name)
+	for _, ph := range dl.Steps() {
+		m.Phases = append(m.Phases, ph.Name)
 		if g := d.Capabilities().Grouped; g != nil && g(ph.Name) {
-			m.model += fmt.Sprintf(". %s is issued once per GPU by the GPU's last rank's call: each rank's %s time runs from before its GPU's first rank's call to after the last's", ph.Name, ph.Name)
+			m.Model += fmt.Sprintf(". %s is issued once per GPU by the GPU's last rank's call: each rank's %s time runs from before its GPU's first rank's call to after the last's", ph.Name, ph.Name)
 		}
 	}
-	m.samples = m.newSamples(cfg.EP)
+	m.Samples = m.NewSamples(cfg.EP)
 	return m
 }
 
 // timeSteps runs the paused steps (a dispatcher that rebalances) and the
 // timed ones into m; cfg.Iters becomes the steps done.
-func (r *devRun) timeSteps(m *measured) (*results.Record, error) {
+func (r *devRun) timeSteps(m *layer.Measured) (*results.Record, error) {
 	rb := r.d.Capabilities().Rebalance
-	r.prog.stepping(0) // the phases run on the devices at once: counted by step
-	pausedEnd, end := r.cfg.deadlines(rb != nil)
+	r.prog.Stepping(0) // the phases run on the devices at once: counted by step
+	pausedEnd, end := r.cfg.Deadlines(rb != nil)
 	if rb != nil { // the paused steps (see measured.paused)
-		if err := r.pausedSteps(m, rb, pausedEnd); IsInterrupted(err) {
+		if err := r.pausedSteps(m, rb, pausedEnd); setup.IsInterrupted(err) {
 			return interruptedRecord(r.rec, err)
 		} else if err != nil {
-			return r.fail(deviceStatus(err), err)
+			return r.Fail(layer.DeviceStatus(err), err)
 		}
 	}
 	done, err := r.timedSteps(m, rb, end)
 	var stopped string // why the timed steps stopped early
-	if IsInterrupted(err) && done > 0 {
+	if setup.IsInterrupted(err) && done > 0 {
 		stopped, err = interruptedSteps(r.rec, err, done, r.cfg.Iters), nil
 	}
 	if err != nil {
-		r.tm.finish()
-		if IsInterrupted(err) {
+		r.tm.Finish()
+		if setup.IsInterrupted(err) {
 			return interruptedRecord(r.rec, err)
 		}
-		return r.fail(deviceStatus(err), err)
+		return r.Fail(layer.DeviceStatus(err), err)
 	}
-	r.cfg.Iters, m.stopped = done, r.cfg.stopped(done)
+	r.cfg.Iters, m.Stopped = done, r.cfg.Stopped(done)
 	if stopped != "" {
-		m.stopped = stopped
+		m.Stopped = stopped
 	}
 	return nil, nil
 }
 
 // pausedSteps runs the steps with phase 2 paused: the straggler before
 // rebalancing (measured.paused).
-func (r *devRun) pausedSteps(m *measured, rb *dispatchers.Rebalance, deadline time.Time) error {
+func (r *devRun) pausedSteps(m *layer.Measured, rb *dispatchers.Rebalance, deadline time.Time) error {
 	cfg, dl := r.cfg, r.dl
-	r.prog.set("steps with phase 2 paused (the straggler before rebalancing)")
-	m.paused = m.newSamples(cfg.EP)
+	r.prog.Set("steps with phase 2 paused (the straggler before rebalancing)")
+	m.Paused = m.NewSamples(cfg.EP)
 	steps := make([][]float64, cfg.EP) // not kept
 	rb.Pause(true)
-	if _, err := iterate(cfg.Warmup, cfg.Iters, deadline, func(i int) error {
-		if err := dl.beforeStep(r.env.Interrupt, "the paused ", i, cfg); err != nil {
+	if _, err := setup.Iterate(cfg.Warmup, cfg.Iters, deadline, func(i int) error {
+		if err := dl.BeforeStep(r.env.Interrupt, "the paused ", i, cfg); err != nil {
 			return err
 		}
-		if err := dl.setRouting(cfg.Warmup + i + 1); err != nil { // the same routing as the timed step i
+		if err := dl.SetRouting(cfg.Warmup + i + 1); err != nil { // the same routing as the timed step i
 			return err
 		}
-		if err := dl.step(); err != nil {
+		if err := dl.Step(); err != nil {
 			return err
 		}
 		rb.Stats() // every synchronized step: its GEMM rate for the scheduler
-		r.prog.stepDone()
+		r.prog.StepDone()
 		if i < 0 {
 			return nil
 		}
-		return dl.times(m.paused, steps)
+		return dl.Times(m.Paused, steps)
 	}); err != nil {
 		return err
 	}
@@ -1482,28 +333,28 @@ func (r *devRun) pausedSteps(m *measured, rb *dispatchers.Rebalance, deadline ti
 
 // timedSteps runs the warm-up and the timed steps into m (rb: nil, or the
 // dispatcher's rebalancing), the telemetry from the first timed step on.
-func (r *devRun) timedSteps(m *measured, rb *dispatchers.Rebalance, deadline time.Time) (int, error) {
+func (r *devRun) timedSteps(m *layer.Measured, rb *dispatchers.Rebalance, deadline time.Time) (int, error) {
 	cfg, dl := r.cfg, r.dl
-	return iterate(cfg.Warmup, cfg.Iters, deadline, func(i int) error {
-		if err := dl.beforeStep(r.env.Interrupt, "", i, cfg); err != nil {
+	return setup.Iterate(cfg.Warmup, cfg.Iters, deadline, func(i int) error {
+		if err := dl.BeforeStep(r.env.Interrupt, "", i, cfg); err != nil {
 			return err
 		}
 		if i == 0 {
-			tuneGEMMs(r.devs, false)
+			layer.TuneGEMMs(r.devs, false)
 			var why string
-			if r.tm, why = startTelemetry(gpuBusID(r.devs[0])); r.tm == nil {
+			if r.tm, why = layer.StartTelemetry(layer.GPUBusID(r.devs[0])); r.tm == nil {
 				r.rec.SMs.Measured = "not measured: " + why
 			}
 		}
-		r.prog.set(stepStage(i, cfg))
-		err := dl.setRouting(cfg.Warmup + i + 1)
+		r.prog.Set(setup.StepStage(i, cfg))
+		err := dl.SetRouting(cfg.Warmup + i + 1)
 		if err == nil {
-			err = dl.step()
+			err = dl.Step()
 		}
 		if err != nil {
 			return err
 		}
-		r.prog.stepDone()
+		r.prog.StepDone()
 		var rs dispatchers.RebalanceStats
 		if rb != nil { // every synchronized step: its rates for the scheduler
 			rs = rb.Stats()
@@ -1511,22 +362,22 @@ func (r *devRun) timedSteps(m *measured, rb *dispatchers.Rebalance, deadline tim
 		if i < 0 {
 			return nil
 		}
-		if err := dl.times(m.samples, m.step); err != nil {
+		if err := dl.Times(m.Samples, m.Step); err != nil {
 			return err
 		}
-		m.issue = append(m.issue, dl.issueMS)
-		dl.hostCalls(m)
+		m.Issue = append(m.Issue, dl.IssueMS)
+		dl.HostCalls(m)
 		if r.d.Capabilities().HostWait != nil {
-			m.hostWait = append(m.hostWait, dl.waitMS)
+			m.HostWait = append(m.HostWait, dl.WaitMS)
 		}
 		if rb != nil {
-			m.rebalance = append(m.rebalance, rs)
+			m.Rebalance = append(m.Rebalance, rs)
 		}
 		var rows []int
-		for _, rk := range dl.ranks {
+		for _, rk := range dl.Ranks {
 			rows = append(rows, rk.Rows())
 		}
-		m.recvSteps = append(m.recvSteps, rows)
+		m.RecvSteps = append(m.RecvSteps, rows)
 		return nil
 	})
 }
@@ -1534,43 +385,43 @@ func (r *devRun) timedSteps(m *measured, rb *dispatchers.Rebalance, deadline tim
 // collect adds to m what the steps leave: the traffic, the rows received,
 // the memory, every process's ranks (to rank 0's record), the telemetry
 // and the copy probe.
-func (r *devRun) collect(m *measured) error {
+func (r *devRun) collect(m *layer.Measured) error {
 	dl, rec, dev := r.dl, r.rec, r.devs[0]
-	m.traffic = r.d.Traffic() // after the steps: it counts the last one
-	m.buffers = buffers(r.d.Capabilities(), r.cfg.EP)
-	for rk, x := range dl.ranks {
-		m.recv = append(m.recv, x.Rows())
+	m.Traffic = r.d.Traffic() // after the steps: it counts the last one
+	m.Buffers = buffers(r.d.Capabilities(), r.cfg.EP)
+	for rk, x := range dl.Ranks {
+		m.Recv = append(m.Recv, x.Rows())
 		var b int64
-		if dl.local(rk) {
-			b = dl.footprint(rk)
+		if dl.Local(rk) {
+			b = dl.Footprint(rk)
 		}
-		m.mem.PerRankBytes = append(m.mem.PerRankBytes, b)
+		m.Mem.PerRankBytes = append(m.Mem.PerRankBytes, b)
 	}
 	if r.ds != nil { // every process's ranks, for rank 0's record
-		mine := dl.mine(m, rec.Stack)
+		mine := dl.Mine(m, rec.Stack)
 		var err error
-		if mine.Pairs, err = dl.pairs(); err != nil {
+		if mine.Pairs, err = dl.Pairs(); err != nil {
 			return err
 		}
-		parts, err := dl.gatherParts(mine)
+		parts, err := dl.GatherParts(mine)
 		if err != nil {
 			return err
 		}
-		dl.merge(m, parts, rec)
+		dl.Merge(m, parts, rec)
 	}
 	if r.tm != nil {
-		rec.Telemetry, rec.SMs.Measured = r.tm.finish()
+		rec.Telemetry, rec.SMs.Measured = r.tm.Finish()
 		if len(r.devs) > 1 {
 			rec.Telemetry.GPU += fmt.Sprintf("; that is rank 0's GPU: the clocks, power and GPM of the other %d GPUs are not sampled", len(r.devs)-1)
 		}
 	}
-	m.phase2SMs = "not measured: the " + dev.Name() + " device has no copy engines"
+	m.Phase2SMs = "not measured: the " + dev.Name() + " device has no copy engines"
 	if len(r.devs) > 1 {
-		m.phase2SMs = "not measured: the copy probe covers copies within one GPU, and this run's ranks are on " + fmt.Sprint(len(r.devs)) + " GPUs"
+		m.Phase2SMs = "not measured: the copy probe covers copies within one GPU, and this run's ranks are on " + fmt.Sprint(len(r.devs)) + " GPUs"
 	} else if r.d.Capabilities().Rebalance != nil && dev.Name() == "cuda" {
 		var err error
-		if m.phase2SMs, err = probeCopies(dev, r.cfg.Seed); err != nil {
-			m.phase2SMs = "not measured: the copy probe failed: " + err.Error()
+		if m.Phase2SMs, err = layer.ProbeCopies(dev, r.cfg.Seed); err != nil {
+			m.Phase2SMs = "not measured: the copy probe failed: " + err.Error()
 		}
 	}
 	return nil
@@ -1581,144 +432,18 @@ func (r *devRun) collect(m *measured) error {
 func (r *devRun) describeGEMM(method string) {
 	rec, cfg := r.rec, r.cfg
 	rec.GEMM.Method = method
-	if cfg.isFP8() { // the FP8 GEMMs, or bf16 ones on the rows dequant_fp8_rows wrote (fp8dev.go)
-		path, why := fp8GEMMPath(r.devs, cfg)
-		rec.GEMM.Method = ExpertPathFP8 + "; " + method
+	if cfg.IsFP8() { // the FP8 GEMMs, or bf16 ones on the rows dequant_fp8_rows wrote (fp8dev.go)
+		path, why := layer.FP8GEMMPath(r.devs, cfg)
+		rec.GEMM.Method = layer.ExpertPathFP8 + "; " + method
 		if path == kernels.FP8GEMMBlock {
-			rec.GEMM.Method = ExpertPathFP8Dev + "; " + method
+			rec.GEMM.Method = layer.ExpertPathFP8Dev + "; " + method
 		}
 		rec.GEMM.FP8Path, rec.GEMM.FP8PathReason = string(path), why
 	}
 	if g, ok := r.devs[0].(*device.CUDA); ok {
 		rec.GEMM.Method += "; " + g.GEMMAlgorithms()
 	}
-	if r.dl.attn != nil { // attention.go
-		rec.GEMM.Method += "; " + r.dl.attn.describe(cfg)
+	if r.dl.Attn != nil { // attention.go
+		rec.GEMM.Method += "; " + r.dl.Attn.Describe(cfg)
 	}
-}
-
-// tuneGEMMs lets the GPUs among devs time each new GEMM shape's cuBLASLt
-// algorithms (device.CUDA.TuneGEMMs), or stops them: a timing waits for
-// the stream, which no timed step may do.
-func tuneGEMMs(devs []device.Device, on bool) {
-	for _, d := range devs {
-		if g, ok := d.(*device.CUDA); ok {
-			g.TuneGEMMs = on
-		}
-	}
-}
-
-// OpenDevices opens the devices of a cuda run (env.OpenDevices, else
-// device.OpenGPUs): n of them, or when n is 0 every GPU up to most; in a
-// run over several processes (ds) the GPUs of this process's ranks.
-func OpenDevices(env Env, n, most int, ds *dist) ([]device.Device, error) {
-	first := 0
-	if ds != nil {
-		n, first = ds.per, ds.firstGPU
-	}
-	if env.OpenDevices != nil && ds == nil {
-		return env.OpenDevices(n, most)
-	}
-	gs, err := device.OpenGPUsFrom(first, n, most, "")
-	devs := make([]device.Device, len(gs))
-	for i, g := range gs {
-		devs[i] = g
-	}
-	return devs, err
-}
-
-// HostHeldNote is what a host run records for the SMs held: the host
-// device runs no blocks, so the budget is recorded as asked (or the
-// design's default) and no SMs are held.
-const HostHeldNote = "n/a: the host device runs no thread blocks; the budget is recorded as asked (or the design's default)"
-
-// fitSMs fits --sms to the GPUs of a device run of an SM-driven design's
-// native kernels: a block holds one SM (kernels' LaunchResident) and all
-// of a GPU's ranks' blocks are resident at once, so a rank's budget is at
-// most the GPU's SMs ÷ its ranks (dispatchers.SMBudget.Fit), and --sms 0
-// is the smaller of the design's default and that. It returns the budget
-// each rank runs with and the record's note on what the ranks hold (""
-// when --sms does not concern the run), or the *UnavailableError naming
-// --sms, its value, the SMs and the ranks.
-func fitSMs(cfg Config, devs []device.Device, ds *dist) (budget int, held string, err error) {
-	b, ok := dispatchers.SMBudgetOf(cfg.Dispatcher, cfg.Impl)
-	if !ok || cfg.Impl != dispatchers.ImplNative || len(devs) == 0 {
-		return 0, "", nil
-	}
-	ranks := cfg.EP
-	if ds != nil {
-		ranks = ds.per
-	}
-	perGPU := make([]int, len(devs))
-	for _, g := range rankDevices(ranks, len(devs)) {
-		perGPU[g]++
-	}
-	most, sms := slices.Max(perGPU), devs[0].SMCount()
-	for _, d := range devs {
-		sms = min(sms, d.SMCount())
-	}
-	if budget, err = b.Fit(cfg.SMs, sms, most); err != nil {
-		return 0, "", &dispatchers.UnavailableError{Name: cfg.Dispatcher, Impl: cfg.Impl, Reason: err.Error()}
-	}
-	held = fmt.Sprintf("each rank holds %d SMs (one block per SM)", budget)
-	if most > 1 {
-		held += fmt.Sprintf("; %d ranks packed on a GPU hold %d of its %d SMs", most, most*budget, sms)
-	} else {
-		held += fmt.Sprintf(" of its GPU's %d", sms)
-	}
-	if cfg.SMs == 0 {
-		held += fmt.Sprintf("; --sms 0: the smaller of the design's default (%d) and the %d that fit", b.Default, b.PerGPU(sms, most))
-	}
-	return budget, held, nil
-}
-
-// closeDevices closes the devices a run opened.
-func closeDevices(devs []device.Device) {
-	for _, d := range devs {
-		d.Close()
-	}
-}
-
-// ranksNote says where a device run's ranks are and how data moves between
-// them: through the library via names, else with copies.
-func ranksNote(ep int, devs []device.Device, via string) string {
-	var note string
-	switch {
-	case len(devs) == 1 && via != "":
-		return fmt.Sprintf("%d EP rank(s) on GPU 0; data moves between ranks through %s", ep, via)
-	case len(devs) == 1:
-		return fmt.Sprintf("all %d EP ranks on GPU 0, one stream each; data moves between ranks with device-to-device copies", ep)
-	case via != "":
-		note = fmt.Sprintf("%d EP ranks on %d GPUs (rank r on GPU r·%d/%d), one stream each; data moves between ranks through %s", ep, len(devs), len(devs), ep, via)
-	default:
-		note = fmt.Sprintf("%d EP ranks on %d GPUs (rank r on GPU r·%d/%d), one stream each; data moves between GPUs with peer copies", ep, len(devs), len(devs), ep)
-		if ep > len(devs) {
-			note += ", between ranks of one GPU with device-to-device copies"
-		}
-	}
-	var gaps []string
-	for a, da := range devs {
-		for b, db := range devs {
-			if a != b && !da.Reaches(db) {
-				gaps = append(gaps, fmt.Sprintf("%d→%d", a, b))
-			}
-		}
-	}
-	if gaps != nil {
-		note += "; no peer access " + strings.Join(gaps, ", ")
-		if via == "" {
-			note += ": those copies go through host memory"
-		}
-	}
-	return note
-}
-
-// deviceStatus classifies a device error: running out of device memory is
-// an environment limitation (unavailable); anything else a failure.
-func deviceStatus(err error) string {
-	var ce *cuda.Error
-	if errors.As(err, &ce) && ce.Name == "CUDA_ERROR_OUT_OF_MEMORY" {
-		return results.StatusUnavailable
-	}
-	return results.StatusFailed
 }

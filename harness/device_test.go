@@ -2,7 +2,6 @@ package harness
 
 import (
 	"bytes"
-	"errors"
 	"fmt"
 	"math"
 	"os"
@@ -16,71 +15,29 @@ import (
 	"github.com/moebench/moebench/balance"
 	"github.com/moebench/moebench/dispatchers"
 	"github.com/moebench/moebench/dispatchers/feplb"
-	"github.com/moebench/moebench/internal/cuda"
-	"github.com/moebench/moebench/internal/hostsim"
+	"github.com/moebench/moebench/harness/check"
+	"github.com/moebench/moebench/harness/internal/harnesstest"
+	"github.com/moebench/moebench/harness/layer"
+	"github.com/moebench/moebench/harness/setup"
 	"github.com/moebench/moebench/kernels"
 	"github.com/moebench/moebench/kernels/device"
 	"github.com/moebench/moebench/results"
 )
 
-// The device pipeline on device.Emu: the same bookkeeping the GPU runs
-// (buffers, offsets, copies between ranks, chunk sorts, rounding points),
-// executed by the host functions. It must give the host layer's output bit
-// for bit, pass the check, and fail it when a copy goes wrong. This proves
-// nothing about the CUDA kernels themselves (kernels/comm/cuda_test.go does,
-// on a GPU).
-
-func deviceCases() map[string]Config {
-	base := small()
-	base.Device = "cuda"
-	sig := base
-	sig.Score, sig.Groups, sig.GroupTopK, sig.TopKScale, sig.SharedExperts = "sigmoid", 4, 2, 2.5, 1
-	sig.Routing = Routing{Kind: RoutingSkewed, Alpha: 1.2}
-	one := base
-	one.EP, one.SharedExperts = 1, 0
-	bal := base
-	bal.Routing, bal.EP = Routing{Kind: RoutingBalanced}, 8
-	pre := base
-	pre.TopK, pre.PreSoftmax = 1, true
-	return map[string]Config{"softmax-natural": base, "sigmoid-groups-skewed-shared": sig, "ep1": one, "balanced-ep8": bal, "pre-softmax-top1": pre}
-}
-
-// emus opens k Emus as a run's devices, or fewer when the run wants fewer.
-func emus(k int) func(n, most int) ([]device.Device, error) {
-	return func(n, most int) ([]device.Device, error) {
-		if n == 0 {
-			n = min(k, most)
-		}
-		if n > k {
-			return nil, fmt.Errorf("%d devices wanted, %d emulated", n, k)
-		}
-		devs := make([]device.Device, n)
-		for i := range devs {
-			devs[i] = &device.Emu{}
-		}
-		return devs, nil
-	}
-}
-
-// one opens dev as a run's only device.
-func one(dev device.Device) func(n, most int) ([]device.Device, error) {
-	return func(int, int) ([]device.Device, error) { return []device.Device{dev}, nil }
-}
-
 // deviceRun builds c's device layer with its ranks spread over devs.
-func deviceRun(t testing.TB, c Config, devs ...device.Device) *deviceLayer {
+func deviceRun(t testing.TB, c setup.Config, devs ...device.Device) *layer.DeviceLayer {
 	t.Helper()
-	l, err := newLayer(c, false)
+	l, err := layer.MakeLayer(c, false)
 	if err != nil {
 		t.Fatal(err)
 	}
-	d, err := dispatchers.NewDevice(c.Dispatcher, c.Impl, c.dispatcherEnv())
+	d, err := dispatchers.NewDevice(c.Dispatcher, c.Impl, c.DispatcherEnv())
 	if err != nil {
 		t.Fatal(err)
 	}
 	th := device.NewThreads(devs)
 	t.Cleanup(th.Close)
-	dl, err := newDeviceLayer(l, devs, th, d, nil)
+	dl, err := layer.NewDeviceLayer(l, devs, th, d, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -88,15 +45,15 @@ func deviceRun(t testing.TB, c Config, devs ...device.Device) *deviceLayer {
 }
 
 func TestDeviceLayerEqualsHostLayer(t *testing.T) {
-	for name, c := range deviceCases() {
+	for name, c := range harnesstest.DeviceCases() {
 		t.Run(name, func(t *testing.T) { equalsHost(t, c, 1) })
 		if c.EP > 1 { // ranks on 3 devices: unequal blocks, copies between devices and within one
 			t.Run(name+"-3devices", func(t *testing.T) { equalsHost(t, c, 3) })
 		}
 	}
 	for name, body := range map[string]string{"trace": "0 5 9 2\n3 1 7 15\n", "trace-probs": "0:0.4 5:0.3 9:0.2 2:0.1\n3:0.5 1:0.25 7:0.125 15:0.125\n"} {
-		c := deviceCases()["softmax-natural"]
-		c.Routing = Routing{Kind: RoutingTrace, File: writeTrace(t, body)}
+		c := harnesstest.DeviceCases()["softmax-natural"]
+		c.Routing = setup.Routing{Kind: setup.RoutingTrace, File: harnesstest.WriteTrace(t, body)}
 		t.Run(name, func(t *testing.T) { equalsHost(t, c, 1) })
 	}
 }
@@ -104,9 +61,9 @@ func TestDeviceLayerEqualsHostLayer(t *testing.T) {
 // equalsHost runs c with its ranks on n Emus twice (the second time with
 // the expert GEMMs over 3 extra streams) and compares outputs, routing, rows
 // and traffic with the host layer's (the same dispatcher's host design).
-func equalsHost(t *testing.T, c Config, n int) {
+func equalsHost(t *testing.T, c setup.Config, n int) {
 	t.Helper()
-	devs, _ := emus(n)(n, c.EP)
+	devs, _ := harnesstest.Emus(n)(n, c.EP)
 	equalsHostOn(t, c, devs...)
 }
 
@@ -114,19 +71,19 @@ func equalsHost(t *testing.T, c Config, n int) {
 // the cuda device's expert GEMM path, so that the two compare bit for bit:
 // its own FP8 GEMM path where the device runs the FP8 GEMMs, else the bf16
 // GEMMs on dequantized rows (hostRunsDevicePath).
-func equalsHostOn(t *testing.T, c Config, devs ...device.Device) {
+func equalsHostOn(t *testing.T, c setup.Config, devs ...device.Device) {
 	t.Helper()
-	if path, _ := fp8GEMMPath(devs, c); c.isFP8() && path == kernels.FP8GEMMDequant {
+	if path, _ := layer.FP8GEMMPath(devs, c); c.IsFP8() && path == kernels.FP8GEMMDequant {
 		hostRunsDevicePath(t)
 	}
 	dl := deviceRun(t, c, devs...)
 	for i := range 2 { // the second step reuses every buffer
 		if i == 1 {
-			for r, rk := range dl.ranks {
-				dl.rr[r].grouped, _ = device.NewGrouped(rk.Dev, 3)
+			for r, rk := range dl.Ranks {
+				dl.RankBufs[r].Grouped, _ = device.NewGrouped(rk.Dev, 3)
 			}
 		}
-		cr, err := checkDevice(dl)
+		cr, err := check.CheckDevice(dl)
 		if err != nil || !cr.Passed {
 			t.Fatalf("check: %v, %+v", err, cr)
 		}
@@ -136,17 +93,17 @@ func equalsHostOn(t *testing.T, c Config, devs ...device.Device) {
 		host = c.FeplbBase
 	}
 	hc := c
-	hc.ForwardOnly = !dl.train // the host's traffic counts the backward's bytes when the device's does
+	hc.ForwardOnly = !dl.Train // the host's traffic counts the backward's bytes when the device's does
 	hl, d := hostStep(t, hc, host)
 	for r := range hl.Ranks {
-		if !reflect.DeepEqual(hl.Ranks[r].Y, dl.l.Ranks[r].Y) {
+		if !reflect.DeepEqual(hl.Ranks[r].Y, dl.Layer.Ranks[r].Y) {
 			t.Fatalf("rank %d: device output differs from the host layer's", r)
 		}
-		if !reflect.DeepEqual(hl.Ranks[r].Idx, dl.l.Ranks[r].Idx) {
+		if !reflect.DeepEqual(hl.Ranks[r].Idx, dl.Layer.Ranks[r].Idx) {
 			t.Fatalf("rank %d: device routing differs from the host layer's", r)
 		}
 	}
-	for r, rk := range dl.ranks {
+	for r, rk := range dl.Ranks {
 		host := 0
 		for _, sg := range hl.Ranks[r].Segments {
 			host += sg.Len
@@ -155,7 +112,7 @@ func equalsHostOn(t *testing.T, c Config, devs ...device.Device) {
 			t.Errorf("rank %d computes %d rows on the device, %d on the host", r, rk.Rows(), host)
 		}
 	}
-	got, want := dl.d.Traffic(), d.Traffic()
+	got, want := dl.Dispatcher.Traffic(), d.Traffic()
 	got.Formula, _, _ = strings.Cut(got.Formula, "; moved by ")                   // what moved it: the device's own
 	got.Formula, _, _ = strings.Cut(got.Formula, "; inter-domain path moved by ") // (hybridep's)
 	if got != want {
@@ -166,15 +123,15 @@ func equalsHostOn(t *testing.T, c Config, devs ...device.Device) {
 // hostStep runs one step of c on the host device with dispatcher name's
 // host implementation: the forward, then the backward unless c is
 // forward-only.
-func hostStep(t *testing.T, c Config, name string) (*Layer, dispatchers.Dispatcher) {
+func hostStep(t *testing.T, c setup.Config, name string) (*layer.Layer, dispatchers.Dispatcher) {
 	t.Helper()
 	hc := c
 	hc.Device, hc.Dispatcher = "host", name
-	hl, err := NewLayer(hc)
+	hl, err := layer.NewLayer(hc)
 	if err != nil {
 		t.Fatal(err)
 	}
-	d, err := dispatchers.New(name, "native", hc.dispatcherEnv())
+	d, err := dispatchers.New(name, "native", hc.DispatcherEnv())
 	if err == nil {
 		err = d.Bind(hl.Shape, hl.Ranks)
 	}
@@ -187,65 +144,19 @@ func hostStep(t *testing.T, c Config, name string) (*Layer, dispatchers.Dispatch
 	return hl, d
 }
 
-// dropCopy is Emu with one device-to-device copy lost, or, with garble,
-// delivering all-ones bytes (NaN in bf16 and fp32) instead of its source.
-type dropCopy struct {
-	device.Emu
-	n, drop int
-	garble  bool
-}
-
-func (d *dropCopy) CopyPeer(op device.CopyOp, s device.Stream) error {
-	d.n++
-	if d.n == d.drop {
-		if d.garble {
-			return d.Fill16(op.Dst, 0xffff, op.Bytes/2, s)
-		}
-		return nil
-	}
-	return d.Emu.CopyPeer(op, s)
-}
-
-// Copy and CopyBatch lose copies the way CopyPeer does.
-func (d *dropCopy) Copy(dst, src device.Addr, bytes int64, s device.Stream) error {
-	return d.CopyPeer(device.CopyOp{Dst: dst, Src: src, Bytes: bytes}, s)
-}
-
-func (d *dropCopy) CopyBatch(ops []device.CopyOp, s device.Stream) error {
-	for _, o := range ops {
-		if err := d.CopyPeer(o, s); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// feplbCase is a skewed layer whose FEPLB plan moves work inside 2-rank
-// domains. The device plans with the H100 roofline, under which a chunk's
-// copy hides behind the helper's static experts only when a token costs
-// less to copy than to compute (ffn above about 870) and the weights copy
-// is short next to the static experts' weight reads: narrow rows, a wide
-// ffn and 16 experts per rank (cheap on Emu).
-func feplbCase() Config {
-	c := deviceCases()["softmax-natural"]
-	c.Dispatcher, c.Routing, c.EP, c.Domain = "feplb", Routing{Kind: RoutingSkewed, Alpha: 1.2}, 4, 2
-	c.Experts, c.TopK, c.Tokens, c.Hidden, c.FFN = 64, 4, 32, 8, 1024
-	return c
-}
-
 // TestDeviceFEPLB: FEPLB on the device pipeline (Emu) gives the host layer's
 // output without FEPLB bit for bit, after moving work; a lost phase-2 copy
 // fails the check.
 func TestDeviceFEPLB(t *testing.T) {
-	c := feplbCase()
+	c := harnesstest.FEPLBCase()
 	equalsHost(t, c, 1)  // training steps: the backward's phase 2 too
 	equalsHost(t, c, 4)  // one device per rank: every phase-2 copy goes between devices
 	c.ForwardOnly = true // from here on the forward's phase 2 is the subject
 	dl := deviceRun(t, c, &device.Emu{})
-	if cr, err := checkDevice(dl); err != nil || !cr.Passed {
+	if cr, err := check.CheckDevice(dl); err != nil || !cr.Passed {
 		t.Fatalf("check: %v, %+v", err, cr)
 	}
-	rb := dl.d.Capabilities().Rebalance.Stats()
+	rb := dl.Dispatcher.Capabilities().Rebalance.Stats()
 	before, after := slices.Max(rb.TokensBefore)-slices.Min(rb.TokensBefore), slices.Max(rb.TokensAfter)-slices.Min(rb.TokensAfter)
 	if rb.Moves == 0 || after >= before || rb.CopyBytes == 0 || rb.CopyMethod == "" {
 		t.Fatalf("rebalance %+v", rb)
@@ -256,64 +167,42 @@ func TestDeviceFEPLB(t *testing.T) {
 		t.Errorf("exposed %v s (%s): want the helpers' wait for their copies", rb.Exposed, rb.ExposedNote)
 	}
 	// paused, phase 2 moves nothing and the output is still right
-	dl.d.Capabilities().Rebalance.Pause(true)
-	if cr, err := checkDevice(dl); err != nil || !cr.Passed {
+	dl.Dispatcher.Capabilities().Rebalance.Pause(true)
+	if cr, err := check.CheckDevice(dl); err != nil || !cr.Passed {
 		t.Fatalf("paused check: %v, %+v", err, cr)
 	}
-	if p := dl.d.Capabilities().Rebalance.Stats(); p.Moves != 0 || !slices.Equal(p.TokensAfter, p.TokensBefore) || !math.IsNaN(p.Exposed) {
+	if p := dl.Dispatcher.Capabilities().Rebalance.Stats(); p.Moves != 0 || !slices.Equal(p.TokensAfter, p.TokensBefore) || !math.IsNaN(p.Exposed) {
 		t.Fatalf("paused rebalance %+v", p)
 	}
 	// a step ends with the incoming chunks (4 copies each: rows,
 	// probabilities, fc1, fc2), then per rank its outputs pulled back (one
 	// per chunk; rank 0 gives work away) and the base combine's (one per
 	// rank): garble each of the first chunk's and rank 0's first pull-back
-	probe := &dropCopy{}
+	probe := &harnesstest.DropCopy{}
 	dl = deviceRun(t, c, probe)
-	probe.n = 0
-	if _, err := checkDevice(dl); err != nil {
+	probe.N = 0
+	if _, err := check.CheckDevice(dl); err != nil {
 		t.Fatal(err)
 	}
 	if rb.TokensAfter[0] >= rb.TokensBefore[0] {
 		t.Fatalf("rank 0 gave no work away: %+v", rb)
 	}
-	copies := probe.n
+	copies := probe.N
 	in := copies - c.EP*c.EP - 5*rb.Moves + 1
 	for _, drop := range []int{in, in + 1, in + 2, in + 3, in + 4*rb.Moves} {
 		// garbled, not lost: the buffers still hold the last step's rows
-		probe.n, probe.drop, probe.garble = 0, drop, true
-		if cr, err := checkDevice(dl); err == nil && cr.Passed {
+		probe.N, probe.Drop, probe.Garble = 0, drop, true
+		if cr, err := check.CheckDevice(dl); err == nil && cr.Passed {
 			t.Errorf("copy %d of %d lost, check passed", drop, copies)
 		}
 	}
-}
-
-// splitCase is feplb-split on a trace of top-1 routing where expert 0 takes
-// half the tokens and every expert one at least (so that each helper has
-// static work to hide its copies behind): its plan splits expert 0 over the
-// owner and two helpers, the only expert with enough tokens to move. It
-// returns the tokens routed to each expert too.
-func splitCase(t *testing.T) (Config, []int) {
-	c := feplbCase()
-	c.EP, c.Domain, c.Experts, c.TopK, c.Tokens, c.FeplbPolicy = 4, 4, 128, 1, 64, "feplb-split"
-	c.PreSoftmax = true // top-1 softmax routing needs it (Megatron's rule)
-	counts := slices.Repeat([]int{1}, c.Experts)
-	counts[0] += c.Tokens*c.EP - c.Experts
-	var b strings.Builder
-	for e, n := range counts {
-		b.WriteString(strings.Repeat(fmt.Sprintf("%d\n", e), n))
-	}
-	c.Routing = Routing{Kind: RoutingTrace, File: filepath.Join(t.TempDir(), "hot.txt")}
-	if err := os.WriteFile(c.Routing.File, []byte(b.String()), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	return c, counts
 }
 
 // TestDeviceFEPLBSplitsOverHelpers: a plan that splits one expert over the
 // owner and two helpers (splitCase) runs on the device pipeline with the host
 // layer's output, each rank computing what the plan says.
 func TestDeviceFEPLBSplitsOverHelpers(t *testing.T) {
-	c, counts := splitCase(t)
+	c, counts := harnesstest.SplitCase(t)
 	// the premise: the policy splits expert 0 over two helpers
 	tp := balance.Topology{Ranks: c.EP, Experts: c.Experts, Domain: c.Domain}
 	o := balance.DefaultOptions
@@ -329,30 +218,30 @@ func TestDeviceFEPLBSplitsOverHelpers(t *testing.T) {
 	equalsHost(t, c, 1)  // training steps: expert 0's weight gradients from two helpers
 	c.ForwardOnly = true // the forward's work stays the ranks' Work (a backward sets its own)
 	equalsHost(t, c, 4)
-	lg := &batchLog{}
+	lg := &harnesstest.BatchLog{}
 	dl := deviceRun(t, c, lg)
-	if cr, err := checkDevice(dl); err != nil || !cr.Passed {
+	if cr, err := check.CheckDevice(dl); err != nil || !cr.Passed {
 		t.Fatalf("check: %v, %+v", err, cr)
 	}
-	if rb := dl.d.Capabilities().Rebalance.Stats(); !slices.Equal(rb.TokensAfter, pl.Loads(c.EP)) || rb.Moves != len(pl.Moves)/2 {
+	if rb := dl.Dispatcher.Capabilities().Rebalance.Stats(); !slices.Equal(rb.TokensAfter, pl.Loads(c.EP)) || rb.Moves != len(pl.Moves)/2 {
 		t.Fatalf("rebalance %+v; plan loads %v, %d moves", rb, pl.Loads(c.EP), len(pl.Moves)/2)
 	}
 	// the order the policy's model of the way back assumes: a helper
 	// computes its chunks for others first and marks them done; the owner
 	// takes the outputs back off its own stream, so its own work overlaps
 	for _, s := range pl.Shares[0][1:] {
-		w := dl.ranks[s.Rank].Work
+		w := dl.Ranks[s.Rank].Work
 		if len(w) != 2 || w[0].Done == nil || w[0].Segments[0].FC1 == 0 || w[1].Done != nil {
 			t.Errorf("helper %d's dynamic work %+v: want its chunks for others (marked done), then its own", s.Rank, w)
 		}
 	}
-	owner := dl.ranks[0]
+	owner := dl.Ranks[0]
 	y, bytes := owner.ExpertY, device.Addr(2*owner.Rows()*c.Hidden)
 	back := 0
-	for _, b := range lg.batches {
-		if b.dst >= y && b.dst < y+bytes {
+	for _, b := range lg.Batches {
+		if b.Dst >= y && b.Dst < y+bytes {
 			back++
-			if b.s == owner.Stream {
+			if b.S == owner.Stream {
 				t.Errorf("the outputs back are copied on the owner's own stream, behind its own work")
 			}
 		}
@@ -362,31 +251,13 @@ func TestDeviceFEPLBSplitsOverHelpers(t *testing.T) {
 	}
 }
 
-// batchLog is Emu that logs each copy batch's stream and first destination.
-type batchLog struct {
-	device.Emu
-	batches []loggedBatch
-}
-
-type loggedBatch struct {
-	s   device.Stream
-	dst device.Addr
-}
-
-func (b *batchLog) CopyBatch(ops []device.CopyOp, s device.Stream) error {
-	if len(ops) > 0 {
-		b.batches = append(b.batches, loggedBatch{s, ops[0].Dst})
-	}
-	return b.Emu.CopyBatch(ops, s)
-}
-
 // TestDeviceFEPLBRunRecord: a feplb run on the device pipeline records its
 // rebalance and both expert phases; over an unavailable base it is
 // unavailable.
 func TestDeviceFEPLBRunRecord(t *testing.T) {
 	t.Setenv("MOEBENCH_NVML", "/nonexistent")
-	c := feplbCase()
-	emu := Env{Version: "test", OpenDevices: emus(1)}
+	c := harnesstest.FEPLBCase()
+	emu := setup.Env{Version: "test", OpenDevices: harnesstest.Emus(1)}
 	rec, err := Run(c, emu)
 	if err != nil || rec.Status != results.StatusOK || !rec.Correctness.Passed || rec.Rebalance == nil {
 		t.Fatalf("run: %v, %+v", err, rec)
@@ -409,13 +280,13 @@ func TestDeviceFEPLBRunRecord(t *testing.T) {
 	if wg := kernels.ExpertWGradBytes(c.Hidden, c.FFN); rb.WGradBytes < wg || rb.BackwardCopyBytes <= rb.WGradBytes || !(rb.BackwardCopyMS >= 0) {
 		t.Errorf("backward phase 2: %d bytes, %d of them weight gradients (at least %d), %v ms", rb.BackwardCopyBytes, rb.WGradBytes, wg, rb.BackwardCopyMS)
 	}
-	gemmBeforeAfter(t, rec)
+	harnesstest.GEMMBeforeAfter(t, rec)
 	// item 12: planned with the rates measured in the run, and packed ranks said so
 	if !strings.Contains(rb.Note, "rates measured in this run: expert GEMMs") || !strings.Contains(rb.Note, "copies") || !strings.Contains(rb.Note, "share one GPU") {
 		t.Errorf("note %q: want the measured rates and the ranks packed on one device", rb.Note)
 	}
 	c.ForwardOnly = true // the placement's note is the subject
-	if rec, err := Run(c, Env{Version: "test", OpenDevices: emus(4)}); err != nil || rec.Rebalance == nil || strings.Contains(rec.Rebalance.Note, "share one GPU") {
+	if rec, err := Run(c, setup.Env{Version: "test", OpenDevices: harnesstest.Emus(4)}); err != nil || rec.Rebalance == nil || strings.Contains(rec.Rebalance.Note, "share one GPU") {
 		t.Errorf("a device per rank: %v, record %+v", err, rec)
 	}
 	c.FeplbBase = "deepep"
@@ -426,22 +297,22 @@ func TestDeviceFEPLBRunRecord(t *testing.T) {
 }
 
 func TestDeviceCheckCatchesLostCopy(t *testing.T) {
-	c := deviceCases()["softmax-natural"]
+	c := harnesstest.DeviceCases()["softmax-natural"]
 	// count the copies of a step, then lose one of the dispatch's
-	probe := &dropCopy{}
+	probe := &harnesstest.DropCopy{}
 	dl := deviceRun(t, c, probe)
-	probe.n = 0
-	if cr, err := checkDevice(dl); err != nil || !cr.Passed {
+	probe.N = 0
+	if cr, err := check.CheckDevice(dl); err != nil || !cr.Passed {
 		t.Fatalf("clean run: %v %+v", err, cr)
 	}
-	copies := probe.n
+	copies := probe.N
 	for _, drop := range []int{copies / 3, copies - 1} {
-		dev := &dropCopy{}
+		dev := &harnesstest.DropCopy{}
 		dl := deviceRun(t, c, dev)
-		dev.n, dev.drop = 0, drop
+		dev.N, dev.Drop = 0, drop
 		// a lost copy fails the check, or Emu refuses the step (counts that
 		// do not add up)
-		if cr, err := checkDevice(dl); err == nil && cr.Passed {
+		if cr, err := check.CheckDevice(dl); err == nil && cr.Passed {
 			t.Errorf("copy %d of %d lost, check passed (max rel err %g)", drop, copies, cr.MaxRelErr)
 		}
 	}
@@ -449,8 +320,8 @@ func TestDeviceCheckCatchesLostCopy(t *testing.T) {
 
 func TestDeviceRunRecord(t *testing.T) {
 	t.Setenv("MOEBENCH_NVML", "/nonexistent")
-	c := deviceCases()["sigmoid-groups-skewed-shared"]
-	rec, err := Run(c, Env{Version: "test", OpenDevices: emus(1)})
+	c := harnesstest.DeviceCases()["sigmoid-groups-skewed-shared"]
+	rec, err := Run(c, setup.Env{Version: "test", OpenDevices: harnesstest.Emus(1)})
 	if err != nil || rec.Status != results.StatusOK || !rec.Correctness.Passed {
 		t.Fatalf("run: %v, %+v", err, rec)
 	}
@@ -484,13 +355,13 @@ func TestDeviceRunRecord(t *testing.T) {
 	}
 	// without the check, the traffic is still that of the timed steps
 	c.Check = false
-	rec, err = Run(c, Env{Version: "test", OpenDevices: emus(1)})
+	rec, err = Run(c, setup.Env{Version: "test", OpenDevices: harnesstest.Emus(1)})
 	if err != nil || rec.Traffic.DispatchLogical != int64(c.EP*c.Tokens*c.TopK)*int64(2*c.Hidden+4) {
 		t.Errorf("--check=false: %v, traffic %+v", err, rec.Traffic)
 	}
 	// an implementation that cannot run here is unavailable, with the reason
 	c.Dispatcher, c.Impl = "hybridep", "library"
-	rec, err = Run(c, Env{Version: "test", OpenDevices: emus(1)})
+	rec, err = Run(c, setup.Env{Version: "test", OpenDevices: harnesstest.Emus(1)})
 	if !dispatchers.IsUnavailable(err) || rec.Status != results.StatusUnavailable || rec.Timing != nil || !strings.Contains(rec.Reason, "library") {
 		t.Errorf("hybridep's library implementation on Emu: %v, %+v", err, rec)
 	}
@@ -500,22 +371,22 @@ func TestDeviceRunRecord(t *testing.T) {
 // against the float64 reference. It skips without a GPU and fails under
 // MOEBENCH_REQUIRE_GPU=1 (scripts/gpu-check.sh).
 func TestGPULayer(t *testing.T) {
-	cases := deviceCases()
-	cases["feplb"] = feplbCase()
+	cases := harnesstest.DeviceCases()
+	cases["feplb"] = harnesstest.FEPLBCase()
 	for name, c := range cases {
 		t.Run(name, func(t *testing.T) {
-			dev := openGPU(t)
+			dev := harnesstest.OpenGPU(t)
 			defer dev.Close()
 			dl := deviceRun(t, c, dev)
-			defer dl.d.Close()
+			defer dl.Dispatcher.Close()
 			for i := range 2 {
-				cr, err := checkDevice(dl)
+				cr, err := check.CheckDevice(dl)
 				if err != nil || !cr.Passed {
 					t.Fatalf("step %d: %v, %+v", i, err, cr)
 				}
 				t.Logf("step %d: max rel err %.3g, %d routing differences, %s", i, cr.MaxRelErr, cr.RoutingDiffs, cr.Sample)
 			}
-			if rb := dl.d.Capabilities().Rebalance; rb != nil {
+			if rb := dl.Dispatcher.Capabilities().Rebalance; rb != nil {
 				s := rb.Stats()
 				if s.Moves == 0 || !(s.Exposed >= 0) {
 					t.Errorf("rebalance %+v", s)
@@ -526,145 +397,32 @@ func TestGPULayer(t *testing.T) {
 	}
 }
 
-// openGPU opens GPU 0, or skips (fails under MOEBENCH_REQUIRE_GPU=1).
-func openGPU(t *testing.T) *device.CUDA {
-	t.Helper()
-	dev, err := device.OpenCUDA(0, "")
-	if err != nil {
-		if os.Getenv("MOEBENCH_REQUIRE_GPU") == "1" {
-			t.Fatalf("GPU required: %v", err)
-		}
-		t.Skipf("no GPU: %v", err)
-	}
-	return dev
-}
-
-// TestGPUCopyProbe: the copy-engine probe runs on the GPU and gives a
-// verdict with its numbers.
-func TestGPUCopyProbe(t *testing.T) {
-	dev := openGPU(t)
-	defer dev.Close()
-	v, err := probeCopies(dev, 1)
-	if err != nil || !strings.Contains(v, "by measurement") {
-		t.Fatalf("probe: %q, %v", v, err)
-	}
-	t.Log(v)
-}
-
-// TestTelemetryFindsTheRanksGPU: on a fake NVML whose GPU order differs
-// from CUDA's, telemetry reads the GPU at the ranks' PCI address (clocks,
-// power, GPM), every GPU's memory, and says which GPU it read; an unknown or
-// unmatched address falls back to NVML's GPU 0 and says so.
-func TestTelemetryFindsTheRanksGPU(t *testing.T) {
-	so, err := hostsim.BuildFake("fakenvml", t.TempDir(), "libnvidia-ml.so.1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Setenv("MOEBENCH_NVML", so)
-	read := func(bus string) (*results.Telemetry, string) {
-		tm, why := startTelemetry(bus)
-		if tm == nil {
-			t.Fatalf("startTelemetry(%q): %s", bus, why)
-		}
-		time.Sleep(gpmMinSpacing + 10*time.Millisecond) // the timed loop
-		return tm.finish()
-	}
-	tel, sms := read("0000:1b:00.0") // the fake's NVML GPU 1
-	if tel.SMClockMHz != 1980 || tel.MemClockMHz != 2619 || tel.PowerW != 500 || !tel.GPM || tel.SMUtilPct != 77 || tel.SMOccupancyPct != 38.5 ||
-		!slices.Equal(tel.MemoryUsedMax, []int64{1 << 30, 5 << 30}) || !strings.Contains(tel.GPU, "PCI 0000:1b:00.0") || len(tel.Unread) != 0 ||
-		!strings.Contains(sms, "SM utilisation 77.0%") {
-		t.Errorf("by PCI address: %+v; %s", tel, sms)
-	}
-	for _, bus := range []string{"", "0000:99:00.0"} {
-		tel, _ := read(bus)
-		if tel.SMClockMHz != 1100 || tel.SMUtilPct != 11 || !strings.Contains(tel.GPU, "NVML's GPU 0") || (bus != "") != (len(tel.Unread) == 1) {
-			t.Errorf("bus %q: %+v", bus, tel)
-		}
-	}
-	// found in a --cuda-libs folder as well
-	t.Setenv("MOEBENCH_NVML", "")
-	t.Setenv(cuda.LibDirsEnv, filepath.Dir(so))
-	if tel, _ := read("0000:1b:00.0"); tel.SMClockMHz != 1980 {
-		t.Errorf("NVML from %s: %+v", cuda.LibDirsEnv, tel)
-	}
-}
-
-// TestGPMSpacing: GPM's two samples are never taken 100 ms apart or less
-// (NVML's rule; the fake refuses metrics from closer ones): a shorter timed
-// loop says GPM was not measured, and why.
-func TestGPMSpacing(t *testing.T) {
-	so, err := hostsim.BuildFake("fakenvml", t.TempDir(), "libnvidia-ml.so.1")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Setenv("MOEBENCH_NVML", so)
-	tm, why := startTelemetry("0000:1b:00.0")
-	if tm == nil {
-		t.Fatal(why)
-	}
-	tel, sms := tm.finish()
-	if tel.GPM || tel.SMUtilPct != 0 || !strings.Contains(sms, "not measured: the timed loop took") || !strings.Contains(sms, "100ms") {
-		t.Errorf("a loop of no time: %+v; %s", tel, sms)
-	}
-}
-
-// TestGPUTelemetry: on a GPU machine NVML answers, memory in use is read and
-// GPM is either measured or its absence explained; the GPU read is CUDA's
-// device 0, found by its PCI address.
-func TestGPUTelemetry(t *testing.T) {
-	bus := ""
-	if d, err := cuda.OpenDriver(); err == nil {
-		bus, _ = d.PCIBusID(0)
-	}
-	tm, why := startTelemetry(bus)
-	if tm == nil {
-		if os.Getenv("MOEBENCH_REQUIRE_GPU") == "1" {
-			t.Fatalf("GPU required: %s", why)
-		}
-		t.Skipf("no NVML: %s", why)
-	}
-	time.Sleep(2 * gpmMinSpacing) // a timed loop GPM can measure
-	tel, sms := tm.finish()
-	if len(tel.MemoryUsedMax) == 0 || tel.MemoryUsedMax[0] <= 0 || !(tel.SMClockMHz > 0) || (!tel.GPM && len(tel.Unread) == 0) ||
-		bus == "" || !strings.Contains(tel.GPU, bus) {
-		t.Errorf("telemetry %+v", tel)
-	}
-	t.Logf("%+v; %s", tel, sms)
-}
-
 // TestDeviceSampledCheck: beyond the reference's budget the check compares a
 // seeded sample of tokens per rank, and still catches a lost copy.
 func TestDeviceSampledCheck(t *testing.T) {
-	defer func(b float64) { refFLOPBudget = b }(refFLOPBudget)
-	refFLOPBudget = 1
-	c := deviceCases()["softmax-natural"]
+	defer func(b float64) { setup.RefFLOPBudget = b }(setup.RefFLOPBudget)
+	setup.RefFLOPBudget = 1
+	c := harnesstest.DeviceCases()["softmax-natural"]
 	dl := deviceRun(t, c, &device.Emu{})
-	cr, err := checkDevice(dl)
+	cr, err := check.CheckDevice(dl)
 	if err != nil || !cr.Passed || !strings.Contains(cr.Sample, "64 of 128 tokens (16 per rank") {
 		t.Fatalf("sampled check: %v, %+v", err, cr)
 	}
-	dev := &dropCopy{}
+	dev := &harnesstest.DropCopy{}
 	dl = deviceRun(t, c, dev)
-	dev.n, dev.drop = 0, 2 // the first rank's dispatch loses a source's rows
-	if cr, err := checkDevice(dl); err != nil || cr.Passed {
+	dev.N, dev.Drop = 0, 2 // the first rank's dispatch loses a source's rows
+	if cr, err := check.CheckDevice(dl); err != nil || cr.Passed {
 		t.Errorf("lost copy with a sampled check: %v, %+v", err, cr)
 	}
-}
-
-// failGrouped is Emu whose grouped GEMM fails.
-type failGrouped struct{ device.Emu }
-
-func (*failGrouped) GroupedGEMM([]device.Group, int, int, device.Stream) error {
-	return errors.New("grouped GEMM refused")
 }
 
 // TestDeviceGroupedGEMMFailureLeftOut: a grouped GEMM that fails is left out
 // of the comparison, with the reason, and the run goes on.
 func TestDeviceGroupedGEMMFailureLeftOut(t *testing.T) {
 	t.Setenv("MOEBENCH_NVML", "/nonexistent")
-	c := deviceCases()["softmax-natural"]
+	c := harnesstest.DeviceCases()["softmax-natural"]
 	c.Iters, c.Warmup = 1, 0
-	rec, err := Run(c, Env{Version: "test", OpenDevices: one(&failGrouped{})})
+	rec, err := Run(c, setup.Env{Version: "test", OpenDevices: harnesstest.OneDevice(&harnesstest.FailGrouped{})})
 	if err != nil || rec.Status != results.StatusOK || !strings.Contains(rec.GEMM.Method, "failed: ") || strings.Contains(rec.GEMM.Method, "chosen: emulated") {
 		t.Fatalf("run: %v, method %q", err, rec.GEMM.Method)
 	}
@@ -677,7 +435,7 @@ func TestDeviceGroupedGEMMFailureLeftOut(t *testing.T) {
 // dumps.
 func TestDeviceDump(t *testing.T) {
 	t.Setenv("MOEBENCH_NVML", "/nonexistent")
-	for name, c := range map[string]Config{"sigmoid": deviceCases()["sigmoid-groups-skewed-shared"], "feplb": feplbCase()} {
+	for name, c := range map[string]setup.Config{"sigmoid": harnesstest.DeviceCases()["sigmoid-groups-skewed-shared"], "feplb": harnesstest.FEPLBCase()} {
 		t.Run(name, func(t *testing.T) {
 			read := func(dir string) map[string][]byte {
 				ents, err := os.ReadDir(dir)
@@ -695,11 +453,11 @@ func TestDeviceDump(t *testing.T) {
 			host, dev := filepath.Join(t.TempDir(), "host"), filepath.Join(t.TempDir(), "dev")
 			c.Iters, c.Warmup = 1, 0 // the dump is the last step's
 			hc := c
-			hc.Device, hc.ForwardOnly = "host", ForwardOnlyReason(c) != "" // the same pass as the device's
-			if _, err := Run(hc, Env{Version: "test", Dump: host}); err != nil {
+			hc.Device, hc.ForwardOnly = "host", setup.ForwardOnlyReason(c) != "" // the same pass as the device's
+			if _, err := Run(hc, setup.Env{Version: "test", Dump: host}); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := Run(c, Env{Version: "test", Dump: dev, OpenDevices: emus(1)}); err != nil {
+			if _, err := Run(c, setup.Env{Version: "test", Dump: dev, OpenDevices: harnesstest.Emus(1)}); err != nil {
 				t.Fatal(err)
 			}
 			hf, df := read(host), read(dev)
@@ -716,10 +474,10 @@ func TestDeviceDump(t *testing.T) {
 		})
 	}
 	// a check that fails still dumps what the device computed
-	c := deviceCases()["sigmoid-groups-skewed-shared"]
+	c := harnesstest.DeviceCases()["sigmoid-groups-skewed-shared"]
 	dir := filepath.Join(t.TempDir(), "failed")
-	probe := &dropCopy{drop: 2}
-	rec, err := Run(c, Env{Version: "test", Dump: dir, OpenDevices: one(probe)})
+	probe := &harnesstest.DropCopy{Drop: 2}
+	rec, err := Run(c, setup.Env{Version: "test", Dump: dir, OpenDevices: harnesstest.OneDevice(probe)})
 	if err == nil || rec.Status != results.StatusFailed {
 		t.Fatalf("lost copy: %v, %+v", err, rec)
 	}
@@ -728,11 +486,6 @@ func TestDeviceDump(t *testing.T) {
 	}
 }
 
-// island is an Emu that reaches no other device (GPUs without peer access).
-type island struct{ device.Emu }
-
-func (i *island) Reaches(d device.Device) bool { return d == device.Device(i) }
-
 // TestDeviceRanksOnSeveralDevices: with the ranks spread over devices (one
 // per rank, or packed), runs time every rank on its own device's clock and
 // record where each rank ran; feplb over devices that cannot reach each
@@ -740,19 +493,19 @@ func (i *island) Reaches(d device.Device) bool { return d == device.Device(i) }
 func TestDeviceRanksOnSeveralDevices(t *testing.T) {
 	t.Setenv("MOEBENCH_NVML", "/nonexistent")
 	for _, tc := range []struct {
-		c        Config
+		c        setup.Config
 		gpus     int
 		devices  []int
 		emulated bool
 	}{
-		{deviceCases()["softmax-natural"], 0, []int{0, 1, 2, 3}, false},
-		{deviceCases()["softmax-natural"], 2, []int{0, 0, 1, 1}, true},
-		{feplbCase(), 0, []int{0, 1, 2, 3}, false},
+		{harnesstest.DeviceCases()["softmax-natural"], 0, []int{0, 1, 2, 3}, false},
+		{harnesstest.DeviceCases()["softmax-natural"], 2, []int{0, 0, 1, 1}, true},
+		{harnesstest.FEPLBCase(), 0, []int{0, 1, 2, 3}, false},
 	} {
 		t.Run(fmt.Sprintf("%s-gpus%d", tc.c.Dispatcher, tc.gpus), func(t *testing.T) {
 			c := tc.c
 			c.GPUs, c.Iters, c.Warmup, c.ForwardOnly = tc.gpus, 2, 1, true // the placement is the subject (the backward over devices: TestDeviceFEPLB, TestDeviceLayerEqualsHostLayer)
-			rec, err := Run(c, Env{Version: "test", OpenDevices: emus(4)})
+			rec, err := Run(c, setup.Env{Version: "test", OpenDevices: harnesstest.Emus(4)})
 			if err != nil || rec.Status != results.StatusOK || !rec.Correctness.Passed {
 				t.Fatalf("%s on %d devices: %v, %+v", c.Dispatcher, tc.gpus, err, rec)
 			}
@@ -765,18 +518,18 @@ func TestDeviceRanksOnSeveralDevices(t *testing.T) {
 			}
 		})
 	}
-	c := feplbCase()
+	c := harnesstest.FEPLBCase()
 	c.ForwardOnly = true
 	islands := func(n, most int) ([]device.Device, error) {
-		return []device.Device{&island{}, &island{}, &island{}, &island{}}, nil
+		return []device.Device{&harnesstest.Island{}, &harnesstest.Island{}, &harnesstest.Island{}, &harnesstest.Island{}}, nil
 	}
-	rec, err := Run(c, Env{Version: "test", OpenDevices: islands})
+	rec, err := Run(c, setup.Env{Version: "test", OpenDevices: islands})
 	if !dispatchers.IsUnavailable(err) || rec.Status != results.StatusUnavailable || !strings.Contains(rec.Reason, "no peer access") || rec.Timing != nil {
 		t.Errorf("feplb without peer access: %v, %+v", err, rec)
 	}
-	c = deviceCases()["softmax-natural"] // alltoall copies through host memory: available, and the note says so
+	c = harnesstest.DeviceCases()["softmax-natural"] // alltoall copies through host memory: available, and the note says so
 	c.Iters, c.Warmup, c.ForwardOnly = 1, 0, true
-	rec, err = Run(c, Env{Version: "test", OpenDevices: islands})
+	rec, err = Run(c, setup.Env{Version: "test", OpenDevices: islands})
 	if err != nil || rec.Status != results.StatusOK || !strings.Contains(rec.Ranks.Note, "no peer access 0→1") {
 		t.Errorf("alltoall without peer access: %v, %+v", err, rec.Ranks)
 	}
@@ -789,13 +542,13 @@ func TestDeviceRanksOnSeveralDevices(t *testing.T) {
 func TestDeviceAlltoallLibrary(t *testing.T) {
 	t.Setenv("MOEBENCH_NVML", "/nonexistent")
 	for _, name := range []string{"softmax-natural", "sigmoid-groups-skewed-shared", "ep1", "balanced-ep8"} {
-		c := deviceCases()[name]
+		c := harnesstest.DeviceCases()[name]
 		c.Impl = "library"
 		t.Run(name, func(t *testing.T) { equalsHost(t, c, c.EP) })
 	}
-	c := deviceCases()["softmax-natural"]
+	c := harnesstest.DeviceCases()["softmax-natural"]
 	c.Impl, c.Iters, c.Warmup = "library", 2, 1
-	rec, err := Run(c, Env{Version: "test", OpenDevices: emus(c.EP)})
+	rec, err := Run(c, setup.Env{Version: "test", OpenDevices: harnesstest.Emus(c.EP)})
 	if err != nil || rec.Status != results.StatusOK || rec.Config.Impl != "library" ||
 		!strings.Contains(rec.Ranks.Note, "data moves between ranks through emulated send/recv") ||
 		!strings.Contains(rec.Traffic.Formula, "; moved by emulated send/recv") ||
@@ -804,7 +557,7 @@ func TestDeviceAlltoallLibrary(t *testing.T) {
 		!strings.Contains(rec.Memory.Method, "the library's own buffers") {
 		t.Fatalf("library on one device per rank: %v, %+v", err, rec)
 	}
-	rec, err = Run(c, Env{Version: "test", OpenDevices: emus(2)})
+	rec, err = Run(c, setup.Env{Version: "test", OpenDevices: harnesstest.Emus(2)})
 	if !dispatchers.IsUnavailable(err) || rec.Status != results.StatusUnavailable || rec.Timing != nil ||
 		!strings.Contains(rec.Reason, "NCCL: ranks 0 and 1 share a device") {
 		t.Errorf("library with ranks packed: %v, %+v", err, rec)
@@ -818,11 +571,11 @@ func TestDeviceAlltoallLibrary(t *testing.T) {
 // ended; and the device pipeline routes each step as the host does.
 func TestRoutingPerStep(t *testing.T) {
 	t.Setenv("MOEBENCH_NVML", "/nonexistent")
-	c := deviceCases()["balanced-ep8"]
+	c := harnesstest.DeviceCases()["balanced-ep8"]
 	c.Warmup, c.Iters = 1, 3
 	host := c
 	host.Device = "host"
-	perStep := func(c Config, env Env) [][]int {
+	perStep := func(c setup.Config, env setup.Env) [][]int {
 		t.Helper()
 		rec, err := Run(c, env)
 		if err != nil || rec.Status != results.StatusOK || len(rec.Tokens.StragglerPerStep) != c.Iters || rec.Config.RoutingPerStep == c.RoutingFixed {
@@ -830,18 +583,18 @@ func TestRoutingPerStep(t *testing.T) {
 		}
 		return rec.Tokens.ReceivedPerStep
 	}
-	steps := perStep(host, Env{Version: "test"})
+	steps := perStep(host, setup.Env{Version: "test"})
 	if slices.EqualFunc(steps[:2], steps[1:], slices.Equal) {
 		t.Errorf("fresh routing: the same loads every step: %v", steps)
 	}
-	if dev := perStep(c, Env{Version: "test", OpenDevices: emus(1)}); !slices.EqualFunc(dev, steps, slices.Equal) {
+	if dev := perStep(c, setup.Env{Version: "test", OpenDevices: harnesstest.Emus(1)}); !slices.EqualFunc(dev, steps, slices.Equal) {
 		t.Errorf("device pipeline's loads per step %v, host's %v", dev, steps)
 	}
 	host.RoutingFixed = true
-	if fixed := perStep(host, Env{Version: "test"}); !slices.EqualFunc(fixed[:2], fixed[1:], slices.Equal) {
+	if fixed := perStep(host, setup.Env{Version: "test"}); !slices.EqualFunc(fixed[:2], fixed[1:], slices.Equal) {
 		t.Errorf("--routing-fixed: loads change: %v", fixed)
 	}
-	l, err := NewLayer(c)
+	l, err := layer.NewLayer(c)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -853,69 +606,30 @@ func TestRoutingPerStep(t *testing.T) {
 		t.Error("step 0's logits are not the layer's first draw")
 	}
 	tc := c
-	tc.Routing = Routing{Kind: RoutingTrace, File: writeTrace(t, "0 1 2 3\n4 5 6 7\n8 9 10 11\n")}
-	tl, err := NewLayer(tc)
+	tc.Routing = setup.Routing{Kind: setup.RoutingTrace, File: harnesstest.WriteTrace(t, "0 1 2 3\n4 5 6 7\n8 9 10 11\n")}
+	tl, err := layer.NewLayer(tc)
 	if err != nil {
 		t.Fatal(err)
 	}
 	tl.SetRouting(1) // rank 0's token 0 is the trace's token EP·T (mod 3 lines)
-	if idx, _ := tl.traceToken(0, 0); int(idx[0]) != 4*((tc.EP*tc.Tokens)%3) {
+	if idx, _ := tl.TraceToken(0, 0); int(idx[0]) != 4*((tc.EP*tc.Tokens)%3) {
 		t.Errorf("step 1 starts at trace line %v", idx)
 	}
-}
-
-// countingEmu counts the chunk sorts and copies between ranks it runs.
-type countingEmu struct {
-	device.Emu
-	sorts, peerCopies int
-}
-
-func (c *countingEmu) SortChunks(dst, probsOut, src, probsIn, counts device.Addr, rows, ep, local, hidden int, inverse bool, s device.Stream) error {
-	c.sorts++
-	return c.Emu.SortChunks(dst, probsOut, src, probsIn, counts, rows, ep, local, hidden, inverse, s)
-}
-
-func (c *countingEmu) CopyPeer(op device.CopyOp, s device.Stream) error {
-	c.peerCopies++
-	return c.Emu.CopyPeer(op, s)
 }
 
 // TestAlltoallEP1MovesNothing: at EP 1 the native alltoall, as Megatron's
 // dispatcher, runs no all-to-all copies and no chunk sorts; the output still
 // passes the check.
 func TestAlltoallEP1MovesNothing(t *testing.T) {
-	c := deviceCases()["ep1"]
-	dev := &countingEmu{}
-	rec, err := Run(c, Env{Version: "test", OpenDevices: one(dev)})
+	c := harnesstest.DeviceCases()["ep1"]
+	dev := &harnesstest.CountingEmu{}
+	rec, err := Run(c, setup.Env{Version: "test", OpenDevices: harnesstest.OneDevice(dev)})
 	if err != nil || rec.Status != results.StatusOK || !rec.Correctness.Passed {
 		t.Fatalf("%v; %+v", err, rec)
 	}
-	if dev.sorts != 0 || dev.peerCopies != 0 {
-		t.Errorf("EP 1: %d chunk sorts, %d copies between ranks; want none", dev.sorts, dev.peerCopies)
+	if dev.Sorts != 0 || dev.PeerCopies != 0 {
+		t.Errorf("EP 1: %d chunk sorts, %d copies between ranks; want none", dev.Sorts, dev.PeerCopies)
 	}
-}
-
-// waitingEmu counts the host's blocking downloads and the asynchronous
-// ones, and makes every wait for a stream take a while, as a GPU's would.
-type waitingEmu struct {
-	device.Emu
-	downloads, async int
-	wait             time.Duration
-}
-
-func (w *waitingEmu) Download(dst any, src device.Addr, s device.Stream) error {
-	w.downloads++
-	return w.Emu.Download(dst, src, s)
-}
-
-func (w *waitingEmu) DownloadAsync(dst device.MappedHost, src device.Addr, bytes int64, s device.Stream) error {
-	w.async++
-	return w.Emu.DownloadAsync(dst, src, bytes, s)
-}
-
-func (w *waitingEmu) SyncStream(s device.Stream) error {
-	time.Sleep(w.wait)
-	return w.Emu.SyncStream(s)
 }
 
 // TestAlltoallCountExchange: the counts reach the host through
@@ -925,14 +639,14 @@ func (w *waitingEmu) SyncStream(s device.Stream) error {
 // reported on its own: the dispatch phase, timed from its own first GPU
 // operation, does not hold it.
 func TestAlltoallCountExchange(t *testing.T) {
-	c := deviceCases()["balanced-ep8"]
+	c := harnesstest.DeviceCases()["balanced-ep8"]
 	c.EP, c.Warmup, c.Iters, c.RoutingFixed = 4, 1, 3, true
-	dev := &waitingEmu{wait: 10 * time.Millisecond}
-	rec, err := Run(c, Env{Version: "test", OpenDevices: one(dev)})
+	dev := &harnesstest.WaitingEmu{WaitFor: 10 * time.Millisecond}
+	rec, err := Run(c, setup.Env{Version: "test", OpenDevices: harnesstest.OneDevice(dev)})
 	if err != nil || rec.Status != results.StatusOK || !rec.Correctness.Passed {
 		t.Fatalf("%v; %+v", err, rec)
 	}
-	ways := len(groupedSides)
+	ways := len(layer.GroupedSideStreams)
 	if _, ok := dev.GroupedGEMMName(); ok {
 		ways++
 	}
@@ -944,8 +658,8 @@ func TestAlltoallCountExchange(t *testing.T) {
 	if c.SharedExperts > 0 { // and the shared expert's two weight gradients per rank
 		checks += 2 * c.EP
 	}
-	if dev.downloads != checks || dev.async != steps*c.EP {
-		t.Errorf("%d blocking downloads (want the check's %d), %d asynchronous (want %d: one per rank and step)", dev.downloads, checks, dev.async, steps*c.EP)
+	if dev.Downloads != checks || dev.Async != steps*c.EP {
+		t.Errorf("%d blocking downloads (want the check's %d), %d asynchronous (want %d: one per rank and step)", dev.Downloads, checks, dev.Async, steps*c.EP)
 	}
 	hw := rec.Timing.HostWait
 	if hw == nil || hw.P50 < float64(c.EP)*10 {

@@ -10,6 +10,8 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/moebench/moebench/harness/layer"
+	"github.com/moebench/moebench/harness/setup"
 	"github.com/moebench/moebench/results"
 )
 
@@ -28,7 +30,7 @@ type dumpFile struct {
 // that is renamed to dir at the end (over dir when it is an empty directory),
 // so a failure leaves nothing half-written at dir, and nothing else is ever
 // removed.
-func Dump(dir string, l *Layer, rec *results.Record) error {
+func Dump(dir string, l *layer.Layer, rec *results.Record) error {
 	if err := CheckDump(dir); err != nil {
 		return fmt.Errorf("--dump %s: %w", dir, err)
 	}
@@ -102,7 +104,7 @@ func Dump(dir string, l *Layer, rec *results.Record) error {
 		"router: " + routerNote(c),
 		"per copy: y = fc2 · (p · silu(fc1_gate · x) ⊙ (fc1_up · x)); output row = Σ over the token's k copies (+ shared expert, which has no p)",
 	}
-	if l.grads != nil {
+	if l.Grads != nil {
 		steps = append(steps, dumpGrads(l, add)...)
 		notes = append(notes, "training step: the grad_*.npy files are the gradients of Σ dout · output (dout.npy, drawn from the seed) with respect to each input, "+
 			"as the layer computed them: bf16 where Megatron's bf16 training stores them (input, router weight), fp32 where it keeps fp32 (probabilities, "+
@@ -129,33 +131,33 @@ func Dump(dir string, l *Layer, rec *results.Record) error {
 
 // dumpRouting says whose step's routing a dump holds: per_step (drawn per
 // step, or one replayed), the step, and how to get it back.
-func dumpRouting(l *Layer) map[string]any {
+func dumpRouting(l *layer.Layer) map[string]any {
 	c := l.Cfg
 	about := "one routing every step (step 0's): "
 	switch {
-	case c.Routing.Kind == RoutingNatural:
+	case c.Routing.Kind == setup.RoutingNatural:
 		about += "the router's own choice on the input, the same every step"
 	case c.RoutingFixed:
 		about += "--routing-fixed replays the first step's routing"
 	}
-	if c.perStepRouting() {
+	if c.PerStepRouting() {
 		about = fmt.Sprintf("drawn per step from the seed and the step; the files hold step %d's (the last step run: warm-up steps 1..%d, then the timed ones; 0 is the check's)",
-			l.step, c.Warmup)
+			l.RoutedStep, c.Warmup)
 	}
-	if c.Routing.Kind == RoutingTrace && c.perStepRouting() {
+	if c.Routing.Kind == setup.RoutingTrace && c.PerStepRouting() {
 		about += "; a trace's routing continues where the step before ended"
 	}
-	return map[string]any{"per_step": c.perStepRouting(), "step": l.step, "about": about}
+	return map[string]any{"per_step": c.PerStepRouting(), "step": l.RoutedStep, "about": about}
 }
 
 // dumpGrads are the steps that write a training step's upstream gradient
 // and every gradient the layer computed.
-func dumpGrads(l *Layer, add func(name string, shape []int, data any, about string) error) []func() error {
+func dumpGrads(l *layer.Layer, add func(name string, shape []int, data any, about string) error) []func() error {
 	c := l.Cfg
 	n, h, f, E, k := c.EP*c.Tokens, c.Hidden, c.FFN, c.Experts, c.TopK
 	var dx, dprobs, fc1, fc2 []float32
 	for r, rk := range l.Ranks {
-		dx, dprobs = append(dx, l.grads[r].dx...), append(dprobs, rk.DProbs...)
+		dx, dprobs = append(dx, l.Grads[r].Dx...), append(dprobs, rk.DProbs...)
 		for _, w := range rk.ExpertGrads { // rank r's experts are r·L … (r+1)·L − 1
 			fc1, fc2 = append(fc1, w.FC1...), append(fc2, w.FC2...)
 		}
@@ -177,18 +179,18 @@ func dumpGrads(l *Layer, add func(name string, shape []int, data any, about stri
 			return add("grad_fc2.npy", []int{E, h, f}, fc2, "gradient of the expert fc2 weights (fp32 main_grad; all ranks' tokens)")
 		},
 	}
-	if l.routerGrad() {
+	if l.RouterGrad() {
 		steps = append(steps, func() error {
-			return add("grad_router_weight.npy", []int{E, h}, l.replica.router, "gradient of the router weight (fp32 main_grad): the sum over ranks of each rank's, rounded to bf16 first")
+			return add("grad_router_weight.npy", []int{E, h}, l.Replica.Router, "gradient of the router weight (fp32 main_grad): the sum over ranks of each rank's, rounded to bf16 first")
 		})
 	}
 	if fs := f * c.SharedExperts; fs > 0 {
 		steps = append(steps,
 			func() error {
-				return add("grad_shared_fc1.npy", []int{2 * fs, h}, l.replica.shared.FC1, "gradient of the shared expert's fc1 (fp32 main_grad; all ranks' tokens)")
+				return add("grad_shared_fc1.npy", []int{2 * fs, h}, l.Replica.Shared.FC1, "gradient of the shared expert's fc1 (fp32 main_grad; all ranks' tokens)")
 			},
 			func() error {
-				return add("grad_shared_fc2.npy", []int{h, fs}, l.replica.shared.FC2, "gradient of the shared expert's fc2 (fp32 main_grad; all ranks' tokens)")
+				return add("grad_shared_fc2.npy", []int{h, fs}, l.Replica.Shared.FC2, "gradient of the shared expert's fc2 (fp32 main_grad; all ranks' tokens)")
 			})
 	}
 	return steps
@@ -220,7 +222,7 @@ func CheckDump(dir string) error {
 	return nil
 }
 
-func routerNote(c Config) string {
+func routerNote(c setup.Config) string {
 	s := "softmax over the k selected logits"
 	if c.PreSoftmax {
 		s = "softmax over all logits, then top-k on it; the chosen keep their softmax values (not renormalised)"
@@ -246,7 +248,7 @@ func concat(parts [][]float32) []float32 {
 // every expert, written one expert at a time: a device layer's host twin
 // does not hold them, so they are drawn again from the seed.
 type perExpert struct {
-	l     *Layer
+	l     *layer.Layer
 	which int
 }
 

@@ -5,6 +5,9 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+
+	"github.com/moebench/moebench/harness/internal/harnesstest"
+	"github.com/moebench/moebench/harness/setup"
 )
 
 // TestDumpSaysItsRouting: a dump's index.json says whether the routing was
@@ -12,10 +15,10 @@ import (
 // whose step's routing its files hold, so that a replay need not guess.
 func TestDumpSaysItsRouting(t *testing.T) {
 	for _, fixed := range []bool{false, true} {
-		c := small()
+		c := harnesstest.Small()
 		c.ForwardOnly, c.RoutingFixed = true, fixed
 		dir := filepath.Join(t.TempDir(), "dump")
-		if _, err := Run(c, Env{Version: "test", Dump: dir}); err != nil {
+		if _, err := Run(c, setup.Env{Version: "test", Dump: dir}); err != nil {
 			t.Fatal(err)
 		}
 		b, err := os.ReadFile(filepath.Join(dir, "index.json"))

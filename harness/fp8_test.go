@@ -6,24 +6,13 @@ import (
 	"testing"
 
 	"github.com/moebench/moebench/dispatchers"
+	"github.com/moebench/moebench/harness/check"
+	"github.com/moebench/moebench/harness/internal/harnesstest"
+	"github.com/moebench/moebench/harness/layer"
+	"github.com/moebench/moebench/harness/setup"
 	"github.com/moebench/moebench/kernels"
 	"github.com/moebench/moebench/results"
 )
-
-// fp8Config is a small host layer at fp8 with four 1×128 blocks a row
-// (hybridep's FP8 needs hidden a multiple of 512).
-func fp8Config(dispatcher string) Config {
-	c := small()
-	c.Hidden, c.Precision, c.Dispatcher, c.CheckAll = 512, PrecisionFP8, dispatcher, true
-	return c
-}
-
-// fp8Movers are the dispatchers whose host path moves FP8 rows, each with
-// the NVLink domain size it runs with (hybridep's inter-domain path too).
-var fp8Movers = []struct {
-	name   string
-	domain int
-}{{"alltoall", 0}, {"deepep", 0}, {"hybridep", 0}, {"hybridep", 2}, {"feplb", 2}}
 
 // TestFP8Host: each dispatcher that moves FP8 on the host runs a training
 // step at fp8 that passes the check (the output and every gradient against
@@ -34,13 +23,13 @@ var fp8Movers = []struct {
 // with their scales: the dispatch's algorithm bytes are bf16's times
 // (1 + 4/128)/2 (DeepEP's fp8 factor), the combine's bf16's.
 func TestFP8Host(t *testing.T) {
-	for _, m := range fp8Movers {
-		name, c := m.name, fp8Config(m.name)
-		c.Domain = m.domain
+	for _, m := range harnesstest.FP8Movers {
+		name, c := m.Name, harnesstest.FP8Config(m.Name)
+		c.Domain = m.Domain
 		if name == "feplb" { // skewed, so that phase 2 moves rows (and their scales)
-			c.Routing = Routing{Kind: RoutingSkewed, Alpha: 1.5}
+			c.Routing = setup.Routing{Kind: setup.RoutingSkewed, Alpha: 1.5}
 		}
-		rec, err := Run(c, Env{Version: "test"})
+		rec, err := Run(c, setup.Env{Version: "test"})
 		if err != nil || rec.Status != results.StatusOK || !rec.Correctness.Passed || rec.Correctness.Grads == nil {
 			t.Errorf("%s at fp8: %v, %+v", name, err, rec.Correctness)
 			continue
@@ -48,12 +37,12 @@ func TestFP8Host(t *testing.T) {
 		if name == "feplb" && (rec.Rebalance == nil || rec.Rebalance.Moves == 0) {
 			t.Errorf("feplb moved nothing: %+v", rec.Rebalance)
 		}
-		if rec.Config.Precision != PrecisionFP8 || rec.GEMM.Method != ExpertPathFP8Host || rec.GEMM.FP8Path != string(kernels.FP8GEMMBlock) {
+		if rec.Config.Precision != setup.PrecisionFP8 || rec.GEMM.Method != layer.ExpertPathFP8Host || rec.GEMM.FP8Path != string(kernels.FP8GEMMBlock) {
 			t.Errorf("%s: the record says precision %q, expert path %q (%s)", name, rec.Config.Precision, rec.GEMM.Method, rec.GEMM.FP8Path)
 		}
 		t.Logf("%s: max rel err %.3g, gradients %.3g", name, rec.Correctness.MaxRelErr, rec.Correctness.Grads.MaxRelErr)
-		c.Precision = PrecisionBF16
-		bf, err := Run(c, Env{Version: "test"})
+		c.Precision = setup.PrecisionBF16
+		bf, err := Run(c, setup.Env{Version: "test"})
 		if err != nil || bf.Status != results.StatusOK {
 			t.Fatalf("%s at bf16: %v", name, err)
 		}
@@ -77,13 +66,13 @@ func TestFP8Host(t *testing.T) {
 // multipliers in the wrong (row-major) order, each weight block the next
 // block's multiplier, fc2's input not dequantized — the check fails.
 func TestFP8CheckCatchesBrokenDequantization(t *testing.T) {
-	defer func() { fp8Fault = "" }()
+	defer func() { layer.FP8Fault = "" }()
 	for _, fault := range []string{"scale", "block", "none", "lt-order", "w-block", "fc2-none"} {
-		fp8Fault = fault
-		c := fp8Config("alltoall")
+		layer.FP8Fault = fault
+		c := harnesstest.FP8Config("alltoall")
 		c.ForwardOnly = true
-		rec, err := Run(c, Env{Version: "test"})
-		if err == nil || rec.Status != results.StatusFailed || rec.Correctness == nil || rec.Correctness.MaxRelErr <= Tolerance {
+		rec, err := Run(c, setup.Env{Version: "test"})
+		if err == nil || rec.Status != results.StatusFailed || rec.Correctness == nil || rec.Correctness.MaxRelErr <= check.Tolerance {
 			t.Errorf("dequantization broken (%s): %v, %+v", fault, err, rec.Correctness)
 		} else {
 			t.Logf("broken (%s): max rel err %.3g", fault, rec.Correctness.MaxRelErr)
@@ -94,16 +83,16 @@ func TestFP8CheckCatchesBrokenDequantization(t *testing.T) {
 // TestFP8Unavailable: a dispatcher without an FP8 path, and mxfp8, are
 // unavailable with the reason; never a bf16 run in disguise.
 func TestFP8Unavailable(t *testing.T) {
-	c := fp8Config("alltoall")
-	c.Precision = PrecisionMXFP8
-	rec, err := Run(c, Env{Version: "test"})
+	c := harnesstest.FP8Config("alltoall")
+	c.Precision = setup.PrecisionMXFP8
+	rec, err := Run(c, setup.Env{Version: "test"})
 	if !dispatchers.IsUnavailable(err) || rec.Status != results.StatusUnavailable || !strings.Contains(rec.Reason, "mxfp8 is not wired") {
 		t.Errorf("mxfp8: %v, %s %q", err, rec.Status, rec.Reason)
 	}
 	for _, device := range []string{"host", "cuda"} {
-		c = fp8Config("hybridep")
+		c = harnesstest.FP8Config("hybridep")
 		c.Hidden, c.Device = 384, device
-		rec, err = Run(c, Env{Version: "test", OpenDevices: emus(1)})
+		rec, err = Run(c, setup.Env{Version: "test", OpenDevices: harnesstest.Emus(1)})
 		if !dispatchers.IsUnavailable(err) || rec.Status != results.StatusUnavailable || !strings.Contains(rec.Reason, "hidden a multiple of 512 (BufferConfig.is_valid); hidden is 384") {
 			t.Errorf("hybridep at hidden 384 on the %s device: %v, %s %q", device, err, rec.Status, rec.Reason)
 		}
@@ -115,18 +104,18 @@ func TestFP8Unavailable(t *testing.T) {
 // weights made from each draw, not kept), and both pass the check.
 func TestFP8HostExpertModes(t *testing.T) {
 	var outs [][]float32
-	for _, mode := range []string{HostExpertsHeld, HostExpertsDrawn} {
-		c := fp8Config("alltoall")
+	for _, mode := range []string{setup.HostExpertsHeld, setup.HostExpertsDrawn} {
+		c := harnesstest.FP8Config("alltoall")
 		c.ForwardOnly, c.HostExperts = true, mode
-		l, err := NewLayer(c)
+		l, err := layer.NewLayer(c)
 		if err != nil {
 			t.Fatal(err)
 		}
-		rec, err := Run(c, Env{Version: "test"})
+		rec, err := Run(c, setup.Env{Version: "test"})
 		if err != nil || rec.Status != results.StatusOK || !rec.Correctness.Passed || rec.GEMM.FP8Path != string(kernels.FP8GEMMBlock) {
 			t.Fatalf("%s: %v, %+v (%s)", mode, err, rec.Correctness, rec.GEMM.FP8Path)
 		}
-		d, err := dispatchers.New("alltoall", "native", c.dispatcherEnv())
+		d, err := dispatchers.New("alltoall", "native", c.DispatcherEnv())
 		if err == nil {
 			err = d.Bind(l.Shape, l.Ranks)
 		}
@@ -136,8 +125,8 @@ func TestFP8HostExpertModes(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if mode == HostExpertsDrawn && l.fp8w != nil {
-			t.Errorf("a drawn layer kept %d experts' e4m3 weights", len(l.fp8w))
+		if mode == setup.HostExpertsDrawn && l.FP8Weights != nil {
+			t.Errorf("a drawn layer kept %d experts' e4m3 weights", len(l.FP8Weights))
 		}
 		outs = append(outs, l.Ranks[0].Y)
 	}

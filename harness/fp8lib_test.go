@@ -5,6 +5,9 @@ import (
 	"testing"
 
 	"github.com/moebench/moebench/dispatchers"
+	"github.com/moebench/moebench/harness/internal/harnesstest"
+	"github.com/moebench/moebench/harness/layer"
+	"github.com/moebench/moebench/harness/setup"
 	"github.com/moebench/moebench/internal/hostsim"
 	"github.com/moebench/moebench/results"
 )
@@ -17,27 +20,27 @@ import (
 // row), and its output, received rows and traffic equal the host device's
 // fp8 layer's bit for bit, as the native path's do.
 func TestFP8AlltoallLibraryOnHostSim(t *testing.T) {
-	useHostSimLayer(t)
+	harnesstest.UseHostSimLayer(t)
 	for _, name := range []string{"alltoall", "alltoall-h384"} {
 		t.Run(name, func(t *testing.T) {
 			if name != "alltoall" {
 				hostsim.SkipIfShort(t, "alltoall")
 			}
-			c := fp8DeviceCases()[name]
+			c := harnesstest.FP8DeviceCases()[name]
 			c.Impl, c.EP, c.Warmup, c.Iters = dispatchers.ImplLibrary, 2, 0, 1
-			rec, err := Run(c, Env{Version: "test"})
+			rec, err := Run(c, setup.Env{Version: "test"})
 			if err != nil || rec.Status != results.StatusOK || !rec.Correctness.Passed || rec.Correctness.Grads == nil {
 				t.Fatalf("%v, %s %q, %+v", err, rec.Status, rec.Reason, rec.Correctness)
 			}
-			if rec.Config.Precision != PrecisionFP8 || rec.Config.Impl != dispatchers.ImplLibrary || !strings.Contains(rec.Traffic.Formula, "e4m3") {
+			if rec.Config.Precision != setup.PrecisionFP8 || rec.Config.Impl != dispatchers.ImplLibrary || !strings.Contains(rec.Traffic.Formula, "e4m3") {
 				t.Errorf("record: precision %q, impl %q, traffic %q", rec.Config.Precision, rec.Config.Impl, rec.Traffic.Formula)
 			}
 			t.Logf("max rel err %.2e, gradients %.2e", rec.Correctness.MaxRelErr, rec.Correctness.Grads.MaxRelErr)
-			devs, err := OpenDevices(Env{}, 2, 2, nil)
+			devs, err := layer.OpenDevices(setup.Env{}, 2, 2, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
-			t.Cleanup(func() { closeDevices(devs) })
+			t.Cleanup(func() { layer.CloseDevices(devs) })
 			equalsHostOn(t, c, devs...)
 		})
 	}

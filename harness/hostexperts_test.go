@@ -10,6 +10,9 @@ import (
 	"testing"
 
 	"github.com/moebench/moebench/dispatchers"
+	"github.com/moebench/moebench/harness/check"
+	"github.com/moebench/moebench/harness/internal/harnesstest"
+	"github.com/moebench/moebench/harness/setup"
 	"github.com/moebench/moebench/internal/testutil"
 	"github.com/moebench/moebench/kernels"
 	"github.com/moebench/moebench/results"
@@ -21,13 +24,13 @@ import (
 // layer that releases its experts' weight gradients has them copied as
 // each rank's become complete. A drawn layer must hold no more experts'
 // weights at once than drawGroup allows, and none for the whole run.
-func stepTensors(t *testing.T, c Config) []map[string][]float32 {
+func stepTensors(t *testing.T, c setup.Config) []map[string][]float32 {
 	t.Helper()
 	l, d := bound(t, c)
 	h, f, L := c.Hidden, c.FFN, l.Shape.LocalExperts()
 	wgrads := make([]dispatchers.ExpertWeights, c.Experts) // nil: no segment added to them (zeros)
-	if l.hold != HostExpertsHeld {
-		l.gradsDone = func(r int) {
+	if l.Hold != setup.HostExpertsHeld {
+		l.GradsDone = func(r int) {
 			for i, g := range l.Ranks[r].ExpertGrads {
 				wgrads[r*L+i] = dispatchers.ExpertWeights{FC1: append([]float32(nil), g.FC1...), FC2: append([]float32(nil), g.FC2...)}
 			}
@@ -40,11 +43,11 @@ func stepTensors(t *testing.T, c Config) []map[string][]float32 {
 		if err := l.Iteration(d, untimed); err != nil {
 			t.Fatal(err)
 		}
-		if l.hold == HostExpertsDrawn && (l.FC1 != nil || len(l.Ranks[0].Experts) > 0) {
+		if l.Hold == setup.HostExpertsDrawn && (l.FC1 != nil || len(l.Ranks[0].Experts) > 0) {
 			t.Fatal("drawn: the layer holds every expert's weights")
 		}
-		if n := drawGroup(c); len(l.drawn) > n {
-			t.Fatalf("drawn: %d experts' weights held at once, at most %d allowed", len(l.drawn), n)
+		if n := setup.DrawGroup(c); len(l.Drawn) > n {
+			t.Fatalf("drawn: %d experts' weights held at once, at most %d allowed", len(l.Drawn), n)
 		}
 		m := layerGrads(l)
 		delete(m, "expert fc1")
@@ -53,9 +56,9 @@ func stepTensors(t *testing.T, c Config) []map[string][]float32 {
 			m["output"] = append(m["output"], rk.Y...)
 			for i := range L {
 				g := rk.ExpertGrads[i]
-				if l.hold != HostExpertsHeld {
+				if l.Hold != setup.HostExpertsHeld {
 					if g.FC1 != nil {
-						t.Fatalf("%s: rank %d kept expert %d's weight gradients after its backward", l.hold, r, r*L+i)
+						t.Fatalf("%s: rank %d kept expert %d's weight gradients after its backward", l.Hold, r, r*L+i)
 					}
 					g = wgrads[r*L+i]
 				}
@@ -78,26 +81,26 @@ func stepTensors(t *testing.T, c Config) []map[string][]float32 {
 // (feplb moves weights: held only), and their checks report the same
 // errors.
 func TestHostExpertsSameNumbers(t *testing.T) {
-	blocks := small() // segments longer than a block of rows
+	blocks := harnesstest.Small() // segments longer than a block of rows
 	blocks.Experts, blocks.TopK, blocks.SharedExperts, blocks.EP, blocks.Tokens, blocks.Hidden, blocks.FFN = 8, 2, 0, 2, 512, 32, 16
-	skewed := small() // experts without tokens; a sigmoid router with groups
-	skewed.Routing, skewed.Score, skewed.TopKScale, skewed.Groups, skewed.GroupTopK = Routing{Kind: RoutingSkewed, Alpha: 2}, kernels.ScoreSigmoid, 2.5, 4, 2
-	cases := map[string]Config{"small": small(), "blocks": blocks, "skewed": skewed}
+	skewed := harnesstest.Small() // experts without tokens; a sigmoid router with groups
+	skewed.Routing, skewed.Score, skewed.TopKScale, skewed.Groups, skewed.GroupTopK = setup.Routing{Kind: setup.RoutingSkewed, Alpha: 2}, kernels.ScoreSigmoid, 2.5, 4, 2
+	cases := map[string]setup.Config{"small": harnesstest.Small(), "blocks": blocks, "skewed": skewed}
 	for _, name := range []string{"deepep", "hybridep"} {
-		c := small()
+		c := harnesstest.Small()
 		c.Dispatcher = name
 		cases[name] = c
 	}
-	old := drawBudget
-	defer func() { drawBudget = old }()
+	old := setup.DrawBudget
+	defer func() { setup.DrawBudget = old }()
 	for name, c := range cases {
-		c.HostExperts = HostExpertsHeld
+		c.HostExperts = setup.HostExpertsHeld
 		want := stepTensors(t, c)
 		_, _, wantCheck := trained(t, c)
-		for _, mode := range []string{HostExpertsByRank, HostExpertsDrawn, HostExpertsDrawn + "/1"} {
-			c.HostExperts, drawBudget = strings.TrimSuffix(mode, "/1"), old
+		for _, mode := range []string{setup.HostExpertsByRank, setup.HostExpertsDrawn, setup.HostExpertsDrawn + "/1"} {
+			c.HostExperts, setup.DrawBudget = strings.TrimSuffix(mode, "/1"), old
 			if strings.HasSuffix(mode, "/1") { // one expert at a time
-				drawBudget = 4 * 3 * float64(c.Hidden*c.FFN)
+				setup.DrawBudget = 4 * 3 * float64(c.Hidden*c.FFN)
 			}
 			got := stepTensors(t, c)
 			for step := range got {
@@ -124,8 +127,8 @@ func TestHostExpertsSameNumbers(t *testing.T) {
 // fails the check, and so does an expert's that were never computed
 // (released before the comparison: compared as zeros).
 func TestGradCompareByRank(t *testing.T) {
-	c := small()
-	c.HostExperts = HostExpertsByRank
+	c := harnesstest.Small()
+	c.HostExperts = setup.HostExpertsByRank
 	for _, fault := range []string{"", "value", "released"} {
 		t.Run("fault="+fault, func(t *testing.T) {
 			l, d := bound(t, c)
@@ -133,9 +136,9 @@ func TestGradCompareByRank(t *testing.T) {
 			if err := l.Step(d, untimed); err != nil {
 				t.Fatal(err)
 			}
-			cmp := newGradCompare(l)
-			cmp.start()
-			l.gradsDone = func(r int) {
+			cmp := check.NewGradCompare(l)
+			cmp.Start()
+			l.GradsDone = func(r int) {
 				if r == 2 {
 					g := &l.Ranks[r].ExpertGrads[1]
 					switch fault {
@@ -145,12 +148,12 @@ func TestGradCompareByRank(t *testing.T) {
 						*g = dispatchers.ExpertWeights{}
 					}
 				}
-				cmp.rankDone(r)
+				cmp.RankDone(r)
 			}
 			if err := l.Backward(d, untimed); err != nil {
 				t.Fatal(err)
 			}
-			errs := cmp.finish()
+			errs := cmp.Finish()
 			bad := errs["expert fc1"] > kernels.GradTolerance || errs["expert fc2"] > kernels.GradTolerance
 			if bad != (fault != "") {
 				t.Errorf("fault %q: expert gradient errors %g, %g", fault, errs["expert fc1"], errs["expert fc2"])
@@ -165,38 +168,38 @@ func TestGradCompareByRank(t *testing.T) {
 // weights, is always held; a run says which it chose in its record and
 // its times, and passes its check.
 func TestHostExpertsAuto(t *testing.T) {
-	old := memAvailable
-	defer func() { memAvailable = old }()
-	c := small()
+	old := setup.MemAvailable
+	defer func() { setup.MemAvailable = old }()
+	c := harnesstest.Small()
 	c.Hidden, c.FFN, c.Tokens, c.Warmup, c.Iters = 128, 128, 16, 0, 1 // led by the expert weights
 	fwd := c
 	fwd.ForwardOnly = true
-	held, byRank, drawn := float64(hostBytes(c, HostExpertsHeld)), float64(hostBytes(c, HostExpertsByRank)), float64(hostBytes(c, HostExpertsDrawn))
+	held, byRank, drawn := float64(setup.HostBytesAs(c, setup.HostExpertsHeld)), float64(setup.HostBytesAs(c, setup.HostExpertsByRank)), float64(setup.HostBytesAs(c, setup.HostExpertsDrawn))
 	if !(drawn < byRank && byRank < held) {
 		t.Fatalf("estimates: held %g, grads by rank %g, drawn %g; want decreasing", held, byRank, drawn)
 	}
 	for _, tc := range []struct {
-		c           Config
+		c           setup.Config
 		avail       float64
 		want, clock string
 	}{
-		{c, held / 0.9, HostExpertsHeld, ""},
-		{c, held/0.9 - 1, HostExpertsByRank, "one rank at a time (the experts' weights and weight gradients do not all fit"},
-		{c, byRank/0.9 - 1, HostExpertsDrawn, "drawn on demand (the experts' weights do not all fit"},
-		{fwd, float64(hostBytes(fwd, HostExpertsHeld))/0.9 - 1, HostExpertsDrawn, "host times include drawing them"},
+		{c, held / 0.9, setup.HostExpertsHeld, ""},
+		{c, held/0.9 - 1, setup.HostExpertsByRank, "one rank at a time (the experts' weights and weight gradients do not all fit"},
+		{c, byRank/0.9 - 1, setup.HostExpertsDrawn, "drawn on demand (the experts' weights do not all fit"},
+		{fwd, float64(setup.HostBytesAs(fwd, setup.HostExpertsHeld))/0.9 - 1, setup.HostExpertsDrawn, "host times include drawing them"},
 	} {
 		t.Run(fmt.Sprintf("%s,forward-only=%v", tc.want, tc.c.ForwardOnly), func(t *testing.T) {
-			memAvailable = func() (float64, bool) { return tc.avail, true }
-			if got := tc.c.hostExperts(); got != tc.want {
+			setup.MemAvailable = func() (float64, bool) { return tc.avail, true }
+			if got := tc.c.ResolvedHostExperts(); got != tc.want {
 				t.Errorf("forward-only %v, %.0f available: %s, want %s", tc.c.ForwardOnly, tc.avail, got, tc.want)
 				return
 			}
-			rec, err := Run(tc.c, Env{Version: "test"})
+			rec, err := Run(tc.c, setup.Env{Version: "test"})
 			if err != nil || rec.Status != results.StatusOK || !rec.Correctness.Passed {
 				t.Fatalf("%s: %v, %v", tc.want, rec.Status, err)
 			}
 			recorded := tc.want // held is not recorded
-			if tc.want == HostExpertsHeld {
+			if tc.want == setup.HostExpertsHeld {
 				recorded = ""
 			}
 			if rec.Config.HostExperts != recorded || !strings.Contains(rec.Timing.Clock, tc.clock) {
@@ -204,10 +207,10 @@ func TestHostExpertsAuto(t *testing.T) {
 			}
 		})
 	}
-	memAvailable = func() (float64, bool) { return drawn, true }
+	setup.MemAvailable = func() (float64, bool) { return drawn, true }
 	f := c
 	f.Dispatcher = "feplb"
-	if got := f.hostExperts(); got != HostExpertsHeld {
+	if got := f.ResolvedHostExperts(); got != setup.HostExpertsHeld {
 		t.Errorf("feplb: %s, want held", got)
 	}
 }
@@ -217,46 +220,46 @@ func TestHostExpertsAuto(t *testing.T) {
 // apply; a training step's --dump, which writes every weight gradient, is
 // refused when the layer does not hold them.
 func TestHostExpertsRefusals(t *testing.T) {
-	old := memAvailable
-	defer func() { memAvailable = old }()
-	c := small()
+	old := setup.MemAvailable
+	defer func() { setup.MemAvailable = old }()
+	c := harnesstest.Small()
 	c.Hidden, c.FFN = 1024, 1024
-	memAvailable = func() (float64, bool) { return float64(hostBytes(c, HostExpertsDrawn)) / 2, true }
-	rec, err := Run(c, Env{Version: "test"})
+	setup.MemAvailable = func() (float64, bool) { return float64(setup.HostBytesAs(c, setup.HostExpertsDrawn)) / 2, true }
+	rec, err := Run(c, setup.Env{Version: "test"})
 	if err == nil || rec.Status != results.StatusUnavailable || !strings.Contains(rec.Reason, "expert weight gradients (float32 main_grad, one rank's at a time)") ||
 		strings.Contains(rec.Reason, "--host-experts") {
 		t.Errorf("no mode fits: %v, %v", rec.Status, err)
 	}
 	held := c
-	held.HostExperts = HostExpertsHeld
-	if rec, err := Run(held, Env{Version: "test"}); err == nil || !strings.Contains(rec.Reason, "--host-experts drawn") {
+	held.HostExperts = setup.HostExpertsHeld
+	if rec, err := Run(held, setup.Env{Version: "test"}); err == nil || !strings.Contains(rec.Reason, "--host-experts drawn") {
 		t.Errorf("held does not fit: %v, %v", rec.Status, err)
 	}
 	c.Hidden, c.FFN = 256, 256
-	memAvailable = func() (float64, bool) { return float64(hostBytes(c, HostExpertsByRank)) / 0.9, true } // grads by rank fits, held not
+	setup.MemAvailable = func() (float64, bool) { return float64(setup.HostBytesAs(c, setup.HostExpertsByRank)) / 0.9, true } // grads by rank fits, held not
 	for _, tc := range []struct {
-		mut  func(*Config)
+		mut  func(*setup.Config)
 		flag string
 	}{
-		{func(c *Config) { c.HostExperts = "lazy" }, "host-experts"},
-		{func(c *Config) { c.HostExperts, c.Device = HostExpertsDrawn, "cuda" }, "host-experts"},
-		{func(c *Config) { c.HostExperts, c.Dispatcher = HostExpertsByRank, "feplb" }, "host-experts"},
-		{func(c *Config) { c.HostExperts = HostExpertsDrawn }, "dump"},
+		{func(c *setup.Config) { c.HostExperts = "lazy" }, "host-experts"},
+		{func(c *setup.Config) { c.HostExperts, c.Device = setup.HostExpertsDrawn, "cuda" }, "host-experts"},
+		{func(c *setup.Config) { c.HostExperts, c.Dispatcher = setup.HostExpertsByRank, "feplb" }, "host-experts"},
+		{func(c *setup.Config) { c.HostExperts = setup.HostExpertsDrawn }, "dump"},
 	} {
 		bad := c
 		tc.mut(&bad)
-		var ce *ConfigError
-		if _, err := Run(bad, Env{Version: "test", Dump: filepath.Join(t.TempDir(), "d")}); !errors.As(err, &ce) || ce.Flag != tc.flag {
+		var ce *setup.ConfigError
+		if _, err := Run(bad, setup.Env{Version: "test", Dump: filepath.Join(t.TempDir(), "d")}); !errors.As(err, &ce) || ce.Flag != tc.flag {
 			t.Errorf("%+v: %v, want a --%s error", bad.HostExperts, err, tc.flag)
 		}
 	}
-	rec, err = Run(c, Env{Version: "test", Dump: filepath.Join(t.TempDir(), "d")}) // auto: grads by rank
+	rec, err = Run(c, setup.Env{Version: "test", Dump: filepath.Join(t.TempDir(), "d")}) // auto: grads by rank
 	if err == nil || rec.Status != results.StatusUnavailable || !strings.Contains(rec.Reason, "--dump: a training step's dump") {
 		t.Errorf("auto, --dump: %v, %v", rec.Status, err)
 	}
 	fwd := c
-	fwd.ForwardOnly, fwd.HostExperts = true, HostExpertsDrawn
-	if rec, err := Run(fwd, Env{Version: "test", Dump: filepath.Join(t.TempDir(), "d")}); err != nil || rec.Status != results.StatusOK {
+	fwd.ForwardOnly, fwd.HostExperts = true, setup.HostExpertsDrawn
+	if rec, err := Run(fwd, setup.Env{Version: "test", Dump: filepath.Join(t.TempDir(), "d")}); err != nil || rec.Status != results.StatusOK {
 		t.Errorf("forward-only drawn, --dump: %v, %v", rec.Status, err)
 	}
 }

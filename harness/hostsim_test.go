@@ -9,8 +9,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/moebench/moebench/harness/internal/harnesstest"
+	"github.com/moebench/moebench/harness/setup"
 	"github.com/moebench/moebench/internal/hostsim"
-	"github.com/moebench/moebench/kernels/device"
 	"github.com/moebench/moebench/results"
 )
 
@@ -24,10 +25,10 @@ import (
 // come from the fake's clock and mean nothing. See hostsim.Setup for when
 // it skips.
 func TestCUDALayerOnHostSim(t *testing.T) {
-	useHostSimLayer(t)
+	harnesstest.UseHostSimLayer(t)
 
-	cases := deviceCases() // ranks over the fake's two GPUs
-	cases["feplb-moves"] = feplbCase()
+	cases := harnesstest.DeviceCases() // ranks over the fake's two GPUs
+	cases["feplb-moves"] = harnesstest.FEPLBCase()
 	lib := cases["softmax-natural"]
 	lib.EP, lib.Impl = 2, "library" // through the fake libnccl, one rank per GPU
 	cases["alltoall-nccl-ep2"] = lib
@@ -42,7 +43,7 @@ func TestCUDALayerOnHostSim(t *testing.T) {
 			if name != "softmax-natural" && name != "balanced-ep8" {
 				hostsim.SkipIfShort(t, "softmax-natural and balanced-ep8")
 			}
-			rec, err := Run(c, Env{Version: "test"})
+			rec, err := Run(c, setup.Env{Version: "test"})
 			if err != nil || rec.Status != results.StatusOK || rec.Correctness == nil || !rec.Correctness.Passed {
 				t.Fatalf("%v; record %+v", err, rec)
 			}
@@ -66,20 +67,6 @@ func TestCUDALayerOnHostSim(t *testing.T) {
 	}
 }
 
-// useHostSimLayer makes cuda-device runs use the host simulation: the fake
-// driver, cuBLASLt, cuBLAS and NCCL, and the kernels compiled for the CPU.
-func useHostSimLayer(t *testing.T) {
-	comp := hostsim.Setup(t)
-	nccl, err := hostsim.BuildFake("fakenccl", t.TempDir(), "libnccl.so.2")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Setenv("MOEBENCH_NCCL", nccl)
-	old := device.NewCompiler
-	device.NewCompiler = func() (device.Compiler, error) { return comp, nil }
-	t.Cleanup(func() { device.NewCompiler = old })
-}
-
 // TestCUDAGraphOnHostSim: with --cuda-graph the timed steps are issued as
 // graphs on the fake driver's stream capture (ranks on its two GPUs): with
 // fixed routing, two captures — the step before alltoall's count exchange
@@ -92,13 +79,13 @@ func useHostSimLayer(t *testing.T) {
 // are event record nodes).
 func TestCUDAGraphOnHostSim(t *testing.T) {
 	hostsim.SkipIfShort(t, "internal/cuda's TestStreamCapture (the fake driver's capture)")
-	useHostSimLayer(t)
-	c := deviceCases()["softmax-natural"]
-	c.EP, c.Warmup, c.Iters, c.Routing, c.RoutingFixed = 4, 1, 3, Routing{Kind: RoutingBalanced}, true
-	run := func(c Config) (*results.Record, []byte) {
+	harnesstest.UseHostSimLayer(t)
+	c := harnesstest.DeviceCases()["softmax-natural"]
+	c.EP, c.Warmup, c.Iters, c.Routing, c.RoutingFixed = 4, 1, 3, setup.Routing{Kind: setup.RoutingBalanced}, true
+	run := func(c setup.Config) (*results.Record, []byte) {
 		t.Helper()
 		dir := filepath.Join(t.TempDir(), "dump")
-		rec, err := Run(c, Env{Version: "test", Dump: dir})
+		rec, err := Run(c, setup.Env{Version: "test", Dump: dir})
 		if err != nil || rec.Status != results.StatusOK || !rec.Correctness.Passed {
 			t.Fatalf("%v; %+v", err, rec)
 		}
@@ -138,7 +125,7 @@ func TestCUDAGraphOnHostSim(t *testing.T) {
 		t.Log(rec.Timing.CUDAGraph)
 	}
 	c.Dispatcher = "feplb"
-	if rec, err := Run(c, Env{Version: "test"}); err == nil || rec.Status != results.StatusUnavailable || !strings.Contains(rec.Reason, "graphs") {
+	if rec, err := Run(c, setup.Env{Version: "test"}); err == nil || rec.Status != results.StatusUnavailable || !strings.Contains(rec.Reason, "graphs") {
 		t.Errorf("feplb with --cuda-graph: %v; %+v", err, rec)
 	}
 }

@@ -9,47 +9,30 @@ import (
 	"testing"
 	"time"
 
-	"github.com/moebench/moebench/dispatchers"
 	"github.com/moebench/moebench/dispatchers/hybridep"
+	"github.com/moebench/moebench/harness/check"
+	"github.com/moebench/moebench/harness/internal/harnesstest"
+	"github.com/moebench/moebench/harness/setup"
 	"github.com/moebench/moebench/internal/hostsim"
 	"github.com/moebench/moebench/kernels/comm"
 	"github.com/moebench/moebench/kernels/device"
 	"github.com/moebench/moebench/results"
 )
 
-// hybridEPLayouts are the EP sizes, domains (0: one) and devices of the
-// device tests on Emu: ranks packed on fewer devices in one domain, one
-// Emu per rank across domains (the emulated NCCL needs a device per rank).
-var hybridEPLayouts = []struct{ ep, domain, devs int }{{2, 0, 1}, {2, 1, 2}, {4, 0, 2}, {4, 2, 4}, {8, 0, 3}, {8, 4, 8}, {8, 2, 8}}
-
-// hybridEPConfig is the small layer with hybridep on the cuda device,
-// routing of kind (balanced, skewed or a trace).
-func hybridEPConfig(t *testing.T, ep, domain int, kind string) Config {
-	c := small()
-	c.Device, c.EP, c.Domain, c.Dispatcher, c.SMs = "cuda", ep, domain, "hybridep", 2
-	switch kind {
-	case "skewed":
-		c.Routing = Routing{Kind: RoutingSkewed, Alpha: 1.5}
-	case "trace":
-		c.Routing = Routing{Kind: RoutingTrace, File: writeTrace(t, "1 7 12 3\n2 3 6 8\n15 14 13 0\n4 5 6 7\n")}
-	}
-	return c
-}
-
 // equalsHostHybridEP runs c's device layer on devs (two checked training
 // steps: the forward and hybridep.cu's backward, every gradient checked
 // against the float64 reference) and the host layer with hybridep's host
 // implementation, and wants the same output bit for bit, the same rows per
 // rank and the same traffic, the backward's bytes included.
-func equalsHostHybridEP(t *testing.T, c Config, devs ...device.Device) {
+func equalsHostHybridEP(t *testing.T, c setup.Config, devs ...device.Device) {
 	t.Helper()
 	dl := deviceRun(t, c, devs...)
-	defer dl.d.Close()
-	if !dl.train {
+	defer dl.Dispatcher.Close()
+	if !dl.Train {
 		t.Fatal("hybridep's device layer runs no backward")
 	}
 	for range 2 { // the second step reuses every buffer
-		cr, err := checkDevice(dl)
+		cr, err := check.CheckDevice(dl)
 		if err != nil || !cr.Passed {
 			t.Fatalf("check: %v, %+v", err, cr)
 		}
@@ -58,21 +41,21 @@ func equalsHostHybridEP(t *testing.T, c Config, devs ...device.Device) {
 		}
 	}
 	hc := c
-	hc.ForwardOnly = !dl.train // the host's traffic counts the backward's bytes when the device's does
+	hc.ForwardOnly = !dl.Train // the host's traffic counts the backward's bytes when the device's does
 	hl, d := hostStep(t, hc, "hybridep")
 	for r := range hl.Ranks {
-		if !reflect.DeepEqual(hl.Ranks[r].Y, dl.l.Ranks[r].Y) {
+		if !reflect.DeepEqual(hl.Ranks[r].Y, dl.Layer.Ranks[r].Y) {
 			t.Fatalf("rank %d: the device's output differs from the host implementation's", r)
 		}
 		host := 0
 		for _, sg := range hl.Ranks[r].Segments {
 			host += sg.Len
 		}
-		if rows := dl.ranks[r].Rows(); rows != host {
+		if rows := dl.Ranks[r].Rows(); rows != host {
 			t.Errorf("rank %d computes %d rows on the device, %d on the host", r, rows, host)
 		}
 	}
-	got, want := dl.d.Traffic(), d.Traffic()
+	got, want := dl.Dispatcher.Traffic(), d.Traffic()
 	got.Formula, _, _ = strings.Cut(got.Formula, "; inter-domain path moved by ")
 	if got != want {
 		t.Errorf("traffic %+v, host %+v", got, want)
@@ -85,18 +68,18 @@ func equalsHostHybridEP(t *testing.T, c Config, devs ...device.Device) {
 // across domains, with balanced, skewed and trace routing; and a whole run
 // passes the float64 check with the design's phases.
 func TestHybridEPDeviceOnEmu(t *testing.T) {
-	for _, lay := range hybridEPLayouts {
+	for _, lay := range harnesstest.HybridEPLayouts {
 		for _, kind := range []string{"balanced", "skewed", "trace"} {
-			t.Run(fmt.Sprintf("ep%d-domain%d-%s", lay.ep, lay.domain, kind), func(t *testing.T) {
-				c := hybridEPConfig(t, lay.ep, lay.domain, kind)
-				devs, _ := emus(lay.devs)(lay.devs, c.EP)
+			t.Run(fmt.Sprintf("ep%d-domain%d-%s", lay.Ep, lay.Domain, kind), func(t *testing.T) {
+				c := harnesstest.HybridEPConfig(t, lay.Ep, lay.Domain, kind)
+				devs, _ := harnesstest.Emus(lay.Devs)(lay.Devs, c.EP)
 				equalsHostHybridEP(t, c, devs...)
 			})
 		}
 	}
-	c := hybridEPConfig(t, 4, 2, "balanced")
+	c := harnesstest.HybridEPConfig(t, 4, 2, "balanced")
 	c.PermuteSMs = 3
-	rec, err := Run(c, Env{Version: "test", OpenDevices: emus(4)})
+	rec, err := Run(c, setup.Env{Version: "test", OpenDevices: harnesstest.Emus(4)})
 	if err != nil || rec.Status != results.StatusOK || !rec.Correctness.Passed {
 		t.Fatalf("%v; %+v", err, rec)
 	}
@@ -130,44 +113,6 @@ func TestHybridEPDeviceOnEmu(t *testing.T) {
 	}
 }
 
-// TestHybridEPDeviceUnavailable: an SM budget the devices cannot hold
-// resident, a domain whose devices lack peer access, and domains without
-// one device per rank (no NCCL) are unavailable, with the reason.
-func TestHybridEPDeviceUnavailable(t *testing.T) {
-	for _, c := range []struct {
-		name   string
-		ep, sm int
-		domain int
-		devs   []device.Device
-		want   string
-	}{
-		{"budget", 2, 3, 0, []device.Device{&device.Emu{SMs: 4}}, "--sms 3 for each of 2 ranks on emu: he_allgather: 6 blocks of 128 threads cannot all be resident at once on emu: it holds 1 per SM × 4 SMs = 4"},
-		{"budget-above-sms", 2, 5, 0, []device.Device{&device.Emu{SMs: 4}, &device.Emu{SMs: 4}}, "--sms 5: a rank's budget above the 4 SMs of emu"},
-		{"peer", 2, 1, 0, []device.Device{&island{}, &island{}}, "share an NVLink domain (--domain 2) but rank 0's GPU has no peer access to rank 1's"},
-		{"nccl", 4, 1, 2, []device.Device{&device.Emu{}, &device.Emu{}}, "the inter-domain path (NCCL send/recv"},
-	} {
-		t.Run(c.name, func(t *testing.T) {
-			cfg := hybridEPConfig(t, c.ep, c.domain, "balanced")
-			cfg.SMs = c.sm
-			l, err := newLayer(cfg, false)
-			if err != nil {
-				t.Fatal(err)
-			}
-			d, err := dispatchers.NewDevice("hybridep", "native", cfg.dispatcherEnv())
-			if err != nil {
-				t.Fatal(err)
-			}
-			th := device.NewThreads(c.devs)
-			defer th.Close()
-			_, err = newDeviceLayer(l, c.devs, th, d, nil)
-			if !dispatchers.IsUnavailable(err) || !strings.Contains(err.Error(), c.want) {
-				t.Fatalf("%v: want unavailable, %q", err, c.want)
-			}
-			t.Log(err)
-		})
-	}
-}
-
 // TestHybridEPOnHostSim: hybridep's CUDA kernels (compiled for the CPU)
 // on the fake driver's two GPUs give the host implementation's output bit
 // for bit: one domain with ranks on both GPUs and packed two to a GPU, two
@@ -177,7 +122,7 @@ func TestHybridEPDeviceUnavailable(t *testing.T) {
 // and backward, end by the kernels' timeouts, naming the rank, phase and
 // wait.
 func TestHybridEPOnHostSim(t *testing.T) {
-	useHostSimLayer(t)
+	harnesstest.UseHostSimLayer(t)
 	gs, err := device.OpenGPUs(2, 2, t.TempDir())
 	if err != nil {
 		t.Fatal(err)
@@ -193,7 +138,7 @@ func TestHybridEPOnHostSim(t *testing.T) {
 			if lay.ep != 2 || lay.domain != 0 {
 				hostsim.SkipIfShort(t, "ep2-domain0")
 			}
-			c := hybridEPConfig(t, lay.ep, lay.domain, "skewed")
+			c := harnesstest.HybridEPConfig(t, lay.ep, lay.domain, "skewed")
 			c.SMs = 1
 			equalsHostHybridEP(t, c, two...)
 		})
@@ -216,13 +161,13 @@ func TestHybridEPOnHostSim(t *testing.T) {
 			if bug.name != "barrier-not-reached" {
 				hostsim.SkipIfShort(t, "barrier-not-reached")
 			}
-			c := hybridEPConfig(t, 2, 0, "balanced")
+			c := harnesstest.HybridEPConfig(t, 2, 0, "balanced")
 			c.SMs, c.CommTimeout = 1, 200*time.Millisecond
 			dl := deviceRun(t, c, two...)
-			defer dl.d.Close()
-			dl.d.(*hybridep.Device).Break(bug.kind, bug.rank)
+			defer dl.Dispatcher.Close()
+			dl.Dispatcher.(*hybridep.Device).Break(bug.kind, bug.rank)
 			start := time.Now()
-			err := dl.step()
+			err := dl.Step()
 			var ce *comm.CommError
 			if !errors.As(err, &ce) || !slices.ContainsFunc(bug.want, func(w string) bool { return strings.Contains(err.Error(), w) }) {
 				t.Fatalf("%v: want the kernels' timeout, one of %q", err, bug.want)
@@ -230,9 +175,9 @@ func TestHybridEPOnHostSim(t *testing.T) {
 			t.Logf("%v (%.2f s)", err, time.Since(start).Seconds())
 		})
 	}
-	c := hybridEPConfig(t, 2, 0, "balanced")
+	c := harnesstest.HybridEPConfig(t, 2, 0, "balanced")
 	c.SMs = 1
-	rec, err := Run(c, Env{Version: "test", OpenDevices: one2(two)})
+	rec, err := Run(c, setup.Env{Version: "test", OpenDevices: harnesstest.TheseDevices(two)})
 	if err != nil || rec.Status != results.StatusOK || !rec.Correctness.Passed {
 		t.Fatalf("%v; %+v", err, rec)
 	}
@@ -241,19 +186,14 @@ func TestHybridEPOnHostSim(t *testing.T) {
 	}
 }
 
-// one2 opens devs as a run's devices.
-func one2(devs []device.Device) func(n, most int) ([]device.Device, error) {
-	return func(int, int) ([]device.Device, error) { return devs, nil }
-}
-
 // TestGPUHybridEP: hybridep's kernels on a GPU give the host
 // implementation's output bit for bit (ranks packed on GPU 0; the
 // bulk-copy path where the GPU is sm_90 and its NVRTC ≥ 12).
 func TestGPUHybridEP(t *testing.T) {
-	g := openGPU(t)
+	g := harnesstest.OpenGPU(t)
 	for _, ep := range []int{2, 8} {
 		t.Run(fmt.Sprintf("ep%d", ep), func(t *testing.T) {
-			c := hybridEPConfig(t, ep, 0, "skewed")
+			c := harnesstest.HybridEPConfig(t, ep, 0, "skewed")
 			c.SMs = 4
 			equalsHostHybridEP(t, c, g)
 		})

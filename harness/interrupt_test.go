@@ -6,6 +6,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/moebench/moebench/harness/check"
+	"github.com/moebench/moebench/harness/internal/harnesstest"
+	"github.com/moebench/moebench/harness/setup"
 	"github.com/moebench/moebench/kernels/device"
 	"github.com/moebench/moebench/results"
 )
@@ -14,29 +17,19 @@ import (
 // returns a failed record marked interrupted, saying nothing was timed;
 // the reference stops at its next expert once the interrupt fires.
 func TestInterruptBeforeTheSteps(t *testing.T) {
-	intr := &Interrupt{}
+	intr := &setup.Interrupt{}
 	intr.Stop("SIGTERM")
 	intr.Stop("SIGINT") // the first one counts
-	rec, err := Run(small(), Env{Version: "test", Interrupt: intr})
-	if !IsInterrupted(err) || rec == nil || rec.Status != results.StatusFailed || rec.Timing != nil ||
+	rec, err := Run(harnesstest.Small(), setup.Env{Version: "test", Interrupt: intr})
+	if !setup.IsInterrupted(err) || rec == nil || rec.Status != results.StatusFailed || rec.Timing != nil ||
 		rec.Interrupted != "SIGTERM while building the layer" || !strings.Contains(rec.Reason, "nothing was timed") {
 		t.Fatalf("interrupted run: %v, %+v", err, rec)
 	}
-	l, _, _ := trained(t, small())
-	l.Cfg.carry(l.Cfg.progressLine(), intr)
-	if _, _, err := Reference(l, nil); !IsInterrupted(err) {
+	l, _, _ := trained(t, harnesstest.Small())
+	l.Cfg.Carry(l.Cfg.ProgressLine(), intr)
+	if _, _, err := check.Reference(l, nil); !setup.IsInterrupted(err) {
 		t.Errorf("reference after the interrupt: %v", err)
 	}
-}
-
-// interrupter fires its interrupt once a progress line names a timed step.
-type interrupter struct{ intr *Interrupt }
-
-func (w interrupter) Write(b []byte) (int, error) {
-	if strings.Contains(string(b), "timed step") {
-		w.intr.Stop("SIGINT")
-	}
-	return len(b), nil
 }
 
 // TestDeviceInterrupt: on the device pipeline an interrupt during the timed
@@ -44,10 +37,10 @@ func (w interrupter) Write(b []byte) (int, error) {
 // steps timed, marked interrupted.
 func TestDeviceInterrupt(t *testing.T) {
 	t.Setenv("MOEBENCH_NVML", "/nonexistent")
-	c := deviceCases()["softmax-natural"]
+	c := harnesstest.DeviceCases()["softmax-natural"]
 	c.Warmup, c.Iters = 1, 2000
-	intr := &Interrupt{}
-	rec, err := Run(c, Env{Version: "test", Interrupt: intr, OpenDevices: one(&device.Emu{}), Progress: interrupter{intr}, ProgressEvery: time.Millisecond})
+	intr := &setup.Interrupt{}
+	rec, err := Run(c, setup.Env{Version: "test", Interrupt: intr, OpenDevices: harnesstest.OneDevice(&device.Emu{}), Progress: harnesstest.Interrupter{Intr: intr}, ProgressEvery: time.Millisecond})
 	if err != nil || rec == nil || rec.Timing == nil {
 		t.Fatalf("interrupted device run: %v, %+v", err, rec)
 	}
@@ -55,27 +48,5 @@ func TestDeviceInterrupt(t *testing.T) {
 	if rec.Status != results.StatusOK || !strings.HasPrefix(rec.Interrupted, "SIGINT before timed step ") || n < 1 || n >= c.Iters || len(rec.Timing.Step.Samples) != n ||
 		rec.Timing.Stopped != fmt.Sprintf("interrupted by SIGINT after %d of %d timed iterations", n, c.Iters) {
 		t.Errorf("interrupted device run: status %s, interrupted %q, %d timed iterations, stopped %q", rec.Status, rec.Interrupted, n, rec.Timing.Stopped)
-	}
-}
-
-// TestAgreedWhy: the interrupt that a run over several processes agrees
-// on names each signal and the processes it reached; none fired: "".
-func TestAgreedWhy(t *testing.T) {
-	for _, c := range []struct {
-		whys []string
-		want string
-	}{
-		{[]string{"", ""}, ""},
-		{[]string{"", "SIGTERM"}, "SIGTERM to process 1"},
-		{[]string{"SIGINT", "SIGINT", ""}, "SIGINT to processes 0, 1"},
-		{[]string{"SIGTERM", "SIGINT", "a test"}, "SIGINT to process 1, SIGTERM to process 0, an interrupt to process 2"},
-	} {
-		var codes []uint64
-		for _, w := range c.whys {
-			codes = append(codes, stopCode(w))
-		}
-		if got := agreedWhy(codes); got != c.want {
-			t.Errorf("%q: %q, want %q", c.whys, got, c.want)
-		}
 	}
 }

@@ -4,6 +4,8 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/moebench/moebench/harness/layer"
+	"github.com/moebench/moebench/harness/setup"
 	"github.com/moebench/moebench/internal/hostsim"
 	"github.com/moebench/moebench/kernels/device"
 )
@@ -37,16 +39,16 @@ func BenchmarkStepIssue(b *testing.B) {
 	b.Cleanup(func() { device.NewCompiler = old })
 	b.Setenv("FAKECUDA_SKIP_KERNELS", "router_topk,permute_rows,gather_f32,sort_chunks,swiglu_prob,unpermute_sum")
 	b.Setenv("FAKECUBLASLT_SKIP", "1")
-	tiny := DefaultConfig()
-	qwen := DefaultConfig()
-	p, _ := LookupPreset("qwen3-30b-a3b")
+	tiny := setup.DefaultConfig()
+	qwen := setup.DefaultConfig()
+	p, _ := setup.LookupPreset("qwen3-30b-a3b")
 	qwen.Preset, qwen.Shape = p.Name, p.Shape
 	qwen.Tokens = 256
 	graph := tiny
 	graph.CUDAGraph = true
 	for _, c := range []struct {
 		name string
-		cfg  Config
+		cfg  setup.Config
 	}{{"tiny-ep8", tiny}, {"tiny-ep8-cuda-graph", graph}, {"qwen3-30b-a3b-ep8", qwen}} {
 		b.Run(c.name, func(b *testing.B) {
 			cfg := c.cfg
@@ -59,29 +61,29 @@ func BenchmarkStepIssue(b *testing.B) {
 			for i, g := range gs {
 				devs[i] = g
 			}
-			defer closeDevices(devs)
+			defer layer.CloseDevices(devs)
 			dl := deviceRun(b, cfg, devs...)
-			defer dl.d.Close()
+			defer dl.Dispatcher.Close()
 			for range 3 { // plans, modules and buffers made; the counts computed
-				if err := dl.step(); err != nil {
+				if err := dl.Step(); err != nil {
 					b.Fatal(err)
 				}
 			}
 			b.Setenv("FAKECUDA_SKIP_KERNELS", "*")
 			if cfg.CUDAGraph { // captured once each (the routing is fixed), replayed every step
-				if dl.graph, err = newGraphs(dl); err != nil {
+				if dl.Graph, err = layer.NewGraphs(dl); err != nil {
 					b.Fatal(err)
 				}
-				defer dl.graph.free()
+				defer dl.Graph.Free()
 			}
 			issue := make([]float64, 0, b.N)
 			b.ReportAllocs() // the Go heap allocations of a step's issue: deterministic, unlike its time on a shared machine
 			b.ResetTimer()
 			for range b.N {
-				if err := dl.step(); err != nil {
+				if err := dl.Step(); err != nil {
 					b.Fatal(err)
 				}
-				issue = append(issue, dl.issueMS)
+				issue = append(issue, dl.IssueMS)
 			}
 			b.StopTimer()
 			slices.Sort(issue)

@@ -8,23 +8,12 @@ import (
 	"time"
 
 	"github.com/moebench/moebench/dispatchers"
+	"github.com/moebench/moebench/harness/internal/harnesstest"
+	"github.com/moebench/moebench/harness/layer"
+	"github.com/moebench/moebench/harness/setup"
 	"github.com/moebench/moebench/internal/hostsim"
 	"github.com/moebench/moebench/results"
 )
-
-// useFakeNCCLEP makes cuda-device runs find the fake libnccl_ep
-// (fakencclep.c, over the fake NCCL, which says it is 2.30.7) and what
-// NCCL EP's run-time compile looks for (hostsim.FakeNCCLEPRuntime).
-func useFakeNCCLEP(t *testing.T) {
-	t.Helper()
-	so, err := hostsim.BuildFake("fakencclep", t.TempDir(), "libnccl_ep.so.0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Setenv("MOEBENCH_NCCL_EP", so)
-	t.Setenv("FAKENCCL_VERSION", "23007")
-	hostsim.FakeNCCLEPRuntime(t)
-}
 
 // TestNCCLEPLayerOnHostSim: the whole layer with --impl library — NCCL EP's
 // high-throughput mode for hybridep, its low-latency mode for deepep-ll —
@@ -38,8 +27,8 @@ func useFakeNCCLEP(t *testing.T) {
 // low-latency mode, which has no backward, times the forward alone and
 // says why.
 func TestNCCLEPLayerOnHostSim(t *testing.T) {
-	useHostSimLayer(t)
-	useFakeNCCLEP(t)
+	harnesstest.UseHostSimLayer(t)
+	harnesstest.UseFakeNCCLEP(t)
 	t.Setenv("NCCL_EP_SHUFFLE_SMS", "3")
 	for _, c := range []struct {
 		dispatcher, design, timeoutMS string
@@ -55,9 +44,9 @@ func TestNCCLEPLayerOnHostSim(t *testing.T) {
 	} {
 		t.Run(c.dispatcher, func(t *testing.T) {
 			t.Setenv("NCCL_EP_TIMEOUT_MS", c.timeoutMS)
-			cfg := deviceCases()["softmax-natural"]
+			cfg := harnesstest.DeviceCases()["softmax-natural"]
 			cfg.Dispatcher, cfg.Impl, cfg.EP, cfg.Hidden = c.dispatcher, dispatchers.ImplLibrary, 2, 128 // the low-latency combine takes 128-multiples
-			rec, err := Run(cfg, Env{Version: "test"})
+			rec, err := Run(cfg, setup.Env{Version: "test"})
 			if err != nil || rec.Status != results.StatusOK || !rec.Correctness.Passed {
 				t.Fatalf("%v; %+v", err, rec)
 			}
@@ -110,13 +99,13 @@ func TestNCCLEPLayerOnHostSim(t *testing.T) {
 // an sm_90 GPU, one GPU per rank, at most 8 ranks per node, and the
 // modes' shape limits; none of them runs a step.
 func TestNCCLEPUnavailable(t *testing.T) {
-	useHostSimLayer(t)
-	useFakeNCCLEP(t)
+	harnesstest.UseHostSimLayer(t)
+	harnesstest.UseFakeNCCLEP(t)
 	nccl := os.Getenv("MOEBENCH_NCCL")
 	for _, c := range []struct {
 		name, dispatcher string
 		env              map[string]string
-		cfg              func(*Config)
+		cfg              func(*setup.Config)
 		want             []string
 	}{
 		{"no-library", "hybridep", map[string]string{"MOEBENCH_NCCL_EP": "/nonexistent/libnccl_ep.so.0"}, nil,
@@ -134,25 +123,25 @@ func TestNCCLEPUnavailable(t *testing.T) {
 		{"no-headers", "deepep-ll", map[string]string{"NCCL_HOME": t.TempDir()}, nil,
 			[]string{"its run-time compile needs NCCL's device headers (NCCL_EP_JIT_BUILD_INCLUDE_DIR or NCCL_HOME): no nccl_device.h in"}},
 		{"sm80", "hybridep", map[string]string{"FAKECUDA_CC": "80"}, nil, []string{"GPU 0 is sm_80 and NCCL EP needs sm_90 or later", "GPU 1 is sm_80"}},
-		{"packed-and-too-many", "hybridep", nil, func(c *Config) { c.EP, c.Experts = 16, 32 },
+		{"packed-and-too-many", "hybridep", nil, func(c *setup.Config) { c.EP, c.Experts = 16, 32 },
 			[]string{"ranks 0 and 1 share GPU 0: NCCL EP needs one GPU per rank", "ranks 8 and 9 share GPU 1", "16 ranks on one node: NCCL EP supports at most 8 per node"}},
-		{"tokens", "hybridep", nil, func(c *Config) { c.Tokens = 8200 },
+		{"tokens", "hybridep", nil, func(c *setup.Config) { c.Tokens = 8200 },
 			[]string{"NCCL EP's high-throughput mode cannot take this layer: 8200 tokens per rank, above its 8192"}},
-		{"hidden", "deepep-ll", nil, func(c *Config) { c.Hidden = 64 },
+		{"hidden", "deepep-ll", nil, func(c *setup.Config) { c.Hidden = 64 },
 			[]string{"NCCL EP's low-latency mode cannot take this layer: hidden 64: its low-latency combine needs a multiple of 128"}},
-		{"sms", "deepep-ll", nil, func(c *Config) { c.SMs, c.Experts = 3, 64 },
+		{"sms", "deepep-ll", nil, func(c *setup.Config) { c.SMs, c.Experts = 3, 64 },
 			[]string{"--sms 3: 64 experts need at least 5 SMs"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			for k, v := range c.env {
 				t.Setenv(k, v)
 			}
-			cfg := deviceCases()["softmax-natural"]
+			cfg := harnesstest.DeviceCases()["softmax-natural"]
 			cfg.Dispatcher, cfg.Impl, cfg.EP, cfg.Hidden, cfg.Iters, cfg.Warmup = c.dispatcher, dispatchers.ImplLibrary, 2, 128, 1, 0
 			if c.cfg != nil {
 				c.cfg(&cfg)
 			}
-			rec, err := Run(cfg, Env{Version: "test"})
+			rec, err := Run(cfg, setup.Env{Version: "test"})
 			if !dispatchers.IsUnavailable(err) || rec.Status != results.StatusUnavailable || rec.Timing != nil {
 				t.Fatalf("want unavailable: %v; %+v", err, rec)
 			}
@@ -179,8 +168,8 @@ func TestNCCLEPFailures(t *testing.T) {
 			if net != "" {
 				hostsim.SkipIfShort(t, "one-process")
 			}
-			useHostSimLayer(t) // fresh fakes: a GPU the last run failed stays failed in its fake driver
-			useFakeNCCLEP(t)
+			harnesstest.UseHostSimLayer(t) // fresh fakes: a GPU the last run failed stays failed in its fake driver
+			harnesstest.UseFakeNCCLEP(t)
 			t.Setenv("FAKENCCL_NET", net)
 			ncclepFailures(t)
 		})
@@ -199,11 +188,11 @@ func ncclepFailures(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Setenv(c.hook, c.value)
-			cfg := deviceCases()["softmax-natural"]
+			cfg := harnesstest.DeviceCases()["softmax-natural"]
 			cfg.Dispatcher, cfg.Impl, cfg.EP, cfg.Hidden, cfg.NCCLEPTimeout = c.dispatcher, dispatchers.ImplLibrary, 2, 128, 300*time.Millisecond
 			var rec *results.Record
 			var err error
-			hostsim.Within(t, time.Minute, func() { rec, err = Run(cfg, Env{Version: "test"}) })
+			hostsim.Within(t, time.Minute, func() { rec, err = Run(cfg, setup.Env{Version: "test"}) })
 			if err == nil || rec.Status != results.StatusFailed {
 				t.Fatalf("want a failure: %v; %+v", err, rec)
 			}
@@ -216,28 +205,6 @@ func ncclepFailures(t *testing.T) {
 	}
 }
 
-// TestNCCLEPNodeLimit: in a run that spans processes NCCL EP's limit of 8
-// ranks is per node — the ranks of this process's node (its ranks times
-// the launcher's processes on the node), not the run's, which may be 64.
-func TestNCCLEPNodeLimit(t *testing.T) {
-	useHostSimLayer(t)
-	useFakeNCCLEP(t)
-	for _, c := range []struct {
-		nodeRanks int
-		want      string // "": available
-	}{{0, ""}, {8, ""}, {12, "12 ranks on this process's node: NCCL EP supports at most 8 per node"}} {
-		for _, d := range []string{"hybridep", "deepep-ll"} {
-			dd, err := dispatchers.NewDevice(d, dispatchers.ImplLibrary, dispatchers.Env{Device: "cuda", NodeRanks: c.nodeRanks})
-			if c.want == "" && err != nil || c.want != "" && (!dispatchers.IsUnavailable(err) || !strings.Contains(err.Error(), c.want)) {
-				t.Errorf("%s with %d ranks on the node: %v", d, c.nodeRanks, err)
-			}
-			if dd != nil {
-				dd.Close()
-			}
-		}
-	}
-}
-
 // TestNCCLEPFP8OnHostSim: --precision fp8 with --impl library — NCCL EP's
 // high-throughput mode (hybridep, a training step) and its low-latency
 // mode (deepep-ll) — dispatches e4m3 rows and their 1×128 scales through
@@ -247,23 +214,23 @@ func TestNCCLEPNodeLimit(t *testing.T) {
 // At hidden 384 (scale rows of 12 B) it is unavailable with the header's
 // reason.
 func TestNCCLEPFP8OnHostSim(t *testing.T) {
-	useHostSimLayer(t)
-	useFakeNCCLEP(t)
+	harnesstest.UseHostSimLayer(t)
+	harnesstest.UseFakeNCCLEP(t)
 	for _, c := range []struct {
 		dispatcher string
 		train      bool
 	}{{"hybridep", true}, {"deepep-ll", false}} {
 		t.Run(c.dispatcher, func(t *testing.T) {
-			cfg := deviceCases()["softmax-natural"]
-			cfg.Dispatcher, cfg.Impl, cfg.EP, cfg.Hidden, cfg.Precision = c.dispatcher, dispatchers.ImplLibrary, 2, 512, PrecisionFP8
-			rec, err := Run(cfg, Env{Version: "test"})
+			cfg := harnesstest.DeviceCases()["softmax-natural"]
+			cfg.Dispatcher, cfg.Impl, cfg.EP, cfg.Hidden, cfg.Precision = c.dispatcher, dispatchers.ImplLibrary, 2, 512, setup.PrecisionFP8
+			rec, err := Run(cfg, setup.Env{Version: "test"})
 			if err != nil || rec.Status != results.StatusOK || !rec.Correctness.Passed {
 				t.Fatalf("%v; %s %q %+v", err, rec.Status, rec.Reason, rec.Correctness)
 			}
 			if c.train && (rec.Correctness.Grads == nil || !(rec.Correctness.Grads.MaxRelErr <= rec.Correctness.Grads.Tolerance)) {
 				t.Errorf("gradients %+v", rec.Correctness.Grads)
 			}
-			if rec.Config.Precision != PrecisionFP8 || !strings.HasPrefix(rec.GEMM.Method, ExpertPathFP8Dev+"; ") || rec.GEMM.FP8Path != "cublaslt-fp8-block" ||
+			if rec.Config.Precision != setup.PrecisionFP8 || !strings.HasPrefix(rec.GEMM.Method, layer.ExpertPathFP8Dev+"; ") || rec.GEMM.FP8Path != "cublaslt-fp8-block" ||
 				rec.Library == nil || !strings.Contains(rec.Library.Detail, "quant_recipe NCCL_EP_DISP_QUANT_FWD") {
 				t.Errorf("precision %q, expert path %q, library %+v", rec.Config.Precision, rec.GEMM.Method, rec.Library)
 			}
@@ -278,9 +245,9 @@ func TestNCCLEPFP8OnHostSim(t *testing.T) {
 			t.Logf("max rel err %.2e", rec.Correctness.MaxRelErr)
 		})
 	}
-	cfg := deviceCases()["softmax-natural"]
-	cfg.Dispatcher, cfg.Impl, cfg.EP, cfg.Hidden, cfg.Precision = "hybridep", dispatchers.ImplLibrary, 2, 384, PrecisionFP8
-	rec, err := Run(cfg, Env{Version: "test"})
+	cfg := harnesstest.DeviceCases()["softmax-natural"]
+	cfg.Dispatcher, cfg.Impl, cfg.EP, cfg.Hidden, cfg.Precision = "hybridep", dispatchers.ImplLibrary, 2, 384, setup.PrecisionFP8
+	rec, err := Run(cfg, setup.Env{Version: "test"})
 	if !dispatchers.IsUnavailable(err) || rec.Status != results.StatusUnavailable || !strings.Contains(rec.Reason, "hidden must be a multiple of 512") {
 		t.Errorf("hidden 384: %v, %s %q", err, rec.Status, rec.Reason)
 	}

@@ -6,6 +6,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/moebench/moebench/harness/internal/harnesstest"
+	"github.com/moebench/moebench/harness/layer"
+	"github.com/moebench/moebench/harness/setup"
 	"github.com/moebench/moebench/internal/hostsim"
 	"github.com/moebench/moebench/results"
 )
@@ -17,18 +20,18 @@ import (
 // shared expert on its side stream. Each must pass the check and give the
 // sequential step's output and gradients bit for bit.
 func TestOverlapOnHostSim(t *testing.T) {
-	useHostSimLayer(t)
-	base := deviceCases()["softmax-natural"]
+	harnesstest.UseHostSimLayer(t)
+	base := harnesstest.DeviceCases()["softmax-natural"]
 	base.Warmup, base.Iters, base.EP = 0, 1, 2
 	deepep := base
-	deepep.Dispatcher, deepep.SMs, deepep.Overlap, deepep.DelayWgrad = "deepep", 4, []string{OverlapA2A}, true
+	deepep.Dispatcher, deepep.SMs, deepep.Overlap, deepep.DelayWgrad = "deepep", 4, []string{setup.OverlapA2A}, true
 	nccl := base
-	nccl.Impl, nccl.Overlap = "library", []string{OverlapA2A}
+	nccl.Impl, nccl.Overlap = "library", []string{setup.OverlapA2A}
 	hybrid := base
-	hybrid.Dispatcher, hybrid.SharedExperts, hybrid.Overlap = "hybridep", 1, []string{OverlapShared}
-	for name, c := range map[string]Config{"deepep-a2a-delay-wgrad": deepep, "alltoall-nccl-a2a": nccl, "hybridep-shared": hybrid} {
+	hybrid.Dispatcher, hybrid.SharedExperts, hybrid.Overlap = "hybridep", 1, []string{setup.OverlapShared}
+	for name, c := range map[string]setup.Config{"deepep-a2a-delay-wgrad": deepep, "alltoall-nccl-a2a": nccl, "hybridep-shared": hybrid} {
 		t.Run(name, func(t *testing.T) {
-			rec, err := Run(c, Env{Version: "test"})
+			rec, err := Run(c, setup.Env{Version: "test"})
 			if err != nil || rec.Status != results.StatusOK || !rec.Correctness.Passed {
 				t.Fatalf("%v; record %+v", err, rec)
 			}
@@ -57,8 +60,8 @@ func TestOverlapOnHostSim(t *testing.T) {
 // stream whose first work waits for a captured event is joined by it).
 func TestOverlapCUDAGraphOnHostSim(t *testing.T) {
 	hostsim.SkipIfShort(t, "internal/cuda's TestStreamCapture (the fake driver's capture)")
-	useHostSimLayer(t)
-	base := deviceCases()["softmax-natural"]
+	harnesstest.UseHostSimLayer(t)
+	base := harnesstest.DeviceCases()["softmax-natural"]
 	base.Warmup, base.Iters, base.EP, base.CUDAGraph, base.SharedExperts = 2, 2, 2, true, 1
 	base.RoutingFixed = true // the counts repeat: the graphs are replayed
 	launches := regexp.MustCompile(`(\d+) graph launches over \d+ steps .*, (\d+) captures`)
@@ -66,12 +69,12 @@ func TestOverlapCUDAGraphOnHostSim(t *testing.T) {
 		name  string
 		forms []string
 		delay bool
-	}{{"a2a", []string{OverlapA2A}, false}, {"a2a-delay-wgrad", []string{OverlapA2A}, true},
-		{"shared", []string{OverlapShared}, false}, {"shared-delay-wgrad", []string{OverlapShared}, true}} {
+	}{{"a2a", []string{setup.OverlapA2A}, false}, {"a2a-delay-wgrad", []string{setup.OverlapA2A}, true},
+		{"shared", []string{setup.OverlapShared}, false}, {"shared-delay-wgrad", []string{setup.OverlapShared}, true}} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := base
 			c.Overlap, c.DelayWgrad = tc.forms, tc.delay
-			rec, err := Run(c, Env{Version: "test"})
+			rec, err := Run(c, setup.Env{Version: "test"})
 			if err != nil || rec.Status != results.StatusOK || !rec.Correctness.Passed {
 				t.Fatalf("%v; record %+v", err, rec)
 			}
@@ -94,11 +97,11 @@ func TestOverlapCUDAGraphOnHostSim(t *testing.T) {
 	for plant, want := range map[string]string{"graph-join": "CUDA_ERROR_STREAM_CAPTURE_UNJOINED", "graph-fork": "CUDA_ERROR_STREAM_CAPTURE_ISOLATION",
 		"graph-drop": "(replayed from CUDA graphs; the same step as plain launches equals it) differ from the sequential step's"} {
 		t.Run(plant, func(t *testing.T) {
-			overlapPlant = plant
-			t.Cleanup(func() { overlapPlant = "" })
+			layer.OverlapPlant = plant
+			t.Cleanup(func() { layer.OverlapPlant = "" })
 			c := base
-			c.Overlap, c.DelayWgrad = []string{OverlapA2A}, true
-			rec, err := Run(c, Env{Version: "test"})
+			c.Overlap, c.DelayWgrad = []string{setup.OverlapA2A}, true
+			rec, err := Run(c, setup.Env{Version: "test"})
 			if err == nil || !strings.Contains(err.Error(), want) {
 				t.Fatalf("planted %s: %v (record %+v), want %s", plant, err, rec, want)
 			}
@@ -115,12 +118,12 @@ func TestOverlapCUDAGraphOnHostSim(t *testing.T) {
 // bit for bit to the sequential step, and the note counts the fallbacks.
 func TestOverlapCUDAGraphPerStepRoutingOnHostSim(t *testing.T) {
 	hostsim.SkipIfShort(t, "internal/cuda's TestStreamCapture (the fake driver's capture)")
-	useHostSimLayer(t)
-	c := deviceCases()["softmax-natural"]
+	harnesstest.UseHostSimLayer(t)
+	c := harnesstest.DeviceCases()["softmax-natural"]
 	c.Warmup, c.Iters, c.EP, c.CUDAGraph = 1, 2, 2, true
-	c.Routing = Routing{Kind: RoutingSkewed, Alpha: 1.2}
-	c.Overlap, c.DelayWgrad = []string{OverlapA2A}, true
-	rec, err := Run(c, Env{Version: "test"})
+	c.Routing = setup.Routing{Kind: setup.RoutingSkewed, Alpha: 1.2}
+	c.Overlap, c.DelayWgrad = []string{setup.OverlapA2A}, true
+	rec, err := Run(c, setup.Env{Version: "test"})
 	if err != nil || rec.Status != results.StatusOK || !rec.Correctness.Passed {
 		t.Fatalf("%v; record %+v", err, rec)
 	}

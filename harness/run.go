@@ -3,54 +3,24 @@ package harness
 import (
 	"errors"
 	"fmt"
-	"io"
 	"math"
 	"time"
 
 	"github.com/montanaflynn/stats"
 
 	"github.com/moebench/moebench/dispatchers"
+	"github.com/moebench/moebench/harness/check"
+	"github.com/moebench/moebench/harness/layer"
+	"github.com/moebench/moebench/harness/setup"
 	"github.com/moebench/moebench/harness/summary"
 	"github.com/moebench/moebench/internal/cuda"
-	"github.com/moebench/moebench/internal/launch"
 	"github.com/moebench/moebench/kernels"
-	"github.com/moebench/moebench/kernels/device"
 	"github.com/moebench/moebench/results"
 )
 
-// Env is what a run needs besides its configuration.
-type Env struct {
-	Version    string // moebench version for the record
-	DeviceNote string // why this device was chosen (recorded and printed)
-	// Now stamps the record; nil means time.Now.
-	Now func() time.Time
-	// Dump, if set, is a directory to write the layer's tensors to (see Dump)
-	// once it has run, also when its check failed.
-	Dump string
-	// OpenDevices opens the devices of a cuda run: n of them, or when n is
-	// 0 as many as there are up to most (one per rank). Nil opens GPUs
-	// (device.OpenGPUs); tests pass Emus (device.Emu).
-	OpenDevices func(n, most int) ([]device.Device, error)
-	// Progress, if set, gets a line every ProgressEvery (default
-	// DefaultProgressEvery) once a run has taken that long: what it is
-	// doing, the steps done and the time left. Nothing of it goes into the
-	// record.
-	Progress      io.Writer
-	ProgressEvery time.Duration
-	// Rendezvous, in a run launched over several processes
-	// (internal/launch), meets them and watches them; nil or one process:
-	// a run of this process alone.
-	Rendezvous *launch.Rendezvous
-	// Interrupt, if set, stops the run early when it fires (a signal): the
-	// record holds what was measured and is marked interrupted. In a run
-	// over several processes, every process is given one or none: they
-	// stop together, where all agree to (agreeStop).
-	Interrupt *Interrupt
-}
-
 // steps is how many steps a run of cfg with d takes: warm-up and timed,
 // twice for a rebalancing dispatcher (its paused steps first).
-func steps(cfg Config, c dispatchers.Capabilities) int {
+func steps(cfg setup.Config, c dispatchers.Capabilities) int {
 	n := cfg.Warmup + cfg.Iters
 	if c.Rebalance != nil {
 		n *= 2
@@ -58,32 +28,26 @@ func steps(cfg Config, c dispatchers.Capabilities) int {
 	return n
 }
 
-// buildExperts is the progress stage of drawing the experts' weights.
-const buildExperts = "building the layer: drawing the experts' weights (experts)"
-
-// checking is the progress stage of the correctness check.
-const checking = "checking the output against the float64 reference"
-
 // Run builds the layer, checks it (unless cfg.Check is false), times
 // cfg.Iters steps after cfg.Warmup and returns the record. cfg.Device must be
 // resolved (host or cuda). On failure or unavailability it returns a record
 // without timings, saying why, together with the error; a *ConfigError means
 // bad input and comes without a record.
-func Run(cfg Config, env Env) (*results.Record, error) {
+func Run(cfg setup.Config, env setup.Env) (*results.Record, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	why := env.ForwardOnlyReason(cfg)
 	cfg.ForwardOnly = cfg.ForwardOnly || why != ""
-	forced := cfg.HostExperts != "" && cfg.HostExperts != HostExpertsAuto
+	forced := cfg.HostExperts != "" && cfg.HostExperts != setup.HostExpertsAuto
 	if cfg.Device == "host" {
-		cfg.HostExperts = cfg.hostExperts() // decided once, before the record says it
+		cfg.HostExperts = cfg.ResolvedHostExperts() // decided once, before the record says it
 	}
 	noDump, err := dumpRefusal(cfg, env, forced)
 	if err != nil {
 		return nil, err
 	}
-	rec := newRecord(cfg, env)
+	rec := NewRecord(cfg, env)
 	rec.Config.PassNote = why
 	if cfg.Device != "host" {
 		return runDevice(cfg, env, rec)
@@ -96,17 +60,17 @@ func Run(cfg Config, env Env) (*results.Record, error) {
 // noDump, the reason the run ends unavailable before any step (a training
 // step's dump on the host needs every weight gradient held; forced: the
 // user chose --host-experts).
-func dumpRefusal(cfg Config, env Env, forced bool) (noDump, err error) {
-	if cfg.Device == "host" && env.Dump != "" && !cfg.ForwardOnly && cfg.HostExperts != HostExpertsHeld {
+func dumpRefusal(cfg setup.Config, env setup.Env, forced bool) (noDump, err error) {
+	if cfg.Device == "host" && env.Dump != "" && !cfg.ForwardOnly && cfg.HostExperts != setup.HostExpertsHeld {
 		why := fmt.Sprintf("a training step's dump writes every expert's weight gradients, which this layer does not hold (--host-experts %s); "+
 			"add --forward-only, or use a layer whose experts' weights and weight gradients fit in memory", cfg.HostExperts)
 		if forced {
-			return nil, &ConfigError{"dump", env.Dump, why}
+			return nil, &setup.ConfigError{Flag: "dump", Value: env.Dump, Allowed: why}
 		}
 		noDump = errors.New("--dump: " + why)
 	}
-	if env.Dump != "" && cfg.overlaps(OverlapA2A) {
-		return nil, &ConfigError{"dump", env.Dump, "with --overlap a2a the weight gradients are the sum of two micro-batches' while a dump holds " +
+	if env.Dump != "" && cfg.Overlaps(setup.OverlapA2A) {
+		return nil, &setup.ConfigError{Flag: "dump", Value: env.Dump, Allowed: "with --overlap a2a the weight gradients are the sum of two micro-batches' while a dump holds " +
 			"micro-batch 0's inputs only, so its backward could not be recomputed from it; dump a run without --overlap a2a"}
 	}
 	return noDump, nil
@@ -114,13 +78,13 @@ func dumpRefusal(cfg Config, env Env, forced bool) (noDump, err error) {
 
 // hostRun is what runHost's steps share.
 type hostRun struct {
-	cfg     Config
-	env     Env
+	cfg     setup.Config
+	env     setup.Env
 	rec     *results.Record
 	d       dispatchers.Dispatcher
-	l       *Layer
-	prog    *progress
-	m       measured
+	l       *layer.Layer
+	prog    *setup.Progress
+	m       layer.Measured
 	samples map[string][][]float64 // where timed records: samples[phase][rank][iter] in milliseconds
 	iter    int                    // the step being run (< 0: a warm-up step, not recorded)
 	work    map[string]float64     // each phase's share of a step, for the progress line
@@ -129,26 +93,26 @@ type hostRun struct {
 
 // runHost is Run on the host device. Its steps are hostRun's methods;
 // each that returns a record or an error ends the run with them.
-func runHost(cfg Config, env Env, rec *results.Record, forced bool, noDump error) (*results.Record, error) {
+func runHost(cfg setup.Config, env setup.Env, rec *results.Record, forced bool, noDump error) (*results.Record, error) {
 	h := &hostRun{cfg: cfg, env: env, rec: rec, iter: -1}
 	fresh := func() (dispatchers.Dispatcher, error) {
-		return dispatchers.New(h.cfg.Dispatcher, h.cfg.Impl, h.cfg.dispatcherEnv())
+		return dispatchers.New(h.cfg.Dispatcher, h.cfg.Impl, h.cfg.DispatcherEnv())
 	}
 	d, err := fresh()
 	if err != nil {
 		return dispatcherError(rec, h.cfg, err)
 	}
 	h.d = d
-	h.prog = startProgress(env.Progress, env.ProgressEvery, steps(h.cfg, d.Capabilities()))
-	defer h.prog.finish()
-	h.cfg.carry(h.prog, env.Interrupt)
+	h.prog = setup.StartProgress(env.Progress, env.ProgressEvery, steps(h.cfg, d.Capabilities()))
+	defer h.prog.Finish()
+	h.cfg.Carry(h.prog, env.Interrupt)
 	if err := checkHostMemory(h.cfg); err != nil {
 		return failed(rec, results.StatusUnavailable, err)
 	}
 	if noDump != nil {
 		return failed(rec, results.StatusUnavailable, noDump)
 	}
-	note := hostExpertsNote(h.cfg.HostExperts, forced)
+	note := layer.HostExpertsNote(h.cfg.HostExperts, forced)
 	if note != "" && env.Progress != nil {
 		fmt.Fprintf(env.Progress, "moebench: %s\n", note)
 	}
@@ -166,17 +130,17 @@ func runHost(cfg Config, env Env, rec *results.Record, forced bool, noDump error
 	}
 	rec.Status = results.StatusOK
 	m, l := &h.m, h.l
-	m.traffic = d.Traffic() // after the steps: it counts the last one
-	m.buffers = buffers(d.Capabilities(), h.cfg.EP)
-	m.recv = segmentRows(l.Ranks)
+	m.Traffic = d.Traffic() // after the steps: it counts the last one
+	m.Buffers = buffers(d.Capabilities(), h.cfg.EP)
+	m.Recv = segmentRows(l.Ranks)
 	for r := range l.Ranks {
-		m.mem.PerRankBytes = append(m.mem.PerRankBytes, l.Footprint(d, r))
+		m.Mem.PerRankBytes = append(m.Mem.PerRankBytes, l.Footprint(d, r))
 	}
 
-	m.phase2SMs = "not measured on the host device"
+	m.Phase2SMs = "not measured on the host device"
 	fillMeasurements(rec, h.cfg, *m)
-	if h.cfg.overlapping() { // overlap.go: the host runs every phase in turn
-		if rec.Overlap, err = hostOverlap(h.cfg, fresh, rec.Memory); err != nil {
+	if h.cfg.Overlapping() { // overlap.go: the host runs every phase in turn
+		if rec.Overlap, err = check.HostOverlap(h.cfg, fresh, rec.Memory); err != nil {
 			return failed(rec, results.StatusFailed, err)
 		}
 	}
@@ -189,12 +153,12 @@ func runHost(cfg Config, env Env, rec *results.Record, forced bool, noDump error
 // buildLayer draws the layer and binds the dispatcher to it.
 func (h *hostRun) buildLayer() (*results.Record, error) {
 	cfg, rec := h.cfg, h.rec
-	if cfg.HostExperts != HostExpertsDrawn {
-		h.prog.work(buildExperts, float64(cfg.Experts))
+	if cfg.HostExperts != setup.HostExpertsDrawn {
+		h.prog.Work(setup.BuildExperts, float64(cfg.Experts))
 	}
-	l, err := NewLayer(cfg)
+	l, err := layer.NewLayer(cfg)
 	if err != nil {
-		var ce *ConfigError
+		var ce *setup.ConfigError
 		if errors.As(err, &ce) {
 			return nil, err
 		}
@@ -206,7 +170,7 @@ func (h *hostRun) buildLayer() (*results.Record, error) {
 	} else if err != nil {
 		return failed(rec, results.StatusFailed, err)
 	}
-	if err := h.env.Interrupt.interrupted(whileBuilding); err != nil {
+	if err := h.env.Interrupt.Interrupted(setup.WhileBuilding); err != nil {
 		return interruptedRecord(rec, err)
 	}
 	return nil, nil
@@ -221,9 +185,9 @@ func (h *hostRun) check(fresh func() (dispatchers.Dispatcher, error)) (*results.
 		rec.Correctness = &results.Correctness{Checked: false, Detail: "check disabled by --check off"}
 		return nil, nil
 	}
-	h.prog.set(checking)
-	c, err := Check(h.l, h.d, fresh)
-	if ierr := h.env.Interrupt.interrupted(whileChecking); ierr != nil {
+	h.prog.Set(setup.Checking)
+	c, err := check.Check(h.l, h.d, fresh)
+	if ierr := h.env.Interrupt.Interrupted(setup.WhileChecking); ierr != nil {
 		return checkInterrupted(rec, c, err, ierr)
 	}
 	if err != nil {
@@ -244,34 +208,34 @@ func (h *hostRun) check(fresh func() (dispatchers.Dispatcher, error)) (*results.
 func (h *hostRun) newMeasured(note string) (string, error) {
 	cfg := h.cfg
 	m := &h.m
-	*m = measured{
-		clock: "host wall clock (Go time.Now); not comparable with GPU timings",
-		model: "each phase's sample is its slowest rank in that iteration; step = sum of the phase samples (ranks in lockstep, a barrier between phases)",
-		mem: &results.Memory{Method: "host buffers, accounted: the rank's host buffers after the run, float32 storage (its share of expert weights, shared/router weights, activations, " +
+	*m = layer.Measured{
+		Clock: "host wall clock (Go time.Now); not comparable with GPU timings",
+		Model: "each phase's sample is its slowest rank in that iteration; step = sum of the phase samples (ranks in lockstep, a barrier between phases)",
+		Mem: &results.Memory{Method: "host buffers, accounted: the rank's host buffers after the run, float32 storage (its share of expert weights, shared/router weights, activations, " +
 			"dispatcher buffers; in a training step also what the forward keeps for the backward, the gradients and the experts' fp32 weight gradients); not a measured peak"}}
 	if note != "" {
-		m.clock += "; " + note
-		m.mem.Method += "; " + hostExpertsHeldNote(cfg.HostExperts)
+		m.Clock += "; " + note
+		m.Mem.Method += "; " + layer.HostExpertsHeldNote(cfg.HostExperts)
 	}
 	var err error
-	if m.phases, err = h.l.Phases(h.d); err != nil {
+	if m.Phases, err = h.l.Phases(h.d); err != nil {
 		return results.StatusUnavailable, err
 	}
 	if !cfg.ForwardOnly {
-		m.forward = len(h.l.steps(h.d))
-		m.model += "; fwd and bwd are the sums of their passes' phases, step = fwd + bwd"
+		m.Forward = len(h.l.Steps(h.d))
+		m.Model += "; fwd and bwd are the sums of their passes' phases, step = fwd + bwd"
 	}
-	m.samples = m.newSamples(cfg.EP)
-	h.samples = m.samples
+	m.Samples = m.NewSamples(cfg.EP)
+	h.samples = m.Samples
 	h.work = map[string]float64{}
-	for _, ph := range m.phases {
-		h.work[ph] = phaseWork(cfg, ph)
+	for _, ph := range m.Phases {
+		h.work[ph] = check.PhaseWork(cfg, ph)
 	}
-	if h.plant, err = plantedDelay(cfg.Dispatcher); err != nil { // a test-only hook (plant.go)
+	if h.plant, err = setup.PlantedDelay(cfg.Dispatcher); err != nil { // a test-only hook (plant.go)
 		return results.StatusFailed, err
 	}
 	if h.plant > 0 {
-		m.clock += "; " + plantNote(h.plant)
+		m.Clock += "; " + setup.PlantNote(h.plant)
 	}
 	return "", nil
 }
@@ -281,13 +245,13 @@ func (h *hostRun) newMeasured(note string) (string, error) {
 func (h *hostRun) timed(ph string, r int, fn func() error) error {
 	t0 := time.Now()
 	err := fn()
-	if h.plant > 0 && h.iter >= 0 && r == 0 && ph == h.m.phases[0] {
+	if h.plant > 0 && h.iter >= 0 && r == 0 && ph == h.m.Phases[0] {
 		time.Sleep(h.plant)
 	}
 	if h.iter >= 0 {
 		h.samples[ph][r] = append(h.samples[ph][r], float64(time.Since(t0).Nanoseconds())/1e6)
 	}
-	h.prog.stepAdd(h.work[ph])
+	h.prog.StepAdd(h.work[ph])
 	return err
 }
 
@@ -296,51 +260,51 @@ func (h *hostRun) timed(ph string, r int, fn func() error) error {
 func (h *hostRun) timeSteps() (*results.Record, error) {
 	cfg, env, l, d, m := h.cfg, h.env, h.l, h.d, &h.m
 	stepWork := 0.0
-	for _, ph := range m.phases {
+	for _, ph := range m.Phases {
 		stepWork += h.work[ph] * float64(cfg.EP)
 	}
 	rb := d.Capabilities().Rebalance
-	h.prog.stepping(stepWork)
-	pausedEnd, end := cfg.deadlines(rb != nil)
+	h.prog.Stepping(stepWork)
+	pausedEnd, end := cfg.Deadlines(rb != nil)
 	if rb != nil { // after the warm-up, the paused steps (see measured.paused)
-		if err := h.pausedSteps(rb, pausedEnd); IsInterrupted(err) {
+		if err := h.pausedSteps(rb, pausedEnd); setup.IsInterrupted(err) {
 			return interruptedRecord(h.rec, err)
 		} else if err != nil {
 			return failed(h.rec, results.StatusFailed, err)
 		}
 	}
-	done, err := iterate(cfg.Warmup, cfg.Iters, end, func(i int) error {
-		if err := env.Interrupt.beforeStep("", i, cfg); err != nil {
+	done, err := setup.Iterate(cfg.Warmup, cfg.Iters, end, func(i int) error {
+		if err := env.Interrupt.BeforeStep("", i, cfg); err != nil {
 			return err
 		}
 		h.iter = i
-		h.prog.set(stepStage(i, cfg))
+		h.prog.Set(setup.StepStage(i, cfg))
 		l.SetRouting(cfg.Warmup + i + 1)
 		if err := l.Iteration(d, h.timed); err != nil {
 			return err
 		}
-		h.prog.stepDone()
+		h.prog.StepDone()
 		if i < 0 {
 			return nil
 		}
 		if rb != nil {
-			m.rebalance = append(m.rebalance, rb.Stats())
+			m.Rebalance = append(m.Rebalance, rb.Stats())
 		}
-		m.recvSteps = append(m.recvSteps, segmentRows(l.Ranks))
+		m.RecvSteps = append(m.RecvSteps, segmentRows(l.Ranks))
 		return nil
 	})
 	var stopped string // why the timed steps stopped early
 	switch {
-	case IsInterrupted(err) && done > 0:
+	case setup.IsInterrupted(err) && done > 0:
 		stopped = interruptedSteps(h.rec, err, done, cfg.Iters)
-	case IsInterrupted(err):
+	case setup.IsInterrupted(err):
 		return interruptedRecord(h.rec, err)
 	case err != nil:
 		return failed(h.rec, results.StatusFailed, err)
 	}
-	h.cfg.Iters, m.stopped = done, cfg.stopped(done)
+	h.cfg.Iters, m.Stopped = done, cfg.Stopped(done)
 	if stopped != "" {
-		m.stopped = stopped
+		m.Stopped = stopped
 	}
 	return nil, nil
 }
@@ -349,12 +313,12 @@ func (h *hostRun) timeSteps() (*results.Record, error) {
 // rebalancing (measured.paused).
 func (h *hostRun) pausedSteps(rb *dispatchers.Rebalance, deadline time.Time) error {
 	cfg, env, m := h.cfg, h.env, &h.m
-	h.prog.set("steps with phase 2 paused (the straggler before rebalancing)")
-	m.paused = m.newSamples(cfg.EP)
-	h.samples = m.paused
+	h.prog.Set("steps with phase 2 paused (the straggler before rebalancing)")
+	m.Paused = m.NewSamples(cfg.EP)
+	h.samples = m.Paused
 	rb.Pause(true)
-	if _, err := iterate(cfg.Warmup, cfg.Iters, deadline, func(i int) error {
-		if err := env.Interrupt.beforeStep("the paused ", i, cfg); err != nil {
+	if _, err := setup.Iterate(cfg.Warmup, cfg.Iters, deadline, func(i int) error {
+		if err := env.Interrupt.BeforeStep("the paused ", i, cfg); err != nil {
 			return err
 		}
 		h.iter = i
@@ -362,46 +326,14 @@ func (h *hostRun) pausedSteps(rb *dispatchers.Rebalance, deadline time.Time) err
 		if err := h.l.Iteration(h.d, h.timed); err != nil {
 			return err
 		}
-		h.prog.stepDone()
+		h.prog.StepDone()
 		return nil
 	}); err != nil {
 		return err
 	}
 	rb.Pause(false)
-	h.samples = m.samples
+	h.samples = m.Samples
 	return nil
-}
-
-// ForwardOnlyReason says why a run of cfg that was not asked to be
-// forward-only must be: its dispatcher's implementation on the cuda device
-// has no backward in this build (in its own words where it gives them,
-// Capabilities.NoBackward); "" when its backward can run (or the
-// dispatcher cannot be built, which the run itself reports).
-func ForwardOnlyReason(cfg Config) string {
-	if cfg.ForwardOnly || cfg.Device == "host" {
-		return ""
-	}
-	d, err := dispatchers.NewDevice(cfg.Dispatcher, cfg.Impl, cfg.dispatcherEnv())
-	if err != nil {
-		return ""
-	}
-	return d.Capabilities().NoBackward
-}
-
-// ForwardOnlyReason is ForwardOnlyReason(cfg) for a run in env. A run over
-// several processes trains as one process does: of the designs that run
-// across them, alltoall --impl library and hybridep's native kernels have
-// a backward (NCCL EP's modes say why not, as in one process), and each
-// process checks its own ranks' gradients (devbackward.go's checkGrads);
-// the others are refused across processes (newDist) whatever their pass.
-func (env Env) ForwardOnlyReason(cfg Config) string { return ForwardOnlyReason(cfg) }
-
-// stepStage is the progress stage of step i (negative: warm-up).
-func stepStage(i int, cfg Config) string {
-	if i < 0 {
-		return fmt.Sprintf("warm-up step %d of %d", cfg.Warmup+i+1, cfg.Warmup)
-	}
-	return fmt.Sprintf("timed step %d of %d", i+1, cfg.Iters)
 }
 
 // segmentRows is the rows each rank's experts computed in the last step
@@ -422,29 +354,23 @@ func failed(rec *results.Record, status string, err error) (*results.Record, err
 	return rec, err
 }
 
-// dispatcherEnv is where cfg's dispatcher runs, with its options.
-func (c Config) dispatcherEnv() dispatchers.Env {
-	return dispatchers.Env{Device: c.Device, Base: c.FeplbBase, Domain: c.Domain, Dynamic: c.FeplbDyn, Policy: c.FeplbPolicy, Hidden: c.Hidden, FFN: c.FFN,
-		SMs: c.SMs, PreprocessSMs: c.PreprocessSMs, PermuteSMs: c.PermuteSMs, CommTimeout: c.CommTimeout, LibraryTimeout: c.NCCLEPTimeout, Precision: c.precision()}
-}
-
 // dispatcherError is the outcome of a dispatcher that could not be built:
 // unavailable, recorded with the reason, or a bad --dispatcher/--impl.
-func dispatcherError(rec *results.Record, cfg Config, err error) (*results.Record, error) {
+func dispatcherError(rec *results.Record, cfg setup.Config, err error) (*results.Record, error) {
 	if dispatchers.IsUnavailable(err) {
 		return failed(rec, results.StatusUnavailable, err)
 	}
-	return nil, &ConfigError{"dispatcher", cfg.Dispatcher, err.Error()}
+	return nil, &setup.ConfigError{Flag: "dispatcher", Value: cfg.Dispatcher, Allowed: err.Error()}
 }
 
-func dump(env Env, l *Layer, rec *results.Record) error {
+func dump(env setup.Env, l *layer.Layer, rec *results.Record) error {
 	if env.Dump == "" {
 		return nil
 	}
 	return Dump(env.Dump, l, rec)
 }
 
-func newRecord(cfg Config, env Env) *results.Record {
+func NewRecord(cfg setup.Config, env setup.Env) *results.Record {
 	if cfg.Device == "cuda" { // before the stack records the environment (and before the driver initializes)
 		cuda.SetMaxConnections()
 	}
@@ -454,12 +380,12 @@ func newRecord(cfg Config, env Env) *results.Record {
 	}
 	rec := &results.Record{Schema: results.Schema, Time: now().UTC().Format(time.RFC3339),
 		Config: cfg.Record(),
-		Stack:  Fingerprint(cfg.Device, env.DeviceNote, env.Version),
+		Stack:  setup.Fingerprint(cfg.Device, env.DeviceNote, env.Version),
 		Ranks:  results.Ranks{EP: cfg.EP, Devices: make([]int, cfg.EP)},
 		SMs:    results.SMs{Configured: cfg.SMs, Measured: "not measured on the host device"},
 	}
 	if b, ok := dispatchers.SMBudgetOf(cfg.Dispatcher, cfg.Impl); ok {
-		rec.SMs.Budget, rec.SMs.HeldNote = b.Resolve(cfg.SMs), HostHeldNote // a device run fits it to its GPUs (fitSMs)
+		rec.SMs.Budget, rec.SMs.HeldNote = b.Resolve(cfg.SMs), layer.HostHeldNote // a device run fits it to its GPUs (fitSMs)
 	}
 	if cfg.Device == "host" {
 		for r := range rec.Ranks.Devices {
@@ -468,39 +394,6 @@ func newRecord(cfg Config, env Env) *results.Record {
 		rec.Ranks.Note = "host ranks are independent objects in one process, run one after another within each phase"
 	}
 	return rec
-}
-
-// measured is what a run measured, for its record.
-type measured struct {
-	phases  []string
-	samples map[string][][]float64 // [phase][rank][iter], ms
-	step    [][]float64            // [rank][iter] each rank's step, ms; nil: the sum of its phases
-	recv    []int                  // rows each rank's experts computed, the last step
-	// each timed step's recv (a rebalancing dispatcher's come from its stats)
-	recvSteps [][]int
-	traffic   dispatchers.Traffic
-	// a run over several processes: the last step's off-rank bytes to
-	// other nodes and within the node (distributed.go's nodeBytes)
-	nodes                bool
-	interNode, intraNode int64
-	mem                  *results.Memory
-	clock                string // what measured the times
-	model                string // how phases make a step
-	// a rebalancing dispatcher's timed steps (nil for other dispatchers); the samples
-	// of as many steps, run before them (after their own warm-up) with its
-	// phase 2 paused, for the GEMM straggler before rebalancing; and what
-	// the SMs did during its copies
-	rebalance []dispatchers.RebalanceStats
-	paused    map[string][][]float64
-	phase2SMs string
-	// phases[:forward] are the forward's, the rest the backward's; 0: all
-	// are the forward's (the iterations timed the forward only)
-	forward  int
-	issue    []float64              // device runs: each timed step's host issue time, ms
-	hostWait []float64              // device runs: each timed step's host wait before phases (alltoall's counts), ms
-	hostCall map[string][][]float64 // a library implementation's: [phase][rank][iter] its calls' wall time, ms
-	buffers  []results.Buffer
-	stopped  string // why fewer iterations ran than asked for (--max-seconds)
 }
 
 // buffers are d's buffers on each of ep ranks, where it describes them.
@@ -518,15 +411,6 @@ func buffers(c dispatchers.Capabilities, ep int) []results.Buffer {
 		}
 	}
 	return out
-}
-
-// newSamples gives each phase an empty [rank][iter] sample.
-func (m *measured) newSamples(ranks int) map[string][][]float64 {
-	s := map[string][][]float64{}
-	for _, ph := range m.phases {
-		s[ph] = make([][]float64, ranks)
-	}
-	return s
 }
 
 // expertTimes sums each rank's phases (expert phases) per iteration:
@@ -564,31 +448,31 @@ func gemmStraggler(samples map[string][][]float64, ranks int, phases []string) (
 	return summary.Straggler(med), steps
 }
 
-func fillMeasurements(rec *results.Record, cfg Config, m measured) {
-	gs, gsSteps := gemmStraggler(m.samples, cfg.EP, dispatchers.ExpertPhases)
-	if len(m.rebalance) > 0 { // the segments left are the last expert phase's only: count what the plan says
-		m.recv = m.rebalance[len(m.rebalance)-1].TokensAfter
-		rb := rebalanceRecord(m.rebalance, m.phase2SMs)
+func fillMeasurements(rec *results.Record, cfg setup.Config, m layer.Measured) {
+	gs, gsSteps := gemmStraggler(m.Samples, cfg.EP, dispatchers.ExpertPhases)
+	if len(m.Rebalance) > 0 { // the segments left are the last expert phase's only: count what the plan says
+		m.Recv = m.Rebalance[len(m.Rebalance)-1].TokensAfter
+		rb := rebalanceRecord(m.Rebalance, m.Phase2SMs)
 		rb.GEMMAfter, rb.PerStep.GEMMAfterMS = gs, gsSteps
-		if m.paused != nil {
-			rb.GEMMBefore, rb.PerStep.GEMMBeforeMS = gemmStraggler(m.paused, cfg.EP, dispatchers.ExpertPhases)
+		if m.Paused != nil {
+			rb.GEMMBefore, rb.PerStep.GEMMBeforeMS = gemmStraggler(m.Paused, cfg.EP, dispatchers.ExpertPhases)
 		}
 		rec.Rebalance = rb
 	}
-	t := &results.Timing{Unit: "ms", Clock: m.clock, Warmup: cfg.Warmup, Iters: cfg.Iters, Model: m.model, Stopped: m.stopped}
+	t := &results.Timing{Unit: "ms", Clock: m.Clock, Warmup: cfg.Warmup, Iters: cfg.Iters, Model: m.Model, Stopped: m.Stopped}
 	// each rank's own step time, and the lockstep step (sum of slowest ranks)
 	stepPerRank := make([][]float64, cfg.EP)
 	lockstep := make([]float64, cfg.Iters)
-	for _, name := range m.phases {
-		p := summary.Phase(name, m.samples[name])
-		if hc := m.hostCall[name]; hc != nil {
+	for _, name := range m.Phases {
+		p := summary.Phase(name, m.Samples[name])
+		if hc := m.HostCall[name]; hc != nil {
 			s := summary.Phase(name, hc).Stat
 			p.HostCall = &s
 		}
 		for i, v := range p.Samples {
 			lockstep[i] += v
 		}
-		for r, rs := range m.samples[name] {
+		for r, rs := range m.Samples[name] {
 			stepPerRank[r] = kernels.Reslice(stepPerRank[r], cfg.Iters)
 			for i, v := range rs {
 				stepPerRank[r][i] += v
@@ -601,42 +485,42 @@ func fillMeasurements(rec *results.Record, cfg Config, m measured) {
 	// device's measured one, and on the host, where ranks run a phase one
 	// after another, the lockstep bound
 	own := stepPerRank
-	if m.step != nil {
-		own = m.step
+	if m.Step != nil {
+		own = m.Step
 	}
 	slowest := summary.Phase("step_slowest_rank", own)
 	lock := results.Phase{Name: "step_lockstep", Stat: summary.Stat(lockstep), Samples: lockstep}
 	t.SlowestRank, t.Lockstep = &slowest, &lock
 	t.Step, t.StepIs = slowest, results.StepSlowestRank
-	if m.step == nil {
+	if m.Step == nil {
 		t.Step.Stat, t.Step.Samples, t.StepIs = lock.Stat, lock.Samples, results.StepLockstep
 	}
 	t.Step.Name = "step"
-	if m.forward > 0 { // a training step's passes, each summed as the host's step is
-		fwd, bwd := m.sumPhases("fwd", m.phases[:m.forward], cfg), m.sumPhases("bwd", m.phases[m.forward:], cfg)
+	if m.Forward > 0 { // a training step's passes, each summed as the host's step is
+		fwd, bwd := m.SumPhases("fwd", m.Phases[:m.Forward], cfg), m.SumPhases("bwd", m.Phases[m.Forward:], cfg)
 		t.Forward, t.Backward = &fwd, &bwd
 	}
-	if m.issue != nil {
-		s := summary.Stat(m.issue)
+	if m.Issue != nil {
+		s := summary.Stat(m.Issue)
 		t.HostIssue = &s
 	}
-	if m.hostWait != nil {
-		s := summary.Stat(m.hostWait)
+	if m.HostWait != nil {
+		s := summary.Stat(m.HostWait)
 		t.HostWait = &s
 	}
 	rec.Timing = t
 
 	tok := make([]float64, cfg.EP)
 	var routed float64
-	for r, n := range m.recv {
+	for r, n := range m.Recv {
 		tok[r] = float64(n)
 		routed += tok[r] * 6 * float64(cfg.Hidden) * float64(cfg.FFN)
 	}
-	rec.Tokens = &results.Tokens{Received: m.recv, Straggler: summary.Straggler(tok)}
-	perStep := m.recvSteps
-	if len(m.rebalance) > 0 {
+	rec.Tokens = &results.Tokens{Received: m.Recv, Straggler: summary.Straggler(tok)}
+	perStep := m.RecvSteps
+	if len(m.Rebalance) > 0 {
 		perStep = nil
-		for _, s := range m.rebalance {
+		for _, s := range m.Rebalance {
 			perStep = append(perStep, s.TokensAfter)
 		}
 	}
@@ -656,25 +540,25 @@ func fillMeasurements(rec *results.Record, cfg Config, m measured) {
 	if ms > 0 {
 		rec.GEMM.TFLOPS = routed / (ms / 1e3) / 1e12
 	}
-	if cfg.isFP8() && cfg.Device == "host" {
-		rec.GEMM.Method, rec.GEMM.FP8Path, rec.GEMM.FP8PathReason = hostFP8Record()
+	if cfg.IsFP8() && cfg.Device == "host" {
+		rec.GEMM.Method, rec.GEMM.FP8Path, rec.GEMM.FP8PathReason = layer.HostFP8Record()
 	}
-	if m.forward > 0 {
+	if m.Forward > 0 {
 		backwardGEMM(rec.GEMM, m, cfg)
-		for _, rows := range m.recv {
-			m.mem.SavedPerRankBytes = append(m.mem.SavedPerRankBytes,
+		for _, rows := range m.Recv {
+			m.Mem.SavedPerRankBytes = append(m.Mem.SavedPerRankBytes,
 				kernels.SavedBytes(rows, cfg.Tokens, cfg.Hidden, cfg.FFN, cfg.FFN*cfg.SharedExperts, cfg.RouterConfig(nil).SavedScores()))
 		}
-		m.mem.SavedFormula = savedFormula
+		m.Mem.SavedFormula = savedFormula
 	}
-	rec.Traffic = summary.Traffic(m.traffic)
+	rec.Traffic = summary.Traffic(m.Traffic)
 	summary.Bandwidth(rec.Traffic, t, cfg.EP, rec.SMs.Budget, results.CopyPayload(rec.Config))
-	t.DispatchAsDesigned = summary.AsDesigned(cfg.Dispatcher, m.phases, m.samples, rec.Traffic.DispatchAlgorithm, cfg.EP, rec.SMs.Budget) // harness/summary
-	if m.nodes {
-		summary.NodeBandwidth(rec.Traffic, t, cfg.EP, m.interNode, m.intraNode)
+	t.DispatchAsDesigned = summary.AsDesigned(cfg.Dispatcher, m.Phases, m.Samples, rec.Traffic.DispatchAlgorithm, cfg.EP, rec.SMs.Budget) // harness/summary
+	if m.Nodes {
+		summary.NodeBandwidth(rec.Traffic, t, cfg.EP, m.InterNode, m.IntraNode)
 	}
-	rec.Memory = m.mem
-	rec.Memory.Buffers = m.buffers
+	rec.Memory = m.Mem
+	rec.Memory.Buffers = m.Buffers
 }
 
 // savedFormula says how Memory.SavedPerRankBytes counts.
@@ -685,14 +569,14 @@ const savedFormula = "kernels.SavedBytes: per token copy a rank's experts comput
 // backwardGEMM adds the backward's expert GEMMs to g: their FLOPs by
 // kernels' accounting (dgrad and wgrad, twice the forward), the rate over
 // the ranks' median expert-backward times, and their straggler.
-func backwardGEMM(g *results.GEMM, m measured, cfg Config) {
+func backwardGEMM(g *results.GEMM, m layer.Measured, cfg setup.Config) {
 	h, f, fs := cfg.Hidden, cfg.FFN, cfg.FFN*cfg.SharedExperts
 	var routed float64
-	for _, n := range m.recv {
+	for _, n := range m.Recv {
 		routed += kernels.ExpertGEMMWork(n, h, f).Backward().FLOPs
 	}
 	shared := float64(cfg.EP) * kernels.ExpertGEMMWork(cfg.Tokens, h, fs).Backward().FLOPs
-	gs, _ := gemmStraggler(m.samples, cfg.EP, dispatchers.ExpertBackwardPhases)
+	gs, _ := gemmStraggler(m.Samples, cfg.EP, dispatchers.ExpertBackwardPhases)
 	g.BackwardFLOPsPerIter, g.BackwardFormula, g.BackwardStraggler = routed+shared, kernels.GEMMFormula, &gs
 	var ms float64
 	for _, v := range gs.PerRank {
@@ -701,28 +585,6 @@ func backwardGEMM(g *results.GEMM, m measured, cfg Config) {
 	if ms > 0 {
 		g.BackwardTFLOPS = routed / (ms / 1e3) / 1e12
 	}
-}
-
-// sumPhases is the phases' sum as a phase named name: each rank's own sum
-// per iteration, and the lockstep sum (of each phase's slowest rank) as
-// its samples.
-func (m *measured) sumPhases(name string, phases []string, cfg Config) results.Phase {
-	perRank := make([][]float64, cfg.EP)
-	lockstep := make([]float64, cfg.Iters)
-	for _, ph := range phases {
-		for i, v := range summary.Phase(ph, m.samples[ph]).Samples {
-			lockstep[i] += v
-		}
-		for r, rs := range m.samples[ph] {
-			perRank[r] = kernels.Reslice(perRank[r], cfg.Iters)
-			for i, v := range rs {
-				perRank[r][i] += v
-			}
-		}
-	}
-	p := summary.Phase(name, perRank)
-	p.Samples, p.Stat = lockstep, summary.Stat(lockstep)
-	return p
 }
 
 // rebalanceRecord summarises the rebalance of the timed steps; sms says
@@ -771,7 +633,7 @@ func rebalanceRecord(steps []dispatchers.RebalanceStats, sms string) *results.Re
 
 // HostFLOPs is the expert GEMM work of one step (all ranks), for warnings:
 // the forward's, and a training step's backward twice that again.
-func HostFLOPs(cfg Config) float64 {
+func HostFLOPs(cfg setup.Config) float64 {
 	fwd := 6 * float64(cfg.Hidden) * float64(cfg.FFN) * float64(cfg.EP*cfg.Tokens) * float64(cfg.TopK+cfg.SharedExperts)
 	if cfg.ForwardOnly {
 		return fwd

@@ -1,68 +1,24 @@
 package harness
 
 import (
-	"math"
 	"testing"
 
+	"github.com/moebench/moebench/harness/internal/harnesstest"
+	"github.com/moebench/moebench/harness/setup"
 	"github.com/moebench/moebench/results"
 )
-
-// checkTwoSteps: the record's lockstep bound is, per iteration, the sum of
-// each phase's slowest rank; the slowest rank's step is never above it;
-// Step is the one StepIs names (want); and the per-copy bandwidth is the
-// workload's copies over each phase's p50.
-func checkTwoSteps(t *testing.T, rec *results.Record, want string) {
-	t.Helper()
-	tm := rec.Timing
-	if tm.SlowestRank == nil || tm.Lockstep == nil || tm.StepIs != want {
-		t.Fatalf("steps: slowest %v, lockstep %v, step is %q (want %q)", tm.SlowestRank, tm.Lockstep, tm.StepIs, want)
-	}
-	for i := range tm.Lockstep.Samples {
-		var sum float64
-		for _, p := range tm.Phases {
-			sum += p.Samples[i]
-		}
-		if math.Abs(sum-tm.Lockstep.Samples[i]) > 1e-9*sum {
-			t.Errorf("iteration %d: lockstep %v, phases' slowest ranks sum to %v", i, tm.Lockstep.Samples[i], sum)
-		}
-		if tm.SlowestRank.Samples[i] > tm.Lockstep.Samples[i]*(1+1e-12) && want == results.StepLockstep {
-			t.Errorf("iteration %d: the slowest rank's own step %v is above the lockstep bound %v", i, tm.SlowestRank.Samples[i], tm.Lockstep.Samples[i])
-		}
-	}
-	step := tm.Lockstep
-	if want == results.StepSlowestRank {
-		step = tm.SlowestRank
-	}
-	if tm.Step.P50 != step.P50 || len(tm.Step.Samples) != len(step.Samples) || tm.Step.Name != "step" {
-		t.Errorf("step p50 %v (%d samples), want %s's %v", tm.Step.P50, len(tm.Step.Samples), want, step.P50)
-	}
-	if len(tm.SlowestRank.PerRank) != rec.Config.EP {
-		t.Errorf("slowest rank's step has %d ranks' medians", len(tm.SlowestRank.PerRank))
-	}
-	c, tr := rec.Config, rec.Traffic
-	copies := int64(c.EP * c.Tokens * c.TopK * c.Hidden * 2)
-	var dispatch float64
-	for _, p := range tm.Phases {
-		if p.Name == "dispatch" {
-			dispatch = p.P50
-		}
-	}
-	if tr.CopyBytes != copies || tr.DispatchCopyGBps != results.GBps(copies, c.EP, dispatch) || tr.CombineCopyGBps <= 0 {
-		t.Errorf("copy bytes %d (want %d), GB/s %v and %v", tr.CopyBytes, copies, tr.DispatchCopyGBps, tr.CombineCopyGBps)
-	}
-}
 
 // TestRecordTwoSteps: on the host device (feplb on skewed routing, where
 // the slowest rank differs from phase to phase) and on the device pipeline
 // the record holds both steps and says which one Step is.
 func TestRecordTwoSteps(t *testing.T) {
-	c := small()
-	c.Dispatcher, c.Routing, c.Iters = "feplb", Routing{Kind: RoutingSkewed, Alpha: 1.5}, 4
-	rec, err := Run(c, Env{Version: "test"})
+	c := harnesstest.Small()
+	c.Dispatcher, c.Routing, c.Iters = "feplb", setup.Routing{Kind: setup.RoutingSkewed, Alpha: 1.5}, 4
+	rec, err := Run(c, setup.Env{Version: "test"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	checkTwoSteps(t, rec, results.StepLockstep)
+	harnesstest.CheckTwoSteps(t, rec, results.StepLockstep)
 	below := false
 	for i, v := range rec.Timing.SlowestRank.Samples {
 		below = below || v < rec.Timing.Lockstep.Samples[i]
@@ -72,11 +28,11 @@ func TestRecordTwoSteps(t *testing.T) {
 	}
 
 	t.Setenv("MOEBENCH_NVML", "/nonexistent")
-	d := small()
+	d := harnesstest.Small()
 	d.Device = "cuda"
-	rec, err = Run(d, Env{Version: "test", OpenDevices: emus(1)})
+	rec, err = Run(d, setup.Env{Version: "test", OpenDevices: harnesstest.Emus(1)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	checkTwoSteps(t, rec, results.StepSlowestRank)
+	harnesstest.CheckTwoSteps(t, rec, results.StepSlowestRank)
 }

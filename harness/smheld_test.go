@@ -4,6 +4,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/moebench/moebench/harness/internal/harnesstest"
+	"github.com/moebench/moebench/harness/layer"
+	"github.com/moebench/moebench/harness/setup"
 	"github.com/moebench/moebench/internal/hostsim"
 	"github.com/moebench/moebench/kernels/device"
 	"github.com/moebench/moebench/results"
@@ -17,16 +20,16 @@ import (
 func TestSMsHeldPacked(t *testing.T) {
 	for _, name := range []string{"deepep", "hybridep"} {
 		t.Run(name, func(t *testing.T) {
-			cfg := func(sms int) Config {
-				c := deepepDevice(t, 8, "balanced")
+			cfg := func(sms int) setup.Config {
+				c := harnesstest.DeepEPDevice(t, 8, "balanced")
 				if name == "hybridep" {
-					c = hybridEPConfig(t, 8, 0, "balanced")
+					c = harnesstest.HybridEPConfig(t, 8, 0, "balanced")
 				}
 				c.GPUs, c.SMs, c.Iters, c.Warmup = 1, sms, 1, 0
 				return c
 			}
 			for _, sms := range []int{16, 0} {
-				rec, err := Run(cfg(sms), Env{Version: "test", OpenDevices: emus(1)})
+				rec, err := Run(cfg(sms), setup.Env{Version: "test", OpenDevices: harnesstest.Emus(1)})
 				if rec == nil {
 					t.Fatalf("--sms %d: no record: %v", sms, err)
 				}
@@ -35,7 +38,7 @@ func TestSMsHeldPacked(t *testing.T) {
 					t.Fatalf("--sms %d: %v; status %s (%s), SMs %+v", sms, err, rec.Status, rec.Reason, rec.SMs)
 				}
 			}
-			rec, err := Run(cfg(24), Env{Version: "test", OpenDevices: emus(1)})
+			rec, err := Run(cfg(24), setup.Env{Version: "test", OpenDevices: harnesstest.Emus(1)})
 			if rec == nil {
 				t.Fatalf("--sms 24: no record: %v", err)
 			}
@@ -44,11 +47,11 @@ func TestSMsHeldPacked(t *testing.T) {
 			}
 			host := cfg(24)
 			host.Device, host.GPUs = "host", 0
-			rec, err = Run(host, Env{Version: "test"})
+			rec, err = Run(host, setup.Env{Version: "test"})
 			if err != nil {
 				t.Fatal(err)
 			}
-			if rec.Status != results.StatusOK || rec.SMs.Budget != 24 || rec.SMs.Held != 0 || rec.SMs.HeldNote != HostHeldNote {
+			if rec.Status != results.StatusOK || rec.SMs.Budget != 24 || rec.SMs.Held != 0 || rec.SMs.HeldNote != layer.HostHeldNote {
 				t.Errorf("host --sms 24: %v; status %s (%s), SMs %+v", err, rec.Status, rec.Reason, rec.SMs)
 			}
 		})
@@ -64,9 +67,9 @@ func TestSMsHeldOnHostSim(t *testing.T) {
 	old := device.NewCompiler
 	device.NewCompiler = func() (device.Compiler, error) { return comp, nil }
 	t.Cleanup(func() { device.NewCompiler = old })
-	c := deepepDevice(t, 8, "balanced")
+	c := harnesstest.DeepEPDevice(t, 8, "balanced")
 	c.GPUs, c.SMs, c.Iters, c.Warmup, c.ForwardOnly = 1, 0, 1, 0, true
-	rec, err := Run(c, Env{Version: "test"})
+	rec, err := Run(c, setup.Env{Version: "test"})
 	if rec == nil {
 		t.Fatalf("no record: %v", err)
 	}
@@ -74,7 +77,7 @@ func TestSMsHeldOnHostSim(t *testing.T) {
 		t.Fatalf("%v; status %s (%s), SMs %+v", err, rec.Status, rec.Reason, rec.SMs)
 	}
 	c.SMs = 24
-	if rec, err = Run(c, Env{Version: "test"}); rec == nil {
+	if rec, err = Run(c, setup.Env{Version: "test"}); rec == nil {
 		t.Fatalf("--sms 24: no record: %v", err)
 	} else if rec.Status != results.StatusUnavailable || !strings.Contains(rec.Reason, "132 SMs ÷ its 8 rank(s)") {
 		t.Errorf("--sms 24: %v; status %s (%s)", err, rec.Status, rec.Reason)

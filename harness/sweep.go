@@ -5,13 +5,14 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/moebench/moebench/harness/setup"
 	"github.com/moebench/moebench/results"
 )
 
 // SweepEvent reports one finished sweep point.
 type SweepEvent struct {
 	Index, Total int // 1-based index of the point that finished
-	Config       Config
+	Config       setup.Config
 	Record       *results.Record // nil only if the point could not even start
 	Err          error           // why it failed or is unavailable
 	Remaining    time.Duration   // estimate: mean time per point so far × points left
@@ -28,7 +29,7 @@ type SweepEvent struct {
 // run it, or none does, with the same status), and a failed point stops
 // the sweep on every process (a *SweepStopped): one failure after the
 // processes met stops the others (their watch), so none is left to go on.
-func Sweep(points []Config, env Env, stop <-chan struct{}, record func(*results.Record) error, progress func(SweepEvent)) (int, error) {
+func Sweep(points []setup.Config, env setup.Env, stop <-chan struct{}, record func(*results.Record) error, progress func(SweepEvent)) (int, error) {
 	start := time.Now()
 	for i, cfg := range points {
 		select {
@@ -37,7 +38,7 @@ func Sweep(points []Config, env Env, stop <-chan struct{}, record func(*results.
 		default:
 		}
 		rec, err := Run(cfg, env)
-		var ce *ConfigError
+		var ce *setup.ConfigError
 		if rec == nil && errors.As(err, &ce) { // e.g. processes launched with different settings: every process refuses
 			return i, err
 		}

@@ -15,7 +15,7 @@ import (
 
 	"github.com/moebench/moebench/advise"
 	"github.com/moebench/moebench/dispatchers"
-	"github.com/moebench/moebench/harness"
+	"github.com/moebench/moebench/harness/setup"
 	"github.com/moebench/moebench/results"
 )
 
@@ -81,7 +81,7 @@ const (
 
 // adviseFlags defines advise's flags.
 func adviseFlags(o *options, a *adviseArgs) *pflag.FlagSet {
-	d := harness.DefaultConfig()
+	d := setup.DefaultConfig()
 	fs := pflag.NewFlagSet("moebench advise", pflag.ContinueOnError)
 	fs.SortFlags = false
 	fs.StringVar(&o.preset, "preset", "qwen3-30b-a3b", "layer shape preset (see 'moebench presets'); the shape flags override it")
@@ -124,7 +124,7 @@ const fp8HostHidden = 512
 // hidden and FFN (those not given on the command line), the experts, top-k
 // and routing kept. It returns the note the answer gives, "" when nothing
 // was scaled.
-func hostScale(fs *pflag.FlagSet, c *harness.Config) string {
+func hostScale(fs *pflag.FlagSet, c *setup.Config) string {
 	var parts []string
 	scale := func(flag string, v *int, to int) {
 		if fs.Changed(flag) || *v <= to {
@@ -135,7 +135,7 @@ func hostScale(fs *pflag.FlagSet, c *harness.Config) string {
 	}
 	scale("tokens", &c.Tokens, 64)
 	hidden := max(32, c.Hidden/16/8*8)
-	if c.Precision != "" && c.Precision != harness.PrecisionBF16 {
+	if c.Precision != "" && c.Precision != setup.PrecisionBF16 {
 		// fp8 quantizes rows in blocks of 128 and HybridEP's FP8 dispatch
 		// needs hidden % 512 == 0: round up so that the scaled layer is
 		// valid and hybridep stays in (the user gave no --hidden to blame)
@@ -159,9 +159,9 @@ func checkOutDir(dir string) error {
 	case errors.Is(err, os.ErrNotExist):
 		return nil
 	case err != nil:
-		return &harness.ConfigError{Flag: "out", Value: dir, Allowed: "must be a new or empty folder: " + err.Error()}
+		return &setup.ConfigError{Flag: "out", Value: dir, Allowed: "must be a new or empty folder: " + err.Error()}
 	case len(entries) > 0:
-		return &harness.ConfigError{Flag: "out", Value: dir, Allowed: fmt.Sprintf("holds %d entries; advise writes only into a new or empty folder (it replaces no file)", len(entries))}
+		return &setup.ConfigError{Flag: "out", Value: dir, Allowed: fmt.Sprintf("holds %d entries; advise writes only into a new or empty folder (it replaces no file)", len(entries))}
 	}
 	return nil
 }
@@ -192,15 +192,15 @@ func adviseCmd(args []string, stdout, stderr io.Writer) int {
 	warnAliases(args, stderr)
 	switch {
 	case a.budget < minBudget || a.budget > maxBudget:
-		return usageError(stderr, &harness.ConfigError{Flag: "budget", Value: a.budget, Allowed: "must be in [10s, 24h]"})
+		return usageError(stderr, &setup.ConfigError{Flag: "budget", Value: a.budget, Allowed: "must be in [10s, 24h]"})
 	case a.rounds < 0 || a.rounds > maxRounds:
-		return usageError(stderr, &harness.ConfigError{Flag: "rounds", Value: a.rounds, Allowed: fmt.Sprintf("must be in [0, %d] (0 = the device's default)", maxRounds)})
+		return usageError(stderr, &setup.ConfigError{Flag: "rounds", Value: a.rounds, Allowed: fmt.Sprintf("must be in [0, %d] (0 = the device's default)", maxRounds)})
 	case !(a.threshold > 0 && a.threshold < 100):
-		return usageError(stderr, &harness.ConfigError{Flag: "threshold-pct", Value: a.threshold, Allowed: "must be in (0, 100)"})
+		return usageError(stderr, &setup.ConfigError{Flag: "threshold-pct", Value: a.threshold, Allowed: "must be in (0, 100)"})
 	case !(a.confidencePct > 50 && a.confidencePct < 100):
-		return usageError(stderr, &harness.ConfigError{Flag: "confidence-pct", Value: a.confidencePct, Allowed: "must be in (50, 100)"})
+		return usageError(stderr, &setup.ConfigError{Flag: "confidence-pct", Value: a.confidencePct, Allowed: "must be in (50, 100)"})
 	case !(a.hostGross > a.threshold && a.hostGross < 1e6):
-		return usageError(stderr, &harness.ConfigError{Flag: "host-gross-pct", Value: a.hostGross, Allowed: fmt.Sprintf("must be above --threshold-pct (%g) and below 1e6", a.threshold)})
+		return usageError(stderr, &setup.ConfigError{Flag: "host-gross-pct", Value: a.hostGross, Allowed: fmt.Sprintf("must be above --threshold-pct (%g) and below 1e6", a.threshold)})
 	case fs.Changed("dispatcher"):
 		if err := checkDispatchers(a.designs); err != nil {
 			return usageError(stderr, err)
@@ -208,9 +208,9 @@ func adviseCmd(args []string, stdout, stderr io.Writer) int {
 	}
 	switch {
 	case !isFormat(a.format):
-		return usageError(stderr, &harness.ConfigError{Flag: "format", Value: a.format, Allowed: "allowed: " + strings.Join(advise.Formats, ", ")})
+		return usageError(stderr, &setup.ConfigError{Flag: "format", Value: a.format, Allowed: "allowed: " + strings.Join(advise.Formats, ", ")})
 	}
-	d := harness.DefaultConfig()
+	d := setup.DefaultConfig()
 	o.dispatcher, o.impl, o.feplbBase, o.feplbDyn, o.feplbPolicy = d.Dispatcher, d.Impl, d.FeplbBase, d.FeplbDyn, d.FeplbPolicy
 	o.warmup, o.iters = d.Warmup, d.Iters
 	cfg, err := o.config(fs)
@@ -224,7 +224,7 @@ func adviseCmd(args []string, stdout, stderr io.Writer) int {
 	}
 	if a.history != "" {
 		if err := advise.CheckHistory(a.history); err != nil {
-			return usageError(stderr, &harness.ConfigError{Flag: "history", Value: a.history, Allowed: err.Error()})
+			return usageError(stderr, &setup.ConfigError{Flag: "history", Value: a.history, Allowed: err.Error()})
 		}
 	}
 	dev, note := resolveDevice(cfg.Device)
@@ -243,12 +243,12 @@ func adviseCmd(args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	if err := os.MkdirAll(a.out, 0o755); err != nil {
-		return usageError(stderr, &harness.ConfigError{Flag: "out", Value: a.out, Allowed: err.Error()})
+		return usageError(stderr, &setup.ConfigError{Flag: "out", Value: a.out, Allowed: err.Error()})
 	}
 	recFile := filepath.Join(a.out, "records.jsonl")
 	fmt.Fprintf(stderr, "moebench advise: %s at EP %d on the %s device, budget %v → %s\n", cfg.Preset, cfg.EP, dev, a.budget, a.out)
 
-	env := harness.Env{Version: version(), DeviceNote: note, Interrupt: &harness.Interrupt{}}
+	env := setup.Env{Version: version(), DeviceNote: note, Interrupt: &setup.Interrupt{}}
 	var writing atomic.Bool
 	defer catchSignals(env.Interrupt, &writing, false, stderr)()
 	defer limitMemory(env.HostBytes(cfg))()

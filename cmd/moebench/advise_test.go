@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/moebench/moebench/advise"
-	"github.com/moebench/moebench/harness"
+	"github.com/moebench/moebench/harness/setup"
 	"github.com/moebench/moebench/internal/hostsim"
 	"github.com/moebench/moebench/results"
 )
@@ -126,7 +126,7 @@ func TestAdviseHostEndToEnd(t *testing.T) {
 }
 
 // TestAdvisePlantedDelay: with one design made clearly slower by the
-// test-only planted delay (harness.PlantEnv), advise separates the two
+// test-only planted delay (setup.PlantEnv), advise separates the two
 // and picks the other — either way round, so the pick is not the order
 // of the designs; with the same delay planted in both, they are equal and
 // advise says there is no significant difference. (Host times separate
@@ -141,7 +141,7 @@ func TestAdvisePlantedDelay(t *testing.T) {
 		{"alltoall=500ms", "deepep/native", "alltoall/native"},
 		{"alltoall=500ms,deepep=500ms", "", ""},
 	} {
-		t.Setenv(harness.PlantEnv, c.plant)
+		t.Setenv(setup.PlantEnv, c.plant)
 		out := filepath.Join(t.TempDir(), "advice")
 		code, stdout, stderr := cli(append(adviseTiny, "--preset", "tiny", "--ep", "4", "--dispatcher", "alltoall,deepep", "--rounds", "2", "--host-gross-pct", "100", "--out", out)...)
 		if code != exitOK {
@@ -221,7 +221,7 @@ func TestAdviseBudget(t *testing.T) {
 	// host, while the tiny layer's own steps leave rounds to measure
 	// however loaded it is (a layer sized for an idle host either finished
 	// every round there or measured none under load)
-	t.Setenv(harness.PlantEnv, "alltoall=40ms,deepep=40ms,hybridep=40ms")
+	t.Setenv(setup.PlantEnv, "alltoall=40ms,deepep=40ms,hybridep=40ms")
 	code, stdout, stderr := cli(append(adviseTiny, "--preset", "tiny", "--ep", "4",
 		"--dispatcher", "alltoall,deepep,hybridep", "--budget", "10s", "--rounds", "100", "--out", out)...)
 	took := time.Since(start)
@@ -294,7 +294,7 @@ func TestAdviseHostScaleFP8(t *testing.T) {
 		if err := fs.Parse([]string{"--preset", c.preset, "--precision", c.precision, "--device", "host"}); err != nil {
 			t.Fatal(err)
 		}
-		d := harness.DefaultConfig()
+		d := setup.DefaultConfig()
 		o.dispatcher, o.impl, o.feplbBase, o.feplbDyn, o.feplbPolicy = d.Dispatcher, d.Impl, d.FeplbBase, d.FeplbDyn, d.FeplbPolicy
 		o.warmup, o.iters = d.Warmup, d.Iters
 		cfg, err := o.config(fs)
@@ -311,7 +311,7 @@ func TestAdviseHostScaleFP8(t *testing.T) {
 		}
 		if c.precision == "fp8" {
 			cfg.Dispatcher = "hybridep"
-			if err := harness.Gate(cfg); err != nil {
+			if err := setup.Gate(cfg); err != nil {
 				t.Errorf("%s at fp8: hybridep unavailable on the host: %v", c.preset, err)
 			}
 		}

@@ -10,8 +10,8 @@ import (
 
 	"github.com/spf13/pflag"
 
-	"github.com/moebench/moebench/harness"
 	"github.com/moebench/moebench/harness/bench"
+	"github.com/moebench/moebench/harness/setup"
 	"github.com/moebench/moebench/results"
 )
 
@@ -61,7 +61,7 @@ func benchCmd(args []string, stdout, stderr io.Writer) int {
 		return usageError(stderr, fmt.Errorf("unexpected argument %q", fs.Arg(0)))
 	}
 	if format != "table" && format != "json" {
-		return usageError(stderr, &harness.ConfigError{Flag: "format", Value: format, Allowed: "allowed: table, json"})
+		return usageError(stderr, &setup.ConfigError{Flag: "format", Value: format, Allowed: "allowed: table, json"})
 	}
 	if err := checkBenchOut(out, bench.KernelSchema); err != nil {
 		return usageError(stderr, err)
@@ -69,7 +69,7 @@ func benchCmd(args []string, stdout, stderr io.Writer) int {
 	if err := checkNoOverlap(&o, benchKernelsNoOverlap); err != nil { // overlapflags.go
 		return usageError(stderr, err)
 	}
-	d := harness.DefaultConfig()
+	d := setup.DefaultConfig()
 	o.dispatcher, o.impl, o.routing, o.device, o.check, o.feplbBase, o.feplbDyn, o.feplbPolicy, o.commTimeout = d.Dispatcher, d.Impl, "balanced", "cuda", true, d.FeplbBase, d.FeplbDyn, d.FeplbPolicy, d.CommTimeout
 	cfg, err := o.config(fs)
 	if err != nil {
@@ -80,13 +80,13 @@ func benchCmd(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "moebench: bench kernels needs the cuda device: %s\n", note)
 		return exitRuntime
 	}
-	kb, err := bench.Kernels(cfg, harness.Env{Version: version(), DeviceNote: note}, bench.DefaultSizes)
+	kb, err := bench.Kernels(cfg, setup.Env{Version: version(), DeviceNote: note}, bench.DefaultSizes)
 	return benchResult(stdout, stderr, "kernels", kb, kb != nil, err, format, out, func() { writeBenchWidth(stdout, kb, tableWidth(wide)) })
 }
 
 // benchKernelsFlags defines bench kernels' flags.
 func benchKernelsFlags(o *options, format, out *string) *pflag.FlagSet {
-	d := harness.DefaultConfig()
+	d := setup.DefaultConfig()
 	fs := pflag.NewFlagSet("moebench bench kernels", pflag.ContinueOnError)
 	fs.SortFlags = false
 	fs.StringVar(&o.preset, "preset", "qwen3-30b-a3b", "layer shape preset; the shape flags override it")
@@ -102,13 +102,13 @@ func benchKernelsFlags(o *options, format, out *string) *pflag.FlagSet {
 	return fs
 }
 
-// benchResult ends a bench command: a *harness.ConfigError is a usage
+// benchResult ends a bench command: a *setup.ConfigError is a usage
 // error; another error is reported (exit 1) with the result that came, if
 // any (have); the result goes to stdout as JSON or, for format table, by
 // table, and as one JSON line appended to the file out when given
 // (checkBenchOut checked it before the benchmark ran).
 func benchResult(stdout, stderr io.Writer, what string, result any, have bool, err error, format, out string, table func()) int {
-	var ce *harness.ConfigError
+	var ce *setup.ConfigError
 	if errors.As(err, &ce) {
 		return usageError(stderr, err)
 	}
@@ -143,13 +143,13 @@ func benchOutHelp(schema string) string {
 
 // checkBenchOut tells, before a benchmark runs, whether its result can be
 // appended to the file path (none when path is empty): see
-// results.CheckAppendJSON. The error is a *harness.ConfigError naming --out.
+// results.CheckAppendJSON. The error is a *setup.ConfigError naming --out.
 func checkBenchOut(path, schema string) error {
 	if path == "" {
 		return nil
 	}
 	if err := results.CheckAppendJSON(path, schema); err != nil {
-		return &harness.ConfigError{Flag: "out", Value: path, Allowed: err.Error()}
+		return &setup.ConfigError{Flag: "out", Value: path, Allowed: err.Error()}
 	}
 	return nil
 }

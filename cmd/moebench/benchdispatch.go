@@ -10,8 +10,8 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/moebench/moebench/dispatchers"
-	"github.com/moebench/moebench/harness"
 	"github.com/moebench/moebench/harness/bench"
+	"github.com/moebench/moebench/harness/setup"
 	"github.com/moebench/moebench/results"
 )
 
@@ -54,7 +54,7 @@ func benchDispatch(args []string, stdout, stderr io.Writer) int {
 		return usageError(stderr, fmt.Errorf("unexpected argument %q", fs.Arg(0)))
 	}
 	if format != "table" && format != "json" {
-		return usageError(stderr, &harness.ConfigError{Flag: "format", Value: format, Allowed: "allowed: table, json"})
+		return usageError(stderr, &setup.ConfigError{Flag: "format", Value: format, Allowed: "allowed: table, json"})
 	}
 	if err := checkDispatchers(names); err != nil {
 		return usageError(stderr, err)
@@ -65,7 +65,7 @@ func benchDispatch(args []string, stdout, stderr io.Writer) int {
 	if err := checkNoOverlap(&o, benchDispatchNoOverlap); err != nil { // overlapflags.go
 		return usageError(stderr, err)
 	}
-	d := harness.DefaultConfig()
+	d := setup.DefaultConfig()
 	o.dispatcher, o.impl, o.check, o.feplbBase, o.feplbDyn, o.feplbPolicy = d.Dispatcher, d.Impl, true, d.FeplbBase, d.FeplbDyn, d.FeplbPolicy
 	cfg, err := o.config(fs)
 	if err != nil {
@@ -73,7 +73,7 @@ func benchDispatch(args []string, stdout, stderr io.Writer) int {
 	}
 	precs := precisions.GetSlice()
 	if len(precs) == 0 {
-		return usageError(stderr, &harness.ConfigError{Flag: "precision", Value: `""`, Allowed: "empty list; give one or more of: " + strings.Join(harness.Precisions, ", ")})
+		return usageError(stderr, &setup.ConfigError{Flag: "precision", Value: `""`, Allowed: "empty list; give one or more of: " + strings.Join(setup.Precisions, ", ")})
 	}
 	for _, n := range names { // every point is valid before anything runs
 		c := cfg
@@ -92,18 +92,18 @@ func benchDispatch(args []string, stdout, stderr io.Writer) int {
 	if dev == "host" {
 		fmt.Fprintf(stderr, "moebench: bench dispatch on the host device (%s): host wall-clock times, not GPU performance\n", note)
 	}
-	b, err := bench.DispatchAt(cfg, names, sms, precs, harness.Env{Version: version(), DeviceNote: note})
+	b, err := bench.DispatchAt(cfg, names, sms, precs, setup.Env{Version: version(), DeviceNote: note})
 	return benchResult(stdout, stderr, "dispatch", b, b != nil, err, format, out, func() { writeDispatchBenchWidth(stdout, b, tableWidth(wide)) })
 }
 
 // benchDispatchFlags defines bench dispatch's flags.
 func benchDispatchFlags(o *options, names *[]string, sms *[]int, format, out *string) *pflag.FlagSet {
-	d := harness.DefaultConfig()
+	d := setup.DefaultConfig()
 	fs := pflag.NewFlagSet("moebench bench dispatch", pflag.ContinueOnError)
 	fs.SortFlags = false
 	fs.StringSliceVar(names, "dispatcher", []string{"alltoall", "deepep", "hybridep"}, "dispatchers, comma-separated: "+strings.Join(dispatchers.Names(), ","))
 	fs.IntSliceVar(sms, "sms", []int{8, 16, 24, 32}, "SM budgets of SM-driven dispatchers (0 = the dispatcher's default)")
-	fs.StringSlice("precision", []string{harness.PrecisionBF16}, "precisions, comma-separated, each point run at each side by side: bf16 | fp8 (e4m3 rows with 1×128 fp32 scales; combine bf16) | mxfp8")
+	fs.StringSlice("precision", []string{setup.PrecisionBF16}, "precisions, comma-separated, each point run at each side by side: bf16 | fp8 (e4m3 rows with 1×128 fp32 scales; combine bf16) | mxfp8")
 	fs.IntVar(&o.ep, "ep", d.EP, "expert-parallel ranks")
 	fs.IntVar(&o.domain, "domain", d.Domain, "ranks per NVLink domain (hybridep links domains through its inter-domain path); 0 = all ranks")
 	fs.StringVar(&o.preset, "preset", d.Preset, "layer shape preset; the shape flags override it")
@@ -127,11 +127,11 @@ func benchDispatchFlags(o *options, names *[]string, sms *[]int, format, out *st
 func checkDispatchers(names []string) error {
 	known := dispatchers.Names()
 	if len(names) == 0 {
-		return &harness.ConfigError{Flag: "dispatcher", Value: `""`, Allowed: "empty list; give one or more of: " + strings.Join(known, ", ")}
+		return &setup.ConfigError{Flag: "dispatcher", Value: `""`, Allowed: "empty list; give one or more of: " + strings.Join(known, ", ")}
 	}
 	for _, n := range names {
 		if !slices.Contains(known, n) {
-			return &harness.ConfigError{Flag: "dispatcher", Value: n, Allowed: "allowed: " + strings.Join(known, ", ")}
+			return &setup.ConfigError{Flag: "dispatcher", Value: n, Allowed: "allowed: " + strings.Join(known, ", ")}
 		}
 	}
 	return nil
@@ -173,7 +173,7 @@ func writeDispatchBenchWidth(w io.Writer, b *bench.DispatchBench, width int) {
 		if p.Budget > 0 {
 			sms = fmt.Sprint(p.Budget)
 		}
-		prec := harness.PrecisionBF16
+		prec := setup.PrecisionBF16
 		if p.Precision != "" {
 			prec = p.Precision
 		}

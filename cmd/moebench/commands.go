@@ -10,7 +10,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/moebench/moebench/dispatchers"
-	"github.com/moebench/moebench/harness"
+	"github.com/moebench/moebench/harness/setup"
 )
 
 // command is a subcommand of moebench: what it does, in one line for the
@@ -116,7 +116,7 @@ type bound struct {
 const maxSharedExperts = 1024
 
 // flagBounds are the ranges of the integer flags of a layer (run, sweep,
-// bench) that no other setting decides; harness.Config.Validate checks the
+// bench) that no other setting decides; setup.Config.Validate checks the
 // others (and these flags' finer rules, e.g. an SM-driven dispatcher's
 // budget).
 var flagBounds = map[string]bound{
@@ -128,7 +128,7 @@ var flagBounds = map[string]bound{
 }
 
 // checkBounds refuses a value of an integer flag of fs (each value of a
-// list flag) given outside its range in bounds, as a *harness.ConfigError
+// list flag) given outside its range in bounds, as a *setup.ConfigError
 // naming the flag, the value and the range.
 func checkBounds(fs *pflag.FlagSet, bounds map[string]bound) error {
 	for _, name := range slices.Sorted(maps.Keys(bounds)) {
@@ -153,7 +153,7 @@ func checkBounds(fs *pflag.FlagSet, bounds map[string]bound) error {
 				if b.about != "" {
 					allowed += " (" + b.about + ")"
 				}
-				return &harness.ConfigError{Flag: name, Value: v, Allowed: allowed}
+				return &setup.ConfigError{Flag: name, Value: v, Allowed: allowed}
 			}
 		}
 	}

@@ -9,7 +9,7 @@ import (
 
 	"github.com/spf13/pflag"
 
-	"github.com/moebench/moebench/harness"
+	"github.com/moebench/moebench/harness/setup"
 	"github.com/moebench/moebench/results"
 )
 
@@ -86,8 +86,8 @@ func compare(args []string, stdout, stderr io.Writer) int {
 		return usageError(stderr, fmt.Errorf("--confidence=%g: must be in (0.5, 1)", o.Confidence))
 	case !(*noise > 0 && *noise < 1e6):
 		return usageError(stderr, fmt.Errorf("--max-noise-pct=%g: must be in (0, 1e6)", *noise))
-	case o.MinSamples < 2 || o.MinSamples > harness.MaxIters:
-		return usageError(stderr, fmt.Errorf("--min-samples=%d: must be in [2, %d] (a record has at most %d timed iterations)", o.MinSamples, harness.MaxIters, harness.MaxIters))
+	case o.MinSamples < 2 || o.MinSamples > setup.MaxIters:
+		return usageError(stderr, fmt.Errorf("--min-samples=%d: must be in [2, %d] (a record has at most %d timed iterations)", o.MinSamples, setup.MaxIters, setup.MaxIters))
 	case !(*gross > *pct && *gross < 1e6):
 		return usageError(stderr, fmt.Errorf("--gross-pct=%g: must be above --threshold-pct (%g) and below 1e6", *gross, *pct))
 	case !(*hostGross > *pct && *hostGross < 1e6):

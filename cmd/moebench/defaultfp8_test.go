@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/moebench/moebench/harness"
+	"github.com/moebench/moebench/harness/setup"
 	"github.com/moebench/moebench/internal/hostsim"
 	"github.com/moebench/moebench/kernels/device"
 	"github.com/moebench/moebench/results"
@@ -24,7 +24,7 @@ import (
 // 128 blocks spin on the CPU's cores).
 func TestDefaultPresetHybridEPFP8(t *testing.T) {
 	issue := []string{"--dispatcher", "hybridep", "--sms", "16", "--precision", "fp8"}
-	tiny, _ := harness.LookupPreset("tiny")
+	tiny, _ := setup.LookupPreset("tiny")
 	for _, c := range []struct {
 		device string
 		more   []string
@@ -54,7 +54,7 @@ func TestDefaultPresetHybridEPFP8(t *testing.T) {
 			r := recs[0]
 			cr, g := r.Correctness, r.Correctness.Grads
 			if r.Status != results.StatusOK || r.Config.Preset != "tiny" || r.Config.Hidden != tiny.Hidden || r.Config.Hidden%512 != 0 ||
-				r.Config.Precision != harness.PrecisionFP8 || r.Config.Dispatcher != "hybridep" || r.Config.SMs != 16 {
+				r.Config.Precision != setup.PrecisionFP8 || r.Config.Dispatcher != "hybridep" || r.Config.SMs != 16 {
 				t.Fatalf("status %s %q, config %+v", r.Status, r.Reason, r.Config)
 			}
 			if !cr.Passed || !(cr.MaxRelErr <= cr.Tolerance) || g == nil || !(g.MaxRelErr <= g.Tolerance) {

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/moebench/moebench/harness"
+	"github.com/moebench/moebench/harness/layer"
 	"github.com/moebench/moebench/internal/hostsim"
 	"github.com/moebench/moebench/results"
 )
@@ -57,7 +57,7 @@ func TestDistributedFP8(t *testing.T) {
 			}
 			g := rec.Correctness.Grads
 			if rec.Config.Precision != "fp8" || rec.Config.Pass != results.PassTraining || g == nil || !(g.MaxRelErr <= g.Tolerance) ||
-				!strings.Contains(g.Note, "each process compares its own ranks'") || !strings.HasPrefix(rec.GEMM.Method, harness.ExpertPathFP8Dev) || rec.GEMM.FP8Path != "cublaslt-fp8-block" {
+				!strings.Contains(g.Note, "each process compares its own ranks'") || !strings.HasPrefix(rec.GEMM.Method, layer.ExpertPathFP8Dev) || rec.GEMM.FP8Path != "cublaslt-fp8-block" {
 				t.Fatalf("precision %q, pass %q (%q), expert path %q, gradients %+v", rec.Config.Precision, rec.Config.Pass, rec.Config.PassNote, rec.GEMM.Method, g)
 			}
 			if !rec.Correctness.Passed {

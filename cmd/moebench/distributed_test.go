@@ -14,8 +14,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/moebench/moebench/harness"
 	"github.com/moebench/moebench/harness/bench"
+	"github.com/moebench/moebench/harness/layer"
+	"github.com/moebench/moebench/harness/setup"
 	"github.com/moebench/moebench/internal/hostsim"
 	"github.com/moebench/moebench/kernels/device"
 	"github.com/moebench/moebench/results"
@@ -39,7 +40,7 @@ func TestMain(m *testing.M) {
 		agreed := 0
 		d, err := time.ParseDuration(os.Getenv("MOEBENCH_TEST_AGREE_DELAY"))
 		if err == nil { // a slow agreement on whether to stop
-			harness.AgreeHook = func() { agreed++; time.Sleep(d) }
+			layer.AgreeHook = func() { agreed++; time.Sleep(d) }
 		}
 		if os.Getenv("MOEBENCH_TEST_SMALL_BENCH") == "1" { // bench kernels' ceilings at sizes the simulation computes in seconds
 			bench.DefaultSizes = bench.Sizes{CopyBytes: 1 << 20, GEMMDim: 64, FlushBytes: 3 << 20}
@@ -52,7 +53,7 @@ func TestMain(m *testing.M) {
 			args = append(args, strings.Fields(more)...)
 		}
 		code := run(args, os.Stdout, os.Stderr)
-		if harness.AgreeHook != nil {
+		if layer.AgreeHook != nil {
 			fmt.Fprintf(os.Stderr, "moebench test: %d agreements on whether to stop, each delayed %v\n", agreed, d)
 		}
 		os.Exit(code)
@@ -1219,7 +1220,7 @@ func TestDistributedRendezvous(t *testing.T) {
 // by a flag of the run's command line.
 func TestSettingFlags(t *testing.T) {
 	fs := newFlags(&options{})
-	for _, f := range harness.SettingFlags() {
+	for _, f := range setup.SettingFlags() {
 		if fs.Lookup(f) == nil {
 			t.Errorf("--%s: not a flag of moebench run", f)
 		}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/moebench/moebench/dispatchers"
 	"github.com/moebench/moebench/harness"
+	"github.com/moebench/moebench/harness/setup"
 	"github.com/moebench/moebench/internal/cuda"
 	"github.com/moebench/moebench/internal/launch"
 	"github.com/moebench/moebench/results"
@@ -77,11 +78,11 @@ func (v checkValue) Set(s string) error {
 func (checkValue) Type() string { return "string" }
 
 func newFlags(o *options) *pflag.FlagSet {
-	d := harness.DefaultConfig()
+	d := setup.DefaultConfig()
 	fs := pflag.NewFlagSet("moebench", pflag.ContinueOnError)
 	fs.SortFlags = false
 	addPointFlags(fs, o, &sweepOptions{})
-	fs.StringVar(&o.hostExperts, "host-experts", harness.HostExpertsAuto, "host device: how the layer holds the experts' weights and fp32 weight gradients: "+
+	fs.StringVar(&o.hostExperts, "host-experts", setup.HostExpertsAuto, "host device: how the layer holds the experts' weights and fp32 weight gradients: "+
 		"auto (the first of the others that fits in the available memory) | held (all, the whole run) | grads-by-rank (all weights; each rank's weight gradients "+
 		"until its expert backward ends, checked there, then released) | drawn (weights drawn from the seed each time an expert's rows are computed, slower; gradients by rank)")
 	fs.BoolVar(&o.cudaGraph, "cuda-graph", d.CUDAGraph, "cuda: issue each step as CUDA graphs (stream capture), cut at the dispatcher's host wait, each part replayed while its shapes repeat (alltoall native)")
@@ -98,7 +99,7 @@ func newFlags(o *options) *pflag.FlagSet {
 // sweep's older plural names as deprecated aliases; feplb's, the shape's
 // and the control flags.
 func addPointFlags(fs *pflag.FlagSet, o *options, so *sweepOptions) {
-	d := harness.DefaultConfig()
+	d := setup.DefaultConfig()
 	o.lists = so
 	fs.SetNormalizeFunc(func(_ *pflag.FlagSet, name string) pflag.NormalizedName {
 		if singular, ok := pluralAliases[name]; ok {
@@ -220,7 +221,7 @@ func (o *options) fromLists() error {
 		{"precision", l.precisions, &o.precision}}
 	for _, s := range strs {
 		if len(s.v) != 1 {
-			return &harness.ConfigError{Flag: s.flag, Value: strings.Join(s.v, ","), Allowed: "one value here (a list of several is a sweep's)"}
+			return &setup.ConfigError{Flag: s.flag, Value: strings.Join(s.v, ","), Allowed: "one value here (a list of several is a sweep's)"}
 		}
 		*s.dst = s.v[0]
 	}
@@ -231,7 +232,7 @@ func (o *options) fromLists() error {
 	}{{"sms", l.sms, &o.sms}, {"ep", l.ep, &o.ep}, {"gpus", l.gpus, &o.gpus}}
 	for _, s := range ints {
 		if len(s.v) != 1 {
-			return &harness.ConfigError{Flag: s.flag, Value: s.v, Allowed: "one value here (a list of several is a sweep's)"}
+			return &setup.ConfigError{Flag: s.flag, Value: s.v, Allowed: "one value here (a list of several is a sweep's)"}
 		}
 		*s.dst = s.v[0]
 	}
@@ -240,7 +241,7 @@ func (o *options) fromLists() error {
 
 // addFeplbFlags defines the NVLink domain and feplb's options.
 func addFeplbFlags(fs *pflag.FlagSet, o *options) {
-	d := harness.DefaultConfig()
+	d := setup.DefaultConfig()
 	fs.IntVar(&o.domain, "domain", d.Domain, "ranks per NVLink domain: feplb moves work only inside one, hybridep links them through its inter-domain path (NCCL; across processes each domain lies in one); 0 = all ranks")
 	fs.StringVar(&o.feplbBase, "feplb-base", d.FeplbBase, "feplb: the dispatcher of phase 1")
 	fs.IntVar(&o.feplbDyn, "feplb-dynamic", d.FeplbDyn, "feplb: dynamic experts per rank (its most loaded; the paper's dyn); 0: fitted to the layer, the paper's 4 or a rank's experts less one")
@@ -264,11 +265,11 @@ func addShapeFlags(fs *pflag.FlagSet, o *options) {
 
 // addControlFlags defines the flags that control how a layer is run.
 func addControlFlags(fs *pflag.FlagSet, o *options) {
-	d := harness.DefaultConfig()
+	d := setup.DefaultConfig()
 	fs.Uint64Var(&o.seed, "seed", d.Seed, "seed of every random draw (inputs, weights, routing)")
 	fs.BoolVar(&o.routingFixed, "routing-fixed", d.RoutingFixed, "replay the first iteration's routing every iteration (default: each iteration draws its own, seeded by the step)")
 	fs.IntVar(&o.warmup, "warmup", d.Warmup, "untimed iterations before timing")
-	fs.IntVar(&o.iters, "iters", d.Iters, fmt.Sprintf("timed iterations (at most %d)", harness.MaxIters))
+	fs.IntVar(&o.iters, "iters", d.Iters, fmt.Sprintf("timed iterations (at most %d)", setup.MaxIters))
 	fs.Float64Var(&o.maxSeconds, "max-seconds", 0, "time budget of the warm-up and timed iterations: past it the run stops after the current iteration and records what it timed (at least one iteration); 0 = none")
 	fs.BoolVar(&o.forwardOnly, "forward-only", d.ForwardOnly, "time the forward pass alone (default: every iteration is a training step, forward then backward, and the check covers every gradient; on the cuda device NCCL EP's low-latency mode, deepep-ll --impl library, has no backward and times the forward only, and the record says why)")
 	o.check, o.checkAll = d.Check, d.CheckAll
@@ -285,7 +286,7 @@ func addControlFlags(fs *pflag.FlagSet, o *options) {
 // addTimeoutFlags defines the bounds of cross-rank waits: moebench's own,
 // NCCL EP's and the GPU threads' watchdog (run's, sweep's and advise's).
 func addTimeoutFlags(fs *pflag.FlagSet, o *options) {
-	d := harness.DefaultConfig()
+	d := setup.DefaultConfig()
 	fs.DurationVar(&o.commTimeout, "comm-timeout", d.CommTimeout, "the longest one of moebench's own waits for another rank may take before the run fails naming it, in [1ms, 1h]: "+
 		"a native SM-driven dispatcher's waits on the GPU (deepep, hybridep: a flag, a queue's head or tail, a counter the host polls; the error names the rank, phase and wait), "+
 		"and in a run over several processes a process's wait for the others while none moves on (0 = 5s)")
@@ -310,8 +311,8 @@ func useLibDirs(dirs string) {
 
 // config builds the run configuration: the preset, overridden by the shape
 // flags given explicitly.
-func (o *options) config(fs *pflag.FlagSet) (harness.Config, error) {
-	c := harness.DefaultConfig()
+func (o *options) config(fs *pflag.FlagSet) (setup.Config, error) {
+	c := setup.DefaultConfig()
 	if err := checkBounds(fs, flagBounds); err != nil {
 		return c, err
 	}
@@ -320,9 +321,9 @@ func (o *options) config(fs *pflag.FlagSet) (harness.Config, error) {
 			return c, err
 		}
 	}
-	p, ok := harness.LookupPreset(o.preset)
+	p, ok := setup.LookupPreset(o.preset)
 	if !ok {
-		return c, &harness.ConfigError{Flag: "preset", Value: o.preset, Allowed: "allowed: " + strings.Join(harness.PresetNames(), ", ")}
+		return c, &setup.ConfigError{Flag: "preset", Value: o.preset, Allowed: "allowed: " + strings.Join(setup.PresetNames(), ", ")}
 	}
 	c.Preset, c.Shape = p.Name, p.Shape
 	ints := []struct {
@@ -354,9 +355,9 @@ func (o *options) config(fs *pflag.FlagSet) (harness.Config, error) {
 		c.Preset += "+custom"
 	}
 	if !slices.Contains(dispatchers.Names(), o.dispatcher) {
-		return c, &harness.ConfigError{Flag: "dispatcher", Value: o.dispatcher, Allowed: "allowed: " + strings.Join(dispatchers.Names(), ", ")}
+		return c, &setup.ConfigError{Flag: "dispatcher", Value: o.dispatcher, Allowed: "allowed: " + strings.Join(dispatchers.Names(), ", ")}
 	}
-	r, err := harness.ParseRouting(o.routing)
+	r, err := setup.ParseRouting(o.routing)
 	if err != nil {
 		return c, err
 	}
@@ -371,7 +372,7 @@ func (o *options) config(fs *pflag.FlagSet) (harness.Config, error) {
 	c.MaxSeconds, c.CUDAGraph, c.ForwardOnly, c.HostExperts = o.maxSeconds, o.cudaGraph, o.forwardOnly, o.hostExperts
 	c.NCCLEPTimeout, c.WatchdogTimeout = o.ncclepTimeout, o.watchdogTimeout
 	c.Precision = o.precision
-	c.Overlap, c.DelayWgrad, c.AttentionMS = harness.ParseOverlap(o.overlap), o.delayWgrad, o.attentionMS
+	c.Overlap, c.DelayWgrad, c.AttentionMS = setup.ParseOverlap(o.overlap), o.delayWgrad, o.attentionMS
 	if c.CommTimeout == 0 { // as the help says: 0 = the default
 		c.CommTimeout = dispatchers.DefaultCommTimeout
 	}
@@ -379,14 +380,14 @@ func (o *options) config(fs *pflag.FlagSet) (harness.Config, error) {
 		c.NCCLEPTimeout = dispatchers.DefaultCommTimeout
 	}
 	if t := o.rendezvousTimeout; t != 0 && (t < time.Second || t > time.Hour) {
-		return c, &harness.ConfigError{Flag: "rendezvous-timeout", Value: t, Allowed: fmt.Sprintf("must be in [1s, 1h] (0 = the default, %v)", launch.DefaultWait)}
+		return c, &setup.ConfigError{Flag: "rendezvous-timeout", Value: t, Allowed: fmt.Sprintf("must be in [1s, 1h] (0 = the default, %v)", launch.DefaultWait)}
 	}
 	if err := c.Validate(); err != nil {
 		return c, err
 	}
-	if r.Kind == harness.RoutingTrace {
-		if _, err := harness.ReadTrace(r.File, c.Experts, c.TopK); err != nil {
-			return c, &harness.ConfigError{Flag: "routing", Value: o.routing, Allowed: err.Error()}
+	if r.Kind == setup.RoutingTrace {
+		if _, err := setup.ReadTrace(r.File, c.Experts, c.TopK); err != nil {
+			return c, &setup.ConfigError{Flag: "routing", Value: o.routing, Allowed: err.Error()}
 		}
 	}
 	return c, nil
@@ -406,7 +407,7 @@ func feplbOnly(fs *pflag.FlagSet, running []string) error {
 		}
 		for _, name := range own.names {
 			if f := fs.Lookup(name); f != nil && f.Changed {
-				return &harness.ConfigError{Flag: name, Value: f.Value, Allowed: "applies only to --dispatcher " + design}
+				return &setup.ConfigError{Flag: name, Value: f.Value, Allowed: "applies only to --dispatcher " + design}
 			}
 		}
 	}
@@ -421,17 +422,17 @@ func feplbOnly(fs *pflag.FlagSet, running []string) error {
 // cuts off.
 func (o *options) checkOutputs(stderr io.Writer) error {
 	if !slices.Contains(results.Formats, o.format) {
-		return &harness.ConfigError{Flag: "format", Value: o.format, Allowed: "allowed: " + strings.Join(results.Formats, ", ")}
+		return &setup.ConfigError{Flag: "format", Value: o.format, Allowed: "allowed: " + strings.Join(results.Formats, ", ")}
 	}
 	if o.rendezvous != "" && o.out != "" {
 		if rv, out := absPath(o.rendezvous), absPath(o.out); rv == out {
-			return &harness.ConfigError{Flag: "rendezvous", Value: o.rendezvous, Allowed: "is the --out file: the rendezvous writes its own files there and removes them when the run ends; name another path"}
+			return &setup.ConfigError{Flag: "rendezvous", Value: o.rendezvous, Allowed: "is the --out file: the rendezvous writes its own files there and removes them when the run ends; name another path"}
 		}
 	}
 	if o.out != "" && writesRecords() {
 		torn, err := results.CheckAppend(o.out)
 		if err != nil {
-			return &harness.ConfigError{Flag: "out", Value: o.out, Allowed: err.Error()}
+			return &setup.ConfigError{Flag: "out", Value: o.out, Allowed: err.Error()}
 		}
 		if torn > 0 {
 			fmt.Fprintf(stderr, "moebench: --out %s ends in an unfinished record (%d bytes: a run stopped while appending it); appending cuts it off\n", o.out, torn)
@@ -441,13 +442,13 @@ func (o *options) checkOutputs(stderr io.Writer) error {
 		return nil
 	}
 	if err := harness.CheckDump(o.dump); err != nil {
-		return &harness.ConfigError{Flag: "dump", Value: o.dump, Allowed: err.Error()}
+		return &setup.ConfigError{Flag: "dump", Value: o.dump, Allowed: err.Error()}
 	}
 	if o.out != "" {
 		out, _ := filepath.Abs(o.out)
 		dump, _ := filepath.Abs(o.dump)
 		if out == dump || strings.HasPrefix(out, dump+string(filepath.Separator)) {
-			return &harness.ConfigError{Flag: "dump", Value: o.dump, Allowed: fmt.Sprintf("the --out file (%s) would be inside the dump's directory; give them different places", o.out)}
+			return &setup.ConfigError{Flag: "dump", Value: o.dump, Allowed: fmt.Sprintf("the --out file (%s) would be inside the dump's directory; give them different places", o.out)}
 		}
 	}
 	return nil

@@ -22,6 +22,7 @@ import (
 	"github.com/moebench/moebench/dispatchers"
 	_ "github.com/moebench/moebench/dispatchers/all"
 	"github.com/moebench/moebench/harness"
+	"github.com/moebench/moebench/harness/setup"
 	"github.com/moebench/moebench/internal/cuda"
 	"github.com/moebench/moebench/internal/launch"
 	kdevice "github.com/moebench/moebench/kernels/device"
@@ -126,18 +127,18 @@ func runLayer(args []string, stdout, stderr io.Writer) (code int) {
 	if rv != nil {
 		defer rv.Close()
 	}
-	env := harness.Env{Version: version(), DeviceNote: note, Dump: o.dump, Progress: stderr, Rendezvous: rv}
+	env := setup.Env{Version: version(), DeviceNote: note, Dump: o.dump, Progress: stderr, Rendezvous: rv}
 	var writing atomic.Bool // the record is being written: a second signal waits for it
 	// a run over several processes stops where every process agrees to
 	// (docs/interrupts.md): all after the same step
-	env.Interrupt = &harness.Interrupt{}
+	env.Interrupt = &setup.Interrupt{}
 	defer catchSignals(env.Interrupt, &writing, rv != nil, stderr)()
 	if why := env.ForwardOnlyReason(cfg); why != "" {
 		fmt.Fprintf(stderr, "moebench: forward only: %s (add --forward-only to say so)\n", why)
 	}
 	defer limitMemory(env.HostBytes(cfg))()
 	rec, err := harness.Run(cfg, env)
-	var ce *harness.ConfigError
+	var ce *setup.ConfigError
 	if errors.As(err, &ce) {
 		return usageError(stderr, err)
 	}
@@ -150,7 +151,7 @@ func runLayer(args []string, stdout, stderr io.Writer) (code int) {
 		return exitRuntime
 	}
 	writing.Store(true)
-	if rec.Interrupted != "" || harness.IsInterrupted(err) {
+	if rec.Interrupted != "" || setup.IsInterrupted(err) {
 		code = exitInterrupted
 	}
 	if rv != nil && rv.L.Rank != 0 { // rank 0 writes the run's one record
@@ -185,7 +186,7 @@ func runLayer(args []string, stdout, stderr io.Writer) (code int) {
 // the step the processes agree on, and rank 0 writes the record. A second
 // signal quits at once (exit 130, no record) unless the record is being
 // written. It returns what restores the signals' default.
-func catchSignals(intr *harness.Interrupt, writing *atomic.Bool, several bool, stderr io.Writer) func() {
+func catchSignals(intr *setup.Interrupt, writing *atomic.Bool, several bool, stderr io.Writer) func() {
 	ch := make(chan os.Signal, 2)
 	signal.Notify(ch, syscall.SIGINT, syscall.SIGTERM)
 	done := make(chan struct{})
@@ -228,7 +229,7 @@ func signalName(sig os.Signal) string {
 }
 
 // hostAdvice is the advice for a layer slow on the host device, or "".
-func hostAdvice(cfg harness.Config) string {
+func hostAdvice(cfg setup.Config) string {
 	fl := harness.HostFLOPs(cfg)
 	if fl <= 50e9 {
 		return ""
@@ -239,7 +240,7 @@ func hostAdvice(cfg harness.Config) string {
 
 // rendezvous is the meeting of a run launched over several processes
 // (internal/launch), or nil for a run of this process alone.
-func rendezvous(o options, cfg harness.Config) (*launch.Rendezvous, error) {
+func rendezvous(o options, cfg setup.Config) (*launch.Rendezvous, error) {
 	l, err := launch.Detect(os.Getenv)
 	if err != nil || !l.Distributed() {
 		if err == nil && o.rendezvous != "" {
@@ -340,7 +341,7 @@ func usageError(stderr io.Writer, err error) int {
 func presets(w io.Writer) int {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "preset\thidden\tffn\texperts\ttopk\tshared\tscore\tgroups\ttopk_scale\ttokens/rank\t")
-	for _, p := range harness.Presets {
+	for _, p := range setup.Presets {
 		g := "-"
 		if p.Groups > 1 {
 			g = fmt.Sprintf("%d/top-%d", p.Groups, p.GroupTopK)
@@ -350,7 +351,7 @@ func presets(w io.Writer) int {
 	}
 	tw.Flush()
 	fmt.Fprintln(w)
-	for _, p := range harness.Presets {
+	for _, p := range setup.Presets {
 		fmt.Fprintf(w, "%-16s %s\n", p.Name, p.About)
 	}
 	return exitOK
@@ -358,7 +359,7 @@ func presets(w io.Writer) int {
 
 func version() string {
 	v := baseVersion
-	if c := harness.Commit(); len(c) >= 12 {
+	if c := setup.Commit(); len(c) >= 12 {
 		v += "+" + c[:12]
 		if strings.HasSuffix(c, "+dirty") {
 			v += "-dirty"

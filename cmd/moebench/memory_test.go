@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/moebench/moebench/harness"
+	"github.com/moebench/moebench/harness/setup"
 )
 
 // TestHostMemoryEstimate runs the real binary (built without the race
@@ -48,7 +48,7 @@ func TestHostMemoryEstimate(t *testing.T) {
 			if err != nil || peak == 0 {
 				t.Fatalf("%v: peak RSS %d: %v\n%s", args, peak, err, out)
 			}
-			est := harness.HostBytes(cfg)
+			est := setup.HostBytes(cfg)
 			t.Logf("%v: peak RSS %.1f MiB, estimate %.1f MiB", args[8:], float64(peak)/(1<<20), float64(est)/(1<<20))
 			if int64(peak) > est {
 				t.Errorf("%v: peak RSS %d bytes is above the estimate, %d", args, peak, est)

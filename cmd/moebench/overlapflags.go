@@ -5,7 +5,7 @@ import (
 
 	"github.com/spf13/pflag"
 
-	"github.com/moebench/moebench/harness"
+	"github.com/moebench/moebench/harness/setup"
 )
 
 // addOverlapFlags defines MoE communication overlap's flags (docs/overlap.md).
@@ -59,5 +59,5 @@ func checkNoOverlap(o *options, why string) error {
 	if o.overlap == "" || o.overlap == "none" {
 		return nil
 	}
-	return &harness.ConfigError{Flag: "overlap", Value: o.overlap, Allowed: "allowed: none only: " + why + "; measure overlap with moebench run or sweep --overlap (docs/overlap.md)"}
+	return &setup.ConfigError{Flag: "overlap", Value: o.overlap, Allowed: "allowed: none only: " + why + "; measure overlap with moebench run or sweep --overlap (docs/overlap.md)"}
 }

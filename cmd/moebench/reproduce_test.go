@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"github.com/moebench/moebench/advise"
-	"github.com/moebench/moebench/harness"
+	"github.com/moebench/moebench/harness/setup"
 )
 
 // reproduceChanges are, for the settings that measuringFlags does not
@@ -24,7 +24,7 @@ var reproduceChanges = map[string]runFlagChange{
 }
 
 // runConfig is the Config 'moebench run' builds from args.
-func runConfig(t *testing.T, args []string) harness.Config {
+func runConfig(t *testing.T, args []string) setup.Config {
 	t.Helper()
 	var o options
 	fs := newFlags(&o)
@@ -74,7 +74,7 @@ func shellWords(t *testing.T, line string) []string {
 }
 
 // TestReproduceRoundTrips: for every setting of a run (each Config field
-// by its flag, harness.Settings), a config with it changed gives a
+// by its flag, setup.Settings), a config with it changed gives a
 // command (advise.Reproduce) that 'moebench run' parses back into the
 // same config; so does a config with several changed at once and a trace
 // file whose name needs quoting.
@@ -87,7 +87,7 @@ func TestReproduceRoundTrips(t *testing.T) {
 		"several": {"--dispatcher=feplb", "--feplb-base=deepep", "--domain=4", "--routing=skewed:1.5", "--precision=fp8", "--check=off", "--seed=9", "--pre-softmax"},
 		"trace":   {"--routing=trace:" + trace, "--topk=2", "--experts=4", "--ep=4"},
 	}
-	for _, flag := range harness.SettingFlags() {
+	for _, flag := range setup.SettingFlags() {
 		ch, ok := measuringFlags[flag]
 		if !ok {
 			ch, ok = reproduceChanges[flag]
@@ -98,11 +98,11 @@ func TestReproduceRoundTrips(t *testing.T) {
 		}
 		cases[flag] = append(append([]string{}, ch.base...), "--"+flag+"="+ch.value)
 	}
-	baseline := harness.Settings(runConfig(t, nil))
+	baseline := setup.Settings(runConfig(t, nil))
 	for name, args := range cases {
 		c := runConfig(t, args)
 		changed := false
-		for i, s := range harness.Settings(c) {
+		for i, s := range setup.Settings(c) {
 			changed = changed || s.Value != baseline[i].Value
 		}
 		if !changed {
@@ -115,8 +115,8 @@ func TestReproduceRoundTrips(t *testing.T) {
 			t.Fatalf("%s: %s", name, line)
 		}
 		if again := runConfig(t, words[1:]); !reflect.DeepEqual(again, c) {
-			for i, s := range harness.Settings(again) {
-				if want := harness.Settings(c)[i]; s != want {
+			for i, s := range setup.Settings(again) {
+				if want := setup.Settings(c)[i]; s != want {
 					t.Errorf("%s: %s gives %s %q, want %q", name, line, s.Name, s.Value, want.Value)
 				}
 			}

@@ -10,7 +10,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/moebench/moebench/balance"
-	"github.com/moebench/moebench/harness"
+	"github.com/moebench/moebench/harness/setup"
 	"github.com/moebench/moebench/results"
 )
 
@@ -154,9 +154,9 @@ func (a *stragglerArgs) resolve(fs *pflag.FlagSet) error {
 	default:
 		return fmt.Errorf("--feplb-fallback=%s: allowed: next, stop", a.fallback)
 	}
-	p, ok := harness.LookupPreset(a.preset)
+	p, ok := setup.LookupPreset(a.preset)
 	if !ok {
-		return fmt.Errorf("--preset=%s: allowed: %s", a.preset, strings.Join(harness.PresetNames(), ", "))
+		return fmt.Errorf("--preset=%s: allowed: %s", a.preset, strings.Join(setup.PresetNames(), ", "))
 	}
 	pick := func(v, def int) int {
 		if v != 0 {
@@ -244,24 +244,24 @@ func (a *stragglerArgs) model(stderr io.Writer) (balance.Model, error) {
 
 // source is --routing's expert load per seed.
 func (a *stragglerArgs) source(t balance.Topology) (func(seed uint64) balance.Source, error) {
-	r, err := harness.ParseRouting(a.routing)
+	r, err := setup.ParseRouting(a.routing)
 	if err != nil {
 		return nil, err
 	}
 	switch r.Kind {
-	case harness.RoutingSkewed:
+	case setup.RoutingSkewed:
 		return func(seed uint64) balance.Source {
 			return balance.NewSkewed(t, a.topk, a.tokens, r.Alpha, a.drift, seed, a.steps)
 		}, nil
-	case harness.RoutingBalanced: // fresh i.i.d. routing every step, as Megatron's force-balancing: no drift
+	case setup.RoutingBalanced: // fresh i.i.d. routing every step, as Megatron's force-balancing: no drift
 		return func(seed uint64) balance.Source { return balance.NewSkewed(t, a.topk, a.tokens, 0, 0, seed, a.steps) }, nil
-	case harness.RoutingTrace:
+	case setup.RoutingTrace:
 		if a.seeds != 1 {
 			return nil, fmt.Errorf("--seeds=%d: a trace has no seed; give 1 with --routing trace:FILE", a.seeds)
 		}
-		tr, err := harness.ReadTrace(r.File, a.experts, a.topk)
+		tr, err := setup.ReadTrace(r.File, a.experts, a.topk)
 		if err != nil {
-			return nil, &harness.ConfigError{Flag: "routing", Value: a.routing, Allowed: err.Error()}
+			return nil, &setup.ConfigError{Flag: "routing", Value: a.routing, Allowed: err.Error()}
 		}
 		return func(uint64) balance.Source { return traceSource{tr, t, a.tokens} }, nil
 	}
@@ -295,7 +295,7 @@ func (a *stragglerArgs) explainStep(stdout io.Writer, t balance.Topology, m bala
 // model.
 func (a *stragglerArgs) title(m balance.Model) string {
 	d := fmt.Sprintf(" drift %g", a.drift)
-	if !strings.HasPrefix(a.routing, harness.RoutingSkewed) {
+	if !strings.HasPrefix(a.routing, setup.RoutingSkewed) {
 		d = ""
 	}
 	schedNote := "measured"
@@ -383,7 +383,7 @@ func measuredRate(path string, stderr io.Writer) (float64, string, error) {
 // traceSource replays a trace: step i uses ep×tokens consecutive lines
 // (cyclically), rank r the r-th block of tokens.
 type traceSource struct {
-	tr     *harness.Trace
+	tr     *setup.Trace
 	t      balance.Topology
 	tokens int
 }

@@ -19,6 +19,7 @@ import (
 
 	"github.com/moebench/moebench/dispatchers"
 	"github.com/moebench/moebench/harness"
+	"github.com/moebench/moebench/harness/setup"
 	"github.com/moebench/moebench/results"
 )
 
@@ -58,10 +59,10 @@ func (so sweepOptions) checkLists() error {
 		v       []string
 		allowed []string
 	}{{"dispatcher", so.dispatchers, dispatchers.Names()}, {"impl", so.impls, []string{"native", "library"}},
-		{"preset", so.presets, harness.PresetNames()}, {"routing", so.routings, []string{"balanced", "uniform", "skewed:ALPHA", "trace:FILE", "natural"}},
-		{"precision", so.precisions, harness.Precisions}} {
+		{"preset", so.presets, setup.PresetNames()}, {"routing", so.routings, []string{"balanced", "uniform", "skewed:ALPHA", "trace:FILE", "natural"}},
+		{"precision", so.precisions, setup.Precisions}} {
 		if len(l.v) == 0 {
-			return &harness.ConfigError{Flag: l.flag, Value: `""`, Allowed: "empty list; give one or more of: " + strings.Join(l.allowed, ", ")}
+			return &setup.ConfigError{Flag: l.flag, Value: `""`, Allowed: "empty list; give one or more of: " + strings.Join(l.allowed, ", ")}
 		}
 	}
 	return nil
@@ -119,10 +120,10 @@ func sweepPoints(fs *pflag.FlagSet, o options, so sweepOptions, isSweep bool, st
 		return usageError(stderr, errors.New("sweep: --out FILE is required"))
 	}
 	if !isSweep && o.dump != "" {
-		return usageError(stderr, &harness.ConfigError{Flag: "dump", Value: o.dump, Allowed: "dumps one layer's tensors: give each list flag one value"})
+		return usageError(stderr, &setup.ConfigError{Flag: "dump", Value: o.dump, Allowed: "dumps one layer's tensors: give each list flag one value"})
 	}
 	if !isSweep && o.format != "table" {
-		return usageError(stderr, &harness.ConfigError{Flag: "format", Value: o.format, Allowed: "a run over several points prints the report's table of them; " +
+		return usageError(stderr, &setup.ConfigError{Flag: "format", Value: o.format, Allowed: "a run over several points prints the report's table of them; " +
 			"each point's record goes to --out (moebench report --format csv prints them as CSV)"})
 	}
 	o.format = "table"
@@ -210,7 +211,7 @@ func sweepPoints(fs *pflag.FlagSet, o options, so sweepOptions, isSweep bool, st
 		if c.GPUs > 0 {
 			gpus = fmt.Sprintf(" gpus=%d", c.GPUs)
 		}
-		if c.Precision != "" && c.Precision != harness.PrecisionBF16 {
+		if c.Precision != "" && c.Precision != setup.PrecisionBF16 {
 			gpus += " precision=" + c.Precision
 		}
 		line := fmt.Sprintf("[%d/%d] %s/%s sms=%d ep=%d%s %s %s: %s", ev.Index, ev.Total, c.Dispatcher, c.Impl, c.SMs, c.EP, gpus,
@@ -228,7 +229,7 @@ func sweepPoints(fs *pflag.FlagSet, o options, so sweepOptions, isSweep bool, st
 		}
 		fmt.Fprintln(stderr, line)
 	}
-	env := harness.Env{Version: version(), DeviceNote: note, Progress: stderr, Rendezvous: rv}
+	env := setup.Env{Version: version(), DeviceNote: note, Progress: stderr, Rendezvous: rv}
 	var most int64
 	for _, p := range points {
 		most = max(most, env.HostBytes(p))
@@ -243,7 +244,7 @@ func sweepPoints(fs *pflag.FlagSet, o options, so sweepOptions, isSweep bool, st
 		}
 	}
 	var stopped *harness.SweepStopped
-	var ce *harness.ConfigError
+	var ce *setup.ConfigError
 	switch {
 	case errors.As(err, &ce):
 		return usageError(stderr, err)
@@ -271,7 +272,7 @@ const maxSweepFile = 1 << 20
 // (so the same parsing, the same "given" mark, and the same validation).
 func applySweepFile(fs *pflag.FlagSet, path string, warn func(string)) error {
 	bad := func(format string, a ...any) error {
-		return &harness.ConfigError{Flag: "file", Value: path, Allowed: fmt.Sprintf(format, a...)}
+		return &setup.ConfigError{Flag: "file", Value: path, Allowed: fmt.Sprintf(format, a...)}
 	}
 	f, err := os.Open(path)
 	if err != nil {
@@ -361,8 +362,8 @@ func flagValue(v any, list bool) (string, error) {
 // expand builds and validates every point of the matrix; a bad point stops
 // the sweep before anything runs. A GPU count above a point's EP size is
 // no point (each rank is on one GPU).
-func expand(fs *pflag.FlagSet, base options, so sweepOptions) ([]harness.Config, error) {
-	var out []harness.Config
+func expand(fs *pflag.FlagSet, base options, so sweepOptions) ([]setup.Config, error) {
+	var out []setup.Config
 	for _, preset := range so.presets {
 		for _, routing := range so.routings {
 			for _, ep := range so.ep {
@@ -398,18 +399,18 @@ func expand(fs *pflag.FlagSet, base options, so sweepOptions) ([]harness.Config,
 		}
 	}
 	if len(out) == 0 {
-		return nil, &harness.ConfigError{Flag: "gpus", Value: so.gpus, Allowed: fmt.Sprintf("every count is above every EP size (--ep %v): no point left", so.ep)}
+		return nil, &setup.ConfigError{Flag: "gpus", Value: so.gpus, Allowed: fmt.Sprintf("every count is above every EP size (--ep %v): no point left", so.ep)}
 	}
 	return out, nil
 }
 
 // withoutGPUs is points on the host device: --gpus set to 0, and a point
 // that then repeats an earlier one left out (how many it returns).
-func withoutGPUs(points []harness.Config) ([]harness.Config, int) {
-	var out []harness.Config
+func withoutGPUs(points []setup.Config) ([]setup.Config, int) {
+	var out []setup.Config
 	for _, p := range points {
 		p.GPUs = 0
-		if !slices.ContainsFunc(out, func(q harness.Config) bool { return reflect.DeepEqual(p, q) }) {
+		if !slices.ContainsFunc(out, func(q setup.Config) bool { return reflect.DeepEqual(p, q) }) {
 			out = append(out, p)
 		}
 	}

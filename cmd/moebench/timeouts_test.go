@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/moebench/moebench/harness"
+	"github.com/moebench/moebench/harness/setup"
 )
 
 // TestTimeoutsOneMeaningEach: --comm-timeout bounds moebench's own
@@ -14,7 +14,7 @@ import (
 // derived from the two); each is set by its flag alone, recorded where it
 // applies, bounded with its range in the error, and documented in --help.
 func TestTimeoutsOneMeaningEach(t *testing.T) {
-	config := func(args ...string) harness.Config {
+	config := func(args ...string) setup.Config {
 		t.Helper()
 		var o options
 		fs := newFlags(&o)

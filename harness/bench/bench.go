@@ -15,6 +15,8 @@ import (
 	"slices"
 
 	"github.com/moebench/moebench/harness"
+	"github.com/moebench/moebench/harness/layer"
+	"github.com/moebench/moebench/harness/setup"
 	"github.com/moebench/moebench/kernels"
 	"github.com/moebench/moebench/kernels/device"
 	"github.com/moebench/moebench/results"
@@ -92,17 +94,17 @@ var DefaultSizes = Sizes{CopyBytes: 1 << 30, GEMMDim: 8192, FlushBytes: 256 << 2
 // balanced routing (each local expert gets tokens·topk/local rows). Inputs
 // are random and never zero; the kernels' correctness is the GPU tests'
 // business (kernels/comm/cuda_test.go).
-func Kernels(cfg harness.Config, env harness.Env, sizes Sizes) (*KernelBench, error) {
+func Kernels(cfg setup.Config, env setup.Env, sizes Sizes) (*KernelBench, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	devs, err := harness.OpenDevices(env, 0, 2, nil)
+	devs, err := layer.OpenDevices(env, 0, 2, nil)
 	if err != nil {
 		return nil, fmt.Errorf("device %s: %w", cfg.Device, err)
 	}
-	defer harness.CloseDevices(devs)
+	defer layer.CloseDevices(devs)
 	dev := devs[0]
-	harness.TuneGEMMs(devs, true) // each call's shape is timed in its warm-up
+	layer.TuneGEMMs(devs, true) // each call's shape is timed in its warm-up
 	rec := harness.NewRecord(cfg, env)
 	kb := &KernelBench{Schema: KernelSchema, Time: rec.Time, Config: rec.Config, Stack: rec.Stack, Iters: cfg.Iters,
 		Routing: "balanced: each of rank 0's local experts computes tokens·topk/local rows; permute indices uniform at random"}
@@ -149,7 +151,7 @@ func Kernels(cfg harness.Config, env harness.Env, sizes Sizes) (*KernelBench, er
 // routing, as the native alltoall sends it when every other rank is on peer:
 // per destination rank a copy of its rows, one of their probabilities and
 // one of the counts.
-func (b *bencher) peerRows(peer device.Device, cfg harness.Config, sizes Sizes) ([]Row, error) {
+func (b *bencher) peerRows(peer device.Device, cfg setup.Config, sizes Sizes) ([]Row, error) {
 	var rows []Row
 	cb := sizes.CopyBytes
 	src := b.buf(int(cb / 2))
@@ -345,7 +347,7 @@ func (l *rowList) add(r Row, err error) error {
 
 // run times the ceilings, then the kernels of one rank's step; on an
 // error it returns the rows timed before it.
-func (b *bencher) run(cfg harness.Config, sizes Sizes) ([]Row, error) {
+func (b *bencher) run(cfg setup.Config, sizes Sizes) ([]Row, error) {
 	var rows rowList
 	if err := b.ceilings(&rows, sizes); err != nil {
 		return rows, err
@@ -407,7 +409,7 @@ func (b *bencher) ceilings(rows *rowList, sizes Sizes) error {
 // its sizes: T tokens, h hidden, f ffn, E experts, k top-k, L local
 // experts, n = T·k copies.
 type stepBufs struct {
-	cfg                                    harness.Config
+	cfg                                    setup.Config
 	T, h, f, E, k, L, n                    int
 	x, wr, logits, idx, probs              device.Addr
 	order, pos, counts, px, pp, cc, ex, ep device.Addr
@@ -417,7 +419,7 @@ type stepBufs struct {
 
 // stepBuffers allocates the step's buffers, in the order (and so with the
 // random values) the bench has always drawn them.
-func (b *bencher) stepBuffers(cfg harness.Config) (*stepBufs, error) {
+func (b *bencher) stepBuffers(cfg setup.Config) (*stepBufs, error) {
 	T, h, f, E, k := cfg.Tokens, cfg.Hidden, cfg.FFN, cfg.Experts, cfg.TopK
 	L, n := cfg.Experts/cfg.EP, cfg.Tokens*cfg.TopK
 	st := &stepBufs{cfg: cfg, T: T, h: h, f: f, E: E, k: k, L: L, n: n}
@@ -555,7 +557,7 @@ func (b *bencher) expertRows(rows *rowList, st *stepBufs) error {
 	}
 	g1, g2 := groups(h1, ex, fc1, 2*f, h), groups(ey, act, fc2, h, f)
 	ways := []*device.Grouped{}
-	for _, side := range harness.GroupedSides() {
+	for _, side := range layer.GroupedSides() {
 		gr, err := device.NewGrouped(dev, side)
 		if err != nil {
 			return err

@@ -7,7 +7,9 @@ import (
 
 	"github.com/moebench/moebench/dispatchers"
 	"github.com/moebench/moebench/harness"
+	"github.com/moebench/moebench/harness/layer"
 	"github.com/moebench/moebench/harness/roundtrip"
+	"github.com/moebench/moebench/harness/setup"
 	"github.com/moebench/moebench/harness/summary"
 	"github.com/moebench/moebench/kernels/comm"
 	"github.com/moebench/moebench/kernels/device"
@@ -101,7 +103,7 @@ func predicted(dispatcher, impl string) *Prediction {
 // devices, cfg.GPUs of them; see devicePoint). A point that is
 // unavailable or fails is recorded as such and the others go on; the
 // error is the first such point's.
-func Dispatch(cfg harness.Config, names []string, sms []int, env harness.Env) (*DispatchBench, error) {
+func Dispatch(cfg setup.Config, names []string, sms []int, env setup.Env) (*DispatchBench, error) {
 	return DispatchAt(cfg, names, sms, []string{cfg.ResolvedPrecision()}, env)
 }
 
@@ -109,7 +111,7 @@ func Dispatch(cfg harness.Config, names []string, sms []int, env harness.Env) (*
 // in precisions, side by side (bf16 and fp8 rows of one dispatcher and
 // budget next to each other). At fp8 the round trip's ranks send their
 // rows quantized (roundtrip.Trip.ToFP8).
-func DispatchAt(cfg harness.Config, names []string, sms []int, precisions []string, env harness.Env) (*DispatchBench, error) {
+func DispatchAt(cfg setup.Config, names []string, sms []int, precisions []string, env setup.Env) (*DispatchBench, error) {
 	for _, p := range precisions {
 		c := cfg
 		c.Precision = p
@@ -120,7 +122,7 @@ func DispatchAt(cfg harness.Config, names []string, sms []int, precisions []stri
 	if cfg.Device != "host" {
 		return benchDispatchDevice(cfg, names, sms, precisions, env)
 	}
-	if avail, ok := harness.MemAvailable(); ok && benchBytes(cfg) > 0.8*avail {
+	if avail, ok := setup.MemAvailable(); ok && benchBytes(cfg) > 0.8*avail {
 		return nil, fmt.Errorf("bench dispatch: about %.1f GiB of host memory needed, %.1f GiB available; use a smaller --tokens, --hidden or --ep",
 			benchBytes(cfg)/(1<<30), avail/(1<<30))
 	}
@@ -130,30 +132,30 @@ func DispatchAt(cfg harness.Config, names []string, sms []int, precisions []stri
 	}
 	b.Clock = "host wall clock (Go time.Now), each phase's slowest rank per iteration: host times are not GPU performance"
 	b.Check = "every iteration: dispatch then combine, with experts that multiply each row by its probability (powers of two summing to 1), gives each rank's input back exactly"
-	return b, b.points(cfg, names, sms, precisions, func(c harness.Config, p DispatchPoint) (DispatchPoint, error) { return benchPoint(c, l, p) })
+	return b, b.points(cfg, names, sms, precisions, func(c setup.Config, p DispatchPoint) (DispatchPoint, error) { return benchPoint(c, l, p) })
 }
 
 // benchDispatchDevice is Dispatch on the cuda device.
-func benchDispatchDevice(cfg harness.Config, names []string, sms []int, precisions []string, env harness.Env) (*DispatchBench, error) {
-	devs, err := harness.OpenDevices(env, cfg.GPUs, cfg.EP, nil)
+func benchDispatchDevice(cfg setup.Config, names []string, sms []int, precisions []string, env setup.Env) (*DispatchBench, error) {
+	devs, err := layer.OpenDevices(env, cfg.GPUs, cfg.EP, nil)
 	if err != nil {
 		return nil, fmt.Errorf("bench dispatch: device %s: %w", cfg.Device, err)
 	}
-	defer harness.CloseDevices(devs)
+	defer layer.CloseDevices(devs)
 	l, b, err := benchSetup(cfg, env)
 	if err != nil {
 		return nil, err
 	}
 	b.Clock = "CUDA events on each rank's stream (" + devs[0].Name() + "), as the layer times its phases; each phase's slowest rank per iteration"
 	b.Check = "every iteration, outputs poisoned first: dispatch then combine, with experts that copy their rows (at fp8: dequantize the packed rows), gives each rank k × its (dequantized) input exactly (inputs coarsened so that every partial sum is exact in bf16)"
-	b.Ranks = harness.RanksNote(cfg.EP, devs)
-	return b, b.points(cfg, names, sms, precisions, func(c harness.Config, p DispatchPoint) (DispatchPoint, error) { return devicePoint(c, l, devs, p) })
+	b.Ranks = layer.RanksNote(cfg.EP, devs)
+	return b, b.points(cfg, names, sms, precisions, func(c setup.Config, p DispatchPoint) (DispatchPoint, error) { return devicePoint(c, l, devs, p) })
 }
 
 // benchSetup makes the benchmark's layer (its routing drawn on the host)
 // and the result without points.
-func benchSetup(cfg harness.Config, env harness.Env) (*harness.Layer, *DispatchBench, error) {
-	l, err := harness.RoutedLayer(cfg)
+func benchSetup(cfg setup.Config, env setup.Env) (*layer.Layer, *DispatchBench, error) {
+	l, err := layer.RoutedLayer(cfg)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -170,7 +172,7 @@ func benchSetup(cfg harness.Config, env harness.Env) (*harness.Layer, *DispatchB
 // (once for a dispatcher that is not SM-driven) and each precision in
 // precisions (none: cfg's), each as configured and validated, and returns
 // the first point's error.
-func (b *DispatchBench) points(cfg harness.Config, names []string, sms []int, precisions []string, point func(harness.Config, DispatchPoint) (DispatchPoint, error)) error {
+func (b *DispatchBench) points(cfg setup.Config, names []string, sms []int, precisions []string, point func(setup.Config, DispatchPoint) (DispatchPoint, error)) error {
 	var first error
 	for _, name := range names {
 		budgets := sms
@@ -195,19 +197,19 @@ func (b *DispatchBench) points(cfg harness.Config, names []string, sms []int, pr
 
 // point is one point of points: c's dispatcher at its budget and
 // precision; the first error goes to first.
-func (b *DispatchBench) point(c harness.Config, pred *Prediction, point func(harness.Config, DispatchPoint) (DispatchPoint, error), first *error) DispatchPoint {
+func (b *DispatchBench) point(c setup.Config, pred *Prediction, point func(setup.Config, DispatchPoint) (DispatchPoint, error), first *error) DispatchPoint {
 	p := DispatchPoint{Dispatcher: c.Dispatcher, Impl: c.Impl, SMs: c.SMs, Status: results.StatusFailed, Predicted: pred}
-	if c.ResolvedPrecision() != harness.PrecisionBF16 {
+	if c.ResolvedPrecision() != setup.PrecisionBF16 {
 		p.Precision = c.ResolvedPrecision()
 	}
 	var err error
 	if bg, ok := dispatchers.SMBudgetOf(c.Dispatcher, c.Impl); ok {
 		if err = bg.Check(c.SMs); err != nil {
-			err = &harness.ConfigError{Flag: "sms", Value: c.SMs, Allowed: c.Dispatcher + ": " + err.Error()}
+			err = &setup.ConfigError{Flag: "sms", Value: c.SMs, Allowed: c.Dispatcher + ": " + err.Error()}
 		}
 		p.Budget = bg.Resolve(c.SMs) // a device point fits it to its GPUs (fitSMs)
 		if c.Device == "host" {
-			p.HeldNote = harness.HostHeldNote
+			p.HeldNote = layer.HostHeldNote
 		}
 	}
 	if err == nil {
@@ -222,7 +224,7 @@ func (b *DispatchBench) point(c harness.Config, pred *Prediction, point func(har
 // asDesigned sets p's dispatch as its design's test times it, from the
 // steps' samples, and makes the traffic's dispatch GB/s (and per SM) its
 // rate, as the designs' tests report theirs.
-func (p *DispatchPoint) asDesigned(c harness.Config, steps []dispatchers.Step, samples map[string][][]float64) {
+func (p *DispatchPoint) asDesigned(c setup.Config, steps []dispatchers.Step, samples map[string][][]float64) {
 	var names []string
 	for _, st := range steps {
 		names = append(names, st.Name)
@@ -239,12 +241,12 @@ func (p *DispatchPoint) asDesigned(c harness.Config, steps []dispatchers.Step, s
 // benchBytes estimates the host memory of the benchmark: every rank's
 // inputs and the copies the dispatchers keep (up to top-k rows per token in
 // four buffers).
-func benchBytes(cfg harness.Config) float64 {
+func benchBytes(cfg setup.Config) float64 {
 	return float64(cfg.EP) * float64(cfg.Tokens) * float64(cfg.Hidden) * 4 * float64(3+4*cfg.TopK)
 }
 
 // benchPoint times one dispatcher at one budget (p) on l's routing.
-func benchPoint(c harness.Config, l *harness.Layer, p DispatchPoint) (DispatchPoint, error) {
+func benchPoint(c setup.Config, l *layer.Layer, p DispatchPoint) (DispatchPoint, error) {
 	fail := func(err error) (DispatchPoint, error) {
 		if dispatchers.IsUnavailable(err) {
 			p.Status = results.StatusUnavailable
@@ -257,7 +259,7 @@ func benchPoint(c harness.Config, l *harness.Layer, p DispatchPoint) (DispatchPo
 		return fail(err)
 	}
 	rt := roundtrip.New(l.Shape, l.X, l.Ranks)
-	if c.ResolvedPrecision() == harness.PrecisionFP8 {
+	if c.ResolvedPrecision() == setup.PrecisionFP8 {
 		if err := rt.ToFP8(); err != nil {
 			return fail(err)
 		}
@@ -305,9 +307,9 @@ func benchPoint(c harness.Config, l *harness.Layer, p DispatchPoint) (DispatchPo
 }
 
 // devicePoint times one dispatcher at one budget (p) on devs with l's
-// routing (harness.TimeRoundTrip) and makes the point of it.
-func devicePoint(c harness.Config, l *harness.Layer, devs []device.Device, p DispatchPoint) (DispatchPoint, error) {
-	t, err := harness.TimeRoundTrip(c, l, devs)
+// routing (layer.TimeRoundTrip) and makes the point of it.
+func devicePoint(c setup.Config, l *layer.Layer, devs []device.Device, p DispatchPoint) (DispatchPoint, error) {
+	t, err := layer.TimeRoundTrip(c, l, devs)
 	if t.HeldNote != "" { // the budget that fits the GPUs, each block holding an SM
 		c.SMs, p.Budget, p.Held, p.HeldNote = t.Budget, t.Budget, t.Budget, t.HeldNote
 	}

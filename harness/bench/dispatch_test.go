@@ -4,7 +4,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/moebench/moebench/harness"
+	"github.com/moebench/moebench/harness/setup"
 	"github.com/moebench/moebench/kernels/device"
 	"github.com/moebench/moebench/results"
 )
@@ -14,7 +14,7 @@ import (
 func TestBenchDispatchChecksEachPoint(t *testing.T) {
 	c := small()
 	c.Warmup, c.Iters = 0, 2
-	b, err := Dispatch(c, []string{"broken", "deepep"}, []int{4, 8}, harness.Env{Version: "test"})
+	b, err := Dispatch(c, []string{"broken", "deepep"}, []int{4, 8}, setup.Env{Version: "test"})
 	if err == nil || len(b.Points) != 3 {
 		t.Fatalf("err %v, points %+v", err, b)
 	}
@@ -32,7 +32,7 @@ func TestBenchDispatchChecksEachPoint(t *testing.T) {
 // rate of the dispatch as the design's own test times it.
 func TestBenchDispatchAsDesigned(t *testing.T) {
 	cfg := small()
-	b, err := Dispatch(cfg, []string{"deepep", "hybridep"}, []int{2}, harness.Env{Version: "test"})
+	b, err := Dispatch(cfg, []string{"deepep", "hybridep"}, []int{2}, setup.Env{Version: "test"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -51,9 +51,9 @@ func TestBenchDispatchOnDevice(t *testing.T) {
 	c := small()
 	c.Device, c.Dispatcher, c.EP, c.SMs, c.SharedExperts = "cuda", "deepep", 4, 2, 1
 	c.Tokens, c.Hidden, c.FFN = 24, 32, 16
-	c.Routing = harness.Routing{Kind: harness.RoutingSkewed, Alpha: 1.5}
+	c.Routing = setup.Routing{Kind: setup.RoutingSkewed, Alpha: 1.5}
 	c.Warmup, c.Iters = 1, 2
-	b, err := Dispatch(c, []string{"alltoall", "deepep"}, []int{2, 4}, harness.Env{Version: "test", OpenDevices: emus(2)})
+	b, err := Dispatch(c, []string{"alltoall", "deepep"}, []int{2, 4}, setup.Env{Version: "test", OpenDevices: emus(2)})
 	if err != nil || len(b.Points) != 3 {
 		t.Fatalf("%v, %+v", err, b)
 	}
@@ -69,7 +69,7 @@ func TestBenchDispatchOnDevice(t *testing.T) {
 		t.Errorf("clock %q, ranks %q", b.Clock, b.Ranks)
 	}
 	lose := func(n, most int) ([]device.Device, error) { return []device.Device{&dropCopy{drop: 1}}, nil }
-	b, err = Dispatch(c, []string{"alltoall"}, nil, harness.Env{Version: "test", OpenDevices: lose})
+	b, err = Dispatch(c, []string{"alltoall"}, nil, setup.Env{Version: "test", OpenDevices: lose})
 	if err == nil || b.Points[0].Status != results.StatusFailed || !strings.HasPrefix(b.Points[0].RoundTrip, "rank ") {
 		t.Errorf("a lost copy: %v, %+v", err, b.Points)
 	}
@@ -83,13 +83,13 @@ func TestBenchDispatchOnDevice(t *testing.T) {
 func TestFP8BenchDispatch(t *testing.T) {
 	c := fp8Config("alltoall")
 	c.Tokens, c.Iters, c.Warmup = 16, 2, 0
-	b, err := DispatchAt(c, []string{"alltoall", "deepep", "hybridep"}, []int{4}, []string{harness.PrecisionBF16, harness.PrecisionFP8}, harness.Env{Version: "test"})
+	b, err := DispatchAt(c, []string{"alltoall", "deepep", "hybridep"}, []int{4}, []string{setup.PrecisionBF16, setup.PrecisionFP8}, setup.Env{Version: "test"})
 	if err != nil || len(b.Points) != 6 {
 		t.Fatalf("%v, %d points", err, len(b.Points))
 	}
 	for i := 0; i < len(b.Points); i += 2 {
 		bf, fp := b.Points[i], b.Points[i+1]
-		if bf.Status != results.StatusOK || fp.Status != results.StatusOK || bf.Precision != "" || fp.Precision != harness.PrecisionFP8 || fp.RoundTrip != "exact" {
+		if bf.Status != results.StatusOK || fp.Status != results.StatusOK || bf.Precision != "" || fp.Precision != setup.PrecisionFP8 || fp.RoundTrip != "exact" {
 			t.Errorf("%s: bf16 %s %q, fp8 %s %q (%q)", bf.Dispatcher, bf.Status, bf.Reason, fp.Status, fp.Reason, fp.Precision)
 			continue
 		}
@@ -111,14 +111,14 @@ func TestFP8BenchDispatchOnDevice(t *testing.T) {
 	c := fp8Config("alltoall")
 	c.Device = "cuda"
 	c.Warmup, c.Iters = 0, 1
-	b, err := DispatchAt(c, []string{"alltoall", "hybridep", "deepep"}, []int{4}, []string{harness.PrecisionBF16, harness.PrecisionFP8},
-		harness.Env{Version: "test", OpenDevices: emus(1)})
+	b, err := DispatchAt(c, []string{"alltoall", "hybridep", "deepep"}, []int{4}, []string{setup.PrecisionBF16, setup.PrecisionFP8},
+		setup.Env{Version: "test", OpenDevices: emus(1)})
 	if b == nil || len(b.Points) != 6 {
 		t.Fatalf("%v, %+v", err, b)
 	}
 	for i := 0; i < len(b.Points); i += 2 {
 		bf, fp := b.Points[i], b.Points[i+1]
-		if bf.Status != results.StatusOK || bf.Precision != "" || fp.Precision != harness.PrecisionFP8 {
+		if bf.Status != results.StatusOK || bf.Precision != "" || fp.Precision != setup.PrecisionFP8 {
 			t.Errorf("%s: bf16 %s %q; fp8 labelled %q", bf.Dispatcher, bf.Status, bf.Reason, fp.Precision)
 			continue
 		}

@@ -6,7 +6,7 @@ import (
 	"github.com/moebench/moebench/dispatchers"
 	_ "github.com/moebench/moebench/dispatchers/all"
 	"github.com/moebench/moebench/dispatchers/alltoall"
-	"github.com/moebench/moebench/harness"
+	"github.com/moebench/moebench/harness/setup"
 	"github.com/moebench/moebench/kernels/device"
 )
 
@@ -14,8 +14,8 @@ import (
 // (the same as package harness's tests').
 
 // small is a small host layer.
-func small() harness.Config {
-	c := harness.DefaultConfig()
+func small() setup.Config {
+	c := setup.DefaultConfig()
 	c.Device = "host"
 	c.Tokens, c.Hidden, c.FFN, c.EP, c.Warmup, c.Iters = 32, 64, 32, 4, 1, 2
 	return c
@@ -23,18 +23,18 @@ func small() harness.Config {
 
 // sigmoidCase is a cuda layer with sigmoid group-limited routing, skewed,
 // and a shared expert.
-func sigmoidCase() harness.Config {
+func sigmoidCase() setup.Config {
 	c := small()
 	c.Device = "cuda"
 	c.Score, c.Groups, c.GroupTopK, c.TopKScale, c.SharedExperts = "sigmoid", 4, 2, 2.5, 1
-	c.Routing = harness.Routing{Kind: harness.RoutingSkewed, Alpha: 1.2}
+	c.Routing = setup.Routing{Kind: setup.RoutingSkewed, Alpha: 1.2}
 	return c
 }
 
 // fp8Config is a small host layer at fp8 with four 1×128 blocks a row.
-func fp8Config(dispatcher string) harness.Config {
+func fp8Config(dispatcher string) setup.Config {
 	c := small()
-	c.Hidden, c.Precision, c.Dispatcher, c.CheckAll = 512, harness.PrecisionFP8, dispatcher, true
+	c.Hidden, c.Precision, c.Dispatcher, c.CheckAll = 512, setup.PrecisionFP8, dispatcher, true
 	return c
 }
 

@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/moebench/moebench/harness"
+	"github.com/moebench/moebench/harness/setup"
 	"github.com/moebench/moebench/internal/hostsim"
 	"github.com/moebench/moebench/kernels/device"
 )
@@ -52,7 +52,7 @@ func TestBenchKernelsOnEmu(t *testing.T) {
 	c := sigmoidCase()
 	c.Iters, c.Warmup = 2, 1
 	watch := &flushWatch{flush: 3 << 19}
-	kb, err := Kernels(c, harness.Env{Version: "test", OpenDevices: func(n, most int) ([]device.Device, error) { return []device.Device{watch}, nil }},
+	kb, err := Kernels(c, setup.Env{Version: "test", OpenDevices: func(n, most int) ([]device.Device, error) { return []device.Device{watch}, nil }},
 		Sizes{CopyBytes: 1 << 20, GEMMDim: 64, FlushBytes: 3 << 20})
 	if err != nil {
 		t.Fatal(err)
@@ -86,7 +86,7 @@ func TestBenchKernelsOnEmu(t *testing.T) {
 		t.Errorf("%d rows, targets %v, %q", len(kb.Rows), targets, kb.Peer)
 	}
 	// two devices: the peer-copy ceiling, and rank 0's dispatch against it
-	kb, err = Kernels(c, harness.Env{Version: "test", OpenDevices: emus(2)}, Sizes{CopyBytes: 1 << 20, GEMMDim: 64})
+	kb, err = Kernels(c, setup.Env{Version: "test", OpenDevices: emus(2)}, Sizes{CopyBytes: 1 << 20, GEMMDim: 64})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -113,7 +113,7 @@ func TestBenchKernelsOnHostSim(t *testing.T) {
 	t.Cleanup(func() { device.NewCompiler = old })
 	c := small()
 	c.Device = "cuda"
-	kb, err := Kernels(c, harness.Env{Version: "test"}, Sizes{CopyBytes: 1 << 20, GEMMDim: 64})
+	kb, err := Kernels(c, setup.Env{Version: "test"}, Sizes{CopyBytes: 1 << 20, GEMMDim: 64})
 	if err != nil || len(kb.Rows) < 10 || !strings.HasPrefix(kb.Peer, "peer rows") {
 		t.Fatalf("bench: %v; %+v", err, kb)
 	}

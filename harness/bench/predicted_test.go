@@ -1,7 +1,7 @@
 package bench
 
 import (
-	"github.com/moebench/moebench/harness"
+	"github.com/moebench/moebench/harness/setup"
 	"testing"
 
 	"github.com/moebench/moebench/kernels/comm"
@@ -18,7 +18,7 @@ func TestBenchDispatchPredicts(t *testing.T) {
 	}
 	c := small()
 	c.Warmup, c.Iters = 0, 1
-	b, err := Dispatch(c, []string{"alltoall", "deepep", "hybridep"}, []int{4}, harness.Env{Version: "test"})
+	b, err := Dispatch(c, []string{"alltoall", "deepep", "hybridep"}, []int{4}, setup.Env{Version: "test"})
 	if err != nil || len(b.Points) != 3 {
 		t.Fatalf("err %v, points %+v", err, b)
 	}

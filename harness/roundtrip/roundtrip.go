@@ -2,7 +2,7 @@
 // multiply each row by its probability and probabilities that are powers
 // of two summing to 1, dispatch then combine must give each rank its input
 // back exactly, and the backward must give the input gradient back exactly
-// (Verdict, Verdicts). The layer's check (harness.Check) runs it next to the
+// (Verdict, Verdicts). The layer's check (check.Check) runs it next to the
 // float64 reference; the dispatch benchmark runs it every iteration. It
 // knows dispatchers and kernels' number formats, nothing of layers.
 package roundtrip

@@ -1,5 +1,0 @@
-//go:build !race
-
-package harness
-
-const raceDetector = false
