@@ -10,7 +10,6 @@ import (
 	"github.com/moebench/moebench/balance"
 	"github.com/moebench/moebench/dispatchers"
 	_ "github.com/moebench/moebench/dispatchers/all"
-	"github.com/moebench/moebench/dispatchers/alltoall"
 	"github.com/moebench/moebench/harness/check"
 	"github.com/moebench/moebench/harness/internal/harnesstest"
 	"github.com/moebench/moebench/harness/setup"
@@ -64,15 +63,7 @@ func TestLayerMatchesReference(t *testing.T) {
 	}
 }
 
-func init() {
-	dispatchers.Register("broken", func(impl string, env dispatchers.Env) (dispatchers.Dispatcher, error) {
-		d, err := alltoall.New(impl, env)
-		if err != nil {
-			return nil, err
-		}
-		return &harnesstest.Broken{A2A: d.(*alltoall.A2A)}, nil
-	})
-}
+func init() { harnesstest.RegisterBroken() }
 
 func TestCheckCatchesWrongDispatch(t *testing.T) {
 	c := harnesstest.Small()

@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"github.com/moebench/moebench/harness/internal/harnesstest"
 	"strings"
 	"testing"
 
@@ -12,7 +13,7 @@ import (
 // TestBenchDispatchChecksEachPoint: a dispatcher that delivers a wrong row
 // fails its point by the round trip; the others are timed.
 func TestBenchDispatchChecksEachPoint(t *testing.T) {
-	c := small()
+	c := harnesstest.Small()
 	c.Warmup, c.Iters = 0, 2
 	b, err := Dispatch(c, []string{"broken", "deepep"}, []int{4, 8}, setup.Env{Version: "test"})
 	if err == nil || len(b.Points) != 3 {
@@ -31,7 +32,7 @@ func TestBenchDispatchChecksEachPoint(t *testing.T) {
 // TestBenchDispatchAsDesigned: bench dispatch's dispatch GB/s are the
 // rate of the dispatch as the design's own test times it.
 func TestBenchDispatchAsDesigned(t *testing.T) {
-	cfg := small()
+	cfg := harnesstest.Small()
 	b, err := Dispatch(cfg, []string{"deepep", "hybridep"}, []int{2}, setup.Env{Version: "test"})
 	if err != nil {
 		t.Fatal(err)
@@ -48,12 +49,12 @@ func TestBenchDispatchAsDesigned(t *testing.T) {
 // (Emu): alltoall once, deepep per budget, each point timed by events and
 // checked; a lost copy fails alltoall's point by its round trip.
 func TestBenchDispatchOnDevice(t *testing.T) {
-	c := small()
+	c := harnesstest.Small()
 	c.Device, c.Dispatcher, c.EP, c.SMs, c.SharedExperts = "cuda", "deepep", 4, 2, 1
 	c.Tokens, c.Hidden, c.FFN = 24, 32, 16
 	c.Routing = setup.Routing{Kind: setup.RoutingSkewed, Alpha: 1.5}
 	c.Warmup, c.Iters = 1, 2
-	b, err := Dispatch(c, []string{"alltoall", "deepep"}, []int{2, 4}, setup.Env{Version: "test", OpenDevices: emus(2)})
+	b, err := Dispatch(c, []string{"alltoall", "deepep"}, []int{2, 4}, setup.Env{Version: "test", OpenDevices: harnesstest.Emus(2)})
 	if err != nil || len(b.Points) != 3 {
 		t.Fatalf("%v, %+v", err, b)
 	}
@@ -68,7 +69,9 @@ func TestBenchDispatchOnDevice(t *testing.T) {
 	if !strings.Contains(b.Clock, "CUDA events") || !strings.Contains(b.Ranks, "4 EP ranks on 2 GPUs") {
 		t.Errorf("clock %q, ranks %q", b.Clock, b.Ranks)
 	}
-	lose := func(n, most int) ([]device.Device, error) { return []device.Device{&dropCopy{drop: 1}}, nil }
+	lose := func(n, most int) ([]device.Device, error) {
+		return []device.Device{&harnesstest.DropCopy{Drop: 1}}, nil
+	}
 	b, err = Dispatch(c, []string{"alltoall"}, nil, setup.Env{Version: "test", OpenDevices: lose})
 	if err == nil || b.Points[0].Status != results.StatusFailed || !strings.HasPrefix(b.Points[0].RoundTrip, "rank ") {
 		t.Errorf("a lost copy: %v, %+v", err, b.Points)
@@ -81,7 +84,7 @@ func TestBenchDispatchOnDevice(t *testing.T) {
 // exactly, and its dispatch moves bf16's algorithm bytes times
 // (1 + 4/128)/2, its combine the same as bf16's.
 func TestFP8BenchDispatch(t *testing.T) {
-	c := fp8Config("alltoall")
+	c := harnesstest.FP8Config("alltoall")
 	c.Tokens, c.Iters, c.Warmup = 16, 2, 0
 	b, err := DispatchAt(c, []string{"alltoall", "deepep", "hybridep"}, []int{4}, []string{setup.PrecisionBF16, setup.PrecisionFP8}, setup.Env{Version: "test"})
 	if err != nil || len(b.Points) != 6 {
@@ -108,11 +111,11 @@ func TestFP8BenchDispatch(t *testing.T) {
 // (×132/256), the combine's bf16's, for every design (deepep's in
 // DeepEP's convention comes to the same ratio).
 func TestFP8BenchDispatchOnDevice(t *testing.T) {
-	c := fp8Config("alltoall")
+	c := harnesstest.FP8Config("alltoall")
 	c.Device = "cuda"
 	c.Warmup, c.Iters = 0, 1
 	b, err := DispatchAt(c, []string{"alltoall", "hybridep", "deepep"}, []int{4}, []string{setup.PrecisionBF16, setup.PrecisionFP8},
-		setup.Env{Version: "test", OpenDevices: emus(1)})
+		setup.Env{Version: "test", OpenDevices: harnesstest.Emus(1)})
 	if b == nil || len(b.Points) != 6 {
 		t.Fatalf("%v, %+v", err, b)
 	}

@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"github.com/moebench/moebench/harness/internal/harnesstest"
 	"slices"
 	"strings"
 	"testing"
@@ -86,7 +87,7 @@ func TestBenchKernelsOnEmu(t *testing.T) {
 		t.Errorf("%d rows, targets %v, %q", len(kb.Rows), targets, kb.Peer)
 	}
 	// two devices: the peer-copy ceiling, and rank 0's dispatch against it
-	kb, err = Kernels(c, setup.Env{Version: "test", OpenDevices: emus(2)}, Sizes{CopyBytes: 1 << 20, GEMMDim: 64})
+	kb, err = Kernels(c, setup.Env{Version: "test", OpenDevices: harnesstest.Emus(2)}, Sizes{CopyBytes: 1 << 20, GEMMDim: 64})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -111,7 +112,7 @@ func TestBenchKernelsOnHostSim(t *testing.T) {
 	old := device.NewCompiler
 	device.NewCompiler = func() (device.Compiler, error) { return comp, nil }
 	t.Cleanup(func() { device.NewCompiler = old })
-	c := small()
+	c := harnesstest.Small()
 	c.Device = "cuda"
 	kb, err := Kernels(c, setup.Env{Version: "test"}, Sizes{CopyBytes: 1 << 20, GEMMDim: 64})
 	if err != nil || len(kb.Rows) < 10 || !strings.HasPrefix(kb.Peer, "peer rows") {

@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"github.com/moebench/moebench/harness/internal/harnesstest"
 	"github.com/moebench/moebench/harness/setup"
 	"testing"
 
@@ -16,7 +17,7 @@ func TestBenchDispatchPredicts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := small()
+	c := harnesstest.Small()
 	c.Warmup, c.Iters = 0, 1
 	b, err := Dispatch(c, []string{"alltoall", "deepep", "hybridep"}, []int{4}, setup.Env{Version: "test"})
 	if err != nil || len(b.Points) != 3 {

@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"slices"
+	"sync"
 	"testing"
 
 	"github.com/moebench/moebench/dispatchers"
@@ -87,4 +88,20 @@ func GEMMBeforeAfter(t *testing.T, rec *results.Record) {
 	if len(rb.PerStep.GEMMBeforeMS) != iters || len(rb.PerStep.GEMMAfterMS) != iters {
 		t.Errorf("per-step GEMM stragglers: %d before, %d after; want %d", len(rb.PerStep.GEMMBeforeMS), len(rb.PerStep.GEMMAfterMS), iters)
 	}
+}
+
+var registerBroken sync.Once
+
+// RegisterBroken registers Broken as dispatcher "broken" (once: the tests
+// of every package that names it call this).
+func RegisterBroken() {
+	registerBroken.Do(func() {
+		dispatchers.Register("broken", func(impl string, env dispatchers.Env) (dispatchers.Dispatcher, error) {
+			d, err := alltoall.New(impl, env)
+			if err != nil {
+				return nil, err
+			}
+			return &Broken{A2A: d.(*alltoall.A2A)}, nil
+		})
+	})
 }
