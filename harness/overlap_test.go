@@ -64,23 +64,7 @@ func TestOverlapEqualsSequential(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			ov := newOverlapRun(t, tc.c, tc.shared, tc.a2a, tc.delay, "")
 			for rep := range 2 { // the second reuses every buffer
-				if err := ov.Step(false); err != nil {
-					t.Fatal(err)
-				}
-				want, err := ov.Snapshot()
-				if err != nil {
-					t.Fatal(err)
-				}
-				if err := ov.Step(true); err != nil {
-					t.Fatalf("step %d, overlapped: %v", rep, err)
-				}
-				got, err := ov.Snapshot()
-				if err != nil {
-					t.Fatal(err)
-				}
-				if d := want.Diff(got); d != "" {
-					t.Fatalf("step %d: overlapped differs from sequential: %s", rep, d)
-				}
+				stepBothWays(t, ov, rep, "")
 				if _, err := ov.Times(true); err != nil {
 					t.Fatal(err)
 				}
@@ -440,5 +424,29 @@ func TestOverlapCUDAGraphRefusals(t *testing.T) {
 		if rec == nil || rec.Status != results.StatusUnavailable || !strings.Contains(rec.Reason+fmt.Sprint(err), tc.want) {
 			t.Errorf("%s: %v, %+v; want unavailable: %q", tc.dispatcher, err, rec, tc.want)
 		}
+	}
+}
+
+// stepBothWays runs ov's step sequentially, then overlapped, and fails
+// unless both leave the same outputs and gradients; why says what the
+// overlapped step runs under.
+func stepBothWays(t *testing.T, ov *layer.Overlap, rep int, why string) {
+	t.Helper()
+	if err := ov.Step(false); err != nil {
+		t.Fatal(err)
+	}
+	want, err := ov.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ov.Step(true); err != nil {
+		t.Fatalf("step %d, overlapped%s: %v", rep, why, err)
+	}
+	got, err := ov.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := want.Diff(got); d != "" {
+		t.Fatalf("step %d: overlapped differs from sequential: %s", rep, d)
 	}
 }

@@ -47,23 +47,7 @@ func TestOverlapGraphFallbackForks(t *testing.T) {
 				t.Fatal(err)
 			}
 			for rep := range 2 {
-				if err := ov.Step(false); err != nil {
-					t.Fatal(err)
-				}
-				want, err := ov.Snapshot()
-				if err != nil {
-					t.Fatal(err)
-				}
-				if err := ov.Step(true); err != nil {
-					t.Fatalf("step %d, overlapped, every capture refused: %v", rep, err)
-				}
-				got, err := ov.Snapshot()
-				if err != nil {
-					t.Fatal(err)
-				}
-				if d := want.Diff(got); d != "" {
-					t.Fatalf("step %d: overlapped differs from sequential: %s", rep, d)
-				}
+				stepBothWays(t, ov, rep, ", every capture refused")
 			}
 			if ov.Graph.Fallbacks < 2 || ov.Graph.Launches != 0 {
 				t.Fatalf("%d fallbacks, %d launches; want every segment (at least 2 a step) issued as plain launches", ov.Graph.Fallbacks, ov.Graph.Launches)
