@@ -352,3 +352,45 @@ func TestGPUCheckQuickDeadline(t *testing.T) {
 	}
 	t.Logf("%v in all", took.Round(time.Second))
 }
+
+// TestGPUTestsAreBuilt: every package with a TestGPU* test is one that
+// scripts/build-gpu-bins.sh builds a test binary of (its full list), so the
+// GPU check runs every GPU test; a GPU test moved to another package would
+// otherwise never run on a node. cmd/moebench's TestGPU* test the check
+// script itself, on the CPU.
+func TestGPUTestsAreBuilt(t *testing.T) {
+	script, err := os.ReadFile("../../scripts/build-gpu-bins.sh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var built []string
+	for _, l := range strings.Split(string(script), "\n") {
+		if v, ok := strings.CutPrefix(l, `pkgs="`); ok {
+			built = strings.Fields(strings.TrimSuffix(v, `"`))
+			break
+		}
+	}
+	if len(built) == 0 {
+		t.Fatal(`build-gpu-bins.sh: no pkgs="…" line`)
+	}
+	err = filepath.WalkDir("../..", func(p string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() || !strings.HasSuffix(p, "_test.go") {
+			return err
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		pkg, _ := filepath.Rel("../..", filepath.Dir(p))
+		if !strings.Contains(string(b), "\nfunc TestGPU") || filepath.ToSlash(pkg) == "cmd/moebench" {
+			return nil
+		}
+		if !slices.Contains(built, filepath.ToSlash(pkg)) {
+			t.Errorf("%s has GPU tests, but build-gpu-bins.sh builds only %v", p, built)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}

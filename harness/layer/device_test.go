@@ -1,30 +1,16 @@
 package layer
 
 import (
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/moebench/moebench/harness/internal/harnesstest"
 	"github.com/moebench/moebench/internal/cuda"
 	"github.com/moebench/moebench/internal/hostsim"
 	"github.com/moebench/moebench/results"
 )
-
-// TestGPUCopyProbe: the copy-engine probe runs on the GPU and gives a
-// verdict with its numbers.
-func TestGPUCopyProbe(t *testing.T) {
-	dev := harnesstest.OpenGPU(t)
-	defer dev.Close()
-	v, err := ProbeCopies(dev, 1)
-	if err != nil || !strings.Contains(v, "by measurement") {
-		t.Fatalf("probe: %q, %v", v, err)
-	}
-	t.Log(v)
-}
 
 // TestTelemetryFindsTheRanksGPU: on a fake NVML whose GPU order differs
 // from CUDA's, telemetry reads the GPU at the ranks' PCI address (clocks,
@@ -41,7 +27,7 @@ func TestTelemetryFindsTheRanksGPU(t *testing.T) {
 		if tm == nil {
 			t.Fatalf("startTelemetry(%q): %s", bus, why)
 		}
-		time.Sleep(gpmMinSpacing + 10*time.Millisecond) // the timed loop
+		time.Sleep(GPMMinSpacing + 10*time.Millisecond) // the timed loop
 		return tm.Finish()
 	}
 	tel, sms := read("0000:1b:00.0") // the fake's NVML GPU 1
@@ -81,28 +67,4 @@ func TestGPMSpacing(t *testing.T) {
 	if tel.GPM || tel.SMUtilPct != 0 || !strings.Contains(sms, "not measured: the timed loop took") || !strings.Contains(sms, "100ms") {
 		t.Errorf("a loop of no time: %+v; %s", tel, sms)
 	}
-}
-
-// TestGPUTelemetry: on a GPU machine NVML answers, memory in use is read and
-// GPM is either measured or its absence explained; the GPU read is CUDA's
-// device 0, found by its PCI address.
-func TestGPUTelemetry(t *testing.T) {
-	bus := ""
-	if d, err := cuda.OpenDriver(); err == nil {
-		bus, _ = d.PCIBusID(0)
-	}
-	tm, why := StartTelemetry(bus)
-	if tm == nil {
-		if os.Getenv("MOEBENCH_REQUIRE_GPU") == "1" {
-			t.Fatalf("GPU required: %s", why)
-		}
-		t.Skipf("no NVML: %s", why)
-	}
-	time.Sleep(2 * gpmMinSpacing) // a timed loop GPM can measure
-	tel, sms := tm.Finish()
-	if len(tel.MemoryUsedMax) == 0 || tel.MemoryUsedMax[0] <= 0 || !(tel.SMClockMHz > 0) || (!tel.GPM && len(tel.Unread) == 0) ||
-		bus == "" || !strings.Contains(tel.GPU, bus) {
-		t.Errorf("telemetry %+v", tel)
-	}
-	t.Logf("%+v; %s", tel, sms)
 }

@@ -38,10 +38,10 @@ type Telemetry struct {
 // telemetryEvery is the sampling period.
 const telemetryEvery = 20 * time.Millisecond
 
-// gpmMinSpacing is the least time between GPM's two samples: NVML's header
+// GPMMinSpacing is the least time between GPM's two samples: NVML's header
 // says the interval "should be greater than 100ms" (its counters' refresh
 // rate).
-const gpmMinSpacing = 100 * time.Millisecond
+const GPMMinSpacing = 100 * time.Millisecond
 
 // StartTelemetry begins sampling, or returns nil and why it cannot. bus is
 // the PCI address of the ranks' GPU (see gpuBusID); "" means unknown, and
@@ -181,9 +181,9 @@ func (tm *Telemetry) Finish() (*results.Telemetry, string) {
 	sms := "not measured: GPM unavailable (see telemetry.unread)"
 	if tm.gpm[1] != nil {
 		defer tm.freeGPM()
-		if took := time.Since(tm.gpmAt); took <= gpmMinSpacing {
+		if took := time.Since(tm.gpmAt); took <= GPMMinSpacing {
 			why := fmt.Sprintf("not measured: the timed loop took %.0f ms, and NVML needs more than %v between GPM's two samples (more --iters)",
-				float64(took.Microseconds())/1e3, gpmMinSpacing)
+				float64(took.Microseconds())/1e3, GPMMinSpacing)
 			tm.t.Unread = append(tm.t.Unread, "GPM (SM utilisation, occupancy): "+why)
 			return &tm.t, why
 		}
