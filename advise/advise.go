@@ -235,7 +235,49 @@ func Advise(o Options) (*Answer, error) {
 	p := &pacer{o: o, now: now, start: start}
 	defer func() { a.ElapsedS = now().Sub(start).Seconds() }()
 
-	// a. the availability gate
+	avail := a.gate(o, designs, impls) // a. the availability gate
+	// plan: per SM-driven design its search and two confirmations, then
+	// the finalists' rounds (for the estimate of the time left)
+	for _, g := range avail {
+		if _, ok := dispatchers.SMBudgetOf(g.Dispatcher, g.Impl); ok {
+			p.plannedBench += len(coarseGrid(o.Base.Device)) + 2 // coarse, one refinement
+			p.plannedRuns += 2                                   // two confirmations
+		}
+	}
+	p.plannedRuns += len(avail) * steps.Rounds
+	p.line("gate", fmt.Sprintf("%d of %d designs × implementations available here", len(avail), len(a.Gate)))
+
+	finals, err := a.tuneAll(o, p, steps, avail) // b. each SM-driven design's budget
+	if err != nil {
+		return a, err
+	}
+	a.Finalists = finals
+
+	// c. the finalists' training steps, interleaved and repeated
+	for round := 0; round < steps.Rounds; round++ {
+		if why := p.stop(); why != "" {
+			a.Stopped = why
+			break
+		}
+		if err := a.round(o, p, steps, finals, round); err != nil {
+			return a, err
+		}
+		a.Rounds = round + 1
+		if a.Stopped != "" {
+			break
+		}
+		if round >= 1 { // two rounds at least: interleaved and repeated
+			if d := decide(finals, o); d.Separated || d.Winner != "" && d.RunnerUp == "" {
+				break
+			}
+		}
+	}
+	return a, a.conclude(o, p, finals)
+}
+
+// gate records every design × implementation's availability (its
+// Validate and setup.Gate) and returns the available ones.
+func (a *Answer) gate(o Options, designs, impls []string) []Gate {
 	var avail []Gate
 	for _, d := range designs {
 		for _, im := range impls {
@@ -255,26 +297,23 @@ func Advise(o Options) (*Answer, error) {
 			}
 		}
 	}
-	unavailable := func(d, im, stage, why string) {
-		for i := range a.Gate {
-			if g := &a.Gate[i]; g.Dispatcher == d && g.Impl == im && g.Available {
-				g.Available, g.Reason, g.Stage = false, why, stage
-			}
+	return avail
+}
+
+// unavailable marks design d with implementation im unavailable at stage,
+// for why, in the gate.
+func (a *Answer) unavailable(d, im, stage, why string) {
+	for i := range a.Gate {
+		if g := &a.Gate[i]; g.Dispatcher == d && g.Impl == im && g.Available {
+			g.Available, g.Reason, g.Stage = false, why, stage
 		}
 	}
+}
 
-	// plan: per SM-driven design its search and two confirmations, then
-	// the finalists' rounds (for the estimate of the time left)
-	for _, g := range avail {
-		if _, ok := dispatchers.SMBudgetOf(g.Dispatcher, g.Impl); ok {
-			p.plannedBench += len(coarseGrid(o.Base.Device)) + 2 // coarse, one refinement
-			p.plannedRuns += 2                                   // two confirmations
-		}
-	}
-	p.plannedRuns += len(avail) * steps.Rounds
-	p.line("gate", fmt.Sprintf("%d of %d designs × implementations available here", len(avail), len(a.Gate)))
-
-	// b. each SM-driven design's budget
+// tuneAll searches each SM-driven design's budget and returns the
+// finalists: every available design but those unavailable at every
+// budget tried.
+func (a *Answer) tuneAll(o Options, p *pacer, steps Steps, avail []Gate) ([]*Final, error) {
 	var finals []*Final
 	for _, g := range avail {
 		f := &Final{Dispatcher: g.Dispatcher, Impl: g.Impl, Status: results.StatusOK, Precision: precisionOf(o.Base)}
@@ -283,13 +322,13 @@ func Advise(o Options) (*Answer, error) {
 			t, err := tune(o, p, steps, g.Dispatcher, g.Impl, b)
 			a.Tuning = append(a.Tuning, *t)
 			if err != nil {
-				return a, err
+				return finals, err
 			}
 			switch st, why := searchFailed(t); {
 			case len(t.Points) == 0: // the searches' half of the budget had passed
 				a.Tuning[len(a.Tuning)-1].Note = "not searched: the budget's half for the searches had passed; its default budget runs"
 			case st == results.StatusUnavailable: // at every budget tried
-				unavailable(g.Dispatcher, g.Impl, "tuning", why)
+				a.unavailable(g.Dispatcher, g.Impl, "tuning", why)
 				continue
 			case st != "":
 				f.Status, f.Reason = st, why
@@ -299,55 +338,50 @@ func Advise(o Options) (*Answer, error) {
 		}
 		finals = append(finals, f)
 	}
-	a.Finalists = finals
+	return finals, nil
+}
 
-	// c. the finalists' training steps, interleaved and repeated
-	for round := 0; round < steps.Rounds; round++ {
+// round runs each finalist still correct once, starting with another
+// finalist each round; it sets a.Stopped when the budget or an interrupt
+// stops it, and returns an error when a run or its record failed.
+func (a *Answer) round(o Options, p *pacer, steps Steps, finals []*Final, round int) error {
+	n := len(finals)
+	for k := range n {
+		f := finals[(k+round)%n] // each round starts with another finalist
+		if f.Status != results.StatusOK {
+			continue
+		}
 		if why := p.stop(); why != "" {
 			a.Stopped = why
-			break
+			return nil
 		}
-		n := len(finals)
-		for k := range n {
-			f := finals[(k+round)%n] // each round starts with another finalist
-			if f.Status != results.StatusOK {
-				continue
-			}
-			if why := p.stop(); why != "" {
-				a.Stopped = why
-				break
-			}
-			c := o.Base
-			c.Dispatcher, c.Impl, c.SMs = f.Dispatcher, f.Impl, f.SMs
-			c.Warmup, c.Iters = steps.Warmup, steps.Iters
-			c.Check = round == 0 && o.Base.Check // correct first; later rounds time only
-			c.MaxSeconds = p.left().Seconds()
-			rec, err := p.run(c, fmt.Sprintf("round %d of at most %d: %s", round+1, steps.Rounds, f.Label()))
-			if rec == nil {
-				return a, err
-			}
-			if werr := record(o, rec); werr != nil {
-				return a, werr
-			}
-			f.absorb(rec, c)
-			if f.Status == results.StatusUnavailable {
-				unavailable(f.Dispatcher, f.Impl, "steps", f.Reason)
-			}
-			if setup.IsInterrupted(err) {
-				a.Stopped = "interrupted: " + o.Env.Interrupt.Why()
-				break
-			}
+		c := o.Base
+		c.Dispatcher, c.Impl, c.SMs = f.Dispatcher, f.Impl, f.SMs
+		c.Warmup, c.Iters = steps.Warmup, steps.Iters
+		c.Check = round == 0 && o.Base.Check // correct first; later rounds time only
+		c.MaxSeconds = p.left().Seconds()
+		rec, err := p.run(c, fmt.Sprintf("round %d of at most %d: %s", round+1, steps.Rounds, f.Label()))
+		if rec == nil {
+			return err
 		}
-		a.Rounds = round + 1
-		if a.Stopped != "" {
-			break
+		if werr := record(o, rec); werr != nil {
+			return werr
 		}
-		if round >= 1 { // two rounds at least: interleaved and repeated
-			if d := decide(finals, o); d.Separated || d.Winner != "" && d.RunnerUp == "" {
-				break
-			}
+		f.absorb(rec, c)
+		if f.Status == results.StatusUnavailable {
+			a.unavailable(f.Dispatcher, f.Impl, "steps", f.Reason)
+		}
+		if setup.IsInterrupted(err) {
+			a.Stopped = "interrupted: " + o.Env.Interrupt.Why()
+			return nil
 		}
 	}
+	return nil
+}
+
+// conclude decides, adds the notes and fills the answer; the error is set
+// when no design ran correctly.
+func (a *Answer) conclude(o Options, p *pacer, finals []*Final) error {
 	a.Decision = decide(finals, o)
 	for _, t := range a.Tuning {
 		if f := find(finals, t.Dispatcher, t.Impl); f != nil && f.Status == results.StatusOK {
@@ -360,12 +394,12 @@ func Advise(o Options) (*Answer, error) {
 	a.fill(o, p.stack)
 	if a.Decision.Winner == "" && a.Stopped != "" {
 		a.Decision.Summary = "no answer: " + a.Stopped + " before any design finished a correct run"
-		return a, errors.New("advise: " + a.Decision.Summary)
+		return errors.New("advise: " + a.Decision.Summary)
 	}
 	if a.Decision.Winner == "" {
-		return a, errors.New("advise: no design ran correctly here; see the gate and the finalists")
+		return errors.New("advise: no design ran correctly here; see the gate and the finalists")
 	}
-	return a, nil
+	return nil
 }
 
 // searchFailed is, when no budget of a search ran, the status ("failed"

@@ -190,25 +190,8 @@ func adviseCmd(args []string, stdout, stderr io.Writer) int {
 	}
 	useLibDirs(o.cudaLibs)
 	warnAliases(args, stderr)
-	switch {
-	case a.budget < minBudget || a.budget > maxBudget:
-		return usageError(stderr, &setup.ConfigError{Flag: "budget", Value: a.budget, Allowed: "must be in [10s, 24h]"})
-	case a.rounds < 0 || a.rounds > maxRounds:
-		return usageError(stderr, &setup.ConfigError{Flag: "rounds", Value: a.rounds, Allowed: fmt.Sprintf("must be in [0, %d] (0 = the device's default)", maxRounds)})
-	case !(a.threshold > 0 && a.threshold < 100):
-		return usageError(stderr, &setup.ConfigError{Flag: "threshold-pct", Value: a.threshold, Allowed: "must be in (0, 100)"})
-	case !(a.confidencePct > 50 && a.confidencePct < 100):
-		return usageError(stderr, &setup.ConfigError{Flag: "confidence-pct", Value: a.confidencePct, Allowed: "must be in (50, 100)"})
-	case !(a.hostGross > a.threshold && a.hostGross < 1e6):
-		return usageError(stderr, &setup.ConfigError{Flag: "host-gross-pct", Value: a.hostGross, Allowed: fmt.Sprintf("must be above --threshold-pct (%g) and below 1e6", a.threshold)})
-	case fs.Changed("dispatcher"):
-		if err := checkDispatchers(a.designs); err != nil {
-			return usageError(stderr, err)
-		}
-	}
-	switch {
-	case !isFormat(a.format):
-		return usageError(stderr, &setup.ConfigError{Flag: "format", Value: a.format, Allowed: "allowed: " + strings.Join(advise.Formats, ", ")})
+	if err := a.check(fs); err != nil {
+		return usageError(stderr, err)
 	}
 	d := setup.DefaultConfig()
 	o.dispatcher, o.impl, o.feplbBase, o.feplbDyn, o.feplbPolicy = d.Dispatcher, d.Impl, d.FeplbBase, d.FeplbDyn, d.FeplbPolicy
@@ -279,27 +262,61 @@ func adviseCmd(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "moebench advise: --out %s: %v\n", a.out, werr)
 		code = exitRuntime
 	}
-	if err := advise.Write(stdout, ans, a.format, recs); err != nil {
-		fmt.Fprintf(stderr, "moebench advise: writing the answer: %v\n", err)
+	if !a.writeAnswer(ans, recs, stdout, stderr) {
 		code = exitRuntime
-	}
-	if a.history != "" {
-		change, herr := advise.AppendHistory(a.history, ans, a.out)
-		switch {
-		case herr != nil:
-			fmt.Fprintf(stderr, "moebench advise: --history %s: %v\n", a.history, herr)
-			code = exitRuntime
-		case change != "":
-			fmt.Fprintf(stderr, "moebench advise: history: %s\n", change)
-		default:
-			fmt.Fprintf(stderr, "moebench advise: history: appended to %s; the winner is the same as last time (or this is the first answer to this question)\n", a.history)
-		}
 	}
 	fmt.Fprintf(stderr, "moebench advise: answer and records in %s\n", a.out)
 	if dev == "host" {
 		fmt.Fprintf(stderr, "moebench advise: %s\n", advise.HostWarning)
 	}
 	return code
+}
+
+// check checks advise's own flags' values.
+func (a *adviseArgs) check(fs *pflag.FlagSet) error {
+	switch {
+	case a.budget < minBudget || a.budget > maxBudget:
+		return &setup.ConfigError{Flag: "budget", Value: a.budget, Allowed: "must be in [10s, 24h]"}
+	case a.rounds < 0 || a.rounds > maxRounds:
+		return &setup.ConfigError{Flag: "rounds", Value: a.rounds, Allowed: fmt.Sprintf("must be in [0, %d] (0 = the device's default)", maxRounds)}
+	case !(a.threshold > 0 && a.threshold < 100):
+		return &setup.ConfigError{Flag: "threshold-pct", Value: a.threshold, Allowed: "must be in (0, 100)"}
+	case !(a.confidencePct > 50 && a.confidencePct < 100):
+		return &setup.ConfigError{Flag: "confidence-pct", Value: a.confidencePct, Allowed: "must be in (50, 100)"}
+	case !(a.hostGross > a.threshold && a.hostGross < 1e6):
+		return &setup.ConfigError{Flag: "host-gross-pct", Value: a.hostGross, Allowed: fmt.Sprintf("must be above --threshold-pct (%g) and below 1e6", a.threshold)}
+	case fs.Changed("dispatcher"):
+		if err := checkDispatchers(a.designs); err != nil {
+			return err
+		}
+	}
+	if !isFormat(a.format) {
+		return &setup.ConfigError{Flag: "format", Value: a.format, Allowed: "allowed: " + strings.Join(advise.Formats, ", ")}
+	}
+	return nil
+}
+
+// writeAnswer prints the answer on stdout and appends it to --history
+// (saying whether the winner changed); false when either failed.
+func (a *adviseArgs) writeAnswer(ans *advise.Answer, recs []results.Record, stdout, stderr io.Writer) bool {
+	ok := true
+	if err := advise.Write(stdout, ans, a.format, recs); err != nil {
+		fmt.Fprintf(stderr, "moebench advise: writing the answer: %v\n", err)
+		ok = false
+	}
+	if a.history != "" {
+		change, herr := advise.AppendHistory(a.history, ans, a.out)
+		switch {
+		case herr != nil:
+			fmt.Fprintf(stderr, "moebench advise: --history %s: %v\n", a.history, herr)
+			ok = false
+		case change != "":
+			fmt.Fprintf(stderr, "moebench advise: history: %s\n", change)
+		default:
+			fmt.Fprintf(stderr, "moebench advise: history: appended to %s; the winner is the same as last time (or this is the first answer to this question)\n", a.history)
+		}
+	}
+	return ok
 }
 
 func isFormat(f string) bool {

@@ -106,28 +106,7 @@ func sweep(args []string, stdout, stderr io.Writer) int {
 // work, and run's where its lists make several points (then --out is not
 // required, and the report's table of the points is printed on stdout).
 func sweepPoints(fs *pflag.FlagSet, o options, so sweepOptions, isSweep bool, stdout, stderr io.Writer) int {
-	if err := so.checkLists(); err != nil {
-		return usageError(stderr, err)
-	}
-	if err := checkBounds(fs, flagBounds); err != nil { // the lists' values, before points are made of them
-		return usageError(stderr, err)
-	}
-	if err := feplbOnly(fs, so.dispatchers); err != nil {
-		return usageError(stderr, err)
-	}
-	useLibDirs(o.cudaLibs)
-	if isSweep && o.out == "" {
-		return usageError(stderr, errors.New("sweep: --out FILE is required"))
-	}
-	if !isSweep && o.dump != "" {
-		return usageError(stderr, &setup.ConfigError{Flag: "dump", Value: o.dump, Allowed: "dumps one layer's tensors: give each list flag one value"})
-	}
-	if !isSweep && o.format != "table" {
-		return usageError(stderr, &setup.ConfigError{Flag: "format", Value: o.format, Allowed: "a run over several points prints the report's table of them; " +
-			"each point's record goes to --out (moebench report --format csv prints them as CSV)"})
-	}
-	o.format = "table"
-	if err := o.checkOutputs(stderr); err != nil {
+	if err := checkSweepPoints(fs, &o, so, isSweep, stderr); err != nil {
 		return usageError(stderr, err)
 	}
 	points, err := expand(fs, o, so)
@@ -135,15 +114,7 @@ func sweepPoints(fs *pflag.FlagSet, o options, so sweepOptions, isSweep bool, st
 		return usageError(stderr, err)
 	}
 	dev, note := resolveDevice(o.device)
-	if dev == "host" {
-		var dropped int
-		if points, dropped = withoutGPUs(points); dropped > 0 {
-			note += fmt.Sprintf("; --gpus does not apply: %d point(s) that differed only in it left out", dropped)
-		}
-	}
-	for i := range points {
-		points[i].Device = dev
-	}
+	points, note = onDevice(points, dev, note)
 	rv, err := rendezvous(o, points[0])
 	if err == nil && rv != nil && rv.File == "" {
 		err = fmt.Errorf("a sweep over %d processes (%s) needs --rendezvous FILE: every point's set-up ends in an agreement through files beside it (all processes run it, or none does)", rv.L.World, rv.L.Via)
@@ -163,29 +134,9 @@ func sweepPoints(fs *pflag.FlagSet, o options, so sweepOptions, isSweep bool, st
 	}
 	fmt.Fprintf(stderr, "moebench sweep: %d points on the %s device (%s) %s\n", len(points), dev, note, writes)
 
-	// Ctrl-C: stop between points; a second one quits at once, but never
-	// while a record is being appended.
 	var appendMu sync.Mutex
-	stop := make(chan struct{})
-	sig := make(chan os.Signal, 2)
-	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
-	defer func() { // stop delivery before closing, or a late signal would panic
-		signal.Stop(sig)
-		close(sig)
-	}()
-	go func() {
-		if _, ok := <-sig; !ok {
-			return
-		}
-		fmt.Fprintln(stderr, "moebench sweep: interrupted; stopping after the current point (interrupt again to quit now)")
-		close(stop)
-		if _, ok := <-sig; ok {
-			appendMu.Lock()
-			fmt.Fprintln(stderr, "moebench sweep: quit; the results file holds every finished point")
-			os.Exit(130)
-		}
-	}()
-
+	stop, unwatch := watchInterrupt(&appendMu, stderr)
+	defer unwatch()
 	counts := map[string]int{}
 	var recs []results.Record // run's: the points' table
 	record := func(rec *results.Record) error {
@@ -200,35 +151,7 @@ func sweepPoints(fs *pflag.FlagSet, o options, so sweepOptions, isSweep bool, st
 		defer appendMu.Unlock()
 		return appendRecord(o.out, rec, stderr)
 	}
-	progress := func(ev harness.SweepEvent) {
-		c := ev.Config
-		status := results.StatusFailed
-		if ev.Record != nil {
-			status = ev.Record.Status
-		}
-		counts[status]++
-		gpus := ""
-		if c.GPUs > 0 {
-			gpus = fmt.Sprintf(" gpus=%d", c.GPUs)
-		}
-		if c.Precision != "" && c.Precision != setup.PrecisionBF16 {
-			gpus += " precision=" + c.Precision
-		}
-		line := fmt.Sprintf("[%d/%d] %s/%s sms=%d ep=%d%s %s %s: %s", ev.Index, ev.Total, c.Dispatcher, c.Impl, c.SMs, c.EP, gpus,
-			c.Preset, c.Routing, status)
-		if status == results.StatusOK {
-			line += fmt.Sprintf(" (step p50 %.3f ms)", ev.Record.Timing.Step.P50)
-			if s := ev.Record.Timing.Stopped; s != "" {
-				line += " — " + s
-			}
-		} else if ev.Err != nil {
-			line += " — " + ev.Err.Error()
-		}
-		if ev.Index < ev.Total {
-			line += fmt.Sprintf(" · ~%s left", ev.Remaining.Round(1e8))
-		}
-		fmt.Fprintln(stderr, line)
-	}
+	progress := func(ev harness.SweepEvent) { sweepProgress(ev, counts, stderr) }
 	env := setup.Env{Version: version(), DeviceNote: note, Progress: stderr, Rendezvous: rv}
 	var most int64
 	for _, p := range points {
@@ -243,6 +166,111 @@ func sweepPoints(fs *pflag.FlagSet, o options, so sweepOptions, isSweep bool, st
 			fmt.Fprintf(stderr, "moebench: writing output: %v\n", werr)
 		}
 	}
+	return sweepExit(err, done, len(points), counts, isSweep, stderr)
+}
+
+// checkSweepPoints checks the flags of a run over several points before
+// any is made (and sets the libraries' directories); o's format becomes
+// "table".
+func checkSweepPoints(fs *pflag.FlagSet, o *options, so sweepOptions, isSweep bool, stderr io.Writer) error {
+	if err := so.checkLists(); err != nil {
+		return err
+	}
+	if err := checkBounds(fs, flagBounds); err != nil { // the lists' values, before points are made of them
+		return err
+	}
+	if err := feplbOnly(fs, so.dispatchers); err != nil {
+		return err
+	}
+	useLibDirs(o.cudaLibs)
+	if isSweep && o.out == "" {
+		return errors.New("sweep: --out FILE is required")
+	}
+	if !isSweep && o.dump != "" {
+		return &setup.ConfigError{Flag: "dump", Value: o.dump, Allowed: "dumps one layer's tensors: give each list flag one value"}
+	}
+	if !isSweep && o.format != "table" {
+		return &setup.ConfigError{Flag: "format", Value: o.format, Allowed: "a run over several points prints the report's table of them; " +
+			"each point's record goes to --out (moebench report --format csv prints them as CSV)"}
+	}
+	o.format = "table"
+	return o.checkOutputs(stderr)
+}
+
+// onDevice puts the points on dev; on the host device, points that
+// differed only in --gpus are left out (said in the note).
+func onDevice(points []setup.Config, dev, note string) ([]setup.Config, string) {
+	if dev == "host" {
+		var dropped int
+		if points, dropped = withoutGPUs(points); dropped > 0 {
+			note += fmt.Sprintf("; --gpus does not apply: %d point(s) that differed only in it left out", dropped)
+		}
+	}
+	for i := range points {
+		points[i].Device = dev
+	}
+	return points, note
+}
+
+// watchInterrupt handles Ctrl-C: the first closes stop (the sweep stops
+// between points); a second quits at once, but never while a record is
+// being appended (appendMu held). unwatch stops the delivery.
+func watchInterrupt(appendMu *sync.Mutex, stderr io.Writer) (stop chan struct{}, unwatch func()) {
+	stop = make(chan struct{})
+	sig := make(chan os.Signal, 2)
+	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		if _, ok := <-sig; !ok {
+			return
+		}
+		fmt.Fprintln(stderr, "moebench sweep: interrupted; stopping after the current point (interrupt again to quit now)")
+		close(stop)
+		if _, ok := <-sig; ok {
+			appendMu.Lock()
+			fmt.Fprintln(stderr, "moebench sweep: quit; the results file holds every finished point")
+			os.Exit(130)
+		}
+	}()
+	return stop, func() { // stop delivery before closing, or a late signal would panic
+		signal.Stop(sig)
+		close(sig)
+	}
+}
+
+// sweepProgress counts a finished point's status and prints its line.
+func sweepProgress(ev harness.SweepEvent, counts map[string]int, stderr io.Writer) {
+	c := ev.Config
+	status := results.StatusFailed
+	if ev.Record != nil {
+		status = ev.Record.Status
+	}
+	counts[status]++
+	gpus := ""
+	if c.GPUs > 0 {
+		gpus = fmt.Sprintf(" gpus=%d", c.GPUs)
+	}
+	if c.Precision != "" && c.Precision != setup.PrecisionBF16 {
+		gpus += " precision=" + c.Precision
+	}
+	line := fmt.Sprintf("[%d/%d] %s/%s sms=%d ep=%d%s %s %s: %s", ev.Index, ev.Total, c.Dispatcher, c.Impl, c.SMs, c.EP, gpus,
+		c.Preset, c.Routing, status)
+	if status == results.StatusOK {
+		line += fmt.Sprintf(" (step p50 %.3f ms)", ev.Record.Timing.Step.P50)
+		if s := ev.Record.Timing.Stopped; s != "" {
+			line += " — " + s
+		}
+	} else if ev.Err != nil {
+		line += " — " + ev.Err.Error()
+	}
+	if ev.Index < ev.Total {
+		line += fmt.Sprintf(" · ~%s left", ev.Remaining.Round(1e8))
+	}
+	fmt.Fprintln(stderr, line)
+}
+
+// sweepExit is the sweep's exit status from its error, how many of the
+// points were done, and their statuses.
+func sweepExit(err error, done, total int, counts map[string]int, isSweep bool, stderr io.Writer) int {
 	var stopped *harness.SweepStopped
 	var ce *setup.ConfigError
 	switch {
@@ -254,7 +282,7 @@ func sweepPoints(fs *pflag.FlagSet, o options, so sweepOptions, isSweep bool, st
 	case err != nil:
 		fmt.Fprintf(stderr, "moebench sweep: --out: %v\n", err)
 		return exitRuntime
-	case done < len(points):
+	case done < total:
 		return 130
 	case counts[results.StatusFailed] > 0:
 		return exitRuntime

@@ -195,14 +195,49 @@ func compareReference(c *results.Correctness, l *layer.Layer, sample [][]int) {
 // not hold them), refBlock rows at a time.
 func Reference(l *layer.Layer, sample [][]int) (out [][]float64, diffs int, err error) {
 	c := l.Cfg
-	T, h, f, E, k := c.Tokens, c.Hidden, c.FFN, c.Experts, c.TopK
 	if sample == nil {
-		sample = allTokens(c.EP, T)
+		sample = allTokens(c.EP, c.Tokens)
 	}
-	probs := make([][]float64, c.EP)
+	probs, byExpert, diffs, err := refRouting(l, sample)
+	if err != nil {
+		return nil, diffs, err
+	}
+	ys := refExperts(l, probs, byExpert)
+	if err := l.Cfg.Interrupt().Interrupted("while computing the float64 reference"); err != nil {
+		return nil, diffs, err
+	}
+	h := c.Hidden
+	out = make([][]float64, c.EP)
+	for r := range out {
+		out[r] = make([]float64, len(sample[r])*h)
+	}
+	for e, copies := range byExpert {
+		for i, cp := range copies {
+			dst := out[cp.rank][cp.row*h:]
+			for j := range h {
+				dst[j] += ys[e][i*h+j]
+			}
+		}
+	}
+	if l.SharedFC1 != nil {
+		refShared(l, sample, out)
+	}
+	return out, diffs, nil
+}
+
+// refCopy is a token copy sent to an expert: its rank, its row (the
+// token's place in sample[rank]) and its slot (token*topk + j).
+type refCopy struct{ rank, row, slot int }
+
+// refRouting checks the layer's routing of the sampled tokens against the
+// float64 router (or the trace) and returns the probabilities by rank and
+// slot, the copies by expert, and how many tokens' choices differ.
+func refRouting(l *layer.Layer, sample [][]int) (probs [][]float64, byExpert [][]refCopy, diffs int, err error) {
+	c := l.Cfg
+	T, h, E, k := c.Tokens, c.Hidden, c.Experts, c.TopK
+	probs = make([][]float64, c.EP)
 	wr := widen(l.Wr)
-	type copyRef struct{ rank, row, slot int } // row: the token's place in sample[rank]
-	byExpert := make([][]copyRef, E)
+	byExpert = make([][]refCopy, E)
 	for r, rk := range l.Ranks {
 		probs[r] = make([]float64, T*k)
 		for i, t := range sample[r] {
@@ -219,21 +254,21 @@ func Reference(l *layer.Layer, sample [][]int) (out [][]float64, diffs int, err 
 			if l.Trace != nil {
 				want, tp := l.TraceToken(r, t)
 				if !sameSet(idx, want) {
-					return nil, diffs, fmt.Errorf("rank %d token %d: experts %v, trace says %v", r, t, idx, want)
+					return nil, nil, diffs, fmt.Errorf("rank %d token %d: experts %v, trace says %v", r, t, idx, want)
 				}
 				for j := range tp {
 					probs[r][t*k+j], given = float64(tp[j]), true
 				}
 			} else {
 				if err := l.Router.Feasible(idx); err != nil {
-					return nil, diffs, fmt.Errorf("rank %d token %d: %v", r, t, err)
+					return nil, nil, diffs, fmt.Errorf("rank %d token %d: %v", r, t, err)
 				}
 				sel := l.Router.SelectionScores(logits)
 				best := l.Router.Select(sel)
 				if !sameSet(idx, best) {
 					diffs++
 					if sum(sel, idx) < sum(sel, best)-routingSlack {
-						return nil, diffs, fmt.Errorf("rank %d token %d: router chose %v (score %.6g), reference %v (score %.6g)",
+						return nil, nil, diffs, fmt.Errorf("rank %d token %d: router chose %v (score %.6g), reference %v (score %.6g)",
 							r, t, idx, sum(sel, idx), best, sum(sel, best))
 					}
 				}
@@ -242,11 +277,20 @@ func Reference(l *layer.Layer, sample [][]int) (out [][]float64, diffs int, err 
 				copy(probs[r][t*k:], l.Router.Probs(logits, idx))
 			}
 			for j, e := range idx {
-				byExpert[e] = append(byExpert[e], copyRef{r, i, t*k + j})
+				byExpert[e] = append(byExpert[e], refCopy{r, i, t*k + j})
 			}
 		}
 	}
-	ys := make([][]float64, E) // each expert's outputs, in byExpert order
+	return probs, byExpert, diffs, nil
+}
+
+// refExperts computes each expert's outputs in float64, in byExpert order:
+// refWorkers experts at once, each widening its expert's weights into its
+// own buffers, refBlock rows at a time. An interrupt leaves the rest nil.
+func refExperts(l *layer.Layer, probs [][]float64, byExpert [][]refCopy) [][]float64 {
+	c := l.Cfg
+	h, f, E, k := c.Hidden, c.FFN, c.Experts, c.TopK
+	ys := make([][]float64, E)
 	type buffers struct{ fc1, fc2, x, p, scratch []float64 }
 	workers := setup.RefWorkers(c)
 	bufs := make([]buffers, workers)
@@ -288,39 +332,28 @@ func Reference(l *layer.Layer, sample [][]int) (out [][]float64, diffs int, err 
 		}
 		ys[e] = y
 	})
-	if err := l.Cfg.Interrupt().Interrupted("while computing the float64 reference"); err != nil {
-		return nil, diffs, err
-	}
-	out = make([][]float64, c.EP)
+	return ys
+}
+
+// refShared adds the shared experts' outputs of the sampled tokens to out.
+func refShared(l *layer.Layer, sample [][]int, out [][]float64) {
+	c := l.Cfg
+	h := c.Hidden
+	fs := c.FFN * c.SharedExperts
+	w1, w2 := widen(l.SharedFC1), widen(l.SharedFC2)
 	for r := range out {
-		out[r] = make([]float64, len(sample[r])*h)
-	}
-	for e, copies := range byExpert {
-		for i, cp := range copies {
-			dst := out[cp.rank][cp.row*h:]
+		n := len(sample[r])
+		x, y := make([]float64, n*h), make([]float64, n*h)
+		for i, t := range sample[r] {
 			for j := range h {
-				dst[j] += ys[e][i*h+j]
+				x[i*h+j] = float64(l.X[r][t*h+j])
 			}
 		}
-	}
-	if l.SharedFC1 != nil {
-		fs := f * c.SharedExperts
-		w1, w2 := widen(l.SharedFC1), widen(l.SharedFC2)
-		for r := range out {
-			n := len(sample[r])
-			x, y := make([]float64, n*h), make([]float64, n*h)
-			for i, t := range sample[r] {
-				for j := range h {
-					x[i*h+j] = float64(l.X[r][t*h+j])
-				}
-			}
-			kernels.ExpertForward(y, x, nil, w1, w2, make([]float64, n*3*fs), n, h, fs, nil)
-			for i, v := range y {
-				out[r][i] += v
-			}
+		kernels.ExpertForward(y, x, nil, w1, w2, make([]float64, n*3*fs), n, h, fs, nil)
+		for i, v := range y {
+			out[r][i] += v
 		}
 	}
-	return out, diffs, nil
 }
 
 // allTokens lists every token of every rank.

@@ -29,15 +29,8 @@ func MeasureOverlap(dl *DeviceLayer, cfg setup.Config, denv dispatchers.Env, rec
 		o.Note = "not measured: " + dl.Dispatcher.Name() + " cannot overlap here: " + why
 		return nil
 	}
-	switch {
-	case dl.Distributed != nil:
-		return cannot("a run over several processes (the second micro-batch's layer is built in one process only)")
-	case (a2a || cfg.DelayWgrad) && !dl.Train:
-		why := "its device implementation has no backward in this build"
-		if nb := dl.Dispatcher.Capabilities().NoBackward; nb != "" {
-			why = nb
-		}
-		return cannot("a2a and --delay-wgrad overlap a training step's backward, and " + why)
+	if why := overlapRefused(dl, cfg, a2a); why != "" {
+		return cannot(why)
 	}
 	var l1 *Layer
 	var d1 dispatchers.DeviceDispatcher
@@ -67,93 +60,8 @@ func MeasureOverlap(dl *DeviceLayer, cfg setup.Config, denv dispatchers.Env, rec
 		defer ov.Graph.Free()
 	}
 	cfg.ProgressLine().Set("overlap: the sequential and the overlapped step, in turn")
-	var seq, over, comm, exposed, seqExposed []float64
-	slowest := func(v []float64) float64 { return slices.Max(v) }
-	routing := func(step int) error {
-		for _, l := range ov.Mb {
-			if l != nil {
-				if err := l.SetRouting(step); err != nil {
-					return err
-				}
-			}
-		}
-		return nil
-	}
-	if _, err := setup.Iterate(cfg.Warmup, cfg.Iters, time.Time{}, func(i int) error {
-		if err := routing(cfg.Warmup + i + 1); err != nil {
-			return err
-		}
-		if err := ov.Step(false); err != nil {
-			return fmt.Errorf("overlap: the sequential step: %w", err)
-		}
-		var want ovSnapshot
-		if i == 0 {
-			if want, err = ov.Snapshot(); err != nil {
-				return err
-			}
-		}
-		st, err := ov.Times(false)
-		if err != nil {
-			return err
-		}
-		if i >= 0 {
-			seq, seqExposed = append(seq, slowest(st.step)), append(seqExposed, slowest(st.exposed))
-		}
-		if i == 0 && ov.Graph != nil { // the eager overlapped step too: the graphs' reference
-			if err := ov.poison(); err != nil {
-				return err
-			}
-			ov.eager = true
-			err := ov.Step(true)
-			ov.eager = false
-			if err != nil {
-				return fmt.Errorf("overlap: the overlapped step, as plain launches: %w", err)
-			}
-			got, err := ov.Snapshot()
-			if err != nil {
-				return err
-			}
-			if d := want.Diff(got); d != "" {
-				return fmt.Errorf("overlap: the overlapped step's output or gradients (plain launches) differ from the sequential step's: %s", d)
-			}
-		}
-		var before ovGraphs
-		if ov.Graph != nil {
-			before = *ov.Graph
-		}
-		if i == 0 { // what the step writes holds no earlier step's values
-			if err := ov.poison(); err != nil {
-				return err
-			}
-		}
-		if err := ov.Step(true); err != nil {
-			return fmt.Errorf("overlap: the overlapped step: %w", err)
-		}
-		if i == 0 && ov.Graph != nil {
-			ov.Graph.compared = ov.Graph.compare(before)
-		}
-		if i == 0 {
-			got, err := ov.Snapshot()
-			if err != nil {
-				return err
-			}
-			if d := want.Diff(got); d != "" {
-				how := ""
-				if ov.Graph != nil {
-					how = " (replayed from CUDA graphs; the same step as plain launches equals it)"
-				}
-				return fmt.Errorf("overlap: the overlapped step's output or gradients%s differ from the sequential step's: %s", how, d)
-			}
-			o.Equal = true
-		}
-		if st, err = ov.Times(true); err != nil {
-			return err
-		}
-		if i >= 0 {
-			over, comm, exposed = append(over, slowest(st.step)), append(comm, slowest(st.comm)), append(exposed, slowest(st.exposed))
-		}
-		return nil
-	}); err != nil {
+	s := &ovSamples{ov: ov, o: o, warmup: cfg.Warmup}
+	if _, err := setup.Iterate(cfg.Warmup, cfg.Iters, time.Time{}, s.iteration); err != nil {
 		return err
 	}
 	if rec.Memory != nil { // the overlapped step holds these too
@@ -163,7 +71,7 @@ func MeasureOverlap(dl *DeviceLayer, cfg setup.Config, denv dispatchers.Env, rec
 		rec.Memory.Method += "; " + overlapMemNote
 	}
 	stat := func(v []float64) *results.Stat { s := summary.Stat(v); return &s }
-	o.Step, o.Sequential, o.Comm, o.Exposed, o.SequentialExposed = stat(over), stat(seq), stat(comm), stat(exposed), stat(seqExposed)
+	o.Step, o.Sequential, o.Comm, o.Exposed, o.SequentialExposed = stat(s.over), stat(s.seq), stat(s.comm), stat(s.exposed), stat(s.seqExposed)
 	if o.Step.P50 > 0 {
 		o.Ratio = o.Sequential.P50 / o.Step.P50
 	}
@@ -172,6 +80,143 @@ func MeasureOverlap(dl *DeviceLayer, cfg setup.Config, denv dispatchers.Env, rec
 	if ov.Graph != nil {
 		o.Note += "; " + ov.Graph.Describe(cfg.Warmup+cfg.Iters)
 	}
+	return nil
+}
+
+// overlapRefused is why dl cannot overlap cfg's forms here, or "".
+func overlapRefused(dl *DeviceLayer, cfg setup.Config, a2a bool) string {
+	switch {
+	case dl.Distributed != nil:
+		return "a run over several processes (the second micro-batch's layer is built in one process only)"
+	case (a2a || cfg.DelayWgrad) && !dl.Train:
+		why := "its device implementation has no backward in this build"
+		if nb := dl.Dispatcher.Capabilities().NoBackward; nb != "" {
+			why = nb
+		}
+		return "a2a and --delay-wgrad overlap a training step's backward, and " + why
+	}
+	return ""
+}
+
+// ovSamples are the overlap's timed iterations: per iteration the slowest
+// rank's sequential and overlapped step, communication and exposed time.
+type ovSamples struct {
+	ov                                   *Overlap
+	o                                    *results.Overlap
+	warmup                               int
+	seq, over, comm, exposed, seqExposed []float64
+}
+
+// routing sets every micro-batch's routing to step's.
+func (s *ovSamples) routing(step int) error {
+	for _, l := range s.ov.Mb {
+		if l != nil {
+			if err := l.SetRouting(step); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// iteration i (negative: warm-up) runs the sequential step, then the
+// overlapped one; the first timed one compares their outputs and
+// gradients bit for bit (and, with graphs, the plain launches' too).
+func (s *ovSamples) iteration(i int) error {
+	ov := s.ov
+	slowest := func(v []float64) float64 { return slices.Max(v) }
+	if err := s.routing(s.warmup + i + 1); err != nil {
+		return err
+	}
+	if err := ov.Step(false); err != nil {
+		return fmt.Errorf("overlap: the sequential step: %w", err)
+	}
+	var want ovSnapshot
+	var err error
+	if i == 0 {
+		if want, err = ov.Snapshot(); err != nil {
+			return err
+		}
+	}
+	st, err := ov.Times(false)
+	if err != nil {
+		return err
+	}
+	if i >= 0 {
+		s.seq, s.seqExposed = append(s.seq, slowest(st.step)), append(s.seqExposed, slowest(st.exposed))
+	}
+	if i == 0 && ov.Graph != nil { // the eager overlapped step too: the graphs' reference
+		if err := s.eagerEquals(want); err != nil {
+			return err
+		}
+	}
+	var before ovGraphs
+	if ov.Graph != nil {
+		before = *ov.Graph
+	}
+	if i == 0 { // what the step writes holds no earlier step's values
+		if err := ov.poison(); err != nil {
+			return err
+		}
+	}
+	if err := ov.Step(true); err != nil {
+		return fmt.Errorf("overlap: the overlapped step: %w", err)
+	}
+	if i == 0 && ov.Graph != nil {
+		ov.Graph.compared = ov.Graph.compare(before)
+	}
+	if i == 0 {
+		if err := s.overlappedEquals(want); err != nil {
+			return err
+		}
+	}
+	if st, err = ov.Times(true); err != nil {
+		return err
+	}
+	if i >= 0 {
+		s.over, s.comm, s.exposed = append(s.over, slowest(st.step)), append(s.comm, slowest(st.comm)), append(s.exposed, slowest(st.exposed))
+	}
+	return nil
+}
+
+// eagerEquals runs the overlapped step as plain launches and compares its
+// outputs and gradients with the sequential step's (want).
+func (s *ovSamples) eagerEquals(want ovSnapshot) error {
+	ov := s.ov
+	if err := ov.poison(); err != nil {
+		return err
+	}
+	ov.eager = true
+	err := ov.Step(true)
+	ov.eager = false
+	if err != nil {
+		return fmt.Errorf("overlap: the overlapped step, as plain launches: %w", err)
+	}
+	got, err := ov.Snapshot()
+	if err != nil {
+		return err
+	}
+	if d := want.Diff(got); d != "" {
+		return fmt.Errorf("overlap: the overlapped step's output or gradients (plain launches) differ from the sequential step's: %s", d)
+	}
+	return nil
+}
+
+// overlappedEquals compares the overlapped step's outputs and gradients
+// with the sequential step's (want), and records that they are equal.
+func (s *ovSamples) overlappedEquals(want ovSnapshot) error {
+	got, err := s.ov.Snapshot()
+	if err != nil {
+		return err
+	}
+	if d := want.Diff(got); d != "" {
+		how := ""
+		if s.ov.Graph != nil {
+			how = " (replayed from CUDA graphs; the same step as plain launches equals it)"
+		}
+		return fmt.Errorf("overlap: the overlapped step's output or gradients%s differ from the sequential step's: %s", how, d)
+	}
+	s.o.Equal = true
 	return nil
 }
 
