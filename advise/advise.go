@@ -276,7 +276,7 @@ func Advise(o Options) (*Answer, error) {
 }
 
 // gate records every design × implementation's availability (its
-// Validate and setup.Gate) and returns the available ones.
+// Validate and setup.CheckDispatcherAvailable) and returns the available ones.
 func (a *Answer) gate(o Options, designs, impls []string) []Gate {
 	var avail []Gate
 	for _, d := range designs {
@@ -286,7 +286,7 @@ func (a *Answer) gate(o Options, designs, impls []string) []Gate {
 			g := Gate{Dispatcher: d, Impl: im, Available: true}
 			err := c.Validate()
 			if err == nil {
-				err = setup.Gate(c)
+				err = setup.CheckDispatcherAvailable(c)
 			}
 			if err != nil {
 				g.Available, g.Reason, g.Stage = false, err.Error(), "gate"

@@ -35,7 +35,7 @@ func TestHostSampledCheck(t *testing.T) {
 	}
 	l, _, _ := trained(t, c)
 	for r := range l.DOut {
-		if !slices.Equal(l.DOut[r], layer.DrawDOut(c, r)) {
+		if !slices.Equal(l.DOut[r], layer.DrawOutputGrad(c, r)) {
 			t.Fatalf("rank %d: the upstream gradient after the check is not the drawn one", r)
 		}
 	}

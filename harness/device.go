@@ -33,12 +33,12 @@ func runDevice(cfg setup.Config, env setup.Env, rec *results.Record) (*results.R
 	}
 	d, err := dispatchers.NewDevice(r.cfg.Dispatcher, r.cfg.Impl, r.denv)
 	if err != nil {
-		r.ds.Fail(err, r.cfg)
+		r.ds.AnnounceFailure(err, r.cfg)
 		return dispatcherError(rec, r.cfg, err)
 	}
 	r.prog = setup.StartProgress(env.Progress, env.ProgressEvery, steps(r.cfg, d.Capabilities()))
 	defer r.prog.Finish()
-	r.cfg.Carry(r.prog, env.Interrupt)
+	r.cfg.AttachRunState(r.prog, env.Interrupt)
 	r.ds.SetProgress(r.prog)
 	devs, err := layer.OpenDevices(env, r.cfg.GPUs, r.cfg.EP, r.ds)
 	if err != nil {
@@ -48,7 +48,7 @@ func runDevice(cfg setup.Config, env setup.Env, rec *results.Record) (*results.R
 	defer layer.CloseDevices(devs)
 	th := device.NewThreads(devs)
 	defer th.Close()
-	layer.LimitThreads(th, r.cfg, r.ds)
+	layer.SetHangWatchdog(th, r.cfg, r.ds)
 	if r.ds != nil {
 		defer r.ds.Close() // after the dispatcher's: a library's state over the communicator (NCCL EP's groups) goes first
 	}
@@ -57,9 +57,9 @@ func runDevice(cfg setup.Config, env setup.Env, rec *results.Record) (*results.R
 	}
 	defer d.Close() // before the threads end: a library's ranks are closed on them
 	r.d, r.devs = d, devs
-	layer.TuneGEMMs(devs, true) // until the timed steps
-	rec.Ranks.Devices = layer.RankDevices(r.cfg.EP, len(devs))
-	rec.Ranks.Emulated, rec.Ranks.Note = r.cfg.EP > len(devs), layer.RanksNoteVia(r.cfg.EP, devs, "")
+	layer.SetGEMMTuning(devs, true) // until the timed steps
+	rec.Ranks.Devices = layer.RankToDevice(r.cfg.EP, len(devs))
+	rec.Ranks.Emulated, rec.Ranks.Note = r.cfg.EP > len(devs), layer.RankPlacementNoteVia(r.cfg.EP, devs, "")
 	if out, err := r.buildLayer(th); out != nil || err != nil {
 		return out, err
 	}
@@ -72,7 +72,7 @@ func runDevice(cfg setup.Config, env setup.Env, rec *results.Record) (*results.R
 		return r.Fail(layer.DeviceStatus(err), err)
 	}
 	if r.cfg.CUDAGraph { // from the warm-up on: plans, buffers and the GEMM choice are made
-		gs, err := layer.NewGraphs(r.dl)
+		gs, err := layer.NewCUDAGraphs(r.dl)
 		if err != nil {
 			return r.Fail(results.StatusUnavailable, fmt.Errorf("--cuda-graph: %w", err))
 		}
@@ -123,7 +123,7 @@ type devRun struct {
 // Fail ends the run with status; the other processes stop too, naming
 // this one.
 func (r *devRun) Fail(status string, err error) (*results.Record, error) {
-	r.ds.Fail(err, r.cfg)
+	r.ds.AnnounceFailure(err, r.cfg)
 	return failed(r.rec, status, err)
 }
 
@@ -136,7 +136,7 @@ func (r *devRun) joinProcesses() (*results.Record, error) {
 		if err != nil {
 			return nil, err
 		}
-		if r.ds, err = layer.NewDist(cfg, env.Rendezvous); dispatchers.IsUnavailable(err) {
+		if r.ds, err = layer.NewDistributed(cfg, env.Rendezvous); dispatchers.IsUnavailable(err) {
 			return dispatcherError(r.rec, cfg, err)
 		} else if err != nil {
 			return nil, err // a *ConfigError
@@ -153,10 +153,10 @@ func (r *devRun) joinProcesses() (*results.Record, error) {
 // beside the SMs held. On an error d is closed and the other processes
 // told.
 func (r *devRun) fitBudget(d dispatchers.DeviceDispatcher, devs []device.Device) (dispatchers.DeviceDispatcher, error) {
-	budget, held, err := layer.FitSMs(r.cfg, devs, r.ds)
+	budget, held, err := layer.FitSMBudget(r.cfg, devs, r.ds)
 	if err != nil {
 		d.Close()
-		r.ds.Fail(err, r.cfg)
+		r.ds.AnnounceFailure(err, r.cfg)
 		return nil, err
 	}
 	if held == "" {
@@ -169,7 +169,7 @@ func (r *devRun) fitBudget(d dispatchers.DeviceDispatcher, devs []device.Device)
 	d.Close() // the dispatcher runs with the budget that fits
 	r.denv.SMs = budget
 	if d, err = dispatchers.NewDevice(r.cfg.Dispatcher, r.cfg.Impl, r.denv); err != nil {
-		r.ds.Fail(err, r.cfg)
+		r.ds.AnnounceFailure(err, r.cfg)
 		return nil, err
 	}
 	return d, nil
@@ -181,12 +181,12 @@ func (r *devRun) buildLayer(th *device.Threads) (*results.Record, error) {
 	cfg, rec, d := r.cfg, r.rec, r.d
 	l, err := layer.MakeLayer(cfg, false)
 	if err != nil {
-		r.ds.Fail(err, cfg)
+		r.ds.AnnounceFailure(err, cfg)
 		return nil, err // only a trace can fail here: a *ConfigError
 	}
 	r.dl, err = layer.NewDeviceLayer(l, r.devs, th, d, r.ds)
 	if dispatchers.IsUnavailable(err) { // the dispatcher's gate on these devices (or another process's)
-		r.ds.Fail(err, cfg)
+		r.ds.AnnounceFailure(err, cfg)
 		return dispatcherError(rec, cfg, err)
 	}
 	if err != nil {
@@ -201,7 +201,7 @@ func (r *devRun) buildLayer(th *device.Threads) (*results.Record, error) {
 		rec.SMs.Note = li.SMs
 	}
 	if t := d.Capabilities().Transport; t != nil && t() != "" {
-		rec.Ranks.Note = layer.RanksNoteVia(cfg.EP, r.devs, t())
+		rec.Ranks.Note = layer.RankPlacementNoteVia(cfg.EP, r.devs, t())
 	}
 	// a run over several processes stops where all agree to (interruptedAt)
 	if err := r.dl.InterruptedAt(r.env.Interrupt, setup.WhileBuilding); setup.IsInterrupted(err) {
@@ -243,13 +243,13 @@ func (r *devRun) check() (*results.Record, error) {
 
 // newMeasured is the timed steps' samples, empty, with the clock, the
 // timing model and the memory method they are read by.
-func (r *devRun) newMeasured() layer.Measured {
+func (r *devRun) newMeasured() layer.Measurements {
 	cfg, dl, d := r.cfg, r.dl, r.d
 	excluded := "cuBLASLt workspaces and the CUDA context"
 	if cfg.Impl == dispatchers.ImplLibrary {
 		excluded = "cuBLASLt workspaces, the CUDA context and the library's own buffers (NCCL's, NCCL EP's)"
 	}
-	m := layer.Measured{Samples: map[string][][]float64{}, Step: make([][]float64, cfg.EP),
+	m := layer.Measurements{Samples: map[string][][]float64{}, Step: make([][]float64, cfg.EP),
 		Clock: "CUDA events on each rank's stream (" + r.devs[0].Name() + ")",
 		Model: "each phase's sample is its slowest rank's event-timed duration; a rank's step runs from a start event every rank waits for (one per GPU, each after GPU 0's) to the rank's last event, the step sample is the slowest rank's. " +
 			"Ranks run concurrently, so phases overlap and do not add up to the step. Each GPU's ranks are issued from the GPU's own thread, the GPUs at once, every GPU finishing a phase's calls before any starts the next. Each phase is timed from its own first GPU operation: a dispatcher's host wait before a phase (alltoall's count exchange) is outside every phase and reported as host_wait_ms; the step's time, from the common start, holds it",
@@ -270,7 +270,7 @@ func (r *devRun) newMeasured() layer.Measured {
 
 // timeSteps runs the paused steps (a dispatcher that rebalances) and the
 // timed ones into m; cfg.Iters becomes the steps done.
-func (r *devRun) timeSteps(m *layer.Measured) (*results.Record, error) {
+func (r *devRun) timeSteps(m *layer.Measurements) (*results.Record, error) {
 	rb := r.d.Capabilities().Rebalance
 	r.prog.Stepping(0) // the phases run on the devices at once: counted by step
 	pausedEnd, end := r.cfg.Deadlines(rb != nil)
@@ -302,7 +302,7 @@ func (r *devRun) timeSteps(m *layer.Measured) (*results.Record, error) {
 
 // pausedSteps runs the steps with phase 2 paused: the straggler before
 // rebalancing (measured.paused).
-func (r *devRun) pausedSteps(m *layer.Measured, rb *dispatchers.Rebalance, deadline time.Time) error {
+func (r *devRun) pausedSteps(m *layer.Measurements, rb *dispatchers.Rebalance, deadline time.Time) error {
 	cfg, dl := r.cfg, r.dl
 	r.prog.Set("steps with phase 2 paused (the straggler before rebalancing)")
 	m.Paused = m.NewSamples(cfg.EP)
@@ -333,14 +333,14 @@ func (r *devRun) pausedSteps(m *layer.Measured, rb *dispatchers.Rebalance, deadl
 
 // timedSteps runs the warm-up and the timed steps into m (rb: nil, or the
 // dispatcher's rebalancing), the telemetry from the first timed step on.
-func (r *devRun) timedSteps(m *layer.Measured, rb *dispatchers.Rebalance, deadline time.Time) (int, error) {
+func (r *devRun) timedSteps(m *layer.Measurements, rb *dispatchers.Rebalance, deadline time.Time) (int, error) {
 	cfg, dl := r.cfg, r.dl
 	return setup.Iterate(cfg.Warmup, cfg.Iters, deadline, func(i int) error {
 		if err := dl.BeforeStep(r.env.Interrupt, "", i, cfg); err != nil {
 			return err
 		}
 		if i == 0 {
-			layer.TuneGEMMs(r.devs, false)
+			layer.SetGEMMTuning(r.devs, false)
 			var why string
 			if r.tm, why = layer.StartTelemetry(layer.GPUBusID(r.devs[0])); r.tm == nil {
 				r.rec.SMs.Measured = "not measured: " + why
@@ -385,7 +385,7 @@ func (r *devRun) timedSteps(m *layer.Measured, rb *dispatchers.Rebalance, deadli
 // collect adds to m what the steps leave: the traffic, the rows received,
 // the memory, every process's ranks (to rank 0's record), the telemetry
 // and the copy probe.
-func (r *devRun) collect(m *layer.Measured) error {
+func (r *devRun) collect(m *layer.Measurements) error {
 	dl, rec, dev := r.dl, r.rec, r.devs[0]
 	m.Traffic = r.d.Traffic() // after the steps: it counts the last one
 	m.Buffers = buffers(r.d.Capabilities(), r.cfg.EP)
@@ -398,16 +398,16 @@ func (r *devRun) collect(m *layer.Measured) error {
 		m.Mem.PerRankBytes = append(m.Mem.PerRankBytes, b)
 	}
 	if r.ds != nil { // every process's ranks, for rank 0's record
-		mine := dl.Mine(m, rec.Stack)
+		mine := dl.OwnContribution(m, rec.Stack)
 		var err error
 		if mine.Pairs, err = dl.Pairs(); err != nil {
 			return err
 		}
-		parts, err := dl.GatherParts(mine)
+		parts, err := dl.GatherContributions(mine)
 		if err != nil {
 			return err
 		}
-		dl.Merge(m, parts, rec)
+		dl.MergeContributions(m, parts, rec)
 	}
 	if r.tm != nil {
 		rec.Telemetry, rec.SMs.Measured = r.tm.Finish()
@@ -427,7 +427,7 @@ func (r *devRun) collect(m *layer.Measured) error {
 	return nil
 }
 
-// describeGEMM records how the expert GEMMs ran: method (chooseGrouped's),
+// describeGEMM records how the expert GEMMs ran: method (ChooseGrouped's),
 // the FP8 path, cuBLASLt's algorithms and the attention stand-in.
 func (r *devRun) describeGEMM(method string) {
 	rec, cfg := r.rec, r.cfg

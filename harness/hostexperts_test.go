@@ -23,7 +23,7 @@ import (
 // again) and returns, for each, the output and every gradient by name; a
 // layer that releases its experts' weight gradients has them copied as
 // each rank's become complete. A drawn layer must hold no more experts'
-// weights at once than drawGroup allows, and none for the whole run.
+// weights at once than ExpertsDrawnAtOnce allows, and none for the whole run.
 func stepTensors(t *testing.T, c setup.Config) []map[string][]float32 {
 	t.Helper()
 	l, d := bound(t, c)
@@ -46,7 +46,7 @@ func stepTensors(t *testing.T, c setup.Config) []map[string][]float32 {
 		if l.Hold == setup.HostExpertsDrawn && (l.FC1 != nil || len(l.Ranks[0].Experts) > 0) {
 			t.Fatal("drawn: the layer holds every expert's weights")
 		}
-		if n := setup.DrawGroup(c); len(l.Drawn) > n {
+		if n := setup.ExpertsDrawnAtOnce(c); len(l.Drawn) > n {
 			t.Fatalf("drawn: %d experts' weights held at once, at most %d allowed", len(l.Drawn), n)
 		}
 		m := layerGrads(l)
@@ -174,7 +174,7 @@ func TestHostExpertsAuto(t *testing.T) {
 	c.Hidden, c.FFN, c.Tokens, c.Warmup, c.Iters = 128, 128, 16, 0, 1 // led by the expert weights
 	fwd := c
 	fwd.ForwardOnly = true
-	held, byRank, drawn := float64(setup.HostBytesAs(c, setup.HostExpertsHeld)), float64(setup.HostBytesAs(c, setup.HostExpertsByRank)), float64(setup.HostBytesAs(c, setup.HostExpertsDrawn))
+	held, byRank, drawn := float64(setup.HostBytesForExpertMode(c, setup.HostExpertsHeld)), float64(setup.HostBytesForExpertMode(c, setup.HostExpertsByRank)), float64(setup.HostBytesForExpertMode(c, setup.HostExpertsDrawn))
 	if !(drawn < byRank && byRank < held) {
 		t.Fatalf("estimates: held %g, grads by rank %g, drawn %g; want decreasing", held, byRank, drawn)
 	}
@@ -186,7 +186,7 @@ func TestHostExpertsAuto(t *testing.T) {
 		{c, held / 0.9, setup.HostExpertsHeld, ""},
 		{c, held/0.9 - 1, setup.HostExpertsByRank, "one rank at a time (the experts' weights and weight gradients do not all fit"},
 		{c, byRank/0.9 - 1, setup.HostExpertsDrawn, "drawn on demand (the experts' weights do not all fit"},
-		{fwd, float64(setup.HostBytesAs(fwd, setup.HostExpertsHeld))/0.9 - 1, setup.HostExpertsDrawn, "host times include drawing them"},
+		{fwd, float64(setup.HostBytesForExpertMode(fwd, setup.HostExpertsHeld))/0.9 - 1, setup.HostExpertsDrawn, "host times include drawing them"},
 	} {
 		t.Run(fmt.Sprintf("%s,forward-only=%v", tc.want, tc.c.ForwardOnly), func(t *testing.T) {
 			setup.MemAvailable = func() (float64, bool) { return tc.avail, true }
@@ -224,7 +224,9 @@ func TestHostExpertsRefusals(t *testing.T) {
 	defer func() { setup.MemAvailable = old }()
 	c := harnesstest.Small()
 	c.Hidden, c.FFN = 1024, 1024
-	setup.MemAvailable = func() (float64, bool) { return float64(setup.HostBytesAs(c, setup.HostExpertsDrawn)) / 2, true }
+	setup.MemAvailable = func() (float64, bool) {
+		return float64(setup.HostBytesForExpertMode(c, setup.HostExpertsDrawn)) / 2, true
+	}
 	rec, err := Run(c, setup.Env{Version: "test"})
 	if err == nil || rec.Status != results.StatusUnavailable || !strings.Contains(rec.Reason, "expert weight gradients (float32 main_grad, one rank's at a time)") ||
 		strings.Contains(rec.Reason, "--host-experts") {
@@ -236,7 +238,9 @@ func TestHostExpertsRefusals(t *testing.T) {
 		t.Errorf("held does not fit: %v, %v", rec.Status, err)
 	}
 	c.Hidden, c.FFN = 256, 256
-	setup.MemAvailable = func() (float64, bool) { return float64(setup.HostBytesAs(c, setup.HostExpertsByRank)) / 0.9, true } // grads by rank fits, held not
+	setup.MemAvailable = func() (float64, bool) {
+		return float64(setup.HostBytesForExpertMode(c, setup.HostExpertsByRank)) / 0.9, true
+	} // grads by rank fits, held not
 	for _, tc := range []struct {
 		mut  func(*setup.Config)
 		flag string

@@ -26,7 +26,7 @@ func TestInterruptBeforeTheSteps(t *testing.T) {
 		t.Fatalf("interrupted run: %v, %+v", err, rec)
 	}
 	l, _, _ := trained(t, harnesstest.Small())
-	l.Cfg.Carry(l.Cfg.ProgressLine(), intr)
+	l.Cfg.AttachRunState(l.Cfg.ProgressLine(), intr)
 	if _, _, err := check.Reference(l, nil); !setup.IsInterrupted(err) {
 		t.Errorf("reference after the interrupt: %v", err)
 	}

@@ -71,7 +71,7 @@ func BenchmarkStepIssue(b *testing.B) {
 			}
 			b.Setenv("FAKECUDA_SKIP_KERNELS", "*")
 			if cfg.CUDAGraph { // captured once each (the routing is fixed), replayed every step
-				if dl.Graph, err = layer.NewGraphs(dl); err != nil {
+				if dl.Graph, err = layer.NewCUDAGraphs(dl); err != nil {
 					b.Fatal(err)
 				}
 				defer dl.Graph.Free()

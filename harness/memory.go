@@ -17,9 +17,9 @@ import (
 // system reports as available (MemAvailable), naming its largest parts.
 func checkHostMemory(cfg setup.Config) error {
 	mode := cfg.ResolvedHostExperts()
-	need := float64(setup.HostBytesAs(cfg, mode))
+	need := float64(setup.HostBytesForExpertMode(cfg, mode))
 	avail, ok := setup.MemAvailable()
-	if !ok || setup.Fits(need, avail) {
+	if !ok || setup.FitsMemory(need, avail) {
 		return nil
 	}
 	var parts []string
@@ -30,7 +30,7 @@ func checkHostMemory(cfg setup.Config) error {
 	}
 	hint := "a smaller --tokens, --experts or --ep"
 	if cfg.Device == "host" {
-		if mode != setup.HostExpertsDrawn && !setup.MovesWeights(cfg) {
+		if mode != setup.HostExpertsDrawn && !setup.DispatcherMovesWeights(cfg) {
 			hint += ", --host-experts drawn (the expert weights drawn from the seed when used)"
 		}
 		if !cfg.ForwardOnly {

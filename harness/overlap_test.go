@@ -34,7 +34,7 @@ func newOverlapRun(t *testing.T, c setup.Config, shared, a2a, delay bool, plant 
 			t.Fatal(err)
 		}
 	}
-	for r := range dl.RankBufs { // the grouped GEMM choice chooseGrouped makes
+	for r := range dl.RankBufs { // the grouped GEMM choice ChooseGrouped makes
 		dl.RankBufs[r].Grouped, _ = device.NewGrouped(dl.Ranks[r].Dev, 0)
 	}
 	ov, err := layer.NewOverlap(dl, shared, a2a, delay, l1, d1)

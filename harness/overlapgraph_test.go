@@ -36,14 +36,14 @@ func TestOverlapGraphFallbackForks(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			if dl.Graph, err = layer.NewGraphs(dl); err != nil {
+			if dl.Graph, err = layer.NewCUDAGraphs(dl); err != nil {
 				t.Fatal(err)
 			}
 			ov, err := layer.NewOverlap(dl, tc.shared, tc.a2a, tc.delay, l1, d1)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if ov.Graph, err = layer.NewOvGraphs(ov); err != nil {
+			if ov.Graph, err = layer.NewOverlapCUDAGraphs(ov); err != nil {
 				t.Fatal(err)
 			}
 			for rep := range 2 {

@@ -57,7 +57,7 @@ func TestStagesCountTheirWork(t *testing.T) {
 		c := harnesstest.Small()
 		c.HostExperts = hold
 		p := &setup.Progress{Now: time.Now}
-		c.Carry(p, c.Interrupt())
+		c.AttachRunState(p, c.Interrupt())
 		if hold == setup.HostExpertsHeld { // drawn: no weights drawn before the check (Run)
 			p.Work(setup.BuildExperts, float64(c.Experts))
 		}
@@ -69,12 +69,12 @@ func TestStagesCountTheirWork(t *testing.T) {
 		}
 		fwd, bwd := check.StepsWork(c, l.Steps(d), c.EP), check.StepsWork(c, bsteps, c.EP)
 		done := func(stage string, w float64) string { return fmt.Sprintf("%s: %g/%g", stage, w, w) }
-		want := []string{done(check.CheckStep, fwd), done(check.CheckRef, float64(c.Experts))}
+		want := []string{done(check.StageStep, fwd), done(check.StageRef, float64(c.Experts))}
 		if hold == setup.HostExpertsHeld {
 			want = append([]string{done(setup.BuildExperts, float64(c.Experts))}, want...)
-			want = append(want, done(check.CheckBackward, bwd), done(check.CheckGradRef, float64(c.Experts)))
+			want = append(want, done(check.StageBackward, bwd), done(check.StageGradRef, float64(c.Experts)))
 		} else {
-			want = append(want, done(check.CheckAlongside, float64(c.Experts)))
+			want = append(want, done(check.StageAlongside, float64(c.Experts)))
 		}
 		if !slices.Equal(p.Stages, want) {
 			t.Errorf("%s: stages\n%s\nwant\n%s", hold, strings.Join(p.Stages, "\n"), strings.Join(want, "\n"))
@@ -93,13 +93,13 @@ func TestStagesCountTheirWork(t *testing.T) {
 func TestDeviceStagesCountTheirWork(t *testing.T) {
 	c := harnesstest.DeviceCases()["softmax-natural"]
 	p := &setup.Progress{Now: time.Now}
-	c.Carry(p, c.Interrupt())
+	c.AttachRunState(p, c.Interrupt())
 	dl := deviceRun(t, c, &device.Emu{})
 	if _, err := check.CheckDevice(dl); err != nil {
 		t.Fatal(err)
 	}
 	p.Set("done")
-	want := []string{fmt.Sprintf("%s: %d/%d", check.CheckRef, c.Experts, c.Experts), fmt.Sprintf("%s: %d/%d", check.CheckGradRef, c.Experts, c.Experts)}
+	want := []string{fmt.Sprintf("%s: %d/%d", check.StageRef, c.Experts, c.Experts), fmt.Sprintf("%s: %d/%d", check.StageGradRef, c.Experts, c.Experts)}
 	if !slices.Equal(p.Stages, want) {
 		t.Errorf("stages\n%s\nwant\n%s", strings.Join(p.Stages, "\n"), strings.Join(want, "\n"))
 	}

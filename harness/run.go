@@ -84,7 +84,7 @@ type hostRun struct {
 	d       dispatchers.Dispatcher
 	l       *layer.Layer
 	prog    *setup.Progress
-	m       layer.Measured
+	m       layer.Measurements
 	samples map[string][][]float64 // where timed records: samples[phase][rank][iter] in milliseconds
 	iter    int                    // the step being run (< 0: a warm-up step, not recorded)
 	work    map[string]float64     // each phase's share of a step, for the progress line
@@ -105,7 +105,7 @@ func runHost(cfg setup.Config, env setup.Env, rec *results.Record, forced bool, 
 	h.d = d
 	h.prog = setup.StartProgress(env.Progress, env.ProgressEvery, steps(h.cfg, d.Capabilities()))
 	defer h.prog.Finish()
-	h.cfg.Carry(h.prog, env.Interrupt)
+	h.cfg.AttachRunState(h.prog, env.Interrupt)
 	if err := checkHostMemory(h.cfg); err != nil {
 		return failed(rec, results.StatusUnavailable, err)
 	}
@@ -208,7 +208,7 @@ func (h *hostRun) check(fresh func() (dispatchers.Dispatcher, error)) (*results.
 func (h *hostRun) newMeasured(note string) (string, error) {
 	cfg := h.cfg
 	m := &h.m
-	*m = layer.Measured{
+	*m = layer.Measurements{
 		Clock: "host wall clock (Go time.Now); not comparable with GPU timings",
 		Model: "each phase's sample is its slowest rank in that iteration; step = sum of the phase samples (ranks in lockstep, a barrier between phases)",
 		Mem: &results.Memory{Method: "host buffers, accounted: the rank's host buffers after the run, float32 storage (its share of expert weights, shared/router weights, activations, " +
@@ -448,7 +448,7 @@ func gemmStraggler(samples map[string][][]float64, ranks int, phases []string) (
 	return summary.Straggler(med), steps
 }
 
-func fillMeasurements(rec *results.Record, cfg setup.Config, m layer.Measured) {
+func fillMeasurements(rec *results.Record, cfg setup.Config, m layer.Measurements) {
 	gs, gsSteps := gemmStraggler(m.Samples, cfg.EP, dispatchers.ExpertPhases)
 	if len(m.Rebalance) > 0 { // the segments left are the last expert phase's only: count what the plan says
 		m.Recv = m.Rebalance[len(m.Rebalance)-1].TokensAfter
@@ -541,7 +541,7 @@ func fillMeasurements(rec *results.Record, cfg setup.Config, m layer.Measured) {
 		rec.GEMM.TFLOPS = routed / (ms / 1e3) / 1e12
 	}
 	if cfg.IsFP8() && cfg.Device == "host" {
-		rec.GEMM.Method, rec.GEMM.FP8Path, rec.GEMM.FP8PathReason = layer.HostFP8Record()
+		rec.GEMM.Method, rec.GEMM.FP8Path, rec.GEMM.FP8PathReason = layer.HostFP8GEMMNote()
 	}
 	if m.Forward > 0 {
 		backwardGEMM(rec.GEMM, m, cfg)
@@ -569,7 +569,7 @@ const savedFormula = "kernels.SavedBytes: per token copy a rank's experts comput
 // backwardGEMM adds the backward's expert GEMMs to g: their FLOPs by
 // kernels' accounting (dgrad and wgrad, twice the forward), the rate over
 // the ranks' median expert-backward times, and their straggler.
-func backwardGEMM(g *results.GEMM, m layer.Measured, cfg setup.Config) {
+func backwardGEMM(g *results.GEMM, m layer.Measurements, cfg setup.Config) {
 	h, f, fs := cfg.Hidden, cfg.FFN, cfg.FFN*cfg.SharedExperts
 	var routed float64
 	for _, n := range m.Recv {

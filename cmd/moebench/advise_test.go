@@ -311,7 +311,7 @@ func TestAdviseHostScaleFP8(t *testing.T) {
 		}
 		if c.precision == "fp8" {
 			cfg.Dispatcher = "hybridep"
-			if err := setup.Gate(cfg); err != nil {
+			if err := setup.CheckDispatcherAvailable(cfg); err != nil {
 				t.Errorf("%s at fp8: hybridep unavailable on the host: %v", c.preset, err)
 			}
 		}

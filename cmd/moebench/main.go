@@ -359,7 +359,7 @@ func presets(w io.Writer) int {
 
 func version() string {
 	v := baseVersion
-	if c := setup.Commit(); len(c) >= 12 {
+	if c := setup.BuildCommit(); len(c) >= 12 {
 		v += "+" + c[:12]
 		if strings.HasSuffix(c, "+dirty") {
 			v += "-dirty"

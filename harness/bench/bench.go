@@ -104,7 +104,7 @@ func Kernels(cfg setup.Config, env setup.Env, sizes Sizes) (*KernelBench, error)
 	}
 	defer layer.CloseDevices(devs)
 	dev := devs[0]
-	layer.TuneGEMMs(devs, true) // each call's shape is timed in its warm-up
+	layer.SetGEMMTuning(devs, true) // each call's shape is timed in its warm-up
 	rec := harness.NewRecord(cfg, env)
 	kb := &KernelBench{Schema: KernelSchema, Time: rec.Time, Config: rec.Config, Stack: rec.Stack, Iters: cfg.Iters,
 		Routing: "balanced: each of rank 0's local experts computes tokens·topk/local rows; permute indices uniform at random"}

@@ -148,14 +148,14 @@ func benchDispatchDevice(cfg setup.Config, names []string, sms []int, precisions
 	}
 	b.Clock = "CUDA events on each rank's stream (" + devs[0].Name() + "), as the layer times its phases; each phase's slowest rank per iteration"
 	b.Check = "every iteration, outputs poisoned first: dispatch then combine, with experts that copy their rows (at fp8: dequantize the packed rows), gives each rank k × its (dequantized) input exactly (inputs coarsened so that every partial sum is exact in bf16)"
-	b.Ranks = layer.RanksNote(cfg.EP, devs)
+	b.Ranks = layer.RankPlacementNote(cfg.EP, devs)
 	return b, b.points(cfg, names, sms, precisions, func(c setup.Config, p DispatchPoint) (DispatchPoint, error) { return devicePoint(c, l, devs, p) })
 }
 
 // benchSetup makes the benchmark's layer (its routing drawn on the host)
 // and the result without points.
 func benchSetup(cfg setup.Config, env setup.Env) (*layer.Layer, *DispatchBench, error) {
-	l, err := layer.RoutedLayer(cfg)
+	l, err := layer.NewRoutedLayer(cfg)
 	if err != nil {
 		return nil, nil, err
 	}

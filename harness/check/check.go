@@ -35,11 +35,11 @@ const routingSlack = 1e-3
 
 // The check's stages, as progress reports them.
 const (
-	CheckStep      = setup.Checking + ": the layer's step, its outputs poisoned"
-	CheckRef       = setup.Checking + ": the float64 reference (experts)"
-	CheckBackward  = setup.Checking + ": the layer's backward, its gradients poisoned"
-	CheckAlongside = setup.Checking + ": the layer's backward, the float64 gradient reference alongside (experts)"
-	CheckGradRef   = setup.Checking + ": the float64 gradient reference (experts)"
+	StageStep      = setup.Checking + ": the layer's step, its outputs poisoned"
+	StageRef       = setup.Checking + ": the float64 reference (experts)"
+	StageBackward  = setup.Checking + ": the layer's backward, its gradients poisoned"
+	StageAlongside = setup.Checking + ": the layer's backward, the float64 gradient reference alongside (experts)"
+	StageGradRef   = setup.Checking + ": the float64 gradient reference (experts)"
 	checkRoundTrip = setup.Checking + ": the dispatcher's round trip"
 )
 
@@ -93,13 +93,13 @@ func Check(l *layer.Layer, d dispatchers.Dispatcher, fresh func() (dispatchers.D
 	}
 	prog := l.Cfg.ProgressLine()
 	counted := countedPhases(l)
-	prog.Work(CheckStep, StepsWork(l.Cfg, l.Steps(d), len(l.Ranks)))
+	prog.Work(StageStep, StepsWork(l.Cfg, l.Steps(d), len(l.Ranks)))
 	if err := l.Step(d, counted); err != nil {
 		return nil, err
 	}
 	sample, which := checkSample(l.Cfg)
 	c.Sample = which
-	prog.Work(CheckRef, float64(l.Cfg.Experts))
+	prog.Work(StageRef, float64(l.Cfg.Experts))
 	compareReference(c, l, sample)
 	backward := l.Grads != nil
 	if backward {
@@ -192,7 +192,7 @@ func compareReference(c *results.Correctness, l *layer.Layer, sample [][]int) {
 // out[r] holds their rows in that order. It also returns how many tokens'
 // choices differ. Experts run in parallel (refWorkers at once, each widening
 // its expert's weights into its own buffers, drawing them when the layer does
-// not hold them), refBlock rows at a time.
+// not hold them), RefBlock rows at a time.
 func Reference(l *layer.Layer, sample [][]int) (out [][]float64, diffs int, err error) {
 	c := l.Cfg
 	if sample == nil {
@@ -286,7 +286,7 @@ func refRouting(l *layer.Layer, sample [][]int) (probs [][]float64, byExpert [][
 
 // refExperts computes each expert's outputs in float64, in byExpert order:
 // refWorkers experts at once, each widening its expert's weights into its
-// own buffers, refBlock rows at a time. An interrupt leaves the rest nil.
+// own buffers, RefBlock rows at a time. An interrupt leaves the rest nil.
 func refExperts(l *layer.Layer, probs [][]float64, byExpert [][]refCopy) [][]float64 {
 	c := l.Cfg
 	h, f, E, k := c.Hidden, c.FFN, c.Experts, c.TopK
@@ -294,7 +294,7 @@ func refExperts(l *layer.Layer, probs [][]float64, byExpert [][]refCopy) [][]flo
 	type buffers struct{ fc1, fc2, x, p, scratch []float64 }
 	workers := setup.RefWorkers(c)
 	bufs := make([]buffers, workers)
-	layer.Parallel(E, workers, func(w, e int) {
+	layer.ParallelFor(E, workers, func(w, e int) {
 		defer l.Cfg.ProgressLine().Add(1)
 		copies := byExpert[e]
 		n := len(copies)

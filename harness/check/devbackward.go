@@ -17,7 +17,7 @@ import (
 // check's budget when the forward's check samples tokens (sampled). In a
 // run over several processes each process compares its own ranks' input
 // and probability gradients and its own experts' weight gradients, whose
-// reference takes every rank's tokens (gatherRouting brings the other
+// reference takes every rank's tokens (GatherRouting brings the other
 // processes' routing), and the router's and shared expert's main_grad
 // summed over every process (downloadGrads); agreeCheck then gives every
 // process every verdict.
@@ -35,7 +35,7 @@ func checkDeviceGrads(dl *layer.DeviceLayer, cr *results.Correctness, sampled bo
 		return err
 	}
 	dl.Distributed.Local("computing the float64 gradient reference")
-	dl.Layer.Cfg.ProgressLine().Work(CheckGradRef, float64(dl.Layer.Cfg.Experts))
+	dl.Layer.Cfg.ProgressLine().Work(StageGradRef, float64(dl.Layer.Cfg.Experts))
 	var mu sync.Mutex
 	var failed error
 	g := &results.GradCheck{Tolerance: kernels.GradTolerance, Metric: kernels.GradErrMetric, Note: gradNote, RoundTrip: layer.DeviceGradRoundTrip}

@@ -60,7 +60,7 @@ func CheckDevice(dl *layer.DeviceLayer) (*results.Correctness, error) {
 	}
 	if cr.Detail == "" {
 		dl.Distributed.Local("computing the float64 reference of its ranks")
-		dl.Layer.Cfg.ProgressLine().Work(CheckRef, float64(dl.Layer.Cfg.Experts))
+		dl.Layer.Cfg.ProgressLine().Work(StageRef, float64(dl.Layer.Cfg.Experts))
 		compareReference(cr, dl.Layer, localSample(dl, sample))
 	}
 	cr.Passed = cr.Detail == "" && cr.MaxRelErr <= Tolerance

@@ -16,7 +16,7 @@ import (
 // with a training step's gradients, each gradient's error over every
 // process's maxima, as one process's check computes it, and its verdict.
 func agreeCheck(dl *layer.DeviceLayer, c *results.Correctness) (*results.Correctness, error) {
-	p := layer.ProcessPart{Process: dl.Distributed.Rendezvous.L.Rank, Correct: layer.FiniteErrs(c)}
+	p := layer.ProcessContribution{Process: dl.Distributed.Rendezvous.L.Rank, Correct: layer.EncodeInfiniteErrs(c)}
 	if dl.GradAcc != nil {
 		p.GradAcc = map[string][2]float64{}
 		for n, a := range dl.GradAcc {
@@ -27,7 +27,7 @@ func agreeCheck(dl *layer.DeviceLayer, c *results.Correctness) (*results.Correct
 			p.GradAcc[n] = [2]float64{d, a.Ref}
 		}
 	}
-	parts, err := dl.GatherParts(p)
+	parts, err := dl.GatherContributions(p)
 	if err != nil {
 		return nil, err
 	}
@@ -40,12 +40,12 @@ func agreeCheck(dl *layer.DeviceLayer, c *results.Correctness) (*results.Correct
 // max|ref| over every process's (what one process checking every rank
 // computes); over the tolerance, the detail names the processes whose own
 // differences are.
-func mergeChecks(mine *results.Correctness, parts []layer.ProcessPart) *results.Correctness {
+func mergeChecks(mine *results.Correctness, parts []layer.ProcessContribution) *results.Correctness {
 	out := *mine
 	out.MaxRelErr, out.RoutingDiffs, out.Passed = 0, 0, true
 	var details []string
 	for _, p := range parts {
-		pc := layer.InfiniteErrs(p.Correct)
+		pc := layer.DecodeInfiniteErrs(p.Correct)
 		out.MaxRelErr = max(out.MaxRelErr, pc.MaxRelErr)
 		out.RoutingDiffs += pc.RoutingDiffs
 		out.Passed = out.Passed && pc.Passed
@@ -54,14 +54,14 @@ func mergeChecks(mine *results.Correctness, parts []layer.ProcessPart) *results.
 		}
 	}
 	if mine.Grads != nil {
-		acc := map[string]layer.ErrAcc{}
+		acc := map[string]layer.MaxErrAccumulator{}
 		for _, p := range parts {
 			if p.GradAcc == nil { // it did not check its gradients while this one did
 				out.Passed = false
 				details = append(details, fmt.Sprintf("process %d: no gradient check", p.Process))
 			}
 			for n, v := range p.GradAcc {
-				acc[n] = layer.MergeAcc(acc[n], v)
+				acc[n] = layer.MergeProcessMaxima(acc[n], v)
 			}
 		}
 		g := *mine.Grads
@@ -81,7 +81,7 @@ func mergeChecks(mine *results.Correctness, parts []layer.ProcessPart) *results.
 				var ps []string
 				for _, p := range parts {
 					v, ok := p.GradAcc[n]
-					own := layer.MergeAcc(layer.ErrAcc{}, v) // its own differences, against the run's reference
+					own := layer.MergeProcessMaxima(layer.MaxErrAccumulator{}, v) // its own differences, against the run's reference
 					own.Ref = acc[n].Ref
 					if ok && !(own.Err() <= g.Tolerance) {
 						ps = append(ps, fmt.Sprint(p.Process))

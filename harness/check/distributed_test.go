@@ -23,12 +23,12 @@ func TestMergeChecks(t *testing.T) {
 		return &results.Correctness{Checked: true, Passed: passed, MaxRelErr: out, Tolerance: 0.02, Sample: "all 64 tokens", Detail: detail,
 			Grads: &results.GradCheck{Tolerance: 0.02, RoundTrip: layer.DeviceGradRoundTrip, PerTensor: map[string]float64{"input": 1}}} // its own ratios: not the run's
 	}
-	carried := func(p int, c *results.Correctness, acc map[string][2]float64) layer.ProcessPart { // through JSON, as gatherParts sends it
-		b, err := json.Marshal(layer.ProcessPart{Process: p, Correct: layer.FiniteErrs(c), GradAcc: acc})
+	carried := func(p int, c *results.Correctness, acc map[string][2]float64) layer.ProcessContribution { // through JSON, as gatherParts sends it
+		b, err := json.Marshal(layer.ProcessContribution{Process: p, Correct: layer.EncodeInfiniteErrs(c), GradAcc: acc})
 		if err != nil {
 			t.Fatal(err)
 		}
-		var back layer.ProcessPart
+		var back layer.ProcessContribution
 		if err := json.Unmarshal(b, &back); err != nil {
 			t.Fatal(err)
 		}
@@ -40,7 +40,7 @@ func TestMergeChecks(t *testing.T) {
 	// max diff / max ref = 0.01/2
 	a0 := map[string][2]float64{"input": {0.01, 2}, "router weight": {0.001, 1}}
 	a1 := map[string][2]float64{"input": {0.003, 0.1}, "router weight": {0.001, 1}}
-	got := mergeChecks(mine, []layer.ProcessPart{carried(0, mine, a0), carried(1, check(true, 0.006, ""), a1)})
+	got := mergeChecks(mine, []layer.ProcessContribution{carried(0, mine, a0), carried(1, check(true, 0.006, ""), a1)})
 	if !got.Passed || got.MaxRelErr != 0.006 || got.Grads.PerTensor["input"] != 0.005 || got.Grads.PerTensor["router weight"] != 0.001 ||
 		got.Grads.MaxRelErr != 0.005 || got.Detail != "" || !strings.HasSuffix(got.Sample, "(each of the 2 processes checks its own ranks)") {
 		t.Errorf("merged %+v, gradients %+v", got, got.Grads)
@@ -49,18 +49,18 @@ func TestMergeChecks(t *testing.T) {
 		t.Errorf("this process's check changed: %+v", mine.Grads)
 	}
 	a1["input"] = [2]float64{-1, 0.1} // a NaN gradient on process 1: an infinite difference, as agreeCheck sends it
-	got = mergeChecks(mine, []layer.ProcessPart{carried(0, mine, a0), carried(1, check(true, 0.006, ""), a1)})
+	got = mergeChecks(mine, []layer.ProcessContribution{carried(0, mine, a0), carried(1, check(true, 0.006, ""), a1)})
 	if got.Passed || !math.IsInf(got.Grads.PerTensor["input"], 1) || !math.IsInf(got.Grads.MaxRelErr, 1) ||
 		got.Detail != "gradient error over the tolerance 0.02: input +Inf (input in process(es) 1)" {
 		t.Errorf("a NaN gradient: %+v, gradients %+v", got, got.Grads)
 	}
 	a1["input"] = [2]float64{0.05, 0.1} // over the tolerance against the run's reference too (0.05/2)
-	got = mergeChecks(mine, []layer.ProcessPart{carried(0, mine, a0), carried(1, check(false, 0.5, "max relative error 0.5 (tolerance 0.02)"), a1)})
+	got = mergeChecks(mine, []layer.ProcessContribution{carried(0, mine, a0), carried(1, check(false, 0.5, "max relative error 0.5 (tolerance 0.02)"), a1)})
 	if got.Passed || got.MaxRelErr != 0.5 || got.Grads.PerTensor["input"] != 0.025 ||
 		got.Detail != "process 1: max relative error 0.5 (tolerance 0.02); gradient error over the tolerance 0.02: input 0.025 (input in process(es) 1)" {
 		t.Errorf("process 1 over: %+v, gradients %+v", got, got.Grads)
 	}
-	if got := mergeChecks(mine, []layer.ProcessPart{carried(0, mine, a0), carried(1, check(true, 0.005, ""), nil)}); got.Passed || !strings.Contains(got.Detail, "process 1: no gradient check") {
+	if got := mergeChecks(mine, []layer.ProcessContribution{carried(0, mine, a0), carried(1, check(true, 0.005, ""), nil)}); got.Passed || !strings.Contains(got.Detail, "process 1: no gradient check") {
 		t.Errorf("a process without gradients: %+v", got)
 	}
 }

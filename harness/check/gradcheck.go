@@ -51,20 +51,20 @@ func checkGrads(c *results.Correctness, l *layer.Layer, d dispatchers.Dispatcher
 	cmp := NewGradCompare(l)
 	cmp.sample = sample
 	if l.Hold != setup.HostExpertsHeld { // count the reference's experts
-		prog.Work(CheckAlongside, float64(l.Cfg.Experts))
+		prog.Work(StageAlongside, float64(l.Cfg.Experts))
 		timer = func(_ string, _ int, fn func() error) error { return fn() }
 		cmp.Start()
 		l.GradsDone = cmp.RankDone
 		defer func() { l.GradsDone = nil }()
 	} else if steps, err := l.BackwardSteps(d); err == nil {
-		prog.Work(CheckBackward, StepsWork(l.Cfg, steps, len(l.Ranks)))
+		prog.Work(StageBackward, StepsWork(l.Cfg, steps, len(l.Ranks)))
 	}
 	if err := l.Backward(d, timer); err != nil {
 		cmp.abort()
 		return err
 	}
 	if !cmp.started {
-		prog.Work(CheckGradRef, float64(l.Cfg.Experts))
+		prog.Work(StageGradRef, float64(l.Cfg.Experts))
 	}
 	g := &results.GradCheck{Tolerance: kernels.GradTolerance, Metric: kernels.GradErrMetric, Note: gradNote}
 	if sample != nil {
@@ -235,7 +235,7 @@ type gradCompare struct {
 	ref              kernels.Grads
 
 	mu       sync.Mutex
-	fc1, fc2 layer.ErrAcc
+	fc1, fc2 layer.MaxErrAccumulator
 
 	// expertGrads, when set, gives expert e's weight gradients (a device
 	// run's, downloaded one expert at a time); else its rank's ExpertGrads
@@ -298,7 +298,7 @@ func (c *gradCompare) expert(e int, fc1, fc2 []float64) {
 	} else {
 		g = c.l.Ranks[r].ExpertGrads[e%L]
 	}
-	var a1, a2 layer.ErrAcc
+	var a1, a2 layer.MaxErrAccumulator
 	a1.Add(g.FC1, fc1)
 	a2.Add(g.FC2, fc2)
 	c.mu.Lock()
@@ -347,7 +347,7 @@ func (c *gradCompare) Finish() map[string]float64 {
 
 // finishAcc is finish's comparison, each gradient's maxima (of a run over
 // several processes, this process's part: mergeChecks makes the run's).
-func (c *gradCompare) finishAcc() map[string]layer.ErrAcc {
+func (c *gradCompare) finishAcc() map[string]layer.MaxErrAccumulator {
 	l := c.l
 	for r := range c.ready {
 		c.publish(r)
@@ -358,7 +358,7 @@ func (c *gradCompare) finishAcc() map[string]layer.ErrAcc {
 	<-c.done
 	cf, T, h, E := l.Cfg, l.Cfg.Tokens, l.Cfg.Hidden, l.Cfg.Experts
 	ref := c.ref
-	var x, wr, probs, sfc1, sfc2 layer.ErrAcc
+	var x, wr, probs, sfc1, sfc2 layer.MaxErrAccumulator
 	at := 0 // rank r's first row in the reference
 	for r, rk := range l.Ranks {
 		var s []int
@@ -373,7 +373,7 @@ func (c *gradCompare) finishAcc() map[string]layer.ErrAcc {
 		at += n
 	}
 	wr.Add(l.Replica.Router, ref.Wr[0][:E*h]) // every rank's tokens (in a run over several processes, every process's: downloadGrads)
-	accs := map[string]layer.ErrAcc{"input": x, "router weight": wr, "probs": probs, "expert fc1": c.fc1, "expert fc2": c.fc2}
+	accs := map[string]layer.MaxErrAccumulator{"input": x, "router weight": wr, "probs": probs, "expert fc1": c.fc1, "expert fc2": c.fc2}
 	if l.SharedFC1 != nil {
 		sfc1.Add(l.Replica.Shared.FC1, ref.SharedFC1)
 		sfc2.Add(l.Replica.Shared.FC2, ref.SharedFC2)

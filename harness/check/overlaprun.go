@@ -29,7 +29,7 @@ func HostOverlap(cfg setup.Config, fresh func() (dispatchers.Dispatcher, error),
 		o.Note += "; micro-batch 1 not run: --check off"
 		return o, nil
 	}
-	l1, err := layer.MicroBatchOf(cfg, 1, true)
+	l1, err := layer.NewMicroBatchLayer(cfg, 1, true)
 	if err != nil {
 		return nil, err
 	}

@@ -217,7 +217,7 @@ func (l *Layer) expertsBackward(r int) error {
 		for len(g.scratch) < workers {
 			g.scratch = append(g.scratch, nil)
 		}
-		Parallel(len(group), max(workers, 1), func(wk, i int) {
+		ParallelFor(len(group), max(workers, 1), func(wk, i int) {
 			j := group[i]
 			w := weights(j.sg)
 			for lo := j.sg.Start; lo < j.sg.Start+j.sg.Len; lo += setup.ExpertBlock {

@@ -33,7 +33,7 @@ import (
 func benchLayer(l *Layer, rt *roundtrip.Trip, packed [][]uint16, devs []device.Device, th *device.Threads, d dispatchers.DeviceDispatcher) (*DeviceLayer, error) {
 	c := l.Cfg
 	T, h, k := c.Tokens, c.Hidden, c.TopK
-	dl := &DeviceLayer{Layer: l, devs: devs, on: RankDevices(c.EP, len(devs)), Dispatcher: d, RankBufs: make([]devRank, c.EP), dc: make([]devCommon, len(devs)),
+	dl := &DeviceLayer{Layer: l, devs: devs, on: RankToDevice(c.EP, len(devs)), Dispatcher: d, RankBufs: make([]devRank, c.EP), dc: make([]devCommon, len(devs)),
 		start: map[string][]device.Event{}, end: map[string][]device.Event{}}
 	dl.newThreads(th)
 	for i, dev := range devs {
@@ -211,7 +211,7 @@ type DeviceRoundTrip struct {
 // steps where NVML has it.
 func TimeRoundTrip(c setup.Config, l *Layer, devs []device.Device) (DeviceRoundTrip, error) {
 	var p DeviceRoundTrip
-	budget, held, err := FitSMs(c, devs, nil)
+	budget, held, err := FitSMBudget(c, devs, nil)
 	if err != nil {
 		return p, err
 	}

@@ -79,7 +79,7 @@ func trains(c setup.Config, d dispatchers.DeviceDispatcher) bool {
 // gradient reference of this process's experts takes every token).
 func drawDOuts(l *Layer) {
 	l.DOut = make([][]float32, l.Cfg.EP)
-	Parallel(l.Cfg.EP, runtime.GOMAXPROCS(0), func(_, r int) { l.DOut[r] = DrawDOut(l.Cfg, r) })
+	ParallelFor(l.Cfg.EP, runtime.GOMAXPROCS(0), func(_, r int) { l.DOut[r] = DrawOutputGrad(l.Cfg, r) })
 }
 
 // newDeviceBackward allocates what rank r's backward needs and uploads its
@@ -112,9 +112,9 @@ func (dl *DeviceLayer) newDeviceBackward(r int) error {
 	return nil
 }
 
-// DrawDOut is rank r's upstream gradient, bf16 values drawn from the seed
+// DrawOutputGrad is rank r's upstream gradient, bf16 values drawn from the seed
 // (the same on every device).
-func DrawDOut(c setup.Config, r int) []float32 {
+func DrawOutputGrad(c setup.Config, r int) []float32 {
 	return normal(c.Seed, "dout", r, c.Tokens*c.Hidden, 1)
 }
 

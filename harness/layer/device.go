@@ -36,20 +36,20 @@ type DeviceLayer struct {
 	RankBufs   []devRank
 	dc         []devCommon // per device
 
-	seq         []dispatchers.Step        // see steps
-	start, end  map[string][]device.Event // per phase, per rank
-	IssueMS     float64                   // the last step's host issue time (see step)
-	Graph       *graphs                   // --cuda-graph: the captured segments (graph.go); nil: plain launches
-	WaitMS      float64                   // the last step's host waits before phases (Capabilities.HostWait)
-	job         job                       // what the devices' threads do next (see work)
-	work        func(dev int) error       // dl.issue, made once: issuing a step allocates nothing
-	Train       bool                      // a step is a training step: forward, then backward (devbackward.go)
-	fp8lt       bool                      // at fp8 the expert GEMMs are cuBLASLt's block-scaled FP8 GEMM (fp8dev.go)
-	Forward     int                       // the forward's phases: the first of steps
-	Distributed *Distributed              // a run over several processes (distributed.go); nil: one
-	GradAcc     map[string]ErrAcc         // a run over several processes: this process's part of the gradient check (checkDeviceGrads)
-	ov          *Overlap                  // --overlap, --delay-wgrad (overlap.go); nil: none
-	Attn        *attention                // --attention-ms (attention.go); nil: none
+	seq         []dispatchers.Step           // see steps
+	start, end  map[string][]device.Event    // per phase, per rank
+	IssueMS     float64                      // the last step's host issue time (see step)
+	Graph       *graphs                      // --cuda-graph: the captured segments (graph.go); nil: plain launches
+	WaitMS      float64                      // the last step's host waits before phases (Capabilities.HostWait)
+	job         job                          // what the devices' threads do next (see work)
+	work        func(dev int) error          // dl.issue, made once: issuing a step allocates nothing
+	Train       bool                         // a step is a training step: forward, then backward (devbackward.go)
+	fp8lt       bool                         // at fp8 the expert GEMMs are cuBLASLt's block-scaled FP8 GEMM (fp8dev.go)
+	Forward     int                          // the forward's phases: the first of steps
+	Distributed *Distributed                 // a run over several processes (distributed.go); nil: one
+	GradAcc     map[string]MaxErrAccumulator // a run over several processes: this process's part of the gradient check (checkDeviceGrads)
+	ov          *Overlap                     // --overlap, --delay-wgrad (overlap.go); nil: none
+	Attn        *attention                   // --attention-ms (attention.go); nil: none
 }
 
 // local: rank r runs in this process (in a run over several, the others'
@@ -98,9 +98,9 @@ type devCommon struct {
 	beginS device.Stream
 }
 
-// RankDevices maps ep ranks onto n devices in contiguous blocks: rank r
+// RankToDevice maps ep ranks onto n devices in contiguous blocks: rank r
 // runs on device r·n/ep.
-func RankDevices(ep, n int) []int {
+func RankToDevice(ep, n int) []int {
 	on := make([]int, ep)
 	for r := range on {
 		on[r] = r * n / ep
@@ -132,7 +132,7 @@ type devRank struct {
 // and binds d; th are devs' issuing threads (one each).
 func NewDeviceLayer(l *Layer, devs []device.Device, th *device.Threads, d dispatchers.DeviceDispatcher, ds *Distributed) (*DeviceLayer, error) {
 	c := l.Cfg
-	dl := &DeviceLayer{Layer: l, devs: devs, on: RankDevices(c.EP, len(devs)), Dispatcher: d, RankBufs: make([]devRank, c.EP), dc: make([]devCommon, len(devs)),
+	dl := &DeviceLayer{Layer: l, devs: devs, on: RankToDevice(c.EP, len(devs)), Dispatcher: d, RankBufs: make([]devRank, c.EP), dc: make([]devCommon, len(devs)),
 		start: map[string][]device.Event{}, end: map[string][]device.Event{}, Distributed: ds, Train: trains(c, d)}
 	if ds != nil {
 		for r := range dl.on {
@@ -615,7 +615,7 @@ func (dl *DeviceLayer) compute(r int, w *dispatchers.DeviceWork) error {
 }
 
 // GroupedSideStreams are the candidate numbers of extra streams per rank for the
-// expert GEMMs; chooseGrouped times each, and the device's grouped GEMM
+// expert GEMMs; ChooseGrouped times each, and the device's grouped GEMM
 // where it has one, and keeps the fastest.
 var GroupedSideStreams = []int{0, 3}
 
@@ -1018,7 +1018,7 @@ func (dl *DeviceLayer) Times(samples map[string][][]float64, step [][]float64) e
 
 // HostCalls adds the last step's library calls' wall time per phase and
 // rank (Capabilities.Library) to m.
-func (dl *DeviceLayer) HostCalls(m *Measured) {
+func (dl *DeviceLayer) HostCalls(m *Measurements) {
 	lib := dl.Dispatcher.Capabilities().Library
 	if lib == nil {
 		return
@@ -1077,10 +1077,10 @@ func (dl *DeviceLayer) Footprint(r int) int64 {
 	return n
 }
 
-// TuneGEMMs lets the GPUs among devs time each new GEMM shape's cuBLASLt
-// algorithms (device.CUDA.TuneGEMMs), or stops them: a timing waits for
+// SetGEMMTuning lets the GPUs among devs time each new GEMM shape's cuBLASLt
+// algorithms (device.CUDA.SetGEMMTuning), or stops them: a timing waits for
 // the stream, which no timed step may do.
-func TuneGEMMs(devs []device.Device, on bool) {
+func SetGEMMTuning(devs []device.Device, on bool) {
 	for _, d := range devs {
 		if g, ok := d.(*device.CUDA); ok {
 			g.TuneGEMMs = on
@@ -1112,7 +1112,7 @@ func OpenDevices(env setup.Env, n, most int, ds *Distributed) ([]device.Device, 
 // design's default) and no SMs are held.
 const HostHeldNote = "n/a: the host device runs no thread blocks; the budget is recorded as asked (or the design's default)"
 
-// FitSMs fits --sms to the GPUs of a device run of an SM-driven design's
+// FitSMBudget fits --sms to the GPUs of a device run of an SM-driven design's
 // native kernels: a block holds one SM (kernels' LaunchResident) and all
 // of a GPU's ranks' blocks are resident at once, so a rank's budget is at
 // most the GPU's SMs ÷ its ranks (dispatchers.SMBudget.Fit), and --sms 0
@@ -1120,7 +1120,7 @@ const HostHeldNote = "n/a: the host device runs no thread blocks; the budget is 
 // each rank runs with and the record's note on what the ranks hold (""
 // when --sms does not concern the run), or the *UnavailableError naming
 // --sms, its value, the SMs and the ranks.
-func FitSMs(cfg setup.Config, devs []device.Device, ds *Distributed) (budget int, held string, err error) {
+func FitSMBudget(cfg setup.Config, devs []device.Device, ds *Distributed) (budget int, held string, err error) {
 	b, ok := dispatchers.SMBudgetOf(cfg.Dispatcher, cfg.Impl)
 	if !ok || cfg.Impl != dispatchers.ImplNative || len(devs) == 0 {
 		return 0, "", nil
@@ -1130,7 +1130,7 @@ func FitSMs(cfg setup.Config, devs []device.Device, ds *Distributed) (budget int
 		ranks = ds.PerProcess
 	}
 	perGPU := make([]int, len(devs))
-	for _, g := range RankDevices(ranks, len(devs)) {
+	for _, g := range RankToDevice(ranks, len(devs)) {
 		perGPU[g]++
 	}
 	most, sms := slices.Max(perGPU), devs[0].SMCount()
@@ -1159,9 +1159,9 @@ func CloseDevices(devs []device.Device) {
 	}
 }
 
-// RanksNoteVia says where a device run's ranks are and how data moves between
+// RankPlacementNoteVia says where a device run's ranks are and how data moves between
 // them: through the library via names, else with copies.
-func RanksNoteVia(ep int, devs []device.Device, via string) string {
+func RankPlacementNoteVia(ep int, devs []device.Device, via string) string {
 	var note string
 	switch {
 	case len(devs) == 1 && via != "":

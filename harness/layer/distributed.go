@@ -80,8 +80,8 @@ func (d *Distributed) SetProgress(p *setup.Progress) {
 	}
 }
 
-// NewDist checks that cfg can run over rv's processes and places this one.
-func NewDist(cfg setup.Config, rv *launch.Rendezvous) (*Distributed, error) {
+// NewDistributed checks that cfg can run over rv's processes and places this one.
+func NewDistributed(cfg setup.Config, rv *launch.Rendezvous) (*Distributed, error) {
 	l := rv.L
 	switch {
 	// the library implementations: alltoall's (NCCL), hybridep's and
@@ -235,9 +235,9 @@ func (d *Distributed) Local(s string) {
 	}
 }
 
-// Fail tells the other processes that this one failed: before they met,
+// AnnounceFailure tells the other processes that this one failed: before they met,
 // at their agreement; after, in its watch's note.
-func (d *Distributed) Fail(err error, cfg setup.Config) {
+func (d *Distributed) AnnounceFailure(err error, cfg setup.Config) {
 	switch {
 	case d == nil || err == nil:
 	case !d.agreed:
@@ -341,10 +341,10 @@ func (dl *DeviceLayer) exchange(rk *dispatchers.DeviceRank, mine []uint64, n fun
 	return out, nil
 }
 
-// ProcessPart is what one process contributes to the record: its ranks' samples
+// ProcessContribution is what one process contributes to the record: its ranks' samples
 // and counts (indexed by its ranks, in order), its process-wide times, its
 // stack and where its ranks ran.
-type ProcessPart struct {
+type ProcessContribution struct {
 	Process, First int
 	Host           string
 	GPUs           []int
@@ -364,8 +364,8 @@ type ProcessPart struct {
 	GradAcc map[string][2]float64 `json:",omitempty"`
 }
 
-// GatherParts all-gathers every process's part.
-func (dl *DeviceLayer) GatherParts(p ProcessPart) ([]ProcessPart, error) {
+// GatherContributions all-gathers every process's part.
+func (dl *DeviceLayer) GatherContributions(p ProcessContribution) ([]ProcessContribution, error) {
 	return gatherJSON(dl, p, "results")
 }
 
@@ -389,20 +389,20 @@ func gatherJSON[T any](dl *DeviceLayer, v T, what string) ([]T, error) {
 	return out, nil
 }
 
-// MergeAcc adds a process's gradient maxima (max|g − ref|, −1 for an
+// MergeProcessMaxima adds a process's gradient maxima (max|g − ref|, −1 for an
 // infinite one; max|ref|) to a.
-func MergeAcc(a ErrAcc, v [2]float64) ErrAcc {
+func MergeProcessMaxima(a MaxErrAccumulator, v [2]float64) MaxErrAccumulator {
 	d := v[0]
 	if d < 0 {
 		d = math.Inf(1)
 	}
-	a.Merge(ErrAcc{Diff: d, Ref: v[1]})
+	a.Merge(MaxErrAccumulator{Diff: d, Ref: v[1]})
 	return a
 }
 
-// FiniteErrs is c as JSON carries it: an infinite error (a NaN output or
-// gradient) as −1, which no error is; infiniteErrs undoes it.
-func FiniteErrs(c *results.Correctness) *results.Correctness {
+// EncodeInfiniteErrs is c as JSON carries it: an infinite error (a NaN output or
+// gradient) as −1, which no error is; DecodeInfiniteErrs undoes it.
+func EncodeInfiniteErrs(c *results.Correctness) *results.Correctness {
 	return mapErrs(c, func(e float64) float64 {
 		if math.IsInf(e, 0) || math.IsNaN(e) {
 			return -1
@@ -411,7 +411,7 @@ func FiniteErrs(c *results.Correctness) *results.Correctness {
 	})
 }
 
-func InfiniteErrs(c *results.Correctness) *results.Correctness {
+func DecodeInfiniteErrs(c *results.Correctness) *results.Correctness {
 	return mapErrs(c, func(e float64) float64 {
 		if e < 0 {
 			return math.Inf(1)
@@ -539,7 +539,7 @@ func tokenRankPairs(idx []int32, k, L, ep int) []int64 {
 // nodeBytes splits the processes' off-rank (token, rank) pairs by where
 // they go (a rank's node is its process's host): to another node, or to
 // another rank of the same node; each pair is a bf16 row of hidden.
-func nodeBytes(parts []ProcessPart, hidden int) (inter, intra int64) {
+func nodeBytes(parts []ProcessContribution, hidden int) (inter, intra int64) {
 	host := map[int]string{} // rank → node
 	for _, p := range parts {
 		for i := range p.Pairs {
@@ -562,12 +562,12 @@ func nodeBytes(parts []ProcessPart, hidden int) (inter, intra int64) {
 	return inter * int64(hidden) * 2, intra * int64(hidden) * 2
 }
 
-// Mine is this process's part of m after the timed steps (m's per-rank
+// OwnContribution is this process's part of m after the timed steps (m's per-rank
 // entries of other processes' ranks are empty).
-func (dl *DeviceLayer) Mine(m *Measured, stack results.Stack) ProcessPart {
+func (dl *DeviceLayer) OwnContribution(m *Measurements, stack results.Stack) ProcessContribution {
 	d := dl.Distributed
 	ranks := func(v [][]float64) [][]float64 { return v[d.first : d.first+d.PerProcess] }
-	p := ProcessPart{Process: d.Rendezvous.L.Rank, First: d.first, Host: d.Rendezvous.L.Host, Stack: stack, Samples: map[string][][]float64{},
+	p := ProcessContribution{Process: d.Rendezvous.L.Rank, First: d.first, Host: d.Rendezvous.L.Host, Stack: stack, Samples: map[string][][]float64{},
 		Step: ranks(m.Step), Recv: m.Recv[d.first : d.first+d.PerProcess], Mem: m.Mem.PerRankBytes[d.first : d.first+d.PerProcess],
 		Issue: m.Issue, Wait: m.HostWait}
 	for i := range d.PerProcess {
@@ -591,10 +591,10 @@ func (dl *DeviceLayer) Mine(m *Measured, stack results.Stack) ProcessPart {
 	return p
 }
 
-// Merge fills m's per-rank entries from every process's part and describes
+// MergeContributions fills m's per-rank entries from every process's part and describes
 // the processes in rec (the rank → node and GPU map, each node's stack
 // against rank 0's). Process-wide times are the slowest process's per step.
-func (dl *DeviceLayer) Merge(m *Measured, parts []ProcessPart, rec *results.Record) {
+func (dl *DeviceLayer) MergeContributions(m *Measurements, parts []ProcessContribution, rec *results.Record) {
 	d := dl.Distributed
 	rec.Ranks.Devices = make([]int, d.PerProcess*len(parts))
 	var differ []string
@@ -790,14 +790,14 @@ func (dl *DeviceLayer) agreeStop(intr *setup.Interrupt) (string, error) {
 	d := dl.Distributed
 	d.stage(agreeingStop, dl.warm)
 	dl.doing(agreeingStop)
-	d.stopMine[0] = setup.StopCode(intr.Why())
+	d.stopMine[0] = setup.InterruptCode(intr.Why())
 	if err := dl.th.Each(d.stopWork); err != nil {
 		return "", err
 	}
 	if d.stopAll[d.Rendezvous.L.Rank] != d.stopMine[0] {
 		return "", fmt.Errorf("the agreement on whether to stop: this process's own code came back as %d, sent %d", d.stopAll[d.Rendezvous.L.Rank], d.stopMine[0])
 	}
-	return setup.AgreedWhy(d.stopAll), nil
+	return setup.DescribeInterrupts(d.stopAll), nil
 }
 
 // InterruptedAt is the run's interrupt (nil: none) at a point every

@@ -23,7 +23,7 @@ func TestNodeBytes(t *testing.T) {
 		t.Fatalf("pairs %v", got)
 	}
 	// ranks 0–1 on node a, 2–3 on node b
-	parts := []ProcessPart{
+	parts := []ProcessContribution{
 		{First: 0, Host: "a", Pairs: [][]int64{{1, 1, 0, 1}, {2, 5, 3, 0}}},
 		{First: 2, Host: "b", Pairs: [][]int64{{4, 0, 7, 1}, {0, 0, 2, 9}}},
 	}
@@ -75,7 +75,7 @@ func TestNotAcrossProcesses(t *testing.T) {
 	} {
 		cfg := setup.DefaultConfig()
 		cfg.Dispatcher, cfg.Impl, cfg.EP, cfg.Domain = c.dispatcher, c.impl, c.ep, c.domain
-		_, err := NewDist(cfg, rv)
+		_, err := NewDistributed(cfg, rv)
 		if !dispatchers.IsUnavailable(err) || !strings.Contains(err.Error(), c.want) || !strings.Contains(err.Error(), "across processes run alltoall --impl library") {
 			t.Errorf("%s/%s: %v", c.dispatcher, c.impl, err)
 		}
@@ -83,14 +83,14 @@ func TestNotAcrossProcesses(t *testing.T) {
 	for _, d := range []string{"alltoall", "hybridep", "deepep-ll"} { // NCCL's send/recv; NCCL EP's two modes
 		cfg := setup.DefaultConfig()
 		cfg.Dispatcher, cfg.Impl, cfg.EP = d, "library", 4
-		if _, err := NewDist(cfg, rv); err != nil {
+		if _, err := NewDistributed(cfg, rv); err != nil {
 			t.Errorf("%s library: %v", d, err)
 		}
 	}
 	for _, c := range [][2]int{{4, 2}, {4, 1}, {8, 2}, {8, 4}} { // hybridep native: one domain a process, or several
 		cfg := setup.DefaultConfig()
 		cfg.Dispatcher, cfg.Impl, cfg.EP, cfg.Domain = "hybridep", "native", c[0], c[1]
-		if _, err := NewDist(cfg, rv); err != nil {
+		if _, err := NewDistributed(cfg, rv); err != nil {
 			t.Errorf("hybridep native, --ep %d --domain %d: %v", c[0], c[1], err)
 		}
 	}

@@ -3,7 +3,7 @@
 // or drawn; FP8), the device layer (the same on kernels/device, with CUDA
 // graphs, the FP8 GEMMs, the copy probe and the hang watchdog), the layer
 // over several processes (Distributed), the overlap engine, the timed
-// steps' samples (Measured) and the GPU telemetry. It imports
+// steps' samples (Measurements) and the GPU telemetry. It imports
 // harness/setup; the checks and the run loop are above it
 // (docs/design.md, Packages).
 package layer

@@ -4,14 +4,14 @@ import (
 	"math"
 )
 
-// ErrAcc accumulates GradErrMetric's max|g − ref| and max|ref|; a NaN
+// MaxErrAccumulator accumulates GradErrMetric's max|g − ref| and max|ref|; a NaN
 // makes the error infinite.
-type ErrAcc struct{ Diff, Ref float64 }
+type MaxErrAccumulator struct{ Diff, Ref float64 }
 
 // Add adds got's differences from ref; nil got is zeros (the weight
 // gradients of an expert no segment added to, where the layer does not
 // hold them all).
-func (a *ErrAcc) Add(got []float32, ref []float64) {
+func (a *MaxErrAccumulator) Add(got []float32, ref []float64) {
 	if got != nil && len(got) != len(ref) {
 		a.Diff = math.Inf(1)
 		return
@@ -30,11 +30,13 @@ func (a *ErrAcc) Add(got []float32, ref []float64) {
 }
 
 // Merge adds b's maxima to a's.
-func (a *ErrAcc) Merge(b ErrAcc) { a.Diff, a.Ref = math.Max(a.Diff, b.Diff), math.Max(a.Ref, b.Ref) }
+func (a *MaxErrAccumulator) Merge(b MaxErrAccumulator) {
+	a.Diff, a.Ref = math.Max(a.Diff, b.Diff), math.Max(a.Ref, b.Ref)
+}
 
 // Err is the tensor's error: max|g − ref| / max|ref|, or max|g| when the
 // reference is all zeros (a gradient that must vanish).
-func (a ErrAcc) Err() float64 {
+func (a MaxErrAccumulator) Err() float64 {
 	if a.Ref == 0 {
 		return a.Diff
 	}

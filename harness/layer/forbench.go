@@ -14,13 +14,15 @@ import (
 // for its expert GEMMs.
 func GroupedSides() []int { return slices.Clone(GroupedSideStreams) }
 
-// RanksNote says where a device run's ranks on devs are and how data moves
+// RankPlacementNote says where a device run's ranks on devs are and how data moves
 // between them.
-func RanksNote(ep int, devs []device.Device) string { return RanksNoteVia(ep, devs, "") }
+func RankPlacementNote(ep int, devs []device.Device) string {
+	return RankPlacementNoteVia(ep, devs, "")
+}
 
-// RoutedLayer is cfg's layer without its experts' weights, every rank's
+// NewRoutedLayer is cfg's layer without its experts' weights, every rank's
 // routing drawn on the host.
-func RoutedLayer(cfg setup.Config) (*Layer, error) {
+func NewRoutedLayer(cfg setup.Config) (*Layer, error) {
 	l, err := MakeLayer(cfg, false)
 	if err != nil {
 		return nil, err

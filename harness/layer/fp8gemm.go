@@ -116,7 +116,7 @@ func fp8GEMMRows(c []float32, m, n, k int, a []uint8, aS []float32, w []uint8, w
 		return
 	}
 	chunks := min(m, runtime.GOMAXPROCS(0))
-	Parallel(chunks, chunks, func(_, i int) { fp8GEMMChunk(c, i*m/chunks, (i+1)*m/chunks, n, k, a, aS, w, wS) })
+	ParallelFor(chunks, chunks, func(_, i int) { fp8GEMMChunk(c, i*m/chunks, (i+1)*m/chunks, n, k, a, aS, w, wS) })
 }
 
 // fp8GEMMChunk is rows [lo, hi) of fp8GEMMRows, in a lent fp8Scratch.

@@ -56,8 +56,8 @@ type keyed struct {
 	graph *device.Graph
 }
 
-// NewGraphs prepares dl for --cuda-graph, or says why it cannot be.
-func NewGraphs(dl *DeviceLayer) (*graphs, error) {
+// NewCUDAGraphs prepares dl for --cuda-graph, or says why it cannot be.
+func NewCUDAGraphs(dl *DeviceLayer) (*graphs, error) {
 	g := dl.Dispatcher.Capabilities()
 	if g.Graph == nil || g.HostWait == nil {
 		return nil, fmt.Errorf("%s does not issue its steps as graphs in this build", dl.Dispatcher.Name())
@@ -112,7 +112,7 @@ func (dl *DeviceLayer) timing(dev device.Device, e device.Event, s device.Stream
 	if dl.Graph == nil || !dl.Graph.capturing {
 		return dev.Record(e, s)
 	}
-	if err := dev.(device.Capturer).RecordNode(e, s); err != nil { // newGraphs checked every device
+	if err := dev.(device.Capturer).RecordNode(e, s); err != nil { // NewCUDAGraphs checked every device
 		return fmt.Errorf("recording a timing event as an event record node of the graph (cuEventRecordWithFlags, CU_EVENT_RECORD_EXTERNAL): %w", err)
 	}
 	return nil

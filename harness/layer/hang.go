@@ -21,12 +21,12 @@ import (
 // every GPU's kernels are compiled (NVRTC, or the tests' C++ compiler).
 const firstStepWait = 10 * time.Minute
 
-// LimitThreads gives th's calls their limits (firstStepWait until a step
+// SetHangWatchdog gives th's calls their limits (firstStepWait until a step
 // has run, then cfg.WatchdogLimit) and the message that names a hung
 // call's GPUs and ranks; in a run over several processes the others are
 // told first (ds's note).
-func LimitThreads(th *device.Threads, cfg setup.Config, ds *Distributed) {
-	on := RankDevices(cfg.EP, len(th.Devices()))
+func SetHangWatchdog(th *device.Threads, cfg setup.Config, ds *Distributed) {
+	on := RankToDevice(cfg.EP, len(th.Devices()))
 	name := func(dev int) string {
 		first, last := -1, -1
 		for r, d := range on {
@@ -46,7 +46,7 @@ func LimitThreads(th *device.Threads, cfg setup.Config, ds *Distributed) {
 		return fmt.Sprintf("GPU %d's thread (ranks %d–%d)", dev, first, last)
 	}
 	th.Limit(cfg.WatchdogLimit(), name, func(msg string) {
-		ds.Fail(errors.New(msg), cfg)
+		ds.AnnounceFailure(errors.New(msg), cfg)
 		fmt.Fprintf(os.Stderr, "moebench: %s\n", msg)
 		os.Exit(1)
 	})

@@ -57,7 +57,7 @@ func (l *Layer) drawExpert(e int, fc1, fc2 []float32) {
 	normalInto(fc2, l.Cfg.Seed, "fc2", e, 1/math.Sqrt(float64(f)))
 }
 
-// drawExperts draws the weights of experts (at most drawGroup of them)
+// drawExperts draws the weights of experts (at most ExpertsDrawnAtOnce of them)
 // into the layer's draw buffers, each matrix on its own goroutine; the
 // weights are valid until the next call.
 func (l *Layer) drawExperts(experts []int) []dispatchers.ExpertWeights {
@@ -66,7 +66,7 @@ func (l *Layer) drawExperts(experts []int) []dispatchers.ExpertWeights {
 		l.Drawn = append(l.Drawn, dispatchers.ExpertWeights{FC1: make([]float32, 2*f*h), FC2: make([]float32, h*f)})
 	}
 	seed, std1, std2 := l.Cfg.Seed, 1/math.Sqrt(float64(h)), 1/math.Sqrt(float64(f))
-	Parallel(2*len(experts), runtime.GOMAXPROCS(0), func(_, i int) {
+	ParallelFor(2*len(experts), runtime.GOMAXPROCS(0), func(_, i int) {
 		e, w := experts[i/2], &l.Drawn[i/2]
 		if i%2 == 0 {
 			normalInto(w.FC1, seed, "fc1", e, std1)
@@ -108,7 +108,7 @@ func drawGroups(segs []dispatchers.Segment, n int) [][]dispatchers.Segment {
 // function that gives each segment's weights: its own, else its expert's
 // drawn for the group.
 func (l *Layer) withDrawn(segs []dispatchers.Segment, fn func(segs []dispatchers.Segment, weights func(dispatchers.Segment) *dispatchers.ExpertWeights)) {
-	for _, g := range drawGroups(segs, setup.DrawGroup(l.Cfg)) {
+	for _, g := range drawGroups(segs, setup.ExpertsDrawnAtOnce(l.Cfg)) {
 		var experts []int
 		at := map[int]int{}
 		for _, sg := range g {

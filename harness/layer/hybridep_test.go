@@ -14,9 +14,9 @@ import (
 func TestHybridEPHostBytes(t *testing.T) {
 	c := harnesstest.Small()
 	c.EP, c.Tokens, c.Experts = 64, 4096, 256
-	a := setup.HostBytesAs(c, setup.HostExpertsHeld) // one mode for both (auto's depends on the estimate)
+	a := setup.HostBytesForExpertMode(c, setup.HostExpertsHeld) // one mode for both (auto's depends on the estimate)
 	c.Dispatcher = "hybridep"
-	if got, want := float64(setup.HostBytesAs(c, setup.HostExpertsHeld)-a), 1.1*float64(64*64*4096*256+64*4*4096*256); math.Abs(got-want) > 2 { // HostBytes adds 10% for Go
+	if got, want := float64(setup.HostBytesForExpertMode(c, setup.HostExpertsHeld)-a), 1.1*float64(64*64*4096*256+64*4*4096*256); math.Abs(got-want) > 2 { // HostBytes adds 10% for Go
 
 		t.Errorf("hybridep's extra host bytes %g, want %g", got, want)
 	}

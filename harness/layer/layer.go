@@ -144,7 +144,7 @@ func MakeLayer(cfg setup.Config, experts bool) (*Layer, error) {
 	l.Router = cfg.RouterConfig(l.Bias)
 	if experts && l.Hold != setup.HostExpertsDrawn { // each expert its own stream of draws: drawn in parallel, the same values
 		fc1, fc2 := make([][]float32, E), make([][]float32, E)
-		Parallel(E, runtime.GOMAXPROCS(0), func(_, e int) { fc1[e], fc2[e] = l.ExpertWeights(e); cfg.ProgressLine().Add(1) })
+		ParallelFor(E, runtime.GOMAXPROCS(0), func(_, e int) { fc1[e], fc2[e] = l.ExpertWeights(e); cfg.ProgressLine().Add(1) })
 		l.FC1, l.FC2 = fc1, fc2
 	}
 	if fs := f * cfg.SharedExperts; fs > 0 {
@@ -152,7 +152,7 @@ func MakeLayer(cfg setup.Config, experts bool) (*Layer, error) {
 		l.SharedFC2 = normal(cfg.Seed, "shared-fc2", 0, h*fs, 1/math.Sqrt(float64(fs)))
 	}
 	l.X, l.Override = make([][]float32, cfg.EP), make([][]float32, cfg.EP)
-	Parallel(cfg.EP, runtime.GOMAXPROCS(0), func(_, r int) { // each rank its own streams
+	ParallelFor(cfg.EP, runtime.GOMAXPROCS(0), func(_, r int) { // each rank its own streams
 		l.X[r] = normal(cfg.Seed, "x", r, cfg.Tokens*h, 1)
 		l.Override[r] = cfg.Routing.Logits(cfg.Seed, r, cfg.Tokens, E)
 	})
@@ -429,7 +429,7 @@ func (l *Layer) expertBlocks(r int, segs []dispatchers.Segment, weights func(dis
 		l.scratch[w-1] = kernels.Reslice(l.scratch[w-1], mostSmall*3*f)
 		scratch = append(scratch, l.scratch[w-1])
 	}
-	Parallel(len(small), workers, func(w, i int) { forward(small[i], scratch[w]) })
+	ParallelFor(len(small), workers, func(w, i int) { forward(small[i], scratch[w]) })
 }
 
 // disjoint says whether no two segments share a row.

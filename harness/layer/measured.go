@@ -8,8 +8,8 @@ import (
 	"github.com/moebench/moebench/results"
 )
 
-// Measured is what a run measured, for its record.
-type Measured struct {
+// Measurements is what a run measured, for its record.
+type Measurements struct {
 	Phases  []string
 	Samples map[string][][]float64 // [phase][rank][iter], ms
 	Step    [][]float64            // [rank][iter] each rank's step, ms; nil: the sum of its phases
@@ -42,7 +42,7 @@ type Measured struct {
 }
 
 // NewSamples gives each phase an empty [rank][iter] sample.
-func (m *Measured) NewSamples(ranks int) map[string][][]float64 {
+func (m *Measurements) NewSamples(ranks int) map[string][][]float64 {
 	s := map[string][][]float64{}
 	for _, ph := range m.Phases {
 		s[ph] = make([][]float64, ranks)
@@ -53,7 +53,7 @@ func (m *Measured) NewSamples(ranks int) map[string][][]float64 {
 // SumPhases is the phases' sum as a phase named name: each rank's own sum
 // per iteration, and the lockstep sum (of each phase's slowest rank) as
 // its samples.
-func (m *Measured) SumPhases(name string, phases []string, cfg setup.Config) results.Phase {
+func (m *Measurements) SumPhases(name string, phases []string, cfg setup.Config) results.Phase {
 	perRank := make([][]float64, cfg.EP)
 	lockstep := make([]float64, cfg.Iters)
 	for _, ph := range phases {

@@ -433,11 +433,11 @@ func (dl *DeviceLayer) ovPhase(r int) *wgradPhase {
 // c's): a random routing's logit overrides drawn from the same
 // distribution, from a stream of the micro-batch's own; a trace's tokens
 // the ones after micro-batch 0's (see Layer.traceToken).
-func MicroBatch(c setup.Config, i int) (*Layer, error) { return MicroBatchOf(c, i, false) }
+func MicroBatch(c setup.Config, i int) (*Layer, error) { return NewMicroBatchLayer(c, i, false) }
 
-// MicroBatchOf is microBatch, the host's layer (newLayer's host) or the
+// NewMicroBatchLayer is micro-batch i's layer: the host's (NewLayer's host) or the
 // device's twin.
-func MicroBatchOf(c setup.Config, i int, host bool) (*Layer, error) {
+func NewMicroBatchLayer(c setup.Config, i int, host bool) (*Layer, error) {
 	l, err := MakeLayer(c, host)
 	if err != nil || i == 0 {
 		return l, err

@@ -71,10 +71,10 @@ type ovJoin struct {
 	what string // for the plants (tests)
 }
 
-// NewOvGraphs prepares ov for --cuda-graph: mb0's layer has its graphs
-// (newGraphs); micro-batch 1's layer shares them, so that its phases' events
+// NewOverlapCUDAGraphs prepares ov for --cuda-graph: mb0's layer has its graphs
+// (NewCUDAGraphs); micro-batch 1's layer shares them, so that its phases' events
 // are event record nodes while a segment is captured.
-func NewOvGraphs(ov *Overlap) (*ovGraphs, error) {
+func NewOverlapCUDAGraphs(ov *Overlap) (*ovGraphs, error) {
 	l0 := ov.Mb[0]
 	og := &ovGraphs{gs: l0.Graph, cache: map[int]keyed{}, streams: make([][]ovJoin, len(l0.devs))}
 	if l1 := ov.Mb[1]; l1 != nil {

@@ -53,8 +53,8 @@ func MeasureOverlap(dl *DeviceLayer, cfg setup.Config, denv dispatchers.Env, rec
 	}
 	defer func() { dl.ov = nil }()
 	ov.Plant = OverlapPlant
-	if dl.Graph != nil { // --cuda-graph: runDevice's newGraphs refused the designs that cannot be captured
-		if ov.Graph, err = NewOvGraphs(ov); err != nil {
+	if dl.Graph != nil { // --cuda-graph: runDevice's NewCUDAGraphs refused the designs that cannot be captured
+		if ov.Graph, err = NewOverlapCUDAGraphs(ov); err != nil {
 			return err
 		}
 		defer ov.Graph.Free()

@@ -4,9 +4,9 @@ import (
 	"sync"
 )
 
-// Parallel runs fn(w, i) for i in 0..n-1 on the given number of
+// ParallelFor runs fn(w, i) for i in 0..n-1 on the given number of
 // goroutines, w being the goroutine's index.
-func Parallel(n, workers int, fn func(w, i int)) {
+func ParallelFor(n, workers int, fn func(w, i int)) {
 	var wg sync.WaitGroup
 	next := make(chan int)
 	for w := range min(n, workers) {

@@ -53,9 +53,9 @@ const ExpertPathFP8Host = "FP8 GEMMs (cuBLASLt's block-scaled product emulated e
 const fp8GEMMHostReason = "the host device runs what a Hopper GPU with cuBLASLt 12.9+ runs: kernels.FP8GEMM emulates cuBLASLt's " +
 	"VEC128_32F×BLK128x128_32F FP8 GEMM exactly (the fake cuBLASLt's arithmetic bit for bit; a GPU's tensor cores accumulate differently)"
 
-// HostFP8Record is what a host run's record says of its fp8 expert GEMMs:
+// HostFP8GEMMNote is what a host run's record says of its fp8 expert GEMMs:
 // the method, gemm.fp8_path and why.
-func HostFP8Record() (method, path, why string) {
+func HostFP8GEMMNote() (method, path, why string) {
 	if FP8GEMMHostPath == kernels.FP8GEMMDequant {
 		return ExpertPathFP8, string(kernels.FP8GEMMDequant), "the host device runs the cuda device's path (bf16 GEMMs on the dequantized rows and weights), as set to compare the two"
 	}

@@ -148,9 +148,9 @@ type Config struct {
 	processes int
 }
 
-// Carry makes c carry the run's progress line p and its interrupt in to
+// AttachRunState makes c carry the run's progress line p and its interrupt in to
 // the layers (nil: none).
-func (c *Config) Carry(p *Progress, in *Interrupt) { c.prog, c.intr = p, in }
+func (c *Config) AttachRunState(p *Progress, in *Interrupt) { c.prog, c.intr = p, in }
 
 // ProgressLine is the progress line c carries (nil: none; a nil line
 // ignores every call).
@@ -335,7 +335,7 @@ func (c Config) validateDevice() error {
 		return &ConfigError{"host-experts", c.HostExperts, "allowed: " + strings.Join(HostExpertsModes, ", ")}
 	case c.HostExperts != "" && c.HostExperts != HostExpertsAuto && c.Device == "cuda":
 		return &ConfigError{"host-experts", c.HostExperts, "applies to the host device; the cuda device's host side holds no expert weights"}
-	case c.HostExperts != "" && c.HostExperts != HostExpertsAuto && c.HostExperts != HostExpertsHeld && MovesWeights(c):
+	case c.HostExperts != "" && c.HostExperts != HostExpertsAuto && c.HostExperts != HostExpertsHeld && DispatcherMovesWeights(c):
 		return &ConfigError{"host-experts", c.HostExperts, c.Dispatcher + " moves whole experts' weights and weight gradients between ranks, so the layer holds them all: allowed: auto, held"}
 	}
 	return nil

@@ -28,7 +28,7 @@ func Fingerprint(device, note, version string) results.Stack {
 	s := results.Stack{Device: device, Note: note, Hostname: host,
 		CPU: cpuModel(), CPUs: runtime.NumCPU(), GOMAXPROCS: runtime.GOMAXPROCS(0), MemoryBytes: memTotal(),
 		OS: runtime.GOOS + "/" + runtime.GOARCH + " " + kernelRelease(), GoVersion: runtime.Version(),
-		Version: version, KernelHash: kernels.SourceHash(), Commit: Commit()}
+		Version: version, KernelHash: kernels.SourceHash(), Commit: BuildCommit()}
 	if device == "cuda" {
 		if g, err := cuda.ReadGPUInfo(); err != nil {
 			s.Note = strings.TrimPrefix(s.Note+"; ", "; ") + "GPU fingerprint unread: " + err.Error()
@@ -53,12 +53,12 @@ func Fingerprint(device, note, version string) results.Stack {
 	return s
 }
 
-// Commit is the VCS revision moebench was built from, "+dirty" when the
+// BuildCommit is the VCS revision moebench was built from, "+dirty" when the
 // build had uncommitted changes: from Go's build information (go build
 // stamps it), else — go run and go test do not — from the git checkout
 // holding the working directory when that checkout is moebench's own
 // module (what go run compiled); "" when neither says.
-func Commit() string {
+func BuildCommit() string {
 	if bi, ok := debug.ReadBuildInfo(); ok {
 		var rev string
 		dirty := false

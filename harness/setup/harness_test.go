@@ -97,8 +97,8 @@ func TestCommitFromCheckout(t *testing.T) {
 		t.Skipf("not in a git checkout: %v", err)
 	}
 	want := strings.TrimSpace(string(head))
-	if got := Commit(); strings.TrimSuffix(got, "+dirty") != want {
-		t.Errorf("Commit() = %q, want %q (+dirty)", got, want)
+	if got := BuildCommit(); strings.TrimSuffix(got, "+dirty") != want {
+		t.Errorf("BuildCommit() = %q, want %q (+dirty)", got, want)
 	}
 	// another directory: no commit rather than a wrong one
 	t.Chdir(t.TempDir())

@@ -1,9 +1,9 @@
 package setup
 
-// MovesWeights says whether c's dispatcher moves whole experts' weights
+// DispatcherMovesWeights says whether c's dispatcher moves whole experts' weights
 // and weight gradients between ranks (reading Rank.Experts and adding to
 // Rank.ExpertGrads), which needs them held.
-func MovesWeights(c Config) bool { return c.Dispatcher == "feplb" }
+func DispatcherMovesWeights(c Config) bool { return c.Dispatcher == "feplb" }
 
 // ResolvedHostExperts is c's mode (HostExpertsHeld on the cuda device, whose host
 // side holds no expert weights), auto resolved to the first mode whose
@@ -14,7 +14,7 @@ func (c Config) ResolvedHostExperts() string {
 		return HostExpertsHeld
 	case c.HostExperts != "" && c.HostExperts != HostExpertsAuto:
 		return c.HostExperts
-	case MovesWeights(c):
+	case DispatcherMovesWeights(c):
 		return HostExpertsHeld
 	}
 	modes := []string{HostExpertsHeld, HostExpertsByRank, HostExpertsDrawn}
@@ -23,7 +23,7 @@ func (c Config) ResolvedHostExperts() string {
 	}
 	avail, ok := MemAvailable()
 	for _, m := range modes[:len(modes)-1] {
-		if !ok || Fits(float64(HostBytesAs(c, m)), avail) {
+		if !ok || FitsMemory(float64(HostBytesForExpertMode(c, m)), avail) {
 			return m
 		}
 	}

@@ -4,7 +4,7 @@ import (
 	"runtime"
 )
 
-// refBlock is how many rows of one expert the float64 reference computes at
+// RefBlock is how many rows of one expert the float64 reference computes at
 // once; refWeightBudget bounds the widened weights of the experts it
 // computes at once (see refWorkers).
 const (
@@ -33,7 +33,7 @@ const memRuntime = 64 << 20
 // MemParts estimates the host memory a run of c holds at its peak, by part,
 // when it holds its experts as mode says (Config.HostExperts, resolved).
 // It counts worst cases where the routing decides (one expert may receive
-// every token) only for per-expert buffers bounded by refBlock.
+// every token) only for per-expert buffers bounded by RefBlock.
 func MemParts(c Config, mode string) []memPart {
 	T, h, f, E, k := float64(c.Tokens), float64(c.Hidden), float64(c.FFN), float64(c.Experts), float64(c.TopK)
 	ep, fs, L := float64(c.EP), float64(c.FFN*c.SharedExperts), float64(c.Experts/c.EP)
@@ -57,7 +57,7 @@ func MemParts(c Config, mode string) []memPart {
 		layer += ep * 4 * T * h
 	}
 	if host && mode == HostExpertsDrawn {
-		parts = append(parts, memPart{"expert weights drawn on demand (float32, a group at a time)", float64(DrawGroup(c)) * expert})
+		parts = append(parts, memPart{"expert weights drawn on demand (float32, a group at a time)", float64(ExpertsDrawnAtOnce(c)) * expert})
 	} else if host {
 		parts = append(parts, memPart{"expert weights (float32)", E * expert})
 		if c.IsFP8() { // the FP8 GEMM path's e4m3 copies (fp8gemm.go)
@@ -110,7 +110,7 @@ func MemParts(c Config, mode string) []memPart {
 		}
 	}
 	parts = append(parts, memPart{"layer inputs, routing and outputs", layer})
-	if c.Overlaps(OverlapA2A) { // overlap.go's microBatch: a layer of its own, with its own weights, buffers and dispatcher
+	if c.Overlaps(OverlapA2A) { // overlap.go's NewMicroBatchLayer: a layer of its own, with its own weights, buffers and dispatcher
 		var mb1 float64
 		for _, p := range parts {
 			mb1 += p.Bytes
@@ -136,7 +136,7 @@ func MemParts(c Config, mode string) []memPart {
 				g += w * 4 * 3 * h * f
 			}
 			parts = append(parts, memPart{"float64 gradient reference", g})
-			if procs > 1 { // gatherRouting's every rank's experts and probabilities (sent, received, copied), sumOverProcesses' rounds
+			if procs > 1 { // GatherRouting's every rank's experts and probabilities (sent, received, copied), sumOverProcesses' rounds
 				parts = append(parts, memPart{"gradient check's gathers over NCCL", 24*ep*T*k + 2*SumChunk})
 			}
 		}
@@ -151,7 +151,7 @@ func MemParts(c Config, mode string) []memPart {
 
 // HostBytes is the host memory a run of c holds at its peak (estimated),
 // holding its experts as c.HostExperts says (auto: as it will).
-func HostBytes(c Config) int64 { return HostBytesAs(c, c.ResolvedHostExperts()) }
+func HostBytes(c Config) int64 { return HostBytesForExpertMode(c, c.ResolvedHostExperts()) }
 
 // HostBytes is HostBytes(c) for this process's share of a run in env (one
 // of several processes, when env's launch spans them).
@@ -165,8 +165,8 @@ func (env Env) Share(c Config) Config {
 	return c
 }
 
-// HostBytesAs is HostBytes with the experts held as mode says.
-func HostBytesAs(c Config, mode string) int64 {
+// HostBytesForExpertMode is HostBytes with the experts held as mode says.
+func HostBytesForExpertMode(c Config, mode string) int64 {
 	var n float64
 	for _, p := range MemParts(c, mode) {
 		n += p.Bytes
@@ -174,9 +174,9 @@ func HostBytesAs(c Config, mode string) int64 {
 	return int64(1.1 * n) // Go's own overhead: span and size-class rounding, GC metadata
 }
 
-// Fits says whether a run that needs need bytes may start with avail
+// FitsMemory says whether a run that needs need bytes may start with avail
 // available: a tenth is left for the rest of the system.
-func Fits(need, avail float64) bool { return need <= 0.9*avail }
+func FitsMemory(need, avail float64) bool { return need <= 0.9*avail }
 
 // MemAvailable is the memory the system can give (a variable for tests).
 var MemAvailable = func() (float64, bool) { return meminfo("MemAvailable:") }

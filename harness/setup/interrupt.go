@@ -82,8 +82,8 @@ var stopSignals = []string{"SIGINT", "SIGTERM"}
 
 const stopOther = "an interrupt"
 
-// StopCode is why's code in the agreement: 0 while it has not fired.
-func StopCode(why string) uint64 {
+// InterruptCode is why's code in the agreement: 0 while it has not fired.
+func InterruptCode(why string) uint64 {
 	if why == "" {
 		return 0
 	}
@@ -95,10 +95,10 @@ func StopCode(why string) uint64 {
 	return uint64(len(stopSignals) + 1)
 }
 
-// AgreedWhy names the interrupts of a run over several processes from
+// DescribeInterrupts names the interrupts of a run over several processes from
 // each process's code (in process order), e.g. "SIGTERM to process 1" or
 // "SIGINT to processes 0, 1"; "" when none fired.
-func AgreedWhy(codes []uint64) string {
+func DescribeInterrupts(codes []uint64) string {
 	var parts []string
 	for code := uint64(1); code <= uint64(len(stopSignals)+1); code++ {
 		var ps []string

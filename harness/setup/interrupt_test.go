@@ -18,9 +18,9 @@ func TestAgreedWhy(t *testing.T) {
 	} {
 		var codes []uint64
 		for _, w := range c.whys {
-			codes = append(codes, StopCode(w))
+			codes = append(codes, InterruptCode(w))
 		}
-		if got := AgreedWhy(codes); got != c.want {
+		if got := DescribeInterrupts(codes); got != c.want {
 			t.Errorf("%q: %q, want %q", c.whys, got, c.want)
 		}
 	}

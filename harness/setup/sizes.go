@@ -27,12 +27,12 @@ func SampledTokens(c Config) int {
 const SumChunk = 16 << 20
 
 // DrawBudget bounds the weights of the experts a drawn layer holds at
-// once (see drawGroup; a variable for tests).
+// once (see ExpertsDrawnAtOnce; a variable for tests).
 var DrawBudget float64 = 1 << 30
 
-// DrawGroup is how many experts' weights a drawn layer holds at once: one
-// per CPU (each draws its own), as many as drawBudget holds, at least 1.
-func DrawGroup(c Config) int {
+// ExpertsDrawnAtOnce is how many experts' weights a drawn layer holds at once: one
+// per CPU (each draws its own), as many as DrawBudget holds, at least 1.
+func ExpertsDrawnAtOnce(c Config) int {
 	return max(1, min(runtime.GOMAXPROCS(0), c.Experts, int(DrawBudget/(4*3*float64(c.Hidden)*float64(c.FFN)))))
 }
 
