@@ -92,6 +92,9 @@ func (n *NVRTC) SupportedArchs() ([]int, error) {
 // ID names NVRTC and its version, e.g. "nvrtc 12.8".
 func (n *NVRTC) ID() string { return fmt.Sprintf("nvrtc %d.%d", n.Major, n.Minor) }
 
+// GPU is true: NVRTC's images run on a GPU.
+func (n *NVRTC) GPU() bool { return true }
+
 func (n *NVRTC) err(call string, r C.int) error {
 	return fmt.Errorf("%s: %s (%d)", call, C.GoString(C.mbcall_nvrtcGetErrorString(n.fn["nvrtcGetErrorString"], r)), int(r))
 }

@@ -64,6 +64,9 @@ func New() (*Compiler, error) {
 // ID names the compiler (device.JIT's cache key).
 func (c *Compiler) ID() string { return "hostsim " + c.CXX }
 
+// GPU is false: the kernels run on the host's CPUs.
+func (c *Compiler) GPU() bool { return false }
+
 // kernelDecl finds kernels and their __launch_bounds__ (before or after void).
 var kernelDecl = regexp.MustCompile(`extern "C" __global__\s+(?:__launch_bounds__\(([^()]*)\)\s+)?void\s+(?:__launch_bounds__\(([^()]*)\)\s+)?(\w+)\s*\(`)
 

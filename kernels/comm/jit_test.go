@@ -327,6 +327,8 @@ func (r *recordingCompiler) Compile(_, _ string, _ map[string]string, opts []str
 }
 func (r *recordingCompiler) ID() string { return "recording" }
 
+func (r *recordingCompiler) GPU() bool { return false }
+
 // TestCompilePassesOptionalDefines: a constant a source takes under #ifdef
 // (hybridep's MB_HE_PSTAGES, the permute's ring where shared memory is
 // short) reaches the compiler when given, and is not needed otherwise;

@@ -212,16 +212,12 @@ func Free(dev Device, ps ...*Addr) error {
 }
 
 // Hardware reports whether d runs its kernels on a GPU: a CUDA device
-// whose kernels NVRTC compiles. Emu, and a CUDA device on a fake driver
-// whose kernels are compiled for the CPU (internal/hostsim), simulate one:
-// their kernels take the host's CPUs.
+// whose compiler's images run on one (NVRTC, or a wrapper of it). Emu, and
+// a CUDA device on a fake driver whose kernels are compiled for the CPU
+// (internal/hostsim), simulate one: their kernels take the host's CPUs.
 func Hardware(d Device) bool {
 	c, ok := d.(*CUDA)
-	if !ok || c.JIT == nil {
-		return false
-	}
-	_, ok = c.JIT.Compiler.(*cuda.NVRTC)
-	return ok
+	return ok && c.JIT != nil && c.JIT.Compiler != nil && c.JIT.Compiler.GPU()
 }
 
 // HostBytes is the memory of a host slice Upload and Download accept

@@ -467,11 +467,11 @@ func (c *CUDA) CopySM(dst, src Addr, bytes int64, s Stream) error {
 // src (rows spitch words apart) to dst (dpitch apart), in one launch.
 func (c *CUDA) copyRows32(dst Addr, dpitch int, src Addr, spitch, width, rows int, s Stream) error {
 	n := int64(width) * int64(rows)
+	if width < 0 || rows < 0 || spitch < width || dpitch < width || n > 1<<30 || spitch > math.MaxInt32 || dpitch > math.MaxInt32 {
+		return fmt.Errorf("2-D copy of %d rows of %d words (pitches %d and %d): rows·width must be at most 2³⁰, each pitch at least the width and below 2³¹", rows, width, spitch, dpitch)
+	}
 	if n == 0 {
 		return nil
-	}
-	if width < 0 || rows < 0 || spitch < width || dpitch < width || n > 1<<30 {
-		return fmt.Errorf("2-D copy of %d rows of %d words (pitches %d and %d): rows·width must be at most 2³⁰ and each pitch at least the width", rows, width, spitch, dpitch)
 	}
 	grid := int(min((n+FlatBlock-1)/FlatBlock, int64(16*c.SMs)))
 	return c.launch(kernelKey{file: "copy.cu", name: "copy_rows_u32"}, grid, FlatBlock, s,
@@ -780,6 +780,10 @@ func (c *CUDA) padFP8Rows(mm MatMul, s Stream) error {
 		}
 		bytes := max(b.need, 2**b.have)
 		a, err := c.Alloc(bytes)
+		if err != nil && bytes > b.need { // memory nearly full: the exact size may still fit
+			bytes = b.need
+			a, err = c.Alloc(bytes)
+		}
 		if err != nil {
 			return err
 		}

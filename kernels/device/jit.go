@@ -59,6 +59,9 @@ const CUDAHeader = "moebench.cuh"
 type Compiler interface {
 	Compile(name, source string, headers map[string]string, options []string) ([]byte, error)
 	ID() string // the compiler and its version, part of the cache key
+	// GPU says whether its images run on a GPU (NVRTC) rather than on the
+	// host's CPUs (a simulation); a wrapper passes its compiler's answer on.
+	GPU() bool
 }
 
 // NewCompiler opens the compiler the cuda device uses: NVRTC. Tests that
