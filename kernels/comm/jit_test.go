@@ -34,12 +34,13 @@ func nvrtc(t *testing.T) *cuda.NVRTC {
 }
 
 // shapes are the presets' kernel constants at EP 8: the router's, hidden
-// and ffn.
+// and ffn; "tiny-128" is the tiny preset at its former hidden of 128,
+// kept as the audit's small case whose hidden is no multiple of 512.
 var shapes = map[string]struct {
 	rc          kernels.RouterConfig
 	hidden, ffn int
 }{
-	"tiny":           {kernels.RouterConfig{Experts: 16, TopK: 4, Score: kernels.ScoreSoftmax, Scale: 1}, 128, 64},
+	"tiny-128":       {kernels.RouterConfig{Experts: 16, TopK: 4, Score: kernels.ScoreSoftmax, Scale: 1}, 128, 64},
 	"deepseek-v3":    {kernels.RouterConfig{Experts: 256, TopK: 8, Score: kernels.ScoreSigmoid, Groups: 8, GroupTopK: 4, Scale: 2.5}, 7168, 2048},
 	"qwen3-next-80b": {kernels.RouterConfig{Experts: 512, TopK: 10, Score: kernels.ScoreSoftmax, Scale: 1}, 2048, 512},
 	"mixtral-8x7b":   {kernels.RouterConfig{Experts: 8, TopK: 2, Score: kernels.ScoreSoftmax}, 4096, 14336},
@@ -228,7 +229,7 @@ func TestKernelsCompileNVRTC12(t *testing.T) {
 func TestJITCacheAndErrors(t *testing.T) {
 	n := nvrtc(t)
 	j := &device.JIT{Compiler: n, CacheDir: t.TempDir()}
-	d := defines("tiny")
+	d := defines("tiny-128")
 	a, err := j.Compile("permute.cu", "sm_90", d)
 	if err != nil {
 		t.Fatal(err)
