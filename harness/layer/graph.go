@@ -19,9 +19,10 @@ import (
 // launched with one call; it is replayed, not captured again, while its
 // key (dispatchers.Graph.Key: for alltoall's second segment, every
 // rank's counts) stays the same from step to step (the dispatcher's host
-// state is then the one the capture left). A capture the driver refuses (a call that cannot
-// be captured, such as a buffer that has to grow) is dropped and its phases
-// are issued as plain launches; the record counts such steps.
+// state is then the one the capture left). A capture the driver refuses
+// (captureRefused: a call that cannot be captured, such as a buffer that
+// has to grow) is dropped and its phases are issued as plain launches; the
+// record counts such steps. Any other capture error fails the step.
 //
 // Phase times under graphs: an event recorded with a plain cuEventRecord
 // during a capture only orders the captured work — no launch records it,
@@ -172,8 +173,7 @@ func (dl *DeviceLayer) stepGraph() error {
 			}
 			var err error
 			if graph, err = dl.capture(seg, i == 0); err != nil {
-				var ce *cuda.Error
-				if !errors.As(err, &ce) || ce.Code < 900 || ce.Code > 999 { // not the capture's refusal: a failure
+				if !captureRefused(err) { // not the capture's refusal: a failure
 					return err
 				}
 				gs.fallbacks++
@@ -334,4 +334,49 @@ func (gs *graphs) Describe(steps int) string {
 		s += fmt.Sprintf("; %d segments issued as plain launches when the driver refused their capture (first: %s)", gs.fallbacks, gs.why)
 	}
 	return s
+}
+
+// captureRefused reports whether err is the driver's refusal of a call
+// that cannot be captured (the segment is then issued as plain launches),
+// not a fault of the capture's forks and joins (unjoined, isolation,
+// unmatched, merged), which fails the step. err joins every device's
+// error (device.Threads.Each): it is a refusal only if every error in it
+// is the driver's, each CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED (900) or
+// CUDA_ERROR_STREAM_CAPTURE_INVALIDATED (901, the capture a 900 ended),
+// with at least one 900. A 901 beside any other error (an isolation on
+// another device, say) or alone, an implicit capture (906) or a captured
+// event (907) is a fault of the harness: the run fails.
+func captureRefused(err error) bool {
+	var unsupported, other bool
+	var walk func(error)
+	walk = func(err error) {
+		if ce, ok := err.(*cuda.Error); ok {
+			switch ce.Code {
+			case 900:
+				unsupported = true
+			case 901:
+			default:
+				other = true
+			}
+			return
+		}
+		switch u := err.(type) {
+		case interface{ Unwrap() []error }:
+			for _, e := range u.Unwrap() {
+				walk(e)
+			}
+		case interface{ Unwrap() error }:
+			if e := u.Unwrap(); e != nil {
+				walk(e)
+				return
+			}
+			other = true
+		default:
+			other = true
+		}
+	}
+	if err != nil {
+		walk(err)
+	}
+	return unsupported && !other
 }

@@ -6,7 +6,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/moebench/moebench/internal/cuda"
 	"github.com/moebench/moebench/kernels/device"
 )
 
@@ -289,51 +288,6 @@ func (ov *Overlap) replayed(seg []ovItem) {
 			ov.lastOrdered = append(ov.lastOrdered, orderedPhase{it.mb, it.ph.Name})
 		}
 	}
-}
-
-// captureRefused reports whether err is the driver's refusal of a call
-// that cannot be captured (the segment is then issued as plain launches),
-// not a fault of the capture's forks and joins (unjoined, isolation,
-// unmatched, merged), which fails the step. err joins every device's
-// error (device.Threads.Each): it is a refusal only if every error in it
-// is the driver's, each CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED (900) or
-// CUDA_ERROR_STREAM_CAPTURE_INVALIDATED (901, the capture a 900 ended),
-// with at least one 900. A 901 beside any other error (an isolation on
-// another device, say) or alone, an implicit capture (906) or a captured
-// event (907) is a fault of the harness: the run fails.
-func captureRefused(err error) bool {
-	var unsupported, other bool
-	var walk func(error)
-	walk = func(err error) {
-		if ce, ok := err.(*cuda.Error); ok {
-			switch ce.Code {
-			case 900:
-				unsupported = true
-			case 901:
-			default:
-				other = true
-			}
-			return
-		}
-		switch u := err.(type) {
-		case interface{ Unwrap() []error }:
-			for _, e := range u.Unwrap() {
-				walk(e)
-			}
-		case interface{ Unwrap() error }:
-			if e := u.Unwrap(); e != nil {
-				walk(e)
-				return
-			}
-			other = true
-		default:
-			other = true
-		}
-	}
-	if err != nil {
-		walk(err)
-	}
-	return unsupported && !other
 }
 
 // capture records seg as a graph: begun on the origin (with the step's
