@@ -93,7 +93,7 @@ func TestFP8Unavailable(t *testing.T) {
 		c = harnesstest.FP8Config("hybridep")
 		c.Hidden, c.Device = 384, device
 		rec, err = Run(c, setup.Env{Version: "test", OpenDevices: harnesstest.Emus(1)})
-		if !dispatchers.IsUnavailable(err) || rec.Status != results.StatusUnavailable || !strings.Contains(rec.Reason, "hidden a multiple of 512 (BufferConfig.is_valid); hidden is 384") {
+		if !dispatchers.IsUnavailable(err) || rec.Status != results.StatusUnavailable || !strings.Contains(rec.Reason, "--hidden a multiple of 512 (BufferConfig.is_valid); --hidden is 384") {
 			t.Errorf("hybridep at hidden 384 on the %s device: %v, %s %q", device, err, rec.Status, rec.Reason)
 		}
 	}
