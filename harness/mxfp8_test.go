@@ -1,6 +1,7 @@
 package harness
 
 import (
+	"slices"
 	"strings"
 	"testing"
 
@@ -113,5 +114,57 @@ func TestMXFP8FFN(t *testing.T) {
 	err := c.Validate()
 	if ce, ok := err.(*setup.ConfigError); !ok || ce.Flag != "ffn" || !strings.Contains(ce.Error(), "1×32") {
 		t.Errorf("ffn 48 at mxfp8: %v", err)
+	}
+}
+
+// TestMXFP8RefusedOnHostSim: on the simulated cuda device (the fake
+// driver's sm_90 GPUs, the fake cuBLASLt 13.0) mxfp8 is unavailable in
+// the GPU's terms: sm_90 has no MX tensor-core path.
+func TestMXFP8RefusedOnHostSim(t *testing.T) {
+	harnesstest.UseHostSimLayer(t)
+	c := mxConfig("alltoall")
+	c.Device, c.EP = "cuda", 2
+	rec, err := Run(c, setup.Env{Version: "test"})
+	if !dispatchers.IsUnavailable(err) || rec.Status != results.StatusUnavailable || !strings.Contains(rec.Reason, "sm_90 has no MX tensor-core path") {
+		t.Errorf("mxfp8 on hostsim: %v, %s %q", err, rec.Status, rec.Reason)
+	}
+}
+
+// TestMXFP8HostExpertModes: the MX GEMM path computes the same outputs
+// whether the layer holds its experts or draws them (the MX weights made
+// from each draw and not kept), and both pass the check.
+func TestMXFP8HostExpertModes(t *testing.T) {
+	var outs [][]float32
+	for _, mode := range []string{setup.HostExpertsHeld, setup.HostExpertsDrawn} {
+		c := mxConfig("alltoall")
+		c.ForwardOnly, c.HostExperts = true, mode
+		rec, err := Run(c, setup.Env{Version: "test"})
+		if err != nil || rec.Status != results.StatusOK || !rec.Correctness.Passed {
+			t.Fatalf("%s: %v, %+v", mode, err, rec.Correctness)
+		}
+		l, err := layer.NewLayer(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		d, err := dispatchers.New("alltoall", "native", c.DispatcherEnv())
+		if err == nil {
+			err = d.Bind(l.Shape, l.Ranks)
+		}
+		if err == nil {
+			err = l.Iteration(d, func(_ string, _ int, fn func() error) error { return fn() })
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if mode == setup.HostExpertsDrawn && l.MXWeights != nil {
+			t.Errorf("a drawn layer kept %d experts' MX weights", len(l.MXWeights))
+		}
+		if mode == setup.HostExpertsHeld && len(l.MXWeights) == 0 {
+			t.Errorf("a held layer made no MX weights: the MX GEMM did not run")
+		}
+		outs = append(outs, l.Ranks[0].Y)
+	}
+	if !slices.Equal(outs[0], outs[1]) {
+		t.Errorf("held and drawn layers' outputs differ")
 	}
 }
