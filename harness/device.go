@@ -31,6 +31,9 @@ func runDevice(cfg setup.Config, env setup.Env, rec *results.Record) (*results.R
 	if r.ds != nil { // the ranks of this process's node (NCCL EP's limit is per node)
 		r.denv.NodeRanks = r.ds.PerProcess * max(1, r.ds.Rendezvous.L.LocalWorld)
 	}
+	if r.cfg.IsMXFP8() { // unavailable: the GPUs' own reason, before any dispatcher
+		return r.mxfp8Unavailable()
+	}
 	d, err := dispatchers.NewDevice(r.cfg.Dispatcher, r.cfg.Impl, r.denv)
 	if err != nil {
 		r.ds.AnnounceFailure(err, r.cfg)
@@ -446,4 +449,19 @@ func (r *devRun) describeGEMM(method string) {
 	if r.dl.Attn != nil { // attention.go
 		rec.GEMM.Method += "; " + r.dl.Attn.Describe(cfg)
 	}
+}
+
+// mxfp8Unavailable ends a run at --precision mxfp8 on the cuda device as
+// unavailable, in its GPUs' and libraries' terms (layer.MXFP8DeviceReason;
+// docs/fp8.md "mxfp8 on the host device").
+func (r *devRun) mxfp8Unavailable() (*results.Record, error) {
+	devs, err := layer.OpenDevices(r.env, r.cfg.GPUs, r.cfg.EP, r.ds)
+	if err != nil {
+		return r.Fail(results.StatusUnavailable, fmt.Errorf("device %s: %w", r.cfg.Device, err))
+	}
+	why := layer.MXFP8DeviceReason(devs)
+	layer.CloseDevices(devs)
+	err = &dispatchers.UnavailableError{Name: r.cfg.Dispatcher, Impl: r.cfg.Impl, Reason: why}
+	r.ds.AnnounceFailure(err, r.cfg)
+	return dispatcherError(r.rec, r.cfg, err)
 }

@@ -80,19 +80,13 @@ func TestFP8CheckCatchesBrokenDequantization(t *testing.T) {
 	}
 }
 
-// TestFP8Unavailable: a dispatcher without an FP8 path, and mxfp8, are
-// unavailable with the reason; never a bf16 run in disguise.
+// TestFP8Unavailable: a design's FP8 constraint makes it unavailable with
+// the reason; never a bf16 run in disguise (mxfp8: TestMXFP8Unavailable).
 func TestFP8Unavailable(t *testing.T) {
-	c := harnesstest.FP8Config("alltoall")
-	c.Precision = setup.PrecisionMXFP8
-	rec, err := Run(c, setup.Env{Version: "test"})
-	if !dispatchers.IsUnavailable(err) || rec.Status != results.StatusUnavailable || !strings.Contains(rec.Reason, "mxfp8 is not wired") {
-		t.Errorf("mxfp8: %v, %s %q", err, rec.Status, rec.Reason)
-	}
 	for _, device := range []string{"host", "cuda"} {
-		c = harnesstest.FP8Config("hybridep")
+		c := harnesstest.FP8Config("hybridep")
 		c.Hidden, c.Device = 384, device
-		rec, err = Run(c, setup.Env{Version: "test", OpenDevices: harnesstest.Emus(1)})
+		rec, err := Run(c, setup.Env{Version: "test", OpenDevices: harnesstest.Emus(1)})
 		if !dispatchers.IsUnavailable(err) || rec.Status != results.StatusUnavailable || !strings.Contains(rec.Reason, "--hidden a multiple of 512 (BufferConfig.is_valid); --hidden is 384") {
 			t.Errorf("hybridep at hidden 384 on the %s device: %v, %s %q", device, err, rec.Status, rec.Reason)
 		}

@@ -142,8 +142,8 @@ func (f *FEPLB) Rebalance(r int) error {
 	}
 	rk.ExpertX, rk.ExpertProbs = rk.ExpertX[:f.own[r]*h], rk.ExpertProbs[:f.own[r]]
 	S := 0
-	if rk.ExpertScales != nil { // fp8: the e4m3 rows move with their scales (the owner has not dequantized them: its static experts' rows only)
-		S = dispatchers.ScaleWidth(h)
+	if rk.ExpertScales != nil { // fp8, mxfp8: the e4m3 rows move with their scales (the owner has not dequantized them: its static experts' rows only)
+		S = dispatchers.ScaleWidth(f.env.Precision, h)
 		rk.ExpertScales = rk.ExpertScales[:f.own[r]*S]
 	}
 	for i, c := range in {
@@ -188,6 +188,12 @@ func (f *FEPLB) RebalanceStats() dispatchers.RebalanceStats {
 // it was made); combine bf16.
 func (f *FEPLB) FP8Unavailable(dispatchers.Env) string { return "" }
 
+// MXFP8Unavailable: at mxfp8 as at fp8, FEPLB moves what its base
+// delivered, e4m3 rows with their E8M0 scales (h/32 a row); the base's own
+// MXFP8 path was checked when it was made (over alltoall: yes; a base
+// without one makes feplb unavailable with the base's reason).
+func (f *FEPLB) MXFP8Unavailable(dispatchers.Env) string { return "" }
+
 // Pause makes the following steps move nothing (or resumes moving).
 func (f *FEPLB) Pause(paused bool) { f.c.paused = paused }
 
@@ -213,5 +219,5 @@ func (f *FEPLB) Backward(experts func(rank int) error) []dispatchers.Step {
 
 // Capabilities: fp8 as its base moves it, and the rebalance.
 func (f *FEPLB) Capabilities() dispatchers.Capabilities {
-	return dispatchers.Capabilities{FP8: f.FP8Unavailable, Rebalance: &dispatchers.Rebalance{Stats: f.RebalanceStats, Pause: f.Pause}}
+	return dispatchers.Capabilities{FP8: f.FP8Unavailable, MXFP8: f.MXFP8Unavailable, Rebalance: &dispatchers.Rebalance{Stats: f.RebalanceStats, Pause: f.Pause}}
 }

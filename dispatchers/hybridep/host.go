@@ -252,7 +252,7 @@ func (h *Host) forwarded(f, m, t int) (x, p, sc []float32) {
 // forward's fp8 dispatch, else none.
 func (h *Host) scaleWidth() int {
 	if h.fp8 && !h.backward {
-		return dispatchers.ScaleWidth(h.shape.Hidden)
+		return dispatchers.ScaleWidth(dispatchers.PrecisionFP8, h.shape.Hidden)
 	}
 	return 0
 }

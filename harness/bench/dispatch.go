@@ -273,6 +273,11 @@ func benchPoint(c setup.Config, l *layer.Layer, p DispatchPoint) (DispatchPoint,
 			return fail(err)
 		}
 	}
+	if c.ResolvedPrecision() == setup.PrecisionMXFP8 { // 1×32 E8M0 rows (never bf16 rows under an mxfp8 label)
+		if err := rt.ToMXFP8(); err != nil {
+			return fail(err)
+		}
+	}
 	if err := d.Bind(l.Shape, rt.Ranks); err != nil {
 		return fail(err)
 	}

@@ -302,7 +302,10 @@ func refExperts(l *layer.Layer, probs [][]float64, byExpert [][]refCopy) [][]flo
 			return
 		}
 		b := &bufs[w]
-		if l.FP8Lt() { // the FP8 GEMM path's exact operands (fp8gemm.go)
+		mx := l.Cfg.IsMXFP8() // the MX GEMM's exact operands (layer/mxfp8.go)
+		if mx {
+			b.fc1, b.fc2 = l.MXRefWeights(e, b.fc1, b.fc2)
+		} else if l.FP8Lt() { // the FP8 GEMM path's exact operands (fp8gemm.go)
 			b.fc1, b.fc2 = l.FP8RefWeights(e, b.fc1, b.fc2)
 		} else {
 			fc1, fc2 := l.ExpertWeights(e)
@@ -315,6 +318,10 @@ func refExperts(l *layer.Layer, probs [][]float64, byExpert [][]refCopy) [][]flo
 			for i, cp := range copies[lo : lo+m] {
 				tok := cp.slot / k
 				b.p[i] = probs[cp.rank][cp.slot]
+				if mx {
+					l.MXRefRow(b.x[i*h:], cp.rank, tok)
+					continue
+				}
 				if l.FP8Lt() {
 					l.FP8RefRow(b.x[i*h:], cp.rank, tok)
 					continue
@@ -323,6 +330,10 @@ func refExperts(l *layer.Layer, probs [][]float64, byExpert [][]refCopy) [][]flo
 				for j := range h {
 					b.x[i*h+j] = float64(xr[tok*h+j])
 				}
+			}
+			if mx {
+				layer.MXRefExpert(y[lo*h:], b.x, b.p, b.fc1, b.fc2, b.scratch, m, h, f)
+				continue
 			}
 			if l.FP8Lt() {
 				layer.FP8RefExpert(y[lo*h:], b.x, b.p, b.fc1, b.fc2, b.scratch, m, h, f)

@@ -66,6 +66,10 @@ type Layer struct {
 	// a drawn layer)
 	FP8Weights map[int]*fp8Weights
 	fp8wMu     sync.Mutex
+	// MXWeights: at mxfp8 (host device), each expert's weights as e4m3
+	// codes with their E8M0 scales per 32 along K (mxfp8.go), made once
+	// (not kept by a drawn layer); fp8wMu guards it too
+	MXWeights map[int]*mxWeights
 	// fp8DevLt: at fp8 on the cuda device, the layer's expert GEMMs are
 	// cuBLASLt's block-scaled FP8 GEMM (fp8dev.go), and so is the reference
 	fp8DevLt bool
@@ -92,6 +96,9 @@ type rankRun struct {
 	// [rows, h/128]): what the FP8 GEMM reads (fp8gemm.go)
 	xc []uint8
 	xs []float32
+	// at mxfp8 (mxfp8.go): the quantize phase's E8M0 scales (mxs, [T,
+	// h/32]) and each dequantized row's E8M0 scales (xm, [rows, h/32])
+	mxs, xm []uint8
 }
 
 // NewLayer draws the layer's weights and inputs from cfg.Seed: inputs N(0,1),
@@ -275,7 +282,7 @@ func (l *Layer) Steps(d dispatchers.Dispatcher) []dispatchers.Step {
 		s = append(s, dispatchers.Step{Name: "shared", Run: l.sharedExpert})
 	}
 	s = append(s, dispatchers.Step{Name: "router", Run: l.route})
-	if l.Cfg.IsFP8() {
+	if l.Cfg.IsQuantized() {
 		s = append(s, dispatchers.Step{Name: "quantize", Run: l.quantize})
 	}
 	ph := d.Forward(l.experts)
@@ -339,7 +346,7 @@ func (l *Layer) experts(r int) error {
 		if l.Grads != nil {
 			run.segs = append(run.segs, dispatchers.Segment{Expert: sg.Expert, Start: sg.Start, Len: sg.Len})
 		}
-		if l.Cfg.IsFP8() {
+		if l.Cfg.IsQuantized() {
 			if err := l.dequantRows(r, sg.Start, sg.Start+sg.Len); err != nil {
 				return err
 			}
@@ -382,7 +389,7 @@ func (l *Layer) expertBlocks(r int, segs []dispatchers.Segment, weights func(dis
 	var blocks []block
 	for _, sg := range segs {
 		w, e := weights(sg), -1
-		if l.FP8Lt() {
+		if l.FP8Lt() || l.Cfg.IsMXFP8() {
 			e = sg.Expert
 		}
 		for lo := 0; lo < sg.Len; lo += setup.ExpertBlock {
@@ -401,6 +408,10 @@ func (l *Layer) expertBlocks(r int, segs []dispatchers.Segment, weights func(dis
 	forward := func(b block, scratch []float32) {
 		if l.Grads != nil { // a training step keeps each block's fc1 output and activation: its place in the tape
 			scratch = run.saved[b.start*3*f : (b.start+b.len)*3*f]
+		}
+		if e := b.expert; e >= 0 && l.Cfg.IsMXFP8() { // mxfp8: the MX GEMMs, emulated (mxfp8.go)
+			l.expertForwardMX(r, e, b.start, b.len, scratch)
+			return
 		}
 		if e := b.expert; e >= 0 { // fp8 on the host device: cuBLASLt's FP8 GEMMs, emulated (fp8gemm.go)
 			l.expertForwardFP8(r, e, b.start, b.len, scratch)
@@ -485,11 +496,11 @@ func (l *Layer) Footprint(d dispatchers.Dispatcher, r int) int64 {
 	n := cap(rk.X) + cap(rk.Idx) + cap(rk.Probs) + cap(rk.ExpertX) + cap(rk.ExpertProbs) + cap(rk.ExpertY) + cap(rk.Y) +
 		cap(run.logits) + cap(run.scratch) + cap(run.shared) + len(l.Wr) + len(l.Bias) + len(l.SharedFC1) + len(l.SharedFC2) +
 		cap(rk.Scales) + cap(rk.ExpertScales) + cap(run.dq)/4 + cap(run.q8)/4
-	if l.Cfg.IsFP8() { // Rank.X holds the e4m3 values (run.xq); the bf16 input is kept too
+	if l.Cfg.IsQuantized() { // Rank.X holds the e4m3 values (run.xq); the bf16 input is kept too
 		n += cap(l.X[r])
 	}
 	for _, w := range rk.Experts { // none in a drawn layer
 		n += len(w.FC1) + len(w.FC2)
 	}
-	return 4*int64(n) + l.backwardFootprint(r) + d.Footprint(r) + l.fp8Footprint(r)
+	return 4*int64(n) + l.backwardFootprint(r) + d.Footprint(r) + l.fp8Footprint(r) + l.mxFootprint(r)
 }

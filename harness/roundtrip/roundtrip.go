@@ -69,6 +69,9 @@ type Trip struct {
 	Shape dispatchers.Shape
 	X     [][]float32 // each rank's coarsened input: what must come back
 	Ranks []*dispatchers.Rank
+	// block is the elements sharing one scale of the quantized rows
+	// (ToFP8: 128, ToMXFP8: 32); 0 at bf16
+	block int
 }
 
 func New(shape dispatchers.Shape, x [][]float32, routed []*dispatchers.Rank) *Trip {
@@ -92,15 +95,15 @@ func (rt *Trip) Identity(r int) error {
 		rk.ExpertY = append(rk.ExpertY, make([]float32, len(rk.ExpertX)-n)...)
 		Poison(rk.ExpertY[n:])
 	}
-	S := 0 // fp8 (ToFP8): the rows are e4m3 values, dequantized first (exact: power-of-two scales)
-	if rk.ExpertScales != nil {
-		S = h / dispatchers.FP8Block
+	S, B := 0, rt.block // fp8 (ToFP8), mxfp8 (ToMXFP8): the rows are e4m3 values, dequantized first (exact: power-of-two scales)
+	if rk.ExpertScales != nil && B > 0 {
+		S = h / B
 	}
 	for _, sg := range rk.Segments {
 		for i := sg.Start * h; i < (sg.Start+sg.Len)*h; i++ {
 			x := rk.ExpertX[i]
 			if S > 0 {
-				x *= rk.ExpertScales[i/h*S+i%h/dispatchers.FP8Block]
+				x *= rk.ExpertScales[i/h*S+i%h/B]
 			}
 			rk.ExpertY[i] = x * rk.ExpertProbs[i/h]
 		}
@@ -129,6 +132,34 @@ func (rt *Trip) ToFP8() error {
 		}
 		rk.X, rk.Scales, rt.X[r] = v, s, kernels.DequantFP8Rows(q, s)
 	}
+	rt.block = dispatchers.FP8Block
+	return nil
+}
+
+// ToMXFP8 is ToFP8 at mxfp8: each rank's input quantized in 1×32 blocks by
+// TransformerEngine's MXFP8 rule (E8M0 scales, powers of two, sent as
+// their float32 values), the same exactness up to top-16.
+func (rt *Trip) ToMXFP8() error {
+	if k := rt.Shape.TopK; k > 16 {
+		return &dispatchers.UnavailableError{Name: "round trip", Impl: "mxfp8", Reason: fmt.Sprintf("the mxfp8 round trip is exact up to top-16 (4 significant bits + ⌈log2 k⌉ ≤ bf16's 8); top-%d", k)}
+	}
+	for r, rk := range rt.Ranks {
+		x := rt.X[r]
+		q, e := make([]uint8, len(x)), make([]uint8, len(x)/kernels.MXBlock)
+		if err := kernels.QuantMXFP8RowsInto(q, e, x); err != nil {
+			return err
+		}
+		v, s, back := make([]float32, len(q)), make([]float32, len(e)), make([]float32, len(q))
+		for i, b := range e {
+			s[i] = kernels.MXScaleValue(b)
+		}
+		for i, c := range q {
+			v[i] = kernels.E4M3ToFloat32(c)
+			back[i] = v[i] * s[i/kernels.MXBlock]
+		}
+		rk.X, rk.Scales, rt.X[r] = v, s, back
+	}
+	rt.block = dispatchers.MXBlock
 	return nil
 }
 
