@@ -49,6 +49,12 @@ func runDevice(cfg setup.Config, env setup.Env, rec *results.Record) (*results.R
 		return r.Fail(results.StatusUnavailable, fmt.Errorf("device %s: %w", r.cfg.Device, err))
 	}
 	defer layer.CloseDevices(devs)
+	if why := layer.FP8DeviceUnavailable(devs); why != "" && r.cfg.IsFP8() {
+		d.Close()
+		err := &dispatchers.UnavailableError{Name: r.cfg.Dispatcher, Impl: r.cfg.Impl, Reason: why}
+		r.ds.AnnounceFailure(err, r.cfg)
+		return dispatcherError(rec, r.cfg, err)
+	}
 	th := device.NewThreads(devs)
 	defer th.Close()
 	layer.SetHangWatchdog(th, r.cfg, r.ds)
