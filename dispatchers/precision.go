@@ -6,7 +6,10 @@ package dispatchers
 // dispatcher that moves FP8 delivers both (ExpertX and ExpertScales), and
 // the expert side dequantizes. The combine stays bf16.
 
-import "fmt"
+import (
+	"fmt"
+	"strings"
+)
 
 // Precisions of a run (Env.Precision).
 const (
@@ -34,10 +37,10 @@ func checkPrecision(name, impl string, c Capabilities, env Env) error {
 		case env.Device != "host":
 			return &UnavailableError{Name: name, Impl: impl, Reason: MXFP8DeviceReason}
 		case c.MXFP8 == nil:
-			return &UnavailableError{Name: name, Impl: impl, Reason: fmt.Sprintf("%s has no MXFP8 dispatch path (e4m3 rows with one E8M0 scale per 32 elements) in this build", name)}
+			return &UnavailableError{Name: name, Impl: impl, Reason: fmt.Sprintf("--precision mxfp8: %s has no MXFP8 dispatch path (e4m3 rows with one E8M0 scale per 32 elements) in this build", name)}
 		}
 		if why := c.MXFP8(env); why != "" {
-			return &UnavailableError{Name: name, Impl: impl, Reason: why}
+			return &UnavailableError{Name: name, Impl: impl, Reason: flagged(PrecisionMXFP8, why)}
 		}
 		return nil
 	case PrecisionFP8:
@@ -53,11 +56,20 @@ func checkPrecision(name, impl string, c Capabilities, env Env) error {
 			return &UnavailableError{Name: name, Impl: impl, Reason: fmt.Sprintf("%s has no FP8 dispatch path in this build", name)}
 		}
 		if why := c.FP8(env); why != "" {
-			return &UnavailableError{Name: name, Impl: impl, Reason: why}
+			return &UnavailableError{Name: name, Impl: impl, Reason: flagged(PrecisionFP8, why)}
 		}
 		return nil
 	}
 	return fmt.Errorf("unknown precision %q (known: bf16, fp8, mxfp8)", env.Precision)
+}
+
+// flagged is a design's reason for refusing precision p, naming the flag
+// and its value first (as every refusal does).
+func flagged(p, why string) string {
+	if strings.HasPrefix(why, "--precision") {
+		return why
+	}
+	return "--precision " + p + ": " + why
 }
 
 // MXFP8DeviceReason is why mxfp8 is unavailable on the cuda device before
@@ -123,4 +135,9 @@ func RowFormula(p string) string {
 // ScaleWidth is the scales of one row at p (fp8 or mxfp8). The host
 // designs hold each scale as its float32 multiplier (an E8M0 scale as its
 // exact power of two) and count its bytes as RowBytes does.
-func ScaleWidth(p string, hidden int) int { return hidden / ScaleBlock(p) }
+func ScaleWidth(p string, hidden int) int {
+	if ScaleBlock(p) == 0 { // bf16: no scales
+		return 0
+	}
+	return hidden / ScaleBlock(p)
+}

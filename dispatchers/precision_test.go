@@ -48,13 +48,13 @@ func TestPrecisionGate(t *testing.T) {
 		{"test-classic", ImplNative, Env{Device: "host"}, ""},
 		{"test-classic", ImplNative, Env{Device: "host", Precision: PrecisionBF16}, ""},
 		{"test-mover", ImplNative, Env{Device: "host", Precision: PrecisionFP8, Hidden: 512}, ""},
-		{"test-mover", ImplNative, Env{Device: "host", Precision: PrecisionFP8, Hidden: 384}, "not at 384"},
+		{"test-mover", ImplNative, Env{Device: "host", Precision: PrecisionFP8, Hidden: 384}, "--precision fp8: not at 384"},
 		{"test-classic", ImplNative, Env{Device: "host", Precision: PrecisionFP8}, "test-classic has no FP8 dispatch path"},
 		{"test-classic", ImplNative, Env{Device: "cuda", Precision: PrecisionFP8}, "on the cuda device has no FP8 dispatch path"},
 		{"test-classic", ImplLibrary, Env{Device: "cuda", Precision: PrecisionFP8}, "library implementation has no FP8 dispatch path"},
-		{"test-mover", ImplNative, Env{Device: "host", Precision: PrecisionMXFP8}, "test-mover has no MXFP8 dispatch path"},
+		{"test-mover", ImplNative, Env{Device: "host", Precision: PrecisionMXFP8}, "--precision mxfp8: test-mover has no MXFP8 dispatch path"},
 		{"test-mxmover", ImplNative, Env{Device: "host", Precision: PrecisionMXFP8, Hidden: 512}, ""},
-		{"test-mxmover", ImplNative, Env{Device: "host", Precision: PrecisionMXFP8, Hidden: 96}, "not at 96"},
+		{"test-mxmover", ImplNative, Env{Device: "host", Precision: PrecisionMXFP8, Hidden: 96}, "--precision mxfp8: not at 96"},
 		{"test-mxmover", ImplNative, Env{Device: "cuda", Precision: PrecisionMXFP8, Hidden: 512}, "sm_100"},
 	} {
 		_, err := New(c.name, c.impl, c.env)

@@ -24,15 +24,15 @@ func runDevice(cfg setup.Config, env setup.Env, rec *results.Record) (*results.R
 		return out, err
 	}
 	r.cfg = env.Share(r.cfg)
+	if r.cfg.IsMXFP8() { // unavailable: the GPUs' own reason, before any dispatcher or memory estimate
+		return r.mxfp8Unavailable()
+	}
 	if err := checkHostMemory(r.cfg); err != nil { // the host twin and the reference (this process's share)
 		return r.Fail(results.StatusUnavailable, err)
 	}
 	r.denv = r.cfg.DispatcherEnv()
 	if r.ds != nil { // the ranks of this process's node (NCCL EP's limit is per node)
 		r.denv.NodeRanks = r.ds.PerProcess * max(1, r.ds.Rendezvous.L.LocalWorld)
-	}
-	if r.cfg.IsMXFP8() { // unavailable: the GPUs' own reason, before any dispatcher
-		return r.mxfp8Unavailable()
 	}
 	d, err := dispatchers.NewDevice(r.cfg.Dispatcher, r.cfg.Impl, r.denv)
 	if err != nil {
@@ -49,6 +49,12 @@ func runDevice(cfg setup.Config, env setup.Env, rec *results.Record) (*results.R
 		return r.Fail(results.StatusUnavailable, fmt.Errorf("device %s: %w", r.cfg.Device, err))
 	}
 	defer layer.CloseDevices(devs)
+	if why := layer.FP8DeviceUnavailable(devs); why != "" && r.cfg.IsFP8() {
+		d.Close()
+		err := &dispatchers.UnavailableError{Name: r.cfg.Dispatcher, Impl: r.cfg.Impl, Reason: why}
+		r.ds.AnnounceFailure(err, r.cfg)
+		return dispatcherError(rec, r.cfg, err)
+	}
 	th := device.NewThreads(devs)
 	defer th.Close()
 	layer.SetHangWatchdog(th, r.cfg, r.ds)

@@ -128,3 +128,19 @@ func TestFP8HostExpertModes(t *testing.T) {
 		t.Errorf("held and drawn layers' outputs differ")
 	}
 }
+
+// TestFP8UnavailableBelowSM89: on a GPU below sm_89 (the fake driver's
+// FAKECUDA_CC 80) --precision fp8 is unavailable with the reason, never
+// run in software FP8 and bf16 GEMMs (bench dispatch:
+// TestFP8BenchDispatchBelowSM89).
+func TestFP8UnavailableBelowSM89(t *testing.T) {
+	harnesstest.UseHostSimLayer(t)
+	t.Setenv("FAKECUDA_CC", "80")
+	c := harnesstest.FP8Config("alltoall")
+	c.Device = "cuda"
+	rec, err := Run(c, setup.Env{Version: "test"})
+	want := "GPU 0 is sm_80, where Transformer Engine refuses FP8"
+	if !dispatchers.IsUnavailable(err) || rec.Status != results.StatusUnavailable || !strings.Contains(rec.Reason, want) {
+		t.Errorf("run: %v, %s %q; want unavailable, %q", err, rec.Status, rec.Reason, want)
+	}
+}

@@ -110,14 +110,23 @@ func MXGEMMInto(c []float32, m, n, k int, a, aS, w, wS []uint8) []float32 {
 // exact, a block's fp32 sum of 32 adds ≤ γ(31), its scaling by a power of
 // two exact (an fp32 subnormal result adds at most 2^-150 a block), the
 // sum over k/32 blocks γ(k/32): γ(31 + k/32)·absSum + (k/32)·2^-150,
-// γ(n) = n·u/(1 − n·u), u = 2^-24. A bf16 output adds 2^-8·|c|. This is
-// the emulation's fp32 accumulation, not a measured Blackwell one.
+// γ(n) = n·u/(1 − n·u), u = 2^-24. A bf16 output adds its rounding
+// (bf16OutBound). This is the emulation's fp32 accumulation, not a
+// measured Blackwell one.
 func MXGEMMBound(k int, absSum float64, bf16Out bool, c float64) float64 {
 	n := float64(31 + k/MXBlock)
 	u := math.Ldexp(1, -24)
 	b := n*u/(1-n*u)*absSum + float64(k/MXBlock)*math.Ldexp(1, -150)
 	if bf16Out {
-		b += math.Ldexp(1, -8) * math.Abs(c)
+		b = bf16OutBound(b, c)
 	}
 	return b
+}
+
+// bf16OutBound adds to b, the bound on an fp32 result's error, that
+// result's rounding to bf16 where c is the exact value: half an ULP,
+// 2^-8·|fp32 result| ≤ 2^-8·(|c| + b), and in bf16's subnormal range
+// (below 2^-126) half its step, 2^-134.
+func bf16OutBound(b, c float64) float64 {
+	return b + math.Ldexp(1, -8)*(math.Abs(c)+b) + math.Ldexp(1, -134)
 }

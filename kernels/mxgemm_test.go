@@ -106,6 +106,23 @@ func TestMXGEMM(t *testing.T) {
 			t.Errorf("bf16 out %v: every output exact: the test cannot tell a bound from none", bf16)
 		}
 	}
+	// tiny operands: outputs below 2^-126, in bf16's (and fp32's)
+	// subnormal range, where half a bf16 ULP is 2^-134, not 2^-8·|c|
+	tinyA, tinyW := slices.Clone(aS), slices.Clone(wS)
+	for i := range tinyA {
+		tinyA[i] -= 100 // aS is 115…123
+	}
+	for i := range tinyW {
+		tinyW[i] -= 40 // wS 112…116
+	}
+	if c := MXGEMM(m, n, k, a, tinyA, w, tinyW); slices.Max(c) >= 0x1p-126 || slices.Max(c) == 0 {
+		t.Fatalf("the tiny operands' largest output is %g, want (0, 2^-126)", slices.Max(c))
+	}
+	for _, bf16 := range []bool{false, true} {
+		if beyond, worst := mxBeyond(m, n, k, a, tinyA, tinyA, w, tinyW, bf16); beyond > 0 {
+			t.Errorf("tiny operands, bf16 out %v: %d of %d outputs beyond MXGEMMBound (worst %.3g)", bf16, beyond, m*n, worst)
+		}
+	}
 	off := slices.Clone(aS)
 	off[5]++ // one block's exponent off by one
 	next := append(slices.Clone(aS[1:]), aS[0])

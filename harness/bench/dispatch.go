@@ -268,15 +268,8 @@ func benchPoint(c setup.Config, l *layer.Layer, p DispatchPoint) (DispatchPoint,
 		return fail(err)
 	}
 	rt := roundtrip.New(l.Shape, l.X, l.Ranks)
-	if c.ResolvedPrecision() == setup.PrecisionFP8 {
-		if err := rt.ToFP8(); err != nil {
-			return fail(err)
-		}
-	}
-	if c.ResolvedPrecision() == setup.PrecisionMXFP8 { // 1×32 E8M0 rows (never bf16 rows under an mxfp8 label)
-		if err := rt.ToMXFP8(); err != nil {
-			return fail(err)
-		}
+	if err := rt.At(c.ResolvedPrecision()); err != nil { // quantized rows at fp8 and mxfp8, never bf16 rows under their label
+		return fail(err)
 	}
 	if err := d.Bind(l.Shape, rt.Ranks); err != nil {
 		return fail(err)

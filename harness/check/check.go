@@ -113,7 +113,7 @@ func Check(l *layer.Layer, d dispatchers.Dispatcher, fresh func() (dispatchers.D
 		return nil, err
 	}
 	var back string
-	c.RoundTrip, back = roundtrip.Verdicts(rd, l.Shape, l.X, l.Ranks, backward)
+	c.RoundTrip, back = roundtrip.Verdicts(rd, l.Shape, l.X, l.Ranks, backward, l.Cfg.ResolvedPrecision())
 	c.Passed = c.Detail == "" && c.MaxRelErr <= Tolerance && c.RoundTrip == "exact"
 	if !c.Passed && c.Detail == "" {
 		c.Detail = fmt.Sprintf("max relative error %.3g (tolerance %g); round trip %s", c.MaxRelErr, Tolerance, c.RoundTrip)

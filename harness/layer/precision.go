@@ -6,6 +6,8 @@ package layer
 import (
 	"fmt"
 
+	"github.com/moebench/moebench/kernels/device"
+
 	"github.com/moebench/moebench/dispatchers"
 	"github.com/moebench/moebench/kernels"
 )
@@ -201,4 +203,25 @@ func (l *Layer) ExpertInput(r int) []float32 {
 		}
 	})
 	return l.xe[r]
+}
+
+// FP8MinCC is the compute capability (×10) FP8 needs: e4m3 tensor cores
+// (Ada, sm_89, and later).
+const FP8MinCC = 89
+
+// FP8DeviceUnavailable is why --precision fp8 cannot run on devs, or "":
+// a GPU below sm_89 has no FP8 tensor cores, and the designs' own
+// implementations refuse FP8 there (Transformer Engine's FP8 needs
+// compute capability 8.9; DeepEP's sm_80 build, DISABLE_SM90_FEATURES,
+// removes its FP8 path). moebench's conversion kernels would run there
+// in software, but a run that the designs would refuse is not one to
+// time. The Emu simulation models Hopper: no refusal.
+func FP8DeviceUnavailable(devs []device.Device) string {
+	for i, dev := range devs {
+		if g, ok := dev.(*device.CUDA); ok && g.CC() < FP8MinCC {
+			return fmt.Sprintf("--precision fp8 needs FP8 (e4m3) tensor cores, compute capability 8.9 or later (Ada, Hopper, Blackwell): "+
+				"GPU %d is sm_%d, where Transformer Engine refuses FP8 and DeepEP's build has no FP8 path; --device host runs fp8 (emulated)", i, g.CC())
+		}
+	}
+	return ""
 }

@@ -35,16 +35,21 @@ func Poison(s []float32) {
 // returns "exact" or a description of the first difference. The ranks'
 // routing is reused.
 func Verdict(d dispatchers.Dispatcher, shape dispatchers.Shape, x [][]float32, routed []*dispatchers.Rank) string {
-	fwd, _ := Verdicts(d, shape, x, routed, false)
+	fwd, _ := Verdicts(d, shape, x, routed, false, "")
 	return fwd
 }
 
-// Verdicts is Verdict, followed when backward is set by the
+// Verdicts is Verdict with the rows sent at precision (Trip.At: the
+// dispatch's e4m3 rows and scales at fp8 and mxfp8, as the step sends
+// them), followed when backward is set by the
 // dispatcher's backward on the same ranks (BackwardVerdict), whose verdict
 // it also returns. The ranks share routed's expert weight gradients, which
 // a rebalancing dispatcher adds its helpers' (zero) gradients to.
-func Verdicts(d dispatchers.Dispatcher, shape dispatchers.Shape, x [][]float32, routed []*dispatchers.Rank, backward bool) (fwd, bwd string) {
+func Verdicts(d dispatchers.Dispatcher, shape dispatchers.Shape, x [][]float32, routed []*dispatchers.Rank, backward bool, precision string) (fwd, bwd string) {
 	rt := New(shape, x, routed)
+	if err := rt.At(precision); err != nil {
+		return err.Error(), ""
+	}
 	if err := d.Bind(shape, rt.Ranks); err != nil {
 		return err.Error(), ""
 	}
@@ -88,7 +93,7 @@ func New(shape dispatchers.Shape, x [][]float32, routed []*dispatchers.Rank) *Tr
 }
 
 // Identity is the round trip's experts: each returns x·p on the rows its
-// segments own.
+// segments own (quantized rows dequantized in place first).
 func (rt *Trip) Identity(r int) error {
 	rk, h := rt.Ranks[r], rt.Shape.Hidden
 	if n := len(rk.ExpertY); n < len(rk.ExpertX) { // rows an earlier expert phase left stay
@@ -102,11 +107,24 @@ func (rt *Trip) Identity(r int) error {
 	for _, sg := range rk.Segments {
 		for i := sg.Start * h; i < (sg.Start+sg.Len)*h; i++ {
 			x := rk.ExpertX[i]
-			if S > 0 {
+			if S > 0 { // in place, as the layer's expert phase does: the backward's operand
 				x *= rk.ExpertScales[i/h*S+i%h/B]
+				rk.ExpertX[i] = x
 			}
 			rk.ExpertY[i] = x * rk.ExpertProbs[i/h]
 		}
+	}
+	return nil
+}
+
+// At makes the round trip's ranks send their rows at precision: bf16 ("",
+// bf16), or quantized (ToFP8, ToMXFP8).
+func (rt *Trip) At(precision string) error {
+	switch precision {
+	case dispatchers.PrecisionFP8:
+		return rt.ToFP8()
+	case dispatchers.PrecisionMXFP8:
+		return rt.ToMXFP8()
 	}
 	return nil
 }
