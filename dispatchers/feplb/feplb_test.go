@@ -144,6 +144,11 @@ func TestFP8CopyBytes(t *testing.T) {
 	if got, want := dispatchers.FP8WeightBytes(h, f), int64(3*384*256+4*(6*4+2*4)); got != want {
 		t.Fatalf("FP8WeightBytes(%d, %d) = %d, want %d", h, f, got, want)
 	}
+	// docs/dispatchers/feplb.md's example: h 7168, f 2048 (fc1 32 block
+	// rows of ld 56, fc2 56 of ld 16)
+	if got, want := dispatchers.FP8WeightBytes(7168, 2048), int64(3*7168*2048+4*(32*56+56*16)); got != want || want != 44050944 {
+		t.Fatalf("FP8WeightBytes(7168, 2048) = %d, want %d (44050944)", got, want)
+	}
 	shape := dispatchers.Shape{Tokens: 256, Hidden: h, Experts: 8, TopK: 2, EP: 4}
 	rows := [][]int{{300, 300}, {30, 30}, {20, 30}, {10, 20}}
 	for _, fp8 := range []bool{false, true} {

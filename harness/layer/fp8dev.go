@@ -13,7 +13,9 @@ package layer
 //     unpacks the rows into e4m3 rows and their 1×128 multipliers in
 //     VEC128_32F's order, fc1 is cuBLASLt's block-scaled FP8 GEMM on them
 //     and the expert's e4m3 weights (uploaded once with their 128×128
-//     multipliers in BLK128x128_32F's order: devFP8), SwiGLU × prob is
+//     multipliers in BLK128x128_32F's order: devFP8, which DeviceRank.FP8
+//     names; a moved expert's where feplb's phase 2 copied them,
+//     DeviceSegment.FP8), SwiGLU × prob is
 //     bf16 as at bf16, quant_fp8_lt quantizes fc2's bf16 input 1×128 into
 //     the same layout and fc2 is the FP8 GEMM too (the Grouped's
 //     per-expert calls, on one stream or several; cuBLASLt's grouped call
