@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/moebench/moebench/dispatchers"
 	"github.com/moebench/moebench/dispatchers/feplb"
 	"github.com/moebench/moebench/harness/check"
 	"github.com/moebench/moebench/harness/internal/harnesstest"
@@ -190,4 +191,34 @@ func hostRunsDevicePath(t *testing.T) {
 	was := layer.FP8GEMMHostPath
 	layer.FP8GEMMHostPath = kernels.FP8GEMMDequant
 	t.Cleanup(func() { layer.FP8GEMMHostPath = was })
+}
+
+// TestFP8FEPLBBytesAgree: at fp8 the host and the cuda device (Emu) count
+// feplb's phase-2 bytes the same way for the same step (a first step: both
+// plan with the host model): copy_bytes is each move's FP8WeightBytes plus
+// each moved row's 2·h out and back, and backward_copy_bytes each move's
+// bf16 weights (pushed in combine-bwd for the bf16 backward) and weight
+// gradients plus each moved row's 2·h out, 2·h + 4 back — the same rows in
+// both.
+func TestFP8FEPLBBytesAgree(t *testing.T) {
+	c := harnesstest.FP8DeviceCases()["feplb"]
+	dl := deviceRun(t, c, &device.Emu{})
+	if cr, err := check.CheckDevice(dl); err != nil || !cr.Passed {
+		t.Fatalf("check: %v, %+v", err, cr)
+	}
+	dev := dl.Dispatcher.Capabilities().Rebalance.Stats()
+	_, d := hostStep(t, c, "feplb")
+	host := d.Capabilities().Rebalance.Stats()
+	if dev.Moves == 0 || dev.Moves != host.Moves || dev.CopyBytes != host.CopyBytes || dev.BackwardCopyBytes != host.BackwardCopyBytes || dev.WGradBytes != host.WGradBytes {
+		t.Fatalf("device: %d moves, copy %d B, backward %d B (wgrad %d); host: %d moves, copy %d B, backward %d B (wgrad %d)",
+			dev.Moves, dev.CopyBytes, dev.BackwardCopyBytes, dev.WGradBytes, host.Moves, host.CopyBytes, host.BackwardCopyBytes, host.WGradBytes)
+	}
+	h, f, m := int64(c.Hidden), int64(c.FFN), int64(dev.Moves)
+	fwd := dev.CopyBytes - m*dispatchers.FP8WeightBytes(c.Hidden, c.FFN)
+	bwd := dev.BackwardCopyBytes - dev.WGradBytes - m*6*h*f
+	if fwd <= 0 || fwd%(4*h) != 0 || bwd <= 0 || bwd%(4*h+4) != 0 || fwd/(4*h) != bwd/(4*h+4) {
+		t.Errorf("copy_bytes %d, backward_copy_bytes %d (wgrad %d) for %d moves: rows %d B forward, %d B backward — not the same rows",
+			dev.CopyBytes, dev.BackwardCopyBytes, dev.WGradBytes, m, fwd, bwd)
+	}
+	t.Logf("%d moves of %d rows: copy_bytes %d, backward_copy_bytes %d", m, fwd/(4*h), dev.CopyBytes, dev.BackwardCopyBytes)
 }
