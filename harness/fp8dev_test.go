@@ -196,7 +196,8 @@ func hostRunsDevicePath(t *testing.T) {
 // TestFP8FEPLBBytesAgree: at fp8 the host and the cuda device (Emu) count
 // feplb's phase-2 bytes the same way for the same step (a first step: both
 // plan with the host model): copy_bytes is each move's FP8WeightBytes plus
-// each moved row's 2·h out and back, and backward_copy_bytes each move's
+// each moved row's h + h/32 out (e4m3 and multipliers; the device's 16-byte
+// padding not counted) and 2·h back, and backward_copy_bytes each move's
 // bf16 weights (pushed in combine-bwd for the bf16 backward) and weight
 // gradients plus each moved row's 2·h out, 2·h + 4 back — the same rows in
 // both.
@@ -216,9 +217,10 @@ func TestFP8FEPLBBytesAgree(t *testing.T) {
 	h, f, m := int64(c.Hidden), int64(c.FFN), int64(dev.Moves)
 	fwd := dev.CopyBytes - m*dispatchers.FP8WeightBytes(c.Hidden, c.FFN)
 	bwd := dev.BackwardCopyBytes - dev.WGradBytes - m*6*h*f
-	if fwd <= 0 || fwd%(4*h) != 0 || bwd <= 0 || bwd%(4*h+4) != 0 || fwd/(4*h) != bwd/(4*h+4) {
+	row := dispatchers.RowBytes(true, c.Hidden) + 2*h
+	if fwd <= 0 || fwd%row != 0 || bwd <= 0 || bwd%(4*h+4) != 0 || fwd/row != bwd/(4*h+4) {
 		t.Errorf("copy_bytes %d, backward_copy_bytes %d (wgrad %d) for %d moves: rows %d B forward, %d B backward — not the same rows",
 			dev.CopyBytes, dev.BackwardCopyBytes, dev.WGradBytes, m, fwd, bwd)
 	}
-	t.Logf("%d moves of %d rows: copy_bytes %d, backward_copy_bytes %d", m, fwd/(4*h), dev.CopyBytes, dev.BackwardCopyBytes)
+	t.Logf("%d moves of %d rows: copy_bytes %d, backward_copy_bytes %d", m, fwd/row, dev.CopyBytes, dev.BackwardCopyBytes)
 }

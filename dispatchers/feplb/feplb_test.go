@@ -134,8 +134,9 @@ func TestDefaultDynamicFits(t *testing.T) {
 // moves an expert's e4m3 codes and their 128×128 multipliers in
 // BLK128x128_32F's order, 3·f·h + 4·(⌈2f/128⌉·ld(h) + ⌈h/128⌉·ld(f))
 // bytes (ld(k): ⌈k/128⌉ rounded up to 4), and the step's copy_bytes
-// counts that per weight move (the rows as before: out and back, bf16) —
-// less than bf16's for the same moves. A known rebalance: EP 4 in one
+// counts that per weight move, and each moved row as an e4m3 row with
+// its 1×128 multipliers out (h + h/32 B) and a bf16 row back (2·h) — less
+// than bf16's for the same moves. A known rebalance: EP 4 in one
 // domain, rank 0's two experts holding most rows.
 func TestFP8CopyBytes(t *testing.T) {
 	const h, f = 256, 384
@@ -156,7 +157,11 @@ func TestFP8CopyBytes(t *testing.T) {
 		if fp8 {
 			m.ExpertBytes = dispatchers.FP8WeightBytes(h, f)
 		}
-		c, err := newCore(dispatchers.Env{Hidden: h, FFN: f}, shape, m)
+		env := dispatchers.Env{Hidden: h, FFN: f}
+		if fp8 {
+			env.Precision = dispatchers.PrecisionFP8
+		}
+		c, err := newCore(env, shape, m)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -173,11 +178,11 @@ func TestFP8CopyBytes(t *testing.T) {
 				moved += ch.n
 			}
 		}
-		wb := int64(6 * h * f)
+		wb, row := int64(6*h*f), int64(2*2*h)
 		if fp8 {
-			wb = dispatchers.FP8WeightBytes(h, f)
+			wb, row = dispatchers.FP8WeightBytes(h, f), int64(h+h/32+2*h)
 		}
-		want := int64(c.lay.moves)*wb + int64(moved)*2*2*h
+		want := int64(c.lay.moves)*wb + int64(moved)*row
 		if c.lay.moves == 0 || c.stats.CopyBytes != want {
 			t.Errorf("fp8 %v: copy_bytes %d for %d moves of %d rows, want %d", fp8, c.stats.CopyBytes, c.lay.moves, moved, want)
 		}
