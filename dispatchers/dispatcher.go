@@ -122,6 +122,12 @@ type Rank struct {
 // fc2 [h, f].
 type ExpertWeights struct {
 	FC1, FC2 []float32
+	// Q1, Q2 and S1, S2 are the same weights as the FP8 GEMM reads them,
+	// set by the layer at --precision fp8 where it runs the FP8 GEMM (nil
+	// otherwise): e4m3 codes [2f, h] and [h, f] and their 128×128
+	// multipliers in BLK128x128_32F's order (FP8WeightScales floats).
+	Q1, Q2 []uint8
+	S1, S2 []float32
 }
 
 // Segment is a run of rows of Rank.ExpertX that one expert computes. Rows

@@ -9,6 +9,8 @@ package dispatchers
 import (
 	"fmt"
 	"strings"
+
+	"github.com/moebench/moebench/kernels/device"
 )
 
 // Precisions of a run (Env.Precision).
@@ -140,4 +142,33 @@ func ScaleWidth(p string, hidden int) int {
 		return 0
 	}
 	return hidden / ScaleBlock(p)
+}
+
+// FP8Weights are experts' weights as the FP8 GEMM reads them (the layer's
+// cublaslt-fp8-block path, docs/fp8.md): e4m3 codes Q1 (fc1, [2f, h]) and
+// Q2 (fc2, [h, f]), one byte each, and their 128×128 dequantization
+// multipliers S1, S2 (fp32) in cuBLASLt's BLK128x128_32F order,
+// FP8WeightScales floats an expert. On a DeviceRank: its L local experts',
+// one after another ([L, ·] each); on a DeviceSegment: one expert's.
+type FP8Weights struct {
+	Q1, Q2, S1, S2 device.Addr
+}
+
+// FP8WeightScales is the multipliers (fp32) of one expert's fc1 [2f, h]
+// and fc2 [h, f] in BLK128x128_32F's order: ⌈n/128⌉ rows of ld(k) =
+// ⌈k/128⌉ rounded up to 4 (the count cuBLASLt's samples allocate;
+// internal/cuda.FP8ScaleLayout).
+func FP8WeightScales(h, f int) (n1, n2 int) {
+	blocks := func(k int) int { return (k + FP8Block - 1) / FP8Block }
+	ld := func(k int) int { return (blocks(k) + 3) / 4 * 4 }
+	return blocks(2*f) * ld(h), blocks(h) * ld(f)
+}
+
+// FP8WeightBytes is one expert's weights as the FP8 GEMM reads them: 3·f·h
+// e4m3 codes and 4·(n1 + n2) bytes of multipliers (FP8WeightScales) —
+// what feplb's phase 2 moves at fp8 (docs/dispatchers/feplb.md), about
+// half of bf16's 6·f·h.
+func FP8WeightBytes(h, f int) int64 {
+	n1, n2 := FP8WeightScales(h, f)
+	return 3*int64(f)*int64(h) + 4*int64(n1+n2)
 }

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/moebench/moebench/dispatchers"
+	"github.com/moebench/moebench/dispatchers/feplb"
 	"github.com/moebench/moebench/harness/check"
 	"github.com/moebench/moebench/harness/internal/harnesstest"
 	"github.com/moebench/moebench/harness/layer"
@@ -64,18 +65,25 @@ func TestFP8Host(t *testing.T) {
 // dequantization broken on purpose — the multiplier doubled, the next
 // block's multiplier, none at all; on the FP8 GEMM path the activation
 // multipliers in the wrong (row-major) order, each weight block the next
-// block's multiplier, fc2's input not dequantized — the check fails.
+// block's multiplier, fc2's input not dequantized — the check fails; so
+// it does with feplb's phase 2 giving its helpers the owner's multipliers
+// one float off ("scale-offset") or no e4m3 weights ("unmoved").
 func TestFP8CheckCatchesBrokenDequantization(t *testing.T) {
-	defer func() { layer.FP8Fault = "" }()
-	for _, fault := range []string{"scale", "block", "none", "lt-order", "w-block", "fc2-none"} {
-		layer.FP8Fault = fault
+	defer func() { layer.FP8Fault, feplb.FP8Fault = "", "" }()
+	for _, fault := range []string{"scale", "block", "none", "lt-order", "w-block", "fc2-none", "scale-offset", "unmoved"} {
+		layer.FP8Fault, feplb.FP8Fault = fault, ""
 		c := harnesstest.FP8Config("alltoall")
+		if fault == "scale-offset" || fault == "unmoved" {
+			layer.FP8Fault, feplb.FP8Fault = "", fault
+			c = harnesstest.FP8Config("feplb")
+			c.Routing = setup.Routing{Kind: setup.RoutingSkewed, Alpha: 1.5}
+		}
 		c.ForwardOnly = true
 		rec, err := Run(c, setup.Env{Version: "test"})
 		if err == nil || rec.Status != results.StatusFailed || rec.Correctness == nil || rec.Correctness.MaxRelErr <= check.Tolerance {
 			t.Errorf("dequantization broken (%s): %v, %+v", fault, err, rec.Correctness)
 		} else {
-			t.Logf("broken (%s): max rel err %.3g", fault, rec.Correctness.MaxRelErr)
+			t.Logf("broken (%s, %s): max rel err %.3g", fault, c.Dispatcher, rec.Correctness.MaxRelErr)
 		}
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/moebench/moebench/dispatchers"
+	"github.com/moebench/moebench/dispatchers/feplb"
 	"github.com/moebench/moebench/harness/check"
 	"github.com/moebench/moebench/harness/internal/harnesstest"
 	"github.com/moebench/moebench/harness/layer"
@@ -166,5 +167,25 @@ func TestMXFP8HostExpertModes(t *testing.T) {
 	}
 	if !slices.Equal(outs[0], outs[1]) {
 		t.Errorf("held and drawn layers' outputs differ")
+	}
+}
+
+// TestMXFP8FEPLBMovedWeights: feplb's helpers compute with the weights
+// phase 2 moved (quantized again on the helper), not the layer's copy of
+// the expert: with the weights not moved (feplb.FP8Fault "unmoved") a
+// forward-only step's check fails.
+func TestMXFP8FEPLBMovedWeights(t *testing.T) {
+	defer func() { feplb.FP8Fault = "" }()
+	c := mxConfig("feplb")
+	c.Domain, c.Routing, c.ForwardOnly = 2, setup.Routing{Kind: setup.RoutingSkewed, Alpha: 1.5}, true
+	for _, fault := range []string{"", "unmoved"} {
+		feplb.FP8Fault = fault
+		rec, err := Run(c, setup.Env{Version: "test"})
+		if fault == "" && (rec.Rebalance == nil || rec.Rebalance.Moves == 0) {
+			t.Fatalf("feplb moved nothing (%v, %+v)", err, rec.Rebalance)
+		}
+		if passed := rec.Correctness != nil && rec.Correctness.Passed; passed != (fault == "") {
+			t.Errorf("fault %q: check passed %v (%+v)", fault, passed, rec.Correctness)
+		}
 	}
 }

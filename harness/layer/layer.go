@@ -172,6 +172,13 @@ func MakeLayer(cfg setup.Config, experts bool) (*Layer, error) {
 			Idx: make([]int32, cfg.Tokens*cfg.TopK), Probs: make([]float32, cfg.Tokens*cfg.TopK)})
 		l.run = append(l.run, rankRun{logits: make([]float32, cfg.Tokens*E)})
 	}
+	if l.FP8Lt() && l.FC1 != nil { // the FP8 GEMM's weights beside the bf16 ones (feplb's phase 2 moves these)
+		L := l.Shape.LocalExperts()
+		ParallelFor(E, runtime.GOMAXPROCS(0), func(_, e int) {
+			w, x := l.fp8Weights(e), &l.Ranks[e/L].Experts[e%L]
+			x.Q1, x.Q2, x.S1, x.S2 = w.q1, w.q2, w.lt1, w.lt2
+		})
+	}
 	if !cfg.ForwardOnly && experts { // a host twin or a dispatch benchmark runs no backward
 		l.newBackward()
 	}
@@ -383,17 +390,27 @@ func (l *Layer) expertBlocks(r int, segs []dispatchers.Segment, weights func(dis
 	h, f := c.Hidden, c.FFN
 	type block struct {
 		w          *dispatchers.ExpertWeights
-		start, len int // rows
-		expert     int // at fp8 on the host device the expert (its e4m3 weights), else -1
+		start, len int         // rows
+		w8         *fp8Weights // at fp8 on the host device the expert's e4m3 weights (the FP8 GEMM's), else nil
+		mx         *mxWeights  // at mxfp8 the expert's MX weights (mxfp8.go), else nil
 	}
 	var blocks []block
 	for _, sg := range segs {
-		w, e := weights(sg), -1
-		if l.FP8Lt() || l.Cfg.IsMXFP8() {
-			e = sg.Expert
+		w := weights(sg)
+		var w8 *fp8Weights
+		var mx *mxWeights
+		switch {
+		case l.FP8Lt():
+			if w.Q1 != nil { // the segment's own (the rank's, or a moved expert's: feplb's helpers)
+				w8 = &fp8Weights{q1: w.Q1, q2: w.Q2, lt1: w.S1, lt2: w.S2}
+			} else {
+				w8 = l.fp8Weights(sg.Expert)
+			}
+		case l.Cfg.IsMXFP8():
+			mx = l.segmentMXWeights(sg, w)
 		}
 		for lo := 0; lo < sg.Len; lo += setup.ExpertBlock {
-			blocks = append(blocks, block{w, sg.Start + lo, min(setup.ExpertBlock, sg.Len-lo), e})
+			blocks = append(blocks, block{w, sg.Start + lo, min(setup.ExpertBlock, sg.Len-lo), w8, mx})
 		}
 	}
 	most, mostSmall := 0, 0
@@ -409,12 +426,12 @@ func (l *Layer) expertBlocks(r int, segs []dispatchers.Segment, weights func(dis
 		if l.Grads != nil { // a training step keeps each block's fc1 output and activation: its place in the tape
 			scratch = run.saved[b.start*3*f : (b.start+b.len)*3*f]
 		}
-		if e := b.expert; e >= 0 && l.Cfg.IsMXFP8() { // mxfp8: the MX GEMMs, emulated (mxfp8.go)
-			l.expertForwardMX(r, e, b.start, b.len, scratch)
+		if b.mx != nil { // mxfp8: the MX GEMMs, emulated (mxfp8.go)
+			l.expertForwardMX(r, b.mx, b.start, b.len, scratch)
 			return
 		}
-		if e := b.expert; e >= 0 { // fp8 on the host device: cuBLASLt's FP8 GEMMs, emulated (fp8gemm.go)
-			l.expertForwardFP8(r, e, b.start, b.len, scratch)
+		if b.w8 != nil { // fp8 on the host device: cuBLASLt's FP8 GEMMs, emulated (fp8gemm.go)
+			l.expertForwardFP8(r, b.w8, b.start, b.len, scratch)
 			return
 		}
 		kernels.ExpertForward(rk.ExpertY[b.start*h:], rk.ExpertX[b.start*h:(b.start+b.len)*h], rk.ExpertProbs[b.start:b.start+b.len],

@@ -30,6 +30,7 @@ package layer
 
 import (
 	"fmt"
+	"github.com/moebench/moebench/dispatchers"
 	"runtime"
 
 	"github.com/moebench/moebench/harness/setup"
@@ -117,6 +118,25 @@ func (l *Layer) mxWeights(e int) *mxWeights {
 		l.fp8wMu.Unlock()
 	}
 	return w
+}
+
+// segmentMXWeights is the MX weights segment sg's GEMMs read: the rank's
+// own expert's (mxWeights), or, for a segment with its own weights w (a
+// moved expert: feplb's helpers), w's bf16 values quantized again by the
+// same rule on the helper. They are the drawn weights' MX values (the
+// layer holds its weights MX-dequantized), which TE's rule quantizes back
+// to the same values (a block whose largest code rounded to 224 may take
+// half the scale and twice the codes: the same values, the same products
+// scaled by a power of two), so that a correct move changes no bit and a
+// broken one (weights not moved) reaches the output.
+func (l *Layer) segmentMXWeights(sg dispatchers.Segment, w *dispatchers.ExpertWeights) *mxWeights {
+	if sg.Weights == nil {
+		return l.mxWeights(sg.Expert)
+	}
+	m := new(mxWeights)
+	m.q1, m.s1 = quantMX(w.FC1)
+	m.q2, m.s2 = quantMX(w.FC2)
+	return m
 }
 
 // quantizeMX is the mxfp8 step's quantize phase: rank r's input rows cast
@@ -213,12 +233,12 @@ func mxGEMMRows(c []float32, m, n, k int, a, aS, w, wS []uint8) {
 // expertForwardMX computes rows [start, start+n) of rank r's ExpertY with
 // expert e's MX GEMMs (the file's comment), keeping fc1's output and the
 // activation in scratch as ExpertForward does (the backward's tape).
-func (l *Layer) expertForwardMX(r, e, start, n int, scratch []float32) {
+func (l *Layer) expertForwardMX(r int, w *mxWeights, start, n int, scratch []float32) {
 	rk, run, h, f := l.Ranks[r], &l.run[r], l.Cfg.Hidden, l.Cfg.FFN
 	if n == 0 {
 		return
 	}
-	w, S := l.mxWeights(e), h/kernels.MXBlock
+	S := h / kernels.MXBlock
 	h1, act := scratch[:n*2*f], scratch[n*2*f:n*3*f]
 	mxGEMMRows(h1, n, 2*f, h, run.xc[start*h:(start+n)*h], run.xm[start*S:(start+n)*S], w.q1, w.s1)
 	kernels.SwiGLUProb(act, h1, rk.ExpertProbs[start:start+n], n, f)
