@@ -41,6 +41,9 @@ func TestFP8Host(t *testing.T) {
 		if rec.Config.Precision != setup.PrecisionFP8 || rec.GEMM.Method != layer.ExpertPathFP8Host || rec.GEMM.FP8Path != string(kernels.FP8GEMMBlock) {
 			t.Errorf("%s: the record says precision %q, expert path %q (%s)", name, rec.Config.Precision, rec.GEMM.Method, rec.GEMM.FP8Path)
 		}
+		if m := rec.Correctness.Metric; !strings.Contains(m, "same quantized inputs and weights") {
+			t.Errorf("%s: the check's metric says %q, not that the reference takes the quantized operands", name, m)
+		}
 		t.Logf("%s: max rel err %.3g, gradients %.3g", name, rec.Correctness.MaxRelErr, rec.Correctness.Grads.MaxRelErr)
 		c.Precision = setup.PrecisionBF16
 		bf, err := Run(c, setup.Env{Version: "test"})

@@ -47,6 +47,9 @@ func TestMXFP8Host(t *testing.T) {
 			!strings.Contains(rec.GEMM.FP8PathReason, "not a measured Blackwell") {
 			t.Errorf("%s: the record says precision %q, method %q, path %q (%s)", name, rec.Config.Precision, rec.GEMM.Method, rec.GEMM.FP8Path, rec.GEMM.FP8PathReason)
 		}
+		if m := rec.Correctness.Metric; !strings.Contains(m, "1×32 E8M0 scales") {
+			t.Errorf("%s: the check's metric says %q, not that the reference takes the MX operands", name, m)
+		}
 		t.Logf("%s: max rel err %.3g, gradients %.3g", name, rec.Correctness.MaxRelErr, rec.Correctness.Grads.MaxRelErr)
 		c.Precision = setup.PrecisionBF16
 		bf, err := Run(c, setup.Env{Version: "test"})
