@@ -60,6 +60,14 @@ func TestDefaultPresetHybridEPFP8(t *testing.T) {
 			if !cr.Passed || !(cr.MaxRelErr <= cr.Tolerance) || g == nil || !(g.MaxRelErr <= g.Tolerance) {
 				t.Fatalf("check %+v, gradients %+v", cr, g)
 			}
+			// the fp8 path ran, not a bf16 one that would pass the same check:
+			// the expert GEMMs' FP8 path, and the dispatch moving e4m3 rows
+			// with their scales (hidden + hidden/128 × 4 B a token) where the
+			// combine moves bf16's hidden × 2 B for the same tokens
+			if r.GEMM == nil || r.GEMM.FP8Path != "cublaslt-fp8-block" || r.Traffic == nil ||
+				r.Traffic.DispatchAlgorithm*2*512 != r.Traffic.CombineAlgorithm*(512+4*512/128) || r.Traffic.DispatchAlgorithm == 0 {
+				t.Fatalf("gemm %+v, traffic %+v: want the FP8 GEMM path and fp8 rows in dispatch", r.GEMM, r.Traffic)
+			}
 			t.Logf("%s: max rel err %.2e (tolerance %.0e), gradients %.2e (tolerance %.0e)", c.device, cr.MaxRelErr, cr.Tolerance, g.MaxRelErr, g.Tolerance)
 		})
 	}

@@ -3,6 +3,7 @@ package main
 import (
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -60,7 +61,26 @@ func TestBenchDispatchPrecisions(t *testing.T) {
 	if code != exitOK || !regexp.MustCompile(`alltoall +bf16 .*round trip exact\n +alltoall +fp8 .*round trip exact`).MatchString(out) {
 		t.Errorf("exit %d:\n%s%s", code, out, e)
 	}
+	// --wide: the dispatch's bytes a step (MiB), fp8's about half of bf16's
+	code, out, e = cli(append(args, "--precision", "bf16,fp8", "--wide")...)
+	m := regexp.MustCompile(`alltoall +bf16 .*round trip exact +([0-9.]+)\n +alltoall +fp8 .*round trip exact +([0-9.]+)\n`).FindStringSubmatch(out)
+	if code != exitOK || m == nil || !strings.Contains(out, "# MiB: ") {
+		t.Fatalf("--wide: exit %d, no MiB column:\n%s%s", code, out, e)
+	}
+	if bf, fp := atof(t, m[1]), atof(t, m[2]); !(fp > 0.4*bf && fp < 0.6*bf) {
+		t.Errorf("--wide: dispatch MiB %v at bf16, %v at fp8; want about (1 + 4/128)/2 of bf16's", bf, fp)
+	}
 	if code, _, e := cli(append(args, "--precision", "fp4")...); code != exitUsage || !strings.Contains(e, "--precision=fp4: allowed: bf16, fp8, mxfp8") {
 		t.Errorf("--precision fp4: exit %d, %s", code, e)
 	}
+}
+
+// atof parses a table's number.
+func atof(t *testing.T, s string) float64 {
+	t.Helper()
+	v, err := strconv.ParseFloat(s, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
 }

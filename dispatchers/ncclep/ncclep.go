@@ -570,6 +570,11 @@ func (d *Device) Traffic() dispatchers.Traffic {
 	if d.fp8 {
 		tr.AlgorithmFormula = "dispatch: rows received × (hidden × 1 B e4m3 + hidden/128 × 4 B fp32 scales); combine: rows received × hidden × 2 B; " +
 			"a rank's rows to itself included (DeepEP's convention)"
+		if !d.ht() { // DeepEP's test_low_latency counts each fp8 selection's 16 B of metadata too
+			tr.DispatchAlgorithm = all * (drow + 16)
+			tr.AlgorithmFormula = "dispatch: selections received × (hidden × 1 B e4m3 + hidden/128 × 4 B fp32 scales + 16 B); combine: selections received × hidden × 2 B; " +
+				"a rank's selections to itself included (DeepEP's test_low_latency convention)"
+		}
 	}
 	if d.ranBackward() { // the same copies the other way
 		tr.CombineBackwardOffRank, tr.CombineBackwardLogical = off*row, all*row
