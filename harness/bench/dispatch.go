@@ -172,7 +172,7 @@ func benchSetup(cfg setup.Config, env setup.Env) (*layer.Layer, *DispatchBench, 
 	rec := harness.NewRecord(cfg, env)
 	b := &DispatchBench{Schema: DispatchSchema, Time: rec.Time, Config: rec.Config, Stack: rec.Stack,
 		Bytes: "each design's own convention (DeepEP's test_intranode and HybridEP's test_hybrid_ep: tokens received × hidden × 2 B, a rank's tokens to itself included; alltoall's rows are copies; " +
-			"an fp8 dispatch times their fp8 factor (1 + 4/128)/2: hidden × 1 B e4m3 + hidden/128 × 4 B scales a token, combine bf16); GB/s = a rank's share / the phase's p50 (a design's dispatch: as its test times it, the parts summed)",
+			"an fp8 dispatch times their fp8 factor (1 + 4/128)/2: hidden × 1 B e4m3 + hidden/128 × 4 B scales a token, an mxfp8 one hidden × 1 B e4m3 + hidden/32 × 1 B E8M0 scales, the same bytes; combine bf16); GB/s = a rank's share / the phase's p50 (a design's dispatch: as its test times it, the parts summed)",
 		Routing: cfg.Routing.String()}
 	b.Config.Dispatcher, b.Config.SMs = "", 0
 	return l, b, nil

@@ -2,6 +2,8 @@ package setup
 
 import (
 	"runtime"
+
+	"github.com/moebench/moebench/dispatchers"
 )
 
 // RefBlock is how many rows of one expert the float64 reference computes at
@@ -60,8 +62,12 @@ func MemParts(c Config, mode string) []memPart {
 		parts = append(parts, memPart{"expert weights drawn on demand (float32, a group at a time)", float64(ExpertsDrawnAtOnce(c)) * expert})
 	} else if host {
 		parts = append(parts, memPart{"expert weights (float32)", E * expert})
-		if c.IsQuantized() { // the FP8 (MX) GEMM path's e4m3 copies (fp8gemm.go, mxfp8.go)
-			parts = append(parts, memPart{"expert weights (e4m3, fp8 GEMMs)", E * expert / 4})
+		switch { // the FP8 (MX) GEMM path's e4m3 copies and their scales (fp8gemm.go, mxfp8.go)
+		case c.IsMXFP8():
+			parts = append(parts, memPart{"expert weights (e4m3 and their E8M0 scales, MX GEMMs)", E * expert / 4 * (1 + 1.0/32)})
+		case c.IsQuantized():
+			n1, n2 := dispatchers.FP8WeightScales(c.Hidden, c.FFN)
+			parts = append(parts, memPart{"expert weights (e4m3 and their 128×128 multipliers, fp8 GEMMs)", E * (expert/4 + 4*float64(n1+n2))})
 		}
 	}
 	if host {
