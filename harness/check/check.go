@@ -302,6 +302,11 @@ func refExperts(l *layer.Layer, probs [][]float64, byExpert [][]refCopy) [][]flo
 			return
 		}
 		b := &bufs[w]
+		if l.FP8Tensor() { // the per-tensor path: multipliers from all the expert's routed rows (fp8tensor.go)
+			b.fc1, b.fc2 = l.FP8TensorRefWeights(e, b.fc1, b.fc2)
+			ys[e] = fp8TensorExpert(l, copies, probs, e, b.fc1, b.fc2)
+			return
+		}
 		if l.FP8Lt() { // the FP8 GEMM path's exact operands (fp8gemm.go)
 			b.fc1, b.fc2 = l.FP8RefWeights(e, b.fc1, b.fc2)
 		} else {

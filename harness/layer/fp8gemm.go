@@ -45,8 +45,8 @@ func (l *Layer) FP8Lt() bool {
 }
 
 // FP8GEMMHostPath is the host device's expert GEMM path at fp8: block, or
-// bf16-dequant (the cuda device's path today) where a test compares a
-// cuda device's layer with the host's bit for bit.
+// tensor or bf16-dequant where a test runs that path or compares a cuda
+// device's layer with the host's bit for bit.
 var FP8GEMMHostPath = kernels.FP8GEMMBlock
 
 // fp8Weights are an expert's weights as the FP8 GEMM takes them: e4m3

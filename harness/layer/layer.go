@@ -69,6 +69,11 @@ type Layer struct {
 	// fp8DevLt: at fp8 on the cuda device, the layer's expert GEMMs are
 	// cuBLASLt's block-scaled FP8 GEMM (fp8dev.go), and so is the reference
 	fp8DevLt bool
+	// fp8tw, fp8DevTensor: the per-tensor FP8 GEMM path (fp8tensor.go):
+	// each expert's weights as e4m3 codes with one multiplier each (not
+	// kept by a drawn layer); on the cuda device, whether it runs it
+	fp8tw        map[int]*fp8TensorWeights
+	fp8DevTensor bool
 }
 
 type rankRun struct {
@@ -382,8 +387,12 @@ func (l *Layer) expertBlocks(r int, segs []dispatchers.Segment, weights func(dis
 	var blocks []block
 	for _, sg := range segs {
 		w, e := weights(sg), -1
-		if l.FP8Lt() {
+		if l.FP8Lt() || l.FP8Tensor() {
 			e = sg.Expert
+		}
+		if l.FP8Tensor() { // one tensor a segment: not split (fp8tensor.go)
+			blocks = append(blocks, block{w, sg.Start, sg.Len, e})
+			continue
 		}
 		for lo := 0; lo < sg.Len; lo += setup.ExpertBlock {
 			blocks = append(blocks, block{w, sg.Start + lo, min(setup.ExpertBlock, sg.Len-lo), e})
@@ -401,6 +410,10 @@ func (l *Layer) expertBlocks(r int, segs []dispatchers.Segment, weights func(dis
 	forward := func(b block, scratch []float32) {
 		if l.Grads != nil { // a training step keeps each block's fc1 output and activation: its place in the tape
 			scratch = run.saved[b.start*3*f : (b.start+b.len)*3*f]
+		}
+		if e := b.expert; e >= 0 && l.FP8Tensor() { // the per-tensor FP8 GEMMs, emulated (fp8tensor.go)
+			l.expertForwardFP8Tensor(r, e, b.start, b.len, b.w, scratch)
+			return
 		}
 		if e := b.expert; e >= 0 { // fp8 on the host device: cuBLASLt's FP8 GEMMs, emulated (fp8gemm.go)
 			l.expertForwardFP8(r, e, b.start, b.len, scratch)
