@@ -438,6 +438,9 @@ func (r *devRun) describeGEMM(method string) {
 		if path == kernels.FP8GEMMBlock {
 			rec.GEMM.Method = layer.ExpertPathFP8Dev + "; " + method
 		}
+		if path == kernels.FP8GEMMTensor {
+			rec.GEMM.Method = layer.ExpertPathFP8Tensor + "; " + method
+		}
 		rec.GEMM.FP8Path, rec.GEMM.FP8PathReason = string(path), why
 	}
 	if g, ok := r.devs[0].(*device.CUDA); ok {

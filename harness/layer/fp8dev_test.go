@@ -43,4 +43,14 @@ func TestFP8GEMMPathChoice(t *testing.T) {
 			t.Errorf("%s: %s (%s), want %s (…%s…)", tc.name, path, why, tc.path, tc.why)
 		}
 	}
+	// a library offering per-tensor scaling only (the answer faked): the
+	// per-tensor path, said with the reason; feplb stays bf16-dequant
+	defer func() { FP8GEMMOffered = "" }()
+	FP8GEMMOffered = kernels.FP8GEMMTensor
+	if path, why := FP8GEMMPath(emu, c); path != kernels.FP8GEMMTensor || !strings.Contains(why, "per-tensor FP8 GEMM") || !strings.Contains(why, "faked by a test") {
+		t.Errorf("per tensor: %s (%s)", path, why)
+	}
+	if path, why := FP8GEMMPath(emu, fe); path != kernels.FP8GEMMDequant {
+		t.Errorf("feplb per tensor: %s (%s)", path, why)
+	}
 }
