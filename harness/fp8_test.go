@@ -162,6 +162,20 @@ func TestFP8HostTensor(t *testing.T) {
 		}
 		t.Logf("%s (domain %d): max rel err %.3g, gradients %.3g", m.Name, m.Domain, rec.Correctness.MaxRelErr, rec.Correctness.Grads.MaxRelErr)
 	}
+	// a sampled check: each tensor's multiplier still spans all of the
+	// expert's routed rows, the sample's and the others'
+	func() {
+		defer func(b float64) { setup.RefFLOPBudget = b }(setup.RefFLOPBudget)
+		setup.RefFLOPBudget = 1
+		c := harnesstest.FP8Config("alltoall")
+		c.CheckAll = false
+		rec, err := Run(c, setup.Env{Version: "test"})
+		if err != nil || rec.Status != results.StatusOK || !rec.Correctness.Passed || rec.Correctness.Grads == nil || !strings.Contains(rec.Correctness.Sample, "16 per rank") {
+			t.Errorf("sampled per tensor: %v, %+v", err, rec.Correctness)
+		} else {
+			t.Logf("sampled (%s): max rel err %.3g, gradients %.3g", rec.Correctness.Sample, rec.Correctness.MaxRelErr, rec.Correctness.Grads.MaxRelErr)
+		}
+	}()
 	for _, fault := range []string{"t-wscale", "t-half"} {
 		layer.FP8Fault = fault
 		c := harnesstest.FP8Config("alltoall")

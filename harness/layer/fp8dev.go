@@ -7,7 +7,8 @@ package layer
 // (quant_fp8_rows, DeepEP's 1×128 rule, bit for bit the host's
 // QuantFP8Rows). The dispatcher moves those rows as rows of
 // Shape.DispatchHidden bf16-sized elements. The expert phase then runs one
-// of two paths (fp8GEMMPath, said in gemm.fp8_path):
+// of three paths (fp8GEMMPath, said in gemm.fp8_path; the third,
+// cublaslt-fp8-tensor, is fp8devtensor.go's):
 //
 //   - cublaslt-fp8-block (computeFP8): per expert segment fp8_rows_lt
 //     unpacks the rows into e4m3 rows and their 1×128 multipliers in
@@ -40,11 +41,11 @@ import (
 // dispatched e4m3 rows and their 1×128 multipliers, fc2 on its input
 // quantized 1×128, the weights e4m3 in 128×128 blocks; computeFP8) where
 // every device offers it (kernels.FP8GEMMPathFor: sm_90 and cuBLASLt
-// 12.9+; Emu emulates it exactly), else bf16 GEMMs on the dequantized rows
-// and weights: on an older library or GPU (a per-tensor FP8 GEMM would
-// need the rows requantized per tensor: not run), for feplb (its phase 2
-// moves bf16 weights to the helpers) and where cuBLAS's FP8 shape rules
-// refuse ffn.
+// 12.9+; Emu emulates it exactly), else cuBLASLt's per-tensor FP8 GEMM
+// where every device offers that (fp8devtensor.go), else bf16 GEMMs on the
+// dequantized rows and weights: on an older library or GPU, for feplb (its
+// phase 2 moves bf16 weights to the helpers) and where cuBLAS's FP8 shape
+// rules refuse ffn.
 func FP8GEMMPath(devs []device.Device, c setup.Config) (kernels.FP8GEMMPath, string) {
 	const dq = "bf16 GEMMs on the dequantized rows and weights: "
 	if c.Dispatcher == "feplb" {
