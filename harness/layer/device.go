@@ -36,16 +36,18 @@ type DeviceLayer struct {
 	RankBufs   []devRank
 	dc         []devCommon // per device
 
-	seq         []dispatchers.Step           // see steps
-	start, end  map[string][]device.Event    // per phase, per rank
-	IssueMS     float64                      // the last step's host issue time (see step)
-	Graph       *graphs                      // --cuda-graph: the captured segments (graph.go); nil: plain launches
-	WaitMS      float64                      // the last step's host waits before phases (Capabilities.HostWait)
-	job         job                          // what the devices' threads do next (see work)
-	work        func(dev int) error          // dl.issue, made once: issuing a step allocates nothing
-	Train       bool                         // a step is a training step: forward, then backward (devbackward.go)
-	fp8lt       bool                         // at fp8 the expert GEMMs are cuBLASLt's block-scaled FP8 GEMM (fp8dev.go)
-	fp8tensor   bool                         // at fp8 the expert GEMMs are cuBLASLt's per-tensor FP8 GEMM (fp8devtensor.go)
+	seq         []dispatchers.Step        // see steps
+	start, end  map[string][]device.Event // per phase, per rank
+	IssueMS     float64                   // the last step's host issue time (see step)
+	Graph       *graphs                   // --cuda-graph: the captured segments (graph.go); nil: plain launches
+	WaitMS      float64                   // the last step's host waits before phases (Capabilities.HostWait)
+	job         job                       // what the devices' threads do next (see work)
+	work        func(dev int) error       // dl.issue, made once: issuing a step allocates nothing
+	Train       bool                      // a step is a training step: forward, then backward (devbackward.go)
+	fp8lt       bool                      // at fp8 the expert GEMMs are cuBLASLt's block-scaled FP8 GEMM (fp8dev.go)
+	fp8tensor   bool                      // at fp8 the expert GEMMs are cuBLASLt's per-tensor FP8 GEMM (fp8devtensor.go)
+	fp8Path     kernels.FP8GEMMPath       // at fp8 the expert GEMM path (FP8Path)
+	fp8Why      string
 	Forward     int                          // the forward's phases: the first of steps
 	Distributed *Distributed                 // a run over several processes (distributed.go); nil: one
 	GradAcc     map[string]MaxErrAccumulator // a run over several processes: this process's part of the gradient check (checkDeviceGrads)
@@ -145,7 +147,8 @@ func NewDeviceLayer(l *Layer, devs []device.Device, th *device.Threads, d dispat
 	}
 	dl.newThreads(th)
 	if c.IsFP8() {
-		path, _ := FP8GEMMPath(devs, c)
+		path, why := fp8LayerPath(devs, c, ds != nil)
+		dl.fp8Path, dl.fp8Why = path, why
 		dl.fp8lt = path == kernels.FP8GEMMBlock
 		l.fp8DevLt = dl.fp8lt // the reference takes the path's operands
 		dl.fp8tensor = path == kernels.FP8GEMMTensor

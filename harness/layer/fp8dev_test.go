@@ -53,4 +53,11 @@ func TestFP8GEMMPathChoice(t *testing.T) {
 	if path, why := FP8GEMMPath(emu, fe); path != kernels.FP8GEMMDequant {
 		t.Errorf("feplb per tensor: %s (%s)", path, why)
 	}
+	// over several processes the reference cannot see every routed row
+	if path, why := fp8LayerPath(emu, c, true); path != kernels.FP8GEMMDequant || !strings.Contains(why, "several processes") {
+		t.Errorf("per tensor over processes: %s (%s)", path, why)
+	}
+	if path, _ := fp8LayerPath(emu, c, false); path != kernels.FP8GEMMTensor {
+		t.Errorf("per tensor in one process: %s", path)
+	}
 }

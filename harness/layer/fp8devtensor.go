@@ -15,6 +15,7 @@ import (
 	"fmt"
 
 	"github.com/moebench/moebench/dispatchers"
+	"github.com/moebench/moebench/harness/setup"
 	"github.com/moebench/moebench/internal/cuda"
 	"github.com/moebench/moebench/kernels"
 	"github.com/moebench/moebench/kernels/device"
@@ -25,6 +26,25 @@ import (
 // fake cuBLASLt's .so.12 reports 12.0, whose FP8 GEMM on hostsim is what
 // a per-tensor-only library runs, but hostsim's GPUs say sm_90.
 var FP8GEMMOffered kernels.FP8GEMMPath
+
+// fp8TensorDistributed is why a run over several processes runs bf16 on
+// dequantized rows where the devices offer the per-tensor FP8 GEMM only.
+const fp8TensorDistributed = "bf16 GEMMs on the dequantized rows and weights: the devices offer cublaslt-fp8-tensor, but in a run over " +
+	"several processes the check's reference cannot take a tensor's multiplier over all of the expert's routed rows (each process holds its own ranks' routing)"
+
+// fp8LayerPath is FP8GEMMPath, but bf16-dequant in place of the
+// per-tensor path in a run over several processes (fp8TensorDistributed).
+func fp8LayerPath(devs []device.Device, c setup.Config, distributed bool) (kernels.FP8GEMMPath, string) {
+	path, why := FP8GEMMPath(devs, c)
+	if path == kernels.FP8GEMMTensor && distributed {
+		return kernels.FP8GEMMDequant, fp8TensorDistributed + " (" + why + ")"
+	}
+	return path, why
+}
+
+// FP8Path is the expert GEMM path the layer runs at fp8 (FP8GEMMPath, and
+// bf16-dequant instead of per tensor over several processes), and why.
+func (dl *DeviceLayer) FP8Path() (kernels.FP8GEMMPath, string) { return dl.fp8Path, dl.fp8Why }
 
 // fp8TensorStride is the bytes a segment's words take in the operand
 // buffers: its amax word, then 16 bytes on, its multiplier (each 16-byte
