@@ -237,5 +237,10 @@ func (l *Layer) fp8Footprint(r int) int64 {
 			n += int64(len(w.q1)+len(w.q2)) + 4*int64(len(w.s1)+len(w.s2)+len(w.lt1)+len(w.lt2))
 		}
 	}
+	for e, w := range l.fp8tw { // the per-tensor path's (fp8tensor.go)
+		if e/L == r {
+			n += int64(len(w.q1)+len(w.q2)) + 8
+		}
+	}
 	return n
 }
