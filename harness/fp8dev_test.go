@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/moebench/moebench/dispatchers"
 	"github.com/moebench/moebench/harness/check"
 	"github.com/moebench/moebench/harness/internal/harnesstest"
 	"github.com/moebench/moebench/harness/layer"
@@ -270,5 +271,30 @@ func TestFP8TensorCUDALayerOnHostSim(t *testing.T) {
 			t.Cleanup(func() { layer.CloseDevices(devs) })
 			equalsHostOn(t, c, devs...)
 		})
+	}
+}
+
+// TestNCCLEPFP8TensorOnHostSim: the per-tensor path under NCCL EP's
+// per-expert work (--impl library, the fake libnccl_ep): hybridep's
+// high-throughput mode (a training step) and deepep-ll's low-latency mode,
+// whose experts apply no routing weight (the combine does), so that fc2's
+// tensor is SwiGLU(h1) alone and the reference takes it so
+// (FP8TensorUnweighted); both pass the check and say cublaslt-fp8-tensor.
+func TestNCCLEPFP8TensorOnHostSim(t *testing.T) {
+	harnesstest.UseHostSimLayer(t)
+	harnesstest.UseFakeNCCLEP(t)
+	tensorPath(t)
+	for _, d := range []string{"deepep-ll", "hybridep"} {
+		if d != "deepep-ll" {
+			hostsim.SkipIfShort(t, "deepep-ll")
+		}
+		cfg := harnesstest.DeviceCases()["softmax-natural"]
+		cfg.Dispatcher, cfg.Impl, cfg.EP, cfg.Hidden, cfg.Precision = d, dispatchers.ImplLibrary, 2, 512, setup.PrecisionFP8
+		rec, err := Run(cfg, setup.Env{Version: "test"})
+		if err != nil || rec.Status != results.StatusOK || !rec.Correctness.Passed || rec.GEMM.FP8Path != string(kernels.FP8GEMMTensor) {
+			t.Errorf("%s: %v; %s %q %+v (%s)", d, err, rec.Status, rec.Reason, rec.Correctness, rec.GEMM.FP8Path)
+			continue
+		}
+		t.Logf("%s: max rel err %.3g", d, rec.Correctness.MaxRelErr)
 	}
 }

@@ -17,6 +17,9 @@ import (
 // bf16, that activation quantized per tensor, then fc2 (fc2) on the
 // sampled copies. The probabilities are the reference's for the sampled
 // copies, the layer's for the others (they only enter fc2's multiplier).
+// Where the layer's experts apply no routing weight (the combine does:
+// FP8TensorUnweighted) the activation is SwiGLU(h1) alone and each output
+// row is fc2's times its probability.
 func fp8TensorExpert(l *layer.Layer, copies []refCopy, probs [][]float64, e int, fc1, fc2 []float64) []float64 {
 	c := l.Cfg
 	h, f, k := c.Hidden, c.FFN, c.TopK
@@ -41,6 +44,7 @@ func fp8TensorExpert(l *layer.Layer, copies []refCopy, probs [][]float64, e int,
 	for _, cp := range copies {
 		p[where[routed{cp.rank, cp.slot}]] = probs[cp.rank][cp.slot]
 	}
+	unweighted := l.FP8TensorUnweighted()
 	qx, sx := kernels.QuantFP8Tensor(x)
 	act := make([]float32, n*f) // every routed row's bf16 activation
 	var xa, h1, a64 []float64
@@ -52,7 +56,11 @@ func fp8TensorExpert(l *layer.Layer, copies []refCopy, probs [][]float64, e int,
 		for i, v := range h1 { // fc1's output as the layer stores it (bf16)
 			h1[i] = float64(kernels.RoundBF16(float32(v)))
 		}
-		kernels.SwiGLUProb(a64, h1, p[lo:lo+m], m, f)
+		pm := p[lo : lo+m]
+		if unweighted {
+			pm = nil // probability 1
+		}
+		kernels.SwiGLUProb(a64, h1, pm, m, f)
 		for i, v := range a64 { // the activation as the layer stores it (bf16), then quantized
 			act[lo*f+i] = kernels.RoundBF16(float32(v))
 		}
@@ -67,6 +75,13 @@ func fp8TensorExpert(l *layer.Layer, copies []refCopy, probs [][]float64, e int,
 			layer.DequantTensor64(a64[i*f:(i+1)*f], qa[j*f:(j+1)*f], sa)
 		}
 		kernels.MatMulNT(y[lo*h:], a64, fc2, m, h, f)
+		if unweighted {
+			for i, cp := range copies[lo : lo+m] {
+				for j := range h {
+					y[(lo+i)*h+j] *= probs[cp.rank][cp.slot]
+				}
+			}
+		}
 	}
 	return y
 }

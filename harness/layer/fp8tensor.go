@@ -40,6 +40,12 @@ func (l *Layer) FP8Tensor() bool {
 	return FP8GEMMHostPath == kernels.FP8GEMMTensor
 }
 
+// FP8TensorUnweighted says whether the per-tensor path's last step
+// quantized fc2's input without the routing weights: the expert applied
+// none, the combine applies them (NCCL EP's low-latency mode), so that
+// fc2's tensor is SwiGLU(h1) alone and the reference must take it so.
+func (l *Layer) FP8TensorUnweighted() bool { return l.FP8Tensor() && l.fp8Unweighted }
+
 // ExpertPathFP8Tensor is what the record says of the fp8 expert GEMMs on
 // the per-tensor path.
 const ExpertPathFP8Tensor = "FP8 GEMMs (cuBLASLt's per-tensor FP8 GEMM: each expert's rows on its rank dequantized 1×128 as dispatched, " +

@@ -74,6 +74,10 @@ type Layer struct {
 	// kept by a drawn layer); on the cuda device, whether it runs it
 	fp8tw        map[int]*fp8TensorWeights
 	fp8DevTensor bool
+	// fp8Unweighted: the cuda layer's last per-tensor step quantized fc2's
+	// input without the routing weights (its work had none: the combine
+	// applies them, NCCL EP's low-latency mode)
+	fp8Unweighted bool
 }
 
 type rankRun struct {
