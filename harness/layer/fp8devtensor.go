@@ -154,7 +154,7 @@ func (dl *DeviceLayer) computeFP8Tensor(r int, w *dispatchers.DeviceWork, lo, hi
 		}
 		return b.groups, nil
 	}
-	dl.Layer.fp8Unweighted = w.Probs == 0 // fc2's tensor without the routing weights (the reference's too)
+	dl.Layer.fp8Unweighted.Store(w.Probs == 0) // fc2's tensor without the routing weights (the reference's too); every block of a step agrees
 	b.Grouped.FP8 = cuda.FP8Tensor
 	defer func() { b.Grouped.FP8 = cuda.FP8None }()
 	g1, err := groups(false)

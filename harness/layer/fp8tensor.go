@@ -44,7 +44,7 @@ func (l *Layer) FP8Tensor() bool {
 // quantized fc2's input without the routing weights: the expert applied
 // none, the combine applies them (NCCL EP's low-latency mode), so that
 // fc2's tensor is SwiGLU(h1) alone and the reference must take it so.
-func (l *Layer) FP8TensorUnweighted() bool { return l.FP8Tensor() && l.fp8Unweighted }
+func (l *Layer) FP8TensorUnweighted() bool { return l.FP8Tensor() && l.fp8Unweighted.Load() }
 
 // ExpertPathFP8Tensor is what the record says of the fp8 expert GEMMs on
 // the per-tensor path.

@@ -6,6 +6,7 @@ import (
 	"runtime"
 	"slices"
 	"sync"
+	"sync/atomic"
 
 	"github.com/moebench/moebench/dispatchers"
 	"github.com/moebench/moebench/harness/setup"
@@ -76,8 +77,8 @@ type Layer struct {
 	fp8DevTensor bool
 	// fp8Unweighted: the cuda layer's last per-tensor step quantized fc2's
 	// input without the routing weights (its work had none: the combine
-	// applies them, NCCL EP's low-latency mode)
-	fp8Unweighted bool
+	// applies them, NCCL EP's low-latency mode); the ranks' threads set it
+	fp8Unweighted atomic.Bool
 }
 
 type rankRun struct {
