@@ -162,6 +162,16 @@ func TestFP8HostTensor(t *testing.T) {
 		}
 		t.Logf("%s (domain %d): max rel err %.3g, gradients %.3g", m.Name, m.Domain, rec.Correctness.MaxRelErr, rec.Correctness.Grads.MaxRelErr)
 	}
+	// segments longer than ExpertBlock rows: one tensor each, not split
+	// (the reference's tensor is all of the expert's rows)
+	c := harnesstest.FP8Config("alltoall")
+	c.Tokens, c.EP, c.ForwardOnly = 1024, 2, true
+	c.Routing = setup.Routing{Kind: setup.RoutingSkewed, Alpha: 1.5}
+	if rec, err := Run(c, setup.Env{Version: "test"}); err != nil || rec.Status != results.StatusOK || !rec.Correctness.Passed {
+		t.Errorf("per tensor, %d tokens a rank: %v, %+v", c.Tokens, err, rec.Correctness)
+	} else {
+		t.Logf("%d tokens a rank: max rel err %.3g", c.Tokens, rec.Correctness.MaxRelErr)
+	}
 	// a sampled check: each tensor's multiplier still spans all of the
 	// expert's routed rows, the sample's and the others'
 	func() {
