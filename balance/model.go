@@ -16,6 +16,10 @@ type Model struct {
 	// min(CE, CEShare·NVLink).
 	CEShare    float64
 	RateSource string // where GEMMRate came from
+	// ExpertBytes, when not 0, is one expert's weights as they move (feplb
+	// at fp8: the FP8 GEMM's e4m3 codes and multipliers,
+	// dispatchers.FP8WeightBytes); 0: bf16's, 6·h·f.
+	ExpertBytes int64
 }
 
 // H100 is the stated roofline of one H100 SXM (docs/references.md):
@@ -30,9 +34,14 @@ func H100(hidden, ffn int) Model {
 // TokenBytes is one bf16 token row.
 func (m Model) TokenBytes() int64 { return 2 * int64(m.Hidden) }
 
-// WeightBytes is one expert's bf16 weights (fc1 h→2f, fc2 f→h), and so
-// also its bf16 weight gradient.
-func (m Model) WeightBytes() int64 { return 6 * int64(m.Hidden) * int64(m.FFN) }
+// WeightBytes is one expert's weights as they move: bf16 (fc1 h→2f, fc2
+// f→h; and so also its bf16 weight gradient), or ExpertBytes when set.
+func (m Model) WeightBytes() int64 {
+	if m.ExpertBytes > 0 {
+		return m.ExpertBytes
+	}
+	return 6 * int64(m.Hidden) * int64(m.FFN)
+}
 
 // TokenCompute is one token copy's expert GEMM time at GEMMRate.
 func (m Model) TokenCompute() float64 { return 6 * float64(m.Hidden) * float64(m.FFN) / m.GEMMRate }

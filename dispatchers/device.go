@@ -62,6 +62,10 @@ type DeviceRank struct {
 	// FC1 and FC2 are the rank's own experts' weights, [L, 2f, h] and
 	// [L, h, f], set by the layer.
 	FC1, FC2 device.Addr
+	// FP8 are the same experts' weights as the layer's FP8 GEMM reads them
+	// (set by the layer at --precision fp8 where its expert GEMMs are
+	// cuBLASLt's block-scaled FP8 GEMM; zero otherwise).
+	FP8 FP8Weights
 
 	// Work is what the next expert phase computes. Nil: every row of
 	// ExpertX, grouped by local expert as ExpertRows says, into ExpertY. A
@@ -109,6 +113,11 @@ type DeviceWork struct {
 type DeviceSegment struct {
 	Expert, Start, Len int
 	FC1, FC2           device.Addr
+	// FP8, on the FP8 GEMM path, is where the expert's e4m3 weights and
+	// their multipliers are when they are not the rank's own (one expert's:
+	// Q1 [2f, h], Q2 [h, f], S1, S2 as FP8WeightScales says); zero means
+	// the rank's own copy (the expert must be local).
+	FP8 FP8Weights
 	// DFC1, DFC2 are where the backward adds the segment's weight
 	// gradients (fp32 [2f, h], [h, f]); 0 means the rank's own DFC1, DFC2
 	// (the expert must be local).

@@ -122,6 +122,12 @@ type Rank struct {
 // fc2 [h, f].
 type ExpertWeights struct {
 	FC1, FC2 []float32
+	// Q1, Q2 and S1, S2 are the same weights as the FP8 GEMM reads them,
+	// set by the layer at --precision fp8 where it runs the FP8 GEMM (nil
+	// otherwise): e4m3 codes [2f, h] and [h, f] and their 128×128
+	// multipliers in BLK128x128_32F's order (FP8WeightScales floats).
+	Q1, Q2 []uint8
+	S1, S2 []float32
 }
 
 // Segment is a run of rows of Rank.ExpertX that one expert computes. Rows
@@ -222,6 +228,11 @@ type Capabilities struct {
 	// it can: e4m3 rows and their scales, as its design does); nil: it
 	// has no fp8 path (New says so at --precision fp8).
 	FP8 func(env Env) string
+	// MXFP8 says why the dispatcher cannot move mxfp8 rows for env on the
+	// host device ("" when it can: e4m3 rows and their E8M0 scales per 32
+	// elements); nil: no MX path (New says so at --precision mxfp8). The
+	// cuda device refuses mxfp8 before asking (MXFP8DeviceReason).
+	MXFP8 func(env Env) string
 	// Rebalance is a design that moves work between ranks after the
 	// dispatch (FEPLB's phase 2); nil for the others.
 	Rebalance *Rebalance
@@ -329,7 +340,7 @@ type Env struct {
 	// 0 means DefaultCommTimeout.
 	CommTimeout time.Duration
 	// Precision is the dispatch precision (PrecisionBF16, "" too, or
-	// PrecisionFP8: see precision.go)
+	// PrecisionFP8, PrecisionMXFP8: see precision.go)
 	Precision string
 	// LibraryTimeout is a library implementation's own bound on its
 	// waits for other ranks (NCCL EP's timeout_ns: --ncclep-timeout);

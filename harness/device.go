@@ -24,6 +24,9 @@ func runDevice(cfg setup.Config, env setup.Env, rec *results.Record) (*results.R
 		return out, err
 	}
 	r.cfg = env.Share(r.cfg)
+	if r.cfg.IsMXFP8() { // unavailable: the GPUs' own reason, before any dispatcher or memory estimate
+		return r.mxfp8Unavailable()
+	}
 	if err := checkHostMemory(r.cfg); err != nil { // the host twin and the reference (this process's share)
 		return r.Fail(results.StatusUnavailable, err)
 	}
@@ -46,6 +49,12 @@ func runDevice(cfg setup.Config, env setup.Env, rec *results.Record) (*results.R
 		return r.Fail(results.StatusUnavailable, fmt.Errorf("device %s: %w", r.cfg.Device, err))
 	}
 	defer layer.CloseDevices(devs)
+	if why := layer.FP8DeviceUnavailable(devs); why != "" && r.cfg.IsFP8() {
+		d.Close()
+		err := &dispatchers.UnavailableError{Name: r.cfg.Dispatcher, Impl: r.cfg.Impl, Reason: why}
+		r.ds.AnnounceFailure(err, r.cfg)
+		return dispatcherError(rec, r.cfg, err)
+	}
 	th := device.NewThreads(devs)
 	defer th.Close()
 	layer.SetHangWatchdog(th, r.cfg, r.ds)
@@ -449,4 +458,19 @@ func (r *devRun) describeGEMM(method string) {
 	if r.dl.Attn != nil { // attention.go
 		rec.GEMM.Method += "; " + r.dl.Attn.Describe(cfg)
 	}
+}
+
+// mxfp8Unavailable ends a run at --precision mxfp8 on the cuda device as
+// unavailable, in its GPUs' and libraries' terms (layer.MXFP8DeviceReason;
+// docs/fp8.md "mxfp8 on the host device").
+func (r *devRun) mxfp8Unavailable() (*results.Record, error) {
+	devs, err := layer.OpenDevices(r.env, r.cfg.GPUs, r.cfg.EP, r.ds)
+	if err != nil {
+		return r.Fail(results.StatusUnavailable, fmt.Errorf("device %s: %w", r.cfg.Device, err))
+	}
+	why := layer.MXFP8DeviceReason(devs)
+	layer.CloseDevices(devs)
+	err = &dispatchers.UnavailableError{Name: r.cfg.Dispatcher, Impl: r.cfg.Impl, Reason: why}
+	r.ds.AnnounceFailure(err, r.cfg)
+	return dispatcherError(r.rec, r.cfg, err)
 }

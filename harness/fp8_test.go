@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"github.com/moebench/moebench/dispatchers"
+	"github.com/moebench/moebench/dispatchers/feplb"
 	"github.com/moebench/moebench/harness/check"
 	"github.com/moebench/moebench/harness/internal/harnesstest"
 	"github.com/moebench/moebench/harness/layer"
@@ -40,6 +41,9 @@ func TestFP8Host(t *testing.T) {
 		if rec.Config.Precision != setup.PrecisionFP8 || rec.GEMM.Method != layer.ExpertPathFP8Host || rec.GEMM.FP8Path != string(kernels.FP8GEMMBlock) {
 			t.Errorf("%s: the record says precision %q, expert path %q (%s)", name, rec.Config.Precision, rec.GEMM.Method, rec.GEMM.FP8Path)
 		}
+		if m := rec.Correctness.Metric; !strings.Contains(m, "same quantized inputs and weights") {
+			t.Errorf("%s: the check's metric says %q, not that the reference takes the quantized operands", name, m)
+		}
 		t.Logf("%s: max rel err %.3g, gradients %.3g", name, rec.Correctness.MaxRelErr, rec.Correctness.Grads.MaxRelErr)
 		c.Precision = setup.PrecisionBF16
 		bf, err := Run(c, setup.Env{Version: "test"})
@@ -64,36 +68,37 @@ func TestFP8Host(t *testing.T) {
 // dequantization broken on purpose — the multiplier doubled, the next
 // block's multiplier, none at all; on the FP8 GEMM path the activation
 // multipliers in the wrong (row-major) order, each weight block the next
-// block's multiplier, fc2's input not dequantized — the check fails.
+// block's multiplier, fc2's input not dequantized — the check fails; so
+// it does with feplb's phase 2 giving its helpers the owner's multipliers
+// one float off ("scale-offset") or no e4m3 weights ("unmoved").
 func TestFP8CheckCatchesBrokenDequantization(t *testing.T) {
-	defer func() { layer.FP8Fault = "" }()
-	for _, fault := range []string{"scale", "block", "none", "lt-order", "w-block", "fc2-none"} {
-		layer.FP8Fault = fault
+	defer func() { layer.FP8Fault, feplb.FP8Fault = "", "" }()
+	for _, fault := range []string{"scale", "block", "none", "lt-order", "w-block", "fc2-none", "scale-offset", "unmoved"} {
+		layer.FP8Fault, feplb.FP8Fault = fault, ""
 		c := harnesstest.FP8Config("alltoall")
+		if fault == "scale-offset" || fault == "unmoved" {
+			layer.FP8Fault, feplb.FP8Fault = "", fault
+			c = harnesstest.FP8Config("feplb")
+			c.Routing = setup.Routing{Kind: setup.RoutingSkewed, Alpha: 1.5}
+		}
 		c.ForwardOnly = true
 		rec, err := Run(c, setup.Env{Version: "test"})
 		if err == nil || rec.Status != results.StatusFailed || rec.Correctness == nil || rec.Correctness.MaxRelErr <= check.Tolerance {
 			t.Errorf("dequantization broken (%s): %v, %+v", fault, err, rec.Correctness)
 		} else {
-			t.Logf("broken (%s): max rel err %.3g", fault, rec.Correctness.MaxRelErr)
+			t.Logf("broken (%s, %s): max rel err %.3g", fault, c.Dispatcher, rec.Correctness.MaxRelErr)
 		}
 	}
 }
 
-// TestFP8Unavailable: a dispatcher without an FP8 path, and mxfp8, are
-// unavailable with the reason; never a bf16 run in disguise.
+// TestFP8Unavailable: a design's FP8 constraint makes it unavailable with
+// the reason; never a bf16 run in disguise (mxfp8: TestMXFP8Unavailable).
 func TestFP8Unavailable(t *testing.T) {
-	c := harnesstest.FP8Config("alltoall")
-	c.Precision = setup.PrecisionMXFP8
-	rec, err := Run(c, setup.Env{Version: "test"})
-	if !dispatchers.IsUnavailable(err) || rec.Status != results.StatusUnavailable || !strings.Contains(rec.Reason, "mxfp8 is not wired") {
-		t.Errorf("mxfp8: %v, %s %q", err, rec.Status, rec.Reason)
-	}
 	for _, device := range []string{"host", "cuda"} {
-		c = harnesstest.FP8Config("hybridep")
+		c := harnesstest.FP8Config("hybridep")
 		c.Hidden, c.Device = 384, device
-		rec, err = Run(c, setup.Env{Version: "test", OpenDevices: harnesstest.Emus(1)})
-		if !dispatchers.IsUnavailable(err) || rec.Status != results.StatusUnavailable || !strings.Contains(rec.Reason, "hidden a multiple of 512 (BufferConfig.is_valid); hidden is 384") {
+		rec, err := Run(c, setup.Env{Version: "test", OpenDevices: harnesstest.Emus(1)})
+		if !dispatchers.IsUnavailable(err) || rec.Status != results.StatusUnavailable || !strings.Contains(rec.Reason, "--hidden a multiple of 512 (BufferConfig.is_valid); --hidden is 384") {
 			t.Errorf("hybridep at hidden 384 on the %s device: %v, %s %q", device, err, rec.Status, rec.Reason)
 		}
 	}
@@ -196,5 +201,21 @@ func TestFP8HostTensor(t *testing.T) {
 		} else {
 			t.Logf("broken (%s): max rel err %.3g", fault, rec.Correctness.MaxRelErr)
 		}
+	}
+}
+
+// TestFP8UnavailableBelowSM89: on a GPU below sm_89 (the fake driver's
+// FAKECUDA_CC 80) --precision fp8 is unavailable with the reason, never
+// run in software FP8 and bf16 GEMMs (bench dispatch:
+// TestFP8BenchDispatchBelowSM89).
+func TestFP8UnavailableBelowSM89(t *testing.T) {
+	harnesstest.UseHostSimLayer(t)
+	t.Setenv("FAKECUDA_CC", "80")
+	c := harnesstest.FP8Config("alltoall")
+	c.Device = "cuda"
+	rec, err := Run(c, setup.Env{Version: "test"})
+	want := "GPU 0 is sm_80, where Transformer Engine refuses FP8"
+	if !dispatchers.IsUnavailable(err) || rec.Status != results.StatusUnavailable || !strings.Contains(rec.Reason, want) {
+		t.Errorf("run: %v, %s %q; want unavailable, %q", err, rec.Status, rec.Reason, want)
 	}
 }

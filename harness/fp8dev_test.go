@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/moebench/moebench/dispatchers"
+	"github.com/moebench/moebench/dispatchers/feplb"
 	"github.com/moebench/moebench/harness/check"
 	"github.com/moebench/moebench/harness/internal/harnesstest"
 	"github.com/moebench/moebench/harness/layer"
@@ -26,10 +27,17 @@ import (
 // check (the output and every gradient against the float64 reference on
 // the same quantized inputs and weights), and its output, rows and traffic
 // equal the host device's fp8 layer's bit for bit (equalsHostOn): both run
-// the FP8 GEMMs on the same operands, feplb's layer the bf16 GEMMs on
-// dequantized rows (fp8GEMMPath). On one device and with the ranks on
+// the FP8 GEMMs on the same operands (feplb's helpers on the e4m3 weights
+// and multipliers its phase 2 moved). On one device and with the ranks on
 // three; the second step of each with the expert GEMMs over 4 streams.
+// feplb-dequant: the bf16 GEMMs on dequantized rows (layer.FP8DevDequant),
+// where phase 2 moves bf16 weights, against the host's same path.
 func TestFP8DeviceEqualsHost(t *testing.T) {
+	t.Run("feplb-dequant", func(t *testing.T) {
+		layer.FP8DevDequant = true
+		t.Cleanup(func() { layer.FP8DevDequant = false })
+		equalsHost(t, harnesstest.FP8DeviceCases()["feplb"], 1)
+	})
 	for name, c := range harnesstest.FP8DeviceCases() {
 		if c.Dispatcher == "hybridep" && c.Domain > 1 { // its inter-domain path: a device per rank
 			t.Run(name+"-4devices", func(t *testing.T) { equalsHost(t, c, c.EP) })
@@ -52,8 +60,8 @@ func TestFP8DeviceEqualsHost(t *testing.T) {
 
 // TestFP8DeviceRun: moebench's run on the emulated cuda device at fp8
 // passes its check, says fp8 and the FP8 GEMM path in the record
-// (cublaslt-fp8-block: Emu emulates cuBLASLt's FP8 GEMM; feplb's
-// bf16-dequant, with its reason) and times the quantize phase.
+// (cublaslt-fp8-block: Emu emulates cuBLASLt's FP8 GEMM; feplb's too, its
+// helpers on the e4m3 weights phase 2 moved) and times the quantize phase.
 // hybridep: issue 34's command, --dispatcher hybridep --sms 16 --precision
 // fp8 --hidden 512.
 func TestFP8DeviceRun(t *testing.T) {
@@ -64,9 +72,6 @@ func TestFP8DeviceRun(t *testing.T) {
 			t.Fatalf("%s: %v, %s %q, %+v", name, err, rec.Status, rec.Reason, rec.Correctness)
 		}
 		method, path, why := layer.ExpertPathFP8Dev, kernels.FP8GEMMBlock, "Emu simulation runs cuBLASLt's block-scaled FP8 GEMM"
-		if name == "feplb" {
-			method, path, why = layer.ExpertPathFP8, kernels.FP8GEMMDequant, "feplb's phase 2 moves"
-		}
 		if rec.Config.Precision != setup.PrecisionFP8 || !strings.HasPrefix(rec.GEMM.Method, method+"; ") || rec.GEMM.FP8Path != string(path) || !strings.Contains(rec.GEMM.FP8PathReason, why) {
 			t.Errorf("%s: record: precision %q, expert path %q, fp8 path %q (%s)", name, rec.Config.Precision, rec.GEMM.Method, rec.GEMM.FP8Path, rec.GEMM.FP8PathReason)
 		}
@@ -83,18 +88,24 @@ func TestFP8DeviceRun(t *testing.T) {
 // VEC128_32F's order ("lt-order"), or lost ("a-missing"), or each weight
 // block given the next block's multiplier ("w-block", the uploaded
 // BLK128x128 multipliers; the reference's are right). On the bf16 GEMMs
-// on dequantized rows (feplb): each row dequantized from the next packed
-// row (its values and multipliers), or not at all.
+// on dequantized rows (alltoall with layer.FP8DevDequant): each row
+// dequantized from the next packed row (its values and multipliers), or
+// not at all. feplb's phase 2 at fp8: its helpers' multipliers copied from
+// the home copy one float off ("scale-offset", each block the next
+// block's), or the e4m3 weights not moved ("unmoved").
 func TestFP8DeviceCheckCatchesBrokenDequantization(t *testing.T) {
-	defer func() { layer.FP8DevFault, layer.FP8Fault = "", "" }()
-	for _, fault := range []string{"lt-order", "a-missing", "w-block", "row", "none"} {
+	defer func() { layer.FP8DevFault, layer.FP8Fault, layer.FP8DevDequant, feplb.FP8Fault = "", "", false, "" }()
+	for _, fault := range []string{"lt-order", "a-missing", "w-block", "row", "none", "scale-offset", "unmoved"} {
 		c := harnesstest.FP8DeviceCases()["alltoall"]
-		layer.FP8DevFault, layer.FP8Fault = fault, ""
+		layer.FP8DevFault, layer.FP8Fault, layer.FP8DevDequant, feplb.FP8Fault = fault, "", false, ""
 		switch fault {
 		case "w-block":
 			layer.FP8DevFault, layer.FP8Fault = "", fault
 		case "row", "none":
+			layer.FP8DevDequant = true
+		case "scale-offset", "unmoved":
 			c = harnesstest.FP8DeviceCases()["feplb"]
+			layer.FP8DevFault, feplb.FP8Fault = "", fault
 		}
 		c.ForwardOnly = true
 		rec, err := Run(c, setup.Env{Version: "test", OpenDevices: harnesstest.Emus(1)})
@@ -110,10 +121,10 @@ func TestFP8DeviceCheckCatchesBrokenDequantization(t *testing.T) {
 // (fp8.cu's kernels compiled for the CPU, the fake driver's two GPUs and
 // its cuBLASLt 13.0 on sm_90, whose FP8 GEMM is kernels.FP8GEMM's
 // arithmetic): training steps that pass the check, whose record says
-// cublaslt-fp8-block (feplb's bf16-dequant), whose packed rows equal the
-// host's QuantFP8Rows bit for bit (codes and multipliers), and whose
-// outputs equal the host device's fp8 layer's bit for bit (equalsHostOn:
-// the same FP8 GEMM path, feplb's the bf16 one).
+// cublaslt-fp8-block (feplb's too: its helpers' FP8 GEMMs on the e4m3
+// weights phase 2 moved), whose packed rows equal the host's QuantFP8Rows
+// bit for bit (codes and multipliers), and whose outputs equal the host
+// device's fp8 layer's bit for bit (equalsHostOn: the same FP8 GEMM path).
 func TestFP8CUDALayerOnHostSim(t *testing.T) {
 	harnesstest.UseHostSimLayer(t)
 	for name, c := range harnesstest.FP8DeviceCases() {
@@ -134,11 +145,8 @@ func TestFP8CUDALayerOnHostSim(t *testing.T) {
 			}
 			t.Logf("max rel err %.2e, gradients %.2e", rec.Correctness.MaxRelErr, rec.Correctness.Grads.MaxRelErr)
 			// the fake cuBLASLt is 13.0 on a GPU of sm_90: it offers block
-			// scaling, and the layer ran it (feplb: bf16 on dequantized rows)
+			// scaling, and the layer ran it (feplb too)
 			path, why := kernels.FP8GEMMBlock, "has VEC128_32F/BLK128x128_32F"
-			if c.Dispatcher == "feplb" {
-				path, why = kernels.FP8GEMMDequant, "feplb's phase 2 moves"
-			}
 			if rec.GEMM.FP8Path != string(path) || !strings.Contains(rec.GEMM.FP8PathReason, why) {
 				t.Errorf("record: fp8 GEMM path %q (%s)", rec.GEMM.FP8Path, rec.GEMM.FP8PathReason)
 			}
@@ -177,8 +185,8 @@ func TestFP8CUDALayerOnHostSim(t *testing.T) {
 }
 
 // hostRunsDevicePath makes the host layer run the cuda device's fp8 expert
-// GEMM path where that is bf16 on dequantized rows (feplb's,
-// fp8GEMMPath) for t, so that the two are compared bit for bit.
+// GEMM path where that is bf16 on dequantized rows (an old cuBLASLt, or
+// layer.FP8DevDequant) for t, so that the two are compared bit for bit.
 func hostRunsDevicePath(t *testing.T) {
 	was := layer.FP8GEMMHostPath
 	layer.FP8GEMMHostPath = kernels.FP8GEMMDequant
@@ -297,4 +305,36 @@ func TestNCCLEPFP8TensorOnHostSim(t *testing.T) {
 		}
 		t.Logf("%s: max rel err %.3g", d, rec.Correctness.MaxRelErr)
 	}
+}
+
+// TestFP8FEPLBBytesAgree: at fp8 the host and the cuda device (Emu) count
+// feplb's phase-2 bytes the same way for the same step (a first step: both
+// plan with the host model): copy_bytes is each move's FP8WeightBytes plus
+// each moved row's h + h/32 out (e4m3 and multipliers; the device's 16-byte
+// padding not counted) and 2·h back, and backward_copy_bytes each move's
+// bf16 weights (pushed in combine-bwd for the bf16 backward) and weight
+// gradients plus each moved row's 2·h out, 2·h + 4 back — the same rows in
+// both.
+func TestFP8FEPLBBytesAgree(t *testing.T) {
+	c := harnesstest.FP8DeviceCases()["feplb"]
+	dl := deviceRun(t, c, &device.Emu{})
+	if cr, err := check.CheckDevice(dl); err != nil || !cr.Passed {
+		t.Fatalf("check: %v, %+v", err, cr)
+	}
+	dev := dl.Dispatcher.Capabilities().Rebalance.Stats()
+	_, d := hostStep(t, c, "feplb")
+	host := d.Capabilities().Rebalance.Stats()
+	if dev.Moves == 0 || dev.Moves != host.Moves || dev.CopyBytes != host.CopyBytes || dev.BackwardCopyBytes != host.BackwardCopyBytes || dev.WGradBytes != host.WGradBytes {
+		t.Fatalf("device: %d moves, copy %d B, backward %d B (wgrad %d); host: %d moves, copy %d B, backward %d B (wgrad %d)",
+			dev.Moves, dev.CopyBytes, dev.BackwardCopyBytes, dev.WGradBytes, host.Moves, host.CopyBytes, host.BackwardCopyBytes, host.WGradBytes)
+	}
+	h, f, m := int64(c.Hidden), int64(c.FFN), int64(dev.Moves)
+	fwd := dev.CopyBytes - m*dispatchers.FP8WeightBytes(c.Hidden, c.FFN)
+	bwd := dev.BackwardCopyBytes - dev.WGradBytes - m*6*h*f
+	row := dispatchers.RowBytes(dispatchers.PrecisionFP8, c.Hidden) + 2*h
+	if fwd <= 0 || fwd%row != 0 || bwd <= 0 || bwd%(4*h+4) != 0 || fwd/row != bwd/(4*h+4) {
+		t.Errorf("copy_bytes %d, backward_copy_bytes %d (wgrad %d) for %d moves: rows %d B forward, %d B backward — not the same rows",
+			dev.CopyBytes, dev.BackwardCopyBytes, dev.WGradBytes, m, fwd, bwd)
+	}
+	t.Logf("%d moves of %d rows: copy_bytes %d, backward_copy_bytes %d", m, fwd/row, dev.CopyBytes, dev.BackwardCopyBytes)
 }

@@ -49,8 +49,8 @@ func TestOverlapGraphFallbackForks(t *testing.T) {
 			for rep := range 2 {
 				stepBothWays(t, ov, rep, ", every capture refused")
 			}
-			if ov.Graph.Fallbacks < 2 || ov.Graph.Launches != 0 {
-				t.Fatalf("%d fallbacks, %d launches; want every segment (at least 2 a step) issued as plain launches", ov.Graph.Fallbacks, ov.Graph.Launches)
+			if ov.Graph.Fallbacks() < 2 || ov.Graph.Launches() != 0 {
+				t.Fatalf("%d fallbacks, %d launches; want every segment (at least 2 a step) issued as plain launches", ov.Graph.Fallbacks(), ov.Graph.Launches())
 			}
 		})
 	}

@@ -543,6 +543,9 @@ func fillMeasurements(rec *results.Record, cfg setup.Config, m layer.Measurement
 	if cfg.IsFP8() && cfg.Device == "host" {
 		rec.GEMM.Method, rec.GEMM.FP8Path, rec.GEMM.FP8PathReason = layer.HostFP8GEMMNote()
 	}
+	if cfg.IsMXFP8() && cfg.Device == "host" {
+		rec.GEMM.Method, rec.GEMM.FP8Path, rec.GEMM.FP8PathReason = layer.HostMXGEMMNote()
+	}
 	if m.Forward > 0 {
 		backwardGEMM(rec.GEMM, m, cfg)
 		for _, rows := range m.Recv {

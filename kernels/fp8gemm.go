@@ -142,7 +142,8 @@ func FP8GEMMInto(c []float32, mode cuda.FP8Scale, m, n, k int, a []uint8, aScale
 // a block's fp32 sum of at most 128 adds ≤ γ(127), the multiplier's two
 // roundings (sw·sa, then ·p) 2u, the sum over ⌈k/128⌉ blocks γ(⌈k/128⌉):
 // γ(127 + 2 + ⌈k/128⌉)·absSum, γ(n) = n·u/(1 − n·u), u = 2^-24. Per
-// tensor: γ(k − 1 + 2)·absSum. A bf16 output adds 2^-8·|c| (half an ULP).
+// tensor: γ(k − 1 + 2)·absSum. A bf16 output adds its rounding
+// (bf16OutBound: half an ULP, and half the subnormal step).
 // This is the fp32 accumulation of the fake and the emulation; a GPU whose
 // FP8 tensor cores keep fewer accumulator bits (Hopper: about 14, DeepSeek-V3
 // §3.3.2) needs u = 2^-14 over the promotion interval instead.
@@ -154,7 +155,7 @@ func FP8GEMMBound(mode cuda.FP8Scale, k int, absSum float64, bf16Out bool, c flo
 	u := math.Ldexp(1, -24)
 	b := float64(n) * u / (1 - float64(n)*u) * absSum
 	if bf16Out {
-		b += math.Ldexp(1, -8) * math.Abs(c)
+		b = bf16OutBound(b, c)
 	}
 	return b
 }

@@ -474,8 +474,10 @@ func reportKey(groups []Group) []string {
 	}
 	if slices.ContainsFunc(groups, anyFP8) {
 		key = append(key, "precision: --precision; fp8 dispatches e4m3 rows with one fp32 scale per 1×128 block (bytes and algo GB/s count them: hidden + hidden/128 × 4 B a row), "+
+			"mxfp8 e4m3 rows with one E8M0 scale per 32 elements (hidden + hidden/32 B a row), "+
 			"combine bf16, expert GEMMs as the record's gemm.method says (docs/fp8.md); "+
-			"fp8_gemm: the expert GEMM path that ran (bf16-dequant: bf16 GEMMs on dequantized rows and weights; cublaslt-fp8-block / -tensor: cuBLASLt FP8 with 1×128/128×128 or per-tensor scales), why in gemm.fp8_path_reason")
+			"fp8_gemm: the expert GEMM path that ran (bf16-dequant: bf16 GEMMs on dequantized rows and weights; cublaslt-fp8-block / -tensor: cuBLASLt FP8 with 1×128/128×128 or per-tensor scales; "+
+			"mx-emulated: the MXFP8 GEMM emulated on the host), why in gemm.fp8_path_reason")
 	}
 	if slices.ContainsFunc(groups, asDesigned) {
 		key = append(key, "dispatch_as_designed_*: the dispatch as the design's own test times it, per iteration the sum of its parts' slowest ranks, p50 "+

@@ -114,6 +114,19 @@ func TestReportPrecision(t *testing.T) {
 	if strings.Contains(b.String(), "precision") {
 		t.Errorf("a bf16 group shows a precision column:\n%s", b.String())
 	}
+	// the default (terminal) table too: bf16 and fp8 rows told apart
+	b.Reset()
+	if err := WriteReportWidth(&b, BuildReport([]Record{fp, bf}), "table", "", 120); err != nil {
+		t.Fatal(err)
+	}
+	if out := b.String(); !regexp.MustCompile(`dispatcher +impl +sms +precision +status[^\n]*\n[^\n]*alltoall +native +[^ ]+ +bf16 +ok[^\n]*\n[^\n]*alltoall +native +[^ ]+ +fp8 +ok `).MatchString(out) {
+		t.Errorf("the 120-column table does not tell bf16 from fp8:\n%s", out)
+	}
+	b.Reset()
+	WriteReportWidth(&b, BuildReport([]Record{bf}), "table", "", 120)
+	if strings.Contains(b.String(), "precision") {
+		t.Errorf("a bf16 group's 120-column table shows a precision column:\n%s", b.String())
+	}
 	b.Reset()
 	WriteReport(&b, BuildReport([]Record{bf}), "csv", "")
 	if head, rows := readCSV(t, b.String()); !slices.Contains(head, "precision") || rows[0]["precision"] != "bf16" {

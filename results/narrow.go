@@ -14,7 +14,8 @@ import (
 // HTML, CSV and JSON outputs always do.
 
 // narrowColumns are the report's columns in a default table, most-read
-// first: what ran (dispatcher, impl, SM budget) and whether it ran, the
+// first: what ran (dispatcher, impl, SM budget, precision where a row is
+// not bf16) and whether it ran, the
 // step (the time compare decides on) and its speedup, the two phases a
 // dispatcher is about and their bandwidth, then correctness, memory and
 // the rest. Text cells are cut to keep the table within the width.
@@ -27,6 +28,7 @@ var narrowColumns = []column{
 		}
 		return smsCell(r)
 	}},
+	columnNamed("precision"), // only in a group with a row not at bf16
 	{head: "status", val: func(r Row) string { return Truncate(r.Rec.Status, 12) }},
 	{head: "step_p50", okOnly: true, ms: func(r Row) (float64, bool) {
 		if r.Rec.Timing == nil {

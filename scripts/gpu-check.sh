@@ -27,8 +27,8 @@
 # --routing-fixed); bench dispatch (alltoall, deepep, hybridep at 2 SM budgets,
 # 8 and 16: EP 8 on one GPU holds at most 16 SMs a rank); bench kernels (the kernels' ratios to the ceilings measured in
 # the same run: the copy engines' device copy, an SM copy kernel, a dense
-# GEMM). Each step has its own time limit (the sum, with each step's 3 s to
-# be killed, is 344 s); a step that would end past QUICK_BUDGET seconds
+# GEMM); hybridep's layer at --precision fp8 (issue 34's command). Each step has its own time limit (the sum, with each step's 3 s to
+# be killed, is 350 s); a step that would end past QUICK_BUDGET seconds
 # (default 360) runs shorter or is skipped, and says so. A failed or timed
 # out step is recorded and the next one runs. OUTDIR receives two files:
 # gpu-check-quick.tgz (every log, doctor.txt, records.jsonl,
@@ -38,7 +38,8 @@
 # flags, default --preset qwen3-30b-a3b --ep 8), QUICK_SMS (bench
 # dispatch's budgets), QUICK_LAYER_SMS (the deepep and hybridep layers'
 # --sms; default theirs), QUICK_WARMUP and QUICK_ITERS (2 and 10),
-# QUICK_GPUS (the layers' and bench dispatch's --gpus, default 1);
+# QUICK_GPUS (the layers' and bench dispatch's --gpus, default 1); QUICK_FP8
+# (flags after the shape for the fp8 layer, default none);
 # LIMIT_<step> (its name's dashes as _) changes a step's limit in any mode.
 #
 # The whole check, in this order: the layer at the reference configuration
@@ -207,8 +208,8 @@ if [ "$mode" = quick ]; then
   # its kernels with the node's NVRTC (NCCL's binding test left to the whole
   # check)
   gputest test-kernels kernels_comm.test 50 -test.run '^TestGPU' -test.skip '^TestGPUNCCL$'
-  gputest test-deepep dispatchers_deepep.test 40 -test.run '^TestGPUDeepEP$'
-  gputest test-hybridep dispatchers_hybridep.test 35 -test.run '^TestGPUHybridEPDevice$'
+  gputest test-deepep dispatchers_deepep.test 30 -test.run '^TestGPUDeepEP$'
+  gputest test-hybridep dispatchers_hybridep.test 25 -test.run '^TestGPUHybridEPDevice$'
   # a training step per dispatcher, checked, every rank on GPU 0 (--gpus 1
   # on any node); the first compiles the shared kernels (the disk cache
   # serves the rest), deepep and hybridep their own
@@ -224,6 +225,14 @@ if [ "$mode" = quick ]; then
   step bench-dispatch 34 "$mb" bench dispatch --device cuda --gpus "${QUICK_GPUS:-1}" "${shape[@]}" --dispatcher alltoall,deepep,hybridep \
     --sms "${QUICK_SMS:-8,16}" "${iters[@]}" --out "$OUT/bench-dispatch.json"
   step bench-kernels 22 "$mb" bench kernels "${shape[@]}" "${iters[@]}" --out "$OUT/bench-kernels.json"
+  # the FP8 layer (issue 34's command, at the quick shape): hybridep's fp8
+  # dispatch and the expert GEMMs through cuBLASLt's FP8 path, checked
+  # (QUICK_FP8: flags after the shape, e.g. a --hidden that HybridEP's fp8
+  # takes, a multiple of 512)
+  # shellcheck disable=SC2206 # QUICK_FP8 is a list of flags
+  fp8=(${QUICK_FP8:-})
+  step layer-hybridep-fp8 23 "$mb" --device cuda --gpus "${QUICK_GPUS:-1}" "${shape[@]}" "${fp8[@]}" --dispatcher hybridep \
+    --sms "${QUICK_LAYER_SMS:-16}" --precision fp8 "${iters[@]}" --max-seconds 8 --out "$records"
   [ -e "$records" ] && timeout -k 1 5 "$mb" report "$records" > "$OUT/report.txt" 2>&1
   {
     echo "== gpu-check quick summary =="
@@ -267,6 +276,16 @@ cat "$OUT/bench-dispatch.log" 2>/dev/null
 step bench-dispatch-ep2 150 "$mb" bench dispatch --device cuda --preset qwen3-30b-a3b --ep 2 \
   --dispatcher alltoall,deepep,hybridep --sms 8,16,24,32 --out "$OUT/bench-dispatch-ep2.json"
 cat "$OUT/bench-dispatch-ep2.log" 2>/dev/null
+# FP8 (issue 34): dispatch at bf16 and fp8 side by side, and each design's
+# fp8 layer (the dispatch in e4m3 with 1×128 scales, the expert GEMMs in
+# cuBLASLt's FP8 path where the library has it; the record says which)
+step bench-dispatch-fp8 150 "$mb" bench dispatch --device cuda --preset qwen3-30b-a3b --ep 8 \
+  --dispatcher alltoall,deepep,hybridep --sms 16 --precision bf16,fp8 --out "$OUT/bench-dispatch-fp8.json"
+cat "$OUT/bench-dispatch-fp8.log" 2>/dev/null
+layer fp8-qwen3-30b-ep8 --preset qwen3-30b-a3b --ep 8 --precision fp8
+layer deepep-fp8-qwen3-30b-ep8 --preset qwen3-30b-a3b --ep 8 --dispatcher deepep --sms 16 --precision fp8
+layer hybridep-fp8-qwen3-30b-ep8 --preset qwen3-30b-a3b --ep 8 --dispatcher hybridep --sms 16 --precision fp8
+layer feplb-fp8-qwen3-30b-ep8-skewed --preset qwen3-30b-a3b --ep 8 --routing skewed:1.2 --dispatcher feplb --precision fp8
 layer tiny-ep8 --preset tiny --ep 8
 # --cuda-graph against the same layers without (host issue/step, host wait,
 # step): fixed routing, so that each captured part is replayed every step,
@@ -370,7 +389,7 @@ if [ "$mode" = twoproc ]; then
 elif [ -n "$san" ]; then
   for tool in memcheck racecheck synccheck initcheck; do
     step "sanitize-$tool" 150 "$san" --tool "$tool" --error-exitcode 3 \
-      "$BIN_DIR/kernels_comm.test" -test.v -test.run '^TestGPU(Router|Permute|SortChunks|SwiGLUAndUnpermute|FP8)$'
+      "$BIN_DIR/kernels_comm.test" -test.v -test.run '^TestGPU(Router|Permute|SortChunks|SwiGLUAndUnpermute|FP8|FP8Lt|FP8Tensor)$'
     if grep -q -i "device not supported" "$OUT/sanitize-$tool.log" 2>/dev/null; then
       note "sanitize-$tool" "n/a (compute-sanitizer: device not supported)"
     fi

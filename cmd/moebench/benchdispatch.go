@@ -72,8 +72,9 @@ func benchDispatch(args []string, stdout, stderr io.Writer) int {
 		return usageError(stderr, err)
 	}
 	precs := precisions.GetSlice()
-	if len(precs) == 0 {
-		return usageError(stderr, &setup.ConfigError{Flag: "precision", Value: `""`, Allowed: "empty list; give one or more of: " + strings.Join(setup.Precisions, ", ")})
+	if len(precs) == 0 || slices.Contains(precs, "") {
+		return usageError(stderr, &setup.ConfigError{Flag: "precision", Value: fmt.Sprintf("%q", strings.Join(precs, ",")),
+			Allowed: "an empty list or entry; give one or more of: " + strings.Join(setup.Precisions, ", ")})
 	}
 	for _, n := range names { // every point is valid before anything runs
 		c := cfg

@@ -213,11 +213,16 @@ func TestGPUCheckQuick(t *testing.T) {
 	shape := []string{"--preset", "tiny", "--tokens", "16", "--hidden", "128", "--ffn", "16", "--ep", "8", "--warmup", "0", "--iters", "1"}
 	start := time.Now()
 	for _, args := range [][]string{{"--dispatcher", "alltoall"}, {"--dispatcher", "deepep", "--sms", "2"}, {"--dispatcher", "feplb"},
-		{"--dispatcher", "hybridep", "--sms", "2"}, {"bench", "dispatch", "--dispatcher", "deepep,hybridep", "--sms", "2,4"}} {
+		{"--dispatcher", "hybridep", "--sms", "2"}, {"bench", "dispatch", "--dispatcher", "deepep,hybridep", "--sms", "2,4"},
+		{"--dispatcher", "hybridep", "--sms", "2", "--precision", "fp8"}} {
 		if args[0] != "bench" {
 			args = append([]string{"--device", "cuda"}, args...)
 		}
-		if code, _, e := cli(append(args, shape...)...); code != exitOK {
+		args = append(args, shape...)
+		if slices.Contains(args, "fp8") { // HybridEP's fp8 needs hidden a multiple of 512 (QUICK_FP8 below)
+			args = append(args, "--hidden", "512")
+		}
+		if code, _, e := cli(args...); code != exitOK {
 			t.Fatalf("%v: exit %d: %s", args, code, e)
 		}
 	}
@@ -226,7 +231,7 @@ func TestGPUCheckQuick(t *testing.T) {
 	const budget = 360 * time.Second
 	outdir, out, code, took := gpuCheckQuick(t, "MOEBENCH_TEST_PROCESS=1", "MOEBENCH_TEST_SMALL_BENCH=1", "MOEBENCH_BIN="+os.Args[0],
 		"BIN_DIR="+fakeTests(t, testsLog, map[string]string{"dispatchers_hybridep.test": "hang"}), "LIMIT_test_hybridep=4",
-		"QUICK_SHAPE="+strings.Join(shape[:10], " "), "QUICK_LAYER_SMS=2", "QUICK_SMS=2,4", "QUICK_ITERS=2", "QUICK_WARMUP=1", "QUICK_GPUS=2",
+		"QUICK_SHAPE="+strings.Join(shape[:10], " "), "QUICK_FP8=--hidden 512", "QUICK_LAYER_SMS=2", "QUICK_SMS=2,4", "QUICK_ITERS=2", "QUICK_WARMUP=1", "QUICK_GPUS=2",
 		fmt.Sprintf("QUICK_BUDGET=%.0f", budget.Seconds()))
 	t.Logf("gpu-check.sh quick on the simulation: %v (budget %v)", took.Round(time.Second), budget)
 	i := strings.LastIndex(out, "== gpu-check quick summary ==")
@@ -238,7 +243,7 @@ func TestGPUCheckQuick(t *testing.T) {
 		!strings.Contains(summary, "failed, timed out or skipped: test-hybridep\n") {
 		t.Errorf("exit %d after %v:\n%s", code, took, summary)
 	}
-	steps := []string{"doctor", "test-kernels", "test-deepep", "layer-alltoall", "layer-deepep", "layer-feplb", "layer-hybridep", "layer-alltoall-graph", "bench-dispatch", "bench-kernels"}
+	steps := []string{"doctor", "test-kernels", "test-deepep", "layer-alltoall", "layer-deepep", "layer-feplb", "layer-hybridep", "layer-alltoall-graph", "bench-dispatch", "bench-kernels", "layer-hybridep-fp8"}
 	for _, s := range steps {
 		if st := summaryLine(summary, s); !strings.HasPrefix(st, "exit 0 (") {
 			t.Errorf("%s: %q", s, st)
@@ -246,7 +251,7 @@ func TestGPUCheckQuick(t *testing.T) {
 	}
 	tests, _ := os.ReadFile(testsLog)
 	for _, want := range []string{"kernels_comm.test -test.v -test.timeout 47s -test.run ^TestGPU -test.skip ^TestGPUNCCL$ MOEBENCH_REQUIRE_GPU=1",
-		"dispatchers_deepep.test -test.v -test.timeout 37s -test.run ^TestGPUDeepEP$ MOEBENCH_REQUIRE_GPU=1",
+		"dispatchers_deepep.test -test.v -test.timeout 27s -test.run ^TestGPUDeepEP$ MOEBENCH_REQUIRE_GPU=1",
 		"dispatchers_hybridep.test -test.v -test.timeout 1s -test.run ^TestGPUHybridEPDevice$ MOEBENCH_REQUIRE_GPU=1"} {
 		if !strings.Contains(string(tests), want+"\n") {
 			t.Errorf("no %q in the tests' log:\n%s", want, tests)
@@ -289,13 +294,16 @@ func TestGPUCheckQuick(t *testing.T) {
 		}
 	}
 	recs, err := results.Read(strings.NewReader(files["records.jsonl"]), "records.jsonl", nil)
-	if err != nil || len(recs) != 5 {
+	if err != nil || len(recs) != 6 {
 		t.Fatalf("%d records, %v", len(recs), err)
 	}
 	if r := recs[4]; !r.Config.CUDAGraph {
 		t.Errorf("record 4: %s without --cuda-graph", r.Config.Dispatcher)
 	}
-	for i, d := range []string{"alltoall", "deepep", "feplb", "hybridep", "alltoall"} {
+	if r := recs[5]; r.Config.PrecisionName() != "fp8" || r.Config.Hidden != 512 || r.GEMM == nil || r.GEMM.FP8Path != "cublaslt-fp8-block" {
+		t.Errorf("record 5: %s at %s, hidden %d, gemm %+v: want hybridep's fp8 layer at hidden 512 through cuBLASLt's block-scaled FP8 GEMM", r.Config.Dispatcher, r.Config.PrecisionName(), r.Config.Hidden, r.GEMM)
+	}
+	for i, d := range []string{"alltoall", "deepep", "feplb", "hybridep", "alltoall", "hybridep"} {
 		if r := recs[i]; r.Config.Dispatcher != d || r.Status != results.StatusOK || r.Config.EP != 8 || r.Config.Device != "cuda" ||
 			r.Correctness == nil || !r.Correctness.Passed || len(r.Ranks.Devices) != 8 || slices.Max(r.Ranks.Devices) != 1 || !r.Ranks.Emulated {
 			t.Errorf("record %d: %s on %s at EP %d: %s (%s); ranks %+v", i, r.Config.Dispatcher, r.Config.Device, r.Config.EP, r.Status, r.Reason, r.Ranks)

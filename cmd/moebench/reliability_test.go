@@ -65,7 +65,8 @@ func TestBenchOutChecked(t *testing.T) {
 	}
 }
 
-// TestBenchDispatchListsChecked: an unknown dispatcher or an empty list is
+// TestBenchDispatchListsChecked: an unknown dispatcher, an empty list or an
+// empty entry (which would run as bf16) is
 // a usage error (exit 2) found before the benchmark starts.
 func TestBenchDispatchListsChecked(t *testing.T) {
 	for _, c := range []struct {
@@ -75,6 +76,9 @@ func TestBenchDispatchListsChecked(t *testing.T) {
 		{[]string{"--dispatcher", "bogus"}, "--dispatcher=bogus: allowed: alltoall, "},
 		{[]string{"--dispatcher", "alltoall,bogus"}, "--dispatcher=bogus: allowed: alltoall, "},
 		{[]string{"--dispatcher", ""}, `--dispatcher="": empty list; give one or more of: alltoall, `},
+		{[]string{"--precision", ""}, `--precision="": an empty list or entry; give one or more of: bf16, fp8, mxfp8`},
+		{[]string{"--precision", ","}, `--precision=",": an empty list or entry; give one or more of: bf16, fp8, mxfp8`},
+		{[]string{"--precision", "fp8,"}, `--precision="fp8,": an empty list or entry`},
 	} {
 		code, out, e := cli(append(append([]string(nil), benchSmall...), c.args...)...)
 		if code != exitUsage || !strings.Contains(e, c.want) || strings.Contains(e, benchBanner) || out != "" {

@@ -26,7 +26,7 @@ func New(impl string, env dispatchers.Env) (dispatchers.Dispatcher, error) {
 		return nil, &dispatchers.UnavailableError{Name: "alltoall", Impl: impl,
 			Reason: fmt.Sprintf("device %q is not supported by this build (host only)", env.Device)}
 	}
-	return &A2A{}, nil
+	return &A2A{precision: env.Precision}, nil
 }
 
 // A2A is the alltoall dispatcher over host ranks.
@@ -36,6 +36,10 @@ type A2A struct {
 	st       []state
 	backward bool // the last step ran the backward
 	fp8      bool // the last dispatch moved e4m3 rows with their scales (Rank.Scales set)
+	// precision is the run's (Env.Precision): at fp8 a row's scales are
+	// h/128 fp32 multipliers, at mxfp8 h/32 E8M0 scales (held as their
+	// exact float32 powers of two)
+	precision string
 }
 
 // state is one rank's private buffers.
@@ -45,7 +49,7 @@ type state struct {
 	sendOff []int     // [EP+1] first permuted row destined to each rank
 	permX   []float32 // [T·k, h] permuted copies
 	permP   []float32 // [T·k] their probabilities
-	permS   []float32 // [T·k, h/128] fp8: their scales
+	permS   []float32 // [T·k, h/128] fp8 ([T·k, h/32] mxfp8): their scales
 	permY   []float32 // [T·k, h] expert outputs returned, permuted order
 
 	// receive side, filled by Dispatch
@@ -93,7 +97,7 @@ func (a *A2A) Permute(r int) error {
 	kernels.GatherRows(s.permX, rk.X, s.slots, sh.TopK, sh.Hidden)
 	kernels.GatherRows(s.permP, rk.Probs, s.slots, 1, 1)
 	if a.fp8 { // the scales travel with their rows
-		S := dispatchers.ScaleWidth(sh.Hidden)
+		S := dispatchers.ScaleWidth(a.precision, sh.Hidden)
 		s.permS = kernels.Reslice(s.permS, len(s.slots)*S)
 		kernels.GatherRows(s.permS, rk.Scales, s.slots, sh.TopK, S)
 	}
@@ -131,7 +135,7 @@ func (a *A2A) Dispatch(r int) error {
 	a.deliver(r, h, s.recvX, rk.ExpertX, func(ss *state) []float32 { return ss.permX })
 	a.deliver(r, 1, s.recvP, rk.ExpertProbs, func(ss *state) []float32 { return ss.permP })
 	if a.fp8 {
-		S := dispatchers.ScaleWidth(h)
+		S := dispatchers.ScaleWidth(a.precision, h)
 		s.recvS = kernels.Reslice(s.recvS, total*S)
 		rk.ExpertScales = kernels.Reslice(rk.ExpertScales, total*S)
 		a.deliver(r, S, s.recvS, rk.ExpertScales, func(ss *state) []float32 { return ss.permS })
@@ -234,7 +238,7 @@ func (a *A2A) Traffic() dispatchers.Traffic {
 	for r := range a.st {
 		sendOff[r] = a.st[r].sendOff
 	}
-	tr := traffic(a.shape, sendOff, a.fp8)
+	tr := traffic(a.shape, sendOff, a.moved())
 	if a.backward {
 		backwardTraffic(&tr, a.shape.Hidden)
 	}
@@ -243,7 +247,8 @@ func (a *A2A) Traffic() dispatchers.Traffic {
 
 // traffic is the bytes of a step whose rank src sends rows
 // [sendOff[src][d], sendOff[src][d+1]) of its permuted copies to rank d.
-func traffic(sh dispatchers.Shape, sendOff [][]int, fp8 bool) dispatchers.Traffic {
+// precision is the dispatch's: bf16, fp8 or mxfp8.
+func traffic(sh dispatchers.Shape, sendOff [][]int, precision string) dispatchers.Traffic {
 	var off, all int64
 	for src, so := range sendOff {
 		for d := range sh.EP {
@@ -254,16 +259,16 @@ func traffic(sh dispatchers.Shape, sendOff [][]int, fp8 bool) dispatchers.Traffi
 			}
 		}
 	}
-	row, in := int64(sh.Hidden)*2, dispatchers.RowBytes(fp8, sh.Hidden)
+	row, in := int64(sh.Hidden)*2, dispatchers.RowBytes(precision, sh.Hidden)
 	alg := "DeepEP's convention (rows received × hidden × 2 B, a rank's rows to itself included); alltoall's rows are copies"
-	if fp8 {
-		alg = "DeepEP's convention (rows received × its row: hidden × 2 B bf16, or at fp8 hidden × 1 B e4m3 + hidden/128 × 4 B scales, as test_intranode's fp8 factor; " +
-			"a rank's rows to itself included); alltoall's rows are copies; combine bf16"
+	if precision != dispatchers.PrecisionBF16 {
+		alg = "DeepEP's convention (rows received × its row: hidden × 2 B bf16, or at " + precision + " " + dispatchers.RowFormula(precision) +
+			", as test_intranode's fp8 factor; a rank's rows to itself included); alltoall's rows are copies; combine bf16"
 	}
 	return dispatchers.Traffic{
 		DispatchOffRank: off * (in + 4), DispatchLogical: all * (in + 4),
 		CombineOffRank: off * row, CombineLogical: all * row,
-		Formula: "dispatch = copies × (" + dispatchers.RowFormula(fp8) + " + 4 B fp32 prob); combine = copies × hidden×2 B; " +
+		Formula: "dispatch = copies × (" + dispatchers.RowFormula(precision) + " + 4 B fp32 prob); combine = copies × hidden×2 B; " +
 			"a copy is one (token, expert) pair, so a token routed to two experts of one rank is sent twice; off-rank excludes copies to the token's own rank",
 		DispatchAlgorithm: all * in, CombineAlgorithm: all * row,
 		AlgorithmFormula: alg,
@@ -276,6 +281,20 @@ func (a *A2A) Footprint(r int) int64 {
 	n := cap(s.permX) + cap(s.permP) + cap(s.permY) + cap(s.recvX) + cap(s.recvP) + cap(s.recvY) + cap(s.slots) + cap(s.permS) + cap(s.recvS)
 	return 4 * int64(n)
 }
+
+// moved is the precision of the last dispatch's rows.
+func (a *A2A) moved() string {
+	if !a.fp8 {
+		return dispatchers.PrecisionBF16
+	}
+	return a.precision
+}
+
+// MXFP8Unavailable: at mxfp8 the host alltoall moves the e4m3 rows and
+// their E8M0 scales (h/32 a row) through the same exchange, as at fp8
+// (Megatron's alltoall dispatcher under TransformerEngine's MXFP8 recipe
+// sends the quantized tensor's data and scales); it can at every shape.
+func (a *A2A) MXFP8Unavailable(dispatchers.Env) string { return "" }
 
 // FP8Unavailable: the host alltoall moves the e4m3 rows and their 1×128
 // scales through the same variable-split exchange (Megatron's alltoall

@@ -13,9 +13,9 @@ func (a *A2A) Backward(experts func(rank int) error) []dispatchers.Step {
 	return dispatchers.SequenceBackward(experts, a.UnpermuteBackward, a.CombineBackward, a.DispatchBackward, a.PermuteBackward)
 }
 
-// Capabilities: fp8 at every shape.
+// Capabilities: fp8 and mxfp8 at every shape.
 func (a *A2A) Capabilities() dispatchers.Capabilities {
-	return dispatchers.Capabilities{FP8: a.FP8Unavailable}
+	return dispatchers.Capabilities{FP8: a.FP8Unavailable, MXFP8: a.MXFP8Unavailable}
 }
 
 // Close has nothing to free on the host.

@@ -461,7 +461,7 @@ func (a *Device) Traffic() dispatchers.Traffic {
 			sendOff[src] = so
 		}
 	}
-	t := traffic(a.shape, sendOff, a.fp8)
+	t := traffic(a.shape, sendOff, dispatchers.PrecisionOf(a.fp8))
 	if len(a.st) > 0 && a.st[0].backward {
 		backwardTraffic(&t, a.shape.Hidden)
 	}

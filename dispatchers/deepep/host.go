@@ -177,7 +177,7 @@ func (h *Host) Notify(r int) error {
 		h.fp8 = h.ranks[0].Scales != nil
 	}
 	if h.fp8 {
-		s.recvS = kernels.Reslice(s.recvS, R*dispatchers.ScaleWidth(hd))
+		s.recvS = kernels.Reslice(s.recvS, R*dispatchers.ScaleWidth(dispatchers.PrecisionFP8, hd))
 	}
 	return nil
 }
@@ -204,7 +204,7 @@ func (h *Host) transfer(r int, phase string, rows func(src int) []float32, recv 
 	if fresh {
 		meta = k
 		if h.fp8 { // the forward's dispatch of e4m3 rows: their scales in the same slots
-			sw = dispatchers.ScaleWidth(hd)
+			sw = dispatchers.ScaleWidth(dispatchers.PrecisionFP8, hd)
 		}
 	}
 	for src := range N {
@@ -289,7 +289,7 @@ func (h *Host) Permute(r int) error {
 		rk.ExpertProbs[at] = s.recvW[slot]
 	}
 	if h.fp8 { // each copy's scales with its row (Megatron's permute after DeepEP's fp8 dispatch)
-		S := dispatchers.ScaleWidth(hd)
+		S := dispatchers.ScaleWidth(dispatchers.PrecisionFP8, hd)
 		rk.ExpertScales = kernels.Reslice(rk.ExpertScales, rows*S)
 		for at, slot := range h.slots {
 			i := int(slot) / k

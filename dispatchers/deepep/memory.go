@@ -32,7 +32,7 @@ func traffic(sh dispatchers.Shape, perRank [][]int, backward, fp8 bool) dispatch
 			}
 		}
 	}
-	row, in := 2*int64(sh.Hidden), dispatchers.RowBytes(fp8, sh.Hidden)
+	row, in := 2*int64(sh.Hidden), dispatchers.RowBytes(dispatchers.PrecisionOf(fp8), sh.Hidden)
 	alg := "DeepEP's convention (test_intranode): tokens received × hidden × 2 B, a rank's tokens to itself included"
 	if fp8 {
 		alg = "DeepEP's convention (test_intranode): tokens received × hidden × 2 B, a rank's tokens to itself included; at fp8 the dispatch's times " +
@@ -41,7 +41,7 @@ func traffic(sh dispatchers.Shape, perRank [][]int, backward, fp8 bool) dispatch
 	tr := dispatchers.Traffic{
 		DispatchOffRank: off * (in + dispatchMeta(sh.TopK)), DispatchLogical: all * (in + dispatchMeta(sh.TopK)),
 		CombineOffRank: off * (row + combineMeta), CombineLogical: all * (row + combineMeta),
-		Formula: "a token goes once to each rank holding any of its k experts (deduplicated); dispatch = tokens × (" + dispatchers.RowFormula(fp8) +
+		Formula: "a token goes once to each rank holding any of its k experts (deduplicated); dispatch = tokens × (" + dispatchers.RowFormula(dispatchers.PrecisionOf(fp8)) +
 			" + 4 B source index + k × (4 B expert + 4 B prob)); combine = tokens × (hidden×2 B bf16 partial sum + 4 B source index); off-rank excludes a rank's tokens to itself",
 		DispatchAlgorithm: all * in, CombineAlgorithm: all * row,
 		AlgorithmFormula: alg,
@@ -65,7 +65,7 @@ func (h *Host) Buffers(r int) []dispatchers.Buffer {
 	sh, s := h.shape, &h.st[r]
 	N, C, row := int64(sh.EP), int64(h.cfg.Channels()), 2*int64(sh.Hidden)
 	counts := 4 * (N*N + N*int64(sh.LocalExperts()))
-	disp := C * N * (4*4 + int64(h.cfg.Dispatch.Ring)*(dispatchers.RowBytes(h.fp8, sh.Hidden)+dispatchMeta(sh.TopK)))
+	disp := C * N * (4*4 + int64(h.cfg.Dispatch.Ring)*(dispatchers.RowBytes(dispatchers.PrecisionOf(h.fp8), sh.Hidden)+dispatchMeta(sh.TopK)))
 	meta := int64(combineMeta)
 	if h.backward { // the training step's combine of input gradients carries the probability gradients
 		meta = backwardCombineMeta(sh.TopK)

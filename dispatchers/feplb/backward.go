@@ -87,8 +87,9 @@ func (f *FEPLB) CombineBackward(r int) error {
 
 // dynamicGrads makes rank r's segments its forward dynamic phase's — its
 // share of its own dynamic experts, then the chunks it computes for others
-// with the weights it was sent — each chunk with a zeroed buffer for its
-// weight gradients.
+// with the weights it was sent (at fp8, where the forward sent the FP8
+// GEMM's e4m3 weights, the bf16 ones now, for the bf16 backward) — each
+// chunk with a zeroed buffer for its weight gradients.
 func (f *FEPLB) dynamicGrads(r int) error {
 	rk, L := f.ranks[r], f.c.shape.LocalExperts()
 	in := f.c.lay.in[r]
@@ -101,6 +102,12 @@ func (f *FEPLB) dynamicGrads(r int) error {
 	})
 	for i, c := range in {
 		src := f.ranks[c.owner].Experts[c.expert-c.owner*L]
+		if w := &f.weights[r][i]; src.Q1 != nil {
+			t0 := time.Now()
+			w.FC1, w.FC2 = append(w.FC1[:0], src.FC1...), append(w.FC2[:0], src.FC2...)
+			f.back.bytes += 2 * int64(len(src.FC1)+len(src.FC2)) // bf16
+			f.back.seconds += time.Since(t0).Seconds()
+		}
 		g := &f.grads[r][i]
 		g.FC1, g.FC2 = kernels.Reslice(g.FC1, len(src.FC1)), kernels.Reslice(g.FC2, len(src.FC2))
 		clear(g.FC1)

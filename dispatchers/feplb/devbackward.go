@@ -145,9 +145,21 @@ func (f *Device) pushGradients(r int) error {
 		return err
 	}
 	bk.ops = bk.ops[:0]
+	ff, L := int64(f.env.FFN), f.c.shape.LocalExperts()
 	for _, c := range out {
+		to := f.ranks[c.helper].Dev
 		bk.ops = append(bk.ops, device.CopyOp{Dst: f.rs[c.helper].fy + device.Addr(2*int64(c.dst)*h), Src: rk.ExpertDY + device.Addr(2*int64(c.src)*h),
-			Bytes: 2 * int64(c.n) * h, DstDev: f.ranks[c.helper].Dev})
+			Bytes: 2 * int64(c.n) * h, DstDev: to})
+		if f.fp8w { // the forward moved the FP8 GEMM's e4m3 weights: the bf16 backward needs the bf16 ones
+			j := chunkIndex(f.c.lay.in[c.helper], c)
+			if j < 0 {
+				return fmt.Errorf("feplb: combine-bwd on rank %d: rank %d does not list the chunk of expert %d", r, c.helper, c.expert)
+			}
+			le, hs := int64(c.expert-r*L), &f.rs[c.helper]
+			bk.ops = append(bk.ops,
+				device.CopyOp{Dst: hs.w1 + device.Addr(int64(j)*4*ff*h), Src: rk.FC1 + device.Addr(le*4*ff*h), Bytes: 4 * ff * h, DstDev: to},
+				device.CopyOp{Dst: hs.w2 + device.Addr(int64(j)*2*h*ff), Src: rk.FC2 + device.Addr(le*2*h*ff), Bytes: 2 * h * ff, DstDev: to})
+		}
 	}
 	if err := rk.Dev.CopyBatch(bk.ops, s.ce); err != nil {
 		return fmt.Errorf("feplb: rank %d's output gradients out: %w", r, err)
@@ -238,14 +250,19 @@ func (f *Device) PermuteBackward(r int) error {
 }
 
 // backBytes is what the last step's backward moved in phase 2, from its
-// layout: each moved chunk's output gradients out, its input and
-// probability gradients and its expert's weight gradients (wgrad of them)
-// back.
+// layout: each moved chunk's output gradients out (at fp8 where the
+// forward moved e4m3 weights, its expert's bf16 weights with them), its
+// input and probability gradients and its expert's weight gradients
+// (wgrad of them) back.
 func (f *Device) backBytes() (bytes, wgrad int64) {
 	h, wg := int64(f.c.shape.Hidden), kernels.ExpertWGradBytes(f.c.shape.Hidden, f.env.FFN)
+	bf := int64(0)
+	if f.fp8w {
+		bf = 6 * h * int64(f.env.FFN)
+	}
 	for _, out := range f.c.lay.out {
 		for _, c := range out {
-			bytes += int64(c.n)*(4*h+4) + wg
+			bytes += int64(c.n)*(4*h+4) + wg + bf
 			wgrad += wg
 		}
 	}

@@ -76,6 +76,7 @@ type Device struct {
 	rs                           []devRank
 	rates                        rates
 	packed                       string    // which ranks of a domain share a device, or ""
+	fp8w                         bool      // the owners hold FP8 weights (DeviceRank.FP8): phase 2 moves those (fp8wBytes an expert)
 	bk                           []devBack // the backward's, per rank (devbackward.go)
 }
 
@@ -98,8 +99,10 @@ type devRank struct {
 
 	fx, fp, fy device.Addr        // rows computed for others: [rows, DispatchWidth] as dispatched, [rows] fp32, [rows, h] bf16
 	w1, w2     device.Addr        // weights of the experts helped: [slots, 2f, h], [slots, h, f]
+	q1, q2     device.Addr        // fp8w: their e4m3 codes, [slots, 2f, h], [slots, h, f] bytes
+	s1, s2     device.Addr        // fp8w: their multipliers, [slots, n1], [slots, n2] fp32 (dispatchers.FP8WeightScales)
 	rows       device.RowCapacity // fx, fp, fy
-	slots      device.RowCapacity // w1, w2
+	slots      device.RowCapacity // w1, w2 (and q1, q2, s1, s2)
 	work       []dispatchers.DeviceWork
 	segs       [3][]dispatchers.DeviceSegment // static, own dynamic, foreign
 	ops        []device.CopyOp                // scratch of the rank's copies
@@ -113,6 +116,12 @@ func (f *Device) Bind(shape dispatchers.Shape, ranks []*dispatchers.DeviceRank) 
 	m := balance.H100(f.env.Hidden, f.env.FFN)
 	if ranks[0].Dev.Name() != "cuda" { // an emulated device: host rates
 		m = HostModel(f.env.Hidden, f.env.FFN)
+	}
+	// at fp8 where the layer's expert GEMMs are FP8 (it set the ranks' FP8
+	// weights), phase 2 moves what the FP8 GEMM on the helper reads
+	f.fp8w = f.env.IsFP8() && slices.ContainsFunc(ranks, func(rk *dispatchers.DeviceRank) bool { return rk.FP8.Q1 != 0 })
+	if f.fp8w {
+		m.ExpertBytes = dispatchers.FP8WeightBytes(f.env.Hidden, f.env.FFN)
 	}
 	c, err := newCore(f.env, shape, m)
 	if err != nil {
@@ -231,6 +240,7 @@ func (f *Device) Rebalance(r int) error {
 	h, ff := int64(f.c.shape.Hidden), int64(f.env.FFN)
 	w := int64(f.c.shape.DispatchWidth()) // the owners' ExpertX rows: packed e4m3 rows with their scales at fp8
 	L := f.c.shape.LocalExperts()
+	n1, n2 := dispatchers.FP8WeightScales(f.env.Hidden, f.env.FFN)
 	for i, c := range in {
 		if i == 0 || c.owner != in[i-1].owner {
 			if err := rk.Dev.Wait(s.ce, f.rs[c.owner].dispatched); err != nil {
@@ -249,10 +259,30 @@ func (f *Device) Rebalance(r int) error {
 		w1, w2 := s.w1+device.Addr(slot*4*ff*h), s.w2+device.Addr(slot*2*h*ff)
 		s.ops = append(s.ops,
 			device.CopyOp{Dst: s.fx + device.Addr(2*int64(c.dst)*w), Src: o.ExpertX + device.Addr(2*int64(c.src)*w), Bytes: 2 * int64(c.n) * w, SrcDev: o.Dev},
-			device.CopyOp{Dst: s.fp + device.Addr(4*c.dst), Src: o.ExpertProbs + device.Addr(4*c.src), Bytes: 4 * int64(c.n), SrcDev: o.Dev},
-			device.CopyOp{Dst: w1, Src: o.FC1 + device.Addr(le*4*ff*h), Bytes: 4 * ff * h, SrcDev: o.Dev},
-			device.CopyOp{Dst: w2, Src: o.FC2 + device.Addr(le*2*h*ff), Bytes: 2 * h * ff, SrcDev: o.Dev})
-		foreign = append(foreign, dispatchers.DeviceSegment{Expert: c.expert, Start: c.dst, Len: c.n, FC1: w1, FC2: w2})
+			device.CopyOp{Dst: s.fp + device.Addr(4*c.dst), Src: o.ExpertProbs + device.Addr(4*c.src), Bytes: 4 * int64(c.n), SrcDev: o.Dev})
+		// the bf16 weights' slots: what the bf16 GEMMs read, and at fp8 the
+		// bf16 backward's (the owners push them in combine-bwd, devbackward.go)
+		sg := dispatchers.DeviceSegment{Expert: c.expert, Start: c.dst, Len: c.n, FC1: w1, FC2: w2}
+		if !f.fp8w {
+			s.ops = append(s.ops,
+				device.CopyOp{Dst: w1, Src: o.FC1 + device.Addr(le*4*ff*h), Bytes: 4 * ff * h, SrcDev: o.Dev},
+				device.CopyOp{Dst: w2, Src: o.FC2 + device.Addr(le*2*h*ff), Bytes: 2 * h * ff, SrcDev: o.Dev})
+		} else { // what the helper's FP8 GEMM reads: e4m3 codes and 128×128 multipliers
+			sg.FP8 = dispatchers.FP8Weights{Q1: s.q1 + device.Addr(slot*2*ff*h), Q2: s.q2 + device.Addr(slot*h*ff),
+				S1: s.s1 + device.Addr(slot*4*int64(n1)), S2: s.s2 + device.Addr(slot*4*int64(n2))}
+			src1, src2 := o.FP8.S1+device.Addr(le*4*int64(n1)), o.FP8.S2+device.Addr(le*4*int64(n2))
+			if FP8Fault == "scale-offset" { // tests: the home copy's multipliers read one float off (each block the next block's)
+				src1, src2 = src1+4, src2+4
+			}
+			if FP8Fault != "unmoved" { // tests: "unmoved", the helper's slots hold whatever they held
+				s.ops = append(s.ops,
+					device.CopyOp{Dst: sg.FP8.Q1, Src: o.FP8.Q1 + device.Addr(le*2*ff*h), Bytes: 2 * ff * h, SrcDev: o.Dev},
+					device.CopyOp{Dst: sg.FP8.Q2, Src: o.FP8.Q2 + device.Addr(le*h*ff), Bytes: h * ff, SrcDev: o.Dev},
+					device.CopyOp{Dst: sg.FP8.S1, Src: src1, Bytes: 4 * int64(n1), SrcDev: o.Dev},
+					device.CopyOp{Dst: sg.FP8.S2, Src: src2, Bytes: 4 * int64(n2), SrcDev: o.Dev})
+			}
+		}
+		foreign = append(foreign, sg)
 	}
 	if err := rk.Dev.CopyBatch(s.ops, s.ce); err != nil {
 		return fmt.Errorf("feplb: rank %d's incoming copies: %w", r, err)
@@ -275,8 +305,20 @@ func (f *Device) grow(r, rows, slots int) error {
 	if err := s.rows.Ensure(dev, s.ce, rows, device.RowBuffer{P: &s.fx, PerRow: 2 * w}, device.RowBuffer{P: &s.fp, PerRow: 4}, device.RowBuffer{P: &s.fy, PerRow: 2 * h}); err != nil {
 		return err
 	}
-	return s.slots.Ensure(dev, s.ce, slots, device.RowBuffer{P: &s.w1, PerRow: 4 * ff * h}, device.RowBuffer{P: &s.w2, PerRow: 2 * h * ff})
+	bufs := []device.RowBuffer{{P: &s.w1, PerRow: 4 * ff * h}, {P: &s.w2, PerRow: 2 * h * ff}}
+	if f.fp8w {
+		n1, n2 := dispatchers.FP8WeightScales(f.env.Hidden, f.env.FFN)
+		bufs = append(bufs, device.RowBuffer{P: &s.q1, PerRow: 2 * ff * h}, device.RowBuffer{P: &s.q2, PerRow: h * ff},
+			device.RowBuffer{P: &s.s1, PerRow: 4 * int64(n1)}, device.RowBuffer{P: &s.s2, PerRow: 4 * int64(n2)})
+	}
+	return s.slots.Ensure(dev, s.ce, slots, bufs...)
 }
+
+// FP8Fault, set by tests alone, breaks phase 2's FP8 weight move on
+// purpose: "scale-offset", the helper's multipliers copied from the home
+// copy one float off (each block gets the next block's); "unmoved", the
+// e4m3 weights not copied at all.
+var FP8Fault string
 
 // Combine pulls the outputs of rank r's moved chunks back from their helpers
 // into its ExpertY on its copy stream (each helper's once it has computed
@@ -365,7 +407,8 @@ type stepTimes struct {
 
 func (f *Device) stepTimes() (stepTimes, error) {
 	var st stepTimes
-	h, ff := float64(f.c.shape.Hidden), float64(f.env.FFN)
+	h, dw := float64(f.c.shape.Hidden), float64(f.c.shape.DispatchWidth())
+	wb := float64(f.c.model.WeightBytes()) // an expert's weights as moved (fp8w: its e4m3 codes and multipliers)
 	for r := range f.rs {
 		d, dev := &f.rs[r], f.ranks[r].Dev
 		at := func(es ...device.Event) ([]float64, error) { // seconds from the rank's origin
@@ -388,7 +431,7 @@ func (f *Device) stepTimes() (stepTimes, error) {
 			rows += sg.Len
 		}
 		if rows > 0 && static[1] > static[0] {
-			st.flops += 6 * h * ff * float64(rows)
+			st.flops += 6 * h * float64(f.env.FFN) * float64(rows)
 			st.gemmSecs += static[1] - static[0]
 		}
 		wait := 0.0
@@ -401,7 +444,7 @@ func (f *Device) stepTimes() (stepTimes, error) {
 			st.in = max(st.in, t[1]-t[0])
 			st.copySecs += t[1] - t[0]
 			for _, c := range in {
-				st.bytes += float64(c.n)*(2*h+4) + 6*h*ff
+				st.bytes += float64(c.n)*(2*dw+4) + wb
 			}
 			wait += max(0, t[1]-static[1]) // copies landed after the static experts
 		}
@@ -484,7 +527,7 @@ func (f *Device) Close() error {
 	for r := range f.rs {
 		s := &f.rs[r]
 		bk := &f.bk[r]
-		if err := device.Free(f.ranks[r].Dev, &s.fx, &s.fp, &s.fy, &s.w1, &s.w2, &bk.dx, &bk.dp, &bk.g1, &bk.g2, &bk.w1, &bk.w2); first == nil {
+		if err := device.Free(f.ranks[r].Dev, &s.fx, &s.fp, &s.fy, &s.w1, &s.w2, &s.q1, &s.q2, &s.s1, &s.s2, &bk.dx, &bk.dp, &bk.g1, &bk.g2, &bk.w1, &bk.w2); first == nil {
 			first = err
 		}
 		s.rows, s.slots = device.RowCapacity{}, device.RowCapacity{}

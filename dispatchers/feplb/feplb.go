@@ -132,6 +132,7 @@ type core struct {
 	capped  string  // fewer dynamic experts than asked, and why, or ""
 	ready   float64 // when the next plan is expected: the last one's scheduler time (measured), else the paper's
 	measure bool    // plan with the scheduler's measured time (not on the host device: its plans are fixed)
+	rows    string  // the rows' precision: at fp8 and mxfp8 they move as e4m3 rows with their scales
 
 	// this step; mu guards dispatchedRank and plan, which every rank calls
 	// (on the device, each from its GPU's thread, at once)
@@ -176,7 +177,7 @@ func newCore(env dispatchers.Env, shape dispatchers.Shape, model balance.Model) 
 	if name == "" {
 		name = "feplb"
 	}
-	c := &core{shape: shape, topo: t, opts: o, name: name, perRank: o.DynamicPerRank, ready: balance.PaperSchedSeconds,
+	c := &core{shape: shape, topo: t, opts: o, name: name, perRank: o.DynamicPerRank, ready: balance.PaperSchedSeconds, rows: env.Precision,
 		counts: make([]int, shape.Experts), start: make([]int, shape.Experts), sched: make(chan scheduled, 1)}
 	if why := balance.NoOp(t, o); why != "" {
 		c.noOp = "feplb moves nothing, every step is the base dispatcher's alone: " + why
@@ -276,6 +277,14 @@ func (c *core) plan() error {
 	c.stats.ModelledAfter, _ = balance.Straggler(c.model.GEMMTimes(&s.plan, c.topo.Ranks))
 	for _, b := range s.plan.BytesByLink() {
 		c.stats.CopyBytes += b
+	}
+	if dispatchers.ScaleBlock(c.rows) > 0 { // the model counts each moved row as bf16 out and back; out it is an e4m3 row with its scales
+		h := c.shape.Hidden
+		for _, in := range lay.in {
+			for _, ch := range in {
+				c.stats.CopyBytes -= int64(ch.n) * (2*int64(h) - dispatchers.RowBytes(c.rows, h))
+			}
+		}
 	}
 	return nil
 }

@@ -129,3 +129,66 @@ func TestDefaultDynamicFits(t *testing.T) {
 		}
 	}
 }
+
+// TestFP8CopyBytes: at fp8, where the layer runs the FP8 GEMM, phase 2
+// moves an expert's e4m3 codes and their 128×128 multipliers in
+// BLK128x128_32F's order, 3·f·h + 4·(⌈2f/128⌉·ld(h) + ⌈h/128⌉·ld(f))
+// bytes (ld(k): ⌈k/128⌉ rounded up to 4), and the step's copy_bytes
+// counts that per weight move, and each moved row as an e4m3 row with
+// its 1×128 multipliers out (h + h/32 B) and a bf16 row back (2·h) — less
+// than bf16's for the same moves. A known rebalance: EP 4 in one
+// domain, rank 0's two experts holding most rows.
+func TestFP8CopyBytes(t *testing.T) {
+	const h, f = 256, 384
+	// by hand: 3·384·256 codes; fc1 [768, 256]: 6 block rows of ld 4, fc2
+	// [256, 384]: 2 block rows of ld 4 (⌈384/128⌉ = 3 rounded up)
+	if got, want := dispatchers.FP8WeightBytes(h, f), int64(3*384*256+4*(6*4+2*4)); got != want {
+		t.Fatalf("FP8WeightBytes(%d, %d) = %d, want %d", h, f, got, want)
+	}
+	// docs/dispatchers/feplb.md's example: h 7168, f 2048 (fc1 32 block
+	// rows of ld 56, fc2 56 of ld 16)
+	if got, want := dispatchers.FP8WeightBytes(7168, 2048), int64(3*7168*2048+4*(32*56+56*16)); got != want || want != 44050944 {
+		t.Fatalf("FP8WeightBytes(7168, 2048) = %d, want %d (44050944)", got, want)
+	}
+	shape := dispatchers.Shape{Tokens: 256, Hidden: h, Experts: 8, TopK: 2, EP: 4}
+	rows := [][]int{{300, 300}, {30, 30}, {20, 30}, {10, 20}}
+	for _, fp8 := range []bool{false, true} {
+		m := HostModel(h, f)
+		if fp8 {
+			m.ExpertBytes = dispatchers.FP8WeightBytes(h, f)
+		}
+		env := dispatchers.Env{Hidden: h, FFN: f}
+		if fp8 {
+			env.Precision = dispatchers.PrecisionFP8
+		}
+		c, err := newCore(env, shape, m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.begin()
+		for r, n := range rows {
+			c.dispatchedRank(r, n)
+		}
+		if err := c.plan(); err != nil {
+			t.Fatal(err)
+		}
+		moved := 0
+		for _, in := range c.lay.in {
+			for _, ch := range in {
+				moved += ch.n
+			}
+		}
+		wb, row := int64(6*h*f), int64(2*2*h)
+		if fp8 {
+			wb, row = dispatchers.FP8WeightBytes(h, f), int64(h+h/32+2*h)
+		}
+		want := int64(c.lay.moves)*wb + int64(moved)*row
+		if c.lay.moves == 0 || c.stats.CopyBytes != want {
+			t.Errorf("fp8 %v: copy_bytes %d for %d moves of %d rows, want %d", fp8, c.stats.CopyBytes, c.lay.moves, moved, want)
+		}
+		if bf := int64(c.lay.moves)*6*h*f + int64(moved)*2*2*h; fp8 && c.stats.CopyBytes >= bf {
+			t.Errorf("fp8: copy_bytes %d, not less than bf16's %d for the same moves", c.stats.CopyBytes, bf)
+		}
+		t.Logf("fp8 %v: %d moves, %d rows, copy_bytes %d (%s %s)", fp8, c.lay.moves, moved, c.stats.CopyBytes, c.noOp, c.stats.Note)
+	}
+}

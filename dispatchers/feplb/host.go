@@ -58,7 +58,11 @@ func (f *FEPLB) Name() string { return "feplb" }
 
 // Bind binds the base dispatcher and sets up the scheduler.
 func (f *FEPLB) Bind(shape dispatchers.Shape, ranks []*dispatchers.Rank) error {
-	c, err := newCore(f.env, shape, HostModel(f.env.Hidden, f.env.FFN))
+	m := HostModel(f.env.Hidden, f.env.FFN)
+	if fp8Held(ranks) { // phase 2 moves what the FP8 GEMM on the helper reads
+		m.ExpertBytes = dispatchers.FP8WeightBytes(f.env.Hidden, f.env.FFN)
+	}
+	c, err := newCore(f.env, shape, m)
 	if err != nil {
 		return err
 	}
@@ -142,8 +146,8 @@ func (f *FEPLB) Rebalance(r int) error {
 	}
 	rk.ExpertX, rk.ExpertProbs = rk.ExpertX[:f.own[r]*h], rk.ExpertProbs[:f.own[r]]
 	S := 0
-	if rk.ExpertScales != nil { // fp8: the e4m3 rows move with their scales (the owner has not dequantized them: its static experts' rows only)
-		S = dispatchers.ScaleWidth(h)
+	if rk.ExpertScales != nil { // fp8, mxfp8: the e4m3 rows move with their scales (the owner has not dequantized them: its static experts' rows only)
+		S = dispatchers.ScaleWidth(f.env.Precision, h)
 		rk.ExpertScales = rk.ExpertScales[:f.own[r]*S]
 	}
 	for i, c := range in {
@@ -154,7 +158,25 @@ func (f *FEPLB) Rebalance(r int) error {
 		}
 		rk.ExpertProbs = append(rk.ExpertProbs, own.ExpertProbs[c.src:c.src+c.n]...)
 		w, src := &f.weights[r][i], own.Experts[c.expert-c.owner*L]
-		w.FC1, w.FC2 = append(w.FC1[:0], src.FC1...), append(w.FC2[:0], src.FC2...)
+		if src.Q1 != nil { // fp8, the FP8 GEMM's weights: e4m3 codes and 128×128 multipliers (the bf16 ones move in combine-bwd)
+			w.Q1, w.Q2 = append(w.Q1[:0], src.Q1...), append(w.Q2[:0], src.Q2...)
+			w.S1, w.S2 = append(w.S1[:0], src.S1...), append(w.S2[:0], src.S2...)
+			if FP8Fault == "scale-offset" { // tests: the home copy's multipliers read one float off (each block the next block's)
+				copy(w.S1, src.S1[1:])
+				copy(w.S2, src.S2[1:])
+			}
+			if FP8Fault == "unmoved" { // tests: the e4m3 weights not moved (the helper's slots hold nothing)
+				clear(w.Q1)
+				clear(w.Q2)
+			}
+			w.FC1, w.FC2 = w.FC1[:0], w.FC2[:0]
+		} else {
+			w.FC1, w.FC2 = append(w.FC1[:0], src.FC1...), append(w.FC2[:0], src.FC2...)
+			if FP8Fault == "unmoved" { // tests: the weights not moved (mxfp8's helpers quantize what they hold)
+				clear(w.FC1)
+				clear(w.FC2)
+			}
+		}
 		rk.Segments = append(rk.Segments, dispatchers.Segment{Expert: c.expert, Start: f.own[r] + c.dst, Len: c.n, Weights: w})
 	}
 	f.copied += time.Since(t0).Seconds()
@@ -188,6 +210,12 @@ func (f *FEPLB) RebalanceStats() dispatchers.RebalanceStats {
 // it was made); combine bf16.
 func (f *FEPLB) FP8Unavailable(dispatchers.Env) string { return "" }
 
+// MXFP8Unavailable: at mxfp8 as at fp8, FEPLB moves what its base
+// delivered, e4m3 rows with their E8M0 scales (h/32 a row); the base's own
+// MXFP8 path was checked when it was made (over alltoall: yes; a base
+// without one makes feplb unavailable with the base's reason).
+func (f *FEPLB) MXFP8Unavailable(dispatchers.Env) string { return "" }
+
 // Pause makes the following steps move nothing (or resumes moving).
 func (f *FEPLB) Pause(paused bool) { f.c.paused = paused }
 
@@ -195,7 +223,7 @@ func (f *FEPLB) Pause(paused bool) { f.c.paused = paused }
 func (f *FEPLB) Footprint(r int) int64 {
 	n := int64(0)
 	for _, w := range append(f.weights[r], f.grads[r]...) {
-		n += 4 * int64(cap(w.FC1)+cap(w.FC2))
+		n += 4*int64(cap(w.FC1)+cap(w.FC2)) + int64(cap(w.Q1)+cap(w.Q2)) + 4*int64(cap(w.S1)+cap(w.S2))
 	}
 	return n + f.Dispatcher.Footprint(r)
 }
@@ -213,5 +241,17 @@ func (f *FEPLB) Backward(experts func(rank int) error) []dispatchers.Step {
 
 // Capabilities: fp8 as its base moves it, and the rebalance.
 func (f *FEPLB) Capabilities() dispatchers.Capabilities {
-	return dispatchers.Capabilities{FP8: f.FP8Unavailable, Rebalance: &dispatchers.Rebalance{Stats: f.RebalanceStats, Pause: f.Pause}}
+	return dispatchers.Capabilities{FP8: f.FP8Unavailable, MXFP8: f.MXFP8Unavailable, Rebalance: &dispatchers.Rebalance{Stats: f.RebalanceStats, Pause: f.Pause}}
+}
+
+// fp8Held says whether the ranks' experts carry the FP8 GEMM's weights
+// (ExpertWeights.Q1: the layer runs the FP8 GEMM at fp8), which phase 2
+// then moves instead of the bf16 ones.
+func fp8Held(ranks []*dispatchers.Rank) bool {
+	for _, rk := range ranks {
+		if len(rk.Experts) > 0 && rk.Experts[0].Q1 != nil {
+			return true
+		}
+	}
+	return false
 }

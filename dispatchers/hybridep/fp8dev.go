@@ -1,10 +1,6 @@
 package hybridep
 
-import (
-	"fmt"
-
-	"github.com/moebench/moebench/dispatchers"
-)
+import "github.com/moebench/moebench/dispatchers"
 
 // FP8Unavailable: at fp8 (HybridEP's use_fp8) the forward's pack,
 // dispatch, inter-domain path and permute move packed rows (each row's
@@ -13,8 +9,5 @@ import (
 // combine and the backward stay bf16. Below hidden % 512 it is unavailable
 // as on the host.
 func (d *Device) FP8Unavailable(env dispatchers.Env) string {
-	if env.Hidden%512 != 0 {
-		return fmt.Sprintf("HybridEP's FP8 dispatch needs hidden a multiple of 512 (BufferConfig.is_valid); hidden is %d", env.Hidden)
-	}
-	return ""
+	return fp8Hidden(env.Hidden)
 }

@@ -252,7 +252,7 @@ func (h *Host) forwarded(f, m, t int) (x, p, sc []float32) {
 // forward's fp8 dispatch, else none.
 func (h *Host) scaleWidth() int {
 	if h.fp8 && !h.backward {
-		return dispatchers.ScaleWidth(h.shape.Hidden)
+		return dispatchers.ScaleWidth(dispatchers.PrecisionFP8, h.shape.Hidden)
 	}
 	return 0
 }
@@ -553,8 +553,13 @@ func partialSum(sum []float32, d2eRow []int32, y func(row int) []float32) {
 // with their 1×128 fp32 scales, combine bf16), which its BufferConfig
 // allows only for hidden a multiple of 512.
 func (h *Host) FP8Unavailable(env dispatchers.Env) string {
-	if env.Hidden%512 != 0 {
-		return fmt.Sprintf("HybridEP's FP8 dispatch needs hidden a multiple of 512 (BufferConfig.is_valid); hidden is %d", env.Hidden)
+	return fp8Hidden(env.Hidden)
+}
+
+// fp8Hidden is why hidden rules HybridEP's FP8 dispatch out, or "".
+func fp8Hidden(hidden int) string {
+	if hidden%512 != 0 {
+		return fmt.Sprintf("HybridEP's FP8 dispatch needs --hidden a multiple of 512 (BufferConfig.is_valid); --hidden is %d (the next that works: %d)", hidden, (hidden/512+1)*512)
 	}
 	return ""
 }

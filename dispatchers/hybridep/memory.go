@@ -33,7 +33,7 @@ func (h *Host) Traffic() dispatchers.Traffic {
 
 // traffic is the bytes of the rows mv counts (see Host.Traffic).
 func (mv moved) traffic(sh dispatchers.Shape, D int, fp8 bool) dispatchers.Traffic {
-	row, in := 2*int64(sh.Hidden), dispatchers.RowBytes(fp8, sh.Hidden)
+	row, in := 2*int64(sh.Hidden), dispatchers.RowBytes(dispatchers.PrecisionOf(fp8), sh.Hidden)
 	disp := in + 4*int64(sh.LocalExperts()*D)
 	alg := "HybridEP's convention (test_hybrid_ep: nvl_recv_bytes = tokens received × hidden × 2 B, a rank's tokens to itself included; combine the same); " +
 		"inter-domain: rdma_send_bytes = tokens × the domains that need them (the token's own domain included) × hidden × 2 B"
@@ -45,7 +45,7 @@ func (mv moved) traffic(sh dispatchers.Shape, D int, fp8 bool) dispatchers.Traff
 		DispatchInterDomain: int64(mv.interIn) * disp,
 		CombineLogical:      int64(mv.partials) * row, CombineOffRank: int64(mv.partialsOff+mv.back) * row,
 		CombineInterDomain: int64(mv.back) * row,
-		Formula: "a token goes once to each rank that holds any of its k experts; dispatch = tokens received × (" + dispatchers.RowFormula(fp8) + " + L·D × 4 B fp32 probabilities of the domain's experts), " +
+		Formula: "a token goes once to each rank that holds any of its k experts; dispatch = tokens received × (" + dispatchers.RowFormula(dispatchers.PrecisionOf(fp8)) + " + L·D × 4 B fp32 probabilities of the domain's experts), " +
 			"off-rank = the stores into another rank's buffer plus the inter-domain sends (to the same local rank of the destination domain, one per token and domain); " +
 			"combine = partial sums × hidden×2 B, off-rank = those read from another rank plus the pre-reduced sums sent home across domains; " +
 			"inter-domain = the sends between domains; not counted: the allgather of the routing map (N·T·E bool bytes to every rank)",
@@ -72,7 +72,7 @@ func (h *Host) Buffers(r int) []dispatchers.Buffer {
 	sh, s := h.shape, &h.st[r]
 	N, T, E, L := int64(sh.EP), int64(sh.Tokens), int64(sh.Experts), int64(sh.LocalExperts())
 	D, M, C := int64(h.D), int64(h.M), int64(h.chunks)
-	row, LD := dispatchers.RowBytes(h.fp8, sh.Hidden), L*D // fp8 (use_fp8): e4m3 rows with their scales
+	row, LD := dispatchers.RowBytes(dispatchers.PrecisionOf(h.fp8), sh.Hidden), L*D // fp8 (use_fp8): e4m3 rows with their scales
 	rows := int64(0)
 	for _, n := range s.perExpert {
 		rows += int64(n)

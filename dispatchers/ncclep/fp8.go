@@ -35,7 +35,7 @@ import (
 func (d *Device) FP8Unavailable(env dispatchers.Env) string {
 	if env.Hidden%512 != 0 {
 		return fmt.Sprintf("NCCL EP's fp8 dispatch (quant_recipe NCCL_EP_DISP_QUANT_FWD) needs 16-byte scale rows (nccl_ep.h: token and scale rows "+
-			"16-byte aligned): hidden/128 fp32 scales are %d B at hidden %d; hidden must be a multiple of 512", 4*(env.Hidden/128), env.Hidden)
+			"16-byte aligned): hidden/128 fp32 scales are %d B at --hidden %d; --hidden must be a multiple of 512", 4*(env.Hidden/128), env.Hidden)
 	}
 	return ""
 }

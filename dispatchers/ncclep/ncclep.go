@@ -556,13 +556,13 @@ func (d *Device) Traffic() dispatchers.Traffic {
 		}
 	}
 	row, w := 2*int64(sh.Hidden), int64(0)
-	drow := dispatchers.RowBytes(d.fp8, sh.Hidden) // the dispatch's row: bf16, or e4m3 values and their fp32 scales
+	drow := dispatchers.RowBytes(dispatchers.PrecisionOf(d.fp8), sh.Hidden) // the dispatch's row: bf16, or e4m3 values and their fp32 scales
 	if d.m.algorithm == cuda.EPHighThroughput {
 		w = 4
 	}
 	tr := dispatchers.Traffic{DispatchOffRank: off * (drow + w), DispatchLogical: all * (drow + w), CombineOffRank: off * row, CombineLogical: all * row,
 		Formula: fmt.Sprintf("dispatch = copies × (%s%s); combine = copies × hidden×2 B; a copy is one (token, expert) pair "+
-			"(the expert-major layout's slot); off-rank excludes copies to the token's own rank%s; moved by %s", dispatchers.RowFormula(d.fp8),
+			"(the expert-major layout's slot); off-rank excludes copies to the token's own rank%s; moved by %s", dispatchers.RowFormula(dispatchers.PrecisionOf(d.fp8)),
 			map[bool]string{true: " + 4 B fp32 routing weight", false: ""}[w > 0],
 			map[bool]string{true: "; every process counts its own ranks' copies, summed over the run's communicator", false: ""}[d.world != nil], d.Transport()),
 		DispatchAlgorithm: all * drow, CombineAlgorithm: all * row,

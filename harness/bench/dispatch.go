@@ -76,10 +76,12 @@ type Prediction struct {
 	Source            string  `json:"source"`  // the cubins the table was read from
 }
 
-// predicted returns the prediction for a dispatcher and implementation,
-// or nil: only moebench's own kernels of deepep and hybridep are in the
-// table.
-func predicted(dispatcher, impl string) *Prediction {
+// predicted returns the prediction for a dispatcher and implementation
+// at a precision, or nil: only moebench's own kernels of deepep and
+// hybridep are in the table. At fp8 the dispatch kernel's row is its fp8
+// build's (packed rows; the combine stays bf16); a precision the table
+// has no build for gets none.
+func predicted(dispatcher, impl, precision string) *Prediction {
 	d, c, path, ok := comm.DispatcherKernels(dispatcher)
 	if !ok || impl != "native" {
 		return nil
@@ -88,13 +90,21 @@ func predicted(dispatcher, impl string) *Prediction {
 	if err != nil {
 		return nil
 	}
-	kd, ok1 := t.Kernel(d, path)
+	dpath := path
+	switch precision {
+	case setup.PrecisionBF16:
+	case setup.PrecisionFP8:
+		dpath = path + " fp8"
+	default:
+		return nil
+	}
+	kd, ok1 := t.Kernel(d, dpath)
 	kc, ok2 := t.Kernel(c, path)
 	if !ok1 || !ok2 {
 		return nil
 	}
 	return &Prediction{DispatchGBpsPerSM: kd.CeilingGBpsPerSM, CombineGBpsPerSM: kc.CeilingGBpsPerSM,
-		Kernels: fmt.Sprintf("%s, %s (%s path)", d, c, path), Source: t.Source}
+		Kernels: fmt.Sprintf("%s (%s path), %s (%s path)", d, dpath, c, path), Source: t.Source}
 }
 
 // Dispatch runs the dispatch benchmark of cfg's workload for each
@@ -179,7 +189,6 @@ func (b *DispatchBench) points(cfg setup.Config, names []string, sms []int, prec
 		if _, smDriven := dispatchers.SMBudgetOf(name, cfg.Impl); !smDriven {
 			budgets = []int{0}
 		}
-		pred := predicted(name, cfg.Impl) // the embedded table, read once a design
 		precs := precisions
 		if len(precs) == 0 {
 			precs = []string{cfg.ResolvedPrecision()}
@@ -188,7 +197,7 @@ func (b *DispatchBench) points(cfg setup.Config, names []string, sms []int, prec
 			for _, prec := range precs {
 				c := cfg
 				c.Dispatcher, c.SMs, c.Precision = name, n, prec
-				b.Points = append(b.Points, b.point(c, pred, point, &first))
+				b.Points = append(b.Points, b.point(c, predicted(name, cfg.Impl, c.ResolvedPrecision()), point, &first))
 			}
 		}
 	}
@@ -259,10 +268,8 @@ func benchPoint(c setup.Config, l *layer.Layer, p DispatchPoint) (DispatchPoint,
 		return fail(err)
 	}
 	rt := roundtrip.New(l.Shape, l.X, l.Ranks)
-	if c.ResolvedPrecision() == setup.PrecisionFP8 {
-		if err := rt.ToFP8(); err != nil {
-			return fail(err)
-		}
+	if err := rt.At(c.ResolvedPrecision()); err != nil { // quantized rows at fp8 and mxfp8, never bf16 rows under their label
+		return fail(err)
 	}
 	if err := d.Bind(l.Shape, rt.Ranks); err != nil {
 		return fail(err)

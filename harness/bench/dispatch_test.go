@@ -135,3 +135,23 @@ func TestFP8BenchDispatchOnDevice(t *testing.T) {
 		}
 	}
 }
+
+// TestFP8BenchDispatchBelowSM89: on a GPU below sm_89 (the fake driver's
+// FAKECUDA_CC 80) bench dispatch's fp8 point is unavailable with the
+// reason, as a run is (TestFP8UnavailableBelowSM89), before anything is
+// compiled.
+func TestFP8BenchDispatchBelowSM89(t *testing.T) {
+	harnesstest.UseHostSimLayer(t)
+	t.Setenv("FAKECUDA_CC", "80")
+	c := harnesstest.FP8Config("alltoall")
+	c.Device = "cuda"
+	c.Warmup, c.Iters = 0, 1
+	b, err := DispatchAt(c, []string{"alltoall"}, nil, []string{setup.PrecisionFP8}, setup.Env{Version: "test"})
+	if b == nil || len(b.Points) != 1 {
+		t.Fatalf("%v, %+v", err, b)
+	}
+	want := "GPU 0 is sm_80, where Transformer Engine refuses FP8"
+	if p := b.Points[0]; p.Status != results.StatusUnavailable || !strings.Contains(p.Reason, want) {
+		t.Errorf("fp8 point: %s %q; want unavailable, %q", p.Status, p.Reason, want)
+	}
+}

@@ -28,6 +28,21 @@ const Tolerance = 2e-2
 // ErrMetric defines the relative error the check reports.
 const ErrMetric = "max_i |out_i − ref_i| / max_i |ref_i| over all ranks' outputs; ref computed in float64 from the same bf16 inputs and weights"
 
+// errMetricAt is ErrMetric at precision p: at fp8 and mxfp8 the reference
+// takes the same quantized inputs and weights (docs/fp8.md "The check and
+// its tolerance").
+func errMetricAt(p string) string {
+	switch p {
+	case setup.PrecisionFP8:
+		return "max_i |out_i − ref_i| / max_i |ref_i| over all ranks' outputs; ref computed in float64 from the same quantized inputs and weights " +
+			"(e4m3 values times their 1×128 / 128×128 multipliers, exact), fc2's input quantized 1×128 from the bf16 activation as the layer does"
+	case setup.PrecisionMXFP8:
+		return "max_i |out_i − ref_i| / max_i |ref_i| over all ranks' outputs; ref computed in float64 from the same quantized inputs and weights " +
+			"(e4m3 values times their 1×32 E8M0 scales, exact), fc2's input quantized 1×32 from the bf16 activation as the layer does"
+	}
+	return ErrMetric
+}
+
 // routingSlack is how much lower (in selection score summed over the k
 // choices) the layer's choice may be than the float64 reference's: it absorbs
 // near-ties that fp32 logits order differently, and nothing larger.
@@ -86,7 +101,7 @@ func StepsWork(c setup.Config, steps []dispatchers.Step, ranks int) float64 {
 // Check runs one untimed step with poisoned outputs and compares the layer's
 // output with the float64 reference; it also runs the dispatcher's round trip.
 func Check(l *layer.Layer, d dispatchers.Dispatcher, fresh func() (dispatchers.Dispatcher, error)) (*results.Correctness, error) {
-	c := &results.Correctness{Checked: true, Tolerance: Tolerance, Metric: ErrMetric}
+	c := &results.Correctness{Checked: true, Tolerance: Tolerance, Metric: errMetricAt(l.Cfg.ResolvedPrecision())}
 	for _, rk := range l.Ranks {
 		roundtrip.Poison(rk.Y)
 		roundtrip.Poison(rk.ExpertY)
@@ -113,7 +128,7 @@ func Check(l *layer.Layer, d dispatchers.Dispatcher, fresh func() (dispatchers.D
 		return nil, err
 	}
 	var back string
-	c.RoundTrip, back = roundtrip.Verdicts(rd, l.Shape, l.X, l.Ranks, backward)
+	c.RoundTrip, back = roundtrip.Verdicts(rd, l.Shape, l.X, l.Ranks, backward, l.Cfg.ResolvedPrecision())
 	c.Passed = c.Detail == "" && c.MaxRelErr <= Tolerance && c.RoundTrip == "exact"
 	if !c.Passed && c.Detail == "" {
 		c.Detail = fmt.Sprintf("max relative error %.3g (tolerance %g); round trip %s", c.MaxRelErr, Tolerance, c.RoundTrip)
@@ -307,7 +322,10 @@ func refExperts(l *layer.Layer, probs [][]float64, byExpert [][]refCopy) [][]flo
 			ys[e] = fp8TensorExpert(l, copies, probs, e, b.fc1, b.fc2)
 			return
 		}
-		if l.FP8Lt() { // the FP8 GEMM path's exact operands (fp8gemm.go)
+		mx := l.Cfg.IsMXFP8() // the MX GEMM's exact operands (layer/mxfp8.go)
+		if mx {
+			b.fc1, b.fc2 = l.MXRefWeights(e, b.fc1, b.fc2)
+		} else if l.FP8Lt() { // the FP8 GEMM path's exact operands (fp8gemm.go)
 			b.fc1, b.fc2 = l.FP8RefWeights(e, b.fc1, b.fc2)
 		} else {
 			fc1, fc2 := l.ExpertWeights(e)
@@ -320,6 +338,10 @@ func refExperts(l *layer.Layer, probs [][]float64, byExpert [][]refCopy) [][]flo
 			for i, cp := range copies[lo : lo+m] {
 				tok := cp.slot / k
 				b.p[i] = probs[cp.rank][cp.slot]
+				if mx {
+					l.MXRefRow(b.x[i*h:], cp.rank, tok)
+					continue
+				}
 				if l.FP8Lt() {
 					l.FP8RefRow(b.x[i*h:], cp.rank, tok)
 					continue
@@ -328,6 +350,10 @@ func refExperts(l *layer.Layer, probs [][]float64, byExpert [][]refCopy) [][]flo
 				for j := range h {
 					b.x[i*h+j] = float64(xr[tok*h+j])
 				}
+			}
+			if mx {
+				layer.MXRefExpert(y[lo*h:], b.x, b.p, b.fc1, b.fc2, b.scratch, m, h, f)
+				continue
 			}
 			if l.FP8Lt() {
 				layer.FP8RefExpert(y[lo*h:], b.x, b.p, b.fc1, b.fc2, b.scratch, m, h, f)

@@ -47,7 +47,7 @@ func CheckDevice(dl *layer.DeviceLayer) (*results.Correctness, error) {
 	if err := dl.Download(); err != nil {
 		return nil, err
 	}
-	cr := &results.Correctness{Checked: true, Tolerance: Tolerance, Metric: ErrMetric,
+	cr := &results.Correctness{Checked: true, Tolerance: Tolerance, Metric: errMetricAt(dl.Layer.Cfg.ResolvedPrecision()),
 		RoundTrip: "not run on the device: the layer check covers dispatch and combine"}
 	sample, which := checkedTokens(dl)
 	cr.Sample = which

@@ -181,7 +181,7 @@ func gradProblem(l *layer.Layer, w *widened, sample [][]int) kernels.GradProblem
 			origin = append(origin, [2]int{r, t})
 		}
 		p.X, p.DOut = append(p.X, widen(pick(l.X[r], s, h))...), append(p.DOut, widen(pick(l.DOut[r], s, h))...)
-		if l.Cfg.IsFP8() {
+		if l.Cfg.IsQuantized() {
 			p.XE = append(p.XE, widen(pick(l.ExpertInput(r), s, h))...)
 		}
 		p.Idx, probs = append(p.Idx, pick(rk.Idx, s, k)...), append(probs, pick(rk.Probs, s, k)...)

@@ -211,6 +211,9 @@ type DeviceRoundTrip struct {
 // steps where NVML has it.
 func TimeRoundTrip(c setup.Config, l *Layer, devs []device.Device) (DeviceRoundTrip, error) {
 	var p DeviceRoundTrip
+	if why := FP8DeviceUnavailable(devs); why != "" && c.IsFP8() {
+		return p, &dispatchers.UnavailableError{Name: c.Dispatcher, Impl: c.Impl, Reason: why}
+	}
 	budget, held, err := FitSMBudget(c, devs, nil)
 	if err != nil {
 		return p, err

@@ -14,7 +14,9 @@ package layer
 //     unpacks the rows into e4m3 rows and their 1×128 multipliers in
 //     VEC128_32F's order, fc1 is cuBLASLt's block-scaled FP8 GEMM on them
 //     and the expert's e4m3 weights (uploaded once with their 128×128
-//     multipliers in BLK128x128_32F's order: devFP8), SwiGLU × prob is
+//     multipliers in BLK128x128_32F's order: devFP8, which DeviceRank.FP8
+//     names; a moved expert's where feplb's phase 2 copied them,
+//     DeviceSegment.FP8), SwiGLU × prob is
 //     bf16 as at bf16, quant_fp8_lt quantizes fc2's bf16 input 1×128 into
 //     the same layout and fc2 is the FP8 GEMM too (the Grouped's
 //     per-expert calls, on one stream or several; cuBLASLt's grouped call
@@ -42,19 +44,25 @@ import (
 // quantized 1×128, the weights e4m3 in 128×128 blocks; computeFP8) where
 // every device offers it (kernels.FP8GEMMPathFor: sm_90 and cuBLASLt
 // 12.9+; Emu emulates it exactly), else cuBLASLt's per-tensor FP8 GEMM
-// where every device offers that (fp8devtensor.go), else bf16 GEMMs on the
-// dequantized rows and weights: on an older library or GPU, for feplb (its
-// phase 2 moves bf16 weights to the helpers) and where cuBLAS's FP8 shape
-// rules refuse ffn.
+// where every device offers that (fp8devtensor.go; not feplb, whose phase
+// 2 moves the block-scaled weights), else bf16 GEMMs on the dequantized
+// rows and weights: on an older library or GPU and where cuBLAS's FP8
+// shape rules refuse ffn. (feplb runs the block-scaled FP8 GEMM too: its
+// phase 2 moves the e4m3 weights and their multipliers, DeviceSegment.FP8.)
 func FP8GEMMPath(devs []device.Device, c setup.Config) (kernels.FP8GEMMPath, string) {
 	const dq = "bf16 GEMMs on the dequantized rows and weights: "
-	if c.Dispatcher == "feplb" {
-		return kernels.FP8GEMMDequant, dq + "feplb's phase 2 moves its dynamic experts' weights as bf16 (the FP8 GEMM needs their e4m3 codes and 128×128 multipliers on the helper)"
+	if FP8DevDequant {
+		return kernels.FP8GEMMDequant, dq + "a test's hook (FP8DevDequant)"
 	}
 	if c.FFN%16 != 0 {
 		return kernels.FP8GEMMDequant, fmt.Sprintf(dq+"--ffn %d: cuBLASLt's FP8 GEMM needs fc2's k (ffn) a multiple of 16", c.FFN)
 	}
-	return fp8GEMMOffers(devs)
+	path, why := fp8GEMMOffers(devs)
+	if path == kernels.FP8GEMMTensor && c.Dispatcher == "feplb" {
+		return kernels.FP8GEMMDequant, dq + "the devices offer cublaslt-fp8-tensor, but feplb's phase 2 moves its dynamic experts' block-scaled " +
+			"e4m3 weights (the per-tensor GEMM would need each expert's per-tensor codes and multiplier on the helper)"
+	}
+	return path, why
 }
 
 // fp8GEMMOffers is the finest FP8 GEMM every device offers (block, else
@@ -162,6 +170,11 @@ func (dl *DeviceLayer) dequant(r int, w *dispatchers.DeviceWork, lo, hi int, xd 
 // amax over the first half of its values).
 var FP8DevFault string
 
+// FP8DevDequant, set by tests alone, makes the cuda layer run the bf16
+// GEMMs on dequantized rows where it would run the FP8 GEMM, so that that
+// path and its faults ("row", "none") stay tested on Emu and hostsim.
+var FP8DevDequant bool
+
 // devFP8 are a rank's local experts' weights as the FP8 GEMM takes them:
 // e4m3 codes fc1 [L, 2f, h] and fc2 [L, h, f], and their 128×128
 // multipliers in BLK128x128_32F's order (kernels.FP8WeightScalesLt), n1
@@ -184,6 +197,8 @@ func (dl *DeviceLayer) allocFP8(r int) error {
 	held, err := device.Resize(rk.Dev, 1, device.RowBuffer{P: &b.fp8.q1, PerRow: int64(L * 2 * f * h)}, device.RowBuffer{P: &b.fp8.q2, PerRow: int64(L * h * f)},
 		device.RowBuffer{P: &b.fp8.s1, PerRow: int64(4 * L * n1)}, device.RowBuffer{P: &b.fp8.s2, PerRow: int64(4 * L * n2)})
 	b.bytes += held
+	// the dispatcher's view (feplb's phase 2 moves them to its helpers)
+	rk.FP8 = dispatchers.FP8Weights{Q1: b.fp8.q1, Q2: b.fp8.q2, S1: b.fp8.s1, S2: b.fp8.s2}
 	return err
 }
 
@@ -227,8 +242,8 @@ func (dl *DeviceLayer) computeFP8(r int, w *dispatchers.DeviceWork, lo, hi int, 
 		if sg.Len == 0 {
 			continue
 		}
-		if sg.FC1 != 0 || sg.Expert/L != r {
-			return fmt.Errorf("fp8 GEMM path: segment of expert %d on rank %d has weights at fc1 %#x (the FP8 GEMM takes the rank's own experts' e4m3 weights only)", sg.Expert, r, sg.FC1)
+		if sg.FP8.Q1 == 0 && sg.Expert/L != r || (sg.FP8.Q1 == 0) != (sg.FP8.Q2 == 0) || (sg.FP8.Q1 == 0) != (sg.FP8.S1 == 0) || (sg.FP8.Q1 == 0) != (sg.FP8.S2 == 0) {
+			return fmt.Errorf("fp8 GEMM path: segment of expert %d on rank %d: e4m3 weights %+v (all 0 only for a local expert; the FP8 GEMM reads e4m3 weights, a moved expert's where the dispatcher put them)", sg.Expert, r, sg.FP8)
 		}
 		segs++
 	}
@@ -246,16 +261,20 @@ func (dl *DeviceLayer) computeFP8(r int, w *dispatchers.DeviceWork, lo, hi int, 
 				continue
 			}
 			e, row := sg.Expert-r*L, sg.Start-lo
+			wt := sg.FP8 // a moved expert's (feplb's helpers), or the rank's own:
+			if wt.Q1 == 0 {
+				wt = dispatchers.FP8Weights{Q1: fp.q1 + device.Addr(e*2*f*h), Q2: fp.q2 + device.Addr(e*h*f), S1: fp.s1 + device.Addr(4*e*fp.n1), S2: fp.s2 + device.Addr(4*e*fp.n2)}
+			}
 			var g device.Group
 			if !second {
-				g = device.Group{C: h1 + device.Addr(2*row*2*f), A: fp.xq + device.Addr(row*h), W: fp.q1 + device.Addr(e*2*f*h),
-					AScale: fp.xs + device.Addr(4*Sh*at), WScale: fp.s1 + device.Addr(4*e*fp.n1), M: sg.Len}
+				g = device.Group{C: h1 + device.Addr(2*row*2*f), A: fp.xq + device.Addr(row*h), W: wt.Q1,
+					AScale: fp.xs + device.Addr(4*Sh*at), WScale: wt.S1, M: sg.Len}
 				if err := dl.fp8Operand(r, w.X+device.Addr(int64(sg.Start)*pitch), sg.Len, g.A, g.AScale); err != nil {
 					return nil, err
 				}
 			} else {
-				g = device.Group{C: y + device.Addr(2*sg.Start*h), A: fp.aq + device.Addr(row*f), W: fp.q2 + device.Addr(e*h*f),
-					AScale: fp.as + device.Addr(4*Sf*at), WScale: fp.s2 + device.Addr(4*e*fp.n2), M: sg.Len}
+				g = device.Group{C: y + device.Addr(2*sg.Start*h), A: fp.aq + device.Addr(row*f), W: wt.Q2,
+					AScale: fp.as + device.Addr(4*Sf*at), WScale: wt.S2, M: sg.Len}
 				n := int64(sg.Len * Sf)
 				if err := rk.Dev.LaunchProgram(device.FP8QuantLtProgram(), fp8Grid(rk.Dev, n), rk.Stream,
 					act+device.Addr(2*row*f), int32(sg.Len), int32(f), int32(0), g.A, g.AScale); err != nil {

@@ -13,10 +13,11 @@ import (
 
 // TestFP8GEMMPathChoice: the cuda layer runs the FP8 GEMMs only where
 // every device offers block scaling (Emu emulates it), and otherwise says
-// why it runs bf16 on dequantized rows: feplb, an ffn cuBLAS's FP8 rules
-// refuse, no cuBLASLt, a library or GPU without block scaling (here a
-// cuBLASLt 12.8 on a device of unknown compute capability), one such
-// device among Emus.
+// why it runs bf16 on dequantized rows: an ffn cuBLAS's FP8 rules refuse,
+// no cuBLASLt, a library or GPU without block scaling (here a cuBLASLt
+// 12.8 on a device of unknown compute capability), one such device among
+// Emus, a test's hook (FP8DevDequant). feplb runs the FP8 GEMMs as the
+// others do (its phase 2 moves the e4m3 weights).
 func TestFP8GEMMPathChoice(t *testing.T) {
 	emu, _ := harnesstest.Emus(1)(1, 1)
 	old := &device.CUDA{Lt: &cuda.CuBLASLt{Version: 120800}}
@@ -32,13 +33,16 @@ func TestFP8GEMMPathChoice(t *testing.T) {
 		why  string
 	}{
 		{"emu", c, emu, kernels.FP8GEMMBlock, "Emu simulation runs cuBLASLt's block-scaled FP8 GEMM"},
-		{"feplb", fe, emu, kernels.FP8GEMMDequant, "feplb's phase 2 moves"},
+		{"feplb", fe, emu, kernels.FP8GEMMBlock, "Emu simulation runs cuBLASLt's block-scaled FP8 GEMM"},
 		{"ffn24", ffn, emu, kernels.FP8GEMMDequant, "--ffn 24"},
 		{"no-cublaslt", c, []device.Device{&device.CUDA{}}, kernels.FP8GEMMDequant, "no cuBLASLt"},
 		{"old-cublaslt", c, []device.Device{old}, kernels.FP8GEMMDequant, "offers bf16-dequant (cuBLASLt 120800"},
 		{"emu-and-old", c, append(append([]device.Device{}, emu...), old), kernels.FP8GEMMDequant, "offers bf16-dequant"},
+		{"hook", c, emu, kernels.FP8GEMMDequant, "a test's hook"},
 	} {
+		FP8DevDequant = tc.name == "hook"
 		path, why := FP8GEMMPath(tc.devs, tc.c)
+		FP8DevDequant = false
 		if path != tc.path || !strings.Contains(why, tc.why) {
 			t.Errorf("%s: %s (%s), want %s (…%s…)", tc.name, path, why, tc.path, tc.why)
 		}

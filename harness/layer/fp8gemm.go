@@ -136,14 +136,15 @@ func fp8GEMMChunk(c []float32, lo, hi, n, k int, a []uint8, aS []float32, w []ui
 }
 
 // expertForwardFP8 computes rows [start, start+n) of rank r's ExpertY with
-// expert e's FP8 GEMMs (the file's comment), keeping fc1's output and the
-// activation in scratch as ExpertForward does (the backward's tape).
-func (l *Layer) expertForwardFP8(r, e, start, n int, scratch []float32) {
+// the FP8 GEMMs on an expert's e4m3 weights w (the file's comment; q1, q2,
+// lt1, lt2 are read), keeping fc1's output and the activation in scratch
+// as ExpertForward does (the backward's tape).
+func (l *Layer) expertForwardFP8(r int, w *fp8Weights, start, n int, scratch []float32) {
 	rk, run, h, f := l.Ranks[r], &l.run[r], l.Cfg.Hidden, l.Cfg.FFN
 	if n == 0 {
 		return
 	}
-	w, S := l.fp8Weights(e), h/kernels.FP8Block
+	S := h / kernels.FP8Block
 	h1, act := scratch[:n*2*f], scratch[n*2*f:n*3*f]
 	fp8GEMMRows(h1, n, 2*f, h, run.xc[start*h:(start+n)*h], run.xs[start*S:(start+n)*S], w.q1, w.lt1)
 	kernels.SwiGLUProb(act, h1, rk.ExpertProbs[start:start+n], n, f)

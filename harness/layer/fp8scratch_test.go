@@ -52,12 +52,12 @@ func TestFP8ExpertForwardReusesScratch(t *testing.T) {
 	scratch := make([]float32, n*3*f)
 	for call := range 3 {
 		clear(rk.ExpertY)
-		l.expertForwardFP8(0, 0, 0, n, scratch)
+		l.expertForwardFP8(0, w, 0, n, scratch)
 		if !testutil.SameBits(rk.ExpertY, want) || !testutil.SameBits(scratch[:n*2*f], h1) || !testutil.SameBits(scratch[n*2*f:], act) {
 			t.Fatalf("call %d: expertForwardFP8 differs from the allocating functions", call)
 		}
 	}
-	if allocs := testing.AllocsPerRun(10, func() { l.expertForwardFP8(0, 0, 0, n, scratch) }); allocs != 0 && !harnesstest.RaceDetector {
+	if allocs := testing.AllocsPerRun(10, func() { l.expertForwardFP8(0, w, 0, n, scratch) }); allocs != 0 && !harnesstest.RaceDetector {
 		t.Errorf("expertForwardFP8 allocates %v times a call", allocs)
 	}
 	// a product split into chunks (m·n·k ≥ SplitWork), each chunk's scratch its own

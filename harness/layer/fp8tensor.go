@@ -81,7 +81,11 @@ func (l *Layer) fp8TensorWeights(e int, ew *dispatchers.ExpertWeights) *fp8Tenso
 	if w != nil {
 		return w
 	}
-	w = quantTensorWeights(ew.FC1, ew.FC2)
+	fc1, fc2 := ew.FC1, ew.FC2
+	if fc1 == nil { // a segment with e4m3 weights only (feplb's moved experts): the expert's own bf16 weights
+		fc1, fc2 = l.ExpertWeights(e)
+	}
+	w = quantTensorWeights(fc1, fc2)
 	if l.Hold != setup.HostExpertsDrawn {
 		l.fp8wMu.Lock()
 		if l.fp8tw == nil {

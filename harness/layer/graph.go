@@ -41,20 +41,81 @@ type graphs struct {
 	origin    device.Stream // device 0's begin stream
 	fork      device.Event  // recorded on origin: the ranks' streams wait for it
 	join      []device.Event
-	joinDev   []device.Event   // devices' begin streams but device 0's
-	begin     []device.Event   // per device: the step's start for timing (see timing), recorded beside devCommon.begin
-	capturing bool             // a segment is being captured: timing events are event record nodes
-	cache     map[string]keyed // by segment (its first phase)
-	launches  int
-	captures  int
-	fallbacks int
-	why       string // the first fallback's reason
+	joinDev   []device.Event     // devices' begin streams but device 0's
+	begin     []device.Event     // per device: the step's start for timing (see timing), recorded beside devCommon.begin
+	capturing bool               // a segment is being captured: timing events are event record nodes
+	segs      graphCache[string] // by segment (its first phase)
+}
+
+// graphCache holds a step's segments' graphs, each with the key it was
+// captured under, and counts how the segments were issued: graphs
+// launched, captured, and issued as plain launches when the driver refused
+// the capture (why: the first refusal).
+type graphCache[K comparable] struct {
+	capturer                      device.Capturer
+	cache                         map[K]keyed
+	launches, captures, fallbacks int
+	why                           string
 }
 
 // keyed is a segment's graph and the key it was captured under.
 type keyed struct {
 	key   string
 	graph *device.Graph
+}
+
+// cached is segment seg's graph if it was captured under key, else nil
+// (a graph under another key is freed: the streams are idle, the step
+// before ended with a sync).
+func (c *graphCache[K]) cached(seg K, key string) *device.Graph {
+	e, ok := c.cache[seg]
+	if ok && e.key == key {
+		return e.graph
+	}
+	if ok {
+		c.capturer.FreeGraph(e.graph)
+		delete(c.cache, seg)
+	}
+	return nil
+}
+
+// captured keeps g, segment seg's graph captured under key.
+func (c *graphCache[K]) captured(seg K, key string, g *device.Graph) {
+	c.captures++
+	c.cache[seg] = keyed{key, g}
+}
+
+// refused counts err, a capture's failure, as a fallback to plain launches
+// if it is the driver's refusal (captureRefused), and reports whether it
+// is; where names the segment in the record.
+func (c *graphCache[K]) refused(where string, err error) bool {
+	if !captureRefused(err) {
+		return false
+	}
+	c.fallbacks++
+	if c.why == "" {
+		c.why = fmt.Sprintf("%s: %v", where, err)
+	}
+	return true
+}
+
+// Free frees the cached graphs (the streams idle).
+func (c *graphCache[K]) Free() {
+	for _, e := range c.cache {
+		c.capturer.FreeGraph(e.graph)
+	}
+	clear(c.cache)
+}
+
+// describe is the record's sentence: what was issued over steps, how
+// (the caller's words), and the fallbacks.
+func (c *graphCache[K]) describe(steps int, what, how string) string {
+	s := fmt.Sprintf("%s%d graph launches over %d steps (%s), %d captures; phases timed by event record nodes inside the graphs (cuEventRecordWithFlags, CU_EVENT_RECORD_EXTERNAL)",
+		what, c.launches, steps, how, c.captures)
+	if c.fallbacks > 0 {
+		s += fmt.Sprintf("; %d segments issued as plain launches when the driver refused their capture (first: %s)", c.fallbacks, c.why)
+	}
+	return s
 }
 
 // NewCUDAGraphs prepares dl for --cuda-graph, or says why it cannot be.
@@ -73,7 +134,7 @@ func NewCUDAGraphs(dl *DeviceLayer) (*graphs, error) {
 	if c, ok := dl.devs[0].(*device.CUDA); ok && !c.Drv.HasGraphs() {
 		return nil, fmt.Errorf("this driver has no stream capture and graphs (CUDA 11.4 or later has them)")
 	}
-	gs := &graphs{g: g, capturer: capt, origin: dl.dc[0].beginS, cache: map[string]keyed{}}
+	gs := &graphs{g: g, capturer: capt, origin: dl.dc[0].beginS, segs: graphCache[string]{capturer: capt, cache: map[string]keyed{}}}
 	var err error
 	if gs.fork, err = dl.devs[0].NewEvent(); err != nil {
 		return nil, err
@@ -164,34 +225,24 @@ func (dl *DeviceLayer) stepGraph() error {
 			dl.WaitMS += float64(time.Since(t).Nanoseconds()) / 1e6
 		}
 		key := gs.g.Graph.Key(seg[0].Name)
-		c, ok := gs.cache[seg[0].Name]
-		graph := c.graph
-		if !ok || c.key != key {
-			if ok { // the streams are idle: the step before ended with a sync
-				gs.capturer.FreeGraph(c.graph)
-				delete(gs.cache, seg[0].Name)
-			}
+		graph := gs.segs.cached(seg[0].Name, key)
+		if graph == nil {
 			var err error
 			if graph, err = dl.capture(seg, i == 0); err != nil {
-				if !captureRefused(err) { // not the capture's refusal: a failure
+				if !gs.segs.refused(seg[0].Name, err) { // not the capture's refusal: a failure
 					return err
-				}
-				gs.fallbacks++
-				if gs.why == "" {
-					gs.why = fmt.Sprintf("%s: %v", seg[0].Name, err)
 				}
 				if err := dl.plain(seg, i == 0); err != nil {
 					return err
 				}
 				continue
 			}
-			gs.captures++
-			gs.cache[seg[0].Name] = keyed{key, graph}
+			gs.segs.captured(seg[0].Name, key, graph)
 		}
 		if err := dl.onDevice0(func() error { return gs.capturer.LaunchGraph(graph, gs.origin) }); err != nil {
 			return err
 		}
-		gs.launches++
+		gs.segs.launches++
 		if err := dl.forkRanks(); err != nil { // the ranks' later work, and the host's waits on their streams, follow the graph
 			return err
 		}
@@ -319,21 +370,11 @@ func (dl *DeviceLayer) joinBack(first bool) error {
 }
 
 // Free frees the cached graphs (the streams idle).
-func (gs *graphs) Free() {
-	for _, c := range gs.cache {
-		gs.capturer.FreeGraph(c.graph)
-	}
-	clear(gs.cache)
-}
+func (gs *graphs) Free() { gs.segs.Free() }
 
 // Describe says how the steps were issued, for the record.
 func (gs *graphs) Describe(steps int) string {
-	s := fmt.Sprintf("used: %d graph launches over %d steps (segments cut at the host waits, each replayed while its key stays the same), %d captures; phases timed by event record nodes inside the graphs (cuEventRecordWithFlags, CU_EVENT_RECORD_EXTERNAL)",
-		gs.launches, steps, gs.captures)
-	if gs.fallbacks > 0 {
-		s += fmt.Sprintf("; %d segments issued as plain launches when the driver refused their capture (first: %s)", gs.fallbacks, gs.why)
-	}
-	return s
+	return gs.segs.describe(steps, "used: ", "segments cut at the host waits, each replayed while its key stays the same")
 }
 
 // captureRefused reports whether err is the driver's refusal of a call

@@ -70,14 +70,10 @@ func (l *Layer) drawExperts(experts []int) []dispatchers.ExpertWeights {
 		e, w := experts[i/2], &l.Drawn[i/2]
 		if i%2 == 0 {
 			normalInto(w.FC1, seed, "fc1", e, std1)
-			if l.Cfg.IsFP8() {
-				quantWeight(w.FC1, 2*f, h)
-			}
+			l.quantWeightAt(w.FC1, 2*f, h)
 		} else {
 			normalInto(w.FC2, seed, "fc2", e, std2)
-			if l.Cfg.IsFP8() {
-				quantWeight(w.FC2, h, f)
-			}
+			l.quantWeightAt(w.FC2, h, f)
 		}
 	})
 	return l.Drawn[:len(experts)]

@@ -67,6 +67,10 @@ type Layer struct {
 	// a drawn layer)
 	FP8Weights map[int]*fp8Weights
 	fp8wMu     sync.Mutex
+	// MXWeights: at mxfp8 (host device), each expert's weights as e4m3
+	// codes with their E8M0 scales per 32 along K (mxfp8.go), made once
+	// (not kept by a drawn layer); fp8wMu guards it too
+	MXWeights map[int]*mxWeights
 	// fp8DevLt: at fp8 on the cuda device, the layer's expert GEMMs are
 	// cuBLASLt's block-scaled FP8 GEMM (fp8dev.go), and so is the reference
 	fp8DevLt bool
@@ -102,6 +106,9 @@ type rankRun struct {
 	// [rows, h/128]): what the FP8 GEMM reads (fp8gemm.go)
 	xc []uint8
 	xs []float32
+	// at mxfp8 (mxfp8.go): the quantize phase's E8M0 scales (mxs, [T,
+	// h/32]) and each dequantized row's E8M0 scales (xm, [rows, h/32])
+	mxs, xm []uint8
 }
 
 // NewLayer draws the layer's weights and inputs from cfg.Seed: inputs N(0,1),
@@ -174,6 +181,13 @@ func MakeLayer(cfg setup.Config, experts bool) (*Layer, error) {
 		l.Ranks = append(l.Ranks, &dispatchers.Rank{ID: r, X: l.X[r], Experts: local,
 			Idx: make([]int32, cfg.Tokens*cfg.TopK), Probs: make([]float32, cfg.Tokens*cfg.TopK)})
 		l.run = append(l.run, rankRun{logits: make([]float32, cfg.Tokens*E)})
+	}
+	if l.FP8Lt() && l.FC1 != nil { // the FP8 GEMM's weights beside the bf16 ones (feplb's phase 2 moves these)
+		L := l.Shape.LocalExperts()
+		ParallelFor(E, runtime.GOMAXPROCS(0), func(_, e int) {
+			w, x := l.fp8Weights(e), &l.Ranks[e/L].Experts[e%L]
+			x.Q1, x.Q2, x.S1, x.S2 = w.q1, w.q2, w.lt1, w.lt2
+		})
 	}
 	if !cfg.ForwardOnly && experts { // a host twin or a dispatch benchmark runs no backward
 		l.newBackward()
@@ -285,7 +299,7 @@ func (l *Layer) Steps(d dispatchers.Dispatcher) []dispatchers.Step {
 		s = append(s, dispatchers.Step{Name: "shared", Run: l.sharedExpert})
 	}
 	s = append(s, dispatchers.Step{Name: "router", Run: l.route})
-	if l.Cfg.IsFP8() {
+	if l.Cfg.IsQuantized() {
 		s = append(s, dispatchers.Step{Name: "quantize", Run: l.quantize})
 	}
 	ph := d.Forward(l.experts)
@@ -349,7 +363,7 @@ func (l *Layer) experts(r int) error {
 		if l.Grads != nil {
 			run.segs = append(run.segs, dispatchers.Segment{Expert: sg.Expert, Start: sg.Start, Len: sg.Len})
 		}
-		if l.Cfg.IsFP8() {
+		if l.Cfg.IsQuantized() {
 			if err := l.dequantRows(r, sg.Start, sg.Start+sg.Len); err != nil {
 				return err
 			}
@@ -386,21 +400,31 @@ func (l *Layer) expertBlocks(r int, segs []dispatchers.Segment, weights func(dis
 	h, f := c.Hidden, c.FFN
 	type block struct {
 		w          *dispatchers.ExpertWeights
-		start, len int // rows
-		expert     int // at fp8 on the host device the expert (its e4m3 weights), else -1
+		start, len int         // rows
+		w8         *fp8Weights // at fp8 on the host device the expert's e4m3 weights (the FP8 GEMM's), else nil
+		mx         *mxWeights  // at mxfp8 the expert's MX weights (mxfp8.go), else nil
+		tensor     int         // on the per-tensor FP8 path the expert (fp8tensor.go), else -1
 	}
 	var blocks []block
 	for _, sg := range segs {
-		w, e := weights(sg), -1
-		if l.FP8Lt() || l.FP8Tensor() {
-			e = sg.Expert
-		}
-		if l.FP8Tensor() { // one tensor a segment: not split (fp8tensor.go)
-			blocks = append(blocks, block{w, sg.Start, sg.Len, e})
+		w := weights(sg)
+		var w8 *fp8Weights
+		var mx *mxWeights
+		switch {
+		case l.FP8Tensor(): // one tensor a segment: not split (fp8tensor.go)
+			blocks = append(blocks, block{w, sg.Start, sg.Len, nil, nil, sg.Expert})
 			continue
+		case l.FP8Lt():
+			if w.Q1 != nil { // the segment's own (the rank's, or a moved expert's: feplb's helpers)
+				w8 = &fp8Weights{q1: w.Q1, q2: w.Q2, lt1: w.S1, lt2: w.S2}
+			} else {
+				w8 = l.fp8Weights(sg.Expert)
+			}
+		case l.Cfg.IsMXFP8():
+			mx = l.segmentMXWeights(sg, w)
 		}
 		for lo := 0; lo < sg.Len; lo += setup.ExpertBlock {
-			blocks = append(blocks, block{w, sg.Start + lo, min(setup.ExpertBlock, sg.Len-lo), e})
+			blocks = append(blocks, block{w, sg.Start + lo, min(setup.ExpertBlock, sg.Len-lo), w8, mx, -1})
 		}
 	}
 	most, mostSmall := 0, 0
@@ -416,12 +440,16 @@ func (l *Layer) expertBlocks(r int, segs []dispatchers.Segment, weights func(dis
 		if l.Grads != nil { // a training step keeps each block's fc1 output and activation: its place in the tape
 			scratch = run.saved[b.start*3*f : (b.start+b.len)*3*f]
 		}
-		if e := b.expert; e >= 0 && l.FP8Tensor() { // the per-tensor FP8 GEMMs, emulated (fp8tensor.go)
+		if e := b.tensor; e >= 0 { // the per-tensor FP8 GEMMs, emulated (fp8tensor.go)
 			l.expertForwardFP8Tensor(r, e, b.start, b.len, b.w, scratch)
 			return
 		}
-		if e := b.expert; e >= 0 { // fp8 on the host device: cuBLASLt's FP8 GEMMs, emulated (fp8gemm.go)
-			l.expertForwardFP8(r, e, b.start, b.len, scratch)
+		if b.mx != nil { // mxfp8: the MX GEMMs, emulated (mxfp8.go)
+			l.expertForwardMX(r, b.mx, b.start, b.len, scratch)
+			return
+		}
+		if b.w8 != nil { // fp8 on the host device: cuBLASLt's FP8 GEMMs, emulated (fp8gemm.go)
+			l.expertForwardFP8(r, b.w8, b.start, b.len, scratch)
 			return
 		}
 		kernels.ExpertForward(rk.ExpertY[b.start*h:], rk.ExpertX[b.start*h:(b.start+b.len)*h], rk.ExpertProbs[b.start:b.start+b.len],
@@ -503,11 +531,11 @@ func (l *Layer) Footprint(d dispatchers.Dispatcher, r int) int64 {
 	n := cap(rk.X) + cap(rk.Idx) + cap(rk.Probs) + cap(rk.ExpertX) + cap(rk.ExpertProbs) + cap(rk.ExpertY) + cap(rk.Y) +
 		cap(run.logits) + cap(run.scratch) + cap(run.shared) + len(l.Wr) + len(l.Bias) + len(l.SharedFC1) + len(l.SharedFC2) +
 		cap(rk.Scales) + cap(rk.ExpertScales) + cap(run.dq)/4 + cap(run.q8)/4
-	if l.Cfg.IsFP8() { // Rank.X holds the e4m3 values (run.xq); the bf16 input is kept too
+	if l.Cfg.IsQuantized() { // Rank.X holds the e4m3 values (run.xq); the bf16 input is kept too
 		n += cap(l.X[r])
 	}
 	for _, w := range rk.Experts { // none in a drawn layer
 		n += len(w.FC1) + len(w.FC2)
 	}
-	return 4*int64(n) + l.backwardFootprint(r) + d.Footprint(r) + l.fp8Footprint(r)
+	return 4*int64(n) + l.backwardFootprint(r) + d.Footprint(r) + l.fp8Footprint(r) + l.mxFootprint(r)
 }

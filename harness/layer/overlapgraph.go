@@ -39,23 +39,23 @@ import (
 // ovGraphs is the overlap's graph state: its segments' graphs, and every
 // stream of the step with the event it joins the origin with.
 type ovGraphs struct {
-	gs      *graphs    // mb0's: the origin, the fork event, the capturer
-	streams [][]ovJoin // per device
-	cache   map[int]keyed
-	// launches, captures and fallbacks count the overlapped steps'
-	// segments: launched graphs, captures, segments issued as plain
-	// launches when the driver refused their capture (why: the first's
-	// reason).
-	Launches, captures, Fallbacks int
-	why                           string
-	segs                          int    // segments issued so far (overlap.seg)
-	compared                      string // how the step compared bit for bit was issued (compare)
+	gs       *graphs         // mb0's: the origin, the fork event, the capturer
+	streams  [][]ovJoin      // per device
+	parts    graphCache[int] // the overlapped step's segments, by position
+	segs     int             // segments issued so far (overlap.seg)
+	compared string          // how the step compared bit for bit was issued (compare)
 }
+
+// Launches and Fallbacks count the overlapped steps' segments launched as
+// graphs and issued as plain launches when the driver refused their
+// capture.
+func (og *ovGraphs) Launches() int  { return og.parts.launches }
+func (og *ovGraphs) Fallbacks() int { return og.parts.fallbacks }
 
 // compare says how the step issued since og was before ran: replayed
 // from graphs captured earlier, captured, or partly as plain launches.
 func (og *ovGraphs) compare(before ovGraphs) string {
-	n, c, f := og.Launches-before.Launches, og.captures-before.captures, og.Fallbacks-before.Fallbacks
+	n, c, f := og.parts.launches-before.parts.launches, og.parts.captures-before.parts.captures, og.parts.fallbacks-before.parts.fallbacks
 	if c == 0 && f == 0 {
 		return fmt.Sprintf("the compared step was replayed from graphs captured before (%d launches)", n)
 	}
@@ -75,7 +75,7 @@ type ovJoin struct {
 // are event record nodes while a segment is captured.
 func NewOverlapCUDAGraphs(ov *Overlap) (*ovGraphs, error) {
 	l0 := ov.Mb[0]
-	og := &ovGraphs{gs: l0.Graph, cache: map[int]keyed{}, streams: make([][]ovJoin, len(l0.devs))}
+	og := &ovGraphs{gs: l0.Graph, parts: graphCache[int]{capturer: l0.Graph.capturer, cache: map[int]keyed{}}, streams: make([][]ovJoin, len(l0.devs))}
 	if l1 := ov.Mb[1]; l1 != nil {
 		l1.Graph = l0.Graph
 	}
@@ -228,21 +228,12 @@ func (ov *Overlap) stepGraph(plan []ovItem) error {
 			l0.WaitMS += float64(time.Since(t).Nanoseconds()) / 1e6
 		}
 		key := ov.graphKey()
-		c, ok := og.cache[k]
-		graph := c.graph
-		if !ok || c.key != key {
-			if ok { // the streams are idle: the step before ended with a sync
-				og.gs.capturer.FreeGraph(c.graph)
-				delete(og.cache, k)
-			}
+		graph := og.parts.cached(k, key)
+		if graph == nil {
 			var err error
 			if graph, err = ov.capture(seg, k == 0); err != nil {
-				if !captureRefused(err) {
+				if !og.parts.refused(fmt.Sprintf("segment %d", k), err) {
 					return fmt.Errorf("overlap: capturing segment %d of the overlapped step: %w", k, err)
-				}
-				og.Fallbacks++
-				if og.why == "" {
-					og.why = fmt.Sprintf("segment %d: %v", k, err)
 				}
 				if k == 0 {
 					if err := l0.begin(); err != nil {
@@ -264,15 +255,14 @@ func (ov *Overlap) stepGraph(plan []ovItem) error {
 				}
 				continue
 			}
-			og.captures++
-			og.cache[k] = keyed{key, graph}
+			og.parts.captured(k, key, graph)
 		} else {
 			ov.replayed(seg)
 		}
 		if err := l0.onDevice0(func() error { return og.gs.capturer.LaunchGraph(graph, og.gs.origin) }); err != nil {
 			return err
 		}
-		og.Launches++
+		og.parts.launches++
 		if err := ov.forkAll(); err != nil { // the streams' later work, and the host's waits on them, follow the graph
 			return err
 		}
@@ -340,20 +330,12 @@ func (ov *Overlap) capture(seg []ovItem, first bool) (*device.Graph, error) {
 }
 
 // Free frees the segments' graphs (the streams idle).
-func (og *ovGraphs) Free() {
-	for _, c := range og.cache {
-		og.gs.capturer.FreeGraph(c.graph)
-	}
-	clear(og.cache)
-}
+func (og *ovGraphs) Free() { og.parts.Free() }
 
 // Describe says how the overlapped steps were issued, for the record.
 func (og *ovGraphs) Describe(steps int) string {
-	s := fmt.Sprintf("the overlapped step issued as CUDA graphs: %d graph launches over %d steps (segments cut at the host waits, every stream forked from the capture's origin and joined back, each replayed while every micro-batch's key stays the same), %d captures; phases timed by event record nodes inside the graphs (cuEventRecordWithFlags, CU_EVENT_RECORD_EXTERNAL)",
-		og.Launches, steps, og.captures)
-	if og.Fallbacks > 0 {
-		s += fmt.Sprintf("; %d segments issued as plain launches when the driver refused their capture (first: %s)", og.Fallbacks, og.why)
-	}
+	s := og.parts.describe(steps, "the overlapped step issued as CUDA graphs: ",
+		"segments cut at the host waits, every stream forked from the capture's origin and joined back, each replayed while every micro-batch's key stays the same")
 	if og.compared != "" {
 		s += "; " + og.compared
 	}

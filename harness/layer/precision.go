@@ -6,6 +6,8 @@ package layer
 import (
 	"fmt"
 
+	"github.com/moebench/moebench/kernels/device"
+
 	"github.com/moebench/moebench/dispatchers"
 	"github.com/moebench/moebench/kernels"
 )
@@ -98,17 +100,18 @@ func quantWeight(w []float32, n, k int) {
 
 // quantExpert quantizes an expert's weights when the layer runs at fp8.
 func (l *Layer) quantExpert(fc1, fc2 []float32) {
-	if l.Cfg.IsFP8() {
-		h, f := l.Cfg.Hidden, l.Cfg.FFN
-		quantWeight(fc1, 2*f, h)
-		quantWeight(fc2, h, f)
-	}
+	h, f := l.Cfg.Hidden, l.Cfg.FFN
+	l.quantWeightAt(fc1, 2*f, h) // fp8's 128×128 blocks, or mxfp8's 1×32 (mxfp8.go)
+	l.quantWeightAt(fc2, h, f)
 }
 
 // quantize is the fp8 step's phase after the router: rank r's input rows
 // cast to e4m3 in 1×128 blocks, the values into Rank.X, the dequantization
 // multipliers into Rank.Scales (what the dispatch sends).
 func (l *Layer) quantize(r int) error {
+	if l.Cfg.IsMXFP8() {
+		return l.quantizeMX(r) // 1×32 blocks, E8M0 scales (mxfp8.go)
+	}
 	rk, run, x := l.Ranks[r], &l.run[r], l.X[r]
 	if len(run.q8) != len(x) { // the buffers are the rank's, reused each step
 		run.q8, run.xq = make([]uint8, len(x)), make([]float32, len(x))
@@ -129,6 +132,9 @@ func (l *Layer) quantize(r int) error {
 // dequantRows dequantizes rows [lo, hi) of rank r's ExpertX in place from
 // its ExpertScales (once per step: done marks them).
 func (l *Layer) dequantRows(r, lo, hi int) error {
+	if l.Cfg.IsMXFP8() {
+		return l.dequantRowsMX(r, lo, hi) // mxfp8.go
+	}
 	rk, run, h := l.Ranks[r], &l.run[r], l.Cfg.Hidden
 	S := h / dispatchers.FP8Block
 	if len(rk.ExpertScales) < hi*S {
@@ -183,10 +189,14 @@ func (l *Layer) dequantRows(r, lo, hi int) error {
 // bf16 input, or at fp8 its 1×128 quantization dequantized to bf16,
 // computed from Layer.X (not from what the dispatch delivered).
 func (l *Layer) ExpertInput(r int) []float32 {
-	if !l.Cfg.IsFP8() {
+	if !l.Cfg.IsQuantized() {
 		return l.X[r]
 	}
 	l.xeOnce.Do(func() {
+		if l.Cfg.IsMXFP8() {
+			l.xe = l.mxExpertInput() // 1×32 blocks (mxfp8.go)
+			return
+		}
 		l.xe = make([][]float32, len(l.X))
 		for i, x := range l.X {
 			q, s, err := kernels.QuantFP8Rows(x, l.Cfg.Hidden, false)
@@ -198,4 +208,25 @@ func (l *Layer) ExpertInput(r int) []float32 {
 		}
 	})
 	return l.xe[r]
+}
+
+// FP8MinCC is the compute capability (×10) FP8 needs: e4m3 tensor cores
+// (Ada, sm_89, and later).
+const FP8MinCC = 89
+
+// FP8DeviceUnavailable is why --precision fp8 cannot run on devs, or "":
+// a GPU below sm_89 has no FP8 tensor cores, and the designs' own
+// implementations refuse FP8 there (Transformer Engine's FP8 needs
+// compute capability 8.9; DeepEP's sm_80 build, DISABLE_SM90_FEATURES,
+// removes its FP8 path). moebench's conversion kernels would run there
+// in software, but a run that the designs would refuse is not one to
+// time. The Emu simulation models Hopper: no refusal.
+func FP8DeviceUnavailable(devs []device.Device) string {
+	for i, dev := range devs {
+		if g, ok := dev.(*device.CUDA); ok && g.CC() < FP8MinCC {
+			return fmt.Sprintf("--precision fp8 needs FP8 (e4m3) tensor cores, compute capability 8.9 or later (Ada, Hopper, Blackwell): "+
+				"GPU %d is sm_%d, where Transformer Engine refuses FP8 and DeepEP's build has no FP8 path; --device host runs fp8 (emulated)", i, g.CC())
+		}
+	}
+	return ""
 }

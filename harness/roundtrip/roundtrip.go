@@ -35,16 +35,21 @@ func Poison(s []float32) {
 // returns "exact" or a description of the first difference. The ranks'
 // routing is reused.
 func Verdict(d dispatchers.Dispatcher, shape dispatchers.Shape, x [][]float32, routed []*dispatchers.Rank) string {
-	fwd, _ := Verdicts(d, shape, x, routed, false)
+	fwd, _ := Verdicts(d, shape, x, routed, false, "")
 	return fwd
 }
 
-// Verdicts is Verdict, followed when backward is set by the
+// Verdicts is Verdict with the rows sent at precision (Trip.At: the
+// dispatch's e4m3 rows and scales at fp8 and mxfp8, as the step sends
+// them), followed when backward is set by the
 // dispatcher's backward on the same ranks (BackwardVerdict), whose verdict
 // it also returns. The ranks share routed's expert weight gradients, which
 // a rebalancing dispatcher adds its helpers' (zero) gradients to.
-func Verdicts(d dispatchers.Dispatcher, shape dispatchers.Shape, x [][]float32, routed []*dispatchers.Rank, backward bool) (fwd, bwd string) {
+func Verdicts(d dispatchers.Dispatcher, shape dispatchers.Shape, x [][]float32, routed []*dispatchers.Rank, backward bool, precision string) (fwd, bwd string) {
 	rt := New(shape, x, routed)
+	if err := rt.At(precision); err != nil {
+		return err.Error(), ""
+	}
 	if err := d.Bind(shape, rt.Ranks); err != nil {
 		return err.Error(), ""
 	}
@@ -69,6 +74,9 @@ type Trip struct {
 	Shape dispatchers.Shape
 	X     [][]float32 // each rank's coarsened input: what must come back
 	Ranks []*dispatchers.Rank
+	// block is the elements sharing one scale of the quantized rows
+	// (ToFP8: 128, ToMXFP8: 32); 0 at bf16
+	block int
 }
 
 func New(shape dispatchers.Shape, x [][]float32, routed []*dispatchers.Rank) *Trip {
@@ -85,25 +93,38 @@ func New(shape dispatchers.Shape, x [][]float32, routed []*dispatchers.Rank) *Tr
 }
 
 // Identity is the round trip's experts: each returns x·p on the rows its
-// segments own.
+// segments own (quantized rows dequantized in place first).
 func (rt *Trip) Identity(r int) error {
 	rk, h := rt.Ranks[r], rt.Shape.Hidden
 	if n := len(rk.ExpertY); n < len(rk.ExpertX) { // rows an earlier expert phase left stay
 		rk.ExpertY = append(rk.ExpertY, make([]float32, len(rk.ExpertX)-n)...)
 		Poison(rk.ExpertY[n:])
 	}
-	S := 0 // fp8 (ToFP8): the rows are e4m3 values, dequantized first (exact: power-of-two scales)
-	if rk.ExpertScales != nil {
-		S = h / dispatchers.FP8Block
+	S, B := 0, rt.block // fp8 (ToFP8), mxfp8 (ToMXFP8): the rows are e4m3 values, dequantized first (exact: power-of-two scales)
+	if rk.ExpertScales != nil && B > 0 {
+		S = h / B
 	}
 	for _, sg := range rk.Segments {
 		for i := sg.Start * h; i < (sg.Start+sg.Len)*h; i++ {
 			x := rk.ExpertX[i]
-			if S > 0 {
-				x *= rk.ExpertScales[i/h*S+i%h/dispatchers.FP8Block]
+			if S > 0 { // in place, as the layer's expert phase does: the backward's operand
+				x *= rk.ExpertScales[i/h*S+i%h/B]
+				rk.ExpertX[i] = x
 			}
 			rk.ExpertY[i] = x * rk.ExpertProbs[i/h]
 		}
+	}
+	return nil
+}
+
+// At makes the round trip's ranks send their rows at precision: bf16 ("",
+// bf16), or quantized (ToFP8, ToMXFP8).
+func (rt *Trip) At(precision string) error {
+	switch precision {
+	case dispatchers.PrecisionFP8:
+		return rt.ToFP8()
+	case dispatchers.PrecisionMXFP8:
+		return rt.ToMXFP8()
 	}
 	return nil
 }
@@ -129,6 +150,34 @@ func (rt *Trip) ToFP8() error {
 		}
 		rk.X, rk.Scales, rt.X[r] = v, s, kernels.DequantFP8Rows(q, s)
 	}
+	rt.block = dispatchers.FP8Block
+	return nil
+}
+
+// ToMXFP8 is ToFP8 at mxfp8: each rank's input quantized in 1×32 blocks by
+// TransformerEngine's MXFP8 rule (E8M0 scales, powers of two, sent as
+// their float32 values), the same exactness up to top-16.
+func (rt *Trip) ToMXFP8() error {
+	if k := rt.Shape.TopK; k > 16 {
+		return &dispatchers.UnavailableError{Name: "round trip", Impl: "mxfp8", Reason: fmt.Sprintf("the mxfp8 round trip is exact up to top-16 (4 significant bits + ⌈log2 k⌉ ≤ bf16's 8); top-%d", k)}
+	}
+	for r, rk := range rt.Ranks {
+		x := rt.X[r]
+		q, e := make([]uint8, len(x)), make([]uint8, len(x)/kernels.MXBlock)
+		if err := kernels.QuantMXFP8RowsInto(q, e, x); err != nil {
+			return err
+		}
+		v, s, back := make([]float32, len(q)), make([]float32, len(e)), make([]float32, len(q))
+		for i, b := range e {
+			s[i] = kernels.MXScaleValue(b)
+		}
+		for i, c := range q {
+			v[i] = kernels.E4M3ToFloat32(c)
+			back[i] = v[i] * s[i/kernels.MXBlock]
+		}
+		rk.X, rk.Scales, rt.X[r] = v, s, back
+	}
+	rt.block = dispatchers.MXBlock
 	return nil
 }
 

@@ -331,6 +331,8 @@ func (c Config) validateDevice() error {
 	case c.ResolvedPrecision() != PrecisionBF16 && c.Hidden%precisionBlock(c.ResolvedPrecision()) != 0:
 		return &ConfigError{"precision", c.Precision, fmt.Sprintf("needs --hidden a multiple of %d (it quantizes rows in blocks of %d; --hidden is %d)",
 			precisionBlock(c.ResolvedPrecision()), precisionBlock(c.ResolvedPrecision()), c.Hidden)}
+	case c.ResolvedPrecision() == PrecisionMXFP8 && c.FFN%32 != 0:
+		return &ConfigError{"ffn", c.FFN, "must be a multiple of 32 at --precision mxfp8 (fc2's input is quantized in 1×32 MX blocks along ffn)"}
 	case c.HostExperts != "" && !slices.Contains(HostExpertsModes, c.HostExperts):
 		return &ConfigError{"host-experts", c.HostExperts, "allowed: " + strings.Join(HostExpertsModes, ", ")}
 	case c.HostExperts != "" && c.HostExperts != HostExpertsAuto && c.Device == "cuda":

@@ -60,7 +60,7 @@ func MemParts(c Config, mode string) []memPart {
 		parts = append(parts, memPart{"expert weights drawn on demand (float32, a group at a time)", float64(ExpertsDrawnAtOnce(c)) * expert})
 	} else if host {
 		parts = append(parts, memPart{"expert weights (float32)", E * expert})
-		if c.IsFP8() { // the FP8 GEMM path's e4m3 copies (fp8gemm.go)
+		if c.IsQuantized() { // the FP8 (MX) GEMM path's e4m3 copies (fp8gemm.go, mxfp8.go)
 			parts = append(parts, memPart{"expert weights (e4m3, fp8 GEMMs)", E * expert / 4})
 		}
 	}

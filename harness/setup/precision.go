@@ -32,3 +32,11 @@ func precisionBlock(p string) int {
 
 // IsFP8 says whether the layer runs at fp8.
 func (c Config) IsFP8() bool { return c.ResolvedPrecision() == PrecisionFP8 }
+
+// IsMXFP8 says whether the layer runs at mxfp8 (the host device only:
+// docs/fp8.md "mxfp8 on the host device").
+func (c Config) IsMXFP8() bool { return c.ResolvedPrecision() == PrecisionMXFP8 }
+
+// IsQuantized says whether the layer quantizes its dispatch and expert
+// operands (fp8 or mxfp8).
+func (c Config) IsQuantized() bool { return c.IsFP8() || c.IsMXFP8() }

@@ -826,7 +826,7 @@ func TestInflightTable(t *testing.T) {
 	for _, c := range []struct {
 		file, noBulk, path, only string
 		stages                   int
-		fp8                      bool // deepep's --precision fp8 build: MB_DE_DHIDDEN, the packed rows
+		fp8                      bool // the --precision fp8 build: the packed rows (MB_DE_DHIDDEN, MB_HE_DHIDDEN)
 	}{
 		{"deepep.cu", "1", "16-byte", "deepep_", 0, false},
 		{"deepep.cu", "1", "16-byte fp8", "deepep_dispatch", 0, true},
@@ -834,6 +834,10 @@ func TestInflightTable(t *testing.T) {
 		{"deepep.cu", "0", "bulk fp8", "deepep_dispatch", 0, true},
 		{"hybridep.cu", "1", "16-byte", "he_dispatch he_pack he_permute he_preprocess_count", sd, false}, {"hybridep.cu", "1", "16-byte", "he_combine", sc, false},
 		{"hybridep.cu", "0", "bulk", "he_dispatch he_pack he_permute", sd, false}, {"hybridep.cu", "0", "bulk", "he_combine", sc, false},
+		// hybridep at fp8: the forward dispatch's kernels move packed rows
+		// (the combine and the backward stay bf16)
+		{"hybridep.cu", "1", "16-byte fp8", "he_dispatch he_pack he_permute", sd, true},
+		{"hybridep.cu", "0", "bulk fp8", "he_dispatch he_pack he_permute", sd, true},
 	} {
 		d := defines(preset)
 		d["MB_NO_BULK"] = c.noBulk
@@ -841,7 +845,8 @@ func TestInflightTable(t *testing.T) {
 			d["MB_HE_STAGES"] = fmt.Sprint(c.stages)
 		}
 		if c.fp8 {
-			d["MB_DE_DHIDDEN"] = fmt.Sprint(kernels.FP8RowPitch(shapes[preset].hidden) / 2)
+			dh := fmt.Sprint(kernels.FP8RowPitch(shapes[preset].hidden) / 2)
+			d["MB_DE_DHIDDEN"], d["MB_HE_DHIDDEN"] = dh, dh
 		}
 		key := fmt.Sprint(c.file, c.noBulk, c.stages, c.fp8)
 		sass, ok := compiled[key]
@@ -860,6 +865,9 @@ func TestInflightTable(t *testing.T) {
 			t.Fatalf("%s MB_NO_BULK=%s: %v", c.file, c.noBulk, err)
 		}
 		for _, k := range ks {
+			if c.fp8 && strings.HasSuffix(k.Kernel, "_bwd") { // the backward's rows are bf16 in the fp8 build too
+				continue
+			}
 			if slices.ContainsFunc(strings.Fields(c.only), func(p string) bool { return strings.HasPrefix(k.Kernel, p) }) {
 				table.Kernels = append(table.Kernels, k)
 			}
@@ -929,7 +937,9 @@ func TestInflightREADME(t *testing.T) {
 		{"deepep_dispatch", "bulk", "`deepep_dispatch` bulk"}, {"deepep_dispatch", "bulk fp8", "`deepep_dispatch` bulk fp8"},
 		{"he_dispatch", "bulk", "`he_dispatch`"}, {"he_permute", "bulk", "`he_permute`"}, {"he_combine", "bulk", "`he_combine`"},
 		{"he_dispatch", "16-byte", "`he_dispatch` (16-byte)"}, {"he_combine", "16-byte", "`he_combine` (16-byte)"},
-		{"he_permute", "16-byte", "`he_permute` (16-byte)"}}
+		{"he_permute", "16-byte", "`he_permute` (16-byte)"},
+		{"he_dispatch", "bulk fp8", "`he_dispatch` fp8"}, {"he_permute", "bulk fp8", "`he_permute` fp8"},
+		{"he_dispatch", "16-byte fp8", "`he_dispatch` (16-byte) fp8"}, {"he_permute", "16-byte fp8", "`he_permute` (16-byte) fp8"}}
 	for _, row := range rows {
 		name, path := row.name, row.path
 		k, ok := tab.Kernel(name, path)
