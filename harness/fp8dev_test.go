@@ -293,17 +293,18 @@ func TestNCCLEPFP8TensorOnHostSim(t *testing.T) {
 	harnesstest.UseFakeNCCLEP(t)
 	tensorPath(t)
 	for _, d := range []string{"deepep-ll", "hybridep"} {
-		if d != "deepep-ll" {
-			hostsim.SkipIfShort(t, "deepep-ll")
-		}
-		cfg := harnesstest.DeviceCases()["softmax-natural"]
-		cfg.Dispatcher, cfg.Impl, cfg.EP, cfg.Hidden, cfg.Precision = d, dispatchers.ImplLibrary, 2, 512, setup.PrecisionFP8
-		rec, err := Run(cfg, setup.Env{Version: "test"})
-		if err != nil || rec.Status != results.StatusOK || !rec.Correctness.Passed || rec.GEMM.FP8Path != string(kernels.FP8GEMMTensor) {
-			t.Errorf("%s: %v; %s %q %+v (%s)", d, err, rec.Status, rec.Reason, rec.Correctness, rec.GEMM.FP8Path)
-			continue
-		}
-		t.Logf("%s: max rel err %.3g", d, rec.Correctness.MaxRelErr)
+		t.Run(d, func(t *testing.T) {
+			if d != "deepep-ll" {
+				hostsim.SkipIfShort(t, "deepep-ll")
+			}
+			cfg := harnesstest.DeviceCases()["softmax-natural"]
+			cfg.Dispatcher, cfg.Impl, cfg.EP, cfg.Hidden, cfg.Precision = d, dispatchers.ImplLibrary, 2, 512, setup.PrecisionFP8
+			rec, err := Run(cfg, setup.Env{Version: "test"})
+			if err != nil || rec.Status != results.StatusOK || !rec.Correctness.Passed || rec.GEMM.FP8Path != string(kernels.FP8GEMMTensor) {
+				t.Fatalf("%v; %s %q %+v (%s)", err, rec.Status, rec.Reason, rec.Correctness, rec.GEMM.FP8Path)
+			}
+			t.Logf("max rel err %.3g", rec.Correctness.MaxRelErr)
+		})
 	}
 }
 
