@@ -442,10 +442,13 @@ func (r *devRun) describeGEMM(method string) {
 	rec, cfg := r.rec, r.cfg
 	rec.GEMM.Method = method
 	if cfg.IsFP8() { // the FP8 GEMMs, or bf16 ones on the rows dequant_fp8_rows wrote (fp8dev.go)
-		path, why := layer.FP8GEMMPath(r.devs, cfg)
+		path, why := r.dl.FP8Path()
 		rec.GEMM.Method = layer.ExpertPathFP8 + "; " + method
 		if path == kernels.FP8GEMMBlock {
 			rec.GEMM.Method = layer.ExpertPathFP8Dev + "; " + method
+		}
+		if path == kernels.FP8GEMMTensor {
+			rec.GEMM.Method = layer.ExpertPathFP8Tensor + "; " + method
 		}
 		rec.GEMM.FP8Path, rec.GEMM.FP8PathReason = string(path), why
 	}

@@ -140,6 +140,70 @@ func TestFP8HostExpertModes(t *testing.T) {
 	}
 }
 
+// TestFP8HostTensor: on the host device's per-tensor FP8 GEMM path
+// (FP8GEMMHostPath cublaslt-fp8-tensor, fp8tensor.go) each dispatcher that
+// moves FP8 runs a training step that passes the check — the reference
+// taking each tensor's multiplier from all of the expert's routed rows —
+// and the record says the path; with fc1 given the weights' multiplier for
+// the activations', or each operand's multiplier from half its rows, the
+// check fails.
+func TestFP8HostTensor(t *testing.T) {
+	was := layer.FP8GEMMHostPath
+	layer.FP8GEMMHostPath = kernels.FP8GEMMTensor
+	defer func() { layer.FP8GEMMHostPath, layer.FP8Fault = was, "" }()
+	for _, m := range harnesstest.FP8Movers {
+		c := harnesstest.FP8Config(m.Name)
+		c.Domain = m.Domain
+		if m.Name == "feplb" { // skewed, so that phase 2 moves whole experts (rows and weights: a segment is still all of an expert's rows)
+			c.Routing = setup.Routing{Kind: setup.RoutingSkewed, Alpha: 1.5}
+		}
+		rec, err := Run(c, setup.Env{Version: "test"})
+		if err != nil || rec.Status != results.StatusOK || !rec.Correctness.Passed || rec.Correctness.Grads == nil {
+			t.Errorf("%s (domain %d) per tensor: %v, %+v", m.Name, m.Domain, err, rec.Correctness)
+			continue
+		}
+		if rec.GEMM.Method != layer.ExpertPathFP8Tensor || rec.GEMM.FP8Path != string(kernels.FP8GEMMTensor) || !strings.Contains(rec.GEMM.FP8PathReason, "SCALAR_32F") {
+			t.Errorf("%s: the record says %q (%s: %s)", m.Name, rec.GEMM.Method, rec.GEMM.FP8Path, rec.GEMM.FP8PathReason)
+		}
+		t.Logf("%s (domain %d): max rel err %.3g, gradients %.3g", m.Name, m.Domain, rec.Correctness.MaxRelErr, rec.Correctness.Grads.MaxRelErr)
+	}
+	// segments longer than ExpertBlock rows: one tensor each, not split
+	// (the reference's tensor is all of the expert's rows)
+	c := harnesstest.FP8Config("alltoall")
+	c.Tokens, c.EP, c.ForwardOnly = 1024, 2, true
+	c.Routing = setup.Routing{Kind: setup.RoutingSkewed, Alpha: 1.5}
+	if rec, err := Run(c, setup.Env{Version: "test"}); err != nil || rec.Status != results.StatusOK || !rec.Correctness.Passed {
+		t.Errorf("per tensor, %d tokens a rank: %v, %+v", c.Tokens, err, rec.Correctness)
+	} else {
+		t.Logf("%d tokens a rank: max rel err %.3g", c.Tokens, rec.Correctness.MaxRelErr)
+	}
+	// a sampled check: each tensor's multiplier still spans all of the
+	// expert's routed rows, the sample's and the others'
+	func() {
+		defer func(b float64) { setup.RefFLOPBudget = b }(setup.RefFLOPBudget)
+		setup.RefFLOPBudget = 1
+		c := harnesstest.FP8Config("alltoall")
+		c.CheckAll = false
+		rec, err := Run(c, setup.Env{Version: "test"})
+		if err != nil || rec.Status != results.StatusOK || !rec.Correctness.Passed || rec.Correctness.Grads == nil || !strings.Contains(rec.Correctness.Sample, "16 per rank") {
+			t.Errorf("sampled per tensor: %v, %+v", err, rec.Correctness)
+		} else {
+			t.Logf("sampled (%s): max rel err %.3g, gradients %.3g", rec.Correctness.Sample, rec.Correctness.MaxRelErr, rec.Correctness.Grads.MaxRelErr)
+		}
+	}()
+	for _, fault := range []string{"t-wscale", "t-half"} {
+		layer.FP8Fault = fault
+		c := harnesstest.FP8Config("alltoall")
+		c.ForwardOnly = true
+		rec, err := Run(c, setup.Env{Version: "test"})
+		if err == nil || rec.Status != results.StatusFailed || rec.Correctness == nil || rec.Correctness.MaxRelErr <= check.Tolerance {
+			t.Errorf("per tensor broken (%s): %v, %+v", fault, err, rec.Correctness)
+		} else {
+			t.Logf("broken (%s): max rel err %.3g", fault, rec.Correctness.MaxRelErr)
+		}
+	}
+}
+
 // TestFP8UnavailableBelowSM89: on a GPU below sm_89 (the fake driver's
 // FAKECUDA_CC 80) --precision fp8 is unavailable with the reason, never
 // run in software FP8 and bf16 GEMMs (bench dispatch:

@@ -193,6 +193,121 @@ func hostRunsDevicePath(t *testing.T) {
 	t.Cleanup(func() { layer.FP8GEMMHostPath = was })
 }
 
+// tensorPath makes every device answer that its cuBLASLt offers the
+// per-tensor FP8 GEMM only (layer.FP8GEMMOffered) and the host device run
+// that path, for t.
+func tensorPath(t *testing.T) {
+	was, wasHost := layer.FP8GEMMOffered, layer.FP8GEMMHostPath
+	layer.FP8GEMMOffered, layer.FP8GEMMHostPath = kernels.FP8GEMMTensor, kernels.FP8GEMMTensor
+	t.Cleanup(func() { layer.FP8GEMMOffered, layer.FP8GEMMHostPath = was, wasHost })
+}
+
+// TestFP8TensorDeviceEqualsHost: where the devices' cuBLASLt offers the
+// per-tensor FP8 GEMM only (faked), the cuda layer on Emu (dequant_fp8_rows,
+// amax_fp8_tensor and quant_fp8_tensor through their twins, Emu's FP8
+// MatMul per tensor) runs training steps that pass the check, its record
+// says cublaslt-fp8-tensor with the reason, and its output, rows and
+// traffic equal the host device's per-tensor layer bit for bit; with fc1
+// given the weights' multiplier for the activations', or each amax over
+// half the values, the check fails.
+func TestFP8TensorDeviceEqualsHost(t *testing.T) {
+	tensorPath(t)
+	for name, c := range harnesstest.FP8DeviceCases() {
+		if c.Dispatcher == "feplb" { // bf16-dequant (fp8GEMMPath)
+			continue
+		}
+		if c.Dispatcher == "hybridep" && c.Domain > 1 {
+			t.Run(name+"-4devices", func(t *testing.T) { equalsHost(t, c, c.EP) })
+			continue
+		}
+		t.Run(name, func(t *testing.T) { equalsHost(t, c, 1) })
+		if c.EP > 1 {
+			t.Run(name+"-3devices", func(t *testing.T) { equalsHost(t, c, 3) })
+		}
+	}
+	c := harnesstest.FP8DeviceCases()["alltoall"]
+	rec, err := Run(c, setup.Env{Version: "test", OpenDevices: harnesstest.Emus(1)})
+	if err != nil || rec.Status != results.StatusOK || !rec.Correctness.Passed || rec.Correctness.Grads == nil {
+		t.Fatalf("run: %v, %+v", err, rec.Correctness)
+	}
+	if !strings.HasPrefix(rec.GEMM.Method, layer.ExpertPathFP8Tensor+"; ") || rec.GEMM.FP8Path != string(kernels.FP8GEMMTensor) ||
+		!strings.Contains(rec.GEMM.FP8PathReason, "per-tensor FP8 GEMM") || !strings.Contains(rec.GEMM.FP8PathReason, "faked by a test") {
+		t.Errorf("record: %q, %q (%s)", rec.GEMM.Method, rec.GEMM.FP8Path, rec.GEMM.FP8PathReason)
+	}
+	t.Logf("output max rel err %.3g, gradients %.3g", rec.Correctness.MaxRelErr, rec.Correctness.Grads.MaxRelErr)
+	defer func() { layer.FP8DevFault = "" }()
+	for _, fault := range []string{"t-wscale", "t-half"} {
+		layer.FP8DevFault = fault
+		c.ForwardOnly = true
+		rec, err := Run(c, setup.Env{Version: "test", OpenDevices: harnesstest.Emus(1)})
+		if err == nil || rec.Status != results.StatusFailed || rec.Correctness == nil || rec.Correctness.MaxRelErr <= check.Tolerance {
+			t.Errorf("per tensor broken (%s): %v, %+v", fault, err, rec.Correctness)
+		} else {
+			t.Logf("broken (%s): max rel err %.3g", fault, rec.Correctness.MaxRelErr)
+		}
+	}
+}
+
+// TestFP8TensorCUDALayerOnHostSim: the per-tensor path on the host
+// simulation (fp8.cu's dequant_fp8_rows, amax_fp8_tensor and
+// quant_fp8_tensor compiled for the CPU, the fake cuBLASLt's per-tensor FP8
+// GEMM; the library's answer faked: its GPUs say sm_90): a training step
+// passes the check, the record says cublaslt-fp8-tensor, and the outputs
+// equal the host device's per-tensor layer bit for bit.
+func TestFP8TensorCUDALayerOnHostSim(t *testing.T) {
+	harnesstest.UseHostSimLayer(t)
+	tensorPath(t)
+	for _, name := range []string{"alltoall", "deepep"} {
+		c := harnesstest.FP8DeviceCases()[name]
+		c.Warmup, c.Iters = 0, 1
+		t.Run(name, func(t *testing.T) {
+			if name != "alltoall" {
+				hostsim.SkipIfShort(t, "alltoall")
+			}
+			rec, err := Run(c, setup.Env{Version: "test"})
+			if err != nil || rec.Status != results.StatusOK || !rec.Correctness.Passed || rec.Correctness.Grads == nil {
+				t.Fatalf("%v, %s %q, %+v", err, rec.Status, rec.Reason, rec.Correctness)
+			}
+			if rec.GEMM.FP8Path != string(kernels.FP8GEMMTensor) || !strings.Contains(rec.GEMM.FP8PathReason, "per-tensor FP8 GEMM") {
+				t.Errorf("record: fp8 GEMM path %q (%s)", rec.GEMM.FP8Path, rec.GEMM.FP8PathReason)
+			}
+			t.Logf("max rel err %.2e, gradients %.2e", rec.Correctness.MaxRelErr, rec.Correctness.Grads.MaxRelErr)
+			devs, err := layer.OpenDevices(setup.Env{}, min(c.EP, 2), c.EP, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { layer.CloseDevices(devs) })
+			equalsHostOn(t, c, devs...)
+		})
+	}
+}
+
+// TestNCCLEPFP8TensorOnHostSim: the per-tensor path under NCCL EP's
+// per-expert work (--impl library, the fake libnccl_ep): hybridep's
+// high-throughput mode (a training step) and deepep-ll's low-latency mode,
+// whose experts apply no routing weight (the combine does), so that fc2's
+// tensor is SwiGLU(h1) alone and the reference takes it so
+// (FP8TensorUnweighted); both pass the check and say cublaslt-fp8-tensor.
+func TestNCCLEPFP8TensorOnHostSim(t *testing.T) {
+	harnesstest.UseHostSimLayer(t)
+	harnesstest.UseFakeNCCLEP(t)
+	tensorPath(t)
+	for _, d := range []string{"deepep-ll", "hybridep"} {
+		t.Run(d, func(t *testing.T) {
+			if d != "deepep-ll" {
+				hostsim.SkipIfShort(t, "deepep-ll")
+			}
+			cfg := harnesstest.DeviceCases()["softmax-natural"]
+			cfg.Dispatcher, cfg.Impl, cfg.EP, cfg.Hidden, cfg.Precision = d, dispatchers.ImplLibrary, 2, 512, setup.PrecisionFP8
+			rec, err := Run(cfg, setup.Env{Version: "test"})
+			if err != nil || rec.Status != results.StatusOK || !rec.Correctness.Passed || rec.GEMM.FP8Path != string(kernels.FP8GEMMTensor) {
+				t.Fatalf("%v; %s %q %+v (%s)", err, rec.Status, rec.Reason, rec.Correctness, rec.GEMM.FP8Path)
+			}
+			t.Logf("max rel err %.3g", rec.Correctness.MaxRelErr)
+		})
+	}
+}
+
 // TestFP8FEPLBBytesAgree: at fp8 the host and the cuda device (Emu) count
 // feplb's phase-2 bytes the same way for the same step (a first step: both
 // plan with the host model): copy_bytes is each move's FP8WeightBytes plus

@@ -43,6 +43,12 @@ type GradProblem struct {
 	Expert               func(e int) (fc1, fc2 []float64) // expert e's weights, [2f,h] and [h,f]; called concurrently
 	SharedFC1, SharedFC2 []float64                        // [2·fs,h], [h,fs]; nil without shared expert
 	DOut                 []float64                        // [T,h] the output's gradient
+	// FC1Out, when not nil, writes into z [len(slots), 2f] the fc1 output
+	// of expert e's copies slots (t·k+j) as the forward computed it, in
+	// place of fc1·x (fp8 per tensor: on the requantized operands); the
+	// backward takes fc1 and x as they are (straight-through). Called
+	// concurrently for different experts.
+	FC1Out func(e int, slots []int, z []float64)
 }
 
 // Grads are the gradients of the scalar Σ DOut·out with respect to each
@@ -127,10 +133,19 @@ func ReferenceGradsEach(p GradProblem, workers int, each func(e int, fc1, fc2 []
 		if slots := byExpert[e]; len(slots) > 0 {
 			fc1, fc2 := p.Expert(e)
 			b.dx = zeroed(b.dx, len(slots)*h)
+			var z []float64
+			if p.FC1Out != nil {
+				z = make([]float64, len(slots)*2*f)
+				p.FC1Out(e, slots, z)
+			}
 			for i, s := range slots {
 				tok := s / k
 				x, dy := xe[tok*h:(tok+1)*h], p.DOut[tok*h:(tok+1)*h]
-				g.Probs[s] = mlpTokenGrad(x, dy, probs[s], fc1, fc2, h, f, b.dx[i*h:(i+1)*h], b.dfc1, b.dfc2)
+				var zi []float64
+				if z != nil {
+					zi = z[i*2*f : (i+1)*2*f]
+				}
+				g.Probs[s] = mlpTokenGrad(x, dy, probs[s], fc1, fc2, zi, h, f, b.dx[i*h:(i+1)*h], b.dfc1, b.dfc2)
 			}
 			mu.Lock()
 			for i, s := range slots {
@@ -146,7 +161,7 @@ func ReferenceGradsEach(p GradProblem, workers int, each func(e int, fc1, fc2 []
 		fs := p.SharedFFN
 		g.SharedFC1, g.SharedFC2 = make([]float64, 2*fs*h), make([]float64, h*fs)
 		for t := range T {
-			mlpTokenGrad(p.X[t*h:(t+1)*h], p.DOut[t*h:(t+1)*h], 1, p.SharedFC1, p.SharedFC2, h, fs,
+			mlpTokenGrad(p.X[t*h:(t+1)*h], p.DOut[t*h:(t+1)*h], 1, p.SharedFC1, p.SharedFC2, nil, h, fs,
 				g.X[t*h:(t+1)*h], g.SharedFC1, g.SharedFC2)
 		}
 	}
@@ -197,11 +212,14 @@ func parallelItems(n, workers int, fn func(w, i int)) {
 // mlpTokenGrad differentiates y = fc2 · (p · silu(g) ⊙ u), [g | u] = fc1 · x,
 // for one token x [h] given dy [h]: it adds the input gradient to dx [h] and
 // the weight gradients to dfc1 [2f,h] and dfc2 [h,f], and returns the
-// gradient of p.
-func mlpTokenGrad(x, dy []float64, p float64, fc1, fc2 []float64, h, f int, dx, dfc1, dfc2 []float64) float64 {
-	z := make([]float64, 2*f) // fc1 · x
-	for r := range z {
-		z[r] = dot(fc1[r*h:(r+1)*h], x)
+// gradient of p. fz, when not nil, is the forward's fc1 output (GradProblem.FC1Out).
+func mlpTokenGrad(x, dy []float64, p float64, fc1, fc2, fz []float64, h, f int, dx, dfc1, dfc2 []float64) float64 {
+	z := fz
+	if z == nil {
+		z = make([]float64, 2*f) // fc1 · x
+		for r := range z {
+			z[r] = dot(fc1[r*h:(r+1)*h], x)
+		}
 	}
 	dz := make([]float64, 2*f)
 	dp := 0.0

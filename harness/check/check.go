@@ -317,6 +317,11 @@ func refExperts(l *layer.Layer, probs [][]float64, byExpert [][]refCopy) [][]flo
 			return
 		}
 		b := &bufs[w]
+		if l.FP8Tensor() { // the per-tensor path: multipliers from all the expert's routed rows (fp8tensor.go)
+			b.fc1, b.fc2 = l.FP8TensorRefWeights(e, b.fc1, b.fc2)
+			ys[e] = fp8TensorExpert(l, copies, probs, e, b.fc1, b.fc2)
+			return
+		}
 		mx := l.Cfg.IsMXFP8() // the MX GEMM's exact operands (layer/mxfp8.go)
 		if mx {
 			b.fc1, b.fc2 = l.MXRefWeights(e, b.fc1, b.fc2)

@@ -170,8 +170,16 @@ func gradProblem(l *layer.Layer, w *widened, sample [][]int) kernels.GradProblem
 		}}
 	var probs []float32
 	h, k := c.Hidden, c.TopK
+	var origin [][2]int // each token's rank and token (the per-tensor path's fc1 output)
 	for r, rk := range l.Ranks {
 		s := rows(r)
+		for i := range len(pick(rk.Idx, s, k)) / k {
+			t := i
+			if s != nil {
+				t = s[i]
+			}
+			origin = append(origin, [2]int{r, t})
+		}
 		p.X, p.DOut = append(p.X, widen(pick(l.X[r], s, h))...), append(p.DOut, widen(pick(l.DOut[r], s, h))...)
 		if l.Cfg.IsQuantized() {
 			p.XE = append(p.XE, widen(pick(l.ExpertInput(r), s, h))...)
@@ -180,6 +188,9 @@ func gradProblem(l *layer.Layer, w *widened, sample [][]int) kernels.GradProblem
 		if l.Override[r] != nil {
 			p.Override = append(p.Override, widen(pick(l.Override[r], s, c.Experts))...)
 		}
+	}
+	if l.FP8Tensor() {
+		p.FC1Out = fp8TensorFC1(l, origin)
 	}
 	if !l.RouterGrad() { // the trace's probabilities
 		p.Probs = widen(probs)

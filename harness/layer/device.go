@@ -36,15 +36,18 @@ type DeviceLayer struct {
 	RankBufs   []devRank
 	dc         []devCommon // per device
 
-	seq         []dispatchers.Step           // see steps
-	start, end  map[string][]device.Event    // per phase, per rank
-	IssueMS     float64                      // the last step's host issue time (see step)
-	Graph       *graphs                      // --cuda-graph: the captured segments (graph.go); nil: plain launches
-	WaitMS      float64                      // the last step's host waits before phases (Capabilities.HostWait)
-	job         job                          // what the devices' threads do next (see work)
-	work        func(dev int) error          // dl.issue, made once: issuing a step allocates nothing
-	Train       bool                         // a step is a training step: forward, then backward (devbackward.go)
-	fp8lt       bool                         // at fp8 the expert GEMMs are cuBLASLt's block-scaled FP8 GEMM (fp8dev.go)
+	seq         []dispatchers.Step        // see steps
+	start, end  map[string][]device.Event // per phase, per rank
+	IssueMS     float64                   // the last step's host issue time (see step)
+	Graph       *graphs                   // --cuda-graph: the captured segments (graph.go); nil: plain launches
+	WaitMS      float64                   // the last step's host waits before phases (Capabilities.HostWait)
+	job         job                       // what the devices' threads do next (see work)
+	work        func(dev int) error       // dl.issue, made once: issuing a step allocates nothing
+	Train       bool                      // a step is a training step: forward, then backward (devbackward.go)
+	fp8lt       bool                      // at fp8 the expert GEMMs are cuBLASLt's block-scaled FP8 GEMM (fp8dev.go)
+	fp8tensor   bool                      // at fp8 the expert GEMMs are cuBLASLt's per-tensor FP8 GEMM (fp8devtensor.go)
+	fp8Path     kernels.FP8GEMMPath       // at fp8 the expert GEMM path (FP8Path)
+	fp8Why      string
 	Forward     int                          // the forward's phases: the first of steps
 	Distributed *Distributed                 // a run over several processes (distributed.go); nil: one
 	GradAcc     map[string]MaxErrAccumulator // a run over several processes: this process's part of the gradient check (checkDeviceGrads)
@@ -144,9 +147,12 @@ func NewDeviceLayer(l *Layer, devs []device.Device, th *device.Threads, d dispat
 	}
 	dl.newThreads(th)
 	if c.IsFP8() {
-		path, _ := FP8GEMMPath(devs, c)
+		path, why := fp8LayerPath(devs, c, ds != nil)
+		dl.fp8Path, dl.fp8Why = path, why
 		dl.fp8lt = path == kernels.FP8GEMMBlock
 		l.fp8DevLt = dl.fp8lt // the reference takes the path's operands
+		dl.fp8tensor = path == kernels.FP8GEMMTensor
+		l.fp8DevTensor = dl.fp8tensor
 	}
 	for i := range devs {
 		if err := dl.newCommon(i); err != nil {
@@ -294,6 +300,11 @@ func (dl *DeviceLayer) newRank(r int, th *device.Threads) error {
 			return err
 		}
 	}
+	if dl.fp8tensor {
+		if err := dl.allocFP8Tensor(r); err != nil {
+			return err
+		}
+	}
 	if dl.Train {
 		if err := dl.newDeviceBackward(r); err != nil {
 			return err
@@ -351,7 +362,8 @@ func (dl *DeviceLayer) uploadExperts() error {
 	type drawn struct {
 		e        int
 		fc1, fc2 []uint16
-		fp8      *fp8Weights // on the FP8 GEMM path
+		fp8      *fp8Weights       // on the FP8 GEMM path
+		t8       *fp8TensorWeights // on the per-tensor FP8 GEMM path
 	}
 	ch := make(chan drawn, runtime.GOMAXPROCS(0))
 	stop := make(chan struct{})
@@ -369,8 +381,12 @@ func (dl *DeviceLayer) uploadExperts() error {
 					if dl.fp8lt {
 						w8 = dl.Layer.fp8Weights(e)
 					}
+					var t8 *fp8TensorWeights
+					if dl.fp8tensor {
+						t8 = quantTensorWeights(fc1, fc2)
+					}
 					select {
-					case ch <- drawn{e, kernels.BF16Bits(fc1), kernels.BF16Bits(fc2), w8}:
+					case ch <- drawn{e, kernels.BF16Bits(fc1), kernels.BF16Bits(fc2), w8, t8}:
 					case <-stop:
 					}
 				}
@@ -406,6 +422,11 @@ func (dl *DeviceLayer) uploadExperts() error {
 		}
 		if w.fp8 != nil {
 			if err := dl.uploadFP8(w.e, w.fp8); err != nil {
+				return err
+			}
+		}
+		if w.t8 != nil {
+			if err := dl.uploadFP8Tensor(w.e, w.t8); err != nil {
 				return err
 			}
 		}
@@ -567,6 +588,13 @@ func (dl *DeviceLayer) compute(r int, w *dispatchers.DeviceWork) error {
 	if y == 0 {
 		y = rk.ExpertY
 	}
+	if dl.fp8tensor { // the per-tensor FP8 GEMMs on the dequantized rows (the tape's in training; fp8devtensor.go)
+		x, err := dl.dequant(r, w, lo, hi, xd)
+		if err != nil {
+			return err
+		}
+		return dl.computeFP8Tensor(r, w, lo, hi, x, h1, act, y)
+	}
 	if dl.fp8lt { // the FP8 GEMMs (fp8dev.go); the backward's tape keeps the dequantized rows
 		if dl.Train {
 			if _, err := dl.dequant(r, w, lo, hi, xd); err != nil {
@@ -628,7 +656,7 @@ func (dl *DeviceLayer) ChooseGrouped() (string, error) {
 	best, bestMS, desc := -1, math.Inf(1), ""
 	ways := len(GroupedSideStreams)
 	batched, ok := dl.devs[0].GroupedGEMMName()
-	if ok && dl.fp8lt {
+	if ok && (dl.fp8lt || dl.fp8tensor) {
 		ok, batched = false, batched+" takes no FP8 operands (the FP8 GEMMs are per-expert calls)"
 	}
 	if dl.Distributed != nil { // every process times the same ways: each step moves data between them

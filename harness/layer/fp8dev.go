@@ -7,7 +7,8 @@ package layer
 // (quant_fp8_rows, DeepEP's 1×128 rule, bit for bit the host's
 // QuantFP8Rows). The dispatcher moves those rows as rows of
 // Shape.DispatchHidden bf16-sized elements. The expert phase then runs one
-// of two paths (fp8GEMMPath, said in gemm.fp8_path):
+// of three paths (fp8GEMMPath, said in gemm.fp8_path; the third,
+// cublaslt-fp8-tensor, is fp8devtensor.go's):
 //
 //   - cublaslt-fp8-block (computeFP8): per expert segment fp8_rows_lt
 //     unpacks the rows into e4m3 rows and their 1×128 multipliers in
@@ -42,11 +43,12 @@ import (
 // dispatched e4m3 rows and their 1×128 multipliers, fc2 on its input
 // quantized 1×128, the weights e4m3 in 128×128 blocks; computeFP8) where
 // every device offers it (kernels.FP8GEMMPathFor: sm_90 and cuBLASLt
-// 12.9+; Emu emulates it exactly), else bf16 GEMMs on the dequantized rows
-// and weights: on an older library or GPU (a per-tensor FP8 GEMM would
-// need the rows requantized per tensor: not run) and where cuBLAS's FP8
-// shape rules refuse ffn. (feplb runs the FP8 GEMM too: its phase 2 moves
-// the e4m3 weights and their multipliers, DeviceSegment.FP8.)
+// 12.9+; Emu emulates it exactly), else cuBLASLt's per-tensor FP8 GEMM
+// where every device offers that (fp8devtensor.go; not feplb, whose phase
+// 2 moves the block-scaled weights), else bf16 GEMMs on the dequantized
+// rows and weights: on an older library or GPU and where cuBLAS's FP8
+// shape rules refuse ffn. (feplb runs the block-scaled FP8 GEMM too: its
+// phase 2 moves the e4m3 weights and their multipliers, DeviceSegment.FP8.)
 func FP8GEMMPath(devs []device.Device, c setup.Config) (kernels.FP8GEMMPath, string) {
 	const dq = "bf16 GEMMs on the dequantized rows and weights: "
 	if FP8DevDequant {
@@ -55,23 +57,51 @@ func FP8GEMMPath(devs []device.Device, c setup.Config) (kernels.FP8GEMMPath, str
 	if c.FFN%16 != 0 {
 		return kernels.FP8GEMMDequant, fmt.Sprintf(dq+"--ffn %d: cuBLASLt's FP8 GEMM needs fc2's k (ffn) a multiple of 16", c.FFN)
 	}
-	why := ""
+	path, why := fp8GEMMOffers(devs)
+	if path == kernels.FP8GEMMTensor && c.Dispatcher == "feplb" {
+		return kernels.FP8GEMMDequant, dq + "the devices offer cublaslt-fp8-tensor, but feplb's phase 2 moves its dynamic experts' block-scaled " +
+			"e4m3 weights (the per-tensor GEMM would need each expert's per-tensor codes and multiplier on the helper)"
+	}
+	return path, why
+}
+
+// fp8GEMMOffers is the finest FP8 GEMM every device offers (block, else
+// per tensor, else bf16 on dequantized values; FP8GEMMOffered, tests,
+// fakes each device's answer), and why.
+func fp8GEMMOffers(devs []device.Device) (kernels.FP8GEMMPath, string) {
+	const dq = "bf16 GEMMs on the dequantized rows and weights: "
+	path, why, whyT := kernels.FP8GEMMBlock, "", ""
 	for _, dev := range devs {
 		g, ok := dev.(*device.CUDA)
-		if !ok {
-			why = "the Emu simulation runs cuBLASLt's block-scaled FP8 GEMM emulated exactly (kernels.FP8GEMM)"
-			continue
+		offered, w := kernels.FP8GEMMBlock, "the Emu simulation runs cuBLASLt's FP8 GEMM emulated exactly (kernels.FP8GEMM)"
+		if ok {
+			if g.Lt == nil {
+				return kernels.FP8GEMMDequant, dq + "no cuBLASLt"
+			}
+			offered, w = g.FP8GEMMPath()
 		}
-		if g.Lt == nil {
-			return kernels.FP8GEMMDequant, dq + "no cuBLASLt"
+		if FP8GEMMOffered != "" {
+			offered, w = FP8GEMMOffered, w+"; the answer faked by a test: "+string(FP8GEMMOffered)
 		}
-		offered, w := g.FP8GEMMPath()
-		if offered != kernels.FP8GEMMBlock {
-			return kernels.FP8GEMMDequant, dq + "this device's cuBLASLt offers " + string(offered) + " (" + w + "); the layer runs block scaling or none"
+		switch offered {
+		case kernels.FP8GEMMBlock:
+			if ok {
+				w = "cuBLASLt's block-scaled FP8 GEMM (" + w + "): activations e4m3 1×128 as dispatched, fc2's input quantized 1×128 on the device, weights e4m3 128×128"
+			} else {
+				w = "the Emu simulation runs cuBLASLt's block-scaled FP8 GEMM emulated exactly (kernels.FP8GEMM)"
+			}
+			why = w
+		case kernels.FP8GEMMTensor:
+			path, whyT = kernels.FP8GEMMTensor, "cuBLASLt's per-tensor FP8 GEMM, the finest this device's library offers ("+w+
+				"): each expert's rows on its rank dequantized 1×128 as dispatched and requantized with one multiplier (SCALAR_32F), fc2's input likewise, weights one multiplier each"
+		default:
+			return kernels.FP8GEMMDequant, dq + "this device's cuBLASLt offers " + string(offered) + " (" + w + "): no FP8 GEMM"
 		}
-		why = "cuBLASLt's block-scaled FP8 GEMM (" + w + "): activations e4m3 1×128 as dispatched, fc2's input quantized 1×128 on the device, weights e4m3 128×128"
 	}
-	return kernels.FP8GEMMBlock, why
+	if path == kernels.FP8GEMMTensor {
+		return path, whyT
+	}
+	return path, why
 }
 
 // shape is the dispatcher's shape: at fp8 its dispatched rows are packed
@@ -135,7 +165,9 @@ func (dl *DeviceLayer) dequant(r int, w *dispatchers.DeviceWork, lo, hi int, xd 
 // purpose ("row": the next row's packed row; "none": no dequantization)
 // or, on the FP8 GEMM path, fc1's operand ("lt-order": its multipliers
 // row-major, not in VEC128_32F's order; "a-missing": its multipliers
-// lost).
+// lost); on the per-tensor path (fp8devtensor.go) "t-wscale": fc1 given
+// the weights' multiplier for the activations'; "t-half": each operand's
+// amax over the first half of its values).
 var FP8DevFault string
 
 // FP8DevDequant, set by tests alone, makes the cuda layer run the bf16

@@ -47,4 +47,21 @@ func TestFP8GEMMPathChoice(t *testing.T) {
 			t.Errorf("%s: %s (%s), want %s (…%s…)", tc.name, path, why, tc.path, tc.why)
 		}
 	}
+	// a library offering per-tensor scaling only (the answer faked): the
+	// per-tensor path, said with the reason; feplb stays bf16-dequant
+	defer func() { FP8GEMMOffered = "" }()
+	FP8GEMMOffered = kernels.FP8GEMMTensor
+	if path, why := FP8GEMMPath(emu, c); path != kernels.FP8GEMMTensor || !strings.Contains(why, "per-tensor FP8 GEMM") || !strings.Contains(why, "faked by a test") {
+		t.Errorf("per tensor: %s (%s)", path, why)
+	}
+	if path, why := FP8GEMMPath(emu, fe); path != kernels.FP8GEMMDequant {
+		t.Errorf("feplb per tensor: %s (%s)", path, why)
+	}
+	// over several processes the reference cannot see every routed row
+	if path, why := fp8LayerPath(emu, c, true); path != kernels.FP8GEMMDequant || !strings.Contains(why, "several processes") {
+		t.Errorf("per tensor over processes: %s (%s)", path, why)
+	}
+	if path, _ := fp8LayerPath(emu, c, false); path != kernels.FP8GEMMTensor {
+		t.Errorf("per tensor in one process: %s", path)
+	}
 }

@@ -45,8 +45,8 @@ func (l *Layer) FP8Lt() bool {
 }
 
 // FP8GEMMHostPath is the host device's expert GEMM path at fp8: block, or
-// bf16-dequant (the cuda device's path today) where a test compares a
-// cuda device's layer with the host's bit for bit.
+// tensor or bf16-dequant where a test runs that path or compares a cuda
+// device's layer with the host's bit for bit.
 var FP8GEMMHostPath = kernels.FP8GEMMBlock
 
 // fp8Weights are an expert's weights as the FP8 GEMM takes them: e4m3
@@ -236,6 +236,11 @@ func (l *Layer) fp8Footprint(r int) int64 {
 	for e, w := range l.FP8Weights {
 		if e/L == r {
 			n += int64(len(w.q1)+len(w.q2)) + 4*int64(len(w.s1)+len(w.s2)+len(w.lt1)+len(w.lt2))
+		}
+	}
+	for e, w := range l.fp8tw { // the per-tensor path's (fp8tensor.go)
+		if e/L == r {
+			n += int64(len(w.q1)+len(w.q2)) + 8
 		}
 	}
 	return n

@@ -6,6 +6,7 @@ import (
 	"runtime"
 	"slices"
 	"sync"
+	"sync/atomic"
 
 	"github.com/moebench/moebench/dispatchers"
 	"github.com/moebench/moebench/harness/setup"
@@ -73,6 +74,15 @@ type Layer struct {
 	// fp8DevLt: at fp8 on the cuda device, the layer's expert GEMMs are
 	// cuBLASLt's block-scaled FP8 GEMM (fp8dev.go), and so is the reference
 	fp8DevLt bool
+	// fp8tw, fp8DevTensor: the per-tensor FP8 GEMM path (fp8tensor.go):
+	// each expert's weights as e4m3 codes with one multiplier each (not
+	// kept by a drawn layer); on the cuda device, whether it runs it
+	fp8tw        map[int]*fp8TensorWeights
+	fp8DevTensor bool
+	// fp8Unweighted: the cuda layer's last per-tensor step quantized fc2's
+	// input without the routing weights (its work had none: the combine
+	// applies them, NCCL EP's low-latency mode); the ranks' threads set it
+	fp8Unweighted atomic.Bool
 }
 
 type rankRun struct {
@@ -393,6 +403,7 @@ func (l *Layer) expertBlocks(r int, segs []dispatchers.Segment, weights func(dis
 		start, len int         // rows
 		w8         *fp8Weights // at fp8 on the host device the expert's e4m3 weights (the FP8 GEMM's), else nil
 		mx         *mxWeights  // at mxfp8 the expert's MX weights (mxfp8.go), else nil
+		tensor     int         // on the per-tensor FP8 path the expert (fp8tensor.go), else -1
 	}
 	var blocks []block
 	for _, sg := range segs {
@@ -400,6 +411,9 @@ func (l *Layer) expertBlocks(r int, segs []dispatchers.Segment, weights func(dis
 		var w8 *fp8Weights
 		var mx *mxWeights
 		switch {
+		case l.FP8Tensor(): // one tensor a segment: not split (fp8tensor.go)
+			blocks = append(blocks, block{w, sg.Start, sg.Len, nil, nil, sg.Expert})
+			continue
 		case l.FP8Lt():
 			if w.Q1 != nil { // the segment's own (the rank's, or a moved expert's: feplb's helpers)
 				w8 = &fp8Weights{q1: w.Q1, q2: w.Q2, lt1: w.S1, lt2: w.S2}
@@ -410,7 +424,7 @@ func (l *Layer) expertBlocks(r int, segs []dispatchers.Segment, weights func(dis
 			mx = l.segmentMXWeights(sg, w)
 		}
 		for lo := 0; lo < sg.Len; lo += setup.ExpertBlock {
-			blocks = append(blocks, block{w, sg.Start + lo, min(setup.ExpertBlock, sg.Len-lo), w8, mx})
+			blocks = append(blocks, block{w, sg.Start + lo, min(setup.ExpertBlock, sg.Len-lo), w8, mx, -1})
 		}
 	}
 	most, mostSmall := 0, 0
@@ -425,6 +439,10 @@ func (l *Layer) expertBlocks(r int, segs []dispatchers.Segment, weights func(dis
 	forward := func(b block, scratch []float32) {
 		if l.Grads != nil { // a training step keeps each block's fc1 output and activation: its place in the tape
 			scratch = run.saved[b.start*3*f : (b.start+b.len)*3*f]
+		}
+		if e := b.tensor; e >= 0 { // the per-tensor FP8 GEMMs, emulated (fp8tensor.go)
+			l.expertForwardFP8Tensor(r, e, b.start, b.len, b.w, scratch)
+			return
 		}
 		if b.mx != nil { // mxfp8: the MX GEMMs, emulated (mxfp8.go)
 			l.expertForwardMX(r, b.mx, b.start, b.len, scratch)

@@ -61,6 +61,9 @@ func HostFP8GEMMNote() (method, path, why string) {
 	if FP8GEMMHostPath == kernels.FP8GEMMDequant {
 		return ExpertPathFP8, string(kernels.FP8GEMMDequant), "the host device runs the cuda device's path (bf16 GEMMs on the dequantized rows and weights), as set to compare the two"
 	}
+	if FP8GEMMHostPath == kernels.FP8GEMMTensor {
+		return ExpertPathFP8Tensor, string(kernels.FP8GEMMTensor), fp8GEMMHostTensorReason
+	}
 	return ExpertPathFP8Host, string(FP8GEMMHostPath), fp8GEMMHostReason
 }
 
@@ -69,8 +72,10 @@ func HostFP8GEMMNote() (method, path, why string) {
 // multiplier; "none": no dequantization; on the host's FP8 GEMM path
 // (fp8gemm.go) also "lt-order": the activation multipliers in row-major
 // order, not VEC128_32F's; "w-block": each weight block the
-// next block's multiplier; "fc2-none": fc2's input not dequantized), to
-// see the check fail.
+// next block's multiplier; "fc2-none": fc2's input not dequantized; on
+// the per-tensor path (fp8tensor.go) "t-wscale": fc1 given the weights'
+// multiplier for the activations'; "t-half": each operand's multiplier
+// from the first half of its rows), to see the check fail.
 var FP8Fault string
 
 // e4m3Values decodes every e4m3 code.

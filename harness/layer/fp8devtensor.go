@@ -1,0 +1,175 @@
+package layer
+
+// The per-tensor FP8 GEMM path on the cuda device (gemm.fp8_path
+// cublaslt-fp8-tensor; fp8tensor.go is the host's, and the design): per
+// expert segment of a block of work, dequant_fp8_rows into bf16 rows (the
+// tape's in a training step), amax_fp8_tensor into a zeroed word and
+// quant_fp8_tensor into e4m3 codes and one multiplier, fc1 as
+// Grouped{FP8: FP8Tensor} on the expert's per-tensor e4m3 weights (uploaded
+// once with their multiplier), swiGLUProbs, the same two kernels on each
+// segment's activation, fc2. A segment is one expert's rows on its rank in
+// the step where the work is the whole rows (wholeWork); the reference
+// takes each tensor over all of the expert's routed rows.
+
+import (
+	"fmt"
+
+	"github.com/moebench/moebench/dispatchers"
+	"github.com/moebench/moebench/harness/setup"
+	"github.com/moebench/moebench/internal/cuda"
+	"github.com/moebench/moebench/kernels"
+	"github.com/moebench/moebench/kernels/device"
+)
+
+// FP8GEMMOffered, set by tests alone, replaces what every device answers
+// for the FP8 GEMM its library offers (CUDA.FP8GEMMPath; Emu: block): the
+// fake cuBLASLt's .so.12 reports 12.0, whose FP8 GEMM on hostsim is what
+// a per-tensor-only library runs, but hostsim's GPUs say sm_90.
+var FP8GEMMOffered kernels.FP8GEMMPath
+
+// fp8TensorDistributed is why a run over several processes runs bf16 on
+// dequantized rows where the devices offer the per-tensor FP8 GEMM only.
+const fp8TensorDistributed = "bf16 GEMMs on the dequantized rows and weights: the devices offer cublaslt-fp8-tensor, but in a run over " +
+	"several processes the check's reference cannot take a tensor's multiplier over all of the expert's routed rows (each process holds its own ranks' routing)"
+
+// fp8LayerPath is FP8GEMMPath, but bf16-dequant in place of the
+// per-tensor path in a run over several processes (fp8TensorDistributed).
+func fp8LayerPath(devs []device.Device, c setup.Config, distributed bool) (kernels.FP8GEMMPath, string) {
+	path, why := FP8GEMMPath(devs, c)
+	if path == kernels.FP8GEMMTensor && distributed {
+		return kernels.FP8GEMMDequant, fp8TensorDistributed + " (" + why + ")"
+	}
+	return path, why
+}
+
+// FP8Path is the expert GEMM path the layer runs at fp8 (FP8GEMMPath, and
+// bf16-dequant instead of per tensor over several processes), and why.
+func (dl *DeviceLayer) FP8Path() (kernels.FP8GEMMPath, string) { return dl.fp8Path, dl.fp8Why }
+
+// fp8TensorStride is the bytes a segment's words take in the operand
+// buffers: its amax word, then 16 bytes on, its multiplier (each 16-byte
+// aligned).
+const fp8TensorStride = 32
+
+// uploadFP8Tensor uploads expert e's per-tensor e4m3 weights and their
+// multipliers (w) to its owner rank's devFP8 (n1 = n2 = 4 floats an
+// expert: one multiplier, 16-byte aligned).
+func (dl *DeviceLayer) uploadFP8Tensor(e int, w *fp8TensorWeights) error {
+	c, L := dl.Layer.Cfg, dl.Layer.Shape.LocalExperts()
+	h, f, r, i := c.Hidden, c.FFN, e/L, e%L
+	rk, fp := dl.Ranks[r], dl.RankBufs[r].fp8
+	for _, u := range []struct {
+		at   device.Addr
+		host any
+	}{{fp.q1 + device.Addr(i*2*f*h), codeWords(w.q1)}, {fp.q2 + device.Addr(i*h*f), codeWords(w.q2)},
+		{fp.s1 + device.Addr(4*i*fp.n1), []float32{w.s1, 0, 0, 0}}, {fp.s2 + device.Addr(4*i*fp.n2), []float32{w.s2, 0, 0, 0}}} {
+		if err := rk.Dev.Upload(u.at, u.host, rk.Stream); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// allocFP8Tensor allocates rank r's devFP8 weights for the per-tensor path.
+func (dl *DeviceLayer) allocFP8Tensor(r int) error {
+	c, rk, b := dl.Layer.Cfg, dl.Ranks[r], &dl.RankBufs[r]
+	h, f, L := c.Hidden, c.FFN, dl.Layer.Shape.LocalExperts()
+	b.fp8 = &devFP8{n1: 4, n2: 4}
+	held, err := device.Resize(rk.Dev, 1, device.RowBuffer{P: &b.fp8.q1, PerRow: int64(L * 2 * f * h)}, device.RowBuffer{P: &b.fp8.q2, PerRow: int64(L * h * f)},
+		device.RowBuffer{P: &b.fp8.s1, PerRow: int64(16 * L)}, device.RowBuffer{P: &b.fp8.s2, PerRow: int64(16 * L)})
+	b.bytes += held
+	return err
+}
+
+// quantTensor queues the per-tensor quantization of n bf16 values at x:
+// the word at amax zeroed, amax_fp8_tensor, quant_fp8_tensor into codes q
+// and the multiplier at s.
+func (dl *DeviceLayer) quantTensor(r int, x device.Addr, n int64, amax, q, s device.Addr) error {
+	rk := dl.Ranks[r]
+	if err := rk.Dev.Fill16(amax, 0, 2, rk.Stream); err != nil {
+		return err
+	}
+	grid := kernels.FP8Grid(n/kernels.FP8Block+1, kernels.FP8Block, 4*max(rk.Dev.SMCount(), 1))
+	na := n
+	if FP8DevFault == "t-half" { // tests: the multiplier from the first half of the values
+		na = n / 2
+	}
+	if err := rk.Dev.LaunchProgram(device.FP8AmaxTensorProgram(), grid, rk.Stream, x, na, amax); err != nil {
+		return err
+	}
+	return rk.Dev.LaunchProgram(device.FP8QuantTensorProgram(), grid, rk.Stream, x, n, int32(0), amax, q, s)
+}
+
+// computeFP8Tensor queues the per-tensor FP8 GEMM path of one block of
+// work, rows [lo, hi), on its bf16 rows at x (row lo first; dequantized
+// by the caller) into h1 and act (bf16 [hi-lo, 2f], [hi-lo, f]) and y (row
+// 0 of w's output at y).
+func (dl *DeviceLayer) computeFP8Tensor(r int, w *dispatchers.DeviceWork, lo, hi int, x, h1, act, y device.Addr) error {
+	c, rk, b := dl.Layer.Cfg, dl.Ranks[r], &dl.RankBufs[r]
+	h, f, L, fp := c.Hidden, c.FFN, dl.Layer.Shape.LocalExperts(), b.fp8
+	segs := 0
+	for _, sg := range w.Segments {
+		if sg.Len == 0 {
+			continue
+		}
+		if sg.FC1 != 0 || sg.Expert/L != r {
+			return fmt.Errorf("fp8 per-tensor GEMM path: segment of expert %d on rank %d has weights at fc1 %#x (the FP8 GEMM takes the rank's own experts' e4m3 weights only)", sg.Expert, r, sg.FC1)
+		}
+		segs++
+	}
+	// xs, as: each segment's amax word and multiplier (fp8TensorStride bytes)
+	if err := fp.ops.Ensure(rk.Dev, rk.Stream, hi-lo+fp8TensorStride/4*segs, device.RowBuffer{P: &fp.xq, PerRow: int64(h)}, device.RowBuffer{P: &fp.xs, PerRow: 4},
+		device.RowBuffer{P: &fp.aq, PerRow: int64(f)}, device.RowBuffer{P: &fp.as, PerRow: 4}); err != nil {
+		return err
+	}
+	groups := func(second bool) ([]device.Group, error) {
+		b.groups = b.groups[:0]
+		at := 0 // the segment's words
+		for _, sg := range w.Segments {
+			if sg.Len == 0 {
+				continue
+			}
+			e, row := sg.Expert-r*L, sg.Start-lo
+			var g device.Group
+			var err error
+			if !second {
+				words := fp.xs + device.Addr(fp8TensorStride*at)
+				g = device.Group{C: h1 + device.Addr(2*row*2*f), A: fp.xq + device.Addr(row*h), W: fp.q1 + device.Addr(e*2*f*h),
+					AScale: words + 16, WScale: fp.s1 + device.Addr(4*e*fp.n1), M: sg.Len}
+				err = dl.quantTensor(r, x+device.Addr(2*row*h), int64(sg.Len*h), words, g.A, g.AScale)
+				if FP8DevFault == "t-wscale" { // tests: fc1 given the weights' multiplier for the activations'
+					g.AScale = g.WScale
+				}
+			} else {
+				words := fp.as + device.Addr(fp8TensorStride*at)
+				g = device.Group{C: y + device.Addr(2*sg.Start*h), A: fp.aq + device.Addr(row*f), W: fp.q2 + device.Addr(e*h*f),
+					AScale: words + 16, WScale: fp.s2 + device.Addr(4*e*fp.n2), M: sg.Len}
+				err = dl.quantTensor(r, act+device.Addr(2*row*f), int64(sg.Len*f), words, g.A, g.AScale)
+			}
+			if err != nil {
+				return nil, err
+			}
+			b.groups = append(b.groups, g)
+			at++
+		}
+		return b.groups, nil
+	}
+	dl.Layer.fp8Unweighted.Store(w.Probs == 0) // fc2's tensor without the routing weights (the reference's too); every block of a step agrees
+	b.Grouped.FP8 = cuda.FP8Tensor
+	defer func() { b.Grouped.FP8 = cuda.FP8None }()
+	g1, err := groups(false)
+	if err != nil {
+		return err
+	}
+	if err := b.Grouped.Run(rk.Dev, g1, 2*f, h, rk.Stream); err != nil {
+		return err
+	}
+	if err := dl.swiGLUProbs(r, w, lo, hi, act, h1); err != nil {
+		return err
+	}
+	g2, err := groups(true)
+	if err != nil {
+		return err
+	}
+	return b.Grouped.Run(rk.Dev, g2, h, f, rk.Stream)
+}
