@@ -46,7 +46,7 @@ func TestSweepPrecisions(t *testing.T) {
 		got[r.Config.Dispatcher+"/"+r.Config.PrecisionName()] = r.Status + " " + r.Reason
 	}
 	for point, want := range map[string]string{"alltoall/bf16": "ok", "alltoall/fp8": "ok", "hybridep/bf16": "ok",
-		"hybridep/fp8": "unavailable hybridep (native): unavailable: HybridEP's FP8 dispatch needs hidden a multiple of 512"} {
+		"hybridep/fp8": "unavailable hybridep (native): unavailable: --precision fp8: HybridEP's FP8 dispatch needs --hidden a multiple of 512"} {
 		if !strings.HasPrefix(got[point], want) {
 			t.Errorf("%s: %q, want %q", point, got[point], want)
 		}
