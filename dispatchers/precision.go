@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/moebench/moebench/internal/cuda"
 	"github.com/moebench/moebench/kernels/device"
 )
 
@@ -159,9 +160,9 @@ type FP8Weights struct {
 // ⌈k/128⌉ rounded up to 4 (the count cuBLASLt's samples allocate;
 // internal/cuda.FP8ScaleLayout).
 func FP8WeightScales(h, f int) (n1, n2 int) {
-	blocks := func(k int) int { return (k + FP8Block - 1) / FP8Block }
-	ld := func(k int) int { return (blocks(k) + 3) / 4 * 4 }
-	return blocks(2*f) * ld(h), blocks(h) * ld(f)
+	_, n1, _ = cuda.FP8ScaleLayout(0, 2*f, h)
+	_, n2, _ = cuda.FP8ScaleLayout(0, h, f)
+	return n1, n2
 }
 
 // FP8WeightBytes is one expert's weights as the FP8 GEMM reads them: 3·f·h

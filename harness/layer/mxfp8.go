@@ -30,9 +30,9 @@ package layer
 
 import (
 	"fmt"
-	"github.com/moebench/moebench/dispatchers"
 	"runtime"
 
+	"github.com/moebench/moebench/dispatchers"
 	"github.com/moebench/moebench/harness/setup"
 	"github.com/moebench/moebench/kernels"
 	"github.com/moebench/moebench/kernels/device"
