@@ -202,6 +202,17 @@ func TestFP8HostTensor(t *testing.T) {
 			t.Logf("broken (%s): max rel err %.3g", fault, rec.Correctness.MaxRelErr)
 		}
 	}
+	// the layer's per-tensor weights broken (fc1's multiplier doubled) in a
+	// training step: the reference's weights are its own, so the output
+	// check fails (a review found it passing, output and gradients, when the
+	// reference quantized through the layer's function)
+	layer.FP8Fault = "t-w1"
+	rec, err := Run(harnesstest.FP8Config("alltoall"), setup.Env{Version: "test"})
+	if err == nil || rec.Status != results.StatusFailed || rec.Correctness == nil || rec.Correctness.MaxRelErr <= check.Tolerance {
+		t.Errorf("per tensor broken (t-w1): %v, %+v", err, rec.Correctness)
+	} else {
+		t.Logf("broken (t-w1): max rel err %.3g", rec.Correctness.MaxRelErr)
+	}
 }
 
 // TestFP8UnavailableBelowSM89: on a GPU below sm_89 (the fake driver's

@@ -64,4 +64,17 @@ func TestFP8GEMMPathChoice(t *testing.T) {
 	if path, _ := fp8LayerPath(emu, c, false); path != kernels.FP8GEMMTensor {
 		t.Errorf("per tensor in one process: %s", path)
 	}
+	// a shape whose per-tensor reference (fc1 over every routed row) is
+	// beyond the check's budget: bf16-dequant with the reason, unless
+	// --check all pays for it
+	defer func(b float64) { setup.RefFLOPBudget = b }(setup.RefFLOPBudget)
+	setup.RefFLOPBudget = fp8TensorRefFLOPs(c) / (fp8TensorRefOver + 1)
+	c.CheckAll = false
+	if path, why := fp8LayerPath(emu, c, false); path != kernels.FP8GEMMDequant || !strings.Contains(why, "--check all pays it") {
+		t.Errorf("per tensor beyond the check's budget: %s (%s)", path, why)
+	}
+	c.CheckAll = true
+	if path, _ := fp8LayerPath(emu, c, false); path != kernels.FP8GEMMTensor {
+		t.Errorf("per tensor beyond the budget with --check all: %s", path)
+	}
 }

@@ -22,9 +22,9 @@ import (
 )
 
 // FP8GEMMOffered, set by tests alone, replaces what every device answers
-// for the FP8 GEMM its library offers (CUDA.FP8GEMMPath; Emu: block): the
-// fake cuBLASLt's .so.12 reports 12.0, whose FP8 GEMM on hostsim is what
-// a per-tensor-only library runs, but hostsim's GPUs say sm_90.
+// for the FP8 GEMM its library offers (CUDA.FP8GEMMPath; Emu: block). On
+// hostsim the fake driver at FAKECUDA_CC=89 answers per tensor honestly;
+// Emu has no compute capability to ask.
 var FP8GEMMOffered kernels.FP8GEMMPath
 
 // fp8TensorDistributed is why a run over several processes runs bf16 on
@@ -32,12 +32,35 @@ var FP8GEMMOffered kernels.FP8GEMMPath
 const fp8TensorDistributed = "bf16 GEMMs on the dequantized rows and weights: the devices offer cublaslt-fp8-tensor, but in a run over " +
 	"several processes the check's reference cannot take a tensor's multiplier over all of the expert's routed rows (each process holds its own ranks' routing)"
 
+// fp8TensorRefOver is how many times the check's FLOP budget
+// (setup.RefFLOPBudget) the per-tensor reference's pass over every routed
+// row may take (unless --check all asks for the whole reference anyway).
+const fp8TensorRefOver = 8
+
+// fp8TensorRefFLOPs is the per-tensor reference's pass that the check's
+// sample does not shrink: fc1 in float64 over every routed row (each
+// tensor's multiplier spans them all; check/fp8tensor.go), 4·h·f a copy.
+func fp8TensorRefFLOPs(c setup.Config) float64 {
+	return 4 * float64(c.Hidden) * float64(c.FFN) * float64(c.EP) * float64(c.Tokens) * float64(c.TopK)
+}
+
 // fp8LayerPath is FP8GEMMPath, but bf16-dequant in place of the
-// per-tensor path in a run over several processes (fp8TensorDistributed).
+// per-tensor path in a run over several processes (fp8TensorDistributed)
+// and where the check's reference could not afford the tensors'
+// multipliers (fp8TensorRefFLOPs beyond fp8TensorRefOver budgets, without
+// --check all): a check that ran for hours is not one to wait for.
 func fp8LayerPath(devs []device.Device, c setup.Config, distributed bool) (kernels.FP8GEMMPath, string) {
 	path, why := FP8GEMMPath(devs, c)
-	if path == kernels.FP8GEMMTensor && distributed {
+	if path != kernels.FP8GEMMTensor {
+		return path, why
+	}
+	if distributed {
 		return kernels.FP8GEMMDequant, fp8TensorDistributed + " (" + why + ")"
+	}
+	if n, most := fp8TensorRefFLOPs(c), fp8TensorRefOver*setup.RefFLOPBudget; !c.CheckAll && n > most {
+		return kernels.FP8GEMMDequant, fmt.Sprintf("bf16 GEMMs on the dequantized rows and weights: the devices offer cublaslt-fp8-tensor, but its check "+
+			"takes each tensor's multiplier over every routed row, fc1 in float64 on all of them (%.3g FLOPs, more than %d times the check's budget of %.3g; "+
+			"--check all pays it) (%s)", n, fp8TensorRefOver, setup.RefFLOPBudget, why)
 	}
 	return path, why
 }

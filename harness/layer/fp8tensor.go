@@ -64,11 +64,17 @@ type fp8TensorWeights struct {
 	s1, s2 float32
 }
 
-// quantTensorWeights quantizes bf16 weights fc1, fc2 per tensor.
+// quantTensorWeights quantizes bf16 weights fc1, fc2 per tensor; FP8Fault
+// "t-w1" (tests) doubles fc1's multiplier (fc1's output doubled: the
+// output and gradient checks must see it, their reference weights being
+// their own, FP8TensorRefWeights).
 func quantTensorWeights(fc1, fc2 []float32) *fp8TensorWeights {
 	w := &fp8TensorWeights{}
 	w.q1, w.s1 = kernels.QuantFP8Tensor(fc1)
 	w.q2, w.s2 = kernels.QuantFP8Tensor(fc2)
+	if FP8Fault == "t-w1" {
+		w.s1 *= 2
+	}
 	return w
 }
 
@@ -98,12 +104,15 @@ func (l *Layer) fp8TensorWeights(e int, ew *dispatchers.ExpertWeights) *fp8Tenso
 }
 
 // FP8TensorRefWeights are expert e's weights as the reference takes them on
-// the per-tensor path: its bf16 weights quantized per tensor (computed
-// here, not the layer's cached codes), e4m3·s exactly in float64.
+// the per-tensor path: its bf16 weights quantized per tensor by the host
+// reference (kernels.QuantFP8Tensor, here: not the layer's codes nor the
+// layer's quantTensorWeights, so that a fault of the layer's is not the
+// reference's too), e4m3·s exactly in float64.
 func (l *Layer) FP8TensorRefWeights(e int, fc1, fc2 []float64) ([]float64, []float64) {
 	w1, w2 := l.ExpertWeights(e)
-	w := quantTensorWeights(w1, w2)
-	return DequantTensor64(fc1, w.q1, w.s1), DequantTensor64(fc2, w.q2, w.s2)
+	q1, s1 := kernels.QuantFP8Tensor(w1)
+	q2, s2 := kernels.QuantFP8Tensor(w2)
+	return DequantTensor64(fc1, q1, s1), DequantTensor64(fc2, q2, s2)
 }
 
 // DequantTensor64 is q with the one multiplier s, exactly in float64, in
