@@ -44,8 +44,9 @@ type GradProblem struct {
 	SharedFC1, SharedFC2 []float64                        // [2·fs,h], [h,fs]; nil without shared expert
 	DOut                 []float64                        // [T,h] the output's gradient
 	// FC1Out, when not nil, writes into z [len(slots), 2f] the fc1 output
-	// of expert e's copies slots (t·k+j) as the forward computed it, in
-	// place of fc1·x (fp8 per tensor: on the requantized operands); the
+	// of expert e's copies slots (t·k+j) as the caller's reference forward
+	// computes it, in place of fc1·x (fp8 per tensor: on the requantized
+	// operands, check/fp8tensor.go); the
 	// backward takes fc1 and x as they are (straight-through). Called
 	// concurrently for different experts.
 	FC1Out func(e int, slots []int, z []float64)

@@ -169,3 +169,43 @@ func TestReferenceGradsEach(t *testing.T) {
 		}
 	}
 }
+
+// TestReferenceGradsFC1Out: a FC1Out that writes fc1·x itself (what the
+// reference computes without it) gives the same gradients, and one that
+// writes a different fc1 output changes them (the hook is used, not
+// ignored).
+func TestReferenceGradsFC1Out(t *testing.T) {
+	c := gradCases(16, 8, 6, 4)[2]
+	l := newGradLayer(9, c)
+	want := ReferenceGrads(l.problem())
+	h, f, k := l.h, l.f, c.rc.TopK
+	fc1Out := func(scale float64) func(e int, slots []int, z []float64) {
+		return func(e int, slots []int, z []float64) {
+			for i, s := range slots {
+				x := l.x[s/k*h : (s/k+1)*h]
+				for j := range 2 * f {
+					var v float64
+					for q, w := range l.fc1[e][j*h : (j+1)*h] {
+						v += w * x[q]
+					}
+					z[i*2*f+j] = scale * v
+				}
+			}
+		}
+	}
+	p := l.problem()
+	p.FC1Out = fc1Out(1)
+	for name, e := range gradErrs(ReferenceGrads(p), want) {
+		if e > 1e-12 {
+			t.Errorf("FC1Out = fc1·x: the %s gradient differs by %.3g", name, e)
+		}
+	}
+	p.FC1Out = fc1Out(1.5)
+	changed := false
+	for _, e := range gradErrs(ReferenceGrads(p), want) {
+		changed = changed || e > 1e-3
+	}
+	if !changed {
+		t.Error("FC1Out = 1.5·fc1·x: no gradient changed; the hook is not used")
+	}
+}

@@ -11,9 +11,10 @@ import (
 	"github.com/moebench/moebench/kernels/device"
 )
 
-// TestFP8GEMMPathChoice: the cuda layer runs the FP8 GEMMs only where
-// every device offers block scaling (Emu emulates it), and otherwise says
-// why it runs bf16 on dequantized rows: an ffn cuBLAS's FP8 rules refuse,
+// TestFP8GEMMPathChoice: the cuda layer runs the block-scaled FP8 GEMMs
+// where every device offers block scaling (Emu emulates it), the
+// per-tensor ones where they offer that only (the answer faked), and
+// otherwise says why it runs bf16 on dequantized rows: an ffn cuBLAS's FP8 rules refuse,
 // no cuBLASLt, a library or GPU without block scaling (here a cuBLASLt
 // 12.8 on a device of unknown compute capability), one such device among
 // Emus, a test's hook (FP8DevDequant). feplb runs the FP8 GEMMs as the
