@@ -163,11 +163,11 @@ func writeDispatchBenchWidth(w io.Writer, b *bench.DispatchBench, width int) {
 	c := b.Config
 	fmt.Fprintf(w, "# bench dispatch · %s: tokens/rank %d, hidden %d, experts %d, top-%d · EP %d · routing %s · device %s\n",
 		c.Preset, c.Tokens, c.Hidden, c.Experts, c.TopK, c.EP, b.Routing, c.Device)
-	fmt.Fprintf(w, "# times: %s\n# bytes: %s\n# check: %s\n# MiB: the dispatch's bytes of one step, every rank's, in that convention\n", b.Clock, b.Bytes, b.Check)
+	fmt.Fprintf(w, "# times: %s\n# bytes: %s\n# check: %s\n# MiB: the dispatch's bytes of one step, every rank's, in that convention; buf MiB: the dispatcher's own buffers, every rank's\n", b.Clock, b.Bytes, b.Check)
 	if b.Ranks != "" {
 		fmt.Fprintf(w, "# ranks: %s\n", b.Ranks)
 	}
-	table := [][]string{{"dispatcher", "prec", "sms", "dispatch ms", "parts ms", "GB/s", "GB/s/SM", "pred/SM", "combine ms", "GB/s", "GB/s/SM", "pred/SM", "check", "MiB"}}
+	table := [][]string{{"dispatcher", "prec", "sms", "dispatch ms", "parts ms", "GB/s", "GB/s/SM", "pred/SM", "combine ms", "GB/s", "GB/s/SM", "pred/SM", "check", "MiB", "buf MiB"}}
 	var why []string // narrow: the reasons of the points that did not run
 	for _, p := range b.Points {
 		sms := "—"
@@ -184,7 +184,7 @@ func writeDispatchBenchWidth(w io.Writer, b *bench.DispatchBench, width int) {
 				check = p.Status
 				why = append(why, fmt.Sprintf("# %s (%s) at %s SMs: %s\n", p.Dispatcher, prec, sms, results.StatusLine(p.Status, p.Dispatcher, p.Impl, p.Reason)))
 			}
-			table = append(table, []string{p.Dispatcher, prec, sms, "—", "—", "—", "—", pred(p, true), "—", "—", "—", pred(p, false), check, "—"})
+			table = append(table, []string{p.Dispatcher, prec, sms, "—", "—", "—", "—", pred(p, true), "—", "—", "—", pred(p, false), check, "—", "—"})
 			continue
 		}
 		var dms, cms float64
@@ -217,7 +217,7 @@ func writeDispatchBenchWidth(w io.Writer, b *bench.DispatchBench, width int) {
 		tr := p.Traffic
 		table = append(table, []string{p.Dispatcher, prec, sms, fmt.Sprintf("%.3f", dms), parts, fmt.Sprintf("%.3f", tr.DispatchGBps), perSM(tr.DispatchGBpsPerSM),
 			pred(p, true), fmt.Sprintf("%.3f", cms), fmt.Sprintf("%.3f", tr.CombineGBps), perSM(tr.CombineGBpsPerSM), pred(p, false),
-			"round trip " + p.RoundTrip, fmt.Sprintf("%.3g", float64(tr.DispatchAlgorithm)/(1<<20))})
+			"round trip " + p.RoundTrip, fmt.Sprintf("%.3g", float64(tr.DispatchAlgorithm)/(1<<20)), fmt.Sprintf("%.3g", float64(p.BufferBytes)/(1<<20))})
 	}
 	var left []string
 	if width > 0 { // the parts last: the dispatch's own time and bandwidth first

@@ -63,10 +63,14 @@ func TestBenchDispatchPrecisions(t *testing.T) {
 	}
 	// --wide: the dispatch's bytes a step (MiB), fp8's about half of bf16's
 	code, out, e = cli(append(args, "--precision", "bf16,fp8", "--wide")...)
-	m := regexp.MustCompile(`alltoall +bf16 .*round trip exact +([0-9.]+)\n +alltoall +fp8 .*round trip exact +([0-9.]+)\n`).FindStringSubmatch(out)
+	m := regexp.MustCompile(`alltoall +bf16 .*round trip exact +([0-9.]+) +([0-9.e+-]+)\n +alltoall +fp8 .*round trip exact +([0-9.]+) +([0-9.e+-]+)\n`).FindStringSubmatch(out)
 	if code != exitOK || m == nil || !strings.Contains(out, "# MiB: ") {
-		t.Fatalf("--wide: exit %d, no MiB column:\n%s%s", code, out, e)
+		t.Fatalf("--wide: exit %d, no MiB and buf MiB columns:\n%s%s", code, out, e)
 	}
+	if atof(t, m[2]) <= 0 || atof(t, m[4]) <= 0 {
+		t.Errorf("--wide: the dispatcher's buffers %s MiB (bf16) and %s MiB (fp8)", m[2], m[4])
+	}
+	m = []string{m[0], m[1], m[3]}
 	if bf, fp := atof(t, m[1]), atof(t, m[2]); !(fp > 0.4*bf && fp < 0.6*bf) {
 		t.Errorf("--wide: dispatch MiB %v at bf16, %v at fp8; want about (1 + 4/128)/2 of bf16's", bf, fp)
 	}

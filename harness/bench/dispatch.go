@@ -56,6 +56,9 @@ type DispatchPoint struct {
 	// p50 of each phase (the slowest rank per iteration), ms
 	Phases  []results.Phase  `json:"phases,omitempty"`
 	Traffic *results.Traffic `json:"traffic,omitempty"` // bytes and GB/s (per SM)
+	// BufferBytes: the dispatcher's own buffers, every rank's, after the
+	// timed iterations (its Footprint; at fp8 those its rows need)
+	BufferBytes int64 `json:"buffer_bytes,omitempty"`
 
 	// DispatchAsDesigned: the dispatch as the design's test times it
 	// (its parts are phases above); Traffic's dispatch GB/s are its rate
@@ -307,6 +310,9 @@ func benchPoint(c setup.Config, l *layer.Layer, p DispatchPoint) (DispatchPoint,
 		t.Phases = append(t.Phases, ph)
 	}
 	p.Traffic = summary.Traffic(d.Traffic())
+	for r := range c.EP {
+		p.BufferBytes += d.Footprint(r)
+	}
 	summary.Bandwidth(p.Traffic, t, c.EP, p.Budget, results.CopyPayload(c.Record()))
 	p.asDesigned(c, steps, samples)
 	p.Phases, p.Status = t.Phases, results.StatusOK
@@ -334,7 +340,7 @@ func devicePoint(c setup.Config, l *layer.Layer, devs []device.Device, p Dispatc
 		ph.Samples = nil
 		tm.Phases = append(tm.Phases, ph)
 	}
-	p.Traffic = summary.Traffic(t.Traffic)
+	p.Traffic, p.BufferBytes = summary.Traffic(t.Traffic), t.BufferBytes
 	summary.Bandwidth(p.Traffic, tm, c.EP, p.Budget, results.CopyPayload(c.Record()))
 	p.asDesigned(c, t.Steps, t.Samples)
 	p.Phases, p.Status, p.RoundTrip = tm.Phases, results.StatusOK, "exact"

@@ -129,6 +129,9 @@ func TestFP8BenchDispatchOnDevice(t *testing.T) {
 			t.Errorf("%s fp8: %s %q, round trip %q", fp.Dispatcher, fp.Status, fp.Reason, fp.RoundTrip)
 			continue
 		}
+		if bf.BufferBytes <= 0 || fp.BufferBytes <= 0 {
+			t.Errorf("%s: the dispatcher's buffers %d B (bf16) and %d B (fp8) not counted", bf.Dispatcher, bf.BufferBytes, fp.BufferBytes)
+		}
 		if fp.Traffic.DispatchAlgorithm*256 != bf.Traffic.DispatchAlgorithm*132 || fp.Traffic.CombineAlgorithm != bf.Traffic.CombineAlgorithm {
 			t.Errorf("%s: dispatch bytes %d (fp8) and %d (bf16), combine %d and %d", bf.Dispatcher, fp.Traffic.DispatchAlgorithm, bf.Traffic.DispatchAlgorithm,
 				fp.Traffic.CombineAlgorithm, bf.Traffic.CombineAlgorithm)

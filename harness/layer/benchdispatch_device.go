@@ -203,6 +203,9 @@ type DeviceRoundTrip struct {
 	Steps    []dispatchers.Step     // the phases, in order
 	Samples  map[string][][]float64 // [phase][rank][iter] ms
 	Traffic  dispatchers.Traffic
+	// BufferBytes is the dispatcher's own buffers, every rank's, after the
+	// timed steps (Footprint)
+	BufferBytes int64
 }
 
 // TimeRoundTrip times one dispatcher at c's budget on devs with l's
@@ -284,5 +287,8 @@ func TimeRoundTrip(c setup.Config, l *Layer, devs []device.Device) (DeviceRoundT
 		}
 	}
 	p.Steps, p.Samples, p.Traffic = dl.seq, samples, d.Traffic()
+	for r := range c.EP {
+		p.BufferBytes += d.Footprint(r)
+	}
 	return p, nil
 }
