@@ -338,4 +338,27 @@ func TestFP8FEPLBBytesAgree(t *testing.T) {
 			dev.CopyBytes, dev.BackwardCopyBytes, dev.WGradBytes, m, fwd, bwd)
 	}
 	t.Logf("%d moves of %d rows: copy_bytes %d, backward_copy_bytes %d", m, fwd/row, dev.CopyBytes, dev.BackwardCopyBytes)
+	// the copies issued against the plan's copy_bytes: an extra copy (the
+	// bf16 weights too) or a missing one breaks the relation
+	// (docs/dispatchers/feplb.md, "Bytes counted, bytes issued"): a moved
+	// row adds its fp32 probability, and on the device the padding of its
+	// packed row (FP8RowPitch(h) bytes as held, RowBytes counted)
+	type issuer interface{ Issued() (int64, int) }
+	pad := int64(kernels.FP8RowPitch(c.Hidden)) - dispatchers.RowBytes(dispatchers.PrecisionFP8, c.Hidden)
+	for _, x := range []struct {
+		name  string
+		d     any
+		stats dispatchers.RebalanceStats
+		pad   int64
+	}{{"device", dl.Dispatcher, dev, pad}, {"host", d, host, 0}} {
+		is, ok := x.d.(issuer)
+		if !ok {
+			t.Fatalf("%s: %T has no Issued", x.name, x.d)
+		}
+		b, rows := is.Issued()
+		if want := x.stats.CopyBytes + int64(rows)*(4+x.pad); rows == 0 || int64(rows) != fwd/row || b != want {
+			t.Errorf("%s: phase 2 issued %d B for %d rows; copy_bytes %d (%d rows) + %d rows × (4 + %d padding) = %d",
+				x.name, b, rows, x.stats.CopyBytes, fwd/row, rows, x.pad, want)
+		}
+	}
 }

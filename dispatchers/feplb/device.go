@@ -106,6 +106,11 @@ type devRank struct {
 	work       []dispatchers.DeviceWork
 	segs       [3][]dispatchers.DeviceSegment // static, own dynamic, foreign
 	ops        []device.CopyOp                // scratch of the rank's copies
+	// issued: the bytes of the forward phase-2 copies the rank queued this
+	// step (its incoming chunks and weights, its outputs back), and the rows
+	// it received; Issued sums them
+	issued     int64
+	issuedRows int
 }
 
 func (f *Device) Name() string { return "feplb" }
@@ -160,6 +165,7 @@ func (f *Device) Permute(r int) error {
 	if r == 0 {
 		f.c.begin()
 	}
+	f.rs[r].issued, f.rs[r].issuedRows = 0, 0
 	if err := f.ranks[r].Dev.Record(f.rs[r].origin, f.ranks[r].Stream); err != nil {
 		return err
 	}
@@ -287,6 +293,8 @@ func (f *Device) Rebalance(r int) error {
 	if err := rk.Dev.CopyBatch(s.ops, s.ce); err != nil {
 		return fmt.Errorf("feplb: rank %d's incoming copies: %w", r, err)
 	}
+	s.issued += opBytes(s.ops)
+	s.issuedRows += f.c.lay.foreign[r]
 	if err := rk.Dev.Record(s.ready, s.ce); err != nil {
 		return err
 	}
@@ -312,6 +320,29 @@ func (f *Device) grow(r, rows, slots int) error {
 			device.RowBuffer{P: &s.s1, PerRow: 4 * int64(n1)}, device.RowBuffer{P: &s.s2, PerRow: 4 * int64(n2)})
 	}
 	return s.slots.Ensure(dev, s.ce, slots, bufs...)
+}
+
+// opBytes is the bytes of a batch of copies.
+func opBytes(ops []device.CopyOp) int64 {
+	n := int64(0)
+	for _, op := range ops {
+		n += op.Bytes
+	}
+	return n
+}
+
+// Issued is the last step's forward phase 2 as it was issued, not as
+// planned: the bytes of the copies queued (the chunks' rows as the owners
+// hold them, DispatchWidth bf16 words a row, so at fp8 with the packed
+// rows' 16-byte padding; their fp32 probabilities; the weights; the
+// outputs back) and the rows moved. The record's copy_bytes is the plan's
+// figure; the two relate exactly as docs/dispatchers/feplb.md states
+// ("Bytes counted, bytes issued"), which the tests hold them to.
+func (f *Device) Issued() (bytes int64, rows int) {
+	for r := range f.rs {
+		bytes, rows = bytes+f.rs[r].issued, rows+f.rs[r].issuedRows
+	}
+	return bytes, rows
 }
 
 // FP8Fault, set by tests alone, breaks phase 2's FP8 weight move on
@@ -344,6 +375,7 @@ func (f *Device) Combine(r int) error {
 		if err := rk.Dev.CopyBatch(s.ops, s.ce); err != nil {
 			return fmt.Errorf("feplb: rank %d's outputs back: %w", r, err)
 		}
+		s.issued += opBytes(s.ops)
 		if err := rk.Dev.Record(s.backEnd, s.ce); err != nil {
 			return err
 		}
