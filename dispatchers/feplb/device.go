@@ -77,6 +77,7 @@ type Device struct {
 	rates                        rates
 	packed                       string    // which ranks of a domain share a device, or ""
 	fp8w                         bool      // the owners hold FP8 weights (DeviceRank.FP8): phase 2 moves those (fp8wBytes an expert)
+	train                        bool      // the ranks have a backward (DeviceRank.DFC1 set): at fp8w it needs the bf16 weight slots
 	bk                           []devBack // the backward's, per rank (devbackward.go)
 }
 
@@ -128,6 +129,7 @@ func (f *Device) Bind(shape dispatchers.Shape, ranks []*dispatchers.DeviceRank) 
 	if f.fp8w {
 		m.ExpertBytes = dispatchers.FP8WeightBytes(f.env.Hidden, f.env.FFN)
 	}
+	f.train = slices.ContainsFunc(ranks, func(rk *dispatchers.DeviceRank) bool { return rk.DFC1 != 0 })
 	c, err := newCore(f.env, shape, m)
 	if err != nil {
 		return err
@@ -267,8 +269,12 @@ func (f *Device) Rebalance(r int) error {
 			device.CopyOp{Dst: s.fx + device.Addr(2*int64(c.dst)*w), Src: o.ExpertX + device.Addr(2*int64(c.src)*w), Bytes: 2 * int64(c.n) * w, SrcDev: o.Dev},
 			device.CopyOp{Dst: s.fp + device.Addr(4*c.dst), Src: o.ExpertProbs + device.Addr(4*c.src), Bytes: 4 * int64(c.n), SrcDev: o.Dev})
 		// the bf16 weights' slots: what the bf16 GEMMs read, and at fp8 the
-		// bf16 backward's (the owners push them in combine-bwd, devbackward.go)
-		sg := dispatchers.DeviceSegment{Expert: c.expert, Start: c.dst, Len: c.n, FC1: w1, FC2: w2}
+		// bf16 backward's (the owners push them in combine-bwd,
+		// devbackward.go); a forward-only step at fp8 has none (grow)
+		sg := dispatchers.DeviceSegment{Expert: c.expert, Start: c.dst, Len: c.n}
+		if s.w1 != 0 {
+			sg.FC1, sg.FC2 = w1, w2
+		}
 		if !f.fp8w {
 			s.ops = append(s.ops,
 				device.CopyOp{Dst: w1, Src: o.FC1 + device.Addr(le*4*ff*h), Bytes: 4 * ff * h, SrcDev: o.Dev},
@@ -313,7 +319,10 @@ func (f *Device) grow(r, rows, slots int) error {
 	if err := s.rows.Ensure(dev, s.ce, rows, device.RowBuffer{P: &s.fx, PerRow: 2 * w}, device.RowBuffer{P: &s.fp, PerRow: 4}, device.RowBuffer{P: &s.fy, PerRow: 2 * h}); err != nil {
 		return err
 	}
-	bufs := []device.RowBuffer{{P: &s.w1, PerRow: 4 * ff * h}, {P: &s.w2, PerRow: 2 * h * ff}}
+	var bufs []device.RowBuffer
+	if !f.fp8w || f.train { // bf16 weights: what phase 2 moves at bf16; at fp8 the bf16 backward's only
+		bufs = append(bufs, device.RowBuffer{P: &s.w1, PerRow: 4 * ff * h}, device.RowBuffer{P: &s.w2, PerRow: 2 * h * ff})
+	}
 	if f.fp8w {
 		n1, n2 := dispatchers.FP8WeightScales(f.env.Hidden, f.env.FFN)
 		bufs = append(bufs, device.RowBuffer{P: &s.q1, PerRow: 2 * ff * h}, device.RowBuffer{P: &s.q2, PerRow: h * ff},
