@@ -3,6 +3,7 @@ package harness
 import (
 	"bytes"
 	"encoding/binary"
+	"fmt"
 	"math"
 	"slices"
 	"strings"
@@ -396,4 +397,57 @@ func TestFP8FEPLBForwardOnlyFootprint(t *testing.T) {
 		t.Errorf("feplb's phase-2 buffers: fp8 forward-only %d B (%d moves), bf16 forward-only %d B (%d moves), fp8 training %d B (%d moves)", fp8, m8, bf, mb, train, mt)
 	}
 	t.Logf("phase-2 buffers: fp8 forward-only %d B, bf16 forward-only %d B, fp8 training %d B; %d moves", fp8, bf, train, m8)
+}
+
+// TestFP8DeviceCheckCatchesFEPLBFaults: feplb's planted phase-2 faults at
+// fp8 act on every step and stay faults of the data, not of the memory.
+// "scale-offset" where the moved expert is its owner's last local one (a
+// trace makes rank 0's last expert the hot one; needs 4 or more local
+// experts and topk − 1 ≤ the other domain's): the check's error, not a
+// read past the owner's multipliers. And on a second step after a clean
+// first one (whose slots held the right weights, the same helper's slots
+// the second reuses where they suffice): the multipliers copied one float
+// off fail it there too.
+func TestFP8DeviceCheckCatchesFEPLBFaults(t *testing.T) {
+	defer func() { feplb.FP8Fault = "" }()
+	c := harnesstest.FP8DeviceCases()["feplb"]
+	c.ForwardOnly = true
+	L := c.Experts / c.EP
+	var trace strings.Builder
+	// rank 0's last expert the heaviest (half the tokens; a quarter each to
+	// the two before it), rank 1 idle, the rest on the other domain's
+	// experts: moving the last expert to rank 1 evens rank 0's domain best
+	for i := range c.EP * c.Tokens {
+		fmt.Fprintf(&trace, "%d", L-1-max(0, i%4-1))
+		for j := 1; j < c.TopK; j++ {
+			fmt.Fprintf(&trace, " %d", 2*L+(i+j-1)%(c.Experts-2*L))
+		}
+		trace.WriteString("\n")
+	}
+	last := c
+	last.Routing = setup.Routing{Kind: setup.RoutingTrace, File: harnesstest.WriteTrace(t, trace.String())}
+	feplb.FP8Fault = "scale-offset"
+	dl0 := deviceRun(t, last, &device.Emu{})
+	cr0, err := check.CheckDevice(dl0)
+	st := dl0.Dispatcher.Capabilities().Rebalance.Stats()
+	if hot := c.EP * c.Tokens / 2; len(st.TokensAfter) < 2 || st.TokensAfter[1]-st.TokensBefore[1] != hot {
+		t.Fatalf("rank 1 took %v − %v rows, want rank 0's last expert's %d", st.TokensAfter, st.TokensBefore, hot)
+	}
+	if err != nil || cr0.Passed || cr0.MaxRelErr <= check.Tolerance {
+		t.Errorf("scale-offset at rank 0's last expert: %v, %+v", err, cr0)
+	} else {
+		t.Logf("scale-offset at rank 0's last expert: max rel err %.3g", cr0.MaxRelErr)
+	}
+	feplb.FP8Fault = ""
+	dl := deviceRun(t, c, &device.Emu{})
+	if cr, err := check.CheckDevice(dl); err != nil || !cr.Passed {
+		t.Fatalf("the clean first step: %v, %+v", err, cr)
+	}
+	feplb.FP8Fault = "scale-offset"
+	cr, err := check.CheckDevice(dl)
+	if st := dl.Dispatcher.Capabilities().Rebalance.Stats(); err != nil || cr.Passed || cr.MaxRelErr <= check.Tolerance || st.Moves == 0 {
+		t.Errorf("scale-offset on the second step: %v, %+v (%d moves)", err, cr, st.Moves)
+	} else {
+		t.Logf("scale-offset on the second step: max rel err %.3g", cr.MaxRelErr)
+	}
 }

@@ -283,16 +283,25 @@ func (f *Device) Rebalance(r int) error {
 			sg.FP8 = dispatchers.FP8Weights{Q1: s.q1 + device.Addr(slot*2*ff*h), Q2: s.q2 + device.Addr(slot*h*ff),
 				S1: s.s1 + device.Addr(slot*4*int64(n1)), S2: s.s2 + device.Addr(slot*4*int64(n2))}
 			src1, src2 := o.FP8.S1+device.Addr(le*4*int64(n1)), o.FP8.S2+device.Addr(le*4*int64(n2))
-			if FP8Fault == "scale-offset" { // tests: the home copy's multipliers read one float off (each block the next block's)
-				src1, src2 = src1+4, src2+4
-			}
-			if FP8Fault != "unmoved" { // tests: "unmoved", the helper's slots hold whatever they held
+			switch FP8Fault {
+			case "": // the e4m3 codes and multipliers as the owner holds them
 				s.ops = append(s.ops,
 					device.CopyOp{Dst: sg.FP8.Q1, Src: o.FP8.Q1 + device.Addr(le*2*ff*h), Bytes: 2 * ff * h, SrcDev: o.Dev},
 					device.CopyOp{Dst: sg.FP8.Q2, Src: o.FP8.Q2 + device.Addr(le*h*ff), Bytes: h * ff, SrcDev: o.Dev},
 					device.CopyOp{Dst: sg.FP8.S1, Src: src1, Bytes: 4 * int64(n1), SrcDev: o.Dev},
 					device.CopyOp{Dst: sg.FP8.S2, Src: src2, Bytes: 4 * int64(n2), SrcDev: o.Dev})
-			}
+			case "scale-offset": // tests: each multiplier the next one's, the last its own, as on the host (inside the owner's S1, S2)
+				s.ops = append(s.ops,
+					device.CopyOp{Dst: sg.FP8.Q1, Src: o.FP8.Q1 + device.Addr(le*2*ff*h), Bytes: 2 * ff * h, SrcDev: o.Dev},
+					device.CopyOp{Dst: sg.FP8.Q2, Src: o.FP8.Q2 + device.Addr(le*h*ff), Bytes: h * ff, SrcDev: o.Dev})
+				for _, x := range []struct {
+					dst, src device.Addr
+					n        int64
+				}{{sg.FP8.S1, src1, int64(n1)}, {sg.FP8.S2, src2, int64(n2)}} {
+					s.ops = append(s.ops, device.CopyOp{Dst: x.dst, Src: x.src + 4, Bytes: 4 * (x.n - 1), SrcDev: o.Dev},
+						device.CopyOp{Dst: x.dst + device.Addr(4*(x.n-1)), Src: x.src + device.Addr(4*(x.n-1)), Bytes: 4, SrcDev: o.Dev})
+				}
+			} // tests: "unmoved", the helper's slots hold whatever they held
 		}
 		foreign = append(foreign, sg)
 	}
@@ -356,8 +365,9 @@ func (f *Device) Issued() (bytes int64, rows int) {
 
 // FP8Fault, set by tests alone, breaks phase 2's FP8 weight move on
 // purpose: "scale-offset", the helper's multipliers copied from the home
-// copy one float off (each block gets the next block's); "unmoved", the
-// e4m3 weights not copied at all.
+// copy one float off (each block gets the next block's, the last its own;
+// every read inside the owner's multipliers); "unmoved", the e4m3 weights
+// not copied at all. Both act on every step, on fresh and reused slots.
 var FP8Fault string
 
 // Combine pulls the outputs of rank r's moved chunks back from their helpers
