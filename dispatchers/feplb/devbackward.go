@@ -156,6 +156,9 @@ func (f *Device) pushGradients(r int) error {
 				return fmt.Errorf("feplb: combine-bwd on rank %d: rank %d does not list the chunk of expert %d", r, c.helper, c.expert)
 			}
 			le, hs := int64(c.expert-r*L), &f.rs[c.helper]
+			if hs.w1 == 0 {
+				return fmt.Errorf("feplb: combine-bwd on rank %d: rank %d has no bf16 weight slots (bound without a backward: DeviceRank.DFC1 unset)", r, c.helper)
+			}
 			bk.ops = append(bk.ops,
 				device.CopyOp{Dst: hs.w1 + device.Addr(int64(j)*4*ff*h), Src: rk.FC1 + device.Addr(le*4*ff*h), Bytes: 4 * ff * h, DstDev: to},
 				device.CopyOp{Dst: hs.w2 + device.Addr(int64(j)*2*h*ff), Src: rk.FC2 + device.Addr(le*2*h*ff), Bytes: 2 * h * ff, DstDev: to})

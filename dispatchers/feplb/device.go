@@ -77,6 +77,7 @@ type Device struct {
 	rates                        rates
 	packed                       string    // which ranks of a domain share a device, or ""
 	fp8w                         bool      // the owners hold FP8 weights (DeviceRank.FP8): phase 2 moves those (fp8wBytes an expert)
+	train                        bool      // the ranks have a backward (DeviceRank.DFC1 set): at fp8w it needs the bf16 weight slots
 	bk                           []devBack // the backward's, per rank (devbackward.go)
 }
 
@@ -106,6 +107,11 @@ type devRank struct {
 	work       []dispatchers.DeviceWork
 	segs       [3][]dispatchers.DeviceSegment // static, own dynamic, foreign
 	ops        []device.CopyOp                // scratch of the rank's copies
+	// issued: the bytes of the forward phase-2 copies the rank queued this
+	// step (its incoming chunks and weights, its outputs back), and the rows
+	// it received; Issued sums them
+	issued     int64
+	issuedRows int
 }
 
 func (f *Device) Name() string { return "feplb" }
@@ -123,6 +129,7 @@ func (f *Device) Bind(shape dispatchers.Shape, ranks []*dispatchers.DeviceRank) 
 	if f.fp8w {
 		m.ExpertBytes = dispatchers.FP8WeightBytes(f.env.Hidden, f.env.FFN)
 	}
+	f.train = slices.ContainsFunc(ranks, func(rk *dispatchers.DeviceRank) bool { return rk.DFC1 != 0 })
 	c, err := newCore(f.env, shape, m)
 	if err != nil {
 		return err
@@ -160,6 +167,7 @@ func (f *Device) Permute(r int) error {
 	if r == 0 {
 		f.c.begin()
 	}
+	f.rs[r].issued, f.rs[r].issuedRows = 0, 0
 	if err := f.ranks[r].Dev.Record(f.rs[r].origin, f.ranks[r].Stream); err != nil {
 		return err
 	}
@@ -261,8 +269,12 @@ func (f *Device) Rebalance(r int) error {
 			device.CopyOp{Dst: s.fx + device.Addr(2*int64(c.dst)*w), Src: o.ExpertX + device.Addr(2*int64(c.src)*w), Bytes: 2 * int64(c.n) * w, SrcDev: o.Dev},
 			device.CopyOp{Dst: s.fp + device.Addr(4*c.dst), Src: o.ExpertProbs + device.Addr(4*c.src), Bytes: 4 * int64(c.n), SrcDev: o.Dev})
 		// the bf16 weights' slots: what the bf16 GEMMs read, and at fp8 the
-		// bf16 backward's (the owners push them in combine-bwd, devbackward.go)
-		sg := dispatchers.DeviceSegment{Expert: c.expert, Start: c.dst, Len: c.n, FC1: w1, FC2: w2}
+		// bf16 backward's (the owners push them in combine-bwd,
+		// devbackward.go); a forward-only step at fp8 has none (grow)
+		sg := dispatchers.DeviceSegment{Expert: c.expert, Start: c.dst, Len: c.n}
+		if s.w1 != 0 {
+			sg.FC1, sg.FC2 = w1, w2
+		}
 		if !f.fp8w {
 			s.ops = append(s.ops,
 				device.CopyOp{Dst: w1, Src: o.FC1 + device.Addr(le*4*ff*h), Bytes: 4 * ff * h, SrcDev: o.Dev},
@@ -271,22 +283,33 @@ func (f *Device) Rebalance(r int) error {
 			sg.FP8 = dispatchers.FP8Weights{Q1: s.q1 + device.Addr(slot*2*ff*h), Q2: s.q2 + device.Addr(slot*h*ff),
 				S1: s.s1 + device.Addr(slot*4*int64(n1)), S2: s.s2 + device.Addr(slot*4*int64(n2))}
 			src1, src2 := o.FP8.S1+device.Addr(le*4*int64(n1)), o.FP8.S2+device.Addr(le*4*int64(n2))
-			if FP8Fault == "scale-offset" { // tests: the home copy's multipliers read one float off (each block the next block's)
-				src1, src2 = src1+4, src2+4
-			}
-			if FP8Fault != "unmoved" { // tests: "unmoved", the helper's slots hold whatever they held
+			switch FP8Fault {
+			case "": // the e4m3 codes and multipliers as the owner holds them
 				s.ops = append(s.ops,
 					device.CopyOp{Dst: sg.FP8.Q1, Src: o.FP8.Q1 + device.Addr(le*2*ff*h), Bytes: 2 * ff * h, SrcDev: o.Dev},
 					device.CopyOp{Dst: sg.FP8.Q2, Src: o.FP8.Q2 + device.Addr(le*h*ff), Bytes: h * ff, SrcDev: o.Dev},
 					device.CopyOp{Dst: sg.FP8.S1, Src: src1, Bytes: 4 * int64(n1), SrcDev: o.Dev},
 					device.CopyOp{Dst: sg.FP8.S2, Src: src2, Bytes: 4 * int64(n2), SrcDev: o.Dev})
-			}
+			case "scale-offset": // tests: each multiplier the next one's, the last its own, as on the host (inside the owner's S1, S2)
+				s.ops = append(s.ops,
+					device.CopyOp{Dst: sg.FP8.Q1, Src: o.FP8.Q1 + device.Addr(le*2*ff*h), Bytes: 2 * ff * h, SrcDev: o.Dev},
+					device.CopyOp{Dst: sg.FP8.Q2, Src: o.FP8.Q2 + device.Addr(le*h*ff), Bytes: h * ff, SrcDev: o.Dev})
+				for _, x := range []struct {
+					dst, src device.Addr
+					n        int64
+				}{{sg.FP8.S1, src1, int64(n1)}, {sg.FP8.S2, src2, int64(n2)}} {
+					s.ops = append(s.ops, device.CopyOp{Dst: x.dst, Src: x.src + 4, Bytes: 4 * (x.n - 1), SrcDev: o.Dev},
+						device.CopyOp{Dst: x.dst + device.Addr(4*(x.n-1)), Src: x.src + device.Addr(4*(x.n-1)), Bytes: 4, SrcDev: o.Dev})
+				}
+			} // tests: "unmoved", the helper's slots hold whatever they held
 		}
 		foreign = append(foreign, sg)
 	}
 	if err := rk.Dev.CopyBatch(s.ops, s.ce); err != nil {
 		return fmt.Errorf("feplb: rank %d's incoming copies: %w", r, err)
 	}
+	s.issued += opBytes(s.ops)
+	s.issuedRows += f.c.lay.foreign[r]
 	if err := rk.Dev.Record(s.ready, s.ce); err != nil {
 		return err
 	}
@@ -305,7 +328,10 @@ func (f *Device) grow(r, rows, slots int) error {
 	if err := s.rows.Ensure(dev, s.ce, rows, device.RowBuffer{P: &s.fx, PerRow: 2 * w}, device.RowBuffer{P: &s.fp, PerRow: 4}, device.RowBuffer{P: &s.fy, PerRow: 2 * h}); err != nil {
 		return err
 	}
-	bufs := []device.RowBuffer{{P: &s.w1, PerRow: 4 * ff * h}, {P: &s.w2, PerRow: 2 * h * ff}}
+	var bufs []device.RowBuffer
+	if !f.fp8w || f.train { // bf16 weights: what phase 2 moves at bf16; at fp8 the bf16 backward's only
+		bufs = append(bufs, device.RowBuffer{P: &s.w1, PerRow: 4 * ff * h}, device.RowBuffer{P: &s.w2, PerRow: 2 * h * ff})
+	}
 	if f.fp8w {
 		n1, n2 := dispatchers.FP8WeightScales(f.env.Hidden, f.env.FFN)
 		bufs = append(bufs, device.RowBuffer{P: &s.q1, PerRow: 2 * ff * h}, device.RowBuffer{P: &s.q2, PerRow: h * ff},
@@ -314,10 +340,34 @@ func (f *Device) grow(r, rows, slots int) error {
 	return s.slots.Ensure(dev, s.ce, slots, bufs...)
 }
 
+// opBytes is the bytes of a batch of copies.
+func opBytes(ops []device.CopyOp) int64 {
+	n := int64(0)
+	for _, op := range ops {
+		n += op.Bytes
+	}
+	return n
+}
+
+// Issued is the last step's forward phase 2 as it was issued, not as
+// planned: the bytes of the copies queued (the chunks' rows as the owners
+// hold them, DispatchWidth bf16 words a row, so at fp8 with the packed
+// rows' 16-byte padding; their fp32 probabilities; the weights; the
+// outputs back) and the rows moved. The record's copy_bytes is the plan's
+// figure; the two relate exactly as docs/dispatchers/feplb.md states
+// ("Bytes counted, bytes issued"), which the tests hold them to.
+func (f *Device) Issued() (bytes int64, rows int) {
+	for r := range f.rs {
+		bytes, rows = bytes+f.rs[r].issued, rows+f.rs[r].issuedRows
+	}
+	return bytes, rows
+}
+
 // FP8Fault, set by tests alone, breaks phase 2's FP8 weight move on
 // purpose: "scale-offset", the helper's multipliers copied from the home
-// copy one float off (each block gets the next block's); "unmoved", the
-// e4m3 weights not copied at all.
+// copy one float off (each block gets the next block's, the last its own;
+// every read inside the owner's multipliers); "unmoved", the e4m3 weights
+// not copied at all. Both act on every step, on fresh and reused slots.
 var FP8Fault string
 
 // Combine pulls the outputs of rank r's moved chunks back from their helpers
@@ -344,6 +394,7 @@ func (f *Device) Combine(r int) error {
 		if err := rk.Dev.CopyBatch(s.ops, s.ce); err != nil {
 			return fmt.Errorf("feplb: rank %d's outputs back: %w", r, err)
 		}
+		s.issued += opBytes(s.ops)
 		if err := rk.Dev.Record(s.backEnd, s.ce); err != nil {
 			return err
 		}

@@ -45,7 +45,9 @@ type FEPLB struct {
 	own                    []int // rows each rank's phase 1 delivered
 	weights                [][]dispatchers.ExpertWeights
 	copied                 float64 // seconds of copies this step
-	rows                   []int   // scratch: a rank's rows per local expert
+	issued                 int64   // bytes of the forward phase-2 copies this step, as they would move (Issued)
+	issuedRows             int
+	rows                   []int // scratch: a rank's rows per local expert
 	// the backward: each rank's static segments (the first expert phase's),
 	// the weight gradients of the chunks it computes for others, and what
 	// the step's backward moved
@@ -87,7 +89,7 @@ func HostModel(hidden, ffn int) balance.Model {
 func (f *FEPLB) Permute(r int) error {
 	if r == 0 {
 		f.c.begin()
-		f.copied, f.back = 0, backStats{}
+		f.copied, f.back, f.issued, f.issuedRows = 0, backStats{}, 0, 0
 	}
 	return f.ph.Permute(r)
 }
@@ -150,13 +152,20 @@ func (f *FEPLB) Rebalance(r int) error {
 		S = dispatchers.ScaleWidth(f.env.Precision, h)
 		rk.ExpertScales = rk.ExpertScales[:f.own[r]*S]
 	}
+	xb, sb := int64(2), int64(0) // bytes a row element and a scale move as: bf16; e4m3 and the precision's scale
+	if S > 0 {
+		xb, sb = 1, (dispatchers.RowBytes(f.env.Precision, h)-int64(h))/int64(S)
+	}
 	for i, c := range in {
 		own := f.ranks[c.owner]
 		rk.ExpertX = append(rk.ExpertX, own.ExpertX[c.src*h:(c.src+c.n)*h]...)
+		f.issued += xb * int64(c.n*h)
 		if S > 0 {
 			rk.ExpertScales = append(rk.ExpertScales, own.ExpertScales[c.src*S:(c.src+c.n)*S]...)
+			f.issued += sb * int64(c.n*S)
 		}
 		rk.ExpertProbs = append(rk.ExpertProbs, own.ExpertProbs[c.src:c.src+c.n]...)
+		f.issued, f.issuedRows = f.issued+4*int64(c.n), f.issuedRows+c.n
 		w, src := &f.weights[r][i], own.Experts[c.expert-c.owner*L]
 		if src.Q1 != nil { // fp8, the FP8 GEMM's weights: e4m3 codes and 128×128 multipliers (the bf16 ones move in combine-bwd)
 			w.Q1, w.Q2 = append(w.Q1[:0], src.Q1...), append(w.Q2[:0], src.Q2...)
@@ -177,6 +186,8 @@ func (f *FEPLB) Rebalance(r int) error {
 				clear(w.FC2)
 			}
 		}
+		// the weights as they move: e4m3 codes, fp32 multipliers, bf16
+		f.issued += int64(len(w.Q1)+len(w.Q2)) + 4*int64(len(w.S1)+len(w.S2)) + 2*int64(len(w.FC1)+len(w.FC2))
 		rk.Segments = append(rk.Segments, dispatchers.Segment{Expert: c.expert, Start: f.own[r] + c.dst, Len: c.n, Weights: w})
 	}
 	f.copied += time.Since(t0).Seconds()
@@ -190,7 +201,7 @@ func (f *FEPLB) Combine(r int) error {
 	rk, h := f.ranks[r], f.c.shape.Hidden
 	for _, c := range f.c.lay.out[r] {
 		at := f.own[c.helper] + c.dst
-		copy(rk.ExpertY[c.src*h:(c.src+c.n)*h], f.ranks[c.helper].ExpertY[at*h:(at+c.n)*h])
+		f.issued += 2 * int64(copy(rk.ExpertY[c.src*h:(c.src+c.n)*h], f.ranks[c.helper].ExpertY[at*h:(at+c.n)*h])) // bf16
 	}
 	f.copied += time.Since(t0).Seconds()
 	return f.ph.Combine(r)
@@ -204,6 +215,13 @@ func (f *FEPLB) RebalanceStats() dispatchers.RebalanceStats {
 	s.Exposed, s.ExposedNote = math.NaN(), "not measured: the host device runs the copies in their own phase, after the static experts"
 	return s
 }
+
+// Issued is the last step's forward phase 2 as it was copied, not as
+// planned: the bytes of what was copied, each element at the size it moves
+// as (rows bf16, or e4m3 with their scales; fp32 probabilities; the
+// weights: bf16, or e4m3 codes and fp32 multipliers; bf16 outputs back),
+// and the rows moved. As the device's (Device.Issued), with no padding.
+func (f *FEPLB) Issued() (bytes int64, rows int) { return f.issued, f.issuedRows }
 
 // FP8Unavailable: FEPLB moves what its base dispatcher delivered, e4m3
 // rows with their scales at fp8 (the base's own FP8 path was checked when
