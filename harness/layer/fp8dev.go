@@ -286,7 +286,16 @@ func (dl *DeviceLayer) computeFP8(r int, w *dispatchers.DeviceWork, lo, hi int, 
 		}
 		return b.groups, nil
 	}
-	b.Grouped.FP8 = cuda.FP8Block
+	return dl.fp8Groups(r, w, lo, hi, act, h1, cuda.FP8Block, groups)
+}
+
+// fp8Groups queues a block of work's FP8 expert GEMMs at scaling mode:
+// fc1 on groups(false), act = SwiGLU(h1) × prob, fc2 on groups(true).
+func (dl *DeviceLayer) fp8Groups(r int, w *dispatchers.DeviceWork, lo, hi int, act, h1 device.Addr, mode cuda.FP8Scale,
+	groups func(second bool) ([]device.Group, error)) error {
+	c, rk, b := dl.Layer.Cfg, dl.Ranks[r], &dl.RankBufs[r]
+	h, f := c.Hidden, c.FFN
+	b.Grouped.FP8 = mode
 	defer func() { b.Grouped.FP8 = cuda.FP8None }()
 	g1, err := groups(false)
 	if err != nil {

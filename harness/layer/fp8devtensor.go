@@ -178,21 +178,5 @@ func (dl *DeviceLayer) computeFP8Tensor(r int, w *dispatchers.DeviceWork, lo, hi
 		return b.groups, nil
 	}
 	dl.Layer.fp8Unweighted.Store(w.Probs == 0) // fc2's tensor without the routing weights (the reference's too); every block of a step agrees
-	b.Grouped.FP8 = cuda.FP8Tensor
-	defer func() { b.Grouped.FP8 = cuda.FP8None }()
-	g1, err := groups(false)
-	if err != nil {
-		return err
-	}
-	if err := b.Grouped.Run(rk.Dev, g1, 2*f, h, rk.Stream); err != nil {
-		return err
-	}
-	if err := dl.swiGLUProbs(r, w, lo, hi, act, h1); err != nil {
-		return err
-	}
-	g2, err := groups(true)
-	if err != nil {
-		return err
-	}
-	return b.Grouped.Run(rk.Dev, g2, h, f, rk.Stream)
+	return dl.fp8Groups(r, w, lo, hi, act, h1, cuda.FP8Tensor, groups)
 }

@@ -61,34 +61,44 @@ type fp8Weights struct {
 // fp8Weights quantizes expert e's weights (drawn from the seed, as the
 // held ones) in 128×128 blocks, once (a drawn layer makes them each time).
 func (l *Layer) fp8Weights(e int) *fp8Weights {
+	return cachedWeights(l, &l.FP8Weights, e, func() *fp8Weights {
+		h, f := l.Cfg.Hidden, l.Cfg.FFN
+		fc1, fc2 := make([]float32, 2*f*h), make([]float32, h*f)
+		l.drawExpert(e, fc1, fc2)
+		q1, s1, err := kernels.QuantFP8Weight(fc1, 2*f, h, false)
+		if err != nil {
+			panic(err) // the shapes are the layer's
+		}
+		q2, s2, err := kernels.QuantFP8Weight(fc2, h, f, false)
+		if err != nil {
+			panic(err)
+		}
+		w := &fp8Weights{q1: q1, q2: q2, s1: s1, s2: s2}
+		if FP8Fault == "w-block" { // tests: each block the next block's multiplier (a wrong block), the reference's right
+			s1, s2 = append(s1[1:len(s1):len(s1)], s1[0]), append(s2[1:len(s2):len(s2)], s2[0])
+		}
+		w.lt1, w.lt2 = kernels.FP8WeightScalesLt(s1, 2*f, h), kernels.FP8WeightScalesLt(s2, h, f)
+		return w
+	})
+}
+
+// cachedWeights is expert e's weights in *m, made by mk the first time
+// (under l.fp8wMu, which guards the FP8 and MX weight maps; a drawn
+// layer keeps none and makes them each time).
+func cachedWeights[W any](l *Layer, m *map[int]*W, e int, mk func() *W) *W {
 	l.fp8wMu.Lock()
-	w := l.FP8Weights[e]
+	w := (*m)[e]
 	l.fp8wMu.Unlock()
 	if w != nil {
 		return w
 	}
-	h, f := l.Cfg.Hidden, l.Cfg.FFN
-	fc1, fc2 := make([]float32, 2*f*h), make([]float32, h*f)
-	l.drawExpert(e, fc1, fc2)
-	q1, s1, err := kernels.QuantFP8Weight(fc1, 2*f, h, false)
-	if err != nil {
-		panic(err) // the shapes are the layer's
-	}
-	q2, s2, err := kernels.QuantFP8Weight(fc2, h, f, false)
-	if err != nil {
-		panic(err)
-	}
-	w = &fp8Weights{q1: q1, q2: q2, s1: s1, s2: s2}
-	if FP8Fault == "w-block" { // tests: each block the next block's multiplier (a wrong block), the reference's right
-		s1, s2 = append(s1[1:len(s1):len(s1)], s1[0]), append(s2[1:len(s2):len(s2)], s2[0])
-	}
-	w.lt1, w.lt2 = kernels.FP8WeightScalesLt(s1, 2*f, h), kernels.FP8WeightScalesLt(s2, h, f)
+	w = mk()
 	if l.Hold != setup.HostExpertsDrawn {
 		l.fp8wMu.Lock()
-		if l.FP8Weights == nil {
-			l.FP8Weights = map[int]*fp8Weights{}
+		if *m == nil {
+			*m = map[int]*W{}
 		}
-		l.FP8Weights[e] = w
+		(*m)[e] = w
 		l.fp8wMu.Unlock()
 	}
 	return w

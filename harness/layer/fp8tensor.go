@@ -21,7 +21,6 @@ import (
 	"runtime"
 
 	"github.com/moebench/moebench/dispatchers"
-	"github.com/moebench/moebench/harness/setup"
 	"github.com/moebench/moebench/internal/cuda"
 	"github.com/moebench/moebench/kernels"
 )
@@ -81,26 +80,13 @@ func quantTensorWeights(fc1, fc2 []float32) *fp8TensorWeights {
 // fp8TensorWeights is expert e's per-tensor weights, from its bf16 weights
 // ew (made once; a drawn layer makes them each time).
 func (l *Layer) fp8TensorWeights(e int, ew *dispatchers.ExpertWeights) *fp8TensorWeights {
-	l.fp8wMu.Lock()
-	w := l.fp8tw[e]
-	l.fp8wMu.Unlock()
-	if w != nil {
-		return w
-	}
-	fc1, fc2 := ew.FC1, ew.FC2
-	if fc1 == nil { // a segment with e4m3 weights only (feplb's moved experts): the expert's own bf16 weights
-		fc1, fc2 = l.ExpertWeights(e)
-	}
-	w = quantTensorWeights(fc1, fc2)
-	if l.Hold != setup.HostExpertsDrawn {
-		l.fp8wMu.Lock()
-		if l.fp8tw == nil {
-			l.fp8tw = map[int]*fp8TensorWeights{}
+	return cachedWeights(l, &l.fp8tw, e, func() *fp8TensorWeights {
+		fc1, fc2 := ew.FC1, ew.FC2
+		if fc1 == nil { // a segment with e4m3 weights only (feplb's moved experts): the expert's own bf16 weights
+			fc1, fc2 = l.ExpertWeights(e)
 		}
-		l.fp8tw[e] = w
-		l.fp8wMu.Unlock()
-	}
-	return w
+		return quantTensorWeights(fc1, fc2)
+	})
 }
 
 // FP8TensorRefWeights are expert e's weights as the reference takes them on

@@ -33,7 +33,6 @@ import (
 	"runtime"
 
 	"github.com/moebench/moebench/dispatchers"
-	"github.com/moebench/moebench/harness/setup"
 	"github.com/moebench/moebench/kernels"
 	"github.com/moebench/moebench/kernels/device"
 )
@@ -97,27 +96,15 @@ func (l *Layer) quantWeightAt(w []float32, n, k int) {
 // held ones) in 1×32 blocks along K, once (a drawn layer makes them each
 // time).
 func (l *Layer) mxWeights(e int) *mxWeights {
-	l.fp8wMu.Lock()
-	w := l.MXWeights[e]
-	l.fp8wMu.Unlock()
-	if w != nil {
+	return cachedWeights(l, &l.MXWeights, e, func() *mxWeights {
+		h, f := l.Cfg.Hidden, l.Cfg.FFN
+		fc1, fc2 := make([]float32, 2*f*h), make([]float32, h*f)
+		l.drawExpert(e, fc1, fc2)
+		w := new(mxWeights)
+		w.q1, w.s1 = quantMX(fc1)
+		w.q2, w.s2 = quantMX(fc2)
 		return w
-	}
-	h, f := l.Cfg.Hidden, l.Cfg.FFN
-	fc1, fc2 := make([]float32, 2*f*h), make([]float32, h*f)
-	l.drawExpert(e, fc1, fc2)
-	w = new(mxWeights)
-	w.q1, w.s1 = quantMX(fc1)
-	w.q2, w.s2 = quantMX(fc2)
-	if l.Hold != setup.HostExpertsDrawn {
-		l.fp8wMu.Lock()
-		if l.MXWeights == nil {
-			l.MXWeights = map[int]*mxWeights{}
-		}
-		l.MXWeights[e] = w
-		l.fp8wMu.Unlock()
-	}
-	return w
+	})
 }
 
 // segmentMXWeights is the MX weights segment sg's GEMMs read: the rank's
