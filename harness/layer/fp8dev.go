@@ -205,14 +205,20 @@ func (dl *DeviceLayer) allocFP8(r int) error {
 // uploadFP8 uploads expert e's e4m3 weights and multipliers (w) to its
 // owner rank's devFP8.
 func (dl *DeviceLayer) uploadFP8(e int, w *fp8Weights) error {
+	return dl.uploadExpertFP8(e, w.q1, w.q2, w.lt1, w.lt2)
+}
+
+// uploadExpertFP8 uploads expert e's e4m3 codes q1, q2 and multipliers
+// s1, s2 (devFP8's n1, n2 floats an expert) to its owner rank's devFP8.
+func (dl *DeviceLayer) uploadExpertFP8(e int, q1, q2 []uint8, s1, s2 []float32) error {
 	c, L := dl.Layer.Cfg, dl.Layer.Shape.LocalExperts()
 	h, f, r, i := c.Hidden, c.FFN, e/L, e%L
 	rk, fp := dl.Ranks[r], dl.RankBufs[r].fp8
 	for _, u := range []struct {
 		at   device.Addr
 		host any
-	}{{fp.q1 + device.Addr(i*2*f*h), codeWords(w.q1)}, {fp.q2 + device.Addr(i*h*f), codeWords(w.q2)},
-		{fp.s1 + device.Addr(4*i*fp.n1), w.lt1}, {fp.s2 + device.Addr(4*i*fp.n2), w.lt2}} {
+	}{{fp.q1 + device.Addr(i*2*f*h), codeWords(q1)}, {fp.q2 + device.Addr(i*h*f), codeWords(q2)},
+		{fp.s1 + device.Addr(4*i*fp.n1), s1}, {fp.s2 + device.Addr(4*i*fp.n2), s2}} {
 		if err := rk.Dev.Upload(u.at, u.host, rk.Stream); err != nil {
 			return err
 		}

@@ -78,19 +78,7 @@ const fp8TensorStride = 32
 // multipliers (w) to its owner rank's devFP8 (n1 = n2 = 4 floats an
 // expert: one multiplier, 16-byte aligned).
 func (dl *DeviceLayer) uploadFP8Tensor(e int, w *fp8TensorWeights) error {
-	c, L := dl.Layer.Cfg, dl.Layer.Shape.LocalExperts()
-	h, f, r, i := c.Hidden, c.FFN, e/L, e%L
-	rk, fp := dl.Ranks[r], dl.RankBufs[r].fp8
-	for _, u := range []struct {
-		at   device.Addr
-		host any
-	}{{fp.q1 + device.Addr(i*2*f*h), codeWords(w.q1)}, {fp.q2 + device.Addr(i*h*f), codeWords(w.q2)},
-		{fp.s1 + device.Addr(4*i*fp.n1), []float32{w.s1, 0, 0, 0}}, {fp.s2 + device.Addr(4*i*fp.n2), []float32{w.s2, 0, 0, 0}}} {
-		if err := rk.Dev.Upload(u.at, u.host, rk.Stream); err != nil {
-			return err
-		}
-	}
-	return nil
+	return dl.uploadExpertFP8(e, w.q1, w.q2, []float32{w.s1, 0, 0, 0}, []float32{w.s2, 0, 0, 0})
 }
 
 // allocFP8Tensor allocates rank r's devFP8 weights for the per-tensor path.
