@@ -160,6 +160,14 @@ func FP8GEMMBound(mode cuda.FP8Scale, k int, absSum float64, bf16Out bool, c flo
 	return b
 }
 
+// bf16OutBound adds to b, the bound on an fp32 result's error, that
+// result's rounding to bf16 where c is the exact value: half an ULP,
+// 2^-8·|fp32 result| ≤ 2^-8·(|c| + b), and in bf16's subnormal range
+// (below 2^-126) half its step, 2^-134.
+func bf16OutBound(b, c float64) float64 {
+	return b + math.Ldexp(1, -8)*(math.Abs(c)+b) + math.Ldexp(1, -134)
+}
+
 // e4m3Val decodes every e4m3 code.
 var e4m3Val = func() (v [256]float32) {
 	for c := range v {

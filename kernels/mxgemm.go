@@ -122,11 +122,3 @@ func MXGEMMBound(k int, absSum float64, bf16Out bool, c float64) float64 {
 	}
 	return b
 }
-
-// bf16OutBound adds to b, the bound on an fp32 result's error, that
-// result's rounding to bf16 where c is the exact value: half an ULP,
-// 2^-8·|fp32 result| ≤ 2^-8·(|c| + b), and in bf16's subnormal range
-// (below 2^-126) half its step, 2^-134.
-func bf16OutBound(b, c float64) float64 {
-	return b + math.Ldexp(1, -8)*(math.Abs(c)+b) + math.Ldexp(1, -134)
-}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"slices"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 
@@ -150,6 +151,15 @@ func pred(p bench.DispatchPoint, dispatch bool) string {
 	return fmt.Sprintf("%.1f", p.Predicted.CombineGBpsPerSM)
 }
 
+// mib is bytes in MiB for a table: three significant digits, no exponent.
+func mib(bytes int64) string {
+	v := float64(bytes) / (1 << 20)
+	if v >= 100 {
+		return fmt.Sprintf("%.0f", v)
+	}
+	return strconv.FormatFloat(v, 'g', 3, 64)
+}
+
 // writeDispatchBenchWidth prints the dispatch benchmark as a table fitted
 // to width columns (0: every column): the parts of a design's dispatch
 // move last, and a point that did not run says so in its check cell, its
@@ -217,7 +227,7 @@ func writeDispatchBenchWidth(w io.Writer, b *bench.DispatchBench, width int) {
 		tr := p.Traffic
 		table = append(table, []string{p.Dispatcher, prec, sms, fmt.Sprintf("%.3f", dms), parts, fmt.Sprintf("%.3f", tr.DispatchGBps), perSM(tr.DispatchGBpsPerSM),
 			pred(p, true), fmt.Sprintf("%.3f", cms), fmt.Sprintf("%.3f", tr.CombineGBps), perSM(tr.CombineGBpsPerSM), pred(p, false),
-			"round trip " + p.RoundTrip, fmt.Sprintf("%.3g", float64(tr.DispatchAlgorithm)/(1<<20)), fmt.Sprintf("%.3g", float64(p.BufferBytes)/(1<<20))})
+			"round trip " + p.RoundTrip, mib(tr.DispatchAlgorithm), mib(p.BufferBytes)})
 	}
 	var left []string
 	if width > 0 { // the parts last: the dispatch's own time and bandwidth first

@@ -141,8 +141,7 @@ func TestFP8BenchDispatchOnDevice(t *testing.T) {
 
 // TestFP8BenchDispatchBelowSM89: on a GPU below sm_89 (the fake driver's
 // FAKECUDA_CC 80) bench dispatch's fp8 point is unavailable with the
-// reason, as a run is (TestFP8UnavailableBelowSM89), before anything is
-// compiled.
+// reason, as a run is (TestFP8UnavailableBelowSM89).
 func TestFP8BenchDispatchBelowSM89(t *testing.T) {
 	harnesstest.UseHostSimLayer(t)
 	t.Setenv("FAKECUDA_CC", "80")

@@ -191,8 +191,7 @@ type devFP8 struct {
 func (dl *DeviceLayer) allocFP8(r int) error {
 	c, rk, b := dl.Layer.Cfg, dl.Ranks[r], &dl.RankBufs[r]
 	h, f, L := c.Hidden, c.FFN, dl.Layer.Shape.LocalExperts()
-	_, n1, _ := cuda.FP8ScaleLayout(1, 2*f, h)
-	_, n2, _ := cuda.FP8ScaleLayout(1, h, f)
+	n1, n2 := dispatchers.FP8WeightScales(h, f) // as feplb moves them
 	b.fp8 = &devFP8{n1: n1, n2: n2}
 	held, err := device.Resize(rk.Dev, 1, device.RowBuffer{P: &b.fp8.q1, PerRow: int64(L * 2 * f * h)}, device.RowBuffer{P: &b.fp8.q2, PerRow: int64(L * h * f)},
 		device.RowBuffer{P: &b.fp8.s1, PerRow: int64(4 * L * n1)}, device.RowBuffer{P: &b.fp8.s2, PerRow: int64(4 * L * n2)})

@@ -70,12 +70,16 @@ func TestFP8GEMMPathChoice(t *testing.T) {
 	// --check all pays for it
 	defer func(b float64) { setup.RefFLOPBudget = b }(setup.RefFLOPBudget)
 	setup.RefFLOPBudget = fp8TensorRefFLOPs(c) / (fp8TensorRefOver + 1)
-	c.CheckAll = false
+	c.CheckAll, c.Check = false, true
 	if path, why := fp8LayerPath(emu, c, false); path != kernels.FP8GEMMDequant || !strings.Contains(why, "--check all pays it") {
 		t.Errorf("per tensor beyond the check's budget: %s (%s)", path, why)
 	}
 	c.CheckAll = true
 	if path, _ := fp8LayerPath(emu, c, false); path != kernels.FP8GEMMTensor {
 		t.Errorf("per tensor beyond the budget with --check all: %s", path)
+	}
+	c.CheckAll, c.Check = false, false
+	if path, _ := fp8LayerPath(emu, c, false); path != kernels.FP8GEMMTensor {
+		t.Errorf("per tensor beyond the budget without the check: %s", path)
 	}
 }

@@ -48,7 +48,8 @@ func fp8TensorRefFLOPs(c setup.Config) float64 {
 // per-tensor path in a run over several processes (fp8TensorDistributed)
 // and where the check's reference could not afford the tensors'
 // multipliers (fp8TensorRefFLOPs beyond fp8TensorRefOver budgets, without
-// --check all): a check that ran for hours is not one to wait for.
+// --check all; a run without the check keeps the path): a check that ran
+// for hours is not one to wait for.
 func fp8LayerPath(devs []device.Device, c setup.Config, distributed bool) (kernels.FP8GEMMPath, string) {
 	path, why := FP8GEMMPath(devs, c)
 	if path != kernels.FP8GEMMTensor {
@@ -57,7 +58,7 @@ func fp8LayerPath(devs []device.Device, c setup.Config, distributed bool) (kerne
 	if distributed {
 		return kernels.FP8GEMMDequant, fp8TensorDistributed + " (" + why + ")"
 	}
-	if n, most := fp8TensorRefFLOPs(c), fp8TensorRefOver*setup.RefFLOPBudget; !c.CheckAll && n > most {
+	if n, most := fp8TensorRefFLOPs(c), fp8TensorRefOver*setup.RefFLOPBudget; c.Check && !c.CheckAll && n > most {
 		return kernels.FP8GEMMDequant, fmt.Sprintf("bf16 GEMMs on the dequantized rows and weights: the devices offer cublaslt-fp8-tensor, but its check "+
 			"takes each tensor's multiplier over every routed row, fc1 in float64 on all of them (%.3g FLOPs, more than %d times the check's budget of %.3g; "+
 			"--check all pays it) (%s)", n, fp8TensorRefOver, setup.RefFLOPBudget, why)
@@ -66,7 +67,8 @@ func fp8LayerPath(devs []device.Device, c setup.Config, distributed bool) (kerne
 }
 
 // FP8Path is the expert GEMM path the layer runs at fp8 (FP8GEMMPath, and
-// bf16-dequant instead of per tensor over several processes), and why.
+// bf16-dequant instead of per tensor over several processes or beyond the
+// check's budget: fp8LayerPath), and why.
 func (dl *DeviceLayer) FP8Path() (kernels.FP8GEMMPath, string) { return dl.fp8Path, dl.fp8Why }
 
 // fp8TensorStride is the bytes a segment's words take in the operand

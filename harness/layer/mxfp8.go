@@ -336,6 +336,9 @@ func MXFP8DeviceReason(devs []device.Device) string {
 			return fmt.Sprintf("--precision mxfp8: GPU %d: %s", i, why) + host
 		}
 	}
+	if len(devs) == 0 {
+		return "--precision mxfp8: no device" + host
+	}
 	_, why := kernels.MXGEMMPathFor(devs[0].(*device.CUDA).Lt.Version, devs[0].(*device.CUDA).CC())
 	return "--precision mxfp8: " + why + ", but moebench's cuda layer has no MX path: its dispatch moves fp8's 1×128 packed rows " +
 		"and its FP8 GEMM is Hopper's block scaling (an MX layer is not built: no sm_100 to prove it on)" + host

@@ -6,10 +6,9 @@ package layer
 import (
 	"fmt"
 
-	"github.com/moebench/moebench/kernels/device"
-
 	"github.com/moebench/moebench/dispatchers"
 	"github.com/moebench/moebench/kernels"
+	"github.com/moebench/moebench/kernels/device"
 )
 
 // How the layer runs at fp8 (--precision fp8) on the host device:
@@ -67,7 +66,7 @@ func HostFP8GEMMNote() (method, path, why string) {
 	return ExpertPathFP8Host, string(FP8GEMMHostPath), fp8GEMMHostReason
 }
 
-// fp8Fault, set by tests alone, breaks the expert side's dequantization on
+// FP8Fault, set by tests alone, breaks the expert side's dequantization on
 // purpose ("scale": the multiplier doubled; "block": the next block's
 // multiplier; "none": no dequantization; on the host's FP8 GEMM path
 // (fp8gemm.go) also "lt-order": the activation multipliers in row-major
@@ -75,7 +74,8 @@ func HostFP8GEMMNote() (method, path, why string) {
 // next block's multiplier; "fc2-none": fc2's input not dequantized; on
 // the per-tensor path (fp8tensor.go) "t-wscale": fc1 given the weights'
 // multiplier for the activations'; "t-half": each operand's multiplier
-// from the first half of its rows), to see the check fail.
+// from the first half of its rows; "t-w1": fc1's weight multiplier
+// doubled), to see the check fail.
 var FP8Fault string
 
 // e4m3Values decodes every e4m3 code.

@@ -125,8 +125,10 @@ func (rt *Trip) At(precision string) error {
 		return rt.ToFP8()
 	case dispatchers.PrecisionMXFP8:
 		return rt.ToMXFP8()
+	case "", dispatchers.PrecisionBF16:
+		return nil
 	}
-	return nil
+	return fmt.Errorf("round trip: unknown precision %q (known: bf16, fp8, mxfp8)", precision)
 }
 
 // ToFP8 makes the round trip's ranks send e4m3 rows, as the fp8 step
