@@ -343,7 +343,7 @@ func TestGPUCheckQuickDeadline(t *testing.T) {
 	if _, err := fmt.Sscanf(summaryLine(summary, "layer-alltoall"), "FAIL (timed out after %ds)", &limit); err != nil || limit < 5 || limit > 12 {
 		t.Errorf("layer-alltoall: %q, want a limit in [5, 12] s", summaryLine(summary, "layer-alltoall"))
 	}
-	for _, s := range []string{"layer-deepep", "layer-feplb", "layer-hybridep", "layer-alltoall-graph", "bench-dispatch", "bench-kernels"} {
+	for _, s := range []string{"layer-deepep", "layer-feplb", "layer-hybridep", "layer-alltoall-graph", "bench-dispatch", "bench-kernels", "layer-hybridep-fp8"} {
 		want[s] = "skipped (the quick check's 25s would be spent)"
 	}
 	for s, w := range want {
@@ -351,7 +351,7 @@ func TestGPUCheckQuickDeadline(t *testing.T) {
 			t.Errorf("%s: %q, want %q", s, st, w)
 		}
 	}
-	if !strings.Contains(summary, "failed, timed out or skipped: test-deepep layer-alltoall layer-deepep layer-feplb layer-hybridep layer-alltoall-graph bench-dispatch bench-kernels\n") {
+	if !strings.Contains(summary, "failed, timed out or skipped: test-deepep layer-alltoall layer-deepep layer-feplb layer-hybridep layer-alltoall-graph bench-dispatch bench-kernels layer-hybridep-fp8\n") {
 		t.Errorf("summary:\n%s", summary)
 	}
 	files := untar(t, filepath.Join(outdir, "gpu-check-quick.tgz"))
