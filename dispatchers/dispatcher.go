@@ -231,7 +231,7 @@ type Capabilities struct {
 	// MXFP8 says why the dispatcher cannot move mxfp8 rows for env on the
 	// host device ("" when it can: e4m3 rows and their E8M0 scales per 32
 	// elements); nil: no MX path (New says so at --precision mxfp8). The
-	// cuda device refuses mxfp8 before asking (MXFP8DeviceReason).
+	// cuda device refuses mxfp8 before asking (MXFP8HostOnly).
 	MXFP8 func(env Env) string
 	// Rebalance is a design that moves work between ranks after the
 	// dispatch (FEPLB's phase 2); nil for the others.

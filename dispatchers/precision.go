@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/moebench/moebench/internal/cuda"
+	"github.com/moebench/moebench/kernels"
 	"github.com/moebench/moebench/kernels/device"
 )
 
@@ -26,7 +27,7 @@ const FP8Block = 128
 
 // MXBlock is the elements of a row that share one E8M0 scale in mxfp8
 // dispatch (OCP MX: 32).
-const MXBlock = 32
+const MXBlock = kernels.MXBlock
 
 // checkPrecision is New's gate: a design of capabilities c runs at env's
 // precision (c.FP8 for fp8, c.MXFP8 for mxfp8), or the *UnavailableError
@@ -38,7 +39,7 @@ func checkPrecision(name, impl string, c Capabilities, env Env) error {
 	case PrecisionMXFP8:
 		switch {
 		case env.Device != "host":
-			return &UnavailableError{Name: name, Impl: impl, Reason: MXFP8DeviceReason}
+			return &UnavailableError{Name: name, Impl: impl, Reason: MXFP8HostOnly}
 		case c.MXFP8 == nil:
 			return &UnavailableError{Name: name, Impl: impl, Reason: fmt.Sprintf("--precision mxfp8: %s has no MXFP8 dispatch path (e4m3 rows with one E8M0 scale per 32 elements) in this build", name)}
 		}
@@ -75,10 +76,10 @@ func flagged(p, why string) string {
 	return "--precision " + p + ": " + why
 }
 
-// MXFP8DeviceReason is why mxfp8 is unavailable on the cuda device before
+// MXFP8HostOnly is why mxfp8 is unavailable on the cuda device before
 // its GPUs are known (a run names its GPUs' own reason first:
 // harness.mxfp8Unavailable, kernels.MXGEMMPathFor).
-const MXFP8DeviceReason = "--precision mxfp8 runs on the host device only: an MXFP8 GEMM needs an MX tensor-core path, sm_100 (Blackwell) " +
+const MXFP8HostOnly = "--precision mxfp8 runs on the host device only: an MXFP8 GEMM needs an MX tensor-core path, sm_100 (Blackwell) " +
 	"or later with cuBLASLt 12.8+ (the VEC32_UE8M0 scale mode); Hopper (sm_90) and earlier have none, and moebench's cuda layer moves " +
 	"fp8's 1×128 packed rows only (--device host runs mxfp8, emulated)"
 

@@ -38,7 +38,7 @@ func init() {
 // rows (Capabilities.FP8) and says it can here; else it is unavailable with the
 // reason (a library through NCCL EP, the cuda device, or the design's own
 // constraint); at mxfp8 likewise with Capabilities.MXFP8 on the host, and
-// never on the cuda device (MXFP8DeviceReason); bf16 is never gated.
+// never on the cuda device (MXFP8HostOnly); bf16 is never gated.
 func TestPrecisionGate(t *testing.T) {
 	for _, c := range []struct {
 		name, impl string

@@ -49,9 +49,8 @@ func runDevice(cfg setup.Config, env setup.Env, rec *results.Record) (*results.R
 		return r.Fail(results.StatusUnavailable, fmt.Errorf("device %s: %w", r.cfg.Device, err))
 	}
 	defer layer.CloseDevices(devs)
-	if why := layer.FP8DeviceUnavailable(devs); why != "" && r.cfg.IsFP8() {
+	if err := layer.FP8Refusal(r.cfg, devs); err != nil {
 		d.Close()
-		err := &dispatchers.UnavailableError{Name: r.cfg.Dispatcher, Impl: r.cfg.Impl, Reason: why}
 		r.ds.AnnounceFailure(err, r.cfg)
 		return dispatcherError(rec, r.cfg, err)
 	}

@@ -214,8 +214,8 @@ type DeviceRoundTrip struct {
 // steps where NVML has it.
 func TimeRoundTrip(c setup.Config, l *Layer, devs []device.Device) (DeviceRoundTrip, error) {
 	var p DeviceRoundTrip
-	if why := FP8DeviceUnavailable(devs); why != "" && c.IsFP8() {
-		return p, &dispatchers.UnavailableError{Name: c.Dispatcher, Impl: c.Impl, Reason: why}
+	if err := FP8Refusal(c, devs); err != nil {
+		return p, err
 	}
 	budget, held, err := FitSMBudget(c, devs, nil)
 	if err != nil {

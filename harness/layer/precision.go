@@ -7,6 +7,7 @@ import (
 	"fmt"
 
 	"github.com/moebench/moebench/dispatchers"
+	"github.com/moebench/moebench/harness/setup"
 	"github.com/moebench/moebench/kernels"
 	"github.com/moebench/moebench/kernels/device"
 )
@@ -213,6 +214,18 @@ func (l *Layer) ExpertInput(r int) []float32 {
 // FP8MinCC is the compute capability (×10) FP8 needs: e4m3 tensor cores
 // (Ada, sm_89, and later).
 const FP8MinCC = 89
+
+// FP8Refusal is the run's refusal where c is at fp8 and FP8DeviceUnavailable
+// says why devs cannot run it, else nil.
+func FP8Refusal(c setup.Config, devs []device.Device) error {
+	if !c.IsFP8() {
+		return nil
+	}
+	if why := FP8DeviceUnavailable(devs); why != "" {
+		return &dispatchers.UnavailableError{Name: c.Dispatcher, Impl: c.Impl, Reason: why}
+	}
+	return nil
+}
 
 // FP8DeviceUnavailable is why --precision fp8 cannot run on devs, or "":
 // a GPU below sm_89 has no FP8 tensor cores, and the designs' own
