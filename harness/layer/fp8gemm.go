@@ -109,7 +109,7 @@ func cachedWeights[W any](l *Layer, m *map[int]*W, e int, mk func() *W) *W {
 // order (lt) and its fp32 product (out). fp8Scratches lends them, so that
 // a step allocates nothing once each worker's are large enough.
 type fp8Scratch struct {
-	q          []uint8
+	q, e       []uint8 // e: the MX path's E8M0 bytes
 	s, lt, out []float32
 }
 
@@ -143,6 +143,27 @@ func fp8GEMMChunk(c []float32, lo, hi, n, k int, a []uint8, aS []float32, w []ui
 	for j, v := range sc.out {
 		c[lo*n+j] = kernels.RoundBF16(v)
 	}
+}
+
+// gemmRowsBF16 stores c[m,n] in bf16 from gemm, which computes rows
+// [lo, hi) of the fp32 product in a lent fp8Scratch (the per-tensor and MX
+// paths' driver); the rows go in parallel chunks when m·n·k is large.
+// fp8GEMMRows keeps its own loop: the block path's step allocates nothing
+// (TestFP8ExpertForwardReusesScratch), and gemm's closure would.
+func gemmRowsBF16(c []float32, m, n, k int, gemm func(sc *fp8Scratch, lo, hi int) []float32) {
+	chunk := func(lo, hi int) {
+		sc := fp8Scratches.Get().(*fp8Scratch)
+		defer fp8Scratches.Put(sc)
+		for j, v := range gemm(sc, lo, hi) {
+			c[lo*n+j] = kernels.RoundBF16(v)
+		}
+	}
+	if m*n*k < kernels.SplitWork {
+		chunk(0, m)
+		return
+	}
+	chunks := min(m, runtime.GOMAXPROCS(0))
+	ParallelFor(chunks, chunks, func(_, i int) { chunk(i*m/chunks, (i+1)*m/chunks) })
 }
 
 // expertForwardFP8 computes rows [start, start+n) of rank r's ExpertY with

@@ -18,8 +18,6 @@ package layer
 // of the expert's routed rows (the layer's routing), not its sample.
 
 import (
-	"runtime"
-
 	"github.com/moebench/moebench/dispatchers"
 	"github.com/moebench/moebench/internal/cuda"
 	"github.com/moebench/moebench/kernels"
@@ -151,21 +149,10 @@ func (l *Layer) expertForwardFP8Tensor(r, e, start, n int, ew *dispatchers.Exper
 }
 
 // fp8TensorGEMMRows is c[m,n] = FP8GEMM(a·sa, w·sw) per tensor, stored
-// bf16; its rows are computed in parallel chunks when the product is
-// large.
+// bf16 (gemmRowsBF16).
 func fp8TensorGEMMRows(c []float32, m, n, k int, a []uint8, sa float32, w []uint8, sw float32) {
-	chunk := func(lo, hi int) {
-		sc := fp8Scratches.Get().(*fp8Scratch)
-		defer fp8Scratches.Put(sc)
+	gemmRowsBF16(c, m, n, k, func(sc *fp8Scratch, lo, hi int) []float32 {
 		sc.out = kernels.FP8GEMMInto(sc.out, cuda.FP8Tensor, hi-lo, n, k, a[lo*k:hi*k], []float32{sa}, w, []float32{sw})
-		for j, v := range sc.out {
-			c[lo*n+j] = kernels.RoundBF16(v)
-		}
-	}
-	if m*n*k < kernels.SplitWork {
-		chunk(0, m)
-		return
-	}
-	chunks := min(m, runtime.GOMAXPROCS(0))
-	ParallelFor(chunks, chunks, func(_, i int) { chunk(i*m/chunks, (i+1)*m/chunks) })
+		return sc.out
+	})
 }

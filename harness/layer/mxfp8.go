@@ -30,7 +30,6 @@ package layer
 
 import (
 	"fmt"
-	"runtime"
 
 	"github.com/moebench/moebench/dispatchers"
 	"github.com/moebench/moebench/kernels"
@@ -199,22 +198,13 @@ func (l *Layer) dequantRowsMX(r, lo, hi int) error {
 	return nil
 }
 
-// mxGEMMRows is c[m,n] = MXGEMM(a, w) stored bf16; its rows are computed
-// in parallel chunks when the product is large.
+// mxGEMMRows is c[m,n] = MXGEMM(a, w) stored bf16 (gemmRowsBF16).
 func mxGEMMRows(c []float32, m, n, k int, a, aS, w, wS []uint8) {
 	kb := k / kernels.MXBlock
-	chunk := func(lo, hi int) {
-		out := kernels.MXGEMM(hi-lo, n, k, a[lo*k:hi*k], aS[lo*kb:hi*kb], w, wS)
-		for j, v := range out {
-			c[lo*n+j] = kernels.RoundBF16(v)
-		}
-	}
-	if m*n*k < kernels.SplitWork {
-		chunk(0, m)
-		return
-	}
-	chunks := min(m, runtime.GOMAXPROCS(0))
-	ParallelFor(chunks, chunks, func(_, i int) { chunk(i*m/chunks, (i+1)*m/chunks) })
+	gemmRowsBF16(c, m, n, k, func(sc *fp8Scratch, lo, hi int) []float32 {
+		sc.out = kernels.MXGEMMInto(sc.out, hi-lo, n, k, a[lo*k:hi*k], aS[lo*kb:hi*kb], w, wS)
+		return sc.out
+	})
 }
 
 // expertForwardMX computes rows [start, start+n) of rank r's ExpertY with
@@ -230,7 +220,13 @@ func (l *Layer) expertForwardMX(r int, w *mxWeights, start, n int, scratch []flo
 	mxGEMMRows(h1, n, 2*f, h, run.xc[start*h:(start+n)*h], run.xm[start*S:(start+n)*S], w.q1, w.s1)
 	kernels.SwiGLUProb(act, h1, rk.ExpertProbs[start:start+n], n, f)
 	kernels.RoundBF16Slice(act) // the stored bf16 activation (the tape's, the bf16 backward's)
-	q, s := quantMX(act)        // fc2's input, 1×32 along f
+	sc := fp8Scratches.Get().(*fp8Scratch)
+	defer fp8Scratches.Put(sc)
+	q, s := kernels.Reslice(sc.q, len(act)), kernels.Reslice(sc.e, len(act)/kernels.MXBlock)
+	sc.q, sc.e = q, s
+	if err := kernels.QuantMXFP8RowsInto(q, s, act); err != nil { // fc2's input, 1×32 along f
+		panic(err) // Validate: ffn is a multiple of 32
+	}
 	if FP8Fault == "fc2-none" { // tests: fc2's input not dequantized
 		for i := range s {
 			s[i] = 127
