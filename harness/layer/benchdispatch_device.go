@@ -34,7 +34,7 @@ func benchLayer(l *Layer, rt *roundtrip.Trip, packed [][]uint16, devs []device.D
 	c := l.Cfg
 	T, h, k := c.Tokens, c.Hidden, c.TopK
 	dl := &DeviceLayer{Layer: l, devs: devs, on: RankToDevice(c.EP, len(devs)), Dispatcher: d, RankBufs: make([]devRank, c.EP), dc: make([]devCommon, len(devs)),
-		start: map[string][]device.Event{}, end: map[string][]device.Event{}}
+		start: map[string][]device.Event{}, end: map[string][]device.Event{}, caps: d.Capabilities()}
 	dl.newThreads(th)
 	for i, dev := range devs {
 		var err error

@@ -32,6 +32,7 @@ type DeviceLayer struct {
 	th         *device.Threads
 	of         [][]int // the ranks of each device
 	Dispatcher dispatchers.DeviceDispatcher
+	caps       dispatchers.Capabilities // Dispatcher's, asked once: the timed step reads its host waits and grouping per phase
 	Ranks      []*dispatchers.DeviceRank
 	RankBufs   []devRank
 	dc         []devCommon // per device
@@ -136,7 +137,7 @@ type devRank struct {
 func NewDeviceLayer(l *Layer, devs []device.Device, th *device.Threads, d dispatchers.DeviceDispatcher, ds *Distributed) (*DeviceLayer, error) {
 	c := l.Cfg
 	dl := &DeviceLayer{Layer: l, devs: devs, on: RankToDevice(c.EP, len(devs)), Dispatcher: d, RankBufs: make([]devRank, c.EP), dc: make([]devCommon, len(devs)),
-		start: map[string][]device.Event{}, end: map[string][]device.Event{}, Distributed: ds, Train: trains(c, d)}
+		start: map[string][]device.Event{}, end: map[string][]device.Event{}, Distributed: ds, Train: trains(c, d), caps: d.Capabilities()}
 	if ds != nil {
 		for r := range dl.on {
 			dl.on[r] = r - ds.first
@@ -842,7 +843,7 @@ func (dl *DeviceLayer) issue(dev int) error {
 	case jobPhase:
 		return dl.issuePhase(dev, j.ph)
 	case jobHostWait:
-		hw := dl.Dispatcher.Capabilities().HostWait
+		hw := dl.caps.HostWait
 		for _, r := range ranks {
 			if err := hw.Wait(j.ph.Name, r); err != nil {
 				return fmt.Errorf("rank %d: %w", r, err)
@@ -867,7 +868,7 @@ func (dl *DeviceLayer) issue(dev int) error {
 // step).
 func (dl *DeviceLayer) issuePhase(dev int, ph *dispatchers.Step) error {
 	ranks := dl.of[dev]
-	g := dl.Dispatcher.Capabilities().Grouped
+	g := dl.caps.Grouped
 	together := g != nil && g(ph.Name)
 	mark := func(evs []device.Event, rs []int) error {
 		for _, r := range rs {
@@ -962,7 +963,7 @@ func (dl *DeviceLayer) begin() error {
 // begin the step's start (begin0 done) with the first; with hostWaits, the
 // dispatcher's host wait before a phase first (adding to waitMS).
 func (dl *DeviceLayer) phases(phs []dispatchers.Step, begin, hostWaits bool) error {
-	hw := dl.Dispatcher.Capabilities().HostWait
+	hw := dl.caps.HostWait
 	for i := range phs {
 		ph := &phs[i]
 		if hw != nil && hostWaits && hw.Before(ph.Name) { // before the phase's start events: it is timed from its own first GPU operation

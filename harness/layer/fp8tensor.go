@@ -151,8 +151,9 @@ func (l *Layer) expertForwardFP8Tensor(r, e, start, n int, ew *dispatchers.Exper
 // fp8TensorGEMMRows is c[m,n] = FP8GEMM(a·sa, w·sw) per tensor, stored
 // bf16 (gemmRowsBF16).
 func fp8TensorGEMMRows(c []float32, m, n, k int, a []uint8, sa float32, w []uint8, sw float32) {
+	as, ws := []float32{sa}, []float32{sw}
 	gemmRowsBF16(c, m, n, k, func(sc *fp8Scratch, lo, hi int) []float32 {
-		sc.out = kernels.FP8GEMMInto(sc.out, cuda.FP8Tensor, hi-lo, n, k, a[lo*k:hi*k], []float32{sa}, w, []float32{sw})
+		sc.out = kernels.FP8GEMMInto(sc.out, cuda.FP8Tensor, hi-lo, n, k, a[lo*k:hi*k], as, w, ws)
 		return sc.out
 	})
 }

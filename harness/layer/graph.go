@@ -120,7 +120,7 @@ func (c *graphCache[K]) describe(steps int, what, how string) string {
 
 // NewCUDAGraphs prepares dl for --cuda-graph, or says why it cannot be.
 func NewCUDAGraphs(dl *DeviceLayer) (*graphs, error) {
-	g := dl.Dispatcher.Capabilities()
+	g := dl.caps
 	if g.Graph == nil || g.HostWait == nil {
 		return nil, fmt.Errorf("%s does not issue its steps as graphs in this build", dl.Dispatcher.Name())
 	}

@@ -6,7 +6,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/moebench/moebench/dispatchers"
 	"github.com/moebench/moebench/kernels/device"
 )
 
@@ -40,12 +39,8 @@ import (
 // ovGraphs is the overlap's graph state: its segments' graphs, and every
 // stream of the step with the event it joins the origin with.
 type ovGraphs struct {
-	gs      *graphs    // mb0's: the origin, the fork event, the capturer
-	streams [][]ovJoin // per device
-	// each micro-batch's dispatcher's host waits and graph keys, asked
-	// once (Capabilities builds them afresh each call)
-	hostWait []*dispatchers.HostWait
-	keys     []*dispatchers.Graph
+	gs       *graphs         // mb0's: the origin, the fork event, the capturer
+	streams  [][]ovJoin      // per device
 	parts    graphCache[int] // the overlapped step's segments, by position
 	segs     int             // segments issued so far (overlap.seg)
 	compared string          // how the step compared bit for bit was issued (compare)
@@ -83,13 +78,6 @@ func NewOverlapCUDAGraphs(ov *Overlap) (*ovGraphs, error) {
 	og := &ovGraphs{gs: l0.Graph, parts: graphCache[int]{capturer: l0.Graph.capturer, cache: map[int]keyed{}}, streams: make([][]ovJoin, len(l0.devs))}
 	if l1 := ov.Mb[1]; l1 != nil {
 		l1.Graph = l0.Graph
-	}
-	for _, l := range ov.Mb {
-		var c dispatchers.Capabilities
-		if l != nil {
-			c = l.Dispatcher.Capabilities()
-		}
-		og.hostWait, og.keys = append(og.hostWait, c.HostWait), append(og.keys, c.Graph)
 	}
 	add := func(d int, dev device.Device, s device.Stream, what string) error {
 		e, err := dev.NewEvent()
@@ -202,7 +190,7 @@ func (ov *Overlap) hostWaits(it ovItem) bool {
 	if it.ph == nil {
 		return false
 	}
-	hw := ov.Graph.hostWait[it.mb]
+	hw := ov.Mb[it.mb].caps.HostWait
 	return hw != nil && hw.Before(it.ph.Name)
 }
 
@@ -214,7 +202,7 @@ func (ov *Overlap) graphKey() string {
 		if l == nil {
 			continue
 		}
-		g := ov.Graph.keys[i]
+		g := l.caps.Graph
 		for _, ph := range ov.plain[i] {
 			b.WriteString(g.Key(ph.Name))
 			b.WriteByte(0)
