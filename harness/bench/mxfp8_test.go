@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/moebench/moebench/harness/internal/harnesstest"
@@ -27,7 +28,7 @@ func TestMXFP8BenchDispatch(t *testing.T) {
 	if mx.Traffic.DispatchAlgorithm*1024 != bf.Traffic.DispatchAlgorithm*528 || mx.Traffic.CombineAlgorithm != bf.Traffic.CombineAlgorithm {
 		t.Errorf("alltoall: dispatch bytes %d (mxfp8) and %d (bf16)", mx.Traffic.DispatchAlgorithm, bf.Traffic.DispatchAlgorithm)
 	}
-	if d := b.Points[3]; d.Status != results.StatusUnavailable || d.Precision != setup.PrecisionMXFP8 {
+	if d := b.Points[3]; d.Status != results.StatusUnavailable || d.Precision != setup.PrecisionMXFP8 || !strings.Contains(d.Reason, "fp32 scale per 1×128 block") {
 		t.Errorf("deepep at mxfp8: %s %q", d.Status, d.Reason)
 	}
 }

@@ -173,7 +173,11 @@ func gradProblem(l *layer.Layer, w *widened, sample [][]int) kernels.GradProblem
 	var origin [][2]int // each token's rank and token (the per-tensor path's fc1 output)
 	for r, rk := range l.Ranks {
 		s := rows(r)
-		for i := range len(pick(rk.Idx, s, k)) / k {
+		n := l.Cfg.Tokens // the rank's tokens, or the sample's
+		if s != nil {
+			n = len(s)
+		}
+		for i := range n {
 			t := i
 			if s != nil {
 				t = s[i]

@@ -328,9 +328,9 @@ func (c Config) validateDevice() error {
 		return &ConfigError{"impl", c.Impl, "allowed: native, library"}
 	case !slices.Contains(Precisions, c.ResolvedPrecision()):
 		return &ConfigError{"precision", c.Precision, "allowed: " + strings.Join(Precisions, ", ")}
-	case c.ResolvedPrecision() != PrecisionBF16 && c.Hidden%precisionBlock(c.ResolvedPrecision()) != 0:
-		return &ConfigError{"precision", c.Precision, fmt.Sprintf("needs --hidden a multiple of %d (it quantizes rows in blocks of %d; --hidden is %d)",
-			precisionBlock(c.ResolvedPrecision()), precisionBlock(c.ResolvedPrecision()), c.Hidden)}
+	case c.ResolvedPrecision() != PrecisionBF16 && c.Hidden%dispatchers.ScaleBlock(c.ResolvedPrecision()) != 0:
+		b := dispatchers.ScaleBlock(c.ResolvedPrecision())
+		return &ConfigError{"precision", c.Precision, fmt.Sprintf("needs --hidden a multiple of %d (it quantizes rows in blocks of %d; --hidden is %d)", b, b, c.Hidden)}
 	case c.ResolvedPrecision() == PrecisionMXFP8 && c.FFN%32 != 0:
 		return &ConfigError{"ffn", c.FFN, "must be a multiple of 32 at --precision mxfp8 (fc2's input is quantized in 1×32 MX blocks along ffn)"}
 	case c.HostExperts != "" && !slices.Contains(HostExpertsModes, c.HostExperts):

@@ -22,14 +22,6 @@ func (c Config) ResolvedPrecision() string {
 	return c.Precision
 }
 
-// precisionBlock is the elements of a row that share one scale.
-func precisionBlock(p string) int {
-	if p == PrecisionMXFP8 {
-		return 32
-	}
-	return 128
-}
-
 // IsFP8 says whether the layer runs at fp8.
 func (c Config) IsFP8() bool { return c.ResolvedPrecision() == PrecisionFP8 }
 
