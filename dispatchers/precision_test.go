@@ -87,7 +87,7 @@ func TestRowBytes(t *testing.T) {
 		if got := RowBytes(c.p, c.h); got != c.bytes {
 			t.Errorf("RowBytes(%s, %d) = %d, want %d", c.p, c.h, got, c.bytes)
 		}
-		if c.scales > 0 && ScaleWidth(c.p, c.h) != c.scales {
+		if ScaleWidth(c.p, c.h) != c.scales {
 			t.Errorf("ScaleWidth(%s, %d) = %d, want %d", c.p, c.h, ScaleWidth(c.p, c.h), c.scales)
 		}
 		if f := RowFormula(c.p); !strings.Contains(f, c.formulaPiece) {

@@ -255,8 +255,10 @@ func MXRecip(e8m0 uint8) float32 {
 	return math.Float32frombits(uint32(254-int(e8m0)) << 23)
 }
 
-// mxPow2 is 2^(e8m0 − 127), the scale's value.
-func mxPow2(e8m0 uint8) float32 { return float32(math.Ldexp(1, int(e8m0)-127)) }
+// MXScaleValue is E8M0 scale e8m0's value 2^(e8m0−127), exact in float32
+// (2^-127 is a float32 subnormal); 0xFF (NaN) is never produced by
+// QuantMXFP8.
+func MXScaleValue(e8m0 uint8) float32 { return float32(math.Ldexp(1, int(e8m0)-127)) }
 
 // QuantMXFP8 quantizes x (a multiple of 32 finite values) in MX blocks of
 // 32: the E8M0 scale X of each block (MXScale, or MXScaleRoundUp with
@@ -271,7 +273,7 @@ func QuantMXFP8(x []float32, roundUp bool) (q []uint8, scales []uint8, err error
 	for b := range scales {
 		blk := x[b*MXBlock : (b+1)*MXBlock]
 		s := MXScale(BlockAmax(blk))
-		r := 1 / mxPow2(s) // 2^-X: a float32 normal for X in −127…120
+		r := 1 / MXScaleValue(s) // 2^-X: a float32 normal for X in −127…120
 		if roundUp {
 			s = MXScaleRoundUp(BlockAmax(blk))
 			r = MXRecip(s)
@@ -288,7 +290,7 @@ func QuantMXFP8(x []float32, roundUp bool) (q []uint8, scales []uint8, err error
 func DequantMXFP8(q, scales []uint8) []float64 {
 	out := make([]float64, len(q))
 	for i, c := range q {
-		out[i] = float64(E4M3ToFloat32(c)) * float64(mxPow2(scales[i/MXBlock]))
+		out[i] = float64(E4M3ToFloat32(c)) * float64(MXScaleValue(scales[i/MXBlock]))
 	}
 	return out
 }
@@ -316,7 +318,7 @@ func FP8ElemBound(x, inv float64) float64 {
 // lies beyond 448 (the block's largest may reach 2^9): max(2^-4|x|,
 // |x| − 448·2^X) + 2^-10·2^X. The scaling is exact (powers of two).
 func MXElemBound(x float64, e8m0 uint8) float64 {
-	s := float64(mxPow2(e8m0))
+	s := float64(MXScaleValue(e8m0))
 	return max(FP8RelStep*math.Abs(x), math.Abs(x)-E4M3Max*s) + FP8SubStep*s
 }
 

@@ -34,10 +34,6 @@ func MXGEMMPathFor(ltVersion, sm int) (bool, string) {
 	return true, fmt.Sprintf("cuBLASLt %d on sm_%d has VEC32_UE8M0 (MXFP8 block scaling)", ltVersion, sm)
 }
 
-// MXScaleValue is E8M0 scale b's value 2^(b−127), exact in float32 (2^-127
-// is a float32 subnormal); 0xFF (NaN) is never produced by QuantMXFP8.
-func MXScaleValue(b uint8) float32 { return mxPow2(b) }
-
 // MXScaleByte is MXScaleValue's inverse: the E8M0 byte of a power of two
 // 2^-127…2^127 (what the dispatch delivered as a float32 multiplier).
 func MXScaleByte(v float32) uint8 {

@@ -84,13 +84,9 @@ type Prediction struct {
 // hybridep are in the table. At fp8 the dispatch kernel's row is its fp8
 // build's (packed rows; the combine stays bf16); a precision the table
 // has no build for gets none.
-func predicted(dispatcher, impl, precision string) *Prediction {
+func predicted(t *comm.InflightTable, dispatcher, impl, precision string) *Prediction {
 	d, c, path, ok := comm.DispatcherKernels(dispatcher)
-	if !ok || impl != "native" {
-		return nil
-	}
-	t, err := comm.Inflight()
-	if err != nil {
+	if !ok || impl != "native" || t == nil {
 		return nil
 	}
 	dpath := path
@@ -187,6 +183,10 @@ func benchSetup(cfg setup.Config, env setup.Env) (*layer.Layer, *DispatchBench, 
 // the first point's error.
 func (b *DispatchBench) points(cfg setup.Config, names []string, sms []int, precisions []string, point func(setup.Config, DispatchPoint) (DispatchPoint, error)) error {
 	var first error
+	table, err := comm.Inflight() // the embedded table, read once (no table: no predictions)
+	if err != nil {
+		table = nil
+	}
 	for _, name := range names {
 		budgets := sms
 		if _, smDriven := dispatchers.SMBudgetOf(name, cfg.Impl); !smDriven {
@@ -200,7 +200,7 @@ func (b *DispatchBench) points(cfg setup.Config, names []string, sms []int, prec
 			for _, prec := range precs {
 				c := cfg
 				c.Dispatcher, c.SMs, c.Precision = name, n, prec
-				b.Points = append(b.Points, b.point(c, predicted(name, cfg.Impl, c.ResolvedPrecision()), point, &first))
+				b.Points = append(b.Points, b.point(c, predicted(table, name, cfg.Impl, c.ResolvedPrecision()), point, &first))
 			}
 		}
 	}

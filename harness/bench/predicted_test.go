@@ -38,7 +38,7 @@ func TestBenchDispatchPredicts(t *testing.T) {
 			t.Errorf("%s: predicted %+v, want %s's %v and %s's %v GB/s per SM", p.Dispatcher, q, d, kd.CeilingGBpsPerSM, cb, kc.CeilingGBpsPerSM)
 		}
 	}
-	if q := predicted("hybridep", "library", setup.PrecisionBF16); q != nil {
+	if q := predicted(tab, "hybridep", "library", setup.PrecisionBF16); q != nil {
 		t.Errorf("hybridep library: predicted %+v", q)
 	}
 }
@@ -62,11 +62,11 @@ func TestBenchDispatchPredictsFP8(t *testing.T) {
 		if kd.CeilingGBpsPerSM == kb.CeilingGBpsPerSM {
 			t.Fatalf("%s: the fp8 and bf16 builds' ceilings are both %v: the test could not tell them apart", name, kd.CeilingGBpsPerSM)
 		}
-		q := predicted(name, "native", setup.PrecisionFP8)
+		q := predicted(tab, name, "native", setup.PrecisionFP8)
 		if q == nil || q.DispatchGBpsPerSM != kd.CeilingGBpsPerSM || q.CombineGBpsPerSM != kc.CeilingGBpsPerSM {
 			t.Errorf("%s at fp8: predicted %+v, want %s's fp8 %v and %s's %v GB/s per SM", name, q, d, kd.CeilingGBpsPerSM, cb, kc.CeilingGBpsPerSM)
 		}
-		if q := predicted(name, "native", setup.PrecisionMXFP8); q != nil {
+		if q := predicted(tab, name, "native", setup.PrecisionMXFP8); q != nil {
 			t.Errorf("%s at mxfp8: predicted %+v, want none (no such build in the table)", name, q)
 		}
 	}
