@@ -151,11 +151,7 @@ func packFP8(rt *roundtrip.Trip) ([][]uint16, error) {
 				binary.LittleEndian.PutUint32(row[h+4*j:], math.Float32bits(s[i*S+j]))
 			}
 		}
-		w := make([]uint16, len(b)/2)
-		for i := range w {
-			w[i] = binary.LittleEndian.Uint16(b[2*i:])
-		}
-		packed[r] = w
+		packed[r] = codeWords(b)
 	}
 	return packed, rt.ToFP8()
 }

@@ -38,6 +38,9 @@ import (
 	"github.com/moebench/moebench/kernels/device"
 )
 
+// fp8DequantWhy begins the reason of every bf16-dequant choice.
+const fp8DequantWhy = "bf16 GEMMs on the dequantized rows and weights: "
+
 // FP8GEMMPath is the expert GEMM path the cuda layer of config c runs at
 // fp8 on devs, and why: cuBLASLt's block-scaled FP8 GEMM (fc1 on the
 // dispatched e4m3 rows and their 1×128 multipliers, fc2 on its input
@@ -50,16 +53,15 @@ import (
 // shape rules refuse ffn. (feplb runs the block-scaled FP8 GEMM too: its
 // phase 2 moves the e4m3 weights and their multipliers, DeviceSegment.FP8.)
 func FP8GEMMPath(devs []device.Device, c setup.Config) (kernels.FP8GEMMPath, string) {
-	const dq = "bf16 GEMMs on the dequantized rows and weights: "
 	if FP8DevDequant {
-		return kernels.FP8GEMMDequant, dq + "a test's hook (FP8DevDequant)"
+		return kernels.FP8GEMMDequant, fp8DequantWhy + "a test's hook (FP8DevDequant)"
 	}
 	if c.FFN%16 != 0 {
-		return kernels.FP8GEMMDequant, fmt.Sprintf(dq+"--ffn %d: cuBLASLt's FP8 GEMM needs fc2's k (ffn) a multiple of 16", c.FFN)
+		return kernels.FP8GEMMDequant, fmt.Sprintf(fp8DequantWhy+"--ffn %d: cuBLASLt's FP8 GEMM needs fc2's k (ffn) a multiple of 16", c.FFN)
 	}
 	path, why := fp8GEMMOffers(devs)
 	if path == kernels.FP8GEMMTensor && c.Dispatcher == "feplb" {
-		return kernels.FP8GEMMDequant, dq + "the devices offer cublaslt-fp8-tensor, but feplb's phase 2 moves its dynamic experts' block-scaled " +
+		return kernels.FP8GEMMDequant, fp8DequantWhy + "the devices offer cublaslt-fp8-tensor, but feplb's phase 2 moves its dynamic experts' block-scaled " +
 			"e4m3 weights (the per-tensor GEMM would need each expert's per-tensor codes and multiplier on the helper)"
 	}
 	return path, why
@@ -69,14 +71,13 @@ func FP8GEMMPath(devs []device.Device, c setup.Config) (kernels.FP8GEMMPath, str
 // per tensor, else bf16 on dequantized values; FP8GEMMOffered, tests,
 // fakes each device's answer), and why.
 func fp8GEMMOffers(devs []device.Device) (kernels.FP8GEMMPath, string) {
-	const dq = "bf16 GEMMs on the dequantized rows and weights: "
 	path, why, whyT := kernels.FP8GEMMBlock, "", ""
 	for _, dev := range devs {
 		g, ok := dev.(*device.CUDA)
 		offered, w := kernels.FP8GEMMBlock, "the Emu simulation runs cuBLASLt's FP8 GEMM emulated exactly (kernels.FP8GEMM)"
 		if ok {
 			if g.Lt == nil {
-				return kernels.FP8GEMMDequant, dq + "no cuBLASLt"
+				return kernels.FP8GEMMDequant, fp8DequantWhy + "no cuBLASLt"
 			}
 			offered, w = g.FP8GEMMPath()
 		}
@@ -95,7 +96,7 @@ func fp8GEMMOffers(devs []device.Device) (kernels.FP8GEMMPath, string) {
 			path, whyT = kernels.FP8GEMMTensor, "cuBLASLt's per-tensor FP8 GEMM, the finest this device's library offers ("+w+
 				"): each expert's rows on its rank dequantized 1×128 as dispatched and requantized with one multiplier (SCALAR_32F), fc2's input likewise, weights one multiplier each"
 		default:
-			return kernels.FP8GEMMDequant, dq + "this device's cuBLASLt offers " + string(offered) + " (" + w + "): no FP8 GEMM"
+			return kernels.FP8GEMMDequant, fp8DequantWhy + "this device's cuBLASLt offers " + string(offered) + " (" + w + "): no FP8 GEMM"
 		}
 	}
 	if path == kernels.FP8GEMMTensor {

@@ -29,7 +29,7 @@ var FP8GEMMOffered kernels.FP8GEMMPath
 
 // fp8TensorDistributed is why a run over several processes runs bf16 on
 // dequantized rows where the devices offer the per-tensor FP8 GEMM only.
-const fp8TensorDistributed = "bf16 GEMMs on the dequantized rows and weights: the devices offer cublaslt-fp8-tensor, but in a run over " +
+const fp8TensorDistributed = fp8DequantWhy + "the devices offer cublaslt-fp8-tensor, but in a run over " +
 	"several processes the check's reference cannot take a tensor's multiplier over all of the expert's routed rows (each process holds its own ranks' routing)"
 
 // fp8TensorRefOver is how many times the check's FLOP budget
@@ -59,7 +59,7 @@ func fp8LayerPath(devs []device.Device, c setup.Config, distributed bool) (kerne
 		return kernels.FP8GEMMDequant, fp8TensorDistributed + " (" + why + ")"
 	}
 	if n, most := fp8TensorRefFLOPs(c), fp8TensorRefOver*setup.RefFLOPBudget; c.Check && !c.CheckAll && n > most {
-		return kernels.FP8GEMMDequant, fmt.Sprintf("bf16 GEMMs on the dequantized rows and weights: the devices offer cublaslt-fp8-tensor, but its check "+
+		return kernels.FP8GEMMDequant, fmt.Sprintf(fp8DequantWhy+"the devices offer cublaslt-fp8-tensor, but its check "+
 			"takes each tensor's multiplier over every routed row, fc1 in float64 on all of them (%.3g FLOPs, more than %d times the check's budget of %.3g; "+
 			"--check all pays it) (%s)", n, fp8TensorRefOver, setup.RefFLOPBudget, why)
 	}
@@ -102,7 +102,7 @@ func (dl *DeviceLayer) quantTensor(r int, x device.Addr, n int64, amax, q, s dev
 	if err := rk.Dev.Fill16(amax, 0, 2, rk.Stream); err != nil {
 		return err
 	}
-	grid := kernels.FP8Grid(n/kernels.FP8Block+1, kernels.FP8Block, 4*max(rk.Dev.SMCount(), 1))
+	grid := fp8Grid(rk.Dev, n/kernels.FP8Block+1)
 	na := n
 	if FP8DevFault == "t-half" { // tests: the multiplier from the first half of the values
 		na = n / 2
